@@ -1,0 +1,48 @@
+/* kmirror error codes: Kafka's codes verbatim (positive, and -1), internal codes at -1000 and below. */
+#ifndef KMIRROR_ERROR_H
+#define KMIRROR_ERROR_H
+
+#include <stdbool.h>
+
+typedef int km_err;
+
+enum {
+	KM_OK = 0,
+	/* Internal codes: never sent on the wire. */
+	KM_ERR_NOMEM = -1000,
+	KM_ERR_DECODE = -1001,   /* malformed or truncated input */
+	KM_ERR_ENCODE = -1002,   /* value does not fit the version being encoded */
+	KM_ERR_TOO_LARGE = -1003, /* a size from the wire is over its cap */
+	KM_ERR_UNSUPPORTED = -1004, /* api key, version, codec or feature not supported */
+	KM_ERR_IO = -1005,
+	KM_ERR_CLOSED = -1006,
+	KM_ERR_TIMEOUT = -1007,
+	KM_ERR_CONFIG = -1008,
+	KM_ERR_INVAL = -1009,    /* bad argument from a caller */
+	KM_ERR_CRC = -1010,      /* record batch CRC32C mismatch */
+	KM_ERR_TLS = -1011,
+	KM_ERR_SASL = -1012,
+};
+
+/* Kafka error codes the code refers to by name (the full table comes from errors.tsv). */
+enum {
+	KM_KAFKA_UNKNOWN_SERVER_ERROR = -1,
+	KM_KAFKA_NONE = 0,
+	KM_KAFKA_OFFSET_OUT_OF_RANGE = 1,
+	KM_KAFKA_CORRUPT_MESSAGE = 2,
+	KM_KAFKA_UNKNOWN_TOPIC_OR_PARTITION = 3,
+	KM_KAFKA_NOT_LEADER_OR_FOLLOWER = 6,
+	KM_KAFKA_INVALID_REQUEST = 42,
+	KM_KAFKA_UNSUPPORTED_VERSION = 35,
+};
+
+/* Name of an error: "NOT_LEADER_OR_FOLLOWER", "KM_ERR_DECODE", or "UNKNOWN_CODE". Never NULL. */
+const char *km_err_name(km_err err);
+/* Kafka's default message for a code, or a short description of an internal code. Never NULL. */
+const char *km_err_message(km_err err);
+/* Whether a retry may succeed. Unknown Kafka codes are not retriable (the Java client's rule). */
+bool km_err_retriable(km_err err);
+/* Whether the code is a Kafka code that appears in the table. */
+bool km_err_is_known(km_err err);
+
+#endif

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Installs everything kmirror's build, tests and benchmarks need on Debian 12. Idempotent.
+set -euo pipefail
+
+DEBIAN_PACKAGES=(
+	build-essential autoconf automake libtool pkg-config
+	libevent-dev libssl-dev libsasl2-dev libsasl2-modules sasl2-bin
+	libzstd-dev liblz4-dev zlib1g-dev libsnappy-dev uthash-dev libcmocka-dev
+	clang llvm libclang-rt-14-dev
+	openjdk-17-jre-headless maven
+	python3 python3-pip python3-venv
+	kcat openssl procps iproute2 valgrind
+)
+PYTHON_PACKAGES=(pytest confluent-kafka)
+
+missing=()
+for p in "${DEBIAN_PACKAGES[@]}"; do
+	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+# A JDK of 17 or newer from elsewhere (e.g. /usr/lib/jvm) also does.
+if command -v java >/dev/null 2>&1; then
+	missing=("${missing[@]/openjdk-17-jre-headless/}")
+fi
+if command -v mvn >/dev/null 2>&1; then
+	missing=("${missing[@]/maven/}")
+fi
+read -r -a missing <<<"${missing[*]:-}"
+if [ "${#missing[@]}" -gt 0 ]; then
+	echo "install-deps: installing Debian packages: ${missing[*]}"
+	SUDO=""
+	[ "$(id -u)" -eq 0 ] || SUDO="sudo"
+	$SUDO apt-get update -qq
+	DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+pymissing=()
+python3 -c 'import pytest' 2>/dev/null || pymissing+=(pytest)
+python3 -c 'import confluent_kafka' 2>/dev/null || pymissing+=(confluent-kafka)
+if [ "${#pymissing[@]}" -gt 0 ]; then
+	echo "install-deps: installing Python packages: ${pymissing[*]}"
+	python3 -m pip install -q "${pymissing[@]}" 2>/dev/null ||
+		python3 -m pip install -q --break-system-packages "${pymissing[@]}"
+fi
+echo "install-deps: all dependencies present"

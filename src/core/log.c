@@ -1,0 +1,64 @@
+/* Logging: timestamped key=value lines on stderr, filtered by a global level. */
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/time.h>
+#include <time.h>
+
+#include "kmirror/log.h"
+
+km_log_level km_log_current = KM_LOG_INFO;
+
+static const char *const level_names[] = {"error", "warn", "info", "debug", "trace"};
+
+void km_log_set_level(km_log_level level)
+{
+	km_log_current = level;
+}
+
+bool km_log_level_parse(const char *name, km_log_level *out)
+{
+	for (size_t i = 0; i < sizeof(level_names) / sizeof(level_names[0]); i++) {
+		if (strcasecmp(name, level_names[i]) == 0) {
+			*out = (km_log_level)i;
+			return true;
+		}
+	}
+	return false;
+}
+
+const char *km_log_level_name(km_log_level level)
+{
+	if ((unsigned)level < sizeof(level_names) / sizeof(level_names[0]))
+		return level_names[level];
+	return "unknown";
+}
+
+void km_log_write(km_log_level level, const char *component, uint64_t conn, const char *fmt, ...)
+{
+	char line[2048];
+	struct timeval tv;
+	struct tm tm;
+	size_t n;
+	va_list ap;
+
+	gettimeofday(&tv, NULL);
+	gmtime_r(&tv.tv_sec, &tm);
+	n = strftime(line, sizeof(line), "%Y-%m-%dT%H:%M:%S", &tm);
+	n += (size_t)snprintf(line + n, sizeof(line) - n, ".%03dZ level=%s comp=%s", (int)(tv.tv_usec / 1000),
+			      km_log_level_name(level), component);
+	if (conn)
+		n += (size_t)snprintf(line + n, sizeof(line) - n, " conn=%llu", (unsigned long long)conn);
+	n += (size_t)snprintf(line + n, sizeof(line) - n, " msg=\"");
+	va_start(ap, fmt);
+	if (n < sizeof(line))
+		n += (size_t)vsnprintf(line + n, sizeof(line) - n, fmt, ap);
+	va_end(ap);
+	if (n > sizeof(line) - 3)
+		n = sizeof(line) - 3;
+	line[n++] = '"';
+	line[n++] = '\n';
+	line[n] = '\0';
+	fputs(line, stderr);
+}

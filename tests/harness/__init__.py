@@ -1,0 +1,6 @@
+"""kmirror's test harness: real Kafka clusters for the integration tests and the demo."""
+from .kafka_cluster import (KafkaCluster, KafkaError, TOOLS, USERS, SUPER_USER, free_port,
+                            kafka_libs, metadata_brokers, read_batches, stop_from_state)
+
+__all__ = ["KafkaCluster", "KafkaError", "TOOLS", "USERS", "SUPER_USER", "free_port",
+           "kafka_libs", "metadata_brokers", "read_batches", "stop_from_state"]

@@ -1,0 +1,134 @@
+"""Shell entry point of the harness: start, stop and list detached Kafka clusters (used by the demo).
+
+  python3 -m harness start NAME [--brokers N] [--root DIR]   start (or report) a cluster
+  python3 -m harness stop [NAME ...] [--root DIR] [--purge]   stop by pid from the state file
+  python3 -m harness status [--root DIR] [--json]            list clusters and whether they run
+  python3 -m harness tool NAME TOOL [ARGS...]               run a Kafka Java tool against NAME
+Clusters live in ROOT/NAME (default <repo>/.cache/clusters), each with a cluster.json state file.
+"""
+
+import argparse
+import json
+import os
+import shutil
+import sys
+
+from .kafka_cluster import (REPO, KafkaCluster, KafkaError, TOOLS, _pid_alive, _pid_cmdline,
+                            stop_from_state)
+
+DEFAULT_ROOT = os.path.join(REPO, ".cache", "clusters")
+
+
+def _load(root, name):
+    path = os.path.join(root, name, "cluster.json")
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def _running_nodes(st):
+    return [n for n in st["nodes"].values()
+            if n["pid"] and _pid_alive(n["pid"]) and n["config"] in _pid_cmdline(n["pid"])]
+
+
+def _names(root):
+    if not os.path.isdir(root):
+        return []
+    return sorted(d for d in os.listdir(root) if os.path.exists(os.path.join(root, d, "cluster.json")))
+
+
+def cmd_start(args):
+    st = _load(args.root, args.name)
+    if st and _running_nodes(st):
+        if len(_running_nodes(st)) == len(st["nodes"]):
+            print(st["bootstrap"])
+            return 0
+        stop_from_state(os.path.join(args.root, args.name))
+    base = os.path.join(args.root, args.name)
+    shutil.rmtree(base, ignore_errors=True)
+    overrides = dict(kv.split("=", 1) for kv in args.set or [])
+    cluster = KafkaCluster(args.name, brokers=args.brokers, base_dir=base, overrides=overrides,
+                           attached=False, keep_dir=True)
+    try:
+        cluster.start(timeout=args.timeout)
+    except KafkaError as e:
+        print(f"harness: {e}", file=sys.stderr)
+        return 1
+    print(cluster.bootstrap)
+    return 0
+
+
+def cmd_stop(args):
+    names = args.names or _names(args.root)
+    rc = 0
+    for name in names:
+        base = os.path.join(args.root, name)
+        if not os.path.exists(os.path.join(base, "cluster.json")):
+            print(f"harness: no cluster {name} in {args.root}", file=sys.stderr)
+            rc = 1
+            continue
+        pids = stop_from_state(base)
+        print(f"{name}: stopped {len(pids)} process(es)" + (f" {pids}" if pids else ""))
+        if args.purge:
+            shutil.rmtree(base, ignore_errors=True)
+    return rc
+
+
+def cmd_status(args):
+    out = []
+    for name in _names(args.root):
+        st = _load(args.root, name)
+        running = len(_running_nodes(st))
+        out.append({"name": name, "bootstrap": st["bootstrap"], "sasl_bootstrap": st["sasl_bootstrap"],
+                    "brokers": st["brokers"], "running": running, "nodes": len(st["nodes"]),
+                    "dir": st["base_dir"]})
+    if args.json:
+        print(json.dumps(out, indent=1))
+        return 0
+    if not out:
+        print(f"no clusters in {args.root}")
+    for c in out:
+        state = ("running" if c["running"] == c["nodes"]
+                 else "stopped" if c["running"] == 0 else f"{c['running']}/{c['nodes']} nodes up")
+        print(f"{c['name']:<12} {state:<10} bootstrap {c['bootstrap']}  (sasl {c['sasl_bootstrap']})"
+              f"  dir {c['dir']}")
+    return 0
+
+
+def cmd_tool(args):
+    st = _load(args.root, args.name)
+    if not st:
+        print(f"harness: no cluster {args.name}", file=sys.stderr)
+        return 1
+    os.execvp("java", ["java", "-Xmx256m", "-XX:TieredStopAtLevel=1",
+                       "-Dlog4j2.configurationFile=" + os.path.join(st["base_dir"], "tools-log4j2.properties"),
+                       "-cp", os.path.join(st["libs"], "*"), TOOLS.get(args.tool, args.tool)] + args.args)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(prog="python3 -m harness", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--root", default=os.environ.get("KM_CLUSTERS_DIR", DEFAULT_ROOT))
+    sub = p.add_subparsers(dest="cmd", required=True)
+    s = sub.add_parser("start")
+    s.add_argument("name")
+    s.add_argument("--brokers", type=int, default=1)
+    s.add_argument("--timeout", type=float, default=180)
+    s.add_argument("--set", action="append", metavar="KEY=VALUE", help="extra broker property")
+    s = sub.add_parser("stop")
+    s.add_argument("names", nargs="*")
+    s.add_argument("--purge", action="store_true", help="also delete data and logs")
+    s = sub.add_parser("status")
+    s.add_argument("--json", action="store_true")
+    s = sub.add_parser("tool")
+    s.add_argument("name")
+    s.add_argument("tool", help="one of: " + ", ".join(sorted(TOOLS)) + ", or a main class")
+    s.add_argument("args", nargs=argparse.REMAINDER)
+    args = p.parse_args(argv)
+    return {"start": cmd_start, "stop": cmd_stop, "status": cmd_status, "tool": cmd_tool}[args.cmd](args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,833 @@
+"""Starts and stops real Apache Kafka (KRaft) clusters on free loopback ports for kmirror's tests.
+
+Standard library only. A cluster is either one combined broker+controller node, or one dedicated
+controller plus N brokers (so that stopping a broker never touches the quorum). Every node listens on:
+
+  CLIENT    PLAINTEXT        what tests and clients use (principal User:ANONYMOUS)
+  SASL      SASL_PLAINTEXT   PLAIN and SCRAM-SHA-256/512 users (admin is the super user)
+  INTERNAL  SASL_PLAINTEXT   inter-broker traffic, as the super user admin
+  CONTROLLER SASL_PLAINTEXT  KRaft controller traffic, as admin (controller nodes only)
+
+StandardAuthorizer is on with allow.everyone.if.no.acl.found=true, so anonymous clients can do
+everything until a test adds ACLs, and the brokers keep working whatever ACLs a test adds.
+"""
+
+import atexit
+import base64
+import ctypes
+import json
+import os
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import tempfile
+import threading
+import time
+import uuid
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+FETCH_KAFKA = os.path.join(REPO, "tests", "kafka", "fetch-kafka")
+
+# Users known to every cluster (PLAIN from the JAAS config, SCRAM from the formatted metadata).
+SUPER_USER = "admin"
+USERS = {"admin": "admin-secret", "alice": "alice-secret", "bob": "bob-secret"}
+
+# Short names for the Java tools, by main class (Kafka 4.x jars).
+TOOLS = {
+    "topics": "org.apache.kafka.tools.TopicCommand",
+    "console-producer": "org.apache.kafka.tools.ConsoleProducer",
+    "console-consumer": "org.apache.kafka.tools.consumer.ConsoleConsumer",
+    "producer-perf-test": "org.apache.kafka.tools.ProducerPerformance",
+    "consumer-perf-test": "org.apache.kafka.tools.ConsumerPerformance",
+    "consumer-groups": "org.apache.kafka.tools.consumer.group.ConsumerGroupCommand",
+    "configs": "kafka.admin.ConfigCommand",
+    "acls": "org.apache.kafka.tools.AclCommand",
+    "get-offsets": "org.apache.kafka.tools.GetOffsetShell",
+    "transactions": "org.apache.kafka.tools.TransactionsCommand",
+    "delete-records": "org.apache.kafka.tools.DeleteRecordsCommand",
+    "log-dirs": "org.apache.kafka.tools.LogDirsCommand",
+    "leader-election": "org.apache.kafka.tools.LeaderElectionCommand",
+    "reassign-partitions": "org.apache.kafka.tools.reassign.ReassignPartitionsCommand",
+    "metadata-quorum": "org.apache.kafka.tools.MetadataQuorumCommand",
+    "features": "org.apache.kafka.tools.FeatureCommand",
+    "broker-api-versions": "org.apache.kafka.tools.BrokerApiVersionsCommand",
+    "verifiable-producer": "org.apache.kafka.tools.VerifiableProducer",
+    "verifiable-consumer": "org.apache.kafka.tools.VerifiableConsumer",
+    "dump-log": "kafka.tools.DumpLogSegments",
+    "storage": "kafka.tools.StorageTool",
+}
+
+BROKER_JVM_OPTS = ["-Xms128m", "-Xmx512m", "-XX:+UseSerialGC", "-XX:-UsePerfData",
+                   "-XX:+ExitOnOutOfMemoryError", "-Djava.awt.headless=true"]
+# Tools are short-lived: C1 only starts them noticeably faster on two cores.
+TOOL_JVM_OPTS = ["-Xmx256m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-XX:-UsePerfData",
+                 "-Djava.awt.headless=true"]
+
+
+class KafkaError(RuntimeError):
+    """A cluster did not start, stop or answer as expected."""
+
+
+def kafka_libs():
+    """Returns the directory of the pinned Kafka jars, fetching them once if missing."""
+    env = os.environ.get("KM_KAFKA_LIBS")
+    if env:
+        return env
+    out = subprocess.run([FETCH_KAFKA], check=True, stdout=subprocess.PIPE, text=True).stdout
+    return out.strip().splitlines()[-1]
+
+
+def java_bin():
+    home = os.environ.get("JAVA_HOME")
+    if home and os.path.exists(os.path.join(home, "bin", "java")):
+        return os.path.join(home, "bin", "java")
+    path = shutil.which("java")
+    if not path:
+        raise KafkaError("java not found (run scripts/install-deps.sh)")
+    return path
+
+
+_reserved_ports = set()
+_ports_lock = threading.Lock()
+
+
+def free_port(host="127.0.0.1"):
+    """A loopback port that is free now and not handed out before by this process."""
+    with _ports_lock:
+        for _ in range(100):
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                s.bind((host, 0))
+                port = s.getsockname()[1]
+            if port not in _reserved_ports:
+                _reserved_ports.add(port)
+                return port
+    raise KafkaError("no free port")
+
+
+def new_cluster_id():
+    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+
+
+def _set_pdeathsig():
+    # The broker dies with the process that started it, even if that one is SIGKILLed.
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+def _pid_alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie of ours counts as gone.
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _pid_cmdline(pid):
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def kill_pid(pid, marker, timeout=20.0):
+    """SIGTERM, then SIGKILL after timeout; only if the process's command line contains marker
+    (so a recycled pid is never hit). Returns True if a process was stopped."""
+    if not _pid_alive(pid) or marker not in _pid_cmdline(pid):
+        return False
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return False
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if os.waitpid(pid, os.WNOHANG)[0] == pid:
+                return True
+        except ChildProcessError:
+            pass
+        if not _pid_alive(pid):
+            return True
+        time.sleep(0.1)
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        return True
+    try:
+        os.waitpid(pid, 0)
+    except ChildProcessError:
+        while _pid_alive(pid):
+            time.sleep(0.05)
+    return True
+
+
+# ---------------------------------------------------------------------------------------------
+# A minimal Kafka client for readiness: one Metadata v1 request, enough to see registered brokers.
+
+def _recv_exact(sock, n):
+    buf = b""
+    while len(buf) < n:
+        chunk = sock.recv(n - len(buf))
+        if not chunk:
+            raise ConnectionError("connection closed")
+        buf += chunk
+    return buf
+
+
+def metadata_brokers(host, port, timeout=5.0):
+    """Sends Metadata v1 (all topics) and returns ({node_id: (host, port)}, controller_id)."""
+    client_id = b"kmirror-harness"
+    body = struct.pack(">hhih", 3, 1, 7, len(client_id)) + client_id + struct.pack(">i", 0)
+    with socket.create_connection((host, port), timeout=timeout) as s:
+        s.settimeout(timeout)
+        s.sendall(struct.pack(">i", len(body)) + body)
+        size = struct.unpack(">i", _recv_exact(s, 4))[0]
+        if size < 8 or size > 1 << 20:
+            raise ConnectionError(f"bad metadata response size {size}")
+        data = _recv_exact(s, size)
+    pos = 4  # correlation id
+    (n,) = struct.unpack_from(">i", data, pos)
+    pos += 4
+    brokers = {}
+    for _ in range(n):
+        node_id, hlen = struct.unpack_from(">ih", data, pos)
+        pos += 6
+        bhost = data[pos:pos + hlen].decode()
+        pos += hlen
+        (bport, rlen) = struct.unpack_from(">ih", data, pos)
+        pos += 6 + max(rlen, 0)
+        brokers[node_id] = (bhost, bport)
+    (controller,) = struct.unpack_from(">i", data, pos)
+    return brokers, controller
+
+
+# ---------------------------------------------------------------------------------------------
+# Record batches on disk: enough to assert which codec a producer used.
+
+CODECS = {0: "none", 1: "gzip", 2: "snappy", 3: "lz4", 4: "zstd"}
+
+
+def read_batches(path):
+    """Yields the v2 batch headers of a segment file as dicts."""
+    with open(path, "rb") as f:
+        data = f.read()
+    pos = 0
+    while pos + 61 <= len(data):
+        base_offset, length = struct.unpack_from(">qi", data, pos)
+        if length <= 0 or pos + 12 + length > len(data):
+            break
+        (epoch, magic, crc, attrs, last_delta, first_ts, max_ts, pid, pepoch, seq,
+         count) = struct.unpack_from(">ibIhiqqqhii", data, pos + 12)
+        yield {
+            "base_offset": base_offset, "length": length, "leader_epoch": epoch, "magic": magic,
+            "crc": crc, "attributes": attrs, "codec": CODECS.get(attrs & 7, str(attrs & 7)),
+            "transactional": bool(attrs & 0x10), "control": bool(attrs & 0x20),
+            "last_offset_delta": last_delta, "first_timestamp": first_ts,
+            "max_timestamp": max_ts, "producer_id": pid, "producer_epoch": pepoch,
+            "base_sequence": seq, "records": count,
+        }
+        pos += 12 + length
+
+
+# ---------------------------------------------------------------------------------------------
+
+_live = set()
+_live_lock = threading.Lock()
+_handlers_installed = False
+
+
+def _stop_all_live():
+    with _live_lock:
+        clusters = list(_live)
+    for c in clusters:
+        try:
+            c.stop()
+        except Exception:  # keep going: the point is to leave nothing behind
+            pass
+
+
+def _on_signal(signum, frame):
+    _stop_all_live()
+    prev = _prev_handlers.get(signum)
+    if callable(prev):
+        prev(signum, frame)
+    elif signum == signal.SIGINT:
+        raise KeyboardInterrupt
+    else:
+        raise SystemExit(128 + signum)
+
+
+_prev_handlers = {}
+
+
+def _install_cleanup():
+    """Stops every attached cluster at interpreter exit and on SIGTERM/SIGHUP/SIGINT."""
+    global _handlers_installed
+    if _handlers_installed:
+        return
+    _handlers_installed = True
+    atexit.register(_stop_all_live)
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        prev = signal.getsignal(sig)
+        _prev_handlers[sig] = prev if callable(prev) and prev not in (
+            signal.default_int_handler,) else None
+        signal.signal(sig, _on_signal)
+
+
+class KafkaNode:
+    """One JVM of a cluster: its id, roles, ports, directories and process."""
+
+    def __init__(self, cluster, node_id, roles):
+        self.cluster = cluster
+        self.node_id = node_id
+        self.roles = roles
+        self.dir = os.path.join(cluster.base_dir, f"node-{node_id}")
+        self.data_dir = os.path.join(self.dir, "data")
+        self.config_path = os.path.join(self.dir, "server.properties")
+        self.log_path = os.path.join(self.dir, "server.log")
+        self.out_path = os.path.join(self.dir, "server.out")
+        self.host = "127.0.0.1"
+        self.is_broker = "broker" in roles
+        self.is_controller = "controller" in roles
+        self.client_port = free_port() if self.is_broker else None
+        self.sasl_port = free_port() if self.is_broker else None
+        self.internal_port = free_port() if self.is_broker else None
+        self.controller_port = free_port() if self.is_controller else None
+        self.proc = None
+        self.pid = None
+        self.wanted = False  # should be running (false after stop_broker)
+
+    @property
+    def address(self):
+        return f"{self.host}:{self.client_port}"
+
+    @property
+    def sasl_address(self):
+        return f"{self.host}:{self.sasl_port}"
+
+    def running(self):
+        if self.proc is not None:
+            return self.proc.poll() is None
+        return self.pid is not None and _pid_alive(self.pid)
+
+    def log_tail(self, lines=40):
+        out = []
+        for path in (self.log_path, self.out_path):
+            try:
+                with open(path, errors="replace") as f:
+                    tail = f.readlines()[-lines:]
+            except OSError:
+                continue
+            if tail:
+                out.append(f"--- {path} (last {len(tail)} lines) ---\n" + "".join(tail))
+        return "\n".join(out) or f"(no log in {self.dir})"
+
+
+class KafkaCluster:
+    """A KRaft cluster of real Kafka brokers on loopback ports.
+
+    brokers=1 gives one combined broker+controller (node id 1); brokers=N>1 gives a controller
+    (node id 1000) and brokers 1..N. overrides are extra broker properties; advertise maps a
+    broker id to the "host:port" its CLIENT listener advertises (e.g. a recording relay).
+    attached=True ties the JVMs to this process (killed with it, stopped at exit); the shell
+    entry point uses attached=False and stops clusters from a state file instead.
+    """
+
+    CONTROLLER_ID = 1000
+
+    def __init__(self, name="kafka", brokers=1, base_dir=None, overrides=None, advertise=None,
+                 jvm_opts=None, attached=True, keep_dir=None):
+        self.name = name
+        self.n_brokers = brokers
+        self.overrides = dict(overrides or {})
+        self.advertise = dict(advertise or {})
+        self.jvm_opts = list(jvm_opts or BROKER_JVM_OPTS)
+        self.attached = attached
+        self.keep_dir = (os.environ.get("KM_KEEP_KAFKA_DIRS") == "1") if keep_dir is None else keep_dir
+        self._own_dir = base_dir is None
+        self.base_dir = base_dir or tempfile.mkdtemp(prefix=f"kmirror-{name}-")
+        os.makedirs(self.base_dir, exist_ok=True)
+        self.libs = kafka_libs()
+        self.cluster_id = new_cluster_id()
+        self.nodes = {}
+        if brokers == 1:
+            self.nodes[1] = KafkaNode(self, 1, ("broker", "controller"))
+        else:
+            self.nodes[self.CONTROLLER_ID] = KafkaNode(self, self.CONTROLLER_ID, ("controller",))
+            for i in range(1, brokers + 1):
+                self.nodes[i] = KafkaNode(self, i, ("broker",))
+        self.started = False
+        self._formatted = False
+
+    # -- addresses -----------------------------------------------------------------------------
+
+    @property
+    def broker_nodes(self):
+        return [n for n in self.nodes.values() if n.is_broker]
+
+    @property
+    def broker_ids(self):
+        return sorted(n.node_id for n in self.broker_nodes)
+
+    @property
+    def bootstrap(self):
+        """Comma-separated CLIENT (PLAINTEXT) addresses of all brokers."""
+        return ",".join(n.address for n in self.broker_nodes)
+
+    @property
+    def sasl_bootstrap(self):
+        return ",".join(n.sasl_address for n in self.broker_nodes)
+
+    def broker_address(self, node_id):
+        return self.nodes[node_id].address
+
+    @property
+    def broker_addresses(self):
+        return {n.node_id: n.address for n in self.broker_nodes}
+
+    @property
+    def controller_address(self):
+        n = next(n for n in self.nodes.values() if n.is_controller)
+        return f"{n.host}:{n.controller_port}"
+
+    def client_props(self, user=None, mechanism="PLAIN"):
+        """librdkafka/Java-style client properties; SASL over the SASL listener if user is given."""
+        if user is None:
+            return {"bootstrap.servers": self.bootstrap}
+        props = {
+            "bootstrap.servers": self.sasl_bootstrap,
+            "security.protocol": "SASL_PLAINTEXT",
+            "sasl.mechanism": mechanism,
+        }
+        return props
+
+    def command_config(self, user=SUPER_USER, mechanism="PLAIN"):
+        """Path of a Java client properties file that logs in as user over the SASL listener."""
+        path = os.path.join(self.base_dir, f"client-{user}-{mechanism.lower()}.properties")
+        module = ("org.apache.kafka.common.security.plain.PlainLoginModule" if mechanism == "PLAIN"
+                  else "org.apache.kafka.common.security.scram.ScramLoginModule")
+        with open(path, "w") as f:
+            f.write("security.protocol=SASL_PLAINTEXT\n")
+            f.write(f"sasl.mechanism={mechanism}\n")
+            f.write(f'sasl.jaas.config={module} required username="{user}" '
+                    f'password="{USERS[user]}";\n')
+        return path
+
+    # -- configuration -------------------------------------------------------------------------
+
+    def _jaas(self, with_users):
+        users = " ".join(f'user_{u}="{p}"' for u, p in USERS.items()) if with_users else ""
+        return ('org.apache.kafka.common.security.plain.PlainLoginModule required '
+                f'username="{SUPER_USER}" password="{USERS[SUPER_USER]}" {users};')
+
+    def _properties(self, node):
+        rf = min(3, self.n_brokers)
+        controllers = [n for n in self.nodes.values() if n.is_controller]
+        p = {
+            "node.id": node.node_id,
+            "process.roles": ",".join(node.roles),
+            "log.dirs": node.data_dir,
+            "controller.listener.names": "CONTROLLER",
+            "controller.quorum.bootstrap.servers": ",".join(
+                f"{c.host}:{c.controller_port}" for c in controllers),
+            "sasl.mechanism.controller.protocol": "PLAIN",
+            "listener.name.controller.sasl.enabled.mechanisms": "PLAIN",
+            "listener.name.controller.plain.sasl.jaas.config": self._jaas(True),
+            "authorizer.class.name": "org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+            "allow.everyone.if.no.acl.found": "true",
+            "super.users": f"User:{SUPER_USER}",
+            # Two cores shared by many JVMs: few threads everywhere.
+            "num.network.threads": 2,
+            "num.io.threads": 2,
+            "background.threads": 2,
+            "num.replica.fetchers": 1,
+            "num.recovery.threads.per.data.dir": 1,
+            "log.cleaner.threads": 1,
+            "log.cleaner.dedupe.buffer.size": 8 * 1024 * 1024,
+            "controller.quorum.fetch.timeout.ms": 10000,
+        }
+        if node.is_broker:
+            listeners = [f"CLIENT://{node.host}:{node.client_port}",
+                         f"SASL://{node.host}:{node.sasl_port}",
+                         f"INTERNAL://{node.host}:{node.internal_port}"]
+            adv_client = self.advertise.get(node.node_id, node.address)
+            advertised = [f"CLIENT://{adv_client}", f"SASL://{node.sasl_address}",
+                          f"INTERNAL://{node.host}:{node.internal_port}"]
+            p.update({
+                "inter.broker.listener.name": "INTERNAL",
+                "sasl.mechanism.inter.broker.protocol": "PLAIN",
+                "listener.name.internal.sasl.enabled.mechanisms": "PLAIN",
+                "listener.name.internal.plain.sasl.jaas.config": self._jaas(True),
+                "listener.name.sasl.sasl.enabled.mechanisms": "PLAIN,SCRAM-SHA-256,SCRAM-SHA-512",
+                "listener.name.sasl.plain.sasl.jaas.config": self._jaas(True),
+                "listener.name.sasl.scram-sha-256.sasl.jaas.config":
+                    "org.apache.kafka.common.security.scram.ScramLoginModule required;",
+                "listener.name.sasl.scram-sha-512.sasl.jaas.config":
+                    "org.apache.kafka.common.security.scram.ScramLoginModule required;",
+                "offsets.topic.replication.factor": rf,
+                "offsets.topic.num.partitions": 5,
+                "transaction.state.log.replication.factor": rf,
+                "transaction.state.log.min.isr": min(2, rf),
+                "transaction.state.log.num.partitions": 5,
+                "share.coordinator.state.topic.replication.factor": rf,
+                "share.coordinator.state.topic.min.isr": min(2, rf),
+                "share.coordinator.state.topic.num.partitions": 3,
+                "default.replication.factor": rf,
+                "min.insync.replicas": 1,
+                "group.initial.rebalance.delay.ms": 0,
+                "auto.create.topics.enable": "true",
+                "delete.topic.enable": "true",
+                "log.flush.offset.checkpoint.interval.ms": 5000,
+            })
+        else:
+            listeners, advertised = [], []
+        if node.is_controller:
+            listeners.append(f"CONTROLLER://{node.host}:{node.controller_port}")
+            advertised.append(f"CONTROLLER://{node.host}:{node.controller_port}")
+        p["listeners"] = ",".join(listeners)
+        p["advertised.listeners"] = ",".join(advertised)
+        p["listener.security.protocol.map"] = ("CLIENT:PLAINTEXT,SASL:SASL_PLAINTEXT,"
+                                               "INTERNAL:SASL_PLAINTEXT,CONTROLLER:SASL_PLAINTEXT")
+        if node.is_broker:
+            p.update(self.overrides)
+        return p
+
+    def _write_log4j(self, node):
+        # Quiet: INFO to the node's file (readiness and post-mortems), nothing on the console.
+        path = os.path.join(node.dir, "log4j2.properties")
+        with open(path, "w") as f:
+            f.write(f"""status = error
+appender.file.type = File
+appender.file.name = FILE
+appender.file.fileName = {node.log_path}
+appender.file.layout.type = PatternLayout
+appender.file.layout.pattern = [%d] %p %m (%c)%n
+rootLogger.level = INFO
+rootLogger.appenderRef.file.ref = FILE
+logger.request.name = kafka.request.logger
+logger.request.level = WARN
+logger.state.name = state.change.logger
+logger.state.level = WARN
+logger.cleaner.name = kafka.log.LogCleaner
+logger.cleaner.level = WARN
+logger.kafka_log.name = org.apache.kafka.storage.internals.log
+logger.kafka_log.level = WARN
+logger.zk.name = org.apache.kafka.clients.NetworkClient
+logger.zk.level = WARN
+logger.cfg.name = org.apache.kafka.common.config.AbstractConfig
+logger.cfg.level = WARN
+""")
+        return path
+
+    def _write_config(self, node):
+        os.makedirs(node.dir, exist_ok=True)
+        with open(node.config_path, "w") as f:
+            for k, v in self._properties(node).items():
+                f.write(f"{k}={v}\n")
+
+    def _format(self, node):
+        args = [java_bin()] + TOOL_JVM_OPTS + [
+            "-Dlog4j2.configurationFile=" + self._tool_log4j(),
+            "-cp", os.path.join(self.libs, "*"), "kafka.tools.StorageTool", "format",
+            "-t", self.cluster_id, "-c", node.config_path, "--ignore-formatted"]
+        if node.is_controller:
+            args.append("--standalone")
+            for mech in ("SCRAM-SHA-256", "SCRAM-SHA-512"):
+                for user, pw in USERS.items():
+                    args += ["--add-scram", f"{mech}=[name={user},password={pw}]"]
+        r = subprocess.run(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                           timeout=120)
+        if r.returncode != 0:
+            raise KafkaError(f"{self.name}: formatting node {node.node_id} failed:\n{r.stdout}")
+
+    def _tool_log4j(self):
+        path = os.path.join(self.base_dir, "tools-log4j2.properties")
+        if not os.path.exists(path):
+            with open(path, "w") as f:
+                f.write("status = error\nappender.err.type = Console\nappender.err.name = ERR\n"
+                        "appender.err.target = SYSTEM_ERR\nappender.err.layout.type = PatternLayout\n"
+                        "appender.err.layout.pattern = [%d] %p %m (%c)%n\n"
+                        "rootLogger.level = WARN\nrootLogger.appenderRef.err.ref = ERR\n")
+        return path
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    def start(self, timeout=180.0):
+        """Formats (first time) and starts every node, then waits until all brokers serve metadata."""
+        if self.attached:
+            _install_cleanup()
+            with _live_lock:
+                _live.add(self)
+        self.started = True
+        try:
+            if not self._formatted:
+                for node in self.nodes.values():
+                    self._write_config(node)
+                    self._write_log4j(node)
+                # Formatting is one JVM each; run them side by side.
+                threads = []
+                errors = []
+
+                def fmt(n):
+                    try:
+                        self._format(n)
+                    except Exception as e:  # reported below
+                        errors.append(e)
+                for node in self.nodes.values():
+                    t = threading.Thread(target=fmt, args=(node,))
+                    t.start()
+                    threads.append(t)
+                for t in threads:
+                    t.join()
+                if errors:
+                    raise errors[0]
+                self._formatted = True
+            for node in self.nodes.values():
+                self._spawn(node)
+            self.wait_ready(timeout)
+        except BaseException:
+            self.stop()
+            raise
+        self._write_state()
+        return self
+
+    def _spawn(self, node):
+        node.wanted = True
+        if node.running():
+            return
+        args = [java_bin()] + self.jvm_opts + [
+            f"-Dlog4j2.configurationFile={os.path.join(node.dir, 'log4j2.properties')}",
+            f"-Dkafka.logs.dir={node.dir}",
+            f"-Dkmirror.cluster={self.name}",
+            "-cp", os.path.join(self.libs, "*"), "kafka.Kafka", node.config_path]
+        out = open(node.out_path, "ab")
+        node.proc = subprocess.Popen(
+            args, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, cwd=node.dir,
+            start_new_session=True, preexec_fn=_set_pdeathsig if self.attached else None)
+        out.close()
+        node.pid = node.proc.pid
+        node.started_at = time.monotonic()
+        with open(os.path.join(node.dir, "pid"), "w") as f:
+            f.write(f"{node.pid}\n")
+
+    def _log_has(self, node, text):
+        try:
+            with open(node.log_path, errors="replace") as f:
+                return text in f.read()
+        except OSError:
+            return False
+
+    def wait_ready(self, timeout=180.0, node_ids=None):
+        """Polls until every (given) broker answers Metadata listing all running brokers."""
+        deadline = time.monotonic() + timeout
+        wanted = [self.nodes[i] for i in (node_ids or self.nodes) if self.nodes[i].wanted]
+        while True:
+            dead = [n for n in wanted if not n.running()]
+            if dead:
+                n = dead[0]
+                raise KafkaError(f"{self.name}: node {n.node_id} exited "
+                                 f"(status {n.proc.poll() if n.proc else '?'})\n{n.log_tail()}")
+            expect = {n.node_id for n in self.broker_nodes if n.wanted}
+            pending = None
+            for n in wanted:
+                if not n.is_broker:
+                    # A dedicated controller is ready once it logs that it started.
+                    if not self._log_has(n, "Kafka Server started"):
+                        pending = (n, "not started")
+                        break
+                    continue
+                try:
+                    brokers, _ = metadata_brokers(n.host, n.client_port, timeout=2.0)
+                except (OSError, struct.error) as e:
+                    pending = (n, f"metadata: {e}")
+                    break
+                if set(brokers) != expect:
+                    pending = (n, f"sees brokers {sorted(brokers)}, want {sorted(expect)}")
+                    break
+            if pending is None:
+                return
+            if time.monotonic() > deadline:
+                n, why = pending
+                raise KafkaError(f"{self.name}: node {n.node_id} not ready after {timeout:.0f}s "
+                                 f"({why})\n{n.log_tail()}")
+            time.sleep(0.25)
+
+    def stop_broker(self, node_id, kill=False, timeout=30.0):
+        """Stops one node (SIGTERM, or SIGKILL with kill=True); its data stays for start_broker."""
+        node = self.nodes[node_id]
+        node.wanted = False
+        if node.pid is None:
+            return
+        if kill:
+            try:
+                os.kill(node.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            if node.proc:
+                node.proc.wait()
+        else:
+            kill_pid(node.pid, node.config_path, timeout)
+            if node.proc:
+                try:
+                    node.proc.wait(timeout=5)
+                except subprocess.TimeoutExpired:
+                    pass
+        node.proc = None
+        node.pid = None
+
+    def start_broker(self, node_id, timeout=120.0):
+        """Restarts a node stopped by stop_broker and waits until the cluster sees it again."""
+        node = self.nodes[node_id]
+        self._spawn(node)
+        self.wait_ready(timeout)
+
+    def stop(self):
+        """Stops every node (brokers first, then the controller) and removes the data unless kept."""
+        order = sorted(self.nodes.values(), key=lambda n: n.is_controller and not n.is_broker)
+        for node in order:
+            node.wanted = False
+        # SIGTERM all brokers at once, then wait: a clean shutdown takes a few seconds each.
+        for node in order:
+            if node.pid is not None and node.running() and not (
+                    node.is_controller and not node.is_broker):
+                try:
+                    os.kill(node.pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+        for node in order:
+            if node.pid is not None:
+                kill_pid(node.pid, node.config_path, timeout=20.0)
+                if node.proc:
+                    try:
+                        node.proc.wait(timeout=5)
+                    except subprocess.TimeoutExpired:
+                        pass
+                node.proc = None
+                node.pid = None
+        with _live_lock:
+            _live.discard(self)
+        if self.started and self._own_dir and not self.keep_dir:
+            shutil.rmtree(self.base_dir, ignore_errors=True)
+        self.started = False
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.stop()
+
+    # -- state file (for the shell entry point) --------------------------------------------------
+
+    def state(self):
+        return {
+            "name": self.name, "base_dir": self.base_dir, "cluster_id": self.cluster_id,
+            "bootstrap": self.bootstrap, "sasl_bootstrap": self.sasl_bootstrap,
+            "brokers": {str(k): v for k, v in self.broker_addresses.items()},
+            "nodes": {str(n.node_id): {"pid": n.pid, "config": n.config_path, "log": n.log_path,
+                                       "roles": list(n.roles)} for n in self.nodes.values()},
+            "libs": self.libs,
+        }
+
+    def _write_state(self):
+        with open(os.path.join(self.base_dir, "cluster.json"), "w") as f:
+            json.dump(self.state(), f, indent=1)
+
+    # -- tools ---------------------------------------------------------------------------------
+
+    def run_tool(self, tool, *args, input=None, timeout=180, check=True, env=None):
+        """Runs a Kafka Java tool (short name from TOOLS or a main class) and returns the
+        CompletedProcess (text). Raises KafkaError with its output when check and it fails."""
+        main = TOOLS.get(tool, tool)
+        cmd = [java_bin()] + TOOL_JVM_OPTS + [
+            "-Dlog4j2.configurationFile=" + self._tool_log4j(),
+            "-cp", os.path.join(self.libs, "*"), main] + [str(a) for a in args]
+        r = subprocess.run(cmd, input=input, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           text=True, timeout=timeout, env=env)
+        if check and r.returncode != 0:
+            raise KafkaError(f"{tool} {' '.join(map(str, args))} exited {r.returncode}\n"
+                             f"stdout:\n{r.stdout[-3000:]}\nstderr:\n{r.stderr[-3000:]}")
+        return r
+
+    def tool(self, tool, *args, admin=False, **kw):
+        """run_tool with --bootstrap-server added (and --command-config for the super user)."""
+        extra = ["--bootstrap-server", self.sasl_bootstrap if admin else self.bootstrap]
+        if admin:
+            extra += ["--command-config", self.command_config()]
+        return self.run_tool(tool, *extra, *args, **kw)
+
+    def create_topic(self, topic, partitions=1, replication_factor=None, config=None):
+        rf = replication_factor or min(3, self.n_brokers)
+        args = ["--create", "--topic", topic, "--partitions", partitions,
+                "--replication-factor", rf]
+        for k, v in (config or {}).items():
+            args += ["--config", f"{k}={v}"]
+        self.tool("topics", *args)
+        self.wait_topic(topic, partitions)
+
+    def wait_topic(self, topic, partitions, timeout=60.0):
+        """Polls until every broker's metadata lists the topic's partitions with leaders."""
+        deadline = time.monotonic() + timeout
+        while True:
+            r = self.tool("topics", "--describe", "--topic", topic, check=False)
+            leaders = [ln for ln in r.stdout.splitlines()
+                       if "Partition:" in ln and "Leader: none" not in ln and "Leader: -1" not in ln]
+            if r.returncode == 0 and len(leaders) >= partitions:
+                return r.stdout
+            if time.monotonic() > deadline:
+                raise KafkaError(f"topic {topic} not ready: {r.stdout}{r.stderr}")
+            time.sleep(0.2)
+
+    # -- data on disk --------------------------------------------------------------------------
+
+    def partition_dirs(self, topic, partition):
+        """The partition's log directories on every node that holds a replica."""
+        out = []
+        for n in self.broker_nodes:
+            d = os.path.join(n.data_dir, f"{topic}-{partition}")
+            if os.path.isdir(d):
+                out.append(d)
+        return out
+
+    def segment_batches(self, topic, partition):
+        """Batch headers of the partition's first segment on its first replica."""
+        dirs = self.partition_dirs(topic, partition)
+        if not dirs:
+            raise KafkaError(f"no replica of {topic}-{partition} on disk")
+        segs = sorted(f for f in os.listdir(dirs[0]) if f.endswith(".log"))
+        out = []
+        for s in segs:
+            out.extend(read_batches(os.path.join(dirs[0], s)))
+        return out
+
+    def __repr__(self):
+        return f"KafkaCluster({self.name}, brokers={self.n_brokers}, bootstrap={self.bootstrap})"
+
+
+def stop_from_state(base_dir, timeout=20.0):
+    """Stops a detached cluster started elsewhere, from its cluster.json; returns pids stopped."""
+    with open(os.path.join(base_dir, "cluster.json")) as f:
+        st = json.load(f)
+    stopped = []
+    nodes = sorted(st["nodes"].values(), key=lambda n: n["roles"] == ["controller"])
+    for n in nodes:
+        if n["pid"] and _pid_alive(n["pid"]) and n["config"] in _pid_cmdline(n["pid"]):
+            os.kill(n["pid"], signal.SIGTERM)
+    for n in nodes:
+        if n["pid"] and kill_pid(n["pid"], n["config"], timeout):
+            stopped.append(n["pid"])
+    return stopped

@@ -147,11 +147,12 @@ static km_err snappy_raw_decode(const uint8_t *src, size_t n, sink *s)
 	size_t ulen;
 	if (snappy_uncompressed_length((const char *)src, n, &ulen) != SNAPPY_OK)
 		return KM_ERR_DECODE;
-	if (ulen > s->max - s->len)
-		return KM_ERR_TOO_LARGE;
-	/* Validate before allocating: the declared length is then what the block really produces. */
+	/* Validate before allocating (no output written): the declared length is then what the block
+	 * really produces, not just a number from the peer. */
 	if (snappy_validate_compressed_buffer((const char *)src, n) != SNAPPY_OK)
 		return KM_ERR_DECODE;
+	if (ulen > s->max - s->len)
+		return KM_ERR_TOO_LARGE;
 	km_err err = sink_need(s, ulen);
 	if (err)
 		return err;

@@ -1,29 +1,258 @@
-/* kmirrord: the daemon's entry point; it only wires the modules together. */
+/* kmirrord: the daemon's entry point; it only wires the modules together (config, proxy, signals). */
+#include <signal.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
+#include <event2/event.h>
+#include <openssl/ssl.h>
+
+#include "kmirror/daemon_config.h"
+#include "kmirror/log.h"
+#include "kmirror/proxy.h"
 #include "kmirror/version.h"
+
+#define MAX_OVERRIDES 64
+
+typedef struct daemon_ctx {
+	struct event_base *base;
+	km_proxy *proxy;
+	const char *config_path;
+	const char *override_name[MAX_OVERRIDES];
+	const char *override_value[MAX_OVERRIDES];
+	int overrides;
+	km_config cfg;
+	int signals_seen;
+} daemon_ctx;
 
 static void usage(FILE *out)
 {
-	fprintf(out, "usage: kmirrord [--version] [--help]\n"
-		     "Kafka-protocol proxy that fronts a destination cluster and mirrors topics into it.\n");
+	size_t n;
+	const km_config_option *opts = km_config_options(&n);
+
+	fprintf(out,
+		"usage: kmirrord [--config FILE] [--OPTION VALUE ...]\n"
+		"Kafka-protocol proxy that fronts a destination cluster and mirrors topics into it.\n"
+		"\n"
+		"  --config FILE             read options from FILE (key = value lines); flags override it\n"
+		"  --listen HOST:PORT        bootstrap listener (listen)\n"
+		"  --advertised-host HOST    host returned to clients in broker endpoints (advertised_host)\n"
+		"  --broker-port-base PORT   broker node N is served on PORT+N (broker_port_base)\n"
+		"  --upstream HOST:PORT[,HOST:PORT...]  upstream cluster bootstrap (upstream)\n"
+		"  --http-listen HOST:PORT   /metrics and /healthz endpoint (http_listen)\n"
+		"  --log-level LEVEL         error, warn, info, debug, trace (log_level)\n"
+		"  --check-config            validate the configuration and exit (0 when valid)\n"
+		"  --print-config            print the effective configuration as a config file and exit\n"
+		"  --config-doc              print the option table (Markdown) and exit\n"
+		"  --version                 print the version and exit\n"
+		"  --help                    this text\n"
+		"\n"
+		"Every option of the config file is also a flag: --NAME VALUE, with dashes or underscores:\n");
+	for (size_t i = 0; i < n; i++)
+		fprintf(out, "  --%s\n", opts[i].name);
+	fprintf(out, "\nSignals: SIGHUP reloads the config file (kept unchanged when invalid); SIGTERM or SIGINT\n"
+		     "drains client connections gradually and exits 0; a second one exits at once.\n");
+}
+
+/* Build a configuration: defaults, then the file, then the command-line overrides. */
+static km_err build_config(daemon_ctx *d, km_config *cfg, char *err, size_t errlen)
+{
+	km_err rc;
+	km_config_init(cfg);
+	if (d->config_path && (rc = km_config_load_file(cfg, d->config_path, err, errlen)) != KM_OK)
+		goto fail;
+	for (int i = 0; i < d->overrides; i++) {
+		char sub[400];
+		if ((rc = km_config_set(cfg, d->override_name[i], d->override_value[i], sub, sizeof(sub))) != KM_OK) {
+			snprintf(err, errlen, "command line: %s", sub);
+			goto fail;
+		}
+	}
+	if ((rc = km_config_validate(cfg, err, errlen)) != KM_OK)
+		goto fail;
+	return KM_OK;
+fail:
+	km_config_free(cfg);
+	return rc;
+}
+
+static void drained(void *arg)
+{
+	daemon_ctx *d = arg;
+	KM_INFO("main", 0, "drained, exiting");
+	event_base_loopexit(d->base, NULL);
+}
+
+static void on_signal(evutil_socket_t sig, short what, void *arg)
+{
+	daemon_ctx *d = arg;
+
+	if (sig == SIGHUP) {
+		km_config next;
+		char err[512];
+		km_metrics *m = km_proxy_metrics(d->proxy);
+		if (build_config(d, &next, err, sizeof(err)) != KM_OK) {
+			m->reloads_failed++;
+			KM_ERROR("main", 0, "reload failed, keeping the running configuration: %s", err);
+			return;
+		}
+		if (km_config_check_reload(&d->cfg, &next, err, sizeof(err)) != KM_OK ||
+		    km_proxy_reload(d->proxy, &next, err, sizeof(err)) != KM_OK) {
+			m->reloads_failed++;
+			KM_ERROR("main", 0, "reload failed, keeping the running configuration: %s", err);
+			km_config_free(&next);
+			return;
+		}
+		km_config_free(&d->cfg);
+		d->cfg = next;
+		m->reloads_ok++;
+		KM_INFO("main", 0, "configuration reloaded");
+		return;
+	}
+	if (++d->signals_seen > 1) {
+		KM_WARN("main", 0, "second signal: exiting now");
+		event_base_loopbreak(d->base);
+		return;
+	}
+	KM_INFO("main", 0, "signal %d: draining client connections", (int)sig);
+	km_proxy_drain(d->proxy, drained, d);
+}
+
+static const char *flag_to_option(const char *flag, char *buf, size_t len)
+{
+	size_t i;
+	for (i = 0; flag[i] && i + 1 < len; i++)
+		buf[i] = flag[i] == '-' ? '_' : flag[i];
+	buf[i] = '\0';
+	return buf;
 }
 
 int main(int argc, char **argv)
 {
+	daemon_ctx d;
+	char err[512];
+	bool check_only = false, print_only = false;
+	struct event *sig_hup, *sig_term, *sig_int;
+	static char names[MAX_OVERRIDES][64];
+	int rc = 0;
+
+	memset(&d, 0, sizeof(d));
 	for (int i = 1; i < argc; i++) {
-		if (strcmp(argv[i], "--version") == 0) {
+		const char *a = argv[i];
+		const char *val;
+		char *eq;
+		if (!strcmp(a, "--version")) {
 			printf("kmirrord %s\n", KM_VERSION);
 			return 0;
 		}
-		if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+		if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
 			usage(stdout);
 			return 0;
 		}
-		fprintf(stderr, "kmirrord: unknown option '%s' (try --help)\n", argv[i]);
+		if (!strcmp(a, "--config-doc")) {
+			km_config_write_doc(stdout);
+			return 0;
+		}
+		if (!strcmp(a, "--check-config")) {
+			check_only = true;
+			continue;
+		}
+		if (!strcmp(a, "--print-config")) {
+			print_only = true;
+			continue;
+		}
+		if (strncmp(a, "--", 2) != 0 || d.overrides == MAX_OVERRIDES) {
+			fprintf(stderr, "kmirrord: unexpected argument '%s' (try --help)\n", a);
+			return 2;
+		}
+		/* --name VALUE or --name=VALUE */
+		eq = strchr(a, '=');
+		if (eq) {
+			size_t n = (size_t)(eq - a - 2);
+			char tmp[64];
+			if (n >= sizeof(tmp)) {
+				fprintf(stderr, "kmirrord: unknown option '%s' (try --help)\n", a);
+				return 2;
+			}
+			memcpy(tmp, a + 2, n);
+			tmp[n] = '\0';
+			flag_to_option(tmp, names[d.overrides], sizeof(names[0]));
+			val = eq + 1;
+		} else {
+			flag_to_option(a + 2, names[d.overrides], sizeof(names[0]));
+			if (i + 1 >= argc) {
+				fprintf(stderr, "kmirrord: %s needs a value\n", a);
+				return 2;
+			}
+			val = argv[++i];
+		}
+		if (!strcmp(names[d.overrides], "config")) {
+			d.config_path = val;
+			continue;
+		}
+		if (!km_config_option_find(names[d.overrides])) {
+			fprintf(stderr, "kmirrord: unknown option '%s' (try --help)\n", a);
+			return 2;
+		}
+		d.override_name[d.overrides] = names[d.overrides];
+		d.override_value[d.overrides] = val;
+		d.overrides++;
+	}
+	if (build_config(&d, &d.cfg, err, sizeof(err)) != KM_OK) {
+		fprintf(stderr, "kmirrord: invalid configuration: %s\n", err);
 		return 2;
 	}
-	usage(stderr);
-	return 2;
+	if (check_only || print_only) {
+		if (print_only) {
+			size_t n;
+			const km_config_option *opts = km_config_options(&n);
+			for (size_t i = 0; i < n; i++) {
+				char v[2048];
+				km_config_format(&opts[i], &d.cfg, v, sizeof(v));
+				printf("%s = %s\n", opts[i].name, v);
+			}
+		} else {
+			printf("configuration ok\n");
+		}
+		km_config_free(&d.cfg);
+		return 0;
+	}
+	km_log_set_level((km_log_level)d.cfg.log_level);
+	signal(SIGPIPE, SIG_IGN);
+	d.base = event_base_new();
+	if (!d.base) {
+		fprintf(stderr, "kmirrord: cannot create the event loop\n");
+		return 1;
+	}
+	d.proxy = km_proxy_new(d.base, &d.cfg, err, sizeof(err));
+	if (!d.proxy) {
+		KM_ERROR("main", 0, "cannot start: %s", err);
+		event_base_free(d.base);
+		km_config_free(&d.cfg);
+		return 1;
+	}
+	sig_hup = evsignal_new(d.base, SIGHUP, on_signal, &d);
+	sig_term = evsignal_new(d.base, SIGTERM, on_signal, &d);
+	sig_int = evsignal_new(d.base, SIGINT, on_signal, &d);
+	if (!sig_hup || !sig_term || !sig_int || evsignal_add(sig_hup, NULL) || evsignal_add(sig_term, NULL) ||
+	    evsignal_add(sig_int, NULL)) {
+		KM_ERROR("main", 0, "cannot install signal handlers");
+		rc = 1;
+	} else {
+		KM_INFO("main", 0, "kmirrord %s started", KM_VERSION);
+		event_base_dispatch(d.base);
+	}
+	km_proxy_free(d.proxy);
+	if (sig_hup)
+		event_free(sig_hup);
+	if (sig_term)
+		event_free(sig_term);
+	if (sig_int)
+		event_free(sig_int);
+	/* Let deferred frees (closed connections) run before the base goes. */
+	event_base_loop(d.base, EVLOOP_NONBLOCK);
+	event_base_free(d.base);
+	km_config_free(&d.cfg);
+	KM_INFO("main", 0, "stopped");
+	return rc;
 }

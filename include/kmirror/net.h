@@ -1,0 +1,152 @@
+/* kmirror connection layer: framing, request headers, TLS contexts, and an async Kafka request/response client. */
+#ifndef KMIRROR_NET_H
+#define KMIRROR_NET_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <event2/buffer.h>
+#include <event2/bufferevent.h>
+#include <event2/event.h>
+#include <event2/dns.h>
+#include <openssl/ssl.h>
+
+#include "kmirror/error.h"
+#include "kmirror/wire.h"
+
+/* ---- framing: every Kafka frame is an int32 size followed by that many bytes ---- */
+
+typedef enum {
+	KM_FRAME_NEED_MORE = 0, /* fewer than 4 bytes, or the frame is not complete yet */
+	KM_FRAME_READY,         /* a whole frame is buffered */
+	KM_FRAME_TOO_LARGE,     /* size above the cap */
+	KM_FRAME_BAD_SIZE,      /* negative or too small to hold a header */
+	KM_FRAME_TLS_HELLO,     /* the first bytes of a TLS handshake record on a plaintext port */
+	KM_FRAME_HTTP,          /* "GET " / "POST" / ... : an HTTP client on a Kafka port */
+} km_frame_status;
+
+#define KM_FRAME_MIN_REQUEST 8   /* api key, version, correlation id */
+#define KM_FRAME_MIN_RESPONSE 4  /* correlation id */
+
+/*
+ * Classify the start of a frame. p holds avail bytes (the first bytes of the frame, size prefix
+ * included). first: this is the first frame of the connection (enables TLS/HTTP detection).
+ * On KM_FRAME_READY and KM_FRAME_NEED_MORE with avail >= 4, *size is the frame size without prefix.
+ */
+km_frame_status km_net_frame_check(const uint8_t *p, size_t avail, int64_t max_frame, size_t min_frame,
+				   bool first, int32_t *size);
+/* The same on an evbuffer (copies out 4 bytes only). */
+km_frame_status km_net_frame_peek(struct evbuffer *in, int64_t max_frame, size_t min_frame, bool first,
+				  int32_t *size);
+const char *km_frame_status_name(km_frame_status st);
+
+/* ---- request and response headers ---- */
+
+typedef struct km_req_header {
+	int16_t api_key;
+	int16_t api_version;
+	int32_t correlation_id;
+	km_str client_id;   /* borrowed; null for header v0 */
+	size_t body_offset; /* where the request body starts, from the start of the frame body */
+} km_req_header;
+
+/*
+ * Parse a request header (p: the frame without its size prefix). header_version: 1 (client id) or
+ * 2 (client id + tagged fields); 0 is accepted for the controlled-shutdown v0 relic.
+ */
+km_err km_net_parse_request_header(const uint8_t *p, size_t len, int header_version, km_req_header *h)
+	__attribute__((warn_unused_result));
+
+/* Request header version Kafka uses for a Produce request of this version. */
+static inline int km_net_produce_header_version(int16_t version) { return version >= 9 ? 2 : 1; }
+
+/*
+ * Acks of a Produce request: p is the frame body (without the size prefix), len what is available
+ * (at least the header and the fields up to acks). Returns KM_ERR_DECODE when truncated.
+ */
+km_err km_net_produce_acks(const uint8_t *p, size_t len, int16_t version, int16_t *acks)
+	__attribute__((warn_unused_result));
+
+/* ---- a cursor over an evbuffer: reads small fields in place of a pullup, for walking big frames ---- */
+
+typedef struct km_evrd {
+	struct evbuffer *buf;
+	struct evbuffer_ptr ptr;
+	size_t pos, end; /* offsets from the start of buf */
+	km_err err;
+} km_evrd;
+
+void km_evrd_init(km_evrd *r, struct evbuffer *buf, size_t start, size_t end);
+bool km_evrd_raw(km_evrd *r, void *out, size_t n);
+bool km_evrd_skip(km_evrd *r, size_t n);
+bool km_evrd_i8(km_evrd *r, int8_t *v);
+bool km_evrd_i16(km_evrd *r, int16_t *v);
+bool km_evrd_i32(km_evrd *r, int32_t *v);
+bool km_evrd_uvarint(km_evrd *r, uint32_t *v);
+/* Skip a compact (uvarint length + 1) string/bytes, or a classic int16/int32 length one. */
+bool km_evrd_skip_compact(km_evrd *r);
+bool km_evrd_skip_tags(km_evrd *r);
+
+/* ---- TLS ---- */
+
+/* Server context for client-facing listeners. client_auth: 0 none, 1 requested, 2 required. */
+SSL_CTX *km_net_tls_server_ctx(const char *cert_file, const char *key_file, const char *ca_file, int client_auth,
+			       char *err, size_t errlen);
+/* Client context for upstream connections. ca_file NULL: system store. cert/key NULL: no client cert. */
+SSL_CTX *km_net_tls_client_ctx(const char *ca_file, const char *cert_file, const char *key_file, bool verify,
+			       char *err, size_t errlen);
+/* The OpenSSL error queue as one line (and cleared), for logs. */
+const char *km_net_tls_error(char *buf, size_t len);
+
+/*
+ * A bufferevent on fd (or -1 to connect later): plain when ctx is NULL, TLS otherwise. server
+ * selects accept vs connect state; sni (client side) sets the SNI name and the host to verify.
+ */
+struct bufferevent *km_net_bev_new(struct event_base *base, int fd, SSL_CTX *ctx, bool server, const char *sni,
+				   bool verify_host);
+
+/* ---- async request/response client (used by the proxy's metadata refresh, the mirror, the state store) ---- */
+
+typedef struct km_net_client km_net_client;
+
+/*
+ * Called once per request: err KM_OK with the response body (after the response header), or an
+ * error (KM_ERR_TIMEOUT, KM_ERR_CLOSED, KM_ERR_IO, KM_ERR_DECODE) with body NULL. The body is
+ * valid only during the call.
+ */
+typedef void (*km_net_response_cb)(km_net_client *c, km_err err, const uint8_t *body, size_t len, void *arg);
+/* Connection state: KM_OK when ready (connected, TLS and SASL done), an error when it failed or closed. */
+typedef void (*km_net_state_cb)(km_net_client *c, km_err err, void *arg);
+
+typedef struct km_net_client_opts {
+	const char *client_id;       /* default "kmirror" */
+	SSL_CTX *tls;                /* NULL: plaintext */
+	bool tls_verify_host;
+	const char *sasl_mechanism;  /* NULL: none; "PLAIN" */
+	const char *sasl_username;
+	const char *sasl_password;
+	int64_t connect_timeout_ms;  /* 0: 10 s */
+	int64_t request_timeout_ms;  /* 0: 30 s */
+	int64_t max_frame_bytes;     /* 0: 100 MiB */
+	struct evdns_base *dns;      /* async name resolution; NULL resolves synchronously */
+	km_net_state_cb on_state;
+	void *arg;
+} km_net_client_opts;
+
+km_net_client *km_net_client_new(struct event_base *base, const km_net_client_opts *opts);
+/* Start connecting; requests sent before the connection is ready are queued. */
+km_err km_net_client_connect(km_net_client *c, const char *host, uint16_t port) __attribute__((warn_unused_result));
+/*
+ * Send a request whose body (without header) is body/len. hdr_version: request header version (1 or 2);
+ * resp_hdr_version: response header version (0 or 1). expect_response false: acks=0 Produce.
+ */
+km_err km_net_client_send(km_net_client *c, int16_t api_key, int16_t api_version, int hdr_version,
+			  int resp_hdr_version, const uint8_t *body, size_t len, km_net_response_cb cb, void *arg)
+	__attribute__((warn_unused_result));
+bool km_net_client_ready(const km_net_client *c);
+size_t km_net_client_inflight(const km_net_client *c);
+/* Close; every pending request gets KM_ERR_CLOSED. Safe to call from inside a callback. */
+void km_net_client_free(km_net_client *c);
+
+#endif

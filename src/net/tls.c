@@ -1,0 +1,135 @@
+/* TLS contexts for client-facing listeners and upstream connections, and plain/TLS bufferevents behind one call. */
+#include <stdio.h>
+#include <string.h>
+
+#include <event2/bufferevent_ssl.h>
+#include <openssl/err.h>
+#include <openssl/x509v3.h>
+
+#include "kmirror/net.h"
+
+const char *km_net_tls_error(char *buf, size_t len)
+{
+	unsigned long e;
+	size_t n = 0;
+	buf[0] = '\0';
+	while ((e = ERR_get_error()) != 0) {
+		char one[256];
+		ERR_error_string_n(e, one, sizeof(one));
+		if (n < len)
+			n += (size_t)snprintf(buf + n, len - n, "%s%s", n ? "; " : "", one);
+	}
+	if (!buf[0])
+		snprintf(buf, len, "no OpenSSL error");
+	return buf;
+}
+
+static void set_err(char *err, size_t errlen, const char *what, const char *file)
+{
+	char tls[512];
+	if (err && errlen)
+		snprintf(err, errlen, "%s%s%s: %s", what, file ? " " : "", file ? file : "",
+			 km_net_tls_error(tls, sizeof(tls)));
+}
+
+SSL_CTX *km_net_tls_server_ctx(const char *cert_file, const char *key_file, const char *ca_file, int client_auth,
+			       char *err, size_t errlen)
+{
+	SSL_CTX *ctx = SSL_CTX_new(TLS_server_method());
+	if (!ctx) {
+		set_err(err, errlen, "SSL_CTX_new", NULL);
+		return NULL;
+	}
+	SSL_CTX_set_min_proto_version(ctx, TLS1_2_VERSION);
+	SSL_CTX_set_options(ctx, SSL_OP_NO_RENEGOTIATION);
+	if (SSL_CTX_use_certificate_chain_file(ctx, cert_file) != 1) {
+		set_err(err, errlen, "cannot load certificate", cert_file);
+		goto fail;
+	}
+	if (SSL_CTX_use_PrivateKey_file(ctx, key_file, SSL_FILETYPE_PEM) != 1) {
+		set_err(err, errlen, "cannot load private key", key_file);
+		goto fail;
+	}
+	if (SSL_CTX_check_private_key(ctx) != 1) {
+		set_err(err, errlen, "private key does not match certificate", key_file);
+		goto fail;
+	}
+	if (ca_file && SSL_CTX_load_verify_locations(ctx, ca_file, NULL) != 1) {
+		set_err(err, errlen, "cannot load CA file", ca_file);
+		goto fail;
+	}
+	if (client_auth == 1)
+		SSL_CTX_set_verify(ctx, SSL_VERIFY_PEER, NULL);
+	else if (client_auth == 2)
+		SSL_CTX_set_verify(ctx, SSL_VERIFY_PEER | SSL_VERIFY_FAIL_IF_NO_PEER_CERT, NULL);
+	return ctx;
+fail:
+	SSL_CTX_free(ctx);
+	return NULL;
+}
+
+SSL_CTX *km_net_tls_client_ctx(const char *ca_file, const char *cert_file, const char *key_file, bool verify,
+			       char *err, size_t errlen)
+{
+	SSL_CTX *ctx = SSL_CTX_new(TLS_client_method());
+	if (!ctx) {
+		set_err(err, errlen, "SSL_CTX_new", NULL);
+		return NULL;
+	}
+	SSL_CTX_set_min_proto_version(ctx, TLS1_2_VERSION);
+	if (ca_file) {
+		if (SSL_CTX_load_verify_locations(ctx, ca_file, NULL) != 1) {
+			set_err(err, errlen, "cannot load CA file", ca_file);
+			goto fail;
+		}
+	} else if (SSL_CTX_set_default_verify_paths(ctx) != 1) {
+		set_err(err, errlen, "cannot load the system CA store", NULL);
+		goto fail;
+	}
+	if (cert_file) {
+		if (SSL_CTX_use_certificate_chain_file(ctx, cert_file) != 1) {
+			set_err(err, errlen, "cannot load certificate", cert_file);
+			goto fail;
+		}
+		if (SSL_CTX_use_PrivateKey_file(ctx, key_file, SSL_FILETYPE_PEM) != 1 ||
+		    SSL_CTX_check_private_key(ctx) != 1) {
+			set_err(err, errlen, "cannot load private key", key_file);
+			goto fail;
+		}
+	}
+	SSL_CTX_set_verify(ctx, verify ? SSL_VERIFY_PEER : SSL_VERIFY_NONE, NULL);
+	return ctx;
+fail:
+	SSL_CTX_free(ctx);
+	return NULL;
+}
+
+struct bufferevent *km_net_bev_new(struct event_base *base, int fd, SSL_CTX *ctx, bool server, const char *sni,
+				   bool verify_host)
+{
+	const int opts = BEV_OPT_CLOSE_ON_FREE | BEV_OPT_DEFER_CALLBACKS;
+	struct bufferevent *bev;
+	SSL *ssl;
+
+	if (!ctx)
+		return bufferevent_socket_new(base, fd, opts);
+	ssl = SSL_new(ctx);
+	if (!ssl)
+		return NULL;
+	if (!server && sni) {
+		SSL_set_tlsext_host_name(ssl, sni);
+		if (verify_host && SSL_set1_host(ssl, sni) != 1) {
+			SSL_free(ssl);
+			return NULL;
+		}
+	}
+	bev = bufferevent_openssl_socket_new(base, fd, ssl, server ? BUFFEREVENT_SSL_ACCEPTING : BUFFEREVENT_SSL_CONNECTING,
+					     opts);
+	if (!bev) {
+		SSL_free(ssl);
+		return NULL;
+	}
+	/* A peer that closes without close_notify is normal for Kafka clients. */
+	bufferevent_openssl_set_allow_dirty_shutdown(bev, 1);
+	return bev;
+}

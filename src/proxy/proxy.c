@@ -1,0 +1,475 @@
+/* The proxy: bootstrap and per-broker listeners, the upstream broker table, metadata refresh, HTTP, drain and reload. */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+
+#include <event2/buffer.h>
+#include <event2/dns.h>
+#include <event2/http.h>
+#include <event2/listener.h>
+
+#include "kmirror/log.h"
+#include "proxy/proxy_int.h"
+
+uint64_t km_proxy_now_ms(const km_proxy *px)
+{
+	struct timeval tv;
+	event_base_gettimeofday_cached(px->base, &tv);
+	return (uint64_t)tv.tv_sec * 1000 + (uint64_t)tv.tv_usec / 1000;
+}
+
+km_metrics *km_proxy_metrics(km_proxy *px)
+{
+	return &px->metrics;
+}
+
+size_t km_proxy_session_count(const km_proxy *px)
+{
+	return px->nsessions;
+}
+
+/* ---- listeners ---- */
+
+static void accept_cb(struct evconnlistener *l, evutil_socket_t fd, struct sockaddr *sa, int salen, void *arg)
+{
+	km_broker *b = arg;
+	km_session_accept(b->px, fd, b->node_id);
+}
+
+static void accept_error_cb(struct evconnlistener *l, void *arg)
+{
+	km_broker *b = arg;
+	int err = EVUTIL_SOCKET_ERROR();
+	/* EMFILE and friends: keep the listener, the next close frees a descriptor. */
+	KM_ERROR("proxy", 0, "accept on node %d listener failed: %s", b->node_id, evutil_socket_error_to_string(err));
+}
+
+static struct evconnlistener *listen_on(km_proxy *px, const char *host, uint16_t port, km_broker *b, char *err,
+					size_t errlen)
+{
+	struct evutil_addrinfo hints, *res = NULL;
+	struct evconnlistener *l;
+	char service[8];
+	int rc;
+
+	memset(&hints, 0, sizeof(hints));
+	hints.ai_family = AF_UNSPEC;
+	hints.ai_socktype = SOCK_STREAM;
+	hints.ai_flags = EVUTIL_AI_PASSIVE | EVUTIL_AI_ADDRCONFIG;
+	snprintf(service, sizeof(service), "%u", port);
+	rc = evutil_getaddrinfo(host, service, &hints, &res);
+	if (rc != 0 || !res) {
+		snprintf(err, errlen, "cannot resolve listen address %s:%u: %s", host, port, evutil_gai_strerror(rc));
+		return NULL;
+	}
+	l = evconnlistener_new_bind(px->base, accept_cb, b, LEV_OPT_CLOSE_ON_FREE | LEV_OPT_REUSEABLE, 512,
+				    res->ai_addr, (int)res->ai_addrlen);
+	evutil_freeaddrinfo(res);
+	if (!l) {
+		snprintf(err, errlen, "cannot listen on %s:%u: %s", host, port, strerror(errno));
+		return NULL;
+	}
+	evconnlistener_set_error_cb(l, accept_error_cb);
+	return l;
+}
+
+/* ---- upstream brokers ---- */
+
+static km_broker *broker_find(const km_proxy *px, int32_t node_id)
+{
+	for (size_t i = 0; i < px->nbrokers; i++)
+		if (px->brokers[i]->node_id == node_id)
+			return px->brokers[i];
+	return NULL;
+}
+
+bool km_proxy_broker_addr(const km_proxy *px, int32_t node_id, const char **host, uint16_t *port)
+{
+	km_broker *b = broker_find(px, node_id);
+	if (!b || !b->port)
+		return false;
+	*host = b->host;
+	*port = b->port;
+	return true;
+}
+
+/* A broker seen in any upstream answer: remember where it lives, and give it a port the first time. */
+static void learn_broker(void *arg, int32_t node_id, km_str host, int32_t port, km_str rack)
+{
+	km_proxy *px = arg;
+	km_broker *b;
+	char err[256];
+
+	if (node_id < 0 || host.len <= 0 || host.len >= (int32_t)sizeof(b->host) || port <= 0 || port > 65535)
+		return;
+	b = broker_find(px, node_id);
+	if (b) {
+		if ((size_t)host.len != strlen(b->host) || memcmp(b->host, host.p, (size_t)host.len) || b->port != port) {
+			memcpy(b->host, host.p, (size_t)host.len);
+			b->host[host.len] = '\0';
+			b->port = (uint16_t)port;
+			KM_INFO("proxy", 0, "broker %d moved to %s:%u", node_id, b->host, b->port);
+		}
+		return;
+	}
+	if (node_id >= px->cfg.broker_port_count) {
+		KM_WARN("proxy", 0, "broker %d is beyond broker_port_count %lld: clients cannot reach it", node_id,
+			(long long)px->cfg.broker_port_count);
+		return;
+	}
+	if (px->nbrokers == px->capbrokers) {
+		size_t ncap = px->capbrokers ? px->capbrokers * 2 : 8;
+		km_broker **n = realloc(px->brokers, ncap * sizeof(*n));
+		if (!n)
+			return;
+		px->brokers = n;
+		px->capbrokers = ncap;
+	}
+	b = calloc(1, sizeof(*b));
+	if (!b)
+		return;
+	b->px = px;
+	b->node_id = node_id;
+	memcpy(b->host, host.p, (size_t)host.len);
+	b->port = (uint16_t)port;
+	if (!px->draining) {
+		b->listener = listen_on(px, px->cfg.listen.host, (uint16_t)(px->cfg.broker_port_base + node_id), b, err,
+					sizeof(err));
+		if (!b->listener)
+			KM_ERROR("proxy", 0, "broker %d: %s", node_id, err);
+	}
+	px->brokers[px->nbrokers++] = b;
+	px->metrics.brokers_known = px->nbrokers;
+	KM_INFO("proxy", 0, "broker %d at %s:%u is served on port %lld", node_id, b->host, b->port,
+		(long long)(px->cfg.broker_port_base + node_id));
+}
+
+void km_proxy_rewrite_ctx(km_proxy *px, km_rewrite_ctx *ctx)
+{
+	memset(ctx, 0, sizeof(*ctx));
+	ctx->host = px->cfg.advertised_host;
+	ctx->port_base = (int32_t)px->cfg.broker_port_base;
+	ctx->port_count = (int32_t)px->cfg.broker_port_count;
+	ctx->learn = learn_broker;
+	ctx->arg = px;
+}
+
+/* ---- metadata refresh: Metadata v9 with no topics, answered by any bootstrap address ---- */
+
+static void meta_response(km_net_client *c, km_err err, const uint8_t *body, size_t len, void *arg)
+{
+	km_proxy *px = arg;
+	km_rewrite_ctx ctx;
+	km_wr w;
+
+	if (err != KM_OK) {
+		KM_WARN("proxy", 0, "metadata refresh failed: %s", km_err_name(err));
+		return;
+	}
+	km_proxy_rewrite_ctx(px, &ctx);
+	km_wr_init(&w);
+	/* The rewriter learns the brokers; its output is not needed. */
+	if (km_rewrite_metadata(body, len, 9, &ctx, &w) == KM_OK)
+		px->meta_last_ok_ms = km_proxy_now_ms(px);
+	km_wr_free(&w);
+	/* One-shot connection: the next refresh may pick another address. */
+	km_net_client_free(px->meta);
+	px->meta = NULL;
+}
+
+static void meta_state(km_net_client *c, km_err err, void *arg)
+{
+	km_proxy *px = arg;
+	if (err != KM_OK && px->meta == c) {
+		KM_WARN("proxy", 0, "metadata connection failed: %s", km_err_name(err));
+		km_net_client_free(px->meta);
+		px->meta = NULL;
+		/* Retry soon with the next bootstrap address. */
+		px->meta_next_ms = km_proxy_now_ms(px) + 1000;
+	}
+}
+
+static void meta_refresh(km_proxy *px)
+{
+	static const uint8_t body[] = {0x01, 0x00, 0x00, 0x00, 0x00}; /* no topics, no auto-create, tags */
+	km_net_client_opts o;
+	const km_hostport *hp;
+
+	if (px->meta || px->cfg.upstream_count == 0)
+		return;
+	memset(&o, 0, sizeof(o));
+	o.client_id = "kmirrord";
+	o.tls = px->upstream_tls;
+	o.tls_verify_host = px->cfg.upstream_tls_verify_hostname;
+	o.connect_timeout_ms = px->cfg.upstream_connect_timeout_ms;
+	o.request_timeout_ms = 30000;
+	o.max_frame_bytes = px->cfg.max_frame_bytes;
+	o.dns = px->dns;
+	o.on_state = meta_state;
+	o.arg = px;
+	hp = &px->cfg.upstream[px->meta_next_upstream++ % px->cfg.upstream_count];
+	px->meta = km_net_client_new(px->base, &o);
+	if (!px->meta)
+		return;
+	if (km_net_client_connect(px->meta, hp->host, hp->port) != KM_OK ||
+	    km_net_client_send(px->meta, KM_API_METADATA, 9, 2, 1, body, sizeof(body), meta_response, px) != KM_OK) {
+		if (px->meta) {
+			km_net_client_free(px->meta);
+			px->meta = NULL;
+		}
+		px->meta_next_ms = km_proxy_now_ms(px) + 1000;
+	}
+}
+
+/* ---- periodic work ---- */
+
+static void tick_cb(evutil_socket_t fd, short what, void *arg)
+{
+	km_proxy *px = arg;
+	uint64_t now = km_proxy_now_ms(px);
+	km_session *s = px->sessions;
+
+	while (s) {
+		km_session *next = km_session_next(s);
+		km_session_tick(s, now);
+		s = next;
+	}
+	if (!px->draining && now >= px->meta_next_ms) {
+		px->meta_next_ms = now + (uint64_t)px->cfg.metadata_refresh_ms;
+		meta_refresh(px);
+	}
+}
+
+/* ---- HTTP: /metrics and /healthz ---- */
+
+static void http_cb(struct evhttp_request *req, void *arg)
+{
+	km_proxy *px = arg;
+	const char *uri = evhttp_request_get_uri(req);
+	struct evbuffer *out = evbuffer_new();
+	struct evkeyvalq *hdrs = evhttp_request_get_output_headers(req);
+
+	if (!out) {
+		evhttp_send_error(req, 500, NULL);
+		return;
+	}
+	if (strncmp(uri, "/metrics", 8) == 0 && (uri[8] == '\0' || uri[8] == '?')) {
+		evhttp_add_header(hdrs, "Content-Type", "text/plain; version=0.0.4; charset=utf-8");
+		km_metrics_render(&px->metrics, out);
+		evhttp_send_reply(req, 200, "OK", out);
+	} else if (strncmp(uri, "/healthz", 8) == 0 && (uri[8] == '\0' || uri[8] == '?')) {
+		/* Healthy: serving, and the upstream answered a metadata request within three refresh periods. */
+		uint64_t now = km_proxy_now_ms(px);
+		bool fresh = px->meta_last_ok_ms && now - px->meta_last_ok_ms <= 3 * (uint64_t)px->cfg.metadata_refresh_ms;
+		evhttp_add_header(hdrs, "Content-Type", "text/plain");
+		if (px->draining) {
+			evbuffer_add_printf(out, "draining\n");
+			evhttp_send_reply(req, 503, "Service Unavailable", out);
+		} else if (!fresh) {
+			evbuffer_add_printf(out, "upstream unreachable\n");
+			evhttp_send_reply(req, 503, "Service Unavailable", out);
+		} else {
+			evbuffer_add_printf(out, "ok\n");
+			evhttp_send_reply(req, 200, "OK", out);
+		}
+	} else {
+		evhttp_send_error(req, 404, "Not Found");
+	}
+	evbuffer_free(out);
+}
+
+/* ---- lifecycle ---- */
+
+static km_err make_tls(km_proxy *px, const km_config *cfg, SSL_CTX **server, SSL_CTX **upstream, char *err,
+		       size_t errlen)
+{
+	*server = *upstream = NULL;
+	if (cfg->tls_cert_file) {
+		*server = km_net_tls_server_ctx(cfg->tls_cert_file, cfg->tls_key_file, cfg->tls_ca_file,
+						(int)cfg->tls_client_auth, err, errlen);
+		if (!*server)
+			return KM_ERR_TLS;
+	}
+	if (cfg->upstream_tls) {
+		*upstream = km_net_tls_client_ctx(cfg->upstream_tls_ca_file, cfg->upstream_tls_cert_file,
+						  cfg->upstream_tls_key_file, true, err, errlen);
+		if (!*upstream) {
+			SSL_CTX_free(*server);
+			*server = NULL;
+			return KM_ERR_TLS;
+		}
+	}
+	return KM_OK;
+}
+
+km_proxy *km_proxy_new(struct event_base *base, const km_config *cfg, char *err, size_t errlen)
+{
+	km_proxy *px = calloc(1, sizeof(*px));
+	struct timeval tick = {0, 250000};
+
+	if (!px) {
+		snprintf(err, errlen, "out of memory");
+		return NULL;
+	}
+	px->base = base;
+	if (km_config_copy(&px->cfg, cfg) != KM_OK) {
+		snprintf(err, errlen, "out of memory");
+		free(px);
+		return NULL;
+	}
+	if (make_tls(px, cfg, &px->server_tls, &px->upstream_tls, err, errlen) != KM_OK)
+		goto fail;
+	px->dns = evdns_base_new(base, EVDNS_BASE_INITIALIZE_NAMESERVERS);
+	if (!px->dns)
+		KM_WARN("proxy", 0, "no DNS resolver configuration: upstream names resolve synchronously");
+	px->bootstrap_b.px = px;
+	px->bootstrap_b.node_id = -1;
+	px->bootstrap = listen_on(px, cfg->listen.host, cfg->listen.port, &px->bootstrap_b, err, errlen);
+	if (!px->bootstrap)
+		goto fail;
+	if (cfg->http_listen.port) {
+		px->http = evhttp_new(base);
+		if (!px->http || evhttp_bind_socket(px->http, cfg->http_listen.host, cfg->http_listen.port) != 0) {
+			snprintf(err, errlen, "cannot listen for HTTP on %s:%u", cfg->http_listen.host, cfg->http_listen.port);
+			goto fail;
+		}
+		evhttp_set_gencb(px->http, http_cb, px);
+		evhttp_set_allowed_methods(px->http, EVHTTP_REQ_GET | EVHTTP_REQ_HEAD);
+	}
+	px->tick_ev = event_new(base, -1, EV_PERSIST, tick_cb, px);
+	if (!px->tick_ev || event_add(px->tick_ev, &tick) != 0) {
+		snprintf(err, errlen, "cannot create timer");
+		goto fail;
+	}
+	KM_INFO("proxy", 0, "listening on %s:%u (bootstrap), broker ports %lld-%lld, advertised host %s", cfg->listen.host,
+		cfg->listen.port, (long long)cfg->broker_port_base,
+		(long long)(cfg->broker_port_base + cfg->broker_port_count - 1), cfg->advertised_host);
+	meta_refresh(px);
+	px->meta_next_ms = km_proxy_now_ms(px) + (uint64_t)cfg->metadata_refresh_ms;
+	return px;
+fail:
+	km_proxy_free(px);
+	return NULL;
+}
+
+km_err km_proxy_reload(km_proxy *px, const km_config *next, char *err, size_t errlen)
+{
+	km_config copy;
+	if (km_config_copy(&copy, next) != KM_OK) {
+		snprintf(err, errlen, "out of memory");
+		return KM_ERR_NOMEM;
+	}
+	km_config_free(&px->cfg);
+	px->cfg = copy;
+	km_log_set_level((km_log_level)px->cfg.log_level);
+	/* Sessions read the config through px on every use, so new limits apply at once. */
+	return KM_OK;
+}
+
+static void drain_round(evutil_socket_t fd, short what, void *arg)
+{
+	km_proxy *px = arg;
+	uint64_t now = km_proxy_now_ms(px);
+	size_t closed = 0;
+	km_session *s = px->sessions;
+
+	if (now >= px->drain_deadline_ms) {
+		if (px->nsessions)
+			KM_WARN("proxy", 0, "drain timeout: closing the remaining %zu connection(s)", px->nsessions);
+		while (px->sessions)
+			km_session_close(px->sessions, "drain timeout");
+	} else {
+		while (s && closed < px->drain_per_round) {
+			km_session *next = km_session_next(s);
+			if (km_session_drain(s))
+				closed++;
+			s = next;
+		}
+	}
+	if (!px->sessions) {
+		event_del(px->drain_ev);
+		KM_INFO("proxy", 0, "all client connections closed");
+		if (px->drain_done)
+			px->drain_done(px->drain_arg);
+	}
+}
+
+void km_proxy_drain(km_proxy *px, void (*done)(void *arg), void *arg)
+{
+	struct timeval iv;
+	size_t rounds;
+
+	if (px->draining)
+		return;
+	px->draining = true;
+	px->metrics.draining = 1;
+	px->drain_done = done;
+	px->drain_arg = arg;
+	if (px->bootstrap) {
+		evconnlistener_free(px->bootstrap);
+		px->bootstrap = NULL;
+	}
+	for (size_t i = 0; i < px->nbrokers; i++) {
+		if (px->brokers[i]->listener) {
+			evconnlistener_free(px->brokers[i]->listener);
+			px->brokers[i]->listener = NULL;
+		}
+	}
+	/* Spread the closes over the drain time, one round per interval; the last round is at the deadline. */
+	rounds = (size_t)(px->cfg.drain_timeout_ms / px->cfg.drain_interval_ms);
+	if (rounds < 1)
+		rounds = 1;
+	px->drain_per_round = (px->nsessions + rounds - 1) / rounds;
+	if (px->drain_per_round < 1)
+		px->drain_per_round = 1;
+	px->drain_deadline_ms = km_proxy_now_ms(px) + (uint64_t)px->cfg.drain_timeout_ms;
+	KM_INFO("proxy", 0, "draining %zu client connection(s): %zu every %lld ms", px->nsessions, px->drain_per_round,
+		(long long)px->cfg.drain_interval_ms);
+	iv.tv_sec = (time_t)(px->cfg.drain_interval_ms / 1000);
+	iv.tv_usec = (suseconds_t)((px->cfg.drain_interval_ms % 1000) * 1000);
+	px->drain_ev = event_new(px->base, -1, EV_PERSIST, drain_round, px);
+	if (!px->drain_ev) {
+		while (px->sessions)
+			km_session_close(px->sessions, "shutdown");
+		if (done)
+			done(arg);
+		return;
+	}
+	event_add(px->drain_ev, &iv);
+	drain_round(-1, 0, px);
+}
+
+void km_proxy_free(km_proxy *px)
+{
+	if (!px)
+		return;
+	while (px->sessions)
+		km_session_close(px->sessions, "shutdown");
+	km_session_reap(px);
+	if (px->reap_ev)
+		event_free(px->reap_ev);
+	if (px->meta)
+		km_net_client_free(px->meta);
+	if (px->bootstrap)
+		evconnlistener_free(px->bootstrap);
+	for (size_t i = 0; i < px->nbrokers; i++) {
+		if (px->brokers[i]->listener)
+			evconnlistener_free(px->brokers[i]->listener);
+		free(px->brokers[i]);
+	}
+	free(px->brokers);
+	if (px->http)
+		evhttp_free(px->http);
+	if (px->tick_ev)
+		event_free(px->tick_ev);
+	if (px->drain_ev)
+		event_free(px->drain_ev);
+	if (px->dns)
+		evdns_base_free(px->dns, 0);
+	SSL_CTX_free(px->server_tls);
+	SSL_CTX_free(px->upstream_tls);
+	km_config_free(&px->cfg);
+	free(px);
+}

@@ -1,0 +1,458 @@
+/* Response rewriting: broker endpoints become the proxy's, ApiVersions is narrowed; everything else is copied verbatim. */
+#include <string.h>
+
+#include "kmirror/log.h"
+#include "kmirror/net.h"
+#include "proxy/rewrite.h"
+
+static const km_proxy_api api_table[] = {
+#define KM_API_ROW(k, n, lo, hi, fl) {k, n, lo, hi, fl},
+#include "proxy/api_table.inc"
+#undef KM_API_ROW
+};
+#define N_API (sizeof(api_table) / sizeof(api_table[0]))
+
+const km_proxy_api *km_proxy_api_find(int16_t key)
+{
+	for (size_t i = 0; i < N_API; i++)
+		if (api_table[i].key == key)
+			return &api_table[i];
+	return NULL;
+}
+
+const km_proxy_api *km_proxy_api_all(size_t *count)
+{
+	*count = N_API;
+	return api_table;
+}
+
+static bool flexible(int16_t key, int16_t version)
+{
+	const km_proxy_api *a = km_proxy_api_find(key);
+	return a && a->first_flexible >= 0 && version >= a->first_flexible;
+}
+
+int km_proxy_request_header_version(int16_t key, int16_t version)
+{
+	return flexible(key, version) ? 2 : 1;
+}
+
+int km_proxy_response_header_version(int16_t key, int16_t version)
+{
+	/* ApiVersions answers with header v0 always, so a client can parse it before it knows versions. */
+	if (key == KM_API_API_VERSIONS)
+		return 0;
+	return flexible(key, version) ? 1 : 0;
+}
+
+bool km_proxy_response_needs_rewrite(int16_t key, int16_t version)
+{
+	switch (key) {
+	case KM_API_METADATA:
+	case KM_API_FIND_COORDINATOR:
+	case KM_API_DESCRIBE_CLUSTER:
+	case KM_API_API_VERSIONS:
+		return true;
+	case KM_API_PRODUCE:
+		return version >= 10; /* NodeEndpoints (KIP-951) */
+	case KM_API_FETCH:
+		return version >= 16;
+	default:
+		return false;
+	}
+}
+
+int32_t km_rewrite_port(const km_rewrite_ctx *ctx, int32_t node_id)
+{
+	if (node_id < 0 || node_id >= ctx->port_count)
+		return -1;
+	return ctx->port_base + node_id;
+}
+
+/* ---- copy helpers: read a field from r and write it unchanged to w ---- */
+
+static void cp_raw(km_rd *r, km_wr *w, size_t n, const char *field)
+{
+	const uint8_t *p;
+	if (km_rd_raw(r, field, n, &p))
+		km_wr_raw(w, p, n);
+}
+
+static void cp_str(km_rd *r, km_wr *w, bool compact, bool nullable, const char *field)
+{
+	km_str s;
+	if (km_rd_string(r, field, compact, nullable, &s))
+		km_wr_string(w, compact, s);
+}
+
+static void cp_tags(km_rd *r, km_wr *w)
+{
+	size_t start = r->pos;
+	uint32_t n, tag, sz;
+	if (!km_rd_uvarint(r, "tags", &n))
+		return;
+	for (uint32_t i = 0; i < n && km_rd_ok(r); i++) {
+		km_rd_uvarint(r, "tag", &tag);
+		km_rd_uvarint(r, "tag_size", &sz);
+		km_rd_skip(r, "tag_data", sz);
+	}
+	if (km_rd_ok(r))
+		km_wr_raw(w, r->buf + start, r->pos - start);
+}
+
+static void cp_rest(km_rd *r, km_wr *w)
+{
+	if (km_rd_ok(r))
+		km_wr_raw(w, r->buf + r->pos, r->len - r->pos);
+}
+
+/* One broker endpoint: node id already read; host and port read from r, replaced in w. */
+static void endpoint(km_rd *r, km_wr *w, bool compact, int32_t node, km_rewrite_ctx *ctx, km_str *host_out,
+		     int32_t *port_out)
+{
+	km_str host;
+	int32_t port = 0, mapped;
+	km_rd_string(r, "host", compact, false, &host);
+	km_rd_i32(r, "port", &port);
+	*host_out = host;
+	*port_out = port;
+	mapped = km_rewrite_port(ctx, node);
+	if (node >= 0 && mapped < 0)
+		KM_WARN("proxy", 0, "broker node %d has no proxy port (broker_port_count %d)", node, ctx->port_count);
+	if (node < 0) {
+		/* An error answer (node -1, empty host): nothing real to hide, keep it as the broker sent it. */
+		km_wr_string(w, compact, host);
+		km_wr_i32(w, port);
+		return;
+	}
+	km_wr_string(w, compact, km_str_c(ctx->host));
+	km_wr_i32(w, mapped);
+	ctx->rewritten++;
+}
+
+static km_err finish(km_rd *r, km_wr *w, const char *what, int16_t version)
+{
+	if (!km_rd_ok(r)) {
+		KM_WARN("proxy", 0, "cannot rewrite %s v%d: %s at byte %zu (%s)", what, version,
+			r->err_field ? r->err_field : "?", r->err_pos, r->err_what ? r->err_what : "");
+		return KM_ERR_DECODE;
+	}
+	return km_wr_ok(w) ? KM_OK : KM_ERR_NOMEM;
+}
+
+km_err km_rewrite_metadata(const uint8_t *body, size_t len, int16_t version, km_rewrite_ctx *ctx, km_wr *out)
+{
+	bool flex = version >= 9;
+	km_rd r;
+	int32_t n;
+
+	if (version < 0 || version > 12)
+		return KM_ERR_UNSUPPORTED;
+	km_rd_init(&r, body, len);
+	if (version >= 3)
+		cp_raw(&r, out, 4, "throttle_time_ms");
+	if (km_rd_array_len(&r, "brokers", flex, false, 10, &n))
+		km_wr_array_len(out, flex, n);
+	for (int32_t i = 0; i < n && km_rd_ok(&r); i++) {
+		int32_t node = 0, port;
+		km_str host, rack = KM_STR_NULL;
+		km_rd_i32(&r, "node_id", &node);
+		km_wr_i32(out, node);
+		endpoint(&r, out, flex, node, ctx, &host, &port);
+		if (version >= 1) {
+			km_rd_string(&r, "rack", flex, true, &rack);
+			km_wr_string(out, flex, rack);
+		}
+		if (flex)
+			cp_tags(&r, out);
+		if (km_rd_ok(&r) && ctx->learn)
+			ctx->learn(ctx->arg, node, host, port, rack);
+	}
+	cp_rest(&r, out);
+	return finish(&r, out, "Metadata", version);
+}
+
+km_err km_rewrite_find_coordinator(const uint8_t *body, size_t len, int16_t version, km_rewrite_ctx *ctx, km_wr *out)
+{
+	bool flex = version >= 3;
+	km_rd r;
+
+	if (version < 0 || version > 6)
+		return KM_ERR_UNSUPPORTED;
+	km_rd_init(&r, body, len);
+	if (version >= 1)
+		cp_raw(&r, out, 4, "throttle_time_ms");
+	if (version <= 3) {
+		int32_t node = 0, port;
+		km_str host;
+		cp_raw(&r, out, 2, "error_code");
+		if (version >= 1)
+			cp_str(&r, out, flex, true, "error_message");
+		km_rd_i32(&r, "node_id", &node);
+		km_wr_i32(out, node);
+		endpoint(&r, out, flex, node, ctx, &host, &port);
+	} else {
+		int32_t n = 0;
+		if (km_rd_array_len(&r, "coordinators", true, false, 14, &n))
+			km_wr_array_len(out, true, n);
+		for (int32_t i = 0; i < n && km_rd_ok(&r); i++) {
+			int32_t node = 0, port;
+			km_str host;
+			cp_str(&r, out, true, false, "key");
+			km_rd_i32(&r, "node_id", &node);
+			km_wr_i32(out, node);
+			endpoint(&r, out, true, node, ctx, &host, &port);
+			cp_raw(&r, out, 2, "error_code");
+			cp_str(&r, out, true, true, "error_message");
+			cp_tags(&r, out);
+		}
+	}
+	cp_rest(&r, out);
+	return finish(&r, out, "FindCoordinator", version);
+}
+
+km_err km_rewrite_describe_cluster(const uint8_t *body, size_t len, int16_t version, km_rewrite_ctx *ctx, km_wr *out)
+{
+	km_rd r;
+	int32_t n = 0;
+
+	if (version < 0 || version > 2)
+		return KM_ERR_UNSUPPORTED;
+	km_rd_init(&r, body, len);
+	cp_raw(&r, out, 4, "throttle_time_ms");
+	cp_raw(&r, out, 2, "error_code");
+	cp_str(&r, out, true, true, "error_message");
+	if (version >= 1)
+		cp_raw(&r, out, 1, "endpoint_type");
+	cp_str(&r, out, true, false, "cluster_id");
+	cp_raw(&r, out, 4, "controller_id");
+	if (km_rd_array_len(&r, "brokers", true, false, 12, &n))
+		km_wr_array_len(out, true, n);
+	for (int32_t i = 0; i < n && km_rd_ok(&r); i++) {
+		int32_t node = 0, port;
+		km_str host;
+		km_rd_i32(&r, "broker_id", &node);
+		km_wr_i32(out, node);
+		endpoint(&r, out, true, node, ctx, &host, &port);
+		cp_str(&r, out, true, true, "rack");
+		if (version >= 2)
+			cp_raw(&r, out, 1, "is_fenced");
+		cp_tags(&r, out);
+	}
+	cp_rest(&r, out);
+	return finish(&r, out, "DescribeCluster", version);
+}
+
+km_err km_rewrite_api_versions(const uint8_t *body, size_t len, int16_t version, km_wr *out)
+{
+	bool flex = version >= 3;
+	km_rd r;
+	km_wr keys;
+	int32_t n = 0, kept = 0;
+	km_err rc;
+
+	if (version < 0 || version > 4)
+		return KM_ERR_UNSUPPORTED;
+	km_rd_init(&r, body, len);
+	km_wr_init(&keys);
+	cp_raw(&r, out, 2, "error_code");
+	km_rd_array_len(&r, "api_keys", flex, false, 6, &n);
+	for (int32_t i = 0; i < n && km_rd_ok(&r); i++) {
+		int16_t key = 0, lo = 0, hi = 0;
+		size_t tag_start;
+		const km_proxy_api *a;
+		km_rd_i16(&r, "api_key", &key);
+		km_rd_i16(&r, "min_version", &lo);
+		km_rd_i16(&r, "max_version", &hi);
+		tag_start = r.pos;
+		if (flex) {
+			km_wr skip;
+			km_wr_init(&skip);
+			cp_tags(&r, &skip);
+			km_wr_free(&skip);
+		}
+		a = km_proxy_api_find(key);
+		if (!a || !km_rd_ok(&r))
+			continue; /* a key the proxy cannot parse is never advertised */
+		if (a->min_version > lo)
+			lo = a->min_version;
+		if (a->max_version < hi)
+			hi = a->max_version;
+		if (lo > hi)
+			continue;
+		km_wr_i16(&keys, key);
+		km_wr_i16(&keys, lo);
+		km_wr_i16(&keys, hi);
+		if (flex)
+			km_wr_raw(&keys, r.buf + tag_start, r.pos - tag_start);
+		kept++;
+	}
+	km_wr_array_len(out, flex, kept);
+	km_wr_raw(out, keys.buf, keys.len);
+	if (!km_wr_ok(&keys))
+		out->err = keys.err;
+	km_wr_free(&keys);
+	cp_rest(&r, out);
+	rc = finish(&r, out, "ApiVersions", version);
+	return rc;
+}
+
+void km_api_versions_unsupported_body(km_wr *out)
+{
+	const km_proxy_api *a = km_proxy_api_find(KM_API_API_VERSIONS);
+	km_wr_i16(out, KM_KAFKA_UNSUPPORTED_VERSION);
+	km_wr_array_len(out, false, 1);
+	km_wr_i16(out, KM_API_API_VERSIONS);
+	km_wr_i16(out, a->min_version);
+	km_wr_i16(out, a->max_version);
+}
+
+/* ---- Produce / Fetch: find the top-level tagged fields without touching record data ---- */
+
+static bool skip_n(km_evrd *r, size_t n)
+{
+	return km_evrd_skip(r, n);
+}
+
+static bool array_len(km_evrd *r, uint32_t *n)
+{
+	uint32_t v;
+	if (!km_evrd_uvarint(r, &v))
+		return false;
+	*n = v ? v - 1 : 0; /* null (0) counts as empty */
+	/* Each element takes at least one byte: a count beyond the bytes left is corrupt. */
+	if (*n > r->end - r->pos) {
+		r->err = KM_ERR_DECODE;
+		return false;
+	}
+	return true;
+}
+
+static bool walk_produce(km_evrd *r, int16_t version)
+{
+	uint32_t topics, parts, errs;
+	if (!array_len(r, &topics))
+		return false;
+	for (uint32_t t = 0; t < topics; t++) {
+		if (!km_evrd_skip_compact(r) || !array_len(r, &parts))
+			return false;
+		for (uint32_t p = 0; p < parts; p++) {
+			/* index, error, base offset, log append time, log start offset */
+			if (!skip_n(r, 4 + 2 + 8 + 8 + 8) || !array_len(r, &errs))
+				return false;
+			for (uint32_t e = 0; e < errs; e++)
+				if (!skip_n(r, 4) || !km_evrd_skip_compact(r) || !km_evrd_skip_tags(r))
+					return false;
+			if (!km_evrd_skip_compact(r) || !km_evrd_skip_tags(r))
+				return false;
+		}
+		if (!km_evrd_skip_tags(r))
+			return false;
+	}
+	return skip_n(r, 4); /* throttle_time_ms */
+}
+
+static bool walk_fetch(km_evrd *r, int16_t version)
+{
+	uint32_t topics, parts, aborted;
+	if (!skip_n(r, 4 + 2 + 4) || !array_len(r, &topics))
+		return false;
+	for (uint32_t t = 0; t < topics; t++) {
+		if (version >= 13 ? !skip_n(r, 16) : !km_evrd_skip_compact(r))
+			return false;
+		if (!array_len(r, &parts))
+			return false;
+		for (uint32_t p = 0; p < parts; p++) {
+			/* index, error, high watermark, last stable offset, log start offset */
+			if (!skip_n(r, 4 + 2 + 8 + 8 + 8) || !array_len(r, &aborted))
+				return false;
+			for (uint32_t a = 0; a < aborted; a++) /* producer id, first offset, tags */
+				if (!skip_n(r, 16) || !km_evrd_skip_tags(r))
+					return false;
+			/* preferred read replica, then the records: skipped by length, never read */
+			if (!skip_n(r, 4) || !km_evrd_skip_compact(r) || !km_evrd_skip_tags(r))
+				return false;
+		}
+		if (!km_evrd_skip_tags(r))
+			return false;
+	}
+	return true;
+}
+
+km_err km_rewrite_find_top_tags(struct evbuffer *buf, size_t frame_start, size_t frame_end, int16_t key,
+				int16_t version, size_t *tags_off)
+{
+	km_evrd r;
+	bool ok;
+
+	km_evrd_init(&r, buf, frame_start + 4 + 4, frame_end); /* past size and correlation id */
+	if (!km_evrd_skip_tags(&r))                           /* response header v1 */
+		return KM_ERR_DECODE;
+	if (key == KM_API_PRODUCE && version >= 9)
+		ok = walk_produce(&r, version);
+	else if (key == KM_API_FETCH && version >= 12)
+		ok = walk_fetch(&r, version);
+	else
+		return KM_ERR_UNSUPPORTED;
+	if (!ok)
+		return KM_ERR_DECODE;
+	*tags_off = r.pos;
+	return KM_OK;
+}
+
+km_err km_rewrite_node_endpoint_tags(const uint8_t *tags, size_t len, km_rewrite_ctx *ctx, km_wr *out)
+{
+	km_rd r;
+	uint32_t n = 0;
+
+	km_rd_init(&r, tags, len);
+	km_rd_uvarint(&r, "tags", &n);
+	km_wr_uvarint(out, n);
+	for (uint32_t i = 0; i < n && km_rd_ok(&r); i++) {
+		uint32_t tag = 0, sz = 0;
+		km_rd sub;
+		km_rd_uvarint(&r, "tag", &tag);
+		km_rd_uvarint(&r, "tag_size", &sz);
+		if (!km_rd_sub(&r, "tag_data", sz, &sub))
+			break;
+		km_wr_uvarint(out, tag);
+		if (tag != 0) {
+			km_wr_uvarint(out, sz);
+			km_wr_raw(out, sub.buf + sub.pos, sz);
+			continue;
+		}
+		/* NodeEndpoints: re-encode into a scratch writer, then size-prefix it. */
+		{
+			km_wr ne;
+			int32_t cnt = 0;
+			km_wr_init(&ne);
+			if (km_rd_array_len(&sub, "node_endpoints", true, false, 8, &cnt))
+				km_wr_array_len(&ne, true, cnt);
+			for (int32_t j = 0; j < cnt && km_rd_ok(&sub); j++) {
+				int32_t node = 0, port;
+				km_str host, rack = KM_STR_NULL;
+				km_rd_i32(&sub, "node_id", &node);
+				km_wr_i32(&ne, node);
+				endpoint(&sub, &ne, true, node, ctx, &host, &port);
+				km_rd_string(&sub, "rack", true, true, &rack);
+				km_wr_string(&ne, true, rack);
+				cp_tags(&sub, &ne);
+				if (km_rd_ok(&sub) && ctx->learn)
+					ctx->learn(ctx->arg, node, host, port, rack);
+			}
+			if (!km_rd_ok(&sub) || km_rd_left(&sub) != 0) {
+				km_wr_free(&ne);
+				r.err = KM_ERR_DECODE;
+				break;
+			}
+			km_wr_uvarint(out, (uint32_t)ne.len);
+			km_wr_raw(out, ne.buf, ne.len);
+			if (!km_wr_ok(&ne))
+				out->err = ne.err;
+			km_wr_free(&ne);
+		}
+	}
+	if (km_rd_ok(&r) && km_rd_left(&r) != 0)
+		return KM_ERR_DECODE;
+	return finish(&r, out, "NodeEndpoints", 0);
+}

@@ -1,0 +1,74 @@
+/* Proxy-internal: the API table and the response rewriters that replace broker endpoints with the proxy's own. */
+#ifndef KMIRROR_PROXY_REWRITE_H
+#define KMIRROR_PROXY_REWRITE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include <event2/buffer.h>
+
+#include "kmirror/error.h"
+#include "kmirror/wire.h"
+
+enum {
+	KM_API_PRODUCE = 0,
+	KM_API_FETCH = 1,
+	KM_API_METADATA = 3,
+	KM_API_FIND_COORDINATOR = 10,
+	KM_API_SASL_HANDSHAKE = 17,
+	KM_API_API_VERSIONS = 18,
+	KM_API_SASL_AUTHENTICATE = 36,
+	KM_API_DESCRIBE_CLUSTER = 60,
+};
+
+typedef struct km_proxy_api {
+	int16_t key;
+	const char *name;
+	int16_t min_version, max_version;
+	int16_t first_flexible; /* -1: never flexible */
+} km_proxy_api;
+
+/* The APIs the proxy knows (and so may advertise), or NULL. */
+const km_proxy_api *km_proxy_api_find(int16_t key);
+const km_proxy_api *km_proxy_api_all(size_t *count);
+/* Request header version (1 or 2) and response header version (0 or 1) for key/version. */
+int km_proxy_request_header_version(int16_t key, int16_t version);
+int km_proxy_response_header_version(int16_t key, int16_t version);
+/* Whether the proxy must decode/patch this response (broker endpoints, ApiVersions). */
+bool km_proxy_response_needs_rewrite(int16_t key, int16_t version);
+
+/* What a rewriter puts in place of a broker endpoint, and where it reports the brokers it saw. */
+typedef struct km_rewrite_ctx {
+	const char *host;       /* advertised host */
+	int32_t port_base;      /* node N -> port_base + N */
+	int32_t port_count;     /* node ids >= port_count have no port */
+	void (*learn)(void *arg, int32_t node_id, km_str host, int32_t port, km_str rack);
+	void *arg;
+	int rewritten;          /* out: number of endpoints replaced */
+} km_rewrite_ctx;
+
+/* The client-facing port of a node, or -1 when it has none. */
+int32_t km_rewrite_port(const km_rewrite_ctx *ctx, int32_t node_id);
+
+/*
+ * Rewriters over a response body (after the response header): write the new body to out.
+ * KM_ERR_DECODE on malformed input, KM_ERR_UNSUPPORTED on a version they do not know.
+ */
+km_err km_rewrite_metadata(const uint8_t *body, size_t len, int16_t version, km_rewrite_ctx *ctx, km_wr *out);
+km_err km_rewrite_find_coordinator(const uint8_t *body, size_t len, int16_t version, km_rewrite_ctx *ctx, km_wr *out);
+km_err km_rewrite_describe_cluster(const uint8_t *body, size_t len, int16_t version, km_rewrite_ctx *ctx, km_wr *out);
+/* ApiVersions: keep only keys in the proxy's table, each narrowed to the common version range. */
+km_err km_rewrite_api_versions(const uint8_t *body, size_t len, int16_t version, km_wr *out);
+/* The broker-style answer to a too-new ApiVersions request: a v0 body, error UNSUPPORTED_VERSION. */
+void km_api_versions_unsupported_body(km_wr *out);
+
+/*
+ * Produce (v9+) and Fetch (v12+) responses: walk the frame in buf (frame_start: its size prefix)
+ * without copying records, and return the offset of the top-level tagged-field section.
+ */
+km_err km_rewrite_find_top_tags(struct evbuffer *buf, size_t frame_start, size_t frame_end, int16_t key,
+				int16_t version, size_t *tags_off);
+/* Rewrite the NodeEndpoints (tag 0) in a top-level tagged-field section; other tags are copied. */
+km_err km_rewrite_node_endpoint_tags(const uint8_t *tags, size_t len, km_rewrite_ctx *ctx, km_wr *out);
+
+#endif

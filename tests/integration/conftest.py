@@ -1,0 +1,87 @@
+"""Fixtures of the integration suite: real Kafka clusters (session-scoped, started on first use,
+stopped at session end or on interruption) and the kmirrord binary for proxy tests."""
+
+import os
+import shutil
+import sys
+import uuid
+
+import pytest
+
+TESTS_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(TESTS_DIR)
+sys.path.insert(0, TESTS_DIR)
+
+from harness import KafkaCluster  # noqa: E402
+
+
+def _cluster(name, brokers):
+    cluster = KafkaCluster(name, brokers=brokers)
+    cluster.start()
+    return cluster
+
+
+@pytest.fixture(scope="session")
+def source_cluster():
+    """Single-node KRaft cluster playing the mirror source."""
+    c = _cluster("source", 1)
+    yield c
+    c.stop()
+
+
+@pytest.fixture(scope="session")
+def dest_cluster():
+    """Single-node KRaft cluster playing the destination."""
+    c = _cluster("dest", 1)
+    yield c
+    c.stop()
+
+
+@pytest.fixture(scope="session")
+def dest_cluster3():
+    """Destination with a dedicated controller and three brokers (ids 1, 2, 3)."""
+    c = _cluster("dest3", 3)
+    yield c
+    c.stop()
+
+
+@pytest.fixture(params=["dest_cluster", "dest_cluster3"], ids=["1broker", "3brokers"])
+def cluster(request):
+    """Runs a test once on the single-node and once on the three-broker cluster."""
+    return request.getfixturevalue(request.param)
+
+
+@pytest.fixture
+def topic_name(request):
+    """A topic name unique to the test (and its parameters)."""
+    base = "".join(ch if ch.isalnum() else "-" for ch in request.node.name)[:60].strip("-")
+    return f"{base}-{uuid.uuid4().hex[:6]}"
+
+
+def find_kmirrord():
+    """Path of the kmirrord binary: $KMIRRORD, $KM_BUILD_DIR, the source tree, or build*/ dirs."""
+    env = os.environ.get("KMIRRORD")
+    if env:
+        return env if os.access(env, os.X_OK) else None
+    candidates = []
+    if os.environ.get("KM_BUILD_DIR"):
+        candidates.append(os.path.join(os.environ["KM_BUILD_DIR"], "kmirrord"))
+    candidates.append(os.path.join(REPO, "kmirrord"))
+    for parent in (REPO, os.path.dirname(REPO)):
+        try:
+            names = sorted(os.listdir(parent))
+        except OSError:
+            continue
+        candidates += [os.path.join(parent, d, "kmirrord") for d in names if d.startswith("build")]
+    found = [p for p in candidates if os.path.isfile(p) and os.access(p, os.X_OK)]
+    if not found:
+        return shutil.which("kmirrord")
+    return max(found, key=os.path.getmtime)  # the freshest build
+
+
+@pytest.fixture(scope="session")
+def kmirrord_bin():
+    path = find_kmirrord()
+    if not path:
+        pytest.skip("kmirrord not built (set KMIRRORD or KM_BUILD_DIR)")
+    return path

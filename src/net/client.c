@@ -36,6 +36,8 @@ struct km_net_client {
 	int32_t next_corr;
 	pending *fifo;
 	size_t head, count, cap;
+	pending *held_p; /* requests in held, in order: they enter the FIFO after SASL's own requests */
+	size_t held_count, held_cap;
 	uint64_t id;
 	bool freed;
 };
@@ -51,6 +53,14 @@ static uint64_t now_ms(struct event_base *base)
 
 static void fail_all(km_net_client *c, km_err err)
 {
+	/* Held requests were sent first, so they fail first too. */
+	for (size_t i = 0; i < c->held_count; i++) {
+		pending p = c->held_p[i];
+		c->held_p[i].cb = NULL;
+		if (p.cb)
+			p.cb(c, err, NULL, 0, p.arg);
+	}
+	c->held_count = 0;
 	while (c->count) {
 		pending p = c->fifo[c->head];
 		c->head = (c->head + 1) % c->cap;
@@ -140,12 +150,24 @@ static km_err send_internal(km_net_client *c, int16_t key, int16_t ver, int hdr_
 	p.deadline_ms = now_ms(c->base) + (uint64_t)tmo;
 	p.cb = cb;
 	p.arg = arg;
-	if (cb && !fifo_push(c, &p))
-		return KM_ERR_NOMEM;
-	if (c->state == C_READY || bypass_hold)
+	if (c->state == C_READY || bypass_hold) {
+		if (cb && !fifo_push(c, &p))
+			return KM_ERR_NOMEM;
 		write_frame(bufferevent_get_output(c->bev), key, ver, p.corr, c->client_id, hdr_version, body, len);
-	else
+	} else {
+		if (cb) {
+			if (c->held_count == c->held_cap) {
+				size_t ncap = c->held_cap ? c->held_cap * 2 : 8;
+				pending *n = realloc(c->held_p, ncap * sizeof(*n));
+				if (!n)
+					return KM_ERR_NOMEM;
+				c->held_p = n;
+				c->held_cap = ncap;
+			}
+			c->held_p[c->held_count++] = p;
+		}
 		write_frame(c->held, key, ver, p.corr, c->client_id, hdr_version, body, len);
+	}
 	if (cb)
 		arm_timer(c);
 	return KM_OK;
@@ -160,6 +182,13 @@ km_err km_net_client_send(km_net_client *c, int16_t api_key, int16_t api_version
 static void became_ready(km_net_client *c)
 {
 	c->state = C_READY;
+	for (size_t i = 0; i < c->held_count; i++) {
+		if (!fifo_push(c, &c->held_p[i])) {
+			client_close(c, KM_ERR_NOMEM);
+			return;
+		}
+	}
+	c->held_count = 0;
 	if (evbuffer_get_length(c->held))
 		evbuffer_add_buffer(bufferevent_get_output(c->bev), c->held);
 	KM_DEBUG("net", c->id, "connection to %s ready", c->host);
@@ -398,13 +427,14 @@ bool km_net_client_ready(const km_net_client *c)
 
 size_t km_net_client_inflight(const km_net_client *c)
 {
-	return c->count;
+	return c->count + c->held_count;
 }
 
 static void free_later(evutil_socket_t fd, short what, void *arg)
 {
 	km_net_client *c = arg;
 	free(c->fifo);
+	free(c->held_p);
 	free(c->client_id);
 	free(c->host);
 	free(c);

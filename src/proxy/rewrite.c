@@ -234,10 +234,16 @@ km_err km_rewrite_describe_cluster(const uint8_t *body, size_t len, int16_t vers
 		km_rd_i32(&r, "broker_id", &node);
 		km_wr_i32(out, node);
 		endpoint(&r, out, true, node, ctx, &host, &port);
-		cp_str(&r, out, true, true, "rack");
-		if (version >= 2)
-			cp_raw(&r, out, 1, "is_fenced");
-		cp_tags(&r, out);
+		{
+			km_str rack = KM_STR_NULL;
+			km_rd_string(&r, "rack", true, true, &rack);
+			km_wr_string(out, true, rack);
+			if (version >= 2)
+				cp_raw(&r, out, 1, "is_fenced");
+			cp_tags(&r, out);
+			if (km_rd_ok(&r) && ctx->learn)
+				ctx->learn(ctx->arg, node, host, port, rack);
+		}
 	}
 	cp_rest(&r, out);
 	return finish(&r, out, "DescribeCluster", version);

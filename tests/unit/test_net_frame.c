@@ -1,0 +1,199 @@
+/* Unit tests for net framing: frame checks, TLS/HTTP sniffing, request headers, Produce acks, the evbuffer cursor. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+#include <cmocka.h>
+
+#include "kmirror/net.h"
+
+static void test_frame_sizes(void **state)
+{
+	uint8_t b[16] = {0, 0, 0, 8, 0, 3, 0, 9, 0, 0, 0, 7, 0, 0, 0, 0};
+	int32_t size = 0;
+
+	assert_int_equal(km_net_frame_check(b, 3, 1000, 8, true, &size), KM_FRAME_NEED_MORE);
+	assert_int_equal(km_net_frame_check(b, 11, 1000, 8, true, &size), KM_FRAME_NEED_MORE);
+	assert_int_equal(size, 8);
+	assert_int_equal(km_net_frame_check(b, 12, 1000, 8, true, &size), KM_FRAME_READY);
+	/* over the cap */
+	assert_int_equal(km_net_frame_check(b, 12, 7, 8, false, &size), KM_FRAME_TOO_LARGE);
+	/* too small to hold a request header, and negative */
+	km_put_be32(b, 7);
+	assert_int_equal(km_net_frame_check(b, 12, 1000, 8, false, &size), KM_FRAME_BAD_SIZE);
+	km_put_be32(b, 0xffffffffu);
+	assert_int_equal(km_net_frame_check(b, 12, 1000, 8, false, &size), KM_FRAME_BAD_SIZE);
+	/* a response may be just a correlation id */
+	km_put_be32(b, 4);
+	assert_int_equal(km_net_frame_check(b, 8, 1000, 4, false, &size), KM_FRAME_READY);
+}
+
+static void test_tls_and_http_sniffing(void **state)
+{
+	/* TLS 1.0 record header as ClientHellos carry it: 0x16 0x03 0x01, then length. */
+	const uint8_t hello[] = {0x16, 0x03, 0x01, 0x02, 0x00, 0x01, 0x00, 0x01, 0xfc};
+	const uint8_t hello13[] = {0x16, 0x03, 0x03, 0x00, 0x80};
+	int32_t size = 0;
+
+	assert_int_equal(km_net_frame_check(hello, sizeof(hello), 104857600, 8, true, &size), KM_FRAME_TLS_HELLO);
+	assert_int_equal(km_net_frame_check(hello13, sizeof(hello13), 104857600, 8, true, &size), KM_FRAME_TLS_HELLO);
+	/* Not on later frames: there it is just a size (here: too large). */
+	assert_int_equal(km_net_frame_check(hello, sizeof(hello), 104857600, 8, false, &size), KM_FRAME_TOO_LARGE);
+	assert_int_equal(size, 0x16030102);
+	assert_int_equal(km_net_frame_check((const uint8_t *)"GET /metrics HTTP/1.1\r\n", 23, 104857600, 8, true, &size),
+			 KM_FRAME_HTTP);
+	assert_string_equal(km_frame_status_name(KM_FRAME_TLS_HELLO), "tls-client-hello");
+}
+
+static void test_frame_peek_evbuffer(void **state)
+{
+	struct evbuffer *b = evbuffer_new();
+	const uint8_t part1[] = {0, 0, 0, 10, 0, 18, 0, 3};
+	const uint8_t part2[] = {0, 0, 0, 1, 0xff, 0xff};
+	int32_t size = 0;
+
+	evbuffer_add(b, part1, 2);
+	assert_int_equal(km_net_frame_peek(b, 100, 8, true, &size), KM_FRAME_NEED_MORE);
+	evbuffer_add(b, part1 + 2, sizeof(part1) - 2);
+	assert_int_equal(km_net_frame_peek(b, 100, 8, true, &size), KM_FRAME_NEED_MORE);
+	assert_int_equal(size, 10);
+	/* Split over two chains, as reads deliver it. */
+	evbuffer_add(b, part2, sizeof(part2));
+	assert_int_equal(km_net_frame_peek(b, 100, 8, true, &size), KM_FRAME_READY);
+	assert_int_equal(km_net_frame_peek(b, 9, 8, false, &size), KM_FRAME_TOO_LARGE);
+	evbuffer_free(b);
+}
+
+static size_t build_header(km_wr *w, int16_t key, int16_t ver, int32_t corr, const char *client_id, int hv)
+{
+	km_wr_i16(w, key);
+	km_wr_i16(w, ver);
+	km_wr_i32(w, corr);
+	if (hv >= 1)
+		km_wr_string(w, false, km_str_c(client_id));
+	if (hv >= 2) {
+		/* one unknown tagged field, which must be skipped */
+		km_wr_uvarint(w, 1);
+		km_wr_uvarint(w, 5);
+		km_wr_uvarint(w, 2);
+		km_wr_u16(w, 0xabcd);
+	}
+	return w->len;
+}
+
+static void test_request_header(void **state)
+{
+	km_wr w;
+	km_req_header h;
+	size_t end;
+
+	km_wr_init(&w);
+	end = build_header(&w, 3, 12, 77, "rdkafka", 2);
+	km_wr_i32(&w, 0x11223344); /* body */
+	assert_int_equal(km_net_parse_request_header(w.buf, w.len, 2, &h), KM_OK);
+	assert_int_equal(h.api_key, 3);
+	assert_int_equal(h.api_version, 12);
+	assert_int_equal(h.correlation_id, 77);
+	assert_true(km_str_eq_c(h.client_id, "rdkafka"));
+	assert_int_equal(h.body_offset, end);
+	/* Header v1 stops after the client id. */
+	assert_int_equal(km_net_parse_request_header(w.buf, w.len, 1, &h), KM_OK);
+	assert_int_equal(h.body_offset, 8 + 2 + 7);
+	/* Truncated in the client id. */
+	assert_int_not_equal(km_net_parse_request_header(w.buf, 12, 1, &h), KM_OK);
+	/* null client id */
+	km_wr_free(&w);
+	km_wr_init(&w);
+	build_header(&w, 18, 3, 1, NULL, 1);
+	assert_int_equal(km_net_parse_request_header(w.buf, w.len, 1, &h), KM_OK);
+	assert_int_equal(h.client_id.len, -1);
+	km_wr_free(&w);
+}
+
+static void produce_request(km_wr *w, int16_t ver, const char *txn, int16_t acks)
+{
+	bool flex = ver >= 9;
+	build_header(w, 0, ver, 5, "producer-1", flex ? 2 : 1);
+	if (ver >= 3)
+		km_wr_string(w, flex, km_str_c(txn));
+	km_wr_i16(w, acks);
+	km_wr_i32(w, 30000);
+}
+
+static void test_produce_acks(void **state)
+{
+	static const struct {
+		int16_t ver;
+		const char *txn;
+		int16_t acks;
+	} cases[] = {{2, NULL, 0}, {3, NULL, 0}, {3, "txn-a", 1}, {7, "t", -1}, {8, NULL, 0},
+		     {9, NULL, 0}, {9, "transactional-id-x", 1}, {11, NULL, -1}, {11, "x", 0}};
+
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		km_wr w;
+		int16_t acks = 99;
+		km_wr_init(&w);
+		produce_request(&w, cases[i].ver, cases[i].txn, cases[i].acks);
+		assert_int_equal(km_net_produce_acks(w.buf, w.len, cases[i].ver, &acks), KM_OK);
+		assert_int_equal(acks, cases[i].acks);
+		/* Cut before acks: must fail, not guess. */
+		assert_int_not_equal(km_net_produce_acks(w.buf, w.len - 5, cases[i].ver, &acks), KM_OK);
+		km_wr_free(&w);
+	}
+}
+
+static void test_evrd(void **state)
+{
+	struct evbuffer *b = evbuffer_new();
+	const uint8_t a[] = {0x00, 0x07, 0xde, 0xad};
+	const uint8_t c[] = {0xbe, 0xef, 0x96, 0x01, 0x03, 'a', 'b', 0x02, 0x01, 0x01, 0x09, 0x02, 0x00, 0x00, 0x7f};
+	km_evrd r;
+	int16_t i16;
+	int32_t i32;
+	uint32_t u;
+
+	/* Two chains, so fields straddle chain boundaries. */
+	evbuffer_add(b, a, sizeof(a));
+	evbuffer_add(b, c, sizeof(c));
+	km_evrd_init(&r, b, 0, evbuffer_get_length(b) - 1); /* the last byte is outside the window */
+	assert_true(km_evrd_i16(&r, &i16));
+	assert_int_equal(i16, 7);
+	assert_true(km_evrd_i32(&r, &i32));
+	assert_int_equal((uint32_t)i32, 0xdeadbeefu);
+	assert_true(km_evrd_uvarint(&r, &u));
+	assert_int_equal(u, 150);
+	assert_true(km_evrd_skip_compact(&r)); /* "ab" */
+	assert_true(km_evrd_skip_tags(&r));    /* 2 tags: (1, len 1, 0x09), (2, len 0) */
+	assert_int_equal(r.pos, sizeof(a) + sizeof(c) - 2);
+	assert_true(km_evrd_skip(&r, 1));
+	/* At the window end: any read fails and the failure sticks. */
+	assert_false(km_evrd_i16(&r, &i16));
+	assert_false(km_evrd_skip(&r, 0) && r.err == KM_OK);
+	/* Skipping past the window fails. */
+	km_evrd_init(&r, b, 2, 6);
+	assert_false(km_evrd_skip(&r, 5));
+	/* An over-long varint is an error, not a hang. */
+	{
+		struct evbuffer *v = evbuffer_new();
+		const uint8_t bad[] = {0xff, 0xff, 0xff, 0xff, 0xff, 0x01};
+		evbuffer_add(v, bad, sizeof(bad));
+		km_evrd_init(&r, v, 0, sizeof(bad));
+		assert_false(km_evrd_uvarint(&r, &u));
+		evbuffer_free(v);
+	}
+	evbuffer_free(b);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_frame_sizes),
+		cmocka_unit_test(test_tls_and_http_sniffing),
+		cmocka_unit_test(test_frame_peek_evbuffer),
+		cmocka_unit_test(test_request_header),
+		cmocka_unit_test(test_produce_acks),
+		cmocka_unit_test(test_evrd),
+	};
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}

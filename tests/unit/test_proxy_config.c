@@ -1,0 +1,218 @@
+/* Unit tests for the option table: defaults, parsing, files, validation, reload rules, and docs/configuration.md. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <cmocka.h>
+
+#include "kmirror/daemon_config.h"
+#include "kmirror/log.h"
+
+static void test_defaults_round_trip(void **state)
+{
+	km_config cfg;
+	size_t n;
+	const km_config_option *opts = km_config_options(&n);
+	char err[256];
+
+	assert_true(n >= 20);
+	km_config_init(&cfg);
+	for (size_t i = 0; i < n; i++) {
+		char v[512];
+		/* Every default parses, and formats back to the text in the table. */
+		km_config_format(&opts[i], &cfg, v, sizeof(v));
+		assert_string_equal(v, opts[i].def);
+		assert_non_null(opts[i].doc);
+		assert_true(strlen(opts[i].doc) > 10);
+		for (size_t j = 0; j < i; j++)
+			assert_string_not_equal(opts[i].name, opts[j].name);
+	}
+	assert_int_equal(cfg.broker_port_base, 19092);
+	assert_int_equal(cfg.listen.port, 9092);
+	assert_int_equal(cfg.log_level, KM_LOG_INFO);
+	/* Defaults alone are not runnable: an upstream is required. */
+	assert_int_equal(km_config_validate(&cfg, err, sizeof(err)), KM_ERR_CONFIG);
+	assert_non_null(strstr(err, "upstream"));
+	km_config_free(&cfg);
+}
+
+static void test_set_values(void **state)
+{
+	km_config cfg;
+	char err[256];
+
+	km_config_init(&cfg);
+	assert_int_equal(km_config_set(&cfg, "upstream", "a:1, b:2,[::1]:3", err, sizeof(err)), KM_OK);
+	assert_int_equal(cfg.upstream_count, 3);
+	assert_string_equal(cfg.upstream[1].host, "b");
+	assert_string_equal(cfg.upstream[2].host, "::1");
+	assert_int_equal(cfg.upstream[2].port, 3);
+	assert_int_equal(km_config_set(&cfg, "upstream", "nohost", err, sizeof(err)), KM_ERR_CONFIG);
+	assert_int_equal(cfg.upstream_count, 3); /* a failed set changes nothing */
+	assert_int_equal(km_config_set(&cfg, "max_frame_bytes", "12x", err, sizeof(err)), KM_ERR_CONFIG);
+	assert_int_equal(km_config_set(&cfg, "max_frame_bytes", "10", err, sizeof(err)), KM_ERR_CONFIG);
+	assert_non_null(strstr(err, "out of range"));
+	assert_int_equal(km_config_set(&cfg, "max_frame_bytes", "1048576", err, sizeof(err)), KM_OK);
+	assert_int_equal(cfg.max_frame_bytes, 1048576);
+	assert_int_equal(km_config_set(&cfg, "upstream_tls", "yes", err, sizeof(err)), KM_OK);
+	assert_true(cfg.upstream_tls);
+	assert_int_equal(km_config_set(&cfg, "upstream_tls", "maybe", err, sizeof(err)), KM_ERR_CONFIG);
+	assert_int_equal(km_config_set(&cfg, "log_level", "debug", err, sizeof(err)), KM_OK);
+	assert_int_equal(cfg.log_level, KM_LOG_DEBUG);
+	assert_int_equal(km_config_set(&cfg, "log_level", "loud", err, sizeof(err)), KM_ERR_CONFIG);
+	assert_int_equal(km_config_set(&cfg, "tls_client_auth", "required", err, sizeof(err)), KM_OK);
+	assert_int_equal(cfg.tls_client_auth, KM_TLS_CLIENT_AUTH_REQUIRED);
+	assert_int_equal(km_config_set(&cfg, "no_such_option", "1", err, sizeof(err)), KM_ERR_CONFIG);
+	assert_non_null(strstr(err, "no_such_option"));
+	assert_int_equal(km_config_set(&cfg, "listen", "0.0.0.0:70000", err, sizeof(err)), KM_ERR_CONFIG);
+	km_config_free(&cfg);
+}
+
+static char *write_tmp(const char *text)
+{
+	char *path = strdup("/tmp/km-config-XXXXXX");
+	int fd = mkstemp(path);
+	assert_true(fd >= 0);
+	assert_int_equal(write(fd, text, strlen(text)), (ssize_t)strlen(text));
+	close(fd);
+	return path;
+}
+
+static void test_load_file(void **state)
+{
+	km_config cfg;
+	char err[256];
+	char *ok = write_tmp("# comment\n\nlisten = 127.0.0.1:7000\nupstream=k1:9092,k2:9092\n"
+			     "advertised_host = \"proxy.example\"\n  idle_timeout_ms = 5000  \n");
+	char *bad = write_tmp("listen = 127.0.0.1:7000\nthis line has no equals sign\n");
+	char *unknown = write_tmp("upstream = k:1\nbogus = 3\n");
+
+	km_config_init(&cfg);
+	assert_int_equal(km_config_load_file(&cfg, ok, err, sizeof(err)), KM_OK);
+	assert_int_equal(cfg.listen.port, 7000);
+	assert_int_equal(cfg.upstream_count, 2);
+	assert_string_equal(cfg.advertised_host, "proxy.example");
+	assert_int_equal(cfg.idle_timeout_ms, 5000);
+	assert_int_equal(km_config_validate(&cfg, err, sizeof(err)), KM_OK);
+	assert_int_equal(km_config_load_file(&cfg, bad, err, sizeof(err)), KM_ERR_CONFIG);
+	assert_non_null(strstr(err, ":2:"));
+	assert_int_equal(km_config_load_file(&cfg, unknown, err, sizeof(err)), KM_ERR_CONFIG);
+	assert_non_null(strstr(err, "bogus"));
+	assert_int_equal(km_config_load_file(&cfg, "/nonexistent/kmirrord.conf", err, sizeof(err)), KM_ERR_CONFIG);
+	km_config_free(&cfg);
+	unlink(ok);
+	unlink(bad);
+	unlink(unknown);
+	free(ok);
+	free(bad);
+	free(unknown);
+}
+
+static void test_validate(void **state)
+{
+	km_config cfg;
+	char err[256];
+
+	km_config_init(&cfg);
+	assert_int_equal(km_config_set(&cfg, "upstream", "k:9092", err, sizeof(err)), KM_OK);
+	assert_int_equal(km_config_validate(&cfg, err, sizeof(err)), KM_OK);
+	/* listen port inside the broker range */
+	assert_int_equal(km_config_set(&cfg, "listen", "0.0.0.0:19100", err, sizeof(err)), KM_OK);
+	assert_int_equal(km_config_validate(&cfg, err, sizeof(err)), KM_ERR_CONFIG);
+	assert_int_equal(km_config_set(&cfg, "listen", "0.0.0.0:9092", err, sizeof(err)), KM_OK);
+	/* broker range past 65535 */
+	assert_int_equal(km_config_set(&cfg, "broker_port_base", "65000", err, sizeof(err)), KM_OK);
+	assert_int_equal(km_config_validate(&cfg, err, sizeof(err)), KM_ERR_CONFIG);
+	assert_int_equal(km_config_set(&cfg, "broker_port_count", "100", err, sizeof(err)), KM_OK);
+	assert_int_equal(km_config_validate(&cfg, err, sizeof(err)), KM_OK);
+	/* TLS files in pairs */
+	assert_int_equal(km_config_set(&cfg, "tls_cert_file", "/x.pem", err, sizeof(err)), KM_OK);
+	assert_int_equal(km_config_validate(&cfg, err, sizeof(err)), KM_ERR_CONFIG);
+	assert_int_equal(km_config_set(&cfg, "tls_key_file", "/x.key", err, sizeof(err)), KM_OK);
+	assert_int_equal(km_config_validate(&cfg, err, sizeof(err)), KM_OK);
+	assert_int_equal(km_config_set(&cfg, "tls_client_auth", "required", err, sizeof(err)), KM_OK);
+	assert_int_equal(km_config_validate(&cfg, err, sizeof(err)), KM_ERR_CONFIG);
+	assert_int_equal(km_config_set(&cfg, "tls_ca_file", "/ca.pem", err, sizeof(err)), KM_OK);
+	assert_int_equal(km_config_validate(&cfg, err, sizeof(err)), KM_OK);
+	/* upstream TLS files without upstream_tls */
+	assert_int_equal(km_config_set(&cfg, "upstream_tls_ca_file", "/ca.pem", err, sizeof(err)), KM_OK);
+	assert_int_equal(km_config_validate(&cfg, err, sizeof(err)), KM_ERR_CONFIG);
+	km_config_free(&cfg);
+}
+
+static void test_reload_rules(void **state)
+{
+	km_config cur, next;
+	char err[256];
+	size_t n;
+	const km_config_option *opts = km_config_options(&n);
+
+	km_config_init(&cur);
+	assert_int_equal(km_config_set(&cur, "upstream", "k:9092", err, sizeof(err)), KM_OK);
+	assert_int_equal(km_config_copy(&next, &cur), KM_OK);
+	assert_int_equal(km_config_check_reload(&cur, &next, err, sizeof(err)), KM_OK);
+	/* reloadable: accepted */
+	assert_int_equal(km_config_set(&next, "idle_timeout_ms", "1", err, sizeof(err)), KM_OK);
+	assert_int_equal(km_config_set(&next, "advertised_host", "other", err, sizeof(err)), KM_OK);
+	assert_int_equal(km_config_check_reload(&cur, &next, err, sizeof(err)), KM_OK);
+	/* not reloadable: refused, naming the option */
+	assert_int_equal(km_config_set(&next, "listen", "0.0.0.0:9093", err, sizeof(err)), KM_OK);
+	assert_int_equal(km_config_check_reload(&cur, &next, err, sizeof(err)), KM_ERR_CONFIG);
+	assert_non_null(strstr(err, "listen"));
+	km_config_free(&next);
+	/* an invalid new config is refused as a whole */
+	assert_int_equal(km_config_copy(&next, &cur), KM_OK);
+	assert_int_equal(km_config_set(&next, "upstream", "", err, sizeof(err)), KM_OK);
+	assert_int_equal(km_config_check_reload(&cur, &next, err, sizeof(err)), KM_ERR_CONFIG);
+	km_config_free(&next);
+	/* every non-reloadable option is caught by the equality check */
+	for (size_t i = 0; i < n; i++)
+		assert_true(km_config_option_equal(&opts[i], &cur, &cur));
+	km_config_free(&cur);
+}
+
+/* docs/configuration.md embeds the generated table verbatim between markers. */
+static void test_docs_match_table(void **state)
+{
+	const char *srcdir = getenv("srcdir");
+	char path[1024], *doc, *gen, *begin, *end;
+	size_t dlen, glen;
+	FILE *f;
+
+	snprintf(path, sizeof(path), "%s/docs/configuration.md", srcdir ? srcdir : ".");
+	f = fopen(path, "r");
+	assert_non_null(f);
+	doc = calloc(1, 1 << 20);
+	dlen = fread(doc, 1, (1 << 20) - 1, f);
+	fclose(f);
+	assert_true(dlen > 0);
+	begin = strstr(doc, "<!-- BEGIN OPTIONS -->\n");
+	end = strstr(doc, "<!-- END OPTIONS -->");
+	assert_non_null(begin);
+	assert_non_null(end);
+	begin += strlen("<!-- BEGIN OPTIONS -->\n");
+	f = open_memstream(&gen, &glen);
+	km_config_write_doc(f);
+	fclose(f);
+	if ((size_t)(end - begin) != glen || memcmp(begin, gen, glen) != 0) {
+		fprintf(stderr, "docs/configuration.md is out of date; regenerate the table with kmirrord --config-doc:\n%s",
+			gen);
+		fail();
+	}
+	free(gen);
+	free(doc);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_defaults_round_trip), cmocka_unit_test(test_set_values),
+		cmocka_unit_test(test_load_file),           cmocka_unit_test(test_validate),
+		cmocka_unit_test(test_reload_rules),        cmocka_unit_test(test_docs_match_table),
+	};
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -264,10 +264,9 @@ def _on_signal(signum, frame):
     prev = _prev_handlers.get(signum)
     if callable(prev):
         prev(signum, frame)
-    elif signum == signal.SIGINT:
-        raise KeyboardInterrupt
-    else:
-        raise SystemExit(128 + signum)
+    # KeyboardInterrupt, not SystemExit: pytest aborts the whole session on it (and runs the
+    # fixtures' teardown) instead of recording one failed test and carrying on.
+    raise KeyboardInterrupt(f"signal {signum}")
 
 
 _prev_handlers = {}

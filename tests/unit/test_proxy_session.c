@@ -1,0 +1,583 @@
+/*
+ * Proxy sessions end to end in one process: a real km_proxy between a raw test client and a fake upstream
+ * broker that injects what a real broker will not (wrong correlation ids, NodeEndpoints on demand).
+ */
+#define _GNU_SOURCE /* memmem */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <cmocka.h>
+
+#include <event2/listener.h>
+
+#include "kmirror/log.h"
+#include "kmirror/net.h"
+#include "kmirror/proxy.h"
+#include "proxy/rewrite.h"
+
+/* ---- fake upstream broker ---- */
+
+typedef struct upstream {
+	struct event_base *base;
+	struct evconnlistener *l;
+	uint16_t port;
+	int requests[128];     /* by api key, application connections only */
+	int metadata_refreshes;
+	bool bad_corr;
+	bool node_endpoints;   /* Fetch v16 answers carry NodeEndpoints */
+	int32_t last_acks0_corr;
+} upstream;
+
+static void up_reply(struct bufferevent *bev, int32_t corr, bool hdr_tags, const km_wr *body)
+{
+	uint8_t hdr[9];
+	size_t n = hdr_tags ? 9 : 8;
+	km_put_be32(hdr, (uint32_t)(n - 4 + body->len));
+	km_put_be32(hdr + 4, (uint32_t)corr);
+	hdr[8] = 0;
+	evbuffer_add(bufferevent_get_output(bev), hdr, n);
+	evbuffer_add(bufferevent_get_output(bev), body->buf, body->len);
+}
+
+static void metadata_v9_body(km_wr *w, uint16_t port)
+{
+	km_wr_i32(w, 0);
+	km_wr_array_len(w, true, 1);
+	km_wr_i32(w, 0);
+	km_wr_string(w, true, km_str_c("127.0.0.1")); /* the real broker (this fake) */
+	km_wr_i32(w, port);
+	km_wr_string(w, true, KM_STR_NULL);
+	km_wr_uvarint(w, 0);
+	km_wr_string(w, true, km_str_c("cluster"));
+	km_wr_i32(w, 0);
+	km_wr_array_len(w, true, 0);
+	km_wr_i32(w, 0);
+	km_wr_uvarint(w, 0);
+}
+
+static void fetch_v16_body(km_wr *w, bool node_endpoints)
+{
+	uint8_t recs[300];
+	memset(recs, 0xab, sizeof(recs));
+	km_wr_i32(w, 0);
+	km_wr_i16(w, 0);
+	km_wr_i32(w, 0);
+	km_wr_array_len(w, true, 1);
+	{
+		km_uuid topic_id = {{0x42}};
+		km_wr_uuid(w, &topic_id); /* v13+ */
+	}
+	km_wr_array_len(w, true, 1);
+	km_wr_i32(w, 0);
+	km_wr_i16(w, 0);
+	km_wr_i64(w, 10);
+	km_wr_i64(w, 10);
+	km_wr_i64(w, 0);
+	km_wr_array_len(w, true, -1);
+	km_wr_i32(w, -1);
+	km_wr_bytes(w, true, (km_bytes){recs, (int32_t)sizeof(recs)});
+	km_wr_uvarint(w, 0);
+	km_wr_uvarint(w, 0);
+	if (node_endpoints) {
+		km_wr ne;
+		km_wr_init(&ne);
+		km_wr_array_len(&ne, true, 1);
+		km_wr_i32(&ne, 0);
+		km_wr_string(&ne, true, km_str_c("127.0.0.1"));
+		km_wr_i32(&ne, 9092);
+		km_wr_string(&ne, true, KM_STR_NULL);
+		km_wr_uvarint(&ne, 0);
+		km_wr_uvarint(w, 1);
+		km_wr_uvarint(w, 0);
+		km_wr_uvarint(w, (uint32_t)ne.len);
+		km_wr_raw(w, ne.buf, ne.len);
+		km_wr_free(&ne);
+	} else {
+		km_wr_uvarint(w, 0);
+	}
+}
+
+static void up_read(struct bufferevent *bev, void *arg)
+{
+	upstream *u = arg;
+	struct evbuffer *in = bufferevent_get_input(bev);
+	int32_t size;
+
+	while (km_net_frame_peek(in, 1 << 24, 8, false, &size) == KM_FRAME_READY) {
+		uint8_t *p = evbuffer_pullup(in, size + 4);
+		km_req_header h;
+		km_wr w;
+		bool internal;
+		assert_int_equal(km_net_parse_request_header(p + 4, (size_t)size, 1, &h), KM_OK);
+		internal = km_str_eq_c(h.client_id, "kmirrord");
+		km_wr_init(&w);
+		if (internal) {
+			u->metadata_refreshes++;
+			metadata_v9_body(&w, u->port);
+			up_reply(bev, h.correlation_id, true, &w);
+		} else {
+			int16_t acks = 1;
+			u->requests[h.api_key & 127]++;
+			if (h.api_key == KM_API_PRODUCE)
+				assert_int_equal(km_net_produce_acks(p + 4, (size_t)size, h.api_version, &acks), KM_OK);
+			if (h.api_key == KM_API_PRODUCE && acks == 0) {
+				u->last_acks0_corr = h.correlation_id; /* no response, as a broker */
+			} else if (h.api_key == KM_API_METADATA) {
+				metadata_v9_body(&w, u->port);
+				up_reply(bev, h.correlation_id + (u->bad_corr ? 1 : 0), true, &w);
+			} else if (h.api_key == KM_API_FETCH) {
+				fetch_v16_body(&w, u->node_endpoints);
+				up_reply(bev, h.correlation_id, true, &w);
+			} else {
+				/* Produce v9: no topics, throttle, no tags */
+				km_wr_array_len(&w, true, 0);
+				km_wr_i32(&w, 0);
+				km_wr_uvarint(&w, 0);
+				up_reply(bev, h.correlation_id, true, &w);
+			}
+		}
+		km_wr_free(&w);
+		evbuffer_drain(in, (size_t)size + 4);
+	}
+}
+
+static void up_event(struct bufferevent *bev, short what, void *arg)
+{
+	if (what & (BEV_EVENT_EOF | BEV_EVENT_ERROR))
+		bufferevent_free(bev);
+}
+
+static void up_accept(struct evconnlistener *l, evutil_socket_t fd, struct sockaddr *sa, int len, void *arg)
+{
+	upstream *u = arg;
+	struct bufferevent *bev = bufferevent_socket_new(u->base, fd, BEV_OPT_CLOSE_ON_FREE);
+	bufferevent_setcb(bev, up_read, NULL, up_event, u);
+	bufferevent_enable(bev, EV_READ | EV_WRITE);
+}
+
+static uint16_t free_port(void)
+{
+	struct sockaddr_in sin;
+	socklen_t slen = sizeof(sin);
+	int fd = socket(AF_INET, SOCK_STREAM, 0);
+	memset(&sin, 0, sizeof(sin));
+	sin.sin_family = AF_INET;
+	sin.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	assert_int_equal(bind(fd, (struct sockaddr *)&sin, sizeof(sin)), 0);
+	getsockname(fd, (struct sockaddr *)&sin, &slen);
+	close(fd);
+	return ntohs(sin.sin_port);
+}
+
+/* ---- fixture: proxy + upstream ---- */
+
+typedef struct fixture {
+	struct event_base *base;
+	upstream up;
+	km_proxy *px;
+	km_config cfg;
+	uint16_t listen_port;
+	uint16_t base_port;
+} fixture;
+
+static void run_for(struct event_base *base, int ms)
+{
+	struct timeval tv = {ms / 1000, (ms % 1000) * 1000};
+	event_base_loopexit(base, &tv);
+	event_base_dispatch(base);
+}
+
+static int setup(void **state)
+{
+	fixture *f = calloc(1, sizeof(*f));
+	struct sockaddr_in sin;
+	socklen_t slen = sizeof(sin);
+	char err[256], v[64];
+
+	km_log_set_level(getenv("KM_TEST_LOG") ? KM_LOG_DEBUG : KM_LOG_ERROR);
+	f->base = event_base_new();
+	f->up.base = f->base;
+	memset(&sin, 0, sizeof(sin));
+	sin.sin_family = AF_INET;
+	sin.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	f->up.l = evconnlistener_new_bind(f->base, up_accept, &f->up, LEV_OPT_CLOSE_ON_FREE | LEV_OPT_REUSEABLE, 16,
+					  (struct sockaddr *)&sin, sizeof(sin));
+	assert_non_null(f->up.l);
+	getsockname(evconnlistener_get_fd(f->up.l), (struct sockaddr *)&sin, &slen);
+	f->up.port = ntohs(sin.sin_port);
+
+	f->listen_port = free_port();
+	f->base_port = free_port();
+	km_config_init(&f->cfg);
+	snprintf(v, sizeof(v), "127.0.0.1:%u", f->listen_port);
+	assert_int_equal(km_config_set(&f->cfg, "listen", v, err, sizeof(err)), KM_OK);
+	snprintf(v, sizeof(v), "127.0.0.1:%u", f->up.port);
+	assert_int_equal(km_config_set(&f->cfg, "upstream", v, err, sizeof(err)), KM_OK);
+	snprintf(v, sizeof(v), "%u", f->base_port);
+	assert_int_equal(km_config_set(&f->cfg, "broker_port_base", v, err, sizeof(err)), KM_OK);
+	assert_int_equal(km_config_set(&f->cfg, "broker_port_count", "1", err, sizeof(err)), KM_OK);
+	assert_int_equal(km_config_set(&f->cfg, "advertised_host", "proxy.test", err, sizeof(err)), KM_OK);
+	assert_int_equal(km_config_set(&f->cfg, "max_frame_bytes", "100000", err, sizeof(err)), KM_OK);
+	assert_int_equal(km_config_set(&f->cfg, "frame_timeout_ms", "300", err, sizeof(err)), KM_OK);
+	assert_int_equal(km_config_set(&f->cfg, "drain_interval_ms", "50", err, sizeof(err)), KM_OK);
+	assert_int_equal(km_config_set(&f->cfg, "drain_timeout_ms", "2000", err, sizeof(err)), KM_OK);
+	assert_int_equal(km_config_validate(&f->cfg, err, sizeof(err)), KM_OK);
+	f->px = km_proxy_new(f->base, &f->cfg, err, sizeof(err));
+	if (!f->px)
+		fail_msg("km_proxy_new: %s", err);
+	/* Let the startup metadata refresh open the broker port. */
+	for (int i = 0; i < 100 && f->up.metadata_refreshes == 0; i++)
+		run_for(f->base, 10);
+	run_for(f->base, 20);
+	*state = f;
+	return 0;
+}
+
+static int teardown(void **state)
+{
+	fixture *f = *state;
+	km_proxy_free(f->px);
+	evconnlistener_free(f->up.l);
+	event_base_loop(f->base, EVLOOP_NONBLOCK);
+	event_base_free(f->base);
+	km_config_free(&f->cfg);
+	free(f);
+	return 0;
+}
+
+/* ---- a raw blocking test client (the proxy runs while we wait for bytes) ---- */
+
+typedef struct tclient {
+	struct bufferevent *bev;
+	bool closed;
+} tclient;
+
+static void tc_event(struct bufferevent *bev, short what, void *arg)
+{
+	tclient *c = arg;
+	if (what & (BEV_EVENT_EOF | BEV_EVENT_ERROR))
+		c->closed = true;
+}
+
+static tclient *tc_connect(fixture *f, uint16_t port)
+{
+	tclient *c = calloc(1, sizeof(*c));
+	struct sockaddr_in sin;
+	memset(&sin, 0, sizeof(sin));
+	sin.sin_family = AF_INET;
+	sin.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	sin.sin_port = htons(port);
+	c->bev = bufferevent_socket_new(f->base, -1, BEV_OPT_CLOSE_ON_FREE);
+	bufferevent_setcb(c->bev, NULL, NULL, tc_event, c);
+	bufferevent_enable(c->bev, EV_READ | EV_WRITE);
+	assert_int_equal(bufferevent_socket_connect(c->bev, (struct sockaddr *)&sin, sizeof(sin)), 0);
+	return c;
+}
+
+static void tc_free(tclient *c)
+{
+	bufferevent_free(c->bev);
+	free(c);
+}
+
+static void tc_request(tclient *c, int16_t key, int16_t ver, int32_t corr, const km_wr *body)
+{
+	km_wr w;
+	bool flex = km_proxy_request_header_version(key, ver) == 2;
+	size_t start;
+	km_wr_init(&w);
+	start = km_wr_reserve(&w, 4);
+	km_wr_i16(&w, key);
+	km_wr_i16(&w, ver);
+	km_wr_i32(&w, corr);
+	km_wr_string(&w, false, km_str_c("test"));
+	if (flex)
+		km_wr_uvarint(&w, 0);
+	if (body)
+		km_wr_raw(&w, body->buf, body->len);
+	km_wr_patch_i32(&w, start, (int32_t)(w.len - 4));
+	evbuffer_add(bufferevent_get_output(c->bev), w.buf, w.len);
+	km_wr_free(&w);
+}
+
+static void produce_body(km_wr *w, int16_t acks)
+{
+	km_wr_string(w, true, KM_STR_NULL); /* transactional id */
+	km_wr_i16(w, acks);
+	km_wr_i32(w, 1000);
+	km_wr_array_len(w, true, 0);
+	km_wr_uvarint(w, 0);
+}
+
+/* Wait for one whole response frame; returns it (malloc'd, without the size) or NULL on close/timeout. */
+static uint8_t *tc_response(fixture *f, tclient *c, size_t *len)
+{
+	struct evbuffer *in = bufferevent_get_input(c->bev);
+	for (int i = 0; i < 300; i++) {
+		int32_t size;
+		if (km_net_frame_peek(in, 1 << 24, 4, false, &size) == KM_FRAME_READY) {
+			uint8_t *out = malloc((size_t)size);
+			evbuffer_drain(in, 4);
+			evbuffer_remove(in, out, (size_t)size);
+			*len = (size_t)size;
+			return out;
+		}
+		if (c->closed)
+			return NULL;
+		run_for(f->base, 10);
+	}
+	return NULL;
+}
+
+static void wait_closed(fixture *f, tclient *c)
+{
+	for (int i = 0; i < 300 && !c->closed; i++)
+		run_for(f->base, 10);
+	assert_true(c->closed);
+}
+
+/* ---- tests ---- */
+
+static void test_pipelining_and_acks0(void **state)
+{
+	fixture *f = *state;
+	tclient *c = tc_connect(f, f->listen_port);
+	km_wr p0, p1;
+	uint8_t *r;
+	size_t len;
+
+	km_wr_init(&p0);
+	km_wr_init(&p1);
+	produce_body(&p0, 0);
+	produce_body(&p1, -1);
+	/* acks=0, Metadata, acks=all, all written at once */
+	tc_request(c, KM_API_PRODUCE, 9, 100, &p0);
+	tc_request(c, KM_API_METADATA, 9, 101, NULL);
+	tc_request(c, KM_API_PRODUCE, 9, 102, &p1);
+	tc_request(c, KM_API_PRODUCE, 9, 103, &p0);
+	r = tc_response(f, c, &len);
+	assert_non_null(r);
+	assert_int_equal(km_be32(r), 101);
+	/* the broker address never reaches the client */
+	assert_null(memmem(r, len, "127.0.0.1", 9));
+	assert_non_null(memmem(r, len, "proxy.test", 10));
+	free(r);
+	r = tc_response(f, c, &len);
+	assert_non_null(r);
+	assert_int_equal(km_be32(r), 102);
+	free(r);
+	/* Nothing more: the second acks=0 produce has no response, and the session is still healthy. */
+	tc_request(c, KM_API_METADATA, 9, 104, NULL);
+	r = tc_response(f, c, &len);
+	assert_non_null(r);
+	assert_int_equal(km_be32(r), 104);
+	free(r);
+	assert_int_equal(f->up.requests[KM_API_PRODUCE], 3);
+	assert_int_equal(f->up.last_acks0_corr, 103);
+	assert_false(c->closed);
+	km_wr_free(&p0);
+	km_wr_free(&p1);
+	tc_free(c);
+}
+
+static void test_broker_port(void **state)
+{
+	fixture *f = *state;
+	tclient *c = tc_connect(f, f->base_port); /* node 0 */
+	uint8_t *r;
+	size_t len;
+	tc_request(c, KM_API_METADATA, 9, 7, NULL);
+	r = tc_response(f, c, &len);
+	assert_non_null(r);
+	assert_int_equal(km_be32(r), 7);
+	free(r);
+	assert_int_equal(km_proxy_metrics(f->px)->brokers_known, 1);
+	tc_free(c);
+}
+
+static void test_tls_hello_rejected(void **state)
+{
+	fixture *f = *state;
+	tclient *c = tc_connect(f, f->listen_port);
+	const uint8_t hello[] = {0x16, 0x03, 0x01, 0x00, 0xf4, 0x01, 0x00, 0x00, 0xf0, 0x03, 0x03};
+	evbuffer_add(bufferevent_get_output(c->bev), hello, sizeof(hello));
+	wait_closed(f, c);
+	assert_int_equal(km_proxy_metrics(f->px)->rejected[KM_REJECT_TLS_HELLO], 1);
+	tc_free(c);
+}
+
+static void test_frame_too_large(void **state)
+{
+	fixture *f = *state;
+	tclient *c = tc_connect(f, f->listen_port);
+	uint8_t big[8];
+	km_put_be32(big, 100001);
+	km_put_be32(big + 4, 0x00030009);
+	evbuffer_add(bufferevent_get_output(c->bev), big, sizeof(big));
+	wait_closed(f, c);
+	assert_int_equal(km_proxy_metrics(f->px)->rejected[KM_REJECT_TOO_LARGE], 1);
+	tc_free(c);
+}
+
+static void test_stalled_frame_times_out(void **state)
+{
+	fixture *f = *state;
+	tclient *c = tc_connect(f, f->listen_port);
+	uint8_t part[6];
+	km_put_be32(part, 50);
+	km_put_be16(part + 4, 3);
+	evbuffer_add(bufferevent_get_output(c->bev), part, sizeof(part));
+	wait_closed(f, c);
+	assert_int_equal(km_proxy_metrics(f->px)->rejected[KM_REJECT_FRAME_TIMEOUT], 1);
+	tc_free(c);
+}
+
+static void test_api_versions_too_new(void **state)
+{
+	fixture *f = *state;
+	tclient *c = tc_connect(f, f->listen_port);
+	uint8_t *r;
+	size_t len;
+	km_rd rd;
+	int32_t corr, n;
+	int16_t ec, key, lo, hi;
+
+	/* In order with a forwarded request before it. */
+	tc_request(c, KM_API_METADATA, 9, 1, NULL);
+	tc_request(c, KM_API_API_VERSIONS, 99, 2, NULL);
+	r = tc_response(f, c, &len);
+	assert_non_null(r);
+	assert_int_equal(km_be32(r), 1);
+	free(r);
+	r = tc_response(f, c, &len);
+	assert_non_null(r);
+	km_rd_init(&rd, r, len);
+	km_rd_i32(&rd, "corr", &corr);
+	km_rd_i16(&rd, "ec", &ec);
+	km_rd_array_len(&rd, "keys", false, false, 6, &n);
+	km_rd_i16(&rd, "key", &key);
+	km_rd_i16(&rd, "lo", &lo);
+	km_rd_i16(&rd, "hi", &hi);
+	assert_true(km_rd_ok(&rd));
+	assert_int_equal(corr, 2);
+	assert_int_equal(ec, 35);
+	assert_int_equal(n, 1);
+	assert_int_equal(key, 18);
+	assert_int_equal(hi, 4);
+	assert_int_equal(f->up.requests[KM_API_API_VERSIONS], 0);
+	free(r);
+	/* An unknown api key closes the connection, as a broker does. */
+	tc_request(c, 20000, 0, 3, NULL);
+	wait_closed(f, c);
+	tc_free(c);
+}
+
+static void test_wrong_correlation_disconnects(void **state)
+{
+	fixture *f = *state;
+	tclient *c = tc_connect(f, f->listen_port);
+	size_t len;
+	f->up.bad_corr = true;
+	tc_request(c, KM_API_METADATA, 9, 1, NULL);
+	assert_null(tc_response(f, c, &len));
+	assert_true(c->closed);
+	assert_true(km_proxy_metrics(f->px)->upstream_errors_total >= 1);
+	f->up.bad_corr = false;
+	tc_free(c);
+}
+
+static void test_fetch_node_endpoints(void **state)
+{
+	fixture *f = *state;
+	km_wr body;
+
+	km_wr_init(&body);
+	for (int ne = 0; ne < 2; ne++) {
+		tclient *c = tc_connect(f, f->listen_port);
+		uint8_t *r;
+		size_t len;
+		km_wr expect;
+		f->up.node_endpoints = ne;
+		tc_request(c, KM_API_FETCH, 16, 50 + ne, &body);
+		r = tc_response(f, c, &len);
+		assert_non_null(r);
+		assert_int_equal(km_be32(r), 50 + ne);
+		assert_null(memmem(r, len, "127.0.0.1", 9));
+		km_wr_init(&expect);
+		fetch_v16_body(&expect, false);
+		/* everything before the top-level tags is the broker's bytes (records included) */
+		assert_memory_equal(r + 5, expect.buf, expect.len - 1);
+		if (ne)
+			assert_non_null(memmem(r, len, "proxy.test", 10));
+		else
+			assert_int_equal(len, 5 + expect.len);
+		km_wr_free(&expect);
+		free(r);
+		tc_free(c);
+	}
+	km_wr_free(&body);
+}
+
+static int drained_calls;
+static void on_drained(void *arg)
+{
+	drained_calls++;
+}
+
+static void test_drain_gradual(void **state)
+{
+	fixture *f = *state;
+	tclient *c[4];
+	size_t len;
+	for (int i = 0; i < 4; i++) {
+		uint8_t *r;
+		c[i] = tc_connect(f, f->listen_port);
+		tc_request(c[i], KM_API_METADATA, 9, i, NULL);
+		r = tc_response(f, c[i], &len);
+		assert_non_null(r);
+		free(r);
+	}
+	assert_int_equal(km_proxy_session_count(f->px), 4);
+	drained_calls = 0;
+	/* 2000 ms in rounds of 50 ms: 40 rounds, so one connection per round. */
+	km_proxy_drain(f->px, on_drained, NULL);
+	run_for(f->base, 5);
+	assert_int_equal(km_proxy_session_count(f->px), 3);
+	for (int i = 0; i < 100 && !drained_calls; i++)
+		run_for(f->base, 10);
+	assert_int_equal(drained_calls, 1);
+	assert_int_equal(km_proxy_session_count(f->px), 0);
+	for (int i = 0; i < 4; i++) {
+		wait_closed(f, c[i]);
+		tc_free(c[i]);
+	}
+	/* no new connections are accepted */
+	{
+		tclient *late = tc_connect(f, f->listen_port);
+		wait_closed(f, late);
+		tc_free(late);
+	}
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test_setup_teardown(test_pipelining_and_acks0, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_broker_port, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_tls_hello_rejected, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_frame_too_large, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_stalled_frame_times_out, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_api_versions_too_new, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_wrong_correlation_disconnects, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_fetch_node_endpoints, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_drain_gradual, setup, teardown),
+	};
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}

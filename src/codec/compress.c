@@ -244,6 +244,15 @@ static km_err zstd_decode(const uint8_t *src, size_t n, sink *s)
 	km_err err = KM_OK;
 	if (n == 0)
 		err = KM_ERR_DECODE;
+	/*
+	 * A frame whose declared content size fits the room given is decoded in one pass straight into
+	 * the output, without a window buffer. Make the growable sink that large up front (the size is
+	 * within the caller's cap) so that both variants decode the same frames the same way.
+	 */
+	unsigned long long fcs = n ? ZSTD_getFrameContentSize(src, n) : ZSTD_CONTENTSIZE_ERROR;
+	if (!err && s->grow && fcs != ZSTD_CONTENTSIZE_UNKNOWN && fcs != ZSTD_CONTENTSIZE_ERROR &&
+	    fcs <= s->max - s->len)
+		err = sink_need(s, (size_t)fcs);
 	while (!err) {
 		uint8_t *out;
 		size_t avail;

@@ -14,6 +14,7 @@
 #include "kmirror/arena.h"
 #include "kmirror/codec.h"
 #include "kmirror/msg/api_versions_response.h"
+#include "kmirror/msg/broker_heartbeat_request.h"
 #include "kmirror/msg/describe_topic_partitions_request.h"
 #include "kmirror/msg/metadata_request.h"
 #include "kmirror/msg/request_header.h"
@@ -177,6 +178,47 @@ static void test_unknown_tags_preserved(void **state)
 	km_response_header_encode(&w, 0, &h);
 	assert_int_equal(w.len, 4);
 	km_wr_free(&w);
+	km_arena_free(&a);
+}
+
+/* A tag number that a field uses only from a later version is unknown (and kept) in earlier ones. */
+static void test_tag_known_only_in_later_versions(void **state)
+{
+	uint8_t in[22 + 1 + 1 + 1 + 17];
+	km_broker_heartbeat_request m;
+	km_arena a;
+	km_rd r;
+	km_wr w;
+
+	memset(in, 0, sizeof(in));
+	in[3] = 1;   /* BrokerId 1 */
+	in[22] = 1;  /* one tagged field */
+	in[23] = 0;  /* tag 0: OfflineLogDirs from v1 */
+	in[24] = 17; /* compact array of one uuid */
+	in[25] = 2;
+	memset(in + 26, 0xab, 16);
+	km_arena_init(&a, 0);
+	for (int16_t v = 0; v <= 1; v++) {
+		km_rd_init(&r, in, sizeof(in));
+		assert_int_equal(km_broker_heartbeat_request_decode(&r, v, &m, &a), KM_OK);
+		assert_int_equal(r.pos, sizeof(in));
+		if (v == 0) {
+			assert_int_equal(m.unknown_tags.count, 1);
+			assert_int_equal(m.unknown_tags.items[0].tag, 0);
+			assert_int_equal(m.offline_log_dirs.count, 0);
+		} else {
+			assert_int_equal(m.unknown_tags.count, 0);
+			assert_int_equal(m.offline_log_dirs.count, 1);
+			assert_int_equal(m.offline_log_dirs.items[0].b[15], 0xab);
+		}
+		km_wr_init(&w);
+		km_broker_heartbeat_request_encode(&w, v, &m);
+		assert_true(km_wr_ok(&w));
+		assert_int_equal(w.len, sizeof(in));
+		assert_int_equal(km_broker_heartbeat_request_size(v, &m), sizeof(in));
+		assert_memory_equal(w.buf, in, sizeof(in));
+		km_wr_free(&w);
+	}
 	km_arena_free(&a);
 }
 
@@ -512,7 +554,7 @@ static int write_corpus(const char *dir)
 	char path[4096];
 	int files = 0;
 	for (int kind = 0; kind < 2; kind++) {
-		const char *sub = kind == 0 ? "fuzz_request" : "fuzz_response";
+		const char *sub = kind == 0 ? "request" : "response";
 		snprintf(path, sizeof(path), "%s/%s", dir, sub);
 		if (mkdir(path, 0755) != 0 && errno != EEXIST) {
 			perror(path);
@@ -571,6 +613,7 @@ int main(int argc, char **argv)
 		cmocka_unit_test(test_truncation_everywhere),
 		cmocka_unit_test(test_unknown_tags_preserved),
 		cmocka_unit_test(test_known_tagged_fields),
+		cmocka_unit_test(test_tag_known_only_in_later_versions),
 		cmocka_unit_test(test_versions_and_ignorable),
 		cmocka_unit_test(test_request_header),
 		cmocka_unit_test(test_nullable_struct),

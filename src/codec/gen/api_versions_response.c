@@ -480,7 +480,7 @@ static void km_api_versions_response_enc(km_wr *w, int16_t v, const km_api_versi
 		const bool has_zk_migration_ready = v >= 3 && m->zk_migration_ready != false;
 		ntags += has_zk_migration_ready;
 		km_wr_uvarint(w, ntags);
-		km_codec_wr_tags(w, &m->unknown_tags, 0, 0, false);
+		km_codec_wr_tags(w, &m->unknown_tags, 0, 1, false);
 		if (has_supported_features) {
 			size_t n = 0;
 			n += km_sz_array_len(true, m->supported_features.count);
@@ -495,7 +495,7 @@ static void km_api_versions_response_enc(km_wr *w, int16_t v, const km_api_versi
 				km_api_versions_response_supported_feature_key_enc(w, v, &m->supported_features.items[i]);
 			}
 		}
-		km_codec_wr_tags(w, &m->unknown_tags, 1, 1, false);
+		km_codec_wr_tags(w, &m->unknown_tags, 1, 2, false);
 		if (has_finalized_features_epoch) {
 			size_t n = 0;
 			n += 8;
@@ -503,7 +503,7 @@ static void km_api_versions_response_enc(km_wr *w, int16_t v, const km_api_versi
 			km_wr_uvarint(w, (uint32_t)n);
 			km_wr_i64(w, m->finalized_features_epoch);
 		}
-		km_codec_wr_tags(w, &m->unknown_tags, 2, 2, false);
+		km_codec_wr_tags(w, &m->unknown_tags, 2, 3, false);
 		if (has_finalized_features) {
 			size_t n = 0;
 			n += km_sz_array_len(true, m->finalized_features.count);
@@ -518,7 +518,7 @@ static void km_api_versions_response_enc(km_wr *w, int16_t v, const km_api_versi
 				km_api_versions_response_finalized_feature_key_enc(w, v, &m->finalized_features.items[i]);
 			}
 		}
-		km_codec_wr_tags(w, &m->unknown_tags, 3, 3, false);
+		km_codec_wr_tags(w, &m->unknown_tags, 3, 4, false);
 		if (has_zk_migration_ready) {
 			size_t n = 0;
 			n += 1;

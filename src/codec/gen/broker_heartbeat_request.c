@@ -126,7 +126,7 @@ static void km_broker_heartbeat_request_enc(km_wr *w, int16_t v, const km_broker
 		const bool has_offline_log_dirs = v >= 1 && m->offline_log_dirs.count != 0;
 		ntags += has_offline_log_dirs;
 		km_wr_uvarint(w, ntags);
-		km_codec_wr_tags(w, &m->unknown_tags, 0, 0, false);
+		km_codec_wr_tags(w, &m->unknown_tags, 0, 1, false);
 		if (has_offline_log_dirs) {
 			size_t n = 0;
 			n += km_sz_array_len(true, m->offline_log_dirs.count);

@@ -251,7 +251,7 @@ static void km_create_topics_response_creatable_topic_result_enc(km_wr *w, int16
 		const bool has_topic_config_error_code = v >= 5 && m->topic_config_error_code != 0;
 		ntags += has_topic_config_error_code;
 		km_wr_uvarint(w, ntags);
-		km_codec_wr_tags(w, &m->unknown_tags, 0, 0, false);
+		km_codec_wr_tags(w, &m->unknown_tags, 0, 1, false);
 		if (has_topic_config_error_code) {
 			size_t n = 0;
 			n += 2;

@@ -359,7 +359,7 @@ static void km_end_quorum_epoch_response_enc(km_wr *w, int16_t v, const km_end_q
 		const bool has_node_endpoints = v >= 1 && m->node_endpoints.count != 0;
 		ntags += has_node_endpoints;
 		km_wr_uvarint(w, ntags);
-		km_codec_wr_tags(w, &m->unknown_tags, 0, 0, false);
+		km_codec_wr_tags(w, &m->unknown_tags, 0, 1, false);
 		if (has_node_endpoints) {
 			size_t n = 0;
 			n += km_sz_array_len(true, m->node_endpoints.count);

@@ -200,7 +200,7 @@ static void km_fetch_request_fetch_partition_enc(km_wr *w, int16_t v, const km_f
 		const bool has_replica_directory_id = v >= 17 && !km_codec_uuid_is_zero(&m->replica_directory_id);
 		ntags += has_replica_directory_id;
 		km_wr_uvarint(w, ntags);
-		km_codec_wr_tags(w, &m->unknown_tags, 0, 0, false);
+		km_codec_wr_tags(w, &m->unknown_tags, 0, 1, false);
 		if (has_replica_directory_id) {
 			size_t n = 0;
 			n += 16;
@@ -640,7 +640,7 @@ static void km_fetch_request_enc(km_wr *w, int16_t v, const km_fetch_request *m)
 		const bool has_replica_state = v >= 15 && !km_fetch_request_replica_state_is_default(&m->replica_state);
 		ntags += has_replica_state;
 		km_wr_uvarint(w, ntags);
-		km_codec_wr_tags(w, &m->unknown_tags, 0, 0, false);
+		km_codec_wr_tags(w, &m->unknown_tags, 0, 1, false);
 		if (has_cluster_id) {
 			size_t n = 0;
 			n += km_sz_string(true, m->cluster_id);
@@ -650,7 +650,7 @@ static void km_fetch_request_enc(km_wr *w, int16_t v, const km_fetch_request *m)
 				km_codec_wr_fail(w, KM_ERR_ENCODE);
 			km_wr_string(w, true, m->cluster_id);
 		}
-		km_codec_wr_tags(w, &m->unknown_tags, 1, 1, false);
+		km_codec_wr_tags(w, &m->unknown_tags, 1, 2, false);
 		if (has_replica_state) {
 			size_t n = 0;
 			n += km_fetch_request_replica_state_sz(v, &m->replica_state);

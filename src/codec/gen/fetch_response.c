@@ -506,7 +506,7 @@ static void km_fetch_response_partition_data_enc(km_wr *w, int16_t v, const km_f
 		const bool has_snapshot_id = v >= 12 && !km_fetch_response_snapshot_id_is_default(&m->snapshot_id);
 		ntags += has_snapshot_id;
 		km_wr_uvarint(w, ntags);
-		km_codec_wr_tags(w, &m->unknown_tags, 0, 0, false);
+		km_codec_wr_tags(w, &m->unknown_tags, 0, 1, false);
 		if (has_diverging_epoch) {
 			size_t n = 0;
 			n += km_fetch_response_epoch_end_offset_sz(v, &m->diverging_epoch);
@@ -514,7 +514,7 @@ static void km_fetch_response_partition_data_enc(km_wr *w, int16_t v, const km_f
 			km_wr_uvarint(w, (uint32_t)n);
 			km_fetch_response_epoch_end_offset_enc(w, v, &m->diverging_epoch);
 		}
-		km_codec_wr_tags(w, &m->unknown_tags, 1, 1, false);
+		km_codec_wr_tags(w, &m->unknown_tags, 1, 2, false);
 		if (has_current_leader) {
 			size_t n = 0;
 			n += km_fetch_response_leader_id_and_epoch_sz(v, &m->current_leader);
@@ -522,7 +522,7 @@ static void km_fetch_response_partition_data_enc(km_wr *w, int16_t v, const km_f
 			km_wr_uvarint(w, (uint32_t)n);
 			km_fetch_response_leader_id_and_epoch_enc(w, v, &m->current_leader);
 		}
-		km_codec_wr_tags(w, &m->unknown_tags, 2, 2, false);
+		km_codec_wr_tags(w, &m->unknown_tags, 2, 3, false);
 		if (has_snapshot_id) {
 			size_t n = 0;
 			n += km_fetch_response_snapshot_id_sz(v, &m->snapshot_id);
@@ -928,7 +928,7 @@ static void km_fetch_response_enc(km_wr *w, int16_t v, const km_fetch_response *
 		const bool has_node_endpoints = v >= 16 && m->node_endpoints.count != 0;
 		ntags += has_node_endpoints;
 		km_wr_uvarint(w, ntags);
-		km_codec_wr_tags(w, &m->unknown_tags, 0, 0, false);
+		km_codec_wr_tags(w, &m->unknown_tags, 0, 1, false);
 		if (has_node_endpoints) {
 			size_t n = 0;
 			n += km_sz_array_len(true, m->node_endpoints.count);

@@ -147,7 +147,7 @@ static void km_fetch_snapshot_request_partition_snapshot_enc(km_wr *w, int16_t v
 		const bool has_replica_directory_id = v >= 1 && !km_codec_uuid_is_zero(&m->replica_directory_id);
 		ntags += has_replica_directory_id;
 		km_wr_uvarint(w, ntags);
-		km_codec_wr_tags(w, &m->unknown_tags, 0, 0, false);
+		km_codec_wr_tags(w, &m->unknown_tags, 0, 1, false);
 		if (has_replica_directory_id) {
 			size_t n = 0;
 			n += 16;
@@ -350,7 +350,7 @@ static void km_fetch_snapshot_request_enc(km_wr *w, int16_t v, const km_fetch_sn
 		const bool has_cluster_id = true && m->cluster_id.len >= 0;
 		ntags += has_cluster_id;
 		km_wr_uvarint(w, ntags);
-		km_codec_wr_tags(w, &m->unknown_tags, 0, 0, false);
+		km_codec_wr_tags(w, &m->unknown_tags, 0, 1, false);
 		if (has_cluster_id) {
 			size_t n = 0;
 			n += km_sz_string(true, m->cluster_id);

@@ -213,7 +213,7 @@ static void km_fetch_snapshot_response_partition_snapshot_enc(km_wr *w, int16_t 
 		const bool has_current_leader = true && !km_fetch_snapshot_response_leader_id_and_epoch_is_default(&m->current_leader);
 		ntags += has_current_leader;
 		km_wr_uvarint(w, ntags);
-		km_codec_wr_tags(w, &m->unknown_tags, 0, 0, false);
+		km_codec_wr_tags(w, &m->unknown_tags, 0, 1, false);
 		if (has_current_leader) {
 			size_t n = 0;
 			n += km_fetch_snapshot_response_leader_id_and_epoch_sz(v, &m->current_leader);
@@ -538,7 +538,7 @@ static void km_fetch_snapshot_response_enc(km_wr *w, int16_t v, const km_fetch_s
 		const bool has_node_endpoints = v >= 1 && m->node_endpoints.count != 0;
 		ntags += has_node_endpoints;
 		km_wr_uvarint(w, ntags);
-		km_codec_wr_tags(w, &m->unknown_tags, 0, 0, false);
+		km_codec_wr_tags(w, &m->unknown_tags, 0, 1, false);
 		if (has_node_endpoints) {
 			size_t n = 0;
 			n += km_sz_array_len(true, m->node_endpoints.count);

@@ -650,7 +650,7 @@ static void km_update_metadata_request_enc(km_wr *w, int16_t v, const km_update_
 		const bool has_type = v >= 8 && m->type != 0;
 		ntags += has_type;
 		km_wr_uvarint(w, ntags);
-		km_codec_wr_tags(w, &m->unknown_tags, 0, 0, false);
+		km_codec_wr_tags(w, &m->unknown_tags, 0, 1, false);
 		if (has_type) {
 			size_t n = 0;
 			n += 1;

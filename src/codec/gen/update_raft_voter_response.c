@@ -152,7 +152,7 @@ static void km_update_raft_voter_response_enc(km_wr *w, int16_t v, const km_upda
 		const bool has_current_leader = true && !km_update_raft_voter_response_current_leader_is_default(&m->current_leader);
 		ntags += has_current_leader;
 		km_wr_uvarint(w, ntags);
-		km_codec_wr_tags(w, &m->unknown_tags, 0, 0, false);
+		km_codec_wr_tags(w, &m->unknown_tags, 0, 1, false);
 		if (has_current_leader) {
 			size_t n = 0;
 			n += km_update_raft_voter_response_current_leader_sz(v, &m->current_leader);

@@ -5,44 +5,23 @@
 #include "kmirror/net.h"
 #include "proxy/rewrite.h"
 
-static const km_proxy_api api_table[] = {
-#define KM_API_ROW(k, n, lo, hi, fl) {k, n, lo, hi, fl},
-#include "proxy/api_table.inc"
-#undef KM_API_ROW
-};
-#define N_API (sizeof(api_table) / sizeof(api_table[0]))
-
-const km_proxy_api *km_proxy_api_find(int16_t key)
+const km_api_info *km_proxy_api_find(int16_t key)
 {
-	for (size_t i = 0; i < N_API; i++)
-		if (api_table[i].key == key)
-			return &api_table[i];
-	return NULL;
-}
-
-const km_proxy_api *km_proxy_api_all(size_t *count)
-{
-	*count = N_API;
-	return api_table;
-}
-
-static bool flexible(int16_t key, int16_t version)
-{
-	const km_proxy_api *a = km_proxy_api_find(key);
-	return a && a->first_flexible >= 0 && version >= a->first_flexible;
+	const km_api_info *a = km_api_lookup(key);
+	return a && (a->listeners & KM_API_LISTENER_BROKER) ? a : NULL;
 }
 
 int km_proxy_request_header_version(int16_t key, int16_t version)
 {
-	return flexible(key, version) ? 2 : 1;
+	int v = km_api_request_header_version(key, version);
+	return v < 0 ? 1 : v;
 }
 
 int km_proxy_response_header_version(int16_t key, int16_t version)
 {
 	/* ApiVersions answers with header v0 always, so a client can parse it before it knows versions. */
-	if (key == KM_API_API_VERSIONS)
-		return 0;
-	return flexible(key, version) ? 1 : 0;
+	int v = km_api_response_header_version(key, version);
+	return v < 0 ? 0 : v;
 }
 
 bool km_proxy_response_needs_rewrite(int16_t key, int16_t version)
@@ -266,7 +245,7 @@ km_err km_rewrite_api_versions(const uint8_t *body, size_t len, int16_t version,
 	for (int32_t i = 0; i < n && km_rd_ok(&r); i++) {
 		int16_t key = 0, lo = 0, hi = 0;
 		size_t tag_start;
-		const km_proxy_api *a;
+		const km_api_info *a;
 		km_rd_i16(&r, "api_key", &key);
 		km_rd_i16(&r, "min_version", &lo);
 		km_rd_i16(&r, "max_version", &hi);
@@ -305,7 +284,7 @@ km_err km_rewrite_api_versions(const uint8_t *body, size_t len, int16_t version,
 
 void km_api_versions_unsupported_body(km_wr *out)
 {
-	const km_proxy_api *a = km_proxy_api_find(KM_API_API_VERSIONS);
+	const km_api_info *a = km_proxy_api_find(KM_API_API_VERSIONS);
 	km_wr_i16(out, KM_KAFKA_UNSUPPORTED_VERSION);
 	km_wr_array_len(out, false, 1);
 	km_wr_i16(out, KM_API_API_VERSIONS);

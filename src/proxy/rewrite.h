@@ -7,30 +7,16 @@
 
 #include <event2/buffer.h>
 
+#include "kmirror/api.h"
 #include "kmirror/error.h"
+#include "kmirror/msg/api_keys.h"
 #include "kmirror/wire.h"
 
-enum {
-	KM_API_PRODUCE = 0,
-	KM_API_FETCH = 1,
-	KM_API_METADATA = 3,
-	KM_API_FIND_COORDINATOR = 10,
-	KM_API_SASL_HANDSHAKE = 17,
-	KM_API_API_VERSIONS = 18,
-	KM_API_SASL_AUTHENTICATE = 36,
-	KM_API_DESCRIBE_CLUSTER = 60,
-};
-
-typedef struct km_proxy_api {
-	int16_t key;
-	const char *name;
-	int16_t min_version, max_version;
-	int16_t first_flexible; /* -1: never flexible */
-} km_proxy_api;
-
-/* The APIs the proxy knows (and so may advertise), or NULL. */
-const km_proxy_api *km_proxy_api_find(int16_t key);
-const km_proxy_api *km_proxy_api_all(size_t *count);
+/*
+ * The APIs the proxy serves to clients: the codec's table (kmirror/api.h), broker-listener APIs only
+ * (controller-only APIs are never advertised). NULL when the key is unknown or not served.
+ */
+const km_api_info *km_proxy_api_find(int16_t key);
 /* Request header version (1 or 2) and response header version (0 or 1) for key/version. */
 int km_proxy_request_header_version(int16_t key, int16_t version);
 int km_proxy_response_header_version(int16_t key, int16_t version);

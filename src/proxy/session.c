@@ -524,7 +524,7 @@ static void cli_read_cb(struct bufferevent *bev, void *arg)
 		size_t want;
 		uint8_t *p;
 		km_req_header h;
-		const km_proxy_api *api;
+		const km_api_info *api;
 		inflight f;
 		int16_t acks = -1;
 		char msg[200];

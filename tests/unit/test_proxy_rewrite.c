@@ -272,8 +272,8 @@ static void test_describe_cluster(void **state)
 
 static void test_api_versions_intersection(void **state)
 {
-	const km_proxy_api *fetch = km_proxy_api_find(KM_API_FETCH);
-	const km_proxy_api *meta = km_proxy_api_find(KM_API_METADATA);
+	const km_api_info *fetch = km_proxy_api_find(KM_API_FETCH);
+	const km_api_info *meta = km_proxy_api_find(KM_API_METADATA);
 	assert_non_null(fetch);
 	assert_non_null(meta);
 	for (int16_t v = 0; v <= 4; v++) {

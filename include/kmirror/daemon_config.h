@@ -51,6 +51,9 @@ typedef struct km_config {
 	char *upstream_tls_cert_file;
 	char *upstream_tls_key_file;
 	bool upstream_tls_verify_hostname;
+	char *upstream_sasl_mechanism;
+	char *upstream_sasl_username;
+	char *upstream_sasl_password;
 } km_config;
 
 typedef enum {
@@ -71,6 +74,7 @@ typedef struct km_config_option {
 	int64_t min, max;     /* KM_OPT_INT bounds */
 	bool reloadable;      /* may change on SIGHUP; others need a restart */
 	const char *doc;
+	bool secret;          /* never printed (--print-config shows ******** when set) */
 } km_config_option;
 
 /* The option table, in documentation order. */

@@ -106,6 +106,25 @@ const char *km_net_tls_error(char *buf, size_t len);
 struct bufferevent *km_net_bev_new(struct event_base *base, int fd, SSL_CTX *ctx, bool server, const char *sni,
 				   bool verify_host);
 
+/* ---- SASL client mechanisms (providers): PLAIN, SCRAM-SHA-256, SCRAM-SHA-512 ---- */
+
+typedef struct km_sasl km_sasl;
+
+bool km_sasl_mechanism_supported(const char *mechanism);
+/* NULL when the mechanism is not supported (or no memory). */
+km_sasl *km_sasl_new(const char *mechanism, const char *user, const char *password);
+/*
+ * One exchange: the first call has in NULL and yields the first client message in out; each later
+ * call takes the server's message (SaslAuthenticate auth_bytes) and yields the next one, or sets
+ * *done when the exchange is complete and verified (SCRAM checks the server signature).
+ * KM_ERR_SASL when the server's message is malformed or fails verification.
+ */
+km_err km_sasl_step(km_sasl *s, const uint8_t *in, size_t inlen, km_wr *out, bool *done)
+	__attribute__((warn_unused_result));
+/* Tests only: a fixed client nonce instead of a random one. */
+void km_sasl_set_nonce(km_sasl *s, const char *nonce);
+void km_sasl_free(km_sasl *s);
+
 /* ---- async request/response client (used by the proxy's metadata refresh, the mirror, the state store) ---- */
 
 typedef struct km_net_client km_net_client;
@@ -123,7 +142,7 @@ typedef struct km_net_client_opts {
 	const char *client_id;       /* default "kmirror" */
 	SSL_CTX *tls;                /* NULL: plaintext */
 	bool tls_verify_host;
-	const char *sasl_mechanism;  /* NULL: none; "PLAIN" */
+	const char *sasl_mechanism;  /* NULL: none; "PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512" */
 	const char *sasl_username;
 	const char *sasl_password;
 	int64_t connect_timeout_ms;  /* 0: 10 s */

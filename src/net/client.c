@@ -39,6 +39,7 @@ struct km_net_client {
 	pending *held_p; /* requests in held, in order: they enter the FIFO after SASL's own requests */
 	size_t held_count, held_cap;
 	uint64_t id;
+	km_sasl *sasl;
 	bool freed;
 };
 
@@ -196,73 +197,91 @@ static void became_ready(km_net_client *c)
 		c->opts.on_state(c, KM_OK, c->opts.arg);
 }
 
-/* ---- SASL/PLAIN: SaslHandshake v1, then SaslAuthenticate v1 ---- */
+/* ---- SASL: SaslHandshake v1, then SaslAuthenticate v1 rounds driven by the mechanism provider ---- */
+
+static void sasl_auth_done(km_net_client *c, km_err err, const uint8_t *body, size_t len, void *arg);
+
+static void sasl_send(km_net_client *c, const uint8_t *in, size_t inlen)
+{
+	km_wr tok, w;
+	bool done = false;
+	km_err rc;
+
+	km_wr_init(&tok);
+	rc = km_sasl_step(c->sasl, in, inlen, &tok, &done);
+	if (rc != KM_OK) {
+		KM_WARN("net", c->id, "SASL %s with %s failed: the server's answer did not verify", c->opts.sasl_mechanism,
+			c->host);
+		km_wr_free(&tok);
+		client_close(c, KM_ERR_SASL);
+		return;
+	}
+	if (done) {
+		km_wr_free(&tok);
+		km_sasl_free(c->sasl);
+		c->sasl = NULL;
+		became_ready(c);
+		return;
+	}
+	km_wr_init(&w);
+	km_wr_bytes(&w, false, (km_bytes){tok.buf, (int32_t)tok.len});
+	if (!km_wr_ok(&w) || send_internal(c, KM_API_SASL_AUTHENTICATE, 1, 1, 0, w.buf, w.len, sasl_auth_done, NULL,
+					   true) != KM_OK)
+		client_close(c, KM_ERR_SASL);
+	km_wr_free(&w);
+	km_wr_free(&tok);
+}
 
 static void sasl_auth_done(km_net_client *c, km_err err, const uint8_t *body, size_t len, void *arg)
 {
 	km_rd r;
 	int16_t ec = 0;
 	km_str msg = KM_STR_NULL;
+	km_bytes auth = KM_BYTES_NULL;
 
 	if (err != KM_OK || c->state == C_CLOSED)
 		return;
 	km_rd_init(&r, body, len);
 	km_rd_i16(&r, "error_code", &ec);
 	km_rd_string(&r, "error_message", false, true, &msg);
+	km_rd_bytes(&r, "auth_bytes", false, false, &auth);
 	if (!km_rd_ok(&r) || ec != 0) {
 		KM_WARN("net", c->id, "SASL authentication to %s failed: %s %.*s", c->host, km_err_name(ec),
 			msg.len > 0 ? msg.len : 0, msg.p ? msg.p : "");
 		client_close(c, KM_ERR_SASL);
 		return;
 	}
-	became_ready(c);
+	sasl_send(c, auth.p, (size_t)auth.len);
 }
 
 static void sasl_handshake_done(km_net_client *c, km_err err, const uint8_t *body, size_t len, void *arg)
 {
 	km_rd r;
 	int16_t ec = 0;
-	km_wr w;
-	const char *u = c->opts.sasl_username ? c->opts.sasl_username : "";
-	const char *pw = c->opts.sasl_password ? c->opts.sasl_password : "";
-	size_t ul = strlen(u), pl = strlen(pw);
-	km_bytes auth;
-	uint8_t *tok;
 
 	if (err != KM_OK || c->state == C_CLOSED)
 		return;
 	km_rd_init(&r, body, len);
 	km_rd_i16(&r, "error_code", &ec);
 	if (!km_rd_ok(&r) || ec != 0) {
-		KM_WARN("net", c->id, "SASL handshake with %s failed: %s", c->host, km_err_name(ec));
+		KM_WARN("net", c->id, "SASL handshake with %s failed: %s (mechanism %s)", c->host, km_err_name(ec),
+			c->opts.sasl_mechanism);
 		client_close(c, KM_ERR_SASL);
 		return;
 	}
-	tok = malloc(ul + pl + 2);
-	if (!tok) {
-		client_close(c, KM_ERR_NOMEM);
-		return;
-	}
-	/* PLAIN: authzid NUL authcid NUL password (RFC 4616), empty authzid. */
-	tok[0] = 0;
-	memcpy(tok + 1, u, ul);
-	tok[1 + ul] = 0;
-	memcpy(tok + 2 + ul, pw, pl);
-	auth.p = tok;
-	auth.len = (int32_t)(ul + pl + 2);
-	km_wr_init(&w);
-	km_wr_bytes(&w, false, auth);
-	free(tok);
-	if (!km_wr_ok(&w) || send_internal(c, KM_API_SASL_AUTHENTICATE, 1, 1, 0, w.buf, w.len, sasl_auth_done, NULL,
-					   true) != KM_OK)
-		client_close(c, KM_ERR_SASL);
-	km_wr_free(&w);
+	sasl_send(c, NULL, 0);
 }
 
 static void start_sasl(km_net_client *c)
 {
 	km_wr w;
 	c->state = C_SASL;
+	c->sasl = km_sasl_new(c->opts.sasl_mechanism, c->opts.sasl_username, c->opts.sasl_password);
+	if (!c->sasl) {
+		KM_WARN("net", c->id, "SASL mechanism %s is not supported", c->opts.sasl_mechanism);
+		client_close(c, KM_ERR_SASL);
+		return;
+	}
 	km_wr_init(&w);
 	km_wr_string(&w, false, km_str_c(c->opts.sasl_mechanism));
 	if (!km_wr_ok(&w) ||
@@ -433,6 +452,7 @@ size_t km_net_client_inflight(const km_net_client *c)
 static void free_later(evutil_socket_t fd, short what, void *arg)
 {
 	km_net_client *c = arg;
+	km_sasl_free(c->sasl);
 	free(c->fifo);
 	free(c->held_p);
 	free(c->client_id);

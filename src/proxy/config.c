@@ -9,6 +9,7 @@
 
 #include "kmirror/daemon_config.h"
 #include "kmirror/log.h"
+#include "kmirror/net.h"
 
 #define OFF(f) offsetof(km_config, f)
 #define I64MAX INT64_MAX
@@ -76,6 +77,13 @@ static const km_config_option options[] = {
 	 "PEM private key for upstream_tls_cert_file."},
 	{"upstream_tls_verify_hostname", KM_OPT_BOOL, OFF(upstream_tls_verify_hostname), "true", 0, 0, false,
 	 "Check that the upstream broker certificate matches the host name connected to."},
+	{"upstream_sasl_mechanism", KM_OPT_STRING, OFF(upstream_sasl_mechanism), "", 0, 0, false,
+	 "SASL mechanism for the proxy's own upstream connections (metadata refresh): empty (none), PLAIN, "
+	 "SCRAM-SHA-256 or SCRAM-SHA-512. Client connections authenticate themselves (SASL is passed through)."},
+	{"upstream_sasl_username", KM_OPT_STRING, OFF(upstream_sasl_username), "", 0, 0, false,
+	 "User name for upstream_sasl_mechanism."},
+	{"upstream_sasl_password", KM_OPT_STRING, OFF(upstream_sasl_password), "", 0, 0, false,
+	 "Password for upstream_sasl_mechanism.", true},
 };
 
 #define N_OPTIONS (sizeof(options) / sizeof(options[0]))
@@ -416,6 +424,15 @@ km_err km_config_validate(const km_config *cfg, char *err, size_t errlen)
 		errf(err, errlen, "upstream_tls_cert_file and upstream_tls_key_file must be set together");
 		return KM_ERR_CONFIG;
 	}
+	if (cfg->upstream_sasl_mechanism && !km_sasl_mechanism_supported(cfg->upstream_sasl_mechanism)) {
+		errf(err, errlen, "upstream_sasl_mechanism: '%s' is not one of PLAIN, SCRAM-SHA-256, SCRAM-SHA-512",
+		     cfg->upstream_sasl_mechanism);
+		return KM_ERR_CONFIG;
+	}
+	if (cfg->upstream_sasl_mechanism && !cfg->upstream_sasl_username) {
+		errf(err, errlen, "upstream_sasl_mechanism needs upstream_sasl_username");
+		return KM_ERR_CONFIG;
+	}
 	if (!cfg->upstream_tls && (cfg->upstream_tls_ca_file || cfg->upstream_tls_cert_file)) {
 		errf(err, errlen, "upstream_tls_* files are set but upstream_tls is false");
 		return KM_ERR_CONFIG;
@@ -487,7 +504,7 @@ void km_config_format(const km_config_option *o, const km_config *cfg, char *buf
 	switch (o->type) {
 	case KM_OPT_STRING: {
 		const char *s = *CFIELD(cfg, o, char *);
-		snprintf(buf, len, "%s", s ? s : "");
+		snprintf(buf, len, "%s", s ? (o->secret ? "********" : s) : "");
 		break;
 	}
 	case KM_OPT_INT:

@@ -203,6 +203,9 @@ static void meta_refresh(km_proxy *px)
 	o.client_id = "kmirrord";
 	o.tls = px->upstream_tls;
 	o.tls_verify_host = px->cfg.upstream_tls_verify_hostname;
+	o.sasl_mechanism = px->cfg.upstream_sasl_mechanism;
+	o.sasl_username = px->cfg.upstream_sasl_username;
+	o.sasl_password = px->cfg.upstream_sasl_password;
 	o.connect_timeout_ms = px->cfg.upstream_connect_timeout_ms;
 	o.request_timeout_ms = 30000;
 	o.max_frame_bytes = px->cfg.max_frame_bytes;

@@ -96,6 +96,11 @@ SSL_CTX *km_net_tls_server_ctx(const char *cert_file, const char *key_file, cons
 /* Client context for upstream connections. ca_file NULL: system store. cert/key NULL: no client cert. */
 SSL_CTX *km_net_tls_client_ctx(const char *ca_file, const char *cert_file, const char *key_file, bool verify,
 			       char *err, size_t errlen);
+/*
+ * Why a bufferevent failed, as one line for logs (its OpenSSL errors, or the socket error), and the
+ * kind: KM_ERR_CLOSED (the peer closed, also a TLS peer without close_notify), KM_ERR_TLS, KM_ERR_IO.
+ */
+km_err km_net_bev_error(struct bufferevent *bev, char *buf, size_t len);
 /* The OpenSSL error queue as one line (and cleared), for logs. */
 const char *km_net_tls_error(char *buf, size_t len);
 

@@ -371,9 +371,9 @@ static void event_cb(struct bufferevent *bev, short what, void *arg)
 	}
 	if (what & (BEV_EVENT_ERROR | BEV_EVENT_EOF | BEV_EVENT_TIMEOUT)) {
 		km_err err = (what & BEV_EVENT_TIMEOUT) ? KM_ERR_TIMEOUT : (what & BEV_EVENT_EOF) ? KM_ERR_CLOSED : KM_ERR_IO;
-		char tls[256] = "";
-		if (c->opts.tls && (what & BEV_EVENT_ERROR))
-			km_net_tls_error(tls, sizeof(tls));
+		char tls[512] = "";
+		if (what & BEV_EVENT_ERROR)
+			km_net_bev_error(bev, tls, sizeof(tls));
 		KM_INFO("net", c->id, "connection to %s %s%s%s", c->host,
 			(what & BEV_EVENT_TIMEOUT) ? "timed out" : (what & BEV_EVENT_EOF) ? "closed by peer" : "failed",
 			tls[0] ? ": " : "", tls);

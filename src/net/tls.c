@@ -24,6 +24,43 @@ const char *km_net_tls_error(char *buf, size_t len)
 	return buf;
 }
 
+km_err km_net_bev_error(struct bufferevent *bev, char *buf, size_t len)
+{
+	unsigned long e;
+	size_t n = 0;
+	int sock_err = EVUTIL_SOCKET_ERROR();
+	km_err kind = KM_ERR_IO;
+
+	buf[0] = '\0';
+	while (bev && (e = bufferevent_get_openssl_error(bev)) != 0) {
+		char one[256];
+		if (ERR_GET_LIB(e) == 0)
+			continue; /* libevent's own marker, not an OpenSSL reason */
+#ifdef SSL_R_UNEXPECTED_EOF_WHILE_READING
+		if (ERR_GET_LIB(e) == ERR_LIB_SSL && ERR_GET_REASON(e) == SSL_R_UNEXPECTED_EOF_WHILE_READING) {
+			/* Kafka clients close without close_notify: an ordinary close. */
+			snprintf(buf, len, "closed by peer");
+			return KM_ERR_CLOSED;
+		}
+#endif
+		if (ERR_GET_LIB(e) == ERR_LIB_SSL && ERR_GET_REASON(e) == SSL_R_WRONG_VERSION_NUMBER) {
+			snprintf(buf, len, "not a TLS client (a plaintext Kafka client on a TLS port?)");
+			return KM_ERR_TLS;
+		}
+		kind = KM_ERR_TLS;
+		ERR_error_string_n(e, one, sizeof(one));
+		if (n < len)
+			n += (size_t)snprintf(buf + n, len - n, "%s%s", n ? "; " : "", one);
+	}
+	if (!buf[0] && sock_err)
+		snprintf(buf, len, "%s", evutil_socket_error_to_string(sock_err));
+	if (!buf[0]) {
+		snprintf(buf, len, "closed by peer");
+		return KM_ERR_CLOSED;
+	}
+	return kind;
+}
+
 static void set_err(char *err, size_t errlen, const char *what, const char *file)
 {
 	char tls[512];

@@ -427,11 +427,11 @@ static void up_event_cb(struct bufferevent *bev, short what, void *arg)
 		return;
 	}
 	if (what & (BEV_EVENT_ERROR | BEV_EVENT_EOF | BEV_EVENT_TIMEOUT)) {
-		char tls[256] = "";
+		char tls[512] = "";
 		bool was_ready = s->up_state == UP_READY;
 		px->metrics.upstream_errors_total += (what & BEV_EVENT_EOF) && was_ready ? 0 : 1;
-		if (px->upstream_tls && (what & BEV_EVENT_ERROR))
-			km_net_tls_error(tls, sizeof(tls));
+		if (what & BEV_EVENT_ERROR)
+			km_net_bev_error(bev, tls, sizeof(tls));
 		KM_INFO("proxy", s->id, "upstream %s %s%s%s", s->up_addr,
 			(what & BEV_EVENT_TIMEOUT) ? "connect timed out" :
 			(what & BEV_EVENT_EOF)     ? "closed the connection" :
@@ -635,10 +635,12 @@ static void cli_event_cb(struct bufferevent *bev, short what, void *arg)
 	if (what & BEV_EVENT_EOF) {
 		km_session_close(s, "client closed the connection");
 	} else if (what & BEV_EVENT_ERROR) {
-		char tls[256] = "";
-		if (s->px->server_tls)
-			km_net_tls_error(tls, sizeof(tls));
-		KM_INFO("proxy", s->id, "client connection error%s%s", tls[0] ? ": " : "", tls);
+		char why[512];
+		if (km_net_bev_error(bev, why, sizeof(why)) == KM_ERR_CLOSED) {
+			km_session_close(s, "client closed the connection");
+			return;
+		}
+		KM_INFO("proxy", s->id, "client connection error%s: %s", s->px->server_tls ? " (TLS)" : "", why);
 		km_session_close(s, "client connection error");
 	}
 }

@@ -936,62 +936,200 @@ static uint8_t *read_file(const char *path, size_t *len)
 	return p;
 }
 
+/* One batch line of README.txt: "offset N records M codec flags pid P epoch E seq S". */
+typedef struct want_batch {
+	long offset;
+	int records;
+	char codec[16];
+	char flags[64];
+	long pid;
+	int epoch, seq;
+} want_batch;
+
+/* The batches README.txt lists under "name" (after "Batches in each file"); -1 if not listed. */
+static int readme_batches(const char *readme, const char *name, want_batch *out, int max)
+{
+	const char *p = strstr(readme, "Batches in each file");
+	if (!p)
+		return -1;
+	int n = -1;
+	bool in = false;
+	while ((p = strchr(p, '\n')) != NULL) {
+		p++;
+		char line[256];
+		size_t len = strcspn(p, "\n");
+		if (len >= sizeof(line))
+			len = sizeof(line) - 1;
+		memcpy(line, p, len);
+		line[len] = 0;
+		if (line[0] && line[0] != ' ') {
+			in = strcmp(line, name) == 0;
+			if (in)
+				n = 0;
+			continue;
+		}
+		want_batch w;
+		if (in && sscanf(line, " offset %ld records %d %15s %63s pid %ld epoch %d seq %d", &w.offset, &w.records,
+				 w.codec, w.flags, &w.pid, &w.epoch, &w.seq) == 7 && n < max)
+			out[n++] = w;
+	}
+	return n;
+}
+
+static bool bytes_is(km_bytes b, const char *s) { return b.len == (int32_t)strlen(s) && memcmp(b.p, s, (size_t)b.len) == 0; }
+
+/* Per-record content README.txt describes, by file name. */
+static void check_content(const char *file, const km_batch *b, const km_record *rec, int data_index, int control_index,
+			  const km_control *ctl)
+{
+	static const char *names[] = {"none", "gzip", "snappy", "lz4", "zstd"};
+	char want[128];
+	if (strcmp(file, "librdkafka-txn.log") == 0) {
+		static const km_control_type markers[] = {KM_CONTROL_COMMIT, KM_CONTROL_ABORT, KM_CONTROL_COMMIT};
+		if (ctl) {
+			assert_true(control_index < 3);
+			assert_int_equal(ctl->type, markers[control_index]);
+			return;
+		}
+		const char *what = data_index >= 10 && data_index < 20 ? "abort" : "commit";
+		snprintf(want, sizeof(want), "key-%03d", data_index);
+		assert_true(bytes_is(rec->key, want));
+		snprintf(want, sizeof(want), "value-%03d-%s-abcdefghabcdefghabcdefghabcdefgh", data_index, what);
+		assert_true(bytes_is(rec->value, want));
+		km_record_header_iter hi;
+		km_record_header h;
+		km_record_header_iter_init(&hi, rec);
+		assert_true(km_record_header_next(&hi, &h));
+		assert_true(km_str_eq_c(h.key, "txn"));
+		assert_true(bytes_is(h.value, what));
+		return;
+	}
+	if (strcmp(file, "java-txn.log") == 0) {
+		if (ctl) {
+			assert_int_equal(ctl->type, KM_CONTROL_COMMIT);
+			return;
+		}
+		assert_int_equal(rec->key.len, -1);
+		assert_int_equal(rec->value.len, 40);
+		return;
+	}
+	for (int c = 0; c < 5; c++) {
+		char suffix[32];
+		snprintf(suffix, sizeof(suffix), "-%s.log", names[c]);
+		size_t fl = strlen(file), sl = strlen(suffix);
+		if (fl <= sl || strcmp(file + fl - sl, suffix) != 0)
+			continue;
+		assert_null(ctl);
+		assert_int_equal(b->codec, c);
+		assert_int_equal(rec->offset, data_index);
+		snprintf(want, sizeof(want), "key-%03d", data_index);
+		assert_true(bytes_is(rec->key, want));
+		snprintf(want, sizeof(want), "value-%03d-%s-abcdefghabcdefghabcdefghabcdefgh", data_index, names[c]);
+		assert_true(bytes_is(rec->value, want));
+		assert_int_equal(rec->headers_count, 2);
+		km_record_header_iter hi;
+		km_record_header h;
+		km_record_header_iter_init(&hi, rec);
+		assert_true(km_record_header_next(&hi, &h));
+		assert_true(km_str_eq_c(h.key, "h1"));
+		snprintf(want, sizeof(want), "hv-%d", data_index);
+		assert_true(bytes_is(h.value, want));
+		assert_true(km_record_header_next(&hi, &h));
+		assert_true(km_str_eq_c(h.key, "codec"));
+		assert_true(bytes_is(h.value, names[c]));
+		return;
+	}
+	fail_msg("%s: README.txt names no content for this file", file);
+}
+
 static void test_kafka_segments(void **state)
 {
 	DIR *d = opendir(data_dir);
 	/* In the default run the directory is optional (the data may not be there yet); once it exists
-	 * it must hold segment files. With --data it is required. */
+	 * it must hold segment files and README.txt. With --data it is required. */
 	if (!d && state && *state == (void *)1)
 		skip();
 	assert_non_null(d);
+	char path[4096];
+	size_t rlen;
+	snprintf(path, sizeof(path), "%s/README.txt", data_dir);
+	uint8_t *rbuf = read_file(path, &rlen);
+	char *readme = malloc(rlen + 1);
+	memcpy(readme, rbuf, rlen);
+	readme[rlen] = 0;
+	free(rbuf);
 	struct dirent *e;
 	int files = 0;
 	while ((e = readdir(d))) {
 		size_t nl = strlen(e->d_name);
 		if (nl < 5 || strcmp(e->d_name + nl - 4, ".log") != 0)
 			continue;
-		char path[4096];
 		snprintf(path, sizeof(path), "%s/%s", data_dir, e->d_name);
+		want_batch want[128];
+		int nwant = readme_batches(readme, e->d_name, want, 128);
+		if (nwant < 0)
+			fail_msg("%s is not described in README.txt", e->d_name);
 		size_t len;
 		uint8_t *buf = read_file(path, &len);
 		km_batch_iter it;
 		km_batch b;
-		long batches = 0, records = 0, controls = 0, commits = 0, aborts = 0;
+		int batches = 0, records = 0, controls = 0;
 		km_batch_iter_init(&it, buf, len);
 		while (km_batch_next(&it, &b)) {
-			batches++;
 			assert_int_equal(km_batch_verify_crc(b.data, b.size), KM_OK);
+			assert_true(batches < nwant);
+			const want_batch *w = &want[batches];
+			assert_int_equal(b.base_offset, w->offset);
+			assert_int_equal(b.records_count, w->records);
+			assert_string_equal(km_codec_name(b.codec), w->codec);
+			assert_int_equal(b.transactional, strstr(w->flags, "transactional") != NULL);
+			assert_int_equal(b.control, strstr(w->flags, "control") != NULL);
+			assert_int_equal(b.producer_id, w->pid);
+			assert_int_equal(b.producer_epoch, w->epoch);
+			assert_int_equal(b.base_sequence, w->seq);
+			batches++;
 			if (b.control) {
 				km_control c;
 				assert_int_equal(km_batch_control(&b, scratch, SCRATCH, &c), KM_OK);
+				assert_true(c.type == KM_CONTROL_COMMIT || c.type == KM_CONTROL_ABORT);
+				check_content(e->d_name, &b, NULL, records, controls, &c);
 				controls++;
-				commits += c.type == KM_CONTROL_COMMIT;
-				aborts += c.type == KM_CONTROL_ABORT;
-				if (b.transactional)
-					assert_true(c.type == KM_CONTROL_COMMIT || c.type == KM_CONTROL_ABORT);
 				continue;
 			}
+			assert_true(km_batch_is_contiguous(&b));
 			km_record_iter ri;
 			km_record rec;
 			assert_int_equal(km_batch_records(&b, scratch, SCRATCH, &ri), KM_OK);
 			int32_t n = 0;
-			while (km_record_next(&ri, &rec))
+			while (km_record_next(&ri, &rec)) {
+				check_content(e->d_name, &b, &rec, records + n, controls, NULL);
 				n++;
+			}
 			assert_int_equal(ri.err, KM_OK);
 			assert_int_equal(n, b.records_count);
 			records += n;
+			/* A restamp keeps the batch valid and its payload intact. */
+			uint8_t *copy = malloc(b.size);
+			memcpy(copy, b.data, b.size);
+			km_batch_set_base_offset(copy, 0);
+			km_batch_restamp(copy, b.size, 424242, 1, 7);
+			assert_int_equal(km_batch_verify_crc(copy, b.size), KM_OK);
+			assert_memory_equal(copy + KM_BATCH_HEADER_SIZE, b.records, b.records_size);
+			free(copy);
 		}
 		if (it.err)
 			fprintf(stderr, "%s: %s at byte %zu\n", e->d_name, it.err_what, it.err_pos);
 		assert_int_equal(it.err, KM_OK);
 		assert_int_equal(it.truncated_bytes, 0);
+		assert_int_equal(batches, nwant);
 		assert_true(batches > 0);
-		printf("# %s: %ld batches, %ld records, %ld control (%ld commit, %ld abort)\n", e->d_name, batches,
-		       records, controls, commits, aborts);
+		printf("# %s: %d batches, %d records, %d control, as README.txt says\n", e->d_name, batches, records,
+		       controls);
 		free(buf);
 		files++;
 	}
 	closedir(d);
+	free(readme);
 	/* An empty directory must not pass. */
 	assert_true(files > 0);
 }

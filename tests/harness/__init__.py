@@ -1,6 +1,8 @@
 """kmirror's test harness: real Kafka clusters for the integration tests and the demo."""
 from .kafka_cluster import (KafkaCluster, KafkaError, TOOLS, USERS, SUPER_USER, free_port,
                             kafka_libs, metadata_brokers, read_batches, stop_from_state)
+from .process import Daemon, wait_port
 
 __all__ = ["KafkaCluster", "KafkaError", "TOOLS", "USERS", "SUPER_USER", "free_port",
-           "kafka_libs", "metadata_brokers", "read_batches", "stop_from_state"]
+           "kafka_libs", "metadata_brokers", "read_batches", "stop_from_state", "Daemon",
+           "wait_port"]

@@ -17,6 +17,7 @@ import base64
 import ctypes
 import json
 import os
+import random
 import shutil
 import signal
 import socket
@@ -94,12 +95,29 @@ _reserved_ports = set()
 _ports_lock = threading.Lock()
 
 
+def _ephemeral_low():
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port(host="127.0.0.1"):
-    """A loopback port that is free now and not handed out before by this process."""
+    """A loopback port that is free now and not handed out before by this process.
+
+    Taken at random below the kernel's ephemeral range when there is room, so that the outgoing
+    connections of everything else on the machine cannot grab it before the broker binds it;
+    start() still retries with new ports if a broker finds its port taken."""
+    low = _ephemeral_low()
     with _ports_lock:
-        for _ in range(100):
+        for attempt in range(200):
             with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-                s.bind((host, 0))
+                try:
+                    s.bind((host, random.randrange(10000, low) if low > 12000 and attempt < 150
+                            else 0))
+                except OSError:
+                    continue
                 port = s.getsockname()[1]
             if port not in _reserved_ports:
                 _reserved_ports.add(port)
@@ -364,14 +382,19 @@ class KafkaCluster:
         self.libs = kafka_libs()
         self.cluster_id = new_cluster_id()
         self.nodes = {}
-        if brokers == 1:
+        self._make_nodes()
+        self.started = False
+        self._formatted = False
+
+    def _make_nodes(self):
+        """(Re)creates the node objects with fresh ports."""
+        self.nodes = {}
+        if self.n_brokers == 1:
             self.nodes[1] = KafkaNode(self, 1, ("broker", "controller"))
         else:
             self.nodes[self.CONTROLLER_ID] = KafkaNode(self, self.CONTROLLER_ID, ("controller",))
-            for i in range(1, brokers + 1):
+            for i in range(1, self.n_brokers + 1):
                 self.nodes[i] = KafkaNode(self, i, ("broker",))
-        self.started = False
-        self._formatted = False
 
     # -- addresses -----------------------------------------------------------------------------
 
@@ -566,44 +589,59 @@ logger.cfg.level = WARN
 
     # -- lifecycle -----------------------------------------------------------------------------
 
-    def start(self, timeout=180.0):
-        """Formats (first time) and starts every node, then waits until all brokers serve metadata."""
+    def start(self, timeout=180.0, attempts=3):
+        """Formats (first time) and starts every node, then waits until all brokers serve metadata.
+        If a port was taken meanwhile by someone else, starts over on new ports."""
         if self.attached:
             _install_cleanup()
             with _live_lock:
                 _live.add(self)
         self.started = True
-        try:
-            if not self._formatted:
+        for attempt in range(attempts):
+            try:
+                self._start_once(timeout)
+                break
+            except KafkaError as e:
+                if "Address already in use" not in str(e) or attempt == attempts - 1:
+                    self.stop()
+                    raise
+                self._kill_nodes()
                 for node in self.nodes.values():
-                    self._write_config(node)
-                    self._write_log4j(node)
-                # Formatting is one JVM each; run them side by side.
-                threads = []
-                errors = []
-
-                def fmt(n):
-                    try:
-                        self._format(n)
-                    except Exception as e:  # reported below
-                        errors.append(e)
-                for node in self.nodes.values():
-                    t = threading.Thread(target=fmt, args=(node,))
-                    t.start()
-                    threads.append(t)
-                for t in threads:
-                    t.join()
-                if errors:
-                    raise errors[0]
-                self._formatted = True
-            for node in self.nodes.values():
-                self._spawn(node)
-            self.wait_ready(timeout)
-        except BaseException:
-            self.stop()
-            raise
+                    shutil.rmtree(node.dir, ignore_errors=True)
+                self._make_nodes()
+                self._formatted = False
+            except BaseException:
+                self.stop()
+                raise
         self._write_state()
         return self
+
+    def _start_once(self, timeout):
+        if not self._formatted:
+            for node in self.nodes.values():
+                self._write_config(node)
+                self._write_log4j(node)
+            # Formatting is one JVM each; run them side by side.
+            threads = []
+            errors = []
+
+            def fmt(n):
+                try:
+                    self._format(n)
+                except Exception as e:  # reported below
+                    errors.append(e)
+            for node in self.nodes.values():
+                t = threading.Thread(target=fmt, args=(node,))
+                t.start()
+                threads.append(t)
+            for t in threads:
+                t.join()
+            if errors:
+                raise errors[0]
+            self._formatted = True
+        for node in self.nodes.values():
+            self._spawn(node)
+        self.wait_ready(timeout)
 
     def _spawn(self, node):
         node.wanted = True
@@ -624,12 +662,15 @@ logger.cfg.level = WARN
         with open(os.path.join(node.dir, "pid"), "w") as f:
             f.write(f"{node.pid}\n")
 
-    def _log_has(self, node, text):
-        try:
-            with open(node.log_path, errors="replace") as f:
-                return text in f.read()
-        except OSError:
-            return False
+    def _log_has(self, node, text, paths=None):
+        for path in paths or (node.log_path, node.out_path):
+            try:
+                with open(path, errors="replace") as f:
+                    if text in f.read():
+                        return True
+            except OSError:
+                pass
+        return False
 
     def wait_ready(self, timeout=180.0, node_ids=None):
         """Polls until every (given) broker answers Metadata listing all running brokers."""
@@ -639,8 +680,12 @@ logger.cfg.level = WARN
             dead = [n for n in wanted if not n.running()]
             if dead:
                 n = dead[0]
+                why = ", Address already in use" if (
+                    self._log_has(n, "Address already in use") or
+                    self._log_has(n, "BindException")) else ""
                 raise KafkaError(f"{self.name}: node {n.node_id} exited "
-                                 f"(status {n.proc.poll() if n.proc else '?'})\n{n.log_tail()}")
+                                 f"(status {n.proc.poll() if n.proc else '?'}{why})\n"
+                                 f"{n.log_tail()}")
             expect = {n.node_id for n in self.broker_nodes if n.wanted}
             pending = None
             for n in wanted:
@@ -695,8 +740,7 @@ logger.cfg.level = WARN
         self._spawn(node)
         self.wait_ready(timeout)
 
-    def stop(self):
-        """Stops every node (brokers first, then the controller) and removes the data unless kept."""
+    def _kill_nodes(self):
         order = sorted(self.nodes.values(), key=lambda n: n.is_controller and not n.is_broker)
         for node in order:
             node.wanted = False
@@ -718,6 +762,10 @@ logger.cfg.level = WARN
                         pass
                 node.proc = None
                 node.pid = None
+
+    def stop(self):
+        """Stops every node (brokers first, then the controller) and removes the data unless kept."""
+        self._kill_nodes()
         with _live_lock:
             _live.discard(self)
         if self.started and self._own_dir and not self.keep_dir:

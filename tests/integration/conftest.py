@@ -12,7 +12,7 @@ TESTS_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REPO = os.path.dirname(TESTS_DIR)
 sys.path.insert(0, TESTS_DIR)
 
-from harness import KafkaCluster  # noqa: E402
+from harness import Daemon, KafkaCluster  # noqa: E402
 
 
 def _cluster(name, brokers):
@@ -85,3 +85,23 @@ def kmirrord_bin():
     if not path:
         pytest.skip("kmirrord not built (set KMIRRORD or KM_BUILD_DIR)")
     return path
+
+
+@pytest.fixture
+def daemons(tmp_path):
+    """Starts daemons for one test: start(argv, name=..., port=...) -> harness.Daemon. At the end
+    of the test they are stopped, and any sanitizer report in their output fails the test."""
+    started = []
+
+    def start(argv, name="kmirrord", port=None, env=None, timeout=30.0):
+        d = Daemon(argv, name, str(tmp_path), env=env)
+        started.append(d)
+        return d.start(port=port, timeout=timeout)
+
+    yield start
+    reports = []
+    for d in started:
+        d.stop()
+        reports += [f"{d.name}: {ln}" for ln in d.sanitizer_reports()]
+    if reports:
+        pytest.fail("sanitizer reports:\n" + "\n".join(reports[:50]), pytrace=False)

@@ -2,8 +2,10 @@
 tools, kcat) producing and consuming keyed, headered, lz4-compressed records through them."""
 
 import json
-import re
+import os
 import shutil
+import struct
+import sys
 import subprocess
 import time
 from collections import defaultdict
@@ -12,7 +14,7 @@ import pytest
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource, ConfigSource, NewTopic
 
-from harness import metadata_brokers
+from harness import Daemon, free_port, metadata_brokers, read_batches
 
 N = 10_000
 PARTITIONS = 3
@@ -336,3 +338,72 @@ def test_stop_and_start_one_broker(dest_cluster3, topic_name):
     msgs = consume_all(c, topic_name, 200)
     assert [m.value() for m in msgs] == [b"before"] * 100 + [b"after"] * 100
     assert [m.offset() for m in msgs] == list(range(200))
+
+
+# ---------------------------------------------------------------------------------------------
+# Helpers that need no cluster.
+
+def test_daemon_helper_waits_stops_and_scans(tmp_path):
+    port = free_port()
+    d = Daemon([sys.executable, "-m", "http.server", port, "--bind", "127.0.0.1"], "web",
+               str(tmp_path)).start(port=port, timeout=20)
+    assert d.running()
+    assert d.stop() == -15 and not d.running()
+    bad = Daemon([sys.executable, "-c", "import sys; sys.stderr.write("
+                  "'x.c:1:2: runtime error: signed integer overflow\\n')"], "bad", str(tmp_path))
+    assert bad.start().proc.wait(timeout=20) == 0
+    assert bad.stop() == 0
+    assert len(bad.sanitizer_reports()) == 1
+    with pytest.raises(Exception, match="did not listen"):
+        Daemon([sys.executable, "-c", "pass"], "quits", str(tmp_path)).start(port=free_port(),
+                                                                            timeout=5)
+
+
+DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data")
+
+
+def test_golden_frames_match_their_index():
+    golden = os.path.join(DATA, "golden")
+    with open(os.path.join(golden, "index.tsv")) as f:
+        rows = [ln.rstrip("\n").split("\t") for ln in f][1:]
+    assert len(rows) > 100
+    sessions = {r[0].split("/")[0] for r in rows}
+    assert {"confluent-admin", "confluent-producer-lz4", "confluent-producer-zstd",
+            "confluent-consumer-classic", "java-topics", "java-console-producer",
+            "java-console-consumer"} <= sessions
+    reqs = {}
+    for name, key, ver, corr, direction, _conn in rows:
+        with open(os.path.join(golden, name), "rb") as f:
+            frame = f.read()
+        if direction == "req":
+            assert struct.unpack_from(">hhi", frame) == (int(key), int(ver), int(corr)), name
+            assert name.endswith(f"-{key}-v{ver}-req.bin")
+            reqs[name[:-len("req.bin")]] = int(corr)
+        else:
+            assert struct.unpack_from(">i", frame)[0] == int(corr), name
+            assert reqs[name[:-len("resp.bin")]] == int(corr)
+    keys = {int(r[1]) for r in rows}
+    assert {0, 1, 3, 18, 19, 32} <= keys  # produce, fetch, metadata, api versions, create, configs
+
+
+@pytest.mark.parametrize("client", ["java", "librdkafka"])
+@pytest.mark.parametrize("codec", ["none", "gzip", "snappy", "lz4", "zstd"])
+def test_golden_batches_hold_what_the_readme_says(client, codec):
+    batches = list(read_batches(os.path.join(DATA, "batches", f"{client}-{codec}.log")))
+    assert sum(b["records"] for b in batches) == 50
+    assert all(b["codec"] == codec and b["magic"] == 2 and not b["transactional"]
+               for b in batches)
+    assert batches[0]["base_offset"] == 0
+    for a, b in zip(batches, batches[1:]):
+        assert b["base_offset"] == a["base_offset"] + a["last_offset_delta"] + 1
+
+
+def test_golden_transactions():
+    batches = list(read_batches(os.path.join(DATA, "batches", "librdkafka-txn.log")))
+    assert [(b["base_offset"], b["records"], b["control"]) for b in batches] == [
+        (0, 10, False), (10, 1, True), (11, 10, False), (21, 1, True), (22, 10, False),
+        (32, 1, True)]
+    assert all(b["transactional"] for b in batches)
+    java = list(read_batches(os.path.join(DATA, "batches", "java-txn.log")))
+    assert sum(b["records"] for b in java if not b["control"]) == 30
+    assert java[-1]["control"] and all(b["transactional"] for b in java)

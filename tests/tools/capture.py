@@ -59,7 +59,8 @@ class Recording:
 
 
 class Relay:
-    """Listens on 127.0.0.1:listen_port (0: any free port) and relays to upstream (host, port)."""
+    """Listens on 127.0.0.1:listen_port (0: any free port) and relays to upstream, a (host, port)
+    or a callable returning one (looked up per connection: a broker's port may change)."""
 
     def __init__(self, upstream, listen_port=0, host="127.0.0.1"):
         self.upstream = upstream
@@ -118,7 +119,8 @@ class Relay:
         self._conn_seq += 1
         conn = self._conn_seq
         try:
-            ureader, uwriter = await asyncio.open_connection(*self.upstream)
+            upstream = self.upstream() if callable(self.upstream) else self.upstream
+            ureader, uwriter = await asyncio.open_connection(*upstream)
         except OSError:
             cwriter.close()
             return

@@ -11,6 +11,13 @@ const km_api_info *km_proxy_api_find(int16_t key)
 	return a && (a->listeners & KM_API_LISTENER_BROKER) ? a : NULL;
 }
 
+int16_t km_proxy_min_version(const km_api_info *api)
+{
+	if (api->api_key == KM_API_SASL_HANDSHAKE && api->min_version < 1)
+		return 1;
+	return api->min_version;
+}
+
 int km_proxy_request_header_version(int16_t key, int16_t version)
 {
 	int v = km_api_request_header_version(key, version);
@@ -259,8 +266,8 @@ km_err km_rewrite_api_versions(const uint8_t *body, size_t len, int16_t version,
 		a = km_proxy_api_find(key);
 		if (!a || !km_rd_ok(&r))
 			continue; /* a key the proxy cannot parse is never advertised */
-		if (a->min_version > lo)
-			lo = a->min_version;
+		if (km_proxy_min_version(a) > lo)
+			lo = km_proxy_min_version(a);
 		if (a->max_version < hi)
 			hi = a->max_version;
 		if (lo > hi)

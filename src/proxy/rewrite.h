@@ -17,6 +17,11 @@
  * (controller-only APIs are never advertised). NULL when the key is unknown or not served.
  */
 const km_api_info *km_proxy_api_find(int16_t key);
+/*
+ * Lowest version the proxy accepts for key: the codec's, except SaslHandshake v0, after which the
+ * client sends raw SASL tokens outside Kafka framing (only v1 keeps them in SaslAuthenticate).
+ */
+int16_t km_proxy_min_version(const km_api_info *api);
 /* Request header version (1 or 2) and response header version (0 or 1) for key/version. */
 int km_proxy_request_header_version(int16_t key, int16_t version);
 int km_proxy_response_header_version(int16_t key, int16_t version);

@@ -88,6 +88,8 @@ void km_session_free(km_session *s)
 	free(s);
 }
 
+static const char client_closed[] = "client closed the connection";
+
 void km_session_close(km_session *s, const char *why)
 {
 	km_proxy *px = s->px;
@@ -96,7 +98,11 @@ void km_session_close(km_session *s, const char *why)
 	if (s->closed)
 		return;
 	s->closed = true;
-	KM_INFO("proxy", s->id, "closing client connection (%s), %zu request(s) in flight", why, s->count);
+	/* An ordinary client close is not news; everything else is. */
+	if (why == client_closed)
+		KM_DEBUG("proxy", s->id, "closing client connection (%s), %zu request(s) in flight", why, s->count);
+	else
+		KM_INFO("proxy", s->id, "closing client connection (%s), %zu request(s) in flight", why, s->count);
 	if (s->cli)
 		bufferevent_free(s->cli);
 	s->cli = NULL;
@@ -581,7 +587,7 @@ static void cli_read_cb(struct bufferevent *bev, void *arg)
 			flush_local(s);
 			continue;
 		}
-		if (!api || h.api_version < api->min_version || h.api_version > api->max_version) {
+		if (!api || h.api_version < km_proxy_min_version(api) || h.api_version > api->max_version) {
 			/* What a broker does too: an API it cannot parse closes the connection. */
 			snprintf(msg, sizeof(msg), "unsupported request: api key %d version %d (correlation id %d)",
 				 h.api_key, h.api_version, h.correlation_id);
@@ -633,11 +639,11 @@ static void cli_event_cb(struct bufferevent *bev, short what, void *arg)
 	if (what & BEV_EVENT_CONNECTED)
 		return;
 	if (what & BEV_EVENT_EOF) {
-		km_session_close(s, "client closed the connection");
+		km_session_close(s, client_closed);
 	} else if (what & BEV_EVENT_ERROR) {
 		char why[512];
 		if (km_net_bev_error(bev, why, sizeof(why)) == KM_ERR_CLOSED) {
-			km_session_close(s, "client closed the connection");
+			km_session_close(s, client_closed);
 			return;
 		}
 		KM_INFO("proxy", s->id, "client connection error%s: %s", s->px->server_tls ? " (TLS)" : "", why);

@@ -209,14 +209,14 @@ static void test_api_versions_generated(void **state)
 {
 	for (int16_t v = KM_API_VERSIONS_RESPONSE_MIN_VERSION; v <= KM_API_VERSIONS_RESPONSE_MAX_VERSION; v++) {
 		km_api_versions_response m, back;
-		km_api_versions_response_api_version keys[3];
+		km_api_versions_response_api_version keys[4];
 		km_api_versions_response_supported_feature_key feat;
 		km_wr in, out;
 		km_rd r;
 		km_arena a;
 
 		km_api_versions_response_init(&m);
-		for (int i = 0; i < 3; i++)
+		for (int i = 0; i < 4; i++)
 			km_api_versions_response_api_version_init(&keys[i]);
 		keys[0].api_key = KM_API_PRODUCE;
 		keys[0].min_version = 3;
@@ -225,7 +225,9 @@ static void test_api_versions_generated(void **state)
 		keys[1].max_version = 1;
 		keys[2].api_key = KM_API_API_VERSIONS;
 		keys[2].max_version = 4;
-		m.api_keys.count = 3;
+		keys[3].api_key = KM_API_SASL_HANDSHAKE; /* v0 sends raw tokens: the proxy offers v1 only */
+		keys[3].max_version = 1;
+		m.api_keys.count = 4;
 		m.api_keys.items = keys;
 		m.throttle_time_ms = 0;
 		km_api_versions_response_supported_feature_key_init(&feat);
@@ -244,7 +246,10 @@ static void test_api_versions_generated(void **state)
 		km_rd_init(&r, out.buf, out.len);
 		assert_int_equal(km_api_versions_response_decode(&r, v, &back, &a), KM_OK);
 		assert_int_equal(km_rd_left(&r), 0);
-		assert_int_equal(back.api_keys.count, 2);
+		assert_int_equal(back.api_keys.count, 3);
+		assert_int_equal(back.api_keys.items[2].api_key, KM_API_SASL_HANDSHAKE);
+		assert_int_equal(back.api_keys.items[2].min_version, 1);
+		assert_int_equal(back.api_keys.items[2].max_version, 1);
 		assert_int_equal(back.api_keys.items[0].api_key, KM_API_PRODUCE);
 		assert_int_equal(back.api_keys.items[0].min_version, 3);
 		assert_int_equal(back.api_keys.items[0].max_version, km_api_lookup(KM_API_PRODUCE)->max_version);

@@ -32,6 +32,8 @@ typedef struct upstream {
 	int metadata_refreshes;
 	bool bad_corr;
 	bool node_endpoints;   /* Fetch v16 answers carry NodeEndpoints */
+	bool second_broker;    /* Metadata answers list node 1 too */
+	bool silent;           /* application requests get no answer */
 	int32_t last_acks0_corr;
 } upstream;
 
@@ -46,15 +48,17 @@ static void up_reply(struct bufferevent *bev, int32_t corr, bool hdr_tags, const
 	evbuffer_add(bufferevent_get_output(bev), body->buf, body->len);
 }
 
-static void metadata_v9_body(km_wr *w, uint16_t port)
+static void metadata_v9_body(km_wr *w, uint16_t port, bool second)
 {
 	km_wr_i32(w, 0);
-	km_wr_array_len(w, true, 1);
-	km_wr_i32(w, 0);
-	km_wr_string(w, true, km_str_c("127.0.0.1")); /* the real broker (this fake) */
-	km_wr_i32(w, port);
-	km_wr_string(w, true, KM_STR_NULL);
-	km_wr_uvarint(w, 0);
+	km_wr_array_len(w, true, second ? 2 : 1);
+	for (int32_t node = 0; node < (second ? 2 : 1); node++) {
+		km_wr_i32(w, node);
+		km_wr_string(w, true, km_str_c("127.0.0.1")); /* the real broker (this fake) */
+		km_wr_i32(w, port);
+		km_wr_string(w, true, KM_STR_NULL);
+		km_wr_uvarint(w, 0);
+	}
 	km_wr_string(w, true, km_str_c("cluster"));
 	km_wr_i32(w, 0);
 	km_wr_array_len(w, true, 0);
@@ -120,17 +124,19 @@ static void up_read(struct bufferevent *bev, void *arg)
 		km_wr_init(&w);
 		if (internal) {
 			u->metadata_refreshes++;
-			metadata_v9_body(&w, u->port);
+			metadata_v9_body(&w, u->port, u->second_broker);
 			up_reply(bev, h.correlation_id, true, &w);
 		} else {
 			int16_t acks = 1;
 			u->requests[h.api_key & 127]++;
 			if (h.api_key == KM_API_PRODUCE)
 				assert_int_equal(km_net_produce_acks(p + 4, (size_t)size, h.api_version, &acks), KM_OK);
-			if (h.api_key == KM_API_PRODUCE && acks == 0) {
+			if (u->silent) {
+				/* swallow it */
+			} else if (h.api_key == KM_API_PRODUCE && acks == 0) {
 				u->last_acks0_corr = h.correlation_id; /* no response, as a broker */
 			} else if (h.api_key == KM_API_METADATA) {
-				metadata_v9_body(&w, u->port);
+				metadata_v9_body(&w, u->port, u->second_broker);
 				up_reply(bev, h.correlation_id + (u->bad_corr ? 1 : 0), true, &w);
 			} else if (h.api_key == KM_API_FETCH) {
 				fetch_v16_body(&w, u->node_endpoints);
@@ -222,12 +228,14 @@ static int setup(void **state)
 	assert_int_equal(km_config_set(&f->cfg, "upstream", v, err, sizeof(err)), KM_OK);
 	snprintf(v, sizeof(v), "%u", f->base_port);
 	assert_int_equal(km_config_set(&f->cfg, "broker_port_base", v, err, sizeof(err)), KM_OK);
-	assert_int_equal(km_config_set(&f->cfg, "broker_port_count", "1", err, sizeof(err)), KM_OK);
+	assert_int_equal(km_config_set(&f->cfg, "broker_port_count", "2", err, sizeof(err)), KM_OK);
 	assert_int_equal(km_config_set(&f->cfg, "advertised_host", "proxy.test", err, sizeof(err)), KM_OK);
 	assert_int_equal(km_config_set(&f->cfg, "max_frame_bytes", "100000", err, sizeof(err)), KM_OK);
 	assert_int_equal(km_config_set(&f->cfg, "frame_timeout_ms", "300", err, sizeof(err)), KM_OK);
 	assert_int_equal(km_config_set(&f->cfg, "drain_interval_ms", "50", err, sizeof(err)), KM_OK);
 	assert_int_equal(km_config_set(&f->cfg, "drain_timeout_ms", "2000", err, sizeof(err)), KM_OK);
+	assert_int_equal(km_config_set(&f->cfg, "idle_timeout_ms", "600", err, sizeof(err)), KM_OK);
+	assert_int_equal(km_config_set(&f->cfg, "upstream_request_timeout_ms", "400", err, sizeof(err)), KM_OK);
 	assert_int_equal(km_config_validate(&f->cfg, err, sizeof(err)), KM_OK);
 	f->px = km_proxy_new(f->base, &f->cfg, err, sizeof(err));
 	if (!f->px)
@@ -525,6 +533,55 @@ static void test_fetch_node_endpoints(void **state)
 	km_wr_free(&body);
 }
 
+static void test_new_broker_gets_port(void **state)
+{
+	fixture *f = *state;
+	tclient *c, *n1;
+	uint8_t *r;
+	size_t len;
+
+	assert_int_equal(km_proxy_metrics(f->px)->brokers_known, 1);
+	/* A client's Metadata answer shows a new broker: its port opens at once. */
+	f->up.second_broker = true;
+	c = tc_connect(f, f->listen_port);
+	tc_request(c, KM_API_METADATA, 9, 1, NULL);
+	r = tc_response(f, c, &len);
+	assert_non_null(r);
+	free(r);
+	assert_int_equal(km_proxy_metrics(f->px)->brokers_known, 2);
+	n1 = tc_connect(f, (uint16_t)(f->base_port + 1));
+	tc_request(n1, KM_API_METADATA, 9, 2, NULL);
+	r = tc_response(f, n1, &len);
+	assert_non_null(r);
+	assert_int_equal(km_be32(r), 2);
+	free(r);
+	tc_free(n1);
+	tc_free(c);
+}
+
+static void test_idle_and_request_timeouts(void **state)
+{
+	fixture *f = *state;
+	tclient *idle = tc_connect(f, f->listen_port);
+	tclient *waiting;
+	size_t len;
+
+	/* idle: nothing in flight for idle_timeout_ms (600) */
+	run_for(f->base, 100);
+	assert_false(idle->closed);
+	wait_closed(f, idle);
+	assert_int_equal(km_proxy_metrics(f->px)->rejected[KM_REJECT_IDLE_TIMEOUT], 1);
+	tc_free(idle);
+	/* a request the upstream never answers: closed after upstream_request_timeout_ms (400) */
+	f->up.silent = true;
+	waiting = tc_connect(f, f->listen_port);
+	tc_request(waiting, KM_API_METADATA, 9, 1, NULL);
+	assert_null(tc_response(f, waiting, &len));
+	assert_true(waiting->closed);
+	assert_int_equal(km_proxy_metrics(f->px)->rejected[KM_REJECT_REQUEST_TIMEOUT], 1);
+	tc_free(waiting);
+}
+
 static int drained_calls;
 static void on_drained(void *arg)
 {
@@ -578,6 +635,8 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_wrong_correlation_disconnects, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_fetch_node_endpoints, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_drain_gradual, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_new_broker_gets_port, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_idle_and_request_timeouts, setup, teardown),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -435,7 +435,7 @@ static void up_event_cb(struct bufferevent *bev, short what, void *arg)
 	if (what & (BEV_EVENT_ERROR | BEV_EVENT_EOF | BEV_EVENT_TIMEOUT)) {
 		char tls[512] = "";
 		bool was_ready = s->up_state == UP_READY;
-		px->metrics.upstream_errors_total += (what & BEV_EVENT_EOF) && was_ready ? 0 : 1;
+		px->metrics.upstream_errors_total++; /* refused, timed out, reset, or closed by the broker */
 		if (what & BEV_EVENT_ERROR)
 			km_net_bev_error(bev, tls, sizeof(tls));
 		KM_INFO("proxy", s->id, "upstream %s %s%s%s", s->up_addr,

@@ -38,12 +38,39 @@ static void accept_cb(struct evconnlistener *l, evutil_socket_t fd, struct socka
 	km_session_accept(b->px, fd, b->node_id);
 }
 
+static void accept_resume(evutil_socket_t fd, short what, void *arg)
+{
+	km_broker *b = arg;
+	if (b->listener)
+		evconnlistener_enable(b->listener);
+}
+
+static void broker_close_listener(km_broker *b)
+{
+	if (b->resume_ev) {
+		event_free(b->resume_ev);
+		b->resume_ev = NULL;
+	}
+	if (b->listener) {
+		evconnlistener_free(b->listener);
+		b->listener = NULL;
+	}
+}
+
 static void accept_error_cb(struct evconnlistener *l, void *arg)
 {
 	km_broker *b = arg;
 	int err = EVUTIL_SOCKET_ERROR();
-	/* EMFILE and friends: keep the listener, the next close frees a descriptor. */
-	KM_ERROR("proxy", 0, "accept on node %d listener failed: %s", b->node_id, evutil_socket_error_to_string(err));
+	struct timeval tv = {1, 0};
+
+	KM_ERROR("proxy", 0, "accept on the %s listener failed: %s; pausing accepts for 1 s",
+		 b->node_id < 0 ? "bootstrap" : "broker", evutil_socket_error_to_string(err));
+	/* Out of descriptors: the socket stays readable, so accepting again at once would spin. */
+	evconnlistener_disable(l);
+	if (!b->resume_ev)
+		b->resume_ev = evtimer_new(b->px->base, accept_resume, b);
+	if (!b->resume_ev || evtimer_add(b->resume_ev, &tv) != 0)
+		evconnlistener_enable(l);
 }
 
 static struct evconnlistener *listen_on(km_proxy *px, const char *host, uint16_t port, km_broker *b, char *err,
@@ -330,6 +357,7 @@ km_proxy *km_proxy_new(struct event_base *base, const km_config *cfg, char *err,
 	px->bootstrap_b.px = px;
 	px->bootstrap_b.node_id = -1;
 	px->bootstrap = listen_on(px, cfg->listen.host, cfg->listen.port, &px->bootstrap_b, err, errlen);
+	px->bootstrap_b.listener = px->bootstrap;
 	if (!px->bootstrap)
 		goto fail;
 	if (cfg->http_listen.port) {
@@ -410,16 +438,10 @@ void km_proxy_drain(km_proxy *px, void (*done)(void *arg), void *arg)
 	px->metrics.draining = 1;
 	px->drain_done = done;
 	px->drain_arg = arg;
-	if (px->bootstrap) {
-		evconnlistener_free(px->bootstrap);
-		px->bootstrap = NULL;
-	}
-	for (size_t i = 0; i < px->nbrokers; i++) {
-		if (px->brokers[i]->listener) {
-			evconnlistener_free(px->brokers[i]->listener);
-			px->brokers[i]->listener = NULL;
-		}
-	}
+	broker_close_listener(&px->bootstrap_b);
+	px->bootstrap = NULL;
+	for (size_t i = 0; i < px->nbrokers; i++)
+		broker_close_listener(px->brokers[i]);
 	/* Spread the closes over the drain time, one round per interval; the last round is at the deadline. */
 	rounds = (size_t)(px->cfg.drain_timeout_ms / px->cfg.drain_interval_ms);
 	if (rounds < 1)
@@ -455,11 +477,10 @@ void km_proxy_free(km_proxy *px)
 		event_free(px->reap_ev);
 	if (px->meta)
 		km_net_client_free(px->meta);
-	if (px->bootstrap)
-		evconnlistener_free(px->bootstrap);
+	broker_close_listener(&px->bootstrap_b);
+	px->bootstrap = NULL;
 	for (size_t i = 0; i < px->nbrokers; i++) {
-		if (px->brokers[i]->listener)
-			evconnlistener_free(px->brokers[i]->listener);
+		broker_close_listener(px->brokers[i]);
 		free(px->brokers[i]);
 	}
 	free(px->brokers);

@@ -23,6 +23,7 @@ typedef struct km_broker {
 	char host[256];
 	uint16_t port;
 	struct evconnlistener *listener;
+	struct event *resume_ev; /* re-enables the listener after an accept failure (EMFILE) */
 } km_broker;
 
 struct km_proxy {

@@ -169,6 +169,9 @@ static void update_cli_reading(km_session *s)
 		bufferevent_disable(s->cli, EV_READ);
 	} else {
 		bufferevent_enable(s->cli, EV_READ);
+		/* A partial frame did not stall while we were the ones not reading. */
+		if (s->partial_since_ms)
+			s->partial_since_ms = km_proxy_now_ms(s->px);
 		/* Whole frames may already be buffered: no new bytes would wake us for them. */
 		if (evbuffer_get_length(bufferevent_get_input(s->cli)))
 			bufferevent_trigger(s->cli, EV_READ, BEV_TRIG_DEFER_CALLBACKS | BEV_TRIG_IGNORE_WATERMARKS);
@@ -703,7 +706,8 @@ void km_session_tick(km_session *s, uint64_t now)
 	const km_config *cfg = &s->px->cfg;
 	if (s->closed)
 		return;
-	if (cfg->frame_timeout_ms && s->partial_since_ms && now - s->partial_since_ms > (uint64_t)cfg->frame_timeout_ms) {
+	if (cfg->frame_timeout_ms && s->partial_since_ms && !s->cli_paused &&
+	    now - s->partial_since_ms > (uint64_t)cfg->frame_timeout_ms) {
 		reject(s, KM_REJECT_FRAME_TIMEOUT, "partial request frame stalled past frame_timeout_ms");
 		return;
 	}

@@ -389,6 +389,9 @@ km_err km_rewrite_find_top_tags(struct evbuffer *buf, size_t frame_start, size_t
 	if (!ok)
 		return KM_ERR_DECODE;
 	*tags_off = r.pos;
+	/* The tagged fields must end exactly at the frame end, or the walk went wrong somewhere. */
+	if (!km_evrd_skip_tags(&r) || r.pos != frame_end)
+		return KM_ERR_DECODE;
 	return KM_OK;
 }
 

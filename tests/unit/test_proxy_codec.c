@@ -12,6 +12,7 @@
 #include <cmocka.h>
 
 #include "kmirror/arena.h"
+#include "kmirror/log.h"
 #include "kmirror/msg/api_versions_response.h"
 #include "kmirror/msg/describe_cluster_response.h"
 #include "kmirror/msg/fetch_response.h"
@@ -434,12 +435,108 @@ static void test_fetch_generated(void **state)
 	}
 }
 
+/* Mutated and truncated inputs: every rewriter must fail cleanly or succeed, never read out of bounds. */
+static void test_mutations_never_crash(void **state)
+{
+	km_metadata_response m;
+	km_metadata_response_broker b;
+	km_fetch_response f;
+	km_fetch_response_fetchable_topic_response t;
+	km_fetch_response_partition_data p;
+	km_fetch_response_node_endpoint e;
+	uint8_t recs[64] = {1, 2, 3};
+	km_wr meta, fetch;
+	unsigned seed = getenv("KM_TEST_SEED") ? (unsigned)strtoul(getenv("KM_TEST_SEED"), NULL, 10) : 12345;
+	int ok = 0, failed = 0;
+
+	km_log_set_level(KM_LOG_ERROR); /* thousands of expected "cannot rewrite" warnings */
+	km_metadata_response_init(&m);
+	km_metadata_response_broker_init(&b);
+	b.host = km_str_c("broker.internal");
+	b.port = 9092;
+	m.brokers.count = 1;
+	m.brokers.items = &b;
+	m.topics.count = 0;
+	km_fetch_response_init(&f);
+	km_fetch_response_fetchable_topic_response_init(&t);
+	km_fetch_response_partition_data_init(&p);
+	km_fetch_response_node_endpoint_init(&e);
+	p.records = (km_bytes){recs, sizeof(recs)};
+	t.partitions.count = 1;
+	t.partitions.items = &p;
+	f.responses.count = 1;
+	f.responses.items = &t;
+	e.host = km_str_c("broker.internal");
+	f.node_endpoints.count = 1;
+	f.node_endpoints.items = &e;
+	km_wr_init(&meta);
+	km_wr_init(&fetch);
+	km_metadata_response_encode(&meta, 12, &m);
+	km_wr_raw(&fetch, "\0\0\0\0\0\0\0\x2a\0", 9); /* size (patched), correlation id, header tags */
+	km_fetch_response_encode(&fetch, 17, &f);
+	km_wr_patch_i32(&fetch, 0, (int32_t)(fetch.len - 4));
+	assert_true(km_wr_ok(&meta) && km_wr_ok(&fetch));
+
+	for (int i = 0; i < 20000; i++) {
+		uint8_t mbuf[512], fbuf[512];
+		size_t mlen = meta.len < sizeof(mbuf) ? meta.len : sizeof(mbuf);
+		size_t flen = fetch.len < sizeof(fbuf) ? fetch.len : sizeof(fbuf);
+		km_rewrite_ctx c = ctx();
+		km_wr out;
+		struct evbuffer *eb;
+		size_t off;
+		/* each round: a few random bytes changed, and a random truncation */
+		memcpy(mbuf, meta.buf, mlen);
+		memcpy(fbuf, fetch.buf, flen);
+		for (int k = 0; k < 3; k++) {
+			seed = seed * 1103515245u + 12345u;
+			mbuf[(seed >> 8) % mlen] = (uint8_t)(seed >> 16);
+			seed = seed * 1103515245u + 12345u;
+			fbuf[9 + (seed >> 8) % (flen - 9)] = (uint8_t)(seed >> 16);
+		}
+		seed = seed * 1103515245u + 12345u;
+		if (seed & 1)
+			mlen = (seed >> 4) % (mlen + 1);
+		km_wr_init(&out);
+		if (km_rewrite_metadata(mbuf, mlen, 12, &c, &out) == KM_OK)
+			ok++;
+		else
+			failed++;
+		km_wr_free(&out);
+		km_wr_init(&out);
+		(void)km_rewrite_find_coordinator(mbuf, mlen, 6, &c, &out);
+		km_wr_free(&out);
+		km_wr_init(&out);
+		(void)km_rewrite_describe_cluster(mbuf, mlen, 1, &c, &out);
+		km_wr_free(&out);
+		km_wr_init(&out);
+		(void)km_rewrite_api_versions(mbuf, mlen, 4, &out);
+		km_wr_free(&out);
+		eb = evbuffer_new();
+		evbuffer_add(eb, fbuf, flen);
+		if (km_rewrite_find_top_tags(eb, 0, flen, KM_API_FETCH, 17, &off) == KM_OK) {
+			assert_true(off < flen);
+			km_wr_init(&out);
+			(void)km_rewrite_node_endpoint_tags(fbuf + off, flen - off, &c, &out);
+			km_wr_free(&out);
+		}
+		(void)km_rewrite_find_top_tags(eb, 0, flen, KM_API_PRODUCE, 11, &off);
+		evbuffer_free(eb);
+	}
+	/* both outcomes happen: the mutations are not all harmless or all fatal */
+	assert_true(ok > 0);
+	assert_true(failed > 0);
+	km_wr_free(&meta);
+	km_wr_free(&fetch);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_metadata_generated),     cmocka_unit_test(test_find_coordinator_generated),
 		cmocka_unit_test(test_describe_cluster_generated), cmocka_unit_test(test_api_versions_generated),
 		cmocka_unit_test(test_produce_generated),      cmocka_unit_test(test_fetch_generated),
+		cmocka_unit_test(test_mutations_never_crash),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -332,52 +332,6 @@ static bool km_api_versions_response_dec(km_rd *r, int16_t v, km_api_versions_re
 		if (!km_rd_i32(r, "ThrottleTimeMs", &m->throttle_time_ms))
 			return false;
 	}
-	if ((v >= 3 && !(v >= 3))) {
-		{
-			int32_t cnt;
-			if (!km_rd_array_len(r, "SupportedFeatures", flex, false, 6, &cnt))
-				return false;
-			m->supported_features.count = cnt;
-			m->supported_features.items = NULL;
-			if (cnt > 0) {
-				m->supported_features.items = km_arena_alloc(a, (size_t)cnt * sizeof(*m->supported_features.items));
-				if (!m->supported_features.items)
-					return km_codec_arena_fail(r, a, "SupportedFeatures");
-				for (int32_t i = 0; i < cnt; i++) {
-					km_api_versions_response_supported_feature_key_init(&m->supported_features.items[i]);
-					if (!km_api_versions_response_supported_feature_key_dec(r, v, &m->supported_features.items[i], a))
-						return false;
-				}
-			}
-		}
-	}
-	if ((v >= 3 && !(v >= 3))) {
-		if (!km_rd_i64(r, "FinalizedFeaturesEpoch", &m->finalized_features_epoch))
-			return false;
-	}
-	if ((v >= 3 && !(v >= 3))) {
-		{
-			int32_t cnt;
-			if (!km_rd_array_len(r, "FinalizedFeatures", flex, false, 6, &cnt))
-				return false;
-			m->finalized_features.count = cnt;
-			m->finalized_features.items = NULL;
-			if (cnt > 0) {
-				m->finalized_features.items = km_arena_alloc(a, (size_t)cnt * sizeof(*m->finalized_features.items));
-				if (!m->finalized_features.items)
-					return km_codec_arena_fail(r, a, "FinalizedFeatures");
-				for (int32_t i = 0; i < cnt; i++) {
-					km_api_versions_response_finalized_feature_key_init(&m->finalized_features.items[i]);
-					if (!km_api_versions_response_finalized_feature_key_dec(r, v, &m->finalized_features.items[i], a))
-						return false;
-				}
-			}
-		}
-	}
-	if ((v >= 3 && !(v >= 3))) {
-		if (!km_rd_bool(r, "ZkMigrationReady", &m->zk_migration_ready))
-			return false;
-	}
 	if (flex) {
 		if (!km_codec_rd_tags(r, "ApiVersionsResponse.TaggedFields", &m->unknown_tags, a))
 			return false;
@@ -446,28 +400,6 @@ static void km_api_versions_response_enc(km_wr *w, int16_t v, const km_api_versi
 	}
 	if (v >= 1) {
 		km_wr_i32(w, m->throttle_time_ms);
-	}
-	if ((v >= 3 && !(v >= 3))) {
-		if (m->supported_features.count < 0)
-			km_codec_wr_fail(w, KM_ERR_ENCODE);
-		km_wr_array_len(w, flex, m->supported_features.count);
-		for (int32_t i = 0; i < m->supported_features.count; i++) {
-			km_api_versions_response_supported_feature_key_enc(w, v, &m->supported_features.items[i]);
-		}
-	}
-	if ((v >= 3 && !(v >= 3))) {
-		km_wr_i64(w, m->finalized_features_epoch);
-	}
-	if ((v >= 3 && !(v >= 3))) {
-		if (m->finalized_features.count < 0)
-			km_codec_wr_fail(w, KM_ERR_ENCODE);
-		km_wr_array_len(w, flex, m->finalized_features.count);
-		for (int32_t i = 0; i < m->finalized_features.count; i++) {
-			km_api_versions_response_finalized_feature_key_enc(w, v, &m->finalized_features.items[i]);
-		}
-	}
-	if ((v >= 3 && !(v >= 3))) {
-		km_wr_bool(w, m->zk_migration_ready);
 	}
 	if (flex) {
 		uint32_t ntags = (uint32_t)(m->unknown_tags.count > 0 ? m->unknown_tags.count : 0);
@@ -542,22 +474,6 @@ static size_t km_api_versions_response_sz(int16_t v, const km_api_versions_respo
 		n += km_api_versions_response_api_version_sz(v, &m->api_keys.items[i]);
 	if (v >= 1) {
 		n += 4;
-	}
-	if ((v >= 3 && !(v >= 3))) {
-		n += km_sz_array_len(flex, m->supported_features.count);
-		for (int32_t i = 0; i < m->supported_features.count; i++)
-			n += km_api_versions_response_supported_feature_key_sz(v, &m->supported_features.items[i]);
-	}
-	if ((v >= 3 && !(v >= 3))) {
-		n += 8;
-	}
-	if ((v >= 3 && !(v >= 3))) {
-		n += km_sz_array_len(flex, m->finalized_features.count);
-		for (int32_t i = 0; i < m->finalized_features.count; i++)
-			n += km_api_versions_response_finalized_feature_key_sz(v, &m->finalized_features.items[i]);
-	}
-	if ((v >= 3 && !(v >= 3))) {
-		n += 1;
 	}
 	if (flex) {
 		uint32_t ntags = (uint32_t)(m->unknown_tags.count > 0 ? m->unknown_tags.count : 0);

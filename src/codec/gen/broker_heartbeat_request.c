@@ -53,24 +53,6 @@ static bool km_broker_heartbeat_request_dec(km_rd *r, int16_t v, km_broker_heart
 		return false;
 	if (!km_rd_bool(r, "WantShutDown", &m->want_shut_down))
 		return false;
-	if ((v >= 1 && !(v >= 1))) {
-		{
-			int32_t cnt;
-			if (!km_rd_array_len(r, "OfflineLogDirs", flex, false, 16, &cnt))
-				return false;
-			m->offline_log_dirs.count = cnt;
-			m->offline_log_dirs.items = NULL;
-			if (cnt > 0) {
-				m->offline_log_dirs.items = km_arena_alloc(a, (size_t)cnt * sizeof(*m->offline_log_dirs.items));
-				if (!m->offline_log_dirs.items)
-					return km_codec_arena_fail(r, a, "OfflineLogDirs");
-				for (int32_t i = 0; i < cnt; i++) {
-					if (!km_rd_uuid(r, "OfflineLogDirs", &m->offline_log_dirs.items[i]))
-						return false;
-				}
-			}
-		}
-	}
 	if (flex) {
 		if (!km_codec_rd_tags(r, "BrokerHeartbeatRequest.TaggedFields", &m->unknown_tags, a))
 			return false;
@@ -113,14 +95,6 @@ static void km_broker_heartbeat_request_enc(km_wr *w, int16_t v, const km_broker
 	km_wr_i64(w, m->current_metadata_offset);
 	km_wr_bool(w, m->want_fence);
 	km_wr_bool(w, m->want_shut_down);
-	if ((v >= 1 && !(v >= 1))) {
-		if (m->offline_log_dirs.count < 0)
-			km_codec_wr_fail(w, KM_ERR_ENCODE);
-		km_wr_array_len(w, flex, m->offline_log_dirs.count);
-		for (int32_t i = 0; i < m->offline_log_dirs.count; i++) {
-			km_wr_uuid(w, &m->offline_log_dirs.items[i]);
-		}
-	}
 	if (flex) {
 		uint32_t ntags = (uint32_t)(m->unknown_tags.count > 0 ? m->unknown_tags.count : 0);
 		const bool has_offline_log_dirs = v >= 1 && m->offline_log_dirs.count != 0;
@@ -156,11 +130,6 @@ static size_t km_broker_heartbeat_request_sz(int16_t v, const km_broker_heartbea
 	n += 8;
 	n += 1;
 	n += 1;
-	if ((v >= 1 && !(v >= 1))) {
-		n += km_sz_array_len(flex, m->offline_log_dirs.count);
-		if (m->offline_log_dirs.count > 0)
-			n += (size_t)m->offline_log_dirs.count * 16;
-	}
 	if (flex) {
 		uint32_t ntags = (uint32_t)(m->unknown_tags.count > 0 ? m->unknown_tags.count : 0);
 		n += km_codec_sz_tags(&m->unknown_tags);

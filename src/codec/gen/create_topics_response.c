@@ -153,10 +153,6 @@ static bool km_create_topics_response_creatable_topic_result_dec(km_rd *r, int16
 		if (!km_rd_string(r, "CreatableTopicResult.ErrorMessage", flex, true, &m->error_message))
 			return false;
 	}
-	if ((v >= 5 && !(v >= 5))) {
-		if (!km_rd_i16(r, "CreatableTopicResult.TopicConfigErrorCode", &m->topic_config_error_code))
-			return false;
-	}
 	if (v >= 5) {
 		if (!km_rd_i32(r, "CreatableTopicResult.NumPartitions", &m->num_partitions))
 			return false;
@@ -229,9 +225,6 @@ static void km_create_topics_response_creatable_topic_result_enc(km_wr *w, int16
 	if (v >= 1) {
 		km_wr_string(w, flex, m->error_message);
 	}
-	if ((v >= 5 && !(v >= 5))) {
-		km_wr_i16(w, m->topic_config_error_code);
-	}
 	if (v >= 5) {
 		km_wr_i32(w, m->num_partitions);
 	}
@@ -276,9 +269,6 @@ static size_t km_create_topics_response_creatable_topic_result_sz(int16_t v, con
 	n += 2;
 	if (v >= 1) {
 		n += km_sz_string(flex, m->error_message);
-	}
-	if ((v >= 5 && !(v >= 5))) {
-		n += 2;
 	}
 	if (v >= 5) {
 		n += 4;

@@ -283,25 +283,6 @@ static bool km_end_quorum_epoch_response_dec(km_rd *r, int16_t v, km_end_quorum_
 			}
 		}
 	}
-	if ((v >= 1 && !(v >= 1))) {
-		{
-			int32_t cnt;
-			if (!km_rd_array_len(r, "NodeEndpoints", flex, false, 8, &cnt))
-				return false;
-			m->node_endpoints.count = cnt;
-			m->node_endpoints.items = NULL;
-			if (cnt > 0) {
-				m->node_endpoints.items = km_arena_alloc(a, (size_t)cnt * sizeof(*m->node_endpoints.items));
-				if (!m->node_endpoints.items)
-					return km_codec_arena_fail(r, a, "NodeEndpoints");
-				for (int32_t i = 0; i < cnt; i++) {
-					km_end_quorum_epoch_response_node_endpoint_init(&m->node_endpoints.items[i]);
-					if (!km_end_quorum_epoch_response_node_endpoint_dec(r, v, &m->node_endpoints.items[i], a))
-						return false;
-				}
-			}
-		}
-	}
 	if (flex) {
 		if (!km_codec_rd_tags(r, "EndQuorumEpochResponse.TaggedFields", &m->unknown_tags, a))
 			return false;
@@ -346,14 +327,6 @@ static void km_end_quorum_epoch_response_enc(km_wr *w, int16_t v, const km_end_q
 	for (int32_t i = 0; i < m->topics.count; i++) {
 		km_end_quorum_epoch_response_topic_data_enc(w, v, &m->topics.items[i]);
 	}
-	if ((v >= 1 && !(v >= 1))) {
-		if (m->node_endpoints.count < 0)
-			km_codec_wr_fail(w, KM_ERR_ENCODE);
-		km_wr_array_len(w, flex, m->node_endpoints.count);
-		for (int32_t i = 0; i < m->node_endpoints.count; i++) {
-			km_end_quorum_epoch_response_node_endpoint_enc(w, v, &m->node_endpoints.items[i]);
-		}
-	}
 	if (flex) {
 		uint32_t ntags = (uint32_t)(m->unknown_tags.count > 0 ? m->unknown_tags.count : 0);
 		const bool has_node_endpoints = v >= 1 && m->node_endpoints.count != 0;
@@ -388,11 +361,6 @@ static size_t km_end_quorum_epoch_response_sz(int16_t v, const km_end_quorum_epo
 	n += km_sz_array_len(flex, m->topics.count);
 	for (int32_t i = 0; i < m->topics.count; i++)
 		n += km_end_quorum_epoch_response_topic_data_sz(v, &m->topics.items[i]);
-	if ((v >= 1 && !(v >= 1))) {
-		n += km_sz_array_len(flex, m->node_endpoints.count);
-		for (int32_t i = 0; i < m->node_endpoints.count; i++)
-			n += km_end_quorum_epoch_response_node_endpoint_sz(v, &m->node_endpoints.items[i]);
-	}
 	if (flex) {
 		uint32_t ntags = (uint32_t)(m->unknown_tags.count > 0 ? m->unknown_tags.count : 0);
 		n += km_codec_sz_tags(&m->unknown_tags);

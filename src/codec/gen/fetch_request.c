@@ -139,10 +139,6 @@ static bool km_fetch_request_fetch_partition_dec(km_rd *r, int16_t v, km_fetch_r
 	}
 	if (!km_rd_i32(r, "FetchPartition.PartitionMaxBytes", &m->partition_max_bytes))
 		return false;
-	if ((v >= 17 && !(v >= 17))) {
-		if (!km_rd_uuid(r, "FetchPartition.ReplicaDirectoryId", &m->replica_directory_id))
-			return false;
-	}
 	if (flex) {
 		if (!km_codec_rd_tags(r, "FetchPartition.TaggedFields", &m->unknown_tags, a))
 			return false;
@@ -192,9 +188,6 @@ static void km_fetch_request_fetch_partition_enc(km_wr *w, int16_t v, const km_f
 		km_wr_i64(w, m->log_start_offset);
 	}
 	km_wr_i32(w, m->partition_max_bytes);
-	if ((v >= 17 && !(v >= 17))) {
-		km_wr_uuid(w, &m->replica_directory_id);
-	}
 	if (flex) {
 		uint32_t ntags = (uint32_t)(m->unknown_tags.count > 0 ? m->unknown_tags.count : 0);
 		const bool has_replica_directory_id = v >= 17 && !km_codec_uuid_is_zero(&m->replica_directory_id);
@@ -230,9 +223,6 @@ static size_t km_fetch_request_fetch_partition_sz(int16_t v, const km_fetch_requ
 		n += 8;
 	}
 	n += 4;
-	if ((v >= 17 && !(v >= 17))) {
-		n += 16;
-	}
 	if (flex) {
 		uint32_t ntags = (uint32_t)(m->unknown_tags.count > 0 ? m->unknown_tags.count : 0);
 		n += km_codec_sz_tags(&m->unknown_tags);
@@ -468,16 +458,8 @@ static bool km_fetch_request_dec(km_rd *r, int16_t v, km_fetch_request *m, km_ar
 	(void)flex;
 	(void)a;
 	(void)v;
-	if ((v >= 12 && !(v >= 12))) {
-		if (!km_rd_string(r, "ClusterId", flex, v >= 12, &m->cluster_id))
-			return false;
-	}
 	if (v <= 14) {
 		if (!km_rd_i32(r, "ReplicaId", &m->replica_id))
-			return false;
-	}
-	if ((v >= 15 && !(v >= 15))) {
-		if (!km_fetch_request_replica_state_dec(r, v, &m->replica_state, a))
 			return false;
 	}
 	if (!km_rd_i32(r, "MaxWaitMs", &m->max_wait_ms))
@@ -589,16 +571,8 @@ static void km_fetch_request_enc(km_wr *w, int16_t v, const km_fetch_request *m)
 		km_codec_wr_fail(w, KM_ERR_ENCODE);
 	if (!(v >= 7) && m->forgotten_topics_data.count != 0)
 		km_codec_wr_fail(w, KM_ERR_ENCODE);
-	if ((v >= 12 && !(v >= 12))) {
-		if (m->cluster_id.len < 0 && !(v >= 12))
-			km_codec_wr_fail(w, KM_ERR_ENCODE);
-		km_wr_string(w, flex, m->cluster_id);
-	}
 	if (v <= 14) {
 		km_wr_i32(w, m->replica_id);
-	}
-	if ((v >= 15 && !(v >= 15))) {
-		km_fetch_request_replica_state_enc(w, v, &m->replica_state);
 	}
 	km_wr_i32(w, m->max_wait_ms);
 	km_wr_i32(w, m->min_bytes);
@@ -668,14 +642,8 @@ static size_t km_fetch_request_sz(int16_t v, const km_fetch_request *m)
 	size_t n = 0;
 	(void)flex;
 	(void)v;
-	if ((v >= 12 && !(v >= 12))) {
-		n += km_sz_string(flex, m->cluster_id);
-	}
 	if (v <= 14) {
 		n += 4;
-	}
-	if ((v >= 15 && !(v >= 15))) {
-		n += km_fetch_request_replica_state_sz(v, &m->replica_state);
 	}
 	n += 4;
 	n += 4;

@@ -371,18 +371,6 @@ static bool km_fetch_response_partition_data_dec(km_rd *r, int16_t v, km_fetch_r
 		if (!km_rd_i64(r, "PartitionData.LogStartOffset", &m->log_start_offset))
 			return false;
 	}
-	if ((v >= 12 && !(v >= 12))) {
-		if (!km_fetch_response_epoch_end_offset_dec(r, v, &m->diverging_epoch, a))
-			return false;
-	}
-	if ((v >= 12 && !(v >= 12))) {
-		if (!km_fetch_response_leader_id_and_epoch_dec(r, v, &m->current_leader, a))
-			return false;
-	}
-	if ((v >= 12 && !(v >= 12))) {
-		if (!km_fetch_response_snapshot_id_dec(r, v, &m->snapshot_id, a))
-			return false;
-	}
 	if (v >= 4) {
 		{
 			int32_t cnt;
@@ -476,15 +464,6 @@ static void km_fetch_response_partition_data_enc(km_wr *w, int16_t v, const km_f
 	if (v >= 5) {
 		km_wr_i64(w, m->log_start_offset);
 	}
-	if ((v >= 12 && !(v >= 12))) {
-		km_fetch_response_epoch_end_offset_enc(w, v, &m->diverging_epoch);
-	}
-	if ((v >= 12 && !(v >= 12))) {
-		km_fetch_response_leader_id_and_epoch_enc(w, v, &m->current_leader);
-	}
-	if ((v >= 12 && !(v >= 12))) {
-		km_fetch_response_snapshot_id_enc(w, v, &m->snapshot_id);
-	}
 	if (v >= 4) {
 		if (m->aborted_transactions.count < 0 && !(v >= 4))
 			km_codec_wr_fail(w, KM_ERR_ENCODE);
@@ -548,15 +527,6 @@ static size_t km_fetch_response_partition_data_sz(int16_t v, const km_fetch_resp
 	}
 	if (v >= 5) {
 		n += 8;
-	}
-	if ((v >= 12 && !(v >= 12))) {
-		n += km_fetch_response_epoch_end_offset_sz(v, &m->diverging_epoch);
-	}
-	if ((v >= 12 && !(v >= 12))) {
-		n += km_fetch_response_leader_id_and_epoch_sz(v, &m->current_leader);
-	}
-	if ((v >= 12 && !(v >= 12))) {
-		n += km_fetch_response_snapshot_id_sz(v, &m->snapshot_id);
 	}
 	if (v >= 4) {
 		n += km_sz_array_len(flex, m->aborted_transactions.count);
@@ -842,25 +812,6 @@ static bool km_fetch_response_dec(km_rd *r, int16_t v, km_fetch_response *m, km_
 			}
 		}
 	}
-	if ((v >= 16 && !(v >= 16))) {
-		{
-			int32_t cnt;
-			if (!km_rd_array_len(r, "NodeEndpoints", flex, false, 11, &cnt))
-				return false;
-			m->node_endpoints.count = cnt;
-			m->node_endpoints.items = NULL;
-			if (cnt > 0) {
-				m->node_endpoints.items = km_arena_alloc(a, (size_t)cnt * sizeof(*m->node_endpoints.items));
-				if (!m->node_endpoints.items)
-					return km_codec_arena_fail(r, a, "NodeEndpoints");
-				for (int32_t i = 0; i < cnt; i++) {
-					km_fetch_response_node_endpoint_init(&m->node_endpoints.items[i]);
-					if (!km_fetch_response_node_endpoint_dec(r, v, &m->node_endpoints.items[i], a))
-						return false;
-				}
-			}
-		}
-	}
 	if (flex) {
 		if (!km_codec_rd_tags(r, "FetchResponse.TaggedFields", &m->unknown_tags, a))
 			return false;
@@ -915,14 +866,6 @@ static void km_fetch_response_enc(km_wr *w, int16_t v, const km_fetch_response *
 	for (int32_t i = 0; i < m->responses.count; i++) {
 		km_fetch_response_fetchable_topic_response_enc(w, v, &m->responses.items[i]);
 	}
-	if ((v >= 16 && !(v >= 16))) {
-		if (m->node_endpoints.count < 0)
-			km_codec_wr_fail(w, KM_ERR_ENCODE);
-		km_wr_array_len(w, flex, m->node_endpoints.count);
-		for (int32_t i = 0; i < m->node_endpoints.count; i++) {
-			km_fetch_response_node_endpoint_enc(w, v, &m->node_endpoints.items[i]);
-		}
-	}
 	if (flex) {
 		uint32_t ntags = (uint32_t)(m->unknown_tags.count > 0 ? m->unknown_tags.count : 0);
 		const bool has_node_endpoints = v >= 16 && m->node_endpoints.count != 0;
@@ -965,11 +908,6 @@ static size_t km_fetch_response_sz(int16_t v, const km_fetch_response *m)
 	n += km_sz_array_len(flex, m->responses.count);
 	for (int32_t i = 0; i < m->responses.count; i++)
 		n += km_fetch_response_fetchable_topic_response_sz(v, &m->responses.items[i]);
-	if ((v >= 16 && !(v >= 16))) {
-		n += km_sz_array_len(flex, m->node_endpoints.count);
-		for (int32_t i = 0; i < m->node_endpoints.count; i++)
-			n += km_fetch_response_node_endpoint_sz(v, &m->node_endpoints.items[i]);
-	}
 	if (flex) {
 		uint32_t ntags = (uint32_t)(m->unknown_tags.count > 0 ? m->unknown_tags.count : 0);
 		n += km_codec_sz_tags(&m->unknown_tags);

@@ -96,10 +96,6 @@ static bool km_fetch_snapshot_request_partition_snapshot_dec(km_rd *r, int16_t v
 		return false;
 	if (!km_rd_i64(r, "PartitionSnapshot.Position", &m->position))
 		return false;
-	if ((v >= 1 && !(v >= 1))) {
-		if (!km_rd_uuid(r, "PartitionSnapshot.ReplicaDirectoryId", &m->replica_directory_id))
-			return false;
-	}
 	if (flex) {
 		if (!km_codec_rd_tags(r, "PartitionSnapshot.TaggedFields", &m->unknown_tags, a))
 			return false;
@@ -139,9 +135,6 @@ static void km_fetch_snapshot_request_partition_snapshot_enc(km_wr *w, int16_t v
 	km_wr_i32(w, m->current_leader_epoch);
 	km_fetch_snapshot_request_snapshot_id_enc(w, v, &m->snapshot_id);
 	km_wr_i64(w, m->position);
-	if ((v >= 1 && !(v >= 1))) {
-		km_wr_uuid(w, &m->replica_directory_id);
-	}
 	if (flex) {
 		uint32_t ntags = (uint32_t)(m->unknown_tags.count > 0 ? m->unknown_tags.count : 0);
 		const bool has_replica_directory_id = v >= 1 && !km_codec_uuid_is_zero(&m->replica_directory_id);
@@ -169,9 +162,6 @@ static size_t km_fetch_snapshot_request_partition_snapshot_sz(int16_t v, const k
 	n += 4;
 	n += km_fetch_snapshot_request_snapshot_id_sz(v, &m->snapshot_id);
 	n += 8;
-	if ((v >= 1 && !(v >= 1))) {
-		n += 16;
-	}
 	if (flex) {
 		uint32_t ntags = (uint32_t)(m->unknown_tags.count > 0 ? m->unknown_tags.count : 0);
 		n += km_codec_sz_tags(&m->unknown_tags);

@@ -231,10 +231,6 @@ static bool km_produce_response_partition_produce_response_dec(km_rd *r, int16_t
 		if (!km_rd_string(r, "PartitionProduceResponse.ErrorMessage", flex, v >= 8, &m->error_message))
 			return false;
 	}
-	if ((v >= 10 && !(v >= 10))) {
-		if (!km_produce_response_leader_id_and_epoch_dec(r, v, &m->current_leader, a))
-			return false;
-	}
 	if (flex) {
 		if (!km_codec_rd_tags(r, "PartitionProduceResponse.TaggedFields", &m->unknown_tags, a))
 			return false;
@@ -294,9 +290,6 @@ static void km_produce_response_partition_produce_response_enc(km_wr *w, int16_t
 			km_codec_wr_fail(w, KM_ERR_ENCODE);
 		km_wr_string(w, flex, m->error_message);
 	}
-	if ((v >= 10 && !(v >= 10))) {
-		km_produce_response_leader_id_and_epoch_enc(w, v, &m->current_leader);
-	}
 	if (flex) {
 		uint32_t ntags = (uint32_t)(m->unknown_tags.count > 0 ? m->unknown_tags.count : 0);
 		const bool has_current_leader = v >= 10 && !km_produce_response_leader_id_and_epoch_is_default(&m->current_leader);
@@ -336,9 +329,6 @@ static size_t km_produce_response_partition_produce_response_sz(int16_t v, const
 	}
 	if (v >= 8) {
 		n += km_sz_string(flex, m->error_message);
-	}
-	if ((v >= 10 && !(v >= 10))) {
-		n += km_produce_response_leader_id_and_epoch_sz(v, &m->current_leader);
 	}
 	if (flex) {
 		uint32_t ntags = (uint32_t)(m->unknown_tags.count > 0 ? m->unknown_tags.count : 0);
@@ -579,25 +569,6 @@ static bool km_produce_response_dec(km_rd *r, int16_t v, km_produce_response *m,
 		if (!km_rd_i32(r, "ThrottleTimeMs", &m->throttle_time_ms))
 			return false;
 	}
-	if ((v >= 10 && !(v >= 10))) {
-		{
-			int32_t cnt;
-			if (!km_rd_array_len(r, "NodeEndpoints", flex, false, 11, &cnt))
-				return false;
-			m->node_endpoints.count = cnt;
-			m->node_endpoints.items = NULL;
-			if (cnt > 0) {
-				m->node_endpoints.items = km_arena_alloc(a, (size_t)cnt * sizeof(*m->node_endpoints.items));
-				if (!m->node_endpoints.items)
-					return km_codec_arena_fail(r, a, "NodeEndpoints");
-				for (int32_t i = 0; i < cnt; i++) {
-					km_produce_response_node_endpoint_init(&m->node_endpoints.items[i]);
-					if (!km_produce_response_node_endpoint_dec(r, v, &m->node_endpoints.items[i], a))
-						return false;
-				}
-			}
-		}
-	}
 	if (flex) {
 		if (!km_codec_rd_tags(r, "ProduceResponse.TaggedFields", &m->unknown_tags, a))
 			return false;
@@ -644,14 +615,6 @@ static void km_produce_response_enc(km_wr *w, int16_t v, const km_produce_respon
 	if (v >= 1) {
 		km_wr_i32(w, m->throttle_time_ms);
 	}
-	if ((v >= 10 && !(v >= 10))) {
-		if (m->node_endpoints.count < 0)
-			km_codec_wr_fail(w, KM_ERR_ENCODE);
-		km_wr_array_len(w, flex, m->node_endpoints.count);
-		for (int32_t i = 0; i < m->node_endpoints.count; i++) {
-			km_produce_response_node_endpoint_enc(w, v, &m->node_endpoints.items[i]);
-		}
-	}
 	if (flex) {
 		uint32_t ntags = (uint32_t)(m->unknown_tags.count > 0 ? m->unknown_tags.count : 0);
 		const bool has_node_endpoints = v >= 10 && m->node_endpoints.count != 0;
@@ -687,11 +650,6 @@ static size_t km_produce_response_sz(int16_t v, const km_produce_response *m)
 		n += km_produce_response_topic_produce_response_sz(v, &m->responses.items[i]);
 	if (v >= 1) {
 		n += 4;
-	}
-	if ((v >= 10 && !(v >= 10))) {
-		n += km_sz_array_len(flex, m->node_endpoints.count);
-		for (int32_t i = 0; i < m->node_endpoints.count; i++)
-			n += km_produce_response_node_endpoint_sz(v, &m->node_endpoints.items[i]);
 	}
 	if (flex) {
 		uint32_t ntags = (uint32_t)(m->unknown_tags.count > 0 ? m->unknown_tags.count : 0);

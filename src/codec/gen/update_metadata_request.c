@@ -504,10 +504,6 @@ static bool km_update_metadata_request_dec(km_rd *r, int16_t v, km_update_metada
 		if (!km_rd_bool(r, "isKRaftController", &m->is_k_raft_controller))
 			return false;
 	}
-	if ((v >= 8 && !(v >= 8))) {
-		if (!km_rd_i8(r, "Type", &m->type))
-			return false;
-	}
 	if (!km_rd_i32(r, "ControllerEpoch", &m->controller_epoch))
 		return false;
 	if (v >= 5) {
@@ -616,9 +612,6 @@ static void km_update_metadata_request_enc(km_wr *w, int16_t v, const km_update_
 	if (v >= 8) {
 		km_wr_bool(w, m->is_k_raft_controller);
 	}
-	if ((v >= 8 && !(v >= 8))) {
-		km_wr_i8(w, m->type);
-	}
 	km_wr_i32(w, m->controller_epoch);
 	if (v >= 5) {
 		km_wr_i64(w, m->broker_epoch);
@@ -670,9 +663,6 @@ static size_t km_update_metadata_request_sz(int16_t v, const km_update_metadata_
 	(void)v;
 	n += 4;
 	if (v >= 8) {
-		n += 1;
-	}
-	if ((v >= 8 && !(v >= 8))) {
 		n += 1;
 	}
 	n += 4;

@@ -520,10 +520,12 @@ km_err km_batch_split_gaps(const km_batch *b, uint8_t *scratch, size_t scratch_c
 		r->value = rec.value;
 		r->headers = hdrs ? hdrs + h : NULL;
 		r->headers_count = (size_t)rec.headers_count;
-		km_record_header_iter hi;
-		km_record_header_iter_init(&hi, &rec);
-		while (km_record_header_next(&hi, &hdrs[h]))
-			h++;
+		if (rec.headers_count > 0) {
+			km_record_header_iter hi;
+			km_record_header_iter_init(&hi, &rec);
+			while (km_record_header_next(&hi, &hdrs[h]))
+				h++;
+		}
 	}
 
 	/* Deltas that do not increase from >= 0 are not a batch Kafka writes. */

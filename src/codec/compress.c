@@ -153,6 +153,8 @@ static km_err snappy_raw_decode(const uint8_t *src, size_t n, sink *s)
 		return KM_ERR_DECODE;
 	if (ulen > s->max - s->len)
 		return KM_ERR_TOO_LARGE;
+	if (ulen == 0)
+		return KM_OK;
 	km_err err = sink_need(s, ulen);
 	if (err)
 		return err;

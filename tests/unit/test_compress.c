@@ -146,6 +146,11 @@ static void test_snappy_declared_huge(void **state)
 	assert_int_equal(km_decompress_alloc(KM_CODEC_SNAPPY, huge, sizeof(huge), 1 << 20, &out, &got),
 			 KM_ERR_DECODE);
 	assert_null(out);
+	/* An empty raw block (length 0) into a growing buffer that has nothing allocated yet. */
+	static const uint8_t empty[] = {0x00};
+	assert_int_equal(km_decompress_alloc(KM_CODEC_SNAPPY, empty, sizeof(empty), 1 << 20, &out, &got), KM_OK);
+	assert_int_equal(got, 0);
+	free(out);
 	/* Declared small but the block is short: invalid. */
 	static const uint8_t shortb[] = {0x40, 0x00, 'a'};
 	uint8_t dst[100];

@@ -174,23 +174,34 @@ __attribute__((constructor)) static void crc_init(void)
 	crc_ready = 1;
 }
 
+/* Only a caller running before the constructor (another constructor) takes this branch. */
+#define ENSURE_READY()                          \
+	do {                                    \
+		if (__builtin_expect(!crc_ready, 0)) \
+			crc_init();             \
+	} while (0)
+
 uint32_t km_crc32c(uint32_t crc, const void *p, size_t n)
 {
+	ENSURE_READY();
 	return ~crc_impl(~crc, p, n);
 }
 
 uint32_t km_crc32c_table(uint32_t crc, const void *p, size_t n)
 {
+	ENSURE_READY();
 	return ~crc_table_raw(~crc, p, n);
 }
 
 uint32_t km_crc32c_hw(uint32_t crc, const void *p, size_t n)
 {
+	ENSURE_READY();
 	return ~crc_best(~crc, p, n);
 }
 
 bool km_crc32c_hw_available(void)
 {
+	ENSURE_READY();
 	return crc_best != crc_table_raw;
 }
 
@@ -202,5 +213,6 @@ void km_crc32c_force_table(bool on)
 
 const char *km_crc32c_impl(void)
 {
+	ENSURE_READY();
 	return crc_impl == crc_table_raw ? "table" : "sse4.2";
 }

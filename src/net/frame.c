@@ -55,7 +55,7 @@ km_frame_status km_net_frame_peek(struct evbuffer *in, int64_t max_frame, size_t
 	/* Check with only the prefix, then decide completeness against the whole buffer. */
 	st = km_net_frame_check(hdr, 4, max_frame, min_frame, first, size);
 	if (st == KM_FRAME_NEED_MORE && avail - 4 >= (size_t)*size)
-		return (*size == 0 && min_frame > 0) ? KM_FRAME_BAD_SIZE : KM_FRAME_READY;
+		return KM_FRAME_READY;
 	return st;
 }
 

@@ -141,6 +141,13 @@ fail:
 	return NULL;
 }
 
+/* libevent reads 16 KiB per callback by default: large Fetch responses would take thousands of rounds. */
+static void set_io_sizes(struct bufferevent *bev)
+{
+	bufferevent_set_max_single_read(bev, 256 * 1024);
+	bufferevent_set_max_single_write(bev, 256 * 1024);
+}
+
 struct bufferevent *km_net_bev_new(struct event_base *base, int fd, SSL_CTX *ctx, bool server, const char *sni,
 				   bool verify_host)
 {
@@ -148,8 +155,12 @@ struct bufferevent *km_net_bev_new(struct event_base *base, int fd, SSL_CTX *ctx
 	struct bufferevent *bev;
 	SSL *ssl;
 
-	if (!ctx)
-		return bufferevent_socket_new(base, fd, opts);
+	if (!ctx) {
+		bev = bufferevent_socket_new(base, fd, opts);
+		if (bev)
+			set_io_sizes(bev);
+		return bev;
+	}
 	ssl = SSL_new(ctx);
 	if (!ssl)
 		return NULL;
@@ -168,5 +179,6 @@ struct bufferevent *km_net_bev_new(struct event_base *base, int fd, SSL_CTX *ctx
 	}
 	/* A peer that closes without close_notify is normal for Kafka clients. */
 	bufferevent_openssl_set_allow_dirty_shutdown(bev, 1);
+	set_io_sizes(bev);
 	return bev;
 }

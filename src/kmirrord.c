@@ -47,11 +47,21 @@ static void usage(FILE *out)
 		"  --version                 print the version and exit\n"
 		"  --help                    this text\n"
 		"\n"
-		"Every option of the config file is also a flag: --NAME VALUE, with dashes or underscores:\n");
-	for (size_t i = 0; i < n; i++)
-		fprintf(out, "  --%s\n", opts[i].name);
+		"Every option of the config file is also a flag (--NAME VALUE or --NAME=VALUE, dashes or\n"
+		"underscores); see docs/configuration.md. Options, their type and default:\n");
+	for (size_t i = 0; i < n; i++) {
+		char flag[64];
+		size_t j;
+		for (j = 0; opts[i].name[j] && j + 1 < sizeof(flag); j++)
+			flag[j] = opts[i].name[j] == '_' ? '-' : opts[i].name[j];
+		flag[j] = '\0';
+		fprintf(out, "  --%-30s %s, default %s%s\n", flag, km_config_type_name(opts[i].type),
+			*opts[i].def ? opts[i].def : "empty", opts[i].reloadable ? " (reloadable)" : "");
+	}
 	fprintf(out, "\nSignals: SIGHUP reloads the config file (kept unchanged when invalid); SIGTERM or SIGINT\n"
-		     "drains client connections gradually and exits 0; a second one exits at once.\n");
+		     "drains client connections gradually and exits 0; a second one closes everything at once.\n"
+		     "Exit codes: 0 after a drain, 1 when it cannot start (listen, TLS files), 2 for a bad\n"
+		     "command line or configuration.\n");
 }
 
 /* Build a configuration: defaults, then the file, then the command-line overrides. */

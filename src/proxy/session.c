@@ -39,7 +39,9 @@ struct km_session {
 	bool cli_paused;       /* reads from the client paused (FIFO full or upstream buffer full) */
 	bool up_paused;        /* reads from upstream paused (client buffer full) */
 	uint64_t last_activity_ms;
-	uint64_t partial_since_ms; /* 0: no partial frame buffered */
+	uint64_t partial_since_ms; /* last progress of an incomplete request frame; 0: none */
+	size_t req_left;       /* bytes of the current request still to forward (cut-through) */
+	size_t resp_left;      /* bytes of the current response still to forward (cut-through) */
 	km_session *prev, *next;
 	km_session *next_dead;
 };
@@ -159,7 +161,9 @@ static void fifo_pop(km_session *s)
 static void update_cli_reading(km_session *s)
 {
 	const km_config *cfg = &s->px->cfg;
-	bool pause = s->draining || s->count >= (size_t)cfg->max_inflight_requests ||
+	/* A request half forwarded must be finished whatever the FIFO or a drain say: the broker waits
+	 * for its end before it answers anything. Buffer limits still apply (the upstream drains). */
+	bool pause = (!s->req_left && (s->draining || s->count >= (size_t)cfg->max_inflight_requests)) ||
 		     (s->up && evbuffer_get_length(bufferevent_get_output(s->up)) > (size_t)cfg->connection_buffer_bytes) ||
 		     evbuffer_get_length(s->held) > (size_t)cfg->connection_buffer_bytes;
 	if (!s->cli || pause == s->cli_paused)
@@ -199,7 +203,7 @@ static void update_up_reading(km_session *s)
 /* A drained session closes once nothing is in flight and the client has everything. */
 static void maybe_finish_drain(km_session *s)
 {
-	if (s->draining && !s->closed && s->count == 0 &&
+	if (s->draining && !s->closed && s->count == 0 && !s->req_left &&
 	    (!s->cli || evbuffer_get_length(bufferevent_get_output(s->cli)) == 0))
 		km_session_close(s, "draining");
 }
@@ -359,11 +363,28 @@ static void up_read_cb(struct bufferevent *bev, void *arg)
 		uint8_t hdr[8];
 		inflight f;
 		bool ok;
-		km_frame_status st = km_net_frame_peek(in, px->cfg.max_frame_bytes, KM_FRAME_MIN_RESPONSE, false, &size);
+		size_t avail = evbuffer_get_length(in), n;
+		km_frame_status st;
 
-		if (st == KM_FRAME_NEED_MORE)
+		if (s->resp_left) {
+			/* the rest of a response already started towards the client */
+			n = avail < s->resp_left ? avail : s->resp_left;
+			if (!n)
+				break;
+			px->metrics.client_bytes_out += n;
+			evbuffer_remove_buffer(in, bufferevent_get_output(s->cli), n);
+			s->resp_left -= n;
+			if (s->resp_left)
+				break;
+			fifo_pop(s);
+			flush_local(s);
+			s->last_activity_ms = km_proxy_now_ms(px);
+			continue;
+		}
+		st = km_net_frame_peek(in, px->cfg.max_frame_bytes, KM_FRAME_MIN_RESPONSE, false, &size);
+		if (st == KM_FRAME_NEED_MORE && avail < 8)
 			break;
-		if (st != KM_FRAME_READY) {
+		if (st != KM_FRAME_READY && st != KM_FRAME_NEED_MORE) {
 			KM_WARN("proxy", s->id, "bad response frame from %s: %s (size %d)", s->up_addr,
 				km_frame_status_name(st), size);
 			px->metrics.upstream_errors_total++;
@@ -380,17 +401,30 @@ static void up_read_cb(struct bufferevent *bev, void *arg)
 			return;
 		}
 		f = s->fifo[s->head];
+		if (!km_proxy_response_needs_rewrite(f.key, f.version)) {
+			/* Cut through: what has arrived goes now, the rest as it comes. */
+			size_t total = (size_t)size + 4;
+			px->metrics.upstream_bytes_in += total;
+			km_metrics_latency(&px->metrics, f.key, (double)(now_us() - f.t0_us) / 1e6);
+			n = avail < total ? avail : total;
+			px->metrics.client_bytes_out += n;
+			evbuffer_remove_buffer(in, bufferevent_get_output(s->cli), n);
+			s->resp_left = total - n;
+			if (s->resp_left)
+				break;
+			fifo_pop(s);
+			flush_local(s);
+			s->last_activity_ms = km_proxy_now_ms(px);
+			continue;
+		}
+		if (st != KM_FRAME_READY)
+			break; /* rewritten responses are handled whole */
 		px->metrics.upstream_bytes_in += (uint64_t)size + 4;
 		km_metrics_latency(&px->metrics, f.key, (double)(now_us() - f.t0_us) / 1e6);
-		if (!km_proxy_response_needs_rewrite(f.key, f.version)) {
-			px->metrics.client_bytes_out += (uint64_t)size + 4;
-			evbuffer_remove_buffer(in, bufferevent_get_output(s->cli), (size_t)size + 4);
-			ok = true;
-		} else if (f.key == KM_API_PRODUCE || f.key == KM_API_FETCH) {
+		if (f.key == KM_API_PRODUCE || f.key == KM_API_FETCH)
 			ok = forward_tail_patched(s, &f, in, size);
-		} else {
+		else
 			ok = rewrite_small(s, &f, in, size);
-		}
 		if (!ok) {
 			/* Never pass on a response we could not rewrite: it may hold real broker addresses. */
 			KM_WARN("proxy", s->id, "cannot rewrite response to api %d v%d (correlation id %d)", f.key, f.version,
@@ -526,11 +560,10 @@ static void cli_read_cb(struct bufferevent *bev, void *arg)
 	uint64_t now = km_proxy_now_ms(px);
 
 	s->last_activity_ms = now;
-	while (!s->closed && !s->draining && s->count < (size_t)px->cfg.max_inflight_requests) {
+	while (!s->closed) {
 		int32_t size = 0;
-		km_frame_status st = km_net_frame_peek(in, px->cfg.max_frame_bytes, KM_FRAME_MIN_REQUEST, s->first_frame,
-						       &size);
-		size_t want;
+		km_frame_status st;
+		size_t want, avail = evbuffer_get_length(in), n;
 		uint8_t *p;
 		km_req_header h;
 		const km_api_info *api;
@@ -538,9 +571,28 @@ static void cli_read_cb(struct bufferevent *bev, void *arg)
 		int16_t acks = -1;
 		char msg[200];
 
+		if (s->req_left) {
+			/* the rest of a request already started towards the broker */
+			n = avail < s->req_left ? avail : s->req_left;
+			px->metrics.client_bytes_in += n;
+			up_send(s, in, n);
+			s->req_left -= n;
+			if (s->req_left) {
+				s->partial_since_ms = now;
+				goto out;
+			}
+			s->partial_since_ms = 0;
+			continue;
+		}
+		if (s->draining || s->count >= (size_t)px->cfg.max_inflight_requests)
+			break;
+		st = km_net_frame_peek(in, px->cfg.max_frame_bytes, KM_FRAME_MIN_REQUEST, s->first_frame, &size);
 		switch (st) {
 		case KM_FRAME_NEED_MORE:
-			s->partial_since_ms = evbuffer_get_length(in) ? (s->partial_since_ms ? s->partial_since_ms : now) : 0;
+			/* Enough for the header (and Produce acks)? Then start forwarding before the end arrives. */
+			if (avail >= 4 && avail - 4 >= ((size_t)size < 512 ? (size_t)size : 512))
+				break;
+			s->partial_since_ms = avail ? now : 0;
 			goto out;
 		case KM_FRAME_TLS_HELLO:
 			reject(s, KM_REJECT_TLS_HELLO,
@@ -572,13 +624,17 @@ static void cli_read_cb(struct bufferevent *bev, void *arg)
 			return;
 		}
 		api = km_proxy_api_find(h.api_key);
-		km_metrics_request(&px->metrics, h.api_key);
 		f.corr = h.correlation_id;
 		f.key = h.api_key;
 		f.version = h.api_version;
 		f.t0_us = now_us();
 		f.local = NULL;
 		if (h.api_key == KM_API_API_VERSIONS && api && h.api_version > api->max_version) {
+			if (st != KM_FRAME_READY) {
+				s->partial_since_ms = now;
+				goto out; /* answered here: wait for the whole frame, then drop it */
+			}
+			km_metrics_request(&px->metrics, h.api_key);
 			KM_DEBUG("proxy", s->id, "ApiVersions v%d is newer than v%d: answering UNSUPPORTED_VERSION",
 				 h.api_version, api->max_version);
 			if (!answer_api_versions_unsupported(s, h.correlation_id, &f) || !fifo_push(s, &f)) {
@@ -602,6 +658,10 @@ static void cli_read_cb(struct bufferevent *bev, void *arg)
 			if (rc != KM_OK && (size_t)size > want) {
 				/* Long client or transactional ids: look further, still bounded by the frame. */
 				want = (size_t)size < 70000 ? (size_t)size : 70000;
+				if (avail - 4 < want) {
+					s->partial_since_ms = now;
+					goto out; /* parse again from the start when more has arrived */
+				}
 				p = evbuffer_pullup(in, (ev_ssize_t)want + 4);
 				rc = p ? km_net_produce_acks(p + 4, want, h.api_version, &acks) : KM_ERR_NOMEM;
 			}
@@ -612,13 +672,18 @@ static void cli_read_cb(struct bufferevent *bev, void *arg)
 		}
 		KM_TRACE("proxy", s->id, "request api %d v%d corr %d size %d", h.api_key, h.api_version,
 			 h.correlation_id, size);
+		km_metrics_request(&px->metrics, h.api_key);
 		/* acks=0: the broker sends nothing back, so nothing waits in the FIFO. */
 		if (!(h.api_key == KM_API_PRODUCE && acks == 0) && !fifo_push(s, &f)) {
 			km_session_close(s, "out of memory");
 			return;
 		}
-		px->metrics.client_bytes_in += (uint64_t)size + 4;
-		up_send(s, in, (size_t)size + 4);
+		/* Forward what is here; a frame still arriving continues in req_left. */
+		n = avail < (size_t)size + 4 ? avail : (size_t)size + 4;
+		px->metrics.client_bytes_in += n;
+		up_send(s, in, n);
+		s->req_left = (size_t)size + 4 - n;
+		s->partial_since_ms = s->req_left ? now : 0;
 	}
 out:
 	if (s->closed)

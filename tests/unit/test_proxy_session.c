@@ -34,6 +34,10 @@ typedef struct upstream {
 	bool node_endpoints;   /* Fetch v16 answers carry NodeEndpoints */
 	bool second_broker;    /* Metadata answers list node 1 too */
 	bool silent;           /* application requests get no answer */
+	size_t bytes_received; /* all bytes read from the proxy's application connections */
+	struct bufferevent *held_bev; /* ListOffsets: the second half of the answer waits here */
+	km_wr held_rest;
+	size_t seen_pending;  /* bytes counted but not yet consumed as a whole frame */
 	int32_t last_acks0_corr;
 } upstream;
 
@@ -114,6 +118,8 @@ static void up_read(struct bufferevent *bev, void *arg)
 	struct evbuffer *in = bufferevent_get_input(bev);
 	int32_t size;
 
+	u->bytes_received += evbuffer_get_length(in) - u->seen_pending;
+	u->seen_pending = evbuffer_get_length(in);
 	while (km_net_frame_peek(in, 1 << 24, 8, false, &size) == KM_FRAME_READY) {
 		uint8_t *p = evbuffer_pullup(in, size + 4);
 		km_req_header h;
@@ -138,6 +144,18 @@ static void up_read(struct bufferevent *bev, void *arg)
 			} else if (h.api_key == KM_API_METADATA) {
 				metadata_v9_body(&w, u->port, u->second_broker);
 				up_reply(bev, h.correlation_id + (u->bad_corr ? 1 : 0), true, &w);
+			} else if (h.api_key == 2) {
+				/* ListOffsets (never rewritten): 10000 bytes, only the first 3000 sent now */
+				uint8_t hdr[9];
+				km_wr_init(&u->held_rest);
+				km_put_be32(hdr, 5 + 10000);
+				km_put_be32(hdr + 4, (uint32_t)h.correlation_id);
+				hdr[8] = 0;
+				evbuffer_add(bufferevent_get_output(bev), hdr, 9);
+				for (int i = 0; i < 10000; i++)
+					km_wr_i8(i < 3000 ? &w : &u->held_rest, (int8_t)(i & 0x7f));
+				evbuffer_add(bufferevent_get_output(bev), w.buf, w.len);
+				u->held_bev = bev;
 			} else if (h.api_key == KM_API_FETCH) {
 				fetch_v16_body(&w, u->node_endpoints);
 				up_reply(bev, h.correlation_id, true, &w);
@@ -151,6 +169,7 @@ static void up_read(struct bufferevent *bev, void *arg)
 		}
 		km_wr_free(&w);
 		evbuffer_drain(in, (size_t)size + 4);
+		u->seen_pending -= (size_t)size + 4;
 	}
 }
 
@@ -582,6 +601,73 @@ static void test_idle_and_request_timeouts(void **state)
 	tc_free(waiting);
 }
 
+static void test_cut_through(void **state)
+{
+	fixture *f = *state;
+	tclient *c = tc_connect(f, f->listen_port);
+	struct evbuffer *in = bufferevent_get_input(c->bev);
+	km_wr body, frame;
+	uint8_t *r;
+	size_t len, before;
+	int32_t size;
+
+	/* A 20000-byte Produce request: the broker sees its first part before the client sends the rest. */
+	km_wr_init(&body);
+	km_wr_string(&body, true, KM_STR_NULL);
+	km_wr_i16(&body, 1);
+	km_wr_i32(&body, 1000);
+	for (int i = 0; i < 20000; i++)
+		km_wr_i8(&body, 0x11);
+	km_wr_init(&frame);
+	before = f->up.bytes_received; /* the proxy's own metadata refresh came first */
+	tc_request(c, KM_API_PRODUCE, 9, 1, &body);
+	/* hold back the end of the frame: take it out of the output buffer before it is sent */
+	{
+		struct evbuffer *out = bufferevent_get_output(c->bev);
+		size_t total = evbuffer_get_length(out);
+		km_wr_raw(&frame, evbuffer_pullup(out, -1), total);
+		evbuffer_drain(out, total);
+		evbuffer_add(out, frame.buf, 8000);
+	}
+	for (int i = 0; i < 50 && f->up.bytes_received < before + 8000; i++)
+		run_for(f->base, 10);
+	assert_int_equal(f->up.bytes_received, before + 8000);
+	assert_int_equal(f->up.requests[KM_API_PRODUCE], 0); /* not complete at the broker yet */
+	evbuffer_add(bufferevent_get_output(c->bev), frame.buf + 8000, frame.len - 8000);
+	r = tc_response(f, c, &len);
+	assert_non_null(r);
+	assert_int_equal(km_be32(r), 1);
+	free(r);
+	assert_int_equal(f->up.requests[KM_API_PRODUCE], 1);
+
+	/* A response that is never rewritten reaches the client while its end is still on the way. */
+	tc_request(c, 2, 5, 2, NULL);
+	for (int i = 0; i < 50 && evbuffer_get_length(in) < 3009; i++)
+		run_for(f->base, 10);
+	before = evbuffer_get_length(in);
+	assert_int_equal(before, 9 + 3000);
+	assert_int_equal(km_net_frame_peek(in, 1 << 24, 4, false, &size), KM_FRAME_NEED_MORE);
+	assert_int_equal(size, 10005);
+	assert_non_null(f->up.held_bev);
+	evbuffer_add(bufferevent_get_output(f->up.held_bev), f->up.held_rest.buf, f->up.held_rest.len);
+	r = tc_response(f, c, &len);
+	assert_non_null(r);
+	assert_int_equal(len, 10005);
+	assert_int_equal(km_be32(r), 2);
+	assert_int_equal(r[5 + 9999], 9999 & 0x7f);
+	free(r);
+	/* and the connection goes on normally */
+	tc_request(c, KM_API_METADATA, 9, 3, NULL);
+	r = tc_response(f, c, &len);
+	assert_non_null(r);
+	assert_int_equal(km_be32(r), 3);
+	free(r);
+	km_wr_free(&f->up.held_rest);
+	km_wr_free(&body);
+	km_wr_free(&frame);
+	tc_free(c);
+}
+
 static int drained_calls;
 static void on_drained(void *arg)
 {
@@ -637,6 +723,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_drain_gradual, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_new_broker_gets_port, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_idle_and_request_timeouts, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_cut_through, setup, teardown),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -603,8 +603,10 @@ logger.cfg.level = WARN
                 break
             except KafkaError as e:
                 if "Address already in use" not in str(e) or attempt == attempts - 1:
+                    # Keep the logs of a cluster that would not start.
+                    self.keep_dir = True
                     self.stop()
-                    raise
+                    raise KafkaError(f"{e}\n(logs kept in {self.base_dir})") from None
                 self._kill_nodes()
                 for node in self.nodes.values():
                     shutil.rmtree(node.dir, ignore_errors=True)

@@ -451,3 +451,176 @@ km_err km_rewrite_node_endpoint_tags(const uint8_t *tags, size_t len, km_rewrite
 		return KM_ERR_DECODE;
 	return finish(&r, out, "NodeEndpoints", 0);
 }
+
+/* ---- size-preserving tail rewrite ---- */
+
+#define KM_FILLER_TAG 127 /* an unknown top-level tag: one uvarint byte, after every known one */
+
+/* Append a filler tagged field of exactly n bytes (n >= 2) to w. */
+static bool filler(km_wr *w, size_t n)
+{
+	for (size_t vl = 1; vl <= 3; vl++) {
+		size_t m;
+		if (n < 1 + vl)
+			return false;
+		m = n - 1 - vl;
+		if (km_sz_uvarint((uint32_t)m) == vl) {
+			km_wr_uvarint(w, KM_FILLER_TAG);
+			km_wr_uvarint(w, (uint32_t)m);
+			for (size_t i = 0; i < m; i++)
+				km_wr_i8(w, 0);
+			return true;
+		}
+	}
+	return false;
+}
+
+/* tags (with count n, fields from body) plus one filler, padded to exactly len bytes. */
+static km_err pad_to(const uint8_t *body, size_t body_len, uint32_t n, size_t len, uint8_t *out)
+{
+	km_wr w;
+	km_err rc = KM_ERR_ENCODE;
+	km_wr_init(&w);
+	km_wr_uvarint(&w, n + 1);
+	km_wr_raw(&w, body, body_len);
+	if (w.len + 2 <= len && filler(&w, len - w.len) && km_wr_ok(&w) && w.len == len) {
+		memcpy(out, w.buf, len);
+		rc = KM_OK;
+	}
+	km_wr_free(&w);
+	return rc;
+}
+
+km_err km_rewrite_node_endpoint_tags_same_size(const uint8_t *tags, size_t len, km_rewrite_ctx *ctx, uint8_t *out)
+{
+	km_wr w;
+	km_rd r;
+	uint32_t n = 0, kept = 0;
+	km_err rc;
+
+	km_wr_init(&w);
+	rc = km_rewrite_node_endpoint_tags(tags, len, ctx, &w);
+	if (rc != KM_OK) {
+		km_wr_free(&w);
+		return rc;
+	}
+	if (w.len == len) {
+		memcpy(out, w.buf, len);
+		km_wr_free(&w);
+		return KM_OK;
+	}
+	/* Shorter: the same tags plus a filler. */
+	km_rd_init(&r, w.buf, w.len);
+	km_rd_uvarint(&r, "tags", &n);
+	if (w.len < len && km_rd_ok(&r) && pad_to(w.buf + r.pos, w.len - r.pos, n, len, out) == KM_OK) {
+		km_wr_free(&w);
+		return KM_OK;
+	}
+	km_wr_free(&w);
+	/* Longer (or no room for a filler): keep every tag but NodeEndpoints, then pad. */
+	km_wr_init(&w);
+	km_rd_init(&r, tags, len);
+	km_rd_uvarint(&r, "tags", &n);
+	for (uint32_t i = 0; i < n && km_rd_ok(&r); i++) {
+		uint32_t tag = 0, sz = 0;
+		const uint8_t *p;
+		km_rd_uvarint(&r, "tag", &tag);
+		km_rd_uvarint(&r, "tag_size", &sz);
+		if (!km_rd_raw(&r, "tag_data", sz, &p) || tag == 0)
+			continue;
+		km_wr_uvarint(&w, tag);
+		km_wr_uvarint(&w, sz);
+		km_wr_raw(&w, p, sz);
+		kept++;
+	}
+	rc = km_rd_ok(&r) && km_wr_ok(&w) ? pad_to(w.buf, w.len, kept, len, out) : KM_ERR_DECODE;
+	km_wr_free(&w);
+	return rc;
+}
+
+/* ---- incremental Fetch walk ---- */
+
+enum { FW_HEAD, FW_TOPIC, FW_PART, FW_PART_TAGS, FW_TOPIC_TAGS, FW_DONE };
+
+void km_fetch_walk_init(km_fetch_walk *w, int16_t version, size_t frame_len)
+{
+	memset(w, 0, sizeof(*w));
+	w->version = version;
+	w->phase = FW_HEAD;
+	w->pos = 0;
+	w->end = frame_len;
+}
+
+int km_fetch_walk_step(km_fetch_walk *w, struct evbuffer *buf, size_t first)
+{
+	size_t have_end = first + evbuffer_get_length(buf);
+
+	if (have_end > w->end)
+		have_end = w->end;
+	while (w->phase != FW_DONE) {
+		km_evrd r;
+		size_t next_pos;
+		uint32_t n;
+		bool ok = true;
+
+		if (w->pos < first)
+			return -1; /* bytes the walk still needs were already sent: a bug, never guess */
+		if (w->pos >= have_end)
+			return w->pos >= w->end ? -1 : 0;
+		/* A reader over the bytes here, in buffer offsets; its positions map back with + first. */
+		km_evrd_init(&r, buf, w->pos - first, have_end - first);
+		switch (w->phase) {
+		case FW_HEAD:
+			/* size, correlation id, header tags, throttle, error, session id, topic count */
+			ok = km_evrd_skip(&r, 8) && km_evrd_skip_tags(&r) && skip_n(&r, 4 + 2 + 4) && array_len(&r, &n);
+			if (ok) {
+				w->topics = n;
+				w->ti = 0;
+				w->phase = n ? FW_TOPIC : FW_DONE;
+			}
+			break;
+		case FW_TOPIC:
+			ok = (w->version >= 13 ? skip_n(&r, 16) : km_evrd_skip_compact(&r)) && array_len(&r, &n);
+			if (ok) {
+				w->parts = n;
+				w->pi = 0;
+				w->phase = n ? FW_PART : FW_TOPIC_TAGS;
+			}
+			break;
+		case FW_PART: {
+			uint32_t aborted, rec;
+			ok = skip_n(&r, 4 + 2 + 8 + 8 + 8) && array_len(&r, &aborted);
+			for (uint32_t a = 0; ok && a < aborted; a++)
+				ok = skip_n(&r, 16) && km_evrd_skip_tags(&r);
+			ok = ok && skip_n(&r, 4) && km_evrd_uvarint(&r, &rec);
+			if (ok) {
+				/* The records are skipped by their length, whether they have arrived or not. */
+				size_t after = first + r.pos + (rec ? rec - 1 : 0);
+				if (after > w->end)
+					return -1;
+				w->pos = after;
+				w->phase = FW_PART_TAGS;
+				continue;
+			}
+			break;
+		}
+		case FW_PART_TAGS:
+			ok = km_evrd_skip_tags(&r);
+			if (ok)
+				w->phase = ++w->pi < w->parts ? FW_PART : FW_TOPIC_TAGS;
+			break;
+		case FW_TOPIC_TAGS:
+			ok = km_evrd_skip_tags(&r);
+			if (ok)
+				w->phase = ++w->ti < w->topics ? FW_TOPIC : FW_DONE;
+			break;
+		}
+		if (!ok) {
+			/* Out of bytes in this window: wait for more, unless the frame is complete. */
+			return have_end >= w->end ? -1 : 0;
+		}
+		next_pos = first + r.pos;
+		w->pos = next_pos;
+	}
+	return w->pos < w->end ? 1 : -1; /* the tagged fields take at least their count byte */
+}

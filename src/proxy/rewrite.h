@@ -61,5 +61,33 @@ km_err km_rewrite_find_top_tags(struct evbuffer *buf, size_t frame_start, size_t
 				int16_t version, size_t *tags_off);
 /* Rewrite the NodeEndpoints (tag 0) in a top-level tagged-field section; other tags are copied. */
 km_err km_rewrite_node_endpoint_tags(const uint8_t *tags, size_t len, km_rewrite_ctx *ctx, km_wr *out);
+/*
+ * The same, but the result has exactly len bytes (written to out), so a frame whose size prefix is
+ * already sent stays valid: a shorter result is padded with an unknown tagged field (clients skip
+ * those); when the rewritten endpoints would be longer, NodeEndpoints is dropped and padded instead
+ * (the client then refreshes metadata, as before KIP-951). Never leaves a real address.
+ */
+km_err km_rewrite_node_endpoint_tags_same_size(const uint8_t *tags, size_t len, km_rewrite_ctx *ctx, uint8_t *out);
+
+/*
+ * Incremental walk of a Fetch response (v12+) towards its top-level tagged fields, over bytes that
+ * arrive piecemeal, so that everything before the tail can be sent on at once. Positions are frame
+ * offsets (0: the first byte of the size prefix).
+ */
+typedef struct km_fetch_walk {
+	int16_t version;
+	int phase;
+	uint32_t topics, ti, parts, pi;
+	size_t pos;      /* frame offset of the next field the walk needs */
+	size_t end;      /* frame length, size prefix included */
+} km_fetch_walk;
+
+void km_fetch_walk_init(km_fetch_walk *w, int16_t version, size_t frame_len);
+/*
+ * Advance over the buffered bytes: buf starts at frame offset first (earlier bytes were sent on).
+ * Returns 1 when the walk has reached the top-level tagged fields (at w->pos), 0 when it needs more
+ * bytes, -1 when the response is malformed.
+ */
+int km_fetch_walk_step(km_fetch_walk *w, struct evbuffer *buf, size_t first);
 
 #endif

@@ -42,6 +42,9 @@ struct km_session {
 	uint64_t partial_since_ms; /* last progress of an incomplete request frame; 0: none */
 	size_t req_left;       /* bytes of the current request still to forward (cut-through) */
 	size_t resp_left;      /* bytes of the current response still to forward (cut-through) */
+	bool walking;          /* a Fetch response is streaming while its walk looks for the tail */
+	km_fetch_walk walk;
+	size_t walk_sent;      /* frame bytes of that response already sent on */
 	km_session *prev, *next;
 	km_session *next_dead;
 };
@@ -352,6 +355,68 @@ static bool forward_tail_patched(km_session *s, const inflight *f, struct evbuff
 	return true;
 }
 
+/*
+ * One round of a streaming Fetch response: send on everything the walk has passed, and at the end
+ * check the top-level tags (rewritten in place, same size, when they carry NodeEndpoints).
+ * Returns 1 when the response is done, 0 when more bytes are needed, -1 when the session closed.
+ */
+static int stream_fetch(km_session *s, struct evbuffer *in)
+{
+	km_proxy *px = s->px;
+	struct evbuffer *out = bufferevent_get_output(s->cli);
+	size_t have_end = s->walk_sent + evbuffer_get_length(in), upto, tlen;
+	int rc = km_fetch_walk_step(&s->walk, in, s->walk_sent);
+	uint8_t *tags, *fixed;
+	km_rewrite_ctx ctx;
+
+	if (rc < 0) {
+		KM_WARN("proxy", s->id, "malformed Fetch v%d response from %s", s->walk.version, s->up_addr);
+		px->metrics.upstream_errors_total++;
+		km_session_close(s, "unrewritable response");
+		return -1;
+	}
+	/* Bytes before the walk position are never changed. */
+	upto = s->walk.pos < have_end ? s->walk.pos : have_end;
+	if (upto > s->walk_sent) {
+		size_t n = upto - s->walk_sent;
+		evbuffer_remove_buffer(in, out, n);
+		s->walk_sent += n;
+		px->metrics.client_bytes_out += n;
+	}
+	if (rc == 0 || have_end < s->walk.end)
+		return 0;
+	/* The tagged fields, whole: usually the single byte 0. */
+	tlen = s->walk.end - s->walk.pos;
+	tags = evbuffer_pullup(in, (ev_ssize_t)tlen);
+	if (!tags || !(fixed = malloc(tlen))) {
+		km_session_close(s, "out of memory");
+		return -1;
+	}
+	if (tlen == 1 && tags[0] == 0) {
+		memcpy(fixed, tags, 1);
+	} else {
+		km_proxy_rewrite_ctx(px, &ctx);
+		if (km_rewrite_node_endpoint_tags_same_size(tags, tlen, &ctx, fixed) != KM_OK) {
+			free(fixed);
+			KM_WARN("proxy", s->id, "cannot rewrite the NodeEndpoints of a Fetch v%d response", s->walk.version);
+			px->metrics.upstream_errors_total++;
+			km_session_close(s, "unrewritable response");
+			return -1;
+		}
+		if (ctx.rewritten)
+			px->metrics.responses_rewritten_total++;
+	}
+	evbuffer_drain(in, tlen);
+	evbuffer_add(out, fixed, tlen);
+	free(fixed);
+	px->metrics.client_bytes_out += tlen;
+	s->walking = false;
+	fifo_pop(s);
+	flush_local(s);
+	s->last_activity_ms = km_proxy_now_ms(px);
+	return 1;
+}
+
 static void up_read_cb(struct bufferevent *bev, void *arg)
 {
 	km_session *s = arg;
@@ -366,6 +431,14 @@ static void up_read_cb(struct bufferevent *bev, void *arg)
 		size_t avail = evbuffer_get_length(in), n;
 		km_frame_status st;
 
+		if (s->walking) {
+			int rc = stream_fetch(s, in);
+			if (rc < 0)
+				return; /* closed */
+			if (rc == 0)
+				break;
+			continue;
+		}
 		if (s->resp_left) {
 			/* the rest of a response already started towards the client */
 			n = avail < s->resp_left ? avail : s->resp_left;
@@ -417,8 +490,17 @@ static void up_read_cb(struct bufferevent *bev, void *arg)
 			s->last_activity_ms = km_proxy_now_ms(px);
 			continue;
 		}
+		if (f.key == KM_API_FETCH && f.version >= 12) {
+			/* Fetch: sent on as it arrives, only the top-level tags are held back and checked. */
+			px->metrics.upstream_bytes_in += (uint64_t)size + 4;
+			km_metrics_latency(&px->metrics, f.key, (double)(now_us() - f.t0_us) / 1e6);
+			km_fetch_walk_init(&s->walk, f.version, (size_t)size + 4);
+			s->walk_sent = 0;
+			s->walking = true;
+			continue;
+		}
 		if (st != KM_FRAME_READY)
-			break; /* rewritten responses are handled whole */
+			break; /* other rewritten responses are handled whole */
 		px->metrics.upstream_bytes_in += (uint64_t)size + 4;
 		km_metrics_latency(&px->metrics, f.key, (double)(now_us() - f.t0_us) / 1e6);
 		if (f.key == KM_API_PRODUCE || f.key == KM_API_FETCH)

@@ -435,6 +435,141 @@ static void test_fetch_generated(void **state)
 	}
 }
 
+/* Stream a whole Fetch frame through the walker in random pieces, as stream_fetch in session.c does. */
+static size_t stream_sim(const uint8_t *frame, size_t len, int16_t v, unsigned *seed, uint8_t *out,
+			 size_t *sent_before_end)
+{
+	struct evbuffer *in = evbuffer_new();
+	km_fetch_walk w;
+	size_t fed = 0, sent = 0;
+	km_rewrite_ctx c = ctx();
+
+	km_fetch_walk_init(&w, v, len);
+	*sent_before_end = 0;
+	for (;;) {
+		int rc;
+		size_t have_end, upto;
+		if (fed < len) {
+			size_t n;
+			*seed = *seed * 1103515245u + 12345u;
+			n = 1 + (*seed >> 8) % 700;
+			if (n > len - fed)
+				n = len - fed;
+			evbuffer_add(in, frame + fed, n);
+			fed += n;
+		}
+		rc = km_fetch_walk_step(&w, in, sent);
+		assert_true(rc >= 0);
+		have_end = sent + evbuffer_get_length(in);
+		upto = w.pos < have_end ? w.pos : have_end;
+		if (upto > sent) {
+			evbuffer_remove(in, out + sent, upto - sent);
+			sent = upto;
+			if (fed < len)
+				*sent_before_end = sent;
+		}
+		if (rc == 1 && have_end == len) {
+			size_t tlen = len - w.pos;
+			uint8_t *tags = evbuffer_pullup(in, (ev_ssize_t)tlen);
+			assert_int_equal(km_rewrite_node_endpoint_tags_same_size(tags, tlen, &c, out + sent), KM_OK);
+			sent += tlen;
+			break;
+		}
+		assert_true(fed < len || rc == 1); /* with everything fed, the walk must finish */
+	}
+	evbuffer_free(in);
+	return sent;
+}
+
+static void test_fetch_streaming_walk(void **state)
+{
+	static const char *hosts[] = {"k", "px.exampl", "broker-17.kafka.internal.example.com"};
+	uint8_t recs[5000];
+	unsigned seed = 99;
+	for (size_t i = 0; i < sizeof(recs); i++)
+		recs[i] = (uint8_t)(i * 7);
+	for (int16_t v = 12; v <= KM_FETCH_RESPONSE_MAX_VERSION; v++) {
+		for (int h = -1; h < 3; h++) {
+			for (int round = 0; round < 5; round++) {
+				km_fetch_response m, back;
+				km_fetch_response_fetchable_topic_response t[2];
+				km_fetch_response_partition_data p[3];
+				km_fetch_response_aborted_transaction ab;
+				km_fetch_response_node_endpoint e;
+				km_wr w;
+				uint8_t *out;
+				size_t outlen, early;
+				km_arena a;
+				km_rd r;
+
+				km_fetch_response_init(&m);
+				for (int i = 0; i < 2; i++) {
+					km_fetch_response_fetchable_topic_response_init(&t[i]);
+					t[i].topic = km_str_c(i ? "b" : "a");
+					t[i].topic_id.b[0] = (uint8_t)(i + 1);
+				}
+				for (int i = 0; i < 3; i++) {
+					km_fetch_response_partition_data_init(&p[i]);
+					p[i].partition_index = i;
+					p[i].records = (km_bytes){recs, (int32_t)(1000 + 1500 * i)};
+				}
+				km_fetch_response_aborted_transaction_init(&ab);
+				p[1].aborted_transactions.count = 1;
+				p[1].aborted_transactions.items = &ab;
+				p[2].current_leader.leader_id = 4;
+				p[2].error_code = 6;
+				t[0].partitions.count = 2;
+				t[0].partitions.items = p;
+				t[1].partitions.count = 1;
+				t[1].partitions.items = p + 2;
+				m.responses.count = 2;
+				m.responses.items = t;
+				if (h >= 0 && v >= 16) {
+					km_fetch_response_node_endpoint_init(&e);
+					e.node_id = 4;
+					e.host = km_str_c(hosts[h]);
+					e.port = 9092;
+					m.node_endpoints.count = 1;
+					m.node_endpoints.items = &e;
+				}
+				km_wr_init(&w);
+				km_wr_i32(&w, 0);
+				km_wr_i32(&w, 5);
+				km_wr_uvarint(&w, 0);
+				km_fetch_response_encode(&w, v, &m);
+				km_wr_patch_i32(&w, 0, (int32_t)(w.len - 4));
+				assert_true(km_wr_ok(&w));
+				out = malloc(w.len);
+				outlen = stream_sim(w.buf, w.len, v, &seed, out, &early);
+				assert_int_equal(outlen, w.len);
+				/* most of the frame went out before its end had arrived */
+				assert_true(early > w.len / 2);
+				km_arena_init(&a, 0);
+				km_fetch_response_init(&back);
+				km_rd_init(&r, out + 9, outlen - 9);
+				assert_int_equal(km_fetch_response_decode(&r, v, &back, &a), KM_OK);
+				assert_int_equal(km_rd_left(&r), 0);
+				assert_int_equal(back.responses.count, 2);
+				assert_int_equal(back.responses.items[1].partitions.items[0].records.len, 4000);
+				assert_memory_equal(back.responses.items[1].partitions.items[0].records.p, recs, 4000);
+				if (h >= 0 && v >= 16 && strlen(hosts[h]) >= strlen("px.example")) {
+					/* room for the proxy's endpoint: rewritten */
+					assert_int_equal(back.node_endpoints.count, 1);
+					assert_true(km_str_eq_c(back.node_endpoints.items[0].host, "px.example"));
+					assert_int_equal(back.node_endpoints.items[0].port, 30004);
+				} else {
+					/* none, or no room: dropped (the client refreshes metadata instead) */
+					assert_int_equal(back.node_endpoints.count, 0);
+				}
+				assert_null(memmem(out, outlen, "broker-17", 9));
+				km_arena_free(&a);
+				free(out);
+				km_wr_free(&w);
+			}
+		}
+	}
+}
+
 /* Mutated and truncated inputs: every rewriter must fail cleanly or succeed, never read out of bounds. */
 static void test_mutations_never_crash(void **state)
 {
@@ -521,6 +656,15 @@ static void test_mutations_never_crash(void **state)
 			km_wr_free(&out);
 		}
 		(void)km_rewrite_find_top_tags(eb, 0, flen, KM_API_PRODUCE, 11, &off);
+		{
+			km_fetch_walk fw;
+			km_fetch_walk_init(&fw, 17, flen);
+			if (km_fetch_walk_step(&fw, eb, 0) == 1) {
+				uint8_t fixed[512];
+				assert_true(fw.pos < flen);
+				(void)km_rewrite_node_endpoint_tags_same_size(fbuf + fw.pos, flen - fw.pos, &c, fixed);
+			}
+		}
 		evbuffer_free(eb);
 	}
 	/* both outcomes happen: the mutations are not all harmless or all fatal */
@@ -537,6 +681,7 @@ int main(void)
 		cmocka_unit_test(test_describe_cluster_generated), cmocka_unit_test(test_api_versions_generated),
 		cmocka_unit_test(test_produce_generated),      cmocka_unit_test(test_fetch_generated),
 		cmocka_unit_test(test_mutations_never_crash),
+		cmocka_unit_test(test_fetch_streaming_walk),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -17,7 +17,9 @@
 
 #include <event2/listener.h>
 
+#include "kmirror/arena.h"
 #include "kmirror/log.h"
+#include "kmirror/msg/fetch_response.h"
 #include "kmirror/net.h"
 #include "kmirror/proxy.h"
 #include "proxy/rewrite.h"
@@ -98,7 +100,7 @@ static void fetch_v16_body(km_wr *w, bool node_endpoints)
 		km_wr_init(&ne);
 		km_wr_array_len(&ne, true, 1);
 		km_wr_i32(&ne, 0);
-		km_wr_string(&ne, true, km_str_c("127.0.0.1"));
+		km_wr_string(&ne, true, km_str_c("kafka-0.broker.internal"));
 		km_wr_i32(&ne, 9092);
 		km_wr_string(&ne, true, KM_STR_NULL);
 		km_wr_uvarint(&ne, 0);
@@ -530,22 +532,41 @@ static void test_fetch_node_endpoints(void **state)
 		tclient *c = tc_connect(f, f->listen_port);
 		uint8_t *r;
 		size_t len;
-		km_wr expect;
+		km_wr expect, sent;
+		km_fetch_response back;
+		km_arena a;
+		km_rd rd;
+
 		f->up.node_endpoints = ne;
 		tc_request(c, KM_API_FETCH, 16, 50 + ne, &body);
 		r = tc_response(f, c, &len);
 		assert_non_null(r);
 		assert_int_equal(km_be32(r), 50 + ne);
-		assert_null(memmem(r, len, "127.0.0.1", 9));
+		assert_null(memmem(r, len, "kafka-0", 7));
 		km_wr_init(&expect);
+		km_wr_init(&sent);
 		fetch_v16_body(&expect, false);
+		fetch_v16_body(&sent, ne);
 		/* everything before the top-level tags is the broker's bytes (records included) */
 		assert_memory_equal(r + 5, expect.buf, expect.len - 1);
+		/* streamed: the size the broker announced stays right */
+		assert_int_equal(len, 5 + sent.len);
 		if (ne)
 			assert_non_null(memmem(r, len, "proxy.test", 10));
-		else
-			assert_int_equal(len, 5 + expect.len);
+		/* and a Kafka decoder reads it (the filler tag is an unknown tag to it) */
+		km_arena_init(&a, 0);
+		km_fetch_response_init(&back);
+		km_rd_init(&rd, r + 5, len - 5);
+		assert_int_equal(km_fetch_response_decode(&rd, 16, &back, &a), KM_OK);
+		assert_int_equal(km_rd_left(&rd), 0);
+		assert_int_equal(back.node_endpoints.count, ne ? 1 : 0);
+		if (ne) {
+			assert_true(km_str_eq_c(back.node_endpoints.items[0].host, "proxy.test"));
+			assert_int_equal(back.node_endpoints.items[0].port, f->base_port);
+		}
+		km_arena_free(&a);
 		km_wr_free(&expect);
+		km_wr_free(&sent);
 		free(r);
 		tc_free(c);
 	}

@@ -198,8 +198,10 @@ static void meta_response(km_net_client *c, km_err err, const uint8_t *body, siz
 	km_proxy_rewrite_ctx(px, &ctx);
 	km_wr_init(&w);
 	/* The rewriter learns the brokers; its output is not needed. */
-	if (km_rewrite_metadata(body, len, 9, &ctx, &w) == KM_OK)
+	if (km_rewrite_metadata(body, len, 9, &ctx, &w) == KM_OK) {
 		px->meta_last_ok_ms = km_proxy_now_ms(px);
+		px->meta_backoff_ms = 0;
+	}
 	km_wr_free(&w);
 	/* One-shot connection: the next refresh may pick another address. */
 	km_net_client_free(px->meta);
@@ -213,8 +215,11 @@ static void meta_state(km_net_client *c, km_err err, void *arg)
 		KM_WARN("proxy", 0, "metadata connection failed: %s", km_err_name(err));
 		km_net_client_free(px->meta);
 		px->meta = NULL;
-		/* Retry soon with the next bootstrap address. */
-		px->meta_next_ms = km_proxy_now_ms(px) + 1000;
+		/* Retry with the next bootstrap address: soon, then less often while it keeps failing. */
+		px->meta_backoff_ms = px->meta_backoff_ms ? px->meta_backoff_ms * 2 : 1000;
+		if (px->meta_backoff_ms > (uint64_t)px->cfg.metadata_refresh_ms)
+			px->meta_backoff_ms = (uint64_t)px->cfg.metadata_refresh_ms;
+		px->meta_next_ms = km_proxy_now_ms(px) + px->meta_backoff_ms;
 	}
 }
 

@@ -47,6 +47,7 @@ struct km_proxy {
 	int meta_next_upstream;
 	uint64_t meta_last_ok_ms;
 	uint64_t meta_next_ms;
+	uint64_t meta_backoff_ms; /* after failures: 1 s, doubling up to metadata_refresh_ms */
 	/* drain */
 	bool draining;
 	struct event *drain_ev;

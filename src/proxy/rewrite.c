@@ -246,6 +246,11 @@ km_err km_rewrite_api_versions(const uint8_t *body, size_t len, int16_t version,
 	if (version < 0 || version > 4)
 		return KM_ERR_UNSUPPORTED;
 	km_rd_init(&r, body, len);
+	/* A broker that does not know the requested version answers UNSUPPORTED_VERSION in the v0 layout. */
+	if (len >= 2 && km_be16(body) == KM_KAFKA_UNSUPPORTED_VERSION) {
+		version = 0;
+		flex = false;
+	}
 	km_wr_init(&keys);
 	cp_raw(&r, out, 2, "error_code");
 	km_rd_array_len(&r, "api_keys", flex, false, 6, &n);

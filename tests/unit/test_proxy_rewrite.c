@@ -367,6 +367,36 @@ static void test_api_versions_unsupported(void **state)
 	km_wr_free(&w);
 }
 
+/* A broker older than the request answers UNSUPPORTED_VERSION in the v0 layout, whatever was asked. */
+static void test_api_versions_broker_too_old(void **state)
+{
+	km_wr in, out;
+	km_rd r;
+	int16_t ec, key, lo, hi;
+	int32_t n;
+	km_wr_init(&in);
+	km_wr_init(&out);
+	km_wr_i16(&in, 35);
+	km_wr_array_len(&in, false, 1);
+	km_wr_i16(&in, 18);
+	km_wr_i16(&in, 0);
+	km_wr_i16(&in, 2);
+	assert_int_equal(km_rewrite_api_versions(in.buf, in.len, 4, &out), KM_OK);
+	km_rd_init(&r, out.buf, out.len);
+	km_rd_i16(&r, "ec", &ec);
+	km_rd_array_len(&r, "keys", false, false, 6, &n);
+	km_rd_i16(&r, "k", &key);
+	km_rd_i16(&r, "lo", &lo);
+	km_rd_i16(&r, "hi", &hi);
+	assert_true(km_rd_ok(&r));
+	assert_int_equal(km_rd_left(&r), 0);
+	assert_int_equal(ec, 35);
+	assert_int_equal(n, 1);
+	assert_int_equal(hi, 2);
+	km_wr_free(&in);
+	km_wr_free(&out);
+}
+
 static void test_header_versions(void **state)
 {
 	assert_int_equal(km_proxy_request_header_version(KM_API_PRODUCE, 8), 1);
@@ -583,6 +613,7 @@ int main(void)
 		cmocka_unit_test(test_api_versions_intersection),
 		cmocka_unit_test(test_api_versions_unsupported),
 		cmocka_unit_test(test_header_versions),
+		cmocka_unit_test(test_api_versions_broker_too_old),
 		cmocka_unit_test(test_fetch_tail),
 		cmocka_unit_test(test_produce_tail),
 	};

@@ -599,7 +599,7 @@ static bool golden_one(const char *path, bool response)
 	return true;
 }
 
-/* Frames recorded between Kafka's own Java tools and a Kafka 4.1 broker (golden-* in the corpora). */
+/* Frames recorded between real clients (Kafka's Java tools, librdkafka) and a Kafka 4.1.1 broker (golden-*). */
 static void test_golden_captures(void **state)
 {
 	size_t n = 0, newer = 0;

@@ -798,11 +798,13 @@ logger.cfg.level = WARN
 
     # -- tools ---------------------------------------------------------------------------------
 
-    def run_tool(self, tool, *args, input=None, timeout=180, check=True, env=None):
+    def run_tool(self, tool, *args, input=None, timeout=180, check=True, env=None,
+                 jvm_opts=None):
         """Runs a Kafka Java tool (short name from TOOLS or a main class) and returns the
-        CompletedProcess (text). Raises KafkaError with its output when check and it fails."""
+        CompletedProcess (text). Raises KafkaError with its output when check and it fails.
+        jvm_opts replaces the quick-start defaults (e.g. a full JIT for perf tools in benchmarks)."""
         main = TOOLS.get(tool, tool)
-        cmd = [java_bin()] + TOOL_JVM_OPTS + [
+        cmd = [java_bin()] + list(TOOL_JVM_OPTS if jvm_opts is None else jvm_opts) + [
             "-Dlog4j2.configurationFile=" + self._tool_log4j(),
             "-cp", os.path.join(self.libs, "*"), main] + [str(a) for a in args]
         r = subprocess.run(cmd, input=input, stdout=subprocess.PIPE, stderr=subprocess.PIPE,

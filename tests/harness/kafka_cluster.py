@@ -428,13 +428,15 @@ class KafkaCluster:
         return f"{n.host}:{n.controller_port}"
 
     def client_props(self, user=None, mechanism="PLAIN"):
-        """librdkafka/Java-style client properties; SASL over the SASL listener if user is given."""
+        """librdkafka (confluent-kafka) client config; SASL over the SASL listener if user is given."""
         if user is None:
             return {"bootstrap.servers": self.bootstrap}
         props = {
             "bootstrap.servers": self.sasl_bootstrap,
             "security.protocol": "SASL_PLAINTEXT",
             "sasl.mechanism": mechanism,
+            "sasl.username": user,
+            "sasl.password": USERS[user],
         }
         return props
 

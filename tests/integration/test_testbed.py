@@ -292,9 +292,8 @@ def test_authorizer_and_sasl(cluster, topic_name):
         assert errors[0].name() == "TOPIC_AUTHORIZATION_FAILED"
 
         for mech in ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"):
-            conf = {"bootstrap.servers": cluster.sasl_bootstrap,
-                    "security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": mech,
-                    "sasl.username": "alice", "sasl.password": "alice-secret"}
+            conf = cluster.client_props(user="alice", mechanism=mech)
+            assert conf["sasl.password"] == "alice-secret"
             p = Producer(conf)
             results = []
             p.produce(topic_name, mech.encode(), on_delivery=lambda e, m: results.append(e))

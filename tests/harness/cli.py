@@ -4,14 +4,18 @@
   python3 -m harness stop [NAME ...] [--root DIR] [--purge]   stop by pid from the state file
   python3 -m harness status [--root DIR] [--json]            list clusters and whether they run
   python3 -m harness tool NAME TOOL [ARGS...]               run a Kafka Java tool against NAME
+  python3 -m harness sweep [--dry-run]                       delete test clusters' temporary dirs
+                                                             left by killed runs (no live broker)
 Clusters live in ROOT/NAME (default <repo>/.cache/clusters), each with a cluster.json state file.
 """
 
 import argparse
+import glob
 import json
 import os
 import shutil
 import sys
+import tempfile
 
 from .kafka_cluster import (REPO, KafkaCluster, KafkaError, TOOLS, _pid_alive, _pid_cmdline,
                             stop_from_state)
@@ -107,6 +111,36 @@ def cmd_tool(args):
                        "-cp", os.path.join(st["libs"], "*"), TOOLS.get(args.tool, args.tool)] + args.args)
 
 
+def cmd_sweep(args):
+    """Temporary cluster dirs (<tmp>/kmirror-<name>-*) whose brokers are all gone: a run that was
+    SIGKILLed, or one kept with KM_KEEP_KAFKA_DIRS=1. Directories without pid files are left."""
+    tmp = tempfile.gettempdir()
+    removed = 0
+    for d in sorted(glob.glob(os.path.join(tmp, "kmirror-*-*"))):
+        pids = glob.glob(os.path.join(d, "node-*", "pid"))
+        if not pids:
+            continue
+        alive = False
+        for pf in pids:
+            try:
+                with open(pf) as f:
+                    pid = int(f.read().strip())
+            except (OSError, ValueError):
+                continue
+            config = os.path.join(os.path.dirname(pf), "server.properties")
+            if _pid_alive(pid) and config in _pid_cmdline(pid):
+                alive = True
+        if alive:
+            continue
+        print(("would remove " if args.dry_run else "removing ") + d)
+        if not args.dry_run:
+            shutil.rmtree(d, ignore_errors=True)
+        removed += 1
+    if not removed:
+        print("nothing to sweep")
+    return 0
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(prog="python3 -m harness", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -122,12 +156,15 @@ def main(argv=None):
     s.add_argument("--purge", action="store_true", help="also delete data and logs")
     s = sub.add_parser("status")
     s.add_argument("--json", action="store_true")
+    s = sub.add_parser("sweep")
+    s.add_argument("--dry-run", action="store_true")
     s = sub.add_parser("tool")
     s.add_argument("name")
     s.add_argument("tool", help="one of: " + ", ".join(sorted(TOOLS)) + ", or a main class")
     s.add_argument("args", nargs=argparse.REMAINDER)
     args = p.parse_args(argv)
-    return {"start": cmd_start, "stop": cmd_stop, "status": cmd_status, "tool": cmd_tool}[args.cmd](args)
+    return {"start": cmd_start, "stop": cmd_stop, "status": cmd_status, "tool": cmd_tool,
+            "sweep": cmd_sweep}[args.cmd](args)
 
 
 if __name__ == "__main__":

@@ -189,6 +189,21 @@ static void up_accept(struct evconnlistener *l, evutil_socket_t fd, struct socka
 	bufferevent_enable(bev, EV_READ | EV_WRITE);
 }
 
+static bool port_free(uint16_t port)
+{
+	struct sockaddr_in sin;
+	int fd = socket(AF_INET, SOCK_STREAM, 0), one = 1;
+	bool ok;
+	memset(&sin, 0, sizeof(sin));
+	sin.sin_family = AF_INET;
+	sin.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	sin.sin_port = htons(port);
+	setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+	ok = bind(fd, (struct sockaddr *)&sin, sizeof(sin)) == 0;
+	close(fd);
+	return ok;
+}
+
 static uint16_t free_port(void)
 {
 	struct sockaddr_in sin;
@@ -221,7 +236,9 @@ static void run_for(struct event_base *base, int ms)
 	event_base_dispatch(base);
 }
 
-static int setup(void **state)
+static char tls_dir[64];
+
+static int setup_with(void **state, bool tls)
 {
 	fixture *f = calloc(1, sizeof(*f));
 	struct sockaddr_in sin;
@@ -241,7 +258,10 @@ static int setup(void **state)
 	f->up.port = ntohs(sin.sin_port);
 
 	f->listen_port = free_port();
-	f->base_port = free_port();
+	/* the broker ports of nodes 0 and 1 must both be free */
+	do
+		f->base_port = free_port();
+	while (f->base_port == 65535 || !port_free((uint16_t)(f->base_port + 1)));
 	km_config_init(&f->cfg);
 	snprintf(v, sizeof(v), "127.0.0.1:%u", f->listen_port);
 	assert_int_equal(km_config_set(&f->cfg, "listen", v, err, sizeof(err)), KM_OK);
@@ -257,6 +277,13 @@ static int setup(void **state)
 	assert_int_equal(km_config_set(&f->cfg, "drain_timeout_ms", "2000", err, sizeof(err)), KM_OK);
 	assert_int_equal(km_config_set(&f->cfg, "idle_timeout_ms", "600", err, sizeof(err)), KM_OK);
 	assert_int_equal(km_config_set(&f->cfg, "upstream_request_timeout_ms", "400", err, sizeof(err)), KM_OK);
+	if (tls) {
+		char path[128];
+		snprintf(path, sizeof(path), "%s/cert.pem", tls_dir);
+		assert_int_equal(km_config_set(&f->cfg, "tls_cert_file", path, err, sizeof(err)), KM_OK);
+		snprintf(path, sizeof(path), "%s/key.pem", tls_dir);
+		assert_int_equal(km_config_set(&f->cfg, "tls_key_file", path, err, sizeof(err)), KM_OK);
+	}
 	assert_int_equal(km_config_validate(&f->cfg, err, sizeof(err)), KM_OK);
 	f->px = km_proxy_new(f->base, &f->cfg, err, sizeof(err));
 	if (!f->px)
@@ -267,6 +294,27 @@ static int setup(void **state)
 	run_for(f->base, 20);
 	*state = f;
 	return 0;
+}
+
+static int setup(void **state)
+{
+	return setup_with(state, false);
+}
+
+/* A self-signed certificate for localhost, made with the openssl tool; skipped without it. */
+static int setup_tls(void **state)
+{
+	char cmd[512];
+	snprintf(tls_dir, sizeof(tls_dir), "/tmp/km-tls-XXXXXX");
+	if (!mkdtemp(tls_dir))
+		return -1;
+	snprintf(cmd, sizeof(cmd),
+		 "openssl req -x509 -newkey rsa:2048 -nodes -days 1 -subj /CN=localhost "
+		 "-addext subjectAltName=DNS:localhost -keyout %s/key.pem -out %s/cert.pem >/dev/null 2>&1",
+		 tls_dir, tls_dir);
+	if (system(cmd) != 0)
+		return -1;
+	return setup_with(state, true);
 }
 
 static int teardown(void **state)
@@ -307,6 +355,29 @@ static tclient *tc_connect(fixture *f, uint16_t port)
 	bufferevent_setcb(c->bev, NULL, NULL, tc_event, c);
 	bufferevent_enable(c->bev, EV_READ | EV_WRITE);
 	assert_int_equal(bufferevent_socket_connect(c->bev, (struct sockaddr *)&sin, sizeof(sin)), 0);
+	return c;
+}
+
+static tclient *tc_connect_tls(fixture *f, uint16_t port, SSL_CTX **ctx_out)
+{
+	tclient *c = calloc(1, sizeof(*c));
+	struct sockaddr_in sin;
+	char ca[128], err[256];
+	SSL_CTX *ctx;
+
+	snprintf(ca, sizeof(ca), "%s/cert.pem", tls_dir);
+	ctx = km_net_tls_client_ctx(ca, NULL, NULL, true, err, sizeof(err));
+	assert_non_null(ctx);
+	memset(&sin, 0, sizeof(sin));
+	sin.sin_family = AF_INET;
+	sin.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	sin.sin_port = htons(port);
+	c->bev = km_net_bev_new(f->base, -1, ctx, false, "localhost", true);
+	assert_non_null(c->bev);
+	bufferevent_setcb(c->bev, NULL, NULL, tc_event, c);
+	bufferevent_enable(c->bev, EV_READ | EV_WRITE);
+	assert_int_equal(bufferevent_socket_connect(c->bev, (struct sockaddr *)&sin, sizeof(sin)), 0);
+	*ctx_out = ctx;
 	return c;
 }
 
@@ -689,6 +760,43 @@ static void test_cut_through(void **state)
 	tc_free(c);
 }
 
+static void test_tls_listener(void **state)
+{
+	fixture *f = *state;
+	SSL_CTX *ctx;
+	tclient *c = tc_connect_tls(f, f->listen_port, &ctx);
+	tclient *plain;
+	uint8_t *r;
+	size_t len;
+	char cmd[128];
+
+	tc_request(c, KM_API_METADATA, 9, 5, NULL);
+	r = tc_response(f, c, &len);
+	assert_non_null(r);
+	assert_int_equal(km_be32(r), 5);
+	assert_non_null(memmem(r, len, "proxy.test", 10));
+	free(r);
+	tc_free(c);
+	SSL_CTX_free(ctx); /* each SSL keeps its own reference */
+	/* the broker port speaks TLS too */
+	c = tc_connect_tls(f, f->base_port, &ctx);
+	tc_request(c, KM_API_METADATA, 9, 6, NULL);
+	r = tc_response(f, c, &len);
+	assert_non_null(r);
+	assert_int_equal(km_be32(r), 6);
+	free(r);
+	tc_free(c);
+	SSL_CTX_free(ctx);
+	/* a plaintext client on a TLS port is closed */
+	plain = tc_connect(f, f->listen_port);
+	tc_request(plain, KM_API_METADATA, 9, 7, NULL);
+	assert_null(tc_response(f, plain, &len));
+	assert_true(plain->closed);
+	tc_free(plain);
+	snprintf(cmd, sizeof(cmd), "rm -rf %s", tls_dir);
+	assert_int_equal(system(cmd), 0);
+}
+
 static int drained_calls;
 static void on_drained(void *arg)
 {
@@ -745,6 +853,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_new_broker_gets_port, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_idle_and_request_timeouts, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_cut_through, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_tls_listener, setup_tls, teardown),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -279,12 +279,15 @@ class Capture:
 
 
 def read_pcap_flows(paths):
-    """Reassembles the TCP payload of every flow in the pcap files.
+    """Reassembles the TCP payload of every connection in the pcap files.
 
-    Returns {(src, sport, dst, dport): bytes} and a list of problems (truncated packets, holes in
-    a stream): the scan is only complete when that list is empty."""
-    segs = {}
-    isn = {}
+    Returns {(src, sport, dst, dport, n): bytes} (n counts the connections that reused one
+    address/port 4-tuple) and a list of problems (truncated packets, holes in a stream): the
+    scan is only complete when that list is empty. A connection whose SYN is not in the capture
+    began before it (another run's proxy on the same address): it is reassembled from its
+    lowest sequence number, best effort, and not reported."""
+    conns = {}    # (4-tuple, n) -> {"isn": seq or None, "segs": [(seq, payload)]}
+    current = {}  # 4-tuple -> n of its latest connection
     problems = []
     for path in paths:
         with open(path, "rb") as f:
@@ -331,27 +334,41 @@ def read_pcap_flows(paths):
             sport, dport, seq = struct.unpack_from(">HHI", tcp, 0)
             thl = (tcp[12] >> 4) * 4
             flags = tcp[13]
-            key = (socket.inet_ntoa(ip[12:16]), sport, socket.inet_ntoa(ip[16:20]), dport)
-            if flags & 0x02:  # SYN: payload starts at seq + 1
-                isn[key] = seq
-                segs.setdefault(key, [])
+            tup = (socket.inet_ntoa(ip[12:16]), sport, socket.inet_ntoa(ip[16:20]), dport)
+            if flags & 0x02:  # SYN: a new connection; its payload starts at seq + 1
+                n = current[tup] = current.get(tup, -1) + 1
+                conns[tup + (n,)] = {"isn": seq, "segs": []}
                 continue
             payload = tcp[thl:]
-            if payload:
-                segs.setdefault(key, []).append((seq, payload))
+            if not payload:
+                continue
+            if tup not in current:
+                current[tup] = 0
+                conns[tup + (0,)] = {"isn": None, "segs": []}
+            conns[tup + (current[tup],)]["segs"].append((seq, payload))
     flows = {}
-    for key, parts in segs.items():
+    for key, c in conns.items():
+        parts = c["segs"]
         if not parts:
             flows[key] = b""
             continue
-        start = (isn[key] + 1) if key in isn else min(s for s, _ in parts)
-        if key not in isn:
-            problems.append(f"{key}: no SYN captured (capture started mid-connection)")
-        rel = sorted((((s - start) & 0xFFFFFFFF), p) for s, p in parts)
+        start = (c["isn"] + 1) if c["isn"] is not None else min(s for s, _ in parts)
+        rel = []
+        for s, p in parts:
+            off = (s - start) & 0xFFFFFFFF
+            if off >= 1 << 31:  # before the start: a keepalive probe (seq - 1), nothing new
+                if len(p) > 1 and c["isn"] is not None:
+                    problems.append(f"{key}: {len(p)} bytes before the stream start")
+                continue
+            rel.append((off, p))
+        rel.sort(key=lambda x: x[0])
         out = bytearray()
         for off, p in rel:
             if off > len(out):
-                problems.append(f"{key}: {off - len(out)} bytes missing at stream offset {len(out)}")
+                if c["isn"] is not None:
+                    problems.append(f"{key}: {off - len(out)} bytes missing at offset {len(out)}")
+                if off - len(out) > 1 << 26:
+                    break  # not one stream: do not fill gigabytes
                 out += b"\0" * (off - len(out))
             if off + len(p) > len(out):
                 out += p[len(out) - off:]

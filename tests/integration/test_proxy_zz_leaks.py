@@ -20,7 +20,7 @@ CONTROL_HOST = "127.0.0.3"
 
 def describe_hits(hits, limit=10):
     return "\n".join(f"{src}:{sport} -> {dst}:{dport} at byte {off}: {m!r} in {ctx!r}"
-                     for (src, sport, dst, dport), off, m, ctx in hits[:limit])
+                     for (src, sport, dst, dport, _), off, m, ctx in hits[:limit])
 
 
 def test_negative_control_direct_traffic_leaks(dest_cluster3, tmp_path):

@@ -17,6 +17,7 @@ typedef struct inflight {
 	int16_t key, version;
 	uint64_t t0_us;
 	struct evbuffer *local;
+	bool started; /* its response is being streamed to the client */
 } inflight;
 
 typedef enum { UP_CONNECTING, UP_READY, UP_FAILED } up_state;
@@ -483,6 +484,7 @@ static void up_read_cb(struct bufferevent *bev, void *arg)
 			px->metrics.client_bytes_out += n;
 			evbuffer_remove_buffer(in, bufferevent_get_output(s->cli), n);
 			s->resp_left = total - n;
+			s->fifo[s->head].started = true;
 			if (s->resp_left)
 				break;
 			fifo_pop(s);
@@ -497,6 +499,7 @@ static void up_read_cb(struct bufferevent *bev, void *arg)
 			km_fetch_walk_init(&s->walk, f.version, (size_t)size + 4);
 			s->walk_sent = 0;
 			s->walking = true;
+			s->fifo[s->head].started = true;
 			continue;
 		}
 		if (st != KM_FRAME_READY)
@@ -711,6 +714,7 @@ static void cli_read_cb(struct bufferevent *bev, void *arg)
 		f.version = h.api_version;
 		f.t0_us = now_us();
 		f.local = NULL;
+		f.started = false;
 		if (h.api_key == KM_API_API_VERSIONS && api && h.api_version > api->max_version) {
 			if (st != KM_FRAME_READY) {
 				s->partial_since_ms = now;
@@ -858,7 +862,7 @@ void km_session_tick(km_session *s, uint64_t now)
 		reject(s, KM_REJECT_FRAME_TIMEOUT, "partial request frame stalled past frame_timeout_ms");
 		return;
 	}
-	if (cfg->upstream_request_timeout_ms && s->count && !s->fifo[s->head].local &&
+	if (cfg->upstream_request_timeout_ms && s->count && !s->fifo[s->head].local && !s->fifo[s->head].started &&
 	    (now_us() - s->fifo[s->head].t0_us) / 1000 > (uint64_t)cfg->upstream_request_timeout_ms) {
 		reject(s, KM_REJECT_REQUEST_TIMEOUT, "no response from upstream within upstream_request_timeout_ms");
 		return;

@@ -393,10 +393,22 @@ fail:
 km_err km_proxy_reload(km_proxy *px, const km_config *next, char *err, size_t errlen)
 {
 	km_config copy;
+	SSL_CTX *server, *upstream;
+
+	/* TLS files are read again on every reload, so certificates rotated in place are picked up.
+	 * New connections use the new contexts; open ones keep theirs (each SSL holds a reference). */
+	if (make_tls(px, next, &server, &upstream, err, errlen) != KM_OK)
+		return KM_ERR_TLS;
 	if (km_config_copy(&copy, next) != KM_OK) {
+		SSL_CTX_free(server);
+		SSL_CTX_free(upstream);
 		snprintf(err, errlen, "out of memory");
 		return KM_ERR_NOMEM;
 	}
+	SSL_CTX_free(px->server_tls);
+	SSL_CTX_free(px->upstream_tls);
+	px->server_tls = server;
+	px->upstream_tls = upstream;
 	km_config_free(&px->cfg);
 	px->cfg = copy;
 	km_log_set_level((km_log_level)px->cfg.log_level);

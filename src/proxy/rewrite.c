@@ -1,7 +1,13 @@
 /* Response rewriting: broker endpoints become the proxy's, ApiVersions is narrowed; everything else is copied verbatim. */
+#include <ctype.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "kmirror/log.h"
+#include "kmirror/msg/describe_configs_response.h"
+#include "kmirror/msg/describe_quorum_response.h"
+#include "kmirror/msg/share_acknowledge_response.h"
+#include "kmirror/msg/share_fetch_response.h"
 #include "kmirror/net.h"
 #include "proxy/rewrite.h"
 
@@ -38,6 +44,10 @@ bool km_proxy_response_needs_rewrite(int16_t key, int16_t version)
 	case KM_API_FIND_COORDINATOR:
 	case KM_API_DESCRIBE_CLUSTER:
 	case KM_API_API_VERSIONS:
+	case KM_API_DESCRIBE_CONFIGS:  /* broker configs name listeners and controllers */
+	case KM_API_DESCRIBE_QUORUM:   /* v2: controller listeners */
+	case KM_API_SHARE_FETCH:       /* NodeEndpoints */
+	case KM_API_SHARE_ACKNOWLEDGE:
 		return true;
 	case KM_API_PRODUCE:
 		return version >= 10; /* NodeEndpoints (KIP-951) */
@@ -302,6 +312,247 @@ void km_api_versions_unsupported_body(km_wr *out)
 	km_wr_i16(out, KM_API_API_VERSIONS);
 	km_wr_i16(out, a->min_version);
 	km_wr_i16(out, a->max_version);
+}
+
+/* ---- responses decoded and re-encoded whole with the generated codec ---- */
+
+/* Decode body as a whole message: every byte must belong to it. */
+static km_err decode_whole(const km_api_codec *c, const uint8_t *body, size_t len, int16_t version, void *m,
+			   km_arena *a, const char *what)
+{
+	km_rd r;
+	km_err rc;
+	km_rd_init(&r, body, len);
+	c->init(m);
+	rc = c->decode(&r, version, m, a);
+	if (rc == KM_OK && km_rd_ok(&r) && km_rd_left(&r) == 0)
+		return KM_OK;
+	KM_WARN("proxy", 0, "cannot rewrite %s v%d: %s at byte %zu (%s)", what, version,
+		r.err_field ? r.err_field : "?", r.err_pos, r.err_what ? r.err_what : "trailing bytes");
+	return KM_ERR_DECODE;
+}
+
+static km_err encode_whole(const km_api_codec *c, km_wr *out, int16_t version, const void *m)
+{
+	c->encode(out, version, m);
+	return km_wr_ok(out) ? KM_OK : KM_ERR_ENCODE;
+}
+
+static const km_api_codec *response_codec(int16_t key, int16_t version)
+{
+	const km_api_info *a = km_api_lookup(key);
+	if (!a || version < a->min_version || version > a->max_version)
+		return NULL;
+	return &a->response;
+}
+
+/* DescribeConfigs resource types whose values may name this cluster's endpoints. */
+enum { KM_CONFIG_RESOURCE_BROKER = 4, KM_CONFIG_RESOURCE_BROKER_LOGGER = 8 };
+
+static bool host_char(char c)
+{
+	return isalnum((unsigned char)c) || c == '.' || c == '-' || c == '_';
+}
+
+bool km_rewrite_value_has_endpoint(km_str v)
+{
+	/* host:port where host is a name, a dotted address or a bracketed IPv6 address; "0:1"-style pairs are not. */
+	for (int32_t i = 0; i < v.len; i++) {
+		int32_t h, d = i + 1;
+		bool named = false;
+		if (v.p[i] != ':')
+			continue;
+		while (d < v.len && d - i <= 6 && isdigit((unsigned char)v.p[d]))
+			d++;
+		if (d == i + 1 || d - i > 6 || (d < v.len && (isalnum((unsigned char)v.p[d]) || v.p[d] == '.')))
+			continue;
+		if (i > 0 && v.p[i - 1] == ']')
+			return true;
+		for (h = i - 1; h >= 0 && host_char(v.p[h]); h--)
+			if (!isdigit((unsigned char)v.p[h]))
+				named = true;
+		if (h < i - 1 && named)
+			return true;
+	}
+	return false;
+}
+
+/* Whether a broker config key always names endpoints, whatever its value looks like. */
+static bool endpoint_key(km_str name)
+{
+	static const char sfx[] = "listeners";
+	size_t n = sizeof(sfx) - 1;
+	if (km_str_eq_c(name, "controller.quorum.bootstrap.servers") || km_str_eq_c(name, "controller.quorum.voters"))
+		return true;
+	return name.len >= (int32_t)n && memcmp(name.p + name.len - n, sfx, n) == 0 &&
+	       (name.len == (int32_t)n || name.p[name.len - n - 1] == '.');
+}
+
+/*
+ * advertised.listeners of a node becomes the proxy's one endpoint for it, under the listener name
+ * of the first upstream entry. KM_STR_NULL when the node has no proxy port (the caller hides it).
+ */
+static km_str advertised_value(km_str upstream, int32_t node, km_rewrite_ctx *ctx, km_arena *a)
+{
+	int32_t port = km_rewrite_port(ctx, node), nl = 0;
+	bool v6 = strchr(ctx->host, ':') != NULL;
+	size_t cap;
+	char *buf;
+	int n;
+
+	if (port < 0)
+		return KM_STR_NULL;
+	while (nl + 2 < upstream.len && upstream.p[nl] != ',' && memcmp(upstream.p + nl, "://", 3) != 0)
+		nl++;
+	if (nl + 2 >= upstream.len || upstream.p[nl] == ',')
+		nl = 0; /* no NAME:// prefix: the proxy's endpoint alone */
+	cap = (size_t)nl + strlen(ctx->host) + 32;
+	buf = km_arena_alloc(a, cap);
+	if (!buf)
+		return KM_STR_NULL;
+	n = snprintf(buf, cap, "%.*s%s%s%s%s:%d", (int)nl, upstream.p, nl ? "://" : "", v6 ? "[" : "", ctx->host,
+		     v6 ? "]" : "", (int)port);
+	if (n < 0 || (size_t)n >= cap)
+		return KM_STR_NULL;
+	return (km_str){buf, n};
+}
+
+/* What becomes of one config (or synonym) value: kept, replaced (advertised.listeners) or hidden (null). */
+static bool config_value(km_str name, km_str *value, int32_t node, km_rewrite_ctx *ctx, km_arena *a)
+{
+	if (value->len <= 0)
+		return false; /* null or empty: nothing to hide */
+	if (km_str_eq_c(name, "advertised.listeners")) {
+		*value = advertised_value(*value, node, ctx, a);
+		ctx->rewritten++;
+		return value->len < 0;
+	}
+	if (endpoint_key(name) || km_rewrite_value_has_endpoint(*value)) {
+		*value = KM_STR_NULL;
+		ctx->rewritten++;
+		return true;
+	}
+	return false;
+}
+
+/* The node id a BROKER resource names ("" is the cluster-wide default: -1). */
+static int32_t resource_node(km_str name)
+{
+	int32_t node = 0;
+	if (name.len <= 0 || name.len > 9)
+		return -1;
+	for (int32_t i = 0; i < name.len; i++) {
+		if (!isdigit((unsigned char)name.p[i]))
+			return -1;
+		node = node * 10 + (name.p[i] - '0');
+	}
+	return node;
+}
+
+km_err km_rewrite_describe_configs(const uint8_t *body, size_t len, int16_t version, km_rewrite_ctx *ctx, km_wr *out)
+{
+	const km_api_codec *c = response_codec(KM_API_DESCRIBE_CONFIGS, version);
+	km_describe_configs_response m;
+	km_arena a;
+	km_err rc;
+
+	if (!c)
+		return KM_ERR_UNSUPPORTED;
+	km_arena_init(&a, 0);
+	rc = decode_whole(c, body, len, version, &m, &a, "DescribeConfigs");
+	for (int32_t i = 0; rc == KM_OK && i < m.results.count; i++) {
+		km_describe_configs_response_describe_configs_result *res = &m.results.items[i];
+		int32_t node = resource_node(res->resource_name);
+		if (res->resource_type != KM_CONFIG_RESOURCE_BROKER && res->resource_type != KM_CONFIG_RESOURCE_BROKER_LOGGER)
+			continue;
+		for (int32_t j = 0; j < res->configs.count; j++) {
+			km_describe_configs_response_describe_configs_resource_result *cf = &res->configs.items[j];
+			/* Hidden the way a broker hides a password: null value, marked sensitive. */
+			if (config_value(cf->name, &cf->value, node, ctx, &a))
+				cf->is_sensitive = true;
+			for (int32_t k = 0; k < cf->synonyms.count; k++)
+				config_value(cf->synonyms.items[k].name, &cf->synonyms.items[k].value, node, ctx, &a);
+		}
+	}
+	if (rc == KM_OK)
+		rc = km_arena_err(&a) != KM_OK ? km_arena_err(&a) : encode_whole(c, out, version, &m);
+	km_arena_free(&a);
+	return rc;
+}
+
+km_err km_rewrite_describe_quorum(const uint8_t *body, size_t len, int16_t version, km_rewrite_ctx *ctx, km_wr *out)
+{
+	const km_api_codec *c = response_codec(KM_API_DESCRIBE_QUORUM, version);
+	km_describe_quorum_response m;
+	km_arena a;
+	km_err rc;
+
+	if (!c)
+		return KM_ERR_UNSUPPORTED;
+	km_arena_init(&a, 0);
+	rc = decode_whole(c, body, len, version, &m, &a, "DescribeQuorum");
+	/* Controllers have no proxy port: their endpoints go, the node ids (and the quorum state) stay. */
+	for (int32_t i = 0; rc == KM_OK && i < m.nodes.count; i++) {
+		if (m.nodes.items[i].listeners.count > 0)
+			ctx->rewritten += m.nodes.items[i].listeners.count;
+		m.nodes.items[i].listeners.count = 0;
+	}
+	if (rc == KM_OK)
+		rc = encode_whole(c, out, version, &m);
+	km_arena_free(&a);
+	return rc;
+}
+
+/* NodeEndpoints of a share response: the same fields in both, so one macro body serves both types. */
+#define KM_REWRITE_NODE_ENDPOINTS(arr, ctx)                                                                 \
+	for (int32_t i_ = 0; i_ < (arr).count; i_++) {                                                      \
+		int32_t node_ = (arr).items[i_].node_id;                                                   \
+		if (node_ < 0)                                                                             \
+			continue;                                                                          \
+		if ((ctx)->learn)                                                                          \
+			(ctx)->learn((ctx)->arg, node_, (arr).items[i_].host, (arr).items[i_].port,        \
+				     (arr).items[i_].rack);                                                \
+		(arr).items[i_].host = km_str_c((ctx)->host);                                              \
+		(arr).items[i_].port = km_rewrite_port((ctx), node_);                                      \
+		(ctx)->rewritten++;                                                                        \
+	}
+
+km_err km_rewrite_share_fetch(const uint8_t *body, size_t len, int16_t version, km_rewrite_ctx *ctx, km_wr *out)
+{
+	const km_api_codec *c = response_codec(KM_API_SHARE_FETCH, version);
+	km_share_fetch_response m;
+	km_arena a;
+	km_err rc;
+
+	if (!c)
+		return KM_ERR_UNSUPPORTED;
+	km_arena_init(&a, 0);
+	rc = decode_whole(c, body, len, version, &m, &a, "ShareFetch");
+	if (rc == KM_OK) {
+		KM_REWRITE_NODE_ENDPOINTS(m.node_endpoints, ctx);
+		rc = encode_whole(c, out, version, &m);
+	}
+	km_arena_free(&a);
+	return rc;
+}
+
+km_err km_rewrite_share_acknowledge(const uint8_t *body, size_t len, int16_t version, km_rewrite_ctx *ctx, km_wr *out)
+{
+	const km_api_codec *c = response_codec(KM_API_SHARE_ACKNOWLEDGE, version);
+	km_share_acknowledge_response m;
+	km_arena a;
+	km_err rc;
+
+	if (!c)
+		return KM_ERR_UNSUPPORTED;
+	km_arena_init(&a, 0);
+	rc = decode_whole(c, body, len, version, &m, &a, "ShareAcknowledge");
+	if (rc == KM_OK) {
+		KM_REWRITE_NODE_ENDPOINTS(m.node_endpoints, ctx);
+		rc = encode_whole(c, out, version, &m);
+	}
+	km_arena_free(&a);
+	return rc;
 }
 
 /* ---- Produce / Fetch: find the top-level tagged fields without touching record data ---- */

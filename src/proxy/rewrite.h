@@ -48,6 +48,19 @@ int32_t km_rewrite_port(const km_rewrite_ctx *ctx, int32_t node_id);
 km_err km_rewrite_metadata(const uint8_t *body, size_t len, int16_t version, km_rewrite_ctx *ctx, km_wr *out);
 km_err km_rewrite_find_coordinator(const uint8_t *body, size_t len, int16_t version, km_rewrite_ctx *ctx, km_wr *out);
 km_err km_rewrite_describe_cluster(const uint8_t *body, size_t len, int16_t version, km_rewrite_ctx *ctx, km_wr *out);
+/*
+ * DescribeConfigs: in BROKER and BROKER_LOGGER results, advertised.listeners becomes the proxy's
+ * endpoint for the node; listeners, *.listeners, controller.quorum.* and any value holding a
+ * host:port become null and sensitive (synonym values: null). Other resources are left alone.
+ */
+km_err km_rewrite_describe_configs(const uint8_t *body, size_t len, int16_t version, km_rewrite_ctx *ctx, km_wr *out);
+/* DescribeQuorum: every controller node keeps its id but loses its listeners (v2). */
+km_err km_rewrite_describe_quorum(const uint8_t *body, size_t len, int16_t version, km_rewrite_ctx *ctx, km_wr *out);
+/* ShareFetch and ShareAcknowledge: NodeEndpoints become the proxy's, as in Metadata. */
+km_err km_rewrite_share_fetch(const uint8_t *body, size_t len, int16_t version, km_rewrite_ctx *ctx, km_wr *out);
+km_err km_rewrite_share_acknowledge(const uint8_t *body, size_t len, int16_t version, km_rewrite_ctx *ctx, km_wr *out);
+/* Whether a config value holds something shaped like host:port (name, dotted or [v6] host; 1-5 digit port). */
+bool km_rewrite_value_has_endpoint(km_str v);
 /* ApiVersions: keep only keys in the proxy's table, each narrowed to the common version range. */
 km_err km_rewrite_api_versions(const uint8_t *body, size_t len, int16_t version, km_wr *out);
 /* The broker-style answer to a too-new ApiVersions request: a v0 body, error UNSUPPORTED_VERSION. */

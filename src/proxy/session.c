@@ -283,6 +283,18 @@ static bool rewrite_small(km_session *s, const inflight *f, struct evbuffer *in,
 	case KM_API_API_VERSIONS:
 		rc = km_rewrite_api_versions(frame + 4 + body, (size_t)size - body, f->version, &w);
 		break;
+	case KM_API_DESCRIBE_CONFIGS:
+		rc = km_rewrite_describe_configs(frame + 4 + body, (size_t)size - body, f->version, &ctx, &w);
+		break;
+	case KM_API_DESCRIBE_QUORUM:
+		rc = km_rewrite_describe_quorum(frame + 4 + body, (size_t)size - body, f->version, &ctx, &w);
+		break;
+	case KM_API_SHARE_FETCH:
+		rc = km_rewrite_share_fetch(frame + 4 + body, (size_t)size - body, f->version, &ctx, &w);
+		break;
+	case KM_API_SHARE_ACKNOWLEDGE:
+		rc = km_rewrite_share_acknowledge(frame + 4 + body, (size_t)size - body, f->version, &ctx, &w);
+		break;
 	default:
 		rc = KM_ERR_UNSUPPORTED;
 	}

@@ -220,10 +220,11 @@ class Capture:
         path = os.path.join(self.out_dir, f"{self.name}-{len(self.files)}.pcap")
         self.err_path = path + ".err"
         err = open(self.err_path, "w")
-        # -U: every packet is flushed at once; -B: a large kernel buffer (KiB) so bursts from the
+        # -U and --immediate-mode: every packet is written at once (without them the last packets
+        # before a stop can be lost); -B: a large kernel buffer (KiB) so bursts from the
         # perf tools are not dropped; -s 0: whole packets.
         self.proc = subprocess.Popen(
-            [tcpdump, "-i", "lo", "-n", "-s", "0", "-B", "32768", "-U", "-w", path,
+            [tcpdump, "-i", "lo", "-n", "-s", "0", "-B", "32768", "-U", "--immediate-mode", "-w", path,
              f"tcp and src host {self.host}"], stdout=subprocess.DEVNULL, stderr=err,
             start_new_session=True)
         err.close()

@@ -1,6 +1,9 @@
 /* TLS contexts for client-facing listeners and upstream connections, and plain/TLS bufferevents behind one call. */
+#include <errno.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
 
 #include <event2/bufferevent_ssl.h>
 #include <openssl/err.h>
@@ -141,7 +144,8 @@ fail:
 	return NULL;
 }
 
-/* libevent reads 16 KiB per callback by default: large Fetch responses would take thousands of rounds. */
+/* libevent reads 16 KiB per callback by default: large Fetch responses would take thousands of rounds.
+ * (In libevent 2.1 evbuffer_read caps each read at 4 KiB anyway: see km_net_bev_fill.) */
 static void set_io_sizes(struct bufferevent *bev)
 {
 	bufferevent_set_max_single_read(bev, 256 * 1024);
@@ -181,4 +185,53 @@ struct bufferevent *km_net_bev_new(struct event_base *base, int fd, SSL_CTX *ctx
 	bufferevent_openssl_set_allow_dirty_shutdown(bev, 1);
 	set_io_sizes(bev);
 	return bev;
+}
+
+size_t km_net_bev_fill(struct bufferevent *bev, size_t upto)
+{
+	struct evbuffer *in = bufferevent_get_input(bev);
+	evutil_socket_t fd = bufferevent_getfd(bev);
+	size_t added = 0;
+
+	if (fd < 0 || bufferevent_openssl_get_ssl(bev))
+		return 0;
+	/* A socket bufferevent keeps its input's end frozen except while it reads itself. */
+	evbuffer_unfreeze(in, 0);
+	while (evbuffer_get_length(in) < upto) {
+		struct evbuffer_iovec v[4];
+		struct msghdr mh;
+		size_t want = upto - evbuffer_get_length(in), left = want, got;
+		int nv = evbuffer_reserve_space(in, (ev_ssize_t)want, v, 4);
+		ssize_t rc;
+
+		if (nv <= 0)
+			break;
+		/* reserve_space may offer more than asked for: read no more than want */
+		for (int i = 0; i < nv; i++) {
+			if (v[i].iov_len > left)
+				v[i].iov_len = left;
+			left -= v[i].iov_len;
+		}
+		memset(&mh, 0, sizeof(mh));
+		mh.msg_iov = (struct iovec *)v;
+		mh.msg_iovlen = (size_t)nv;
+		rc = recvmsg(fd, &mh, MSG_DONTWAIT);
+		if (rc <= 0) {
+			evbuffer_commit_space(in, v, 0);
+			break;
+		}
+		got = (size_t)rc;
+		added += got;
+		for (int i = 0; i < nv; i++) {
+			if (v[i].iov_len > got)
+				v[i].iov_len = got;
+			got -= v[i].iov_len;
+		}
+		while (nv > 0 && v[nv - 1].iov_len == 0)
+			nv--;
+		if (evbuffer_commit_space(in, v, nv) != 0 || (size_t)rc < want)
+			break; /* a short read: the socket is empty for now */
+	}
+	evbuffer_freeze(in, 0);
+	return added;
 }

@@ -298,6 +298,8 @@ static void read_cb(struct bufferevent *bev, void *arg)
 	struct evbuffer *in = bufferevent_get_input(bev);
 	int64_t max = c->opts.max_frame_bytes ? c->opts.max_frame_bytes : 104857600;
 
+	/* libevent 2.1 reads 4 KiB per event: take what the socket holds in one go (plain sockets). */
+	km_net_bev_fill(bev, 1024 * 1024);
 	while (c->state != C_CLOSED && !c->freed) {
 		int32_t size;
 		km_frame_status st = km_net_frame_peek(in, max, KM_FRAME_MIN_RESPONSE, false, &size);

@@ -1,5 +1,4 @@
 /* TLS contexts for client-facing listeners and upstream connections, and plain/TLS bufferevents behind one call. */
-#include <errno.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/socket.h>

@@ -126,7 +126,12 @@ def free_port(host="127.0.0.1"):
 
 
 def new_cluster_id():
-    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+    """A random KRaft cluster id (base64url of a UUID). One that starts with '-' would be taken for
+    an option by the storage tool's `-t`, so draw again."""
+    while True:
+        cid = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not cid.startswith("-"):
+            return cid
 
 
 def _set_pdeathsig():

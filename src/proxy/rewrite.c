@@ -142,7 +142,7 @@ km_err km_rewrite_metadata(const uint8_t *body, size_t len, int16_t version, km_
 	km_rd r;
 	int32_t n;
 
-	if (version < 0 || version > 12)
+	if (version < 0 || version > 13)
 		return KM_ERR_UNSUPPORTED;
 	km_rd_init(&r, body, len);
 	if (version >= 3)
@@ -253,7 +253,7 @@ km_err km_rewrite_api_versions(const uint8_t *body, size_t len, int16_t version,
 	int32_t n = 0, kept = 0;
 	km_err rc;
 
-	if (version < 0 || version > 4)
+	if (version < 0 || version > 5)
 		return KM_ERR_UNSUPPORTED;
 	km_rd_init(&r, body, len);
 	/* A broker that does not know the requested version answers UNSUPPORTED_VERSION in the v0 layout. */
@@ -582,7 +582,8 @@ static bool walk_produce(km_evrd *r, int16_t version)
 	if (!array_len(r, &topics))
 		return false;
 	for (uint32_t t = 0; t < topics; t++) {
-		if (!km_evrd_skip_compact(r) || !array_len(r, &parts))
+		/* v13+: topic id instead of the name */
+		if (!(version >= 13 ? skip_n(r, 16) : km_evrd_skip_compact(r)) || !array_len(r, &parts))
 			return false;
 		for (uint32_t p = 0; p < parts; p++) {
 			/* index, error, base offset, log append time, log start offset */

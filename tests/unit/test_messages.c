@@ -315,7 +315,7 @@ static void test_versions_and_ignorable(void **state)
 
 	/* Unsupported versions. */
 	km_wr_init(&w);
-	km_metadata_request_encode(&w, 13, &m);
+	km_metadata_request_encode(&w, KM_METADATA_REQUEST_MAX_VERSION + 1, &m);
 	assert_int_equal(w.err, KM_ERR_UNSUPPORTED);
 	km_wr_free(&w);
 	assert_int_equal(km_metadata_request_size(-1, &m), 0);
@@ -346,18 +346,18 @@ static void test_request_header(void **state)
 	assert_true(km_str_eq_c(d.client_id, "abc"));
 	assert_ptr_equal(d.client_id.p, (const char *)w.buf + 10); /* borrowed */
 	km_wr_free(&w);
-	/* v1: null client id is -1. v0 has no client id: ignorable, so dropped. */
+	/* v1: null client id is -1. */
 	h.client_id = KM_STR_NULL;
 	km_wr_init(&w);
 	km_request_header_encode(&w, 1, &h);
 	assert_int_equal(w.len, 10);
 	assert_memory_equal(w.buf + 8, "\xff\xff", 2);
 	km_wr_free(&w);
+	/* Kafka 4.x defines request header v1-v2 only (v0 was ControlledShutdown v0's). */
 	h.client_id = km_str_c("abc");
 	km_wr_init(&w);
 	km_request_header_encode(&w, 0, &h);
-	assert_true(km_wr_ok(&w));
-	assert_int_equal(w.len, 8);
+	assert_int_equal(w.err, KM_ERR_UNSUPPORTED);
 	km_wr_free(&w);
 	km_arena_free(&a);
 }
@@ -424,10 +424,11 @@ static void test_api_table(void **state)
 	/* ApiVersions answers with response header v0 even in flexible versions. */
 	assert_int_equal(km_api_request_header_version(KM_API_API_VERSIONS, 3), 2);
 	assert_int_equal(km_api_response_header_version(KM_API_API_VERSIONS, 3), 0);
-	/* ControlledShutdown v0 has the old header without a client id. */
-	if (km_api_version_supported(KM_API_CONTROLLED_SHUTDOWN, 0))
-		assert_int_equal(km_api_request_header_version(KM_API_CONTROLLED_SHUTDOWN, 0), 0);
-	assert_int_equal(km_api_request_header_version(KM_API_CONTROLLED_SHUTDOWN, 1), 1);
+	/* APIs that Kafka 4.x removed ("validVersions": "none": ControlledShutdown, LeaderAndIsr,
+	 * StopReplica, UpdateMetadata) are not in the table. */
+	assert_null(km_api_lookup(7));
+	assert_null(km_api_lookup(4));
+	assert_int_equal(km_api_request_header_version(7, 1), -1);
 	/* Unknown keys and versions. */
 	assert_null(km_api_lookup(-1));
 	assert_null(km_api_lookup(32000));

@@ -160,7 +160,7 @@ static void hide(dc_config *c)
 static void test_describe_configs_all_versions(void **state)
 {
 	(void)state;
-	for (int16_t v = 0; v <= KM_DESCRIBE_CONFIGS_RESPONSE_MAX_VERSION; v++) {
+	for (int16_t v = KM_DESCRIBE_CONFIGS_RESPONSE_MIN_VERSION; v <= KM_DESCRIBE_CONFIGS_RESPONSE_MAX_VERSION; v++) {
 		dc_fixture f;
 		km_wr in, got, want;
 		km_rewrite_ctx ctx = ctx_make();
@@ -266,7 +266,7 @@ static void test_describe_configs_malformed(void **state)
 static void test_describe_quorum_all_versions(void **state)
 {
 	(void)state;
-	for (int16_t v = 0; v <= KM_DESCRIBE_QUORUM_RESPONSE_MAX_VERSION; v++) {
+	for (int16_t v = KM_DESCRIBE_QUORUM_RESPONSE_MIN_VERSION; v <= KM_DESCRIBE_QUORUM_RESPONSE_MAX_VERSION; v++) {
 		km_describe_quorum_response m;
 		km_describe_quorum_response_topic_data topic;
 		km_describe_quorum_response_partition_data part;
@@ -338,7 +338,7 @@ static void test_share_fetch(void **state)
 {
 	static const uint8_t records[] = {1, 2, 3, 4, 5, 6, 7, 8, 9};
 	(void)state;
-	for (int16_t v = 0; v <= KM_SHARE_FETCH_RESPONSE_MAX_VERSION; v++) {
+	for (int16_t v = KM_SHARE_FETCH_RESPONSE_MIN_VERSION; v <= KM_SHARE_FETCH_RESPONSE_MAX_VERSION; v++) {
 		km_share_fetch_response m;
 		km_share_fetch_response_share_fetchable_topic_response t;
 		km_share_fetch_response_partition_data p;
@@ -392,7 +392,7 @@ static void test_share_fetch(void **state)
 static void test_share_acknowledge(void **state)
 {
 	(void)state;
-	for (int16_t v = 0; v <= KM_SHARE_ACKNOWLEDGE_RESPONSE_MAX_VERSION; v++) {
+	for (int16_t v = KM_SHARE_ACKNOWLEDGE_RESPONSE_MIN_VERSION; v <= KM_SHARE_ACKNOWLEDGE_RESPONSE_MAX_VERSION; v++) {
 		km_share_acknowledge_response m;
 		km_share_acknowledge_response_share_acknowledge_topic_response t;
 		km_share_acknowledge_response_partition_data p;

@@ -8,6 +8,7 @@
 #include <string.h>
 #include <cmocka.h>
 
+#include "kmirror/msg/metadata_response.h"
 #include "kmirror/net.h"
 #include "proxy/rewrite.h"
 
@@ -156,7 +157,7 @@ static void test_metadata_hostile_count(void **state)
 	km_wr_i32(&in, 0x7fffffff); /* brokers count, far beyond the bytes */
 	km_wr_i32(&in, 1);
 	assert_int_equal(km_rewrite_metadata(in.buf, in.len, 3, &c, &out), KM_ERR_DECODE);
-	assert_int_equal(km_rewrite_metadata(in.buf, in.len, 13, &c, &out), KM_ERR_UNSUPPORTED);
+	assert_int_equal(km_rewrite_metadata(in.buf, in.len, KM_METADATA_RESPONSE_MAX_VERSION + 1, &c, &out), KM_ERR_UNSUPPORTED);
 	km_wr_free(&in);
 	km_wr_free(&out);
 }

@@ -18,7 +18,7 @@
 typedef struct km_add_partitions_to_txn_request_add_partitions_to_txn_topic {
 	/* v0+: The name of the topic. */
 	km_str name;
-	/* v0+: The partition indexes to add to the transaction */
+	/* v0+: The partition indexes to add to the transaction. */
 	struct {
 		int32_t count; /* -1 = null */
 		int32_t *items;

@@ -27,7 +27,7 @@ typedef struct km_add_partitions_to_txn_response_add_partitions_to_txn_partition
 typedef struct km_add_partitions_to_txn_response_add_partitions_to_txn_topic_result {
 	/* v0+: The topic name. */
 	km_str name;
-	/* v0+: The results for each partition */
+	/* v0+: The results for each partition. */
 	struct {
 		int32_t count; /* -1 = null */
 		km_add_partitions_to_txn_response_add_partitions_to_txn_partition_result *items;

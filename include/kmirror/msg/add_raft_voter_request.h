@@ -11,35 +11,37 @@
 #include "kmirror/wire.h"
 
 #define KM_ADD_RAFT_VOTER_REQUEST_MIN_VERSION 0
-#define KM_ADD_RAFT_VOTER_REQUEST_MAX_VERSION 0
+#define KM_ADD_RAFT_VOTER_REQUEST_MAX_VERSION 1
 #define KM_ADD_RAFT_VOTER_REQUEST_FIRST_FLEXIBLE 0 /* -1: never flexible */
 
 /* Listener */
 typedef struct km_add_raft_voter_request_listener {
-	/* v0+: The name of the endpoint */
+	/* v0+: The name of the endpoint. */
 	km_str name;
-	/* v0+: The hostname */
+	/* v0+: The hostname. */
 	km_str host;
-	/* v0+: The port */
+	/* v0+: The port. */
 	uint16_t port;
 	km_tagged_list unknown_tags; /* tagged fields this codec does not know, kept as they came */
 } km_add_raft_voter_request_listener;
 
-/* AddRaftVoterRequest v0-0 */
+/* AddRaftVoterRequest v0-1 */
 typedef struct km_add_raft_voter_request {
-	/* v0+ nullable:  */
+	/* v0+ nullable: The cluster id. */
 	km_str cluster_id;
-	/* v0+:  */
+	/* v0+: The maximum time to wait for the request to complete before returning. */
 	int32_t timeout_ms;
-	/* v0+: The replica id of the voter getting added to the topic partition */
+	/* v0+: The replica id of the voter getting added to the topic partition. */
 	int32_t voter_id;
-	/* v0+: The directory id of the voter getting added to the topic partition */
+	/* v0+: The directory id of the voter getting added to the topic partition. */
 	km_uuid voter_directory_id;
-	/* v0+: The endpoints that can be used to communicate with the voter */
+	/* v0+: The endpoints that can be used to communicate with the voter. */
 	struct {
 		int32_t count; /* -1 = null */
 		km_add_raft_voter_request_listener *items;
 	} listeners;
+	/* v1+: When true, return a response after the new voter set is committed. Otherwise, return af... */
+	bool ack_when_committed;
 	km_tagged_list unknown_tags; /* tagged fields this codec does not know, kept as they came */
 } km_add_raft_voter_request;
 

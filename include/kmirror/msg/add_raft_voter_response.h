@@ -11,14 +11,14 @@
 #include "kmirror/wire.h"
 
 #define KM_ADD_RAFT_VOTER_RESPONSE_MIN_VERSION 0
-#define KM_ADD_RAFT_VOTER_RESPONSE_MAX_VERSION 0
+#define KM_ADD_RAFT_VOTER_RESPONSE_MAX_VERSION 1
 #define KM_ADD_RAFT_VOTER_RESPONSE_FIRST_FLEXIBLE 0 /* -1: never flexible */
 
-/* AddRaftVoterResponse v0-0 */
+/* AddRaftVoterResponse v0-1 */
 typedef struct km_add_raft_voter_response {
 	/* v0+: The duration in milliseconds for which the request was throttled due to a quota violati... */
 	int32_t throttle_time_ms;
-	/* v0+: The error code, or 0 if there was no error */
+	/* v0+: The error code, or 0 if there was no error. */
 	int16_t error_code;
 	/* v0+ nullable: The error message, or null if there was no error. */
 	km_str error_message;

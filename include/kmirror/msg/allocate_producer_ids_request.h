@@ -16,9 +16,9 @@
 
 /* AllocateProducerIdsRequest v0-0 */
 typedef struct km_allocate_producer_ids_request {
-	/* v0+: The ID of the requesting broker */
+	/* v0+: The ID of the requesting broker. */
 	int32_t broker_id;
-	/* v0+: The epoch of the requesting broker */
+	/* v0+: The epoch of the requesting broker. */
 	int64_t broker_epoch;
 	km_tagged_list unknown_tags; /* tagged fields this codec does not know, kept as they came */
 } km_allocate_producer_ids_request;

@@ -18,11 +18,11 @@
 typedef struct km_allocate_producer_ids_response {
 	/* v0+: The duration in milliseconds for which the request was throttled due to a quota violati... */
 	int32_t throttle_time_ms;
-	/* v0+: The top level response error code */
+	/* v0+: The top level response error code. */
 	int16_t error_code;
-	/* v0+: The first producer ID in this range, inclusive */
+	/* v0+: The first producer ID in this range, inclusive. */
 	int64_t producer_id_start;
-	/* v0+: The number of producer IDs in this range */
+	/* v0+: The number of producer IDs in this range. */
 	int32_t producer_id_len;
 	km_tagged_list unknown_tags; /* tagged fields this codec does not know, kept as they came */
 } km_allocate_producer_ids_response;

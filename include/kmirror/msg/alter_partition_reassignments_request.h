@@ -11,7 +11,7 @@
 #include "kmirror/wire.h"
 
 #define KM_ALTER_PARTITION_REASSIGNMENTS_REQUEST_MIN_VERSION 0
-#define KM_ALTER_PARTITION_REASSIGNMENTS_REQUEST_MAX_VERSION 0
+#define KM_ALTER_PARTITION_REASSIGNMENTS_REQUEST_MAX_VERSION 1
 #define KM_ALTER_PARTITION_REASSIGNMENTS_REQUEST_FIRST_FLEXIBLE 0 /* -1: never flexible */
 
 /* ReassignablePartition */
@@ -38,10 +38,12 @@ typedef struct km_alter_partition_reassignments_request_reassignable_topic {
 	km_tagged_list unknown_tags; /* tagged fields this codec does not know, kept as they came */
 } km_alter_partition_reassignments_request_reassignable_topic;
 
-/* AlterPartitionReassignmentsRequest v0-0 */
+/* AlterPartitionReassignmentsRequest v0-1 */
 typedef struct km_alter_partition_reassignments_request {
 	/* v0+: The time in ms to wait for the request to complete. */
 	int32_t timeout_ms;
+	/* v1+: The option indicating whether changing the replication factor of any given partition as... */
+	bool allow_replication_factor_change;
 	/* v0+: The topics to reassign. */
 	struct {
 		int32_t count; /* -1 = null */

@@ -11,7 +11,7 @@
 #include "kmirror/wire.h"
 
 #define KM_ALTER_PARTITION_REASSIGNMENTS_RESPONSE_MIN_VERSION 0
-#define KM_ALTER_PARTITION_REASSIGNMENTS_RESPONSE_MAX_VERSION 0
+#define KM_ALTER_PARTITION_REASSIGNMENTS_RESPONSE_MAX_VERSION 1
 #define KM_ALTER_PARTITION_REASSIGNMENTS_RESPONSE_FIRST_FLEXIBLE 0 /* -1: never flexible */
 
 /* ReassignablePartitionResponse */
@@ -27,9 +27,9 @@ typedef struct km_alter_partition_reassignments_response_reassignable_partition_
 
 /* ReassignableTopicResponse */
 typedef struct km_alter_partition_reassignments_response_reassignable_topic_response {
-	/* v0+: The topic name */
+	/* v0+: The topic name. */
 	km_str name;
-	/* v0+: The responses to partitions to reassign */
+	/* v0+: The responses to partitions to reassign. */
 	struct {
 		int32_t count; /* -1 = null */
 		km_alter_partition_reassignments_response_reassignable_partition_response *items;
@@ -37,10 +37,12 @@ typedef struct km_alter_partition_reassignments_response_reassignable_topic_resp
 	km_tagged_list unknown_tags; /* tagged fields this codec does not know, kept as they came */
 } km_alter_partition_reassignments_response_reassignable_topic_response;
 
-/* AlterPartitionReassignmentsResponse v0-0 */
+/* AlterPartitionReassignmentsResponse v0-1 */
 typedef struct km_alter_partition_reassignments_response {
 	/* v0+: The duration in milliseconds for which the request was throttled due to a quota violati... */
 	int32_t throttle_time_ms;
+	/* v1+: The option indicating whether changing the replication factor of any given partition as... */
+	bool allow_replication_factor_change;
 	/* v0+: The top-level error code, or 0 if there was no error. */
 	int16_t error_code;
 	/* v0+ nullable: The top-level error message, or null if there was no error. */

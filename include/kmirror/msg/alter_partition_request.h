@@ -10,9 +10,9 @@
 #include "kmirror/codec.h"
 #include "kmirror/wire.h"
 
-#define KM_ALTER_PARTITION_REQUEST_MIN_VERSION 0
+#define KM_ALTER_PARTITION_REQUEST_MIN_VERSION 2
 #define KM_ALTER_PARTITION_REQUEST_MAX_VERSION 3
-#define KM_ALTER_PARTITION_REQUEST_FIRST_FLEXIBLE 0 /* -1: never flexible */
+#define KM_ALTER_PARTITION_REQUEST_FIRST_FLEXIBLE 2 /* -1: never flexible */
 
 /* BrokerState */
 typedef struct km_alter_partition_request_broker_state {
@@ -25,34 +25,32 @@ typedef struct km_alter_partition_request_broker_state {
 
 /* PartitionData */
 typedef struct km_alter_partition_request_partition_data {
-	/* v0+: The partition index */
+	/* v0+: The partition index. */
 	int32_t partition_index;
-	/* v0+: The leader epoch of this partition */
+	/* v0+: The leader epoch of this partition. */
 	int32_t leader_epoch;
 	/* v0-2: The ISR for this partition. Deprecated since version 3. */
 	struct {
 		int32_t count; /* -1 = null */
 		int32_t *items;
 	} new_isr;
-	/* v3+:  */
+	/* v3+: The ISR for this partition. */
 	struct {
 		int32_t count; /* -1 = null */
 		km_alter_partition_request_broker_state *items;
 	} new_isr_with_epochs;
 	/* v1+: 1 if the partition is recovering from an unclean leader election; 0 otherwise. */
 	int8_t leader_recovery_state;
-	/* v0+: The expected epoch of the partition which is being updated. For legacy cluster this is... */
+	/* v0+: The expected epoch of the partition which is being updated. */
 	int32_t partition_epoch;
 	km_tagged_list unknown_tags; /* tagged fields this codec does not know, kept as they came */
 } km_alter_partition_request_partition_data;
 
 /* TopicData */
 typedef struct km_alter_partition_request_topic_data {
-	/* v0-1: The name of the topic to alter ISRs for */
-	km_str topic_name;
-	/* v2+: The ID of the topic to alter ISRs for */
+	/* v2+: The ID of the topic to alter ISRs for. */
 	km_uuid topic_id;
-	/* v0+:  */
+	/* v0+: The partitions to alter ISRs for. */
 	struct {
 		int32_t count; /* -1 = null */
 		km_alter_partition_request_partition_data *items;
@@ -60,13 +58,13 @@ typedef struct km_alter_partition_request_topic_data {
 	km_tagged_list unknown_tags; /* tagged fields this codec does not know, kept as they came */
 } km_alter_partition_request_topic_data;
 
-/* AlterPartitionRequest v0-3 */
+/* AlterPartitionRequest v2-3 */
 typedef struct km_alter_partition_request {
-	/* v0+: The ID of the requesting broker */
+	/* v0+: The ID of the requesting broker. */
 	int32_t broker_id;
-	/* v0+: The epoch of the requesting broker */
+	/* v0+: The epoch of the requesting broker. */
 	int64_t broker_epoch;
-	/* v0+:  */
+	/* v0+: The topics to alter ISRs for. */
 	struct {
 		int32_t count; /* -1 = null */
 		km_alter_partition_request_topic_data *items;

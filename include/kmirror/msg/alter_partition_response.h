@@ -10,15 +10,15 @@
 #include "kmirror/codec.h"
 #include "kmirror/wire.h"
 
-#define KM_ALTER_PARTITION_RESPONSE_MIN_VERSION 0
+#define KM_ALTER_PARTITION_RESPONSE_MIN_VERSION 2
 #define KM_ALTER_PARTITION_RESPONSE_MAX_VERSION 3
-#define KM_ALTER_PARTITION_RESPONSE_FIRST_FLEXIBLE 0 /* -1: never flexible */
+#define KM_ALTER_PARTITION_RESPONSE_FIRST_FLEXIBLE 2 /* -1: never flexible */
 
 /* PartitionData */
 typedef struct km_alter_partition_response_partition_data {
-	/* v0+: The partition index */
+	/* v0+: The partition index. */
 	int32_t partition_index;
-	/* v0+: The partition level error code */
+	/* v0+: The partition level error code. */
 	int16_t error_code;
 	/* v0+: The broker ID of the leader. */
 	int32_t leader_id;
@@ -31,18 +31,16 @@ typedef struct km_alter_partition_response_partition_data {
 	} isr;
 	/* v1+: 1 if the partition is recovering from an unclean leader election; 0 otherwise. */
 	int8_t leader_recovery_state;
-	/* v0+: The current epoch for the partition for KRaft controllers. The current ZK version for t... */
+	/* v0+: The current epoch for the partition for KRaft controllers. */
 	int32_t partition_epoch;
 	km_tagged_list unknown_tags; /* tagged fields this codec does not know, kept as they came */
 } km_alter_partition_response_partition_data;
 
 /* TopicData */
 typedef struct km_alter_partition_response_topic_data {
-	/* v0-1: The name of the topic */
-	km_str topic_name;
-	/* v2+: The ID of the topic */
+	/* v2+: The ID of the topic. */
 	km_uuid topic_id;
-	/* v0+:  */
+	/* v0+: The responses for each partition. */
 	struct {
 		int32_t count; /* -1 = null */
 		km_alter_partition_response_partition_data *items;
@@ -50,13 +48,13 @@ typedef struct km_alter_partition_response_topic_data {
 	km_tagged_list unknown_tags; /* tagged fields this codec does not know, kept as they came */
 } km_alter_partition_response_topic_data;
 
-/* AlterPartitionResponse v0-3 */
+/* AlterPartitionResponse v2-3 */
 typedef struct km_alter_partition_response {
 	/* v0+: The duration in milliseconds for which the request was throttled due to a quota violati... */
 	int32_t throttle_time_ms;
-	/* v0+: The top level response error code */
+	/* v0+: The top level response error code. */
 	int16_t error_code;
-	/* v0+:  */
+	/* v0+: The responses for each topic. */
 	struct {
 		int32_t count; /* -1 = null */
 		km_alter_partition_response_topic_data *items;

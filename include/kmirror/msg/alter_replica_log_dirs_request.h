@@ -10,7 +10,7 @@
 #include "kmirror/codec.h"
 #include "kmirror/wire.h"
 
-#define KM_ALTER_REPLICA_LOG_DIRS_REQUEST_MIN_VERSION 0
+#define KM_ALTER_REPLICA_LOG_DIRS_REQUEST_MIN_VERSION 1
 #define KM_ALTER_REPLICA_LOG_DIRS_REQUEST_MAX_VERSION 2
 #define KM_ALTER_REPLICA_LOG_DIRS_REQUEST_FIRST_FLEXIBLE 2 /* -1: never flexible */
 
@@ -38,7 +38,7 @@ typedef struct km_alter_replica_log_dirs_request_alter_replica_log_dir {
 	km_tagged_list unknown_tags; /* tagged fields this codec does not know, kept as they came */
 } km_alter_replica_log_dirs_request_alter_replica_log_dir;
 
-/* AlterReplicaLogDirsRequest v0-2 */
+/* AlterReplicaLogDirsRequest v1-2 */
 typedef struct km_alter_replica_log_dirs_request {
 	/* v0+: The alterations to make for each directory. */
 	struct {

@@ -10,7 +10,7 @@
 #include "kmirror/codec.h"
 #include "kmirror/wire.h"
 
-#define KM_ALTER_REPLICA_LOG_DIRS_RESPONSE_MIN_VERSION 0
+#define KM_ALTER_REPLICA_LOG_DIRS_RESPONSE_MIN_VERSION 1
 #define KM_ALTER_REPLICA_LOG_DIRS_RESPONSE_MAX_VERSION 2
 #define KM_ALTER_REPLICA_LOG_DIRS_RESPONSE_FIRST_FLEXIBLE 2 /* -1: never flexible */
 
@@ -35,7 +35,7 @@ typedef struct km_alter_replica_log_dirs_response_alter_replica_log_dir_topic_re
 	km_tagged_list unknown_tags; /* tagged fields this codec does not know, kept as they came */
 } km_alter_replica_log_dirs_response_alter_replica_log_dir_topic_result;
 
-/* AlterReplicaLogDirsResponse v0-2 */
+/* AlterReplicaLogDirsResponse v1-2 */
 typedef struct km_alter_replica_log_dirs_response {
 	/* v0+: Duration in milliseconds for which the request was throttled due to a quota violation,... */
 	int32_t throttle_time_ms;

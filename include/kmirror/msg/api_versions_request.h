@@ -11,15 +11,19 @@
 #include "kmirror/wire.h"
 
 #define KM_API_VERSIONS_REQUEST_MIN_VERSION 0
-#define KM_API_VERSIONS_REQUEST_MAX_VERSION 4
+#define KM_API_VERSIONS_REQUEST_MAX_VERSION 5
 #define KM_API_VERSIONS_REQUEST_FIRST_FLEXIBLE 3 /* -1: never flexible */
 
-/* ApiVersionsRequest v0-4 */
+/* ApiVersionsRequest v0-5 */
 typedef struct km_api_versions_request {
 	/* v3+: The name of the client. */
 	km_str client_software_name;
 	/* v3+: The version of the client. */
 	km_str client_software_version;
+	/* v5+ nullable: The cluster ID the client intends to connect to. Provide both ClusterId and NodeId, if... */
+	km_str cluster_id;
+	/* v5+: The node ID the client intends to connect to. Provide both ClusterId and NodeId, if known. */
+	int32_t node_id;
 	km_tagged_list unknown_tags; /* tagged fields this codec does not know, kept as they came */
 } km_api_versions_request;
 

@@ -11,7 +11,7 @@
 #include "kmirror/wire.h"
 
 #define KM_API_VERSIONS_RESPONSE_MIN_VERSION 0
-#define KM_API_VERSIONS_RESPONSE_MAX_VERSION 4
+#define KM_API_VERSIONS_RESPONSE_MAX_VERSION 5
 #define KM_API_VERSIONS_RESPONSE_FIRST_FLEXIBLE 3 /* -1: never flexible */
 
 /* ApiVersion */
@@ -47,7 +47,7 @@ typedef struct km_api_versions_response_finalized_feature_key {
 	km_tagged_list unknown_tags; /* tagged fields this codec does not know, kept as they came */
 } km_api_versions_response_finalized_feature_key;
 
-/* ApiVersionsResponse v0-4 */
+/* ApiVersionsResponse v0-5 */
 typedef struct km_api_versions_response {
 	/* v0+: The top-level error code. */
 	int16_t error_code;
@@ -70,7 +70,7 @@ typedef struct km_api_versions_response {
 		int32_t count; /* -1 = null */
 		km_api_versions_response_finalized_feature_key *items;
 	} finalized_features;
-	/* v3+ tag 3: Set by a KRaft controller if the required configurations for ZK migration are present */
+	/* v3+ tag 3: Set by a KRaft controller if the required configurations for ZK migration are present. */
 	bool zk_migration_ready;
 	km_tagged_list unknown_tags; /* tagged fields this codec does not know, kept as they came */
 } km_api_versions_response;

@@ -16,16 +16,16 @@
 
 /* PartitionData */
 typedef struct km_assign_replicas_to_dirs_request_partition_data {
-	/* v0+: The partition index */
+	/* v0+: The partition index. */
 	int32_t partition_index;
 	km_tagged_list unknown_tags; /* tagged fields this codec does not know, kept as they came */
 } km_assign_replicas_to_dirs_request_partition_data;
 
 /* TopicData */
 typedef struct km_assign_replicas_to_dirs_request_topic_data {
-	/* v0+: The ID of the assigned topic */
+	/* v0+: The ID of the assigned topic. */
 	km_uuid topic_id;
-	/* v0+:  */
+	/* v0+: The partitions assigned to the directory. */
 	struct {
 		int32_t count; /* -1 = null */
 		km_assign_replicas_to_dirs_request_partition_data *items;
@@ -35,9 +35,9 @@ typedef struct km_assign_replicas_to_dirs_request_topic_data {
 
 /* DirectoryData */
 typedef struct km_assign_replicas_to_dirs_request_directory_data {
-	/* v0+: The ID of the directory */
+	/* v0+: The ID of the directory. */
 	km_uuid id;
-	/* v0+:  */
+	/* v0+: The topics assigned to the directory. */
 	struct {
 		int32_t count; /* -1 = null */
 		km_assign_replicas_to_dirs_request_topic_data *items;
@@ -47,11 +47,11 @@ typedef struct km_assign_replicas_to_dirs_request_directory_data {
 
 /* AssignReplicasToDirsRequest v0-0 */
 typedef struct km_assign_replicas_to_dirs_request {
-	/* v0+: The ID of the requesting broker */
+	/* v0+: The ID of the requesting broker. */
 	int32_t broker_id;
-	/* v0+: The epoch of the requesting broker */
+	/* v0+: The epoch of the requesting broker. */
 	int64_t broker_epoch;
-	/* v0+:  */
+	/* v0+: The directories to which replicas should be assigned. */
 	struct {
 		int32_t count; /* -1 = null */
 		km_assign_replicas_to_dirs_request_directory_data *items;

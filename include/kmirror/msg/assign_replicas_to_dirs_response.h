@@ -16,18 +16,18 @@
 
 /* PartitionData */
 typedef struct km_assign_replicas_to_dirs_response_partition_data {
-	/* v0+: The partition index */
+	/* v0+: The partition index. */
 	int32_t partition_index;
-	/* v0+: The partition level error code */
+	/* v0+: The partition level error code. */
 	int16_t error_code;
 	km_tagged_list unknown_tags; /* tagged fields this codec does not know, kept as they came */
 } km_assign_replicas_to_dirs_response_partition_data;
 
 /* TopicData */
 typedef struct km_assign_replicas_to_dirs_response_topic_data {
-	/* v0+: The ID of the assigned topic */
+	/* v0+: The ID of the assigned topic. */
 	km_uuid topic_id;
-	/* v0+:  */
+	/* v0+: The list of assigned partitions. */
 	struct {
 		int32_t count; /* -1 = null */
 		km_assign_replicas_to_dirs_response_partition_data *items;
@@ -37,9 +37,9 @@ typedef struct km_assign_replicas_to_dirs_response_topic_data {
 
 /* DirectoryData */
 typedef struct km_assign_replicas_to_dirs_response_directory_data {
-	/* v0+: The ID of the directory */
+	/* v0+: The ID of the directory. */
 	km_uuid id;
-	/* v0+:  */
+	/* v0+: The list of topics and their assigned partitions. */
 	struct {
 		int32_t count; /* -1 = null */
 		km_assign_replicas_to_dirs_response_topic_data *items;
@@ -51,9 +51,9 @@ typedef struct km_assign_replicas_to_dirs_response_directory_data {
 typedef struct km_assign_replicas_to_dirs_response {
 	/* v0+: The duration in milliseconds for which the request was throttled due to a quota violati... */
 	int32_t throttle_time_ms;
-	/* v0+: The top level response error code */
+	/* v0+: The top level response error code. */
 	int16_t error_code;
-	/* v0+:  */
+	/* v0+: The list of directories and their assigned partitions. */
 	struct {
 		int32_t count; /* -1 = null */
 		km_assign_replicas_to_dirs_response_directory_data *items;

@@ -16,22 +16,22 @@
 
 /* PartitionData */
 typedef struct km_begin_quorum_epoch_request_partition_data {
-	/* v0+: The partition index */
+	/* v0+: The partition index. */
 	int32_t partition_index;
-	/* v1+: The directory id of the receiving replica */
+	/* v1+: The directory id of the receiving replica. */
 	km_uuid voter_directory_id;
-	/* v0+: The ID of the newly elected leader */
+	/* v0+: The ID of the newly elected leader. */
 	int32_t leader_id;
-	/* v0+: The epoch of the newly elected leader */
+	/* v0+: The epoch of the newly elected leader. */
 	int32_t leader_epoch;
 	km_tagged_list unknown_tags; /* tagged fields this codec does not know, kept as they came */
 } km_begin_quorum_epoch_request_partition_data;
 
 /* TopicData */
 typedef struct km_begin_quorum_epoch_request_topic_data {
-	/* v0+: The topic name */
+	/* v0+: The topic name. */
 	km_str topic_name;
-	/* v0+:  */
+	/* v0+: The partitions. */
 	struct {
 		int32_t count; /* -1 = null */
 		km_begin_quorum_epoch_request_partition_data *items;
@@ -41,27 +41,27 @@ typedef struct km_begin_quorum_epoch_request_topic_data {
 
 /* LeaderEndpoint */
 typedef struct km_begin_quorum_epoch_request_leader_endpoint {
-	/* v1+: The name of the endpoint */
+	/* v1+: The name of the endpoint. */
 	km_str name;
-	/* v1+: The node's hostname */
+	/* v1+: The node's hostname. */
 	km_str host;
-	/* v1+: The node's port */
+	/* v1+: The node's port. */
 	uint16_t port;
 	km_tagged_list unknown_tags; /* tagged fields this codec does not know, kept as they came */
 } km_begin_quorum_epoch_request_leader_endpoint;
 
 /* BeginQuorumEpochRequest v0-1 */
 typedef struct km_begin_quorum_epoch_request {
-	/* v0+ nullable:  */
+	/* v0+ nullable: The cluster id. */
 	km_str cluster_id;
-	/* v1+: The replica id of the voter receiving the request */
+	/* v1+: The replica id of the voter receiving the request. */
 	int32_t voter_id;
-	/* v0+:  */
+	/* v0+: The topics. */
 	struct {
 		int32_t count; /* -1 = null */
 		km_begin_quorum_epoch_request_topic_data *items;
 	} topics;
-	/* v1+: Endpoints for the leader */
+	/* v1+: Endpoints for the leader. */
 	struct {
 		int32_t count; /* -1 = null */
 		km_begin_quorum_epoch_request_leader_endpoint *items;

@@ -11,10 +11,10 @@
 #include "kmirror/wire.h"
 
 #define KM_BROKER_HEARTBEAT_REQUEST_MIN_VERSION 0
-#define KM_BROKER_HEARTBEAT_REQUEST_MAX_VERSION 1
+#define KM_BROKER_HEARTBEAT_REQUEST_MAX_VERSION 2
 #define KM_BROKER_HEARTBEAT_REQUEST_FIRST_FLEXIBLE 0 /* -1: never flexible */
 
-/* BrokerHeartbeatRequest v0-1 */
+/* BrokerHeartbeatRequest v0-2 */
 typedef struct km_broker_heartbeat_request {
 	/* v0+: The broker ID. */
 	int32_t broker_id;
@@ -31,6 +31,11 @@ typedef struct km_broker_heartbeat_request {
 		int32_t count; /* -1 = null */
 		km_uuid *items;
 	} offline_log_dirs;
+	/* v2+ nullable tag 1: List of log directories that are cordoned. This is null before the broker reaches the R... */
+	struct {
+		int32_t count; /* -1 = null */
+		km_uuid *items;
+	} cordoned_log_dirs;
 	km_tagged_list unknown_tags; /* tagged fields this codec does not know, kept as they came */
 } km_broker_heartbeat_request;
 

@@ -11,10 +11,10 @@
 #include "kmirror/wire.h"
 
 #define KM_BROKER_HEARTBEAT_RESPONSE_MIN_VERSION 0
-#define KM_BROKER_HEARTBEAT_RESPONSE_MAX_VERSION 1
+#define KM_BROKER_HEARTBEAT_RESPONSE_MAX_VERSION 2
 #define KM_BROKER_HEARTBEAT_RESPONSE_FIRST_FLEXIBLE 0 /* -1: never flexible */
 
-/* BrokerHeartbeatResponse v0-1 */
+/* BrokerHeartbeatResponse v0-2 */
 typedef struct km_broker_heartbeat_response {
 	/* v0+: Duration in milliseconds for which the request was throttled due to a quota violation,... */
 	int32_t throttle_time_ms;

@@ -46,7 +46,7 @@ typedef struct km_broker_registration_request {
 	km_str cluster_id;
 	/* v0+: The incarnation id of the broker process. */
 	km_uuid incarnation_id;
-	/* v0+: The listeners of this broker */
+	/* v0+: The listeners of this broker. */
 	struct {
 		int32_t count; /* -1 = null */
 		km_broker_registration_request_listener *items;
@@ -58,7 +58,7 @@ typedef struct km_broker_registration_request {
 	} features;
 	/* v0+ nullable: The rack which this broker is in. */
 	km_str rack;
-	/* v1+: If the required configurations for ZK migration are present, this value is set to true */
+	/* v1+: If the required configurations for ZK migration are present, this value is set to true. */
 	bool is_migrating_zk_broker;
 	/* v2+: Log directories configured in this broker which are available. */
 	struct {

@@ -11,12 +11,12 @@
 #include "kmirror/wire.h"
 
 #define KM_CONSUMER_GROUP_DESCRIBE_REQUEST_MIN_VERSION 0
-#define KM_CONSUMER_GROUP_DESCRIBE_REQUEST_MAX_VERSION 0
+#define KM_CONSUMER_GROUP_DESCRIBE_REQUEST_MAX_VERSION 1
 #define KM_CONSUMER_GROUP_DESCRIBE_REQUEST_FIRST_FLEXIBLE 0 /* -1: never flexible */
 
-/* ConsumerGroupDescribeRequest v0-0 */
+/* ConsumerGroupDescribeRequest v0-1 */
 typedef struct km_consumer_group_describe_request {
-	/* v0+: The ids of the groups to describe */
+	/* v0+: The ids of the groups to describe. */
 	struct {
 		int32_t count; /* -1 = null */
 		km_str *items;

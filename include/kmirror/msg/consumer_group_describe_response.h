@@ -11,7 +11,7 @@
 #include "kmirror/wire.h"
 
 #define KM_CONSUMER_GROUP_DESCRIBE_RESPONSE_MIN_VERSION 0
-#define KM_CONSUMER_GROUP_DESCRIBE_RESPONSE_MAX_VERSION 0
+#define KM_CONSUMER_GROUP_DESCRIBE_RESPONSE_MAX_VERSION 1
 #define KM_CONSUMER_GROUP_DESCRIBE_RESPONSE_FIRST_FLEXIBLE 0 /* -1: never flexible */
 
 /* TopicPartitions */
@@ -63,6 +63,8 @@ typedef struct km_consumer_group_describe_response_member {
 	km_consumer_group_describe_response_assignment assignment;
 	/* v0+: The target assignment. */
 	km_consumer_group_describe_response_assignment target_assignment;
+	/* v1+: -1 for unknown. 0 for classic member. +1 for consumer member. */
+	int8_t member_type;
 	km_tagged_list unknown_tags; /* tagged fields this codec does not know, kept as they came */
 } km_consumer_group_describe_response_member;
 
@@ -92,7 +94,7 @@ typedef struct km_consumer_group_describe_response_described_group {
 	km_tagged_list unknown_tags; /* tagged fields this codec does not know, kept as they came */
 } km_consumer_group_describe_response_described_group;
 
-/* ConsumerGroupDescribeResponse v0-0 */
+/* ConsumerGroupDescribeResponse v0-1 */
 typedef struct km_consumer_group_describe_response {
 	/* v0+: The duration in milliseconds for which the request was throttled due to a quota violati... */
 	int32_t throttle_time_ms;

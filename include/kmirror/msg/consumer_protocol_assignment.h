@@ -16,9 +16,9 @@
 
 /* TopicPartition */
 typedef struct km_consumer_protocol_assignment_topic_partition {
-	/* v0+:  */
+	/* v0+: The topic name. */
 	km_str topic;
-	/* v0+:  */
+	/* v0+: The list of partitions assigned to this consumer. */
 	struct {
 		int32_t count; /* -1 = null */
 		int32_t *items;
@@ -28,12 +28,12 @@ typedef struct km_consumer_protocol_assignment_topic_partition {
 
 /* ConsumerProtocolAssignment v0-3 */
 typedef struct km_consumer_protocol_assignment {
-	/* v0+:  */
+	/* v0+: The list of topics and partitions assigned to this consumer. */
 	struct {
 		int32_t count; /* -1 = null */
 		km_consumer_protocol_assignment_topic_partition *items;
 	} assigned_partitions;
-	/* v0+ nullable:  */
+	/* v0+ nullable: User data. */
 	km_bytes user_data;
 	km_tagged_list unknown_tags; /* tagged fields this codec does not know, kept as they came */
 } km_consumer_protocol_assignment;

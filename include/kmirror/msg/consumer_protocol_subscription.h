@@ -16,9 +16,9 @@
 
 /* TopicPartition */
 typedef struct km_consumer_protocol_subscription_topic_partition {
-	/* v1+:  */
+	/* v1+: The topic name. */
 	km_str topic;
-	/* v1+:  */
+	/* v1+: The partition ids. */
 	struct {
 		int32_t count; /* -1 = null */
 		int32_t *items;
@@ -28,21 +28,21 @@ typedef struct km_consumer_protocol_subscription_topic_partition {
 
 /* ConsumerProtocolSubscription v0-3 */
 typedef struct km_consumer_protocol_subscription {
-	/* v0+:  */
+	/* v0+: The topics that the member wants to consume. */
 	struct {
 		int32_t count; /* -1 = null */
 		km_str *items;
 	} topics;
-	/* v0+ nullable:  */
+	/* v0+ nullable: User data that will be passed back to the consumer. */
 	km_bytes user_data;
-	/* v1+:  */
+	/* v1+: The partitions that the member owns. */
 	struct {
 		int32_t count; /* -1 = null */
 		km_consumer_protocol_subscription_topic_partition *items;
 	} owned_partitions;
-	/* v2+:  */
+	/* v2+: The generation id of the member. */
 	int32_t generation_id;
-	/* v3+ nullable:  */
+	/* v3+ nullable: The rack id of the member. */
 	km_str rack_id;
 	km_tagged_list unknown_tags; /* tagged fields this codec does not know, kept as they came */
 } km_consumer_protocol_subscription;

@@ -46,12 +46,12 @@ typedef struct km_controller_registration_request {
 	km_uuid incarnation_id;
 	/* v0+: Set if the required configurations for ZK migration are present. */
 	bool zk_migration_ready;
-	/* v0+: The listeners of this controller */
+	/* v0+: The listeners of this controller. */
 	struct {
 		int32_t count; /* -1 = null */
 		km_controller_registration_request_listener *items;
 	} listeners;
-	/* v0+: The features on this controller */
+	/* v0+: The features on this controller. */
 	struct {
 		int32_t count; /* -1 = null */
 		km_controller_registration_request_feature *items;

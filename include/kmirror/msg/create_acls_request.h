@@ -10,7 +10,7 @@
 #include "kmirror/codec.h"
 #include "kmirror/wire.h"
 
-#define KM_CREATE_ACLS_REQUEST_MIN_VERSION 0
+#define KM_CREATE_ACLS_REQUEST_MIN_VERSION 1
 #define KM_CREATE_ACLS_REQUEST_MAX_VERSION 3
 #define KM_CREATE_ACLS_REQUEST_FIRST_FLEXIBLE 2 /* -1: never flexible */
 
@@ -33,7 +33,7 @@ typedef struct km_create_acls_request_acl_creation {
 	km_tagged_list unknown_tags; /* tagged fields this codec does not know, kept as they came */
 } km_create_acls_request_acl_creation;
 
-/* CreateAclsRequest v0-3 */
+/* CreateAclsRequest v1-3 */
 typedef struct km_create_acls_request {
 	/* v0+: The ACLs that we want to create. */
 	struct {

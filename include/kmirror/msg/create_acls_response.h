@@ -10,7 +10,7 @@
 #include "kmirror/codec.h"
 #include "kmirror/wire.h"
 
-#define KM_CREATE_ACLS_RESPONSE_MIN_VERSION 0
+#define KM_CREATE_ACLS_RESPONSE_MIN_VERSION 1
 #define KM_CREATE_ACLS_RESPONSE_MAX_VERSION 3
 #define KM_CREATE_ACLS_RESPONSE_FIRST_FLEXIBLE 2 /* -1: never flexible */
 
@@ -23,7 +23,7 @@ typedef struct km_create_acls_response_acl_creation_result {
 	km_tagged_list unknown_tags; /* tagged fields this codec does not know, kept as they came */
 } km_create_acls_response_acl_creation_result;
 
-/* CreateAclsResponse v0-3 */
+/* CreateAclsResponse v1-3 */
 typedef struct km_create_acls_response {
 	/* v0+: The duration in milliseconds for which the request was throttled due to a quota violati... */
 	int32_t throttle_time_ms;

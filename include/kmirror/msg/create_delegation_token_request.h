@@ -10,7 +10,7 @@
 #include "kmirror/codec.h"
 #include "kmirror/wire.h"
 
-#define KM_CREATE_DELEGATION_TOKEN_REQUEST_MIN_VERSION 0
+#define KM_CREATE_DELEGATION_TOKEN_REQUEST_MIN_VERSION 1
 #define KM_CREATE_DELEGATION_TOKEN_REQUEST_MAX_VERSION 3
 #define KM_CREATE_DELEGATION_TOKEN_REQUEST_FIRST_FLEXIBLE 2 /* -1: never flexible */
 
@@ -23,7 +23,7 @@ typedef struct km_create_delegation_token_request_creatable_renewers {
 	km_tagged_list unknown_tags; /* tagged fields this codec does not know, kept as they came */
 } km_create_delegation_token_request_creatable_renewers;
 
-/* CreateDelegationTokenRequest v0-3 */
+/* CreateDelegationTokenRequest v1-3 */
 typedef struct km_create_delegation_token_request {
 	/* v3+ nullable: The principal type of the owner of the token. If it's null it defaults to the token req... */
 	km_str owner_principal_type;

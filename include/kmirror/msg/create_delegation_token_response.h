@@ -10,11 +10,11 @@
 #include "kmirror/codec.h"
 #include "kmirror/wire.h"
 
-#define KM_CREATE_DELEGATION_TOKEN_RESPONSE_MIN_VERSION 0
+#define KM_CREATE_DELEGATION_TOKEN_RESPONSE_MIN_VERSION 1
 #define KM_CREATE_DELEGATION_TOKEN_RESPONSE_MAX_VERSION 3
 #define KM_CREATE_DELEGATION_TOKEN_RESPONSE_FIRST_FLEXIBLE 2 /* -1: never flexible */
 
-/* CreateDelegationTokenResponse v0-3 */
+/* CreateDelegationTokenResponse v1-3 */
 typedef struct km_create_delegation_token_response {
 	/* v0+: The top-level error, or zero if there was no error. */
 	int16_t error_code;

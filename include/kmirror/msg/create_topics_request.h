@@ -10,7 +10,7 @@
 #include "kmirror/codec.h"
 #include "kmirror/wire.h"
 
-#define KM_CREATE_TOPICS_REQUEST_MIN_VERSION 0
+#define KM_CREATE_TOPICS_REQUEST_MIN_VERSION 2
 #define KM_CREATE_TOPICS_REQUEST_MAX_VERSION 7
 #define KM_CREATE_TOPICS_REQUEST_FIRST_FLEXIBLE 5 /* -1: never flexible */
 
@@ -56,7 +56,7 @@ typedef struct km_create_topics_request_creatable_topic {
 	km_tagged_list unknown_tags; /* tagged fields this codec does not know, kept as they came */
 } km_create_topics_request_creatable_topic;
 
-/* CreateTopicsRequest v0-7 */
+/* CreateTopicsRequest v2-7 */
 typedef struct km_create_topics_request {
 	/* v0+: The topics to create. */
 	struct {

@@ -10,7 +10,7 @@
 #include "kmirror/codec.h"
 #include "kmirror/wire.h"
 
-#define KM_CREATE_TOPICS_RESPONSE_MIN_VERSION 0
+#define KM_CREATE_TOPICS_RESPONSE_MIN_VERSION 2
 #define KM_CREATE_TOPICS_RESPONSE_MAX_VERSION 7
 #define KM_CREATE_TOPICS_RESPONSE_FIRST_FLEXIBLE 5 /* -1: never flexible */
 
@@ -33,7 +33,7 @@ typedef struct km_create_topics_response_creatable_topic_configs {
 typedef struct km_create_topics_response_creatable_topic_result {
 	/* v0+: The topic name. */
 	km_str name;
-	/* v7+: The unique topic ID */
+	/* v7+: The unique topic ID. */
 	km_uuid topic_id;
 	/* v0+: The error code, or 0 if there was no error. */
 	int16_t error_code;
@@ -53,7 +53,7 @@ typedef struct km_create_topics_response_creatable_topic_result {
 	km_tagged_list unknown_tags; /* tagged fields this codec does not know, kept as they came */
 } km_create_topics_response_creatable_topic_result;
 
-/* CreateTopicsResponse v0-7 */
+/* CreateTopicsResponse v2-7 */
 typedef struct km_create_topics_response {
 	/* v2+: The duration in milliseconds for which the request was throttled due to a quota violati... */
 	int32_t throttle_time_ms;

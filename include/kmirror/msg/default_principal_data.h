@@ -16,9 +16,9 @@
 
 /* DefaultPrincipalData v0-0 */
 typedef struct km_default_principal_data {
-	/* v0+: The principal type */
+	/* v0+: The principal type. */
 	km_str type;
-	/* v0+: The principal name */
+	/* v0+: The principal name. */
 	km_str name;
 	/* v0+: Whether the principal was authenticated by a delegation token on the forwarding broker. */
 	bool token_authenticated;

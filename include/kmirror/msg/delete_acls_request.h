@@ -10,7 +10,7 @@
 #include "kmirror/codec.h"
 #include "kmirror/wire.h"
 
-#define KM_DELETE_ACLS_REQUEST_MIN_VERSION 0
+#define KM_DELETE_ACLS_REQUEST_MIN_VERSION 1
 #define KM_DELETE_ACLS_REQUEST_MAX_VERSION 3
 #define KM_DELETE_ACLS_REQUEST_FIRST_FLEXIBLE 2 /* -1: never flexible */
 
@@ -18,7 +18,7 @@
 typedef struct km_delete_acls_request_delete_acls_filter {
 	/* v0+: The resource type. */
 	int8_t resource_type_filter;
-	/* v0+ nullable: The resource name. */
+	/* v0+ nullable: The resource name, or null to match any resource name. */
 	km_str resource_name_filter;
 	/* v1+: The pattern type. */
 	int8_t pattern_type_filter;
@@ -33,7 +33,7 @@ typedef struct km_delete_acls_request_delete_acls_filter {
 	km_tagged_list unknown_tags; /* tagged fields this codec does not know, kept as they came */
 } km_delete_acls_request_delete_acls_filter;
 
-/* DeleteAclsRequest v0-3 */
+/* DeleteAclsRequest v1-3 */
 typedef struct km_delete_acls_request {
 	/* v0+: The filters to use when deleting ACLs. */
 	struct {

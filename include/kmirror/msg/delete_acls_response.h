@@ -10,7 +10,7 @@
 #include "kmirror/codec.h"
 #include "kmirror/wire.h"
 
-#define KM_DELETE_ACLS_RESPONSE_MIN_VERSION 0
+#define KM_DELETE_ACLS_RESPONSE_MIN_VERSION 1
 #define KM_DELETE_ACLS_RESPONSE_MAX_VERSION 3
 #define KM_DELETE_ACLS_RESPONSE_FIRST_FLEXIBLE 2 /* -1: never flexible */
 
@@ -51,7 +51,7 @@ typedef struct km_delete_acls_response_delete_acls_filter_result {
 	km_tagged_list unknown_tags; /* tagged fields this codec does not know, kept as they came */
 } km_delete_acls_response_delete_acls_filter_result;
 
-/* DeleteAclsResponse v0-3 */
+/* DeleteAclsResponse v1-3 */
 typedef struct km_delete_acls_response {
 	/* v0+: The duration in milliseconds for which the request was throttled due to a quota violati... */
 	int32_t throttle_time_ms;

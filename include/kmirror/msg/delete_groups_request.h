@@ -11,10 +11,10 @@
 #include "kmirror/wire.h"
 
 #define KM_DELETE_GROUPS_REQUEST_MIN_VERSION 0
-#define KM_DELETE_GROUPS_REQUEST_MAX_VERSION 2
+#define KM_DELETE_GROUPS_REQUEST_MAX_VERSION 3
 #define KM_DELETE_GROUPS_REQUEST_FIRST_FLEXIBLE 2 /* -1: never flexible */
 
-/* DeleteGroupsRequest v0-2 */
+/* DeleteGroupsRequest v0-3 */
 typedef struct km_delete_groups_request {
 	/* v0+: The group names to delete. */
 	struct {

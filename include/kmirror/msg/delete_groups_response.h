@@ -11,23 +11,25 @@
 #include "kmirror/wire.h"
 
 #define KM_DELETE_GROUPS_RESPONSE_MIN_VERSION 0
-#define KM_DELETE_GROUPS_RESPONSE_MAX_VERSION 2
+#define KM_DELETE_GROUPS_RESPONSE_MAX_VERSION 3
 #define KM_DELETE_GROUPS_RESPONSE_FIRST_FLEXIBLE 2 /* -1: never flexible */
 
 /* DeletableGroupResult */
 typedef struct km_delete_groups_response_deletable_group_result {
-	/* v0+: The group id */
+	/* v0+: The group id. */
 	km_str group_id;
 	/* v0+: The deletion error, or 0 if the deletion succeeded. */
 	int16_t error_code;
+	/* v3+ nullable: The error message, or null if there was no error. */
+	km_str error_message;
 	km_tagged_list unknown_tags; /* tagged fields this codec does not know, kept as they came */
 } km_delete_groups_response_deletable_group_result;
 
-/* DeleteGroupsResponse v0-2 */
+/* DeleteGroupsResponse v0-3 */
 typedef struct km_delete_groups_response {
 	/* v0+: The duration in milliseconds for which the request was throttled due to a quota violati... */
 	int32_t throttle_time_ms;
-	/* v0+: The deletion results */
+	/* v0+: The deletion results. */
 	struct {
 		int32_t count; /* -1 = null */
 		km_delete_groups_response_deletable_group_result *items;

@@ -18,7 +18,7 @@
 typedef struct km_delete_records_request_delete_records_partition {
 	/* v0+: The partition index. */
 	int32_t partition_index;
-	/* v0+: The deletion offset. */
+	/* v0+: The deletion offset. -1 means that records should be truncated to the high watermark. */
 	int64_t offset;
 	km_tagged_list unknown_tags; /* tagged fields this codec does not know, kept as they came */
 } km_delete_records_request_delete_records_partition;

@@ -27,7 +27,7 @@ typedef struct km_delete_share_group_state_response_partition_result {
 
 /* DeleteStateResult */
 typedef struct km_delete_share_group_state_response_delete_state_result {
-	/* v0+: The topic identifier */
+	/* v0+: The topic identifier. */
 	km_uuid topic_id;
 	/* v0+: The results for the partitions. */
 	struct {
@@ -39,7 +39,7 @@ typedef struct km_delete_share_group_state_response_delete_state_result {
 
 /* DeleteShareGroupStateResponse v0-0 */
 typedef struct km_delete_share_group_state_response {
-	/* v0+: The delete results */
+	/* v0+: The delete results. */
 	struct {
 		int32_t count; /* -1 = null */
 		km_delete_share_group_state_response_delete_state_result *items;

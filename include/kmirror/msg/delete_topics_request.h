@@ -10,27 +10,27 @@
 #include "kmirror/codec.h"
 #include "kmirror/wire.h"
 
-#define KM_DELETE_TOPICS_REQUEST_MIN_VERSION 0
+#define KM_DELETE_TOPICS_REQUEST_MIN_VERSION 1
 #define KM_DELETE_TOPICS_REQUEST_MAX_VERSION 6
 #define KM_DELETE_TOPICS_REQUEST_FIRST_FLEXIBLE 4 /* -1: never flexible */
 
 /* DeleteTopicState */
 typedef struct km_delete_topics_request_delete_topic_state {
-	/* v6+ nullable: The topic name */
+	/* v6+ nullable: The topic name. */
 	km_str name;
-	/* v6+: The unique topic ID */
+	/* v6+: The unique topic ID. */
 	km_uuid topic_id;
 	km_tagged_list unknown_tags; /* tagged fields this codec does not know, kept as they came */
 } km_delete_topics_request_delete_topic_state;
 
-/* DeleteTopicsRequest v0-6 */
+/* DeleteTopicsRequest v1-6 */
 typedef struct km_delete_topics_request {
-	/* v6+: The name or topic ID of the topic */
+	/* v6+: The name or topic ID of the topic. */
 	struct {
 		int32_t count; /* -1 = null */
 		km_delete_topics_request_delete_topic_state *items;
 	} topics;
-	/* v0-5: The names of the topics to delete */
+	/* v0-5: The names of the topics to delete. */
 	struct {
 		int32_t count; /* -1 = null */
 		km_str *items;

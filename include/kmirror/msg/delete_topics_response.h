@@ -10,15 +10,15 @@
 #include "kmirror/codec.h"
 #include "kmirror/wire.h"
 
-#define KM_DELETE_TOPICS_RESPONSE_MIN_VERSION 0
+#define KM_DELETE_TOPICS_RESPONSE_MIN_VERSION 1
 #define KM_DELETE_TOPICS_RESPONSE_MAX_VERSION 6
 #define KM_DELETE_TOPICS_RESPONSE_FIRST_FLEXIBLE 4 /* -1: never flexible */
 
 /* DeletableTopicResult */
 typedef struct km_delete_topics_response_deletable_topic_result {
-	/* v0+ nullable: The topic name */
+	/* v0+ nullable: The topic name. */
 	km_str name;
-	/* v6+: the unique topic ID */
+	/* v6+: The unique topic ID. */
 	km_uuid topic_id;
 	/* v0+: The deletion error, or 0 if the deletion succeeded. */
 	int16_t error_code;
@@ -27,7 +27,7 @@ typedef struct km_delete_topics_response_deletable_topic_result {
 	km_tagged_list unknown_tags; /* tagged fields this codec does not know, kept as they came */
 } km_delete_topics_response_deletable_topic_result;
 
-/* DeleteTopicsResponse v0-6 */
+/* DeleteTopicsResponse v1-6 */
 typedef struct km_delete_topics_response {
 	/* v1+: The duration in milliseconds for which the request was throttled due to a quota violati... */
 	int32_t throttle_time_ms;

@@ -10,11 +10,11 @@
 #include "kmirror/codec.h"
 #include "kmirror/wire.h"
 
-#define KM_DESCRIBE_ACLS_REQUEST_MIN_VERSION 0
+#define KM_DESCRIBE_ACLS_REQUEST_MIN_VERSION 1
 #define KM_DESCRIBE_ACLS_REQUEST_MAX_VERSION 3
 #define KM_DESCRIBE_ACLS_REQUEST_FIRST_FLEXIBLE 2 /* -1: never flexible */
 
-/* DescribeAclsRequest v0-3 */
+/* DescribeAclsRequest v1-3 */
 typedef struct km_describe_acls_request {
 	/* v0+: The resource type. */
 	int8_t resource_type_filter;

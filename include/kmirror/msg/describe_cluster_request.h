@@ -11,15 +11,17 @@
 #include "kmirror/wire.h"
 
 #define KM_DESCRIBE_CLUSTER_REQUEST_MIN_VERSION 0
-#define KM_DESCRIBE_CLUSTER_REQUEST_MAX_VERSION 1
+#define KM_DESCRIBE_CLUSTER_REQUEST_MAX_VERSION 2
 #define KM_DESCRIBE_CLUSTER_REQUEST_FIRST_FLEXIBLE 0 /* -1: never flexible */
 
-/* DescribeClusterRequest v0-1 */
+/* DescribeClusterRequest v0-2 */
 typedef struct km_describe_cluster_request {
 	/* v0+: Whether to include cluster authorized operations. */
 	bool include_cluster_authorized_operations;
 	/* v1+: The endpoint type to describe. 1=brokers, 2=controllers. */
 	int8_t endpoint_type;
+	/* v2+: Whether to include fenced brokers when listing brokers. */
+	bool include_fenced_brokers;
 	km_tagged_list unknown_tags; /* tagged fields this codec does not know, kept as they came */
 } km_describe_cluster_request;
 

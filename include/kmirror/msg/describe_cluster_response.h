@@ -11,7 +11,7 @@
 #include "kmirror/wire.h"
 
 #define KM_DESCRIBE_CLUSTER_RESPONSE_MIN_VERSION 0
-#define KM_DESCRIBE_CLUSTER_RESPONSE_MAX_VERSION 1
+#define KM_DESCRIBE_CLUSTER_RESPONSE_MAX_VERSION 2
 #define KM_DESCRIBE_CLUSTER_RESPONSE_FIRST_FLEXIBLE 0 /* -1: never flexible */
 
 /* DescribeClusterBroker */
@@ -24,14 +24,16 @@ typedef struct km_describe_cluster_response_describe_cluster_broker {
 	int32_t port;
 	/* v0+ nullable: The rack of the broker, or null if it has not been assigned to a rack. */
 	km_str rack;
+	/* v2+: Whether the broker is fenced */
+	bool is_fenced;
 	km_tagged_list unknown_tags; /* tagged fields this codec does not know, kept as they came */
 } km_describe_cluster_response_describe_cluster_broker;
 
-/* DescribeClusterResponse v0-1 */
+/* DescribeClusterResponse v0-2 */
 typedef struct km_describe_cluster_response {
 	/* v0+: The duration in milliseconds for which the request was throttled due to a quota violati... */
 	int32_t throttle_time_ms;
-	/* v0+: The top-level error code, or 0 if there was no error */
+	/* v0+: The top-level error code, or 0 if there was no error. */
 	int16_t error_code;
 	/* v0+ nullable: The top-level error message, or null if there was no error. */
 	km_str error_message;
@@ -39,7 +41,7 @@ typedef struct km_describe_cluster_response {
 	int8_t endpoint_type;
 	/* v0+: The cluster ID that responding broker belongs to. */
 	km_str cluster_id;
-	/* v0+: The ID of the controller broker. */
+	/* v0+: The ID of the controller. When handled by a controller, returns the current voter leade... */
 	int32_t controller_id;
 	/* v0+: Each broker in the response. */
 	struct {

@@ -10,7 +10,7 @@
 #include "kmirror/codec.h"
 #include "kmirror/wire.h"
 
-#define KM_DESCRIBE_CONFIGS_REQUEST_MIN_VERSION 0
+#define KM_DESCRIBE_CONFIGS_REQUEST_MIN_VERSION 1
 #define KM_DESCRIBE_CONFIGS_REQUEST_MAX_VERSION 4
 #define KM_DESCRIBE_CONFIGS_REQUEST_FIRST_FLEXIBLE 4 /* -1: never flexible */
 
@@ -28,7 +28,7 @@ typedef struct km_describe_configs_request_describe_configs_resource {
 	km_tagged_list unknown_tags; /* tagged fields this codec does not know, kept as they came */
 } km_describe_configs_request_describe_configs_resource;
 
-/* DescribeConfigsRequest v0-4 */
+/* DescribeConfigsRequest v1-4 */
 typedef struct km_describe_configs_request {
 	/* v0+: The resources whose configurations we want to describe. */
 	struct {

@@ -10,7 +10,7 @@
 #include "kmirror/codec.h"
 #include "kmirror/wire.h"
 
-#define KM_DESCRIBE_CONFIGS_RESPONSE_MIN_VERSION 0
+#define KM_DESCRIBE_CONFIGS_RESPONSE_MIN_VERSION 1
 #define KM_DESCRIBE_CONFIGS_RESPONSE_MAX_VERSION 4
 #define KM_DESCRIBE_CONFIGS_RESPONSE_FIRST_FLEXIBLE 4 /* -1: never flexible */
 
@@ -33,8 +33,6 @@ typedef struct km_describe_configs_response_describe_configs_resource_result {
 	km_str value;
 	/* v0+: True if the configuration is read-only. */
 	bool read_only;
-	/* v0-0: True if the configuration is not set. */
-	bool is_default;
 	/* v1+: The configuration source. */
 	int8_t config_source;
 	/* v0+: True if this configuration is sensitive. */
@@ -69,7 +67,7 @@ typedef struct km_describe_configs_response_describe_configs_result {
 	km_tagged_list unknown_tags; /* tagged fields this codec does not know, kept as they came */
 } km_describe_configs_response_describe_configs_result;
 
-/* DescribeConfigsResponse v0-4 */
+/* DescribeConfigsResponse v1-4 */
 typedef struct km_describe_configs_response {
 	/* v0+: The duration in milliseconds for which the request was throttled due to a quota violati... */
 	int32_t throttle_time_ms;

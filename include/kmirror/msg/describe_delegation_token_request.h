@@ -10,7 +10,7 @@
 #include "kmirror/codec.h"
 #include "kmirror/wire.h"
 
-#define KM_DESCRIBE_DELEGATION_TOKEN_REQUEST_MIN_VERSION 0
+#define KM_DESCRIBE_DELEGATION_TOKEN_REQUEST_MIN_VERSION 1
 #define KM_DESCRIBE_DELEGATION_TOKEN_REQUEST_MAX_VERSION 3
 #define KM_DESCRIBE_DELEGATION_TOKEN_REQUEST_FIRST_FLEXIBLE 2 /* -1: never flexible */
 
@@ -23,7 +23,7 @@ typedef struct km_describe_delegation_token_request_describe_delegation_token_ow
 	km_tagged_list unknown_tags; /* tagged fields this codec does not know, kept as they came */
 } km_describe_delegation_token_request_describe_delegation_token_owner;
 
-/* DescribeDelegationTokenRequest v0-3 */
+/* DescribeDelegationTokenRequest v1-3 */
 typedef struct km_describe_delegation_token_request {
 	/* v0+ nullable: Each owner that we want to describe delegation tokens for, or null to describe all tokens. */
 	struct {

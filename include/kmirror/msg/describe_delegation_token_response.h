@@ -10,15 +10,15 @@
 #include "kmirror/codec.h"
 #include "kmirror/wire.h"
 
-#define KM_DESCRIBE_DELEGATION_TOKEN_RESPONSE_MIN_VERSION 0
+#define KM_DESCRIBE_DELEGATION_TOKEN_RESPONSE_MIN_VERSION 1
 #define KM_DESCRIBE_DELEGATION_TOKEN_RESPONSE_MAX_VERSION 3
 #define KM_DESCRIBE_DELEGATION_TOKEN_RESPONSE_FIRST_FLEXIBLE 2 /* -1: never flexible */
 
 /* DescribedDelegationTokenRenewer */
 typedef struct km_describe_delegation_token_response_described_delegation_token_renewer {
-	/* v0+: The renewer principal type */
+	/* v0+: The renewer principal type. */
 	km_str principal_type;
-	/* v0+: The renewer principal name */
+	/* v0+: The renewer principal name. */
 	km_str principal_name;
 	km_tagged_list unknown_tags; /* tagged fields this codec does not know, kept as they came */
 } km_describe_delegation_token_response_described_delegation_token_renewer;
@@ -51,7 +51,7 @@ typedef struct km_describe_delegation_token_response_described_delegation_token 
 	km_tagged_list unknown_tags; /* tagged fields this codec does not know, kept as they came */
 } km_describe_delegation_token_response_described_delegation_token;
 
-/* DescribeDelegationTokenResponse v0-3 */
+/* DescribeDelegationTokenResponse v1-3 */
 typedef struct km_describe_delegation_token_response {
 	/* v0+: The error code, or 0 if there was no error. */
 	int16_t error_code;

@@ -11,12 +11,12 @@
 #include "kmirror/wire.h"
 
 #define KM_DESCRIBE_GROUPS_REQUEST_MIN_VERSION 0
-#define KM_DESCRIBE_GROUPS_REQUEST_MAX_VERSION 5
+#define KM_DESCRIBE_GROUPS_REQUEST_MAX_VERSION 6
 #define KM_DESCRIBE_GROUPS_REQUEST_FIRST_FLEXIBLE 5 /* -1: never flexible */
 
-/* DescribeGroupsRequest v0-5 */
+/* DescribeGroupsRequest v0-6 */
 typedef struct km_describe_groups_request {
-	/* v0+: The names of the groups to describe */
+	/* v0+: The names of the groups to describe. */
 	struct {
 		int32_t count; /* -1 = null */
 		km_str *items;

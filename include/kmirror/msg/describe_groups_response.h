@@ -11,12 +11,12 @@
 #include "kmirror/wire.h"
 
 #define KM_DESCRIBE_GROUPS_RESPONSE_MIN_VERSION 0
-#define KM_DESCRIBE_GROUPS_RESPONSE_MAX_VERSION 5
+#define KM_DESCRIBE_GROUPS_RESPONSE_MAX_VERSION 6
 #define KM_DESCRIBE_GROUPS_RESPONSE_FIRST_FLEXIBLE 5 /* -1: never flexible */
 
 /* DescribedGroupMember */
 typedef struct km_describe_groups_response_described_group_member {
-	/* v0+: The member ID assigned by the group coordinator. */
+	/* v0+: The member id. */
 	km_str member_id;
 	/* v4+ nullable: The unique identifier of the consumer instance provided by end user. */
 	km_str group_instance_id;
@@ -35,6 +35,8 @@ typedef struct km_describe_groups_response_described_group_member {
 typedef struct km_describe_groups_response_described_group {
 	/* v0+: The describe error, or 0 if there was no error. */
 	int16_t error_code;
+	/* v6+ nullable: The describe error message, or null if there was no error. */
+	km_str error_message;
 	/* v0+: The group ID string. */
 	km_str group_id;
 	/* v0+: The group state string, or the empty string. */
@@ -53,7 +55,7 @@ typedef struct km_describe_groups_response_described_group {
 	km_tagged_list unknown_tags; /* tagged fields this codec does not know, kept as they came */
 } km_describe_groups_response_described_group;
 
-/* DescribeGroupsResponse v0-5 */
+/* DescribeGroupsResponse v0-6 */
 typedef struct km_describe_groups_response {
 	/* v1+: The duration in milliseconds for which the request was throttled due to a quota violati... */
 	int32_t throttle_time_ms;

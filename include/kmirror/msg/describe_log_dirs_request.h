@@ -10,13 +10,13 @@
 #include "kmirror/codec.h"
 #include "kmirror/wire.h"
 
-#define KM_DESCRIBE_LOG_DIRS_REQUEST_MIN_VERSION 0
-#define KM_DESCRIBE_LOG_DIRS_REQUEST_MAX_VERSION 4
+#define KM_DESCRIBE_LOG_DIRS_REQUEST_MIN_VERSION 1
+#define KM_DESCRIBE_LOG_DIRS_REQUEST_MAX_VERSION 5
 #define KM_DESCRIBE_LOG_DIRS_REQUEST_FIRST_FLEXIBLE 2 /* -1: never flexible */
 
 /* DescribableLogDirTopic */
 typedef struct km_describe_log_dirs_request_describable_log_dir_topic {
-	/* v0+: The topic name */
+	/* v0+: The topic name. */
 	km_str topic;
 	/* v0+: The partition indexes. */
 	struct {
@@ -26,7 +26,7 @@ typedef struct km_describe_log_dirs_request_describable_log_dir_topic {
 	km_tagged_list unknown_tags; /* tagged fields this codec does not know, kept as they came */
 } km_describe_log_dirs_request_describable_log_dir_topic;
 
-/* DescribeLogDirsRequest v0-4 */
+/* DescribeLogDirsRequest v1-5 */
 typedef struct km_describe_log_dirs_request {
 	/* v0+ nullable: Each topic that we want to describe log directories for, or null for all topics. */
 	struct {

@@ -10,8 +10,8 @@
 #include "kmirror/codec.h"
 #include "kmirror/wire.h"
 
-#define KM_DESCRIBE_LOG_DIRS_RESPONSE_MIN_VERSION 0
-#define KM_DESCRIBE_LOG_DIRS_RESPONSE_MAX_VERSION 4
+#define KM_DESCRIBE_LOG_DIRS_RESPONSE_MIN_VERSION 1
+#define KM_DESCRIBE_LOG_DIRS_RESPONSE_MAX_VERSION 5
 #define KM_DESCRIBE_LOG_DIRS_RESPONSE_FIRST_FLEXIBLE 2 /* -1: never flexible */
 
 /* DescribeLogDirsPartition */
@@ -31,7 +31,7 @@ typedef struct km_describe_log_dirs_response_describe_log_dirs_partition {
 typedef struct km_describe_log_dirs_response_describe_log_dirs_topic {
 	/* v0+: The topic name. */
 	km_str name;
-	/* v0+:  */
+	/* v0+: The partitions. */
 	struct {
 		int32_t count; /* -1 = null */
 		km_describe_log_dirs_response_describe_log_dirs_partition *items;
@@ -45,19 +45,21 @@ typedef struct km_describe_log_dirs_response_describe_log_dirs_result {
 	int16_t error_code;
 	/* v0+: The absolute log directory path. */
 	km_str log_dir;
-	/* v0+: Each topic. */
+	/* v0+: The topics. */
 	struct {
 		int32_t count; /* -1 = null */
 		km_describe_log_dirs_response_describe_log_dirs_topic *items;
 	} topics;
-	/* v4+: The total size in bytes of the volume the log directory is in. */
+	/* v4+: The total size in bytes of the volume the log directory is in. This value does not incl... */
 	int64_t total_bytes;
-	/* v4+: The usable size in bytes of the volume the log directory is in. */
+	/* v4+: The usable size in bytes of the volume the log directory is in. This value does not inc... */
 	int64_t usable_bytes;
+	/* v5+: True if this log directory is cordoned. */
+	bool is_cordoned;
 	km_tagged_list unknown_tags; /* tagged fields this codec does not know, kept as they came */
 } km_describe_log_dirs_response_describe_log_dirs_result;
 
-/* DescribeLogDirsResponse v0-4 */
+/* DescribeLogDirsResponse v1-5 */
 typedef struct km_describe_log_dirs_response {
 	/* v0+: The duration in milliseconds for which the request was throttled due to a quota violati... */
 	int32_t throttle_time_ms;

@@ -28,7 +28,7 @@ typedef struct km_describe_producers_request_topic_request {
 
 /* DescribeProducersRequest v0-0 */
 typedef struct km_describe_producers_request {
-	/* v0+:  */
+	/* v0+: The topics to list producers for. */
 	struct {
 		int32_t count; /* -1 = null */
 		km_describe_producers_request_topic_request *items;

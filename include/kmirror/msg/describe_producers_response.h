@@ -16,17 +16,17 @@
 
 /* ProducerState */
 typedef struct km_describe_producers_response_producer_state {
-	/* v0+:  */
+	/* v0+: The producer id. */
 	int64_t producer_id;
-	/* v0+:  */
+	/* v0+: The producer epoch. */
 	int32_t producer_epoch;
-	/* v0+:  */
+	/* v0+: The last sequence number sent by the producer. */
 	int32_t last_sequence;
-	/* v0+:  */
+	/* v0+: The last timestamp sent by the producer. */
 	int64_t last_timestamp;
-	/* v0+:  */
+	/* v0+: The current epoch of the producer group. */
 	int32_t coordinator_epoch;
-	/* v0+:  */
+	/* v0+: The current transaction start offset of the producer. */
 	int64_t current_txn_start_offset;
 	km_tagged_list unknown_tags; /* tagged fields this codec does not know, kept as they came */
 } km_describe_producers_response_producer_state;
@@ -37,9 +37,9 @@ typedef struct km_describe_producers_response_partition_response {
 	int32_t partition_index;
 	/* v0+: The partition error code, or 0 if there was no error. */
 	int16_t error_code;
-	/* v0+ nullable: The partition error message, which may be null if no additional details are available */
+	/* v0+ nullable: The partition error message, which may be null if no additional details are available. */
 	km_str error_message;
-	/* v0+:  */
+	/* v0+: The active producers for the partition. */
 	struct {
 		int32_t count; /* -1 = null */
 		km_describe_producers_response_producer_state *items;
@@ -49,7 +49,7 @@ typedef struct km_describe_producers_response_partition_response {
 
 /* TopicResponse */
 typedef struct km_describe_producers_response_topic_response {
-	/* v0+: The topic name */
+	/* v0+: The topic name. */
 	km_str name;
 	/* v0+: Each partition in the response. */
 	struct {

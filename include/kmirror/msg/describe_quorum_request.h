@@ -25,7 +25,7 @@ typedef struct km_describe_quorum_request_partition_data {
 typedef struct km_describe_quorum_request_topic_data {
 	/* v0+: The topic name. */
 	km_str topic_name;
-	/* v0+:  */
+	/* v0+: The partitions to describe. */
 	struct {
 		int32_t count; /* -1 = null */
 		km_describe_quorum_request_partition_data *items;
@@ -35,7 +35,7 @@ typedef struct km_describe_quorum_request_topic_data {
 
 /* DescribeQuorumRequest v0-2 */
 typedef struct km_describe_quorum_request {
-	/* v0+:  */
+	/* v0+: The topics to describe. */
 	struct {
 		int32_t count; /* -1 = null */
 		km_describe_quorum_request_topic_data *items;

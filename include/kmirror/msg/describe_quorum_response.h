@@ -16,11 +16,11 @@
 
 /* ReplicaState */
 typedef struct km_describe_quorum_response_replica_state {
-	/* v0+:  */
+	/* v0+: The ID of the replica. */
 	int32_t replica_id;
-	/* v2+:  */
+	/* v2+: The replica directory ID of the replica. */
 	km_uuid replica_directory_id;
-	/* v0+: The last known log end offset of the follower or -1 if it is unknown */
+	/* v0+: The last known log end offset of the follower or -1 if it is unknown. */
 	int64_t log_end_offset;
 	/* v1+: The last known leader wall clock time time when a follower fetched from the leader. Thi... */
 	int64_t last_fetch_timestamp;
@@ -33,22 +33,22 @@ typedef struct km_describe_quorum_response_replica_state {
 typedef struct km_describe_quorum_response_partition_data {
 	/* v0+: The partition index. */
 	int32_t partition_index;
-	/* v0+:  */
+	/* v0+: The partition error code. */
 	int16_t error_code;
 	/* v2+ nullable: The error message, or null if there was no error. */
 	km_str error_message;
 	/* v0+: The ID of the current leader or -1 if the leader is unknown. */
 	int32_t leader_id;
-	/* v0+: The latest known leader epoch */
+	/* v0+: The latest known leader epoch. */
 	int32_t leader_epoch;
-	/* v0+:  */
+	/* v0+: The high water mark. */
 	int64_t high_watermark;
-	/* v0+:  */
+	/* v0+: The current voters of the partition. */
 	struct {
 		int32_t count; /* -1 = null */
 		km_describe_quorum_response_replica_state *items;
 	} current_voters;
-	/* v0+:  */
+	/* v0+: The observers of the partition. */
 	struct {
 		int32_t count; /* -1 = null */
 		km_describe_quorum_response_replica_state *items;
@@ -60,7 +60,7 @@ typedef struct km_describe_quorum_response_partition_data {
 typedef struct km_describe_quorum_response_topic_data {
 	/* v0+: The topic name. */
 	km_str topic_name;
-	/* v0+:  */
+	/* v0+: The partition data. */
 	struct {
 		int32_t count; /* -1 = null */
 		km_describe_quorum_response_partition_data *items;
@@ -70,20 +70,20 @@ typedef struct km_describe_quorum_response_topic_data {
 
 /* Listener */
 typedef struct km_describe_quorum_response_listener {
-	/* v2+: The name of the endpoint */
+	/* v2+: The name of the endpoint. */
 	km_str name;
-	/* v2+: The hostname */
+	/* v2+: The hostname. */
 	km_str host;
-	/* v2+: The port */
+	/* v2+: The port. */
 	uint16_t port;
 	km_tagged_list unknown_tags; /* tagged fields this codec does not know, kept as they came */
 } km_describe_quorum_response_listener;
 
 /* Node */
 typedef struct km_describe_quorum_response_node {
-	/* v2+: The ID of the associated node */
+	/* v2+: The ID of the associated node. */
 	int32_t node_id;
-	/* v2+: The listeners of this controller */
+	/* v2+: The listeners of this controller. */
 	struct {
 		int32_t count; /* -1 = null */
 		km_describe_quorum_response_listener *items;
@@ -97,12 +97,12 @@ typedef struct km_describe_quorum_response {
 	int16_t error_code;
 	/* v2+ nullable: The error message, or null if there was no error. */
 	km_str error_message;
-	/* v0+:  */
+	/* v0+: The response from the describe quorum API. */
 	struct {
 		int32_t count; /* -1 = null */
 		km_describe_quorum_response_topic_data *items;
 	} topics;
-	/* v2+:  */
+	/* v2+: The nodes in the quorum. */
 	struct {
 		int32_t count; /* -1 = null */
 		km_describe_quorum_response_node *items;

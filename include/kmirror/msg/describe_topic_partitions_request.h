@@ -16,16 +16,16 @@
 
 /* TopicRequest */
 typedef struct km_describe_topic_partitions_request_topic_request {
-	/* v0+: The topic name */
+	/* v0+: The topic name. */
 	km_str name;
 	km_tagged_list unknown_tags; /* tagged fields this codec does not know, kept as they came */
 } km_describe_topic_partitions_request_topic_request;
 
 /* Cursor */
 typedef struct km_describe_topic_partitions_request_cursor {
-	/* v0+: The name for the first topic to process */
+	/* v0+: The name for the first topic to process. */
 	km_str topic_name;
-	/* v0+: The partition index to start with */
+	/* v0+: The partition index to start with. */
 	int32_t partition_index;
 	km_tagged_list unknown_tags; /* tagged fields this codec does not know, kept as they came */
 } km_describe_topic_partitions_request_cursor;

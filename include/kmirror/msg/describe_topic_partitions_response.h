@@ -74,9 +74,9 @@ typedef struct km_describe_topic_partitions_response_topic {
 
 /* Cursor */
 typedef struct km_describe_topic_partitions_response_cursor {
-	/* v0+: The name for the first topic to process */
+	/* v0+: The name for the first topic to process. */
 	km_str topic_name;
-	/* v0+: The partition index to start with */
+	/* v0+: The partition index to start with. */
 	int32_t partition_index;
 	km_tagged_list unknown_tags; /* tagged fields this codec does not know, kept as they came */
 } km_describe_topic_partitions_response_cursor;

@@ -16,9 +16,9 @@
 
 /* TopicData */
 typedef struct km_describe_transactions_response_topic_data {
-	/* v0+:  */
+	/* v0+: The topic name. */
 	km_str topic;
-	/* v0+:  */
+	/* v0+: The partition ids included in the current transaction. */
 	struct {
 		int32_t count; /* -1 = null */
 		int32_t *items;
@@ -28,19 +28,19 @@ typedef struct km_describe_transactions_response_topic_data {
 
 /* TransactionState */
 typedef struct km_describe_transactions_response_transaction_state {
-	/* v0+:  */
+	/* v0+: The error code. */
 	int16_t error_code;
-	/* v0+:  */
+	/* v0+: The transactional id. */
 	km_str transactional_id;
-	/* v0+:  */
+	/* v0+: The current transaction state of the producer. */
 	km_str transaction_state;
-	/* v0+:  */
+	/* v0+: The timeout in milliseconds for the transaction. */
 	int32_t transaction_timeout_ms;
-	/* v0+:  */
+	/* v0+: The start time of the transaction in milliseconds. */
 	int64_t transaction_start_time_ms;
-	/* v0+:  */
+	/* v0+: The current producer id associated with the transaction. */
 	int64_t producer_id;
-	/* v0+:  */
+	/* v0+: The current epoch associated with the producer id. */
 	int16_t producer_epoch;
 	/* v0+: The set of partitions included in the current transaction (if active). When a transacti... */
 	struct {
@@ -54,7 +54,7 @@ typedef struct km_describe_transactions_response_transaction_state {
 typedef struct km_describe_transactions_response {
 	/* v0+: The duration in milliseconds for which the request was throttled due to a quota violati... */
 	int32_t throttle_time_ms;
-	/* v0+:  */
+	/* v0+: The current state of the transaction. */
 	struct {
 		int32_t count; /* -1 = null */
 		km_describe_transactions_response_transaction_state *items;

@@ -16,7 +16,7 @@
 
 /* PartitionResult */
 typedef struct km_elect_leaders_response_partition_result {
-	/* v0+: The partition id */
+	/* v0+: The partition id. */
 	int32_t partition_id;
 	/* v0+: The result error, or zero if there was no error. */
 	int16_t error_code;
@@ -27,9 +27,9 @@ typedef struct km_elect_leaders_response_partition_result {
 
 /* ReplicaElectionResult */
 typedef struct km_elect_leaders_response_replica_election_result {
-	/* v0+: The topic name */
+	/* v0+: The topic name. */
 	km_str topic;
-	/* v0+: The results for each partition */
+	/* v0+: The results for each partition. */
 	struct {
 		int32_t count; /* -1 = null */
 		km_elect_leaders_response_partition_result *items;

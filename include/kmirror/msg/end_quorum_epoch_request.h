@@ -16,9 +16,9 @@
 
 /* ReplicaInfo */
 typedef struct km_end_quorum_epoch_request_replica_info {
-	/* v1+:  */
+	/* v1+: The ID of the candidate replica. */
 	int32_t candidate_id;
-	/* v1+:  */
+	/* v1+: The directory ID of the candidate replica. */
 	km_uuid candidate_directory_id;
 	km_tagged_list unknown_tags; /* tagged fields this codec does not know, kept as they came */
 } km_end_quorum_epoch_request_replica_info;
@@ -27,16 +27,16 @@ typedef struct km_end_quorum_epoch_request_replica_info {
 typedef struct km_end_quorum_epoch_request_partition_data {
 	/* v0+: The partition index. */
 	int32_t partition_index;
-	/* v0+: The current leader ID that is resigning */
+	/* v0+: The current leader ID that is resigning. */
 	int32_t leader_id;
-	/* v0+: The current epoch */
+	/* v0+: The current epoch. */
 	int32_t leader_epoch;
-	/* v0-0: A sorted list of preferred successors to start the election */
+	/* v0-0: A sorted list of preferred successors to start the election. */
 	struct {
 		int32_t count; /* -1 = null */
 		int32_t *items;
 	} preferred_successors;
-	/* v1+: A sorted list of preferred candidates to start the election */
+	/* v1+: A sorted list of preferred candidates to start the election. */
 	struct {
 		int32_t count; /* -1 = null */
 		km_end_quorum_epoch_request_replica_info *items;
@@ -48,7 +48,7 @@ typedef struct km_end_quorum_epoch_request_partition_data {
 typedef struct km_end_quorum_epoch_request_topic_data {
 	/* v0+: The topic name. */
 	km_str topic_name;
-	/* v0+:  */
+	/* v0+: The partitions. */
 	struct {
 		int32_t count; /* -1 = null */
 		km_end_quorum_epoch_request_partition_data *items;
@@ -58,25 +58,25 @@ typedef struct km_end_quorum_epoch_request_topic_data {
 
 /* LeaderEndpoint */
 typedef struct km_end_quorum_epoch_request_leader_endpoint {
-	/* v1+: The name of the endpoint */
+	/* v1+: The name of the endpoint. */
 	km_str name;
-	/* v1+: The node's hostname */
+	/* v1+: The node's hostname. */
 	km_str host;
-	/* v1+: The node's port */
+	/* v1+: The node's port. */
 	uint16_t port;
 	km_tagged_list unknown_tags; /* tagged fields this codec does not know, kept as they came */
 } km_end_quorum_epoch_request_leader_endpoint;
 
 /* EndQuorumEpochRequest v0-1 */
 typedef struct km_end_quorum_epoch_request {
-	/* v0+ nullable:  */
+	/* v0+ nullable: The cluster id. */
 	km_str cluster_id;
-	/* v0+:  */
+	/* v0+: The topics. */
 	struct {
 		int32_t count; /* -1 = null */
 		km_end_quorum_epoch_request_topic_data *items;
 	} topics;
-	/* v1+: Endpoints for the leader */
+	/* v1+: Endpoints for the leader. */
 	struct {
 		int32_t count; /* -1 = null */
 		km_end_quorum_epoch_request_leader_endpoint *items;

@@ -18,11 +18,11 @@
 typedef struct km_end_quorum_epoch_response_partition_data {
 	/* v0+: The partition index. */
 	int32_t partition_index;
-	/* v0+:  */
+	/* v0+: The partition level error code. */
 	int16_t error_code;
 	/* v0+: The ID of the current leader or -1 if the leader is unknown. */
 	int32_t leader_id;
-	/* v0+: The latest known leader epoch */
+	/* v0+: The latest known leader epoch. */
 	int32_t leader_epoch;
 	km_tagged_list unknown_tags; /* tagged fields this codec does not know, kept as they came */
 } km_end_quorum_epoch_response_partition_data;
@@ -31,7 +31,7 @@ typedef struct km_end_quorum_epoch_response_partition_data {
 typedef struct km_end_quorum_epoch_response_topic_data {
 	/* v0+: The topic name. */
 	km_str topic_name;
-	/* v0+:  */
+	/* v0+: The partition data. */
 	struct {
 		int32_t count; /* -1 = null */
 		km_end_quorum_epoch_response_partition_data *items;
@@ -41,11 +41,11 @@ typedef struct km_end_quorum_epoch_response_topic_data {
 
 /* NodeEndpoint */
 typedef struct km_end_quorum_epoch_response_node_endpoint {
-	/* v1+: The ID of the associated node */
+	/* v1+: The ID of the associated node. */
 	int32_t node_id;
-	/* v1+: The node's hostname */
+	/* v1+: The node's hostname. */
 	km_str host;
-	/* v1+: The node's port */
+	/* v1+: The node's port. */
 	uint16_t port;
 	km_tagged_list unknown_tags; /* tagged fields this codec does not know, kept as they came */
 } km_end_quorum_epoch_response_node_endpoint;
@@ -54,12 +54,12 @@ typedef struct km_end_quorum_epoch_response_node_endpoint {
 typedef struct km_end_quorum_epoch_response {
 	/* v0+: The top level error code. */
 	int16_t error_code;
-	/* v0+:  */
+	/* v0+: The topic data. */
 	struct {
 		int32_t count; /* -1 = null */
 		km_end_quorum_epoch_response_topic_data *items;
 	} topics;
-	/* v1+ tag 0: Endpoints for all leaders enumerated in PartitionData */
+	/* v1+ tag 0: Endpoints for all leaders enumerated in PartitionData. */
 	struct {
 		int32_t count; /* -1 = null */
 		km_end_quorum_epoch_response_node_endpoint *items;

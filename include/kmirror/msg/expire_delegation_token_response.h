@@ -10,11 +10,11 @@
 #include "kmirror/codec.h"
 #include "kmirror/wire.h"
 
-#define KM_EXPIRE_DELEGATION_TOKEN_RESPONSE_MIN_VERSION 0
+#define KM_EXPIRE_DELEGATION_TOKEN_RESPONSE_MIN_VERSION 1
 #define KM_EXPIRE_DELEGATION_TOKEN_RESPONSE_MAX_VERSION 2
 #define KM_EXPIRE_DELEGATION_TOKEN_RESPONSE_FIRST_FLEXIBLE 2 /* -1: never flexible */
 
-/* ExpireDelegationTokenResponse v0-2 */
+/* ExpireDelegationTokenResponse v1-2 */
 typedef struct km_expire_delegation_token_response {
 	/* v0+: The error code, or 0 if there was no error. */
 	int16_t error_code;

@@ -10,8 +10,8 @@
 #include "kmirror/codec.h"
 #include "kmirror/wire.h"
 
-#define KM_FETCH_REQUEST_MIN_VERSION 0
-#define KM_FETCH_REQUEST_MAX_VERSION 17
+#define KM_FETCH_REQUEST_MIN_VERSION 4
+#define KM_FETCH_REQUEST_MAX_VERSION 18
 #define KM_FETCH_REQUEST_FIRST_FLEXIBLE 12 /* -1: never flexible */
 
 /* ReplicaState */
@@ -31,14 +31,16 @@ typedef struct km_fetch_request_fetch_partition {
 	int32_t current_leader_epoch;
 	/* v0+: The message offset. */
 	int64_t fetch_offset;
-	/* v12+: The epoch of the last fetched record or -1 if there is none */
+	/* v12+: The epoch of the last fetched record or -1 if there is none. */
 	int32_t last_fetched_epoch;
 	/* v5+: The earliest available offset of the follower replica.  The field is only used when the... */
 	int64_t log_start_offset;
 	/* v0+: The maximum bytes to fetch from this partition.  See KIP-74 for cases where this limit... */
 	int32_t partition_max_bytes;
-	/* v17+ tag 0: The directory id of the follower fetching */
+	/* v17+ tag 0: The directory id of the follower fetching. */
 	km_uuid replica_directory_id;
+	/* v18+ tag 1: The high-watermark known by the replica. -1 if the high-watermark is not known and 9223... */
+	int64_t high_watermark;
 	km_tagged_list unknown_tags; /* tagged fields this codec does not know, kept as they came */
 } km_fetch_request_fetch_partition;
 
@@ -46,7 +48,7 @@ typedef struct km_fetch_request_fetch_partition {
 typedef struct km_fetch_request_fetch_topic {
 	/* v0-12: The name of the topic to fetch. */
 	km_str topic;
-	/* v13+: The unique topic ID */
+	/* v13+: The unique topic ID. */
 	km_uuid topic_id;
 	/* v0+: The partitions to fetch. */
 	struct {
@@ -60,7 +62,7 @@ typedef struct km_fetch_request_fetch_topic {
 typedef struct km_fetch_request_forgotten_topic {
 	/* v7-12: The topic name. */
 	km_str topic;
-	/* v13+: The unique topic ID */
+	/* v13+: The unique topic ID. */
 	km_uuid topic_id;
 	/* v7+: The partitions indexes to forget. */
 	struct {
@@ -70,13 +72,13 @@ typedef struct km_fetch_request_forgotten_topic {
 	km_tagged_list unknown_tags; /* tagged fields this codec does not know, kept as they came */
 } km_fetch_request_forgotten_topic;
 
-/* FetchRequest v0-17 */
+/* FetchRequest v4-18 */
 typedef struct km_fetch_request {
 	/* v12+ nullable tag 0: The clusterId if known. This is used to validate metadata fetches prior to broker regis... */
 	km_str cluster_id;
 	/* v0-14: The broker ID of the follower, of -1 if this request is from a consumer. */
 	int32_t replica_id;
-	/* v15+ tag 1:  */
+	/* v15+ tag 1: The state of the replica in the follower. */
 	km_fetch_request_replica_state replica_state;
 	/* v0+: The maximum time in milliseconds to wait for the response. */
 	int32_t max_wait_ms;
@@ -100,7 +102,7 @@ typedef struct km_fetch_request {
 		int32_t count; /* -1 = null */
 		km_fetch_request_forgotten_topic *items;
 	} forgotten_topics_data;
-	/* v11+: Rack ID of the consumer making this request */
+	/* v11+: Rack ID of the consumer making this request. */
 	km_str rack_id;
 	km_tagged_list unknown_tags; /* tagged fields this codec does not know, kept as they came */
 } km_fetch_request;

@@ -10,15 +10,15 @@
 #include "kmirror/codec.h"
 #include "kmirror/wire.h"
 
-#define KM_FETCH_RESPONSE_MIN_VERSION 0
-#define KM_FETCH_RESPONSE_MAX_VERSION 17
+#define KM_FETCH_RESPONSE_MIN_VERSION 4
+#define KM_FETCH_RESPONSE_MAX_VERSION 18
 #define KM_FETCH_RESPONSE_FIRST_FLEXIBLE 12 /* -1: never flexible */
 
 /* EpochEndOffset */
 typedef struct km_fetch_response_epoch_end_offset {
-	/* v12+:  */
+	/* v12+: The largest epoch. */
 	int32_t epoch;
-	/* v12+:  */
+	/* v12+: The end offset of the epoch. */
 	int64_t end_offset;
 	km_tagged_list unknown_tags; /* tagged fields this codec does not know, kept as they came */
 } km_fetch_response_epoch_end_offset;
@@ -27,16 +27,16 @@ typedef struct km_fetch_response_epoch_end_offset {
 typedef struct km_fetch_response_leader_id_and_epoch {
 	/* v12+: The ID of the current leader or -1 if the leader is unknown. */
 	int32_t leader_id;
-	/* v12+: The latest known leader epoch */
+	/* v12+: The latest known leader epoch. */
 	int32_t leader_epoch;
 	km_tagged_list unknown_tags; /* tagged fields this codec does not know, kept as they came */
 } km_fetch_response_leader_id_and_epoch;
 
 /* SnapshotId */
 typedef struct km_fetch_response_snapshot_id {
-	/* v0+:  */
+	/* v0+: The end offset of the epoch. */
 	int64_t end_offset;
-	/* v0+:  */
+	/* v0+: The largest epoch. */
 	int32_t epoch;
 	km_tagged_list unknown_tags; /* tagged fields this codec does not know, kept as they came */
 } km_fetch_response_snapshot_id;
@@ -64,7 +64,7 @@ typedef struct km_fetch_response_partition_data {
 	int64_t log_start_offset;
 	/* v12+ tag 0: In case divergence is detected based on the `LastFetchedEpoch` and `FetchOffset` in the... */
 	km_fetch_response_epoch_end_offset diverging_epoch;
-	/* v12+ tag 1:  */
+	/* v12+ tag 1: The current leader of the partition. */
 	km_fetch_response_leader_id_and_epoch current_leader;
 	/* v12+ tag 2: In the case of fetching an offset less than the LogStartOffset, this is the end offset... */
 	km_fetch_response_snapshot_id snapshot_id;
@@ -73,7 +73,7 @@ typedef struct km_fetch_response_partition_data {
 		int32_t count; /* -1 = null */
 		km_fetch_response_aborted_transaction *items;
 	} aborted_transactions;
-	/* v11+: The preferred read replica for the consumer to use on its next fetch request */
+	/* v11+: The preferred read replica for the consumer to use on its next fetch request. */
 	int32_t preferred_read_replica;
 	/* v0+ nullable: The record data. */
 	km_bytes records;
@@ -84,7 +84,7 @@ typedef struct km_fetch_response_partition_data {
 typedef struct km_fetch_response_fetchable_topic_response {
 	/* v0-12: The topic name. */
 	km_str topic;
-	/* v13+: The unique topic ID */
+	/* v13+: The unique topic ID. */
 	km_uuid topic_id;
 	/* v0+: The topic partitions. */
 	struct {
@@ -107,7 +107,7 @@ typedef struct km_fetch_response_node_endpoint {
 	km_tagged_list unknown_tags; /* tagged fields this codec does not know, kept as they came */
 } km_fetch_response_node_endpoint;
 
-/* FetchResponse v0-17 */
+/* FetchResponse v4-18 */
 typedef struct km_fetch_response {
 	/* v1+: The duration in milliseconds for which the request was throttled due to a quota violati... */
 	int32_t throttle_time_ms;

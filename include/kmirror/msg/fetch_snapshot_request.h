@@ -16,33 +16,33 @@
 
 /* SnapshotId */
 typedef struct km_fetch_snapshot_request_snapshot_id {
-	/* v0+:  */
+	/* v0+: The end offset of the snapshot. */
 	int64_t end_offset;
-	/* v0+:  */
+	/* v0+: The epoch of the snapshot. */
 	int32_t epoch;
 	km_tagged_list unknown_tags; /* tagged fields this codec does not know, kept as they came */
 } km_fetch_snapshot_request_snapshot_id;
 
 /* PartitionSnapshot */
 typedef struct km_fetch_snapshot_request_partition_snapshot {
-	/* v0+: The partition index */
+	/* v0+: The partition index. */
 	int32_t partition;
-	/* v0+: The current leader epoch of the partition, -1 for unknown leader epoch */
+	/* v0+: The current leader epoch of the partition, -1 for unknown leader epoch. */
 	int32_t current_leader_epoch;
-	/* v0+: The snapshot endOffset and epoch to fetch */
+	/* v0+: The snapshot endOffset and epoch to fetch. */
 	km_fetch_snapshot_request_snapshot_id snapshot_id;
-	/* v0+: The byte position within the snapshot to start fetching from */
+	/* v0+: The byte position within the snapshot to start fetching from. */
 	int64_t position;
-	/* v1+ tag 0: The directory id of the follower fetching */
+	/* v1+ tag 0: The directory id of the follower fetching. */
 	km_uuid replica_directory_id;
 	km_tagged_list unknown_tags; /* tagged fields this codec does not know, kept as they came */
 } km_fetch_snapshot_request_partition_snapshot;
 
 /* TopicSnapshot */
 typedef struct km_fetch_snapshot_request_topic_snapshot {
-	/* v0+: The name of the topic to fetch */
+	/* v0+: The name of the topic to fetch. */
 	km_str name;
-	/* v0+: The partitions to fetch */
+	/* v0+: The partitions to fetch. */
 	struct {
 		int32_t count; /* -1 = null */
 		km_fetch_snapshot_request_partition_snapshot *items;
@@ -54,11 +54,11 @@ typedef struct km_fetch_snapshot_request_topic_snapshot {
 typedef struct km_fetch_snapshot_request {
 	/* v0+ nullable tag 0: The clusterId if known, this is used to validate metadata fetches prior to broker regis... */
 	km_str cluster_id;
-	/* v0+: The broker ID of the follower */
+	/* v0+: The broker ID of the follower. */
 	int32_t replica_id;
-	/* v0+: The maximum bytes to fetch from all of the snapshots */
+	/* v0+: The maximum bytes to fetch from all of the snapshots. */
 	int32_t max_bytes;
-	/* v0+: The topics to fetch */
+	/* v0+: The topics to fetch. */
 	struct {
 		int32_t count; /* -1 = null */
 		km_fetch_snapshot_request_topic_snapshot *items;

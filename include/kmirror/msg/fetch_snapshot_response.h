@@ -16,9 +16,9 @@
 
 /* SnapshotId */
 typedef struct km_fetch_snapshot_response_snapshot_id {
-	/* v0+:  */
+	/* v0+: The snapshot end offset. */
 	int64_t end_offset;
-	/* v0+:  */
+	/* v0+: The snapshot epoch. */
 	int32_t epoch;
 	km_tagged_list unknown_tags; /* tagged fields this codec does not know, kept as they came */
 } km_fetch_snapshot_response_snapshot_id;
@@ -27,7 +27,7 @@ typedef struct km_fetch_snapshot_response_snapshot_id {
 typedef struct km_fetch_snapshot_response_leader_id_and_epoch {
 	/* v0+: The ID of the current leader or -1 if the leader is unknown. */
 	int32_t leader_id;
-	/* v0+: The latest known leader epoch */
+	/* v0+: The latest known leader epoch. */
 	int32_t leader_epoch;
 	km_tagged_list unknown_tags; /* tagged fields this codec does not know, kept as they came */
 } km_fetch_snapshot_response_leader_id_and_epoch;
@@ -38,15 +38,15 @@ typedef struct km_fetch_snapshot_response_partition_snapshot {
 	int32_t index;
 	/* v0+: The error code, or 0 if there was no fetch error. */
 	int16_t error_code;
-	/* v0+: The snapshot endOffset and epoch fetched */
+	/* v0+: The snapshot endOffset and epoch fetched. */
 	km_fetch_snapshot_response_snapshot_id snapshot_id;
-	/* v0+ tag 0:  */
+	/* v0+ tag 0: The leader of the partition at the time of the snapshot. */
 	km_fetch_snapshot_response_leader_id_and_epoch current_leader;
 	/* v0+: The total size of the snapshot. */
 	int64_t size;
 	/* v0+: The starting byte position within the snapshot included in the Bytes field. */
 	int64_t position;
-	/* v0+: Snapshot data in records format which may not be aligned on an offset boundary */
+	/* v0+: Snapshot data in records format which may not be aligned on an offset boundary. */
 	km_bytes unaligned_records;
 	km_tagged_list unknown_tags; /* tagged fields this codec does not know, kept as they came */
 } km_fetch_snapshot_response_partition_snapshot;
@@ -65,11 +65,11 @@ typedef struct km_fetch_snapshot_response_topic_snapshot {
 
 /* NodeEndpoint */
 typedef struct km_fetch_snapshot_response_node_endpoint {
-	/* v1+: The ID of the associated node */
+	/* v1+: The ID of the associated node. */
 	int32_t node_id;
-	/* v1+: The node's hostname */
+	/* v1+: The node's hostname. */
 	km_str host;
-	/* v1+: The node's port */
+	/* v1+: The node's port. */
 	uint16_t port;
 	km_tagged_list unknown_tags; /* tagged fields this codec does not know, kept as they came */
 } km_fetch_snapshot_response_node_endpoint;
@@ -85,7 +85,7 @@ typedef struct km_fetch_snapshot_response {
 		int32_t count; /* -1 = null */
 		km_fetch_snapshot_response_topic_snapshot *items;
 	} topics;
-	/* v1+ tag 0: Endpoints for all current-leaders enumerated in PartitionSnapshot */
+	/* v1+ tag 0: Endpoints for all current-leaders enumerated in PartitionSnapshot. */
 	struct {
 		int32_t count; /* -1 = null */
 		km_fetch_snapshot_response_node_endpoint *items;

@@ -18,7 +18,7 @@
 typedef struct km_find_coordinator_request {
 	/* v0-3: The coordinator key. */
 	km_str key;
-	/* v1+: The coordinator key type. (Group, transaction, etc.) */
+	/* v1+: The coordinator key type. (group, transaction, share). */
 	int8_t key_type;
 	/* v4+: The coordinator keys. */
 	struct {

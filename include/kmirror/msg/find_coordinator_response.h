@@ -45,7 +45,7 @@ typedef struct km_find_coordinator_response {
 	km_str host;
 	/* v0-3: The port. */
 	int32_t port;
-	/* v4+: Each coordinator result in the response */
+	/* v4+: Each coordinator result in the response. */
 	struct {
 		int32_t count; /* -1 = null */
 		km_find_coordinator_response_coordinator *items;

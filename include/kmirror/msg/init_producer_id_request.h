@@ -11,10 +11,10 @@
 #include "kmirror/wire.h"
 
 #define KM_INIT_PRODUCER_ID_REQUEST_MIN_VERSION 0
-#define KM_INIT_PRODUCER_ID_REQUEST_MAX_VERSION 5
+#define KM_INIT_PRODUCER_ID_REQUEST_MAX_VERSION 6
 #define KM_INIT_PRODUCER_ID_REQUEST_FIRST_FLEXIBLE 2 /* -1: never flexible */
 
-/* InitProducerIdRequest v0-5 */
+/* InitProducerIdRequest v0-6 */
 typedef struct km_init_producer_id_request {
 	/* v0+ nullable: The transactional id, or null if the producer is not transactional. */
 	km_str transactional_id;
@@ -24,6 +24,10 @@ typedef struct km_init_producer_id_request {
 	int64_t producer_id;
 	/* v3+: The producer's current epoch. This will be checked against the producer epoch on the br... */
 	int16_t producer_epoch;
+	/* v6+: True if the client wants to enable two-phase commit (2PC) protocol for transactions. */
+	bool enable2_pc;
+	/* v6+: True if the client wants to keep the currently ongoing transaction instead of aborting it. */
+	bool keep_prepared_txn;
 	km_tagged_list unknown_tags; /* tagged fields this codec does not know, kept as they came */
 } km_init_producer_id_request;
 

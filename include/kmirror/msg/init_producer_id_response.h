@@ -11,10 +11,10 @@
 #include "kmirror/wire.h"
 
 #define KM_INIT_PRODUCER_ID_RESPONSE_MIN_VERSION 0
-#define KM_INIT_PRODUCER_ID_RESPONSE_MAX_VERSION 5
+#define KM_INIT_PRODUCER_ID_RESPONSE_MAX_VERSION 6
 #define KM_INIT_PRODUCER_ID_RESPONSE_FIRST_FLEXIBLE 2 /* -1: never flexible */
 
-/* InitProducerIdResponse v0-5 */
+/* InitProducerIdResponse v0-6 */
 typedef struct km_init_producer_id_response {
 	/* v0+: The duration in milliseconds for which the request was throttled due to a quota violati... */
 	int32_t throttle_time_ms;
@@ -24,6 +24,10 @@ typedef struct km_init_producer_id_response {
 	int64_t producer_id;
 	/* v0+: The current epoch associated with the producer id. */
 	int16_t producer_epoch;
+	/* v6+: The producer id for ongoing transaction when KeepPreparedTxn is used, -1 if there is no... */
+	int64_t ongoing_txn_producer_id;
+	/* v6+: The epoch associated with the  producer id for ongoing transaction when KeepPreparedTxn... */
+	int16_t ongoing_txn_producer_epoch;
 	km_tagged_list unknown_tags; /* tagged fields this codec does not know, kept as they came */
 } km_init_producer_id_response;
 

@@ -27,7 +27,7 @@ typedef struct km_initialize_share_group_state_response_partition_result {
 
 /* InitializeStateResult */
 typedef struct km_initialize_share_group_state_response_initialize_state_result {
-	/* v0+: The topic identifier */
+	/* v0+: The topic identifier. */
 	km_uuid topic_id;
 	/* v0+: The results for the partitions. */
 	struct {
@@ -39,7 +39,7 @@ typedef struct km_initialize_share_group_state_response_initialize_state_result 
 
 /* InitializeShareGroupStateResponse v0-0 */
 typedef struct km_initialize_share_group_state_response {
-	/* v0+: The initialization results */
+	/* v0+: The initialization results. */
 	struct {
 		int32_t count; /* -1 = null */
 		km_initialize_share_group_state_response_initialize_state_result *items;

@@ -43,7 +43,7 @@ typedef struct km_join_group_response {
 	bool skip_assignment;
 	/* v0+: The member ID assigned by the group coordinator. */
 	km_str member_id;
-	/* v0+:  */
+	/* v0+: The group members. */
 	struct {
 		int32_t count; /* -1 = null */
 		km_join_group_response_member *items;

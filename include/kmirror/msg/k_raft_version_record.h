@@ -16,9 +16,9 @@
 
 /* KRaftVersionRecord v0-0 */
 typedef struct km_k_raft_version_record {
-	/* v0+: The version of the kraft version record */
+	/* v0+: The version of the kraft version record. */
 	int16_t version;
-	/* v0+: The kraft protocol version */
+	/* v0+: The kraft protocol version. */
 	int16_t k_raft_version;
 	km_tagged_list unknown_tags; /* tagged fields this codec does not know, kept as they came */
 } km_k_raft_version_record;

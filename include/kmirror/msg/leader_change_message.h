@@ -16,25 +16,25 @@
 
 /* Voter */
 typedef struct km_leader_change_message_voter {
-	/* v0+:  */
+	/* v0+: The ID of the voter. */
 	int32_t voter_id;
-	/* v1+: The directory id of the voter */
+	/* v1+: The directory id of the voter. */
 	km_uuid voter_directory_id;
 	km_tagged_list unknown_tags; /* tagged fields this codec does not know, kept as they came */
 } km_leader_change_message_voter;
 
 /* LeaderChangeMessage v0-1 */
 typedef struct km_leader_change_message {
-	/* v0+: The version of the leader change message */
+	/* v0+: The version of the leader change message. */
 	int16_t version;
-	/* v0+: The ID of the newly elected leader */
+	/* v0+: The ID of the newly elected leader. */
 	int32_t leader_id;
-	/* v0+: The set of voters in the quorum for this epoch */
+	/* v0+: The set of voters in the quorum for this epoch. */
 	struct {
 		int32_t count; /* -1 = null */
 		km_leader_change_message_voter *items;
 	} voters;
-	/* v0+: The voters who voted for the leader at the time of election */
+	/* v0+: The voters who voted for the leader at the time of election. */
 	struct {
 		int32_t count; /* -1 = null */
 		km_leader_change_message_voter *items;

@@ -10,8 +10,8 @@
 #include "kmirror/codec.h"
 #include "kmirror/wire.h"
 
-#define KM_LIST_OFFSETS_REQUEST_MIN_VERSION 0
-#define KM_LIST_OFFSETS_REQUEST_MAX_VERSION 10
+#define KM_LIST_OFFSETS_REQUEST_MIN_VERSION 1
+#define KM_LIST_OFFSETS_REQUEST_MAX_VERSION 11
 #define KM_LIST_OFFSETS_REQUEST_FIRST_FLEXIBLE 6 /* -1: never flexible */
 
 /* ListOffsetsPartition */
@@ -22,8 +22,6 @@ typedef struct km_list_offsets_request_list_offsets_partition {
 	int32_t current_leader_epoch;
 	/* v0+: The current timestamp. */
 	int64_t timestamp;
-	/* v0-0: The maximum number of offsets to report. */
-	int32_t max_num_offsets;
 	km_tagged_list unknown_tags; /* tagged fields this codec does not know, kept as they came */
 } km_list_offsets_request_list_offsets_partition;
 
@@ -39,7 +37,7 @@ typedef struct km_list_offsets_request_list_offsets_topic {
 	km_tagged_list unknown_tags; /* tagged fields this codec does not know, kept as they came */
 } km_list_offsets_request_list_offsets_topic;
 
-/* ListOffsetsRequest v0-10 */
+/* ListOffsetsRequest v1-11 */
 typedef struct km_list_offsets_request {
 	/* v0+: The broker ID of the requester, or -1 if this request is being made by a normal consumer. */
 	int32_t replica_id;

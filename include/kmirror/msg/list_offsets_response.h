@@ -10,8 +10,8 @@
 #include "kmirror/codec.h"
 #include "kmirror/wire.h"
 
-#define KM_LIST_OFFSETS_RESPONSE_MIN_VERSION 0
-#define KM_LIST_OFFSETS_RESPONSE_MAX_VERSION 10
+#define KM_LIST_OFFSETS_RESPONSE_MIN_VERSION 1
+#define KM_LIST_OFFSETS_RESPONSE_MAX_VERSION 11
 #define KM_LIST_OFFSETS_RESPONSE_FIRST_FLEXIBLE 6 /* -1: never flexible */
 
 /* ListOffsetsPartitionResponse */
@@ -20,23 +20,18 @@ typedef struct km_list_offsets_response_list_offsets_partition_response {
 	int32_t partition_index;
 	/* v0+: The partition error code, or 0 if there was no error. */
 	int16_t error_code;
-	/* v0-0: The result offsets. */
-	struct {
-		int32_t count; /* -1 = null */
-		int64_t *items;
-	} old_style_offsets;
 	/* v1+: The timestamp associated with the returned offset. */
 	int64_t timestamp;
 	/* v1+: The returned offset. */
 	int64_t offset;
-	/* v4+:  */
+	/* v4+: The leader epoch associated with the returned offset. */
 	int32_t leader_epoch;
 	km_tagged_list unknown_tags; /* tagged fields this codec does not know, kept as they came */
 } km_list_offsets_response_list_offsets_partition_response;
 
 /* ListOffsetsTopicResponse */
 typedef struct km_list_offsets_response_list_offsets_topic_response {
-	/* v0+: The topic name */
+	/* v0+: The topic name. */
 	km_str name;
 	/* v0+: Each partition in the response. */
 	struct {
@@ -46,7 +41,7 @@ typedef struct km_list_offsets_response_list_offsets_topic_response {
 	km_tagged_list unknown_tags; /* tagged fields this codec does not know, kept as they came */
 } km_list_offsets_response_list_offsets_topic_response;
 
-/* ListOffsetsResponse v0-10 */
+/* ListOffsetsResponse v1-11 */
 typedef struct km_list_offsets_response {
 	/* v2+: The duration in milliseconds for which the request was throttled due to a quota violati... */
 	int32_t throttle_time_ms;

@@ -16,7 +16,7 @@
 
 /* ListPartitionReassignmentsTopics */
 typedef struct km_list_partition_reassignments_request_list_partition_reassignments_topics {
-	/* v0+: The topic name */
+	/* v0+: The topic name. */
 	km_str name;
 	/* v0+: The partitions to list partition reassignments for. */
 	struct {

@@ -11,10 +11,10 @@
 #include "kmirror/wire.h"
 
 #define KM_LIST_TRANSACTIONS_REQUEST_MIN_VERSION 0
-#define KM_LIST_TRANSACTIONS_REQUEST_MAX_VERSION 1
+#define KM_LIST_TRANSACTIONS_REQUEST_MAX_VERSION 2
 #define KM_LIST_TRANSACTIONS_REQUEST_FIRST_FLEXIBLE 0 /* -1: never flexible */
 
-/* ListTransactionsRequest v0-1 */
+/* ListTransactionsRequest v0-2 */
 typedef struct km_list_transactions_request {
 	/* v0+: The transaction states to filter by: if empty, all transactions are returned; if non-em... */
 	struct {
@@ -28,6 +28,8 @@ typedef struct km_list_transactions_request {
 	} producer_id_filters;
 	/* v1+: Duration (in millis) to filter by: if < 0, all transactions will be returned; otherwise... */
 	int64_t duration_filter;
+	/* v2+ nullable: The transactional ID regular expression pattern to filter by: if it is empty or null, a... */
+	km_str transactional_id_pattern;
 	km_tagged_list unknown_tags; /* tagged fields this codec does not know, kept as they came */
 } km_list_transactions_request;
 

@@ -11,32 +11,32 @@
 #include "kmirror/wire.h"
 
 #define KM_LIST_TRANSACTIONS_RESPONSE_MIN_VERSION 0
-#define KM_LIST_TRANSACTIONS_RESPONSE_MAX_VERSION 1
+#define KM_LIST_TRANSACTIONS_RESPONSE_MAX_VERSION 2
 #define KM_LIST_TRANSACTIONS_RESPONSE_FIRST_FLEXIBLE 0 /* -1: never flexible */
 
 /* TransactionState */
 typedef struct km_list_transactions_response_transaction_state {
-	/* v0+:  */
+	/* v0+: The transactional id. */
 	km_str transactional_id;
-	/* v0+:  */
+	/* v0+: The producer id. */
 	int64_t producer_id;
-	/* v0+: The current transaction state of the producer */
+	/* v0+: The current transaction state of the producer. */
 	km_str transaction_state;
 	km_tagged_list unknown_tags; /* tagged fields this codec does not know, kept as they came */
 } km_list_transactions_response_transaction_state;
 
-/* ListTransactionsResponse v0-1 */
+/* ListTransactionsResponse v0-2 */
 typedef struct km_list_transactions_response {
 	/* v0+: The duration in milliseconds for which the request was throttled due to a quota violati... */
 	int32_t throttle_time_ms;
-	/* v0+:  */
+	/* v0+: The error code, or 0 if there was no error. */
 	int16_t error_code;
 	/* v0+: Set of state filters provided in the request which were unknown to the transaction coor... */
 	struct {
 		int32_t count; /* -1 = null */
 		km_str *items;
 	} unknown_state_filters;
-	/* v0+:  */
+	/* v0+: The current state of the transaction for the transactional id. */
 	struct {
 		int32_t count; /* -1 = null */
 		km_list_transactions_response_transaction_state *items;

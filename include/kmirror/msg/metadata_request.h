@@ -11,7 +11,7 @@
 #include "kmirror/wire.h"
 
 #define KM_METADATA_REQUEST_MIN_VERSION 0
-#define KM_METADATA_REQUEST_MAX_VERSION 12
+#define KM_METADATA_REQUEST_MAX_VERSION 13
 #define KM_METADATA_REQUEST_FIRST_FLEXIBLE 9 /* -1: never flexible */
 
 /* MetadataRequestTopic */
@@ -23,7 +23,7 @@ typedef struct km_metadata_request_topic {
 	km_tagged_list unknown_tags; /* tagged fields this codec does not know, kept as they came */
 } km_metadata_request_topic;
 
-/* MetadataRequest v0-12 */
+/* MetadataRequest v0-13 */
 typedef struct km_metadata_request {
 	/* v0+ nullable: The topics to fetch metadata for. */
 	struct {

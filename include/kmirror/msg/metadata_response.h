@@ -11,7 +11,7 @@
 #include "kmirror/wire.h"
 
 #define KM_METADATA_RESPONSE_MIN_VERSION 0
-#define KM_METADATA_RESPONSE_MAX_VERSION 12
+#define KM_METADATA_RESPONSE_MAX_VERSION 13
 #define KM_METADATA_RESPONSE_FIRST_FLEXIBLE 9 /* -1: never flexible */
 
 /* MetadataResponseBroker */
@@ -75,7 +75,7 @@ typedef struct km_metadata_response_topic {
 	km_tagged_list unknown_tags; /* tagged fields this codec does not know, kept as they came */
 } km_metadata_response_topic;
 
-/* MetadataResponse v0-12 */
+/* MetadataResponse v0-13 */
 typedef struct km_metadata_response {
 	/* v3+: The duration in milliseconds for which the request was throttled due to a quota violati... */
 	int32_t throttle_time_ms;
@@ -95,6 +95,8 @@ typedef struct km_metadata_response {
 	} topics;
 	/* v8-10: 32-bit bitfield to represent authorized operations for this cluster. */
 	int32_t cluster_authorized_operations;
+	/* v13+: The top-level error code, or 0 if there was no error. */
+	int16_t error_code;
 	km_tagged_list unknown_tags; /* tagged fields this codec does not know, kept as they came */
 } km_metadata_response;
 

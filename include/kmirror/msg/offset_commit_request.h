@@ -10,8 +10,8 @@
 #include "kmirror/codec.h"
 #include "kmirror/wire.h"
 
-#define KM_OFFSET_COMMIT_REQUEST_MIN_VERSION 0
-#define KM_OFFSET_COMMIT_REQUEST_MAX_VERSION 9
+#define KM_OFFSET_COMMIT_REQUEST_MIN_VERSION 2
+#define KM_OFFSET_COMMIT_REQUEST_MAX_VERSION 10
 #define KM_OFFSET_COMMIT_REQUEST_FIRST_FLEXIBLE 8 /* -1: never flexible */
 
 /* OffsetCommitRequestPartition */
@@ -22,8 +22,6 @@ typedef struct km_offset_commit_request_partition {
 	int64_t committed_offset;
 	/* v6+: The leader epoch of this partition. */
 	int32_t committed_leader_epoch;
-	/* v1-1: The timestamp of the commit. */
-	int64_t commit_timestamp;
 	/* v0+ nullable: Any associated metadata the client wants to keep. */
 	km_str committed_metadata;
 	km_tagged_list unknown_tags; /* tagged fields this codec does not know, kept as they came */
@@ -31,8 +29,10 @@ typedef struct km_offset_commit_request_partition {
 
 /* OffsetCommitRequestTopic */
 typedef struct km_offset_commit_request_topic {
-	/* v0+: The topic name. */
+	/* v0-9: The topic name. */
 	km_str name;
+	/* v10+: The topic ID. */
+	km_uuid topic_id;
 	/* v0+: Each partition to commit offsets for. */
 	struct {
 		int32_t count; /* -1 = null */
@@ -41,7 +41,7 @@ typedef struct km_offset_commit_request_topic {
 	km_tagged_list unknown_tags; /* tagged fields this codec does not know, kept as they came */
 } km_offset_commit_request_topic;
 
-/* OffsetCommitRequest v0-9 */
+/* OffsetCommitRequest v2-10 */
 typedef struct km_offset_commit_request {
 	/* v0+: The unique group identifier. */
 	km_str group_id;

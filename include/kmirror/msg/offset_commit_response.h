@@ -10,8 +10,8 @@
 #include "kmirror/codec.h"
 #include "kmirror/wire.h"
 
-#define KM_OFFSET_COMMIT_RESPONSE_MIN_VERSION 0
-#define KM_OFFSET_COMMIT_RESPONSE_MAX_VERSION 9
+#define KM_OFFSET_COMMIT_RESPONSE_MIN_VERSION 2
+#define KM_OFFSET_COMMIT_RESPONSE_MAX_VERSION 10
 #define KM_OFFSET_COMMIT_RESPONSE_FIRST_FLEXIBLE 8 /* -1: never flexible */
 
 /* OffsetCommitResponsePartition */
@@ -25,8 +25,10 @@ typedef struct km_offset_commit_response_partition {
 
 /* OffsetCommitResponseTopic */
 typedef struct km_offset_commit_response_topic {
-	/* v0+: The topic name. */
+	/* v0-9: The topic name. */
 	km_str name;
+	/* v10+: The topic ID. */
+	km_uuid topic_id;
 	/* v0+: The responses for each partition in the topic. */
 	struct {
 		int32_t count; /* -1 = null */
@@ -35,7 +37,7 @@ typedef struct km_offset_commit_response_topic {
 	km_tagged_list unknown_tags; /* tagged fields this codec does not know, kept as they came */
 } km_offset_commit_response_topic;
 
-/* OffsetCommitResponse v0-9 */
+/* OffsetCommitResponse v2-10 */
 typedef struct km_offset_commit_response {
 	/* v3+: The duration in milliseconds for which the request was throttled due to a quota violati... */
 	int32_t throttle_time_ms;

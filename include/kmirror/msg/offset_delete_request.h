@@ -37,7 +37,7 @@ typedef struct km_offset_delete_request_topic {
 typedef struct km_offset_delete_request {
 	/* v0+: The unique group identifier. */
 	km_str group_id;
-	/* v0+: The topics to delete offsets for */
+	/* v0+: The topics to delete offsets for. */
 	struct {
 		int32_t count; /* -1 = null */
 		km_offset_delete_request_topic *items;

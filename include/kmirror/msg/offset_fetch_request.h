@@ -10,8 +10,8 @@
 #include "kmirror/codec.h"
 #include "kmirror/wire.h"
 
-#define KM_OFFSET_FETCH_REQUEST_MIN_VERSION 0
-#define KM_OFFSET_FETCH_REQUEST_MAX_VERSION 9
+#define KM_OFFSET_FETCH_REQUEST_MIN_VERSION 1
+#define KM_OFFSET_FETCH_REQUEST_MAX_VERSION 10
 #define KM_OFFSET_FETCH_REQUEST_FIRST_FLEXIBLE 6 /* -1: never flexible */
 
 /* OffsetFetchRequestTopic */
@@ -28,8 +28,10 @@ typedef struct km_offset_fetch_request_topic {
 
 /* OffsetFetchRequestTopics */
 typedef struct km_offset_fetch_request_topics {
-	/* v8+: The topic name. */
+	/* v8-9: The topic name. */
 	km_str name;
+	/* v10+: The topic ID. */
+	km_uuid topic_id;
 	/* v8+: The partition indexes we would like to fetch offsets for. */
 	struct {
 		int32_t count; /* -1 = null */
@@ -42,7 +44,7 @@ typedef struct km_offset_fetch_request_topics {
 typedef struct km_offset_fetch_request_group {
 	/* v8+: The group ID. */
 	km_str group_id;
-	/* v9+ nullable: The member ID assigned by the group coordinator if using the new consumer protocol (KIP... */
+	/* v9+ nullable: The member id. */
 	km_str member_id;
 	/* v9+: The member epoch if using the new consumer protocol (KIP-848). */
 	int32_t member_epoch;
@@ -54,7 +56,7 @@ typedef struct km_offset_fetch_request_group {
 	km_tagged_list unknown_tags; /* tagged fields this codec does not know, kept as they came */
 } km_offset_fetch_request_group;
 
-/* OffsetFetchRequest v0-9 */
+/* OffsetFetchRequest v1-10 */
 typedef struct km_offset_fetch_request {
 	/* v0-7: The group to fetch offsets for. */
 	km_str group_id;
@@ -63,7 +65,7 @@ typedef struct km_offset_fetch_request {
 		int32_t count; /* -1 = null */
 		km_offset_fetch_request_topic *items;
 	} topics;
-	/* v8+: Each group we would like to fetch offsets for */
+	/* v8+: Each group we would like to fetch offsets for. */
 	struct {
 		int32_t count; /* -1 = null */
 		km_offset_fetch_request_group *items;

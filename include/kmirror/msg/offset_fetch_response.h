@@ -10,8 +10,8 @@
 #include "kmirror/codec.h"
 #include "kmirror/wire.h"
 
-#define KM_OFFSET_FETCH_RESPONSE_MIN_VERSION 0
-#define KM_OFFSET_FETCH_RESPONSE_MAX_VERSION 9
+#define KM_OFFSET_FETCH_RESPONSE_MIN_VERSION 1
+#define KM_OFFSET_FETCH_RESPONSE_MAX_VERSION 10
 #define KM_OFFSET_FETCH_RESPONSE_FIRST_FLEXIBLE 6 /* -1: never flexible */
 
 /* OffsetFetchResponsePartition */
@@ -33,7 +33,7 @@ typedef struct km_offset_fetch_response_partition {
 typedef struct km_offset_fetch_response_topic {
 	/* v0-7: The topic name. */
 	km_str name;
-	/* v0-7: The responses per partition */
+	/* v0-7: The responses per partition. */
 	struct {
 		int32_t count; /* -1 = null */
 		km_offset_fetch_response_partition *items;
@@ -58,9 +58,11 @@ typedef struct km_offset_fetch_response_partitions {
 
 /* OffsetFetchResponseTopics */
 typedef struct km_offset_fetch_response_topics {
-	/* v8+: The topic name. */
+	/* v8-9: The topic name. */
 	km_str name;
-	/* v8+: The responses per partition */
+	/* v10+: The topic ID. */
+	km_uuid topic_id;
+	/* v8+: The responses per partition. */
 	struct {
 		int32_t count; /* -1 = null */
 		km_offset_fetch_response_partitions *items;
@@ -82,7 +84,7 @@ typedef struct km_offset_fetch_response_group {
 	km_tagged_list unknown_tags; /* tagged fields this codec does not know, kept as they came */
 } km_offset_fetch_response_group;
 
-/* OffsetFetchResponse v0-9 */
+/* OffsetFetchResponse v1-10 */
 typedef struct km_offset_fetch_response {
 	/* v3+: The duration in milliseconds for which the request was throttled due to a quota violati... */
 	int32_t throttle_time_ms;

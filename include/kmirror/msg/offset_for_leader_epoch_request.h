@@ -10,7 +10,7 @@
 #include "kmirror/codec.h"
 #include "kmirror/wire.h"
 
-#define KM_OFFSET_FOR_LEADER_EPOCH_REQUEST_MIN_VERSION 0
+#define KM_OFFSET_FOR_LEADER_EPOCH_REQUEST_MIN_VERSION 2
 #define KM_OFFSET_FOR_LEADER_EPOCH_REQUEST_MAX_VERSION 4
 #define KM_OFFSET_FOR_LEADER_EPOCH_REQUEST_FIRST_FLEXIBLE 4 /* -1: never flexible */
 
@@ -37,7 +37,7 @@ typedef struct km_offset_for_leader_epoch_request_offset_for_leader_topic {
 	km_tagged_list unknown_tags; /* tagged fields this codec does not know, kept as they came */
 } km_offset_for_leader_epoch_request_offset_for_leader_topic;
 
-/* OffsetForLeaderEpochRequest v0-4 */
+/* OffsetForLeaderEpochRequest v2-4 */
 typedef struct km_offset_for_leader_epoch_request {
 	/* v3+: The broker ID of the follower, of -1 if this request is from a consumer. */
 	int32_t replica_id;

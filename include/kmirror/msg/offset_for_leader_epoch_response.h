@@ -10,7 +10,7 @@
 #include "kmirror/codec.h"
 #include "kmirror/wire.h"
 
-#define KM_OFFSET_FOR_LEADER_EPOCH_RESPONSE_MIN_VERSION 0
+#define KM_OFFSET_FOR_LEADER_EPOCH_RESPONSE_MIN_VERSION 2
 #define KM_OFFSET_FOR_LEADER_EPOCH_RESPONSE_MAX_VERSION 4
 #define KM_OFFSET_FOR_LEADER_EPOCH_RESPONSE_FIRST_FLEXIBLE 4 /* -1: never flexible */
 
@@ -39,7 +39,7 @@ typedef struct km_offset_for_leader_epoch_response_offset_for_leader_topic_resul
 	km_tagged_list unknown_tags; /* tagged fields this codec does not know, kept as they came */
 } km_offset_for_leader_epoch_response_offset_for_leader_topic_result;
 
-/* OffsetForLeaderEpochResponse v0-4 */
+/* OffsetForLeaderEpochResponse v2-4 */
 typedef struct km_offset_for_leader_epoch_response {
 	/* v2+: The duration in milliseconds for which the request was throttled due to a quota violati... */
 	int32_t throttle_time_ms;

@@ -10,8 +10,8 @@
 #include "kmirror/codec.h"
 #include "kmirror/wire.h"
 
-#define KM_PRODUCE_REQUEST_MIN_VERSION 0
-#define KM_PRODUCE_REQUEST_MAX_VERSION 11
+#define KM_PRODUCE_REQUEST_MIN_VERSION 3
+#define KM_PRODUCE_REQUEST_MAX_VERSION 13
 #define KM_PRODUCE_REQUEST_FIRST_FLEXIBLE 9 /* -1: never flexible */
 
 /* PartitionProduceData */
@@ -25,8 +25,10 @@ typedef struct km_produce_request_partition_produce_data {
 
 /* TopicProduceData */
 typedef struct km_produce_request_topic_produce_data {
-	/* v0+: The topic name. */
+	/* v0-12: The topic name. */
 	km_str name;
+	/* v13+: The unique topic ID */
+	km_uuid topic_id;
 	/* v0+: Each partition to produce to. */
 	struct {
 		int32_t count; /* -1 = null */
@@ -35,7 +37,7 @@ typedef struct km_produce_request_topic_produce_data {
 	km_tagged_list unknown_tags; /* tagged fields this codec does not know, kept as they came */
 } km_produce_request_topic_produce_data;
 
-/* ProduceRequest v0-11 */
+/* ProduceRequest v3-13 */
 typedef struct km_produce_request {
 	/* v3+ nullable: The transactional ID, or null if the producer is not transactional. */
 	km_str transactional_id;

@@ -10,15 +10,15 @@
 #include "kmirror/codec.h"
 #include "kmirror/wire.h"
 
-#define KM_PRODUCE_RESPONSE_MIN_VERSION 0
-#define KM_PRODUCE_RESPONSE_MAX_VERSION 11
+#define KM_PRODUCE_RESPONSE_MIN_VERSION 3
+#define KM_PRODUCE_RESPONSE_MAX_VERSION 13
 #define KM_PRODUCE_RESPONSE_FIRST_FLEXIBLE 9 /* -1: never flexible */
 
 /* BatchIndexAndErrorMessage */
 typedef struct km_produce_response_batch_index_and_error_message {
-	/* v8+: The batch index of the record that cause the batch to be dropped */
+	/* v8+: The batch index of the record that caused the batch to be dropped. */
 	int32_t batch_index;
-	/* v8+ nullable: The error message of the record that caused the batch to be dropped */
+	/* v8+ nullable: The error message of the record that caused the batch to be dropped. */
 	km_str batch_index_error_message;
 	km_tagged_list unknown_tags; /* tagged fields this codec does not know, kept as they came */
 } km_produce_response_batch_index_and_error_message;
@@ -27,7 +27,7 @@ typedef struct km_produce_response_batch_index_and_error_message {
 typedef struct km_produce_response_leader_id_and_epoch {
 	/* v10+: The ID of the current leader or -1 if the leader is unknown. */
 	int32_t leader_id;
-	/* v10+: The latest known leader epoch */
+	/* v10+: The latest known leader epoch. */
 	int32_t leader_epoch;
 	km_tagged_list unknown_tags; /* tagged fields this codec does not know, kept as they came */
 } km_produce_response_leader_id_and_epoch;
@@ -44,22 +44,24 @@ typedef struct km_produce_response_partition_produce_response {
 	int64_t log_append_time_ms;
 	/* v5+: The log start offset. */
 	int64_t log_start_offset;
-	/* v8+: The batch indices of records that caused the batch to be dropped */
+	/* v8+: The batch indices of records that caused the batch to be dropped. */
 	struct {
 		int32_t count; /* -1 = null */
 		km_produce_response_batch_index_and_error_message *items;
 	} record_errors;
 	/* v8+ nullable: The global error message summarizing the common root cause of the records that caused t... */
 	km_str error_message;
-	/* v10+ tag 0:  */
+	/* v10+ tag 0: The leader broker that the producer should use for future requests. */
 	km_produce_response_leader_id_and_epoch current_leader;
 	km_tagged_list unknown_tags; /* tagged fields this codec does not know, kept as they came */
 } km_produce_response_partition_produce_response;
 
 /* TopicProduceResponse */
 typedef struct km_produce_response_topic_produce_response {
-	/* v0+: The topic name */
+	/* v0-12: The topic name. */
 	km_str name;
+	/* v13+: The unique topic ID */
+	km_uuid topic_id;
 	/* v0+: Each partition that we produced to within the topic. */
 	struct {
 		int32_t count; /* -1 = null */
@@ -81,9 +83,9 @@ typedef struct km_produce_response_node_endpoint {
 	km_tagged_list unknown_tags; /* tagged fields this codec does not know, kept as they came */
 } km_produce_response_node_endpoint;
 
-/* ProduceResponse v0-11 */
+/* ProduceResponse v3-13 */
 typedef struct km_produce_response {
-	/* v0+: Each produce response */
+	/* v0+: Each produce response. */
 	struct {
 		int32_t count; /* -1 = null */
 		km_produce_response_topic_produce_response *items;

@@ -16,11 +16,11 @@
 
 /* StateBatch */
 typedef struct km_read_share_group_state_response_state_batch {
-	/* v0+: The base offset of this state batch. */
+	/* v0+: The first offset of this state batch. */
 	int64_t first_offset;
 	/* v0+: The last offset of this state batch. */
 	int64_t last_offset;
-	/* v0+: The state - 0:Available,2:Acked,4:Archived. */
+	/* v0+: The delivery state - 0:Available,2:Acked,4:Archived. */
 	int8_t delivery_state;
 	/* v0+: The delivery count. */
 	int16_t delivery_count;
@@ -35,11 +35,11 @@ typedef struct km_read_share_group_state_response_partition_result {
 	int16_t error_code;
 	/* v0+ nullable: The error message, or null if there was no error. */
 	km_str error_message;
-	/* v0+: The state epoch for this share-partition. */
+	/* v0+: The state epoch of the share-partition. */
 	int32_t state_epoch;
 	/* v0+: The share-partition start offset, which can be -1 if it is not yet initialized. */
 	int64_t start_offset;
-	/* v0+:  */
+	/* v0+: The state batches for this share-partition. */
 	struct {
 		int32_t count; /* -1 = null */
 		km_read_share_group_state_response_state_batch *items;
@@ -49,7 +49,7 @@ typedef struct km_read_share_group_state_response_partition_result {
 
 /* ReadStateResult */
 typedef struct km_read_share_group_state_response_read_state_result {
-	/* v0+: The topic identifier */
+	/* v0+: The topic identifier. */
 	km_uuid topic_id;
 	/* v0+: The results for the partitions. */
 	struct {
@@ -61,7 +61,7 @@ typedef struct km_read_share_group_state_response_read_state_result {
 
 /* ReadShareGroupStateResponse v0-0 */
 typedef struct km_read_share_group_state_response {
-	/* v0+: The read results */
+	/* v0+: The read results. */
 	struct {
 		int32_t count; /* -1 = null */
 		km_read_share_group_state_response_read_state_result *items;

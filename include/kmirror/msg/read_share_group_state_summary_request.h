@@ -11,7 +11,7 @@
 #include "kmirror/wire.h"
 
 #define KM_READ_SHARE_GROUP_STATE_SUMMARY_REQUEST_MIN_VERSION 0
-#define KM_READ_SHARE_GROUP_STATE_SUMMARY_REQUEST_MAX_VERSION 0
+#define KM_READ_SHARE_GROUP_STATE_SUMMARY_REQUEST_MAX_VERSION 1
 #define KM_READ_SHARE_GROUP_STATE_SUMMARY_REQUEST_FIRST_FLEXIBLE 0 /* -1: never flexible */
 
 /* PartitionData */
@@ -35,7 +35,7 @@ typedef struct km_read_share_group_state_summary_request_read_state_summary_data
 	km_tagged_list unknown_tags; /* tagged fields this codec does not know, kept as they came */
 } km_read_share_group_state_summary_request_read_state_summary_data;
 
-/* ReadShareGroupStateSummaryRequest v0-0 */
+/* ReadShareGroupStateSummaryRequest v0-1 */
 typedef struct km_read_share_group_state_summary_request {
 	/* v0+: The group identifier. */
 	km_str group_id;

@@ -11,7 +11,7 @@
 #include "kmirror/wire.h"
 
 #define KM_READ_SHARE_GROUP_STATE_SUMMARY_RESPONSE_MIN_VERSION 0
-#define KM_READ_SHARE_GROUP_STATE_SUMMARY_RESPONSE_MAX_VERSION 0
+#define KM_READ_SHARE_GROUP_STATE_SUMMARY_RESPONSE_MAX_VERSION 1
 #define KM_READ_SHARE_GROUP_STATE_SUMMARY_RESPONSE_FIRST_FLEXIBLE 0 /* -1: never flexible */
 
 /* PartitionResult */
@@ -24,14 +24,18 @@ typedef struct km_read_share_group_state_summary_response_partition_result {
 	km_str error_message;
 	/* v0+: The state epoch of the share-partition. */
 	int32_t state_epoch;
+	/* v0+: The leader epoch of the share-partition. */
+	int32_t leader_epoch;
 	/* v0+: The share-partition start offset. */
 	int64_t start_offset;
+	/* v1+: The number of offsets greater than or equal to share-partition start offset for which d... */
+	int32_t delivery_complete_count;
 	km_tagged_list unknown_tags; /* tagged fields this codec does not know, kept as they came */
 } km_read_share_group_state_summary_response_partition_result;
 
 /* ReadStateSummaryResult */
 typedef struct km_read_share_group_state_summary_response_read_state_summary_result {
-	/* v0+: The topic identifier */
+	/* v0+: The topic identifier. */
 	km_uuid topic_id;
 	/* v0+: The results for the partitions. */
 	struct {
@@ -41,9 +45,9 @@ typedef struct km_read_share_group_state_summary_response_read_state_summary_res
 	km_tagged_list unknown_tags; /* tagged fields this codec does not know, kept as they came */
 } km_read_share_group_state_summary_response_read_state_summary_result;
 
-/* ReadShareGroupStateSummaryResponse v0-0 */
+/* ReadShareGroupStateSummaryResponse v0-1 */
 typedef struct km_read_share_group_state_summary_response {
-	/* v0+: The read results */
+	/* v0+: The read results. */
 	struct {
 		int32_t count; /* -1 = null */
 		km_read_share_group_state_summary_response_read_state_summary_result *items;

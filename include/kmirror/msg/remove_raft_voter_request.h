@@ -16,11 +16,11 @@
 
 /* RemoveRaftVoterRequest v0-0 */
 typedef struct km_remove_raft_voter_request {
-	/* v0+ nullable:  */
+	/* v0+ nullable: The cluster id of the request. */
 	km_str cluster_id;
-	/* v0+: The replica id of the voter getting removed from the topic partition */
+	/* v0+: The replica id of the voter getting removed from the topic partition. */
 	int32_t voter_id;
-	/* v0+: The directory id of the voter getting removed from the topic partition */
+	/* v0+: The directory id of the voter getting removed from the topic partition. */
 	km_uuid voter_directory_id;
 	km_tagged_list unknown_tags; /* tagged fields this codec does not know, kept as they came */
 } km_remove_raft_voter_request;

@@ -18,7 +18,7 @@
 typedef struct km_remove_raft_voter_response {
 	/* v0+: The duration in milliseconds for which the request was throttled due to a quota violati... */
 	int32_t throttle_time_ms;
-	/* v0+: The error code, or 0 if there was no error */
+	/* v0+: The error code, or 0 if there was no error. */
 	int16_t error_code;
 	/* v0+ nullable: The error message, or null if there was no error. */
 	km_str error_message;

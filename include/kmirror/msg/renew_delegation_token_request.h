@@ -10,11 +10,11 @@
 #include "kmirror/codec.h"
 #include "kmirror/wire.h"
 
-#define KM_RENEW_DELEGATION_TOKEN_REQUEST_MIN_VERSION 0
+#define KM_RENEW_DELEGATION_TOKEN_REQUEST_MIN_VERSION 1
 #define KM_RENEW_DELEGATION_TOKEN_REQUEST_MAX_VERSION 2
 #define KM_RENEW_DELEGATION_TOKEN_REQUEST_FIRST_FLEXIBLE 2 /* -1: never flexible */
 
-/* RenewDelegationTokenRequest v0-2 */
+/* RenewDelegationTokenRequest v1-2 */
 typedef struct km_renew_delegation_token_request {
 	/* v0+: The HMAC of the delegation token to be renewed. */
 	km_bytes hmac;

@@ -10,11 +10,11 @@
 #include "kmirror/codec.h"
 #include "kmirror/wire.h"
 
-#define KM_RENEW_DELEGATION_TOKEN_RESPONSE_MIN_VERSION 0
+#define KM_RENEW_DELEGATION_TOKEN_RESPONSE_MIN_VERSION 1
 #define KM_RENEW_DELEGATION_TOKEN_RESPONSE_MAX_VERSION 2
 #define KM_RENEW_DELEGATION_TOKEN_RESPONSE_FIRST_FLEXIBLE 2 /* -1: never flexible */
 
-/* RenewDelegationTokenResponse v0-2 */
+/* RenewDelegationTokenResponse v1-2 */
 typedef struct km_renew_delegation_token_response {
 	/* v0+: The error code, or 0 if there was no error. */
 	int16_t error_code;

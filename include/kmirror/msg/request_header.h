@@ -10,11 +10,11 @@
 #include "kmirror/codec.h"
 #include "kmirror/wire.h"
 
-#define KM_REQUEST_HEADER_MIN_VERSION 0
+#define KM_REQUEST_HEADER_MIN_VERSION 1
 #define KM_REQUEST_HEADER_MAX_VERSION 2
 #define KM_REQUEST_HEADER_FIRST_FLEXIBLE 2 /* -1: never flexible */
 
-/* RequestHeader v0-2 */
+/* RequestHeader v1-2 */
 typedef struct km_request_header {
 	/* v0+: The API key of this request. */
 	int16_t request_api_key;

@@ -10,9 +10,9 @@
 #include "kmirror/codec.h"
 #include "kmirror/wire.h"
 
-#define KM_SHARE_ACKNOWLEDGE_REQUEST_MIN_VERSION 0
-#define KM_SHARE_ACKNOWLEDGE_REQUEST_MAX_VERSION 0
-#define KM_SHARE_ACKNOWLEDGE_REQUEST_FIRST_FLEXIBLE 0 /* -1: never flexible */
+#define KM_SHARE_ACKNOWLEDGE_REQUEST_MIN_VERSION 1
+#define KM_SHARE_ACKNOWLEDGE_REQUEST_MAX_VERSION 2
+#define KM_SHARE_ACKNOWLEDGE_REQUEST_FIRST_FLEXIBLE 1 /* -1: never flexible */
 
 /* AcknowledgementBatch */
 typedef struct km_share_acknowledge_request_acknowledgement_batch {
@@ -20,7 +20,7 @@ typedef struct km_share_acknowledge_request_acknowledgement_batch {
 	int64_t first_offset;
 	/* v0+: Last offset (inclusive) of batch of records to acknowledge. */
 	int64_t last_offset;
-	/* v0+: Array of acknowledge types - 0:Gap,1:Accept,2:Release,3:Reject. */
+	/* v0+: Array of acknowledge types - 0:Gap,1:Accept,2:Release,3:Reject,4:Renew. */
 	struct {
 		int32_t count; /* -1 = null */
 		int8_t *items;
@@ -52,7 +52,7 @@ typedef struct km_share_acknowledge_request_acknowledge_topic {
 	km_tagged_list unknown_tags; /* tagged fields this codec does not know, kept as they came */
 } km_share_acknowledge_request_acknowledge_topic;
 
-/* ShareAcknowledgeRequest v0-0 */
+/* ShareAcknowledgeRequest v1-2 */
 typedef struct km_share_acknowledge_request {
 	/* v0+ nullable: The group identifier. */
 	km_str group_id;
@@ -60,6 +60,8 @@ typedef struct km_share_acknowledge_request {
 	km_str member_id;
 	/* v0+: The current share session epoch: 0 to open a share session; -1 to close it; otherwise i... */
 	int32_t share_session_epoch;
+	/* v2+: Whether Renew type acknowledgements present in AcknowledgementBatches. */
+	bool is_renew_ack;
 	/* v0+: The topics containing records to acknowledge. */
 	struct {
 		int32_t count; /* -1 = null */

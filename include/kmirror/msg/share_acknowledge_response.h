@@ -10,9 +10,9 @@
 #include "kmirror/codec.h"
 #include "kmirror/wire.h"
 
-#define KM_SHARE_ACKNOWLEDGE_RESPONSE_MIN_VERSION 0
-#define KM_SHARE_ACKNOWLEDGE_RESPONSE_MAX_VERSION 0
-#define KM_SHARE_ACKNOWLEDGE_RESPONSE_FIRST_FLEXIBLE 0 /* -1: never flexible */
+#define KM_SHARE_ACKNOWLEDGE_RESPONSE_MIN_VERSION 1
+#define KM_SHARE_ACKNOWLEDGE_RESPONSE_MAX_VERSION 2
+#define KM_SHARE_ACKNOWLEDGE_RESPONSE_FIRST_FLEXIBLE 1 /* -1: never flexible */
 
 /* LeaderIdAndEpoch */
 typedef struct km_share_acknowledge_response_leader_id_and_epoch {
@@ -31,7 +31,7 @@ typedef struct km_share_acknowledge_response_partition_data {
 	int16_t error_code;
 	/* v0+ nullable: The error message, or null if there was no error. */
 	km_str error_message;
-	/* v0+:  */
+	/* v0+: The current leader of the partition. */
 	km_share_acknowledge_response_leader_id_and_epoch current_leader;
 	km_tagged_list unknown_tags; /* tagged fields this codec does not know, kept as they came */
 } km_share_acknowledge_response_partition_data;
@@ -61,7 +61,7 @@ typedef struct km_share_acknowledge_response_node_endpoint {
 	km_tagged_list unknown_tags; /* tagged fields this codec does not know, kept as they came */
 } km_share_acknowledge_response_node_endpoint;
 
-/* ShareAcknowledgeResponse v0-0 */
+/* ShareAcknowledgeResponse v1-2 */
 typedef struct km_share_acknowledge_response {
 	/* v0+: The duration in milliseconds for which the request was throttled due to a quota violati... */
 	int32_t throttle_time_ms;
@@ -69,6 +69,8 @@ typedef struct km_share_acknowledge_response {
 	int16_t error_code;
 	/* v0+ nullable: The top-level error message, or null if there was no error. */
 	km_str error_message;
+	/* v2+: The time in milliseconds for which the acquired records are locked. */
+	int32_t acquisition_lock_timeout_ms;
 	/* v0+: The response topics. */
 	struct {
 		int32_t count; /* -1 = null */

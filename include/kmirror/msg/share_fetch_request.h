@@ -10,9 +10,9 @@
 #include "kmirror/codec.h"
 #include "kmirror/wire.h"
 
-#define KM_SHARE_FETCH_REQUEST_MIN_VERSION 0
-#define KM_SHARE_FETCH_REQUEST_MAX_VERSION 0
-#define KM_SHARE_FETCH_REQUEST_FIRST_FLEXIBLE 0 /* -1: never flexible */
+#define KM_SHARE_FETCH_REQUEST_MIN_VERSION 1
+#define KM_SHARE_FETCH_REQUEST_MAX_VERSION 2
+#define KM_SHARE_FETCH_REQUEST_FIRST_FLEXIBLE 1 /* -1: never flexible */
 
 /* AcknowledgementBatch */
 typedef struct km_share_fetch_request_acknowledgement_batch {
@@ -20,7 +20,7 @@ typedef struct km_share_fetch_request_acknowledgement_batch {
 	int64_t first_offset;
 	/* v0+: Last offset (inclusive) of batch of records to acknowledge. */
 	int64_t last_offset;
-	/* v0+: Array of acknowledge types - 0:Gap,1:Accept,2:Release,3:Reject. */
+	/* v0+: Array of acknowledge types - 0:Gap,1:Accept,2:Release,3:Reject,4:Renew. */
 	struct {
 		int32_t count; /* -1 = null */
 		int8_t *items;
@@ -32,7 +32,7 @@ typedef struct km_share_fetch_request_acknowledgement_batch {
 typedef struct km_share_fetch_request_fetch_partition {
 	/* v0+: The partition index. */
 	int32_t partition_index;
-	/* v0+: The maximum bytes to fetch from this partition. 0 when only acknowledgement with no fet... */
+	/* v0-0: The maximum bytes to fetch from this partition. 0 when only acknowledgement with no fet... */
 	int32_t partition_max_bytes;
 	/* v0+: Record batches to acknowledge. */
 	struct {
@@ -66,7 +66,7 @@ typedef struct km_share_fetch_request_forgotten_topic {
 	km_tagged_list unknown_tags; /* tagged fields this codec does not know, kept as they came */
 } km_share_fetch_request_forgotten_topic;
 
-/* ShareFetchRequest v0-0 */
+/* ShareFetchRequest v1-2 */
 typedef struct km_share_fetch_request {
 	/* v0+ nullable: The group identifier. */
 	km_str group_id;
@@ -78,8 +78,16 @@ typedef struct km_share_fetch_request {
 	int32_t max_wait_ms;
 	/* v0+: The minimum bytes to accumulate in the response. */
 	int32_t min_bytes;
-	/* v0+: The maximum bytes to fetch.  See KIP-74 for cases where this limit may not be honored. */
+	/* v0+: The maximum bytes to fetch. See KIP-74 for cases where this limit may not be honored. */
 	int32_t max_bytes;
+	/* v1+: The maximum number of records to fetch. This limit can be exceeded for alignment of bat... */
+	int32_t max_records;
+	/* v1+: The optimal number of records for batches of acquired records and acknowledgements. */
+	int32_t batch_size;
+	/* v2+: The acquire mode to control the fetch behavior - 0:batch-optimized,1:record-limit. */
+	int8_t share_acquire_mode;
+	/* v2+: Whether Renew type acknowledgements present in AcknowledgementBatches. */
+	bool is_renew_ack;
 	/* v0+: The topics to fetch. */
 	struct {
 		int32_t count; /* -1 = null */

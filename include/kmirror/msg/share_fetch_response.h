@@ -10,9 +10,9 @@
 #include "kmirror/codec.h"
 #include "kmirror/wire.h"
 
-#define KM_SHARE_FETCH_RESPONSE_MIN_VERSION 0
-#define KM_SHARE_FETCH_RESPONSE_MAX_VERSION 0
-#define KM_SHARE_FETCH_RESPONSE_FIRST_FLEXIBLE 0 /* -1: never flexible */
+#define KM_SHARE_FETCH_RESPONSE_MIN_VERSION 1
+#define KM_SHARE_FETCH_RESPONSE_MAX_VERSION 2
+#define KM_SHARE_FETCH_RESPONSE_FIRST_FLEXIBLE 1 /* -1: never flexible */
 
 /* LeaderIdAndEpoch */
 typedef struct km_share_fetch_response_leader_id_and_epoch {
@@ -46,7 +46,7 @@ typedef struct km_share_fetch_response_partition_data {
 	int16_t acknowledge_error_code;
 	/* v0+ nullable: The acknowledge error message, or null if there was no acknowledge error. */
 	km_str acknowledge_error_message;
-	/* v0+:  */
+	/* v0+: The current leader of the partition. */
 	km_share_fetch_response_leader_id_and_epoch current_leader;
 	/* v0+ nullable: The record data. */
 	km_bytes records;
@@ -83,7 +83,7 @@ typedef struct km_share_fetch_response_node_endpoint {
 	km_tagged_list unknown_tags; /* tagged fields this codec does not know, kept as they came */
 } km_share_fetch_response_node_endpoint;
 
-/* ShareFetchResponse v0-0 */
+/* ShareFetchResponse v1-2 */
 typedef struct km_share_fetch_response {
 	/* v0+: The duration in milliseconds for which the request was throttled due to a quota violati... */
 	int32_t throttle_time_ms;
@@ -91,6 +91,8 @@ typedef struct km_share_fetch_response {
 	int16_t error_code;
 	/* v0+ nullable: The top-level error message, or null if there was no error. */
 	km_str error_message;
+	/* v1+: The time in milliseconds for which the acquired records are locked. */
+	int32_t acquisition_lock_timeout_ms;
 	/* v0+: The response topics. */
 	struct {
 		int32_t count; /* -1 = null */

@@ -10,13 +10,13 @@
 #include "kmirror/codec.h"
 #include "kmirror/wire.h"
 
-#define KM_SHARE_GROUP_DESCRIBE_REQUEST_MIN_VERSION 0
-#define KM_SHARE_GROUP_DESCRIBE_REQUEST_MAX_VERSION 0
-#define KM_SHARE_GROUP_DESCRIBE_REQUEST_FIRST_FLEXIBLE 0 /* -1: never flexible */
+#define KM_SHARE_GROUP_DESCRIBE_REQUEST_MIN_VERSION 1
+#define KM_SHARE_GROUP_DESCRIBE_REQUEST_MAX_VERSION 1
+#define KM_SHARE_GROUP_DESCRIBE_REQUEST_FIRST_FLEXIBLE 1 /* -1: never flexible */
 
-/* ShareGroupDescribeRequest v0-0 */
+/* ShareGroupDescribeRequest v1-1 */
 typedef struct km_share_group_describe_request {
-	/* v0+: The ids of the groups to describe */
+	/* v0+: The ids of the groups to describe. */
 	struct {
 		int32_t count; /* -1 = null */
 		km_str *items;

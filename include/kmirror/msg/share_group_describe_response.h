@@ -10,9 +10,9 @@
 #include "kmirror/codec.h"
 #include "kmirror/wire.h"
 
-#define KM_SHARE_GROUP_DESCRIBE_RESPONSE_MIN_VERSION 0
-#define KM_SHARE_GROUP_DESCRIBE_RESPONSE_MAX_VERSION 0
-#define KM_SHARE_GROUP_DESCRIBE_RESPONSE_FIRST_FLEXIBLE 0 /* -1: never flexible */
+#define KM_SHARE_GROUP_DESCRIBE_RESPONSE_MIN_VERSION 1
+#define KM_SHARE_GROUP_DESCRIBE_RESPONSE_MAX_VERSION 1
+#define KM_SHARE_GROUP_DESCRIBE_RESPONSE_FIRST_FLEXIBLE 1 /* -1: never flexible */
 
 /* TopicPartitions */
 typedef struct km_share_group_describe_response_topic_partitions {
@@ -86,7 +86,7 @@ typedef struct km_share_group_describe_response_described_group {
 	km_tagged_list unknown_tags; /* tagged fields this codec does not know, kept as they came */
 } km_share_group_describe_response_described_group;
 
-/* ShareGroupDescribeResponse v0-0 */
+/* ShareGroupDescribeResponse v1-1 */
 typedef struct km_share_group_describe_response {
 	/* v0+: The duration in milliseconds for which the request was throttled due to a quota violati... */
 	int32_t throttle_time_ms;

@@ -16,7 +16,7 @@
 
 /* SnapshotFooterRecord v0-0 */
 typedef struct km_snapshot_footer_record {
-	/* v0+: The version of the snapshot footer record */
+	/* v0+: The version of the snapshot footer record. */
 	int16_t version;
 	km_tagged_list unknown_tags; /* tagged fields this codec does not know, kept as they came */
 } km_snapshot_footer_record;

@@ -16,9 +16,9 @@
 
 /* SnapshotHeaderRecord v0-0 */
 typedef struct km_snapshot_header_record {
-	/* v0+: The version of the snapshot header record */
+	/* v0+: The version of the snapshot header record. */
 	int16_t version;
-	/* v0+: The append time of the last record from the log contained in this snapshot */
+	/* v0+: The append time of the last record from the log contained in this snapshot. */
 	int64_t last_contained_log_timestamp;
 	km_tagged_list unknown_tags; /* tagged fields this codec does not know, kept as they came */
 } km_snapshot_header_record;

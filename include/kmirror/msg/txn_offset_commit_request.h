@@ -11,7 +11,7 @@
 #include "kmirror/wire.h"
 
 #define KM_TXN_OFFSET_COMMIT_REQUEST_MIN_VERSION 0
-#define KM_TXN_OFFSET_COMMIT_REQUEST_MAX_VERSION 4
+#define KM_TXN_OFFSET_COMMIT_REQUEST_MAX_VERSION 6
 #define KM_TXN_OFFSET_COMMIT_REQUEST_FIRST_FLEXIBLE 3 /* -1: never flexible */
 
 /* TxnOffsetCommitRequestPartition */
@@ -29,8 +29,10 @@ typedef struct km_txn_offset_commit_request_partition {
 
 /* TxnOffsetCommitRequestTopic */
 typedef struct km_txn_offset_commit_request_topic {
-	/* v0+: The topic name. */
+	/* v0-5: The topic name. */
 	km_str name;
+	/* v6+: The topic ID. */
+	km_uuid topic_id;
 	/* v0+: The partitions inside the topic that we want to commit offsets for. */
 	struct {
 		int32_t count; /* -1 = null */
@@ -39,7 +41,7 @@ typedef struct km_txn_offset_commit_request_topic {
 	km_tagged_list unknown_tags; /* tagged fields this codec does not know, kept as they came */
 } km_txn_offset_commit_request_topic;
 
-/* TxnOffsetCommitRequest v0-4 */
+/* TxnOffsetCommitRequest v0-6 */
 typedef struct km_txn_offset_commit_request {
 	/* v0+: The ID of the transaction. */
 	km_str transactional_id;
@@ -49,8 +51,8 @@ typedef struct km_txn_offset_commit_request {
 	int64_t producer_id;
 	/* v0+: The current epoch associated with the producer ID. */
 	int16_t producer_epoch;
-	/* v3+: The generation of the consumer. */
-	int32_t generation_id;
+	/* v3+: The generation of the group if using the classic group protocol or the member epoch if... */
+	int32_t generation_id_or_member_epoch;
 	/* v3+: The member ID assigned by the group coordinator. */
 	km_str member_id;
 	/* v3+ nullable: The unique identifier of the consumer instance provided by end user. */

@@ -11,7 +11,7 @@
 #include "kmirror/wire.h"
 
 #define KM_TXN_OFFSET_COMMIT_RESPONSE_MIN_VERSION 0
-#define KM_TXN_OFFSET_COMMIT_RESPONSE_MAX_VERSION 4
+#define KM_TXN_OFFSET_COMMIT_RESPONSE_MAX_VERSION 6
 #define KM_TXN_OFFSET_COMMIT_RESPONSE_FIRST_FLEXIBLE 3 /* -1: never flexible */
 
 /* TxnOffsetCommitResponsePartition */
@@ -25,8 +25,10 @@ typedef struct km_txn_offset_commit_response_partition {
 
 /* TxnOffsetCommitResponseTopic */
 typedef struct km_txn_offset_commit_response_topic {
-	/* v0+: The topic name. */
+	/* v0-5: The topic name. */
 	km_str name;
+	/* v6+: The topic ID. */
+	km_uuid topic_id;
 	/* v0+: The responses for each partition in the topic. */
 	struct {
 		int32_t count; /* -1 = null */
@@ -35,7 +37,7 @@ typedef struct km_txn_offset_commit_response_topic {
 	km_tagged_list unknown_tags; /* tagged fields this codec does not know, kept as they came */
 } km_txn_offset_commit_response_topic;
 
-/* TxnOffsetCommitResponse v0-4 */
+/* TxnOffsetCommitResponse v0-6 */
 typedef struct km_txn_offset_commit_response {
 	/* v0+: The duration in milliseconds for which the request was throttled due to a quota violati... */
 	int32_t throttle_time_ms;

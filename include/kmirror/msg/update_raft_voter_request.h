@@ -16,40 +16,40 @@
 
 /* Listener */
 typedef struct km_update_raft_voter_request_listener {
-	/* v0+: The name of the endpoint */
+	/* v0+: The name of the endpoint. */
 	km_str name;
-	/* v0+: The hostname */
+	/* v0+: The hostname. */
 	km_str host;
-	/* v0+: The port */
+	/* v0+: The port. */
 	uint16_t port;
 	km_tagged_list unknown_tags; /* tagged fields this codec does not know, kept as they came */
 } km_update_raft_voter_request_listener;
 
 /* KRaftVersionFeature */
 typedef struct km_update_raft_voter_request_k_raft_version_feature {
-	/* v0+: The minimum supported KRaft protocol version */
+	/* v0+: The minimum supported KRaft protocol version. */
 	int16_t min_supported_version;
-	/* v0+: The maximum supported KRaft protocol version */
+	/* v0+: The maximum supported KRaft protocol version. */
 	int16_t max_supported_version;
 	km_tagged_list unknown_tags; /* tagged fields this codec does not know, kept as they came */
 } km_update_raft_voter_request_k_raft_version_feature;
 
 /* UpdateRaftVoterRequest v0-0 */
 typedef struct km_update_raft_voter_request {
-	/* v0+ nullable:  */
+	/* v0+ nullable: The cluster id. */
 	km_str cluster_id;
-	/* v0+: The current leader epoch of the partition, -1 for unknown leader epoch */
+	/* v0+: The current leader epoch of the partition, -1 for unknown leader epoch. */
 	int32_t current_leader_epoch;
-	/* v0+: The replica id of the voter getting updated in the topic partition */
+	/* v0+: The replica id of the voter getting updated in the topic partition. */
 	int32_t voter_id;
-	/* v0+: The directory id of the voter getting updated in the topic partition */
+	/* v0+: The directory id of the voter getting updated in the topic partition. */
 	km_uuid voter_directory_id;
-	/* v0+: The endpoint that can be used to communicate with the leader */
+	/* v0+: The endpoint that can be used to communicate with the leader. */
 	struct {
 		int32_t count; /* -1 = null */
 		km_update_raft_voter_request_listener *items;
 	} listeners;
-	/* v0+: The range of versions of the protocol that the replica supports */
+	/* v0+: The range of versions of the protocol that the replica supports. */
 	km_update_raft_voter_request_k_raft_version_feature k_raft_version_feature;
 	km_tagged_list unknown_tags; /* tagged fields this codec does not know, kept as they came */
 } km_update_raft_voter_request;

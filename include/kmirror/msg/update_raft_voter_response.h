@@ -16,13 +16,13 @@
 
 /* CurrentLeader */
 typedef struct km_update_raft_voter_response_current_leader {
-	/* v0+: The replica id of the current leader or -1 if the leader is unknown */
+	/* v0+: The replica id of the current leader or -1 if the leader is unknown. */
 	int32_t leader_id;
-	/* v0+: The latest known leader epoch */
+	/* v0+: The latest known leader epoch. */
 	int32_t leader_epoch;
-	/* v0+: The node's hostname */
+	/* v0+: The node's hostname. */
 	km_str host;
-	/* v0+: The node's port */
+	/* v0+: The node's port. */
 	int32_t port;
 	km_tagged_list unknown_tags; /* tagged fields this codec does not know, kept as they came */
 } km_update_raft_voter_response_current_leader;
@@ -31,9 +31,9 @@ typedef struct km_update_raft_voter_response_current_leader {
 typedef struct km_update_raft_voter_response {
 	/* v0+: The duration in milliseconds for which the request was throttled due to a quota violati... */
 	int32_t throttle_time_ms;
-	/* v0+: The error code, or 0 if there was no error */
+	/* v0+: The error code, or 0 if there was no error. */
 	int16_t error_code;
-	/* v0+ tag 0:  */
+	/* v0+ tag 0: Details of the current Raft cluster leader. */
 	km_update_raft_voter_response_current_leader current_leader;
 	km_tagged_list unknown_tags; /* tagged fields this codec does not know, kept as they came */
 } km_update_raft_voter_response;

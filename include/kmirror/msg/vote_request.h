@@ -11,25 +11,27 @@
 #include "kmirror/wire.h"
 
 #define KM_VOTE_REQUEST_MIN_VERSION 0
-#define KM_VOTE_REQUEST_MAX_VERSION 1
+#define KM_VOTE_REQUEST_MAX_VERSION 2
 #define KM_VOTE_REQUEST_FIRST_FLEXIBLE 0 /* -1: never flexible */
 
 /* PartitionData */
 typedef struct km_vote_request_partition_data {
 	/* v0+: The partition index. */
 	int32_t partition_index;
-	/* v0+: The bumped epoch of the candidate sending the request */
-	int32_t candidate_epoch;
+	/* v0+: The epoch of the voter sending the request */
+	int32_t replica_epoch;
 	/* v0+: The replica id of the voter sending the request */
-	int32_t candidate_id;
+	int32_t replica_id;
 	/* v1+: The directory id of the voter sending the request */
-	km_uuid candidate_directory_id;
-	/* v1+: The ID of the voter sending the request */
+	km_uuid replica_directory_id;
+	/* v1+: The directory id of the voter receiving the request */
 	km_uuid voter_directory_id;
-	/* v0+: The epoch of the last record written to the metadata log */
+	/* v0+: The epoch of the last record written to the metadata log. */
 	int32_t last_offset_epoch;
-	/* v0+: The offset of the last record written to the metadata log */
+	/* v0+: The log end offset of the metadata log of the voter sending the request. */
 	int64_t last_offset;
+	/* v2+: Whether the request is a PreVote request (not persisted) or not. */
+	bool pre_vote;
 	km_tagged_list unknown_tags; /* tagged fields this codec does not know, kept as they came */
 } km_vote_request_partition_data;
 
@@ -37,7 +39,7 @@ typedef struct km_vote_request_partition_data {
 typedef struct km_vote_request_topic_data {
 	/* v0+: The topic name. */
 	km_str topic_name;
-	/* v0+:  */
+	/* v0+: The partition data. */
 	struct {
 		int32_t count; /* -1 = null */
 		km_vote_request_partition_data *items;
@@ -45,13 +47,13 @@ typedef struct km_vote_request_topic_data {
 	km_tagged_list unknown_tags; /* tagged fields this codec does not know, kept as they came */
 } km_vote_request_topic_data;
 
-/* VoteRequest v0-1 */
+/* VoteRequest v0-2 */
 typedef struct km_vote_request {
-	/* v0+ nullable:  */
+	/* v0+ nullable: The cluster id. */
 	km_str cluster_id;
-	/* v1+: The replica id of the voter receiving the request */
+	/* v1+: The replica id of the voter receiving the request. */
 	int32_t voter_id;
-	/* v0+:  */
+	/* v0+: The topic data. */
 	struct {
 		int32_t count; /* -1 = null */
 		km_vote_request_topic_data *items;

@@ -11,20 +11,20 @@
 #include "kmirror/wire.h"
 
 #define KM_VOTE_RESPONSE_MIN_VERSION 0
-#define KM_VOTE_RESPONSE_MAX_VERSION 1
+#define KM_VOTE_RESPONSE_MAX_VERSION 2
 #define KM_VOTE_RESPONSE_FIRST_FLEXIBLE 0 /* -1: never flexible */
 
 /* PartitionData */
 typedef struct km_vote_response_partition_data {
 	/* v0+: The partition index. */
 	int32_t partition_index;
-	/* v0+:  */
+	/* v0+: The partition level error code. */
 	int16_t error_code;
 	/* v0+: The ID of the current leader or -1 if the leader is unknown. */
 	int32_t leader_id;
-	/* v0+: The latest known leader epoch */
+	/* v0+: The latest known leader epoch. */
 	int32_t leader_epoch;
-	/* v0+: True if the vote was granted and false otherwise */
+	/* v0+: True if the vote was granted and false otherwise. */
 	bool vote_granted;
 	km_tagged_list unknown_tags; /* tagged fields this codec does not know, kept as they came */
 } km_vote_response_partition_data;
@@ -33,7 +33,7 @@ typedef struct km_vote_response_partition_data {
 typedef struct km_vote_response_topic_data {
 	/* v0+: The topic name. */
 	km_str topic_name;
-	/* v0+:  */
+	/* v0+: The results for each partition. */
 	struct {
 		int32_t count; /* -1 = null */
 		km_vote_response_partition_data *items;
@@ -43,25 +43,25 @@ typedef struct km_vote_response_topic_data {
 
 /* NodeEndpoint */
 typedef struct km_vote_response_node_endpoint {
-	/* v1+: The ID of the associated node */
+	/* v1+: The ID of the associated node. */
 	int32_t node_id;
-	/* v1+: The node's hostname */
+	/* v1+: The node's hostname. */
 	km_str host;
-	/* v1+: The node's port */
+	/* v1+: The node's port. */
 	uint16_t port;
 	km_tagged_list unknown_tags; /* tagged fields this codec does not know, kept as they came */
 } km_vote_response_node_endpoint;
 
-/* VoteResponse v0-1 */
+/* VoteResponse v0-2 */
 typedef struct km_vote_response {
 	/* v0+: The top level error code. */
 	int16_t error_code;
-	/* v0+:  */
+	/* v0+: The results for each topic. */
 	struct {
 		int32_t count; /* -1 = null */
 		km_vote_response_topic_data *items;
 	} topics;
-	/* v1+ tag 0: Endpoints for all current-leaders enumerated in PartitionData */
+	/* v1+ tag 0: Endpoints for all current-leaders enumerated in PartitionData. */
 	struct {
 		int32_t count; /* -1 = null */
 		km_vote_response_node_endpoint *items;

@@ -16,45 +16,45 @@
 
 /* Endpoint */
 typedef struct km_voters_record_endpoint {
-	/* v0+: The name of the endpoint */
+	/* v0+: The name of the endpoint. */
 	km_str name;
-	/* v0+: The hostname */
+	/* v0+: The hostname. */
 	km_str host;
-	/* v0+: The port */
+	/* v0+: The port. */
 	uint16_t port;
 	km_tagged_list unknown_tags; /* tagged fields this codec does not know, kept as they came */
 } km_voters_record_endpoint;
 
 /* KRaftVersionFeature */
 typedef struct km_voters_record_k_raft_version_feature {
-	/* v0+: The minimum supported KRaft protocol version */
+	/* v0+: The minimum supported KRaft protocol version. */
 	int16_t min_supported_version;
-	/* v0+: The maximum supported KRaft protocol version */
+	/* v0+: The maximum supported KRaft protocol version. */
 	int16_t max_supported_version;
 	km_tagged_list unknown_tags; /* tagged fields this codec does not know, kept as they came */
 } km_voters_record_k_raft_version_feature;
 
 /* Voter */
 typedef struct km_voters_record_voter {
-	/* v0+: The replica id of the voter in the topic partition */
+	/* v0+: The replica id of the voter in the topic partition. */
 	int32_t voter_id;
-	/* v0+: The directory id of the voter in the topic partition */
+	/* v0+: The directory id of the voter in the topic partition. */
 	km_uuid voter_directory_id;
-	/* v0+: The endpoint that can be used to communicate with the voter */
+	/* v0+: The endpoint that can be used to communicate with the voter. */
 	struct {
 		int32_t count; /* -1 = null */
 		km_voters_record_endpoint *items;
 	} endpoints;
-	/* v0+: The range of versions of the protocol that the replica supports */
+	/* v0+: The range of versions of the protocol that the replica supports. */
 	km_voters_record_k_raft_version_feature k_raft_version_feature;
 	km_tagged_list unknown_tags; /* tagged fields this codec does not know, kept as they came */
 } km_voters_record_voter;
 
 /* VotersRecord v0-0 */
 typedef struct km_voters_record {
-	/* v0+: The version of the voters record */
+	/* v0+: The version of the voters record. */
 	int16_t version;
-	/* v0+:  */
+	/* v0+: The set of voters in the quorum for this epoch. */
 	struct {
 		int32_t count; /* -1 = null */
 		km_voters_record_voter *items;

@@ -11,16 +11,16 @@
 #include "kmirror/wire.h"
 
 #define KM_WRITE_SHARE_GROUP_STATE_REQUEST_MIN_VERSION 0
-#define KM_WRITE_SHARE_GROUP_STATE_REQUEST_MAX_VERSION 0
+#define KM_WRITE_SHARE_GROUP_STATE_REQUEST_MAX_VERSION 1
 #define KM_WRITE_SHARE_GROUP_STATE_REQUEST_FIRST_FLEXIBLE 0 /* -1: never flexible */
 
 /* StateBatch */
 typedef struct km_write_share_group_state_request_state_batch {
-	/* v0+: The base offset of this state batch. */
+	/* v0+: The first offset of this state batch. */
 	int64_t first_offset;
 	/* v0+: The last offset of this state batch. */
 	int64_t last_offset;
-	/* v0+: The state - 0:Available,2:Acked,4:Archived */
+	/* v0+: The delivery state - 0:Available,2:Acked,4:Archived. */
 	int8_t delivery_state;
 	/* v0+: The delivery count. */
 	int16_t delivery_count;
@@ -31,13 +31,15 @@ typedef struct km_write_share_group_state_request_state_batch {
 typedef struct km_write_share_group_state_request_partition_data {
 	/* v0+: The partition index. */
 	int32_t partition;
-	/* v0+: The state epoch for this share-partition. */
+	/* v0+: The state epoch of the share-partition. */
 	int32_t state_epoch;
 	/* v0+: The leader epoch of the share-partition. */
 	int32_t leader_epoch;
 	/* v0+: The share-partition start offset, or -1 if the start offset is not being written. */
 	int64_t start_offset;
-	/* v0+:  */
+	/* v1+: The number of offsets greater than or equal to share-partition start offset for which d... */
+	int32_t delivery_complete_count;
+	/* v0+: The state batches for the share-partition. */
 	struct {
 		int32_t count; /* -1 = null */
 		km_write_share_group_state_request_state_batch *items;
@@ -57,7 +59,7 @@ typedef struct km_write_share_group_state_request_write_state_data {
 	km_tagged_list unknown_tags; /* tagged fields this codec does not know, kept as they came */
 } km_write_share_group_state_request_write_state_data;
 
-/* WriteShareGroupStateRequest v0-0 */
+/* WriteShareGroupStateRequest v0-1 */
 typedef struct km_write_share_group_state_request {
 	/* v0+: The group identifier. */
 	km_str group_id;

@@ -11,7 +11,7 @@
 #include "kmirror/wire.h"
 
 #define KM_WRITE_SHARE_GROUP_STATE_RESPONSE_MIN_VERSION 0
-#define KM_WRITE_SHARE_GROUP_STATE_RESPONSE_MAX_VERSION 0
+#define KM_WRITE_SHARE_GROUP_STATE_RESPONSE_MAX_VERSION 1
 #define KM_WRITE_SHARE_GROUP_STATE_RESPONSE_FIRST_FLEXIBLE 0 /* -1: never flexible */
 
 /* PartitionResult */
@@ -27,7 +27,7 @@ typedef struct km_write_share_group_state_response_partition_result {
 
 /* WriteStateResult */
 typedef struct km_write_share_group_state_response_write_state_result {
-	/* v0+: The topic identifier */
+	/* v0+: The topic identifier. */
 	km_uuid topic_id;
 	/* v0+: The results for the partitions. */
 	struct {
@@ -37,9 +37,9 @@ typedef struct km_write_share_group_state_response_write_state_result {
 	km_tagged_list unknown_tags; /* tagged fields this codec does not know, kept as they came */
 } km_write_share_group_state_response_write_state_result;
 
-/* WriteShareGroupStateResponse v0-0 */
+/* WriteShareGroupStateResponse v0-1 */
 typedef struct km_write_share_group_state_response {
-	/* v0+: The write results */
+	/* v0+: The write results. */
 	struct {
 		int32_t count; /* -1 = null */
 		km_write_share_group_state_response_write_state_result *items;

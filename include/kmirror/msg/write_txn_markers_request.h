@@ -10,8 +10,8 @@
 #include "kmirror/codec.h"
 #include "kmirror/wire.h"
 
-#define KM_WRITE_TXN_MARKERS_REQUEST_MIN_VERSION 0
-#define KM_WRITE_TXN_MARKERS_REQUEST_MAX_VERSION 1
+#define KM_WRITE_TXN_MARKERS_REQUEST_MIN_VERSION 1
+#define KM_WRITE_TXN_MARKERS_REQUEST_MAX_VERSION 2
 #define KM_WRITE_TXN_MARKERS_REQUEST_FIRST_FLEXIBLE 1 /* -1: never flexible */
 
 /* WritableTxnMarkerTopic */
@@ -41,10 +41,12 @@ typedef struct km_write_txn_markers_request_writable_txn_marker {
 	} topics;
 	/* v0+: Epoch associated with the transaction state partition hosted by this transaction coordi... */
 	int32_t coordinator_epoch;
+	/* v2+: Transaction version of the marker. Ex: 0/1 = legacy (TV0/TV1), 2 = TV2 etc. */
+	int8_t transaction_version;
 	km_tagged_list unknown_tags; /* tagged fields this codec does not know, kept as they came */
 } km_write_txn_markers_request_writable_txn_marker;
 
-/* WriteTxnMarkersRequest v0-1 */
+/* WriteTxnMarkersRequest v1-2 */
 typedef struct km_write_txn_markers_request {
 	/* v0+: The transaction markers to be written. */
 	struct {

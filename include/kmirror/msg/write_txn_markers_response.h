@@ -10,8 +10,8 @@
 #include "kmirror/codec.h"
 #include "kmirror/wire.h"
 
-#define KM_WRITE_TXN_MARKERS_RESPONSE_MIN_VERSION 0
-#define KM_WRITE_TXN_MARKERS_RESPONSE_MAX_VERSION 1
+#define KM_WRITE_TXN_MARKERS_RESPONSE_MIN_VERSION 1
+#define KM_WRITE_TXN_MARKERS_RESPONSE_MAX_VERSION 2
 #define KM_WRITE_TXN_MARKERS_RESPONSE_FIRST_FLEXIBLE 1 /* -1: never flexible */
 
 /* WritableTxnMarkerPartitionResult */
@@ -47,7 +47,7 @@ typedef struct km_write_txn_markers_response_writable_txn_marker_result {
 	km_tagged_list unknown_tags; /* tagged fields this codec does not know, kept as they came */
 } km_write_txn_markers_response_writable_txn_marker_result;
 
-/* WriteTxnMarkersResponse v0-1 */
+/* WriteTxnMarkersResponse v1-2 */
 typedef struct km_write_txn_markers_response {
 	/* v0+: The results for writing makers. */
 	struct {

@@ -72,6 +72,7 @@ static size_t km_add_raft_voter_request_listener_sz(int16_t v, const km_add_raft
 void km_add_raft_voter_request_init(km_add_raft_voter_request *m)
 {
 	memset(m, 0, sizeof(*m));
+	m->ack_when_committed = true;
 }
 
 static bool km_add_raft_voter_request_dec(km_rd *r, int16_t v, km_add_raft_voter_request *m, km_arena *a)
@@ -105,6 +106,10 @@ static bool km_add_raft_voter_request_dec(km_rd *r, int16_t v, km_add_raft_voter
 			}
 		}
 	}
+	if (v >= 1) {
+		if (!km_rd_bool(r, "AckWhenCommitted", &m->ack_when_committed))
+			return false;
+	}
 	if (flex) {
 		if (!km_codec_rd_tags(r, "AddRaftVoterRequest.TaggedFields", &m->unknown_tags, a))
 			return false;
@@ -117,6 +122,8 @@ static void km_add_raft_voter_request_enc(km_wr *w, int16_t v, const km_add_raft
 	const bool flex = true;
 	(void)flex;
 	(void)v;
+	if (!(v >= 1) && m->ack_when_committed != true)
+		km_codec_wr_fail(w, KM_ERR_ENCODE);
 	km_wr_string(w, flex, m->cluster_id);
 	km_wr_i32(w, m->timeout_ms);
 	km_wr_i32(w, m->voter_id);
@@ -126,6 +133,9 @@ static void km_add_raft_voter_request_enc(km_wr *w, int16_t v, const km_add_raft
 	km_wr_array_len(w, flex, m->listeners.count);
 	for (int32_t i = 0; i < m->listeners.count; i++) {
 		km_add_raft_voter_request_listener_enc(w, v, &m->listeners.items[i]);
+	}
+	if (v >= 1) {
+		km_wr_bool(w, m->ack_when_committed);
 	}
 	if (flex) {
 		km_codec_wr_tags(w, &m->unknown_tags, 0, UINT64_MAX, true);
@@ -145,6 +155,9 @@ static size_t km_add_raft_voter_request_sz(int16_t v, const km_add_raft_voter_re
 	n += km_sz_array_len(flex, m->listeners.count);
 	for (int32_t i = 0; i < m->listeners.count; i++)
 		n += km_add_raft_voter_request_listener_sz(v, &m->listeners.items[i]);
+	if (v >= 1) {
+		n += 1;
+	}
 	if (flex) {
 		uint32_t ntags = (uint32_t)(m->unknown_tags.count > 0 ? m->unknown_tags.count : 0);
 		n += km_codec_sz_tags(&m->unknown_tags);
@@ -156,7 +169,7 @@ static size_t km_add_raft_voter_request_sz(int16_t v, const km_add_raft_voter_re
 km_err km_add_raft_voter_request_decode(km_rd *r, int16_t v, km_add_raft_voter_request *m, km_arena *a)
 {
 	km_add_raft_voter_request_init(m);
-	if (v < 0 || v > 0)
+	if (v < 0 || v > 1)
 		return km_codec_rd_unsupported(r, "AddRaftVoterRequest");
 	km_add_raft_voter_request_dec(r, v, m, a);
 	return r->err;
@@ -164,7 +177,7 @@ km_err km_add_raft_voter_request_decode(km_rd *r, int16_t v, km_add_raft_voter_r
 
 void km_add_raft_voter_request_encode(km_wr *w, int16_t v, const km_add_raft_voter_request *m)
 {
-	if (v < 0 || v > 0) {
+	if (v < 0 || v > 1) {
 		km_codec_wr_fail(w, KM_ERR_UNSUPPORTED);
 		return;
 	}
@@ -173,7 +186,7 @@ void km_add_raft_voter_request_encode(km_wr *w, int16_t v, const km_add_raft_vot
 
 size_t km_add_raft_voter_request_size(int16_t v, const km_add_raft_voter_request *m)
 {
-	if (v < 0 || v > 0)
+	if (v < 0 || v > 1)
 		return 0;
 	return km_add_raft_voter_request_sz(v, m);
 }

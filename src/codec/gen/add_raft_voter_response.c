@@ -65,7 +65,7 @@ static size_t km_add_raft_voter_response_sz(int16_t v, const km_add_raft_voter_r
 km_err km_add_raft_voter_response_decode(km_rd *r, int16_t v, km_add_raft_voter_response *m, km_arena *a)
 {
 	km_add_raft_voter_response_init(m);
-	if (v < 0 || v > 0)
+	if (v < 0 || v > 1)
 		return km_codec_rd_unsupported(r, "AddRaftVoterResponse");
 	km_add_raft_voter_response_dec(r, v, m, a);
 	return r->err;
@@ -73,7 +73,7 @@ km_err km_add_raft_voter_response_decode(km_rd *r, int16_t v, km_add_raft_voter_
 
 void km_add_raft_voter_response_encode(km_wr *w, int16_t v, const km_add_raft_voter_response *m)
 {
-	if (v < 0 || v > 0) {
+	if (v < 0 || v > 1) {
 		km_codec_wr_fail(w, KM_ERR_UNSUPPORTED);
 		return;
 	}
@@ -82,7 +82,7 @@ void km_add_raft_voter_response_encode(km_wr *w, int16_t v, const km_add_raft_vo
 
 size_t km_add_raft_voter_response_size(int16_t v, const km_add_raft_voter_response *m)
 {
-	if (v < 0 || v > 0)
+	if (v < 0 || v > 1)
 		return 0;
 	return km_add_raft_voter_response_sz(v, m);
 }

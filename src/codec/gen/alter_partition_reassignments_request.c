@@ -162,6 +162,7 @@ void km_alter_partition_reassignments_request_init(km_alter_partition_reassignme
 {
 	memset(m, 0, sizeof(*m));
 	m->timeout_ms = 60000;
+	m->allow_replication_factor_change = true;
 }
 
 static bool km_alter_partition_reassignments_request_dec(km_rd *r, int16_t v, km_alter_partition_reassignments_request *m, km_arena *a)
@@ -172,6 +173,10 @@ static bool km_alter_partition_reassignments_request_dec(km_rd *r, int16_t v, km
 	(void)v;
 	if (!km_rd_i32(r, "TimeoutMs", &m->timeout_ms))
 		return false;
+	if (v >= 1) {
+		if (!km_rd_bool(r, "AllowReplicationFactorChange", &m->allow_replication_factor_change))
+			return false;
+	}
 	{
 		int32_t cnt;
 		if (!km_rd_array_len(r, "Topics", flex, false, 3, &cnt))
@@ -201,7 +206,12 @@ static void km_alter_partition_reassignments_request_enc(km_wr *w, int16_t v, co
 	const bool flex = true;
 	(void)flex;
 	(void)v;
+	if (!(v >= 1) && m->allow_replication_factor_change != true)
+		km_codec_wr_fail(w, KM_ERR_ENCODE);
 	km_wr_i32(w, m->timeout_ms);
+	if (v >= 1) {
+		km_wr_bool(w, m->allow_replication_factor_change);
+	}
 	if (m->topics.count < 0)
 		km_codec_wr_fail(w, KM_ERR_ENCODE);
 	km_wr_array_len(w, flex, m->topics.count);
@@ -220,6 +230,9 @@ static size_t km_alter_partition_reassignments_request_sz(int16_t v, const km_al
 	(void)flex;
 	(void)v;
 	n += 4;
+	if (v >= 1) {
+		n += 1;
+	}
 	n += km_sz_array_len(flex, m->topics.count);
 	for (int32_t i = 0; i < m->topics.count; i++)
 		n += km_alter_partition_reassignments_request_reassignable_topic_sz(v, &m->topics.items[i]);
@@ -234,7 +247,7 @@ static size_t km_alter_partition_reassignments_request_sz(int16_t v, const km_al
 km_err km_alter_partition_reassignments_request_decode(km_rd *r, int16_t v, km_alter_partition_reassignments_request *m, km_arena *a)
 {
 	km_alter_partition_reassignments_request_init(m);
-	if (v < 0 || v > 0)
+	if (v < 0 || v > 1)
 		return km_codec_rd_unsupported(r, "AlterPartitionReassignmentsRequest");
 	km_alter_partition_reassignments_request_dec(r, v, m, a);
 	return r->err;
@@ -242,7 +255,7 @@ km_err km_alter_partition_reassignments_request_decode(km_rd *r, int16_t v, km_a
 
 void km_alter_partition_reassignments_request_encode(km_wr *w, int16_t v, const km_alter_partition_reassignments_request *m)
 {
-	if (v < 0 || v > 0) {
+	if (v < 0 || v > 1) {
 		km_codec_wr_fail(w, KM_ERR_UNSUPPORTED);
 		return;
 	}
@@ -251,7 +264,7 @@ void km_alter_partition_reassignments_request_encode(km_wr *w, int16_t v, const 
 
 size_t km_alter_partition_reassignments_request_size(int16_t v, const km_alter_partition_reassignments_request *m)
 {
-	if (v < 0 || v > 0)
+	if (v < 0 || v > 1)
 		return 0;
 	return km_alter_partition_reassignments_request_sz(v, m);
 }

@@ -145,6 +145,7 @@ static size_t km_alter_partition_reassignments_response_reassignable_topic_respo
 void km_alter_partition_reassignments_response_init(km_alter_partition_reassignments_response *m)
 {
 	memset(m, 0, sizeof(*m));
+	m->allow_replication_factor_change = true;
 }
 
 static bool km_alter_partition_reassignments_response_dec(km_rd *r, int16_t v, km_alter_partition_reassignments_response *m, km_arena *a)
@@ -155,6 +156,10 @@ static bool km_alter_partition_reassignments_response_dec(km_rd *r, int16_t v, k
 	(void)v;
 	if (!km_rd_i32(r, "ThrottleTimeMs", &m->throttle_time_ms))
 		return false;
+	if (v >= 1) {
+		if (!km_rd_bool(r, "AllowReplicationFactorChange", &m->allow_replication_factor_change))
+			return false;
+	}
 	if (!km_rd_i16(r, "ErrorCode", &m->error_code))
 		return false;
 	if (!km_rd_string(r, "ErrorMessage", flex, true, &m->error_message))
@@ -189,6 +194,9 @@ static void km_alter_partition_reassignments_response_enc(km_wr *w, int16_t v, c
 	(void)flex;
 	(void)v;
 	km_wr_i32(w, m->throttle_time_ms);
+	if (v >= 1) {
+		km_wr_bool(w, m->allow_replication_factor_change);
+	}
 	km_wr_i16(w, m->error_code);
 	km_wr_string(w, flex, m->error_message);
 	if (m->responses.count < 0)
@@ -209,6 +217,9 @@ static size_t km_alter_partition_reassignments_response_sz(int16_t v, const km_a
 	(void)flex;
 	(void)v;
 	n += 4;
+	if (v >= 1) {
+		n += 1;
+	}
 	n += 2;
 	n += km_sz_string(flex, m->error_message);
 	n += km_sz_array_len(flex, m->responses.count);
@@ -225,7 +236,7 @@ static size_t km_alter_partition_reassignments_response_sz(int16_t v, const km_a
 km_err km_alter_partition_reassignments_response_decode(km_rd *r, int16_t v, km_alter_partition_reassignments_response *m, km_arena *a)
 {
 	km_alter_partition_reassignments_response_init(m);
-	if (v < 0 || v > 0)
+	if (v < 0 || v > 1)
 		return km_codec_rd_unsupported(r, "AlterPartitionReassignmentsResponse");
 	km_alter_partition_reassignments_response_dec(r, v, m, a);
 	return r->err;
@@ -233,7 +244,7 @@ km_err km_alter_partition_reassignments_response_decode(km_rd *r, int16_t v, km_
 
 void km_alter_partition_reassignments_response_encode(km_wr *w, int16_t v, const km_alter_partition_reassignments_response *m)
 {
-	if (v < 0 || v > 0) {
+	if (v < 0 || v > 1) {
 		km_codec_wr_fail(w, KM_ERR_UNSUPPORTED);
 		return;
 	}
@@ -242,7 +253,7 @@ void km_alter_partition_reassignments_response_encode(km_wr *w, int16_t v, const
 
 size_t km_alter_partition_reassignments_response_size(int16_t v, const km_alter_partition_reassignments_response *m)
 {
-	if (v < 0 || v > 0)
+	if (v < 0 || v > 1)
 		return 0;
 	return km_alter_partition_reassignments_response_sz(v, m);
 }

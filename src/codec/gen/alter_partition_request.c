@@ -136,10 +136,8 @@ static bool km_alter_partition_request_partition_data_dec(km_rd *r, int16_t v, k
 			}
 		}
 	}
-	if (v >= 1) {
-		if (!km_rd_i8(r, "PartitionData.LeaderRecoveryState", &m->leader_recovery_state))
-			return false;
-	}
+	if (!km_rd_i8(r, "PartitionData.LeaderRecoveryState", &m->leader_recovery_state))
+		return false;
 	if (!km_rd_i32(r, "PartitionData.PartitionEpoch", &m->partition_epoch))
 		return false;
 	if (flex) {
@@ -157,8 +155,6 @@ static void km_alter_partition_request_partition_data_enc(km_wr *w, int16_t v, c
 	if (!(v <= 2) && m->new_isr.count != 0)
 		km_codec_wr_fail(w, KM_ERR_ENCODE);
 	if (!(v >= 3) && m->new_isr_with_epochs.count != 0)
-		km_codec_wr_fail(w, KM_ERR_ENCODE);
-	if (!(v >= 1) && m->leader_recovery_state != 0)
 		km_codec_wr_fail(w, KM_ERR_ENCODE);
 	km_wr_i32(w, m->partition_index);
 	km_wr_i32(w, m->leader_epoch);
@@ -178,9 +174,7 @@ static void km_alter_partition_request_partition_data_enc(km_wr *w, int16_t v, c
 			km_alter_partition_request_broker_state_enc(w, v, &m->new_isr_with_epochs.items[i]);
 		}
 	}
-	if (v >= 1) {
-		km_wr_i8(w, m->leader_recovery_state);
-	}
+	km_wr_i8(w, m->leader_recovery_state);
 	km_wr_i32(w, m->partition_epoch);
 	if (flex) {
 		km_codec_wr_tags(w, &m->unknown_tags, 0, UINT64_MAX, true);
@@ -205,9 +199,7 @@ static size_t km_alter_partition_request_partition_data_sz(int16_t v, const km_a
 		for (int32_t i = 0; i < m->new_isr_with_epochs.count; i++)
 			n += km_alter_partition_request_broker_state_sz(v, &m->new_isr_with_epochs.items[i]);
 	}
-	if (v >= 1) {
-		n += 1;
-	}
+	n += 1;
 	n += 4;
 	if (flex) {
 		uint32_t ntags = (uint32_t)(m->unknown_tags.count > 0 ? m->unknown_tags.count : 0);
@@ -228,17 +220,11 @@ static bool km_alter_partition_request_topic_data_dec(km_rd *r, int16_t v, km_al
 	(void)flex;
 	(void)a;
 	(void)v;
-	if (v <= 1) {
-		if (!km_rd_string(r, "TopicData.TopicName", flex, false, &m->topic_name))
-			return false;
-	}
-	if (v >= 2) {
-		if (!km_rd_uuid(r, "TopicData.TopicId", &m->topic_id))
-			return false;
-	}
+	if (!km_rd_uuid(r, "TopicData.TopicId", &m->topic_id))
+		return false;
 	{
 		int32_t cnt;
-		if (!km_rd_array_len(r, "TopicData.Partitions", flex, false, (v <= 0 ? 14 : 15), &cnt))
+		if (!km_rd_array_len(r, "TopicData.Partitions", flex, false, 15, &cnt))
 			return false;
 		m->partitions.count = cnt;
 		m->partitions.items = NULL;
@@ -265,14 +251,7 @@ static void km_alter_partition_request_topic_data_enc(km_wr *w, int16_t v, const
 	const bool flex = true;
 	(void)flex;
 	(void)v;
-	if (v <= 1) {
-		if (m->topic_name.len < 0)
-			km_codec_wr_fail(w, KM_ERR_ENCODE);
-		km_wr_string(w, flex, m->topic_name);
-	}
-	if (v >= 2) {
-		km_wr_uuid(w, &m->topic_id);
-	}
+	km_wr_uuid(w, &m->topic_id);
 	if (m->partitions.count < 0)
 		km_codec_wr_fail(w, KM_ERR_ENCODE);
 	km_wr_array_len(w, flex, m->partitions.count);
@@ -290,12 +269,7 @@ static size_t km_alter_partition_request_topic_data_sz(int16_t v, const km_alter
 	size_t n = 0;
 	(void)flex;
 	(void)v;
-	if (v <= 1) {
-		n += km_sz_string(flex, m->topic_name);
-	}
-	if (v >= 2) {
-		n += 16;
-	}
+	n += 16;
 	n += km_sz_array_len(flex, m->partitions.count);
 	for (int32_t i = 0; i < m->partitions.count; i++)
 		n += km_alter_partition_request_partition_data_sz(v, &m->partitions.items[i]);
@@ -325,7 +299,7 @@ static bool km_alter_partition_request_dec(km_rd *r, int16_t v, km_alter_partiti
 		return false;
 	{
 		int32_t cnt;
-		if (!km_rd_array_len(r, "Topics", flex, false, (v <= 1 ? 3 : 18), &cnt))
+		if (!km_rd_array_len(r, "Topics", flex, false, 18, &cnt))
 			return false;
 		m->topics.count = cnt;
 		m->topics.items = NULL;
@@ -387,7 +361,7 @@ static size_t km_alter_partition_request_sz(int16_t v, const km_alter_partition_
 km_err km_alter_partition_request_decode(km_rd *r, int16_t v, km_alter_partition_request *m, km_arena *a)
 {
 	km_alter_partition_request_init(m);
-	if (v < 0 || v > 3)
+	if (v < 2 || v > 3)
 		return km_codec_rd_unsupported(r, "AlterPartitionRequest");
 	km_alter_partition_request_dec(r, v, m, a);
 	return r->err;
@@ -395,7 +369,7 @@ km_err km_alter_partition_request_decode(km_rd *r, int16_t v, km_alter_partition
 
 void km_alter_partition_request_encode(km_wr *w, int16_t v, const km_alter_partition_request *m)
 {
-	if (v < 0 || v > 3) {
+	if (v < 2 || v > 3) {
 		km_codec_wr_fail(w, KM_ERR_UNSUPPORTED);
 		return;
 	}
@@ -404,7 +378,7 @@ void km_alter_partition_request_encode(km_wr *w, int16_t v, const km_alter_parti
 
 size_t km_alter_partition_request_size(int16_t v, const km_alter_partition_request *m)
 {
-	if (v < 0 || v > 3)
+	if (v < 2 || v > 3)
 		return 0;
 	return km_alter_partition_request_sz(v, m);
 }

@@ -49,10 +49,8 @@ static bool km_alter_partition_response_partition_data_dec(km_rd *r, int16_t v, 
 			}
 		}
 	}
-	if (v >= 1) {
-		if (!km_rd_i8(r, "PartitionData.LeaderRecoveryState", &m->leader_recovery_state))
-			return false;
-	}
+	if (!km_rd_i8(r, "PartitionData.LeaderRecoveryState", &m->leader_recovery_state))
+		return false;
 	if (!km_rd_i32(r, "PartitionData.PartitionEpoch", &m->partition_epoch))
 		return false;
 	if (flex) {
@@ -77,9 +75,7 @@ static void km_alter_partition_response_partition_data_enc(km_wr *w, int16_t v, 
 	for (int32_t i = 0; i < m->isr.count; i++) {
 		km_wr_i32(w, m->isr.items[i]);
 	}
-	if (v >= 1) {
-		km_wr_i8(w, m->leader_recovery_state);
-	}
+	km_wr_i8(w, m->leader_recovery_state);
 	km_wr_i32(w, m->partition_epoch);
 	if (flex) {
 		km_codec_wr_tags(w, &m->unknown_tags, 0, UINT64_MAX, true);
@@ -99,9 +95,7 @@ static size_t km_alter_partition_response_partition_data_sz(int16_t v, const km_
 	n += km_sz_array_len(flex, m->isr.count);
 	if (m->isr.count > 0)
 		n += (size_t)m->isr.count * 4;
-	if (v >= 1) {
-		n += 1;
-	}
+	n += 1;
 	n += 4;
 	if (flex) {
 		uint32_t ntags = (uint32_t)(m->unknown_tags.count > 0 ? m->unknown_tags.count : 0);
@@ -122,17 +116,11 @@ static bool km_alter_partition_response_topic_data_dec(km_rd *r, int16_t v, km_a
 	(void)flex;
 	(void)a;
 	(void)v;
-	if (v <= 1) {
-		if (!km_rd_string(r, "TopicData.TopicName", flex, false, &m->topic_name))
-			return false;
-	}
-	if (v >= 2) {
-		if (!km_rd_uuid(r, "TopicData.TopicId", &m->topic_id))
-			return false;
-	}
+	if (!km_rd_uuid(r, "TopicData.TopicId", &m->topic_id))
+		return false;
 	{
 		int32_t cnt;
-		if (!km_rd_array_len(r, "TopicData.Partitions", flex, false, (v <= 0 ? 20 : 21), &cnt))
+		if (!km_rd_array_len(r, "TopicData.Partitions", flex, false, 21, &cnt))
 			return false;
 		m->partitions.count = cnt;
 		m->partitions.items = NULL;
@@ -159,14 +147,7 @@ static void km_alter_partition_response_topic_data_enc(km_wr *w, int16_t v, cons
 	const bool flex = true;
 	(void)flex;
 	(void)v;
-	if (v <= 1) {
-		if (m->topic_name.len < 0)
-			km_codec_wr_fail(w, KM_ERR_ENCODE);
-		km_wr_string(w, flex, m->topic_name);
-	}
-	if (v >= 2) {
-		km_wr_uuid(w, &m->topic_id);
-	}
+	km_wr_uuid(w, &m->topic_id);
 	if (m->partitions.count < 0)
 		km_codec_wr_fail(w, KM_ERR_ENCODE);
 	km_wr_array_len(w, flex, m->partitions.count);
@@ -184,12 +165,7 @@ static size_t km_alter_partition_response_topic_data_sz(int16_t v, const km_alte
 	size_t n = 0;
 	(void)flex;
 	(void)v;
-	if (v <= 1) {
-		n += km_sz_string(flex, m->topic_name);
-	}
-	if (v >= 2) {
-		n += 16;
-	}
+	n += 16;
 	n += km_sz_array_len(flex, m->partitions.count);
 	for (int32_t i = 0; i < m->partitions.count; i++)
 		n += km_alter_partition_response_partition_data_sz(v, &m->partitions.items[i]);
@@ -218,7 +194,7 @@ static bool km_alter_partition_response_dec(km_rd *r, int16_t v, km_alter_partit
 		return false;
 	{
 		int32_t cnt;
-		if (!km_rd_array_len(r, "Topics", flex, false, (v <= 1 ? 3 : 18), &cnt))
+		if (!km_rd_array_len(r, "Topics", flex, false, 18, &cnt))
 			return false;
 		m->topics.count = cnt;
 		m->topics.items = NULL;
@@ -280,7 +256,7 @@ static size_t km_alter_partition_response_sz(int16_t v, const km_alter_partition
 km_err km_alter_partition_response_decode(km_rd *r, int16_t v, km_alter_partition_response *m, km_arena *a)
 {
 	km_alter_partition_response_init(m);
-	if (v < 0 || v > 3)
+	if (v < 2 || v > 3)
 		return km_codec_rd_unsupported(r, "AlterPartitionResponse");
 	km_alter_partition_response_dec(r, v, m, a);
 	return r->err;
@@ -288,7 +264,7 @@ km_err km_alter_partition_response_decode(km_rd *r, int16_t v, km_alter_partitio
 
 void km_alter_partition_response_encode(km_wr *w, int16_t v, const km_alter_partition_response *m)
 {
-	if (v < 0 || v > 3) {
+	if (v < 2 || v > 3) {
 		km_codec_wr_fail(w, KM_ERR_UNSUPPORTED);
 		return;
 	}
@@ -297,7 +273,7 @@ void km_alter_partition_response_encode(km_wr *w, int16_t v, const km_alter_part
 
 size_t km_alter_partition_response_size(int16_t v, const km_alter_partition_response *m)
 {
-	if (v < 0 || v > 3)
+	if (v < 2 || v > 3)
 		return 0;
 	return km_alter_partition_response_sz(v, m);
 }

@@ -232,7 +232,7 @@ static size_t km_alter_replica_log_dirs_request_sz(int16_t v, const km_alter_rep
 km_err km_alter_replica_log_dirs_request_decode(km_rd *r, int16_t v, km_alter_replica_log_dirs_request *m, km_arena *a)
 {
 	km_alter_replica_log_dirs_request_init(m);
-	if (v < 0 || v > 2)
+	if (v < 1 || v > 2)
 		return km_codec_rd_unsupported(r, "AlterReplicaLogDirsRequest");
 	km_alter_replica_log_dirs_request_dec(r, v, m, a);
 	return r->err;
@@ -240,7 +240,7 @@ km_err km_alter_replica_log_dirs_request_decode(km_rd *r, int16_t v, km_alter_re
 
 void km_alter_replica_log_dirs_request_encode(km_wr *w, int16_t v, const km_alter_replica_log_dirs_request *m)
 {
-	if (v < 0 || v > 2) {
+	if (v < 1 || v > 2) {
 		km_codec_wr_fail(w, KM_ERR_UNSUPPORTED);
 		return;
 	}
@@ -249,7 +249,7 @@ void km_alter_replica_log_dirs_request_encode(km_wr *w, int16_t v, const km_alte
 
 size_t km_alter_replica_log_dirs_request_size(int16_t v, const km_alter_replica_log_dirs_request *m)
 {
-	if (v < 0 || v > 2)
+	if (v < 1 || v > 2)
 		return 0;
 	return km_alter_replica_log_dirs_request_sz(v, m);
 }

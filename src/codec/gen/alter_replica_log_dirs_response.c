@@ -213,7 +213,7 @@ static size_t km_alter_replica_log_dirs_response_sz(int16_t v, const km_alter_re
 km_err km_alter_replica_log_dirs_response_decode(km_rd *r, int16_t v, km_alter_replica_log_dirs_response *m, km_arena *a)
 {
 	km_alter_replica_log_dirs_response_init(m);
-	if (v < 0 || v > 2)
+	if (v < 1 || v > 2)
 		return km_codec_rd_unsupported(r, "AlterReplicaLogDirsResponse");
 	km_alter_replica_log_dirs_response_dec(r, v, m, a);
 	return r->err;
@@ -221,7 +221,7 @@ km_err km_alter_replica_log_dirs_response_decode(km_rd *r, int16_t v, km_alter_r
 
 void km_alter_replica_log_dirs_response_encode(km_wr *w, int16_t v, const km_alter_replica_log_dirs_response *m)
 {
-	if (v < 0 || v > 2) {
+	if (v < 1 || v > 2) {
 		km_codec_wr_fail(w, KM_ERR_UNSUPPORTED);
 		return;
 	}
@@ -230,7 +230,7 @@ void km_alter_replica_log_dirs_response_encode(km_wr *w, int16_t v, const km_alt
 
 size_t km_alter_replica_log_dirs_response_size(int16_t v, const km_alter_replica_log_dirs_response *m)
 {
-	if (v < 0 || v > 2)
+	if (v < 1 || v > 2)
 		return 0;
 	return km_alter_replica_log_dirs_response_sz(v, m);
 }

@@ -10,14 +10,6 @@
 #include "kmirror/msg/list_offsets_response.h"
 #include "kmirror/msg/metadata_request.h"
 #include "kmirror/msg/metadata_response.h"
-#include "kmirror/msg/leader_and_isr_request.h"
-#include "kmirror/msg/leader_and_isr_response.h"
-#include "kmirror/msg/stop_replica_request.h"
-#include "kmirror/msg/stop_replica_response.h"
-#include "kmirror/msg/update_metadata_request.h"
-#include "kmirror/msg/update_metadata_response.h"
-#include "kmirror/msg/controlled_shutdown_request.h"
-#include "kmirror/msg/controlled_shutdown_response.h"
 #include "kmirror/msg/offset_commit_request.h"
 #include "kmirror/msg/offset_commit_response.h"
 #include "kmirror/msg/offset_fetch_request.h"
@@ -150,8 +142,8 @@
 #include "kmirror/msg/push_telemetry_response.h"
 #include "kmirror/msg/assign_replicas_to_dirs_request.h"
 #include "kmirror/msg/assign_replicas_to_dirs_response.h"
-#include "kmirror/msg/list_client_metrics_resources_request.h"
-#include "kmirror/msg/list_client_metrics_resources_response.h"
+#include "kmirror/msg/list_config_resources_request.h"
+#include "kmirror/msg/list_config_resources_response.h"
 #include "kmirror/msg/describe_topic_partitions_request.h"
 #include "kmirror/msg/describe_topic_partitions_response.h"
 #include "kmirror/msg/share_group_heartbeat_request.h"
@@ -178,6 +170,20 @@
 #include "kmirror/msg/delete_share_group_state_response.h"
 #include "kmirror/msg/read_share_group_state_summary_request.h"
 #include "kmirror/msg/read_share_group_state_summary_response.h"
+#include "kmirror/msg/streams_group_heartbeat_request.h"
+#include "kmirror/msg/streams_group_heartbeat_response.h"
+#include "kmirror/msg/streams_group_describe_request.h"
+#include "kmirror/msg/streams_group_describe_response.h"
+#include "kmirror/msg/describe_share_group_offsets_request.h"
+#include "kmirror/msg/describe_share_group_offsets_response.h"
+#include "kmirror/msg/alter_share_group_offsets_request.h"
+#include "kmirror/msg/alter_share_group_offsets_response.h"
+#include "kmirror/msg/delete_share_group_offsets_request.h"
+#include "kmirror/msg/delete_share_group_offsets_response.h"
+#include "kmirror/msg/streams_group_topology_description_update_request.h"
+#include "kmirror/msg/streams_group_topology_description_update_response.h"
+#include "kmirror/msg/unregister_controller_request.h"
+#include "kmirror/msg/unregister_controller_response.h"
 
 static void km_produce_request_init_v(void *m) { km_produce_request_init(m); }
 static km_err km_produce_request_decode_v(km_rd *r, int16_t v, void *m, km_arena *a) { return km_produce_request_decode(r, v, m, a); }
@@ -211,38 +217,6 @@ static void km_metadata_response_init_v(void *m) { km_metadata_response_init(m);
 static km_err km_metadata_response_decode_v(km_rd *r, int16_t v, void *m, km_arena *a) { return km_metadata_response_decode(r, v, m, a); }
 static void km_metadata_response_encode_v(km_wr *w, int16_t v, const void *m) { km_metadata_response_encode(w, v, m); }
 static size_t km_metadata_response_size_v(int16_t v, const void *m) { return km_metadata_response_size(v, m); }
-static void km_leader_and_isr_request_init_v(void *m) { km_leader_and_isr_request_init(m); }
-static km_err km_leader_and_isr_request_decode_v(km_rd *r, int16_t v, void *m, km_arena *a) { return km_leader_and_isr_request_decode(r, v, m, a); }
-static void km_leader_and_isr_request_encode_v(km_wr *w, int16_t v, const void *m) { km_leader_and_isr_request_encode(w, v, m); }
-static size_t km_leader_and_isr_request_size_v(int16_t v, const void *m) { return km_leader_and_isr_request_size(v, m); }
-static void km_leader_and_isr_response_init_v(void *m) { km_leader_and_isr_response_init(m); }
-static km_err km_leader_and_isr_response_decode_v(km_rd *r, int16_t v, void *m, km_arena *a) { return km_leader_and_isr_response_decode(r, v, m, a); }
-static void km_leader_and_isr_response_encode_v(km_wr *w, int16_t v, const void *m) { km_leader_and_isr_response_encode(w, v, m); }
-static size_t km_leader_and_isr_response_size_v(int16_t v, const void *m) { return km_leader_and_isr_response_size(v, m); }
-static void km_stop_replica_request_init_v(void *m) { km_stop_replica_request_init(m); }
-static km_err km_stop_replica_request_decode_v(km_rd *r, int16_t v, void *m, km_arena *a) { return km_stop_replica_request_decode(r, v, m, a); }
-static void km_stop_replica_request_encode_v(km_wr *w, int16_t v, const void *m) { km_stop_replica_request_encode(w, v, m); }
-static size_t km_stop_replica_request_size_v(int16_t v, const void *m) { return km_stop_replica_request_size(v, m); }
-static void km_stop_replica_response_init_v(void *m) { km_stop_replica_response_init(m); }
-static km_err km_stop_replica_response_decode_v(km_rd *r, int16_t v, void *m, km_arena *a) { return km_stop_replica_response_decode(r, v, m, a); }
-static void km_stop_replica_response_encode_v(km_wr *w, int16_t v, const void *m) { km_stop_replica_response_encode(w, v, m); }
-static size_t km_stop_replica_response_size_v(int16_t v, const void *m) { return km_stop_replica_response_size(v, m); }
-static void km_update_metadata_request_init_v(void *m) { km_update_metadata_request_init(m); }
-static km_err km_update_metadata_request_decode_v(km_rd *r, int16_t v, void *m, km_arena *a) { return km_update_metadata_request_decode(r, v, m, a); }
-static void km_update_metadata_request_encode_v(km_wr *w, int16_t v, const void *m) { km_update_metadata_request_encode(w, v, m); }
-static size_t km_update_metadata_request_size_v(int16_t v, const void *m) { return km_update_metadata_request_size(v, m); }
-static void km_update_metadata_response_init_v(void *m) { km_update_metadata_response_init(m); }
-static km_err km_update_metadata_response_decode_v(km_rd *r, int16_t v, void *m, km_arena *a) { return km_update_metadata_response_decode(r, v, m, a); }
-static void km_update_metadata_response_encode_v(km_wr *w, int16_t v, const void *m) { km_update_metadata_response_encode(w, v, m); }
-static size_t km_update_metadata_response_size_v(int16_t v, const void *m) { return km_update_metadata_response_size(v, m); }
-static void km_controlled_shutdown_request_init_v(void *m) { km_controlled_shutdown_request_init(m); }
-static km_err km_controlled_shutdown_request_decode_v(km_rd *r, int16_t v, void *m, km_arena *a) { return km_controlled_shutdown_request_decode(r, v, m, a); }
-static void km_controlled_shutdown_request_encode_v(km_wr *w, int16_t v, const void *m) { km_controlled_shutdown_request_encode(w, v, m); }
-static size_t km_controlled_shutdown_request_size_v(int16_t v, const void *m) { return km_controlled_shutdown_request_size(v, m); }
-static void km_controlled_shutdown_response_init_v(void *m) { km_controlled_shutdown_response_init(m); }
-static km_err km_controlled_shutdown_response_decode_v(km_rd *r, int16_t v, void *m, km_arena *a) { return km_controlled_shutdown_response_decode(r, v, m, a); }
-static void km_controlled_shutdown_response_encode_v(km_wr *w, int16_t v, const void *m) { km_controlled_shutdown_response_encode(w, v, m); }
-static size_t km_controlled_shutdown_response_size_v(int16_t v, const void *m) { return km_controlled_shutdown_response_size(v, m); }
 static void km_offset_commit_request_init_v(void *m) { km_offset_commit_request_init(m); }
 static km_err km_offset_commit_request_decode_v(km_rd *r, int16_t v, void *m, km_arena *a) { return km_offset_commit_request_decode(r, v, m, a); }
 static void km_offset_commit_request_encode_v(km_wr *w, int16_t v, const void *m) { km_offset_commit_request_encode(w, v, m); }
@@ -771,14 +745,14 @@ static void km_assign_replicas_to_dirs_response_init_v(void *m) { km_assign_repl
 static km_err km_assign_replicas_to_dirs_response_decode_v(km_rd *r, int16_t v, void *m, km_arena *a) { return km_assign_replicas_to_dirs_response_decode(r, v, m, a); }
 static void km_assign_replicas_to_dirs_response_encode_v(km_wr *w, int16_t v, const void *m) { km_assign_replicas_to_dirs_response_encode(w, v, m); }
 static size_t km_assign_replicas_to_dirs_response_size_v(int16_t v, const void *m) { return km_assign_replicas_to_dirs_response_size(v, m); }
-static void km_list_client_metrics_resources_request_init_v(void *m) { km_list_client_metrics_resources_request_init(m); }
-static km_err km_list_client_metrics_resources_request_decode_v(km_rd *r, int16_t v, void *m, km_arena *a) { return km_list_client_metrics_resources_request_decode(r, v, m, a); }
-static void km_list_client_metrics_resources_request_encode_v(km_wr *w, int16_t v, const void *m) { km_list_client_metrics_resources_request_encode(w, v, m); }
-static size_t km_list_client_metrics_resources_request_size_v(int16_t v, const void *m) { return km_list_client_metrics_resources_request_size(v, m); }
-static void km_list_client_metrics_resources_response_init_v(void *m) { km_list_client_metrics_resources_response_init(m); }
-static km_err km_list_client_metrics_resources_response_decode_v(km_rd *r, int16_t v, void *m, km_arena *a) { return km_list_client_metrics_resources_response_decode(r, v, m, a); }
-static void km_list_client_metrics_resources_response_encode_v(km_wr *w, int16_t v, const void *m) { km_list_client_metrics_resources_response_encode(w, v, m); }
-static size_t km_list_client_metrics_resources_response_size_v(int16_t v, const void *m) { return km_list_client_metrics_resources_response_size(v, m); }
+static void km_list_config_resources_request_init_v(void *m) { km_list_config_resources_request_init(m); }
+static km_err km_list_config_resources_request_decode_v(km_rd *r, int16_t v, void *m, km_arena *a) { return km_list_config_resources_request_decode(r, v, m, a); }
+static void km_list_config_resources_request_encode_v(km_wr *w, int16_t v, const void *m) { km_list_config_resources_request_encode(w, v, m); }
+static size_t km_list_config_resources_request_size_v(int16_t v, const void *m) { return km_list_config_resources_request_size(v, m); }
+static void km_list_config_resources_response_init_v(void *m) { km_list_config_resources_response_init(m); }
+static km_err km_list_config_resources_response_decode_v(km_rd *r, int16_t v, void *m, km_arena *a) { return km_list_config_resources_response_decode(r, v, m, a); }
+static void km_list_config_resources_response_encode_v(km_wr *w, int16_t v, const void *m) { km_list_config_resources_response_encode(w, v, m); }
+static size_t km_list_config_resources_response_size_v(int16_t v, const void *m) { return km_list_config_resources_response_size(v, m); }
 static void km_describe_topic_partitions_request_init_v(void *m) { km_describe_topic_partitions_request_init(m); }
 static km_err km_describe_topic_partitions_request_decode_v(km_rd *r, int16_t v, void *m, km_arena *a) { return km_describe_topic_partitions_request_decode(r, v, m, a); }
 static void km_describe_topic_partitions_request_encode_v(km_wr *w, int16_t v, const void *m) { km_describe_topic_partitions_request_encode(w, v, m); }
@@ -883,19 +857,75 @@ static void km_read_share_group_state_summary_response_init_v(void *m) { km_read
 static km_err km_read_share_group_state_summary_response_decode_v(km_rd *r, int16_t v, void *m, km_arena *a) { return km_read_share_group_state_summary_response_decode(r, v, m, a); }
 static void km_read_share_group_state_summary_response_encode_v(km_wr *w, int16_t v, const void *m) { km_read_share_group_state_summary_response_encode(w, v, m); }
 static size_t km_read_share_group_state_summary_response_size_v(int16_t v, const void *m) { return km_read_share_group_state_summary_response_size(v, m); }
+static void km_streams_group_heartbeat_request_init_v(void *m) { km_streams_group_heartbeat_request_init(m); }
+static km_err km_streams_group_heartbeat_request_decode_v(km_rd *r, int16_t v, void *m, km_arena *a) { return km_streams_group_heartbeat_request_decode(r, v, m, a); }
+static void km_streams_group_heartbeat_request_encode_v(km_wr *w, int16_t v, const void *m) { km_streams_group_heartbeat_request_encode(w, v, m); }
+static size_t km_streams_group_heartbeat_request_size_v(int16_t v, const void *m) { return km_streams_group_heartbeat_request_size(v, m); }
+static void km_streams_group_heartbeat_response_init_v(void *m) { km_streams_group_heartbeat_response_init(m); }
+static km_err km_streams_group_heartbeat_response_decode_v(km_rd *r, int16_t v, void *m, km_arena *a) { return km_streams_group_heartbeat_response_decode(r, v, m, a); }
+static void km_streams_group_heartbeat_response_encode_v(km_wr *w, int16_t v, const void *m) { km_streams_group_heartbeat_response_encode(w, v, m); }
+static size_t km_streams_group_heartbeat_response_size_v(int16_t v, const void *m) { return km_streams_group_heartbeat_response_size(v, m); }
+static void km_streams_group_describe_request_init_v(void *m) { km_streams_group_describe_request_init(m); }
+static km_err km_streams_group_describe_request_decode_v(km_rd *r, int16_t v, void *m, km_arena *a) { return km_streams_group_describe_request_decode(r, v, m, a); }
+static void km_streams_group_describe_request_encode_v(km_wr *w, int16_t v, const void *m) { km_streams_group_describe_request_encode(w, v, m); }
+static size_t km_streams_group_describe_request_size_v(int16_t v, const void *m) { return km_streams_group_describe_request_size(v, m); }
+static void km_streams_group_describe_response_init_v(void *m) { km_streams_group_describe_response_init(m); }
+static km_err km_streams_group_describe_response_decode_v(km_rd *r, int16_t v, void *m, km_arena *a) { return km_streams_group_describe_response_decode(r, v, m, a); }
+static void km_streams_group_describe_response_encode_v(km_wr *w, int16_t v, const void *m) { km_streams_group_describe_response_encode(w, v, m); }
+static size_t km_streams_group_describe_response_size_v(int16_t v, const void *m) { return km_streams_group_describe_response_size(v, m); }
+static void km_describe_share_group_offsets_request_init_v(void *m) { km_describe_share_group_offsets_request_init(m); }
+static km_err km_describe_share_group_offsets_request_decode_v(km_rd *r, int16_t v, void *m, km_arena *a) { return km_describe_share_group_offsets_request_decode(r, v, m, a); }
+static void km_describe_share_group_offsets_request_encode_v(km_wr *w, int16_t v, const void *m) { km_describe_share_group_offsets_request_encode(w, v, m); }
+static size_t km_describe_share_group_offsets_request_size_v(int16_t v, const void *m) { return km_describe_share_group_offsets_request_size(v, m); }
+static void km_describe_share_group_offsets_response_init_v(void *m) { km_describe_share_group_offsets_response_init(m); }
+static km_err km_describe_share_group_offsets_response_decode_v(km_rd *r, int16_t v, void *m, km_arena *a) { return km_describe_share_group_offsets_response_decode(r, v, m, a); }
+static void km_describe_share_group_offsets_response_encode_v(km_wr *w, int16_t v, const void *m) { km_describe_share_group_offsets_response_encode(w, v, m); }
+static size_t km_describe_share_group_offsets_response_size_v(int16_t v, const void *m) { return km_describe_share_group_offsets_response_size(v, m); }
+static void km_alter_share_group_offsets_request_init_v(void *m) { km_alter_share_group_offsets_request_init(m); }
+static km_err km_alter_share_group_offsets_request_decode_v(km_rd *r, int16_t v, void *m, km_arena *a) { return km_alter_share_group_offsets_request_decode(r, v, m, a); }
+static void km_alter_share_group_offsets_request_encode_v(km_wr *w, int16_t v, const void *m) { km_alter_share_group_offsets_request_encode(w, v, m); }
+static size_t km_alter_share_group_offsets_request_size_v(int16_t v, const void *m) { return km_alter_share_group_offsets_request_size(v, m); }
+static void km_alter_share_group_offsets_response_init_v(void *m) { km_alter_share_group_offsets_response_init(m); }
+static km_err km_alter_share_group_offsets_response_decode_v(km_rd *r, int16_t v, void *m, km_arena *a) { return km_alter_share_group_offsets_response_decode(r, v, m, a); }
+static void km_alter_share_group_offsets_response_encode_v(km_wr *w, int16_t v, const void *m) { km_alter_share_group_offsets_response_encode(w, v, m); }
+static size_t km_alter_share_group_offsets_response_size_v(int16_t v, const void *m) { return km_alter_share_group_offsets_response_size(v, m); }
+static void km_delete_share_group_offsets_request_init_v(void *m) { km_delete_share_group_offsets_request_init(m); }
+static km_err km_delete_share_group_offsets_request_decode_v(km_rd *r, int16_t v, void *m, km_arena *a) { return km_delete_share_group_offsets_request_decode(r, v, m, a); }
+static void km_delete_share_group_offsets_request_encode_v(km_wr *w, int16_t v, const void *m) { km_delete_share_group_offsets_request_encode(w, v, m); }
+static size_t km_delete_share_group_offsets_request_size_v(int16_t v, const void *m) { return km_delete_share_group_offsets_request_size(v, m); }
+static void km_delete_share_group_offsets_response_init_v(void *m) { km_delete_share_group_offsets_response_init(m); }
+static km_err km_delete_share_group_offsets_response_decode_v(km_rd *r, int16_t v, void *m, km_arena *a) { return km_delete_share_group_offsets_response_decode(r, v, m, a); }
+static void km_delete_share_group_offsets_response_encode_v(km_wr *w, int16_t v, const void *m) { km_delete_share_group_offsets_response_encode(w, v, m); }
+static size_t km_delete_share_group_offsets_response_size_v(int16_t v, const void *m) { return km_delete_share_group_offsets_response_size(v, m); }
+static void km_streams_group_topology_description_update_request_init_v(void *m) { km_streams_group_topology_description_update_request_init(m); }
+static km_err km_streams_group_topology_description_update_request_decode_v(km_rd *r, int16_t v, void *m, km_arena *a) { return km_streams_group_topology_description_update_request_decode(r, v, m, a); }
+static void km_streams_group_topology_description_update_request_encode_v(km_wr *w, int16_t v, const void *m) { km_streams_group_topology_description_update_request_encode(w, v, m); }
+static size_t km_streams_group_topology_description_update_request_size_v(int16_t v, const void *m) { return km_streams_group_topology_description_update_request_size(v, m); }
+static void km_streams_group_topology_description_update_response_init_v(void *m) { km_streams_group_topology_description_update_response_init(m); }
+static km_err km_streams_group_topology_description_update_response_decode_v(km_rd *r, int16_t v, void *m, km_arena *a) { return km_streams_group_topology_description_update_response_decode(r, v, m, a); }
+static void km_streams_group_topology_description_update_response_encode_v(km_wr *w, int16_t v, const void *m) { km_streams_group_topology_description_update_response_encode(w, v, m); }
+static size_t km_streams_group_topology_description_update_response_size_v(int16_t v, const void *m) { return km_streams_group_topology_description_update_response_size(v, m); }
+static void km_unregister_controller_request_init_v(void *m) { km_unregister_controller_request_init(m); }
+static km_err km_unregister_controller_request_decode_v(km_rd *r, int16_t v, void *m, km_arena *a) { return km_unregister_controller_request_decode(r, v, m, a); }
+static void km_unregister_controller_request_encode_v(km_wr *w, int16_t v, const void *m) { km_unregister_controller_request_encode(w, v, m); }
+static size_t km_unregister_controller_request_size_v(int16_t v, const void *m) { return km_unregister_controller_request_size(v, m); }
+static void km_unregister_controller_response_init_v(void *m) { km_unregister_controller_response_init(m); }
+static km_err km_unregister_controller_response_decode_v(km_rd *r, int16_t v, void *m, km_arena *a) { return km_unregister_controller_response_decode(r, v, m, a); }
+static void km_unregister_controller_response_encode_v(km_wr *w, int16_t v, const void *m) { km_unregister_controller_response_encode(w, v, m); }
+static size_t km_unregister_controller_response_size_v(int16_t v, const void *m) { return km_unregister_controller_response_size(v, m); }
 
 /* Sorted by api key. */
 static const km_api_info km_api_rows[] = {
 	{
 		.api_key = 0,
 		.name = "Produce",
-		.min_version = 0,
-		.max_version = 11,
+		.min_version = 3,
+		.max_version = 13,
 		.first_flexible = 9,
 		.latest_unstable = false,
-		.deprecated_min = 0,
-		.deprecated_max = 6,
-		.listeners = KM_API_LISTENER_BROKER | KM_API_LISTENER_ZK_BROKER,
+		.deprecated_min = -1,
+		.deprecated_max = -1,
+		.listeners = KM_API_LISTENER_BROKER,
 		.request_header_v0_max = -1,
 		.response_header_always_v0 = false,
 		.request = {"ProduceRequest", sizeof(km_produce_request), km_produce_request_init_v, km_produce_request_decode_v, km_produce_request_encode_v, km_produce_request_size_v},
@@ -904,13 +934,13 @@ static const km_api_info km_api_rows[] = {
 	{
 		.api_key = 1,
 		.name = "Fetch",
-		.min_version = 0,
-		.max_version = 17,
+		.min_version = 4,
+		.max_version = 18,
 		.first_flexible = 12,
 		.latest_unstable = false,
-		.deprecated_min = 0,
-		.deprecated_max = 3,
-		.listeners = KM_API_LISTENER_BROKER | KM_API_LISTENER_CONTROLLER | KM_API_LISTENER_ZK_BROKER,
+		.deprecated_min = -1,
+		.deprecated_max = -1,
+		.listeners = KM_API_LISTENER_BROKER | KM_API_LISTENER_CONTROLLER,
 		.request_header_v0_max = -1,
 		.response_header_always_v0 = false,
 		.request = {"FetchRequest", sizeof(km_fetch_request), km_fetch_request_init_v, km_fetch_request_decode_v, km_fetch_request_encode_v, km_fetch_request_size_v},
@@ -919,13 +949,13 @@ static const km_api_info km_api_rows[] = {
 	{
 		.api_key = 2,
 		.name = "ListOffsets",
-		.min_version = 0,
-		.max_version = 10,
+		.min_version = 1,
+		.max_version = 11,
 		.first_flexible = 6,
 		.latest_unstable = false,
-		.deprecated_min = 0,
-		.deprecated_max = 0,
-		.listeners = KM_API_LISTENER_BROKER | KM_API_LISTENER_ZK_BROKER,
+		.deprecated_min = -1,
+		.deprecated_max = -1,
+		.listeners = KM_API_LISTENER_BROKER,
 		.request_header_v0_max = -1,
 		.response_header_always_v0 = false,
 		.request = {"ListOffsetsRequest", sizeof(km_list_offsets_request), km_list_offsets_request_init_v, km_list_offsets_request_decode_v, km_list_offsets_request_encode_v, km_list_offsets_request_size_v},
@@ -935,87 +965,27 @@ static const km_api_info km_api_rows[] = {
 		.api_key = 3,
 		.name = "Metadata",
 		.min_version = 0,
-		.max_version = 12,
+		.max_version = 13,
 		.first_flexible = 9,
 		.latest_unstable = false,
-		.deprecated_min = 0,
-		.deprecated_max = 3,
-		.listeners = KM_API_LISTENER_BROKER | KM_API_LISTENER_ZK_BROKER,
+		.deprecated_min = -1,
+		.deprecated_max = -1,
+		.listeners = KM_API_LISTENER_BROKER,
 		.request_header_v0_max = -1,
 		.response_header_always_v0 = false,
 		.request = {"MetadataRequest", sizeof(km_metadata_request), km_metadata_request_init_v, km_metadata_request_decode_v, km_metadata_request_encode_v, km_metadata_request_size_v},
 		.response = {"MetadataResponse", sizeof(km_metadata_response), km_metadata_response_init_v, km_metadata_response_decode_v, km_metadata_response_encode_v, km_metadata_response_size_v},
 	},
 	{
-		.api_key = 4,
-		.name = "LeaderAndIsr",
-		.min_version = 0,
-		.max_version = 7,
-		.first_flexible = 4,
-		.latest_unstable = false,
-		.deprecated_min = -1,
-		.deprecated_max = -1,
-		.listeners = KM_API_LISTENER_ZK_BROKER,
-		.request_header_v0_max = -1,
-		.response_header_always_v0 = false,
-		.request = {"LeaderAndIsrRequest", sizeof(km_leader_and_isr_request), km_leader_and_isr_request_init_v, km_leader_and_isr_request_decode_v, km_leader_and_isr_request_encode_v, km_leader_and_isr_request_size_v},
-		.response = {"LeaderAndIsrResponse", sizeof(km_leader_and_isr_response), km_leader_and_isr_response_init_v, km_leader_and_isr_response_decode_v, km_leader_and_isr_response_encode_v, km_leader_and_isr_response_size_v},
-	},
-	{
-		.api_key = 5,
-		.name = "StopReplica",
-		.min_version = 0,
-		.max_version = 4,
-		.first_flexible = 2,
-		.latest_unstable = false,
-		.deprecated_min = -1,
-		.deprecated_max = -1,
-		.listeners = KM_API_LISTENER_ZK_BROKER,
-		.request_header_v0_max = -1,
-		.response_header_always_v0 = false,
-		.request = {"StopReplicaRequest", sizeof(km_stop_replica_request), km_stop_replica_request_init_v, km_stop_replica_request_decode_v, km_stop_replica_request_encode_v, km_stop_replica_request_size_v},
-		.response = {"StopReplicaResponse", sizeof(km_stop_replica_response), km_stop_replica_response_init_v, km_stop_replica_response_decode_v, km_stop_replica_response_encode_v, km_stop_replica_response_size_v},
-	},
-	{
-		.api_key = 6,
-		.name = "UpdateMetadata",
-		.min_version = 0,
-		.max_version = 8,
-		.first_flexible = 6,
-		.latest_unstable = false,
-		.deprecated_min = -1,
-		.deprecated_max = -1,
-		.listeners = KM_API_LISTENER_ZK_BROKER,
-		.request_header_v0_max = -1,
-		.response_header_always_v0 = false,
-		.request = {"UpdateMetadataRequest", sizeof(km_update_metadata_request), km_update_metadata_request_init_v, km_update_metadata_request_decode_v, km_update_metadata_request_encode_v, km_update_metadata_request_size_v},
-		.response = {"UpdateMetadataResponse", sizeof(km_update_metadata_response), km_update_metadata_response_init_v, km_update_metadata_response_decode_v, km_update_metadata_response_encode_v, km_update_metadata_response_size_v},
-	},
-	{
-		.api_key = 7,
-		.name = "ControlledShutdown",
-		.min_version = 0,
-		.max_version = 3,
-		.first_flexible = 3,
-		.latest_unstable = false,
-		.deprecated_min = -1,
-		.deprecated_max = -1,
-		.listeners = KM_API_LISTENER_CONTROLLER | KM_API_LISTENER_ZK_BROKER,
-		.request_header_v0_max = 0,
-		.response_header_always_v0 = false,
-		.request = {"ControlledShutdownRequest", sizeof(km_controlled_shutdown_request), km_controlled_shutdown_request_init_v, km_controlled_shutdown_request_decode_v, km_controlled_shutdown_request_encode_v, km_controlled_shutdown_request_size_v},
-		.response = {"ControlledShutdownResponse", sizeof(km_controlled_shutdown_response), km_controlled_shutdown_response_init_v, km_controlled_shutdown_response_decode_v, km_controlled_shutdown_response_encode_v, km_controlled_shutdown_response_size_v},
-	},
-	{
 		.api_key = 8,
 		.name = "OffsetCommit",
-		.min_version = 0,
-		.max_version = 9,
+		.min_version = 2,
+		.max_version = 10,
 		.first_flexible = 8,
 		.latest_unstable = false,
-		.deprecated_min = 0,
-		.deprecated_max = 1,
-		.listeners = KM_API_LISTENER_BROKER | KM_API_LISTENER_ZK_BROKER,
+		.deprecated_min = -1,
+		.deprecated_max = -1,
+		.listeners = KM_API_LISTENER_BROKER,
 		.request_header_v0_max = -1,
 		.response_header_always_v0 = false,
 		.request = {"OffsetCommitRequest", sizeof(km_offset_commit_request), km_offset_commit_request_init_v, km_offset_commit_request_decode_v, km_offset_commit_request_encode_v, km_offset_commit_request_size_v},
@@ -1024,13 +994,13 @@ static const km_api_info km_api_rows[] = {
 	{
 		.api_key = 9,
 		.name = "OffsetFetch",
-		.min_version = 0,
-		.max_version = 9,
+		.min_version = 1,
+		.max_version = 10,
 		.first_flexible = 6,
 		.latest_unstable = false,
-		.deprecated_min = 0,
-		.deprecated_max = 0,
-		.listeners = KM_API_LISTENER_BROKER | KM_API_LISTENER_ZK_BROKER,
+		.deprecated_min = -1,
+		.deprecated_max = -1,
+		.listeners = KM_API_LISTENER_BROKER,
 		.request_header_v0_max = -1,
 		.response_header_always_v0 = false,
 		.request = {"OffsetFetchRequest", sizeof(km_offset_fetch_request), km_offset_fetch_request_init_v, km_offset_fetch_request_decode_v, km_offset_fetch_request_encode_v, km_offset_fetch_request_size_v},
@@ -1043,9 +1013,9 @@ static const km_api_info km_api_rows[] = {
 		.max_version = 6,
 		.first_flexible = 3,
 		.latest_unstable = false,
-		.deprecated_min = 0,
-		.deprecated_max = 0,
-		.listeners = KM_API_LISTENER_BROKER | KM_API_LISTENER_ZK_BROKER,
+		.deprecated_min = -1,
+		.deprecated_max = -1,
+		.listeners = KM_API_LISTENER_BROKER,
 		.request_header_v0_max = -1,
 		.response_header_always_v0 = false,
 		.request = {"FindCoordinatorRequest", sizeof(km_find_coordinator_request), km_find_coordinator_request_init_v, km_find_coordinator_request_decode_v, km_find_coordinator_request_encode_v, km_find_coordinator_request_size_v},
@@ -1058,9 +1028,9 @@ static const km_api_info km_api_rows[] = {
 		.max_version = 9,
 		.first_flexible = 6,
 		.latest_unstable = false,
-		.deprecated_min = 0,
-		.deprecated_max = 1,
-		.listeners = KM_API_LISTENER_BROKER | KM_API_LISTENER_ZK_BROKER,
+		.deprecated_min = -1,
+		.deprecated_max = -1,
+		.listeners = KM_API_LISTENER_BROKER,
 		.request_header_v0_max = -1,
 		.response_header_always_v0 = false,
 		.request = {"JoinGroupRequest", sizeof(km_join_group_request), km_join_group_request_init_v, km_join_group_request_decode_v, km_join_group_request_encode_v, km_join_group_request_size_v},
@@ -1075,7 +1045,7 @@ static const km_api_info km_api_rows[] = {
 		.latest_unstable = false,
 		.deprecated_min = -1,
 		.deprecated_max = -1,
-		.listeners = KM_API_LISTENER_BROKER | KM_API_LISTENER_ZK_BROKER,
+		.listeners = KM_API_LISTENER_BROKER,
 		.request_header_v0_max = -1,
 		.response_header_always_v0 = false,
 		.request = {"HeartbeatRequest", sizeof(km_heartbeat_request), km_heartbeat_request_init_v, km_heartbeat_request_decode_v, km_heartbeat_request_encode_v, km_heartbeat_request_size_v},
@@ -1090,7 +1060,7 @@ static const km_api_info km_api_rows[] = {
 		.latest_unstable = false,
 		.deprecated_min = -1,
 		.deprecated_max = -1,
-		.listeners = KM_API_LISTENER_BROKER | KM_API_LISTENER_ZK_BROKER,
+		.listeners = KM_API_LISTENER_BROKER,
 		.request_header_v0_max = -1,
 		.response_header_always_v0 = false,
 		.request = {"LeaveGroupRequest", sizeof(km_leave_group_request), km_leave_group_request_init_v, km_leave_group_request_decode_v, km_leave_group_request_encode_v, km_leave_group_request_size_v},
@@ -1105,7 +1075,7 @@ static const km_api_info km_api_rows[] = {
 		.latest_unstable = false,
 		.deprecated_min = -1,
 		.deprecated_max = -1,
-		.listeners = KM_API_LISTENER_BROKER | KM_API_LISTENER_ZK_BROKER,
+		.listeners = KM_API_LISTENER_BROKER,
 		.request_header_v0_max = -1,
 		.response_header_always_v0 = false,
 		.request = {"SyncGroupRequest", sizeof(km_sync_group_request), km_sync_group_request_init_v, km_sync_group_request_decode_v, km_sync_group_request_encode_v, km_sync_group_request_size_v},
@@ -1115,12 +1085,12 @@ static const km_api_info km_api_rows[] = {
 		.api_key = 15,
 		.name = "DescribeGroups",
 		.min_version = 0,
-		.max_version = 5,
+		.max_version = 6,
 		.first_flexible = 5,
 		.latest_unstable = false,
 		.deprecated_min = -1,
 		.deprecated_max = -1,
-		.listeners = KM_API_LISTENER_BROKER | KM_API_LISTENER_ZK_BROKER,
+		.listeners = KM_API_LISTENER_BROKER,
 		.request_header_v0_max = -1,
 		.response_header_always_v0 = false,
 		.request = {"DescribeGroupsRequest", sizeof(km_describe_groups_request), km_describe_groups_request_init_v, km_describe_groups_request_decode_v, km_describe_groups_request_encode_v, km_describe_groups_request_size_v},
@@ -1135,7 +1105,7 @@ static const km_api_info km_api_rows[] = {
 		.latest_unstable = false,
 		.deprecated_min = -1,
 		.deprecated_max = -1,
-		.listeners = KM_API_LISTENER_BROKER | KM_API_LISTENER_ZK_BROKER,
+		.listeners = KM_API_LISTENER_BROKER,
 		.request_header_v0_max = -1,
 		.response_header_always_v0 = false,
 		.request = {"ListGroupsRequest", sizeof(km_list_groups_request), km_list_groups_request_init_v, km_list_groups_request_decode_v, km_list_groups_request_encode_v, km_list_groups_request_size_v},
@@ -1148,9 +1118,9 @@ static const km_api_info km_api_rows[] = {
 		.max_version = 1,
 		.first_flexible = -1,
 		.latest_unstable = false,
-		.deprecated_min = 0,
-		.deprecated_max = 0,
-		.listeners = KM_API_LISTENER_BROKER | KM_API_LISTENER_CONTROLLER | KM_API_LISTENER_ZK_BROKER,
+		.deprecated_min = -1,
+		.deprecated_max = -1,
+		.listeners = KM_API_LISTENER_BROKER | KM_API_LISTENER_CONTROLLER,
 		.request_header_v0_max = -1,
 		.response_header_always_v0 = false,
 		.request = {"SaslHandshakeRequest", sizeof(km_sasl_handshake_request), km_sasl_handshake_request_init_v, km_sasl_handshake_request_decode_v, km_sasl_handshake_request_encode_v, km_sasl_handshake_request_size_v},
@@ -1160,12 +1130,12 @@ static const km_api_info km_api_rows[] = {
 		.api_key = 18,
 		.name = "ApiVersions",
 		.min_version = 0,
-		.max_version = 4,
+		.max_version = 5,
 		.first_flexible = 3,
 		.latest_unstable = false,
 		.deprecated_min = -1,
 		.deprecated_max = -1,
-		.listeners = KM_API_LISTENER_BROKER | KM_API_LISTENER_CONTROLLER | KM_API_LISTENER_ZK_BROKER,
+		.listeners = KM_API_LISTENER_BROKER | KM_API_LISTENER_CONTROLLER,
 		.request_header_v0_max = -1,
 		.response_header_always_v0 = true,
 		.request = {"ApiVersionsRequest", sizeof(km_api_versions_request), km_api_versions_request_init_v, km_api_versions_request_decode_v, km_api_versions_request_encode_v, km_api_versions_request_size_v},
@@ -1174,13 +1144,13 @@ static const km_api_info km_api_rows[] = {
 	{
 		.api_key = 19,
 		.name = "CreateTopics",
-		.min_version = 0,
+		.min_version = 2,
 		.max_version = 7,
 		.first_flexible = 5,
 		.latest_unstable = false,
-		.deprecated_min = 0,
-		.deprecated_max = 1,
-		.listeners = KM_API_LISTENER_BROKER | KM_API_LISTENER_CONTROLLER | KM_API_LISTENER_ZK_BROKER,
+		.deprecated_min = -1,
+		.deprecated_max = -1,
+		.listeners = KM_API_LISTENER_BROKER | KM_API_LISTENER_CONTROLLER,
 		.request_header_v0_max = -1,
 		.response_header_always_v0 = false,
 		.request = {"CreateTopicsRequest", sizeof(km_create_topics_request), km_create_topics_request_init_v, km_create_topics_request_decode_v, km_create_topics_request_encode_v, km_create_topics_request_size_v},
@@ -1189,13 +1159,13 @@ static const km_api_info km_api_rows[] = {
 	{
 		.api_key = 20,
 		.name = "DeleteTopics",
-		.min_version = 0,
+		.min_version = 1,
 		.max_version = 6,
 		.first_flexible = 4,
 		.latest_unstable = false,
-		.deprecated_min = 0,
-		.deprecated_max = 0,
-		.listeners = KM_API_LISTENER_BROKER | KM_API_LISTENER_CONTROLLER | KM_API_LISTENER_ZK_BROKER,
+		.deprecated_min = -1,
+		.deprecated_max = -1,
+		.listeners = KM_API_LISTENER_BROKER | KM_API_LISTENER_CONTROLLER,
 		.request_header_v0_max = -1,
 		.response_header_always_v0 = false,
 		.request = {"DeleteTopicsRequest", sizeof(km_delete_topics_request), km_delete_topics_request_init_v, km_delete_topics_request_decode_v, km_delete_topics_request_encode_v, km_delete_topics_request_size_v},
@@ -1210,7 +1180,7 @@ static const km_api_info km_api_rows[] = {
 		.latest_unstable = false,
 		.deprecated_min = -1,
 		.deprecated_max = -1,
-		.listeners = KM_API_LISTENER_BROKER | KM_API_LISTENER_ZK_BROKER,
+		.listeners = KM_API_LISTENER_BROKER,
 		.request_header_v0_max = -1,
 		.response_header_always_v0 = false,
 		.request = {"DeleteRecordsRequest", sizeof(km_delete_records_request), km_delete_records_request_init_v, km_delete_records_request_decode_v, km_delete_records_request_encode_v, km_delete_records_request_size_v},
@@ -1220,12 +1190,12 @@ static const km_api_info km_api_rows[] = {
 		.api_key = 22,
 		.name = "InitProducerId",
 		.min_version = 0,
-		.max_version = 5,
+		.max_version = 6,
 		.first_flexible = 2,
-		.latest_unstable = false,
+		.latest_unstable = true,
 		.deprecated_min = -1,
 		.deprecated_max = -1,
-		.listeners = KM_API_LISTENER_BROKER | KM_API_LISTENER_ZK_BROKER,
+		.listeners = KM_API_LISTENER_BROKER,
 		.request_header_v0_max = -1,
 		.response_header_always_v0 = false,
 		.request = {"InitProducerIdRequest", sizeof(km_init_producer_id_request), km_init_producer_id_request_init_v, km_init_producer_id_request_decode_v, km_init_producer_id_request_encode_v, km_init_producer_id_request_size_v},
@@ -1234,13 +1204,13 @@ static const km_api_info km_api_rows[] = {
 	{
 		.api_key = 23,
 		.name = "OffsetForLeaderEpoch",
-		.min_version = 0,
+		.min_version = 2,
 		.max_version = 4,
 		.first_flexible = 4,
 		.latest_unstable = false,
-		.deprecated_min = 0,
-		.deprecated_max = 1,
-		.listeners = KM_API_LISTENER_BROKER | KM_API_LISTENER_ZK_BROKER,
+		.deprecated_min = -1,
+		.deprecated_max = -1,
+		.listeners = KM_API_LISTENER_BROKER,
 		.request_header_v0_max = -1,
 		.response_header_always_v0 = false,
 		.request = {"OffsetForLeaderEpochRequest", sizeof(km_offset_for_leader_epoch_request), km_offset_for_leader_epoch_request_init_v, km_offset_for_leader_epoch_request_decode_v, km_offset_for_leader_epoch_request_encode_v, km_offset_for_leader_epoch_request_size_v},
@@ -1255,7 +1225,7 @@ static const km_api_info km_api_rows[] = {
 		.latest_unstable = false,
 		.deprecated_min = -1,
 		.deprecated_max = -1,
-		.listeners = KM_API_LISTENER_BROKER | KM_API_LISTENER_ZK_BROKER,
+		.listeners = KM_API_LISTENER_BROKER,
 		.request_header_v0_max = -1,
 		.response_header_always_v0 = false,
 		.request = {"AddPartitionsToTxnRequest", sizeof(km_add_partitions_to_txn_request), km_add_partitions_to_txn_request_init_v, km_add_partitions_to_txn_request_decode_v, km_add_partitions_to_txn_request_encode_v, km_add_partitions_to_txn_request_size_v},
@@ -1270,7 +1240,7 @@ static const km_api_info km_api_rows[] = {
 		.latest_unstable = false,
 		.deprecated_min = -1,
 		.deprecated_max = -1,
-		.listeners = KM_API_LISTENER_BROKER | KM_API_LISTENER_ZK_BROKER,
+		.listeners = KM_API_LISTENER_BROKER,
 		.request_header_v0_max = -1,
 		.response_header_always_v0 = false,
 		.request = {"AddOffsetsToTxnRequest", sizeof(km_add_offsets_to_txn_request), km_add_offsets_to_txn_request_init_v, km_add_offsets_to_txn_request_decode_v, km_add_offsets_to_txn_request_encode_v, km_add_offsets_to_txn_request_size_v},
@@ -1282,10 +1252,10 @@ static const km_api_info km_api_rows[] = {
 		.min_version = 0,
 		.max_version = 5,
 		.first_flexible = 3,
-		.latest_unstable = true,
+		.latest_unstable = false,
 		.deprecated_min = -1,
 		.deprecated_max = -1,
-		.listeners = KM_API_LISTENER_BROKER | KM_API_LISTENER_ZK_BROKER,
+		.listeners = KM_API_LISTENER_BROKER,
 		.request_header_v0_max = -1,
 		.response_header_always_v0 = false,
 		.request = {"EndTxnRequest", sizeof(km_end_txn_request), km_end_txn_request_init_v, km_end_txn_request_decode_v, km_end_txn_request_encode_v, km_end_txn_request_size_v},
@@ -1294,13 +1264,13 @@ static const km_api_info km_api_rows[] = {
 	{
 		.api_key = 27,
 		.name = "WriteTxnMarkers",
-		.min_version = 0,
-		.max_version = 1,
+		.min_version = 1,
+		.max_version = 2,
 		.first_flexible = 1,
 		.latest_unstable = false,
 		.deprecated_min = -1,
 		.deprecated_max = -1,
-		.listeners = KM_API_LISTENER_BROKER | KM_API_LISTENER_ZK_BROKER,
+		.listeners = KM_API_LISTENER_BROKER,
 		.request_header_v0_max = -1,
 		.response_header_always_v0 = false,
 		.request = {"WriteTxnMarkersRequest", sizeof(km_write_txn_markers_request), km_write_txn_markers_request_init_v, km_write_txn_markers_request_decode_v, km_write_txn_markers_request_encode_v, km_write_txn_markers_request_size_v},
@@ -1310,12 +1280,12 @@ static const km_api_info km_api_rows[] = {
 		.api_key = 28,
 		.name = "TxnOffsetCommit",
 		.min_version = 0,
-		.max_version = 4,
+		.max_version = 6,
 		.first_flexible = 3,
 		.latest_unstable = false,
 		.deprecated_min = -1,
 		.deprecated_max = -1,
-		.listeners = KM_API_LISTENER_BROKER | KM_API_LISTENER_ZK_BROKER,
+		.listeners = KM_API_LISTENER_BROKER,
 		.request_header_v0_max = -1,
 		.response_header_always_v0 = false,
 		.request = {"TxnOffsetCommitRequest", sizeof(km_txn_offset_commit_request), km_txn_offset_commit_request_init_v, km_txn_offset_commit_request_decode_v, km_txn_offset_commit_request_encode_v, km_txn_offset_commit_request_size_v},
@@ -1324,13 +1294,13 @@ static const km_api_info km_api_rows[] = {
 	{
 		.api_key = 29,
 		.name = "DescribeAcls",
-		.min_version = 0,
+		.min_version = 1,
 		.max_version = 3,
 		.first_flexible = 2,
 		.latest_unstable = false,
-		.deprecated_min = 0,
-		.deprecated_max = 0,
-		.listeners = KM_API_LISTENER_BROKER | KM_API_LISTENER_CONTROLLER | KM_API_LISTENER_ZK_BROKER,
+		.deprecated_min = -1,
+		.deprecated_max = -1,
+		.listeners = KM_API_LISTENER_BROKER | KM_API_LISTENER_CONTROLLER,
 		.request_header_v0_max = -1,
 		.response_header_always_v0 = false,
 		.request = {"DescribeAclsRequest", sizeof(km_describe_acls_request), km_describe_acls_request_init_v, km_describe_acls_request_decode_v, km_describe_acls_request_encode_v, km_describe_acls_request_size_v},
@@ -1339,13 +1309,13 @@ static const km_api_info km_api_rows[] = {
 	{
 		.api_key = 30,
 		.name = "CreateAcls",
-		.min_version = 0,
+		.min_version = 1,
 		.max_version = 3,
 		.first_flexible = 2,
 		.latest_unstable = false,
-		.deprecated_min = 0,
-		.deprecated_max = 0,
-		.listeners = KM_API_LISTENER_BROKER | KM_API_LISTENER_CONTROLLER | KM_API_LISTENER_ZK_BROKER,
+		.deprecated_min = -1,
+		.deprecated_max = -1,
+		.listeners = KM_API_LISTENER_BROKER | KM_API_LISTENER_CONTROLLER,
 		.request_header_v0_max = -1,
 		.response_header_always_v0 = false,
 		.request = {"CreateAclsRequest", sizeof(km_create_acls_request), km_create_acls_request_init_v, km_create_acls_request_decode_v, km_create_acls_request_encode_v, km_create_acls_request_size_v},
@@ -1354,13 +1324,13 @@ static const km_api_info km_api_rows[] = {
 	{
 		.api_key = 31,
 		.name = "DeleteAcls",
-		.min_version = 0,
+		.min_version = 1,
 		.max_version = 3,
 		.first_flexible = 2,
 		.latest_unstable = false,
-		.deprecated_min = 0,
-		.deprecated_max = 0,
-		.listeners = KM_API_LISTENER_BROKER | KM_API_LISTENER_CONTROLLER | KM_API_LISTENER_ZK_BROKER,
+		.deprecated_min = -1,
+		.deprecated_max = -1,
+		.listeners = KM_API_LISTENER_BROKER | KM_API_LISTENER_CONTROLLER,
 		.request_header_v0_max = -1,
 		.response_header_always_v0 = false,
 		.request = {"DeleteAclsRequest", sizeof(km_delete_acls_request), km_delete_acls_request_init_v, km_delete_acls_request_decode_v, km_delete_acls_request_encode_v, km_delete_acls_request_size_v},
@@ -1369,13 +1339,13 @@ static const km_api_info km_api_rows[] = {
 	{
 		.api_key = 32,
 		.name = "DescribeConfigs",
-		.min_version = 0,
+		.min_version = 1,
 		.max_version = 4,
 		.first_flexible = 4,
 		.latest_unstable = false,
-		.deprecated_min = 0,
-		.deprecated_max = 0,
-		.listeners = KM_API_LISTENER_BROKER | KM_API_LISTENER_CONTROLLER | KM_API_LISTENER_ZK_BROKER,
+		.deprecated_min = -1,
+		.deprecated_max = -1,
+		.listeners = KM_API_LISTENER_BROKER | KM_API_LISTENER_CONTROLLER,
 		.request_header_v0_max = -1,
 		.response_header_always_v0 = false,
 		.request = {"DescribeConfigsRequest", sizeof(km_describe_configs_request), km_describe_configs_request_init_v, km_describe_configs_request_decode_v, km_describe_configs_request_encode_v, km_describe_configs_request_size_v},
@@ -1390,7 +1360,7 @@ static const km_api_info km_api_rows[] = {
 		.latest_unstable = false,
 		.deprecated_min = -1,
 		.deprecated_max = -1,
-		.listeners = KM_API_LISTENER_BROKER | KM_API_LISTENER_CONTROLLER | KM_API_LISTENER_ZK_BROKER,
+		.listeners = KM_API_LISTENER_BROKER | KM_API_LISTENER_CONTROLLER,
 		.request_header_v0_max = -1,
 		.response_header_always_v0 = false,
 		.request = {"AlterConfigsRequest", sizeof(km_alter_configs_request), km_alter_configs_request_init_v, km_alter_configs_request_decode_v, km_alter_configs_request_encode_v, km_alter_configs_request_size_v},
@@ -1399,13 +1369,13 @@ static const km_api_info km_api_rows[] = {
 	{
 		.api_key = 34,
 		.name = "AlterReplicaLogDirs",
-		.min_version = 0,
+		.min_version = 1,
 		.max_version = 2,
 		.first_flexible = 2,
 		.latest_unstable = false,
-		.deprecated_min = 0,
-		.deprecated_max = 0,
-		.listeners = KM_API_LISTENER_BROKER | KM_API_LISTENER_ZK_BROKER,
+		.deprecated_min = -1,
+		.deprecated_max = -1,
+		.listeners = KM_API_LISTENER_BROKER,
 		.request_header_v0_max = -1,
 		.response_header_always_v0 = false,
 		.request = {"AlterReplicaLogDirsRequest", sizeof(km_alter_replica_log_dirs_request), km_alter_replica_log_dirs_request_init_v, km_alter_replica_log_dirs_request_decode_v, km_alter_replica_log_dirs_request_encode_v, km_alter_replica_log_dirs_request_size_v},
@@ -1414,13 +1384,13 @@ static const km_api_info km_api_rows[] = {
 	{
 		.api_key = 35,
 		.name = "DescribeLogDirs",
-		.min_version = 0,
-		.max_version = 4,
+		.min_version = 1,
+		.max_version = 5,
 		.first_flexible = 2,
 		.latest_unstable = false,
-		.deprecated_min = 0,
-		.deprecated_max = 0,
-		.listeners = KM_API_LISTENER_BROKER | KM_API_LISTENER_ZK_BROKER,
+		.deprecated_min = -1,
+		.deprecated_max = -1,
+		.listeners = KM_API_LISTENER_BROKER,
 		.request_header_v0_max = -1,
 		.response_header_always_v0 = false,
 		.request = {"DescribeLogDirsRequest", sizeof(km_describe_log_dirs_request), km_describe_log_dirs_request_init_v, km_describe_log_dirs_request_decode_v, km_describe_log_dirs_request_encode_v, km_describe_log_dirs_request_size_v},
@@ -1435,7 +1405,7 @@ static const km_api_info km_api_rows[] = {
 		.latest_unstable = false,
 		.deprecated_min = -1,
 		.deprecated_max = -1,
-		.listeners = KM_API_LISTENER_BROKER | KM_API_LISTENER_CONTROLLER | KM_API_LISTENER_ZK_BROKER,
+		.listeners = KM_API_LISTENER_BROKER | KM_API_LISTENER_CONTROLLER,
 		.request_header_v0_max = -1,
 		.response_header_always_v0 = false,
 		.request = {"SaslAuthenticateRequest", sizeof(km_sasl_authenticate_request), km_sasl_authenticate_request_init_v, km_sasl_authenticate_request_decode_v, km_sasl_authenticate_request_encode_v, km_sasl_authenticate_request_size_v},
@@ -1450,7 +1420,7 @@ static const km_api_info km_api_rows[] = {
 		.latest_unstable = false,
 		.deprecated_min = -1,
 		.deprecated_max = -1,
-		.listeners = KM_API_LISTENER_BROKER | KM_API_LISTENER_CONTROLLER | KM_API_LISTENER_ZK_BROKER,
+		.listeners = KM_API_LISTENER_BROKER | KM_API_LISTENER_CONTROLLER,
 		.request_header_v0_max = -1,
 		.response_header_always_v0 = false,
 		.request = {"CreatePartitionsRequest", sizeof(km_create_partitions_request), km_create_partitions_request_init_v, km_create_partitions_request_decode_v, km_create_partitions_request_encode_v, km_create_partitions_request_size_v},
@@ -1459,13 +1429,13 @@ static const km_api_info km_api_rows[] = {
 	{
 		.api_key = 38,
 		.name = "CreateDelegationToken",
-		.min_version = 0,
+		.min_version = 1,
 		.max_version = 3,
 		.first_flexible = 2,
 		.latest_unstable = false,
-		.deprecated_min = 0,
-		.deprecated_max = 0,
-		.listeners = KM_API_LISTENER_BROKER | KM_API_LISTENER_CONTROLLER | KM_API_LISTENER_ZK_BROKER,
+		.deprecated_min = -1,
+		.deprecated_max = -1,
+		.listeners = KM_API_LISTENER_BROKER | KM_API_LISTENER_CONTROLLER,
 		.request_header_v0_max = -1,
 		.response_header_always_v0 = false,
 		.request = {"CreateDelegationTokenRequest", sizeof(km_create_delegation_token_request), km_create_delegation_token_request_init_v, km_create_delegation_token_request_decode_v, km_create_delegation_token_request_encode_v, km_create_delegation_token_request_size_v},
@@ -1474,13 +1444,13 @@ static const km_api_info km_api_rows[] = {
 	{
 		.api_key = 39,
 		.name = "RenewDelegationToken",
-		.min_version = 0,
+		.min_version = 1,
 		.max_version = 2,
 		.first_flexible = 2,
 		.latest_unstable = false,
-		.deprecated_min = 0,
-		.deprecated_max = 0,
-		.listeners = KM_API_LISTENER_BROKER | KM_API_LISTENER_CONTROLLER | KM_API_LISTENER_ZK_BROKER,
+		.deprecated_min = -1,
+		.deprecated_max = -1,
+		.listeners = KM_API_LISTENER_BROKER | KM_API_LISTENER_CONTROLLER,
 		.request_header_v0_max = -1,
 		.response_header_always_v0 = false,
 		.request = {"RenewDelegationTokenRequest", sizeof(km_renew_delegation_token_request), km_renew_delegation_token_request_init_v, km_renew_delegation_token_request_decode_v, km_renew_delegation_token_request_encode_v, km_renew_delegation_token_request_size_v},
@@ -1489,13 +1459,13 @@ static const km_api_info km_api_rows[] = {
 	{
 		.api_key = 40,
 		.name = "ExpireDelegationToken",
-		.min_version = 0,
+		.min_version = 1,
 		.max_version = 2,
 		.first_flexible = 2,
 		.latest_unstable = false,
-		.deprecated_min = 0,
-		.deprecated_max = 0,
-		.listeners = KM_API_LISTENER_BROKER | KM_API_LISTENER_CONTROLLER | KM_API_LISTENER_ZK_BROKER,
+		.deprecated_min = -1,
+		.deprecated_max = -1,
+		.listeners = KM_API_LISTENER_BROKER | KM_API_LISTENER_CONTROLLER,
 		.request_header_v0_max = -1,
 		.response_header_always_v0 = false,
 		.request = {"ExpireDelegationTokenRequest", sizeof(km_expire_delegation_token_request), km_expire_delegation_token_request_init_v, km_expire_delegation_token_request_decode_v, km_expire_delegation_token_request_encode_v, km_expire_delegation_token_request_size_v},
@@ -1504,13 +1474,13 @@ static const km_api_info km_api_rows[] = {
 	{
 		.api_key = 41,
 		.name = "DescribeDelegationToken",
-		.min_version = 0,
+		.min_version = 1,
 		.max_version = 3,
 		.first_flexible = 2,
 		.latest_unstable = false,
-		.deprecated_min = 0,
-		.deprecated_max = 0,
-		.listeners = KM_API_LISTENER_BROKER | KM_API_LISTENER_CONTROLLER | KM_API_LISTENER_ZK_BROKER,
+		.deprecated_min = -1,
+		.deprecated_max = -1,
+		.listeners = KM_API_LISTENER_BROKER | KM_API_LISTENER_CONTROLLER,
 		.request_header_v0_max = -1,
 		.response_header_always_v0 = false,
 		.request = {"DescribeDelegationTokenRequest", sizeof(km_describe_delegation_token_request), km_describe_delegation_token_request_init_v, km_describe_delegation_token_request_decode_v, km_describe_delegation_token_request_encode_v, km_describe_delegation_token_request_size_v},
@@ -1520,12 +1490,12 @@ static const km_api_info km_api_rows[] = {
 		.api_key = 42,
 		.name = "DeleteGroups",
 		.min_version = 0,
-		.max_version = 2,
+		.max_version = 3,
 		.first_flexible = 2,
 		.latest_unstable = false,
-		.deprecated_min = 0,
-		.deprecated_max = 0,
-		.listeners = KM_API_LISTENER_BROKER | KM_API_LISTENER_ZK_BROKER,
+		.deprecated_min = -1,
+		.deprecated_max = -1,
+		.listeners = KM_API_LISTENER_BROKER,
 		.request_header_v0_max = -1,
 		.response_header_always_v0 = false,
 		.request = {"DeleteGroupsRequest", sizeof(km_delete_groups_request), km_delete_groups_request_init_v, km_delete_groups_request_decode_v, km_delete_groups_request_encode_v, km_delete_groups_request_size_v},
@@ -1540,7 +1510,7 @@ static const km_api_info km_api_rows[] = {
 		.latest_unstable = false,
 		.deprecated_min = -1,
 		.deprecated_max = -1,
-		.listeners = KM_API_LISTENER_BROKER | KM_API_LISTENER_CONTROLLER | KM_API_LISTENER_ZK_BROKER,
+		.listeners = KM_API_LISTENER_BROKER | KM_API_LISTENER_CONTROLLER,
 		.request_header_v0_max = -1,
 		.response_header_always_v0 = false,
 		.request = {"ElectLeadersRequest", sizeof(km_elect_leaders_request), km_elect_leaders_request_init_v, km_elect_leaders_request_decode_v, km_elect_leaders_request_encode_v, km_elect_leaders_request_size_v},
@@ -1555,7 +1525,7 @@ static const km_api_info km_api_rows[] = {
 		.latest_unstable = false,
 		.deprecated_min = -1,
 		.deprecated_max = -1,
-		.listeners = KM_API_LISTENER_BROKER | KM_API_LISTENER_CONTROLLER | KM_API_LISTENER_ZK_BROKER,
+		.listeners = KM_API_LISTENER_BROKER | KM_API_LISTENER_CONTROLLER,
 		.request_header_v0_max = -1,
 		.response_header_always_v0 = false,
 		.request = {"IncrementalAlterConfigsRequest", sizeof(km_incremental_alter_configs_request), km_incremental_alter_configs_request_init_v, km_incremental_alter_configs_request_decode_v, km_incremental_alter_configs_request_encode_v, km_incremental_alter_configs_request_size_v},
@@ -1565,12 +1535,12 @@ static const km_api_info km_api_rows[] = {
 		.api_key = 45,
 		.name = "AlterPartitionReassignments",
 		.min_version = 0,
-		.max_version = 0,
+		.max_version = 1,
 		.first_flexible = 0,
 		.latest_unstable = false,
 		.deprecated_min = -1,
 		.deprecated_max = -1,
-		.listeners = KM_API_LISTENER_BROKER | KM_API_LISTENER_CONTROLLER | KM_API_LISTENER_ZK_BROKER,
+		.listeners = KM_API_LISTENER_BROKER | KM_API_LISTENER_CONTROLLER,
 		.request_header_v0_max = -1,
 		.response_header_always_v0 = false,
 		.request = {"AlterPartitionReassignmentsRequest", sizeof(km_alter_partition_reassignments_request), km_alter_partition_reassignments_request_init_v, km_alter_partition_reassignments_request_decode_v, km_alter_partition_reassignments_request_encode_v, km_alter_partition_reassignments_request_size_v},
@@ -1585,7 +1555,7 @@ static const km_api_info km_api_rows[] = {
 		.latest_unstable = false,
 		.deprecated_min = -1,
 		.deprecated_max = -1,
-		.listeners = KM_API_LISTENER_BROKER | KM_API_LISTENER_CONTROLLER | KM_API_LISTENER_ZK_BROKER,
+		.listeners = KM_API_LISTENER_BROKER | KM_API_LISTENER_CONTROLLER,
 		.request_header_v0_max = -1,
 		.response_header_always_v0 = false,
 		.request = {"ListPartitionReassignmentsRequest", sizeof(km_list_partition_reassignments_request), km_list_partition_reassignments_request_init_v, km_list_partition_reassignments_request_decode_v, km_list_partition_reassignments_request_encode_v, km_list_partition_reassignments_request_size_v},
@@ -1600,7 +1570,7 @@ static const km_api_info km_api_rows[] = {
 		.latest_unstable = false,
 		.deprecated_min = -1,
 		.deprecated_max = -1,
-		.listeners = KM_API_LISTENER_BROKER | KM_API_LISTENER_ZK_BROKER,
+		.listeners = KM_API_LISTENER_BROKER,
 		.request_header_v0_max = -1,
 		.response_header_always_v0 = false,
 		.request = {"OffsetDeleteRequest", sizeof(km_offset_delete_request), km_offset_delete_request_init_v, km_offset_delete_request_decode_v, km_offset_delete_request_encode_v, km_offset_delete_request_size_v},
@@ -1615,7 +1585,7 @@ static const km_api_info km_api_rows[] = {
 		.latest_unstable = false,
 		.deprecated_min = -1,
 		.deprecated_max = -1,
-		.listeners = KM_API_LISTENER_BROKER | KM_API_LISTENER_ZK_BROKER,
+		.listeners = KM_API_LISTENER_BROKER,
 		.request_header_v0_max = -1,
 		.response_header_always_v0 = false,
 		.request = {"DescribeClientQuotasRequest", sizeof(km_describe_client_quotas_request), km_describe_client_quotas_request_init_v, km_describe_client_quotas_request_decode_v, km_describe_client_quotas_request_encode_v, km_describe_client_quotas_request_size_v},
@@ -1630,7 +1600,7 @@ static const km_api_info km_api_rows[] = {
 		.latest_unstable = false,
 		.deprecated_min = -1,
 		.deprecated_max = -1,
-		.listeners = KM_API_LISTENER_BROKER | KM_API_LISTENER_CONTROLLER | KM_API_LISTENER_ZK_BROKER,
+		.listeners = KM_API_LISTENER_BROKER | KM_API_LISTENER_CONTROLLER,
 		.request_header_v0_max = -1,
 		.response_header_always_v0 = false,
 		.request = {"AlterClientQuotasRequest", sizeof(km_alter_client_quotas_request), km_alter_client_quotas_request_init_v, km_alter_client_quotas_request_decode_v, km_alter_client_quotas_request_encode_v, km_alter_client_quotas_request_size_v},
@@ -1645,7 +1615,7 @@ static const km_api_info km_api_rows[] = {
 		.latest_unstable = false,
 		.deprecated_min = -1,
 		.deprecated_max = -1,
-		.listeners = KM_API_LISTENER_BROKER | KM_API_LISTENER_CONTROLLER | KM_API_LISTENER_ZK_BROKER,
+		.listeners = KM_API_LISTENER_BROKER | KM_API_LISTENER_CONTROLLER,
 		.request_header_v0_max = -1,
 		.response_header_always_v0 = false,
 		.request = {"DescribeUserScramCredentialsRequest", sizeof(km_describe_user_scram_credentials_request), km_describe_user_scram_credentials_request_init_v, km_describe_user_scram_credentials_request_decode_v, km_describe_user_scram_credentials_request_encode_v, km_describe_user_scram_credentials_request_size_v},
@@ -1660,7 +1630,7 @@ static const km_api_info km_api_rows[] = {
 		.latest_unstable = false,
 		.deprecated_min = -1,
 		.deprecated_max = -1,
-		.listeners = KM_API_LISTENER_BROKER | KM_API_LISTENER_CONTROLLER | KM_API_LISTENER_ZK_BROKER,
+		.listeners = KM_API_LISTENER_BROKER | KM_API_LISTENER_CONTROLLER,
 		.request_header_v0_max = -1,
 		.response_header_always_v0 = false,
 		.request = {"AlterUserScramCredentialsRequest", sizeof(km_alter_user_scram_credentials_request), km_alter_user_scram_credentials_request_init_v, km_alter_user_scram_credentials_request_decode_v, km_alter_user_scram_credentials_request_encode_v, km_alter_user_scram_credentials_request_size_v},
@@ -1670,7 +1640,7 @@ static const km_api_info km_api_rows[] = {
 		.api_key = 52,
 		.name = "Vote",
 		.min_version = 0,
-		.max_version = 1,
+		.max_version = 2,
 		.first_flexible = 0,
 		.latest_unstable = false,
 		.deprecated_min = -1,
@@ -1729,13 +1699,13 @@ static const km_api_info km_api_rows[] = {
 	{
 		.api_key = 56,
 		.name = "AlterPartition",
-		.min_version = 0,
+		.min_version = 2,
 		.max_version = 3,
-		.first_flexible = 0,
+		.first_flexible = 2,
 		.latest_unstable = false,
 		.deprecated_min = -1,
 		.deprecated_max = -1,
-		.listeners = KM_API_LISTENER_CONTROLLER | KM_API_LISTENER_ZK_BROKER,
+		.listeners = KM_API_LISTENER_CONTROLLER,
 		.request_header_v0_max = -1,
 		.response_header_always_v0 = false,
 		.request = {"AlterPartitionRequest", sizeof(km_alter_partition_request), km_alter_partition_request_init_v, km_alter_partition_request_decode_v, km_alter_partition_request_encode_v, km_alter_partition_request_size_v},
@@ -1750,7 +1720,7 @@ static const km_api_info km_api_rows[] = {
 		.latest_unstable = false,
 		.deprecated_min = -1,
 		.deprecated_max = -1,
-		.listeners = KM_API_LISTENER_BROKER | KM_API_LISTENER_CONTROLLER | KM_API_LISTENER_ZK_BROKER,
+		.listeners = KM_API_LISTENER_BROKER | KM_API_LISTENER_CONTROLLER,
 		.request_header_v0_max = -1,
 		.response_header_always_v0 = false,
 		.request = {"UpdateFeaturesRequest", sizeof(km_update_features_request), km_update_features_request_init_v, km_update_features_request_decode_v, km_update_features_request_encode_v, km_update_features_request_size_v},
@@ -1765,7 +1735,7 @@ static const km_api_info km_api_rows[] = {
 		.latest_unstable = false,
 		.deprecated_min = -1,
 		.deprecated_max = -1,
-		.listeners = KM_API_LISTENER_CONTROLLER | KM_API_LISTENER_ZK_BROKER,
+		.listeners = KM_API_LISTENER_CONTROLLER,
 		.request_header_v0_max = -1,
 		.response_header_always_v0 = false,
 		.request = {"EnvelopeRequest", sizeof(km_envelope_request), km_envelope_request_init_v, km_envelope_request_decode_v, km_envelope_request_encode_v, km_envelope_request_size_v},
@@ -1790,12 +1760,12 @@ static const km_api_info km_api_rows[] = {
 		.api_key = 60,
 		.name = "DescribeCluster",
 		.min_version = 0,
-		.max_version = 1,
+		.max_version = 2,
 		.first_flexible = 0,
 		.latest_unstable = false,
 		.deprecated_min = -1,
 		.deprecated_max = -1,
-		.listeners = KM_API_LISTENER_BROKER | KM_API_LISTENER_CONTROLLER | KM_API_LISTENER_ZK_BROKER,
+		.listeners = KM_API_LISTENER_BROKER | KM_API_LISTENER_CONTROLLER,
 		.request_header_v0_max = -1,
 		.response_header_always_v0 = false,
 		.request = {"DescribeClusterRequest", sizeof(km_describe_cluster_request), km_describe_cluster_request_init_v, km_describe_cluster_request_decode_v, km_describe_cluster_request_encode_v, km_describe_cluster_request_size_v},
@@ -1810,7 +1780,7 @@ static const km_api_info km_api_rows[] = {
 		.latest_unstable = false,
 		.deprecated_min = -1,
 		.deprecated_max = -1,
-		.listeners = KM_API_LISTENER_BROKER | KM_API_LISTENER_ZK_BROKER,
+		.listeners = KM_API_LISTENER_BROKER,
 		.request_header_v0_max = -1,
 		.response_header_always_v0 = false,
 		.request = {"DescribeProducersRequest", sizeof(km_describe_producers_request), km_describe_producers_request_init_v, km_describe_producers_request_decode_v, km_describe_producers_request_encode_v, km_describe_producers_request_size_v},
@@ -1835,7 +1805,7 @@ static const km_api_info km_api_rows[] = {
 		.api_key = 63,
 		.name = "BrokerHeartbeat",
 		.min_version = 0,
-		.max_version = 1,
+		.max_version = 2,
 		.first_flexible = 0,
 		.latest_unstable = false,
 		.deprecated_min = -1,
@@ -1870,7 +1840,7 @@ static const km_api_info km_api_rows[] = {
 		.latest_unstable = false,
 		.deprecated_min = -1,
 		.deprecated_max = -1,
-		.listeners = KM_API_LISTENER_BROKER | KM_API_LISTENER_ZK_BROKER,
+		.listeners = KM_API_LISTENER_BROKER,
 		.request_header_v0_max = -1,
 		.response_header_always_v0 = false,
 		.request = {"DescribeTransactionsRequest", sizeof(km_describe_transactions_request), km_describe_transactions_request_init_v, km_describe_transactions_request_decode_v, km_describe_transactions_request_encode_v, km_describe_transactions_request_size_v},
@@ -1880,12 +1850,12 @@ static const km_api_info km_api_rows[] = {
 		.api_key = 66,
 		.name = "ListTransactions",
 		.min_version = 0,
-		.max_version = 1,
+		.max_version = 2,
 		.first_flexible = 0,
 		.latest_unstable = false,
 		.deprecated_min = -1,
 		.deprecated_max = -1,
-		.listeners = KM_API_LISTENER_BROKER | KM_API_LISTENER_ZK_BROKER,
+		.listeners = KM_API_LISTENER_BROKER,
 		.request_header_v0_max = -1,
 		.response_header_always_v0 = false,
 		.request = {"ListTransactionsRequest", sizeof(km_list_transactions_request), km_list_transactions_request_init_v, km_list_transactions_request_decode_v, km_list_transactions_request_encode_v, km_list_transactions_request_size_v},
@@ -1900,7 +1870,7 @@ static const km_api_info km_api_rows[] = {
 		.latest_unstable = false,
 		.deprecated_min = -1,
 		.deprecated_max = -1,
-		.listeners = KM_API_LISTENER_CONTROLLER | KM_API_LISTENER_ZK_BROKER,
+		.listeners = KM_API_LISTENER_CONTROLLER,
 		.request_header_v0_max = -1,
 		.response_header_always_v0 = false,
 		.request = {"AllocateProducerIdsRequest", sizeof(km_allocate_producer_ids_request), km_allocate_producer_ids_request_init_v, km_allocate_producer_ids_request_decode_v, km_allocate_producer_ids_request_encode_v, km_allocate_producer_ids_request_size_v},
@@ -1912,10 +1882,10 @@ static const km_api_info km_api_rows[] = {
 		.min_version = 0,
 		.max_version = 1,
 		.first_flexible = 0,
-		.latest_unstable = true,
+		.latest_unstable = false,
 		.deprecated_min = -1,
 		.deprecated_max = -1,
-		.listeners = KM_API_LISTENER_BROKER | KM_API_LISTENER_ZK_BROKER,
+		.listeners = KM_API_LISTENER_BROKER,
 		.request_header_v0_max = -1,
 		.response_header_always_v0 = false,
 		.request = {"ConsumerGroupHeartbeatRequest", sizeof(km_consumer_group_heartbeat_request), km_consumer_group_heartbeat_request_init_v, km_consumer_group_heartbeat_request_decode_v, km_consumer_group_heartbeat_request_encode_v, km_consumer_group_heartbeat_request_size_v},
@@ -1925,12 +1895,12 @@ static const km_api_info km_api_rows[] = {
 		.api_key = 69,
 		.name = "ConsumerGroupDescribe",
 		.min_version = 0,
-		.max_version = 0,
+		.max_version = 1,
 		.first_flexible = 0,
 		.latest_unstable = false,
 		.deprecated_min = -1,
 		.deprecated_max = -1,
-		.listeners = KM_API_LISTENER_BROKER | KM_API_LISTENER_ZK_BROKER,
+		.listeners = KM_API_LISTENER_BROKER,
 		.request_header_v0_max = -1,
 		.response_header_always_v0 = false,
 		.request = {"ConsumerGroupDescribeRequest", sizeof(km_consumer_group_describe_request), km_consumer_group_describe_request_init_v, km_consumer_group_describe_request_decode_v, km_consumer_group_describe_request_encode_v, km_consumer_group_describe_request_size_v},
@@ -1998,9 +1968,9 @@ static const km_api_info km_api_rows[] = {
 	},
 	{
 		.api_key = 74,
-		.name = "ListClientMetricsResources",
+		.name = "ListConfigResources",
 		.min_version = 0,
-		.max_version = 0,
+		.max_version = 1,
 		.first_flexible = 0,
 		.latest_unstable = false,
 		.deprecated_min = -1,
@@ -2008,8 +1978,8 @@ static const km_api_info km_api_rows[] = {
 		.listeners = KM_API_LISTENER_BROKER,
 		.request_header_v0_max = -1,
 		.response_header_always_v0 = false,
-		.request = {"ListClientMetricsResourcesRequest", sizeof(km_list_client_metrics_resources_request), km_list_client_metrics_resources_request_init_v, km_list_client_metrics_resources_request_decode_v, km_list_client_metrics_resources_request_encode_v, km_list_client_metrics_resources_request_size_v},
-		.response = {"ListClientMetricsResourcesResponse", sizeof(km_list_client_metrics_resources_response), km_list_client_metrics_resources_response_init_v, km_list_client_metrics_resources_response_decode_v, km_list_client_metrics_resources_response_encode_v, km_list_client_metrics_resources_response_size_v},
+		.request = {"ListConfigResourcesRequest", sizeof(km_list_config_resources_request), km_list_config_resources_request_init_v, km_list_config_resources_request_decode_v, km_list_config_resources_request_encode_v, km_list_config_resources_request_size_v},
+		.response = {"ListConfigResourcesResponse", sizeof(km_list_config_resources_response), km_list_config_resources_response_init_v, km_list_config_resources_response_decode_v, km_list_config_resources_response_encode_v, km_list_config_resources_response_size_v},
 	},
 	{
 		.api_key = 75,
@@ -2029,10 +1999,10 @@ static const km_api_info km_api_rows[] = {
 	{
 		.api_key = 76,
 		.name = "ShareGroupHeartbeat",
-		.min_version = 0,
-		.max_version = 0,
-		.first_flexible = 0,
-		.latest_unstable = true,
+		.min_version = 1,
+		.max_version = 1,
+		.first_flexible = 1,
+		.latest_unstable = false,
 		.deprecated_min = -1,
 		.deprecated_max = -1,
 		.listeners = KM_API_LISTENER_BROKER,
@@ -2044,10 +2014,10 @@ static const km_api_info km_api_rows[] = {
 	{
 		.api_key = 77,
 		.name = "ShareGroupDescribe",
-		.min_version = 0,
-		.max_version = 0,
-		.first_flexible = 0,
-		.latest_unstable = true,
+		.min_version = 1,
+		.max_version = 1,
+		.first_flexible = 1,
+		.latest_unstable = false,
 		.deprecated_min = -1,
 		.deprecated_max = -1,
 		.listeners = KM_API_LISTENER_BROKER,
@@ -2059,10 +2029,10 @@ static const km_api_info km_api_rows[] = {
 	{
 		.api_key = 78,
 		.name = "ShareFetch",
-		.min_version = 0,
-		.max_version = 0,
-		.first_flexible = 0,
-		.latest_unstable = true,
+		.min_version = 1,
+		.max_version = 2,
+		.first_flexible = 1,
+		.latest_unstable = false,
 		.deprecated_min = -1,
 		.deprecated_max = -1,
 		.listeners = KM_API_LISTENER_BROKER,
@@ -2074,10 +2044,10 @@ static const km_api_info km_api_rows[] = {
 	{
 		.api_key = 79,
 		.name = "ShareAcknowledge",
-		.min_version = 0,
-		.max_version = 0,
-		.first_flexible = 0,
-		.latest_unstable = true,
+		.min_version = 1,
+		.max_version = 2,
+		.first_flexible = 1,
+		.latest_unstable = false,
 		.deprecated_min = -1,
 		.deprecated_max = -1,
 		.listeners = KM_API_LISTENER_BROKER,
@@ -2090,7 +2060,7 @@ static const km_api_info km_api_rows[] = {
 		.api_key = 80,
 		.name = "AddRaftVoter",
 		.min_version = 0,
-		.max_version = 0,
+		.max_version = 1,
 		.first_flexible = 0,
 		.latest_unstable = false,
 		.deprecated_min = -1,
@@ -2137,7 +2107,7 @@ static const km_api_info km_api_rows[] = {
 		.min_version = 0,
 		.max_version = 0,
 		.first_flexible = 0,
-		.latest_unstable = true,
+		.latest_unstable = false,
 		.deprecated_min = -1,
 		.deprecated_max = -1,
 		.listeners = KM_API_LISTENER_BROKER,
@@ -2152,7 +2122,7 @@ static const km_api_info km_api_rows[] = {
 		.min_version = 0,
 		.max_version = 0,
 		.first_flexible = 0,
-		.latest_unstable = true,
+		.latest_unstable = false,
 		.deprecated_min = -1,
 		.deprecated_max = -1,
 		.listeners = KM_API_LISTENER_BROKER,
@@ -2165,9 +2135,9 @@ static const km_api_info km_api_rows[] = {
 		.api_key = 85,
 		.name = "WriteShareGroupState",
 		.min_version = 0,
-		.max_version = 0,
+		.max_version = 1,
 		.first_flexible = 0,
-		.latest_unstable = true,
+		.latest_unstable = false,
 		.deprecated_min = -1,
 		.deprecated_max = -1,
 		.listeners = KM_API_LISTENER_BROKER,
@@ -2182,7 +2152,7 @@ static const km_api_info km_api_rows[] = {
 		.min_version = 0,
 		.max_version = 0,
 		.first_flexible = 0,
-		.latest_unstable = true,
+		.latest_unstable = false,
 		.deprecated_min = -1,
 		.deprecated_max = -1,
 		.listeners = KM_API_LISTENER_BROKER,
@@ -2195,9 +2165,9 @@ static const km_api_info km_api_rows[] = {
 		.api_key = 87,
 		.name = "ReadShareGroupStateSummary",
 		.min_version = 0,
-		.max_version = 0,
+		.max_version = 1,
 		.first_flexible = 0,
-		.latest_unstable = true,
+		.latest_unstable = false,
 		.deprecated_min = -1,
 		.deprecated_max = -1,
 		.listeners = KM_API_LISTENER_BROKER,
@@ -2205,6 +2175,111 @@ static const km_api_info km_api_rows[] = {
 		.response_header_always_v0 = false,
 		.request = {"ReadShareGroupStateSummaryRequest", sizeof(km_read_share_group_state_summary_request), km_read_share_group_state_summary_request_init_v, km_read_share_group_state_summary_request_decode_v, km_read_share_group_state_summary_request_encode_v, km_read_share_group_state_summary_request_size_v},
 		.response = {"ReadShareGroupStateSummaryResponse", sizeof(km_read_share_group_state_summary_response), km_read_share_group_state_summary_response_init_v, km_read_share_group_state_summary_response_decode_v, km_read_share_group_state_summary_response_encode_v, km_read_share_group_state_summary_response_size_v},
+	},
+	{
+		.api_key = 88,
+		.name = "StreamsGroupHeartbeat",
+		.min_version = 0,
+		.max_version = 1,
+		.first_flexible = 0,
+		.latest_unstable = false,
+		.deprecated_min = -1,
+		.deprecated_max = -1,
+		.listeners = KM_API_LISTENER_BROKER,
+		.request_header_v0_max = -1,
+		.response_header_always_v0 = false,
+		.request = {"StreamsGroupHeartbeatRequest", sizeof(km_streams_group_heartbeat_request), km_streams_group_heartbeat_request_init_v, km_streams_group_heartbeat_request_decode_v, km_streams_group_heartbeat_request_encode_v, km_streams_group_heartbeat_request_size_v},
+		.response = {"StreamsGroupHeartbeatResponse", sizeof(km_streams_group_heartbeat_response), km_streams_group_heartbeat_response_init_v, km_streams_group_heartbeat_response_decode_v, km_streams_group_heartbeat_response_encode_v, km_streams_group_heartbeat_response_size_v},
+	},
+	{
+		.api_key = 89,
+		.name = "StreamsGroupDescribe",
+		.min_version = 0,
+		.max_version = 1,
+		.first_flexible = 0,
+		.latest_unstable = false,
+		.deprecated_min = -1,
+		.deprecated_max = -1,
+		.listeners = KM_API_LISTENER_BROKER,
+		.request_header_v0_max = -1,
+		.response_header_always_v0 = false,
+		.request = {"StreamsGroupDescribeRequest", sizeof(km_streams_group_describe_request), km_streams_group_describe_request_init_v, km_streams_group_describe_request_decode_v, km_streams_group_describe_request_encode_v, km_streams_group_describe_request_size_v},
+		.response = {"StreamsGroupDescribeResponse", sizeof(km_streams_group_describe_response), km_streams_group_describe_response_init_v, km_streams_group_describe_response_decode_v, km_streams_group_describe_response_encode_v, km_streams_group_describe_response_size_v},
+	},
+	{
+		.api_key = 90,
+		.name = "DescribeShareGroupOffsets",
+		.min_version = 0,
+		.max_version = 1,
+		.first_flexible = 0,
+		.latest_unstable = false,
+		.deprecated_min = -1,
+		.deprecated_max = -1,
+		.listeners = KM_API_LISTENER_BROKER,
+		.request_header_v0_max = -1,
+		.response_header_always_v0 = false,
+		.request = {"DescribeShareGroupOffsetsRequest", sizeof(km_describe_share_group_offsets_request), km_describe_share_group_offsets_request_init_v, km_describe_share_group_offsets_request_decode_v, km_describe_share_group_offsets_request_encode_v, km_describe_share_group_offsets_request_size_v},
+		.response = {"DescribeShareGroupOffsetsResponse", sizeof(km_describe_share_group_offsets_response), km_describe_share_group_offsets_response_init_v, km_describe_share_group_offsets_response_decode_v, km_describe_share_group_offsets_response_encode_v, km_describe_share_group_offsets_response_size_v},
+	},
+	{
+		.api_key = 91,
+		.name = "AlterShareGroupOffsets",
+		.min_version = 0,
+		.max_version = 0,
+		.first_flexible = 0,
+		.latest_unstable = false,
+		.deprecated_min = -1,
+		.deprecated_max = -1,
+		.listeners = KM_API_LISTENER_BROKER,
+		.request_header_v0_max = -1,
+		.response_header_always_v0 = false,
+		.request = {"AlterShareGroupOffsetsRequest", sizeof(km_alter_share_group_offsets_request), km_alter_share_group_offsets_request_init_v, km_alter_share_group_offsets_request_decode_v, km_alter_share_group_offsets_request_encode_v, km_alter_share_group_offsets_request_size_v},
+		.response = {"AlterShareGroupOffsetsResponse", sizeof(km_alter_share_group_offsets_response), km_alter_share_group_offsets_response_init_v, km_alter_share_group_offsets_response_decode_v, km_alter_share_group_offsets_response_encode_v, km_alter_share_group_offsets_response_size_v},
+	},
+	{
+		.api_key = 92,
+		.name = "DeleteShareGroupOffsets",
+		.min_version = 0,
+		.max_version = 0,
+		.first_flexible = 0,
+		.latest_unstable = false,
+		.deprecated_min = -1,
+		.deprecated_max = -1,
+		.listeners = KM_API_LISTENER_BROKER,
+		.request_header_v0_max = -1,
+		.response_header_always_v0 = false,
+		.request = {"DeleteShareGroupOffsetsRequest", sizeof(km_delete_share_group_offsets_request), km_delete_share_group_offsets_request_init_v, km_delete_share_group_offsets_request_decode_v, km_delete_share_group_offsets_request_encode_v, km_delete_share_group_offsets_request_size_v},
+		.response = {"DeleteShareGroupOffsetsResponse", sizeof(km_delete_share_group_offsets_response), km_delete_share_group_offsets_response_init_v, km_delete_share_group_offsets_response_decode_v, km_delete_share_group_offsets_response_encode_v, km_delete_share_group_offsets_response_size_v},
+	},
+	{
+		.api_key = 93,
+		.name = "StreamsGroupTopologyDescriptionUpdate",
+		.min_version = 0,
+		.max_version = 0,
+		.first_flexible = 0,
+		.latest_unstable = false,
+		.deprecated_min = -1,
+		.deprecated_max = -1,
+		.listeners = KM_API_LISTENER_BROKER,
+		.request_header_v0_max = -1,
+		.response_header_always_v0 = false,
+		.request = {"StreamsGroupTopologyDescriptionUpdateRequest", sizeof(km_streams_group_topology_description_update_request), km_streams_group_topology_description_update_request_init_v, km_streams_group_topology_description_update_request_decode_v, km_streams_group_topology_description_update_request_encode_v, km_streams_group_topology_description_update_request_size_v},
+		.response = {"StreamsGroupTopologyDescriptionUpdateResponse", sizeof(km_streams_group_topology_description_update_response), km_streams_group_topology_description_update_response_init_v, km_streams_group_topology_description_update_response_decode_v, km_streams_group_topology_description_update_response_encode_v, km_streams_group_topology_description_update_response_size_v},
+	},
+	{
+		.api_key = 94,
+		.name = "UnregisterController",
+		.min_version = 0,
+		.max_version = 0,
+		.first_flexible = 0,
+		.latest_unstable = false,
+		.deprecated_min = -1,
+		.deprecated_max = -1,
+		.listeners = KM_API_LISTENER_BROKER | KM_API_LISTENER_CONTROLLER,
+		.request_header_v0_max = -1,
+		.response_header_always_v0 = false,
+		.request = {"UnregisterControllerRequest", sizeof(km_unregister_controller_request), km_unregister_controller_request_init_v, km_unregister_controller_request_decode_v, km_unregister_controller_request_encode_v, km_unregister_controller_request_size_v},
+		.response = {"UnregisterControllerResponse", sizeof(km_unregister_controller_response), km_unregister_controller_response_init_v, km_unregister_controller_response_decode_v, km_unregister_controller_response_encode_v, km_unregister_controller_response_size_v},
 	},
 };
 

@@ -11,6 +11,8 @@ static size_t km_api_versions_request_sz(int16_t v, const km_api_versions_reques
 void km_api_versions_request_init(km_api_versions_request *m)
 {
 	memset(m, 0, sizeof(*m));
+	m->cluster_id = KM_STR_NULL;
+	m->node_id = -1;
 }
 
 static bool km_api_versions_request_dec(km_rd *r, int16_t v, km_api_versions_request *m, km_arena *a)
@@ -25,6 +27,14 @@ static bool km_api_versions_request_dec(km_rd *r, int16_t v, km_api_versions_req
 	}
 	if (v >= 3) {
 		if (!km_rd_string(r, "ClientSoftwareVersion", flex, false, &m->client_software_version))
+			return false;
+	}
+	if (v >= 5) {
+		if (!km_rd_string(r, "ClusterId", flex, v >= 5, &m->cluster_id))
+			return false;
+	}
+	if (v >= 5) {
+		if (!km_rd_i32(r, "NodeId", &m->node_id))
 			return false;
 	}
 	if (flex) {
@@ -49,6 +59,14 @@ static void km_api_versions_request_enc(km_wr *w, int16_t v, const km_api_versio
 			km_codec_wr_fail(w, KM_ERR_ENCODE);
 		km_wr_string(w, flex, m->client_software_version);
 	}
+	if (v >= 5) {
+		if (m->cluster_id.len < 0 && !(v >= 5))
+			km_codec_wr_fail(w, KM_ERR_ENCODE);
+		km_wr_string(w, flex, m->cluster_id);
+	}
+	if (v >= 5) {
+		km_wr_i32(w, m->node_id);
+	}
 	if (flex) {
 		km_codec_wr_tags(w, &m->unknown_tags, 0, UINT64_MAX, true);
 	}
@@ -66,6 +84,12 @@ static size_t km_api_versions_request_sz(int16_t v, const km_api_versions_reques
 	if (v >= 3) {
 		n += km_sz_string(flex, m->client_software_version);
 	}
+	if (v >= 5) {
+		n += km_sz_string(flex, m->cluster_id);
+	}
+	if (v >= 5) {
+		n += 4;
+	}
 	if (flex) {
 		uint32_t ntags = (uint32_t)(m->unknown_tags.count > 0 ? m->unknown_tags.count : 0);
 		n += km_codec_sz_tags(&m->unknown_tags);
@@ -77,7 +101,7 @@ static size_t km_api_versions_request_sz(int16_t v, const km_api_versions_reques
 km_err km_api_versions_request_decode(km_rd *r, int16_t v, km_api_versions_request *m, km_arena *a)
 {
 	km_api_versions_request_init(m);
-	if (v < 0 || v > 4)
+	if (v < 0 || v > 5)
 		return km_codec_rd_unsupported(r, "ApiVersionsRequest");
 	km_api_versions_request_dec(r, v, m, a);
 	return r->err;
@@ -85,7 +109,7 @@ km_err km_api_versions_request_decode(km_rd *r, int16_t v, km_api_versions_reque
 
 void km_api_versions_request_encode(km_wr *w, int16_t v, const km_api_versions_request *m)
 {
-	if (v < 0 || v > 4) {
+	if (v < 0 || v > 5) {
 		km_codec_wr_fail(w, KM_ERR_UNSUPPORTED);
 		return;
 	}
@@ -94,7 +118,7 @@ void km_api_versions_request_encode(km_wr *w, int16_t v, const km_api_versions_r
 
 size_t km_api_versions_request_size(int16_t v, const km_api_versions_request *m)
 {
-	if (v < 0 || v > 4)
+	if (v < 0 || v > 5)
 		return 0;
 	return km_api_versions_request_sz(v, m);
 }

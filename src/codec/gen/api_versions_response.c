@@ -514,7 +514,7 @@ static size_t km_api_versions_response_sz(int16_t v, const km_api_versions_respo
 km_err km_api_versions_response_decode(km_rd *r, int16_t v, km_api_versions_response *m, km_arena *a)
 {
 	km_api_versions_response_init(m);
-	if (v < 0 || v > 4)
+	if (v < 0 || v > 5)
 		return km_codec_rd_unsupported(r, "ApiVersionsResponse");
 	km_api_versions_response_dec(r, v, m, a);
 	return r->err;
@@ -522,7 +522,7 @@ km_err km_api_versions_response_decode(km_rd *r, int16_t v, km_api_versions_resp
 
 void km_api_versions_response_encode(km_wr *w, int16_t v, const km_api_versions_response *m)
 {
-	if (v < 0 || v > 4) {
+	if (v < 0 || v > 5) {
 		km_codec_wr_fail(w, KM_ERR_UNSUPPORTED);
 		return;
 	}
@@ -531,7 +531,7 @@ void km_api_versions_response_encode(km_wr *w, int16_t v, const km_api_versions_
 
 size_t km_api_versions_response_size(int16_t v, const km_api_versions_response *m)
 {
-	if (v < 0 || v > 4)
+	if (v < 0 || v > 5)
 		return 0;
 	return km_api_versions_response_sz(v, m);
 }

@@ -12,6 +12,7 @@ void km_broker_heartbeat_request_init(km_broker_heartbeat_request *m)
 {
 	memset(m, 0, sizeof(*m));
 	m->broker_epoch = INT64_C(-1);
+	m->cordoned_log_dirs.count = -1;
 }
 
 static bool km_broker_heartbeat_request_dec_tag_offline_log_dirs(km_rd *r, int16_t v, km_broker_heartbeat_request *m, km_arena *a)
@@ -30,6 +31,29 @@ static bool km_broker_heartbeat_request_dec_tag_offline_log_dirs(km_rd *r, int16
 				return km_codec_arena_fail(r, a, "OfflineLogDirs");
 			for (int32_t i = 0; i < cnt; i++) {
 				if (!km_rd_uuid(r, "OfflineLogDirs", &m->offline_log_dirs.items[i]))
+					return false;
+			}
+		}
+	}
+	return true;
+}
+
+static bool km_broker_heartbeat_request_dec_tag_cordoned_log_dirs(km_rd *r, int16_t v, km_broker_heartbeat_request *m, km_arena *a)
+{
+	(void)v;
+	(void)a;
+	{
+		int32_t cnt;
+		if (!km_rd_array_len(r, "CordonedLogDirs", true, v >= 2, 16, &cnt))
+			return false;
+		m->cordoned_log_dirs.count = cnt;
+		m->cordoned_log_dirs.items = NULL;
+		if (cnt > 0) {
+			m->cordoned_log_dirs.items = km_arena_alloc(a, (size_t)cnt * sizeof(*m->cordoned_log_dirs.items));
+			if (!m->cordoned_log_dirs.items)
+				return km_codec_arena_fail(r, a, "CordonedLogDirs");
+			for (int32_t i = 0; i < cnt; i++) {
+				if (!km_rd_uuid(r, "CordonedLogDirs", &m->cordoned_log_dirs.items[i]))
 					return false;
 			}
 		}
@@ -71,6 +95,14 @@ static bool km_broker_heartbeat_request_dec(km_rd *r, int16_t v, km_broker_heart
 				else
 					known = false;
 				break;
+				case 1:
+				if (v >= 2) {
+					if (!km_broker_heartbeat_request_dec_tag_cordoned_log_dirs(&sub, v, m, a))
+						return km_codec_rd_join(r, &sub);
+				}
+				else
+					known = false;
+				break;
 				default:
 					known = false;
 					break;
@@ -90,6 +122,8 @@ static void km_broker_heartbeat_request_enc(km_wr *w, int16_t v, const km_broker
 	(void)v;
 	if (!(v >= 1) && m->offline_log_dirs.count != 0)
 		km_codec_wr_fail(w, KM_ERR_ENCODE);
+	if (!(v >= 2) && m->cordoned_log_dirs.count != -1)
+		km_codec_wr_fail(w, KM_ERR_ENCODE);
 	km_wr_i32(w, m->broker_id);
 	km_wr_i64(w, m->broker_epoch);
 	km_wr_i64(w, m->current_metadata_offset);
@@ -99,6 +133,8 @@ static void km_broker_heartbeat_request_enc(km_wr *w, int16_t v, const km_broker
 		uint32_t ntags = (uint32_t)(m->unknown_tags.count > 0 ? m->unknown_tags.count : 0);
 		const bool has_offline_log_dirs = v >= 1 && m->offline_log_dirs.count != 0;
 		ntags += has_offline_log_dirs;
+		const bool has_cordoned_log_dirs = v >= 2 && m->cordoned_log_dirs.count != -1;
+		ntags += has_cordoned_log_dirs;
 		km_wr_uvarint(w, ntags);
 		km_codec_wr_tags(w, &m->unknown_tags, 0, 1, false);
 		if (has_offline_log_dirs) {
@@ -115,7 +151,22 @@ static void km_broker_heartbeat_request_enc(km_wr *w, int16_t v, const km_broker
 				km_wr_uuid(w, &m->offline_log_dirs.items[i]);
 			}
 		}
-		km_codec_wr_tags(w, &m->unknown_tags, 1, UINT64_MAX, false);
+		km_codec_wr_tags(w, &m->unknown_tags, 1, 2, false);
+		if (has_cordoned_log_dirs) {
+			size_t n = 0;
+			n += km_sz_array_len(true, m->cordoned_log_dirs.count);
+			if (m->cordoned_log_dirs.count > 0)
+				n += (size_t)m->cordoned_log_dirs.count * 16;
+			km_wr_uvarint(w, 1);
+			km_wr_uvarint(w, (uint32_t)n);
+			if (m->cordoned_log_dirs.count < 0 && !(v >= 2))
+				km_codec_wr_fail(w, KM_ERR_ENCODE);
+			km_wr_array_len(w, true, m->cordoned_log_dirs.count);
+			for (int32_t i = 0; i < m->cordoned_log_dirs.count; i++) {
+				km_wr_uuid(w, &m->cordoned_log_dirs.items[i]);
+			}
+		}
+		km_codec_wr_tags(w, &m->unknown_tags, 2, UINT64_MAX, false);
 	}
 }
 
@@ -141,6 +192,14 @@ static size_t km_broker_heartbeat_request_sz(int16_t v, const km_broker_heartbea
 			n += km_sz_uvarint(0) + km_sz_uvarint((uint32_t)fn) + fn;
 			ntags++;
 		}
+		if (v >= 2 && m->cordoned_log_dirs.count != -1) {
+			size_t fn = 0;
+			fn += km_sz_array_len(true, m->cordoned_log_dirs.count);
+			if (m->cordoned_log_dirs.count > 0)
+				fn += (size_t)m->cordoned_log_dirs.count * 16;
+			n += km_sz_uvarint(1) + km_sz_uvarint((uint32_t)fn) + fn;
+			ntags++;
+		}
 		n += km_sz_uvarint(ntags);
 	}
 	return n;
@@ -149,7 +208,7 @@ static size_t km_broker_heartbeat_request_sz(int16_t v, const km_broker_heartbea
 km_err km_broker_heartbeat_request_decode(km_rd *r, int16_t v, km_broker_heartbeat_request *m, km_arena *a)
 {
 	km_broker_heartbeat_request_init(m);
-	if (v < 0 || v > 1)
+	if (v < 0 || v > 2)
 		return km_codec_rd_unsupported(r, "BrokerHeartbeatRequest");
 	km_broker_heartbeat_request_dec(r, v, m, a);
 	return r->err;
@@ -157,7 +216,7 @@ km_err km_broker_heartbeat_request_decode(km_rd *r, int16_t v, km_broker_heartbe
 
 void km_broker_heartbeat_request_encode(km_wr *w, int16_t v, const km_broker_heartbeat_request *m)
 {
-	if (v < 0 || v > 1) {
+	if (v < 0 || v > 2) {
 		km_codec_wr_fail(w, KM_ERR_UNSUPPORTED);
 		return;
 	}
@@ -166,7 +225,7 @@ void km_broker_heartbeat_request_encode(km_wr *w, int16_t v, const km_broker_hea
 
 size_t km_broker_heartbeat_request_size(int16_t v, const km_broker_heartbeat_request *m)
 {
-	if (v < 0 || v > 1)
+	if (v < 0 || v > 2)
 		return 0;
 	return km_broker_heartbeat_request_sz(v, m);
 }

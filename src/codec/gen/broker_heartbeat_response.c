@@ -74,7 +74,7 @@ static size_t km_broker_heartbeat_response_sz(int16_t v, const km_broker_heartbe
 km_err km_broker_heartbeat_response_decode(km_rd *r, int16_t v, km_broker_heartbeat_response *m, km_arena *a)
 {
 	km_broker_heartbeat_response_init(m);
-	if (v < 0 || v > 1)
+	if (v < 0 || v > 2)
 		return km_codec_rd_unsupported(r, "BrokerHeartbeatResponse");
 	km_broker_heartbeat_response_dec(r, v, m, a);
 	return r->err;
@@ -82,7 +82,7 @@ km_err km_broker_heartbeat_response_decode(km_rd *r, int16_t v, km_broker_heartb
 
 void km_broker_heartbeat_response_encode(km_wr *w, int16_t v, const km_broker_heartbeat_response *m)
 {
-	if (v < 0 || v > 1) {
+	if (v < 0 || v > 2) {
 		km_codec_wr_fail(w, KM_ERR_UNSUPPORTED);
 		return;
 	}
@@ -91,7 +91,7 @@ void km_broker_heartbeat_response_encode(km_wr *w, int16_t v, const km_broker_he
 
 size_t km_broker_heartbeat_response_size(int16_t v, const km_broker_heartbeat_response *m)
 {
-	if (v < 0 || v > 1)
+	if (v < 0 || v > 2)
 		return 0;
 	return km_broker_heartbeat_response_sz(v, m);
 }

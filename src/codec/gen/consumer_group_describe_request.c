@@ -84,7 +84,7 @@ static size_t km_consumer_group_describe_request_sz(int16_t v, const km_consumer
 km_err km_consumer_group_describe_request_decode(km_rd *r, int16_t v, km_consumer_group_describe_request *m, km_arena *a)
 {
 	km_consumer_group_describe_request_init(m);
-	if (v < 0 || v > 0)
+	if (v < 0 || v > 1)
 		return km_codec_rd_unsupported(r, "ConsumerGroupDescribeRequest");
 	km_consumer_group_describe_request_dec(r, v, m, a);
 	return r->err;
@@ -92,7 +92,7 @@ km_err km_consumer_group_describe_request_decode(km_rd *r, int16_t v, km_consume
 
 void km_consumer_group_describe_request_encode(km_wr *w, int16_t v, const km_consumer_group_describe_request *m)
 {
-	if (v < 0 || v > 0) {
+	if (v < 0 || v > 1) {
 		km_codec_wr_fail(w, KM_ERR_UNSUPPORTED);
 		return;
 	}
@@ -101,7 +101,7 @@ void km_consumer_group_describe_request_encode(km_wr *w, int16_t v, const km_con
 
 size_t km_consumer_group_describe_request_size(int16_t v, const km_consumer_group_describe_request *m)
 {
-	if (v < 0 || v > 0)
+	if (v < 0 || v > 1)
 		return 0;
 	return km_consumer_group_describe_request_sz(v, m);
 }

@@ -173,6 +173,7 @@ void km_consumer_group_describe_response_member_init(km_consumer_group_describe_
 	m->subscribed_topic_regex = KM_STR_NULL;
 	km_consumer_group_describe_response_assignment_init(&m->assignment);
 	km_consumer_group_describe_response_assignment_init(&m->target_assignment);
+	m->member_type = -1;
 }
 
 static bool km_consumer_group_describe_response_member_dec(km_rd *r, int16_t v, km_consumer_group_describe_response_member *m, km_arena *a)
@@ -215,6 +216,10 @@ static bool km_consumer_group_describe_response_member_dec(km_rd *r, int16_t v, 
 		return false;
 	if (!km_consumer_group_describe_response_assignment_dec(r, v, &m->target_assignment, a))
 		return false;
+	if (v >= 1) {
+		if (!km_rd_i8(r, "Member.MemberType", &m->member_type))
+			return false;
+	}
 	if (flex) {
 		if (!km_codec_rd_tags(r, "Member.TaggedFields", &m->unknown_tags, a))
 			return false;
@@ -250,6 +255,9 @@ static void km_consumer_group_describe_response_member_enc(km_wr *w, int16_t v, 
 	km_wr_string(w, flex, m->subscribed_topic_regex);
 	km_consumer_group_describe_response_assignment_enc(w, v, &m->assignment);
 	km_consumer_group_describe_response_assignment_enc(w, v, &m->target_assignment);
+	if (v >= 1) {
+		km_wr_i8(w, m->member_type);
+	}
 	if (flex) {
 		km_codec_wr_tags(w, &m->unknown_tags, 0, UINT64_MAX, true);
 	}
@@ -273,6 +281,9 @@ static size_t km_consumer_group_describe_response_member_sz(int16_t v, const km_
 	n += km_sz_string(flex, m->subscribed_topic_regex);
 	n += km_consumer_group_describe_response_assignment_sz(v, &m->assignment);
 	n += km_consumer_group_describe_response_assignment_sz(v, &m->target_assignment);
+	if (v >= 1) {
+		n += 1;
+	}
 	if (flex) {
 		uint32_t ntags = (uint32_t)(m->unknown_tags.count > 0 ? m->unknown_tags.count : 0);
 		n += km_codec_sz_tags(&m->unknown_tags);
@@ -310,7 +321,7 @@ static bool km_consumer_group_describe_response_described_group_dec(km_rd *r, in
 		return false;
 	{
 		int32_t cnt;
-		if (!km_rd_array_len(r, "DescribedGroup.Members", flex, false, 16, &cnt))
+		if (!km_rd_array_len(r, "DescribedGroup.Members", flex, false, (v <= 0 ? 16 : 17), &cnt))
 			return false;
 		m->members.count = cnt;
 		m->members.items = NULL;
@@ -464,7 +475,7 @@ static size_t km_consumer_group_describe_response_sz(int16_t v, const km_consume
 km_err km_consumer_group_describe_response_decode(km_rd *r, int16_t v, km_consumer_group_describe_response *m, km_arena *a)
 {
 	km_consumer_group_describe_response_init(m);
-	if (v < 0 || v > 0)
+	if (v < 0 || v > 1)
 		return km_codec_rd_unsupported(r, "ConsumerGroupDescribeResponse");
 	km_consumer_group_describe_response_dec(r, v, m, a);
 	return r->err;
@@ -472,7 +483,7 @@ km_err km_consumer_group_describe_response_decode(km_rd *r, int16_t v, km_consum
 
 void km_consumer_group_describe_response_encode(km_wr *w, int16_t v, const km_consumer_group_describe_response *m)
 {
-	if (v < 0 || v > 0) {
+	if (v < 0 || v > 1) {
 		km_codec_wr_fail(w, KM_ERR_UNSUPPORTED);
 		return;
 	}
@@ -481,7 +492,7 @@ void km_consumer_group_describe_response_encode(km_wr *w, int16_t v, const km_co
 
 size_t km_consumer_group_describe_response_size(int16_t v, const km_consumer_group_describe_response *m)
 {
-	if (v < 0 || v > 0)
+	if (v < 0 || v > 1)
 		return 0;
 	return km_consumer_group_describe_response_sz(v, m);
 }

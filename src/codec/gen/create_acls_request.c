@@ -27,10 +27,8 @@ static bool km_create_acls_request_acl_creation_dec(km_rd *r, int16_t v, km_crea
 		return false;
 	if (!km_rd_string(r, "AclCreation.ResourceName", flex, false, &m->resource_name))
 		return false;
-	if (v >= 1) {
-		if (!km_rd_i8(r, "AclCreation.ResourcePatternType", &m->resource_pattern_type))
-			return false;
-	}
+	if (!km_rd_i8(r, "AclCreation.ResourcePatternType", &m->resource_pattern_type))
+		return false;
 	if (!km_rd_string(r, "AclCreation.Principal", flex, false, &m->principal))
 		return false;
 	if (!km_rd_string(r, "AclCreation.Host", flex, false, &m->host))
@@ -51,15 +49,11 @@ static void km_create_acls_request_acl_creation_enc(km_wr *w, int16_t v, const k
 	const bool flex = v >= 2;
 	(void)flex;
 	(void)v;
-	if (!(v >= 1) && m->resource_pattern_type != 3)
-		km_codec_wr_fail(w, KM_ERR_ENCODE);
 	km_wr_i8(w, m->resource_type);
 	if (m->resource_name.len < 0)
 		km_codec_wr_fail(w, KM_ERR_ENCODE);
 	km_wr_string(w, flex, m->resource_name);
-	if (v >= 1) {
-		km_wr_i8(w, m->resource_pattern_type);
-	}
+	km_wr_i8(w, m->resource_pattern_type);
 	if (m->principal.len < 0)
 		km_codec_wr_fail(w, KM_ERR_ENCODE);
 	km_wr_string(w, flex, m->principal);
@@ -81,9 +75,7 @@ static size_t km_create_acls_request_acl_creation_sz(int16_t v, const km_create_
 	(void)v;
 	n += 1;
 	n += km_sz_string(flex, m->resource_name);
-	if (v >= 1) {
-		n += 1;
-	}
+	n += 1;
 	n += km_sz_string(flex, m->principal);
 	n += km_sz_string(flex, m->host);
 	n += 1;
@@ -109,7 +101,7 @@ static bool km_create_acls_request_dec(km_rd *r, int16_t v, km_create_acls_reque
 	(void)v;
 	{
 		int32_t cnt;
-		if (!km_rd_array_len(r, "Creations", flex, false, (v <= 0 ? 9 : (v <= 1 ? 10 : 8)), &cnt))
+		if (!km_rd_array_len(r, "Creations", flex, false, (v <= 1 ? 10 : 8), &cnt))
 			return false;
 		m->creations.count = cnt;
 		m->creations.items = NULL;
@@ -167,7 +159,7 @@ static size_t km_create_acls_request_sz(int16_t v, const km_create_acls_request 
 km_err km_create_acls_request_decode(km_rd *r, int16_t v, km_create_acls_request *m, km_arena *a)
 {
 	km_create_acls_request_init(m);
-	if (v < 0 || v > 3)
+	if (v < 1 || v > 3)
 		return km_codec_rd_unsupported(r, "CreateAclsRequest");
 	km_create_acls_request_dec(r, v, m, a);
 	return r->err;
@@ -175,7 +167,7 @@ km_err km_create_acls_request_decode(km_rd *r, int16_t v, km_create_acls_request
 
 void km_create_acls_request_encode(km_wr *w, int16_t v, const km_create_acls_request *m)
 {
-	if (v < 0 || v > 3) {
+	if (v < 1 || v > 3) {
 		km_codec_wr_fail(w, KM_ERR_UNSUPPORTED);
 		return;
 	}
@@ -184,7 +176,7 @@ void km_create_acls_request_encode(km_wr *w, int16_t v, const km_create_acls_req
 
 size_t km_create_acls_request_size(int16_t v, const km_create_acls_request *m)
 {
-	if (v < 0 || v > 3)
+	if (v < 1 || v > 3)
 		return 0;
 	return km_create_acls_request_sz(v, m);
 }

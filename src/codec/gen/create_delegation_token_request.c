@@ -168,7 +168,7 @@ static size_t km_create_delegation_token_request_sz(int16_t v, const km_create_d
 km_err km_create_delegation_token_request_decode(km_rd *r, int16_t v, km_create_delegation_token_request *m, km_arena *a)
 {
 	km_create_delegation_token_request_init(m);
-	if (v < 0 || v > 3)
+	if (v < 1 || v > 3)
 		return km_codec_rd_unsupported(r, "CreateDelegationTokenRequest");
 	km_create_delegation_token_request_dec(r, v, m, a);
 	return r->err;
@@ -176,7 +176,7 @@ km_err km_create_delegation_token_request_decode(km_rd *r, int16_t v, km_create_
 
 void km_create_delegation_token_request_encode(km_wr *w, int16_t v, const km_create_delegation_token_request *m)
 {
-	if (v < 0 || v > 3) {
+	if (v < 1 || v > 3) {
 		km_codec_wr_fail(w, KM_ERR_UNSUPPORTED);
 		return;
 	}
@@ -185,7 +185,7 @@ void km_create_delegation_token_request_encode(km_wr *w, int16_t v, const km_cre
 
 size_t km_create_delegation_token_request_size(int16_t v, const km_create_delegation_token_request *m)
 {
-	if (v < 0 || v > 3)
+	if (v < 1 || v > 3)
 		return 0;
 	return km_create_delegation_token_request_sz(v, m);
 }

@@ -125,7 +125,7 @@ static size_t km_create_delegation_token_response_sz(int16_t v, const km_create_
 km_err km_create_delegation_token_response_decode(km_rd *r, int16_t v, km_create_delegation_token_response *m, km_arena *a)
 {
 	km_create_delegation_token_response_init(m);
-	if (v < 0 || v > 3)
+	if (v < 1 || v > 3)
 		return km_codec_rd_unsupported(r, "CreateDelegationTokenResponse");
 	km_create_delegation_token_response_dec(r, v, m, a);
 	return r->err;
@@ -133,7 +133,7 @@ km_err km_create_delegation_token_response_decode(km_rd *r, int16_t v, km_create
 
 void km_create_delegation_token_response_encode(km_wr *w, int16_t v, const km_create_delegation_token_response *m)
 {
-	if (v < 0 || v > 3) {
+	if (v < 1 || v > 3) {
 		km_codec_wr_fail(w, KM_ERR_UNSUPPORTED);
 		return;
 	}
@@ -142,7 +142,7 @@ void km_create_delegation_token_response_encode(km_wr *w, int16_t v, const km_cr
 
 size_t km_create_delegation_token_response_size(int16_t v, const km_create_delegation_token_response *m)
 {
-	if (v < 0 || v > 3)
+	if (v < 1 || v > 3)
 		return 0;
 	return km_create_delegation_token_response_sz(v, m);
 }

@@ -279,10 +279,8 @@ static bool km_create_topics_request_dec(km_rd *r, int16_t v, km_create_topics_r
 	}
 	if (!km_rd_i32(r, "timeoutMs", &m->timeout_ms))
 		return false;
-	if (v >= 1) {
-		if (!km_rd_bool(r, "validateOnly", &m->validate_only))
-			return false;
-	}
+	if (!km_rd_bool(r, "validateOnly", &m->validate_only))
+		return false;
 	if (flex) {
 		if (!km_codec_rd_tags(r, "CreateTopicsRequest.TaggedFields", &m->unknown_tags, a))
 			return false;
@@ -295,8 +293,6 @@ static void km_create_topics_request_enc(km_wr *w, int16_t v, const km_create_to
 	const bool flex = v >= 5;
 	(void)flex;
 	(void)v;
-	if (!(v >= 1) && m->validate_only != false)
-		km_codec_wr_fail(w, KM_ERR_ENCODE);
 	if (m->topics.count < 0)
 		km_codec_wr_fail(w, KM_ERR_ENCODE);
 	km_wr_array_len(w, flex, m->topics.count);
@@ -304,9 +300,7 @@ static void km_create_topics_request_enc(km_wr *w, int16_t v, const km_create_to
 		km_create_topics_request_creatable_topic_enc(w, v, &m->topics.items[i]);
 	}
 	km_wr_i32(w, m->timeout_ms);
-	if (v >= 1) {
-		km_wr_bool(w, m->validate_only);
-	}
+	km_wr_bool(w, m->validate_only);
 	if (flex) {
 		km_codec_wr_tags(w, &m->unknown_tags, 0, UINT64_MAX, true);
 	}
@@ -322,9 +316,7 @@ static size_t km_create_topics_request_sz(int16_t v, const km_create_topics_requ
 	for (int32_t i = 0; i < m->topics.count; i++)
 		n += km_create_topics_request_creatable_topic_sz(v, &m->topics.items[i]);
 	n += 4;
-	if (v >= 1) {
-		n += 1;
-	}
+	n += 1;
 	if (flex) {
 		uint32_t ntags = (uint32_t)(m->unknown_tags.count > 0 ? m->unknown_tags.count : 0);
 		n += km_codec_sz_tags(&m->unknown_tags);
@@ -336,7 +328,7 @@ static size_t km_create_topics_request_sz(int16_t v, const km_create_topics_requ
 km_err km_create_topics_request_decode(km_rd *r, int16_t v, km_create_topics_request *m, km_arena *a)
 {
 	km_create_topics_request_init(m);
-	if (v < 0 || v > 7)
+	if (v < 2 || v > 7)
 		return km_codec_rd_unsupported(r, "CreateTopicsRequest");
 	km_create_topics_request_dec(r, v, m, a);
 	return r->err;
@@ -344,7 +336,7 @@ km_err km_create_topics_request_decode(km_rd *r, int16_t v, km_create_topics_req
 
 void km_create_topics_request_encode(km_wr *w, int16_t v, const km_create_topics_request *m)
 {
-	if (v < 0 || v > 7) {
+	if (v < 2 || v > 7) {
 		km_codec_wr_fail(w, KM_ERR_UNSUPPORTED);
 		return;
 	}
@@ -353,7 +345,7 @@ void km_create_topics_request_encode(km_wr *w, int16_t v, const km_create_topics
 
 size_t km_create_topics_request_size(int16_t v, const km_create_topics_request *m)
 {
-	if (v < 0 || v > 7)
+	if (v < 2 || v > 7)
 		return 0;
 	return km_create_topics_request_sz(v, m);
 }

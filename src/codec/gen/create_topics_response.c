@@ -149,10 +149,8 @@ static bool km_create_topics_response_creatable_topic_result_dec(km_rd *r, int16
 	}
 	if (!km_rd_i16(r, "CreatableTopicResult.ErrorCode", &m->error_code))
 		return false;
-	if (v >= 1) {
-		if (!km_rd_string(r, "CreatableTopicResult.ErrorMessage", flex, true, &m->error_message))
-			return false;
-	}
+	if (!km_rd_string(r, "CreatableTopicResult.ErrorMessage", flex, true, &m->error_message))
+		return false;
 	if (v >= 5) {
 		if (!km_rd_i32(r, "CreatableTopicResult.NumPartitions", &m->num_partitions))
 			return false;
@@ -222,9 +220,7 @@ static void km_create_topics_response_creatable_topic_result_enc(km_wr *w, int16
 		km_wr_uuid(w, &m->topic_id);
 	}
 	km_wr_i16(w, m->error_code);
-	if (v >= 1) {
-		km_wr_string(w, flex, m->error_message);
-	}
+	km_wr_string(w, flex, m->error_message);
 	if (v >= 5) {
 		km_wr_i32(w, m->num_partitions);
 	}
@@ -267,9 +263,7 @@ static size_t km_create_topics_response_creatable_topic_result_sz(int16_t v, con
 		n += 16;
 	}
 	n += 2;
-	if (v >= 1) {
-		n += km_sz_string(flex, m->error_message);
-	}
+	n += km_sz_string(flex, m->error_message);
 	if (v >= 5) {
 		n += 4;
 	}
@@ -306,13 +300,11 @@ static bool km_create_topics_response_dec(km_rd *r, int16_t v, km_create_topics_
 	(void)flex;
 	(void)a;
 	(void)v;
-	if (v >= 2) {
-		if (!km_rd_i32(r, "ThrottleTimeMs", &m->throttle_time_ms))
-			return false;
-	}
+	if (!km_rd_i32(r, "ThrottleTimeMs", &m->throttle_time_ms))
+		return false;
 	{
 		int32_t cnt;
-		if (!km_rd_array_len(r, "Topics", flex, false, (v <= 0 ? 4 : (v <= 4 ? 6 : (v <= 6 ? 12 : 28))), &cnt))
+		if (!km_rd_array_len(r, "Topics", flex, false, (v <= 4 ? 6 : (v <= 6 ? 12 : 28)), &cnt))
 			return false;
 		m->topics.count = cnt;
 		m->topics.items = NULL;
@@ -339,9 +331,7 @@ static void km_create_topics_response_enc(km_wr *w, int16_t v, const km_create_t
 	const bool flex = v >= 5;
 	(void)flex;
 	(void)v;
-	if (v >= 2) {
-		km_wr_i32(w, m->throttle_time_ms);
-	}
+	km_wr_i32(w, m->throttle_time_ms);
 	if (m->topics.count < 0)
 		km_codec_wr_fail(w, KM_ERR_ENCODE);
 	km_wr_array_len(w, flex, m->topics.count);
@@ -359,9 +349,7 @@ static size_t km_create_topics_response_sz(int16_t v, const km_create_topics_res
 	size_t n = 0;
 	(void)flex;
 	(void)v;
-	if (v >= 2) {
-		n += 4;
-	}
+	n += 4;
 	n += km_sz_array_len(flex, m->topics.count);
 	for (int32_t i = 0; i < m->topics.count; i++)
 		n += km_create_topics_response_creatable_topic_result_sz(v, &m->topics.items[i]);
@@ -376,7 +364,7 @@ static size_t km_create_topics_response_sz(int16_t v, const km_create_topics_res
 km_err km_create_topics_response_decode(km_rd *r, int16_t v, km_create_topics_response *m, km_arena *a)
 {
 	km_create_topics_response_init(m);
-	if (v < 0 || v > 7)
+	if (v < 2 || v > 7)
 		return km_codec_rd_unsupported(r, "CreateTopicsResponse");
 	km_create_topics_response_dec(r, v, m, a);
 	return r->err;
@@ -384,7 +372,7 @@ km_err km_create_topics_response_decode(km_rd *r, int16_t v, km_create_topics_re
 
 void km_create_topics_response_encode(km_wr *w, int16_t v, const km_create_topics_response *m)
 {
-	if (v < 0 || v > 7) {
+	if (v < 2 || v > 7) {
 		km_codec_wr_fail(w, KM_ERR_UNSUPPORTED);
 		return;
 	}
@@ -393,7 +381,7 @@ void km_create_topics_response_encode(km_wr *w, int16_t v, const km_create_topic
 
 size_t km_create_topics_response_size(int16_t v, const km_create_topics_response *m)
 {
-	if (v < 0 || v > 7)
+	if (v < 2 || v > 7)
 		return 0;
 	return km_create_topics_response_sz(v, m);
 }

@@ -27,10 +27,8 @@ static bool km_delete_acls_request_delete_acls_filter_dec(km_rd *r, int16_t v, k
 		return false;
 	if (!km_rd_string(r, "DeleteAclsFilter.ResourceNameFilter", flex, true, &m->resource_name_filter))
 		return false;
-	if (v >= 1) {
-		if (!km_rd_i8(r, "DeleteAclsFilter.PatternTypeFilter", &m->pattern_type_filter))
-			return false;
-	}
+	if (!km_rd_i8(r, "DeleteAclsFilter.PatternTypeFilter", &m->pattern_type_filter))
+		return false;
 	if (!km_rd_string(r, "DeleteAclsFilter.PrincipalFilter", flex, true, &m->principal_filter))
 		return false;
 	if (!km_rd_string(r, "DeleteAclsFilter.HostFilter", flex, true, &m->host_filter))
@@ -51,13 +49,9 @@ static void km_delete_acls_request_delete_acls_filter_enc(km_wr *w, int16_t v, c
 	const bool flex = v >= 2;
 	(void)flex;
 	(void)v;
-	if (!(v >= 1) && m->pattern_type_filter != 3)
-		km_codec_wr_fail(w, KM_ERR_ENCODE);
 	km_wr_i8(w, m->resource_type_filter);
 	km_wr_string(w, flex, m->resource_name_filter);
-	if (v >= 1) {
-		km_wr_i8(w, m->pattern_type_filter);
-	}
+	km_wr_i8(w, m->pattern_type_filter);
 	km_wr_string(w, flex, m->principal_filter);
 	km_wr_string(w, flex, m->host_filter);
 	km_wr_i8(w, m->operation);
@@ -75,9 +69,7 @@ static size_t km_delete_acls_request_delete_acls_filter_sz(int16_t v, const km_d
 	(void)v;
 	n += 1;
 	n += km_sz_string(flex, m->resource_name_filter);
-	if (v >= 1) {
-		n += 1;
-	}
+	n += 1;
 	n += km_sz_string(flex, m->principal_filter);
 	n += km_sz_string(flex, m->host_filter);
 	n += 1;
@@ -103,7 +95,7 @@ static bool km_delete_acls_request_dec(km_rd *r, int16_t v, km_delete_acls_reque
 	(void)v;
 	{
 		int32_t cnt;
-		if (!km_rd_array_len(r, "Filters", flex, false, (v <= 0 ? 9 : (v <= 1 ? 10 : 8)), &cnt))
+		if (!km_rd_array_len(r, "Filters", flex, false, (v <= 1 ? 10 : 8), &cnt))
 			return false;
 		m->filters.count = cnt;
 		m->filters.items = NULL;
@@ -161,7 +153,7 @@ static size_t km_delete_acls_request_sz(int16_t v, const km_delete_acls_request 
 km_err km_delete_acls_request_decode(km_rd *r, int16_t v, km_delete_acls_request *m, km_arena *a)
 {
 	km_delete_acls_request_init(m);
-	if (v < 0 || v > 3)
+	if (v < 1 || v > 3)
 		return km_codec_rd_unsupported(r, "DeleteAclsRequest");
 	km_delete_acls_request_dec(r, v, m, a);
 	return r->err;
@@ -169,7 +161,7 @@ km_err km_delete_acls_request_decode(km_rd *r, int16_t v, km_delete_acls_request
 
 void km_delete_acls_request_encode(km_wr *w, int16_t v, const km_delete_acls_request *m)
 {
-	if (v < 0 || v > 3) {
+	if (v < 1 || v > 3) {
 		km_codec_wr_fail(w, KM_ERR_UNSUPPORTED);
 		return;
 	}
@@ -178,7 +170,7 @@ void km_delete_acls_request_encode(km_wr *w, int16_t v, const km_delete_acls_req
 
 size_t km_delete_acls_request_size(int16_t v, const km_delete_acls_request *m)
 {
-	if (v < 0 || v > 3)
+	if (v < 1 || v > 3)
 		return 0;
 	return km_delete_acls_request_sz(v, m);
 }

@@ -34,10 +34,8 @@ static bool km_delete_acls_response_delete_acls_matching_acl_dec(km_rd *r, int16
 		return false;
 	if (!km_rd_string(r, "DeleteAclsMatchingAcl.ResourceName", flex, false, &m->resource_name))
 		return false;
-	if (v >= 1) {
-		if (!km_rd_i8(r, "DeleteAclsMatchingAcl.PatternType", &m->pattern_type))
-			return false;
-	}
+	if (!km_rd_i8(r, "DeleteAclsMatchingAcl.PatternType", &m->pattern_type))
+		return false;
 	if (!km_rd_string(r, "DeleteAclsMatchingAcl.Principal", flex, false, &m->principal))
 		return false;
 	if (!km_rd_string(r, "DeleteAclsMatchingAcl.Host", flex, false, &m->host))
@@ -58,17 +56,13 @@ static void km_delete_acls_response_delete_acls_matching_acl_enc(km_wr *w, int16
 	const bool flex = v >= 2;
 	(void)flex;
 	(void)v;
-	if (!(v >= 1) && m->pattern_type != 3)
-		km_codec_wr_fail(w, KM_ERR_ENCODE);
 	km_wr_i16(w, m->error_code);
 	km_wr_string(w, flex, m->error_message);
 	km_wr_i8(w, m->resource_type);
 	if (m->resource_name.len < 0)
 		km_codec_wr_fail(w, KM_ERR_ENCODE);
 	km_wr_string(w, flex, m->resource_name);
-	if (v >= 1) {
-		km_wr_i8(w, m->pattern_type);
-	}
+	km_wr_i8(w, m->pattern_type);
 	if (m->principal.len < 0)
 		km_codec_wr_fail(w, KM_ERR_ENCODE);
 	km_wr_string(w, flex, m->principal);
@@ -92,9 +86,7 @@ static size_t km_delete_acls_response_delete_acls_matching_acl_sz(int16_t v, con
 	n += km_sz_string(flex, m->error_message);
 	n += 1;
 	n += km_sz_string(flex, m->resource_name);
-	if (v >= 1) {
-		n += 1;
-	}
+	n += 1;
 	n += km_sz_string(flex, m->principal);
 	n += km_sz_string(flex, m->host);
 	n += 1;
@@ -124,7 +116,7 @@ static bool km_delete_acls_response_delete_acls_filter_result_dec(km_rd *r, int1
 		return false;
 	{
 		int32_t cnt;
-		if (!km_rd_array_len(r, "DeleteAclsFilterResult.MatchingAcls", flex, false, (v <= 0 ? 13 : (v <= 1 ? 14 : 11)), &cnt))
+		if (!km_rd_array_len(r, "DeleteAclsFilterResult.MatchingAcls", flex, false, (v <= 1 ? 14 : 11), &cnt))
 			return false;
 		m->matching_acls.count = cnt;
 		m->matching_acls.items = NULL;
@@ -258,7 +250,7 @@ static size_t km_delete_acls_response_sz(int16_t v, const km_delete_acls_respons
 km_err km_delete_acls_response_decode(km_rd *r, int16_t v, km_delete_acls_response *m, km_arena *a)
 {
 	km_delete_acls_response_init(m);
-	if (v < 0 || v > 3)
+	if (v < 1 || v > 3)
 		return km_codec_rd_unsupported(r, "DeleteAclsResponse");
 	km_delete_acls_response_dec(r, v, m, a);
 	return r->err;
@@ -266,7 +258,7 @@ km_err km_delete_acls_response_decode(km_rd *r, int16_t v, km_delete_acls_respon
 
 void km_delete_acls_response_encode(km_wr *w, int16_t v, const km_delete_acls_response *m)
 {
-	if (v < 0 || v > 3) {
+	if (v < 1 || v > 3) {
 		km_codec_wr_fail(w, KM_ERR_UNSUPPORTED);
 		return;
 	}
@@ -275,7 +267,7 @@ void km_delete_acls_response_encode(km_wr *w, int16_t v, const km_delete_acls_re
 
 size_t km_delete_acls_response_size(int16_t v, const km_delete_acls_response *m)
 {
-	if (v < 0 || v > 3)
+	if (v < 1 || v > 3)
 		return 0;
 	return km_delete_acls_response_sz(v, m);
 }

@@ -80,7 +80,7 @@ static size_t km_delete_groups_request_sz(int16_t v, const km_delete_groups_requ
 km_err km_delete_groups_request_decode(km_rd *r, int16_t v, km_delete_groups_request *m, km_arena *a)
 {
 	km_delete_groups_request_init(m);
-	if (v < 0 || v > 2)
+	if (v < 0 || v > 3)
 		return km_codec_rd_unsupported(r, "DeleteGroupsRequest");
 	km_delete_groups_request_dec(r, v, m, a);
 	return r->err;
@@ -88,7 +88,7 @@ km_err km_delete_groups_request_decode(km_rd *r, int16_t v, km_delete_groups_req
 
 void km_delete_groups_request_encode(km_wr *w, int16_t v, const km_delete_groups_request *m)
 {
-	if (v < 0 || v > 2) {
+	if (v < 0 || v > 3) {
 		km_codec_wr_fail(w, KM_ERR_UNSUPPORTED);
 		return;
 	}
@@ -97,7 +97,7 @@ void km_delete_groups_request_encode(km_wr *w, int16_t v, const km_delete_groups
 
 size_t km_delete_groups_request_size(int16_t v, const km_delete_groups_request *m)
 {
-	if (v < 0 || v > 2)
+	if (v < 0 || v > 3)
 		return 0;
 	return km_delete_groups_request_sz(v, m);
 }

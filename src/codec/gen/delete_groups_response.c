@@ -14,6 +14,7 @@ static size_t km_delete_groups_response_sz(int16_t v, const km_delete_groups_res
 void km_delete_groups_response_deletable_group_result_init(km_delete_groups_response_deletable_group_result *m)
 {
 	memset(m, 0, sizeof(*m));
+	m->error_message = KM_STR_NULL;
 }
 
 static bool km_delete_groups_response_deletable_group_result_dec(km_rd *r, int16_t v, km_delete_groups_response_deletable_group_result *m, km_arena *a)
@@ -26,6 +27,10 @@ static bool km_delete_groups_response_deletable_group_result_dec(km_rd *r, int16
 		return false;
 	if (!km_rd_i16(r, "DeletableGroupResult.ErrorCode", &m->error_code))
 		return false;
+	if (v >= 3) {
+		if (!km_rd_string(r, "DeletableGroupResult.ErrorMessage", flex, v >= 3, &m->error_message))
+			return false;
+	}
 	if (flex) {
 		if (!km_codec_rd_tags(r, "DeletableGroupResult.TaggedFields", &m->unknown_tags, a))
 			return false;
@@ -42,6 +47,11 @@ static void km_delete_groups_response_deletable_group_result_enc(km_wr *w, int16
 		km_codec_wr_fail(w, KM_ERR_ENCODE);
 	km_wr_string(w, flex, m->group_id);
 	km_wr_i16(w, m->error_code);
+	if (v >= 3) {
+		if (m->error_message.len < 0 && !(v >= 3))
+			km_codec_wr_fail(w, KM_ERR_ENCODE);
+		km_wr_string(w, flex, m->error_message);
+	}
 	if (flex) {
 		km_codec_wr_tags(w, &m->unknown_tags, 0, UINT64_MAX, true);
 	}
@@ -55,6 +65,9 @@ static size_t km_delete_groups_response_deletable_group_result_sz(int16_t v, con
 	(void)v;
 	n += km_sz_string(flex, m->group_id);
 	n += 2;
+	if (v >= 3) {
+		n += km_sz_string(flex, m->error_message);
+	}
 	if (flex) {
 		uint32_t ntags = (uint32_t)(m->unknown_tags.count > 0 ? m->unknown_tags.count : 0);
 		n += km_codec_sz_tags(&m->unknown_tags);
@@ -78,7 +91,7 @@ static bool km_delete_groups_response_dec(km_rd *r, int16_t v, km_delete_groups_
 		return false;
 	{
 		int32_t cnt;
-		if (!km_rd_array_len(r, "Results", flex, false, 4, &cnt))
+		if (!km_rd_array_len(r, "Results", flex, false, (v <= 2 ? 4 : 5), &cnt))
 			return false;
 		m->results.count = cnt;
 		m->results.items = NULL;
@@ -138,7 +151,7 @@ static size_t km_delete_groups_response_sz(int16_t v, const km_delete_groups_res
 km_err km_delete_groups_response_decode(km_rd *r, int16_t v, km_delete_groups_response *m, km_arena *a)
 {
 	km_delete_groups_response_init(m);
-	if (v < 0 || v > 2)
+	if (v < 0 || v > 3)
 		return km_codec_rd_unsupported(r, "DeleteGroupsResponse");
 	km_delete_groups_response_dec(r, v, m, a);
 	return r->err;
@@ -146,7 +159,7 @@ km_err km_delete_groups_response_decode(km_rd *r, int16_t v, km_delete_groups_re
 
 void km_delete_groups_response_encode(km_wr *w, int16_t v, const km_delete_groups_response *m)
 {
-	if (v < 0 || v > 2) {
+	if (v < 0 || v > 3) {
 		km_codec_wr_fail(w, KM_ERR_UNSUPPORTED);
 		return;
 	}
@@ -155,7 +168,7 @@ void km_delete_groups_response_encode(km_wr *w, int16_t v, const km_delete_group
 
 size_t km_delete_groups_response_size(int16_t v, const km_delete_groups_response *m)
 {
-	if (v < 0 || v > 2)
+	if (v < 0 || v > 3)
 		return 0;
 	return km_delete_groups_response_sz(v, m);
 }

@@ -196,7 +196,7 @@ static size_t km_delete_topics_request_sz(int16_t v, const km_delete_topics_requ
 km_err km_delete_topics_request_decode(km_rd *r, int16_t v, km_delete_topics_request *m, km_arena *a)
 {
 	km_delete_topics_request_init(m);
-	if (v < 0 || v > 6)
+	if (v < 1 || v > 6)
 		return km_codec_rd_unsupported(r, "DeleteTopicsRequest");
 	km_delete_topics_request_dec(r, v, m, a);
 	return r->err;
@@ -204,7 +204,7 @@ km_err km_delete_topics_request_decode(km_rd *r, int16_t v, km_delete_topics_req
 
 void km_delete_topics_request_encode(km_wr *w, int16_t v, const km_delete_topics_request *m)
 {
-	if (v < 0 || v > 6) {
+	if (v < 1 || v > 6) {
 		km_codec_wr_fail(w, KM_ERR_UNSUPPORTED);
 		return;
 	}
@@ -213,7 +213,7 @@ void km_delete_topics_request_encode(km_wr *w, int16_t v, const km_delete_topics
 
 size_t km_delete_topics_request_size(int16_t v, const km_delete_topics_request *m)
 {
-	if (v < 0 || v > 6)
+	if (v < 1 || v > 6)
 		return 0;
 	return km_delete_topics_request_sz(v, m);
 }

@@ -97,10 +97,8 @@ static bool km_delete_topics_response_dec(km_rd *r, int16_t v, km_delete_topics_
 	(void)flex;
 	(void)a;
 	(void)v;
-	if (v >= 1) {
-		if (!km_rd_i32(r, "ThrottleTimeMs", &m->throttle_time_ms))
-			return false;
-	}
+	if (!km_rd_i32(r, "ThrottleTimeMs", &m->throttle_time_ms))
+		return false;
 	{
 		int32_t cnt;
 		if (!km_rd_array_len(r, "Responses", flex, false, (v <= 4 ? 4 : (v <= 5 ? 5 : 21)), &cnt))
@@ -130,9 +128,7 @@ static void km_delete_topics_response_enc(km_wr *w, int16_t v, const km_delete_t
 	const bool flex = v >= 4;
 	(void)flex;
 	(void)v;
-	if (v >= 1) {
-		km_wr_i32(w, m->throttle_time_ms);
-	}
+	km_wr_i32(w, m->throttle_time_ms);
 	if (m->responses.count < 0)
 		km_codec_wr_fail(w, KM_ERR_ENCODE);
 	km_wr_array_len(w, flex, m->responses.count);
@@ -150,9 +146,7 @@ static size_t km_delete_topics_response_sz(int16_t v, const km_delete_topics_res
 	size_t n = 0;
 	(void)flex;
 	(void)v;
-	if (v >= 1) {
-		n += 4;
-	}
+	n += 4;
 	n += km_sz_array_len(flex, m->responses.count);
 	for (int32_t i = 0; i < m->responses.count; i++)
 		n += km_delete_topics_response_deletable_topic_result_sz(v, &m->responses.items[i]);
@@ -167,7 +161,7 @@ static size_t km_delete_topics_response_sz(int16_t v, const km_delete_topics_res
 km_err km_delete_topics_response_decode(km_rd *r, int16_t v, km_delete_topics_response *m, km_arena *a)
 {
 	km_delete_topics_response_init(m);
-	if (v < 0 || v > 6)
+	if (v < 1 || v > 6)
 		return km_codec_rd_unsupported(r, "DeleteTopicsResponse");
 	km_delete_topics_response_dec(r, v, m, a);
 	return r->err;
@@ -175,7 +169,7 @@ km_err km_delete_topics_response_decode(km_rd *r, int16_t v, km_delete_topics_re
 
 void km_delete_topics_response_encode(km_wr *w, int16_t v, const km_delete_topics_response *m)
 {
-	if (v < 0 || v > 6) {
+	if (v < 1 || v > 6) {
 		km_codec_wr_fail(w, KM_ERR_UNSUPPORTED);
 		return;
 	}
@@ -184,7 +178,7 @@ void km_delete_topics_response_encode(km_wr *w, int16_t v, const km_delete_topic
 
 size_t km_delete_topics_response_size(int16_t v, const km_delete_topics_response *m)
 {
-	if (v < 0 || v > 6)
+	if (v < 1 || v > 6)
 		return 0;
 	return km_delete_topics_response_sz(v, m);
 }

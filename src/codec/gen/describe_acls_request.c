@@ -24,10 +24,8 @@ static bool km_describe_acls_request_dec(km_rd *r, int16_t v, km_describe_acls_r
 		return false;
 	if (!km_rd_string(r, "ResourceNameFilter", flex, true, &m->resource_name_filter))
 		return false;
-	if (v >= 1) {
-		if (!km_rd_i8(r, "PatternTypeFilter", &m->pattern_type_filter))
-			return false;
-	}
+	if (!km_rd_i8(r, "PatternTypeFilter", &m->pattern_type_filter))
+		return false;
 	if (!km_rd_string(r, "PrincipalFilter", flex, true, &m->principal_filter))
 		return false;
 	if (!km_rd_string(r, "HostFilter", flex, true, &m->host_filter))
@@ -48,13 +46,9 @@ static void km_describe_acls_request_enc(km_wr *w, int16_t v, const km_describe_
 	const bool flex = v >= 2;
 	(void)flex;
 	(void)v;
-	if (!(v >= 1) && m->pattern_type_filter != 3)
-		km_codec_wr_fail(w, KM_ERR_ENCODE);
 	km_wr_i8(w, m->resource_type_filter);
 	km_wr_string(w, flex, m->resource_name_filter);
-	if (v >= 1) {
-		km_wr_i8(w, m->pattern_type_filter);
-	}
+	km_wr_i8(w, m->pattern_type_filter);
 	km_wr_string(w, flex, m->principal_filter);
 	km_wr_string(w, flex, m->host_filter);
 	km_wr_i8(w, m->operation);
@@ -72,9 +66,7 @@ static size_t km_describe_acls_request_sz(int16_t v, const km_describe_acls_requ
 	(void)v;
 	n += 1;
 	n += km_sz_string(flex, m->resource_name_filter);
-	if (v >= 1) {
-		n += 1;
-	}
+	n += 1;
 	n += km_sz_string(flex, m->principal_filter);
 	n += km_sz_string(flex, m->host_filter);
 	n += 1;
@@ -90,7 +82,7 @@ static size_t km_describe_acls_request_sz(int16_t v, const km_describe_acls_requ
 km_err km_describe_acls_request_decode(km_rd *r, int16_t v, km_describe_acls_request *m, km_arena *a)
 {
 	km_describe_acls_request_init(m);
-	if (v < 0 || v > 3)
+	if (v < 1 || v > 3)
 		return km_codec_rd_unsupported(r, "DescribeAclsRequest");
 	km_describe_acls_request_dec(r, v, m, a);
 	return r->err;
@@ -98,7 +90,7 @@ km_err km_describe_acls_request_decode(km_rd *r, int16_t v, km_describe_acls_req
 
 void km_describe_acls_request_encode(km_wr *w, int16_t v, const km_describe_acls_request *m)
 {
-	if (v < 0 || v > 3) {
+	if (v < 1 || v > 3) {
 		km_codec_wr_fail(w, KM_ERR_UNSUPPORTED);
 		return;
 	}
@@ -107,7 +99,7 @@ void km_describe_acls_request_encode(km_wr *w, int16_t v, const km_describe_acls
 
 size_t km_describe_acls_request_size(int16_t v, const km_describe_acls_request *m)
 {
-	if (v < 0 || v > 3)
+	if (v < 1 || v > 3)
 		return 0;
 	return km_describe_acls_request_sz(v, m);
 }

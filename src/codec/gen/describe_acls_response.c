@@ -92,10 +92,8 @@ static bool km_describe_acls_response_describe_acls_resource_dec(km_rd *r, int16
 		return false;
 	if (!km_rd_string(r, "DescribeAclsResource.ResourceName", flex, false, &m->resource_name))
 		return false;
-	if (v >= 1) {
-		if (!km_rd_i8(r, "DescribeAclsResource.PatternType", &m->pattern_type))
-			return false;
-	}
+	if (!km_rd_i8(r, "DescribeAclsResource.PatternType", &m->pattern_type))
+		return false;
 	{
 		int32_t cnt;
 		if (!km_rd_array_len(r, "DescribeAclsResource.Acls", flex, false, (v <= 1 ? 6 : 5), &cnt))
@@ -125,15 +123,11 @@ static void km_describe_acls_response_describe_acls_resource_enc(km_wr *w, int16
 	const bool flex = v >= 2;
 	(void)flex;
 	(void)v;
-	if (!(v >= 1) && m->pattern_type != 3)
-		km_codec_wr_fail(w, KM_ERR_ENCODE);
 	km_wr_i8(w, m->resource_type);
 	if (m->resource_name.len < 0)
 		km_codec_wr_fail(w, KM_ERR_ENCODE);
 	km_wr_string(w, flex, m->resource_name);
-	if (v >= 1) {
-		km_wr_i8(w, m->pattern_type);
-	}
+	km_wr_i8(w, m->pattern_type);
 	if (m->acls.count < 0)
 		km_codec_wr_fail(w, KM_ERR_ENCODE);
 	km_wr_array_len(w, flex, m->acls.count);
@@ -153,9 +147,7 @@ static size_t km_describe_acls_response_describe_acls_resource_sz(int16_t v, con
 	(void)v;
 	n += 1;
 	n += km_sz_string(flex, m->resource_name);
-	if (v >= 1) {
-		n += 1;
-	}
+	n += 1;
 	n += km_sz_array_len(flex, m->acls.count);
 	for (int32_t i = 0; i < m->acls.count; i++)
 		n += km_describe_acls_response_acl_description_sz(v, &m->acls.items[i]);
@@ -186,7 +178,7 @@ static bool km_describe_acls_response_dec(km_rd *r, int16_t v, km_describe_acls_
 		return false;
 	{
 		int32_t cnt;
-		if (!km_rd_array_len(r, "Resources", flex, false, (v <= 0 ? 7 : (v <= 1 ? 8 : 5)), &cnt))
+		if (!km_rd_array_len(r, "Resources", flex, false, (v <= 1 ? 8 : 5), &cnt))
 			return false;
 		m->resources.count = cnt;
 		m->resources.items = NULL;
@@ -250,7 +242,7 @@ static size_t km_describe_acls_response_sz(int16_t v, const km_describe_acls_res
 km_err km_describe_acls_response_decode(km_rd *r, int16_t v, km_describe_acls_response *m, km_arena *a)
 {
 	km_describe_acls_response_init(m);
-	if (v < 0 || v > 3)
+	if (v < 1 || v > 3)
 		return km_codec_rd_unsupported(r, "DescribeAclsResponse");
 	km_describe_acls_response_dec(r, v, m, a);
 	return r->err;
@@ -258,7 +250,7 @@ km_err km_describe_acls_response_decode(km_rd *r, int16_t v, km_describe_acls_re
 
 void km_describe_acls_response_encode(km_wr *w, int16_t v, const km_describe_acls_response *m)
 {
-	if (v < 0 || v > 3) {
+	if (v < 1 || v > 3) {
 		km_codec_wr_fail(w, KM_ERR_UNSUPPORTED);
 		return;
 	}
@@ -267,7 +259,7 @@ void km_describe_acls_response_encode(km_wr *w, int16_t v, const km_describe_acl
 
 size_t km_describe_acls_response_size(int16_t v, const km_describe_acls_response *m)
 {
-	if (v < 0 || v > 3)
+	if (v < 1 || v > 3)
 		return 0;
 	return km_describe_acls_response_sz(v, m);
 }

@@ -26,6 +26,10 @@ static bool km_describe_cluster_request_dec(km_rd *r, int16_t v, km_describe_clu
 		if (!km_rd_i8(r, "EndpointType", &m->endpoint_type))
 			return false;
 	}
+	if (v >= 2) {
+		if (!km_rd_bool(r, "IncludeFencedBrokers", &m->include_fenced_brokers))
+			return false;
+	}
 	if (flex) {
 		if (!km_codec_rd_tags(r, "DescribeClusterRequest.TaggedFields", &m->unknown_tags, a))
 			return false;
@@ -40,9 +44,14 @@ static void km_describe_cluster_request_enc(km_wr *w, int16_t v, const km_descri
 	(void)v;
 	if (!(v >= 1) && m->endpoint_type != 1)
 		km_codec_wr_fail(w, KM_ERR_ENCODE);
+	if (!(v >= 2) && m->include_fenced_brokers != false)
+		km_codec_wr_fail(w, KM_ERR_ENCODE);
 	km_wr_bool(w, m->include_cluster_authorized_operations);
 	if (v >= 1) {
 		km_wr_i8(w, m->endpoint_type);
+	}
+	if (v >= 2) {
+		km_wr_bool(w, m->include_fenced_brokers);
 	}
 	if (flex) {
 		km_codec_wr_tags(w, &m->unknown_tags, 0, UINT64_MAX, true);
@@ -59,6 +68,9 @@ static size_t km_describe_cluster_request_sz(int16_t v, const km_describe_cluste
 	if (v >= 1) {
 		n += 1;
 	}
+	if (v >= 2) {
+		n += 1;
+	}
 	if (flex) {
 		uint32_t ntags = (uint32_t)(m->unknown_tags.count > 0 ? m->unknown_tags.count : 0);
 		n += km_codec_sz_tags(&m->unknown_tags);
@@ -70,7 +82,7 @@ static size_t km_describe_cluster_request_sz(int16_t v, const km_describe_cluste
 km_err km_describe_cluster_request_decode(km_rd *r, int16_t v, km_describe_cluster_request *m, km_arena *a)
 {
 	km_describe_cluster_request_init(m);
-	if (v < 0 || v > 1)
+	if (v < 0 || v > 2)
 		return km_codec_rd_unsupported(r, "DescribeClusterRequest");
 	km_describe_cluster_request_dec(r, v, m, a);
 	return r->err;
@@ -78,7 +90,7 @@ km_err km_describe_cluster_request_decode(km_rd *r, int16_t v, km_describe_clust
 
 void km_describe_cluster_request_encode(km_wr *w, int16_t v, const km_describe_cluster_request *m)
 {
-	if (v < 0 || v > 1) {
+	if (v < 0 || v > 2) {
 		km_codec_wr_fail(w, KM_ERR_UNSUPPORTED);
 		return;
 	}
@@ -87,7 +99,7 @@ void km_describe_cluster_request_encode(km_wr *w, int16_t v, const km_describe_c
 
 size_t km_describe_cluster_request_size(int16_t v, const km_describe_cluster_request *m)
 {
-	if (v < 0 || v > 1)
+	if (v < 0 || v > 2)
 		return 0;
 	return km_describe_cluster_request_sz(v, m);
 }

@@ -31,6 +31,10 @@ static bool km_describe_cluster_response_describe_cluster_broker_dec(km_rd *r, i
 		return false;
 	if (!km_rd_string(r, "DescribeClusterBroker.Rack", flex, true, &m->rack))
 		return false;
+	if (v >= 2) {
+		if (!km_rd_bool(r, "DescribeClusterBroker.IsFenced", &m->is_fenced))
+			return false;
+	}
 	if (flex) {
 		if (!km_codec_rd_tags(r, "DescribeClusterBroker.TaggedFields", &m->unknown_tags, a))
 			return false;
@@ -43,12 +47,17 @@ static void km_describe_cluster_response_describe_cluster_broker_enc(km_wr *w, i
 	const bool flex = true;
 	(void)flex;
 	(void)v;
+	if (!(v >= 2) && m->is_fenced != false)
+		km_codec_wr_fail(w, KM_ERR_ENCODE);
 	km_wr_i32(w, m->broker_id);
 	if (m->host.len < 0)
 		km_codec_wr_fail(w, KM_ERR_ENCODE);
 	km_wr_string(w, flex, m->host);
 	km_wr_i32(w, m->port);
 	km_wr_string(w, flex, m->rack);
+	if (v >= 2) {
+		km_wr_bool(w, m->is_fenced);
+	}
 	if (flex) {
 		km_codec_wr_tags(w, &m->unknown_tags, 0, UINT64_MAX, true);
 	}
@@ -64,6 +73,9 @@ static size_t km_describe_cluster_response_describe_cluster_broker_sz(int16_t v,
 	n += km_sz_string(flex, m->host);
 	n += 4;
 	n += km_sz_string(flex, m->rack);
+	if (v >= 2) {
+		n += 1;
+	}
 	if (flex) {
 		uint32_t ntags = (uint32_t)(m->unknown_tags.count > 0 ? m->unknown_tags.count : 0);
 		n += km_codec_sz_tags(&m->unknown_tags);
@@ -103,7 +115,7 @@ static bool km_describe_cluster_response_dec(km_rd *r, int16_t v, km_describe_cl
 		return false;
 	{
 		int32_t cnt;
-		if (!km_rd_array_len(r, "Brokers", flex, false, 11, &cnt))
+		if (!km_rd_array_len(r, "Brokers", flex, false, (v <= 1 ? 11 : 12), &cnt))
 			return false;
 		m->brokers.count = cnt;
 		m->brokers.items = NULL;
@@ -185,7 +197,7 @@ static size_t km_describe_cluster_response_sz(int16_t v, const km_describe_clust
 km_err km_describe_cluster_response_decode(km_rd *r, int16_t v, km_describe_cluster_response *m, km_arena *a)
 {
 	km_describe_cluster_response_init(m);
-	if (v < 0 || v > 1)
+	if (v < 0 || v > 2)
 		return km_codec_rd_unsupported(r, "DescribeClusterResponse");
 	km_describe_cluster_response_dec(r, v, m, a);
 	return r->err;
@@ -193,7 +205,7 @@ km_err km_describe_cluster_response_decode(km_rd *r, int16_t v, km_describe_clus
 
 void km_describe_cluster_response_encode(km_wr *w, int16_t v, const km_describe_cluster_response *m)
 {
-	if (v < 0 || v > 1) {
+	if (v < 0 || v > 2) {
 		km_codec_wr_fail(w, KM_ERR_UNSUPPORTED);
 		return;
 	}
@@ -202,7 +214,7 @@ void km_describe_cluster_response_encode(km_wr *w, int16_t v, const km_describe_
 
 size_t km_describe_cluster_response_size(int16_t v, const km_describe_cluster_response *m)
 {
-	if (v < 0 || v > 1)
+	if (v < 0 || v > 2)
 		return 0;
 	return km_describe_cluster_response_sz(v, m);
 }

@@ -116,10 +116,8 @@ static bool km_describe_configs_request_dec(km_rd *r, int16_t v, km_describe_con
 			}
 		}
 	}
-	if (v >= 1) {
-		if (!km_rd_bool(r, "IncludeSynonyms", &m->include_synonyms))
-			return false;
-	}
+	if (!km_rd_bool(r, "IncludeSynonyms", &m->include_synonyms))
+		return false;
 	if (v >= 3) {
 		if (!km_rd_bool(r, "IncludeDocumentation", &m->include_documentation))
 			return false;
@@ -136,8 +134,6 @@ static void km_describe_configs_request_enc(km_wr *w, int16_t v, const km_descri
 	const bool flex = v >= 4;
 	(void)flex;
 	(void)v;
-	if (!(v >= 1) && m->include_synonyms != false)
-		km_codec_wr_fail(w, KM_ERR_ENCODE);
 	if (!(v >= 3) && m->include_documentation != false)
 		km_codec_wr_fail(w, KM_ERR_ENCODE);
 	if (m->resources.count < 0)
@@ -146,9 +142,7 @@ static void km_describe_configs_request_enc(km_wr *w, int16_t v, const km_descri
 	for (int32_t i = 0; i < m->resources.count; i++) {
 		km_describe_configs_request_describe_configs_resource_enc(w, v, &m->resources.items[i]);
 	}
-	if (v >= 1) {
-		km_wr_bool(w, m->include_synonyms);
-	}
+	km_wr_bool(w, m->include_synonyms);
 	if (v >= 3) {
 		km_wr_bool(w, m->include_documentation);
 	}
@@ -166,9 +160,7 @@ static size_t km_describe_configs_request_sz(int16_t v, const km_describe_config
 	n += km_sz_array_len(flex, m->resources.count);
 	for (int32_t i = 0; i < m->resources.count; i++)
 		n += km_describe_configs_request_describe_configs_resource_sz(v, &m->resources.items[i]);
-	if (v >= 1) {
-		n += 1;
-	}
+	n += 1;
 	if (v >= 3) {
 		n += 1;
 	}
@@ -183,7 +175,7 @@ static size_t km_describe_configs_request_sz(int16_t v, const km_describe_config
 km_err km_describe_configs_request_decode(km_rd *r, int16_t v, km_describe_configs_request *m, km_arena *a)
 {
 	km_describe_configs_request_init(m);
-	if (v < 0 || v > 4)
+	if (v < 1 || v > 4)
 		return km_codec_rd_unsupported(r, "DescribeConfigsRequest");
 	km_describe_configs_request_dec(r, v, m, a);
 	return r->err;
@@ -191,7 +183,7 @@ km_err km_describe_configs_request_decode(km_rd *r, int16_t v, km_describe_confi
 
 void km_describe_configs_request_encode(km_wr *w, int16_t v, const km_describe_configs_request *m)
 {
-	if (v < 0 || v > 4) {
+	if (v < 1 || v > 4) {
 		km_codec_wr_fail(w, KM_ERR_UNSUPPORTED);
 		return;
 	}
@@ -200,7 +192,7 @@ void km_describe_configs_request_encode(km_wr *w, int16_t v, const km_describe_c
 
 size_t km_describe_configs_request_size(int16_t v, const km_describe_configs_request *m)
 {
-	if (v < 0 || v > 4)
+	if (v < 1 || v > 4)
 		return 0;
 	return km_describe_configs_request_sz(v, m);
 }

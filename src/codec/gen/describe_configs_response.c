@@ -28,18 +28,12 @@ static bool km_describe_configs_response_describe_configs_synonym_dec(km_rd *r, 
 	(void)flex;
 	(void)a;
 	(void)v;
-	if (v >= 1) {
-		if (!km_rd_string(r, "DescribeConfigsSynonym.Name", flex, false, &m->name))
-			return false;
-	}
-	if (v >= 1) {
-		if (!km_rd_string(r, "DescribeConfigsSynonym.Value", flex, true, &m->value))
-			return false;
-	}
-	if (v >= 1) {
-		if (!km_rd_i8(r, "DescribeConfigsSynonym.Source", &m->source))
-			return false;
-	}
+	if (!km_rd_string(r, "DescribeConfigsSynonym.Name", flex, false, &m->name))
+		return false;
+	if (!km_rd_string(r, "DescribeConfigsSynonym.Value", flex, true, &m->value))
+		return false;
+	if (!km_rd_i8(r, "DescribeConfigsSynonym.Source", &m->source))
+		return false;
 	if (flex) {
 		if (!km_codec_rd_tags(r, "DescribeConfigsSynonym.TaggedFields", &m->unknown_tags, a))
 			return false;
@@ -52,23 +46,11 @@ static void km_describe_configs_response_describe_configs_synonym_enc(km_wr *w, 
 	const bool flex = v >= 4;
 	(void)flex;
 	(void)v;
-	if (!(v >= 1) && m->name.len != 0)
+	if (m->name.len < 0)
 		km_codec_wr_fail(w, KM_ERR_ENCODE);
-	if (!(v >= 1) && m->value.len != 0)
-		km_codec_wr_fail(w, KM_ERR_ENCODE);
-	if (!(v >= 1) && m->source != 0)
-		km_codec_wr_fail(w, KM_ERR_ENCODE);
-	if (v >= 1) {
-		if (m->name.len < 0)
-			km_codec_wr_fail(w, KM_ERR_ENCODE);
-		km_wr_string(w, flex, m->name);
-	}
-	if (v >= 1) {
-		km_wr_string(w, flex, m->value);
-	}
-	if (v >= 1) {
-		km_wr_i8(w, m->source);
-	}
+	km_wr_string(w, flex, m->name);
+	km_wr_string(w, flex, m->value);
+	km_wr_i8(w, m->source);
 	if (flex) {
 		km_codec_wr_tags(w, &m->unknown_tags, 0, UINT64_MAX, true);
 	}
@@ -80,15 +62,9 @@ static size_t km_describe_configs_response_describe_configs_synonym_sz(int16_t v
 	size_t n = 0;
 	(void)flex;
 	(void)v;
-	if (v >= 1) {
-		n += km_sz_string(flex, m->name);
-	}
-	if (v >= 1) {
-		n += km_sz_string(flex, m->value);
-	}
-	if (v >= 1) {
-		n += 1;
-	}
+	n += km_sz_string(flex, m->name);
+	n += km_sz_string(flex, m->value);
+	n += 1;
 	if (flex) {
 		uint32_t ntags = (uint32_t)(m->unknown_tags.count > 0 ? m->unknown_tags.count : 0);
 		n += km_codec_sz_tags(&m->unknown_tags);
@@ -115,32 +91,24 @@ static bool km_describe_configs_response_describe_configs_resource_result_dec(km
 		return false;
 	if (!km_rd_bool(r, "DescribeConfigsResourceResult.ReadOnly", &m->read_only))
 		return false;
-	if (v <= 0) {
-		if (!km_rd_bool(r, "DescribeConfigsResourceResult.IsDefault", &m->is_default))
-			return false;
-	}
-	if (v >= 1) {
-		if (!km_rd_i8(r, "DescribeConfigsResourceResult.ConfigSource", &m->config_source))
-			return false;
-	}
+	if (!km_rd_i8(r, "DescribeConfigsResourceResult.ConfigSource", &m->config_source))
+		return false;
 	if (!km_rd_bool(r, "DescribeConfigsResourceResult.IsSensitive", &m->is_sensitive))
 		return false;
-	if (v >= 1) {
-		{
-			int32_t cnt;
-			if (!km_rd_array_len(r, "DescribeConfigsResourceResult.Synonyms", flex, false, (v <= 3 ? 5 : 4), &cnt))
-				return false;
-			m->synonyms.count = cnt;
-			m->synonyms.items = NULL;
-			if (cnt > 0) {
-				m->synonyms.items = km_arena_alloc(a, (size_t)cnt * sizeof(*m->synonyms.items));
-				if (!m->synonyms.items)
-					return km_codec_arena_fail(r, a, "DescribeConfigsResourceResult.Synonyms");
-				for (int32_t i = 0; i < cnt; i++) {
-					km_describe_configs_response_describe_configs_synonym_init(&m->synonyms.items[i]);
-					if (!km_describe_configs_response_describe_configs_synonym_dec(r, v, &m->synonyms.items[i], a))
-						return false;
-				}
+	{
+		int32_t cnt;
+		if (!km_rd_array_len(r, "DescribeConfigsResourceResult.Synonyms", flex, false, (v <= 3 ? 5 : 4), &cnt))
+			return false;
+		m->synonyms.count = cnt;
+		m->synonyms.items = NULL;
+		if (cnt > 0) {
+			m->synonyms.items = km_arena_alloc(a, (size_t)cnt * sizeof(*m->synonyms.items));
+			if (!m->synonyms.items)
+				return km_codec_arena_fail(r, a, "DescribeConfigsResourceResult.Synonyms");
+			for (int32_t i = 0; i < cnt; i++) {
+				km_describe_configs_response_describe_configs_synonym_init(&m->synonyms.items[i]);
+				if (!km_describe_configs_response_describe_configs_synonym_dec(r, v, &m->synonyms.items[i], a))
+					return false;
 			}
 		}
 	}
@@ -164,27 +132,18 @@ static void km_describe_configs_response_describe_configs_resource_result_enc(km
 	const bool flex = v >= 4;
 	(void)flex;
 	(void)v;
-	if (!(v <= 0) && m->is_default != false)
-		km_codec_wr_fail(w, KM_ERR_ENCODE);
 	if (m->name.len < 0)
 		km_codec_wr_fail(w, KM_ERR_ENCODE);
 	km_wr_string(w, flex, m->name);
 	km_wr_string(w, flex, m->value);
 	km_wr_bool(w, m->read_only);
-	if (v <= 0) {
-		km_wr_bool(w, m->is_default);
-	}
-	if (v >= 1) {
-		km_wr_i8(w, m->config_source);
-	}
+	km_wr_i8(w, m->config_source);
 	km_wr_bool(w, m->is_sensitive);
-	if (v >= 1) {
-		if (m->synonyms.count < 0)
-			km_codec_wr_fail(w, KM_ERR_ENCODE);
-		km_wr_array_len(w, flex, m->synonyms.count);
-		for (int32_t i = 0; i < m->synonyms.count; i++) {
-			km_describe_configs_response_describe_configs_synonym_enc(w, v, &m->synonyms.items[i]);
-		}
+	if (m->synonyms.count < 0)
+		km_codec_wr_fail(w, KM_ERR_ENCODE);
+	km_wr_array_len(w, flex, m->synonyms.count);
+	for (int32_t i = 0; i < m->synonyms.count; i++) {
+		km_describe_configs_response_describe_configs_synonym_enc(w, v, &m->synonyms.items[i]);
 	}
 	if (v >= 3) {
 		km_wr_i8(w, m->config_type);
@@ -206,18 +165,11 @@ static size_t km_describe_configs_response_describe_configs_resource_result_sz(i
 	n += km_sz_string(flex, m->name);
 	n += km_sz_string(flex, m->value);
 	n += 1;
-	if (v <= 0) {
-		n += 1;
-	}
-	if (v >= 1) {
-		n += 1;
-	}
 	n += 1;
-	if (v >= 1) {
-		n += km_sz_array_len(flex, m->synonyms.count);
-		for (int32_t i = 0; i < m->synonyms.count; i++)
-			n += km_describe_configs_response_describe_configs_synonym_sz(v, &m->synonyms.items[i]);
-	}
+	n += 1;
+	n += km_sz_array_len(flex, m->synonyms.count);
+	for (int32_t i = 0; i < m->synonyms.count; i++)
+		n += km_describe_configs_response_describe_configs_synonym_sz(v, &m->synonyms.items[i]);
 	if (v >= 3) {
 		n += 1;
 	}
@@ -253,7 +205,7 @@ static bool km_describe_configs_response_describe_configs_result_dec(km_rd *r, i
 		return false;
 	{
 		int32_t cnt;
-		if (!km_rd_array_len(r, "DescribeConfigsResult.Configs", flex, false, (v <= 0 ? 7 : (v <= 2 ? 11 : (v <= 3 ? 14 : 9))), &cnt))
+		if (!km_rd_array_len(r, "DescribeConfigsResult.Configs", flex, false, (v <= 2 ? 11 : (v <= 3 ? 14 : 9)), &cnt))
 			return false;
 		m->configs.count = cnt;
 		m->configs.items = NULL;
@@ -393,7 +345,7 @@ static size_t km_describe_configs_response_sz(int16_t v, const km_describe_confi
 km_err km_describe_configs_response_decode(km_rd *r, int16_t v, km_describe_configs_response *m, km_arena *a)
 {
 	km_describe_configs_response_init(m);
-	if (v < 0 || v > 4)
+	if (v < 1 || v > 4)
 		return km_codec_rd_unsupported(r, "DescribeConfigsResponse");
 	km_describe_configs_response_dec(r, v, m, a);
 	return r->err;
@@ -401,7 +353,7 @@ km_err km_describe_configs_response_decode(km_rd *r, int16_t v, km_describe_conf
 
 void km_describe_configs_response_encode(km_wr *w, int16_t v, const km_describe_configs_response *m)
 {
-	if (v < 0 || v > 4) {
+	if (v < 1 || v > 4) {
 		km_codec_wr_fail(w, KM_ERR_UNSUPPORTED);
 		return;
 	}
@@ -410,7 +362,7 @@ void km_describe_configs_response_encode(km_wr *w, int16_t v, const km_describe_
 
 size_t km_describe_configs_response_size(int16_t v, const km_describe_configs_response *m)
 {
-	if (v < 0 || v > 4)
+	if (v < 1 || v > 4)
 		return 0;
 	return km_describe_configs_response_sz(v, m);
 }

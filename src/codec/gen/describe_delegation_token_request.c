@@ -134,7 +134,7 @@ static size_t km_describe_delegation_token_request_sz(int16_t v, const km_descri
 km_err km_describe_delegation_token_request_decode(km_rd *r, int16_t v, km_describe_delegation_token_request *m, km_arena *a)
 {
 	km_describe_delegation_token_request_init(m);
-	if (v < 0 || v > 3)
+	if (v < 1 || v > 3)
 		return km_codec_rd_unsupported(r, "DescribeDelegationTokenRequest");
 	km_describe_delegation_token_request_dec(r, v, m, a);
 	return r->err;
@@ -142,7 +142,7 @@ km_err km_describe_delegation_token_request_decode(km_rd *r, int16_t v, km_descr
 
 void km_describe_delegation_token_request_encode(km_wr *w, int16_t v, const km_describe_delegation_token_request *m)
 {
-	if (v < 0 || v > 3) {
+	if (v < 1 || v > 3) {
 		km_codec_wr_fail(w, KM_ERR_UNSUPPORTED);
 		return;
 	}
@@ -151,7 +151,7 @@ void km_describe_delegation_token_request_encode(km_wr *w, int16_t v, const km_d
 
 size_t km_describe_delegation_token_request_size(int16_t v, const km_describe_delegation_token_request *m)
 {
-	if (v < 0 || v > 3)
+	if (v < 1 || v > 3)
 		return 0;
 	return km_describe_delegation_token_request_sz(v, m);
 }

@@ -92,7 +92,7 @@ static size_t km_describe_groups_request_sz(int16_t v, const km_describe_groups_
 km_err km_describe_groups_request_decode(km_rd *r, int16_t v, km_describe_groups_request *m, km_arena *a)
 {
 	km_describe_groups_request_init(m);
-	if (v < 0 || v > 5)
+	if (v < 0 || v > 6)
 		return km_codec_rd_unsupported(r, "DescribeGroupsRequest");
 	km_describe_groups_request_dec(r, v, m, a);
 	return r->err;
@@ -100,7 +100,7 @@ km_err km_describe_groups_request_decode(km_rd *r, int16_t v, km_describe_groups
 
 void km_describe_groups_request_encode(km_wr *w, int16_t v, const km_describe_groups_request *m)
 {
-	if (v < 0 || v > 5) {
+	if (v < 0 || v > 6) {
 		km_codec_wr_fail(w, KM_ERR_UNSUPPORTED);
 		return;
 	}
@@ -109,7 +109,7 @@ void km_describe_groups_request_encode(km_wr *w, int16_t v, const km_describe_gr
 
 size_t km_describe_groups_request_size(int16_t v, const km_describe_groups_request *m)
 {
-	if (v < 0 || v > 5)
+	if (v < 0 || v > 6)
 		return 0;
 	return km_describe_groups_request_sz(v, m);
 }

@@ -102,6 +102,7 @@ static size_t km_describe_groups_response_described_group_member_sz(int16_t v, c
 void km_describe_groups_response_described_group_init(km_describe_groups_response_described_group *m)
 {
 	memset(m, 0, sizeof(*m));
+	m->error_message = KM_STR_NULL;
 	m->authorized_operations = INT32_MIN;
 }
 
@@ -113,6 +114,10 @@ static bool km_describe_groups_response_described_group_dec(km_rd *r, int16_t v,
 	(void)v;
 	if (!km_rd_i16(r, "DescribedGroup.ErrorCode", &m->error_code))
 		return false;
+	if (v >= 6) {
+		if (!km_rd_string(r, "DescribedGroup.ErrorMessage", flex, v >= 6, &m->error_message))
+			return false;
+	}
 	if (!km_rd_string(r, "DescribedGroup.GroupId", flex, false, &m->group_id))
 		return false;
 	if (!km_rd_string(r, "DescribedGroup.GroupState", flex, false, &m->group_state))
@@ -154,9 +159,16 @@ static void km_describe_groups_response_described_group_enc(km_wr *w, int16_t v,
 	const bool flex = v >= 5;
 	(void)flex;
 	(void)v;
+	if (!(v >= 6) && m->error_message.len >= 0)
+		km_codec_wr_fail(w, KM_ERR_ENCODE);
 	if (!(v >= 3) && m->authorized_operations != INT32_MIN)
 		km_codec_wr_fail(w, KM_ERR_ENCODE);
 	km_wr_i16(w, m->error_code);
+	if (v >= 6) {
+		if (m->error_message.len < 0 && !(v >= 6))
+			km_codec_wr_fail(w, KM_ERR_ENCODE);
+		km_wr_string(w, flex, m->error_message);
+	}
 	if (m->group_id.len < 0)
 		km_codec_wr_fail(w, KM_ERR_ENCODE);
 	km_wr_string(w, flex, m->group_id);
@@ -190,6 +202,9 @@ static size_t km_describe_groups_response_described_group_sz(int16_t v, const km
 	(void)flex;
 	(void)v;
 	n += 2;
+	if (v >= 6) {
+		n += km_sz_string(flex, m->error_message);
+	}
 	n += km_sz_string(flex, m->group_id);
 	n += km_sz_string(flex, m->group_state);
 	n += km_sz_string(flex, m->protocol_type);
@@ -225,7 +240,7 @@ static bool km_describe_groups_response_dec(km_rd *r, int16_t v, km_describe_gro
 	}
 	{
 		int32_t cnt;
-		if (!km_rd_array_len(r, "Groups", flex, false, (v <= 2 ? 14 : (v <= 4 ? 18 : 12)), &cnt))
+		if (!km_rd_array_len(r, "Groups", flex, false, (v <= 2 ? 14 : (v <= 4 ? 18 : (v <= 5 ? 12 : 13))), &cnt))
 			return false;
 		m->groups.count = cnt;
 		m->groups.items = NULL;
@@ -289,7 +304,7 @@ static size_t km_describe_groups_response_sz(int16_t v, const km_describe_groups
 km_err km_describe_groups_response_decode(km_rd *r, int16_t v, km_describe_groups_response *m, km_arena *a)
 {
 	km_describe_groups_response_init(m);
-	if (v < 0 || v > 5)
+	if (v < 0 || v > 6)
 		return km_codec_rd_unsupported(r, "DescribeGroupsResponse");
 	km_describe_groups_response_dec(r, v, m, a);
 	return r->err;
@@ -297,7 +312,7 @@ km_err km_describe_groups_response_decode(km_rd *r, int16_t v, km_describe_group
 
 void km_describe_groups_response_encode(km_wr *w, int16_t v, const km_describe_groups_response *m)
 {
-	if (v < 0 || v > 5) {
+	if (v < 0 || v > 6) {
 		km_codec_wr_fail(w, KM_ERR_UNSUPPORTED);
 		return;
 	}
@@ -306,7 +321,7 @@ void km_describe_groups_response_encode(km_wr *w, int16_t v, const km_describe_g
 
 size_t km_describe_groups_response_size(int16_t v, const km_describe_groups_response *m)
 {
-	if (v < 0 || v > 5)
+	if (v < 0 || v > 6)
 		return 0;
 	return km_describe_groups_response_sz(v, m);
 }

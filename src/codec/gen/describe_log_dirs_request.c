@@ -153,7 +153,7 @@ static size_t km_describe_log_dirs_request_sz(int16_t v, const km_describe_log_d
 km_err km_describe_log_dirs_request_decode(km_rd *r, int16_t v, km_describe_log_dirs_request *m, km_arena *a)
 {
 	km_describe_log_dirs_request_init(m);
-	if (v < 0 || v > 4)
+	if (v < 1 || v > 5)
 		return km_codec_rd_unsupported(r, "DescribeLogDirsRequest");
 	km_describe_log_dirs_request_dec(r, v, m, a);
 	return r->err;
@@ -161,7 +161,7 @@ km_err km_describe_log_dirs_request_decode(km_rd *r, int16_t v, km_describe_log_
 
 void km_describe_log_dirs_request_encode(km_wr *w, int16_t v, const km_describe_log_dirs_request *m)
 {
-	if (v < 0 || v > 4) {
+	if (v < 1 || v > 5) {
 		km_codec_wr_fail(w, KM_ERR_UNSUPPORTED);
 		return;
 	}
@@ -170,7 +170,7 @@ void km_describe_log_dirs_request_encode(km_wr *w, int16_t v, const km_describe_
 
 size_t km_describe_log_dirs_request_size(int16_t v, const km_describe_log_dirs_request *m)
 {
-	if (v < 0 || v > 4)
+	if (v < 1 || v > 5)
 		return 0;
 	return km_describe_log_dirs_request_sz(v, m);
 }

@@ -191,6 +191,10 @@ static bool km_describe_log_dirs_response_describe_log_dirs_result_dec(km_rd *r,
 		if (!km_rd_i64(r, "DescribeLogDirsResult.UsableBytes", &m->usable_bytes))
 			return false;
 	}
+	if (v >= 5) {
+		if (!km_rd_bool(r, "DescribeLogDirsResult.IsCordoned", &m->is_cordoned))
+			return false;
+	}
 	if (flex) {
 		if (!km_codec_rd_tags(r, "DescribeLogDirsResult.TaggedFields", &m->unknown_tags, a))
 			return false;
@@ -219,6 +223,9 @@ static void km_describe_log_dirs_response_describe_log_dirs_result_enc(km_wr *w,
 	if (v >= 4) {
 		km_wr_i64(w, m->usable_bytes);
 	}
+	if (v >= 5) {
+		km_wr_bool(w, m->is_cordoned);
+	}
 	if (flex) {
 		km_codec_wr_tags(w, &m->unknown_tags, 0, UINT64_MAX, true);
 	}
@@ -240,6 +247,9 @@ static size_t km_describe_log_dirs_response_describe_log_dirs_result_sz(int16_t 
 	}
 	if (v >= 4) {
 		n += 8;
+	}
+	if (v >= 5) {
+		n += 1;
 	}
 	if (flex) {
 		uint32_t ntags = (uint32_t)(m->unknown_tags.count > 0 ? m->unknown_tags.count : 0);
@@ -268,7 +278,7 @@ static bool km_describe_log_dirs_response_dec(km_rd *r, int16_t v, km_describe_l
 	}
 	{
 		int32_t cnt;
-		if (!km_rd_array_len(r, "Results", flex, false, (v <= 1 ? 8 : (v <= 3 ? 5 : 21)), &cnt))
+		if (!km_rd_array_len(r, "Results", flex, false, (v <= 1 ? 8 : (v <= 3 ? 5 : (v <= 4 ? 21 : 22))), &cnt))
 			return false;
 		m->results.count = cnt;
 		m->results.items = NULL;
@@ -334,7 +344,7 @@ static size_t km_describe_log_dirs_response_sz(int16_t v, const km_describe_log_
 km_err km_describe_log_dirs_response_decode(km_rd *r, int16_t v, km_describe_log_dirs_response *m, km_arena *a)
 {
 	km_describe_log_dirs_response_init(m);
-	if (v < 0 || v > 4)
+	if (v < 1 || v > 5)
 		return km_codec_rd_unsupported(r, "DescribeLogDirsResponse");
 	km_describe_log_dirs_response_dec(r, v, m, a);
 	return r->err;
@@ -342,7 +352,7 @@ km_err km_describe_log_dirs_response_decode(km_rd *r, int16_t v, km_describe_log
 
 void km_describe_log_dirs_response_encode(km_wr *w, int16_t v, const km_describe_log_dirs_response *m)
 {
-	if (v < 0 || v > 4) {
+	if (v < 1 || v > 5) {
 		km_codec_wr_fail(w, KM_ERR_UNSUPPORTED);
 		return;
 	}
@@ -351,7 +361,7 @@ void km_describe_log_dirs_response_encode(km_wr *w, int16_t v, const km_describe
 
 size_t km_describe_log_dirs_response_size(int16_t v, const km_describe_log_dirs_response *m)
 {
-	if (v < 0 || v > 4)
+	if (v < 1 || v > 5)
 		return 0;
 	return km_describe_log_dirs_response_sz(v, m);
 }

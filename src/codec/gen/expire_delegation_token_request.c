@@ -63,7 +63,7 @@ static size_t km_expire_delegation_token_request_sz(int16_t v, const km_expire_d
 km_err km_expire_delegation_token_request_decode(km_rd *r, int16_t v, km_expire_delegation_token_request *m, km_arena *a)
 {
 	km_expire_delegation_token_request_init(m);
-	if (v < 0 || v > 2)
+	if (v < 1 || v > 2)
 		return km_codec_rd_unsupported(r, "ExpireDelegationTokenRequest");
 	km_expire_delegation_token_request_dec(r, v, m, a);
 	return r->err;
@@ -71,7 +71,7 @@ km_err km_expire_delegation_token_request_decode(km_rd *r, int16_t v, km_expire_
 
 void km_expire_delegation_token_request_encode(km_wr *w, int16_t v, const km_expire_delegation_token_request *m)
 {
-	if (v < 0 || v > 2) {
+	if (v < 1 || v > 2) {
 		km_codec_wr_fail(w, KM_ERR_UNSUPPORTED);
 		return;
 	}
@@ -80,7 +80,7 @@ void km_expire_delegation_token_request_encode(km_wr *w, int16_t v, const km_exp
 
 size_t km_expire_delegation_token_request_size(int16_t v, const km_expire_delegation_token_request *m)
 {
-	if (v < 0 || v > 2)
+	if (v < 1 || v > 2)
 		return 0;
 	return km_expire_delegation_token_request_sz(v, m);
 }

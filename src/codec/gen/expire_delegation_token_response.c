@@ -65,7 +65,7 @@ static size_t km_expire_delegation_token_response_sz(int16_t v, const km_expire_
 km_err km_expire_delegation_token_response_decode(km_rd *r, int16_t v, km_expire_delegation_token_response *m, km_arena *a)
 {
 	km_expire_delegation_token_response_init(m);
-	if (v < 0 || v > 2)
+	if (v < 1 || v > 2)
 		return km_codec_rd_unsupported(r, "ExpireDelegationTokenResponse");
 	km_expire_delegation_token_response_dec(r, v, m, a);
 	return r->err;
@@ -73,7 +73,7 @@ km_err km_expire_delegation_token_response_decode(km_rd *r, int16_t v, km_expire
 
 void km_expire_delegation_token_response_encode(km_wr *w, int16_t v, const km_expire_delegation_token_response *m)
 {
-	if (v < 0 || v > 2) {
+	if (v < 1 || v > 2) {
 		km_codec_wr_fail(w, KM_ERR_UNSUPPORTED);
 		return;
 	}
@@ -82,7 +82,7 @@ void km_expire_delegation_token_response_encode(km_wr *w, int16_t v, const km_ex
 
 size_t km_expire_delegation_token_response_size(int16_t v, const km_expire_delegation_token_response *m)
 {
-	if (v < 0 || v > 2)
+	if (v < 1 || v > 2)
 		return 0;
 	return km_expire_delegation_token_response_sz(v, m);
 }

@@ -104,6 +104,7 @@ void km_fetch_request_fetch_partition_init(km_fetch_request_fetch_partition *m)
 	m->current_leader_epoch = -1;
 	m->last_fetched_epoch = -1;
 	m->log_start_offset = INT64_C(-1);
+	m->high_watermark = INT64_C(9223372036854775807);
 }
 
 static bool km_fetch_request_fetch_partition_dec_tag_replica_directory_id(km_rd *r, int16_t v, km_fetch_request_fetch_partition *m, km_arena *a)
@@ -111,6 +112,15 @@ static bool km_fetch_request_fetch_partition_dec_tag_replica_directory_id(km_rd 
 	(void)v;
 	(void)a;
 	if (!km_rd_uuid(r, "FetchPartition.ReplicaDirectoryId", &m->replica_directory_id))
+		return false;
+	return true;
+}
+
+static bool km_fetch_request_fetch_partition_dec_tag_high_watermark(km_rd *r, int16_t v, km_fetch_request_fetch_partition *m, km_arena *a)
+{
+	(void)v;
+	(void)a;
+	if (!km_rd_i64(r, "FetchPartition.HighWatermark", &m->high_watermark))
 		return false;
 	return true;
 }
@@ -157,6 +167,14 @@ static bool km_fetch_request_fetch_partition_dec(km_rd *r, int16_t v, km_fetch_r
 				else
 					known = false;
 				break;
+				case 1:
+				if (v >= 18) {
+					if (!km_fetch_request_fetch_partition_dec_tag_high_watermark(&sub, v, m, a))
+						return km_codec_rd_join(r, &sub);
+				}
+				else
+					known = false;
+				break;
 				default:
 					known = false;
 					break;
@@ -192,6 +210,8 @@ static void km_fetch_request_fetch_partition_enc(km_wr *w, int16_t v, const km_f
 		uint32_t ntags = (uint32_t)(m->unknown_tags.count > 0 ? m->unknown_tags.count : 0);
 		const bool has_replica_directory_id = v >= 17 && !km_codec_uuid_is_zero(&m->replica_directory_id);
 		ntags += has_replica_directory_id;
+		const bool has_high_watermark = v >= 18 && m->high_watermark != INT64_C(9223372036854775807);
+		ntags += has_high_watermark;
 		km_wr_uvarint(w, ntags);
 		km_codec_wr_tags(w, &m->unknown_tags, 0, 1, false);
 		if (has_replica_directory_id) {
@@ -201,7 +221,15 @@ static void km_fetch_request_fetch_partition_enc(km_wr *w, int16_t v, const km_f
 			km_wr_uvarint(w, (uint32_t)n);
 			km_wr_uuid(w, &m->replica_directory_id);
 		}
-		km_codec_wr_tags(w, &m->unknown_tags, 1, UINT64_MAX, false);
+		km_codec_wr_tags(w, &m->unknown_tags, 1, 2, false);
+		if (has_high_watermark) {
+			size_t n = 0;
+			n += 8;
+			km_wr_uvarint(w, 1);
+			km_wr_uvarint(w, (uint32_t)n);
+			km_wr_i64(w, m->high_watermark);
+		}
+		km_codec_wr_tags(w, &m->unknown_tags, 2, UINT64_MAX, false);
 	}
 }
 
@@ -230,6 +258,12 @@ static size_t km_fetch_request_fetch_partition_sz(int16_t v, const km_fetch_requ
 			size_t fn = 0;
 			fn += 16;
 			n += km_sz_uvarint(0) + km_sz_uvarint((uint32_t)fn) + fn;
+			ntags++;
+		}
+		if (v >= 18 && m->high_watermark != INT64_C(9223372036854775807)) {
+			size_t fn = 0;
+			fn += 8;
+			n += km_sz_uvarint(1) + km_sz_uvarint((uint32_t)fn) + fn;
 			ntags++;
 		}
 		n += km_sz_uvarint(ntags);
@@ -466,14 +500,10 @@ static bool km_fetch_request_dec(km_rd *r, int16_t v, km_fetch_request *m, km_ar
 		return false;
 	if (!km_rd_i32(r, "MinBytes", &m->min_bytes))
 		return false;
-	if (v >= 3) {
-		if (!km_rd_i32(r, "MaxBytes", &m->max_bytes))
-			return false;
-	}
-	if (v >= 4) {
-		if (!km_rd_i8(r, "IsolationLevel", &m->isolation_level))
-			return false;
-	}
+	if (!km_rd_i32(r, "MaxBytes", &m->max_bytes))
+		return false;
+	if (!km_rd_i8(r, "IsolationLevel", &m->isolation_level))
+		return false;
 	if (v >= 7) {
 		if (!km_rd_i32(r, "SessionId", &m->session_id))
 			return false;
@@ -576,12 +606,8 @@ static void km_fetch_request_enc(km_wr *w, int16_t v, const km_fetch_request *m)
 	}
 	km_wr_i32(w, m->max_wait_ms);
 	km_wr_i32(w, m->min_bytes);
-	if (v >= 3) {
-		km_wr_i32(w, m->max_bytes);
-	}
-	if (v >= 4) {
-		km_wr_i8(w, m->isolation_level);
-	}
+	km_wr_i32(w, m->max_bytes);
+	km_wr_i8(w, m->isolation_level);
 	if (v >= 7) {
 		km_wr_i32(w, m->session_id);
 	}
@@ -647,12 +673,8 @@ static size_t km_fetch_request_sz(int16_t v, const km_fetch_request *m)
 	}
 	n += 4;
 	n += 4;
-	if (v >= 3) {
-		n += 4;
-	}
-	if (v >= 4) {
-		n += 1;
-	}
+	n += 4;
+	n += 1;
 	if (v >= 7) {
 		n += 4;
 	}
@@ -693,7 +715,7 @@ static size_t km_fetch_request_sz(int16_t v, const km_fetch_request *m)
 km_err km_fetch_request_decode(km_rd *r, int16_t v, km_fetch_request *m, km_arena *a)
 {
 	km_fetch_request_init(m);
-	if (v < 0 || v > 17)
+	if (v < 4 || v > 18)
 		return km_codec_rd_unsupported(r, "FetchRequest");
 	km_fetch_request_dec(r, v, m, a);
 	return r->err;
@@ -701,7 +723,7 @@ km_err km_fetch_request_decode(km_rd *r, int16_t v, km_fetch_request *m, km_aren
 
 void km_fetch_request_encode(km_wr *w, int16_t v, const km_fetch_request *m)
 {
-	if (v < 0 || v > 17) {
+	if (v < 4 || v > 18) {
 		km_codec_wr_fail(w, KM_ERR_UNSUPPORTED);
 		return;
 	}
@@ -710,7 +732,7 @@ void km_fetch_request_encode(km_wr *w, int16_t v, const km_fetch_request *m)
 
 size_t km_fetch_request_size(int16_t v, const km_fetch_request *m)
 {
-	if (v < 0 || v > 17)
+	if (v < 4 || v > 18)
 		return 0;
 	return km_fetch_request_sz(v, m);
 }

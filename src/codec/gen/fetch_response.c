@@ -258,14 +258,10 @@ static bool km_fetch_response_aborted_transaction_dec(km_rd *r, int16_t v, km_fe
 	(void)flex;
 	(void)a;
 	(void)v;
-	if (v >= 4) {
-		if (!km_rd_i64(r, "AbortedTransaction.ProducerId", &m->producer_id))
-			return false;
-	}
-	if (v >= 4) {
-		if (!km_rd_i64(r, "AbortedTransaction.FirstOffset", &m->first_offset))
-			return false;
-	}
+	if (!km_rd_i64(r, "AbortedTransaction.ProducerId", &m->producer_id))
+		return false;
+	if (!km_rd_i64(r, "AbortedTransaction.FirstOffset", &m->first_offset))
+		return false;
 	if (flex) {
 		if (!km_codec_rd_tags(r, "AbortedTransaction.TaggedFields", &m->unknown_tags, a))
 			return false;
@@ -278,16 +274,8 @@ static void km_fetch_response_aborted_transaction_enc(km_wr *w, int16_t v, const
 	const bool flex = v >= 12;
 	(void)flex;
 	(void)v;
-	if (!(v >= 4) && m->producer_id != INT64_C(0))
-		km_codec_wr_fail(w, KM_ERR_ENCODE);
-	if (!(v >= 4) && m->first_offset != INT64_C(0))
-		km_codec_wr_fail(w, KM_ERR_ENCODE);
-	if (v >= 4) {
-		km_wr_i64(w, m->producer_id);
-	}
-	if (v >= 4) {
-		km_wr_i64(w, m->first_offset);
-	}
+	km_wr_i64(w, m->producer_id);
+	km_wr_i64(w, m->first_offset);
 	if (flex) {
 		km_codec_wr_tags(w, &m->unknown_tags, 0, UINT64_MAX, true);
 	}
@@ -299,12 +287,8 @@ static size_t km_fetch_response_aborted_transaction_sz(int16_t v, const km_fetch
 	size_t n = 0;
 	(void)flex;
 	(void)v;
-	if (v >= 4) {
-		n += 8;
-	}
-	if (v >= 4) {
-		n += 8;
-	}
+	n += 8;
+	n += 8;
 	if (flex) {
 		uint32_t ntags = (uint32_t)(m->unknown_tags.count > 0 ? m->unknown_tags.count : 0);
 		n += km_codec_sz_tags(&m->unknown_tags);
@@ -363,30 +347,26 @@ static bool km_fetch_response_partition_data_dec(km_rd *r, int16_t v, km_fetch_r
 		return false;
 	if (!km_rd_i64(r, "PartitionData.HighWatermark", &m->high_watermark))
 		return false;
-	if (v >= 4) {
-		if (!km_rd_i64(r, "PartitionData.LastStableOffset", &m->last_stable_offset))
-			return false;
-	}
+	if (!km_rd_i64(r, "PartitionData.LastStableOffset", &m->last_stable_offset))
+		return false;
 	if (v >= 5) {
 		if (!km_rd_i64(r, "PartitionData.LogStartOffset", &m->log_start_offset))
 			return false;
 	}
-	if (v >= 4) {
-		{
-			int32_t cnt;
-			if (!km_rd_array_len(r, "PartitionData.AbortedTransactions", flex, v >= 4, (v <= 11 ? 16 : 17), &cnt))
-				return false;
-			m->aborted_transactions.count = cnt;
-			m->aborted_transactions.items = NULL;
-			if (cnt > 0) {
-				m->aborted_transactions.items = km_arena_alloc(a, (size_t)cnt * sizeof(*m->aborted_transactions.items));
-				if (!m->aborted_transactions.items)
-					return km_codec_arena_fail(r, a, "PartitionData.AbortedTransactions");
-				for (int32_t i = 0; i < cnt; i++) {
-					km_fetch_response_aborted_transaction_init(&m->aborted_transactions.items[i]);
-					if (!km_fetch_response_aborted_transaction_dec(r, v, &m->aborted_transactions.items[i], a))
-						return false;
-				}
+	{
+		int32_t cnt;
+		if (!km_rd_array_len(r, "PartitionData.AbortedTransactions", flex, true, (v <= 11 ? 16 : 17), &cnt))
+			return false;
+		m->aborted_transactions.count = cnt;
+		m->aborted_transactions.items = NULL;
+		if (cnt > 0) {
+			m->aborted_transactions.items = km_arena_alloc(a, (size_t)cnt * sizeof(*m->aborted_transactions.items));
+			if (!m->aborted_transactions.items)
+				return km_codec_arena_fail(r, a, "PartitionData.AbortedTransactions");
+			for (int32_t i = 0; i < cnt; i++) {
+				km_fetch_response_aborted_transaction_init(&m->aborted_transactions.items[i]);
+				if (!km_fetch_response_aborted_transaction_dec(r, v, &m->aborted_transactions.items[i], a))
+					return false;
 			}
 		}
 	}
@@ -458,19 +438,13 @@ static void km_fetch_response_partition_data_enc(km_wr *w, int16_t v, const km_f
 	km_wr_i32(w, m->partition_index);
 	km_wr_i16(w, m->error_code);
 	km_wr_i64(w, m->high_watermark);
-	if (v >= 4) {
-		km_wr_i64(w, m->last_stable_offset);
-	}
+	km_wr_i64(w, m->last_stable_offset);
 	if (v >= 5) {
 		km_wr_i64(w, m->log_start_offset);
 	}
-	if (v >= 4) {
-		if (m->aborted_transactions.count < 0 && !(v >= 4))
-			km_codec_wr_fail(w, KM_ERR_ENCODE);
-		km_wr_array_len(w, flex, m->aborted_transactions.count);
-		for (int32_t i = 0; i < m->aborted_transactions.count; i++) {
-			km_fetch_response_aborted_transaction_enc(w, v, &m->aborted_transactions.items[i]);
-		}
+	km_wr_array_len(w, flex, m->aborted_transactions.count);
+	for (int32_t i = 0; i < m->aborted_transactions.count; i++) {
+		km_fetch_response_aborted_transaction_enc(w, v, &m->aborted_transactions.items[i]);
 	}
 	if (v >= 11) {
 		km_wr_i32(w, m->preferred_read_replica);
@@ -522,17 +496,13 @@ static size_t km_fetch_response_partition_data_sz(int16_t v, const km_fetch_resp
 	n += 4;
 	n += 2;
 	n += 8;
-	if (v >= 4) {
-		n += 8;
-	}
+	n += 8;
 	if (v >= 5) {
 		n += 8;
 	}
-	if (v >= 4) {
-		n += km_sz_array_len(flex, m->aborted_transactions.count);
-		for (int32_t i = 0; i < m->aborted_transactions.count; i++)
-			n += km_fetch_response_aborted_transaction_sz(v, &m->aborted_transactions.items[i]);
-	}
+	n += km_sz_array_len(flex, m->aborted_transactions.count);
+	for (int32_t i = 0; i < m->aborted_transactions.count; i++)
+		n += km_fetch_response_aborted_transaction_sz(v, &m->aborted_transactions.items[i]);
 	if (v >= 11) {
 		n += 4;
 	}
@@ -584,7 +554,7 @@ static bool km_fetch_response_fetchable_topic_response_dec(km_rd *r, int16_t v, 
 	}
 	{
 		int32_t cnt;
-		if (!km_rd_array_len(r, "FetchableTopicResponse.Partitions", flex, false, (v <= 3 ? 18 : (v <= 4 ? 30 : (v <= 10 ? 38 : (v <= 11 ? 42 : 37)))), &cnt))
+		if (!km_rd_array_len(r, "FetchableTopicResponse.Partitions", flex, false, (v <= 4 ? 30 : (v <= 10 ? 38 : (v <= 11 ? 42 : 37))), &cnt))
 			return false;
 		m->partitions.count = cnt;
 		m->partitions.items = NULL;
@@ -783,10 +753,8 @@ static bool km_fetch_response_dec(km_rd *r, int16_t v, km_fetch_response *m, km_
 	(void)flex;
 	(void)a;
 	(void)v;
-	if (v >= 1) {
-		if (!km_rd_i32(r, "ThrottleTimeMs", &m->throttle_time_ms))
-			return false;
-	}
+	if (!km_rd_i32(r, "ThrottleTimeMs", &m->throttle_time_ms))
+		return false;
 	if (v >= 7) {
 		if (!km_rd_i16(r, "ErrorCode", &m->error_code))
 			return false;
@@ -851,9 +819,7 @@ static void km_fetch_response_enc(km_wr *w, int16_t v, const km_fetch_response *
 		km_codec_wr_fail(w, KM_ERR_ENCODE);
 	if (!(v >= 16) && m->node_endpoints.count != 0)
 		km_codec_wr_fail(w, KM_ERR_ENCODE);
-	if (v >= 1) {
-		km_wr_i32(w, m->throttle_time_ms);
-	}
+	km_wr_i32(w, m->throttle_time_ms);
 	if (v >= 7) {
 		km_wr_i16(w, m->error_code);
 	}
@@ -896,9 +862,7 @@ static size_t km_fetch_response_sz(int16_t v, const km_fetch_response *m)
 	size_t n = 0;
 	(void)flex;
 	(void)v;
-	if (v >= 1) {
-		n += 4;
-	}
+	n += 4;
 	if (v >= 7) {
 		n += 2;
 	}
@@ -927,7 +891,7 @@ static size_t km_fetch_response_sz(int16_t v, const km_fetch_response *m)
 km_err km_fetch_response_decode(km_rd *r, int16_t v, km_fetch_response *m, km_arena *a)
 {
 	km_fetch_response_init(m);
-	if (v < 0 || v > 17)
+	if (v < 4 || v > 18)
 		return km_codec_rd_unsupported(r, "FetchResponse");
 	km_fetch_response_dec(r, v, m, a);
 	return r->err;
@@ -935,7 +899,7 @@ km_err km_fetch_response_decode(km_rd *r, int16_t v, km_fetch_response *m, km_ar
 
 void km_fetch_response_encode(km_wr *w, int16_t v, const km_fetch_response *m)
 {
-	if (v < 0 || v > 17) {
+	if (v < 4 || v > 18) {
 		km_codec_wr_fail(w, KM_ERR_UNSUPPORTED);
 		return;
 	}
@@ -944,7 +908,7 @@ void km_fetch_response_encode(km_wr *w, int16_t v, const km_fetch_response *m)
 
 size_t km_fetch_response_size(int16_t v, const km_fetch_response *m)
 {
-	if (v < 0 || v > 17)
+	if (v < 4 || v > 18)
 		return 0;
 	return km_fetch_response_sz(v, m);
 }

@@ -33,6 +33,14 @@ static bool km_init_producer_id_request_dec(km_rd *r, int16_t v, km_init_produce
 		if (!km_rd_i16(r, "ProducerEpoch", &m->producer_epoch))
 			return false;
 	}
+	if (v >= 6) {
+		if (!km_rd_bool(r, "Enable2Pc", &m->enable2_pc))
+			return false;
+	}
+	if (v >= 6) {
+		if (!km_rd_bool(r, "KeepPreparedTxn", &m->keep_prepared_txn))
+			return false;
+	}
 	if (flex) {
 		if (!km_codec_rd_tags(r, "InitProducerIdRequest.TaggedFields", &m->unknown_tags, a))
 			return false;
@@ -49,6 +57,10 @@ static void km_init_producer_id_request_enc(km_wr *w, int16_t v, const km_init_p
 		km_codec_wr_fail(w, KM_ERR_ENCODE);
 	if (!(v >= 3) && m->producer_epoch != -1)
 		km_codec_wr_fail(w, KM_ERR_ENCODE);
+	if (!(v >= 6) && m->enable2_pc != false)
+		km_codec_wr_fail(w, KM_ERR_ENCODE);
+	if (!(v >= 6) && m->keep_prepared_txn != false)
+		km_codec_wr_fail(w, KM_ERR_ENCODE);
 	km_wr_string(w, flex, m->transactional_id);
 	km_wr_i32(w, m->transaction_timeout_ms);
 	if (v >= 3) {
@@ -56,6 +68,12 @@ static void km_init_producer_id_request_enc(km_wr *w, int16_t v, const km_init_p
 	}
 	if (v >= 3) {
 		km_wr_i16(w, m->producer_epoch);
+	}
+	if (v >= 6) {
+		km_wr_bool(w, m->enable2_pc);
+	}
+	if (v >= 6) {
+		km_wr_bool(w, m->keep_prepared_txn);
 	}
 	if (flex) {
 		km_codec_wr_tags(w, &m->unknown_tags, 0, UINT64_MAX, true);
@@ -76,6 +94,12 @@ static size_t km_init_producer_id_request_sz(int16_t v, const km_init_producer_i
 	if (v >= 3) {
 		n += 2;
 	}
+	if (v >= 6) {
+		n += 1;
+	}
+	if (v >= 6) {
+		n += 1;
+	}
 	if (flex) {
 		uint32_t ntags = (uint32_t)(m->unknown_tags.count > 0 ? m->unknown_tags.count : 0);
 		n += km_codec_sz_tags(&m->unknown_tags);
@@ -87,7 +111,7 @@ static size_t km_init_producer_id_request_sz(int16_t v, const km_init_producer_i
 km_err km_init_producer_id_request_decode(km_rd *r, int16_t v, km_init_producer_id_request *m, km_arena *a)
 {
 	km_init_producer_id_request_init(m);
-	if (v < 0 || v > 5)
+	if (v < 0 || v > 6)
 		return km_codec_rd_unsupported(r, "InitProducerIdRequest");
 	km_init_producer_id_request_dec(r, v, m, a);
 	return r->err;
@@ -95,7 +119,7 @@ km_err km_init_producer_id_request_decode(km_rd *r, int16_t v, km_init_producer_
 
 void km_init_producer_id_request_encode(km_wr *w, int16_t v, const km_init_producer_id_request *m)
 {
-	if (v < 0 || v > 5) {
+	if (v < 0 || v > 6) {
 		km_codec_wr_fail(w, KM_ERR_UNSUPPORTED);
 		return;
 	}
@@ -104,7 +128,7 @@ void km_init_producer_id_request_encode(km_wr *w, int16_t v, const km_init_produ
 
 size_t km_init_producer_id_request_size(int16_t v, const km_init_producer_id_request *m)
 {
-	if (v < 0 || v > 5)
+	if (v < 0 || v > 6)
 		return 0;
 	return km_init_producer_id_request_sz(v, m);
 }

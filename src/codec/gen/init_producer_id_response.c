@@ -12,6 +12,8 @@ void km_init_producer_id_response_init(km_init_producer_id_response *m)
 {
 	memset(m, 0, sizeof(*m));
 	m->producer_id = INT64_C(-1);
+	m->ongoing_txn_producer_id = INT64_C(-1);
+	m->ongoing_txn_producer_epoch = -1;
 }
 
 static bool km_init_producer_id_response_dec(km_rd *r, int16_t v, km_init_producer_id_response *m, km_arena *a)
@@ -28,6 +30,14 @@ static bool km_init_producer_id_response_dec(km_rd *r, int16_t v, km_init_produc
 		return false;
 	if (!km_rd_i16(r, "ProducerEpoch", &m->producer_epoch))
 		return false;
+	if (v >= 6) {
+		if (!km_rd_i64(r, "OngoingTxnProducerId", &m->ongoing_txn_producer_id))
+			return false;
+	}
+	if (v >= 6) {
+		if (!km_rd_i16(r, "OngoingTxnProducerEpoch", &m->ongoing_txn_producer_epoch))
+			return false;
+	}
 	if (flex) {
 		if (!km_codec_rd_tags(r, "InitProducerIdResponse.TaggedFields", &m->unknown_tags, a))
 			return false;
@@ -40,10 +50,20 @@ static void km_init_producer_id_response_enc(km_wr *w, int16_t v, const km_init_
 	const bool flex = v >= 2;
 	(void)flex;
 	(void)v;
+	if (!(v >= 6) && m->ongoing_txn_producer_id != INT64_C(-1))
+		km_codec_wr_fail(w, KM_ERR_ENCODE);
+	if (!(v >= 6) && m->ongoing_txn_producer_epoch != -1)
+		km_codec_wr_fail(w, KM_ERR_ENCODE);
 	km_wr_i32(w, m->throttle_time_ms);
 	km_wr_i16(w, m->error_code);
 	km_wr_i64(w, m->producer_id);
 	km_wr_i16(w, m->producer_epoch);
+	if (v >= 6) {
+		km_wr_i64(w, m->ongoing_txn_producer_id);
+	}
+	if (v >= 6) {
+		km_wr_i16(w, m->ongoing_txn_producer_epoch);
+	}
 	if (flex) {
 		km_codec_wr_tags(w, &m->unknown_tags, 0, UINT64_MAX, true);
 	}
@@ -59,6 +79,12 @@ static size_t km_init_producer_id_response_sz(int16_t v, const km_init_producer_
 	n += 2;
 	n += 8;
 	n += 2;
+	if (v >= 6) {
+		n += 8;
+	}
+	if (v >= 6) {
+		n += 2;
+	}
 	if (flex) {
 		uint32_t ntags = (uint32_t)(m->unknown_tags.count > 0 ? m->unknown_tags.count : 0);
 		n += km_codec_sz_tags(&m->unknown_tags);
@@ -70,7 +96,7 @@ static size_t km_init_producer_id_response_sz(int16_t v, const km_init_producer_
 km_err km_init_producer_id_response_decode(km_rd *r, int16_t v, km_init_producer_id_response *m, km_arena *a)
 {
 	km_init_producer_id_response_init(m);
-	if (v < 0 || v > 5)
+	if (v < 0 || v > 6)
 		return km_codec_rd_unsupported(r, "InitProducerIdResponse");
 	km_init_producer_id_response_dec(r, v, m, a);
 	return r->err;
@@ -78,7 +104,7 @@ km_err km_init_producer_id_response_decode(km_rd *r, int16_t v, km_init_producer
 
 void km_init_producer_id_response_encode(km_wr *w, int16_t v, const km_init_producer_id_response *m)
 {
-	if (v < 0 || v > 5) {
+	if (v < 0 || v > 6) {
 		km_codec_wr_fail(w, KM_ERR_UNSUPPORTED);
 		return;
 	}
@@ -87,7 +113,7 @@ void km_init_producer_id_response_encode(km_wr *w, int16_t v, const km_init_prod
 
 size_t km_init_producer_id_response_size(int16_t v, const km_init_producer_id_response *m)
 {
-	if (v < 0 || v > 5)
+	if (v < 0 || v > 6)
 		return 0;
 	return km_init_producer_id_response_sz(v, m);
 }

@@ -18,7 +18,6 @@ void km_list_offsets_request_list_offsets_partition_init(km_list_offsets_request
 {
 	memset(m, 0, sizeof(*m));
 	m->current_leader_epoch = -1;
-	m->max_num_offsets = 1;
 }
 
 static bool km_list_offsets_request_list_offsets_partition_dec(km_rd *r, int16_t v, km_list_offsets_request_list_offsets_partition *m, km_arena *a)
@@ -35,10 +34,6 @@ static bool km_list_offsets_request_list_offsets_partition_dec(km_rd *r, int16_t
 	}
 	if (!km_rd_i64(r, "ListOffsetsPartition.Timestamp", &m->timestamp))
 		return false;
-	if (v <= 0) {
-		if (!km_rd_i32(r, "ListOffsetsPartition.MaxNumOffsets", &m->max_num_offsets))
-			return false;
-	}
 	if (flex) {
 		if (!km_codec_rd_tags(r, "ListOffsetsPartition.TaggedFields", &m->unknown_tags, a))
 			return false;
@@ -51,16 +46,11 @@ static void km_list_offsets_request_list_offsets_partition_enc(km_wr *w, int16_t
 	const bool flex = v >= 6;
 	(void)flex;
 	(void)v;
-	if (!(v <= 0) && m->max_num_offsets != 1)
-		km_codec_wr_fail(w, KM_ERR_ENCODE);
 	km_wr_i32(w, m->partition_index);
 	if (v >= 4) {
 		km_wr_i32(w, m->current_leader_epoch);
 	}
 	km_wr_i64(w, m->timestamp);
-	if (v <= 0) {
-		km_wr_i32(w, m->max_num_offsets);
-	}
 	if (flex) {
 		km_codec_wr_tags(w, &m->unknown_tags, 0, UINT64_MAX, true);
 	}
@@ -77,9 +67,6 @@ static size_t km_list_offsets_request_list_offsets_partition_sz(int16_t v, const
 		n += 4;
 	}
 	n += 8;
-	if (v <= 0) {
-		n += 4;
-	}
 	if (flex) {
 		uint32_t ntags = (uint32_t)(m->unknown_tags.count > 0 ? m->unknown_tags.count : 0);
 		n += km_codec_sz_tags(&m->unknown_tags);
@@ -103,7 +90,7 @@ static bool km_list_offsets_request_list_offsets_topic_dec(km_rd *r, int16_t v, 
 		return false;
 	{
 		int32_t cnt;
-		if (!km_rd_array_len(r, "ListOffsetsTopic.Partitions", flex, false, (v <= 0 ? 16 : (v <= 3 ? 12 : (v <= 5 ? 16 : 17))), &cnt))
+		if (!km_rd_array_len(r, "ListOffsetsTopic.Partitions", flex, false, (v <= 3 ? 12 : (v <= 5 ? 16 : 17)), &cnt))
 			return false;
 		m->partitions.count = cnt;
 		m->partitions.items = NULL;
@@ -259,7 +246,7 @@ static size_t km_list_offsets_request_sz(int16_t v, const km_list_offsets_reques
 km_err km_list_offsets_request_decode(km_rd *r, int16_t v, km_list_offsets_request *m, km_arena *a)
 {
 	km_list_offsets_request_init(m);
-	if (v < 0 || v > 10)
+	if (v < 1 || v > 11)
 		return km_codec_rd_unsupported(r, "ListOffsetsRequest");
 	km_list_offsets_request_dec(r, v, m, a);
 	return r->err;
@@ -267,7 +254,7 @@ km_err km_list_offsets_request_decode(km_rd *r, int16_t v, km_list_offsets_reque
 
 void km_list_offsets_request_encode(km_wr *w, int16_t v, const km_list_offsets_request *m)
 {
-	if (v < 0 || v > 10) {
+	if (v < 1 || v > 11) {
 		km_codec_wr_fail(w, KM_ERR_UNSUPPORTED);
 		return;
 	}
@@ -276,7 +263,7 @@ void km_list_offsets_request_encode(km_wr *w, int16_t v, const km_list_offsets_r
 
 size_t km_list_offsets_request_size(int16_t v, const km_list_offsets_request *m)
 {
-	if (v < 0 || v > 10)
+	if (v < 1 || v > 11)
 		return 0;
 	return km_list_offsets_request_sz(v, m);
 }

@@ -32,32 +32,10 @@ static bool km_list_offsets_response_list_offsets_partition_response_dec(km_rd *
 		return false;
 	if (!km_rd_i16(r, "ListOffsetsPartitionResponse.ErrorCode", &m->error_code))
 		return false;
-	if (v <= 0) {
-		{
-			int32_t cnt;
-			if (!km_rd_array_len(r, "ListOffsetsPartitionResponse.OldStyleOffsets", flex, false, 8, &cnt))
-				return false;
-			m->old_style_offsets.count = cnt;
-			m->old_style_offsets.items = NULL;
-			if (cnt > 0) {
-				m->old_style_offsets.items = km_arena_alloc(a, (size_t)cnt * sizeof(*m->old_style_offsets.items));
-				if (!m->old_style_offsets.items)
-					return km_codec_arena_fail(r, a, "ListOffsetsPartitionResponse.OldStyleOffsets");
-				for (int32_t i = 0; i < cnt; i++) {
-					if (!km_rd_i64(r, "ListOffsetsPartitionResponse.OldStyleOffsets", &m->old_style_offsets.items[i]))
-						return false;
-				}
-			}
-		}
-	}
-	if (v >= 1) {
-		if (!km_rd_i64(r, "ListOffsetsPartitionResponse.Timestamp", &m->timestamp))
-			return false;
-	}
-	if (v >= 1) {
-		if (!km_rd_i64(r, "ListOffsetsPartitionResponse.Offset", &m->offset))
-			return false;
-	}
+	if (!km_rd_i64(r, "ListOffsetsPartitionResponse.Timestamp", &m->timestamp))
+		return false;
+	if (!km_rd_i64(r, "ListOffsetsPartitionResponse.Offset", &m->offset))
+		return false;
 	if (v >= 4) {
 		if (!km_rd_i32(r, "ListOffsetsPartitionResponse.LeaderEpoch", &m->leader_epoch))
 			return false;
@@ -74,30 +52,12 @@ static void km_list_offsets_response_list_offsets_partition_response_enc(km_wr *
 	const bool flex = v >= 6;
 	(void)flex;
 	(void)v;
-	if (!(v <= 0) && m->old_style_offsets.count != 0)
-		km_codec_wr_fail(w, KM_ERR_ENCODE);
-	if (!(v >= 1) && m->timestamp != INT64_C(-1))
-		km_codec_wr_fail(w, KM_ERR_ENCODE);
-	if (!(v >= 1) && m->offset != INT64_C(-1))
-		km_codec_wr_fail(w, KM_ERR_ENCODE);
 	if (!(v >= 4) && m->leader_epoch != -1)
 		km_codec_wr_fail(w, KM_ERR_ENCODE);
 	km_wr_i32(w, m->partition_index);
 	km_wr_i16(w, m->error_code);
-	if (v <= 0) {
-		if (m->old_style_offsets.count < 0)
-			km_codec_wr_fail(w, KM_ERR_ENCODE);
-		km_wr_array_len(w, flex, m->old_style_offsets.count);
-		for (int32_t i = 0; i < m->old_style_offsets.count; i++) {
-			km_wr_i64(w, m->old_style_offsets.items[i]);
-		}
-	}
-	if (v >= 1) {
-		km_wr_i64(w, m->timestamp);
-	}
-	if (v >= 1) {
-		km_wr_i64(w, m->offset);
-	}
+	km_wr_i64(w, m->timestamp);
+	km_wr_i64(w, m->offset);
 	if (v >= 4) {
 		km_wr_i32(w, m->leader_epoch);
 	}
@@ -114,17 +74,8 @@ static size_t km_list_offsets_response_list_offsets_partition_response_sz(int16_
 	(void)v;
 	n += 4;
 	n += 2;
-	if (v <= 0) {
-		n += km_sz_array_len(flex, m->old_style_offsets.count);
-		if (m->old_style_offsets.count > 0)
-			n += (size_t)m->old_style_offsets.count * 8;
-	}
-	if (v >= 1) {
-		n += 8;
-	}
-	if (v >= 1) {
-		n += 8;
-	}
+	n += 8;
+	n += 8;
 	if (v >= 4) {
 		n += 4;
 	}
@@ -151,7 +102,7 @@ static bool km_list_offsets_response_list_offsets_topic_response_dec(km_rd *r, i
 		return false;
 	{
 		int32_t cnt;
-		if (!km_rd_array_len(r, "ListOffsetsTopicResponse.Partitions", flex, false, (v <= 0 ? 10 : (v <= 3 ? 22 : (v <= 5 ? 26 : 27))), &cnt))
+		if (!km_rd_array_len(r, "ListOffsetsTopicResponse.Partitions", flex, false, (v <= 3 ? 22 : (v <= 5 ? 26 : 27)), &cnt))
 			return false;
 		m->partitions.count = cnt;
 		m->partitions.items = NULL;
@@ -291,7 +242,7 @@ static size_t km_list_offsets_response_sz(int16_t v, const km_list_offsets_respo
 km_err km_list_offsets_response_decode(km_rd *r, int16_t v, km_list_offsets_response *m, km_arena *a)
 {
 	km_list_offsets_response_init(m);
-	if (v < 0 || v > 10)
+	if (v < 1 || v > 11)
 		return km_codec_rd_unsupported(r, "ListOffsetsResponse");
 	km_list_offsets_response_dec(r, v, m, a);
 	return r->err;
@@ -299,7 +250,7 @@ km_err km_list_offsets_response_decode(km_rd *r, int16_t v, km_list_offsets_resp
 
 void km_list_offsets_response_encode(km_wr *w, int16_t v, const km_list_offsets_response *m)
 {
-	if (v < 0 || v > 10) {
+	if (v < 1 || v > 11) {
 		km_codec_wr_fail(w, KM_ERR_UNSUPPORTED);
 		return;
 	}
@@ -308,7 +259,7 @@ void km_list_offsets_response_encode(km_wr *w, int16_t v, const km_list_offsets_
 
 size_t km_list_offsets_response_size(int16_t v, const km_list_offsets_response *m)
 {
-	if (v < 0 || v > 10)
+	if (v < 1 || v > 11)
 		return 0;
 	return km_list_offsets_response_sz(v, m);
 }

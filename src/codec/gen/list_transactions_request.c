@@ -12,6 +12,7 @@ void km_list_transactions_request_init(km_list_transactions_request *m)
 {
 	memset(m, 0, sizeof(*m));
 	m->duration_filter = INT64_C(-1);
+	m->transactional_id_pattern = KM_STR_NULL;
 }
 
 static bool km_list_transactions_request_dec(km_rd *r, int16_t v, km_list_transactions_request *m, km_arena *a)
@@ -56,6 +57,10 @@ static bool km_list_transactions_request_dec(km_rd *r, int16_t v, km_list_transa
 		if (!km_rd_i64(r, "DurationFilter", &m->duration_filter))
 			return false;
 	}
+	if (v >= 2) {
+		if (!km_rd_string(r, "TransactionalIdPattern", flex, v >= 2, &m->transactional_id_pattern))
+			return false;
+	}
 	if (flex) {
 		if (!km_codec_rd_tags(r, "ListTransactionsRequest.TaggedFields", &m->unknown_tags, a))
 			return false;
@@ -69,6 +74,8 @@ static void km_list_transactions_request_enc(km_wr *w, int16_t v, const km_list_
 	(void)flex;
 	(void)v;
 	if (!(v >= 1) && m->duration_filter != INT64_C(-1))
+		km_codec_wr_fail(w, KM_ERR_ENCODE);
+	if (!(v >= 2) && m->transactional_id_pattern.len >= 0)
 		km_codec_wr_fail(w, KM_ERR_ENCODE);
 	if (m->state_filters.count < 0)
 		km_codec_wr_fail(w, KM_ERR_ENCODE);
@@ -86,6 +93,11 @@ static void km_list_transactions_request_enc(km_wr *w, int16_t v, const km_list_
 	}
 	if (v >= 1) {
 		km_wr_i64(w, m->duration_filter);
+	}
+	if (v >= 2) {
+		if (m->transactional_id_pattern.len < 0 && !(v >= 2))
+			km_codec_wr_fail(w, KM_ERR_ENCODE);
+		km_wr_string(w, flex, m->transactional_id_pattern);
 	}
 	if (flex) {
 		km_codec_wr_tags(w, &m->unknown_tags, 0, UINT64_MAX, true);
@@ -107,6 +119,9 @@ static size_t km_list_transactions_request_sz(int16_t v, const km_list_transacti
 	if (v >= 1) {
 		n += 8;
 	}
+	if (v >= 2) {
+		n += km_sz_string(flex, m->transactional_id_pattern);
+	}
 	if (flex) {
 		uint32_t ntags = (uint32_t)(m->unknown_tags.count > 0 ? m->unknown_tags.count : 0);
 		n += km_codec_sz_tags(&m->unknown_tags);
@@ -118,7 +133,7 @@ static size_t km_list_transactions_request_sz(int16_t v, const km_list_transacti
 km_err km_list_transactions_request_decode(km_rd *r, int16_t v, km_list_transactions_request *m, km_arena *a)
 {
 	km_list_transactions_request_init(m);
-	if (v < 0 || v > 1)
+	if (v < 0 || v > 2)
 		return km_codec_rd_unsupported(r, "ListTransactionsRequest");
 	km_list_transactions_request_dec(r, v, m, a);
 	return r->err;
@@ -126,7 +141,7 @@ km_err km_list_transactions_request_decode(km_rd *r, int16_t v, km_list_transact
 
 void km_list_transactions_request_encode(km_wr *w, int16_t v, const km_list_transactions_request *m)
 {
-	if (v < 0 || v > 1) {
+	if (v < 0 || v > 2) {
 		km_codec_wr_fail(w, KM_ERR_UNSUPPORTED);
 		return;
 	}
@@ -135,7 +150,7 @@ void km_list_transactions_request_encode(km_wr *w, int16_t v, const km_list_tran
 
 size_t km_list_transactions_request_size(int16_t v, const km_list_transactions_request *m)
 {
-	if (v < 0 || v > 1)
+	if (v < 0 || v > 2)
 		return 0;
 	return km_list_transactions_request_sz(v, m);
 }

@@ -175,7 +175,7 @@ static size_t km_list_transactions_response_sz(int16_t v, const km_list_transact
 km_err km_list_transactions_response_decode(km_rd *r, int16_t v, km_list_transactions_response *m, km_arena *a)
 {
 	km_list_transactions_response_init(m);
-	if (v < 0 || v > 1)
+	if (v < 0 || v > 2)
 		return km_codec_rd_unsupported(r, "ListTransactionsResponse");
 	km_list_transactions_response_dec(r, v, m, a);
 	return r->err;
@@ -183,7 +183,7 @@ km_err km_list_transactions_response_decode(km_rd *r, int16_t v, km_list_transac
 
 void km_list_transactions_response_encode(km_wr *w, int16_t v, const km_list_transactions_response *m)
 {
-	if (v < 0 || v > 1) {
+	if (v < 0 || v > 2) {
 		km_codec_wr_fail(w, KM_ERR_UNSUPPORTED);
 		return;
 	}
@@ -192,7 +192,7 @@ void km_list_transactions_response_encode(km_wr *w, int16_t v, const km_list_tra
 
 size_t km_list_transactions_response_size(int16_t v, const km_list_transactions_response *m)
 {
-	if (v < 0 || v > 1)
+	if (v < 0 || v > 2)
 		return 0;
 	return km_list_transactions_response_sz(v, m);
 }

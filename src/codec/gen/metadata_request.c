@@ -177,7 +177,7 @@ static size_t km_metadata_request_sz(int16_t v, const km_metadata_request *m)
 km_err km_metadata_request_decode(km_rd *r, int16_t v, km_metadata_request *m, km_arena *a)
 {
 	km_metadata_request_init(m);
-	if (v < 0 || v > 12)
+	if (v < 0 || v > 13)
 		return km_codec_rd_unsupported(r, "MetadataRequest");
 	km_metadata_request_dec(r, v, m, a);
 	return r->err;
@@ -185,7 +185,7 @@ km_err km_metadata_request_decode(km_rd *r, int16_t v, km_metadata_request *m, k
 
 void km_metadata_request_encode(km_wr *w, int16_t v, const km_metadata_request *m)
 {
-	if (v < 0 || v > 12) {
+	if (v < 0 || v > 13) {
 		km_codec_wr_fail(w, KM_ERR_UNSUPPORTED);
 		return;
 	}
@@ -194,7 +194,7 @@ void km_metadata_request_encode(km_wr *w, int16_t v, const km_metadata_request *
 
 size_t km_metadata_request_size(int16_t v, const km_metadata_request *m)
 {
-	if (v < 0 || v > 12)
+	if (v < 0 || v > 13)
 		return 0;
 	return km_metadata_request_sz(v, m);
 }

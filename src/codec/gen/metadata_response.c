@@ -407,6 +407,10 @@ static bool km_metadata_response_dec(km_rd *r, int16_t v, km_metadata_response *
 		if (!km_rd_i32(r, "ClusterAuthorizedOperations", &m->cluster_authorized_operations))
 			return false;
 	}
+	if (v >= 13) {
+		if (!km_rd_i16(r, "ErrorCode", &m->error_code))
+			return false;
+	}
 	if (flex) {
 		if (!km_codec_rd_tags(r, "MetadataResponse.TaggedFields", &m->unknown_tags, a))
 			return false;
@@ -447,6 +451,9 @@ static void km_metadata_response_enc(km_wr *w, int16_t v, const km_metadata_resp
 	if ((v >= 8 && v <= 10)) {
 		km_wr_i32(w, m->cluster_authorized_operations);
 	}
+	if (v >= 13) {
+		km_wr_i16(w, m->error_code);
+	}
 	if (flex) {
 		km_codec_wr_tags(w, &m->unknown_tags, 0, UINT64_MAX, true);
 	}
@@ -476,6 +483,9 @@ static size_t km_metadata_response_sz(int16_t v, const km_metadata_response *m)
 	if ((v >= 8 && v <= 10)) {
 		n += 4;
 	}
+	if (v >= 13) {
+		n += 2;
+	}
 	if (flex) {
 		uint32_t ntags = (uint32_t)(m->unknown_tags.count > 0 ? m->unknown_tags.count : 0);
 		n += km_codec_sz_tags(&m->unknown_tags);
@@ -487,7 +497,7 @@ static size_t km_metadata_response_sz(int16_t v, const km_metadata_response *m)
 km_err km_metadata_response_decode(km_rd *r, int16_t v, km_metadata_response *m, km_arena *a)
 {
 	km_metadata_response_init(m);
-	if (v < 0 || v > 12)
+	if (v < 0 || v > 13)
 		return km_codec_rd_unsupported(r, "MetadataResponse");
 	km_metadata_response_dec(r, v, m, a);
 	return r->err;
@@ -495,7 +505,7 @@ km_err km_metadata_response_decode(km_rd *r, int16_t v, km_metadata_response *m,
 
 void km_metadata_response_encode(km_wr *w, int16_t v, const km_metadata_response *m)
 {
-	if (v < 0 || v > 12) {
+	if (v < 0 || v > 13) {
 		km_codec_wr_fail(w, KM_ERR_UNSUPPORTED);
 		return;
 	}
@@ -504,7 +514,7 @@ void km_metadata_response_encode(km_wr *w, int16_t v, const km_metadata_response
 
 size_t km_metadata_response_size(int16_t v, const km_metadata_response *m)
 {
-	if (v < 0 || v > 12)
+	if (v < 0 || v > 13)
 		return 0;
 	return km_metadata_response_sz(v, m);
 }

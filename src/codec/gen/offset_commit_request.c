@@ -18,7 +18,6 @@ void km_offset_commit_request_partition_init(km_offset_commit_request_partition 
 {
 	memset(m, 0, sizeof(*m));
 	m->committed_leader_epoch = -1;
-	m->commit_timestamp = INT64_C(-1);
 }
 
 static bool km_offset_commit_request_partition_dec(km_rd *r, int16_t v, km_offset_commit_request_partition *m, km_arena *a)
@@ -35,10 +34,6 @@ static bool km_offset_commit_request_partition_dec(km_rd *r, int16_t v, km_offse
 		if (!km_rd_i32(r, "OffsetCommitRequestPartition.CommittedLeaderEpoch", &m->committed_leader_epoch))
 			return false;
 	}
-	if ((v >= 1 && v <= 1)) {
-		if (!km_rd_i64(r, "OffsetCommitRequestPartition.CommitTimestamp", &m->commit_timestamp))
-			return false;
-	}
 	if (!km_rd_string(r, "OffsetCommitRequestPartition.CommittedMetadata", flex, true, &m->committed_metadata))
 		return false;
 	if (flex) {
@@ -53,15 +48,10 @@ static void km_offset_commit_request_partition_enc(km_wr *w, int16_t v, const km
 	const bool flex = v >= 8;
 	(void)flex;
 	(void)v;
-	if (!(v >= 1 && v <= 1) && m->commit_timestamp != INT64_C(-1))
-		km_codec_wr_fail(w, KM_ERR_ENCODE);
 	km_wr_i32(w, m->partition_index);
 	km_wr_i64(w, m->committed_offset);
 	if (v >= 6) {
 		km_wr_i32(w, m->committed_leader_epoch);
-	}
-	if ((v >= 1 && v <= 1)) {
-		km_wr_i64(w, m->commit_timestamp);
 	}
 	km_wr_string(w, flex, m->committed_metadata);
 	if (flex) {
@@ -79,9 +69,6 @@ static size_t km_offset_commit_request_partition_sz(int16_t v, const km_offset_c
 	n += 8;
 	if (v >= 6) {
 		n += 4;
-	}
-	if ((v >= 1 && v <= 1)) {
-		n += 8;
 	}
 	n += km_sz_string(flex, m->committed_metadata);
 	if (flex) {
@@ -103,11 +90,17 @@ static bool km_offset_commit_request_topic_dec(km_rd *r, int16_t v, km_offset_co
 	(void)flex;
 	(void)a;
 	(void)v;
-	if (!km_rd_string(r, "OffsetCommitRequestTopic.Name", flex, false, &m->name))
-		return false;
+	if (v <= 9) {
+		if (!km_rd_string(r, "OffsetCommitRequestTopic.Name", flex, false, &m->name))
+			return false;
+	}
+	if (v >= 10) {
+		if (!km_rd_uuid(r, "OffsetCommitRequestTopic.TopicId", &m->topic_id))
+			return false;
+	}
 	{
 		int32_t cnt;
-		if (!km_rd_array_len(r, "OffsetCommitRequestTopic.Partitions", flex, false, (v <= 0 ? 14 : (v <= 1 ? 22 : (v <= 5 ? 14 : 18))), &cnt))
+		if (!km_rd_array_len(r, "OffsetCommitRequestTopic.Partitions", flex, false, (v <= 5 ? 14 : 18), &cnt))
 			return false;
 		m->partitions.count = cnt;
 		m->partitions.items = NULL;
@@ -134,9 +127,14 @@ static void km_offset_commit_request_topic_enc(km_wr *w, int16_t v, const km_off
 	const bool flex = v >= 8;
 	(void)flex;
 	(void)v;
-	if (m->name.len < 0)
-		km_codec_wr_fail(w, KM_ERR_ENCODE);
-	km_wr_string(w, flex, m->name);
+	if (v <= 9) {
+		if (m->name.len < 0)
+			km_codec_wr_fail(w, KM_ERR_ENCODE);
+		km_wr_string(w, flex, m->name);
+	}
+	if (v >= 10) {
+		km_wr_uuid(w, &m->topic_id);
+	}
 	if (m->partitions.count < 0)
 		km_codec_wr_fail(w, KM_ERR_ENCODE);
 	km_wr_array_len(w, flex, m->partitions.count);
@@ -154,7 +152,12 @@ static size_t km_offset_commit_request_topic_sz(int16_t v, const km_offset_commi
 	size_t n = 0;
 	(void)flex;
 	(void)v;
-	n += km_sz_string(flex, m->name);
+	if (v <= 9) {
+		n += km_sz_string(flex, m->name);
+	}
+	if (v >= 10) {
+		n += 16;
+	}
 	n += km_sz_array_len(flex, m->partitions.count);
 	for (int32_t i = 0; i < m->partitions.count; i++)
 		n += km_offset_commit_request_partition_sz(v, &m->partitions.items[i]);
@@ -182,25 +185,21 @@ static bool km_offset_commit_request_dec(km_rd *r, int16_t v, km_offset_commit_r
 	(void)v;
 	if (!km_rd_string(r, "GroupId", flex, false, &m->group_id))
 		return false;
-	if (v >= 1) {
-		if (!km_rd_i32(r, "GenerationIdOrMemberEpoch", &m->generation_id_or_member_epoch))
-			return false;
-	}
-	if (v >= 1) {
-		if (!km_rd_string(r, "MemberId", flex, false, &m->member_id))
-			return false;
-	}
+	if (!km_rd_i32(r, "GenerationIdOrMemberEpoch", &m->generation_id_or_member_epoch))
+		return false;
+	if (!km_rd_string(r, "MemberId", flex, false, &m->member_id))
+		return false;
 	if (v >= 7) {
 		if (!km_rd_string(r, "GroupInstanceId", flex, v >= 7, &m->group_instance_id))
 			return false;
 	}
-	if ((v >= 2 && v <= 4)) {
+	if (v <= 4) {
 		if (!km_rd_i64(r, "RetentionTimeMs", &m->retention_time_ms))
 			return false;
 	}
 	{
 		int32_t cnt;
-		if (!km_rd_array_len(r, "Topics", flex, false, (v <= 7 ? 6 : 3), &cnt))
+		if (!km_rd_array_len(r, "Topics", flex, false, (v <= 7 ? 6 : (v <= 9 ? 3 : 18)), &cnt))
 			return false;
 		m->topics.count = cnt;
 		m->topics.items = NULL;
@@ -232,20 +231,16 @@ static void km_offset_commit_request_enc(km_wr *w, int16_t v, const km_offset_co
 	if (m->group_id.len < 0)
 		km_codec_wr_fail(w, KM_ERR_ENCODE);
 	km_wr_string(w, flex, m->group_id);
-	if (v >= 1) {
-		km_wr_i32(w, m->generation_id_or_member_epoch);
-	}
-	if (v >= 1) {
-		if (m->member_id.len < 0)
-			km_codec_wr_fail(w, KM_ERR_ENCODE);
-		km_wr_string(w, flex, m->member_id);
-	}
+	km_wr_i32(w, m->generation_id_or_member_epoch);
+	if (m->member_id.len < 0)
+		km_codec_wr_fail(w, KM_ERR_ENCODE);
+	km_wr_string(w, flex, m->member_id);
 	if (v >= 7) {
 		if (m->group_instance_id.len < 0 && !(v >= 7))
 			km_codec_wr_fail(w, KM_ERR_ENCODE);
 		km_wr_string(w, flex, m->group_instance_id);
 	}
-	if ((v >= 2 && v <= 4)) {
+	if (v <= 4) {
 		km_wr_i64(w, m->retention_time_ms);
 	}
 	if (m->topics.count < 0)
@@ -266,16 +261,12 @@ static size_t km_offset_commit_request_sz(int16_t v, const km_offset_commit_requ
 	(void)flex;
 	(void)v;
 	n += km_sz_string(flex, m->group_id);
-	if (v >= 1) {
-		n += 4;
-	}
-	if (v >= 1) {
-		n += km_sz_string(flex, m->member_id);
-	}
+	n += 4;
+	n += km_sz_string(flex, m->member_id);
 	if (v >= 7) {
 		n += km_sz_string(flex, m->group_instance_id);
 	}
-	if ((v >= 2 && v <= 4)) {
+	if (v <= 4) {
 		n += 8;
 	}
 	n += km_sz_array_len(flex, m->topics.count);
@@ -292,7 +283,7 @@ static size_t km_offset_commit_request_sz(int16_t v, const km_offset_commit_requ
 km_err km_offset_commit_request_decode(km_rd *r, int16_t v, km_offset_commit_request *m, km_arena *a)
 {
 	km_offset_commit_request_init(m);
-	if (v < 0 || v > 9)
+	if (v < 2 || v > 10)
 		return km_codec_rd_unsupported(r, "OffsetCommitRequest");
 	km_offset_commit_request_dec(r, v, m, a);
 	return r->err;
@@ -300,7 +291,7 @@ km_err km_offset_commit_request_decode(km_rd *r, int16_t v, km_offset_commit_req
 
 void km_offset_commit_request_encode(km_wr *w, int16_t v, const km_offset_commit_request *m)
 {
-	if (v < 0 || v > 9) {
+	if (v < 2 || v > 10) {
 		km_codec_wr_fail(w, KM_ERR_UNSUPPORTED);
 		return;
 	}
@@ -309,7 +300,7 @@ void km_offset_commit_request_encode(km_wr *w, int16_t v, const km_offset_commit
 
 size_t km_offset_commit_request_size(int16_t v, const km_offset_commit_request *m)
 {
-	if (v < 0 || v > 9)
+	if (v < 2 || v > 10)
 		return 0;
 	return km_offset_commit_request_sz(v, m);
 }

@@ -75,8 +75,14 @@ static bool km_offset_commit_response_topic_dec(km_rd *r, int16_t v, km_offset_c
 	(void)flex;
 	(void)a;
 	(void)v;
-	if (!km_rd_string(r, "OffsetCommitResponseTopic.Name", flex, false, &m->name))
-		return false;
+	if (v <= 9) {
+		if (!km_rd_string(r, "OffsetCommitResponseTopic.Name", flex, false, &m->name))
+			return false;
+	}
+	if (v >= 10) {
+		if (!km_rd_uuid(r, "OffsetCommitResponseTopic.TopicId", &m->topic_id))
+			return false;
+	}
 	{
 		int32_t cnt;
 		if (!km_rd_array_len(r, "OffsetCommitResponseTopic.Partitions", flex, false, (v <= 7 ? 6 : 7), &cnt))
@@ -106,9 +112,14 @@ static void km_offset_commit_response_topic_enc(km_wr *w, int16_t v, const km_of
 	const bool flex = v >= 8;
 	(void)flex;
 	(void)v;
-	if (m->name.len < 0)
-		km_codec_wr_fail(w, KM_ERR_ENCODE);
-	km_wr_string(w, flex, m->name);
+	if (v <= 9) {
+		if (m->name.len < 0)
+			km_codec_wr_fail(w, KM_ERR_ENCODE);
+		km_wr_string(w, flex, m->name);
+	}
+	if (v >= 10) {
+		km_wr_uuid(w, &m->topic_id);
+	}
 	if (m->partitions.count < 0)
 		km_codec_wr_fail(w, KM_ERR_ENCODE);
 	km_wr_array_len(w, flex, m->partitions.count);
@@ -126,7 +137,12 @@ static size_t km_offset_commit_response_topic_sz(int16_t v, const km_offset_comm
 	size_t n = 0;
 	(void)flex;
 	(void)v;
-	n += km_sz_string(flex, m->name);
+	if (v <= 9) {
+		n += km_sz_string(flex, m->name);
+	}
+	if (v >= 10) {
+		n += 16;
+	}
 	n += km_sz_array_len(flex, m->partitions.count);
 	for (int32_t i = 0; i < m->partitions.count; i++)
 		n += km_offset_commit_response_partition_sz(v, &m->partitions.items[i]);
@@ -155,7 +171,7 @@ static bool km_offset_commit_response_dec(km_rd *r, int16_t v, km_offset_commit_
 	}
 	{
 		int32_t cnt;
-		if (!km_rd_array_len(r, "Topics", flex, false, (v <= 7 ? 6 : 3), &cnt))
+		if (!km_rd_array_len(r, "Topics", flex, false, (v <= 7 ? 6 : (v <= 9 ? 3 : 18)), &cnt))
 			return false;
 		m->topics.count = cnt;
 		m->topics.items = NULL;
@@ -219,7 +235,7 @@ static size_t km_offset_commit_response_sz(int16_t v, const km_offset_commit_res
 km_err km_offset_commit_response_decode(km_rd *r, int16_t v, km_offset_commit_response *m, km_arena *a)
 {
 	km_offset_commit_response_init(m);
-	if (v < 0 || v > 9)
+	if (v < 2 || v > 10)
 		return km_codec_rd_unsupported(r, "OffsetCommitResponse");
 	km_offset_commit_response_dec(r, v, m, a);
 	return r->err;
@@ -227,7 +243,7 @@ km_err km_offset_commit_response_decode(km_rd *r, int16_t v, km_offset_commit_re
 
 void km_offset_commit_response_encode(km_wr *w, int16_t v, const km_offset_commit_response *m)
 {
-	if (v < 0 || v > 9) {
+	if (v < 2 || v > 10) {
 		km_codec_wr_fail(w, KM_ERR_UNSUPPORTED);
 		return;
 	}
@@ -236,7 +252,7 @@ void km_offset_commit_response_encode(km_wr *w, int16_t v, const km_offset_commi
 
 size_t km_offset_commit_response_size(int16_t v, const km_offset_commit_response *m)
 {
-	if (v < 0 || v > 9)
+	if (v < 2 || v > 10)
 		return 0;
 	return km_offset_commit_response_sz(v, m);
 }

@@ -117,8 +117,12 @@ static bool km_offset_fetch_request_topics_dec(km_rd *r, int16_t v, km_offset_fe
 	(void)flex;
 	(void)a;
 	(void)v;
-	if (v >= 8) {
+	if ((v >= 8 && v <= 9)) {
 		if (!km_rd_string(r, "OffsetFetchRequestTopics.Name", flex, false, &m->name))
+			return false;
+	}
+	if (v >= 10) {
+		if (!km_rd_uuid(r, "OffsetFetchRequestTopics.TopicId", &m->topic_id))
 			return false;
 	}
 	if (v >= 8) {
@@ -151,14 +155,15 @@ static void km_offset_fetch_request_topics_enc(km_wr *w, int16_t v, const km_off
 	const bool flex = v >= 6;
 	(void)flex;
 	(void)v;
-	if (!(v >= 8) && m->name.len != 0)
-		km_codec_wr_fail(w, KM_ERR_ENCODE);
 	if (!(v >= 8) && m->partition_indexes.count != 0)
 		km_codec_wr_fail(w, KM_ERR_ENCODE);
-	if (v >= 8) {
+	if ((v >= 8 && v <= 9)) {
 		if (m->name.len < 0)
 			km_codec_wr_fail(w, KM_ERR_ENCODE);
 		km_wr_string(w, flex, m->name);
+	}
+	if (v >= 10) {
+		km_wr_uuid(w, &m->topic_id);
 	}
 	if (v >= 8) {
 		if (m->partition_indexes.count < 0)
@@ -179,8 +184,11 @@ static size_t km_offset_fetch_request_topics_sz(int16_t v, const km_offset_fetch
 	size_t n = 0;
 	(void)flex;
 	(void)v;
-	if (v >= 8) {
+	if ((v >= 8 && v <= 9)) {
 		n += km_sz_string(flex, m->name);
+	}
+	if (v >= 10) {
+		n += 16;
 	}
 	if (v >= 8) {
 		n += km_sz_array_len(flex, m->partition_indexes.count);
@@ -223,7 +231,7 @@ static bool km_offset_fetch_request_group_dec(km_rd *r, int16_t v, km_offset_fet
 	if (v >= 8) {
 		{
 			int32_t cnt;
-			if (!km_rd_array_len(r, "OffsetFetchRequestGroup.Topics", flex, v >= 8, 3, &cnt))
+			if (!km_rd_array_len(r, "OffsetFetchRequestGroup.Topics", flex, v >= 8, (v <= 9 ? 3 : 18), &cnt))
 				return false;
 			m->topics.count = cnt;
 			m->topics.items = NULL;
@@ -448,7 +456,7 @@ static size_t km_offset_fetch_request_sz(int16_t v, const km_offset_fetch_reques
 km_err km_offset_fetch_request_decode(km_rd *r, int16_t v, km_offset_fetch_request *m, km_arena *a)
 {
 	km_offset_fetch_request_init(m);
-	if (v < 0 || v > 9)
+	if (v < 1 || v > 10)
 		return km_codec_rd_unsupported(r, "OffsetFetchRequest");
 	km_offset_fetch_request_dec(r, v, m, a);
 	return r->err;
@@ -456,7 +464,7 @@ km_err km_offset_fetch_request_decode(km_rd *r, int16_t v, km_offset_fetch_reque
 
 void km_offset_fetch_request_encode(km_wr *w, int16_t v, const km_offset_fetch_request *m)
 {
-	if (v < 0 || v > 9) {
+	if (v < 1 || v > 10) {
 		km_codec_wr_fail(w, KM_ERR_UNSUPPORTED);
 		return;
 	}
@@ -465,7 +473,7 @@ void km_offset_fetch_request_encode(km_wr *w, int16_t v, const km_offset_fetch_r
 
 size_t km_offset_fetch_request_size(int16_t v, const km_offset_fetch_request *m)
 {
-	if (v < 0 || v > 9)
+	if (v < 1 || v > 10)
 		return 0;
 	return km_offset_fetch_request_sz(v, m);
 }

@@ -330,8 +330,12 @@ static bool km_offset_fetch_response_topics_dec(km_rd *r, int16_t v, km_offset_f
 	(void)flex;
 	(void)a;
 	(void)v;
-	if (v >= 8) {
+	if ((v >= 8 && v <= 9)) {
 		if (!km_rd_string(r, "OffsetFetchResponseTopics.Name", flex, false, &m->name))
+			return false;
+	}
+	if (v >= 10) {
+		if (!km_rd_uuid(r, "OffsetFetchResponseTopics.TopicId", &m->topic_id))
 			return false;
 	}
 	if (v >= 8) {
@@ -365,14 +369,15 @@ static void km_offset_fetch_response_topics_enc(km_wr *w, int16_t v, const km_of
 	const bool flex = v >= 6;
 	(void)flex;
 	(void)v;
-	if (!(v >= 8) && m->name.len != 0)
-		km_codec_wr_fail(w, KM_ERR_ENCODE);
 	if (!(v >= 8) && m->partitions.count != 0)
 		km_codec_wr_fail(w, KM_ERR_ENCODE);
-	if (v >= 8) {
+	if ((v >= 8 && v <= 9)) {
 		if (m->name.len < 0)
 			km_codec_wr_fail(w, KM_ERR_ENCODE);
 		km_wr_string(w, flex, m->name);
+	}
+	if (v >= 10) {
+		km_wr_uuid(w, &m->topic_id);
 	}
 	if (v >= 8) {
 		if (m->partitions.count < 0)
@@ -393,8 +398,11 @@ static size_t km_offset_fetch_response_topics_sz(int16_t v, const km_offset_fetc
 	size_t n = 0;
 	(void)flex;
 	(void)v;
-	if (v >= 8) {
+	if ((v >= 8 && v <= 9)) {
 		n += km_sz_string(flex, m->name);
+	}
+	if (v >= 10) {
+		n += 16;
 	}
 	if (v >= 8) {
 		n += km_sz_array_len(flex, m->partitions.count);
@@ -427,7 +435,7 @@ static bool km_offset_fetch_response_group_dec(km_rd *r, int16_t v, km_offset_fe
 	if (v >= 8) {
 		{
 			int32_t cnt;
-			if (!km_rd_array_len(r, "OffsetFetchResponseGroup.Topics", flex, false, 3, &cnt))
+			if (!km_rd_array_len(r, "OffsetFetchResponseGroup.Topics", flex, false, (v <= 9 ? 3 : 18), &cnt))
 				return false;
 			m->topics.count = cnt;
 			m->topics.items = NULL;
@@ -644,7 +652,7 @@ static size_t km_offset_fetch_response_sz(int16_t v, const km_offset_fetch_respo
 km_err km_offset_fetch_response_decode(km_rd *r, int16_t v, km_offset_fetch_response *m, km_arena *a)
 {
 	km_offset_fetch_response_init(m);
-	if (v < 0 || v > 9)
+	if (v < 1 || v > 10)
 		return km_codec_rd_unsupported(r, "OffsetFetchResponse");
 	km_offset_fetch_response_dec(r, v, m, a);
 	return r->err;
@@ -652,7 +660,7 @@ km_err km_offset_fetch_response_decode(km_rd *r, int16_t v, km_offset_fetch_resp
 
 void km_offset_fetch_response_encode(km_wr *w, int16_t v, const km_offset_fetch_response *m)
 {
-	if (v < 0 || v > 9) {
+	if (v < 1 || v > 10) {
 		km_codec_wr_fail(w, KM_ERR_UNSUPPORTED);
 		return;
 	}
@@ -661,7 +669,7 @@ void km_offset_fetch_response_encode(km_wr *w, int16_t v, const km_offset_fetch_
 
 size_t km_offset_fetch_response_size(int16_t v, const km_offset_fetch_response *m)
 {
-	if (v < 0 || v > 9)
+	if (v < 1 || v > 10)
 		return 0;
 	return km_offset_fetch_response_sz(v, m);
 }

@@ -28,10 +28,8 @@ static bool km_offset_for_leader_epoch_request_offset_for_leader_partition_dec(k
 	(void)v;
 	if (!km_rd_i32(r, "OffsetForLeaderPartition.Partition", &m->partition))
 		return false;
-	if (v >= 2) {
-		if (!km_rd_i32(r, "OffsetForLeaderPartition.CurrentLeaderEpoch", &m->current_leader_epoch))
-			return false;
-	}
+	if (!km_rd_i32(r, "OffsetForLeaderPartition.CurrentLeaderEpoch", &m->current_leader_epoch))
+		return false;
 	if (!km_rd_i32(r, "OffsetForLeaderPartition.LeaderEpoch", &m->leader_epoch))
 		return false;
 	if (flex) {
@@ -47,9 +45,7 @@ static void km_offset_for_leader_epoch_request_offset_for_leader_partition_enc(k
 	(void)flex;
 	(void)v;
 	km_wr_i32(w, m->partition);
-	if (v >= 2) {
-		km_wr_i32(w, m->current_leader_epoch);
-	}
+	km_wr_i32(w, m->current_leader_epoch);
 	km_wr_i32(w, m->leader_epoch);
 	if (flex) {
 		km_codec_wr_tags(w, &m->unknown_tags, 0, UINT64_MAX, true);
@@ -63,9 +59,7 @@ static size_t km_offset_for_leader_epoch_request_offset_for_leader_partition_sz(
 	(void)flex;
 	(void)v;
 	n += 4;
-	if (v >= 2) {
-		n += 4;
-	}
+	n += 4;
 	n += 4;
 	if (flex) {
 		uint32_t ntags = (uint32_t)(m->unknown_tags.count > 0 ? m->unknown_tags.count : 0);
@@ -90,7 +84,7 @@ static bool km_offset_for_leader_epoch_request_offset_for_leader_topic_dec(km_rd
 		return false;
 	{
 		int32_t cnt;
-		if (!km_rd_array_len(r, "OffsetForLeaderTopic.Partitions", flex, false, (v <= 1 ? 8 : (v <= 3 ? 12 : 13)), &cnt))
+		if (!km_rd_array_len(r, "OffsetForLeaderTopic.Partitions", flex, false, (v <= 3 ? 12 : 13), &cnt))
 			return false;
 		m->partitions.count = cnt;
 		m->partitions.items = NULL;
@@ -231,7 +225,7 @@ static size_t km_offset_for_leader_epoch_request_sz(int16_t v, const km_offset_f
 km_err km_offset_for_leader_epoch_request_decode(km_rd *r, int16_t v, km_offset_for_leader_epoch_request *m, km_arena *a)
 {
 	km_offset_for_leader_epoch_request_init(m);
-	if (v < 0 || v > 4)
+	if (v < 2 || v > 4)
 		return km_codec_rd_unsupported(r, "OffsetForLeaderEpochRequest");
 	km_offset_for_leader_epoch_request_dec(r, v, m, a);
 	return r->err;
@@ -239,7 +233,7 @@ km_err km_offset_for_leader_epoch_request_decode(km_rd *r, int16_t v, km_offset_
 
 void km_offset_for_leader_epoch_request_encode(km_wr *w, int16_t v, const km_offset_for_leader_epoch_request *m)
 {
-	if (v < 0 || v > 4) {
+	if (v < 2 || v > 4) {
 		km_codec_wr_fail(w, KM_ERR_UNSUPPORTED);
 		return;
 	}
@@ -248,7 +242,7 @@ void km_offset_for_leader_epoch_request_encode(km_wr *w, int16_t v, const km_off
 
 size_t km_offset_for_leader_epoch_request_size(int16_t v, const km_offset_for_leader_epoch_request *m)
 {
-	if (v < 0 || v > 4)
+	if (v < 2 || v > 4)
 		return 0;
 	return km_offset_for_leader_epoch_request_sz(v, m);
 }

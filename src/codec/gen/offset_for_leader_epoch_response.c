@@ -31,10 +31,8 @@ static bool km_offset_for_leader_epoch_response_epoch_end_offset_dec(km_rd *r, i
 		return false;
 	if (!km_rd_i32(r, "EpochEndOffset.Partition", &m->partition))
 		return false;
-	if (v >= 1) {
-		if (!km_rd_i32(r, "EpochEndOffset.LeaderEpoch", &m->leader_epoch))
-			return false;
-	}
+	if (!km_rd_i32(r, "EpochEndOffset.LeaderEpoch", &m->leader_epoch))
+		return false;
 	if (!km_rd_i64(r, "EpochEndOffset.EndOffset", &m->end_offset))
 		return false;
 	if (flex) {
@@ -51,9 +49,7 @@ static void km_offset_for_leader_epoch_response_epoch_end_offset_enc(km_wr *w, i
 	(void)v;
 	km_wr_i16(w, m->error_code);
 	km_wr_i32(w, m->partition);
-	if (v >= 1) {
-		km_wr_i32(w, m->leader_epoch);
-	}
+	km_wr_i32(w, m->leader_epoch);
 	km_wr_i64(w, m->end_offset);
 	if (flex) {
 		km_codec_wr_tags(w, &m->unknown_tags, 0, UINT64_MAX, true);
@@ -68,9 +64,7 @@ static size_t km_offset_for_leader_epoch_response_epoch_end_offset_sz(int16_t v,
 	(void)v;
 	n += 2;
 	n += 4;
-	if (v >= 1) {
-		n += 4;
-	}
+	n += 4;
 	n += 8;
 	if (flex) {
 		uint32_t ntags = (uint32_t)(m->unknown_tags.count > 0 ? m->unknown_tags.count : 0);
@@ -95,7 +89,7 @@ static bool km_offset_for_leader_epoch_response_offset_for_leader_topic_result_d
 		return false;
 	{
 		int32_t cnt;
-		if (!km_rd_array_len(r, "OffsetForLeaderTopicResult.Partitions", flex, false, (v <= 0 ? 14 : (v <= 3 ? 18 : 19)), &cnt))
+		if (!km_rd_array_len(r, "OffsetForLeaderTopicResult.Partitions", flex, false, (v <= 3 ? 18 : 19), &cnt))
 			return false;
 		m->partitions.count = cnt;
 		m->partitions.items = NULL;
@@ -165,10 +159,8 @@ static bool km_offset_for_leader_epoch_response_dec(km_rd *r, int16_t v, km_offs
 	(void)flex;
 	(void)a;
 	(void)v;
-	if (v >= 2) {
-		if (!km_rd_i32(r, "ThrottleTimeMs", &m->throttle_time_ms))
-			return false;
-	}
+	if (!km_rd_i32(r, "ThrottleTimeMs", &m->throttle_time_ms))
+		return false;
 	{
 		int32_t cnt;
 		if (!km_rd_array_len(r, "Topics", flex, false, (v <= 3 ? 6 : 3), &cnt))
@@ -198,9 +190,7 @@ static void km_offset_for_leader_epoch_response_enc(km_wr *w, int16_t v, const k
 	const bool flex = v >= 4;
 	(void)flex;
 	(void)v;
-	if (v >= 2) {
-		km_wr_i32(w, m->throttle_time_ms);
-	}
+	km_wr_i32(w, m->throttle_time_ms);
 	if (m->topics.count < 0)
 		km_codec_wr_fail(w, KM_ERR_ENCODE);
 	km_wr_array_len(w, flex, m->topics.count);
@@ -218,9 +208,7 @@ static size_t km_offset_for_leader_epoch_response_sz(int16_t v, const km_offset_
 	size_t n = 0;
 	(void)flex;
 	(void)v;
-	if (v >= 2) {
-		n += 4;
-	}
+	n += 4;
 	n += km_sz_array_len(flex, m->topics.count);
 	for (int32_t i = 0; i < m->topics.count; i++)
 		n += km_offset_for_leader_epoch_response_offset_for_leader_topic_result_sz(v, &m->topics.items[i]);
@@ -235,7 +223,7 @@ static size_t km_offset_for_leader_epoch_response_sz(int16_t v, const km_offset_
 km_err km_offset_for_leader_epoch_response_decode(km_rd *r, int16_t v, km_offset_for_leader_epoch_response *m, km_arena *a)
 {
 	km_offset_for_leader_epoch_response_init(m);
-	if (v < 0 || v > 4)
+	if (v < 2 || v > 4)
 		return km_codec_rd_unsupported(r, "OffsetForLeaderEpochResponse");
 	km_offset_for_leader_epoch_response_dec(r, v, m, a);
 	return r->err;
@@ -243,7 +231,7 @@ km_err km_offset_for_leader_epoch_response_decode(km_rd *r, int16_t v, km_offset
 
 void km_offset_for_leader_epoch_response_encode(km_wr *w, int16_t v, const km_offset_for_leader_epoch_response *m)
 {
-	if (v < 0 || v > 4) {
+	if (v < 2 || v > 4) {
 		km_codec_wr_fail(w, KM_ERR_UNSUPPORTED);
 		return;
 	}
@@ -252,7 +240,7 @@ void km_offset_for_leader_epoch_response_encode(km_wr *w, int16_t v, const km_of
 
 size_t km_offset_for_leader_epoch_response_size(int16_t v, const km_offset_for_leader_epoch_response *m)
 {
-	if (v < 0 || v > 4)
+	if (v < 2 || v > 4)
 		return 0;
 	return km_offset_for_leader_epoch_response_sz(v, m);
 }

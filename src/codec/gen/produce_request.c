@@ -75,8 +75,14 @@ static bool km_produce_request_topic_produce_data_dec(km_rd *r, int16_t v, km_pr
 	(void)flex;
 	(void)a;
 	(void)v;
-	if (!km_rd_string(r, "TopicProduceData.Name", flex, false, &m->name))
-		return false;
+	if (v <= 12) {
+		if (!km_rd_string(r, "TopicProduceData.Name", flex, false, &m->name))
+			return false;
+	}
+	if (v >= 13) {
+		if (!km_rd_uuid(r, "TopicProduceData.TopicId", &m->topic_id))
+			return false;
+	}
 	{
 		int32_t cnt;
 		if (!km_rd_array_len(r, "TopicProduceData.PartitionData", flex, false, (v <= 8 ? 8 : 6), &cnt))
@@ -106,9 +112,14 @@ static void km_produce_request_topic_produce_data_enc(km_wr *w, int16_t v, const
 	const bool flex = v >= 9;
 	(void)flex;
 	(void)v;
-	if (m->name.len < 0)
-		km_codec_wr_fail(w, KM_ERR_ENCODE);
-	km_wr_string(w, flex, m->name);
+	if (v <= 12) {
+		if (m->name.len < 0)
+			km_codec_wr_fail(w, KM_ERR_ENCODE);
+		km_wr_string(w, flex, m->name);
+	}
+	if (v >= 13) {
+		km_wr_uuid(w, &m->topic_id);
+	}
 	if (m->partition_data.count < 0)
 		km_codec_wr_fail(w, KM_ERR_ENCODE);
 	km_wr_array_len(w, flex, m->partition_data.count);
@@ -126,7 +137,12 @@ static size_t km_produce_request_topic_produce_data_sz(int16_t v, const km_produ
 	size_t n = 0;
 	(void)flex;
 	(void)v;
-	n += km_sz_string(flex, m->name);
+	if (v <= 12) {
+		n += km_sz_string(flex, m->name);
+	}
+	if (v >= 13) {
+		n += 16;
+	}
 	n += km_sz_array_len(flex, m->partition_data.count);
 	for (int32_t i = 0; i < m->partition_data.count; i++)
 		n += km_produce_request_partition_produce_data_sz(v, &m->partition_data.items[i]);
@@ -150,17 +166,15 @@ static bool km_produce_request_dec(km_rd *r, int16_t v, km_produce_request *m, k
 	(void)flex;
 	(void)a;
 	(void)v;
-	if (v >= 3) {
-		if (!km_rd_string(r, "TransactionalId", flex, v >= 3, &m->transactional_id))
-			return false;
-	}
+	if (!km_rd_string(r, "TransactionalId", flex, true, &m->transactional_id))
+		return false;
 	if (!km_rd_i16(r, "Acks", &m->acks))
 		return false;
 	if (!km_rd_i32(r, "TimeoutMs", &m->timeout_ms))
 		return false;
 	{
 		int32_t cnt;
-		if (!km_rd_array_len(r, "TopicData", flex, false, (v <= 8 ? 6 : 3), &cnt))
+		if (!km_rd_array_len(r, "TopicData", flex, false, (v <= 8 ? 6 : (v <= 12 ? 3 : 18)), &cnt))
 			return false;
 		m->topic_data.count = cnt;
 		m->topic_data.items = NULL;
@@ -187,13 +201,7 @@ static void km_produce_request_enc(km_wr *w, int16_t v, const km_produce_request
 	const bool flex = v >= 9;
 	(void)flex;
 	(void)v;
-	if (!(v >= 3) && m->transactional_id.len >= 0)
-		km_codec_wr_fail(w, KM_ERR_ENCODE);
-	if (v >= 3) {
-		if (m->transactional_id.len < 0 && !(v >= 3))
-			km_codec_wr_fail(w, KM_ERR_ENCODE);
-		km_wr_string(w, flex, m->transactional_id);
-	}
+	km_wr_string(w, flex, m->transactional_id);
 	km_wr_i16(w, m->acks);
 	km_wr_i32(w, m->timeout_ms);
 	if (m->topic_data.count < 0)
@@ -213,9 +221,7 @@ static size_t km_produce_request_sz(int16_t v, const km_produce_request *m)
 	size_t n = 0;
 	(void)flex;
 	(void)v;
-	if (v >= 3) {
-		n += km_sz_string(flex, m->transactional_id);
-	}
+	n += km_sz_string(flex, m->transactional_id);
 	n += 2;
 	n += 4;
 	n += km_sz_array_len(flex, m->topic_data.count);
@@ -232,7 +238,7 @@ static size_t km_produce_request_sz(int16_t v, const km_produce_request *m)
 km_err km_produce_request_decode(km_rd *r, int16_t v, km_produce_request *m, km_arena *a)
 {
 	km_produce_request_init(m);
-	if (v < 0 || v > 11)
+	if (v < 3 || v > 13)
 		return km_codec_rd_unsupported(r, "ProduceRequest");
 	km_produce_request_dec(r, v, m, a);
 	return r->err;
@@ -240,7 +246,7 @@ km_err km_produce_request_decode(km_rd *r, int16_t v, km_produce_request *m, km_
 
 void km_produce_request_encode(km_wr *w, int16_t v, const km_produce_request *m)
 {
-	if (v < 0 || v > 11) {
+	if (v < 3 || v > 13) {
 		km_codec_wr_fail(w, KM_ERR_UNSUPPORTED);
 		return;
 	}
@@ -249,7 +255,7 @@ void km_produce_request_encode(km_wr *w, int16_t v, const km_produce_request *m)
 
 size_t km_produce_request_size(int16_t v, const km_produce_request *m)
 {
-	if (v < 0 || v > 11)
+	if (v < 3 || v > 13)
 		return 0;
 	return km_produce_request_sz(v, m);
 }

@@ -200,10 +200,8 @@ static bool km_produce_response_partition_produce_response_dec(km_rd *r, int16_t
 		return false;
 	if (!km_rd_i64(r, "PartitionProduceResponse.BaseOffset", &m->base_offset))
 		return false;
-	if (v >= 2) {
-		if (!km_rd_i64(r, "PartitionProduceResponse.LogAppendTimeMs", &m->log_append_time_ms))
-			return false;
-	}
+	if (!km_rd_i64(r, "PartitionProduceResponse.LogAppendTimeMs", &m->log_append_time_ms))
+		return false;
 	if (v >= 5) {
 		if (!km_rd_i64(r, "PartitionProduceResponse.LogStartOffset", &m->log_start_offset))
 			return false;
@@ -271,9 +269,7 @@ static void km_produce_response_partition_produce_response_enc(km_wr *w, int16_t
 	km_wr_i32(w, m->index);
 	km_wr_i16(w, m->error_code);
 	km_wr_i64(w, m->base_offset);
-	if (v >= 2) {
-		km_wr_i64(w, m->log_append_time_ms);
-	}
+	km_wr_i64(w, m->log_append_time_ms);
 	if (v >= 5) {
 		km_wr_i64(w, m->log_start_offset);
 	}
@@ -316,9 +312,7 @@ static size_t km_produce_response_partition_produce_response_sz(int16_t v, const
 	n += 4;
 	n += 2;
 	n += 8;
-	if (v >= 2) {
-		n += 8;
-	}
+	n += 8;
 	if (v >= 5) {
 		n += 8;
 	}
@@ -355,11 +349,17 @@ static bool km_produce_response_topic_produce_response_dec(km_rd *r, int16_t v, 
 	(void)flex;
 	(void)a;
 	(void)v;
-	if (!km_rd_string(r, "TopicProduceResponse.Name", flex, false, &m->name))
-		return false;
+	if (v <= 12) {
+		if (!km_rd_string(r, "TopicProduceResponse.Name", flex, false, &m->name))
+			return false;
+	}
+	if (v >= 13) {
+		if (!km_rd_uuid(r, "TopicProduceResponse.TopicId", &m->topic_id))
+			return false;
+	}
 	{
 		int32_t cnt;
-		if (!km_rd_array_len(r, "TopicProduceResponse.PartitionResponses", flex, false, (v <= 1 ? 14 : (v <= 4 ? 22 : (v <= 7 ? 30 : (v <= 8 ? 36 : 33)))), &cnt))
+		if (!km_rd_array_len(r, "TopicProduceResponse.PartitionResponses", flex, false, (v <= 4 ? 22 : (v <= 7 ? 30 : (v <= 8 ? 36 : 33))), &cnt))
 			return false;
 		m->partition_responses.count = cnt;
 		m->partition_responses.items = NULL;
@@ -386,9 +386,14 @@ static void km_produce_response_topic_produce_response_enc(km_wr *w, int16_t v, 
 	const bool flex = v >= 9;
 	(void)flex;
 	(void)v;
-	if (m->name.len < 0)
-		km_codec_wr_fail(w, KM_ERR_ENCODE);
-	km_wr_string(w, flex, m->name);
+	if (v <= 12) {
+		if (m->name.len < 0)
+			km_codec_wr_fail(w, KM_ERR_ENCODE);
+		km_wr_string(w, flex, m->name);
+	}
+	if (v >= 13) {
+		km_wr_uuid(w, &m->topic_id);
+	}
 	if (m->partition_responses.count < 0)
 		km_codec_wr_fail(w, KM_ERR_ENCODE);
 	km_wr_array_len(w, flex, m->partition_responses.count);
@@ -406,7 +411,12 @@ static size_t km_produce_response_topic_produce_response_sz(int16_t v, const km_
 	size_t n = 0;
 	(void)flex;
 	(void)v;
-	n += km_sz_string(flex, m->name);
+	if (v <= 12) {
+		n += km_sz_string(flex, m->name);
+	}
+	if (v >= 13) {
+		n += 16;
+	}
 	n += km_sz_array_len(flex, m->partition_responses.count);
 	for (int32_t i = 0; i < m->partition_responses.count; i++)
 		n += km_produce_response_partition_produce_response_sz(v, &m->partition_responses.items[i]);
@@ -550,7 +560,7 @@ static bool km_produce_response_dec(km_rd *r, int16_t v, km_produce_response *m,
 	(void)v;
 	{
 		int32_t cnt;
-		if (!km_rd_array_len(r, "Responses", flex, false, (v <= 8 ? 6 : 3), &cnt))
+		if (!km_rd_array_len(r, "Responses", flex, false, (v <= 8 ? 6 : (v <= 12 ? 3 : 18)), &cnt))
 			return false;
 		m->responses.count = cnt;
 		m->responses.items = NULL;
@@ -565,10 +575,8 @@ static bool km_produce_response_dec(km_rd *r, int16_t v, km_produce_response *m,
 			}
 		}
 	}
-	if (v >= 1) {
-		if (!km_rd_i32(r, "ThrottleTimeMs", &m->throttle_time_ms))
-			return false;
-	}
+	if (!km_rd_i32(r, "ThrottleTimeMs", &m->throttle_time_ms))
+		return false;
 	if (flex) {
 		if (!km_codec_rd_tags(r, "ProduceResponse.TaggedFields", &m->unknown_tags, a))
 			return false;
@@ -612,9 +620,7 @@ static void km_produce_response_enc(km_wr *w, int16_t v, const km_produce_respon
 	for (int32_t i = 0; i < m->responses.count; i++) {
 		km_produce_response_topic_produce_response_enc(w, v, &m->responses.items[i]);
 	}
-	if (v >= 1) {
-		km_wr_i32(w, m->throttle_time_ms);
-	}
+	km_wr_i32(w, m->throttle_time_ms);
 	if (flex) {
 		uint32_t ntags = (uint32_t)(m->unknown_tags.count > 0 ? m->unknown_tags.count : 0);
 		const bool has_node_endpoints = v >= 10 && m->node_endpoints.count != 0;
@@ -648,9 +654,7 @@ static size_t km_produce_response_sz(int16_t v, const km_produce_response *m)
 	n += km_sz_array_len(flex, m->responses.count);
 	for (int32_t i = 0; i < m->responses.count; i++)
 		n += km_produce_response_topic_produce_response_sz(v, &m->responses.items[i]);
-	if (v >= 1) {
-		n += 4;
-	}
+	n += 4;
 	if (flex) {
 		uint32_t ntags = (uint32_t)(m->unknown_tags.count > 0 ? m->unknown_tags.count : 0);
 		n += km_codec_sz_tags(&m->unknown_tags);
@@ -670,7 +674,7 @@ static size_t km_produce_response_sz(int16_t v, const km_produce_response *m)
 km_err km_produce_response_decode(km_rd *r, int16_t v, km_produce_response *m, km_arena *a)
 {
 	km_produce_response_init(m);
-	if (v < 0 || v > 11)
+	if (v < 3 || v > 13)
 		return km_codec_rd_unsupported(r, "ProduceResponse");
 	km_produce_response_dec(r, v, m, a);
 	return r->err;
@@ -678,7 +682,7 @@ km_err km_produce_response_decode(km_rd *r, int16_t v, km_produce_response *m, k
 
 void km_produce_response_encode(km_wr *w, int16_t v, const km_produce_response *m)
 {
-	if (v < 0 || v > 11) {
+	if (v < 3 || v > 13) {
 		km_codec_wr_fail(w, KM_ERR_UNSUPPORTED);
 		return;
 	}
@@ -687,7 +691,7 @@ void km_produce_response_encode(km_wr *w, int16_t v, const km_produce_response *
 
 size_t km_produce_response_size(int16_t v, const km_produce_response *m)
 {
-	if (v < 0 || v > 11)
+	if (v < 3 || v > 13)
 		return 0;
 	return km_produce_response_sz(v, m);
 }

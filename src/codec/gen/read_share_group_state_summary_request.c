@@ -213,7 +213,7 @@ static size_t km_read_share_group_state_summary_request_sz(int16_t v, const km_r
 km_err km_read_share_group_state_summary_request_decode(km_rd *r, int16_t v, km_read_share_group_state_summary_request *m, km_arena *a)
 {
 	km_read_share_group_state_summary_request_init(m);
-	if (v < 0 || v > 0)
+	if (v < 0 || v > 1)
 		return km_codec_rd_unsupported(r, "ReadShareGroupStateSummaryRequest");
 	km_read_share_group_state_summary_request_dec(r, v, m, a);
 	return r->err;
@@ -221,7 +221,7 @@ km_err km_read_share_group_state_summary_request_decode(km_rd *r, int16_t v, km_
 
 void km_read_share_group_state_summary_request_encode(km_wr *w, int16_t v, const km_read_share_group_state_summary_request *m)
 {
-	if (v < 0 || v > 0) {
+	if (v < 0 || v > 1) {
 		km_codec_wr_fail(w, KM_ERR_UNSUPPORTED);
 		return;
 	}
@@ -230,7 +230,7 @@ void km_read_share_group_state_summary_request_encode(km_wr *w, int16_t v, const
 
 size_t km_read_share_group_state_summary_request_size(int16_t v, const km_read_share_group_state_summary_request *m)
 {
-	if (v < 0 || v > 0)
+	if (v < 0 || v > 1)
 		return 0;
 	return km_read_share_group_state_summary_request_sz(v, m);
 }

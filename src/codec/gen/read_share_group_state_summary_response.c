@@ -18,6 +18,7 @@ void km_read_share_group_state_summary_response_partition_result_init(km_read_sh
 {
 	memset(m, 0, sizeof(*m));
 	m->error_message = KM_STR_NULL;
+	m->delivery_complete_count = -1;
 }
 
 static bool km_read_share_group_state_summary_response_partition_result_dec(km_rd *r, int16_t v, km_read_share_group_state_summary_response_partition_result *m, km_arena *a)
@@ -34,8 +35,14 @@ static bool km_read_share_group_state_summary_response_partition_result_dec(km_r
 		return false;
 	if (!km_rd_i32(r, "PartitionResult.StateEpoch", &m->state_epoch))
 		return false;
+	if (!km_rd_i32(r, "PartitionResult.LeaderEpoch", &m->leader_epoch))
+		return false;
 	if (!km_rd_i64(r, "PartitionResult.StartOffset", &m->start_offset))
 		return false;
+	if (v >= 1) {
+		if (!km_rd_i32(r, "PartitionResult.DeliveryCompleteCount", &m->delivery_complete_count))
+			return false;
+	}
 	if (flex) {
 		if (!km_codec_rd_tags(r, "PartitionResult.TaggedFields", &m->unknown_tags, a))
 			return false;
@@ -52,7 +59,11 @@ static void km_read_share_group_state_summary_response_partition_result_enc(km_w
 	km_wr_i16(w, m->error_code);
 	km_wr_string(w, flex, m->error_message);
 	km_wr_i32(w, m->state_epoch);
+	km_wr_i32(w, m->leader_epoch);
 	km_wr_i64(w, m->start_offset);
+	if (v >= 1) {
+		km_wr_i32(w, m->delivery_complete_count);
+	}
 	if (flex) {
 		km_codec_wr_tags(w, &m->unknown_tags, 0, UINT64_MAX, true);
 	}
@@ -68,7 +79,11 @@ static size_t km_read_share_group_state_summary_response_partition_result_sz(int
 	n += 2;
 	n += km_sz_string(flex, m->error_message);
 	n += 4;
+	n += 4;
 	n += 8;
+	if (v >= 1) {
+		n += 4;
+	}
 	if (flex) {
 		uint32_t ntags = (uint32_t)(m->unknown_tags.count > 0 ? m->unknown_tags.count : 0);
 		n += km_codec_sz_tags(&m->unknown_tags);
@@ -92,7 +107,7 @@ static bool km_read_share_group_state_summary_response_read_state_summary_result
 		return false;
 	{
 		int32_t cnt;
-		if (!km_rd_array_len(r, "ReadStateSummaryResult.Partitions", flex, false, 20, &cnt))
+		if (!km_rd_array_len(r, "ReadStateSummaryResult.Partitions", flex, false, (v <= 0 ? 24 : 28), &cnt))
 			return false;
 		m->partitions.count = cnt;
 		m->partitions.items = NULL;
@@ -220,7 +235,7 @@ static size_t km_read_share_group_state_summary_response_sz(int16_t v, const km_
 km_err km_read_share_group_state_summary_response_decode(km_rd *r, int16_t v, km_read_share_group_state_summary_response *m, km_arena *a)
 {
 	km_read_share_group_state_summary_response_init(m);
-	if (v < 0 || v > 0)
+	if (v < 0 || v > 1)
 		return km_codec_rd_unsupported(r, "ReadShareGroupStateSummaryResponse");
 	km_read_share_group_state_summary_response_dec(r, v, m, a);
 	return r->err;
@@ -228,7 +243,7 @@ km_err km_read_share_group_state_summary_response_decode(km_rd *r, int16_t v, km
 
 void km_read_share_group_state_summary_response_encode(km_wr *w, int16_t v, const km_read_share_group_state_summary_response *m)
 {
-	if (v < 0 || v > 0) {
+	if (v < 0 || v > 1) {
 		km_codec_wr_fail(w, KM_ERR_UNSUPPORTED);
 		return;
 	}
@@ -237,7 +252,7 @@ void km_read_share_group_state_summary_response_encode(km_wr *w, int16_t v, cons
 
 size_t km_read_share_group_state_summary_response_size(int16_t v, const km_read_share_group_state_summary_response *m)
 {
-	if (v < 0 || v > 0)
+	if (v < 0 || v > 1)
 		return 0;
 	return km_read_share_group_state_summary_response_sz(v, m);
 }

@@ -25,10 +25,8 @@ static bool km_request_header_dec(km_rd *r, int16_t v, km_request_header *m, km_
 		return false;
 	if (!km_rd_i32(r, "CorrelationId", &m->correlation_id))
 		return false;
-	if (v >= 1) {
-		if (!km_rd_string(r, "ClientId", false, v >= 1, &m->client_id))
-			return false;
-	}
+	if (!km_rd_string(r, "ClientId", false, true, &m->client_id))
+		return false;
 	if (flex) {
 		if (!km_codec_rd_tags(r, "RequestHeader.TaggedFields", &m->unknown_tags, a))
 			return false;
@@ -44,11 +42,7 @@ static void km_request_header_enc(km_wr *w, int16_t v, const km_request_header *
 	km_wr_i16(w, m->request_api_key);
 	km_wr_i16(w, m->request_api_version);
 	km_wr_i32(w, m->correlation_id);
-	if (v >= 1) {
-		if (m->client_id.len < 0 && !(v >= 1))
-			km_codec_wr_fail(w, KM_ERR_ENCODE);
-		km_wr_string(w, false, m->client_id);
-	}
+	km_wr_string(w, false, m->client_id);
 	if (flex) {
 		km_codec_wr_tags(w, &m->unknown_tags, 0, UINT64_MAX, true);
 	}
@@ -63,9 +57,7 @@ static size_t km_request_header_sz(int16_t v, const km_request_header *m)
 	n += 2;
 	n += 2;
 	n += 4;
-	if (v >= 1) {
-		n += km_sz_string(false, m->client_id);
-	}
+	n += km_sz_string(false, m->client_id);
 	if (flex) {
 		uint32_t ntags = (uint32_t)(m->unknown_tags.count > 0 ? m->unknown_tags.count : 0);
 		n += km_codec_sz_tags(&m->unknown_tags);
@@ -77,7 +69,7 @@ static size_t km_request_header_sz(int16_t v, const km_request_header *m)
 km_err km_request_header_decode(km_rd *r, int16_t v, km_request_header *m, km_arena *a)
 {
 	km_request_header_init(m);
-	if (v < 0 || v > 2)
+	if (v < 1 || v > 2)
 		return km_codec_rd_unsupported(r, "RequestHeader");
 	km_request_header_dec(r, v, m, a);
 	return r->err;
@@ -85,7 +77,7 @@ km_err km_request_header_decode(km_rd *r, int16_t v, km_request_header *m, km_ar
 
 void km_request_header_encode(km_wr *w, int16_t v, const km_request_header *m)
 {
-	if (v < 0 || v > 2) {
+	if (v < 1 || v > 2) {
 		km_codec_wr_fail(w, KM_ERR_UNSUPPORTED);
 		return;
 	}
@@ -94,7 +86,7 @@ void km_request_header_encode(km_wr *w, int16_t v, const km_request_header *m)
 
 size_t km_request_header_size(int16_t v, const km_request_header *m)
 {
-	if (v < 0 || v > 2)
+	if (v < 1 || v > 2)
 		return 0;
 	return km_request_header_sz(v, m);
 }

@@ -254,6 +254,10 @@ static bool km_share_acknowledge_request_dec(km_rd *r, int16_t v, km_share_ackno
 		return false;
 	if (!km_rd_i32(r, "ShareSessionEpoch", &m->share_session_epoch))
 		return false;
+	if (v >= 2) {
+		if (!km_rd_bool(r, "IsRenewAck", &m->is_renew_ack))
+			return false;
+	}
 	{
 		int32_t cnt;
 		if (!km_rd_array_len(r, "Topics", flex, false, 18, &cnt))
@@ -283,9 +287,14 @@ static void km_share_acknowledge_request_enc(km_wr *w, int16_t v, const km_share
 	const bool flex = true;
 	(void)flex;
 	(void)v;
+	if (!(v >= 2) && m->is_renew_ack != false)
+		km_codec_wr_fail(w, KM_ERR_ENCODE);
 	km_wr_string(w, flex, m->group_id);
 	km_wr_string(w, flex, m->member_id);
 	km_wr_i32(w, m->share_session_epoch);
+	if (v >= 2) {
+		km_wr_bool(w, m->is_renew_ack);
+	}
 	if (m->topics.count < 0)
 		km_codec_wr_fail(w, KM_ERR_ENCODE);
 	km_wr_array_len(w, flex, m->topics.count);
@@ -306,6 +315,9 @@ static size_t km_share_acknowledge_request_sz(int16_t v, const km_share_acknowle
 	n += km_sz_string(flex, m->group_id);
 	n += km_sz_string(flex, m->member_id);
 	n += 4;
+	if (v >= 2) {
+		n += 1;
+	}
 	n += km_sz_array_len(flex, m->topics.count);
 	for (int32_t i = 0; i < m->topics.count; i++)
 		n += km_share_acknowledge_request_acknowledge_topic_sz(v, &m->topics.items[i]);
@@ -320,7 +332,7 @@ static size_t km_share_acknowledge_request_sz(int16_t v, const km_share_acknowle
 km_err km_share_acknowledge_request_decode(km_rd *r, int16_t v, km_share_acknowledge_request *m, km_arena *a)
 {
 	km_share_acknowledge_request_init(m);
-	if (v < 0 || v > 0)
+	if (v < 1 || v > 2)
 		return km_codec_rd_unsupported(r, "ShareAcknowledgeRequest");
 	km_share_acknowledge_request_dec(r, v, m, a);
 	return r->err;
@@ -328,7 +340,7 @@ km_err km_share_acknowledge_request_decode(km_rd *r, int16_t v, km_share_acknowl
 
 void km_share_acknowledge_request_encode(km_wr *w, int16_t v, const km_share_acknowledge_request *m)
 {
-	if (v < 0 || v > 0) {
+	if (v < 1 || v > 2) {
 		km_codec_wr_fail(w, KM_ERR_UNSUPPORTED);
 		return;
 	}
@@ -337,7 +349,7 @@ void km_share_acknowledge_request_encode(km_wr *w, int16_t v, const km_share_ack
 
 size_t km_share_acknowledge_request_size(int16_t v, const km_share_acknowledge_request *m)
 {
-	if (v < 0 || v > 0)
+	if (v < 1 || v > 2)
 		return 0;
 	return km_share_acknowledge_request_sz(v, m);
 }

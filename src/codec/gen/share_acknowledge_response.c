@@ -281,6 +281,10 @@ static bool km_share_acknowledge_response_dec(km_rd *r, int16_t v, km_share_ackn
 		return false;
 	if (!km_rd_string(r, "ErrorMessage", flex, true, &m->error_message))
 		return false;
+	if (v >= 2) {
+		if (!km_rd_i32(r, "AcquisitionLockTimeoutMs", &m->acquisition_lock_timeout_ms))
+			return false;
+	}
 	{
 		int32_t cnt;
 		if (!km_rd_array_len(r, "Responses", flex, false, 18, &cnt))
@@ -330,6 +334,9 @@ static void km_share_acknowledge_response_enc(km_wr *w, int16_t v, const km_shar
 	km_wr_i32(w, m->throttle_time_ms);
 	km_wr_i16(w, m->error_code);
 	km_wr_string(w, flex, m->error_message);
+	if (v >= 2) {
+		km_wr_i32(w, m->acquisition_lock_timeout_ms);
+	}
 	if (m->responses.count < 0)
 		km_codec_wr_fail(w, KM_ERR_ENCODE);
 	km_wr_array_len(w, flex, m->responses.count);
@@ -356,6 +363,9 @@ static size_t km_share_acknowledge_response_sz(int16_t v, const km_share_acknowl
 	n += 4;
 	n += 2;
 	n += km_sz_string(flex, m->error_message);
+	if (v >= 2) {
+		n += 4;
+	}
 	n += km_sz_array_len(flex, m->responses.count);
 	for (int32_t i = 0; i < m->responses.count; i++)
 		n += km_share_acknowledge_response_share_acknowledge_topic_response_sz(v, &m->responses.items[i]);
@@ -373,7 +383,7 @@ static size_t km_share_acknowledge_response_sz(int16_t v, const km_share_acknowl
 km_err km_share_acknowledge_response_decode(km_rd *r, int16_t v, km_share_acknowledge_response *m, km_arena *a)
 {
 	km_share_acknowledge_response_init(m);
-	if (v < 0 || v > 0)
+	if (v < 1 || v > 2)
 		return km_codec_rd_unsupported(r, "ShareAcknowledgeResponse");
 	km_share_acknowledge_response_dec(r, v, m, a);
 	return r->err;
@@ -381,7 +391,7 @@ km_err km_share_acknowledge_response_decode(km_rd *r, int16_t v, km_share_acknow
 
 void km_share_acknowledge_response_encode(km_wr *w, int16_t v, const km_share_acknowledge_response *m)
 {
-	if (v < 0 || v > 0) {
+	if (v < 1 || v > 2) {
 		km_codec_wr_fail(w, KM_ERR_UNSUPPORTED);
 		return;
 	}
@@ -390,7 +400,7 @@ void km_share_acknowledge_response_encode(km_wr *w, int16_t v, const km_share_ac
 
 size_t km_share_acknowledge_response_size(int16_t v, const km_share_acknowledge_response *m)
 {
-	if (v < 0 || v > 0)
+	if (v < 1 || v > 2)
 		return 0;
 	return km_share_acknowledge_response_sz(v, m);
 }

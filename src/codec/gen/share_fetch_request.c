@@ -108,8 +108,6 @@ static bool km_share_fetch_request_fetch_partition_dec(km_rd *r, int16_t v, km_s
 	(void)v;
 	if (!km_rd_i32(r, "FetchPartition.PartitionIndex", &m->partition_index))
 		return false;
-	if (!km_rd_i32(r, "FetchPartition.PartitionMaxBytes", &m->partition_max_bytes))
-		return false;
 	{
 		int32_t cnt;
 		if (!km_rd_array_len(r, "FetchPartition.AcknowledgementBatches", flex, false, 18, &cnt))
@@ -139,8 +137,9 @@ static void km_share_fetch_request_fetch_partition_enc(km_wr *w, int16_t v, cons
 	const bool flex = true;
 	(void)flex;
 	(void)v;
+	if (m->partition_max_bytes != 0)
+		km_codec_wr_fail(w, KM_ERR_ENCODE);
 	km_wr_i32(w, m->partition_index);
-	km_wr_i32(w, m->partition_max_bytes);
 	if (m->acknowledgement_batches.count < 0)
 		km_codec_wr_fail(w, KM_ERR_ENCODE);
 	km_wr_array_len(w, flex, m->acknowledgement_batches.count);
@@ -158,7 +157,6 @@ static size_t km_share_fetch_request_fetch_partition_sz(int16_t v, const km_shar
 	size_t n = 0;
 	(void)flex;
 	(void)v;
-	n += 4;
 	n += 4;
 	n += km_sz_array_len(flex, m->acknowledgement_batches.count);
 	for (int32_t i = 0; i < m->acknowledgement_batches.count; i++)
@@ -186,7 +184,7 @@ static bool km_share_fetch_request_fetch_topic_dec(km_rd *r, int16_t v, km_share
 		return false;
 	{
 		int32_t cnt;
-		if (!km_rd_array_len(r, "FetchTopic.Partitions", flex, false, 10, &cnt))
+		if (!km_rd_array_len(r, "FetchTopic.Partitions", flex, false, 6, &cnt))
 			return false;
 		m->partitions.count = cnt;
 		m->partitions.items = NULL;
@@ -339,6 +337,18 @@ static bool km_share_fetch_request_dec(km_rd *r, int16_t v, km_share_fetch_reque
 		return false;
 	if (!km_rd_i32(r, "MaxBytes", &m->max_bytes))
 		return false;
+	if (!km_rd_i32(r, "MaxRecords", &m->max_records))
+		return false;
+	if (!km_rd_i32(r, "BatchSize", &m->batch_size))
+		return false;
+	if (v >= 2) {
+		if (!km_rd_i8(r, "ShareAcquireMode", &m->share_acquire_mode))
+			return false;
+	}
+	if (v >= 2) {
+		if (!km_rd_bool(r, "IsRenewAck", &m->is_renew_ack))
+			return false;
+	}
 	{
 		int32_t cnt;
 		if (!km_rd_array_len(r, "Topics", flex, false, 18, &cnt))
@@ -385,12 +395,22 @@ static void km_share_fetch_request_enc(km_wr *w, int16_t v, const km_share_fetch
 	const bool flex = true;
 	(void)flex;
 	(void)v;
+	if (!(v >= 2) && m->is_renew_ack != false)
+		km_codec_wr_fail(w, KM_ERR_ENCODE);
 	km_wr_string(w, flex, m->group_id);
 	km_wr_string(w, flex, m->member_id);
 	km_wr_i32(w, m->share_session_epoch);
 	km_wr_i32(w, m->max_wait_ms);
 	km_wr_i32(w, m->min_bytes);
 	km_wr_i32(w, m->max_bytes);
+	km_wr_i32(w, m->max_records);
+	km_wr_i32(w, m->batch_size);
+	if (v >= 2) {
+		km_wr_i8(w, m->share_acquire_mode);
+	}
+	if (v >= 2) {
+		km_wr_bool(w, m->is_renew_ack);
+	}
 	if (m->topics.count < 0)
 		km_codec_wr_fail(w, KM_ERR_ENCODE);
 	km_wr_array_len(w, flex, m->topics.count);
@@ -420,6 +440,14 @@ static size_t km_share_fetch_request_sz(int16_t v, const km_share_fetch_request 
 	n += 4;
 	n += 4;
 	n += 4;
+	n += 4;
+	n += 4;
+	if (v >= 2) {
+		n += 1;
+	}
+	if (v >= 2) {
+		n += 1;
+	}
 	n += km_sz_array_len(flex, m->topics.count);
 	for (int32_t i = 0; i < m->topics.count; i++)
 		n += km_share_fetch_request_fetch_topic_sz(v, &m->topics.items[i]);
@@ -437,7 +465,7 @@ static size_t km_share_fetch_request_sz(int16_t v, const km_share_fetch_request 
 km_err km_share_fetch_request_decode(km_rd *r, int16_t v, km_share_fetch_request *m, km_arena *a)
 {
 	km_share_fetch_request_init(m);
-	if (v < 0 || v > 0)
+	if (v < 1 || v > 2)
 		return km_codec_rd_unsupported(r, "ShareFetchRequest");
 	km_share_fetch_request_dec(r, v, m, a);
 	return r->err;
@@ -445,7 +473,7 @@ km_err km_share_fetch_request_decode(km_rd *r, int16_t v, km_share_fetch_request
 
 void km_share_fetch_request_encode(km_wr *w, int16_t v, const km_share_fetch_request *m)
 {
-	if (v < 0 || v > 0) {
+	if (v < 1 || v > 2) {
 		km_codec_wr_fail(w, KM_ERR_UNSUPPORTED);
 		return;
 	}
@@ -454,7 +482,7 @@ void km_share_fetch_request_encode(km_wr *w, int16_t v, const km_share_fetch_req
 
 size_t km_share_fetch_request_size(int16_t v, const km_share_fetch_request *m)
 {
-	if (v < 0 || v > 0)
+	if (v < 1 || v > 2)
 		return 0;
 	return km_share_fetch_request_sz(v, m);
 }

@@ -153,7 +153,7 @@ static bool km_share_fetch_response_partition_data_dec(km_rd *r, int16_t v, km_s
 		return false;
 	if (!km_share_fetch_response_leader_id_and_epoch_dec(r, v, &m->current_leader, a))
 		return false;
-	if (!km_rd_bytes(r, "PartitionData.Records", flex, true, &m->records))
+	if (!km_rd_bytes(r, "PartitionData.Records", flex, false, &m->records))
 		return false;
 	{
 		int32_t cnt;
@@ -190,6 +190,8 @@ static void km_share_fetch_response_partition_data_enc(km_wr *w, int16_t v, cons
 	km_wr_i16(w, m->acknowledge_error_code);
 	km_wr_string(w, flex, m->acknowledge_error_message);
 	km_share_fetch_response_leader_id_and_epoch_enc(w, v, &m->current_leader);
+	if (m->records.len < 0)
+		km_codec_wr_fail(w, KM_ERR_ENCODE);
 	km_wr_bytes(w, flex, m->records);
 	if (m->acquired_records.count < 0)
 		km_codec_wr_fail(w, KM_ERR_ENCODE);
@@ -377,6 +379,8 @@ static bool km_share_fetch_response_dec(km_rd *r, int16_t v, km_share_fetch_resp
 		return false;
 	if (!km_rd_string(r, "ErrorMessage", flex, true, &m->error_message))
 		return false;
+	if (!km_rd_i32(r, "AcquisitionLockTimeoutMs", &m->acquisition_lock_timeout_ms))
+		return false;
 	{
 		int32_t cnt;
 		if (!km_rd_array_len(r, "Responses", flex, false, 18, &cnt))
@@ -426,6 +430,7 @@ static void km_share_fetch_response_enc(km_wr *w, int16_t v, const km_share_fetc
 	km_wr_i32(w, m->throttle_time_ms);
 	km_wr_i16(w, m->error_code);
 	km_wr_string(w, flex, m->error_message);
+	km_wr_i32(w, m->acquisition_lock_timeout_ms);
 	if (m->responses.count < 0)
 		km_codec_wr_fail(w, KM_ERR_ENCODE);
 	km_wr_array_len(w, flex, m->responses.count);
@@ -452,6 +457,7 @@ static size_t km_share_fetch_response_sz(int16_t v, const km_share_fetch_respons
 	n += 4;
 	n += 2;
 	n += km_sz_string(flex, m->error_message);
+	n += 4;
 	n += km_sz_array_len(flex, m->responses.count);
 	for (int32_t i = 0; i < m->responses.count; i++)
 		n += km_share_fetch_response_share_fetchable_topic_response_sz(v, &m->responses.items[i]);
@@ -469,7 +475,7 @@ static size_t km_share_fetch_response_sz(int16_t v, const km_share_fetch_respons
 km_err km_share_fetch_response_decode(km_rd *r, int16_t v, km_share_fetch_response *m, km_arena *a)
 {
 	km_share_fetch_response_init(m);
-	if (v < 0 || v > 0)
+	if (v < 1 || v > 2)
 		return km_codec_rd_unsupported(r, "ShareFetchResponse");
 	km_share_fetch_response_dec(r, v, m, a);
 	return r->err;
@@ -477,7 +483,7 @@ km_err km_share_fetch_response_decode(km_rd *r, int16_t v, km_share_fetch_respon
 
 void km_share_fetch_response_encode(km_wr *w, int16_t v, const km_share_fetch_response *m)
 {
-	if (v < 0 || v > 0) {
+	if (v < 1 || v > 2) {
 		km_codec_wr_fail(w, KM_ERR_UNSUPPORTED);
 		return;
 	}
@@ -486,7 +492,7 @@ void km_share_fetch_response_encode(km_wr *w, int16_t v, const km_share_fetch_re
 
 size_t km_share_fetch_response_size(int16_t v, const km_share_fetch_response *m)
 {
-	if (v < 0 || v > 0)
+	if (v < 1 || v > 2)
 		return 0;
 	return km_share_fetch_response_sz(v, m);
 }

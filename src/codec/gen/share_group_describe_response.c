@@ -449,7 +449,7 @@ static size_t km_share_group_describe_response_sz(int16_t v, const km_share_grou
 km_err km_share_group_describe_response_decode(km_rd *r, int16_t v, km_share_group_describe_response *m, km_arena *a)
 {
 	km_share_group_describe_response_init(m);
-	if (v < 0 || v > 0)
+	if (v < 1 || v > 1)
 		return km_codec_rd_unsupported(r, "ShareGroupDescribeResponse");
 	km_share_group_describe_response_dec(r, v, m, a);
 	return r->err;
@@ -457,7 +457,7 @@ km_err km_share_group_describe_response_decode(km_rd *r, int16_t v, km_share_gro
 
 void km_share_group_describe_response_encode(km_wr *w, int16_t v, const km_share_group_describe_response *m)
 {
-	if (v < 0 || v > 0) {
+	if (v < 1 || v > 1) {
 		km_codec_wr_fail(w, KM_ERR_UNSUPPORTED);
 		return;
 	}
@@ -466,7 +466,7 @@ void km_share_group_describe_response_encode(km_wr *w, int16_t v, const km_share
 
 size_t km_share_group_describe_response_size(int16_t v, const km_share_group_describe_response *m)
 {
-	if (v < 0 || v > 0)
+	if (v < 1 || v > 1)
 		return 0;
 	return km_share_group_describe_response_sz(v, m);
 }

@@ -100,7 +100,7 @@ static size_t km_share_group_heartbeat_request_sz(int16_t v, const km_share_grou
 km_err km_share_group_heartbeat_request_decode(km_rd *r, int16_t v, km_share_group_heartbeat_request *m, km_arena *a)
 {
 	km_share_group_heartbeat_request_init(m);
-	if (v < 0 || v > 0)
+	if (v < 1 || v > 1)
 		return km_codec_rd_unsupported(r, "ShareGroupHeartbeatRequest");
 	km_share_group_heartbeat_request_dec(r, v, m, a);
 	return r->err;
@@ -108,7 +108,7 @@ km_err km_share_group_heartbeat_request_decode(km_rd *r, int16_t v, km_share_gro
 
 void km_share_group_heartbeat_request_encode(km_wr *w, int16_t v, const km_share_group_heartbeat_request *m)
 {
-	if (v < 0 || v > 0) {
+	if (v < 1 || v > 1) {
 		km_codec_wr_fail(w, KM_ERR_UNSUPPORTED);
 		return;
 	}
@@ -117,7 +117,7 @@ void km_share_group_heartbeat_request_encode(km_wr *w, int16_t v, const km_share
 
 size_t km_share_group_heartbeat_request_size(int16_t v, const km_share_group_heartbeat_request *m)
 {
-	if (v < 0 || v > 0)
+	if (v < 1 || v > 1)
 		return 0;
 	return km_share_group_heartbeat_request_sz(v, m);
 }

@@ -247,7 +247,7 @@ static size_t km_share_group_heartbeat_response_sz(int16_t v, const km_share_gro
 km_err km_share_group_heartbeat_response_decode(km_rd *r, int16_t v, km_share_group_heartbeat_response *m, km_arena *a)
 {
 	km_share_group_heartbeat_response_init(m);
-	if (v < 0 || v > 0)
+	if (v < 1 || v > 1)
 		return km_codec_rd_unsupported(r, "ShareGroupHeartbeatResponse");
 	km_share_group_heartbeat_response_dec(r, v, m, a);
 	return r->err;
@@ -255,7 +255,7 @@ km_err km_share_group_heartbeat_response_decode(km_rd *r, int16_t v, km_share_gr
 
 void km_share_group_heartbeat_response_encode(km_wr *w, int16_t v, const km_share_group_heartbeat_response *m)
 {
-	if (v < 0 || v > 0) {
+	if (v < 1 || v > 1) {
 		km_codec_wr_fail(w, KM_ERR_UNSUPPORTED);
 		return;
 	}
@@ -264,7 +264,7 @@ void km_share_group_heartbeat_response_encode(km_wr *w, int16_t v, const km_shar
 
 size_t km_share_group_heartbeat_response_size(int16_t v, const km_share_group_heartbeat_response *m)
 {
-	if (v < 0 || v > 0)
+	if (v < 1 || v > 1)
 		return 0;
 	return km_share_group_heartbeat_response_sz(v, m);
 }

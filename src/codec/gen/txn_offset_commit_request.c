@@ -90,8 +90,14 @@ static bool km_txn_offset_commit_request_topic_dec(km_rd *r, int16_t v, km_txn_o
 	(void)flex;
 	(void)a;
 	(void)v;
-	if (!km_rd_string(r, "TxnOffsetCommitRequestTopic.Name", flex, false, &m->name))
-		return false;
+	if (v <= 5) {
+		if (!km_rd_string(r, "TxnOffsetCommitRequestTopic.Name", flex, false, &m->name))
+			return false;
+	}
+	if (v >= 6) {
+		if (!km_rd_uuid(r, "TxnOffsetCommitRequestTopic.TopicId", &m->topic_id))
+			return false;
+	}
 	{
 		int32_t cnt;
 		if (!km_rd_array_len(r, "TxnOffsetCommitRequestTopic.Partitions", flex, false, (v <= 1 ? 14 : 18), &cnt))
@@ -121,9 +127,14 @@ static void km_txn_offset_commit_request_topic_enc(km_wr *w, int16_t v, const km
 	const bool flex = v >= 3;
 	(void)flex;
 	(void)v;
-	if (m->name.len < 0)
-		km_codec_wr_fail(w, KM_ERR_ENCODE);
-	km_wr_string(w, flex, m->name);
+	if (v <= 5) {
+		if (m->name.len < 0)
+			km_codec_wr_fail(w, KM_ERR_ENCODE);
+		km_wr_string(w, flex, m->name);
+	}
+	if (v >= 6) {
+		km_wr_uuid(w, &m->topic_id);
+	}
 	if (m->partitions.count < 0)
 		km_codec_wr_fail(w, KM_ERR_ENCODE);
 	km_wr_array_len(w, flex, m->partitions.count);
@@ -141,7 +152,12 @@ static size_t km_txn_offset_commit_request_topic_sz(int16_t v, const km_txn_offs
 	size_t n = 0;
 	(void)flex;
 	(void)v;
-	n += km_sz_string(flex, m->name);
+	if (v <= 5) {
+		n += km_sz_string(flex, m->name);
+	}
+	if (v >= 6) {
+		n += 16;
+	}
 	n += km_sz_array_len(flex, m->partitions.count);
 	for (int32_t i = 0; i < m->partitions.count; i++)
 		n += km_txn_offset_commit_request_partition_sz(v, &m->partitions.items[i]);
@@ -156,7 +172,7 @@ static size_t km_txn_offset_commit_request_topic_sz(int16_t v, const km_txn_offs
 void km_txn_offset_commit_request_init(km_txn_offset_commit_request *m)
 {
 	memset(m, 0, sizeof(*m));
-	m->generation_id = -1;
+	m->generation_id_or_member_epoch = -1;
 	m->group_instance_id = KM_STR_NULL;
 }
 
@@ -175,7 +191,7 @@ static bool km_txn_offset_commit_request_dec(km_rd *r, int16_t v, km_txn_offset_
 	if (!km_rd_i16(r, "ProducerEpoch", &m->producer_epoch))
 		return false;
 	if (v >= 3) {
-		if (!km_rd_i32(r, "GenerationId", &m->generation_id))
+		if (!km_rd_i32(r, "GenerationIdOrMemberEpoch", &m->generation_id_or_member_epoch))
 			return false;
 	}
 	if (v >= 3) {
@@ -188,7 +204,7 @@ static bool km_txn_offset_commit_request_dec(km_rd *r, int16_t v, km_txn_offset_
 	}
 	{
 		int32_t cnt;
-		if (!km_rd_array_len(r, "Topics", flex, false, (v <= 2 ? 6 : 3), &cnt))
+		if (!km_rd_array_len(r, "Topics", flex, false, (v <= 2 ? 6 : (v <= 5 ? 3 : 18)), &cnt))
 			return false;
 		m->topics.count = cnt;
 		m->topics.items = NULL;
@@ -215,7 +231,7 @@ static void km_txn_offset_commit_request_enc(km_wr *w, int16_t v, const km_txn_o
 	const bool flex = v >= 3;
 	(void)flex;
 	(void)v;
-	if (!(v >= 3) && m->generation_id != -1)
+	if (!(v >= 3) && m->generation_id_or_member_epoch != -1)
 		km_codec_wr_fail(w, KM_ERR_ENCODE);
 	if (!(v >= 3) && m->member_id.len != 0)
 		km_codec_wr_fail(w, KM_ERR_ENCODE);
@@ -230,7 +246,7 @@ static void km_txn_offset_commit_request_enc(km_wr *w, int16_t v, const km_txn_o
 	km_wr_i64(w, m->producer_id);
 	km_wr_i16(w, m->producer_epoch);
 	if (v >= 3) {
-		km_wr_i32(w, m->generation_id);
+		km_wr_i32(w, m->generation_id_or_member_epoch);
 	}
 	if (v >= 3) {
 		if (m->member_id.len < 0)
@@ -286,7 +302,7 @@ static size_t km_txn_offset_commit_request_sz(int16_t v, const km_txn_offset_com
 km_err km_txn_offset_commit_request_decode(km_rd *r, int16_t v, km_txn_offset_commit_request *m, km_arena *a)
 {
 	km_txn_offset_commit_request_init(m);
-	if (v < 0 || v > 4)
+	if (v < 0 || v > 6)
 		return km_codec_rd_unsupported(r, "TxnOffsetCommitRequest");
 	km_txn_offset_commit_request_dec(r, v, m, a);
 	return r->err;
@@ -294,7 +310,7 @@ km_err km_txn_offset_commit_request_decode(km_rd *r, int16_t v, km_txn_offset_co
 
 void km_txn_offset_commit_request_encode(km_wr *w, int16_t v, const km_txn_offset_commit_request *m)
 {
-	if (v < 0 || v > 4) {
+	if (v < 0 || v > 6) {
 		km_codec_wr_fail(w, KM_ERR_UNSUPPORTED);
 		return;
 	}
@@ -303,7 +319,7 @@ void km_txn_offset_commit_request_encode(km_wr *w, int16_t v, const km_txn_offse
 
 size_t km_txn_offset_commit_request_size(int16_t v, const km_txn_offset_commit_request *m)
 {
-	if (v < 0 || v > 4)
+	if (v < 0 || v > 6)
 		return 0;
 	return km_txn_offset_commit_request_sz(v, m);
 }

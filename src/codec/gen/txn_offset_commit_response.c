@@ -75,8 +75,14 @@ static bool km_txn_offset_commit_response_topic_dec(km_rd *r, int16_t v, km_txn_
 	(void)flex;
 	(void)a;
 	(void)v;
-	if (!km_rd_string(r, "TxnOffsetCommitResponseTopic.Name", flex, false, &m->name))
-		return false;
+	if (v <= 5) {
+		if (!km_rd_string(r, "TxnOffsetCommitResponseTopic.Name", flex, false, &m->name))
+			return false;
+	}
+	if (v >= 6) {
+		if (!km_rd_uuid(r, "TxnOffsetCommitResponseTopic.TopicId", &m->topic_id))
+			return false;
+	}
 	{
 		int32_t cnt;
 		if (!km_rd_array_len(r, "TxnOffsetCommitResponseTopic.Partitions", flex, false, (v <= 2 ? 6 : 7), &cnt))
@@ -106,9 +112,14 @@ static void km_txn_offset_commit_response_topic_enc(km_wr *w, int16_t v, const k
 	const bool flex = v >= 3;
 	(void)flex;
 	(void)v;
-	if (m->name.len < 0)
-		km_codec_wr_fail(w, KM_ERR_ENCODE);
-	km_wr_string(w, flex, m->name);
+	if (v <= 5) {
+		if (m->name.len < 0)
+			km_codec_wr_fail(w, KM_ERR_ENCODE);
+		km_wr_string(w, flex, m->name);
+	}
+	if (v >= 6) {
+		km_wr_uuid(w, &m->topic_id);
+	}
 	if (m->partitions.count < 0)
 		km_codec_wr_fail(w, KM_ERR_ENCODE);
 	km_wr_array_len(w, flex, m->partitions.count);
@@ -126,7 +137,12 @@ static size_t km_txn_offset_commit_response_topic_sz(int16_t v, const km_txn_off
 	size_t n = 0;
 	(void)flex;
 	(void)v;
-	n += km_sz_string(flex, m->name);
+	if (v <= 5) {
+		n += km_sz_string(flex, m->name);
+	}
+	if (v >= 6) {
+		n += 16;
+	}
 	n += km_sz_array_len(flex, m->partitions.count);
 	for (int32_t i = 0; i < m->partitions.count; i++)
 		n += km_txn_offset_commit_response_partition_sz(v, &m->partitions.items[i]);
@@ -153,7 +169,7 @@ static bool km_txn_offset_commit_response_dec(km_rd *r, int16_t v, km_txn_offset
 		return false;
 	{
 		int32_t cnt;
-		if (!km_rd_array_len(r, "Topics", flex, false, (v <= 2 ? 6 : 3), &cnt))
+		if (!km_rd_array_len(r, "Topics", flex, false, (v <= 2 ? 6 : (v <= 5 ? 3 : 18)), &cnt))
 			return false;
 		m->topics.count = cnt;
 		m->topics.items = NULL;
@@ -213,7 +229,7 @@ static size_t km_txn_offset_commit_response_sz(int16_t v, const km_txn_offset_co
 km_err km_txn_offset_commit_response_decode(km_rd *r, int16_t v, km_txn_offset_commit_response *m, km_arena *a)
 {
 	km_txn_offset_commit_response_init(m);
-	if (v < 0 || v > 4)
+	if (v < 0 || v > 6)
 		return km_codec_rd_unsupported(r, "TxnOffsetCommitResponse");
 	km_txn_offset_commit_response_dec(r, v, m, a);
 	return r->err;
@@ -221,7 +237,7 @@ km_err km_txn_offset_commit_response_decode(km_rd *r, int16_t v, km_txn_offset_c
 
 void km_txn_offset_commit_response_encode(km_wr *w, int16_t v, const km_txn_offset_commit_response *m)
 {
-	if (v < 0 || v > 4) {
+	if (v < 0 || v > 6) {
 		km_codec_wr_fail(w, KM_ERR_UNSUPPORTED);
 		return;
 	}
@@ -230,7 +246,7 @@ void km_txn_offset_commit_response_encode(km_wr *w, int16_t v, const km_txn_offs
 
 size_t km_txn_offset_commit_response_size(int16_t v, const km_txn_offset_commit_response *m)
 {
-	if (v < 0 || v > 4)
+	if (v < 0 || v > 6)
 		return 0;
 	return km_txn_offset_commit_response_sz(v, m);
 }

@@ -27,12 +27,12 @@ static bool km_vote_request_partition_data_dec(km_rd *r, int16_t v, km_vote_requ
 	(void)v;
 	if (!km_rd_i32(r, "PartitionData.PartitionIndex", &m->partition_index))
 		return false;
-	if (!km_rd_i32(r, "PartitionData.CandidateEpoch", &m->candidate_epoch))
+	if (!km_rd_i32(r, "PartitionData.ReplicaEpoch", &m->replica_epoch))
 		return false;
-	if (!km_rd_i32(r, "PartitionData.CandidateId", &m->candidate_id))
+	if (!km_rd_i32(r, "PartitionData.ReplicaId", &m->replica_id))
 		return false;
 	if (v >= 1) {
-		if (!km_rd_uuid(r, "PartitionData.CandidateDirectoryId", &m->candidate_directory_id))
+		if (!km_rd_uuid(r, "PartitionData.ReplicaDirectoryId", &m->replica_directory_id))
 			return false;
 	}
 	if (v >= 1) {
@@ -43,6 +43,10 @@ static bool km_vote_request_partition_data_dec(km_rd *r, int16_t v, km_vote_requ
 		return false;
 	if (!km_rd_i64(r, "PartitionData.LastOffset", &m->last_offset))
 		return false;
+	if (v >= 2) {
+		if (!km_rd_bool(r, "PartitionData.PreVote", &m->pre_vote))
+			return false;
+	}
 	if (flex) {
 		if (!km_codec_rd_tags(r, "PartitionData.TaggedFields", &m->unknown_tags, a))
 			return false;
@@ -55,17 +59,22 @@ static void km_vote_request_partition_data_enc(km_wr *w, int16_t v, const km_vot
 	const bool flex = true;
 	(void)flex;
 	(void)v;
+	if (!(v >= 2) && m->pre_vote != false)
+		km_codec_wr_fail(w, KM_ERR_ENCODE);
 	km_wr_i32(w, m->partition_index);
-	km_wr_i32(w, m->candidate_epoch);
-	km_wr_i32(w, m->candidate_id);
+	km_wr_i32(w, m->replica_epoch);
+	km_wr_i32(w, m->replica_id);
 	if (v >= 1) {
-		km_wr_uuid(w, &m->candidate_directory_id);
+		km_wr_uuid(w, &m->replica_directory_id);
 	}
 	if (v >= 1) {
 		km_wr_uuid(w, &m->voter_directory_id);
 	}
 	km_wr_i32(w, m->last_offset_epoch);
 	km_wr_i64(w, m->last_offset);
+	if (v >= 2) {
+		km_wr_bool(w, m->pre_vote);
+	}
 	if (flex) {
 		km_codec_wr_tags(w, &m->unknown_tags, 0, UINT64_MAX, true);
 	}
@@ -88,6 +97,9 @@ static size_t km_vote_request_partition_data_sz(int16_t v, const km_vote_request
 	}
 	n += 4;
 	n += 8;
+	if (v >= 2) {
+		n += 1;
+	}
 	if (flex) {
 		uint32_t ntags = (uint32_t)(m->unknown_tags.count > 0 ? m->unknown_tags.count : 0);
 		n += km_codec_sz_tags(&m->unknown_tags);
@@ -111,7 +123,7 @@ static bool km_vote_request_topic_data_dec(km_rd *r, int16_t v, km_vote_request_
 		return false;
 	{
 		int32_t cnt;
-		if (!km_rd_array_len(r, "TopicData.Partitions", flex, false, (v <= 0 ? 25 : 57), &cnt))
+		if (!km_rd_array_len(r, "TopicData.Partitions", flex, false, (v <= 0 ? 25 : (v <= 1 ? 57 : 58)), &cnt))
 			return false;
 		m->partitions.count = cnt;
 		m->partitions.items = NULL;
@@ -257,7 +269,7 @@ static size_t km_vote_request_sz(int16_t v, const km_vote_request *m)
 km_err km_vote_request_decode(km_rd *r, int16_t v, km_vote_request *m, km_arena *a)
 {
 	km_vote_request_init(m);
-	if (v < 0 || v > 1)
+	if (v < 0 || v > 2)
 		return km_codec_rd_unsupported(r, "VoteRequest");
 	km_vote_request_dec(r, v, m, a);
 	return r->err;
@@ -265,7 +277,7 @@ km_err km_vote_request_decode(km_rd *r, int16_t v, km_vote_request *m, km_arena 
 
 void km_vote_request_encode(km_wr *w, int16_t v, const km_vote_request *m)
 {
-	if (v < 0 || v > 1) {
+	if (v < 0 || v > 2) {
 		km_codec_wr_fail(w, KM_ERR_UNSUPPORTED);
 		return;
 	}
@@ -274,7 +286,7 @@ void km_vote_request_encode(km_wr *w, int16_t v, const km_vote_request *m)
 
 size_t km_vote_request_size(int16_t v, const km_vote_request *m)
 {
-	if (v < 0 || v > 1)
+	if (v < 0 || v > 2)
 		return 0;
 	return km_vote_request_sz(v, m);
 }

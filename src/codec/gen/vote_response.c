@@ -384,7 +384,7 @@ static size_t km_vote_response_sz(int16_t v, const km_vote_response *m)
 km_err km_vote_response_decode(km_rd *r, int16_t v, km_vote_response *m, km_arena *a)
 {
 	km_vote_response_init(m);
-	if (v < 0 || v > 1)
+	if (v < 0 || v > 2)
 		return km_codec_rd_unsupported(r, "VoteResponse");
 	km_vote_response_dec(r, v, m, a);
 	return r->err;
@@ -392,7 +392,7 @@ km_err km_vote_response_decode(km_rd *r, int16_t v, km_vote_response *m, km_aren
 
 void km_vote_response_encode(km_wr *w, int16_t v, const km_vote_response *m)
 {
-	if (v < 0 || v > 1) {
+	if (v < 0 || v > 2) {
 		km_codec_wr_fail(w, KM_ERR_UNSUPPORTED);
 		return;
 	}
@@ -401,7 +401,7 @@ void km_vote_response_encode(km_wr *w, int16_t v, const km_vote_response *m)
 
 size_t km_vote_response_size(int16_t v, const km_vote_response *m)
 {
-	if (v < 0 || v > 1)
+	if (v < 0 || v > 2)
 		return 0;
 	return km_vote_response_sz(v, m);
 }

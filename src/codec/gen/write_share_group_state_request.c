@@ -78,6 +78,7 @@ static size_t km_write_share_group_state_request_state_batch_sz(int16_t v, const
 void km_write_share_group_state_request_partition_data_init(km_write_share_group_state_request_partition_data *m)
 {
 	memset(m, 0, sizeof(*m));
+	m->delivery_complete_count = -1;
 }
 
 static bool km_write_share_group_state_request_partition_data_dec(km_rd *r, int16_t v, km_write_share_group_state_request_partition_data *m, km_arena *a)
@@ -94,6 +95,10 @@ static bool km_write_share_group_state_request_partition_data_dec(km_rd *r, int1
 		return false;
 	if (!km_rd_i64(r, "PartitionData.StartOffset", &m->start_offset))
 		return false;
+	if (v >= 1) {
+		if (!km_rd_i32(r, "PartitionData.DeliveryCompleteCount", &m->delivery_complete_count))
+			return false;
+	}
 	{
 		int32_t cnt;
 		if (!km_rd_array_len(r, "PartitionData.StateBatches", flex, false, 20, &cnt))
@@ -127,6 +132,9 @@ static void km_write_share_group_state_request_partition_data_enc(km_wr *w, int1
 	km_wr_i32(w, m->state_epoch);
 	km_wr_i32(w, m->leader_epoch);
 	km_wr_i64(w, m->start_offset);
+	if (v >= 1) {
+		km_wr_i32(w, m->delivery_complete_count);
+	}
 	if (m->state_batches.count < 0)
 		km_codec_wr_fail(w, KM_ERR_ENCODE);
 	km_wr_array_len(w, flex, m->state_batches.count);
@@ -148,6 +156,9 @@ static size_t km_write_share_group_state_request_partition_data_sz(int16_t v, co
 	n += 4;
 	n += 4;
 	n += 8;
+	if (v >= 1) {
+		n += 4;
+	}
 	n += km_sz_array_len(flex, m->state_batches.count);
 	for (int32_t i = 0; i < m->state_batches.count; i++)
 		n += km_write_share_group_state_request_state_batch_sz(v, &m->state_batches.items[i]);
@@ -174,7 +185,7 @@ static bool km_write_share_group_state_request_write_state_data_dec(km_rd *r, in
 		return false;
 	{
 		int32_t cnt;
-		if (!km_rd_array_len(r, "WriteStateData.Partitions", flex, false, 22, &cnt))
+		if (!km_rd_array_len(r, "WriteStateData.Partitions", flex, false, (v <= 0 ? 22 : 26), &cnt))
 			return false;
 		m->partitions.count = cnt;
 		m->partitions.items = NULL;
@@ -308,7 +319,7 @@ static size_t km_write_share_group_state_request_sz(int16_t v, const km_write_sh
 km_err km_write_share_group_state_request_decode(km_rd *r, int16_t v, km_write_share_group_state_request *m, km_arena *a)
 {
 	km_write_share_group_state_request_init(m);
-	if (v < 0 || v > 0)
+	if (v < 0 || v > 1)
 		return km_codec_rd_unsupported(r, "WriteShareGroupStateRequest");
 	km_write_share_group_state_request_dec(r, v, m, a);
 	return r->err;
@@ -316,7 +327,7 @@ km_err km_write_share_group_state_request_decode(km_rd *r, int16_t v, km_write_s
 
 void km_write_share_group_state_request_encode(km_wr *w, int16_t v, const km_write_share_group_state_request *m)
 {
-	if (v < 0 || v > 0) {
+	if (v < 0 || v > 1) {
 		km_codec_wr_fail(w, KM_ERR_UNSUPPORTED);
 		return;
 	}
@@ -325,7 +336,7 @@ void km_write_share_group_state_request_encode(km_wr *w, int16_t v, const km_wri
 
 size_t km_write_share_group_state_request_size(int16_t v, const km_write_share_group_state_request *m)
 {
-	if (v < 0 || v > 0)
+	if (v < 0 || v > 1)
 		return 0;
 	return km_write_share_group_state_request_sz(v, m);
 }

@@ -212,7 +212,7 @@ static size_t km_write_share_group_state_response_sz(int16_t v, const km_write_s
 km_err km_write_share_group_state_response_decode(km_rd *r, int16_t v, km_write_share_group_state_response *m, km_arena *a)
 {
 	km_write_share_group_state_response_init(m);
-	if (v < 0 || v > 0)
+	if (v < 0 || v > 1)
 		return km_codec_rd_unsupported(r, "WriteShareGroupStateResponse");
 	km_write_share_group_state_response_dec(r, v, m, a);
 	return r->err;
@@ -220,7 +220,7 @@ km_err km_write_share_group_state_response_decode(km_rd *r, int16_t v, km_write_
 
 void km_write_share_group_state_response_encode(km_wr *w, int16_t v, const km_write_share_group_state_response *m)
 {
-	if (v < 0 || v > 0) {
+	if (v < 0 || v > 1) {
 		km_codec_wr_fail(w, KM_ERR_UNSUPPORTED);
 		return;
 	}
@@ -229,7 +229,7 @@ void km_write_share_group_state_response_encode(km_wr *w, int16_t v, const km_wr
 
 size_t km_write_share_group_state_response_size(int16_t v, const km_write_share_group_state_response *m)
 {
-	if (v < 0 || v > 0)
+	if (v < 0 || v > 1)
 		return 0;
 	return km_write_share_group_state_response_sz(v, m);
 }

@@ -21,7 +21,7 @@ void km_write_txn_markers_request_writable_txn_marker_topic_init(km_write_txn_ma
 
 static bool km_write_txn_markers_request_writable_txn_marker_topic_dec(km_rd *r, int16_t v, km_write_txn_markers_request_writable_txn_marker_topic *m, km_arena *a)
 {
-	const bool flex = v >= 1;
+	const bool flex = true;
 	(void)flex;
 	(void)a;
 	(void)v;
@@ -52,7 +52,7 @@ static bool km_write_txn_markers_request_writable_txn_marker_topic_dec(km_rd *r,
 
 static void km_write_txn_markers_request_writable_txn_marker_topic_enc(km_wr *w, int16_t v, const km_write_txn_markers_request_writable_txn_marker_topic *m)
 {
-	const bool flex = v >= 1;
+	const bool flex = true;
 	(void)flex;
 	(void)v;
 	if (m->name.len < 0)
@@ -71,7 +71,7 @@ static void km_write_txn_markers_request_writable_txn_marker_topic_enc(km_wr *w,
 
 static size_t km_write_txn_markers_request_writable_txn_marker_topic_sz(int16_t v, const km_write_txn_markers_request_writable_txn_marker_topic *m)
 {
-	const bool flex = v >= 1;
+	const bool flex = true;
 	size_t n = 0;
 	(void)flex;
 	(void)v;
@@ -94,7 +94,7 @@ void km_write_txn_markers_request_writable_txn_marker_init(km_write_txn_markers_
 
 static bool km_write_txn_markers_request_writable_txn_marker_dec(km_rd *r, int16_t v, km_write_txn_markers_request_writable_txn_marker *m, km_arena *a)
 {
-	const bool flex = v >= 1;
+	const bool flex = true;
 	(void)flex;
 	(void)a;
 	(void)v;
@@ -106,7 +106,7 @@ static bool km_write_txn_markers_request_writable_txn_marker_dec(km_rd *r, int16
 		return false;
 	{
 		int32_t cnt;
-		if (!km_rd_array_len(r, "WritableTxnMarker.Topics", flex, false, (v <= 0 ? 6 : 3), &cnt))
+		if (!km_rd_array_len(r, "WritableTxnMarker.Topics", flex, false, 3, &cnt))
 			return false;
 		m->topics.count = cnt;
 		m->topics.items = NULL;
@@ -123,6 +123,10 @@ static bool km_write_txn_markers_request_writable_txn_marker_dec(km_rd *r, int16
 	}
 	if (!km_rd_i32(r, "WritableTxnMarker.CoordinatorEpoch", &m->coordinator_epoch))
 		return false;
+	if (v >= 2) {
+		if (!km_rd_i8(r, "WritableTxnMarker.TransactionVersion", &m->transaction_version))
+			return false;
+	}
 	if (flex) {
 		if (!km_codec_rd_tags(r, "WritableTxnMarker.TaggedFields", &m->unknown_tags, a))
 			return false;
@@ -132,7 +136,7 @@ static bool km_write_txn_markers_request_writable_txn_marker_dec(km_rd *r, int16
 
 static void km_write_txn_markers_request_writable_txn_marker_enc(km_wr *w, int16_t v, const km_write_txn_markers_request_writable_txn_marker *m)
 {
-	const bool flex = v >= 1;
+	const bool flex = true;
 	(void)flex;
 	(void)v;
 	km_wr_i64(w, m->producer_id);
@@ -145,6 +149,9 @@ static void km_write_txn_markers_request_writable_txn_marker_enc(km_wr *w, int16
 		km_write_txn_markers_request_writable_txn_marker_topic_enc(w, v, &m->topics.items[i]);
 	}
 	km_wr_i32(w, m->coordinator_epoch);
+	if (v >= 2) {
+		km_wr_i8(w, m->transaction_version);
+	}
 	if (flex) {
 		km_codec_wr_tags(w, &m->unknown_tags, 0, UINT64_MAX, true);
 	}
@@ -152,7 +159,7 @@ static void km_write_txn_markers_request_writable_txn_marker_enc(km_wr *w, int16
 
 static size_t km_write_txn_markers_request_writable_txn_marker_sz(int16_t v, const km_write_txn_markers_request_writable_txn_marker *m)
 {
-	const bool flex = v >= 1;
+	const bool flex = true;
 	size_t n = 0;
 	(void)flex;
 	(void)v;
@@ -163,6 +170,9 @@ static size_t km_write_txn_markers_request_writable_txn_marker_sz(int16_t v, con
 	for (int32_t i = 0; i < m->topics.count; i++)
 		n += km_write_txn_markers_request_writable_txn_marker_topic_sz(v, &m->topics.items[i]);
 	n += 4;
+	if (v >= 2) {
+		n += 1;
+	}
 	if (flex) {
 		uint32_t ntags = (uint32_t)(m->unknown_tags.count > 0 ? m->unknown_tags.count : 0);
 		n += km_codec_sz_tags(&m->unknown_tags);
@@ -178,13 +188,13 @@ void km_write_txn_markers_request_init(km_write_txn_markers_request *m)
 
 static bool km_write_txn_markers_request_dec(km_rd *r, int16_t v, km_write_txn_markers_request *m, km_arena *a)
 {
-	const bool flex = v >= 1;
+	const bool flex = true;
 	(void)flex;
 	(void)a;
 	(void)v;
 	{
 		int32_t cnt;
-		if (!km_rd_array_len(r, "Markers", flex, false, (v <= 0 ? 19 : 17), &cnt))
+		if (!km_rd_array_len(r, "Markers", flex, false, (v <= 1 ? 17 : 18), &cnt))
 			return false;
 		m->markers.count = cnt;
 		m->markers.items = NULL;
@@ -208,7 +218,7 @@ static bool km_write_txn_markers_request_dec(km_rd *r, int16_t v, km_write_txn_m
 
 static void km_write_txn_markers_request_enc(km_wr *w, int16_t v, const km_write_txn_markers_request *m)
 {
-	const bool flex = v >= 1;
+	const bool flex = true;
 	(void)flex;
 	(void)v;
 	if (m->markers.count < 0)
@@ -224,7 +234,7 @@ static void km_write_txn_markers_request_enc(km_wr *w, int16_t v, const km_write
 
 static size_t km_write_txn_markers_request_sz(int16_t v, const km_write_txn_markers_request *m)
 {
-	const bool flex = v >= 1;
+	const bool flex = true;
 	size_t n = 0;
 	(void)flex;
 	(void)v;
@@ -242,7 +252,7 @@ static size_t km_write_txn_markers_request_sz(int16_t v, const km_write_txn_mark
 km_err km_write_txn_markers_request_decode(km_rd *r, int16_t v, km_write_txn_markers_request *m, km_arena *a)
 {
 	km_write_txn_markers_request_init(m);
-	if (v < 0 || v > 1)
+	if (v < 1 || v > 2)
 		return km_codec_rd_unsupported(r, "WriteTxnMarkersRequest");
 	km_write_txn_markers_request_dec(r, v, m, a);
 	return r->err;
@@ -250,7 +260,7 @@ km_err km_write_txn_markers_request_decode(km_rd *r, int16_t v, km_write_txn_mar
 
 void km_write_txn_markers_request_encode(km_wr *w, int16_t v, const km_write_txn_markers_request *m)
 {
-	if (v < 0 || v > 1) {
+	if (v < 1 || v > 2) {
 		km_codec_wr_fail(w, KM_ERR_UNSUPPORTED);
 		return;
 	}
@@ -259,7 +269,7 @@ void km_write_txn_markers_request_encode(km_wr *w, int16_t v, const km_write_txn
 
 size_t km_write_txn_markers_request_size(int16_t v, const km_write_txn_markers_request *m)
 {
-	if (v < 0 || v > 1)
+	if (v < 1 || v > 2)
 		return 0;
 	return km_write_txn_markers_request_sz(v, m);
 }

@@ -24,7 +24,7 @@ void km_write_txn_markers_response_writable_txn_marker_partition_result_init(km_
 
 static bool km_write_txn_markers_response_writable_txn_marker_partition_result_dec(km_rd *r, int16_t v, km_write_txn_markers_response_writable_txn_marker_partition_result *m, km_arena *a)
 {
-	const bool flex = v >= 1;
+	const bool flex = true;
 	(void)flex;
 	(void)a;
 	(void)v;
@@ -41,7 +41,7 @@ static bool km_write_txn_markers_response_writable_txn_marker_partition_result_d
 
 static void km_write_txn_markers_response_writable_txn_marker_partition_result_enc(km_wr *w, int16_t v, const km_write_txn_markers_response_writable_txn_marker_partition_result *m)
 {
-	const bool flex = v >= 1;
+	const bool flex = true;
 	(void)flex;
 	(void)v;
 	km_wr_i32(w, m->partition_index);
@@ -53,7 +53,7 @@ static void km_write_txn_markers_response_writable_txn_marker_partition_result_e
 
 static size_t km_write_txn_markers_response_writable_txn_marker_partition_result_sz(int16_t v, const km_write_txn_markers_response_writable_txn_marker_partition_result *m)
 {
-	const bool flex = v >= 1;
+	const bool flex = true;
 	size_t n = 0;
 	(void)flex;
 	(void)v;
@@ -74,7 +74,7 @@ void km_write_txn_markers_response_writable_txn_marker_topic_result_init(km_writ
 
 static bool km_write_txn_markers_response_writable_txn_marker_topic_result_dec(km_rd *r, int16_t v, km_write_txn_markers_response_writable_txn_marker_topic_result *m, km_arena *a)
 {
-	const bool flex = v >= 1;
+	const bool flex = true;
 	(void)flex;
 	(void)a;
 	(void)v;
@@ -82,7 +82,7 @@ static bool km_write_txn_markers_response_writable_txn_marker_topic_result_dec(k
 		return false;
 	{
 		int32_t cnt;
-		if (!km_rd_array_len(r, "WritableTxnMarkerTopicResult.Partitions", flex, false, (v <= 0 ? 6 : 7), &cnt))
+		if (!km_rd_array_len(r, "WritableTxnMarkerTopicResult.Partitions", flex, false, 7, &cnt))
 			return false;
 		m->partitions.count = cnt;
 		m->partitions.items = NULL;
@@ -106,7 +106,7 @@ static bool km_write_txn_markers_response_writable_txn_marker_topic_result_dec(k
 
 static void km_write_txn_markers_response_writable_txn_marker_topic_result_enc(km_wr *w, int16_t v, const km_write_txn_markers_response_writable_txn_marker_topic_result *m)
 {
-	const bool flex = v >= 1;
+	const bool flex = true;
 	(void)flex;
 	(void)v;
 	if (m->name.len < 0)
@@ -125,7 +125,7 @@ static void km_write_txn_markers_response_writable_txn_marker_topic_result_enc(k
 
 static size_t km_write_txn_markers_response_writable_txn_marker_topic_result_sz(int16_t v, const km_write_txn_markers_response_writable_txn_marker_topic_result *m)
 {
-	const bool flex = v >= 1;
+	const bool flex = true;
 	size_t n = 0;
 	(void)flex;
 	(void)v;
@@ -148,7 +148,7 @@ void km_write_txn_markers_response_writable_txn_marker_result_init(km_write_txn_
 
 static bool km_write_txn_markers_response_writable_txn_marker_result_dec(km_rd *r, int16_t v, km_write_txn_markers_response_writable_txn_marker_result *m, km_arena *a)
 {
-	const bool flex = v >= 1;
+	const bool flex = true;
 	(void)flex;
 	(void)a;
 	(void)v;
@@ -156,7 +156,7 @@ static bool km_write_txn_markers_response_writable_txn_marker_result_dec(km_rd *
 		return false;
 	{
 		int32_t cnt;
-		if (!km_rd_array_len(r, "WritableTxnMarkerResult.Topics", flex, false, (v <= 0 ? 6 : 3), &cnt))
+		if (!km_rd_array_len(r, "WritableTxnMarkerResult.Topics", flex, false, 3, &cnt))
 			return false;
 		m->topics.count = cnt;
 		m->topics.items = NULL;
@@ -180,7 +180,7 @@ static bool km_write_txn_markers_response_writable_txn_marker_result_dec(km_rd *
 
 static void km_write_txn_markers_response_writable_txn_marker_result_enc(km_wr *w, int16_t v, const km_write_txn_markers_response_writable_txn_marker_result *m)
 {
-	const bool flex = v >= 1;
+	const bool flex = true;
 	(void)flex;
 	(void)v;
 	km_wr_i64(w, m->producer_id);
@@ -197,7 +197,7 @@ static void km_write_txn_markers_response_writable_txn_marker_result_enc(km_wr *
 
 static size_t km_write_txn_markers_response_writable_txn_marker_result_sz(int16_t v, const km_write_txn_markers_response_writable_txn_marker_result *m)
 {
-	const bool flex = v >= 1;
+	const bool flex = true;
 	size_t n = 0;
 	(void)flex;
 	(void)v;
@@ -220,13 +220,13 @@ void km_write_txn_markers_response_init(km_write_txn_markers_response *m)
 
 static bool km_write_txn_markers_response_dec(km_rd *r, int16_t v, km_write_txn_markers_response *m, km_arena *a)
 {
-	const bool flex = v >= 1;
+	const bool flex = true;
 	(void)flex;
 	(void)a;
 	(void)v;
 	{
 		int32_t cnt;
-		if (!km_rd_array_len(r, "Markers", flex, false, (v <= 0 ? 12 : 10), &cnt))
+		if (!km_rd_array_len(r, "Markers", flex, false, 10, &cnt))
 			return false;
 		m->markers.count = cnt;
 		m->markers.items = NULL;
@@ -250,7 +250,7 @@ static bool km_write_txn_markers_response_dec(km_rd *r, int16_t v, km_write_txn_
 
 static void km_write_txn_markers_response_enc(km_wr *w, int16_t v, const km_write_txn_markers_response *m)
 {
-	const bool flex = v >= 1;
+	const bool flex = true;
 	(void)flex;
 	(void)v;
 	if (m->markers.count < 0)
@@ -266,7 +266,7 @@ static void km_write_txn_markers_response_enc(km_wr *w, int16_t v, const km_writ
 
 static size_t km_write_txn_markers_response_sz(int16_t v, const km_write_txn_markers_response *m)
 {
-	const bool flex = v >= 1;
+	const bool flex = true;
 	size_t n = 0;
 	(void)flex;
 	(void)v;
@@ -284,7 +284,7 @@ static size_t km_write_txn_markers_response_sz(int16_t v, const km_write_txn_mar
 km_err km_write_txn_markers_response_decode(km_rd *r, int16_t v, km_write_txn_markers_response *m, km_arena *a)
 {
 	km_write_txn_markers_response_init(m);
-	if (v < 0 || v > 1)
+	if (v < 1 || v > 2)
 		return km_codec_rd_unsupported(r, "WriteTxnMarkersResponse");
 	km_write_txn_markers_response_dec(r, v, m, a);
 	return r->err;
@@ -292,7 +292,7 @@ km_err km_write_txn_markers_response_decode(km_rd *r, int16_t v, km_write_txn_ma
 
 void km_write_txn_markers_response_encode(km_wr *w, int16_t v, const km_write_txn_markers_response *m)
 {
-	if (v < 0 || v > 1) {
+	if (v < 1 || v > 2) {
 		km_codec_wr_fail(w, KM_ERR_UNSUPPORTED);
 		return;
 	}
@@ -301,7 +301,7 @@ void km_write_txn_markers_response_encode(km_wr *w, int16_t v, const km_write_tx
 
 size_t km_write_txn_markers_response_size(int16_t v, const km_write_txn_markers_response *m)
 {
-	if (v < 0 || v > 1)
+	if (v < 1 || v > 2)
 		return 0;
 	return km_write_txn_markers_response_sz(v, m);
 }

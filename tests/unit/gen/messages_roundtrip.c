@@ -7,6 +7,7 @@
 #include <cmocka.h>
 
 #include "msg_roundtrip.h"
+#include "kmirror/msg/aborted_txn.h"
 #include "kmirror/msg/add_offsets_to_txn_request.h"
 #include "kmirror/msg/add_offsets_to_txn_response.h"
 #include "kmirror/msg/add_partitions_to_txn_request.h"
@@ -25,6 +26,8 @@
 #include "kmirror/msg/alter_partition_response.h"
 #include "kmirror/msg/alter_replica_log_dirs_request.h"
 #include "kmirror/msg/alter_replica_log_dirs_response.h"
+#include "kmirror/msg/alter_share_group_offsets_request.h"
+#include "kmirror/msg/alter_share_group_offsets_response.h"
 #include "kmirror/msg/alter_user_scram_credentials_request.h"
 #include "kmirror/msg/alter_user_scram_credentials_response.h"
 #include "kmirror/msg/api_versions_request.h"
@@ -43,8 +46,7 @@
 #include "kmirror/msg/consumer_group_heartbeat_response.h"
 #include "kmirror/msg/consumer_protocol_assignment.h"
 #include "kmirror/msg/consumer_protocol_subscription.h"
-#include "kmirror/msg/controlled_shutdown_request.h"
-#include "kmirror/msg/controlled_shutdown_response.h"
+#include "kmirror/msg/control_record_type_schema.h"
 #include "kmirror/msg/controller_registration_request.h"
 #include "kmirror/msg/controller_registration_response.h"
 #include "kmirror/msg/create_acls_request.h"
@@ -62,6 +64,8 @@
 #include "kmirror/msg/delete_groups_response.h"
 #include "kmirror/msg/delete_records_request.h"
 #include "kmirror/msg/delete_records_response.h"
+#include "kmirror/msg/delete_share_group_offsets_request.h"
+#include "kmirror/msg/delete_share_group_offsets_response.h"
 #include "kmirror/msg/delete_share_group_state_request.h"
 #include "kmirror/msg/delete_share_group_state_response.h"
 #include "kmirror/msg/delete_topics_request.h"
@@ -84,6 +88,8 @@
 #include "kmirror/msg/describe_producers_response.h"
 #include "kmirror/msg/describe_quorum_request.h"
 #include "kmirror/msg/describe_quorum_response.h"
+#include "kmirror/msg/describe_share_group_offsets_request.h"
+#include "kmirror/msg/describe_share_group_offsets_response.h"
 #include "kmirror/msg/describe_topic_partitions_request.h"
 #include "kmirror/msg/describe_topic_partitions_response.h"
 #include "kmirror/msg/describe_transactions_request.h"
@@ -94,6 +100,7 @@
 #include "kmirror/msg/elect_leaders_response.h"
 #include "kmirror/msg/end_quorum_epoch_request.h"
 #include "kmirror/msg/end_quorum_epoch_response.h"
+#include "kmirror/msg/end_txn_marker.h"
 #include "kmirror/msg/end_txn_request.h"
 #include "kmirror/msg/end_txn_response.h"
 #include "kmirror/msg/envelope_request.h"
@@ -119,13 +126,11 @@
 #include "kmirror/msg/join_group_request.h"
 #include "kmirror/msg/join_group_response.h"
 #include "kmirror/msg/k_raft_version_record.h"
-#include "kmirror/msg/leader_and_isr_request.h"
-#include "kmirror/msg/leader_and_isr_response.h"
 #include "kmirror/msg/leader_change_message.h"
 #include "kmirror/msg/leave_group_request.h"
 #include "kmirror/msg/leave_group_response.h"
-#include "kmirror/msg/list_client_metrics_resources_request.h"
-#include "kmirror/msg/list_client_metrics_resources_response.h"
+#include "kmirror/msg/list_config_resources_request.h"
+#include "kmirror/msg/list_config_resources_response.h"
 #include "kmirror/msg/list_groups_request.h"
 #include "kmirror/msg/list_groups_response.h"
 #include "kmirror/msg/list_offsets_request.h"
@@ -172,18 +177,22 @@
 #include "kmirror/msg/share_group_heartbeat_response.h"
 #include "kmirror/msg/snapshot_footer_record.h"
 #include "kmirror/msg/snapshot_header_record.h"
-#include "kmirror/msg/stop_replica_request.h"
-#include "kmirror/msg/stop_replica_response.h"
+#include "kmirror/msg/streams_group_describe_request.h"
+#include "kmirror/msg/streams_group_describe_response.h"
+#include "kmirror/msg/streams_group_heartbeat_request.h"
+#include "kmirror/msg/streams_group_heartbeat_response.h"
+#include "kmirror/msg/streams_group_topology_description_update_request.h"
+#include "kmirror/msg/streams_group_topology_description_update_response.h"
 #include "kmirror/msg/sync_group_request.h"
 #include "kmirror/msg/sync_group_response.h"
 #include "kmirror/msg/txn_offset_commit_request.h"
 #include "kmirror/msg/txn_offset_commit_response.h"
 #include "kmirror/msg/unregister_broker_request.h"
 #include "kmirror/msg/unregister_broker_response.h"
+#include "kmirror/msg/unregister_controller_request.h"
+#include "kmirror/msg/unregister_controller_response.h"
 #include "kmirror/msg/update_features_request.h"
 #include "kmirror/msg/update_features_response.h"
-#include "kmirror/msg/update_metadata_request.h"
-#include "kmirror/msg/update_metadata_response.h"
 #include "kmirror/msg/update_raft_voter_request.h"
 #include "kmirror/msg/update_raft_voter_response.h"
 #include "kmirror/msg/vote_request.h"
@@ -193,6 +202,44 @@
 #include "kmirror/msg/write_share_group_state_response.h"
 #include "kmirror/msg/write_txn_markers_request.h"
 #include "kmirror/msg/write_txn_markers_response.h"
+
+static void fill_km_aborted_txn(km_aborted_txn *m, int16_t v, int mode, km_arena *a, uint32_t *seq);
+static bool eq_km_aborted_txn(const km_aborted_txn *x, const km_aborted_txn *y);
+
+static void fill_km_aborted_txn(km_aborted_txn *m, int16_t v, int mode, km_arena *a, uint32_t *seq)
+{
+	(void)v;
+	(void)mode;
+	(void)a;
+	(void)seq;
+	m->producer_id = (int64_t)(t_int(seq, 1000000000, INT64_C(0)) + ((int64_t)1 << 33));
+	m->first_offset = (int64_t)(t_int(seq, 1000000000, INT64_C(0)) + ((int64_t)1 << 33));
+	m->last_offset = (int64_t)(t_int(seq, 1000000000, INT64_C(0)) + ((int64_t)1 << 33));
+	m->last_stable_offset = (int64_t)(t_int(seq, 1000000000, INT64_C(0)) + ((int64_t)1 << 33));
+}
+
+static bool eq_km_aborted_txn(const km_aborted_txn *x, const km_aborted_txn *y)
+{
+	if (!(x->producer_id == y->producer_id))
+		return t_diff("ProducerId");
+	if (!(x->first_offset == y->first_offset))
+		return t_diff("FirstOffset");
+	if (!(x->last_offset == y->last_offset))
+		return t_diff("LastOffset");
+	if (!(x->last_stable_offset == y->last_stable_offset))
+		return t_diff("LastStableOffset");
+	if (!t_tags_eq(&x->unknown_tags, &y->unknown_tags))
+		return t_diff("AbortedTxn unknown tags");
+	return true;
+}
+
+static void km_aborted_txn_fill_v(void *m, int16_t v, int mode, km_arena *a, uint32_t *seq) { fill_km_aborted_txn(m, v, mode, a, seq); }
+static bool km_aborted_txn_eq_v(const void *x, const void *y) { return eq_km_aborted_txn(x, y); }
+static void km_aborted_txn_init_v(void *m) { km_aborted_txn_init(m); }
+static km_err km_aborted_txn_decode_v(km_rd *r, int16_t v, void *m, km_arena *a) { return km_aborted_txn_decode(r, v, m, a); }
+static void km_aborted_txn_encode_v(km_wr *w, int16_t v, const void *m) { km_aborted_txn_encode(w, v, m); }
+static size_t km_aborted_txn_size_v(int16_t v, const void *m) { return km_aborted_txn_size(v, m); }
+
 
 static void fill_km_add_offsets_to_txn_request(km_add_offsets_to_txn_request *m, int16_t v, int mode, km_arena *a, uint32_t *seq);
 static bool eq_km_add_offsets_to_txn_request(const km_add_offsets_to_txn_request *x, const km_add_offsets_to_txn_request *y);
@@ -642,6 +689,9 @@ static void fill_km_add_raft_voter_request(km_add_raft_voter_request *m, int16_t
 		km_add_raft_voter_request_listener_init(&m->listeners.items[i]);
 		fill_km_add_raft_voter_request_listener(&m->listeners.items[i], v, mode, a, seq);
 	}
+	if (v >= 1) {
+		m->ack_when_committed = false;
+	}
 	if (true && mode == 0)
 		t_unknown_tags(&m->unknown_tags, a, 0, 1000, seq);
 }
@@ -662,6 +712,8 @@ static bool eq_km_add_raft_voter_request(const km_add_raft_voter_request *x, con
 		if (!eq_km_add_raft_voter_request_listener(&x->listeners.items[i], &y->listeners.items[i]))
 			return t_diff("Listeners");
 	}
+	if (!(x->ack_when_committed == y->ack_when_committed))
+		return t_diff("AckWhenCommitted");
 	if (!t_tags_eq(&x->unknown_tags, &y->unknown_tags))
 		return t_diff("AddRaftVoterRequest unknown tags");
 	return true;
@@ -1301,6 +1353,9 @@ static void fill_km_alter_partition_reassignments_request(km_alter_partition_rea
 	(void)a;
 	(void)seq;
 	m->timeout_ms = (int32_t)(t_int(seq, 1000000000, INT64_C(60000)));
+	if (v >= 1) {
+		m->allow_replication_factor_change = false;
+	}
 	m->topics.count = 2;
 	m->topics.items = km_arena_alloc(a, 2 * sizeof(*m->topics.items));
 	assert_non_null(m->topics.items);
@@ -1316,6 +1371,8 @@ static bool eq_km_alter_partition_reassignments_request(const km_alter_partition
 {
 	if (!(x->timeout_ms == y->timeout_ms))
 		return t_diff("TimeoutMs");
+	if (!(x->allow_replication_factor_change == y->allow_replication_factor_change))
+		return t_diff("AllowReplicationFactorChange");
 	if (x->topics.count != y->topics.count)
 		return t_diff("Topics");
 	for (int32_t i = 0; i < x->topics.count; i++) {
@@ -1408,6 +1465,9 @@ static void fill_km_alter_partition_reassignments_response(km_alter_partition_re
 	(void)a;
 	(void)seq;
 	m->throttle_time_ms = (int32_t)(t_int(seq, 1000000000, INT64_C(0)));
+	if (v >= 1) {
+		m->allow_replication_factor_change = false;
+	}
 	m->error_code = (int16_t)(t_int(seq, 30000, INT64_C(0)));
 	m->error_message = (mode == 1 && true) ? KM_STR_NULL : t_str(a, seq);
 	m->responses.count = 2;
@@ -1425,6 +1485,8 @@ static bool eq_km_alter_partition_reassignments_response(const km_alter_partitio
 {
 	if (!(x->throttle_time_ms == y->throttle_time_ms))
 		return t_diff("ThrottleTimeMs");
+	if (!(x->allow_replication_factor_change == y->allow_replication_factor_change))
+		return t_diff("AllowReplicationFactorChange");
 	if (!(x->error_code == y->error_code))
 		return t_diff("ErrorCode");
 	if (!km_str_eq(x->error_message, y->error_message))
@@ -1509,9 +1571,7 @@ static void fill_km_alter_partition_request_partition_data(km_alter_partition_re
 			fill_km_alter_partition_request_broker_state(&m->new_isr_with_epochs.items[i], v, mode, a, seq);
 		}
 	}
-	if (v >= 1) {
-		m->leader_recovery_state = (int8_t)(t_int(seq, 100, INT64_C(0)));
-	}
+	m->leader_recovery_state = (int8_t)(t_int(seq, 100, INT64_C(0)));
 	m->partition_epoch = (int32_t)(t_int(seq, 1000000000, INT64_C(0)));
 	if (true && mode == 0)
 		t_unknown_tags(&m->unknown_tags, a, 0, 1000, seq);
@@ -1550,12 +1610,7 @@ static void fill_km_alter_partition_request_topic_data(km_alter_partition_reques
 	(void)mode;
 	(void)a;
 	(void)seq;
-	if (v <= 1) {
-		m->topic_name = t_str(a, seq);
-	}
-	if (v >= 2) {
-		t_uuid(&m->topic_id, seq);
-	}
+	t_uuid(&m->topic_id, seq);
 	m->partitions.count = 2;
 	m->partitions.items = km_arena_alloc(a, 2 * sizeof(*m->partitions.items));
 	assert_non_null(m->partitions.items);
@@ -1569,8 +1624,6 @@ static void fill_km_alter_partition_request_topic_data(km_alter_partition_reques
 
 static bool eq_km_alter_partition_request_topic_data(const km_alter_partition_request_topic_data *x, const km_alter_partition_request_topic_data *y)
 {
-	if (!km_str_eq(x->topic_name, y->topic_name))
-		return t_diff("TopicData.TopicName");
 	if (!(memcmp(x->topic_id.b, y->topic_id.b, 16) == 0))
 		return t_diff("TopicData.TopicId");
 	if (x->partitions.count != y->partitions.count)
@@ -1651,9 +1704,7 @@ static void fill_km_alter_partition_response_partition_data(km_alter_partition_r
 	for (int i = 0; i < 2; i++) {
 		m->isr.items[i] = (int32_t)(t_int(seq, 1000000000, INT64_C(0)));
 	}
-	if (v >= 1) {
-		m->leader_recovery_state = (int8_t)(t_int(seq, 100, INT64_C(0)));
-	}
+	m->leader_recovery_state = (int8_t)(t_int(seq, 100, INT64_C(0)));
 	m->partition_epoch = (int32_t)(t_int(seq, 1000000000, INT64_C(0)));
 	if (true && mode == 0)
 		t_unknown_tags(&m->unknown_tags, a, 0, 1000, seq);
@@ -1690,12 +1741,7 @@ static void fill_km_alter_partition_response_topic_data(km_alter_partition_respo
 	(void)mode;
 	(void)a;
 	(void)seq;
-	if (v <= 1) {
-		m->topic_name = t_str(a, seq);
-	}
-	if (v >= 2) {
-		t_uuid(&m->topic_id, seq);
-	}
+	t_uuid(&m->topic_id, seq);
 	m->partitions.count = 2;
 	m->partitions.items = km_arena_alloc(a, 2 * sizeof(*m->partitions.items));
 	assert_non_null(m->partitions.items);
@@ -1709,8 +1755,6 @@ static void fill_km_alter_partition_response_topic_data(km_alter_partition_respo
 
 static bool eq_km_alter_partition_response_topic_data(const km_alter_partition_response_topic_data *x, const km_alter_partition_response_topic_data *y)
 {
-	if (!km_str_eq(x->topic_name, y->topic_name))
-		return t_diff("TopicData.TopicName");
 	if (!(memcmp(x->topic_id.b, y->topic_id.b, 16) == 0))
 		return t_diff("TopicData.TopicId");
 	if (x->partitions.count != y->partitions.count)
@@ -1982,6 +2026,226 @@ static void km_alter_replica_log_dirs_response_encode_v(km_wr *w, int16_t v, con
 static size_t km_alter_replica_log_dirs_response_size_v(int16_t v, const void *m) { return km_alter_replica_log_dirs_response_size(v, m); }
 
 
+static void fill_km_alter_share_group_offsets_request_partition(km_alter_share_group_offsets_request_partition *m, int16_t v, int mode, km_arena *a, uint32_t *seq);
+static bool eq_km_alter_share_group_offsets_request_partition(const km_alter_share_group_offsets_request_partition *x, const km_alter_share_group_offsets_request_partition *y);
+static void fill_km_alter_share_group_offsets_request_topic(km_alter_share_group_offsets_request_topic *m, int16_t v, int mode, km_arena *a, uint32_t *seq);
+static bool eq_km_alter_share_group_offsets_request_topic(const km_alter_share_group_offsets_request_topic *x, const km_alter_share_group_offsets_request_topic *y);
+static void fill_km_alter_share_group_offsets_request(km_alter_share_group_offsets_request *m, int16_t v, int mode, km_arena *a, uint32_t *seq);
+static bool eq_km_alter_share_group_offsets_request(const km_alter_share_group_offsets_request *x, const km_alter_share_group_offsets_request *y);
+
+static void fill_km_alter_share_group_offsets_request_partition(km_alter_share_group_offsets_request_partition *m, int16_t v, int mode, km_arena *a, uint32_t *seq)
+{
+	(void)v;
+	(void)mode;
+	(void)a;
+	(void)seq;
+	m->partition_index = (int32_t)(t_int(seq, 1000000000, INT64_C(0)));
+	m->start_offset = (int64_t)(t_int(seq, 1000000000, INT64_C(0)) + ((int64_t)1 << 33));
+	if (true && mode == 0)
+		t_unknown_tags(&m->unknown_tags, a, 0, 1000, seq);
+}
+
+static bool eq_km_alter_share_group_offsets_request_partition(const km_alter_share_group_offsets_request_partition *x, const km_alter_share_group_offsets_request_partition *y)
+{
+	if (!(x->partition_index == y->partition_index))
+		return t_diff("AlterShareGroupOffsetsRequestPartition.PartitionIndex");
+	if (!(x->start_offset == y->start_offset))
+		return t_diff("AlterShareGroupOffsetsRequestPartition.StartOffset");
+	if (!t_tags_eq(&x->unknown_tags, &y->unknown_tags))
+		return t_diff("AlterShareGroupOffsetsRequestPartition unknown tags");
+	return true;
+}
+
+static void fill_km_alter_share_group_offsets_request_topic(km_alter_share_group_offsets_request_topic *m, int16_t v, int mode, km_arena *a, uint32_t *seq)
+{
+	(void)v;
+	(void)mode;
+	(void)a;
+	(void)seq;
+	m->topic_name = t_str(a, seq);
+	m->partitions.count = 2;
+	m->partitions.items = km_arena_alloc(a, 2 * sizeof(*m->partitions.items));
+	assert_non_null(m->partitions.items);
+	for (int i = 0; i < 2; i++) {
+		km_alter_share_group_offsets_request_partition_init(&m->partitions.items[i]);
+		fill_km_alter_share_group_offsets_request_partition(&m->partitions.items[i], v, mode, a, seq);
+	}
+	if (true && mode == 0)
+		t_unknown_tags(&m->unknown_tags, a, 0, 1000, seq);
+}
+
+static bool eq_km_alter_share_group_offsets_request_topic(const km_alter_share_group_offsets_request_topic *x, const km_alter_share_group_offsets_request_topic *y)
+{
+	if (!km_str_eq(x->topic_name, y->topic_name))
+		return t_diff("AlterShareGroupOffsetsRequestTopic.TopicName");
+	if (x->partitions.count != y->partitions.count)
+		return t_diff("AlterShareGroupOffsetsRequestTopic.Partitions");
+	for (int32_t i = 0; i < x->partitions.count; i++) {
+		if (!eq_km_alter_share_group_offsets_request_partition(&x->partitions.items[i], &y->partitions.items[i]))
+			return t_diff("AlterShareGroupOffsetsRequestTopic.Partitions");
+	}
+	if (!t_tags_eq(&x->unknown_tags, &y->unknown_tags))
+		return t_diff("AlterShareGroupOffsetsRequestTopic unknown tags");
+	return true;
+}
+
+static void fill_km_alter_share_group_offsets_request(km_alter_share_group_offsets_request *m, int16_t v, int mode, km_arena *a, uint32_t *seq)
+{
+	(void)v;
+	(void)mode;
+	(void)a;
+	(void)seq;
+	m->group_id = t_str(a, seq);
+	m->topics.count = 2;
+	m->topics.items = km_arena_alloc(a, 2 * sizeof(*m->topics.items));
+	assert_non_null(m->topics.items);
+	for (int i = 0; i < 2; i++) {
+		km_alter_share_group_offsets_request_topic_init(&m->topics.items[i]);
+		fill_km_alter_share_group_offsets_request_topic(&m->topics.items[i], v, mode, a, seq);
+	}
+	if (true && mode == 0)
+		t_unknown_tags(&m->unknown_tags, a, 0, 1000, seq);
+}
+
+static bool eq_km_alter_share_group_offsets_request(const km_alter_share_group_offsets_request *x, const km_alter_share_group_offsets_request *y)
+{
+	if (!km_str_eq(x->group_id, y->group_id))
+		return t_diff("GroupId");
+	if (x->topics.count != y->topics.count)
+		return t_diff("Topics");
+	for (int32_t i = 0; i < x->topics.count; i++) {
+		if (!eq_km_alter_share_group_offsets_request_topic(&x->topics.items[i], &y->topics.items[i]))
+			return t_diff("Topics");
+	}
+	if (!t_tags_eq(&x->unknown_tags, &y->unknown_tags))
+		return t_diff("AlterShareGroupOffsetsRequest unknown tags");
+	return true;
+}
+
+static void km_alter_share_group_offsets_request_fill_v(void *m, int16_t v, int mode, km_arena *a, uint32_t *seq) { fill_km_alter_share_group_offsets_request(m, v, mode, a, seq); }
+static bool km_alter_share_group_offsets_request_eq_v(const void *x, const void *y) { return eq_km_alter_share_group_offsets_request(x, y); }
+static void km_alter_share_group_offsets_request_init_v(void *m) { km_alter_share_group_offsets_request_init(m); }
+static km_err km_alter_share_group_offsets_request_decode_v(km_rd *r, int16_t v, void *m, km_arena *a) { return km_alter_share_group_offsets_request_decode(r, v, m, a); }
+static void km_alter_share_group_offsets_request_encode_v(km_wr *w, int16_t v, const void *m) { km_alter_share_group_offsets_request_encode(w, v, m); }
+static size_t km_alter_share_group_offsets_request_size_v(int16_t v, const void *m) { return km_alter_share_group_offsets_request_size(v, m); }
+
+
+static void fill_km_alter_share_group_offsets_response_partition(km_alter_share_group_offsets_response_partition *m, int16_t v, int mode, km_arena *a, uint32_t *seq);
+static bool eq_km_alter_share_group_offsets_response_partition(const km_alter_share_group_offsets_response_partition *x, const km_alter_share_group_offsets_response_partition *y);
+static void fill_km_alter_share_group_offsets_response_topic(km_alter_share_group_offsets_response_topic *m, int16_t v, int mode, km_arena *a, uint32_t *seq);
+static bool eq_km_alter_share_group_offsets_response_topic(const km_alter_share_group_offsets_response_topic *x, const km_alter_share_group_offsets_response_topic *y);
+static void fill_km_alter_share_group_offsets_response(km_alter_share_group_offsets_response *m, int16_t v, int mode, km_arena *a, uint32_t *seq);
+static bool eq_km_alter_share_group_offsets_response(const km_alter_share_group_offsets_response *x, const km_alter_share_group_offsets_response *y);
+
+static void fill_km_alter_share_group_offsets_response_partition(km_alter_share_group_offsets_response_partition *m, int16_t v, int mode, km_arena *a, uint32_t *seq)
+{
+	(void)v;
+	(void)mode;
+	(void)a;
+	(void)seq;
+	m->partition_index = (int32_t)(t_int(seq, 1000000000, INT64_C(0)));
+	m->error_code = (int16_t)(t_int(seq, 30000, INT64_C(0)));
+	m->error_message = (mode == 1 && true) ? KM_STR_NULL : t_str(a, seq);
+	if (true && mode == 0)
+		t_unknown_tags(&m->unknown_tags, a, 0, 1000, seq);
+}
+
+static bool eq_km_alter_share_group_offsets_response_partition(const km_alter_share_group_offsets_response_partition *x, const km_alter_share_group_offsets_response_partition *y)
+{
+	if (!(x->partition_index == y->partition_index))
+		return t_diff("AlterShareGroupOffsetsResponsePartition.PartitionIndex");
+	if (!(x->error_code == y->error_code))
+		return t_diff("AlterShareGroupOffsetsResponsePartition.ErrorCode");
+	if (!km_str_eq(x->error_message, y->error_message))
+		return t_diff("AlterShareGroupOffsetsResponsePartition.ErrorMessage");
+	if (!t_tags_eq(&x->unknown_tags, &y->unknown_tags))
+		return t_diff("AlterShareGroupOffsetsResponsePartition unknown tags");
+	return true;
+}
+
+static void fill_km_alter_share_group_offsets_response_topic(km_alter_share_group_offsets_response_topic *m, int16_t v, int mode, km_arena *a, uint32_t *seq)
+{
+	(void)v;
+	(void)mode;
+	(void)a;
+	(void)seq;
+	m->topic_name = t_str(a, seq);
+	t_uuid(&m->topic_id, seq);
+	m->partitions.count = 2;
+	m->partitions.items = km_arena_alloc(a, 2 * sizeof(*m->partitions.items));
+	assert_non_null(m->partitions.items);
+	for (int i = 0; i < 2; i++) {
+		km_alter_share_group_offsets_response_partition_init(&m->partitions.items[i]);
+		fill_km_alter_share_group_offsets_response_partition(&m->partitions.items[i], v, mode, a, seq);
+	}
+	if (true && mode == 0)
+		t_unknown_tags(&m->unknown_tags, a, 0, 1000, seq);
+}
+
+static bool eq_km_alter_share_group_offsets_response_topic(const km_alter_share_group_offsets_response_topic *x, const km_alter_share_group_offsets_response_topic *y)
+{
+	if (!km_str_eq(x->topic_name, y->topic_name))
+		return t_diff("AlterShareGroupOffsetsResponseTopic.TopicName");
+	if (!(memcmp(x->topic_id.b, y->topic_id.b, 16) == 0))
+		return t_diff("AlterShareGroupOffsetsResponseTopic.TopicId");
+	if (x->partitions.count != y->partitions.count)
+		return t_diff("AlterShareGroupOffsetsResponseTopic.Partitions");
+	for (int32_t i = 0; i < x->partitions.count; i++) {
+		if (!eq_km_alter_share_group_offsets_response_partition(&x->partitions.items[i], &y->partitions.items[i]))
+			return t_diff("AlterShareGroupOffsetsResponseTopic.Partitions");
+	}
+	if (!t_tags_eq(&x->unknown_tags, &y->unknown_tags))
+		return t_diff("AlterShareGroupOffsetsResponseTopic unknown tags");
+	return true;
+}
+
+static void fill_km_alter_share_group_offsets_response(km_alter_share_group_offsets_response *m, int16_t v, int mode, km_arena *a, uint32_t *seq)
+{
+	(void)v;
+	(void)mode;
+	(void)a;
+	(void)seq;
+	m->throttle_time_ms = (int32_t)(t_int(seq, 1000000000, INT64_C(0)));
+	m->error_code = (int16_t)(t_int(seq, 30000, INT64_C(0)));
+	m->error_message = (mode == 1 && true) ? KM_STR_NULL : t_str(a, seq);
+	m->responses.count = 2;
+	m->responses.items = km_arena_alloc(a, 2 * sizeof(*m->responses.items));
+	assert_non_null(m->responses.items);
+	for (int i = 0; i < 2; i++) {
+		km_alter_share_group_offsets_response_topic_init(&m->responses.items[i]);
+		fill_km_alter_share_group_offsets_response_topic(&m->responses.items[i], v, mode, a, seq);
+	}
+	if (true && mode == 0)
+		t_unknown_tags(&m->unknown_tags, a, 0, 1000, seq);
+}
+
+static bool eq_km_alter_share_group_offsets_response(const km_alter_share_group_offsets_response *x, const km_alter_share_group_offsets_response *y)
+{
+	if (!(x->throttle_time_ms == y->throttle_time_ms))
+		return t_diff("ThrottleTimeMs");
+	if (!(x->error_code == y->error_code))
+		return t_diff("ErrorCode");
+	if (!km_str_eq(x->error_message, y->error_message))
+		return t_diff("ErrorMessage");
+	if (x->responses.count != y->responses.count)
+		return t_diff("Responses");
+	for (int32_t i = 0; i < x->responses.count; i++) {
+		if (!eq_km_alter_share_group_offsets_response_topic(&x->responses.items[i], &y->responses.items[i]))
+			return t_diff("Responses");
+	}
+	if (!t_tags_eq(&x->unknown_tags, &y->unknown_tags))
+		return t_diff("AlterShareGroupOffsetsResponse unknown tags");
+	return true;
+}
+
+static void km_alter_share_group_offsets_response_fill_v(void *m, int16_t v, int mode, km_arena *a, uint32_t *seq) { fill_km_alter_share_group_offsets_response(m, v, mode, a, seq); }
+static bool km_alter_share_group_offsets_response_eq_v(const void *x, const void *y) { return eq_km_alter_share_group_offsets_response(x, y); }
+static void km_alter_share_group_offsets_response_init_v(void *m) { km_alter_share_group_offsets_response_init(m); }
+static km_err km_alter_share_group_offsets_response_decode_v(km_rd *r, int16_t v, void *m, km_arena *a) { return km_alter_share_group_offsets_response_decode(r, v, m, a); }
+static void km_alter_share_group_offsets_response_encode_v(km_wr *w, int16_t v, const void *m) { km_alter_share_group_offsets_response_encode(w, v, m); }
+static size_t km_alter_share_group_offsets_response_size_v(int16_t v, const void *m) { return km_alter_share_group_offsets_response_size(v, m); }
+
+
 static void fill_km_alter_user_scram_credentials_request_scram_credential_deletion(km_alter_user_scram_credentials_request_scram_credential_deletion *m, int16_t v, int mode, km_arena *a, uint32_t *seq);
 static bool eq_km_alter_user_scram_credentials_request_scram_credential_deletion(const km_alter_user_scram_credentials_request_scram_credential_deletion *x, const km_alter_user_scram_credentials_request_scram_credential_deletion *y);
 static void fill_km_alter_user_scram_credentials_request_scram_credential_upsertion(km_alter_user_scram_credentials_request_scram_credential_upsertion *m, int16_t v, int mode, km_arena *a, uint32_t *seq);
@@ -2182,6 +2446,12 @@ static void fill_km_api_versions_request(km_api_versions_request *m, int16_t v, 
 	if (v >= 3) {
 		m->client_software_version = t_str(a, seq);
 	}
+	if (v >= 5) {
+		m->cluster_id = (mode == 1 && v >= 5) ? KM_STR_NULL : t_str(a, seq);
+	}
+	if (v >= 5) {
+		m->node_id = (int32_t)(t_int(seq, 1000000000, INT64_C(-1)));
+	}
 	if (v >= 3 && mode == 0)
 		t_unknown_tags(&m->unknown_tags, a, 0, 1000, seq);
 }
@@ -2192,6 +2462,10 @@ static bool eq_km_api_versions_request(const km_api_versions_request *x, const k
 		return t_diff("ClientSoftwareName");
 	if (!km_str_eq(x->client_software_version, y->client_software_version))
 		return t_diff("ClientSoftwareVersion");
+	if (!km_str_eq(x->cluster_id, y->cluster_id))
+		return t_diff("ClusterId");
+	if (!(x->node_id == y->node_id))
+		return t_diff("NodeId");
 	if (!t_tags_eq(&x->unknown_tags, &y->unknown_tags))
 		return t_diff("ApiVersionsRequest unknown tags");
 	return true;
@@ -3018,8 +3292,21 @@ static void fill_km_broker_heartbeat_request(km_broker_heartbeat_request *m, int
 			t_uuid(&m->offline_log_dirs.items[i], seq);
 		}
 	}
+	if (v >= 2) {
+		if (mode == 1 && v >= 2) {
+			m->cordoned_log_dirs.count = -1;
+			m->cordoned_log_dirs.items = NULL;
+		} else {
+			m->cordoned_log_dirs.count = 2;
+			m->cordoned_log_dirs.items = km_arena_alloc(a, 2 * sizeof(*m->cordoned_log_dirs.items));
+			assert_non_null(m->cordoned_log_dirs.items);
+			for (int i = 0; i < 2; i++) {
+				t_uuid(&m->cordoned_log_dirs.items[i], seq);
+			}
+		}
+	}
 	if (true && mode == 0)
-		t_unknown_tags(&m->unknown_tags, a, 1, 1000, seq);
+		t_unknown_tags(&m->unknown_tags, a, 2, 1001, seq);
 }
 
 static bool eq_km_broker_heartbeat_request(const km_broker_heartbeat_request *x, const km_broker_heartbeat_request *y)
@@ -3039,6 +3326,12 @@ static bool eq_km_broker_heartbeat_request(const km_broker_heartbeat_request *x,
 	for (int32_t i = 0; i < x->offline_log_dirs.count; i++) {
 		if (!(memcmp(x->offline_log_dirs.items[i].b, y->offline_log_dirs.items[i].b, 16) == 0))
 			return t_diff("OfflineLogDirs");
+	}
+	if (x->cordoned_log_dirs.count != y->cordoned_log_dirs.count)
+		return t_diff("CordonedLogDirs");
+	for (int32_t i = 0; i < x->cordoned_log_dirs.count; i++) {
+		if (!(memcmp(x->cordoned_log_dirs.items[i].b, y->cordoned_log_dirs.items[i].b, 16) == 0))
+			return t_diff("CordonedLogDirs");
 	}
 	if (!t_tags_eq(&x->unknown_tags, &y->unknown_tags))
 		return t_diff("BrokerHeartbeatRequest unknown tags");
@@ -3422,6 +3715,9 @@ static void fill_km_consumer_group_describe_response_member(km_consumer_group_de
 	m->subscribed_topic_regex = (mode == 1 && true) ? KM_STR_NULL : t_str(a, seq);
 	fill_km_consumer_group_describe_response_assignment(&m->assignment, v, mode, a, seq);
 	fill_km_consumer_group_describe_response_assignment(&m->target_assignment, v, mode, a, seq);
+	if (v >= 1) {
+		m->member_type = (int8_t)(t_int(seq, 100, INT64_C(-1)));
+	}
 	if (true && mode == 0)
 		t_unknown_tags(&m->unknown_tags, a, 0, 1000, seq);
 }
@@ -3452,6 +3748,8 @@ static bool eq_km_consumer_group_describe_response_member(const km_consumer_grou
 		return t_diff("Member.Assignment");
 	if (!eq_km_consumer_group_describe_response_assignment(&x->target_assignment, &y->target_assignment))
 		return t_diff("Member.TargetAssignment");
+	if (!(x->member_type == y->member_type))
+		return t_diff("Member.MemberType");
 	if (!t_tags_eq(&x->unknown_tags, &y->unknown_tags))
 		return t_diff("Member unknown tags");
 	return true;
@@ -3973,109 +4271,33 @@ static void km_consumer_protocol_subscription_encode_v(km_wr *w, int16_t v, cons
 static size_t km_consumer_protocol_subscription_size_v(int16_t v, const void *m) { return km_consumer_protocol_subscription_size(v, m); }
 
 
-static void fill_km_controlled_shutdown_request(km_controlled_shutdown_request *m, int16_t v, int mode, km_arena *a, uint32_t *seq);
-static bool eq_km_controlled_shutdown_request(const km_controlled_shutdown_request *x, const km_controlled_shutdown_request *y);
+static void fill_km_control_record_type_schema(km_control_record_type_schema *m, int16_t v, int mode, km_arena *a, uint32_t *seq);
+static bool eq_km_control_record_type_schema(const km_control_record_type_schema *x, const km_control_record_type_schema *y);
 
-static void fill_km_controlled_shutdown_request(km_controlled_shutdown_request *m, int16_t v, int mode, km_arena *a, uint32_t *seq)
+static void fill_km_control_record_type_schema(km_control_record_type_schema *m, int16_t v, int mode, km_arena *a, uint32_t *seq)
 {
 	(void)v;
 	(void)mode;
 	(void)a;
 	(void)seq;
-	m->broker_id = (int32_t)(t_int(seq, 1000000000, INT64_C(0)));
-	if (v >= 2) {
-		m->broker_epoch = (int64_t)(t_int(seq, 1000000000, INT64_C(-1)) + ((int64_t)1 << 33));
-	}
-	if (v >= 3 && mode == 0)
-		t_unknown_tags(&m->unknown_tags, a, 0, 1000, seq);
+	m->type = (int16_t)(t_int(seq, 30000, INT64_C(0)));
 }
 
-static bool eq_km_controlled_shutdown_request(const km_controlled_shutdown_request *x, const km_controlled_shutdown_request *y)
+static bool eq_km_control_record_type_schema(const km_control_record_type_schema *x, const km_control_record_type_schema *y)
 {
-	if (!(x->broker_id == y->broker_id))
-		return t_diff("BrokerId");
-	if (!(x->broker_epoch == y->broker_epoch))
-		return t_diff("BrokerEpoch");
+	if (!(x->type == y->type))
+		return t_diff("Type");
 	if (!t_tags_eq(&x->unknown_tags, &y->unknown_tags))
-		return t_diff("ControlledShutdownRequest unknown tags");
+		return t_diff("ControlRecordTypeSchema unknown tags");
 	return true;
 }
 
-static void km_controlled_shutdown_request_fill_v(void *m, int16_t v, int mode, km_arena *a, uint32_t *seq) { fill_km_controlled_shutdown_request(m, v, mode, a, seq); }
-static bool km_controlled_shutdown_request_eq_v(const void *x, const void *y) { return eq_km_controlled_shutdown_request(x, y); }
-static void km_controlled_shutdown_request_init_v(void *m) { km_controlled_shutdown_request_init(m); }
-static km_err km_controlled_shutdown_request_decode_v(km_rd *r, int16_t v, void *m, km_arena *a) { return km_controlled_shutdown_request_decode(r, v, m, a); }
-static void km_controlled_shutdown_request_encode_v(km_wr *w, int16_t v, const void *m) { km_controlled_shutdown_request_encode(w, v, m); }
-static size_t km_controlled_shutdown_request_size_v(int16_t v, const void *m) { return km_controlled_shutdown_request_size(v, m); }
-
-
-static void fill_km_controlled_shutdown_response_remaining_partition(km_controlled_shutdown_response_remaining_partition *m, int16_t v, int mode, km_arena *a, uint32_t *seq);
-static bool eq_km_controlled_shutdown_response_remaining_partition(const km_controlled_shutdown_response_remaining_partition *x, const km_controlled_shutdown_response_remaining_partition *y);
-static void fill_km_controlled_shutdown_response(km_controlled_shutdown_response *m, int16_t v, int mode, km_arena *a, uint32_t *seq);
-static bool eq_km_controlled_shutdown_response(const km_controlled_shutdown_response *x, const km_controlled_shutdown_response *y);
-
-static void fill_km_controlled_shutdown_response_remaining_partition(km_controlled_shutdown_response_remaining_partition *m, int16_t v, int mode, km_arena *a, uint32_t *seq)
-{
-	(void)v;
-	(void)mode;
-	(void)a;
-	(void)seq;
-	m->topic_name = t_str(a, seq);
-	m->partition_index = (int32_t)(t_int(seq, 1000000000, INT64_C(0)));
-	if (v >= 3 && mode == 0)
-		t_unknown_tags(&m->unknown_tags, a, 0, 1000, seq);
-}
-
-static bool eq_km_controlled_shutdown_response_remaining_partition(const km_controlled_shutdown_response_remaining_partition *x, const km_controlled_shutdown_response_remaining_partition *y)
-{
-	if (!km_str_eq(x->topic_name, y->topic_name))
-		return t_diff("RemainingPartition.TopicName");
-	if (!(x->partition_index == y->partition_index))
-		return t_diff("RemainingPartition.PartitionIndex");
-	if (!t_tags_eq(&x->unknown_tags, &y->unknown_tags))
-		return t_diff("RemainingPartition unknown tags");
-	return true;
-}
-
-static void fill_km_controlled_shutdown_response(km_controlled_shutdown_response *m, int16_t v, int mode, km_arena *a, uint32_t *seq)
-{
-	(void)v;
-	(void)mode;
-	(void)a;
-	(void)seq;
-	m->error_code = (int16_t)(t_int(seq, 30000, INT64_C(0)));
-	m->remaining_partitions.count = 2;
-	m->remaining_partitions.items = km_arena_alloc(a, 2 * sizeof(*m->remaining_partitions.items));
-	assert_non_null(m->remaining_partitions.items);
-	for (int i = 0; i < 2; i++) {
-		km_controlled_shutdown_response_remaining_partition_init(&m->remaining_partitions.items[i]);
-		fill_km_controlled_shutdown_response_remaining_partition(&m->remaining_partitions.items[i], v, mode, a, seq);
-	}
-	if (v >= 3 && mode == 0)
-		t_unknown_tags(&m->unknown_tags, a, 0, 1000, seq);
-}
-
-static bool eq_km_controlled_shutdown_response(const km_controlled_shutdown_response *x, const km_controlled_shutdown_response *y)
-{
-	if (!(x->error_code == y->error_code))
-		return t_diff("ErrorCode");
-	if (x->remaining_partitions.count != y->remaining_partitions.count)
-		return t_diff("RemainingPartitions");
-	for (int32_t i = 0; i < x->remaining_partitions.count; i++) {
-		if (!eq_km_controlled_shutdown_response_remaining_partition(&x->remaining_partitions.items[i], &y->remaining_partitions.items[i]))
-			return t_diff("RemainingPartitions");
-	}
-	if (!t_tags_eq(&x->unknown_tags, &y->unknown_tags))
-		return t_diff("ControlledShutdownResponse unknown tags");
-	return true;
-}
-
-static void km_controlled_shutdown_response_fill_v(void *m, int16_t v, int mode, km_arena *a, uint32_t *seq) { fill_km_controlled_shutdown_response(m, v, mode, a, seq); }
-static bool km_controlled_shutdown_response_eq_v(const void *x, const void *y) { return eq_km_controlled_shutdown_response(x, y); }
-static void km_controlled_shutdown_response_init_v(void *m) { km_controlled_shutdown_response_init(m); }
-static km_err km_controlled_shutdown_response_decode_v(km_rd *r, int16_t v, void *m, km_arena *a) { return km_controlled_shutdown_response_decode(r, v, m, a); }
-static void km_controlled_shutdown_response_encode_v(km_wr *w, int16_t v, const void *m) { km_controlled_shutdown_response_encode(w, v, m); }
-static size_t km_controlled_shutdown_response_size_v(int16_t v, const void *m) { return km_controlled_shutdown_response_size(v, m); }
+static void km_control_record_type_schema_fill_v(void *m, int16_t v, int mode, km_arena *a, uint32_t *seq) { fill_km_control_record_type_schema(m, v, mode, a, seq); }
+static bool km_control_record_type_schema_eq_v(const void *x, const void *y) { return eq_km_control_record_type_schema(x, y); }
+static void km_control_record_type_schema_init_v(void *m) { km_control_record_type_schema_init(m); }
+static km_err km_control_record_type_schema_decode_v(km_rd *r, int16_t v, void *m, km_arena *a) { return km_control_record_type_schema_decode(r, v, m, a); }
+static void km_control_record_type_schema_encode_v(km_wr *w, int16_t v, const void *m) { km_control_record_type_schema_encode(w, v, m); }
+static size_t km_control_record_type_schema_size_v(int16_t v, const void *m) { return km_control_record_type_schema_size(v, m); }
 
 
 static void fill_km_controller_registration_request_listener(km_controller_registration_request_listener *m, int16_t v, int mode, km_arena *a, uint32_t *seq);
@@ -4250,9 +4472,7 @@ static void fill_km_create_acls_request_acl_creation(km_create_acls_request_acl_
 	(void)seq;
 	m->resource_type = (int8_t)(t_int(seq, 100, INT64_C(0)));
 	m->resource_name = t_str(a, seq);
-	if (v >= 1) {
-		m->resource_pattern_type = (int8_t)(t_int(seq, 100, INT64_C(3)));
-	}
+	m->resource_pattern_type = (int8_t)(t_int(seq, 100, INT64_C(3)));
 	m->principal = t_str(a, seq);
 	m->host = t_str(a, seq);
 	m->operation = (int8_t)(t_int(seq, 100, INT64_C(0)));
@@ -4856,9 +5076,7 @@ static void fill_km_create_topics_request(km_create_topics_request *m, int16_t v
 		fill_km_create_topics_request_creatable_topic(&m->topics.items[i], v, mode, a, seq);
 	}
 	m->timeout_ms = (int32_t)(t_int(seq, 1000000000, INT64_C(60000)));
-	if (v >= 1) {
-		m->validate_only = true;
-	}
+	m->validate_only = true;
 	if (v >= 5 && mode == 0)
 		t_unknown_tags(&m->unknown_tags, a, 0, 1000, seq);
 }
@@ -4948,9 +5166,7 @@ static void fill_km_create_topics_response_creatable_topic_result(km_create_topi
 		t_uuid(&m->topic_id, seq);
 	}
 	m->error_code = (int16_t)(t_int(seq, 30000, INT64_C(0)));
-	if (v >= 1) {
-		m->error_message = (mode == 1 && true) ? KM_STR_NULL : t_str(a, seq);
-	}
+	m->error_message = (mode == 1 && true) ? KM_STR_NULL : t_str(a, seq);
 	if (v >= 5) {
 		m->topic_config_error_code = (int16_t)(t_int(seq, 30000, INT64_C(0)));
 	}
@@ -5011,9 +5227,7 @@ static void fill_km_create_topics_response(km_create_topics_response *m, int16_t
 	(void)mode;
 	(void)a;
 	(void)seq;
-	if (v >= 2) {
-		m->throttle_time_ms = (int32_t)(t_int(seq, 1000000000, INT64_C(0)));
-	}
+	m->throttle_time_ms = (int32_t)(t_int(seq, 1000000000, INT64_C(0)));
 	m->topics.count = 2;
 	m->topics.items = km_arena_alloc(a, 2 * sizeof(*m->topics.items));
 	assert_non_null(m->topics.items);
@@ -5098,9 +5312,7 @@ static void fill_km_delete_acls_request_delete_acls_filter(km_delete_acls_reques
 	(void)seq;
 	m->resource_type_filter = (int8_t)(t_int(seq, 100, INT64_C(0)));
 	m->resource_name_filter = (mode == 1 && true) ? KM_STR_NULL : t_str(a, seq);
-	if (v >= 1) {
-		m->pattern_type_filter = (int8_t)(t_int(seq, 100, INT64_C(3)));
-	}
+	m->pattern_type_filter = (int8_t)(t_int(seq, 100, INT64_C(3)));
 	m->principal_filter = (mode == 1 && true) ? KM_STR_NULL : t_str(a, seq);
 	m->host_filter = (mode == 1 && true) ? KM_STR_NULL : t_str(a, seq);
 	m->operation = (int8_t)(t_int(seq, 100, INT64_C(0)));
@@ -5185,9 +5397,7 @@ static void fill_km_delete_acls_response_delete_acls_matching_acl(km_delete_acls
 	m->error_message = (mode == 1 && true) ? KM_STR_NULL : t_str(a, seq);
 	m->resource_type = (int8_t)(t_int(seq, 100, INT64_C(0)));
 	m->resource_name = t_str(a, seq);
-	if (v >= 1) {
-		m->pattern_type = (int8_t)(t_int(seq, 100, INT64_C(3)));
-	}
+	m->pattern_type = (int8_t)(t_int(seq, 100, INT64_C(3)));
 	m->principal = t_str(a, seq);
 	m->host = t_str(a, seq);
 	m->operation = (int8_t)(t_int(seq, 100, INT64_C(0)));
@@ -5351,6 +5561,9 @@ static void fill_km_delete_groups_response_deletable_group_result(km_delete_grou
 	(void)seq;
 	m->group_id = t_str(a, seq);
 	m->error_code = (int16_t)(t_int(seq, 30000, INT64_C(0)));
+	if (v >= 3) {
+		m->error_message = (mode == 1 && v >= 3) ? KM_STR_NULL : t_str(a, seq);
+	}
 	if (v >= 2 && mode == 0)
 		t_unknown_tags(&m->unknown_tags, a, 0, 1000, seq);
 }
@@ -5361,6 +5574,8 @@ static bool eq_km_delete_groups_response_deletable_group_result(const km_delete_
 		return t_diff("DeletableGroupResult.GroupId");
 	if (!(x->error_code == y->error_code))
 		return t_diff("DeletableGroupResult.ErrorCode");
+	if (!km_str_eq(x->error_message, y->error_message))
+		return t_diff("DeletableGroupResult.ErrorMessage");
 	if (!t_tags_eq(&x->unknown_tags, &y->unknown_tags))
 		return t_diff("DeletableGroupResult unknown tags");
 	return true;
@@ -5616,6 +5831,153 @@ static void km_delete_records_response_init_v(void *m) { km_delete_records_respo
 static km_err km_delete_records_response_decode_v(km_rd *r, int16_t v, void *m, km_arena *a) { return km_delete_records_response_decode(r, v, m, a); }
 static void km_delete_records_response_encode_v(km_wr *w, int16_t v, const void *m) { km_delete_records_response_encode(w, v, m); }
 static size_t km_delete_records_response_size_v(int16_t v, const void *m) { return km_delete_records_response_size(v, m); }
+
+
+static void fill_km_delete_share_group_offsets_request_topic(km_delete_share_group_offsets_request_topic *m, int16_t v, int mode, km_arena *a, uint32_t *seq);
+static bool eq_km_delete_share_group_offsets_request_topic(const km_delete_share_group_offsets_request_topic *x, const km_delete_share_group_offsets_request_topic *y);
+static void fill_km_delete_share_group_offsets_request(km_delete_share_group_offsets_request *m, int16_t v, int mode, km_arena *a, uint32_t *seq);
+static bool eq_km_delete_share_group_offsets_request(const km_delete_share_group_offsets_request *x, const km_delete_share_group_offsets_request *y);
+
+static void fill_km_delete_share_group_offsets_request_topic(km_delete_share_group_offsets_request_topic *m, int16_t v, int mode, km_arena *a, uint32_t *seq)
+{
+	(void)v;
+	(void)mode;
+	(void)a;
+	(void)seq;
+	m->topic_name = t_str(a, seq);
+	if (true && mode == 0)
+		t_unknown_tags(&m->unknown_tags, a, 0, 1000, seq);
+}
+
+static bool eq_km_delete_share_group_offsets_request_topic(const km_delete_share_group_offsets_request_topic *x, const km_delete_share_group_offsets_request_topic *y)
+{
+	if (!km_str_eq(x->topic_name, y->topic_name))
+		return t_diff("DeleteShareGroupOffsetsRequestTopic.TopicName");
+	if (!t_tags_eq(&x->unknown_tags, &y->unknown_tags))
+		return t_diff("DeleteShareGroupOffsetsRequestTopic unknown tags");
+	return true;
+}
+
+static void fill_km_delete_share_group_offsets_request(km_delete_share_group_offsets_request *m, int16_t v, int mode, km_arena *a, uint32_t *seq)
+{
+	(void)v;
+	(void)mode;
+	(void)a;
+	(void)seq;
+	m->group_id = t_str(a, seq);
+	m->topics.count = 2;
+	m->topics.items = km_arena_alloc(a, 2 * sizeof(*m->topics.items));
+	assert_non_null(m->topics.items);
+	for (int i = 0; i < 2; i++) {
+		km_delete_share_group_offsets_request_topic_init(&m->topics.items[i]);
+		fill_km_delete_share_group_offsets_request_topic(&m->topics.items[i], v, mode, a, seq);
+	}
+	if (true && mode == 0)
+		t_unknown_tags(&m->unknown_tags, a, 0, 1000, seq);
+}
+
+static bool eq_km_delete_share_group_offsets_request(const km_delete_share_group_offsets_request *x, const km_delete_share_group_offsets_request *y)
+{
+	if (!km_str_eq(x->group_id, y->group_id))
+		return t_diff("GroupId");
+	if (x->topics.count != y->topics.count)
+		return t_diff("Topics");
+	for (int32_t i = 0; i < x->topics.count; i++) {
+		if (!eq_km_delete_share_group_offsets_request_topic(&x->topics.items[i], &y->topics.items[i]))
+			return t_diff("Topics");
+	}
+	if (!t_tags_eq(&x->unknown_tags, &y->unknown_tags))
+		return t_diff("DeleteShareGroupOffsetsRequest unknown tags");
+	return true;
+}
+
+static void km_delete_share_group_offsets_request_fill_v(void *m, int16_t v, int mode, km_arena *a, uint32_t *seq) { fill_km_delete_share_group_offsets_request(m, v, mode, a, seq); }
+static bool km_delete_share_group_offsets_request_eq_v(const void *x, const void *y) { return eq_km_delete_share_group_offsets_request(x, y); }
+static void km_delete_share_group_offsets_request_init_v(void *m) { km_delete_share_group_offsets_request_init(m); }
+static km_err km_delete_share_group_offsets_request_decode_v(km_rd *r, int16_t v, void *m, km_arena *a) { return km_delete_share_group_offsets_request_decode(r, v, m, a); }
+static void km_delete_share_group_offsets_request_encode_v(km_wr *w, int16_t v, const void *m) { km_delete_share_group_offsets_request_encode(w, v, m); }
+static size_t km_delete_share_group_offsets_request_size_v(int16_t v, const void *m) { return km_delete_share_group_offsets_request_size(v, m); }
+
+
+static void fill_km_delete_share_group_offsets_response_topic(km_delete_share_group_offsets_response_topic *m, int16_t v, int mode, km_arena *a, uint32_t *seq);
+static bool eq_km_delete_share_group_offsets_response_topic(const km_delete_share_group_offsets_response_topic *x, const km_delete_share_group_offsets_response_topic *y);
+static void fill_km_delete_share_group_offsets_response(km_delete_share_group_offsets_response *m, int16_t v, int mode, km_arena *a, uint32_t *seq);
+static bool eq_km_delete_share_group_offsets_response(const km_delete_share_group_offsets_response *x, const km_delete_share_group_offsets_response *y);
+
+static void fill_km_delete_share_group_offsets_response_topic(km_delete_share_group_offsets_response_topic *m, int16_t v, int mode, km_arena *a, uint32_t *seq)
+{
+	(void)v;
+	(void)mode;
+	(void)a;
+	(void)seq;
+	m->topic_name = t_str(a, seq);
+	t_uuid(&m->topic_id, seq);
+	m->error_code = (int16_t)(t_int(seq, 30000, INT64_C(0)));
+	m->error_message = (mode == 1 && true) ? KM_STR_NULL : t_str(a, seq);
+	if (true && mode == 0)
+		t_unknown_tags(&m->unknown_tags, a, 0, 1000, seq);
+}
+
+static bool eq_km_delete_share_group_offsets_response_topic(const km_delete_share_group_offsets_response_topic *x, const km_delete_share_group_offsets_response_topic *y)
+{
+	if (!km_str_eq(x->topic_name, y->topic_name))
+		return t_diff("DeleteShareGroupOffsetsResponseTopic.TopicName");
+	if (!(memcmp(x->topic_id.b, y->topic_id.b, 16) == 0))
+		return t_diff("DeleteShareGroupOffsetsResponseTopic.TopicId");
+	if (!(x->error_code == y->error_code))
+		return t_diff("DeleteShareGroupOffsetsResponseTopic.ErrorCode");
+	if (!km_str_eq(x->error_message, y->error_message))
+		return t_diff("DeleteShareGroupOffsetsResponseTopic.ErrorMessage");
+	if (!t_tags_eq(&x->unknown_tags, &y->unknown_tags))
+		return t_diff("DeleteShareGroupOffsetsResponseTopic unknown tags");
+	return true;
+}
+
+static void fill_km_delete_share_group_offsets_response(km_delete_share_group_offsets_response *m, int16_t v, int mode, km_arena *a, uint32_t *seq)
+{
+	(void)v;
+	(void)mode;
+	(void)a;
+	(void)seq;
+	m->throttle_time_ms = (int32_t)(t_int(seq, 1000000000, INT64_C(0)));
+	m->error_code = (int16_t)(t_int(seq, 30000, INT64_C(0)));
+	m->error_message = (mode == 1 && true) ? KM_STR_NULL : t_str(a, seq);
+	m->responses.count = 2;
+	m->responses.items = km_arena_alloc(a, 2 * sizeof(*m->responses.items));
+	assert_non_null(m->responses.items);
+	for (int i = 0; i < 2; i++) {
+		km_delete_share_group_offsets_response_topic_init(&m->responses.items[i]);
+		fill_km_delete_share_group_offsets_response_topic(&m->responses.items[i], v, mode, a, seq);
+	}
+	if (true && mode == 0)
+		t_unknown_tags(&m->unknown_tags, a, 0, 1000, seq);
+}
+
+static bool eq_km_delete_share_group_offsets_response(const km_delete_share_group_offsets_response *x, const km_delete_share_group_offsets_response *y)
+{
+	if (!(x->throttle_time_ms == y->throttle_time_ms))
+		return t_diff("ThrottleTimeMs");
+	if (!(x->error_code == y->error_code))
+		return t_diff("ErrorCode");
+	if (!km_str_eq(x->error_message, y->error_message))
+		return t_diff("ErrorMessage");
+	if (x->responses.count != y->responses.count)
+		return t_diff("Responses");
+	for (int32_t i = 0; i < x->responses.count; i++) {
+		if (!eq_km_delete_share_group_offsets_response_topic(&x->responses.items[i], &y->responses.items[i]))
+			return t_diff("Responses");
+	}
+	if (!t_tags_eq(&x->unknown_tags, &y->unknown_tags))
+		return t_diff("DeleteShareGroupOffsetsResponse unknown tags");
+	return true;
+}
+
+static void km_delete_share_group_offsets_response_fill_v(void *m, int16_t v, int mode, km_arena *a, uint32_t *seq) { fill_km_delete_share_group_offsets_response(m, v, mode, a, seq); }
+static bool km_delete_share_group_offsets_response_eq_v(const void *x, const void *y) { return eq_km_delete_share_group_offsets_response(x, y); }
+static void km_delete_share_group_offsets_response_init_v(void *m) { km_delete_share_group_offsets_response_init(m); }
+static km_err km_delete_share_group_offsets_response_decode_v(km_rd *r, int16_t v, void *m, km_arena *a) { return km_delete_share_group_offsets_response_decode(r, v, m, a); }
+static void km_delete_share_group_offsets_response_encode_v(km_wr *w, int16_t v, const void *m) { km_delete_share_group_offsets_response_encode(w, v, m); }
+static size_t km_delete_share_group_offsets_response_size_v(int16_t v, const void *m) { return km_delete_share_group_offsets_response_size(v, m); }
 
 
 static void fill_km_delete_share_group_state_request_partition_data(km_delete_share_group_state_request_partition_data *m, int16_t v, int mode, km_arena *a, uint32_t *seq);
@@ -5956,9 +6318,7 @@ static void fill_km_delete_topics_response(km_delete_topics_response *m, int16_t
 	(void)mode;
 	(void)a;
 	(void)seq;
-	if (v >= 1) {
-		m->throttle_time_ms = (int32_t)(t_int(seq, 1000000000, INT64_C(0)));
-	}
+	m->throttle_time_ms = (int32_t)(t_int(seq, 1000000000, INT64_C(0)));
 	m->responses.count = 2;
 	m->responses.items = km_arena_alloc(a, 2 * sizeof(*m->responses.items));
 	assert_non_null(m->responses.items);
@@ -6004,9 +6364,7 @@ static void fill_km_describe_acls_request(km_describe_acls_request *m, int16_t v
 	(void)seq;
 	m->resource_type_filter = (int8_t)(t_int(seq, 100, INT64_C(0)));
 	m->resource_name_filter = (mode == 1 && true) ? KM_STR_NULL : t_str(a, seq);
-	if (v >= 1) {
-		m->pattern_type_filter = (int8_t)(t_int(seq, 100, INT64_C(3)));
-	}
+	m->pattern_type_filter = (int8_t)(t_int(seq, 100, INT64_C(3)));
 	m->principal_filter = (mode == 1 && true) ? KM_STR_NULL : t_str(a, seq);
 	m->host_filter = (mode == 1 && true) ? KM_STR_NULL : t_str(a, seq);
 	m->operation = (int8_t)(t_int(seq, 100, INT64_C(0)));
@@ -6088,9 +6446,7 @@ static void fill_km_describe_acls_response_describe_acls_resource(km_describe_ac
 	(void)seq;
 	m->resource_type = (int8_t)(t_int(seq, 100, INT64_C(0)));
 	m->resource_name = t_str(a, seq);
-	if (v >= 1) {
-		m->pattern_type = (int8_t)(t_int(seq, 100, INT64_C(3)));
-	}
+	m->pattern_type = (int8_t)(t_int(seq, 100, INT64_C(3)));
 	m->acls.count = 2;
 	m->acls.items = km_arena_alloc(a, 2 * sizeof(*m->acls.items));
 	assert_non_null(m->acls.items);
@@ -6403,6 +6759,9 @@ static void fill_km_describe_cluster_request(km_describe_cluster_request *m, int
 	if (v >= 1) {
 		m->endpoint_type = (int8_t)(t_int(seq, 100, INT64_C(1)));
 	}
+	if (v >= 2) {
+		m->include_fenced_brokers = true;
+	}
 	if (true && mode == 0)
 		t_unknown_tags(&m->unknown_tags, a, 0, 1000, seq);
 }
@@ -6413,6 +6772,8 @@ static bool eq_km_describe_cluster_request(const km_describe_cluster_request *x,
 		return t_diff("IncludeClusterAuthorizedOperations");
 	if (!(x->endpoint_type == y->endpoint_type))
 		return t_diff("EndpointType");
+	if (!(x->include_fenced_brokers == y->include_fenced_brokers))
+		return t_diff("IncludeFencedBrokers");
 	if (!t_tags_eq(&x->unknown_tags, &y->unknown_tags))
 		return t_diff("DescribeClusterRequest unknown tags");
 	return true;
@@ -6441,6 +6802,9 @@ static void fill_km_describe_cluster_response_describe_cluster_broker(km_describ
 	m->host = t_str(a, seq);
 	m->port = (int32_t)(t_int(seq, 1000000000, INT64_C(0)));
 	m->rack = (mode == 1 && true) ? KM_STR_NULL : t_str(a, seq);
+	if (v >= 2) {
+		m->is_fenced = true;
+	}
 	if (true && mode == 0)
 		t_unknown_tags(&m->unknown_tags, a, 0, 1000, seq);
 }
@@ -6455,6 +6819,8 @@ static bool eq_km_describe_cluster_response_describe_cluster_broker(const km_des
 		return t_diff("DescribeClusterBroker.Port");
 	if (!km_str_eq(x->rack, y->rack))
 		return t_diff("DescribeClusterBroker.Rack");
+	if (!(x->is_fenced == y->is_fenced))
+		return t_diff("DescribeClusterBroker.IsFenced");
 	if (!t_tags_eq(&x->unknown_tags, &y->unknown_tags))
 		return t_diff("DescribeClusterBroker unknown tags");
 	return true;
@@ -6579,9 +6945,7 @@ static void fill_km_describe_configs_request(km_describe_configs_request *m, int
 		km_describe_configs_request_describe_configs_resource_init(&m->resources.items[i]);
 		fill_km_describe_configs_request_describe_configs_resource(&m->resources.items[i], v, mode, a, seq);
 	}
-	if (v >= 1) {
-		m->include_synonyms = true;
-	}
+	m->include_synonyms = true;
 	if (v >= 3) {
 		m->include_documentation = true;
 	}
@@ -6629,15 +6993,9 @@ static void fill_km_describe_configs_response_describe_configs_synonym(km_descri
 	(void)mode;
 	(void)a;
 	(void)seq;
-	if (v >= 1) {
-		m->name = t_str(a, seq);
-	}
-	if (v >= 1) {
-		m->value = (mode == 1 && true) ? KM_STR_NULL : t_str(a, seq);
-	}
-	if (v >= 1) {
-		m->source = (int8_t)(t_int(seq, 100, INT64_C(0)));
-	}
+	m->name = t_str(a, seq);
+	m->value = (mode == 1 && true) ? KM_STR_NULL : t_str(a, seq);
+	m->source = (int8_t)(t_int(seq, 100, INT64_C(0)));
 	if (v >= 4 && mode == 0)
 		t_unknown_tags(&m->unknown_tags, a, 0, 1000, seq);
 }
@@ -6664,21 +7022,14 @@ static void fill_km_describe_configs_response_describe_configs_resource_result(k
 	m->name = t_str(a, seq);
 	m->value = (mode == 1 && true) ? KM_STR_NULL : t_str(a, seq);
 	m->read_only = true;
-	if (v <= 0) {
-		m->is_default = true;
-	}
-	if (v >= 1) {
-		m->config_source = (int8_t)(t_int(seq, 100, INT64_C(-1)));
-	}
+	m->config_source = (int8_t)(t_int(seq, 100, INT64_C(-1)));
 	m->is_sensitive = true;
-	if (v >= 1) {
-		m->synonyms.count = 2;
-		m->synonyms.items = km_arena_alloc(a, 2 * sizeof(*m->synonyms.items));
-		assert_non_null(m->synonyms.items);
-		for (int i = 0; i < 2; i++) {
-			km_describe_configs_response_describe_configs_synonym_init(&m->synonyms.items[i]);
-			fill_km_describe_configs_response_describe_configs_synonym(&m->synonyms.items[i], v, mode, a, seq);
-		}
+	m->synonyms.count = 2;
+	m->synonyms.items = km_arena_alloc(a, 2 * sizeof(*m->synonyms.items));
+	assert_non_null(m->synonyms.items);
+	for (int i = 0; i < 2; i++) {
+		km_describe_configs_response_describe_configs_synonym_init(&m->synonyms.items[i]);
+		fill_km_describe_configs_response_describe_configs_synonym(&m->synonyms.items[i], v, mode, a, seq);
 	}
 	if (v >= 3) {
 		m->config_type = (int8_t)(t_int(seq, 100, INT64_C(0)));
@@ -6698,8 +7049,6 @@ static bool eq_km_describe_configs_response_describe_configs_resource_result(con
 		return t_diff("DescribeConfigsResourceResult.Value");
 	if (!(x->read_only == y->read_only))
 		return t_diff("DescribeConfigsResourceResult.ReadOnly");
-	if (!(x->is_default == y->is_default))
-		return t_diff("DescribeConfigsResourceResult.IsDefault");
 	if (!(x->config_source == y->config_source))
 		return t_diff("DescribeConfigsResourceResult.ConfigSource");
 	if (!(x->is_sensitive == y->is_sensitive))
@@ -7104,6 +7453,9 @@ static void fill_km_describe_groups_response_described_group(km_describe_groups_
 	(void)a;
 	(void)seq;
 	m->error_code = (int16_t)(t_int(seq, 30000, INT64_C(0)));
+	if (v >= 6) {
+		m->error_message = (mode == 1 && v >= 6) ? KM_STR_NULL : t_str(a, seq);
+	}
 	m->group_id = t_str(a, seq);
 	m->group_state = t_str(a, seq);
 	m->protocol_type = t_str(a, seq);
@@ -7126,6 +7478,8 @@ static bool eq_km_describe_groups_response_described_group(const km_describe_gro
 {
 	if (!(x->error_code == y->error_code))
 		return t_diff("DescribedGroup.ErrorCode");
+	if (!km_str_eq(x->error_message, y->error_message))
+		return t_diff("DescribedGroup.ErrorMessage");
 	if (!km_str_eq(x->group_id, y->group_id))
 		return t_diff("DescribedGroup.GroupId");
 	if (!km_str_eq(x->group_state, y->group_state))
@@ -7362,6 +7716,9 @@ static void fill_km_describe_log_dirs_response_describe_log_dirs_result(km_descr
 	if (v >= 4) {
 		m->usable_bytes = (int64_t)(t_int(seq, 1000000000, INT64_C(-1)) + ((int64_t)1 << 33));
 	}
+	if (v >= 5) {
+		m->is_cordoned = true;
+	}
 	if (v >= 2 && mode == 0)
 		t_unknown_tags(&m->unknown_tags, a, 0, 1000, seq);
 }
@@ -7382,6 +7739,8 @@ static bool eq_km_describe_log_dirs_response_describe_log_dirs_result(const km_d
 		return t_diff("DescribeLogDirsResult.TotalBytes");
 	if (!(x->usable_bytes == y->usable_bytes))
 		return t_diff("DescribeLogDirsResult.UsableBytes");
+	if (!(x->is_cordoned == y->is_cordoned))
+		return t_diff("DescribeLogDirsResult.IsCordoned");
 	if (!t_tags_eq(&x->unknown_tags, &y->unknown_tags))
 		return t_diff("DescribeLogDirsResult unknown tags");
 	return true;
@@ -8038,6 +8397,283 @@ static void km_describe_quorum_response_init_v(void *m) { km_describe_quorum_res
 static km_err km_describe_quorum_response_decode_v(km_rd *r, int16_t v, void *m, km_arena *a) { return km_describe_quorum_response_decode(r, v, m, a); }
 static void km_describe_quorum_response_encode_v(km_wr *w, int16_t v, const void *m) { km_describe_quorum_response_encode(w, v, m); }
 static size_t km_describe_quorum_response_size_v(int16_t v, const void *m) { return km_describe_quorum_response_size(v, m); }
+
+
+static void fill_km_describe_share_group_offsets_request_topic(km_describe_share_group_offsets_request_topic *m, int16_t v, int mode, km_arena *a, uint32_t *seq);
+static bool eq_km_describe_share_group_offsets_request_topic(const km_describe_share_group_offsets_request_topic *x, const km_describe_share_group_offsets_request_topic *y);
+static void fill_km_describe_share_group_offsets_request_group(km_describe_share_group_offsets_request_group *m, int16_t v, int mode, km_arena *a, uint32_t *seq);
+static bool eq_km_describe_share_group_offsets_request_group(const km_describe_share_group_offsets_request_group *x, const km_describe_share_group_offsets_request_group *y);
+static void fill_km_describe_share_group_offsets_request(km_describe_share_group_offsets_request *m, int16_t v, int mode, km_arena *a, uint32_t *seq);
+static bool eq_km_describe_share_group_offsets_request(const km_describe_share_group_offsets_request *x, const km_describe_share_group_offsets_request *y);
+
+static void fill_km_describe_share_group_offsets_request_topic(km_describe_share_group_offsets_request_topic *m, int16_t v, int mode, km_arena *a, uint32_t *seq)
+{
+	(void)v;
+	(void)mode;
+	(void)a;
+	(void)seq;
+	m->topic_name = t_str(a, seq);
+	m->partitions.count = 2;
+	m->partitions.items = km_arena_alloc(a, 2 * sizeof(*m->partitions.items));
+	assert_non_null(m->partitions.items);
+	for (int i = 0; i < 2; i++) {
+		m->partitions.items[i] = (int32_t)(t_int(seq, 1000000000, INT64_C(0)));
+	}
+	if (true && mode == 0)
+		t_unknown_tags(&m->unknown_tags, a, 0, 1000, seq);
+}
+
+static bool eq_km_describe_share_group_offsets_request_topic(const km_describe_share_group_offsets_request_topic *x, const km_describe_share_group_offsets_request_topic *y)
+{
+	if (!km_str_eq(x->topic_name, y->topic_name))
+		return t_diff("DescribeShareGroupOffsetsRequestTopic.TopicName");
+	if (x->partitions.count != y->partitions.count)
+		return t_diff("DescribeShareGroupOffsetsRequestTopic.Partitions");
+	for (int32_t i = 0; i < x->partitions.count; i++) {
+		if (!(x->partitions.items[i] == y->partitions.items[i]))
+			return t_diff("DescribeShareGroupOffsetsRequestTopic.Partitions");
+	}
+	if (!t_tags_eq(&x->unknown_tags, &y->unknown_tags))
+		return t_diff("DescribeShareGroupOffsetsRequestTopic unknown tags");
+	return true;
+}
+
+static void fill_km_describe_share_group_offsets_request_group(km_describe_share_group_offsets_request_group *m, int16_t v, int mode, km_arena *a, uint32_t *seq)
+{
+	(void)v;
+	(void)mode;
+	(void)a;
+	(void)seq;
+	m->group_id = t_str(a, seq);
+	if (mode == 1 && true) {
+		m->topics.count = -1;
+		m->topics.items = NULL;
+	} else {
+		m->topics.count = 2;
+		m->topics.items = km_arena_alloc(a, 2 * sizeof(*m->topics.items));
+		assert_non_null(m->topics.items);
+		for (int i = 0; i < 2; i++) {
+			km_describe_share_group_offsets_request_topic_init(&m->topics.items[i]);
+			fill_km_describe_share_group_offsets_request_topic(&m->topics.items[i], v, mode, a, seq);
+		}
+	}
+	if (true && mode == 0)
+		t_unknown_tags(&m->unknown_tags, a, 0, 1000, seq);
+}
+
+static bool eq_km_describe_share_group_offsets_request_group(const km_describe_share_group_offsets_request_group *x, const km_describe_share_group_offsets_request_group *y)
+{
+	if (!km_str_eq(x->group_id, y->group_id))
+		return t_diff("DescribeShareGroupOffsetsRequestGroup.GroupId");
+	if (x->topics.count != y->topics.count)
+		return t_diff("DescribeShareGroupOffsetsRequestGroup.Topics");
+	for (int32_t i = 0; i < x->topics.count; i++) {
+		if (!eq_km_describe_share_group_offsets_request_topic(&x->topics.items[i], &y->topics.items[i]))
+			return t_diff("DescribeShareGroupOffsetsRequestGroup.Topics");
+	}
+	if (!t_tags_eq(&x->unknown_tags, &y->unknown_tags))
+		return t_diff("DescribeShareGroupOffsetsRequestGroup unknown tags");
+	return true;
+}
+
+static void fill_km_describe_share_group_offsets_request(km_describe_share_group_offsets_request *m, int16_t v, int mode, km_arena *a, uint32_t *seq)
+{
+	(void)v;
+	(void)mode;
+	(void)a;
+	(void)seq;
+	m->groups.count = 2;
+	m->groups.items = km_arena_alloc(a, 2 * sizeof(*m->groups.items));
+	assert_non_null(m->groups.items);
+	for (int i = 0; i < 2; i++) {
+		km_describe_share_group_offsets_request_group_init(&m->groups.items[i]);
+		fill_km_describe_share_group_offsets_request_group(&m->groups.items[i], v, mode, a, seq);
+	}
+	if (true && mode == 0)
+		t_unknown_tags(&m->unknown_tags, a, 0, 1000, seq);
+}
+
+static bool eq_km_describe_share_group_offsets_request(const km_describe_share_group_offsets_request *x, const km_describe_share_group_offsets_request *y)
+{
+	if (x->groups.count != y->groups.count)
+		return t_diff("Groups");
+	for (int32_t i = 0; i < x->groups.count; i++) {
+		if (!eq_km_describe_share_group_offsets_request_group(&x->groups.items[i], &y->groups.items[i]))
+			return t_diff("Groups");
+	}
+	if (!t_tags_eq(&x->unknown_tags, &y->unknown_tags))
+		return t_diff("DescribeShareGroupOffsetsRequest unknown tags");
+	return true;
+}
+
+static void km_describe_share_group_offsets_request_fill_v(void *m, int16_t v, int mode, km_arena *a, uint32_t *seq) { fill_km_describe_share_group_offsets_request(m, v, mode, a, seq); }
+static bool km_describe_share_group_offsets_request_eq_v(const void *x, const void *y) { return eq_km_describe_share_group_offsets_request(x, y); }
+static void km_describe_share_group_offsets_request_init_v(void *m) { km_describe_share_group_offsets_request_init(m); }
+static km_err km_describe_share_group_offsets_request_decode_v(km_rd *r, int16_t v, void *m, km_arena *a) { return km_describe_share_group_offsets_request_decode(r, v, m, a); }
+static void km_describe_share_group_offsets_request_encode_v(km_wr *w, int16_t v, const void *m) { km_describe_share_group_offsets_request_encode(w, v, m); }
+static size_t km_describe_share_group_offsets_request_size_v(int16_t v, const void *m) { return km_describe_share_group_offsets_request_size(v, m); }
+
+
+static void fill_km_describe_share_group_offsets_response_partition(km_describe_share_group_offsets_response_partition *m, int16_t v, int mode, km_arena *a, uint32_t *seq);
+static bool eq_km_describe_share_group_offsets_response_partition(const km_describe_share_group_offsets_response_partition *x, const km_describe_share_group_offsets_response_partition *y);
+static void fill_km_describe_share_group_offsets_response_topic(km_describe_share_group_offsets_response_topic *m, int16_t v, int mode, km_arena *a, uint32_t *seq);
+static bool eq_km_describe_share_group_offsets_response_topic(const km_describe_share_group_offsets_response_topic *x, const km_describe_share_group_offsets_response_topic *y);
+static void fill_km_describe_share_group_offsets_response_group(km_describe_share_group_offsets_response_group *m, int16_t v, int mode, km_arena *a, uint32_t *seq);
+static bool eq_km_describe_share_group_offsets_response_group(const km_describe_share_group_offsets_response_group *x, const km_describe_share_group_offsets_response_group *y);
+static void fill_km_describe_share_group_offsets_response(km_describe_share_group_offsets_response *m, int16_t v, int mode, km_arena *a, uint32_t *seq);
+static bool eq_km_describe_share_group_offsets_response(const km_describe_share_group_offsets_response *x, const km_describe_share_group_offsets_response *y);
+
+static void fill_km_describe_share_group_offsets_response_partition(km_describe_share_group_offsets_response_partition *m, int16_t v, int mode, km_arena *a, uint32_t *seq)
+{
+	(void)v;
+	(void)mode;
+	(void)a;
+	(void)seq;
+	m->partition_index = (int32_t)(t_int(seq, 1000000000, INT64_C(0)));
+	m->start_offset = (int64_t)(t_int(seq, 1000000000, INT64_C(0)) + ((int64_t)1 << 33));
+	m->leader_epoch = (int32_t)(t_int(seq, 1000000000, INT64_C(0)));
+	if (v >= 1) {
+		m->lag = (int64_t)(t_int(seq, 1000000000, INT64_C(-1)) + ((int64_t)1 << 33));
+	}
+	m->error_code = (int16_t)(t_int(seq, 30000, INT64_C(0)));
+	m->error_message = (mode == 1 && true) ? KM_STR_NULL : t_str(a, seq);
+	if (true && mode == 0)
+		t_unknown_tags(&m->unknown_tags, a, 0, 1000, seq);
+}
+
+static bool eq_km_describe_share_group_offsets_response_partition(const km_describe_share_group_offsets_response_partition *x, const km_describe_share_group_offsets_response_partition *y)
+{
+	if (!(x->partition_index == y->partition_index))
+		return t_diff("DescribeShareGroupOffsetsResponsePartition.PartitionIndex");
+	if (!(x->start_offset == y->start_offset))
+		return t_diff("DescribeShareGroupOffsetsResponsePartition.StartOffset");
+	if (!(x->leader_epoch == y->leader_epoch))
+		return t_diff("DescribeShareGroupOffsetsResponsePartition.LeaderEpoch");
+	if (!(x->lag == y->lag))
+		return t_diff("DescribeShareGroupOffsetsResponsePartition.Lag");
+	if (!(x->error_code == y->error_code))
+		return t_diff("DescribeShareGroupOffsetsResponsePartition.ErrorCode");
+	if (!km_str_eq(x->error_message, y->error_message))
+		return t_diff("DescribeShareGroupOffsetsResponsePartition.ErrorMessage");
+	if (!t_tags_eq(&x->unknown_tags, &y->unknown_tags))
+		return t_diff("DescribeShareGroupOffsetsResponsePartition unknown tags");
+	return true;
+}
+
+static void fill_km_describe_share_group_offsets_response_topic(km_describe_share_group_offsets_response_topic *m, int16_t v, int mode, km_arena *a, uint32_t *seq)
+{
+	(void)v;
+	(void)mode;
+	(void)a;
+	(void)seq;
+	m->topic_name = t_str(a, seq);
+	t_uuid(&m->topic_id, seq);
+	m->partitions.count = 2;
+	m->partitions.items = km_arena_alloc(a, 2 * sizeof(*m->partitions.items));
+	assert_non_null(m->partitions.items);
+	for (int i = 0; i < 2; i++) {
+		km_describe_share_group_offsets_response_partition_init(&m->partitions.items[i]);
+		fill_km_describe_share_group_offsets_response_partition(&m->partitions.items[i], v, mode, a, seq);
+	}
+	if (true && mode == 0)
+		t_unknown_tags(&m->unknown_tags, a, 0, 1000, seq);
+}
+
+static bool eq_km_describe_share_group_offsets_response_topic(const km_describe_share_group_offsets_response_topic *x, const km_describe_share_group_offsets_response_topic *y)
+{
+	if (!km_str_eq(x->topic_name, y->topic_name))
+		return t_diff("DescribeShareGroupOffsetsResponseTopic.TopicName");
+	if (!(memcmp(x->topic_id.b, y->topic_id.b, 16) == 0))
+		return t_diff("DescribeShareGroupOffsetsResponseTopic.TopicId");
+	if (x->partitions.count != y->partitions.count)
+		return t_diff("DescribeShareGroupOffsetsResponseTopic.Partitions");
+	for (int32_t i = 0; i < x->partitions.count; i++) {
+		if (!eq_km_describe_share_group_offsets_response_partition(&x->partitions.items[i], &y->partitions.items[i]))
+			return t_diff("DescribeShareGroupOffsetsResponseTopic.Partitions");
+	}
+	if (!t_tags_eq(&x->unknown_tags, &y->unknown_tags))
+		return t_diff("DescribeShareGroupOffsetsResponseTopic unknown tags");
+	return true;
+}
+
+static void fill_km_describe_share_group_offsets_response_group(km_describe_share_group_offsets_response_group *m, int16_t v, int mode, km_arena *a, uint32_t *seq)
+{
+	(void)v;
+	(void)mode;
+	(void)a;
+	(void)seq;
+	m->group_id = t_str(a, seq);
+	m->topics.count = 2;
+	m->topics.items = km_arena_alloc(a, 2 * sizeof(*m->topics.items));
+	assert_non_null(m->topics.items);
+	for (int i = 0; i < 2; i++) {
+		km_describe_share_group_offsets_response_topic_init(&m->topics.items[i]);
+		fill_km_describe_share_group_offsets_response_topic(&m->topics.items[i], v, mode, a, seq);
+	}
+	m->error_code = (int16_t)(t_int(seq, 30000, INT64_C(0)));
+	m->error_message = (mode == 1 && true) ? KM_STR_NULL : t_str(a, seq);
+	if (true && mode == 0)
+		t_unknown_tags(&m->unknown_tags, a, 0, 1000, seq);
+}
+
+static bool eq_km_describe_share_group_offsets_response_group(const km_describe_share_group_offsets_response_group *x, const km_describe_share_group_offsets_response_group *y)
+{
+	if (!km_str_eq(x->group_id, y->group_id))
+		return t_diff("DescribeShareGroupOffsetsResponseGroup.GroupId");
+	if (x->topics.count != y->topics.count)
+		return t_diff("DescribeShareGroupOffsetsResponseGroup.Topics");
+	for (int32_t i = 0; i < x->topics.count; i++) {
+		if (!eq_km_describe_share_group_offsets_response_topic(&x->topics.items[i], &y->topics.items[i]))
+			return t_diff("DescribeShareGroupOffsetsResponseGroup.Topics");
+	}
+	if (!(x->error_code == y->error_code))
+		return t_diff("DescribeShareGroupOffsetsResponseGroup.ErrorCode");
+	if (!km_str_eq(x->error_message, y->error_message))
+		return t_diff("DescribeShareGroupOffsetsResponseGroup.ErrorMessage");
+	if (!t_tags_eq(&x->unknown_tags, &y->unknown_tags))
+		return t_diff("DescribeShareGroupOffsetsResponseGroup unknown tags");
+	return true;
+}
+
+static void fill_km_describe_share_group_offsets_response(km_describe_share_group_offsets_response *m, int16_t v, int mode, km_arena *a, uint32_t *seq)
+{
+	(void)v;
+	(void)mode;
+	(void)a;
+	(void)seq;
+	m->throttle_time_ms = (int32_t)(t_int(seq, 1000000000, INT64_C(0)));
+	m->groups.count = 2;
+	m->groups.items = km_arena_alloc(a, 2 * sizeof(*m->groups.items));
+	assert_non_null(m->groups.items);
+	for (int i = 0; i < 2; i++) {
+		km_describe_share_group_offsets_response_group_init(&m->groups.items[i]);
+		fill_km_describe_share_group_offsets_response_group(&m->groups.items[i], v, mode, a, seq);
+	}
+	if (true && mode == 0)
+		t_unknown_tags(&m->unknown_tags, a, 0, 1000, seq);
+}
+
+static bool eq_km_describe_share_group_offsets_response(const km_describe_share_group_offsets_response *x, const km_describe_share_group_offsets_response *y)
+{
+	if (!(x->throttle_time_ms == y->throttle_time_ms))
+		return t_diff("ThrottleTimeMs");
+	if (x->groups.count != y->groups.count)
+		return t_diff("Groups");
+	for (int32_t i = 0; i < x->groups.count; i++) {
+		if (!eq_km_describe_share_group_offsets_response_group(&x->groups.items[i], &y->groups.items[i]))
+			return t_diff("Groups");
+	}
+	if (!t_tags_eq(&x->unknown_tags, &y->unknown_tags))
+		return t_diff("DescribeShareGroupOffsetsResponse unknown tags");
+	return true;
+}
+
+static void km_describe_share_group_offsets_response_fill_v(void *m, int16_t v, int mode, km_arena *a, uint32_t *seq) { fill_km_describe_share_group_offsets_response(m, v, mode, a, seq); }
+static bool km_describe_share_group_offsets_response_eq_v(const void *x, const void *y) { return eq_km_describe_share_group_offsets_response(x, y); }
+static void km_describe_share_group_offsets_response_init_v(void *m) { km_describe_share_group_offsets_response_init(m); }
+static km_err km_describe_share_group_offsets_response_decode_v(km_rd *r, int16_t v, void *m, km_arena *a) { return km_describe_share_group_offsets_response_decode(r, v, m, a); }
+static void km_describe_share_group_offsets_response_encode_v(km_wr *w, int16_t v, const void *m) { km_describe_share_group_offsets_response_encode(w, v, m); }
+static size_t km_describe_share_group_offsets_response_size_v(int16_t v, const void *m) { return km_describe_share_group_offsets_response_size(v, m); }
 
 
 static void fill_km_describe_topic_partitions_request_topic_request(km_describe_topic_partitions_request_topic_request *m, int16_t v, int mode, km_arena *a, uint32_t *seq);
@@ -9296,6 +9932,35 @@ static void km_end_quorum_epoch_response_encode_v(km_wr *w, int16_t v, const voi
 static size_t km_end_quorum_epoch_response_size_v(int16_t v, const void *m) { return km_end_quorum_epoch_response_size(v, m); }
 
 
+static void fill_km_end_txn_marker(km_end_txn_marker *m, int16_t v, int mode, km_arena *a, uint32_t *seq);
+static bool eq_km_end_txn_marker(const km_end_txn_marker *x, const km_end_txn_marker *y);
+
+static void fill_km_end_txn_marker(km_end_txn_marker *m, int16_t v, int mode, km_arena *a, uint32_t *seq)
+{
+	(void)v;
+	(void)mode;
+	(void)a;
+	(void)seq;
+	m->coordinator_epoch = (int32_t)(t_int(seq, 1000000000, INT64_C(0)));
+}
+
+static bool eq_km_end_txn_marker(const km_end_txn_marker *x, const km_end_txn_marker *y)
+{
+	if (!(x->coordinator_epoch == y->coordinator_epoch))
+		return t_diff("CoordinatorEpoch");
+	if (!t_tags_eq(&x->unknown_tags, &y->unknown_tags))
+		return t_diff("EndTxnMarker unknown tags");
+	return true;
+}
+
+static void km_end_txn_marker_fill_v(void *m, int16_t v, int mode, km_arena *a, uint32_t *seq) { fill_km_end_txn_marker(m, v, mode, a, seq); }
+static bool km_end_txn_marker_eq_v(const void *x, const void *y) { return eq_km_end_txn_marker(x, y); }
+static void km_end_txn_marker_init_v(void *m) { km_end_txn_marker_init(m); }
+static km_err km_end_txn_marker_decode_v(km_rd *r, int16_t v, void *m, km_arena *a) { return km_end_txn_marker_decode(r, v, m, a); }
+static void km_end_txn_marker_encode_v(km_wr *w, int16_t v, const void *m) { km_end_txn_marker_encode(w, v, m); }
+static size_t km_end_txn_marker_size_v(int16_t v, const void *m) { return km_end_txn_marker_size(v, m); }
+
+
 static void fill_km_end_txn_request(km_end_txn_request *m, int16_t v, int mode, km_arena *a, uint32_t *seq);
 static bool eq_km_end_txn_request(const km_end_txn_request *x, const km_end_txn_request *y);
 
@@ -9581,8 +10246,11 @@ static void fill_km_fetch_request_fetch_partition(km_fetch_request_fetch_partiti
 	if (v >= 17) {
 		t_uuid(&m->replica_directory_id, seq);
 	}
+	if (v >= 18) {
+		m->high_watermark = (int64_t)(t_int(seq, 1000000000, INT64_C(9223372036854775807)) + ((int64_t)1 << 33));
+	}
 	if (v >= 12 && mode == 0)
-		t_unknown_tags(&m->unknown_tags, a, 1, 1000, seq);
+		t_unknown_tags(&m->unknown_tags, a, 2, 1001, seq);
 }
 
 static bool eq_km_fetch_request_fetch_partition(const km_fetch_request_fetch_partition *x, const km_fetch_request_fetch_partition *y)
@@ -9601,6 +10269,8 @@ static bool eq_km_fetch_request_fetch_partition(const km_fetch_request_fetch_par
 		return t_diff("FetchPartition.PartitionMaxBytes");
 	if (!(memcmp(x->replica_directory_id.b, y->replica_directory_id.b, 16) == 0))
 		return t_diff("FetchPartition.ReplicaDirectoryId");
+	if (!(x->high_watermark == y->high_watermark))
+		return t_diff("FetchPartition.HighWatermark");
 	if (!t_tags_eq(&x->unknown_tags, &y->unknown_tags))
 		return t_diff("FetchPartition unknown tags");
 	return true;
@@ -9704,12 +10374,8 @@ static void fill_km_fetch_request(km_fetch_request *m, int16_t v, int mode, km_a
 	}
 	m->max_wait_ms = (int32_t)(t_int(seq, 1000000000, INT64_C(0)));
 	m->min_bytes = (int32_t)(t_int(seq, 1000000000, INT64_C(0)));
-	if (v >= 3) {
-		m->max_bytes = (int32_t)(t_int(seq, 1000000000, INT64_C(2147483647)));
-	}
-	if (v >= 4) {
-		m->isolation_level = (int8_t)(t_int(seq, 100, INT64_C(0)));
-	}
+	m->max_bytes = (int32_t)(t_int(seq, 1000000000, INT64_C(2147483647)));
+	m->isolation_level = (int8_t)(t_int(seq, 100, INT64_C(0)));
 	if (v >= 7) {
 		m->session_id = (int32_t)(t_int(seq, 1000000000, INT64_C(0)));
 	}
@@ -9886,12 +10552,8 @@ static void fill_km_fetch_response_aborted_transaction(km_fetch_response_aborted
 	(void)mode;
 	(void)a;
 	(void)seq;
-	if (v >= 4) {
-		m->producer_id = (int64_t)(t_int(seq, 1000000000, INT64_C(0)) + ((int64_t)1 << 33));
-	}
-	if (v >= 4) {
-		m->first_offset = (int64_t)(t_int(seq, 1000000000, INT64_C(0)) + ((int64_t)1 << 33));
-	}
+	m->producer_id = (int64_t)(t_int(seq, 1000000000, INT64_C(0)) + ((int64_t)1 << 33));
+	m->first_offset = (int64_t)(t_int(seq, 1000000000, INT64_C(0)) + ((int64_t)1 << 33));
 	if (v >= 12 && mode == 0)
 		t_unknown_tags(&m->unknown_tags, a, 0, 1000, seq);
 }
@@ -9916,9 +10578,7 @@ static void fill_km_fetch_response_partition_data(km_fetch_response_partition_da
 	m->partition_index = (int32_t)(t_int(seq, 1000000000, INT64_C(0)));
 	m->error_code = (int16_t)(t_int(seq, 30000, INT64_C(0)));
 	m->high_watermark = (int64_t)(t_int(seq, 1000000000, INT64_C(0)) + ((int64_t)1 << 33));
-	if (v >= 4) {
-		m->last_stable_offset = (int64_t)(t_int(seq, 1000000000, INT64_C(-1)) + ((int64_t)1 << 33));
-	}
+	m->last_stable_offset = (int64_t)(t_int(seq, 1000000000, INT64_C(-1)) + ((int64_t)1 << 33));
 	if (v >= 5) {
 		m->log_start_offset = (int64_t)(t_int(seq, 1000000000, INT64_C(-1)) + ((int64_t)1 << 33));
 	}
@@ -9931,18 +10591,16 @@ static void fill_km_fetch_response_partition_data(km_fetch_response_partition_da
 	if (v >= 12) {
 		fill_km_fetch_response_snapshot_id(&m->snapshot_id, v, mode, a, seq);
 	}
-	if (v >= 4) {
-		if (mode == 1 && v >= 4) {
-			m->aborted_transactions.count = -1;
-			m->aborted_transactions.items = NULL;
-		} else {
-			m->aborted_transactions.count = 2;
-			m->aborted_transactions.items = km_arena_alloc(a, 2 * sizeof(*m->aborted_transactions.items));
-			assert_non_null(m->aborted_transactions.items);
-			for (int i = 0; i < 2; i++) {
-				km_fetch_response_aborted_transaction_init(&m->aborted_transactions.items[i]);
-				fill_km_fetch_response_aborted_transaction(&m->aborted_transactions.items[i], v, mode, a, seq);
-			}
+	if (mode == 1 && true) {
+		m->aborted_transactions.count = -1;
+		m->aborted_transactions.items = NULL;
+	} else {
+		m->aborted_transactions.count = 2;
+		m->aborted_transactions.items = km_arena_alloc(a, 2 * sizeof(*m->aborted_transactions.items));
+		assert_non_null(m->aborted_transactions.items);
+		for (int i = 0; i < 2; i++) {
+			km_fetch_response_aborted_transaction_init(&m->aborted_transactions.items[i]);
+			fill_km_fetch_response_aborted_transaction(&m->aborted_transactions.items[i], v, mode, a, seq);
 		}
 	}
 	if (v >= 11) {
@@ -10069,9 +10727,7 @@ static void fill_km_fetch_response(km_fetch_response *m, int16_t v, int mode, km
 	(void)mode;
 	(void)a;
 	(void)seq;
-	if (v >= 1) {
-		m->throttle_time_ms = (int32_t)(t_int(seq, 1000000000, INT64_C(0)));
-	}
+	m->throttle_time_ms = (int32_t)(t_int(seq, 1000000000, INT64_C(0)));
 	if (v >= 7) {
 		m->error_code = (int16_t)(t_int(seq, 30000, INT64_C(0)));
 	}
@@ -11056,6 +11712,12 @@ static void fill_km_init_producer_id_request(km_init_producer_id_request *m, int
 	if (v >= 3) {
 		m->producer_epoch = (int16_t)(t_int(seq, 30000, INT64_C(-1)));
 	}
+	if (v >= 6) {
+		m->enable2_pc = true;
+	}
+	if (v >= 6) {
+		m->keep_prepared_txn = true;
+	}
 	if (v >= 2 && mode == 0)
 		t_unknown_tags(&m->unknown_tags, a, 0, 1000, seq);
 }
@@ -11070,6 +11732,10 @@ static bool eq_km_init_producer_id_request(const km_init_producer_id_request *x,
 		return t_diff("ProducerId");
 	if (!(x->producer_epoch == y->producer_epoch))
 		return t_diff("ProducerEpoch");
+	if (!(x->enable2_pc == y->enable2_pc))
+		return t_diff("Enable2Pc");
+	if (!(x->keep_prepared_txn == y->keep_prepared_txn))
+		return t_diff("KeepPreparedTxn");
 	if (!t_tags_eq(&x->unknown_tags, &y->unknown_tags))
 		return t_diff("InitProducerIdRequest unknown tags");
 	return true;
@@ -11096,6 +11762,12 @@ static void fill_km_init_producer_id_response(km_init_producer_id_response *m, i
 	m->error_code = (int16_t)(t_int(seq, 30000, INT64_C(0)));
 	m->producer_id = (int64_t)(t_int(seq, 1000000000, INT64_C(-1)) + ((int64_t)1 << 33));
 	m->producer_epoch = (int16_t)(t_int(seq, 30000, INT64_C(0)));
+	if (v >= 6) {
+		m->ongoing_txn_producer_id = (int64_t)(t_int(seq, 1000000000, INT64_C(-1)) + ((int64_t)1 << 33));
+	}
+	if (v >= 6) {
+		m->ongoing_txn_producer_epoch = (int16_t)(t_int(seq, 30000, INT64_C(-1)));
+	}
 	if (v >= 2 && mode == 0)
 		t_unknown_tags(&m->unknown_tags, a, 0, 1000, seq);
 }
@@ -11110,6 +11782,10 @@ static bool eq_km_init_producer_id_response(const km_init_producer_id_response *
 		return t_diff("ProducerId");
 	if (!(x->producer_epoch == y->producer_epoch))
 		return t_diff("ProducerEpoch");
+	if (!(x->ongoing_txn_producer_id == y->ongoing_txn_producer_id))
+		return t_diff("OngoingTxnProducerId");
+	if (!(x->ongoing_txn_producer_epoch == y->ongoing_txn_producer_epoch))
+		return t_diff("OngoingTxnProducerEpoch");
 	if (!t_tags_eq(&x->unknown_tags, &y->unknown_tags))
 		return t_diff("InitProducerIdResponse unknown tags");
 	return true;
@@ -11562,401 +12238,6 @@ static void km_k_raft_version_record_encode_v(km_wr *w, int16_t v, const void *m
 static size_t km_k_raft_version_record_size_v(int16_t v, const void *m) { return km_k_raft_version_record_size(v, m); }
 
 
-static void fill_km_leader_and_isr_request_leader_and_isr_partition_state(km_leader_and_isr_request_leader_and_isr_partition_state *m, int16_t v, int mode, km_arena *a, uint32_t *seq);
-static bool eq_km_leader_and_isr_request_leader_and_isr_partition_state(const km_leader_and_isr_request_leader_and_isr_partition_state *x, const km_leader_and_isr_request_leader_and_isr_partition_state *y);
-static void fill_km_leader_and_isr_request_leader_and_isr_topic_state(km_leader_and_isr_request_leader_and_isr_topic_state *m, int16_t v, int mode, km_arena *a, uint32_t *seq);
-static bool eq_km_leader_and_isr_request_leader_and_isr_topic_state(const km_leader_and_isr_request_leader_and_isr_topic_state *x, const km_leader_and_isr_request_leader_and_isr_topic_state *y);
-static void fill_km_leader_and_isr_request_leader_and_isr_live_leader(km_leader_and_isr_request_leader_and_isr_live_leader *m, int16_t v, int mode, km_arena *a, uint32_t *seq);
-static bool eq_km_leader_and_isr_request_leader_and_isr_live_leader(const km_leader_and_isr_request_leader_and_isr_live_leader *x, const km_leader_and_isr_request_leader_and_isr_live_leader *y);
-static void fill_km_leader_and_isr_request(km_leader_and_isr_request *m, int16_t v, int mode, km_arena *a, uint32_t *seq);
-static bool eq_km_leader_and_isr_request(const km_leader_and_isr_request *x, const km_leader_and_isr_request *y);
-
-static void fill_km_leader_and_isr_request_leader_and_isr_partition_state(km_leader_and_isr_request_leader_and_isr_partition_state *m, int16_t v, int mode, km_arena *a, uint32_t *seq)
-{
-	(void)v;
-	(void)mode;
-	(void)a;
-	(void)seq;
-	if (v <= 1) {
-		m->topic_name = t_str(a, seq);
-	}
-	m->partition_index = (int32_t)(t_int(seq, 1000000000, INT64_C(0)));
-	m->controller_epoch = (int32_t)(t_int(seq, 1000000000, INT64_C(0)));
-	m->leader = (int32_t)(t_int(seq, 1000000000, INT64_C(0)));
-	m->leader_epoch = (int32_t)(t_int(seq, 1000000000, INT64_C(0)));
-	m->isr.count = 2;
-	m->isr.items = km_arena_alloc(a, 2 * sizeof(*m->isr.items));
-	assert_non_null(m->isr.items);
-	for (int i = 0; i < 2; i++) {
-		m->isr.items[i] = (int32_t)(t_int(seq, 1000000000, INT64_C(0)));
-	}
-	m->partition_epoch = (int32_t)(t_int(seq, 1000000000, INT64_C(0)));
-	m->replicas.count = 2;
-	m->replicas.items = km_arena_alloc(a, 2 * sizeof(*m->replicas.items));
-	assert_non_null(m->replicas.items);
-	for (int i = 0; i < 2; i++) {
-		m->replicas.items[i] = (int32_t)(t_int(seq, 1000000000, INT64_C(0)));
-	}
-	if (v >= 3) {
-		m->adding_replicas.count = 2;
-		m->adding_replicas.items = km_arena_alloc(a, 2 * sizeof(*m->adding_replicas.items));
-		assert_non_null(m->adding_replicas.items);
-		for (int i = 0; i < 2; i++) {
-			m->adding_replicas.items[i] = (int32_t)(t_int(seq, 1000000000, INT64_C(0)));
-		}
-	}
-	if (v >= 3) {
-		m->removing_replicas.count = 2;
-		m->removing_replicas.items = km_arena_alloc(a, 2 * sizeof(*m->removing_replicas.items));
-		assert_non_null(m->removing_replicas.items);
-		for (int i = 0; i < 2; i++) {
-			m->removing_replicas.items[i] = (int32_t)(t_int(seq, 1000000000, INT64_C(0)));
-		}
-	}
-	if (v >= 1) {
-		m->is_new = true;
-	}
-	if (v >= 6) {
-		m->leader_recovery_state = (int8_t)(t_int(seq, 100, INT64_C(0)));
-	}
-	if (v >= 4 && mode == 0)
-		t_unknown_tags(&m->unknown_tags, a, 0, 1000, seq);
-}
-
-static bool eq_km_leader_and_isr_request_leader_and_isr_partition_state(const km_leader_and_isr_request_leader_and_isr_partition_state *x, const km_leader_and_isr_request_leader_and_isr_partition_state *y)
-{
-	if (!km_str_eq(x->topic_name, y->topic_name))
-		return t_diff("LeaderAndIsrPartitionState.TopicName");
-	if (!(x->partition_index == y->partition_index))
-		return t_diff("LeaderAndIsrPartitionState.PartitionIndex");
-	if (!(x->controller_epoch == y->controller_epoch))
-		return t_diff("LeaderAndIsrPartitionState.ControllerEpoch");
-	if (!(x->leader == y->leader))
-		return t_diff("LeaderAndIsrPartitionState.Leader");
-	if (!(x->leader_epoch == y->leader_epoch))
-		return t_diff("LeaderAndIsrPartitionState.LeaderEpoch");
-	if (x->isr.count != y->isr.count)
-		return t_diff("LeaderAndIsrPartitionState.Isr");
-	for (int32_t i = 0; i < x->isr.count; i++) {
-		if (!(x->isr.items[i] == y->isr.items[i]))
-			return t_diff("LeaderAndIsrPartitionState.Isr");
-	}
-	if (!(x->partition_epoch == y->partition_epoch))
-		return t_diff("LeaderAndIsrPartitionState.PartitionEpoch");
-	if (x->replicas.count != y->replicas.count)
-		return t_diff("LeaderAndIsrPartitionState.Replicas");
-	for (int32_t i = 0; i < x->replicas.count; i++) {
-		if (!(x->replicas.items[i] == y->replicas.items[i]))
-			return t_diff("LeaderAndIsrPartitionState.Replicas");
-	}
-	if (x->adding_replicas.count != y->adding_replicas.count)
-		return t_diff("LeaderAndIsrPartitionState.AddingReplicas");
-	for (int32_t i = 0; i < x->adding_replicas.count; i++) {
-		if (!(x->adding_replicas.items[i] == y->adding_replicas.items[i]))
-			return t_diff("LeaderAndIsrPartitionState.AddingReplicas");
-	}
-	if (x->removing_replicas.count != y->removing_replicas.count)
-		return t_diff("LeaderAndIsrPartitionState.RemovingReplicas");
-	for (int32_t i = 0; i < x->removing_replicas.count; i++) {
-		if (!(x->removing_replicas.items[i] == y->removing_replicas.items[i]))
-			return t_diff("LeaderAndIsrPartitionState.RemovingReplicas");
-	}
-	if (!(x->is_new == y->is_new))
-		return t_diff("LeaderAndIsrPartitionState.IsNew");
-	if (!(x->leader_recovery_state == y->leader_recovery_state))
-		return t_diff("LeaderAndIsrPartitionState.LeaderRecoveryState");
-	if (!t_tags_eq(&x->unknown_tags, &y->unknown_tags))
-		return t_diff("LeaderAndIsrPartitionState unknown tags");
-	return true;
-}
-
-static void fill_km_leader_and_isr_request_leader_and_isr_topic_state(km_leader_and_isr_request_leader_and_isr_topic_state *m, int16_t v, int mode, km_arena *a, uint32_t *seq)
-{
-	(void)v;
-	(void)mode;
-	(void)a;
-	(void)seq;
-	if (v >= 2) {
-		m->topic_name = t_str(a, seq);
-	}
-	if (v >= 5) {
-		t_uuid(&m->topic_id, seq);
-	}
-	if (v >= 2) {
-		m->partition_states.count = 2;
-		m->partition_states.items = km_arena_alloc(a, 2 * sizeof(*m->partition_states.items));
-		assert_non_null(m->partition_states.items);
-		for (int i = 0; i < 2; i++) {
-			km_leader_and_isr_request_leader_and_isr_partition_state_init(&m->partition_states.items[i]);
-			fill_km_leader_and_isr_request_leader_and_isr_partition_state(&m->partition_states.items[i], v, mode, a, seq);
-		}
-	}
-	if (v >= 4 && mode == 0)
-		t_unknown_tags(&m->unknown_tags, a, 0, 1000, seq);
-}
-
-static bool eq_km_leader_and_isr_request_leader_and_isr_topic_state(const km_leader_and_isr_request_leader_and_isr_topic_state *x, const km_leader_and_isr_request_leader_and_isr_topic_state *y)
-{
-	if (!km_str_eq(x->topic_name, y->topic_name))
-		return t_diff("LeaderAndIsrTopicState.TopicName");
-	if (!(memcmp(x->topic_id.b, y->topic_id.b, 16) == 0))
-		return t_diff("LeaderAndIsrTopicState.TopicId");
-	if (x->partition_states.count != y->partition_states.count)
-		return t_diff("LeaderAndIsrTopicState.PartitionStates");
-	for (int32_t i = 0; i < x->partition_states.count; i++) {
-		if (!eq_km_leader_and_isr_request_leader_and_isr_partition_state(&x->partition_states.items[i], &y->partition_states.items[i]))
-			return t_diff("LeaderAndIsrTopicState.PartitionStates");
-	}
-	if (!t_tags_eq(&x->unknown_tags, &y->unknown_tags))
-		return t_diff("LeaderAndIsrTopicState unknown tags");
-	return true;
-}
-
-static void fill_km_leader_and_isr_request_leader_and_isr_live_leader(km_leader_and_isr_request_leader_and_isr_live_leader *m, int16_t v, int mode, km_arena *a, uint32_t *seq)
-{
-	(void)v;
-	(void)mode;
-	(void)a;
-	(void)seq;
-	m->broker_id = (int32_t)(t_int(seq, 1000000000, INT64_C(0)));
-	m->host_name = t_str(a, seq);
-	m->port = (int32_t)(t_int(seq, 1000000000, INT64_C(0)));
-	if (v >= 4 && mode == 0)
-		t_unknown_tags(&m->unknown_tags, a, 0, 1000, seq);
-}
-
-static bool eq_km_leader_and_isr_request_leader_and_isr_live_leader(const km_leader_and_isr_request_leader_and_isr_live_leader *x, const km_leader_and_isr_request_leader_and_isr_live_leader *y)
-{
-	if (!(x->broker_id == y->broker_id))
-		return t_diff("LeaderAndIsrLiveLeader.BrokerId");
-	if (!km_str_eq(x->host_name, y->host_name))
-		return t_diff("LeaderAndIsrLiveLeader.HostName");
-	if (!(x->port == y->port))
-		return t_diff("LeaderAndIsrLiveLeader.Port");
-	if (!t_tags_eq(&x->unknown_tags, &y->unknown_tags))
-		return t_diff("LeaderAndIsrLiveLeader unknown tags");
-	return true;
-}
-
-static void fill_km_leader_and_isr_request(km_leader_and_isr_request *m, int16_t v, int mode, km_arena *a, uint32_t *seq)
-{
-	(void)v;
-	(void)mode;
-	(void)a;
-	(void)seq;
-	m->controller_id = (int32_t)(t_int(seq, 1000000000, INT64_C(0)));
-	if (v >= 7) {
-		m->is_k_raft_controller = true;
-	}
-	m->controller_epoch = (int32_t)(t_int(seq, 1000000000, INT64_C(0)));
-	if (v >= 2) {
-		m->broker_epoch = (int64_t)(t_int(seq, 1000000000, INT64_C(-1)) + ((int64_t)1 << 33));
-	}
-	if (v >= 5) {
-		m->type = (int8_t)(t_int(seq, 100, INT64_C(0)));
-	}
-	if (v <= 1) {
-		m->ungrouped_partition_states.count = 2;
-		m->ungrouped_partition_states.items = km_arena_alloc(a, 2 * sizeof(*m->ungrouped_partition_states.items));
-		assert_non_null(m->ungrouped_partition_states.items);
-		for (int i = 0; i < 2; i++) {
-			km_leader_and_isr_request_leader_and_isr_partition_state_init(&m->ungrouped_partition_states.items[i]);
-			fill_km_leader_and_isr_request_leader_and_isr_partition_state(&m->ungrouped_partition_states.items[i], v, mode, a, seq);
-		}
-	}
-	if (v >= 2) {
-		m->topic_states.count = 2;
-		m->topic_states.items = km_arena_alloc(a, 2 * sizeof(*m->topic_states.items));
-		assert_non_null(m->topic_states.items);
-		for (int i = 0; i < 2; i++) {
-			km_leader_and_isr_request_leader_and_isr_topic_state_init(&m->topic_states.items[i]);
-			fill_km_leader_and_isr_request_leader_and_isr_topic_state(&m->topic_states.items[i], v, mode, a, seq);
-		}
-	}
-	m->live_leaders.count = 2;
-	m->live_leaders.items = km_arena_alloc(a, 2 * sizeof(*m->live_leaders.items));
-	assert_non_null(m->live_leaders.items);
-	for (int i = 0; i < 2; i++) {
-		km_leader_and_isr_request_leader_and_isr_live_leader_init(&m->live_leaders.items[i]);
-		fill_km_leader_and_isr_request_leader_and_isr_live_leader(&m->live_leaders.items[i], v, mode, a, seq);
-	}
-	if (v >= 4 && mode == 0)
-		t_unknown_tags(&m->unknown_tags, a, 0, 1000, seq);
-}
-
-static bool eq_km_leader_and_isr_request(const km_leader_and_isr_request *x, const km_leader_and_isr_request *y)
-{
-	if (!(x->controller_id == y->controller_id))
-		return t_diff("ControllerId");
-	if (!(x->is_k_raft_controller == y->is_k_raft_controller))
-		return t_diff("isKRaftController");
-	if (!(x->controller_epoch == y->controller_epoch))
-		return t_diff("ControllerEpoch");
-	if (!(x->broker_epoch == y->broker_epoch))
-		return t_diff("BrokerEpoch");
-	if (!(x->type == y->type))
-		return t_diff("Type");
-	if (x->ungrouped_partition_states.count != y->ungrouped_partition_states.count)
-		return t_diff("UngroupedPartitionStates");
-	for (int32_t i = 0; i < x->ungrouped_partition_states.count; i++) {
-		if (!eq_km_leader_and_isr_request_leader_and_isr_partition_state(&x->ungrouped_partition_states.items[i], &y->ungrouped_partition_states.items[i]))
-			return t_diff("UngroupedPartitionStates");
-	}
-	if (x->topic_states.count != y->topic_states.count)
-		return t_diff("TopicStates");
-	for (int32_t i = 0; i < x->topic_states.count; i++) {
-		if (!eq_km_leader_and_isr_request_leader_and_isr_topic_state(&x->topic_states.items[i], &y->topic_states.items[i]))
-			return t_diff("TopicStates");
-	}
-	if (x->live_leaders.count != y->live_leaders.count)
-		return t_diff("LiveLeaders");
-	for (int32_t i = 0; i < x->live_leaders.count; i++) {
-		if (!eq_km_leader_and_isr_request_leader_and_isr_live_leader(&x->live_leaders.items[i], &y->live_leaders.items[i]))
-			return t_diff("LiveLeaders");
-	}
-	if (!t_tags_eq(&x->unknown_tags, &y->unknown_tags))
-		return t_diff("LeaderAndIsrRequest unknown tags");
-	return true;
-}
-
-static void km_leader_and_isr_request_fill_v(void *m, int16_t v, int mode, km_arena *a, uint32_t *seq) { fill_km_leader_and_isr_request(m, v, mode, a, seq); }
-static bool km_leader_and_isr_request_eq_v(const void *x, const void *y) { return eq_km_leader_and_isr_request(x, y); }
-static void km_leader_and_isr_request_init_v(void *m) { km_leader_and_isr_request_init(m); }
-static km_err km_leader_and_isr_request_decode_v(km_rd *r, int16_t v, void *m, km_arena *a) { return km_leader_and_isr_request_decode(r, v, m, a); }
-static void km_leader_and_isr_request_encode_v(km_wr *w, int16_t v, const void *m) { km_leader_and_isr_request_encode(w, v, m); }
-static size_t km_leader_and_isr_request_size_v(int16_t v, const void *m) { return km_leader_and_isr_request_size(v, m); }
-
-
-static void fill_km_leader_and_isr_response_leader_and_isr_partition_error(km_leader_and_isr_response_leader_and_isr_partition_error *m, int16_t v, int mode, km_arena *a, uint32_t *seq);
-static bool eq_km_leader_and_isr_response_leader_and_isr_partition_error(const km_leader_and_isr_response_leader_and_isr_partition_error *x, const km_leader_and_isr_response_leader_and_isr_partition_error *y);
-static void fill_km_leader_and_isr_response_leader_and_isr_topic_error(km_leader_and_isr_response_leader_and_isr_topic_error *m, int16_t v, int mode, km_arena *a, uint32_t *seq);
-static bool eq_km_leader_and_isr_response_leader_and_isr_topic_error(const km_leader_and_isr_response_leader_and_isr_topic_error *x, const km_leader_and_isr_response_leader_and_isr_topic_error *y);
-static void fill_km_leader_and_isr_response(km_leader_and_isr_response *m, int16_t v, int mode, km_arena *a, uint32_t *seq);
-static bool eq_km_leader_and_isr_response(const km_leader_and_isr_response *x, const km_leader_and_isr_response *y);
-
-static void fill_km_leader_and_isr_response_leader_and_isr_partition_error(km_leader_and_isr_response_leader_and_isr_partition_error *m, int16_t v, int mode, km_arena *a, uint32_t *seq)
-{
-	(void)v;
-	(void)mode;
-	(void)a;
-	(void)seq;
-	if (v <= 4) {
-		m->topic_name = t_str(a, seq);
-	}
-	m->partition_index = (int32_t)(t_int(seq, 1000000000, INT64_C(0)));
-	m->error_code = (int16_t)(t_int(seq, 30000, INT64_C(0)));
-	if (v >= 4 && mode == 0)
-		t_unknown_tags(&m->unknown_tags, a, 0, 1000, seq);
-}
-
-static bool eq_km_leader_and_isr_response_leader_and_isr_partition_error(const km_leader_and_isr_response_leader_and_isr_partition_error *x, const km_leader_and_isr_response_leader_and_isr_partition_error *y)
-{
-	if (!km_str_eq(x->topic_name, y->topic_name))
-		return t_diff("LeaderAndIsrPartitionError.TopicName");
-	if (!(x->partition_index == y->partition_index))
-		return t_diff("LeaderAndIsrPartitionError.PartitionIndex");
-	if (!(x->error_code == y->error_code))
-		return t_diff("LeaderAndIsrPartitionError.ErrorCode");
-	if (!t_tags_eq(&x->unknown_tags, &y->unknown_tags))
-		return t_diff("LeaderAndIsrPartitionError unknown tags");
-	return true;
-}
-
-static void fill_km_leader_and_isr_response_leader_and_isr_topic_error(km_leader_and_isr_response_leader_and_isr_topic_error *m, int16_t v, int mode, km_arena *a, uint32_t *seq)
-{
-	(void)v;
-	(void)mode;
-	(void)a;
-	(void)seq;
-	if (v >= 5) {
-		t_uuid(&m->topic_id, seq);
-	}
-	if (v >= 5) {
-		m->partition_errors.count = 2;
-		m->partition_errors.items = km_arena_alloc(a, 2 * sizeof(*m->partition_errors.items));
-		assert_non_null(m->partition_errors.items);
-		for (int i = 0; i < 2; i++) {
-			km_leader_and_isr_response_leader_and_isr_partition_error_init(&m->partition_errors.items[i]);
-			fill_km_leader_and_isr_response_leader_and_isr_partition_error(&m->partition_errors.items[i], v, mode, a, seq);
-		}
-	}
-	if (v >= 4 && mode == 0)
-		t_unknown_tags(&m->unknown_tags, a, 0, 1000, seq);
-}
-
-static bool eq_km_leader_and_isr_response_leader_and_isr_topic_error(const km_leader_and_isr_response_leader_and_isr_topic_error *x, const km_leader_and_isr_response_leader_and_isr_topic_error *y)
-{
-	if (!(memcmp(x->topic_id.b, y->topic_id.b, 16) == 0))
-		return t_diff("LeaderAndIsrTopicError.TopicId");
-	if (x->partition_errors.count != y->partition_errors.count)
-		return t_diff("LeaderAndIsrTopicError.PartitionErrors");
-	for (int32_t i = 0; i < x->partition_errors.count; i++) {
-		if (!eq_km_leader_and_isr_response_leader_and_isr_partition_error(&x->partition_errors.items[i], &y->partition_errors.items[i]))
-			return t_diff("LeaderAndIsrTopicError.PartitionErrors");
-	}
-	if (!t_tags_eq(&x->unknown_tags, &y->unknown_tags))
-		return t_diff("LeaderAndIsrTopicError unknown tags");
-	return true;
-}
-
-static void fill_km_leader_and_isr_response(km_leader_and_isr_response *m, int16_t v, int mode, km_arena *a, uint32_t *seq)
-{
-	(void)v;
-	(void)mode;
-	(void)a;
-	(void)seq;
-	m->error_code = (int16_t)(t_int(seq, 30000, INT64_C(0)));
-	if (v <= 4) {
-		m->partition_errors.count = 2;
-		m->partition_errors.items = km_arena_alloc(a, 2 * sizeof(*m->partition_errors.items));
-		assert_non_null(m->partition_errors.items);
-		for (int i = 0; i < 2; i++) {
-			km_leader_and_isr_response_leader_and_isr_partition_error_init(&m->partition_errors.items[i]);
-			fill_km_leader_and_isr_response_leader_and_isr_partition_error(&m->partition_errors.items[i], v, mode, a, seq);
-		}
-	}
-	if (v >= 5) {
-		m->topics.count = 2;
-		m->topics.items = km_arena_alloc(a, 2 * sizeof(*m->topics.items));
-		assert_non_null(m->topics.items);
-		for (int i = 0; i < 2; i++) {
-			km_leader_and_isr_response_leader_and_isr_topic_error_init(&m->topics.items[i]);
-			fill_km_leader_and_isr_response_leader_and_isr_topic_error(&m->topics.items[i], v, mode, a, seq);
-		}
-	}
-	if (v >= 4 && mode == 0)
-		t_unknown_tags(&m->unknown_tags, a, 0, 1000, seq);
-}
-
-static bool eq_km_leader_and_isr_response(const km_leader_and_isr_response *x, const km_leader_and_isr_response *y)
-{
-	if (!(x->error_code == y->error_code))
-		return t_diff("ErrorCode");
-	if (x->partition_errors.count != y->partition_errors.count)
-		return t_diff("PartitionErrors");
-	for (int32_t i = 0; i < x->partition_errors.count; i++) {
-		if (!eq_km_leader_and_isr_response_leader_and_isr_partition_error(&x->partition_errors.items[i], &y->partition_errors.items[i]))
-			return t_diff("PartitionErrors");
-	}
-	if (x->topics.count != y->topics.count)
-		return t_diff("Topics");
-	for (int32_t i = 0; i < x->topics.count; i++) {
-		if (!eq_km_leader_and_isr_response_leader_and_isr_topic_error(&x->topics.items[i], &y->topics.items[i]))
-			return t_diff("Topics");
-	}
-	if (!t_tags_eq(&x->unknown_tags, &y->unknown_tags))
-		return t_diff("LeaderAndIsrResponse unknown tags");
-	return true;
-}
-
-static void km_leader_and_isr_response_fill_v(void *m, int16_t v, int mode, km_arena *a, uint32_t *seq) { fill_km_leader_and_isr_response(m, v, mode, a, seq); }
-static bool km_leader_and_isr_response_eq_v(const void *x, const void *y) { return eq_km_leader_and_isr_response(x, y); }
-static void km_leader_and_isr_response_init_v(void *m) { km_leader_and_isr_response_init(m); }
-static km_err km_leader_and_isr_response_decode_v(km_rd *r, int16_t v, void *m, km_arena *a) { return km_leader_and_isr_response_decode(r, v, m, a); }
-static void km_leader_and_isr_response_encode_v(km_wr *w, int16_t v, const void *m) { km_leader_and_isr_response_encode(w, v, m); }
-static size_t km_leader_and_isr_response_size_v(int16_t v, const void *m) { return km_leader_and_isr_response_size(v, m); }
-
-
 static void fill_km_leader_change_message_voter(km_leader_change_message_voter *m, int16_t v, int mode, km_arena *a, uint32_t *seq);
 static bool eq_km_leader_change_message_voter(const km_leader_change_message_voter *x, const km_leader_change_message_voter *y);
 static void fill_km_leader_change_message(km_leader_change_message *m, int16_t v, int mode, km_arena *a, uint32_t *seq);
@@ -12214,60 +12495,79 @@ static void km_leave_group_response_encode_v(km_wr *w, int16_t v, const void *m)
 static size_t km_leave_group_response_size_v(int16_t v, const void *m) { return km_leave_group_response_size(v, m); }
 
 
-static void fill_km_list_client_metrics_resources_request(km_list_client_metrics_resources_request *m, int16_t v, int mode, km_arena *a, uint32_t *seq);
-static bool eq_km_list_client_metrics_resources_request(const km_list_client_metrics_resources_request *x, const km_list_client_metrics_resources_request *y);
+static void fill_km_list_config_resources_request(km_list_config_resources_request *m, int16_t v, int mode, km_arena *a, uint32_t *seq);
+static bool eq_km_list_config_resources_request(const km_list_config_resources_request *x, const km_list_config_resources_request *y);
 
-static void fill_km_list_client_metrics_resources_request(km_list_client_metrics_resources_request *m, int16_t v, int mode, km_arena *a, uint32_t *seq)
+static void fill_km_list_config_resources_request(km_list_config_resources_request *m, int16_t v, int mode, km_arena *a, uint32_t *seq)
 {
 	(void)v;
 	(void)mode;
 	(void)a;
 	(void)seq;
+	if (v >= 1) {
+		m->resource_types.count = 2;
+		m->resource_types.items = km_arena_alloc(a, 2 * sizeof(*m->resource_types.items));
+		assert_non_null(m->resource_types.items);
+		for (int i = 0; i < 2; i++) {
+			m->resource_types.items[i] = (int8_t)(t_int(seq, 100, INT64_C(0)));
+		}
+	}
 	if (true && mode == 0)
 		t_unknown_tags(&m->unknown_tags, a, 0, 1000, seq);
 }
 
-static bool eq_km_list_client_metrics_resources_request(const km_list_client_metrics_resources_request *x, const km_list_client_metrics_resources_request *y)
+static bool eq_km_list_config_resources_request(const km_list_config_resources_request *x, const km_list_config_resources_request *y)
 {
+	if (x->resource_types.count != y->resource_types.count)
+		return t_diff("ResourceTypes");
+	for (int32_t i = 0; i < x->resource_types.count; i++) {
+		if (!(x->resource_types.items[i] == y->resource_types.items[i]))
+			return t_diff("ResourceTypes");
+	}
 	if (!t_tags_eq(&x->unknown_tags, &y->unknown_tags))
-		return t_diff("ListClientMetricsResourcesRequest unknown tags");
+		return t_diff("ListConfigResourcesRequest unknown tags");
 	return true;
 }
 
-static void km_list_client_metrics_resources_request_fill_v(void *m, int16_t v, int mode, km_arena *a, uint32_t *seq) { fill_km_list_client_metrics_resources_request(m, v, mode, a, seq); }
-static bool km_list_client_metrics_resources_request_eq_v(const void *x, const void *y) { return eq_km_list_client_metrics_resources_request(x, y); }
-static void km_list_client_metrics_resources_request_init_v(void *m) { km_list_client_metrics_resources_request_init(m); }
-static km_err km_list_client_metrics_resources_request_decode_v(km_rd *r, int16_t v, void *m, km_arena *a) { return km_list_client_metrics_resources_request_decode(r, v, m, a); }
-static void km_list_client_metrics_resources_request_encode_v(km_wr *w, int16_t v, const void *m) { km_list_client_metrics_resources_request_encode(w, v, m); }
-static size_t km_list_client_metrics_resources_request_size_v(int16_t v, const void *m) { return km_list_client_metrics_resources_request_size(v, m); }
+static void km_list_config_resources_request_fill_v(void *m, int16_t v, int mode, km_arena *a, uint32_t *seq) { fill_km_list_config_resources_request(m, v, mode, a, seq); }
+static bool km_list_config_resources_request_eq_v(const void *x, const void *y) { return eq_km_list_config_resources_request(x, y); }
+static void km_list_config_resources_request_init_v(void *m) { km_list_config_resources_request_init(m); }
+static km_err km_list_config_resources_request_decode_v(km_rd *r, int16_t v, void *m, km_arena *a) { return km_list_config_resources_request_decode(r, v, m, a); }
+static void km_list_config_resources_request_encode_v(km_wr *w, int16_t v, const void *m) { km_list_config_resources_request_encode(w, v, m); }
+static size_t km_list_config_resources_request_size_v(int16_t v, const void *m) { return km_list_config_resources_request_size(v, m); }
 
 
-static void fill_km_list_client_metrics_resources_response_client_metrics_resource(km_list_client_metrics_resources_response_client_metrics_resource *m, int16_t v, int mode, km_arena *a, uint32_t *seq);
-static bool eq_km_list_client_metrics_resources_response_client_metrics_resource(const km_list_client_metrics_resources_response_client_metrics_resource *x, const km_list_client_metrics_resources_response_client_metrics_resource *y);
-static void fill_km_list_client_metrics_resources_response(km_list_client_metrics_resources_response *m, int16_t v, int mode, km_arena *a, uint32_t *seq);
-static bool eq_km_list_client_metrics_resources_response(const km_list_client_metrics_resources_response *x, const km_list_client_metrics_resources_response *y);
+static void fill_km_list_config_resources_response_config_resource(km_list_config_resources_response_config_resource *m, int16_t v, int mode, km_arena *a, uint32_t *seq);
+static bool eq_km_list_config_resources_response_config_resource(const km_list_config_resources_response_config_resource *x, const km_list_config_resources_response_config_resource *y);
+static void fill_km_list_config_resources_response(km_list_config_resources_response *m, int16_t v, int mode, km_arena *a, uint32_t *seq);
+static bool eq_km_list_config_resources_response(const km_list_config_resources_response *x, const km_list_config_resources_response *y);
 
-static void fill_km_list_client_metrics_resources_response_client_metrics_resource(km_list_client_metrics_resources_response_client_metrics_resource *m, int16_t v, int mode, km_arena *a, uint32_t *seq)
+static void fill_km_list_config_resources_response_config_resource(km_list_config_resources_response_config_resource *m, int16_t v, int mode, km_arena *a, uint32_t *seq)
 {
 	(void)v;
 	(void)mode;
 	(void)a;
 	(void)seq;
-	m->name = t_str(a, seq);
+	m->resource_name = t_str(a, seq);
+	if (v >= 1) {
+		m->resource_type = (int8_t)(t_int(seq, 100, INT64_C(16)));
+	}
 	if (true && mode == 0)
 		t_unknown_tags(&m->unknown_tags, a, 0, 1000, seq);
 }
 
-static bool eq_km_list_client_metrics_resources_response_client_metrics_resource(const km_list_client_metrics_resources_response_client_metrics_resource *x, const km_list_client_metrics_resources_response_client_metrics_resource *y)
+static bool eq_km_list_config_resources_response_config_resource(const km_list_config_resources_response_config_resource *x, const km_list_config_resources_response_config_resource *y)
 {
-	if (!km_str_eq(x->name, y->name))
-		return t_diff("ClientMetricsResource.Name");
+	if (!km_str_eq(x->resource_name, y->resource_name))
+		return t_diff("ConfigResource.ResourceName");
+	if (!(x->resource_type == y->resource_type))
+		return t_diff("ConfigResource.ResourceType");
 	if (!t_tags_eq(&x->unknown_tags, &y->unknown_tags))
-		return t_diff("ClientMetricsResource unknown tags");
+		return t_diff("ConfigResource unknown tags");
 	return true;
 }
 
-static void fill_km_list_client_metrics_resources_response(km_list_client_metrics_resources_response *m, int16_t v, int mode, km_arena *a, uint32_t *seq)
+static void fill_km_list_config_resources_response(km_list_config_resources_response *m, int16_t v, int mode, km_arena *a, uint32_t *seq)
 {
 	(void)v;
 	(void)mode;
@@ -12275,40 +12575,40 @@ static void fill_km_list_client_metrics_resources_response(km_list_client_metric
 	(void)seq;
 	m->throttle_time_ms = (int32_t)(t_int(seq, 1000000000, INT64_C(0)));
 	m->error_code = (int16_t)(t_int(seq, 30000, INT64_C(0)));
-	m->client_metrics_resources.count = 2;
-	m->client_metrics_resources.items = km_arena_alloc(a, 2 * sizeof(*m->client_metrics_resources.items));
-	assert_non_null(m->client_metrics_resources.items);
+	m->config_resources.count = 2;
+	m->config_resources.items = km_arena_alloc(a, 2 * sizeof(*m->config_resources.items));
+	assert_non_null(m->config_resources.items);
 	for (int i = 0; i < 2; i++) {
-		km_list_client_metrics_resources_response_client_metrics_resource_init(&m->client_metrics_resources.items[i]);
-		fill_km_list_client_metrics_resources_response_client_metrics_resource(&m->client_metrics_resources.items[i], v, mode, a, seq);
+		km_list_config_resources_response_config_resource_init(&m->config_resources.items[i]);
+		fill_km_list_config_resources_response_config_resource(&m->config_resources.items[i], v, mode, a, seq);
 	}
 	if (true && mode == 0)
 		t_unknown_tags(&m->unknown_tags, a, 0, 1000, seq);
 }
 
-static bool eq_km_list_client_metrics_resources_response(const km_list_client_metrics_resources_response *x, const km_list_client_metrics_resources_response *y)
+static bool eq_km_list_config_resources_response(const km_list_config_resources_response *x, const km_list_config_resources_response *y)
 {
 	if (!(x->throttle_time_ms == y->throttle_time_ms))
 		return t_diff("ThrottleTimeMs");
 	if (!(x->error_code == y->error_code))
 		return t_diff("ErrorCode");
-	if (x->client_metrics_resources.count != y->client_metrics_resources.count)
-		return t_diff("ClientMetricsResources");
-	for (int32_t i = 0; i < x->client_metrics_resources.count; i++) {
-		if (!eq_km_list_client_metrics_resources_response_client_metrics_resource(&x->client_metrics_resources.items[i], &y->client_metrics_resources.items[i]))
-			return t_diff("ClientMetricsResources");
+	if (x->config_resources.count != y->config_resources.count)
+		return t_diff("ConfigResources");
+	for (int32_t i = 0; i < x->config_resources.count; i++) {
+		if (!eq_km_list_config_resources_response_config_resource(&x->config_resources.items[i], &y->config_resources.items[i]))
+			return t_diff("ConfigResources");
 	}
 	if (!t_tags_eq(&x->unknown_tags, &y->unknown_tags))
-		return t_diff("ListClientMetricsResourcesResponse unknown tags");
+		return t_diff("ListConfigResourcesResponse unknown tags");
 	return true;
 }
 
-static void km_list_client_metrics_resources_response_fill_v(void *m, int16_t v, int mode, km_arena *a, uint32_t *seq) { fill_km_list_client_metrics_resources_response(m, v, mode, a, seq); }
-static bool km_list_client_metrics_resources_response_eq_v(const void *x, const void *y) { return eq_km_list_client_metrics_resources_response(x, y); }
-static void km_list_client_metrics_resources_response_init_v(void *m) { km_list_client_metrics_resources_response_init(m); }
-static km_err km_list_client_metrics_resources_response_decode_v(km_rd *r, int16_t v, void *m, km_arena *a) { return km_list_client_metrics_resources_response_decode(r, v, m, a); }
-static void km_list_client_metrics_resources_response_encode_v(km_wr *w, int16_t v, const void *m) { km_list_client_metrics_resources_response_encode(w, v, m); }
-static size_t km_list_client_metrics_resources_response_size_v(int16_t v, const void *m) { return km_list_client_metrics_resources_response_size(v, m); }
+static void km_list_config_resources_response_fill_v(void *m, int16_t v, int mode, km_arena *a, uint32_t *seq) { fill_km_list_config_resources_response(m, v, mode, a, seq); }
+static bool km_list_config_resources_response_eq_v(const void *x, const void *y) { return eq_km_list_config_resources_response(x, y); }
+static void km_list_config_resources_response_init_v(void *m) { km_list_config_resources_response_init(m); }
+static km_err km_list_config_resources_response_decode_v(km_rd *r, int16_t v, void *m, km_arena *a) { return km_list_config_resources_response_decode(r, v, m, a); }
+static void km_list_config_resources_response_encode_v(km_wr *w, int16_t v, const void *m) { km_list_config_resources_response_encode(w, v, m); }
+static size_t km_list_config_resources_response_size_v(int16_t v, const void *m) { return km_list_config_resources_response_size(v, m); }
 
 
 static void fill_km_list_groups_request(km_list_groups_request *m, int16_t v, int mode, km_arena *a, uint32_t *seq);
@@ -12469,9 +12769,6 @@ static void fill_km_list_offsets_request_list_offsets_partition(km_list_offsets_
 		m->current_leader_epoch = (int32_t)(t_int(seq, 1000000000, INT64_C(-1)));
 	}
 	m->timestamp = (int64_t)(t_int(seq, 1000000000, INT64_C(0)) + ((int64_t)1 << 33));
-	if (v <= 0) {
-		m->max_num_offsets = (int32_t)(t_int(seq, 1000000000, INT64_C(1)));
-	}
 	if (v >= 6 && mode == 0)
 		t_unknown_tags(&m->unknown_tags, a, 0, 1000, seq);
 }
@@ -12484,8 +12781,6 @@ static bool eq_km_list_offsets_request_list_offsets_partition(const km_list_offs
 		return t_diff("ListOffsetsPartition.CurrentLeaderEpoch");
 	if (!(x->timestamp == y->timestamp))
 		return t_diff("ListOffsetsPartition.Timestamp");
-	if (!(x->max_num_offsets == y->max_num_offsets))
-		return t_diff("ListOffsetsPartition.MaxNumOffsets");
 	if (!t_tags_eq(&x->unknown_tags, &y->unknown_tags))
 		return t_diff("ListOffsetsPartition unknown tags");
 	return true;
@@ -12590,20 +12885,8 @@ static void fill_km_list_offsets_response_list_offsets_partition_response(km_lis
 	(void)seq;
 	m->partition_index = (int32_t)(t_int(seq, 1000000000, INT64_C(0)));
 	m->error_code = (int16_t)(t_int(seq, 30000, INT64_C(0)));
-	if (v <= 0) {
-		m->old_style_offsets.count = 2;
-		m->old_style_offsets.items = km_arena_alloc(a, 2 * sizeof(*m->old_style_offsets.items));
-		assert_non_null(m->old_style_offsets.items);
-		for (int i = 0; i < 2; i++) {
-			m->old_style_offsets.items[i] = (int64_t)(t_int(seq, 1000000000, INT64_C(0)) + ((int64_t)1 << 33));
-		}
-	}
-	if (v >= 1) {
-		m->timestamp = (int64_t)(t_int(seq, 1000000000, INT64_C(-1)) + ((int64_t)1 << 33));
-	}
-	if (v >= 1) {
-		m->offset = (int64_t)(t_int(seq, 1000000000, INT64_C(-1)) + ((int64_t)1 << 33));
-	}
+	m->timestamp = (int64_t)(t_int(seq, 1000000000, INT64_C(-1)) + ((int64_t)1 << 33));
+	m->offset = (int64_t)(t_int(seq, 1000000000, INT64_C(-1)) + ((int64_t)1 << 33));
 	if (v >= 4) {
 		m->leader_epoch = (int32_t)(t_int(seq, 1000000000, INT64_C(-1)));
 	}
@@ -12617,12 +12900,6 @@ static bool eq_km_list_offsets_response_list_offsets_partition_response(const km
 		return t_diff("ListOffsetsPartitionResponse.PartitionIndex");
 	if (!(x->error_code == y->error_code))
 		return t_diff("ListOffsetsPartitionResponse.ErrorCode");
-	if (x->old_style_offsets.count != y->old_style_offsets.count)
-		return t_diff("ListOffsetsPartitionResponse.OldStyleOffsets");
-	for (int32_t i = 0; i < x->old_style_offsets.count; i++) {
-		if (!(x->old_style_offsets.items[i] == y->old_style_offsets.items[i]))
-			return t_diff("ListOffsetsPartitionResponse.OldStyleOffsets");
-	}
 	if (!(x->timestamp == y->timestamp))
 		return t_diff("ListOffsetsPartitionResponse.Timestamp");
 	if (!(x->offset == y->offset))
@@ -12960,6 +13237,9 @@ static void fill_km_list_transactions_request(km_list_transactions_request *m, i
 	if (v >= 1) {
 		m->duration_filter = (int64_t)(t_int(seq, 1000000000, INT64_C(-1)) + ((int64_t)1 << 33));
 	}
+	if (v >= 2) {
+		m->transactional_id_pattern = (mode == 1 && v >= 2) ? KM_STR_NULL : t_str(a, seq);
+	}
 	if (true && mode == 0)
 		t_unknown_tags(&m->unknown_tags, a, 0, 1000, seq);
 }
@@ -12980,6 +13260,8 @@ static bool eq_km_list_transactions_request(const km_list_transactions_request *
 	}
 	if (!(x->duration_filter == y->duration_filter))
 		return t_diff("DurationFilter");
+	if (!km_str_eq(x->transactional_id_pattern, y->transactional_id_pattern))
+		return t_diff("TransactionalIdPattern");
 	if (!t_tags_eq(&x->unknown_tags, &y->unknown_tags))
 		return t_diff("ListTransactionsRequest unknown tags");
 	return true;
@@ -13360,6 +13642,9 @@ static void fill_km_metadata_response(km_metadata_response *m, int16_t v, int mo
 	if ((v >= 8 && v <= 10)) {
 		m->cluster_authorized_operations = (int32_t)(t_int(seq, 1000000000, INT64_C(-2147483648)));
 	}
+	if (v >= 13) {
+		m->error_code = (int16_t)(t_int(seq, 30000, INT64_C(0)));
+	}
 	if (v >= 9 && mode == 0)
 		t_unknown_tags(&m->unknown_tags, a, 0, 1000, seq);
 }
@@ -13386,6 +13671,8 @@ static bool eq_km_metadata_response(const km_metadata_response *x, const km_meta
 	}
 	if (!(x->cluster_authorized_operations == y->cluster_authorized_operations))
 		return t_diff("ClusterAuthorizedOperations");
+	if (!(x->error_code == y->error_code))
+		return t_diff("ErrorCode");
 	if (!t_tags_eq(&x->unknown_tags, &y->unknown_tags))
 		return t_diff("MetadataResponse unknown tags");
 	return true;
@@ -13417,9 +13704,6 @@ static void fill_km_offset_commit_request_partition(km_offset_commit_request_par
 	if (v >= 6) {
 		m->committed_leader_epoch = (int32_t)(t_int(seq, 1000000000, INT64_C(-1)));
 	}
-	if ((v >= 1 && v <= 1)) {
-		m->commit_timestamp = (int64_t)(t_int(seq, 1000000000, INT64_C(-1)) + ((int64_t)1 << 33));
-	}
 	m->committed_metadata = (mode == 1 && true) ? KM_STR_NULL : t_str(a, seq);
 	if (v >= 8 && mode == 0)
 		t_unknown_tags(&m->unknown_tags, a, 0, 1000, seq);
@@ -13433,8 +13717,6 @@ static bool eq_km_offset_commit_request_partition(const km_offset_commit_request
 		return t_diff("OffsetCommitRequestPartition.CommittedOffset");
 	if (!(x->committed_leader_epoch == y->committed_leader_epoch))
 		return t_diff("OffsetCommitRequestPartition.CommittedLeaderEpoch");
-	if (!(x->commit_timestamp == y->commit_timestamp))
-		return t_diff("OffsetCommitRequestPartition.CommitTimestamp");
 	if (!km_str_eq(x->committed_metadata, y->committed_metadata))
 		return t_diff("OffsetCommitRequestPartition.CommittedMetadata");
 	if (!t_tags_eq(&x->unknown_tags, &y->unknown_tags))
@@ -13448,7 +13730,12 @@ static void fill_km_offset_commit_request_topic(km_offset_commit_request_topic *
 	(void)mode;
 	(void)a;
 	(void)seq;
-	m->name = t_str(a, seq);
+	if (v <= 9) {
+		m->name = t_str(a, seq);
+	}
+	if (v >= 10) {
+		t_uuid(&m->topic_id, seq);
+	}
 	m->partitions.count = 2;
 	m->partitions.items = km_arena_alloc(a, 2 * sizeof(*m->partitions.items));
 	assert_non_null(m->partitions.items);
@@ -13464,6 +13751,8 @@ static bool eq_km_offset_commit_request_topic(const km_offset_commit_request_top
 {
 	if (!km_str_eq(x->name, y->name))
 		return t_diff("OffsetCommitRequestTopic.Name");
+	if (!(memcmp(x->topic_id.b, y->topic_id.b, 16) == 0))
+		return t_diff("OffsetCommitRequestTopic.TopicId");
 	if (x->partitions.count != y->partitions.count)
 		return t_diff("OffsetCommitRequestTopic.Partitions");
 	for (int32_t i = 0; i < x->partitions.count; i++) {
@@ -13482,16 +13771,12 @@ static void fill_km_offset_commit_request(km_offset_commit_request *m, int16_t v
 	(void)a;
 	(void)seq;
 	m->group_id = t_str(a, seq);
-	if (v >= 1) {
-		m->generation_id_or_member_epoch = (int32_t)(t_int(seq, 1000000000, INT64_C(-1)));
-	}
-	if (v >= 1) {
-		m->member_id = t_str(a, seq);
-	}
+	m->generation_id_or_member_epoch = (int32_t)(t_int(seq, 1000000000, INT64_C(-1)));
+	m->member_id = t_str(a, seq);
 	if (v >= 7) {
 		m->group_instance_id = (mode == 1 && v >= 7) ? KM_STR_NULL : t_str(a, seq);
 	}
-	if ((v >= 2 && v <= 4)) {
+	if (v <= 4) {
 		m->retention_time_ms = (int64_t)(t_int(seq, 1000000000, INT64_C(-1)) + ((int64_t)1 << 33));
 	}
 	m->topics.count = 2;
@@ -13572,7 +13857,12 @@ static void fill_km_offset_commit_response_topic(km_offset_commit_response_topic
 	(void)mode;
 	(void)a;
 	(void)seq;
-	m->name = t_str(a, seq);
+	if (v <= 9) {
+		m->name = t_str(a, seq);
+	}
+	if (v >= 10) {
+		t_uuid(&m->topic_id, seq);
+	}
 	m->partitions.count = 2;
 	m->partitions.items = km_arena_alloc(a, 2 * sizeof(*m->partitions.items));
 	assert_non_null(m->partitions.items);
@@ -13588,6 +13878,8 @@ static bool eq_km_offset_commit_response_topic(const km_offset_commit_response_t
 {
 	if (!km_str_eq(x->name, y->name))
 		return t_diff("OffsetCommitResponseTopic.Name");
+	if (!(memcmp(x->topic_id.b, y->topic_id.b, 16) == 0))
+		return t_diff("OffsetCommitResponseTopic.TopicId");
 	if (x->partitions.count != y->partitions.count)
 		return t_diff("OffsetCommitResponseTopic.Partitions");
 	for (int32_t i = 0; i < x->partitions.count; i++) {
@@ -13889,8 +14181,11 @@ static void fill_km_offset_fetch_request_topics(km_offset_fetch_request_topics *
 	(void)mode;
 	(void)a;
 	(void)seq;
-	if (v >= 8) {
+	if ((v >= 8 && v <= 9)) {
 		m->name = t_str(a, seq);
+	}
+	if (v >= 10) {
+		t_uuid(&m->topic_id, seq);
 	}
 	if (v >= 8) {
 		m->partition_indexes.count = 2;
@@ -13908,6 +14203,8 @@ static bool eq_km_offset_fetch_request_topics(const km_offset_fetch_request_topi
 {
 	if (!km_str_eq(x->name, y->name))
 		return t_diff("OffsetFetchRequestTopics.Name");
+	if (!(memcmp(x->topic_id.b, y->topic_id.b, 16) == 0))
+		return t_diff("OffsetFetchRequestTopics.TopicId");
 	if (x->partition_indexes.count != y->partition_indexes.count)
 		return t_diff("OffsetFetchRequestTopics.PartitionIndexes");
 	for (int32_t i = 0; i < x->partition_indexes.count; i++) {
@@ -14181,8 +14478,11 @@ static void fill_km_offset_fetch_response_topics(km_offset_fetch_response_topics
 	(void)mode;
 	(void)a;
 	(void)seq;
-	if (v >= 8) {
+	if ((v >= 8 && v <= 9)) {
 		m->name = t_str(a, seq);
+	}
+	if (v >= 10) {
+		t_uuid(&m->topic_id, seq);
 	}
 	if (v >= 8) {
 		m->partitions.count = 2;
@@ -14201,6 +14501,8 @@ static bool eq_km_offset_fetch_response_topics(const km_offset_fetch_response_to
 {
 	if (!km_str_eq(x->name, y->name))
 		return t_diff("OffsetFetchResponseTopics.Name");
+	if (!(memcmp(x->topic_id.b, y->topic_id.b, 16) == 0))
+		return t_diff("OffsetFetchResponseTopics.TopicId");
 	if (x->partitions.count != y->partitions.count)
 		return t_diff("OffsetFetchResponseTopics.Partitions");
 	for (int32_t i = 0; i < x->partitions.count; i++) {
@@ -14333,9 +14635,7 @@ static void fill_km_offset_for_leader_epoch_request_offset_for_leader_partition(
 	(void)a;
 	(void)seq;
 	m->partition = (int32_t)(t_int(seq, 1000000000, INT64_C(0)));
-	if (v >= 2) {
-		m->current_leader_epoch = (int32_t)(t_int(seq, 1000000000, INT64_C(-1)));
-	}
+	m->current_leader_epoch = (int32_t)(t_int(seq, 1000000000, INT64_C(-1)));
 	m->leader_epoch = (int32_t)(t_int(seq, 1000000000, INT64_C(0)));
 	if (v >= 4 && mode == 0)
 		t_unknown_tags(&m->unknown_tags, a, 0, 1000, seq);
@@ -14445,9 +14745,7 @@ static void fill_km_offset_for_leader_epoch_response_epoch_end_offset(km_offset_
 	(void)seq;
 	m->error_code = (int16_t)(t_int(seq, 30000, INT64_C(0)));
 	m->partition = (int32_t)(t_int(seq, 1000000000, INT64_C(0)));
-	if (v >= 1) {
-		m->leader_epoch = (int32_t)(t_int(seq, 1000000000, INT64_C(-1)));
-	}
+	m->leader_epoch = (int32_t)(t_int(seq, 1000000000, INT64_C(-1)));
 	m->end_offset = (int64_t)(t_int(seq, 1000000000, INT64_C(-1)) + ((int64_t)1 << 33));
 	if (v >= 4 && mode == 0)
 		t_unknown_tags(&m->unknown_tags, a, 0, 1000, seq);
@@ -14507,9 +14805,7 @@ static void fill_km_offset_for_leader_epoch_response(km_offset_for_leader_epoch_
 	(void)mode;
 	(void)a;
 	(void)seq;
-	if (v >= 2) {
-		m->throttle_time_ms = (int32_t)(t_int(seq, 1000000000, INT64_C(0)));
-	}
+	m->throttle_time_ms = (int32_t)(t_int(seq, 1000000000, INT64_C(0)));
 	m->topics.count = 2;
 	m->topics.items = km_arena_alloc(a, 2 * sizeof(*m->topics.items));
 	assert_non_null(m->topics.items);
@@ -14580,7 +14876,12 @@ static void fill_km_produce_request_topic_produce_data(km_produce_request_topic_
 	(void)mode;
 	(void)a;
 	(void)seq;
-	m->name = t_str(a, seq);
+	if (v <= 12) {
+		m->name = t_str(a, seq);
+	}
+	if (v >= 13) {
+		t_uuid(&m->topic_id, seq);
+	}
 	m->partition_data.count = 2;
 	m->partition_data.items = km_arena_alloc(a, 2 * sizeof(*m->partition_data.items));
 	assert_non_null(m->partition_data.items);
@@ -14596,6 +14897,8 @@ static bool eq_km_produce_request_topic_produce_data(const km_produce_request_to
 {
 	if (!km_str_eq(x->name, y->name))
 		return t_diff("TopicProduceData.Name");
+	if (!(memcmp(x->topic_id.b, y->topic_id.b, 16) == 0))
+		return t_diff("TopicProduceData.TopicId");
 	if (x->partition_data.count != y->partition_data.count)
 		return t_diff("TopicProduceData.PartitionData");
 	for (int32_t i = 0; i < x->partition_data.count; i++) {
@@ -14613,9 +14916,7 @@ static void fill_km_produce_request(km_produce_request *m, int16_t v, int mode, 
 	(void)mode;
 	(void)a;
 	(void)seq;
-	if (v >= 3) {
-		m->transactional_id = (mode == 1 && v >= 3) ? KM_STR_NULL : t_str(a, seq);
-	}
+	m->transactional_id = (mode == 1 && true) ? KM_STR_NULL : t_str(a, seq);
 	m->acks = (int16_t)(t_int(seq, 30000, INT64_C(0)));
 	m->timeout_ms = (int32_t)(t_int(seq, 1000000000, INT64_C(0)));
 	m->topic_data.count = 2;
@@ -14732,9 +15033,7 @@ static void fill_km_produce_response_partition_produce_response(km_produce_respo
 	m->index = (int32_t)(t_int(seq, 1000000000, INT64_C(0)));
 	m->error_code = (int16_t)(t_int(seq, 30000, INT64_C(0)));
 	m->base_offset = (int64_t)(t_int(seq, 1000000000, INT64_C(0)) + ((int64_t)1 << 33));
-	if (v >= 2) {
-		m->log_append_time_ms = (int64_t)(t_int(seq, 1000000000, INT64_C(-1)) + ((int64_t)1 << 33));
-	}
+	m->log_append_time_ms = (int64_t)(t_int(seq, 1000000000, INT64_C(-1)) + ((int64_t)1 << 33));
 	if (v >= 5) {
 		m->log_start_offset = (int64_t)(t_int(seq, 1000000000, INT64_C(-1)) + ((int64_t)1 << 33));
 	}
@@ -14790,7 +15089,12 @@ static void fill_km_produce_response_topic_produce_response(km_produce_response_
 	(void)mode;
 	(void)a;
 	(void)seq;
-	m->name = t_str(a, seq);
+	if (v <= 12) {
+		m->name = t_str(a, seq);
+	}
+	if (v >= 13) {
+		t_uuid(&m->topic_id, seq);
+	}
 	m->partition_responses.count = 2;
 	m->partition_responses.items = km_arena_alloc(a, 2 * sizeof(*m->partition_responses.items));
 	assert_non_null(m->partition_responses.items);
@@ -14806,6 +15110,8 @@ static bool eq_km_produce_response_topic_produce_response(const km_produce_respo
 {
 	if (!km_str_eq(x->name, y->name))
 		return t_diff("TopicProduceResponse.Name");
+	if (!(memcmp(x->topic_id.b, y->topic_id.b, 16) == 0))
+		return t_diff("TopicProduceResponse.TopicId");
 	if (x->partition_responses.count != y->partition_responses.count)
 		return t_diff("TopicProduceResponse.PartitionResponses");
 	for (int32_t i = 0; i < x->partition_responses.count; i++) {
@@ -14867,9 +15173,7 @@ static void fill_km_produce_response(km_produce_response *m, int16_t v, int mode
 		km_produce_response_topic_produce_response_init(&m->responses.items[i]);
 		fill_km_produce_response_topic_produce_response(&m->responses.items[i], v, mode, a, seq);
 	}
-	if (v >= 1) {
-		m->throttle_time_ms = (int32_t)(t_int(seq, 1000000000, INT64_C(0)));
-	}
+	m->throttle_time_ms = (int32_t)(t_int(seq, 1000000000, INT64_C(0)));
 	if (v >= 10) {
 		m->node_endpoints.count = 2;
 		m->node_endpoints.items = km_arena_alloc(a, 2 * sizeof(*m->node_endpoints.items));
@@ -15368,7 +15672,11 @@ static void fill_km_read_share_group_state_summary_response_partition_result(km_
 	m->error_code = (int16_t)(t_int(seq, 30000, INT64_C(0)));
 	m->error_message = (mode == 1 && true) ? KM_STR_NULL : t_str(a, seq);
 	m->state_epoch = (int32_t)(t_int(seq, 1000000000, INT64_C(0)));
+	m->leader_epoch = (int32_t)(t_int(seq, 1000000000, INT64_C(0)));
 	m->start_offset = (int64_t)(t_int(seq, 1000000000, INT64_C(0)) + ((int64_t)1 << 33));
+	if (v >= 1) {
+		m->delivery_complete_count = (int32_t)(t_int(seq, 1000000000, INT64_C(-1)));
+	}
 	if (true && mode == 0)
 		t_unknown_tags(&m->unknown_tags, a, 0, 1000, seq);
 }
@@ -15383,8 +15691,12 @@ static bool eq_km_read_share_group_state_summary_response_partition_result(const
 		return t_diff("PartitionResult.ErrorMessage");
 	if (!(x->state_epoch == y->state_epoch))
 		return t_diff("PartitionResult.StateEpoch");
+	if (!(x->leader_epoch == y->leader_epoch))
+		return t_diff("PartitionResult.LeaderEpoch");
 	if (!(x->start_offset == y->start_offset))
 		return t_diff("PartitionResult.StartOffset");
+	if (!(x->delivery_complete_count == y->delivery_complete_count))
+		return t_diff("PartitionResult.DeliveryCompleteCount");
 	if (!t_tags_eq(&x->unknown_tags, &y->unknown_tags))
 		return t_diff("PartitionResult unknown tags");
 	return true;
@@ -15618,9 +15930,7 @@ static void fill_km_request_header(km_request_header *m, int16_t v, int mode, km
 	m->request_api_key = (int16_t)(t_int(seq, 30000, INT64_C(0)));
 	m->request_api_version = (int16_t)(t_int(seq, 30000, INT64_C(0)));
 	m->correlation_id = (int32_t)(t_int(seq, 1000000000, INT64_C(0)));
-	if (v >= 1) {
-		m->client_id = (mode == 1 && v >= 1) ? KM_STR_NULL : t_str(a, seq);
-	}
+	m->client_id = (mode == 1 && true) ? KM_STR_NULL : t_str(a, seq);
 	if (v >= 2 && mode == 0)
 		t_unknown_tags(&m->unknown_tags, a, 0, 1000, seq);
 }
@@ -15941,6 +16251,9 @@ static void fill_km_share_acknowledge_request(km_share_acknowledge_request *m, i
 	m->group_id = (mode == 1 && true) ? KM_STR_NULL : t_str(a, seq);
 	m->member_id = (mode == 1 && true) ? KM_STR_NULL : t_str(a, seq);
 	m->share_session_epoch = (int32_t)(t_int(seq, 1000000000, INT64_C(0)));
+	if (v >= 2) {
+		m->is_renew_ack = true;
+	}
 	m->topics.count = 2;
 	m->topics.items = km_arena_alloc(a, 2 * sizeof(*m->topics.items));
 	assert_non_null(m->topics.items);
@@ -15960,6 +16273,8 @@ static bool eq_km_share_acknowledge_request(const km_share_acknowledge_request *
 		return t_diff("MemberId");
 	if (!(x->share_session_epoch == y->share_session_epoch))
 		return t_diff("ShareSessionEpoch");
+	if (!(x->is_renew_ack == y->is_renew_ack))
+		return t_diff("IsRenewAck");
 	if (x->topics.count != y->topics.count)
 		return t_diff("Topics");
 	for (int32_t i = 0; i < x->topics.count; i++) {
@@ -16113,6 +16428,9 @@ static void fill_km_share_acknowledge_response(km_share_acknowledge_response *m,
 	m->throttle_time_ms = (int32_t)(t_int(seq, 1000000000, INT64_C(0)));
 	m->error_code = (int16_t)(t_int(seq, 30000, INT64_C(0)));
 	m->error_message = (mode == 1 && true) ? KM_STR_NULL : t_str(a, seq);
+	if (v >= 2) {
+		m->acquisition_lock_timeout_ms = (int32_t)(t_int(seq, 1000000000, INT64_C(0)));
+	}
 	m->responses.count = 2;
 	m->responses.items = km_arena_alloc(a, 2 * sizeof(*m->responses.items));
 	assert_non_null(m->responses.items);
@@ -16139,6 +16457,8 @@ static bool eq_km_share_acknowledge_response(const km_share_acknowledge_response
 		return t_diff("ErrorCode");
 	if (!km_str_eq(x->error_message, y->error_message))
 		return t_diff("ErrorMessage");
+	if (!(x->acquisition_lock_timeout_ms == y->acquisition_lock_timeout_ms))
+		return t_diff("AcquisitionLockTimeoutMs");
 	if (x->responses.count != y->responses.count)
 		return t_diff("Responses");
 	for (int32_t i = 0; i < x->responses.count; i++) {
@@ -16217,7 +16537,6 @@ static void fill_km_share_fetch_request_fetch_partition(km_share_fetch_request_f
 	(void)a;
 	(void)seq;
 	m->partition_index = (int32_t)(t_int(seq, 1000000000, INT64_C(0)));
-	m->partition_max_bytes = (int32_t)(t_int(seq, 1000000000, INT64_C(0)));
 	m->acknowledgement_batches.count = 2;
 	m->acknowledgement_batches.items = km_arena_alloc(a, 2 * sizeof(*m->acknowledgement_batches.items));
 	assert_non_null(m->acknowledgement_batches.items);
@@ -16323,6 +16642,14 @@ static void fill_km_share_fetch_request(km_share_fetch_request *m, int16_t v, in
 	m->max_wait_ms = (int32_t)(t_int(seq, 1000000000, INT64_C(0)));
 	m->min_bytes = (int32_t)(t_int(seq, 1000000000, INT64_C(0)));
 	m->max_bytes = (int32_t)(t_int(seq, 1000000000, INT64_C(2147483647)));
+	m->max_records = (int32_t)(t_int(seq, 1000000000, INT64_C(0)));
+	m->batch_size = (int32_t)(t_int(seq, 1000000000, INT64_C(0)));
+	if (v >= 2) {
+		m->share_acquire_mode = (int8_t)(t_int(seq, 100, INT64_C(0)));
+	}
+	if (v >= 2) {
+		m->is_renew_ack = true;
+	}
 	m->topics.count = 2;
 	m->topics.items = km_arena_alloc(a, 2 * sizeof(*m->topics.items));
 	assert_non_null(m->topics.items);
@@ -16355,6 +16682,14 @@ static bool eq_km_share_fetch_request(const km_share_fetch_request *x, const km_
 		return t_diff("MinBytes");
 	if (!(x->max_bytes == y->max_bytes))
 		return t_diff("MaxBytes");
+	if (!(x->max_records == y->max_records))
+		return t_diff("MaxRecords");
+	if (!(x->batch_size == y->batch_size))
+		return t_diff("BatchSize");
+	if (!(x->share_acquire_mode == y->share_acquire_mode))
+		return t_diff("ShareAcquireMode");
+	if (!(x->is_renew_ack == y->is_renew_ack))
+		return t_diff("IsRenewAck");
 	if (x->topics.count != y->topics.count)
 		return t_diff("Topics");
 	for (int32_t i = 0; i < x->topics.count; i++) {
@@ -16454,7 +16789,7 @@ static void fill_km_share_fetch_response_partition_data(km_share_fetch_response_
 	m->acknowledge_error_code = (int16_t)(t_int(seq, 30000, INT64_C(0)));
 	m->acknowledge_error_message = (mode == 1 && true) ? KM_STR_NULL : t_str(a, seq);
 	fill_km_share_fetch_response_leader_id_and_epoch(&m->current_leader, v, mode, a, seq);
-	m->records = (mode == 1 && true) ? KM_BYTES_NULL : t_bytes(a, seq);
+	m->records = t_bytes(a, seq);
 	m->acquired_records.count = 2;
 	m->acquired_records.items = km_arena_alloc(a, 2 * sizeof(*m->acquired_records.items));
 	assert_non_null(m->acquired_records.items);
@@ -16564,6 +16899,7 @@ static void fill_km_share_fetch_response(km_share_fetch_response *m, int16_t v, 
 	m->throttle_time_ms = (int32_t)(t_int(seq, 1000000000, INT64_C(0)));
 	m->error_code = (int16_t)(t_int(seq, 30000, INT64_C(0)));
 	m->error_message = (mode == 1 && true) ? KM_STR_NULL : t_str(a, seq);
+	m->acquisition_lock_timeout_ms = (int32_t)(t_int(seq, 1000000000, INT64_C(0)));
 	m->responses.count = 2;
 	m->responses.items = km_arena_alloc(a, 2 * sizeof(*m->responses.items));
 	assert_non_null(m->responses.items);
@@ -16590,6 +16926,8 @@ static bool eq_km_share_fetch_response(const km_share_fetch_response *x, const k
 		return t_diff("ErrorCode");
 	if (!km_str_eq(x->error_message, y->error_message))
 		return t_diff("ErrorMessage");
+	if (!(x->acquisition_lock_timeout_ms == y->acquisition_lock_timeout_ms))
+		return t_diff("AcquisitionLockTimeoutMs");
 	if (x->responses.count != y->responses.count)
 		return t_diff("Responses");
 	for (int32_t i = 0; i < x->responses.count; i++) {
@@ -17120,310 +17458,1890 @@ static void km_snapshot_header_record_encode_v(km_wr *w, int16_t v, const void *
 static size_t km_snapshot_header_record_size_v(int16_t v, const void *m) { return km_snapshot_header_record_size(v, m); }
 
 
-static void fill_km_stop_replica_request_stop_replica_partition_v0(km_stop_replica_request_stop_replica_partition_v0 *m, int16_t v, int mode, km_arena *a, uint32_t *seq);
-static bool eq_km_stop_replica_request_stop_replica_partition_v0(const km_stop_replica_request_stop_replica_partition_v0 *x, const km_stop_replica_request_stop_replica_partition_v0 *y);
-static void fill_km_stop_replica_request_stop_replica_topic_v1(km_stop_replica_request_stop_replica_topic_v1 *m, int16_t v, int mode, km_arena *a, uint32_t *seq);
-static bool eq_km_stop_replica_request_stop_replica_topic_v1(const km_stop_replica_request_stop_replica_topic_v1 *x, const km_stop_replica_request_stop_replica_topic_v1 *y);
-static void fill_km_stop_replica_request_stop_replica_partition_state(km_stop_replica_request_stop_replica_partition_state *m, int16_t v, int mode, km_arena *a, uint32_t *seq);
-static bool eq_km_stop_replica_request_stop_replica_partition_state(const km_stop_replica_request_stop_replica_partition_state *x, const km_stop_replica_request_stop_replica_partition_state *y);
-static void fill_km_stop_replica_request_stop_replica_topic_state(km_stop_replica_request_stop_replica_topic_state *m, int16_t v, int mode, km_arena *a, uint32_t *seq);
-static bool eq_km_stop_replica_request_stop_replica_topic_state(const km_stop_replica_request_stop_replica_topic_state *x, const km_stop_replica_request_stop_replica_topic_state *y);
-static void fill_km_stop_replica_request(km_stop_replica_request *m, int16_t v, int mode, km_arena *a, uint32_t *seq);
-static bool eq_km_stop_replica_request(const km_stop_replica_request *x, const km_stop_replica_request *y);
+static void fill_km_streams_group_describe_request(km_streams_group_describe_request *m, int16_t v, int mode, km_arena *a, uint32_t *seq);
+static bool eq_km_streams_group_describe_request(const km_streams_group_describe_request *x, const km_streams_group_describe_request *y);
 
-static void fill_km_stop_replica_request_stop_replica_partition_v0(km_stop_replica_request_stop_replica_partition_v0 *m, int16_t v, int mode, km_arena *a, uint32_t *seq)
+static void fill_km_streams_group_describe_request(km_streams_group_describe_request *m, int16_t v, int mode, km_arena *a, uint32_t *seq)
 {
 	(void)v;
 	(void)mode;
 	(void)a;
 	(void)seq;
-	if (v <= 0) {
-		m->topic_name = t_str(a, seq);
+	m->group_ids.count = 2;
+	m->group_ids.items = km_arena_alloc(a, 2 * sizeof(*m->group_ids.items));
+	assert_non_null(m->group_ids.items);
+	for (int i = 0; i < 2; i++) {
+		m->group_ids.items[i] = t_str(a, seq);
 	}
-	if (v <= 0) {
-		m->partition_index = (int32_t)(t_int(seq, 1000000000, INT64_C(0)));
+	m->include_authorized_operations = true;
+	if (v >= 1) {
+		m->include_topology_description = true;
 	}
-	if (v >= 2 && mode == 0)
+	if (true && mode == 0)
 		t_unknown_tags(&m->unknown_tags, a, 0, 1000, seq);
 }
 
-static bool eq_km_stop_replica_request_stop_replica_partition_v0(const km_stop_replica_request_stop_replica_partition_v0 *x, const km_stop_replica_request_stop_replica_partition_v0 *y)
+static bool eq_km_streams_group_describe_request(const km_streams_group_describe_request *x, const km_streams_group_describe_request *y)
 {
-	if (!km_str_eq(x->topic_name, y->topic_name))
-		return t_diff("StopReplicaPartitionV0.TopicName");
-	if (!(x->partition_index == y->partition_index))
-		return t_diff("StopReplicaPartitionV0.PartitionIndex");
+	if (x->group_ids.count != y->group_ids.count)
+		return t_diff("GroupIds");
+	for (int32_t i = 0; i < x->group_ids.count; i++) {
+		if (!km_str_eq(x->group_ids.items[i], y->group_ids.items[i]))
+			return t_diff("GroupIds");
+	}
+	if (!(x->include_authorized_operations == y->include_authorized_operations))
+		return t_diff("IncludeAuthorizedOperations");
+	if (!(x->include_topology_description == y->include_topology_description))
+		return t_diff("IncludeTopologyDescription");
 	if (!t_tags_eq(&x->unknown_tags, &y->unknown_tags))
-		return t_diff("StopReplicaPartitionV0 unknown tags");
+		return t_diff("StreamsGroupDescribeRequest unknown tags");
 	return true;
 }
 
-static void fill_km_stop_replica_request_stop_replica_topic_v1(km_stop_replica_request_stop_replica_topic_v1 *m, int16_t v, int mode, km_arena *a, uint32_t *seq)
+static void km_streams_group_describe_request_fill_v(void *m, int16_t v, int mode, km_arena *a, uint32_t *seq) { fill_km_streams_group_describe_request(m, v, mode, a, seq); }
+static bool km_streams_group_describe_request_eq_v(const void *x, const void *y) { return eq_km_streams_group_describe_request(x, y); }
+static void km_streams_group_describe_request_init_v(void *m) { km_streams_group_describe_request_init(m); }
+static km_err km_streams_group_describe_request_decode_v(km_rd *r, int16_t v, void *m, km_arena *a) { return km_streams_group_describe_request_decode(r, v, m, a); }
+static void km_streams_group_describe_request_encode_v(km_wr *w, int16_t v, const void *m) { km_streams_group_describe_request_encode(w, v, m); }
+static size_t km_streams_group_describe_request_size_v(int16_t v, const void *m) { return km_streams_group_describe_request_size(v, m); }
+
+
+static void fill_km_streams_group_describe_response_key_value(km_streams_group_describe_response_key_value *m, int16_t v, int mode, km_arena *a, uint32_t *seq);
+static bool eq_km_streams_group_describe_response_key_value(const km_streams_group_describe_response_key_value *x, const km_streams_group_describe_response_key_value *y);
+static void fill_km_streams_group_describe_response_topic_info(km_streams_group_describe_response_topic_info *m, int16_t v, int mode, km_arena *a, uint32_t *seq);
+static bool eq_km_streams_group_describe_response_topic_info(const km_streams_group_describe_response_topic_info *x, const km_streams_group_describe_response_topic_info *y);
+static void fill_km_streams_group_describe_response_subtopology(km_streams_group_describe_response_subtopology *m, int16_t v, int mode, km_arena *a, uint32_t *seq);
+static bool eq_km_streams_group_describe_response_subtopology(const km_streams_group_describe_response_subtopology *x, const km_streams_group_describe_response_subtopology *y);
+static void fill_km_streams_group_describe_response_topology(km_streams_group_describe_response_topology *m, int16_t v, int mode, km_arena *a, uint32_t *seq);
+static bool eq_km_streams_group_describe_response_topology(const km_streams_group_describe_response_topology *x, const km_streams_group_describe_response_topology *y);
+static void fill_km_streams_group_describe_response_endpoint(km_streams_group_describe_response_endpoint *m, int16_t v, int mode, km_arena *a, uint32_t *seq);
+static bool eq_km_streams_group_describe_response_endpoint(const km_streams_group_describe_response_endpoint *x, const km_streams_group_describe_response_endpoint *y);
+static void fill_km_streams_group_describe_response_task_offset(km_streams_group_describe_response_task_offset *m, int16_t v, int mode, km_arena *a, uint32_t *seq);
+static bool eq_km_streams_group_describe_response_task_offset(const km_streams_group_describe_response_task_offset *x, const km_streams_group_describe_response_task_offset *y);
+static void fill_km_streams_group_describe_response_task_ids(km_streams_group_describe_response_task_ids *m, int16_t v, int mode, km_arena *a, uint32_t *seq);
+static bool eq_km_streams_group_describe_response_task_ids(const km_streams_group_describe_response_task_ids *x, const km_streams_group_describe_response_task_ids *y);
+static void fill_km_streams_group_describe_response_assignment(km_streams_group_describe_response_assignment *m, int16_t v, int mode, km_arena *a, uint32_t *seq);
+static bool eq_km_streams_group_describe_response_assignment(const km_streams_group_describe_response_assignment *x, const km_streams_group_describe_response_assignment *y);
+static void fill_km_streams_group_describe_response_member(km_streams_group_describe_response_member *m, int16_t v, int mode, km_arena *a, uint32_t *seq);
+static bool eq_km_streams_group_describe_response_member(const km_streams_group_describe_response_member *x, const km_streams_group_describe_response_member *y);
+static void fill_km_streams_group_describe_response_topology_description_node(km_streams_group_describe_response_topology_description_node *m, int16_t v, int mode, km_arena *a, uint32_t *seq);
+static bool eq_km_streams_group_describe_response_topology_description_node(const km_streams_group_describe_response_topology_description_node *x, const km_streams_group_describe_response_topology_description_node *y);
+static void fill_km_streams_group_describe_response_topology_description_subtopology(km_streams_group_describe_response_topology_description_subtopology *m, int16_t v, int mode, km_arena *a, uint32_t *seq);
+static bool eq_km_streams_group_describe_response_topology_description_subtopology(const km_streams_group_describe_response_topology_description_subtopology *x, const km_streams_group_describe_response_topology_description_subtopology *y);
+static void fill_km_streams_group_describe_response_topology_description_global_store(km_streams_group_describe_response_topology_description_global_store *m, int16_t v, int mode, km_arena *a, uint32_t *seq);
+static bool eq_km_streams_group_describe_response_topology_description_global_store(const km_streams_group_describe_response_topology_description_global_store *x, const km_streams_group_describe_response_topology_description_global_store *y);
+static void fill_km_streams_group_describe_response_topology_description(km_streams_group_describe_response_topology_description *m, int16_t v, int mode, km_arena *a, uint32_t *seq);
+static bool eq_km_streams_group_describe_response_topology_description(const km_streams_group_describe_response_topology_description *x, const km_streams_group_describe_response_topology_description *y);
+static void fill_km_streams_group_describe_response_described_group(km_streams_group_describe_response_described_group *m, int16_t v, int mode, km_arena *a, uint32_t *seq);
+static bool eq_km_streams_group_describe_response_described_group(const km_streams_group_describe_response_described_group *x, const km_streams_group_describe_response_described_group *y);
+static void fill_km_streams_group_describe_response(km_streams_group_describe_response *m, int16_t v, int mode, km_arena *a, uint32_t *seq);
+static bool eq_km_streams_group_describe_response(const km_streams_group_describe_response *x, const km_streams_group_describe_response *y);
+
+static void fill_km_streams_group_describe_response_key_value(km_streams_group_describe_response_key_value *m, int16_t v, int mode, km_arena *a, uint32_t *seq)
 {
 	(void)v;
 	(void)mode;
 	(void)a;
 	(void)seq;
-	if ((v >= 1 && v <= 2)) {
-		m->name = t_str(a, seq);
-	}
-	if ((v >= 1 && v <= 2)) {
-		m->partition_indexes.count = 2;
-		m->partition_indexes.items = km_arena_alloc(a, 2 * sizeof(*m->partition_indexes.items));
-		assert_non_null(m->partition_indexes.items);
-		for (int i = 0; i < 2; i++) {
-			m->partition_indexes.items[i] = (int32_t)(t_int(seq, 1000000000, INT64_C(0)));
-		}
-	}
-	if (v >= 2 && mode == 0)
+	m->key = t_str(a, seq);
+	m->value = t_str(a, seq);
+	if (true && mode == 0)
 		t_unknown_tags(&m->unknown_tags, a, 0, 1000, seq);
 }
 
-static bool eq_km_stop_replica_request_stop_replica_topic_v1(const km_stop_replica_request_stop_replica_topic_v1 *x, const km_stop_replica_request_stop_replica_topic_v1 *y)
+static bool eq_km_streams_group_describe_response_key_value(const km_streams_group_describe_response_key_value *x, const km_streams_group_describe_response_key_value *y)
+{
+	if (!km_str_eq(x->key, y->key))
+		return t_diff("KeyValue.Key");
+	if (!km_str_eq(x->value, y->value))
+		return t_diff("KeyValue.Value");
+	if (!t_tags_eq(&x->unknown_tags, &y->unknown_tags))
+		return t_diff("KeyValue unknown tags");
+	return true;
+}
+
+static void fill_km_streams_group_describe_response_topic_info(km_streams_group_describe_response_topic_info *m, int16_t v, int mode, km_arena *a, uint32_t *seq)
+{
+	(void)v;
+	(void)mode;
+	(void)a;
+	(void)seq;
+	m->name = t_str(a, seq);
+	m->partitions = (int32_t)(t_int(seq, 1000000000, INT64_C(0)));
+	m->replication_factor = (int16_t)(t_int(seq, 30000, INT64_C(0)));
+	m->topic_configs.count = 2;
+	m->topic_configs.items = km_arena_alloc(a, 2 * sizeof(*m->topic_configs.items));
+	assert_non_null(m->topic_configs.items);
+	for (int i = 0; i < 2; i++) {
+		km_streams_group_describe_response_key_value_init(&m->topic_configs.items[i]);
+		fill_km_streams_group_describe_response_key_value(&m->topic_configs.items[i], v, mode, a, seq);
+	}
+	if (true && mode == 0)
+		t_unknown_tags(&m->unknown_tags, a, 0, 1000, seq);
+}
+
+static bool eq_km_streams_group_describe_response_topic_info(const km_streams_group_describe_response_topic_info *x, const km_streams_group_describe_response_topic_info *y)
 {
 	if (!km_str_eq(x->name, y->name))
-		return t_diff("StopReplicaTopicV1.Name");
-	if (x->partition_indexes.count != y->partition_indexes.count)
-		return t_diff("StopReplicaTopicV1.PartitionIndexes");
-	for (int32_t i = 0; i < x->partition_indexes.count; i++) {
-		if (!(x->partition_indexes.items[i] == y->partition_indexes.items[i]))
-			return t_diff("StopReplicaTopicV1.PartitionIndexes");
+		return t_diff("TopicInfo.Name");
+	if (!(x->partitions == y->partitions))
+		return t_diff("TopicInfo.Partitions");
+	if (!(x->replication_factor == y->replication_factor))
+		return t_diff("TopicInfo.ReplicationFactor");
+	if (x->topic_configs.count != y->topic_configs.count)
+		return t_diff("TopicInfo.TopicConfigs");
+	for (int32_t i = 0; i < x->topic_configs.count; i++) {
+		if (!eq_km_streams_group_describe_response_key_value(&x->topic_configs.items[i], &y->topic_configs.items[i]))
+			return t_diff("TopicInfo.TopicConfigs");
 	}
 	if (!t_tags_eq(&x->unknown_tags, &y->unknown_tags))
-		return t_diff("StopReplicaTopicV1 unknown tags");
+		return t_diff("TopicInfo unknown tags");
 	return true;
 }
 
-static void fill_km_stop_replica_request_stop_replica_partition_state(km_stop_replica_request_stop_replica_partition_state *m, int16_t v, int mode, km_arena *a, uint32_t *seq)
+static void fill_km_streams_group_describe_response_subtopology(km_streams_group_describe_response_subtopology *m, int16_t v, int mode, km_arena *a, uint32_t *seq)
 {
 	(void)v;
 	(void)mode;
 	(void)a;
 	(void)seq;
-	if (v >= 3) {
-		m->partition_index = (int32_t)(t_int(seq, 1000000000, INT64_C(0)));
-	}
-	if (v >= 3) {
-		m->leader_epoch = (int32_t)(t_int(seq, 1000000000, INT64_C(-1)));
-	}
-	if (v >= 3) {
-		m->delete_partition = true;
-	}
-	if (v >= 2 && mode == 0)
-		t_unknown_tags(&m->unknown_tags, a, 0, 1000, seq);
-}
-
-static bool eq_km_stop_replica_request_stop_replica_partition_state(const km_stop_replica_request_stop_replica_partition_state *x, const km_stop_replica_request_stop_replica_partition_state *y)
-{
-	if (!(x->partition_index == y->partition_index))
-		return t_diff("StopReplicaPartitionState.PartitionIndex");
-	if (!(x->leader_epoch == y->leader_epoch))
-		return t_diff("StopReplicaPartitionState.LeaderEpoch");
-	if (!(x->delete_partition == y->delete_partition))
-		return t_diff("StopReplicaPartitionState.DeletePartition");
-	if (!t_tags_eq(&x->unknown_tags, &y->unknown_tags))
-		return t_diff("StopReplicaPartitionState unknown tags");
-	return true;
-}
-
-static void fill_km_stop_replica_request_stop_replica_topic_state(km_stop_replica_request_stop_replica_topic_state *m, int16_t v, int mode, km_arena *a, uint32_t *seq)
-{
-	(void)v;
-	(void)mode;
-	(void)a;
-	(void)seq;
-	if (v >= 3) {
-		m->topic_name = t_str(a, seq);
-	}
-	if (v >= 3) {
-		m->partition_states.count = 2;
-		m->partition_states.items = km_arena_alloc(a, 2 * sizeof(*m->partition_states.items));
-		assert_non_null(m->partition_states.items);
-		for (int i = 0; i < 2; i++) {
-			km_stop_replica_request_stop_replica_partition_state_init(&m->partition_states.items[i]);
-			fill_km_stop_replica_request_stop_replica_partition_state(&m->partition_states.items[i], v, mode, a, seq);
-		}
-	}
-	if (v >= 2 && mode == 0)
-		t_unknown_tags(&m->unknown_tags, a, 0, 1000, seq);
-}
-
-static bool eq_km_stop_replica_request_stop_replica_topic_state(const km_stop_replica_request_stop_replica_topic_state *x, const km_stop_replica_request_stop_replica_topic_state *y)
-{
-	if (!km_str_eq(x->topic_name, y->topic_name))
-		return t_diff("StopReplicaTopicState.TopicName");
-	if (x->partition_states.count != y->partition_states.count)
-		return t_diff("StopReplicaTopicState.PartitionStates");
-	for (int32_t i = 0; i < x->partition_states.count; i++) {
-		if (!eq_km_stop_replica_request_stop_replica_partition_state(&x->partition_states.items[i], &y->partition_states.items[i]))
-			return t_diff("StopReplicaTopicState.PartitionStates");
-	}
-	if (!t_tags_eq(&x->unknown_tags, &y->unknown_tags))
-		return t_diff("StopReplicaTopicState unknown tags");
-	return true;
-}
-
-static void fill_km_stop_replica_request(km_stop_replica_request *m, int16_t v, int mode, km_arena *a, uint32_t *seq)
-{
-	(void)v;
-	(void)mode;
-	(void)a;
-	(void)seq;
-	m->controller_id = (int32_t)(t_int(seq, 1000000000, INT64_C(0)));
-	if (v >= 4) {
-		m->is_k_raft_controller = true;
-	}
-	m->controller_epoch = (int32_t)(t_int(seq, 1000000000, INT64_C(0)));
-	if (v >= 1) {
-		m->broker_epoch = (int64_t)(t_int(seq, 1000000000, INT64_C(-1)) + ((int64_t)1 << 33));
-	}
-	if (v <= 2) {
-		m->delete_partitions = true;
-	}
-	if (v <= 0) {
-		m->ungrouped_partitions.count = 2;
-		m->ungrouped_partitions.items = km_arena_alloc(a, 2 * sizeof(*m->ungrouped_partitions.items));
-		assert_non_null(m->ungrouped_partitions.items);
-		for (int i = 0; i < 2; i++) {
-			km_stop_replica_request_stop_replica_partition_v0_init(&m->ungrouped_partitions.items[i]);
-			fill_km_stop_replica_request_stop_replica_partition_v0(&m->ungrouped_partitions.items[i], v, mode, a, seq);
-		}
-	}
-	if ((v >= 1 && v <= 2)) {
-		m->topics.count = 2;
-		m->topics.items = km_arena_alloc(a, 2 * sizeof(*m->topics.items));
-		assert_non_null(m->topics.items);
-		for (int i = 0; i < 2; i++) {
-			km_stop_replica_request_stop_replica_topic_v1_init(&m->topics.items[i]);
-			fill_km_stop_replica_request_stop_replica_topic_v1(&m->topics.items[i], v, mode, a, seq);
-		}
-	}
-	if (v >= 3) {
-		m->topic_states.count = 2;
-		m->topic_states.items = km_arena_alloc(a, 2 * sizeof(*m->topic_states.items));
-		assert_non_null(m->topic_states.items);
-		for (int i = 0; i < 2; i++) {
-			km_stop_replica_request_stop_replica_topic_state_init(&m->topic_states.items[i]);
-			fill_km_stop_replica_request_stop_replica_topic_state(&m->topic_states.items[i], v, mode, a, seq);
-		}
-	}
-	if (v >= 2 && mode == 0)
-		t_unknown_tags(&m->unknown_tags, a, 0, 1000, seq);
-}
-
-static bool eq_km_stop_replica_request(const km_stop_replica_request *x, const km_stop_replica_request *y)
-{
-	if (!(x->controller_id == y->controller_id))
-		return t_diff("ControllerId");
-	if (!(x->is_k_raft_controller == y->is_k_raft_controller))
-		return t_diff("isKRaftController");
-	if (!(x->controller_epoch == y->controller_epoch))
-		return t_diff("ControllerEpoch");
-	if (!(x->broker_epoch == y->broker_epoch))
-		return t_diff("BrokerEpoch");
-	if (!(x->delete_partitions == y->delete_partitions))
-		return t_diff("DeletePartitions");
-	if (x->ungrouped_partitions.count != y->ungrouped_partitions.count)
-		return t_diff("UngroupedPartitions");
-	for (int32_t i = 0; i < x->ungrouped_partitions.count; i++) {
-		if (!eq_km_stop_replica_request_stop_replica_partition_v0(&x->ungrouped_partitions.items[i], &y->ungrouped_partitions.items[i]))
-			return t_diff("UngroupedPartitions");
-	}
-	if (x->topics.count != y->topics.count)
-		return t_diff("Topics");
-	for (int32_t i = 0; i < x->topics.count; i++) {
-		if (!eq_km_stop_replica_request_stop_replica_topic_v1(&x->topics.items[i], &y->topics.items[i]))
-			return t_diff("Topics");
-	}
-	if (x->topic_states.count != y->topic_states.count)
-		return t_diff("TopicStates");
-	for (int32_t i = 0; i < x->topic_states.count; i++) {
-		if (!eq_km_stop_replica_request_stop_replica_topic_state(&x->topic_states.items[i], &y->topic_states.items[i]))
-			return t_diff("TopicStates");
-	}
-	if (!t_tags_eq(&x->unknown_tags, &y->unknown_tags))
-		return t_diff("StopReplicaRequest unknown tags");
-	return true;
-}
-
-static void km_stop_replica_request_fill_v(void *m, int16_t v, int mode, km_arena *a, uint32_t *seq) { fill_km_stop_replica_request(m, v, mode, a, seq); }
-static bool km_stop_replica_request_eq_v(const void *x, const void *y) { return eq_km_stop_replica_request(x, y); }
-static void km_stop_replica_request_init_v(void *m) { km_stop_replica_request_init(m); }
-static km_err km_stop_replica_request_decode_v(km_rd *r, int16_t v, void *m, km_arena *a) { return km_stop_replica_request_decode(r, v, m, a); }
-static void km_stop_replica_request_encode_v(km_wr *w, int16_t v, const void *m) { km_stop_replica_request_encode(w, v, m); }
-static size_t km_stop_replica_request_size_v(int16_t v, const void *m) { return km_stop_replica_request_size(v, m); }
-
-
-static void fill_km_stop_replica_response_stop_replica_partition_error(km_stop_replica_response_stop_replica_partition_error *m, int16_t v, int mode, km_arena *a, uint32_t *seq);
-static bool eq_km_stop_replica_response_stop_replica_partition_error(const km_stop_replica_response_stop_replica_partition_error *x, const km_stop_replica_response_stop_replica_partition_error *y);
-static void fill_km_stop_replica_response(km_stop_replica_response *m, int16_t v, int mode, km_arena *a, uint32_t *seq);
-static bool eq_km_stop_replica_response(const km_stop_replica_response *x, const km_stop_replica_response *y);
-
-static void fill_km_stop_replica_response_stop_replica_partition_error(km_stop_replica_response_stop_replica_partition_error *m, int16_t v, int mode, km_arena *a, uint32_t *seq)
-{
-	(void)v;
-	(void)mode;
-	(void)a;
-	(void)seq;
-	m->topic_name = t_str(a, seq);
-	m->partition_index = (int32_t)(t_int(seq, 1000000000, INT64_C(0)));
-	m->error_code = (int16_t)(t_int(seq, 30000, INT64_C(0)));
-	if (v >= 2 && mode == 0)
-		t_unknown_tags(&m->unknown_tags, a, 0, 1000, seq);
-}
-
-static bool eq_km_stop_replica_response_stop_replica_partition_error(const km_stop_replica_response_stop_replica_partition_error *x, const km_stop_replica_response_stop_replica_partition_error *y)
-{
-	if (!km_str_eq(x->topic_name, y->topic_name))
-		return t_diff("StopReplicaPartitionError.TopicName");
-	if (!(x->partition_index == y->partition_index))
-		return t_diff("StopReplicaPartitionError.PartitionIndex");
-	if (!(x->error_code == y->error_code))
-		return t_diff("StopReplicaPartitionError.ErrorCode");
-	if (!t_tags_eq(&x->unknown_tags, &y->unknown_tags))
-		return t_diff("StopReplicaPartitionError unknown tags");
-	return true;
-}
-
-static void fill_km_stop_replica_response(km_stop_replica_response *m, int16_t v, int mode, km_arena *a, uint32_t *seq)
-{
-	(void)v;
-	(void)mode;
-	(void)a;
-	(void)seq;
-	m->error_code = (int16_t)(t_int(seq, 30000, INT64_C(0)));
-	m->partition_errors.count = 2;
-	m->partition_errors.items = km_arena_alloc(a, 2 * sizeof(*m->partition_errors.items));
-	assert_non_null(m->partition_errors.items);
+	m->subtopology_id = t_str(a, seq);
+	m->source_topics.count = 2;
+	m->source_topics.items = km_arena_alloc(a, 2 * sizeof(*m->source_topics.items));
+	assert_non_null(m->source_topics.items);
 	for (int i = 0; i < 2; i++) {
-		km_stop_replica_response_stop_replica_partition_error_init(&m->partition_errors.items[i]);
-		fill_km_stop_replica_response_stop_replica_partition_error(&m->partition_errors.items[i], v, mode, a, seq);
+		m->source_topics.items[i] = t_str(a, seq);
 	}
-	if (v >= 2 && mode == 0)
+	m->repartition_sink_topics.count = 2;
+	m->repartition_sink_topics.items = km_arena_alloc(a, 2 * sizeof(*m->repartition_sink_topics.items));
+	assert_non_null(m->repartition_sink_topics.items);
+	for (int i = 0; i < 2; i++) {
+		m->repartition_sink_topics.items[i] = t_str(a, seq);
+	}
+	m->state_changelog_topics.count = 2;
+	m->state_changelog_topics.items = km_arena_alloc(a, 2 * sizeof(*m->state_changelog_topics.items));
+	assert_non_null(m->state_changelog_topics.items);
+	for (int i = 0; i < 2; i++) {
+		km_streams_group_describe_response_topic_info_init(&m->state_changelog_topics.items[i]);
+		fill_km_streams_group_describe_response_topic_info(&m->state_changelog_topics.items[i], v, mode, a, seq);
+	}
+	m->repartition_source_topics.count = 2;
+	m->repartition_source_topics.items = km_arena_alloc(a, 2 * sizeof(*m->repartition_source_topics.items));
+	assert_non_null(m->repartition_source_topics.items);
+	for (int i = 0; i < 2; i++) {
+		km_streams_group_describe_response_topic_info_init(&m->repartition_source_topics.items[i]);
+		fill_km_streams_group_describe_response_topic_info(&m->repartition_source_topics.items[i], v, mode, a, seq);
+	}
+	if (true && mode == 0)
 		t_unknown_tags(&m->unknown_tags, a, 0, 1000, seq);
 }
 
-static bool eq_km_stop_replica_response(const km_stop_replica_response *x, const km_stop_replica_response *y)
+static bool eq_km_streams_group_describe_response_subtopology(const km_streams_group_describe_response_subtopology *x, const km_streams_group_describe_response_subtopology *y)
 {
+	if (!km_str_eq(x->subtopology_id, y->subtopology_id))
+		return t_diff("Subtopology.SubtopologyId");
+	if (x->source_topics.count != y->source_topics.count)
+		return t_diff("Subtopology.SourceTopics");
+	for (int32_t i = 0; i < x->source_topics.count; i++) {
+		if (!km_str_eq(x->source_topics.items[i], y->source_topics.items[i]))
+			return t_diff("Subtopology.SourceTopics");
+	}
+	if (x->repartition_sink_topics.count != y->repartition_sink_topics.count)
+		return t_diff("Subtopology.RepartitionSinkTopics");
+	for (int32_t i = 0; i < x->repartition_sink_topics.count; i++) {
+		if (!km_str_eq(x->repartition_sink_topics.items[i], y->repartition_sink_topics.items[i]))
+			return t_diff("Subtopology.RepartitionSinkTopics");
+	}
+	if (x->state_changelog_topics.count != y->state_changelog_topics.count)
+		return t_diff("Subtopology.StateChangelogTopics");
+	for (int32_t i = 0; i < x->state_changelog_topics.count; i++) {
+		if (!eq_km_streams_group_describe_response_topic_info(&x->state_changelog_topics.items[i], &y->state_changelog_topics.items[i]))
+			return t_diff("Subtopology.StateChangelogTopics");
+	}
+	if (x->repartition_source_topics.count != y->repartition_source_topics.count)
+		return t_diff("Subtopology.RepartitionSourceTopics");
+	for (int32_t i = 0; i < x->repartition_source_topics.count; i++) {
+		if (!eq_km_streams_group_describe_response_topic_info(&x->repartition_source_topics.items[i], &y->repartition_source_topics.items[i]))
+			return t_diff("Subtopology.RepartitionSourceTopics");
+	}
+	if (!t_tags_eq(&x->unknown_tags, &y->unknown_tags))
+		return t_diff("Subtopology unknown tags");
+	return true;
+}
+
+static void fill_km_streams_group_describe_response_topology(km_streams_group_describe_response_topology *m, int16_t v, int mode, km_arena *a, uint32_t *seq)
+{
+	(void)v;
+	(void)mode;
+	(void)a;
+	(void)seq;
+	m->epoch = (int32_t)(t_int(seq, 1000000000, INT64_C(0)));
+	if (mode == 1 && true) {
+		m->subtopologies.count = -1;
+		m->subtopologies.items = NULL;
+	} else {
+		m->subtopologies.count = 2;
+		m->subtopologies.items = km_arena_alloc(a, 2 * sizeof(*m->subtopologies.items));
+		assert_non_null(m->subtopologies.items);
+		for (int i = 0; i < 2; i++) {
+			km_streams_group_describe_response_subtopology_init(&m->subtopologies.items[i]);
+			fill_km_streams_group_describe_response_subtopology(&m->subtopologies.items[i], v, mode, a, seq);
+		}
+	}
+	if (true && mode == 0)
+		t_unknown_tags(&m->unknown_tags, a, 0, 1000, seq);
+}
+
+static bool eq_km_streams_group_describe_response_topology(const km_streams_group_describe_response_topology *x, const km_streams_group_describe_response_topology *y)
+{
+	if (!(x->epoch == y->epoch))
+		return t_diff("Topology.Epoch");
+	if (x->subtopologies.count != y->subtopologies.count)
+		return t_diff("Topology.Subtopologies");
+	for (int32_t i = 0; i < x->subtopologies.count; i++) {
+		if (!eq_km_streams_group_describe_response_subtopology(&x->subtopologies.items[i], &y->subtopologies.items[i]))
+			return t_diff("Topology.Subtopologies");
+	}
+	if (!t_tags_eq(&x->unknown_tags, &y->unknown_tags))
+		return t_diff("Topology unknown tags");
+	return true;
+}
+
+static void fill_km_streams_group_describe_response_endpoint(km_streams_group_describe_response_endpoint *m, int16_t v, int mode, km_arena *a, uint32_t *seq)
+{
+	(void)v;
+	(void)mode;
+	(void)a;
+	(void)seq;
+	m->host = t_str(a, seq);
+	m->port = (uint16_t)(t_int(seq, 60000, INT64_C(0)));
+	if (true && mode == 0)
+		t_unknown_tags(&m->unknown_tags, a, 0, 1000, seq);
+}
+
+static bool eq_km_streams_group_describe_response_endpoint(const km_streams_group_describe_response_endpoint *x, const km_streams_group_describe_response_endpoint *y)
+{
+	if (!km_str_eq(x->host, y->host))
+		return t_diff("Endpoint.Host");
+	if (!(x->port == y->port))
+		return t_diff("Endpoint.Port");
+	if (!t_tags_eq(&x->unknown_tags, &y->unknown_tags))
+		return t_diff("Endpoint unknown tags");
+	return true;
+}
+
+static void fill_km_streams_group_describe_response_task_offset(km_streams_group_describe_response_task_offset *m, int16_t v, int mode, km_arena *a, uint32_t *seq)
+{
+	(void)v;
+	(void)mode;
+	(void)a;
+	(void)seq;
+	m->subtopology_id = t_str(a, seq);
+	m->partition = (int32_t)(t_int(seq, 1000000000, INT64_C(0)));
+	m->offset = (int64_t)(t_int(seq, 1000000000, INT64_C(0)) + ((int64_t)1 << 33));
+	if (true && mode == 0)
+		t_unknown_tags(&m->unknown_tags, a, 0, 1000, seq);
+}
+
+static bool eq_km_streams_group_describe_response_task_offset(const km_streams_group_describe_response_task_offset *x, const km_streams_group_describe_response_task_offset *y)
+{
+	if (!km_str_eq(x->subtopology_id, y->subtopology_id))
+		return t_diff("TaskOffset.SubtopologyId");
+	if (!(x->partition == y->partition))
+		return t_diff("TaskOffset.Partition");
+	if (!(x->offset == y->offset))
+		return t_diff("TaskOffset.Offset");
+	if (!t_tags_eq(&x->unknown_tags, &y->unknown_tags))
+		return t_diff("TaskOffset unknown tags");
+	return true;
+}
+
+static void fill_km_streams_group_describe_response_task_ids(km_streams_group_describe_response_task_ids *m, int16_t v, int mode, km_arena *a, uint32_t *seq)
+{
+	(void)v;
+	(void)mode;
+	(void)a;
+	(void)seq;
+	m->subtopology_id = t_str(a, seq);
+	m->partitions.count = 2;
+	m->partitions.items = km_arena_alloc(a, 2 * sizeof(*m->partitions.items));
+	assert_non_null(m->partitions.items);
+	for (int i = 0; i < 2; i++) {
+		m->partitions.items[i] = (int32_t)(t_int(seq, 1000000000, INT64_C(0)));
+	}
+	if (true && mode == 0)
+		t_unknown_tags(&m->unknown_tags, a, 0, 1000, seq);
+}
+
+static bool eq_km_streams_group_describe_response_task_ids(const km_streams_group_describe_response_task_ids *x, const km_streams_group_describe_response_task_ids *y)
+{
+	if (!km_str_eq(x->subtopology_id, y->subtopology_id))
+		return t_diff("TaskIds.SubtopologyId");
+	if (x->partitions.count != y->partitions.count)
+		return t_diff("TaskIds.Partitions");
+	for (int32_t i = 0; i < x->partitions.count; i++) {
+		if (!(x->partitions.items[i] == y->partitions.items[i]))
+			return t_diff("TaskIds.Partitions");
+	}
+	if (!t_tags_eq(&x->unknown_tags, &y->unknown_tags))
+		return t_diff("TaskIds unknown tags");
+	return true;
+}
+
+static void fill_km_streams_group_describe_response_assignment(km_streams_group_describe_response_assignment *m, int16_t v, int mode, km_arena *a, uint32_t *seq)
+{
+	(void)v;
+	(void)mode;
+	(void)a;
+	(void)seq;
+	m->active_tasks.count = 2;
+	m->active_tasks.items = km_arena_alloc(a, 2 * sizeof(*m->active_tasks.items));
+	assert_non_null(m->active_tasks.items);
+	for (int i = 0; i < 2; i++) {
+		km_streams_group_describe_response_task_ids_init(&m->active_tasks.items[i]);
+		fill_km_streams_group_describe_response_task_ids(&m->active_tasks.items[i], v, mode, a, seq);
+	}
+	m->standby_tasks.count = 2;
+	m->standby_tasks.items = km_arena_alloc(a, 2 * sizeof(*m->standby_tasks.items));
+	assert_non_null(m->standby_tasks.items);
+	for (int i = 0; i < 2; i++) {
+		km_streams_group_describe_response_task_ids_init(&m->standby_tasks.items[i]);
+		fill_km_streams_group_describe_response_task_ids(&m->standby_tasks.items[i], v, mode, a, seq);
+	}
+	m->warmup_tasks.count = 2;
+	m->warmup_tasks.items = km_arena_alloc(a, 2 * sizeof(*m->warmup_tasks.items));
+	assert_non_null(m->warmup_tasks.items);
+	for (int i = 0; i < 2; i++) {
+		km_streams_group_describe_response_task_ids_init(&m->warmup_tasks.items[i]);
+		fill_km_streams_group_describe_response_task_ids(&m->warmup_tasks.items[i], v, mode, a, seq);
+	}
+	if (true && mode == 0)
+		t_unknown_tags(&m->unknown_tags, a, 0, 1000, seq);
+}
+
+static bool eq_km_streams_group_describe_response_assignment(const km_streams_group_describe_response_assignment *x, const km_streams_group_describe_response_assignment *y)
+{
+	if (x->active_tasks.count != y->active_tasks.count)
+		return t_diff("Assignment.ActiveTasks");
+	for (int32_t i = 0; i < x->active_tasks.count; i++) {
+		if (!eq_km_streams_group_describe_response_task_ids(&x->active_tasks.items[i], &y->active_tasks.items[i]))
+			return t_diff("Assignment.ActiveTasks");
+	}
+	if (x->standby_tasks.count != y->standby_tasks.count)
+		return t_diff("Assignment.StandbyTasks");
+	for (int32_t i = 0; i < x->standby_tasks.count; i++) {
+		if (!eq_km_streams_group_describe_response_task_ids(&x->standby_tasks.items[i], &y->standby_tasks.items[i]))
+			return t_diff("Assignment.StandbyTasks");
+	}
+	if (x->warmup_tasks.count != y->warmup_tasks.count)
+		return t_diff("Assignment.WarmupTasks");
+	for (int32_t i = 0; i < x->warmup_tasks.count; i++) {
+		if (!eq_km_streams_group_describe_response_task_ids(&x->warmup_tasks.items[i], &y->warmup_tasks.items[i]))
+			return t_diff("Assignment.WarmupTasks");
+	}
+	if (!t_tags_eq(&x->unknown_tags, &y->unknown_tags))
+		return t_diff("Assignment unknown tags");
+	return true;
+}
+
+static void fill_km_streams_group_describe_response_member(km_streams_group_describe_response_member *m, int16_t v, int mode, km_arena *a, uint32_t *seq)
+{
+	(void)v;
+	(void)mode;
+	(void)a;
+	(void)seq;
+	m->member_id = t_str(a, seq);
+	m->member_epoch = (int32_t)(t_int(seq, 1000000000, INT64_C(0)));
+	m->instance_id = (mode == 1 && true) ? KM_STR_NULL : t_str(a, seq);
+	m->rack_id = (mode == 1 && true) ? KM_STR_NULL : t_str(a, seq);
+	m->client_id = t_str(a, seq);
+	m->client_host = t_str(a, seq);
+	m->topology_epoch = (int32_t)(t_int(seq, 1000000000, INT64_C(0)));
+	m->process_id = t_str(a, seq);
+	if (mode == 1 && true) {
+		m->user_endpoint = NULL;
+	} else {
+		m->user_endpoint = km_arena_alloc(a, sizeof(*m->user_endpoint));
+		assert_non_null(m->user_endpoint);
+		km_streams_group_describe_response_endpoint_init(m->user_endpoint);
+		fill_km_streams_group_describe_response_endpoint(m->user_endpoint, v, mode, a, seq);
+	}
+	m->client_tags.count = 2;
+	m->client_tags.items = km_arena_alloc(a, 2 * sizeof(*m->client_tags.items));
+	assert_non_null(m->client_tags.items);
+	for (int i = 0; i < 2; i++) {
+		km_streams_group_describe_response_key_value_init(&m->client_tags.items[i]);
+		fill_km_streams_group_describe_response_key_value(&m->client_tags.items[i], v, mode, a, seq);
+	}
+	m->task_offsets.count = 2;
+	m->task_offsets.items = km_arena_alloc(a, 2 * sizeof(*m->task_offsets.items));
+	assert_non_null(m->task_offsets.items);
+	for (int i = 0; i < 2; i++) {
+		km_streams_group_describe_response_task_offset_init(&m->task_offsets.items[i]);
+		fill_km_streams_group_describe_response_task_offset(&m->task_offsets.items[i], v, mode, a, seq);
+	}
+	m->task_end_offsets.count = 2;
+	m->task_end_offsets.items = km_arena_alloc(a, 2 * sizeof(*m->task_end_offsets.items));
+	assert_non_null(m->task_end_offsets.items);
+	for (int i = 0; i < 2; i++) {
+		km_streams_group_describe_response_task_offset_init(&m->task_end_offsets.items[i]);
+		fill_km_streams_group_describe_response_task_offset(&m->task_end_offsets.items[i], v, mode, a, seq);
+	}
+	fill_km_streams_group_describe_response_assignment(&m->assignment, v, mode, a, seq);
+	fill_km_streams_group_describe_response_assignment(&m->target_assignment, v, mode, a, seq);
+	m->is_classic = true;
+	if (true && mode == 0)
+		t_unknown_tags(&m->unknown_tags, a, 0, 1000, seq);
+}
+
+static bool eq_km_streams_group_describe_response_member(const km_streams_group_describe_response_member *x, const km_streams_group_describe_response_member *y)
+{
+	if (!km_str_eq(x->member_id, y->member_id))
+		return t_diff("Member.MemberId");
+	if (!(x->member_epoch == y->member_epoch))
+		return t_diff("Member.MemberEpoch");
+	if (!km_str_eq(x->instance_id, y->instance_id))
+		return t_diff("Member.InstanceId");
+	if (!km_str_eq(x->rack_id, y->rack_id))
+		return t_diff("Member.RackId");
+	if (!km_str_eq(x->client_id, y->client_id))
+		return t_diff("Member.ClientId");
+	if (!km_str_eq(x->client_host, y->client_host))
+		return t_diff("Member.ClientHost");
+	if (!(x->topology_epoch == y->topology_epoch))
+		return t_diff("Member.TopologyEpoch");
+	if (!km_str_eq(x->process_id, y->process_id))
+		return t_diff("Member.ProcessId");
+	if ((x->user_endpoint == NULL) != (y->user_endpoint == NULL) || (x->user_endpoint && !eq_km_streams_group_describe_response_endpoint(x->user_endpoint, y->user_endpoint)))
+		return t_diff("Member.UserEndpoint");
+	if (x->client_tags.count != y->client_tags.count)
+		return t_diff("Member.ClientTags");
+	for (int32_t i = 0; i < x->client_tags.count; i++) {
+		if (!eq_km_streams_group_describe_response_key_value(&x->client_tags.items[i], &y->client_tags.items[i]))
+			return t_diff("Member.ClientTags");
+	}
+	if (x->task_offsets.count != y->task_offsets.count)
+		return t_diff("Member.TaskOffsets");
+	for (int32_t i = 0; i < x->task_offsets.count; i++) {
+		if (!eq_km_streams_group_describe_response_task_offset(&x->task_offsets.items[i], &y->task_offsets.items[i]))
+			return t_diff("Member.TaskOffsets");
+	}
+	if (x->task_end_offsets.count != y->task_end_offsets.count)
+		return t_diff("Member.TaskEndOffsets");
+	for (int32_t i = 0; i < x->task_end_offsets.count; i++) {
+		if (!eq_km_streams_group_describe_response_task_offset(&x->task_end_offsets.items[i], &y->task_end_offsets.items[i]))
+			return t_diff("Member.TaskEndOffsets");
+	}
+	if (!eq_km_streams_group_describe_response_assignment(&x->assignment, &y->assignment))
+		return t_diff("Member.Assignment");
+	if (!eq_km_streams_group_describe_response_assignment(&x->target_assignment, &y->target_assignment))
+		return t_diff("Member.TargetAssignment");
+	if (!(x->is_classic == y->is_classic))
+		return t_diff("Member.IsClassic");
+	if (!t_tags_eq(&x->unknown_tags, &y->unknown_tags))
+		return t_diff("Member unknown tags");
+	return true;
+}
+
+static void fill_km_streams_group_describe_response_topology_description_node(km_streams_group_describe_response_topology_description_node *m, int16_t v, int mode, km_arena *a, uint32_t *seq)
+{
+	(void)v;
+	(void)mode;
+	(void)a;
+	(void)seq;
+	if (v >= 1) {
+		m->name = t_str(a, seq);
+	}
+	if (v >= 1) {
+		m->node_type = (int8_t)(t_int(seq, 100, INT64_C(0)));
+	}
+	if (v >= 1) {
+		m->source_topics.count = 2;
+		m->source_topics.items = km_arena_alloc(a, 2 * sizeof(*m->source_topics.items));
+		assert_non_null(m->source_topics.items);
+		for (int i = 0; i < 2; i++) {
+			m->source_topics.items[i] = t_str(a, seq);
+		}
+	}
+	if (v >= 1) {
+		m->sink_topic = (mode == 1 && v >= 1) ? KM_STR_NULL : t_str(a, seq);
+	}
+	if (v >= 1) {
+		m->stores.count = 2;
+		m->stores.items = km_arena_alloc(a, 2 * sizeof(*m->stores.items));
+		assert_non_null(m->stores.items);
+		for (int i = 0; i < 2; i++) {
+			m->stores.items[i] = t_str(a, seq);
+		}
+	}
+	if (v >= 1) {
+		m->successors.count = 2;
+		m->successors.items = km_arena_alloc(a, 2 * sizeof(*m->successors.items));
+		assert_non_null(m->successors.items);
+		for (int i = 0; i < 2; i++) {
+			m->successors.items[i] = t_str(a, seq);
+		}
+	}
+	if (true && mode == 0)
+		t_unknown_tags(&m->unknown_tags, a, 0, 1000, seq);
+}
+
+static bool eq_km_streams_group_describe_response_topology_description_node(const km_streams_group_describe_response_topology_description_node *x, const km_streams_group_describe_response_topology_description_node *y)
+{
+	if (!km_str_eq(x->name, y->name))
+		return t_diff("TopologyDescriptionNode.Name");
+	if (!(x->node_type == y->node_type))
+		return t_diff("TopologyDescriptionNode.NodeType");
+	if (x->source_topics.count != y->source_topics.count)
+		return t_diff("TopologyDescriptionNode.SourceTopics");
+	for (int32_t i = 0; i < x->source_topics.count; i++) {
+		if (!km_str_eq(x->source_topics.items[i], y->source_topics.items[i]))
+			return t_diff("TopologyDescriptionNode.SourceTopics");
+	}
+	if (!km_str_eq(x->sink_topic, y->sink_topic))
+		return t_diff("TopologyDescriptionNode.SinkTopic");
+	if (x->stores.count != y->stores.count)
+		return t_diff("TopologyDescriptionNode.Stores");
+	for (int32_t i = 0; i < x->stores.count; i++) {
+		if (!km_str_eq(x->stores.items[i], y->stores.items[i]))
+			return t_diff("TopologyDescriptionNode.Stores");
+	}
+	if (x->successors.count != y->successors.count)
+		return t_diff("TopologyDescriptionNode.Successors");
+	for (int32_t i = 0; i < x->successors.count; i++) {
+		if (!km_str_eq(x->successors.items[i], y->successors.items[i]))
+			return t_diff("TopologyDescriptionNode.Successors");
+	}
+	if (!t_tags_eq(&x->unknown_tags, &y->unknown_tags))
+		return t_diff("TopologyDescriptionNode unknown tags");
+	return true;
+}
+
+static void fill_km_streams_group_describe_response_topology_description_subtopology(km_streams_group_describe_response_topology_description_subtopology *m, int16_t v, int mode, km_arena *a, uint32_t *seq)
+{
+	(void)v;
+	(void)mode;
+	(void)a;
+	(void)seq;
+	if (v >= 1) {
+		m->subtopology_id = t_str(a, seq);
+	}
+	if (v >= 1) {
+		m->nodes.count = 2;
+		m->nodes.items = km_arena_alloc(a, 2 * sizeof(*m->nodes.items));
+		assert_non_null(m->nodes.items);
+		for (int i = 0; i < 2; i++) {
+			km_streams_group_describe_response_topology_description_node_init(&m->nodes.items[i]);
+			fill_km_streams_group_describe_response_topology_description_node(&m->nodes.items[i], v, mode, a, seq);
+		}
+	}
+	if (true && mode == 0)
+		t_unknown_tags(&m->unknown_tags, a, 0, 1000, seq);
+}
+
+static bool eq_km_streams_group_describe_response_topology_description_subtopology(const km_streams_group_describe_response_topology_description_subtopology *x, const km_streams_group_describe_response_topology_description_subtopology *y)
+{
+	if (!km_str_eq(x->subtopology_id, y->subtopology_id))
+		return t_diff("TopologyDescriptionSubtopology.SubtopologyId");
+	if (x->nodes.count != y->nodes.count)
+		return t_diff("TopologyDescriptionSubtopology.Nodes");
+	for (int32_t i = 0; i < x->nodes.count; i++) {
+		if (!eq_km_streams_group_describe_response_topology_description_node(&x->nodes.items[i], &y->nodes.items[i]))
+			return t_diff("TopologyDescriptionSubtopology.Nodes");
+	}
+	if (!t_tags_eq(&x->unknown_tags, &y->unknown_tags))
+		return t_diff("TopologyDescriptionSubtopology unknown tags");
+	return true;
+}
+
+static void fill_km_streams_group_describe_response_topology_description_global_store(km_streams_group_describe_response_topology_description_global_store *m, int16_t v, int mode, km_arena *a, uint32_t *seq)
+{
+	(void)v;
+	(void)mode;
+	(void)a;
+	(void)seq;
+	if (v >= 1) {
+		fill_km_streams_group_describe_response_topology_description_node(&m->source, v, mode, a, seq);
+	}
+	if (v >= 1) {
+		fill_km_streams_group_describe_response_topology_description_node(&m->processor, v, mode, a, seq);
+	}
+	if (true && mode == 0)
+		t_unknown_tags(&m->unknown_tags, a, 0, 1000, seq);
+}
+
+static bool eq_km_streams_group_describe_response_topology_description_global_store(const km_streams_group_describe_response_topology_description_global_store *x, const km_streams_group_describe_response_topology_description_global_store *y)
+{
+	if (!eq_km_streams_group_describe_response_topology_description_node(&x->source, &y->source))
+		return t_diff("TopologyDescriptionGlobalStore.Source");
+	if (!eq_km_streams_group_describe_response_topology_description_node(&x->processor, &y->processor))
+		return t_diff("TopologyDescriptionGlobalStore.Processor");
+	if (!t_tags_eq(&x->unknown_tags, &y->unknown_tags))
+		return t_diff("TopologyDescriptionGlobalStore unknown tags");
+	return true;
+}
+
+static void fill_km_streams_group_describe_response_topology_description(km_streams_group_describe_response_topology_description *m, int16_t v, int mode, km_arena *a, uint32_t *seq)
+{
+	(void)v;
+	(void)mode;
+	(void)a;
+	(void)seq;
+	if (v >= 1) {
+		m->subtopologies.count = 2;
+		m->subtopologies.items = km_arena_alloc(a, 2 * sizeof(*m->subtopologies.items));
+		assert_non_null(m->subtopologies.items);
+		for (int i = 0; i < 2; i++) {
+			km_streams_group_describe_response_topology_description_subtopology_init(&m->subtopologies.items[i]);
+			fill_km_streams_group_describe_response_topology_description_subtopology(&m->subtopologies.items[i], v, mode, a, seq);
+		}
+	}
+	if (v >= 1) {
+		m->global_stores.count = 2;
+		m->global_stores.items = km_arena_alloc(a, 2 * sizeof(*m->global_stores.items));
+		assert_non_null(m->global_stores.items);
+		for (int i = 0; i < 2; i++) {
+			km_streams_group_describe_response_topology_description_global_store_init(&m->global_stores.items[i]);
+			fill_km_streams_group_describe_response_topology_description_global_store(&m->global_stores.items[i], v, mode, a, seq);
+		}
+	}
+	if (true && mode == 0)
+		t_unknown_tags(&m->unknown_tags, a, 0, 1000, seq);
+}
+
+static bool eq_km_streams_group_describe_response_topology_description(const km_streams_group_describe_response_topology_description *x, const km_streams_group_describe_response_topology_description *y)
+{
+	if (x->subtopologies.count != y->subtopologies.count)
+		return t_diff("TopologyDescription.Subtopologies");
+	for (int32_t i = 0; i < x->subtopologies.count; i++) {
+		if (!eq_km_streams_group_describe_response_topology_description_subtopology(&x->subtopologies.items[i], &y->subtopologies.items[i]))
+			return t_diff("TopologyDescription.Subtopologies");
+	}
+	if (x->global_stores.count != y->global_stores.count)
+		return t_diff("TopologyDescription.GlobalStores");
+	for (int32_t i = 0; i < x->global_stores.count; i++) {
+		if (!eq_km_streams_group_describe_response_topology_description_global_store(&x->global_stores.items[i], &y->global_stores.items[i]))
+			return t_diff("TopologyDescription.GlobalStores");
+	}
+	if (!t_tags_eq(&x->unknown_tags, &y->unknown_tags))
+		return t_diff("TopologyDescription unknown tags");
+	return true;
+}
+
+static void fill_km_streams_group_describe_response_described_group(km_streams_group_describe_response_described_group *m, int16_t v, int mode, km_arena *a, uint32_t *seq)
+{
+	(void)v;
+	(void)mode;
+	(void)a;
+	(void)seq;
+	m->error_code = (int16_t)(t_int(seq, 30000, INT64_C(0)));
+	m->error_message = (mode == 1 && true) ? KM_STR_NULL : t_str(a, seq);
+	m->group_id = t_str(a, seq);
+	m->group_state = t_str(a, seq);
+	m->group_epoch = (int32_t)(t_int(seq, 1000000000, INT64_C(0)));
+	m->assignment_epoch = (int32_t)(t_int(seq, 1000000000, INT64_C(0)));
+	if (mode == 1 && true) {
+		m->topology = NULL;
+	} else {
+		m->topology = km_arena_alloc(a, sizeof(*m->topology));
+		assert_non_null(m->topology);
+		km_streams_group_describe_response_topology_init(m->topology);
+		fill_km_streams_group_describe_response_topology(m->topology, v, mode, a, seq);
+	}
+	m->members.count = 2;
+	m->members.items = km_arena_alloc(a, 2 * sizeof(*m->members.items));
+	assert_non_null(m->members.items);
+	for (int i = 0; i < 2; i++) {
+		km_streams_group_describe_response_member_init(&m->members.items[i]);
+		fill_km_streams_group_describe_response_member(&m->members.items[i], v, mode, a, seq);
+	}
+	m->authorized_operations = (int32_t)(t_int(seq, 1000000000, INT64_C(-2147483648)));
+	if (v >= 1) {
+		if (mode == 1 && v >= 1) {
+			m->topology_description = NULL;
+		} else {
+			m->topology_description = km_arena_alloc(a, sizeof(*m->topology_description));
+			assert_non_null(m->topology_description);
+			km_streams_group_describe_response_topology_description_init(m->topology_description);
+			fill_km_streams_group_describe_response_topology_description(m->topology_description, v, mode, a, seq);
+		}
+	}
+	if (v >= 1) {
+		m->topology_description_status = (int8_t)(t_int(seq, 100, INT64_C(0)));
+	}
+	if (v >= 1) {
+		m->assignor_name = (mode == 1 && v >= 1) ? KM_STR_NULL : t_str(a, seq);
+	}
+	if (true && mode == 0)
+		t_unknown_tags(&m->unknown_tags, a, 0, 1000, seq);
+}
+
+static bool eq_km_streams_group_describe_response_described_group(const km_streams_group_describe_response_described_group *x, const km_streams_group_describe_response_described_group *y)
+{
+	if (!(x->error_code == y->error_code))
+		return t_diff("DescribedGroup.ErrorCode");
+	if (!km_str_eq(x->error_message, y->error_message))
+		return t_diff("DescribedGroup.ErrorMessage");
+	if (!km_str_eq(x->group_id, y->group_id))
+		return t_diff("DescribedGroup.GroupId");
+	if (!km_str_eq(x->group_state, y->group_state))
+		return t_diff("DescribedGroup.GroupState");
+	if (!(x->group_epoch == y->group_epoch))
+		return t_diff("DescribedGroup.GroupEpoch");
+	if (!(x->assignment_epoch == y->assignment_epoch))
+		return t_diff("DescribedGroup.AssignmentEpoch");
+	if ((x->topology == NULL) != (y->topology == NULL) || (x->topology && !eq_km_streams_group_describe_response_topology(x->topology, y->topology)))
+		return t_diff("DescribedGroup.Topology");
+	if (x->members.count != y->members.count)
+		return t_diff("DescribedGroup.Members");
+	for (int32_t i = 0; i < x->members.count; i++) {
+		if (!eq_km_streams_group_describe_response_member(&x->members.items[i], &y->members.items[i]))
+			return t_diff("DescribedGroup.Members");
+	}
+	if (!(x->authorized_operations == y->authorized_operations))
+		return t_diff("DescribedGroup.AuthorizedOperations");
+	if ((x->topology_description == NULL) != (y->topology_description == NULL) || (x->topology_description && !eq_km_streams_group_describe_response_topology_description(x->topology_description, y->topology_description)))
+		return t_diff("DescribedGroup.TopologyDescription");
+	if (!(x->topology_description_status == y->topology_description_status))
+		return t_diff("DescribedGroup.TopologyDescriptionStatus");
+	if (!km_str_eq(x->assignor_name, y->assignor_name))
+		return t_diff("DescribedGroup.AssignorName");
+	if (!t_tags_eq(&x->unknown_tags, &y->unknown_tags))
+		return t_diff("DescribedGroup unknown tags");
+	return true;
+}
+
+static void fill_km_streams_group_describe_response(km_streams_group_describe_response *m, int16_t v, int mode, km_arena *a, uint32_t *seq)
+{
+	(void)v;
+	(void)mode;
+	(void)a;
+	(void)seq;
+	m->throttle_time_ms = (int32_t)(t_int(seq, 1000000000, INT64_C(0)));
+	m->groups.count = 2;
+	m->groups.items = km_arena_alloc(a, 2 * sizeof(*m->groups.items));
+	assert_non_null(m->groups.items);
+	for (int i = 0; i < 2; i++) {
+		km_streams_group_describe_response_described_group_init(&m->groups.items[i]);
+		fill_km_streams_group_describe_response_described_group(&m->groups.items[i], v, mode, a, seq);
+	}
+	if (true && mode == 0)
+		t_unknown_tags(&m->unknown_tags, a, 0, 1000, seq);
+}
+
+static bool eq_km_streams_group_describe_response(const km_streams_group_describe_response *x, const km_streams_group_describe_response *y)
+{
+	if (!(x->throttle_time_ms == y->throttle_time_ms))
+		return t_diff("ThrottleTimeMs");
+	if (x->groups.count != y->groups.count)
+		return t_diff("Groups");
+	for (int32_t i = 0; i < x->groups.count; i++) {
+		if (!eq_km_streams_group_describe_response_described_group(&x->groups.items[i], &y->groups.items[i]))
+			return t_diff("Groups");
+	}
+	if (!t_tags_eq(&x->unknown_tags, &y->unknown_tags))
+		return t_diff("StreamsGroupDescribeResponse unknown tags");
+	return true;
+}
+
+static void km_streams_group_describe_response_fill_v(void *m, int16_t v, int mode, km_arena *a, uint32_t *seq) { fill_km_streams_group_describe_response(m, v, mode, a, seq); }
+static bool km_streams_group_describe_response_eq_v(const void *x, const void *y) { return eq_km_streams_group_describe_response(x, y); }
+static void km_streams_group_describe_response_init_v(void *m) { km_streams_group_describe_response_init(m); }
+static km_err km_streams_group_describe_response_decode_v(km_rd *r, int16_t v, void *m, km_arena *a) { return km_streams_group_describe_response_decode(r, v, m, a); }
+static void km_streams_group_describe_response_encode_v(km_wr *w, int16_t v, const void *m) { km_streams_group_describe_response_encode(w, v, m); }
+static size_t km_streams_group_describe_response_size_v(int16_t v, const void *m) { return km_streams_group_describe_response_size(v, m); }
+
+
+static void fill_km_streams_group_heartbeat_request_key_value(km_streams_group_heartbeat_request_key_value *m, int16_t v, int mode, km_arena *a, uint32_t *seq);
+static bool eq_km_streams_group_heartbeat_request_key_value(const km_streams_group_heartbeat_request_key_value *x, const km_streams_group_heartbeat_request_key_value *y);
+static void fill_km_streams_group_heartbeat_request_topic_info(km_streams_group_heartbeat_request_topic_info *m, int16_t v, int mode, km_arena *a, uint32_t *seq);
+static bool eq_km_streams_group_heartbeat_request_topic_info(const km_streams_group_heartbeat_request_topic_info *x, const km_streams_group_heartbeat_request_topic_info *y);
+static void fill_km_streams_group_heartbeat_request_copartition_group(km_streams_group_heartbeat_request_copartition_group *m, int16_t v, int mode, km_arena *a, uint32_t *seq);
+static bool eq_km_streams_group_heartbeat_request_copartition_group(const km_streams_group_heartbeat_request_copartition_group *x, const km_streams_group_heartbeat_request_copartition_group *y);
+static void fill_km_streams_group_heartbeat_request_subtopology(km_streams_group_heartbeat_request_subtopology *m, int16_t v, int mode, km_arena *a, uint32_t *seq);
+static bool eq_km_streams_group_heartbeat_request_subtopology(const km_streams_group_heartbeat_request_subtopology *x, const km_streams_group_heartbeat_request_subtopology *y);
+static void fill_km_streams_group_heartbeat_request_topology(km_streams_group_heartbeat_request_topology *m, int16_t v, int mode, km_arena *a, uint32_t *seq);
+static bool eq_km_streams_group_heartbeat_request_topology(const km_streams_group_heartbeat_request_topology *x, const km_streams_group_heartbeat_request_topology *y);
+static void fill_km_streams_group_heartbeat_request_task_ids(km_streams_group_heartbeat_request_task_ids *m, int16_t v, int mode, km_arena *a, uint32_t *seq);
+static bool eq_km_streams_group_heartbeat_request_task_ids(const km_streams_group_heartbeat_request_task_ids *x, const km_streams_group_heartbeat_request_task_ids *y);
+static void fill_km_streams_group_heartbeat_request_endpoint(km_streams_group_heartbeat_request_endpoint *m, int16_t v, int mode, km_arena *a, uint32_t *seq);
+static bool eq_km_streams_group_heartbeat_request_endpoint(const km_streams_group_heartbeat_request_endpoint *x, const km_streams_group_heartbeat_request_endpoint *y);
+static void fill_km_streams_group_heartbeat_request_task_offset(km_streams_group_heartbeat_request_task_offset *m, int16_t v, int mode, km_arena *a, uint32_t *seq);
+static bool eq_km_streams_group_heartbeat_request_task_offset(const km_streams_group_heartbeat_request_task_offset *x, const km_streams_group_heartbeat_request_task_offset *y);
+static void fill_km_streams_group_heartbeat_request(km_streams_group_heartbeat_request *m, int16_t v, int mode, km_arena *a, uint32_t *seq);
+static bool eq_km_streams_group_heartbeat_request(const km_streams_group_heartbeat_request *x, const km_streams_group_heartbeat_request *y);
+
+static void fill_km_streams_group_heartbeat_request_key_value(km_streams_group_heartbeat_request_key_value *m, int16_t v, int mode, km_arena *a, uint32_t *seq)
+{
+	(void)v;
+	(void)mode;
+	(void)a;
+	(void)seq;
+	m->key = t_str(a, seq);
+	m->value = t_str(a, seq);
+	if (true && mode == 0)
+		t_unknown_tags(&m->unknown_tags, a, 0, 1000, seq);
+}
+
+static bool eq_km_streams_group_heartbeat_request_key_value(const km_streams_group_heartbeat_request_key_value *x, const km_streams_group_heartbeat_request_key_value *y)
+{
+	if (!km_str_eq(x->key, y->key))
+		return t_diff("KeyValue.Key");
+	if (!km_str_eq(x->value, y->value))
+		return t_diff("KeyValue.Value");
+	if (!t_tags_eq(&x->unknown_tags, &y->unknown_tags))
+		return t_diff("KeyValue unknown tags");
+	return true;
+}
+
+static void fill_km_streams_group_heartbeat_request_topic_info(km_streams_group_heartbeat_request_topic_info *m, int16_t v, int mode, km_arena *a, uint32_t *seq)
+{
+	(void)v;
+	(void)mode;
+	(void)a;
+	(void)seq;
+	m->name = t_str(a, seq);
+	m->partitions = (int32_t)(t_int(seq, 1000000000, INT64_C(0)));
+	m->replication_factor = (int16_t)(t_int(seq, 30000, INT64_C(0)));
+	m->topic_configs.count = 2;
+	m->topic_configs.items = km_arena_alloc(a, 2 * sizeof(*m->topic_configs.items));
+	assert_non_null(m->topic_configs.items);
+	for (int i = 0; i < 2; i++) {
+		km_streams_group_heartbeat_request_key_value_init(&m->topic_configs.items[i]);
+		fill_km_streams_group_heartbeat_request_key_value(&m->topic_configs.items[i], v, mode, a, seq);
+	}
+	if (true && mode == 0)
+		t_unknown_tags(&m->unknown_tags, a, 0, 1000, seq);
+}
+
+static bool eq_km_streams_group_heartbeat_request_topic_info(const km_streams_group_heartbeat_request_topic_info *x, const km_streams_group_heartbeat_request_topic_info *y)
+{
+	if (!km_str_eq(x->name, y->name))
+		return t_diff("TopicInfo.Name");
+	if (!(x->partitions == y->partitions))
+		return t_diff("TopicInfo.Partitions");
+	if (!(x->replication_factor == y->replication_factor))
+		return t_diff("TopicInfo.ReplicationFactor");
+	if (x->topic_configs.count != y->topic_configs.count)
+		return t_diff("TopicInfo.TopicConfigs");
+	for (int32_t i = 0; i < x->topic_configs.count; i++) {
+		if (!eq_km_streams_group_heartbeat_request_key_value(&x->topic_configs.items[i], &y->topic_configs.items[i]))
+			return t_diff("TopicInfo.TopicConfigs");
+	}
+	if (!t_tags_eq(&x->unknown_tags, &y->unknown_tags))
+		return t_diff("TopicInfo unknown tags");
+	return true;
+}
+
+static void fill_km_streams_group_heartbeat_request_copartition_group(km_streams_group_heartbeat_request_copartition_group *m, int16_t v, int mode, km_arena *a, uint32_t *seq)
+{
+	(void)v;
+	(void)mode;
+	(void)a;
+	(void)seq;
+	m->source_topics.count = 2;
+	m->source_topics.items = km_arena_alloc(a, 2 * sizeof(*m->source_topics.items));
+	assert_non_null(m->source_topics.items);
+	for (int i = 0; i < 2; i++) {
+		m->source_topics.items[i] = (int16_t)(t_int(seq, 30000, INT64_C(0)));
+	}
+	m->source_topic_regex.count = 2;
+	m->source_topic_regex.items = km_arena_alloc(a, 2 * sizeof(*m->source_topic_regex.items));
+	assert_non_null(m->source_topic_regex.items);
+	for (int i = 0; i < 2; i++) {
+		m->source_topic_regex.items[i] = (int16_t)(t_int(seq, 30000, INT64_C(0)));
+	}
+	m->repartition_source_topics.count = 2;
+	m->repartition_source_topics.items = km_arena_alloc(a, 2 * sizeof(*m->repartition_source_topics.items));
+	assert_non_null(m->repartition_source_topics.items);
+	for (int i = 0; i < 2; i++) {
+		m->repartition_source_topics.items[i] = (int16_t)(t_int(seq, 30000, INT64_C(0)));
+	}
+	if (true && mode == 0)
+		t_unknown_tags(&m->unknown_tags, a, 0, 1000, seq);
+}
+
+static bool eq_km_streams_group_heartbeat_request_copartition_group(const km_streams_group_heartbeat_request_copartition_group *x, const km_streams_group_heartbeat_request_copartition_group *y)
+{
+	if (x->source_topics.count != y->source_topics.count)
+		return t_diff("CopartitionGroup.SourceTopics");
+	for (int32_t i = 0; i < x->source_topics.count; i++) {
+		if (!(x->source_topics.items[i] == y->source_topics.items[i]))
+			return t_diff("CopartitionGroup.SourceTopics");
+	}
+	if (x->source_topic_regex.count != y->source_topic_regex.count)
+		return t_diff("CopartitionGroup.SourceTopicRegex");
+	for (int32_t i = 0; i < x->source_topic_regex.count; i++) {
+		if (!(x->source_topic_regex.items[i] == y->source_topic_regex.items[i]))
+			return t_diff("CopartitionGroup.SourceTopicRegex");
+	}
+	if (x->repartition_source_topics.count != y->repartition_source_topics.count)
+		return t_diff("CopartitionGroup.RepartitionSourceTopics");
+	for (int32_t i = 0; i < x->repartition_source_topics.count; i++) {
+		if (!(x->repartition_source_topics.items[i] == y->repartition_source_topics.items[i]))
+			return t_diff("CopartitionGroup.RepartitionSourceTopics");
+	}
+	if (!t_tags_eq(&x->unknown_tags, &y->unknown_tags))
+		return t_diff("CopartitionGroup unknown tags");
+	return true;
+}
+
+static void fill_km_streams_group_heartbeat_request_subtopology(km_streams_group_heartbeat_request_subtopology *m, int16_t v, int mode, km_arena *a, uint32_t *seq)
+{
+	(void)v;
+	(void)mode;
+	(void)a;
+	(void)seq;
+	m->subtopology_id = t_str(a, seq);
+	m->source_topics.count = 2;
+	m->source_topics.items = km_arena_alloc(a, 2 * sizeof(*m->source_topics.items));
+	assert_non_null(m->source_topics.items);
+	for (int i = 0; i < 2; i++) {
+		m->source_topics.items[i] = t_str(a, seq);
+	}
+	m->source_topic_regex.count = 2;
+	m->source_topic_regex.items = km_arena_alloc(a, 2 * sizeof(*m->source_topic_regex.items));
+	assert_non_null(m->source_topic_regex.items);
+	for (int i = 0; i < 2; i++) {
+		m->source_topic_regex.items[i] = t_str(a, seq);
+	}
+	m->state_changelog_topics.count = 2;
+	m->state_changelog_topics.items = km_arena_alloc(a, 2 * sizeof(*m->state_changelog_topics.items));
+	assert_non_null(m->state_changelog_topics.items);
+	for (int i = 0; i < 2; i++) {
+		km_streams_group_heartbeat_request_topic_info_init(&m->state_changelog_topics.items[i]);
+		fill_km_streams_group_heartbeat_request_topic_info(&m->state_changelog_topics.items[i], v, mode, a, seq);
+	}
+	m->repartition_sink_topics.count = 2;
+	m->repartition_sink_topics.items = km_arena_alloc(a, 2 * sizeof(*m->repartition_sink_topics.items));
+	assert_non_null(m->repartition_sink_topics.items);
+	for (int i = 0; i < 2; i++) {
+		m->repartition_sink_topics.items[i] = t_str(a, seq);
+	}
+	m->repartition_source_topics.count = 2;
+	m->repartition_source_topics.items = km_arena_alloc(a, 2 * sizeof(*m->repartition_source_topics.items));
+	assert_non_null(m->repartition_source_topics.items);
+	for (int i = 0; i < 2; i++) {
+		km_streams_group_heartbeat_request_topic_info_init(&m->repartition_source_topics.items[i]);
+		fill_km_streams_group_heartbeat_request_topic_info(&m->repartition_source_topics.items[i], v, mode, a, seq);
+	}
+	m->copartition_groups.count = 2;
+	m->copartition_groups.items = km_arena_alloc(a, 2 * sizeof(*m->copartition_groups.items));
+	assert_non_null(m->copartition_groups.items);
+	for (int i = 0; i < 2; i++) {
+		km_streams_group_heartbeat_request_copartition_group_init(&m->copartition_groups.items[i]);
+		fill_km_streams_group_heartbeat_request_copartition_group(&m->copartition_groups.items[i], v, mode, a, seq);
+	}
+	if (true && mode == 0)
+		t_unknown_tags(&m->unknown_tags, a, 0, 1000, seq);
+}
+
+static bool eq_km_streams_group_heartbeat_request_subtopology(const km_streams_group_heartbeat_request_subtopology *x, const km_streams_group_heartbeat_request_subtopology *y)
+{
+	if (!km_str_eq(x->subtopology_id, y->subtopology_id))
+		return t_diff("Subtopology.SubtopologyId");
+	if (x->source_topics.count != y->source_topics.count)
+		return t_diff("Subtopology.SourceTopics");
+	for (int32_t i = 0; i < x->source_topics.count; i++) {
+		if (!km_str_eq(x->source_topics.items[i], y->source_topics.items[i]))
+			return t_diff("Subtopology.SourceTopics");
+	}
+	if (x->source_topic_regex.count != y->source_topic_regex.count)
+		return t_diff("Subtopology.SourceTopicRegex");
+	for (int32_t i = 0; i < x->source_topic_regex.count; i++) {
+		if (!km_str_eq(x->source_topic_regex.items[i], y->source_topic_regex.items[i]))
+			return t_diff("Subtopology.SourceTopicRegex");
+	}
+	if (x->state_changelog_topics.count != y->state_changelog_topics.count)
+		return t_diff("Subtopology.StateChangelogTopics");
+	for (int32_t i = 0; i < x->state_changelog_topics.count; i++) {
+		if (!eq_km_streams_group_heartbeat_request_topic_info(&x->state_changelog_topics.items[i], &y->state_changelog_topics.items[i]))
+			return t_diff("Subtopology.StateChangelogTopics");
+	}
+	if (x->repartition_sink_topics.count != y->repartition_sink_topics.count)
+		return t_diff("Subtopology.RepartitionSinkTopics");
+	for (int32_t i = 0; i < x->repartition_sink_topics.count; i++) {
+		if (!km_str_eq(x->repartition_sink_topics.items[i], y->repartition_sink_topics.items[i]))
+			return t_diff("Subtopology.RepartitionSinkTopics");
+	}
+	if (x->repartition_source_topics.count != y->repartition_source_topics.count)
+		return t_diff("Subtopology.RepartitionSourceTopics");
+	for (int32_t i = 0; i < x->repartition_source_topics.count; i++) {
+		if (!eq_km_streams_group_heartbeat_request_topic_info(&x->repartition_source_topics.items[i], &y->repartition_source_topics.items[i]))
+			return t_diff("Subtopology.RepartitionSourceTopics");
+	}
+	if (x->copartition_groups.count != y->copartition_groups.count)
+		return t_diff("Subtopology.CopartitionGroups");
+	for (int32_t i = 0; i < x->copartition_groups.count; i++) {
+		if (!eq_km_streams_group_heartbeat_request_copartition_group(&x->copartition_groups.items[i], &y->copartition_groups.items[i]))
+			return t_diff("Subtopology.CopartitionGroups");
+	}
+	if (!t_tags_eq(&x->unknown_tags, &y->unknown_tags))
+		return t_diff("Subtopology unknown tags");
+	return true;
+}
+
+static void fill_km_streams_group_heartbeat_request_topology(km_streams_group_heartbeat_request_topology *m, int16_t v, int mode, km_arena *a, uint32_t *seq)
+{
+	(void)v;
+	(void)mode;
+	(void)a;
+	(void)seq;
+	m->epoch = (int32_t)(t_int(seq, 1000000000, INT64_C(0)));
+	m->subtopologies.count = 2;
+	m->subtopologies.items = km_arena_alloc(a, 2 * sizeof(*m->subtopologies.items));
+	assert_non_null(m->subtopologies.items);
+	for (int i = 0; i < 2; i++) {
+		km_streams_group_heartbeat_request_subtopology_init(&m->subtopologies.items[i]);
+		fill_km_streams_group_heartbeat_request_subtopology(&m->subtopologies.items[i], v, mode, a, seq);
+	}
+	if (true && mode == 0)
+		t_unknown_tags(&m->unknown_tags, a, 0, 1000, seq);
+}
+
+static bool eq_km_streams_group_heartbeat_request_topology(const km_streams_group_heartbeat_request_topology *x, const km_streams_group_heartbeat_request_topology *y)
+{
+	if (!(x->epoch == y->epoch))
+		return t_diff("Topology.Epoch");
+	if (x->subtopologies.count != y->subtopologies.count)
+		return t_diff("Topology.Subtopologies");
+	for (int32_t i = 0; i < x->subtopologies.count; i++) {
+		if (!eq_km_streams_group_heartbeat_request_subtopology(&x->subtopologies.items[i], &y->subtopologies.items[i]))
+			return t_diff("Topology.Subtopologies");
+	}
+	if (!t_tags_eq(&x->unknown_tags, &y->unknown_tags))
+		return t_diff("Topology unknown tags");
+	return true;
+}
+
+static void fill_km_streams_group_heartbeat_request_task_ids(km_streams_group_heartbeat_request_task_ids *m, int16_t v, int mode, km_arena *a, uint32_t *seq)
+{
+	(void)v;
+	(void)mode;
+	(void)a;
+	(void)seq;
+	m->subtopology_id = t_str(a, seq);
+	m->partitions.count = 2;
+	m->partitions.items = km_arena_alloc(a, 2 * sizeof(*m->partitions.items));
+	assert_non_null(m->partitions.items);
+	for (int i = 0; i < 2; i++) {
+		m->partitions.items[i] = (int32_t)(t_int(seq, 1000000000, INT64_C(0)));
+	}
+	if (true && mode == 0)
+		t_unknown_tags(&m->unknown_tags, a, 0, 1000, seq);
+}
+
+static bool eq_km_streams_group_heartbeat_request_task_ids(const km_streams_group_heartbeat_request_task_ids *x, const km_streams_group_heartbeat_request_task_ids *y)
+{
+	if (!km_str_eq(x->subtopology_id, y->subtopology_id))
+		return t_diff("TaskIds.SubtopologyId");
+	if (x->partitions.count != y->partitions.count)
+		return t_diff("TaskIds.Partitions");
+	for (int32_t i = 0; i < x->partitions.count; i++) {
+		if (!(x->partitions.items[i] == y->partitions.items[i]))
+			return t_diff("TaskIds.Partitions");
+	}
+	if (!t_tags_eq(&x->unknown_tags, &y->unknown_tags))
+		return t_diff("TaskIds unknown tags");
+	return true;
+}
+
+static void fill_km_streams_group_heartbeat_request_endpoint(km_streams_group_heartbeat_request_endpoint *m, int16_t v, int mode, km_arena *a, uint32_t *seq)
+{
+	(void)v;
+	(void)mode;
+	(void)a;
+	(void)seq;
+	m->host = t_str(a, seq);
+	m->port = (uint16_t)(t_int(seq, 60000, INT64_C(0)));
+	if (true && mode == 0)
+		t_unknown_tags(&m->unknown_tags, a, 0, 1000, seq);
+}
+
+static bool eq_km_streams_group_heartbeat_request_endpoint(const km_streams_group_heartbeat_request_endpoint *x, const km_streams_group_heartbeat_request_endpoint *y)
+{
+	if (!km_str_eq(x->host, y->host))
+		return t_diff("Endpoint.Host");
+	if (!(x->port == y->port))
+		return t_diff("Endpoint.Port");
+	if (!t_tags_eq(&x->unknown_tags, &y->unknown_tags))
+		return t_diff("Endpoint unknown tags");
+	return true;
+}
+
+static void fill_km_streams_group_heartbeat_request_task_offset(km_streams_group_heartbeat_request_task_offset *m, int16_t v, int mode, km_arena *a, uint32_t *seq)
+{
+	(void)v;
+	(void)mode;
+	(void)a;
+	(void)seq;
+	m->subtopology_id = t_str(a, seq);
+	m->partition = (int32_t)(t_int(seq, 1000000000, INT64_C(0)));
+	m->offset = (int64_t)(t_int(seq, 1000000000, INT64_C(0)) + ((int64_t)1 << 33));
+	if (true && mode == 0)
+		t_unknown_tags(&m->unknown_tags, a, 0, 1000, seq);
+}
+
+static bool eq_km_streams_group_heartbeat_request_task_offset(const km_streams_group_heartbeat_request_task_offset *x, const km_streams_group_heartbeat_request_task_offset *y)
+{
+	if (!km_str_eq(x->subtopology_id, y->subtopology_id))
+		return t_diff("TaskOffset.SubtopologyId");
+	if (!(x->partition == y->partition))
+		return t_diff("TaskOffset.Partition");
+	if (!(x->offset == y->offset))
+		return t_diff("TaskOffset.Offset");
+	if (!t_tags_eq(&x->unknown_tags, &y->unknown_tags))
+		return t_diff("TaskOffset unknown tags");
+	return true;
+}
+
+static void fill_km_streams_group_heartbeat_request(km_streams_group_heartbeat_request *m, int16_t v, int mode, km_arena *a, uint32_t *seq)
+{
+	(void)v;
+	(void)mode;
+	(void)a;
+	(void)seq;
+	m->group_id = t_str(a, seq);
+	m->member_id = t_str(a, seq);
+	m->member_epoch = (int32_t)(t_int(seq, 1000000000, INT64_C(0)));
+	m->endpoint_information_epoch = (int32_t)(t_int(seq, 1000000000, INT64_C(0)));
+	m->instance_id = (mode == 1 && true) ? KM_STR_NULL : t_str(a, seq);
+	m->rack_id = (mode == 1 && true) ? KM_STR_NULL : t_str(a, seq);
+	m->rebalance_timeout_ms = (int32_t)(t_int(seq, 1000000000, INT64_C(-1)));
+	if (mode == 1 && true) {
+		m->topology = NULL;
+	} else {
+		m->topology = km_arena_alloc(a, sizeof(*m->topology));
+		assert_non_null(m->topology);
+		km_streams_group_heartbeat_request_topology_init(m->topology);
+		fill_km_streams_group_heartbeat_request_topology(m->topology, v, mode, a, seq);
+	}
+	if (mode == 1 && true) {
+		m->active_tasks.count = -1;
+		m->active_tasks.items = NULL;
+	} else {
+		m->active_tasks.count = 2;
+		m->active_tasks.items = km_arena_alloc(a, 2 * sizeof(*m->active_tasks.items));
+		assert_non_null(m->active_tasks.items);
+		for (int i = 0; i < 2; i++) {
+			km_streams_group_heartbeat_request_task_ids_init(&m->active_tasks.items[i]);
+			fill_km_streams_group_heartbeat_request_task_ids(&m->active_tasks.items[i], v, mode, a, seq);
+		}
+	}
+	if (mode == 1 && true) {
+		m->standby_tasks.count = -1;
+		m->standby_tasks.items = NULL;
+	} else {
+		m->standby_tasks.count = 2;
+		m->standby_tasks.items = km_arena_alloc(a, 2 * sizeof(*m->standby_tasks.items));
+		assert_non_null(m->standby_tasks.items);
+		for (int i = 0; i < 2; i++) {
+			km_streams_group_heartbeat_request_task_ids_init(&m->standby_tasks.items[i]);
+			fill_km_streams_group_heartbeat_request_task_ids(&m->standby_tasks.items[i], v, mode, a, seq);
+		}
+	}
+	if (mode == 1 && true) {
+		m->warmup_tasks.count = -1;
+		m->warmup_tasks.items = NULL;
+	} else {
+		m->warmup_tasks.count = 2;
+		m->warmup_tasks.items = km_arena_alloc(a, 2 * sizeof(*m->warmup_tasks.items));
+		assert_non_null(m->warmup_tasks.items);
+		for (int i = 0; i < 2; i++) {
+			km_streams_group_heartbeat_request_task_ids_init(&m->warmup_tasks.items[i]);
+			fill_km_streams_group_heartbeat_request_task_ids(&m->warmup_tasks.items[i], v, mode, a, seq);
+		}
+	}
+	m->process_id = (mode == 1 && true) ? KM_STR_NULL : t_str(a, seq);
+	if (mode == 1 && true) {
+		m->user_endpoint = NULL;
+	} else {
+		m->user_endpoint = km_arena_alloc(a, sizeof(*m->user_endpoint));
+		assert_non_null(m->user_endpoint);
+		km_streams_group_heartbeat_request_endpoint_init(m->user_endpoint);
+		fill_km_streams_group_heartbeat_request_endpoint(m->user_endpoint, v, mode, a, seq);
+	}
+	if (mode == 1 && true) {
+		m->client_tags.count = -1;
+		m->client_tags.items = NULL;
+	} else {
+		m->client_tags.count = 2;
+		m->client_tags.items = km_arena_alloc(a, 2 * sizeof(*m->client_tags.items));
+		assert_non_null(m->client_tags.items);
+		for (int i = 0; i < 2; i++) {
+			km_streams_group_heartbeat_request_key_value_init(&m->client_tags.items[i]);
+			fill_km_streams_group_heartbeat_request_key_value(&m->client_tags.items[i], v, mode, a, seq);
+		}
+	}
+	if (mode == 1 && true) {
+		m->task_offsets.count = -1;
+		m->task_offsets.items = NULL;
+	} else {
+		m->task_offsets.count = 2;
+		m->task_offsets.items = km_arena_alloc(a, 2 * sizeof(*m->task_offsets.items));
+		assert_non_null(m->task_offsets.items);
+		for (int i = 0; i < 2; i++) {
+			km_streams_group_heartbeat_request_task_offset_init(&m->task_offsets.items[i]);
+			fill_km_streams_group_heartbeat_request_task_offset(&m->task_offsets.items[i], v, mode, a, seq);
+		}
+	}
+	if (mode == 1 && true) {
+		m->task_end_offsets.count = -1;
+		m->task_end_offsets.items = NULL;
+	} else {
+		m->task_end_offsets.count = 2;
+		m->task_end_offsets.items = km_arena_alloc(a, 2 * sizeof(*m->task_end_offsets.items));
+		assert_non_null(m->task_end_offsets.items);
+		for (int i = 0; i < 2; i++) {
+			km_streams_group_heartbeat_request_task_offset_init(&m->task_end_offsets.items[i]);
+			fill_km_streams_group_heartbeat_request_task_offset(&m->task_end_offsets.items[i], v, mode, a, seq);
+		}
+	}
+	m->shutdown_application = true;
+	if (true && mode == 0)
+		t_unknown_tags(&m->unknown_tags, a, 0, 1000, seq);
+}
+
+static bool eq_km_streams_group_heartbeat_request(const km_streams_group_heartbeat_request *x, const km_streams_group_heartbeat_request *y)
+{
+	if (!km_str_eq(x->group_id, y->group_id))
+		return t_diff("GroupId");
+	if (!km_str_eq(x->member_id, y->member_id))
+		return t_diff("MemberId");
+	if (!(x->member_epoch == y->member_epoch))
+		return t_diff("MemberEpoch");
+	if (!(x->endpoint_information_epoch == y->endpoint_information_epoch))
+		return t_diff("EndpointInformationEpoch");
+	if (!km_str_eq(x->instance_id, y->instance_id))
+		return t_diff("InstanceId");
+	if (!km_str_eq(x->rack_id, y->rack_id))
+		return t_diff("RackId");
+	if (!(x->rebalance_timeout_ms == y->rebalance_timeout_ms))
+		return t_diff("RebalanceTimeoutMs");
+	if ((x->topology == NULL) != (y->topology == NULL) || (x->topology && !eq_km_streams_group_heartbeat_request_topology(x->topology, y->topology)))
+		return t_diff("Topology");
+	if (x->active_tasks.count != y->active_tasks.count)
+		return t_diff("ActiveTasks");
+	for (int32_t i = 0; i < x->active_tasks.count; i++) {
+		if (!eq_km_streams_group_heartbeat_request_task_ids(&x->active_tasks.items[i], &y->active_tasks.items[i]))
+			return t_diff("ActiveTasks");
+	}
+	if (x->standby_tasks.count != y->standby_tasks.count)
+		return t_diff("StandbyTasks");
+	for (int32_t i = 0; i < x->standby_tasks.count; i++) {
+		if (!eq_km_streams_group_heartbeat_request_task_ids(&x->standby_tasks.items[i], &y->standby_tasks.items[i]))
+			return t_diff("StandbyTasks");
+	}
+	if (x->warmup_tasks.count != y->warmup_tasks.count)
+		return t_diff("WarmupTasks");
+	for (int32_t i = 0; i < x->warmup_tasks.count; i++) {
+		if (!eq_km_streams_group_heartbeat_request_task_ids(&x->warmup_tasks.items[i], &y->warmup_tasks.items[i]))
+			return t_diff("WarmupTasks");
+	}
+	if (!km_str_eq(x->process_id, y->process_id))
+		return t_diff("ProcessId");
+	if ((x->user_endpoint == NULL) != (y->user_endpoint == NULL) || (x->user_endpoint && !eq_km_streams_group_heartbeat_request_endpoint(x->user_endpoint, y->user_endpoint)))
+		return t_diff("UserEndpoint");
+	if (x->client_tags.count != y->client_tags.count)
+		return t_diff("ClientTags");
+	for (int32_t i = 0; i < x->client_tags.count; i++) {
+		if (!eq_km_streams_group_heartbeat_request_key_value(&x->client_tags.items[i], &y->client_tags.items[i]))
+			return t_diff("ClientTags");
+	}
+	if (x->task_offsets.count != y->task_offsets.count)
+		return t_diff("TaskOffsets");
+	for (int32_t i = 0; i < x->task_offsets.count; i++) {
+		if (!eq_km_streams_group_heartbeat_request_task_offset(&x->task_offsets.items[i], &y->task_offsets.items[i]))
+			return t_diff("TaskOffsets");
+	}
+	if (x->task_end_offsets.count != y->task_end_offsets.count)
+		return t_diff("TaskEndOffsets");
+	for (int32_t i = 0; i < x->task_end_offsets.count; i++) {
+		if (!eq_km_streams_group_heartbeat_request_task_offset(&x->task_end_offsets.items[i], &y->task_end_offsets.items[i]))
+			return t_diff("TaskEndOffsets");
+	}
+	if (!(x->shutdown_application == y->shutdown_application))
+		return t_diff("ShutdownApplication");
+	if (!t_tags_eq(&x->unknown_tags, &y->unknown_tags))
+		return t_diff("StreamsGroupHeartbeatRequest unknown tags");
+	return true;
+}
+
+static void km_streams_group_heartbeat_request_fill_v(void *m, int16_t v, int mode, km_arena *a, uint32_t *seq) { fill_km_streams_group_heartbeat_request(m, v, mode, a, seq); }
+static bool km_streams_group_heartbeat_request_eq_v(const void *x, const void *y) { return eq_km_streams_group_heartbeat_request(x, y); }
+static void km_streams_group_heartbeat_request_init_v(void *m) { km_streams_group_heartbeat_request_init(m); }
+static km_err km_streams_group_heartbeat_request_decode_v(km_rd *r, int16_t v, void *m, km_arena *a) { return km_streams_group_heartbeat_request_decode(r, v, m, a); }
+static void km_streams_group_heartbeat_request_encode_v(km_wr *w, int16_t v, const void *m) { km_streams_group_heartbeat_request_encode(w, v, m); }
+static size_t km_streams_group_heartbeat_request_size_v(int16_t v, const void *m) { return km_streams_group_heartbeat_request_size(v, m); }
+
+
+static void fill_km_streams_group_heartbeat_response_status(km_streams_group_heartbeat_response_status *m, int16_t v, int mode, km_arena *a, uint32_t *seq);
+static bool eq_km_streams_group_heartbeat_response_status(const km_streams_group_heartbeat_response_status *x, const km_streams_group_heartbeat_response_status *y);
+static void fill_km_streams_group_heartbeat_response_task_ids(km_streams_group_heartbeat_response_task_ids *m, int16_t v, int mode, km_arena *a, uint32_t *seq);
+static bool eq_km_streams_group_heartbeat_response_task_ids(const km_streams_group_heartbeat_response_task_ids *x, const km_streams_group_heartbeat_response_task_ids *y);
+static void fill_km_streams_group_heartbeat_response_endpoint(km_streams_group_heartbeat_response_endpoint *m, int16_t v, int mode, km_arena *a, uint32_t *seq);
+static bool eq_km_streams_group_heartbeat_response_endpoint(const km_streams_group_heartbeat_response_endpoint *x, const km_streams_group_heartbeat_response_endpoint *y);
+static void fill_km_streams_group_heartbeat_response_topic_partition(km_streams_group_heartbeat_response_topic_partition *m, int16_t v, int mode, km_arena *a, uint32_t *seq);
+static bool eq_km_streams_group_heartbeat_response_topic_partition(const km_streams_group_heartbeat_response_topic_partition *x, const km_streams_group_heartbeat_response_topic_partition *y);
+static void fill_km_streams_group_heartbeat_response_endpoint_to_partitions(km_streams_group_heartbeat_response_endpoint_to_partitions *m, int16_t v, int mode, km_arena *a, uint32_t *seq);
+static bool eq_km_streams_group_heartbeat_response_endpoint_to_partitions(const km_streams_group_heartbeat_response_endpoint_to_partitions *x, const km_streams_group_heartbeat_response_endpoint_to_partitions *y);
+static void fill_km_streams_group_heartbeat_response(km_streams_group_heartbeat_response *m, int16_t v, int mode, km_arena *a, uint32_t *seq);
+static bool eq_km_streams_group_heartbeat_response(const km_streams_group_heartbeat_response *x, const km_streams_group_heartbeat_response *y);
+
+static void fill_km_streams_group_heartbeat_response_status(km_streams_group_heartbeat_response_status *m, int16_t v, int mode, km_arena *a, uint32_t *seq)
+{
+	(void)v;
+	(void)mode;
+	(void)a;
+	(void)seq;
+	m->status_code = (int8_t)(t_int(seq, 100, INT64_C(0)));
+	m->status_detail = t_str(a, seq);
+	if (true && mode == 0)
+		t_unknown_tags(&m->unknown_tags, a, 0, 1000, seq);
+}
+
+static bool eq_km_streams_group_heartbeat_response_status(const km_streams_group_heartbeat_response_status *x, const km_streams_group_heartbeat_response_status *y)
+{
+	if (!(x->status_code == y->status_code))
+		return t_diff("Status.StatusCode");
+	if (!km_str_eq(x->status_detail, y->status_detail))
+		return t_diff("Status.StatusDetail");
+	if (!t_tags_eq(&x->unknown_tags, &y->unknown_tags))
+		return t_diff("Status unknown tags");
+	return true;
+}
+
+static void fill_km_streams_group_heartbeat_response_task_ids(km_streams_group_heartbeat_response_task_ids *m, int16_t v, int mode, km_arena *a, uint32_t *seq)
+{
+	(void)v;
+	(void)mode;
+	(void)a;
+	(void)seq;
+	m->subtopology_id = t_str(a, seq);
+	m->partitions.count = 2;
+	m->partitions.items = km_arena_alloc(a, 2 * sizeof(*m->partitions.items));
+	assert_non_null(m->partitions.items);
+	for (int i = 0; i < 2; i++) {
+		m->partitions.items[i] = (int32_t)(t_int(seq, 1000000000, INT64_C(0)));
+	}
+	if (true && mode == 0)
+		t_unknown_tags(&m->unknown_tags, a, 0, 1000, seq);
+}
+
+static bool eq_km_streams_group_heartbeat_response_task_ids(const km_streams_group_heartbeat_response_task_ids *x, const km_streams_group_heartbeat_response_task_ids *y)
+{
+	if (!km_str_eq(x->subtopology_id, y->subtopology_id))
+		return t_diff("TaskIds.SubtopologyId");
+	if (x->partitions.count != y->partitions.count)
+		return t_diff("TaskIds.Partitions");
+	for (int32_t i = 0; i < x->partitions.count; i++) {
+		if (!(x->partitions.items[i] == y->partitions.items[i]))
+			return t_diff("TaskIds.Partitions");
+	}
+	if (!t_tags_eq(&x->unknown_tags, &y->unknown_tags))
+		return t_diff("TaskIds unknown tags");
+	return true;
+}
+
+static void fill_km_streams_group_heartbeat_response_endpoint(km_streams_group_heartbeat_response_endpoint *m, int16_t v, int mode, km_arena *a, uint32_t *seq)
+{
+	(void)v;
+	(void)mode;
+	(void)a;
+	(void)seq;
+	m->host = t_str(a, seq);
+	m->port = (uint16_t)(t_int(seq, 60000, INT64_C(0)));
+	if (true && mode == 0)
+		t_unknown_tags(&m->unknown_tags, a, 0, 1000, seq);
+}
+
+static bool eq_km_streams_group_heartbeat_response_endpoint(const km_streams_group_heartbeat_response_endpoint *x, const km_streams_group_heartbeat_response_endpoint *y)
+{
+	if (!km_str_eq(x->host, y->host))
+		return t_diff("Endpoint.Host");
+	if (!(x->port == y->port))
+		return t_diff("Endpoint.Port");
+	if (!t_tags_eq(&x->unknown_tags, &y->unknown_tags))
+		return t_diff("Endpoint unknown tags");
+	return true;
+}
+
+static void fill_km_streams_group_heartbeat_response_topic_partition(km_streams_group_heartbeat_response_topic_partition *m, int16_t v, int mode, km_arena *a, uint32_t *seq)
+{
+	(void)v;
+	(void)mode;
+	(void)a;
+	(void)seq;
+	m->topic = t_str(a, seq);
+	m->partitions.count = 2;
+	m->partitions.items = km_arena_alloc(a, 2 * sizeof(*m->partitions.items));
+	assert_non_null(m->partitions.items);
+	for (int i = 0; i < 2; i++) {
+		m->partitions.items[i] = (int32_t)(t_int(seq, 1000000000, INT64_C(0)));
+	}
+	if (true && mode == 0)
+		t_unknown_tags(&m->unknown_tags, a, 0, 1000, seq);
+}
+
+static bool eq_km_streams_group_heartbeat_response_topic_partition(const km_streams_group_heartbeat_response_topic_partition *x, const km_streams_group_heartbeat_response_topic_partition *y)
+{
+	if (!km_str_eq(x->topic, y->topic))
+		return t_diff("TopicPartition.Topic");
+	if (x->partitions.count != y->partitions.count)
+		return t_diff("TopicPartition.Partitions");
+	for (int32_t i = 0; i < x->partitions.count; i++) {
+		if (!(x->partitions.items[i] == y->partitions.items[i]))
+			return t_diff("TopicPartition.Partitions");
+	}
+	if (!t_tags_eq(&x->unknown_tags, &y->unknown_tags))
+		return t_diff("TopicPartition unknown tags");
+	return true;
+}
+
+static void fill_km_streams_group_heartbeat_response_endpoint_to_partitions(km_streams_group_heartbeat_response_endpoint_to_partitions *m, int16_t v, int mode, km_arena *a, uint32_t *seq)
+{
+	(void)v;
+	(void)mode;
+	(void)a;
+	(void)seq;
+	fill_km_streams_group_heartbeat_response_endpoint(&m->user_endpoint, v, mode, a, seq);
+	m->active_partitions.count = 2;
+	m->active_partitions.items = km_arena_alloc(a, 2 * sizeof(*m->active_partitions.items));
+	assert_non_null(m->active_partitions.items);
+	for (int i = 0; i < 2; i++) {
+		km_streams_group_heartbeat_response_topic_partition_init(&m->active_partitions.items[i]);
+		fill_km_streams_group_heartbeat_response_topic_partition(&m->active_partitions.items[i], v, mode, a, seq);
+	}
+	m->standby_partitions.count = 2;
+	m->standby_partitions.items = km_arena_alloc(a, 2 * sizeof(*m->standby_partitions.items));
+	assert_non_null(m->standby_partitions.items);
+	for (int i = 0; i < 2; i++) {
+		km_streams_group_heartbeat_response_topic_partition_init(&m->standby_partitions.items[i]);
+		fill_km_streams_group_heartbeat_response_topic_partition(&m->standby_partitions.items[i], v, mode, a, seq);
+	}
+	if (true && mode == 0)
+		t_unknown_tags(&m->unknown_tags, a, 0, 1000, seq);
+}
+
+static bool eq_km_streams_group_heartbeat_response_endpoint_to_partitions(const km_streams_group_heartbeat_response_endpoint_to_partitions *x, const km_streams_group_heartbeat_response_endpoint_to_partitions *y)
+{
+	if (!eq_km_streams_group_heartbeat_response_endpoint(&x->user_endpoint, &y->user_endpoint))
+		return t_diff("EndpointToPartitions.UserEndpoint");
+	if (x->active_partitions.count != y->active_partitions.count)
+		return t_diff("EndpointToPartitions.ActivePartitions");
+	for (int32_t i = 0; i < x->active_partitions.count; i++) {
+		if (!eq_km_streams_group_heartbeat_response_topic_partition(&x->active_partitions.items[i], &y->active_partitions.items[i]))
+			return t_diff("EndpointToPartitions.ActivePartitions");
+	}
+	if (x->standby_partitions.count != y->standby_partitions.count)
+		return t_diff("EndpointToPartitions.StandbyPartitions");
+	for (int32_t i = 0; i < x->standby_partitions.count; i++) {
+		if (!eq_km_streams_group_heartbeat_response_topic_partition(&x->standby_partitions.items[i], &y->standby_partitions.items[i]))
+			return t_diff("EndpointToPartitions.StandbyPartitions");
+	}
+	if (!t_tags_eq(&x->unknown_tags, &y->unknown_tags))
+		return t_diff("EndpointToPartitions unknown tags");
+	return true;
+}
+
+static void fill_km_streams_group_heartbeat_response(km_streams_group_heartbeat_response *m, int16_t v, int mode, km_arena *a, uint32_t *seq)
+{
+	(void)v;
+	(void)mode;
+	(void)a;
+	(void)seq;
+	m->throttle_time_ms = (int32_t)(t_int(seq, 1000000000, INT64_C(0)));
+	m->error_code = (int16_t)(t_int(seq, 30000, INT64_C(0)));
+	m->error_message = (mode == 1 && true) ? KM_STR_NULL : t_str(a, seq);
+	m->member_id = t_str(a, seq);
+	m->member_epoch = (int32_t)(t_int(seq, 1000000000, INT64_C(0)));
+	m->heartbeat_interval_ms = (int32_t)(t_int(seq, 1000000000, INT64_C(0)));
+	if (v <= 0) {
+		m->acceptable_recovery_lag_legacy = (int32_t)(t_int(seq, 1000000000, INT64_C(0)));
+	}
+	m->task_offset_interval_ms = (int32_t)(t_int(seq, 1000000000, INT64_C(0)));
+	if (v >= 1) {
+		m->acceptable_recovery_lag = (int64_t)(t_int(seq, 1000000000, INT64_C(-1)) + ((int64_t)1 << 33));
+	}
+	if (mode == 1 && true) {
+		m->status.count = -1;
+		m->status.items = NULL;
+	} else {
+		m->status.count = 2;
+		m->status.items = km_arena_alloc(a, 2 * sizeof(*m->status.items));
+		assert_non_null(m->status.items);
+		for (int i = 0; i < 2; i++) {
+			km_streams_group_heartbeat_response_status_init(&m->status.items[i]);
+			fill_km_streams_group_heartbeat_response_status(&m->status.items[i], v, mode, a, seq);
+		}
+	}
+	if (mode == 1 && true) {
+		m->active_tasks.count = -1;
+		m->active_tasks.items = NULL;
+	} else {
+		m->active_tasks.count = 2;
+		m->active_tasks.items = km_arena_alloc(a, 2 * sizeof(*m->active_tasks.items));
+		assert_non_null(m->active_tasks.items);
+		for (int i = 0; i < 2; i++) {
+			km_streams_group_heartbeat_response_task_ids_init(&m->active_tasks.items[i]);
+			fill_km_streams_group_heartbeat_response_task_ids(&m->active_tasks.items[i], v, mode, a, seq);
+		}
+	}
+	if (mode == 1 && true) {
+		m->standby_tasks.count = -1;
+		m->standby_tasks.items = NULL;
+	} else {
+		m->standby_tasks.count = 2;
+		m->standby_tasks.items = km_arena_alloc(a, 2 * sizeof(*m->standby_tasks.items));
+		assert_non_null(m->standby_tasks.items);
+		for (int i = 0; i < 2; i++) {
+			km_streams_group_heartbeat_response_task_ids_init(&m->standby_tasks.items[i]);
+			fill_km_streams_group_heartbeat_response_task_ids(&m->standby_tasks.items[i], v, mode, a, seq);
+		}
+	}
+	if (mode == 1 && true) {
+		m->warmup_tasks.count = -1;
+		m->warmup_tasks.items = NULL;
+	} else {
+		m->warmup_tasks.count = 2;
+		m->warmup_tasks.items = km_arena_alloc(a, 2 * sizeof(*m->warmup_tasks.items));
+		assert_non_null(m->warmup_tasks.items);
+		for (int i = 0; i < 2; i++) {
+			km_streams_group_heartbeat_response_task_ids_init(&m->warmup_tasks.items[i]);
+			fill_km_streams_group_heartbeat_response_task_ids(&m->warmup_tasks.items[i], v, mode, a, seq);
+		}
+	}
+	if (v >= 1) {
+		m->topology_description_required = true;
+	}
+	m->endpoint_information_epoch = (int32_t)(t_int(seq, 1000000000, INT64_C(0)));
+	if (mode == 1 && true) {
+		m->partitions_by_user_endpoint.count = -1;
+		m->partitions_by_user_endpoint.items = NULL;
+	} else {
+		m->partitions_by_user_endpoint.count = 2;
+		m->partitions_by_user_endpoint.items = km_arena_alloc(a, 2 * sizeof(*m->partitions_by_user_endpoint.items));
+		assert_non_null(m->partitions_by_user_endpoint.items);
+		for (int i = 0; i < 2; i++) {
+			km_streams_group_heartbeat_response_endpoint_to_partitions_init(&m->partitions_by_user_endpoint.items[i]);
+			fill_km_streams_group_heartbeat_response_endpoint_to_partitions(&m->partitions_by_user_endpoint.items[i], v, mode, a, seq);
+		}
+	}
+	if (true && mode == 0)
+		t_unknown_tags(&m->unknown_tags, a, 0, 1000, seq);
+}
+
+static bool eq_km_streams_group_heartbeat_response(const km_streams_group_heartbeat_response *x, const km_streams_group_heartbeat_response *y)
+{
+	if (!(x->throttle_time_ms == y->throttle_time_ms))
+		return t_diff("ThrottleTimeMs");
 	if (!(x->error_code == y->error_code))
 		return t_diff("ErrorCode");
-	if (x->partition_errors.count != y->partition_errors.count)
-		return t_diff("PartitionErrors");
-	for (int32_t i = 0; i < x->partition_errors.count; i++) {
-		if (!eq_km_stop_replica_response_stop_replica_partition_error(&x->partition_errors.items[i], &y->partition_errors.items[i]))
-			return t_diff("PartitionErrors");
+	if (!km_str_eq(x->error_message, y->error_message))
+		return t_diff("ErrorMessage");
+	if (!km_str_eq(x->member_id, y->member_id))
+		return t_diff("MemberId");
+	if (!(x->member_epoch == y->member_epoch))
+		return t_diff("MemberEpoch");
+	if (!(x->heartbeat_interval_ms == y->heartbeat_interval_ms))
+		return t_diff("HeartbeatIntervalMs");
+	if (!(x->acceptable_recovery_lag_legacy == y->acceptable_recovery_lag_legacy))
+		return t_diff("AcceptableRecoveryLagLegacy");
+	if (!(x->task_offset_interval_ms == y->task_offset_interval_ms))
+		return t_diff("TaskOffsetIntervalMs");
+	if (!(x->acceptable_recovery_lag == y->acceptable_recovery_lag))
+		return t_diff("AcceptableRecoveryLag");
+	if (x->status.count != y->status.count)
+		return t_diff("Status");
+	for (int32_t i = 0; i < x->status.count; i++) {
+		if (!eq_km_streams_group_heartbeat_response_status(&x->status.items[i], &y->status.items[i]))
+			return t_diff("Status");
+	}
+	if (x->active_tasks.count != y->active_tasks.count)
+		return t_diff("ActiveTasks");
+	for (int32_t i = 0; i < x->active_tasks.count; i++) {
+		if (!eq_km_streams_group_heartbeat_response_task_ids(&x->active_tasks.items[i], &y->active_tasks.items[i]))
+			return t_diff("ActiveTasks");
+	}
+	if (x->standby_tasks.count != y->standby_tasks.count)
+		return t_diff("StandbyTasks");
+	for (int32_t i = 0; i < x->standby_tasks.count; i++) {
+		if (!eq_km_streams_group_heartbeat_response_task_ids(&x->standby_tasks.items[i], &y->standby_tasks.items[i]))
+			return t_diff("StandbyTasks");
+	}
+	if (x->warmup_tasks.count != y->warmup_tasks.count)
+		return t_diff("WarmupTasks");
+	for (int32_t i = 0; i < x->warmup_tasks.count; i++) {
+		if (!eq_km_streams_group_heartbeat_response_task_ids(&x->warmup_tasks.items[i], &y->warmup_tasks.items[i]))
+			return t_diff("WarmupTasks");
+	}
+	if (!(x->topology_description_required == y->topology_description_required))
+		return t_diff("TopologyDescriptionRequired");
+	if (!(x->endpoint_information_epoch == y->endpoint_information_epoch))
+		return t_diff("EndpointInformationEpoch");
+	if (x->partitions_by_user_endpoint.count != y->partitions_by_user_endpoint.count)
+		return t_diff("PartitionsByUserEndpoint");
+	for (int32_t i = 0; i < x->partitions_by_user_endpoint.count; i++) {
+		if (!eq_km_streams_group_heartbeat_response_endpoint_to_partitions(&x->partitions_by_user_endpoint.items[i], &y->partitions_by_user_endpoint.items[i]))
+			return t_diff("PartitionsByUserEndpoint");
 	}
 	if (!t_tags_eq(&x->unknown_tags, &y->unknown_tags))
-		return t_diff("StopReplicaResponse unknown tags");
+		return t_diff("StreamsGroupHeartbeatResponse unknown tags");
 	return true;
 }
 
-static void km_stop_replica_response_fill_v(void *m, int16_t v, int mode, km_arena *a, uint32_t *seq) { fill_km_stop_replica_response(m, v, mode, a, seq); }
-static bool km_stop_replica_response_eq_v(const void *x, const void *y) { return eq_km_stop_replica_response(x, y); }
-static void km_stop_replica_response_init_v(void *m) { km_stop_replica_response_init(m); }
-static km_err km_stop_replica_response_decode_v(km_rd *r, int16_t v, void *m, km_arena *a) { return km_stop_replica_response_decode(r, v, m, a); }
-static void km_stop_replica_response_encode_v(km_wr *w, int16_t v, const void *m) { km_stop_replica_response_encode(w, v, m); }
-static size_t km_stop_replica_response_size_v(int16_t v, const void *m) { return km_stop_replica_response_size(v, m); }
+static void km_streams_group_heartbeat_response_fill_v(void *m, int16_t v, int mode, km_arena *a, uint32_t *seq) { fill_km_streams_group_heartbeat_response(m, v, mode, a, seq); }
+static bool km_streams_group_heartbeat_response_eq_v(const void *x, const void *y) { return eq_km_streams_group_heartbeat_response(x, y); }
+static void km_streams_group_heartbeat_response_init_v(void *m) { km_streams_group_heartbeat_response_init(m); }
+static km_err km_streams_group_heartbeat_response_decode_v(km_rd *r, int16_t v, void *m, km_arena *a) { return km_streams_group_heartbeat_response_decode(r, v, m, a); }
+static void km_streams_group_heartbeat_response_encode_v(km_wr *w, int16_t v, const void *m) { km_streams_group_heartbeat_response_encode(w, v, m); }
+static size_t km_streams_group_heartbeat_response_size_v(int16_t v, const void *m) { return km_streams_group_heartbeat_response_size(v, m); }
+
+
+static void fill_km_streams_group_topology_description_update_request_topology_description_node(km_streams_group_topology_description_update_request_topology_description_node *m, int16_t v, int mode, km_arena *a, uint32_t *seq);
+static bool eq_km_streams_group_topology_description_update_request_topology_description_node(const km_streams_group_topology_description_update_request_topology_description_node *x, const km_streams_group_topology_description_update_request_topology_description_node *y);
+static void fill_km_streams_group_topology_description_update_request_topology_description_subtopology(km_streams_group_topology_description_update_request_topology_description_subtopology *m, int16_t v, int mode, km_arena *a, uint32_t *seq);
+static bool eq_km_streams_group_topology_description_update_request_topology_description_subtopology(const km_streams_group_topology_description_update_request_topology_description_subtopology *x, const km_streams_group_topology_description_update_request_topology_description_subtopology *y);
+static void fill_km_streams_group_topology_description_update_request_topology_description_global_store(km_streams_group_topology_description_update_request_topology_description_global_store *m, int16_t v, int mode, km_arena *a, uint32_t *seq);
+static bool eq_km_streams_group_topology_description_update_request_topology_description_global_store(const km_streams_group_topology_description_update_request_topology_description_global_store *x, const km_streams_group_topology_description_update_request_topology_description_global_store *y);
+static void fill_km_streams_group_topology_description_update_request_topology_description(km_streams_group_topology_description_update_request_topology_description *m, int16_t v, int mode, km_arena *a, uint32_t *seq);
+static bool eq_km_streams_group_topology_description_update_request_topology_description(const km_streams_group_topology_description_update_request_topology_description *x, const km_streams_group_topology_description_update_request_topology_description *y);
+static void fill_km_streams_group_topology_description_update_request(km_streams_group_topology_description_update_request *m, int16_t v, int mode, km_arena *a, uint32_t *seq);
+static bool eq_km_streams_group_topology_description_update_request(const km_streams_group_topology_description_update_request *x, const km_streams_group_topology_description_update_request *y);
+
+static void fill_km_streams_group_topology_description_update_request_topology_description_node(km_streams_group_topology_description_update_request_topology_description_node *m, int16_t v, int mode, km_arena *a, uint32_t *seq)
+{
+	(void)v;
+	(void)mode;
+	(void)a;
+	(void)seq;
+	m->name = t_str(a, seq);
+	m->node_type = (int8_t)(t_int(seq, 100, INT64_C(0)));
+	m->source_topics.count = 2;
+	m->source_topics.items = km_arena_alloc(a, 2 * sizeof(*m->source_topics.items));
+	assert_non_null(m->source_topics.items);
+	for (int i = 0; i < 2; i++) {
+		m->source_topics.items[i] = t_str(a, seq);
+	}
+	m->sink_topic = (mode == 1 && true) ? KM_STR_NULL : t_str(a, seq);
+	m->stores.count = 2;
+	m->stores.items = km_arena_alloc(a, 2 * sizeof(*m->stores.items));
+	assert_non_null(m->stores.items);
+	for (int i = 0; i < 2; i++) {
+		m->stores.items[i] = t_str(a, seq);
+	}
+	m->successors.count = 2;
+	m->successors.items = km_arena_alloc(a, 2 * sizeof(*m->successors.items));
+	assert_non_null(m->successors.items);
+	for (int i = 0; i < 2; i++) {
+		m->successors.items[i] = t_str(a, seq);
+	}
+	if (true && mode == 0)
+		t_unknown_tags(&m->unknown_tags, a, 0, 1000, seq);
+}
+
+static bool eq_km_streams_group_topology_description_update_request_topology_description_node(const km_streams_group_topology_description_update_request_topology_description_node *x, const km_streams_group_topology_description_update_request_topology_description_node *y)
+{
+	if (!km_str_eq(x->name, y->name))
+		return t_diff("TopologyDescriptionNode.Name");
+	if (!(x->node_type == y->node_type))
+		return t_diff("TopologyDescriptionNode.NodeType");
+	if (x->source_topics.count != y->source_topics.count)
+		return t_diff("TopologyDescriptionNode.SourceTopics");
+	for (int32_t i = 0; i < x->source_topics.count; i++) {
+		if (!km_str_eq(x->source_topics.items[i], y->source_topics.items[i]))
+			return t_diff("TopologyDescriptionNode.SourceTopics");
+	}
+	if (!km_str_eq(x->sink_topic, y->sink_topic))
+		return t_diff("TopologyDescriptionNode.SinkTopic");
+	if (x->stores.count != y->stores.count)
+		return t_diff("TopologyDescriptionNode.Stores");
+	for (int32_t i = 0; i < x->stores.count; i++) {
+		if (!km_str_eq(x->stores.items[i], y->stores.items[i]))
+			return t_diff("TopologyDescriptionNode.Stores");
+	}
+	if (x->successors.count != y->successors.count)
+		return t_diff("TopologyDescriptionNode.Successors");
+	for (int32_t i = 0; i < x->successors.count; i++) {
+		if (!km_str_eq(x->successors.items[i], y->successors.items[i]))
+			return t_diff("TopologyDescriptionNode.Successors");
+	}
+	if (!t_tags_eq(&x->unknown_tags, &y->unknown_tags))
+		return t_diff("TopologyDescriptionNode unknown tags");
+	return true;
+}
+
+static void fill_km_streams_group_topology_description_update_request_topology_description_subtopology(km_streams_group_topology_description_update_request_topology_description_subtopology *m, int16_t v, int mode, km_arena *a, uint32_t *seq)
+{
+	(void)v;
+	(void)mode;
+	(void)a;
+	(void)seq;
+	m->subtopology_id = t_str(a, seq);
+	m->nodes.count = 2;
+	m->nodes.items = km_arena_alloc(a, 2 * sizeof(*m->nodes.items));
+	assert_non_null(m->nodes.items);
+	for (int i = 0; i < 2; i++) {
+		km_streams_group_topology_description_update_request_topology_description_node_init(&m->nodes.items[i]);
+		fill_km_streams_group_topology_description_update_request_topology_description_node(&m->nodes.items[i], v, mode, a, seq);
+	}
+	if (true && mode == 0)
+		t_unknown_tags(&m->unknown_tags, a, 0, 1000, seq);
+}
+
+static bool eq_km_streams_group_topology_description_update_request_topology_description_subtopology(const km_streams_group_topology_description_update_request_topology_description_subtopology *x, const km_streams_group_topology_description_update_request_topology_description_subtopology *y)
+{
+	if (!km_str_eq(x->subtopology_id, y->subtopology_id))
+		return t_diff("TopologyDescriptionSubtopology.SubtopologyId");
+	if (x->nodes.count != y->nodes.count)
+		return t_diff("TopologyDescriptionSubtopology.Nodes");
+	for (int32_t i = 0; i < x->nodes.count; i++) {
+		if (!eq_km_streams_group_topology_description_update_request_topology_description_node(&x->nodes.items[i], &y->nodes.items[i]))
+			return t_diff("TopologyDescriptionSubtopology.Nodes");
+	}
+	if (!t_tags_eq(&x->unknown_tags, &y->unknown_tags))
+		return t_diff("TopologyDescriptionSubtopology unknown tags");
+	return true;
+}
+
+static void fill_km_streams_group_topology_description_update_request_topology_description_global_store(km_streams_group_topology_description_update_request_topology_description_global_store *m, int16_t v, int mode, km_arena *a, uint32_t *seq)
+{
+	(void)v;
+	(void)mode;
+	(void)a;
+	(void)seq;
+	fill_km_streams_group_topology_description_update_request_topology_description_node(&m->source, v, mode, a, seq);
+	fill_km_streams_group_topology_description_update_request_topology_description_node(&m->processor, v, mode, a, seq);
+	if (true && mode == 0)
+		t_unknown_tags(&m->unknown_tags, a, 0, 1000, seq);
+}
+
+static bool eq_km_streams_group_topology_description_update_request_topology_description_global_store(const km_streams_group_topology_description_update_request_topology_description_global_store *x, const km_streams_group_topology_description_update_request_topology_description_global_store *y)
+{
+	if (!eq_km_streams_group_topology_description_update_request_topology_description_node(&x->source, &y->source))
+		return t_diff("TopologyDescriptionGlobalStore.Source");
+	if (!eq_km_streams_group_topology_description_update_request_topology_description_node(&x->processor, &y->processor))
+		return t_diff("TopologyDescriptionGlobalStore.Processor");
+	if (!t_tags_eq(&x->unknown_tags, &y->unknown_tags))
+		return t_diff("TopologyDescriptionGlobalStore unknown tags");
+	return true;
+}
+
+static void fill_km_streams_group_topology_description_update_request_topology_description(km_streams_group_topology_description_update_request_topology_description *m, int16_t v, int mode, km_arena *a, uint32_t *seq)
+{
+	(void)v;
+	(void)mode;
+	(void)a;
+	(void)seq;
+	m->subtopologies.count = 2;
+	m->subtopologies.items = km_arena_alloc(a, 2 * sizeof(*m->subtopologies.items));
+	assert_non_null(m->subtopologies.items);
+	for (int i = 0; i < 2; i++) {
+		km_streams_group_topology_description_update_request_topology_description_subtopology_init(&m->subtopologies.items[i]);
+		fill_km_streams_group_topology_description_update_request_topology_description_subtopology(&m->subtopologies.items[i], v, mode, a, seq);
+	}
+	m->global_stores.count = 2;
+	m->global_stores.items = km_arena_alloc(a, 2 * sizeof(*m->global_stores.items));
+	assert_non_null(m->global_stores.items);
+	for (int i = 0; i < 2; i++) {
+		km_streams_group_topology_description_update_request_topology_description_global_store_init(&m->global_stores.items[i]);
+		fill_km_streams_group_topology_description_update_request_topology_description_global_store(&m->global_stores.items[i], v, mode, a, seq);
+	}
+	if (true && mode == 0)
+		t_unknown_tags(&m->unknown_tags, a, 0, 1000, seq);
+}
+
+static bool eq_km_streams_group_topology_description_update_request_topology_description(const km_streams_group_topology_description_update_request_topology_description *x, const km_streams_group_topology_description_update_request_topology_description *y)
+{
+	if (x->subtopologies.count != y->subtopologies.count)
+		return t_diff("TopologyDescription.Subtopologies");
+	for (int32_t i = 0; i < x->subtopologies.count; i++) {
+		if (!eq_km_streams_group_topology_description_update_request_topology_description_subtopology(&x->subtopologies.items[i], &y->subtopologies.items[i]))
+			return t_diff("TopologyDescription.Subtopologies");
+	}
+	if (x->global_stores.count != y->global_stores.count)
+		return t_diff("TopologyDescription.GlobalStores");
+	for (int32_t i = 0; i < x->global_stores.count; i++) {
+		if (!eq_km_streams_group_topology_description_update_request_topology_description_global_store(&x->global_stores.items[i], &y->global_stores.items[i]))
+			return t_diff("TopologyDescription.GlobalStores");
+	}
+	if (!t_tags_eq(&x->unknown_tags, &y->unknown_tags))
+		return t_diff("TopologyDescription unknown tags");
+	return true;
+}
+
+static void fill_km_streams_group_topology_description_update_request(km_streams_group_topology_description_update_request *m, int16_t v, int mode, km_arena *a, uint32_t *seq)
+{
+	(void)v;
+	(void)mode;
+	(void)a;
+	(void)seq;
+	m->group_id = t_str(a, seq);
+	m->member_id = t_str(a, seq);
+	m->topology_epoch = (int32_t)(t_int(seq, 1000000000, INT64_C(0)));
+	fill_km_streams_group_topology_description_update_request_topology_description(&m->topology_description, v, mode, a, seq);
+	if (true && mode == 0)
+		t_unknown_tags(&m->unknown_tags, a, 0, 1000, seq);
+}
+
+static bool eq_km_streams_group_topology_description_update_request(const km_streams_group_topology_description_update_request *x, const km_streams_group_topology_description_update_request *y)
+{
+	if (!km_str_eq(x->group_id, y->group_id))
+		return t_diff("GroupId");
+	if (!km_str_eq(x->member_id, y->member_id))
+		return t_diff("MemberId");
+	if (!(x->topology_epoch == y->topology_epoch))
+		return t_diff("TopologyEpoch");
+	if (!eq_km_streams_group_topology_description_update_request_topology_description(&x->topology_description, &y->topology_description))
+		return t_diff("TopologyDescription");
+	if (!t_tags_eq(&x->unknown_tags, &y->unknown_tags))
+		return t_diff("StreamsGroupTopologyDescriptionUpdateRequest unknown tags");
+	return true;
+}
+
+static void km_streams_group_topology_description_update_request_fill_v(void *m, int16_t v, int mode, km_arena *a, uint32_t *seq) { fill_km_streams_group_topology_description_update_request(m, v, mode, a, seq); }
+static bool km_streams_group_topology_description_update_request_eq_v(const void *x, const void *y) { return eq_km_streams_group_topology_description_update_request(x, y); }
+static void km_streams_group_topology_description_update_request_init_v(void *m) { km_streams_group_topology_description_update_request_init(m); }
+static km_err km_streams_group_topology_description_update_request_decode_v(km_rd *r, int16_t v, void *m, km_arena *a) { return km_streams_group_topology_description_update_request_decode(r, v, m, a); }
+static void km_streams_group_topology_description_update_request_encode_v(km_wr *w, int16_t v, const void *m) { km_streams_group_topology_description_update_request_encode(w, v, m); }
+static size_t km_streams_group_topology_description_update_request_size_v(int16_t v, const void *m) { return km_streams_group_topology_description_update_request_size(v, m); }
+
+
+static void fill_km_streams_group_topology_description_update_response(km_streams_group_topology_description_update_response *m, int16_t v, int mode, km_arena *a, uint32_t *seq);
+static bool eq_km_streams_group_topology_description_update_response(const km_streams_group_topology_description_update_response *x, const km_streams_group_topology_description_update_response *y);
+
+static void fill_km_streams_group_topology_description_update_response(km_streams_group_topology_description_update_response *m, int16_t v, int mode, km_arena *a, uint32_t *seq)
+{
+	(void)v;
+	(void)mode;
+	(void)a;
+	(void)seq;
+	m->throttle_time_ms = (int32_t)(t_int(seq, 1000000000, INT64_C(0)));
+	m->error_code = (int16_t)(t_int(seq, 30000, INT64_C(0)));
+	m->error_message = (mode == 1 && true) ? KM_STR_NULL : t_str(a, seq);
+	if (true && mode == 0)
+		t_unknown_tags(&m->unknown_tags, a, 0, 1000, seq);
+}
+
+static bool eq_km_streams_group_topology_description_update_response(const km_streams_group_topology_description_update_response *x, const km_streams_group_topology_description_update_response *y)
+{
+	if (!(x->throttle_time_ms == y->throttle_time_ms))
+		return t_diff("ThrottleTimeMs");
+	if (!(x->error_code == y->error_code))
+		return t_diff("ErrorCode");
+	if (!km_str_eq(x->error_message, y->error_message))
+		return t_diff("ErrorMessage");
+	if (!t_tags_eq(&x->unknown_tags, &y->unknown_tags))
+		return t_diff("StreamsGroupTopologyDescriptionUpdateResponse unknown tags");
+	return true;
+}
+
+static void km_streams_group_topology_description_update_response_fill_v(void *m, int16_t v, int mode, km_arena *a, uint32_t *seq) { fill_km_streams_group_topology_description_update_response(m, v, mode, a, seq); }
+static bool km_streams_group_topology_description_update_response_eq_v(const void *x, const void *y) { return eq_km_streams_group_topology_description_update_response(x, y); }
+static void km_streams_group_topology_description_update_response_init_v(void *m) { km_streams_group_topology_description_update_response_init(m); }
+static km_err km_streams_group_topology_description_update_response_decode_v(km_rd *r, int16_t v, void *m, km_arena *a) { return km_streams_group_topology_description_update_response_decode(r, v, m, a); }
+static void km_streams_group_topology_description_update_response_encode_v(km_wr *w, int16_t v, const void *m) { km_streams_group_topology_description_update_response_encode(w, v, m); }
+static size_t km_streams_group_topology_description_update_response_size_v(int16_t v, const void *m) { return km_streams_group_topology_description_update_response_size(v, m); }
 
 
 static void fill_km_sync_group_request_assignment(km_sync_group_request_assignment *m, int16_t v, int mode, km_arena *a, uint32_t *seq);
@@ -17609,7 +19527,12 @@ static void fill_km_txn_offset_commit_request_topic(km_txn_offset_commit_request
 	(void)mode;
 	(void)a;
 	(void)seq;
-	m->name = t_str(a, seq);
+	if (v <= 5) {
+		m->name = t_str(a, seq);
+	}
+	if (v >= 6) {
+		t_uuid(&m->topic_id, seq);
+	}
 	m->partitions.count = 2;
 	m->partitions.items = km_arena_alloc(a, 2 * sizeof(*m->partitions.items));
 	assert_non_null(m->partitions.items);
@@ -17625,6 +19548,8 @@ static bool eq_km_txn_offset_commit_request_topic(const km_txn_offset_commit_req
 {
 	if (!km_str_eq(x->name, y->name))
 		return t_diff("TxnOffsetCommitRequestTopic.Name");
+	if (!(memcmp(x->topic_id.b, y->topic_id.b, 16) == 0))
+		return t_diff("TxnOffsetCommitRequestTopic.TopicId");
 	if (x->partitions.count != y->partitions.count)
 		return t_diff("TxnOffsetCommitRequestTopic.Partitions");
 	for (int32_t i = 0; i < x->partitions.count; i++) {
@@ -17647,7 +19572,7 @@ static void fill_km_txn_offset_commit_request(km_txn_offset_commit_request *m, i
 	m->producer_id = (int64_t)(t_int(seq, 1000000000, INT64_C(0)) + ((int64_t)1 << 33));
 	m->producer_epoch = (int16_t)(t_int(seq, 30000, INT64_C(0)));
 	if (v >= 3) {
-		m->generation_id = (int32_t)(t_int(seq, 1000000000, INT64_C(-1)));
+		m->generation_id_or_member_epoch = (int32_t)(t_int(seq, 1000000000, INT64_C(-1)));
 	}
 	if (v >= 3) {
 		m->member_id = t_str(a, seq);
@@ -17676,8 +19601,8 @@ static bool eq_km_txn_offset_commit_request(const km_txn_offset_commit_request *
 		return t_diff("ProducerId");
 	if (!(x->producer_epoch == y->producer_epoch))
 		return t_diff("ProducerEpoch");
-	if (!(x->generation_id == y->generation_id))
-		return t_diff("GenerationId");
+	if (!(x->generation_id_or_member_epoch == y->generation_id_or_member_epoch))
+		return t_diff("GenerationIdOrMemberEpoch");
 	if (!km_str_eq(x->member_id, y->member_id))
 		return t_diff("MemberId");
 	if (!km_str_eq(x->group_instance_id, y->group_instance_id))
@@ -17737,7 +19662,12 @@ static void fill_km_txn_offset_commit_response_topic(km_txn_offset_commit_respon
 	(void)mode;
 	(void)a;
 	(void)seq;
-	m->name = t_str(a, seq);
+	if (v <= 5) {
+		m->name = t_str(a, seq);
+	}
+	if (v >= 6) {
+		t_uuid(&m->topic_id, seq);
+	}
 	m->partitions.count = 2;
 	m->partitions.items = km_arena_alloc(a, 2 * sizeof(*m->partitions.items));
 	assert_non_null(m->partitions.items);
@@ -17753,6 +19683,8 @@ static bool eq_km_txn_offset_commit_response_topic(const km_txn_offset_commit_re
 {
 	if (!km_str_eq(x->name, y->name))
 		return t_diff("TxnOffsetCommitResponseTopic.Name");
+	if (!(memcmp(x->topic_id.b, y->topic_id.b, 16) == 0))
+		return t_diff("TxnOffsetCommitResponseTopic.TopicId");
 	if (x->partitions.count != y->partitions.count)
 		return t_diff("TxnOffsetCommitResponseTopic.Partitions");
 	for (int32_t i = 0; i < x->partitions.count; i++) {
@@ -17871,6 +19803,74 @@ static void km_unregister_broker_response_init_v(void *m) { km_unregister_broker
 static km_err km_unregister_broker_response_decode_v(km_rd *r, int16_t v, void *m, km_arena *a) { return km_unregister_broker_response_decode(r, v, m, a); }
 static void km_unregister_broker_response_encode_v(km_wr *w, int16_t v, const void *m) { km_unregister_broker_response_encode(w, v, m); }
 static size_t km_unregister_broker_response_size_v(int16_t v, const void *m) { return km_unregister_broker_response_size(v, m); }
+
+
+static void fill_km_unregister_controller_request(km_unregister_controller_request *m, int16_t v, int mode, km_arena *a, uint32_t *seq);
+static bool eq_km_unregister_controller_request(const km_unregister_controller_request *x, const km_unregister_controller_request *y);
+
+static void fill_km_unregister_controller_request(km_unregister_controller_request *m, int16_t v, int mode, km_arena *a, uint32_t *seq)
+{
+	(void)v;
+	(void)mode;
+	(void)a;
+	(void)seq;
+	m->controller_id = (int32_t)(t_int(seq, 1000000000, INT64_C(0)));
+	if (true && mode == 0)
+		t_unknown_tags(&m->unknown_tags, a, 0, 1000, seq);
+}
+
+static bool eq_km_unregister_controller_request(const km_unregister_controller_request *x, const km_unregister_controller_request *y)
+{
+	if (!(x->controller_id == y->controller_id))
+		return t_diff("ControllerId");
+	if (!t_tags_eq(&x->unknown_tags, &y->unknown_tags))
+		return t_diff("UnregisterControllerRequest unknown tags");
+	return true;
+}
+
+static void km_unregister_controller_request_fill_v(void *m, int16_t v, int mode, km_arena *a, uint32_t *seq) { fill_km_unregister_controller_request(m, v, mode, a, seq); }
+static bool km_unregister_controller_request_eq_v(const void *x, const void *y) { return eq_km_unregister_controller_request(x, y); }
+static void km_unregister_controller_request_init_v(void *m) { km_unregister_controller_request_init(m); }
+static km_err km_unregister_controller_request_decode_v(km_rd *r, int16_t v, void *m, km_arena *a) { return km_unregister_controller_request_decode(r, v, m, a); }
+static void km_unregister_controller_request_encode_v(km_wr *w, int16_t v, const void *m) { km_unregister_controller_request_encode(w, v, m); }
+static size_t km_unregister_controller_request_size_v(int16_t v, const void *m) { return km_unregister_controller_request_size(v, m); }
+
+
+static void fill_km_unregister_controller_response(km_unregister_controller_response *m, int16_t v, int mode, km_arena *a, uint32_t *seq);
+static bool eq_km_unregister_controller_response(const km_unregister_controller_response *x, const km_unregister_controller_response *y);
+
+static void fill_km_unregister_controller_response(km_unregister_controller_response *m, int16_t v, int mode, km_arena *a, uint32_t *seq)
+{
+	(void)v;
+	(void)mode;
+	(void)a;
+	(void)seq;
+	m->throttle_time_ms = (int32_t)(t_int(seq, 1000000000, INT64_C(0)));
+	m->error_code = (int16_t)(t_int(seq, 30000, INT64_C(0)));
+	m->error_message = (mode == 1 && true) ? KM_STR_NULL : t_str(a, seq);
+	if (true && mode == 0)
+		t_unknown_tags(&m->unknown_tags, a, 0, 1000, seq);
+}
+
+static bool eq_km_unregister_controller_response(const km_unregister_controller_response *x, const km_unregister_controller_response *y)
+{
+	if (!(x->throttle_time_ms == y->throttle_time_ms))
+		return t_diff("ThrottleTimeMs");
+	if (!(x->error_code == y->error_code))
+		return t_diff("ErrorCode");
+	if (!km_str_eq(x->error_message, y->error_message))
+		return t_diff("ErrorMessage");
+	if (!t_tags_eq(&x->unknown_tags, &y->unknown_tags))
+		return t_diff("UnregisterControllerResponse unknown tags");
+	return true;
+}
+
+static void km_unregister_controller_response_fill_v(void *m, int16_t v, int mode, km_arena *a, uint32_t *seq) { fill_km_unregister_controller_response(m, v, mode, a, seq); }
+static bool km_unregister_controller_response_eq_v(const void *x, const void *y) { return eq_km_unregister_controller_response(x, y); }
+static void km_unregister_controller_response_init_v(void *m) { km_unregister_controller_response_init(m); }
+static km_err km_unregister_controller_response_decode_v(km_rd *r, int16_t v, void *m, km_arena *a) { return km_unregister_controller_response_decode(r, v, m, a); }
+static void km_unregister_controller_response_encode_v(km_wr *w, int16_t v, const void *m) { km_unregister_controller_response_encode(w, v, m); }
+static size_t km_unregister_controller_response_size_v(int16_t v, const void *m) { return km_unregister_controller_response_size(v, m); }
 
 
 static void fill_km_update_features_request_feature_update_key(km_update_features_request_feature_update_key *m, int16_t v, int mode, km_arena *a, uint32_t *seq);
@@ -18035,341 +20035,6 @@ static void km_update_features_response_init_v(void *m) { km_update_features_res
 static km_err km_update_features_response_decode_v(km_rd *r, int16_t v, void *m, km_arena *a) { return km_update_features_response_decode(r, v, m, a); }
 static void km_update_features_response_encode_v(km_wr *w, int16_t v, const void *m) { km_update_features_response_encode(w, v, m); }
 static size_t km_update_features_response_size_v(int16_t v, const void *m) { return km_update_features_response_size(v, m); }
-
-
-static void fill_km_update_metadata_request_update_metadata_partition_state(km_update_metadata_request_update_metadata_partition_state *m, int16_t v, int mode, km_arena *a, uint32_t *seq);
-static bool eq_km_update_metadata_request_update_metadata_partition_state(const km_update_metadata_request_update_metadata_partition_state *x, const km_update_metadata_request_update_metadata_partition_state *y);
-static void fill_km_update_metadata_request_update_metadata_topic_state(km_update_metadata_request_update_metadata_topic_state *m, int16_t v, int mode, km_arena *a, uint32_t *seq);
-static bool eq_km_update_metadata_request_update_metadata_topic_state(const km_update_metadata_request_update_metadata_topic_state *x, const km_update_metadata_request_update_metadata_topic_state *y);
-static void fill_km_update_metadata_request_update_metadata_endpoint(km_update_metadata_request_update_metadata_endpoint *m, int16_t v, int mode, km_arena *a, uint32_t *seq);
-static bool eq_km_update_metadata_request_update_metadata_endpoint(const km_update_metadata_request_update_metadata_endpoint *x, const km_update_metadata_request_update_metadata_endpoint *y);
-static void fill_km_update_metadata_request_update_metadata_broker(km_update_metadata_request_update_metadata_broker *m, int16_t v, int mode, km_arena *a, uint32_t *seq);
-static bool eq_km_update_metadata_request_update_metadata_broker(const km_update_metadata_request_update_metadata_broker *x, const km_update_metadata_request_update_metadata_broker *y);
-static void fill_km_update_metadata_request(km_update_metadata_request *m, int16_t v, int mode, km_arena *a, uint32_t *seq);
-static bool eq_km_update_metadata_request(const km_update_metadata_request *x, const km_update_metadata_request *y);
-
-static void fill_km_update_metadata_request_update_metadata_partition_state(km_update_metadata_request_update_metadata_partition_state *m, int16_t v, int mode, km_arena *a, uint32_t *seq)
-{
-	(void)v;
-	(void)mode;
-	(void)a;
-	(void)seq;
-	if (v <= 4) {
-		m->topic_name = t_str(a, seq);
-	}
-	m->partition_index = (int32_t)(t_int(seq, 1000000000, INT64_C(0)));
-	m->controller_epoch = (int32_t)(t_int(seq, 1000000000, INT64_C(0)));
-	m->leader = (int32_t)(t_int(seq, 1000000000, INT64_C(0)));
-	m->leader_epoch = (int32_t)(t_int(seq, 1000000000, INT64_C(0)));
-	m->isr.count = 2;
-	m->isr.items = km_arena_alloc(a, 2 * sizeof(*m->isr.items));
-	assert_non_null(m->isr.items);
-	for (int i = 0; i < 2; i++) {
-		m->isr.items[i] = (int32_t)(t_int(seq, 1000000000, INT64_C(0)));
-	}
-	m->zk_version = (int32_t)(t_int(seq, 1000000000, INT64_C(0)));
-	m->replicas.count = 2;
-	m->replicas.items = km_arena_alloc(a, 2 * sizeof(*m->replicas.items));
-	assert_non_null(m->replicas.items);
-	for (int i = 0; i < 2; i++) {
-		m->replicas.items[i] = (int32_t)(t_int(seq, 1000000000, INT64_C(0)));
-	}
-	if (v >= 4) {
-		m->offline_replicas.count = 2;
-		m->offline_replicas.items = km_arena_alloc(a, 2 * sizeof(*m->offline_replicas.items));
-		assert_non_null(m->offline_replicas.items);
-		for (int i = 0; i < 2; i++) {
-			m->offline_replicas.items[i] = (int32_t)(t_int(seq, 1000000000, INT64_C(0)));
-		}
-	}
-	if (v >= 6 && mode == 0)
-		t_unknown_tags(&m->unknown_tags, a, 0, 1000, seq);
-}
-
-static bool eq_km_update_metadata_request_update_metadata_partition_state(const km_update_metadata_request_update_metadata_partition_state *x, const km_update_metadata_request_update_metadata_partition_state *y)
-{
-	if (!km_str_eq(x->topic_name, y->topic_name))
-		return t_diff("UpdateMetadataPartitionState.TopicName");
-	if (!(x->partition_index == y->partition_index))
-		return t_diff("UpdateMetadataPartitionState.PartitionIndex");
-	if (!(x->controller_epoch == y->controller_epoch))
-		return t_diff("UpdateMetadataPartitionState.ControllerEpoch");
-	if (!(x->leader == y->leader))
-		return t_diff("UpdateMetadataPartitionState.Leader");
-	if (!(x->leader_epoch == y->leader_epoch))
-		return t_diff("UpdateMetadataPartitionState.LeaderEpoch");
-	if (x->isr.count != y->isr.count)
-		return t_diff("UpdateMetadataPartitionState.Isr");
-	for (int32_t i = 0; i < x->isr.count; i++) {
-		if (!(x->isr.items[i] == y->isr.items[i]))
-			return t_diff("UpdateMetadataPartitionState.Isr");
-	}
-	if (!(x->zk_version == y->zk_version))
-		return t_diff("UpdateMetadataPartitionState.ZkVersion");
-	if (x->replicas.count != y->replicas.count)
-		return t_diff("UpdateMetadataPartitionState.Replicas");
-	for (int32_t i = 0; i < x->replicas.count; i++) {
-		if (!(x->replicas.items[i] == y->replicas.items[i]))
-			return t_diff("UpdateMetadataPartitionState.Replicas");
-	}
-	if (x->offline_replicas.count != y->offline_replicas.count)
-		return t_diff("UpdateMetadataPartitionState.OfflineReplicas");
-	for (int32_t i = 0; i < x->offline_replicas.count; i++) {
-		if (!(x->offline_replicas.items[i] == y->offline_replicas.items[i]))
-			return t_diff("UpdateMetadataPartitionState.OfflineReplicas");
-	}
-	if (!t_tags_eq(&x->unknown_tags, &y->unknown_tags))
-		return t_diff("UpdateMetadataPartitionState unknown tags");
-	return true;
-}
-
-static void fill_km_update_metadata_request_update_metadata_topic_state(km_update_metadata_request_update_metadata_topic_state *m, int16_t v, int mode, km_arena *a, uint32_t *seq)
-{
-	(void)v;
-	(void)mode;
-	(void)a;
-	(void)seq;
-	if (v >= 5) {
-		m->topic_name = t_str(a, seq);
-	}
-	if (v >= 7) {
-		t_uuid(&m->topic_id, seq);
-	}
-	if (v >= 5) {
-		m->partition_states.count = 2;
-		m->partition_states.items = km_arena_alloc(a, 2 * sizeof(*m->partition_states.items));
-		assert_non_null(m->partition_states.items);
-		for (int i = 0; i < 2; i++) {
-			km_update_metadata_request_update_metadata_partition_state_init(&m->partition_states.items[i]);
-			fill_km_update_metadata_request_update_metadata_partition_state(&m->partition_states.items[i], v, mode, a, seq);
-		}
-	}
-	if (v >= 6 && mode == 0)
-		t_unknown_tags(&m->unknown_tags, a, 0, 1000, seq);
-}
-
-static bool eq_km_update_metadata_request_update_metadata_topic_state(const km_update_metadata_request_update_metadata_topic_state *x, const km_update_metadata_request_update_metadata_topic_state *y)
-{
-	if (!km_str_eq(x->topic_name, y->topic_name))
-		return t_diff("UpdateMetadataTopicState.TopicName");
-	if (!(memcmp(x->topic_id.b, y->topic_id.b, 16) == 0))
-		return t_diff("UpdateMetadataTopicState.TopicId");
-	if (x->partition_states.count != y->partition_states.count)
-		return t_diff("UpdateMetadataTopicState.PartitionStates");
-	for (int32_t i = 0; i < x->partition_states.count; i++) {
-		if (!eq_km_update_metadata_request_update_metadata_partition_state(&x->partition_states.items[i], &y->partition_states.items[i]))
-			return t_diff("UpdateMetadataTopicState.PartitionStates");
-	}
-	if (!t_tags_eq(&x->unknown_tags, &y->unknown_tags))
-		return t_diff("UpdateMetadataTopicState unknown tags");
-	return true;
-}
-
-static void fill_km_update_metadata_request_update_metadata_endpoint(km_update_metadata_request_update_metadata_endpoint *m, int16_t v, int mode, km_arena *a, uint32_t *seq)
-{
-	(void)v;
-	(void)mode;
-	(void)a;
-	(void)seq;
-	if (v >= 1) {
-		m->port = (int32_t)(t_int(seq, 1000000000, INT64_C(0)));
-	}
-	if (v >= 1) {
-		m->host = t_str(a, seq);
-	}
-	if (v >= 3) {
-		m->listener = t_str(a, seq);
-	}
-	if (v >= 1) {
-		m->security_protocol = (int16_t)(t_int(seq, 30000, INT64_C(0)));
-	}
-	if (v >= 6 && mode == 0)
-		t_unknown_tags(&m->unknown_tags, a, 0, 1000, seq);
-}
-
-static bool eq_km_update_metadata_request_update_metadata_endpoint(const km_update_metadata_request_update_metadata_endpoint *x, const km_update_metadata_request_update_metadata_endpoint *y)
-{
-	if (!(x->port == y->port))
-		return t_diff("UpdateMetadataEndpoint.Port");
-	if (!km_str_eq(x->host, y->host))
-		return t_diff("UpdateMetadataEndpoint.Host");
-	if (!km_str_eq(x->listener, y->listener))
-		return t_diff("UpdateMetadataEndpoint.Listener");
-	if (!(x->security_protocol == y->security_protocol))
-		return t_diff("UpdateMetadataEndpoint.SecurityProtocol");
-	if (!t_tags_eq(&x->unknown_tags, &y->unknown_tags))
-		return t_diff("UpdateMetadataEndpoint unknown tags");
-	return true;
-}
-
-static void fill_km_update_metadata_request_update_metadata_broker(km_update_metadata_request_update_metadata_broker *m, int16_t v, int mode, km_arena *a, uint32_t *seq)
-{
-	(void)v;
-	(void)mode;
-	(void)a;
-	(void)seq;
-	m->id = (int32_t)(t_int(seq, 1000000000, INT64_C(0)));
-	if (v <= 0) {
-		m->v0_host = t_str(a, seq);
-	}
-	if (v <= 0) {
-		m->v0_port = (int32_t)(t_int(seq, 1000000000, INT64_C(0)));
-	}
-	if (v >= 1) {
-		m->endpoints.count = 2;
-		m->endpoints.items = km_arena_alloc(a, 2 * sizeof(*m->endpoints.items));
-		assert_non_null(m->endpoints.items);
-		for (int i = 0; i < 2; i++) {
-			km_update_metadata_request_update_metadata_endpoint_init(&m->endpoints.items[i]);
-			fill_km_update_metadata_request_update_metadata_endpoint(&m->endpoints.items[i], v, mode, a, seq);
-		}
-	}
-	if (v >= 2) {
-		m->rack = (mode == 1 && true) ? KM_STR_NULL : t_str(a, seq);
-	}
-	if (v >= 6 && mode == 0)
-		t_unknown_tags(&m->unknown_tags, a, 0, 1000, seq);
-}
-
-static bool eq_km_update_metadata_request_update_metadata_broker(const km_update_metadata_request_update_metadata_broker *x, const km_update_metadata_request_update_metadata_broker *y)
-{
-	if (!(x->id == y->id))
-		return t_diff("UpdateMetadataBroker.Id");
-	if (!km_str_eq(x->v0_host, y->v0_host))
-		return t_diff("UpdateMetadataBroker.V0Host");
-	if (!(x->v0_port == y->v0_port))
-		return t_diff("UpdateMetadataBroker.V0Port");
-	if (x->endpoints.count != y->endpoints.count)
-		return t_diff("UpdateMetadataBroker.Endpoints");
-	for (int32_t i = 0; i < x->endpoints.count; i++) {
-		if (!eq_km_update_metadata_request_update_metadata_endpoint(&x->endpoints.items[i], &y->endpoints.items[i]))
-			return t_diff("UpdateMetadataBroker.Endpoints");
-	}
-	if (!km_str_eq(x->rack, y->rack))
-		return t_diff("UpdateMetadataBroker.Rack");
-	if (!t_tags_eq(&x->unknown_tags, &y->unknown_tags))
-		return t_diff("UpdateMetadataBroker unknown tags");
-	return true;
-}
-
-static void fill_km_update_metadata_request(km_update_metadata_request *m, int16_t v, int mode, km_arena *a, uint32_t *seq)
-{
-	(void)v;
-	(void)mode;
-	(void)a;
-	(void)seq;
-	m->controller_id = (int32_t)(t_int(seq, 1000000000, INT64_C(0)));
-	if (v >= 8) {
-		m->is_k_raft_controller = true;
-	}
-	if (v >= 8) {
-		m->type = (int8_t)(t_int(seq, 100, INT64_C(0)));
-	}
-	m->controller_epoch = (int32_t)(t_int(seq, 1000000000, INT64_C(0)));
-	if (v >= 5) {
-		m->broker_epoch = (int64_t)(t_int(seq, 1000000000, INT64_C(-1)) + ((int64_t)1 << 33));
-	}
-	if (v <= 4) {
-		m->ungrouped_partition_states.count = 2;
-		m->ungrouped_partition_states.items = km_arena_alloc(a, 2 * sizeof(*m->ungrouped_partition_states.items));
-		assert_non_null(m->ungrouped_partition_states.items);
-		for (int i = 0; i < 2; i++) {
-			km_update_metadata_request_update_metadata_partition_state_init(&m->ungrouped_partition_states.items[i]);
-			fill_km_update_metadata_request_update_metadata_partition_state(&m->ungrouped_partition_states.items[i], v, mode, a, seq);
-		}
-	}
-	if (v >= 5) {
-		m->topic_states.count = 2;
-		m->topic_states.items = km_arena_alloc(a, 2 * sizeof(*m->topic_states.items));
-		assert_non_null(m->topic_states.items);
-		for (int i = 0; i < 2; i++) {
-			km_update_metadata_request_update_metadata_topic_state_init(&m->topic_states.items[i]);
-			fill_km_update_metadata_request_update_metadata_topic_state(&m->topic_states.items[i], v, mode, a, seq);
-		}
-	}
-	m->live_brokers.count = 2;
-	m->live_brokers.items = km_arena_alloc(a, 2 * sizeof(*m->live_brokers.items));
-	assert_non_null(m->live_brokers.items);
-	for (int i = 0; i < 2; i++) {
-		km_update_metadata_request_update_metadata_broker_init(&m->live_brokers.items[i]);
-		fill_km_update_metadata_request_update_metadata_broker(&m->live_brokers.items[i], v, mode, a, seq);
-	}
-	if (v >= 6 && mode == 0)
-		t_unknown_tags(&m->unknown_tags, a, 1, 1000, seq);
-}
-
-static bool eq_km_update_metadata_request(const km_update_metadata_request *x, const km_update_metadata_request *y)
-{
-	if (!(x->controller_id == y->controller_id))
-		return t_diff("ControllerId");
-	if (!(x->is_k_raft_controller == y->is_k_raft_controller))
-		return t_diff("isKRaftController");
-	if (!(x->type == y->type))
-		return t_diff("Type");
-	if (!(x->controller_epoch == y->controller_epoch))
-		return t_diff("ControllerEpoch");
-	if (!(x->broker_epoch == y->broker_epoch))
-		return t_diff("BrokerEpoch");
-	if (x->ungrouped_partition_states.count != y->ungrouped_partition_states.count)
-		return t_diff("UngroupedPartitionStates");
-	for (int32_t i = 0; i < x->ungrouped_partition_states.count; i++) {
-		if (!eq_km_update_metadata_request_update_metadata_partition_state(&x->ungrouped_partition_states.items[i], &y->ungrouped_partition_states.items[i]))
-			return t_diff("UngroupedPartitionStates");
-	}
-	if (x->topic_states.count != y->topic_states.count)
-		return t_diff("TopicStates");
-	for (int32_t i = 0; i < x->topic_states.count; i++) {
-		if (!eq_km_update_metadata_request_update_metadata_topic_state(&x->topic_states.items[i], &y->topic_states.items[i]))
-			return t_diff("TopicStates");
-	}
-	if (x->live_brokers.count != y->live_brokers.count)
-		return t_diff("LiveBrokers");
-	for (int32_t i = 0; i < x->live_brokers.count; i++) {
-		if (!eq_km_update_metadata_request_update_metadata_broker(&x->live_brokers.items[i], &y->live_brokers.items[i]))
-			return t_diff("LiveBrokers");
-	}
-	if (!t_tags_eq(&x->unknown_tags, &y->unknown_tags))
-		return t_diff("UpdateMetadataRequest unknown tags");
-	return true;
-}
-
-static void km_update_metadata_request_fill_v(void *m, int16_t v, int mode, km_arena *a, uint32_t *seq) { fill_km_update_metadata_request(m, v, mode, a, seq); }
-static bool km_update_metadata_request_eq_v(const void *x, const void *y) { return eq_km_update_metadata_request(x, y); }
-static void km_update_metadata_request_init_v(void *m) { km_update_metadata_request_init(m); }
-static km_err km_update_metadata_request_decode_v(km_rd *r, int16_t v, void *m, km_arena *a) { return km_update_metadata_request_decode(r, v, m, a); }
-static void km_update_metadata_request_encode_v(km_wr *w, int16_t v, const void *m) { km_update_metadata_request_encode(w, v, m); }
-static size_t km_update_metadata_request_size_v(int16_t v, const void *m) { return km_update_metadata_request_size(v, m); }
-
-
-static void fill_km_update_metadata_response(km_update_metadata_response *m, int16_t v, int mode, km_arena *a, uint32_t *seq);
-static bool eq_km_update_metadata_response(const km_update_metadata_response *x, const km_update_metadata_response *y);
-
-static void fill_km_update_metadata_response(km_update_metadata_response *m, int16_t v, int mode, km_arena *a, uint32_t *seq)
-{
-	(void)v;
-	(void)mode;
-	(void)a;
-	(void)seq;
-	m->error_code = (int16_t)(t_int(seq, 30000, INT64_C(0)));
-	if (v >= 6 && mode == 0)
-		t_unknown_tags(&m->unknown_tags, a, 0, 1000, seq);
-}
-
-static bool eq_km_update_metadata_response(const km_update_metadata_response *x, const km_update_metadata_response *y)
-{
-	if (!(x->error_code == y->error_code))
-		return t_diff("ErrorCode");
-	if (!t_tags_eq(&x->unknown_tags, &y->unknown_tags))
-		return t_diff("UpdateMetadataResponse unknown tags");
-	return true;
-}
-
-static void km_update_metadata_response_fill_v(void *m, int16_t v, int mode, km_arena *a, uint32_t *seq) { fill_km_update_metadata_response(m, v, mode, a, seq); }
-static bool km_update_metadata_response_eq_v(const void *x, const void *y) { return eq_km_update_metadata_response(x, y); }
-static void km_update_metadata_response_init_v(void *m) { km_update_metadata_response_init(m); }
-static km_err km_update_metadata_response_decode_v(km_rd *r, int16_t v, void *m, km_arena *a) { return km_update_metadata_response_decode(r, v, m, a); }
-static void km_update_metadata_response_encode_v(km_wr *w, int16_t v, const void *m) { km_update_metadata_response_encode(w, v, m); }
-static size_t km_update_metadata_response_size_v(int16_t v, const void *m) { return km_update_metadata_response_size(v, m); }
 
 
 static void fill_km_update_raft_voter_request_listener(km_update_raft_voter_request_listener *m, int16_t v, int mode, km_arena *a, uint32_t *seq);
@@ -18563,16 +20228,19 @@ static void fill_km_vote_request_partition_data(km_vote_request_partition_data *
 	(void)a;
 	(void)seq;
 	m->partition_index = (int32_t)(t_int(seq, 1000000000, INT64_C(0)));
-	m->candidate_epoch = (int32_t)(t_int(seq, 1000000000, INT64_C(0)));
-	m->candidate_id = (int32_t)(t_int(seq, 1000000000, INT64_C(0)));
+	m->replica_epoch = (int32_t)(t_int(seq, 1000000000, INT64_C(0)));
+	m->replica_id = (int32_t)(t_int(seq, 1000000000, INT64_C(0)));
 	if (v >= 1) {
-		t_uuid(&m->candidate_directory_id, seq);
+		t_uuid(&m->replica_directory_id, seq);
 	}
 	if (v >= 1) {
 		t_uuid(&m->voter_directory_id, seq);
 	}
 	m->last_offset_epoch = (int32_t)(t_int(seq, 1000000000, INT64_C(0)));
 	m->last_offset = (int64_t)(t_int(seq, 1000000000, INT64_C(0)) + ((int64_t)1 << 33));
+	if (v >= 2) {
+		m->pre_vote = true;
+	}
 	if (true && mode == 0)
 		t_unknown_tags(&m->unknown_tags, a, 0, 1000, seq);
 }
@@ -18581,18 +20249,20 @@ static bool eq_km_vote_request_partition_data(const km_vote_request_partition_da
 {
 	if (!(x->partition_index == y->partition_index))
 		return t_diff("PartitionData.PartitionIndex");
-	if (!(x->candidate_epoch == y->candidate_epoch))
-		return t_diff("PartitionData.CandidateEpoch");
-	if (!(x->candidate_id == y->candidate_id))
-		return t_diff("PartitionData.CandidateId");
-	if (!(memcmp(x->candidate_directory_id.b, y->candidate_directory_id.b, 16) == 0))
-		return t_diff("PartitionData.CandidateDirectoryId");
+	if (!(x->replica_epoch == y->replica_epoch))
+		return t_diff("PartitionData.ReplicaEpoch");
+	if (!(x->replica_id == y->replica_id))
+		return t_diff("PartitionData.ReplicaId");
+	if (!(memcmp(x->replica_directory_id.b, y->replica_directory_id.b, 16) == 0))
+		return t_diff("PartitionData.ReplicaDirectoryId");
 	if (!(memcmp(x->voter_directory_id.b, y->voter_directory_id.b, 16) == 0))
 		return t_diff("PartitionData.VoterDirectoryId");
 	if (!(x->last_offset_epoch == y->last_offset_epoch))
 		return t_diff("PartitionData.LastOffsetEpoch");
 	if (!(x->last_offset == y->last_offset))
 		return t_diff("PartitionData.LastOffset");
+	if (!(x->pre_vote == y->pre_vote))
+		return t_diff("PartitionData.PreVote");
 	if (!t_tags_eq(&x->unknown_tags, &y->unknown_tags))
 		return t_diff("PartitionData unknown tags");
 	return true;
@@ -19025,6 +20695,9 @@ static void fill_km_write_share_group_state_request_partition_data(km_write_shar
 	m->state_epoch = (int32_t)(t_int(seq, 1000000000, INT64_C(0)));
 	m->leader_epoch = (int32_t)(t_int(seq, 1000000000, INT64_C(0)));
 	m->start_offset = (int64_t)(t_int(seq, 1000000000, INT64_C(0)) + ((int64_t)1 << 33));
+	if (v >= 1) {
+		m->delivery_complete_count = (int32_t)(t_int(seq, 1000000000, INT64_C(-1)));
+	}
 	m->state_batches.count = 2;
 	m->state_batches.items = km_arena_alloc(a, 2 * sizeof(*m->state_batches.items));
 	assert_non_null(m->state_batches.items);
@@ -19046,6 +20719,8 @@ static bool eq_km_write_share_group_state_request_partition_data(const km_write_
 		return t_diff("PartitionData.LeaderEpoch");
 	if (!(x->start_offset == y->start_offset))
 		return t_diff("PartitionData.StartOffset");
+	if (!(x->delivery_complete_count == y->delivery_complete_count))
+		return t_diff("PartitionData.DeliveryCompleteCount");
 	if (x->state_batches.count != y->state_batches.count)
 		return t_diff("PartitionData.StateBatches");
 	for (int32_t i = 0; i < x->state_batches.count; i++) {
@@ -19255,7 +20930,7 @@ static void fill_km_write_txn_markers_request_writable_txn_marker_topic(km_write
 	for (int i = 0; i < 2; i++) {
 		m->partition_indexes.items[i] = (int32_t)(t_int(seq, 1000000000, INT64_C(0)));
 	}
-	if (v >= 1 && mode == 0)
+	if (true && mode == 0)
 		t_unknown_tags(&m->unknown_tags, a, 0, 1000, seq);
 }
 
@@ -19291,7 +20966,10 @@ static void fill_km_write_txn_markers_request_writable_txn_marker(km_write_txn_m
 		fill_km_write_txn_markers_request_writable_txn_marker_topic(&m->topics.items[i], v, mode, a, seq);
 	}
 	m->coordinator_epoch = (int32_t)(t_int(seq, 1000000000, INT64_C(0)));
-	if (v >= 1 && mode == 0)
+	if (v >= 2) {
+		m->transaction_version = (int8_t)(t_int(seq, 100, INT64_C(0)));
+	}
+	if (true && mode == 0)
 		t_unknown_tags(&m->unknown_tags, a, 0, 1000, seq);
 }
 
@@ -19311,6 +20989,8 @@ static bool eq_km_write_txn_markers_request_writable_txn_marker(const km_write_t
 	}
 	if (!(x->coordinator_epoch == y->coordinator_epoch))
 		return t_diff("WritableTxnMarker.CoordinatorEpoch");
+	if (!(x->transaction_version == y->transaction_version))
+		return t_diff("WritableTxnMarker.TransactionVersion");
 	if (!t_tags_eq(&x->unknown_tags, &y->unknown_tags))
 		return t_diff("WritableTxnMarker unknown tags");
 	return true;
@@ -19329,7 +21009,7 @@ static void fill_km_write_txn_markers_request(km_write_txn_markers_request *m, i
 		km_write_txn_markers_request_writable_txn_marker_init(&m->markers.items[i]);
 		fill_km_write_txn_markers_request_writable_txn_marker(&m->markers.items[i], v, mode, a, seq);
 	}
-	if (v >= 1 && mode == 0)
+	if (true && mode == 0)
 		t_unknown_tags(&m->unknown_tags, a, 0, 1000, seq);
 }
 
@@ -19371,7 +21051,7 @@ static void fill_km_write_txn_markers_response_writable_txn_marker_partition_res
 	(void)seq;
 	m->partition_index = (int32_t)(t_int(seq, 1000000000, INT64_C(0)));
 	m->error_code = (int16_t)(t_int(seq, 30000, INT64_C(0)));
-	if (v >= 1 && mode == 0)
+	if (true && mode == 0)
 		t_unknown_tags(&m->unknown_tags, a, 0, 1000, seq);
 }
 
@@ -19400,7 +21080,7 @@ static void fill_km_write_txn_markers_response_writable_txn_marker_topic_result(
 		km_write_txn_markers_response_writable_txn_marker_partition_result_init(&m->partitions.items[i]);
 		fill_km_write_txn_markers_response_writable_txn_marker_partition_result(&m->partitions.items[i], v, mode, a, seq);
 	}
-	if (v >= 1 && mode == 0)
+	if (true && mode == 0)
 		t_unknown_tags(&m->unknown_tags, a, 0, 1000, seq);
 }
 
@@ -19433,7 +21113,7 @@ static void fill_km_write_txn_markers_response_writable_txn_marker_result(km_wri
 		km_write_txn_markers_response_writable_txn_marker_topic_result_init(&m->topics.items[i]);
 		fill_km_write_txn_markers_response_writable_txn_marker_topic_result(&m->topics.items[i], v, mode, a, seq);
 	}
-	if (v >= 1 && mode == 0)
+	if (true && mode == 0)
 		t_unknown_tags(&m->unknown_tags, a, 0, 1000, seq);
 }
 
@@ -19465,7 +21145,7 @@ static void fill_km_write_txn_markers_response(km_write_txn_markers_response *m,
 		km_write_txn_markers_response_writable_txn_marker_result_init(&m->markers.items[i]);
 		fill_km_write_txn_markers_response_writable_txn_marker_result(&m->markers.items[i], v, mode, a, seq);
 	}
-	if (v >= 1 && mode == 0)
+	if (true && mode == 0)
 		t_unknown_tags(&m->unknown_tags, a, 0, 1000, seq);
 }
 
@@ -19491,83 +21171,89 @@ static size_t km_write_txn_markers_response_size_v(int16_t v, const void *m) { r
 
 
 const km_test_msg km_test_msgs[] = {
+	{"AbortedTxn", -1, 0, 0, -1, sizeof(km_aborted_txn), km_aborted_txn_init_v, km_aborted_txn_decode_v, km_aborted_txn_encode_v, km_aborted_txn_size_v, km_aborted_txn_fill_v, km_aborted_txn_eq_v},
 	{"AddOffsetsToTxnRequest", 25, 0, 4, 3, sizeof(km_add_offsets_to_txn_request), km_add_offsets_to_txn_request_init_v, km_add_offsets_to_txn_request_decode_v, km_add_offsets_to_txn_request_encode_v, km_add_offsets_to_txn_request_size_v, km_add_offsets_to_txn_request_fill_v, km_add_offsets_to_txn_request_eq_v},
 	{"AddOffsetsToTxnResponse", 25, 0, 4, 3, sizeof(km_add_offsets_to_txn_response), km_add_offsets_to_txn_response_init_v, km_add_offsets_to_txn_response_decode_v, km_add_offsets_to_txn_response_encode_v, km_add_offsets_to_txn_response_size_v, km_add_offsets_to_txn_response_fill_v, km_add_offsets_to_txn_response_eq_v},
 	{"AddPartitionsToTxnRequest", 24, 0, 5, 3, sizeof(km_add_partitions_to_txn_request), km_add_partitions_to_txn_request_init_v, km_add_partitions_to_txn_request_decode_v, km_add_partitions_to_txn_request_encode_v, km_add_partitions_to_txn_request_size_v, km_add_partitions_to_txn_request_fill_v, km_add_partitions_to_txn_request_eq_v},
 	{"AddPartitionsToTxnResponse", 24, 0, 5, 3, sizeof(km_add_partitions_to_txn_response), km_add_partitions_to_txn_response_init_v, km_add_partitions_to_txn_response_decode_v, km_add_partitions_to_txn_response_encode_v, km_add_partitions_to_txn_response_size_v, km_add_partitions_to_txn_response_fill_v, km_add_partitions_to_txn_response_eq_v},
-	{"AddRaftVoterRequest", 80, 0, 0, 0, sizeof(km_add_raft_voter_request), km_add_raft_voter_request_init_v, km_add_raft_voter_request_decode_v, km_add_raft_voter_request_encode_v, km_add_raft_voter_request_size_v, km_add_raft_voter_request_fill_v, km_add_raft_voter_request_eq_v},
-	{"AddRaftVoterResponse", 80, 0, 0, 0, sizeof(km_add_raft_voter_response), km_add_raft_voter_response_init_v, km_add_raft_voter_response_decode_v, km_add_raft_voter_response_encode_v, km_add_raft_voter_response_size_v, km_add_raft_voter_response_fill_v, km_add_raft_voter_response_eq_v},
+	{"AddRaftVoterRequest", 80, 0, 1, 0, sizeof(km_add_raft_voter_request), km_add_raft_voter_request_init_v, km_add_raft_voter_request_decode_v, km_add_raft_voter_request_encode_v, km_add_raft_voter_request_size_v, km_add_raft_voter_request_fill_v, km_add_raft_voter_request_eq_v},
+	{"AddRaftVoterResponse", 80, 0, 1, 0, sizeof(km_add_raft_voter_response), km_add_raft_voter_response_init_v, km_add_raft_voter_response_decode_v, km_add_raft_voter_response_encode_v, km_add_raft_voter_response_size_v, km_add_raft_voter_response_fill_v, km_add_raft_voter_response_eq_v},
 	{"AllocateProducerIdsRequest", 67, 0, 0, 0, sizeof(km_allocate_producer_ids_request), km_allocate_producer_ids_request_init_v, km_allocate_producer_ids_request_decode_v, km_allocate_producer_ids_request_encode_v, km_allocate_producer_ids_request_size_v, km_allocate_producer_ids_request_fill_v, km_allocate_producer_ids_request_eq_v},
 	{"AllocateProducerIdsResponse", 67, 0, 0, 0, sizeof(km_allocate_producer_ids_response), km_allocate_producer_ids_response_init_v, km_allocate_producer_ids_response_decode_v, km_allocate_producer_ids_response_encode_v, km_allocate_producer_ids_response_size_v, km_allocate_producer_ids_response_fill_v, km_allocate_producer_ids_response_eq_v},
 	{"AlterClientQuotasRequest", 49, 0, 1, 1, sizeof(km_alter_client_quotas_request), km_alter_client_quotas_request_init_v, km_alter_client_quotas_request_decode_v, km_alter_client_quotas_request_encode_v, km_alter_client_quotas_request_size_v, km_alter_client_quotas_request_fill_v, km_alter_client_quotas_request_eq_v},
 	{"AlterClientQuotasResponse", 49, 0, 1, 1, sizeof(km_alter_client_quotas_response), km_alter_client_quotas_response_init_v, km_alter_client_quotas_response_decode_v, km_alter_client_quotas_response_encode_v, km_alter_client_quotas_response_size_v, km_alter_client_quotas_response_fill_v, km_alter_client_quotas_response_eq_v},
 	{"AlterConfigsRequest", 33, 0, 2, 2, sizeof(km_alter_configs_request), km_alter_configs_request_init_v, km_alter_configs_request_decode_v, km_alter_configs_request_encode_v, km_alter_configs_request_size_v, km_alter_configs_request_fill_v, km_alter_configs_request_eq_v},
 	{"AlterConfigsResponse", 33, 0, 2, 2, sizeof(km_alter_configs_response), km_alter_configs_response_init_v, km_alter_configs_response_decode_v, km_alter_configs_response_encode_v, km_alter_configs_response_size_v, km_alter_configs_response_fill_v, km_alter_configs_response_eq_v},
-	{"AlterPartitionReassignmentsRequest", 45, 0, 0, 0, sizeof(km_alter_partition_reassignments_request), km_alter_partition_reassignments_request_init_v, km_alter_partition_reassignments_request_decode_v, km_alter_partition_reassignments_request_encode_v, km_alter_partition_reassignments_request_size_v, km_alter_partition_reassignments_request_fill_v, km_alter_partition_reassignments_request_eq_v},
-	{"AlterPartitionReassignmentsResponse", 45, 0, 0, 0, sizeof(km_alter_partition_reassignments_response), km_alter_partition_reassignments_response_init_v, km_alter_partition_reassignments_response_decode_v, km_alter_partition_reassignments_response_encode_v, km_alter_partition_reassignments_response_size_v, km_alter_partition_reassignments_response_fill_v, km_alter_partition_reassignments_response_eq_v},
-	{"AlterPartitionRequest", 56, 0, 3, 0, sizeof(km_alter_partition_request), km_alter_partition_request_init_v, km_alter_partition_request_decode_v, km_alter_partition_request_encode_v, km_alter_partition_request_size_v, km_alter_partition_request_fill_v, km_alter_partition_request_eq_v},
-	{"AlterPartitionResponse", 56, 0, 3, 0, sizeof(km_alter_partition_response), km_alter_partition_response_init_v, km_alter_partition_response_decode_v, km_alter_partition_response_encode_v, km_alter_partition_response_size_v, km_alter_partition_response_fill_v, km_alter_partition_response_eq_v},
-	{"AlterReplicaLogDirsRequest", 34, 0, 2, 2, sizeof(km_alter_replica_log_dirs_request), km_alter_replica_log_dirs_request_init_v, km_alter_replica_log_dirs_request_decode_v, km_alter_replica_log_dirs_request_encode_v, km_alter_replica_log_dirs_request_size_v, km_alter_replica_log_dirs_request_fill_v, km_alter_replica_log_dirs_request_eq_v},
-	{"AlterReplicaLogDirsResponse", 34, 0, 2, 2, sizeof(km_alter_replica_log_dirs_response), km_alter_replica_log_dirs_response_init_v, km_alter_replica_log_dirs_response_decode_v, km_alter_replica_log_dirs_response_encode_v, km_alter_replica_log_dirs_response_size_v, km_alter_replica_log_dirs_response_fill_v, km_alter_replica_log_dirs_response_eq_v},
+	{"AlterPartitionReassignmentsRequest", 45, 0, 1, 0, sizeof(km_alter_partition_reassignments_request), km_alter_partition_reassignments_request_init_v, km_alter_partition_reassignments_request_decode_v, km_alter_partition_reassignments_request_encode_v, km_alter_partition_reassignments_request_size_v, km_alter_partition_reassignments_request_fill_v, km_alter_partition_reassignments_request_eq_v},
+	{"AlterPartitionReassignmentsResponse", 45, 0, 1, 0, sizeof(km_alter_partition_reassignments_response), km_alter_partition_reassignments_response_init_v, km_alter_partition_reassignments_response_decode_v, km_alter_partition_reassignments_response_encode_v, km_alter_partition_reassignments_response_size_v, km_alter_partition_reassignments_response_fill_v, km_alter_partition_reassignments_response_eq_v},
+	{"AlterPartitionRequest", 56, 2, 3, 2, sizeof(km_alter_partition_request), km_alter_partition_request_init_v, km_alter_partition_request_decode_v, km_alter_partition_request_encode_v, km_alter_partition_request_size_v, km_alter_partition_request_fill_v, km_alter_partition_request_eq_v},
+	{"AlterPartitionResponse", 56, 2, 3, 2, sizeof(km_alter_partition_response), km_alter_partition_response_init_v, km_alter_partition_response_decode_v, km_alter_partition_response_encode_v, km_alter_partition_response_size_v, km_alter_partition_response_fill_v, km_alter_partition_response_eq_v},
+	{"AlterReplicaLogDirsRequest", 34, 1, 2, 2, sizeof(km_alter_replica_log_dirs_request), km_alter_replica_log_dirs_request_init_v, km_alter_replica_log_dirs_request_decode_v, km_alter_replica_log_dirs_request_encode_v, km_alter_replica_log_dirs_request_size_v, km_alter_replica_log_dirs_request_fill_v, km_alter_replica_log_dirs_request_eq_v},
+	{"AlterReplicaLogDirsResponse", 34, 1, 2, 2, sizeof(km_alter_replica_log_dirs_response), km_alter_replica_log_dirs_response_init_v, km_alter_replica_log_dirs_response_decode_v, km_alter_replica_log_dirs_response_encode_v, km_alter_replica_log_dirs_response_size_v, km_alter_replica_log_dirs_response_fill_v, km_alter_replica_log_dirs_response_eq_v},
+	{"AlterShareGroupOffsetsRequest", 91, 0, 0, 0, sizeof(km_alter_share_group_offsets_request), km_alter_share_group_offsets_request_init_v, km_alter_share_group_offsets_request_decode_v, km_alter_share_group_offsets_request_encode_v, km_alter_share_group_offsets_request_size_v, km_alter_share_group_offsets_request_fill_v, km_alter_share_group_offsets_request_eq_v},
+	{"AlterShareGroupOffsetsResponse", 91, 0, 0, 0, sizeof(km_alter_share_group_offsets_response), km_alter_share_group_offsets_response_init_v, km_alter_share_group_offsets_response_decode_v, km_alter_share_group_offsets_response_encode_v, km_alter_share_group_offsets_response_size_v, km_alter_share_group_offsets_response_fill_v, km_alter_share_group_offsets_response_eq_v},
 	{"AlterUserScramCredentialsRequest", 51, 0, 0, 0, sizeof(km_alter_user_scram_credentials_request), km_alter_user_scram_credentials_request_init_v, km_alter_user_scram_credentials_request_decode_v, km_alter_user_scram_credentials_request_encode_v, km_alter_user_scram_credentials_request_size_v, km_alter_user_scram_credentials_request_fill_v, km_alter_user_scram_credentials_request_eq_v},
 	{"AlterUserScramCredentialsResponse", 51, 0, 0, 0, sizeof(km_alter_user_scram_credentials_response), km_alter_user_scram_credentials_response_init_v, km_alter_user_scram_credentials_response_decode_v, km_alter_user_scram_credentials_response_encode_v, km_alter_user_scram_credentials_response_size_v, km_alter_user_scram_credentials_response_fill_v, km_alter_user_scram_credentials_response_eq_v},
-	{"ApiVersionsRequest", 18, 0, 4, 3, sizeof(km_api_versions_request), km_api_versions_request_init_v, km_api_versions_request_decode_v, km_api_versions_request_encode_v, km_api_versions_request_size_v, km_api_versions_request_fill_v, km_api_versions_request_eq_v},
-	{"ApiVersionsResponse", 18, 0, 4, 3, sizeof(km_api_versions_response), km_api_versions_response_init_v, km_api_versions_response_decode_v, km_api_versions_response_encode_v, km_api_versions_response_size_v, km_api_versions_response_fill_v, km_api_versions_response_eq_v},
+	{"ApiVersionsRequest", 18, 0, 5, 3, sizeof(km_api_versions_request), km_api_versions_request_init_v, km_api_versions_request_decode_v, km_api_versions_request_encode_v, km_api_versions_request_size_v, km_api_versions_request_fill_v, km_api_versions_request_eq_v},
+	{"ApiVersionsResponse", 18, 0, 5, 3, sizeof(km_api_versions_response), km_api_versions_response_init_v, km_api_versions_response_decode_v, km_api_versions_response_encode_v, km_api_versions_response_size_v, km_api_versions_response_fill_v, km_api_versions_response_eq_v},
 	{"AssignReplicasToDirsRequest", 73, 0, 0, 0, sizeof(km_assign_replicas_to_dirs_request), km_assign_replicas_to_dirs_request_init_v, km_assign_replicas_to_dirs_request_decode_v, km_assign_replicas_to_dirs_request_encode_v, km_assign_replicas_to_dirs_request_size_v, km_assign_replicas_to_dirs_request_fill_v, km_assign_replicas_to_dirs_request_eq_v},
 	{"AssignReplicasToDirsResponse", 73, 0, 0, 0, sizeof(km_assign_replicas_to_dirs_response), km_assign_replicas_to_dirs_response_init_v, km_assign_replicas_to_dirs_response_decode_v, km_assign_replicas_to_dirs_response_encode_v, km_assign_replicas_to_dirs_response_size_v, km_assign_replicas_to_dirs_response_fill_v, km_assign_replicas_to_dirs_response_eq_v},
 	{"BeginQuorumEpochRequest", 53, 0, 1, 1, sizeof(km_begin_quorum_epoch_request), km_begin_quorum_epoch_request_init_v, km_begin_quorum_epoch_request_decode_v, km_begin_quorum_epoch_request_encode_v, km_begin_quorum_epoch_request_size_v, km_begin_quorum_epoch_request_fill_v, km_begin_quorum_epoch_request_eq_v},
 	{"BeginQuorumEpochResponse", 53, 0, 1, 1, sizeof(km_begin_quorum_epoch_response), km_begin_quorum_epoch_response_init_v, km_begin_quorum_epoch_response_decode_v, km_begin_quorum_epoch_response_encode_v, km_begin_quorum_epoch_response_size_v, km_begin_quorum_epoch_response_fill_v, km_begin_quorum_epoch_response_eq_v},
-	{"BrokerHeartbeatRequest", 63, 0, 1, 0, sizeof(km_broker_heartbeat_request), km_broker_heartbeat_request_init_v, km_broker_heartbeat_request_decode_v, km_broker_heartbeat_request_encode_v, km_broker_heartbeat_request_size_v, km_broker_heartbeat_request_fill_v, km_broker_heartbeat_request_eq_v},
-	{"BrokerHeartbeatResponse", 63, 0, 1, 0, sizeof(km_broker_heartbeat_response), km_broker_heartbeat_response_init_v, km_broker_heartbeat_response_decode_v, km_broker_heartbeat_response_encode_v, km_broker_heartbeat_response_size_v, km_broker_heartbeat_response_fill_v, km_broker_heartbeat_response_eq_v},
+	{"BrokerHeartbeatRequest", 63, 0, 2, 0, sizeof(km_broker_heartbeat_request), km_broker_heartbeat_request_init_v, km_broker_heartbeat_request_decode_v, km_broker_heartbeat_request_encode_v, km_broker_heartbeat_request_size_v, km_broker_heartbeat_request_fill_v, km_broker_heartbeat_request_eq_v},
+	{"BrokerHeartbeatResponse", 63, 0, 2, 0, sizeof(km_broker_heartbeat_response), km_broker_heartbeat_response_init_v, km_broker_heartbeat_response_decode_v, km_broker_heartbeat_response_encode_v, km_broker_heartbeat_response_size_v, km_broker_heartbeat_response_fill_v, km_broker_heartbeat_response_eq_v},
 	{"BrokerRegistrationRequest", 62, 0, 4, 0, sizeof(km_broker_registration_request), km_broker_registration_request_init_v, km_broker_registration_request_decode_v, km_broker_registration_request_encode_v, km_broker_registration_request_size_v, km_broker_registration_request_fill_v, km_broker_registration_request_eq_v},
 	{"BrokerRegistrationResponse", 62, 0, 4, 0, sizeof(km_broker_registration_response), km_broker_registration_response_init_v, km_broker_registration_response_decode_v, km_broker_registration_response_encode_v, km_broker_registration_response_size_v, km_broker_registration_response_fill_v, km_broker_registration_response_eq_v},
-	{"ConsumerGroupDescribeRequest", 69, 0, 0, 0, sizeof(km_consumer_group_describe_request), km_consumer_group_describe_request_init_v, km_consumer_group_describe_request_decode_v, km_consumer_group_describe_request_encode_v, km_consumer_group_describe_request_size_v, km_consumer_group_describe_request_fill_v, km_consumer_group_describe_request_eq_v},
-	{"ConsumerGroupDescribeResponse", 69, 0, 0, 0, sizeof(km_consumer_group_describe_response), km_consumer_group_describe_response_init_v, km_consumer_group_describe_response_decode_v, km_consumer_group_describe_response_encode_v, km_consumer_group_describe_response_size_v, km_consumer_group_describe_response_fill_v, km_consumer_group_describe_response_eq_v},
+	{"ConsumerGroupDescribeRequest", 69, 0, 1, 0, sizeof(km_consumer_group_describe_request), km_consumer_group_describe_request_init_v, km_consumer_group_describe_request_decode_v, km_consumer_group_describe_request_encode_v, km_consumer_group_describe_request_size_v, km_consumer_group_describe_request_fill_v, km_consumer_group_describe_request_eq_v},
+	{"ConsumerGroupDescribeResponse", 69, 0, 1, 0, sizeof(km_consumer_group_describe_response), km_consumer_group_describe_response_init_v, km_consumer_group_describe_response_decode_v, km_consumer_group_describe_response_encode_v, km_consumer_group_describe_response_size_v, km_consumer_group_describe_response_fill_v, km_consumer_group_describe_response_eq_v},
 	{"ConsumerGroupHeartbeatRequest", 68, 0, 1, 0, sizeof(km_consumer_group_heartbeat_request), km_consumer_group_heartbeat_request_init_v, km_consumer_group_heartbeat_request_decode_v, km_consumer_group_heartbeat_request_encode_v, km_consumer_group_heartbeat_request_size_v, km_consumer_group_heartbeat_request_fill_v, km_consumer_group_heartbeat_request_eq_v},
 	{"ConsumerGroupHeartbeatResponse", 68, 0, 1, 0, sizeof(km_consumer_group_heartbeat_response), km_consumer_group_heartbeat_response_init_v, km_consumer_group_heartbeat_response_decode_v, km_consumer_group_heartbeat_response_encode_v, km_consumer_group_heartbeat_response_size_v, km_consumer_group_heartbeat_response_fill_v, km_consumer_group_heartbeat_response_eq_v},
 	{"ConsumerProtocolAssignment", -1, 0, 3, -1, sizeof(km_consumer_protocol_assignment), km_consumer_protocol_assignment_init_v, km_consumer_protocol_assignment_decode_v, km_consumer_protocol_assignment_encode_v, km_consumer_protocol_assignment_size_v, km_consumer_protocol_assignment_fill_v, km_consumer_protocol_assignment_eq_v},
 	{"ConsumerProtocolSubscription", -1, 0, 3, -1, sizeof(km_consumer_protocol_subscription), km_consumer_protocol_subscription_init_v, km_consumer_protocol_subscription_decode_v, km_consumer_protocol_subscription_encode_v, km_consumer_protocol_subscription_size_v, km_consumer_protocol_subscription_fill_v, km_consumer_protocol_subscription_eq_v},
-	{"ControlledShutdownRequest", 7, 0, 3, 3, sizeof(km_controlled_shutdown_request), km_controlled_shutdown_request_init_v, km_controlled_shutdown_request_decode_v, km_controlled_shutdown_request_encode_v, km_controlled_shutdown_request_size_v, km_controlled_shutdown_request_fill_v, km_controlled_shutdown_request_eq_v},
-	{"ControlledShutdownResponse", 7, 0, 3, 3, sizeof(km_controlled_shutdown_response), km_controlled_shutdown_response_init_v, km_controlled_shutdown_response_decode_v, km_controlled_shutdown_response_encode_v, km_controlled_shutdown_response_size_v, km_controlled_shutdown_response_fill_v, km_controlled_shutdown_response_eq_v},
+	{"ControlRecordTypeSchema", -1, 0, 0, -1, sizeof(km_control_record_type_schema), km_control_record_type_schema_init_v, km_control_record_type_schema_decode_v, km_control_record_type_schema_encode_v, km_control_record_type_schema_size_v, km_control_record_type_schema_fill_v, km_control_record_type_schema_eq_v},
 	{"ControllerRegistrationRequest", 70, 0, 0, 0, sizeof(km_controller_registration_request), km_controller_registration_request_init_v, km_controller_registration_request_decode_v, km_controller_registration_request_encode_v, km_controller_registration_request_size_v, km_controller_registration_request_fill_v, km_controller_registration_request_eq_v},
 	{"ControllerRegistrationResponse", 70, 0, 0, 0, sizeof(km_controller_registration_response), km_controller_registration_response_init_v, km_controller_registration_response_decode_v, km_controller_registration_response_encode_v, km_controller_registration_response_size_v, km_controller_registration_response_fill_v, km_controller_registration_response_eq_v},
-	{"CreateAclsRequest", 30, 0, 3, 2, sizeof(km_create_acls_request), km_create_acls_request_init_v, km_create_acls_request_decode_v, km_create_acls_request_encode_v, km_create_acls_request_size_v, km_create_acls_request_fill_v, km_create_acls_request_eq_v},
-	{"CreateAclsResponse", 30, 0, 3, 2, sizeof(km_create_acls_response), km_create_acls_response_init_v, km_create_acls_response_decode_v, km_create_acls_response_encode_v, km_create_acls_response_size_v, km_create_acls_response_fill_v, km_create_acls_response_eq_v},
-	{"CreateDelegationTokenRequest", 38, 0, 3, 2, sizeof(km_create_delegation_token_request), km_create_delegation_token_request_init_v, km_create_delegation_token_request_decode_v, km_create_delegation_token_request_encode_v, km_create_delegation_token_request_size_v, km_create_delegation_token_request_fill_v, km_create_delegation_token_request_eq_v},
-	{"CreateDelegationTokenResponse", 38, 0, 3, 2, sizeof(km_create_delegation_token_response), km_create_delegation_token_response_init_v, km_create_delegation_token_response_decode_v, km_create_delegation_token_response_encode_v, km_create_delegation_token_response_size_v, km_create_delegation_token_response_fill_v, km_create_delegation_token_response_eq_v},
+	{"CreateAclsRequest", 30, 1, 3, 2, sizeof(km_create_acls_request), km_create_acls_request_init_v, km_create_acls_request_decode_v, km_create_acls_request_encode_v, km_create_acls_request_size_v, km_create_acls_request_fill_v, km_create_acls_request_eq_v},
+	{"CreateAclsResponse", 30, 1, 3, 2, sizeof(km_create_acls_response), km_create_acls_response_init_v, km_create_acls_response_decode_v, km_create_acls_response_encode_v, km_create_acls_response_size_v, km_create_acls_response_fill_v, km_create_acls_response_eq_v},
+	{"CreateDelegationTokenRequest", 38, 1, 3, 2, sizeof(km_create_delegation_token_request), km_create_delegation_token_request_init_v, km_create_delegation_token_request_decode_v, km_create_delegation_token_request_encode_v, km_create_delegation_token_request_size_v, km_create_delegation_token_request_fill_v, km_create_delegation_token_request_eq_v},
+	{"CreateDelegationTokenResponse", 38, 1, 3, 2, sizeof(km_create_delegation_token_response), km_create_delegation_token_response_init_v, km_create_delegation_token_response_decode_v, km_create_delegation_token_response_encode_v, km_create_delegation_token_response_size_v, km_create_delegation_token_response_fill_v, km_create_delegation_token_response_eq_v},
 	{"CreatePartitionsRequest", 37, 0, 3, 2, sizeof(km_create_partitions_request), km_create_partitions_request_init_v, km_create_partitions_request_decode_v, km_create_partitions_request_encode_v, km_create_partitions_request_size_v, km_create_partitions_request_fill_v, km_create_partitions_request_eq_v},
 	{"CreatePartitionsResponse", 37, 0, 3, 2, sizeof(km_create_partitions_response), km_create_partitions_response_init_v, km_create_partitions_response_decode_v, km_create_partitions_response_encode_v, km_create_partitions_response_size_v, km_create_partitions_response_fill_v, km_create_partitions_response_eq_v},
-	{"CreateTopicsRequest", 19, 0, 7, 5, sizeof(km_create_topics_request), km_create_topics_request_init_v, km_create_topics_request_decode_v, km_create_topics_request_encode_v, km_create_topics_request_size_v, km_create_topics_request_fill_v, km_create_topics_request_eq_v},
-	{"CreateTopicsResponse", 19, 0, 7, 5, sizeof(km_create_topics_response), km_create_topics_response_init_v, km_create_topics_response_decode_v, km_create_topics_response_encode_v, km_create_topics_response_size_v, km_create_topics_response_fill_v, km_create_topics_response_eq_v},
+	{"CreateTopicsRequest", 19, 2, 7, 5, sizeof(km_create_topics_request), km_create_topics_request_init_v, km_create_topics_request_decode_v, km_create_topics_request_encode_v, km_create_topics_request_size_v, km_create_topics_request_fill_v, km_create_topics_request_eq_v},
+	{"CreateTopicsResponse", 19, 2, 7, 5, sizeof(km_create_topics_response), km_create_topics_response_init_v, km_create_topics_response_decode_v, km_create_topics_response_encode_v, km_create_topics_response_size_v, km_create_topics_response_fill_v, km_create_topics_response_eq_v},
 	{"DefaultPrincipalData", -1, 0, 0, 0, sizeof(km_default_principal_data), km_default_principal_data_init_v, km_default_principal_data_decode_v, km_default_principal_data_encode_v, km_default_principal_data_size_v, km_default_principal_data_fill_v, km_default_principal_data_eq_v},
-	{"DeleteAclsRequest", 31, 0, 3, 2, sizeof(km_delete_acls_request), km_delete_acls_request_init_v, km_delete_acls_request_decode_v, km_delete_acls_request_encode_v, km_delete_acls_request_size_v, km_delete_acls_request_fill_v, km_delete_acls_request_eq_v},
-	{"DeleteAclsResponse", 31, 0, 3, 2, sizeof(km_delete_acls_response), km_delete_acls_response_init_v, km_delete_acls_response_decode_v, km_delete_acls_response_encode_v, km_delete_acls_response_size_v, km_delete_acls_response_fill_v, km_delete_acls_response_eq_v},
-	{"DeleteGroupsRequest", 42, 0, 2, 2, sizeof(km_delete_groups_request), km_delete_groups_request_init_v, km_delete_groups_request_decode_v, km_delete_groups_request_encode_v, km_delete_groups_request_size_v, km_delete_groups_request_fill_v, km_delete_groups_request_eq_v},
-	{"DeleteGroupsResponse", 42, 0, 2, 2, sizeof(km_delete_groups_response), km_delete_groups_response_init_v, km_delete_groups_response_decode_v, km_delete_groups_response_encode_v, km_delete_groups_response_size_v, km_delete_groups_response_fill_v, km_delete_groups_response_eq_v},
+	{"DeleteAclsRequest", 31, 1, 3, 2, sizeof(km_delete_acls_request), km_delete_acls_request_init_v, km_delete_acls_request_decode_v, km_delete_acls_request_encode_v, km_delete_acls_request_size_v, km_delete_acls_request_fill_v, km_delete_acls_request_eq_v},
+	{"DeleteAclsResponse", 31, 1, 3, 2, sizeof(km_delete_acls_response), km_delete_acls_response_init_v, km_delete_acls_response_decode_v, km_delete_acls_response_encode_v, km_delete_acls_response_size_v, km_delete_acls_response_fill_v, km_delete_acls_response_eq_v},
+	{"DeleteGroupsRequest", 42, 0, 3, 2, sizeof(km_delete_groups_request), km_delete_groups_request_init_v, km_delete_groups_request_decode_v, km_delete_groups_request_encode_v, km_delete_groups_request_size_v, km_delete_groups_request_fill_v, km_delete_groups_request_eq_v},
+	{"DeleteGroupsResponse", 42, 0, 3, 2, sizeof(km_delete_groups_response), km_delete_groups_response_init_v, km_delete_groups_response_decode_v, km_delete_groups_response_encode_v, km_delete_groups_response_size_v, km_delete_groups_response_fill_v, km_delete_groups_response_eq_v},
 	{"DeleteRecordsRequest", 21, 0, 2, 2, sizeof(km_delete_records_request), km_delete_records_request_init_v, km_delete_records_request_decode_v, km_delete_records_request_encode_v, km_delete_records_request_size_v, km_delete_records_request_fill_v, km_delete_records_request_eq_v},
 	{"DeleteRecordsResponse", 21, 0, 2, 2, sizeof(km_delete_records_response), km_delete_records_response_init_v, km_delete_records_response_decode_v, km_delete_records_response_encode_v, km_delete_records_response_size_v, km_delete_records_response_fill_v, km_delete_records_response_eq_v},
+	{"DeleteShareGroupOffsetsRequest", 92, 0, 0, 0, sizeof(km_delete_share_group_offsets_request), km_delete_share_group_offsets_request_init_v, km_delete_share_group_offsets_request_decode_v, km_delete_share_group_offsets_request_encode_v, km_delete_share_group_offsets_request_size_v, km_delete_share_group_offsets_request_fill_v, km_delete_share_group_offsets_request_eq_v},
+	{"DeleteShareGroupOffsetsResponse", 92, 0, 0, 0, sizeof(km_delete_share_group_offsets_response), km_delete_share_group_offsets_response_init_v, km_delete_share_group_offsets_response_decode_v, km_delete_share_group_offsets_response_encode_v, km_delete_share_group_offsets_response_size_v, km_delete_share_group_offsets_response_fill_v, km_delete_share_group_offsets_response_eq_v},
 	{"DeleteShareGroupStateRequest", 86, 0, 0, 0, sizeof(km_delete_share_group_state_request), km_delete_share_group_state_request_init_v, km_delete_share_group_state_request_decode_v, km_delete_share_group_state_request_encode_v, km_delete_share_group_state_request_size_v, km_delete_share_group_state_request_fill_v, km_delete_share_group_state_request_eq_v},
 	{"DeleteShareGroupStateResponse", 86, 0, 0, 0, sizeof(km_delete_share_group_state_response), km_delete_share_group_state_response_init_v, km_delete_share_group_state_response_decode_v, km_delete_share_group_state_response_encode_v, km_delete_share_group_state_response_size_v, km_delete_share_group_state_response_fill_v, km_delete_share_group_state_response_eq_v},
-	{"DeleteTopicsRequest", 20, 0, 6, 4, sizeof(km_delete_topics_request), km_delete_topics_request_init_v, km_delete_topics_request_decode_v, km_delete_topics_request_encode_v, km_delete_topics_request_size_v, km_delete_topics_request_fill_v, km_delete_topics_request_eq_v},
-	{"DeleteTopicsResponse", 20, 0, 6, 4, sizeof(km_delete_topics_response), km_delete_topics_response_init_v, km_delete_topics_response_decode_v, km_delete_topics_response_encode_v, km_delete_topics_response_size_v, km_delete_topics_response_fill_v, km_delete_topics_response_eq_v},
-	{"DescribeAclsRequest", 29, 0, 3, 2, sizeof(km_describe_acls_request), km_describe_acls_request_init_v, km_describe_acls_request_decode_v, km_describe_acls_request_encode_v, km_describe_acls_request_size_v, km_describe_acls_request_fill_v, km_describe_acls_request_eq_v},
-	{"DescribeAclsResponse", 29, 0, 3, 2, sizeof(km_describe_acls_response), km_describe_acls_response_init_v, km_describe_acls_response_decode_v, km_describe_acls_response_encode_v, km_describe_acls_response_size_v, km_describe_acls_response_fill_v, km_describe_acls_response_eq_v},
+	{"DeleteTopicsRequest", 20, 1, 6, 4, sizeof(km_delete_topics_request), km_delete_topics_request_init_v, km_delete_topics_request_decode_v, km_delete_topics_request_encode_v, km_delete_topics_request_size_v, km_delete_topics_request_fill_v, km_delete_topics_request_eq_v},
+	{"DeleteTopicsResponse", 20, 1, 6, 4, sizeof(km_delete_topics_response), km_delete_topics_response_init_v, km_delete_topics_response_decode_v, km_delete_topics_response_encode_v, km_delete_topics_response_size_v, km_delete_topics_response_fill_v, km_delete_topics_response_eq_v},
+	{"DescribeAclsRequest", 29, 1, 3, 2, sizeof(km_describe_acls_request), km_describe_acls_request_init_v, km_describe_acls_request_decode_v, km_describe_acls_request_encode_v, km_describe_acls_request_size_v, km_describe_acls_request_fill_v, km_describe_acls_request_eq_v},
+	{"DescribeAclsResponse", 29, 1, 3, 2, sizeof(km_describe_acls_response), km_describe_acls_response_init_v, km_describe_acls_response_decode_v, km_describe_acls_response_encode_v, km_describe_acls_response_size_v, km_describe_acls_response_fill_v, km_describe_acls_response_eq_v},
 	{"DescribeClientQuotasRequest", 48, 0, 1, 1, sizeof(km_describe_client_quotas_request), km_describe_client_quotas_request_init_v, km_describe_client_quotas_request_decode_v, km_describe_client_quotas_request_encode_v, km_describe_client_quotas_request_size_v, km_describe_client_quotas_request_fill_v, km_describe_client_quotas_request_eq_v},
 	{"DescribeClientQuotasResponse", 48, 0, 1, 1, sizeof(km_describe_client_quotas_response), km_describe_client_quotas_response_init_v, km_describe_client_quotas_response_decode_v, km_describe_client_quotas_response_encode_v, km_describe_client_quotas_response_size_v, km_describe_client_quotas_response_fill_v, km_describe_client_quotas_response_eq_v},
-	{"DescribeClusterRequest", 60, 0, 1, 0, sizeof(km_describe_cluster_request), km_describe_cluster_request_init_v, km_describe_cluster_request_decode_v, km_describe_cluster_request_encode_v, km_describe_cluster_request_size_v, km_describe_cluster_request_fill_v, km_describe_cluster_request_eq_v},
-	{"DescribeClusterResponse", 60, 0, 1, 0, sizeof(km_describe_cluster_response), km_describe_cluster_response_init_v, km_describe_cluster_response_decode_v, km_describe_cluster_response_encode_v, km_describe_cluster_response_size_v, km_describe_cluster_response_fill_v, km_describe_cluster_response_eq_v},
-	{"DescribeConfigsRequest", 32, 0, 4, 4, sizeof(km_describe_configs_request), km_describe_configs_request_init_v, km_describe_configs_request_decode_v, km_describe_configs_request_encode_v, km_describe_configs_request_size_v, km_describe_configs_request_fill_v, km_describe_configs_request_eq_v},
-	{"DescribeConfigsResponse", 32, 0, 4, 4, sizeof(km_describe_configs_response), km_describe_configs_response_init_v, km_describe_configs_response_decode_v, km_describe_configs_response_encode_v, km_describe_configs_response_size_v, km_describe_configs_response_fill_v, km_describe_configs_response_eq_v},
-	{"DescribeDelegationTokenRequest", 41, 0, 3, 2, sizeof(km_describe_delegation_token_request), km_describe_delegation_token_request_init_v, km_describe_delegation_token_request_decode_v, km_describe_delegation_token_request_encode_v, km_describe_delegation_token_request_size_v, km_describe_delegation_token_request_fill_v, km_describe_delegation_token_request_eq_v},
-	{"DescribeDelegationTokenResponse", 41, 0, 3, 2, sizeof(km_describe_delegation_token_response), km_describe_delegation_token_response_init_v, km_describe_delegation_token_response_decode_v, km_describe_delegation_token_response_encode_v, km_describe_delegation_token_response_size_v, km_describe_delegation_token_response_fill_v, km_describe_delegation_token_response_eq_v},
-	{"DescribeGroupsRequest", 15, 0, 5, 5, sizeof(km_describe_groups_request), km_describe_groups_request_init_v, km_describe_groups_request_decode_v, km_describe_groups_request_encode_v, km_describe_groups_request_size_v, km_describe_groups_request_fill_v, km_describe_groups_request_eq_v},
-	{"DescribeGroupsResponse", 15, 0, 5, 5, sizeof(km_describe_groups_response), km_describe_groups_response_init_v, km_describe_groups_response_decode_v, km_describe_groups_response_encode_v, km_describe_groups_response_size_v, km_describe_groups_response_fill_v, km_describe_groups_response_eq_v},
-	{"DescribeLogDirsRequest", 35, 0, 4, 2, sizeof(km_describe_log_dirs_request), km_describe_log_dirs_request_init_v, km_describe_log_dirs_request_decode_v, km_describe_log_dirs_request_encode_v, km_describe_log_dirs_request_size_v, km_describe_log_dirs_request_fill_v, km_describe_log_dirs_request_eq_v},
-	{"DescribeLogDirsResponse", 35, 0, 4, 2, sizeof(km_describe_log_dirs_response), km_describe_log_dirs_response_init_v, km_describe_log_dirs_response_decode_v, km_describe_log_dirs_response_encode_v, km_describe_log_dirs_response_size_v, km_describe_log_dirs_response_fill_v, km_describe_log_dirs_response_eq_v},
+	{"DescribeClusterRequest", 60, 0, 2, 0, sizeof(km_describe_cluster_request), km_describe_cluster_request_init_v, km_describe_cluster_request_decode_v, km_describe_cluster_request_encode_v, km_describe_cluster_request_size_v, km_describe_cluster_request_fill_v, km_describe_cluster_request_eq_v},
+	{"DescribeClusterResponse", 60, 0, 2, 0, sizeof(km_describe_cluster_response), km_describe_cluster_response_init_v, km_describe_cluster_response_decode_v, km_describe_cluster_response_encode_v, km_describe_cluster_response_size_v, km_describe_cluster_response_fill_v, km_describe_cluster_response_eq_v},
+	{"DescribeConfigsRequest", 32, 1, 4, 4, sizeof(km_describe_configs_request), km_describe_configs_request_init_v, km_describe_configs_request_decode_v, km_describe_configs_request_encode_v, km_describe_configs_request_size_v, km_describe_configs_request_fill_v, km_describe_configs_request_eq_v},
+	{"DescribeConfigsResponse", 32, 1, 4, 4, sizeof(km_describe_configs_response), km_describe_configs_response_init_v, km_describe_configs_response_decode_v, km_describe_configs_response_encode_v, km_describe_configs_response_size_v, km_describe_configs_response_fill_v, km_describe_configs_response_eq_v},
+	{"DescribeDelegationTokenRequest", 41, 1, 3, 2, sizeof(km_describe_delegation_token_request), km_describe_delegation_token_request_init_v, km_describe_delegation_token_request_decode_v, km_describe_delegation_token_request_encode_v, km_describe_delegation_token_request_size_v, km_describe_delegation_token_request_fill_v, km_describe_delegation_token_request_eq_v},
+	{"DescribeDelegationTokenResponse", 41, 1, 3, 2, sizeof(km_describe_delegation_token_response), km_describe_delegation_token_response_init_v, km_describe_delegation_token_response_decode_v, km_describe_delegation_token_response_encode_v, km_describe_delegation_token_response_size_v, km_describe_delegation_token_response_fill_v, km_describe_delegation_token_response_eq_v},
+	{"DescribeGroupsRequest", 15, 0, 6, 5, sizeof(km_describe_groups_request), km_describe_groups_request_init_v, km_describe_groups_request_decode_v, km_describe_groups_request_encode_v, km_describe_groups_request_size_v, km_describe_groups_request_fill_v, km_describe_groups_request_eq_v},
+	{"DescribeGroupsResponse", 15, 0, 6, 5, sizeof(km_describe_groups_response), km_describe_groups_response_init_v, km_describe_groups_response_decode_v, km_describe_groups_response_encode_v, km_describe_groups_response_size_v, km_describe_groups_response_fill_v, km_describe_groups_response_eq_v},
+	{"DescribeLogDirsRequest", 35, 1, 5, 2, sizeof(km_describe_log_dirs_request), km_describe_log_dirs_request_init_v, km_describe_log_dirs_request_decode_v, km_describe_log_dirs_request_encode_v, km_describe_log_dirs_request_size_v, km_describe_log_dirs_request_fill_v, km_describe_log_dirs_request_eq_v},
+	{"DescribeLogDirsResponse", 35, 1, 5, 2, sizeof(km_describe_log_dirs_response), km_describe_log_dirs_response_init_v, km_describe_log_dirs_response_decode_v, km_describe_log_dirs_response_encode_v, km_describe_log_dirs_response_size_v, km_describe_log_dirs_response_fill_v, km_describe_log_dirs_response_eq_v},
 	{"DescribeProducersRequest", 61, 0, 0, 0, sizeof(km_describe_producers_request), km_describe_producers_request_init_v, km_describe_producers_request_decode_v, km_describe_producers_request_encode_v, km_describe_producers_request_size_v, km_describe_producers_request_fill_v, km_describe_producers_request_eq_v},
 	{"DescribeProducersResponse", 61, 0, 0, 0, sizeof(km_describe_producers_response), km_describe_producers_response_init_v, km_describe_producers_response_decode_v, km_describe_producers_response_encode_v, km_describe_producers_response_size_v, km_describe_producers_response_fill_v, km_describe_producers_response_eq_v},
 	{"DescribeQuorumRequest", 55, 0, 2, 0, sizeof(km_describe_quorum_request), km_describe_quorum_request_init_v, km_describe_quorum_request_decode_v, km_describe_quorum_request_encode_v, km_describe_quorum_request_size_v, km_describe_quorum_request_fill_v, km_describe_quorum_request_eq_v},
 	{"DescribeQuorumResponse", 55, 0, 2, 0, sizeof(km_describe_quorum_response), km_describe_quorum_response_init_v, km_describe_quorum_response_decode_v, km_describe_quorum_response_encode_v, km_describe_quorum_response_size_v, km_describe_quorum_response_fill_v, km_describe_quorum_response_eq_v},
+	{"DescribeShareGroupOffsetsRequest", 90, 0, 1, 0, sizeof(km_describe_share_group_offsets_request), km_describe_share_group_offsets_request_init_v, km_describe_share_group_offsets_request_decode_v, km_describe_share_group_offsets_request_encode_v, km_describe_share_group_offsets_request_size_v, km_describe_share_group_offsets_request_fill_v, km_describe_share_group_offsets_request_eq_v},
+	{"DescribeShareGroupOffsetsResponse", 90, 0, 1, 0, sizeof(km_describe_share_group_offsets_response), km_describe_share_group_offsets_response_init_v, km_describe_share_group_offsets_response_decode_v, km_describe_share_group_offsets_response_encode_v, km_describe_share_group_offsets_response_size_v, km_describe_share_group_offsets_response_fill_v, km_describe_share_group_offsets_response_eq_v},
 	{"DescribeTopicPartitionsRequest", 75, 0, 0, 0, sizeof(km_describe_topic_partitions_request), km_describe_topic_partitions_request_init_v, km_describe_topic_partitions_request_decode_v, km_describe_topic_partitions_request_encode_v, km_describe_topic_partitions_request_size_v, km_describe_topic_partitions_request_fill_v, km_describe_topic_partitions_request_eq_v},
 	{"DescribeTopicPartitionsResponse", 75, 0, 0, 0, sizeof(km_describe_topic_partitions_response), km_describe_topic_partitions_response_init_v, km_describe_topic_partitions_response_decode_v, km_describe_topic_partitions_response_encode_v, km_describe_topic_partitions_response_size_v, km_describe_topic_partitions_response_fill_v, km_describe_topic_partitions_response_eq_v},
 	{"DescribeTransactionsRequest", 65, 0, 0, 0, sizeof(km_describe_transactions_request), km_describe_transactions_request_init_v, km_describe_transactions_request_decode_v, km_describe_transactions_request_encode_v, km_describe_transactions_request_size_v, km_describe_transactions_request_fill_v, km_describe_transactions_request_eq_v},
@@ -19578,14 +21264,15 @@ const km_test_msg km_test_msgs[] = {
 	{"ElectLeadersResponse", 43, 0, 2, 2, sizeof(km_elect_leaders_response), km_elect_leaders_response_init_v, km_elect_leaders_response_decode_v, km_elect_leaders_response_encode_v, km_elect_leaders_response_size_v, km_elect_leaders_response_fill_v, km_elect_leaders_response_eq_v},
 	{"EndQuorumEpochRequest", 54, 0, 1, 1, sizeof(km_end_quorum_epoch_request), km_end_quorum_epoch_request_init_v, km_end_quorum_epoch_request_decode_v, km_end_quorum_epoch_request_encode_v, km_end_quorum_epoch_request_size_v, km_end_quorum_epoch_request_fill_v, km_end_quorum_epoch_request_eq_v},
 	{"EndQuorumEpochResponse", 54, 0, 1, 1, sizeof(km_end_quorum_epoch_response), km_end_quorum_epoch_response_init_v, km_end_quorum_epoch_response_decode_v, km_end_quorum_epoch_response_encode_v, km_end_quorum_epoch_response_size_v, km_end_quorum_epoch_response_fill_v, km_end_quorum_epoch_response_eq_v},
+	{"EndTxnMarker", -1, 0, 0, -1, sizeof(km_end_txn_marker), km_end_txn_marker_init_v, km_end_txn_marker_decode_v, km_end_txn_marker_encode_v, km_end_txn_marker_size_v, km_end_txn_marker_fill_v, km_end_txn_marker_eq_v},
 	{"EndTxnRequest", 26, 0, 5, 3, sizeof(km_end_txn_request), km_end_txn_request_init_v, km_end_txn_request_decode_v, km_end_txn_request_encode_v, km_end_txn_request_size_v, km_end_txn_request_fill_v, km_end_txn_request_eq_v},
 	{"EndTxnResponse", 26, 0, 5, 3, sizeof(km_end_txn_response), km_end_txn_response_init_v, km_end_txn_response_decode_v, km_end_txn_response_encode_v, km_end_txn_response_size_v, km_end_txn_response_fill_v, km_end_txn_response_eq_v},
 	{"EnvelopeRequest", 58, 0, 0, 0, sizeof(km_envelope_request), km_envelope_request_init_v, km_envelope_request_decode_v, km_envelope_request_encode_v, km_envelope_request_size_v, km_envelope_request_fill_v, km_envelope_request_eq_v},
 	{"EnvelopeResponse", 58, 0, 0, 0, sizeof(km_envelope_response), km_envelope_response_init_v, km_envelope_response_decode_v, km_envelope_response_encode_v, km_envelope_response_size_v, km_envelope_response_fill_v, km_envelope_response_eq_v},
-	{"ExpireDelegationTokenRequest", 40, 0, 2, 2, sizeof(km_expire_delegation_token_request), km_expire_delegation_token_request_init_v, km_expire_delegation_token_request_decode_v, km_expire_delegation_token_request_encode_v, km_expire_delegation_token_request_size_v, km_expire_delegation_token_request_fill_v, km_expire_delegation_token_request_eq_v},
-	{"ExpireDelegationTokenResponse", 40, 0, 2, 2, sizeof(km_expire_delegation_token_response), km_expire_delegation_token_response_init_v, km_expire_delegation_token_response_decode_v, km_expire_delegation_token_response_encode_v, km_expire_delegation_token_response_size_v, km_expire_delegation_token_response_fill_v, km_expire_delegation_token_response_eq_v},
-	{"FetchRequest", 1, 0, 17, 12, sizeof(km_fetch_request), km_fetch_request_init_v, km_fetch_request_decode_v, km_fetch_request_encode_v, km_fetch_request_size_v, km_fetch_request_fill_v, km_fetch_request_eq_v},
-	{"FetchResponse", 1, 0, 17, 12, sizeof(km_fetch_response), km_fetch_response_init_v, km_fetch_response_decode_v, km_fetch_response_encode_v, km_fetch_response_size_v, km_fetch_response_fill_v, km_fetch_response_eq_v},
+	{"ExpireDelegationTokenRequest", 40, 1, 2, 2, sizeof(km_expire_delegation_token_request), km_expire_delegation_token_request_init_v, km_expire_delegation_token_request_decode_v, km_expire_delegation_token_request_encode_v, km_expire_delegation_token_request_size_v, km_expire_delegation_token_request_fill_v, km_expire_delegation_token_request_eq_v},
+	{"ExpireDelegationTokenResponse", 40, 1, 2, 2, sizeof(km_expire_delegation_token_response), km_expire_delegation_token_response_init_v, km_expire_delegation_token_response_decode_v, km_expire_delegation_token_response_encode_v, km_expire_delegation_token_response_size_v, km_expire_delegation_token_response_fill_v, km_expire_delegation_token_response_eq_v},
+	{"FetchRequest", 1, 4, 18, 12, sizeof(km_fetch_request), km_fetch_request_init_v, km_fetch_request_decode_v, km_fetch_request_encode_v, km_fetch_request_size_v, km_fetch_request_fill_v, km_fetch_request_eq_v},
+	{"FetchResponse", 1, 4, 18, 12, sizeof(km_fetch_response), km_fetch_response_init_v, km_fetch_response_decode_v, km_fetch_response_encode_v, km_fetch_response_size_v, km_fetch_response_fill_v, km_fetch_response_eq_v},
 	{"FetchSnapshotRequest", 59, 0, 1, 0, sizeof(km_fetch_snapshot_request), km_fetch_snapshot_request_init_v, km_fetch_snapshot_request_decode_v, km_fetch_snapshot_request_encode_v, km_fetch_snapshot_request_size_v, km_fetch_snapshot_request_fill_v, km_fetch_snapshot_request_eq_v},
 	{"FetchSnapshotResponse", 59, 0, 1, 0, sizeof(km_fetch_snapshot_response), km_fetch_snapshot_response_init_v, km_fetch_snapshot_response_decode_v, km_fetch_snapshot_response_encode_v, km_fetch_snapshot_response_size_v, km_fetch_snapshot_response_fill_v, km_fetch_snapshot_response_eq_v},
 	{"FindCoordinatorRequest", 10, 0, 6, 3, sizeof(km_find_coordinator_request), km_find_coordinator_request_init_v, km_find_coordinator_request_decode_v, km_find_coordinator_request_encode_v, km_find_coordinator_request_size_v, km_find_coordinator_request_fill_v, km_find_coordinator_request_eq_v},
@@ -19596,86 +21283,88 @@ const km_test_msg km_test_msgs[] = {
 	{"HeartbeatResponse", 12, 0, 4, 4, sizeof(km_heartbeat_response), km_heartbeat_response_init_v, km_heartbeat_response_decode_v, km_heartbeat_response_encode_v, km_heartbeat_response_size_v, km_heartbeat_response_fill_v, km_heartbeat_response_eq_v},
 	{"IncrementalAlterConfigsRequest", 44, 0, 1, 1, sizeof(km_incremental_alter_configs_request), km_incremental_alter_configs_request_init_v, km_incremental_alter_configs_request_decode_v, km_incremental_alter_configs_request_encode_v, km_incremental_alter_configs_request_size_v, km_incremental_alter_configs_request_fill_v, km_incremental_alter_configs_request_eq_v},
 	{"IncrementalAlterConfigsResponse", 44, 0, 1, 1, sizeof(km_incremental_alter_configs_response), km_incremental_alter_configs_response_init_v, km_incremental_alter_configs_response_decode_v, km_incremental_alter_configs_response_encode_v, km_incremental_alter_configs_response_size_v, km_incremental_alter_configs_response_fill_v, km_incremental_alter_configs_response_eq_v},
-	{"InitProducerIdRequest", 22, 0, 5, 2, sizeof(km_init_producer_id_request), km_init_producer_id_request_init_v, km_init_producer_id_request_decode_v, km_init_producer_id_request_encode_v, km_init_producer_id_request_size_v, km_init_producer_id_request_fill_v, km_init_producer_id_request_eq_v},
-	{"InitProducerIdResponse", 22, 0, 5, 2, sizeof(km_init_producer_id_response), km_init_producer_id_response_init_v, km_init_producer_id_response_decode_v, km_init_producer_id_response_encode_v, km_init_producer_id_response_size_v, km_init_producer_id_response_fill_v, km_init_producer_id_response_eq_v},
+	{"InitProducerIdRequest", 22, 0, 6, 2, sizeof(km_init_producer_id_request), km_init_producer_id_request_init_v, km_init_producer_id_request_decode_v, km_init_producer_id_request_encode_v, km_init_producer_id_request_size_v, km_init_producer_id_request_fill_v, km_init_producer_id_request_eq_v},
+	{"InitProducerIdResponse", 22, 0, 6, 2, sizeof(km_init_producer_id_response), km_init_producer_id_response_init_v, km_init_producer_id_response_decode_v, km_init_producer_id_response_encode_v, km_init_producer_id_response_size_v, km_init_producer_id_response_fill_v, km_init_producer_id_response_eq_v},
 	{"InitializeShareGroupStateRequest", 83, 0, 0, 0, sizeof(km_initialize_share_group_state_request), km_initialize_share_group_state_request_init_v, km_initialize_share_group_state_request_decode_v, km_initialize_share_group_state_request_encode_v, km_initialize_share_group_state_request_size_v, km_initialize_share_group_state_request_fill_v, km_initialize_share_group_state_request_eq_v},
 	{"InitializeShareGroupStateResponse", 83, 0, 0, 0, sizeof(km_initialize_share_group_state_response), km_initialize_share_group_state_response_init_v, km_initialize_share_group_state_response_decode_v, km_initialize_share_group_state_response_encode_v, km_initialize_share_group_state_response_size_v, km_initialize_share_group_state_response_fill_v, km_initialize_share_group_state_response_eq_v},
 	{"JoinGroupRequest", 11, 0, 9, 6, sizeof(km_join_group_request), km_join_group_request_init_v, km_join_group_request_decode_v, km_join_group_request_encode_v, km_join_group_request_size_v, km_join_group_request_fill_v, km_join_group_request_eq_v},
 	{"JoinGroupResponse", 11, 0, 9, 6, sizeof(km_join_group_response), km_join_group_response_init_v, km_join_group_response_decode_v, km_join_group_response_encode_v, km_join_group_response_size_v, km_join_group_response_fill_v, km_join_group_response_eq_v},
 	{"KRaftVersionRecord", -1, 0, 0, 0, sizeof(km_k_raft_version_record), km_k_raft_version_record_init_v, km_k_raft_version_record_decode_v, km_k_raft_version_record_encode_v, km_k_raft_version_record_size_v, km_k_raft_version_record_fill_v, km_k_raft_version_record_eq_v},
-	{"LeaderAndIsrRequest", 4, 0, 7, 4, sizeof(km_leader_and_isr_request), km_leader_and_isr_request_init_v, km_leader_and_isr_request_decode_v, km_leader_and_isr_request_encode_v, km_leader_and_isr_request_size_v, km_leader_and_isr_request_fill_v, km_leader_and_isr_request_eq_v},
-	{"LeaderAndIsrResponse", 4, 0, 7, 4, sizeof(km_leader_and_isr_response), km_leader_and_isr_response_init_v, km_leader_and_isr_response_decode_v, km_leader_and_isr_response_encode_v, km_leader_and_isr_response_size_v, km_leader_and_isr_response_fill_v, km_leader_and_isr_response_eq_v},
 	{"LeaderChangeMessage", -1, 0, 1, 0, sizeof(km_leader_change_message), km_leader_change_message_init_v, km_leader_change_message_decode_v, km_leader_change_message_encode_v, km_leader_change_message_size_v, km_leader_change_message_fill_v, km_leader_change_message_eq_v},
 	{"LeaveGroupRequest", 13, 0, 5, 4, sizeof(km_leave_group_request), km_leave_group_request_init_v, km_leave_group_request_decode_v, km_leave_group_request_encode_v, km_leave_group_request_size_v, km_leave_group_request_fill_v, km_leave_group_request_eq_v},
 	{"LeaveGroupResponse", 13, 0, 5, 4, sizeof(km_leave_group_response), km_leave_group_response_init_v, km_leave_group_response_decode_v, km_leave_group_response_encode_v, km_leave_group_response_size_v, km_leave_group_response_fill_v, km_leave_group_response_eq_v},
-	{"ListClientMetricsResourcesRequest", 74, 0, 0, 0, sizeof(km_list_client_metrics_resources_request), km_list_client_metrics_resources_request_init_v, km_list_client_metrics_resources_request_decode_v, km_list_client_metrics_resources_request_encode_v, km_list_client_metrics_resources_request_size_v, km_list_client_metrics_resources_request_fill_v, km_list_client_metrics_resources_request_eq_v},
-	{"ListClientMetricsResourcesResponse", 74, 0, 0, 0, sizeof(km_list_client_metrics_resources_response), km_list_client_metrics_resources_response_init_v, km_list_client_metrics_resources_response_decode_v, km_list_client_metrics_resources_response_encode_v, km_list_client_metrics_resources_response_size_v, km_list_client_metrics_resources_response_fill_v, km_list_client_metrics_resources_response_eq_v},
+	{"ListConfigResourcesRequest", 74, 0, 1, 0, sizeof(km_list_config_resources_request), km_list_config_resources_request_init_v, km_list_config_resources_request_decode_v, km_list_config_resources_request_encode_v, km_list_config_resources_request_size_v, km_list_config_resources_request_fill_v, km_list_config_resources_request_eq_v},
+	{"ListConfigResourcesResponse", 74, 0, 1, 0, sizeof(km_list_config_resources_response), km_list_config_resources_response_init_v, km_list_config_resources_response_decode_v, km_list_config_resources_response_encode_v, km_list_config_resources_response_size_v, km_list_config_resources_response_fill_v, km_list_config_resources_response_eq_v},
 	{"ListGroupsRequest", 16, 0, 5, 3, sizeof(km_list_groups_request), km_list_groups_request_init_v, km_list_groups_request_decode_v, km_list_groups_request_encode_v, km_list_groups_request_size_v, km_list_groups_request_fill_v, km_list_groups_request_eq_v},
 	{"ListGroupsResponse", 16, 0, 5, 3, sizeof(km_list_groups_response), km_list_groups_response_init_v, km_list_groups_response_decode_v, km_list_groups_response_encode_v, km_list_groups_response_size_v, km_list_groups_response_fill_v, km_list_groups_response_eq_v},
-	{"ListOffsetsRequest", 2, 0, 10, 6, sizeof(km_list_offsets_request), km_list_offsets_request_init_v, km_list_offsets_request_decode_v, km_list_offsets_request_encode_v, km_list_offsets_request_size_v, km_list_offsets_request_fill_v, km_list_offsets_request_eq_v},
-	{"ListOffsetsResponse", 2, 0, 10, 6, sizeof(km_list_offsets_response), km_list_offsets_response_init_v, km_list_offsets_response_decode_v, km_list_offsets_response_encode_v, km_list_offsets_response_size_v, km_list_offsets_response_fill_v, km_list_offsets_response_eq_v},
+	{"ListOffsetsRequest", 2, 1, 11, 6, sizeof(km_list_offsets_request), km_list_offsets_request_init_v, km_list_offsets_request_decode_v, km_list_offsets_request_encode_v, km_list_offsets_request_size_v, km_list_offsets_request_fill_v, km_list_offsets_request_eq_v},
+	{"ListOffsetsResponse", 2, 1, 11, 6, sizeof(km_list_offsets_response), km_list_offsets_response_init_v, km_list_offsets_response_decode_v, km_list_offsets_response_encode_v, km_list_offsets_response_size_v, km_list_offsets_response_fill_v, km_list_offsets_response_eq_v},
 	{"ListPartitionReassignmentsRequest", 46, 0, 0, 0, sizeof(km_list_partition_reassignments_request), km_list_partition_reassignments_request_init_v, km_list_partition_reassignments_request_decode_v, km_list_partition_reassignments_request_encode_v, km_list_partition_reassignments_request_size_v, km_list_partition_reassignments_request_fill_v, km_list_partition_reassignments_request_eq_v},
 	{"ListPartitionReassignmentsResponse", 46, 0, 0, 0, sizeof(km_list_partition_reassignments_response), km_list_partition_reassignments_response_init_v, km_list_partition_reassignments_response_decode_v, km_list_partition_reassignments_response_encode_v, km_list_partition_reassignments_response_size_v, km_list_partition_reassignments_response_fill_v, km_list_partition_reassignments_response_eq_v},
-	{"ListTransactionsRequest", 66, 0, 1, 0, sizeof(km_list_transactions_request), km_list_transactions_request_init_v, km_list_transactions_request_decode_v, km_list_transactions_request_encode_v, km_list_transactions_request_size_v, km_list_transactions_request_fill_v, km_list_transactions_request_eq_v},
-	{"ListTransactionsResponse", 66, 0, 1, 0, sizeof(km_list_transactions_response), km_list_transactions_response_init_v, km_list_transactions_response_decode_v, km_list_transactions_response_encode_v, km_list_transactions_response_size_v, km_list_transactions_response_fill_v, km_list_transactions_response_eq_v},
-	{"MetadataRequest", 3, 0, 12, 9, sizeof(km_metadata_request), km_metadata_request_init_v, km_metadata_request_decode_v, km_metadata_request_encode_v, km_metadata_request_size_v, km_metadata_request_fill_v, km_metadata_request_eq_v},
-	{"MetadataResponse", 3, 0, 12, 9, sizeof(km_metadata_response), km_metadata_response_init_v, km_metadata_response_decode_v, km_metadata_response_encode_v, km_metadata_response_size_v, km_metadata_response_fill_v, km_metadata_response_eq_v},
-	{"OffsetCommitRequest", 8, 0, 9, 8, sizeof(km_offset_commit_request), km_offset_commit_request_init_v, km_offset_commit_request_decode_v, km_offset_commit_request_encode_v, km_offset_commit_request_size_v, km_offset_commit_request_fill_v, km_offset_commit_request_eq_v},
-	{"OffsetCommitResponse", 8, 0, 9, 8, sizeof(km_offset_commit_response), km_offset_commit_response_init_v, km_offset_commit_response_decode_v, km_offset_commit_response_encode_v, km_offset_commit_response_size_v, km_offset_commit_response_fill_v, km_offset_commit_response_eq_v},
+	{"ListTransactionsRequest", 66, 0, 2, 0, sizeof(km_list_transactions_request), km_list_transactions_request_init_v, km_list_transactions_request_decode_v, km_list_transactions_request_encode_v, km_list_transactions_request_size_v, km_list_transactions_request_fill_v, km_list_transactions_request_eq_v},
+	{"ListTransactionsResponse", 66, 0, 2, 0, sizeof(km_list_transactions_response), km_list_transactions_response_init_v, km_list_transactions_response_decode_v, km_list_transactions_response_encode_v, km_list_transactions_response_size_v, km_list_transactions_response_fill_v, km_list_transactions_response_eq_v},
+	{"MetadataRequest", 3, 0, 13, 9, sizeof(km_metadata_request), km_metadata_request_init_v, km_metadata_request_decode_v, km_metadata_request_encode_v, km_metadata_request_size_v, km_metadata_request_fill_v, km_metadata_request_eq_v},
+	{"MetadataResponse", 3, 0, 13, 9, sizeof(km_metadata_response), km_metadata_response_init_v, km_metadata_response_decode_v, km_metadata_response_encode_v, km_metadata_response_size_v, km_metadata_response_fill_v, km_metadata_response_eq_v},
+	{"OffsetCommitRequest", 8, 2, 10, 8, sizeof(km_offset_commit_request), km_offset_commit_request_init_v, km_offset_commit_request_decode_v, km_offset_commit_request_encode_v, km_offset_commit_request_size_v, km_offset_commit_request_fill_v, km_offset_commit_request_eq_v},
+	{"OffsetCommitResponse", 8, 2, 10, 8, sizeof(km_offset_commit_response), km_offset_commit_response_init_v, km_offset_commit_response_decode_v, km_offset_commit_response_encode_v, km_offset_commit_response_size_v, km_offset_commit_response_fill_v, km_offset_commit_response_eq_v},
 	{"OffsetDeleteRequest", 47, 0, 0, -1, sizeof(km_offset_delete_request), km_offset_delete_request_init_v, km_offset_delete_request_decode_v, km_offset_delete_request_encode_v, km_offset_delete_request_size_v, km_offset_delete_request_fill_v, km_offset_delete_request_eq_v},
 	{"OffsetDeleteResponse", 47, 0, 0, -1, sizeof(km_offset_delete_response), km_offset_delete_response_init_v, km_offset_delete_response_decode_v, km_offset_delete_response_encode_v, km_offset_delete_response_size_v, km_offset_delete_response_fill_v, km_offset_delete_response_eq_v},
-	{"OffsetFetchRequest", 9, 0, 9, 6, sizeof(km_offset_fetch_request), km_offset_fetch_request_init_v, km_offset_fetch_request_decode_v, km_offset_fetch_request_encode_v, km_offset_fetch_request_size_v, km_offset_fetch_request_fill_v, km_offset_fetch_request_eq_v},
-	{"OffsetFetchResponse", 9, 0, 9, 6, sizeof(km_offset_fetch_response), km_offset_fetch_response_init_v, km_offset_fetch_response_decode_v, km_offset_fetch_response_encode_v, km_offset_fetch_response_size_v, km_offset_fetch_response_fill_v, km_offset_fetch_response_eq_v},
-	{"OffsetForLeaderEpochRequest", 23, 0, 4, 4, sizeof(km_offset_for_leader_epoch_request), km_offset_for_leader_epoch_request_init_v, km_offset_for_leader_epoch_request_decode_v, km_offset_for_leader_epoch_request_encode_v, km_offset_for_leader_epoch_request_size_v, km_offset_for_leader_epoch_request_fill_v, km_offset_for_leader_epoch_request_eq_v},
-	{"OffsetForLeaderEpochResponse", 23, 0, 4, 4, sizeof(km_offset_for_leader_epoch_response), km_offset_for_leader_epoch_response_init_v, km_offset_for_leader_epoch_response_decode_v, km_offset_for_leader_epoch_response_encode_v, km_offset_for_leader_epoch_response_size_v, km_offset_for_leader_epoch_response_fill_v, km_offset_for_leader_epoch_response_eq_v},
-	{"ProduceRequest", 0, 0, 11, 9, sizeof(km_produce_request), km_produce_request_init_v, km_produce_request_decode_v, km_produce_request_encode_v, km_produce_request_size_v, km_produce_request_fill_v, km_produce_request_eq_v},
-	{"ProduceResponse", 0, 0, 11, 9, sizeof(km_produce_response), km_produce_response_init_v, km_produce_response_decode_v, km_produce_response_encode_v, km_produce_response_size_v, km_produce_response_fill_v, km_produce_response_eq_v},
+	{"OffsetFetchRequest", 9, 1, 10, 6, sizeof(km_offset_fetch_request), km_offset_fetch_request_init_v, km_offset_fetch_request_decode_v, km_offset_fetch_request_encode_v, km_offset_fetch_request_size_v, km_offset_fetch_request_fill_v, km_offset_fetch_request_eq_v},
+	{"OffsetFetchResponse", 9, 1, 10, 6, sizeof(km_offset_fetch_response), km_offset_fetch_response_init_v, km_offset_fetch_response_decode_v, km_offset_fetch_response_encode_v, km_offset_fetch_response_size_v, km_offset_fetch_response_fill_v, km_offset_fetch_response_eq_v},
+	{"OffsetForLeaderEpochRequest", 23, 2, 4, 4, sizeof(km_offset_for_leader_epoch_request), km_offset_for_leader_epoch_request_init_v, km_offset_for_leader_epoch_request_decode_v, km_offset_for_leader_epoch_request_encode_v, km_offset_for_leader_epoch_request_size_v, km_offset_for_leader_epoch_request_fill_v, km_offset_for_leader_epoch_request_eq_v},
+	{"OffsetForLeaderEpochResponse", 23, 2, 4, 4, sizeof(km_offset_for_leader_epoch_response), km_offset_for_leader_epoch_response_init_v, km_offset_for_leader_epoch_response_decode_v, km_offset_for_leader_epoch_response_encode_v, km_offset_for_leader_epoch_response_size_v, km_offset_for_leader_epoch_response_fill_v, km_offset_for_leader_epoch_response_eq_v},
+	{"ProduceRequest", 0, 3, 13, 9, sizeof(km_produce_request), km_produce_request_init_v, km_produce_request_decode_v, km_produce_request_encode_v, km_produce_request_size_v, km_produce_request_fill_v, km_produce_request_eq_v},
+	{"ProduceResponse", 0, 3, 13, 9, sizeof(km_produce_response), km_produce_response_init_v, km_produce_response_decode_v, km_produce_response_encode_v, km_produce_response_size_v, km_produce_response_fill_v, km_produce_response_eq_v},
 	{"PushTelemetryRequest", 72, 0, 0, 0, sizeof(km_push_telemetry_request), km_push_telemetry_request_init_v, km_push_telemetry_request_decode_v, km_push_telemetry_request_encode_v, km_push_telemetry_request_size_v, km_push_telemetry_request_fill_v, km_push_telemetry_request_eq_v},
 	{"PushTelemetryResponse", 72, 0, 0, 0, sizeof(km_push_telemetry_response), km_push_telemetry_response_init_v, km_push_telemetry_response_decode_v, km_push_telemetry_response_encode_v, km_push_telemetry_response_size_v, km_push_telemetry_response_fill_v, km_push_telemetry_response_eq_v},
 	{"ReadShareGroupStateRequest", 84, 0, 0, 0, sizeof(km_read_share_group_state_request), km_read_share_group_state_request_init_v, km_read_share_group_state_request_decode_v, km_read_share_group_state_request_encode_v, km_read_share_group_state_request_size_v, km_read_share_group_state_request_fill_v, km_read_share_group_state_request_eq_v},
 	{"ReadShareGroupStateResponse", 84, 0, 0, 0, sizeof(km_read_share_group_state_response), km_read_share_group_state_response_init_v, km_read_share_group_state_response_decode_v, km_read_share_group_state_response_encode_v, km_read_share_group_state_response_size_v, km_read_share_group_state_response_fill_v, km_read_share_group_state_response_eq_v},
-	{"ReadShareGroupStateSummaryRequest", 87, 0, 0, 0, sizeof(km_read_share_group_state_summary_request), km_read_share_group_state_summary_request_init_v, km_read_share_group_state_summary_request_decode_v, km_read_share_group_state_summary_request_encode_v, km_read_share_group_state_summary_request_size_v, km_read_share_group_state_summary_request_fill_v, km_read_share_group_state_summary_request_eq_v},
-	{"ReadShareGroupStateSummaryResponse", 87, 0, 0, 0, sizeof(km_read_share_group_state_summary_response), km_read_share_group_state_summary_response_init_v, km_read_share_group_state_summary_response_decode_v, km_read_share_group_state_summary_response_encode_v, km_read_share_group_state_summary_response_size_v, km_read_share_group_state_summary_response_fill_v, km_read_share_group_state_summary_response_eq_v},
+	{"ReadShareGroupStateSummaryRequest", 87, 0, 1, 0, sizeof(km_read_share_group_state_summary_request), km_read_share_group_state_summary_request_init_v, km_read_share_group_state_summary_request_decode_v, km_read_share_group_state_summary_request_encode_v, km_read_share_group_state_summary_request_size_v, km_read_share_group_state_summary_request_fill_v, km_read_share_group_state_summary_request_eq_v},
+	{"ReadShareGroupStateSummaryResponse", 87, 0, 1, 0, sizeof(km_read_share_group_state_summary_response), km_read_share_group_state_summary_response_init_v, km_read_share_group_state_summary_response_decode_v, km_read_share_group_state_summary_response_encode_v, km_read_share_group_state_summary_response_size_v, km_read_share_group_state_summary_response_fill_v, km_read_share_group_state_summary_response_eq_v},
 	{"RemoveRaftVoterRequest", 81, 0, 0, 0, sizeof(km_remove_raft_voter_request), km_remove_raft_voter_request_init_v, km_remove_raft_voter_request_decode_v, km_remove_raft_voter_request_encode_v, km_remove_raft_voter_request_size_v, km_remove_raft_voter_request_fill_v, km_remove_raft_voter_request_eq_v},
 	{"RemoveRaftVoterResponse", 81, 0, 0, 0, sizeof(km_remove_raft_voter_response), km_remove_raft_voter_response_init_v, km_remove_raft_voter_response_decode_v, km_remove_raft_voter_response_encode_v, km_remove_raft_voter_response_size_v, km_remove_raft_voter_response_fill_v, km_remove_raft_voter_response_eq_v},
-	{"RenewDelegationTokenRequest", 39, 0, 2, 2, sizeof(km_renew_delegation_token_request), km_renew_delegation_token_request_init_v, km_renew_delegation_token_request_decode_v, km_renew_delegation_token_request_encode_v, km_renew_delegation_token_request_size_v, km_renew_delegation_token_request_fill_v, km_renew_delegation_token_request_eq_v},
-	{"RenewDelegationTokenResponse", 39, 0, 2, 2, sizeof(km_renew_delegation_token_response), km_renew_delegation_token_response_init_v, km_renew_delegation_token_response_decode_v, km_renew_delegation_token_response_encode_v, km_renew_delegation_token_response_size_v, km_renew_delegation_token_response_fill_v, km_renew_delegation_token_response_eq_v},
-	{"RequestHeader", -1, 0, 2, 2, sizeof(km_request_header), km_request_header_init_v, km_request_header_decode_v, km_request_header_encode_v, km_request_header_size_v, km_request_header_fill_v, km_request_header_eq_v},
+	{"RenewDelegationTokenRequest", 39, 1, 2, 2, sizeof(km_renew_delegation_token_request), km_renew_delegation_token_request_init_v, km_renew_delegation_token_request_decode_v, km_renew_delegation_token_request_encode_v, km_renew_delegation_token_request_size_v, km_renew_delegation_token_request_fill_v, km_renew_delegation_token_request_eq_v},
+	{"RenewDelegationTokenResponse", 39, 1, 2, 2, sizeof(km_renew_delegation_token_response), km_renew_delegation_token_response_init_v, km_renew_delegation_token_response_decode_v, km_renew_delegation_token_response_encode_v, km_renew_delegation_token_response_size_v, km_renew_delegation_token_response_fill_v, km_renew_delegation_token_response_eq_v},
+	{"RequestHeader", -1, 1, 2, 2, sizeof(km_request_header), km_request_header_init_v, km_request_header_decode_v, km_request_header_encode_v, km_request_header_size_v, km_request_header_fill_v, km_request_header_eq_v},
 	{"ResponseHeader", -1, 0, 1, 1, sizeof(km_response_header), km_response_header_init_v, km_response_header_decode_v, km_response_header_encode_v, km_response_header_size_v, km_response_header_fill_v, km_response_header_eq_v},
 	{"SaslAuthenticateRequest", 36, 0, 2, 2, sizeof(km_sasl_authenticate_request), km_sasl_authenticate_request_init_v, km_sasl_authenticate_request_decode_v, km_sasl_authenticate_request_encode_v, km_sasl_authenticate_request_size_v, km_sasl_authenticate_request_fill_v, km_sasl_authenticate_request_eq_v},
 	{"SaslAuthenticateResponse", 36, 0, 2, 2, sizeof(km_sasl_authenticate_response), km_sasl_authenticate_response_init_v, km_sasl_authenticate_response_decode_v, km_sasl_authenticate_response_encode_v, km_sasl_authenticate_response_size_v, km_sasl_authenticate_response_fill_v, km_sasl_authenticate_response_eq_v},
 	{"SaslHandshakeRequest", 17, 0, 1, -1, sizeof(km_sasl_handshake_request), km_sasl_handshake_request_init_v, km_sasl_handshake_request_decode_v, km_sasl_handshake_request_encode_v, km_sasl_handshake_request_size_v, km_sasl_handshake_request_fill_v, km_sasl_handshake_request_eq_v},
 	{"SaslHandshakeResponse", 17, 0, 1, -1, sizeof(km_sasl_handshake_response), km_sasl_handshake_response_init_v, km_sasl_handshake_response_decode_v, km_sasl_handshake_response_encode_v, km_sasl_handshake_response_size_v, km_sasl_handshake_response_fill_v, km_sasl_handshake_response_eq_v},
-	{"ShareAcknowledgeRequest", 79, 0, 0, 0, sizeof(km_share_acknowledge_request), km_share_acknowledge_request_init_v, km_share_acknowledge_request_decode_v, km_share_acknowledge_request_encode_v, km_share_acknowledge_request_size_v, km_share_acknowledge_request_fill_v, km_share_acknowledge_request_eq_v},
-	{"ShareAcknowledgeResponse", 79, 0, 0, 0, sizeof(km_share_acknowledge_response), km_share_acknowledge_response_init_v, km_share_acknowledge_response_decode_v, km_share_acknowledge_response_encode_v, km_share_acknowledge_response_size_v, km_share_acknowledge_response_fill_v, km_share_acknowledge_response_eq_v},
-	{"ShareFetchRequest", 78, 0, 0, 0, sizeof(km_share_fetch_request), km_share_fetch_request_init_v, km_share_fetch_request_decode_v, km_share_fetch_request_encode_v, km_share_fetch_request_size_v, km_share_fetch_request_fill_v, km_share_fetch_request_eq_v},
-	{"ShareFetchResponse", 78, 0, 0, 0, sizeof(km_share_fetch_response), km_share_fetch_response_init_v, km_share_fetch_response_decode_v, km_share_fetch_response_encode_v, km_share_fetch_response_size_v, km_share_fetch_response_fill_v, km_share_fetch_response_eq_v},
-	{"ShareGroupDescribeRequest", 77, 0, 0, 0, sizeof(km_share_group_describe_request), km_share_group_describe_request_init_v, km_share_group_describe_request_decode_v, km_share_group_describe_request_encode_v, km_share_group_describe_request_size_v, km_share_group_describe_request_fill_v, km_share_group_describe_request_eq_v},
-	{"ShareGroupDescribeResponse", 77, 0, 0, 0, sizeof(km_share_group_describe_response), km_share_group_describe_response_init_v, km_share_group_describe_response_decode_v, km_share_group_describe_response_encode_v, km_share_group_describe_response_size_v, km_share_group_describe_response_fill_v, km_share_group_describe_response_eq_v},
-	{"ShareGroupHeartbeatRequest", 76, 0, 0, 0, sizeof(km_share_group_heartbeat_request), km_share_group_heartbeat_request_init_v, km_share_group_heartbeat_request_decode_v, km_share_group_heartbeat_request_encode_v, km_share_group_heartbeat_request_size_v, km_share_group_heartbeat_request_fill_v, km_share_group_heartbeat_request_eq_v},
-	{"ShareGroupHeartbeatResponse", 76, 0, 0, 0, sizeof(km_share_group_heartbeat_response), km_share_group_heartbeat_response_init_v, km_share_group_heartbeat_response_decode_v, km_share_group_heartbeat_response_encode_v, km_share_group_heartbeat_response_size_v, km_share_group_heartbeat_response_fill_v, km_share_group_heartbeat_response_eq_v},
+	{"ShareAcknowledgeRequest", 79, 1, 2, 1, sizeof(km_share_acknowledge_request), km_share_acknowledge_request_init_v, km_share_acknowledge_request_decode_v, km_share_acknowledge_request_encode_v, km_share_acknowledge_request_size_v, km_share_acknowledge_request_fill_v, km_share_acknowledge_request_eq_v},
+	{"ShareAcknowledgeResponse", 79, 1, 2, 1, sizeof(km_share_acknowledge_response), km_share_acknowledge_response_init_v, km_share_acknowledge_response_decode_v, km_share_acknowledge_response_encode_v, km_share_acknowledge_response_size_v, km_share_acknowledge_response_fill_v, km_share_acknowledge_response_eq_v},
+	{"ShareFetchRequest", 78, 1, 2, 1, sizeof(km_share_fetch_request), km_share_fetch_request_init_v, km_share_fetch_request_decode_v, km_share_fetch_request_encode_v, km_share_fetch_request_size_v, km_share_fetch_request_fill_v, km_share_fetch_request_eq_v},
+	{"ShareFetchResponse", 78, 1, 2, 1, sizeof(km_share_fetch_response), km_share_fetch_response_init_v, km_share_fetch_response_decode_v, km_share_fetch_response_encode_v, km_share_fetch_response_size_v, km_share_fetch_response_fill_v, km_share_fetch_response_eq_v},
+	{"ShareGroupDescribeRequest", 77, 1, 1, 1, sizeof(km_share_group_describe_request), km_share_group_describe_request_init_v, km_share_group_describe_request_decode_v, km_share_group_describe_request_encode_v, km_share_group_describe_request_size_v, km_share_group_describe_request_fill_v, km_share_group_describe_request_eq_v},
+	{"ShareGroupDescribeResponse", 77, 1, 1, 1, sizeof(km_share_group_describe_response), km_share_group_describe_response_init_v, km_share_group_describe_response_decode_v, km_share_group_describe_response_encode_v, km_share_group_describe_response_size_v, km_share_group_describe_response_fill_v, km_share_group_describe_response_eq_v},
+	{"ShareGroupHeartbeatRequest", 76, 1, 1, 1, sizeof(km_share_group_heartbeat_request), km_share_group_heartbeat_request_init_v, km_share_group_heartbeat_request_decode_v, km_share_group_heartbeat_request_encode_v, km_share_group_heartbeat_request_size_v, km_share_group_heartbeat_request_fill_v, km_share_group_heartbeat_request_eq_v},
+	{"ShareGroupHeartbeatResponse", 76, 1, 1, 1, sizeof(km_share_group_heartbeat_response), km_share_group_heartbeat_response_init_v, km_share_group_heartbeat_response_decode_v, km_share_group_heartbeat_response_encode_v, km_share_group_heartbeat_response_size_v, km_share_group_heartbeat_response_fill_v, km_share_group_heartbeat_response_eq_v},
 	{"SnapshotFooterRecord", -1, 0, 0, 0, sizeof(km_snapshot_footer_record), km_snapshot_footer_record_init_v, km_snapshot_footer_record_decode_v, km_snapshot_footer_record_encode_v, km_snapshot_footer_record_size_v, km_snapshot_footer_record_fill_v, km_snapshot_footer_record_eq_v},
 	{"SnapshotHeaderRecord", -1, 0, 0, 0, sizeof(km_snapshot_header_record), km_snapshot_header_record_init_v, km_snapshot_header_record_decode_v, km_snapshot_header_record_encode_v, km_snapshot_header_record_size_v, km_snapshot_header_record_fill_v, km_snapshot_header_record_eq_v},
-	{"StopReplicaRequest", 5, 0, 4, 2, sizeof(km_stop_replica_request), km_stop_replica_request_init_v, km_stop_replica_request_decode_v, km_stop_replica_request_encode_v, km_stop_replica_request_size_v, km_stop_replica_request_fill_v, km_stop_replica_request_eq_v},
-	{"StopReplicaResponse", 5, 0, 4, 2, sizeof(km_stop_replica_response), km_stop_replica_response_init_v, km_stop_replica_response_decode_v, km_stop_replica_response_encode_v, km_stop_replica_response_size_v, km_stop_replica_response_fill_v, km_stop_replica_response_eq_v},
+	{"StreamsGroupDescribeRequest", 89, 0, 1, 0, sizeof(km_streams_group_describe_request), km_streams_group_describe_request_init_v, km_streams_group_describe_request_decode_v, km_streams_group_describe_request_encode_v, km_streams_group_describe_request_size_v, km_streams_group_describe_request_fill_v, km_streams_group_describe_request_eq_v},
+	{"StreamsGroupDescribeResponse", 89, 0, 1, 0, sizeof(km_streams_group_describe_response), km_streams_group_describe_response_init_v, km_streams_group_describe_response_decode_v, km_streams_group_describe_response_encode_v, km_streams_group_describe_response_size_v, km_streams_group_describe_response_fill_v, km_streams_group_describe_response_eq_v},
+	{"StreamsGroupHeartbeatRequest", 88, 0, 1, 0, sizeof(km_streams_group_heartbeat_request), km_streams_group_heartbeat_request_init_v, km_streams_group_heartbeat_request_decode_v, km_streams_group_heartbeat_request_encode_v, km_streams_group_heartbeat_request_size_v, km_streams_group_heartbeat_request_fill_v, km_streams_group_heartbeat_request_eq_v},
+	{"StreamsGroupHeartbeatResponse", 88, 0, 1, 0, sizeof(km_streams_group_heartbeat_response), km_streams_group_heartbeat_response_init_v, km_streams_group_heartbeat_response_decode_v, km_streams_group_heartbeat_response_encode_v, km_streams_group_heartbeat_response_size_v, km_streams_group_heartbeat_response_fill_v, km_streams_group_heartbeat_response_eq_v},
+	{"StreamsGroupTopologyDescriptionUpdateRequest", 93, 0, 0, 0, sizeof(km_streams_group_topology_description_update_request), km_streams_group_topology_description_update_request_init_v, km_streams_group_topology_description_update_request_decode_v, km_streams_group_topology_description_update_request_encode_v, km_streams_group_topology_description_update_request_size_v, km_streams_group_topology_description_update_request_fill_v, km_streams_group_topology_description_update_request_eq_v},
+	{"StreamsGroupTopologyDescriptionUpdateResponse", 93, 0, 0, 0, sizeof(km_streams_group_topology_description_update_response), km_streams_group_topology_description_update_response_init_v, km_streams_group_topology_description_update_response_decode_v, km_streams_group_topology_description_update_response_encode_v, km_streams_group_topology_description_update_response_size_v, km_streams_group_topology_description_update_response_fill_v, km_streams_group_topology_description_update_response_eq_v},
 	{"SyncGroupRequest", 14, 0, 5, 4, sizeof(km_sync_group_request), km_sync_group_request_init_v, km_sync_group_request_decode_v, km_sync_group_request_encode_v, km_sync_group_request_size_v, km_sync_group_request_fill_v, km_sync_group_request_eq_v},
 	{"SyncGroupResponse", 14, 0, 5, 4, sizeof(km_sync_group_response), km_sync_group_response_init_v, km_sync_group_response_decode_v, km_sync_group_response_encode_v, km_sync_group_response_size_v, km_sync_group_response_fill_v, km_sync_group_response_eq_v},
-	{"TxnOffsetCommitRequest", 28, 0, 4, 3, sizeof(km_txn_offset_commit_request), km_txn_offset_commit_request_init_v, km_txn_offset_commit_request_decode_v, km_txn_offset_commit_request_encode_v, km_txn_offset_commit_request_size_v, km_txn_offset_commit_request_fill_v, km_txn_offset_commit_request_eq_v},
-	{"TxnOffsetCommitResponse", 28, 0, 4, 3, sizeof(km_txn_offset_commit_response), km_txn_offset_commit_response_init_v, km_txn_offset_commit_response_decode_v, km_txn_offset_commit_response_encode_v, km_txn_offset_commit_response_size_v, km_txn_offset_commit_response_fill_v, km_txn_offset_commit_response_eq_v},
+	{"TxnOffsetCommitRequest", 28, 0, 6, 3, sizeof(km_txn_offset_commit_request), km_txn_offset_commit_request_init_v, km_txn_offset_commit_request_decode_v, km_txn_offset_commit_request_encode_v, km_txn_offset_commit_request_size_v, km_txn_offset_commit_request_fill_v, km_txn_offset_commit_request_eq_v},
+	{"TxnOffsetCommitResponse", 28, 0, 6, 3, sizeof(km_txn_offset_commit_response), km_txn_offset_commit_response_init_v, km_txn_offset_commit_response_decode_v, km_txn_offset_commit_response_encode_v, km_txn_offset_commit_response_size_v, km_txn_offset_commit_response_fill_v, km_txn_offset_commit_response_eq_v},
 	{"UnregisterBrokerRequest", 64, 0, 0, 0, sizeof(km_unregister_broker_request), km_unregister_broker_request_init_v, km_unregister_broker_request_decode_v, km_unregister_broker_request_encode_v, km_unregister_broker_request_size_v, km_unregister_broker_request_fill_v, km_unregister_broker_request_eq_v},
 	{"UnregisterBrokerResponse", 64, 0, 0, 0, sizeof(km_unregister_broker_response), km_unregister_broker_response_init_v, km_unregister_broker_response_decode_v, km_unregister_broker_response_encode_v, km_unregister_broker_response_size_v, km_unregister_broker_response_fill_v, km_unregister_broker_response_eq_v},
+	{"UnregisterControllerRequest", 94, 0, 0, 0, sizeof(km_unregister_controller_request), km_unregister_controller_request_init_v, km_unregister_controller_request_decode_v, km_unregister_controller_request_encode_v, km_unregister_controller_request_size_v, km_unregister_controller_request_fill_v, km_unregister_controller_request_eq_v},
+	{"UnregisterControllerResponse", 94, 0, 0, 0, sizeof(km_unregister_controller_response), km_unregister_controller_response_init_v, km_unregister_controller_response_decode_v, km_unregister_controller_response_encode_v, km_unregister_controller_response_size_v, km_unregister_controller_response_fill_v, km_unregister_controller_response_eq_v},
 	{"UpdateFeaturesRequest", 57, 0, 2, 0, sizeof(km_update_features_request), km_update_features_request_init_v, km_update_features_request_decode_v, km_update_features_request_encode_v, km_update_features_request_size_v, km_update_features_request_fill_v, km_update_features_request_eq_v},
 	{"UpdateFeaturesResponse", 57, 0, 2, 0, sizeof(km_update_features_response), km_update_features_response_init_v, km_update_features_response_decode_v, km_update_features_response_encode_v, km_update_features_response_size_v, km_update_features_response_fill_v, km_update_features_response_eq_v},
-	{"UpdateMetadataRequest", 6, 0, 8, 6, sizeof(km_update_metadata_request), km_update_metadata_request_init_v, km_update_metadata_request_decode_v, km_update_metadata_request_encode_v, km_update_metadata_request_size_v, km_update_metadata_request_fill_v, km_update_metadata_request_eq_v},
-	{"UpdateMetadataResponse", 6, 0, 8, 6, sizeof(km_update_metadata_response), km_update_metadata_response_init_v, km_update_metadata_response_decode_v, km_update_metadata_response_encode_v, km_update_metadata_response_size_v, km_update_metadata_response_fill_v, km_update_metadata_response_eq_v},
 	{"UpdateRaftVoterRequest", 82, 0, 0, 0, sizeof(km_update_raft_voter_request), km_update_raft_voter_request_init_v, km_update_raft_voter_request_decode_v, km_update_raft_voter_request_encode_v, km_update_raft_voter_request_size_v, km_update_raft_voter_request_fill_v, km_update_raft_voter_request_eq_v},
 	{"UpdateRaftVoterResponse", 82, 0, 0, 0, sizeof(km_update_raft_voter_response), km_update_raft_voter_response_init_v, km_update_raft_voter_response_decode_v, km_update_raft_voter_response_encode_v, km_update_raft_voter_response_size_v, km_update_raft_voter_response_fill_v, km_update_raft_voter_response_eq_v},
-	{"VoteRequest", 52, 0, 1, 0, sizeof(km_vote_request), km_vote_request_init_v, km_vote_request_decode_v, km_vote_request_encode_v, km_vote_request_size_v, km_vote_request_fill_v, km_vote_request_eq_v},
-	{"VoteResponse", 52, 0, 1, 0, sizeof(km_vote_response), km_vote_response_init_v, km_vote_response_decode_v, km_vote_response_encode_v, km_vote_response_size_v, km_vote_response_fill_v, km_vote_response_eq_v},
+	{"VoteRequest", 52, 0, 2, 0, sizeof(km_vote_request), km_vote_request_init_v, km_vote_request_decode_v, km_vote_request_encode_v, km_vote_request_size_v, km_vote_request_fill_v, km_vote_request_eq_v},
+	{"VoteResponse", 52, 0, 2, 0, sizeof(km_vote_response), km_vote_response_init_v, km_vote_response_decode_v, km_vote_response_encode_v, km_vote_response_size_v, km_vote_response_fill_v, km_vote_response_eq_v},
 	{"VotersRecord", -1, 0, 0, 0, sizeof(km_voters_record), km_voters_record_init_v, km_voters_record_decode_v, km_voters_record_encode_v, km_voters_record_size_v, km_voters_record_fill_v, km_voters_record_eq_v},
-	{"WriteShareGroupStateRequest", 85, 0, 0, 0, sizeof(km_write_share_group_state_request), km_write_share_group_state_request_init_v, km_write_share_group_state_request_decode_v, km_write_share_group_state_request_encode_v, km_write_share_group_state_request_size_v, km_write_share_group_state_request_fill_v, km_write_share_group_state_request_eq_v},
-	{"WriteShareGroupStateResponse", 85, 0, 0, 0, sizeof(km_write_share_group_state_response), km_write_share_group_state_response_init_v, km_write_share_group_state_response_decode_v, km_write_share_group_state_response_encode_v, km_write_share_group_state_response_size_v, km_write_share_group_state_response_fill_v, km_write_share_group_state_response_eq_v},
-	{"WriteTxnMarkersRequest", 27, 0, 1, 1, sizeof(km_write_txn_markers_request), km_write_txn_markers_request_init_v, km_write_txn_markers_request_decode_v, km_write_txn_markers_request_encode_v, km_write_txn_markers_request_size_v, km_write_txn_markers_request_fill_v, km_write_txn_markers_request_eq_v},
-	{"WriteTxnMarkersResponse", 27, 0, 1, 1, sizeof(km_write_txn_markers_response), km_write_txn_markers_response_init_v, km_write_txn_markers_response_decode_v, km_write_txn_markers_response_encode_v, km_write_txn_markers_response_size_v, km_write_txn_markers_response_fill_v, km_write_txn_markers_response_eq_v},
+	{"WriteShareGroupStateRequest", 85, 0, 1, 0, sizeof(km_write_share_group_state_request), km_write_share_group_state_request_init_v, km_write_share_group_state_request_decode_v, km_write_share_group_state_request_encode_v, km_write_share_group_state_request_size_v, km_write_share_group_state_request_fill_v, km_write_share_group_state_request_eq_v},
+	{"WriteShareGroupStateResponse", 85, 0, 1, 0, sizeof(km_write_share_group_state_response), km_write_share_group_state_response_init_v, km_write_share_group_state_response_decode_v, km_write_share_group_state_response_encode_v, km_write_share_group_state_response_size_v, km_write_share_group_state_response_fill_v, km_write_share_group_state_response_eq_v},
+	{"WriteTxnMarkersRequest", 27, 1, 2, 1, sizeof(km_write_txn_markers_request), km_write_txn_markers_request_init_v, km_write_txn_markers_request_decode_v, km_write_txn_markers_request_encode_v, km_write_txn_markers_request_size_v, km_write_txn_markers_request_fill_v, km_write_txn_markers_request_eq_v},
+	{"WriteTxnMarkersResponse", 27, 1, 2, 1, sizeof(km_write_txn_markers_response), km_write_txn_markers_response_init_v, km_write_txn_markers_response_decode_v, km_write_txn_markers_response_encode_v, km_write_txn_markers_response_size_v, km_write_txn_markers_response_fill_v, km_write_txn_markers_response_eq_v},
 };
 const size_t km_test_msgs_count = sizeof(km_test_msgs) / sizeof(km_test_msgs[0]);

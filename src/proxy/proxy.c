@@ -27,7 +27,7 @@ km_metrics *km_proxy_metrics(km_proxy *px)
 
 size_t km_proxy_session_count(const km_proxy *px)
 {
-	return px->nsessions;
+	return km_session_set_count(px->sessions);
 }
 
 /* ---- listeners ---- */
@@ -35,7 +35,7 @@ size_t km_proxy_session_count(const km_proxy *px)
 static void accept_cb(struct evconnlistener *l, evutil_socket_t fd, struct sockaddr *sa, int salen, void *arg)
 {
 	km_broker *b = arg;
-	km_session_accept(b->px, fd, b->node_id);
+	km_session_set_accept(b->px->sessions, fd, b->node_id);
 }
 
 static void accept_resume(evutil_socket_t fd, short what, void *arg)
@@ -112,9 +112,9 @@ static km_broker *broker_find(const km_proxy *px, int32_t node_id)
 	return NULL;
 }
 
-bool km_proxy_broker_addr(const km_proxy *px, int32_t node_id, const char **host, uint16_t *port)
+static bool broker_addr(void *arg, int32_t node_id, const char **host, uint16_t *port)
 {
-	km_broker *b = broker_find(px, node_id);
+	km_broker *b = broker_find(arg, node_id);
 	if (!b || !b->port)
 		return false;
 	*host = b->host;
@@ -173,14 +173,16 @@ static void learn_broker(void *arg, int32_t node_id, km_str host, int32_t port, 
 		(long long)(px->cfg.broker_port_base + node_id));
 }
 
-void km_proxy_rewrite_ctx(km_proxy *px, km_rewrite_ctx *ctx)
+static void proxy_rewrite_ctx(void *arg, km_rewrite_ctx *ctx)
 {
+	km_proxy *px = arg;
 	memset(ctx, 0, sizeof(*ctx));
 	ctx->host = px->cfg.advertised_host;
 	ctx->port_base = (int32_t)px->cfg.broker_port_base;
 	ctx->port_count = (int32_t)px->cfg.broker_port_count;
 	ctx->learn = learn_broker;
 	ctx->arg = px;
+	ctx->apis = px->apis;
 }
 
 /* ---- metadata refresh: Metadata v9 with no topics, answered by any bootstrap address ---- */
@@ -195,7 +197,7 @@ static void meta_response(km_net_client *c, km_err err, const uint8_t *body, siz
 		KM_WARN("proxy", 0, "metadata refresh failed: %s", km_err_name(err));
 		return;
 	}
-	km_proxy_rewrite_ctx(px, &ctx);
+	proxy_rewrite_ctx(px, &ctx);
 	km_wr_init(&w);
 	/* The rewriter learns the brokers; its output is not needed. */
 	if (km_rewrite_metadata(body, len, 9, &ctx, &w) == KM_OK) {
@@ -233,7 +235,7 @@ static void meta_refresh(km_proxy *px)
 		return;
 	memset(&o, 0, sizeof(o));
 	o.client_id = "kmirrord";
-	o.tls = px->upstream_tls;
+	o.tls = px->host.upstream_tls;
 	o.tls_verify_host = px->cfg.upstream_tls_verify_hostname;
 	o.sasl_mechanism = px->cfg.upstream_sasl_mechanism;
 	o.sasl_username = px->cfg.upstream_sasl_username;
@@ -264,13 +266,8 @@ static void tick_cb(evutil_socket_t fd, short what, void *arg)
 {
 	km_proxy *px = arg;
 	uint64_t now = km_proxy_now_ms(px);
-	km_session *s = px->sessions;
 
-	while (s) {
-		km_session *next = km_session_next(s);
-		km_session_tick(s, now);
-		s = next;
-	}
+	km_session_set_tick(px->sessions, now);
 	if (!px->draining && now >= px->meta_next_ms) {
 		px->meta_next_ms = now + (uint64_t)px->cfg.metadata_refresh_ms;
 		meta_refresh(px);
@@ -354,9 +351,23 @@ km_proxy *km_proxy_new(struct event_base *base, const km_config *cfg, char *err,
 		free(px);
 		return NULL;
 	}
-	if (make_tls(px, cfg, &px->server_tls, &px->upstream_tls, err, errlen) != KM_OK)
+	px->host.base = base;
+	px->host.cfg = &px->cfg;
+	px->host.metrics = &px->metrics;
+	px->host.rewrite_ctx = proxy_rewrite_ctx;
+	px->host.broker_addr = broker_addr;
+	px->host.arg = px;
+	px->apis = km_proxy_apis_new();
+	px->sessions = px->apis ? km_session_set_new(&px->host) : NULL;
+	if (!px->sessions) {
+		snprintf(err, errlen, "out of memory");
+		goto fail;
+	}
+	px->host.apis = px->apis;
+	if (make_tls(px, cfg, &px->host.server_tls, &px->host.upstream_tls, err, errlen) != KM_OK)
 		goto fail;
 	px->dns = evdns_base_new(base, EVDNS_BASE_INITIALIZE_NAMESERVERS);
+	px->host.dns = px->dns;
 	if (!px->dns)
 		KM_WARN("proxy", 0, "no DNS resolver configuration: upstream names resolve synchronously");
 	px->bootstrap_b.px = px;
@@ -405,14 +416,14 @@ km_err km_proxy_reload(km_proxy *px, const km_config *next, char *err, size_t er
 		snprintf(err, errlen, "out of memory");
 		return KM_ERR_NOMEM;
 	}
-	SSL_CTX_free(px->server_tls);
-	SSL_CTX_free(px->upstream_tls);
-	px->server_tls = server;
-	px->upstream_tls = upstream;
+	SSL_CTX_free(px->host.server_tls);
+	SSL_CTX_free(px->host.upstream_tls);
+	px->host.server_tls = server;
+	px->host.upstream_tls = upstream;
 	km_config_free(&px->cfg);
 	px->cfg = copy;
 	km_log_set_level((km_log_level)px->cfg.log_level);
-	/* Sessions read the config through px on every use, so new limits apply at once. */
+	/* Sessions read the config through their host (&px->cfg) on every use, so new limits apply at once. */
 	return KM_OK;
 }
 
@@ -420,23 +431,16 @@ static void drain_round(evutil_socket_t fd, short what, void *arg)
 {
 	km_proxy *px = arg;
 	uint64_t now = km_proxy_now_ms(px);
-	size_t closed = 0;
-	km_session *s = px->sessions;
 
 	if (now >= px->drain_deadline_ms) {
-		if (px->nsessions)
-			KM_WARN("proxy", 0, "drain timeout: closing the remaining %zu connection(s)", px->nsessions);
-		while (px->sessions)
-			km_session_close(px->sessions, "drain timeout");
+		if (km_session_set_count(px->sessions))
+			KM_WARN("proxy", 0, "drain timeout: closing the remaining %zu connection(s)",
+				km_session_set_count(px->sessions));
+		km_session_set_close_all(px->sessions, "drain timeout");
 	} else {
-		while (s && closed < px->drain_per_round) {
-			km_session *next = km_session_next(s);
-			if (km_session_drain(s))
-				closed++;
-			s = next;
-		}
+		km_session_set_drain(px->sessions, px->drain_per_round);
 	}
-	if (!px->sessions) {
+	if (!km_session_set_count(px->sessions)) {
 		event_del(px->drain_ev);
 		KM_INFO("proxy", 0, "all client connections closed");
 		if (px->drain_done)
@@ -463,18 +467,18 @@ void km_proxy_drain(km_proxy *px, void (*done)(void *arg), void *arg)
 	rounds = (size_t)(px->cfg.drain_timeout_ms / px->cfg.drain_interval_ms);
 	if (rounds < 1)
 		rounds = 1;
-	px->drain_per_round = (px->nsessions + rounds - 1) / rounds;
+	px->drain_per_round = (km_session_set_count(px->sessions) + rounds - 1) / rounds;
 	if (px->drain_per_round < 1)
 		px->drain_per_round = 1;
 	px->drain_deadline_ms = km_proxy_now_ms(px) + (uint64_t)px->cfg.drain_timeout_ms;
-	KM_INFO("proxy", 0, "draining %zu client connection(s): %zu every %lld ms", px->nsessions, px->drain_per_round,
+	KM_INFO("proxy", 0, "draining %zu client connection(s): %zu every %lld ms", km_session_set_count(px->sessions),
+		px->drain_per_round,
 		(long long)px->cfg.drain_interval_ms);
 	iv.tv_sec = (time_t)(px->cfg.drain_interval_ms / 1000);
 	iv.tv_usec = (suseconds_t)((px->cfg.drain_interval_ms % 1000) * 1000);
 	px->drain_ev = event_new(px->base, -1, EV_PERSIST, drain_round, px);
 	if (!px->drain_ev) {
-		while (px->sessions)
-			km_session_close(px->sessions, "shutdown");
+		km_session_set_close_all(px->sessions, "shutdown");
 		if (done)
 			done(arg);
 		return;
@@ -487,11 +491,8 @@ void km_proxy_free(km_proxy *px)
 {
 	if (!px)
 		return;
-	while (px->sessions)
-		km_session_close(px->sessions, "shutdown");
-	km_session_reap(px);
-	if (px->reap_ev)
-		event_free(px->reap_ev);
+	km_session_set_free(px->sessions);
+	km_proxy_apis_free(px->apis);
 	if (px->meta)
 		km_net_client_free(px->meta);
 	broker_close_listener(&px->bootstrap_b);
@@ -509,8 +510,8 @@ void km_proxy_free(km_proxy *px)
 		event_free(px->drain_ev);
 	if (px->dns)
 		evdns_base_free(px->dns, 0);
-	SSL_CTX_free(px->server_tls);
-	SSL_CTX_free(px->upstream_tls);
+	SSL_CTX_free(px->host.server_tls);
+	SSL_CTX_free(px->host.upstream_tls);
 	km_config_free(&px->cfg);
 	free(px);
 }

@@ -1,4 +1,4 @@
-/* Proxy-internal structures shared by proxy.c (listeners, brokers, drain) and session.c (per-client forwarding). */
+/* Proxy-internal: the proxy's own state (listeners, brokers, metadata refresh, drain); sessions see it only through km_session_host. */
 #ifndef KMIRROR_PROXY_INT_H
 #define KMIRROR_PROXY_INT_H
 
@@ -12,9 +12,9 @@
 #include "kmirror/metrics.h"
 #include "kmirror/net.h"
 #include "kmirror/proxy.h"
+#include "proxy/apis.h"
 #include "proxy/rewrite.h"
-
-typedef struct km_session km_session;
+#include "proxy/session.h"
 
 /* An upstream broker learned from metadata, and the client-facing listener for it. */
 typedef struct km_broker {
@@ -30,17 +30,14 @@ struct km_proxy {
 	struct event_base *base;
 	struct evdns_base *dns;
 	km_config cfg;
-	SSL_CTX *server_tls;
-	SSL_CTX *upstream_tls;
 	struct evconnlistener *bootstrap;
 	km_broker bootstrap_b; /* node -1: the bootstrap listener's argument */
 	km_broker **brokers;
 	size_t nbrokers, capbrokers;
 	struct evhttp *http;
-	km_session *sessions; /* doubly linked, newest first */
-	size_t nsessions;
-	km_session *dead;     /* closed sessions, freed by reap_ev at the end of the loop iteration */
-	struct event *reap_ev;
+	km_proxy_apis *apis;      /* what happens to each API's requests and responses */
+	km_session_host host;     /* what the sessions see of the proxy */
+	km_session_set *sessions;
 	struct event *tick_ev;
 	/* metadata refresh */
 	km_net_client *meta;
@@ -60,22 +57,5 @@ struct km_proxy {
 };
 
 uint64_t km_proxy_now_ms(const km_proxy *px);
-void km_proxy_rewrite_ctx(km_proxy *px, km_rewrite_ctx *ctx);
-/* Where broker node_id lives upstream; false when unknown. */
-bool km_proxy_broker_addr(const km_proxy *px, int32_t node_id, const char **host, uint16_t *port);
-
-/* session.c */
-void km_session_accept(km_proxy *px, int fd, int32_t node_id);
-/* Close now (both sides); the memory goes at the end of the loop iteration. */
-void km_session_close(km_session *s, const char *why);
-/* Periodic checks: idle, stalled frames, overdue responses. */
-void km_session_tick(km_session *s, uint64_t now);
-/* Ask a session to close at the next request boundary (drain). Returns false if already closing. */
-bool km_session_drain(km_session *s);
-bool km_session_is_draining(const km_session *s);
-km_session *km_session_next(const km_session *s);
-void km_session_free(km_session *s);
-/* Free the sessions closed so far (runs at the end of a loop iteration, and at shutdown). */
-void km_session_reap(km_proxy *px);
 
 #endif

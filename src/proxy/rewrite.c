@@ -4,59 +4,14 @@
 #include <string.h>
 
 #include "kmirror/log.h"
+#include "kmirror/msg/api_versions_response.h"
 #include "kmirror/msg/describe_configs_response.h"
 #include "kmirror/msg/describe_quorum_response.h"
 #include "kmirror/msg/share_acknowledge_response.h"
 #include "kmirror/msg/share_fetch_response.h"
 #include "kmirror/net.h"
+#include "proxy/apis.h"
 #include "proxy/rewrite.h"
-
-const km_api_info *km_proxy_api_find(int16_t key)
-{
-	const km_api_info *a = km_api_lookup(key);
-	return a && (a->listeners & KM_API_LISTENER_BROKER) ? a : NULL;
-}
-
-int16_t km_proxy_min_version(const km_api_info *api)
-{
-	if (api->api_key == KM_API_SASL_HANDSHAKE && api->min_version < 1)
-		return 1;
-	return api->min_version;
-}
-
-int km_proxy_request_header_version(int16_t key, int16_t version)
-{
-	int v = km_api_request_header_version(key, version);
-	return v < 0 ? 1 : v;
-}
-
-int km_proxy_response_header_version(int16_t key, int16_t version)
-{
-	/* ApiVersions answers with header v0 always, so a client can parse it before it knows versions. */
-	int v = km_api_response_header_version(key, version);
-	return v < 0 ? 0 : v;
-}
-
-bool km_proxy_response_needs_rewrite(int16_t key, int16_t version)
-{
-	switch (key) {
-	case KM_API_METADATA:
-	case KM_API_FIND_COORDINATOR:
-	case KM_API_DESCRIBE_CLUSTER:
-	case KM_API_API_VERSIONS:
-	case KM_API_DESCRIBE_CONFIGS:  /* broker configs name listeners and controllers */
-	case KM_API_DESCRIBE_QUORUM:   /* v2: controller listeners */
-	case KM_API_SHARE_FETCH:       /* NodeEndpoints */
-	case KM_API_SHARE_ACKNOWLEDGE:
-		return true;
-	case KM_API_PRODUCE:
-		return version >= 10; /* NodeEndpoints (KIP-951) */
-	case KM_API_FETCH:
-		return version >= 16;
-	default:
-		return false;
-	}
-}
 
 int32_t km_rewrite_port(const km_rewrite_ctx *ctx, int32_t node_id)
 {
@@ -245,68 +200,138 @@ km_err km_rewrite_describe_cluster(const uint8_t *body, size_t len, int16_t vers
 	return finish(&r, out, "DescribeCluster", version);
 }
 
-km_err km_rewrite_api_versions(const uint8_t *body, size_t len, int16_t version, km_wr *out)
+const km_feature_need km_feature_needs[] = {
+	/* KIP-890 part 2: the producer adds partitions implicitly and bumps its epoch per transaction. */
+	{"transaction.version", 2, KM_API_PRODUCE, 12},
+	{"transaction.version", 2, KM_API_END_TXN, 5},
+	{"transaction.version", 2, KM_API_TXN_OFFSET_COMMIT, 5},
+	/* KIP-848 consumer groups, KIP-932 share groups, KIP-1071 streams groups. */
+	{"group.version", 1, KM_API_CONSUMER_GROUP_HEARTBEAT, 0},
+	{"share.version", 1, KM_API_SHARE_GROUP_HEARTBEAT, 1},
+	{"share.version", 1, KM_API_SHARE_FETCH, 1},
+	{"share.version", 1, KM_API_SHARE_ACKNOWLEDGE, 1},
+	{"streams.version", 1, KM_API_STREAMS_GROUP_HEARTBEAT, 0},
+};
+const size_t km_feature_needs_count = sizeof(km_feature_needs) / sizeof(km_feature_needs[0]);
+
+/* The highest level <= max of feature whose needs the offered keys meet. */
+static int16_t feature_level(km_str name, int16_t max, const km_api_versions_response *m)
 {
-	bool flex = version >= 3;
+	for (int16_t level = max; level > 0; level--) {
+		bool ok = true;
+		for (size_t i = 0; ok && i < km_feature_needs_count; i++) {
+			const km_feature_need *n = &km_feature_needs[i];
+			bool offered = false;
+			if (!km_str_eq_c(name, n->feature) || n->level > level)
+				continue;
+			for (int32_t k = 0; k < m->api_keys.count; k++)
+				if (m->api_keys.items[k].api_key == n->api_key && m->api_keys.items[k].max_version >= n->min_version)
+					offered = true;
+			ok = offered;
+		}
+		if (ok)
+			return level;
+	}
+	return 0;
+}
+
+km_err km_rewrite_api_versions(const uint8_t *body, size_t len, int16_t version, km_rewrite_ctx *ctx, km_wr *out)
+{
+	const km_api_info *info = km_api_lookup(KM_API_API_VERSIONS);
+	km_api_versions_response m;
+	km_api_versions_response_api_version *keys;
+	int32_t kept = 0, nkeys;
+	size_t nrows = km_proxy_apis_count(ctx->apis);
+	km_arena a;
 	km_rd r;
-	km_wr keys;
-	int32_t n = 0, kept = 0;
 	km_err rc;
 
-	if (version < 0 || version > 5)
+	if (version < info->min_version || version > info->max_version)
 		return KM_ERR_UNSUPPORTED;
-	km_rd_init(&r, body, len);
 	/* A broker that does not know the requested version answers UNSUPPORTED_VERSION in the v0 layout. */
-	if (len >= 2 && km_be16(body) == KM_KAFKA_UNSUPPORTED_VERSION) {
+	if (len >= 2 && km_be16(body) == KM_KAFKA_UNSUPPORTED_VERSION)
 		version = 0;
-		flex = false;
+	km_arena_init(&a, 0);
+	km_api_versions_response_init(&m);
+	km_rd_init(&r, body, len);
+	rc = km_api_versions_response_decode(&r, version, &m, &a);
+	if (rc == KM_OK && (!km_rd_ok(&r) || km_rd_left(&r) != 0))
+		rc = KM_ERR_DECODE;
+	if (rc != KM_OK) {
+		KM_WARN("proxy", 0, "cannot rewrite ApiVersions v%d: %s at byte %zu (%s)", version,
+			r.err_field ? r.err_field : "?", r.err_pos, r.err_what ? r.err_what : "trailing bytes");
+		km_arena_free(&a);
+		return KM_ERR_DECODE;
 	}
-	km_wr_init(&keys);
-	cp_raw(&r, out, 2, "error_code");
-	km_rd_array_len(&r, "api_keys", flex, false, 6, &n);
-	for (int32_t i = 0; i < n && km_rd_ok(&r); i++) {
-		int16_t key = 0, lo = 0, hi = 0;
-		size_t tag_start;
-		const km_api_info *a;
-		km_rd_i16(&r, "api_key", &key);
-		km_rd_i16(&r, "min_version", &lo);
-		km_rd_i16(&r, "max_version", &hi);
-		tag_start = r.pos;
-		if (flex) {
-			km_wr skip;
-			km_wr_init(&skip);
-			cp_tags(&r, &skip);
-			km_wr_free(&skip);
-		}
-		a = km_proxy_api_find(key);
-		if (!a || !km_rd_ok(&r))
-			continue; /* a key the proxy cannot parse is never advertised */
-		if (km_proxy_min_version(a) > lo)
-			lo = km_proxy_min_version(a);
-		if (a->max_version < hi)
-			hi = a->max_version;
-		if (lo > hi)
+	nkeys = m.api_keys.count > 0 ? m.api_keys.count : 0;
+	keys = km_arena_alloc(&a, ((size_t)nkeys + nrows + 1) * sizeof(*keys));
+	if (!keys) {
+		km_arena_free(&a);
+		return KM_ERR_NOMEM;
+	}
+	/* The broker's keys that the proxy forwards, each narrowed to what both sides serve. */
+	for (int32_t i = 0; i < nkeys; i++) {
+		km_api_versions_response_api_version k = m.api_keys.items[i];
+		const km_proxy_api *row = km_proxy_apis_find(ctx->apis, k.api_key);
+		if (!row || row->req == KM_REQ_LOCAL)
+			continue; /* a key the proxy cannot parse is never advertised; a local one is the proxy's */
+		if (km_proxy_api_min(row) > k.min_version)
+			k.min_version = km_proxy_api_min(row);
+		if (km_proxy_api_max(row) < k.max_version)
+			k.max_version = km_proxy_api_max(row);
+		if (k.min_version > k.max_version)
 			continue;
-		km_wr_i16(&keys, key);
-		km_wr_i16(&keys, lo);
-		km_wr_i16(&keys, hi);
-		if (flex)
-			km_wr_raw(&keys, r.buf + tag_start, r.pos - tag_start);
+		keys[kept++] = k;
+	}
+	/* The APIs the proxy answers itself (the mirror RPCs): its own versions. */
+	for (size_t i = 0; i < nrows && m.error_code == 0; i++) {
+		const km_proxy_api *row = km_proxy_apis_at(ctx->apis, i);
+		if (row->req != KM_REQ_LOCAL)
+			continue;
+		km_api_versions_response_api_version_init(&keys[kept]);
+		keys[kept].api_key = row->key;
+		keys[kept].min_version = km_proxy_api_min(row);
+		keys[kept].max_version = km_proxy_api_max(row);
 		kept++;
 	}
-	km_wr_array_len(out, flex, kept);
-	km_wr_raw(out, keys.buf, keys.len);
-	if (!km_wr_ok(&keys))
-		out->err = keys.err;
-	km_wr_free(&keys);
-	cp_rest(&r, out);
-	rc = finish(&r, out, "ApiVersions", version);
-	return rc;
+	m.api_keys.items = keys;
+	m.api_keys.count = kept;
+	/* Features: a client that sees a level uses the versions it needs, so the level follows what is offered. */
+	{
+		int32_t f = 0;
+		for (int32_t i = 0; i < m.finalized_features.count; i++) {
+			km_api_versions_response_finalized_feature_key k = m.finalized_features.items[i];
+			int16_t level = feature_level(k.name, k.max_version_level, &m);
+			if (level != k.max_version_level)
+				KM_DEBUG("proxy", 0, "finalized feature %.*s: level %d lowered to %d (versions not offered)",
+					 (int)k.name.len, k.name.p, k.max_version_level, level);
+			if (level < k.min_version_level || (level == 0 && k.max_version_level > 0))
+				continue; /* dropped: no level the client could use */
+			k.max_version_level = level;
+			m.finalized_features.items[f++] = k;
+		}
+		if (m.finalized_features.count > 0)
+			m.finalized_features.count = f;
+		f = 0;
+		for (int32_t i = 0; i < m.supported_features.count; i++) {
+			km_api_versions_response_supported_feature_key k = m.supported_features.items[i];
+			int16_t level = feature_level(k.name, k.max_version, &m);
+			if (level < k.min_version || (level == 0 && k.max_version > 0))
+				continue;
+			k.max_version = level;
+			m.supported_features.items[f++] = k;
+		}
+		if (m.supported_features.count > 0)
+			m.supported_features.count = f;
+	}
+	km_api_versions_response_encode(out, version, &m);
+	km_arena_free(&a);
+	return km_wr_ok(out) ? KM_OK : KM_ERR_ENCODE;
 }
 
 void km_api_versions_unsupported_body(km_wr *out)
 {
-	const km_api_info *a = km_proxy_api_find(KM_API_API_VERSIONS);
+	const km_api_info *a = km_api_lookup(KM_API_API_VERSIONS);
 	km_wr_i16(out, KM_KAFKA_UNSUPPORTED_VERSION);
 	km_wr_array_len(out, false, 1);
 	km_wr_i16(out, KM_API_API_VERSIONS);
@@ -601,33 +626,6 @@ static bool walk_produce(km_evrd *r, int16_t version)
 	return skip_n(r, 4); /* throttle_time_ms */
 }
 
-static bool walk_fetch(km_evrd *r, int16_t version)
-{
-	uint32_t topics, parts, aborted;
-	if (!skip_n(r, 4 + 2 + 4) || !array_len(r, &topics))
-		return false;
-	for (uint32_t t = 0; t < topics; t++) {
-		if (version >= 13 ? !skip_n(r, 16) : !km_evrd_skip_compact(r))
-			return false;
-		if (!array_len(r, &parts))
-			return false;
-		for (uint32_t p = 0; p < parts; p++) {
-			/* index, error, high watermark, last stable offset, log start offset */
-			if (!skip_n(r, 4 + 2 + 8 + 8 + 8) || !array_len(r, &aborted))
-				return false;
-			for (uint32_t a = 0; a < aborted; a++) /* producer id, first offset, tags */
-				if (!skip_n(r, 16) || !km_evrd_skip_tags(r))
-					return false;
-			/* preferred read replica, then the records: skipped by length, never read */
-			if (!skip_n(r, 4) || !km_evrd_skip_compact(r) || !km_evrd_skip_tags(r))
-				return false;
-		}
-		if (!km_evrd_skip_tags(r))
-			return false;
-	}
-	return true;
-}
-
 km_err km_rewrite_find_top_tags(struct evbuffer *buf, size_t frame_start, size_t frame_end, int16_t key,
 				int16_t version, size_t *tags_off)
 {
@@ -639,8 +637,6 @@ km_err km_rewrite_find_top_tags(struct evbuffer *buf, size_t frame_start, size_t
 		return KM_ERR_DECODE;
 	if (key == KM_API_PRODUCE && version >= 9)
 		ok = walk_produce(&r, version);
-	else if (key == KM_API_FETCH && version >= 12)
-		ok = walk_fetch(&r, version);
 	else
 		return KM_ERR_UNSUPPORTED;
 	if (!ok)
@@ -793,91 +789,4 @@ km_err km_rewrite_node_endpoint_tags_same_size(const uint8_t *tags, size_t len, 
 	rc = km_rd_ok(&r) && km_wr_ok(&w) ? pad_to(w.buf, w.len, kept, len, out) : KM_ERR_DECODE;
 	km_wr_free(&w);
 	return rc;
-}
-
-/* ---- incremental Fetch walk ---- */
-
-enum { FW_HEAD, FW_TOPIC, FW_PART, FW_PART_TAGS, FW_TOPIC_TAGS, FW_DONE };
-
-void km_fetch_walk_init(km_fetch_walk *w, int16_t version, size_t frame_len)
-{
-	memset(w, 0, sizeof(*w));
-	w->version = version;
-	w->phase = FW_HEAD;
-	w->pos = 0;
-	w->end = frame_len;
-}
-
-int km_fetch_walk_step(km_fetch_walk *w, struct evbuffer *buf, size_t first)
-{
-	size_t have_end = first + evbuffer_get_length(buf);
-
-	if (have_end > w->end)
-		have_end = w->end;
-	while (w->phase != FW_DONE) {
-		km_evrd r;
-		size_t next_pos;
-		uint32_t n;
-		bool ok = true;
-
-		if (w->pos < first)
-			return -1; /* bytes the walk still needs were already sent: a bug, never guess */
-		if (w->pos >= have_end)
-			return w->pos >= w->end ? -1 : 0;
-		/* A reader over the bytes here, in buffer offsets; its positions map back with + first. */
-		km_evrd_init(&r, buf, w->pos - first, have_end - first);
-		switch (w->phase) {
-		case FW_HEAD:
-			/* size, correlation id, header tags, throttle, error, session id, topic count */
-			ok = km_evrd_skip(&r, 8) && km_evrd_skip_tags(&r) && skip_n(&r, 4 + 2 + 4) && array_len(&r, &n);
-			if (ok) {
-				w->topics = n;
-				w->ti = 0;
-				w->phase = n ? FW_TOPIC : FW_DONE;
-			}
-			break;
-		case FW_TOPIC:
-			ok = (w->version >= 13 ? skip_n(&r, 16) : km_evrd_skip_compact(&r)) && array_len(&r, &n);
-			if (ok) {
-				w->parts = n;
-				w->pi = 0;
-				w->phase = n ? FW_PART : FW_TOPIC_TAGS;
-			}
-			break;
-		case FW_PART: {
-			uint32_t aborted, rec;
-			ok = skip_n(&r, 4 + 2 + 8 + 8 + 8) && array_len(&r, &aborted);
-			for (uint32_t a = 0; ok && a < aborted; a++)
-				ok = skip_n(&r, 16) && km_evrd_skip_tags(&r);
-			ok = ok && skip_n(&r, 4) && km_evrd_uvarint(&r, &rec);
-			if (ok) {
-				/* The records are skipped by their length, whether they have arrived or not. */
-				size_t after = first + r.pos + (rec ? rec - 1 : 0);
-				if (after > w->end)
-					return -1;
-				w->pos = after;
-				w->phase = FW_PART_TAGS;
-				continue;
-			}
-			break;
-		}
-		case FW_PART_TAGS:
-			ok = km_evrd_skip_tags(&r);
-			if (ok)
-				w->phase = ++w->pi < w->parts ? FW_PART : FW_TOPIC_TAGS;
-			break;
-		case FW_TOPIC_TAGS:
-			ok = km_evrd_skip_tags(&r);
-			if (ok)
-				w->phase = ++w->ti < w->topics ? FW_TOPIC : FW_DONE;
-			break;
-		}
-		if (!ok) {
-			/* Out of bytes in this window: wait for more, unless the frame is complete. */
-			return have_end >= w->end ? -1 : 0;
-		}
-		next_pos = first + r.pos;
-		w->pos = next_pos;
-	}
-	return w->pos < w->end ? 1 : -1; /* the tagged fields take at least their count byte */
 }

@@ -12,22 +12,6 @@
 #include "kmirror/msg/api_keys.h"
 #include "kmirror/wire.h"
 
-/*
- * The APIs the proxy serves to clients: the codec's table (kmirror/api.h), broker-listener APIs only
- * (controller-only APIs are never advertised). NULL when the key is unknown or not served.
- */
-const km_api_info *km_proxy_api_find(int16_t key);
-/*
- * Lowest version the proxy accepts for key: the codec's, except SaslHandshake v0, after which the
- * client sends raw SASL tokens outside Kafka framing (only v1 keeps them in SaslAuthenticate).
- */
-int16_t km_proxy_min_version(const km_api_info *api);
-/* Request header version (1 or 2) and response header version (0 or 1) for key/version. */
-int km_proxy_request_header_version(int16_t key, int16_t version);
-int km_proxy_response_header_version(int16_t key, int16_t version);
-/* Whether the proxy must decode/patch this response (broker endpoints, ApiVersions). */
-bool km_proxy_response_needs_rewrite(int16_t key, int16_t version);
-
 /* What a rewriter puts in place of a broker endpoint, and where it reports the brokers it saw. */
 typedef struct km_rewrite_ctx {
 	const char *host;       /* advertised host */
@@ -35,6 +19,7 @@ typedef struct km_rewrite_ctx {
 	int32_t port_count;     /* node ids >= port_count have no port */
 	void (*learn)(void *arg, int32_t node_id, km_str host, int32_t port, km_str rack);
 	void *arg;
+	const struct km_proxy_apis *apis; /* what the proxy serves (ApiVersions) */
 	int rewritten;          /* out: number of endpoints replaced */
 } km_rewrite_ctx;
 
@@ -61,14 +46,28 @@ km_err km_rewrite_share_fetch(const uint8_t *body, size_t len, int16_t version, 
 km_err km_rewrite_share_acknowledge(const uint8_t *body, size_t len, int16_t version, km_rewrite_ctx *ctx, km_wr *out);
 /* Whether a config value holds something shaped like host:port (name, dotted or [v6] host; 1-5 digit port). */
 bool km_rewrite_value_has_endpoint(km_str v);
-/* ApiVersions: keep only keys in the proxy's table, each narrowed to the common version range. */
-km_err km_rewrite_api_versions(const uint8_t *body, size_t len, int16_t version, km_wr *out);
+/*
+ * ApiVersions: keep only keys in ctx->apis, each narrowed to the common version range; add the APIs
+ * the proxy answers itself; lower or drop finalized and supported features whose protocol needs a
+ * version that is not offered (km_feature_needs).
+ */
+km_err km_rewrite_api_versions(const uint8_t *body, size_t len, int16_t version, km_rewrite_ctx *ctx, km_wr *out);
+
+/* A feature level and an API version its protocol needs: a client that sees the level uses that version. */
+typedef struct km_feature_need {
+	const char *feature;
+	int16_t level;
+	int16_t api_key;
+	int16_t min_version;
+} km_feature_need;
+extern const km_feature_need km_feature_needs[];
+extern const size_t km_feature_needs_count;
 /* The broker-style answer to a too-new ApiVersions request: a v0 body, error UNSUPPORTED_VERSION. */
 void km_api_versions_unsupported_body(km_wr *out);
 
 /*
- * Produce (v9+) and Fetch (v12+) responses: walk the frame in buf (frame_start: its size prefix)
- * without copying records, and return the offset of the top-level tagged-field section.
+ * Produce responses (v9+): walk the frame in buf (frame_start: its size prefix) without copying,
+ * and return the offset of the top-level tagged-field section. (Fetch has its walker: kmirror/fetch.h.)
  */
 km_err km_rewrite_find_top_tags(struct evbuffer *buf, size_t frame_start, size_t frame_end, int16_t key,
 				int16_t version, size_t *tags_off);
@@ -81,26 +80,5 @@ km_err km_rewrite_node_endpoint_tags(const uint8_t *tags, size_t len, km_rewrite
  * (the client then refreshes metadata, as before KIP-951). Never leaves a real address.
  */
 km_err km_rewrite_node_endpoint_tags_same_size(const uint8_t *tags, size_t len, km_rewrite_ctx *ctx, uint8_t *out);
-
-/*
- * Incremental walk of a Fetch response (v12+) towards its top-level tagged fields, over bytes that
- * arrive piecemeal, so that everything before the tail can be sent on at once. Positions are frame
- * offsets (0: the first byte of the size prefix).
- */
-typedef struct km_fetch_walk {
-	int16_t version;
-	int phase;
-	uint32_t topics, ti, parts, pi;
-	size_t pos;      /* frame offset of the next field the walk needs */
-	size_t end;      /* frame length, size prefix included */
-} km_fetch_walk;
-
-void km_fetch_walk_init(km_fetch_walk *w, int16_t version, size_t frame_len);
-/*
- * Advance over the buffered bytes: buf starts at frame offset first (earlier bytes were sent on).
- * Returns 1 when the walk has reached the top-level tagged fields (at w->pos), 0 when it needs more
- * bytes, -1 when the response is malformed.
- */
-int km_fetch_walk_step(km_fetch_walk *w, struct evbuffer *buf, size_t first);
 
 #endif

@@ -6,24 +6,42 @@
 #include <netinet/tcp.h>
 #include <sys/socket.h>
 
-#include <event2/bufferevent_ssl.h>
+#include <event2/bufferevent.h>
 
 #include "kmirror/log.h"
-#include "proxy/proxy_int.h"
+#include "kmirror/net.h"
+#include "kmirror/ring.h"
+#include "proxy/session.h"
 
-/* One request waiting for its response. local: a response the proxy made itself, sent in order. */
+/* One request waiting for its response, and what to do with that response. */
 typedef struct inflight {
 	int32_t corr;
 	int16_t key, version;
+	uint64_t seq;
 	uint64_t t0_us;
-	struct evbuffer *local;
-	bool started; /* its response is being streamed to the client */
+	km_resp_action resp;
+	const km_proxy_api *api;
+	struct evbuffer *local; /* KM_RESP_LOCAL: the whole response frame once made; NULL while pending */
+	bool started;           /* its response is being sent to the client */
+	void *ctx;              /* the request's context, for the response hooks */
+	void (*ctx_free)(void *ctx);
 } inflight;
+
+KM_RING_TYPED(inflights, inflight)
 
 typedef enum { UP_CONNECTING, UP_READY, UP_FAILED } up_state;
 
+/*
+ * Each direction works on one frame at a time with one action and a remaining-bytes counter (the
+ * way pgbouncer's sbuf drives a packet): at HEAD a new frame's header is read and its action
+ * chosen from the API table; the other states finish that frame.
+ */
+typedef enum { RQ_HEAD, RQ_MOVE } rq_state;
+typedef enum { RS_HEAD, RS_MOVE, RS_STREAM, RS_WHOLE } rs_state;
+
 struct km_session {
-	km_proxy *px;
+	km_session_set *set;
+	const km_session_host *host;
 	uint64_t id;
 	int32_t node_id; /* -1: bootstrap port */
 	struct bufferevent *cli;
@@ -32,8 +50,8 @@ struct km_session {
 	up_state up_state;
 	int up_try;            /* bootstrap: index of the upstream address being tried */
 	char up_addr[300];
-	inflight *fifo;
-	size_t head, count, cap;
+	km_ring fifo;          /* of inflight */
+	uint64_t next_seq;
 	bool first_frame;
 	bool closed;
 	bool draining;
@@ -41,13 +59,28 @@ struct km_session {
 	bool up_paused;        /* reads from upstream paused (client buffer full) */
 	uint64_t last_activity_ms;
 	uint64_t partial_since_ms; /* last progress of an incomplete request frame; 0: none */
-	size_t req_left;       /* bytes of the current request still to forward (cut-through) */
-	size_t resp_left;      /* bytes of the current response still to forward (cut-through) */
-	bool walking;          /* a Fetch response is streaming while its walk looks for the tail */
-	km_fetch_walk walk;
-	size_t walk_sent;      /* frame bytes of that response already sent on */
+	struct {
+		rq_state state;
+		size_t left;   /* RQ_MOVE: bytes of the frame still to forward */
+	} rq;
+	struct {
+		rs_state state;
+		size_t left;   /* RS_MOVE: bytes of the frame still to send on */
+		size_t frame;  /* RS_STREAM / RS_WHOLE: the frame's length, size prefix included */
+		size_t sent;   /* RS_STREAM: frame bytes already sent on */
+		km_fetch_walk walk;
+	} rs;
 	km_session *prev, *next;
 	km_session *next_dead;
+};
+
+struct km_session_set {
+	const km_session_host *host;
+	km_session *sessions; /* doubly linked, newest first */
+	size_t count;
+	km_session *dead;     /* closed sessions, freed at the end of the loop iteration */
+	struct event *reap_ev;
+	uint64_t next_id;
 };
 
 /*
@@ -56,6 +89,10 @@ struct km_session {
  * rounds of FIONREAD, readv, writev and two epoll_ctl: that, not copying, was the proxy's CPU.
  */
 #define KM_READ_FILL (256 * 1024)
+/* The head of a request read before it is forwarded: the header, and for Produce the fields up to acks. */
+#define KM_REQ_HEAD 512
+
+static const char client_closed[] = "client closed the connection";
 
 static uint64_t now_us(void)
 {
@@ -64,48 +101,56 @@ static uint64_t now_us(void)
 	return (uint64_t)tv.tv_sec * 1000000 + (uint64_t)tv.tv_usec;
 }
 
-km_session *km_session_next(const km_session *s)
+static uint64_t now_ms(const km_session *s)
 {
-	return s->next;
+	struct timeval tv;
+	event_base_gettimeofday_cached(s->host->base, &tv);
+	return (uint64_t)tv.tv_sec * 1000 + (uint64_t)tv.tv_usec / 1000;
 }
 
-bool km_session_is_draining(const km_session *s)
+uint64_t km_session_id(const km_session *s)
 {
-	return s->draining;
+	return s->id;
 }
 
-void km_session_reap(km_proxy *px)
+static void inflight_clear(inflight *f)
 {
-	while (px->dead) {
-		km_session *s = px->dead;
-		px->dead = s->next_dead;
-		km_session_free(s);
-	}
+	if (f->local)
+		evbuffer_free(f->local);
+	if (f->ctx && f->ctx_free)
+		f->ctx_free(f->ctx);
+	f->local = NULL;
+	f->ctx = NULL;
 }
 
-static void reap_cb(evutil_socket_t fd, short what, void *arg)
+static void session_free(km_session *s)
 {
-	km_session_reap(arg);
-}
-
-void km_session_free(km_session *s)
-{
-	for (size_t i = 0; i < s->count; i++) {
-		inflight *f = &s->fifo[(s->head + i) % s->cap];
-		if (f->local)
-			evbuffer_free(f->local);
-	}
-	free(s->fifo);
+	for (size_t i = 0; i < inflights_count(&s->fifo); i++)
+		inflight_clear(inflights_at(&s->fifo, i));
+	km_ring_free(&s->fifo);
 	if (s->held)
 		evbuffer_free(s->held);
 	free(s);
 }
 
-static const char client_closed[] = "client closed the connection";
-
-void km_session_close(km_session *s, const char *why)
+static void reap(km_session_set *set)
 {
-	km_proxy *px = s->px;
+	while (set->dead) {
+		km_session *s = set->dead;
+		set->dead = s->next_dead;
+		session_free(s);
+	}
+}
+
+static void reap_cb(evutil_socket_t fd, short what, void *arg)
+{
+	reap(arg);
+}
+
+static void session_close(km_session *s, const char *why)
+{
+	km_session_set *set = s->set;
+	km_metrics *m = s->host->metrics;
 	static const struct timeval zero = {0, 0};
 
 	if (s->closed)
@@ -113,68 +158,55 @@ void km_session_close(km_session *s, const char *why)
 	s->closed = true;
 	/* An ordinary client close is not news; everything else is. */
 	if (why == client_closed)
-		KM_DEBUG("proxy", s->id, "closing client connection (%s), %zu request(s) in flight", why, s->count);
+		KM_DEBUG("proxy", s->id, "closing client connection (%s), %zu request(s) in flight", why,
+			 inflights_count(&s->fifo));
 	else
-		KM_INFO("proxy", s->id, "closing client connection (%s), %zu request(s) in flight", why, s->count);
+		KM_INFO("proxy", s->id, "closing client connection (%s), %zu request(s) in flight", why,
+			inflights_count(&s->fifo));
 	if (s->cli)
 		bufferevent_free(s->cli);
 	s->cli = NULL;
 	if (s->up) {
 		bufferevent_free(s->up);
-		if (s->up_state == UP_READY && px->metrics.upstream_connections)
-			px->metrics.upstream_connections--;
+		if (s->up_state == UP_READY && m->upstream_connections)
+			m->upstream_connections--;
 	}
 	s->up = NULL;
 	if (s->prev)
 		s->prev->next = s->next;
 	else
-		px->sessions = s->next;
+		set->sessions = s->next;
 	if (s->next)
 		s->next->prev = s->prev;
-	px->nsessions--;
-	px->metrics.client_connections--;
+	set->count--;
+	m->client_connections--;
 	/* Freed after this loop iteration: we are usually inside one of the session's own callbacks. */
-	s->next_dead = px->dead;
-	px->dead = s;
-	if (!px->reap_ev)
-		px->reap_ev = event_new(px->base, -1, 0, reap_cb, px);
-	if (px->reap_ev)
-		event_add(px->reap_ev, &zero);
+	s->next_dead = set->dead;
+	set->dead = s;
+	if (!set->reap_ev)
+		set->reap_ev = event_new(s->host->base, -1, 0, reap_cb, set);
+	if (set->reap_ev)
+		event_add(set->reap_ev, &zero);
 	else
-		reap_cb(-1, 0, px);
+		reap(set);
 }
 
-static bool fifo_push(km_session *s, const inflight *f)
+static void reject(km_session *s, km_reject_reason why, const char *msg)
 {
-	if (s->count == s->cap) {
-		size_t ncap = s->cap ? s->cap * 2 : 8;
-		inflight *n = malloc(ncap * sizeof(*n));
-		if (!n)
-			return false;
-		for (size_t i = 0; i < s->count; i++)
-			n[i] = s->fifo[(s->head + i) % s->cap];
-		free(s->fifo);
-		s->fifo = n;
-		s->cap = ncap;
-		s->head = 0;
-	}
-	s->fifo[(s->head + s->count) % s->cap] = *f;
-	s->count++;
-	return true;
+	s->host->metrics->rejected[why]++;
+	KM_WARN("proxy", s->id, "%s", msg);
+	session_close(s, km_reject_reason_name(why));
 }
 
-static void fifo_pop(km_session *s)
-{
-	s->head = (s->head + 1) % s->cap;
-	s->count--;
-}
+/* ---- flow control ---- */
 
 static void update_cli_reading(km_session *s)
 {
-	const km_config *cfg = &s->px->cfg;
+	const km_config *cfg = s->host->cfg;
 	/* A request half forwarded must be finished whatever the FIFO or a drain say: the broker waits
 	 * for its end before it answers anything. Buffer limits still apply (the upstream drains). */
-	bool pause = (!s->req_left && (s->draining || s->count >= (size_t)cfg->max_inflight_requests)) ||
+	bool pause = (s->rq.state == RQ_HEAD &&
+		      (s->draining || inflights_count(&s->fifo) >= (size_t)cfg->max_inflight_requests)) ||
 		     (s->up && evbuffer_get_length(bufferevent_get_output(s->up)) > (size_t)cfg->connection_buffer_bytes) ||
 		     evbuffer_get_length(s->held) > (size_t)cfg->connection_buffer_bytes;
 	if (!s->cli || pause == s->cli_paused)
@@ -186,7 +218,7 @@ static void update_cli_reading(km_session *s)
 		bufferevent_enable(s->cli, EV_READ);
 		/* A partial frame did not stall while we were the ones not reading. */
 		if (s->partial_since_ms)
-			s->partial_since_ms = km_proxy_now_ms(s->px);
+			s->partial_since_ms = now_ms(s);
 		/* Whole frames may already be buffered: no new bytes would wake us for them. */
 		if (evbuffer_get_length(bufferevent_get_input(s->cli)))
 			bufferevent_trigger(s->cli, EV_READ, BEV_TRIG_DEFER_CALLBACKS | BEV_TRIG_IGNORE_WATERMARKS);
@@ -198,7 +230,7 @@ static void update_up_reading(km_session *s)
 	bool pause;
 	if (!s->up || !s->cli)
 		return;
-	pause = evbuffer_get_length(bufferevent_get_output(s->cli)) > (size_t)s->px->cfg.connection_buffer_bytes;
+	pause = evbuffer_get_length(bufferevent_get_output(s->cli)) > (size_t)s->host->cfg->connection_buffer_bytes;
 	if (pause == s->up_paused)
 		return;
 	s->up_paused = pause;
@@ -214,23 +246,63 @@ static void update_up_reading(km_session *s)
 /* A drained session closes once nothing is in flight and the client has everything. */
 static void maybe_finish_drain(km_session *s)
 {
-	if (s->draining && !s->closed && s->count == 0 && !s->req_left &&
+	if (s->draining && !s->closed && !inflights_count(&s->fifo) && s->rq.state == RQ_HEAD &&
 	    (!s->cli || evbuffer_get_length(bufferevent_get_output(s->cli)) == 0))
-		km_session_close(s, "draining");
+		session_close(s, "draining");
 }
 
-/* Send the responses the proxy made itself that are now at the head of the FIFO. */
+/* ---- what goes to the client ---- */
+
+static void to_client(km_session *s, struct evbuffer *src, size_t n)
+{
+	s->host->metrics->client_bytes_out += n;
+	evbuffer_remove_buffer(src, bufferevent_get_output(s->cli), n);
+}
+
+static void to_client_bytes(km_session *s, const void *p, size_t n)
+{
+	s->host->metrics->client_bytes_out += n;
+	evbuffer_add(bufferevent_get_output(s->cli), p, n);
+}
+
+/* The response at the head of the FIFO is complete. */
+static void response_done(km_session *s)
+{
+	inflight *f = inflights_front(&s->fifo);
+	km_metrics_latency(s->host->metrics, f->key, (double)(now_us() - f->t0_us) / 1e6);
+	inflight_clear(f);
+	inflights_pop(&s->fifo);
+	s->last_activity_ms = now_ms(s);
+}
+
+/* Send the proxy's own answers that are now at the head of the FIFO. */
 static void flush_local(km_session *s)
 {
-	while (s->count && s->fifo[s->head].local && s->cli) {
-		inflight *f = &s->fifo[s->head];
-		size_t n = evbuffer_get_length(f->local);
-		s->px->metrics.client_bytes_out += n;
-		evbuffer_add_buffer(bufferevent_get_output(s->cli), f->local);
-		evbuffer_free(f->local);
-		km_metrics_latency(&s->px->metrics, f->key, (double)(now_us() - f->t0_us) / 1e6);
-		fifo_pop(s);
+	inflight *f;
+	while (s->cli && (f = inflights_front(&s->fifo)) && f->resp == KM_RESP_LOCAL && f->local) {
+		to_client(s, f->local, evbuffer_get_length(f->local));
+		response_done(s);
 	}
+}
+
+/* A response frame for f made from body (moved out): size, correlation id, the header's tags, body. */
+static km_err frame_local(const inflight *f, struct evbuffer *body, struct evbuffer **out)
+{
+	uint8_t pre[9];
+	size_t hlen = km_proxy_response_header_version(f->key, f->version) >= 1 ? 9 : 8;
+	struct evbuffer *b = evbuffer_new();
+
+	if (!b)
+		return KM_ERR_NOMEM;
+	km_put_be32(pre, (uint32_t)(hlen - 4 + evbuffer_get_length(body)));
+	km_put_be32(pre + 4, (uint32_t)f->corr);
+	pre[8] = 0; /* no header tags */
+	if (evbuffer_add(b, pre, hlen) != 0 || evbuffer_add_buffer(b, body) != 0) {
+		evbuffer_free(b);
+		return KM_ERR_NOMEM;
+	}
+	*out = b;
+	return KM_OK;
 }
 
 /* ---- upstream side ---- */
@@ -239,315 +311,256 @@ static void up_connect(km_session *s);
 
 static void up_send(km_session *s, struct evbuffer *src, size_t n)
 {
-	s->px->metrics.upstream_bytes_out += n;
+	s->host->metrics->upstream_bytes_out += n;
 	if (s->up_state == UP_READY)
 		evbuffer_remove_buffer(src, bufferevent_get_output(s->up), n);
 	else
 		evbuffer_remove_buffer(src, s->held, n);
 }
 
-static bool rewrite_small(km_session *s, const inflight *f, struct evbuffer *in, int32_t size)
+/* Where the body of a buffered response frame starts: after size, correlation id and (v1) header tags. */
+static bool response_body_off(struct evbuffer *in, size_t frame_end, int hv, size_t *off)
 {
-	km_proxy *px = s->px;
-	int hv = km_proxy_response_header_version(f->key, f->version);
-	uint8_t *frame = evbuffer_pullup(in, (ev_ssize_t)size + 4);
-	km_rd r;
-	size_t body;
-	km_wr w;
-	km_rewrite_ctx ctx;
-	km_err rc;
-	uint8_t pre[4];
-
-	if (!frame)
+	km_evrd r;
+	km_evrd_init(&r, in, 8, frame_end);
+	if (hv >= 1 && !km_evrd_skip_tags(&r))
 		return false;
-	km_rd_init(&r, frame + 4, (size_t)size);
-	km_rd_skip(&r, "correlation_id", 4);
-	if (hv >= 1) {
-		uint32_t n, tag, sz;
-		km_rd_uvarint(&r, "header_tags", &n);
-		for (uint32_t i = 0; i < n && km_rd_ok(&r); i++) {
-			km_rd_uvarint(&r, "tag", &tag);
-			km_rd_uvarint(&r, "tag_size", &sz);
-			km_rd_skip(&r, "tag_data", sz);
-		}
-	}
-	if (!km_rd_ok(&r))
-		return false;
-	body = r.pos;
-	km_proxy_rewrite_ctx(px, &ctx);
-	km_wr_init(&w);
-	km_wr_raw(&w, frame + 4, body); /* correlation id and header tags, unchanged */
-	switch (f->key) {
-	case KM_API_METADATA:
-		rc = km_rewrite_metadata(frame + 4 + body, (size_t)size - body, f->version, &ctx, &w);
-		break;
-	case KM_API_FIND_COORDINATOR:
-		rc = km_rewrite_find_coordinator(frame + 4 + body, (size_t)size - body, f->version, &ctx, &w);
-		break;
-	case KM_API_DESCRIBE_CLUSTER:
-		rc = km_rewrite_describe_cluster(frame + 4 + body, (size_t)size - body, f->version, &ctx, &w);
-		break;
-	case KM_API_API_VERSIONS:
-		rc = km_rewrite_api_versions(frame + 4 + body, (size_t)size - body, f->version, &w);
-		break;
-	case KM_API_DESCRIBE_CONFIGS:
-		rc = km_rewrite_describe_configs(frame + 4 + body, (size_t)size - body, f->version, &ctx, &w);
-		break;
-	case KM_API_DESCRIBE_QUORUM:
-		rc = km_rewrite_describe_quorum(frame + 4 + body, (size_t)size - body, f->version, &ctx, &w);
-		break;
-	case KM_API_SHARE_FETCH:
-		rc = km_rewrite_share_fetch(frame + 4 + body, (size_t)size - body, f->version, &ctx, &w);
-		break;
-	case KM_API_SHARE_ACKNOWLEDGE:
-		rc = km_rewrite_share_acknowledge(frame + 4 + body, (size_t)size - body, f->version, &ctx, &w);
-		break;
-	default:
-		rc = KM_ERR_UNSUPPORTED;
-	}
-	if (rc != KM_OK || !km_wr_ok(&w) || w.len > INT32_MAX) {
-		km_wr_free(&w);
-		return false;
-	}
-	km_put_be32(pre, (uint32_t)w.len);
-	evbuffer_add(bufferevent_get_output(s->cli), pre, 4);
-	evbuffer_add(bufferevent_get_output(s->cli), w.buf, w.len);
-	px->metrics.client_bytes_out += 4 + w.len;
-	if (ctx.rewritten)
-		px->metrics.responses_rewritten_total++;
-	km_wr_free(&w);
-	evbuffer_drain(in, (size_t)size + 4);
+	*off = r.pos;
 	return true;
 }
 
-/* Produce/Fetch: move the body untouched; only a non-empty top-level tag section is re-encoded. */
-static bool forward_tail_patched(km_session *s, const inflight *f, struct evbuffer *in, int32_t size)
+/* RS_WHOLE: the whole frame is buffered; the row's rewriter or hook makes what the client gets. */
+static km_err respond_whole(km_session *s, const inflight *f, struct evbuffer *in)
 {
-	km_proxy *px = s->px;
+	const km_proxy_api *api = f->api;
 	struct evbuffer *out = bufferevent_get_output(s->cli);
-	size_t end = (size_t)size + 4, tags_off, tlen;
-	uint8_t *tags, pre[4];
-	km_rewrite_ctx ctx;
-	km_wr w;
+	size_t end = s->rs.frame, body_off, before = evbuffer_get_length(out);
+	km_rewrite_ctx rw;
+	km_err rc;
 
-	if (km_rewrite_find_top_tags(in, 0, end, f->key, f->version, &tags_off) != KM_OK)
-		return false;
-	tlen = end - tags_off;
-	if (tlen == 1) {
-		uint8_t zero = 1;
-		km_evrd r;
-		km_evrd_init(&r, in, tags_off, end);
-		if (km_evrd_raw(&r, &zero, 1) && zero == 0) {
-			px->metrics.client_bytes_out += end;
-			evbuffer_remove_buffer(in, out, end);
-			return true;
+	if (!response_body_off(in, end, km_proxy_response_header_version(f->key, f->version), &body_off))
+		return KM_ERR_DECODE;
+	s->host->rewrite_ctx(s->host->arg, &rw);
+	if (api->rewrite) {
+		uint8_t *frame = evbuffer_pullup(in, (ev_ssize_t)end), pre[4];
+		km_wr w;
+		if (!frame)
+			return KM_ERR_NOMEM;
+		km_wr_init(&w);
+		km_wr_raw(&w, frame + 4, body_off - 4); /* correlation id and header tags, unchanged */
+		rc = api->rewrite(frame + body_off, end - body_off, f->version, &rw, &w);
+		if (rc == KM_OK && (!km_wr_ok(&w) || w.len > INT32_MAX))
+			rc = KM_ERR_NOMEM;
+		if (rc == KM_OK) {
+			km_put_be32(pre, (uint32_t)w.len);
+			to_client_bytes(s, pre, 4);
+			to_client_bytes(s, w.buf, w.len);
+			evbuffer_drain(in, end);
 		}
-	}
-	tags = malloc(tlen ? tlen : 1);
-	if (!tags)
-		return false;
-	{
-		struct evbuffer_ptr p;
-		if (evbuffer_ptr_set(in, &p, tags_off, EVBUFFER_PTR_SET) != 0 ||
-		    evbuffer_copyout_from(in, &p, tags, tlen) != (ev_ssize_t)tlen) {
-			free(tags);
-			return false;
-		}
-	}
-	km_proxy_rewrite_ctx(px, &ctx);
-	km_wr_init(&w);
-	if (km_rewrite_node_endpoint_tags(tags, tlen, &ctx, &w) != KM_OK || !km_wr_ok(&w)) {
-		free(tags);
 		km_wr_free(&w);
-		return false;
+	} else {
+		km_resp rs = {.key = f->key, .version = f->version, .in = in, .frame_len = end - 4,
+			      .body_off = body_off, .out = out, .rw = &rw, .ctx = f->ctx};
+		size_t had = evbuffer_get_length(in);
+		rc = api->on_response(&rs);
+		/* The hook must consume the frame exactly. */
+		if (rc == KM_OK && had - evbuffer_get_length(in) != end)
+			rc = KM_ERR_DECODE;
+		if (rc == KM_OK)
+			s->host->metrics->client_bytes_out += evbuffer_get_length(out) - before;
 	}
-	free(tags);
-	km_put_be32(pre, (uint32_t)(tags_off - 4 + w.len));
-	evbuffer_add(out, pre, 4);
-	evbuffer_drain(in, 4);
-	evbuffer_remove_buffer(in, out, tags_off - 4);
-	evbuffer_drain(in, tlen);
-	evbuffer_add(out, w.buf, w.len);
-	px->metrics.client_bytes_out += tags_off + w.len;
-	if (ctx.rewritten)
-		px->metrics.responses_rewritten_total++;
-	km_wr_free(&w);
-	return true;
+	if (rc == KM_OK && rw.rewritten)
+		s->host->metrics->responses_rewritten_total++;
+	return rc;
+}
+
+/* Send on the bytes of a streamed response that the walk has settled. */
+static void stream_send_settled(km_session *s, struct evbuffer *in)
+{
+	size_t have_end = s->rs.sent + evbuffer_get_length(in);
+	size_t upto = s->rs.walk.pos < have_end ? s->rs.walk.pos : have_end;
+	if (upto > s->rs.sent) {
+		to_client(s, in, upto - s->rs.sent);
+		s->rs.sent = upto;
+	}
 }
 
 /*
- * One round of a streaming Fetch response: send on everything the walk has passed, and at the end
- * check the top-level tags (rewritten in place, same size, when they carry NodeEndpoints).
- * Returns 1 when the response is done, 0 when more bytes are needed, -1 when the session closed.
+ * RS_STREAM: walk what has arrived, letting the row's hooks look and patch; send on what the walk
+ * has passed; at the end the tail (top-level tags) is handled whole, at the same length.
+ * Returns 1 when the response is done, 0 when it needs more bytes, or an error.
  */
-static int stream_fetch(km_session *s, struct evbuffer *in)
+static int stream_step(km_session *s, const inflight *f, struct evbuffer *in, km_err *err)
 {
-	km_proxy *px = s->px;
-	struct evbuffer *out = bufferevent_get_output(s->cli);
-	size_t have_end = s->walk_sent + evbuffer_get_length(in), upto, tlen;
-	int rc = km_fetch_walk_step(&s->walk, in, s->walk_sent);
-	uint8_t *tags, *fixed;
-	km_rewrite_ctx ctx;
+	const km_stream_hooks *h = f->api->stream;
+	km_fetch_walk *w = &s->rs.walk;
+	uint8_t *tail, *fixed;
+	size_t tlen;
+	km_rewrite_ctx rw;
 
-	if (rc < 0) {
-		KM_WARN("proxy", s->id, "malformed Fetch v%d response from %s", s->walk.version, s->up_addr);
-		px->metrics.upstream_errors_total++;
-		km_session_close(s, "unrewritable response");
-		return -1;
-	}
-	/* Bytes before the walk position are never changed. */
-	upto = s->walk.pos < have_end ? s->walk.pos : have_end;
-	if (upto > s->walk_sent) {
-		size_t n = upto - s->walk_sent;
-		evbuffer_remove_buffer(in, out, n);
-		s->walk_sent += n;
-		px->metrics.client_bytes_out += n;
-	}
-	if (rc == 0 || have_end < s->walk.end)
-		return 0;
-	/* The tagged fields, whole: usually the single byte 0. */
-	tlen = s->walk.end - s->walk.pos;
-	tags = evbuffer_pullup(in, (ev_ssize_t)tlen);
-	if (!tags || !(fixed = malloc(tlen))) {
-		km_session_close(s, "out of memory");
-		return -1;
-	}
-	if (tlen == 1 && tags[0] == 0) {
-		memcpy(fixed, tags, 1);
-	} else {
-		km_proxy_rewrite_ctx(px, &ctx);
-		if (km_rewrite_node_endpoint_tags_same_size(tags, tlen, &ctx, fixed) != KM_OK) {
-			free(fixed);
-			KM_WARN("proxy", s->id, "cannot rewrite the NodeEndpoints of a Fetch v%d response", s->walk.version);
-			px->metrics.upstream_errors_total++;
-			km_session_close(s, "unrewritable response");
+	for (;;) {
+		km_fw_event ev = km_fetch_walk_next(w, in, s->rs.sent);
+		*err = KM_OK;
+		if (ev == KM_FW_ERROR) {
+			*err = KM_ERR_DECODE;
 			return -1;
 		}
-		if (ctx.rewritten)
-			px->metrics.responses_rewritten_total++;
+		if (ev == KM_FW_PARTITION && h && h->on_partition)
+			*err = h->on_partition(w, in, s->rs.sent, f->ctx);
+		else if (ev == KM_FW_BATCH && h && h->on_batch)
+			*err = h->on_batch(w, in, s->rs.sent, f->ctx);
+		if (*err != KM_OK)
+			return -1;
+		if (ev == KM_FW_NEED_MORE) {
+			stream_send_settled(s, in);
+			return 0;
+		}
+		if (ev == KM_FW_END)
+			break;
 	}
-	evbuffer_drain(in, tlen);
-	evbuffer_add(out, fixed, tlen);
+	stream_send_settled(s, in);
+	if (s->rs.sent + evbuffer_get_length(in) < s->rs.frame)
+		return 0;
+	tlen = s->rs.frame - w->pos;
+	if (!tlen)
+		return 1; /* v4-11: no tagged fields */
+	tail = evbuffer_pullup(in, (ev_ssize_t)tlen);
+	if (!tail || !(fixed = malloc(tlen))) {
+		*err = KM_ERR_NOMEM;
+		return -1;
+	}
+	s->host->rewrite_ctx(s->host->arg, &rw);
+	if (h && h->on_tail)
+		*err = h->on_tail(tail, tlen, fixed, &rw, f->ctx);
+	else
+		memcpy(fixed, tail, tlen);
+	if (*err == KM_OK) {
+		evbuffer_drain(in, tlen);
+		to_client_bytes(s, fixed, tlen);
+		if (rw.rewritten)
+			s->host->metrics->responses_rewritten_total++;
+	}
 	free(fixed);
-	px->metrics.client_bytes_out += tlen;
-	s->walking = false;
-	fifo_pop(s);
-	flush_local(s);
-	s->last_activity_ms = km_proxy_now_ms(px);
-	return 1;
+	return *err == KM_OK ? 1 : -1;
 }
 
-static void up_read_cb(struct bufferevent *bev, void *arg)
+/* RS_HEAD: the next response frame from upstream must answer the oldest forwarded request. */
+static bool response_head(km_session *s, struct evbuffer *in)
 {
-	km_session *s = arg;
-	km_proxy *px = s->px;
-	struct evbuffer *in = bufferevent_get_input(bev);
+	km_metrics *m = s->host->metrics;
+	inflight *f = inflights_front(&s->fifo);
+	int32_t size = 0, corr;
+	uint8_t hdr[8];
+	km_frame_status st = km_net_frame_peek(in, s->host->cfg->max_frame_bytes, KM_FRAME_MIN_RESPONSE, false, &size);
 
-	if (!s->up_paused)
-		km_net_bev_fill(bev, KM_READ_FILL);
-	while (!s->closed) {
-		int32_t size = 0, corr;
-		uint8_t hdr[8];
-		inflight f;
-		bool ok;
-		size_t avail = evbuffer_get_length(in), n;
-		km_frame_status st;
-
-		if (s->walking) {
-			int rc = stream_fetch(s, in);
-			if (rc < 0)
-				return; /* closed */
-			if (rc == 0)
-				break;
-			continue;
-		}
-		if (s->resp_left) {
-			/* the rest of a response already started towards the client */
-			n = avail < s->resp_left ? avail : s->resp_left;
-			if (!n)
-				break;
-			px->metrics.client_bytes_out += n;
-			evbuffer_remove_buffer(in, bufferevent_get_output(s->cli), n);
-			s->resp_left -= n;
-			if (s->resp_left)
-				break;
-			fifo_pop(s);
-			flush_local(s);
-			s->last_activity_ms = km_proxy_now_ms(px);
-			continue;
-		}
-		st = km_net_frame_peek(in, px->cfg.max_frame_bytes, KM_FRAME_MIN_RESPONSE, false, &size);
-		if (st == KM_FRAME_NEED_MORE && avail < 8)
-			break;
-		if (st != KM_FRAME_READY && st != KM_FRAME_NEED_MORE) {
-			KM_WARN("proxy", s->id, "bad response frame from %s: %s (size %d)", s->up_addr,
-				km_frame_status_name(st), size);
-			px->metrics.upstream_errors_total++;
-			km_session_close(s, "bad upstream frame");
-			return;
-		}
-		evbuffer_copyout(in, hdr, 8);
-		corr = (int32_t)km_be32(hdr + 4);
-		if (!s->count || s->fifo[s->head].local || s->fifo[s->head].corr != corr) {
-			KM_WARN("proxy", s->id, "response with correlation id %d from %s does not match the oldest request (%d)",
-				corr, s->up_addr, s->count ? s->fifo[s->head].corr : -1);
-			px->metrics.upstream_errors_total++;
-			km_session_close(s, "upstream protocol error");
-			return;
-		}
-		f = s->fifo[s->head];
-		if (!km_proxy_response_needs_rewrite(f.key, f.version)) {
-			/* Cut through: what has arrived goes now, the rest as it comes. */
-			size_t total = (size_t)size + 4;
-			px->metrics.upstream_bytes_in += total;
-			km_metrics_latency(&px->metrics, f.key, (double)(now_us() - f.t0_us) / 1e6);
-			n = avail < total ? avail : total;
-			px->metrics.client_bytes_out += n;
-			evbuffer_remove_buffer(in, bufferevent_get_output(s->cli), n);
-			s->resp_left = total - n;
-			s->fifo[s->head].started = true;
-			if (s->resp_left)
-				break;
-			fifo_pop(s);
-			flush_local(s);
-			s->last_activity_ms = km_proxy_now_ms(px);
-			continue;
-		}
-		if (f.key == KM_API_FETCH && f.version >= 12) {
-			/* Fetch: sent on as it arrives, only the top-level tags are held back and checked. */
-			px->metrics.upstream_bytes_in += (uint64_t)size + 4;
-			km_metrics_latency(&px->metrics, f.key, (double)(now_us() - f.t0_us) / 1e6);
-			km_fetch_walk_init(&s->walk, f.version, (size_t)size + 4);
-			s->walk_sent = 0;
-			s->walking = true;
-			s->fifo[s->head].started = true;
-			continue;
-		}
-		if (st != KM_FRAME_READY)
-			break; /* other rewritten responses are handled whole */
-		px->metrics.upstream_bytes_in += (uint64_t)size + 4;
-		km_metrics_latency(&px->metrics, f.key, (double)(now_us() - f.t0_us) / 1e6);
-		if (f.key == KM_API_PRODUCE || f.key == KM_API_FETCH)
-			ok = forward_tail_patched(s, &f, in, size);
-		else
-			ok = rewrite_small(s, &f, in, size);
-		if (!ok) {
-			/* Never pass on a response we could not rewrite: it may hold real broker addresses. */
-			KM_WARN("proxy", s->id, "cannot rewrite response to api %d v%d (correlation id %d)", f.key, f.version,
-				corr);
-			px->metrics.upstream_errors_total++;
-			km_session_close(s, "unrewritable response");
-			return;
-		}
-		fifo_pop(s);
-		flush_local(s);
-		s->last_activity_ms = km_proxy_now_ms(px);
+	if (st == KM_FRAME_NEED_MORE && evbuffer_get_length(in) < 8)
+		return false;
+	if (st != KM_FRAME_READY && st != KM_FRAME_NEED_MORE) {
+		KM_WARN("proxy", s->id, "bad response frame from %s: %s (size %d)", s->up_addr, km_frame_status_name(st),
+			size);
+		m->upstream_errors_total++;
+		session_close(s, "bad upstream frame");
+		return false;
 	}
+	evbuffer_copyout(in, hdr, 8);
+	corr = (int32_t)km_be32(hdr + 4);
+	if (!f || f->resp == KM_RESP_LOCAL || f->corr != corr) {
+		KM_WARN("proxy", s->id, "response with correlation id %d from %s does not match the oldest request (%d)", corr,
+			s->up_addr, f ? f->corr : -1);
+		m->upstream_errors_total++;
+		session_close(s, "upstream protocol error");
+		return false;
+	}
+	m->upstream_bytes_in += (uint64_t)size + 4;
+	f->started = true;
+	s->rs.frame = (size_t)size + 4;
+	switch (f->resp) {
+	case KM_RESP_STREAM:
+		km_fetch_walk_init(&s->rs.walk, f->version, s->rs.frame);
+		s->rs.sent = 0;
+		s->rs.state = RS_STREAM;
+		break;
+	case KM_RESP_WHOLE:
+		s->rs.state = RS_WHOLE;
+		break;
+	default:
+		s->rs.left = s->rs.frame;
+		s->rs.state = RS_MOVE;
+	}
+	return true;
+}
+
+/* Everything buffered from upstream that can go to the client now, in FIFO order. */
+static void pump_responses(km_session *s)
+{
+	struct evbuffer *in = s->up ? bufferevent_get_input(s->up) : NULL;
+
+	while (!s->closed) {
+		size_t avail;
+		inflight *f;
+		km_err err = KM_OK;
+		int done;
+
+		flush_local(s);
+		f = inflights_front(&s->fifo);
+		avail = in ? evbuffer_get_length(in) : 0;
+		if (s->rs.state == RS_HEAD) {
+			/* Nothing from upstream, or the head waits for the proxy's own answer (upstream bytes wait behind it). */
+			if (!avail || (f && f->resp == KM_RESP_LOCAL))
+				break;
+			if (!response_head(s, in))
+				break;
+			continue;
+		}
+		switch (s->rs.state) {
+		case RS_MOVE: {
+			size_t n = avail < s->rs.left ? avail : s->rs.left;
+			if (!n)
+				goto out;
+			to_client(s, in, n);
+			s->rs.left -= n;
+			done = s->rs.left == 0;
+			break;
+		}
+		case RS_STREAM:
+			done = stream_step(s, f, in, &err);
+			break;
+		case RS_WHOLE:
+			if (avail < s->rs.frame)
+				goto out;
+			err = respond_whole(s, f, in);
+			done = err == KM_OK;
+			break;
+		default:
+			done = 0;
+		}
+		if (err != KM_OK || done < 0) {
+			/* Never pass on a response we could not rewrite: it may hold real broker addresses. */
+			KM_WARN("proxy", s->id, "cannot handle the response to %s v%d (correlation id %d): %s",
+				km_proxy_api_name(f->api), f->version, f->corr, km_err_name(err));
+			s->host->metrics->upstream_errors_total++;
+			session_close(s, "unrewritable response");
+			return;
+		}
+		if (!done)
+			break;
+		response_done(s);
+		s->rs.state = RS_HEAD;
+	}
+out:
 	if (s->closed)
 		return;
 	update_up_reading(s);
 	update_cli_reading(s);
 	maybe_finish_drain(s);
+}
+
+static void up_read_cb(struct bufferevent *bev, void *arg)
+{
+	km_session *s = arg;
+	if (!s->up_paused)
+		km_net_bev_fill(bev, KM_READ_FILL);
+	pump_responses(s);
 }
 
 static void up_write_cb(struct bufferevent *bev, void *arg)
@@ -560,16 +573,16 @@ static void up_write_cb(struct bufferevent *bev, void *arg)
 static void up_event_cb(struct bufferevent *bev, short what, void *arg)
 {
 	km_session *s = arg;
-	km_proxy *px = s->px;
+	km_metrics *m = s->host->metrics;
 
 	if (what & BEV_EVENT_CONNECTED) {
 		int fd = bufferevent_getfd(bev), one = 1;
 		setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
 		bufferevent_set_timeouts(bev, NULL, NULL);
 		s->up_state = UP_READY;
-		px->metrics.upstream_connections++;
+		m->upstream_connections++;
 		KM_DEBUG("proxy", s->id, "upstream %s connected", s->up_addr);
-		bufferevent_setwatermark(bev, EV_WRITE, (size_t)px->cfg.connection_buffer_bytes / 2, 0);
+		bufferevent_setwatermark(bev, EV_WRITE, (size_t)s->host->cfg->connection_buffer_bytes / 2, 0);
 		if (evbuffer_get_length(s->held))
 			evbuffer_add_buffer(bufferevent_get_output(bev), s->held);
 		update_cli_reading(s);
@@ -578,7 +591,7 @@ static void up_event_cb(struct bufferevent *bev, short what, void *arg)
 	if (what & (BEV_EVENT_ERROR | BEV_EVENT_EOF | BEV_EVENT_TIMEOUT)) {
 		char tls[512] = "";
 		bool was_ready = s->up_state == UP_READY;
-		px->metrics.upstream_errors_total++; /* refused, timed out, reset, or closed by the broker */
+		m->upstream_errors_total++; /* refused, timed out, reset, or closed by the broker */
 		if (what & BEV_EVENT_ERROR)
 			km_net_bev_error(bev, tls, sizeof(tls));
 		KM_INFO("proxy", s->id, "upstream %s %s%s%s", s->up_addr,
@@ -587,7 +600,7 @@ static void up_event_cb(struct bufferevent *bev, short what, void *arg)
 			was_ready                  ? "connection failed" : "connect failed",
 			tls[0] ? ": " : "", tls);
 		/* Bootstrap connections try the next address while nothing has been sent. */
-		if (!was_ready && s->node_id < 0 && s->up_try + 1 < px->cfg.upstream_count) {
+		if (!was_ready && s->node_id < 0 && s->up_try + 1 < s->host->cfg->upstream_count) {
 			bufferevent_free(s->up);
 			s->up = NULL;
 			s->up_try++;
@@ -595,209 +608,285 @@ static void up_event_cb(struct bufferevent *bev, short what, void *arg)
 			return;
 		}
 		/* The client sees what a broker failure looks like: a disconnect. */
-		km_session_close(s, was_ready ? "upstream disconnected" : "upstream unreachable");
+		session_close(s, was_ready ? "upstream disconnected" : "upstream unreachable");
 	}
 }
 
 static void up_connect(km_session *s)
 {
-	km_proxy *px = s->px;
-	const char *host;
+	const km_session_host *host = s->host;
+	const km_config *cfg = host->cfg;
+	const char *h;
 	uint16_t port;
-	int64_t tmo = px->cfg.upstream_connect_timeout_ms;
+	int64_t tmo = cfg->upstream_connect_timeout_ms;
 	struct timeval tv = {(time_t)(tmo / 1000), (suseconds_t)((tmo % 1000) * 1000)};
 
 	if (s->node_id < 0) {
-		host = px->cfg.upstream[s->up_try].host;
-		port = px->cfg.upstream[s->up_try].port;
-	} else if (!km_proxy_broker_addr(px, s->node_id, &host, &port)) {
-		km_session_close(s, "broker no longer known");
+		h = cfg->upstream[s->up_try].host;
+		port = cfg->upstream[s->up_try].port;
+	} else if (!host->broker_addr(host->arg, s->node_id, &h, &port)) {
+		session_close(s, "broker no longer known");
 		return;
 	}
-	snprintf(s->up_addr, sizeof(s->up_addr), "%s:%u", host, port);
+	snprintf(s->up_addr, sizeof(s->up_addr), "%s:%u", h, port);
 	s->up_state = UP_CONNECTING;
-	s->up = km_net_bev_new(px->base, -1, px->upstream_tls, false, host, px->cfg.upstream_tls_verify_hostname);
+	s->up = km_net_bev_new(host->base, -1, host->upstream_tls, false, h, cfg->upstream_tls_verify_hostname);
 	if (!s->up) {
-		km_session_close(s, "out of memory");
+		session_close(s, "out of memory");
 		return;
 	}
-	px->metrics.upstream_connects_total++;
+	host->metrics->upstream_connects_total++;
 	bufferevent_setcb(s->up, up_read_cb, up_write_cb, up_event_cb, s);
 	bufferevent_set_timeouts(s->up, &tv, &tv);
 	bufferevent_enable(s->up, EV_READ | EV_WRITE);
-	if (bufferevent_socket_connect_hostname(s->up, px->dns, AF_UNSPEC, host, port) != 0)
+	if (bufferevent_socket_connect_hostname(s->up, host->dns, AF_UNSPEC, h, port) != 0)
 		up_event_cb(s->up, BEV_EVENT_ERROR, s);
 }
 
 /* ---- client side ---- */
 
-static void reject(km_session *s, km_reject_reason why, const char *msg)
+/* A new FIFO entry for a request whose response will come (or be made). */
+static bool push_inflight(km_session *s, const km_req *rq, const km_proxy_api *api)
 {
-	s->px->metrics.rejected[why]++;
-	KM_WARN("proxy", s->id, "%s", msg);
-	km_session_close(s, km_reject_reason_name(why));
-}
-
-/* Answer a too-new ApiVersions request as a broker does, in order with the other responses. */
-static bool answer_api_versions_unsupported(km_session *s, int32_t corr, inflight *f)
-{
-	km_wr w;
-	uint8_t pre[8];
-	km_wr_init(&w);
-	km_api_versions_unsupported_body(&w);
-	f->local = evbuffer_new();
-	if (!km_wr_ok(&w) || !f->local) {
-		km_wr_free(&w);
+	inflight f = {.corr = rq->h->correlation_id, .key = rq->h->api_key, .version = rq->h->api_version,
+		      .seq = rq->seq, .t0_us = now_us(), .resp = rq->resp, .api = api, .ctx = rq->ctx,
+		      .ctx_free = rq->ctx_free};
+	if (rq->resp == KM_RESP_LOCAL && rq->answer && frame_local(&f, rq->answer, &f.local) != KM_OK)
+		return false;
+	if (!inflights_push(&s->fifo, &f)) {
+		if (f.local)
+			evbuffer_free(f.local);
 		return false;
 	}
-	km_put_be32(pre, (uint32_t)(w.len + 4));
-	km_put_be32(pre + 4, (uint32_t)corr);
-	evbuffer_add(f->local, pre, 8);
-	evbuffer_add(f->local, w.buf, w.len);
-	km_wr_free(&w);
 	return true;
+}
+
+static void req_discard(km_req *rq)
+{
+	if (rq->ctx && rq->ctx_free)
+		rq->ctx_free(rq->ctx);
+	rq->ctx = NULL;
+	if (rq->answer)
+		evbuffer_free(rq->answer);
+	rq->answer = NULL;
+	if (rq->rewritten)
+		evbuffer_free(rq->rewritten);
+	rq->rewritten = NULL;
+}
+
+typedef enum { HEAD_DONE, HEAD_WAIT, HEAD_CLOSED } head_result;
+
+/*
+ * RQ_HEAD: read a new request's header, find its row, let the row decide; forward it (cut-through
+ * or whole, as it is or rewritten) or answer it. Classify hooks may run again on a later call
+ * (when they ask for more bytes, or the action needs the whole frame): they only decide.
+ */
+static head_result request_head(km_session *s, struct evbuffer *in)
+{
+	km_metrics *m = s->host->metrics;
+	const km_config *cfg = s->host->cfg;
+	size_t avail = evbuffer_get_length(in), want;
+	int32_t size = 0;
+	uint8_t *p;
+	km_req_header h;
+	const km_proxy_api *api;
+	km_req rq;
+	char msg[200];
+	km_frame_status st = km_net_frame_peek(in, cfg->max_frame_bytes, KM_FRAME_MIN_REQUEST, s->first_frame, &size);
+
+	switch (st) {
+	case KM_FRAME_NEED_MORE:
+		/* Enough for the header (and Produce acks)? Then start before the end arrives. */
+		if (avail >= 4 && avail - 4 >= ((size_t)size < KM_REQ_HEAD ? (size_t)size : KM_REQ_HEAD))
+			break;
+		s->partial_since_ms = avail ? now_ms(s) : 0;
+		return HEAD_WAIT;
+	case KM_FRAME_TLS_HELLO:
+		reject(s, KM_REJECT_TLS_HELLO,
+		       "TLS ClientHello received on a plaintext port: the client uses TLS (security.protocol SSL) "
+		       "but this listener does not");
+		return HEAD_CLOSED;
+	case KM_FRAME_HTTP:
+		reject(s, KM_REJECT_HTTP, "HTTP request received on a Kafka port");
+		return HEAD_CLOSED;
+	case KM_FRAME_TOO_LARGE:
+		snprintf(msg, sizeof(msg), "request frame of %d bytes is over max_frame_bytes %lld", size,
+			 (long long)cfg->max_frame_bytes);
+		reject(s, KM_REJECT_TOO_LARGE, msg);
+		return HEAD_CLOSED;
+	case KM_FRAME_BAD_SIZE:
+		snprintf(msg, sizeof(msg), "invalid request frame size %d", size);
+		reject(s, KM_REJECT_BAD_SIZE, msg);
+		return HEAD_CLOSED;
+	case KM_FRAME_READY:
+		break;
+	}
+	want = (size_t)size < KM_REQ_HEAD ? (size_t)size : KM_REQ_HEAD;
+	p = evbuffer_pullup(in, (ev_ssize_t)want + 4);
+	if (!p || km_net_parse_request_header(p + 4, want, 0, &h) != KM_OK) {
+		reject(s, KM_REJECT_BAD_HEADER, "malformed request header");
+		return HEAD_CLOSED;
+	}
+	api = km_proxy_apis_find(s->host->apis, h.api_key);
+	if (!api || h.api_version < km_proxy_api_min(api) ||
+	    (h.api_version > km_proxy_api_max(api) && api->classify == NULL)) {
+		/* What a broker does too: an API it cannot parse closes the connection. */
+		snprintf(msg, sizeof(msg), "unsupported request: api key %d version %d (correlation id %d)", h.api_key,
+			 h.api_version, h.correlation_id);
+		reject(s, KM_REJECT_BAD_HEADER, msg);
+		return HEAD_CLOSED;
+	}
+	memset(&rq, 0, sizeof(rq));
+	rq.s = s;
+	rq.seq = s->next_seq;
+	rq.h = &h;
+	rq.body = p + 4;
+	rq.body_len = want;
+	rq.frame_len = (size_t)size;
+	rq.action = api->req;
+	rq.resp = api->req == KM_REQ_LOCAL ? KM_RESP_LOCAL : km_proxy_api_resp(api, h.api_version);
+	rq.expect_response = true;
+	for (;;) {
+		km_err rc = api->classify ? api->classify(&rq) : KM_OK;
+		if (rc != KM_OK) {
+			req_discard(&rq);
+			reject(s, KM_REJECT_BAD_HEADER, rq.close_reason ? rq.close_reason : "request refused");
+			return HEAD_CLOSED;
+		}
+		if (rq.need <= rq.body_len)
+			break;
+		req_discard(&rq);
+		if (avail - 4 < rq.need) {
+			s->partial_since_ms = now_ms(s);
+			return HEAD_WAIT; /* classified again from the start when more has arrived */
+		}
+		p = evbuffer_pullup(in, (ev_ssize_t)rq.need + 4);
+		if (!p || km_net_parse_request_header(p + 4, rq.need, 0, &h) != KM_OK) {
+			reject(s, KM_REJECT_BAD_HEADER, "malformed request header");
+			return HEAD_CLOSED;
+		}
+		rq.body = p + 4;
+		rq.body_len = rq.need;
+		rq.need = 0;
+	}
+	if (h.api_version > km_proxy_api_max(api) && rq.action != KM_REQ_LOCAL) {
+		req_discard(&rq);
+		snprintf(msg, sizeof(msg), "unsupported request: api key %d version %d (correlation id %d)", h.api_key,
+			 h.api_version, h.correlation_id);
+		reject(s, KM_REJECT_BAD_HEADER, msg);
+		return HEAD_CLOSED;
+	}
+	if (rq.action != KM_REQ_FORWARD) {
+		km_err rc;
+		/* Held and answered requests are looked at whole. */
+		if (st != KM_FRAME_READY) {
+			req_discard(&rq);
+			s->partial_since_ms = now_ms(s);
+			return HEAD_WAIT;
+		}
+		p = evbuffer_pullup(in, (ev_ssize_t)size + 4);
+		if (!p || km_net_parse_request_header(p + 4, (size_t)size, 0, &h) != KM_OK) {
+			req_discard(&rq);
+			reject(s, KM_REJECT_BAD_HEADER, "malformed request header");
+			return HEAD_CLOSED;
+		}
+		rq.body = p + 4;
+		rq.body_len = (size_t)size;
+		rc = api->on_request ? api->on_request(&rq) : KM_ERR_UNSUPPORTED;
+		if (rc == KM_OK && rq.action == KM_REQ_LOCAL && !rq.answer && !rq.pending)
+			rc = KM_ERR_UNSUPPORTED; /* a local API must answer, now or later */
+		if (rc != KM_OK) {
+			KM_WARN("proxy", s->id, "%s v%d (correlation id %d): %s", km_proxy_api_name(api), h.api_version,
+				h.correlation_id, rq.close_reason ? rq.close_reason : km_err_name(rc));
+			req_discard(&rq);
+			session_close(s, rq.close_reason ? rq.close_reason : "request handler failed");
+			return HEAD_CLOSED;
+		}
+		if (rq.answer || rq.pending)
+			rq.resp = KM_RESP_LOCAL;
+	}
+	s->partial_since_ms = 0;
+	s->first_frame = false;
+	s->next_seq++;
+	KM_TRACE("proxy", s->id, "request %s v%d corr %d size %d: %s", km_proxy_api_name(api), h.api_version,
+		 h.correlation_id, size, km_req_action_names[rq.action]);
+	km_metrics_request(m, h.api_key);
+	/* acks=0: the broker sends nothing back, so nothing waits in the FIFO. */
+	if (rq.expect_response || rq.resp == KM_RESP_LOCAL) {
+		if (!push_inflight(s, &rq, api)) {
+			req_discard(&rq);
+			session_close(s, "out of memory");
+			return HEAD_CLOSED;
+		}
+		rq.ctx = NULL; /* the FIFO entry owns it now */
+	}
+	if (rq.resp == KM_RESP_LOCAL) {
+		/* Answered here: the frame goes nowhere. */
+		m->client_bytes_in += (uint64_t)size + 4;
+		evbuffer_drain(in, (size_t)size + 4);
+		req_discard(&rq);
+		return HEAD_DONE;
+	}
+	if (rq.rewritten) {
+		/* A hold hook rewrote the request: the new frame replaces the old one. */
+		uint8_t pre[4];
+		size_t n = evbuffer_get_length(rq.rewritten);
+		m->client_bytes_in += (uint64_t)size + 4;
+		evbuffer_drain(in, (size_t)size + 4);
+		km_put_be32(pre, (uint32_t)n);
+		evbuffer_prepend(rq.rewritten, pre, 4);
+		up_send(s, rq.rewritten, n + 4);
+		req_discard(&rq);
+		return HEAD_DONE;
+	}
+	/* Forwarded by length: what is here now, the rest as it comes (RQ_MOVE). */
+	req_discard(&rq);
+	s->rq.left = (size_t)size + 4;
+	s->rq.state = RQ_MOVE;
+	return HEAD_DONE;
 }
 
 static void cli_read_cb(struct bufferevent *bev, void *arg)
 {
 	km_session *s = arg;
-	km_proxy *px = s->px;
+	const km_config *cfg = s->host->cfg;
 	struct evbuffer *in = bufferevent_get_input(bev);
-	uint64_t now = km_proxy_now_ms(px);
+	bool answered = false;
 
-	s->last_activity_ms = now;
+	s->last_activity_ms = now_ms(s);
 	if (!s->cli_paused)
 		km_net_bev_fill(bev, KM_READ_FILL);
 	while (!s->closed) {
-		int32_t size = 0;
-		km_frame_status st;
-		size_t want, avail = evbuffer_get_length(in), n;
-		uint8_t *p;
-		km_req_header h;
-		const km_api_info *api;
-		inflight f;
-		int16_t acks = -1;
-		char msg[200];
-
-		if (s->req_left) {
-			/* the rest of a request already started towards the broker */
-			n = avail < s->req_left ? avail : s->req_left;
-			px->metrics.client_bytes_in += n;
+		if (s->rq.state == RQ_MOVE) {
+			size_t avail = evbuffer_get_length(in), n = avail < s->rq.left ? avail : s->rq.left;
+			s->host->metrics->client_bytes_in += n;
 			up_send(s, in, n);
-			s->req_left -= n;
-			if (s->req_left) {
-				s->partial_since_ms = now;
-				goto out;
+			s->rq.left -= n;
+			if (s->rq.left) {
+				s->partial_since_ms = now_ms(s);
+				break;
 			}
 			s->partial_since_ms = 0;
+			s->rq.state = RQ_HEAD;
 			continue;
 		}
-		if (s->draining || s->count >= (size_t)px->cfg.max_inflight_requests)
+		if (s->draining || inflights_count(&s->fifo) >= (size_t)cfg->max_inflight_requests)
 			break;
-		st = km_net_frame_peek(in, px->cfg.max_frame_bytes, KM_FRAME_MIN_REQUEST, s->first_frame, &size);
-		switch (st) {
-		case KM_FRAME_NEED_MORE:
-			/* Enough for the header (and Produce acks)? Then start forwarding before the end arrives. */
-			if (avail >= 4 && avail - 4 >= ((size_t)size < 512 ? (size_t)size : 512))
+		{
+			size_t fifo_before = inflights_count(&s->fifo);
+			head_result r = request_head(s, in);
+			if (r != HEAD_DONE)
 				break;
-			s->partial_since_ms = avail ? now : 0;
-			goto out;
-		case KM_FRAME_TLS_HELLO:
-			reject(s, KM_REJECT_TLS_HELLO,
-			       "TLS ClientHello received on a plaintext port: the client uses TLS (security.protocol SSL) "
-			       "but this listener does not");
-			return;
-		case KM_FRAME_HTTP:
-			reject(s, KM_REJECT_HTTP, "HTTP request received on a Kafka port");
-			return;
-		case KM_FRAME_TOO_LARGE:
-			snprintf(msg, sizeof(msg), "request frame of %d bytes is over max_frame_bytes %lld", size,
-				 (long long)px->cfg.max_frame_bytes);
-			reject(s, KM_REJECT_TOO_LARGE, msg);
-			return;
-		case KM_FRAME_BAD_SIZE:
-			snprintf(msg, sizeof(msg), "invalid request frame size %d", size);
-			reject(s, KM_REJECT_BAD_SIZE, msg);
-			return;
-		case KM_FRAME_READY:
-			break;
+			if (s->rq.state == RQ_HEAD && inflights_count(&s->fifo) > fifo_before)
+				answered = true; /* a local answer may be at the head now */
 		}
-		s->partial_since_ms = 0;
-		s->first_frame = false;
-		/* The header, and for Produce the fields up to acks: the head of the frame only. */
-		want = (size_t)size < 512 ? (size_t)size : 512;
-		p = evbuffer_pullup(in, (ev_ssize_t)want + 4);
-		if (!p || km_net_parse_request_header(p + 4, want, 0, &h) != KM_OK) {
-			reject(s, KM_REJECT_BAD_HEADER, "malformed request header");
-			return;
-		}
-		api = km_proxy_api_find(h.api_key);
-		f.corr = h.correlation_id;
-		f.key = h.api_key;
-		f.version = h.api_version;
-		f.t0_us = now_us();
-		f.local = NULL;
-		f.started = false;
-		if (h.api_key == KM_API_API_VERSIONS && api && h.api_version > api->max_version) {
-			if (st != KM_FRAME_READY) {
-				s->partial_since_ms = now;
-				goto out; /* answered here: wait for the whole frame, then drop it */
-			}
-			km_metrics_request(&px->metrics, h.api_key);
-			KM_DEBUG("proxy", s->id, "ApiVersions v%d is newer than v%d: answering UNSUPPORTED_VERSION",
-				 h.api_version, api->max_version);
-			if (!answer_api_versions_unsupported(s, h.correlation_id, &f) || !fifo_push(s, &f)) {
-				km_session_close(s, "out of memory");
-				return;
-			}
-			evbuffer_drain(in, (size_t)size + 4);
-			px->metrics.client_bytes_in += (uint64_t)size + 4;
-			flush_local(s);
-			continue;
-		}
-		if (!api || h.api_version < km_proxy_min_version(api) || h.api_version > api->max_version) {
-			/* What a broker does too: an API it cannot parse closes the connection. */
-			snprintf(msg, sizeof(msg), "unsupported request: api key %d version %d (correlation id %d)",
-				 h.api_key, h.api_version, h.correlation_id);
-			reject(s, KM_REJECT_BAD_HEADER, msg);
-			return;
-		}
-		if (h.api_key == KM_API_PRODUCE) {
-			km_err rc = km_net_produce_acks(p + 4, want, h.api_version, &acks);
-			if (rc != KM_OK && (size_t)size > want) {
-				/* Long client or transactional ids: look further, still bounded by the frame. */
-				want = (size_t)size < 70000 ? (size_t)size : 70000;
-				if (avail - 4 < want) {
-					s->partial_since_ms = now;
-					goto out; /* parse again from the start when more has arrived */
-				}
-				p = evbuffer_pullup(in, (ev_ssize_t)want + 4);
-				rc = p ? km_net_produce_acks(p + 4, want, h.api_version, &acks) : KM_ERR_NOMEM;
-			}
-			if (rc != KM_OK) {
-				reject(s, KM_REJECT_BAD_HEADER, "malformed Produce request");
-				return;
-			}
-		}
-		KM_TRACE("proxy", s->id, "request api %d v%d corr %d size %d", h.api_key, h.api_version,
-			 h.correlation_id, size);
-		km_metrics_request(&px->metrics, h.api_key);
-		/* acks=0: the broker sends nothing back, so nothing waits in the FIFO. */
-		if (!(h.api_key == KM_API_PRODUCE && acks == 0) && !fifo_push(s, &f)) {
-			km_session_close(s, "out of memory");
-			return;
-		}
-		/* Forward what is here; a frame still arriving continues in req_left. */
-		n = avail < (size_t)size + 4 ? avail : (size_t)size + 4;
-		px->metrics.client_bytes_in += n;
-		up_send(s, in, n);
-		s->req_left = (size_t)size + 4 - n;
-		s->partial_since_ms = s->req_left ? now : 0;
 	}
-out:
 	if (s->closed)
 		return;
-	update_cli_reading(s);
+	if (answered)
+		pump_responses(s);
+	else
+		update_cli_reading(s);
 }
 
 static void cli_write_cb(struct bufferevent *bev, void *arg)
@@ -816,20 +905,53 @@ static void cli_event_cb(struct bufferevent *bev, short what, void *arg)
 	if (what & BEV_EVENT_CONNECTED)
 		return;
 	if (what & BEV_EVENT_EOF) {
-		km_session_close(s, client_closed);
+		session_close(s, client_closed);
 	} else if (what & BEV_EVENT_ERROR) {
 		char why[512];
 		if (km_net_bev_error(bev, why, sizeof(why)) == KM_ERR_CLOSED) {
-			km_session_close(s, client_closed);
+			session_close(s, client_closed);
 			return;
 		}
-		KM_INFO("proxy", s->id, "client connection error%s: %s", s->px->server_tls ? " (TLS)" : "", why);
-		km_session_close(s, "client connection error");
+		KM_INFO("proxy", s->id, "client connection error%s: %s", s->host->server_tls ? " (TLS)" : "", why);
+		session_close(s, "client connection error");
 	}
 }
 
-void km_session_accept(km_proxy *px, int fd, int32_t node_id)
+/* ---- the set ---- */
+
+km_session_set *km_session_set_new(const km_session_host *host)
 {
+	km_session_set *set = calloc(1, sizeof(*set));
+	if (set)
+		set->host = host;
+	return set;
+}
+
+void km_session_set_close_all(km_session_set *set, const char *why)
+{
+	while (set->sessions)
+		session_close(set->sessions, why);
+}
+
+void km_session_set_free(km_session_set *set)
+{
+	if (!set)
+		return;
+	km_session_set_close_all(set, "shutdown");
+	reap(set);
+	if (set->reap_ev)
+		event_free(set->reap_ev);
+	free(set);
+}
+
+size_t km_session_set_count(const km_session_set *set)
+{
+	return set->count;
+}
+
+void km_session_set_accept(km_session_set *set, int fd, int32_t node_id)
+{
+	const km_session_host *host = set->host;
 	km_session *s = calloc(1, sizeof(*s));
 	int one = 1;
 
@@ -839,58 +961,100 @@ void km_session_accept(km_proxy *px, int fd, int32_t node_id)
 		return;
 	}
 	setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-	s->px = px;
-	s->id = ++px->next_session_id;
+	s->set = set;
+	s->host = host;
+	s->id = ++set->next_id;
 	s->node_id = node_id;
 	s->first_frame = true;
-	s->last_activity_ms = km_proxy_now_ms(px);
-	s->cli = km_net_bev_new(px->base, fd, px->server_tls, true, NULL, false);
+	inflights_init(&s->fifo);
+	s->last_activity_ms = now_ms(s);
+	s->cli = km_net_bev_new(host->base, fd, host->server_tls, true, NULL, false);
 	if (!s->cli) {
 		evutil_closesocket(fd);
 		evbuffer_free(s->held);
 		free(s);
 		return;
 	}
-	s->next = px->sessions;
-	if (px->sessions)
-		px->sessions->prev = s;
-	px->sessions = s;
-	px->nsessions++;
-	px->metrics.client_connections++;
-	px->metrics.client_connections_total++;
+	s->next = set->sessions;
+	if (set->sessions)
+		set->sessions->prev = s;
+	set->sessions = s;
+	set->count++;
+	host->metrics->client_connections++;
+	host->metrics->client_connections_total++;
 	bufferevent_setcb(s->cli, cli_read_cb, cli_write_cb, cli_event_cb, s);
-	bufferevent_setwatermark(s->cli, EV_WRITE, (size_t)px->cfg.connection_buffer_bytes / 2, 0);
+	bufferevent_setwatermark(s->cli, EV_WRITE, (size_t)host->cfg->connection_buffer_bytes / 2, 0);
 	bufferevent_enable(s->cli, EV_READ | EV_WRITE);
 	KM_DEBUG("proxy", s->id, "client connected on %s port (node %d)", node_id < 0 ? "bootstrap" : "broker", node_id);
 	up_connect(s);
 }
 
-bool km_session_drain(km_session *s)
+size_t km_session_set_drain(km_session_set *set, size_t n)
 {
-	if (s->closed || s->draining)
-		return false;
-	s->draining = true;
-	update_cli_reading(s);
-	maybe_finish_drain(s);
-	return true;
+	size_t asked = 0;
+	km_session *s = set->sessions;
+	while (s && asked < n) {
+		km_session *next = s->next;
+		if (!s->closed && !s->draining) {
+			s->draining = true;
+			asked++;
+			update_cli_reading(s);
+			maybe_finish_drain(s);
+		}
+		s = next;
+	}
+	return asked;
 }
 
-void km_session_tick(km_session *s, uint64_t now)
+static void session_tick(km_session *s, uint64_t now)
 {
-	const km_config *cfg = &s->px->cfg;
-	if (s->closed)
-		return;
+	const km_config *cfg = s->host->cfg;
+	inflight *f = inflights_front(&s->fifo);
 	if (cfg->frame_timeout_ms && s->partial_since_ms && !s->cli_paused &&
 	    now - s->partial_since_ms > (uint64_t)cfg->frame_timeout_ms) {
 		reject(s, KM_REJECT_FRAME_TIMEOUT, "partial request frame stalled past frame_timeout_ms");
 		return;
 	}
-	if (cfg->upstream_request_timeout_ms && s->count && !s->fifo[s->head].local && !s->fifo[s->head].started &&
-	    (now_us() - s->fifo[s->head].t0_us) / 1000 > (uint64_t)cfg->upstream_request_timeout_ms) {
+	/* The proxy's own pending answers are not the upstream's to time out. */
+	if (cfg->upstream_request_timeout_ms && f && f->resp != KM_RESP_LOCAL && !f->started &&
+	    (now_us() - f->t0_us) / 1000 > (uint64_t)cfg->upstream_request_timeout_ms) {
 		reject(s, KM_REJECT_REQUEST_TIMEOUT, "no response from upstream within upstream_request_timeout_ms");
 		return;
 	}
-	if (cfg->idle_timeout_ms && !s->count && !s->partial_since_ms &&
-	    now - s->last_activity_ms > (uint64_t)cfg->idle_timeout_ms)
+	if (cfg->idle_timeout_ms && !f && !s->partial_since_ms && now - s->last_activity_ms > (uint64_t)cfg->idle_timeout_ms)
 		reject(s, KM_REJECT_IDLE_TIMEOUT, "connection idle past idle_timeout_ms");
+}
+
+void km_session_set_tick(km_session_set *set, uint64_t now_ms_)
+{
+	km_session *s = set->sessions;
+	while (s) {
+		km_session *next = s->next;
+		session_tick(s, now_ms_);
+		s = next;
+	}
+}
+
+km_err km_session_answer(km_session_set *set, uint64_t session_id, uint64_t seq, struct evbuffer *body)
+{
+	km_session *s = set->sessions;
+	while (s && s->id != session_id)
+		s = s->next;
+	if (!s || s->closed)
+		return KM_ERR_CLOSED;
+	for (size_t i = 0; i < inflights_count(&s->fifo); i++) {
+		inflight *f = inflights_at(&s->fifo, i);
+		if (f->seq != seq)
+			continue;
+		if (f->resp != KM_RESP_LOCAL || f->local)
+			return KM_ERR_INVAL;
+		if (frame_local(f, body, &f->local) != KM_OK) {
+			session_close(s, "out of memory");
+			return KM_ERR_NOMEM;
+		}
+		/* Sent now if it is at the head; responses buffered behind it follow. */
+		pump_responses(s);
+		return KM_OK;
+	}
+	return KM_ERR_INVAL;
 }

@@ -12,6 +12,7 @@
 #include "kmirror/msg/describe_quorum_response.h"
 #include "kmirror/msg/share_acknowledge_response.h"
 #include "kmirror/msg/share_fetch_response.h"
+#include "proxy/apis.h"
 #include "proxy/rewrite.h"
 
 /* Strings that name the fake upstream cluster: none may survive a rewrite. */
@@ -434,13 +435,16 @@ static void test_share_acknowledge(void **state)
 
 static void test_needs_rewrite(void **state)
 {
+	km_proxy_apis *t = km_proxy_apis_new();
 	(void)state;
-	for (int16_t v = 0; v <= 4; v++)
-		assert_true(km_proxy_response_needs_rewrite(KM_API_DESCRIBE_CONFIGS, v));
-	assert_true(km_proxy_response_needs_rewrite(KM_API_DESCRIBE_QUORUM, 2));
-	assert_true(km_proxy_response_needs_rewrite(KM_API_SHARE_FETCH, 0));
-	assert_true(km_proxy_response_needs_rewrite(KM_API_SHARE_ACKNOWLEDGE, 0));
-	assert_false(km_proxy_response_needs_rewrite(KM_API_DESCRIBE_LOG_DIRS, 4));
+	/* Every response that can carry a broker address is rewritten, for every version. */
+	for (int16_t v = KM_DESCRIBE_CONFIGS_RESPONSE_MIN_VERSION; v <= KM_DESCRIBE_CONFIGS_RESPONSE_MAX_VERSION; v++)
+		assert_int_equal(km_proxy_api_resp(km_proxy_apis_find(t, KM_API_DESCRIBE_CONFIGS), v), KM_RESP_WHOLE);
+	assert_int_equal(km_proxy_api_resp(km_proxy_apis_find(t, KM_API_DESCRIBE_QUORUM), 2), KM_RESP_WHOLE);
+	assert_int_equal(km_proxy_api_resp(km_proxy_apis_find(t, KM_API_SHARE_FETCH), 1), KM_RESP_WHOLE);
+	assert_int_equal(km_proxy_api_resp(km_proxy_apis_find(t, KM_API_SHARE_ACKNOWLEDGE), 1), KM_RESP_WHOLE);
+	assert_int_equal(km_proxy_api_resp(km_proxy_apis_find(t, KM_API_DESCRIBE_LOG_DIRS), 4), KM_RESP_FORWARD);
+	km_proxy_apis_free(t);
 }
 
 int main(void)

@@ -8,9 +8,15 @@
 #include <string.h>
 #include <cmocka.h>
 
+#include "kmirror/fetch.h"
+#include "kmirror/msg/api_versions_response.h"
+#include "kmirror/msg/fetch_response.h"
 #include "kmirror/msg/metadata_response.h"
 #include "kmirror/net.h"
+#include "proxy/apis.h"
 #include "proxy/rewrite.h"
+
+static km_proxy_apis *apis; /* the proxy's table, for ApiVersions */
 
 typedef struct learned {
 	int n;
@@ -32,7 +38,8 @@ static void learn(void *arg, int32_t node, km_str host, int32_t port, km_str rac
 
 static km_rewrite_ctx ctx_for(learned *l)
 {
-	km_rewrite_ctx c = {.host = "proxy.local", .port_base = 19000, .port_count = 100, .learn = learn, .arg = l};
+	km_rewrite_ctx c = {.host = "proxy.local", .port_base = 19000, .port_count = 100, .learn = learn, .arg = l,
+			    .apis = apis};
 	memset(l, 0, sizeof(*l));
 	return c;
 }
@@ -273,11 +280,13 @@ static void test_describe_cluster(void **state)
 
 static void test_api_versions_intersection(void **state)
 {
-	const km_api_info *fetch = km_proxy_api_find(KM_API_FETCH);
-	const km_api_info *meta = km_proxy_api_find(KM_API_METADATA);
+	const km_api_info *fetch = km_api_lookup(KM_API_FETCH);
+	const km_api_info *meta = km_api_lookup(KM_API_METADATA);
+	learned l;
+	km_rewrite_ctx c = ctx_for(&l);
 	assert_non_null(fetch);
 	assert_non_null(meta);
-	for (int16_t v = 0; v <= 4; v++) {
+	for (int16_t v = 0; v <= KM_API_VERSIONS_RESPONSE_MAX_VERSION; v++) {
 		bool flex = v >= 3;
 		km_wr in, out;
 		km_rd r;
@@ -312,7 +321,7 @@ static void test_api_versions_intersection(void **state)
 			km_wr_i32(&in, 0);
 		tags0(&in, flex);
 
-		assert_int_equal(km_rewrite_api_versions(in.buf, in.len, v, &out), KM_OK);
+		assert_int_equal(km_rewrite_api_versions(in.buf, in.len, v, &c, &out), KM_OK);
 		km_rd_init(&r, out.buf, out.len);
 		km_rd_i16(&r, "ec", &ec);
 		km_rd_array_len(&r, "keys", flex, false, 6, &n);
@@ -364,7 +373,7 @@ static void test_api_versions_unsupported(void **state)
 	assert_int_equal(n, 1);
 	assert_int_equal(key, 18);
 	assert_int_equal(lo, 0);
-	assert_int_equal(hi, km_proxy_api_find(18)->max_version);
+	assert_int_equal(hi, km_api_lookup(18)->max_version);
 	km_wr_free(&w);
 }
 
@@ -382,7 +391,11 @@ static void test_api_versions_broker_too_old(void **state)
 	km_wr_i16(&in, 18);
 	km_wr_i16(&in, 0);
 	km_wr_i16(&in, 2);
-	assert_int_equal(km_rewrite_api_versions(in.buf, in.len, 4, &out), KM_OK);
+	{
+		learned l;
+		km_rewrite_ctx c = ctx_for(&l);
+		assert_int_equal(km_rewrite_api_versions(in.buf, in.len, 4, &c, &out), KM_OK);
+	}
 	km_rd_init(&r, out.buf, out.len);
 	km_rd_i16(&r, "ec", &ec);
 	km_rd_array_len(&r, "keys", false, false, 6, &n);
@@ -405,13 +418,13 @@ static void test_header_versions(void **state)
 	assert_int_equal(km_proxy_response_header_version(KM_API_FETCH, 11), 0);
 	assert_int_equal(km_proxy_response_header_version(KM_API_FETCH, 12), 1);
 	assert_int_equal(km_proxy_response_header_version(KM_API_API_VERSIONS, 4), 0);
-	assert_true(km_proxy_response_needs_rewrite(KM_API_PRODUCE, 10));
-	assert_false(km_proxy_response_needs_rewrite(KM_API_PRODUCE, 9));
-	assert_true(km_proxy_response_needs_rewrite(KM_API_FETCH, 16));
-	assert_false(km_proxy_response_needs_rewrite(KM_API_FETCH, 15));
-	assert_false(km_proxy_response_needs_rewrite(2, 5)); /* ListOffsets */
+	assert_int_equal(km_proxy_api_resp(km_proxy_apis_find(apis, KM_API_PRODUCE), 10), KM_RESP_WHOLE);
+	assert_int_equal(km_proxy_api_resp(km_proxy_apis_find(apis, KM_API_PRODUCE), 9), KM_RESP_FORWARD);
+	assert_int_equal(km_proxy_api_resp(km_proxy_apis_find(apis, KM_API_FETCH), 16), KM_RESP_STREAM);
+	assert_int_equal(km_proxy_api_resp(km_proxy_apis_find(apis, KM_API_FETCH), 15), KM_RESP_FORWARD);
+	assert_int_equal(km_proxy_api_resp(km_proxy_apis_find(apis, 2), 5), KM_RESP_FORWARD); /* ListOffsets */
 	/* controller-only APIs are not in the table */
-	assert_null(km_proxy_api_find(52)); /* Vote */
+	assert_null(km_proxy_apis_find(apis, 52)); /* Vote */
 }
 
 /* A whole Fetch v16 response frame; node_endpoints adds the KIP-951 tag. Records are opaque bytes. */
@@ -486,9 +499,199 @@ static void fetch_frame(km_wr *w, int16_t v, bool node_endpoints, size_t record_
 	free(recs);
 }
 
+
+/* An ApiVersions v4 response as a broker sends it: these keys, these finalized features. */
+static void api_versions_frame(km_wr *w, const km_api_versions_response_api_version *keys, int nkeys,
+			       km_api_versions_response_finalized_feature_key *fin, int nfin)
+{
+	km_api_versions_response m;
+	km_api_versions_response_supported_feature_key sup[8];
+	km_api_versions_response_init(&m);
+	m.api_keys.count = nkeys;
+	m.api_keys.items = (km_api_versions_response_api_version *)keys;
+	m.finalized_features.count = nfin;
+	m.finalized_features.items = fin;
+	for (int i = 0; i < nfin; i++) {
+		km_api_versions_response_supported_feature_key_init(&sup[i]);
+		sup[i].name = fin[i].name;
+		sup[i].min_version = 0;
+		sup[i].max_version = fin[i].max_version_level;
+	}
+	m.supported_features.count = nfin;
+	m.supported_features.items = sup;
+	m.finalized_features_epoch = 7;
+	km_api_versions_response_encode(w, 4, &m);
+	assert_true(km_wr_ok(w));
+}
+
+static int16_t finalized_level(const km_api_versions_response *m, const char *name)
+{
+	for (int32_t i = 0; i < m->finalized_features.count; i++)
+		if (km_str_eq_c(m->finalized_features.items[i].name, name))
+			return m->finalized_features.items[i].max_version_level;
+	return -1; /* dropped */
+}
+
+static int16_t supported_max(const km_api_versions_response *m, const char *name)
+{
+	for (int32_t i = 0; i < m->supported_features.count; i++)
+		if (km_str_eq_c(m->supported_features.items[i].name, name))
+			return m->supported_features.items[i].max_version;
+	return -1;
+}
+
+static void rewrite_and_decode(const km_wr *in, km_rewrite_ctx *c, km_api_versions_response *back, km_arena *a,
+			       km_wr *out)
+{
+	km_rd r;
+	km_wr_init(out);
+	assert_int_equal(km_rewrite_api_versions(in->buf, in->len, 4, c, out), KM_OK);
+	km_arena_init(a, 0);
+	km_api_versions_response_init(back);
+	km_rd_init(&r, out->buf, out->len);
+	assert_int_equal(km_api_versions_response_decode(&r, 4, back, a), KM_OK);
+	assert_int_equal(km_rd_left(&r), 0);
+}
+
+/*
+ * A feature level the proxy passes on must be usable with the versions it offers: a client that sees
+ * transaction.version=2 sends Produce v12+, so with Produce capped below 12 the level is lowered.
+ */
+static void test_api_versions_features_follow_versions(void **state)
+{
+	km_proxy_apis *t = km_proxy_apis_new();
+	km_proxy_api produce = *km_proxy_apis_find(t, KM_API_PRODUCE);
+	km_api_versions_response_api_version keys[5];
+	km_api_versions_response_finalized_feature_key fin[4];
+	const char *names[4] = {"transaction.version", "group.version", "metadata.version", "share.version"};
+	int16_t levels[4] = {2, 1, 27, 1};
+	int16_t key_ids[5] = {KM_API_PRODUCE, KM_API_END_TXN, KM_API_TXN_OFFSET_COMMIT, KM_API_SHARE_FETCH,
+			      KM_API_API_VERSIONS};
+	km_api_versions_response back;
+	learned l;
+	km_rewrite_ctx c = ctx_for(&l);
+	km_wr in, out;
+	km_arena a;
+
+	for (int i = 0; i < 5; i++) {
+		km_api_versions_response_api_version_init(&keys[i]);
+		keys[i].api_key = key_ids[i];
+		keys[i].min_version = 0;
+		keys[i].max_version = km_api_lookup(key_ids[i])->max_version;
+	}
+	for (int i = 0; i < 4; i++) {
+		km_api_versions_response_finalized_feature_key_init(&fin[i]);
+		fin[i].name = km_str_c(names[i]);
+		fin[i].min_version_level = 1;
+		fin[i].max_version_level = levels[i];
+	}
+	km_wr_init(&in);
+	api_versions_frame(&in, keys, 5, fin, 4);
+
+	/* Everything offered: transaction.version 2 passes; group.version needs ConsumerGroupHeartbeat,
+	 * which this broker does not offer, so it goes; share.version needs ShareGroupHeartbeat too. */
+	rewrite_and_decode(&in, &c, &back, &a, &out);
+	assert_int_equal(finalized_level(&back, "transaction.version"), 2);
+	assert_int_equal(finalized_level(&back, "metadata.version"), 27); /* no needs listed: unchanged */
+	assert_int_equal(finalized_level(&back, "group.version"), -1);
+	assert_int_equal(finalized_level(&back, "share.version"), -1);
+	assert_int_equal(supported_max(&back, "transaction.version"), 2);
+	assert_int_equal(back.finalized_features_epoch, 7);
+	km_arena_free(&a);
+	km_wr_free(&out);
+
+	/* The proxy serves Produce only up to v11: transaction.version is lowered to 1, finalized and supported. */
+	produce.max_version = 11;
+	assert_int_equal(km_proxy_apis_set(t, &produce), KM_OK);
+	c.apis = t;
+	rewrite_and_decode(&in, &c, &back, &a, &out);
+	assert_int_equal(finalized_level(&back, "transaction.version"), 1);
+	assert_int_equal(supported_max(&back, "transaction.version"), 1);
+	for (int32_t i = 0; i < back.api_keys.count; i++)
+		if (back.api_keys.items[i].api_key == KM_API_PRODUCE)
+			assert_int_equal(back.api_keys.items[i].max_version, 11);
+	/* Every level passed on meets every need of the table. */
+	for (size_t i = 0; i < km_feature_needs_count; i++) {
+		const km_feature_need *n = &km_feature_needs[i];
+		int16_t lvl = finalized_level(&back, n->feature);
+		bool offered = false;
+		if (lvl < n->level)
+			continue;
+		for (int32_t k = 0; k < back.api_keys.count; k++)
+			if (back.api_keys.items[k].api_key == n->api_key && back.api_keys.items[k].max_version >= n->min_version)
+				offered = true;
+		assert_true(offered);
+	}
+	km_arena_free(&a);
+	km_wr_free(&out);
+	km_wr_free(&in);
+	km_proxy_apis_free(t);
+}
+
+static km_err answer_nothing(km_req *rq)
+{
+	(void)rq;
+	return KM_OK;
+}
+
+/* An API the proxy answers itself is advertised with its own versions, whatever the broker knows. */
+static void test_api_versions_local_rows(void **state)
+{
+	km_proxy_apis *t = km_proxy_apis_new();
+	km_proxy_api local = {.key = 32100, .name = "TestLocal", .min_version = 0, .max_version = 2,
+			      .req = KM_REQ_LOCAL, .on_request = answer_nothing, .note = "test"};
+	km_api_versions_response_api_version keys[2];
+	km_api_versions_response back;
+	learned l;
+	km_rewrite_ctx c = ctx_for(&l);
+	km_wr in, out;
+	km_arena a;
+	bool seen = false;
+
+	assert_int_equal(km_proxy_apis_set(t, &local), KM_OK);
+	assert_non_null(km_proxy_apis_find(t, 32100));
+	assert_int_equal(km_proxy_api_max(km_proxy_apis_find(t, 32100)), 2);
+	for (int i = 0; i < 2; i++)
+		km_api_versions_response_api_version_init(&keys[i]);
+	keys[0].api_key = KM_API_METADATA;
+	keys[0].max_version = 13;
+	keys[1].api_key = 32100; /* the broker claims the key too: the proxy's row wins */
+	keys[1].max_version = 9;
+	km_wr_init(&in);
+	api_versions_frame(&in, keys, 2, NULL, 0);
+	c.apis = t;
+	rewrite_and_decode(&in, &c, &back, &a, &out);
+	assert_int_equal(back.api_keys.count, 2);
+	for (int32_t i = 0; i < back.api_keys.count; i++)
+		if (back.api_keys.items[i].api_key == 32100) {
+			assert_int_equal(back.api_keys.items[i].min_version, 0);
+			assert_int_equal(back.api_keys.items[i].max_version, 2);
+			seen = true;
+		}
+	assert_true(seen);
+	km_arena_free(&a);
+	km_wr_free(&out);
+	km_wr_free(&in);
+	km_proxy_apis_free(t);
+}
+
+/* Walk a whole buffered Fetch frame to its top-level tagged fields with the one walker. */
+static km_err fetch_tags_off(struct evbuffer *b, size_t len, int16_t v, size_t *off)
+{
+	km_fetch_walk w;
+	km_fw_event ev;
+	km_fetch_walk_init(&w, v, len);
+	while ((ev = km_fetch_walk_next(&w, b, 0)) == KM_FW_PARTITION || ev == KM_FW_BATCH)
+		;
+	if (ev != KM_FW_END)
+		return KM_ERR_DECODE;
+	*off = w.pos;
+	return KM_OK;
+}
+
 static void test_fetch_tail(void **state)
 {
-	for (int16_t v = 12; v <= 17; v++) {
+	for (int16_t v = 12; v <= KM_FETCH_RESPONSE_MAX_VERSION; v++) {
 		for (int ne = 0; ne < 2; ne++) {
 			km_wr w;
 			struct evbuffer *b = evbuffer_new();
@@ -499,7 +702,7 @@ static void test_fetch_tail(void **state)
 			evbuffer_add(b, w.buf, 100);
 			evbuffer_add(b, w.buf + 100, 1000);
 			evbuffer_add(b, w.buf + 1100, w.len - 1100);
-			assert_int_equal(km_rewrite_find_top_tags(b, 0, w.len, KM_API_FETCH, v, &tags_off), KM_OK);
+			assert_int_equal(fetch_tags_off(b, w.len, v, &tags_off), KM_OK);
 			if (!ne) {
 				assert_int_equal(tags_off, w.len - 1);
 			} else {
@@ -535,7 +738,7 @@ static void test_fetch_tail(void **state)
 				km_wr_free(&out);
 			}
 			/* A truncated frame is refused (never guessed). */
-			assert_int_not_equal(km_rewrite_find_top_tags(b, 0, w.len - 40, KM_API_FETCH, v, &tags_off), KM_OK);
+			assert_int_not_equal(fetch_tags_off(b, w.len - 40, v, &tags_off), KM_OK);
 			evbuffer_free(b);
 			km_wr_free(&w);
 		}
@@ -604,6 +807,18 @@ static void test_produce_tail(void **state)
 	}
 }
 
+static int group_setup(void **state)
+{
+	apis = km_proxy_apis_new();
+	return apis ? 0 : -1;
+}
+
+static int group_teardown(void **state)
+{
+	km_proxy_apis_free(apis);
+	return 0;
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -615,8 +830,10 @@ int main(void)
 		cmocka_unit_test(test_api_versions_unsupported),
 		cmocka_unit_test(test_header_versions),
 		cmocka_unit_test(test_api_versions_broker_too_old),
+		cmocka_unit_test(test_api_versions_features_follow_versions),
+		cmocka_unit_test(test_api_versions_local_rows),
 		cmocka_unit_test(test_fetch_tail),
 		cmocka_unit_test(test_produce_tail),
 	};
-	return cmocka_run_group_tests(tests, NULL, NULL);
+	return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

@@ -22,6 +22,7 @@
 #include "kmirror/msg/fetch_response.h"
 #include "kmirror/net.h"
 #include "kmirror/proxy.h"
+#include "proxy/apis.h"
 #include "proxy/rewrite.h"
 
 /* ---- fake upstream broker ---- */

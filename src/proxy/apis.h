@@ -1,0 +1,128 @@
+/* Proxy-internal: the API table. One row per API key says what happens to a request and to its response. */
+#ifndef KMIRROR_PROXY_APIS_H
+#define KMIRROR_PROXY_APIS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <event2/buffer.h>
+
+#include "kmirror/api.h"
+#include "kmirror/error.h"
+#include "kmirror/fetch.h"
+#include "kmirror/net.h"
+#include "kmirror/wire.h"
+
+typedef struct km_session km_session;
+typedef struct km_rewrite_ctx km_rewrite_ctx;
+
+/* What happens to a request (the row's default; a classify hook may choose another per request). */
+typedef enum {
+	KM_REQ_FORWARD = 0, /* cut-through: forwarded as soon as its header has been read */
+	KM_REQ_HOLD,        /* held until whole; on_request reads it, then it is forwarded (as is or rewritten) or answered */
+	KM_REQ_LOCAL,       /* held until whole and answered by the proxy (on_request, now or later); never forwarded */
+} km_req_action;
+
+/* What happens to its response. */
+typedef enum {
+	KM_RESP_FORWARD = 0, /* cut-through */
+	KM_RESP_STREAM,      /* sent on as it arrives, walked on the way (Fetch): hooks patch fields in place */
+	KM_RESP_WHOLE,       /* held until whole, then rewritten (decode and re-encode, or merged with a local part) */
+	KM_RESP_LOCAL,       /* the proxy's own answer: no upstream response; sent in FIFO order */
+} km_resp_action;
+
+extern const char *const km_req_action_names[];
+extern const char *const km_resp_action_names[];
+
+/* One request, as its classify and on_request hooks see it and decide about it. */
+typedef struct km_req {
+	km_session *s;
+	uint64_t seq;             /* the request's number in its session (for km_session_answer) */
+	const km_req_header *h;
+	const uint8_t *body;      /* classify: the frame's first body_len bytes; on_request: the whole frame */
+	size_t body_len;          /* bytes at body (frame without its size prefix) */
+	size_t frame_len;         /* the whole frame without its size prefix */
+	/* decisions, preset from the row */
+	km_req_action action;
+	km_resp_action resp;
+	bool expect_response;     /* false: the broker sends nothing back (Produce with acks=0) */
+	size_t need;              /* classify: call again once this many body bytes have arrived */
+	void *ctx;                /* per-request context, handed to the response hooks */
+	void (*ctx_free)(void *ctx);
+	struct evbuffer *answer;  /* LOCAL (or a HOLD answered here): the response body, after the response header */
+	bool pending;             /* LOCAL answered later with km_session_answer */
+	struct evbuffer *rewritten; /* HOLD: a new frame body (header included) to forward instead */
+	const char *close_reason; /* set with KM_ERR_* to close the connection (a request the proxy refuses to pass) */
+} km_req;
+
+/* A whole response, as an on_response hook sees it. */
+typedef struct km_resp {
+	int16_t key, version;
+	struct evbuffer *in;      /* holds the whole frame at its start (size prefix included): consume exactly frame_len + 4 */
+	size_t frame_len;         /* without the size prefix */
+	size_t body_off;          /* frame offset of the body, after the response header */
+	struct evbuffer *out;     /* where the client's frame goes (size prefix included) */
+	km_rewrite_ctx *rw;
+	void *ctx;                /* the request's context */
+} km_resp;
+
+/* A streamed response's hooks: called at the walk's events; they may patch bytes at or after the event's offsets. */
+typedef struct km_stream_hooks {
+	km_err (*on_partition)(km_fetch_walk *w, struct evbuffer *in, size_t first, void *ctx);
+	km_err (*on_batch)(km_fetch_walk *w, struct evbuffer *in, size_t first, void *ctx);
+	/* The tail (top-level tagged fields) is whole at tail (len bytes); write exactly len bytes to out. */
+	km_err (*on_tail)(const uint8_t *tail, size_t len, uint8_t *out, km_rewrite_ctx *rw, void *ctx);
+} km_stream_hooks;
+
+typedef km_err (*km_req_hook)(km_req *rq);
+typedef km_err (*km_resp_hook)(km_resp *rs);
+/* A rewriter of a whole response body (after the response header). */
+typedef km_err (*km_body_rewriter)(const uint8_t *body, size_t len, int16_t version, km_rewrite_ctx *ctx, km_wr *out);
+
+typedef struct km_proxy_api {
+	int16_t key;
+	const char *name;         /* for logs and docs; NULL: the codec's name */
+	int16_t min_version;      /* lowest version served; -1: the codec's */
+	int16_t max_version;      /* highest version the hooks were written for; -1: the codec's */
+	km_req_action req;
+	km_req_hook classify;     /* optional, at the header: may change action, resp, expect_response, or ask for more bytes */
+	km_req_hook on_request;   /* HOLD and LOCAL */
+	km_resp_action resp;
+	int16_t resp_from;        /* resp applies from this version on; older versions' responses are forwarded */
+	km_body_rewriter rewrite; /* WHOLE: the body rewriter, or */
+	km_resp_hook on_response; /* WHOLE: a hook over the buffers */
+	const km_stream_hooks *stream; /* STREAM */
+	const char *note;         /* what and why, one line (docs/proxy.md shows the table) */
+} km_proxy_api;
+
+/* A table: the codec's broker-listener APIs as plain forwards, with the proxy's own rows over them. */
+typedef struct km_proxy_apis km_proxy_apis;
+
+/* The proxy's table (rows in apis.c). */
+km_proxy_apis *km_proxy_apis_new(void);
+void km_proxy_apis_free(km_proxy_apis *t);
+/* Add a row or replace the row of its key (the mirror RPCs, tests). The row is copied. */
+km_err km_proxy_apis_set(km_proxy_apis *t, const km_proxy_api *row) __attribute__((warn_unused_result));
+/* The row of key, or NULL when the proxy does not serve it. */
+const km_proxy_api *km_proxy_apis_find(const km_proxy_apis *t, int16_t key);
+/* Rows in key order (i < count). */
+size_t km_proxy_apis_count(const km_proxy_apis *t);
+const km_proxy_api *km_proxy_apis_at(const km_proxy_apis *t, size_t i);
+
+/* The versions a row serves. */
+int16_t km_proxy_api_min(const km_proxy_api *a);
+int16_t km_proxy_api_max(const km_proxy_api *a);
+/* The response action for a version of the row (before classify). */
+km_resp_action km_proxy_api_resp(const km_proxy_api *a, int16_t version);
+/* The row's name: its own, else the codec's ("Metadata"). */
+const char *km_proxy_api_name(const km_proxy_api *a);
+
+/* Request and response header versions for key/version (1 or 2; 0 or 1), rows not in the codec included. */
+int km_proxy_request_header_version(int16_t key, int16_t version);
+int km_proxy_response_header_version(int16_t key, int16_t version);
+
+/* Write the Markdown table of t (docs/proxy.md embeds it; a unit test checks it). */
+void km_proxy_apis_write_doc(const km_proxy_apis *t, struct evbuffer *out);
+
+#endif

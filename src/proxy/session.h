@@ -1,0 +1,63 @@
+/* Proxy-internal: client sessions behind a small interface (the proxy owns listeners and brokers; sessions own connections). */
+#ifndef KMIRROR_PROXY_SESSION_H
+#define KMIRROR_PROXY_SESSION_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <event2/buffer.h>
+#include <event2/dns.h>
+#include <event2/event.h>
+#include <openssl/ssl.h>
+
+#include "kmirror/daemon_config.h"
+#include "kmirror/error.h"
+#include "kmirror/metrics.h"
+#include "proxy/apis.h"
+#include "proxy/rewrite.h"
+
+typedef struct km_session km_session;
+typedef struct km_session_set km_session_set;
+
+/*
+ * What sessions need from the proxy, and nothing else. The proxy owns this struct and keeps it
+ * current (a reload replaces cfg's contents and the TLS contexts in place).
+ */
+typedef struct km_session_host {
+	struct event_base *base;
+	struct evdns_base *dns;
+	const km_config *cfg;
+	SSL_CTX *server_tls;   /* client side: NULL for plaintext */
+	SSL_CTX *upstream_tls; /* upstream side: NULL for plaintext */
+	km_metrics *metrics;
+	const km_proxy_apis *apis;
+	/* The endpoint rewriting context (advertised host, ports, where learned brokers go). */
+	void (*rewrite_ctx)(void *arg, km_rewrite_ctx *ctx);
+	/* Where broker node_id lives upstream; false when unknown. */
+	bool (*broker_addr)(void *arg, int32_t node_id, const char **host, uint16_t *port);
+	void *arg;
+} km_session_host;
+
+km_session_set *km_session_set_new(const km_session_host *host);
+/* Close every session and free them (not from inside a session callback). */
+void km_session_set_free(km_session_set *set);
+/* A client connected on the bootstrap port (node_id -1) or on broker node_id's port. */
+void km_session_set_accept(km_session_set *set, int fd, int32_t node_id);
+size_t km_session_set_count(const km_session_set *set);
+/* Periodic checks of every session: idle, stalled frames, overdue responses. */
+void km_session_set_tick(km_session_set *set, uint64_t now_ms);
+/* Ask up to n sessions that are not draining yet to close at their next request boundary; returns how many. */
+size_t km_session_set_drain(km_session_set *set, size_t n);
+/* Close every session now (their memory goes at the end of the loop iteration). */
+void km_session_set_close_all(km_session_set *set, const char *why);
+
+uint64_t km_session_id(const km_session *s);
+/*
+ * Answer a request that a LOCAL hook left pending (km_req.pending): body is the response body
+ * (after the response header; moved out of body). It is sent once every earlier response has
+ * been. KM_ERR_CLOSED when the session is gone, KM_ERR_INVAL when no such request is pending.
+ */
+km_err km_session_answer(km_session_set *set, uint64_t session_id, uint64_t seq, struct evbuffer *body);
+
+#endif

@@ -23,6 +23,7 @@
 #include "kmirror/net.h"
 #include "kmirror/proxy.h"
 #include "proxy/apis.h"
+#include "proxy/proxy_int.h" /* the table and the session set of a running proxy */
 #include "proxy/rewrite.h"
 
 /* ---- fake upstream broker ---- */
@@ -488,6 +489,115 @@ static void test_pipelining_and_acks0(void **state)
 	tc_free(c);
 }
 
+
+/*
+ * The API table is the one place to extend the proxy: a new locally answered API (answered later,
+ * as the mirror RPCs will be) and a Produce that is held and inspected whole (as the read-only check
+ * will be) are two rows and their hooks, with no change to the session code. FIFO order holds.
+ */
+#define KM_TEST_LOCAL_KEY 32100
+
+static struct {
+	uint64_t session_id, seq;
+	int held, forwarded;
+} ext;
+
+static km_err test_local_later(km_req *rq)
+{
+	ext.session_id = km_session_id(rq->s);
+	ext.seq = rq->seq;
+	rq->pending = true;
+	return KM_OK;
+}
+
+/* Produce held whole: acks=-1 requests are answered here (an empty response), others go on. */
+static km_err test_produce_hold(km_req *rq)
+{
+	int16_t acks = 0;
+	km_wr w;
+	assert_int_equal(rq->body_len, rq->frame_len); /* the whole frame */
+	assert_int_equal(km_net_produce_acks(rq->body, rq->body_len, rq->h->api_version, &acks), KM_OK);
+	if (acks != -1) {
+		ext.forwarded++;
+		return KM_OK;
+	}
+	ext.held++;
+	km_wr_init(&w);
+	km_wr_array_len(&w, true, 0);
+	km_wr_i32(&w, 0);
+	km_wr_uvarint(&w, 0);
+	rq->answer = evbuffer_new();
+	evbuffer_add(rq->answer, w.buf, w.len);
+	km_wr_free(&w);
+	return KM_OK;
+}
+
+static void test_table_rows_extend_the_proxy(void **state)
+{
+	fixture *f = *state;
+	km_proxy_api local = {.key = KM_TEST_LOCAL_KEY, .name = "TestLocal", .min_version = 0, .max_version = 0,
+			      .req = KM_REQ_LOCAL, .on_request = test_local_later, .note = "test"};
+	km_proxy_api produce = *km_proxy_apis_find(f->px->apis, KM_API_PRODUCE);
+	tclient *c;
+	km_wr p_all, p_one, answer;
+	struct evbuffer *body;
+	int32_t want[] = {200, 201, 202, 203, 204};
+	uint8_t *r;
+	size_t len;
+
+	memset(&ext, 0, sizeof(ext));
+	produce.req = KM_REQ_HOLD;
+	produce.on_request = test_produce_hold;
+	assert_int_equal(km_proxy_apis_set(f->px->apis, &local), KM_OK);
+	assert_int_equal(km_proxy_apis_set(f->px->apis, &produce), KM_OK);
+	c = tc_connect(f, f->listen_port);
+	km_wr_init(&p_all);
+	km_wr_init(&p_one);
+	produce_body(&p_all, -1);
+	produce_body(&p_one, 1);
+	tc_request(c, KM_TEST_LOCAL_KEY, 0, 200, NULL);
+	tc_request(c, KM_API_METADATA, 9, 201, NULL);
+	tc_request(c, KM_API_PRODUCE, 9, 202, &p_all);
+	tc_request(c, KM_API_PRODUCE, 9, 203, &p_one);
+	tc_request(c, KM_API_METADATA, 9, 204, NULL);
+	/* The upstream answers at once, but nothing may overtake the pending local answer. */
+	run_for(f->base, 200);
+	assert_int_equal(f->up.requests[KM_API_METADATA], 2);
+	assert_int_equal(evbuffer_get_length(bufferevent_get_input(c->bev)), 0);
+	assert_int_equal(ext.held, 1);
+	assert_int_equal(ext.forwarded, 1);
+	assert_int_equal(f->up.requests[KM_API_PRODUCE], 1); /* the held-and-answered one never went up */
+	assert_int_equal(f->up.requests[KM_TEST_LOCAL_KEY & 127], 0);
+	/* The answer for an unknown request or a closed session is refused. */
+	body = evbuffer_new();
+	evbuffer_add(body, "\0\0", 2);
+	assert_int_equal(km_session_answer(f->px->sessions, ext.session_id, ext.seq + 1, body), KM_ERR_INVAL);
+	assert_int_equal(km_session_answer(f->px->sessions, ext.session_id + 1000, ext.seq, body), KM_ERR_CLOSED);
+	km_wr_init(&answer);
+	km_wr_i16(&answer, 0);
+	km_wr_string(&answer, false, km_str_c("done later"));
+	evbuffer_drain(body, evbuffer_get_length(body));
+	evbuffer_add(body, answer.buf, answer.len);
+	assert_int_equal(km_session_answer(f->px->sessions, ext.session_id, ext.seq, body), KM_OK);
+	for (size_t i = 0; i < sizeof(want) / sizeof(want[0]); i++) {
+		r = tc_response(f, c, &len);
+		assert_non_null(r);
+		assert_int_equal(km_be32(r), want[i]);
+		if (i == 0) {
+			/* response header v0, then the body the handler gave */
+			assert_int_equal(len, 4 + answer.len);
+			assert_memory_equal(r + 4, answer.buf, answer.len);
+		}
+		free(r);
+	}
+	assert_false(c->closed);
+	evbuffer_free(body);
+	km_wr_free(&answer);
+	km_wr_free(&p_all);
+	km_wr_free(&p_one);
+	tc_free(c);
+}
+
 static void test_broker_port(void **state)
 {
 	fixture *f = *state;
@@ -844,6 +954,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test_setup_teardown(test_pipelining_and_acks0, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_broker_port, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_table_rows_extend_the_proxy, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_tls_hello_rejected, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_frame_too_large, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_stalled_frame_times_out, setup, teardown),

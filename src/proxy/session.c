@@ -269,7 +269,6 @@ static void to_client_bytes(km_session *s, const void *p, size_t n)
 static void response_done(km_session *s)
 {
 	inflight *f = inflights_front(&s->fifo);
-	km_metrics_latency(s->host->metrics, f->key, (double)(now_us() - f->t0_us) / 1e6);
 	inflight_clear(f);
 	inflights_pop(&s->fifo);
 	s->last_activity_ms = now_ms(s);
@@ -280,6 +279,7 @@ static void flush_local(km_session *s)
 {
 	inflight *f;
 	while (s->cli && (f = inflights_front(&s->fifo)) && f->resp == KM_RESP_LOCAL && f->local) {
+		km_metrics_latency(s->host->metrics, f->key, (double)(now_us() - f->t0_us) / 1e6);
 		to_client(s, f->local, evbuffer_get_length(f->local));
 		response_done(s);
 	}
@@ -472,6 +472,8 @@ static bool response_head(km_session *s, struct evbuffer *in)
 		return false;
 	}
 	m->upstream_bytes_in += (uint64_t)size + 4;
+	/* Latency: from the request's arrival to the start of its response. */
+	km_metrics_latency(m, f->key, (double)(now_us() - f->t0_us) / 1e6);
 	f->started = true;
 	s->rs.frame = (size_t)size + 4;
 	switch (f->resp) {

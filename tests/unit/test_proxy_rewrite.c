@@ -807,6 +807,40 @@ static void test_produce_tail(void **state)
 	}
 }
 
+
+/* docs/proxy.md embeds the API table, as km_proxy_apis_write_doc prints it, between markers. */
+static void test_docs_show_the_table(void **state)
+{
+	const char *srcdir = getenv("srcdir");
+	char path[1024], *doc, *begin, *end;
+	struct evbuffer *gen = evbuffer_new();
+	size_t dlen, glen;
+	const char *g;
+	FILE *f;
+
+	snprintf(path, sizeof(path), "%s/docs/proxy.md", srcdir ? srcdir : ".");
+	f = fopen(path, "r");
+	assert_non_null(f);
+	doc = calloc(1, 1 << 20);
+	dlen = fread(doc, 1, (1 << 20) - 1, f);
+	fclose(f);
+	assert_true(dlen > 0);
+	begin = strstr(doc, "<!-- BEGIN API TABLE -->\n");
+	end = strstr(doc, "<!-- END API TABLE -->");
+	assert_non_null(begin);
+	assert_non_null(end);
+	begin += strlen("<!-- BEGIN API TABLE -->\n");
+	km_proxy_apis_write_doc(apis, gen);
+	glen = evbuffer_get_length(gen);
+	g = (const char *)evbuffer_pullup(gen, -1);
+	if ((size_t)(end - begin) != glen || memcmp(begin, g, glen) != 0) {
+		fprintf(stderr, "docs/proxy.md shows an old API table; this is the table now:\n%.*s", (int)glen, g);
+		fail();
+	}
+	evbuffer_free(gen);
+	free(doc);
+}
+
 static int group_setup(void **state)
 {
 	apis = km_proxy_apis_new();
@@ -832,6 +866,7 @@ int main(void)
 		cmocka_unit_test(test_api_versions_broker_too_old),
 		cmocka_unit_test(test_api_versions_features_follow_versions),
 		cmocka_unit_test(test_api_versions_local_rows),
+		cmocka_unit_test(test_docs_show_the_table),
 		cmocka_unit_test(test_fetch_tail),
 		cmocka_unit_test(test_produce_tail),
 	};

@@ -44,6 +44,27 @@ static bool count(km_evrd *r, bool compact, int32_t *n)
 	return true;
 }
 
+/* A length prefix: uvarint N+1 (flexible), else int16 (strings) or int32 (bytes); null is -1. */
+static bool length(km_evrd *r, bool compact, bool wide, int32_t *n)
+{
+	if (compact) {
+		uint32_t v;
+		if (!km_evrd_uvarint(r, &v))
+			return false;
+		*n = (int32_t)v - 1;
+		return true;
+	}
+	if (wide)
+		return km_evrd_i32(r, n);
+	{
+		int16_t v;
+		if (!km_evrd_i16(r, &v))
+			return false;
+		*n = v;
+		return true;
+	}
+}
+
 static bool i64(km_evrd *r, int64_t *v)
 {
 	uint8_t b[8];
@@ -62,17 +83,8 @@ static bool topic(km_evrd *r, km_fetch_walk *w)
 		return km_evrd_raw(r, &p->topic_id, 16);
 	{
 		int32_t len;
-		if (flex(w)) {
-			uint32_t v;
-			if (!km_evrd_uvarint(r, &v))
-				return false;
-			len = (int32_t)v - 1;
-		} else {
-			int16_t v;
-			if (!km_evrd_i16(r, &v))
-				return false;
-			len = v;
-		}
+		if (!length(r, flex(w), false, &len))
+			return false;
 		if (len < 0)
 			return true; /* null name: kept empty */
 		if ((size_t)len >= sizeof(p->topic)) {
@@ -106,14 +118,8 @@ static bool partition(km_evrd *r, km_fetch_walk *w)
 			return false;
 	if (w->version >= 11 && !km_evrd_skip(r, 4)) /* preferred read replica */
 		return false;
-	if (flex(w)) {
-		uint32_t v;
-		if (!km_evrd_uvarint(r, &v))
-			return false;
-		rec = (int32_t)v - 1;
-	} else if (!km_evrd_i32(r, &rec)) {
+	if (!length(r, flex(w), true, &rec))
 		return false;
-	}
 	p->records_len = rec > 0 ? (size_t)rec : 0;
 	return true;
 }

@@ -62,7 +62,7 @@ typedef struct km_resp {
 	struct evbuffer *in;      /* holds the whole frame at its start (size prefix included): consume exactly frame_len + 4 */
 	size_t frame_len;         /* without the size prefix */
 	size_t body_off;          /* frame offset of the body, after the response header */
-	struct evbuffer *out;     /* where the client's frame goes (size prefix included) */
+	struct evbuffer *out;     /* where the client's frame goes (size prefix included); sent once the hook succeeds */
 	km_rewrite_ctx *rw;
 	void *ctx;                /* the request's context */
 } km_resp;

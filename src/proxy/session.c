@@ -333,8 +333,7 @@ static bool response_body_off(struct evbuffer *in, size_t frame_end, int hv, siz
 static km_err respond_whole(km_session *s, const inflight *f, struct evbuffer *in)
 {
 	const km_proxy_api *api = f->api;
-	struct evbuffer *out = bufferevent_get_output(s->cli);
-	size_t end = s->rs.frame, body_off, before = evbuffer_get_length(out);
+	size_t end = s->rs.frame, body_off;
 	km_rewrite_ctx rw;
 	km_err rc;
 
@@ -359,15 +358,19 @@ static km_err respond_whole(km_session *s, const inflight *f, struct evbuffer *i
 		}
 		km_wr_free(&w);
 	} else {
+		/* The hook writes into a scratch buffer, moved on (not copied) once it has succeeded. */
+		struct evbuffer *scratch = evbuffer_new();
 		km_resp rs = {.key = f->key, .version = f->version, .in = in, .frame_len = end - 4,
-			      .body_off = body_off, .out = out, .rw = &rw, .ctx = f->ctx};
+			      .body_off = body_off, .out = scratch, .rw = &rw, .ctx = f->ctx};
 		size_t had = evbuffer_get_length(in);
-		rc = api->on_response(&rs);
+		rc = scratch ? api->on_response(&rs) : KM_ERR_NOMEM;
 		/* The hook must consume the frame exactly. */
 		if (rc == KM_OK && had - evbuffer_get_length(in) != end)
 			rc = KM_ERR_DECODE;
 		if (rc == KM_OK)
-			s->host->metrics->client_bytes_out += evbuffer_get_length(out) - before;
+			to_client(s, scratch, evbuffer_get_length(scratch));
+		if (scratch)
+			evbuffer_free(scratch);
 	}
 	if (rc == KM_OK && rw.rewritten)
 		s->host->metrics->responses_rewritten_total++;

@@ -35,6 +35,9 @@ typedef enum {
 extern const char *const km_req_action_names[];
 extern const char *const km_resp_action_names[];
 
+typedef struct km_resp km_resp;
+typedef km_err (*km_resp_hook)(km_resp *rs);
+
 /* One request, as its classify and on_request hooks see it and decide about it. */
 typedef struct km_req {
 	km_session *s;
@@ -50,6 +53,7 @@ typedef struct km_req {
 	size_t need;              /* classify: call again once this many body bytes have arrived */
 	void *ctx;                /* per-request context, handed to the response hooks */
 	void (*ctx_free)(void *ctx);
+	km_resp_hook on_response; /* this request's whole-response hook (e.g. merging a local part); NULL: the row's */
 	struct evbuffer *answer;  /* LOCAL (or a HOLD answered here): the response body, after the response header */
 	bool pending;             /* LOCAL answered later with km_session_answer */
 	struct evbuffer *rewritten; /* HOLD: a new frame body (header included) to forward instead */
@@ -57,7 +61,7 @@ typedef struct km_req {
 } km_req;
 
 /* A whole response, as an on_response hook sees it. */
-typedef struct km_resp {
+struct km_resp {
 	int16_t key, version;
 	struct evbuffer *in;      /* holds the whole frame at its start (size prefix included): consume exactly frame_len + 4 */
 	size_t frame_len;         /* without the size prefix */
@@ -65,7 +69,7 @@ typedef struct km_resp {
 	struct evbuffer *out;     /* where the client's frame goes (size prefix included); sent once the hook succeeds */
 	km_rewrite_ctx *rw;
 	void *ctx;                /* the request's context */
-} km_resp;
+};
 
 /* A streamed response's hooks: called at the walk's events; they may patch bytes at or after the event's offsets. */
 typedef struct km_stream_hooks {
@@ -76,7 +80,6 @@ typedef struct km_stream_hooks {
 } km_stream_hooks;
 
 typedef km_err (*km_req_hook)(km_req *rq);
-typedef km_err (*km_resp_hook)(km_resp *rs);
 /* A rewriter of a whole response body (after the response header). */
 typedef km_err (*km_body_rewriter)(const uint8_t *body, size_t len, int16_t version, km_rewrite_ctx *ctx, km_wr *out);
 

@@ -25,6 +25,7 @@ typedef struct inflight {
 	bool started;           /* its response is being sent to the client */
 	void *ctx;              /* the request's context, for the response hooks */
 	void (*ctx_free)(void *ctx);
+	km_resp_hook on_response; /* this request's own whole-response hook, if any */
 } inflight;
 
 KM_RING_TYPED(inflights, inflight)
@@ -340,7 +341,7 @@ static km_err respond_whole(km_session *s, const inflight *f, struct evbuffer *i
 	if (!response_body_off(in, end, km_proxy_response_header_version(f->key, f->version), &body_off))
 		return KM_ERR_DECODE;
 	s->host->rewrite_ctx(s->host->arg, &rw);
-	if (api->rewrite) {
+	if (!f->on_response && api->rewrite) {
 		uint8_t *frame = evbuffer_pullup(in, (ev_ssize_t)end), pre[4];
 		km_wr w;
 		if (!frame)
@@ -363,7 +364,8 @@ static km_err respond_whole(km_session *s, const inflight *f, struct evbuffer *i
 		km_resp rs = {.key = f->key, .version = f->version, .in = in, .frame_len = end - 4,
 			      .body_off = body_off, .out = scratch, .rw = &rw, .ctx = f->ctx};
 		size_t had = evbuffer_get_length(in);
-		rc = scratch ? api->on_response(&rs) : KM_ERR_NOMEM;
+		km_resp_hook hook = f->on_response ? f->on_response : api->on_response;
+		rc = !scratch ? KM_ERR_NOMEM : hook ? hook(&rs) : KM_ERR_UNSUPPORTED;
 		/* The hook must consume the frame exactly. */
 		if (rc == KM_OK && had - evbuffer_get_length(in) != end)
 			rc = KM_ERR_DECODE;
@@ -655,7 +657,7 @@ static bool push_inflight(km_session *s, const km_req *rq, const km_proxy_api *a
 {
 	inflight f = {.corr = rq->h->correlation_id, .key = rq->h->api_key, .version = rq->h->api_version,
 		      .seq = rq->seq, .t0_us = now_us(), .resp = rq->resp, .api = api, .ctx = rq->ctx,
-		      .ctx_free = rq->ctx_free};
+		      .ctx_free = rq->ctx_free, .on_response = rq->on_response};
 	if (rq->resp == KM_RESP_LOCAL && rq->answer && frame_local(&f, rq->answer, &f.local) != KM_OK)
 		return false;
 	if (!inflights_push(&s->fifo, &f)) {

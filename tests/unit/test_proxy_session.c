@@ -499,7 +499,7 @@ static void test_pipelining_and_acks0(void **state)
 
 static struct {
 	uint64_t session_id, seq;
-	int held, forwarded;
+	int held, forwarded, merged;
 } ext;
 
 static km_err test_local_later(km_req *rq)
@@ -510,7 +510,38 @@ static km_err test_local_later(km_req *rq)
 	return KM_OK;
 }
 
-/* Produce held whole: acks=-1 requests are answered here (an empty response), others go on. */
+/* The broker's Produce response merged with a local part: one refused partition added in front. */
+static km_err test_produce_merge(km_resp *rs)
+{
+	km_wr w;
+	uint8_t *frame = evbuffer_pullup(rs->in, (ev_ssize_t)rs->frame_len + 4);
+	size_t body = rs->body_off;
+	assert_int_equal(frame[body], 1); /* the broker's answer: no topics (compact count 0) */
+	km_wr_init(&w);
+	km_wr_i32(&w, 0);
+	km_wr_raw(&w, frame + 4, body - 4); /* correlation id and header tags */
+	km_wr_array_len(&w, true, 1);
+	km_wr_string(&w, true, km_str_c("mirrored"));
+	km_wr_array_len(&w, true, 1);
+	km_wr_i32(&w, 0);      /* partition */
+	km_wr_i16(&w, 10042);  /* a local error code */
+	km_wr_i64(&w, -1);
+	km_wr_i64(&w, -1);
+	km_wr_i64(&w, -1);
+	km_wr_array_len(&w, true, 0);
+	km_wr_string(&w, true, km_str_c("refused here"));
+	km_wr_uvarint(&w, 0);
+	km_wr_uvarint(&w, 0);
+	km_wr_raw(&w, frame + body + 1, rs->frame_len + 4 - body - 1); /* throttle and tags */
+	km_wr_patch_i32(&w, 0, (int32_t)(w.len - 4));
+	evbuffer_add(rs->out, w.buf, w.len);
+	evbuffer_drain(rs->in, rs->frame_len + 4);
+	km_wr_free(&w);
+	ext.merged++;
+	return KM_OK;
+}
+
+/* Produce held whole: acks=-1 requests are answered here (an empty response), others go on with a merge. */
 static km_err test_produce_hold(km_req *rq)
 {
 	int16_t acks = 0;
@@ -519,6 +550,8 @@ static km_err test_produce_hold(km_req *rq)
 	assert_int_equal(km_net_produce_acks(rq->body, rq->body_len, rq->h->api_version, &acks), KM_OK);
 	if (acks != -1) {
 		ext.forwarded++;
+		rq->resp = KM_RESP_WHOLE;
+		rq->on_response = test_produce_merge;
 		return KM_OK;
 	}
 	ext.held++;
@@ -588,8 +621,11 @@ static void test_table_rows_extend_the_proxy(void **state)
 			assert_int_equal(len, 4 + answer.len);
 			assert_memory_equal(r + 4, answer.buf, answer.len);
 		}
+		if (i == 3) /* the forwarded Produce: the broker's answer with the local part merged in */
+			assert_non_null(memmem(r, len, "refused here", 12));
 		free(r);
 	}
+	assert_int_equal(ext.merged, 1);
 	assert_false(c->closed);
 	evbuffer_free(body);
 	km_wr_free(&answer);

@@ -27,8 +27,7 @@ typedef struct daemon_ctx {
 
 static void usage(FILE *out)
 {
-	size_t n;
-	const km_config_option *opts = km_config_options(&n);
+	const km_opt_table *t = km_config_table();
 
 	fprintf(out,
 		"usage: kmirrord [--config FILE] [--OPTION VALUE ...]\n"
@@ -49,14 +48,15 @@ static void usage(FILE *out)
 		"\n"
 		"Every option of the config file is also a flag (--NAME VALUE or --NAME=VALUE, dashes or\n"
 		"underscores); see docs/configuration.md. Options, their type and default:\n");
-	for (size_t i = 0; i < n; i++) {
+	for (size_t i = 0; i < t->count; i++) {
+		const km_option *o = &t->rows[i];
 		char flag[64];
 		size_t j;
-		for (j = 0; opts[i].name[j] && j + 1 < sizeof(flag); j++)
-			flag[j] = opts[i].name[j] == '_' ? '-' : opts[i].name[j];
+		for (j = 0; o->name[j] && j + 1 < sizeof(flag); j++)
+			flag[j] = o->name[j] == '_' ? '-' : o->name[j];
 		flag[j] = '\0';
-		fprintf(out, "  --%-30s %s, default %s%s\n", flag, km_config_type_name(opts[i].type),
-			*opts[i].def ? opts[i].def : "empty", opts[i].reloadable ? " (reloadable)" : "");
+		fprintf(out, "  --%-30s %s, default %s%s\n", flag, km_opt_type_name(o), *o->def ? o->def : "empty",
+			o->reloadable ? " (reloadable)" : "");
 	}
 	fprintf(out, "\nSignals: SIGHUP reloads the config file (kept unchanged when invalid); SIGTERM or SIGINT\n"
 		     "drains client connections gradually and exits 0; a second one closes everything at once.\n"
@@ -160,7 +160,7 @@ int main(int argc, char **argv)
 			return 0;
 		}
 		if (!strcmp(a, "--config-doc")) {
-			km_config_write_doc(stdout);
+			km_opt_write_doc(km_config_table(), stdout);
 			return 0;
 		}
 		if (!strcmp(a, "--check-config")) {
@@ -200,7 +200,7 @@ int main(int argc, char **argv)
 			d.config_path = val;
 			continue;
 		}
-		if (!km_config_option_find(names[d.overrides])) {
+		if (!km_opt_find(km_config_table(), names[d.overrides])) {
 			fprintf(stderr, "kmirrord: unknown option '%s' (try --help)\n", a);
 			return 2;
 		}
@@ -213,17 +213,10 @@ int main(int argc, char **argv)
 		return 2;
 	}
 	if (check_only || print_only) {
-		if (print_only) {
-			size_t n;
-			const km_config_option *opts = km_config_options(&n);
-			for (size_t i = 0; i < n; i++) {
-				char v[2048];
-				km_config_format(&opts[i], &d.cfg, v, sizeof(v));
-				printf("%s = %s\n", opts[i].name, v);
-			}
-		} else {
+		if (print_only)
+			km_opt_write_values(km_config_table(), &d.cfg, stdout);
+		else
 			printf("configuration ok\n");
-		}
 		km_config_free(&d.cfg);
 		return 0;
 	}

@@ -9,6 +9,7 @@
 
 #include "kmirror/daemon_config.h"
 #include "kmirror/log.h"
+#include "kmirror/metrics.h"
 #include "kmirror/proxy.h"
 #include "kmirror/version.h"
 
@@ -17,6 +18,8 @@
 typedef struct daemon_ctx {
 	struct event_base *base;
 	km_proxy *proxy;
+	km_metrics *metrics;
+	km_metric_series *reloads_ok, *reloads_failed;
 	const char *config_path;
 	const char *override_name[MAX_OVERRIDES];
 	const char *override_value[MAX_OVERRIDES];
@@ -100,22 +103,21 @@ static void on_signal(evutil_socket_t sig, short what, void *arg)
 	if (sig == SIGHUP) {
 		km_config next;
 		char err[512];
-		km_metrics *m = km_proxy_metrics(d->proxy);
 		if (build_config(d, &next, err, sizeof(err)) != KM_OK) {
-			m->reloads_failed++;
+			km_metric_inc(d->reloads_failed, 1);
 			KM_ERROR("main", 0, "reload failed, keeping the running configuration: %s", err);
 			return;
 		}
 		if (km_config_check_reload(&d->cfg, &next, err, sizeof(err)) != KM_OK ||
 		    km_proxy_reload(d->proxy, &next, err, sizeof(err)) != KM_OK) {
-			m->reloads_failed++;
+			km_metric_inc(d->reloads_failed, 1);
 			KM_ERROR("main", 0, "reload failed, keeping the running configuration: %s", err);
 			km_config_free(&next);
 			return;
 		}
 		km_config_free(&d->cfg);
 		d->cfg = next;
-		m->reloads_ok++;
+		km_metric_inc(d->reloads_ok, 1);
 		KM_INFO("main", 0, "configuration reloaded");
 		return;
 	}
@@ -126,6 +128,26 @@ static void on_signal(evutil_socket_t sig, short what, void *arg)
 	}
 	KM_INFO("main", 0, "signal %d: draining client connections", (int)sig);
 	km_proxy_drain(d->proxy, drained, d);
+}
+
+/* The registry every module reports into, with the daemon's own reload counters. */
+static bool make_metrics(daemon_ctx *d)
+{
+	static const km_metric_desc reloads = {
+		.name = "kmirror_config_reloads_total",
+		.help = "SIGHUP reloads.",
+		.type = KM_METRIC_COUNTER,
+		.labels = {"result"},
+	};
+	static const char *const ok[] = {"ok"}, *const failed[] = {"failed"};
+	km_metric_family *f;
+
+	d->metrics = km_metrics_new();
+	if (!d->metrics || !(f = km_metrics_family(d->metrics, &reloads)))
+		return false;
+	d->reloads_ok = km_metric_series_get(f, ok);
+	d->reloads_failed = km_metric_series_get(f, failed);
+	return d->reloads_ok && d->reloads_failed;
 }
 
 static const char *flag_to_option(const char *flag, char *buf, size_t len)
@@ -223,14 +245,19 @@ int main(int argc, char **argv)
 	km_log_set_level((km_log_level)d.cfg.log_level);
 	signal(SIGPIPE, SIG_IGN);
 	d.base = event_base_new();
-	if (!d.base) {
-		fprintf(stderr, "kmirrord: cannot create the event loop\n");
+	if (!d.base || !make_metrics(&d)) {
+		fprintf(stderr, "kmirrord: cannot create the event loop or the metrics registry\n");
+		if (d.base)
+			event_base_free(d.base);
+		km_metrics_free(d.metrics);
+		km_config_free(&d.cfg);
 		return 1;
 	}
-	d.proxy = km_proxy_new(d.base, &d.cfg, err, sizeof(err));
+	d.proxy = km_proxy_new(d.base, &d.cfg, d.metrics, err, sizeof(err));
 	if (!d.proxy) {
 		KM_ERROR("main", 0, "cannot start: %s", err);
 		event_base_free(d.base);
+		km_metrics_free(d.metrics);
 		km_config_free(&d.cfg);
 		return 1;
 	}
@@ -255,6 +282,8 @@ int main(int argc, char **argv)
 	/* Let deferred frees (closed connections) run before the base goes. */
 	event_base_loop(d.base, EVLOOP_NONBLOCK);
 	event_base_free(d.base);
+	/* After the proxy: its counters are registered by pointer. */
+	km_metrics_free(d.metrics);
 	km_config_free(&d.cfg);
 	KM_INFO("main", 0, "stopped");
 	return rc;

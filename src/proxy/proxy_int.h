@@ -55,11 +55,18 @@ struct km_proxy {
 	uint64_t drain_deadline_ms;
 	void (*drain_done)(void *arg);
 	void *drain_arg;
-	km_metrics metrics;
+	km_proxy_counters metrics;
+	km_metrics *registry;     /* served on /metrics */
+	km_metrics *own_registry; /* when the caller gave none */
 	uint64_t next_session_id;
 };
 
 uint64_t km_proxy_now_ms(const km_proxy *px);
+
+/* counters.c: the hot path's requests and latencies by API key, and the families they are read through. */
+void km_metrics_request(km_proxy_counters *m, int16_t api_key);
+void km_metrics_latency(km_proxy_counters *m, int16_t api_key, double seconds);
+km_err km_proxy_counters_register(km_proxy_counters *c, km_metrics *reg) __attribute__((warn_unused_result));
 void km_proxy_rewrite_ctx(km_proxy *px, km_rewrite_ctx *ctx);
 /* Where broker node_id lives upstream; false when unknown. */
 bool km_proxy_broker_addr(const km_proxy *px, int32_t node_id, const char **host, uint16_t *port);

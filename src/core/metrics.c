@@ -78,6 +78,18 @@ static bool desc_ok(const km_metrics *m, const km_metric_desc *d)
 	return true;
 }
 
+/* Double an array of pointers (8 to start with); false and unchanged when out of memory. */
+static bool grow(void **arr, size_t *cap, size_t elem)
+{
+	size_t ncap = *cap ? *cap * 2 : 8;
+	void *n = realloc(*arr, ncap * elem);
+	if (!n)
+		return false;
+	*arr = n;
+	*cap = ncap;
+	return true;
+}
+
 static void family_free(km_metric_family *f);
 
 km_metric_family *km_metrics_family(km_metrics *m, const km_metric_desc *d)
@@ -86,14 +98,8 @@ km_metric_family *km_metrics_family(km_metrics *m, const km_metric_desc *d)
 
 	if (!desc_ok(m, d))
 		return NULL;
-	if (m->nfamilies == m->capfamilies) {
-		size_t ncap = m->capfamilies ? m->capfamilies * 2 : 16;
-		km_metric_family **n = realloc(m->families, ncap * sizeof(*n));
-		if (!n)
-			return NULL;
-		m->families = n;
-		m->capfamilies = ncap;
-	}
+	if (m->nfamilies == m->capfamilies && !grow((void **)&m->families, &m->capfamilies, sizeof(*m->families)))
+		return NULL;
 	f = calloc(1, sizeof(*f));
 	if (!f)
 		return NULL;
@@ -241,14 +247,8 @@ static km_metric_series *series_lookup(km_metric_family *f, const char *const *v
 			f->overflow = series_new(f, NULL);
 		return f->overflow;
 	}
-	if (f->nseries == f->capseries) {
-		size_t ncap = f->capseries ? f->capseries * 2 : 8;
-		km_metric_series **n = realloc(f->series, ncap * sizeof(*n));
-		if (!n)
-			return NULL;
-		f->series = n;
-		f->capseries = ncap;
-	}
+	if (f->nseries == f->capseries && !grow((void **)&f->series, &f->capseries, sizeof(*f->series)))
+		return NULL;
 	if (!(s = series_new(f, values)))
 		return NULL;
 	f->series[f->nseries++] = s;

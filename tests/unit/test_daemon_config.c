@@ -12,6 +12,7 @@
 #include "kmirror/daemon_config.h"
 #include "kmirror/log.h"
 #include "kmirror/net.h"
+#include "unit_tmpfile.h"
 
 static void test_defaults_round_trip(void **state)
 {
@@ -72,16 +73,6 @@ static void test_set_values(void **state)
 	assert_non_null(strstr(err, "no_such_option"));
 	assert_int_equal(km_config_set(&cfg, "listen", "0.0.0.0:70000", err, sizeof(err)), KM_ERR_CONFIG);
 	km_config_free(&cfg);
-}
-
-static char *write_tmp(const char *text)
-{
-	char *path = strdup("/tmp/km-config-XXXXXX");
-	int fd = mkstemp(path);
-	assert_true(fd >= 0);
-	assert_int_equal(write(fd, text, strlen(text)), (ssize_t)strlen(text));
-	close(fd);
-	return path;
 }
 
 static void test_load_file(void **state)

@@ -10,6 +10,7 @@
 #include <cmocka.h>
 
 #include "kmirror/options.h"
+#include "unit_tmpfile.h"
 
 /* A second struct and table, unrelated to km_config: two host:port lists, an enum, a secret. */
 typedef struct test_opts {
@@ -170,16 +171,6 @@ static void test_secret(void **state)
 	assert_non_null(strstr(text, "sources = s1:1,s2:2\n"));
 	free(text);
 	km_opt_free(&table, &o);
-}
-
-static char *write_tmp(const char *body)
-{
-	char *path = strdup("/tmp/km-options-XXXXXX");
-	int fd = mkstemp(path);
-	assert_true(fd >= 0);
-	assert_int_equal(write(fd, body, strlen(body)), (ssize_t)strlen(body));
-	close(fd);
-	return path;
 }
 
 static void test_files(void **state)

@@ -59,8 +59,8 @@ const char *km_reject_reason_name(km_reject_reason r);
 /*
  * Start serving: the bootstrap listener, the HTTP endpoint, and the metadata refresh that opens one
  * listener per upstream broker. cfg is copied (and must have passed km_config_validate). The proxy's
- * counters go into metrics, which its HTTP endpoint serves and which must outlive the proxy; NULL:
- * the proxy keeps a registry of its own.
+ * counters are registered by pointer into metrics, which its HTTP endpoint serves: free the registry
+ * after the proxy, and do not render it in between. NULL: the proxy keeps a registry of its own.
  */
 km_proxy *km_proxy_new(struct event_base *base, const km_config *cfg, km_metrics *metrics, char *err,
 		       size_t errlen);

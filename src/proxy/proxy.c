@@ -366,11 +366,6 @@ km_proxy *km_proxy_new(struct event_base *base, const km_config *cfg, km_metrics
 		free(px);
 		return NULL;
 	}
-	px->registry = metrics ? metrics : (px->own_registry = km_metrics_new());
-	if (!px->registry || km_proxy_counters_register(&px->metrics, px->registry) != KM_OK) {
-		snprintf(err, errlen, "cannot register the proxy's metrics (names taken, or out of memory)");
-		goto fail;
-	}
 	if (make_tls(px, cfg, &px->server_tls, &px->upstream_tls, err, errlen) != KM_OK)
 		goto fail;
 	px->dns = evdns_base_new(base, EVDNS_BASE_INITIALIZE_NAMESERVERS);
@@ -394,6 +389,12 @@ km_proxy *km_proxy_new(struct event_base *base, const km_config *cfg, km_metrics
 	px->tick_ev = event_new(base, -1, EV_PERSIST, tick_cb, px);
 	if (!px->tick_ev || event_add(px->tick_ev, &tick) != 0) {
 		snprintf(err, errlen, "cannot create timer");
+		goto fail;
+	}
+	/* Last, so a failure before it leaves nothing in the caller's registry that points into px. */
+	px->registry = metrics ? metrics : (px->own_registry = km_metrics_new());
+	if (!px->registry || km_proxy_counters_register(&px->metrics, px->registry) != KM_OK) {
+		snprintf(err, errlen, "cannot register the proxy's metrics (names taken, or out of memory)");
 		goto fail;
 	}
 	KM_INFO("proxy", 0, "listening on %s:%u (bootstrap), broker ports %lld-%lld, advertised host %s", cfg->listen.host,

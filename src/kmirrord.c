@@ -9,6 +9,7 @@
 
 #include "kmirror/daemon_config.h"
 #include "kmirror/log.h"
+#include "kmirror/metrics.h"
 #include "kmirror/proxy.h"
 #include "kmirror/version.h"
 
@@ -17,6 +18,8 @@
 typedef struct daemon_ctx {
 	struct event_base *base;
 	km_proxy *proxy;
+	km_metrics *metrics;
+	km_metric_series *reloads_ok, *reloads_failed;
 	const char *config_path;
 	const char *override_name[MAX_OVERRIDES];
 	const char *override_value[MAX_OVERRIDES];
@@ -27,8 +30,7 @@ typedef struct daemon_ctx {
 
 static void usage(FILE *out)
 {
-	size_t n;
-	const km_config_option *opts = km_config_options(&n);
+	const km_opt_table *t = km_config_table();
 
 	fprintf(out,
 		"usage: kmirrord [--config FILE] [--OPTION VALUE ...]\n"
@@ -49,14 +51,15 @@ static void usage(FILE *out)
 		"\n"
 		"Every option of the config file is also a flag (--NAME VALUE or --NAME=VALUE, dashes or\n"
 		"underscores); see docs/configuration.md. Options, their type and default:\n");
-	for (size_t i = 0; i < n; i++) {
+	for (size_t i = 0; i < t->count; i++) {
+		const km_option *o = &t->rows[i];
 		char flag[64];
 		size_t j;
-		for (j = 0; opts[i].name[j] && j + 1 < sizeof(flag); j++)
-			flag[j] = opts[i].name[j] == '_' ? '-' : opts[i].name[j];
+		for (j = 0; o->name[j] && j + 1 < sizeof(flag); j++)
+			flag[j] = o->name[j] == '_' ? '-' : o->name[j];
 		flag[j] = '\0';
-		fprintf(out, "  --%-30s %s, default %s%s\n", flag, km_config_type_name(opts[i].type),
-			*opts[i].def ? opts[i].def : "empty", opts[i].reloadable ? " (reloadable)" : "");
+		fprintf(out, "  --%-30s %s, default %s%s\n", flag, km_opt_type_name(o), *o->def ? o->def : "empty",
+			o->reloadable ? " (reloadable)" : "");
 	}
 	fprintf(out, "\nSignals: SIGHUP reloads the config file (kept unchanged when invalid); SIGTERM or SIGINT\n"
 		     "drains client connections gradually and exits 0; a second one closes everything at once.\n"
@@ -100,22 +103,21 @@ static void on_signal(evutil_socket_t sig, short what, void *arg)
 	if (sig == SIGHUP) {
 		km_config next;
 		char err[512];
-		km_metrics *m = km_proxy_metrics(d->proxy);
 		if (build_config(d, &next, err, sizeof(err)) != KM_OK) {
-			m->reloads_failed++;
+			km_metric_inc(d->reloads_failed, 1);
 			KM_ERROR("main", 0, "reload failed, keeping the running configuration: %s", err);
 			return;
 		}
 		if (km_config_check_reload(&d->cfg, &next, err, sizeof(err)) != KM_OK ||
 		    km_proxy_reload(d->proxy, &next, err, sizeof(err)) != KM_OK) {
-			m->reloads_failed++;
+			km_metric_inc(d->reloads_failed, 1);
 			KM_ERROR("main", 0, "reload failed, keeping the running configuration: %s", err);
 			km_config_free(&next);
 			return;
 		}
 		km_config_free(&d->cfg);
 		d->cfg = next;
-		m->reloads_ok++;
+		km_metric_inc(d->reloads_ok, 1);
 		KM_INFO("main", 0, "configuration reloaded");
 		return;
 	}
@@ -126,6 +128,26 @@ static void on_signal(evutil_socket_t sig, short what, void *arg)
 	}
 	KM_INFO("main", 0, "signal %d: draining client connections", (int)sig);
 	km_proxy_drain(d->proxy, drained, d);
+}
+
+/* The registry every module reports into, with the daemon's own reload counters. */
+static bool make_metrics(daemon_ctx *d)
+{
+	static const km_metric_desc reloads = {
+		.name = "kmirror_config_reloads_total",
+		.help = "SIGHUP reloads.",
+		.type = KM_METRIC_COUNTER,
+		.labels = {"result"},
+	};
+	static const char *const ok[] = {"ok"}, *const failed[] = {"failed"};
+	km_metric_family *f;
+
+	d->metrics = km_metrics_new();
+	if (!d->metrics || !(f = km_metrics_family(d->metrics, &reloads)))
+		return false;
+	d->reloads_ok = km_metric_series_get(f, ok);
+	d->reloads_failed = km_metric_series_get(f, failed);
+	return d->reloads_ok && d->reloads_failed;
 }
 
 static const char *flag_to_option(const char *flag, char *buf, size_t len)
@@ -160,7 +182,7 @@ int main(int argc, char **argv)
 			return 0;
 		}
 		if (!strcmp(a, "--config-doc")) {
-			km_config_write_doc(stdout);
+			km_opt_write_doc(km_config_table(), stdout);
 			return 0;
 		}
 		if (!strcmp(a, "--check-config")) {
@@ -200,7 +222,7 @@ int main(int argc, char **argv)
 			d.config_path = val;
 			continue;
 		}
-		if (!km_config_option_find(names[d.overrides])) {
+		if (!km_opt_find(km_config_table(), names[d.overrides])) {
 			fprintf(stderr, "kmirrord: unknown option '%s' (try --help)\n", a);
 			return 2;
 		}
@@ -213,31 +235,29 @@ int main(int argc, char **argv)
 		return 2;
 	}
 	if (check_only || print_only) {
-		if (print_only) {
-			size_t n;
-			const km_config_option *opts = km_config_options(&n);
-			for (size_t i = 0; i < n; i++) {
-				char v[2048];
-				km_config_format(&opts[i], &d.cfg, v, sizeof(v));
-				printf("%s = %s\n", opts[i].name, v);
-			}
-		} else {
+		if (print_only)
+			km_opt_write_values(km_config_table(), &d.cfg, stdout);
+		else
 			printf("configuration ok\n");
-		}
 		km_config_free(&d.cfg);
 		return 0;
 	}
 	km_log_set_level((km_log_level)d.cfg.log_level);
 	signal(SIGPIPE, SIG_IGN);
 	d.base = event_base_new();
-	if (!d.base) {
-		fprintf(stderr, "kmirrord: cannot create the event loop\n");
+	if (!d.base || !make_metrics(&d)) {
+		fprintf(stderr, "kmirrord: cannot create the event loop or the metrics registry\n");
+		if (d.base)
+			event_base_free(d.base);
+		km_metrics_free(d.metrics);
+		km_config_free(&d.cfg);
 		return 1;
 	}
-	d.proxy = km_proxy_new(d.base, &d.cfg, err, sizeof(err));
+	d.proxy = km_proxy_new(d.base, &d.cfg, d.metrics, err, sizeof(err));
 	if (!d.proxy) {
 		KM_ERROR("main", 0, "cannot start: %s", err);
 		event_base_free(d.base);
+		km_metrics_free(d.metrics);
 		km_config_free(&d.cfg);
 		return 1;
 	}
@@ -262,6 +282,8 @@ int main(int argc, char **argv)
 	/* Let deferred frees (closed connections) run before the base goes. */
 	event_base_loop(d.base, EVLOOP_NONBLOCK);
 	event_base_free(d.base);
+	/* After the proxy: its counters are registered by pointer. */
+	km_metrics_free(d.metrics);
 	km_config_free(&d.cfg);
 	KM_INFO("main", 0, "stopped");
 	return rc;

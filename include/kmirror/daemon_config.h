@@ -1,20 +1,18 @@
-/* kmirrord configuration: one option table (name, type, default, reloadable, doc), file and flag parsing. */
+/*
+ * kmirrord configuration: the options of every module in one struct, described by one table for the
+ * option engine (kmirror/options.h). It sits in src/core so proxy, mirror and state can all read it.
+ */
 #ifndef KMIRROR_DAEMON_CONFIG_H
 #define KMIRROR_DAEMON_CONFIG_H
 
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
-#include <stdio.h>
 
 #include "kmirror/error.h"
+#include "kmirror/options.h"
 
 #define KM_CONFIG_MAX_UPSTREAMS 32
-
-typedef struct km_hostport {
-	char host[256];
-	uint16_t port;
-} km_hostport;
 
 typedef enum {
 	KM_TLS_CLIENT_AUTH_NONE = 0,
@@ -22,7 +20,7 @@ typedef enum {
 	KM_TLS_CLIENT_AUTH_REQUIRED,
 } km_tls_client_auth;
 
-/* Every field has one row in the option table (config.c); strings are owned (NULL when empty). */
+/* Every field has one row in the option table (daemon_config.c); strings are owned (NULL when empty). */
 typedef struct km_config {
 	km_hostport listen;
 	char *advertised_host;
@@ -56,39 +54,15 @@ typedef struct km_config {
 	char *upstream_sasl_password;
 } km_config;
 
-typedef enum {
-	KM_OPT_STRING,
-	KM_OPT_INT,
-	KM_OPT_BOOL,
-	KM_OPT_HOSTPORT,
-	KM_OPT_HOSTPORT_LIST,
-	KM_OPT_LOG_LEVEL,
-	KM_OPT_CLIENT_AUTH,
-} km_opt_type;
+/* The daemon's option table (daemon_config.c), for the engine's functions in kmirror/options.h. */
+const km_opt_table *km_config_table(void);
 
-typedef struct km_config_option {
-	const char *name;     /* key in the file, and --name-with-dashes on the command line */
-	km_opt_type type;
-	size_t offset;        /* into km_config */
-	const char *def;      /* default, as it would be written in the file ("" = empty) */
-	int64_t min, max;     /* KM_OPT_INT bounds */
-	bool reloadable;      /* may change on SIGHUP; others need a restart */
-	const char *doc;
-	bool secret;          /* never printed (--print-config shows ******** when set) */
-} km_config_option;
-
-/* The option table, in documentation order. */
-const km_config_option *km_config_options(size_t *count);
-const km_config_option *km_config_option_find(const char *name);
-const char *km_config_type_name(km_opt_type type);
-
-/* Fill cfg with the defaults. */
+/* The engine over km_config_table(). init fills cfg with the defaults. */
 void km_config_init(km_config *cfg);
 void km_config_free(km_config *cfg);
 /* Deep copy (dst is overwritten, not freed). */
 km_err km_config_copy(km_config *dst, const km_config *src) __attribute__((warn_unused_result));
-
-/* Set one option from its text form; on failure err (size errlen) says why. */
+/* Set one option from its text form; on failure err (size errlen) says why and cfg is unchanged. */
 km_err km_config_set(km_config *cfg, const char *name, const char *value, char *err, size_t errlen)
 	__attribute__((warn_unused_result));
 /* Read "key = value" lines (# comments, blank lines). The first bad line fails the whole file. */
@@ -97,20 +71,10 @@ km_err km_config_load_file(km_config *cfg, const char *path, char *err, size_t e
 /* Cross-option checks (TLS files in pairs, upstreams present, port ranges). */
 km_err km_config_validate(const km_config *cfg, char *err, size_t errlen) __attribute__((warn_unused_result));
 /*
- * For SIGHUP: whether next may replace cur. Fails naming the first non-reloadable option that
- * differs (those need a restart).
+ * For SIGHUP: whether next may replace cur. next is validated as a whole first; then this fails
+ * naming the first non-reloadable option that differs (those need a restart).
  */
 km_err km_config_check_reload(const km_config *cur, const km_config *next, char *err, size_t errlen)
 	__attribute__((warn_unused_result));
-/* Whether option o has the same value in a and b. */
-bool km_config_option_equal(const km_config_option *o, const km_config *a, const km_config *b);
-
-/* Format the current value of o in cfg as file text. */
-void km_config_format(const km_config_option *o, const km_config *cfg, char *buf, size_t len);
-/* The Markdown table of all options (docs/configuration.md embeds it verbatim). */
-void km_config_write_doc(FILE *out);
-
-/* "host:port" or "[v6]:port". */
-bool km_hostport_parse(const char *s, km_hostport *hp);
 
 #endif

@@ -14,6 +14,8 @@ typedef enum {
 } km_log_level;
 
 extern km_log_level km_log_current;
+/* The level names, indexed by km_log_level. */
+extern const char *const km_log_level_names[KM_LOG_TRACE + 1];
 
 void km_log_set_level(km_log_level level);
 /* "error", "warn", "info", "debug", "trace"; returns false for anything else. */

@@ -1,53 +1,79 @@
-/* kmirror metrics: counters, gauges and per-API latency histograms, rendered in Prometheus text format. */
+/* kmirror metrics registry: labelled counters, gauges and histograms with bounded series, in Prometheus text format. */
 #ifndef KMIRROR_METRICS_H
 #define KMIRROR_METRICS_H
 
+#include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
-#include <event2/buffer.h>
+#include "kmirror/error.h"
 
-#define KM_METRICS_MAX_API 128
-#define KM_METRICS_BUCKETS 12
+#define KM_METRICS_MAX_LABELS 4
+#define KM_METRICS_DEFAULT_MAX_SERIES 1000
+/* Every label value of the series that new label sets fold into once a family is at its cap. */
+#define KM_METRICS_OVERFLOW "_overflow"
+#define KM_METRICS_DROPPED_NAME "kmirror_metrics_series_dropped_total"
+
+typedef struct km_metrics km_metrics; /* the registry */
+typedef struct km_metric_family km_metric_family;
+typedef struct km_metric_series km_metric_series;
 
 typedef enum {
-	KM_REJECT_TOO_LARGE = 0,
-	KM_REJECT_BAD_SIZE,
-	KM_REJECT_TLS_HELLO,
-	KM_REJECT_HTTP,
-	KM_REJECT_BAD_HEADER,
-	KM_REJECT_FRAME_TIMEOUT,
-	KM_REJECT_IDLE_TIMEOUT,
-	KM_REJECT_REQUEST_TIMEOUT,
-	KM_REJECT__COUNT,
-} km_reject_reason;
+	KM_METRIC_COUNTER,
+	KM_METRIC_GAUGE,
+	KM_METRIC_HISTOGRAM,
+} km_metric_type;
 
-typedef struct km_metrics {
-	uint64_t client_connections;          /* gauge */
-	uint64_t client_connections_total;
-	uint64_t upstream_connections;        /* gauge */
-	uint64_t upstream_connects_total;
-	uint64_t upstream_errors_total;       /* failed connects, resets, bad frames from upstream */
-	uint64_t client_bytes_in, client_bytes_out;
-	uint64_t upstream_bytes_in, upstream_bytes_out;
-	uint64_t rejected[KM_REJECT__COUNT];
-	uint64_t responses_rewritten_total;
-	uint64_t reloads_ok, reloads_failed;
-	uint64_t brokers_known;               /* gauge */
-	uint64_t requests[KM_METRICS_MAX_API];
-	uint64_t requests_unknown;            /* api key outside the table */
-	uint64_t latency_bucket[KM_METRICS_MAX_API][KM_METRICS_BUCKETS]; /* non-cumulative */
-	uint64_t latency_count[KM_METRICS_MAX_API];
-	double latency_sum[KM_METRICS_MAX_API];
-	int draining;                         /* gauge: 1 while draining on SIGTERM */
-} km_metrics;
+typedef struct km_metric_desc {
+	const char *name; /* [a-zA-Z_:][a-zA-Z0-9_:]* */
+	const char *help;
+	km_metric_type type;
+	const char *labels[KM_METRICS_MAX_LABELS]; /* label names; the first NULL ends them */
+	size_t max_series;     /* distinct label sets kept; 0: KM_METRICS_DEFAULT_MAX_SERIES */
+	const double *bounds;  /* histograms: bucket upper bounds, ascending (+Inf is implicit) */
+	size_t nbounds;
+	bool hide_empty;       /* leave out series at 0 (histograms: with no observation) */
+} km_metric_desc;
 
-/* Upper bounds of the latency buckets, seconds (+Inf is implicit). */
-extern const double km_metrics_bucket_bounds[KM_METRICS_BUCKETS];
+/* A registry; it always holds KM_METRICS_DROPPED_NAME, the label sets folded into overflow series. */
+km_metrics *km_metrics_new(void);
+/* Frees the families and series; the owners of series by pointer must not use them afterwards. */
+void km_metrics_free(km_metrics *m);
 
-void km_metrics_request(km_metrics *m, int16_t api_key);
-void km_metrics_latency(km_metrics *m, int16_t api_key, double seconds);
-const char *km_reject_reason_name(km_reject_reason r);
-/* Append the Prometheus text exposition of m to out. */
-void km_metrics_render(const km_metrics *m, struct evbuffer *out);
+/* Add a family; NULL for a bad description (name, labels, bounds), a name already taken, or no memory. */
+km_metric_family *km_metrics_family(km_metrics *m, const km_metric_desc *d);
+
+/*
+ * The series of f with these label values (one per label name; NULL when f has none), made on first
+ * use and owned by the registry. A lookup is a scan: look up once and keep the handle. Beyond the
+ * family's cap the overflow series is returned and the dropped counter goes up. NULL: no memory.
+ */
+km_metric_series *km_metric_series_get(km_metric_family *f, const char *const *values);
+/*
+ * A counter or gauge series whose value lives in the owner's *value (a plain field the hot path
+ * increments); read at render time, so it must outlive the registry's use. Beyond the cap: NULL
+ * (and counted as dropped), as there is no sum of pointers to fold into.
+ */
+km_metric_series *km_metric_series_ptr(km_metric_family *f, const char *const *values, const uint64_t *value);
+/*
+ * A histogram series kept by its owner: buckets[f's nbounds] non-cumulative counts (an observation
+ * above the last bound is only in *count), the count and the sum. Rendered cumulative.
+ */
+km_metric_series *km_metric_histogram_ptr(km_metric_family *f, const char *const *values, const uint64_t *buckets,
+					  const uint64_t *count, const double *sum);
+
+/* Registry-owned series: counters go up, gauges are set, histograms observe. */
+void km_metric_inc(km_metric_series *s, uint64_t n);
+void km_metric_set(km_metric_series *s, int64_t v);
+void km_metric_observe(km_metric_series *s, double v);
+/* Current value of a counter or gauge series (a gauge's as its int64_t bits). */
+uint64_t km_metric_value(const km_metric_series *s);
+
+/* The bucket v falls in: the first bound >= v, or nbounds when above all (for histograms by pointer). */
+size_t km_metrics_bucket(const double *bounds, size_t nbounds, double v);
+
+/* The Prometheus text exposition (version 0.0.4) of every family, in the order they were added. */
+km_err km_metrics_render(const km_metrics *m, FILE *out);
 
 #endif

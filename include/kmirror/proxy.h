@@ -3,6 +3,7 @@
 #define KMIRROR_PROXY_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include <event2/event.h>
 
@@ -12,11 +13,57 @@
 
 typedef struct km_proxy km_proxy;
 
+#define KM_PROXY_MAX_API 128
+#define KM_PROXY_LATENCY_BUCKETS 12
+
+typedef enum {
+	KM_REJECT_TOO_LARGE = 0,
+	KM_REJECT_BAD_SIZE,
+	KM_REJECT_TLS_HELLO,
+	KM_REJECT_HTTP,
+	KM_REJECT_BAD_HEADER,
+	KM_REJECT_FRAME_TIMEOUT,
+	KM_REJECT_IDLE_TIMEOUT,
+	KM_REJECT_REQUEST_TIMEOUT,
+	KM_REJECT__COUNT,
+} km_reject_reason;
+
+/*
+ * The proxy's counters: plain fields the hot path increments, read by the metrics registry through
+ * pointers (counters.c names them: kmirror_client_connections, kmirror_requests_total{api_key}, ...).
+ */
+typedef struct km_proxy_counters {
+	uint64_t client_connections;          /* gauge */
+	uint64_t client_connections_total;
+	uint64_t upstream_connections;        /* gauge */
+	uint64_t upstream_connects_total;
+	uint64_t upstream_errors_total;       /* failed connects, resets, bad frames from upstream */
+	uint64_t client_bytes_in, client_bytes_out;
+	uint64_t upstream_bytes_in, upstream_bytes_out;
+	uint64_t rejected[KM_REJECT__COUNT];
+	uint64_t responses_rewritten_total;
+	uint64_t brokers_known;               /* gauge */
+	uint64_t requests[KM_PROXY_MAX_API];
+	uint64_t requests_unknown;            /* api key outside the table */
+	uint64_t latency_bucket[KM_PROXY_MAX_API][KM_PROXY_LATENCY_BUCKETS]; /* non-cumulative */
+	uint64_t latency_count[KM_PROXY_MAX_API];
+	double latency_sum[KM_PROXY_MAX_API];
+	uint64_t draining;                    /* gauge: 1 while draining on SIGTERM */
+} km_proxy_counters;
+
+/* Upper bounds of the latency buckets, seconds (+Inf is implicit). */
+extern const double km_proxy_latency_bounds[KM_PROXY_LATENCY_BUCKETS];
+
+const char *km_reject_reason_name(km_reject_reason r);
+
 /*
  * Start serving: the bootstrap listener, the HTTP endpoint, and the metadata refresh that opens one
- * listener per upstream broker. cfg is copied (and must have passed km_config_validate).
+ * listener per upstream broker. cfg is copied (and must have passed km_config_validate). The proxy's
+ * counters are registered by pointer into metrics, which its HTTP endpoint serves: free the registry
+ * after the proxy, and do not render it in between. NULL: the proxy keeps a registry of its own.
  */
-km_proxy *km_proxy_new(struct event_base *base, const km_config *cfg, char *err, size_t errlen);
+km_proxy *km_proxy_new(struct event_base *base, const km_config *cfg, km_metrics *metrics, char *err,
+		       size_t errlen);
 /* Swap in a new configuration (already checked with km_config_check_reload). */
 km_err km_proxy_reload(km_proxy *px, const km_config *next, char *err, size_t errlen)
 	__attribute__((warn_unused_result));
@@ -27,7 +74,7 @@ km_err km_proxy_reload(km_proxy *px, const km_config *next, char *err, size_t er
 void km_proxy_drain(km_proxy *px, void (*done)(void *arg), void *arg);
 void km_proxy_free(km_proxy *px);
 
-km_metrics *km_proxy_metrics(km_proxy *px);
+km_proxy_counters *km_proxy_metrics(km_proxy *px);
 size_t km_proxy_session_count(const km_proxy *px);
 
 #endif

@@ -10,7 +10,7 @@
 
 km_log_level km_log_current = KM_LOG_INFO;
 
-static const char *const level_names[] = {"error", "warn", "info", "debug", "trace"};
+const char *const km_log_level_names[KM_LOG_TRACE + 1] = {"error", "warn", "info", "debug", "trace"};
 
 void km_log_set_level(km_log_level level)
 {
@@ -19,8 +19,8 @@ void km_log_set_level(km_log_level level)
 
 bool km_log_level_parse(const char *name, km_log_level *out)
 {
-	for (size_t i = 0; i < sizeof(level_names) / sizeof(level_names[0]); i++) {
-		if (strcasecmp(name, level_names[i]) == 0) {
+	for (size_t i = 0; i < sizeof(km_log_level_names) / sizeof(km_log_level_names[0]); i++) {
+		if (strcasecmp(name, km_log_level_names[i]) == 0) {
 			*out = (km_log_level)i;
 			return true;
 		}
@@ -30,8 +30,8 @@ bool km_log_level_parse(const char *name, km_log_level *out)
 
 const char *km_log_level_name(km_log_level level)
 {
-	if ((unsigned)level < sizeof(level_names) / sizeof(level_names[0]))
-		return level_names[level];
+	if ((unsigned)level < sizeof(km_log_level_names) / sizeof(km_log_level_names[0]))
+		return km_log_level_names[level];
 	return "unknown";
 }
 

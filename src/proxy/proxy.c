@@ -1,5 +1,6 @@
 /* The proxy: bootstrap and per-broker listeners, the upstream broker table, metadata refresh, HTTP, drain and reload. */
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -20,7 +21,7 @@ uint64_t km_proxy_now_ms(const km_proxy *px)
 	return (uint64_t)tv.tv_sec * 1000 + (uint64_t)tv.tv_usec / 1000;
 }
 
-km_metrics *km_proxy_metrics(km_proxy *px)
+km_proxy_counters *km_proxy_metrics(km_proxy *px)
 {
 	return &px->metrics;
 }
@@ -288,9 +289,19 @@ static void http_cb(struct evhttp_request *req, void *arg)
 		return;
 	}
 	if (strncmp(uri, "/metrics", 8) == 0 && (uri[8] == '\0' || uri[8] == '?')) {
-		evhttp_add_header(hdrs, "Content-Type", "text/plain; version=0.0.4; charset=utf-8");
-		km_metrics_render(&px->metrics, out);
-		evhttp_send_reply(req, 200, "OK", out);
+		char *text = NULL;
+		size_t len = 0;
+		FILE *f = open_memstream(&text, &len);
+		km_err rc = f ? km_metrics_render(px->registry, f) : KM_ERR_NOMEM;
+		if (f && fclose(f) != 0)
+			rc = KM_ERR_NOMEM;
+		if (rc != KM_OK || evbuffer_add(out, text, len) != 0) {
+			evhttp_send_error(req, 500, NULL);
+		} else {
+			evhttp_add_header(hdrs, "Content-Type", "text/plain; version=0.0.4; charset=utf-8");
+			evhttp_send_reply(req, 200, "OK", out);
+		}
+		free(text);
 	} else if (strncmp(uri, "/healthz", 8) == 0 && (uri[8] == '\0' || uri[8] == '?')) {
 		/* Healthy: serving, and the upstream answered a metadata request within three refresh periods. */
 		uint64_t now = km_proxy_now_ms(px);
@@ -336,7 +347,8 @@ static km_err make_tls(km_proxy *px, const km_config *cfg, SSL_CTX **server, SSL
 	return KM_OK;
 }
 
-km_proxy *km_proxy_new(struct event_base *base, const km_config *cfg, char *err, size_t errlen)
+km_proxy *km_proxy_new(struct event_base *base, const km_config *cfg, km_metrics *metrics, char *err,
+		       size_t errlen)
 {
 	km_proxy *px = calloc(1, sizeof(*px));
 	struct timeval tick = {0, 250000};
@@ -388,6 +400,12 @@ km_proxy *km_proxy_new(struct event_base *base, const km_config *cfg, char *err,
 	px->tick_ev = event_new(base, -1, EV_PERSIST, tick_cb, px);
 	if (!px->tick_ev || event_add(px->tick_ev, &tick) != 0) {
 		snprintf(err, errlen, "cannot create timer");
+		goto fail;
+	}
+	/* Last, so a failure before it leaves nothing in the caller's registry that points into px. */
+	px->registry = metrics ? metrics : (px->own_registry = km_metrics_new());
+	if (!px->registry || km_proxy_counters_register(&px->metrics, px->registry) != KM_OK) {
+		snprintf(err, errlen, "cannot register the proxy's metrics (names taken, or out of memory)");
 		goto fail;
 	}
 	KM_INFO("proxy", 0, "listening on %s:%u (bootstrap), broker ports %lld-%lld, advertised host %s", cfg->listen.host,
@@ -513,5 +531,6 @@ void km_proxy_free(km_proxy *px)
 	SSL_CTX_free(px->host.server_tls);
 	SSL_CTX_free(px->host.upstream_tls);
 	km_config_free(&px->cfg);
+	km_metrics_free(px->own_registry);
 	free(px);
 }

@@ -13,6 +13,7 @@
 #include "kmirror/net.h"
 #include "kmirror/proxy.h"
 #include "proxy/apis.h"
+#include "proxy/counters.h"
 #include "proxy/rewrite.h"
 #include "proxy/session.h"
 
@@ -52,7 +53,9 @@ struct km_proxy {
 	uint64_t drain_deadline_ms;
 	void (*drain_done)(void *arg);
 	void *drain_arg;
-	km_metrics metrics;
+	km_proxy_counters metrics;
+	km_metrics *registry;     /* served on /metrics */
+	km_metrics *own_registry; /* when the caller gave none */
 	uint64_t next_session_id;
 };
 

@@ -151,7 +151,7 @@ static void reap_cb(evutil_socket_t fd, short what, void *arg)
 static void session_close(km_session *s, const char *why)
 {
 	km_session_set *set = s->set;
-	km_metrics *m = s->host->metrics;
+	km_proxy_counters *m = s->host->metrics;
 	static const struct timeval zero = {0, 0};
 
 	if (s->closed)
@@ -452,7 +452,7 @@ static int stream_step(km_session *s, const inflight *f, struct evbuffer *in, km
 /* RS_HEAD: the next response frame from upstream must answer the oldest forwarded request. */
 static bool response_head(km_session *s, struct evbuffer *in)
 {
-	km_metrics *m = s->host->metrics;
+	km_proxy_counters *m = s->host->metrics;
 	inflight *f = inflights_front(&s->fifo);
 	int32_t size = 0, corr;
 	uint8_t hdr[8];
@@ -580,7 +580,7 @@ static void up_write_cb(struct bufferevent *bev, void *arg)
 static void up_event_cb(struct bufferevent *bev, short what, void *arg)
 {
 	km_session *s = arg;
-	km_metrics *m = s->host->metrics;
+	km_proxy_counters *m = s->host->metrics;
 
 	if (what & BEV_EVENT_CONNECTED) {
 		int fd = bufferevent_getfd(bev), one = 1;
@@ -690,7 +690,7 @@ typedef enum { HEAD_DONE, HEAD_WAIT, HEAD_CLOSED } head_result;
  */
 static head_result request_head(km_session *s, struct evbuffer *in)
 {
-	km_metrics *m = s->host->metrics;
+	km_proxy_counters *m = s->host->metrics;
 	const km_config *cfg = s->host->cfg;
 	size_t avail = evbuffer_get_length(in), want;
 	int32_t size = 0;

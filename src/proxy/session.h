@@ -15,6 +15,7 @@
 #include "kmirror/error.h"
 #include "kmirror/metrics.h"
 #include "proxy/apis.h"
+#include "proxy/counters.h"
 #include "proxy/rewrite.h"
 
 typedef struct km_session km_session;
@@ -30,7 +31,7 @@ typedef struct km_session_host {
 	const km_config *cfg;
 	SSL_CTX *server_tls;   /* client side: NULL for plaintext */
 	SSL_CTX *upstream_tls; /* upstream side: NULL for plaintext */
-	km_metrics *metrics;
+	km_proxy_counters *metrics;
 	const km_proxy_apis *apis;
 	/* The endpoint rewriting context (advertised host, ports, where learned brokers go). */
 	void (*rewrite_ctx)(void *arg, km_rewrite_ctx *ctx);

@@ -287,7 +287,7 @@ static int setup_with(void **state, bool tls)
 		assert_int_equal(km_config_set(&f->cfg, "tls_key_file", path, err, sizeof(err)), KM_OK);
 	}
 	assert_int_equal(km_config_validate(&f->cfg, err, sizeof(err)), KM_OK);
-	f->px = km_proxy_new(f->base, &f->cfg, err, sizeof(err));
+	f->px = km_proxy_new(f->base, &f->cfg, NULL, err, sizeof(err));
 	if (!f->px)
 		fail_msg("km_proxy_new: %s", err);
 	/* Let the startup metadata refresh open the broker port. */

@@ -1,4 +1,4 @@
-/* Unit tests for the option table: defaults, parsing, files, validation, reload rules, and docs/configuration.md. */
+/* Unit tests for the daemon's option table: defaults, parsing, files, validation, reload rules, the doc. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -11,12 +11,15 @@
 
 #include "kmirror/daemon_config.h"
 #include "kmirror/log.h"
+#include "kmirror/net.h"
+#include "unit_tmpfile.h"
 
 static void test_defaults_round_trip(void **state)
 {
 	km_config cfg;
-	size_t n;
-	const km_config_option *opts = km_config_options(&n);
+	const km_opt_table *t = km_config_table();
+	const km_option *opts = t->rows;
+	size_t n = t->count;
 	char err[256];
 
 	assert_true(n >= 20);
@@ -24,7 +27,7 @@ static void test_defaults_round_trip(void **state)
 	for (size_t i = 0; i < n; i++) {
 		char v[512];
 		/* Every default parses, and formats back to the text in the table. */
-		km_config_format(&opts[i], &cfg, v, sizeof(v));
+		km_opt_format(&opts[i], &cfg, v, sizeof(v));
 		assert_string_equal(v, opts[i].def);
 		assert_non_null(opts[i].doc);
 		assert_true(strlen(opts[i].doc) > 10);
@@ -70,16 +73,6 @@ static void test_set_values(void **state)
 	assert_non_null(strstr(err, "no_such_option"));
 	assert_int_equal(km_config_set(&cfg, "listen", "0.0.0.0:70000", err, sizeof(err)), KM_ERR_CONFIG);
 	km_config_free(&cfg);
-}
-
-static char *write_tmp(const char *text)
-{
-	char *path = strdup("/tmp/km-config-XXXXXX");
-	int fd = mkstemp(path);
-	assert_true(fd >= 0);
-	assert_int_equal(write(fd, text, strlen(text)), (ssize_t)strlen(text));
-	close(fd);
-	return path;
 }
 
 static void test_load_file(void **state)
@@ -148,8 +141,7 @@ static void test_reload_rules(void **state)
 {
 	km_config cur, next;
 	char err[256];
-	size_t n;
-	const km_config_option *opts = km_config_options(&n);
+	const km_opt_table *t = km_config_table();
 
 	km_config_init(&cur);
 	assert_int_equal(km_config_set(&cur, "upstream", "k:9092", err, sizeof(err)), KM_OK);
@@ -170,9 +162,35 @@ static void test_reload_rules(void **state)
 	assert_int_equal(km_config_check_reload(&cur, &next, err, sizeof(err)), KM_ERR_CONFIG);
 	km_config_free(&next);
 	/* every non-reloadable option is caught by the equality check */
-	for (size_t i = 0; i < n; i++)
-		assert_true(km_config_option_equal(&opts[i], &cur, &cur));
+	for (size_t i = 0; i < t->count; i++)
+		assert_true(km_opt_equal(&t->rows[i], &cur, &cur));
 	km_config_free(&cur);
+}
+
+/* The SASL names of the table are the mechanisms src/net provides; anything else fails when set. */
+static void test_sasl_mechanisms(void **state)
+{
+	const km_option *o = km_opt_find(km_config_table(), "upstream_sasl_mechanism");
+	km_config cfg;
+	char err[256];
+
+	assert_non_null(o);
+	assert_non_null(o->choices);
+	for (size_t i = 0; i < o->choices->count; i++)
+		assert_true(km_sasl_mechanism_supported(o->choices->names[i]));
+	assert_false(km_sasl_mechanism_supported("GSSAPI"));
+	km_config_init(&cfg);
+	assert_int_equal(km_config_set(&cfg, "upstream_sasl_mechanism", "GSSAPI", err, sizeof(err)), KM_ERR_CONFIG);
+	assert_non_null(strstr(err, "is not one of PLAIN, SCRAM-SHA-256, SCRAM-SHA-512"));
+	assert_int_equal(km_config_set(&cfg, "upstream_sasl_mechanism", "plain", err, sizeof(err)), KM_ERR_CONFIG);
+	assert_int_equal(km_config_set(&cfg, "upstream_sasl_mechanism", "SCRAM-SHA-512", err, sizeof(err)), KM_OK);
+	assert_string_equal(cfg.upstream_sasl_mechanism, "SCRAM-SHA-512");
+	assert_int_equal(km_config_set(&cfg, "upstream", "k:9092", err, sizeof(err)), KM_OK);
+	/* a mechanism needs a user name */
+	assert_int_equal(km_config_validate(&cfg, err, sizeof(err)), KM_ERR_CONFIG);
+	assert_int_equal(km_config_set(&cfg, "upstream_sasl_username", "u", err, sizeof(err)), KM_OK);
+	assert_int_equal(km_config_validate(&cfg, err, sizeof(err)), KM_OK);
+	km_config_free(&cfg);
 }
 
 /* docs/configuration.md embeds the generated table verbatim between markers. */
@@ -196,7 +214,7 @@ static void test_docs_match_table(void **state)
 	assert_non_null(end);
 	begin += strlen("<!-- BEGIN OPTIONS -->\n");
 	f = open_memstream(&gen, &glen);
-	km_config_write_doc(f);
+	km_opt_write_doc(km_config_table(), f);
 	fclose(f);
 	if ((size_t)(end - begin) != glen || memcmp(begin, gen, glen) != 0) {
 		fprintf(stderr, "docs/configuration.md is out of date; regenerate the table with kmirrord --config-doc:\n%s",
@@ -212,7 +230,8 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_defaults_round_trip), cmocka_unit_test(test_set_values),
 		cmocka_unit_test(test_load_file),           cmocka_unit_test(test_validate),
-		cmocka_unit_test(test_reload_rules),        cmocka_unit_test(test_docs_match_table),
+		cmocka_unit_test(test_reload_rules),        cmocka_unit_test(test_sasl_mechanisms),
+		cmocka_unit_test(test_docs_match_table),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

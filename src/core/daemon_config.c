@@ -1,0 +1,216 @@
+/* kmirrord configuration: the option table of km_config, and the cross-option rules the engine cannot know. */
+#include <inttypes.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "kmirror/daemon_config.h"
+#include "kmirror/log.h"
+
+#define OFF(f) offsetof(km_config, f)
+#define I64MAX INT64_MAX
+
+static const km_opt_enum log_levels = {"log level", km_log_level_names, KM_LOG_TRACE + 1, false};
+
+static const char *const client_auth_names[] = {"none", "requested", "required"};
+static const km_opt_enum client_auth = {NULL, client_auth_names, 3, false};
+
+/* The mechanisms src/net provides (a unit test keeps the two in step); names are case-sensitive. */
+static const char *const sasl_names[] = {"PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"};
+static const km_opt_enum sasl_mechanisms = {NULL, sasl_names, 3, true};
+
+static const km_option options[] = {
+	{.name = "listen", .type = KM_OPT_HOSTPORT, .offset = OFF(listen), .def = "0.0.0.0:9092",
+	 .doc = "Bootstrap listener. Clients put this address in bootstrap.servers."},
+	{.name = "advertised_host", .type = KM_OPT_STRING, .offset = OFF(advertised_host), .def = "localhost",
+	 .reloadable = true,
+	 .doc = "Host name the proxy puts in every broker endpoint it returns to clients (Metadata, "
+		 "FindCoordinator, DescribeCluster, Produce/Fetch NodeEndpoints)."},
+	{.name = "broker_port_base", .type = KM_OPT_INT, .offset = OFF(broker_port_base), .def = "19092", .min = 1,
+	 .max = 65535,
+	 .doc = "Upstream broker node N is served on port broker_port_base + N (same bind host as listen)."},
+	{.name = "broker_port_count", .type = KM_OPT_INT, .offset = OFF(broker_port_count), .def = "1000", .min = 1,
+	 .max = 65535,
+	 .doc = "Node ids 0 .. broker_port_count-1 get a port; a broker with a larger id is logged and not "
+		 "reachable through the proxy."},
+	{.name = "upstream", .type = KM_OPT_HOSTPORT_LIST, .offset = OFF(upstream), .def = "",
+	 .count_offset = OFF(upstream_count), .max = KM_CONFIG_MAX_UPSTREAMS, .reloadable = true,
+	 .doc = "Bootstrap addresses of the upstream (destination) cluster, comma separated. Required. "
+		 "A reload affects new connections and the next metadata refresh."},
+	{.name = "http_listen", .type = KM_OPT_HOSTPORT, .offset = OFF(http_listen), .def = "",
+	 .doc = "Address of the HTTP endpoint serving /metrics and /healthz; empty disables it."},
+	{.name = "log_level", .type = KM_OPT_ENUM, .offset = OFF(log_level), .def = "info", .choices = &log_levels,
+	 .reloadable = true,
+	 .doc = "error, warn, info, debug or trace."},
+	{.name = "max_frame_bytes", .type = KM_OPT_INT, .offset = OFF(max_frame_bytes), .def = "104857600", .min = 64,
+	 .max = INT32_MAX, .reloadable = true,
+	 .doc = "Largest request or response frame accepted (like the broker's socket.request.max.bytes); "
+		 "a larger frame closes the connection."},
+	{.name = "idle_timeout_ms", .type = KM_OPT_INT, .offset = OFF(idle_timeout_ms), .def = "600000", .min = 0,
+	 .max = I64MAX, .reloadable = true,
+	 .doc = "A client connection with no traffic and no request in flight for this long is closed "
+		 "(0 = never)."},
+	{.name = "frame_timeout_ms", .type = KM_OPT_INT, .offset = OFF(frame_timeout_ms), .def = "30000", .min = 0,
+	 .max = I64MAX, .reloadable = true,
+	 .doc = "A partially received frame that makes no progress for this long closes the connection "
+		 "(0 = never)."},
+	{.name = "upstream_connect_timeout_ms", .type = KM_OPT_INT, .offset = OFF(upstream_connect_timeout_ms),
+	 .def = "10000", .min = 1, .max = I64MAX, .reloadable = true,
+	 .doc = "Time allowed to connect (and finish TLS) to an upstream broker."},
+	{.name = "upstream_request_timeout_ms", .type = KM_OPT_INT, .offset = OFF(upstream_request_timeout_ms),
+	 .def = "300000", .min = 0, .max = I64MAX, .reloadable = true,
+	 .doc = "A forwarded request whose response has not started after this long closes the client "
+		 "connection (0 = never). Keep it above the clients' own request timeouts."},
+	{.name = "metadata_refresh_ms", .type = KM_OPT_INT, .offset = OFF(metadata_refresh_ms), .def = "30000",
+	 .min = 100, .max = I64MAX, .reloadable = true,
+	 .doc = "How often the proxy asks the upstream for its broker list (new brokers get their port)."},
+	{.name = "max_inflight_requests", .type = KM_OPT_INT, .offset = OFF(max_inflight_requests), .def = "1000",
+	 .min = 1, .max = 1000000, .reloadable = true,
+	 .doc = "Requests in flight per client connection; beyond it the proxy stops reading from the client."},
+	{.name = "connection_buffer_bytes", .type = KM_OPT_INT, .offset = OFF(connection_buffer_bytes),
+	 .def = "4194304", .min = 4096, .max = I64MAX, .reloadable = true,
+	 .doc = "Bytes queued towards a peer above which the proxy stops reading from the other side "
+		 "(backpressure)."},
+	{.name = "drain_timeout_ms", .type = KM_OPT_INT, .offset = OFF(drain_timeout_ms), .def = "30000", .min = 0,
+	 .max = I64MAX, .reloadable = true,
+	 .doc = "On SIGTERM, the time over which client connections are closed; whatever is left then is "
+		 "closed at once and the daemon exits."},
+	{.name = "drain_interval_ms", .type = KM_OPT_INT, .offset = OFF(drain_interval_ms), .def = "1000", .min = 10,
+	 .max = I64MAX, .reloadable = true,
+	 .doc = "On SIGTERM, the pause between two closing rounds (librdkafka clients need about a second "
+		 "between brokers); each round closes an even share of the connections."},
+	{.name = "tls_cert_file", .type = KM_OPT_STRING, .offset = OFF(tls_cert_file), .def = "", .reloadable = true,
+	 .doc = "PEM certificate (chain) for client-facing TLS; set with tls_key_file to make every listener TLS. "
+		 "TLS files are read again on every reload (rotation in place); new connections use them."},
+	{.name = "tls_key_file", .type = KM_OPT_STRING, .offset = OFF(tls_key_file), .def = "", .reloadable = true,
+	 .doc = "PEM private key for client-facing TLS."},
+	{.name = "tls_ca_file", .type = KM_OPT_STRING, .offset = OFF(tls_ca_file), .def = "", .reloadable = true,
+	 .doc = "PEM CA bundle used to verify client certificates (with tls_client_auth)."},
+	{.name = "tls_client_auth", .type = KM_OPT_ENUM, .offset = OFF(tls_client_auth), .def = "none",
+	 .choices = &client_auth, .reloadable = true,
+	 .doc = "Client certificates: none, requested (verified when sent) or required."},
+	{.name = "upstream_tls", .type = KM_OPT_BOOL, .offset = OFF(upstream_tls), .def = "false", .reloadable = true,
+	 .doc = "Connect to the upstream brokers with TLS."},
+	{.name = "upstream_tls_ca_file", .type = KM_OPT_STRING, .offset = OFF(upstream_tls_ca_file), .def = "",
+	 .reloadable = true,
+	 .doc = "PEM CA bundle for verifying the upstream brokers (empty: the system store)."},
+	{.name = "upstream_tls_cert_file", .type = KM_OPT_STRING, .offset = OFF(upstream_tls_cert_file), .def = "",
+	 .reloadable = true,
+	 .doc = "PEM client certificate presented to the upstream brokers (mutual TLS)."},
+	{.name = "upstream_tls_key_file", .type = KM_OPT_STRING, .offset = OFF(upstream_tls_key_file), .def = "",
+	 .reloadable = true,
+	 .doc = "PEM private key for upstream_tls_cert_file."},
+	{.name = "upstream_tls_verify_hostname", .type = KM_OPT_BOOL, .offset = OFF(upstream_tls_verify_hostname),
+	 .def = "true", .reloadable = true,
+	 .doc = "Check that the upstream broker certificate matches the host name connected to."},
+	{.name = "upstream_sasl_mechanism", .type = KM_OPT_STRING, .offset = OFF(upstream_sasl_mechanism), .def = "",
+	 .choices = &sasl_mechanisms, .reloadable = true,
+	 .doc = "SASL mechanism for the proxy's own upstream connections (metadata refresh): empty (none), PLAIN, "
+		 "SCRAM-SHA-256 or SCRAM-SHA-512. Client connections authenticate themselves (SASL is passed "
+		 "through)."},
+	{.name = "upstream_sasl_username", .type = KM_OPT_STRING, .offset = OFF(upstream_sasl_username), .def = "",
+	 .reloadable = true,
+	 .doc = "User name for upstream_sasl_mechanism."},
+	{.name = "upstream_sasl_password", .type = KM_OPT_STRING, .offset = OFF(upstream_sasl_password), .def = "",
+	 .reloadable = true, .secret = true,
+	 .doc = "Password for upstream_sasl_mechanism."},
+};
+
+static const km_opt_table table = {options, sizeof(options) / sizeof(options[0]), sizeof(km_config)};
+
+const km_opt_table *km_config_table(void)
+{
+	return &table;
+}
+
+void km_config_init(km_config *cfg)
+{
+	/* Defaults are checked by the unit tests; a failure here is a bug in the table (or no memory). */
+	if (km_opt_init(&table, cfg) != KM_OK)
+		KM_ERROR("config", 0, "a default of the option table does not parse");
+}
+
+void km_config_free(km_config *cfg)
+{
+	km_opt_free(&table, cfg);
+}
+
+km_err km_config_copy(km_config *dst, const km_config *src)
+{
+	return km_opt_copy(&table, dst, src);
+}
+
+km_err km_config_set(km_config *cfg, const char *name, const char *value, char *err, size_t errlen)
+{
+	return km_opt_set(&table, cfg, name, value, err, errlen);
+}
+
+km_err km_config_load_file(km_config *cfg, const char *path, char *err, size_t errlen)
+{
+	return km_opt_load_file(&table, cfg, path, err, errlen);
+}
+
+static bool both_or_neither(const char *a, const char *b)
+{
+	return (a == NULL) == (b == NULL);
+}
+
+km_err km_config_validate(const km_config *cfg, char *err, size_t errlen)
+{
+	if (cfg->upstream_count == 0) {
+		snprintf(err, errlen, "upstream: at least one upstream broker address is required");
+		return KM_ERR_CONFIG;
+	}
+	if (!cfg->advertised_host || !*cfg->advertised_host) {
+		snprintf(err, errlen, "advertised_host: must not be empty");
+		return KM_ERR_CONFIG;
+	}
+	if (cfg->listen.port == 0) {
+		snprintf(err, errlen, "listen: a port is required");
+		return KM_ERR_CONFIG;
+	}
+	if (cfg->broker_port_base + cfg->broker_port_count - 1 > 65535) {
+		snprintf(err, errlen, "broker_port_base + broker_port_count - 1 = %" PRId64 " is above 65535",
+			 cfg->broker_port_base + cfg->broker_port_count - 1);
+		return KM_ERR_CONFIG;
+	}
+	if (cfg->listen.port >= cfg->broker_port_base &&
+	    cfg->listen.port < cfg->broker_port_base + cfg->broker_port_count) {
+		snprintf(err, errlen, "listen port %u falls inside the broker port range %" PRId64 "-%" PRId64,
+			 cfg->listen.port, cfg->broker_port_base, cfg->broker_port_base + cfg->broker_port_count - 1);
+		return KM_ERR_CONFIG;
+	}
+	if (cfg->http_listen.port && cfg->http_listen.port == cfg->listen.port &&
+	    strcmp(cfg->http_listen.host, cfg->listen.host) == 0) {
+		snprintf(err, errlen, "http_listen: same address as listen");
+		return KM_ERR_CONFIG;
+	}
+	if (!both_or_neither(cfg->tls_cert_file, cfg->tls_key_file)) {
+		snprintf(err, errlen, "tls_cert_file and tls_key_file must be set together");
+		return KM_ERR_CONFIG;
+	}
+	if (cfg->tls_client_auth != KM_TLS_CLIENT_AUTH_NONE && (!cfg->tls_cert_file || !cfg->tls_ca_file)) {
+		snprintf(err, errlen, "tls_client_auth needs tls_cert_file, tls_key_file and tls_ca_file");
+		return KM_ERR_CONFIG;
+	}
+	if (!both_or_neither(cfg->upstream_tls_cert_file, cfg->upstream_tls_key_file)) {
+		snprintf(err, errlen, "upstream_tls_cert_file and upstream_tls_key_file must be set together");
+		return KM_ERR_CONFIG;
+	}
+	if (cfg->upstream_sasl_mechanism && !cfg->upstream_sasl_username) {
+		snprintf(err, errlen, "upstream_sasl_mechanism needs upstream_sasl_username");
+		return KM_ERR_CONFIG;
+	}
+	if (!cfg->upstream_tls && (cfg->upstream_tls_ca_file || cfg->upstream_tls_cert_file)) {
+		snprintf(err, errlen, "upstream_tls_* files are set but upstream_tls is false");
+		return KM_ERR_CONFIG;
+	}
+	return KM_OK;
+}
+
+km_err km_config_check_reload(const km_config *cur, const km_config *next, char *err, size_t errlen)
+{
+	km_err rc = km_config_validate(next, err, errlen);
+	if (rc != KM_OK)
+		return rc;
+	return km_opt_check_reload(&table, cur, next, err, errlen);
+}

@@ -1,0 +1,405 @@
+/* The metrics registry: families of labelled series, a cap on series per family, Prometheus text rendering. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "kmirror/log.h"
+#include "kmirror/metrics.h"
+
+struct km_metric_series {
+	char *values[KM_METRICS_MAX_LABELS];
+	km_metric_family *family;
+	/* What is rendered: the registry's own storage below, or the owner's. */
+	const uint64_t *value;
+	const uint64_t *buckets;
+	const uint64_t *count;
+	const double *sum;
+	uint64_t own_value;
+	uint64_t *own_buckets;
+	uint64_t own_count;
+	double own_sum;
+};
+
+struct km_metric_family {
+	km_metrics *registry;
+	char *name, *help;
+	km_metric_type type;
+	char *labels[KM_METRICS_MAX_LABELS];
+	size_t nlabels;
+	size_t max_series;
+	double *bounds;
+	size_t nbounds;
+	bool hide_empty;
+	km_metric_series **series; /* in the order they were made */
+	size_t nseries, capseries;
+	km_metric_series *overflow; /* not counted against max_series */
+	bool warned;
+};
+
+struct km_metrics {
+	km_metric_family **families;
+	size_t nfamilies, capfamilies;
+	uint64_t dropped;
+};
+
+static bool name_ok(const char *s, bool colon)
+{
+	if (!s || !*s || (*s >= '0' && *s <= '9'))
+		return false;
+	for (; *s; s++)
+		if (!((*s >= 'a' && *s <= 'z') || (*s >= 'A' && *s <= 'Z') || (*s >= '0' && *s <= '9') || *s == '_' ||
+		      (colon && *s == ':')))
+			return false;
+	return true;
+}
+
+static bool desc_ok(const km_metrics *m, const km_metric_desc *d)
+{
+	if (!name_ok(d->name, true) || !d->help)
+		return false;
+	for (size_t i = 0; i < m->nfamilies; i++)
+		if (strcmp(m->families[i]->name, d->name) == 0)
+			return false;
+	for (size_t i = 0; i < KM_METRICS_MAX_LABELS && d->labels[i]; i++) {
+		/* "__" names are reserved by Prometheus; "le" is the histogram's own. */
+		if (!name_ok(d->labels[i], false) || strncmp(d->labels[i], "__", 2) == 0 ||
+		    (d->type == KM_METRIC_HISTOGRAM && strcmp(d->labels[i], "le") == 0))
+			return false;
+		for (size_t j = 0; j < i; j++)
+			if (strcmp(d->labels[i], d->labels[j]) == 0)
+				return false;
+	}
+	if (d->type == KM_METRIC_HISTOGRAM) {
+		if (!d->bounds || !d->nbounds)
+			return false;
+		for (size_t i = 1; i < d->nbounds; i++)
+			if (!(d->bounds[i] > d->bounds[i - 1]))
+				return false;
+	}
+	return true;
+}
+
+/* Double an array of pointers (8 to start with); false and unchanged when out of memory. */
+static bool grow(void **arr, size_t *cap, size_t elem)
+{
+	size_t ncap = *cap ? *cap * 2 : 8;
+	void *n = realloc(*arr, ncap * elem);
+	if (!n)
+		return false;
+	*arr = n;
+	*cap = ncap;
+	return true;
+}
+
+static void family_free(km_metric_family *f);
+
+km_metric_family *km_metrics_family(km_metrics *m, const km_metric_desc *d)
+{
+	km_metric_family *f;
+
+	if (!desc_ok(m, d))
+		return NULL;
+	if (m->nfamilies == m->capfamilies && !grow((void **)&m->families, &m->capfamilies, sizeof(*m->families)))
+		return NULL;
+	f = calloc(1, sizeof(*f));
+	if (!f)
+		return NULL;
+	f->registry = m;
+	f->type = d->type;
+	f->max_series = d->max_series ? d->max_series : KM_METRICS_DEFAULT_MAX_SERIES;
+	f->hide_empty = d->hide_empty;
+	if (!(f->name = strdup(d->name)) || !(f->help = strdup(d->help)))
+		goto fail;
+	for (; f->nlabels < KM_METRICS_MAX_LABELS && d->labels[f->nlabels]; f->nlabels++)
+		if (!(f->labels[f->nlabels] = strdup(d->labels[f->nlabels])))
+			goto fail;
+	if (d->type == KM_METRIC_HISTOGRAM) {
+		f->nbounds = d->nbounds;
+		if (!(f->bounds = malloc(d->nbounds * sizeof(*f->bounds))))
+			goto fail;
+		memcpy(f->bounds, d->bounds, d->nbounds * sizeof(*f->bounds));
+	}
+	m->families[m->nfamilies++] = f;
+	return f;
+fail:
+	family_free(f);
+	return NULL;
+}
+
+static void series_free(km_metric_series *s)
+{
+	if (!s)
+		return;
+	for (size_t i = 0; i < KM_METRICS_MAX_LABELS; i++)
+		free(s->values[i]);
+	free(s->own_buckets);
+	free(s);
+}
+
+static void family_free(km_metric_family *f)
+{
+	for (size_t i = 0; i < f->nseries; i++)
+		series_free(f->series[i]);
+	series_free(f->overflow);
+	free(f->series);
+	for (size_t i = 0; i < f->nlabels; i++)
+		free(f->labels[i]);
+	free(f->bounds);
+	free(f->name);
+	free(f->help);
+	free(f);
+}
+
+km_metrics *km_metrics_new(void)
+{
+	static const km_metric_desc dropped = {
+		.name = KM_METRICS_DROPPED_NAME,
+		.help = "Label sets folded into a family's overflow series because the family was at its series cap.",
+		.type = KM_METRIC_COUNTER,
+	};
+	km_metrics *m = calloc(1, sizeof(*m));
+	km_metric_family *f;
+
+	if (!m)
+		return NULL;
+	f = km_metrics_family(m, &dropped);
+	if (!f || !km_metric_series_ptr(f, NULL, &m->dropped)) {
+		km_metrics_free(m);
+		return NULL;
+	}
+	return m;
+}
+
+void km_metrics_free(km_metrics *m)
+{
+	if (!m)
+		return;
+	for (size_t i = 0; i < m->nfamilies; i++)
+		family_free(m->families[i]);
+	free(m->families);
+	free(m);
+}
+
+/* A new series with copies of the label values (or all KM_METRICS_OVERFLOW); not yet in the family. */
+static km_metric_series *series_new(km_metric_family *f, const char *const *values)
+{
+	km_metric_series *s = calloc(1, sizeof(*s));
+	if (!s)
+		return NULL;
+	s->family = f;
+	for (size_t i = 0; i < f->nlabels; i++) {
+		const char *v = values ? values[i] : KM_METRICS_OVERFLOW;
+		if (!(s->values[i] = strdup(v ? v : ""))) {
+			series_free(s);
+			return NULL;
+		}
+	}
+	s->value = &s->own_value;
+	s->count = &s->own_count;
+	s->sum = &s->own_sum;
+	if (f->type == KM_METRIC_HISTOGRAM) {
+		if (!(s->own_buckets = calloc(f->nbounds, sizeof(*s->own_buckets)))) {
+			series_free(s);
+			return NULL;
+		}
+		s->buckets = s->own_buckets;
+	}
+	return s;
+}
+
+static km_metric_series *series_find(const km_metric_family *f, const char *const *values)
+{
+	for (size_t i = 0; i < f->nseries; i++) {
+		size_t j;
+		for (j = 0; j < f->nlabels; j++)
+			if (strcmp(f->series[i]->values[j], values[j] ? values[j] : "") != 0)
+				break;
+		if (j == f->nlabels)
+			return f->series[i];
+	}
+	return NULL;
+}
+
+static void count_dropped(km_metric_family *f)
+{
+	f->registry->dropped++;
+	if (f->warned)
+		return;
+	f->warned = true;
+	KM_WARN("metrics", 0, "%s is at its cap of %zu series: new label sets are folded into one", f->name,
+		f->max_series);
+}
+
+/* Find or make a series; over the cap, the overflow series when fold, else NULL. NULL also for no memory. */
+static km_metric_series *series_lookup(km_metric_family *f, const char *const *values, bool fold)
+{
+	static const char *const none[KM_METRICS_MAX_LABELS] = {"", "", "", ""};
+	km_metric_series *s;
+
+	if (!values)
+		values = none;
+	if ((s = series_find(f, values)))
+		return s;
+	if (f->nseries >= f->max_series) {
+		count_dropped(f);
+		if (!fold)
+			return NULL;
+		if (!f->overflow)
+			f->overflow = series_new(f, NULL);
+		return f->overflow;
+	}
+	if (f->nseries == f->capseries && !grow((void **)&f->series, &f->capseries, sizeof(*f->series)))
+		return NULL;
+	if (!(s = series_new(f, values)))
+		return NULL;
+	f->series[f->nseries++] = s;
+	return s;
+}
+
+km_metric_series *km_metric_series_get(km_metric_family *f, const char *const *values)
+{
+	return series_lookup(f, values, true);
+}
+
+km_metric_series *km_metric_series_ptr(km_metric_family *f, const char *const *values, const uint64_t *value)
+{
+	km_metric_series *s;
+	if (f->type == KM_METRIC_HISTOGRAM || !(s = series_lookup(f, values, false)))
+		return NULL;
+	s->value = value;
+	return s;
+}
+
+km_metric_series *km_metric_histogram_ptr(km_metric_family *f, const char *const *values, const uint64_t *buckets,
+					  const uint64_t *count, const double *sum)
+{
+	km_metric_series *s;
+	if (f->type != KM_METRIC_HISTOGRAM || !(s = series_lookup(f, values, false)))
+		return NULL;
+	s->buckets = buckets;
+	s->count = count;
+	s->sum = sum;
+	return s;
+}
+
+void km_metric_inc(km_metric_series *s, uint64_t n)
+{
+	s->own_value += n;
+}
+
+void km_metric_set(km_metric_series *s, int64_t v)
+{
+	s->own_value = (uint64_t)v;
+}
+
+size_t km_metrics_bucket(const double *bounds, size_t nbounds, double v)
+{
+	size_t b;
+	for (b = 0; b < nbounds; b++)
+		if (v <= bounds[b])
+			break;
+	return b;
+}
+
+void km_metric_observe(km_metric_series *s, double v)
+{
+	size_t b = km_metrics_bucket(s->family->bounds, s->family->nbounds, v);
+	if (b < s->family->nbounds)
+		s->own_buckets[b]++;
+	s->own_count++;
+	s->own_sum += v;
+}
+
+uint64_t km_metric_value(const km_metric_series *s)
+{
+	return *s->value;
+}
+
+/* ---- rendering ---- */
+
+/* HELP text escapes backslash and newline; label values also the double quote. */
+static void put_escaped(FILE *out, const char *s, bool quote)
+{
+	for (; *s; s++) {
+		if (*s == '\\')
+			fputs("\\\\", out);
+		else if (*s == '\n')
+			fputs("\\n", out);
+		else if (quote && *s == '"')
+			fputs("\\\"", out);
+		else
+			fputc(*s, out);
+	}
+}
+
+/* {a="x",b="y"} with an optional le; nothing when there are no labels at all. */
+static void put_labels(FILE *out, const km_metric_series *s, const char *le)
+{
+	const km_metric_family *f = s->family;
+	if (!f->nlabels && !le)
+		return;
+	fputc('{', out);
+	for (size_t i = 0; i < f->nlabels; i++) {
+		fprintf(out, "%s%s=\"", i ? "," : "", f->labels[i]);
+		put_escaped(out, s->values[i], true);
+		fputc('"', out);
+	}
+	if (le)
+		fprintf(out, "%sle=\"%s\"", f->nlabels ? "," : "", le);
+	fputc('}', out);
+}
+
+static void render_series(FILE *out, const km_metric_series *s)
+{
+	const km_metric_family *f = s->family;
+	uint64_t cum = 0;
+	char le[32];
+
+	switch (f->type) {
+	case KM_METRIC_COUNTER:
+	case KM_METRIC_GAUGE:
+		if (f->hide_empty && !*s->value)
+			return;
+		fputs(f->name, out);
+		put_labels(out, s, NULL);
+		if (f->type == KM_METRIC_GAUGE)
+			fprintf(out, " %lld\n", (long long)(int64_t)*s->value);
+		else
+			fprintf(out, " %llu\n", (unsigned long long)*s->value);
+		return;
+	case KM_METRIC_HISTOGRAM:
+		if (f->hide_empty && !*s->count)
+			return;
+		for (size_t b = 0; b < f->nbounds; b++) {
+			cum += s->buckets[b];
+			snprintf(le, sizeof(le), "%g", f->bounds[b]);
+			fprintf(out, "%s_bucket", f->name);
+			put_labels(out, s, le);
+			fprintf(out, " %llu\n", (unsigned long long)cum);
+		}
+		fprintf(out, "%s_bucket", f->name);
+		put_labels(out, s, "+Inf");
+		fprintf(out, " %llu\n%s_sum", (unsigned long long)*s->count, f->name);
+		put_labels(out, s, NULL);
+		fprintf(out, " %.6f\n%s_count", *s->sum, f->name);
+		put_labels(out, s, NULL);
+		fprintf(out, " %llu\n", (unsigned long long)*s->count);
+		return;
+	}
+}
+
+km_err km_metrics_render(const km_metrics *m, FILE *out)
+{
+	static const char *const type_names[] = {"counter", "gauge", "histogram"};
+
+	for (size_t i = 0; i < m->nfamilies; i++) {
+		const km_metric_family *f = m->families[i];
+		fprintf(out, "# HELP %s ", f->name);
+		put_escaped(out, f->help, false);
+		fprintf(out, "\n# TYPE %s %s\n", f->name, type_names[f->type]);
+		for (size_t j = 0; j < f->nseries; j++)
+			render_series(out, f->series[j]);
+		if (f->overflow)
+			render_series(out, f->overflow);
+	}
+	return ferror(out) ? KM_ERR_IO : KM_OK;
+}

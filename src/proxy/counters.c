@@ -1,0 +1,126 @@
+/* The proxy's counters: plain fields on the hot path, registered by pointer in the metrics registry. */
+#include <stdio.h>
+
+#include "proxy/proxy_int.h"
+
+const double km_proxy_latency_bounds[KM_PROXY_LATENCY_BUCKETS] = {0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025,
+								  0.05,   0.1,   0.25,   0.5,   1.0,  5.0};
+
+void km_metrics_request(km_proxy_counters *m, int16_t api_key)
+{
+	if (api_key >= 0 && api_key < KM_PROXY_MAX_API)
+		m->requests[api_key]++;
+	else
+		m->requests_unknown++;
+}
+
+void km_metrics_latency(km_proxy_counters *m, int16_t api_key, double seconds)
+{
+	size_t b;
+	if (api_key < 0 || api_key >= KM_PROXY_MAX_API)
+		return;
+	b = km_metrics_bucket(km_proxy_latency_bounds, KM_PROXY_LATENCY_BUCKETS, seconds);
+	if (b < KM_PROXY_LATENCY_BUCKETS)
+		m->latency_bucket[api_key][b]++;
+	m->latency_count[api_key]++;
+	m->latency_sum[api_key] += seconds;
+}
+
+const char *km_reject_reason_name(km_reject_reason r)
+{
+	static const char *const names[KM_REJECT__COUNT] = {
+		"frame_too_large", "bad_frame_size",  "tls_on_plaintext", "http_on_kafka_port",
+		"bad_request_header", "frame_timeout", "idle_timeout",     "request_timeout",
+	};
+	return (unsigned)r < KM_REJECT__COUNT ? names[r] : "unknown";
+}
+
+/* The unlabelled families: one field each. */
+static const struct {
+	const char *name, *help;
+	km_metric_type type;
+	size_t offset;
+} plain[] = {
+#define C(f) offsetof(km_proxy_counters, f)
+	{"kmirror_client_connections", "Client connections open now.", KM_METRIC_GAUGE, C(client_connections)},
+	{"kmirror_client_connections_total", "Client connections accepted.", KM_METRIC_COUNTER,
+	 C(client_connections_total)},
+	{"kmirror_upstream_connections", "Upstream broker connections open now.", KM_METRIC_GAUGE,
+	 C(upstream_connections)},
+	{"kmirror_upstream_connects_total", "Upstream broker connections attempted.", KM_METRIC_COUNTER,
+	 C(upstream_connects_total)},
+	{"kmirror_upstream_errors_total", "Upstream failures: failed connects, resets, timeouts, malformed frames.",
+	 KM_METRIC_COUNTER, C(upstream_errors_total)},
+	{"kmirror_client_bytes_in_total", "Bytes received from clients.", KM_METRIC_COUNTER, C(client_bytes_in)},
+	{"kmirror_client_bytes_out_total", "Bytes sent to clients.", KM_METRIC_COUNTER, C(client_bytes_out)},
+	{"kmirror_upstream_bytes_in_total", "Bytes received from upstream brokers.", KM_METRIC_COUNTER,
+	 C(upstream_bytes_in)},
+	{"kmirror_upstream_bytes_out_total", "Bytes sent to upstream brokers.", KM_METRIC_COUNTER,
+	 C(upstream_bytes_out)},
+	{"kmirror_responses_rewritten_total", "Responses whose broker endpoints were rewritten.", KM_METRIC_COUNTER,
+	 C(responses_rewritten_total)},
+	{"kmirror_upstream_brokers", "Upstream brokers known from metadata.", KM_METRIC_GAUGE, C(brokers_known)},
+	{"kmirror_draining", "1 while client connections are being drained for shutdown.", KM_METRIC_GAUGE,
+	 C(draining)},
+#undef C
+};
+
+km_err km_proxy_counters_register(km_proxy_counters *c, km_metrics *reg)
+{
+	static const km_metric_desc rejected = {
+		.name = "kmirror_connections_rejected_total",
+		.help = "Client connections closed by a protocol check or a timeout.",
+		.type = KM_METRIC_COUNTER,
+		.labels = {"reason"},
+		.max_series = KM_REJECT__COUNT,
+	};
+	static const km_metric_desc requests = {
+		.name = "kmirror_requests_total",
+		.help = "Client requests by API key.",
+		.type = KM_METRIC_COUNTER,
+		.labels = {"api_key"},
+		.max_series = KM_PROXY_MAX_API + 1,
+		.hide_empty = true,
+	};
+	static const km_metric_desc latency = {
+		.name = "kmirror_request_latency_seconds",
+		.help = "Time from a request's arrival to the start of its response, by API key.",
+		.type = KM_METRIC_HISTOGRAM,
+		.labels = {"api_key"},
+		.max_series = KM_PROXY_MAX_API,
+		.bounds = km_proxy_latency_bounds,
+		.nbounds = KM_PROXY_LATENCY_BUCKETS,
+		.hide_empty = true,
+	};
+	km_metric_family *f, *lat;
+
+	for (size_t i = 0; i < sizeof(plain) / sizeof(plain[0]); i++) {
+		km_metric_desc d = {.name = plain[i].name, .help = plain[i].help, .type = plain[i].type};
+		f = km_metrics_family(reg, &d);
+		if (!f || !km_metric_series_ptr(f, NULL, (const uint64_t *)((const char *)c + plain[i].offset)))
+			return KM_ERR_NOMEM;
+	}
+	if (!(f = km_metrics_family(reg, &rejected)))
+		return KM_ERR_NOMEM;
+	for (int r = 0; r < KM_REJECT__COUNT; r++) {
+		const char *v[] = {km_reject_reason_name((km_reject_reason)r)};
+		if (!km_metric_series_ptr(f, v, &c->rejected[r]))
+			return KM_ERR_NOMEM;
+	}
+	if (!(f = km_metrics_family(reg, &requests)) || !(lat = km_metrics_family(reg, &latency)))
+		return KM_ERR_NOMEM;
+	for (int k = 0; k < KM_PROXY_MAX_API; k++) {
+		char key[8];
+		const char *v[] = {key};
+		snprintf(key, sizeof(key), "%d", k);
+		if (!km_metric_series_ptr(f, v, &c->requests[k]) ||
+		    !km_metric_histogram_ptr(lat, v, c->latency_bucket[k], &c->latency_count[k], &c->latency_sum[k]))
+			return KM_ERR_NOMEM;
+	}
+	{
+		const char *v[] = {"other"}; /* keys outside 0..KM_PROXY_MAX_API-1 */
+		if (!km_metric_series_ptr(f, v, &c->requests_unknown))
+			return KM_ERR_NOMEM;
+	}
+	return KM_OK;
+}

@@ -111,10 +111,11 @@ const char *km_net_tls_error(char *buf, size_t len);
 struct bufferevent *km_net_bev_new(struct event_base *base, int fd, SSL_CTX *ctx, bool server, const char *sni,
 				   bool verify_host);
 /*
- * For a read callback of a plain bufferevent: read what the socket already holds into its input,
- * until the input has upto bytes (libevent 2.1 reads at most 4 KiB per readiness event). Never
- * blocks; EOF and errors are left in the socket for the bufferevent's own next read to report.
- * Returns the bytes added. A TLS bufferevent is left alone (returns 0).
+ * For a read callback: read what the socket already holds into the bufferevent's input, until the
+ * input has upto bytes (libevent 2.1 reads at most 4 KiB per readiness event, about one record on
+ * TLS). A TLS bufferevent is read through its own SSL object, to the end of the last record begun
+ * (so it may pass upto by less than one record). Never blocks; EOF and errors are left for the
+ * bufferevent's own next read to report. Returns the bytes added.
  */
 size_t km_net_bev_fill(struct bufferevent *bev, size_t upto);
 

@@ -381,6 +381,62 @@ static km_net_client *client_opts(struct event_base *base, result *r, km_net_cli
 	return km_net_client_new(base, o);
 }
 
+/* One test's loop, fake broker and client (cmocka setup/teardown). */
+typedef struct env {
+	struct event_base *base;
+	fake f;
+	bool fake_up;
+	result r;
+	km_net_client_opts o; /* options of the next client */
+	km_net_client *c;
+} env;
+
+static int env_setup(void **state)
+{
+	env *e = calloc(1, sizeof(*e));
+	e->base = event_base_new();
+	*state = e;
+	return e->base ? 0 : -1;
+}
+
+/* A fresh result and a client with e->o connecting to port. */
+static void env_client(env *e, uint16_t port)
+{
+	memset(&e->r, 0, sizeof(e->r));
+	e->c = client_opts(e->base, &e->r, &e->o);
+	assert_non_null(e->c);
+	assert_int_equal(km_net_client_connect(e->c, "127.0.0.1", port), KM_OK);
+}
+
+/* The fake in mode, and a client connecting to it (the connection completes in the loop). */
+static void env_begin(env *e, fake_mode mode)
+{
+	fake_start(&e->f, e->base, mode);
+	e->fake_up = true;
+	env_client(e, e->f.port);
+}
+
+static void env_end(env *e)
+{
+	if (e->c)
+		km_net_client_free(e->c);
+	e->c = NULL;
+	if (e->fake_up)
+		fake_stop(&e->f);
+	e->fake_up = false;
+	loop_for(e->base, 10);
+}
+
+static int env_teardown(void **state)
+{
+	env *e = *state;
+	env_end(e);
+	event_base_loop(e->base, EVLOOP_NONBLOCK);
+	event_base_free(e->base);
+	free(e);
+	return 0;
+}
+
 static int16_t codec_max(int16_t key)
 {
 	return km_api_lookup(key)->max_version;
@@ -388,71 +444,52 @@ static int16_t codec_max(int16_t key)
 
 static void test_negotiation(void **state)
 {
-	struct event_base *base = event_base_new();
-	fake f;
-	result r = {0};
-	km_net_client *c;
+	env *e = *state;
 
-	fake_start(&f, base, MODE_ECHO);
-	c = client(base, &r, 5000, NULL);
-	assert_int_equal(km_net_client_version(c, KM_API_PRODUCE), -1);
-	assert_int_equal(km_net_client_connect(c, "127.0.0.1", f.port), KM_OK);
-	assert_int_equal(km_net_client_send(c, 3, 1, 1, 0, (const uint8_t *)"x", 1, on_response, &r), KM_OK);
-	run_until(base, &r.calls, 1);
-	assert_int_equal(r.states, 1);
-	assert_int_equal(r.state_err, KM_OK);
+	env_begin(e, MODE_ECHO);
+	assert_int_equal(km_net_client_version(e->c, KM_API_PRODUCE), -1);
+	assert_int_equal(km_net_client_send(e->c, 3, 1, 1, 0, (const uint8_t *)"x", 1, on_response, &e->r), KM_OK);
+	run_until(e->base, &e->r.calls, 1);
+	assert_int_equal(e->r.states, 1);
+	assert_int_equal(e->r.state_err, KM_OK);
 	/* ApiVersions first, at the newest version the codec knows, and only then the queued request. */
-	assert_int_equal(f.keys[0], KM_API_API_VERSIONS);
-	assert_int_equal(f.keys[1], 3);
-	assert_int_equal(f.av_count, 1);
-	assert_int_equal(f.av_seen[0], KM_API_VERSIONS_RESPONSE_MAX_VERSION);
-	assert_int_equal(km_net_client_version(c, KM_API_PRODUCE), 13 < codec_max(0) ? 13 : codec_max(0));
-	assert_int_equal(km_net_client_version(c, KM_API_FETCH), codec_max(KM_API_FETCH)); /* broker offers more */
-	assert_int_equal(km_net_client_version(c, KM_API_METADATA), 12);
-	assert_int_equal(km_net_client_version(c, 2), -1);   /* ranges do not meet */
-	assert_int_equal(km_net_client_version(c, 19), -1);  /* not offered */
-	assert_int_equal(km_net_client_version(c, 999), -1); /* unknown to the codec */
-	assert_int_equal(km_net_client_version(c, KM_API_API_VERSIONS), 5);
-	assert_int_equal(km_net_client_feature(c, "metadata.version"), 27);
-	assert_int_equal(km_net_client_feature(c, "transaction.version"), -1);
-	km_net_client_free(c);
-	fake_stop(&f);
-	event_base_loop(base, EVLOOP_NONBLOCK);
-	event_base_free(base);
+	assert_int_equal(e->f.keys[0], KM_API_API_VERSIONS);
+	assert_int_equal(e->f.keys[1], 3);
+	assert_int_equal(e->f.av_count, 1);
+	assert_int_equal(e->f.av_seen[0], KM_API_VERSIONS_RESPONSE_MAX_VERSION);
+	assert_int_equal(km_net_client_version(e->c, KM_API_PRODUCE), 13 < codec_max(0) ? 13 : codec_max(0));
+	assert_int_equal(km_net_client_version(e->c, KM_API_FETCH), codec_max(KM_API_FETCH)); /* broker offers more */
+	assert_int_equal(km_net_client_version(e->c, KM_API_METADATA), 12);
+	assert_int_equal(km_net_client_version(e->c, 2), -1);   /* ranges do not meet */
+	assert_int_equal(km_net_client_version(e->c, 19), -1);  /* not offered */
+	assert_int_equal(km_net_client_version(e->c, 999), -1); /* unknown to the codec */
+	assert_int_equal(km_net_client_version(e->c, KM_API_API_VERSIONS), 5);
+	assert_int_equal(km_net_client_feature(e->c, "metadata.version"), 27);
+	assert_int_equal(km_net_client_feature(e->c, "transaction.version"), -1);
 }
 
-static void fallback_case(bool hide, int16_t want_retry)
+static void fallback_case(env *e, bool hide, int16_t want_retry)
 {
-	struct event_base *base = event_base_new();
-	fake f;
-	result r = {0};
-	km_net_client *c;
-
-	fake_start(&f, base, MODE_ECHO);
-	f.av_max = 2;
-	f.av_hide = hide;
-	c = client(base, &r, 5000, NULL);
-	assert_int_equal(km_net_client_connect(c, "127.0.0.1", f.port), KM_OK);
-	run_until(base, &r.states, 1);
-	assert_int_equal(r.state_err, KM_OK);
-	assert_true(km_net_client_ready(c));
-	assert_int_equal(f.av_count, 2);
-	assert_int_equal(f.av_seen[0], KM_API_VERSIONS_RESPONSE_MAX_VERSION);
-	assert_int_equal(f.av_seen[1], want_retry);
-	assert_int_equal(km_net_client_version(c, KM_API_METADATA), 12);
-	assert_int_equal(km_net_client_version(c, KM_API_API_VERSIONS), 2);
-	assert_int_equal(km_net_client_feature(c, "metadata.version"), -1); /* not in v0-2 answers */
-	km_net_client_free(c);
-	fake_stop(&f);
-	event_base_loop(base, EVLOOP_NONBLOCK);
-	event_base_free(base);
+	env_begin(e, MODE_ECHO);
+	e->f.av_max = 2;
+	e->f.av_hide = hide;
+	run_until(e->base, &e->r.states, 1);
+	assert_int_equal(e->r.state_err, KM_OK);
+	assert_true(km_net_client_ready(e->c));
+	assert_int_equal(e->f.av_count, 2);
+	assert_int_equal(e->f.av_seen[0], KM_API_VERSIONS_RESPONSE_MAX_VERSION);
+	assert_int_equal(e->f.av_seen[1], want_retry);
+	assert_int_equal(km_net_client_version(e->c, KM_API_METADATA), 12);
+	assert_int_equal(km_net_client_version(e->c, KM_API_API_VERSIONS), 2);
+	assert_int_equal(km_net_client_feature(e->c, "metadata.version"), -1); /* not in v0-2 answers */
+	env_end(e);
 }
 
 static void test_negotiation_fallback(void **state)
 {
 	/* UNSUPPORTED_VERSION naming the broker's range: retry at its max; naming none: v0. */
-	fallback_case(false, 2);
-	fallback_case(true, 0);
+	fallback_case(*state, false, 2);
+	fallback_case(*state, true, 0);
 }
 
 typedef struct sink {
@@ -501,78 +538,65 @@ static bool is_pattern(struct evbuffer *b, size_t len)
 	return true;
 }
 
+/* A Fetch v4 (header v1) with no body, delivered owned or streamed to k. */
+static void sink_request(km_net_request *rq, km_net_delivery d, sink *k)
+{
+	km_net_request_init(rq, KM_API_FETCH, 4);
+	rq->hdr_version = 1;
+	rq->delivery = d;
+	rq->on_owned = on_owned;
+	rq->on_stream = on_stream;
+	rq->arg = k;
+}
+
 static void test_owned_delivery(void **state)
 {
-	struct event_base *base = event_base_new();
-	km_net_client_opts o = {0};
-	fake f;
-	result r = {0};
+	env *e = *state;
 	sink k = {.got = evbuffer_new()};
 	km_net_request rq;
-	km_net_client *c;
 
-	fake_start(&f, base, MODE_BIG);
-	f.big_len = 300000;
-	c = client_opts(base, &r, &o);
-	assert_int_equal(km_net_client_connect(c, "127.0.0.1", f.port), KM_OK);
-	km_net_request_init(&rq, KM_API_FETCH, 4);
-	rq.hdr_version = 1;
-	rq.delivery = KM_NET_OWNED;
-	rq.on_owned = on_owned;
-	rq.arg = &k;
-	assert_int_equal(km_net_client_request(c, &rq), KM_OK);
-	run_until(base, &k.calls, 1);
+	env_begin(e, MODE_BIG);
+	e->f.big_len = 300000;
+	sink_request(&rq, KM_NET_OWNED, &k);
+	assert_int_equal(km_net_client_request(e->c, &rq), KM_OK);
+	run_until(e->base, &k.calls, 1);
 	assert_int_equal(k.calls, 1);
 	assert_int_equal(k.err, KM_OK);
 	assert_true(is_pattern(k.got, 300000));
 	/* A delivery with no callback for its mode is refused. */
 	rq.on_owned = NULL;
-	assert_int_equal(km_net_client_request(c, &rq), KM_ERR_INVAL);
-	km_net_client_free(c);
+	assert_int_equal(km_net_client_request(e->c, &rq), KM_ERR_INVAL);
 	evbuffer_free(k.got);
-	fake_stop(&f);
-	event_base_loop(base, EVLOOP_NONBLOCK);
-	event_base_free(base);
 }
 
 static void test_streaming_pauses(void **state)
 {
 	enum { BIG = 3 * 1024 * 1024, CAP = 256 * 1024 };
-	struct event_base *base = event_base_new();
-	km_net_client_opts o = {0};
+	env *e = *state;
 	km_net_client_stats st;
-	fake f;
-	result r = {0};
 	sink k = {.got = evbuffer_new(), .offsets_ok = true};
 	km_net_request rq;
-	km_net_client *c;
 	int pauses = 0;
 
-	fake_start(&f, base, MODE_BIG);
-	f.big_len = BIG;
-	o.max_unreleased_bytes = CAP;
-	o.read_fill_bytes = 128 * 1024;
-	c = client_opts(base, &r, &o);
-	assert_int_equal(km_net_client_connect(c, "127.0.0.1", f.port), KM_OK);
-	km_net_request_init(&rq, KM_API_FETCH, 4);
-	rq.hdr_version = 1;
-	rq.delivery = KM_NET_STREAM;
-	rq.on_stream = on_stream;
-	rq.arg = &k;
-	assert_int_equal(km_net_client_request(c, &rq), KM_OK);
+	e->o.max_unreleased_bytes = CAP;
+	e->o.read_fill_bytes = 128 * 1024;
+	env_begin(e, MODE_BIG);
+	e->f.big_len = BIG;
+	sink_request(&rq, KM_NET_STREAM, &k);
+	assert_int_equal(km_net_client_request(e->c, &rq), KM_OK);
 	for (int round = 0; round < 200 && !k.lasts; round++) {
 		size_t before;
-		loop_for(base, 20);
-		km_net_client_stats_get(c, &st);
+		loop_for(e->base, 20);
+		km_net_client_stats_get(e->c, &st);
 		assert_true(st.unreleased <= CAP);
 		if (!st.paused)
 			continue;
 		/* Paused: nothing more arrives until the consumer releases. */
 		pauses++;
 		before = k.next_off;
-		loop_for(base, 20);
+		loop_for(e->base, 20);
 		assert_int_equal(k.next_off, before);
-		km_net_client_release(c, st.unreleased);
+		km_net_client_release(e->c, st.unreleased);
 	}
 	assert_int_equal(k.lasts, 1);
 	assert_int_equal(k.errors, 0);
@@ -580,15 +604,11 @@ static void test_streaming_pauses(void **state)
 	assert_true(k.calls > 2);
 	assert_true(pauses >= 3);
 	assert_true(is_pattern(k.got, BIG));
-	km_net_client_stats_get(c, &st);
+	km_net_client_stats_get(e->c, &st);
 	assert_true(st.peak_unreleased <= CAP);
 	assert_true(st.peak_buffered < 1024 * 1024);
 	assert_int_equal(st.inflight, 0);
-	km_net_client_free(c);
 	evbuffer_free(k.got);
-	fake_stop(&f);
-	event_base_loop(base, EVLOOP_NONBLOCK);
-	event_base_free(base);
 }
 
 static void count_release(void *arg)
@@ -613,6 +633,7 @@ static struct evbuffer *ref_source(void)
 static void fill_pieces(km_net_piece pc[3], struct evbuffer *src, int released[3])
 {
 	memset(pc, 0, 3 * sizeof(*pc));
+	released[1] = released[2] = 0;
 	pc[0].p = "copy|";
 	pc[0].len = 5;
 	pc[1].p = "mem|";
@@ -626,109 +647,75 @@ static void fill_pieces(km_net_piece pc[3], struct evbuffer *src, int released[3
 	pc[2].release_arg = &released[2];
 }
 
+/* A flat request of key 3 v1 made of pieces, answered to on_response. */
+static void piece_request(km_net_request *rq, const km_net_piece *pc, size_t n, result *r)
+{
+	km_net_request_init(rq, 3, 1);
+	rq->pieces = pc;
+	rq->npieces = n;
+	rq->delivery = KM_NET_FLAT;
+	rq->on_flat = on_response;
+	rq->arg = r;
+}
+
 static void test_reference_pieces(void **state)
 {
-	struct event_base *base = event_base_new();
+	env *e = *state;
 	struct evbuffer *src = ref_source();
-	km_net_client_opts o = {0};
 	km_net_piece pc[3];
 	int released[3] = {0, 0, 0};
-	fake f;
-	result r = {0};
 	km_net_request rq;
-	km_net_client *c;
 
-	fake_start(&f, base, MODE_SILENT);
-	c = client_opts(base, &r, &o);
-	assert_int_equal(km_net_client_connect(c, "127.0.0.1", f.port), KM_OK);
+	env_begin(e, MODE_SILENT);
 	fill_pieces(pc, src, released);
-	km_net_request_init(&rq, 3, 1);
-	rq.hdr_version = 1;
-	rq.resp_hdr_version = 0;
-	rq.pieces = pc;
-	rq.npieces = 3;
-	rq.delivery = KM_NET_FLAT;
-	rq.on_flat = on_response;
-	rq.arg = &r;
-	assert_int_equal(km_net_client_request(c, &rq), KM_OK);
+	piece_request(&rq, pc, 3, &e->r);
+	assert_int_equal(km_net_client_request(e->c, &rq), KM_OK);
 	/* Queued before the connection is ready: nothing written, nothing released. */
 	assert_int_equal(released[1] + released[2], 0);
-	run_until(base, &f.requests, 2);
-	loop_for(base, 20);
+	run_until(e->base, &e->f.requests, 2);
+	loop_for(e->base, 20);
 	/* Written (the silent broker never answers): each referenced piece released once. */
 	assert_int_equal(released[1], 1);
 	assert_int_equal(released[2], 1);
-	assert_int_equal(r.calls, 0);
+	assert_int_equal(e->r.calls, 0);
 	/* A range past the end of its buffer is refused up front, and nothing is released. */
 	pc[2].off = 25;
-	assert_int_equal(km_net_client_request(c, &rq), KM_ERR_INVAL);
-	km_net_client_free(c);
-	loop_for(base, 10);
-	assert_int_equal(r.calls, 1);
-	assert_int_equal(r.err[0], KM_ERR_CLOSED);
+	assert_int_equal(km_net_client_request(e->c, &rq), KM_ERR_INVAL);
+	km_net_client_free(e->c);
+	e->c = NULL;
+	loop_for(e->base, 10);
+	assert_int_equal(e->r.calls, 1);
+	assert_int_equal(e->r.err[0], KM_ERR_CLOSED);
 	assert_int_equal(released[1], 1);
 	assert_int_equal(released[2], 1);
-	fake_stop(&f);
+	env_end(e);
 
 	/* Echoed back: the frame held the pieces' bytes in order. */
-	memset(&r, 0, sizeof(r));
-	released[1] = released[2] = 0;
-	fake_start(&f, base, MODE_ECHO);
-	c = client_opts(base, &r, &o);
-	assert_int_equal(km_net_client_connect(c, "127.0.0.1", f.port), KM_OK);
+	env_begin(e, MODE_ECHO);
 	fill_pieces(pc, src, released);
-	assert_int_equal(km_net_client_request(c, &rq), KM_OK);
-	run_until(base, &r.calls, 1);
-	assert_string_equal(r.body[0], "copy|mem|56789abcdefghijKLMNO");
-	km_net_client_free(c);
-	loop_for(base, 10);
+	piece_request(&rq, pc, 3, &e->r);
+	assert_int_equal(km_net_client_request(e->c, &rq), KM_OK);
+	run_until(e->base, &e->r.calls, 1);
+	assert_string_equal(e->r.body[0], "copy|mem|56789abcdefghijKLMNO");
+	env_end(e);
 	assert_int_equal(released[1], 1);
 	assert_int_equal(released[2], 1);
-	fake_stop(&f);
-	evbuffer_free(src);
-	event_base_loop(base, EVLOOP_NONBLOCK);
-	event_base_free(base);
-}
 
-static void test_reference_pieces_on_failure(void **state)
-{
-	struct event_base *base = event_base_new();
-	struct evbuffer *src = ref_source();
-	km_net_client_opts o = {0};
-	km_net_piece pc[3];
-	int released[3] = {0, 0, 0};
-	fake f;
-	result r = {0};
-	km_net_request rq;
-	km_net_client *c;
-	uint16_t port;
-
-	fake_start(&f, base, MODE_ECHO);
-	port = f.port;
-	fake_stop(&f);
-	c = client_opts(base, &r, &o);
-	assert_int_equal(km_net_client_connect(c, "127.0.0.1", port), KM_OK);
+	/* The connection fails before anything is written: released once all the same. */
+	env_client(e, e->f.port); /* the fake's port, closed just now */
 	fill_pieces(pc, src, released);
-	km_net_request_init(&rq, 3, 1);
-	rq.pieces = pc;
-	rq.npieces = 3;
-	rq.delivery = KM_NET_FLAT;
-	rq.on_flat = on_response;
-	rq.arg = &r;
-	assert_int_equal(km_net_client_request(c, &rq), KM_OK);
-	run_until(base, &r.calls, 1);
-	loop_for(base, 10);
-	assert_int_equal(r.calls, 1);
-	assert_true(r.err[0] == KM_ERR_IO || r.err[0] == KM_ERR_CLOSED);
+	piece_request(&rq, pc, 3, &e->r);
+	assert_int_equal(km_net_client_request(e->c, &rq), KM_OK);
+	run_until(e->base, &e->r.calls, 1);
+	loop_for(e->base, 10);
+	assert_int_equal(e->r.calls, 1);
+	assert_true(e->r.err[0] == KM_ERR_IO || e->r.err[0] == KM_ERR_CLOSED);
 	assert_int_equal(released[1], 1);
 	assert_int_equal(released[2], 1);
-	km_net_client_free(c);
-	loop_for(base, 10);
+	env_end(e);
 	assert_int_equal(released[1], 1);
 	assert_int_equal(released[2], 1);
 	evbuffer_free(src);
-	event_base_loop(base, EVLOOP_NONBLOCK);
-	event_base_free(base);
 }
 
 static void on_writable(km_net_client *c, void *arg)
@@ -739,78 +726,56 @@ static void on_writable(km_net_client *c, void *arg)
 
 static void test_caps_and_writable(void **state)
 {
-	struct event_base *base = event_base_new();
-	km_net_client_opts o = {0};
+	env *e = *state;
 	km_net_piece pc[1];
 	int released = 0;
-	fake f;
-	result r = {0};
 	km_net_request rq;
-	km_net_client *c;
+	uint8_t body[200];
 
-	fake_start(&f, base, MODE_HOLD);
-	o.max_inflight = 2;
-	o.on_writable = on_writable;
-	c = client_opts(base, &r, &o);
-	assert_int_equal(km_net_client_connect(c, "127.0.0.1", f.port), KM_OK);
+	e->o.max_inflight = 2;
+	e->o.on_writable = on_writable;
+	env_begin(e, MODE_HOLD);
 	/* Queued before ready: they count. */
-	assert_int_equal(km_net_client_send(c, 3, 1, 1, 0, (const uint8_t *)"a", 1, on_response, &r), KM_OK);
-	assert_int_equal(km_net_client_send(c, 3, 1, 1, 0, (const uint8_t *)"b", 1, on_response, &r), KM_OK);
+	assert_int_equal(km_net_client_send(e->c, 3, 1, 1, 0, (const uint8_t *)"a", 1, on_response, &e->r), KM_OK);
+	assert_int_equal(km_net_client_send(e->c, 3, 1, 1, 0, (const uint8_t *)"b", 1, on_response, &e->r), KM_OK);
 	memset(pc, 0, sizeof(pc));
 	pc[0].p = "c";
 	pc[0].len = 1;
 	pc[0].release = count_release;
 	pc[0].release_arg = &released;
-	km_net_request_init(&rq, 3, 1);
-	rq.pieces = pc;
-	rq.npieces = 1;
-	rq.delivery = KM_NET_FLAT;
-	rq.on_flat = on_response;
-	rq.arg = &r;
-	assert_int_equal(km_net_client_request(c, &rq), KM_ERR_FULL);
-	assert_int_equal(km_net_client_inflight(c), 2);
-	run_until(base, &f.nheld, 2);
-	loop_for(base, 20);
-	assert_int_equal(km_net_client_request(c, &rq), KM_ERR_FULL);
-	assert_int_equal(r.writable, 0);
+	piece_request(&rq, pc, 1, &e->r);
+	assert_int_equal(km_net_client_request(e->c, &rq), KM_ERR_FULL);
+	assert_int_equal(km_net_client_inflight(e->c), 2);
+	run_until(e->base, &e->f.nheld, 2);
+	loop_for(e->base, 20);
+	assert_int_equal(km_net_client_request(e->c, &rq), KM_ERR_FULL);
+	assert_int_equal(e->r.writable, 0);
 	assert_int_equal(released, 0); /* a refused request keeps nothing */
-	fake_flush(&f);
-	run_until(base, &r.writable, 1);
-	assert_int_equal(r.calls, 2);
-	assert_int_equal(r.writable, 1);
-	assert_int_equal(km_net_client_inflight(c), 0);
-	assert_int_equal(km_net_client_request(c, &rq), KM_OK);
-	km_net_client_free(c);
-	fake_stop(&f);
-	loop_for(base, 10);
+	fake_flush(&e->f);
+	run_until(e->base, &e->r.writable, 1);
+	assert_int_equal(e->r.calls, 2);
+	assert_int_equal(e->r.writable, 1);
+	assert_int_equal(km_net_client_inflight(e->c), 0);
+	assert_int_equal(km_net_client_request(e->c, &rq), KM_OK);
+	env_end(e);
 	assert_int_equal(released, 1);
 
 	/* The byte cap: one request alone always fits, a second that passes the cap does not. */
-	memset(&r, 0, sizeof(r));
-	memset(&o, 0, sizeof(o));
-	fake_start(&f, base, MODE_HOLD);
-	o.max_inflight_bytes = 150;
-	o.on_writable = on_writable;
-	c = client_opts(base, &r, &o);
-	assert_int_equal(km_net_client_connect(c, "127.0.0.1", f.port), KM_OK);
-	{
-		uint8_t body[200];
-		memset(body, 'x', sizeof(body));
-		assert_int_equal(km_net_client_send(c, 3, 1, 1, 0, body, 200, on_response, &r), KM_OK);
-		assert_int_equal(km_net_client_send(c, 3, 1, 1, 0, body, 10, on_response, &r), KM_ERR_FULL);
-		run_until(base, &f.nheld, 1);
-		fake_flush(&f);
-		run_until(base, &r.writable, 1);
-		assert_int_equal(r.writable, 1);
-		assert_int_equal(km_net_client_send(c, 3, 1, 1, 0, body, 10, on_response, &r), KM_OK);
-		/* frames of 25 + body bytes: 35 + 105 fit in 150, a third does not */
-		assert_int_equal(km_net_client_send(c, 3, 1, 1, 0, body, 80, on_response, &r), KM_OK);
-		assert_int_equal(km_net_client_send(c, 3, 1, 1, 0, body, 80, on_response, &r), KM_ERR_FULL);
-	}
-	km_net_client_free(c);
-	fake_stop(&f);
-	event_base_loop(base, EVLOOP_NONBLOCK);
-	event_base_free(base);
+	memset(&e->o, 0, sizeof(e->o));
+	e->o.max_inflight_bytes = 150;
+	e->o.on_writable = on_writable;
+	env_begin(e, MODE_HOLD);
+	memset(body, 'x', sizeof(body));
+	assert_int_equal(km_net_client_send(e->c, 3, 1, 1, 0, body, 200, on_response, &e->r), KM_OK);
+	assert_int_equal(km_net_client_send(e->c, 3, 1, 1, 0, body, 10, on_response, &e->r), KM_ERR_FULL);
+	run_until(e->base, &e->f.nheld, 1);
+	fake_flush(&e->f);
+	run_until(e->base, &e->r.writable, 1);
+	assert_int_equal(e->r.writable, 1);
+	assert_int_equal(km_net_client_send(e->c, 3, 1, 1, 0, body, 10, on_response, &e->r), KM_OK);
+	/* frames of 25 + body bytes: 35 + 105 fit in 150, a third does not */
+	assert_int_equal(km_net_client_send(e->c, 3, 1, 1, 0, body, 80, on_response, &e->r), KM_OK);
+	assert_int_equal(km_net_client_send(e->c, 3, 1, 1, 0, body, 80, on_response, &e->r), KM_ERR_FULL);
 }
 
 int main(void)
@@ -818,10 +783,13 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_pipelined_in_order), cmocka_unit_test(test_bad_correlation_closes),
 		cmocka_unit_test(test_timeout),            cmocka_unit_test(test_sasl_plain),
-		cmocka_unit_test(test_connect_refused),    cmocka_unit_test(test_negotiation),
-		cmocka_unit_test(test_negotiation_fallback), cmocka_unit_test(test_owned_delivery),
-		cmocka_unit_test(test_streaming_pauses),   cmocka_unit_test(test_reference_pieces),
-		cmocka_unit_test(test_reference_pieces_on_failure), cmocka_unit_test(test_caps_and_writable),
+		cmocka_unit_test(test_connect_refused),
+		cmocka_unit_test_setup_teardown(test_negotiation, env_setup, env_teardown),
+		cmocka_unit_test_setup_teardown(test_negotiation_fallback, env_setup, env_teardown),
+		cmocka_unit_test_setup_teardown(test_owned_delivery, env_setup, env_teardown),
+		cmocka_unit_test_setup_teardown(test_streaming_pauses, env_setup, env_teardown),
+		cmocka_unit_test_setup_teardown(test_reference_pieces, env_setup, env_teardown),
+		cmocka_unit_test_setup_teardown(test_caps_and_writable, env_setup, env_teardown),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

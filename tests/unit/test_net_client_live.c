@@ -128,18 +128,26 @@ static void on_flat(km_net_client *c, km_err err, const uint8_t *body, size_t le
 	f->done = true;
 }
 
-static void call(km_net_client *c, int16_t key, int16_t v, const km_wr *w, flat_reply *f)
+/* Send w's bytes (copied) as the body of rq, whose delivery and callback are set. */
+static void send_body(km_net_client *c, km_net_request *rq, const km_wr *w)
 {
 	km_net_piece pc = {.p = w->buf, .len = w->len};
+	rq->pieces = &pc;
+	rq->npieces = 1;
+	assert_int_equal(km_net_client_request(c, rq), KM_OK);
+	rq->pieces = NULL;
+	rq->npieces = 0;
+}
+
+static void call(km_net_client *c, int16_t key, int16_t v, const km_wr *w, flat_reply *f)
+{
 	km_net_request rq;
 	memset(f, 0, sizeof(*f));
 	km_net_request_init(&rq, key, v);
-	rq.pieces = &pc;
-	rq.npieces = 1;
 	rq.delivery = KM_NET_FLAT;
 	rq.on_flat = on_flat;
 	rq.arg = f;
-	assert_int_equal(km_net_client_request(c, &rq), KM_OK);
+	send_body(c, &rq, w);
 	wait_for(&f->done, 60);
 	assert_int_equal(f->err, KM_OK);
 }
@@ -546,7 +554,6 @@ static void verify_produced(km_net_client *c, producer_run *pr, int16_t vf)
 	km_arena a;
 	km_rd rd;
 	km_wr w;
-	km_net_piece pc;
 	km_net_request rq;
 	owned_reply o = {0};
 	km_batch_iter it;
@@ -556,14 +563,11 @@ static void verify_produced(km_net_client *c, producer_run *pr, int16_t vf)
 	int n = 0;
 
 	encode_fetch(&w, vf, pr->id, topic2, 0, 64 * 1024 * 1024);
-	pc = (km_net_piece){.p = w.buf, .len = w.len};
 	km_net_request_init(&rq, KM_API_FETCH, vf);
-	rq.pieces = &pc;
-	rq.npieces = 1;
 	rq.delivery = KM_NET_OWNED;
 	rq.on_owned = on_owned;
 	rq.arg = &o;
-	assert_int_equal(km_net_client_request(c, &rq), KM_OK);
+	send_body(c, &rq, &w);
 	km_wr_free(&w);
 	wait_for(&o.done, 60);
 	assert_int_equal(o.err, KM_OK);
@@ -635,21 +639,17 @@ static void test_live(void **state)
 	t0 = now_s();
 	do {
 		km_wr w;
-		km_net_piece pc;
 		km_net_request rq;
 		uint64_t before = k.response_bytes;
 
 		encode_fetch(&w, vf, id, topic, k.next_offset, 128 * 1024 * 1024);
-		pc = (km_net_piece){.p = w.buf, .len = w.len};
 		km_net_request_init(&rq, KM_API_FETCH, vf);
-		rq.pieces = &pc;
-		rq.npieces = 1;
 		rq.delivery = KM_NET_STREAM;
 		rq.on_stream = on_fetch_chunk;
 		rq.arg = &k;
 		k.part = S_PREFIX;
 		k.done = false;
-		assert_int_equal(km_net_client_request(c, &rq), KM_OK);
+		send_body(c, &rq, &w);
 		km_wr_free(&w);
 		wait_for(&k.done, 120);
 		assert_int_equal(k.err, KM_OK);

@@ -8,6 +8,7 @@ import time
 import pytest
 
 from harness import KafkaCluster
+from harness.kafka_cluster import USERS
 
 MB = 1000 * 1000
 
@@ -47,14 +48,16 @@ def test_net_client_live(big_cluster):
                      "compression.type=none", "batch.size=262144", "linger.ms=20",
                      "buffer.memory=67108864", timeout=300)
     env = dict(os.environ, KM_TEST_BOOTSTRAP=big_cluster.bootstrap, KM_TEST_TOPIC=src,
-               KM_TEST_TOPIC2=dst)
+               KM_TEST_TOPIC2=dst, KM_TEST_SASL_BOOTSTRAP=big_cluster.sasl_bootstrap,
+               KM_TEST_SASL_USER="admin", KM_TEST_SASL_PASSWORD=USERS["admin"])
     t0 = time.monotonic()
     r = subprocess.run([binary], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                        text=True, timeout=600)
     print(r.stdout)
     print(f"test_net_client_live took {time.monotonic() - t0:.1f} s")
     assert r.returncode == 0, r.stdout[-4000:]
-    assert "[  PASSED  ] 1 test(s)." in r.stdout
+    assert "[  PASSED  ] 2 test(s)." in r.stdout
     assert "SKIPPED" not in r.stdout
     # What it measured, as a user would read it.
     assert "# fetch:" in r.stdout and "# negotiated:" in r.stdout
+    assert r.stdout.count("password: NONE") == 3 and r.stdout.count("password: KM_ERR_SASL") == 3

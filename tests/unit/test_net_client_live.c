@@ -1,4 +1,4 @@
-/* The async client against a real broker (KM_TEST_BOOTSTRAP=host:port, KM_TEST_TOPIC, KM_TEST_TOPIC2): negotiation, a streamed Fetch, a Produce from referenced batches, backpressure. Skips without them. */
+/* The async client against a real broker (KM_TEST_BOOTSTRAP=host:port, KM_TEST_TOPIC, KM_TEST_TOPIC2, KM_TEST_SASL_*): negotiation, a streamed Fetch, a Produce from referenced batches, backpressure, SASL. Skips without them. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -79,15 +79,15 @@ static bool ready_flag(const state_probe *s)
 	return s->states > 0;
 }
 
-static km_net_client *connect_client(state_probe *s, km_net_client_opts *o)
+/* A client to addr (host:port) with o; waits for its first state change (KM_OK or the error). */
+static km_net_client *open_client(const char *addr, state_probe *s, km_net_client_opts *o)
 {
 	char host[256];
-	const char *colon = strrchr(bootstrap, ':');
+	const char *colon = strrchr(addr, ':');
 	km_net_client *c;
-	bool up = false;
 
 	assert_non_null(colon);
-	snprintf(host, sizeof(host), "%.*s", (int)(colon - bootstrap), bootstrap);
+	snprintf(host, sizeof(host), "%.*s", (int)(colon - addr), addr);
 	o->client_id = "kmirror-live-test";
 	o->request_timeout_ms = 60000;
 	o->max_frame_bytes = 256 * 1024 * 1024;
@@ -102,8 +102,14 @@ static km_net_client *connect_client(state_probe *s, km_net_client_opts *o)
 		event_base_loopexit(base, &tv);
 		event_base_dispatch(base);
 	}
-	up = s->states == 1 && s->err == KM_OK;
-	assert_true(up);
+	assert_int_equal(s->states, 1);
+	return c;
+}
+
+static km_net_client *connect_client(state_probe *s, km_net_client_opts *o)
+{
+	km_net_client *c = open_client(bootstrap, s, o);
+	assert_int_equal(s->err, KM_OK);
 	return c;
 }
 
@@ -713,9 +719,45 @@ static void test_live(void **state)
 	event_base_free(base);
 }
 
+/* SASL after ApiVersions, every mechanism, against the broker's SASL listener; a bad password fails. */
+static void test_live_sasl(void **state)
+{
+	static const char *mechs[] = {"PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"};
+	const char *addr = getenv("KM_TEST_SASL_BOOTSTRAP"), *user = getenv("KM_TEST_SASL_USER"),
+		   *pass = getenv("KM_TEST_SASL_PASSWORD");
+
+	if (!addr || !user || !pass || !topic)
+		skip();
+	base = event_base_new();
+	for (int i = 0; i < 6; i++) {
+		state_probe sp = {0};
+		km_net_client_opts o;
+		km_net_client *c;
+		bool good = i < 3;
+
+		memset(&o, 0, sizeof(o));
+		o.sasl_mechanism = mechs[i % 3];
+		o.sasl_username = user;
+		o.sasl_password = good ? pass : "not-the-password";
+		c = open_client(addr, &sp, &o);
+		printf("# SASL %s, %s password: %s\n", mechs[i % 3], good ? "right" : "wrong", km_err_name(sp.err));
+		if (good) {
+			assert_int_equal(sp.err, KM_OK);
+			assert_true(km_net_client_version(c, KM_API_METADATA) >= 12);
+			(void)topic_id(c, topic); /* an authenticated request answered */
+		} else {
+			assert_int_equal(sp.err, KM_ERR_SASL);
+			assert_false(km_net_client_ready(c));
+		}
+		km_net_client_free(c);
+	}
+	event_base_loop(base, EVLOOP_NONBLOCK);
+	event_base_free(base);
+}
+
 int main(void)
 {
-	const struct CMUnitTest tests[] = {cmocka_unit_test(test_live)};
+	const struct CMUnitTest tests[] = {cmocka_unit_test(test_live), cmocka_unit_test(test_live_sasl)};
 	bootstrap = getenv("KM_TEST_BOOTSTRAP");
 	topic = getenv("KM_TEST_TOPIC");
 	topic2 = getenv("KM_TEST_TOPIC2");

@@ -201,7 +201,8 @@ km_err km_net_client_connect(km_net_client *c, const char *host, uint16_t port) 
  * bytes: after they were written to the socket, or when the request failed after it was accepted
  * (the connection closed first). It may run on a later loop iteration, never from inside the send
  * call except for a piece of 0 bytes. When the send call itself fails, nothing is kept and
- * release is not called.
+ * release is not called. release may run after km_net_client_free returned (the socket's output is
+ * freed at the end of the loop iteration): release_arg and the bytes must live until it runs.
  */
 typedef struct km_net_piece {
 	const void *p;
@@ -268,6 +269,7 @@ typedef struct km_net_client_stats {
 
 void km_net_client_stats_get(const km_net_client *c, km_net_client_stats *st);
 bool km_net_client_ready(const km_net_client *c);
+/* Application requests sent or queued and not answered yet (what max_inflight counts). */
 size_t km_net_client_inflight(const km_net_client *c);
 /* Close; every pending request gets KM_ERR_CLOSED. Safe to call from inside a callback. */
 void km_net_client_free(km_net_client *c);

@@ -15,6 +15,7 @@
 #include "kmirror/msg/api_keys.h"
 #include "kmirror/msg/api_versions_response.h"
 #include "kmirror/net.h"
+#include "tls_cert.h"
 
 typedef enum { MODE_ECHO, MODE_BAD_CORR, MODE_SILENT, MODE_SASL, MODE_BIG, MODE_HOLD } fake_mode;
 
@@ -35,6 +36,7 @@ typedef struct fake {
 	size_t big_len;        /* MODE_BIG: size of the answer to a Fetch */
 	int32_t held[16];      /* MODE_HOLD: correlation ids not answered yet */
 	int nheld;
+	SSL_CTX *tls;          /* set: the fake speaks TLS */
 } fake;
 
 typedef struct result {
@@ -161,7 +163,8 @@ static void fake_read(struct bufferevent *bev, void *arg)
 static void fake_accept(struct evconnlistener *l, evutil_socket_t fd, struct sockaddr *sa, int len, void *arg)
 {
 	fake *f = arg;
-	f->conn = bufferevent_socket_new(f->base, fd, BEV_OPT_CLOSE_ON_FREE);
+	f->conn = f->tls ? km_net_bev_new(f->base, fd, f->tls, true, NULL, false)
+			 : bufferevent_socket_new(f->base, fd, BEV_OPT_CLOSE_ON_FREE);
 	bufferevent_setcb(f->conn, fake_read, NULL, NULL, f);
 	bufferevent_enable(f->conn, EV_READ | EV_WRITE);
 }
@@ -569,10 +572,10 @@ static void test_owned_delivery(void **state)
 	evbuffer_free(k.got);
 }
 
-static void test_streaming_pauses(void **state)
+/* 3 MiB streamed under a 256 KiB unreleased cap; over TLS when server_tls is set. */
+static void streaming_case(env *e, SSL_CTX *server_tls)
 {
 	enum { BIG = 3 * 1024 * 1024, CAP = 256 * 1024 };
-	env *e = *state;
 	km_net_client_stats st;
 	sink k = {.got = evbuffer_new(), .offsets_ok = true};
 	km_net_request rq;
@@ -581,6 +584,7 @@ static void test_streaming_pauses(void **state)
 	e->o.max_unreleased_bytes = CAP;
 	e->o.read_fill_bytes = 128 * 1024;
 	env_begin(e, MODE_BIG);
+	e->f.tls = server_tls;
 	e->f.big_len = BIG;
 	sink_request(&rq, KM_NET_STREAM, &k);
 	assert_int_equal(km_net_client_request(e->c, &rq), KM_OK);
@@ -609,6 +613,34 @@ static void test_streaming_pauses(void **state)
 	assert_true(st.peak_buffered < 1024 * 1024);
 	assert_int_equal(st.inflight, 0);
 	evbuffer_free(k.got);
+	env_end(e);
+}
+
+static void test_streaming_pauses(void **state)
+{
+	streaming_case(*state, NULL);
+}
+
+/* The same over TLS: negotiation, streaming, the read pause and the TLS fill together. */
+static void test_streaming_tls(void **state)
+{
+	env *e = *state;
+	char dir[] = "/tmp/km-client-XXXXXX", cert[64], key[64], err[256];
+	SSL_CTX *server;
+
+	if (!km_test_make_cert(dir))
+		skip();
+	snprintf(cert, sizeof(cert), "%s/cert.pem", dir);
+	snprintf(key, sizeof(key), "%s/key.pem", dir);
+	server = km_net_tls_server_ctx(cert, key, NULL, 0, err, sizeof(err));
+	e->o.tls = km_net_tls_client_ctx(cert, NULL, NULL, true, err, sizeof(err));
+	assert_non_null(server);
+	assert_non_null(e->o.tls);
+	streaming_case(e, server);
+	SSL_CTX_free(server);
+	SSL_CTX_free(e->o.tls);
+	e->o.tls = NULL;
+	km_test_remove_cert(dir);
 }
 
 static void count_release(void *arg)
@@ -788,6 +820,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_negotiation_fallback, env_setup, env_teardown),
 		cmocka_unit_test_setup_teardown(test_owned_delivery, env_setup, env_teardown),
 		cmocka_unit_test_setup_teardown(test_streaming_pauses, env_setup, env_teardown),
+		cmocka_unit_test_setup_teardown(test_streaming_tls, env_setup, env_teardown),
 		cmocka_unit_test_setup_teardown(test_reference_pieces, env_setup, env_teardown),
 		cmocka_unit_test_setup_teardown(test_caps_and_writable, env_setup, env_teardown),
 	};

@@ -14,6 +14,7 @@
 #include <event2/bufferevent.h>
 
 #include "kmirror/net.h"
+#include "tls_cert.h"
 
 static void test_frame_sizes(void **state)
 {
@@ -342,23 +343,17 @@ static size_t run_tls_fill(const char *dir, size_t total, size_t upto)
 
 static void test_bev_fill_tls(void **state)
 {
-	char dir[] = "/tmp/km-fill-XXXXXX", cmd[512];
+	char dir[] = "/tmp/km-fill-XXXXXX";
 	size_t plain, filled;
 
-	assert_non_null(mkdtemp(dir));
-	snprintf(cmd, sizeof(cmd),
-		 "openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 1 -subj /CN=localhost "
-		 "-keyout %s/key.pem -out %s/cert.pem >/dev/null 2>&1",
-		 dir, dir);
-	if (system(cmd) != 0)
+	if (!km_test_make_cert(dir))
 		skip();
 	/* Without the fill libevent takes about one record per event; with it, what the socket holds. */
 	plain = run_tls_fill(dir, 4 << 20, 0);
 	filled = run_tls_fill(dir, 4 << 20, 1 << 20);
 	printf("# TLS, 4 MiB: %zu read callbacks without the fill, %zu with a 1 MiB fill\n", plain, filled);
 	assert_true(filled * 4 < plain);
-	snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
-	assert_int_equal(system(cmd), 0);
+	km_test_remove_cert(dir);
 }
 
 int main(void)

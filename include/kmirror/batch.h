@@ -5,6 +5,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/uio.h>
 
 #include "kmirror/compress.h"
 #include "kmirror/error.h"
@@ -113,6 +114,19 @@ void km_batch_set_partition_leader_epoch(uint8_t *batch, int32_t epoch);
 void km_batch_set_producer(uint8_t *batch, int64_t producer_id, int16_t producer_epoch, int32_t base_sequence);
 uint32_t km_batch_restamp(uint8_t *batch, size_t size, int64_t producer_id, int16_t producer_epoch,
 			  int32_t base_sequence);
+
+/*
+ * The same over a batch that is not contiguous (e.g. chains of a fetch buffer): the batch is the
+ * bytes of v[0..n) in order, split anywhere (inside the header too). Copies its first 61 bytes
+ * into hdr, sets baseOffset 0 and the producer fields there, and stores in hdr the CRC32C computed
+ * over hdr[21..61) continued over the rest of the pieces; the pieces are only read. The produced
+ * batch is then hdr followed by the pieces' bytes from offset 61 on. KM_ERR_DECODE when the pieces
+ * hold fewer than 61 bytes, or fewer than the batch length in the header says (12 + batchLength);
+ * bytes past the batch are not covered.
+ */
+km_err km_batch_restamp_iov(const struct iovec *v, size_t n, uint8_t hdr[KM_BATCH_HEADER_SIZE], int64_t producer_id,
+			    int16_t producer_epoch, int32_t base_sequence, uint32_t *crc)
+	__attribute__((warn_unused_result));
 
 /* ---- records ---- */
 

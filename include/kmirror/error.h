@@ -22,6 +22,7 @@ enum {
 	KM_ERR_CRC = -1010,      /* record batch CRC32C mismatch */
 	KM_ERR_TLS = -1011,
 	KM_ERR_SASL = -1012,
+	KM_ERR_FULL = -1013,     /* a bounded queue is full: wait for its writable callback */
 };
 
 /* Kafka error codes the code refers to by name (the full table comes from errors.tsv). */

@@ -111,10 +111,11 @@ const char *km_net_tls_error(char *buf, size_t len);
 struct bufferevent *km_net_bev_new(struct event_base *base, int fd, SSL_CTX *ctx, bool server, const char *sni,
 				   bool verify_host);
 /*
- * For a read callback of a plain bufferevent: read what the socket already holds into its input,
- * until the input has upto bytes (libevent 2.1 reads at most 4 KiB per readiness event). Never
- * blocks; EOF and errors are left in the socket for the bufferevent's own next read to report.
- * Returns the bytes added. A TLS bufferevent is left alone (returns 0).
+ * For a read callback: read what the socket already holds into the bufferevent's input, until the
+ * input has upto bytes (libevent 2.1 reads at most 4 KiB per readiness event, about one record on
+ * TLS). A TLS bufferevent is read through its own SSL object, to the end of the last record begun
+ * (so it may pass upto by less than one record). Never blocks; EOF and errors are left for the
+ * bufferevent's own next read to report. Returns the bytes added.
  */
 size_t km_net_bev_fill(struct bufferevent *bev, size_t upto);
 
@@ -142,13 +143,31 @@ void km_sasl_free(km_sasl *s);
 typedef struct km_net_client km_net_client;
 
 /*
- * Called once per request: err KM_OK with the response body (after the response header), or an
- * error (KM_ERR_TIMEOUT, KM_ERR_CLOSED, KM_ERR_IO, KM_ERR_DECODE) with body NULL. The body is
- * valid only during the call.
+ * Flat delivery, called once per request: err KM_OK with the response body (after the response
+ * header) made contiguous, or an error (KM_ERR_TIMEOUT, KM_ERR_CLOSED, KM_ERR_IO, KM_ERR_DECODE)
+ * with body NULL. The body is valid only during the call.
  */
 typedef void (*km_net_response_cb)(km_net_client *c, km_err err, const uint8_t *body, size_t len, void *arg);
-/* Connection state: KM_OK when ready (connected, TLS and SASL done), an error when it failed or closed. */
+/*
+ * Owned delivery, called once: the response body moved (not copied) into body, which the callee
+ * owns and frees with evbuffer_free. body is NULL with an error.
+ */
+typedef void (*km_net_owned_cb)(km_net_client *c, km_err err, struct evbuffer *body, void *arg);
+/*
+ * Streaming delivery, called as the body arrives: chunk holds the body's bytes [off, off + its
+ * length), moved out of the socket buffer; the callee moves what it keeps out of chunk
+ * (evbuffer_remove_buffer / evbuffer_add_buffer), anything left is dropped after the call. last:
+ * the final call for this response (a body of 0 bytes gets one call with an empty chunk). Every
+ * byte delivered counts as unreleased until the consumer calls km_net_client_release; while more
+ * than max_unreleased_bytes are unreleased the client stops reading the socket. On an error, one
+ * call with chunk NULL and last true.
+ */
+typedef void (*km_net_stream_cb)(km_net_client *c, km_err err, struct evbuffer *chunk, size_t off, bool last,
+				 void *arg);
+/* Connection state: KM_OK when ready (connected, TLS, ApiVersions and SASL done), an error when it failed or closed. */
 typedef void (*km_net_state_cb)(km_net_client *c, km_err err, void *arg);
+/* There is room again under max_inflight / max_inflight_bytes after a send returned KM_ERR_FULL. */
+typedef void (*km_net_writable_cb)(km_net_client *c, void *arg);
 
 typedef struct km_net_client_opts {
 	const char *client_id;       /* default "kmirror" */
@@ -157,25 +176,100 @@ typedef struct km_net_client_opts {
 	const char *sasl_mechanism;  /* NULL: none; "PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512" */
 	const char *sasl_username;
 	const char *sasl_password;
-	int64_t connect_timeout_ms;  /* 0: 10 s */
+	bool skip_api_versions;      /* peers that do not answer ApiVersions: km_net_client_version says -1 */
+	int64_t connect_timeout_ms;  /* 0: 10 s; covers TCP, TLS, ApiVersions and SASL */
 	int64_t request_timeout_ms;  /* 0: 30 s */
 	int64_t max_frame_bytes;     /* 0: 100 MiB */
+	size_t max_inflight;         /* requests sent or queued and not answered; 0: no cap */
+	size_t max_inflight_bytes;   /* their framed bytes; 0: no cap (one request alone always fits) */
+	size_t max_unreleased_bytes; /* streamed bytes delivered and not released; 0: 4 MiB */
+	size_t read_fill_bytes;      /* how far one read event tops up the socket input; 0: 1 MiB */
 	struct evdns_base *dns;      /* async name resolution; NULL resolves synchronously */
 	km_net_state_cb on_state;
+	km_net_writable_cb on_writable;
 	void *arg;
 } km_net_client_opts;
 
 km_net_client *km_net_client_new(struct event_base *base, const km_net_client_opts *opts);
-/* Start connecting; requests sent before the connection is ready are queued. */
+/* Start connecting; requests sent before the connection is ready are queued (and count against the caps). */
 km_err km_net_client_connect(km_net_client *c, const char *host, uint16_t port) __attribute__((warn_unused_result));
+
 /*
- * Send a request whose body (without header) is body/len. hdr_version: request header version (1 or 2);
- * resp_hdr_version: response header version (0 or 1). expect_response false: acks=0 Produce.
+ * One piece of a request body. Copied when release is NULL. Otherwise referenced, not copied:
+ * buf NULL: the len bytes at p; buf set: bytes [off, off + len) of buf, which must not change
+ * until release. release(release_arg) is called exactly once when the client no longer needs the
+ * bytes: after they were written to the socket, or when the request failed after it was accepted
+ * (the connection closed first). It may run on a later loop iteration, never from inside the send
+ * call except for a piece of 0 bytes. When the send call itself fails, nothing is kept and
+ * release is not called. release may run after km_net_client_free returned (the socket's output is
+ * freed at the end of the loop iteration): release_arg and the bytes must live until it runs.
+ */
+typedef struct km_net_piece {
+	const void *p;
+	size_t len;
+	struct evbuffer *buf;
+	size_t off;
+	void (*release)(void *release_arg);
+	void *release_arg;
+} km_net_piece;
+
+typedef enum {
+	KM_NET_NO_RESPONSE = 0, /* acks=0 Produce: the broker does not answer; not counted in the caps */
+	KM_NET_FLAT,            /* on_flat */
+	KM_NET_OWNED,           /* on_owned */
+	KM_NET_STREAM,          /* on_stream */
+} km_net_delivery;
+
+typedef struct km_net_request {
+	int16_t api_key;
+	int16_t api_version;
+	int hdr_version;       /* request header version (0, 1, 2); -1: from the API table */
+	int resp_hdr_version;  /* response header version (0, 1); -1: from the API table */
+	const km_net_piece *pieces; /* the body, in order */
+	size_t npieces;
+	km_net_delivery delivery;
+	km_net_response_cb on_flat;
+	km_net_owned_cb on_owned;
+	km_net_stream_cb on_stream;
+	void *arg;
+} km_net_request;
+
+/* A request of this key and version with header versions from the API table and no body yet. */
+void km_net_request_init(km_net_request *rq, int16_t api_key, int16_t api_version);
+/*
+ * Send a request. KM_ERR_FULL when max_inflight or max_inflight_bytes is reached (on_writable fires
+ * once there is room), KM_ERR_CLOSED when the client is closed or not connecting, KM_ERR_TOO_LARGE,
+ * KM_ERR_INVAL (no callback for the delivery, an evbuffer piece out of range).
+ */
+km_err km_net_client_request(km_net_client *c, const km_net_request *rq) __attribute__((warn_unused_result));
+/*
+ * Send a request whose body (without header) is body/len, copied, with flat delivery.
+ * hdr_version: request header version (1 or 2); resp_hdr_version: response header version (0 or 1).
+ * cb NULL: no response expected (acks=0 Produce).
  */
 km_err km_net_client_send(km_net_client *c, int16_t api_key, int16_t api_version, int hdr_version,
 			  int resp_hdr_version, const uint8_t *body, size_t len, km_net_response_cb cb, void *arg)
 	__attribute__((warn_unused_result));
+/* The consumer of a streamed response is done with n delivered bytes: reading resumes under the cap. */
+void km_net_client_release(km_net_client *c, size_t n);
+
+/* Highest version of api_key both the broker and the codec support; -1 when none (or not negotiated yet). */
+int16_t km_net_client_version(const km_net_client *c, int16_t api_key);
+/* The broker's finalized max version level of a feature ("metadata.version", ...); -1 when not finalized. */
+int16_t km_net_client_feature(const km_net_client *c, const char *name);
+
+typedef struct km_net_client_stats {
+	size_t inflight, inflight_bytes; /* application requests, as counted against the caps */
+	size_t unreleased;               /* streamed bytes delivered and not released */
+	size_t peak_buffered;            /* most bytes seen waiting in the socket input at a read event */
+	size_t peak_unreleased;
+	uint64_t bytes_in;               /* response bytes taken from the socket input */
+	bool paused;                     /* reading stopped for the unreleased cap */
+} km_net_client_stats;
+
+void km_net_client_stats_get(const km_net_client *c, km_net_client_stats *st);
 bool km_net_client_ready(const km_net_client *c);
+/* Application requests sent or queued and not answered yet (what max_inflight counts). */
 size_t km_net_client_inflight(const km_net_client *c);
 /* Close; every pending request gets KM_ERR_CLOSED. Safe to call from inside a callback. */
 void km_net_client_free(km_net_client *c);

@@ -154,6 +154,43 @@ uint32_t km_batch_restamp(uint8_t *batch, size_t size, int64_t producer_id, int1
 	return km_batch_update_crc(batch, size);
 }
 
+km_err km_batch_restamp_iov(const struct iovec *v, size_t n, uint8_t hdr[KM_BATCH_HEADER_SIZE], int64_t producer_id,
+			    int16_t producer_epoch, int32_t base_sequence, uint32_t *crc)
+{
+	size_t got = 0, i = 0, skip = 0, size, left;
+	uint32_t c;
+
+	/* Gather the header; remember where in which piece it ended. */
+	for (; i < n && got < KM_BATCH_HEADER_SIZE; i++) {
+		size_t take = v[i].iov_len < KM_BATCH_HEADER_SIZE - got ? v[i].iov_len : KM_BATCH_HEADER_SIZE - got;
+		memcpy(hdr + got, v[i].iov_base, take);
+		got += take;
+		if (take < v[i].iov_len) {
+			skip = take;
+			break;
+		}
+	}
+	if (got < KM_BATCH_HEADER_SIZE)
+		return KM_ERR_DECODE;
+	size = KM_BATCH_LOG_OVERHEAD + (size_t)(uint32_t)km_be32(hdr + KM_BATCH_OFF_LENGTH);
+	if ((int32_t)km_be32(hdr + KM_BATCH_OFF_LENGTH) < KM_BATCH_HEADER_SIZE - KM_BATCH_LOG_OVERHEAD)
+		return KM_ERR_DECODE;
+	km_batch_set_base_offset(hdr, 0);
+	km_batch_set_producer(hdr, producer_id, producer_epoch, base_sequence);
+	c = km_crc32c(0, hdr + KM_BATCH_OFF_ATTRIBUTES, KM_BATCH_HEADER_SIZE - KM_BATCH_OFF_ATTRIBUTES);
+	left = size - KM_BATCH_HEADER_SIZE;
+	for (; i < n && left; i++, skip = 0) {
+		size_t take = v[i].iov_len - skip < left ? v[i].iov_len - skip : left;
+		c = km_crc32c(c, (const uint8_t *)v[i].iov_base + skip, take);
+		left -= take;
+	}
+	if (left)
+		return KM_ERR_DECODE;
+	km_put_be32(hdr + KM_BATCH_OFF_CRC, c);
+	*crc = c;
+	return KM_OK;
+}
+
 /* ---- records ---- */
 
 void km_record_iter_init(km_record_iter *it, const km_batch *b, const uint8_t *records, size_t len)

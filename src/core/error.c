@@ -34,6 +34,7 @@ static const struct {
 	{KM_ERR_CRC, "KM_ERR_CRC", "record batch CRC mismatch"},
 	{KM_ERR_TLS, "KM_ERR_TLS", "TLS error"},
 	{KM_ERR_SASL, "KM_ERR_SASL", "SASL authentication error"},
+	{KM_ERR_FULL, "KM_ERR_FULL", "queue full"},
 };
 
 #define N_KAFKA (sizeof(kafka_errors) / sizeof(kafka_errors[0]))

@@ -1,4 +1,4 @@
-/* Async Kafka client connection: framing, correlation ids, in-order completion, timeouts, optional TLS and SASL/PLAIN. */
+/* Async Kafka client connection: ApiVersions negotiation, TLS, SASL, pipelined requests built from copied or referenced pieces, responses delivered flat, owned or streamed, bounded in-flight. */
 #include <stdlib.h>
 #include <string.h>
 #include <netinet/in.h>
@@ -8,21 +8,55 @@
 #include <event2/bufferevent_ssl.h>
 #include <event2/dns.h>
 
+#include "kmirror/api.h"
+#include "kmirror/arena.h"
 #include "kmirror/log.h"
+#include "kmirror/msg/api_keys.h"
+#include "kmirror/msg/api_versions_request.h"
+#include "kmirror/msg/api_versions_response.h"
 #include "kmirror/net.h"
+#include "kmirror/ring.h"
+#include "kmirror/version.h"
 
 #define KM_API_SASL_HANDSHAKE 17
 #define KM_API_SASL_AUTHENTICATE 36
+#define MAX_KEYS 256 /* API keys tracked by the version table */
 
 typedef struct pending {
 	int32_t corr;
 	int resp_hdr_version;
 	uint64_t deadline_ms;
-	km_net_response_cb cb;
+	km_net_delivery delivery;
+	km_net_response_cb on_flat;
+	km_net_owned_cb on_owned;
+	km_net_stream_cb on_stream;
 	void *arg;
+	size_t bytes;  /* framed size, counted in inflight_bytes unless internal */
+	bool internal; /* ApiVersions and SASL: outside the caps */
 } pending;
 
-typedef enum { C_IDLE, C_CONNECTING, C_SASL, C_READY, C_CLOSED } client_state;
+KM_RING_TYPED(pending_q, pending)
+
+typedef enum { C_IDLE, C_CONNECTING, C_NEGOTIATING, C_SASL, C_READY, C_CLOSED } client_state;
+static const char *const state_names[] = {"idle", "connecting", "negotiating", "sasl", "ready", "closed"};
+
+typedef struct feature {
+	char *name;
+	int16_t level;
+} feature;
+
+/* The referenced pieces of one request: each piece's release runs when its last chain is gone. */
+typedef struct ref_block ref_block;
+typedef struct piece_ref {
+	ref_block *block;
+	void (*release)(void *arg);
+	void *arg;
+	size_t chains;
+} piece_ref;
+struct ref_block {
+	size_t live;
+	piece_ref r[];
+};
 
 struct km_net_client {
 	struct event_base *base;
@@ -30,14 +64,28 @@ struct km_net_client {
 	char *client_id;
 	char *host;
 	struct bufferevent *bev;
-	struct evbuffer *held; /* framed requests waiting for the connection to be ready */
-	struct event *timer;
+	struct evbuffer *held;  /* framed requests waiting for the connection to be ready */
+	struct evbuffer *chunk; /* streamed bytes being delivered */
+	struct event *timer, *resume;
 	client_state state;
 	int32_t next_corr;
-	pending *fifo;
-	size_t head, count, cap;
-	pending *held_p; /* requests in held, in order: they enter the FIFO after SASL's own requests */
-	size_t held_count, held_cap;
+	km_ring fifo;   /* pending: sent, in order */
+	km_ring queued; /* pending: in held, in order; they enter fifo after ApiVersions and SASL */
+	size_t inflight, inflight_bytes;
+	bool want_writable;
+	size_t want_bytes;
+	/* the response being streamed */
+	bool rx_active;
+	pending rx;
+	size_t rx_left, rx_off;
+	size_t unreleased, peak_unreleased, peak_buffered;
+	uint64_t bytes_in;
+	bool paused;
+	/* negotiation */
+	int16_t av_version;
+	int16_t versions[MAX_KEYS];
+	feature *features;
+	size_t nfeatures;
 	uint64_t id;
 	km_sasl *sasl;
 	bool freed;
@@ -52,79 +100,102 @@ static uint64_t now_ms(struct event_base *base)
 	return (uint64_t)tv.tv_sec * 1000 + (uint64_t)tv.tv_usec / 1000;
 }
 
+static void set_state(km_net_client *c, client_state st)
+{
+	KM_DEBUG("net", c->id, "client to %s: %s -> %s", c->host ? c->host : "?", state_names[c->state], state_names[st]);
+	c->state = st;
+}
+
+static size_t unreleased_cap(const km_net_client *c)
+{
+	return c->opts.max_unreleased_bytes ? c->opts.max_unreleased_bytes : 4 * 1024 * 1024;
+}
+
+static void deliver_error(km_net_client *c, const pending *p, km_err err)
+{
+	switch (p->delivery) {
+	case KM_NET_FLAT:
+		p->on_flat(c, err, NULL, 0, p->arg);
+		break;
+	case KM_NET_OWNED:
+		p->on_owned(c, err, NULL, p->arg);
+		break;
+	case KM_NET_STREAM:
+		p->on_stream(c, err, NULL, 0, true, p->arg);
+		break;
+	case KM_NET_NO_RESPONSE:
+		break;
+	}
+}
+
+static void done_accounting(km_net_client *c, const pending *p)
+{
+	if (p->internal || p->delivery == KM_NET_NO_RESPONSE)
+		return;
+	c->inflight--;
+	c->inflight_bytes -= p->bytes;
+}
+
+static bool has_room(const km_net_client *c, size_t bytes)
+{
+	if (c->opts.max_inflight && c->inflight >= c->opts.max_inflight)
+		return false;
+	/* One request alone always fits, or a big one could never be sent. */
+	if (c->opts.max_inflight_bytes && c->inflight && c->inflight_bytes + bytes > c->opts.max_inflight_bytes)
+		return false;
+	return true;
+}
+
+static void maybe_writable(km_net_client *c)
+{
+	if (!c->want_writable || c->state == C_CLOSED || c->freed || !has_room(c, c->want_bytes))
+		return;
+	c->want_writable = false;
+	if (c->opts.on_writable)
+		c->opts.on_writable(c, c->opts.arg);
+}
+
+/* Pop each queue before its callback: a callback may free the client, which fails what is left. */
 static void fail_all(km_net_client *c, km_err err)
 {
-	/* Held requests were sent first, so they fail first too. */
-	for (size_t i = 0; i < c->held_count; i++) {
-		pending p = c->held_p[i];
-		c->held_p[i].cb = NULL;
-		if (p.cb)
-			p.cb(c, err, NULL, 0, p.arg);
+	pending *f;
+	if (c->rx_active) {
+		pending p = c->rx;
+		c->rx_active = false;
+		done_accounting(c, &p);
+		deliver_error(c, &p, err);
 	}
-	c->held_count = 0;
-	while (c->count) {
-		pending p = c->fifo[c->head];
-		c->head = (c->head + 1) % c->cap;
-		c->count--;
-		if (p.cb)
-			p.cb(c, err, NULL, 0, p.arg);
+	while ((f = pending_q_front(&c->fifo))) {
+		pending p = *f;
+		pending_q_pop(&c->fifo);
+		done_accounting(c, &p);
+		deliver_error(c, &p, err);
+	}
+	while ((f = pending_q_front(&c->queued))) {
+		pending p = *f;
+		pending_q_pop(&c->queued);
+		done_accounting(c, &p);
+		deliver_error(c, &p, err);
 	}
 }
 
 static void client_close(km_net_client *c, km_err err)
 {
 	bool notify = c->state != C_CLOSED;
-	c->state = C_CLOSED;
+	if (notify)
+		set_state(c, C_CLOSED);
 	if (c->bev) {
+		/* Its output is freed with it: referenced pieces not written yet are released then. */
 		bufferevent_free(c->bev);
 		c->bev = NULL;
 	}
+	if (c->held)
+		evbuffer_drain(c->held, evbuffer_get_length(c->held));
 	if (c->timer)
 		event_del(c->timer);
 	fail_all(c, err);
 	if (notify && !c->freed && c->opts.on_state)
 		c->opts.on_state(c, err, c->opts.arg);
-}
-
-static bool fifo_push(km_net_client *c, const pending *p)
-{
-	if (c->count == c->cap) {
-		size_t ncap = c->cap ? c->cap * 2 : 16;
-		pending *n = malloc(ncap * sizeof(*n));
-		if (!n)
-			return false;
-		for (size_t i = 0; i < c->count; i++)
-			n[i] = c->fifo[(c->head + i) % c->cap];
-		free(c->fifo);
-		c->fifo = n;
-		c->cap = ncap;
-		c->head = 0;
-	}
-	c->fifo[(c->head + c->count) % c->cap] = *p;
-	c->count++;
-	return true;
-}
-
-static void write_frame(struct evbuffer *out, int16_t key, int16_t ver, int32_t corr, const char *client_id,
-			int hdr_version, const uint8_t *body, size_t len)
-{
-	uint8_t hdr[4 + 8 + 2];
-	size_t cid_len = client_id ? strlen(client_id) : 0;
-	size_t hlen = 8 + (hdr_version >= 1 ? 2 + cid_len : 0) + (hdr_version >= 2 ? 1 : 0);
-
-	km_put_be32(hdr, (uint32_t)(hlen + len));
-	km_put_be16(hdr + 4, (uint16_t)key);
-	km_put_be16(hdr + 6, (uint16_t)ver);
-	km_put_be32(hdr + 8, (uint32_t)corr);
-	evbuffer_add(out, hdr, 12);
-	if (hdr_version >= 1) {
-		km_put_be16(hdr, (uint16_t)cid_len);
-		evbuffer_add(out, hdr, 2);
-		evbuffer_add(out, client_id, cid_len);
-	}
-	if (hdr_version >= 2)
-		evbuffer_add(out, "\0", 1);
-	evbuffer_add(out, body, len);
 }
 
 static void arm_timer(km_net_client *c)
@@ -134,67 +205,365 @@ static void arm_timer(km_net_client *c)
 		event_add(c->timer, &tv);
 }
 
-static km_err send_internal(km_net_client *c, int16_t key, int16_t ver, int hdr_version, int resp_hdr_version,
-			    const uint8_t *body, size_t len, km_net_response_cb cb, void *arg, bool bypass_hold)
+/* ---- requests ---- */
+
+static void ref_chain_done(const void *data, size_t len, void *extra)
 {
-	pending p;
+	piece_ref *r = extra;
+	ref_block *b = r->block;
+	(void)data;
+	(void)len;
+	if (--r->chains)
+		return;
+	r->release(r->arg);
+	if (--b->live == 0)
+		free(b);
+}
+
+/* Visit the bytes [off, off + len) of buf as the memory of its chains; false when fn fails or the range is short. */
+static bool for_range(struct evbuffer *buf, size_t off, size_t len, bool (*fn)(void *ctx, void *p, size_t n),
+		      void *ctx)
+{
+	struct evbuffer_iovec stackv[16], *v = stackv;
+	struct evbuffer_ptr ptr;
+	bool ok = true;
+	int n;
+
+	if (evbuffer_ptr_set(buf, &ptr, off, EVBUFFER_PTR_SET) != 0)
+		return false;
+	n = evbuffer_peek(buf, (ev_ssize_t)len, &ptr, NULL, 0);
+	if (n > 16 && !(v = malloc((size_t)n * sizeof(*v))))
+		return false;
+	n = evbuffer_peek(buf, (ev_ssize_t)len, &ptr, v, n);
+	for (int i = 0; i < n && len && ok; i++) {
+		size_t take = v[i].iov_len < len ? v[i].iov_len : len;
+		ok = fn(ctx, v[i].iov_base, take);
+		len -= take;
+	}
+	if (v != stackv)
+		free(v);
+	return ok && len == 0;
+}
+
+typedef struct ref_ctx {
+	struct evbuffer *out;
+	piece_ref *r;
+} ref_ctx;
+
+static bool add_ref_chain(void *ctx, void *p, size_t n)
+{
+	ref_ctx *x = ctx;
+	x->r->chains++;
+	if (evbuffer_add_reference(x->out, p, n, ref_chain_done, x->r) == 0)
+		return true;
+	x->r->chains--;
+	return false;
+}
+
+static bool add_copy(void *ctx, void *p, size_t n)
+{
+	return evbuffer_add(ctx, p, n) == 0;
+}
+
+/* Append one piece, referenced or copied; false when libevent could not take it (nothing stays referenced then). */
+static bool add_piece(struct evbuffer *out, const km_net_piece *pc, piece_ref *r)
+{
+	ref_ctx x = {out, r};
+	bool ok;
+
+	if (!pc->len)
+		ok = true;
+	else if (!r)
+		ok = pc->buf ? for_range(pc->buf, pc->off, pc->len, add_copy, out) : evbuffer_add(out, pc->p, pc->len) == 0;
+	else if (!pc->buf)
+		ok = add_ref_chain(&x, (void *)pc->p, pc->len);
+	else
+		ok = for_range(pc->buf, pc->off, pc->len, add_ref_chain, &x);
+	/* The count held while adding: released here when no chain took the bytes (or there were none). */
+	if (r)
+		ref_chain_done(NULL, 0, r);
+	return ok;
+}
+
+static size_t header_len(const km_net_client *c, int hdr_version)
+{
+	return 8 + (hdr_version >= 1 ? 2 + strlen(c->client_id) : 0) + (hdr_version >= 2 ? 1 : 0);
+}
+
+static void write_header(km_net_client *c, struct evbuffer *out, const km_net_request *rq, int hdr_version,
+			 int32_t corr, size_t body_len)
+{
+	uint8_t hdr[14];
+	size_t cid_len = strlen(c->client_id);
+
+	km_put_be32(hdr, (uint32_t)(header_len(c, hdr_version) + body_len));
+	km_put_be16(hdr + 4, (uint16_t)rq->api_key);
+	km_put_be16(hdr + 6, (uint16_t)rq->api_version);
+	km_put_be32(hdr + 8, (uint32_t)corr);
+	if (hdr_version >= 1)
+		km_put_be16(hdr + 12, (uint16_t)cid_len);
+	evbuffer_add(out, hdr, hdr_version >= 1 ? 14 : 12);
+	if (hdr_version >= 1)
+		evbuffer_add(out, c->client_id, cid_len);
+	if (hdr_version >= 2)
+		evbuffer_add(out, "\0", 1);
+}
+
+void km_net_request_init(km_net_request *rq, int16_t api_key, int16_t api_version)
+{
+	memset(rq, 0, sizeof(*rq));
+	rq->api_key = api_key;
+	rq->api_version = api_version;
+	rq->hdr_version = -1;
+	rq->resp_hdr_version = -1;
+}
+
+static km_err enqueue(km_net_client *c, const km_net_request *rq, bool internal)
+{
 	int64_t tmo = c->opts.request_timeout_ms ? c->opts.request_timeout_ms : 30000;
+	int hv = rq->hdr_version >= 0 ? rq->hdr_version : km_api_request_header_version(rq->api_key, rq->api_version);
+	int rv = rq->resp_hdr_version >= 0 ? rq->resp_hdr_version
+					   : km_api_response_header_version(rq->api_key, rq->api_version);
+	bool direct = c->state == C_READY || internal;
+	struct evbuffer *out;
+	size_t body_len = 0, nref = 0;
+	ref_block *blk = NULL;
+	pending p;
+	bool ok = true;
 
 	if (c->state == C_CLOSED || c->state == C_IDLE)
 		return KM_ERR_CLOSED;
-	if (len > (size_t)INT32_MAX - 64)
-		return KM_ERR_TOO_LARGE;
-	p.corr = c->next_corr++;
-	if (c->next_corr < 0)
-		c->next_corr = 0;
-	p.resp_hdr_version = resp_hdr_version;
-	p.deadline_ms = now_ms(c->base) + (uint64_t)tmo;
-	p.cb = cb;
-	p.arg = arg;
-	if (c->state == C_READY || bypass_hold) {
-		if (cb && !fifo_push(c, &p))
-			return KM_ERR_NOMEM;
-		write_frame(bufferevent_get_output(c->bev), key, ver, p.corr, c->client_id, hdr_version, body, len);
-	} else {
-		if (cb) {
-			if (c->held_count == c->held_cap) {
-				size_t ncap = c->held_cap ? c->held_cap * 2 : 8;
-				pending *n = realloc(c->held_p, ncap * sizeof(*n));
-				if (!n)
-					return KM_ERR_NOMEM;
-				c->held_p = n;
-				c->held_cap = ncap;
-			}
-			c->held_p[c->held_count++] = p;
-		}
-		write_frame(c->held, key, ver, p.corr, c->client_id, hdr_version, body, len);
+	if (hv < 0 || rv < 0)
+		return KM_ERR_UNSUPPORTED;
+	if ((rq->delivery == KM_NET_FLAT && !rq->on_flat) || (rq->delivery == KM_NET_OWNED && !rq->on_owned) ||
+	    (rq->delivery == KM_NET_STREAM && !rq->on_stream) || (rq->npieces && !rq->pieces))
+		return KM_ERR_INVAL;
+	for (size_t i = 0; i < rq->npieces; i++) {
+		const km_net_piece *pc = &rq->pieces[i];
+		if (pc->buf && (pc->off > evbuffer_get_length(pc->buf) || pc->len > evbuffer_get_length(pc->buf) - pc->off))
+			return KM_ERR_INVAL;
+		if (pc->len > (size_t)INT32_MAX - body_len)
+			return KM_ERR_TOO_LARGE;
+		body_len += pc->len;
+		nref += pc->release != NULL;
 	}
-	if (cb)
+	if (body_len > (size_t)INT32_MAX - 64)
+		return KM_ERR_TOO_LARGE;
+	memset(&p, 0, sizeof(p));
+	p.bytes = 4 + header_len(c, hv) + body_len;
+	p.internal = internal;
+	p.delivery = rq->delivery;
+	if (!internal && p.delivery != KM_NET_NO_RESPONSE && !has_room(c, p.bytes)) {
+		c->want_writable = true;
+		c->want_bytes = p.bytes;
+		return KM_ERR_FULL;
+	}
+	if (nref && !(blk = calloc(1, sizeof(*blk) + nref * sizeof(piece_ref))))
+		return KM_ERR_NOMEM;
+	p.corr = c->next_corr;
+	p.resp_hdr_version = rv;
+	p.deadline_ms = now_ms(c->base) + (uint64_t)tmo;
+	p.on_flat = rq->on_flat;
+	p.on_owned = rq->on_owned;
+	p.on_stream = rq->on_stream;
+	p.arg = rq->arg;
+	if (p.delivery != KM_NET_NO_RESPONSE && !pending_q_push(direct ? &c->fifo : &c->queued, &p)) {
+		free(blk);
+		return KM_ERR_NOMEM;
+	}
+	c->next_corr = c->next_corr == INT32_MAX ? 0 : c->next_corr + 1;
+	if (!internal && p.delivery != KM_NET_NO_RESPONSE) {
+		c->inflight++;
+		c->inflight_bytes += p.bytes;
+	}
+	/* From here on the request is accepted: every referenced piece is released exactly once. */
+	out = direct ? bufferevent_get_output(c->bev) : c->held;
+	write_header(c, out, rq, hv, p.corr, body_len);
+	if (blk)
+		blk->live = nref;
+	for (size_t i = 0, j = 0; i < rq->npieces; i++) {
+		const km_net_piece *pc = &rq->pieces[i];
+		piece_ref *r = NULL;
+		if (pc->release) {
+			r = &blk->r[j++];
+			r->block = blk;
+			r->release = pc->release;
+			r->arg = pc->release_arg;
+			r->chains = 1;
+		}
+		if (!add_piece(out, pc, r))
+			ok = false;
+	}
+	if (p.delivery != KM_NET_NO_RESPONSE)
 		arm_timer(c);
+	if (!ok) {
+		/* A frame missing bytes cannot stay on the wire. */
+		KM_WARN("net", c->id, "out of memory framing a request to %s", c->host);
+		client_close(c, KM_ERR_NOMEM);
+	}
 	return KM_OK;
+}
+
+km_err km_net_client_request(km_net_client *c, const km_net_request *rq)
+{
+	return enqueue(c, rq, false);
+}
+
+static km_err send_flat(km_net_client *c, int16_t key, int16_t ver, int hdr_version, int resp_hdr_version,
+			const uint8_t *body, size_t len, km_net_response_cb cb, void *arg, bool internal)
+{
+	km_net_piece pc = {.p = body, .len = len};
+	km_net_request rq;
+	km_net_request_init(&rq, key, ver);
+	rq.hdr_version = hdr_version;
+	rq.resp_hdr_version = resp_hdr_version;
+	rq.pieces = &pc;
+	rq.npieces = 1;
+	rq.delivery = cb ? KM_NET_FLAT : KM_NET_NO_RESPONSE;
+	rq.on_flat = cb;
+	rq.arg = arg;
+	return enqueue(c, &rq, internal);
 }
 
 km_err km_net_client_send(km_net_client *c, int16_t api_key, int16_t api_version, int hdr_version,
 			  int resp_hdr_version, const uint8_t *body, size_t len, km_net_response_cb cb, void *arg)
 {
-	return send_internal(c, api_key, api_version, hdr_version, resp_hdr_version, body, len, cb, arg, false);
+	return send_flat(c, api_key, api_version, hdr_version, resp_hdr_version, body, len, cb, arg, false);
+}
+
+static km_err send_internal(km_net_client *c, int16_t key, int16_t ver, int hdr_version, int resp_hdr_version,
+			    const uint8_t *body, size_t len, km_net_response_cb cb)
+{
+	return send_flat(c, key, ver, hdr_version, resp_hdr_version, body, len, cb, NULL, true);
 }
 
 static void became_ready(km_net_client *c)
 {
-	c->state = C_READY;
-	for (size_t i = 0; i < c->held_count; i++) {
-		if (!fifo_push(c, &c->held_p[i])) {
+	pending *f;
+	set_state(c, C_READY);
+	while ((f = pending_q_front(&c->queued))) {
+		if (!pending_q_push(&c->fifo, f)) {
 			client_close(c, KM_ERR_NOMEM);
 			return;
 		}
+		pending_q_pop(&c->queued);
 	}
-	c->held_count = 0;
 	if (evbuffer_get_length(c->held))
 		evbuffer_add_buffer(bufferevent_get_output(c->bev), c->held);
-	KM_DEBUG("net", c->id, "connection to %s ready", c->host);
 	if (c->opts.on_state)
 		c->opts.on_state(c, KM_OK, c->opts.arg);
+}
+
+static void start_sasl(km_net_client *c);
+
+static void negotiated(km_net_client *c)
+{
+	if (c->opts.sasl_mechanism)
+		start_sasl(c);
+	else
+		became_ready(c);
+}
+
+/* ---- ApiVersions: the newest version the codec knows, v0 (or the broker's max) after UNSUPPORTED_VERSION ---- */
+
+static void api_versions_done(km_net_client *c, km_err err, const uint8_t *body, size_t len, void *arg);
+
+static void send_api_versions(km_net_client *c)
+{
+	km_api_versions_request m;
+	km_wr w;
+	int16_t v = c->av_version;
+
+	km_api_versions_request_init(&m);
+	m.client_software_name = km_str_c("kmirror");
+	m.client_software_version = km_str_c(KM_VERSION);
+	km_wr_init(&w);
+	km_api_versions_request_encode(&w, v, &m);
+	if (!km_wr_ok(&w) || send_internal(c, KM_API_API_VERSIONS, v, km_api_request_header_version(KM_API_API_VERSIONS, v),
+					   0, w.buf, w.len, api_versions_done) != KM_OK)
+		client_close(c, KM_ERR_NOMEM);
+	km_wr_free(&w);
+}
+
+static void keep_versions(km_net_client *c, const km_api_versions_response *m)
+{
+	for (int32_t i = 0; i < m->api_keys.count; i++) {
+		const km_api_versions_response_api_version *k = &m->api_keys.items[i];
+		const km_api_info *api = km_api_lookup(k->api_key);
+		int16_t lo, hi;
+		if (!api || k->api_key < 0 || k->api_key >= MAX_KEYS)
+			continue;
+		lo = k->min_version > api->min_version ? k->min_version : api->min_version;
+		hi = k->max_version < api->max_version ? k->max_version : api->max_version;
+		c->versions[k->api_key] = hi >= lo ? hi : -1;
+	}
+	c->features = calloc(m->finalized_features.count > 0 ? (size_t)m->finalized_features.count : 1, sizeof(feature));
+	for (int32_t i = 0; c->features && i < m->finalized_features.count; i++) {
+		const km_api_versions_response_finalized_feature_key *f = &m->finalized_features.items[i];
+		char *name = malloc((size_t)(f->name.len > 0 ? f->name.len : 0) + 1);
+		if (!name)
+			break;
+		memcpy(name, f->name.p, (size_t)(f->name.len > 0 ? f->name.len : 0));
+		name[f->name.len > 0 ? f->name.len : 0] = 0;
+		c->features[c->nfeatures].name = name;
+		c->features[c->nfeatures++].level = f->max_version_level;
+	}
+}
+
+static void api_versions_done(km_net_client *c, km_err err, const uint8_t *body, size_t len, void *arg)
+{
+	km_api_versions_response m;
+	km_arena a;
+	km_rd r;
+	int16_t ec = len >= 2 ? (int16_t)km_be16(body) : 0;
+	km_err rc;
+
+	(void)arg;
+	if (err != KM_OK || c->state == C_CLOSED)
+		return;
+	km_arena_init(&a, 1024 * 1024);
+	km_rd_init(&r, body, len);
+	/* A broker answers a version it does not know with UNSUPPORTED_VERSION in the v0 layout. */
+	if (ec == KM_KAFKA_UNSUPPORTED_VERSION && c->av_version > 0) {
+		int16_t next = 0;
+		if (km_api_versions_response_decode(&r, 0, &m, &a) == KM_OK) {
+			for (int32_t i = 0; i < m.api_keys.count; i++)
+				if (m.api_keys.items[i].api_key == KM_API_API_VERSIONS &&
+				    m.api_keys.items[i].max_version < c->av_version)
+					next = m.api_keys.items[i].max_version;
+		}
+		km_arena_free(&a);
+		KM_INFO("net", c->id, "%s does not take ApiVersions v%d: retrying with v%d", c->host, c->av_version, next);
+		c->av_version = next < 0 ? 0 : next;
+		send_api_versions(c);
+		return;
+	}
+	rc = km_api_versions_response_decode(&r, c->av_version, &m, &a);
+	if (rc != KM_OK || m.error_code != 0) {
+		KM_WARN("net", c->id, "ApiVersions v%d with %s failed: %s", c->av_version, c->host,
+			km_err_name(rc != KM_OK ? rc : m.error_code));
+		km_arena_free(&a);
+		client_close(c, rc != KM_OK ? KM_ERR_DECODE : KM_ERR_UNSUPPORTED);
+		return;
+	}
+	keep_versions(c, &m);
+	km_arena_free(&a);
+	KM_DEBUG("net", c->id, "%s: ApiVersions v%d, Produce v%d, Fetch v%d, Metadata v%d", c->host, c->av_version,
+		 c->versions[KM_API_PRODUCE], c->versions[KM_API_FETCH], c->versions[KM_API_METADATA]);
+	negotiated(c);
+}
+
+int16_t km_net_client_version(const km_net_client *c, int16_t api_key)
+{
+	return api_key >= 0 && api_key < MAX_KEYS ? c->versions[api_key] : -1;
+}
+
+int16_t km_net_client_feature(const km_net_client *c, const char *name)
+{
+	for (size_t i = 0; i < c->nfeatures; i++)
+		if (!strcmp(c->features[i].name, name))
+			return c->features[i].level;
+	return -1;
 }
 
 /* ---- SASL: SaslHandshake v1, then SaslAuthenticate v1 rounds driven by the mechanism provider ---- */
@@ -225,8 +594,7 @@ static void sasl_send(km_net_client *c, const uint8_t *in, size_t inlen)
 	}
 	km_wr_init(&w);
 	km_wr_bytes(&w, false, (km_bytes){tok.buf, (int32_t)tok.len});
-	if (!km_wr_ok(&w) || send_internal(c, KM_API_SASL_AUTHENTICATE, 1, 1, 0, w.buf, w.len, sasl_auth_done, NULL,
-					   true) != KM_OK)
+	if (!km_wr_ok(&w) || send_internal(c, KM_API_SASL_AUTHENTICATE, 1, 1, 0, w.buf, w.len, sasl_auth_done) != KM_OK)
 		client_close(c, KM_ERR_SASL);
 	km_wr_free(&w);
 	km_wr_free(&tok);
@@ -275,7 +643,7 @@ static void sasl_handshake_done(km_net_client *c, km_err err, const uint8_t *bod
 static void start_sasl(km_net_client *c)
 {
 	km_wr w;
-	c->state = C_SASL;
+	set_state(c, C_SASL);
 	c->sasl = km_sasl_new(c->opts.sasl_mechanism, c->opts.sasl_username, c->opts.sasl_password);
 	if (!c->sasl) {
 		KM_WARN("net", c->id, "SASL mechanism %s is not supported", c->opts.sasl_mechanism);
@@ -285,72 +653,196 @@ static void start_sasl(km_net_client *c)
 	km_wr_init(&w);
 	km_wr_string(&w, false, km_str_c(c->opts.sasl_mechanism));
 	if (!km_wr_ok(&w) ||
-	    send_internal(c, KM_API_SASL_HANDSHAKE, 1, 1, 0, w.buf, w.len, sasl_handshake_done, NULL, true) != KM_OK)
+	    send_internal(c, KM_API_SASL_HANDSHAKE, 1, 1, 0, w.buf, w.len, sasl_handshake_done) != KM_OK)
 		client_close(c, KM_ERR_SASL);
 	km_wr_free(&w);
 }
 
 /* ---- I/O ---- */
 
-static void read_cb(struct bufferevent *bev, void *arg)
+/* The response header of a frame of size bytes: 1 parsed, 0 not all here yet, -1 malformed. */
+static int parse_resp_header(struct evbuffer *in, int32_t size, int hdr_version, int32_t *corr, size_t *hlen)
 {
-	km_net_client *c = arg;
-	struct evbuffer *in = bufferevent_get_input(bev);
+	size_t avail = evbuffer_get_length(in), end = 4 + (size_t)size;
+	km_evrd r;
+	bool ok;
+
+	km_evrd_init(&r, in, 4, avail < end ? avail : end);
+	ok = km_evrd_i32(&r, corr) && (hdr_version < 1 || km_evrd_skip_tags(&r));
+	if (!ok)
+		return avail < end ? 0 : -1;
+	*hlen = r.pos - 4;
+	return 1;
+}
+
+static void pause_reading(km_net_client *c)
+{
+	if (c->paused)
+		return;
+	c->paused = true;
+	bufferevent_disable(c->bev, EV_READ);
+}
+
+/* Deliver what is buffered of the streamed response, up to the unreleased cap; false to stop for now. */
+static bool stream_some(km_net_client *c, struct evbuffer *in)
+{
+	size_t cap = unreleased_cap(c), avail = evbuffer_get_length(in), n, off;
+	pending cur = c->rx;
+	bool last;
+
+	if (c->unreleased >= cap) {
+		pause_reading(c);
+		return false;
+	}
+	n = avail < c->rx_left ? avail : c->rx_left;
+	if (n > cap - c->unreleased)
+		n = cap - c->unreleased;
+	if (n == 0 && c->rx_left > 0)
+		return false;
+	if (n && evbuffer_remove_buffer(in, c->chunk, n) != (int)n) {
+		client_close(c, KM_ERR_NOMEM);
+		return false;
+	}
+	off = c->rx_off;
+	c->rx_off += n;
+	c->rx_left -= n;
+	c->unreleased += n;
+	c->bytes_in += n;
+	if (c->unreleased > c->peak_unreleased)
+		c->peak_unreleased = c->unreleased;
+	last = c->rx_left == 0;
+	if (last) {
+		c->rx_active = false;
+		done_accounting(c, &cur);
+	}
+	cur.on_stream(c, KM_OK, c->chunk, off, last, cur.arg);
+	if (c->state == C_CLOSED || c->freed)
+		return false;
+	evbuffer_drain(c->chunk, evbuffer_get_length(c->chunk));
+	if (last)
+		maybe_writable(c);
+	return true;
+}
+
+/* A whole response frame is buffered: move its body out and hand it over. */
+static void deliver_whole(km_net_client *c, struct evbuffer *in, const pending *cur, size_t body_len)
+{
+	struct evbuffer *body = evbuffer_new();
+	const uint8_t *flat;
+
+	if (!body || evbuffer_remove_buffer(in, body, body_len) != (int)body_len) {
+		if (body)
+			evbuffer_free(body);
+		deliver_error(c, cur, KM_ERR_NOMEM);
+		client_close(c, KM_ERR_NOMEM);
+		return;
+	}
+	c->bytes_in += body_len;
+	if (cur->delivery == KM_NET_OWNED) {
+		cur->on_owned(c, KM_OK, body, cur->arg);
+		return;
+	}
+	flat = body_len ? evbuffer_pullup(body, -1) : (const uint8_t *)"";
+	if (!flat) {
+		evbuffer_free(body);
+		deliver_error(c, cur, KM_ERR_NOMEM);
+		client_close(c, KM_ERR_NOMEM);
+		return;
+	}
+	cur->on_flat(c, KM_OK, flat, body_len, cur->arg);
+	evbuffer_free(body);
+}
+
+static void process_input(km_net_client *c)
+{
 	int64_t max = c->opts.max_frame_bytes ? c->opts.max_frame_bytes : 104857600;
 
-	/* libevent 2.1 reads 4 KiB per event: take what the socket holds in one go (plain sockets). */
-	km_net_bev_fill(bev, 1024 * 1024);
-	while (c->state != C_CLOSED && !c->freed) {
-		int32_t size;
-		km_frame_status st = km_net_frame_peek(in, max, KM_FRAME_MIN_RESPONSE, false, &size);
-		uint8_t *frame;
-		pending p;
-		km_rd r;
-		int32_t corr;
+	while (c->bev && c->state != C_CLOSED && !c->freed) {
+		struct evbuffer *in = bufferevent_get_input(c->bev);
+		int32_t size = -1, corr = 0;
+		size_t hlen = 0;
+		km_frame_status st;
+		pending *front, cur;
+		int h;
 
-		if (st == KM_FRAME_NEED_MORE)
+		if (c->rx_active) {
+			if (!stream_some(c, in))
+				return;
+			continue;
+		}
+		st = km_net_frame_peek(in, max, KM_FRAME_MIN_RESPONSE, false, &size);
+		if (st == KM_FRAME_NEED_MORE && size < 0)
 			return;
-		if (st != KM_FRAME_READY) {
+		if (st != KM_FRAME_READY && st != KM_FRAME_NEED_MORE) {
 			KM_WARN("net", c->id, "bad response frame from %s: %s (size %d)", c->host, km_frame_status_name(st),
 				size);
 			client_close(c, KM_ERR_DECODE);
 			return;
 		}
-		frame = evbuffer_pullup(in, (ev_ssize_t)size + 4);
-		if (!frame) {
-			client_close(c, KM_ERR_NOMEM);
+		front = pending_q_front(&c->fifo);
+		h = parse_resp_header(in, size, front ? front->resp_hdr_version : 0, &corr, &hlen);
+		if (h == 0)
 			return;
-		}
-		km_rd_init(&r, frame + 4, (size_t)size);
-		km_rd_i32(&r, "correlation_id", &corr);
-		if (!c->count || c->fifo[c->head].corr != corr) {
-			KM_WARN("net", c->id, "unexpected correlation id %d from %s", corr, c->host);
+		if (h < 0 || !front || front->corr != corr) {
+			if (h < 0)
+				KM_WARN("net", c->id, "malformed response header from %s", c->host);
+			else
+				KM_WARN("net", c->id, "unexpected correlation id %d from %s", corr, c->host);
 			client_close(c, KM_ERR_DECODE);
 			return;
 		}
-		p = c->fifo[c->head];
-		c->head = (c->head + 1) % c->cap;
-		c->count--;
-		if (p.resp_hdr_version >= 1) {
-			uint32_t n, tag, sz;
-			km_rd_uvarint(&r, "header_tags", &n);
-			for (uint32_t i = 0; i < n && km_rd_ok(&r); i++) {
-				km_rd_uvarint(&r, "tag", &tag);
-				km_rd_uvarint(&r, "tag_size", &sz);
-				km_rd_skip(&r, "tag_data", sz);
-			}
-		}
-		if (!km_rd_ok(&r)) {
-			p.cb(c, KM_ERR_DECODE, NULL, 0, p.arg);
-			if (c->state != C_CLOSED)
-				client_close(c, KM_ERR_DECODE);
+		/* A streamed response starts with its header; the others wait for the whole frame. */
+		if (front->delivery != KM_NET_STREAM && st != KM_FRAME_READY)
 			return;
+		cur = *front;
+		pending_q_pop(&c->fifo);
+		evbuffer_drain(in, 4 + hlen);
+		c->bytes_in += 4 + hlen;
+		if (cur.delivery == KM_NET_STREAM) {
+			c->rx = cur;
+			c->rx_active = true;
+			c->rx_left = (size_t)size - hlen;
+			c->rx_off = 0;
+			continue;
 		}
-		p.cb(c, KM_OK, r.buf + r.pos, r.len - r.pos, p.arg);
-		/* The callback may have closed or freed us; the buffer is gone then. */
-		if (c->state == C_CLOSED || c->freed)
-			return;
-		evbuffer_drain(in, (size_t)size + 4);
+		done_accounting(c, &cur);
+		deliver_whole(c, in, &cur, (size_t)size - hlen);
+		maybe_writable(c);
+	}
+}
+
+static void read_cb(struct bufferevent *bev, void *arg)
+{
+	km_net_client *c = arg;
+	size_t buffered;
+
+	/* libevent 2.1 reads 4 KiB (plain) or about one TLS record per event: take what the socket holds. */
+	if (!c->paused)
+		km_net_bev_fill(bev, c->opts.read_fill_bytes ? c->opts.read_fill_bytes : 1024 * 1024);
+	buffered = evbuffer_get_length(bufferevent_get_input(bev));
+	if (buffered > c->peak_buffered)
+		c->peak_buffered = buffered;
+	process_input(c);
+}
+
+static void resume_cb(evutil_socket_t fd, short what, void *arg)
+{
+	km_net_client *c = arg;
+	(void)fd;
+	(void)what;
+	if (c->bev && c->state != C_CLOSED)
+		read_cb(c->bev, c);
+}
+
+void km_net_client_release(km_net_client *c, size_t n)
+{
+	c->unreleased -= n < c->unreleased ? n : c->unreleased;
+	/* Resume at half the cap, so a consumer releasing a few bytes at a time does not make tiny reads. */
+	if (c->paused && c->unreleased <= unreleased_cap(c) / 2 && c->bev && c->state != C_CLOSED) {
+		c->paused = false;
+		bufferevent_enable(c->bev, EV_READ);
+		/* What is buffered already gets no read event of its own. */
+		event_active(c->resume, EV_TIMEOUT, 1);
 	}
 }
 
@@ -365,10 +857,13 @@ static void event_cb(struct bufferevent *bev, short what, void *arg)
 			setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
 		/* Reads and writes now time out only through the request timer. */
 		bufferevent_set_timeouts(bev, NULL, NULL);
-		if (c->opts.sasl_mechanism)
-			start_sasl(c);
-		else
-			became_ready(c);
+		if (c->opts.skip_api_versions) {
+			negotiated(c);
+			return;
+		}
+		set_state(c, C_NEGOTIATING);
+		c->av_version = KM_API_VERSIONS_REQUEST_MAX_VERSION;
+		send_api_versions(c);
 		return;
 	}
 	if (what & (BEV_EVENT_ERROR | BEV_EVENT_EOF | BEV_EVENT_TIMEOUT)) {
@@ -386,14 +881,18 @@ static void event_cb(struct bufferevent *bev, short what, void *arg)
 static void timer_cb(evutil_socket_t fd, short what, void *arg)
 {
 	km_net_client *c = arg;
+	pending *front = pending_q_front(&c->fifo);
+	(void)fd;
+	(void)what;
 	if (c->state == C_CLOSED)
 		return;
-	if (c->count && now_ms(c->base) >= c->fifo[c->head].deadline_ms) {
-		KM_WARN("net", c->id, "request %d to %s timed out", c->fifo[c->head].corr, c->host);
+	/* A response being streamed is paced by its consumer: only requests still waiting time out. */
+	if (front && now_ms(c->base) >= front->deadline_ms) {
+		KM_WARN("net", c->id, "request %d to %s timed out", front->corr, c->host);
 		client_close(c, KM_ERR_TIMEOUT);
 		return;
 	}
-	if (c->count)
+	if (front)
 		arm_timer(c);
 }
 
@@ -406,9 +905,15 @@ km_net_client *km_net_client_new(struct event_base *base, const km_net_client_op
 	c->opts = *opts;
 	c->client_id = strdup(opts->client_id ? opts->client_id : "kmirror");
 	c->held = evbuffer_new();
+	c->chunk = evbuffer_new();
 	c->timer = evtimer_new(base, timer_cb, c);
+	c->resume = event_new(base, -1, 0, resume_cb, c);
 	c->id = next_client_id++;
-	if (!c->client_id || !c->held || !c->timer) {
+	pending_q_init(&c->fifo);
+	pending_q_init(&c->queued);
+	for (int i = 0; i < MAX_KEYS; i++)
+		c->versions[i] = -1;
+	if (!c->client_id || !c->held || !c->chunk || !c->timer || !c->resume) {
 		km_net_client_free(c);
 		return NULL;
 	}
@@ -419,21 +924,22 @@ km_err km_net_client_connect(km_net_client *c, const char *host, uint16_t port)
 {
 	int64_t tmo = c->opts.connect_timeout_ms ? c->opts.connect_timeout_ms : 10000;
 	struct timeval tv = {(time_t)(tmo / 1000), (suseconds_t)((tmo % 1000) * 1000)};
+	size_t hl = strlen(host) + 8;
 
 	if (c->state != C_IDLE)
 		return KM_ERR_INVAL;
 	free(c->host);
-	c->host = malloc(strlen(host) + 8);
+	c->host = malloc(hl);
 	if (!c->host)
 		return KM_ERR_NOMEM;
-	sprintf(c->host, "%s:%u", host, port);
+	snprintf(c->host, hl, "%s:%u", host, port);
 	c->bev = km_net_bev_new(c->base, -1, c->opts.tls, false, host, c->opts.tls_verify_host);
 	if (!c->bev)
 		return KM_ERR_NOMEM;
 	bufferevent_setcb(c->bev, read_cb, NULL, event_cb, c);
 	bufferevent_set_timeouts(c->bev, &tv, &tv);
 	bufferevent_enable(c->bev, EV_READ | EV_WRITE);
-	c->state = C_CONNECTING;
+	set_state(c, C_CONNECTING);
 	if (bufferevent_socket_connect_hostname(c->bev, c->opts.dns, AF_UNSPEC, host, port) != 0) {
 		client_close(c, KM_ERR_IO);
 		return KM_ERR_IO;
@@ -448,15 +954,34 @@ bool km_net_client_ready(const km_net_client *c)
 
 size_t km_net_client_inflight(const km_net_client *c)
 {
-	return c->count + c->held_count;
+	return c->inflight;
+}
+
+void km_net_client_stats_get(const km_net_client *c, km_net_client_stats *st)
+{
+	memset(st, 0, sizeof(*st));
+	st->inflight = c->inflight;
+	st->inflight_bytes = c->inflight_bytes;
+	st->unreleased = c->unreleased;
+	st->peak_buffered = c->peak_buffered;
+	st->peak_unreleased = c->peak_unreleased;
+	st->bytes_in = c->bytes_in;
+	st->paused = c->paused;
 }
 
 static void free_later(evutil_socket_t fd, short what, void *arg)
 {
 	km_net_client *c = arg;
+	(void)fd;
+	(void)what;
 	km_sasl_free(c->sasl);
-	free(c->fifo);
-	free(c->held_p);
+	km_ring_free(&c->fifo);
+	km_ring_free(&c->queued);
+	for (size_t i = 0; i < c->nfeatures; i++)
+		free(c->features[i].name);
+	free(c->features);
+	if (c->chunk)
+		evbuffer_free(c->chunk);
 	free(c->client_id);
 	free(c->host);
 	free(c);
@@ -472,6 +997,10 @@ void km_net_client_free(km_net_client *c)
 	if (c->timer) {
 		event_free(c->timer);
 		c->timer = NULL;
+	}
+	if (c->resume) {
+		event_free(c->resume);
+		c->resume = NULL;
 	}
 	if (c->held) {
 		evbuffer_free(c->held);

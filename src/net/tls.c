@@ -186,14 +186,59 @@ struct bufferevent *km_net_bev_new(struct event_base *base, int fd, SSL_CTX *ctx
 	return bev;
 }
 
+/*
+ * TLS: libevent's OpenSSL bufferevent does one SSL_read per iovec, 4 KiB or the rest of a record
+ * per readiness event. Read the records the socket already holds through the bufferevent's own SSL
+ * object, and never stop inside a record: decrypted bytes left in OpenSSL would wait for a socket
+ * readiness that does not come. Errors and EOF are left for the bufferevent's next read to report.
+ */
+static size_t fill_tls(struct evbuffer *in, SSL *ssl, size_t upto)
+{
+	size_t added = 0;
+
+	for (;;) {
+		size_t have = evbuffer_get_length(in), pend = (size_t)SSL_pending(ssl), want;
+		struct evbuffer_iovec v;
+		int r;
+
+		if (have >= upto && !pend)
+			break;
+		want = have < upto ? upto - have : pend;
+		if (want < pend)
+			want = pend;
+		if (want > INT32_MAX)
+			want = INT32_MAX;
+		if (evbuffer_reserve_space(in, (ev_ssize_t)want, &v, 1) != 1)
+			break;
+		if (v.iov_len > want)
+			v.iov_len = want;
+		ERR_clear_error();
+		r = SSL_read(ssl, v.iov_base, (int)v.iov_len);
+		if (r <= 0) {
+			ERR_clear_error();
+			v.iov_len = 0;
+			evbuffer_commit_space(in, &v, 0);
+			break;
+		}
+		v.iov_len = (size_t)r;
+		if (evbuffer_commit_space(in, &v, 1) != 0)
+			break;
+		added += (size_t)r;
+	}
+	return added;
+}
+
 size_t km_net_bev_fill(struct bufferevent *bev, size_t upto)
 {
 	struct evbuffer *in = bufferevent_get_input(bev);
 	evutil_socket_t fd = bufferevent_getfd(bev);
+	SSL *ssl = bufferevent_openssl_get_ssl(bev);
 	size_t added = 0;
 
-	if (fd < 0 || bufferevent_openssl_get_ssl(bev))
+	if (fd < 0)
 		return 0;
+	if (ssl)
+		return fill_tls(in, ssl, upto);
 	/* A socket bufferevent keeps its input's end frozen except while it reads itself. */
 	evbuffer_unfreeze(in, 0);
 	while (evbuffer_get_length(in) < upto) {

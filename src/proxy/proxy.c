@@ -244,6 +244,7 @@ static void meta_refresh(km_proxy *px)
 	o.connect_timeout_ms = px->cfg.upstream_connect_timeout_ms;
 	o.request_timeout_ms = 30000;
 	o.max_frame_bytes = px->cfg.max_frame_bytes;
+	o.skip_api_versions = true; /* Metadata v9 is fixed: every broker since Kafka 2.4 takes it */
 	o.dns = px->dns;
 	o.on_state = meta_state;
 	o.arg = px;

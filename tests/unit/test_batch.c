@@ -1042,6 +1042,40 @@ static void check_content(const char *file, const km_batch *b, const km_record *
 	fail_msg("%s: README.txt names no content for this file", file);
 }
 
+/*
+ * The iovec restamp must give the bytes of the contiguous one, however the batch is split: at one
+ * point (inside the header too) and at two, with an empty piece and bytes past the batch.
+ */
+static void check_restamp_iov(const km_batch *b, const uint8_t *want)
+{
+	size_t cuts[] = {0, 1, 8, 17, 20, 21, 22, 43, 60, 61, 62, b->size / 2, b->size - 1, b->size};
+	size_t ncut = sizeof(cuts) / sizeof(cuts[0]);
+	uint8_t hdr[KM_BATCH_HEADER_SIZE];
+	uint32_t crc;
+	uint8_t *buf = malloc(b->size + 5);
+
+	memcpy(buf, b->data, b->size);
+	memset(buf + b->size, 0xee, 5); /* not part of the batch: must not be covered */
+	for (size_t i = 0; i < ncut; i++) {
+		for (size_t j = i; j < ncut; j++) {
+			size_t a = cuts[i] < b->size ? cuts[i] : b->size, z = cuts[j] < b->size ? cuts[j] : b->size;
+			struct iovec v[4] = {{buf, a}, {buf + a, z - a}, {buf + z, b->size - z}, {buf + b->size, 5}};
+			memset(hdr, 0, sizeof(hdr));
+			assert_int_equal(km_batch_restamp_iov(v, 4, hdr, 424242, 1, 7, &crc), KM_OK);
+			assert_memory_equal(hdr, want, KM_BATCH_HEADER_SIZE);
+			assert_int_equal(crc, km_be32(want + KM_BATCH_OFF_CRC));
+		}
+	}
+	/* The source pieces are only read. */
+	assert_memory_equal(buf, b->data, b->size);
+	/* Short: not even a header, or fewer bytes than the batch length says. */
+	struct iovec s1 = {buf, KM_BATCH_HEADER_SIZE - 1}, s2 = {buf, b->size - 1};
+	assert_int_equal(km_batch_restamp_iov(&s1, 1, hdr, 1, 1, 1, &crc), KM_ERR_DECODE);
+	if (b->size > KM_BATCH_HEADER_SIZE)
+		assert_int_equal(km_batch_restamp_iov(&s2, 1, hdr, 1, 1, 1, &crc), KM_ERR_DECODE);
+	free(buf);
+}
+
 static void test_kafka_segments(void **state)
 {
 	DIR *d = opendir(data_dir);
@@ -1115,6 +1149,7 @@ static void test_kafka_segments(void **state)
 			km_batch_restamp(copy, b.size, 424242, 1, 7);
 			assert_int_equal(km_batch_verify_crc(copy, b.size), KM_OK);
 			assert_memory_equal(copy + KM_BATCH_HEADER_SIZE, b.records, b.records_size);
+			check_restamp_iov(&b, copy);
 			free(copy);
 		}
 		if (it.err)

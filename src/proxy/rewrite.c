@@ -528,7 +528,7 @@ km_err km_rewrite_describe_quorum(const uint8_t *body, size_t len, int16_t versi
 	return rc;
 }
 
-/* NodeEndpoints of a share response: the same fields in both, so one macro body serves both types. */
+/* NodeEndpoints of a share response: the same fields in both types, so one macro body serves both. */
 #define KM_REWRITE_NODE_ENDPOINTS(arr, ctx)                                                                 \
 	for (int32_t i_ = 0; i_ < (arr).count; i_++) {                                                      \
 		int32_t node_ = (arr).items[i_].node_id;                                                   \
@@ -542,42 +542,42 @@ km_err km_rewrite_describe_quorum(const uint8_t *body, size_t len, int16_t versi
 		(ctx)->rewritten++;                                                                        \
 	}
 
-km_err km_rewrite_share_fetch(const uint8_t *body, size_t len, int16_t version, km_rewrite_ctx *ctx, km_wr *out)
+/* ShareFetch and ShareAcknowledge: the same NodeEndpoints array, each response decoded by its own codec. */
+static km_err rewrite_share(int16_t key, const char *what, const uint8_t *body, size_t len, int16_t version,
+			    km_rewrite_ctx *ctx, km_wr *out)
 {
-	const km_api_codec *c = response_codec(KM_API_SHARE_FETCH, version);
-	km_share_fetch_response m;
+	const km_api_codec *c = response_codec(key, version);
+	union {
+		km_share_fetch_response fetch;
+		km_share_acknowledge_response ack;
+	} m;
 	km_arena a;
 	km_err rc;
 
 	if (!c)
 		return KM_ERR_UNSUPPORTED;
 	km_arena_init(&a, 0);
-	rc = decode_whole(c, body, len, version, &m, &a, "ShareFetch");
+	rc = decode_whole(c, body, len, version, &m, &a, what);
 	if (rc == KM_OK) {
-		KM_REWRITE_NODE_ENDPOINTS(m.node_endpoints, ctx);
+		if (key == KM_API_SHARE_FETCH) {
+			KM_REWRITE_NODE_ENDPOINTS(m.fetch.node_endpoints, ctx);
+		} else {
+			KM_REWRITE_NODE_ENDPOINTS(m.ack.node_endpoints, ctx);
+		}
 		rc = encode_whole(c, out, version, &m);
 	}
 	km_arena_free(&a);
 	return rc;
 }
 
+km_err km_rewrite_share_fetch(const uint8_t *body, size_t len, int16_t version, km_rewrite_ctx *ctx, km_wr *out)
+{
+	return rewrite_share(KM_API_SHARE_FETCH, "ShareFetch", body, len, version, ctx, out);
+}
+
 km_err km_rewrite_share_acknowledge(const uint8_t *body, size_t len, int16_t version, km_rewrite_ctx *ctx, km_wr *out)
 {
-	const km_api_codec *c = response_codec(KM_API_SHARE_ACKNOWLEDGE, version);
-	km_share_acknowledge_response m;
-	km_arena a;
-	km_err rc;
-
-	if (!c)
-		return KM_ERR_UNSUPPORTED;
-	km_arena_init(&a, 0);
-	rc = decode_whole(c, body, len, version, &m, &a, "ShareAcknowledge");
-	if (rc == KM_OK) {
-		KM_REWRITE_NODE_ENDPOINTS(m.node_endpoints, ctx);
-		rc = encode_whole(c, out, version, &m);
-	}
-	km_arena_free(&a);
-	return rc;
+	return rewrite_share(KM_API_SHARE_ACKNOWLEDGE, "ShareAcknowledge", body, len, version, ctx, out);
 }
 
 /* ---- Produce / Fetch: find the top-level tagged fields without touching record data ---- */

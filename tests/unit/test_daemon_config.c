@@ -12,6 +12,7 @@
 #include "kmirror/daemon_config.h"
 #include "kmirror/log.h"
 #include "kmirror/net.h"
+#include "unit_doc.h"
 #include "unit_tmpfile.h"
 
 static void test_defaults_round_trip(void **state)
@@ -196,33 +197,14 @@ static void test_sasl_mechanisms(void **state)
 /* docs/configuration.md embeds the generated table verbatim between markers. */
 static void test_docs_match_table(void **state)
 {
-	const char *srcdir = getenv("srcdir");
-	char path[1024], *doc, *gen, *begin, *end;
-	size_t dlen, glen;
-	FILE *f;
-
-	snprintf(path, sizeof(path), "%s/docs/configuration.md", srcdir ? srcdir : ".");
-	f = fopen(path, "r");
-	assert_non_null(f);
-	doc = calloc(1, 1 << 20);
-	dlen = fread(doc, 1, (1 << 20) - 1, f);
-	fclose(f);
-	assert_true(dlen > 0);
-	begin = strstr(doc, "<!-- BEGIN OPTIONS -->\n");
-	end = strstr(doc, "<!-- END OPTIONS -->");
-	assert_non_null(begin);
-	assert_non_null(end);
-	begin += strlen("<!-- BEGIN OPTIONS -->\n");
-	f = open_memstream(&gen, &glen);
+	char *gen;
+	size_t glen;
+	FILE *f = open_memstream(&gen, &glen);
 	km_opt_write_doc(km_config_table(), f);
 	fclose(f);
-	if ((size_t)(end - begin) != glen || memcmp(begin, gen, glen) != 0) {
-		fprintf(stderr, "docs/configuration.md is out of date; regenerate the table with kmirrord --config-doc:\n%s",
-			gen);
-		fail();
-	}
+	assert_doc_shows("configuration.md", "<!-- BEGIN OPTIONS -->\n", "<!-- END OPTIONS -->", gen, glen,
+			 "regenerate the table with kmirrord --config-doc");
 	free(gen);
-	free(doc);
 }
 
 int main(void)

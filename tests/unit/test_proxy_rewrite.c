@@ -15,6 +15,7 @@
 #include "kmirror/net.h"
 #include "proxy/apis.h"
 #include "proxy/rewrite.h"
+#include "unit_doc.h"
 
 static km_proxy_apis *apis; /* the proxy's table, for ApiVersions */
 
@@ -811,34 +812,11 @@ static void test_produce_tail(void **state)
 /* docs/proxy.md embeds the API table, as km_proxy_apis_write_doc prints it, between markers. */
 static void test_docs_show_the_table(void **state)
 {
-	const char *srcdir = getenv("srcdir");
-	char path[1024], *doc, *begin, *end;
 	struct evbuffer *gen = evbuffer_new();
-	size_t dlen, glen;
-	const char *g;
-	FILE *f;
-
-	snprintf(path, sizeof(path), "%s/docs/proxy.md", srcdir ? srcdir : ".");
-	f = fopen(path, "r");
-	assert_non_null(f);
-	doc = calloc(1, 1 << 20);
-	dlen = fread(doc, 1, (1 << 20) - 1, f);
-	fclose(f);
-	assert_true(dlen > 0);
-	begin = strstr(doc, "<!-- BEGIN API TABLE -->\n");
-	end = strstr(doc, "<!-- END API TABLE -->");
-	assert_non_null(begin);
-	assert_non_null(end);
-	begin += strlen("<!-- BEGIN API TABLE -->\n");
 	km_proxy_apis_write_doc(apis, gen);
-	glen = evbuffer_get_length(gen);
-	g = (const char *)evbuffer_pullup(gen, -1);
-	if ((size_t)(end - begin) != glen || memcmp(begin, g, glen) != 0) {
-		fprintf(stderr, "docs/proxy.md shows an old API table; this is the table now:\n%.*s", (int)glen, g);
-		fail();
-	}
+	assert_doc_shows("proxy.md", "<!-- BEGIN API TABLE -->\n", "<!-- END API TABLE -->",
+			 (const char *)evbuffer_pullup(gen, -1), evbuffer_get_length(gen), "paste the table printed here");
 	evbuffer_free(gen);
-	free(doc);
 }
 
 static int group_setup(void **state)

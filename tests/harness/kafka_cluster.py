@@ -18,6 +18,7 @@ import ctypes
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import socket
@@ -36,7 +37,8 @@ FETCH_KAFKA = os.path.join(REPO, "tests", "kafka", "fetch-kafka")
 SUPER_USER = "admin"
 USERS = {"admin": "admin-secret", "alice": "alice-secret", "bob": "bob-secret"}
 
-# Short names for the Java tools, by main class (Kafka 4.x jars).
+# Short names for the Java tools, by main class (Kafka 4.x jars). Where a release moved a tool,
+# TOOLS_MOVED has the class per version and tool_class() picks the one of the jars in use.
 TOOLS = {
     "topics": "org.apache.kafka.tools.TopicCommand",
     "console-producer": "org.apache.kafka.tools.ConsoleProducer",
@@ -44,7 +46,7 @@ TOOLS = {
     "producer-perf-test": "org.apache.kafka.tools.ProducerPerformance",
     "consumer-perf-test": "org.apache.kafka.tools.ConsumerPerformance",
     "consumer-groups": "org.apache.kafka.tools.consumer.group.ConsumerGroupCommand",
-    "configs": "kafka.admin.ConfigCommand",
+    "configs": "org.apache.kafka.tools.ConfigCommand",
     "acls": "org.apache.kafka.tools.AclCommand",
     "get-offsets": "org.apache.kafka.tools.GetOffsetShell",
     "transactions": "org.apache.kafka.tools.TransactionsCommand",
@@ -57,8 +59,15 @@ TOOLS = {
     "broker-api-versions": "org.apache.kafka.tools.BrokerApiVersionsCommand",
     "verifiable-producer": "org.apache.kafka.tools.VerifiableProducer",
     "verifiable-consumer": "org.apache.kafka.tools.VerifiableConsumer",
-    "dump-log": "kafka.tools.DumpLogSegments",
+    "dump-log": "org.apache.kafka.tools.DumpLogSegments",
     "storage": "kafka.tools.StorageTool",
+}
+# {short name: [(first version with that class, main class), ...]}, newest first; TOOLS holds the
+# newest. ConfigCommand and DumpLogSegments left the Scala jar for kafka-tools in 4.2.
+TOOLS_MOVED = {
+    "configs": [((4, 2), "org.apache.kafka.tools.ConfigCommand"), ((4, 0), "kafka.admin.ConfigCommand")],
+    "dump-log": [((4, 2), "org.apache.kafka.tools.DumpLogSegments"),
+                 ((4, 0), "kafka.tools.DumpLogSegments")],
 }
 
 BROKER_JVM_OPTS = ["-Xms128m", "-Xmx512m", "-XX:+UseSerialGC", "-XX:-UsePerfData",
@@ -79,6 +88,25 @@ def kafka_libs():
         return env
     out = subprocess.run([FETCH_KAFKA], check=True, stdout=subprocess.PIPE, text=True).stdout
     return out.strip().splitlines()[-1]
+
+
+def kafka_version(libs=None):
+    """The Kafka release of a libs directory (default: the one in use), as a tuple of ints, read
+    from the name of its broker jar (kafka_2.13-X.Y.Z.jar)."""
+    libs = libs or kafka_libs()
+    for name in sorted(os.listdir(libs)):
+        m = re.fullmatch(r"kafka_[0-9.]+-([0-9]+)\.([0-9]+)\.([0-9]+)(?:-.*)?\.jar", name)
+        if m:
+            return tuple(int(x) for x in m.groups())
+    raise KafkaError(f"no kafka_2.13-*.jar in {libs}")
+
+
+def tool_class(tool, version):
+    """The main class of a tool (short name or class) in the given Kafka release."""
+    for since, cls in TOOLS_MOVED.get(tool, []):
+        if tuple(version) >= since:
+            return cls
+    return TOOLS.get(tool, tool)
 
 
 def java_bin():
@@ -385,6 +413,7 @@ class KafkaCluster:
         self.base_dir = base_dir or tempfile.mkdtemp(prefix=f"kmirror-{name}-")
         os.makedirs(self.base_dir, exist_ok=True)
         self.libs = kafka_libs()
+        self.version = kafka_version(self.libs)
         self.cluster_id = new_cluster_id()
         self.nodes = {}
         self._make_nodes()
@@ -572,7 +601,7 @@ logger.cfg.level = WARN
     def _format(self, node):
         args = [java_bin()] + TOOL_JVM_OPTS + [
             "-Dlog4j2.configurationFile=" + self._tool_log4j(),
-            "-cp", os.path.join(self.libs, "*"), "kafka.tools.StorageTool", "format",
+            "-cp", os.path.join(self.libs, "*"), tool_class("storage", self.version), "format",
             "-t", self.cluster_id, "-c", node.config_path, "--ignore-formatted"]
         if node.is_controller:
             args.append("--standalone")
@@ -810,7 +839,7 @@ logger.cfg.level = WARN
         """Runs a Kafka Java tool (short name from TOOLS or a main class) and returns the
         CompletedProcess (text). Raises KafkaError with its output when check and it fails.
         jvm_opts replaces the quick-start defaults (e.g. a full JIT for perf tools in benchmarks)."""
-        main = TOOLS.get(tool, tool)
+        main = tool_class(tool, self.version)
         cmd = [java_bin()] + list(TOOL_JVM_OPTS if jvm_opts is None else jvm_opts) + [
             "-Dlog4j2.configurationFile=" + self._tool_log4j(),
             "-cp", os.path.join(self.libs, "*"), main] + [str(a) for a in args]

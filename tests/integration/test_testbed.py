@@ -204,9 +204,13 @@ def test_java_perf_tools(cluster, topic_name):
     assert_codec(cluster, topic_name, "lz4")
     assert sum(hi for _, hi in watermarks(cluster, topic_name)) == N
     # A CSV header (start.time, end.time, data.consumed.in.MB, ..., data.consumed.in.nMsg, ...)
-    # and one summary line.
-    out = cluster.tool("consumer-perf-test", "--topic", topic_name, "--messages", N,
+    # and one summary line. Kafka 4.2 renamed --messages to --num-records (the old name warns).
+    count_opt = "--num-records" if cluster.version >= (4, 2) else "--messages"
+    out = cluster.tool("consumer-perf-test", "--topic", topic_name, count_opt, N,
                        "--timeout", 60000).stdout.strip().splitlines()
+    assert not [ln for ln in out if "Warning" in ln], out
+    out = out[[i for i, ln in enumerate(out) if ln.startswith("start.time")][0]:]
+    assert len(out) == 2, out
     cols = [c.strip() for c in out[0].split(",")]
     vals = [v.strip() for v in out[-1].split(",")]
     assert int(vals[cols.index("data.consumed.in.nMsg")]) == N

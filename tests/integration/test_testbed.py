@@ -203,18 +203,9 @@ def test_java_perf_tools(cluster, topic_name):
     assert int(final.split()[0]) == N
     assert_codec(cluster, topic_name, "lz4")
     assert sum(hi for _, hi in watermarks(cluster, topic_name)) == N
-    # A CSV header (start.time, end.time, data.consumed.in.MB, ..., data.consumed.in.nMsg, ...)
-    # and one summary line. Kafka 4.2 renamed --messages to --num-records (the old name warns).
-    count_opt = "--num-records" if cluster.version >= (4, 2) else "--messages"
-    out = cluster.tool("consumer-perf-test", "--topic", topic_name, count_opt, N,
-                       "--timeout", 60000).stdout.strip().splitlines()
-    assert not [ln for ln in out if "Warning" in ln], out
-    out = out[[i for i, ln in enumerate(out) if ln.startswith("start.time")][0]:]
-    assert len(out) == 2, out
-    cols = [c.strip() for c in out[0].split(",")]
-    vals = [v.strip() for v in out[-1].split(",")]
-    assert int(vals[cols.index("data.consumed.in.nMsg")]) == N
-    assert float(vals[cols.index("data.consumed.in.MB")]) == pytest.approx(N * 200 / 1048576, 0.01)
+    summary = cluster.consumer_perf_test(topic_name, N)
+    assert int(summary["data.consumed.in.nMsg"]) == N
+    assert float(summary["data.consumed.in.MB"]) == pytest.approx(N * 200 / 1048576, 0.01)
 
 
 @pytest.mark.skipif(shutil.which("kcat") is None, reason="kcat not installed")

@@ -600,7 +600,7 @@ static bool golden_one(const char *path, bool response)
 	return true;
 }
 
-/* Frames recorded between real clients (Kafka's Java tools, librdkafka) and a Kafka 4.1.1 broker (golden-*). */
+/* Frames recorded between real clients (Kafka's Java tools, librdkafka, kcat) and Kafka 4.1.1 and 4.4.0 brokers (golden-*; golden-*k44-* are 4.4.0 with its own tools). */
 static void test_golden_captures(void **state)
 {
 	size_t n = 0, newer = 0;

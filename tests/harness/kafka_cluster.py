@@ -63,9 +63,11 @@ TOOLS = {
     "storage": "kafka.tools.StorageTool",
 }
 # {short name: [(first version with that class, main class), ...]}, newest first; TOOLS holds the
-# newest. ConfigCommand and DumpLogSegments left the Scala jar for kafka-tools in 4.2.
+# newest. ConfigCommand and DumpLogSegments moved from the Scala jar (kafka_2.13) to kafka-tools
+# after 4.1: 4.1.1 has the old classes, 4.4.0 the new ones; 4.2 is taken as the first release.
 TOOLS_MOVED = {
-    "configs": [((4, 2), "org.apache.kafka.tools.ConfigCommand"), ((4, 0), "kafka.admin.ConfigCommand")],
+    "configs": [((4, 2), "org.apache.kafka.tools.ConfigCommand"),
+                ((4, 0), "kafka.admin.ConfigCommand")],
     "dump-log": [((4, 2), "org.apache.kafka.tools.DumpLogSegments"),
                  ((4, 0), "kafka.tools.DumpLogSegments")],
 }

@@ -160,8 +160,10 @@ def test_versions_and_features_agree(proxy3, version):
             assert offered[key][1] == min(newest, broker["apis"][key][1]), (what, name)
         assert broker["finalized_epoch"] >= 0 and broker["finalized_features"], broker
         check_features(broker, proxy)
+        # The epoch follows the metadata log (it moves on as topics come and go), so it is only
+        # checked to be a valid one: finalized features with epoch -1 would be ignored.
         if proxy["finalized_features"]:
-            assert proxy["finalized_epoch"] == broker["finalized_epoch"], what
+            assert proxy["finalized_epoch"] >= 0, what
 
 
 @needs_messages

@@ -7,7 +7,7 @@ DEBIAN_PACKAGES=(
 	libevent-dev libssl-dev libsasl2-dev libsasl2-modules sasl2-bin
 	libzstd-dev liblz4-dev zlib1g-dev libsnappy-dev uthash-dev libcmocka-dev
 	clang llvm libclang-rt-14-dev
-	openjdk-17-jre-headless maven
+	openjdk-17-jdk-headless maven
 	python3 python3-pip python3-venv
 	kcat openssl procps iproute2 valgrind curl tcpdump
 )
@@ -17,9 +17,9 @@ missing=()
 for p in "${DEBIAN_PACKAGES[@]}"; do
 	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
-# A JDK of 17 or newer from elsewhere (e.g. /usr/lib/jvm) also does.
-if command -v java >/dev/null 2>&1; then
-	missing=("${missing[@]/openjdk-17-jre-headless/}")
+# A JDK of 17 or newer from elsewhere (e.g. /usr/lib/jvm) also does; javac compiles the Java test clients.
+if command -v java >/dev/null 2>&1 && command -v javac >/dev/null 2>&1; then
+	missing=("${missing[@]/openjdk-17-jdk-headless/}")
 fi
 if command -v mvn >/dev/null 2>&1; then
 	missing=("${missing[@]/maven/}")

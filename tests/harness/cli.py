@@ -18,7 +18,7 @@ import sys
 import tempfile
 
 from .kafka_cluster import (REPO, KafkaCluster, KafkaError, TOOLS, _pid_alive, _pid_cmdline,
-                            stop_from_state)
+                            kafka_version, stop_from_state, tool_class)
 
 DEFAULT_ROOT = os.path.join(REPO, ".cache", "clusters")
 
@@ -108,7 +108,7 @@ def cmd_tool(args):
         return 1
     os.execvp("java", ["java", "-Xmx256m", "-XX:TieredStopAtLevel=1",
                        "-Dlog4j2.configurationFile=" + os.path.join(st["base_dir"], "tools-log4j2.properties"),
-                       "-cp", os.path.join(st["libs"], "*"), TOOLS.get(args.tool, args.tool)] + args.args)
+                       "-cp", os.path.join(st["libs"], "*"), tool_class(args.tool, kafka_version(st["libs"]))] + args.args)
 
 
 def cmd_sweep(args):

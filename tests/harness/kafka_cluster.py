@@ -18,6 +18,7 @@ import ctypes
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import socket
@@ -36,7 +37,8 @@ FETCH_KAFKA = os.path.join(REPO, "tests", "kafka", "fetch-kafka")
 SUPER_USER = "admin"
 USERS = {"admin": "admin-secret", "alice": "alice-secret", "bob": "bob-secret"}
 
-# Short names for the Java tools, by main class (Kafka 4.x jars).
+# Short names for the Java tools, by main class (Kafka 4.x jars). Where a release moved a tool,
+# TOOLS_MOVED has the class per version and tool_class() picks the one of the jars in use.
 TOOLS = {
     "topics": "org.apache.kafka.tools.TopicCommand",
     "console-producer": "org.apache.kafka.tools.ConsoleProducer",
@@ -44,7 +46,7 @@ TOOLS = {
     "producer-perf-test": "org.apache.kafka.tools.ProducerPerformance",
     "consumer-perf-test": "org.apache.kafka.tools.ConsumerPerformance",
     "consumer-groups": "org.apache.kafka.tools.consumer.group.ConsumerGroupCommand",
-    "configs": "kafka.admin.ConfigCommand",
+    "configs": "org.apache.kafka.tools.ConfigCommand",
     "acls": "org.apache.kafka.tools.AclCommand",
     "get-offsets": "org.apache.kafka.tools.GetOffsetShell",
     "transactions": "org.apache.kafka.tools.TransactionsCommand",
@@ -57,8 +59,17 @@ TOOLS = {
     "broker-api-versions": "org.apache.kafka.tools.BrokerApiVersionsCommand",
     "verifiable-producer": "org.apache.kafka.tools.VerifiableProducer",
     "verifiable-consumer": "org.apache.kafka.tools.VerifiableConsumer",
-    "dump-log": "kafka.tools.DumpLogSegments",
+    "dump-log": "org.apache.kafka.tools.DumpLogSegments",
     "storage": "kafka.tools.StorageTool",
+}
+# {short name: [(first version with that class, main class), ...]}, newest first; TOOLS holds the
+# newest. ConfigCommand and DumpLogSegments moved from the Scala jar (kafka_2.13) to kafka-tools
+# after 4.1: 4.1.1 has the old classes, 4.4.0 the new ones; 4.2 is taken as the first release.
+TOOLS_MOVED = {
+    "configs": [((4, 2), "org.apache.kafka.tools.ConfigCommand"),
+                ((4, 0), "kafka.admin.ConfigCommand")],
+    "dump-log": [((4, 2), "org.apache.kafka.tools.DumpLogSegments"),
+                 ((4, 0), "kafka.tools.DumpLogSegments")],
 }
 
 BROKER_JVM_OPTS = ["-Xms128m", "-Xmx512m", "-XX:+UseSerialGC", "-XX:-UsePerfData",
@@ -79,6 +90,25 @@ def kafka_libs():
         return env
     out = subprocess.run([FETCH_KAFKA], check=True, stdout=subprocess.PIPE, text=True).stdout
     return out.strip().splitlines()[-1]
+
+
+def kafka_version(libs=None):
+    """The Kafka release of a libs directory (default: the one in use), as a tuple of ints, read
+    from the name of its broker jar (kafka_2.13-X.Y.Z.jar)."""
+    libs = libs or kafka_libs()
+    for name in sorted(os.listdir(libs)):
+        m = re.fullmatch(r"kafka_[0-9.]+-([0-9]+)\.([0-9]+)\.([0-9]+)(?:-.*)?\.jar", name)
+        if m:
+            return tuple(int(x) for x in m.groups())
+    raise KafkaError(f"no kafka_2.13-*.jar in {libs}")
+
+
+def tool_class(tool, version):
+    """The main class of a tool (short name or class) in the given Kafka release."""
+    for since, cls in TOOLS_MOVED.get(tool, []):
+        if tuple(version) >= since:
+            return cls
+    return TOOLS.get(tool, tool)
 
 
 def java_bin():
@@ -198,7 +228,8 @@ def kill_pid(pid, marker, timeout=20.0):
 
 
 # ---------------------------------------------------------------------------------------------
-# A minimal Kafka client for readiness: one Metadata v1 request, enough to see registered brokers.
+# A minimal Kafka client: Metadata v1 for readiness (enough to see registered brokers), and
+# ApiVersions v3+ for the tests of the versions and features a proxy offers.
 
 def _recv_exact(sock, n):
     buf = b""
@@ -210,18 +241,33 @@ def _recv_exact(sock, n):
     return buf
 
 
-def metadata_brokers(host, port, timeout=5.0):
-    """Sends Metadata v1 (all topics) and returns ({node_id: (host, port)}, controller_id)."""
-    client_id = b"kmirror-harness"
-    body = struct.pack(">hhih", 3, 1, 7, len(client_id)) + client_id + struct.pack(">i", 0)
+def kafka_request(host, port, api_key, version, body, flexible=False, timeout=5.0,
+                  correlation_id=7, client_id=b"kmirror-harness"):
+    """Sends one request (header v1, or v2 when flexible) and returns the response after its
+    correlation id (a v0 response header; flexible responses other than ApiVersions start with
+    their header's tagged fields)."""
+    header = struct.pack(">hhih", api_key, version, correlation_id, len(client_id)) + client_id
+    if flexible:
+        header += b"\0"  # no tagged fields
+    frame = header + body
     with socket.create_connection((host, port), timeout=timeout) as s:
         s.settimeout(timeout)
-        s.sendall(struct.pack(">i", len(body)) + body)
+        s.sendall(struct.pack(">i", len(frame)) + frame)
         size = struct.unpack(">i", _recv_exact(s, 4))[0]
-        if size < 8 or size > 1 << 20:
-            raise ConnectionError(f"bad metadata response size {size}")
+        if size < 4 or size > 1 << 20:
+            raise ConnectionError(f"bad response size {size} for api key {api_key}")
         data = _recv_exact(s, size)
-    pos = 4  # correlation id
+    if struct.unpack_from(">i", data)[0] != correlation_id:
+        raise ConnectionError(f"wrong correlation id in the response to api key {api_key}")
+    return data[4:]
+
+
+def metadata_brokers(host, port, timeout=5.0):
+    """Sends Metadata v1 (all topics) and returns ({node_id: (host, port)}, controller_id)."""
+    data = kafka_request(host, port, 3, 1, struct.pack(">i", 0), timeout=timeout)
+    if len(data) < 4:
+        raise ConnectionError("short metadata response")
+    pos = 0
     (n,) = struct.unpack_from(">i", data, pos)
     pos += 4
     brokers = {}
@@ -235,6 +281,85 @@ def metadata_brokers(host, port, timeout=5.0):
         brokers[node_id] = (bhost, bport)
     (controller,) = struct.unpack_from(">i", data, pos)
     return brokers, controller
+
+
+class _Reader:
+    """Kafka's primitive types, enough for ApiVersions v3+ (compact arrays, tagged fields)."""
+
+    def __init__(self, data):
+        self.data, self.pos = data, 0
+
+    def unpack(self, fmt):
+        v = struct.unpack_from(fmt, self.data, self.pos)
+        self.pos += struct.calcsize(fmt)
+        return v if len(v) > 1 else v[0]
+
+    def uvarint(self):
+        shift = value = 0
+        while True:
+            b = self.data[self.pos]
+            self.pos += 1
+            value |= (b & 0x7F) << shift
+            if not b & 0x80:
+                return value
+            shift += 7
+
+    def compact_string(self):
+        n = self.uvarint() - 1
+        s = self.data[self.pos:self.pos + n].decode()
+        self.pos += n
+        return s
+
+    def tagged_fields(self):
+        """{tag: raw bytes}"""
+        out = {}
+        for _ in range(self.uvarint()):
+            tag, size = self.uvarint(), self.uvarint()
+            out[tag] = self.data[self.pos:self.pos + size]
+            self.pos += size
+        return out
+
+
+def _compact_string(s):
+    b = s.encode()
+    return bytes([len(b) + 1]) + b
+
+
+def api_versions(host, port, version=4, timeout=5.0):
+    """Sends ApiVersions (v3 or later: finalized features come back) and returns a dict:
+    error, apis {key: (min, max)}, supported_features {name: (min, max)}, finalized_epoch and
+    finalized_features {name: (min level, max level)}."""
+    body = _compact_string("kmirror-harness") + _compact_string("1") + b"\0"
+    r = _Reader(kafka_request(host, port, 18, version, body, flexible=True, timeout=timeout))
+    out = {"error": r.unpack(">h"), "apis": {}, "supported_features": {},
+           "finalized_epoch": -1, "finalized_features": {}}
+    if out["error"]:
+        return out
+    for _ in range(r.uvarint() - 1):
+        key, lo, hi = r.unpack(">hhh")
+        r.tagged_fields()
+        out["apis"][key] = (lo, hi)
+    out["throttle_ms"] = r.unpack(">i")
+    tags = r.tagged_fields()
+    if r.pos != len(r.data):
+        raise ConnectionError(f"{len(r.data) - r.pos} bytes after the ApiVersions response")
+
+    def features(raw, flip):
+        f = _Reader(raw)
+        got = {}
+        for _ in range(f.uvarint() - 1):
+            name = f.compact_string()
+            a, b = f.unpack(">hh")
+            f.tagged_fields()
+            got[name] = (b, a) if flip else (a, b)
+        return got
+    if 0 in tags:
+        out["supported_features"] = features(tags[0], False)   # MinVersion, MaxVersion
+    if 1 in tags:
+        out["finalized_epoch"] = struct.unpack(">q", tags[1])[0]
+    if 2 in tags:
+        out["finalized_features"] = features(tags[2], True)    # MaxVersionLevel, MinVersionLevel
+    return out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -385,6 +510,7 @@ class KafkaCluster:
         self.base_dir = base_dir or tempfile.mkdtemp(prefix=f"kmirror-{name}-")
         os.makedirs(self.base_dir, exist_ok=True)
         self.libs = kafka_libs()
+        self.version = kafka_version(self.libs)
         self.cluster_id = new_cluster_id()
         self.nodes = {}
         self._make_nodes()
@@ -572,7 +698,7 @@ logger.cfg.level = WARN
     def _format(self, node):
         args = [java_bin()] + TOOL_JVM_OPTS + [
             "-Dlog4j2.configurationFile=" + self._tool_log4j(),
-            "-cp", os.path.join(self.libs, "*"), "kafka.tools.StorageTool", "format",
+            "-cp", os.path.join(self.libs, "*"), tool_class("storage", self.version), "format",
             "-t", self.cluster_id, "-c", node.config_path, "--ignore-formatted"]
         if node.is_controller:
             args.append("--standalone")
@@ -806,14 +932,16 @@ logger.cfg.level = WARN
     # -- tools ---------------------------------------------------------------------------------
 
     def run_tool(self, tool, *args, input=None, timeout=180, check=True, env=None,
-                 jvm_opts=None):
+                 jvm_opts=None, classpath=()):
         """Runs a Kafka Java tool (short name from TOOLS or a main class) and returns the
         CompletedProcess (text). Raises KafkaError with its output when check and it fails.
-        jvm_opts replaces the quick-start defaults (e.g. a full JIT for perf tools in benchmarks)."""
-        main = TOOLS.get(tool, tool)
+        jvm_opts replaces the quick-start defaults (e.g. a full JIT for perf tools in benchmarks);
+        classpath entries come before the Kafka jars (e.g. a test's own compiled classes)."""
+        main = tool_class(tool, self.version)
         cmd = [java_bin()] + list(TOOL_JVM_OPTS if jvm_opts is None else jvm_opts) + [
             "-Dlog4j2.configurationFile=" + self._tool_log4j(),
-            "-cp", os.path.join(self.libs, "*"), main] + [str(a) for a in args]
+            "-cp", os.pathsep.join(list(classpath) + [os.path.join(self.libs, "*")]),
+            main] + [str(a) for a in args]
         r = subprocess.run(cmd, input=input, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                            text=True, timeout=timeout, env=env)
         if check and r.returncode != 0:
@@ -827,6 +955,21 @@ logger.cfg.level = WARN
         if admin:
             extra += ["--command-config", self.command_config()]
         return self.run_tool(tool, *extra, *args, **kw)
+
+    def consumer_perf_test(self, topic, records, bootstrap=None, timeout_ms=60000):
+        """Runs consumer-perf-test for records records (against bootstrap, default the cluster)
+        and returns its summary as {column: text}: data.consumed.in.nMsg, data.consumed.in.MB, ..."""
+        # Kafka 4.2 renamed --messages to --num-records (the old name prints a warning).
+        count_opt = "--num-records" if self.version >= (4, 2) else "--messages"
+        out = self.run_tool("consumer-perf-test", "--bootstrap-server", bootstrap or self.bootstrap,
+                            "--topic", topic, count_opt, records, "--timeout", timeout_ms
+                            ).stdout.strip().splitlines()
+        # A CSV header (start.time, end.time, data.consumed.in.MB, ...) and one summary line.
+        if len(out) != 2 or not out[0].startswith("start.time"):
+            raise KafkaError("consumer-perf-test printed more or less than its summary:\n" +
+                             "\n".join(out))
+        return dict(zip((c.strip() for c in out[0].split(",")),
+                        (v.strip() for v in out[1].split(","))))
 
     def create_topic(self, topic, partitions=1, replication_factor=None, config=None):
         rf = replication_factor or min(3, self.n_brokers)

@@ -224,7 +224,7 @@ class Capture:
         # before a stop can be lost); -B: a large kernel buffer (KiB) so bursts from the
         # perf tools are not dropped; -s 0: whole packets.
         self.proc = subprocess.Popen(
-            [tcpdump, "-i", "lo", "-n", "-s", "0", "-B", "32768", "-U", "--immediate-mode", "-w", path,
+            [tcpdump, "-i", "lo", "-n", "-s", "0", "-B", "131072", "-U", "--immediate-mode", "-w", path,
              f"tcp and src host {self.host}"], stdout=subprocess.DEVNULL, stderr=err,
             start_new_session=True)
         err.close()

@@ -103,13 +103,9 @@ def test_java_perf_tools(proxy3, topic_name):
         "acks=all", "compression.type=lz4").stdout
     final = [ln for ln in out.splitlines() if "records sent" in ln][-1]
     assert int(final.split()[0]) == 20000
-    out = proxy3.tool("consumer-perf-test", "--topic", topic_name, "--messages", 20000,
-                      "--timeout", 60000).stdout.strip().splitlines()
-    cols = [c.strip() for c in out[0].split(",")]
-    vals = [v.strip() for v in out[-1].split(",")]
-    assert int(vals[cols.index("data.consumed.in.nMsg")]) == 20000
-    assert float(vals[cols.index("data.consumed.in.MB")]) == pytest.approx(
-        20000 * 200 / 1048576, 0.01)
+    summary = proxy3.cluster.consumer_perf_test(topic_name, 20000, bootstrap=proxy3.bootstrap)
+    assert int(summary["data.consumed.in.nMsg"]) == 20000
+    assert float(summary["data.consumed.in.MB"]) == pytest.approx(20000 * 200 / 1048576, 0.01)
     c = Consumer(proxy3.conf(**{"group.id": "wm"}))
     try:
         hw = sum(c.get_watermark_offsets(TopicPartition(topic_name, p), timeout=10)[1]

@@ -1,12 +1,21 @@
-"""Transactions through kmirrord: a transactional producer commits one transaction and aborts
-another, and read_committed consumers (librdkafka and Java) see exactly the committed records;
-a consume-transform-produce loop commits its input offsets inside the transaction."""
+"""Transactions through kmirrord: a transactional producer (librdkafka, and the Java client of
+the broker's own release) commits some transactions and aborts others, and read_committed
+consumers (librdkafka and Java) see exactly the committed records; a consume-transform-produce
+loop commits its input offsets inside the transaction."""
+
+import os
+import shutil
+import subprocess
 
 import pytest
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 
+from harness import api_versions
+from harness.kafka_cluster import java_bin
 from proxy_fixtures import *  # noqa: F401,F403
-from proxy_fixtures import create_topic, produce, wait_until
+from proxy_fixtures import PROXY_HOST, create_topic, produce, wait_until
+
+JAVA_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "java")
 
 pytestmark = pytest.mark.proxy
 
@@ -38,6 +47,14 @@ def read_to_end(proxy, topic, isolation, partitions=PARTITIONS, timeout=60.0):
         c.close()
 
 
+def java_read_committed(proxy, topic):
+    """The Java console consumer, read_committed, through the proxy: the values it printed."""
+    out = proxy.tool("console-consumer", "--topic", topic, "--from-beginning",
+                     "--isolation-level", "read_committed", "--timeout-ms", 15000,
+                     check=False).stdout
+    return sorted(ln for ln in out.splitlines() if ln)
+
+
 def test_commit_one_abort_another(proxy3, topic_name):
     create_topic(proxy3, topic_name, partitions=PARTITIONS)
     p = Producer(proxy3.conf(**{"transactional.id": f"tx-{topic_name}", "acks": "all",
@@ -66,10 +83,7 @@ def test_commit_one_abort_another(proxy3, topic_name):
         f"t2-abort-{i}" for i in range(80))
 
     # The Java consumer, read_committed, through the proxy: the same 150.
-    out = proxy3.tool("console-consumer", "--topic", topic_name, "--from-beginning",
-                      "--isolation-level", "read_committed", "--timeout-ms", 15000,
-                      check=False).stdout
-    assert sorted(ln for ln in out.splitlines() if ln) == sorted(committed)
+    assert java_read_committed(proxy3, topic_name) == sorted(committed)
 
     # The transaction coordinator, found through the proxy, knows the producer.
     out = proxy3.tool("transactions", "describe", "--transactional-id",
@@ -119,3 +133,81 @@ def test_consume_transform_produce(proxy3, topic_name):
     finally:
         c.close()
     assert [tp.offset for tp in committed] == ends
+
+
+@pytest.fixture(scope="session")
+def txn_producer_cp(dest_cluster3, tmp_path_factory):
+    """java/TxnProducer.java compiled against the cluster's own Kafka jars: its class directory."""
+    javac = os.path.join(os.path.dirname(os.path.realpath(java_bin())), "javac")
+    javac = javac if os.access(javac, os.X_OK) else shutil.which("javac")
+    assert javac, "javac not found (scripts/install-deps.sh installs a JDK)"
+    out = str(tmp_path_factory.mktemp("java-classes"))
+    subprocess.run([javac, "-d", out, "-cp", os.path.join(dest_cluster3.libs, "*"),
+                    os.path.join(JAVA_DIR, "TxnProducer.java")], check=True, timeout=120)
+    return out
+
+
+JAVA_PLAN = (("commit", 100), ("abort", 80), ("commit", 50), ("abort", 20), ("commit", 30))
+
+
+def test_java_transactions(proxy3, topic_name, txn_producer_cp):
+    """The Java transactional producer of the broker's release, through the proxy, with the
+    cluster's transaction.version at 2 (KIP-890 part 2: Produce v12+ adds partitions to the
+    transaction itself, EndTxn v5 bumps the epoch every transaction). A proxy that passes
+    transaction.version=2 on while offering older Produce/EndTxn versions makes the first commit
+    fail with TransactionAbortableException."""
+    cluster = proxy3.cluster
+    host, port = cluster.broker_address(cluster.broker_ids[0]).split(":")
+    broker = api_versions(host, int(port))
+    assert broker["finalized_features"].get("transaction.version", (0, 0))[1] == 2, (
+        f"the test needs a cluster at transaction.version=2: {broker['finalized_features']}")
+    tv = api_versions(PROXY_HOST, proxy3.port)["finalized_features"].get(
+        "transaction.version", (0, 0))[1]
+
+    create_topic(proxy3, topic_name, partitions=1)
+    plan = ",".join(f"{outcome}:{n}" for outcome, n in JAVA_PLAN)
+    r = cluster.run_tool("TxnProducer", proxy3.bootstrap, topic_name, f"jtx-{topic_name}", plan,
+                         classpath=[txn_producer_cp], check=False, timeout=240)
+    assert r.returncode == 0 and r.stdout.splitlines()[-1:] == ["done"], (
+        f"Java transactional producer through the proxy failed (exit {r.returncode}):\n"
+        f"{r.stdout[-2000:]}\n{r.stderr[-4000:]}")
+    assert r.stdout.splitlines()[:-1] == [f"t{k} {o} {n}" for k, (o, n) in
+                                          enumerate(JAVA_PLAN, 1)]
+
+    committed = sorted(f"t{k}-{o}-{i}" for k, (o, n) in enumerate(JAVA_PLAN, 1) if o == "commit"
+                       for i in range(n))
+    aborted = sorted(f"t{k}-{o}-{i}" for k, (o, n) in enumerate(JAVA_PLAN, 1) if o == "abort"
+                     for i in range(n))
+    got = read_to_end(proxy3, topic_name, "read_committed", partitions=1)
+    assert len(got) == len(committed) == 180
+    assert sorted(got) == committed
+    assert not set(got) & set(aborted)
+    everything = read_to_end(proxy3, topic_name, "read_uncommitted", partitions=1)
+    assert sorted(everything) == sorted(committed + aborted)
+    assert java_read_committed(proxy3, topic_name) == committed
+
+    # On disk: each transaction's data batches and then its marker (commit or abort). Under
+    # transaction version 2 (what the proxy passed on) every transaction ends with an epoch bump,
+    # so transaction k is written with the producer's first epoch + k - 1 and its marker with
+    # one more; under version 1 the epoch stays the same.
+    batches = cluster.segment_batches(topic_name, 0)
+    assert all(b["transactional"] for b in batches)
+    assert len({b["producer_id"] for b in batches}) == 1
+    txns, cur = [], []
+    for b in batches:
+        cur.append(b)
+        if b["control"]:
+            txns.append(cur)
+            cur = []
+    assert not cur and len(txns) == len(JAVA_PLAN)
+    epochs = []
+    for txn, (_, n) in zip(txns, JAVA_PLAN):
+        data, marker = txn[:-1], txn[-1]
+        assert sum(b["records"] for b in data) == n
+        assert len({b["producer_epoch"] for b in data}) == 1
+        epochs.append((data[0]["producer_epoch"], marker["producer_epoch"]))
+    first = epochs[0][0]
+    if tv >= 2:
+        assert epochs == [(first + k, first + k + 1) for k in range(len(JAVA_PLAN))], epochs
+    else:
+        assert epochs == [(first, first)] * len(JAVA_PLAN), epochs

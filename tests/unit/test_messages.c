@@ -554,56 +554,74 @@ static void test_decode_caps_and_errors(void **state)
 #define KM_FUZZ_CORPUS_DIR "tests/fuzz/corpus"
 #endif
 
-/* Decodes one captured frame body with the table; it must decode whole and re-encode byte for byte. */
-static bool golden_one(const char *path, bool response)
+enum golden_result { GOLDEN_OK, GOLDEN_NEWER, GOLDEN_BAD };
+
+/* Decodes one captured message body of key/version with the table; it must decode whole and
+ * re-encode byte for byte (GOLDEN_BAD, with the reason on stderr, if not). GOLDEN_NEWER if the
+ * version is newer than the definitions. */
+static enum golden_result golden_body(const char *label, int16_t key, int16_t v, bool response,
+				      const uint8_t *body, size_t len)
 {
-	FILE *f = fopen(path, "rb");
-	assert_non_null(f);
-	uint8_t *buf = malloc(1 << 20);
-	size_t len = fread(buf, 1, 1 << 20, f);
-	fclose(f);
-	assert_true(len >= 4);
-	int16_t key = (int16_t)km_be16(buf);
-	int16_t v = (int16_t)km_be16(buf + 2);
+	enum golden_result res = GOLDEN_OK;
 	const km_api_info *api = km_api_lookup(key);
 	assert_non_null(api);
 	const km_api_codec *c = response ? &api->response : &api->request;
-	if (!km_api_version_supported(key, v)) {
-		/* The broker is newer than the definitions: a proxy never negotiates this version. */
-		free(buf);
-		return false;
-	}
+	if (!km_api_version_supported(key, v))
+		return GOLDEN_NEWER; /* the broker is newer than the definitions: a proxy never negotiates it */
 	void *m = calloc(1, c->struct_size);
 	km_arena a;
 	km_rd r;
 	km_wr w;
 	char msg[256];
 	km_arena_init(&a, 0);
-	km_rd_init(&r, buf + 4, len - 4);
-	if (c->decode(&r, v, m, &a) != KM_OK || r.pos != len - 4) {
-		km_codec_strerror(msg, sizeof(msg), key, v, &r);
-		fprintf(stderr, "%s: %s (read %zu of %zu bytes)\n", path, msg, r.pos, len - 4);
-		fail();
-	}
+	km_rd_init(&r, body, len);
 	km_wr_init(&w);
-	c->encode(&w, v, m);
-	assert_true(km_wr_ok(&w));
-	assert_int_equal(c->size(v, m), len - 4);
-	if (w.len != len - 4 || memcmp(w.buf, buf + 4, len - 4) != 0) {
-		fprintf(stderr, "%s: re-encoding differs from the broker's bytes\n", path);
-		fail();
+	if (c->decode(&r, v, m, &a) != KM_OK || r.pos != len) {
+		km_codec_strerror(msg, sizeof(msg), key, v, &r);
+		fprintf(stderr, "%s: %s (read %zu of %zu bytes)\n", label, msg, r.pos, len);
+		res = GOLDEN_BAD;
+	} else {
+		c->encode(&w, v, m);
+		if (!km_wr_ok(&w) || c->size(v, m) != len || w.len != len || memcmp(w.buf, body, len) != 0) {
+			fprintf(stderr, "%s: re-encoding differs from the broker's bytes\n", label);
+			res = GOLDEN_BAD;
+		}
 	}
 	km_wr_free(&w);
 	km_arena_free(&a);
 	free(m);
-	free(buf);
-	return true;
+	return res;
 }
 
-/* Frames recorded between real clients (Kafka's Java tools, librdkafka) and a Kafka 4.1.1 broker (golden-*). */
+/* Reads a whole file (at most 1 MiB) into a malloc'ed buffer. */
+static uint8_t *read_file(const char *path, size_t *len)
+{
+	FILE *f = fopen(path, "rb");
+	if (!f)
+		fprintf(stderr, "%s: %s\n", path, strerror(errno));
+	assert_non_null(f);
+	uint8_t *buf = malloc(1 << 20);
+	*len = fread(buf, 1, 1 << 20, f);
+	fclose(f);
+	return buf;
+}
+
+/* One fuzz-corpus capture: 2-byte api key, 2-byte version, body. */
+static enum golden_result golden_one(const char *path, bool response)
+{
+	size_t len;
+	uint8_t *buf = read_file(path, &len);
+	assert_true(len >= 4);
+	enum golden_result res = golden_body(path, (int16_t)km_be16(buf), (int16_t)km_be16(buf + 2), response,
+					     buf + 4, len - 4);
+	free(buf);
+	return res;
+}
+
+/* Frames recorded between real clients (Kafka's Java tools, librdkafka, kcat) and Kafka 4.1.1 and 4.4.0 brokers (golden-*; golden-*k44-* are 4.4.0 with its own tools). */
 static void test_golden_captures(void **state)
 {
-	size_t n = 0, newer = 0;
+	size_t n = 0, newer = 0, bad = 0;
 	/* KM_CORPUS_DIR checks a fresh capture (tests/fuzz/capture-golden OUT) before it is committed. */
 	const char *top = getenv("KM_CORPUS_DIR") ? getenv("KM_CORPUS_DIR") : KM_FUZZ_CORPUS_DIR;
 	for (int kind = 0; kind < 2; kind++) {
@@ -617,16 +635,103 @@ static void test_golden_captures(void **state)
 				continue;
 			char path[8192];
 			snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
-			if (golden_one(path, kind == 1))
-				n++;
-			else
-				newer++;
+			enum golden_result res = golden_one(path, kind == 1);
+			n += res == GOLDEN_OK;
+			newer += res == GOLDEN_NEWER;
+			bad += res == GOLDEN_BAD;
 		}
 		closedir(d);
 	}
 	printf("golden captures: %zu frames decoded and re-encoded byte for byte (%zu in versions newer "
 	       "than the definitions)\n", n, newer);
+	assert_int_equal(bad, 0);
 	assert_true(n >= 30);
+}
+
+#ifndef KM_GOLDEN_DIR
+#define KM_GOLDEN_DIR "tests/data/golden"
+#endif
+
+/* Frames a real client sent with bytes after the message (Kafka's parser ignores them, the broker
+ * answered): only the message is checked, and the number of extra bytes must be exactly this. */
+static const struct {
+	const char *file;
+	size_t trailing;
+} golden_trailing[] = {
+	/* librdkafka 2.16's AdminClient list_topics(): Metadata v13 for all topics (Topics null,
+	 * both flags false, no tags) followed by 01 00 00. */
+	{"confluent-admin/0008-3-v13-req.bin", 3},
+};
+
+/* Whole frames (header and body, no size prefix) recorded by tests/tools/make-golden from real
+ * clients and Kafka 4.1.1 and 4.4.0 brokers, as listed in tests/data/golden/index.tsv: the header
+ * and the body must each decode whole and re-encode byte for byte. */
+static void test_golden_frames(void **state)
+{
+	char path[8192], line[2048], file[1024], dir[8];
+	size_t n = 0, newer = 0, bad = 0;
+	int key, ver, corr;
+	snprintf(path, sizeof(path), "%s/index.tsv", KM_GOLDEN_DIR);
+	FILE *idx = fopen(path, "r");
+	assert_non_null(idx);
+	assert_non_null(fgets(line, sizeof(line), idx)); /* the column names */
+	while (fgets(line, sizeof(line), idx)) {
+		assert_int_equal(sscanf(line, "%1023s %d %d %d %7s", file, &key, &ver, &corr, dir), 5);
+		bool response = strcmp(dir, "resp") == 0;
+		int hv = response ? km_api_response_header_version((int16_t)key, (int16_t)ver)
+				  : km_api_request_header_version((int16_t)key, (int16_t)ver);
+		if (hv < 0) {
+			newer++;
+			continue;
+		}
+		size_t len;
+		snprintf(path, sizeof(path), "%s/%s", KM_GOLDEN_DIR, file);
+		uint8_t *buf = read_file(path, &len);
+		km_arena a;
+		km_rd r;
+		km_wr w;
+		km_arena_init(&a, 0);
+		km_rd_init(&r, buf, len);
+		km_wr_init(&w);
+		if (response) {
+			km_response_header h;
+			km_response_header_init(&h);
+			assert_int_equal(km_response_header_decode(&r, (int16_t)hv, &h, &a), KM_OK);
+			assert_int_equal(h.correlation_id, corr);
+			km_response_header_encode(&w, (int16_t)hv, &h);
+		} else {
+			km_request_header h;
+			km_request_header_init(&h);
+			assert_int_equal(km_request_header_decode(&r, (int16_t)hv, &h, &a), KM_OK);
+			assert_int_equal(h.request_api_key, key);
+			assert_int_equal(h.request_api_version, ver);
+			assert_int_equal(h.correlation_id, corr);
+			km_request_header_encode(&w, (int16_t)hv, &h);
+		}
+		assert_true(km_rd_ok(&r));
+		if (w.len != r.pos || memcmp(w.buf, buf, r.pos) != 0) {
+			fprintf(stderr, "%s: the re-encoded header differs\n", path);
+			fail();
+		}
+		size_t trailing = 0;
+		for (size_t i = 0; i < sizeof(golden_trailing) / sizeof(golden_trailing[0]); i++)
+			if (strcmp(file, golden_trailing[i].file) == 0)
+				trailing = golden_trailing[i].trailing;
+		assert_true(len - r.pos > trailing);
+		enum golden_result res = golden_body(path, (int16_t)key, (int16_t)ver, response, buf + r.pos,
+						     len - r.pos - trailing);
+		n += res == GOLDEN_OK;
+		newer += res == GOLDEN_NEWER;
+		bad += res == GOLDEN_BAD;
+		km_wr_free(&w);
+		km_arena_free(&a);
+		free(buf);
+	}
+	fclose(idx);
+	printf("golden frames: %zu frames (headers and bodies) decoded and re-encoded byte for byte (%zu in "
+	       "versions newer than the definitions, %zu not)\n", n, newer, bad);
+	assert_int_equal(bad, 0);
+	assert_true(n >= 400);
 }
 
 /* --write-corpus DIR: writes fuzz seeds (2-byte api key, 2-byte version, body) for the two harnesses. */
@@ -693,6 +798,7 @@ int main(int argc, char **argv)
 		cmocka_unit_test(test_roundtrip_all),
 		cmocka_unit_test(test_truncation_everywhere),
 		cmocka_unit_test(test_golden_captures),
+		cmocka_unit_test(test_golden_frames),
 		cmocka_unit_test(test_unknown_tags_preserved),
 		cmocka_unit_test(test_known_tagged_fields),
 		cmocka_unit_test(test_tag_known_only_in_later_versions),

@@ -56,7 +56,6 @@ struct km_proxy {
 	km_proxy_counters metrics;
 	km_metrics *registry;     /* served on /metrics */
 	km_metrics *own_registry; /* when the caller gave none */
-	uint64_t next_session_id;
 };
 
 uint64_t km_proxy_now_ms(const km_proxy *px);

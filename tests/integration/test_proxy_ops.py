@@ -179,7 +179,12 @@ def test_healthz_upstream_unreachable(proxy_factory, dest_cluster3):
     body = struct.pack(">hhih", 3, 1, 1, 1) + b"x" + struct.pack(">i", 0)
     s.sendall(struct.pack(">i", len(body)) + body)
     s.settimeout(15)
-    assert s.recv(4) == b""
+    # Closed, not hung: an orderly close, or a reset when the refusal came before the proxy had read
+    # the request (a socket closed with unread input resets), whichever the timing gives.
+    try:
+        assert s.recv(4) == b""
+    except ConnectionResetError:
+        pass
     s.close()
     assert p.running()
     # Failed connects are upstream errors (docs/proxy.md): the client's, and the proxy's own

@@ -683,6 +683,27 @@ static void req_discard(km_req *rq)
 
 typedef enum { HEAD_DONE, HEAD_WAIT, HEAD_CLOSED } head_result;
 
+/* Make the first n body bytes of the frame at the start of in contiguous for rq, the header parsed again over them. */
+static bool pull_head(struct evbuffer *in, size_t n, km_req_header *h, km_req *rq)
+{
+	uint8_t *p = evbuffer_pullup(in, (ev_ssize_t)n + 4);
+	if (!p || km_net_parse_request_header(p + 4, n, 0, h) != KM_OK)
+		return false;
+	rq->body = p + 4;
+	rq->body_len = n;
+	return true;
+}
+
+/* What a broker does too: an API or version it cannot parse closes the connection. */
+static head_result reject_unsupported(km_session *s, const km_req_header *h)
+{
+	char msg[200];
+	snprintf(msg, sizeof(msg), "unsupported request: api key %d version %d (correlation id %d)", h->api_key,
+		 h->api_version, h->correlation_id);
+	reject(s, KM_REJECT_BAD_HEADER, msg);
+	return HEAD_CLOSED;
+}
+
 /*
  * RQ_HEAD: read a new request's header, find its row, let the row decide; forward it (cut-through
  * or whole, as it is or rewritten) or answer it. Classify hooks may run again on a later call
@@ -692,9 +713,8 @@ static head_result request_head(km_session *s, struct evbuffer *in)
 {
 	km_proxy_counters *m = s->host->metrics;
 	const km_config *cfg = s->host->cfg;
-	size_t avail = evbuffer_get_length(in), want;
+	size_t avail = evbuffer_get_length(in);
 	int32_t size = 0;
-	uint8_t *p;
 	km_req_header h;
 	const km_proxy_api *api;
 	km_req rq;
@@ -728,27 +748,19 @@ static head_result request_head(km_session *s, struct evbuffer *in)
 	case KM_FRAME_READY:
 		break;
 	}
-	want = (size_t)size < KM_REQ_HEAD ? (size_t)size : KM_REQ_HEAD;
-	p = evbuffer_pullup(in, (ev_ssize_t)want + 4);
-	if (!p || km_net_parse_request_header(p + 4, want, 0, &h) != KM_OK) {
+	memset(&rq, 0, sizeof(rq));
+	if (!pull_head(in, (size_t)size < KM_REQ_HEAD ? (size_t)size : KM_REQ_HEAD, &h, &rq)) {
 		reject(s, KM_REJECT_BAD_HEADER, "malformed request header");
 		return HEAD_CLOSED;
 	}
 	api = km_proxy_apis_find(s->host->apis, h.api_key);
+	/* Too new is refused here, unless the row's classify may answer it itself (ApiVersions). */
 	if (!api || h.api_version < km_proxy_api_min(api) ||
-	    (h.api_version > km_proxy_api_max(api) && api->classify == NULL)) {
-		/* What a broker does too: an API it cannot parse closes the connection. */
-		snprintf(msg, sizeof(msg), "unsupported request: api key %d version %d (correlation id %d)", h.api_key,
-			 h.api_version, h.correlation_id);
-		reject(s, KM_REJECT_BAD_HEADER, msg);
-		return HEAD_CLOSED;
-	}
-	memset(&rq, 0, sizeof(rq));
+	    (h.api_version > km_proxy_api_max(api) && api->classify == NULL))
+		return reject_unsupported(s, &h);
 	rq.s = s;
 	rq.seq = s->next_seq;
 	rq.h = &h;
-	rq.body = p + 4;
-	rq.body_len = want;
 	rq.frame_len = (size_t)size;
 	rq.action = api->req;
 	rq.resp = api->req == KM_REQ_LOCAL ? KM_RESP_LOCAL : km_proxy_api_resp(api, h.api_version);
@@ -767,21 +779,15 @@ static head_result request_head(km_session *s, struct evbuffer *in)
 			s->partial_since_ms = now_ms(s);
 			return HEAD_WAIT; /* classified again from the start when more has arrived */
 		}
-		p = evbuffer_pullup(in, (ev_ssize_t)rq.need + 4);
-		if (!p || km_net_parse_request_header(p + 4, rq.need, 0, &h) != KM_OK) {
+		if (!pull_head(in, rq.need, &h, &rq)) {
 			reject(s, KM_REJECT_BAD_HEADER, "malformed request header");
 			return HEAD_CLOSED;
 		}
-		rq.body = p + 4;
-		rq.body_len = rq.need;
 		rq.need = 0;
 	}
 	if (h.api_version > km_proxy_api_max(api) && rq.action != KM_REQ_LOCAL) {
 		req_discard(&rq);
-		snprintf(msg, sizeof(msg), "unsupported request: api key %d version %d (correlation id %d)", h.api_key,
-			 h.api_version, h.correlation_id);
-		reject(s, KM_REJECT_BAD_HEADER, msg);
-		return HEAD_CLOSED;
+		return reject_unsupported(s, &h);
 	}
 	if (rq.action != KM_REQ_FORWARD) {
 		km_err rc;
@@ -791,14 +797,11 @@ static head_result request_head(km_session *s, struct evbuffer *in)
 			s->partial_since_ms = now_ms(s);
 			return HEAD_WAIT;
 		}
-		p = evbuffer_pullup(in, (ev_ssize_t)size + 4);
-		if (!p || km_net_parse_request_header(p + 4, (size_t)size, 0, &h) != KM_OK) {
+		if (!pull_head(in, (size_t)size, &h, &rq)) {
 			req_discard(&rq);
 			reject(s, KM_REJECT_BAD_HEADER, "malformed request header");
 			return HEAD_CLOSED;
 		}
-		rq.body = p + 4;
-		rq.body_len = (size_t)size;
 		rc = api->on_request ? api->on_request(&rq) : KM_ERR_UNSUPPORTED;
 		if (rc == KM_OK && rq.action == KM_REQ_LOCAL && !rq.answer && !rq.pending)
 			rc = KM_ERR_UNSUPPORTED; /* a local API must answer, now or later */

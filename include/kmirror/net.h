@@ -68,6 +68,13 @@ static inline int km_net_produce_header_version(int16_t version) { return versio
 km_err km_net_produce_acks(const uint8_t *p, size_t len, int16_t version, int16_t *acks)
 	__attribute__((warn_unused_result));
 
+/*
+ * The response header of the frame at the start of in (size: its size without the prefix):
+ * correlation id, and (header v1) tagged fields. *hlen: the header's length after the size prefix.
+ * Returns 1 when parsed, 0 when not all of it has arrived, -1 when malformed.
+ */
+int km_net_response_header(struct evbuffer *in, int32_t size, int hdr_version, int32_t *corr, size_t *hlen);
+
 /* ---- a cursor over an evbuffer: reads small fields in place of a pullup, for walking big frames ---- */
 
 typedef struct km_evrd {

@@ -660,21 +660,6 @@ static void start_sasl(km_net_client *c)
 
 /* ---- I/O ---- */
 
-/* The response header of a frame of size bytes: 1 parsed, 0 not all here yet, -1 malformed. */
-static int parse_resp_header(struct evbuffer *in, int32_t size, int hdr_version, int32_t *corr, size_t *hlen)
-{
-	size_t avail = evbuffer_get_length(in), end = 4 + (size_t)size;
-	km_evrd r;
-	bool ok;
-
-	km_evrd_init(&r, in, 4, avail < end ? avail : end);
-	ok = km_evrd_i32(&r, corr) && (hdr_version < 1 || km_evrd_skip_tags(&r));
-	if (!ok)
-		return avail < end ? 0 : -1;
-	*hlen = r.pos - 4;
-	return 1;
-}
-
 static void pause_reading(km_net_client *c)
 {
 	if (c->paused)
@@ -780,7 +765,7 @@ static void process_input(km_net_client *c)
 			return;
 		}
 		front = pending_q_front(&c->fifo);
-		h = parse_resp_header(in, size, front ? front->resp_hdr_version : 0, &corr, &hlen);
+		h = km_net_response_header(in, size, front ? front->resp_hdr_version : 0, &corr, &hlen);
 		if (h == 0)
 			return;
 		if (h < 0 || !front || front->corr != corr) {

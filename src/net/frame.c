@@ -105,6 +105,20 @@ km_err km_net_produce_acks(const uint8_t *p, size_t len, int16_t version, int16_
 	return km_rd_ok(&r) ? KM_OK : r.err;
 }
 
+int km_net_response_header(struct evbuffer *in, int32_t size, int hdr_version, int32_t *corr, size_t *hlen)
+{
+	size_t avail = evbuffer_get_length(in), end = 4 + (size_t)size;
+	km_evrd r;
+	bool ok;
+
+	km_evrd_init(&r, in, 4, avail < end ? avail : end);
+	ok = km_evrd_i32(&r, corr) && (hdr_version < 1 || km_evrd_skip_tags(&r));
+	if (!ok)
+		return avail < end ? 0 : -1;
+	*hlen = r.pos - 4;
+	return 1;
+}
+
 /* ---- evbuffer cursor ---- */
 
 void km_evrd_init(km_evrd *r, struct evbuffer *buf, size_t start, size_t end)

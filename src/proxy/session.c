@@ -319,27 +319,19 @@ static void up_send(km_session *s, struct evbuffer *src, size_t n)
 		evbuffer_remove_buffer(src, s->held, n);
 }
 
-/* Where the body of a buffered response frame starts: after size, correlation id and (v1) header tags. */
-static bool response_body_off(struct evbuffer *in, size_t frame_end, int hv, size_t *off)
-{
-	km_evrd r;
-	km_evrd_init(&r, in, 8, frame_end);
-	if (hv >= 1 && !km_evrd_skip_tags(&r))
-		return false;
-	*off = r.pos;
-	return true;
-}
-
 /* RS_WHOLE: the whole frame is buffered; the row's rewriter or hook makes what the client gets. */
 static km_err respond_whole(km_session *s, const inflight *f, struct evbuffer *in)
 {
 	const km_proxy_api *api = f->api;
-	size_t end = s->rs.frame, body_off;
+	size_t end = s->rs.frame, body_off, hlen;
+	int32_t corr;
 	km_rewrite_ctx rw;
 	km_err rc;
 
-	if (!response_body_off(in, end, km_proxy_response_header_version(f->key, f->version), &body_off))
+	if (km_net_response_header(in, (int32_t)(end - 4), km_proxy_response_header_version(f->key, f->version), &corr,
+				   &hlen) != 1)
 		return KM_ERR_DECODE;
+	body_off = 4 + hlen;
 	s->host->rewrite_ctx(s->host->arg, &rw);
 	if (!f->on_response && api->rewrite) {
 		uint8_t *frame = evbuffer_pullup(in, (ev_ssize_t)end), pre[4];

@@ -151,6 +151,27 @@ static void test_produce_acks(void **state)
 	}
 }
 
+static void test_response_header(void **state)
+{
+	struct evbuffer *b = evbuffer_new();
+	/* size 10: correlation id 7, header tags (one tag of 2 bytes: 5 bytes), one body byte */
+	static const uint8_t v1[] = {0, 0, 0, 10, 0, 0, 0, 7, 1, 5, 2, 0xaa, 0xbb, 0x42};
+	int32_t corr = 0;
+	size_t hlen = 0;
+	(void)state;
+	evbuffer_add(b, v1, 6);
+	assert_int_equal(km_net_response_header(b, 10, 1, &corr, &hlen), 0); /* not all here yet */
+	evbuffer_add(b, v1 + 6, sizeof(v1) - 6);
+	assert_int_equal(km_net_response_header(b, 10, 1, &corr, &hlen), 1);
+	assert_int_equal(corr, 7);
+	assert_int_equal(hlen, 9); /* correlation id and the tag section */
+	assert_int_equal(km_net_response_header(b, 10, 0, &corr, &hlen), 1);
+	assert_int_equal(hlen, 4); /* header v0: the correlation id only */
+	/* a tag section longer than the frame: malformed once the frame is whole */
+	assert_int_equal(km_net_response_header(b, 5, 1, &corr, &hlen), -1);
+	evbuffer_free(b);
+}
+
 static void test_evrd(void **state)
 {
 	struct evbuffer *b = evbuffer_new();
@@ -364,6 +385,7 @@ int main(void)
 		cmocka_unit_test(test_frame_peek_evbuffer),
 		cmocka_unit_test(test_request_header),
 		cmocka_unit_test(test_produce_acks),
+		cmocka_unit_test(test_response_header),
 		cmocka_unit_test(test_evrd),
 		cmocka_unit_test(test_bev_fill),
 		cmocka_unit_test(test_bev_fill_tls),

@@ -40,7 +40,7 @@ static km_err produce_response(km_resp *rs)
 	km_wr w;
 	km_err rc;
 
-	rc = km_rewrite_find_top_tags(rs->in, 0, end, rs->key, rs->version, &tags_off);
+	rc = km_rewrite_produce_top_tags(rs->in, 0, end, rs->version, &tags_off);
 	if (rc != KM_OK)
 		return rc;
 	tlen = end - tags_off;

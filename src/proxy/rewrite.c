@@ -626,8 +626,8 @@ static bool walk_produce(km_evrd *r, int16_t version)
 	return skip_n(r, 4); /* throttle_time_ms */
 }
 
-km_err km_rewrite_find_top_tags(struct evbuffer *buf, size_t frame_start, size_t frame_end, int16_t key,
-				int16_t version, size_t *tags_off)
+km_err km_rewrite_produce_top_tags(struct evbuffer *buf, size_t frame_start, size_t frame_end, int16_t version,
+				   size_t *tags_off)
 {
 	km_evrd r;
 	bool ok;
@@ -635,10 +635,9 @@ km_err km_rewrite_find_top_tags(struct evbuffer *buf, size_t frame_start, size_t
 	km_evrd_init(&r, buf, frame_start + 4 + 4, frame_end); /* past size and correlation id */
 	if (!km_evrd_skip_tags(&r))                           /* response header v1 */
 		return KM_ERR_DECODE;
-	if (key == KM_API_PRODUCE && version >= 9)
-		ok = walk_produce(&r, version);
-	else
-		return KM_ERR_UNSUPPORTED;
+	if (version < 9)
+		return KM_ERR_UNSUPPORTED; /* no tagged fields before v9 */
+	ok = walk_produce(&r, version);
 	if (!ok)
 		return KM_ERR_DECODE;
 	*tags_off = r.pos;

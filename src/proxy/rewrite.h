@@ -69,8 +69,8 @@ void km_api_versions_unsupported_body(km_wr *out);
  * Produce responses (v9+): walk the frame in buf (frame_start: its size prefix) without copying,
  * and return the offset of the top-level tagged-field section. (Fetch has its walker: kmirror/fetch.h.)
  */
-km_err km_rewrite_find_top_tags(struct evbuffer *buf, size_t frame_start, size_t frame_end, int16_t key,
-				int16_t version, size_t *tags_off);
+km_err km_rewrite_produce_top_tags(struct evbuffer *buf, size_t frame_start, size_t frame_end, int16_t version,
+				   size_t *tags_off);
 /* Rewrite the NodeEndpoints (tag 0) in a top-level tagged-field section; other tags are copied. */
 km_err km_rewrite_node_endpoint_tags(const uint8_t *tags, size_t len, km_rewrite_ctx *ctx, km_wr *out);
 /*

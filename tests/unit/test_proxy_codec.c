@@ -23,6 +23,7 @@
 #include "kmirror/fetch.h"
 #include "proxy/apis.h"
 #include "proxy/rewrite.h"
+#include "unit_fetch.h"
 
 static int learned;
 static void learn(void *arg, int32_t node, km_str host, int32_t port, km_str rack)
@@ -35,17 +36,7 @@ static km_proxy_apis *apis;
 /* The offset of a response's top-level tags: Fetch through its walker, Produce through its own. */
 static km_err top_tags(struct evbuffer *b, size_t len, int16_t key, int16_t v, size_t *off)
 {
-	km_fetch_walk w;
-	km_fw_event ev;
-	if (key != KM_API_FETCH)
-		return km_rewrite_find_top_tags(b, 0, len, key, v, off);
-	km_fetch_walk_init(&w, v, len);
-	while ((ev = km_fetch_walk_next(&w, b, 0)) == KM_FW_PARTITION || ev == KM_FW_BATCH)
-		;
-	if (ev != KM_FW_END)
-		return KM_ERR_DECODE;
-	*off = w.pos;
-	return KM_OK;
+	return key == KM_API_FETCH ? fetch_tags_off(b, len, v, off) : km_rewrite_produce_top_tags(b, 0, len, v, off);
 }
 
 static km_rewrite_ctx ctx(void)
@@ -679,7 +670,7 @@ static void test_mutations_never_crash(void **state)
 			(void)km_rewrite_node_endpoint_tags(fbuf + off, flen - off, &c, &out);
 			km_wr_free(&out);
 		}
-		(void)km_rewrite_find_top_tags(eb, 0, flen, KM_API_PRODUCE, 11, &off);
+		(void)km_rewrite_produce_top_tags(eb, 0, flen, 11, &off);
 		if (top_tags(eb, flen, KM_API_FETCH, 17, &off) == KM_OK && flen - off <= 512) {
 			uint8_t fixed[512];
 			assert_true(off < flen);

@@ -16,6 +16,7 @@
 #include "proxy/apis.h"
 #include "proxy/rewrite.h"
 #include "unit_doc.h"
+#include "unit_fetch.h"
 
 static km_proxy_apis *apis; /* the proxy's table, for ApiVersions */
 
@@ -676,20 +677,6 @@ static void test_api_versions_local_rows(void **state)
 	km_proxy_apis_free(t);
 }
 
-/* Walk a whole buffered Fetch frame to its top-level tagged fields with the one walker. */
-static km_err fetch_tags_off(struct evbuffer *b, size_t len, int16_t v, size_t *off)
-{
-	km_fetch_walk w;
-	km_fw_event ev;
-	km_fetch_walk_init(&w, v, len);
-	while ((ev = km_fetch_walk_next(&w, b, 0)) == KM_FW_PARTITION || ev == KM_FW_BATCH)
-		;
-	if (ev != KM_FW_END)
-		return KM_ERR_DECODE;
-	*off = w.pos;
-	return KM_OK;
-}
-
 static void test_fetch_tail(void **state)
 {
 	for (int16_t v = 12; v <= KM_FETCH_RESPONSE_MAX_VERSION; v++) {
@@ -787,7 +774,7 @@ static void test_produce_tail(void **state)
 		}
 		km_wr_patch_i32(&w, start, (int32_t)(w.len - 4));
 		evbuffer_add(b, w.buf, w.len);
-		assert_int_equal(km_rewrite_find_top_tags(b, 0, w.len, KM_API_PRODUCE, 11, &tags_off), KM_OK);
+		assert_int_equal(km_rewrite_produce_top_tags(b, 0, w.len, 11, &tags_off), KM_OK);
 		if (ne) {
 			learned l;
 			km_rewrite_ctx c = ctx_for(&l);

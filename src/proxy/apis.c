@@ -44,7 +44,10 @@ static km_err produce_response(km_resp *rs)
 	if (rc != KM_OK)
 		return rc;
 	tlen = end - tags_off;
-	tags = evbuffer_pullup(rs->in, (ev_ssize_t)end) + tags_off;
+	tags = evbuffer_pullup(rs->in, (ev_ssize_t)end);
+	if (!tags)
+		return KM_ERR_NOMEM;
+	tags += tags_off;
 	if (tlen == 1 && tags[0] == 0) {
 		evbuffer_remove_buffer(rs->in, rs->out, end);
 		return KM_OK;

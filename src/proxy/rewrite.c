@@ -97,7 +97,7 @@ km_err km_rewrite_metadata(const uint8_t *body, size_t len, int16_t version, km_
 	km_rd r;
 	int32_t n;
 
-	if (version < 0 || version > 13)
+	if (version < 0 || version > KM_REWRITE_METADATA_MAX_VERSION)
 		return KM_ERR_UNSUPPORTED;
 	km_rd_init(&r, body, len);
 	if (version >= 3)
@@ -128,7 +128,7 @@ km_err km_rewrite_find_coordinator(const uint8_t *body, size_t len, int16_t vers
 	bool flex = version >= 3;
 	km_rd r;
 
-	if (version < 0 || version > 6)
+	if (version < 0 || version > KM_REWRITE_FIND_COORDINATOR_MAX_VERSION)
 		return KM_ERR_UNSUPPORTED;
 	km_rd_init(&r, body, len);
 	if (version >= 1)
@@ -167,7 +167,7 @@ km_err km_rewrite_describe_cluster(const uint8_t *body, size_t len, int16_t vers
 	km_rd r;
 	int32_t n = 0;
 
-	if (version < 0 || version > 2)
+	if (version < 0 || version > KM_REWRITE_DESCRIBE_CLUSTER_MAX_VERSION)
 		return KM_ERR_UNSUPPORTED;
 	km_rd_init(&r, body, len);
 	cp_raw(&r, out, 4, "throttle_time_ms");

@@ -23,6 +23,14 @@ typedef struct km_rewrite_ctx {
 	int rewritten;          /* out: number of endpoints replaced */
 } km_rewrite_ctx;
 
+/*
+ * The highest version each hand-written rewriter was written for: the API table serves no newer
+ * one, so a new Kafka release's new version waits until its layout is checked here.
+ */
+#define KM_REWRITE_METADATA_MAX_VERSION 13
+#define KM_REWRITE_FIND_COORDINATOR_MAX_VERSION 6
+#define KM_REWRITE_DESCRIBE_CLUSTER_MAX_VERSION 2
+
 /* The client-facing port of a node, or -1 when it has none. */
 int32_t km_rewrite_port(const km_rewrite_ctx *ctx, int32_t node_id);
 

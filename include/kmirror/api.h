@@ -16,6 +16,7 @@ enum {
 	KM_API_LISTENER_BROKER = 1 << 0,
 	KM_API_LISTENER_CONTROLLER = 1 << 1,
 	KM_API_LISTENER_ZK_BROKER = 1 << 2,
+	KM_API_LISTENER_KMIRROR = 1 << 3, /* kmirror's own RPCs (src/codec/messages): kmirrord answers them */
 };
 
 /* A message's codec behind void pointers, for code that handles any API key (fuzzers, loggers). */

@@ -35,6 +35,31 @@ enum {
 	KM_KAFKA_NOT_LEADER_OR_FOLLOWER = 6,
 	KM_KAFKA_INVALID_REQUEST = 42,
 	KM_KAFKA_UNSUPPORTED_VERSION = 35,
+	KM_KAFKA_COORDINATOR_LOAD_IN_PROGRESS = 14,
+	KM_KAFKA_TOPIC_AUTHORIZATION_FAILED = 29,
+	KM_KAFKA_CLUSTER_AUTHORIZATION_FAILED = 31,
+	KM_KAFKA_POLICY_VIOLATION = 44,
+};
+
+/*
+ * kmirror's own wire codes, for the mirror RPCs and read-only topics (docs/protocol.md). Kafka's
+ * codes grow up from 0 (136 in 4.4); these start at 32000 so that no Kafka release reaches them.
+ * Stock clients do not know them: the Java client reads them as UNKNOWN_SERVER_ERROR (not
+ * retriable) and shows the error message; librdkafka as a permanent error.
+ */
+enum {
+	KM_MIRROR_ERROR_FIRST = 32000,
+	KM_MIRROR_READ_ONLY_TOPIC = 32000,
+	KM_MIRROR_CLUSTER_MIRROR_ALREADY_EXISTS = 32001,
+	KM_MIRROR_UNKNOWN_CLUSTER_MIRROR = 32002,
+	KM_MIRROR_TOPIC_ALREADY_IN_CLUSTER_MIRROR = 32003,
+	KM_MIRROR_TOPIC_NOT_IN_CLUSTER_MIRROR = 32004,
+	KM_MIRROR_MIRROR_TOPIC_NOT_PAUSED = 32005,
+	KM_MIRROR_INVALID_CLUSTER_MIRROR_STATES = 32006,
+	KM_MIRROR_INVALID_CLUSTER_MIRROR_CONFIG = 32007,
+	KM_MIRROR_SECRET_KEY_MISSING = 32008,
+	KM_MIRROR_CLUSTER_MIRROR_IN_USE = 32009,
+	KM_MIRROR_STATE_UNAVAILABLE = 32010,
 };
 
 /* Name of an error: "NOT_LEADER_OR_FOLLOWER", "KM_ERR_DECODE", or "UNKNOWN_CODE". Never NULL. */
@@ -43,7 +68,11 @@ const char *km_err_name(km_err err);
 const char *km_err_message(km_err err);
 /* Whether a retry may succeed. Unknown Kafka codes are not retriable (the Java client's rule). */
 bool km_err_retriable(km_err err);
-/* Whether the code is a Kafka code that appears in the table. */
+/* Whether the code is a Kafka code that appears in the table, or one of kmirror's wire codes. */
 bool km_err_is_known(km_err err);
+/* Whether the code is one of kmirror's own wire codes. */
+bool km_err_is_mirror(km_err err);
+/* The code of a name ("READ_ONLY_TOPIC", "NOT_LEADER_OR_FOLLOWER"); UNKNOWN_SERVER_ERROR when none. */
+km_err km_err_by_name(const char *name);
 
 #endif

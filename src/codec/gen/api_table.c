@@ -184,6 +184,26 @@
 #include "kmirror/msg/streams_group_topology_description_update_response.h"
 #include "kmirror/msg/unregister_controller_request.h"
 #include "kmirror/msg/unregister_controller_response.h"
+#include "kmirror/msg/create_mirror_request.h"
+#include "kmirror/msg/create_mirror_response.h"
+#include "kmirror/msg/delete_mirror_request.h"
+#include "kmirror/msg/delete_mirror_response.h"
+#include "kmirror/msg/list_mirrors_request.h"
+#include "kmirror/msg/list_mirrors_response.h"
+#include "kmirror/msg/describe_mirrors_request.h"
+#include "kmirror/msg/describe_mirrors_response.h"
+#include "kmirror/msg/alter_mirror_request.h"
+#include "kmirror/msg/alter_mirror_response.h"
+#include "kmirror/msg/start_mirror_topics_request.h"
+#include "kmirror/msg/start_mirror_topics_response.h"
+#include "kmirror/msg/stop_mirror_topics_request.h"
+#include "kmirror/msg/stop_mirror_topics_response.h"
+#include "kmirror/msg/pause_mirror_topics_request.h"
+#include "kmirror/msg/pause_mirror_topics_response.h"
+#include "kmirror/msg/resume_mirror_topics_request.h"
+#include "kmirror/msg/resume_mirror_topics_response.h"
+#include "kmirror/msg/last_mirrored_offsets_request.h"
+#include "kmirror/msg/last_mirrored_offsets_response.h"
 
 static void km_produce_request_init_v(void *m) { km_produce_request_init(m); }
 static km_err km_produce_request_decode_v(km_rd *r, int16_t v, void *m, km_arena *a) { return km_produce_request_decode(r, v, m, a); }
@@ -913,6 +933,86 @@ static void km_unregister_controller_response_init_v(void *m) { km_unregister_co
 static km_err km_unregister_controller_response_decode_v(km_rd *r, int16_t v, void *m, km_arena *a) { return km_unregister_controller_response_decode(r, v, m, a); }
 static void km_unregister_controller_response_encode_v(km_wr *w, int16_t v, const void *m) { km_unregister_controller_response_encode(w, v, m); }
 static size_t km_unregister_controller_response_size_v(int16_t v, const void *m) { return km_unregister_controller_response_size(v, m); }
+static void km_create_mirror_request_init_v(void *m) { km_create_mirror_request_init(m); }
+static km_err km_create_mirror_request_decode_v(km_rd *r, int16_t v, void *m, km_arena *a) { return km_create_mirror_request_decode(r, v, m, a); }
+static void km_create_mirror_request_encode_v(km_wr *w, int16_t v, const void *m) { km_create_mirror_request_encode(w, v, m); }
+static size_t km_create_mirror_request_size_v(int16_t v, const void *m) { return km_create_mirror_request_size(v, m); }
+static void km_create_mirror_response_init_v(void *m) { km_create_mirror_response_init(m); }
+static km_err km_create_mirror_response_decode_v(km_rd *r, int16_t v, void *m, km_arena *a) { return km_create_mirror_response_decode(r, v, m, a); }
+static void km_create_mirror_response_encode_v(km_wr *w, int16_t v, const void *m) { km_create_mirror_response_encode(w, v, m); }
+static size_t km_create_mirror_response_size_v(int16_t v, const void *m) { return km_create_mirror_response_size(v, m); }
+static void km_delete_mirror_request_init_v(void *m) { km_delete_mirror_request_init(m); }
+static km_err km_delete_mirror_request_decode_v(km_rd *r, int16_t v, void *m, km_arena *a) { return km_delete_mirror_request_decode(r, v, m, a); }
+static void km_delete_mirror_request_encode_v(km_wr *w, int16_t v, const void *m) { km_delete_mirror_request_encode(w, v, m); }
+static size_t km_delete_mirror_request_size_v(int16_t v, const void *m) { return km_delete_mirror_request_size(v, m); }
+static void km_delete_mirror_response_init_v(void *m) { km_delete_mirror_response_init(m); }
+static km_err km_delete_mirror_response_decode_v(km_rd *r, int16_t v, void *m, km_arena *a) { return km_delete_mirror_response_decode(r, v, m, a); }
+static void km_delete_mirror_response_encode_v(km_wr *w, int16_t v, const void *m) { km_delete_mirror_response_encode(w, v, m); }
+static size_t km_delete_mirror_response_size_v(int16_t v, const void *m) { return km_delete_mirror_response_size(v, m); }
+static void km_list_mirrors_request_init_v(void *m) { km_list_mirrors_request_init(m); }
+static km_err km_list_mirrors_request_decode_v(km_rd *r, int16_t v, void *m, km_arena *a) { return km_list_mirrors_request_decode(r, v, m, a); }
+static void km_list_mirrors_request_encode_v(km_wr *w, int16_t v, const void *m) { km_list_mirrors_request_encode(w, v, m); }
+static size_t km_list_mirrors_request_size_v(int16_t v, const void *m) { return km_list_mirrors_request_size(v, m); }
+static void km_list_mirrors_response_init_v(void *m) { km_list_mirrors_response_init(m); }
+static km_err km_list_mirrors_response_decode_v(km_rd *r, int16_t v, void *m, km_arena *a) { return km_list_mirrors_response_decode(r, v, m, a); }
+static void km_list_mirrors_response_encode_v(km_wr *w, int16_t v, const void *m) { km_list_mirrors_response_encode(w, v, m); }
+static size_t km_list_mirrors_response_size_v(int16_t v, const void *m) { return km_list_mirrors_response_size(v, m); }
+static void km_describe_mirrors_request_init_v(void *m) { km_describe_mirrors_request_init(m); }
+static km_err km_describe_mirrors_request_decode_v(km_rd *r, int16_t v, void *m, km_arena *a) { return km_describe_mirrors_request_decode(r, v, m, a); }
+static void km_describe_mirrors_request_encode_v(km_wr *w, int16_t v, const void *m) { km_describe_mirrors_request_encode(w, v, m); }
+static size_t km_describe_mirrors_request_size_v(int16_t v, const void *m) { return km_describe_mirrors_request_size(v, m); }
+static void km_describe_mirrors_response_init_v(void *m) { km_describe_mirrors_response_init(m); }
+static km_err km_describe_mirrors_response_decode_v(km_rd *r, int16_t v, void *m, km_arena *a) { return km_describe_mirrors_response_decode(r, v, m, a); }
+static void km_describe_mirrors_response_encode_v(km_wr *w, int16_t v, const void *m) { km_describe_mirrors_response_encode(w, v, m); }
+static size_t km_describe_mirrors_response_size_v(int16_t v, const void *m) { return km_describe_mirrors_response_size(v, m); }
+static void km_alter_mirror_request_init_v(void *m) { km_alter_mirror_request_init(m); }
+static km_err km_alter_mirror_request_decode_v(km_rd *r, int16_t v, void *m, km_arena *a) { return km_alter_mirror_request_decode(r, v, m, a); }
+static void km_alter_mirror_request_encode_v(km_wr *w, int16_t v, const void *m) { km_alter_mirror_request_encode(w, v, m); }
+static size_t km_alter_mirror_request_size_v(int16_t v, const void *m) { return km_alter_mirror_request_size(v, m); }
+static void km_alter_mirror_response_init_v(void *m) { km_alter_mirror_response_init(m); }
+static km_err km_alter_mirror_response_decode_v(km_rd *r, int16_t v, void *m, km_arena *a) { return km_alter_mirror_response_decode(r, v, m, a); }
+static void km_alter_mirror_response_encode_v(km_wr *w, int16_t v, const void *m) { km_alter_mirror_response_encode(w, v, m); }
+static size_t km_alter_mirror_response_size_v(int16_t v, const void *m) { return km_alter_mirror_response_size(v, m); }
+static void km_start_mirror_topics_request_init_v(void *m) { km_start_mirror_topics_request_init(m); }
+static km_err km_start_mirror_topics_request_decode_v(km_rd *r, int16_t v, void *m, km_arena *a) { return km_start_mirror_topics_request_decode(r, v, m, a); }
+static void km_start_mirror_topics_request_encode_v(km_wr *w, int16_t v, const void *m) { km_start_mirror_topics_request_encode(w, v, m); }
+static size_t km_start_mirror_topics_request_size_v(int16_t v, const void *m) { return km_start_mirror_topics_request_size(v, m); }
+static void km_start_mirror_topics_response_init_v(void *m) { km_start_mirror_topics_response_init(m); }
+static km_err km_start_mirror_topics_response_decode_v(km_rd *r, int16_t v, void *m, km_arena *a) { return km_start_mirror_topics_response_decode(r, v, m, a); }
+static void km_start_mirror_topics_response_encode_v(km_wr *w, int16_t v, const void *m) { km_start_mirror_topics_response_encode(w, v, m); }
+static size_t km_start_mirror_topics_response_size_v(int16_t v, const void *m) { return km_start_mirror_topics_response_size(v, m); }
+static void km_stop_mirror_topics_request_init_v(void *m) { km_stop_mirror_topics_request_init(m); }
+static km_err km_stop_mirror_topics_request_decode_v(km_rd *r, int16_t v, void *m, km_arena *a) { return km_stop_mirror_topics_request_decode(r, v, m, a); }
+static void km_stop_mirror_topics_request_encode_v(km_wr *w, int16_t v, const void *m) { km_stop_mirror_topics_request_encode(w, v, m); }
+static size_t km_stop_mirror_topics_request_size_v(int16_t v, const void *m) { return km_stop_mirror_topics_request_size(v, m); }
+static void km_stop_mirror_topics_response_init_v(void *m) { km_stop_mirror_topics_response_init(m); }
+static km_err km_stop_mirror_topics_response_decode_v(km_rd *r, int16_t v, void *m, km_arena *a) { return km_stop_mirror_topics_response_decode(r, v, m, a); }
+static void km_stop_mirror_topics_response_encode_v(km_wr *w, int16_t v, const void *m) { km_stop_mirror_topics_response_encode(w, v, m); }
+static size_t km_stop_mirror_topics_response_size_v(int16_t v, const void *m) { return km_stop_mirror_topics_response_size(v, m); }
+static void km_pause_mirror_topics_request_init_v(void *m) { km_pause_mirror_topics_request_init(m); }
+static km_err km_pause_mirror_topics_request_decode_v(km_rd *r, int16_t v, void *m, km_arena *a) { return km_pause_mirror_topics_request_decode(r, v, m, a); }
+static void km_pause_mirror_topics_request_encode_v(km_wr *w, int16_t v, const void *m) { km_pause_mirror_topics_request_encode(w, v, m); }
+static size_t km_pause_mirror_topics_request_size_v(int16_t v, const void *m) { return km_pause_mirror_topics_request_size(v, m); }
+static void km_pause_mirror_topics_response_init_v(void *m) { km_pause_mirror_topics_response_init(m); }
+static km_err km_pause_mirror_topics_response_decode_v(km_rd *r, int16_t v, void *m, km_arena *a) { return km_pause_mirror_topics_response_decode(r, v, m, a); }
+static void km_pause_mirror_topics_response_encode_v(km_wr *w, int16_t v, const void *m) { km_pause_mirror_topics_response_encode(w, v, m); }
+static size_t km_pause_mirror_topics_response_size_v(int16_t v, const void *m) { return km_pause_mirror_topics_response_size(v, m); }
+static void km_resume_mirror_topics_request_init_v(void *m) { km_resume_mirror_topics_request_init(m); }
+static km_err km_resume_mirror_topics_request_decode_v(km_rd *r, int16_t v, void *m, km_arena *a) { return km_resume_mirror_topics_request_decode(r, v, m, a); }
+static void km_resume_mirror_topics_request_encode_v(km_wr *w, int16_t v, const void *m) { km_resume_mirror_topics_request_encode(w, v, m); }
+static size_t km_resume_mirror_topics_request_size_v(int16_t v, const void *m) { return km_resume_mirror_topics_request_size(v, m); }
+static void km_resume_mirror_topics_response_init_v(void *m) { km_resume_mirror_topics_response_init(m); }
+static km_err km_resume_mirror_topics_response_decode_v(km_rd *r, int16_t v, void *m, km_arena *a) { return km_resume_mirror_topics_response_decode(r, v, m, a); }
+static void km_resume_mirror_topics_response_encode_v(km_wr *w, int16_t v, const void *m) { km_resume_mirror_topics_response_encode(w, v, m); }
+static size_t km_resume_mirror_topics_response_size_v(int16_t v, const void *m) { return km_resume_mirror_topics_response_size(v, m); }
+static void km_last_mirrored_offsets_request_init_v(void *m) { km_last_mirrored_offsets_request_init(m); }
+static km_err km_last_mirrored_offsets_request_decode_v(km_rd *r, int16_t v, void *m, km_arena *a) { return km_last_mirrored_offsets_request_decode(r, v, m, a); }
+static void km_last_mirrored_offsets_request_encode_v(km_wr *w, int16_t v, const void *m) { km_last_mirrored_offsets_request_encode(w, v, m); }
+static size_t km_last_mirrored_offsets_request_size_v(int16_t v, const void *m) { return km_last_mirrored_offsets_request_size(v, m); }
+static void km_last_mirrored_offsets_response_init_v(void *m) { km_last_mirrored_offsets_response_init(m); }
+static km_err km_last_mirrored_offsets_response_decode_v(km_rd *r, int16_t v, void *m, km_arena *a) { return km_last_mirrored_offsets_response_decode(r, v, m, a); }
+static void km_last_mirrored_offsets_response_encode_v(km_wr *w, int16_t v, const void *m) { km_last_mirrored_offsets_response_encode(w, v, m); }
+static size_t km_last_mirrored_offsets_response_size_v(int16_t v, const void *m) { return km_last_mirrored_offsets_response_size(v, m); }
 
 /* Sorted by api key. */
 static const km_api_info km_api_rows[] = {
@@ -2280,6 +2380,156 @@ static const km_api_info km_api_rows[] = {
 		.response_header_always_v0 = false,
 		.request = {"UnregisterControllerRequest", sizeof(km_unregister_controller_request), km_unregister_controller_request_init_v, km_unregister_controller_request_decode_v, km_unregister_controller_request_encode_v, km_unregister_controller_request_size_v},
 		.response = {"UnregisterControllerResponse", sizeof(km_unregister_controller_response), km_unregister_controller_response_init_v, km_unregister_controller_response_decode_v, km_unregister_controller_response_encode_v, km_unregister_controller_response_size_v},
+	},
+	{
+		.api_key = 32000,
+		.name = "CreateMirror",
+		.min_version = 0,
+		.max_version = 0,
+		.first_flexible = 0,
+		.latest_unstable = false,
+		.deprecated_min = -1,
+		.deprecated_max = -1,
+		.listeners = KM_API_LISTENER_KMIRROR,
+		.request_header_v0_max = -1,
+		.response_header_always_v0 = false,
+		.request = {"CreateMirrorRequest", sizeof(km_create_mirror_request), km_create_mirror_request_init_v, km_create_mirror_request_decode_v, km_create_mirror_request_encode_v, km_create_mirror_request_size_v},
+		.response = {"CreateMirrorResponse", sizeof(km_create_mirror_response), km_create_mirror_response_init_v, km_create_mirror_response_decode_v, km_create_mirror_response_encode_v, km_create_mirror_response_size_v},
+	},
+	{
+		.api_key = 32001,
+		.name = "DeleteMirror",
+		.min_version = 0,
+		.max_version = 0,
+		.first_flexible = 0,
+		.latest_unstable = false,
+		.deprecated_min = -1,
+		.deprecated_max = -1,
+		.listeners = KM_API_LISTENER_KMIRROR,
+		.request_header_v0_max = -1,
+		.response_header_always_v0 = false,
+		.request = {"DeleteMirrorRequest", sizeof(km_delete_mirror_request), km_delete_mirror_request_init_v, km_delete_mirror_request_decode_v, km_delete_mirror_request_encode_v, km_delete_mirror_request_size_v},
+		.response = {"DeleteMirrorResponse", sizeof(km_delete_mirror_response), km_delete_mirror_response_init_v, km_delete_mirror_response_decode_v, km_delete_mirror_response_encode_v, km_delete_mirror_response_size_v},
+	},
+	{
+		.api_key = 32002,
+		.name = "ListMirrors",
+		.min_version = 0,
+		.max_version = 0,
+		.first_flexible = 0,
+		.latest_unstable = false,
+		.deprecated_min = -1,
+		.deprecated_max = -1,
+		.listeners = KM_API_LISTENER_KMIRROR,
+		.request_header_v0_max = -1,
+		.response_header_always_v0 = false,
+		.request = {"ListMirrorsRequest", sizeof(km_list_mirrors_request), km_list_mirrors_request_init_v, km_list_mirrors_request_decode_v, km_list_mirrors_request_encode_v, km_list_mirrors_request_size_v},
+		.response = {"ListMirrorsResponse", sizeof(km_list_mirrors_response), km_list_mirrors_response_init_v, km_list_mirrors_response_decode_v, km_list_mirrors_response_encode_v, km_list_mirrors_response_size_v},
+	},
+	{
+		.api_key = 32003,
+		.name = "DescribeMirrors",
+		.min_version = 0,
+		.max_version = 0,
+		.first_flexible = 0,
+		.latest_unstable = false,
+		.deprecated_min = -1,
+		.deprecated_max = -1,
+		.listeners = KM_API_LISTENER_KMIRROR,
+		.request_header_v0_max = -1,
+		.response_header_always_v0 = false,
+		.request = {"DescribeMirrorsRequest", sizeof(km_describe_mirrors_request), km_describe_mirrors_request_init_v, km_describe_mirrors_request_decode_v, km_describe_mirrors_request_encode_v, km_describe_mirrors_request_size_v},
+		.response = {"DescribeMirrorsResponse", sizeof(km_describe_mirrors_response), km_describe_mirrors_response_init_v, km_describe_mirrors_response_decode_v, km_describe_mirrors_response_encode_v, km_describe_mirrors_response_size_v},
+	},
+	{
+		.api_key = 32004,
+		.name = "AlterMirror",
+		.min_version = 0,
+		.max_version = 0,
+		.first_flexible = 0,
+		.latest_unstable = false,
+		.deprecated_min = -1,
+		.deprecated_max = -1,
+		.listeners = KM_API_LISTENER_KMIRROR,
+		.request_header_v0_max = -1,
+		.response_header_always_v0 = false,
+		.request = {"AlterMirrorRequest", sizeof(km_alter_mirror_request), km_alter_mirror_request_init_v, km_alter_mirror_request_decode_v, km_alter_mirror_request_encode_v, km_alter_mirror_request_size_v},
+		.response = {"AlterMirrorResponse", sizeof(km_alter_mirror_response), km_alter_mirror_response_init_v, km_alter_mirror_response_decode_v, km_alter_mirror_response_encode_v, km_alter_mirror_response_size_v},
+	},
+	{
+		.api_key = 32005,
+		.name = "StartMirrorTopics",
+		.min_version = 0,
+		.max_version = 0,
+		.first_flexible = 0,
+		.latest_unstable = false,
+		.deprecated_min = -1,
+		.deprecated_max = -1,
+		.listeners = KM_API_LISTENER_KMIRROR,
+		.request_header_v0_max = -1,
+		.response_header_always_v0 = false,
+		.request = {"StartMirrorTopicsRequest", sizeof(km_start_mirror_topics_request), km_start_mirror_topics_request_init_v, km_start_mirror_topics_request_decode_v, km_start_mirror_topics_request_encode_v, km_start_mirror_topics_request_size_v},
+		.response = {"StartMirrorTopicsResponse", sizeof(km_start_mirror_topics_response), km_start_mirror_topics_response_init_v, km_start_mirror_topics_response_decode_v, km_start_mirror_topics_response_encode_v, km_start_mirror_topics_response_size_v},
+	},
+	{
+		.api_key = 32006,
+		.name = "StopMirrorTopics",
+		.min_version = 0,
+		.max_version = 0,
+		.first_flexible = 0,
+		.latest_unstable = false,
+		.deprecated_min = -1,
+		.deprecated_max = -1,
+		.listeners = KM_API_LISTENER_KMIRROR,
+		.request_header_v0_max = -1,
+		.response_header_always_v0 = false,
+		.request = {"StopMirrorTopicsRequest", sizeof(km_stop_mirror_topics_request), km_stop_mirror_topics_request_init_v, km_stop_mirror_topics_request_decode_v, km_stop_mirror_topics_request_encode_v, km_stop_mirror_topics_request_size_v},
+		.response = {"StopMirrorTopicsResponse", sizeof(km_stop_mirror_topics_response), km_stop_mirror_topics_response_init_v, km_stop_mirror_topics_response_decode_v, km_stop_mirror_topics_response_encode_v, km_stop_mirror_topics_response_size_v},
+	},
+	{
+		.api_key = 32007,
+		.name = "PauseMirrorTopics",
+		.min_version = 0,
+		.max_version = 0,
+		.first_flexible = 0,
+		.latest_unstable = false,
+		.deprecated_min = -1,
+		.deprecated_max = -1,
+		.listeners = KM_API_LISTENER_KMIRROR,
+		.request_header_v0_max = -1,
+		.response_header_always_v0 = false,
+		.request = {"PauseMirrorTopicsRequest", sizeof(km_pause_mirror_topics_request), km_pause_mirror_topics_request_init_v, km_pause_mirror_topics_request_decode_v, km_pause_mirror_topics_request_encode_v, km_pause_mirror_topics_request_size_v},
+		.response = {"PauseMirrorTopicsResponse", sizeof(km_pause_mirror_topics_response), km_pause_mirror_topics_response_init_v, km_pause_mirror_topics_response_decode_v, km_pause_mirror_topics_response_encode_v, km_pause_mirror_topics_response_size_v},
+	},
+	{
+		.api_key = 32008,
+		.name = "ResumeMirrorTopics",
+		.min_version = 0,
+		.max_version = 0,
+		.first_flexible = 0,
+		.latest_unstable = false,
+		.deprecated_min = -1,
+		.deprecated_max = -1,
+		.listeners = KM_API_LISTENER_KMIRROR,
+		.request_header_v0_max = -1,
+		.response_header_always_v0 = false,
+		.request = {"ResumeMirrorTopicsRequest", sizeof(km_resume_mirror_topics_request), km_resume_mirror_topics_request_init_v, km_resume_mirror_topics_request_decode_v, km_resume_mirror_topics_request_encode_v, km_resume_mirror_topics_request_size_v},
+		.response = {"ResumeMirrorTopicsResponse", sizeof(km_resume_mirror_topics_response), km_resume_mirror_topics_response_init_v, km_resume_mirror_topics_response_decode_v, km_resume_mirror_topics_response_encode_v, km_resume_mirror_topics_response_size_v},
+	},
+	{
+		.api_key = 32009,
+		.name = "LastMirroredOffsets",
+		.min_version = 0,
+		.max_version = 0,
+		.first_flexible = 0,
+		.latest_unstable = false,
+		.deprecated_min = -1,
+		.deprecated_max = -1,
+		.listeners = KM_API_LISTENER_KMIRROR,
+		.request_header_v0_max = -1,
+		.response_header_always_v0 = false,
+		.request = {"LastMirroredOffsetsRequest", sizeof(km_last_mirrored_offsets_request), km_last_mirrored_offsets_request_init_v, km_last_mirrored_offsets_request_decode_v, km_last_mirrored_offsets_request_encode_v, km_last_mirrored_offsets_request_size_v},
+		.response = {"LastMirroredOffsetsResponse", sizeof(km_last_mirrored_offsets_response), km_last_mirrored_offsets_response_init_v, km_last_mirrored_offsets_response_decode_v, km_last_mirrored_offsets_response_encode_v, km_last_mirrored_offsets_response_size_v},
 	},
 };
 

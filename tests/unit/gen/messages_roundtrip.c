@@ -20,6 +20,8 @@
 #include "kmirror/msg/alter_client_quotas_response.h"
 #include "kmirror/msg/alter_configs_request.h"
 #include "kmirror/msg/alter_configs_response.h"
+#include "kmirror/msg/alter_mirror_request.h"
+#include "kmirror/msg/alter_mirror_response.h"
 #include "kmirror/msg/alter_partition_reassignments_request.h"
 #include "kmirror/msg/alter_partition_reassignments_response.h"
 #include "kmirror/msg/alter_partition_request.h"
@@ -53,6 +55,8 @@
 #include "kmirror/msg/create_acls_response.h"
 #include "kmirror/msg/create_delegation_token_request.h"
 #include "kmirror/msg/create_delegation_token_response.h"
+#include "kmirror/msg/create_mirror_request.h"
+#include "kmirror/msg/create_mirror_response.h"
 #include "kmirror/msg/create_partitions_request.h"
 #include "kmirror/msg/create_partitions_response.h"
 #include "kmirror/msg/create_topics_request.h"
@@ -62,6 +66,8 @@
 #include "kmirror/msg/delete_acls_response.h"
 #include "kmirror/msg/delete_groups_request.h"
 #include "kmirror/msg/delete_groups_response.h"
+#include "kmirror/msg/delete_mirror_request.h"
+#include "kmirror/msg/delete_mirror_response.h"
 #include "kmirror/msg/delete_records_request.h"
 #include "kmirror/msg/delete_records_response.h"
 #include "kmirror/msg/delete_share_group_offsets_request.h"
@@ -84,6 +90,8 @@
 #include "kmirror/msg/describe_groups_response.h"
 #include "kmirror/msg/describe_log_dirs_request.h"
 #include "kmirror/msg/describe_log_dirs_response.h"
+#include "kmirror/msg/describe_mirrors_request.h"
+#include "kmirror/msg/describe_mirrors_response.h"
 #include "kmirror/msg/describe_producers_request.h"
 #include "kmirror/msg/describe_producers_response.h"
 #include "kmirror/msg/describe_quorum_request.h"
@@ -126,6 +134,8 @@
 #include "kmirror/msg/join_group_request.h"
 #include "kmirror/msg/join_group_response.h"
 #include "kmirror/msg/k_raft_version_record.h"
+#include "kmirror/msg/last_mirrored_offsets_request.h"
+#include "kmirror/msg/last_mirrored_offsets_response.h"
 #include "kmirror/msg/leader_change_message.h"
 #include "kmirror/msg/leave_group_request.h"
 #include "kmirror/msg/leave_group_response.h"
@@ -133,6 +143,8 @@
 #include "kmirror/msg/list_config_resources_response.h"
 #include "kmirror/msg/list_groups_request.h"
 #include "kmirror/msg/list_groups_response.h"
+#include "kmirror/msg/list_mirrors_request.h"
+#include "kmirror/msg/list_mirrors_response.h"
 #include "kmirror/msg/list_offsets_request.h"
 #include "kmirror/msg/list_offsets_response.h"
 #include "kmirror/msg/list_partition_reassignments_request.h"
@@ -141,6 +153,10 @@
 #include "kmirror/msg/list_transactions_response.h"
 #include "kmirror/msg/metadata_request.h"
 #include "kmirror/msg/metadata_response.h"
+#include "kmirror/msg/mirror_state_mirror_key.h"
+#include "kmirror/msg/mirror_state_mirror_value.h"
+#include "kmirror/msg/mirror_state_partition_key.h"
+#include "kmirror/msg/mirror_state_partition_value.h"
 #include "kmirror/msg/offset_commit_request.h"
 #include "kmirror/msg/offset_commit_response.h"
 #include "kmirror/msg/offset_delete_request.h"
@@ -149,6 +165,8 @@
 #include "kmirror/msg/offset_fetch_response.h"
 #include "kmirror/msg/offset_for_leader_epoch_request.h"
 #include "kmirror/msg/offset_for_leader_epoch_response.h"
+#include "kmirror/msg/pause_mirror_topics_request.h"
+#include "kmirror/msg/pause_mirror_topics_response.h"
 #include "kmirror/msg/produce_request.h"
 #include "kmirror/msg/produce_response.h"
 #include "kmirror/msg/push_telemetry_request.h"
@@ -163,6 +181,8 @@
 #include "kmirror/msg/renew_delegation_token_response.h"
 #include "kmirror/msg/request_header.h"
 #include "kmirror/msg/response_header.h"
+#include "kmirror/msg/resume_mirror_topics_request.h"
+#include "kmirror/msg/resume_mirror_topics_response.h"
 #include "kmirror/msg/sasl_authenticate_request.h"
 #include "kmirror/msg/sasl_authenticate_response.h"
 #include "kmirror/msg/sasl_handshake_request.h"
@@ -177,6 +197,10 @@
 #include "kmirror/msg/share_group_heartbeat_response.h"
 #include "kmirror/msg/snapshot_footer_record.h"
 #include "kmirror/msg/snapshot_header_record.h"
+#include "kmirror/msg/start_mirror_topics_request.h"
+#include "kmirror/msg/start_mirror_topics_response.h"
+#include "kmirror/msg/stop_mirror_topics_request.h"
+#include "kmirror/msg/stop_mirror_topics_response.h"
 #include "kmirror/msg/streams_group_describe_request.h"
 #include "kmirror/msg/streams_group_describe_response.h"
 #include "kmirror/msg/streams_group_heartbeat_request.h"
@@ -1267,6 +1291,115 @@ static void km_alter_configs_response_init_v(void *m) { km_alter_configs_respons
 static km_err km_alter_configs_response_decode_v(km_rd *r, int16_t v, void *m, km_arena *a) { return km_alter_configs_response_decode(r, v, m, a); }
 static void km_alter_configs_response_encode_v(km_wr *w, int16_t v, const void *m) { km_alter_configs_response_encode(w, v, m); }
 static size_t km_alter_configs_response_size_v(int16_t v, const void *m) { return km_alter_configs_response_size(v, m); }
+
+
+static void fill_km_alter_mirror_request_mirror_config(km_alter_mirror_request_mirror_config *m, int16_t v, int mode, km_arena *a, uint32_t *seq);
+static bool eq_km_alter_mirror_request_mirror_config(const km_alter_mirror_request_mirror_config *x, const km_alter_mirror_request_mirror_config *y);
+static void fill_km_alter_mirror_request(km_alter_mirror_request *m, int16_t v, int mode, km_arena *a, uint32_t *seq);
+static bool eq_km_alter_mirror_request(const km_alter_mirror_request *x, const km_alter_mirror_request *y);
+
+static void fill_km_alter_mirror_request_mirror_config(km_alter_mirror_request_mirror_config *m, int16_t v, int mode, km_arena *a, uint32_t *seq)
+{
+	(void)v;
+	(void)mode;
+	(void)a;
+	(void)seq;
+	m->name = t_str(a, seq);
+	m->value = (mode == 1 && true) ? KM_STR_NULL : t_str(a, seq);
+	if (true && mode == 0)
+		t_unknown_tags(&m->unknown_tags, a, 0, 1000, seq);
+}
+
+static bool eq_km_alter_mirror_request_mirror_config(const km_alter_mirror_request_mirror_config *x, const km_alter_mirror_request_mirror_config *y)
+{
+	if (!km_str_eq(x->name, y->name))
+		return t_diff("MirrorConfig.Name");
+	if (!km_str_eq(x->value, y->value))
+		return t_diff("MirrorConfig.Value");
+	if (!t_tags_eq(&x->unknown_tags, &y->unknown_tags))
+		return t_diff("MirrorConfig unknown tags");
+	return true;
+}
+
+static void fill_km_alter_mirror_request(km_alter_mirror_request *m, int16_t v, int mode, km_arena *a, uint32_t *seq)
+{
+	(void)v;
+	(void)mode;
+	(void)a;
+	(void)seq;
+	m->mirror_name = t_str(a, seq);
+	m->configs.count = 2;
+	m->configs.items = km_arena_alloc(a, 2 * sizeof(*m->configs.items));
+	assert_non_null(m->configs.items);
+	for (int i = 0; i < 2; i++) {
+		km_alter_mirror_request_mirror_config_init(&m->configs.items[i]);
+		fill_km_alter_mirror_request_mirror_config(&m->configs.items[i], v, mode, a, seq);
+	}
+	m->validate_only = true;
+	if (true && mode == 0)
+		t_unknown_tags(&m->unknown_tags, a, 0, 1000, seq);
+}
+
+static bool eq_km_alter_mirror_request(const km_alter_mirror_request *x, const km_alter_mirror_request *y)
+{
+	if (!km_str_eq(x->mirror_name, y->mirror_name))
+		return t_diff("MirrorName");
+	if (x->configs.count != y->configs.count)
+		return t_diff("Configs");
+	for (int32_t i = 0; i < x->configs.count; i++) {
+		if (!eq_km_alter_mirror_request_mirror_config(&x->configs.items[i], &y->configs.items[i]))
+			return t_diff("Configs");
+	}
+	if (!(x->validate_only == y->validate_only))
+		return t_diff("ValidateOnly");
+	if (!t_tags_eq(&x->unknown_tags, &y->unknown_tags))
+		return t_diff("AlterMirrorRequest unknown tags");
+	return true;
+}
+
+static void km_alter_mirror_request_fill_v(void *m, int16_t v, int mode, km_arena *a, uint32_t *seq) { fill_km_alter_mirror_request(m, v, mode, a, seq); }
+static bool km_alter_mirror_request_eq_v(const void *x, const void *y) { return eq_km_alter_mirror_request(x, y); }
+static void km_alter_mirror_request_init_v(void *m) { km_alter_mirror_request_init(m); }
+static km_err km_alter_mirror_request_decode_v(km_rd *r, int16_t v, void *m, km_arena *a) { return km_alter_mirror_request_decode(r, v, m, a); }
+static void km_alter_mirror_request_encode_v(km_wr *w, int16_t v, const void *m) { km_alter_mirror_request_encode(w, v, m); }
+static size_t km_alter_mirror_request_size_v(int16_t v, const void *m) { return km_alter_mirror_request_size(v, m); }
+
+
+static void fill_km_alter_mirror_response(km_alter_mirror_response *m, int16_t v, int mode, km_arena *a, uint32_t *seq);
+static bool eq_km_alter_mirror_response(const km_alter_mirror_response *x, const km_alter_mirror_response *y);
+
+static void fill_km_alter_mirror_response(km_alter_mirror_response *m, int16_t v, int mode, km_arena *a, uint32_t *seq)
+{
+	(void)v;
+	(void)mode;
+	(void)a;
+	(void)seq;
+	m->throttle_time_ms = (int32_t)(t_int(seq, 1000000000, INT64_C(0)));
+	m->error_code = (int16_t)(t_int(seq, 30000, INT64_C(0)));
+	m->error_message = (mode == 1 && true) ? KM_STR_NULL : t_str(a, seq);
+	if (true && mode == 0)
+		t_unknown_tags(&m->unknown_tags, a, 0, 1000, seq);
+}
+
+static bool eq_km_alter_mirror_response(const km_alter_mirror_response *x, const km_alter_mirror_response *y)
+{
+	if (!(x->throttle_time_ms == y->throttle_time_ms))
+		return t_diff("ThrottleTimeMs");
+	if (!(x->error_code == y->error_code))
+		return t_diff("ErrorCode");
+	if (!km_str_eq(x->error_message, y->error_message))
+		return t_diff("ErrorMessage");
+	if (!t_tags_eq(&x->unknown_tags, &y->unknown_tags))
+		return t_diff("AlterMirrorResponse unknown tags");
+	return true;
+}
+
+static void km_alter_mirror_response_fill_v(void *m, int16_t v, int mode, km_arena *a, uint32_t *seq) { fill_km_alter_mirror_response(m, v, mode, a, seq); }
+static bool km_alter_mirror_response_eq_v(const void *x, const void *y) { return eq_km_alter_mirror_response(x, y); }
+static void km_alter_mirror_response_init_v(void *m) { km_alter_mirror_response_init(m); }
+static km_err km_alter_mirror_response_decode_v(km_rd *r, int16_t v, void *m, km_arena *a) { return km_alter_mirror_response_decode(r, v, m, a); }
+static void km_alter_mirror_response_encode_v(km_wr *w, int16_t v, const void *m) { km_alter_mirror_response_encode(w, v, m); }
+static size_t km_alter_mirror_response_size_v(int16_t v, const void *m) { return km_alter_mirror_response_size(v, m); }
 
 
 static void fill_km_alter_partition_reassignments_request_reassignable_partition(km_alter_partition_reassignments_request_reassignable_partition *m, int16_t v, int mode, km_arena *a, uint32_t *seq);
@@ -4753,6 +4886,115 @@ static void km_create_delegation_token_response_encode_v(km_wr *w, int16_t v, co
 static size_t km_create_delegation_token_response_size_v(int16_t v, const void *m) { return km_create_delegation_token_response_size(v, m); }
 
 
+static void fill_km_create_mirror_request_mirror_config(km_create_mirror_request_mirror_config *m, int16_t v, int mode, km_arena *a, uint32_t *seq);
+static bool eq_km_create_mirror_request_mirror_config(const km_create_mirror_request_mirror_config *x, const km_create_mirror_request_mirror_config *y);
+static void fill_km_create_mirror_request(km_create_mirror_request *m, int16_t v, int mode, km_arena *a, uint32_t *seq);
+static bool eq_km_create_mirror_request(const km_create_mirror_request *x, const km_create_mirror_request *y);
+
+static void fill_km_create_mirror_request_mirror_config(km_create_mirror_request_mirror_config *m, int16_t v, int mode, km_arena *a, uint32_t *seq)
+{
+	(void)v;
+	(void)mode;
+	(void)a;
+	(void)seq;
+	m->name = t_str(a, seq);
+	m->value = (mode == 1 && true) ? KM_STR_NULL : t_str(a, seq);
+	if (true && mode == 0)
+		t_unknown_tags(&m->unknown_tags, a, 0, 1000, seq);
+}
+
+static bool eq_km_create_mirror_request_mirror_config(const km_create_mirror_request_mirror_config *x, const km_create_mirror_request_mirror_config *y)
+{
+	if (!km_str_eq(x->name, y->name))
+		return t_diff("MirrorConfig.Name");
+	if (!km_str_eq(x->value, y->value))
+		return t_diff("MirrorConfig.Value");
+	if (!t_tags_eq(&x->unknown_tags, &y->unknown_tags))
+		return t_diff("MirrorConfig unknown tags");
+	return true;
+}
+
+static void fill_km_create_mirror_request(km_create_mirror_request *m, int16_t v, int mode, km_arena *a, uint32_t *seq)
+{
+	(void)v;
+	(void)mode;
+	(void)a;
+	(void)seq;
+	m->mirror_name = t_str(a, seq);
+	m->configs.count = 2;
+	m->configs.items = km_arena_alloc(a, 2 * sizeof(*m->configs.items));
+	assert_non_null(m->configs.items);
+	for (int i = 0; i < 2; i++) {
+		km_create_mirror_request_mirror_config_init(&m->configs.items[i]);
+		fill_km_create_mirror_request_mirror_config(&m->configs.items[i], v, mode, a, seq);
+	}
+	m->validate_only = true;
+	if (true && mode == 0)
+		t_unknown_tags(&m->unknown_tags, a, 0, 1000, seq);
+}
+
+static bool eq_km_create_mirror_request(const km_create_mirror_request *x, const km_create_mirror_request *y)
+{
+	if (!km_str_eq(x->mirror_name, y->mirror_name))
+		return t_diff("MirrorName");
+	if (x->configs.count != y->configs.count)
+		return t_diff("Configs");
+	for (int32_t i = 0; i < x->configs.count; i++) {
+		if (!eq_km_create_mirror_request_mirror_config(&x->configs.items[i], &y->configs.items[i]))
+			return t_diff("Configs");
+	}
+	if (!(x->validate_only == y->validate_only))
+		return t_diff("ValidateOnly");
+	if (!t_tags_eq(&x->unknown_tags, &y->unknown_tags))
+		return t_diff("CreateMirrorRequest unknown tags");
+	return true;
+}
+
+static void km_create_mirror_request_fill_v(void *m, int16_t v, int mode, km_arena *a, uint32_t *seq) { fill_km_create_mirror_request(m, v, mode, a, seq); }
+static bool km_create_mirror_request_eq_v(const void *x, const void *y) { return eq_km_create_mirror_request(x, y); }
+static void km_create_mirror_request_init_v(void *m) { km_create_mirror_request_init(m); }
+static km_err km_create_mirror_request_decode_v(km_rd *r, int16_t v, void *m, km_arena *a) { return km_create_mirror_request_decode(r, v, m, a); }
+static void km_create_mirror_request_encode_v(km_wr *w, int16_t v, const void *m) { km_create_mirror_request_encode(w, v, m); }
+static size_t km_create_mirror_request_size_v(int16_t v, const void *m) { return km_create_mirror_request_size(v, m); }
+
+
+static void fill_km_create_mirror_response(km_create_mirror_response *m, int16_t v, int mode, km_arena *a, uint32_t *seq);
+static bool eq_km_create_mirror_response(const km_create_mirror_response *x, const km_create_mirror_response *y);
+
+static void fill_km_create_mirror_response(km_create_mirror_response *m, int16_t v, int mode, km_arena *a, uint32_t *seq)
+{
+	(void)v;
+	(void)mode;
+	(void)a;
+	(void)seq;
+	m->throttle_time_ms = (int32_t)(t_int(seq, 1000000000, INT64_C(0)));
+	m->error_code = (int16_t)(t_int(seq, 30000, INT64_C(0)));
+	m->error_message = (mode == 1 && true) ? KM_STR_NULL : t_str(a, seq);
+	if (true && mode == 0)
+		t_unknown_tags(&m->unknown_tags, a, 0, 1000, seq);
+}
+
+static bool eq_km_create_mirror_response(const km_create_mirror_response *x, const km_create_mirror_response *y)
+{
+	if (!(x->throttle_time_ms == y->throttle_time_ms))
+		return t_diff("ThrottleTimeMs");
+	if (!(x->error_code == y->error_code))
+		return t_diff("ErrorCode");
+	if (!km_str_eq(x->error_message, y->error_message))
+		return t_diff("ErrorMessage");
+	if (!t_tags_eq(&x->unknown_tags, &y->unknown_tags))
+		return t_diff("CreateMirrorResponse unknown tags");
+	return true;
+}
+
+static void km_create_mirror_response_fill_v(void *m, int16_t v, int mode, km_arena *a, uint32_t *seq) { fill_km_create_mirror_response(m, v, mode, a, seq); }
+static bool km_create_mirror_response_eq_v(const void *x, const void *y) { return eq_km_create_mirror_response(x, y); }
+static void km_create_mirror_response_init_v(void *m) { km_create_mirror_response_init(m); }
+static km_err km_create_mirror_response_decode_v(km_rd *r, int16_t v, void *m, km_arena *a) { return km_create_mirror_response_decode(r, v, m, a); }
+static void km_create_mirror_response_encode_v(km_wr *w, int16_t v, const void *m) { km_create_mirror_response_encode(w, v, m); }
+static size_t km_create_mirror_response_size_v(int16_t v, const void *m) { return km_create_mirror_response_size(v, m); }
+
+
 static void fill_km_create_partitions_request_create_partitions_assignment(km_create_partitions_request_create_partitions_assignment *m, int16_t v, int mode, km_arena *a, uint32_t *seq);
 static bool eq_km_create_partitions_request_create_partitions_assignment(const km_create_partitions_request_create_partitions_assignment *x, const km_create_partitions_request_create_partitions_assignment *y);
 static void fill_km_create_partitions_request_create_partitions_topic(km_create_partitions_request_create_partitions_topic *m, int16_t v, int mode, km_arena *a, uint32_t *seq);
@@ -5620,6 +5862,74 @@ static void km_delete_groups_response_init_v(void *m) { km_delete_groups_respons
 static km_err km_delete_groups_response_decode_v(km_rd *r, int16_t v, void *m, km_arena *a) { return km_delete_groups_response_decode(r, v, m, a); }
 static void km_delete_groups_response_encode_v(km_wr *w, int16_t v, const void *m) { km_delete_groups_response_encode(w, v, m); }
 static size_t km_delete_groups_response_size_v(int16_t v, const void *m) { return km_delete_groups_response_size(v, m); }
+
+
+static void fill_km_delete_mirror_request(km_delete_mirror_request *m, int16_t v, int mode, km_arena *a, uint32_t *seq);
+static bool eq_km_delete_mirror_request(const km_delete_mirror_request *x, const km_delete_mirror_request *y);
+
+static void fill_km_delete_mirror_request(km_delete_mirror_request *m, int16_t v, int mode, km_arena *a, uint32_t *seq)
+{
+	(void)v;
+	(void)mode;
+	(void)a;
+	(void)seq;
+	m->mirror_name = t_str(a, seq);
+	if (true && mode == 0)
+		t_unknown_tags(&m->unknown_tags, a, 0, 1000, seq);
+}
+
+static bool eq_km_delete_mirror_request(const km_delete_mirror_request *x, const km_delete_mirror_request *y)
+{
+	if (!km_str_eq(x->mirror_name, y->mirror_name))
+		return t_diff("MirrorName");
+	if (!t_tags_eq(&x->unknown_tags, &y->unknown_tags))
+		return t_diff("DeleteMirrorRequest unknown tags");
+	return true;
+}
+
+static void km_delete_mirror_request_fill_v(void *m, int16_t v, int mode, km_arena *a, uint32_t *seq) { fill_km_delete_mirror_request(m, v, mode, a, seq); }
+static bool km_delete_mirror_request_eq_v(const void *x, const void *y) { return eq_km_delete_mirror_request(x, y); }
+static void km_delete_mirror_request_init_v(void *m) { km_delete_mirror_request_init(m); }
+static km_err km_delete_mirror_request_decode_v(km_rd *r, int16_t v, void *m, km_arena *a) { return km_delete_mirror_request_decode(r, v, m, a); }
+static void km_delete_mirror_request_encode_v(km_wr *w, int16_t v, const void *m) { km_delete_mirror_request_encode(w, v, m); }
+static size_t km_delete_mirror_request_size_v(int16_t v, const void *m) { return km_delete_mirror_request_size(v, m); }
+
+
+static void fill_km_delete_mirror_response(km_delete_mirror_response *m, int16_t v, int mode, km_arena *a, uint32_t *seq);
+static bool eq_km_delete_mirror_response(const km_delete_mirror_response *x, const km_delete_mirror_response *y);
+
+static void fill_km_delete_mirror_response(km_delete_mirror_response *m, int16_t v, int mode, km_arena *a, uint32_t *seq)
+{
+	(void)v;
+	(void)mode;
+	(void)a;
+	(void)seq;
+	m->throttle_time_ms = (int32_t)(t_int(seq, 1000000000, INT64_C(0)));
+	m->error_code = (int16_t)(t_int(seq, 30000, INT64_C(0)));
+	m->error_message = (mode == 1 && true) ? KM_STR_NULL : t_str(a, seq);
+	if (true && mode == 0)
+		t_unknown_tags(&m->unknown_tags, a, 0, 1000, seq);
+}
+
+static bool eq_km_delete_mirror_response(const km_delete_mirror_response *x, const km_delete_mirror_response *y)
+{
+	if (!(x->throttle_time_ms == y->throttle_time_ms))
+		return t_diff("ThrottleTimeMs");
+	if (!(x->error_code == y->error_code))
+		return t_diff("ErrorCode");
+	if (!km_str_eq(x->error_message, y->error_message))
+		return t_diff("ErrorMessage");
+	if (!t_tags_eq(&x->unknown_tags, &y->unknown_tags))
+		return t_diff("DeleteMirrorResponse unknown tags");
+	return true;
+}
+
+static void km_delete_mirror_response_fill_v(void *m, int16_t v, int mode, km_arena *a, uint32_t *seq) { fill_km_delete_mirror_response(m, v, mode, a, seq); }
+static bool km_delete_mirror_response_eq_v(const void *x, const void *y) { return eq_km_delete_mirror_response(x, y); }
+static void km_delete_mirror_response_init_v(void *m) { km_delete_mirror_response_init(m); }
+static km_err km_delete_mirror_response_decode_v(km_rd *r, int16_t v, void *m, km_arena *a) { return km_delete_mirror_response_decode(r, v, m, a); }
+static void km_delete_mirror_response_encode_v(km_wr *w, int16_t v, const void *m) { km_delete_mirror_response_encode(w, v, m); }
+static size_t km_delete_mirror_response_size_v(int16_t v, const void *m) { return km_delete_mirror_response_size(v, m); }
 
 
 static void fill_km_delete_records_request_delete_records_partition(km_delete_records_request_delete_records_partition *m, int16_t v, int mode, km_arena *a, uint32_t *seq);
@@ -7790,6 +8100,284 @@ static void km_describe_log_dirs_response_init_v(void *m) { km_describe_log_dirs
 static km_err km_describe_log_dirs_response_decode_v(km_rd *r, int16_t v, void *m, km_arena *a) { return km_describe_log_dirs_response_decode(r, v, m, a); }
 static void km_describe_log_dirs_response_encode_v(km_wr *w, int16_t v, const void *m) { km_describe_log_dirs_response_encode(w, v, m); }
 static size_t km_describe_log_dirs_response_size_v(int16_t v, const void *m) { return km_describe_log_dirs_response_size(v, m); }
+
+
+static void fill_km_describe_mirrors_request(km_describe_mirrors_request *m, int16_t v, int mode, km_arena *a, uint32_t *seq);
+static bool eq_km_describe_mirrors_request(const km_describe_mirrors_request *x, const km_describe_mirrors_request *y);
+
+static void fill_km_describe_mirrors_request(km_describe_mirrors_request *m, int16_t v, int mode, km_arena *a, uint32_t *seq)
+{
+	(void)v;
+	(void)mode;
+	(void)a;
+	(void)seq;
+	if (mode == 1 && true) {
+		m->mirror_names.count = -1;
+		m->mirror_names.items = NULL;
+	} else {
+		m->mirror_names.count = 2;
+		m->mirror_names.items = km_arena_alloc(a, 2 * sizeof(*m->mirror_names.items));
+		assert_non_null(m->mirror_names.items);
+		for (int i = 0; i < 2; i++) {
+			m->mirror_names.items[i] = t_str(a, seq);
+		}
+	}
+	if (mode == 1 && true) {
+		m->topics.count = -1;
+		m->topics.items = NULL;
+	} else {
+		m->topics.count = 2;
+		m->topics.items = km_arena_alloc(a, 2 * sizeof(*m->topics.items));
+		assert_non_null(m->topics.items);
+		for (int i = 0; i < 2; i++) {
+			m->topics.items[i] = t_str(a, seq);
+		}
+	}
+	if (true && mode == 0)
+		t_unknown_tags(&m->unknown_tags, a, 0, 1000, seq);
+}
+
+static bool eq_km_describe_mirrors_request(const km_describe_mirrors_request *x, const km_describe_mirrors_request *y)
+{
+	if (x->mirror_names.count != y->mirror_names.count)
+		return t_diff("MirrorNames");
+	for (int32_t i = 0; i < x->mirror_names.count; i++) {
+		if (!km_str_eq(x->mirror_names.items[i], y->mirror_names.items[i]))
+			return t_diff("MirrorNames");
+	}
+	if (x->topics.count != y->topics.count)
+		return t_diff("Topics");
+	for (int32_t i = 0; i < x->topics.count; i++) {
+		if (!km_str_eq(x->topics.items[i], y->topics.items[i]))
+			return t_diff("Topics");
+	}
+	if (!t_tags_eq(&x->unknown_tags, &y->unknown_tags))
+		return t_diff("DescribeMirrorsRequest unknown tags");
+	return true;
+}
+
+static void km_describe_mirrors_request_fill_v(void *m, int16_t v, int mode, km_arena *a, uint32_t *seq) { fill_km_describe_mirrors_request(m, v, mode, a, seq); }
+static bool km_describe_mirrors_request_eq_v(const void *x, const void *y) { return eq_km_describe_mirrors_request(x, y); }
+static void km_describe_mirrors_request_init_v(void *m) { km_describe_mirrors_request_init(m); }
+static km_err km_describe_mirrors_request_decode_v(km_rd *r, int16_t v, void *m, km_arena *a) { return km_describe_mirrors_request_decode(r, v, m, a); }
+static void km_describe_mirrors_request_encode_v(km_wr *w, int16_t v, const void *m) { km_describe_mirrors_request_encode(w, v, m); }
+static size_t km_describe_mirrors_request_size_v(int16_t v, const void *m) { return km_describe_mirrors_request_size(v, m); }
+
+
+static void fill_km_describe_mirrors_response_described_config(km_describe_mirrors_response_described_config *m, int16_t v, int mode, km_arena *a, uint32_t *seq);
+static bool eq_km_describe_mirrors_response_described_config(const km_describe_mirrors_response_described_config *x, const km_describe_mirrors_response_described_config *y);
+static void fill_km_describe_mirrors_response_described_partition(km_describe_mirrors_response_described_partition *m, int16_t v, int mode, km_arena *a, uint32_t *seq);
+static bool eq_km_describe_mirrors_response_described_partition(const km_describe_mirrors_response_described_partition *x, const km_describe_mirrors_response_described_partition *y);
+static void fill_km_describe_mirrors_response_described_topic(km_describe_mirrors_response_described_topic *m, int16_t v, int mode, km_arena *a, uint32_t *seq);
+static bool eq_km_describe_mirrors_response_described_topic(const km_describe_mirrors_response_described_topic *x, const km_describe_mirrors_response_described_topic *y);
+static void fill_km_describe_mirrors_response_described_mirror(km_describe_mirrors_response_described_mirror *m, int16_t v, int mode, km_arena *a, uint32_t *seq);
+static bool eq_km_describe_mirrors_response_described_mirror(const km_describe_mirrors_response_described_mirror *x, const km_describe_mirrors_response_described_mirror *y);
+static void fill_km_describe_mirrors_response(km_describe_mirrors_response *m, int16_t v, int mode, km_arena *a, uint32_t *seq);
+static bool eq_km_describe_mirrors_response(const km_describe_mirrors_response *x, const km_describe_mirrors_response *y);
+
+static void fill_km_describe_mirrors_response_described_config(km_describe_mirrors_response_described_config *m, int16_t v, int mode, km_arena *a, uint32_t *seq)
+{
+	(void)v;
+	(void)mode;
+	(void)a;
+	(void)seq;
+	m->name = t_str(a, seq);
+	m->value = (mode == 1 && true) ? KM_STR_NULL : t_str(a, seq);
+	m->is_sensitive = true;
+	if (true && mode == 0)
+		t_unknown_tags(&m->unknown_tags, a, 0, 1000, seq);
+}
+
+static bool eq_km_describe_mirrors_response_described_config(const km_describe_mirrors_response_described_config *x, const km_describe_mirrors_response_described_config *y)
+{
+	if (!km_str_eq(x->name, y->name))
+		return t_diff("DescribedConfig.Name");
+	if (!km_str_eq(x->value, y->value))
+		return t_diff("DescribedConfig.Value");
+	if (!(x->is_sensitive == y->is_sensitive))
+		return t_diff("DescribedConfig.IsSensitive");
+	if (!t_tags_eq(&x->unknown_tags, &y->unknown_tags))
+		return t_diff("DescribedConfig unknown tags");
+	return true;
+}
+
+static void fill_km_describe_mirrors_response_described_partition(km_describe_mirrors_response_described_partition *m, int16_t v, int mode, km_arena *a, uint32_t *seq)
+{
+	(void)v;
+	(void)mode;
+	(void)a;
+	(void)seq;
+	m->partition_index = (int32_t)(t_int(seq, 1000000000, INT64_C(0)));
+	m->state = t_str(a, seq);
+	m->state_change_time_ms = (int64_t)(t_int(seq, 1000000000, INT64_C(-1)) + ((int64_t)1 << 33));
+	m->source_log_end_offset = (int64_t)(t_int(seq, 1000000000, INT64_C(-1)) + ((int64_t)1 << 33));
+	m->mirrored_offset = (int64_t)(t_int(seq, 1000000000, INT64_C(-1)) + ((int64_t)1 << 33));
+	m->lag = (int64_t)(t_int(seq, 1000000000, INT64_C(-1)) + ((int64_t)1 << 33));
+	m->last_error = (mode == 1 && true) ? KM_STR_NULL : t_str(a, seq);
+	m->last_error_time_ms = (int64_t)(t_int(seq, 1000000000, INT64_C(-1)) + ((int64_t)1 << 33));
+	if (true && mode == 0)
+		t_unknown_tags(&m->unknown_tags, a, 0, 1000, seq);
+}
+
+static bool eq_km_describe_mirrors_response_described_partition(const km_describe_mirrors_response_described_partition *x, const km_describe_mirrors_response_described_partition *y)
+{
+	if (!(x->partition_index == y->partition_index))
+		return t_diff("DescribedPartition.PartitionIndex");
+	if (!km_str_eq(x->state, y->state))
+		return t_diff("DescribedPartition.State");
+	if (!(x->state_change_time_ms == y->state_change_time_ms))
+		return t_diff("DescribedPartition.StateChangeTimeMs");
+	if (!(x->source_log_end_offset == y->source_log_end_offset))
+		return t_diff("DescribedPartition.SourceLogEndOffset");
+	if (!(x->mirrored_offset == y->mirrored_offset))
+		return t_diff("DescribedPartition.MirroredOffset");
+	if (!(x->lag == y->lag))
+		return t_diff("DescribedPartition.Lag");
+	if (!km_str_eq(x->last_error, y->last_error))
+		return t_diff("DescribedPartition.LastError");
+	if (!(x->last_error_time_ms == y->last_error_time_ms))
+		return t_diff("DescribedPartition.LastErrorTimeMs");
+	if (!t_tags_eq(&x->unknown_tags, &y->unknown_tags))
+		return t_diff("DescribedPartition unknown tags");
+	return true;
+}
+
+static void fill_km_describe_mirrors_response_described_topic(km_describe_mirrors_response_described_topic *m, int16_t v, int mode, km_arena *a, uint32_t *seq)
+{
+	(void)v;
+	(void)mode;
+	(void)a;
+	(void)seq;
+	m->name = t_str(a, seq);
+	t_uuid(&m->topic_id, seq);
+	m->state = t_str(a, seq);
+	m->partitions.count = 2;
+	m->partitions.items = km_arena_alloc(a, 2 * sizeof(*m->partitions.items));
+	assert_non_null(m->partitions.items);
+	for (int i = 0; i < 2; i++) {
+		km_describe_mirrors_response_described_partition_init(&m->partitions.items[i]);
+		fill_km_describe_mirrors_response_described_partition(&m->partitions.items[i], v, mode, a, seq);
+	}
+	if (true && mode == 0)
+		t_unknown_tags(&m->unknown_tags, a, 0, 1000, seq);
+}
+
+static bool eq_km_describe_mirrors_response_described_topic(const km_describe_mirrors_response_described_topic *x, const km_describe_mirrors_response_described_topic *y)
+{
+	if (!km_str_eq(x->name, y->name))
+		return t_diff("DescribedTopic.Name");
+	if (!(memcmp(x->topic_id.b, y->topic_id.b, 16) == 0))
+		return t_diff("DescribedTopic.TopicId");
+	if (!km_str_eq(x->state, y->state))
+		return t_diff("DescribedTopic.State");
+	if (x->partitions.count != y->partitions.count)
+		return t_diff("DescribedTopic.Partitions");
+	for (int32_t i = 0; i < x->partitions.count; i++) {
+		if (!eq_km_describe_mirrors_response_described_partition(&x->partitions.items[i], &y->partitions.items[i]))
+			return t_diff("DescribedTopic.Partitions");
+	}
+	if (!t_tags_eq(&x->unknown_tags, &y->unknown_tags))
+		return t_diff("DescribedTopic unknown tags");
+	return true;
+}
+
+static void fill_km_describe_mirrors_response_described_mirror(km_describe_mirrors_response_described_mirror *m, int16_t v, int mode, km_arena *a, uint32_t *seq)
+{
+	(void)v;
+	(void)mode;
+	(void)a;
+	(void)seq;
+	m->error_code = (int16_t)(t_int(seq, 30000, INT64_C(0)));
+	m->error_message = (mode == 1 && true) ? KM_STR_NULL : t_str(a, seq);
+	m->mirror_name = t_str(a, seq);
+	m->configs.count = 2;
+	m->configs.items = km_arena_alloc(a, 2 * sizeof(*m->configs.items));
+	assert_non_null(m->configs.items);
+	for (int i = 0; i < 2; i++) {
+		km_describe_mirrors_response_described_config_init(&m->configs.items[i]);
+		fill_km_describe_mirrors_response_described_config(&m->configs.items[i], v, mode, a, seq);
+	}
+	m->topics.count = 2;
+	m->topics.items = km_arena_alloc(a, 2 * sizeof(*m->topics.items));
+	assert_non_null(m->topics.items);
+	for (int i = 0; i < 2; i++) {
+		km_describe_mirrors_response_described_topic_init(&m->topics.items[i]);
+		fill_km_describe_mirrors_response_described_topic(&m->topics.items[i], v, mode, a, seq);
+	}
+	if (true && mode == 0)
+		t_unknown_tags(&m->unknown_tags, a, 0, 1000, seq);
+}
+
+static bool eq_km_describe_mirrors_response_described_mirror(const km_describe_mirrors_response_described_mirror *x, const km_describe_mirrors_response_described_mirror *y)
+{
+	if (!(x->error_code == y->error_code))
+		return t_diff("DescribedMirror.ErrorCode");
+	if (!km_str_eq(x->error_message, y->error_message))
+		return t_diff("DescribedMirror.ErrorMessage");
+	if (!km_str_eq(x->mirror_name, y->mirror_name))
+		return t_diff("DescribedMirror.MirrorName");
+	if (x->configs.count != y->configs.count)
+		return t_diff("DescribedMirror.Configs");
+	for (int32_t i = 0; i < x->configs.count; i++) {
+		if (!eq_km_describe_mirrors_response_described_config(&x->configs.items[i], &y->configs.items[i]))
+			return t_diff("DescribedMirror.Configs");
+	}
+	if (x->topics.count != y->topics.count)
+		return t_diff("DescribedMirror.Topics");
+	for (int32_t i = 0; i < x->topics.count; i++) {
+		if (!eq_km_describe_mirrors_response_described_topic(&x->topics.items[i], &y->topics.items[i]))
+			return t_diff("DescribedMirror.Topics");
+	}
+	if (!t_tags_eq(&x->unknown_tags, &y->unknown_tags))
+		return t_diff("DescribedMirror unknown tags");
+	return true;
+}
+
+static void fill_km_describe_mirrors_response(km_describe_mirrors_response *m, int16_t v, int mode, km_arena *a, uint32_t *seq)
+{
+	(void)v;
+	(void)mode;
+	(void)a;
+	(void)seq;
+	m->throttle_time_ms = (int32_t)(t_int(seq, 1000000000, INT64_C(0)));
+	m->error_code = (int16_t)(t_int(seq, 30000, INT64_C(0)));
+	m->error_message = (mode == 1 && true) ? KM_STR_NULL : t_str(a, seq);
+	m->mirrors.count = 2;
+	m->mirrors.items = km_arena_alloc(a, 2 * sizeof(*m->mirrors.items));
+	assert_non_null(m->mirrors.items);
+	for (int i = 0; i < 2; i++) {
+		km_describe_mirrors_response_described_mirror_init(&m->mirrors.items[i]);
+		fill_km_describe_mirrors_response_described_mirror(&m->mirrors.items[i], v, mode, a, seq);
+	}
+	if (true && mode == 0)
+		t_unknown_tags(&m->unknown_tags, a, 0, 1000, seq);
+}
+
+static bool eq_km_describe_mirrors_response(const km_describe_mirrors_response *x, const km_describe_mirrors_response *y)
+{
+	if (!(x->throttle_time_ms == y->throttle_time_ms))
+		return t_diff("ThrottleTimeMs");
+	if (!(x->error_code == y->error_code))
+		return t_diff("ErrorCode");
+	if (!km_str_eq(x->error_message, y->error_message))
+		return t_diff("ErrorMessage");
+	if (x->mirrors.count != y->mirrors.count)
+		return t_diff("Mirrors");
+	for (int32_t i = 0; i < x->mirrors.count; i++) {
+		if (!eq_km_describe_mirrors_response_described_mirror(&x->mirrors.items[i], &y->mirrors.items[i]))
+			return t_diff("Mirrors");
+	}
+	if (!t_tags_eq(&x->unknown_tags, &y->unknown_tags))
+		return t_diff("DescribeMirrorsResponse unknown tags");
+	return true;
+}
+
+static void km_describe_mirrors_response_fill_v(void *m, int16_t v, int mode, km_arena *a, uint32_t *seq) { fill_km_describe_mirrors_response(m, v, mode, a, seq); }
+static bool km_describe_mirrors_response_eq_v(const void *x, const void *y) { return eq_km_describe_mirrors_response(x, y); }
+static void km_describe_mirrors_response_init_v(void *m) { km_describe_mirrors_response_init(m); }
+static km_err km_describe_mirrors_response_decode_v(km_rd *r, int16_t v, void *m, km_arena *a) { return km_describe_mirrors_response_decode(r, v, m, a); }
+static void km_describe_mirrors_response_encode_v(km_wr *w, int16_t v, const void *m) { km_describe_mirrors_response_encode(w, v, m); }
+static size_t km_describe_mirrors_response_size_v(int16_t v, const void *m) { return km_describe_mirrors_response_size(v, m); }
 
 
 static void fill_km_describe_producers_request_topic_request(km_describe_producers_request_topic_request *m, int16_t v, int mode, km_arena *a, uint32_t *seq);
@@ -12238,6 +12826,216 @@ static void km_k_raft_version_record_encode_v(km_wr *w, int16_t v, const void *m
 static size_t km_k_raft_version_record_size_v(int16_t v, const void *m) { return km_k_raft_version_record_size(v, m); }
 
 
+static void fill_km_last_mirrored_offsets_request_topic_data(km_last_mirrored_offsets_request_topic_data *m, int16_t v, int mode, km_arena *a, uint32_t *seq);
+static bool eq_km_last_mirrored_offsets_request_topic_data(const km_last_mirrored_offsets_request_topic_data *x, const km_last_mirrored_offsets_request_topic_data *y);
+static void fill_km_last_mirrored_offsets_request(km_last_mirrored_offsets_request *m, int16_t v, int mode, km_arena *a, uint32_t *seq);
+static bool eq_km_last_mirrored_offsets_request(const km_last_mirrored_offsets_request *x, const km_last_mirrored_offsets_request *y);
+
+static void fill_km_last_mirrored_offsets_request_topic_data(km_last_mirrored_offsets_request_topic_data *m, int16_t v, int mode, km_arena *a, uint32_t *seq)
+{
+	(void)v;
+	(void)mode;
+	(void)a;
+	(void)seq;
+	m->name = t_str(a, seq);
+	if (mode == 1 && true) {
+		m->partitions.count = -1;
+		m->partitions.items = NULL;
+	} else {
+		m->partitions.count = 2;
+		m->partitions.items = km_arena_alloc(a, 2 * sizeof(*m->partitions.items));
+		assert_non_null(m->partitions.items);
+		for (int i = 0; i < 2; i++) {
+			m->partitions.items[i] = (int32_t)(t_int(seq, 1000000000, INT64_C(0)));
+		}
+	}
+	if (true && mode == 0)
+		t_unknown_tags(&m->unknown_tags, a, 0, 1000, seq);
+}
+
+static bool eq_km_last_mirrored_offsets_request_topic_data(const km_last_mirrored_offsets_request_topic_data *x, const km_last_mirrored_offsets_request_topic_data *y)
+{
+	if (!km_str_eq(x->name, y->name))
+		return t_diff("TopicData.Name");
+	if (x->partitions.count != y->partitions.count)
+		return t_diff("TopicData.Partitions");
+	for (int32_t i = 0; i < x->partitions.count; i++) {
+		if (!(x->partitions.items[i] == y->partitions.items[i]))
+			return t_diff("TopicData.Partitions");
+	}
+	if (!t_tags_eq(&x->unknown_tags, &y->unknown_tags))
+		return t_diff("TopicData unknown tags");
+	return true;
+}
+
+static void fill_km_last_mirrored_offsets_request(km_last_mirrored_offsets_request *m, int16_t v, int mode, km_arena *a, uint32_t *seq)
+{
+	(void)v;
+	(void)mode;
+	(void)a;
+	(void)seq;
+	m->mirror_name = t_str(a, seq);
+	if (mode == 1 && true) {
+		m->topics.count = -1;
+		m->topics.items = NULL;
+	} else {
+		m->topics.count = 2;
+		m->topics.items = km_arena_alloc(a, 2 * sizeof(*m->topics.items));
+		assert_non_null(m->topics.items);
+		for (int i = 0; i < 2; i++) {
+			km_last_mirrored_offsets_request_topic_data_init(&m->topics.items[i]);
+			fill_km_last_mirrored_offsets_request_topic_data(&m->topics.items[i], v, mode, a, seq);
+		}
+	}
+	if (true && mode == 0)
+		t_unknown_tags(&m->unknown_tags, a, 0, 1000, seq);
+}
+
+static bool eq_km_last_mirrored_offsets_request(const km_last_mirrored_offsets_request *x, const km_last_mirrored_offsets_request *y)
+{
+	if (!km_str_eq(x->mirror_name, y->mirror_name))
+		return t_diff("MirrorName");
+	if (x->topics.count != y->topics.count)
+		return t_diff("Topics");
+	for (int32_t i = 0; i < x->topics.count; i++) {
+		if (!eq_km_last_mirrored_offsets_request_topic_data(&x->topics.items[i], &y->topics.items[i]))
+			return t_diff("Topics");
+	}
+	if (!t_tags_eq(&x->unknown_tags, &y->unknown_tags))
+		return t_diff("LastMirroredOffsetsRequest unknown tags");
+	return true;
+}
+
+static void km_last_mirrored_offsets_request_fill_v(void *m, int16_t v, int mode, km_arena *a, uint32_t *seq) { fill_km_last_mirrored_offsets_request(m, v, mode, a, seq); }
+static bool km_last_mirrored_offsets_request_eq_v(const void *x, const void *y) { return eq_km_last_mirrored_offsets_request(x, y); }
+static void km_last_mirrored_offsets_request_init_v(void *m) { km_last_mirrored_offsets_request_init(m); }
+static km_err km_last_mirrored_offsets_request_decode_v(km_rd *r, int16_t v, void *m, km_arena *a) { return km_last_mirrored_offsets_request_decode(r, v, m, a); }
+static void km_last_mirrored_offsets_request_encode_v(km_wr *w, int16_t v, const void *m) { km_last_mirrored_offsets_request_encode(w, v, m); }
+static size_t km_last_mirrored_offsets_request_size_v(int16_t v, const void *m) { return km_last_mirrored_offsets_request_size(v, m); }
+
+
+static void fill_km_last_mirrored_offsets_response_partition_result(km_last_mirrored_offsets_response_partition_result *m, int16_t v, int mode, km_arena *a, uint32_t *seq);
+static bool eq_km_last_mirrored_offsets_response_partition_result(const km_last_mirrored_offsets_response_partition_result *x, const km_last_mirrored_offsets_response_partition_result *y);
+static void fill_km_last_mirrored_offsets_response_topic_result(km_last_mirrored_offsets_response_topic_result *m, int16_t v, int mode, km_arena *a, uint32_t *seq);
+static bool eq_km_last_mirrored_offsets_response_topic_result(const km_last_mirrored_offsets_response_topic_result *x, const km_last_mirrored_offsets_response_topic_result *y);
+static void fill_km_last_mirrored_offsets_response(km_last_mirrored_offsets_response *m, int16_t v, int mode, km_arena *a, uint32_t *seq);
+static bool eq_km_last_mirrored_offsets_response(const km_last_mirrored_offsets_response *x, const km_last_mirrored_offsets_response *y);
+
+static void fill_km_last_mirrored_offsets_response_partition_result(km_last_mirrored_offsets_response_partition_result *m, int16_t v, int mode, km_arena *a, uint32_t *seq)
+{
+	(void)v;
+	(void)mode;
+	(void)a;
+	(void)seq;
+	m->partition_index = (int32_t)(t_int(seq, 1000000000, INT64_C(0)));
+	m->state = t_str(a, seq);
+	m->last_mirrored_offset = (int64_t)(t_int(seq, 1000000000, INT64_C(-1)) + ((int64_t)1 << 33));
+	m->last_mirrored_epoch = (int32_t)(t_int(seq, 1000000000, INT64_C(-1)));
+	if (true && mode == 0)
+		t_unknown_tags(&m->unknown_tags, a, 0, 1000, seq);
+}
+
+static bool eq_km_last_mirrored_offsets_response_partition_result(const km_last_mirrored_offsets_response_partition_result *x, const km_last_mirrored_offsets_response_partition_result *y)
+{
+	if (!(x->partition_index == y->partition_index))
+		return t_diff("PartitionResult.PartitionIndex");
+	if (!km_str_eq(x->state, y->state))
+		return t_diff("PartitionResult.State");
+	if (!(x->last_mirrored_offset == y->last_mirrored_offset))
+		return t_diff("PartitionResult.LastMirroredOffset");
+	if (!(x->last_mirrored_epoch == y->last_mirrored_epoch))
+		return t_diff("PartitionResult.LastMirroredEpoch");
+	if (!t_tags_eq(&x->unknown_tags, &y->unknown_tags))
+		return t_diff("PartitionResult unknown tags");
+	return true;
+}
+
+static void fill_km_last_mirrored_offsets_response_topic_result(km_last_mirrored_offsets_response_topic_result *m, int16_t v, int mode, km_arena *a, uint32_t *seq)
+{
+	(void)v;
+	(void)mode;
+	(void)a;
+	(void)seq;
+	m->name = t_str(a, seq);
+	m->error_code = (int16_t)(t_int(seq, 30000, INT64_C(0)));
+	m->error_message = (mode == 1 && true) ? KM_STR_NULL : t_str(a, seq);
+	m->partitions.count = 2;
+	m->partitions.items = km_arena_alloc(a, 2 * sizeof(*m->partitions.items));
+	assert_non_null(m->partitions.items);
+	for (int i = 0; i < 2; i++) {
+		km_last_mirrored_offsets_response_partition_result_init(&m->partitions.items[i]);
+		fill_km_last_mirrored_offsets_response_partition_result(&m->partitions.items[i], v, mode, a, seq);
+	}
+	if (true && mode == 0)
+		t_unknown_tags(&m->unknown_tags, a, 0, 1000, seq);
+}
+
+static bool eq_km_last_mirrored_offsets_response_topic_result(const km_last_mirrored_offsets_response_topic_result *x, const km_last_mirrored_offsets_response_topic_result *y)
+{
+	if (!km_str_eq(x->name, y->name))
+		return t_diff("TopicResult.Name");
+	if (!(x->error_code == y->error_code))
+		return t_diff("TopicResult.ErrorCode");
+	if (!km_str_eq(x->error_message, y->error_message))
+		return t_diff("TopicResult.ErrorMessage");
+	if (x->partitions.count != y->partitions.count)
+		return t_diff("TopicResult.Partitions");
+	for (int32_t i = 0; i < x->partitions.count; i++) {
+		if (!eq_km_last_mirrored_offsets_response_partition_result(&x->partitions.items[i], &y->partitions.items[i]))
+			return t_diff("TopicResult.Partitions");
+	}
+	if (!t_tags_eq(&x->unknown_tags, &y->unknown_tags))
+		return t_diff("TopicResult unknown tags");
+	return true;
+}
+
+static void fill_km_last_mirrored_offsets_response(km_last_mirrored_offsets_response *m, int16_t v, int mode, km_arena *a, uint32_t *seq)
+{
+	(void)v;
+	(void)mode;
+	(void)a;
+	(void)seq;
+	m->throttle_time_ms = (int32_t)(t_int(seq, 1000000000, INT64_C(0)));
+	m->error_code = (int16_t)(t_int(seq, 30000, INT64_C(0)));
+	m->error_message = (mode == 1 && true) ? KM_STR_NULL : t_str(a, seq);
+	m->topics.count = 2;
+	m->topics.items = km_arena_alloc(a, 2 * sizeof(*m->topics.items));
+	assert_non_null(m->topics.items);
+	for (int i = 0; i < 2; i++) {
+		km_last_mirrored_offsets_response_topic_result_init(&m->topics.items[i]);
+		fill_km_last_mirrored_offsets_response_topic_result(&m->topics.items[i], v, mode, a, seq);
+	}
+	if (true && mode == 0)
+		t_unknown_tags(&m->unknown_tags, a, 0, 1000, seq);
+}
+
+static bool eq_km_last_mirrored_offsets_response(const km_last_mirrored_offsets_response *x, const km_last_mirrored_offsets_response *y)
+{
+	if (!(x->throttle_time_ms == y->throttle_time_ms))
+		return t_diff("ThrottleTimeMs");
+	if (!(x->error_code == y->error_code))
+		return t_diff("ErrorCode");
+	if (!km_str_eq(x->error_message, y->error_message))
+		return t_diff("ErrorMessage");
+	if (x->topics.count != y->topics.count)
+		return t_diff("Topics");
+	for (int32_t i = 0; i < x->topics.count; i++) {
+		if (!eq_km_last_mirrored_offsets_response_topic_result(&x->topics.items[i], &y->topics.items[i]))
+			return t_diff("Topics");
+	}
+	if (!t_tags_eq(&x->unknown_tags, &y->unknown_tags))
+		return t_diff("LastMirroredOffsetsResponse unknown tags");
+	return true;
+}
+
+static void km_last_mirrored_offsets_response_fill_v(void *m, int16_t v, int mode, km_arena *a, uint32_t *seq) { fill_km_last_mirrored_offsets_response(m, v, mode, a, seq); }
+static bool km_last_mirrored_offsets_response_eq_v(const void *x, const void *y) { return eq_km_last_mirrored_offsets_response(x, y); }
+static void km_last_mirrored_offsets_response_init_v(void *m) { km_last_mirrored_offsets_response_init(m); }
+static km_err km_last_mirrored_offsets_response_decode_v(km_rd *r, int16_t v, void *m, km_arena *a) { return km_last_mirrored_offsets_response_decode(r, v, m, a); }
+static void km_last_mirrored_offsets_response_encode_v(km_wr *w, int16_t v, const void *m) { km_last_mirrored_offsets_response_encode(w, v, m); }
+static size_t km_last_mirrored_offsets_response_size_v(int16_t v, const void *m) { return km_last_mirrored_offsets_response_size(v, m); }
+
+
 static void fill_km_leader_change_message_voter(km_leader_change_message_voter *m, int16_t v, int mode, km_arena *a, uint32_t *seq);
 static bool eq_km_leader_change_message_voter(const km_leader_change_message_voter *x, const km_leader_change_message_voter *y);
 static void fill_km_leader_change_message(km_leader_change_message *m, int16_t v, int mode, km_arena *a, uint32_t *seq);
@@ -12749,6 +13547,112 @@ static void km_list_groups_response_init_v(void *m) { km_list_groups_response_in
 static km_err km_list_groups_response_decode_v(km_rd *r, int16_t v, void *m, km_arena *a) { return km_list_groups_response_decode(r, v, m, a); }
 static void km_list_groups_response_encode_v(km_wr *w, int16_t v, const void *m) { km_list_groups_response_encode(w, v, m); }
 static size_t km_list_groups_response_size_v(int16_t v, const void *m) { return km_list_groups_response_size(v, m); }
+
+
+static void fill_km_list_mirrors_request(km_list_mirrors_request *m, int16_t v, int mode, km_arena *a, uint32_t *seq);
+static bool eq_km_list_mirrors_request(const km_list_mirrors_request *x, const km_list_mirrors_request *y);
+
+static void fill_km_list_mirrors_request(km_list_mirrors_request *m, int16_t v, int mode, km_arena *a, uint32_t *seq)
+{
+	(void)v;
+	(void)mode;
+	(void)a;
+	(void)seq;
+	if (true && mode == 0)
+		t_unknown_tags(&m->unknown_tags, a, 0, 1000, seq);
+}
+
+static bool eq_km_list_mirrors_request(const km_list_mirrors_request *x, const km_list_mirrors_request *y)
+{
+	if (!t_tags_eq(&x->unknown_tags, &y->unknown_tags))
+		return t_diff("ListMirrorsRequest unknown tags");
+	return true;
+}
+
+static void km_list_mirrors_request_fill_v(void *m, int16_t v, int mode, km_arena *a, uint32_t *seq) { fill_km_list_mirrors_request(m, v, mode, a, seq); }
+static bool km_list_mirrors_request_eq_v(const void *x, const void *y) { return eq_km_list_mirrors_request(x, y); }
+static void km_list_mirrors_request_init_v(void *m) { km_list_mirrors_request_init(m); }
+static km_err km_list_mirrors_request_decode_v(km_rd *r, int16_t v, void *m, km_arena *a) { return km_list_mirrors_request_decode(r, v, m, a); }
+static void km_list_mirrors_request_encode_v(km_wr *w, int16_t v, const void *m) { km_list_mirrors_request_encode(w, v, m); }
+static size_t km_list_mirrors_request_size_v(int16_t v, const void *m) { return km_list_mirrors_request_size(v, m); }
+
+
+static void fill_km_list_mirrors_response_listed_mirror(km_list_mirrors_response_listed_mirror *m, int16_t v, int mode, km_arena *a, uint32_t *seq);
+static bool eq_km_list_mirrors_response_listed_mirror(const km_list_mirrors_response_listed_mirror *x, const km_list_mirrors_response_listed_mirror *y);
+static void fill_km_list_mirrors_response(km_list_mirrors_response *m, int16_t v, int mode, km_arena *a, uint32_t *seq);
+static bool eq_km_list_mirrors_response(const km_list_mirrors_response *x, const km_list_mirrors_response *y);
+
+static void fill_km_list_mirrors_response_listed_mirror(km_list_mirrors_response_listed_mirror *m, int16_t v, int mode, km_arena *a, uint32_t *seq)
+{
+	(void)v;
+	(void)mode;
+	(void)a;
+	(void)seq;
+	m->mirror_name = t_str(a, seq);
+	m->source_bootstrap_servers = t_str(a, seq);
+	m->topic_count = (int32_t)(t_int(seq, 1000000000, INT64_C(0)));
+	if (true && mode == 0)
+		t_unknown_tags(&m->unknown_tags, a, 0, 1000, seq);
+}
+
+static bool eq_km_list_mirrors_response_listed_mirror(const km_list_mirrors_response_listed_mirror *x, const km_list_mirrors_response_listed_mirror *y)
+{
+	if (!km_str_eq(x->mirror_name, y->mirror_name))
+		return t_diff("ListedMirror.MirrorName");
+	if (!km_str_eq(x->source_bootstrap_servers, y->source_bootstrap_servers))
+		return t_diff("ListedMirror.SourceBootstrapServers");
+	if (!(x->topic_count == y->topic_count))
+		return t_diff("ListedMirror.TopicCount");
+	if (!t_tags_eq(&x->unknown_tags, &y->unknown_tags))
+		return t_diff("ListedMirror unknown tags");
+	return true;
+}
+
+static void fill_km_list_mirrors_response(km_list_mirrors_response *m, int16_t v, int mode, km_arena *a, uint32_t *seq)
+{
+	(void)v;
+	(void)mode;
+	(void)a;
+	(void)seq;
+	m->throttle_time_ms = (int32_t)(t_int(seq, 1000000000, INT64_C(0)));
+	m->error_code = (int16_t)(t_int(seq, 30000, INT64_C(0)));
+	m->error_message = (mode == 1 && true) ? KM_STR_NULL : t_str(a, seq);
+	m->mirrors.count = 2;
+	m->mirrors.items = km_arena_alloc(a, 2 * sizeof(*m->mirrors.items));
+	assert_non_null(m->mirrors.items);
+	for (int i = 0; i < 2; i++) {
+		km_list_mirrors_response_listed_mirror_init(&m->mirrors.items[i]);
+		fill_km_list_mirrors_response_listed_mirror(&m->mirrors.items[i], v, mode, a, seq);
+	}
+	if (true && mode == 0)
+		t_unknown_tags(&m->unknown_tags, a, 0, 1000, seq);
+}
+
+static bool eq_km_list_mirrors_response(const km_list_mirrors_response *x, const km_list_mirrors_response *y)
+{
+	if (!(x->throttle_time_ms == y->throttle_time_ms))
+		return t_diff("ThrottleTimeMs");
+	if (!(x->error_code == y->error_code))
+		return t_diff("ErrorCode");
+	if (!km_str_eq(x->error_message, y->error_message))
+		return t_diff("ErrorMessage");
+	if (x->mirrors.count != y->mirrors.count)
+		return t_diff("Mirrors");
+	for (int32_t i = 0; i < x->mirrors.count; i++) {
+		if (!eq_km_list_mirrors_response_listed_mirror(&x->mirrors.items[i], &y->mirrors.items[i]))
+			return t_diff("Mirrors");
+	}
+	if (!t_tags_eq(&x->unknown_tags, &y->unknown_tags))
+		return t_diff("ListMirrorsResponse unknown tags");
+	return true;
+}
+
+static void km_list_mirrors_response_fill_v(void *m, int16_t v, int mode, km_arena *a, uint32_t *seq) { fill_km_list_mirrors_response(m, v, mode, a, seq); }
+static bool km_list_mirrors_response_eq_v(const void *x, const void *y) { return eq_km_list_mirrors_response(x, y); }
+static void km_list_mirrors_response_init_v(void *m) { km_list_mirrors_response_init(m); }
+static km_err km_list_mirrors_response_decode_v(km_rd *r, int16_t v, void *m, km_arena *a) { return km_list_mirrors_response_decode(r, v, m, a); }
+static void km_list_mirrors_response_encode_v(km_wr *w, int16_t v, const void *m) { km_list_mirrors_response_encode(w, v, m); }
+static size_t km_list_mirrors_response_size_v(int16_t v, const void *m) { return km_list_mirrors_response_size(v, m); }
 
 
 static void fill_km_list_offsets_request_list_offsets_partition(km_list_offsets_request_list_offsets_partition *m, int16_t v, int mode, km_arena *a, uint32_t *seq);
@@ -13684,6 +14588,197 @@ static void km_metadata_response_init_v(void *m) { km_metadata_response_init(m);
 static km_err km_metadata_response_decode_v(km_rd *r, int16_t v, void *m, km_arena *a) { return km_metadata_response_decode(r, v, m, a); }
 static void km_metadata_response_encode_v(km_wr *w, int16_t v, const void *m) { km_metadata_response_encode(w, v, m); }
 static size_t km_metadata_response_size_v(int16_t v, const void *m) { return km_metadata_response_size(v, m); }
+
+
+static void fill_km_mirror_state_mirror_key(km_mirror_state_mirror_key *m, int16_t v, int mode, km_arena *a, uint32_t *seq);
+static bool eq_km_mirror_state_mirror_key(const km_mirror_state_mirror_key *x, const km_mirror_state_mirror_key *y);
+
+static void fill_km_mirror_state_mirror_key(km_mirror_state_mirror_key *m, int16_t v, int mode, km_arena *a, uint32_t *seq)
+{
+	(void)v;
+	(void)mode;
+	(void)a;
+	(void)seq;
+	m->mirror_name = t_str(a, seq);
+}
+
+static bool eq_km_mirror_state_mirror_key(const km_mirror_state_mirror_key *x, const km_mirror_state_mirror_key *y)
+{
+	if (!km_str_eq(x->mirror_name, y->mirror_name))
+		return t_diff("MirrorName");
+	if (!t_tags_eq(&x->unknown_tags, &y->unknown_tags))
+		return t_diff("MirrorStateMirrorKey unknown tags");
+	return true;
+}
+
+static void km_mirror_state_mirror_key_fill_v(void *m, int16_t v, int mode, km_arena *a, uint32_t *seq) { fill_km_mirror_state_mirror_key(m, v, mode, a, seq); }
+static bool km_mirror_state_mirror_key_eq_v(const void *x, const void *y) { return eq_km_mirror_state_mirror_key(x, y); }
+static void km_mirror_state_mirror_key_init_v(void *m) { km_mirror_state_mirror_key_init(m); }
+static km_err km_mirror_state_mirror_key_decode_v(km_rd *r, int16_t v, void *m, km_arena *a) { return km_mirror_state_mirror_key_decode(r, v, m, a); }
+static void km_mirror_state_mirror_key_encode_v(km_wr *w, int16_t v, const void *m) { km_mirror_state_mirror_key_encode(w, v, m); }
+static size_t km_mirror_state_mirror_key_size_v(int16_t v, const void *m) { return km_mirror_state_mirror_key_size(v, m); }
+
+
+static void fill_km_mirror_state_mirror_value_stored_config(km_mirror_state_mirror_value_stored_config *m, int16_t v, int mode, km_arena *a, uint32_t *seq);
+static bool eq_km_mirror_state_mirror_value_stored_config(const km_mirror_state_mirror_value_stored_config *x, const km_mirror_state_mirror_value_stored_config *y);
+static void fill_km_mirror_state_mirror_value(km_mirror_state_mirror_value *m, int16_t v, int mode, km_arena *a, uint32_t *seq);
+static bool eq_km_mirror_state_mirror_value(const km_mirror_state_mirror_value *x, const km_mirror_state_mirror_value *y);
+
+static void fill_km_mirror_state_mirror_value_stored_config(km_mirror_state_mirror_value_stored_config *m, int16_t v, int mode, km_arena *a, uint32_t *seq)
+{
+	(void)v;
+	(void)mode;
+	(void)a;
+	(void)seq;
+	m->name = t_str(a, seq);
+	m->value = (mode == 1 && true) ? KM_STR_NULL : t_str(a, seq);
+	m->sealed = (mode == 1 && true) ? KM_BYTES_NULL : t_bytes(a, seq);
+	if (true && mode == 0)
+		t_unknown_tags(&m->unknown_tags, a, 0, 1000, seq);
+}
+
+static bool eq_km_mirror_state_mirror_value_stored_config(const km_mirror_state_mirror_value_stored_config *x, const km_mirror_state_mirror_value_stored_config *y)
+{
+	if (!km_str_eq(x->name, y->name))
+		return t_diff("StoredConfig.Name");
+	if (!km_str_eq(x->value, y->value))
+		return t_diff("StoredConfig.Value");
+	if (!t_bytes_eq(x->sealed, y->sealed))
+		return t_diff("StoredConfig.Sealed");
+	if (!t_tags_eq(&x->unknown_tags, &y->unknown_tags))
+		return t_diff("StoredConfig unknown tags");
+	return true;
+}
+
+static void fill_km_mirror_state_mirror_value(km_mirror_state_mirror_value *m, int16_t v, int mode, km_arena *a, uint32_t *seq)
+{
+	(void)v;
+	(void)mode;
+	(void)a;
+	(void)seq;
+	m->mirror_name = t_str(a, seq);
+	m->created_time_ms = (int64_t)(t_int(seq, 1000000000, INT64_C(0)) + ((int64_t)1 << 33));
+	m->modified_time_ms = (int64_t)(t_int(seq, 1000000000, INT64_C(0)) + ((int64_t)1 << 33));
+	m->configs.count = 2;
+	m->configs.items = km_arena_alloc(a, 2 * sizeof(*m->configs.items));
+	assert_non_null(m->configs.items);
+	for (int i = 0; i < 2; i++) {
+		km_mirror_state_mirror_value_stored_config_init(&m->configs.items[i]);
+		fill_km_mirror_state_mirror_value_stored_config(&m->configs.items[i], v, mode, a, seq);
+	}
+	if (true && mode == 0)
+		t_unknown_tags(&m->unknown_tags, a, 0, 1000, seq);
+}
+
+static bool eq_km_mirror_state_mirror_value(const km_mirror_state_mirror_value *x, const km_mirror_state_mirror_value *y)
+{
+	if (!km_str_eq(x->mirror_name, y->mirror_name))
+		return t_diff("MirrorName");
+	if (!(x->created_time_ms == y->created_time_ms))
+		return t_diff("CreatedTimeMs");
+	if (!(x->modified_time_ms == y->modified_time_ms))
+		return t_diff("ModifiedTimeMs");
+	if (x->configs.count != y->configs.count)
+		return t_diff("Configs");
+	for (int32_t i = 0; i < x->configs.count; i++) {
+		if (!eq_km_mirror_state_mirror_value_stored_config(&x->configs.items[i], &y->configs.items[i]))
+			return t_diff("Configs");
+	}
+	if (!t_tags_eq(&x->unknown_tags, &y->unknown_tags))
+		return t_diff("MirrorStateMirrorValue unknown tags");
+	return true;
+}
+
+static void km_mirror_state_mirror_value_fill_v(void *m, int16_t v, int mode, km_arena *a, uint32_t *seq) { fill_km_mirror_state_mirror_value(m, v, mode, a, seq); }
+static bool km_mirror_state_mirror_value_eq_v(const void *x, const void *y) { return eq_km_mirror_state_mirror_value(x, y); }
+static void km_mirror_state_mirror_value_init_v(void *m) { km_mirror_state_mirror_value_init(m); }
+static km_err km_mirror_state_mirror_value_decode_v(km_rd *r, int16_t v, void *m, km_arena *a) { return km_mirror_state_mirror_value_decode(r, v, m, a); }
+static void km_mirror_state_mirror_value_encode_v(km_wr *w, int16_t v, const void *m) { km_mirror_state_mirror_value_encode(w, v, m); }
+static size_t km_mirror_state_mirror_value_size_v(int16_t v, const void *m) { return km_mirror_state_mirror_value_size(v, m); }
+
+
+static void fill_km_mirror_state_partition_key(km_mirror_state_partition_key *m, int16_t v, int mode, km_arena *a, uint32_t *seq);
+static bool eq_km_mirror_state_partition_key(const km_mirror_state_partition_key *x, const km_mirror_state_partition_key *y);
+
+static void fill_km_mirror_state_partition_key(km_mirror_state_partition_key *m, int16_t v, int mode, km_arena *a, uint32_t *seq)
+{
+	(void)v;
+	(void)mode;
+	(void)a;
+	(void)seq;
+	m->mirror_name = t_str(a, seq);
+	m->topic_name = t_str(a, seq);
+	m->partition_index = (int32_t)(t_int(seq, 1000000000, INT64_C(0)));
+}
+
+static bool eq_km_mirror_state_partition_key(const km_mirror_state_partition_key *x, const km_mirror_state_partition_key *y)
+{
+	if (!km_str_eq(x->mirror_name, y->mirror_name))
+		return t_diff("MirrorName");
+	if (!km_str_eq(x->topic_name, y->topic_name))
+		return t_diff("TopicName");
+	if (!(x->partition_index == y->partition_index))
+		return t_diff("PartitionIndex");
+	if (!t_tags_eq(&x->unknown_tags, &y->unknown_tags))
+		return t_diff("MirrorStatePartitionKey unknown tags");
+	return true;
+}
+
+static void km_mirror_state_partition_key_fill_v(void *m, int16_t v, int mode, km_arena *a, uint32_t *seq) { fill_km_mirror_state_partition_key(m, v, mode, a, seq); }
+static bool km_mirror_state_partition_key_eq_v(const void *x, const void *y) { return eq_km_mirror_state_partition_key(x, y); }
+static void km_mirror_state_partition_key_init_v(void *m) { km_mirror_state_partition_key_init(m); }
+static km_err km_mirror_state_partition_key_decode_v(km_rd *r, int16_t v, void *m, km_arena *a) { return km_mirror_state_partition_key_decode(r, v, m, a); }
+static void km_mirror_state_partition_key_encode_v(km_wr *w, int16_t v, const void *m) { km_mirror_state_partition_key_encode(w, v, m); }
+static size_t km_mirror_state_partition_key_size_v(int16_t v, const void *m) { return km_mirror_state_partition_key_size(v, m); }
+
+
+static void fill_km_mirror_state_partition_value(km_mirror_state_partition_value *m, int16_t v, int mode, km_arena *a, uint32_t *seq);
+static bool eq_km_mirror_state_partition_value(const km_mirror_state_partition_value *x, const km_mirror_state_partition_value *y);
+
+static void fill_km_mirror_state_partition_value(km_mirror_state_partition_value *m, int16_t v, int mode, km_arena *a, uint32_t *seq)
+{
+	(void)v;
+	(void)mode;
+	(void)a;
+	(void)seq;
+	m->state = (int8_t)(t_int(seq, 100, INT64_C(0)));
+	t_uuid(&m->topic_id, seq);
+	m->state_change_time_ms = (int64_t)(t_int(seq, 1000000000, INT64_C(0)) + ((int64_t)1 << 33));
+	m->last_mirrored_offset = (int64_t)(t_int(seq, 1000000000, INT64_C(-1)) + ((int64_t)1 << 33));
+	m->last_mirrored_epoch = (int32_t)(t_int(seq, 1000000000, INT64_C(-1)));
+	m->last_error = (mode == 1 && true) ? KM_STR_NULL : t_str(a, seq);
+	m->last_error_time_ms = (int64_t)(t_int(seq, 1000000000, INT64_C(-1)) + ((int64_t)1 << 33));
+	if (true && mode == 0)
+		t_unknown_tags(&m->unknown_tags, a, 0, 1000, seq);
+}
+
+static bool eq_km_mirror_state_partition_value(const km_mirror_state_partition_value *x, const km_mirror_state_partition_value *y)
+{
+	if (!(x->state == y->state))
+		return t_diff("State");
+	if (!(memcmp(x->topic_id.b, y->topic_id.b, 16) == 0))
+		return t_diff("TopicId");
+	if (!(x->state_change_time_ms == y->state_change_time_ms))
+		return t_diff("StateChangeTimeMs");
+	if (!(x->last_mirrored_offset == y->last_mirrored_offset))
+		return t_diff("LastMirroredOffset");
+	if (!(x->last_mirrored_epoch == y->last_mirrored_epoch))
+		return t_diff("LastMirroredEpoch");
+	if (!km_str_eq(x->last_error, y->last_error))
+		return t_diff("LastError");
+	if (!(x->last_error_time_ms == y->last_error_time_ms))
+		return t_diff("LastErrorTimeMs");
+	if (!t_tags_eq(&x->unknown_tags, &y->unknown_tags))
+		return t_diff("MirrorStatePartitionValue unknown tags");
+	return true;
+}
+
+static void km_mirror_state_partition_value_fill_v(void *m, int16_t v, int mode, km_arena *a, uint32_t *seq) { fill_km_mirror_state_partition_value(m, v, mode, a, seq); }
+static bool km_mirror_state_partition_value_eq_v(const void *x, const void *y) { return eq_km_mirror_state_partition_value(x, y); }
+static void km_mirror_state_partition_value_init_v(void *m) { km_mirror_state_partition_value_init(m); }
+static km_err km_mirror_state_partition_value_decode_v(km_rd *r, int16_t v, void *m, km_arena *a) { return km_mirror_state_partition_value_decode(r, v, m, a); }
+static void km_mirror_state_partition_value_encode_v(km_wr *w, int16_t v, const void *m) { km_mirror_state_partition_value_encode(w, v, m); }
+static size_t km_mirror_state_partition_value_size_v(int16_t v, const void *m) { return km_mirror_state_partition_value_size(v, m); }
 
 
 static void fill_km_offset_commit_request_partition(km_offset_commit_request_partition *m, int16_t v, int mode, km_arena *a, uint32_t *seq);
@@ -14840,6 +15935,153 @@ static void km_offset_for_leader_epoch_response_encode_v(km_wr *w, int16_t v, co
 static size_t km_offset_for_leader_epoch_response_size_v(int16_t v, const void *m) { return km_offset_for_leader_epoch_response_size(v, m); }
 
 
+static void fill_km_pause_mirror_topics_request_topic_data(km_pause_mirror_topics_request_topic_data *m, int16_t v, int mode, km_arena *a, uint32_t *seq);
+static bool eq_km_pause_mirror_topics_request_topic_data(const km_pause_mirror_topics_request_topic_data *x, const km_pause_mirror_topics_request_topic_data *y);
+static void fill_km_pause_mirror_topics_request(km_pause_mirror_topics_request *m, int16_t v, int mode, km_arena *a, uint32_t *seq);
+static bool eq_km_pause_mirror_topics_request(const km_pause_mirror_topics_request *x, const km_pause_mirror_topics_request *y);
+
+static void fill_km_pause_mirror_topics_request_topic_data(km_pause_mirror_topics_request_topic_data *m, int16_t v, int mode, km_arena *a, uint32_t *seq)
+{
+	(void)v;
+	(void)mode;
+	(void)a;
+	(void)seq;
+	m->name = t_str(a, seq);
+	if (true && mode == 0)
+		t_unknown_tags(&m->unknown_tags, a, 0, 1000, seq);
+}
+
+static bool eq_km_pause_mirror_topics_request_topic_data(const km_pause_mirror_topics_request_topic_data *x, const km_pause_mirror_topics_request_topic_data *y)
+{
+	if (!km_str_eq(x->name, y->name))
+		return t_diff("TopicData.Name");
+	if (!t_tags_eq(&x->unknown_tags, &y->unknown_tags))
+		return t_diff("TopicData unknown tags");
+	return true;
+}
+
+static void fill_km_pause_mirror_topics_request(km_pause_mirror_topics_request *m, int16_t v, int mode, km_arena *a, uint32_t *seq)
+{
+	(void)v;
+	(void)mode;
+	(void)a;
+	(void)seq;
+	m->mirror_name = t_str(a, seq);
+	m->topics.count = 2;
+	m->topics.items = km_arena_alloc(a, 2 * sizeof(*m->topics.items));
+	assert_non_null(m->topics.items);
+	for (int i = 0; i < 2; i++) {
+		km_pause_mirror_topics_request_topic_data_init(&m->topics.items[i]);
+		fill_km_pause_mirror_topics_request_topic_data(&m->topics.items[i], v, mode, a, seq);
+	}
+	if (true && mode == 0)
+		t_unknown_tags(&m->unknown_tags, a, 0, 1000, seq);
+}
+
+static bool eq_km_pause_mirror_topics_request(const km_pause_mirror_topics_request *x, const km_pause_mirror_topics_request *y)
+{
+	if (!km_str_eq(x->mirror_name, y->mirror_name))
+		return t_diff("MirrorName");
+	if (x->topics.count != y->topics.count)
+		return t_diff("Topics");
+	for (int32_t i = 0; i < x->topics.count; i++) {
+		if (!eq_km_pause_mirror_topics_request_topic_data(&x->topics.items[i], &y->topics.items[i]))
+			return t_diff("Topics");
+	}
+	if (!t_tags_eq(&x->unknown_tags, &y->unknown_tags))
+		return t_diff("PauseMirrorTopicsRequest unknown tags");
+	return true;
+}
+
+static void km_pause_mirror_topics_request_fill_v(void *m, int16_t v, int mode, km_arena *a, uint32_t *seq) { fill_km_pause_mirror_topics_request(m, v, mode, a, seq); }
+static bool km_pause_mirror_topics_request_eq_v(const void *x, const void *y) { return eq_km_pause_mirror_topics_request(x, y); }
+static void km_pause_mirror_topics_request_init_v(void *m) { km_pause_mirror_topics_request_init(m); }
+static km_err km_pause_mirror_topics_request_decode_v(km_rd *r, int16_t v, void *m, km_arena *a) { return km_pause_mirror_topics_request_decode(r, v, m, a); }
+static void km_pause_mirror_topics_request_encode_v(km_wr *w, int16_t v, const void *m) { km_pause_mirror_topics_request_encode(w, v, m); }
+static size_t km_pause_mirror_topics_request_size_v(int16_t v, const void *m) { return km_pause_mirror_topics_request_size(v, m); }
+
+
+static void fill_km_pause_mirror_topics_response_topic_result(km_pause_mirror_topics_response_topic_result *m, int16_t v, int mode, km_arena *a, uint32_t *seq);
+static bool eq_km_pause_mirror_topics_response_topic_result(const km_pause_mirror_topics_response_topic_result *x, const km_pause_mirror_topics_response_topic_result *y);
+static void fill_km_pause_mirror_topics_response(km_pause_mirror_topics_response *m, int16_t v, int mode, km_arena *a, uint32_t *seq);
+static bool eq_km_pause_mirror_topics_response(const km_pause_mirror_topics_response *x, const km_pause_mirror_topics_response *y);
+
+static void fill_km_pause_mirror_topics_response_topic_result(km_pause_mirror_topics_response_topic_result *m, int16_t v, int mode, km_arena *a, uint32_t *seq)
+{
+	(void)v;
+	(void)mode;
+	(void)a;
+	(void)seq;
+	m->name = t_str(a, seq);
+	m->error_code = (int16_t)(t_int(seq, 30000, INT64_C(0)));
+	m->error_message = (mode == 1 && true) ? KM_STR_NULL : t_str(a, seq);
+	if (true && mode == 0)
+		t_unknown_tags(&m->unknown_tags, a, 0, 1000, seq);
+}
+
+static bool eq_km_pause_mirror_topics_response_topic_result(const km_pause_mirror_topics_response_topic_result *x, const km_pause_mirror_topics_response_topic_result *y)
+{
+	if (!km_str_eq(x->name, y->name))
+		return t_diff("TopicResult.Name");
+	if (!(x->error_code == y->error_code))
+		return t_diff("TopicResult.ErrorCode");
+	if (!km_str_eq(x->error_message, y->error_message))
+		return t_diff("TopicResult.ErrorMessage");
+	if (!t_tags_eq(&x->unknown_tags, &y->unknown_tags))
+		return t_diff("TopicResult unknown tags");
+	return true;
+}
+
+static void fill_km_pause_mirror_topics_response(km_pause_mirror_topics_response *m, int16_t v, int mode, km_arena *a, uint32_t *seq)
+{
+	(void)v;
+	(void)mode;
+	(void)a;
+	(void)seq;
+	m->throttle_time_ms = (int32_t)(t_int(seq, 1000000000, INT64_C(0)));
+	m->error_code = (int16_t)(t_int(seq, 30000, INT64_C(0)));
+	m->error_message = (mode == 1 && true) ? KM_STR_NULL : t_str(a, seq);
+	m->mirror_name = t_str(a, seq);
+	m->topics.count = 2;
+	m->topics.items = km_arena_alloc(a, 2 * sizeof(*m->topics.items));
+	assert_non_null(m->topics.items);
+	for (int i = 0; i < 2; i++) {
+		km_pause_mirror_topics_response_topic_result_init(&m->topics.items[i]);
+		fill_km_pause_mirror_topics_response_topic_result(&m->topics.items[i], v, mode, a, seq);
+	}
+	if (true && mode == 0)
+		t_unknown_tags(&m->unknown_tags, a, 0, 1000, seq);
+}
+
+static bool eq_km_pause_mirror_topics_response(const km_pause_mirror_topics_response *x, const km_pause_mirror_topics_response *y)
+{
+	if (!(x->throttle_time_ms == y->throttle_time_ms))
+		return t_diff("ThrottleTimeMs");
+	if (!(x->error_code == y->error_code))
+		return t_diff("ErrorCode");
+	if (!km_str_eq(x->error_message, y->error_message))
+		return t_diff("ErrorMessage");
+	if (!km_str_eq(x->mirror_name, y->mirror_name))
+		return t_diff("MirrorName");
+	if (x->topics.count != y->topics.count)
+		return t_diff("Topics");
+	for (int32_t i = 0; i < x->topics.count; i++) {
+		if (!eq_km_pause_mirror_topics_response_topic_result(&x->topics.items[i], &y->topics.items[i]))
+			return t_diff("Topics");
+	}
+	if (!t_tags_eq(&x->unknown_tags, &y->unknown_tags))
+		return t_diff("PauseMirrorTopicsResponse unknown tags");
+	return true;
+}
+
+static void km_pause_mirror_topics_response_fill_v(void *m, int16_t v, int mode, km_arena *a, uint32_t *seq) { fill_km_pause_mirror_topics_response(m, v, mode, a, seq); }
+static bool km_pause_mirror_topics_response_eq_v(const void *x, const void *y) { return eq_km_pause_mirror_topics_response(x, y); }
+static void km_pause_mirror_topics_response_init_v(void *m) { km_pause_mirror_topics_response_init(m); }
+static km_err km_pause_mirror_topics_response_decode_v(km_rd *r, int16_t v, void *m, km_arena *a) { return km_pause_mirror_topics_response_decode(r, v, m, a); }
+static void km_pause_mirror_topics_response_encode_v(km_wr *w, int16_t v, const void *m) { km_pause_mirror_topics_response_encode(w, v, m); }
+static size_t km_pause_mirror_topics_response_size_v(int16_t v, const void *m) { return km_pause_mirror_topics_response_size(v, m); }
+
+
 static void fill_km_produce_request_partition_produce_data(km_produce_request_partition_produce_data *m, int16_t v, int mode, km_arena *a, uint32_t *seq);
 static bool eq_km_produce_request_partition_produce_data(const km_produce_request_partition_produce_data *x, const km_produce_request_partition_produce_data *y);
 static void fill_km_produce_request_topic_produce_data(km_produce_request_topic_produce_data *m, int16_t v, int mode, km_arena *a, uint32_t *seq);
@@ -15987,6 +17229,153 @@ static void km_response_header_init_v(void *m) { km_response_header_init(m); }
 static km_err km_response_header_decode_v(km_rd *r, int16_t v, void *m, km_arena *a) { return km_response_header_decode(r, v, m, a); }
 static void km_response_header_encode_v(km_wr *w, int16_t v, const void *m) { km_response_header_encode(w, v, m); }
 static size_t km_response_header_size_v(int16_t v, const void *m) { return km_response_header_size(v, m); }
+
+
+static void fill_km_resume_mirror_topics_request_topic_data(km_resume_mirror_topics_request_topic_data *m, int16_t v, int mode, km_arena *a, uint32_t *seq);
+static bool eq_km_resume_mirror_topics_request_topic_data(const km_resume_mirror_topics_request_topic_data *x, const km_resume_mirror_topics_request_topic_data *y);
+static void fill_km_resume_mirror_topics_request(km_resume_mirror_topics_request *m, int16_t v, int mode, km_arena *a, uint32_t *seq);
+static bool eq_km_resume_mirror_topics_request(const km_resume_mirror_topics_request *x, const km_resume_mirror_topics_request *y);
+
+static void fill_km_resume_mirror_topics_request_topic_data(km_resume_mirror_topics_request_topic_data *m, int16_t v, int mode, km_arena *a, uint32_t *seq)
+{
+	(void)v;
+	(void)mode;
+	(void)a;
+	(void)seq;
+	m->name = t_str(a, seq);
+	if (true && mode == 0)
+		t_unknown_tags(&m->unknown_tags, a, 0, 1000, seq);
+}
+
+static bool eq_km_resume_mirror_topics_request_topic_data(const km_resume_mirror_topics_request_topic_data *x, const km_resume_mirror_topics_request_topic_data *y)
+{
+	if (!km_str_eq(x->name, y->name))
+		return t_diff("TopicData.Name");
+	if (!t_tags_eq(&x->unknown_tags, &y->unknown_tags))
+		return t_diff("TopicData unknown tags");
+	return true;
+}
+
+static void fill_km_resume_mirror_topics_request(km_resume_mirror_topics_request *m, int16_t v, int mode, km_arena *a, uint32_t *seq)
+{
+	(void)v;
+	(void)mode;
+	(void)a;
+	(void)seq;
+	m->mirror_name = t_str(a, seq);
+	m->topics.count = 2;
+	m->topics.items = km_arena_alloc(a, 2 * sizeof(*m->topics.items));
+	assert_non_null(m->topics.items);
+	for (int i = 0; i < 2; i++) {
+		km_resume_mirror_topics_request_topic_data_init(&m->topics.items[i]);
+		fill_km_resume_mirror_topics_request_topic_data(&m->topics.items[i], v, mode, a, seq);
+	}
+	if (true && mode == 0)
+		t_unknown_tags(&m->unknown_tags, a, 0, 1000, seq);
+}
+
+static bool eq_km_resume_mirror_topics_request(const km_resume_mirror_topics_request *x, const km_resume_mirror_topics_request *y)
+{
+	if (!km_str_eq(x->mirror_name, y->mirror_name))
+		return t_diff("MirrorName");
+	if (x->topics.count != y->topics.count)
+		return t_diff("Topics");
+	for (int32_t i = 0; i < x->topics.count; i++) {
+		if (!eq_km_resume_mirror_topics_request_topic_data(&x->topics.items[i], &y->topics.items[i]))
+			return t_diff("Topics");
+	}
+	if (!t_tags_eq(&x->unknown_tags, &y->unknown_tags))
+		return t_diff("ResumeMirrorTopicsRequest unknown tags");
+	return true;
+}
+
+static void km_resume_mirror_topics_request_fill_v(void *m, int16_t v, int mode, km_arena *a, uint32_t *seq) { fill_km_resume_mirror_topics_request(m, v, mode, a, seq); }
+static bool km_resume_mirror_topics_request_eq_v(const void *x, const void *y) { return eq_km_resume_mirror_topics_request(x, y); }
+static void km_resume_mirror_topics_request_init_v(void *m) { km_resume_mirror_topics_request_init(m); }
+static km_err km_resume_mirror_topics_request_decode_v(km_rd *r, int16_t v, void *m, km_arena *a) { return km_resume_mirror_topics_request_decode(r, v, m, a); }
+static void km_resume_mirror_topics_request_encode_v(km_wr *w, int16_t v, const void *m) { km_resume_mirror_topics_request_encode(w, v, m); }
+static size_t km_resume_mirror_topics_request_size_v(int16_t v, const void *m) { return km_resume_mirror_topics_request_size(v, m); }
+
+
+static void fill_km_resume_mirror_topics_response_topic_result(km_resume_mirror_topics_response_topic_result *m, int16_t v, int mode, km_arena *a, uint32_t *seq);
+static bool eq_km_resume_mirror_topics_response_topic_result(const km_resume_mirror_topics_response_topic_result *x, const km_resume_mirror_topics_response_topic_result *y);
+static void fill_km_resume_mirror_topics_response(km_resume_mirror_topics_response *m, int16_t v, int mode, km_arena *a, uint32_t *seq);
+static bool eq_km_resume_mirror_topics_response(const km_resume_mirror_topics_response *x, const km_resume_mirror_topics_response *y);
+
+static void fill_km_resume_mirror_topics_response_topic_result(km_resume_mirror_topics_response_topic_result *m, int16_t v, int mode, km_arena *a, uint32_t *seq)
+{
+	(void)v;
+	(void)mode;
+	(void)a;
+	(void)seq;
+	m->name = t_str(a, seq);
+	m->error_code = (int16_t)(t_int(seq, 30000, INT64_C(0)));
+	m->error_message = (mode == 1 && true) ? KM_STR_NULL : t_str(a, seq);
+	if (true && mode == 0)
+		t_unknown_tags(&m->unknown_tags, a, 0, 1000, seq);
+}
+
+static bool eq_km_resume_mirror_topics_response_topic_result(const km_resume_mirror_topics_response_topic_result *x, const km_resume_mirror_topics_response_topic_result *y)
+{
+	if (!km_str_eq(x->name, y->name))
+		return t_diff("TopicResult.Name");
+	if (!(x->error_code == y->error_code))
+		return t_diff("TopicResult.ErrorCode");
+	if (!km_str_eq(x->error_message, y->error_message))
+		return t_diff("TopicResult.ErrorMessage");
+	if (!t_tags_eq(&x->unknown_tags, &y->unknown_tags))
+		return t_diff("TopicResult unknown tags");
+	return true;
+}
+
+static void fill_km_resume_mirror_topics_response(km_resume_mirror_topics_response *m, int16_t v, int mode, km_arena *a, uint32_t *seq)
+{
+	(void)v;
+	(void)mode;
+	(void)a;
+	(void)seq;
+	m->throttle_time_ms = (int32_t)(t_int(seq, 1000000000, INT64_C(0)));
+	m->error_code = (int16_t)(t_int(seq, 30000, INT64_C(0)));
+	m->error_message = (mode == 1 && true) ? KM_STR_NULL : t_str(a, seq);
+	m->mirror_name = t_str(a, seq);
+	m->topics.count = 2;
+	m->topics.items = km_arena_alloc(a, 2 * sizeof(*m->topics.items));
+	assert_non_null(m->topics.items);
+	for (int i = 0; i < 2; i++) {
+		km_resume_mirror_topics_response_topic_result_init(&m->topics.items[i]);
+		fill_km_resume_mirror_topics_response_topic_result(&m->topics.items[i], v, mode, a, seq);
+	}
+	if (true && mode == 0)
+		t_unknown_tags(&m->unknown_tags, a, 0, 1000, seq);
+}
+
+static bool eq_km_resume_mirror_topics_response(const km_resume_mirror_topics_response *x, const km_resume_mirror_topics_response *y)
+{
+	if (!(x->throttle_time_ms == y->throttle_time_ms))
+		return t_diff("ThrottleTimeMs");
+	if (!(x->error_code == y->error_code))
+		return t_diff("ErrorCode");
+	if (!km_str_eq(x->error_message, y->error_message))
+		return t_diff("ErrorMessage");
+	if (!km_str_eq(x->mirror_name, y->mirror_name))
+		return t_diff("MirrorName");
+	if (x->topics.count != y->topics.count)
+		return t_diff("Topics");
+	for (int32_t i = 0; i < x->topics.count; i++) {
+		if (!eq_km_resume_mirror_topics_response_topic_result(&x->topics.items[i], &y->topics.items[i]))
+			return t_diff("Topics");
+	}
+	if (!t_tags_eq(&x->unknown_tags, &y->unknown_tags))
+		return t_diff("ResumeMirrorTopicsResponse unknown tags");
+	return true;
+}
+
+static void km_resume_mirror_topics_response_fill_v(void *m, int16_t v, int mode, km_arena *a, uint32_t *seq) { fill_km_resume_mirror_topics_response(m, v, mode, a, seq); }
+static bool km_resume_mirror_topics_response_eq_v(const void *x, const void *y) { return eq_km_resume_mirror_topics_response(x, y); }
+static void km_resume_mirror_topics_response_init_v(void *m) { km_resume_mirror_topics_response_init(m); }
+static km_err km_resume_mirror_topics_response_decode_v(km_rd *r, int16_t v, void *m, km_arena *a) { return km_resume_mirror_topics_response_decode(r, v, m, a); }
+static void km_resume_mirror_topics_response_encode_v(km_wr *w, int16_t v, const void *m) { km_resume_mirror_topics_response_encode(w, v, m); }
+static size_t km_resume_mirror_topics_response_size_v(int16_t v, const void *m) { return km_resume_mirror_topics_response_size(v, m); }
 
 
 static void fill_km_sasl_authenticate_request(km_sasl_authenticate_request *m, int16_t v, int mode, km_arena *a, uint32_t *seq);
@@ -17456,6 +18845,300 @@ static void km_snapshot_header_record_init_v(void *m) { km_snapshot_header_recor
 static km_err km_snapshot_header_record_decode_v(km_rd *r, int16_t v, void *m, km_arena *a) { return km_snapshot_header_record_decode(r, v, m, a); }
 static void km_snapshot_header_record_encode_v(km_wr *w, int16_t v, const void *m) { km_snapshot_header_record_encode(w, v, m); }
 static size_t km_snapshot_header_record_size_v(int16_t v, const void *m) { return km_snapshot_header_record_size(v, m); }
+
+
+static void fill_km_start_mirror_topics_request_topic_data(km_start_mirror_topics_request_topic_data *m, int16_t v, int mode, km_arena *a, uint32_t *seq);
+static bool eq_km_start_mirror_topics_request_topic_data(const km_start_mirror_topics_request_topic_data *x, const km_start_mirror_topics_request_topic_data *y);
+static void fill_km_start_mirror_topics_request(km_start_mirror_topics_request *m, int16_t v, int mode, km_arena *a, uint32_t *seq);
+static bool eq_km_start_mirror_topics_request(const km_start_mirror_topics_request *x, const km_start_mirror_topics_request *y);
+
+static void fill_km_start_mirror_topics_request_topic_data(km_start_mirror_topics_request_topic_data *m, int16_t v, int mode, km_arena *a, uint32_t *seq)
+{
+	(void)v;
+	(void)mode;
+	(void)a;
+	(void)seq;
+	m->name = t_str(a, seq);
+	if (true && mode == 0)
+		t_unknown_tags(&m->unknown_tags, a, 0, 1000, seq);
+}
+
+static bool eq_km_start_mirror_topics_request_topic_data(const km_start_mirror_topics_request_topic_data *x, const km_start_mirror_topics_request_topic_data *y)
+{
+	if (!km_str_eq(x->name, y->name))
+		return t_diff("TopicData.Name");
+	if (!t_tags_eq(&x->unknown_tags, &y->unknown_tags))
+		return t_diff("TopicData unknown tags");
+	return true;
+}
+
+static void fill_km_start_mirror_topics_request(km_start_mirror_topics_request *m, int16_t v, int mode, km_arena *a, uint32_t *seq)
+{
+	(void)v;
+	(void)mode;
+	(void)a;
+	(void)seq;
+	m->mirror_name = t_str(a, seq);
+	m->topics.count = 2;
+	m->topics.items = km_arena_alloc(a, 2 * sizeof(*m->topics.items));
+	assert_non_null(m->topics.items);
+	for (int i = 0; i < 2; i++) {
+		km_start_mirror_topics_request_topic_data_init(&m->topics.items[i]);
+		fill_km_start_mirror_topics_request_topic_data(&m->topics.items[i], v, mode, a, seq);
+	}
+	if (true && mode == 0)
+		t_unknown_tags(&m->unknown_tags, a, 0, 1000, seq);
+}
+
+static bool eq_km_start_mirror_topics_request(const km_start_mirror_topics_request *x, const km_start_mirror_topics_request *y)
+{
+	if (!km_str_eq(x->mirror_name, y->mirror_name))
+		return t_diff("MirrorName");
+	if (x->topics.count != y->topics.count)
+		return t_diff("Topics");
+	for (int32_t i = 0; i < x->topics.count; i++) {
+		if (!eq_km_start_mirror_topics_request_topic_data(&x->topics.items[i], &y->topics.items[i]))
+			return t_diff("Topics");
+	}
+	if (!t_tags_eq(&x->unknown_tags, &y->unknown_tags))
+		return t_diff("StartMirrorTopicsRequest unknown tags");
+	return true;
+}
+
+static void km_start_mirror_topics_request_fill_v(void *m, int16_t v, int mode, km_arena *a, uint32_t *seq) { fill_km_start_mirror_topics_request(m, v, mode, a, seq); }
+static bool km_start_mirror_topics_request_eq_v(const void *x, const void *y) { return eq_km_start_mirror_topics_request(x, y); }
+static void km_start_mirror_topics_request_init_v(void *m) { km_start_mirror_topics_request_init(m); }
+static km_err km_start_mirror_topics_request_decode_v(km_rd *r, int16_t v, void *m, km_arena *a) { return km_start_mirror_topics_request_decode(r, v, m, a); }
+static void km_start_mirror_topics_request_encode_v(km_wr *w, int16_t v, const void *m) { km_start_mirror_topics_request_encode(w, v, m); }
+static size_t km_start_mirror_topics_request_size_v(int16_t v, const void *m) { return km_start_mirror_topics_request_size(v, m); }
+
+
+static void fill_km_start_mirror_topics_response_topic_result(km_start_mirror_topics_response_topic_result *m, int16_t v, int mode, km_arena *a, uint32_t *seq);
+static bool eq_km_start_mirror_topics_response_topic_result(const km_start_mirror_topics_response_topic_result *x, const km_start_mirror_topics_response_topic_result *y);
+static void fill_km_start_mirror_topics_response(km_start_mirror_topics_response *m, int16_t v, int mode, km_arena *a, uint32_t *seq);
+static bool eq_km_start_mirror_topics_response(const km_start_mirror_topics_response *x, const km_start_mirror_topics_response *y);
+
+static void fill_km_start_mirror_topics_response_topic_result(km_start_mirror_topics_response_topic_result *m, int16_t v, int mode, km_arena *a, uint32_t *seq)
+{
+	(void)v;
+	(void)mode;
+	(void)a;
+	(void)seq;
+	m->name = t_str(a, seq);
+	m->error_code = (int16_t)(t_int(seq, 30000, INT64_C(0)));
+	m->error_message = (mode == 1 && true) ? KM_STR_NULL : t_str(a, seq);
+	if (true && mode == 0)
+		t_unknown_tags(&m->unknown_tags, a, 0, 1000, seq);
+}
+
+static bool eq_km_start_mirror_topics_response_topic_result(const km_start_mirror_topics_response_topic_result *x, const km_start_mirror_topics_response_topic_result *y)
+{
+	if (!km_str_eq(x->name, y->name))
+		return t_diff("TopicResult.Name");
+	if (!(x->error_code == y->error_code))
+		return t_diff("TopicResult.ErrorCode");
+	if (!km_str_eq(x->error_message, y->error_message))
+		return t_diff("TopicResult.ErrorMessage");
+	if (!t_tags_eq(&x->unknown_tags, &y->unknown_tags))
+		return t_diff("TopicResult unknown tags");
+	return true;
+}
+
+static void fill_km_start_mirror_topics_response(km_start_mirror_topics_response *m, int16_t v, int mode, km_arena *a, uint32_t *seq)
+{
+	(void)v;
+	(void)mode;
+	(void)a;
+	(void)seq;
+	m->throttle_time_ms = (int32_t)(t_int(seq, 1000000000, INT64_C(0)));
+	m->error_code = (int16_t)(t_int(seq, 30000, INT64_C(0)));
+	m->error_message = (mode == 1 && true) ? KM_STR_NULL : t_str(a, seq);
+	m->mirror_name = t_str(a, seq);
+	m->topics.count = 2;
+	m->topics.items = km_arena_alloc(a, 2 * sizeof(*m->topics.items));
+	assert_non_null(m->topics.items);
+	for (int i = 0; i < 2; i++) {
+		km_start_mirror_topics_response_topic_result_init(&m->topics.items[i]);
+		fill_km_start_mirror_topics_response_topic_result(&m->topics.items[i], v, mode, a, seq);
+	}
+	if (true && mode == 0)
+		t_unknown_tags(&m->unknown_tags, a, 0, 1000, seq);
+}
+
+static bool eq_km_start_mirror_topics_response(const km_start_mirror_topics_response *x, const km_start_mirror_topics_response *y)
+{
+	if (!(x->throttle_time_ms == y->throttle_time_ms))
+		return t_diff("ThrottleTimeMs");
+	if (!(x->error_code == y->error_code))
+		return t_diff("ErrorCode");
+	if (!km_str_eq(x->error_message, y->error_message))
+		return t_diff("ErrorMessage");
+	if (!km_str_eq(x->mirror_name, y->mirror_name))
+		return t_diff("MirrorName");
+	if (x->topics.count != y->topics.count)
+		return t_diff("Topics");
+	for (int32_t i = 0; i < x->topics.count; i++) {
+		if (!eq_km_start_mirror_topics_response_topic_result(&x->topics.items[i], &y->topics.items[i]))
+			return t_diff("Topics");
+	}
+	if (!t_tags_eq(&x->unknown_tags, &y->unknown_tags))
+		return t_diff("StartMirrorTopicsResponse unknown tags");
+	return true;
+}
+
+static void km_start_mirror_topics_response_fill_v(void *m, int16_t v, int mode, km_arena *a, uint32_t *seq) { fill_km_start_mirror_topics_response(m, v, mode, a, seq); }
+static bool km_start_mirror_topics_response_eq_v(const void *x, const void *y) { return eq_km_start_mirror_topics_response(x, y); }
+static void km_start_mirror_topics_response_init_v(void *m) { km_start_mirror_topics_response_init(m); }
+static km_err km_start_mirror_topics_response_decode_v(km_rd *r, int16_t v, void *m, km_arena *a) { return km_start_mirror_topics_response_decode(r, v, m, a); }
+static void km_start_mirror_topics_response_encode_v(km_wr *w, int16_t v, const void *m) { km_start_mirror_topics_response_encode(w, v, m); }
+static size_t km_start_mirror_topics_response_size_v(int16_t v, const void *m) { return km_start_mirror_topics_response_size(v, m); }
+
+
+static void fill_km_stop_mirror_topics_request_topic_data(km_stop_mirror_topics_request_topic_data *m, int16_t v, int mode, km_arena *a, uint32_t *seq);
+static bool eq_km_stop_mirror_topics_request_topic_data(const km_stop_mirror_topics_request_topic_data *x, const km_stop_mirror_topics_request_topic_data *y);
+static void fill_km_stop_mirror_topics_request(km_stop_mirror_topics_request *m, int16_t v, int mode, km_arena *a, uint32_t *seq);
+static bool eq_km_stop_mirror_topics_request(const km_stop_mirror_topics_request *x, const km_stop_mirror_topics_request *y);
+
+static void fill_km_stop_mirror_topics_request_topic_data(km_stop_mirror_topics_request_topic_data *m, int16_t v, int mode, km_arena *a, uint32_t *seq)
+{
+	(void)v;
+	(void)mode;
+	(void)a;
+	(void)seq;
+	m->name = t_str(a, seq);
+	if (true && mode == 0)
+		t_unknown_tags(&m->unknown_tags, a, 0, 1000, seq);
+}
+
+static bool eq_km_stop_mirror_topics_request_topic_data(const km_stop_mirror_topics_request_topic_data *x, const km_stop_mirror_topics_request_topic_data *y)
+{
+	if (!km_str_eq(x->name, y->name))
+		return t_diff("TopicData.Name");
+	if (!t_tags_eq(&x->unknown_tags, &y->unknown_tags))
+		return t_diff("TopicData unknown tags");
+	return true;
+}
+
+static void fill_km_stop_mirror_topics_request(km_stop_mirror_topics_request *m, int16_t v, int mode, km_arena *a, uint32_t *seq)
+{
+	(void)v;
+	(void)mode;
+	(void)a;
+	(void)seq;
+	m->mirror_name = t_str(a, seq);
+	m->topics.count = 2;
+	m->topics.items = km_arena_alloc(a, 2 * sizeof(*m->topics.items));
+	assert_non_null(m->topics.items);
+	for (int i = 0; i < 2; i++) {
+		km_stop_mirror_topics_request_topic_data_init(&m->topics.items[i]);
+		fill_km_stop_mirror_topics_request_topic_data(&m->topics.items[i], v, mode, a, seq);
+	}
+	if (true && mode == 0)
+		t_unknown_tags(&m->unknown_tags, a, 0, 1000, seq);
+}
+
+static bool eq_km_stop_mirror_topics_request(const km_stop_mirror_topics_request *x, const km_stop_mirror_topics_request *y)
+{
+	if (!km_str_eq(x->mirror_name, y->mirror_name))
+		return t_diff("MirrorName");
+	if (x->topics.count != y->topics.count)
+		return t_diff("Topics");
+	for (int32_t i = 0; i < x->topics.count; i++) {
+		if (!eq_km_stop_mirror_topics_request_topic_data(&x->topics.items[i], &y->topics.items[i]))
+			return t_diff("Topics");
+	}
+	if (!t_tags_eq(&x->unknown_tags, &y->unknown_tags))
+		return t_diff("StopMirrorTopicsRequest unknown tags");
+	return true;
+}
+
+static void km_stop_mirror_topics_request_fill_v(void *m, int16_t v, int mode, km_arena *a, uint32_t *seq) { fill_km_stop_mirror_topics_request(m, v, mode, a, seq); }
+static bool km_stop_mirror_topics_request_eq_v(const void *x, const void *y) { return eq_km_stop_mirror_topics_request(x, y); }
+static void km_stop_mirror_topics_request_init_v(void *m) { km_stop_mirror_topics_request_init(m); }
+static km_err km_stop_mirror_topics_request_decode_v(km_rd *r, int16_t v, void *m, km_arena *a) { return km_stop_mirror_topics_request_decode(r, v, m, a); }
+static void km_stop_mirror_topics_request_encode_v(km_wr *w, int16_t v, const void *m) { km_stop_mirror_topics_request_encode(w, v, m); }
+static size_t km_stop_mirror_topics_request_size_v(int16_t v, const void *m) { return km_stop_mirror_topics_request_size(v, m); }
+
+
+static void fill_km_stop_mirror_topics_response_topic_result(km_stop_mirror_topics_response_topic_result *m, int16_t v, int mode, km_arena *a, uint32_t *seq);
+static bool eq_km_stop_mirror_topics_response_topic_result(const km_stop_mirror_topics_response_topic_result *x, const km_stop_mirror_topics_response_topic_result *y);
+static void fill_km_stop_mirror_topics_response(km_stop_mirror_topics_response *m, int16_t v, int mode, km_arena *a, uint32_t *seq);
+static bool eq_km_stop_mirror_topics_response(const km_stop_mirror_topics_response *x, const km_stop_mirror_topics_response *y);
+
+static void fill_km_stop_mirror_topics_response_topic_result(km_stop_mirror_topics_response_topic_result *m, int16_t v, int mode, km_arena *a, uint32_t *seq)
+{
+	(void)v;
+	(void)mode;
+	(void)a;
+	(void)seq;
+	m->name = t_str(a, seq);
+	m->error_code = (int16_t)(t_int(seq, 30000, INT64_C(0)));
+	m->error_message = (mode == 1 && true) ? KM_STR_NULL : t_str(a, seq);
+	if (true && mode == 0)
+		t_unknown_tags(&m->unknown_tags, a, 0, 1000, seq);
+}
+
+static bool eq_km_stop_mirror_topics_response_topic_result(const km_stop_mirror_topics_response_topic_result *x, const km_stop_mirror_topics_response_topic_result *y)
+{
+	if (!km_str_eq(x->name, y->name))
+		return t_diff("TopicResult.Name");
+	if (!(x->error_code == y->error_code))
+		return t_diff("TopicResult.ErrorCode");
+	if (!km_str_eq(x->error_message, y->error_message))
+		return t_diff("TopicResult.ErrorMessage");
+	if (!t_tags_eq(&x->unknown_tags, &y->unknown_tags))
+		return t_diff("TopicResult unknown tags");
+	return true;
+}
+
+static void fill_km_stop_mirror_topics_response(km_stop_mirror_topics_response *m, int16_t v, int mode, km_arena *a, uint32_t *seq)
+{
+	(void)v;
+	(void)mode;
+	(void)a;
+	(void)seq;
+	m->throttle_time_ms = (int32_t)(t_int(seq, 1000000000, INT64_C(0)));
+	m->error_code = (int16_t)(t_int(seq, 30000, INT64_C(0)));
+	m->error_message = (mode == 1 && true) ? KM_STR_NULL : t_str(a, seq);
+	m->mirror_name = t_str(a, seq);
+	m->topics.count = 2;
+	m->topics.items = km_arena_alloc(a, 2 * sizeof(*m->topics.items));
+	assert_non_null(m->topics.items);
+	for (int i = 0; i < 2; i++) {
+		km_stop_mirror_topics_response_topic_result_init(&m->topics.items[i]);
+		fill_km_stop_mirror_topics_response_topic_result(&m->topics.items[i], v, mode, a, seq);
+	}
+	if (true && mode == 0)
+		t_unknown_tags(&m->unknown_tags, a, 0, 1000, seq);
+}
+
+static bool eq_km_stop_mirror_topics_response(const km_stop_mirror_topics_response *x, const km_stop_mirror_topics_response *y)
+{
+	if (!(x->throttle_time_ms == y->throttle_time_ms))
+		return t_diff("ThrottleTimeMs");
+	if (!(x->error_code == y->error_code))
+		return t_diff("ErrorCode");
+	if (!km_str_eq(x->error_message, y->error_message))
+		return t_diff("ErrorMessage");
+	if (!km_str_eq(x->mirror_name, y->mirror_name))
+		return t_diff("MirrorName");
+	if (x->topics.count != y->topics.count)
+		return t_diff("Topics");
+	for (int32_t i = 0; i < x->topics.count; i++) {
+		if (!eq_km_stop_mirror_topics_response_topic_result(&x->topics.items[i], &y->topics.items[i]))
+			return t_diff("Topics");
+	}
+	if (!t_tags_eq(&x->unknown_tags, &y->unknown_tags))
+		return t_diff("StopMirrorTopicsResponse unknown tags");
+	return true;
+}
+
+static void km_stop_mirror_topics_response_fill_v(void *m, int16_t v, int mode, km_arena *a, uint32_t *seq) { fill_km_stop_mirror_topics_response(m, v, mode, a, seq); }
+static bool km_stop_mirror_topics_response_eq_v(const void *x, const void *y) { return eq_km_stop_mirror_topics_response(x, y); }
+static void km_stop_mirror_topics_response_init_v(void *m) { km_stop_mirror_topics_response_init(m); }
+static km_err km_stop_mirror_topics_response_decode_v(km_rd *r, int16_t v, void *m, km_arena *a) { return km_stop_mirror_topics_response_decode(r, v, m, a); }
+static void km_stop_mirror_topics_response_encode_v(km_wr *w, int16_t v, const void *m) { km_stop_mirror_topics_response_encode(w, v, m); }
+static size_t km_stop_mirror_topics_response_size_v(int16_t v, const void *m) { return km_stop_mirror_topics_response_size(v, m); }
 
 
 static void fill_km_streams_group_describe_request(km_streams_group_describe_request *m, int16_t v, int mode, km_arena *a, uint32_t *seq);
@@ -21184,6 +22867,8 @@ const km_test_msg km_test_msgs[] = {
 	{"AlterClientQuotasResponse", 49, 0, 1, 1, sizeof(km_alter_client_quotas_response), km_alter_client_quotas_response_init_v, km_alter_client_quotas_response_decode_v, km_alter_client_quotas_response_encode_v, km_alter_client_quotas_response_size_v, km_alter_client_quotas_response_fill_v, km_alter_client_quotas_response_eq_v},
 	{"AlterConfigsRequest", 33, 0, 2, 2, sizeof(km_alter_configs_request), km_alter_configs_request_init_v, km_alter_configs_request_decode_v, km_alter_configs_request_encode_v, km_alter_configs_request_size_v, km_alter_configs_request_fill_v, km_alter_configs_request_eq_v},
 	{"AlterConfigsResponse", 33, 0, 2, 2, sizeof(km_alter_configs_response), km_alter_configs_response_init_v, km_alter_configs_response_decode_v, km_alter_configs_response_encode_v, km_alter_configs_response_size_v, km_alter_configs_response_fill_v, km_alter_configs_response_eq_v},
+	{"AlterMirrorRequest", 32004, 0, 0, 0, sizeof(km_alter_mirror_request), km_alter_mirror_request_init_v, km_alter_mirror_request_decode_v, km_alter_mirror_request_encode_v, km_alter_mirror_request_size_v, km_alter_mirror_request_fill_v, km_alter_mirror_request_eq_v},
+	{"AlterMirrorResponse", 32004, 0, 0, 0, sizeof(km_alter_mirror_response), km_alter_mirror_response_init_v, km_alter_mirror_response_decode_v, km_alter_mirror_response_encode_v, km_alter_mirror_response_size_v, km_alter_mirror_response_fill_v, km_alter_mirror_response_eq_v},
 	{"AlterPartitionReassignmentsRequest", 45, 0, 1, 0, sizeof(km_alter_partition_reassignments_request), km_alter_partition_reassignments_request_init_v, km_alter_partition_reassignments_request_decode_v, km_alter_partition_reassignments_request_encode_v, km_alter_partition_reassignments_request_size_v, km_alter_partition_reassignments_request_fill_v, km_alter_partition_reassignments_request_eq_v},
 	{"AlterPartitionReassignmentsResponse", 45, 0, 1, 0, sizeof(km_alter_partition_reassignments_response), km_alter_partition_reassignments_response_init_v, km_alter_partition_reassignments_response_decode_v, km_alter_partition_reassignments_response_encode_v, km_alter_partition_reassignments_response_size_v, km_alter_partition_reassignments_response_fill_v, km_alter_partition_reassignments_response_eq_v},
 	{"AlterPartitionRequest", 56, 2, 3, 2, sizeof(km_alter_partition_request), km_alter_partition_request_init_v, km_alter_partition_request_decode_v, km_alter_partition_request_encode_v, km_alter_partition_request_size_v, km_alter_partition_request_fill_v, km_alter_partition_request_eq_v},
@@ -21217,6 +22902,8 @@ const km_test_msg km_test_msgs[] = {
 	{"CreateAclsResponse", 30, 1, 3, 2, sizeof(km_create_acls_response), km_create_acls_response_init_v, km_create_acls_response_decode_v, km_create_acls_response_encode_v, km_create_acls_response_size_v, km_create_acls_response_fill_v, km_create_acls_response_eq_v},
 	{"CreateDelegationTokenRequest", 38, 1, 3, 2, sizeof(km_create_delegation_token_request), km_create_delegation_token_request_init_v, km_create_delegation_token_request_decode_v, km_create_delegation_token_request_encode_v, km_create_delegation_token_request_size_v, km_create_delegation_token_request_fill_v, km_create_delegation_token_request_eq_v},
 	{"CreateDelegationTokenResponse", 38, 1, 3, 2, sizeof(km_create_delegation_token_response), km_create_delegation_token_response_init_v, km_create_delegation_token_response_decode_v, km_create_delegation_token_response_encode_v, km_create_delegation_token_response_size_v, km_create_delegation_token_response_fill_v, km_create_delegation_token_response_eq_v},
+	{"CreateMirrorRequest", 32000, 0, 0, 0, sizeof(km_create_mirror_request), km_create_mirror_request_init_v, km_create_mirror_request_decode_v, km_create_mirror_request_encode_v, km_create_mirror_request_size_v, km_create_mirror_request_fill_v, km_create_mirror_request_eq_v},
+	{"CreateMirrorResponse", 32000, 0, 0, 0, sizeof(km_create_mirror_response), km_create_mirror_response_init_v, km_create_mirror_response_decode_v, km_create_mirror_response_encode_v, km_create_mirror_response_size_v, km_create_mirror_response_fill_v, km_create_mirror_response_eq_v},
 	{"CreatePartitionsRequest", 37, 0, 3, 2, sizeof(km_create_partitions_request), km_create_partitions_request_init_v, km_create_partitions_request_decode_v, km_create_partitions_request_encode_v, km_create_partitions_request_size_v, km_create_partitions_request_fill_v, km_create_partitions_request_eq_v},
 	{"CreatePartitionsResponse", 37, 0, 3, 2, sizeof(km_create_partitions_response), km_create_partitions_response_init_v, km_create_partitions_response_decode_v, km_create_partitions_response_encode_v, km_create_partitions_response_size_v, km_create_partitions_response_fill_v, km_create_partitions_response_eq_v},
 	{"CreateTopicsRequest", 19, 2, 7, 5, sizeof(km_create_topics_request), km_create_topics_request_init_v, km_create_topics_request_decode_v, km_create_topics_request_encode_v, km_create_topics_request_size_v, km_create_topics_request_fill_v, km_create_topics_request_eq_v},
@@ -21226,6 +22913,8 @@ const km_test_msg km_test_msgs[] = {
 	{"DeleteAclsResponse", 31, 1, 3, 2, sizeof(km_delete_acls_response), km_delete_acls_response_init_v, km_delete_acls_response_decode_v, km_delete_acls_response_encode_v, km_delete_acls_response_size_v, km_delete_acls_response_fill_v, km_delete_acls_response_eq_v},
 	{"DeleteGroupsRequest", 42, 0, 3, 2, sizeof(km_delete_groups_request), km_delete_groups_request_init_v, km_delete_groups_request_decode_v, km_delete_groups_request_encode_v, km_delete_groups_request_size_v, km_delete_groups_request_fill_v, km_delete_groups_request_eq_v},
 	{"DeleteGroupsResponse", 42, 0, 3, 2, sizeof(km_delete_groups_response), km_delete_groups_response_init_v, km_delete_groups_response_decode_v, km_delete_groups_response_encode_v, km_delete_groups_response_size_v, km_delete_groups_response_fill_v, km_delete_groups_response_eq_v},
+	{"DeleteMirrorRequest", 32001, 0, 0, 0, sizeof(km_delete_mirror_request), km_delete_mirror_request_init_v, km_delete_mirror_request_decode_v, km_delete_mirror_request_encode_v, km_delete_mirror_request_size_v, km_delete_mirror_request_fill_v, km_delete_mirror_request_eq_v},
+	{"DeleteMirrorResponse", 32001, 0, 0, 0, sizeof(km_delete_mirror_response), km_delete_mirror_response_init_v, km_delete_mirror_response_decode_v, km_delete_mirror_response_encode_v, km_delete_mirror_response_size_v, km_delete_mirror_response_fill_v, km_delete_mirror_response_eq_v},
 	{"DeleteRecordsRequest", 21, 0, 2, 2, sizeof(km_delete_records_request), km_delete_records_request_init_v, km_delete_records_request_decode_v, km_delete_records_request_encode_v, km_delete_records_request_size_v, km_delete_records_request_fill_v, km_delete_records_request_eq_v},
 	{"DeleteRecordsResponse", 21, 0, 2, 2, sizeof(km_delete_records_response), km_delete_records_response_init_v, km_delete_records_response_decode_v, km_delete_records_response_encode_v, km_delete_records_response_size_v, km_delete_records_response_fill_v, km_delete_records_response_eq_v},
 	{"DeleteShareGroupOffsetsRequest", 92, 0, 0, 0, sizeof(km_delete_share_group_offsets_request), km_delete_share_group_offsets_request_init_v, km_delete_share_group_offsets_request_decode_v, km_delete_share_group_offsets_request_encode_v, km_delete_share_group_offsets_request_size_v, km_delete_share_group_offsets_request_fill_v, km_delete_share_group_offsets_request_eq_v},
@@ -21248,6 +22937,8 @@ const km_test_msg km_test_msgs[] = {
 	{"DescribeGroupsResponse", 15, 0, 6, 5, sizeof(km_describe_groups_response), km_describe_groups_response_init_v, km_describe_groups_response_decode_v, km_describe_groups_response_encode_v, km_describe_groups_response_size_v, km_describe_groups_response_fill_v, km_describe_groups_response_eq_v},
 	{"DescribeLogDirsRequest", 35, 1, 5, 2, sizeof(km_describe_log_dirs_request), km_describe_log_dirs_request_init_v, km_describe_log_dirs_request_decode_v, km_describe_log_dirs_request_encode_v, km_describe_log_dirs_request_size_v, km_describe_log_dirs_request_fill_v, km_describe_log_dirs_request_eq_v},
 	{"DescribeLogDirsResponse", 35, 1, 5, 2, sizeof(km_describe_log_dirs_response), km_describe_log_dirs_response_init_v, km_describe_log_dirs_response_decode_v, km_describe_log_dirs_response_encode_v, km_describe_log_dirs_response_size_v, km_describe_log_dirs_response_fill_v, km_describe_log_dirs_response_eq_v},
+	{"DescribeMirrorsRequest", 32003, 0, 0, 0, sizeof(km_describe_mirrors_request), km_describe_mirrors_request_init_v, km_describe_mirrors_request_decode_v, km_describe_mirrors_request_encode_v, km_describe_mirrors_request_size_v, km_describe_mirrors_request_fill_v, km_describe_mirrors_request_eq_v},
+	{"DescribeMirrorsResponse", 32003, 0, 0, 0, sizeof(km_describe_mirrors_response), km_describe_mirrors_response_init_v, km_describe_mirrors_response_decode_v, km_describe_mirrors_response_encode_v, km_describe_mirrors_response_size_v, km_describe_mirrors_response_fill_v, km_describe_mirrors_response_eq_v},
 	{"DescribeProducersRequest", 61, 0, 0, 0, sizeof(km_describe_producers_request), km_describe_producers_request_init_v, km_describe_producers_request_decode_v, km_describe_producers_request_encode_v, km_describe_producers_request_size_v, km_describe_producers_request_fill_v, km_describe_producers_request_eq_v},
 	{"DescribeProducersResponse", 61, 0, 0, 0, sizeof(km_describe_producers_response), km_describe_producers_response_init_v, km_describe_producers_response_decode_v, km_describe_producers_response_encode_v, km_describe_producers_response_size_v, km_describe_producers_response_fill_v, km_describe_producers_response_eq_v},
 	{"DescribeQuorumRequest", 55, 0, 2, 0, sizeof(km_describe_quorum_request), km_describe_quorum_request_init_v, km_describe_quorum_request_decode_v, km_describe_quorum_request_encode_v, km_describe_quorum_request_size_v, km_describe_quorum_request_fill_v, km_describe_quorum_request_eq_v},
@@ -21290,6 +22981,8 @@ const km_test_msg km_test_msgs[] = {
 	{"JoinGroupRequest", 11, 0, 9, 6, sizeof(km_join_group_request), km_join_group_request_init_v, km_join_group_request_decode_v, km_join_group_request_encode_v, km_join_group_request_size_v, km_join_group_request_fill_v, km_join_group_request_eq_v},
 	{"JoinGroupResponse", 11, 0, 9, 6, sizeof(km_join_group_response), km_join_group_response_init_v, km_join_group_response_decode_v, km_join_group_response_encode_v, km_join_group_response_size_v, km_join_group_response_fill_v, km_join_group_response_eq_v},
 	{"KRaftVersionRecord", -1, 0, 0, 0, sizeof(km_k_raft_version_record), km_k_raft_version_record_init_v, km_k_raft_version_record_decode_v, km_k_raft_version_record_encode_v, km_k_raft_version_record_size_v, km_k_raft_version_record_fill_v, km_k_raft_version_record_eq_v},
+	{"LastMirroredOffsetsRequest", 32009, 0, 0, 0, sizeof(km_last_mirrored_offsets_request), km_last_mirrored_offsets_request_init_v, km_last_mirrored_offsets_request_decode_v, km_last_mirrored_offsets_request_encode_v, km_last_mirrored_offsets_request_size_v, km_last_mirrored_offsets_request_fill_v, km_last_mirrored_offsets_request_eq_v},
+	{"LastMirroredOffsetsResponse", 32009, 0, 0, 0, sizeof(km_last_mirrored_offsets_response), km_last_mirrored_offsets_response_init_v, km_last_mirrored_offsets_response_decode_v, km_last_mirrored_offsets_response_encode_v, km_last_mirrored_offsets_response_size_v, km_last_mirrored_offsets_response_fill_v, km_last_mirrored_offsets_response_eq_v},
 	{"LeaderChangeMessage", -1, 0, 1, 0, sizeof(km_leader_change_message), km_leader_change_message_init_v, km_leader_change_message_decode_v, km_leader_change_message_encode_v, km_leader_change_message_size_v, km_leader_change_message_fill_v, km_leader_change_message_eq_v},
 	{"LeaveGroupRequest", 13, 0, 5, 4, sizeof(km_leave_group_request), km_leave_group_request_init_v, km_leave_group_request_decode_v, km_leave_group_request_encode_v, km_leave_group_request_size_v, km_leave_group_request_fill_v, km_leave_group_request_eq_v},
 	{"LeaveGroupResponse", 13, 0, 5, 4, sizeof(km_leave_group_response), km_leave_group_response_init_v, km_leave_group_response_decode_v, km_leave_group_response_encode_v, km_leave_group_response_size_v, km_leave_group_response_fill_v, km_leave_group_response_eq_v},
@@ -21297,6 +22990,8 @@ const km_test_msg km_test_msgs[] = {
 	{"ListConfigResourcesResponse", 74, 0, 1, 0, sizeof(km_list_config_resources_response), km_list_config_resources_response_init_v, km_list_config_resources_response_decode_v, km_list_config_resources_response_encode_v, km_list_config_resources_response_size_v, km_list_config_resources_response_fill_v, km_list_config_resources_response_eq_v},
 	{"ListGroupsRequest", 16, 0, 5, 3, sizeof(km_list_groups_request), km_list_groups_request_init_v, km_list_groups_request_decode_v, km_list_groups_request_encode_v, km_list_groups_request_size_v, km_list_groups_request_fill_v, km_list_groups_request_eq_v},
 	{"ListGroupsResponse", 16, 0, 5, 3, sizeof(km_list_groups_response), km_list_groups_response_init_v, km_list_groups_response_decode_v, km_list_groups_response_encode_v, km_list_groups_response_size_v, km_list_groups_response_fill_v, km_list_groups_response_eq_v},
+	{"ListMirrorsRequest", 32002, 0, 0, 0, sizeof(km_list_mirrors_request), km_list_mirrors_request_init_v, km_list_mirrors_request_decode_v, km_list_mirrors_request_encode_v, km_list_mirrors_request_size_v, km_list_mirrors_request_fill_v, km_list_mirrors_request_eq_v},
+	{"ListMirrorsResponse", 32002, 0, 0, 0, sizeof(km_list_mirrors_response), km_list_mirrors_response_init_v, km_list_mirrors_response_decode_v, km_list_mirrors_response_encode_v, km_list_mirrors_response_size_v, km_list_mirrors_response_fill_v, km_list_mirrors_response_eq_v},
 	{"ListOffsetsRequest", 2, 1, 11, 6, sizeof(km_list_offsets_request), km_list_offsets_request_init_v, km_list_offsets_request_decode_v, km_list_offsets_request_encode_v, km_list_offsets_request_size_v, km_list_offsets_request_fill_v, km_list_offsets_request_eq_v},
 	{"ListOffsetsResponse", 2, 1, 11, 6, sizeof(km_list_offsets_response), km_list_offsets_response_init_v, km_list_offsets_response_decode_v, km_list_offsets_response_encode_v, km_list_offsets_response_size_v, km_list_offsets_response_fill_v, km_list_offsets_response_eq_v},
 	{"ListPartitionReassignmentsRequest", 46, 0, 0, 0, sizeof(km_list_partition_reassignments_request), km_list_partition_reassignments_request_init_v, km_list_partition_reassignments_request_decode_v, km_list_partition_reassignments_request_encode_v, km_list_partition_reassignments_request_size_v, km_list_partition_reassignments_request_fill_v, km_list_partition_reassignments_request_eq_v},
@@ -21305,6 +23000,10 @@ const km_test_msg km_test_msgs[] = {
 	{"ListTransactionsResponse", 66, 0, 2, 0, sizeof(km_list_transactions_response), km_list_transactions_response_init_v, km_list_transactions_response_decode_v, km_list_transactions_response_encode_v, km_list_transactions_response_size_v, km_list_transactions_response_fill_v, km_list_transactions_response_eq_v},
 	{"MetadataRequest", 3, 0, 13, 9, sizeof(km_metadata_request), km_metadata_request_init_v, km_metadata_request_decode_v, km_metadata_request_encode_v, km_metadata_request_size_v, km_metadata_request_fill_v, km_metadata_request_eq_v},
 	{"MetadataResponse", 3, 0, 13, 9, sizeof(km_metadata_response), km_metadata_response_init_v, km_metadata_response_decode_v, km_metadata_response_encode_v, km_metadata_response_size_v, km_metadata_response_fill_v, km_metadata_response_eq_v},
+	{"MirrorStateMirrorKey", -1, 0, 0, -1, sizeof(km_mirror_state_mirror_key), km_mirror_state_mirror_key_init_v, km_mirror_state_mirror_key_decode_v, km_mirror_state_mirror_key_encode_v, km_mirror_state_mirror_key_size_v, km_mirror_state_mirror_key_fill_v, km_mirror_state_mirror_key_eq_v},
+	{"MirrorStateMirrorValue", -1, 0, 0, 0, sizeof(km_mirror_state_mirror_value), km_mirror_state_mirror_value_init_v, km_mirror_state_mirror_value_decode_v, km_mirror_state_mirror_value_encode_v, km_mirror_state_mirror_value_size_v, km_mirror_state_mirror_value_fill_v, km_mirror_state_mirror_value_eq_v},
+	{"MirrorStatePartitionKey", -1, 0, 0, -1, sizeof(km_mirror_state_partition_key), km_mirror_state_partition_key_init_v, km_mirror_state_partition_key_decode_v, km_mirror_state_partition_key_encode_v, km_mirror_state_partition_key_size_v, km_mirror_state_partition_key_fill_v, km_mirror_state_partition_key_eq_v},
+	{"MirrorStatePartitionValue", -1, 0, 0, 0, sizeof(km_mirror_state_partition_value), km_mirror_state_partition_value_init_v, km_mirror_state_partition_value_decode_v, km_mirror_state_partition_value_encode_v, km_mirror_state_partition_value_size_v, km_mirror_state_partition_value_fill_v, km_mirror_state_partition_value_eq_v},
 	{"OffsetCommitRequest", 8, 2, 10, 8, sizeof(km_offset_commit_request), km_offset_commit_request_init_v, km_offset_commit_request_decode_v, km_offset_commit_request_encode_v, km_offset_commit_request_size_v, km_offset_commit_request_fill_v, km_offset_commit_request_eq_v},
 	{"OffsetCommitResponse", 8, 2, 10, 8, sizeof(km_offset_commit_response), km_offset_commit_response_init_v, km_offset_commit_response_decode_v, km_offset_commit_response_encode_v, km_offset_commit_response_size_v, km_offset_commit_response_fill_v, km_offset_commit_response_eq_v},
 	{"OffsetDeleteRequest", 47, 0, 0, -1, sizeof(km_offset_delete_request), km_offset_delete_request_init_v, km_offset_delete_request_decode_v, km_offset_delete_request_encode_v, km_offset_delete_request_size_v, km_offset_delete_request_fill_v, km_offset_delete_request_eq_v},
@@ -21313,6 +23012,8 @@ const km_test_msg km_test_msgs[] = {
 	{"OffsetFetchResponse", 9, 1, 10, 6, sizeof(km_offset_fetch_response), km_offset_fetch_response_init_v, km_offset_fetch_response_decode_v, km_offset_fetch_response_encode_v, km_offset_fetch_response_size_v, km_offset_fetch_response_fill_v, km_offset_fetch_response_eq_v},
 	{"OffsetForLeaderEpochRequest", 23, 2, 4, 4, sizeof(km_offset_for_leader_epoch_request), km_offset_for_leader_epoch_request_init_v, km_offset_for_leader_epoch_request_decode_v, km_offset_for_leader_epoch_request_encode_v, km_offset_for_leader_epoch_request_size_v, km_offset_for_leader_epoch_request_fill_v, km_offset_for_leader_epoch_request_eq_v},
 	{"OffsetForLeaderEpochResponse", 23, 2, 4, 4, sizeof(km_offset_for_leader_epoch_response), km_offset_for_leader_epoch_response_init_v, km_offset_for_leader_epoch_response_decode_v, km_offset_for_leader_epoch_response_encode_v, km_offset_for_leader_epoch_response_size_v, km_offset_for_leader_epoch_response_fill_v, km_offset_for_leader_epoch_response_eq_v},
+	{"PauseMirrorTopicsRequest", 32007, 0, 0, 0, sizeof(km_pause_mirror_topics_request), km_pause_mirror_topics_request_init_v, km_pause_mirror_topics_request_decode_v, km_pause_mirror_topics_request_encode_v, km_pause_mirror_topics_request_size_v, km_pause_mirror_topics_request_fill_v, km_pause_mirror_topics_request_eq_v},
+	{"PauseMirrorTopicsResponse", 32007, 0, 0, 0, sizeof(km_pause_mirror_topics_response), km_pause_mirror_topics_response_init_v, km_pause_mirror_topics_response_decode_v, km_pause_mirror_topics_response_encode_v, km_pause_mirror_topics_response_size_v, km_pause_mirror_topics_response_fill_v, km_pause_mirror_topics_response_eq_v},
 	{"ProduceRequest", 0, 3, 13, 9, sizeof(km_produce_request), km_produce_request_init_v, km_produce_request_decode_v, km_produce_request_encode_v, km_produce_request_size_v, km_produce_request_fill_v, km_produce_request_eq_v},
 	{"ProduceResponse", 0, 3, 13, 9, sizeof(km_produce_response), km_produce_response_init_v, km_produce_response_decode_v, km_produce_response_encode_v, km_produce_response_size_v, km_produce_response_fill_v, km_produce_response_eq_v},
 	{"PushTelemetryRequest", 72, 0, 0, 0, sizeof(km_push_telemetry_request), km_push_telemetry_request_init_v, km_push_telemetry_request_decode_v, km_push_telemetry_request_encode_v, km_push_telemetry_request_size_v, km_push_telemetry_request_fill_v, km_push_telemetry_request_eq_v},
@@ -21327,6 +23028,8 @@ const km_test_msg km_test_msgs[] = {
 	{"RenewDelegationTokenResponse", 39, 1, 2, 2, sizeof(km_renew_delegation_token_response), km_renew_delegation_token_response_init_v, km_renew_delegation_token_response_decode_v, km_renew_delegation_token_response_encode_v, km_renew_delegation_token_response_size_v, km_renew_delegation_token_response_fill_v, km_renew_delegation_token_response_eq_v},
 	{"RequestHeader", -1, 1, 2, 2, sizeof(km_request_header), km_request_header_init_v, km_request_header_decode_v, km_request_header_encode_v, km_request_header_size_v, km_request_header_fill_v, km_request_header_eq_v},
 	{"ResponseHeader", -1, 0, 1, 1, sizeof(km_response_header), km_response_header_init_v, km_response_header_decode_v, km_response_header_encode_v, km_response_header_size_v, km_response_header_fill_v, km_response_header_eq_v},
+	{"ResumeMirrorTopicsRequest", 32008, 0, 0, 0, sizeof(km_resume_mirror_topics_request), km_resume_mirror_topics_request_init_v, km_resume_mirror_topics_request_decode_v, km_resume_mirror_topics_request_encode_v, km_resume_mirror_topics_request_size_v, km_resume_mirror_topics_request_fill_v, km_resume_mirror_topics_request_eq_v},
+	{"ResumeMirrorTopicsResponse", 32008, 0, 0, 0, sizeof(km_resume_mirror_topics_response), km_resume_mirror_topics_response_init_v, km_resume_mirror_topics_response_decode_v, km_resume_mirror_topics_response_encode_v, km_resume_mirror_topics_response_size_v, km_resume_mirror_topics_response_fill_v, km_resume_mirror_topics_response_eq_v},
 	{"SaslAuthenticateRequest", 36, 0, 2, 2, sizeof(km_sasl_authenticate_request), km_sasl_authenticate_request_init_v, km_sasl_authenticate_request_decode_v, km_sasl_authenticate_request_encode_v, km_sasl_authenticate_request_size_v, km_sasl_authenticate_request_fill_v, km_sasl_authenticate_request_eq_v},
 	{"SaslAuthenticateResponse", 36, 0, 2, 2, sizeof(km_sasl_authenticate_response), km_sasl_authenticate_response_init_v, km_sasl_authenticate_response_decode_v, km_sasl_authenticate_response_encode_v, km_sasl_authenticate_response_size_v, km_sasl_authenticate_response_fill_v, km_sasl_authenticate_response_eq_v},
 	{"SaslHandshakeRequest", 17, 0, 1, -1, sizeof(km_sasl_handshake_request), km_sasl_handshake_request_init_v, km_sasl_handshake_request_decode_v, km_sasl_handshake_request_encode_v, km_sasl_handshake_request_size_v, km_sasl_handshake_request_fill_v, km_sasl_handshake_request_eq_v},
@@ -21341,6 +23044,10 @@ const km_test_msg km_test_msgs[] = {
 	{"ShareGroupHeartbeatResponse", 76, 1, 1, 1, sizeof(km_share_group_heartbeat_response), km_share_group_heartbeat_response_init_v, km_share_group_heartbeat_response_decode_v, km_share_group_heartbeat_response_encode_v, km_share_group_heartbeat_response_size_v, km_share_group_heartbeat_response_fill_v, km_share_group_heartbeat_response_eq_v},
 	{"SnapshotFooterRecord", -1, 0, 0, 0, sizeof(km_snapshot_footer_record), km_snapshot_footer_record_init_v, km_snapshot_footer_record_decode_v, km_snapshot_footer_record_encode_v, km_snapshot_footer_record_size_v, km_snapshot_footer_record_fill_v, km_snapshot_footer_record_eq_v},
 	{"SnapshotHeaderRecord", -1, 0, 0, 0, sizeof(km_snapshot_header_record), km_snapshot_header_record_init_v, km_snapshot_header_record_decode_v, km_snapshot_header_record_encode_v, km_snapshot_header_record_size_v, km_snapshot_header_record_fill_v, km_snapshot_header_record_eq_v},
+	{"StartMirrorTopicsRequest", 32005, 0, 0, 0, sizeof(km_start_mirror_topics_request), km_start_mirror_topics_request_init_v, km_start_mirror_topics_request_decode_v, km_start_mirror_topics_request_encode_v, km_start_mirror_topics_request_size_v, km_start_mirror_topics_request_fill_v, km_start_mirror_topics_request_eq_v},
+	{"StartMirrorTopicsResponse", 32005, 0, 0, 0, sizeof(km_start_mirror_topics_response), km_start_mirror_topics_response_init_v, km_start_mirror_topics_response_decode_v, km_start_mirror_topics_response_encode_v, km_start_mirror_topics_response_size_v, km_start_mirror_topics_response_fill_v, km_start_mirror_topics_response_eq_v},
+	{"StopMirrorTopicsRequest", 32006, 0, 0, 0, sizeof(km_stop_mirror_topics_request), km_stop_mirror_topics_request_init_v, km_stop_mirror_topics_request_decode_v, km_stop_mirror_topics_request_encode_v, km_stop_mirror_topics_request_size_v, km_stop_mirror_topics_request_fill_v, km_stop_mirror_topics_request_eq_v},
+	{"StopMirrorTopicsResponse", 32006, 0, 0, 0, sizeof(km_stop_mirror_topics_response), km_stop_mirror_topics_response_init_v, km_stop_mirror_topics_response_decode_v, km_stop_mirror_topics_response_encode_v, km_stop_mirror_topics_response_size_v, km_stop_mirror_topics_response_fill_v, km_stop_mirror_topics_response_eq_v},
 	{"StreamsGroupDescribeRequest", 89, 0, 1, 0, sizeof(km_streams_group_describe_request), km_streams_group_describe_request_init_v, km_streams_group_describe_request_decode_v, km_streams_group_describe_request_encode_v, km_streams_group_describe_request_size_v, km_streams_group_describe_request_fill_v, km_streams_group_describe_request_eq_v},
 	{"StreamsGroupDescribeResponse", 89, 0, 1, 0, sizeof(km_streams_group_describe_response), km_streams_group_describe_response_init_v, km_streams_group_describe_response_decode_v, km_streams_group_describe_response_encode_v, km_streams_group_describe_response_size_v, km_streams_group_describe_response_fill_v, km_streams_group_describe_response_eq_v},
 	{"StreamsGroupHeartbeatRequest", 88, 0, 1, 0, sizeof(km_streams_group_heartbeat_request), km_streams_group_heartbeat_request_init_v, km_streams_group_heartbeat_request_decode_v, km_streams_group_heartbeat_request_encode_v, km_streams_group_heartbeat_request_size_v, km_streams_group_heartbeat_request_fill_v, km_streams_group_heartbeat_request_eq_v},

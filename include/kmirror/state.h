@@ -1,0 +1,225 @@
+/*
+ * kmirror state store: the mirror registry, every mirrored partition's state machine, and their
+ * persistence in the destination's compacted __mirror_state topic (docs/protocol.md, "State").
+ *
+ * Every change is persisted before it is acted on: a mutating call validates against the state in
+ * memory, writes the new records to __mirror_state (acks=all, as kmirrord's own idempotent
+ * producer), and only when the broker has acknowledged them changes the state in memory and calls
+ * back. Mutations run one at a time, in the order they were asked for, so two racing callers see
+ * each other's outcome. Reads (lookups, iteration) are synchronous and see the committed state.
+ */
+#ifndef KMIRROR_STATE_H
+#define KMIRROR_STATE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <event2/dns.h>
+#include <event2/event.h>
+#include <openssl/ssl.h>
+
+#include "kmirror/daemon_config.h"
+#include "kmirror/error.h"
+#include "kmirror/metrics.h"
+#include "kmirror/wire.h"
+
+/* A mirrored partition's state (the proposal's state machine). The values are persisted: never renumber. */
+typedef enum {
+	KM_MP_UNKNOWN = 0,
+	KM_MP_PREPARING = 1,
+	KM_MP_MIRRORING = 2,
+	KM_MP_PAUSING = 3,
+	KM_MP_PAUSED = 4,
+	KM_MP_STOPPING = 5,
+	KM_MP_STOPPED = 6,
+	KM_MP_FAILED = 7,
+	KM_MP__COUNT,
+} km_mp_state;
+
+/* "MIRRORING"; "INVALID" for a value outside the enum. */
+const char *km_mp_state_name(km_mp_state s);
+
+/* The operator's requests on topics, and the states each is valid from. */
+typedef enum {
+	KM_TOPIC_START = 0, /* not mirrored, STOPPED or FAILED -> PREPARING */
+	KM_TOPIC_STOP,      /* PREPARING, MIRRORING, PAUSED or FAILED -> STOPPING -> STOPPED */
+	KM_TOPIC_PAUSE,     /* MIRRORING -> PAUSING -> PAUSED */
+	KM_TOPIC_RESUME,    /* PAUSED -> MIRRORING */
+	KM_TOPIC__COUNT,
+} km_topic_op;
+
+const char *km_topic_op_name(km_topic_op op); /* "start" */
+
+/*
+ * Whether op is valid for a partition in state from (a topic not mirrored at all counts as
+ * UNKNOWN). On refusal, *code is the wire error (TOPIC_ALREADY_IN_CLUSTER_MIRROR,
+ * MIRROR_TOPIC_NOT_PAUSED, INVALID_CLUSTER_MIRROR_STATES, ...). Pure: the unit tests run the table.
+ */
+bool km_topic_op_allowed(km_topic_op op, km_mp_state from, km_err *code);
+
+typedef struct km_state km_state;
+
+typedef struct km_state_opts {
+	struct event_base *base;
+	struct evdns_base *dns;
+	/*
+	 * The destination: cfg->upstream (bootstrap), upstream TLS (tls below) and SASL, and the
+	 * mirror_state_* and mirror_secret_key_file options. Read during km_state_new only (copied).
+	 */
+	const km_config *cfg;
+	SSL_CTX *tls;          /* for the destination; NULL: plaintext */
+	km_metrics *metrics;   /* NULL: none */
+	/* Called once when the state has been read back fully (err KM_OK), or could not be (retrying). */
+	void (*on_ready)(void *arg);
+	/* Called after every committed change of a partition's state (the mirror's pipelines listen here). */
+	void (*on_partition)(void *arg, const char *mirror, const char *topic, int32_t partition, km_mp_state from,
+			     km_mp_state to);
+	void *arg;
+} km_state_opts;
+
+/*
+ * Start: connect to the destination, read __mirror_state back to its end (if it exists) and then
+ * call on_ready. Until then km_state_ready is false and mutations fail with
+ * COORDINATOR_LOAD_IN_PROGRESS. NULL with err set when the options are unusable (for example an
+ * unreadable secret key file).
+ */
+km_state *km_state_new(const km_state_opts *opts, char *err, size_t errlen);
+void km_state_free(km_state *st);
+bool km_state_ready(const km_state *st);
+
+/* ---- the result of a mutation ---- */
+
+/* One topic's outcome in a topic operation. */
+typedef struct km_state_topic_result {
+	const char *topic;
+	km_err code;           /* KM_OK or a wire code */
+	const char *message;   /* NULL when ok */
+} km_state_topic_result;
+
+typedef struct km_state_result {
+	km_err code;           /* top-level: KM_OK or a wire code (UNKNOWN_CLUSTER_MIRROR, MIRROR_STATE_UNAVAILABLE, ...) */
+	const char *message;   /* NULL when ok */
+	const km_state_topic_result *topics; /* topic operations: one per topic asked, in order */
+	size_t ntopics;
+} km_state_result;
+
+/* Called once per mutation with its outcome; the result and its strings live only during the call. */
+typedef void (*km_state_done_cb)(void *arg, const km_state_result *res);
+
+/* ---- mirrors ---- */
+
+/* One configuration entry of a mirror, as given by the operator (value in clear). */
+typedef struct km_state_kv {
+	const char *name;
+	const char *value;     /* NULL: remove (alter only) */
+} km_state_kv;
+
+/*
+ * Whether a configuration key holds a secret (sasl.jaas.config, *.password, ...): encrypted at
+ * rest, never described, never logged.
+ */
+bool km_state_config_is_secret(const char *name);
+/*
+ * Check a whole mirror configuration (create: the full set; alter: the changes): known keys only
+ * (source connection properties and mirror.* options), values of the right type, bootstrap.servers
+ * present on create. KM_OK, or INVALID_CLUSTER_MIRROR_CONFIG with err naming the key and why.
+ */
+km_err km_state_config_check(const km_state_kv *kv, size_t n, bool create, char *err, size_t errlen);
+
+/*
+ * Create a mirror. Refused with CLUSTER_MIRROR_ALREADY_EXISTS, INVALID_CLUSTER_MIRROR_CONFIG,
+ * CLUSTER_MIRROR_SECRET_KEY_MISSING (a secret given and no key configured). The first create
+ * creates __mirror_state itself. validate_only: check and answer, persist nothing.
+ */
+void km_state_create_mirror(km_state *st, const char *name, const km_state_kv *kv, size_t n, bool validate_only,
+			    km_state_done_cb done, void *arg);
+/* Change options (value NULL removes the key). UNKNOWN_CLUSTER_MIRROR, INVALID_CLUSTER_MIRROR_CONFIG. */
+void km_state_alter_mirror(km_state *st, const char *name, const km_state_kv *kv, size_t n, bool validate_only,
+			   km_state_done_cb done, void *arg);
+/* Delete a mirror with no topic left in any state but STOPPED (CLUSTER_MIRROR_IN_USE otherwise); forgets its partitions. */
+void km_state_delete_mirror(km_state *st, const char *name, km_state_done_cb done, void *arg);
+
+/* ---- topics ---- */
+
+/*
+ * Apply op to topics of mirror. Each topic is validated on its own (a refused topic does not stop
+ * the others): the mirror must exist (else the top-level code is UNKNOWN_CLUSTER_MIRROR), the topic
+ * must be in a state op is valid from (per partition: every partition must allow it), and for
+ * start the topic must exist on the destination (UNKNOWN_TOPIC_OR_PARTITION otherwise; its
+ * partitions and topic id are read from the destination's metadata). A topic of another mirror is
+ * refused with TOPIC_ALREADY_IN_CLUSTER_MIRROR; stop/pause/resume of a topic this mirror does not
+ * hold with TOPIC_NOT_IN_CLUSTER_MIRROR. Messages name the topic, the mirror and the current state.
+ */
+void km_state_topics(km_state *st, km_topic_op op, const char *mirror, const char *const *topics, size_t n,
+		     km_state_done_cb done, void *arg);
+
+/*
+ * Move one partition's state, as the data plane does (PREPARING -> MIRRORING, PAUSING -> PAUSED,
+ * STOPPING -> STOPPED, anything -> FAILED with error text). Persisted first, like every change.
+ */
+void km_state_partition_set(km_state *st, const char *mirror, const char *topic, int32_t partition, km_mp_state to,
+			    const char *error, km_state_done_cb done, void *arg);
+
+/* ---- reads (the committed state) ---- */
+
+typedef struct km_state_mirror km_state_mirror;
+typedef struct km_state_topic km_state_topic;
+
+/* The mirror topic named topic (len bytes), or NULL when the topic is not in any mirror. */
+const km_state_topic *km_state_topic_find(const km_state *st, const char *topic, size_t len);
+/* The same by destination topic id (Produce v13 names topics by id). */
+const km_state_topic *km_state_topic_find_id(const km_state *st, const km_uuid *id);
+
+/*
+ * Whether a write to this partition of a mirror topic must be refused: any state but STOPPED. A
+ * partition the store does not know (added since the start) follows the topic's state.
+ */
+bool km_state_topic_read_only(const km_state_topic *t, int32_t partition);
+const char *km_state_topic_name(const km_state_topic *t);
+const km_state_mirror *km_state_topic_mirror(const km_state_topic *t);
+/* The topic's state: its partitions' common state, or the first in PREPARING, FAILED, PAUSING, STOPPING order. */
+km_mp_state km_state_topic_state(const km_state_topic *t);
+size_t km_state_topic_partition_count(const km_state_topic *t);
+const km_uuid *km_state_topic_id(const km_state_topic *t);
+
+typedef struct km_state_partition_info {
+	int32_t partition;
+	km_mp_state state;
+	int64_t state_change_ms;
+	int64_t last_mirrored_offset;  /* -1: none */
+	int32_t last_mirrored_epoch;   /* -1: none */
+	int64_t source_log_end;        /* -1: not known (kept in memory only) */
+	const char *last_error;        /* NULL: none */
+	int64_t last_error_ms;
+} km_state_partition_info;
+
+/* Partition i (i < km_state_topic_partition_count), in partition order. */
+void km_state_topic_partition(const km_state_topic *t, size_t i, km_state_partition_info *out);
+
+const km_state_mirror *km_state_mirror_find(const km_state *st, const char *name);
+size_t km_state_mirror_count(const km_state *st);
+/* Mirrors in name order. */
+const km_state_mirror *km_state_mirror_at(const km_state *st, size_t i);
+const char *km_state_mirror_name(const km_state_mirror *m);
+/* The source's bootstrap.servers. */
+const char *km_state_mirror_source(const km_state_mirror *m);
+int64_t km_state_mirror_created_ms(const km_state_mirror *m);
+/* Configuration entries in name order; *value is NULL and *secret true for a secret (never returned). */
+size_t km_state_mirror_config_count(const km_state_mirror *m);
+void km_state_mirror_config_at(const km_state_mirror *m, size_t i, const char **name, const char **value,
+			       bool *secret);
+/*
+ * A secret's clear value, for the mirror's own source connection only (never for describe or
+ * logs): decrypted into buf. KM_ERR_INVAL when name is not a stored secret.
+ */
+km_err km_state_mirror_secret(const km_state *st, const km_state_mirror *m, const char *name, char *buf,
+			      size_t len) __attribute__((warn_unused_result));
+/* Topics of the mirror in name order. */
+size_t km_state_mirror_topic_count(const km_state_mirror *m);
+const km_state_topic *km_state_mirror_topic_at(const km_state_mirror *m, size_t i);
+
+/* The state topic's name (cfg mirror_state_topic): clients never write, delete or reconfigure it through the proxy. */
+const char *km_state_topic_name_of_store(const km_state *st);
+
+#endif

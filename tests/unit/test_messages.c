@@ -431,8 +431,15 @@ static void test_api_table(void **state)
 	assert_int_equal(km_api_request_header_version(7, 1), -1);
 	/* Unknown keys and versions. */
 	assert_null(km_api_lookup(-1));
-	assert_null(km_api_lookup(32000));
-	assert_int_equal(km_api_request_header_version(32000, 0), -1);
+	assert_null(km_api_lookup(31999));
+	assert_int_equal(km_api_request_header_version(31999, 0), -1);
+	/* kmirror's own RPCs come from src/codec/messages, on their own listener. */
+	const km_api_info *cm = km_api_lookup(KM_API_CREATE_MIRROR);
+	assert_non_null(cm);
+	assert_int_equal(cm->api_key, 32000);
+	assert_true(cm->listeners & KM_API_LISTENER_KMIRROR);
+	assert_false(cm->listeners & KM_API_LISTENER_BROKER);
+	assert_int_equal(km_api_request_header_version(KM_API_CREATE_MIRROR, 0), 2);
 	assert_int_equal(km_api_response_header_version(KM_API_METADATA, 99), -1);
 	assert_false(km_api_version_supported(KM_API_METADATA, 99));
 	assert_true(km_api_version_supported(KM_API_PRODUCE, md->min_version >= 0 ? 3 : 0));

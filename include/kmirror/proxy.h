@@ -10,6 +10,7 @@
 #include "kmirror/daemon_config.h"
 #include "kmirror/error.h"
 #include "kmirror/metrics.h"
+#include "kmirror/state.h"
 
 typedef struct km_proxy km_proxy;
 
@@ -73,6 +74,12 @@ km_err km_proxy_reload(km_proxy *px, const km_config *next, char *err, size_t er
  */
 void km_proxy_drain(km_proxy *px, void (*done)(void *arg), void *arg);
 void km_proxy_free(km_proxy *px);
+/*
+ * Give the proxy the mirror state store (kmirrord's main does, before serving): the mirror RPCs,
+ * read-only mirror topics and mirror.name configs use it. Without one, mirror RPCs are answered
+ * with an error and no topic is read-only. The store must outlive the proxy.
+ */
+void km_proxy_set_state(km_proxy *px, km_state *st);
 
 km_proxy_counters *km_proxy_metrics(km_proxy *px);
 size_t km_proxy_session_count(const km_proxy *px);

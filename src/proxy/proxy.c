@@ -21,6 +21,11 @@ uint64_t km_proxy_now_ms(const km_proxy *px)
 	return (uint64_t)tv.tv_sec * 1000 + (uint64_t)tv.tv_usec / 1000;
 }
 
+void km_proxy_set_state(km_proxy *px, km_state *st)
+{
+	px->host.state = st;
+}
+
 km_proxy_counters *km_proxy_metrics(km_proxy *px)
 {
 	return &px->metrics;
@@ -372,6 +377,7 @@ km_proxy *km_proxy_new(struct event_base *base, const km_config *cfg, km_metrics
 	px->host.arg = px;
 	px->apis = km_proxy_apis_new();
 	px->sessions = px->apis ? km_session_set_new(&px->host) : NULL;
+	px->host.sessions = px->sessions;
 	if (!px->sessions) {
 		snprintf(err, errlen, "out of memory");
 		goto fail;

@@ -109,6 +109,11 @@ static uint64_t now_ms(const km_session *s)
 	return (uint64_t)tv.tv_sec * 1000 + (uint64_t)tv.tv_usec / 1000;
 }
 
+const km_session_host *km_session_host_of(const km_session *s)
+{
+	return s->host;
+}
+
 uint64_t km_session_id(const km_session *s)
 {
 	return s->id;

@@ -14,6 +14,7 @@
 #include "kmirror/daemon_config.h"
 #include "kmirror/error.h"
 #include "kmirror/metrics.h"
+#include "kmirror/state.h"
 #include "proxy/apis.h"
 #include "proxy/counters.h"
 #include "proxy/rewrite.h"
@@ -33,6 +34,8 @@ typedef struct km_session_host {
 	SSL_CTX *upstream_tls; /* upstream side: NULL for plaintext */
 	km_proxy_counters *metrics;
 	const km_proxy_apis *apis;
+	km_state *state;       /* the mirror state store; NULL: no mirrors (km_proxy_set_state) */
+	km_session_set *sessions; /* the set the sessions live in (for km_session_answer from hooks) */
 	/* The endpoint rewriting context (advertised host, ports, where learned brokers go). */
 	void (*rewrite_ctx)(void *arg, km_rewrite_ctx *ctx);
 	/* Where broker node_id lives upstream; false when unknown. */
@@ -54,6 +57,8 @@ size_t km_session_set_drain(km_session_set *set, size_t n);
 void km_session_set_close_all(km_session_set *set, const char *why);
 
 uint64_t km_session_id(const km_session *s);
+/* What the session sees of the proxy (hooks reach the state store and the session set through it). */
+const km_session_host *km_session_host_of(const km_session *s);
 /*
  * Answer a request that a LOCAL hook left pending (km_req.pending): body is the response body
  * (after the response header; moved out of body). It is sent once every earlier response has

@@ -20,7 +20,9 @@
 
 #define KM_API_SASL_HANDSHAKE 17
 #define KM_API_SASL_AUTHENTICATE 36
-#define MAX_KEYS 256 /* API keys tracked by the version table */
+#define KAFKA_KEYS 256 /* Kafka's API keys tracked by the version table */
+#define MIRROR_KEYS 64  /* kmirror's own keys, from KM_API_CREATE_MIRROR (32000) */
+#define MAX_KEYS (KAFKA_KEYS + MIRROR_KEYS)
 
 typedef struct pending {
 	int32_t corr;
@@ -485,17 +487,28 @@ static void send_api_versions(km_net_client *c)
 	km_wr_free(&w);
 }
 
+/* The version table's slot of an api key: Kafka's keys first, then kmirror's own; -1 for none. */
+static int version_slot(int16_t api_key)
+{
+	if (api_key >= 0 && api_key < KAFKA_KEYS)
+		return api_key;
+	if (api_key >= KM_API_CREATE_MIRROR && api_key < KM_API_CREATE_MIRROR + MIRROR_KEYS)
+		return KAFKA_KEYS + (api_key - KM_API_CREATE_MIRROR);
+	return -1;
+}
+
 static void keep_versions(km_net_client *c, const km_api_versions_response *m)
 {
 	for (int32_t i = 0; i < m->api_keys.count; i++) {
 		const km_api_versions_response_api_version *k = &m->api_keys.items[i];
 		const km_api_info *api = km_api_lookup(k->api_key);
+		int slot = version_slot(k->api_key);
 		int16_t lo, hi;
-		if (!api || k->api_key < 0 || k->api_key >= MAX_KEYS)
+		if (!api || slot < 0)
 			continue;
 		lo = k->min_version > api->min_version ? k->min_version : api->min_version;
 		hi = k->max_version < api->max_version ? k->max_version : api->max_version;
-		c->versions[k->api_key] = hi >= lo ? hi : -1;
+		c->versions[slot] = hi >= lo ? hi : -1;
 	}
 	c->features = calloc(m->finalized_features.count > 0 ? (size_t)m->finalized_features.count : 1, sizeof(feature));
 	for (int32_t i = 0; c->features && i < m->finalized_features.count; i++) {
@@ -555,7 +568,8 @@ static void api_versions_done(km_net_client *c, km_err err, const uint8_t *body,
 
 int16_t km_net_client_version(const km_net_client *c, int16_t api_key)
 {
-	return api_key >= 0 && api_key < MAX_KEYS ? c->versions[api_key] : -1;
+	int slot = version_slot(api_key);
+	return slot >= 0 ? c->versions[slot] : -1;
 }
 
 int16_t km_net_client_feature(const km_net_client *c, const char *name)

@@ -60,12 +60,14 @@ static void fake_reply(fake *f, int32_t corr, const void *body, size_t len)
 /*
  * ApiVersions as a broker answers it: UNSUPPORTED_VERSION in the v0 layout for a version above
  * av_max, else Produce 3..13, Fetch 4..99, Metadata 0..12, ListOffsets 50..60 (nothing in common
- * with the codec), ApiVersions 0..av_max, an unknown key 999, and from v3 one finalized feature.
+ * with the codec), ApiVersions 0..av_max, an unknown key 999, kmirror's DescribeMirrors 0..0, and
+ * from v3 one finalized feature.
  */
 static void fake_api_versions(fake *f, const km_req_header *h)
 {
-	static const int16_t keys[][3] = {{0, 3, 13}, {1, 4, 99}, {3, 0, 12}, {2, 50, 60}, {18, 0, 0}, {999, 0, 5}};
-	km_api_versions_response_api_version av[6];
+	static const int16_t keys[][3] = {{0, 3, 13}, {1, 4, 99}, {3, 0, 12}, {2, 50, 60}, {18, 0, 0}, {999, 0, 5},
+					  {KM_API_DESCRIBE_MIRRORS, 0, 0}};
+	km_api_versions_response_api_version av[7];
 	km_api_versions_response_finalized_feature_key feat;
 	km_api_versions_response m;
 	int16_t v = h->api_version;
@@ -75,14 +77,14 @@ static void fake_api_versions(fake *f, const km_req_header *h)
 		f->av_seen[f->av_count] = v;
 	f->av_count++;
 	km_api_versions_response_init(&m);
-	for (int i = 0; i < 6; i++) {
+	for (int i = 0; i < 7; i++) {
 		km_api_versions_response_api_version_init(&av[i]);
 		av[i].api_key = keys[i][0];
 		av[i].min_version = keys[i][1];
 		av[i].max_version = keys[i][0] == 18 ? f->av_max : keys[i][2];
 	}
 	m.api_keys.items = av;
-	m.api_keys.count = 6;
+	m.api_keys.count = 7;
 	if (v > f->av_max) {
 		m.error_code = KM_KAFKA_UNSUPPORTED_VERSION;
 		m.api_keys.items = &av[4];
@@ -466,6 +468,10 @@ static void test_negotiation(void **state)
 	assert_int_equal(km_net_client_version(e->c, 2), -1);   /* ranges do not meet */
 	assert_int_equal(km_net_client_version(e->c, 19), -1);  /* not offered */
 	assert_int_equal(km_net_client_version(e->c, 999), -1); /* unknown to the codec */
+	/* kmirror's own keys (32000 up) have their slots too: the CLI checks that a peer answers them. */
+	assert_int_equal(km_net_client_version(e->c, KM_API_DESCRIBE_MIRRORS), 0);
+	assert_int_equal(km_net_client_version(e->c, KM_API_LIST_MIRRORS), -1);
+	assert_int_equal(km_net_client_version(e->c, KM_API_CREATE_MIRROR + 64), -1);
 	assert_int_equal(km_net_client_version(e->c, KM_API_API_VERSIONS), 5);
 	assert_int_equal(km_net_client_feature(e->c, "metadata.version"), 27);
 	assert_int_equal(km_net_client_feature(e->c, "transaction.version"), -1);

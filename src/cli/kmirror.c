@@ -1,29 +1,37 @@
 /* kmirror: the admin CLI for mirrors (speaks the mirror RPCs to kmirrord). */
+#include <signal.h>
 #include <stdio.h>
-#include <string.h>
 
+#include "cli/cli.h"
+#include "kmirror/log.h"
 #include "kmirror/version.h"
-
-static void usage(FILE *out)
-{
-	fprintf(out, "usage: kmirror [--version] [--help]\n"
-		     "Admin tool for kmirror: create, describe and control mirrors through kmirrord.\n");
-}
 
 int main(int argc, char **argv)
 {
-	for (int i = 1; i < argc; i++) {
-		if (strcmp(argv[i], "--version") == 0) {
-			printf("kmirror %s\n", KM_VERSION);
-			return 0;
-		}
-		if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
-			usage(stdout);
-			return 0;
-		}
-		fprintf(stderr, "kmirror: unknown option '%s' (try --help)\n", argv[i]);
-		return 2;
+	km_cli_args a;
+	char err[1024];
+	int rc;
+
+	/* The client's own log lines (connection warnings) would muddle the one-line reason. */
+	km_log_set_level(KM_LOG_ERROR);
+	signal(SIGPIPE, SIG_IGN);
+	rc = km_cli_parse(argc, argv, &a, err, sizeof(err));
+	if (a.version) {
+		printf("kmirror %s\n", KM_VERSION);
+		km_cli_args_free(&a);
+		return KM_CLI_EXIT_OK;
 	}
-	usage(stderr);
-	return 2;
+	if (a.help) {
+		km_cli_usage(stdout, a.cmd);
+		km_cli_args_free(&a);
+		return KM_CLI_EXIT_OK;
+	}
+	if (rc != KM_CLI_EXIT_OK) {
+		fprintf(stderr, "kmirror: %s\n", err);
+		km_cli_args_free(&a);
+		return rc;
+	}
+	rc = km_cli_run(&a, stdout, stderr);
+	km_cli_args_free(&a);
+	return rc;
 }

@@ -1,0 +1,465 @@
+/* kmirror CLI argument parsing: global options, the command, its options, and each command's usage text. */
+#include <errno.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/cli.h"
+
+#define DEFAULT_TIMEOUT_MS 30000
+#define MAX_TIMEOUT_MS (24LL * 3600 * 1000)
+
+/* Which options a command takes. */
+enum {
+	O_MIRROR = 1 << 0,
+	O_SOURCE = 1 << 1,
+	O_CONFIG = 1 << 2,
+	O_CONFIG_FILE = 1 << 3,
+	O_VALIDATE = 1 << 4,
+	O_DELETE_CONFIG = 1 << 5,
+	O_TOPICS = 1 << 6,
+	O_TOPICS_REGEX = 1 << 7,
+};
+
+typedef struct cmd_info {
+	km_cli_cmd cmd;
+	const char *name;
+	unsigned opts;
+	const char *synopsis;
+	const char *about;
+} cmd_info;
+
+static const cmd_info cmds[] = {
+	{KM_CLI_CMD_CREATE, "create", O_MIRROR | O_SOURCE | O_CONFIG | O_CONFIG_FILE | O_VALIDATE,
+	 "create --mirror NAME --source-bootstrap HOST:PORT [--config KEY=VALUE]... [--config-file FILE] "
+	 "[--validate-only]",
+	 "Create a mirror of the source cluster at HOST:PORT. --config sets source connection properties\n"
+	 "(security.protocol, sasl.*, ssl.*) and mirror.* options; --config-file reads them from a properties\n"
+	 "file (--config wins). --validate-only checks everything and creates nothing."},
+	{KM_CLI_CMD_LIST, "list", 0, "list", "List every mirror: its name, source bootstrap servers and topic count."},
+	{KM_CLI_CMD_DESCRIBE, "describe", O_MIRROR | O_TOPICS, "describe [--mirror NAME] [--topics A,B]",
+	 "Describe a mirror (or all): its configuration, secrets shown as (secret), and every partition of\n"
+	 "its topics: state, since when, source log end, mirrored offset, lag and last error."},
+	{KM_CLI_CMD_ALTER, "alter", O_MIRROR | O_CONFIG | O_DELETE_CONFIG,
+	 "alter --mirror NAME [--config KEY=VALUE]... [--delete-config KEY]...",
+	 "Change a mirror's options at run time: --config sets a key, --delete-config removes it."},
+	{KM_CLI_CMD_DELETE, "delete", O_MIRROR, "delete --mirror NAME",
+	 "Delete a mirror. Refused while any of its topics is not STOPPED."},
+	{KM_CLI_CMD_START, "start", O_MIRROR | O_TOPICS | O_TOPICS_REGEX,
+	 "start --mirror NAME (--topics A,B | --topics-regex RE)",
+	 "Start mirroring topics (not mirrored, STOPPED or FAILED). --topics-regex matches whole names\n"
+	 "of the destination cluster's topics (POSIX extended regex)."},
+	{KM_CLI_CMD_STOP, "stop", O_MIRROR | O_TOPICS | O_TOPICS_REGEX,
+	 "stop --mirror NAME (--topics A,B | --topics-regex RE)",
+	 "Stop mirroring topics (PREPARING, MIRRORING, PAUSED or FAILED); they become writable.\n"
+	 "--topics-regex matches whole names of the mirror's topics."},
+	{KM_CLI_CMD_PAUSE, "pause", O_MIRROR | O_TOPICS | O_TOPICS_REGEX,
+	 "pause --mirror NAME (--topics A,B | --topics-regex RE)",
+	 "Pause mirroring topics (MIRRORING); they stay read-only. --topics-regex matches whole names\n"
+	 "of the mirror's topics."},
+	{KM_CLI_CMD_RESUME, "resume", O_MIRROR | O_TOPICS | O_TOPICS_REGEX,
+	 "resume --mirror NAME (--topics A,B | --topics-regex RE)",
+	 "Resume mirroring topics (PAUSED). --topics-regex matches whole names of the mirror's topics."},
+	{KM_CLI_CMD_LAST_OFFSETS, "last-mirrored-offsets", O_MIRROR | O_TOPICS,
+	 "last-mirrored-offsets --mirror NAME [--topics A,B]",
+	 "The last mirrored offset and source leader epoch of every partition (for failover)."},
+};
+
+static const cmd_info *cmd_lookup(km_cli_cmd cmd)
+{
+	for (size_t i = 0; i < sizeof(cmds) / sizeof(cmds[0]); i++)
+		if (cmds[i].cmd == cmd)
+			return &cmds[i];
+	return NULL;
+}
+
+const char *km_cli_cmd_name(km_cli_cmd cmd)
+{
+	const cmd_info *ci = cmd_lookup(cmd);
+	return ci ? ci->name : NULL;
+}
+
+static const char global_usage[] =
+	"usage: kmirror --bootstrap-server HOST:PORT [--command-config FILE] [--output table|json]\n"
+	"               [--timeout-ms N] COMMAND [OPTIONS]\n"
+	"       kmirror --version | --help | COMMAND --help\n"
+	"\n"
+	"Create, describe and control mirrors through kmirrord (point --bootstrap-server at kmirrord).\n"
+	"\n"
+	"Global options:\n"
+	"  --bootstrap-server HOST:PORT  kmirrord's client listener (a comma list: the first that answers)\n"
+	"  --command-config FILE         client properties as Kafka's tools take them: security.protocol,\n"
+	"                                sasl.mechanism, sasl.jaas.config, sasl.username, sasl.password,\n"
+	"                                ssl.ca.location, ssl.certificate.location, ssl.key.location,\n"
+	"                                ssl.endpoint.identification.algorithm\n"
+	"  --output table|json           human tables (default) or one JSON document on stdout\n"
+	"  --timeout-ms N                connect and request timeout (default 30000)\n"
+	"\n"
+	"Exit status: 0 success, 1 an error from kmirrord (or it could not be reached), 2 bad usage.\n"
+	"\n"
+	"Commands:\n";
+
+void km_cli_usage(FILE *out, km_cli_cmd cmd)
+{
+	const cmd_info *ci = cmd_lookup(cmd);
+
+	if (!ci) {
+		fputs(global_usage, out);
+		for (size_t i = 0; i < sizeof(cmds) / sizeof(cmds[0]); i++)
+			fprintf(out, "  %s\n", cmds[i].synopsis);
+		fputs("\nSee kmirror COMMAND --help, and man kmirror.\n", out);
+		return;
+	}
+	fprintf(out, "usage: kmirror --bootstrap-server HOST:PORT [global options] %s\n\n%s\n", ci->synopsis,
+		ci->about);
+}
+
+/* ---- km_cli_kvs ---- */
+
+bool km_cli_kvs_set(km_cli_kvs *kv, const char *name, const char *value)
+{
+	char *n, *v = NULL;
+
+	for (size_t i = 0; i < kv->count; i++) {
+		if (strcmp(kv->items[i].name, name) != 0)
+			continue;
+		if (value && !(v = strdup(value)))
+			return false;
+		free(kv->items[i].value);
+		kv->items[i].value = v;
+		return true;
+	}
+	if (kv->count == kv->cap) {
+		size_t cap = kv->cap ? kv->cap * 2 : 8;
+		km_cli_kv *items = realloc(kv->items, cap * sizeof(*items));
+		if (!items)
+			return false;
+		kv->items = items;
+		kv->cap = cap;
+	}
+	n = strdup(name);
+	if (!n || (value && !(v = strdup(value)))) {
+		free(n);
+		return false;
+	}
+	kv->items[kv->count].name = n;
+	kv->items[kv->count++].value = v;
+	return true;
+}
+
+const km_cli_kv *km_cli_kvs_get(const km_cli_kvs *kv, const char *name)
+{
+	for (size_t i = 0; i < kv->count; i++)
+		if (!strcmp(kv->items[i].name, name))
+			return &kv->items[i];
+	return NULL;
+}
+
+void km_cli_kvs_free(km_cli_kvs *kv)
+{
+	for (size_t i = 0; i < kv->count; i++) {
+		free(kv->items[i].name);
+		free(kv->items[i].value);
+	}
+	free(kv->items);
+	memset(kv, 0, sizeof(*kv));
+}
+
+/* ---- parsing ---- */
+
+static int fail(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static int fail(char *err, size_t errlen, const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(err, errlen, fmt, ap);
+	va_end(ap);
+	return KM_CLI_EXIT_USAGE;
+}
+
+/* Split a comma list of topic names; empty names are an error. */
+static int parse_topics(const char *list, km_cli_args *a, char *err, size_t errlen)
+{
+	const char *p = list;
+
+	if (a->topics)
+		return fail(err, errlen, "--topics given twice");
+	if (!*list)
+		return fail(err, errlen, "--topics: empty list");
+	a->topics = calloc(1, sizeof(char *));
+	if (!a->topics)
+		return fail(err, errlen, "out of memory");
+	for (;;) {
+		const char *comma = strchr(p, ',');
+		size_t n = comma ? (size_t)(comma - p) : strlen(p);
+		char **t;
+		if (n == 0)
+			return fail(err, errlen, "--topics '%s': empty topic name", list);
+		if (n > 249)
+			return fail(err, errlen, "--topics: topic name '%.40s...' longer than 249 characters", p);
+		if (a->ntopics >= KM_CLI_MAX_TOPICS)
+			return fail(err, errlen, "--topics: more than %d topics", KM_CLI_MAX_TOPICS);
+		t = realloc(a->topics, (a->ntopics + 1) * sizeof(char *));
+		if (!t)
+			return fail(err, errlen, "out of memory");
+		a->topics = t;
+		if (!(a->topics[a->ntopics] = strndup(p, n)))
+			return fail(err, errlen, "out of memory");
+		a->ntopics++;
+		if (!comma)
+			return KM_CLI_EXIT_OK;
+		p = comma + 1;
+	}
+}
+
+/* --config KEY=VALUE into kv. */
+static int parse_config(const char *s, km_cli_kvs *kv, char *err, size_t errlen)
+{
+	const char *eq = strchr(s, '=');
+	char *key;
+	bool ok;
+
+	if (!eq || eq == s)
+		return fail(err, errlen, "--config '%s': expected KEY=VALUE", s);
+	key = strndup(s, (size_t)(eq - s));
+	if (!key)
+		return fail(err, errlen, "out of memory");
+	ok = km_cli_kvs_set(kv, key, eq + 1);
+	free(key);
+	return ok ? KM_CLI_EXIT_OK : fail(err, errlen, "out of memory");
+}
+
+typedef struct opt_def {
+	const char *name;
+	unsigned bit;     /* 0: a global option */
+	bool has_value;
+} opt_def;
+
+static const opt_def opt_defs[] = {
+	{"--bootstrap-server", 0, true},  {"--command-config", 0, true}, {"--output", 0, true},
+	{"--timeout-ms", 0, true},        {"--mirror", O_MIRROR, true},  {"--source-bootstrap", O_SOURCE, true},
+	{"--config", O_CONFIG, true},     {"--config-file", O_CONFIG_FILE, true},
+	{"--validate-only", O_VALIDATE, false}, {"--delete-config", O_DELETE_CONFIG, true},
+	{"--topics", O_TOPICS, true},     {"--topics-regex", O_TOPICS_REGEX, true},
+};
+
+static const opt_def *opt_lookup(const char *name, size_t n)
+{
+	for (size_t i = 0; i < sizeof(opt_defs) / sizeof(opt_defs[0]); i++)
+		if (strlen(opt_defs[i].name) == n && !strncmp(opt_defs[i].name, name, n))
+			return &opt_defs[i];
+	return NULL;
+}
+
+static int set_once(const char **slot, const char *value, const char *name, char *err, size_t errlen)
+{
+	if (*slot)
+		return fail(err, errlen, "%s given twice", name);
+	*slot = value;
+	return KM_CLI_EXIT_OK;
+}
+
+/* One option with its value (NULL for a flag). */
+static int apply_opt(km_cli_args *a, const opt_def *o, const char *v, km_cli_kvs *cli_configs,
+		     km_cli_kvs *deletes, char *err, size_t errlen)
+{
+	const char *n = o->name;
+
+	if (!strcmp(n, "--bootstrap-server"))
+		return set_once(&a->bootstrap, v, n, err, errlen);
+	if (!strcmp(n, "--command-config"))
+		return set_once(&a->command_config, v, n, err, errlen);
+	if (!strcmp(n, "--output")) {
+		if (!strcmp(v, "json"))
+			a->json = true;
+		else if (!strcmp(v, "table"))
+			a->json = false;
+		else
+			return fail(err, errlen, "--output '%s': expected table or json", v);
+		return KM_CLI_EXIT_OK;
+	}
+	if (!strcmp(n, "--timeout-ms")) {
+		char *end;
+		long long t;
+		errno = 0;
+		t = strtoll(v, &end, 10);
+		if (errno || end == v || *end || t <= 0 || t > MAX_TIMEOUT_MS)
+			return fail(err, errlen, "--timeout-ms '%s': expected milliseconds from 1 to %lld", v,
+				    MAX_TIMEOUT_MS);
+		a->timeout_ms = t;
+		return KM_CLI_EXIT_OK;
+	}
+	if (!strcmp(n, "--mirror")) {
+		if (!*v)
+			return fail(err, errlen, "--mirror: empty name");
+		return set_once(&a->mirror, v, n, err, errlen);
+	}
+	if (!strcmp(n, "--source-bootstrap"))
+		return set_once(&a->source_bootstrap, v, n, err, errlen);
+	if (!strcmp(n, "--config"))
+		return parse_config(v, cli_configs, err, errlen);
+	if (!strcmp(n, "--config-file"))
+		return set_once(&a->config_file, v, n, err, errlen);
+	if (!strcmp(n, "--validate-only")) {
+		a->validate_only = true;
+		return KM_CLI_EXIT_OK;
+	}
+	if (!strcmp(n, "--delete-config")) {
+		if (!*v)
+			return fail(err, errlen, "--delete-config: empty key");
+		return km_cli_kvs_set(deletes, v, NULL) ? KM_CLI_EXIT_OK : fail(err, errlen, "out of memory");
+	}
+	if (!strcmp(n, "--topics"))
+		return parse_topics(v, a, err, errlen);
+	if (!strcmp(n, "--topics-regex")) {
+		if (!*v)
+			return fail(err, errlen, "--topics-regex: empty expression");
+		return set_once(&a->topics_regex, v, n, err, errlen);
+	}
+	return fail(err, errlen, "%s: not handled", n);
+}
+
+/* The checks that need every option: required ones, exclusive ones, the create configs. */
+static int finish(km_cli_args *a, km_cli_kvs *cli_configs, km_cli_kvs *deletes, char *err, size_t errlen)
+{
+	const char *cmd = km_cli_cmd_name(a->cmd);
+	const km_cli_kv *bs;
+
+	if (!a->bootstrap)
+		return fail(err, errlen, "--bootstrap-server is required (kmirrord's address)");
+	switch (a->cmd) {
+	case KM_CLI_CMD_CREATE:
+	case KM_CLI_CMD_ALTER:
+	case KM_CLI_CMD_DELETE:
+	case KM_CLI_CMD_START:
+	case KM_CLI_CMD_STOP:
+	case KM_CLI_CMD_PAUSE:
+	case KM_CLI_CMD_RESUME:
+	case KM_CLI_CMD_LAST_OFFSETS:
+		if (!a->mirror)
+			return fail(err, errlen, "%s: --mirror is required", cmd);
+		break;
+	default:
+		break;
+	}
+	if (a->cmd == KM_CLI_CMD_START || a->cmd == KM_CLI_CMD_STOP || a->cmd == KM_CLI_CMD_PAUSE ||
+	    a->cmd == KM_CLI_CMD_RESUME) {
+		if (a->topics && a->topics_regex)
+			return fail(err, errlen, "%s: give --topics or --topics-regex, not both", cmd);
+		if (!a->topics && !a->topics_regex)
+			return fail(err, errlen, "%s: --topics or --topics-regex is required", cmd);
+	}
+	/* The file first, then --config on top of it. */
+	if (a->config_file) {
+		char why[512];
+		if (km_cli_props_load(a->config_file, &a->configs, why, sizeof(why)) != KM_OK)
+			return fail(err, errlen, "--config-file: %s", why);
+	}
+	for (size_t i = 0; i < cli_configs->count; i++)
+		if (!km_cli_kvs_set(&a->configs, cli_configs->items[i].name, cli_configs->items[i].value))
+			return fail(err, errlen, "out of memory");
+	if (a->cmd == KM_CLI_CMD_CREATE) {
+		bs = km_cli_kvs_get(&a->configs, "bootstrap.servers");
+		if (a->source_bootstrap && bs && bs->value && strcmp(bs->value, a->source_bootstrap) != 0)
+			return fail(err, errlen, "create: --source-bootstrap %s and bootstrap.servers=%s disagree",
+				    a->source_bootstrap, bs->value);
+		if (!a->source_bootstrap && !bs)
+			return fail(err, errlen, "create: --source-bootstrap is required");
+		if (a->source_bootstrap && !km_cli_kvs_set(&a->configs, "bootstrap.servers", a->source_bootstrap))
+			return fail(err, errlen, "out of memory");
+	}
+	if (a->cmd == KM_CLI_CMD_ALTER) {
+		for (size_t i = 0; i < deletes->count; i++) {
+			if (km_cli_kvs_get(cli_configs, deletes->items[i].name))
+				return fail(err, errlen, "alter: %s is both set and deleted", deletes->items[i].name);
+			if (!km_cli_kvs_set(&a->configs, deletes->items[i].name, NULL))
+				return fail(err, errlen, "out of memory");
+		}
+		if (a->configs.count == 0)
+			return fail(err, errlen, "alter: nothing to change (give --config or --delete-config)");
+	}
+	return KM_CLI_EXIT_OK;
+}
+
+int km_cli_parse(int argc, char **argv, km_cli_args *a, char *err, size_t errlen)
+{
+	km_cli_kvs cli_configs = {0}, deletes = {0};
+	const cmd_info *ci = NULL;
+	int rc = KM_CLI_EXIT_OK;
+
+	memset(a, 0, sizeof(*a));
+	a->timeout_ms = DEFAULT_TIMEOUT_MS;
+	err[0] = 0;
+	for (int i = 1; i < argc && rc == KM_CLI_EXIT_OK; i++) {
+		const char *arg = argv[i], *eq, *v = NULL;
+		const opt_def *o;
+
+		if (!strcmp(arg, "--help") || !strcmp(arg, "-h")) {
+			a->help = true;
+			goto out;
+		}
+		if (!strcmp(arg, "--version")) {
+			a->version = true;
+			goto out;
+		}
+		if (strncmp(arg, "--", 2) != 0) {
+			if (ci) {
+				rc = fail(err, errlen, "%s: unexpected argument '%s'", ci->name, arg);
+				break;
+			}
+			for (size_t k = 0; k < sizeof(cmds) / sizeof(cmds[0]); k++)
+				if (!strcmp(cmds[k].name, arg))
+					ci = &cmds[k];
+			if (!ci) {
+				rc = fail(err, errlen, "unknown command '%s' (try --help)", arg);
+				break;
+			}
+			a->cmd = ci->cmd;
+			continue;
+		}
+		eq = strchr(arg, '=');
+		o = opt_lookup(arg, eq ? (size_t)(eq - arg) : strlen(arg));
+		if (!o) {
+			rc = fail(err, errlen, "unknown option '%.*s' (try --help)", (int)(eq ? eq - arg : (int)strlen(arg)),
+				  arg);
+			break;
+		}
+		if (o->bit && (!ci || !(ci->opts & o->bit))) {
+			rc = ci ? fail(err, errlen, "%s does not take %s (try kmirror %s --help)", ci->name, o->name,
+				       ci->name)
+				: fail(err, errlen, "%s comes after the command (try --help)", o->name);
+			break;
+		}
+		if (o->has_value) {
+			if (eq)
+				v = eq + 1;
+			else if (i + 1 < argc)
+				v = argv[++i];
+			else {
+				rc = fail(err, errlen, "%s needs a value", o->name);
+				break;
+			}
+		} else if (eq) {
+			rc = fail(err, errlen, "%s takes no value", o->name);
+			break;
+		}
+		rc = apply_opt(a, o, v, &cli_configs, &deletes, err, errlen);
+	}
+	if (rc == KM_CLI_EXIT_OK && !ci)
+		rc = fail(err, errlen, "no command given (try --help)");
+	if (rc == KM_CLI_EXIT_OK)
+		rc = finish(a, &cli_configs, &deletes, err, errlen);
+out:
+	km_cli_kvs_free(&cli_configs);
+	km_cli_kvs_free(&deletes);
+	return rc;
+}
+
+void km_cli_args_free(km_cli_args *a)
+{
+	for (size_t i = 0; i < a->ntopics; i++)
+		free(a->topics[i]);
+	free(a->topics);
+	km_cli_kvs_free(&a->configs);
+	memset(a, 0, sizeof(*a));
+}

@@ -1,0 +1,1032 @@
+/* kmirror CLI commands: each builds its mirror RPC with the generated codec, calls kmirrord, and prints a table or JSON. */
+#include <regex.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/cli.h"
+#include "kmirror/arena.h"
+#include "kmirror/msg/alter_mirror_request.h"
+#include "kmirror/msg/alter_mirror_response.h"
+#include "kmirror/msg/api_keys.h"
+#include "kmirror/msg/create_mirror_request.h"
+#include "kmirror/msg/create_mirror_response.h"
+#include "kmirror/msg/delete_mirror_request.h"
+#include "kmirror/msg/delete_mirror_response.h"
+#include "kmirror/msg/describe_mirrors_request.h"
+#include "kmirror/msg/describe_mirrors_response.h"
+#include "kmirror/msg/last_mirrored_offsets_request.h"
+#include "kmirror/msg/last_mirrored_offsets_response.h"
+#include "kmirror/msg/list_mirrors_request.h"
+#include "kmirror/msg/list_mirrors_response.h"
+#include "kmirror/msg/metadata_request.h"
+#include "kmirror/msg/metadata_response.h"
+#include "kmirror/msg/pause_mirror_topics_request.h"
+#include "kmirror/msg/pause_mirror_topics_response.h"
+#include "kmirror/msg/resume_mirror_topics_request.h"
+#include "kmirror/msg/resume_mirror_topics_response.h"
+#include "kmirror/msg/start_mirror_topics_request.h"
+#include "kmirror/msg/start_mirror_topics_response.h"
+#include "kmirror/msg/stop_mirror_topics_request.h"
+#include "kmirror/msg/stop_mirror_topics_response.h"
+
+#define ARENA_CAP ((size_t)256 << 20) /* a describe of many mirrors with many partitions */
+#define SECRET_SHOWN "(secret)"
+#define MIRROR_STATE_TOPIC "__mirror_state"
+
+typedef struct ctx {
+	const km_cli_args *a;
+	FILE *out, *err;
+	km_cli_conn *cc;
+	km_arena arena;
+	uint8_t *resp; /* the last response body; decoded strings borrow it */
+	size_t resp_len;
+	const char *cmd;
+} ctx;
+
+static void say_err(ctx *x, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void say_err(ctx *x, const char *fmt, ...)
+{
+	va_list ap;
+	fprintf(x->err, "kmirror: %s: ", x->cmd);
+	va_start(ap, fmt);
+	vfprintf(x->err, fmt, ap);
+	va_end(ap);
+	fputc('\n', x->err);
+}
+
+/* The server's message, or the code's default one. */
+static void message_of(int16_t code, km_str msg, char *buf, size_t len)
+{
+	if (msg.len >= 0)
+		snprintf(buf, len, "%.*s", (int)msg.len, msg.p);
+	else
+		snprintf(buf, len, "%s", km_err_message(code));
+	for (char *q = buf; *q; q++)
+		if (*q == '\n' || *q == '\r')
+			*q = ' ';
+}
+
+static void json_error(km_cli_json *j, int16_t code, km_str msg)
+{
+	char m[1024];
+	if (code == 0) {
+		km_cli_json_null(j);
+		return;
+	}
+	message_of(code, msg, m, sizeof(m));
+	km_cli_json_obj(j);
+	km_cli_json_key(j, "code");
+	km_cli_json_int(j, code);
+	km_cli_json_key(j, "name");
+	km_cli_json_str(j, km_err_name(code));
+	km_cli_json_key(j, "message");
+	km_cli_json_str(j, m);
+	km_cli_json_obj_end(j);
+}
+
+/* A top-level error: one line on stderr, and with --output json a document on stdout too. */
+static int top_error(ctx *x, int16_t code, km_str msg)
+{
+	char m[1024];
+	message_of(code, msg, m, sizeof(m));
+	say_err(x, "%s: %s", km_err_name(code), m);
+	if (x->a->json) {
+		km_cli_json j;
+		km_cli_json_init(&j, x->out);
+		km_cli_json_obj(&j);
+		km_cli_json_key(&j, "error");
+		json_error(&j, code, msg);
+		km_cli_json_obj_end(&j);
+	}
+	return KM_CLI_EXIT_ERROR;
+}
+
+/* Send w (checked) as api_key at the negotiated version; on success r reads the response body. */
+static bool call(ctx *x, int16_t api_key, km_wr *w, int16_t version, km_rd *r)
+{
+	char why[512];
+	km_err rc;
+
+	if (!km_wr_ok(w)) {
+		say_err(x, "cannot encode the request: %s", km_err_name(w->err));
+		km_wr_free(w);
+		return false;
+	}
+	free(x->resp);
+	x->resp = NULL;
+	rc = km_cli_call(x->cc, api_key, version, w->buf, w->len, &x->resp, &x->resp_len, why, sizeof(why));
+	km_wr_free(w);
+	if (rc != KM_OK) {
+		say_err(x, "%s", why);
+		return false;
+	}
+	km_rd_init(r, x->resp, x->resp_len);
+	return true;
+}
+
+static bool decoded(ctx *x, km_err rc, int16_t api_key, int16_t version, const km_rd *r)
+{
+	char why[256];
+	if (rc == KM_OK)
+		return true;
+	km_codec_strerror(why, sizeof(why), api_key, version, r);
+	say_err(x, "malformed response: %s", why);
+	return false;
+}
+
+/* The version of a mirror RPC kmirrord offers (every one is v0 today), or -1 with an error said. */
+static int16_t version_of(ctx *x, int16_t api_key)
+{
+	int16_t v = km_cli_conn_version(x->cc, api_key);
+	if (v < 0)
+		say_err(x, "kmirrord does not offer this command's RPC (api key %d): it is older than this kmirror",
+			api_key);
+	return v;
+}
+
+/* ---- create, alter, delete ---- */
+
+static int cmd_create(ctx *x)
+{
+	const km_cli_args *a = x->a;
+	int16_t v = version_of(x, KM_API_CREATE_MIRROR);
+	km_create_mirror_request m;
+	km_create_mirror_request_mirror_config *cfg;
+	km_create_mirror_response resp;
+	km_wr w;
+	km_rd r;
+
+	if (v < 0)
+		return KM_CLI_EXIT_ERROR;
+	cfg = km_arena_calloc(&x->arena, (a->configs.count ? a->configs.count : 1) * sizeof(*cfg));
+	if (!cfg)
+		return KM_CLI_EXIT_ERROR;
+	km_create_mirror_request_init(&m);
+	m.mirror_name = km_str_c(a->mirror);
+	for (size_t i = 0; i < a->configs.count; i++) {
+		km_create_mirror_request_mirror_config_init(&cfg[i]);
+		cfg[i].name = km_str_c(a->configs.items[i].name);
+		cfg[i].value = km_str_c(a->configs.items[i].value);
+	}
+	m.configs.items = cfg;
+	m.configs.count = (int32_t)a->configs.count;
+	m.validate_only = a->validate_only;
+	km_wr_init(&w);
+	km_create_mirror_request_encode(&w, v, &m);
+	if (!call(x, KM_API_CREATE_MIRROR, &w, v, &r))
+		return KM_CLI_EXIT_ERROR;
+	km_create_mirror_response_init(&resp);
+	if (!decoded(x, km_create_mirror_response_decode(&r, v, &resp, &x->arena), KM_API_CREATE_MIRROR, v, &r))
+		return KM_CLI_EXIT_ERROR;
+	if (resp.error_code)
+		return top_error(x, resp.error_code, resp.error_message);
+	if (a->json) {
+		km_cli_json j;
+		km_cli_json_init(&j, x->out);
+		km_cli_json_obj(&j);
+		km_cli_json_key(&j, "mirror");
+		km_cli_json_str(&j, a->mirror);
+		km_cli_json_key(&j, "created");
+		km_cli_json_bool(&j, !a->validate_only);
+		km_cli_json_key(&j, "validate_only");
+		km_cli_json_bool(&j, a->validate_only);
+		km_cli_json_obj_end(&j);
+	} else if (a->validate_only)
+		fprintf(x->out, "Mirror %s is valid (validate only: nothing was created).\n", a->mirror);
+	else
+		fprintf(x->out, "Created mirror %s.\n", a->mirror);
+	return KM_CLI_EXIT_OK;
+}
+
+static int cmd_alter(ctx *x)
+{
+	const km_cli_args *a = x->a;
+	int16_t v = version_of(x, KM_API_ALTER_MIRROR);
+	km_alter_mirror_request m;
+	km_alter_mirror_request_mirror_config *cfg;
+	km_alter_mirror_response resp;
+	km_wr w;
+	km_rd r;
+
+	if (v < 0)
+		return KM_CLI_EXIT_ERROR;
+	cfg = km_arena_calloc(&x->arena, (a->configs.count ? a->configs.count : 1) * sizeof(*cfg));
+	if (!cfg)
+		return KM_CLI_EXIT_ERROR;
+	km_alter_mirror_request_init(&m);
+	m.mirror_name = km_str_c(a->mirror);
+	for (size_t i = 0; i < a->configs.count; i++) {
+		km_alter_mirror_request_mirror_config_init(&cfg[i]);
+		cfg[i].name = km_str_c(a->configs.items[i].name);
+		cfg[i].value = km_str_c(a->configs.items[i].value); /* NULL: delete */
+	}
+	m.configs.items = cfg;
+	m.configs.count = (int32_t)a->configs.count;
+	km_wr_init(&w);
+	km_alter_mirror_request_encode(&w, v, &m);
+	if (!call(x, KM_API_ALTER_MIRROR, &w, v, &r))
+		return KM_CLI_EXIT_ERROR;
+	km_alter_mirror_response_init(&resp);
+	if (!decoded(x, km_alter_mirror_response_decode(&r, v, &resp, &x->arena), KM_API_ALTER_MIRROR, v, &r))
+		return KM_CLI_EXIT_ERROR;
+	if (resp.error_code)
+		return top_error(x, resp.error_code, resp.error_message);
+	if (a->json) {
+		km_cli_json j;
+		km_cli_json_init(&j, x->out);
+		km_cli_json_obj(&j);
+		km_cli_json_key(&j, "mirror");
+		km_cli_json_str(&j, a->mirror);
+		km_cli_json_key(&j, "altered");
+		km_cli_json_bool(&j, true);
+		km_cli_json_obj_end(&j);
+	} else
+		fprintf(x->out, "Altered mirror %s.\n", a->mirror);
+	return KM_CLI_EXIT_OK;
+}
+
+static int cmd_delete(ctx *x)
+{
+	const km_cli_args *a = x->a;
+	int16_t v = version_of(x, KM_API_DELETE_MIRROR);
+	km_delete_mirror_request m;
+	km_delete_mirror_response resp;
+	km_wr w;
+	km_rd r;
+
+	if (v < 0)
+		return KM_CLI_EXIT_ERROR;
+	km_delete_mirror_request_init(&m);
+	m.mirror_name = km_str_c(a->mirror);
+	km_wr_init(&w);
+	km_delete_mirror_request_encode(&w, v, &m);
+	if (!call(x, KM_API_DELETE_MIRROR, &w, v, &r))
+		return KM_CLI_EXIT_ERROR;
+	km_delete_mirror_response_init(&resp);
+	if (!decoded(x, km_delete_mirror_response_decode(&r, v, &resp, &x->arena), KM_API_DELETE_MIRROR, v, &r))
+		return KM_CLI_EXIT_ERROR;
+	if (resp.error_code)
+		return top_error(x, resp.error_code, resp.error_message);
+	if (a->json) {
+		km_cli_json j;
+		km_cli_json_init(&j, x->out);
+		km_cli_json_obj(&j);
+		km_cli_json_key(&j, "mirror");
+		km_cli_json_str(&j, a->mirror);
+		km_cli_json_key(&j, "deleted");
+		km_cli_json_bool(&j, true);
+		km_cli_json_obj_end(&j);
+	} else
+		fprintf(x->out, "Deleted mirror %s.\n", a->mirror);
+	return KM_CLI_EXIT_OK;
+}
+
+/* ---- list ---- */
+
+static int cmd_list(ctx *x)
+{
+	int16_t v = version_of(x, KM_API_LIST_MIRRORS);
+	km_list_mirrors_request m;
+	km_list_mirrors_response resp;
+	km_wr w;
+	km_rd r;
+
+	if (v < 0)
+		return KM_CLI_EXIT_ERROR;
+	km_list_mirrors_request_init(&m);
+	km_wr_init(&w);
+	km_list_mirrors_request_encode(&w, v, &m);
+	if (!call(x, KM_API_LIST_MIRRORS, &w, v, &r))
+		return KM_CLI_EXIT_ERROR;
+	km_list_mirrors_response_init(&resp);
+	if (!decoded(x, km_list_mirrors_response_decode(&r, v, &resp, &x->arena), KM_API_LIST_MIRRORS, v, &r))
+		return KM_CLI_EXIT_ERROR;
+	if (resp.error_code)
+		return top_error(x, resp.error_code, resp.error_message);
+	if (x->a->json) {
+		km_cli_json j;
+		km_cli_json_init(&j, x->out);
+		km_cli_json_obj(&j);
+		km_cli_json_key(&j, "mirrors");
+		km_cli_json_arr(&j);
+		for (int32_t i = 0; i < resp.mirrors.count; i++) {
+			const km_list_mirrors_response_listed_mirror *lm = &resp.mirrors.items[i];
+			km_cli_json_obj(&j);
+			km_cli_json_key(&j, "name");
+			km_cli_json_strn(&j, lm->mirror_name.p, lm->mirror_name.len);
+			km_cli_json_key(&j, "source_bootstrap_servers");
+			km_cli_json_strn(&j, lm->source_bootstrap_servers.p, lm->source_bootstrap_servers.len);
+			km_cli_json_key(&j, "topic_count");
+			km_cli_json_int(&j, lm->topic_count);
+			km_cli_json_obj_end(&j);
+		}
+		km_cli_json_arr_end(&j);
+		km_cli_json_obj_end(&j);
+	} else {
+		static const char *const hdr[] = {"MIRROR", "SOURCE", "TOPICS"};
+		km_cli_table t;
+		if (!km_cli_table_init(&t, 3, hdr))
+			return KM_CLI_EXIT_ERROR;
+		for (int32_t i = 0; i < resp.mirrors.count; i++) {
+			const km_list_mirrors_response_listed_mirror *lm = &resp.mirrors.items[i];
+			char name[512], src[1024], n[16];
+			const char *row[] = {name, src, n};
+			snprintf(name, sizeof(name), "%.*s", (int)lm->mirror_name.len, lm->mirror_name.p);
+			snprintf(src, sizeof(src), "%.*s", (int)lm->source_bootstrap_servers.len,
+				 lm->source_bootstrap_servers.p);
+			snprintf(n, sizeof(n), "%d", lm->topic_count);
+			km_cli_table_row(&t, row);
+		}
+		km_cli_table_print(&t, x->out);
+		km_cli_table_free(&t);
+	}
+	return KM_CLI_EXIT_OK;
+}
+
+/* ---- describe ---- */
+
+/* DescribeMirrors of one mirror (or all when mirror is NULL), topics as given; resp decoded in x's arena. */
+static bool describe_call(ctx *x, const char *mirror, char *const *topics, size_t ntopics,
+			  km_describe_mirrors_response *resp)
+{
+	int16_t v = version_of(x, KM_API_DESCRIBE_MIRRORS);
+	km_describe_mirrors_request m;
+	km_str name, *ts = NULL;
+	km_wr w;
+	km_rd r;
+
+	if (v < 0)
+		return false;
+	km_describe_mirrors_request_init(&m);
+	if (mirror) {
+		name = km_str_c(mirror);
+		m.mirror_names.items = &name;
+		m.mirror_names.count = 1;
+	} else
+		m.mirror_names.count = -1;
+	if (topics) {
+		ts = km_arena_calloc(&x->arena, (ntopics ? ntopics : 1) * sizeof(*ts));
+		if (!ts)
+			return false;
+		for (size_t i = 0; i < ntopics; i++)
+			ts[i] = km_str_c(topics[i]);
+		m.topics.items = ts;
+		m.topics.count = (int32_t)ntopics;
+	} else
+		m.topics.count = -1;
+	km_wr_init(&w);
+	km_describe_mirrors_request_encode(&w, v, &m);
+	if (!call(x, KM_API_DESCRIBE_MIRRORS, &w, v, &r))
+		return false;
+	km_describe_mirrors_response_init(resp);
+	return decoded(x, km_describe_mirrors_response_decode(&r, v, resp, &x->arena), KM_API_DESCRIBE_MIRRORS, v,
+		       &r);
+}
+
+/* Kafka shows topic ids as URL-safe base64 without padding (22 characters). */
+static void uuid_b64(const km_uuid *u, char out[23])
+{
+	static const char tab[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+	size_t o = 0;
+	for (size_t i = 0; i < 16; i += 3) {
+		uint32_t n = (uint32_t)u->b[i] << 16 | (i + 1 < 16 ? (uint32_t)u->b[i + 1] << 8 : 0) |
+			     (i + 2 < 16 ? u->b[i + 2] : 0);
+		out[o++] = tab[n >> 18 & 63];
+		out[o++] = tab[n >> 12 & 63];
+		if (i + 1 < 16)
+			out[o++] = tab[n >> 6 & 63];
+		if (i + 2 < 16)
+			out[o++] = tab[n & 63];
+	}
+	out[o] = 0;
+}
+
+static bool uuid_zero(const km_uuid *u)
+{
+	for (int i = 0; i < 16; i++)
+		if (u->b[i])
+			return false;
+	return true;
+}
+
+static void json_describe(ctx *x, const km_describe_mirrors_response *resp)
+{
+	km_cli_json j;
+
+	km_cli_json_init(&j, x->out);
+	km_cli_json_obj(&j);
+	km_cli_json_key(&j, "mirrors");
+	km_cli_json_arr(&j);
+	for (int32_t i = 0; i < resp->mirrors.count; i++) {
+		const km_describe_mirrors_response_described_mirror *dm = &resp->mirrors.items[i];
+		km_cli_json_obj(&j);
+		km_cli_json_key(&j, "name");
+		km_cli_json_strn(&j, dm->mirror_name.p, dm->mirror_name.len);
+		km_cli_json_key(&j, "error");
+		json_error(&j, dm->error_code, dm->error_message);
+		km_cli_json_key(&j, "configs");
+		km_cli_json_arr(&j);
+		for (int32_t c = 0; c < dm->configs.count; c++) {
+			const km_describe_mirrors_response_described_config *dc = &dm->configs.items[c];
+			km_cli_json_obj(&j);
+			km_cli_json_key(&j, "name");
+			km_cli_json_strn(&j, dc->name.p, dc->name.len);
+			km_cli_json_key(&j, "value");
+			/* A secret is never printed, even if a server sent its value. */
+			if (dc->is_sensitive)
+				km_cli_json_null(&j);
+			else
+				km_cli_json_strn(&j, dc->value.p, dc->value.len);
+			km_cli_json_key(&j, "sensitive");
+			km_cli_json_bool(&j, dc->is_sensitive);
+			km_cli_json_obj_end(&j);
+		}
+		km_cli_json_arr_end(&j);
+		km_cli_json_key(&j, "topics");
+		km_cli_json_arr(&j);
+		for (int32_t t = 0; t < dm->topics.count; t++) {
+			const km_describe_mirrors_response_described_topic *dt = &dm->topics.items[t];
+			char id[23];
+			km_cli_json_obj(&j);
+			km_cli_json_key(&j, "name");
+			km_cli_json_strn(&j, dt->name.p, dt->name.len);
+			km_cli_json_key(&j, "topic_id");
+			if (uuid_zero(&dt->topic_id))
+				km_cli_json_null(&j);
+			else {
+				uuid_b64(&dt->topic_id, id);
+				km_cli_json_str(&j, id);
+			}
+			km_cli_json_key(&j, "state");
+			km_cli_json_strn(&j, dt->state.p, dt->state.len);
+			km_cli_json_key(&j, "partitions");
+			km_cli_json_arr(&j);
+			for (int32_t p = 0; p < dt->partitions.count; p++) {
+				const km_describe_mirrors_response_described_partition *dp = &dt->partitions.items[p];
+				km_cli_json_obj(&j);
+				km_cli_json_key(&j, "partition");
+				km_cli_json_int(&j, dp->partition_index);
+				km_cli_json_key(&j, "state");
+				km_cli_json_strn(&j, dp->state.p, dp->state.len);
+				km_cli_json_key(&j, "state_change_time_ms");
+				km_cli_json_int(&j, dp->state_change_time_ms);
+				km_cli_json_key(&j, "source_log_end_offset");
+				km_cli_json_int(&j, dp->source_log_end_offset);
+				km_cli_json_key(&j, "mirrored_offset");
+				km_cli_json_int(&j, dp->mirrored_offset);
+				km_cli_json_key(&j, "lag");
+				km_cli_json_int(&j, dp->lag);
+				km_cli_json_key(&j, "last_error");
+				km_cli_json_strn(&j, dp->last_error.p, dp->last_error.len);
+				km_cli_json_key(&j, "last_error_time_ms");
+				km_cli_json_int(&j, dp->last_error_time_ms);
+				km_cli_json_obj_end(&j);
+			}
+			km_cli_json_arr_end(&j);
+			km_cli_json_obj_end(&j);
+		}
+		km_cli_json_arr_end(&j);
+		km_cli_json_obj_end(&j);
+	}
+	km_cli_json_arr_end(&j);
+	km_cli_json_obj_end(&j);
+}
+
+static void num_or_dash(int64_t v, char *buf, size_t len)
+{
+	if (v < 0)
+		snprintf(buf, len, "-");
+	else
+		snprintf(buf, len, "%lld", (long long)v);
+}
+
+static void table_describe(ctx *x, const km_describe_mirrors_response *resp)
+{
+	for (int32_t i = 0; i < resp->mirrors.count; i++) {
+		const km_describe_mirrors_response_described_mirror *dm = &resp->mirrors.items[i];
+		static const char *const chdr[] = {"CONFIG", "VALUE"};
+		static const char *const phdr[] = {"TOPIC", "PARTITION", "STATE", "SINCE", "SOURCE-END", "MIRRORED", "LAG",
+						   "LAST-ERROR"};
+		km_cli_table ct, pt;
+
+		if (i > 0)
+			fputc('\n', x->out);
+		fprintf(x->out, "Mirror: %.*s\n", (int)dm->mirror_name.len, dm->mirror_name.p);
+		if (dm->error_code) {
+			char m[1024];
+			message_of(dm->error_code, dm->error_message, m, sizeof(m));
+			fprintf(x->out, "Error: %s: %s\n", km_err_name(dm->error_code), m);
+			continue;
+		}
+		if (!km_cli_table_init(&ct, 2, chdr))
+			return;
+		for (int32_t c = 0; c < dm->configs.count; c++) {
+			const km_describe_mirrors_response_described_config *dc = &dm->configs.items[c];
+			char name[512], val[2048];
+			const char *row[] = {name, val};
+			snprintf(name, sizeof(name), "%.*s", (int)dc->name.len, dc->name.p);
+			if (dc->is_sensitive)
+				snprintf(val, sizeof(val), SECRET_SHOWN);
+			else if (dc->value.len < 0)
+				snprintf(val, sizeof(val), "-");
+			else
+				snprintf(val, sizeof(val), "%.*s", (int)dc->value.len, dc->value.p);
+			km_cli_table_row(&ct, row);
+		}
+		km_cli_table_print(&ct, x->out);
+		km_cli_table_free(&ct);
+		fputc('\n', x->out);
+		if (!km_cli_table_init(&pt, 8, phdr))
+			return;
+		for (int32_t t = 0; t < dm->topics.count; t++) {
+			const km_describe_mirrors_response_described_topic *dt = &dm->topics.items[t];
+			char topic[512];
+			snprintf(topic, sizeof(topic), "%.*s", (int)dt->name.len, dt->name.p);
+			if (dt->partitions.count <= 0) {
+				char st[64];
+				const char *row[] = {topic, "-", st, "-", "-", "-", "-", "-"};
+				snprintf(st, sizeof(st), "%.*s", (int)dt->state.len, dt->state.p);
+				km_cli_table_row(&pt, row);
+			}
+			for (int32_t p = 0; p < dt->partitions.count; p++) {
+				const km_describe_mirrors_response_described_partition *dp = &dt->partitions.items[p];
+				char part[16], st[64], since[32], end[24], mir[24], lag[24], le[1024];
+				const char *row[] = {topic, part, st, since, end, mir, lag, le};
+				snprintf(part, sizeof(part), "%d", dp->partition_index);
+				snprintf(st, sizeof(st), "%.*s", (int)dp->state.len, dp->state.p);
+				km_cli_format_time(dp->state_change_time_ms, since, sizeof(since));
+				num_or_dash(dp->source_log_end_offset, end, sizeof(end));
+				num_or_dash(dp->mirrored_offset, mir, sizeof(mir));
+				num_or_dash(dp->lag, lag, sizeof(lag));
+				if (dp->last_error.len < 0)
+					snprintf(le, sizeof(le), "-");
+				else {
+					char at[32];
+					km_cli_format_time(dp->last_error_time_ms, at, sizeof(at));
+					snprintf(le, sizeof(le), "%.*s (%s)", (int)dp->last_error.len, dp->last_error.p, at);
+				}
+				km_cli_table_row(&pt, row);
+			}
+		}
+		if (dm->topics.count <= 0)
+			fprintf(x->out, "No topics.\n");
+		else
+			km_cli_table_print(&pt, x->out);
+		km_cli_table_free(&pt);
+	}
+}
+
+static int cmd_describe(ctx *x)
+{
+	km_describe_mirrors_response resp;
+	int rc = KM_CLI_EXIT_OK;
+
+	if (!describe_call(x, x->a->mirror, x->a->topics, x->a->ntopics, &resp))
+		return KM_CLI_EXIT_ERROR;
+	if (resp.error_code)
+		return top_error(x, resp.error_code, resp.error_message);
+	/* A mirror's own error (an unknown name) fails the command; the others still print. */
+	for (int32_t i = 0; i < resp.mirrors.count; i++) {
+		const km_describe_mirrors_response_described_mirror *dm = &resp.mirrors.items[i];
+		if (dm->error_code && rc == KM_CLI_EXIT_OK) {
+			char m[1024];
+			message_of(dm->error_code, dm->error_message, m, sizeof(m));
+			say_err(x, "%s: %s", km_err_name(dm->error_code), m);
+			rc = KM_CLI_EXIT_ERROR;
+		}
+	}
+	if (x->a->json)
+		json_describe(x, &resp);
+	else if (resp.mirrors.count == 0 && !x->a->mirror)
+		fprintf(x->out, "No mirrors.\n");
+	else
+		table_describe(x, &resp);
+	return rc;
+}
+
+/* ---- start, stop, pause, resume ---- */
+
+/* One topic's result, whichever RPC it came from. */
+typedef struct topic_result {
+	km_str name;
+	int16_t error_code;
+	km_str error_message;
+} topic_result;
+
+/* Build the request of one of the four topic RPCs (the same layout, four generated types). */
+#define BUILD_TOPICS_REQUEST(prefix, w, v, mirror, names, n)                                           \
+	do {                                                                                           \
+		prefix##_request m_;                                                                   \
+		prefix##_request_topic_data *td_ = km_arena_calloc(&x->arena, ((n) ? (n) : 1) * sizeof(*td_)); \
+		if (!td_)                                                                              \
+			return KM_CLI_EXIT_ERROR;                                                      \
+		prefix##_request_init(&m_);                                                            \
+		m_.mirror_name = km_str_c(mirror);                                                     \
+		for (size_t i_ = 0; i_ < (n); i_++) {                                                  \
+			prefix##_request_topic_data_init(&td_[i_]);                                    \
+			td_[i_].name = km_str_c((names)[i_]);                                          \
+		}                                                                                      \
+		m_.topics.items = td_;                                                                 \
+		m_.topics.count = (int32_t)(n);                                                        \
+		prefix##_request_encode(w, v, &m_);                                                    \
+	} while (0)
+
+/* Decode its response into top-level error and results (in the arena). */
+#define DECODE_TOPICS_RESPONSE(prefix, key, r, v, ec, em, res, nres)                                  \
+	do {                                                                                           \
+		prefix##_response m_;                                                                  \
+		prefix##_response_init(&m_);                                                           \
+		if (!decoded(x, prefix##_response_decode(r, v, &m_, &x->arena), key, v, r))            \
+			return KM_CLI_EXIT_ERROR;                                                      \
+		ec = m_.error_code;                                                                    \
+		em = m_.error_message;                                                                 \
+		nres = m_.topics.count > 0 ? (size_t)m_.topics.count : 0;                              \
+		res = km_arena_calloc(&x->arena, (nres ? nres : 1) * sizeof(*res));                    \
+		if (!res)                                                                              \
+			return KM_CLI_EXIT_ERROR;                                                      \
+		for (size_t i_ = 0; i_ < nres; i_++) {                                                 \
+			res[i_].name = m_.topics.items[i_].name;                                       \
+			res[i_].error_code = m_.topics.items[i_].error_code;                           \
+			res[i_].error_message = m_.topics.items[i_].error_message;                     \
+		}                                                                                      \
+	} while (0)
+
+/* Whole-name match of re over the names; the matches go into *out (arena strings). */
+static bool regex_select(ctx *x, const char *re, km_str *names, size_t n, char ***out, size_t *nout)
+{
+	regex_t rx;
+	char *anchored = km_arena_alloc(&x->arena, strlen(re) + 5);
+	char errbuf[256];
+	int rc;
+
+	*out = km_arena_calloc(&x->arena, (n ? n : 1) * sizeof(char *));
+	*nout = 0;
+	if (!anchored || !*out)
+		return false;
+	sprintf(anchored, "^(%s)$", re);
+	rc = regcomp(&rx, anchored, REG_EXTENDED | REG_NOSUB);
+	if (rc != 0) {
+		regerror(rc, &rx, errbuf, sizeof(errbuf));
+		say_err(x, "--topics-regex '%s': %s", re, errbuf);
+		return false;
+	}
+	for (size_t i = 0; i < n; i++) {
+		char *s = km_arena_alloc(&x->arena, (size_t)(names[i].len > 0 ? names[i].len : 0) + 1);
+		if (!s)
+			break;
+		memcpy(s, names[i].p, (size_t)(names[i].len > 0 ? names[i].len : 0));
+		s[names[i].len > 0 ? names[i].len : 0] = 0;
+		if (regexec(&rx, s, 0, NULL, 0) == 0)
+			(*out)[(*nout)++] = s;
+	}
+	regfree(&rx);
+	return true;
+}
+
+/* The destination's topics (a Metadata request that kmirrord forwards), for start --topics-regex. */
+static bool destination_topics(ctx *x, km_str **names, size_t *n)
+{
+	int16_t v = km_cli_conn_version(x->cc, KM_API_METADATA);
+	km_metadata_request m;
+	km_metadata_response resp;
+	km_wr w;
+	km_rd r;
+
+	if (v < 1) {
+		say_err(x, "kmirrord does not offer Metadata v1 or later");
+		return false;
+	}
+	km_metadata_request_init(&m);
+	m.topics.count = -1; /* all topics */
+	m.allow_auto_topic_creation = false;
+	km_wr_init(&w);
+	km_metadata_request_encode(&w, v, &m);
+	if (!call(x, KM_API_METADATA, &w, v, &r))
+		return false;
+	km_metadata_response_init(&resp);
+	if (!decoded(x, km_metadata_response_decode(&r, v, &resp, &x->arena), KM_API_METADATA, v, &r))
+		return false;
+	*names = km_arena_calloc(&x->arena, (resp.topics.count > 0 ? (size_t)resp.topics.count : 1) * sizeof(km_str));
+	*n = 0;
+	if (!*names)
+		return false;
+	for (int32_t i = 0; i < resp.topics.count; i++) {
+		const km_metadata_response_topic *t = &resp.topics.items[i];
+		/* Internal topics and kmirror's own state are never mirror targets. */
+		if (t->error_code || t->is_internal || t->name.len < 0 || km_str_eq_c(t->name, MIRROR_STATE_TOPIC))
+			continue;
+		(*names)[(*n)++] = t->name;
+	}
+	return true;
+}
+
+/* The mirror's topics (DescribeMirrors), for stop/pause/resume --topics-regex. */
+static int mirror_topics(ctx *x, km_str **names, size_t *n)
+{
+	km_describe_mirrors_response resp;
+	const km_describe_mirrors_response_described_mirror *dm;
+
+	if (!describe_call(x, x->a->mirror, NULL, 0, &resp))
+		return KM_CLI_EXIT_ERROR;
+	if (resp.error_code)
+		return top_error(x, resp.error_code, resp.error_message);
+	if (resp.mirrors.count < 1) {
+		say_err(x, "UNKNOWN_CLUSTER_MIRROR: no mirror named %s", x->a->mirror);
+		return KM_CLI_EXIT_ERROR;
+	}
+	dm = &resp.mirrors.items[0];
+	if (dm->error_code)
+		return top_error(x, dm->error_code, dm->error_message);
+	*names = km_arena_calloc(&x->arena, (dm->topics.count > 0 ? (size_t)dm->topics.count : 1) * sizeof(km_str));
+	if (!*names)
+		return KM_CLI_EXIT_ERROR;
+	*n = 0;
+	for (int32_t i = 0; i < dm->topics.count; i++)
+		(*names)[(*n)++] = dm->topics.items[i].name;
+	return KM_CLI_EXIT_OK;
+}
+
+static int cmd_topics(ctx *x)
+{
+	const km_cli_args *a = x->a;
+	int16_t key, v, ec = 0;
+	char *const *topics = a->topics;
+	size_t ntopics = a->ntopics, nres = 0, failed = 0;
+	topic_result *res = NULL;
+	km_str em = KM_STR_NULL;
+	const char *done_word;
+	km_wr w;
+	km_rd r;
+
+	switch (a->cmd) {
+	case KM_CLI_CMD_START: key = KM_API_START_MIRROR_TOPICS; done_word = "started"; break;
+	case KM_CLI_CMD_STOP: key = KM_API_STOP_MIRROR_TOPICS; done_word = "stopped"; break;
+	case KM_CLI_CMD_PAUSE: key = KM_API_PAUSE_MIRROR_TOPICS; done_word = "paused"; break;
+	default: key = KM_API_RESUME_MIRROR_TOPICS; done_word = "resumed"; break;
+	}
+	if ((v = version_of(x, key)) < 0)
+		return KM_CLI_EXIT_ERROR;
+	if (a->topics_regex) {
+		km_str *names = NULL;
+		size_t n = 0;
+		char **sel;
+		if (a->cmd == KM_CLI_CMD_START) {
+			if (!destination_topics(x, &names, &n))
+				return KM_CLI_EXIT_ERROR;
+		} else {
+			int rc = mirror_topics(x, &names, &n);
+			if (rc != KM_CLI_EXIT_OK)
+				return rc;
+		}
+		if (!regex_select(x, a->topics_regex, names, n, &sel, &ntopics))
+			return KM_CLI_EXIT_ERROR;
+		if (ntopics == 0) {
+			say_err(x, "no %s topic matches --topics-regex '%s'",
+				a->cmd == KM_CLI_CMD_START ? "destination" : "mirror", a->topics_regex);
+			return KM_CLI_EXIT_ERROR;
+		}
+		topics = sel;
+	}
+	km_wr_init(&w);
+	switch (a->cmd) {
+	case KM_CLI_CMD_START: BUILD_TOPICS_REQUEST(km_start_mirror_topics, &w, v, a->mirror, topics, ntopics); break;
+	case KM_CLI_CMD_STOP: BUILD_TOPICS_REQUEST(km_stop_mirror_topics, &w, v, a->mirror, topics, ntopics); break;
+	case KM_CLI_CMD_PAUSE: BUILD_TOPICS_REQUEST(km_pause_mirror_topics, &w, v, a->mirror, topics, ntopics); break;
+	default: BUILD_TOPICS_REQUEST(km_resume_mirror_topics, &w, v, a->mirror, topics, ntopics); break;
+	}
+	if (!call(x, key, &w, v, &r))
+		return KM_CLI_EXIT_ERROR;
+	switch (a->cmd) {
+	case KM_CLI_CMD_START: DECODE_TOPICS_RESPONSE(km_start_mirror_topics, key, &r, v, ec, em, res, nres); break;
+	case KM_CLI_CMD_STOP: DECODE_TOPICS_RESPONSE(km_stop_mirror_topics, key, &r, v, ec, em, res, nres); break;
+	case KM_CLI_CMD_PAUSE: DECODE_TOPICS_RESPONSE(km_pause_mirror_topics, key, &r, v, ec, em, res, nres); break;
+	default: DECODE_TOPICS_RESPONSE(km_resume_mirror_topics, key, &r, v, ec, em, res, nres); break;
+	}
+	if (ec)
+		return top_error(x, ec, em);
+	for (size_t i = 0; i < nres; i++)
+		failed += res[i].error_code != 0;
+	for (size_t i = 0; i < nres; i++)
+		if (res[i].error_code) {
+			/* One line for the first refusal; every topic's result is on stdout. */
+			char m[1024];
+			message_of(res[i].error_code, res[i].error_message, m, sizeof(m));
+			if (nres > 1)
+				say_err(x, "%zu of %zu topics refused; first: %s: %s", failed, nres,
+					km_err_name(res[i].error_code), m);
+			else
+				say_err(x, "%s: %s", km_err_name(res[i].error_code), m);
+			break;
+		}
+	if (a->json) {
+		km_cli_json j;
+		km_cli_json_init(&j, x->out);
+		km_cli_json_obj(&j);
+		km_cli_json_key(&j, "mirror");
+		km_cli_json_str(&j, a->mirror);
+		km_cli_json_key(&j, "operation");
+		km_cli_json_str(&j, km_cli_cmd_name(a->cmd));
+		km_cli_json_key(&j, "topics");
+		km_cli_json_arr(&j);
+		for (size_t i = 0; i < nres; i++) {
+			km_cli_json_obj(&j);
+			km_cli_json_key(&j, "name");
+			km_cli_json_strn(&j, res[i].name.p, res[i].name.len);
+			km_cli_json_key(&j, "error");
+			json_error(&j, res[i].error_code, res[i].error_message);
+			km_cli_json_obj_end(&j);
+		}
+		km_cli_json_arr_end(&j);
+		km_cli_json_obj_end(&j);
+	} else {
+		static const char *const hdr[] = {"TOPIC", "RESULT", "MESSAGE"};
+		km_cli_table t;
+		if (!km_cli_table_init(&t, 3, hdr))
+			return KM_CLI_EXIT_ERROR;
+		for (size_t i = 0; i < nres; i++) {
+			char name[512], m[1024];
+			const char *row[] = {name, res[i].error_code ? km_err_name(res[i].error_code) : done_word,
+					     res[i].error_code ? m : NULL};
+			snprintf(name, sizeof(name), "%.*s", (int)res[i].name.len, res[i].name.p);
+			message_of(res[i].error_code, res[i].error_message, m, sizeof(m));
+			km_cli_table_row(&t, row);
+		}
+		km_cli_table_print(&t, x->out);
+		km_cli_table_free(&t);
+	}
+	return failed ? KM_CLI_EXIT_ERROR : KM_CLI_EXIT_OK;
+}
+
+/* ---- last-mirrored-offsets ---- */
+
+static int cmd_last_offsets(ctx *x)
+{
+	const km_cli_args *a = x->a;
+	int16_t v = version_of(x, KM_API_LAST_MIRRORED_OFFSETS);
+	km_last_mirrored_offsets_request m;
+	km_last_mirrored_offsets_request_topic_data *td = NULL;
+	km_last_mirrored_offsets_response resp;
+	size_t failed = 0;
+	km_wr w;
+	km_rd r;
+
+	if (v < 0)
+		return KM_CLI_EXIT_ERROR;
+	km_last_mirrored_offsets_request_init(&m);
+	m.mirror_name = km_str_c(a->mirror);
+	if (a->topics) {
+		td = km_arena_calloc(&x->arena, (a->ntopics ? a->ntopics : 1) * sizeof(*td));
+		if (!td)
+			return KM_CLI_EXIT_ERROR;
+		for (size_t i = 0; i < a->ntopics; i++) {
+			km_last_mirrored_offsets_request_topic_data_init(&td[i]);
+			td[i].name = km_str_c(a->topics[i]);
+			td[i].partitions.count = -1; /* all partitions */
+		}
+		m.topics.items = td;
+		m.topics.count = (int32_t)a->ntopics;
+	} else
+		m.topics.count = -1;
+	km_wr_init(&w);
+	km_last_mirrored_offsets_request_encode(&w, v, &m);
+	if (!call(x, KM_API_LAST_MIRRORED_OFFSETS, &w, v, &r))
+		return KM_CLI_EXIT_ERROR;
+	km_last_mirrored_offsets_response_init(&resp);
+	if (!decoded(x, km_last_mirrored_offsets_response_decode(&r, v, &resp, &x->arena), KM_API_LAST_MIRRORED_OFFSETS,
+		     v, &r))
+		return KM_CLI_EXIT_ERROR;
+	if (resp.error_code)
+		return top_error(x, resp.error_code, resp.error_message);
+	for (int32_t i = 0; i < resp.topics.count; i++) {
+		const km_last_mirrored_offsets_response_topic_result *t = &resp.topics.items[i];
+		if (t->error_code && failed++ == 0) {
+			char msg[1024];
+			message_of(t->error_code, t->error_message, msg, sizeof(msg));
+			say_err(x, "%s: %s", km_err_name(t->error_code), msg);
+		}
+	}
+	if (a->json) {
+		km_cli_json j;
+		km_cli_json_init(&j, x->out);
+		km_cli_json_obj(&j);
+		km_cli_json_key(&j, "mirror");
+		km_cli_json_str(&j, a->mirror);
+		km_cli_json_key(&j, "topics");
+		km_cli_json_arr(&j);
+		for (int32_t i = 0; i < resp.topics.count; i++) {
+			const km_last_mirrored_offsets_response_topic_result *t = &resp.topics.items[i];
+			km_cli_json_obj(&j);
+			km_cli_json_key(&j, "name");
+			km_cli_json_strn(&j, t->name.p, t->name.len);
+			km_cli_json_key(&j, "error");
+			json_error(&j, t->error_code, t->error_message);
+			km_cli_json_key(&j, "partitions");
+			km_cli_json_arr(&j);
+			for (int32_t p = 0; p < t->partitions.count; p++) {
+				const km_last_mirrored_offsets_response_partition_result *pr = &t->partitions.items[p];
+				km_cli_json_obj(&j);
+				km_cli_json_key(&j, "partition");
+				km_cli_json_int(&j, pr->partition_index);
+				km_cli_json_key(&j, "state");
+				km_cli_json_strn(&j, pr->state.p, pr->state.len);
+				km_cli_json_key(&j, "last_mirrored_offset");
+				km_cli_json_int(&j, pr->last_mirrored_offset);
+				km_cli_json_key(&j, "last_mirrored_epoch");
+				km_cli_json_int(&j, pr->last_mirrored_epoch);
+				km_cli_json_obj_end(&j);
+			}
+			km_cli_json_arr_end(&j);
+			km_cli_json_obj_end(&j);
+		}
+		km_cli_json_arr_end(&j);
+		km_cli_json_obj_end(&j);
+	} else {
+		static const char *const hdr[] = {"TOPIC", "PARTITION", "STATE", "LAST-MIRRORED-OFFSET", "LAST-MIRRORED-EPOCH",
+						  "ERROR"};
+		km_cli_table tb;
+		if (!km_cli_table_init(&tb, 6, hdr))
+			return KM_CLI_EXIT_ERROR;
+		for (int32_t i = 0; i < resp.topics.count; i++) {
+			const km_last_mirrored_offsets_response_topic_result *t = &resp.topics.items[i];
+			char name[512];
+			snprintf(name, sizeof(name), "%.*s", (int)t->name.len, t->name.p);
+			if (t->error_code) {
+				char msg[1024], e[1200];
+				const char *row[] = {name, NULL, NULL, NULL, NULL, e};
+				message_of(t->error_code, t->error_message, msg, sizeof(msg));
+				snprintf(e, sizeof(e), "%s: %s", km_err_name(t->error_code), msg);
+				km_cli_table_row(&tb, row);
+				continue;
+			}
+			for (int32_t p = 0; p < t->partitions.count; p++) {
+				const km_last_mirrored_offsets_response_partition_result *pr = &t->partitions.items[p];
+				char part[16], st[64], off[24], ep[16];
+				const char *row[] = {name, part, st, off, ep, NULL};
+				snprintf(part, sizeof(part), "%d", pr->partition_index);
+				snprintf(st, sizeof(st), "%.*s", (int)pr->state.len, pr->state.p);
+				num_or_dash(pr->last_mirrored_offset, off, sizeof(off));
+				num_or_dash(pr->last_mirrored_epoch, ep, sizeof(ep));
+				km_cli_table_row(&tb, row);
+			}
+		}
+		km_cli_table_print(&tb, x->out);
+		km_cli_table_free(&tb);
+	}
+	return failed ? KM_CLI_EXIT_ERROR : KM_CLI_EXIT_OK;
+}
+
+/* ---- run ---- */
+
+int km_cli_run(const km_cli_args *a, FILE *out, FILE *errf)
+{
+	ctx x = {.a = a, .out = out, .err = errf, .cmd = km_cli_cmd_name(a->cmd)};
+	km_cli_client cl = {0};
+	km_cli_kvs props = {0};
+	char err[1024], warn[512];
+	int rc;
+
+	if (a->command_config) {
+		if (km_cli_props_load(a->command_config, &props, err, sizeof(err)) != KM_OK) {
+			fprintf(errf, "kmirror: --command-config: %s\n", err);
+			return KM_CLI_EXIT_USAGE;
+		}
+	}
+	if (km_cli_client_from_props(&props, &cl, err, sizeof(err), warn, sizeof(warn)) != KM_OK) {
+		fprintf(errf, "kmirror: --command-config %s: %s\n", a->command_config ? a->command_config : "", err);
+		km_cli_kvs_free(&props);
+		return KM_CLI_EXIT_USAGE;
+	}
+	km_cli_kvs_free(&props);
+	if (warn[0])
+		fprintf(errf, "kmirror: --command-config: ignoring properties kmirror does not use: %s\n", warn);
+	x.cc = km_cli_connect(a->bootstrap, &cl, a->timeout_ms, err, sizeof(err));
+	km_cli_client_free(&cl);
+	if (!x.cc) {
+		fprintf(errf, "kmirror: %s\n", err);
+		return KM_CLI_EXIT_ERROR;
+	}
+	km_arena_init(&x.arena, ARENA_CAP);
+	switch (a->cmd) {
+	case KM_CLI_CMD_CREATE: rc = cmd_create(&x); break;
+	case KM_CLI_CMD_LIST: rc = cmd_list(&x); break;
+	case KM_CLI_CMD_DESCRIBE: rc = cmd_describe(&x); break;
+	case KM_CLI_CMD_ALTER: rc = cmd_alter(&x); break;
+	case KM_CLI_CMD_DELETE: rc = cmd_delete(&x); break;
+	case KM_CLI_CMD_START:
+	case KM_CLI_CMD_STOP:
+	case KM_CLI_CMD_PAUSE:
+	case KM_CLI_CMD_RESUME: rc = cmd_topics(&x); break;
+	case KM_CLI_CMD_LAST_OFFSETS: rc = cmd_last_offsets(&x); break;
+	default: rc = KM_CLI_EXIT_USAGE; break;
+	}
+	if (km_arena_err(&x.arena) != KM_OK && rc == KM_CLI_EXIT_OK) {
+		say_err(&x, "out of memory");
+		rc = KM_CLI_EXIT_ERROR;
+	}
+	fflush(out);
+	free(x.resp);
+	km_arena_free(&x.arena);
+	km_cli_conn_free(x.cc);
+	return rc;
+}

@@ -1,0 +1,492 @@
+/* kmirror CLI properties: Java .properties files, sasl.jaas.config, and Kafka tool client properties to connection settings. */
+#include <ctype.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/cli.h"
+
+#define MAX_PROPS_FILE (1024 * 1024) /* a properties file is small; refuse anything bigger */
+
+static km_err cfg_fail(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static km_err cfg_fail(char *err, size_t errlen, const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(err, errlen, fmt, ap);
+	va_end(ap);
+	return KM_ERR_CONFIG;
+}
+
+/* ---- .properties ---- */
+
+typedef struct sbuf {
+	char *p;
+	size_t len, cap;
+} sbuf;
+
+static bool sb_add(sbuf *b, char c)
+{
+	if (b->len + 1 >= b->cap) {
+		size_t cap = b->cap ? b->cap * 2 : 64;
+		char *p = realloc(b->p, cap);
+		if (!p)
+			return false;
+		b->p = p;
+		b->cap = cap;
+	}
+	b->p[b->len++] = c;
+	b->p[b->len] = 0;
+	return true;
+}
+
+/* Make p a valid (possibly empty) string. */
+static bool sb_ensure(sbuf *b)
+{
+	if (b->p)
+		return true;
+	if (!(b->p = malloc(16)))
+		return false;
+	b->cap = 16;
+	b->p[0] = 0;
+	return true;
+}
+
+/* Append code point cp as UTF-8. */
+static bool sb_utf8(sbuf *b, unsigned cp)
+{
+	if (cp < 0x80)
+		return sb_add(b, (char)cp);
+	if (cp < 0x800)
+		return sb_add(b, (char)(0xc0 | cp >> 6)) && sb_add(b, (char)(0x80 | (cp & 0x3f)));
+	return sb_add(b, (char)(0xe0 | cp >> 12)) && sb_add(b, (char)(0x80 | ((cp >> 6) & 0x3f))) &&
+	       sb_add(b, (char)(0x80 | (cp & 0x3f)));
+}
+
+/*
+ * One logical line (continuations joined, escapes resolved) from [*pos, len): key into k, value
+ * into v. Returns 1 for a key, 0 for a blank or comment line, -1 at the end, -2 for a bad escape.
+ */
+static int next_prop(const char *t, size_t len, size_t *pos, int *line, sbuf *k, sbuf *v)
+{
+	size_t i = *pos;
+	bool in_value = false;
+	sbuf *cur = k;
+
+	k->len = v->len = 0;
+	if (k->p)
+		k->p[0] = 0;
+	if (v->p)
+		v->p[0] = 0;
+	if (i >= len)
+		return -1;
+	(*line)++;
+	while (i < len && (t[i] == ' ' || t[i] == '\t' || t[i] == '\f'))
+		i++;
+	if (i >= len || t[i] == '\n' || t[i] == '\r' || t[i] == '#' || t[i] == '!') {
+		while (i < len && t[i] != '\n')
+			i++;
+		*pos = i < len ? i + 1 : i;
+		return 0;
+	}
+	while (i < len && t[i] != '\n' && t[i] != '\r') {
+		char c = t[i++];
+		if (!in_value && (c == '=' || c == ':' || c == ' ' || c == '\t' || c == '\f')) {
+			/* The key ends at the first unescaped separator; whitespace around it is skipped. */
+			bool sep = c == '=' || c == ':';
+			while (i < len && (t[i] == ' ' || t[i] == '\t' || t[i] == '\f'))
+				i++;
+			if (!sep && i < len && (t[i] == '=' || t[i] == ':')) {
+				i++;
+				while (i < len && (t[i] == ' ' || t[i] == '\t' || t[i] == '\f'))
+					i++;
+			}
+			in_value = true;
+			cur = v;
+			continue;
+		}
+		if (c == '\\') {
+			if (i >= len)
+				break; /* a backslash at the end of the text: nothing follows */
+			c = t[i++];
+			if (c == '\n' || c == '\r') {
+				/* A continuation: the next line's leading whitespace is dropped. */
+				if (c == '\r' && i < len && t[i] == '\n')
+					i++;
+				(*line)++;
+				while (i < len && (t[i] == ' ' || t[i] == '\t' || t[i] == '\f'))
+					i++;
+				continue;
+			}
+			if (c == 'u') {
+				unsigned cp = 0;
+				for (int d = 0; d < 4; d++, i++) {
+					if (i >= len || !isxdigit((unsigned char)t[i]))
+						return -2;
+					cp = cp * 16 + (unsigned)(isdigit((unsigned char)t[i]) ? t[i] - '0'
+											: (tolower((unsigned char)t[i]) - 'a' + 10));
+				}
+				if (!sb_utf8(cur, cp))
+					return -3;
+				continue;
+			}
+			c = c == 't' ? '\t' : c == 'n' ? '\n' : c == 'r' ? '\r' : c == 'f' ? '\f' : c;
+		}
+		if (!sb_add(cur, c))
+			return -3;
+	}
+	if (i < len && t[i] == '\r')
+		i++;
+	if (i < len && t[i] == '\n')
+		i++;
+	*pos = i;
+	if (!sb_ensure(k) || !sb_ensure(v))
+		return -3;
+	return 1;
+}
+
+km_err km_cli_props_parse(const char *text, size_t len, km_cli_kvs *kv, char *err, size_t errlen)
+{
+	sbuf k = {0}, v = {0};
+	size_t pos = 0;
+	int line = 0, rc;
+	km_err out = KM_OK;
+
+	while ((rc = next_prop(text, len, &pos, &line, &k, &v)) != -1) {
+		if (rc == 0)
+			continue;
+		if (rc == -2) {
+			out = cfg_fail(err, errlen, "line %d: bad \\u escape", line);
+			break;
+		}
+		if (rc == -3 || !km_cli_kvs_set(kv, k.p, v.p)) {
+			out = cfg_fail(err, errlen, "out of memory");
+			break;
+		}
+	}
+	free(k.p);
+	free(v.p);
+	return out;
+}
+
+km_err km_cli_props_load(const char *path, km_cli_kvs *kv, char *err, size_t errlen)
+{
+	FILE *f = fopen(path, "rb");
+	char *buf;
+	size_t n;
+	char why[256];
+	km_err rc;
+
+	if (!f)
+		return cfg_fail(err, errlen, "%s: cannot open: %m", path);
+	buf = malloc(MAX_PROPS_FILE + 1);
+	if (!buf) {
+		fclose(f);
+		return cfg_fail(err, errlen, "out of memory");
+	}
+	n = fread(buf, 1, MAX_PROPS_FILE + 1, f);
+	if (ferror(f) || n > MAX_PROPS_FILE) {
+		fclose(f);
+		free(buf);
+		return cfg_fail(err, errlen, "%s: %s", path, n > MAX_PROPS_FILE ? "larger than 1 MiB" : "read error");
+	}
+	fclose(f);
+	rc = km_cli_props_parse(buf, n, kv, why, sizeof(why));
+	free(buf);
+	if (rc != KM_OK)
+		return cfg_fail(err, errlen, "%s: %s", path, why);
+	return KM_OK;
+}
+
+/* ---- sasl.jaas.config ---- */
+
+static const char *skip_ws(const char *p)
+{
+	while (*p && isspace((unsigned char)*p))
+		p++;
+	return p;
+}
+
+km_err km_cli_jaas_parse(const char *jaas, char **username, char **password, const char **module_mechanism,
+			 char *err, size_t errlen)
+{
+	const char *p = skip_ws(jaas), *start;
+	size_t n;
+
+	*username = *password = NULL;
+	*module_mechanism = NULL;
+	start = p;
+	while (*p && !isspace((unsigned char)*p) && *p != ';')
+		p++;
+	n = (size_t)(p - start);
+	/* The login module: the class's last component decides the mechanism family. */
+	if (n >= 16 && !strncmp(p - 16, "PlainLoginModule", 16))
+		*module_mechanism = "PLAIN";
+	else if (n >= 16 && !strncmp(p - 16, "ScramLoginModule", 16))
+		*module_mechanism = "SCRAM";
+	if (!*module_mechanism)
+		return cfg_fail(err, errlen,
+				"sasl.jaas.config: login module '%.*s' is not supported: use "
+				"org.apache.kafka.common.security.plain.PlainLoginModule or "
+				"org.apache.kafka.common.security.scram.ScramLoginModule",
+				(int)(n > 100 ? 100 : n), start);
+	p = skip_ws(p);
+	/* The control flag. */
+	start = p;
+	while (*p && isalpha((unsigned char)*p))
+		p++;
+	n = (size_t)(p - start);
+	if (!((n == 8 && !strncmp(start, "required", 8)) || (n == 9 && !strncmp(start, "requisite", 9)) ||
+	      (n == 10 && !strncmp(start, "sufficient", 10)) || (n == 8 && !strncmp(start, "optional", 8))))
+		return cfg_fail(err, errlen, "sasl.jaas.config: expected 'required' after the login module");
+	/* key=value options up to ';'; values quoted ("..." with \" and \\) or bare. */
+	for (;;) {
+		sbuf key = {0}, val = {0};
+		bool ok = true;
+		p = skip_ws(p);
+		if (*p == ';' || !*p)
+			break;
+		while (*p && (isalnum((unsigned char)*p) || *p == '_' || *p == '.' || *p == '-'))
+			ok = ok && sb_add(&key, *p++);
+		p = skip_ws(p);
+		if (!key.len || *p != '=') {
+			free(key.p);
+			return cfg_fail(err, errlen, "sasl.jaas.config: expected key=\"value\" near '%.20s'", p);
+		}
+		p = skip_ws(p + 1);
+		if (*p == '"') {
+			p++;
+			while (*p && *p != '"') {
+				if (*p == '\\' && p[1])
+					p++;
+				ok = ok && sb_add(&val, *p++);
+			}
+			if (*p != '"') {
+				free(key.p);
+				free(val.p);
+				return cfg_fail(err, errlen, "sasl.jaas.config: unterminated quoted value");
+			}
+			p++;
+		} else {
+			while (*p && !isspace((unsigned char)*p) && *p != ';')
+				ok = ok && sb_add(&val, *p++);
+		}
+		ok = ok && sb_ensure(&val);
+		if (!ok) {
+			free(key.p);
+			free(val.p);
+			free(*username);
+			free(*password);
+			*username = *password = NULL;
+			return cfg_fail(err, errlen, "out of memory");
+		}
+		if (!strcmp(key.p, "username")) {
+			free(*username);
+			*username = val.p;
+		} else if (!strcmp(key.p, "password")) {
+			free(*password);
+			*password = val.p;
+		} else {
+			free(val.p);
+		}
+		free(key.p);
+	}
+	if (*p != ';') {
+		free(*username);
+		free(*password);
+		*username = *password = NULL;
+		return cfg_fail(err, errlen, "sasl.jaas.config: missing ';' at the end");
+	}
+	if (!*username || !*password) {
+		bool nouser = !*username;
+		free(*username);
+		free(*password);
+		*username = *password = NULL;
+		return cfg_fail(err, errlen, "sasl.jaas.config: no %s= option", nouser ? "username" : "password");
+	}
+	return KM_OK;
+}
+
+/* ---- client properties ---- */
+
+/* Java-only properties, and what the CLI takes instead. */
+static const struct {
+	const char *prefix;
+	const char *instead;
+} java_only[] = {
+	{"ssl.truststore.", "ssl.ca.location=FILE.pem (export the CA with keytool -exportcert -rfc)"},
+	{"ssl.keystore.", "ssl.certificate.location=FILE.pem and ssl.key.location=FILE.pem "
+			  "(convert the keystore with openssl pkcs12)"},
+	{"ssl.key.password", "an unencrypted PEM key in ssl.key.location (openssl pkey -in KEY -out KEY.pem)"},
+	{"sasl.login.callback.handler.class", "sasl.jaas.config with username and password"},
+	{"sasl.client.callback.handler.class", "sasl.jaas.config with username and password"},
+	{"sasl.kerberos.", "SASL PLAIN or SCRAM (GSSAPI is not supported)"},
+	{"sasl.oauthbearer.", "SASL PLAIN or SCRAM (OAUTHBEARER is not supported)"},
+};
+
+/* Properties Kafka's tools commonly carry that have no meaning for kmirror; silently ignored. */
+static const char *const harmless[] = {
+	"request.timeout.ms", "default.api.timeout.ms", "retries", "retry.backoff.ms", "client.dns.lookup",
+	"ssl.protocol", "ssl.enabled.protocols", "ssl.cipher.suites", "metadata.max.age.ms", NULL,
+};
+
+static char *dup_or_null(const char *s)
+{
+	return s ? strdup(s) : NULL;
+}
+
+km_err km_cli_client_from_props(const km_cli_kvs *kv, km_cli_client *c, char *err, size_t errlen, char *warn,
+				size_t warnlen)
+{
+	const char *proto = "PLAINTEXT", *mech = NULL, *jaas = NULL, *user = NULL, *pass = NULL;
+	const char *jaas_family = NULL;
+	char *juser = NULL, *jpass = NULL;
+	size_t wl = 0;
+
+	memset(c, 0, sizeof(*c));
+	c->verify_host = true;
+	if (warn && warnlen)
+		warn[0] = 0;
+	for (size_t i = 0; i < kv->count; i++) {
+		const char *k = kv->items[i].name, *v = kv->items[i].value ? kv->items[i].value : "";
+		bool known = true;
+		for (size_t j = 0; j < sizeof(java_only) / sizeof(java_only[0]); j++) {
+			size_t pl = strlen(java_only[j].prefix);
+			if (!strncmp(k, java_only[j].prefix, pl)) {
+				km_cli_client_free(c);
+				return cfg_fail(err, errlen, "%s is a Java client property kmirror does not read: use %s", k,
+						java_only[j].instead);
+			}
+		}
+		if (!strcmp(k, "security.protocol"))
+			proto = v;
+		else if (!strcmp(k, "sasl.mechanism") || !strcmp(k, "sasl.mechanisms"))
+			mech = v;
+		else if (!strcmp(k, "sasl.jaas.config"))
+			jaas = v;
+		else if (!strcmp(k, "sasl.username"))
+			user = v;
+		else if (!strcmp(k, "sasl.password"))
+			pass = v;
+		else if (!strcmp(k, "ssl.ca.location"))
+			c->ca_file = strdup(v);
+		else if (!strcmp(k, "ssl.certificate.location"))
+			c->cert_file = strdup(v);
+		else if (!strcmp(k, "ssl.key.location"))
+			c->key_file = strdup(v);
+		else if (!strcmp(k, "ssl.endpoint.identification.algorithm")) {
+			if (!strcasecmp(v, "https"))
+				c->verify_host = true;
+			else if (!*v || !strcasecmp(v, "none"))
+				c->verify_host = false;
+			else {
+				km_cli_client_free(c);
+				return cfg_fail(err, errlen,
+						"ssl.endpoint.identification.algorithm '%s': expected https or empty", v);
+			}
+		} else if (!strcmp(k, "client.id"))
+			c->client_id = strdup(v);
+		else {
+			known = false;
+			for (size_t j = 0; harmless[j]; j++)
+				if (!strcmp(k, harmless[j]))
+					known = true;
+		}
+		if (!known && warn && wl + strlen(k) + 3 < warnlen)
+			wl += (size_t)snprintf(warn + wl, warnlen - wl, "%s%s", wl ? ", " : "", k);
+	}
+	if (!strcasecmp(proto, "PLAINTEXT")) {
+	} else if (!strcasecmp(proto, "SSL")) {
+		c->tls = true;
+	} else if (!strcasecmp(proto, "SASL_PLAINTEXT")) {
+		c->sasl = true;
+	} else if (!strcasecmp(proto, "SASL_SSL")) {
+		c->sasl = c->tls = true;
+	} else {
+		km_cli_client_free(c);
+		return cfg_fail(err, errlen, "security.protocol '%s': expected PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL",
+				proto);
+	}
+	if ((c->cert_file != NULL) != (c->key_file != NULL)) {
+		km_cli_client_free(c);
+		return cfg_fail(err, errlen, "ssl.certificate.location and ssl.key.location go together");
+	}
+	if (!c->sasl) {
+		if (mech || jaas || user || pass) {
+			km_cli_client_free(c);
+			return cfg_fail(err, errlen, "sasl.* properties need security.protocol SASL_PLAINTEXT or SASL_SSL "
+						     "(it is %s)", proto);
+		}
+		return KM_OK;
+	}
+	if (jaas) {
+		km_err rc = km_cli_jaas_parse(jaas, &juser, &jpass, &jaas_family, err, errlen);
+		if (rc != KM_OK) {
+			km_cli_client_free(c);
+			return rc;
+		}
+		user = juser;
+		pass = jpass;
+	}
+	if (!mech) {
+		/* Kafka's default is GSSAPI; a PlainLoginModule says what is meant. */
+		if (jaas_family && !strcmp(jaas_family, "PLAIN"))
+			mech = "PLAIN";
+		else {
+			free(juser);
+			free(jpass);
+			km_cli_client_free(c);
+			return cfg_fail(err, errlen,
+					"sasl.mechanism is required: PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512");
+		}
+	}
+	if (strcmp(mech, "PLAIN") && strcmp(mech, "SCRAM-SHA-256") && strcmp(mech, "SCRAM-SHA-512")) {
+		free(juser);
+		free(jpass);
+		km_cli_client_free(c);
+		return cfg_fail(err, errlen, "sasl.mechanism '%s' is not supported: use PLAIN, SCRAM-SHA-256 or "
+					     "SCRAM-SHA-512", mech);
+	}
+	if (jaas_family && strncmp(mech, jaas_family, strlen(jaas_family)) != 0) {
+		free(juser);
+		free(jpass);
+		km_cli_client_free(c);
+		return cfg_fail(err, errlen, "sasl.mechanism %s does not match the %s login module of sasl.jaas.config",
+				mech, jaas_family);
+	}
+	if (!user || !pass) {
+		free(juser);
+		free(jpass);
+		km_cli_client_free(c);
+		return cfg_fail(err, errlen, "SASL needs a username and password: sasl.jaas.config, or sasl.username "
+					     "and sasl.password");
+	}
+	c->sasl_mechanism = strdup(mech);
+	c->username = dup_or_null(user);
+	c->password = dup_or_null(pass);
+	free(juser);
+	free(jpass);
+	if (!c->sasl_mechanism || !c->username || !c->password) {
+		km_cli_client_free(c);
+		return cfg_fail(err, errlen, "out of memory");
+	}
+	return KM_OK;
+}
+
+void km_cli_client_free(km_cli_client *c)
+{
+	free(c->sasl_mechanism);
+	free(c->username);
+	if (c->password) {
+		/* The password should not linger in freed memory. */
+		volatile char *p = c->password;
+		while (*p)
+			*p++ = 0;
+	}
+	free(c->password);
+	free(c->ca_file);
+	free(c->cert_file);
+	free(c->key_file);
+	free(c->client_id);
+	memset(c, 0, sizeof(*c));
+}

@@ -1,0 +1,243 @@
+/* kmirror CLI argument parsing: every command's required and exclusive options, values, and usage errors. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+#include <cmocka.h>
+
+#include "cli/cli.h"
+#include "unit_tmpfile.h"
+
+#define MAXARGS 32
+
+/* Parse a NULL-terminated argument list (after the program name). */
+static int parse(km_cli_args *a, char *err, const char *first, ...)
+{
+	char *argv[MAXARGS] = {"kmirror"};
+	int argc = 1;
+	va_list ap;
+
+	va_start(ap, first);
+	for (const char *s = first; s && argc < MAXARGS; s = va_arg(ap, const char *))
+		argv[argc++] = (char *)s;
+	va_end(ap);
+	return km_cli_parse(argc, argv, a, err, 512);
+}
+
+/* The parse fails with exit 2 and err contains want. */
+#define ASSERT_USAGE(want, ...)                                                        \
+	do {                                                                           \
+		km_cli_args a_;                                                        \
+		char e_[512];                                                          \
+		assert_int_equal(parse(&a_, e_, __VA_ARGS__, NULL), KM_CLI_EXIT_USAGE); \
+		if (!strstr(e_, want))                                                 \
+			fail_msg("error '%s' does not contain '%s'", e_, want);        \
+		km_cli_args_free(&a_);                                                 \
+	} while (0)
+
+static void test_create(void **state)
+{
+	km_cli_args a;
+	char err[512];
+	(void)state;
+
+	assert_int_equal(parse(&a, err, "--bootstrap-server", "127.0.0.2:9092", "--output=json", "create", "--mirror",
+			       "m1", "--source-bootstrap", "src:9092", "--config", "sasl.password=a=b",
+			       "--config", "mirror.x=1", "--config", "mirror.x=2", "--validate-only", "--timeout-ms",
+			       "5000", NULL),
+			 KM_CLI_EXIT_OK);
+	assert_int_equal(a.cmd, KM_CLI_CMD_CREATE);
+	assert_string_equal(a.bootstrap, "127.0.0.2:9092");
+	assert_true(a.json);
+	assert_true(a.validate_only);
+	assert_int_equal(a.timeout_ms, 5000);
+	assert_string_equal(a.mirror, "m1");
+	/* The value keeps everything after the first '=', a later --config wins, and
+	 * --source-bootstrap is the bootstrap.servers config. */
+	assert_string_equal(km_cli_kvs_get(&a.configs, "sasl.password")->value, "a=b");
+	assert_string_equal(km_cli_kvs_get(&a.configs, "mirror.x")->value, "2");
+	assert_string_equal(km_cli_kvs_get(&a.configs, "bootstrap.servers")->value, "src:9092");
+	assert_int_equal(a.configs.count, 3);
+	km_cli_args_free(&a);
+
+	ASSERT_USAGE("--source-bootstrap is required", "--bootstrap-server", "h:1", "create", "--mirror", "m");
+	ASSERT_USAGE("--mirror is required", "--bootstrap-server", "h:1", "create", "--source-bootstrap", "s:1");
+	ASSERT_USAGE("expected KEY=VALUE", "--bootstrap-server", "h:1", "create", "--mirror", "m",
+		     "--source-bootstrap", "s:1", "--config", "novalue");
+	ASSERT_USAGE("expected KEY=VALUE", "--bootstrap-server", "h:1", "create", "--mirror", "m",
+		     "--source-bootstrap", "s:1", "--config", "=v");
+	ASSERT_USAGE("disagree", "--bootstrap-server", "h:1", "create", "--mirror", "m", "--source-bootstrap", "s:1",
+		     "--config", "bootstrap.servers=other:2");
+	ASSERT_USAGE("--validate-only takes no value", "--bootstrap-server", "h:1", "create", "--mirror", "m",
+		     "--source-bootstrap", "s:1", "--validate-only=yes");
+}
+
+static void test_config_file(void **state)
+{
+	char *path = write_tmp("# mirror configs\nsecurity.protocol=SASL_SSL\nmirror.x = from-file\n"
+			       "sasl.jaas.config=org.apache.kafka.common.security.plain.PlainLoginModule required \\\n"
+			       "    username=\"u\" password=\"p\";\n");
+	km_cli_args a;
+	char err[512];
+	(void)state;
+
+	/* The file first, --config on top of it. */
+	assert_int_equal(parse(&a, err, "--bootstrap-server", "h:1", "create", "--mirror", "m", "--config", "mirror.x=cli",
+			       "--config-file", path, "--source-bootstrap", "s:1", NULL),
+			 KM_CLI_EXIT_OK);
+	assert_string_equal(km_cli_kvs_get(&a.configs, "mirror.x")->value, "cli");
+	assert_string_equal(km_cli_kvs_get(&a.configs, "security.protocol")->value, "SASL_SSL");
+	assert_string_equal(km_cli_kvs_get(&a.configs, "sasl.jaas.config")->value,
+			    "org.apache.kafka.common.security.plain.PlainLoginModule required username=\"u\" password=\"p\";");
+	km_cli_args_free(&a);
+	unlink(path);
+	free(path);
+	ASSERT_USAGE("cannot open", "--bootstrap-server", "h:1", "create", "--mirror", "m", "--source-bootstrap", "s:1",
+		     "--config-file", "/nonexistent/x.properties");
+}
+
+static void test_topic_commands(void **state)
+{
+	km_cli_args a;
+	char err[512];
+	(void)state;
+
+	assert_int_equal(parse(&a, err, "pause", "--mirror", "m", "--topics", "a,b.c,d_e", "--bootstrap-server", "h:1",
+			       NULL),
+			 KM_CLI_EXIT_OK);
+	assert_int_equal(a.cmd, KM_CLI_CMD_PAUSE);
+	assert_int_equal(a.ntopics, 3);
+	assert_string_equal(a.topics[0], "a");
+	assert_string_equal(a.topics[1], "b.c");
+	assert_string_equal(a.topics[2], "d_e");
+	km_cli_args_free(&a);
+
+	assert_int_equal(parse(&a, err, "--bootstrap-server", "h:1", "start", "--mirror", "m", "--topics-regex",
+			       "orders-.*", NULL),
+			 KM_CLI_EXIT_OK);
+	assert_string_equal(a.topics_regex, "orders-.*");
+	assert_null(a.topics);
+	km_cli_args_free(&a);
+
+	ASSERT_USAGE("--topics or --topics-regex is required", "--bootstrap-server", "h:1", "stop", "--mirror", "m");
+	ASSERT_USAGE("not both", "--bootstrap-server", "h:1", "resume", "--mirror", "m", "--topics", "a",
+		     "--topics-regex", "a");
+	ASSERT_USAGE("empty topic name", "--bootstrap-server", "h:1", "stop", "--mirror", "m", "--topics", "a,");
+	ASSERT_USAGE("empty topic name", "--bootstrap-server", "h:1", "stop", "--mirror", "m", "--topics", ",a");
+	ASSERT_USAGE("--topics given twice", "--bootstrap-server", "h:1", "stop", "--mirror", "m", "--topics", "a",
+		     "--topics", "b");
+	ASSERT_USAGE("--mirror is required", "--bootstrap-server", "h:1", "start", "--topics", "a");
+	ASSERT_USAGE("--mirror given twice", "--bootstrap-server", "h:1", "start", "--mirror", "a", "--mirror", "b",
+		     "--topics", "a");
+}
+
+static void test_other_commands(void **state)
+{
+	km_cli_args a;
+	char err[512];
+	(void)state;
+
+	assert_int_equal(parse(&a, err, "--bootstrap-server", "h:1", "describe", NULL), KM_CLI_EXIT_OK);
+	assert_int_equal(a.cmd, KM_CLI_CMD_DESCRIBE);
+	assert_null(a.mirror);
+	assert_false(a.json);
+	km_cli_args_free(&a);
+
+	assert_int_equal(parse(&a, err, "--bootstrap-server", "h:1", "alter", "--mirror", "m", "--config", "mirror.a=1",
+			       "--delete-config", "mirror.b", NULL),
+			 KM_CLI_EXIT_OK);
+	assert_string_equal(km_cli_kvs_get(&a.configs, "mirror.a")->value, "1");
+	assert_non_null(km_cli_kvs_get(&a.configs, "mirror.b"));
+	assert_null(km_cli_kvs_get(&a.configs, "mirror.b")->value); /* deleted: sent as null */
+	km_cli_args_free(&a);
+
+	assert_int_equal(parse(&a, err, "--bootstrap-server", "h:1", "last-mirrored-offsets", "--mirror", "m", NULL),
+			 KM_CLI_EXIT_OK);
+	assert_int_equal(a.cmd, KM_CLI_CMD_LAST_OFFSETS);
+	km_cli_args_free(&a);
+
+	ASSERT_USAGE("nothing to change", "--bootstrap-server", "h:1", "alter", "--mirror", "m");
+	ASSERT_USAGE("both set and deleted", "--bootstrap-server", "h:1", "alter", "--mirror", "m", "--config",
+		     "mirror.a=1", "--delete-config", "mirror.a");
+	ASSERT_USAGE("list does not take --mirror", "--bootstrap-server", "h:1", "list", "--mirror", "m");
+	ASSERT_USAGE("delete does not take --topics", "--bootstrap-server", "h:1", "delete", "--mirror", "m",
+		     "--topics", "a");
+	ASSERT_USAGE("describe does not take --config", "--bootstrap-server", "h:1", "describe", "--config", "a=b");
+}
+
+static void test_global_errors(void **state)
+{
+	km_cli_args a;
+	char err[512];
+	(void)state;
+
+	ASSERT_USAGE("no command given", "--bootstrap-server", "h:1");
+	ASSERT_USAGE("unknown command 'frobnicate'", "--bootstrap-server", "h:1", "frobnicate");
+	ASSERT_USAGE("unknown option '--bogus'", "--bootstrap-server", "h:1", "list", "--bogus");
+	ASSERT_USAGE("--bootstrap-server is required", "list");
+	ASSERT_USAGE("--bootstrap-server needs a value", "list", "--bootstrap-server");
+	ASSERT_USAGE("--output 'yaml'", "--bootstrap-server", "h:1", "--output", "yaml", "list");
+	ASSERT_USAGE("--timeout-ms '0'", "--bootstrap-server", "h:1", "--timeout-ms", "0", "list");
+	ASSERT_USAGE("--timeout-ms '12x'", "--bootstrap-server", "h:1", "--timeout-ms", "12x", "list");
+	ASSERT_USAGE("unexpected argument 'extra'", "--bootstrap-server", "h:1", "list", "extra");
+	ASSERT_USAGE("--mirror comes after the command", "--mirror", "m", "list");
+
+	/* --help and --version win over everything missing, and keep the command for its usage. */
+	assert_int_equal(parse(&a, err, "start", "--help", NULL), KM_CLI_EXIT_OK);
+	assert_true(a.help);
+	assert_int_equal(a.cmd, KM_CLI_CMD_START);
+	km_cli_args_free(&a);
+	assert_int_equal(parse(&a, err, "--version", NULL), KM_CLI_EXIT_OK);
+	assert_true(a.version);
+	km_cli_args_free(&a);
+}
+
+static void test_usage_text(void **state)
+{
+	char *buf = NULL;
+	size_t len = 0;
+	FILE *f = open_memstream(&buf, &len);
+	(void)state;
+
+	km_cli_usage(f, KM_CLI_CMD_NONE);
+	km_cli_usage(f, KM_CLI_CMD_LAST_OFFSETS);
+	fclose(f);
+	/* Every command is in the general usage. */
+	for (int c = KM_CLI_CMD_CREATE; c <= KM_CLI_CMD_LAST_OFFSETS; c++)
+		assert_non_null(strstr(buf, km_cli_cmd_name((km_cli_cmd)c)));
+	assert_non_null(strstr(buf, "usage: kmirror --bootstrap-server HOST:PORT [global options] last-mirrored-offsets"));
+	free(buf);
+}
+
+static void test_hostport(void **state)
+{
+	char host[64];
+	uint16_t port;
+	(void)state;
+
+	assert_true(km_cli_split_hostport("127.0.0.2:9092", host, sizeof(host), &port));
+	assert_string_equal(host, "127.0.0.2");
+	assert_int_equal(port, 9092);
+	assert_true(km_cli_split_hostport("[::1]:19092", host, sizeof(host), &port));
+	assert_string_equal(host, "::1");
+	assert_int_equal(port, 19092);
+	assert_false(km_cli_split_hostport("::1:9092", host, sizeof(host), &port));
+	assert_false(km_cli_split_hostport("host", host, sizeof(host), &port));
+	assert_false(km_cli_split_hostport("host:0", host, sizeof(host), &port));
+	assert_false(km_cli_split_hostport("host:70000", host, sizeof(host), &port));
+	assert_false(km_cli_split_hostport(":9092", host, sizeof(host), &port));
+	assert_false(km_cli_split_hostport("host:9x", host, sizeof(host), &port));
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_create),         cmocka_unit_test(test_config_file),
+		cmocka_unit_test(test_topic_commands), cmocka_unit_test(test_other_commands),
+		cmocka_unit_test(test_global_errors),  cmocka_unit_test(test_usage_text),
+		cmocka_unit_test(test_hostport),
+	};
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -3,6 +3,7 @@
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "cli/cli.h"
 #include "kmirror/arena.h"
@@ -33,6 +34,7 @@
 #define ARENA_CAP ((size_t)256 << 20) /* a describe of many mirrors with many partitions */
 #define SECRET_SHOWN "(secret)"
 #define MIRROR_STATE_TOPIC "__mirror_state"
+#define RETRY_BACKOFF_MS 200 /* between retries of a request kmirrord could not serve yet */
 
 typedef struct ctx {
 	const km_cli_args *a;
@@ -102,9 +104,29 @@ static int top_error(ctx *x, int16_t code, km_str msg)
 	return KM_CLI_EXIT_ERROR;
 }
 
-/* Send w (checked) as api_key at the negotiated version; on success r reads the response body. */
+/* The top-level error code of a mirror RPC's response: every one starts ThrottleTimeMs, ErrorCode. */
+static int16_t mirror_top_error(int16_t api_key, const uint8_t *body, size_t len)
+{
+	if (api_key < KM_API_CREATE_MIRROR || len < 6)
+		return 0;
+	return (int16_t)((uint16_t)body[4] << 8 | body[5]);
+}
+
+static int64_t now_ms(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/*
+ * Send w (checked) as api_key at the negotiated version; on success r reads the response body.
+ * While kmirrord is still reading __mirror_state back it answers COORDINATOR_LOAD_IN_PROGRESS,
+ * having done nothing: the request is sent again until --timeout-ms, as Kafka's tools retry.
+ */
 static bool call(ctx *x, int16_t api_key, km_wr *w, int16_t version, km_rd *r)
 {
+	int64_t deadline = now_ms() + x->a->timeout_ms;
 	char why[512];
 	km_err rc;
 
@@ -113,9 +135,15 @@ static bool call(ctx *x, int16_t api_key, km_wr *w, int16_t version, km_rd *r)
 		km_wr_free(w);
 		return false;
 	}
-	free(x->resp);
-	x->resp = NULL;
-	rc = km_cli_call(x->cc, api_key, version, w->buf, w->len, &x->resp, &x->resp_len, why, sizeof(why));
+	for (;;) {
+		free(x->resp);
+		x->resp = NULL;
+		rc = km_cli_call(x->cc, api_key, version, w->buf, w->len, &x->resp, &x->resp_len, why, sizeof(why));
+		if (rc != KM_OK || mirror_top_error(api_key, x->resp, x->resp_len) != KM_KAFKA_COORDINATOR_LOAD_IN_PROGRESS ||
+		    now_ms() + RETRY_BACKOFF_MS > deadline)
+			break;
+		nanosleep(&(struct timespec){0, RETRY_BACKOFF_MS * 1000000L}, NULL);
+	}
 	km_wr_free(w);
 	if (rc != KM_OK) {
 		say_err(x, "%s", why);

@@ -65,6 +65,7 @@ km_err km_ro_produce_walk(const uint8_t *frame, size_t len, const km_req_header 
 	bool flex = v >= 9, by_id = v >= 13;
 	km_ro_produce *pl = calloc(1, sizeof(*pl));
 	km_ro_verdict vd;
+	km_req_header full;
 	km_str txn;
 	int32_t timeout = 0;
 	km_rd r;
@@ -75,8 +76,13 @@ km_err km_ro_produce_walk(const uint8_t *frame, size_t len, const km_req_header 
 	km_arena_init(&pl->arena, KM_RO_ARENA_CAP);
 	pl->version = v;
 	pl->len = len;
+	/* The session parsed only the header's fixed part: the whole header is parsed here. */
+	if (km_net_parse_request_header(frame, len, km_proxy_request_header_version(KM_API_PRODUCE, v), &full) != KM_OK) {
+		km_ro_produce_free(pl);
+		return KM_ERR_DECODE;
+	}
 	km_rd_init(&r, frame, len);
-	km_rd_skip(&r, "header", h->body_offset);
+	km_rd_skip(&r, "header", full.body_offset);
 	km_rd_string(&r, "transactional_id", flex, true, &txn);
 	km_rd_i16(&r, "acks", &pl->acks);
 	km_rd_i32(&r, "timeout_ms", &timeout);
@@ -816,13 +822,20 @@ static km_err ro_admin_response(km_resp *rs)
 static km_err ro_admin_request(km_req *rq)
 {
 	const km_ro_lookup *lk = lookup_of(rq);
-	size_t off = rq->h->body_offset;
 	km_ro_admin *ad = NULL;
+	km_req_header full;
+	size_t off;
 	km_wr fwd;
 	km_err rc;
 
 	if (!km_ro_active(lk))
 		return KM_OK;
+	if (km_net_parse_request_header(rq->body, rq->frame_len,
+					km_proxy_request_header_version(rq->h->api_key, rq->h->api_version), &full) != KM_OK) {
+		rq->close_reason = "malformed request header";
+		return KM_ERR_DECODE;
+	}
+	off = full.body_offset;
 	km_wr_init(&fwd);
 	rc = km_ro_admin_split(rq->h->api_key, rq->h->api_version, rq->body + off, rq->frame_len - off, lk, &ad, &fwd);
 	if (rc != KM_OK || !ad) {

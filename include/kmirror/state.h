@@ -184,6 +184,8 @@ void km_state_partition_set(km_state *st, const char *mirror, const char *topic,
 
 /* ---- reads (the committed state) ---- */
 
+/* Topics with a partition in any state but STOPPED (0 for NULL): the proxy's cheap "is anything read-only" test. */
+size_t km_state_read_only_topics(const km_state *st);
 /* The mirror topic named topic (len bytes), or NULL when the topic is not in any mirror. */
 const km_state_topic *km_state_topic_find(const km_state *st, const char *topic, size_t len);
 /* The same by destination topic id (Produce v13 names topics by id). */

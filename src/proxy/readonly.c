@@ -908,3 +908,64 @@ km_err km_ro_register(km_proxy_apis *t)
 			return rc;
 	return KM_OK;
 }
+
+/* ---- the lookup over the state store ---- */
+
+static bool state_active(void *arg)
+{
+	return km_state_read_only_topics(arg) > 0;
+}
+
+static void state_check(void *arg, km_str name, const km_uuid *id, int32_t partition, km_ro_op op, km_ro_verdict *v)
+{
+	km_state *st = arg;
+	const char *store = km_state_topic_name_of_store(st);
+	const km_state_topic *t = id ? km_state_topic_find_id(st, id) : km_state_topic_find(st, name.p, (size_t)name.len);
+	const km_state_mirror *m;
+	const char *mirror, *topic;
+	bool refuse;
+
+	v->code = KM_OK;
+	v->message[0] = v->name[0] = '\0';
+	if (!id && store && km_str_eq_c(name, store)) {
+		v->code = KM_KAFKA_TOPIC_AUTHORIZATION_FAILED;
+		snprintf(v->message, sizeof(v->message), "%s is written, deleted and configured only by kmirrord", store);
+		return;
+	}
+	if (!t)
+		return;
+	refuse = partition >= 0 ? km_state_topic_read_only(t, partition) : km_state_topic_state(t) != KM_MP_STOPPED;
+	if (!refuse)
+		return;
+	m = km_state_topic_mirror(t);
+	mirror = km_state_mirror_name(m);
+	topic = km_state_topic_name(t);
+	snprintf(v->name, sizeof(v->name), "%s", topic);
+	v->code = KM_MIRROR_READ_ONLY_TOPIC;
+	switch (op) {
+	case KM_RO_CREATE_PARTITIONS:
+		snprintf(v->message, sizeof(v->message),
+			 "topic %s is mirrored by mirror %s from %s: its partitions follow its source topic's", topic,
+			 mirror, km_state_mirror_source(m));
+		break;
+	case KM_RO_DELETE_TOPIC:
+		snprintf(v->message, sizeof(v->message),
+			 "topic %s is mirrored by mirror %s from %s and cannot be deleted while it is %s; stop its "
+			 "mirroring first (kmirror stop --mirror %s --topics %s)",
+			 topic, mirror, km_state_mirror_source(m), km_mp_state_name(km_state_topic_state(t)), mirror, topic);
+		break;
+	default:
+		snprintf(v->message, sizeof(v->message),
+			 "topic %s is mirrored by mirror %s from %s and is read-only; stop its mirroring (kmirror stop "
+			 "--mirror %s --topics %s) to write to it",
+			 topic, mirror, km_state_mirror_source(m), mirror, topic);
+		break;
+	}
+}
+
+void km_ro_lookup_from_state(km_state *st, km_ro_lookup *out)
+{
+	out->active = st ? state_active : NULL;
+	out->check = st ? state_check : NULL;
+	out->arg = st;
+}

@@ -11,6 +11,7 @@
 #include "kmirror/arena.h"
 #include "kmirror/error.h"
 #include "kmirror/net.h"
+#include "kmirror/state.h"
 #include "kmirror/wire.h"
 #include "proxy/apis.h"
 #include "proxy/rewrite.h"
@@ -41,6 +42,9 @@ typedef struct km_ro_lookup {
 	void (*check)(void *arg, km_str name, const km_uuid *id, int32_t partition, km_ro_op op, km_ro_verdict *v);
 	void *arg;
 } km_ro_lookup;
+
+/* The lookup over the state store (st NULL: nothing is read-only). */
+void km_ro_lookup_from_state(km_state *st, km_ro_lookup *out);
 
 static inline bool km_ro_active(const km_ro_lookup *lk)
 {

@@ -577,6 +577,28 @@ static void log_mirror_change(const km_state_mut *mu)
 		KM_INFO(COMP, 0, "mirror %s deleted", mu->mirror);
 }
 
+/* The proxy asks on every Produce whether any topic is read-only: keep the answer counted. */
+static void count_read_only(km_state *st)
+{
+	size_t n = 0;
+
+	for (size_t i = 0; i < st->model.nmirrors; i++)
+		for (size_t j = 0; j < st->model.mirrors[i]->ntopics; j++) {
+			const km_state_topic *t = st->model.mirrors[i]->topics[j];
+			for (size_t k = 0; k < t->nparts; k++)
+				if (t->parts[k].present && t->parts[k].state != KM_MP_STOPPED) {
+					n++;
+					break;
+				}
+		}
+	st->read_only_topics = n;
+}
+
+size_t km_state_read_only_topics(const km_state *st)
+{
+	return st ? st->read_only_topics : 0;
+}
+
 static void on_written(km_state *st, km_err err, const char *message)
 {
 	km_state_mut *mu = st->head;
@@ -606,6 +628,7 @@ static void on_written(km_state *st, km_err err, const char *message)
 	}
 	if (km_state_model_index(&st->model) != KM_OK)
 		KM_ERROR(COMP, 0, "out of memory indexing topics");
+	count_read_only(st);
 	log_mirror_change(mu);
 	finish_head(st);
 }
@@ -823,6 +846,7 @@ void km_state_loaded(km_state *st, km_state_model *model)
 		topics += st->model.mirrors[i]->ntopics;
 	KM_INFO(COMP, 0, "state loaded from %s: %zu mirrors, %zu topics", st->cfg.mirror_state_topic,
 		st->model.nmirrors, topics);
+	count_read_only(st);
 	st->ready = true;
 	schedule(st);
 	if (!st->ready_fired) {

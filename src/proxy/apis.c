@@ -4,6 +4,7 @@
 
 #include "kmirror/log.h"
 #include "proxy/apis.h"
+#include "proxy/readonly.h"
 #include "proxy/rewrite.h"
 
 const char *const km_req_action_names[] = {"forward", "hold", "local"};
@@ -15,7 +16,7 @@ const char *const km_resp_action_names[] = {"forward", "stream", "whole", "local
  * Produce: acks=0 has no response, so it takes no FIFO slot. Acks come after the transactional id,
  * which can be long: ask for more of the frame (bounded by it) when the first bytes do not reach.
  */
-static km_err produce_classify(km_req *rq)
+km_err km_proxy_produce_classify(km_req *rq)
 {
 	int16_t acks = -1;
 	km_err rc = km_net_produce_acks(rq->body, rq->body_len, rq->h->api_version, &acks);
@@ -33,7 +34,7 @@ static km_err produce_classify(km_req *rq)
 }
 
 /* Produce v10+: the body moves untouched; only a non-empty top-level tag section (NodeEndpoints) is re-encoded. */
-static km_err produce_response(km_resp *rs)
+km_err km_proxy_produce_response(km_resp *rs)
 {
 	size_t end = rs->frame_len + 4, tags_off, tlen;
 	uint8_t *tags, pre[4];
@@ -111,8 +112,8 @@ static km_err api_versions_too_new(km_req *rq)
 /* ---- the rows: everything not listed is a plain forward of the codec's versions ---- */
 
 static const km_proxy_api rows[] = {
-	{.key = KM_API_PRODUCE, .min_version = -1, .max_version = -1, .classify = produce_classify,
-	 .resp = KM_RESP_WHOLE, .resp_from = 10, .on_response = produce_response,
+	{.key = KM_API_PRODUCE, .min_version = -1, .max_version = -1, .classify = km_proxy_produce_classify,
+	 .resp = KM_RESP_WHOLE, .resp_from = 10, .on_response = km_proxy_produce_response,
 	 .note = "acks=0 takes no FIFO slot; v10+ responses: NodeEndpoints rewritten in the tail"},
 	{.key = KM_API_FETCH, .min_version = -1, .max_version = -1, .resp = KM_RESP_STREAM, .resp_from = 16,
 	 .stream = &fetch_hooks, .note = "v16+ responses streamed through the walker; NodeEndpoints rewritten in place"},
@@ -198,6 +199,9 @@ km_proxy_apis *km_proxy_apis_new(void)
 	for (size_t i = 0; i < sizeof(rows) / sizeof(rows[0]); i++)
 		if (km_proxy_apis_set(t, &rows[i]) != KM_OK)
 			goto fail;
+	/* Read-only mirror topics: Produce wrapped, DeleteRecords, DeleteTopics and CreatePartitions checked. */
+	if (km_ro_register(t) != KM_OK)
+		goto fail;
 	return t;
 fail:
 	km_proxy_apis_free(t);

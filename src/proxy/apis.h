@@ -58,6 +58,7 @@ typedef struct km_req {
 	bool pending;             /* LOCAL answered later with km_session_answer */
 	struct evbuffer *rewritten; /* HOLD: a new frame body (header included) to forward instead */
 	const char *close_reason; /* set with KM_ERR_* to close the connection (a request the proxy refuses to pass) */
+	struct evbuffer *in;      /* on_request: the client's input, the whole frame at its start (to reference its bytes) */
 } km_req;
 
 /* A whole response, as an on_response hook sees it. */
@@ -124,6 +125,10 @@ const char *km_proxy_api_name(const km_proxy_api *a);
 /* Request and response header versions for key/version (1 or 2; 0 or 1), rows not in the codec included. */
 int km_proxy_request_header_version(int16_t key, int16_t version);
 int km_proxy_response_header_version(int16_t key, int16_t version);
+
+/* The Produce row's own hooks (the read-only row wraps them): acks and the FIFO slot; the v10+ tail. */
+km_err km_proxy_produce_classify(km_req *rq);
+km_err km_proxy_produce_response(km_resp *rs);
 
 /* Write the Markdown table of t (docs/proxy.md embeds it; a unit test checks it). */
 void km_proxy_apis_write_doc(const km_proxy_apis *t, struct evbuffer *out);

@@ -24,6 +24,7 @@ uint64_t km_proxy_now_ms(const km_proxy *px)
 void km_proxy_set_state(km_proxy *px, km_state *st)
 {
 	px->host.state = st;
+	km_ro_lookup_from_state(st, &px->host.read_only);
 }
 
 km_proxy_counters *km_proxy_metrics(km_proxy *px)

@@ -799,6 +799,7 @@ static head_result request_head(km_session *s, struct evbuffer *in)
 			reject(s, KM_REJECT_BAD_HEADER, "malformed request header");
 			return HEAD_CLOSED;
 		}
+		rq.in = in;
 		rc = api->on_request ? api->on_request(&rq) : KM_ERR_UNSUPPORTED;
 		if (rc == KM_OK && rq.action == KM_REQ_LOCAL && !rq.answer && !rq.pending)
 			rc = KM_ERR_UNSUPPORTED; /* a local API must answer, now or later */

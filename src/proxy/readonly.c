@@ -1,0 +1,971 @@
+/* Read-only mirror topics: Produce, DeleteRecords, DeleteTopics and CreatePartitions on them are refused here, the rest forwarded and the answers merged. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "kmirror/log.h"
+#include "kmirror/msg/create_partitions_request.h"
+#include "kmirror/msg/create_partitions_response.h"
+#include "kmirror/msg/delete_records_request.h"
+#include "kmirror/msg/delete_records_response.h"
+#include "kmirror/msg/delete_topics_request.h"
+#include "kmirror/msg/delete_topics_response.h"
+#include "kmirror/msg/produce_response.h"
+#include "proxy/readonly.h"
+#include "proxy/session.h"
+
+/* A plan's bookkeeping (topics, partitions, messages) is bounded like any decode. */
+#define KM_RO_ARENA_CAP ((size_t)32 << 20)
+/* Kept partitions smaller than this are copied into the rewritten request; larger ones referenced. */
+#define KM_RO_REF_MIN 256
+
+static const char *arena_strdup(km_arena *a, const char *s)
+{
+	size_t n = strlen(s);
+	char *p = km_arena_alloc(a, n + 1);
+	if (p)
+		memcpy(p, s, n + 1);
+	return p;
+}
+
+static km_str arena_str(km_arena *a, km_str s)
+{
+	char *p;
+	if (s.len <= 0 || !(p = km_arena_alloc(a, (size_t)s.len)))
+		return s.len < 0 ? s : (km_str){"", 0};
+	memcpy(p, s.p, (size_t)s.len);
+	return (km_str){p, s.len};
+}
+
+static void skip_tags(km_rd *r)
+{
+	uint32_t n = 0, tag, sz;
+	km_rd_uvarint(r, "tagged_fields", &n);
+	for (uint32_t i = 0; i < n && km_rd_ok(r); i++) {
+		km_rd_uvarint(r, "tag", &tag);
+		km_rd_uvarint(r, "tag_size", &sz);
+		km_rd_skip(r, "tag_data", sz);
+	}
+}
+
+/* ---- Produce: walk ---- */
+
+void km_ro_produce_free(void *p)
+{
+	km_ro_produce *pl = p;
+	if (!pl)
+		return;
+	km_arena_free(&pl->arena);
+	free(pl);
+}
+
+km_err km_ro_produce_walk(const uint8_t *frame, size_t len, const km_req_header *h, const km_ro_lookup *lk,
+			  km_ro_produce **out)
+{
+	int16_t v = h->api_version;
+	bool flex = v >= 9, by_id = v >= 13;
+	km_ro_produce *pl = calloc(1, sizeof(*pl));
+	km_ro_verdict vd;
+	km_req_header full;
+	km_str txn;
+	int32_t timeout = 0;
+	km_rd r;
+
+	*out = NULL;
+	if (!pl)
+		return KM_ERR_NOMEM;
+	km_arena_init(&pl->arena, KM_RO_ARENA_CAP);
+	pl->version = v;
+	pl->len = len;
+	/* The session parsed only the header's fixed part: the whole header is parsed here. */
+	if (km_net_parse_request_header(frame, len, km_proxy_request_header_version(KM_API_PRODUCE, v), &full) != KM_OK) {
+		km_ro_produce_free(pl);
+		return KM_ERR_DECODE;
+	}
+	km_rd_init(&r, frame, len);
+	km_rd_skip(&r, "header", full.body_offset);
+	km_rd_string(&r, "transactional_id", flex, true, &txn);
+	km_rd_i16(&r, "acks", &pl->acks);
+	km_rd_i32(&r, "timeout_ms", &timeout);
+	pl->head_end = r.pos;
+	km_rd_array_len(&r, "topic_data", flex, false, 2, &pl->ntopics);
+	if (km_rd_ok(&r) && pl->ntopics > 0)
+		pl->topics = km_arena_calloc(&pl->arena, (size_t)pl->ntopics * sizeof(*pl->topics));
+	for (int32_t i = 0; i < pl->ntopics && km_rd_ok(&r) && pl->topics; i++) {
+		km_ro_topic *t = &pl->topics[i];
+		t->start = r.pos;
+		if (by_id)
+			km_rd_uuid(&r, "topic_id", &t->id);
+		else
+			km_rd_string(&r, "name", flex, false, &t->name);
+		/* The frame is gone when the response comes: the plan keeps its own names. */
+		t->name = arena_str(&pl->arena, t->name);
+		t->head_end = r.pos;
+		km_rd_array_len(&r, "partition_data", flex, false, 5, &t->nparts);
+		if (km_rd_ok(&r) && t->nparts > 0 &&
+		    !(t->parts = km_arena_calloc(&pl->arena, (size_t)t->nparts * sizeof(*t->parts))))
+			break;
+		for (int32_t j = 0; j < t->nparts && km_rd_ok(&r); j++) {
+			km_ro_part *p = &t->parts[j];
+			km_bytes records;
+			p->start = r.pos;
+			km_rd_i32(&r, "index", &p->index);
+			/* The record set is skipped by its length: the broker validates it, not the proxy. */
+			km_rd_bytes(&r, "records", flex, true, &records);
+			if (flex)
+				skip_tags(&r);
+			p->end = r.pos;
+			if (!km_rd_ok(&r))
+				break;
+			memset(&vd, 0, sizeof(vd));
+			lk->check(lk->arg, t->name, by_id ? &t->id : NULL, p->index, KM_RO_WRITE, &vd);
+			pl->nparts++;
+			if (vd.code != KM_OK) {
+				p->code = vd.code;
+				p->message = arena_strdup(&pl->arena, vd.message);
+				t->nrefused++;
+				pl->nrefused++;
+			}
+		}
+		t->parts_end = r.pos;
+		if (flex)
+			skip_tags(&r);
+		t->end = r.pos;
+	}
+	pl->topics_end = r.pos;
+	if (flex)
+		skip_tags(&r);
+	if (km_rd_ok(&r) && km_rd_left(&r) != 0)
+		km_rd_fail(&r, "request", "trailing bytes");
+	if (!km_rd_ok(&r) || km_arena_err(&pl->arena) != KM_OK || (pl->ntopics > 0 && !pl->topics)) {
+		km_err rc = !km_rd_ok(&r) ? KM_ERR_DECODE : km_arena_err(&pl->arena);
+		km_ro_produce_free(pl);
+		return rc != KM_OK ? rc : KM_ERR_NOMEM;
+	}
+	*out = pl;
+	return KM_OK;
+}
+
+/* ---- Produce: the rewritten request ---- */
+
+struct km_ro_keeper {
+	struct evbuffer *held; /* references the client's input chains, so their bytes outlive its drain */
+	unsigned refs;
+};
+
+km_ro_keeper *km_ro_keeper_new(struct evbuffer *in)
+{
+	km_ro_keeper *k;
+	if (!in || !(k = calloc(1, sizeof(*k))))
+		return NULL;
+	k->held = evbuffer_new();
+	if (!k->held || evbuffer_add_buffer_reference(k->held, in) != 0) {
+		if (k->held)
+			evbuffer_free(k->held);
+		free(k);
+		return NULL;
+	}
+	k->refs = 1;
+	return k;
+}
+
+void km_ro_keeper_release(km_ro_keeper *k)
+{
+	if (k && --k->refs == 0) {
+		evbuffer_free(k->held);
+		free(k);
+	}
+}
+
+static void keeper_cleanup(const void *data, size_t len, void *arg)
+{
+	(void)data;
+	(void)len;
+	km_ro_keeper_release(arg);
+}
+
+static int put(struct evbuffer *out, const uint8_t *p, size_t n, km_ro_keeper *k)
+{
+	if (!n)
+		return 0;
+	if (k && n >= KM_RO_REF_MIN) {
+		k->refs++;
+		if (evbuffer_add_reference(out, p, n, keeper_cleanup, k) == 0)
+			return 0;
+		k->refs--;
+	}
+	return evbuffer_add(out, p, n);
+}
+
+static int put_len(struct evbuffer *out, bool flex, int32_t n)
+{
+	uint8_t b[8];
+	km_wr w;
+	km_wr_init_fixed(&w, b, sizeof(b));
+	km_wr_array_len(&w, flex, n);
+	return km_wr_ok(&w) ? evbuffer_add(out, b, w.len) : -1;
+}
+
+km_err km_ro_produce_rewrite(const km_ro_produce *pl, const uint8_t *frame, struct evbuffer *out, km_ro_keeper *k)
+{
+	bool flex = pl->version >= 9;
+	int32_t kept_topics = 0;
+	int rc = 0;
+
+	for (int32_t i = 0; i < pl->ntopics; i++)
+		kept_topics += pl->topics[i].nrefused < pl->topics[i].nparts || pl->topics[i].nparts == 0;
+	rc |= put(out, frame, pl->head_end, NULL);
+	rc |= put_len(out, flex, kept_topics);
+	for (int32_t i = 0; i < pl->ntopics && rc == 0; i++) {
+		const km_ro_topic *t = &pl->topics[i];
+		if (t->nparts > 0 && t->nrefused == t->nparts)
+			continue;
+		rc |= put(out, frame + t->start, t->head_end - t->start, NULL);
+		rc |= put_len(out, flex, t->nparts - t->nrefused);
+		for (int32_t j = 0; j < t->nparts; j++)
+			if (t->parts[j].code == KM_OK)
+				rc |= put(out, frame + t->parts[j].start, t->parts[j].end - t->parts[j].start, k);
+		rc |= put(out, frame + t->parts_end, t->end - t->parts_end, NULL);
+	}
+	rc |= put(out, frame + pl->topics_end, pl->len - pl->topics_end, NULL);
+	return rc == 0 ? KM_OK : KM_ERR_NOMEM;
+}
+
+/* ---- Produce: the merged response ---- */
+
+static const km_produce_response_topic_produce_response *find_topic(const km_produce_response *br,
+								      const km_ro_topic *t, int16_t v)
+{
+	for (int32_t i = 0; i < br->responses.count; i++) {
+		const km_produce_response_topic_produce_response *bt = &br->responses.items[i];
+		if (v >= 13 ? memcmp(bt->topic_id.b, t->id.b, 16) == 0 : km_str_eq(bt->name, t->name))
+			return bt;
+	}
+	return NULL;
+}
+
+km_err km_ro_produce_merge(const km_ro_produce *pl, const uint8_t *body, size_t len, const uint8_t *tail,
+			   size_t tlen, km_rewrite_ctx *rw, km_wr *out)
+{
+	int16_t v = pl->version;
+	km_produce_response br, m;
+	km_arena a;
+	km_wr w;
+	km_err rc = KM_OK;
+
+	km_arena_init(&a, KM_ARENA_DEFAULT_CAP);
+	km_produce_response_init(&br);
+	br.responses.count = 0;
+	if (body) {
+		km_rd r;
+		km_rd_init(&r, body, len);
+		rc = km_produce_response_decode(&r, v, &br, &a);
+		if (rc == KM_OK && km_rd_left(&r) != 0)
+			rc = KM_ERR_DECODE;
+	}
+	km_produce_response_init(&m);
+	m.throttle_time_ms = body ? br.throttle_time_ms : 0;
+	m.responses.count = pl->ntopics;
+	m.responses.items = pl->ntopics ? km_arena_calloc(&a, (size_t)pl->ntopics * sizeof(*m.responses.items)) : NULL;
+	if (rc == KM_OK && pl->ntopics && !m.responses.items)
+		rc = KM_ERR_NOMEM;
+	for (int32_t i = 0; i < pl->ntopics && rc == KM_OK; i++) {
+		const km_ro_topic *t = &pl->topics[i];
+		km_produce_response_topic_produce_response *mt = &m.responses.items[i];
+		const km_produce_response_topic_produce_response *bt = body ? find_topic(&br, t, v) : NULL;
+		km_produce_response_topic_produce_response_init(mt);
+		mt->name = t->name;
+		mt->topic_id = t->id;
+		mt->partition_responses.count = t->nparts;
+		mt->partition_responses.items =
+			t->nparts ? km_arena_calloc(&a, (size_t)t->nparts * sizeof(*mt->partition_responses.items)) : NULL;
+		if (t->nparts && !mt->partition_responses.items) {
+			rc = KM_ERR_NOMEM;
+			break;
+		}
+		for (int32_t j = 0; j < t->nparts; j++) {
+			const km_ro_part *p = &t->parts[j];
+			km_produce_response_partition_produce_response *mp = &mt->partition_responses.items[j];
+			const km_produce_response_partition_produce_response *bp = NULL;
+			km_produce_response_partition_produce_response_init(mp);
+			mp->index = p->index;
+			for (int32_t k = 0; p->code == KM_OK && bt && k < bt->partition_responses.count && !bp; k++)
+				if (bt->partition_responses.items[k].index == p->index)
+					bp = &bt->partition_responses.items[k];
+			if (bp) {
+				*mp = *bp;
+				continue;
+			}
+			/* Refused here (or, never seen, missing from the broker's answer). */
+			mp->error_code = (int16_t)(p->code != KM_OK ? p->code : KM_KAFKA_UNKNOWN_SERVER_ERROR);
+			mp->base_offset = -1;
+			mp->log_append_time_ms = -1;
+			mp->log_start_offset = -1;
+			mp->record_errors.count = 0;
+			if (v >= 8)
+				mp->error_message = km_str_c(p->code != KM_OK ? p->message : "no answer from the broker for this partition");
+		}
+	}
+	if (rc != KM_OK) {
+		km_arena_free(&a);
+		return rc;
+	}
+	/* Encoded without top-level tags (their empty section is the last byte), then the broker's own. */
+	m.node_endpoints.count = 0;
+	km_wr_init(&w);
+	km_produce_response_encode(&w, v, &m);
+	if (!km_wr_ok(&w))
+		rc = w.err != KM_OK ? w.err : KM_ERR_NOMEM;
+	else if (v >= 9 && (w.len == 0 || w.buf[w.len - 1] != 0))
+		rc = KM_ERR_DECODE;
+	if (rc == KM_OK) {
+		km_wr_raw(out, w.buf, v >= 9 ? w.len - 1 : w.len);
+		if (v >= 9) {
+			if (!tail || (tlen == 1 && tail[0] == 0))
+				km_wr_uvarint(out, 0);
+			else if (v >= 10)
+				rc = km_rewrite_node_endpoint_tags(tail, tlen, rw, out);
+			else
+				km_wr_raw(out, tail, tlen);
+		}
+	}
+	km_wr_free(&w);
+	km_arena_free(&a);
+	return rc;
+}
+
+/* ---- DeleteRecords, DeleteTopics, CreatePartitions ---- */
+
+struct km_ro_admin {
+	int16_t key, version;
+	int32_t ntopics;
+	km_ro_topic *topics;     /* in request order; DeleteRecords: with partitions */
+	bool by_id;              /* DeleteTopics v6: topics named by id */
+	km_arena arena;
+};
+
+void km_ro_admin_free(void *p)
+{
+	km_ro_admin *ad = p;
+	if (!ad)
+		return;
+	km_arena_free(&ad->arena);
+	free(ad);
+}
+
+/* Ask the lookup; a refusal's message is kept in the plan. Returns whether it is refused. */
+static bool refuse(km_ro_admin *ad, const km_ro_lookup *lk, km_str name, const km_uuid *id, int32_t partition,
+		   km_ro_op op, km_err *code, const char **message, km_str *name_out)
+{
+	km_ro_verdict vd;
+	memset(&vd, 0, sizeof(vd));
+	lk->check(lk->arg, name, id, partition, op, &vd);
+	if (vd.code == KM_OK)
+		return false;
+	*code = vd.code;
+	*message = arena_strdup(&ad->arena, vd.message);
+	if (name_out && name.len < 0 && vd.name[0])
+		*name_out = arena_str(&ad->arena, km_str_c(vd.name));
+	return true;
+}
+
+static km_err split_delete_records(km_ro_admin *ad, km_rd *r, const km_ro_lookup *lk, size_t *nref, size_t *nall,
+				   km_wr *forward)
+{
+	km_delete_records_request rq, fwd;
+	km_err rc;
+
+	km_delete_records_request_init(&rq);
+	if ((rc = km_delete_records_request_decode(r, ad->version, &rq, &ad->arena)) != KM_OK)
+		return rc;
+	fwd = rq;
+	fwd.topics.count = 0;
+	ad->ntopics = rq.topics.count > 0 ? rq.topics.count : 0;
+	ad->topics = km_arena_calloc(&ad->arena, (size_t)ad->ntopics * sizeof(*ad->topics) + 1);
+	fwd.topics.items = km_arena_calloc(&ad->arena, (size_t)ad->ntopics * sizeof(*fwd.topics.items) + 1);
+	if (!ad->topics || !fwd.topics.items)
+		return KM_ERR_NOMEM;
+	for (int32_t i = 0; i < ad->ntopics; i++) {
+		km_delete_records_request_delete_records_topic *rt = &rq.topics.items[i], kept = *rt;
+		km_ro_topic *t = &ad->topics[i];
+		t->name = arena_str(&ad->arena, rt->name);
+		t->nparts = rt->partitions.count > 0 ? rt->partitions.count : 0;
+		t->parts = km_arena_calloc(&ad->arena, (size_t)t->nparts * sizeof(*t->parts) + 1);
+		kept.partitions.items = km_arena_calloc(&ad->arena, (size_t)t->nparts * sizeof(*kept.partitions.items) + 1);
+		if (!t->parts || !kept.partitions.items)
+			return KM_ERR_NOMEM;
+		kept.partitions.count = 0;
+		for (int32_t j = 0; j < t->nparts; j++) {
+			km_ro_part *p = &t->parts[j];
+			p->index = rt->partitions.items[j].partition_index;
+			(*nall)++;
+			if (refuse(ad, lk, t->name, NULL, p->index, KM_RO_DELETE_RECORDS, &p->code, &p->message, NULL)) {
+				/* DeleteRecords has no message field: the log has it. */
+				KM_INFO("proxy", 0, "DeleteRecords %.*s-%d refused (%s): %s", t->name.len, t->name.p, p->index,
+					km_err_name(p->code), p->message ? p->message : "");
+				t->nrefused++;
+				(*nref)++;
+			} else {
+				kept.partitions.items[kept.partitions.count++] = rt->partitions.items[j];
+			}
+		}
+		if (kept.partitions.count > 0)
+			fwd.topics.items[fwd.topics.count++] = kept;
+	}
+	if (*nref && *nref < *nall)
+		km_delete_records_request_encode(forward, ad->version, &fwd);
+	return km_arena_err(&ad->arena);
+}
+
+static km_err split_delete_topics(km_ro_admin *ad, km_rd *r, const km_ro_lookup *lk, size_t *nref, size_t *nall,
+				  km_wr *forward)
+{
+	km_delete_topics_request rq, fwd;
+	km_err rc;
+	int16_t v = ad->version;
+
+	km_delete_topics_request_init(&rq);
+	if ((rc = km_delete_topics_request_decode(r, v, &rq, &ad->arena)) != KM_OK)
+		return rc;
+	fwd = rq;
+	ad->by_id = v >= 6;
+	ad->ntopics = v >= 6 ? rq.topics.count : rq.topic_names.count;
+	if (ad->ntopics < 0)
+		ad->ntopics = 0;
+	ad->topics = km_arena_calloc(&ad->arena, (size_t)ad->ntopics * sizeof(*ad->topics) + 1);
+	if (v >= 6) {
+		fwd.topics.count = 0;
+		fwd.topics.items = km_arena_calloc(&ad->arena, (size_t)ad->ntopics * sizeof(*fwd.topics.items) + 1);
+	} else {
+		fwd.topic_names.count = 0;
+		fwd.topic_names.items = km_arena_calloc(&ad->arena, (size_t)ad->ntopics * sizeof(km_str) + 1);
+	}
+	if (!ad->topics || (v >= 6 ? !fwd.topics.items : !fwd.topic_names.items))
+		return KM_ERR_NOMEM;
+	for (int32_t i = 0; i < ad->ntopics; i++) {
+		km_ro_topic *t = &ad->topics[i];
+		bool by_id = v >= 6 && rq.topics.items[i].name.len < 0;
+		t->name = arena_str(&ad->arena, v >= 6 ? rq.topics.items[i].name : rq.topic_names.items[i]);
+		if (v >= 6)
+			t->id = rq.topics.items[i].topic_id;
+		(*nall)++;
+		if (refuse(ad, lk, t->name, by_id ? &t->id : NULL, -1, KM_RO_DELETE_TOPIC, &t->code, &t->message,
+			   &t->name)) {
+			(*nref)++;
+			t->nrefused = 1;
+		} else if (v >= 6) {
+			fwd.topics.items[fwd.topics.count++] = rq.topics.items[i];
+		} else {
+			fwd.topic_names.items[fwd.topic_names.count++] = rq.topic_names.items[i];
+		}
+	}
+	if (*nref && *nref < *nall)
+		km_delete_topics_request_encode(forward, v, &fwd);
+	return km_arena_err(&ad->arena);
+}
+
+static km_err split_create_partitions(km_ro_admin *ad, km_rd *r, const km_ro_lookup *lk, size_t *nref, size_t *nall,
+				      km_wr *forward)
+{
+	km_create_partitions_request rq, fwd;
+	km_err rc;
+
+	km_create_partitions_request_init(&rq);
+	if ((rc = km_create_partitions_request_decode(r, ad->version, &rq, &ad->arena)) != KM_OK)
+		return rc;
+	fwd = rq;
+	fwd.topics.count = 0;
+	ad->ntopics = rq.topics.count > 0 ? rq.topics.count : 0;
+	ad->topics = km_arena_calloc(&ad->arena, (size_t)ad->ntopics * sizeof(*ad->topics) + 1);
+	fwd.topics.items = km_arena_calloc(&ad->arena, (size_t)ad->ntopics * sizeof(*fwd.topics.items) + 1);
+	if (!ad->topics || !fwd.topics.items)
+		return KM_ERR_NOMEM;
+	for (int32_t i = 0; i < ad->ntopics; i++) {
+		km_ro_topic *t = &ad->topics[i];
+		t->name = arena_str(&ad->arena, rq.topics.items[i].name);
+		(*nall)++;
+		if (refuse(ad, lk, t->name, NULL, -1, KM_RO_CREATE_PARTITIONS, &t->code, &t->message, NULL)) {
+			(*nref)++;
+			t->nrefused = 1;
+		} else {
+			fwd.topics.items[fwd.topics.count++] = rq.topics.items[i];
+		}
+	}
+	if (*nref && *nref < *nall)
+		km_create_partitions_request_encode(forward, ad->version, &fwd);
+	return km_arena_err(&ad->arena);
+}
+
+km_err km_ro_admin_split(int16_t key, int16_t version, const uint8_t *body, size_t len, const km_ro_lookup *lk,
+			 km_ro_admin **out, km_wr *forward)
+{
+	km_ro_admin *ad = calloc(1, sizeof(*ad));
+	size_t nref = 0, nall = 0;
+	km_rd r;
+	km_err rc;
+
+	*out = NULL;
+	if (!ad)
+		return KM_ERR_NOMEM;
+	km_arena_init(&ad->arena, KM_RO_ARENA_CAP);
+	ad->key = key;
+	ad->version = version;
+	km_rd_init(&r, body, len);
+	switch (key) {
+	case KM_API_DELETE_RECORDS:
+		rc = split_delete_records(ad, &r, lk, &nref, &nall, forward);
+		break;
+	case KM_API_DELETE_TOPICS:
+		rc = split_delete_topics(ad, &r, lk, &nref, &nall, forward);
+		break;
+	case KM_API_CREATE_PARTITIONS:
+		rc = split_create_partitions(ad, &r, lk, &nref, &nall, forward);
+		break;
+	default:
+		rc = KM_ERR_UNSUPPORTED;
+	}
+	if (rc == KM_OK && km_rd_left(&r) != 0)
+		rc = KM_ERR_DECODE;
+	if (rc == KM_OK && !km_wr_ok(forward))
+		rc = forward->err;
+	if (rc != KM_OK || nref == 0) {
+		km_ro_admin_free(ad);
+		return rc;
+	}
+	*out = ad;
+	return KM_OK;
+}
+
+static km_err merge_delete_records(const km_ro_admin *ad, const uint8_t *body, size_t len, km_arena *a, km_wr *out)
+{
+	km_delete_records_response br, m;
+	km_err rc = KM_OK;
+
+	km_delete_records_response_init(&br);
+	br.topics.count = 0;
+	if (body) {
+		km_rd r;
+		km_rd_init(&r, body, len);
+		if ((rc = km_delete_records_response_decode(&r, ad->version, &br, a)) != KM_OK)
+			return rc;
+	}
+	m = br;
+	m.topics.count = ad->ntopics;
+	m.topics.items = km_arena_calloc(a, (size_t)ad->ntopics * sizeof(*m.topics.items) + 1);
+	if (!m.topics.items)
+		return KM_ERR_NOMEM;
+	for (int32_t i = 0; i < ad->ntopics; i++) {
+		const km_ro_topic *t = &ad->topics[i];
+		km_delete_records_response_delete_records_topic_result *mt = &m.topics.items[i], *bt = NULL;
+		for (int32_t k = 0; k < br.topics.count && !bt; k++)
+			if (km_str_eq(br.topics.items[k].name, t->name))
+				bt = &br.topics.items[k];
+		km_delete_records_response_delete_records_topic_result_init(mt);
+		mt->name = t->name;
+		mt->partitions.count = t->nparts;
+		mt->partitions.items = km_arena_calloc(a, (size_t)t->nparts * sizeof(*mt->partitions.items) + 1);
+		if (!mt->partitions.items)
+			return KM_ERR_NOMEM;
+		for (int32_t j = 0; j < t->nparts; j++) {
+			km_delete_records_response_delete_records_partition_result *mp = &mt->partitions.items[j], *bp = NULL;
+			for (int32_t k = 0; t->parts[j].code == KM_OK && bt && k < bt->partitions.count && !bp; k++)
+				if (bt->partitions.items[k].partition_index == t->parts[j].index)
+					bp = &bt->partitions.items[k];
+			if (bp) {
+				*mp = *bp;
+				continue;
+			}
+			km_delete_records_response_delete_records_partition_result_init(mp);
+			mp->partition_index = t->parts[j].index;
+			mp->low_watermark = -1;
+			mp->error_code = (int16_t)(t->parts[j].code != KM_OK ? t->parts[j].code : KM_KAFKA_UNKNOWN_SERVER_ERROR);
+		}
+	}
+	km_delete_records_response_encode(out, ad->version, &m);
+	return rc;
+}
+
+static km_err merge_delete_topics(const km_ro_admin *ad, const uint8_t *body, size_t len, km_arena *a, km_wr *out)
+{
+	km_delete_topics_response br, m;
+	km_err rc;
+
+	km_delete_topics_response_init(&br);
+	br.responses.count = 0;
+	if (body) {
+		km_rd r;
+		km_rd_init(&r, body, len);
+		if ((rc = km_delete_topics_response_decode(&r, ad->version, &br, a)) != KM_OK)
+			return rc;
+	}
+	m = br;
+	m.responses.count = ad->ntopics;
+	m.responses.items = km_arena_calloc(a, (size_t)ad->ntopics * sizeof(*m.responses.items) + 1);
+	if (!m.responses.items)
+		return KM_ERR_NOMEM;
+	for (int32_t i = 0; i < ad->ntopics; i++) {
+		const km_ro_topic *t = &ad->topics[i];
+		km_delete_topics_response_deletable_topic_result *mt = &m.responses.items[i], *bt = NULL;
+		bool named = t->name.len >= 0 && t->code == KM_OK;
+		for (int32_t k = 0; t->code == KM_OK && k < br.responses.count && !bt; k++) {
+			const km_delete_topics_response_deletable_topic_result *c = &br.responses.items[k];
+			if (named ? km_str_eq(c->name, t->name) : memcmp(c->topic_id.b, t->id.b, 16) == 0)
+				bt = &br.responses.items[k];
+		}
+		if (bt) {
+			*mt = *bt;
+			continue;
+		}
+		km_delete_topics_response_deletable_topic_result_init(mt);
+		mt->name = t->name;
+		mt->topic_id = t->id;
+		mt->error_code = (int16_t)(t->code != KM_OK ? t->code : KM_KAFKA_UNKNOWN_SERVER_ERROR);
+		if (ad->version >= 5)
+			mt->error_message = km_str_c(t->code != KM_OK ? t->message : "no answer from the broker for this topic");
+		else if (t->code != KM_OK)
+			KM_INFO("proxy", 0, "DeleteTopics %.*s refused (%s): %s", t->name.len > 0 ? t->name.len : 0,
+				t->name.p ? t->name.p : "", km_err_name(t->code), t->message ? t->message : "");
+	}
+	km_delete_topics_response_encode(out, ad->version, &m);
+	return KM_OK;
+}
+
+static km_err merge_create_partitions(const km_ro_admin *ad, const uint8_t *body, size_t len, km_arena *a, km_wr *out)
+{
+	km_create_partitions_response br, m;
+	km_err rc;
+
+	km_create_partitions_response_init(&br);
+	br.results.count = 0;
+	if (body) {
+		km_rd r;
+		km_rd_init(&r, body, len);
+		if ((rc = km_create_partitions_response_decode(&r, ad->version, &br, a)) != KM_OK)
+			return rc;
+	}
+	m = br;
+	m.results.count = ad->ntopics;
+	m.results.items = km_arena_calloc(a, (size_t)ad->ntopics * sizeof(*m.results.items) + 1);
+	if (!m.results.items)
+		return KM_ERR_NOMEM;
+	for (int32_t i = 0; i < ad->ntopics; i++) {
+		const km_ro_topic *t = &ad->topics[i];
+		km_create_partitions_response_create_partitions_topic_result *mt = &m.results.items[i], *bt = NULL;
+		for (int32_t k = 0; t->code == KM_OK && k < br.results.count && !bt; k++)
+			if (km_str_eq(br.results.items[k].name, t->name))
+				bt = &br.results.items[k];
+		if (bt) {
+			*mt = *bt;
+			continue;
+		}
+		km_create_partitions_response_create_partitions_topic_result_init(mt);
+		mt->name = t->name;
+		mt->error_code = (int16_t)(t->code != KM_OK ? t->code : KM_KAFKA_UNKNOWN_SERVER_ERROR);
+		mt->error_message = km_str_c(t->code != KM_OK ? t->message : "no answer from the broker for this topic");
+	}
+	km_create_partitions_response_encode(out, ad->version, &m);
+	return KM_OK;
+}
+
+km_err km_ro_admin_merge(const km_ro_admin *ad, const uint8_t *body, size_t len, km_wr *out)
+{
+	km_arena a;
+	km_err rc;
+
+	km_arena_init(&a, KM_ARENA_DEFAULT_CAP);
+	switch (ad->key) {
+	case KM_API_DELETE_RECORDS:
+		rc = merge_delete_records(ad, body, len, &a, out);
+		break;
+	case KM_API_DELETE_TOPICS:
+		rc = merge_delete_topics(ad, body, len, &a, out);
+		break;
+	default:
+		rc = merge_create_partitions(ad, body, len, &a, out);
+		break;
+	}
+	if (rc == KM_OK && !km_wr_ok(out))
+		rc = out->err;
+	km_arena_free(&a);
+	return rc;
+}
+
+/* ---- the hooks ---- */
+
+static const km_ro_lookup *lookup_of(const km_req *rq)
+{
+	return &km_session_host_of(rq->s)->read_only;
+}
+
+/* A merged response: the broker's size prefix and header replaced around the new body. */
+static km_err send_merged(km_resp *rs, const uint8_t *frame, const km_wr *body)
+{
+	uint8_t pre[4];
+	size_t end = rs->frame_len + 4;
+	if (rs->body_off - 4 + body->len > INT32_MAX)
+		return KM_ERR_TOO_LARGE;
+	km_put_be32(pre, (uint32_t)(rs->body_off - 4 + body->len));
+	if (evbuffer_add(rs->out, pre, 4) != 0 || evbuffer_add(rs->out, frame + 4, rs->body_off - 4) != 0 ||
+	    evbuffer_add(rs->out, body->buf, body->len) != 0)
+		return KM_ERR_NOMEM;
+	evbuffer_drain(rs->in, end);
+	return KM_OK;
+}
+
+static km_err ro_produce_response(km_resp *rs)
+{
+	const km_ro_produce *pl = rs->ctx;
+	size_t end = rs->frame_len + 4, tags_off = end;
+	const uint8_t *frame;
+	km_wr w;
+	km_err rc = KM_OK;
+
+	if (rs->version >= 9 && (rc = km_rewrite_produce_top_tags(rs->in, 0, end, rs->version, &tags_off)) != KM_OK)
+		return rc;
+	if (!(frame = evbuffer_pullup(rs->in, (ev_ssize_t)end)))
+		return KM_ERR_NOMEM;
+	km_wr_init(&w);
+	rc = km_ro_produce_merge(pl, frame + rs->body_off, end - rs->body_off, rs->version >= 9 ? frame + tags_off : NULL,
+				 end - tags_off, rs->rw, &w);
+	if (rc == KM_OK && !km_wr_ok(&w))
+		rc = w.err;
+	if (rc == KM_OK)
+		rc = send_merged(rs, frame, &w);
+	km_wr_free(&w);
+	return rc;
+}
+
+static km_err answer_with(km_req *rq, km_wr *w)
+{
+	if (!km_wr_ok(w))
+		return w->err;
+	rq->answer = evbuffer_new();
+	if (!rq->answer || evbuffer_add(rq->answer, w->buf, w->len) != 0)
+		return KM_ERR_NOMEM;
+	return KM_OK;
+}
+
+static km_err ro_produce_classify(km_req *rq)
+{
+	km_err rc = km_proxy_produce_classify(rq);
+	/* With no read-only topic, Produce stays cut-through: this test is all it costs. */
+	if (rc == KM_OK && rq->need <= rq->body_len && km_ro_active(lookup_of(rq)))
+		rq->action = KM_REQ_HOLD;
+	return rc;
+}
+
+static km_err ro_produce_request(km_req *rq)
+{
+	const km_ro_lookup *lk = lookup_of(rq);
+	km_ro_produce *pl = NULL;
+	km_ro_keeper *k;
+	km_err rc;
+
+	if (!km_ro_active(lk))
+		return KM_OK; /* no longer (the store changed since classify): forwarded as it is */
+	rc = km_ro_produce_walk(rq->body, rq->frame_len, rq->h, lk, &pl);
+	if (rc != KM_OK) {
+		rq->close_reason = "malformed Produce request";
+		return rc;
+	}
+	if (pl->nrefused == 0) {
+		km_ro_produce_free(pl);
+		return KM_OK;
+	}
+	KM_DEBUG("proxy", km_session_id(rq->s), "Produce v%d (correlation id %d): %zu of %zu partitions refused",
+		 rq->h->api_version, rq->h->correlation_id, pl->nrefused, pl->nparts);
+	if (pl->nrefused == pl->nparts && pl->acks != 0) {
+		km_wr w;
+		km_wr_init(&w);
+		rc = km_ro_produce_merge(pl, NULL, 0, NULL, 0, NULL, &w);
+		if (rc == KM_OK)
+			rc = answer_with(rq, &w);
+		km_wr_free(&w);
+		km_ro_produce_free(pl);
+		return rc;
+	}
+	/* acks=0 with nothing left still goes up, empty: the frame must go somewhere, and no answer is due. */
+	if (!(rq->rewritten = evbuffer_new())) {
+		km_ro_produce_free(pl);
+		return KM_ERR_NOMEM;
+	}
+	k = km_ro_keeper_new(rq->in);
+	rc = km_ro_produce_rewrite(pl, rq->body, rq->rewritten, k);
+	km_ro_keeper_release(k);
+	if (rc != KM_OK || pl->acks == 0) {
+		km_ro_produce_free(pl);
+		return rc;
+	}
+	rq->ctx = pl;
+	rq->ctx_free = km_ro_produce_free;
+	rq->on_response = ro_produce_response;
+	rq->resp = KM_RESP_WHOLE;
+	return KM_OK;
+}
+
+static km_err ro_admin_response(km_resp *rs)
+{
+	size_t end = rs->frame_len + 4;
+	const uint8_t *frame = evbuffer_pullup(rs->in, (ev_ssize_t)end);
+	km_wr w;
+	km_err rc;
+
+	if (!frame)
+		return KM_ERR_NOMEM;
+	km_wr_init(&w);
+	rc = km_ro_admin_merge(rs->ctx, frame + rs->body_off, end - rs->body_off, &w);
+	if (rc == KM_OK)
+		rc = send_merged(rs, frame, &w);
+	km_wr_free(&w);
+	return rc;
+}
+
+static km_err ro_admin_request(km_req *rq)
+{
+	const km_ro_lookup *lk = lookup_of(rq);
+	km_ro_admin *ad = NULL;
+	km_req_header full;
+	size_t off;
+	km_wr fwd;
+	km_err rc;
+
+	if (!km_ro_active(lk))
+		return KM_OK;
+	if (km_net_parse_request_header(rq->body, rq->frame_len,
+					km_proxy_request_header_version(rq->h->api_key, rq->h->api_version), &full) != KM_OK) {
+		rq->close_reason = "malformed request header";
+		return KM_ERR_DECODE;
+	}
+	off = full.body_offset;
+	km_wr_init(&fwd);
+	rc = km_ro_admin_split(rq->h->api_key, rq->h->api_version, rq->body + off, rq->frame_len - off, lk, &ad, &fwd);
+	if (rc != KM_OK || !ad) {
+		if (rc != KM_OK)
+			rq->close_reason = "malformed request";
+		km_wr_free(&fwd);
+		return rc;
+	}
+	if (fwd.len == 0) {
+		km_wr w;
+		km_wr_init(&w);
+		rc = km_ro_admin_merge(ad, NULL, 0, &w);
+		if (rc == KM_OK)
+			rc = answer_with(rq, &w);
+		km_wr_free(&w);
+		km_ro_admin_free(ad);
+	} else if (!(rq->rewritten = evbuffer_new()) || evbuffer_add(rq->rewritten, rq->body, off) != 0 ||
+		   evbuffer_add(rq->rewritten, fwd.buf, fwd.len) != 0) {
+		km_ro_admin_free(ad);
+		rc = KM_ERR_NOMEM;
+	} else {
+		rq->ctx = ad;
+		rq->ctx_free = km_ro_admin_free;
+		rq->on_response = ro_admin_response;
+		rq->resp = KM_RESP_WHOLE;
+	}
+	km_wr_free(&fwd);
+	return rc;
+}
+
+/* Held only while something is read-only: otherwise these stay plain forwards. */
+static km_err ro_admin_classify(km_req *rq)
+{
+	if (km_ro_active(lookup_of(rq)))
+		rq->action = KM_REQ_HOLD;
+	return KM_OK;
+}
+
+/* ---- the rows ---- */
+
+static const km_proxy_api admin_rows[] = {
+	{.key = KM_API_DELETE_TOPICS, .min_version = -1, .max_version = -1, .classify = ro_admin_classify,
+	 .on_request = ro_admin_request,
+	 .note = "mirror topics (unless every partition is STOPPED) and the state topic refused; the rest forwarded, merged"},
+	{.key = KM_API_DELETE_RECORDS, .min_version = -1, .max_version = -1, .classify = ro_admin_classify,
+	 .on_request = ro_admin_request,
+	 .note = "partitions of read-only mirror topics and of the state topic refused; the rest forwarded, merged"},
+	{.key = KM_API_CREATE_PARTITIONS, .min_version = -1, .max_version = -1, .classify = ro_admin_classify,
+	 .on_request = ro_admin_request,
+	 .note = "mirror topics (their partitions follow the source) and the state topic refused; the rest forwarded, merged"},
+};
+
+km_err km_ro_register(km_proxy_apis *t)
+{
+	const km_proxy_api *cur = km_proxy_apis_find(t, KM_API_PRODUCE);
+	km_proxy_api produce;
+	km_err rc;
+
+	if (!cur)
+		return KM_ERR_INVAL;
+	produce = *cur;
+	produce.classify = ro_produce_classify;
+	produce.on_request = ro_produce_request;
+	produce.note = "acks=0 takes no FIFO slot; v10+ responses: NodeEndpoints rewritten in the tail; held, split and "
+		       "merged while a mirror topic is read-only";
+	if ((rc = km_proxy_apis_set(t, &produce)) != KM_OK)
+		return rc;
+	for (size_t i = 0; i < sizeof(admin_rows) / sizeof(admin_rows[0]); i++)
+		if ((rc = km_proxy_apis_set(t, &admin_rows[i])) != KM_OK)
+			return rc;
+	return KM_OK;
+}
+
+/* ---- the lookup over the state store ---- */
+
+static bool state_active(void *arg)
+{
+	return km_state_read_only_topics(arg) > 0;
+}
+
+static void state_check(void *arg, km_str name, const km_uuid *id, int32_t partition, km_ro_op op, km_ro_verdict *v)
+{
+	km_state *st = arg;
+	const char *store = km_state_topic_name_of_store(st);
+	const km_state_topic *t = id ? km_state_topic_find_id(st, id) : km_state_topic_find(st, name.p, (size_t)name.len);
+	const km_state_mirror *m;
+	const char *mirror, *topic;
+	bool refuse;
+
+	v->code = KM_OK;
+	v->message[0] = v->name[0] = '\0';
+	if (!id && store && km_str_eq_c(name, store)) {
+		v->code = KM_KAFKA_TOPIC_AUTHORIZATION_FAILED;
+		snprintf(v->message, sizeof(v->message), "%s is written, deleted and configured only by kmirrord", store);
+		return;
+	}
+	if (!t)
+		return;
+	refuse = partition >= 0 ? km_state_topic_read_only(t, partition) : km_state_topic_state(t) != KM_MP_STOPPED;
+	if (!refuse)
+		return;
+	m = km_state_topic_mirror(t);
+	mirror = km_state_mirror_name(m);
+	topic = km_state_topic_name(t);
+	snprintf(v->name, sizeof(v->name), "%s", topic);
+	v->code = KM_MIRROR_READ_ONLY_TOPIC;
+	switch (op) {
+	case KM_RO_CREATE_PARTITIONS:
+		snprintf(v->message, sizeof(v->message),
+			 "topic %s is mirrored by mirror %s from %s: its partitions follow its source topic's", topic,
+			 mirror, km_state_mirror_source(m));
+		break;
+	case KM_RO_DELETE_TOPIC:
+		snprintf(v->message, sizeof(v->message),
+			 "topic %s is mirrored by mirror %s from %s and cannot be deleted while it is %s; stop its "
+			 "mirroring first (kmirror stop --mirror %s --topics %s)",
+			 topic, mirror, km_state_mirror_source(m), km_mp_state_name(km_state_topic_state(t)), mirror, topic);
+		break;
+	default:
+		snprintf(v->message, sizeof(v->message),
+			 "topic %s is mirrored by mirror %s from %s and is read-only; stop its mirroring (kmirror stop "
+			 "--mirror %s --topics %s) to write to it",
+			 topic, mirror, km_state_mirror_source(m), mirror, topic);
+		break;
+	}
+}
+
+void km_ro_lookup_from_state(km_state *st, km_ro_lookup *out)
+{
+	out->active = st ? state_active : NULL;
+	out->check = st ? state_check : NULL;
+	out->arg = st;
+}

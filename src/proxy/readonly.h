@@ -1,0 +1,144 @@
+/* Proxy-internal: read-only mirror topics (writes, record and topic deletion, new partitions refused; the rest forwarded and merged). */
+#ifndef KMIRROR_PROXY_READONLY_H
+#define KMIRROR_PROXY_READONLY_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <event2/buffer.h>
+
+#include "kmirror/arena.h"
+#include "kmirror/error.h"
+#include "kmirror/net.h"
+#include "kmirror/state.h"
+#include "kmirror/wire.h"
+#include "proxy/apis.h"
+#include "proxy/rewrite.h"
+
+/* What a client asks of a topic. */
+typedef enum {
+	KM_RO_WRITE = 0,          /* Produce to a partition */
+	KM_RO_DELETE_RECORDS,     /* DeleteRecords on a partition */
+	KM_RO_DELETE_TOPIC,       /* DeleteTopics (partition -1) */
+	KM_RO_CREATE_PARTITIONS,  /* CreatePartitions (partition -1) */
+} km_ro_op;
+
+/* A refusal: code KM_OK lets the request through. */
+typedef struct km_ro_verdict {
+	km_err code;        /* KM_OK, READ_ONLY_TOPIC or TOPIC_AUTHORIZATION_FAILED */
+	char message[512];  /* names the topic, the mirror and its source */
+	char name[256];     /* the topic's name (for a topic asked by id); "" when not known */
+} km_ro_verdict;
+
+/*
+ * The read side the hooks need, so that they depend on no store (the proxy fills it from the state
+ * store; unit tests from a table). active NULL or false: nothing is refused and Produce stays
+ * cut-through.
+ */
+typedef struct km_ro_lookup {
+	bool (*active)(void *arg);
+	/* The verdict on op: a topic by name (id NULL) or by id; partition -1 for the topic as a whole. */
+	void (*check)(void *arg, km_str name, const km_uuid *id, int32_t partition, km_ro_op op, km_ro_verdict *v);
+	void *arg;
+} km_ro_lookup;
+
+/* The lookup over the state store (st NULL: nothing is read-only). */
+void km_ro_lookup_from_state(km_state *st, km_ro_lookup *out);
+
+static inline bool km_ro_active(const km_ro_lookup *lk)
+{
+	return lk && lk->active && lk->check && lk->active(lk->arg);
+}
+
+/* ---- Produce: the walk, the split and the merge (pure; the unit tests run them on hand-built frames) ---- */
+
+typedef struct km_ro_part {
+	int32_t index;
+	size_t start, end;        /* the partition's bytes in the frame (index, records, tags) */
+	km_err code;              /* KM_OK: forwarded */
+	const char *message;
+} km_ro_part;
+
+typedef struct km_ro_topic {
+	km_str name;              /* v0-12 */
+	km_uuid id;               /* v13 */
+	size_t start, head_end;   /* the topic's name or id in the frame */
+	size_t parts_end, end;    /* after the last partition; after the topic's tags */
+	int32_t nparts, nrefused;
+	km_ro_part *parts;
+	km_err code;              /* a topic-level refusal (DeleteTopics, CreatePartitions) */
+	const char *message;
+} km_ro_topic;
+
+typedef struct km_ro_produce {
+	int16_t version;
+	int16_t acks;
+	size_t head_end;          /* after timeout_ms: header, transactional id, acks and timeout are kept as they are */
+	size_t topics_end;        /* after the last topic: the top-level tags follow */
+	size_t len;
+	int32_t ntopics;
+	km_ro_topic *topics;
+	size_t nparts, nrefused;
+	km_arena arena;           /* topics, partitions, messages */
+} km_ro_produce;
+
+/*
+ * Walk a whole Produce frame (frame: without its size prefix; h: its parsed header) and ask lk
+ * about every partition. Record sets are skipped by their length, never looked into. *out is
+ * allocated (free with km_ro_produce_free) on KM_OK.
+ */
+km_err km_ro_produce_walk(const uint8_t *frame, size_t len, const km_req_header *h, const km_ro_lookup *lk,
+			  km_ro_produce **out) __attribute__((warn_unused_result));
+void km_ro_produce_free(void *pl);
+
+/*
+ * Holds the bytes of a client's input buffer for the rewritten request that references them (the
+ * input is drained right after the hook). NULL when they cannot be held: the rewrite then copies.
+ */
+typedef struct km_ro_keeper km_ro_keeper;
+km_ro_keeper *km_ro_keeper_new(struct evbuffer *in);
+void km_ro_keeper_release(km_ro_keeper *k);
+
+/*
+ * The request without its refused partitions (and topics left with none): header, transactional
+ * id, acks and timeout as they came; each kept partition's bytes referenced through k (copied when
+ * k is NULL or the piece is small).
+ */
+km_err km_ro_produce_rewrite(const km_ro_produce *pl, const uint8_t *frame, struct evbuffer *out, km_ro_keeper *k)
+	__attribute__((warn_unused_result));
+
+/*
+ * The client's response body: every topic and partition in request order, refused ones answered
+ * here, the others taken from the broker's response body (NULL when nothing was forwarded). tail
+ * (tlen bytes): the broker's top-level tagged fields (v9+; NodeEndpoints rewritten through rw).
+ */
+km_err km_ro_produce_merge(const km_ro_produce *pl, const uint8_t *body, size_t len, const uint8_t *tail,
+			   size_t tlen, km_rewrite_ctx *rw, km_wr *out) __attribute__((warn_unused_result));
+
+/* ---- DeleteRecords, DeleteTopics, CreatePartitions: decoded whole (they are small) ---- */
+
+typedef struct km_ro_admin km_ro_admin;
+
+/*
+ * Split an admin request (key: DeleteRecords, DeleteTopics or CreatePartitions; body: the request
+ * body after its header). *out is NULL when nothing is refused. Otherwise *forward is the request
+ * body to forward (NULL when everything is refused: answer with km_ro_admin_merge(NULL)).
+ */
+km_err km_ro_admin_split(int16_t key, int16_t version, const uint8_t *body, size_t len, const km_ro_lookup *lk,
+			 km_ro_admin **out, km_wr *forward) __attribute__((warn_unused_result));
+/* The client's response body: the broker's response body (NULL: none) merged with the refusals. */
+km_err km_ro_admin_merge(const km_ro_admin *ad, const uint8_t *body, size_t len, km_wr *out)
+	__attribute__((warn_unused_result));
+void km_ro_admin_free(void *ad);
+
+/* ---- the proxy's rows ---- */
+
+/*
+ * Replace the Produce row (same classify and response hook, plus the hold when a topic is
+ * read-only) and add the DeleteRecords, DeleteTopics and CreatePartitions rows. The hooks find the
+ * lookup in the session host (km_session_host.read_only).
+ */
+km_err km_ro_register(km_proxy_apis *t) __attribute__((warn_unused_result));
+
+#endif

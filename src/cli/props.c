@@ -207,6 +207,14 @@ static const char *skip_ws(const char *p)
 	return p;
 }
 
+/* Forget what a failed parse found so far. */
+static void jaas_clear(char **username, char **password)
+{
+	free(*username);
+	free(*password);
+	*username = *password = NULL;
+}
+
 km_err km_cli_jaas_parse(const char *jaas, char **username, char **password, const char **module_mechanism,
 			 char *err, size_t errlen)
 {
@@ -251,6 +259,7 @@ km_err km_cli_jaas_parse(const char *jaas, char **username, char **password, con
 		p = skip_ws(p);
 		if (!key.len || *p != '=') {
 			free(key.p);
+			jaas_clear(username, password);
 			return cfg_fail(err, errlen, "sasl.jaas.config: expected key=\"value\" near '%.20s'", p);
 		}
 		p = skip_ws(p + 1);
@@ -264,6 +273,7 @@ km_err km_cli_jaas_parse(const char *jaas, char **username, char **password, con
 			if (*p != '"') {
 				free(key.p);
 				free(val.p);
+				jaas_clear(username, password);
 				return cfg_fail(err, errlen, "sasl.jaas.config: unterminated quoted value");
 			}
 			p++;

@@ -123,6 +123,14 @@ static void test_jaas(void **state)
 	assert_non_null(strstr(err, "unterminated"));
 	assert_null(u);
 	assert_null(p);
+	/* What was found before the error is dropped too. */
+	assert_int_equal(km_cli_jaas_parse("org.apache.kafka.common.security.plain.PlainLoginModule required "
+					   "username=\"a\" password=\"b\" =x;",
+					   &u, &p, &fam, err, sizeof(err)),
+			 KM_ERR_CONFIG);
+	assert_non_null(strstr(err, "expected key=\"value\""));
+	assert_null(u);
+	assert_null(p);
 }
 
 /* Client settings of a properties text; err_want NULL: must succeed. */

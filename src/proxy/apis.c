@@ -4,6 +4,7 @@
 
 #include "kmirror/log.h"
 #include "proxy/apis.h"
+#include "proxy/mirror_rpc.h"
 #include "proxy/rewrite.h"
 
 const char *const km_req_action_names[] = {"forward", "hold", "local"};
@@ -127,8 +128,7 @@ static const km_proxy_api rows[] = {
 	 .note = "too new: answered here; versions narrowed to this table, features to what they need"},
 	{.key = KM_API_SASL_HANDSHAKE, .min_version = 1, .max_version = -1,
 	 .note = "v0 is refused: its tokens travel outside Kafka framing"},
-	{.key = KM_API_DESCRIBE_CONFIGS, .min_version = -1, .max_version = -1, .resp = KM_RESP_WHOLE,
-	 .rewrite = km_rewrite_describe_configs, .note = "broker listener configs hidden or made the proxy's"},
+	/* DescribeConfigs, IncrementalAlterConfigs, AlterConfigs and the mirror RPCs: mirror_rpc.c. */
 	{.key = KM_API_DESCRIBE_QUORUM, .min_version = -1, .max_version = -1, .resp = KM_RESP_WHOLE,
 	 .rewrite = km_rewrite_describe_quorum, .note = "controller listeners emptied"},
 	{.key = KM_API_SHARE_FETCH, .min_version = -1, .max_version = -1, .resp = KM_RESP_WHOLE,
@@ -198,6 +198,8 @@ km_proxy_apis *km_proxy_apis_new(void)
 	for (size_t i = 0; i < sizeof(rows) / sizeof(rows[0]); i++)
 		if (km_proxy_apis_set(t, &rows[i]) != KM_OK)
 			goto fail;
+	if (km_mirror_rpc_register(t) != KM_OK)
+		goto fail;
 	return t;
 fail:
 	km_proxy_apis_free(t);

@@ -448,6 +448,38 @@ static void test_api_table(void **state)
 	assert_true(ctl->listeners & KM_API_LISTENER_CONTROLLER);
 }
 
+/* Every kmirror wire code has its row in docs/protocol.md's error table, and no code is missing from the table. */
+static void test_mirror_errors_documented(void **state)
+{
+	const char *srcdir = getenv("srcdir");
+	char path[1024], row[128], *doc;
+	size_t n;
+	FILE *f;
+	km_err code;
+
+	(void)state;
+	snprintf(path, sizeof(path), "%s/docs/protocol.md", srcdir ? srcdir : ".");
+	f = fopen(path, "r");
+	assert_non_null(f);
+	doc = calloc(1, 1 << 20);
+	n = fread(doc, 1, (1 << 20) - 1, f);
+	fclose(f);
+	assert_true(n > 0);
+	for (code = KM_MIRROR_ERROR_FIRST; km_err_is_mirror(code); code++) {
+		snprintf(row, sizeof(row), "| %d | `%s` | %s |", code, km_err_name(code),
+			 km_err_retriable(code) ? "yes" : "no");
+		if (!strstr(doc, row)) {
+			fprintf(stderr, "docs/protocol.md lacks the row starting \"%s\"\n", row);
+			fail();
+		}
+		assert_int_equal(km_err_by_name(km_err_name(code)), code);
+	}
+	assert_int_equal(code, KM_MIRROR_STATE_UNAVAILABLE + 1);
+	snprintf(row, sizeof(row), "| %d | `", code);
+	assert_null(strstr(doc, row));
+	free(doc);
+}
+
 static void test_generic_codec(void **state)
 {
 	/* Through the table, as a fuzzer or logger does: encode a default Fetch request, decode it back. */
@@ -814,6 +846,7 @@ int main(int argc, char **argv)
 		cmocka_unit_test(test_nullable_struct),
 		cmocka_unit_test(test_api_table),
 		cmocka_unit_test(test_generic_codec),
+		cmocka_unit_test(test_mirror_errors_documented),
 		cmocka_unit_test(test_arena),
 		cmocka_unit_test(test_decode_caps_and_errors),
 	};

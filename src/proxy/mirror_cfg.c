@@ -293,9 +293,9 @@ static void take_one(km_mcfg_res *mr, int16_t code, km_str msg, km_arena *a)
 	if (mr->code != 0)
 		return;
 	mr->code = code;
-	mr->message = code != 0 && msg.len >= 0 ? arena_str(a, msg.p, (size_t)msg.len) : KM_STR_NULL;
+	mr->message = code != 0 && msg.len > 0 ? arena_str(a, msg.p, (size_t)msg.len) : KM_STR_NULL;
 	/* Every error carries a message, even when the broker gave none. */
-	if (code != 0 && mr->message.len < 0)
+	if (code != 0 && mr->message.len <= 0)
 		mr->message = arena_str(a, "refused by the broker", strlen("refused by the broker"));
 }
 

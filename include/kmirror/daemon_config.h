@@ -52,6 +52,10 @@ typedef struct km_config {
 	char *upstream_sasl_mechanism;
 	char *upstream_sasl_username;
 	char *upstream_sasl_password;
+	char *mirror_state_topic;
+	int64_t mirror_state_partitions;
+	int64_t mirror_state_replication_factor; /* -1: min(3, brokers) */
+	char *mirror_secret_key_file;
 } km_config;
 
 /* The daemon's option table (daemon_config.c), for the engine's functions in kmirror/options.h. */

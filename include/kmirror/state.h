@@ -22,6 +22,7 @@
 #include "kmirror/daemon_config.h"
 #include "kmirror/error.h"
 #include "kmirror/metrics.h"
+#include "kmirror/options.h"
 #include "kmirror/wire.h"
 
 /* A mirrored partition's state (the proposal's state machine). The values are persisted: never renumber. */
@@ -57,8 +58,12 @@ const char *km_topic_op_name(km_topic_op op); /* "start" */
  * MIRROR_TOPIC_NOT_PAUSED, INVALID_CLUSTER_MIRROR_STATES, ...). Pure: the unit tests run the table.
  */
 bool km_topic_op_allowed(km_topic_op op, km_mp_state from, km_err *code);
+/* The state an allowed op moves a partition to: start PREPARING, stop STOPPING, pause PAUSING, resume MIRRORING. */
+km_mp_state km_topic_op_target(km_topic_op op);
 
 typedef struct km_state km_state;
+typedef struct km_state_mirror km_state_mirror;
+typedef struct km_state_topic km_state_topic;
 
 typedef struct km_state_opts {
 	struct event_base *base;
@@ -127,6 +132,22 @@ bool km_state_config_is_secret(const char *name);
  */
 km_err km_state_config_check(const km_state_kv *kv, size_t n, bool create, char *err, size_t errlen);
 
+/* A mirror's mirror.* options, parsed (defaults for keys not set). */
+typedef struct km_mirror_options {
+	int64_t metadata_refresh_interval_ms; /* mirror.metadata.refresh.interval.ms */
+	char *groups_include;                 /* mirror.groups.include (regex) */
+	char *acl_include;                    /* mirror.acl.include */
+	int64_t fetch_max_bytes;              /* mirror.fetch.max.bytes */
+	int64_t fetch_partition_max_bytes;    /* mirror.fetch.partition.max.bytes */
+	int64_t throttle_bytes_per_sec;       /* mirror.throttle.bytes.per.sec, 0: unlimited */
+	char *topics_include;                 /* mirror.topics.include (regex), NULL: none */
+} km_mirror_options;
+
+/* The mirror.* options as a table for the option engine (kmirror/options.h); docs/configuration.md shows it. */
+const km_opt_table *km_state_mirror_option_table(void);
+/* The options of m (free with km_opt_free(km_state_mirror_option_table(), out)). */
+km_err km_state_mirror_options(const km_state_mirror *m, km_mirror_options *out) __attribute__((warn_unused_result));
+
 /*
  * Create a mirror. Refused with CLUSTER_MIRROR_ALREADY_EXISTS, INVALID_CLUSTER_MIRROR_CONFIG,
  * CLUSTER_MIRROR_SECRET_KEY_MISSING (a secret given and no key configured). The first create
@@ -162,9 +183,6 @@ void km_state_partition_set(km_state *st, const char *mirror, const char *topic,
 			    const char *error, km_state_done_cb done, void *arg);
 
 /* ---- reads (the committed state) ---- */
-
-typedef struct km_state_mirror km_state_mirror;
-typedef struct km_state_topic km_state_topic;
 
 /* The mirror topic named topic (len bytes), or NULL when the topic is not in any mirror. */
 const km_state_topic *km_state_topic_find(const km_state *st, const char *topic, size_t len);

@@ -113,6 +113,20 @@ static const km_option options[] = {
 	{.name = "upstream_sasl_password", .type = KM_OPT_STRING, .offset = OFF(upstream_sasl_password), .def = "",
 	 .reloadable = true, .secret = true,
 	 .doc = "Password for upstream_sasl_mechanism."},
+	{.name = "mirror_state_topic", .type = KM_OPT_STRING, .offset = OFF(mirror_state_topic), .def = "__mirror_state",
+	 .reloadable = false,
+	 .doc = "The compacted topic on the destination holding the mirror definitions and every mirrored partition's "
+		"state (docs/state.md). Created on the first CreateMirror."},
+	{.name = "mirror_state_partitions", .type = KM_OPT_INT, .offset = OFF(mirror_state_partitions), .def = "16",
+	 .min = 1, .max = 1000, .reloadable = false,
+	 .doc = "Partitions of mirror_state_topic when kmirrord creates it (the proposal's mirror.topic.num.partitions)."},
+	{.name = "mirror_state_replication_factor", .type = KM_OPT_INT, .offset = OFF(mirror_state_replication_factor),
+	 .def = "-1", .min = -1, .max = 32767, .reloadable = false,
+	 .doc = "Replication factor of mirror_state_topic when kmirrord creates it; -1: min(3, brokers)."},
+	{.name = "mirror_secret_key_file", .type = KM_OPT_STRING, .offset = OFF(mirror_secret_key_file), .def = "",
+	 .reloadable = false,
+	 .doc = "File holding the AES-256 key (32 raw bytes, or 64 hex characters) that encrypts mirror secrets "
+		"(sasl.password, ...) in mirror_state_topic. Empty: mirrors with a secret are refused."},
 };
 
 static const km_opt_table table = {options, sizeof(options) / sizeof(options[0]), sizeof(km_config)};

@@ -1,0 +1,261 @@
+/* A mirror's configuration: which keys exist, which hold secrets, the mirror.* option table, and the checks. */
+#include <regex.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kmirror/options.h"
+#include "state/state_int.h"
+
+#define OFF(f) offsetof(km_mirror_options, f)
+#define I64MAX INT64_MAX
+
+static const km_option mirror_options[] = {
+	{.name = "mirror.metadata.refresh.interval.ms", .type = KM_OPT_INT, .offset = OFF(metadata_refresh_interval_ms),
+	 .def = "30000", .min = 1000, .max = I64MAX, .reloadable = true,
+	 .doc = "How often the mirror reads the source's metadata (new topics, partitions, leaders)."},
+	{.name = "mirror.groups.include", .type = KM_OPT_STRING, .offset = OFF(groups_include), .def = ".*",
+	 .reloadable = true, .doc = "Consumer groups whose offsets are mirrored (POSIX extended regex, whole name)."},
+	{.name = "mirror.acl.include", .type = KM_OPT_STRING, .offset = OFF(acl_include), .def = "*",
+	 .reloadable = true, .doc = "Principals whose ACLs are mirrored (`*`: all)."},
+	{.name = "mirror.fetch.max.bytes", .type = KM_OPT_INT, .offset = OFF(fetch_max_bytes), .def = "52428800",
+	 .min = 1024, .max = INT32_MAX, .reloadable = true,
+	 .doc = "MaxBytes of the mirror's Fetch requests to the source."},
+	{.name = "mirror.fetch.partition.max.bytes", .type = KM_OPT_INT, .offset = OFF(fetch_partition_max_bytes),
+	 .def = "10485760", .min = 1024, .max = INT32_MAX, .reloadable = true,
+	 .doc = "PartitionMaxBytes of the mirror's Fetch requests to the source."},
+	{.name = "mirror.throttle.bytes.per.sec", .type = KM_OPT_INT, .offset = OFF(throttle_bytes_per_sec), .def = "0",
+	 .min = 0, .max = I64MAX, .reloadable = true,
+	 .doc = "Bytes per second the mirror fetches from the source at most, all its topics together; 0: unlimited."},
+	{.name = "mirror.topics.include", .type = KM_OPT_STRING, .offset = OFF(topics_include), .def = "",
+	 .reloadable = true,
+	 .doc = "Source topics started automatically when they appear (POSIX extended regex, whole name); empty: none."},
+};
+
+static const km_opt_table mirror_table = {mirror_options, sizeof(mirror_options) / sizeof(mirror_options[0]),
+					  sizeof(km_mirror_options)};
+
+const km_opt_table *km_state_mirror_option_table(void)
+{
+	return &mirror_table;
+}
+
+bool km_state_config_is_secret(const char *name)
+{
+	static const char *const secrets[] = {"sasl.jaas.config", "sasl.password", "ssl.key.password",
+					      "ssl.keystore.password", "ssl.truststore.password"};
+	size_t n;
+
+	if (!name)
+		return false;
+	for (size_t i = 0; i < sizeof(secrets) / sizeof(secrets[0]); i++)
+		if (!strcmp(name, secrets[i]))
+			return true;
+	n = strlen(name);
+	return n >= 9 && !strcmp(name + n - 9, ".password");
+}
+
+static const char *const protocols[] = {"PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"};
+static const char *const mechanisms[] = {"PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"};
+static const char *const ident_algos[] = {"https", ""};
+
+typedef enum { V_ANY, V_BOOTSTRAP, V_CHOICE } value_kind;
+
+/* The source connection properties kmirror accepts (the Kafka client names). */
+static const struct {
+	const char *name;
+	value_kind kind;
+	const char *const *choices;
+	size_t nchoices;
+} conn_keys[] = {
+	{"bootstrap.servers", V_BOOTSTRAP, NULL, 0},
+	{"security.protocol", V_CHOICE, protocols, 4},
+	{"sasl.mechanism", V_CHOICE, mechanisms, 3},
+	{"sasl.username", V_ANY, NULL, 0},
+	{"sasl.password", V_ANY, NULL, 0},
+	{"sasl.jaas.config", V_ANY, NULL, 0},
+	{"ssl.ca.location", V_ANY, NULL, 0},
+	{"ssl.certificate.location", V_ANY, NULL, 0},
+	{"ssl.key.location", V_ANY, NULL, 0},
+	{"ssl.key.password", V_ANY, NULL, 0},
+	{"ssl.endpoint.identification.algorithm", V_CHOICE, ident_algos, 2},
+	{"client.id", V_ANY, NULL, 0},
+};
+
+static bool check_bootstrap(const char *v, char *why, size_t len)
+{
+	const char *p = v;
+	int n = 0;
+
+	while (*p) {
+		const char *comma = strchr(p, ',');
+		size_t l = comma ? (size_t)(comma - p) : strlen(p);
+		char one[300];
+		km_hostport hp;
+
+		while (l && *p == ' ')
+			p++, l--;
+		while (l && p[l - 1] == ' ')
+			l--;
+		if (l == 0 || l >= sizeof(one)) {
+			snprintf(why, len, "an empty or over-long entry");
+			return false;
+		}
+		memcpy(one, p, l);
+		one[l] = 0;
+		if (!km_hostport_parse(one, &hp) || hp.port == 0 || !hp.host[0]) {
+			snprintf(why, len, "'%.200s' is not host:port", one);
+			return false;
+		}
+		n++;
+		p = comma ? comma + 1 : p + strlen(p);
+	}
+	if (n == 0) {
+		snprintf(why, len, "no host:port given");
+		return false;
+	}
+	return true;
+}
+
+static bool check_regex(const char *v, char *why, size_t len)
+{
+	regex_t re;
+	int rc;
+
+	if (!v || !*v)
+		return true;
+	rc = regcomp(&re, v, REG_EXTENDED | REG_NOSUB);
+	if (rc != 0) {
+		char msg[128];
+		regerror(rc, &re, msg, sizeof(msg));
+		snprintf(why, len, "not a valid regular expression (%s)", msg);
+		return false;
+	}
+	regfree(&re);
+	return true;
+}
+
+/* One entry; false with why set when refused. */
+static bool check_one(const km_state_kv *kv, bool create, km_mirror_options *mo, char *why, size_t len)
+{
+	if (!kv->name || !*kv->name) {
+		snprintf(why, len, "empty key");
+		return false;
+	}
+	if (kv->value && strlen(kv->value) > KM_STATE_MAX_VALUE) {
+		snprintf(why, len, "value longer than %d bytes", KM_STATE_MAX_VALUE);
+		return false;
+	}
+	if (!strncmp(kv->name, "mirror.", 7)) {
+		const km_option *o = km_opt_find(&mirror_table, kv->name);
+		if (!o) {
+			snprintf(why, len, "unknown mirror option");
+			return false;
+		}
+		if (!kv->value) {
+			if (create) {
+				snprintf(why, len, "no value");
+				return false;
+			}
+			return true;
+		}
+		if (km_opt_set_row(o, mo, kv->value, why, len) != KM_OK)
+			return false;
+		if ((o->offset == OFF(groups_include) || o->offset == OFF(topics_include)) &&
+		    !check_regex(kv->value, why, len))
+			return false;
+		return true;
+	}
+	for (size_t i = 0; i < sizeof(conn_keys) / sizeof(conn_keys[0]); i++) {
+		if (strcmp(kv->name, conn_keys[i].name))
+			continue;
+		if (!kv->value) {
+			if (create) {
+				snprintf(why, len, "no value");
+				return false;
+			}
+			if (conn_keys[i].kind == V_BOOTSTRAP) {
+				snprintf(why, len, "cannot be removed");
+				return false;
+			}
+			return true;
+		}
+		switch (conn_keys[i].kind) {
+		case V_BOOTSTRAP:
+			return check_bootstrap(kv->value, why, len);
+		case V_CHOICE:
+			for (size_t c = 0; c < conn_keys[i].nchoices; c++)
+				if (!strcmp(kv->value, conn_keys[i].choices[c]))
+					return true;
+			{
+				size_t off = (size_t)snprintf(why, len, "'%s' is not one of", kv->value);
+				for (size_t c = 0; c < conn_keys[i].nchoices && off < len; c++)
+					off += (size_t)snprintf(why + off, len - off, "%s %s", c ? "," : "",
+								*conn_keys[i].choices[c] ? conn_keys[i].choices[c]
+											 : "(empty)");
+			}
+			return false;
+		case V_ANY:
+			return true;
+		}
+	}
+	snprintf(why, len, "unknown configuration key (accepted: bootstrap.servers, security.protocol, sasl.*, ssl.*, "
+			   "client.id, mirror.*)");
+	return false;
+}
+
+km_err km_state_config_check(const km_state_kv *kv, size_t n, bool create, char *err, size_t errlen)
+{
+	km_mirror_options mo;
+	bool have_bootstrap = false;
+	km_err rc = KM_OK;
+	char why[256];
+
+	if (n > KM_STATE_MAX_CONFIGS) {
+		snprintf(err, errlen, "too many configuration entries (%zu, at most %d)", n, KM_STATE_MAX_CONFIGS);
+		return KM_MIRROR_INVALID_CLUSTER_MIRROR_CONFIG;
+	}
+	if (km_opt_init(&mirror_table, &mo) != KM_OK) {
+		snprintf(err, errlen, "out of memory");
+		return KM_MIRROR_INVALID_CLUSTER_MIRROR_CONFIG;
+	}
+	for (size_t i = 0; i < n && rc == KM_OK; i++) {
+		for (size_t j = 0; j < i; j++)
+			if (kv[j].name && kv[i].name && !strcmp(kv[j].name, kv[i].name)) {
+				snprintf(err, errlen, "configuration key %s given twice", kv[i].name);
+				rc = KM_MIRROR_INVALID_CLUSTER_MIRROR_CONFIG;
+			}
+		if (rc != KM_OK)
+			break;
+		why[0] = 0;
+		if (!check_one(&kv[i], create, &mo, why, sizeof(why))) {
+			/* Never echo a secret's value back: the reason names the key only. */
+			snprintf(err, errlen, "invalid configuration %s: %s", kv[i].name ? kv[i].name : "(null)", why);
+			rc = KM_MIRROR_INVALID_CLUSTER_MIRROR_CONFIG;
+		}
+		if (kv[i].name && !strcmp(kv[i].name, "bootstrap.servers"))
+			have_bootstrap = true;
+	}
+	if (rc == KM_OK && create && !have_bootstrap) {
+		snprintf(err, errlen, "invalid configuration: bootstrap.servers (the source cluster) is required");
+		rc = KM_MIRROR_INVALID_CLUSTER_MIRROR_CONFIG;
+	}
+	km_opt_free(&mirror_table, &mo);
+	return rc;
+}
+
+km_err km_state_mirror_options(const km_state_mirror *m, km_mirror_options *out)
+{
+	char why[256];
+	km_err rc = km_opt_init(&mirror_table, out);
+
+	if (rc != KM_OK)
+		return rc;
+	for (size_t i = 0; i < m->ncfg; i++) {
+		const km_option *o = km_opt_find(&mirror_table, m->cfg[i].name);
+		/* Values were checked when stored; one that no longer parses keeps the default. */
+		if (o && m->cfg[i].value && km_opt_set_row(o, out, m->cfg[i].value, why, sizeof(why)) != KM_OK)
+			continue;
+	}
+	return KM_OK;
+}

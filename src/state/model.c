@@ -1,0 +1,515 @@
+/* The state in memory and the __mirror_state record codec: keys, values, and applying a record to the model. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "kmirror/arena.h"
+#include "kmirror/msg/mirror_state_mirror_key.h"
+#include "kmirror/msg/mirror_state_mirror_value.h"
+#include "kmirror/msg/mirror_state_partition_key.h"
+#include "kmirror/msg/mirror_state_partition_value.h"
+#include "state/state_int.h"
+
+/* ---- keys ---- */
+
+void km_state_key_encode(km_wr *w, const km_state_key *k)
+{
+	km_wr_i16(w, k->type);
+	if (k->type == KM_STATE_REC_MIRROR) {
+		km_mirror_state_mirror_key mk;
+		km_mirror_state_mirror_key_init(&mk);
+		mk.mirror_name = k->mirror;
+		km_mirror_state_mirror_key_encode(w, 0, &mk);
+	} else {
+		km_mirror_state_partition_key pk;
+		km_mirror_state_partition_key_init(&pk);
+		pk.mirror_name = k->mirror;
+		pk.topic_name = k->topic;
+		pk.partition_index = k->partition;
+		km_mirror_state_partition_key_encode(w, 0, &pk);
+	}
+}
+
+static bool name_ok(km_str s)
+{
+	return s.len > 0 && s.len <= KM_STATE_MAX_NAME && !memchr(s.p, 0, (size_t)s.len);
+}
+
+km_err km_state_key_decode(const uint8_t *p, size_t len, km_state_key *k)
+{
+	km_rd r;
+	km_arena a;
+	km_err rc = KM_ERR_DECODE;
+
+	memset(k, 0, sizeof(*k));
+	km_rd_init(&r, p, len);
+	if (!km_rd_i16(&r, "RecordType", &k->type))
+		return KM_ERR_DECODE;
+	/* Non-flexible keys allocate nothing; the arena is only there for the decoder's signature. */
+	km_arena_init(&a, 4096);
+	if (k->type == KM_STATE_REC_MIRROR) {
+		km_mirror_state_mirror_key mk;
+		km_mirror_state_mirror_key_init(&mk);
+		if (km_mirror_state_mirror_key_decode(&r, 0, &mk, &a) == KM_OK && km_rd_left(&r) == 0 &&
+		    name_ok(mk.mirror_name)) {
+			k->mirror = mk.mirror_name;
+			rc = KM_OK;
+		}
+	} else if (k->type == KM_STATE_REC_PARTITION) {
+		km_mirror_state_partition_key pk;
+		km_mirror_state_partition_key_init(&pk);
+		if (km_mirror_state_partition_key_decode(&r, 0, &pk, &a) == KM_OK && km_rd_left(&r) == 0 &&
+		    name_ok(pk.mirror_name) && name_ok(pk.topic_name) && pk.partition_index >= 0 &&
+		    pk.partition_index < KM_STATE_MAX_PARTITIONS) {
+			k->mirror = pk.mirror_name;
+			k->topic = pk.topic_name;
+			k->partition = pk.partition_index;
+			rc = KM_OK;
+		}
+	}
+	km_arena_free(&a);
+	return rc;
+}
+
+uint32_t km_state_murmur2(const uint8_t *p, size_t len)
+{
+	const uint32_t m = 0x5bd1e995u;
+	uint32_t h = 0x9747b28cu ^ (uint32_t)len;
+	size_t i = 0;
+
+	for (; i + 4 <= len; i += 4) {
+		uint32_t k = (uint32_t)p[i] | (uint32_t)p[i + 1] << 8 | (uint32_t)p[i + 2] << 16 | (uint32_t)p[i + 3] << 24;
+		k *= m;
+		k ^= k >> 24;
+		k *= m;
+		h *= m;
+		h ^= k;
+	}
+	switch (len - i) {
+	case 3: h ^= (uint32_t)p[i + 2] << 16; /* fall through */
+	case 2: h ^= (uint32_t)p[i + 1] << 8;  /* fall through */
+	case 1: h ^= p[i]; h *= m;             /* fall through */
+	default: break;
+	}
+	h ^= h >> 13;
+	h *= m;
+	h ^= h >> 15;
+	return h;
+}
+
+int32_t km_state_key_partition(const uint8_t *key, size_t len, int32_t n)
+{
+	return n > 0 ? (int32_t)((km_state_murmur2(key, len) & 0x7fffffffu) % (uint32_t)n) : 0;
+}
+
+/* ---- values ---- */
+
+km_err km_state_mirror_value_encode(km_wr *w, const km_state_mirror *mi)
+{
+	km_mirror_state_mirror_value v;
+	km_mirror_state_mirror_value_stored_config *items = NULL;
+
+	km_mirror_state_mirror_value_init(&v);
+	if (mi->ncfg && !(items = calloc(mi->ncfg, sizeof(*items))))
+		return KM_ERR_NOMEM;
+	v.mirror_name = km_str_c(mi->name);
+	v.created_time_ms = mi->created_ms;
+	v.modified_time_ms = mi->modified_ms;
+	for (size_t i = 0; i < mi->ncfg; i++) {
+		km_mirror_state_mirror_value_stored_config_init(&items[i]);
+		items[i].name = km_str_c(mi->cfg[i].name);
+		items[i].value = mi->cfg[i].value ? km_str_c(mi->cfg[i].value) : KM_STR_NULL;
+		items[i].sealed = mi->cfg[i].sealed ? (km_bytes){mi->cfg[i].sealed, (int32_t)mi->cfg[i].sealed_len}
+						    : KM_BYTES_NULL;
+	}
+	v.configs.count = (int32_t)mi->ncfg;
+	v.configs.items = items;
+	km_wr_i16(w, 0);
+	km_mirror_state_mirror_value_encode(w, 0, &v);
+	free(items);
+	return w->err;
+}
+
+km_err km_state_partition_value_encode(km_wr *w, const km_state_topic *t, const km_state_part *p)
+{
+	km_mirror_state_partition_value v;
+
+	km_mirror_state_partition_value_init(&v);
+	v.state = (int8_t)p->state;
+	v.topic_id = t->id;
+	v.state_change_time_ms = p->state_change_ms;
+	v.last_mirrored_offset = p->last_mirrored_offset;
+	v.last_mirrored_epoch = p->last_mirrored_epoch;
+	v.last_error = p->last_error ? km_str_c(p->last_error) : KM_STR_NULL;
+	v.last_error_time_ms = p->last_error_ms;
+	km_wr_i16(w, 0);
+	km_mirror_state_partition_value_encode(w, 0, &v);
+	return w->err;
+}
+
+/* ---- the model ---- */
+
+static char *dup_str(km_str s)
+{
+	char *p;
+	if (s.len < 0)
+		return NULL;
+	p = malloc((size_t)s.len + 1);
+	if (p) {
+		memcpy(p, s.p, (size_t)s.len);
+		p[s.len] = 0;
+	}
+	return p;
+}
+
+static void cfg_free(km_state_cfg_entry *c, size_t n)
+{
+	for (size_t i = 0; i < n; i++) {
+		free(c[i].name);
+		if (c[i].value)
+			free(c[i].value);
+		free(c[i].sealed);
+	}
+	free(c);
+}
+
+static void topic_free(km_state_topic *t)
+{
+	for (size_t i = 0; i < t->nparts; i++)
+		free(t->parts[i].last_error);
+	free(t->parts);
+	free(t->name);
+	free(t);
+}
+
+static void mirror_free(km_state_mirror *m)
+{
+	for (size_t i = 0; i < m->ntopics; i++)
+		topic_free(m->topics[i]);
+	free(m->topics);
+	cfg_free(m->cfg, m->ncfg);
+	free(m->name);
+	free(m);
+}
+
+void km_state_model_init(km_state_model *m)
+{
+	memset(m, 0, sizeof(*m));
+}
+
+void km_state_model_free(km_state_model *m)
+{
+	for (size_t i = 0; i < m->nmirrors; i++)
+		mirror_free(m->mirrors[i]);
+	free(m->mirrors);
+	free(m->by_name);
+	free(m->by_id);
+	memset(m, 0, sizeof(*m));
+}
+
+/* Index of name in a sorted array of n pointers whose first member is a char * name; *found set when equal. */
+static size_t find_sorted(void *const *arr, size_t n, km_str name, bool *found)
+{
+	size_t lo = 0, hi = n;
+	*found = false;
+	while (lo < hi) {
+		size_t mid = (lo + hi) / 2;
+		const char *s = *(char *const *)arr[mid];
+		size_t sl = strlen(s), nl = (size_t)name.len;
+		int c = memcmp(s, name.p, sl < nl ? sl : nl);
+		if (c == 0)
+			c = sl < nl ? -1 : sl > nl ? 1 : 0;
+		if (c == 0) {
+			*found = true;
+			return mid;
+		}
+		if (c < 0)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	return lo;
+}
+
+static bool insert_at(void ***arr, size_t *n, size_t at, void *item)
+{
+	void **na = realloc(*arr, (*n + 1) * sizeof(void *));
+	if (!na)
+		return false;
+	memmove(na + at + 1, na + at, (*n - at) * sizeof(void *));
+	na[at] = item;
+	*arr = na;
+	(*n)++;
+	return true;
+}
+
+static void remove_at(void **arr, size_t *n, size_t at)
+{
+	memmove(arr + at, arr + at + 1, (*n - at - 1) * sizeof(void *));
+	(*n)--;
+}
+
+static km_state_mirror *mirror_lookup(km_state_model *m, km_str name, size_t *at)
+{
+	bool found;
+	size_t i = find_sorted((void *const *)m->mirrors, m->nmirrors, name, &found);
+	if (at)
+		*at = i;
+	return found ? m->mirrors[i] : NULL;
+}
+
+km_state_mirror *km_state_model_mirror(km_state_model *m, const char *name)
+{
+	return mirror_lookup(m, km_str_c(name), NULL);
+}
+
+static uint32_t name_hash(const char *p, size_t len)
+{
+	return km_state_murmur2((const uint8_t *)p, len);
+}
+
+static uint32_t id_hash(const km_uuid *id)
+{
+	return km_state_murmur2(id->b, sizeof(id->b));
+}
+
+km_state_topic *km_state_model_topic(const km_state_model *m, const char *name, size_t len)
+{
+	uint32_t h;
+	if (!m->nbuckets)
+		return NULL;
+	h = name_hash(name, len);
+	for (km_state_topic *t = m->by_name[h % m->nbuckets]; t; t = t->name_next)
+		if (t->name_hash == h && strlen(t->name) == len && !memcmp(t->name, name, len))
+			return t;
+	return NULL;
+}
+
+km_err km_state_model_index(km_state_model *m)
+{
+	size_t n = 0, nb;
+	km_state_topic **bn, **bi;
+	static const km_uuid zero;
+
+	for (size_t i = 0; i < m->nmirrors; i++)
+		n += m->mirrors[i]->ntopics;
+	nb = n < 16 ? 16 : n * 2;
+	bn = calloc(nb, sizeof(*bn));
+	bi = calloc(nb, sizeof(*bi));
+	if (!bn || !bi) {
+		free(bn);
+		free(bi);
+		return KM_ERR_NOMEM;
+	}
+	for (size_t i = 0; i < m->nmirrors; i++)
+		for (size_t j = 0; j < m->mirrors[i]->ntopics; j++) {
+			km_state_topic *t = m->mirrors[i]->topics[j];
+			t->name_hash = name_hash(t->name, strlen(t->name));
+			t->name_next = bn[t->name_hash % nb];
+			bn[t->name_hash % nb] = t;
+			t->id_next = NULL;
+			if (memcmp(&t->id, &zero, sizeof(zero))) {
+				t->id_next = bi[id_hash(&t->id) % nb];
+				bi[id_hash(&t->id) % nb] = t;
+			}
+		}
+	free(m->by_name);
+	free(m->by_id);
+	m->by_name = bn;
+	m->by_id = bi;
+	m->nbuckets = nb;
+	return KM_OK;
+}
+
+const km_state_topic *km_state_model_topic_id(const km_state_model *m, const km_uuid *id)
+{
+	if (!m->nbuckets)
+		return NULL;
+	for (km_state_topic *t = m->by_id[id_hash(id) % m->nbuckets]; t; t = t->id_next)
+		if (!memcmp(&t->id, id, sizeof(*id)))
+			return t;
+	return NULL;
+}
+
+static km_err apply_mirror(km_state_model *m, const km_state_key *k, const uint8_t *val, size_t vlen, bool tomb)
+{
+	size_t at;
+	km_state_mirror *mi = mirror_lookup(m, k->mirror, &at);
+	km_mirror_state_mirror_value v;
+	km_state_cfg_entry *cfg = NULL;
+	km_arena a;
+	km_rd r;
+	int16_t ver;
+	km_err rc;
+
+	if (tomb) {
+		if (mi) {
+			remove_at((void **)m->mirrors, &m->nmirrors, at);
+			mirror_free(mi);
+		}
+		return KM_OK;
+	}
+	km_rd_init(&r, val, vlen);
+	if (!km_rd_i16(&r, "Version", &ver) || ver != 0)
+		return KM_ERR_DECODE;
+	km_arena_init(&a, 4u << 20);
+	km_mirror_state_mirror_value_init(&v);
+	rc = km_mirror_state_mirror_value_decode(&r, 0, &v, &a);
+	if (rc == KM_OK && (v.configs.count < 0 || v.configs.count > KM_STATE_MAX_CONFIGS))
+		rc = KM_ERR_DECODE;
+	if (rc == KM_OK && v.configs.count && !(cfg = calloc((size_t)v.configs.count, sizeof(*cfg))))
+		rc = KM_ERR_NOMEM;
+	for (int32_t i = 0; rc == KM_OK && i < v.configs.count; i++) {
+		const km_mirror_state_mirror_value_stored_config *c = &v.configs.items[i];
+		if (c->name.len <= 0 || (c->value.len < 0) == (c->sealed.len < 0)) {
+			rc = KM_ERR_DECODE;
+			break;
+		}
+		cfg[i].name = dup_str(c->name);
+		cfg[i].value = dup_str(c->value);
+		if (c->sealed.len >= 0 && (cfg[i].sealed = malloc((size_t)c->sealed.len + 1)))
+			memcpy(cfg[i].sealed, c->sealed.p, (size_t)c->sealed.len);
+		cfg[i].sealed_len = c->sealed.len >= 0 ? (size_t)c->sealed.len : 0;
+		if (!cfg[i].name || (c->value.len >= 0 && !cfg[i].value) || (c->sealed.len >= 0 && !cfg[i].sealed))
+			rc = KM_ERR_NOMEM;
+	}
+	if (rc == KM_OK && !mi) {
+		if (!(mi = calloc(1, sizeof(*mi))) || !(mi->name = dup_str(k->mirror)) ||
+		    !insert_at((void ***)&m->mirrors, &m->nmirrors, at, mi)) {
+			if (mi)
+				free(mi->name);
+			free(mi);
+			rc = KM_ERR_NOMEM;
+		}
+	}
+	if (rc != KM_OK) {
+		cfg_free(cfg, v.configs.count > 0 ? (size_t)v.configs.count : 0);
+		km_arena_free(&a);
+		return rc;
+	}
+	cfg_free(mi->cfg, mi->ncfg);
+	mi->cfg = cfg;
+	mi->ncfg = (size_t)v.configs.count;
+	mi->created_ms = v.created_time_ms;
+	mi->modified_ms = v.modified_time_ms;
+	km_arena_free(&a);
+	return KM_OK;
+}
+
+static km_err apply_partition(km_state_model *m, const km_state_key *k, const uint8_t *val, size_t vlen, bool tomb,
+			      km_state_change *chg)
+{
+	km_state_mirror *mi = mirror_lookup(m, k->mirror, NULL);
+	km_state_topic *t = NULL;
+	km_mirror_state_partition_value v;
+	km_state_part *p;
+	bool found;
+	size_t at;
+	km_arena a;
+	km_rd r;
+	int16_t ver;
+	km_err rc;
+
+	if (!mi)
+		return KM_OK; /* a partition left over from a deleted mirror (the tombstones may be in another partition) */
+	at = find_sorted((void *const *)mi->topics, mi->ntopics, k->topic, &found);
+	if (found)
+		t = mi->topics[at];
+	if (tomb) {
+		if (!t || (size_t)k->partition >= t->nparts || !t->parts[k->partition].present)
+			return KM_OK;
+		p = &t->parts[k->partition];
+		chg->from = p->state;
+		chg->to = KM_MP_UNKNOWN;
+		chg->changed = true;
+		free(p->last_error);
+		memset(p, 0, sizeof(*p));
+		bool any = false;
+		for (size_t i = 0; i < t->nparts; i++)
+			any |= t->parts[i].present;
+		if (!any) {
+			remove_at((void **)mi->topics, &mi->ntopics, at);
+			topic_free(t);
+		}
+		return KM_OK;
+	}
+	km_rd_init(&r, val, vlen);
+	if (!km_rd_i16(&r, "Version", &ver) || ver != 0)
+		return KM_ERR_DECODE;
+	km_arena_init(&a, 1u << 20);
+	km_mirror_state_partition_value_init(&v);
+	rc = km_mirror_state_partition_value_decode(&r, 0, &v, &a);
+	if (rc == KM_OK && (v.state < 0 || v.state >= KM_MP__COUNT))
+		rc = KM_ERR_DECODE;
+	if (rc == KM_OK && !t) {
+		if (!(t = calloc(1, sizeof(*t))) || !(t->name = dup_str(k->topic)) ||
+		    !insert_at((void ***)&mi->topics, &mi->ntopics, at, t)) {
+			if (t)
+				free(t->name);
+			free(t);
+			t = NULL;
+			rc = KM_ERR_NOMEM;
+		}
+		if (t)
+			t->mirror = mi;
+	}
+	if (rc == KM_OK && (size_t)k->partition >= t->nparts) {
+		km_state_part *np = realloc(t->parts, ((size_t)k->partition + 1) * sizeof(*np));
+		if (!np) {
+			rc = KM_ERR_NOMEM;
+		} else {
+			memset(np + t->nparts, 0, ((size_t)k->partition + 1 - t->nparts) * sizeof(*np));
+			t->parts = np;
+			t->nparts = (size_t)k->partition + 1;
+		}
+	}
+	if (rc == KM_OK) {
+		char *err = dup_str(v.last_error);
+		p = &t->parts[k->partition];
+		if (v.last_error.len >= 0 && !err) {
+			rc = KM_ERR_NOMEM;
+		} else {
+			chg->from = p->present ? p->state : KM_MP_UNKNOWN;
+			chg->to = (km_mp_state)v.state;
+			chg->changed = chg->from != chg->to;
+			if (!p->present)
+				p->source_log_end = -1;
+			p->present = true;
+			p->state = (km_mp_state)v.state;
+			p->state_change_ms = v.state_change_time_ms;
+			p->last_mirrored_offset = v.last_mirrored_offset;
+			p->last_mirrored_epoch = v.last_mirrored_epoch;
+			free(p->last_error);
+			p->last_error = err;
+			p->last_error_ms = v.last_error_time_ms;
+			t->id = v.topic_id;
+		}
+	}
+	km_arena_free(&a);
+	return rc;
+}
+
+km_err km_state_model_apply(km_state_model *m, const uint8_t *key, size_t klen, const uint8_t *val, size_t vlen,
+			    bool tombstone, km_state_change *chg)
+{
+	km_state_key k;
+	km_err rc = km_state_key_decode(key, klen, &k);
+
+	memset(chg, 0, sizeof(*chg));
+	if (rc != KM_OK)
+		return rc;
+	if (k.type == KM_STATE_REC_MIRROR)
+		return apply_mirror(m, &k, val, vlen, tombstone);
+	rc = apply_partition(m, &k, val, vlen, tombstone, chg);
+	if (chg->changed) {
+		/* The names outlive a tombstone's topic: copy them into static-lifetime scratch of the change. */
+		static char mname[KM_STATE_MAX_NAME + 1], tname[KM_STATE_MAX_NAME + 1];
+		memcpy(mname, k.mirror.p, (size_t)k.mirror.len);
+		mname[k.mirror.len] = 0;
+		memcpy(tname, k.topic.p, (size_t)k.topic.len);
+		tname[k.topic.len] = 0;
+		chg->mirror = mname;
+		chg->topic = tname;
+		chg->partition = k.partition;
+	}
+	return rc;
+}

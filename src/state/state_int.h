@@ -1,0 +1,185 @@
+/* The state store's internals shared by its files and its unit tests: the model, record codec, secrets, persistence. */
+#ifndef KMIRROR_STATE_INT_H
+#define KMIRROR_STATE_INT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kmirror/state.h"
+
+/* ---- __mirror_state records (docs/state.md) ---- */
+
+enum {
+	KM_STATE_REC_MIRROR = 0,    /* key: MirrorStateMirrorKey v0 */
+	KM_STATE_REC_PARTITION = 1, /* key: MirrorStatePartitionKey v0 */
+};
+
+#define KM_STATE_MAX_NAME 249         /* a Kafka topic name's limit; mirror names share it */
+#define KM_STATE_MAX_CONFIGS 256      /* entries of one mirror */
+#define KM_STATE_MAX_VALUE 65536      /* bytes of one configuration value */
+#define KM_STATE_MAX_PARTITIONS 100000 /* of one mirrored topic */
+
+/* One decoded record key. Strings borrow from the key bytes. */
+typedef struct km_state_key {
+	int16_t type;
+	km_str mirror;
+	km_str topic;       /* partition records */
+	int32_t partition;  /* partition records */
+} km_state_key;
+
+/* Encode a key (type + the v0 key struct) into w. */
+void km_state_key_encode(km_wr *w, const km_state_key *k);
+/* Decode a key; KM_ERR_DECODE on bytes left over, an unknown type or bad names. */
+km_err km_state_key_decode(const uint8_t *p, size_t len, km_state_key *k) __attribute__((warn_unused_result));
+/* The partition of the state topic a key goes to: murmur2 of its bytes (as Kafka's default partitioner) mod n. */
+int32_t km_state_key_partition(const uint8_t *key, size_t len, int32_t n);
+uint32_t km_state_murmur2(const uint8_t *p, size_t len);
+
+/* ---- the in-memory model ---- */
+
+typedef struct km_state_cfg_entry {
+	char *name;
+	char *value;        /* plain values; NULL for a secret */
+	uint8_t *sealed;    /* secrets: nonce + ciphertext + tag */
+	size_t sealed_len;
+} km_state_cfg_entry;
+
+typedef struct km_state_part {
+	km_mp_state state;
+	int64_t state_change_ms;
+	int64_t last_mirrored_offset;
+	int32_t last_mirrored_epoch;
+	int64_t source_log_end;
+	char *last_error;
+	int64_t last_error_ms;
+	bool present;       /* a record exists for this index */
+} km_state_part;
+
+struct km_state_topic {
+	char *name;
+	km_state_mirror *mirror;
+	km_uuid id;
+	km_state_part *parts; /* dense by index; entries without a record are !present */
+	size_t nparts;
+	km_state_topic *name_next, *id_next; /* hash chains */
+	uint32_t name_hash;
+};
+
+struct km_state_mirror {
+	char *name;
+	int64_t created_ms, modified_ms;
+	km_state_cfg_entry *cfg; /* sorted by name */
+	size_t ncfg;
+	km_state_topic **topics; /* sorted by name */
+	size_t ntopics;
+};
+
+/* The registry: mirrors by name, topics hashed by name and by id. */
+typedef struct km_state_model {
+	km_state_mirror **mirrors; /* sorted by name */
+	size_t nmirrors;
+	km_state_topic **by_name, **by_id;
+	size_t nbuckets;
+} km_state_model;
+
+void km_state_model_init(km_state_model *m);
+void km_state_model_free(km_state_model *m);
+km_state_mirror *km_state_model_mirror(km_state_model *m, const char *name);
+km_state_topic *km_state_model_topic(const km_state_model *m, const char *name, size_t len);
+/*
+ * Apply one record (value NULL: tombstone) as load and commit both do. A partition record of an
+ * unknown mirror is ignored (its mirror was deleted). *changed reports a partition state change
+ * (from/to) for on_partition. KM_ERR_DECODE on a record that does not parse, KM_ERR_NOMEM.
+ */
+typedef struct km_state_change {
+	const char *mirror, *topic; /* valid until the next apply */
+	int32_t partition;
+	km_mp_state from, to;
+	bool changed;
+} km_state_change;
+km_err km_state_model_apply(km_state_model *m, const uint8_t *key, size_t klen, const uint8_t *val, size_t vlen,
+			    bool tombstone, km_state_change *chg) __attribute__((warn_unused_result));
+const km_state_topic *km_state_model_topic_id(const km_state_model *m, const km_uuid *id);
+/* Rebuild the topic hashes (after applies). */
+km_err km_state_model_index(km_state_model *m) __attribute__((warn_unused_result));
+
+/* Values: int16 version (0) + the value struct. */
+km_err km_state_mirror_value_encode(km_wr *w, const km_state_mirror *mi);
+km_err km_state_partition_value_encode(km_wr *w, const km_state_topic *t, const km_state_part *p);
+
+/* ---- secrets: AES-256-GCM, 12-byte nonce, 16-byte tag, associated data = the key's name ---- */
+
+#define KM_STATE_KEY_BYTES 32
+#define KM_STATE_NONCE_BYTES 12
+#define KM_STATE_TAG_BYTES 16
+
+/* Read a key file: 32 raw bytes, or 64 hex digits with an optional trailing newline. *warn set when group/others can read it. */
+km_err km_state_key_load(const char *path, uint8_t key[KM_STATE_KEY_BYTES], bool *loose_mode, char *err,
+			 size_t errlen) __attribute__((warn_unused_result));
+/* Seal clear text under key with name as associated data; *out (malloc'd) = nonce + ciphertext + tag. */
+km_err km_state_seal(const uint8_t key[KM_STATE_KEY_BYTES], const char *name, const char *clear, uint8_t **out,
+		     size_t *outlen) __attribute__((warn_unused_result));
+/* Open; KM_ERR_DECODE when the tag does not verify (tampered, wrong key, other name) or the input is short. */
+km_err km_state_open(const uint8_t key[KM_STATE_KEY_BYTES], const char *name, const uint8_t *sealed, size_t len,
+		     char *buf, size_t buflen) __attribute__((warn_unused_result));
+
+/* ---- the store (store.c) and its persistence (persist.c) ---- */
+
+#include "kmirror/log.h"
+
+/* One record to write: key bytes and value bytes (NULL for a tombstone), owned. */
+typedef struct km_state_rec {
+	uint8_t *key, *val;
+	size_t klen, vlen;
+} km_state_rec;
+
+/* A destination topic as Metadata describes it, for start. */
+typedef struct km_state_topic_meta {
+	int16_t error;       /* Kafka code: UNKNOWN_TOPIC_OR_PARTITION, ... */
+	km_uuid id;
+	int32_t partitions;
+} km_state_topic_meta;
+
+typedef struct km_state_persist km_state_persist;
+typedef struct km_state_mut km_state_mut;
+
+struct km_state {
+	struct event_base *base;
+	struct evdns_base *dns;
+	km_config cfg;
+	SSL_CTX *tls;
+	km_metrics *metrics;
+	void (*on_ready)(void *arg);
+	void (*on_partition)(void *arg, const char *mirror, const char *topic, int32_t partition, km_mp_state from,
+			     km_mp_state to);
+	void *arg;
+	bool have_key;
+	uint8_t key[KM_STATE_KEY_BYTES];
+	km_state_model model;
+	bool ready, ready_fired;
+	km_state_mut *head, *tail, *refusals; /* work FIFO; answers to give at once */
+	size_t queued;
+	bool running;                        /* the head is being worked on */
+	struct event *kick;
+	km_state_persist *io;
+};
+
+#define KM_STATE_QUEUE_MAX 1000
+
+/* persist.c */
+km_state_persist *km_state_persist_new(km_state *st);
+void km_state_persist_free(km_state_persist *io);
+/* Read the state topic back (again): calls km_state_loaded with the model read. */
+void km_state_persist_load(km_state_persist *io);
+/* Write recs (one Produce, all acknowledged or failure); cb with KM_OK or a message. On failure a reload follows. */
+typedef void (*km_state_write_cb)(km_state *st, km_err err, const char *message);
+void km_state_persist_write(km_state_persist *io, const km_state_rec *recs, size_t n, km_state_write_cb cb);
+/* Metadata of destination topics: metas[i] for names[i], or err set (destination unreachable) with message. */
+typedef void (*km_state_meta_cb)(km_state *st, km_err err, const char *message, const km_state_topic_meta *metas);
+void km_state_persist_topics(km_state_persist *io, char *const *names, size_t n, km_state_meta_cb cb);
+
+/* store.c: the load finished; model is taken over (moved). */
+void km_state_loaded(km_state *st, km_state_model *model);
+
+#endif

@@ -1,0 +1,1039 @@
+/* The state store's API: validation against the committed state, the FIFO of mutations, and the read views. */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/time.h>
+#include <time.h>
+
+#include <openssl/crypto.h>
+
+#include "state/state_int.h"
+
+#define COMP "state"
+
+typedef enum { MUT_CREATE, MUT_ALTER, MUT_DELETE, MUT_TOPICS, MUT_PSET } mut_kind;
+
+struct km_state_mut {
+	mut_kind kind;
+	km_state *st;
+	char *mirror;
+	km_state_kv *kv;
+	size_t nkv;
+	bool validate_only;
+	km_topic_op op;
+	char **topics;
+	size_t ntopics;
+	int32_t partition;
+	km_mp_state to;
+	char *error;
+	km_state_done_cb done;
+	void *arg;
+	/* the outcome */
+	km_err code;
+	char message[512];
+	km_state_topic_result *tres;
+	char (*tmsg)[512];
+	bool *tpending;        /* start: passed the state checks, waits for the destination's metadata */
+	km_state_rec *recs;
+	size_t nrecs, caprecs;
+	km_state_mut *next;
+};
+
+static int64_t now_ms(void)
+{
+	struct timeval tv;
+	gettimeofday(&tv, NULL);
+	return (int64_t)tv.tv_sec * 1000 + tv.tv_usec / 1000;
+}
+
+static char *sdup(const char *s)
+{
+	return s ? strdup(s) : NULL;
+}
+
+static void mut_free(km_state_mut *mu)
+{
+	free(mu->mirror);
+	for (size_t i = 0; i < mu->nkv; i++) {
+		free((char *)mu->kv[i].name);
+		if (mu->kv[i].value) {
+			OPENSSL_cleanse((char *)mu->kv[i].value, strlen(mu->kv[i].value));
+			free((char *)mu->kv[i].value);
+		}
+	}
+	free(mu->kv);
+	for (size_t i = 0; i < mu->ntopics; i++)
+		free(mu->topics[i]);
+	free(mu->topics);
+	free(mu->error);
+	free(mu->tres);
+	free(mu->tmsg);
+	free(mu->tpending);
+	for (size_t i = 0; i < mu->nrecs; i++) {
+		free(mu->recs[i].key);
+		free(mu->recs[i].val);
+	}
+	free(mu->recs);
+	free(mu);
+}
+
+static void set_msg(km_state_mut *mu, km_err code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void set_msg(km_state_mut *mu, km_err code, const char *fmt, ...)
+{
+	va_list ap;
+	mu->code = code;
+	va_start(ap, fmt);
+	vsnprintf(mu->message, sizeof(mu->message), fmt, ap);
+	va_end(ap);
+}
+
+static void topic_msg(km_state_mut *mu, size_t i, km_err code, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+static void topic_msg(km_state_mut *mu, size_t i, km_err code, const char *fmt, ...)
+{
+	va_list ap;
+	mu->tres[i].code = code;
+	va_start(ap, fmt);
+	vsnprintf(mu->tmsg[i], sizeof(mu->tmsg[i]), fmt, ap);
+	va_end(ap);
+	mu->tres[i].message = mu->tmsg[i];
+}
+
+/* Answer the mutation and free it. */
+static void answer(km_state_mut *mu)
+{
+	km_state_result res = {.code = mu->code, .message = mu->code != KM_OK && mu->message[0] ? mu->message : NULL};
+	if (mu->kind == MUT_TOPICS) {
+		for (size_t i = 0; i < mu->ntopics; i++) {
+			mu->tres[i].topic = mu->topics[i];
+			if (mu->code != KM_OK && mu->tres[i].code == KM_OK) {
+				/* A top-level failure (unknown mirror, write failed) is every topic's outcome. */
+				mu->tres[i].code = mu->code;
+				mu->tres[i].message = mu->message;
+			}
+		}
+		res.topics = mu->tres;
+		res.ntopics = mu->ntopics;
+	}
+	if (mu->done)
+		mu->done(mu->arg, &res);
+	mut_free(mu);
+}
+
+static void schedule(km_state *st)
+{
+	struct timeval tv = {0, 0};
+	if (st->kick)
+		event_add(st->kick, &tv);
+}
+
+static void finish_head(km_state *st)
+{
+	km_state_mut *mu = st->head;
+	st->head = mu->next;
+	if (!st->head)
+		st->tail = NULL;
+	st->queued--;
+	st->running = false;
+	answer(mu);
+	schedule(st);
+}
+
+/* ---- records ---- */
+
+static km_err add_rec(km_state_mut *mu, const km_state_key *k, km_wr *val)
+{
+	km_wr kw;
+	km_state_rec *r;
+
+	if (mu->nrecs == mu->caprecs) {
+		size_t nc = mu->caprecs ? mu->caprecs * 2 : 8;
+		km_state_rec *nr = realloc(mu->recs, nc * sizeof(*nr));
+		if (!nr)
+			return KM_ERR_NOMEM;
+		mu->recs = nr;
+		mu->caprecs = nc;
+	}
+	km_wr_init(&kw);
+	km_state_key_encode(&kw, k);
+	if (!km_wr_ok(&kw) || (val && !km_wr_ok(val))) {
+		km_wr_free(&kw);
+		return KM_ERR_NOMEM;
+	}
+	r = &mu->recs[mu->nrecs++];
+	r->key = km_wr_take(&kw, &r->klen);
+	r->val = NULL;
+	r->vlen = 0;
+	if (val)
+		r->val = km_wr_take(val, &r->vlen);
+	return KM_OK;
+}
+
+static km_err add_partition_rec(km_state_mut *mu, const km_state_topic *t, int32_t index, const km_state_part *p)
+{
+	km_state_key k = {.type = KM_STATE_REC_PARTITION, .mirror = km_str_c(t->mirror->name),
+			  .topic = km_str_c(t->name), .partition = index};
+	km_wr w;
+	km_err rc;
+
+	km_wr_init(&w);
+	if (p) {
+		rc = km_state_partition_value_encode(&w, t, p);
+		if (rc != KM_OK) {
+			km_wr_free(&w);
+			return rc;
+		}
+	}
+	rc = add_rec(mu, &k, p ? &w : NULL);
+	km_wr_free(&w);
+	return rc;
+}
+
+/* ---- mirrors ---- */
+
+static int cfg_cmp(const void *a, const void *b)
+{
+	return strcmp(((const km_state_cfg_entry *)a)->name, ((const km_state_cfg_entry *)b)->name);
+}
+
+static bool mirror_name_ok(const char *name, char *why, size_t len)
+{
+	size_t n = name ? strlen(name) : 0;
+	if (n == 0 || n > KM_STATE_MAX_NAME) {
+		snprintf(why, len, "a mirror name must have 1 to %d characters", KM_STATE_MAX_NAME);
+		return false;
+	}
+	for (size_t i = 0; i < n; i++) {
+		char c = name[i];
+		if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' ||
+		      c == '_' || c == '-')) {
+			snprintf(why, len, "mirror name '%s' may hold only ASCII letters, digits, '.', '_' and '-'", name);
+			return false;
+		}
+	}
+	return true;
+}
+
+/* Build the mirror value record of name with entries cfg (sealing secrets) into mu. */
+static void write_mirror(km_state *st, km_state_mut *mu, const char *name, int64_t created,
+			 km_state_cfg_entry *cfg, size_t ncfg)
+{
+	km_state_mirror tmp = {.name = (char *)name, .created_ms = created, .modified_ms = now_ms(), .cfg = cfg,
+			       .ncfg = ncfg};
+	km_state_key k = {.type = KM_STATE_REC_MIRROR, .mirror = km_str_c(name)};
+	km_wr w;
+
+	qsort(cfg, ncfg, sizeof(*cfg), cfg_cmp);
+	km_wr_init(&w);
+	if (km_state_mirror_value_encode(&w, &tmp) != KM_OK || add_rec(mu, &k, &w) != KM_OK)
+		set_msg(mu, KM_MIRROR_STATE_UNAVAILABLE, "out of memory");
+	km_wr_free(&w);
+	(void)st;
+}
+
+/* Entries from the operator's kv (on top of base for alter), secrets sealed; NULL with mu's code set on failure. */
+static km_state_cfg_entry *merge_cfg(km_state *st, km_state_mut *mu, const km_state_mirror *base, size_t *n)
+{
+	size_t cap = (base ? base->ncfg : 0) + mu->nkv, cnt = 0;
+	km_state_cfg_entry *c = calloc(cap ? cap : 1, sizeof(*c));
+
+	if (!c) {
+		set_msg(mu, KM_MIRROR_STATE_UNAVAILABLE, "out of memory");
+		return NULL;
+	}
+	for (size_t i = 0; base && i < base->ncfg; i++) {
+		c[cnt].name = strdup(base->cfg[i].name);
+		c[cnt].value = sdup(base->cfg[i].value);
+		if (base->cfg[i].sealed && (c[cnt].sealed = malloc(base->cfg[i].sealed_len + 1))) {
+			memcpy(c[cnt].sealed, base->cfg[i].sealed, base->cfg[i].sealed_len);
+			c[cnt].sealed_len = base->cfg[i].sealed_len;
+		}
+		cnt++;
+	}
+	for (size_t i = 0; i < mu->nkv && mu->code == KM_OK; i++) {
+		size_t at = cnt;
+		for (size_t j = 0; j < cnt; j++)
+			if (!strcmp(c[j].name, mu->kv[i].name))
+				at = j;
+		if (at < cnt) {
+			free(c[at].value);
+			free(c[at].sealed);
+			c[at].value = NULL;
+			c[at].sealed = NULL;
+			c[at].sealed_len = 0;
+		} else {
+			c[cnt++].name = strdup(mu->kv[i].name);
+		}
+		if (!mu->kv[i].value) { /* removed */
+			free(c[at].name);
+			c[at] = c[--cnt];
+			continue;
+		}
+		if (km_state_config_is_secret(mu->kv[i].name)) {
+			if (km_state_seal(st->key, mu->kv[i].name, mu->kv[i].value, &c[at].sealed, &c[at].sealed_len) != KM_OK)
+				set_msg(mu, KM_MIRROR_STATE_UNAVAILABLE, "could not encrypt %s", mu->kv[i].name);
+		} else {
+			c[at].value = strdup(mu->kv[i].value);
+		}
+	}
+	*n = cnt;
+	if (mu->code != KM_OK) {
+		for (size_t i = 0; i < cnt; i++) {
+			free(c[i].name);
+			free(c[i].value);
+			free(c[i].sealed);
+		}
+		free(c);
+		return NULL;
+	}
+	return c;
+}
+
+static void free_cfg(km_state_cfg_entry *c, size_t n)
+{
+	for (size_t i = 0; i < n; i++) {
+		free(c[i].name);
+		free(c[i].value);
+		free(c[i].sealed);
+	}
+	free(c);
+}
+
+static bool check_secrets(km_state *st, km_state_mut *mu)
+{
+	for (size_t i = 0; i < mu->nkv; i++)
+		if (mu->kv[i].value && km_state_config_is_secret(mu->kv[i].name) && !st->have_key) {
+			set_msg(mu, KM_MIRROR_SECRET_KEY_MISSING,
+				"%s is a secret and kmirrord has no key to encrypt it: set mirror_secret_key_file in "
+				"kmirrord.conf (32 random bytes, or 64 hex characters) and restart",
+				mu->kv[i].name);
+			return false;
+		}
+	return true;
+}
+
+static void prepare_mirror(km_state *st, km_state_mut *mu)
+{
+	char why[512];
+	km_state_mirror *m = km_state_model_mirror(&st->model, mu->mirror);
+	km_state_cfg_entry *cfg;
+	size_t n;
+
+	if (mu->kind == MUT_CREATE) {
+		if (!mirror_name_ok(mu->mirror, why, sizeof(why))) {
+			set_msg(mu, KM_MIRROR_INVALID_CLUSTER_MIRROR_CONFIG, "%s", why);
+			return;
+		}
+		if (m) {
+			set_msg(mu, KM_MIRROR_CLUSTER_MIRROR_ALREADY_EXISTS, "Cluster mirror '%s' already exists", mu->mirror);
+			return;
+		}
+	} else if (!m) {
+		set_msg(mu, KM_MIRROR_UNKNOWN_CLUSTER_MIRROR, "Cluster mirror '%s' does not exist", mu->mirror);
+		return;
+	}
+	if (mu->kind == MUT_DELETE) {
+		for (size_t i = 0; i < m->ntopics; i++) {
+			km_state_topic *t = m->topics[i];
+			for (size_t j = 0; j < t->nparts; j++)
+				if (t->parts[j].present && t->parts[j].state != KM_MP_STOPPED) {
+					set_msg(mu, KM_MIRROR_CLUSTER_MIRROR_IN_USE,
+						"Cluster mirror '%s' still mirrors topic %s (partition %zu is %s): stop "
+						"its topics and wait for STOPPED first",
+						m->name, t->name, j, km_mp_state_name(t->parts[j].state));
+					return;
+				}
+		}
+		for (size_t i = 0; i < m->ntopics; i++)
+			for (size_t j = 0; j < m->topics[i]->nparts; j++)
+				if (m->topics[i]->parts[j].present && add_partition_rec(mu, m->topics[i], (int32_t)j, NULL) != KM_OK) {
+					set_msg(mu, KM_MIRROR_STATE_UNAVAILABLE, "out of memory");
+					return;
+				}
+		km_state_key k = {.type = KM_STATE_REC_MIRROR, .mirror = km_str_c(m->name)};
+		if (add_rec(mu, &k, NULL) != KM_OK)
+			set_msg(mu, KM_MIRROR_STATE_UNAVAILABLE, "out of memory");
+		return;
+	}
+	if (km_state_config_check(mu->kv, mu->nkv, mu->kind == MUT_CREATE, why, sizeof(why)) != KM_OK) {
+		set_msg(mu, KM_MIRROR_INVALID_CLUSTER_MIRROR_CONFIG, "%s", why);
+		return;
+	}
+	if (!check_secrets(st, mu) || mu->validate_only)
+		return;
+	cfg = merge_cfg(st, mu, mu->kind == MUT_ALTER ? m : NULL, &n);
+	if (!cfg)
+		return;
+	write_mirror(st, mu, mu->mirror, mu->kind == MUT_CREATE ? now_ms() : m->created_ms, cfg, n);
+	free_cfg(cfg, n);
+}
+
+/* ---- topics ---- */
+
+static const char *op_valid_from(km_topic_op op)
+{
+	switch (op) {
+	case KM_TOPIC_START: return "valid for topics not mirrored, STOPPED or FAILED";
+	case KM_TOPIC_STOP: return "valid from PREPARING, MIRRORING, PAUSED or FAILED";
+	case KM_TOPIC_PAUSE: return "valid from MIRRORING only";
+	case KM_TOPIC_RESUME: return "valid from PAUSED only";
+	default: return "";
+	}
+}
+
+/* The state checks of topic i; true when it passes. */
+static bool check_topic(km_state *st, km_state_mut *mu, km_state_mirror *m, size_t i)
+{
+	const char *name = mu->topics[i];
+	km_state_topic *t = km_state_model_topic(&st->model, name, strlen(name));
+	km_err code;
+
+	if (!*name || strlen(name) > KM_STATE_MAX_NAME) {
+		topic_msg(mu, i, KM_KAFKA_INVALID_REQUEST, "'%s' is not a valid topic name", name);
+		return false;
+	}
+	if (t && t->mirror != m) {
+		topic_msg(mu, i, KM_MIRROR_TOPIC_ALREADY_IN_CLUSTER_MIRROR,
+			  "Topic %s is already in cluster mirror '%s' (%s)", name, t->mirror->name,
+			  km_mp_state_name(km_state_topic_state(t)));
+		return false;
+	}
+	if (!t) {
+		if (mu->op == KM_TOPIC_START)
+			return true;
+		topic_msg(mu, i, KM_MIRROR_TOPIC_NOT_IN_CLUSTER_MIRROR, "Topic %s is not in cluster mirror '%s'", name,
+			  m->name);
+		return false;
+	}
+	for (size_t j = 0; j < t->nparts; j++) {
+		if (!t->parts[j].present || km_topic_op_allowed(mu->op, t->parts[j].state, &code))
+			continue;
+		topic_msg(mu, i, code, "Cannot %s topic %s of cluster mirror '%s': partition %zu is %s (%s is %s)",
+			  km_topic_op_name(mu->op), name, m->name, j, km_mp_state_name(t->parts[j].state),
+			  km_topic_op_name(mu->op), op_valid_from(mu->op));
+		return false;
+	}
+	return true;
+}
+
+/* Records moving every partition of t to op's target. */
+static void move_topic(km_state_mut *mu, km_state_topic *t, size_t i)
+{
+	km_mp_state to = km_topic_op_target(mu->op);
+	int64_t now = now_ms();
+	for (size_t j = 0; j < t->nparts; j++) {
+		km_state_part p;
+		if (!t->parts[j].present)
+			continue;
+		p = t->parts[j];
+		p.state = to;
+		p.state_change_ms = now;
+		if (add_partition_rec(mu, t, (int32_t)j, &p) != KM_OK)
+			topic_msg(mu, i, KM_MIRROR_STATE_UNAVAILABLE, "out of memory");
+	}
+}
+
+static void run_write(km_state *st, km_state_mut *mu);
+
+static void on_topics_meta(km_state *st, km_err err, const char *message, const km_state_topic_meta *metas)
+{
+	km_state_mut *mu = st->head;
+	km_state_mirror *m = km_state_model_mirror(&st->model, mu->mirror);
+	int64_t now = now_ms();
+	size_t k = 0;
+
+	if (err != KM_OK) {
+		for (size_t i = 0; i < mu->ntopics; i++)
+			if (mu->tpending[i])
+				topic_msg(mu, i, KM_MIRROR_STATE_UNAVAILABLE, "%s", message);
+		finish_head(st);
+		return;
+	}
+	for (size_t i = 0; i < mu->ntopics; i++) {
+		const km_state_topic_meta *md;
+		km_state_topic tmp;
+		if (!mu->tpending[i])
+			continue;
+		md = &metas[k++];
+		if (md->error != 0 || md->partitions <= 0) {
+			if (md->error == KM_KAFKA_UNKNOWN_TOPIC_OR_PARTITION || md->error == 0)
+				topic_msg(mu, i, KM_KAFKA_UNKNOWN_TOPIC_OR_PARTITION,
+					  "Topic %s does not exist on the destination cluster: create it there first "
+					  "(kmirror does not create mirror topics yet)",
+					  mu->topics[i]);
+			else
+				topic_msg(mu, i, md->error, "Metadata of topic %s on the destination failed: %s",
+					  mu->topics[i], km_err_name(md->error));
+			continue;
+		}
+		if (md->partitions > KM_STATE_MAX_PARTITIONS) {
+			topic_msg(mu, i, KM_KAFKA_INVALID_REQUEST, "Topic %s has too many partitions", mu->topics[i]);
+			continue;
+		}
+		memset(&tmp, 0, sizeof(tmp));
+		tmp.name = mu->topics[i];
+		tmp.mirror = m;
+		tmp.id = md->id;
+		for (int32_t j = 0; j < md->partitions; j++) {
+			km_state_topic *old = km_state_model_topic(&st->model, mu->topics[i], strlen(mu->topics[i]));
+			km_state_part p = {.state = KM_MP_PREPARING, .state_change_ms = now, .last_mirrored_offset = -1,
+					   .last_mirrored_epoch = -1, .last_error_ms = -1};
+			/* A restart keeps what was mirrored (the pipeline resumes from there) when the topic is the same. */
+			if (old && (size_t)j < old->nparts && old->parts[j].present && !memcmp(&old->id, &md->id, sizeof(md->id))) {
+				p.last_mirrored_offset = old->parts[j].last_mirrored_offset;
+				p.last_mirrored_epoch = old->parts[j].last_mirrored_epoch;
+			}
+			if (add_partition_rec(mu, &tmp, j, &p) != KM_OK)
+				topic_msg(mu, i, KM_MIRROR_STATE_UNAVAILABLE, "out of memory");
+		}
+	}
+	run_write(st, mu);
+}
+
+static void prepare_topics(km_state *st, km_state_mut *mu)
+{
+	km_state_mirror *m = km_state_model_mirror(&st->model, mu->mirror);
+	char **pending;
+	size_t np = 0;
+
+	if (!m) {
+		set_msg(mu, KM_MIRROR_UNKNOWN_CLUSTER_MIRROR, "Cluster mirror '%s' does not exist", mu->mirror);
+		return;
+	}
+	for (size_t i = 0; i < mu->ntopics; i++) {
+		if (!check_topic(st, mu, m, i))
+			continue;
+		if (mu->op == KM_TOPIC_START) {
+			mu->tpending[i] = true;
+			np++;
+		} else {
+			move_topic(mu, km_state_model_topic(&st->model, mu->topics[i], strlen(mu->topics[i])), i);
+		}
+	}
+	if (!np)
+		return;
+	pending = calloc(np, sizeof(*pending));
+	if (!pending) {
+		set_msg(mu, KM_MIRROR_STATE_UNAVAILABLE, "out of memory");
+		return;
+	}
+	np = 0;
+	for (size_t i = 0; i < mu->ntopics; i++)
+		if (mu->tpending[i])
+			pending[np++] = mu->topics[i];
+	mu->code = -1; /* in progress: on_topics_meta continues */
+	km_state_persist_topics(st->io, pending, np, on_topics_meta);
+	free(pending);
+}
+
+static void prepare_pset(km_state *st, km_state_mut *mu)
+{
+	km_state_mirror *m = km_state_model_mirror(&st->model, mu->mirror);
+	km_state_topic *t = m ? km_state_model_topic(&st->model, mu->topics[0], strlen(mu->topics[0])) : NULL;
+	km_state_part p;
+
+	if (!m) {
+		set_msg(mu, KM_MIRROR_UNKNOWN_CLUSTER_MIRROR, "Cluster mirror '%s' does not exist", mu->mirror);
+		return;
+	}
+	if (!t || t->mirror != m) {
+		set_msg(mu, KM_MIRROR_TOPIC_NOT_IN_CLUSTER_MIRROR, "Topic %s is not in cluster mirror '%s'", mu->topics[0],
+			m->name);
+		return;
+	}
+	if (mu->partition < 0 || mu->partition >= KM_STATE_MAX_PARTITIONS || (unsigned)mu->to >= KM_MP__COUNT) {
+		set_msg(mu, KM_KAFKA_INVALID_REQUEST, "invalid partition or state");
+		return;
+	}
+	if ((size_t)mu->partition < t->nparts && t->parts[mu->partition].present) {
+		p = t->parts[mu->partition];
+	} else {
+		memset(&p, 0, sizeof(p));
+		p.last_mirrored_offset = -1;
+		p.last_mirrored_epoch = -1;
+		p.last_error_ms = -1;
+	}
+	if (p.state != mu->to)
+		p.state_change_ms = now_ms();
+	p.state = mu->to;
+	if (mu->error) {
+		p.last_error = mu->error;
+		p.last_error_ms = now_ms();
+	}
+	if (add_partition_rec(mu, t, mu->partition, &p) != KM_OK)
+		set_msg(mu, KM_MIRROR_STATE_UNAVAILABLE, "out of memory");
+}
+
+/* ---- the write and the commit ---- */
+
+static void log_mirror_change(const km_state_mut *mu)
+{
+	/* Names only: configuration values (and secrets above all) never go to the log. */
+	if (mu->kind == MUT_CREATE)
+		KM_INFO(COMP, 0, "mirror %s created (%zu configuration entries)", mu->mirror, mu->nkv);
+	else if (mu->kind == MUT_ALTER)
+		KM_INFO(COMP, 0, "mirror %s altered (%zu configuration entries changed)", mu->mirror, mu->nkv);
+	else if (mu->kind == MUT_DELETE)
+		KM_INFO(COMP, 0, "mirror %s deleted", mu->mirror);
+}
+
+static void on_written(km_state *st, km_err err, const char *message)
+{
+	km_state_mut *mu = st->head;
+
+	if (err != KM_OK) {
+		set_msg(mu, KM_MIRROR_STATE_UNAVAILABLE, "Writing %s failed: %s", st->cfg.mirror_state_topic, message);
+		KM_WARN(COMP, 0, "%s", mu->message);
+		finish_head(st);
+		return;
+	}
+	for (size_t i = 0; i < mu->nrecs; i++) {
+		km_state_change chg;
+		km_err rc = km_state_model_apply(&st->model, mu->recs[i].key, mu->recs[i].klen, mu->recs[i].val,
+						 mu->recs[i].vlen, mu->recs[i].val == NULL, &chg);
+		if (rc != KM_OK) {
+			KM_ERROR(COMP, 0, "applying a written record failed: %s", km_err_name(rc));
+			continue;
+		}
+		if (!chg.changed)
+			continue;
+		KM_INFO(COMP, 0, "%s/%s-%d %s -> %s", chg.mirror, chg.topic, chg.partition, km_mp_state_name(chg.from),
+			km_mp_state_name(chg.to));
+		if (km_state_model_index(&st->model) != KM_OK)
+			KM_ERROR(COMP, 0, "out of memory indexing topics");
+		if (st->on_partition)
+			st->on_partition(st->arg, chg.mirror, chg.topic, chg.partition, chg.from, chg.to);
+	}
+	if (km_state_model_index(&st->model) != KM_OK)
+		KM_ERROR(COMP, 0, "out of memory indexing topics");
+	log_mirror_change(mu);
+	finish_head(st);
+}
+
+static void run_write(km_state *st, km_state_mut *mu)
+{
+	if (mu->code == -1)
+		mu->code = KM_OK;
+	if (mu->code != KM_OK || mu->nrecs == 0 || mu->validate_only) {
+		finish_head(st);
+		return;
+	}
+	km_state_persist_write(st->io, mu->recs, mu->nrecs, on_written);
+}
+
+static void run_head(km_state *st)
+{
+	km_state_mut *mu = st->head;
+
+	st->running = true;
+	if (!st->ready) {
+		set_msg(mu, KM_KAFKA_COORDINATOR_LOAD_IN_PROGRESS, "mirror state is loading from %s; retry",
+			st->cfg.mirror_state_topic);
+		finish_head(st);
+		return;
+	}
+	switch (mu->kind) {
+	case MUT_CREATE:
+	case MUT_ALTER:
+	case MUT_DELETE:
+		prepare_mirror(st, mu);
+		break;
+	case MUT_TOPICS:
+		prepare_topics(st, mu);
+		if (mu->code == -1)
+			return; /* waits for metadata */
+		break;
+	case MUT_PSET:
+		prepare_pset(st, mu);
+		break;
+	}
+	run_write(st, mu);
+}
+
+static void on_kick(evutil_socket_t fd, short what, void *arg)
+{
+	km_state *st = arg;
+	(void)fd;
+	(void)what;
+	while (st->refusals) {
+		km_state_mut *mu = st->refusals;
+		st->refusals = mu->next;
+		answer(mu);
+	}
+	if (st->head && !st->running)
+		run_head(st);
+}
+
+static void submit(km_state *st, km_state_mut *mu)
+{
+	if (!mu) {
+		return;
+	}
+	mu->st = st;
+	if (!st->ready || st->queued >= KM_STATE_QUEUE_MAX) {
+		if (!st->ready)
+			set_msg(mu, KM_KAFKA_COORDINATOR_LOAD_IN_PROGRESS, "mirror state is loading from %s; retry",
+				st->cfg.mirror_state_topic);
+		else
+			set_msg(mu, KM_MIRROR_STATE_UNAVAILABLE, "the state store is busy (%d changes queued); retry",
+				KM_STATE_QUEUE_MAX);
+		mu->next = st->refusals;
+		st->refusals = mu;
+	} else {
+		mu->next = NULL;
+		if (st->tail)
+			st->tail->next = mu;
+		else
+			st->head = mu;
+		st->tail = mu;
+		st->queued++;
+	}
+	schedule(st);
+}
+
+static km_state_mut *mut_new(mut_kind kind, const char *mirror, km_state_done_cb done, void *arg)
+{
+	km_state_mut *mu = calloc(1, sizeof(*mu));
+	if (!mu)
+		return NULL;
+	mu->kind = kind;
+	mu->mirror = strdup(mirror ? mirror : "");
+	mu->done = done;
+	mu->arg = arg;
+	if (!mu->mirror) {
+		free(mu);
+		return NULL;
+	}
+	return mu;
+}
+
+static void nomem(km_state_done_cb done, void *arg)
+{
+	km_state_result res = {.code = KM_MIRROR_STATE_UNAVAILABLE, .message = "out of memory"};
+	if (done)
+		done(arg, &res);
+}
+
+static km_state_mut *mut_kv(mut_kind kind, const char *name, const km_state_kv *kv, size_t n, bool vo,
+			    km_state_done_cb done, void *arg)
+{
+	km_state_mut *mu = mut_new(kind, name, done, arg);
+	if (!mu)
+		return NULL;
+	mu->validate_only = vo;
+	if (n && !(mu->kv = calloc(n, sizeof(*mu->kv)))) {
+		mut_free(mu);
+		return NULL;
+	}
+	for (size_t i = 0; i < n; i++) {
+		mu->kv[i].name = strdup(kv[i].name ? kv[i].name : "");
+		mu->kv[i].value = sdup(kv[i].value);
+		mu->nkv++;
+		if (!mu->kv[i].name || (kv[i].value && !mu->kv[i].value)) {
+			mut_free(mu);
+			return NULL;
+		}
+	}
+	return mu;
+}
+
+void km_state_create_mirror(km_state *st, const char *name, const km_state_kv *kv, size_t n, bool validate_only,
+			    km_state_done_cb done, void *arg)
+{
+	km_state_mut *mu = mut_kv(MUT_CREATE, name, kv, n, validate_only, done, arg);
+	if (!mu)
+		return nomem(done, arg);
+	submit(st, mu);
+}
+
+void km_state_alter_mirror(km_state *st, const char *name, const km_state_kv *kv, size_t n, bool validate_only,
+			   km_state_done_cb done, void *arg)
+{
+	km_state_mut *mu = mut_kv(MUT_ALTER, name, kv, n, validate_only, done, arg);
+	if (!mu)
+		return nomem(done, arg);
+	submit(st, mu);
+}
+
+void km_state_delete_mirror(km_state *st, const char *name, km_state_done_cb done, void *arg)
+{
+	km_state_mut *mu = mut_new(MUT_DELETE, name, done, arg);
+	if (!mu)
+		return nomem(done, arg);
+	submit(st, mu);
+}
+
+static bool set_topics(km_state_mut *mu, const char *const *topics, size_t n)
+{
+	mu->topics = calloc(n ? n : 1, sizeof(*mu->topics));
+	mu->tres = calloc(n ? n : 1, sizeof(*mu->tres));
+	mu->tmsg = calloc(n ? n : 1, sizeof(*mu->tmsg));
+	mu->tpending = calloc(n ? n : 1, sizeof(*mu->tpending));
+	if (!mu->topics || !mu->tres || !mu->tmsg || !mu->tpending)
+		return false;
+	for (size_t i = 0; i < n; i++) {
+		if (!(mu->topics[i] = strdup(topics[i] ? topics[i] : "")))
+			return false;
+		mu->ntopics++;
+	}
+	return true;
+}
+
+void km_state_topics(km_state *st, km_topic_op op, const char *mirror, const char *const *topics, size_t n,
+		     km_state_done_cb done, void *arg)
+{
+	km_state_mut *mu = mut_new(MUT_TOPICS, mirror, done, arg);
+	if (!mu)
+		return nomem(done, arg);
+	mu->op = op;
+	if ((unsigned)op >= KM_TOPIC__COUNT || !set_topics(mu, topics, n)) {
+		mut_free(mu);
+		return nomem(done, arg);
+	}
+	submit(st, mu);
+}
+
+void km_state_partition_set(km_state *st, const char *mirror, const char *topic, int32_t partition, km_mp_state to,
+			    const char *error, km_state_done_cb done, void *arg)
+{
+	km_state_mut *mu = mut_new(MUT_PSET, mirror, done, arg);
+	const char *one[1] = {topic};
+	if (!mu)
+		return nomem(done, arg);
+	mu->partition = partition;
+	mu->to = to;
+	mu->error = sdup(error);
+	if (!set_topics(mu, one, 1)) {
+		mut_free(mu);
+		return nomem(done, arg);
+	}
+	mu->ntopics = 1;
+	submit(st, mu);
+}
+
+/* ---- life ---- */
+
+void km_state_loaded(km_state *st, km_state_model *model)
+{
+	size_t topics = 0;
+	km_state_model_free(&st->model);
+	st->model = *model;
+	km_state_model_init(model);
+	for (size_t i = 0; i < st->model.nmirrors; i++)
+		topics += st->model.mirrors[i]->ntopics;
+	KM_INFO(COMP, 0, "state loaded from %s: %zu mirrors, %zu topics", st->cfg.mirror_state_topic,
+		st->model.nmirrors, topics);
+	st->ready = true;
+	schedule(st);
+	if (!st->ready_fired) {
+		st->ready_fired = true;
+		if (st->on_ready)
+			st->on_ready(st->arg);
+	}
+}
+
+km_state *km_state_new(const km_state_opts *opts, char *err, size_t errlen)
+{
+	km_state *st = calloc(1, sizeof(*st));
+
+	if (!st) {
+		snprintf(err, errlen, "out of memory");
+		return NULL;
+	}
+	st->base = opts->base;
+	st->dns = opts->dns;
+	st->tls = opts->tls;
+	st->metrics = opts->metrics;
+	st->on_ready = opts->on_ready;
+	st->on_partition = opts->on_partition;
+	st->arg = opts->arg;
+	km_state_model_init(&st->model);
+	if (km_config_copy(&st->cfg, opts->cfg) != KM_OK) {
+		free(st);
+		snprintf(err, errlen, "out of memory");
+		return NULL;
+	}
+	if (!st->cfg.mirror_state_topic || st->cfg.upstream_count < 1) {
+		snprintf(err, errlen, "the state store needs upstream and mirror_state_topic");
+		km_state_free(st);
+		return NULL;
+	}
+	if (st->cfg.mirror_secret_key_file) {
+		bool loose;
+		if (km_state_key_load(st->cfg.mirror_secret_key_file, st->key, &loose, err, errlen) != KM_OK) {
+			km_state_free(st);
+			return NULL;
+		}
+		st->have_key = true;
+		if (loose)
+			KM_WARN(COMP, 0, "mirror_secret_key_file %s can be read by group or others: chmod 600 it",
+				st->cfg.mirror_secret_key_file);
+	}
+	st->kick = event_new(st->base, -1, 0, on_kick, st);
+	st->io = km_state_persist_new(st);
+	if (!st->kick || !st->io) {
+		snprintf(err, errlen, "out of memory");
+		km_state_free(st);
+		return NULL;
+	}
+	km_state_persist_load(st->io);
+	return st;
+}
+
+void km_state_free(km_state *st)
+{
+	if (!st)
+		return;
+	if (st->io)
+		km_state_persist_free(st->io);
+	st->io = NULL;
+	/* Pending mutations are answered: their callers may hold resources waiting for it. */
+	while (st->refusals) {
+		km_state_mut *mu = st->refusals;
+		st->refusals = mu->next;
+		answer(mu);
+	}
+	while (st->head) {
+		km_state_mut *mu = st->head;
+		st->head = mu->next;
+		set_msg(mu, KM_MIRROR_STATE_UNAVAILABLE, "kmirrord is shutting down");
+		answer(mu);
+	}
+	if (st->kick)
+		event_free(st->kick);
+	km_state_model_free(&st->model);
+	km_config_free(&st->cfg);
+	OPENSSL_cleanse(st->key, sizeof(st->key));
+	free(st);
+}
+
+bool km_state_ready(const km_state *st)
+{
+	return st && st->ready;
+}
+
+/* ---- reads ---- */
+
+const km_state_topic *km_state_topic_find(const km_state *st, const char *topic, size_t len)
+{
+	return km_state_model_topic(&st->model, topic, len);
+}
+
+const km_state_topic *km_state_topic_find_id(const km_state *st, const km_uuid *id)
+{
+	return km_state_model_topic_id(&st->model, id);
+}
+
+bool km_state_topic_read_only(const km_state_topic *t, int32_t partition)
+{
+	if (partition >= 0 && (size_t)partition < t->nparts && t->parts[partition].present)
+		return t->parts[partition].state != KM_MP_STOPPED;
+	return km_state_topic_state(t) != KM_MP_STOPPED;
+}
+
+const char *km_state_topic_name(const km_state_topic *t) { return t->name; }
+const km_state_mirror *km_state_topic_mirror(const km_state_topic *t) { return t->mirror; }
+const km_uuid *km_state_topic_id(const km_state_topic *t) { return &t->id; }
+
+km_mp_state km_state_topic_state(const km_state_topic *t)
+{
+	static const km_mp_state order[] = {KM_MP_PREPARING, KM_MP_FAILED, KM_MP_PAUSING, KM_MP_STOPPING};
+	km_mp_state common = KM_MP__COUNT;
+	bool mixed = false;
+
+	for (size_t i = 0; i < t->nparts; i++) {
+		if (!t->parts[i].present)
+			continue;
+		if (common == KM_MP__COUNT)
+			common = t->parts[i].state;
+		else if (common != t->parts[i].state)
+			mixed = true;
+	}
+	if (common == KM_MP__COUNT)
+		return KM_MP_UNKNOWN;
+	if (!mixed)
+		return common;
+	for (size_t o = 0; o < sizeof(order) / sizeof(order[0]); o++)
+		for (size_t i = 0; i < t->nparts; i++)
+			if (t->parts[i].present && t->parts[i].state == order[o])
+				return order[o];
+	return common;
+}
+
+size_t km_state_topic_partition_count(const km_state_topic *t)
+{
+	size_t n = 0;
+	for (size_t i = 0; i < t->nparts; i++)
+		n += t->parts[i].present;
+	return n;
+}
+
+void km_state_topic_partition(const km_state_topic *t, size_t i, km_state_partition_info *out)
+{
+	size_t k = 0;
+	memset(out, 0, sizeof(*out));
+	out->partition = -1;
+	for (size_t j = 0; j < t->nparts; j++) {
+		const km_state_part *p = &t->parts[j];
+		if (!p->present || k++ != i)
+			continue;
+		out->partition = (int32_t)j;
+		out->state = p->state;
+		out->state_change_ms = p->state_change_ms;
+		out->last_mirrored_offset = p->last_mirrored_offset;
+		out->last_mirrored_epoch = p->last_mirrored_epoch;
+		out->source_log_end = p->source_log_end;
+		out->last_error = p->last_error;
+		out->last_error_ms = p->last_error_ms;
+		return;
+	}
+}
+
+const km_state_mirror *km_state_mirror_find(const km_state *st, const char *name)
+{
+	return km_state_model_mirror((km_state_model *)&st->model, name);
+}
+
+size_t km_state_mirror_count(const km_state *st) { return st->model.nmirrors; }
+const km_state_mirror *km_state_mirror_at(const km_state *st, size_t i)
+{
+	return i < st->model.nmirrors ? st->model.mirrors[i] : NULL;
+}
+const char *km_state_mirror_name(const km_state_mirror *m) { return m->name; }
+int64_t km_state_mirror_created_ms(const km_state_mirror *m) { return m->created_ms; }
+size_t km_state_mirror_config_count(const km_state_mirror *m) { return m->ncfg; }
+
+const char *km_state_mirror_source(const km_state_mirror *m)
+{
+	for (size_t i = 0; i < m->ncfg; i++)
+		if (!strcmp(m->cfg[i].name, "bootstrap.servers"))
+			return m->cfg[i].value;
+	return NULL;
+}
+
+void km_state_mirror_config_at(const km_state_mirror *m, size_t i, const char **name, const char **value,
+			       bool *secret)
+{
+	*name = m->cfg[i].name;
+	*secret = m->cfg[i].sealed != NULL;
+	*value = *secret ? NULL : m->cfg[i].value;
+}
+
+km_err km_state_mirror_secret(const km_state *st, const km_state_mirror *m, const char *name, char *buf, size_t len)
+{
+	for (size_t i = 0; i < m->ncfg; i++)
+		if (!strcmp(m->cfg[i].name, name) && m->cfg[i].sealed) {
+			if (!st->have_key)
+				return KM_ERR_CONFIG;
+			return km_state_open(st->key, name, m->cfg[i].sealed, m->cfg[i].sealed_len, buf, len);
+		}
+	return KM_ERR_INVAL;
+}
+
+size_t km_state_mirror_topic_count(const km_state_mirror *m) { return m->ntopics; }
+const km_state_topic *km_state_mirror_topic_at(const km_state_mirror *m, size_t i)
+{
+	return i < m->ntopics ? m->topics[i] : NULL;
+}
+
+const char *km_state_topic_name_of_store(const km_state *st) { return st->cfg.mirror_state_topic; }

@@ -6,6 +6,7 @@
 
 #include "kmirror/api.h"
 #include "kmirror/log.h"
+#include "kmirror/net.h"
 #include "kmirror/msg/alter_mirror_request.h"
 #include "kmirror/msg/alter_mirror_response.h"
 #include "kmirror/msg/api_keys.h"
@@ -112,10 +113,25 @@ static void op_free(mop *op)
 	free(op);
 }
 
+/* Where the request's body starts: the session reads only the fixed part of the header. */
+static bool body_offset(const km_req *rq, size_t *off)
+{
+	km_req_header h;
+	int hv = km_proxy_request_header_version(rq->h->api_key, rq->h->api_version);
+	if (hv < 0 || km_net_parse_request_header(rq->body, rq->frame_len, hv, &h) != KM_OK)
+		return false;
+	*off = h.body_offset;
+	return true;
+}
+
 static mop *op_new(km_req *rq)
 {
 	const km_session_host *host = km_session_host_of(rq->s);
-	mop *op = calloc(1, sizeof(*op));
+	size_t off;
+	mop *op;
+	if (!body_offset(rq, &off))
+		return NULL;
+	op = calloc(1, sizeof(*op));
 	if (!op || !(op->req = malloc(rq->frame_len + 1))) {
 		free(op);
 		return NULL;
@@ -127,8 +143,8 @@ static mop *op_new(km_req *rq)
 	op->key = rq->h->api_key;
 	op->version = rq->h->api_version;
 	/* The body after the request header. */
-	op->req_len = rq->frame_len - rq->h->body_offset;
-	memcpy(op->req, rq->body + rq->h->body_offset, op->req_len);
+	op->req_len = rq->frame_len - off;
+	memcpy(op->req, rq->body + off, op->req_len);
 	km_arena_init(&op->a, 0);
 	op->next = live_ops;
 	if (live_ops)
@@ -1270,10 +1286,12 @@ static km_err describe_request(km_req *rq)
 	km_arena a;
 	km_rd r;
 
-	if (!st || !km_state_ready(st) || !km_state_mirror_count(st))
+	size_t off;
+
+	if (!st || !km_state_ready(st) || !km_state_mirror_count(st) || !body_offset(rq, &off))
 		return KM_OK; /* nothing to add: forwarded as it is */
 	km_arena_init(&a, 0);
-	km_rd_init(&r, rq->body + rq->h->body_offset, rq->frame_len - rq->h->body_offset);
+	km_rd_init(&r, rq->body + off, rq->frame_len - off);
 	api->request.init(&m);
 	if (api->request.decode(&r, rq->h->api_version, &m, &a) != KM_OK || !(c = calloc(1, sizeof(*c)))) {
 		km_arena_free(&a);

@@ -1,0 +1,371 @@
+/* The state store's pure parts: the transition table, configuration checks, secrets, record keys and values, the model. */
+#define _GNU_SOURCE
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <cmocka.h>
+
+#include "kmirror/msg/mirror_state_partition_key.h"
+#include "state/state_int.h"
+#include "unit_doc.h"
+
+/* The whole op x state table, written out: any change to the rules must change this test. */
+static void test_transitions(void **state)
+{
+	/* allowed[op][state]: U PREP MIR PAUSING PAUSED STOPPING STOPPED FAILED */
+	static const int allowed[KM_TOPIC__COUNT][KM_MP__COUNT] = {
+		[KM_TOPIC_START] = {1, 0, 0, 0, 0, 0, 1, 1},
+		[KM_TOPIC_STOP] = {0, 1, 1, 0, 1, 0, 0, 1},
+		[KM_TOPIC_PAUSE] = {0, 0, 1, 0, 0, 0, 0, 0},
+		[KM_TOPIC_RESUME] = {0, 0, 0, 0, 1, 0, 0, 0},
+	};
+	(void)state;
+	for (int op = 0; op < KM_TOPIC__COUNT; op++)
+		for (int s = 0; s < KM_MP__COUNT; s++) {
+			km_err code = 12345;
+			bool ok = km_topic_op_allowed((km_topic_op)op, (km_mp_state)s, &code);
+			if (ok != (bool)allowed[op][s])
+				fail_msg("%s from %s: got %d", km_topic_op_name((km_topic_op)op), km_mp_state_name((km_mp_state)s), ok);
+			if (ok)
+				assert_int_equal(code, KM_OK);
+			else if (op == KM_TOPIC_START)
+				assert_int_equal(code, KM_MIRROR_TOPIC_ALREADY_IN_CLUSTER_MIRROR);
+			else if (op == KM_TOPIC_RESUME)
+				assert_int_equal(code, KM_MIRROR_MIRROR_TOPIC_NOT_PAUSED);
+			else
+				assert_int_equal(code, KM_MIRROR_INVALID_CLUSTER_MIRROR_STATES);
+		}
+	assert_int_equal(km_topic_op_target(KM_TOPIC_START), KM_MP_PREPARING);
+	assert_int_equal(km_topic_op_target(KM_TOPIC_STOP), KM_MP_STOPPING);
+	assert_int_equal(km_topic_op_target(KM_TOPIC_PAUSE), KM_MP_PAUSING);
+	assert_int_equal(km_topic_op_target(KM_TOPIC_RESUME), KM_MP_MIRRORING);
+	assert_string_equal(km_mp_state_name(KM_MP_PAUSED), "PAUSED");
+	assert_string_equal(km_mp_state_name((km_mp_state)99), "INVALID");
+	assert_string_equal(km_topic_op_name(KM_TOPIC_RESUME), "resume");
+}
+
+static km_err check1(const char *k, const char *v, bool create, char *err, size_t len)
+{
+	km_state_kv kv[2] = {{"bootstrap.servers", "src:9092"}, {k, v}};
+	err[0] = 0;
+	return km_state_config_check(kv, 2, create, err, len);
+}
+
+static void expect_bad(const char *k, const char *v, const char *why)
+{
+	char err[512];
+	assert_int_equal(check1(k, v, true, err, sizeof(err)), KM_MIRROR_INVALID_CLUSTER_MIRROR_CONFIG);
+	if (!strstr(err, k) || !strstr(err, why))
+		fail_msg("%s=%s: '%s' does not say '%s'", k, v, err, why);
+}
+
+static void test_config(void **state)
+{
+	char err[512];
+	km_state_kv none[1] = {{"security.protocol", "SSL"}};
+	(void)state;
+	assert_true(km_state_config_is_secret("sasl.password"));
+	assert_true(km_state_config_is_secret("sasl.jaas.config"));
+	assert_true(km_state_config_is_secret("ssl.truststore.password"));
+	assert_true(km_state_config_is_secret("foo.password"));
+	assert_false(km_state_config_is_secret("sasl.username"));
+	assert_false(km_state_config_is_secret("password"));
+	assert_false(km_state_config_is_secret("bootstrap.servers"));
+
+	assert_int_equal(check1("security.protocol", "SASL_SSL", true, err, sizeof(err)), KM_OK);
+	assert_int_equal(check1("sasl.mechanism", "SCRAM-SHA-512", true, err, sizeof(err)), KM_OK);
+	assert_int_equal(check1("mirror.fetch.max.bytes", "1048576", true, err, sizeof(err)), KM_OK);
+	assert_int_equal(check1("mirror.topics.include", "orders-.*", true, err, sizeof(err)), KM_OK);
+	assert_int_equal(check1("ssl.endpoint.identification.algorithm", "", true, err, sizeof(err)), KM_OK);
+	assert_int_equal(check1("sasl.password", "hunter2", true, err, sizeof(err)), KM_OK);
+
+	expect_bad("security.protocol", "TLS", "is not one of PLAINTEXT, SSL, SASL_PLAINTEXT, SASL_SSL");
+	expect_bad("sasl.mechanism", "plain", "is not one of");
+	expect_bad("ssl.endpoint.identification.algorithm", "none", "is not one of");
+	expect_bad("no.such.key", "1", "unknown configuration key");
+	expect_bad("mirror.nope", "1", "unknown mirror option");
+	expect_bad("mirror.fetch.max.bytes", "lots", "mirror.fetch.max.bytes");
+	expect_bad("mirror.throttle.bytes.per.sec", "-1", "mirror.throttle.bytes.per.sec");
+	expect_bad("mirror.groups.include", "(", "not a valid regular expression");
+	expect_bad("bootstrap.servers", "x", "given twice");
+
+	/* bootstrap.servers is required on create, must be host:port entries */
+	assert_int_equal(km_state_config_check(none, 1, true, err, sizeof(err)), KM_MIRROR_INVALID_CLUSTER_MIRROR_CONFIG);
+	assert_non_null(strstr(err, "bootstrap.servers"));
+	assert_non_null(strstr(err, "required"));
+	assert_int_equal(km_state_config_check(none, 1, false, err, sizeof(err)), KM_OK);
+	{
+		km_state_kv b[1] = {{"bootstrap.servers", "a:1, b:2,c:3"}};
+		km_state_kv bad[1] = {{"bootstrap.servers", "a:1,nohost"}};
+		km_state_kv rm[1] = {{"bootstrap.servers", NULL}};
+		km_state_kv rm2[1] = {{"mirror.fetch.max.bytes", NULL}};
+		assert_int_equal(km_state_config_check(b, 1, true, err, sizeof(err)), KM_OK);
+		assert_int_equal(km_state_config_check(bad, 1, true, err, sizeof(err)), KM_MIRROR_INVALID_CLUSTER_MIRROR_CONFIG);
+		assert_non_null(strstr(err, "'nohost' is not host:port"));
+		assert_int_equal(km_state_config_check(rm, 1, false, err, sizeof(err)), KM_MIRROR_INVALID_CLUSTER_MIRROR_CONFIG);
+		assert_non_null(strstr(err, "cannot be removed"));
+		assert_int_equal(km_state_config_check(rm2, 1, false, err, sizeof(err)), KM_OK);
+	}
+	/* a refused secret never shows its value */
+	{
+		km_state_kv s[2] = {{"bootstrap.servers", "s:1"}, {"sasl.password", NULL}};
+		assert_int_equal(km_state_config_check(s, 2, true, err, sizeof(err)), KM_MIRROR_INVALID_CLUSTER_MIRROR_CONFIG);
+		assert_non_null(strstr(err, "sasl.password"));
+	}
+}
+
+static void test_mirror_option_table(void **state)
+{
+	const km_opt_table *t = km_state_mirror_option_table();
+	km_mirror_options o;
+	char *gen;
+	size_t glen;
+	FILE *f;
+	(void)state;
+	assert_int_equal(km_opt_init(t, &o), KM_OK);
+	assert_int_equal(o.metadata_refresh_interval_ms, 30000);
+	assert_string_equal(o.groups_include, ".*");
+	assert_string_equal(o.acl_include, "*");
+	assert_int_equal(o.fetch_max_bytes, 52428800);
+	assert_int_equal(o.fetch_partition_max_bytes, 10485760);
+	assert_int_equal(o.throttle_bytes_per_sec, 0);
+	assert_null(o.topics_include);
+	km_opt_free(t, &o);
+	/* docs/configuration.md shows the table */
+	f = open_memstream(&gen, &glen);
+	km_opt_write_doc(t, f);
+	fclose(f);
+	assert_doc_shows("configuration.md", "<!-- BEGIN MIRROR OPTIONS -->\n", "<!-- END MIRROR OPTIONS -->", gen, glen,
+			 "regenerate it from km_state_mirror_option_table(); tests/unit/test_state prints it");
+	free(gen);
+}
+
+static void test_secrets(void **state)
+{
+	uint8_t key[KM_STATE_KEY_BYTES], other[KM_STATE_KEY_BYTES], *sealed, *sealed2;
+	size_t len, len2;
+	char buf[256];
+	(void)state;
+	for (int i = 0; i < KM_STATE_KEY_BYTES; i++) {
+		key[i] = (uint8_t)i;
+		other[i] = (uint8_t)(i + 1);
+	}
+	assert_int_equal(km_state_seal(key, "sasl.password", "hunter2-secret", &sealed, &len), KM_OK);
+	assert_int_equal(len, KM_STATE_NONCE_BYTES + strlen("hunter2-secret") + KM_STATE_TAG_BYTES);
+	assert_null(memmem(sealed, len, "hunter2", 7));
+	assert_int_equal(km_state_open(key, "sasl.password", sealed, len, buf, sizeof(buf)), KM_OK);
+	assert_string_equal(buf, "hunter2-secret");
+	/* a fresh nonce every time */
+	assert_int_equal(km_state_seal(key, "sasl.password", "hunter2-secret", &sealed2, &len2), KM_OK);
+	assert_int_equal(len, len2);
+	assert_memory_not_equal(sealed, sealed2, len);
+	/* wrong key, other name (associated data), tampered ciphertext, tag or nonce, short input */
+	assert_int_equal(km_state_open(other, "sasl.password", sealed, len, buf, sizeof(buf)), KM_ERR_DECODE);
+	assert_int_equal(km_state_open(key, "ssl.key.password", sealed, len, buf, sizeof(buf)), KM_ERR_DECODE);
+	for (size_t pos = 0; pos < len; pos += 5) {
+		sealed[pos] ^= 0x01;
+		assert_int_equal(km_state_open(key, "sasl.password", sealed, len, buf, sizeof(buf)), KM_ERR_DECODE);
+		sealed[pos] ^= 0x01;
+	}
+	assert_int_equal(km_state_open(key, "sasl.password", sealed, 20, buf, sizeof(buf)), KM_ERR_DECODE);
+	assert_int_equal(km_state_open(key, "sasl.password", sealed, len, buf, 4), KM_ERR_TOO_LARGE);
+	free(sealed);
+	free(sealed2);
+}
+
+static void test_key_file(void **state)
+{
+	char path[] = "/tmp/km-test-key-XXXXXX", err[256];
+	uint8_t key[KM_STATE_KEY_BYTES];
+	bool loose;
+	int fd = mkstemp(path);
+	FILE *f;
+	(void)state;
+	assert_true(fd >= 0);
+	close(fd);
+	f = fopen(path, "w");
+	fprintf(f, "000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1F\n");
+	fclose(f);
+	chmod(path, 0600);
+	assert_int_equal(km_state_key_load(path, key, &loose, err, sizeof(err)), KM_OK);
+	assert_false(loose);
+	assert_int_equal(key[0], 0);
+	assert_int_equal(key[31], 0x1f);
+	chmod(path, 0644);
+	assert_int_equal(km_state_key_load(path, key, &loose, err, sizeof(err)), KM_OK);
+	assert_true(loose);
+	f = fopen(path, "w");
+	fprintf(f, "too short");
+	fclose(f);
+	assert_int_equal(km_state_key_load(path, key, &loose, err, sizeof(err)), KM_ERR_CONFIG);
+	assert_non_null(strstr(err, "not a key"));
+	f = fopen(path, "w");
+	for (int i = 0; i < 32; i++)
+		fputc(200 + (i % 50), f);
+	fclose(f);
+	assert_int_equal(km_state_key_load(path, key, &loose, err, sizeof(err)), KM_OK);
+	assert_int_equal(key[1], 201);
+	unlink(path);
+	assert_int_equal(km_state_key_load(path, key, &loose, err, sizeof(err)), KM_ERR_CONFIG);
+	assert_non_null(strstr(err, "No such file"));
+}
+
+static void test_keys(void **state)
+{
+	km_state_key k = {.type = KM_STATE_REC_PARTITION, .mirror = km_str_c("m1"), .topic = km_str_c("orders"),
+			  .partition = 7}, d;
+	km_wr w;
+	(void)state;
+	km_wr_init(&w);
+	km_state_key_encode(&w, &k);
+	assert_true(km_wr_ok(&w));
+	/* int16 type 1, then MirrorStatePartitionKey v0: int16-length strings and int32 */
+	static const uint8_t want[] = {0, 1, 0, 2, 'm', '1', 0, 6, 'o', 'r', 'd', 'e', 'r', 's', 0, 0, 0, 7};
+	assert_int_equal(w.len, sizeof(want));
+	assert_memory_equal(w.buf, want, sizeof(want));
+	assert_int_equal(km_state_key_decode(w.buf, w.len, &d), KM_OK);
+	assert_int_equal(d.type, 1);
+	assert_true(km_str_eq_c(d.mirror, "m1"));
+	assert_true(km_str_eq_c(d.topic, "orders"));
+	assert_int_equal(d.partition, 7);
+	assert_int_equal(km_state_key_decode(w.buf, w.len - 1, &d), KM_ERR_DECODE);
+	w.buf[1] = 9; /* unknown type */
+	assert_int_equal(km_state_key_decode(w.buf, w.len, &d), KM_ERR_DECODE);
+	km_wr_free(&w);
+
+	/* Kafka's murmur2 (the Java client's Utils.murmur2) of known inputs */
+	assert_int_equal(km_state_murmur2((const uint8_t *)"21", 2), (uint32_t)-973932308);
+	assert_int_equal(km_state_murmur2((const uint8_t *)"foobar", 6), (uint32_t)-790332482);
+	assert_int_equal(km_state_murmur2((const uint8_t *)"a-little-bit-long-string", 24), (uint32_t)-985981536);
+	assert_int_equal(km_state_murmur2((const uint8_t *)"", 0), 275646681u);
+	for (int n = 1; n < 50; n++) {
+		int32_t p = km_state_key_partition((const uint8_t *)"abc", 3, n);
+		assert_true(p >= 0 && p < n);
+	}
+}
+
+static void rec(km_state_model *m, const km_state_key *k, km_wr *val, km_state_change *chg)
+{
+	km_wr kw;
+	km_wr_init(&kw);
+	km_state_key_encode(&kw, k);
+	assert_int_equal(km_state_model_apply(m, kw.buf, kw.len, val ? val->buf : NULL, val ? val->len : 0, val == NULL, chg),
+			 KM_OK);
+	km_wr_free(&kw);
+}
+
+/* Values encode and decode through the model as load and commit both use it. */
+static void test_values_and_model(void **state)
+{
+	km_state_model m;
+	km_state_cfg_entry cfg[2] = {{.name = "bootstrap.servers", .value = "s:9092"},
+				     {.name = "sasl.password", .sealed = (uint8_t *)"0123456789abcdefghijklmnopqrstu", .sealed_len = 31}};
+	km_state_mirror mi = {.name = "m1", .created_ms = 111, .modified_ms = 222, .cfg = cfg, .ncfg = 2};
+	km_state_key mk = {.type = KM_STATE_REC_MIRROR, .mirror = km_str_c("m1")};
+	km_state_key pk = {.type = KM_STATE_REC_PARTITION, .mirror = km_str_c("m1"), .topic = km_str_c("t"), .partition = 2};
+	km_state_topic tt = {.name = "t", .mirror = &mi};
+	km_state_part p = {.state = KM_MP_PREPARING, .state_change_ms = 5, .last_mirrored_offset = 42,
+			   .last_mirrored_epoch = 3, .last_error = "boom", .last_error_ms = 6};
+	km_state_change chg;
+	const km_state_mirror *got;
+	const km_state_topic *t;
+	km_state_partition_info info;
+	const char *name, *value;
+	bool secret;
+	km_wr w;
+	(void)state;
+
+	memset(tt.id.b, 0xab, 16);
+	km_state_model_init(&m);
+	/* a partition before its mirror is dropped (a deleted mirror's leftovers) */
+	km_wr_init(&w);
+	assert_int_equal(km_state_partition_value_encode(&w, &tt, &p), KM_OK);
+	assert_int_equal(km_be16(w.buf), 0); /* value version */
+	rec(&m, &pk, &w, &chg);
+	assert_false(chg.changed);
+	assert_int_equal(m.nmirrors, 0);
+
+	km_wr w2;
+	km_wr_init(&w2);
+	assert_int_equal(km_state_mirror_value_encode(&w2, &mi), KM_OK);
+	rec(&m, &mk, &w2, &chg);
+	assert_int_equal(m.nmirrors, 1);
+	rec(&m, &pk, &w, &chg);
+	assert_true(chg.changed);
+	assert_int_equal(chg.from, KM_MP_UNKNOWN);
+	assert_int_equal(chg.to, KM_MP_PREPARING);
+	assert_string_equal(chg.topic, "t");
+	assert_int_equal(chg.partition, 2);
+	assert_int_equal(km_state_model_index(&m), KM_OK);
+
+	got = km_state_model_mirror(&m, "m1");
+	assert_non_null(got);
+	assert_int_equal(km_state_mirror_created_ms(got), 111);
+	assert_string_equal(km_state_mirror_source(got), "s:9092");
+	assert_int_equal(km_state_mirror_config_count(got), 2);
+	km_state_mirror_config_at(got, 1, &name, &value, &secret);
+	assert_string_equal(name, "sasl.password");
+	assert_null(value);
+	assert_true(secret);
+	t = km_state_model_topic(&m, "t", 1);
+	assert_non_null(t);
+	assert_ptr_equal(km_state_model_topic_id(&m, &tt.id), t);
+	assert_int_equal(km_state_topic_partition_count(t), 1);
+	km_state_topic_partition(t, 0, &info);
+	assert_int_equal(info.partition, 2);
+	assert_int_equal(info.last_mirrored_offset, 42);
+	assert_int_equal(info.last_mirrored_epoch, 3);
+	assert_string_equal(info.last_error, "boom");
+	assert_int_equal(km_state_topic_state(t), KM_MP_PREPARING);
+	assert_true(km_state_topic_read_only(t, 2));
+	assert_true(km_state_topic_read_only(t, 5)); /* unknown partition: the topic's state */
+
+	/* STOPPED is writable and still in the mirror */
+	p.state = KM_MP_STOPPED;
+	km_wr_free(&w);
+	km_wr_init(&w);
+	assert_int_equal(km_state_partition_value_encode(&w, &tt, &p), KM_OK);
+	rec(&m, &pk, &w, &chg);
+	assert_int_equal(chg.from, KM_MP_PREPARING);
+	assert_int_equal(chg.to, KM_MP_STOPPED);
+	assert_false(km_state_topic_read_only(t, 2));
+	assert_int_equal(km_state_topic_state(t), KM_MP_STOPPED);
+
+	/* a malformed value is refused, the state kept */
+	{
+		km_wr kw;
+		uint8_t bad[3] = {0, 0, 9};
+		km_wr_init(&kw);
+		km_state_key_encode(&kw, &pk);
+		assert_int_equal(km_state_model_apply(&m, kw.buf, kw.len, bad, 3, false, &chg), KM_ERR_DECODE);
+		km_wr_free(&kw);
+		assert_int_equal(km_state_topic_state(t), KM_MP_STOPPED);
+	}
+	/* tombstones: the partition, then the mirror */
+	rec(&m, &pk, NULL, &chg);
+	assert_true(chg.changed);
+	assert_int_equal(km_state_model_index(&m), KM_OK);
+	assert_null(km_state_model_topic(&m, "t", 1));
+	rec(&m, &mk, NULL, &chg);
+	assert_int_equal(m.nmirrors, 0);
+	km_wr_free(&w);
+	km_wr_free(&w2);
+	km_state_model_free(&m);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_transitions), cmocka_unit_test(test_config),
+		cmocka_unit_test(test_mirror_option_table), cmocka_unit_test(test_secrets),
+		cmocka_unit_test(test_key_file), cmocka_unit_test(test_keys),
+		cmocka_unit_test(test_values_and_model),
+	};
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}

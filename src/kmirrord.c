@@ -1,4 +1,4 @@
-/* kmirrord: the daemon's entry point; it only wires the modules together (config, proxy, signals). */
+/* kmirrord: the daemon's entry point; it only wires the modules together (config, state store, mirror, proxy, signals). */
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -10,7 +10,10 @@
 #include "kmirror/daemon_config.h"
 #include "kmirror/log.h"
 #include "kmirror/metrics.h"
+#include "kmirror/mirror.h"
+#include "kmirror/net.h"
 #include "kmirror/proxy.h"
+#include "kmirror/state.h"
 #include "kmirror/version.h"
 
 #define MAX_OVERRIDES 64
@@ -18,6 +21,9 @@
 typedef struct daemon_ctx {
 	struct event_base *base;
 	km_proxy *proxy;
+	km_state *state;
+	km_mirror *mirror;
+	SSL_CTX *state_tls;       /* the store's client context for the destination */
 	km_metrics *metrics;
 	km_metric_series *reloads_ok, *reloads_failed;
 	const char *config_path;
@@ -150,6 +156,54 @@ static bool make_metrics(daemon_ctx *d)
 	return d->reloads_ok && d->reloads_failed;
 }
 
+/* The store has read __mirror_state back: mirror RPCs are answered from now on. */
+static void state_ready(void *arg)
+{
+	daemon_ctx *d = arg;
+	KM_INFO("main", 0, "mirror state ready: %zu mirror(s)", km_state_mirror_count(d->state));
+	km_mirror_state_ready(d->mirror);
+}
+
+static void state_partition(void *arg, const char *mirror, const char *topic, int32_t partition, km_mp_state from,
+			    km_mp_state to)
+{
+	daemon_ctx *d = arg;
+	km_mirror_partition_changed(d->mirror, mirror, topic, partition, from, to);
+}
+
+/* The state store on the destination, with the mirror module driving its partitions. */
+static bool make_state(daemon_ctx *d, char *err, size_t errlen)
+{
+	km_state_opts o;
+
+	/* The destination as the proxy reaches it: the same TLS settings. */
+	if (d->cfg.upstream_tls) {
+		d->state_tls = km_net_tls_client_ctx(d->cfg.upstream_tls_ca_file, d->cfg.upstream_tls_cert_file,
+						     d->cfg.upstream_tls_key_file, true, err, errlen);
+		if (!d->state_tls)
+			return false;
+	}
+	d->mirror = km_mirror_new(d->base);
+	if (!d->mirror) {
+		snprintf(err, errlen, "out of memory");
+		return false;
+	}
+	memset(&o, 0, sizeof(o));
+	o.base = d->base;
+	o.dns = NULL;
+	o.cfg = &d->cfg;
+	o.tls = d->state_tls;
+	o.metrics = d->metrics;
+	o.on_ready = state_ready;
+	o.on_partition = state_partition;
+	o.arg = d;
+	d->state = km_state_new(&o, err, errlen);
+	if (!d->state)
+		return false;
+	km_mirror_attach(d->mirror, d->state);
+	return true;
+}
+
 static const char *flag_to_option(const char *flag, char *buf, size_t len)
 {
 	size_t i;
@@ -254,13 +308,22 @@ int main(int argc, char **argv)
 		return 1;
 	}
 	d.proxy = km_proxy_new(d.base, &d.cfg, d.metrics, err, sizeof(err));
+	if (d.proxy && !make_state(&d, err, sizeof(err))) {
+		km_proxy_free(d.proxy);
+		d.proxy = NULL;
+	}
 	if (!d.proxy) {
 		KM_ERROR("main", 0, "cannot start: %s", err);
+		if (d.state)
+			km_state_free(d.state);
+		km_mirror_free(d.mirror);
+		SSL_CTX_free(d.state_tls);
 		event_base_free(d.base);
 		km_metrics_free(d.metrics);
 		km_config_free(&d.cfg);
 		return 1;
 	}
+	km_proxy_set_state(d.proxy, d.state);
 	sig_hup = evsignal_new(d.base, SIGHUP, on_signal, &d);
 	sig_term = evsignal_new(d.base, SIGTERM, on_signal, &d);
 	sig_int = evsignal_new(d.base, SIGINT, on_signal, &d);
@@ -273,6 +336,11 @@ int main(int argc, char **argv)
 		event_base_dispatch(d.base);
 	}
 	km_proxy_free(d.proxy);
+	/* After the proxy (its hooks hold the store), before the loop goes (the store's events live there). */
+	if (d.state)
+		km_state_free(d.state);
+	km_mirror_free(d.mirror);
+	SSL_CTX_free(d.state_tls);
 	if (sig_hup)
 		event_free(sig_hup);
 	if (sig_term)

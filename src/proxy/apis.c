@@ -5,6 +5,7 @@
 #include "kmirror/log.h"
 #include "proxy/apis.h"
 #include "proxy/readonly.h"
+#include "proxy/mirror_rpc.h"
 #include "proxy/rewrite.h"
 
 const char *const km_req_action_names[] = {"forward", "hold", "local"};
@@ -128,8 +129,7 @@ static const km_proxy_api rows[] = {
 	 .note = "too new: answered here; versions narrowed to this table, features to what they need"},
 	{.key = KM_API_SASL_HANDSHAKE, .min_version = 1, .max_version = -1,
 	 .note = "v0 is refused: its tokens travel outside Kafka framing"},
-	{.key = KM_API_DESCRIBE_CONFIGS, .min_version = -1, .max_version = -1, .resp = KM_RESP_WHOLE,
-	 .rewrite = km_rewrite_describe_configs, .note = "broker listener configs hidden or made the proxy's"},
+	/* DescribeConfigs, IncrementalAlterConfigs, AlterConfigs and the mirror RPCs: mirror_rpc.c. */
 	{.key = KM_API_DESCRIBE_QUORUM, .min_version = -1, .max_version = -1, .resp = KM_RESP_WHOLE,
 	 .rewrite = km_rewrite_describe_quorum, .note = "controller listeners emptied"},
 	{.key = KM_API_SHARE_FETCH, .min_version = -1, .max_version = -1, .resp = KM_RESP_WHOLE,
@@ -201,6 +201,8 @@ km_proxy_apis *km_proxy_apis_new(void)
 			goto fail;
 	/* Read-only mirror topics: Produce wrapped, DeleteRecords, DeleteTopics and CreatePartitions checked. */
 	if (km_ro_register(t) != KM_OK)
+		goto fail;
+	if (km_mirror_rpc_register(t) != KM_OK)
 		goto fail;
 	return t;
 fail:

@@ -12,6 +12,7 @@
 #include <event2/listener.h>
 
 #include "kmirror/log.h"
+#include "proxy/mirror_rpc.h"
 #include "proxy/proxy_int.h"
 
 uint64_t km_proxy_now_ms(const km_proxy *px)
@@ -517,6 +518,9 @@ void km_proxy_free(km_proxy *px)
 {
 	if (!px)
 		return;
+	/* Mirror operations waiting for the store must not look for the sessions after this. */
+	if (px->sessions)
+		km_mirror_rpc_detach(px->sessions);
 	km_session_set_free(px->sessions);
 	km_proxy_apis_free(px->apis);
 	if (px->meta)

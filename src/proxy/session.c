@@ -26,6 +26,8 @@ typedef struct inflight {
 	void *ctx;              /* the request's context, for the response hooks */
 	void (*ctx_free)(void *ctx);
 	km_resp_hook on_response; /* this request's own whole-response hook, if any */
+	km_session_probe_cb probe; /* a proxy-made request (km_session_probe): its response goes here, not to the client */
+	void *probe_arg;
 } inflight;
 
 KM_RING_TYPED(inflights, inflight)
@@ -53,7 +55,10 @@ struct km_session {
 	char up_addr[300];
 	km_ring fifo;          /* of inflight */
 	uint64_t next_seq;
+	int32_t next_probe_corr; /* correlation ids of probes: their own sequence (responses are matched in FIFO order) */
 	bool first_frame;
+	bool in_hook;          /* inside a request's on_request hook: km_session_probe may be called */
+	bool pumping;          /* inside pump_responses: answers made meanwhile are sent by its loop */
 	bool closed;
 	bool draining;
 	bool cli_paused;       /* reads from the client paused (FIFO full or upstream buffer full) */
@@ -121,6 +126,12 @@ uint64_t km_session_id(const km_session *s)
 
 static void inflight_clear(inflight *f)
 {
+	/* A probe never answered: its owner learns that the session is gone. */
+	if (f->probe) {
+		km_session_probe_cb cb = f->probe;
+		f->probe = NULL;
+		cb(f->probe_arg, KM_ERR_CLOSED, NULL, 0);
+	}
 	if (f->local)
 		evbuffer_free(f->local);
 	if (f->ctx && f->ctx_free)
@@ -337,6 +348,20 @@ static km_err respond_whole(km_session *s, const inflight *f, struct evbuffer *i
 				   &hlen) != 1)
 		return KM_ERR_DECODE;
 	body_off = 4 + hlen;
+	if (f->probe) {
+		/* The proxy's own request: the response is its caller's, the client sees nothing of it. Copied
+		 * out first: the callback may answer (or close) the session. */
+		km_session_probe_cb cb = f->probe;
+		uint8_t *copy = malloc(end - body_off + 1);
+		if (!copy)
+			return KM_ERR_NOMEM;
+		evbuffer_drain(in, body_off);
+		evbuffer_remove(in, copy, end - body_off);
+		((inflight *)f)->probe = NULL;
+		cb(f->probe_arg, KM_OK, copy, end - body_off);
+		free(copy);
+		return KM_OK;
+	}
 	s->host->rewrite_ctx(s->host->arg, &rw);
 	if (!f->on_response && api->rewrite) {
 		uint8_t *frame = evbuffer_pullup(in, (ev_ssize_t)end), pre[4];
@@ -495,7 +520,19 @@ static bool response_head(km_session *s, struct evbuffer *in)
 }
 
 /* Everything buffered from upstream that can go to the client now, in FIFO order. */
+static void pump_responses_loop(km_session *s);
+
 static void pump_responses(km_session *s)
+{
+	/* A probe's callback may answer a request from inside the loop: the loop sends it. */
+	if (s->pumping)
+		return;
+	s->pumping = true;
+	pump_responses_loop(s);
+	s->pumping = false;
+}
+
+static void pump_responses_loop(km_session *s)
 {
 	struct evbuffer *in = s->up ? bufferevent_get_input(s->up) : NULL;
 
@@ -800,7 +837,9 @@ static head_result request_head(km_session *s, struct evbuffer *in)
 			return HEAD_CLOSED;
 		}
 		rq.in = in;
+		s->in_hook = true;
 		rc = api->on_request ? api->on_request(&rq) : KM_ERR_UNSUPPORTED;
+		s->in_hook = false;
 		if (rc == KM_OK && rq.action == KM_REQ_LOCAL && !rq.answer && !rq.pending)
 			rc = KM_ERR_UNSUPPORTED; /* a local API must answer, now or later */
 		if (rc != KM_OK) {
@@ -1065,4 +1104,59 @@ km_err km_session_answer(km_session_set *set, uint64_t session_id, uint64_t seq,
 		return KM_OK;
 	}
 	return KM_ERR_INVAL;
+}
+
+km_err km_session_probe(km_session *s, int16_t key, int16_t version, const uint8_t *body, size_t len,
+			km_session_probe_cb cb, void *arg)
+{
+	int hv = km_proxy_request_header_version(key, version);
+	static const char client_id[] = "kmirrord";
+	struct evbuffer *frame;
+	inflight f;
+	km_wr w;
+
+	if (s->closed)
+		return KM_ERR_CLOSED;
+	/* Only from a hook: then nothing of the client's is half sent upstream, and the probe's FIFO
+	 * entry comes before the entry of the request it serves. */
+	if (!s->in_hook || hv < 0 || len > (size_t)s->host->cfg->max_frame_bytes)
+		return KM_ERR_INVAL;
+	memset(&f, 0, sizeof(f));
+	f.corr = s->next_probe_corr++;
+	f.key = key;
+	f.version = version;
+	f.seq = UINT64_MAX; /* never a client request's: km_session_answer cannot find it */
+	f.t0_us = now_us();
+	f.resp = KM_RESP_WHOLE;
+	f.api = km_proxy_apis_find(s->host->apis, key);
+	f.probe = cb;
+	f.probe_arg = arg;
+	if (!f.api)
+		return KM_ERR_INVAL;
+	km_wr_init(&w);
+	km_wr_i32(&w, 0); /* size, patched below */
+	km_wr_i16(&w, key);
+	km_wr_i16(&w, version);
+	km_wr_i32(&w, f.corr);
+	if (hv >= 1)
+		km_wr_string(&w, false, km_str_c(client_id));
+	if (hv >= 2)
+		km_wr_uvarint(&w, 0); /* no header tags */
+	km_wr_raw(&w, body, len);
+	if (!km_wr_ok(&w) || w.len > INT32_MAX || !(frame = evbuffer_new())) {
+		km_wr_free(&w);
+		return KM_ERR_NOMEM;
+	}
+	km_wr_patch_i32(&w, 0, (int32_t)(w.len - 4));
+	if (evbuffer_add(frame, w.buf, w.len) != 0 || !inflights_push(&s->fifo, &f)) {
+		km_wr_free(&w);
+		evbuffer_free(frame);
+		return KM_ERR_NOMEM;
+	}
+	KM_DEBUG("proxy", s->id, "probe %s v%d (correlation id %d) on the client's upstream connection",
+		 km_proxy_api_name(f.api), version, f.corr);
+	up_send(s, frame, w.len);
+	km_wr_free(&w);
+	evbuffer_free(frame);
+	return KM_OK;
 }

@@ -68,4 +68,21 @@ const km_session_host *km_session_host_of(const km_session *s);
  */
 km_err km_session_answer(km_session_set *set, uint64_t session_id, uint64_t seq, struct evbuffer *body);
 
+/*
+ * A probe's outcome: err KM_OK with the response body (after the response header, len bytes,
+ * valid during the call only), or KM_ERR_CLOSED with no body when the session closed first (then
+ * the callback must not touch the session). Called exactly once.
+ */
+typedef void (*km_session_probe_cb)(void *arg, km_err err, const uint8_t *body, size_t len);
+/*
+ * Send a request the proxy made (body: after the request header, len bytes; copied) on the
+ * session's own upstream connection, after everything the client sent on it so far (connected or
+ * not yet: it waits with them), as the client's connection is authenticated: the broker
+ * authorizes it as the caller. It takes its own FIFO entry; its response goes to cb, never to the
+ * client. Called from a LOCAL or HOLD hook, it comes before that request's own entry, so the
+ * answer made from it keeps the client's responses in order.
+ */
+km_err km_session_probe(km_session *s, int16_t key, int16_t version, const uint8_t *body, size_t len,
+			km_session_probe_cb cb, void *arg) __attribute__((warn_unused_result));
+
 #endif

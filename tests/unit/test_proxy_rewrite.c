@@ -280,6 +280,9 @@ static void test_describe_cluster(void **state)
 	}
 }
 
+/* The mirror RPCs (api keys 32000-32009): LOCAL rows, advertised in every ApiVersions answer. */
+#define KM_TEST_MIRROR_RPCS 10
+
 static void test_api_versions_intersection(void **state)
 {
 	const km_api_info *fetch = km_api_lookup(KM_API_FETCH);
@@ -327,7 +330,8 @@ static void test_api_versions_intersection(void **state)
 		km_rd_init(&r, out.buf, out.len);
 		km_rd_i16(&r, "ec", &ec);
 		km_rd_array_len(&r, "keys", flex, false, 6, &n);
-		assert_int_equal(n, 2);
+		/* the two the broker and the proxy share, then the proxy's own: the ten mirror RPCs */
+		assert_int_equal(n, 2 + KM_TEST_MIRROR_RPCS);
 		km_rd_i16(&r, "k", &key);
 		km_rd_i16(&r, "lo", &lo);
 		km_rd_i16(&r, "hi", &hi);
@@ -344,6 +348,16 @@ static void test_api_versions_intersection(void **state)
 		assert_int_equal(hi, 5);
 		if (flex)
 			km_rd_skip(&r, "tags", 1);
+		for (int i = 0; i < KM_TEST_MIRROR_RPCS; i++) {
+			km_rd_i16(&r, "k", &key);
+			km_rd_i16(&r, "lo", &lo);
+			km_rd_i16(&r, "hi", &hi);
+			assert_int_equal(key, KM_API_CREATE_MIRROR + i);
+			assert_int_equal(lo, 0);
+			assert_int_equal(hi, 0);
+			if (flex)
+				km_rd_skip(&r, "tags", 1);
+		}
 		if (v >= 1)
 			km_rd_skip(&r, "throttle", 4);
 		if (flex)
@@ -663,7 +677,18 @@ static void test_api_versions_local_rows(void **state)
 	api_versions_frame(&in, keys, 2, NULL, 0);
 	c.apis = t;
 	rewrite_and_decode(&in, &c, &back, &a, &out);
-	assert_int_equal(back.api_keys.count, 2);
+	assert_int_equal(back.api_keys.count, 2 + KM_TEST_MIRROR_RPCS);
+	/* the mirror RPCs are LOCAL rows: advertised at v0 whatever the broker says */
+	for (int16_t k = KM_API_CREATE_MIRROR; k <= KM_API_LAST_MIRRORED_OFFSETS; k++) {
+		bool found = false;
+		for (int32_t i = 0; i < back.api_keys.count; i++)
+			if (back.api_keys.items[i].api_key == k) {
+				assert_int_equal(back.api_keys.items[i].min_version, 0);
+				assert_int_equal(back.api_keys.items[i].max_version, 0);
+				found = true;
+			}
+		assert_true(found);
+	}
 	for (int32_t i = 0; i < back.api_keys.count; i++)
 		if (back.api_keys.items[i].api_key == 32100) {
 			assert_int_equal(back.api_keys.items[i].min_version, 0);

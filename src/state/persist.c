@@ -579,6 +579,10 @@ static void load_finish(km_state_persist *io)
 		io->st->cfg.mirror_state_topic, io->exists ? io->nparts : 0, io->nrecords, io->mapcount, bad,
 		(long)((now.tv_sec - io->load_start.tv_sec) * 1000 + (now.tv_usec - io->load_start.tv_usec) / 1000),
 		io->used[0], io->used[4], io->used[5]);
+	io->st->ctr.loads++;
+	io->st->ctr.records_loaded += io->nrecords;
+	io->st->ctr.load_ms = (uint64_t)((now.tv_sec - io->load_start.tv_sec) * 1000 +
+					 (now.tv_usec - io->load_start.tv_usec) / 1000);
 	map_clear(io);
 	free(io->scratch);
 	io->scratch = NULL;
@@ -903,6 +907,7 @@ static void start_load(km_state_persist *io)
 void km_state_persist_load(km_state_persist *io)
 {
 	io->st->ready = false;
+	io->st->ctr.ready = 0;
 	start_load(io);
 }
 

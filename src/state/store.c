@@ -604,6 +604,7 @@ static void count_read_only(km_state *st)
 				}
 		}
 	st->read_only_topics = n;
+	km_state_counters_count(&st->ctr, &st->model);
 }
 
 size_t km_state_read_only_topics(const km_state *st)
@@ -614,7 +615,11 @@ size_t km_state_read_only_topics(const km_state *st)
 static void on_written(km_state *st, km_err err, const char *message)
 {
 	km_state_mut *mu = st->head;
+	struct timeval now;
 
+	gettimeofday(&now, NULL);
+	km_state_counters_write(&st->ctr, err == KM_OK,
+				(double)(now.tv_sec - st->write_start.tv_sec) + (now.tv_usec - st->write_start.tv_usec) / 1e6);
 	if (err != KM_OK) {
 		set_msg(mu, KM_MIRROR_STATE_UNAVAILABLE, "Writing %s failed: %s", st->cfg.mirror_state_topic, message);
 		KM_WARN(COMP, 0, "%s", mu->message);
@@ -670,6 +675,7 @@ static void run_write(km_state *st, km_state_mut *mu)
 		finish_head(st);
 		return;
 	}
+	gettimeofday(&st->write_start, NULL);
 	km_state_persist_write(st->io, mu->recs, mu->nrecs, on_written);
 }
 
@@ -886,6 +892,7 @@ void km_state_loaded(km_state *st, km_state_model *model)
 		st->model.nmirrors, topics);
 	count_read_only(st);
 	st->ready = true;
+	st->ctr.ready = 1;
 	schedule(st);
 	if (!st->ready_fired) {
 		st->ready_fired = true;
@@ -938,6 +945,9 @@ km_state *km_state_new(const km_state_opts *opts, char *err, size_t errlen)
 		km_state_free(st);
 		return NULL;
 	}
+	/* Last: the registry keeps pointers into st, which must not be freed on a failure after it. */
+	if (st->metrics && km_state_counters_register(&st->ctr, st->metrics) != KM_OK)
+		KM_WARN(COMP, 0, "the state store's metrics could not be registered (out of memory, or a second store)");
 	km_state_persist_load(st->io);
 	return st;
 }

@@ -43,7 +43,12 @@ typedef struct km_req {
 	km_session *s;
 	uint64_t seq;             /* the request's number in its session (for km_session_answer) */
 	const km_req_header *h;
-	const uint8_t *body;      /* classify: the frame's first body_len bytes; on_request: the whole frame */
+	/*
+	 * classify: the frame's first body_len bytes, in one piece. on_request: the whole frame
+	 * (body_len == frame_len), or, for a row that reads in place (in_place), still only what
+	 * classify had: the frame itself is then read in in.
+	 */
+	const uint8_t *body;
 	size_t body_len;          /* bytes at body (frame without its size prefix) */
 	size_t frame_len;         /* the whole frame without its size prefix */
 	/* decisions, preset from the row */
@@ -56,9 +61,19 @@ typedef struct km_req {
 	km_resp_hook on_response; /* this request's whole-response hook (e.g. merging a local part); NULL: the row's */
 	struct evbuffer *answer;  /* LOCAL (or a HOLD answered here): the response body, after the response header */
 	bool pending;             /* LOCAL answered later with km_session_answer */
-	struct evbuffer *rewritten; /* HOLD: a new frame body (header included) to forward instead */
+	/*
+	 * HOLD: a new frame body (header included) to forward instead. An on_request that sets neither
+	 * this nor answer nor pending forwards the frame as it is, moved like a FORWARD row's (no copy).
+	 */
+	struct evbuffer *rewritten;
 	const char *close_reason; /* set with KM_ERR_* to close the connection (a request the proxy refuses to pass) */
-	struct evbuffer *in;      /* on_request: the client's input, the whole frame at its start (to reference its bytes) */
+	/*
+	 * on_request: the client's input, the whole frame's size prefix at its start and the frame
+	 * (frame_len bytes) at in_off, possibly across many chains: read it with km_evrd, reference
+	 * its bytes; it must not be drained or changed (the session moves or drains the frame after).
+	 */
+	struct evbuffer *in;
+	size_t in_off;
 } km_req;
 
 /* A whole response, as an on_response hook sees it. */
@@ -92,6 +107,7 @@ typedef struct km_proxy_api {
 	km_req_action req;
 	km_req_hook classify;     /* optional, at the header: may change action, resp, expect_response, or ask for more bytes */
 	km_req_hook on_request;   /* HOLD and LOCAL */
+	bool in_place;            /* HOLD and LOCAL: on_request reads the frame in rq->in; it is not pulled up into one piece */
 	km_resp_action resp;
 	int16_t resp_from;        /* resp applies from this version on; older versions' responses are forwarded */
 	km_body_rewriter rewrite; /* WHOLE: the body rewriter, or */

@@ -17,8 +17,6 @@
 
 /* A plan's bookkeeping (topics, partitions, messages) is bounded like any decode. */
 #define KM_RO_ARENA_CAP ((size_t)32 << 20)
-/* Kept partitions smaller than this are copied into the rewritten request; larger ones referenced. */
-#define KM_RO_REF_MIN 256
 
 static const char *arena_strdup(km_arena *a, const char *s)
 {
@@ -38,17 +36,6 @@ static km_str arena_str(km_arena *a, km_str s)
 	return (km_str){p, s.len};
 }
 
-static void skip_tags(km_rd *r)
-{
-	uint32_t n = 0, tag, sz;
-	km_rd_uvarint(r, "tagged_fields", &n);
-	for (uint32_t i = 0; i < n && km_rd_ok(r); i++) {
-		km_rd_uvarint(r, "tag", &tag);
-		km_rd_uvarint(r, "tag_size", &sz);
-		km_rd_skip(r, "tag_data", sz);
-	}
-}
-
 /* ---- Produce: walk ---- */
 
 void km_ro_produce_free(void *p)
@@ -60,17 +47,83 @@ void km_ro_produce_free(void *p)
 	free(pl);
 }
 
-km_err km_ro_produce_walk(const uint8_t *frame, size_t len, const km_req_header *h, const km_ro_lookup *lk,
+/* A length prefix: compact (uvarint, 0 = null) or classic (int16, or int32 when wide; -1 = null). *n -1: null. */
+static bool evrd_len(km_evrd *r, bool flex, bool wide, int32_t *n)
+{
+	*n = -1;
+	if (flex) {
+		uint32_t u;
+		if (!km_evrd_uvarint(r, &u))
+			return false;
+		if (u > INT32_MAX)
+			goto bad;
+		*n = (int32_t)u - 1;
+		return true;
+	}
+	if (wide) {
+		if (!km_evrd_i32(r, n))
+			return false;
+	} else {
+		int16_t x;
+		if (!km_evrd_i16(r, &x))
+			return false;
+		*n = x;
+	}
+	if (*n >= -1)
+		return true;
+bad:
+	r->err = KM_ERR_DECODE;
+	return false;
+}
+
+/* A non-nullable array's length, capped by the bytes left (each element takes at least min bytes). */
+static bool evrd_array(km_evrd *r, bool flex, size_t min, int32_t *n)
+{
+	if (!evrd_len(r, flex, true, n))
+		return false;
+	if (*n >= 0 && (size_t)*n <= (r->end - r->pos) / min)
+		return true;
+	*n = 0;
+	r->err = KM_ERR_DECODE;
+	return false;
+}
+
+/* A nullable string or bytes field, skipped. */
+static bool evrd_skip_field(km_evrd *r, bool flex, bool wide)
+{
+	int32_t n;
+	return evrd_len(r, flex, wide, &n) && (n <= 0 || km_evrd_skip(r, (size_t)n));
+}
+
+/* A topic name, copied into the plan's arena (the frame is gone when the response comes). */
+static bool evrd_name(km_evrd *r, bool flex, km_arena *a, km_str *out)
+{
+	int32_t n;
+	char *p;
+	*out = (km_str){"", 0};
+	if (!evrd_len(r, flex, false, &n))
+		return false;
+	if (n < 0 || (size_t)n > r->end - r->pos) {
+		r->err = KM_ERR_DECODE;
+		return false;
+	}
+	if (n == 0)
+		return true;
+	if (!(p = km_arena_alloc(a, (size_t)n)))
+		return false;
+	*out = (km_str){p, n};
+	return km_evrd_raw(r, p, (size_t)n);
+}
+
+km_err km_ro_produce_walk(struct evbuffer *in, size_t off, size_t len, const km_req_header *h, const km_ro_lookup *lk,
 			  km_ro_produce **out)
 {
 	int16_t v = h->api_version;
 	bool flex = v >= 9, by_id = v >= 13;
 	km_ro_produce *pl = calloc(1, sizeof(*pl));
 	km_ro_verdict vd;
-	km_req_header full;
-	km_str txn;
 	int32_t timeout = 0;
-	km_rd r;
+	km_evrd r;
 
 	*out = NULL;
 	if (!pl)
@@ -78,45 +131,46 @@ km_err km_ro_produce_walk(const uint8_t *frame, size_t len, const km_req_header 
 	km_arena_init(&pl->arena, KM_RO_ARENA_CAP);
 	pl->version = v;
 	pl->len = len;
-	/* The session parsed only the header's fixed part: the whole header is parsed here. */
-	if (km_net_parse_request_header(frame, len, km_proxy_request_header_version(KM_API_PRODUCE, v), &full) != KM_OK) {
-		km_ro_produce_free(pl);
-		return KM_ERR_DECODE;
-	}
-	km_rd_init(&r, frame, len);
-	km_rd_skip(&r, "header", full.body_offset);
-	km_rd_string(&r, "transactional_id", flex, true, &txn);
-	km_rd_i16(&r, "acks", &pl->acks);
-	km_rd_i32(&r, "timeout_ms", &timeout);
-	pl->head_end = r.pos;
-	km_rd_array_len(&r, "topic_data", flex, false, 2, &pl->ntopics);
-	if (km_rd_ok(&r) && pl->ntopics > 0)
+	/*
+	 * The frame stays where it is, in the input's chains: the cursor copies out only the fields it
+	 * reads. The header: api key, version, correlation id, client id (a classic string in every
+	 * header version), then v2's tags.
+	 */
+	km_evrd_init(&r, in, off, off + len);
+	km_evrd_skip(&r, 8);
+	evrd_skip_field(&r, false, false);
+	if (km_proxy_request_header_version(KM_API_PRODUCE, v) >= 2)
+		km_evrd_skip_tags(&r);
+	evrd_skip_field(&r, flex, false); /* transactional_id */
+	km_evrd_i16(&r, &pl->acks);
+	km_evrd_i32(&r, &timeout);
+	pl->head_end = r.pos - off;
+	evrd_array(&r, flex, 2, &pl->ntopics);
+	if (!r.err && pl->ntopics > 0)
 		pl->topics = km_arena_calloc(&pl->arena, (size_t)pl->ntopics * sizeof(*pl->topics));
-	for (int32_t i = 0; i < pl->ntopics && km_rd_ok(&r) && pl->topics; i++) {
+	for (int32_t i = 0; i < pl->ntopics && !r.err && pl->topics; i++) {
 		km_ro_topic *t = &pl->topics[i];
-		t->start = r.pos;
+		t->start = r.pos - off;
+		t->name = (km_str){"", 0};
 		if (by_id)
-			km_rd_uuid(&r, "topic_id", &t->id);
-		else
-			km_rd_string(&r, "name", flex, false, &t->name);
-		/* The frame is gone when the response comes: the plan keeps its own names. */
-		t->name = arena_str(&pl->arena, t->name);
-		t->head_end = r.pos;
-		km_rd_array_len(&r, "partition_data", flex, false, 5, &t->nparts);
-		if (km_rd_ok(&r) && t->nparts > 0 &&
+			km_evrd_raw(&r, t->id.b, 16);
+		else if (!evrd_name(&r, flex, &pl->arena, &t->name))
+			break;
+		t->head_end = r.pos - off;
+		evrd_array(&r, flex, 5, &t->nparts);
+		if (!r.err && t->nparts > 0 &&
 		    !(t->parts = km_arena_calloc(&pl->arena, (size_t)t->nparts * sizeof(*t->parts))))
 			break;
-		for (int32_t j = 0; j < t->nparts && km_rd_ok(&r); j++) {
+		for (int32_t j = 0; j < t->nparts && !r.err; j++) {
 			km_ro_part *p = &t->parts[j];
-			km_bytes records;
-			p->start = r.pos;
-			km_rd_i32(&r, "index", &p->index);
+			p->start = r.pos - off;
+			km_evrd_i32(&r, &p->index);
 			/* The record set is skipped by its length: the broker validates it, not the proxy. */
-			km_rd_bytes(&r, "records", flex, true, &records);
+			evrd_skip_field(&r, flex, true);
 			if (flex)
-				skip_tags(&r);
-			p->end = r.pos;
-			if (!km_rd_ok(&r))
+				km_evrd_skip_tags(&r);
+			p->end = r.pos - off;
+			if (r.err)
 				break;
 			memset(&vd, 0, sizeof(vd));
 			lk->check(lk->arg, t->name, by_id ? &t->id : NULL, p->index, KM_RO_WRITE, &vd);
@@ -128,18 +182,18 @@ km_err km_ro_produce_walk(const uint8_t *frame, size_t len, const km_req_header 
 				pl->nrefused++;
 			}
 		}
-		t->parts_end = r.pos;
+		t->parts_end = r.pos - off;
 		if (flex)
-			skip_tags(&r);
-		t->end = r.pos;
+			km_evrd_skip_tags(&r);
+		t->end = r.pos - off;
 	}
-	pl->topics_end = r.pos;
+	pl->topics_end = r.pos - off;
 	if (flex)
-		skip_tags(&r);
-	if (km_rd_ok(&r) && km_rd_left(&r) != 0)
-		km_rd_fail(&r, "request", "trailing bytes");
-	if (!km_rd_ok(&r) || km_arena_err(&pl->arena) != KM_OK || (pl->ntopics > 0 && !pl->topics)) {
-		km_err rc = !km_rd_ok(&r) ? KM_ERR_DECODE : km_arena_err(&pl->arena);
+		km_evrd_skip_tags(&r);
+	if (!r.err && r.pos != r.end)
+		r.err = KM_ERR_DECODE; /* trailing bytes */
+	if (r.err || km_arena_err(&pl->arena) != KM_OK || (pl->ntopics > 0 && !pl->topics)) {
+		km_err rc = r.err ? KM_ERR_DECODE : km_arena_err(&pl->arena);
 		km_ro_produce_free(pl);
 		return rc != KM_OK ? rc : KM_ERR_NOMEM;
 	}
@@ -185,10 +239,9 @@ static void keeper_cleanup(const void *data, size_t len, void *arg)
 	km_ro_keeper_release(arg);
 }
 
-static int put(struct evbuffer *out, const uint8_t *p, size_t n, km_ro_keeper *k)
+/* One piece of a chain: referenced through k when it is large enough, else copied. */
+static int put_piece(struct evbuffer *out, const void *p, size_t n, km_ro_keeper *k)
 {
-	if (!n)
-		return 0;
 	if (k && n >= KM_RO_REF_MIN) {
 		k->refs++;
 		if (evbuffer_add_reference(out, p, n, keeper_cleanup, k) == 0)
@@ -196,6 +249,37 @@ static int put(struct evbuffer *out, const uint8_t *p, size_t n, km_ro_keeper *k
 		k->refs--;
 	}
 	return evbuffer_add(out, p, n);
+}
+
+/* n bytes at offset at of in, chain by chain (the range may cross any number of chain boundaries). */
+static int put(struct evbuffer *out, struct evbuffer *in, size_t at, size_t n, km_ro_keeper *k)
+{
+	struct evbuffer_iovec v[8];
+	struct evbuffer_ptr ptr;
+
+	if (!n)
+		return 0;
+	if (evbuffer_ptr_set(in, &ptr, at, EVBUFFER_PTR_SET) != 0)
+		return -1;
+	while (n) {
+		int got = evbuffer_peek(in, (ev_ssize_t)n, &ptr, v, 8);
+		size_t done = 0;
+		if (got <= 0)
+			return -1;
+		/* The last extent may run past the range: only n bytes are taken. */
+		for (int i = 0; i < got && i < 8 && done < n; i++) {
+			size_t take = v[i].iov_len < n - done ? v[i].iov_len : n - done;
+			if (put_piece(out, v[i].iov_base, take, k) != 0)
+				return -1;
+			done += take;
+		}
+		if (!done)
+			return -1;
+		n -= done;
+		if (n && evbuffer_ptr_set(in, &ptr, done, EVBUFFER_PTR_ADD) != 0)
+			return -1;
+	}
+	return 0;
 }
 
 static int put_len(struct evbuffer *out, bool flex, int32_t n)
@@ -207,28 +291,32 @@ static int put_len(struct evbuffer *out, bool flex, int32_t n)
 	return km_wr_ok(&w) ? evbuffer_add(out, b, w.len) : -1;
 }
 
-km_err km_ro_produce_rewrite(const km_ro_produce *pl, const uint8_t *frame, struct evbuffer *out, km_ro_keeper *k)
+km_err km_ro_produce_rewrite(const km_ro_produce *pl, struct evbuffer *in, size_t off, struct evbuffer *out,
+			     km_ro_keeper *k)
 {
 	bool flex = pl->version >= 9;
 	int32_t kept_topics = 0;
 	int rc = 0;
 
+	if (off > evbuffer_get_length(in) || pl->len > evbuffer_get_length(in) - off)
+		return KM_ERR_INVAL;
 	for (int32_t i = 0; i < pl->ntopics; i++)
 		kept_topics += pl->topics[i].nrefused < pl->topics[i].nparts || pl->topics[i].nparts == 0;
-	rc |= put(out, frame, pl->head_end, NULL);
+	/* The small parts (header, names, tags) are copied; only kept partitions go through k. */
+	rc |= put(out, in, off, pl->head_end, NULL);
 	rc |= put_len(out, flex, kept_topics);
 	for (int32_t i = 0; i < pl->ntopics && rc == 0; i++) {
 		const km_ro_topic *t = &pl->topics[i];
 		if (t->nparts > 0 && t->nrefused == t->nparts)
 			continue;
-		rc |= put(out, frame + t->start, t->head_end - t->start, NULL);
+		rc |= put(out, in, off + t->start, t->head_end - t->start, NULL);
 		rc |= put_len(out, flex, t->nparts - t->nrefused);
 		for (int32_t j = 0; j < t->nparts; j++)
 			if (t->parts[j].code == KM_OK)
-				rc |= put(out, frame + t->parts[j].start, t->parts[j].end - t->parts[j].start, k);
-		rc |= put(out, frame + t->parts_end, t->end - t->parts_end, NULL);
+				rc |= put(out, in, off + t->parts[j].start, t->parts[j].end - t->parts[j].start, k);
+		rc |= put(out, in, off + t->parts_end, t->end - t->parts_end, NULL);
 	}
-	rc |= put(out, frame + pl->topics_end, pl->len - pl->topics_end, NULL);
+	rc |= put(out, in, off + pl->topics_end, pl->len - pl->topics_end, NULL);
 	return rc == 0 ? KM_OK : KM_ERR_NOMEM;
 }
 
@@ -762,8 +850,11 @@ static void log_refusal(const km_req *rq, km_ro_op op, km_str topic, const km_uu
 
 	if (KM_LOG_INFO > km_log_current || !km_ro_log_allow(topic.len >= 0 ? topic : km_str_c(""), op, mono_ms(), &suppressed))
 		return;
-	/* The session parsed the header's fixed part only: the client id is read here, on refusals only. */
-	if (km_net_parse_request_header(rq->body, rq->frame_len,
+	/*
+	 * The session parsed the header's fixed part only: the client id is read here, on refusals
+	 * only, from the pulled-up head (the whole header is in it: classify had it, or the frame).
+	 */
+	if (km_net_parse_request_header(rq->body, rq->body_len,
 					km_proxy_request_header_version(rq->h->api_key, rq->h->api_version), &full) == KM_OK &&
 	    full.client_id.len > 0)
 		cid = full.client_id;
@@ -899,12 +990,14 @@ static km_err ro_produce_request(km_req *rq)
 
 	if (!km_ro_active(lk))
 		return KM_OK; /* no longer (the store changed since classify): forwarded as it is */
-	rc = km_ro_produce_walk(rq->body, rq->frame_len, rq->h, lk, &pl);
+	/* The row reads in place: the frame is in rq->in's chains, never pulled up into one piece. */
+	rc = km_ro_produce_walk(rq->in, rq->in_off, rq->frame_len, rq->h, lk, &pl);
 	if (rc != KM_OK) {
 		rq->close_reason = "malformed Produce request";
 		return rc;
 	}
 	if (pl->nrefused == 0) {
+		/* Nothing refused (the common case): forwarded as it is, moved like a FORWARD row's frame. */
 		km_ro_produce_free(pl);
 		return KM_OK;
 	}
@@ -927,7 +1020,7 @@ static km_err ro_produce_request(km_req *rq)
 		return KM_ERR_NOMEM;
 	}
 	k = km_ro_keeper_new(rq->in);
-	rc = km_ro_produce_rewrite(pl, rq->body, rq->rewritten, k);
+	rc = km_ro_produce_rewrite(pl, rq->in, rq->in_off, rq->rewritten, k);
 	km_ro_keeper_release(k);
 	if (rc != KM_OK || pl->acks == 0) {
 		km_ro_produce_free(pl);
@@ -1038,6 +1131,7 @@ km_err km_ro_register(km_proxy_apis *t)
 	produce = *cur;
 	produce.classify = ro_produce_classify;
 	produce.on_request = ro_produce_request;
+	produce.in_place = true;
 	produce.note = "acks=0 takes no FIFO slot; v10+ responses: NodeEndpoints rewritten in the tail; held, split and "
 		       "merged while a mirror topic is read-only";
 	if ((rc = km_proxy_apis_set(t, &produce)) != KM_OK)

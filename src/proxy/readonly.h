@@ -84,29 +84,36 @@ typedef struct km_ro_produce {
 } km_ro_produce;
 
 /*
- * Walk a whole Produce frame (frame: without its size prefix; h: its parsed header) and ask lk
- * about every partition. Record sets are skipped by their length, never looked into. *out is
- * allocated (free with km_ro_produce_free) on KM_OK.
+ * Walk a whole Produce frame where it sits in the client's input: len bytes at offset off of in
+ * (after its size prefix; in may be made of any number of chains), h its parsed header. Only the
+ * small fields are read (through km_evrd: header, topic names or ids, partition indexes, record-set
+ * lengths); record sets are skipped by their length, never looked into or copied. lk is asked
+ * about every partition. *out is allocated (free with km_ro_produce_free) on KM_OK; its offsets
+ * are from the frame's start.
  */
-km_err km_ro_produce_walk(const uint8_t *frame, size_t len, const km_req_header *h, const km_ro_lookup *lk,
+km_err km_ro_produce_walk(struct evbuffer *in, size_t off, size_t len, const km_req_header *h, const km_ro_lookup *lk,
 			  km_ro_produce **out) __attribute__((warn_unused_result));
 void km_ro_produce_free(void *pl);
 
 /*
- * Holds the bytes of a client's input buffer for the rewritten request that references them (the
- * input is drained right after the hook). NULL when they cannot be held: the rewrite then copies.
+ * Holds the chains of a client's input buffer for the rewritten request that references their
+ * bytes (the input is drained right after the hook). NULL when they cannot be held: the rewrite
+ * then copies.
  */
 typedef struct km_ro_keeper km_ro_keeper;
+/* Pieces of kept partitions smaller than this are copied into the rewritten request; larger ones referenced. */
+#define KM_RO_REF_MIN 256
 km_ro_keeper *km_ro_keeper_new(struct evbuffer *in);
 void km_ro_keeper_release(km_ro_keeper *k);
 
 /*
- * The request without its refused partitions (and topics left with none): header, transactional
- * id, acks and timeout as they came; each kept partition's bytes referenced through k (copied when
- * k is NULL or the piece is small).
+ * The request without its refused partitions (and topics left with none), from the frame at off
+ * in in: header, transactional id, acks and timeout as they came; each kept partition's bytes
+ * referenced in in's chains through k (copied when k is NULL, and for the pieces of a chain smaller
+ * than KM_RO_REF_MIN); only the array lengths are new.
  */
-km_err km_ro_produce_rewrite(const km_ro_produce *pl, const uint8_t *frame, struct evbuffer *out, km_ro_keeper *k)
-	__attribute__((warn_unused_result));
+km_err km_ro_produce_rewrite(const km_ro_produce *pl, struct evbuffer *in, size_t off, struct evbuffer *out,
+			     km_ro_keeper *k) __attribute__((warn_unused_result));
 
 /*
  * The client's response body: every topic and partition in request order, refused ones answered

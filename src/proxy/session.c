@@ -831,12 +831,17 @@ static head_result request_head(km_session *s, struct evbuffer *in)
 			s->partial_since_ms = now_ms(s);
 			return HEAD_WAIT;
 		}
-		if (!pull_head(in, (size_t)size, &h, &rq)) {
+		/*
+		 * One contiguous piece for the hook, unless the row reads the frame in place (a held
+		 * Produce: pulling it up would copy every record byte once more).
+		 */
+		if (!api->in_place && !pull_head(in, (size_t)size, &h, &rq)) {
 			req_discard(&rq);
 			reject(s, KM_REJECT_BAD_HEADER, "malformed request header");
 			return HEAD_CLOSED;
 		}
 		rq.in = in;
+		rq.in_off = 4;
 		s->in_hook = true;
 		rc = api->on_request ? api->on_request(&rq) : KM_ERR_UNSUPPORTED;
 		s->in_hook = false;

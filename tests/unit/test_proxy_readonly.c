@@ -1,5 +1,6 @@
-/* Unit tests of the read-only hooks' walk, split and merge, on frames built with the generated codecs and a fake lookup. */
+/* Unit tests of the read-only hooks' walk, split and merge, on frames built with the generated codecs (held in evbuffers of many chains) and a fake lookup. */
 #include <stdio.h>
+#include <stdlib.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -54,8 +55,8 @@ static void header(km_wr *w, int16_t key, int16_t v, bool flex)
 
 static const uint8_t BATCH[300] = {42}; /* a record set's bytes: never looked into */
 
-/* Produce: topics ro (partitions 0, 1) and ok (partition 2), or by id in v13. */
-static void build_produce(km_wr *w, int16_t v)
+/* Produce: topics ro (partitions 0, 1) and ok (partition 2), or by id in v13; with_ro false: ok alone. */
+static void build_produce_topics(km_wr *w, int16_t v, bool with_ro)
 {
 	km_produce_request rq;
 	km_produce_request_topic_produce_data t[2];
@@ -79,10 +80,114 @@ static void build_produce(km_wr *w, int16_t v)
 	rq.acks = -1;
 	rq.timeout_ms = 3000;
 	rq.transactional_id = km_str_c("txn-1");
-	rq.topic_data.count = 2;
-	rq.topic_data.items = t;
+	rq.topic_data.count = with_ro ? 2 : 1;
+	rq.topic_data.items = with_ro ? t : &t[1];
 	header(w, KM_API_PRODUCE, v, v >= 9);
 	km_produce_request_encode(w, v, &rq);
+}
+
+static void build_produce(km_wr *w, int16_t v)
+{
+	build_produce_topics(w, v, true);
+}
+
+/* One chain of its own (copied from a separate buffer, so that no add ever merges two pieces). */
+static void add_chain(struct evbuffer *in, const void *p, size_t n)
+{
+	struct evbuffer *one = evbuffer_new();
+	assert_non_null(one);
+	assert_int_equal(evbuffer_add(one, p, n), 0);
+	assert_int_equal(evbuffer_add_buffer(in, one), 0);
+	evbuffer_free(one);
+}
+
+/*
+ * A client's input as the session hands it to the hook: the frame's size prefix, the frame cut
+ * into chains at cuts[] (increasing offsets in the frame), then the first bytes of the next request.
+ */
+static struct evbuffer *input_of(const uint8_t *frame, size_t len, const size_t *cuts, size_t ncuts)
+{
+	static const uint8_t next[8] = {0, 0, 0, 99, 0, 0, 0, 9};
+	struct evbuffer *in = evbuffer_new();
+	uint8_t pre[4];
+	size_t at = 0;
+
+	assert_non_null(in);
+	km_put_be32(pre, (uint32_t)len);
+	add_chain(in, pre, 4);
+	for (size_t i = 0; i <= ncuts; i++) {
+		size_t to = i < ncuts ? cuts[i] : len;
+		assert_true(to > at && to <= len);
+		add_chain(in, frame + at, to - at);
+		at = to;
+	}
+	add_chain(in, next, sizeof(next));
+	/* The walk really has chain boundaries to cross. */
+	assert_int_equal(evbuffer_peek(in, -1, NULL, NULL, 0), (int)ncuts + 3);
+	return in;
+}
+
+static uint8_t *flat_of(struct evbuffer *b, size_t *len)
+{
+	*len = evbuffer_get_length(b);
+	return evbuffer_pullup(b, -1);
+}
+
+/* Two plans of the same frame agree on every offset and verdict. */
+static void assert_same_plan(const km_ro_produce *a, const km_ro_produce *b)
+{
+	assert_int_equal(a->ntopics, b->ntopics);
+	assert_int_equal(a->nparts, b->nparts);
+	assert_int_equal(a->nrefused, b->nrefused);
+	assert_int_equal(a->acks, b->acks);
+	assert_int_equal(a->head_end, b->head_end);
+	assert_int_equal(a->topics_end, b->topics_end);
+	for (int32_t i = 0; i < a->ntopics; i++) {
+		const km_ro_topic *x = &a->topics[i], *y = &b->topics[i];
+		assert_true(km_str_eq(x->name, y->name));
+		assert_memory_equal(x->id.b, y->id.b, 16);
+		assert_int_equal(x->start, y->start);
+		assert_int_equal(x->head_end, y->head_end);
+		assert_int_equal(x->parts_end, y->parts_end);
+		assert_int_equal(x->end, y->end);
+		assert_int_equal(x->nparts, y->nparts);
+		for (int32_t j = 0; j < x->nparts; j++) {
+			assert_int_equal(x->parts[j].index, y->parts[j].index);
+			assert_int_equal(x->parts[j].start, y->parts[j].start);
+			assert_int_equal(x->parts[j].end, y->parts[j].end);
+			assert_int_equal(x->parts[j].code, y->parts[j].code);
+		}
+	}
+}
+
+/*
+ * Walk and rewrite the frame held in in (freed here), referencing through a keeper, then free the
+ * input before reading the result: the rewritten request must still hold want's bytes (the
+ * keeper kept the chains alive; ASan would see it otherwise).
+ */
+static void walk_rewrite_in(struct evbuffer *in, size_t len, int16_t v, const km_ro_produce *ref,
+			    const uint8_t *want, size_t wantlen)
+{
+	km_req_header h = {.api_key = KM_API_PRODUCE, .api_version = v};
+	struct evbuffer *out = evbuffer_new();
+	km_ro_produce *pl = NULL;
+	km_ro_keeper *k;
+	uint8_t *flat;
+	size_t flen;
+
+	assert_int_equal(km_ro_produce_walk(in, 4, len, &h, &lookup, &pl), KM_OK);
+	assert_same_plan(pl, ref);
+	k = km_ro_keeper_new(in);
+	assert_non_null(k);
+	assert_int_equal(km_ro_produce_rewrite(pl, in, 4, out, k), KM_OK);
+	km_ro_keeper_release(k);
+	evbuffer_drain(in, 4 + len); /* what the session does right after the hook */
+	evbuffer_free(in);
+	flat = flat_of(out, &flen);
+	assert_int_equal(flen, wantlen);
+	assert_memory_equal(flat, want, wantlen);
+	km_ro_produce_free(pl);
+	evbuffer_free(out);
 }
 
 static void test_produce_split_merge(void **state)
@@ -94,7 +199,7 @@ static void test_produce_split_merge(void **state)
 		km_wr w, bw, mw;
 		km_req_header h = {.api_key = KM_API_PRODUCE, .api_version = v};
 		km_ro_produce *pl;
-		struct evbuffer *out = evbuffer_new();
+		struct evbuffer *out = evbuffer_new(), *in, *ref_in;
 		km_produce_request fwd;
 		km_produce_response br, merged;
 		km_produce_response_topic_produce_response bt;
@@ -102,20 +207,24 @@ static void test_produce_split_merge(void **state)
 		km_arena a;
 		km_rd r;
 		uint8_t *flat;
-		size_t flen, hdr = 8 + 2 + 3 + (v >= 9 ? 1 : 0);
+		size_t flen, hdr = 8 + 2 + 3 + (v >= 9 ? 1 : 0), cuts[2048];
+		const uint8_t *chain;
+		struct evbuffer_iovec ov[16];
+		bool referenced = false;
+		int n;
 
 		km_wr_init(&w);
 		build_produce(&w, v);
 		assert_true(km_wr_ok(&w));
-		assert_int_equal(km_ro_produce_walk(w.buf, w.len, &h, &lookup, &pl), KM_OK);
+		in = input_of(w.buf, w.len, NULL, 0);
+		assert_int_equal(km_ro_produce_walk(in, 4, w.len, &h, &lookup, &pl), KM_OK);
 		assert_int_equal(pl->nparts, 3);
 		assert_int_equal(pl->nrefused, 2);
 		assert_int_equal(pl->acks, -1);
 
 		/* The rewritten request holds topic ok only, its batch unchanged. */
-		assert_int_equal(km_ro_produce_rewrite(pl, w.buf, out, NULL), KM_OK);
-		flen = evbuffer_get_length(out);
-		flat = evbuffer_pullup(out, -1);
+		assert_int_equal(km_ro_produce_rewrite(pl, in, 4, out, NULL), KM_OK);
+		flat = flat_of(out, &flen);
 		assert_memory_equal(flat, w.buf, hdr);
 		km_arena_init(&a, 1 << 20);
 		km_produce_request_init(&fwd);
@@ -131,6 +240,53 @@ static void test_produce_split_merge(void **state)
 		assert_int_equal(fwd.topic_data.items[0].partition_data.count, 1);
 		assert_int_equal(fwd.topic_data.items[0].partition_data.items[0].index, 2);
 		assert_memory_equal(fwd.topic_data.items[0].partition_data.items[0].records.p, BATCH, sizeof(BATCH));
+
+		/*
+		 * With a keeper, the kept partition is not copied: the rewritten request references the
+		 * input's own chain (the frame's one chain here).
+		 */
+		ref_in = input_of(w.buf, w.len, NULL, 0);
+		assert_int_equal(evbuffer_peek(ref_in, -1, NULL, ov, 3), 3);
+		chain = ov[1].iov_base;
+		{
+			struct evbuffer *rout = evbuffer_new();
+			km_ro_keeper *k = km_ro_keeper_new(ref_in);
+			assert_int_equal(km_ro_produce_rewrite(pl, ref_in, 4, rout, k), KM_OK);
+			km_ro_keeper_release(k);
+			n = evbuffer_peek(rout, -1, NULL, ov, 16);
+			assert_true(n > 0 && n <= 16);
+			for (int i = 0; i < n; i++)
+				if ((const uint8_t *)ov[i].iov_base >= chain && (const uint8_t *)ov[i].iov_base < chain + w.len &&
+				    ov[i].iov_len >= sizeof(BATCH))
+					referenced = true;
+			assert_true(referenced);
+			evbuffer_free(rout);
+		}
+		evbuffer_free(ref_in);
+
+		/*
+		 * The same frame cut into two chains at every byte boundary, into one chain per byte,
+		 * and into chains of odd sizes: the walk crosses every boundary to the same plan, and the
+		 * rewrite (references and copies mixed) gives the same bytes, which outlive the input.
+		 */
+		for (size_t c = 1; c < w.len; c++)
+			walk_rewrite_in(input_of(w.buf, w.len, &c, 1), w.len, v, pl, flat, flen);
+		assert_true(w.len - 1 <= sizeof(cuts) / sizeof(cuts[0]));
+		for (size_t c = 1; c < w.len; c++)
+			cuts[c - 1] = c;
+		walk_rewrite_in(input_of(w.buf, w.len, cuts, w.len - 1), w.len, v, pl, flat, flen);
+		{
+			size_t nc = 0, at = 0;
+			uint32_t x = 12345u + (uint32_t)v;
+			for (;;) {
+				x = x * 1103515245u + 12345u;
+				at += 1 + (x >> 16) % 97;
+				if (at >= w.len)
+					break;
+				cuts[nc++] = at;
+			}
+			walk_rewrite_in(input_of(w.buf, w.len, cuts, nc), w.len, v, pl, flat, flen);
+		}
 
 		/* The broker answers ok-2; the merge has ro-0, ro-1 refused and ok-2 as the broker said, in request order. */
 		km_produce_response_init(&br);
@@ -187,20 +343,72 @@ static void test_produce_split_merge(void **state)
 		km_arena_free(&a);
 		km_ro_produce_free(pl);
 		evbuffer_free(out);
+		evbuffer_free(in);
 		km_wr_free(&w);
 	}
 }
 
+/* Nothing refused (a Produce to a topic that is not mirrored while others are): the walk says so, whatever the chains. */
+static void test_produce_nothing_refused(void **state)
+{
+	static const int16_t versions[] = {3, 9, 13};
+	(void)state;
+	for (size_t vi = 0; vi < sizeof(versions) / sizeof(versions[0]); vi++) {
+		km_req_header h = {.api_key = KM_API_PRODUCE, .api_version = versions[vi]};
+		km_ro_produce *pl;
+		km_wr w;
+		km_wr_init(&w);
+		build_produce_topics(&w, versions[vi], false);
+		for (size_t c = 1; c < w.len; c++) {
+			struct evbuffer *in = input_of(w.buf, w.len, &c, 1);
+			assert_int_equal(km_ro_produce_walk(in, 4, w.len, &h, &lookup, &pl), KM_OK);
+			assert_int_equal(pl->ntopics, 1);
+			assert_int_equal(pl->nparts, 1);
+			assert_int_equal(pl->nrefused, 0);
+			assert_int_equal(pl->topics[0].parts[0].index, 2);
+			km_ro_produce_free(pl);
+			evbuffer_free(in);
+		}
+		km_wr_free(&w);
+	}
+}
+
+/*
+ * A frame cut short (its length says less than its fields, across a chain boundary), one longer
+ * than the input holds, and one with a byte too many: all refused.
+ */
 static void test_produce_truncated(void **state)
 {
 	km_wr w;
 	km_req_header h = {.api_key = KM_API_PRODUCE, .api_version = 9};
 	km_ro_produce *pl;
+	uint8_t *longer;
 	(void)state;
 	km_wr_init(&w);
 	build_produce(&w, 9);
-	for (size_t cut = 1; cut < w.len; cut += 7)
-		assert_int_not_equal(km_ro_produce_walk(w.buf, w.len - cut, &h, &lookup, &pl), KM_OK);
+	for (size_t cut = 1; cut < w.len; cut += 7) {
+		size_t at = (w.len - cut) / 2 + 1;
+		struct evbuffer *in = input_of(w.buf, w.len - cut, &at, 1);
+		assert_int_not_equal(km_ro_produce_walk(in, 4, w.len - cut, &h, &lookup, &pl), KM_OK);
+		assert_null(pl);
+		evbuffer_free(in);
+	}
+	{
+		struct evbuffer *in = input_of(w.buf, w.len, NULL, 0);
+		/* The input ends 8 bytes after the frame. */
+		assert_int_not_equal(km_ro_produce_walk(in, 4, w.len + 9, &h, &lookup, &pl), KM_OK);
+		evbuffer_free(in);
+	}
+	longer = malloc(w.len + 1);
+	assert_non_null(longer);
+	memcpy(longer, w.buf, w.len);
+	longer[w.len] = 0;
+	{
+		struct evbuffer *in = input_of(longer, w.len + 1, NULL, 0);
+		assert_int_not_equal(km_ro_produce_walk(in, 4, w.len + 1, &h, &lookup, &pl), KM_OK);
+		evbuffer_free(in);
+	}
+	free(longer);
 	km_wr_free(&w);
 }
 
@@ -301,6 +509,7 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_produce_split_merge),
+		cmocka_unit_test(test_produce_nothing_refused),
 		cmocka_unit_test(test_produce_truncated),
 		cmocka_unit_test(test_delete_topics),
 		cmocka_unit_test(test_log_rate),

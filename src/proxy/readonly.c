@@ -95,7 +95,8 @@ static void rd_init(ro_rd *r, struct evbuffer *in, size_t start, size_t end)
 		rd_load(r);
 }
 
-static bool rd_skip(ro_rd *r, size_t n)
+/* The slow half of a skip: to or past the end of the extent (a record set, a chain boundary). */
+static bool rd_skip_far(ro_rd *r, size_t n)
 {
 	size_t pos = rd_pos(r);
 	if (r->err || r->end - pos < n) {
@@ -118,6 +119,16 @@ static bool rd_skip(ro_rd *r, size_t n)
 	return true;
 }
 
+/* Fields inside the extent (nearly all of them) cost a compare and a pointer move. */
+static inline bool rd_skip(ro_rd *r, size_t n)
+{
+	if (n < (size_t)(r->lim - r->p)) {
+		r->p += n;
+		return true;
+	}
+	return rd_skip_far(r, n);
+}
+
 static bool rd_raw(ro_rd *r, void *out, size_t n)
 {
 	uint8_t *o = out;
@@ -135,8 +146,12 @@ static bool rd_raw(ro_rd *r, void *out, size_t n)
 	return !r->err;
 }
 
-static bool rd_u8(ro_rd *r, uint8_t *b)
+static inline bool rd_u8(ro_rd *r, uint8_t *b)
 {
+	if (r->lim - r->p > 1) {
+		*b = *r->p++;
+		return true;
+	}
 	if (r->err || r->p == r->lim) {
 		r->err = true;
 		return false;
@@ -145,23 +160,23 @@ static bool rd_u8(ro_rd *r, uint8_t *b)
 	return rd_skip(r, 1);
 }
 
-static bool rd_i16(ro_rd *r, int16_t *v)
+static inline bool rd_i16(ro_rd *r, int16_t *v)
 {
 	uint8_t b[2] = {0, 0};
-	bool ok = (size_t)(r->lim - r->p) >= 2 ? (memcpy(b, r->p, 2), rd_skip(r, 2)) : rd_raw(r, b, 2);
+	bool ok = r->lim - r->p > 2 ? (memcpy(b, r->p, 2), r->p += 2, true) : rd_raw(r, b, 2);
 	*v = (int16_t)km_be16(b);
 	return ok;
 }
 
-static bool rd_i32(ro_rd *r, int32_t *v)
+static inline bool rd_i32(ro_rd *r, int32_t *v)
 {
 	uint8_t b[4] = {0, 0, 0, 0};
-	bool ok = (size_t)(r->lim - r->p) >= 4 ? (memcpy(b, r->p, 4), rd_skip(r, 4)) : rd_raw(r, b, 4);
+	bool ok = r->lim - r->p > 4 ? (memcpy(b, r->p, 4), r->p += 4, true) : rd_raw(r, b, 4);
 	*v = (int32_t)km_be32(b);
 	return ok;
 }
 
-static bool rd_uvarint(ro_rd *r, uint32_t *v)
+static bool rd_uvarint_slow(ro_rd *r, uint32_t *v)
 {
 	uint32_t x = 0;
 	*v = 0;
@@ -179,6 +194,16 @@ static bool rd_uvarint(ro_rd *r, uint32_t *v)
 	}
 	r->err = true;
 	return false;
+}
+
+/* One byte (a tag count of 0, a short length) is the common case. */
+static inline bool rd_uvarint(ro_rd *r, uint32_t *v)
+{
+	if (r->lim - r->p > 1 && !(*r->p & 0x80)) {
+		*v = *r->p++;
+		return true;
+	}
+	return rd_uvarint_slow(r, v);
 }
 
 static bool rd_skip_tags(ro_rd *r)
@@ -283,7 +308,7 @@ km_err km_ro_produce_walk(struct evbuffer *in, size_t off, size_t len, const km_
 	rd_init(&r, in, off, off + len);
 	rd_skip(&r, 8);
 	rd_skip_field(&r, false, false);
-	if (km_proxy_request_header_version(KM_API_PRODUCE, v) >= 2)
+	if (km_net_produce_header_version(v) >= 2)
 		rd_skip_tags(&r);
 	rd_skip_field(&r, flex, false); /* transactional_id */
 	rd_i16(&r, &pl->acks);
@@ -316,7 +341,8 @@ km_err km_ro_produce_walk(struct evbuffer *in, size_t off, size_t len, const km_
 			p->end = rd_pos(&r) - off;
 			if (r.err)
 				break;
-			memset(&vd, 0, sizeof(vd));
+			vd.code = KM_OK;
+			vd.message[0] = vd.name[0] = '\0';
 			lk->check(lk->arg, t->name, by_id ? &t->id : NULL, p->index, KM_RO_WRITE, &vd);
 			pl->nparts++;
 			if (vd.code != KM_OK) {

@@ -125,18 +125,22 @@ static bool body_offset(const km_req *rq, size_t *off)
 	return true;
 }
 
-static mop *op_new(km_req *rq)
+/* NULL with *rc: KM_ERR_DECODE when the request header cannot be parsed, else KM_ERR_NOMEM. */
+static mop *op_new(km_req *rq, km_err *rc)
 {
 	const km_session_host *host = km_session_host_of(rq->s);
 	size_t off;
 	mop *op;
+	*rc = KM_ERR_DECODE;
 	if (!body_offset(rq, &off))
 		return NULL;
+	*rc = KM_ERR_NOMEM;
 	op = calloc(1, sizeof(*op));
 	if (!op || !(op->req = malloc(rq->frame_len + 1))) {
 		free(op);
 		return NULL;
 	}
+	*rc = KM_OK;
 	op->set = host->sessions;
 	op->sid = km_session_id(rq->s);
 	op->seq = rq->seq;
@@ -939,12 +943,18 @@ static km_err check_request(mop *op, char *err, size_t errlen)
 
 static km_err mirror_request(km_req *rq)
 {
-	mop *op = op_new(rq);
 	char err[400];
 	km_err rc;
+	mop *op = op_new(rq, &rc);
 
-	if (!op)
-		return KM_ERR_NOMEM;
+	if (!op) {
+		/* A header the session's fixed-part check let through (a v1 header where v2 is due, say). */
+		if (rc == KM_ERR_DECODE) {
+			rq->close_reason = "malformed mirror request header";
+			km_metrics_mirror_rpc_error(km_session_host_of(rq->s)->metrics, rq->h->api_key, KM_ERR_DECODE);
+		}
+		return rc;
+	}
 	op->now = rq;
 	if (op_decode(op) != KM_OK) {
 		/* What a broker does with a request it cannot parse. */
@@ -1184,9 +1194,9 @@ static km_err config_request(km_req *rq)
 	mop *op;
 	km_err rc;
 
-	op = op_new(rq);
+	op = op_new(rq, &rc);
 	if (!op)
-		return KM_ERR_NOMEM;
+		return rc == KM_ERR_DECODE ? KM_OK : rc; /* the broker answers a header it cannot parse, as it always did */
 	if (op_decode(op) != KM_OK) {
 		op_free(op);
 		return KM_OK; /* the broker answers what it cannot parse, as it always did */

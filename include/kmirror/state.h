@@ -181,6 +181,13 @@ void km_state_topics(km_state *st, km_topic_op op, const char *mirror, const cha
  */
 void km_state_partition_set(km_state *st, const char *mirror, const char *topic, int32_t partition, km_mp_state to,
 			    const char *error, km_state_done_cb done, void *arg);
+/*
+ * The same for n partitions of one topic moving to one state, in one write and one answer (all
+ * of them or none): what the data plane uses when many partitions settle at once (a start of a
+ * topic with many partitions). on_partition is called for each after the whole write is applied.
+ */
+void km_state_partitions_set(km_state *st, const char *mirror, const char *topic, const int32_t *partitions,
+			     size_t n, km_mp_state to, const char *error, km_state_done_cb done, void *arg);
 
 /* ---- reads (the committed state) ---- */
 

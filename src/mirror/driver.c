@@ -7,6 +7,20 @@
 
 /* Transitions in flight at once: the store runs mutations one by one and bounds its queue. */
 #define KM_MIRROR_DRIVER_INFLIGHT 32
+/*
+ * Partitions of one topic settled by one store write: a start of a topic with many partitions is
+ * one Produce round, not one per partition (docs/state.md, "Write path").
+ */
+#define KM_MIRROR_DRIVER_BATCH 1024
+
+/* One store write: partitions of one topic moving from one state to the next. */
+typedef struct km_mirror_batch {
+	km_mirror *mi;
+	char *mirror, *topic;
+	km_mp_state from, to;
+	int32_t *parts;
+	size_t n;
+} km_mirror_batch;
 
 typedef struct km_mirror_work {
 	struct km_mirror_work *next;
@@ -84,6 +98,12 @@ static km_mp_state current(const km_state *st, const km_mirror_work *w)
 
 	if (!t || strcmp(km_state_mirror_name(km_state_topic_mirror(t)), w->mirror) != 0)
 		return KM_MP_UNKNOWN;
+	/* Partitions are listed in order and usually dense: index = partition is the common case. */
+	if ((size_t)w->partition < km_state_topic_partition_count(t)) {
+		km_state_topic_partition(t, (size_t)w->partition, &pi);
+		if (pi.partition == w->partition)
+			return pi.state;
+	}
 	for (size_t i = 0; i < km_state_topic_partition_count(t); i++) {
 		km_state_topic_partition(t, i, &pi);
 		if (pi.partition == w->partition)
@@ -92,17 +112,49 @@ static km_mp_state current(const km_state *st, const km_mirror_work *w)
 	return KM_MP_UNKNOWN;
 }
 
+static void batch_free(km_mirror_batch *b)
+{
+	free(b->mirror);
+	free(b->topic);
+	free(b->parts);
+	free(b);
+}
+
 static void transition_done(void *arg, const km_state_result *res)
+{
+	km_mirror_batch *b = arg;
+	km_mirror *mi = b->mi;
+
+	mi->inflight--;
+	if (res->code != KM_OK)
+		/* The store keeps the partitions where they were; the next start-up picks them up again. */
+		KM_WARN("mirror", 0, "%s/%s: could not move %zu partition(s) (first %d) %s -> %s: %s: %s", b->mirror,
+			b->topic, b->n, (int)b->parts[0], km_mp_state_name(b->from), km_mp_state_name(b->to),
+			km_err_name(res->code), res->message ? res->message : "");
+	batch_free(b);
+	schedule(mi);
+}
+
+/* Moves w into b when it is the same topic and transition; false otherwise. */
+static bool batch_take(km_mirror_batch *b, km_mirror_work *w)
+{
+	if (b->n >= KM_MIRROR_DRIVER_BATCH || w->from != b->from || strcmp(w->topic, b->topic) ||
+	    strcmp(w->mirror, b->mirror))
+		return false;
+	b->parts[b->n++] = w->partition;
+	return true;
+}
+
+static void single_done(void *arg, const km_state_result *res)
 {
 	km_mirror_work *w = arg;
 	km_mirror *mi = w->mi;
 
 	mi->inflight--;
 	if (res->code != KM_OK)
-		/* The store keeps the partition where it was; the next start-up picks it up again. */
 		KM_WARN("mirror", 0, "%s/%s-%d: could not move %s -> %s: %s: %s", w->mirror, w->topic,
-			    (int)w->partition, km_mp_state_name(w->from), km_mp_state_name(w->to),
-			    km_err_name(res->code), res->message ? res->message : "");
+			(int)w->partition, km_mp_state_name(w->from), km_mp_state_name(w->to), km_err_name(res->code),
+			res->message ? res->message : "");
 	work_free(w);
 	schedule(mi);
 }
@@ -114,7 +166,8 @@ static void run_cb(evutil_socket_t fd, short what, void *arg)
 	(void)fd;
 	(void)what;
 	while (mi->head && mi->inflight < KM_MIRROR_DRIVER_INFLIGHT) {
-		km_mirror_work *w = mi->head;
+		km_mirror_work *w = mi->head, **pp;
+		km_mirror_batch *b;
 
 		mi->head = w->next;
 		if (!mi->head)
@@ -124,8 +177,39 @@ static void run_cb(evutil_socket_t fd, short what, void *arg)
 			work_free(w); /* moved on meanwhile (stopped while preparing, ...): nothing to settle */
 			continue;
 		}
+		b = calloc(1, sizeof(*b));
+		if (!b || !(b->parts = malloc(KM_MIRROR_DRIVER_BATCH * sizeof(*b->parts)))) {
+			free(b);
+			/* Settle this one alone; the rest waits for memory. */
+			mi->inflight++;
+			km_state_partition_set(mi->st, w->mirror, w->topic, w->partition, w->to, NULL, single_done, w);
+			continue;
+		}
+		b->mi = mi;
+		b->from = w->from;
+		b->to = w->to;
+		b->mirror = w->mirror;
+		b->topic = w->topic;
+		w->mirror = w->topic = NULL;
+		b->parts[b->n++] = w->partition;
+		work_free(w);
+		/* The queued partitions of the same topic and transition go in the same write. */
+		for (pp = &mi->head; *pp;) {
+			km_mirror_work *o = *pp;
+			if (current(mi->st, o) == o->from && batch_take(b, o)) {
+				*pp = o->next;
+				if (mi->tail == o)
+					mi->tail = NULL;
+				work_free(o);
+				continue;
+			}
+			pp = &o->next;
+		}
+		if (!mi->tail)
+			for (km_mirror_work *t = mi->head; t; t = t->next)
+				mi->tail = t;
 		mi->inflight++;
-		km_state_partition_set(mi->st, w->mirror, w->topic, w->partition, w->to, NULL, transition_done, w);
+		km_state_partitions_set(mi->st, b->mirror, b->topic, b->parts, b->n, b->to, NULL, transition_done, b);
 	}
 }
 

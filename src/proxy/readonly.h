@@ -132,6 +132,19 @@ km_err km_ro_admin_merge(const km_ro_admin *ad, const uint8_t *body, size_t len,
 	__attribute__((warn_unused_result));
 void km_ro_admin_free(void *ad);
 
+/* ---- the operator's log of refusals ---- */
+
+/* At most one log line per topic and operation in this many milliseconds. */
+#define KM_RO_LOG_INTERVAL_MS 10000
+
+/*
+ * Whether a refusal of op on topic may be logged now (now_ms: a monotonic clock). true: log it,
+ * and *suppressed is how many refusals of the same topic and operation were not logged since the
+ * last line. A small fixed table: when it is full the oldest entry goes (that topic may then log
+ * again sooner). The proxy's loop is single-threaded; so is this.
+ */
+bool km_ro_log_allow(km_str topic, km_ro_op op, uint64_t now_ms, uint32_t *suppressed);
+
 /* ---- the proxy's rows ---- */
 
 /*

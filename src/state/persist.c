@@ -25,13 +25,21 @@
 
 #define COMP "state"
 
-/* Versions every broker kmirror supports (Kafka 4.x) answers; each is the last one naming topics by name. */
-#define V_METADATA 12
-#define V_CREATE_TOPICS 7
-#define V_INIT_PID 4
-#define V_PRODUCE 9
-#define V_LIST_OFFSETS 7
-#define V_FETCH 12
+/*
+ * The versions each request's code here was written for, [lo, hi]; a request uses the highest of
+ * them that the broker (and the codec) supports, km_net_client_version. lo is the first with what
+ * the code needs (Metadata 10: topic ids; Produce 3 and Fetch 4: v2 record batches), hi the last
+ * naming topics by name (Produce 13 and Fetch 13 name them by id) or the last whose new fields the
+ * code has looked at.
+ */
+static const struct {
+	int16_t key, lo, hi;
+	const char *name;
+} versions[] = {
+	{KM_API_METADATA, 10, 13, "Metadata"},   {KM_API_CREATE_TOPICS, 2, 7, "CreateTopics"},
+	{KM_API_INIT_PRODUCER_ID, 0, 5, "InitProducerId"}, {KM_API_PRODUCE, 3, 12, "Produce"},
+	{KM_API_LIST_OFFSETS, 1, 10, "ListOffsets"}, {KM_API_FETCH, 4, 12, "Fetch"},
+};
 
 #define MAX_NODES 1024
 #define FETCH_BYTES (8 << 20)
@@ -64,6 +72,7 @@ typedef struct node {
 	char host[256];
 	uint16_t port;
 	km_net_client *c;
+	bool failed;               /* c's connection failed or closed: it never becomes ready */
 } node;
 
 /* One key's latest value while loading (key bytes -> value bytes or tombstone). */
@@ -94,6 +103,12 @@ struct km_state_persist {
 	int32_t *seq;
 	struct event *timer;
 	void (*timer_fn)(km_state_persist *io);
+	/* a step waiting for its client's ApiVersions (the versions it encodes with) */
+	km_net_client *wait_c;
+	void (*wait_fn)(km_state_persist *io);
+	bool boot_failed;
+	int16_t used[6];           /* the last version sent of each key of versions[] (-1: none yet) */
+	int64_t lts;               /* the ListOffsets timestamp being asked (-2 earliest, -1 latest) */
 	int backoff_ms;
 	phase ph;
 	bool load_wanted;          /* a reload was asked while a write finished */
@@ -130,6 +145,7 @@ typedef struct req_ctx {
 	uint64_t gen;
 	int32_t node_id;
 	int32_t partition;
+	int16_t ver;               /* the version the request was encoded with: its response decodes with it */
 } req_ctx;
 
 static void start_load(km_state_persist *io);
@@ -152,6 +168,7 @@ static void on_timer(evutil_socket_t fd, short what, void *arg)
 static void after(km_state_persist *io, int ms, void (*fn)(km_state_persist *))
 {
 	struct timeval tv = {ms / 1000, (ms % 1000) * 1000};
+	io->wait_c = NULL; /* the next step supersedes any wait */
 	io->timer_fn = fn;
 	event_add(io->timer, &tv);
 }
@@ -165,10 +182,73 @@ static int next_backoff(km_state_persist *io)
 
 static void on_client_state(km_net_client *c, km_err err, void *arg)
 {
-	(void)c;
-	(void)arg;
-	if (err != KM_OK)
+	km_state_persist *io = arg;
+
+	if (io->closing)
+		return;
+	if (err != KM_OK) {
 		KM_DEBUG(COMP, 0, "destination connection failed: %s", km_err_name(err));
+		if (c == io->boot)
+			io->boot_failed = true;
+		for (size_t i = 0; i < io->nnodes; i++)
+			if (io->nodes[i].c == c)
+				io->nodes[i].failed = true;
+	}
+	if (c != io->wait_c)
+		return;
+	/* Continue on the next loop iteration: the step may free this client, which is calling us. */
+	/* On failure too: the client is marked failed, so the step's send fails and its error path retries. */
+	io->wait_c = NULL;
+	after(io, 0, io->wait_fn);
+}
+
+/*
+ * Whether c has negotiated its versions (or can never: send then fails and the step's error path
+ * runs). When not yet, resume runs once it has, or the step's phase fails if it cannot connect.
+ */
+static bool client_wait(km_state_persist *io, km_net_client *c, void (*resume)(km_state_persist *io))
+{
+	bool failed = c == io->boot && io->boot_failed;
+
+	for (size_t i = 0; c && i < io->nnodes; i++)
+		if (io->nodes[i].c == c && io->nodes[i].failed)
+			failed = true;
+	if (!c || failed || km_net_client_ready(c))
+		return true;
+	io->wait_c = c;
+	io->wait_fn = resume;
+	return false;
+}
+
+int16_t km_state_version_pick(int16_t both, int16_t lo, int16_t hi)
+{
+	if (both < lo)
+		return -1;
+	return both > hi ? hi : both;
+}
+
+/* The version of key to speak on c (ready), or -1 (logged, with why in why) when the broker is too old. */
+static int16_t version_for(km_net_client *c, int16_t key, char *why, size_t len)
+{
+	int16_t both = km_net_client_version(c, key), v = -1;
+
+	for (size_t i = 0; i < sizeof(versions) / sizeof(versions[0]); i++) {
+		if (versions[i].key != key)
+			continue;
+		v = km_state_version_pick(both, versions[i].lo, versions[i].hi);
+		if (v < 0) {
+			if (both < 0)
+				snprintf(why, len, "the destination broker does not support %s; the state store needs v%d to v%d",
+					 versions[i].name, versions[i].lo, versions[i].hi);
+			else
+				snprintf(why, len, "the destination broker supports %s up to v%d; the state store needs v%d to v%d",
+					 versions[i].name, both, versions[i].lo, versions[i].hi);
+			KM_ERROR(COMP, 0, "%s", why);
+		}
+		return v;
+	}
+	snprintf(why, len, "no version range for API key %d", key);
+	return -1;
 }
 
 static km_net_client *client_to(km_state_persist *io, const char *host, uint16_t port)
@@ -212,8 +292,11 @@ static void drop_boot(km_state_persist *io)
 	if (io->boot) {
 		km_net_client *c = io->boot;
 		io->boot = NULL;
+		if (io->wait_c == c)
+			io->wait_c = NULL;
 		km_net_client_free(c);
 	}
+	io->boot_failed = false;
 	io->boot_index++;
 }
 
@@ -241,8 +324,12 @@ static void drop_node(km_state_persist *io, int32_t id)
 	if (n && n->c) {
 		km_net_client *c = n->c;
 		n->c = NULL;
+		if (io->wait_c == c)
+			io->wait_c = NULL;
 		km_net_client_free(c);
 	}
+	if (n)
+		n->failed = false;
 }
 
 static km_err send_req(km_state_persist *io, km_net_client *c, int16_t key, int16_t ver, km_wr *w, km_net_response_cb cb,
@@ -259,7 +346,10 @@ static km_err send_req(km_state_persist *io, km_net_client *c, int16_t key, int1
 		return KM_ERR_CLOSED;
 	if (!(x = malloc(sizeof(*x))))
 		return KM_ERR_NOMEM;
-	*x = (req_ctx){io, io->gen, node_id, partition};
+	*x = (req_ctx){io, io->gen, node_id, partition, ver};
+	for (size_t i = 0; i < sizeof(versions) / sizeof(versions[0]); i++)
+		if (versions[i].key == key)
+			io->used[i] = ver;
 	km_net_request_init(&rq, key, ver);
 	rq.pieces = &pc;
 	rq.npieces = 1;
@@ -286,7 +376,7 @@ static km_state_persist *ctx_take(void *arg, req_ctx *out)
 
 /* ---- metadata of the state topic ---- */
 
-static void encode_metadata(km_wr *w, char *const *names, size_t n)
+static void encode_metadata(km_wr *w, int16_t ver, char *const *names, size_t n)
 {
 	km_metadata_request m;
 	km_metadata_request_topic *t = calloc(n ? n : 1, sizeof(*t));
@@ -300,7 +390,7 @@ static void encode_metadata(km_wr *w, char *const *names, size_t n)
 	m.topics.items = t;
 	m.topics.count = t ? (int32_t)n : 0;
 	km_wr_init(w);
-	km_metadata_request_encode(w, V_METADATA, &m);
+	km_metadata_request_encode(w, ver, &m);
 	if (!t)
 		w->err = KM_ERR_NOMEM;
 	free(t);
@@ -313,6 +403,11 @@ static km_err take_metadata(km_state_persist *io, const km_metadata_response *r,
 	node *nn;
 	size_t n = r->brokers.count > 0 ? (size_t)r->brokers.count : 0;
 
+	if (r->error_code) {
+		*topic_err = r->error_code; /* v13+: the whole request failed; callers retry as for the topic's error */
+		io->exists = false;
+		return KM_OK;
+	}
 	if (n > MAX_NODES)
 		n = MAX_NODES;
 	/* Keep the clients of brokers whose address did not change. */
@@ -327,6 +422,7 @@ static km_err take_metadata(km_state_persist *io, const km_metadata_response *r,
 		nn[i].port = (uint16_t)b->port;
 		if (old && old->c && !strcmp(old->host, nn[i].host) && old->port == nn[i].port) {
 			nn[i].c = old->c;
+			nn[i].failed = old->failed;
 			old->c = NULL;
 		}
 	}
@@ -478,9 +574,15 @@ static void load_finish(km_state_persist *io)
 		return;
 	}
 	gettimeofday(&now, NULL);
-	KM_INFO(COMP, 0, "read %s: %d partitions, %zu records, %zu keys, %zu unreadable, in %ld ms",
+	KM_INFO(COMP, 0, "read %s: %d partitions, %zu records, %zu keys, %zu unreadable, in %ld ms (Metadata v%d, "
+		"ListOffsets v%d, Fetch v%d)",
 		io->st->cfg.mirror_state_topic, io->exists ? io->nparts : 0, io->nrecords, io->mapcount, bad,
-		(long)((now.tv_sec - io->load_start.tv_sec) * 1000 + (now.tv_usec - io->load_start.tv_usec) / 1000));
+		(long)((now.tv_sec - io->load_start.tv_sec) * 1000 + (now.tv_usec - io->load_start.tv_usec) / 1000),
+		io->used[0], io->used[4], io->used[5]);
+	io->st->ctr.loads++;
+	io->st->ctr.records_loaded += io->nrecords;
+	io->st->ctr.load_ms = (uint64_t)((now.tv_sec - io->load_start.tv_sec) * 1000 +
+					 (now.tv_usec - io->load_start.tv_usec) / 1000);
 	map_clear(io);
 	free(io->scratch);
 	io->scratch = NULL;
@@ -514,7 +616,7 @@ static void on_fetch(km_net_client *c, km_err err, const uint8_t *body, size_t l
 	}
 	km_arena_init(&a, 0);
 	km_rd_init(&rd, body, len);
-	if (km_fetch_response_decode(&rd, V_FETCH, &r, &a) != KM_OK || r.responses.count != 1 ||
+	if (km_fetch_response_decode(&rd, x.ver, &r, &a) != KM_OK || r.responses.count != 1 ||
 	    r.responses.items[0].partitions.count != 1) {
 		km_arena_free(&a);
 		load_retry(io, "undecodable Fetch response");
@@ -584,7 +686,16 @@ static void fetch_next(km_state_persist *io)
 	km_wr w;
 	km_err rc;
 	int32_t leader = io->leaders[io->lpart];
+	km_net_client *c = leader_client(io, leader);
+	int16_t ver = 0;
+	char why[200];
 
+	if (!client_wait(io, c, fetch_next))
+		return;
+	if (c && km_net_client_ready(c) && (ver = version_for(c, KM_API_FETCH, why, sizeof(why))) < 0) {
+		load_retry(io, why);
+		return;
+	}
 	km_fetch_request_init(&m);
 	km_fetch_request_fetch_topic_init(&t);
 	km_fetch_request_fetch_partition_init(&p);
@@ -601,14 +712,18 @@ static void fetch_next(km_state_persist *io)
 	m.topics.items = &t;
 	m.topics.count = 1;
 	km_wr_init(&w);
-	km_fetch_request_encode(&w, V_FETCH, &m);
-	rc = send_req(io, leader_client(io, leader), KM_API_FETCH, V_FETCH, &w, on_fetch, leader, io->lpart);
+	km_fetch_request_encode(&w, ver, &m);
+	rc = send_req(io, c, KM_API_FETCH, ver, &w, on_fetch, leader, io->lpart);
 	km_wr_free(&w);
 	if (rc != KM_OK)
 		load_retry(io, km_err_name(rc));
 }
 
 static void list_offsets(km_state_persist *io, int64_t ts);
+static void list_offsets_again(km_state_persist *io)
+{
+	list_offsets(io, io->lts);
+}
 
 static void on_list_offsets(km_net_client *c, km_err err, const uint8_t *body, size_t len, void *arg)
 {
@@ -629,7 +744,7 @@ static void on_list_offsets(km_net_client *c, km_err err, const uint8_t *body, s
 	}
 	km_arena_init(&a, 1 << 20);
 	km_rd_init(&rd, body, len);
-	if (km_list_offsets_response_decode(&rd, V_LIST_OFFSETS, &r, &a) != KM_OK || r.topics.count != 1 ||
+	if (km_list_offsets_response_decode(&rd, x.ver, &r, &a) != KM_OK || r.topics.count != 1 ||
 	    r.topics.items[0].partitions.count != 1) {
 		km_arena_free(&a);
 		load_retry(io, "undecodable ListOffsets response");
@@ -663,12 +778,23 @@ static void list_offsets(km_state_persist *io, int64_t ts)
 	km_wr w;
 	km_err rc;
 	int32_t leader = io->leaders[io->lpart];
+	km_net_client *c = leader_client(io, leader);
+	int16_t ver = 0;
+	char why[200];
 
+	io->lts = ts;
+	if (!client_wait(io, c, list_offsets_again))
+		return;
+	if (c && km_net_client_ready(c) && (ver = version_for(c, KM_API_LIST_OFFSETS, why, sizeof(why))) < 0) {
+		load_retry(io, why);
+		return;
+	}
 	km_list_offsets_request_init(&m);
 	km_list_offsets_request_list_offsets_topic_init(&t);
 	km_list_offsets_request_list_offsets_partition_init(&p);
 	m.replica_id = -1;
 	m.isolation_level = 0;
+	m.timeout_ms = 30000; /* v10+: remote (tiered) offsets */
 	p.partition_index = io->lpart;
 	p.timestamp = ts;
 	t.name = km_str_c(io->st->cfg.mirror_state_topic);
@@ -677,9 +803,9 @@ static void list_offsets(km_state_persist *io, int64_t ts)
 	m.topics.items = &t;
 	m.topics.count = 1;
 	km_wr_init(&w);
-	km_list_offsets_request_encode(&w, V_LIST_OFFSETS, &m);
+	km_list_offsets_request_encode(&w, ver, &m);
 	/* The partition field of the context says which of the two answers this is. */
-	rc = send_req(io, leader_client(io, leader), KM_API_LIST_OFFSETS, V_LIST_OFFSETS, &w, on_list_offsets, leader,
+	rc = send_req(io, c, KM_API_LIST_OFFSETS, ver, &w, on_list_offsets, leader,
 		  ts == -2 ? -2 : -1);
 	km_wr_free(&w);
 	if (rc != KM_OK)
@@ -722,7 +848,7 @@ static void on_load_metadata(km_net_client *c, km_err err, const uint8_t *body, 
 	}
 	km_arena_init(&a, 0);
 	km_rd_init(&rd, body, len);
-	rc = km_metadata_response_decode(&rd, V_METADATA, &r, &a);
+	rc = km_metadata_response_decode(&rd, x.ver, &r, &a);
 	if (rc == KM_OK)
 		rc = take_metadata(io, &r, &terr);
 	km_arena_free(&a);
@@ -743,19 +869,23 @@ static void on_load_metadata(km_net_client *c, km_err err, const uint8_t *body, 
 	load_partition(io);
 }
 
-static void start_load(km_state_persist *io)
+static void load_metadata(km_state_persist *io)
 {
 	km_wr w;
 	km_err rc;
 	char *name = io->st->cfg.mirror_state_topic;
+	km_net_client *c = boot(io);
+	int16_t ver = 0;
+	char why[200];
 
-	io->ph = PH_LOAD;
-	io->gen++;
-	io->nrecords = 0;
-	map_clear(io);
-	gettimeofday(&io->load_start, NULL);
-	encode_metadata(&w, &name, 1);
-	rc = send_req(io, boot(io), KM_API_METADATA, V_METADATA, &w, on_load_metadata, -1, -1);
+	if (!client_wait(io, c, load_metadata))
+		return;
+	if (c && km_net_client_ready(c) && (ver = version_for(c, KM_API_METADATA, why, sizeof(why))) < 0) {
+		load_retry(io, why);
+		return;
+	}
+	encode_metadata(&w, ver, &name, 1);
+	rc = send_req(io, c, KM_API_METADATA, ver, &w, on_load_metadata, -1, -1);
 	km_wr_free(&w);
 	if (rc != KM_OK) {
 		drop_boot(io);
@@ -763,9 +893,21 @@ static void start_load(km_state_persist *io)
 	}
 }
 
+static void start_load(km_state_persist *io)
+{
+	io->ph = PH_LOAD;
+	io->gen++;
+	io->wait_c = NULL;
+	io->nrecords = 0;
+	map_clear(io);
+	gettimeofday(&io->load_start, NULL);
+	load_metadata(io);
+}
+
 void km_state_persist_load(km_state_persist *io)
 {
 	io->st->ready = false;
+	io->st->ctr.ready = 0;
 	start_load(io);
 }
 
@@ -838,7 +980,7 @@ static void on_produce(km_net_client *c, km_err err, const uint8_t *body, size_t
 	} else {
 		km_arena_init(&a, 0);
 		km_rd_init(&rd, body, len);
-		if (km_produce_response_decode(&rd, V_PRODUCE, &r, &a) != KM_OK) {
+		if (km_produce_response_decode(&rd, x.ver, &r, &a) != KM_OK) {
 			io->wfail = true;
 			snprintf(io->wmsg, sizeof(io->wmsg), "broker %d: undecodable Produce response", x.node_id);
 		} else {
@@ -886,7 +1028,21 @@ static void write_produce(km_state_persist *io)
 	int64_t now;
 	struct timeval tv;
 	bool sent_any = false;
+	char why[200];
 
+	/* Every leader written to must have negotiated its versions first. */
+	for (int32_t p = 0; p < io->nparts; p++) {
+		km_net_client *c;
+		if (io->pdone[p])
+			continue;
+		c = leader_client(io, io->leaders[p]);
+		if (!client_wait(io, c, write_produce))
+			return;
+		if (c && km_net_client_ready(c) && version_for(c, KM_API_PRODUCE, why, sizeof(why)) < 0) {
+			write_end(io, KM_MIRROR_STATE_UNAVAILABLE, why);
+			return;
+		}
+	}
 	gettimeofday(&tv, NULL);
 	now = (int64_t)tv.tv_sec * 1000 + tv.tv_usec / 1000;
 	io->wretry = io->wfail = false;
@@ -946,8 +1102,10 @@ static void write_produce(km_state_persist *io)
 			m.topic_data.items = &td;
 			m.topic_data.count = 1;
 			km_wr_init(&w);
-			km_produce_request_encode(&w, V_PRODUCE, &m);
-			rc = send_req(io, leader_client(io, leader), KM_API_PRODUCE, V_PRODUCE, &w, on_produce, leader, -1);
+			km_net_client *c = leader_client(io, leader);
+			int16_t ver = c && km_net_client_ready(c) ? version_for(c, KM_API_PRODUCE, why, sizeof(why)) : 3;
+			km_produce_request_encode(&w, ver, &m);
+			rc = send_req(io, c, KM_API_PRODUCE, ver, &w, on_produce, leader, -1);
 			km_wr_free(&w);
 			if (rc == KM_OK) {
 				io->outstanding++;
@@ -992,7 +1150,7 @@ static void on_init_pid(km_net_client *c, km_err err, const uint8_t *body, size_
 	}
 	km_arena_init(&a, 1 << 20);
 	km_rd_init(&rd, body, len);
-	if (km_init_producer_id_response_decode(&rd, V_INIT_PID, &r, &a) != KM_OK) {
+	if (km_init_producer_id_response_decode(&rd, x.ver, &r, &a) != KM_OK) {
 		km_arena_free(&a);
 		write_fail_or_retry(io, false, "InitProducerId: ", "undecodable response");
 		return;
@@ -1004,6 +1162,8 @@ static void on_init_pid(km_net_client *c, km_err err, const uint8_t *body, size_
 	}
 	io->pid = r.producer_id;
 	io->epoch = r.producer_epoch;
+	KM_INFO(COMP, 0, "writing %s as producer id %lld (InitProducerId v%d, Metadata v%d)",
+		io->st->cfg.mirror_state_topic, (long long)r.producer_id, x.ver, io->used[0]);
 	memset(io->seq, 0, (size_t)io->nparts * sizeof(*io->seq));
 	KM_DEBUG(COMP, 0, "state producer id %lld epoch %d", (long long)io->pid, io->epoch);
 	write_produce(io);
@@ -1014,15 +1174,24 @@ static void init_pid(km_state_persist *io)
 	km_init_producer_id_request m;
 	km_wr w;
 	km_err rc;
+	km_net_client *c = boot(io);
+	int16_t ver = 0;
+	char why[200];
 
+	if (!client_wait(io, c, init_pid))
+		return;
+	if (c && km_net_client_ready(c) && (ver = version_for(c, KM_API_INIT_PRODUCER_ID, why, sizeof(why))) < 0) {
+		write_end(io, KM_MIRROR_STATE_UNAVAILABLE, why);
+		return;
+	}
 	km_init_producer_id_request_init(&m);
 	m.transactional_id = KM_STR_NULL;
 	m.transaction_timeout_ms = 60000;
 	m.producer_id = -1;
 	m.producer_epoch = -1;
 	km_wr_init(&w);
-	km_init_producer_id_request_encode(&w, V_INIT_PID, &m);
-	rc = send_req(io, boot(io), KM_API_INIT_PRODUCER_ID, V_INIT_PID, &w, on_init_pid, -1, -1);
+	km_init_producer_id_request_encode(&w, ver, &m);
+	rc = send_req(io, c, KM_API_INIT_PRODUCER_ID, ver, &w, on_init_pid, -1, -1);
 	km_wr_free(&w);
 	if (rc != KM_OK) {
 		drop_boot(io);
@@ -1074,7 +1243,7 @@ static void on_create_topics(km_net_client *c, km_err err, const uint8_t *body, 
 	}
 	km_arena_init(&a, 1 << 20);
 	km_rd_init(&rd, body, len);
-	if (km_create_topics_response_decode(&rd, V_CREATE_TOPICS, &r, &a) != KM_OK || r.topics.count != 1) {
+	if (km_create_topics_response_decode(&rd, x.ver, &r, &a) != KM_OK || r.topics.count != 1) {
 		km_arena_free(&a);
 		write_fail_or_retry(io, false, "CreateTopics: ", "undecodable response");
 		return;
@@ -1105,7 +1274,16 @@ static void create_topic(km_state_persist *io)
 	char misr[8];
 	km_wr w;
 	km_err rc;
+	km_net_client *c = boot(io);
+	int16_t ver = 0;
+	char why[200];
 
+	if (!client_wait(io, c, create_topic))
+		return;
+	if (c && km_net_client_ready(c) && (ver = version_for(c, KM_API_CREATE_TOPICS, why, sizeof(why))) < 0) {
+		write_end(io, KM_MIRROR_STATE_UNAVAILABLE, why);
+		return;
+	}
 	if (rf < 0)
 		rf = io->nbrokers >= 3 ? 3 : io->nbrokers > 0 ? io->nbrokers : 1;
 	snprintf(misr, sizeof(misr), "%d", rf >= 3 ? 2 : 1);
@@ -1126,10 +1304,10 @@ static void create_topic(km_state_persist *io)
 	m.topics.count = 1;
 	m.timeout_ms = 30000;
 	km_wr_init(&w);
-	km_create_topics_request_encode(&w, V_CREATE_TOPICS, &m);
+	km_create_topics_request_encode(&w, ver, &m);
 	KM_INFO(COMP, 0, "creating %s: %d partitions, replication factor %d, min.insync.replicas %s",
 		cfg->mirror_state_topic, t.num_partitions, (int)rf, misr);
-	rc = send_req(io, boot(io), KM_API_CREATE_TOPICS, V_CREATE_TOPICS, &w, on_create_topics, -1, -1);
+	rc = send_req(io, c, KM_API_CREATE_TOPICS, ver, &w, on_create_topics, -1, -1);
 	km_wr_free(&w);
 	if (rc != KM_OK) {
 		drop_boot(io);
@@ -1157,7 +1335,7 @@ static void on_write_metadata(km_net_client *c, km_err err, const uint8_t *body,
 	}
 	km_arena_init(&a, 0);
 	km_rd_init(&rd, body, len);
-	rc = km_metadata_response_decode(&rd, V_METADATA, &r, &a);
+	rc = km_metadata_response_decode(&rd, x.ver, &r, &a);
 	if (rc == KM_OK)
 		rc = take_metadata(io, &r, &terr);
 	km_arena_free(&a);
@@ -1194,13 +1372,23 @@ static void write_step(km_state_persist *io)
 	km_wr w;
 	km_err rc;
 	char *name = io->st->cfg.mirror_state_topic;
+	km_net_client *c;
+	int16_t ver = 0;
+	char why[200];
 
 	if (io->exists && io->pid >= 0 && io->pdone && io->attempts == 0) {
 		write_produce(io);
 		return;
 	}
-	encode_metadata(&w, &name, 1);
-	rc = send_req(io, boot(io), KM_API_METADATA, V_METADATA, &w, on_write_metadata, -1, -1);
+	c = boot(io);
+	if (!client_wait(io, c, write_step))
+		return;
+	if (c && km_net_client_ready(c) && (ver = version_for(c, KM_API_METADATA, why, sizeof(why))) < 0) {
+		write_end(io, KM_MIRROR_STATE_UNAVAILABLE, why);
+		return;
+	}
+	encode_metadata(&w, ver, &name, 1);
+	rc = send_req(io, c, KM_API_METADATA, ver, &w, on_write_metadata, -1, -1);
 	km_wr_free(&w);
 	if (rc != KM_OK) {
 		drop_boot(io);
@@ -1211,6 +1399,7 @@ static void write_step(km_state_persist *io)
 void km_state_persist_write(km_state_persist *io, const km_state_rec *recs, size_t n, km_state_write_cb cb)
 {
 	io->ph = PH_WRITE;
+	io->wait_c = NULL;
 	io->recs = recs;
 	io->nrecs = n;
 	io->wcb = cb;
@@ -1271,7 +1460,7 @@ static void on_topics_metadata(km_net_client *c, km_err err, const uint8_t *body
 	km_arena_init(&a, 0);
 	km_rd_init(&rd, body, len);
 	metas = calloc(io->mn ? io->mn : 1, sizeof(*metas));
-	if (!metas || km_metadata_response_decode(&rd, V_METADATA, &r, &a) != KM_OK) {
+	if (!metas || km_metadata_response_decode(&rd, x.ver, &r, &a) != KM_OK) {
 		km_arena_free(&a);
 		free(metas);
 		meta_end(io, KM_MIRROR_STATE_UNAVAILABLE, "undecodable Metadata response", NULL);
@@ -1297,12 +1486,26 @@ static void meta_send(km_state_persist *io)
 {
 	km_wr w;
 	km_err rc;
+	km_net_client *c = boot(io);
+	int16_t ver = 0;
+	char why[200];
 
-	encode_metadata(&w, io->mnames, io->mn);
-	rc = send_req(io, boot(io), KM_API_METADATA, V_METADATA, &w, on_topics_metadata, -1, -1);
+	if (!client_wait(io, c, meta_send))
+		return;
+	if (c && km_net_client_ready(c) && (ver = version_for(c, KM_API_METADATA, why, sizeof(why))) < 0) {
+		meta_end(io, KM_MIRROR_STATE_UNAVAILABLE, why, NULL);
+		return;
+	}
+	encode_metadata(&w, ver, io->mnames, io->mn);
+	rc = send_req(io, c, KM_API_METADATA, ver, &w, on_topics_metadata, -1, -1);
 	km_wr_free(&w);
 	if (rc != KM_OK) {
 		drop_boot(io);
+		if (++io->attempts < WRITE_ATTEMPTS) {
+			io->gen++;
+			after(io, next_backoff(io), meta_send);
+			return;
+		}
 		meta_end(io, KM_MIRROR_STATE_UNAVAILABLE, "the destination's metadata could not be asked", NULL);
 	}
 }
@@ -1310,6 +1513,7 @@ static void meta_send(km_state_persist *io)
 void km_state_persist_topics(km_state_persist *io, char *const *names, size_t n, km_state_meta_cb cb)
 {
 	io->ph = PH_META;
+	io->wait_c = NULL;
 	io->mcb = cb;
 	io->attempts = 0;
 	io->backoff_ms = 0;
@@ -1334,6 +1538,8 @@ km_state_persist *km_state_persist_new(km_state *st)
 		return NULL;
 	io->st = st;
 	io->pid = -1;
+	for (size_t i = 0; i < sizeof(io->used) / sizeof(io->used[0]); i++)
+		io->used[i] = -1;
 	io->epoch = -1;
 	io->timer = evtimer_new(st->base, on_timer, io);
 	if (!io->timer) {

@@ -6,6 +6,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include <sys/time.h>
+
 #include "kmirror/state.h"
 
 /* ---- __mirror_state records (docs/state.md) ---- */
@@ -144,12 +146,34 @@ typedef struct km_state_topic_meta {
 typedef struct km_state_persist km_state_persist;
 typedef struct km_state_mut km_state_mut;
 
+/* ---- metrics (counters.c): plain fields, read by the registry at render time ---- */
+
+#define KM_STATE_WRITE_BUCKETS 12
+extern const double km_state_write_bounds[KM_STATE_WRITE_BUCKETS];
+
+typedef struct km_state_counters {
+	uint64_t writes, write_failures;
+	uint64_t write_bucket[KM_STATE_WRITE_BUCKETS], write_count;
+	double write_sum;
+	uint64_t loads, records_loaded, load_ms, ready;
+	uint64_t mirrors, topics, partitions[KM_MP__COUNT]; /* gauges, recounted on every change */
+} km_state_counters;
+
+/* One write's outcome: ok with its latency, or a failure for good. */
+void km_state_counters_write(km_state_counters *c, bool ok, double seconds);
+/* The gauges from the committed model. */
+void km_state_counters_count(km_state_counters *c, const km_state_model *m);
+/* Add the families to reg (once per registry; the counters must outlive its rendering). */
+km_err km_state_counters_register(km_state_counters *c, km_metrics *reg) __attribute__((warn_unused_result));
+
 struct km_state {
 	struct event_base *base;
 	struct evdns_base *dns;
 	km_config cfg;
 	SSL_CTX *tls;
 	km_metrics *metrics;
+	km_state_counters ctr;
+	struct timeval write_start;          /* of the head mutation's write */
 	void (*on_ready)(void *arg);
 	void (*on_partition)(void *arg, const char *mirror, const char *topic, int32_t partition, km_mp_state from,
 			     km_mp_state to);
@@ -179,6 +203,12 @@ void km_state_persist_write(km_state_persist *io, const km_state_rec *recs, size
 /* Metadata of destination topics: metas[i] for names[i], or err set (destination unreachable) with message. */
 typedef void (*km_state_meta_cb)(km_state *st, km_err err, const char *message, const km_state_topic_meta *metas);
 void km_state_persist_topics(km_state_persist *io, char *const *names, size_t n, km_state_meta_cb cb);
+
+/*
+ * The version to speak: both (the highest the broker and the codec support, -1 for none) capped
+ * at hi, the last the store's code was written for; -1 when below lo (the broker is too old).
+ */
+int16_t km_state_version_pick(int16_t both, int16_t lo, int16_t hi);
 
 /* store.c: the load finished; model is taken over (moved). */
 void km_state_loaded(km_state *st, km_state_model *model);

@@ -24,7 +24,8 @@ struct km_state_mut {
 	km_topic_op op;
 	char **topics;
 	size_t ntopics;
-	int32_t partition;
+	int32_t *parts;        /* partition sets: the partitions to move */
+	size_t nparts;
 	km_mp_state to;
 	char *error;
 	km_state_done_cb done;
@@ -67,6 +68,7 @@ static void mut_free(km_state_mut *mu)
 		free(mu->topics[i]);
 	free(mu->topics);
 	free(mu->error);
+	free(mu->parts);
 	free(mu->tres);
 	free(mu->tmsg);
 	free(mu->tpending);
@@ -530,7 +532,7 @@ static void prepare_pset(km_state *st, km_state_mut *mu)
 {
 	km_state_mirror *m = km_state_model_mirror(&st->model, mu->mirror);
 	km_state_topic *t = m ? km_state_model_topic(&st->model, mu->topics[0], strlen(mu->topics[0])) : NULL;
-	km_state_part p;
+	int64_t now = now_ms();
 
 	if (!m) {
 		set_msg(mu, KM_MIRROR_UNKNOWN_CLUSTER_MIRROR, "Cluster mirror '%s' does not exist", mu->mirror);
@@ -541,27 +543,37 @@ static void prepare_pset(km_state *st, km_state_mut *mu)
 			m->name);
 		return;
 	}
-	if (mu->partition < 0 || mu->partition >= KM_STATE_MAX_PARTITIONS || (unsigned)mu->to >= KM_MP__COUNT) {
+	if ((unsigned)mu->to >= KM_MP__COUNT || mu->nparts == 0) {
 		set_msg(mu, KM_KAFKA_INVALID_REQUEST, "invalid partition or state");
 		return;
 	}
-	if ((size_t)mu->partition < t->nparts && t->parts[mu->partition].present) {
-		p = t->parts[mu->partition];
-	} else {
-		memset(&p, 0, sizeof(p));
-		p.last_mirrored_offset = -1;
-		p.last_mirrored_epoch = -1;
-		p.last_error_ms = -1;
+	for (size_t i = 0; i < mu->nparts; i++)
+		if (mu->parts[i] < 0 || mu->parts[i] >= KM_STATE_MAX_PARTITIONS) {
+			set_msg(mu, KM_KAFKA_INVALID_REQUEST, "invalid partition %d", (int)mu->parts[i]);
+			return;
+		}
+	/* All or nothing: one write holds every partition's record. */
+	for (size_t i = 0; i < mu->nparts && mu->code == KM_OK; i++) {
+		int32_t pi = mu->parts[i];
+		km_state_part p;
+		if ((size_t)pi < t->nparts && t->parts[pi].present) {
+			p = t->parts[pi];
+		} else {
+			memset(&p, 0, sizeof(p));
+			p.last_mirrored_offset = -1;
+			p.last_mirrored_epoch = -1;
+			p.last_error_ms = -1;
+		}
+		if (p.state != mu->to)
+			p.state_change_ms = now;
+		p.state = mu->to;
+		if (mu->error) {
+			p.last_error = mu->error;
+			p.last_error_ms = now;
+		}
+		if (add_partition_rec(mu, t, pi, &p) != KM_OK)
+			set_msg(mu, KM_MIRROR_STATE_UNAVAILABLE, "out of memory");
 	}
-	if (p.state != mu->to)
-		p.state_change_ms = now_ms();
-	p.state = mu->to;
-	if (mu->error) {
-		p.last_error = mu->error;
-		p.last_error_ms = now_ms();
-	}
-	if (add_partition_rec(mu, t, mu->partition, &p) != KM_OK)
-		set_msg(mu, KM_MIRROR_STATE_UNAVAILABLE, "out of memory");
 }
 
 /* ---- the write and the commit ---- */
@@ -592,6 +604,7 @@ static void count_read_only(km_state *st)
 				}
 		}
 	st->read_only_topics = n;
+	km_state_counters_count(&st->ctr, &st->model);
 }
 
 size_t km_state_read_only_topics(const km_state *st)
@@ -602,13 +615,23 @@ size_t km_state_read_only_topics(const km_state *st)
 static void on_written(km_state *st, km_err err, const char *message)
 {
 	km_state_mut *mu = st->head;
+	struct timeval now;
 
+	gettimeofday(&now, NULL);
+	km_state_counters_write(&st->ctr, err == KM_OK,
+				(double)(now.tv_sec - st->write_start.tv_sec) + (now.tv_usec - st->write_start.tv_usec) / 1e6);
 	if (err != KM_OK) {
 		set_msg(mu, KM_MIRROR_STATE_UNAVAILABLE, "Writing %s failed: %s", st->cfg.mirror_state_topic, message);
 		KM_WARN(COMP, 0, "%s", mu->message);
 		finish_head(st);
 		return;
 	}
+	/*
+	 * Apply every record, index the topics once, then tell the listeners: they see the whole
+	 * write committed (a listener reading the store finds every topic of it).
+	 */
+	km_state_change *chgs = calloc(mu->nrecs ? mu->nrecs : 1, sizeof(*chgs));
+	size_t nchg = 0;
 	for (size_t i = 0; i < mu->nrecs; i++) {
 		km_state_change chg;
 		km_err rc = km_state_model_apply(&st->model, mu->recs[i].key, mu->recs[i].klen, mu->recs[i].val,
@@ -621,14 +644,25 @@ static void on_written(km_state *st, km_err err, const char *message)
 			continue;
 		KM_INFO(COMP, 0, "%s/%s-%d %s -> %s", chg.mirror, chg.topic, chg.partition, km_mp_state_name(chg.from),
 			km_mp_state_name(chg.to));
-		if (km_state_model_index(&st->model) != KM_OK)
-			KM_ERROR(COMP, 0, "out of memory indexing topics");
-		if (st->on_partition)
-			st->on_partition(st->arg, chg.mirror, chg.topic, chg.partition, chg.from, chg.to);
+		/* The change's names live only until the next apply. */
+		if (chgs && (chg.mirror = strdup(chg.mirror)) && (chg.topic = strdup(chg.topic))) {
+			chgs[nchg++] = chg;
+		} else {
+			if (chgs)
+				free((char *)chg.mirror);
+			KM_ERROR(COMP, 0, "out of memory: %s-%d's listeners are not told", chg.topic, chg.partition);
+		}
 	}
 	if (km_state_model_index(&st->model) != KM_OK)
 		KM_ERROR(COMP, 0, "out of memory indexing topics");
 	count_read_only(st);
+	for (size_t i = 0; i < nchg; i++) {
+		if (st->on_partition)
+			st->on_partition(st->arg, chgs[i].mirror, chgs[i].topic, chgs[i].partition, chgs[i].from, chgs[i].to);
+		free((char *)chgs[i].mirror);
+		free((char *)chgs[i].topic);
+	}
+	free(chgs);
 	log_mirror_change(mu);
 	finish_head(st);
 }
@@ -641,6 +675,7 @@ static void run_write(km_state *st, km_state_mut *mu)
 		finish_head(st);
 		return;
 	}
+	gettimeofday(&st->write_start, NULL);
 	km_state_persist_write(st->io, mu->recs, mu->nrecs, on_written);
 }
 
@@ -816,22 +851,31 @@ void km_state_topics(km_state *st, km_topic_op op, const char *mirror, const cha
 	submit(st, mu);
 }
 
-void km_state_partition_set(km_state *st, const char *mirror, const char *topic, int32_t partition, km_mp_state to,
-			    const char *error, km_state_done_cb done, void *arg)
+void km_state_partitions_set(km_state *st, const char *mirror, const char *topic, const int32_t *partitions,
+			     size_t n, km_mp_state to, const char *error, km_state_done_cb done, void *arg)
 {
 	km_state_mut *mu = mut_new(MUT_PSET, mirror, done, arg);
 	const char *one[1] = {topic};
 	if (!mu)
 		return nomem(done, arg);
-	mu->partition = partition;
 	mu->to = to;
 	mu->error = sdup(error);
-	if (!set_topics(mu, one, 1)) {
+	mu->parts = malloc((n ? n : 1) * sizeof(*mu->parts));
+	if (!mu->parts || (error && !mu->error) || !set_topics(mu, one, 1)) {
 		mut_free(mu);
 		return nomem(done, arg);
 	}
+	if (n)
+		memcpy(mu->parts, partitions, n * sizeof(*partitions));
+	mu->nparts = n;
 	mu->ntopics = 1;
 	submit(st, mu);
+}
+
+void km_state_partition_set(km_state *st, const char *mirror, const char *topic, int32_t partition, km_mp_state to,
+			    const char *error, km_state_done_cb done, void *arg)
+{
+	km_state_partitions_set(st, mirror, topic, &partition, 1, to, error, done, arg);
 }
 
 /* ---- life ---- */
@@ -848,6 +892,7 @@ void km_state_loaded(km_state *st, km_state_model *model)
 		st->model.nmirrors, topics);
 	count_read_only(st);
 	st->ready = true;
+	st->ctr.ready = 1;
 	schedule(st);
 	if (!st->ready_fired) {
 		st->ready_fired = true;
@@ -900,6 +945,9 @@ km_state *km_state_new(const km_state_opts *opts, char *err, size_t errlen)
 		km_state_free(st);
 		return NULL;
 	}
+	/* Last: the registry keeps pointers into st, which must not be freed on a failure after it. */
+	if (st->metrics && km_state_counters_register(&st->ctr, st->metrics) != KM_OK)
+		KM_WARN(COMP, 0, "the state store's metrics could not be registered (out of memory, or a second store)");
 	km_state_persist_load(st->io);
 	return st;
 }

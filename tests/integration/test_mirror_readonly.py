@@ -1,15 +1,21 @@
-"""Read-only mirror topics through kmirrord: a mirror topic (started with the kmirror CLI) refuses
-writes from stock clients (Java and librdkafka; plain, idempotent, transactional) at once and with
-the read-only message, while the same producer's writes to another topic in the same requests
-succeed; DeleteRecords, DeleteTopics and CreatePartitions on it are refused."""
+"""Read-only mirror topics through kmirrord, on the 1-broker and the 3-broker destination: a mirror
+topic (started with the kmirror CLI, each test in a mirror of its own) refuses writes from stock
+clients (Java and librdkafka; plain, acks=0, idempotent, transactional) at once and with the
+read-only message, while the same producer's writes to another topic succeed (in the same Produce
+request for the Java producer); DeleteRecords, DeleteTopics and CreatePartitions on it are refused;
+every refusal is logged by kmirrord; after `kmirror stop` the topic is writable again."""
 
+import ctypes
+import glob
 import os
+import re
 import shutil
 import subprocess
 import time
+import uuid
 
 import pytest
-from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewPartitions
 
 from harness.kafka_cluster import java_bin
@@ -30,28 +36,58 @@ def kmirror_cli():
     return path
 
 
-def cli(proxy, *args):
+def cli(proxy, *args, check=True):
     r = subprocess.run([kmirror_cli(), "--bootstrap-server", proxy.bootstrap] + list(args),
                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=60)
-    assert r.returncode == 0, f"kmirror {' '.join(args)}: {r.stdout}{r.stderr}"
-    return r.stdout
+    if check:
+        assert r.returncode == 0, f"kmirror {' '.join(args)}: {r.stdout}{r.stderr}"
+    return r
+
+
+class Mirrored:
+    """A proxy in front of the destination and two topics on it: `ro`, started in a mirror of
+    this test's own, and `ok`, not mirrored."""
+
+    def __init__(self, proxy, ro, ok, mirror, source):
+        self.proxy, self.ro, self.ok, self.mirror, self.source = proxy, ro, ok, mirror, source
+
+    def message(self):
+        return (f"topic {self.ro} is mirrored by mirror {self.mirror} from {self.source} and is "
+                f"read-only; stop its mirroring (kmirror stop --mirror {self.mirror} --topics "
+                f"{self.ro}) to write to it")
+
+    def stop(self):
+        cli(self.proxy, "stop", "--mirror", self.mirror, "--topics", self.ro)
+
+    def refusal_logged(self, api, extra=""):
+        """kmirrord's line for a refusal of api on ro (the message included); returns it."""
+        m = self.proxy.wait_log(rf"refused {api} v(\d+) \(client id \"[^\"]*\"\) on topic[^:]*: "
+                                rf"READ_ONLY_TOPIC: topic {re.escape(self.ro)} [^\n]*{extra}",
+                                timeout=10)
+        return m.group(0)
 
 
 @pytest.fixture
-def mirrored(proxy_factory, dest_cluster, source_cluster, topic_name):
-    """A proxy and two topics on the destination: `ro`, started in mirror m, and `ok`, not mirrored."""
+def mirrored(proxy_factory, cluster, source_cluster, topic_name):
     ro, ok = f"{topic_name}-ro", f"{topic_name}-ok"
-    proxy = proxy_factory(dest_cluster)
+    # Mirrors persist in __mirror_state on the shared destination: each test makes its own.
+    mirror = f"m-{uuid.uuid4().hex[:8]}"
+    proxy = proxy_factory(cluster)
     create_topic(proxy, ro, partitions=2, rf=1)
     create_topic(proxy, ok, partitions=2, rf=1)
-    cli(proxy, "create", "--mirror", "m", "--source-bootstrap", source_cluster.bootstrap)
-    cli(proxy, "start", "--mirror", "m", "--topics", ro)
-    return proxy, ro, ok, source_cluster.bootstrap
+    cli(proxy, "create", "--mirror", mirror, "--source-bootstrap", source_cluster.bootstrap)
+    cli(proxy, "start", "--mirror", mirror, "--topics", ro)
+    yield Mirrored(proxy, ro, ok, mirror, source_cluster.bootstrap)
+    cli(proxy, "stop", "--mirror", mirror, "--topics", ro, check=False)  # already stopped: refused
+    cli(proxy, "delete", "--mirror", mirror)
 
 
-def expected_message(ro, source):
-    return (f"topic {ro} is mirrored by mirror m from {source} and is read-only; stop its mirroring "
-            f"(kmirror stop --mirror m --topics {ro}) to write to it")
+def watermarks(proxy, topic, partition=0):
+    c = Consumer(proxy.conf(**{"group.id": f"wm-{uuid.uuid4().hex[:6]}"}))
+    try:
+        return c.get_watermark_offsets(TopicPartition(topic, partition), timeout=15)
+    finally:
+        c.close()
 
 
 @pytest.fixture(scope="module")
@@ -65,35 +101,63 @@ def ro_producer_cp(dest_cluster, tmp_path_factory):
     return out
 
 
-@pytest.mark.parametrize("mode", ["plain", "idem", "txn"])
-def test_java_producer_fails_at_once(mirrored, ro_producer_cp, mode):
-    proxy, ro, ok, source = mirrored
-    r = proxy.cluster.run_tool("ReadOnlyProducer", proxy.bootstrap, mode, ro, ok,
-                               classpath=[ro_producer_cp], check=False, timeout=180)
+def java_produce(mr, cp, mode):
+    r = mr.proxy.cluster.run_tool("ReadOnlyProducer", mr.proxy.bootstrap, mode, mr.ro, mr.ok,
+                                  classpath=[cp], check=False, timeout=180)
     print(r.stdout)
     lines = dict(ln.split(" ", 1) for ln in r.stdout.splitlines() if " " in ln)
-    assert lines["MIRROR"].startswith("ERROR "), r.stdout + r.stderr
-    assert expected_message(ro, source) in lines["MIRROR"]
+    assert "MIRROR" in lines, r.stdout + r.stderr[-3000:]
+    return lines
+
+
+@pytest.mark.parametrize("mode", ["plain", "idem", "txn"])
+def test_java_producer_fails_at_once(mirrored, ro_producer_cp, mode):
+    mr = mirrored
+    lines = java_produce(mr, ro_producer_cp, mode)
+    assert lines["MIRROR"].startswith("ERROR "), lines
+    assert mr.message() in lines["MIRROR"]
     assert int(lines["MS"]) < 5000, "the write to the mirror topic was retried"
     if mode != "txn":
-        assert lines["OTHER"].startswith("OK "), r.stdout
+        # Both records were in one Produce request (linger.ms 1000): the other half went through.
+        assert lines["OTHER"].startswith("OK "), lines
+    else:
+        # The failed send makes the transaction abortable: the commit fails, with the cause.
+        assert lines["COMMIT"].startswith("ERROR "), lines
+    line = mr.refusal_logged("Produce")
+    # The Java 4.4 producer names topics by id against a 4.4 broker: Produce v13.
+    assert "refused Produce v13 " in line and "on topic id " in line, line
     print(f"java {mode}: {lines['MIRROR']} in {lines['MS']} ms; other: {lines['OTHER']}; "
-          f"{lines.get('COMMIT', '')}")
+          f"{lines.get('COMMIT', '')}\nkmirrord: {line}")
+
+
+def test_java_acks0_drops_refused_partition(mirrored, ro_producer_cp):
+    mr = mirrored
+    lines = java_produce(mr, ro_producer_cp, "acks0")
+    # acks=0: no answer is due, so the producer sees success for both; nothing lands in ro.
+    assert lines["OTHER"].startswith("OK "), lines
+    line = mr.refusal_logged("Produce", "acks=0")
+    assert watermarks(mr.proxy, mr.ok) == (0, 1)
+    assert watermarks(mr.proxy, mr.ro) == (0, 0)
+    print(f"java acks=0: mirror {lines['MIRROR']}; other {lines['OTHER']}\nkmirrord: {line}")
+
+
+def librdkafka_conf(mr, mode):
+    conf = {"linger.ms": 1000, "message.timeout.ms": 60000}
+    if mode in ("plain", "acks0"):
+        conf["acks"] = 1 if mode == "plain" else 0
+    if mode in ("idem", "txn"):
+        conf["enable.idempotence"] = True
+    if mode == "txn":
+        conf["transactional.id"] = f"ro-rd-{mr.ro}"
+    return mr.proxy.conf(**conf)
 
 
 @pytest.mark.parametrize("mode", ["plain", "idem", "txn"])
 def test_librdkafka_producer_fails_at_once(mirrored, mode):
-    proxy, ro, ok, source = mirrored
-    conf = {"linger.ms": 1000, "message.timeout.ms": 60000}
-    if mode == "plain":
-        conf["acks"] = 1
-    if mode in ("idem", "txn"):
-        conf["enable.idempotence"] = True
-    if mode == "txn":
-        conf["transactional.id"] = f"ro-rd-{ro}"
-    p = Producer(proxy.conf(**conf))
-    p.list_topics(ro, timeout=15)
-    p.list_topics(ok, timeout=15)
+    mr = mirrored
+    p = Producer(librdkafka_conf(mr, mode))
+    p.list_topics(mr.ro, timeout=15)
+    p.list_topics(mr.ok, timeout=15)
     if mode == "txn":
         p.init_transactions(30)
         p.begin_transaction()
@@ -103,8 +167,10 @@ def test_librdkafka_producer_fails_at_once(mirrored, mode):
         got[msg.topic()] = (err, time.monotonic())
 
     t0 = time.monotonic()
-    p.produce(ro, b"to-mirror", partition=0, on_delivery=cb)
-    p.produce(ok, b"to-other", partition=0, on_delivery=cb)
+    # librdkafka sends one partition per Produce request (its response parser takes exactly one
+    # topic and partition), so "the same request" is the same producer and connection here.
+    p.produce(mr.ro, b"to-mirror", partition=0, on_delivery=cb)
+    p.produce(mr.ok, b"to-other", partition=0, on_delivery=cb)
     p.flush(60)
     commit = None
     if mode == "txn":
@@ -113,28 +179,145 @@ def test_librdkafka_producer_fails_at_once(mirrored, mode):
             commit = "ok"
         except KafkaException as e:
             commit = f"{e.args[0].name()} {e.args[0].str()}"
-    err, t = got[ro]
+    err, t = got[mr.ro]
+    line = mr.refusal_logged("Produce")
     print(f"librdkafka {mode}: code={err.code()} name={err.name()} str={err.str()!r} "
-          f"in {int((t - t0) * 1000)} ms; other: {got[ok][0]}; commit: {commit}")
+          f"in {int((t - t0) * 1000)} ms; other: {got[mr.ok][0]}; commit: {commit}\nkmirrord: {line}")
     assert err is not None and err.code() == READ_ONLY_TOPIC
-    # librdkafka reports the code only ("Err-32000?"): it does not show a Produce error's message.
+    # confluent-kafka builds a delivery report's KafkaError from the code alone: "Err-32000?".
+    # librdkafka parses it but never shows it to confluent-kafka (see the C API test below).
     assert t - t0 < 5.0, "the write to the mirror topic was retried"
     if mode != "txn":
-        assert got[ok][0] is None
+        assert got[mr.ok][0] is None
+    else:
+        assert commit != "ok"
+
+
+def test_librdkafka_acks0_drops_refused_partition(mirrored):
+    mr = mirrored
+    p = Producer(librdkafka_conf(mr, "acks0"))
+    errs = []
+    p.produce(mr.ro, b"to-mirror", partition=0, on_delivery=lambda e, m: errs.append(e))
+    p.produce(mr.ok, b"to-other", partition=0, on_delivery=lambda e, m: errs.append(e))
+    assert p.flush(30) == 0
+    assert errs == [None, None]  # acks=0: nothing comes back, both look delivered
+    mr.refusal_logged("Produce", "acks=0")
+    assert watermarks(mr.proxy, mr.ok) == (0, 1)
+    assert watermarks(mr.proxy, mr.ro) == (0, 0)
+
+
+class RdkMessage(ctypes.Structure):
+    _fields_ = [("err", ctypes.c_int), ("rkt", ctypes.c_void_p), ("payload", ctypes.c_void_p),
+                ("len", ctypes.c_size_t), ("key", ctypes.c_void_p), ("key_len", ctypes.c_size_t),
+                ("offset", ctypes.c_int64), ("_private", ctypes.c_void_p)]
+
+
+def librdkafka_lib():
+    import confluent_kafka
+    libs = glob.glob(os.path.join(os.path.dirname(os.path.dirname(confluent_kafka.__file__)),
+                                  "confluent_kafka.libs", "librdkafka*.so*"))
+    lib = ctypes.CDLL(libs[0] if libs else "librdkafka.so.1")
+    if not hasattr(lib, "rd_kafka_message_produce_errstr"):
+        pytest.skip("librdkafka older than 2.10 (no rd_kafka_message_produce_errstr)")
+    return lib
+
+
+@pytest.mark.parametrize("mode", ["plain", "idem"])
+def test_librdkafka_c_api_gets_message(mirrored, mode):
+    """librdkafka's C API (the library confluent-kafka loads) parses the ProduceResponse
+    partition's ErrorMessage (v8+) and hands it to rd_kafka_message_produce_errstr() (2.10+):
+    non-NULL here only because kmirrord sends the message. The string itself is not read: in
+    librdkafka 2.10 up to its master (4c3b017) the message's pointer is to the parsed response's
+    copy, freed before the delivery report is served (rd_kafka_handle_Produce destroys the result;
+    the DR op holds a copy nobody points to), so reading it is a use-after-free."""
+    mr = mirrored
+    lib = librdkafka_lib()
+    vp, cp = ctypes.c_void_p, ctypes.c_char_p
+    lib.rd_kafka_conf_new.restype = vp
+    lib.rd_kafka_conf_set.argtypes = [vp, cp, cp, cp, ctypes.c_size_t]
+    lib.rd_kafka_new.restype = vp
+    lib.rd_kafka_new.argtypes = [ctypes.c_int, vp, cp, ctypes.c_size_t]
+    lib.rd_kafka_topic_new.restype = vp
+    lib.rd_kafka_topic_new.argtypes = [vp, cp, vp]
+    lib.rd_kafka_produce.argtypes = [vp, ctypes.c_int32, ctypes.c_int, cp, ctypes.c_size_t, vp,
+                                     ctypes.c_size_t, vp]
+    lib.rd_kafka_flush.argtypes = [vp, ctypes.c_int]
+    lib.rd_kafka_message_produce_errstr.restype = vp
+    lib.rd_kafka_message_produce_errstr.argtypes = [ctypes.POINTER(RdkMessage)]
+    lib.rd_kafka_err2str.restype = cp
+    lib.rd_kafka_topic_destroy.argtypes = [vp]
+    lib.rd_kafka_destroy.argtypes = [vp]
+    lib.rd_kafka_conf_set_dr_msg_cb.argtypes = [vp, vp]
+    errstr = ctypes.create_string_buffer(512)
+    conf = lib.rd_kafka_conf_new()
+    settings = {"bootstrap.servers": mr.proxy.bootstrap, "linger.ms": "100"}
+    settings.update({"acks": "1"} if mode == "plain" else {"enable.idempotence": "true"})
+    for k, v in settings.items():
+        assert lib.rd_kafka_conf_set(conf, k.encode(), v.encode(), errstr, 512) == 0, errstr.value
+    got = []
+
+    @ctypes.CFUNCTYPE(None, vp, ctypes.POINTER(RdkMessage), vp)
+    def dr(rk, msg, opaque):
+        m = msg.contents
+        got.append((m.err, lib.rd_kafka_err2str(m.err).decode(),
+                    lib.rd_kafka_message_produce_errstr(msg)))
+
+    lib.rd_kafka_conf_set_dr_msg_cb(conf, ctypes.cast(dr, vp))
+    rk = lib.rd_kafka_new(0, conf, errstr, 512)
+    assert rk, errstr.value
+    rkt = lib.rd_kafka_topic_new(rk, mr.ro.encode(), None)
+    t0 = time.monotonic()
+    assert lib.rd_kafka_produce(rkt, 0, 2, b"to-mirror", 9, None, 0, None) == 0
+    lib.rd_kafka_flush(rk, 30000)
+    elapsed = time.monotonic() - t0
+    lib.rd_kafka_topic_destroy(rkt)
+    lib.rd_kafka_destroy(rk)
+    print(f"librdkafka C {mode}: {got} in {int(elapsed * 1000)} ms")
+    assert len(got) == 1
+    err, err2str, produce_errstr = got[0]
+    assert err == READ_ONLY_TOPIC and err2str == "Err-32000?"
+    assert produce_errstr, "librdkafka got no ErrorMessage"
+    assert elapsed < 5.0
 
 
 def test_delete_records_topics_partitions_refused(mirrored):
-    proxy, ro, ok, _ = mirrored
+    mr = mirrored
+    proxy, ro, ok = mr.proxy, mr.ro, mr.ok
     produce(proxy, ok, 10)
     a = AdminClient(proxy.conf())
     with pytest.raises(KafkaException) as e:
         a.delete_topics([ro], operation_timeout=30)[ro].result(timeout=60)
     assert e.value.args[0].code() == READ_ONLY_TOPIC
+    print(f"DeleteTopics: {e.value.args[0].str()!r}")
+    mr.refusal_logged("DeleteTopics", "cannot be deleted")
     with pytest.raises(KafkaException) as e:
         a.create_partitions([NewPartitions(ro, 4)])[ro].result(timeout=60)
     assert e.value.args[0].code() == READ_ONLY_TOPIC
+    print(f"CreatePartitions: {e.value.args[0].str()!r}")
+    mr.refusal_logged("CreatePartitions", "partitions follow")
     fs = a.delete_records([TopicPartition(ro, 0, 0), TopicPartition(ok, 0, 5)])
-    with pytest.raises(KafkaException):
+    with pytest.raises(KafkaException) as e:
         fs[TopicPartition(ro, 0, 0)].result(timeout=60)
+    print(f"DeleteRecords: {e.value.args[0]}")
     assert fs[TopicPartition(ok, 0, 5)].result(timeout=60).low_watermark == 5
+    mr.refusal_logged("DeleteRecords")
     assert ro in a.list_topics(timeout=15).topics
+    assert a.list_topics(ro, timeout=15).topics[ro].partitions.keys() == {0, 1}
+
+
+def test_stop_makes_topic_writable(mirrored, ro_producer_cp):
+    """Refused while mirrored, accepted after `kmirror stop` (Java and librdkafka, DeleteRecords)."""
+    mr = mirrored
+    before = java_produce(mr, ro_producer_cp, "idem")
+    assert before["MIRROR"].startswith("ERROR ") and mr.message() in before["MIRROR"], before
+    mr.stop()
+    after = java_produce(mr, ro_producer_cp, "idem")
+    assert after["MIRROR"].startswith("OK "), after
+    assert after["OTHER"].startswith("OK "), after
+    acked = produce(mr.proxy, mr.ro, 5, acks=1)
+    assert len(acked) == 5
+    p0 = sum(1 for part, _ in acked.values() if part == 0)
+    assert watermarks(mr.proxy, mr.ro, 0)[1] == 1 + p0
+    a = AdminClient(mr.proxy.conf())
+    fs = a.delete_records([TopicPartition(mr.ro, 0, 1)])
+    assert fs[TopicPartition(mr.ro, 0, 1)].result(timeout=60).low_watermark == 1

@@ -1,4 +1,5 @@
 /* Unit tests of the read-only hooks' walk, split and merge, on frames built with the generated codecs and a fake lookup. */
+#include <stdio.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -272,12 +273,37 @@ static void test_delete_topics(void **state)
 	}
 }
 
+/* One log line per topic and operation in KM_RO_LOG_INTERVAL_MS, with the count of those left out. */
+static void test_log_rate(void **state)
+{
+	uint32_t sup = 99;
+	uint64_t t0 = 1000000;
+	(void)state;
+	assert_true(km_ro_log_allow(km_str_c("rate-a"), KM_RO_WRITE, t0, &sup));
+	assert_int_equal(sup, 0);
+	assert_false(km_ro_log_allow(km_str_c("rate-a"), KM_RO_WRITE, t0 + 1, &sup));
+	assert_false(km_ro_log_allow(km_str_c("rate-a"), KM_RO_WRITE, t0 + KM_RO_LOG_INTERVAL_MS - 1, &sup));
+	/* another topic, another operation: their own lines */
+	assert_true(km_ro_log_allow(km_str_c("rate-b"), KM_RO_WRITE, t0 + 2, &sup));
+	assert_true(km_ro_log_allow(km_str_c("rate-a"), KM_RO_DELETE_TOPIC, t0 + 3, &sup));
+	assert_true(km_ro_log_allow(km_str_c("rate-a"), KM_RO_WRITE, t0 + KM_RO_LOG_INTERVAL_MS, &sup));
+	assert_int_equal(sup, 2);
+	assert_false(km_ro_log_allow(km_str_c("rate-a"), KM_RO_WRITE, t0 + KM_RO_LOG_INTERVAL_MS + 5, &sup));
+	/* many topics: the table evicts, never refuses a new topic its first line */
+	for (int i = 0; i < 1000; i++) {
+		char name[32];
+		snprintf(name, sizeof(name), "rate-many-%d", i);
+		assert_true(km_ro_log_allow(km_str_c(name), KM_RO_WRITE, t0 + 100 + (uint64_t)i, &sup));
+	}
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_produce_split_merge),
 		cmocka_unit_test(test_produce_truncated),
 		cmocka_unit_test(test_delete_topics),
+		cmocka_unit_test(test_log_rate),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

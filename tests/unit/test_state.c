@@ -359,13 +359,106 @@ static void test_values_and_model(void **state)
 	km_state_model_free(&m);
 }
 
+/* The store's metrics as /metrics shows them: gauges counted from a model, writes and their latency. */
+static void test_metrics(void **state)
+{
+	km_state_model m;
+	km_state_cfg_entry cfg[1] = {{.name = "bootstrap.servers", .value = "s:9092"}};
+	km_state_mirror mi = {.name = "m1", .cfg = cfg, .ncfg = 1};
+	km_state_key mk = {.type = KM_STATE_REC_MIRROR, .mirror = km_str_c("m1")};
+	km_state_topic tt = {.name = "t", .mirror = &mi};
+	km_state_counters c;
+	km_state_change chg;
+	km_metrics *reg = km_metrics_new();
+	char *text = NULL;
+	size_t len;
+	FILE *f;
+	km_wr w;
+	(void)state;
+
+	memset(&c, 0, sizeof(c));
+	assert_int_equal(km_state_counters_register(&c, reg), KM_OK);
+	assert_int_not_equal(km_state_counters_register(&c, reg), KM_OK); /* one store per registry */
+	km_state_model_init(&m);
+	km_wr_init(&w);
+	assert_int_equal(km_state_mirror_value_encode(&w, &mi), KM_OK);
+	rec(&m, &mk, &w, &chg);
+	km_wr_free(&w);
+	/* topic t: partitions 0-2 MIRRORING, 3 PAUSED; topic u: partition 0 FAILED */
+	for (int32_t i = 0; i < 5; i++) {
+		km_state_key pk = {.type = KM_STATE_REC_PARTITION, .mirror = km_str_c("m1"),
+				   .topic = km_str_c(i < 4 ? "t" : "u"), .partition = i < 4 ? i : 0};
+		km_state_part p = {.state = i < 3 ? KM_MP_MIRRORING : i == 3 ? KM_MP_PAUSED : KM_MP_FAILED,
+				   .last_mirrored_offset = -1, .last_mirrored_epoch = -1};
+		km_wr_init(&w);
+		assert_int_equal(km_state_partition_value_encode(&w, &tt, &p), KM_OK);
+		rec(&m, &pk, &w, &chg);
+		km_wr_free(&w);
+	}
+	km_state_counters_count(&c, &m);
+	km_state_counters_write(&c, true, 0.003);
+	km_state_counters_write(&c, true, 0.2);
+	km_state_counters_write(&c, false, 31.0); /* a failure: counted, not in the latency */
+	c.records_loaded = 7;
+	c.load_ms = 80;
+	c.ready = 1;
+
+	f = open_memstream(&text, &len);
+	assert_int_equal(km_metrics_render(reg, f), KM_OK);
+	fclose(f);
+	assert_non_null(strstr(text, "# TYPE kmirror_state_writes_total counter\nkmirror_state_writes_total 2\n"));
+	assert_non_null(strstr(text, "kmirror_state_write_failures_total 1\n"));
+	assert_non_null(strstr(text, "kmirror_state_records_loaded_total 7\n"));
+	assert_non_null(strstr(text, "# TYPE kmirror_state_load_duration_ms gauge\nkmirror_state_load_duration_ms 80\n"));
+	assert_non_null(strstr(text, "kmirror_state_ready 1\n"));
+	assert_non_null(strstr(text, "kmirror_state_mirrors 1\n"));
+	assert_non_null(strstr(text, "kmirror_state_mirror_topics 2\n"));
+	assert_non_null(strstr(text, "# TYPE kmirror_state_partitions gauge\nkmirror_state_partitions{state=\"PREPARING\"} 0\n"
+				     "kmirror_state_partitions{state=\"MIRRORING\"} 3\n"
+				     "kmirror_state_partitions{state=\"PAUSING\"} 0\n"
+				     "kmirror_state_partitions{state=\"PAUSED\"} 1\n"));
+	assert_non_null(strstr(text, "kmirror_state_partitions{state=\"FAILED\"} 1\n"));
+	assert_null(strstr(text, "state=\"UNKNOWN\""));
+	assert_non_null(strstr(text, "kmirror_state_write_latency_seconds_bucket{le=\"0.0025\"} 0\n"
+				     "kmirror_state_write_latency_seconds_bucket{le=\"0.005\"} 1\n"));
+	assert_non_null(strstr(text, "kmirror_state_write_latency_seconds_bucket{le=\"0.25\"} 2\n"));
+	assert_non_null(strstr(text, "kmirror_state_write_latency_seconds_bucket{le=\"+Inf\"} 2\n"
+				     "kmirror_state_write_latency_seconds_sum 0.203000\n"
+				     "kmirror_state_write_latency_seconds_count 2\n"));
+	free(text);
+	/* the gauges follow the model: a partition gone is no longer counted */
+	{
+		km_state_key pk = {.type = KM_STATE_REC_PARTITION, .mirror = km_str_c("m1"), .topic = km_str_c("u")};
+		rec(&m, &pk, NULL, &chg);
+	}
+	km_state_counters_count(&c, &m);
+	assert_int_equal(c.partitions[KM_MP_FAILED], 0);
+	assert_int_equal(c.topics, 1);
+	km_state_model_free(&m);
+	km_metrics_free(reg);
+}
+
+/* Versions: the highest both sides support, capped at the code's; a broker below the code's range is refused. */
+static void test_version_pick(void **state)
+{
+	(void)state;
+	assert_int_equal(km_state_version_pick(13, 3, 12), 12);  /* a newer broker: the code's last */
+	assert_int_equal(km_state_version_pick(12, 3, 12), 12);
+	assert_int_equal(km_state_version_pick(9, 3, 12), 9);    /* an older one: its own last */
+	assert_int_equal(km_state_version_pick(3, 3, 12), 3);
+	assert_int_equal(km_state_version_pick(2, 3, 12), -1);   /* too old */
+	assert_int_equal(km_state_version_pick(-1, 0, 5), -1);   /* not supported at all */
+	assert_int_equal(km_state_version_pick(0, 0, 5), 0);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_transitions), cmocka_unit_test(test_config),
 		cmocka_unit_test(test_mirror_option_table), cmocka_unit_test(test_secrets),
 		cmocka_unit_test(test_key_file), cmocka_unit_test(test_keys),
-		cmocka_unit_test(test_values_and_model),
+		cmocka_unit_test(test_values_and_model), cmocka_unit_test(test_version_pick),
+		cmocka_unit_test(test_metrics),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

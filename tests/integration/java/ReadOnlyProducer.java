@@ -1,4 +1,4 @@
-// One producer (plain, idempotent or transactional) writes a record to a read-only mirror topic and one to another topic in the same request; prints what each send reports.
+// One producer (plain, acks=0, idempotent or transactional) writes a record to a read-only mirror topic and one to another topic in the same request; prints what each send reports.
 import java.util.Properties;
 import java.util.concurrent.Future;
 import org.apache.kafka.clients.producer.KafkaProducer;
@@ -29,9 +29,10 @@ public class ReadOnlyProducer {
 		p.put(ProducerConfig.LINGER_MS_CONFIG, "1000");
 		p.put(ProducerConfig.DELIVERY_TIMEOUT_MS_CONFIG, "120000");
 		p.put(ProducerConfig.REQUEST_TIMEOUT_MS_CONFIG, "30000");
-		p.put(ProducerConfig.ENABLE_IDEMPOTENCE_CONFIG, mode.equals("plain") ? "false" : "true");
-		if (mode.equals("plain"))
-			p.put(ProducerConfig.ACKS_CONFIG, "1");
+		boolean plain = mode.equals("plain") || mode.equals("acks0");
+		p.put(ProducerConfig.ENABLE_IDEMPOTENCE_CONFIG, plain ? "false" : "true");
+		if (plain)
+			p.put(ProducerConfig.ACKS_CONFIG, mode.equals("acks0") ? "0" : "1");
 		if (mode.equals("txn"))
 			p.put(ProducerConfig.TRANSACTIONAL_ID_CONFIG, "ro-" + roTopic);
 		try (KafkaProducer<String, String> pr = new KafkaProducer<>(p)) {

@@ -14,7 +14,13 @@
 
 typedef struct km_proxy km_proxy;
 
+/*
+ * Per-key counters and histograms have one slot per Kafka API key below KM_PROXY_MAX_API, then one
+ * per mirror RPC (api keys 32000 up, KM_PROXY_MIRROR_APIS of them): km_proxy_api_slot maps a key.
+ */
 #define KM_PROXY_MAX_API 128
+#define KM_PROXY_MIRROR_APIS 10
+#define KM_PROXY_API_SLOTS (KM_PROXY_MAX_API + KM_PROXY_MIRROR_APIS)
 #define KM_PROXY_LATENCY_BUCKETS 12
 
 typedef enum {
@@ -44,12 +50,13 @@ typedef struct km_proxy_counters {
 	uint64_t rejected[KM_REJECT__COUNT];
 	uint64_t responses_rewritten_total;
 	uint64_t brokers_known;               /* gauge */
-	uint64_t requests[KM_PROXY_MAX_API];
-	uint64_t requests_unknown;            /* api key outside the table */
-	uint64_t latency_bucket[KM_PROXY_MAX_API][KM_PROXY_LATENCY_BUCKETS]; /* non-cumulative */
-	uint64_t latency_count[KM_PROXY_MAX_API];
-	double latency_sum[KM_PROXY_MAX_API];
+	uint64_t requests[KM_PROXY_API_SLOTS]; /* by km_proxy_api_slot */
+	uint64_t requests_unknown;            /* api key with no slot */
+	uint64_t latency_bucket[KM_PROXY_API_SLOTS][KM_PROXY_LATENCY_BUCKETS]; /* non-cumulative */
+	uint64_t latency_count[KM_PROXY_API_SLOTS];
+	double latency_sum[KM_PROXY_API_SLOTS];
 	uint64_t draining;                    /* gauge: 1 while draining on SIGTERM */
+	km_metric_family *mirror_rpc_errors;  /* kmirror_mirror_rpc_errors_total{api,error}, registry-owned */
 } km_proxy_counters;
 
 /* Upper bounds of the latency buckets, seconds (+Inf is implicit). */

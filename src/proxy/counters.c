@@ -1,29 +1,69 @@
 /* The proxy's counters: plain fields on the hot path, registered by pointer in the metrics registry. */
 #include <stdio.h>
 
+#include "kmirror/api.h"
+#include "kmirror/msg/api_keys.h"
 #include "proxy/proxy_int.h"
+
+_Static_assert(KM_API_LAST_MIRRORED_OFFSETS - KM_API_CREATE_MIRROR + 1 == KM_PROXY_MIRROR_APIS,
+	       "one counter slot per mirror RPC");
 
 const double km_proxy_latency_bounds[KM_PROXY_LATENCY_BUCKETS] = {0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025,
 								  0.05,   0.1,   0.25,   0.5,   1.0,  5.0};
 
-void km_metrics_request(km_proxy_counters *m, int16_t api_key)
+/* Kafka's keys are dense from 0; kmirror's own ten follow them, so the arrays stay small. */
+int km_proxy_api_slot(int16_t api_key)
 {
 	if (api_key >= 0 && api_key < KM_PROXY_MAX_API)
-		m->requests[api_key]++;
+		return api_key;
+	if (api_key >= KM_API_CREATE_MIRROR && api_key <= KM_API_LAST_MIRRORED_OFFSETS)
+		return KM_PROXY_MAX_API + (api_key - KM_API_CREATE_MIRROR);
+	return -1;
+}
+
+int16_t km_proxy_slot_api(int slot)
+{
+	if (slot >= 0 && slot < KM_PROXY_MAX_API)
+		return (int16_t)slot;
+	if (slot >= KM_PROXY_MAX_API && slot < KM_PROXY_API_SLOTS)
+		return (int16_t)(KM_API_CREATE_MIRROR + (slot - KM_PROXY_MAX_API));
+	return -1;
+}
+
+void km_metrics_request(km_proxy_counters *m, int16_t api_key)
+{
+	int k = km_proxy_api_slot(api_key);
+	if (k >= 0)
+		m->requests[k]++;
 	else
 		m->requests_unknown++;
 }
 
 void km_metrics_latency(km_proxy_counters *m, int16_t api_key, double seconds)
 {
+	int k = km_proxy_api_slot(api_key);
 	size_t b;
-	if (api_key < 0 || api_key >= KM_PROXY_MAX_API)
+	if (k < 0)
 		return;
 	b = km_metrics_bucket(km_proxy_latency_bounds, KM_PROXY_LATENCY_BUCKETS, seconds);
 	if (b < KM_PROXY_LATENCY_BUCKETS)
-		m->latency_bucket[api_key][b]++;
-	m->latency_count[api_key]++;
-	m->latency_sum[api_key] += seconds;
+		m->latency_bucket[k][b]++;
+	m->latency_count[k]++;
+	m->latency_sum[k] += seconds;
+}
+
+void km_metrics_mirror_rpc_error(km_proxy_counters *m, int16_t api_key, int code)
+{
+	const km_api_info *api = km_api_lookup(api_key);
+	const char *v[2];
+	km_metric_series *s;
+	if (!m->mirror_rpc_errors || !code || !api)
+		return;
+	v[0] = api->name;
+	v[1] = km_err_name((km_err)code);
+	/* A scan of a few series, on the error path only. */
+	if ((s = km_metric_series_get(m->mirror_rpc_errors, v)))
+		km_metric_inc(s, 1);
 }
 
 const char *km_reject_reason_name(km_reject_reason r)
@@ -79,7 +119,7 @@ km_err km_proxy_counters_register(km_proxy_counters *c, km_metrics *reg)
 		.help = "Client requests by API key.",
 		.type = KM_METRIC_COUNTER,
 		.labels = {"api_key"},
-		.max_series = KM_PROXY_MAX_API + 1,
+		.max_series = KM_PROXY_API_SLOTS + 1,
 		.hide_empty = true,
 	};
 	static const km_metric_desc latency = {
@@ -87,10 +127,17 @@ km_err km_proxy_counters_register(km_proxy_counters *c, km_metrics *reg)
 		.help = "Time from a request's arrival to the start of its response, by API key.",
 		.type = KM_METRIC_HISTOGRAM,
 		.labels = {"api_key"},
-		.max_series = KM_PROXY_MAX_API,
+		.max_series = KM_PROXY_API_SLOTS,
 		.bounds = km_proxy_latency_bounds,
 		.nbounds = KM_PROXY_LATENCY_BUCKETS,
 		.hide_empty = true,
+	};
+	static const km_metric_desc rpc_errors = {
+		.name = "kmirror_mirror_rpc_errors_total",
+		.help = "Mirror RPC answers carrying an error, by RPC and error (each refused topic counts).",
+		.type = KM_METRIC_COUNTER,
+		.labels = {"api", "error"},
+		.max_series = 200,
 	};
 	km_metric_family *f, *lat;
 
@@ -109,18 +156,20 @@ km_err km_proxy_counters_register(km_proxy_counters *c, km_metrics *reg)
 	}
 	if (!(f = km_metrics_family(reg, &requests)) || !(lat = km_metrics_family(reg, &latency)))
 		return KM_ERR_NOMEM;
-	for (int k = 0; k < KM_PROXY_MAX_API; k++) {
+	for (int k = 0; k < KM_PROXY_API_SLOTS; k++) {
 		char key[8];
 		const char *v[] = {key};
-		snprintf(key, sizeof(key), "%d", k);
+		snprintf(key, sizeof(key), "%d", km_proxy_slot_api(k));
 		if (!km_metric_series_ptr(f, v, &c->requests[k]) ||
 		    !km_metric_histogram_ptr(lat, v, c->latency_bucket[k], &c->latency_count[k], &c->latency_sum[k]))
 			return KM_ERR_NOMEM;
 	}
 	{
-		const char *v[] = {"other"}; /* keys outside 0..KM_PROXY_MAX_API-1 */
+		const char *v[] = {"other"}; /* keys with no slot */
 		if (!km_metric_series_ptr(f, v, &c->requests_unknown))
 			return KM_ERR_NOMEM;
 	}
+	if (!(c->mirror_rpc_errors = km_metrics_family(reg, &rpc_errors)))
+		return KM_ERR_NOMEM;
 	return KM_OK;
 }

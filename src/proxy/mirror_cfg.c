@@ -412,7 +412,8 @@ km_err km_mcfg_describe_add(km_describe_configs_response *m, const km_str *topic
 		items = km_arena_alloc(a, ((size_t)res->configs.count + 1) * sizeof(*items));
 		if (!items)
 			return KM_ERR_NOMEM;
-		memcpy(items, res->configs.items, (size_t)res->configs.count * sizeof(*items));
+		if (res->configs.count > 0) /* none when the request named only mirror.name */
+			memcpy(items, res->configs.items, (size_t)res->configs.count * sizeof(*items));
 		e = &items[res->configs.count];
 		km_describe_configs_response_describe_configs_resource_result_init(e);
 		e->name = km_str_c(KM_MIRROR_NAME_CONFIG);

@@ -70,6 +70,7 @@ typedef struct mop {
 	km_session_set *set;     /* NULL: the proxy is gone, drop the answer */
 	uint64_t sid, seq;
 	km_state *st;
+	km_proxy_counters *metrics; /* the proxy's, while set is not NULL */
 	int16_t key, version;
 	uint8_t *req;            /* the request body, copied: decoded strings borrow it */
 	size_t req_len;
@@ -124,22 +125,27 @@ static bool body_offset(const km_req *rq, size_t *off)
 	return true;
 }
 
-static mop *op_new(km_req *rq)
+/* NULL with *rc: KM_ERR_DECODE when the request header cannot be parsed, else KM_ERR_NOMEM. */
+static mop *op_new(km_req *rq, km_err *rc)
 {
 	const km_session_host *host = km_session_host_of(rq->s);
 	size_t off;
 	mop *op;
+	*rc = KM_ERR_DECODE;
 	if (!body_offset(rq, &off))
 		return NULL;
+	*rc = KM_ERR_NOMEM;
 	op = calloc(1, sizeof(*op));
 	if (!op || !(op->req = malloc(rq->frame_len + 1))) {
 		free(op);
 		return NULL;
 	}
+	*rc = KM_OK;
 	op->set = host->sessions;
 	op->sid = km_session_id(rq->s);
 	op->seq = rq->seq;
 	op->st = host->state;
+	op->metrics = host->metrics;
 	op->key = rq->h->api_key;
 	op->version = rq->h->api_version;
 	/* The body after the request header. */
@@ -195,6 +201,13 @@ static km_err op_decode(mop *op)
 }
 
 /* ---- answers ---- */
+
+/* An error in an answer, for kmirror_mirror_rpc_errors_total (the ten RPCs only, not mirror.name). */
+static void count_error(const mop *op, int code)
+{
+	if (code && op->set && op->metrics && op->key >= KM_API_CREATE_MIRROR && op->key <= KM_API_LAST_MIRRORED_OFFSETS)
+		km_metrics_mirror_rpc_error(op->metrics, op->key, code);
+}
 
 static struct evbuffer *encode_response(int16_t key, int16_t version, const void *resp)
 {
@@ -260,6 +273,11 @@ static void answer_topics(mop *op, km_err code, const char *msg, const int16_t *
 		km_pause_mirror_topics_response pause;
 		km_resume_mirror_topics_response resume;
 	} r;
+	/* One count for a request refused as a whole, else one per refused topic. */
+	if (code)
+		count_error(op, code);
+	for (size_t i = 0; !code && i < op->ntopics; i++)
+		count_error(op, tcodes[i]);
 	switch (op->key) {
 	case KM_API_START_MIRROR_TOPICS:
 		FILL_TOPICS_RESPONSE(r.start, km_start_mirror_topics_response, op, code, msg, tcodes, tmsgs);
@@ -305,6 +323,7 @@ static void answer_error(mop *op, km_err code, const char *msg)
 		answer_topics(op, code, msg, codes, msgs);
 		return;
 	}
+	count_error(op, code);
 	memset(&r, 0, sizeof(r));
 	switch (op->key) {
 	case KM_API_CREATE_MIRROR:
@@ -396,6 +415,7 @@ static void auth_done(void *arg, km_err err, const uint8_t *body, size_t len)
 	km_rd r;
 	int16_t code = 0;
 	km_str msg = KM_STR_NULL;
+	bool unreadable = false;
 
 	op->probes--;
 	if (err != KM_OK) {
@@ -409,7 +429,7 @@ static void auth_done(void *arg, km_err err, const uint8_t *body, size_t len)
 		km_describe_configs_response_init(&m);
 		if (km_describe_configs_response_decode(&r, KM_PROBE_DESCRIBE_VERSION, &m, &a) != KM_OK ||
 		    m.results.count != 1)
-			code = KM_KAFKA_UNKNOWN_SERVER_ERROR;
+			unreadable = true;
 		else {
 			code = m.results.items[0].error_code;
 			msg = m.results.items[0].error_message;
@@ -419,12 +439,18 @@ static void auth_done(void *arg, km_err err, const uint8_t *body, size_t len)
 		km_incremental_alter_configs_response_init(&m);
 		if (km_incremental_alter_configs_response_decode(&r, KM_PROBE_IAC_VERSION, &m, &a) != KM_OK ||
 		    m.responses.count != (kind == AUTH_TOPICS ? (int32_t)op->ntopics : 1))
-			code = KM_KAFKA_UNKNOWN_SERVER_ERROR;
+			unreadable = true;
 		else if (kind == AUTH_TOPICS) {
 			for (size_t i = 0; i < op->ntopics; i++) {
 				const km_incremental_alter_configs_response_alter_configs_resource_response *x =
 					&m.responses.items[i];
-				/* Only a refusal counts: an unknown topic is the store's to judge (start needs it, stop does not). */
+				/*
+				 * An unknown topic got past the authorizer: it is the store's to judge (start needs
+				 * the topic, stop of a deleted one does not). Any other error means the check did
+				 * not pass, so the topic is refused with it: never acted on unchecked.
+				 */
+				if (x->error_code == 0 || x->error_code == KM_KAFKA_UNKNOWN_TOPIC_OR_PARTITION)
+					continue;
 				if (x->error_code == KM_KAFKA_TOPIC_AUTHORIZATION_FAILED ||
 				    x->error_code == KM_KAFKA_CLUSTER_AUTHORIZATION_FAILED) {
 					op->tcode[i] = KM_KAFKA_TOPIC_AUTHORIZATION_FAILED;
@@ -432,6 +458,15 @@ static void auth_done(void *arg, km_err err, const uint8_t *body, size_t len)
 								"not authorized to %s mirroring of topic %s: the destination's "
 								"authorizer refused ALTER_CONFIGS on the topic",
 								km_topic_op_name(op->op), op->topics[i]);
+				} else {
+					op->tcode[i] = x->error_code;
+					op->tmsg[i] = op_printf(op,
+								"cannot %s mirroring of topic %s: the authorization check "
+								"failed: %s: %.*s",
+								km_topic_op_name(op->op), op->topics[i],
+								km_err_name(x->error_code),
+								x->error_message.len > 0 ? (int)x->error_message.len : 0,
+								x->error_message.len > 0 ? x->error_message.p : "");
 				}
 			}
 		} else {
@@ -439,7 +474,7 @@ static void auth_done(void *arg, km_err err, const uint8_t *body, size_t len)
 			msg = m.responses.items[0].error_message;
 		}
 	}
-	if (code == KM_KAFKA_UNKNOWN_SERVER_ERROR && msg.len < 0) {
+	if (unreadable) {
 		km_arena_free(&a);
 		answer_error(op, KM_KAFKA_UNKNOWN_SERVER_ERROR, "the authorization check's response could not be read");
 		return;
@@ -669,6 +704,7 @@ static void answer_describe(mop *op)
 			if (!m) {
 				d->mirror_name = km_str_c(name);
 				d->error_code = KM_MIRROR_UNKNOWN_CLUSTER_MIRROR;
+				count_error(op, d->error_code);
 				d->error_message = km_str_c(op_printf(op, "mirror %s does not exist", name));
 				continue;
 			}
@@ -706,6 +742,7 @@ static void answer_lmo(mop *op)
 			tr->name = qt->name;
 			if (!t || km_state_topic_mirror(t) != m) {
 				tr->error_code = KM_MIRROR_TOPIC_NOT_IN_CLUSTER_MIRROR;
+				count_error(op, tr->error_code);
 				tr->error_message = km_str_c(op_printf(op, "topic %.*s is not in mirror %s",
 								       (int)qt->name.len, qt->name.p, op->mirror));
 				continue;
@@ -728,6 +765,7 @@ static void answer_lmo(mop *op)
 				}
 				if (!found) {
 					tr->error_code = KM_KAFKA_UNKNOWN_TOPIC_OR_PARTITION;
+					count_error(op, tr->error_code);
 					tr->error_message =
 						km_str_c(op_printf(op, "topic %s has no partition %d in mirror %s",
 								   km_state_topic_name(t), (int)qt->partitions.items[k],
@@ -905,15 +943,22 @@ static km_err check_request(mop *op, char *err, size_t errlen)
 
 static km_err mirror_request(km_req *rq)
 {
-	mop *op = op_new(rq);
 	char err[400];
 	km_err rc;
+	mop *op = op_new(rq, &rc);
 
-	if (!op)
-		return KM_ERR_NOMEM;
+	if (!op) {
+		/* A header the session's fixed-part check let through (a v1 header where v2 is due, say). */
+		if (rc == KM_ERR_DECODE) {
+			rq->close_reason = "malformed mirror request header";
+			km_metrics_mirror_rpc_error(km_session_host_of(rq->s)->metrics, rq->h->api_key, KM_ERR_DECODE);
+		}
+		return rc;
+	}
 	op->now = rq;
 	if (op_decode(op) != KM_OK) {
 		/* What a broker does with a request it cannot parse. */
+		count_error(op, KM_ERR_DECODE);
 		op_free(op);
 		rq->close_reason = "malformed mirror request";
 		return KM_ERR_DECODE;
@@ -1149,9 +1194,9 @@ static km_err config_request(km_req *rq)
 	mop *op;
 	km_err rc;
 
-	op = op_new(rq);
+	op = op_new(rq, &rc);
 	if (!op)
-		return KM_ERR_NOMEM;
+		return rc == KM_ERR_DECODE ? KM_OK : rc; /* the broker answers a header it cannot parse, as it always did */
 	if (op_decode(op) != KM_OK) {
 		op_free(op);
 		return KM_OK; /* the broker answers what it cannot parse, as it always did */

@@ -9,6 +9,7 @@ import pytest
 from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource
 
 from harness import USERS
+from mirror_cli import Cli, kmirror_bin, wait_states  # noqa: F401
 from proxy_fixtures import *  # noqa: F401,F403
 from proxy_fixtures import create_topic, wait_until
 
@@ -171,16 +172,17 @@ def mirror_name_of(proxy, topic):
 
 # ---- mirror.name through stock admin clients --------------------------------------------------
 
-def test_mirror_name_through_kafka_configs_and_admin_client(proxy3, topic_name):
-    p = proxy3
+def test_mirror_name_through_kafka_configs_and_admin_client(cluster, proxy_factory, kmirror_bin, topic_name):
+    p = proxy_factory(cluster)
     c = Client(p.bootstrap)
+    cli = Cli(kmirror_bin, p.bootstrap)
     mirror = f"m-{topic_name}"[:60].replace("_", "-")
     try:
-        wait_until(lambda: c.list()[0] == 0, 60, 0.5, "the mirror state to load")
-        assert c.create(mirror, {"bootstrap.servers": "source.invalid:9092"}) == (0, None)
+        # The mirror itself comes from the kmirror CLI; its topics from stock admin clients.
+        cli.run("create", "--mirror", mirror, "--source-bootstrap", "source.invalid:9092")
         t1, t2 = topic_name + "-a", topic_name + "-b"
-        create_topic(p, t1, partitions=2)
-        create_topic(p, t2, partitions=1)
+        create_topic(p, t1, partitions=2, rf=min(3, cluster.n_brokers))
+        create_topic(p, t2, partitions=1, rf=min(3, cluster.n_brokers))
 
         # kafka-configs.sh starts t1 from the mirror; the broker never sees mirror.name.
         p.tool("configs", "--alter", "--entity-type", "topics", "--entity-name", t1,
@@ -189,12 +191,14 @@ def test_mirror_name_through_kafka_configs_and_admin_client(proxy3, topic_name):
         out = p.cluster.run_tool("configs", "--bootstrap-server", p.cluster.bootstrap, "--describe",
                                  "--entity-type", "topics", "--entity-name", t1).stdout
         assert "retention.ms=3600000" in out and "mirror.name" not in out
+        wait_states(cli, mirror, {t1: "MIRRORING"})
 
         # confluent-kafka's AdminClient starts t2.
         a = AdminClient(p.conf())
         res = ConfigResource(ConfigResource.Type.TOPIC, t2, incremental_configs=[
             ConfigEntry("mirror.name", mirror, incremental_operation=AlterConfigOpType.SET)])
         a.incremental_alter_configs([res])[res].result(timeout=30)
+        wait_states(cli, mirror, {t1: "MIRRORING", t2: "MIRRORING"})
         code, msg, per = c.topics(STOP, mirror, ["no-such-topic-x"])
         assert per["no-such-topic-x"][0] != 0 and per["no-such-topic-x"][1]
 
@@ -214,15 +218,21 @@ def test_mirror_name_through_kafka_configs_and_admin_client(proxy3, topic_name):
                 return False
         wait_until(paused_by_config, 30, 0.5, "t1 to pause through mirror.name")
         wait_until(lambda: mirror_name_of(p, t1) == mirror + ".paused", 30, 0.5, "t1 shown paused")
+        wait_states(cli, mirror, {t1: "PAUSED"})
         wait_until(mirroring, 30, 0.5, "t2 to pause through PauseMirrorTopics")
 
         # mirror.name=m resumes; .removed stops; kafka-configs shows each.
         p.tool("configs", "--alter", "--entity-type", "topics", "--entity-name", t1,
                "--add-config", f"mirror.name={mirror}")
         assert mirror_name_of(p, t1) == mirror
+        wait_states(cli, mirror, {t1: "MIRRORING"})
         p.tool("configs", "--alter", "--entity-type", "topics", "--entity-name", t1,
                "--add-config", f"mirror.name={mirror}.removed")
         wait_until(lambda: mirror_name_of(p, t1) == mirror + ".removed", 30, 0.5, "t1 stopped")
+        wait_states(cli, mirror, {t1: "STOPPED", t2: "PAUSED"})
+        # kmirror describe's table shows the same, one row per partition.
+        rows = [ln.split() for ln in cli.run("describe", "--mirror", mirror).stdout.splitlines()]
+        assert [r[2] for r in rows if r and r[0] == t1] == ["STOPPED", "STOPPED"]
 
         # An invalid transition through mirror.name fails with the store's message.
         bad = ConfigResource(ConfigResource.Type.TOPIC, t1, incremental_configs=[

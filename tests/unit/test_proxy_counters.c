@@ -1,5 +1,6 @@
 /* Unit tests for the proxy's counters as /metrics shows them: names, labels and values through the registry. */
 #include <setjmp.h>
+#include <stdbool.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -60,10 +61,86 @@ static void test_rendered_names(void **state)
 	km_metrics_free(m);
 }
 
+/* Kafka's keys keep their own slots; the ten mirror RPCs get the ten after them; nothing else has one. */
+static void test_api_slots(void **state)
+{
+	bool used[KM_PROXY_API_SLOTS] = {false};
+	(void)state;
+	assert_int_equal(km_proxy_api_slot(0), 0);
+	assert_int_equal(km_proxy_api_slot(KM_PROXY_MAX_API - 1), KM_PROXY_MAX_API - 1);
+	assert_int_equal(km_proxy_api_slot(KM_PROXY_MAX_API), -1);
+	assert_int_equal(km_proxy_api_slot(-1), -1);
+	assert_int_equal(km_proxy_api_slot(31999), -1);
+	assert_int_equal(km_proxy_api_slot(32000), KM_PROXY_MAX_API);
+	assert_int_equal(km_proxy_api_slot(32009), KM_PROXY_API_SLOTS - 1);
+	assert_int_equal(km_proxy_api_slot(32010), -1);
+	assert_int_equal(km_proxy_api_slot(INT16_MAX), -1);
+	assert_int_equal(km_proxy_api_slot(INT16_MIN), -1);
+	for (int k = INT16_MIN; k <= INT16_MAX; k++) {
+		int slot = km_proxy_api_slot((int16_t)k);
+		if (slot < 0)
+			continue;
+		assert_true(slot < KM_PROXY_API_SLOTS);
+		assert_false(used[slot]); /* one key per slot */
+		used[slot] = true;
+		assert_int_equal(km_proxy_slot_api(slot), k);
+	}
+	for (int i = 0; i < KM_PROXY_API_SLOTS; i++)
+		assert_true(used[i]);
+	assert_int_equal(km_proxy_slot_api(-1), -1);
+	assert_int_equal(km_proxy_slot_api(KM_PROXY_API_SLOTS), -1);
+}
+
+/* The mirror RPCs show under their own api_key, and their errors under kmirror_mirror_rpc_errors_total. */
+static void test_mirror_rpc_series(void **state)
+{
+	km_proxy_counters c;
+	km_metrics *m = km_metrics_new();
+	char *text = NULL;
+	size_t len;
+	FILE *f;
+	(void)state;
+
+	memset(&c, 0, sizeof(c));
+	km_metrics_mirror_rpc_error(&c, 32005, KM_MIRROR_TOPIC_NOT_IN_CLUSTER_MIRROR); /* before registering: ignored */
+	assert_int_equal(km_proxy_counters_register(&c, m), KM_OK);
+	km_metrics_request(&c, 32000);
+	km_metrics_request(&c, 32005);
+	km_metrics_request(&c, 32005);
+	km_metrics_request(&c, 32009);
+	km_metrics_request(&c, 32010);
+	km_metrics_latency(&c, 32005, 0.003);
+	km_metrics_latency(&c, 32010, 0.003); /* no slot: not recorded */
+	km_metrics_mirror_rpc_error(&c, 32005, KM_MIRROR_TOPIC_NOT_IN_CLUSTER_MIRROR);
+	km_metrics_mirror_rpc_error(&c, 32005, KM_MIRROR_TOPIC_NOT_IN_CLUSTER_MIRROR);
+	km_metrics_mirror_rpc_error(&c, 32000, KM_KAFKA_CLUSTER_AUTHORIZATION_FAILED);
+	km_metrics_mirror_rpc_error(&c, 32000, 0); /* no error: nothing */
+
+	f = open_memstream(&text, &len);
+	assert_int_equal(km_metrics_render(m, f), KM_OK);
+	fclose(f);
+	assert_non_null(strstr(text, "kmirror_requests_total{api_key=\"32000\"} 1\n"));
+	assert_non_null(strstr(text, "kmirror_requests_total{api_key=\"32005\"} 2\n"));
+	assert_non_null(strstr(text, "kmirror_requests_total{api_key=\"32009\"} 1\n"));
+	assert_non_null(strstr(text, "kmirror_requests_total{api_key=\"other\"} 1\n"));
+	assert_null(strstr(text, "api_key=\"32010\""));
+	assert_null(strstr(text, "kmirror_requests_total{api_key=\"32001\"}"));
+	assert_non_null(strstr(text, "kmirror_request_latency_seconds_bucket{api_key=\"32005\",le=\"0.005\"} 1\n"));
+	assert_non_null(strstr(text, "kmirror_request_latency_seconds_count{api_key=\"32005\"} 1\n"));
+	assert_non_null(strstr(text, "kmirror_mirror_rpc_errors_total{api=\"StartMirrorTopics\","
+				     "error=\"TOPIC_NOT_IN_CLUSTER_MIRROR\"} 2\n"));
+	assert_non_null(strstr(text, "kmirror_mirror_rpc_errors_total{api=\"CreateMirror\","
+				     "error=\"CLUSTER_AUTHORIZATION_FAILED\"} 1\n"));
+	free(text);
+	km_metrics_free(m);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_rendered_names),
+		cmocka_unit_test(test_api_slots),
+		cmocka_unit_test(test_mirror_rpc_series),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

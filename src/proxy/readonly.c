@@ -265,8 +265,11 @@ static bool rd_skip_field(ro_rd *r, bool flex, bool wide)
 	return rd_len(r, flex, wide, &n) && (n <= 0 || rd_skip(r, (size_t)n));
 }
 
-/* A topic name, copied into the plan's arena (the frame is gone when the response comes). */
-static bool rd_name(ro_rd *r, bool flex, km_arena *a, km_str *out)
+/*
+ * A topic name: copied into the arena (a plan's names outlive the frame), or, when in_place and
+ * the name lies inside one chain, pointing into the chain (valid while the frame is).
+ */
+static bool rd_name(ro_rd *r, bool flex, km_arena *a, bool in_place, km_str *out)
 {
 	int32_t n;
 	char *p;
@@ -279,26 +282,32 @@ static bool rd_name(ro_rd *r, bool flex, km_arena *a, km_str *out)
 	}
 	if (n == 0)
 		return true;
+	if (in_place && n < r->lim - r->p) {
+		*out = (km_str){(const char *)r->p, n};
+		r->p += n;
+		return true;
+	}
 	if (!(p = km_arena_alloc(a, (size_t)n)))
 		return false;
 	*out = (km_str){p, n};
 	return rd_raw(r, p, (size_t)n);
 }
 
-km_err km_ro_produce_walk(struct evbuffer *in, size_t off, size_t len, const km_req_header *h, const km_ro_lookup *lk,
-			  km_ro_produce **out)
+/*
+ * The walk. build: every topic and partition recorded in pl (its arena); else (the first pass)
+ * only the counts: nothing is allocated but a name that straddles two chains, and the verdicts'
+ * messages are not kept.
+ */
+static km_err walk(struct evbuffer *in, size_t off, size_t len, int16_t v, const km_ro_lookup *lk, bool build,
+		   km_ro_produce *pl)
 {
-	int16_t v = h->api_version;
 	bool flex = v >= 9, by_id = v >= 13;
-	km_ro_produce *pl = calloc(1, sizeof(*pl));
+	km_ro_topic one_topic;
+	km_ro_part one_part;
 	km_ro_verdict vd;
 	int32_t timeout = 0;
 	ro_rd r;
 
-	*out = NULL;
-	if (!pl)
-		return KM_ERR_NOMEM;
-	km_arena_init(&pl->arena, KM_RO_ARENA_CAP);
 	pl->version = v;
 	pl->len = len;
 	/*
@@ -315,23 +324,25 @@ km_err km_ro_produce_walk(struct evbuffer *in, size_t off, size_t len, const km_
 	rd_i32(&r, &timeout);
 	pl->head_end = rd_pos(&r) - off;
 	rd_array(&r, flex, 2, &pl->ntopics);
-	if (!r.err && pl->ntopics > 0)
+	if (!r.err && pl->ntopics > 0 && build)
 		pl->topics = km_arena_calloc(&pl->arena, (size_t)pl->ntopics * sizeof(*pl->topics));
-	for (int32_t i = 0; i < pl->ntopics && !r.err && pl->topics; i++) {
-		km_ro_topic *t = &pl->topics[i];
+	for (int32_t i = 0; i < pl->ntopics && !r.err && (pl->topics || !build); i++) {
+		km_ro_topic *t = build ? &pl->topics[i] : &one_topic;
+		if (!build)
+			memset(t, 0, sizeof(*t));
 		t->start = rd_pos(&r) - off;
 		t->name = (km_str){"", 0};
 		if (by_id)
 			rd_raw(&r, t->id.b, 16);
-		else if (!rd_name(&r, flex, &pl->arena, &t->name))
+		else if (!rd_name(&r, flex, &pl->arena, !build, &t->name))
 			break;
 		t->head_end = rd_pos(&r) - off;
 		rd_array(&r, flex, 5, &t->nparts);
-		if (!r.err && t->nparts > 0 &&
+		if (!r.err && t->nparts > 0 && build &&
 		    !(t->parts = km_arena_calloc(&pl->arena, (size_t)t->nparts * sizeof(*t->parts))))
 			break;
 		for (int32_t j = 0; j < t->nparts && !r.err; j++) {
-			km_ro_part *p = &t->parts[j];
+			km_ro_part *p = build ? &t->parts[j] : &one_part;
 			p->start = rd_pos(&r) - off;
 			rd_i32(&r, &p->index);
 			/* The record set is skipped by its length: the broker validates it, not the proxy. */
@@ -347,7 +358,7 @@ km_err km_ro_produce_walk(struct evbuffer *in, size_t off, size_t len, const km_
 			pl->nparts++;
 			if (vd.code != KM_OK) {
 				p->code = vd.code;
-				p->message = arena_strdup(&pl->arena, vd.message);
+				p->message = build ? arena_strdup(&pl->arena, vd.message) : NULL;
 				t->nrefused++;
 				pl->nrefused++;
 			}
@@ -362,10 +373,33 @@ km_err km_ro_produce_walk(struct evbuffer *in, size_t off, size_t len, const km_
 		rd_skip_tags(&r);
 	if (!r.err && rd_pos(&r) != r.end)
 		r.err = KM_ERR_DECODE; /* trailing bytes */
-	if (r.err || km_arena_err(&pl->arena) != KM_OK || (pl->ntopics > 0 && !pl->topics)) {
-		km_err rc = r.err ? KM_ERR_DECODE : km_arena_err(&pl->arena);
+	if (r.err)
+		return KM_ERR_DECODE;
+	if (km_arena_err(&pl->arena) != KM_OK)
+		return km_arena_err(&pl->arena);
+	return build && pl->ntopics > 0 && !pl->topics ? KM_ERR_NOMEM : KM_OK;
+}
+
+km_err km_ro_produce_walk(struct evbuffer *in, size_t off, size_t len, const km_req_header *h, const km_ro_lookup *lk,
+			  km_ro_produce **out)
+{
+	km_ro_produce count, *pl;
+	km_err rc;
+
+	*out = NULL;
+	/* Nearly every Produce has nothing refused: that answer costs no allocation. */
+	memset(&count, 0, sizeof(count));
+	km_arena_init(&count.arena, KM_RO_ARENA_CAP);
+	rc = walk(in, off, len, h->api_version, lk, false, &count);
+	km_arena_free(&count.arena);
+	if (rc != KM_OK || count.nrefused == 0)
+		return rc;
+	if (!(pl = calloc(1, sizeof(*pl))))
+		return KM_ERR_NOMEM;
+	km_arena_init(&pl->arena, KM_RO_ARENA_CAP);
+	if ((rc = walk(in, off, len, h->api_version, lk, true, pl)) != KM_OK) {
 		km_ro_produce_free(pl);
-		return rc != KM_OK ? rc : KM_ERR_NOMEM;
+		return rc;
 	}
 	*out = pl;
 	return KM_OK;
@@ -1166,11 +1200,8 @@ static km_err ro_produce_request(km_req *rq)
 		rq->close_reason = "malformed Produce request";
 		return rc;
 	}
-	if (pl->nrefused == 0) {
-		/* Nothing refused (the common case): forwarded as it is, moved like a FORWARD row's frame. */
-		km_ro_produce_free(pl);
-		return KM_OK;
-	}
+	if (!pl)
+		return KM_OK; /* nothing refused (the common case): forwarded as it is, moved like a FORWARD row's frame */
 	KM_DEBUG("proxy", km_session_id(rq->s), "Produce v%d (correlation id %d): %zu of %zu partitions refused",
 		 rq->h->api_version, rq->h->correlation_id, pl->nrefused, pl->nparts);
 	log_produce(rq, pl);

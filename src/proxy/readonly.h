@@ -88,8 +88,8 @@ typedef struct km_ro_produce {
  * (after its size prefix; in may be made of any number of chains), h its parsed header. Only the
  * small fields are read (through km_evrd: header, topic names or ids, partition indexes, record-set
  * lengths); record sets are skipped by their length, never looked into or copied. lk is asked
- * about every partition. *out is allocated (free with km_ro_produce_free) on KM_OK; its offsets
- * are from the frame's start.
+ * about every partition. On KM_OK, *out is NULL when nothing is refused (found without allocating
+ * anything), else the plan (free with km_ro_produce_free; its offsets are from the frame's start).
  */
 km_err km_ro_produce_walk(struct evbuffer *in, size_t off, size_t len, const km_req_header *h, const km_ro_lookup *lk,
 			  km_ro_produce **out) __attribute__((warn_unused_result));

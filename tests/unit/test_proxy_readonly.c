@@ -348,7 +348,7 @@ static void test_produce_split_merge(void **state)
 	}
 }
 
-/* Nothing refused (a Produce to a topic that is not mirrored while others are): the walk says so, whatever the chains. */
+/* Nothing refused (a Produce to a topic that is not mirrored while others are): no plan, whatever the chains. */
 static void test_produce_nothing_refused(void **state)
 {
 	static const int16_t versions[] = {3, 9, 13};
@@ -361,12 +361,12 @@ static void test_produce_nothing_refused(void **state)
 		build_produce_topics(&w, versions[vi], false);
 		for (size_t c = 1; c < w.len; c++) {
 			struct evbuffer *in = input_of(w.buf, w.len, &c, 1);
+			pl = (km_ro_produce *)&lookup; /* must be overwritten */
 			assert_int_equal(km_ro_produce_walk(in, 4, w.len, &h, &lookup, &pl), KM_OK);
-			assert_int_equal(pl->ntopics, 1);
-			assert_int_equal(pl->nparts, 1);
-			assert_int_equal(pl->nrefused, 0);
-			assert_int_equal(pl->topics[0].parts[0].index, 2);
-			km_ro_produce_free(pl);
+			assert_null(pl); /* no plan: the frame is forwarded as it is */
+			/* The same frame cut one byte short is still malformed, not "nothing refused". */
+			if (c < w.len - 1)
+				assert_int_equal(km_ro_produce_walk(in, 4, w.len - 1, &h, &lookup, &pl), KM_ERR_DECODE);
 			evbuffer_free(in);
 		}
 		km_wr_free(&w);

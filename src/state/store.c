@@ -552,6 +552,22 @@ static void prepare_pset(km_state *st, km_state_mut *mu)
 			set_msg(mu, KM_KAFKA_INVALID_REQUEST, "invalid partition %d", (int)mu->parts[i]);
 			return;
 		}
+	/*
+	 * Each move must be one the data plane may make from the committed state now: the caller
+	 * looked at the state when it asked, and an operator's change may have run since (a stop
+	 * queued ahead of the driver's PREPARING -> MIRRORING must not be undone by it).
+	 */
+	for (size_t i = 0; i < mu->nparts; i++) {
+		int32_t pi = mu->parts[i];
+		bool known = (size_t)pi < t->nparts && t->parts[pi].present;
+		km_mp_state from = known ? t->parts[pi].state : km_state_topic_state(t);
+		if (!km_state_settle_allowed(from, mu->to)) {
+			set_msg(mu, KM_MIRROR_INVALID_CLUSTER_MIRROR_STATES,
+				"Cannot move partition %d of topic %s of cluster mirror '%s' from %s to %s", (int)pi,
+				t->name, m->name, km_mp_state_name(from), km_mp_state_name(mu->to));
+			return;
+		}
+	}
 	/* All or nothing: one write holds every partition's record. */
 	for (size_t i = 0; i < mu->nparts && mu->code == KM_OK; i++) {
 		int32_t pi = mu->parts[i];

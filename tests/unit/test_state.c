@@ -65,6 +65,27 @@ static void expect_bad(const char *k, const char *v, const char *why)
 		fail_msg("%s=%s: '%s' does not say '%s'", k, v, err, why);
 }
 
+/* The data plane's moves (km_state_partitions_set), checked against the committed state. */
+static void test_settle_transitions(void **state)
+{
+	(void)state;
+	assert_true(km_state_settle_allowed(KM_MP_PREPARING, KM_MP_MIRRORING));
+	assert_true(km_state_settle_allowed(KM_MP_PAUSING, KM_MP_PAUSED));
+	assert_true(km_state_settle_allowed(KM_MP_STOPPING, KM_MP_STOPPED));
+	assert_true(km_state_settle_allowed(KM_MP_MIRRORING, KM_MP_FAILED));
+	assert_true(km_state_settle_allowed(KM_MP_PREPARING, KM_MP_FAILED));
+	assert_true(km_state_settle_allowed(KM_MP_MIRRORING, KM_MP_MIRRORING));
+	/* the driver racing an operator: a stop (or pause) that ran first is never undone */
+	assert_false(km_state_settle_allowed(KM_MP_STOPPING, KM_MP_MIRRORING));
+	assert_false(km_state_settle_allowed(KM_MP_STOPPED, KM_MP_MIRRORING));
+	assert_false(km_state_settle_allowed(KM_MP_MIRRORING, KM_MP_PAUSED));
+	assert_false(km_state_settle_allowed(KM_MP_PAUSED, KM_MP_STOPPED));
+	assert_false(km_state_settle_allowed(KM_MP_STOPPED, KM_MP_FAILED));
+	assert_false(km_state_settle_allowed(KM_MP_UNKNOWN, KM_MP_MIRRORING));
+	assert_false(km_state_settle_allowed(KM_MP_MIRRORING, KM_MP_PREPARING));
+	assert_false(km_state_settle_allowed(KM_MP_MIRRORING, (km_mp_state)42));
+}
+
 static void test_config(void **state)
 {
 	char err[512];
@@ -454,7 +475,7 @@ static void test_version_pick(void **state)
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
-		cmocka_unit_test(test_transitions), cmocka_unit_test(test_config),
+		cmocka_unit_test(test_transitions), cmocka_unit_test(test_settle_transitions), cmocka_unit_test(test_config),
 		cmocka_unit_test(test_mirror_option_table), cmocka_unit_test(test_secrets),
 		cmocka_unit_test(test_key_file), cmocka_unit_test(test_keys),
 		cmocka_unit_test(test_values_and_model), cmocka_unit_test(test_version_pick),

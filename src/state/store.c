@@ -896,10 +896,79 @@ void km_state_partition_set(km_state *st, const char *mirror, const char *topic,
 
 /* ---- life ---- */
 
+/* One partition's state in a model, UNKNOWN when it holds no record for it. */
+static km_mp_state model_state(const km_state_model *m, const km_state_topic *like, size_t j)
+{
+	const km_state_topic *t = km_state_model_topic(m, like->name, strlen(like->name));
+	if (!t || strcmp(t->mirror->name, like->mirror->name) || j >= t->nparts || !t->parts[j].present)
+		return KM_MP_UNKNOWN;
+	return t->parts[j].state;
+}
+
+/*
+ * A reread (after a failed write, part of which may have landed) tells the listeners what it
+ * changed, as a committed write does: a partition left PREPARING or STOPPING by it would otherwise
+ * wait for the next start-up to be settled. Names are copied: they live in the models.
+ */
+static void notify_reload(km_state *st, const km_state_model *old)
+{
+	typedef struct { char *mirror, *topic; int32_t partition; km_mp_state from, to; } diff;
+	diff *d = NULL;
+	size_t n = 0, cap = 0;
+	const km_state_model *sides[2] = {&st->model, old};
+
+	/* Every partition present in either model, once: from the new side, then those only the old one has. */
+	for (int side = 0; side < 2; side++)
+		for (size_t i = 0; i < sides[side]->nmirrors; i++)
+			for (size_t k = 0; k < sides[side]->mirrors[i]->ntopics; k++) {
+				const km_state_topic *t = sides[side]->mirrors[i]->topics[k];
+				for (size_t j = 0; j < t->nparts; j++) {
+					km_mp_state was, now;
+					if (!t->parts[j].present)
+						continue;
+					if (side == 1 && model_state(&st->model, t, j) != KM_MP_UNKNOWN)
+						continue; /* seen from the new side */
+					was = side == 0 ? model_state(old, t, j) : t->parts[j].state;
+					now = side == 0 ? t->parts[j].state : KM_MP_UNKNOWN;
+					if (was == now)
+						continue;
+					if (n == cap) {
+						size_t nc = cap ? cap * 2 : 16;
+						diff *nd = realloc(d, nc * sizeof(*nd));
+						if (!nd)
+							goto out;
+						d = nd;
+						cap = nc;
+					}
+					d[n].mirror = strdup(t->mirror->name);
+					d[n].topic = strdup(t->name);
+					d[n].partition = (int32_t)j;
+					d[n].from = was;
+					d[n].to = now;
+					if (!d[n].mirror || !d[n].topic) {
+						free(d[n].mirror);
+						free(d[n].topic);
+						goto out;
+					}
+					n++;
+				}
+			}
+out: /* out of memory part way: the changes found are still told */
+	for (size_t i = 0; i < n; i++) {
+		KM_INFO(COMP, 0, "%s/%s-%d %s -> %s (read back)", d[i].mirror, d[i].topic, d[i].partition,
+			km_mp_state_name(d[i].from), km_mp_state_name(d[i].to));
+		if (st->on_partition)
+			st->on_partition(st->arg, d[i].mirror, d[i].topic, d[i].partition, d[i].from, d[i].to);
+		free(d[i].mirror);
+		free(d[i].topic);
+	}
+	free(d);
+}
+
 void km_state_loaded(km_state *st, km_state_model *model)
 {
 	size_t topics = 0;
-	km_state_model_free(&st->model);
+	km_state_model old = st->model;
 	st->model = *model;
 	km_state_model_init(model);
 	for (size_t i = 0; i < st->model.nmirrors; i++)
@@ -912,9 +981,13 @@ void km_state_loaded(km_state *st, km_state_model *model)
 	schedule(st);
 	if (!st->ready_fired) {
 		st->ready_fired = true;
+		km_state_model_free(&old);
 		if (st->on_ready)
 			st->on_ready(st->arg);
+		return;
 	}
+	notify_reload(st, &old);
+	km_state_model_free(&old);
 }
 
 km_state *km_state_new(const km_state_opts *opts, char *err, size_t errlen)

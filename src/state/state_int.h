@@ -190,6 +190,7 @@ struct km_state {
 	uint8_t key[KM_STATE_KEY_BYTES];
 	km_state_model model;
 	bool ready, ready_fired;
+	bool closing;                        /* km_state_free runs: new mutations are answered at once */
 	size_t read_only_topics;             /* topics with a partition not STOPPED (recounted on every change) */
 	km_state_mut *head, *tail, *refusals; /* work FIFO; answers to give at once */
 	size_t queued;

@@ -744,8 +744,10 @@ static void submit(km_state *st, km_state_mut *mu)
 		return;
 	}
 	mu->st = st;
-	if (!st->ready || st->queued >= KM_STATE_QUEUE_MAX) {
-		if (!st->ready)
+	if (st->closing || !st->ready || st->queued >= KM_STATE_QUEUE_MAX) {
+		if (st->closing)
+			set_msg(mu, KM_MIRROR_STATE_UNAVAILABLE, "kmirrord is shutting down");
+		else if (!st->ready)
 			set_msg(mu, KM_KAFKA_COORDINATOR_LOAD_IN_PROGRESS, "mirror state is loading from %s; retry",
 				st->cfg.mirror_state_topic);
 		else
@@ -1048,16 +1050,24 @@ void km_state_free(km_state *st)
 	if (st->io)
 		km_state_persist_free(st->io);
 	st->io = NULL;
-	/* Pending mutations are answered: their callers may hold resources waiting for it. */
-	while (st->refusals) {
-		km_state_mut *mu = st->refusals;
-		st->refusals = mu->next;
-		answer(mu);
-	}
-	while (st->head) {
-		km_state_mut *mu = st->head;
-		st->head = mu->next;
-		set_msg(mu, KM_MIRROR_STATE_UNAVAILABLE, "kmirrord is shutting down");
+	/*
+	 * Pending mutations are answered: their callers may hold resources waiting for it. A caller
+	 * may ask again from its callback (a mirror.name request goes on to its next topic): that
+	 * goes to the refusals, drained here too, never to a queue nobody runs any more.
+	 */
+	st->closing = true;
+	while (st->refusals || st->head) {
+		km_state_mut *mu;
+		if (st->head) {
+			mu = st->head;
+			st->head = mu->next;
+			if (!st->head)
+				st->tail = NULL;
+			set_msg(mu, KM_MIRROR_STATE_UNAVAILABLE, "kmirrord is shutting down");
+		} else {
+			mu = st->refusals;
+			st->refusals = mu->next;
+		}
 		answer(mu);
 	}
 	if (st->kick)

@@ -495,6 +495,54 @@ static void test_reload_tells_changes(void **state)
 	event_base_free(base);
 }
 
+typedef struct again_probe {
+	km_state *st;
+	int answered;
+	km_err code[2];
+} again_probe;
+
+/* The first answer asks again, as a mirror.name request with a second topic does. */
+static void ask_again(void *arg, const km_state_result *res)
+{
+	again_probe *p = arg;
+	static const char *const one[1] = {"t"};
+	if (p->answered < 2)
+		p->code[p->answered] = res->code;
+	if (++p->answered == 1)
+		km_state_topics(p->st, KM_TOPIC_STOP, "m1", one, 1, ask_again, p);
+}
+
+/* km_state_free answers every pending mutation, those asked from an answer's callback too. */
+static void test_free_answers_all(void **state)
+{
+	struct event_base *base = event_base_new();
+	km_config cfg;
+	km_state_opts o;
+	km_state_model m;
+	again_probe p = {0};
+	char err[256];
+	static const char *const one[1] = {"t"};
+	(void)state;
+
+	km_config_init(&cfg);
+	assert_int_equal(km_config_set(&cfg, "upstream", "127.0.0.1:1", err, sizeof(err)), KM_OK);
+	memset(&o, 0, sizeof(o));
+	o.base = base;
+	o.cfg = &cfg;
+	p.st = km_state_new(&o, err, sizeof(err));
+	km_config_free(&cfg);
+	assert_non_null(p.st);
+	model_with(&m, KM_MP_MIRRORING, KM_MP_UNKNOWN);
+	km_state_loaded(p.st, &m);
+	/* queued, not run: the loop never turns */
+	km_state_topics(p.st, KM_TOPIC_PAUSE, "m1", one, 1, ask_again, &p);
+	km_state_free(p.st);
+	assert_int_equal(p.answered, 2);
+	assert_int_equal(p.code[0], KM_MIRROR_STATE_UNAVAILABLE);
+	assert_int_equal(p.code[1], KM_MIRROR_STATE_UNAVAILABLE);
+	event_base_free(base);
+}
+
 /* The store's metrics as /metrics shows them: gauges counted from a model, writes and their latency. */
 static void test_metrics(void **state)
 {
@@ -594,7 +642,7 @@ int main(void)
 		cmocka_unit_test(test_mirror_option_table), cmocka_unit_test(test_secrets),
 		cmocka_unit_test(test_key_file), cmocka_unit_test(test_keys),
 		cmocka_unit_test(test_values_and_model), cmocka_unit_test(test_version_pick),
-		cmocka_unit_test(test_metrics), cmocka_unit_test(test_reload_tells_changes),
+		cmocka_unit_test(test_metrics), cmocka_unit_test(test_reload_tells_changes), cmocka_unit_test(test_free_answers_all),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -191,6 +191,7 @@ struct km_state {
 	km_state_model model;
 	bool ready, ready_fired;
 	bool closing;                        /* km_state_free runs: new mutations are answered at once */
+	km_uuid store_topic_id;              /* the state topic's id once Metadata showed it; zero before */
 	size_t read_only_topics;             /* topics with a partition not STOPPED (recounted on every change) */
 	km_state_mut *head, *tail, *refusals; /* work FIFO; answers to give at once */
 	size_t queued;

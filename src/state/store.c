@@ -395,9 +395,16 @@ static bool check_topic(km_state *st, km_state_mut *mu, km_state_mirror *m, size
 		return false;
 	}
 	if (t && t->mirror != m) {
-		topic_msg(mu, i, KM_MIRROR_TOPIC_ALREADY_IN_CLUSTER_MIRROR,
-			  "Topic %s is already in cluster mirror '%s' (%s)", name, t->mirror->name,
-			  km_mp_state_name(km_state_topic_state(t)));
+		/* Even STOPPED: its records came from that mirror's source, and it still answers for them. */
+		if (km_state_topic_state(t) == KM_MP_STOPPED)
+			topic_msg(mu, i, KM_MIRROR_TOPIC_ALREADY_IN_CLUSTER_MIRROR,
+				  "Topic %s is in cluster mirror '%s' (STOPPED); delete mirror '%s' before mirroring "
+				  "the topic from another mirror",
+				  name, t->mirror->name, t->mirror->name);
+		else
+			topic_msg(mu, i, KM_MIRROR_TOPIC_ALREADY_IN_CLUSTER_MIRROR,
+				  "Topic %s is already in cluster mirror '%s' (%s)", name, t->mirror->name,
+				  km_mp_state_name(km_state_topic_state(t)));
 		return false;
 	}
 	if (!t) {
@@ -621,6 +628,14 @@ static void count_read_only(km_state *st)
 		}
 	st->read_only_topics = n;
 	km_state_counters_count(&st->ctr, &st->model);
+}
+
+bool km_state_is_store_topic_id(const km_state *st, const km_uuid *id)
+{
+	static const km_uuid zero;
+
+	return st && id && memcmp(&st->store_topic_id, &zero, sizeof(zero)) != 0 &&
+	       memcmp(&st->store_topic_id, id, sizeof(*id)) == 0;
 }
 
 size_t km_state_read_only_topics(const km_state *st)

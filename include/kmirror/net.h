@@ -276,6 +276,13 @@ typedef struct km_net_client_stats {
 
 void km_net_client_stats_get(const km_net_client *c, km_net_client_stats *st);
 bool km_net_client_ready(const km_net_client *c);
+/*
+ * Why the connection failed or closed, one line for a person ("TLS handshake failed: certificate
+ * verify failed: ...", "SASL SCRAM-SHA-512 failed: SASL_AUTHENTICATION_FAILED: <the server's
+ * message>", "closed by the peer during ApiVersions"); "" when it has not failed. Never holds a
+ * credential. Valid until the next connect or free; read it in on_state to know why.
+ */
+const char *km_net_client_reason(const km_net_client *c);
 /* Application requests sent or queued and not answered yet (what max_inflight counts). */
 size_t km_net_client_inflight(const km_net_client *c);
 /* Close; every pending request gets KM_ERR_CLOSED. Safe to call from inside a callback. */

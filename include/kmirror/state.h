@@ -246,6 +246,8 @@ km_err km_state_mirror_secret(const km_state *st, const km_state_mirror *m, cons
 size_t km_state_mirror_topic_count(const km_state_mirror *m);
 const km_state_topic *km_state_mirror_topic_at(const km_state_mirror *m, size_t i);
 
+/* Whether id is the state topic's id (known once kmirrord has seen the topic in the destination's metadata). */
+bool km_state_is_store_topic_id(const km_state *st, const km_uuid *id);
 /* The state topic's name (cfg mirror_state_topic): clients never write, delete or reconfigure it through the proxy. */
 const char *km_state_topic_name_of_store(const km_state *st);
 

@@ -1,4 +1,5 @@
 /* kmirror CLI commands: each builds its mirror RPC with the generated codec, calls kmirrord, and prints a table or JSON. */
+#include <errno.h>
 #include <regex.h>
 #include <stdarg.h>
 #include <stdlib.h>
@@ -1006,6 +1007,30 @@ static int cmd_last_offsets(ctx *x)
 
 /* ---- run ---- */
 
+/* A missing or unreadable PEM file is a mistake in the properties: say which property, before connecting. */
+static bool tls_files_readable(const km_cli_client *cl, const char *props, FILE *errf)
+{
+	const struct {
+		const char *prop, *path;
+	} files[] = {
+		{"ssl.ca.location", cl->ca_file},
+		{"ssl.certificate.location", cl->cert_file},
+		{"ssl.key.location", cl->key_file},
+	};
+	for (size_t i = 0; i < sizeof(files) / sizeof(files[0]); i++) {
+		FILE *f;
+		if (!files[i].path)
+			continue;
+		if (!(f = fopen(files[i].path, "r"))) {
+			fprintf(errf, "kmirror: --command-config %s: %s %s: %s\n", props ? props : "", files[i].prop,
+				files[i].path, strerror(errno));
+			return false;
+		}
+		fclose(f);
+	}
+	return true;
+}
+
 int km_cli_run(const km_cli_args *a, FILE *out, FILE *errf)
 {
 	ctx x = {.a = a, .out = out, .err = errf, .cmd = km_cli_cmd_name(a->cmd)};
@@ -1026,6 +1051,10 @@ int km_cli_run(const km_cli_args *a, FILE *out, FILE *errf)
 		return KM_CLI_EXIT_USAGE;
 	}
 	km_cli_kvs_free(&props);
+	if (!tls_files_readable(&cl, a->command_config, errf)) {
+		km_cli_client_free(&cl);
+		return KM_CLI_EXIT_USAGE;
+	}
 	if (warn[0])
 		fprintf(errf, "kmirror: --command-config: ignoring properties kmirror does not use: %s\n", warn);
 	x.cc = km_cli_connect(a->bootstrap, &cl, a->timeout_ms, err, sizeof(err));

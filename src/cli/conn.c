@@ -15,6 +15,7 @@ struct km_cli_conn {
 	km_net_client *client;
 	bool state_seen;
 	km_err state_err;
+	char state_why[320]; /* the client's reason for the first failure */
 	char addr[300];
 };
 
@@ -28,11 +29,11 @@ typedef struct call_result {
 static void on_state(km_net_client *c, km_err err, void *arg)
 {
 	km_cli_conn *cc = arg;
-	(void)c;
 	/* Only the first report matters: ready or why not; a later close shows up in the calls. */
 	if (!cc->state_seen) {
 		cc->state_seen = true;
 		cc->state_err = err;
+		snprintf(cc->state_why, sizeof(cc->state_why), "%s", err != KM_OK ? km_net_client_reason(c) : "");
 	}
 }
 
@@ -80,8 +81,29 @@ static const char *conn_error(km_err err)
 	}
 }
 
-/* Try one address; KM_OK when ready. */
-static km_err try_connect(km_cli_conn *cc, const char *host, uint16_t port, const km_cli_client *cl, int64_t tmo)
+/*
+ * One line on why a connection attempt failed: the client's own reason when it has one, and a hint
+ * where the usual mistake is a protocol that does not match the listener's.
+ */
+static void describe_failure(km_err err, const char *reason, const km_cli_client *cl, char *buf, size_t len)
+{
+	const char *hint = "";
+
+	if (!reason[0]) {
+		snprintf(buf, len, "%s", conn_error(err));
+		return;
+	}
+	/* kmirrord's TLS listener closes (or resets) a plaintext hello; a plaintext one does not answer a TLS one. */
+	if (!cl->tls && strstr(reason, "during ApiVersions"))
+		hint = " (a TLS listener? set security.protocol=SSL or SASL_SSL in --command-config)";
+	else if (cl->tls && !strstr(reason, "certificate verify failed") && strstr(reason, "TLS handshake"))
+		hint = " (not a TLS listener? security.protocol is SSL or SASL_SSL in --command-config)";
+	snprintf(buf, len, "%s%s", reason, hint);
+}
+
+/* Try one address; KM_OK when ready, else the reason in why. */
+static km_err try_connect(km_cli_conn *cc, const char *host, uint16_t port, const km_cli_client *cl, int64_t tmo,
+			  char *why, size_t whylen)
 {
 	km_net_client_opts o = {
 		.client_id = cl->client_id ? cl->client_id : "kmirror-cli",
@@ -99,10 +121,15 @@ static km_err try_connect(km_cli_conn *cc, const char *host, uint16_t port, cons
 
 	cc->state_seen = false;
 	cc->state_err = KM_OK;
+	cc->state_why[0] = 0;
+	why[0] = 0;
 	cc->client = km_net_client_new(cc->base, &o);
-	if (!cc->client)
+	if (!cc->client) {
+		snprintf(why, whylen, "out of memory");
 		return KM_ERR_NOMEM;
+	}
 	if (km_net_client_connect(cc->client, host, port) != KM_OK) {
+		describe_failure(KM_ERR_IO, cc->state_why, cl, why, whylen);
 		km_net_client_free(cc->client);
 		cc->client = NULL;
 		return KM_ERR_IO;
@@ -112,6 +139,7 @@ static km_err try_connect(km_cli_conn *cc, const char *host, uint16_t port, cons
 			break;
 	if (!cc->state_seen || cc->state_err != KM_OK) {
 		km_err e = cc->state_seen ? cc->state_err : KM_ERR_IO;
+		describe_failure(e, cc->state_why, cl, why, whylen);
 		km_net_client_free(cc->client);
 		cc->client = NULL;
 		/* Let the loop run the frees the client left for the end of the iteration. */
@@ -156,12 +184,13 @@ km_cli_conn *km_cli_connect(const char *bootstrap, const km_cli_client *cl, int6
 			km_cli_conn_free(cc);
 			return NULL;
 		}
-		rc = try_connect(cc, host, port, cl, timeout_ms);
+		char one_why[400];
+		rc = try_connect(cc, host, port, cl, timeout_ms, one_why, sizeof(one_why));
 		if (rc == KM_OK) {
 			snprintf(cc->addr, sizeof(cc->addr), "%s", one);
 			break;
 		}
-		snprintf(why, sizeof(why), "%s: %s", one, conn_error(rc));
+		snprintf(why, sizeof(why), "%s: %s", one, one_why);
 	}
 	if (!cc->client) {
 		snprintf(err, errlen, "cannot connect to %s", why[0] ? why : bootstrap);

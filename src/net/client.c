@@ -1,4 +1,6 @@
 /* Async Kafka client connection: ApiVersions negotiation, TLS, SASL, pipelined requests built from copied or referenced pieces, responses delivered flat, owned or streamed, bounded in-flight. */
+#include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <netinet/in.h>
@@ -7,6 +9,8 @@
 
 #include <event2/bufferevent_ssl.h>
 #include <event2/dns.h>
+#include <openssl/ssl.h>
+#include <openssl/x509.h>
 
 #include "kmirror/api.h"
 #include "kmirror/arena.h"
@@ -91,6 +95,7 @@ struct km_net_client {
 	uint64_t id;
 	km_sasl *sasl;
 	bool freed;
+	char reason[320]; /* why the connection last failed or closed (km_net_client_reason) */
 };
 
 static uint64_t next_client_id = 1;
@@ -100,6 +105,26 @@ static uint64_t now_ms(struct event_base *base)
 	struct timeval tv;
 	event_base_gettimeofday_cached(base, &tv);
 	return (uint64_t)tv.tv_sec * 1000 + (uint64_t)tv.tv_usec / 1000;
+}
+
+/* Keep the first reason of a failure: what follows (the close itself) is its consequence. */
+static void set_reason(km_net_client *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void set_reason(km_net_client *c, const char *fmt, ...)
+{
+	va_list ap;
+	if (c->reason[0])
+		return;
+	va_start(ap, fmt);
+	vsnprintf(c->reason, sizeof(c->reason), fmt, ap);
+	va_end(ap);
+	for (char *q = c->reason; *q; q++)
+		if (*q == '\n' || *q == '\r')
+			*q = ' ';
+}
+
+const char *km_net_client_reason(const km_net_client *c)
+{
+	return c->reason;
 }
 
 static void set_state(km_net_client *c, client_state st)
@@ -555,6 +580,7 @@ static void api_versions_done(km_net_client *c, km_err err, const uint8_t *body,
 	if (rc != KM_OK || m.error_code != 0) {
 		KM_WARN("net", c->id, "ApiVersions v%d with %s failed: %s", c->av_version, c->host,
 			km_err_name(rc != KM_OK ? rc : m.error_code));
+		set_reason(c, "ApiVersions v%d failed: %s", c->av_version, km_err_name(rc != KM_OK ? rc : m.error_code));
 		km_arena_free(&a);
 		client_close(c, rc != KM_OK ? KM_ERR_DECODE : KM_ERR_UNSUPPORTED);
 		return;
@@ -595,6 +621,8 @@ static void sasl_send(km_net_client *c, const uint8_t *in, size_t inlen)
 	if (rc != KM_OK) {
 		KM_WARN("net", c->id, "SASL %s with %s failed: the server's answer did not verify", c->opts.sasl_mechanism,
 			c->host);
+		set_reason(c, "SASL %s failed: the server's answer did not verify (not the server it claims to be?)",
+			   c->opts.sasl_mechanism);
 		km_wr_free(&tok);
 		client_close(c, KM_ERR_SASL);
 		return;
@@ -630,6 +658,12 @@ static void sasl_auth_done(km_net_client *c, km_err err, const uint8_t *body, si
 	if (!km_rd_ok(&r) || ec != 0) {
 		KM_WARN("net", c->id, "SASL authentication to %s failed: %s %.*s", c->host, km_err_name(ec),
 			msg.len > 0 ? msg.len : 0, msg.p ? msg.p : "");
+		if (!km_rd_ok(&r))
+			set_reason(c, "SASL %s failed: malformed SaslAuthenticate response", c->opts.sasl_mechanism);
+		else
+			set_reason(c, "SASL %s failed: %s%s%.*s", c->opts.sasl_mechanism, km_err_name(ec),
+				   msg.len > 0 ? ": " : "", msg.len > 0 ? (int)(msg.len > 200 ? 200 : msg.len) : 0,
+				   msg.p ? msg.p : "");
 		client_close(c, KM_ERR_SASL);
 		return;
 	}
@@ -648,6 +682,8 @@ static void sasl_handshake_done(km_net_client *c, km_err err, const uint8_t *bod
 	if (!km_rd_ok(&r) || ec != 0) {
 		KM_WARN("net", c->id, "SASL handshake with %s failed: %s (mechanism %s)", c->host, km_err_name(ec),
 			c->opts.sasl_mechanism);
+		set_reason(c, "SASL handshake for %s failed: %s", c->opts.sasl_mechanism,
+			   km_rd_ok(&r) ? km_err_name(ec) : "malformed response");
 		client_close(c, KM_ERR_SASL);
 		return;
 	}
@@ -661,6 +697,7 @@ static void start_sasl(km_net_client *c)
 	c->sasl = km_sasl_new(c->opts.sasl_mechanism, c->opts.sasl_username, c->opts.sasl_password);
 	if (!c->sasl) {
 		KM_WARN("net", c->id, "SASL mechanism %s is not supported", c->opts.sasl_mechanism);
+		set_reason(c, "SASL mechanism %s is not supported", c->opts.sasl_mechanism);
 		client_close(c, KM_ERR_SASL);
 		return;
 	}
@@ -845,6 +882,38 @@ void km_net_client_release(km_net_client *c, size_t n)
 	}
 }
 
+/* The reason of a connection that failed or closed, by the state it was in. */
+static void record_close(km_net_client *c, struct bufferevent *bev, short what, km_err kind, const char *why)
+{
+	const char *during = c->state == C_CONNECTING ? (c->opts.tls ? "the TLS handshake" : "connecting")
+			     : c->state == C_NEGOTIATING ? "ApiVersions"
+			     : c->state == C_SASL	 ? "SASL authentication"
+							 : NULL;
+	if (what & BEV_EVENT_TIMEOUT) {
+		set_reason(c, "timed out%s%s", during ? " during " : "", during ? during : "");
+		return;
+	}
+	if (kind == KM_ERR_TLS) {
+		/* OpenSSL's own verify result says why a certificate was refused (issuer, name, dates). */
+		SSL *ssl = bufferevent_openssl_get_ssl(bev);
+		long vr = ssl ? SSL_get_verify_result(ssl) : X509_V_OK;
+		if (vr != X509_V_OK)
+			set_reason(c, "TLS handshake failed: certificate verify failed: %s", X509_verify_cert_error_string(vr));
+		else
+			set_reason(c, "TLS handshake failed: %s", why);
+		return;
+	}
+	if (!(what & BEV_EVENT_EOF) && why[0] && strcmp(why, "closed by peer")) {
+		/* A refused TCP connect says enough by itself. */
+		if (c->state == C_CONNECTING && !c->opts.tls)
+			set_reason(c, "%s", why);
+		else
+			set_reason(c, "%s%s%s", why, during ? " during " : "", during ? during : "");
+		return;
+	}
+	set_reason(c, "closed by the peer%s%s", during ? " during " : "", during ? during : "");
+}
+
 static void event_cb(struct bufferevent *bev, short what, void *arg)
 {
 	km_net_client *c = arg;
@@ -868,11 +937,13 @@ static void event_cb(struct bufferevent *bev, short what, void *arg)
 	if (what & (BEV_EVENT_ERROR | BEV_EVENT_EOF | BEV_EVENT_TIMEOUT)) {
 		km_err err = (what & BEV_EVENT_TIMEOUT) ? KM_ERR_TIMEOUT : (what & BEV_EVENT_EOF) ? KM_ERR_CLOSED : KM_ERR_IO;
 		char tls[512] = "";
+		km_err kind = KM_ERR_IO;
 		if (what & BEV_EVENT_ERROR)
-			km_net_bev_error(bev, tls, sizeof(tls));
+			kind = km_net_bev_error(bev, tls, sizeof(tls));
 		KM_INFO("net", c->id, "connection to %s %s%s%s", c->host,
 			(what & BEV_EVENT_TIMEOUT) ? "timed out" : (what & BEV_EVENT_EOF) ? "closed by peer" : "failed",
 			tls[0] ? ": " : "", tls);
+		record_close(c, bev, what, kind, tls);
 		client_close(c, err);
 	}
 }
@@ -888,6 +959,8 @@ static void timer_cb(evutil_socket_t fd, short what, void *arg)
 	/* A response being streamed is paced by its consumer: only requests still waiting time out. */
 	if (front && now_ms(c->base) >= front->deadline_ms) {
 		KM_WARN("net", c->id, "request %d to %s timed out", front->corr, c->host);
+		set_reason(c, "%s request timed out", c->state == C_SASL ? "SASL" : c->state == C_NEGOTIATING ? "ApiVersions"
+														: "a");
 		client_close(c, KM_ERR_TIMEOUT);
 		return;
 	}
@@ -927,6 +1000,7 @@ km_err km_net_client_connect(km_net_client *c, const char *host, uint16_t port)
 
 	if (c->state != C_IDLE)
 		return KM_ERR_INVAL;
+	c->reason[0] = 0;
 	free(c->host);
 	c->host = malloc(hl);
 	if (!c->host)

@@ -299,21 +299,29 @@ static void take_one(km_mcfg_res *mr, int16_t code, km_str msg, km_arena *a)
 		mr->message = arena_str(a, "refused by the broker", strlen("refused by the broker"));
 }
 
+/*
+ * A broker answers config resources in its own order (refused ones first, then the controller's map
+ * order; a duplicated resource gets one answer): results are matched to what was sent by type and
+ * name, never by position, so no resource takes another's verdict.
+ */
 km_err km_mcfg_take_iac(km_mcfg_split *sp, const km_incremental_alter_configs_response *r, bool auth, km_arena *a)
 {
 	int32_t sent = auth ? sp->auth.resources.count : sp->fwd.resources.count;
 	const km_incremental_alter_configs_request_alter_configs_resource *items =
 		auth ? sp->auth.resources.items : sp->fwd.resources.items;
 
-	if (r->responses.count != sent)
-		return KM_ERR_DECODE;
 	for (int32_t i = 0; i < sp->nres; i++) {
 		int32_t k = auth ? sp->res[i].auth : sp->res[i].fwd;
-		const km_incremental_alter_configs_response_alter_configs_resource_response *x;
+		const km_incremental_alter_configs_response_alter_configs_resource_response *x = NULL;
 		if (k < 0)
 			continue;
-		x = &r->responses.items[k];
-		if (x->resource_type != items[k].resource_type || !km_str_eq(x->resource_name, items[k].resource_name))
+		if (k >= sent)
+			return KM_ERR_DECODE;
+		for (int32_t j = 0; j < r->responses.count && !x; j++)
+			if (r->responses.items[j].resource_type == items[k].resource_type &&
+			    km_str_eq(r->responses.items[j].resource_name, items[k].resource_name))
+				x = &r->responses.items[j];
+		if (!x)
 			return KM_ERR_DECODE;
 		take_one(&sp->res[i], x->error_code, x->error_message, a);
 	}
@@ -322,16 +330,20 @@ km_err km_mcfg_take_iac(km_mcfg_split *sp, const km_incremental_alter_configs_re
 
 km_err km_mcfg_take_ac(km_mcfg_split *sp, const km_alter_configs_response *r, km_arena *a)
 {
-	if (r->responses.count != sp->fwd_legacy.resources.count)
-		return KM_ERR_DECODE;
+	const km_alter_configs_request_alter_configs_resource *items = sp->fwd_legacy.resources.items;
+
 	for (int32_t i = 0; i < sp->nres; i++) {
 		int32_t k = sp->res[i].fwd;
-		const km_alter_configs_response_alter_configs_resource_response *x;
+		const km_alter_configs_response_alter_configs_resource_response *x = NULL;
 		if (k < 0)
 			continue;
-		x = &r->responses.items[k];
-		if (x->resource_type != sp->fwd_legacy.resources.items[k].resource_type ||
-		    !km_str_eq(x->resource_name, sp->fwd_legacy.resources.items[k].resource_name))
+		if (k >= sp->fwd_legacy.resources.count)
+			return KM_ERR_DECODE;
+		for (int32_t j = 0; j < r->responses.count && !x; j++)
+			if (r->responses.items[j].resource_type == items[k].resource_type &&
+			    km_str_eq(r->responses.items[j].resource_name, items[k].resource_name))
+				x = &r->responses.items[j];
+		if (!x)
 			return KM_ERR_DECODE;
 		take_one(&sp->res[i], x->error_code, x->error_message, a);
 	}

@@ -406,6 +406,18 @@ static km_err send_probe(km_req *rq, mop *op, int16_t key, int16_t version, cons
 
 static void proceed(mop *op);
 
+/* The topic probe's verdict on topic (names are unique in the request: check_request), or NULL. */
+static const km_incremental_alter_configs_response_alter_configs_resource_response *
+probe_result(const km_incremental_alter_configs_response *m, const char *topic)
+{
+	for (int32_t k = 0; k < m->responses.count; k++) {
+		const km_incremental_alter_configs_response_alter_configs_resource_response *x = &m->responses.items[k];
+		if (x->resource_type == KM_RESOURCE_TOPIC && km_str_eq_c(x->resource_name, topic))
+			return x;
+	}
+	return NULL;
+}
+
 /* The authorizing probe's answer: refusals become the answer, the rest goes on to the store. */
 static void auth_done(void *arg, km_err err, const uint8_t *body, size_t len)
 {
@@ -442,8 +454,16 @@ static void auth_done(void *arg, km_err err, const uint8_t *body, size_t len)
 			unreadable = true;
 		else if (kind == AUTH_TOPICS) {
 			for (size_t i = 0; i < op->ntopics; i++) {
+				/*
+				 * By name, never by position: the broker answers refused resources first and the
+				 * rest in its own map's order, so position i may be another topic's verdict.
+				 */
 				const km_incremental_alter_configs_response_alter_configs_resource_response *x =
-					&m.responses.items[i];
+					probe_result(&m, op->topics[i]);
+				if (!x) {
+					unreadable = true;
+					break;
+				}
 				/*
 				 * An unknown topic got past the authorizer: it is the store's to judge (start needs
 				 * the topic, stop of a deleted one does not). Any other error means the check did

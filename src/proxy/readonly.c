@@ -1361,7 +1361,7 @@ static void state_check(void *arg, km_str name, const km_uuid *id, int32_t parti
 
 	v->code = KM_OK;
 	v->message[0] = v->name[0] = '\0';
-	if (!id && store && km_str_eq_c(name, store)) {
+	if ((!id && store && km_str_eq_c(name, store)) || (id && km_state_is_store_topic_id(st, id))) {
 		v->code = KM_KAFKA_TOPIC_AUTHORIZATION_FAILED;
 		snprintf(v->message, sizeof(v->message), "%s is written, deleted and configured only by kmirrord", store);
 		return;

@@ -1,5 +1,6 @@
 /* The mirrored partition's state machine: state and op names, and which operator op is valid from which state. */
 #include "kmirror/state.h"
+#include "state/state_int.h"
 
 static const char *const state_names[KM_MP__COUNT] = {
 	[KM_MP_UNKNOWN] = "UNKNOWN",   [KM_MP_PREPARING] = "PREPARING", [KM_MP_MIRRORING] = "MIRRORING",
@@ -58,5 +59,21 @@ km_mp_state km_topic_op_target(km_topic_op op)
 	case KM_TOPIC_PAUSE: return KM_MP_PAUSING;
 	case KM_TOPIC_RESUME: return KM_MP_MIRRORING;
 	default: return KM_MP_UNKNOWN;
+	}
+}
+
+bool km_state_settle_allowed(km_mp_state from, km_mp_state to)
+{
+	if ((unsigned)from >= KM_MP__COUNT || (unsigned)to >= KM_MP__COUNT)
+		return false;
+	if (from == to)
+		return from != KM_MP_UNKNOWN; /* a rewrite of the same state (its error, its offsets) */
+	switch (to) {
+	case KM_MP_MIRRORING: return from == KM_MP_PREPARING;
+	case KM_MP_PAUSED: return from == KM_MP_PAUSING;
+	case KM_MP_STOPPED: return from == KM_MP_STOPPING;
+	/* A stopped topic is the operator's again (writable): nothing fails it back into read-only. */
+	case KM_MP_FAILED: return from != KM_MP_STOPPED && from != KM_MP_UNKNOWN;
+	default: return false;
 	}
 }

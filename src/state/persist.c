@@ -441,6 +441,7 @@ static km_err take_metadata(km_state_persist *io, const km_metadata_response *r,
 		io->exists = false;
 		return KM_OK;
 	}
+	io->st->store_topic_id = t->topic_id; /* for the proxy: clients never write it by id either */
 	int32_t np = t->partitions.count;
 	if (np <= 0 || np > 100000)
 		return KM_ERR_DECODE;

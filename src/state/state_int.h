@@ -38,6 +38,14 @@ km_err km_state_key_decode(const uint8_t *p, size_t len, km_state_key *k) __attr
 int32_t km_state_key_partition(const uint8_t *key, size_t len, int32_t n);
 uint32_t km_state_murmur2(const uint8_t *p, size_t len);
 
+/*
+ * Whether the data plane may move a partition from -> to (km_state_partitions_set): PREPARING ->
+ * MIRRORING, PAUSING -> PAUSED, STOPPING -> STOPPED, anything mirrored but STOPPED -> FAILED, or
+ * the same state again. Checked against the committed state when the write runs, not when it was
+ * asked: an operator's stop queued ahead of a driver's PREPARING -> MIRRORING must win.
+ */
+bool km_state_settle_allowed(km_mp_state from, km_mp_state to);
+
 /* ---- the in-memory model ---- */
 
 typedef struct km_state_cfg_entry {
@@ -182,6 +190,8 @@ struct km_state {
 	uint8_t key[KM_STATE_KEY_BYTES];
 	km_state_model model;
 	bool ready, ready_fired;
+	bool closing;                        /* km_state_free runs: new mutations are answered at once */
+	km_uuid store_topic_id;              /* the state topic's id once Metadata showed it; zero before */
 	size_t read_only_topics;             /* topics with a partition not STOPPED (recounted on every change) */
 	km_state_mut *head, *tail, *refusals; /* work FIFO; answers to give at once */
 	size_t queued;

@@ -395,9 +395,16 @@ static bool check_topic(km_state *st, km_state_mut *mu, km_state_mirror *m, size
 		return false;
 	}
 	if (t && t->mirror != m) {
-		topic_msg(mu, i, KM_MIRROR_TOPIC_ALREADY_IN_CLUSTER_MIRROR,
-			  "Topic %s is already in cluster mirror '%s' (%s)", name, t->mirror->name,
-			  km_mp_state_name(km_state_topic_state(t)));
+		/* Even STOPPED: its records came from that mirror's source, and it still answers for them. */
+		if (km_state_topic_state(t) == KM_MP_STOPPED)
+			topic_msg(mu, i, KM_MIRROR_TOPIC_ALREADY_IN_CLUSTER_MIRROR,
+				  "Topic %s is in cluster mirror '%s' (STOPPED); delete mirror '%s' before mirroring "
+				  "the topic from another mirror",
+				  name, t->mirror->name, t->mirror->name);
+		else
+			topic_msg(mu, i, KM_MIRROR_TOPIC_ALREADY_IN_CLUSTER_MIRROR,
+				  "Topic %s is already in cluster mirror '%s' (%s)", name, t->mirror->name,
+				  km_mp_state_name(km_state_topic_state(t)));
 		return false;
 	}
 	if (!t) {
@@ -552,6 +559,22 @@ static void prepare_pset(km_state *st, km_state_mut *mu)
 			set_msg(mu, KM_KAFKA_INVALID_REQUEST, "invalid partition %d", (int)mu->parts[i]);
 			return;
 		}
+	/*
+	 * Each move must be one the data plane may make from the committed state now: the caller
+	 * looked at the state when it asked, and an operator's change may have run since (a stop
+	 * queued ahead of the driver's PREPARING -> MIRRORING must not be undone by it).
+	 */
+	for (size_t i = 0; i < mu->nparts; i++) {
+		int32_t pi = mu->parts[i];
+		bool known = (size_t)pi < t->nparts && t->parts[pi].present;
+		km_mp_state from = known ? t->parts[pi].state : km_state_topic_state(t);
+		if (!km_state_settle_allowed(from, mu->to)) {
+			set_msg(mu, KM_MIRROR_INVALID_CLUSTER_MIRROR_STATES,
+				"Cannot move partition %d of topic %s of cluster mirror '%s' from %s to %s", (int)pi,
+				t->name, m->name, km_mp_state_name(from), km_mp_state_name(mu->to));
+			return;
+		}
+	}
 	/* All or nothing: one write holds every partition's record. */
 	for (size_t i = 0; i < mu->nparts && mu->code == KM_OK; i++) {
 		int32_t pi = mu->parts[i];
@@ -605,6 +628,14 @@ static void count_read_only(km_state *st)
 		}
 	st->read_only_topics = n;
 	km_state_counters_count(&st->ctr, &st->model);
+}
+
+bool km_state_is_store_topic_id(const km_state *st, const km_uuid *id)
+{
+	static const km_uuid zero;
+
+	return st && id && memcmp(&st->store_topic_id, &zero, sizeof(zero)) != 0 &&
+	       memcmp(&st->store_topic_id, id, sizeof(*id)) == 0;
 }
 
 size_t km_state_read_only_topics(const km_state *st)
@@ -728,8 +759,10 @@ static void submit(km_state *st, km_state_mut *mu)
 		return;
 	}
 	mu->st = st;
-	if (!st->ready || st->queued >= KM_STATE_QUEUE_MAX) {
-		if (!st->ready)
+	if (st->closing || !st->ready || st->queued >= KM_STATE_QUEUE_MAX) {
+		if (st->closing)
+			set_msg(mu, KM_MIRROR_STATE_UNAVAILABLE, "kmirrord is shutting down");
+		else if (!st->ready)
 			set_msg(mu, KM_KAFKA_COORDINATOR_LOAD_IN_PROGRESS, "mirror state is loading from %s; retry",
 				st->cfg.mirror_state_topic);
 		else
@@ -880,10 +913,79 @@ void km_state_partition_set(km_state *st, const char *mirror, const char *topic,
 
 /* ---- life ---- */
 
+/* One partition's state in a model, UNKNOWN when it holds no record for it. */
+static km_mp_state model_state(const km_state_model *m, const km_state_topic *like, size_t j)
+{
+	const km_state_topic *t = km_state_model_topic(m, like->name, strlen(like->name));
+	if (!t || strcmp(t->mirror->name, like->mirror->name) || j >= t->nparts || !t->parts[j].present)
+		return KM_MP_UNKNOWN;
+	return t->parts[j].state;
+}
+
+/*
+ * A reread (after a failed write, part of which may have landed) tells the listeners what it
+ * changed, as a committed write does: a partition left PREPARING or STOPPING by it would otherwise
+ * wait for the next start-up to be settled. Names are copied: they live in the models.
+ */
+static void notify_reload(km_state *st, const km_state_model *old)
+{
+	typedef struct { char *mirror, *topic; int32_t partition; km_mp_state from, to; } diff;
+	diff *d = NULL;
+	size_t n = 0, cap = 0;
+	const km_state_model *sides[2] = {&st->model, old};
+
+	/* Every partition present in either model, once: from the new side, then those only the old one has. */
+	for (int side = 0; side < 2; side++)
+		for (size_t i = 0; i < sides[side]->nmirrors; i++)
+			for (size_t k = 0; k < sides[side]->mirrors[i]->ntopics; k++) {
+				const km_state_topic *t = sides[side]->mirrors[i]->topics[k];
+				for (size_t j = 0; j < t->nparts; j++) {
+					km_mp_state was, now;
+					if (!t->parts[j].present)
+						continue;
+					if (side == 1 && model_state(&st->model, t, j) != KM_MP_UNKNOWN)
+						continue; /* seen from the new side */
+					was = side == 0 ? model_state(old, t, j) : t->parts[j].state;
+					now = side == 0 ? t->parts[j].state : KM_MP_UNKNOWN;
+					if (was == now)
+						continue;
+					if (n == cap) {
+						size_t nc = cap ? cap * 2 : 16;
+						diff *nd = realloc(d, nc * sizeof(*nd));
+						if (!nd)
+							goto out;
+						d = nd;
+						cap = nc;
+					}
+					d[n].mirror = strdup(t->mirror->name);
+					d[n].topic = strdup(t->name);
+					d[n].partition = (int32_t)j;
+					d[n].from = was;
+					d[n].to = now;
+					if (!d[n].mirror || !d[n].topic) {
+						free(d[n].mirror);
+						free(d[n].topic);
+						goto out;
+					}
+					n++;
+				}
+			}
+out: /* out of memory part way: the changes found are still told */
+	for (size_t i = 0; i < n; i++) {
+		KM_INFO(COMP, 0, "%s/%s-%d %s -> %s (read back)", d[i].mirror, d[i].topic, d[i].partition,
+			km_mp_state_name(d[i].from), km_mp_state_name(d[i].to));
+		if (st->on_partition)
+			st->on_partition(st->arg, d[i].mirror, d[i].topic, d[i].partition, d[i].from, d[i].to);
+		free(d[i].mirror);
+		free(d[i].topic);
+	}
+	free(d);
+}
+
 void km_state_loaded(km_state *st, km_state_model *model)
 {
 	size_t topics = 0;
-	km_state_model_free(&st->model);
+	km_state_model old = st->model;
 	st->model = *model;
 	km_state_model_init(model);
 	for (size_t i = 0; i < st->model.nmirrors; i++)
@@ -896,9 +998,13 @@ void km_state_loaded(km_state *st, km_state_model *model)
 	schedule(st);
 	if (!st->ready_fired) {
 		st->ready_fired = true;
+		km_state_model_free(&old);
 		if (st->on_ready)
 			st->on_ready(st->arg);
+		return;
 	}
+	notify_reload(st, &old);
+	km_state_model_free(&old);
 }
 
 km_state *km_state_new(const km_state_opts *opts, char *err, size_t errlen)
@@ -959,16 +1065,24 @@ void km_state_free(km_state *st)
 	if (st->io)
 		km_state_persist_free(st->io);
 	st->io = NULL;
-	/* Pending mutations are answered: their callers may hold resources waiting for it. */
-	while (st->refusals) {
-		km_state_mut *mu = st->refusals;
-		st->refusals = mu->next;
-		answer(mu);
-	}
-	while (st->head) {
-		km_state_mut *mu = st->head;
-		st->head = mu->next;
-		set_msg(mu, KM_MIRROR_STATE_UNAVAILABLE, "kmirrord is shutting down");
+	/*
+	 * Pending mutations are answered: their callers may hold resources waiting for it. A caller
+	 * may ask again from its callback (a mirror.name request goes on to its next topic): that
+	 * goes to the refusals, drained here too, never to a queue nobody runs any more.
+	 */
+	st->closing = true;
+	while (st->refusals || st->head) {
+		km_state_mut *mu;
+		if (st->head) {
+			mu = st->head;
+			st->head = mu->next;
+			if (!st->head)
+				st->tail = NULL;
+			set_msg(mu, KM_MIRROR_STATE_UNAVAILABLE, "kmirrord is shutting down");
+		} else {
+			mu = st->refusals;
+			st->refusals = mu->next;
+		}
 		answer(mu);
 	}
 	if (st->kick)

@@ -323,3 +323,42 @@ def test_each_rpc_is_authorized_as_the_caller(sasl_proxy, dest_cluster3, topic_n
         dest_cluster3.tool("acls", "--remove", "--force", *acl, "--cluster", admin=True)
         dest_cluster3.tool("acls", "--remove", "--force", *acl, "--topic", topic, admin=True)
         admin.close()
+
+
+def test_topic_check_is_matched_by_name(sasl_proxy, dest_cluster3, topic_name):
+    """The broker answers the topic probe's resources in its own order (refused ones first), so
+    each topic's verdict must be found by its name: alice may alter "mine" only, and a start of
+    [mine, theirs] must start mine and refuse theirs, never the other way round."""
+    p = sasl_proxy
+    wait_until(lambda: p.metric("kmirror_upstream_brokers") == 3, 60, what="the proxy's login")
+    admin = Client(p.bootstrap, "admin")
+    wait_until(lambda: admin.list()[0] == 0, 60, 0.5, "the mirror state to load")
+    mirror = "order-" + topic_name.replace("_", "-")[:40]
+    mine, theirs = topic_name + "-mine", topic_name + "-theirs"
+    from confluent_kafka.admin import NewTopic
+    a = AdminClient(p.conf(**{"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "PLAIN",
+                              "sasl.username": "admin", "sasl.password": USERS["admin"]}))
+    for t in (mine, theirs):
+        a.create_topics([NewTopic(t, 1, 3)])[t].result(timeout=60)
+        dest_cluster3.wait_topic(t, 1)
+    assert admin.create(mirror, {"bootstrap.servers": "source.invalid:9092"}) == (0, None)
+    acl = ["--allow-principal", "User:alice", "--operation", "AlterConfigs"]
+    # theirs has an ACL (bob's), so allow.everyone.if.no.acl.found does not let alice through
+    other = ["--allow-principal", "User:bob", "--operation", "AlterConfigs"]
+    dest_cluster3.tool("acls", "--add", *acl, "--topic", mine, admin=True)
+    dest_cluster3.tool("acls", "--add", *other, "--topic", theirs, admin=True)
+    try:
+        alice = Client(p.bootstrap, "alice")
+        code, msg, per = alice.topics(START, mirror, [mine, theirs])
+        assert per[theirs][0] == TOPIC_AUTHORIZATION_FAILED, per
+        assert theirs in per[theirs][1], per
+        assert per[mine] == (0, None), per
+        # theirs never reached the store: a stop by admin finds it not in the mirror
+        code, msg, per = admin.topics(STOP, mirror, [theirs, mine])
+        assert per[theirs][0] == 32004, per  # TOPIC_NOT_IN_CLUSTER_MIRROR
+        assert per[mine] == (0, None), per
+        alice.close()
+    finally:
+        dest_cluster3.tool("acls", "--remove", "--force", *acl, "--topic", mine, admin=True)
+        dest_cluster3.tool("acls", "--remove", "--force", *other, "--topic", theirs, admin=True)
+        admin.close()

@@ -309,6 +309,7 @@ static void test_timeout(void **state)
 	assert_int_equal(r.calls, 1);
 	assert_int_equal(r.err[0], KM_ERR_TIMEOUT);
 	assert_int_equal(f.requests, 2); /* ApiVersions (answered), then the silent one */
+	assert_string_equal(km_net_client_reason(c), "a request timed out");
 	km_net_client_free(c);
 	fake_stop(&f);
 	event_base_loop(base, EVLOOP_NONBLOCK);
@@ -338,6 +339,7 @@ static void test_sasl_plain(void **state)
 	assert_int_equal(f.keys[3], 3);
 	assert_int_equal(f.sasl_token_len, 1 + 5 + 1 + 6);
 	assert_memory_equal(f.sasl_token, "\0alice\0s3cret", 13);
+	assert_string_equal(km_net_client_reason(c), ""); /* no failure, no reason */
 	km_net_client_free(c);
 	fake_stop(&f);
 	event_base_loop(base, EVLOOP_NONBLOCK);
@@ -364,6 +366,8 @@ static void test_connect_refused(void **state)
 	assert_true(r.err[0] == KM_ERR_IO || r.err[0] == KM_ERR_CLOSED);
 	assert_int_equal(r.states, 1);
 	assert_int_not_equal(r.state_err, KM_OK);
+	/* The reason a person reads (the CLI prints it): the socket's own error, nothing else. */
+	assert_non_null(strstr(km_net_client_reason(c), "refused"));
 	km_net_client_free(c);
 	event_base_loop(base, EVLOOP_NONBLOCK);
 	event_base_free(base);

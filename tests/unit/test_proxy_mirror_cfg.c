@@ -296,6 +296,95 @@ static void test_ac_split_merge(void **state)
 	km_arena_free(&a);
 }
 
+/*
+ * A broker answers config resources in its own order: the refused ones first, then the
+ * controller's map order (ControllerApis.handleIncrementalAlterConfigs). Each resource must get
+ * its own verdict, found by type and name, for the forwarded request and the authorizing probe.
+ */
+static void test_take_matches_by_name(void **state)
+{
+	static const iac_res res[] = {
+		{KM_RESOURCE_TOPIC, "allowed", {{"mirror.name", 0, "m1"}}, 1},
+		{KM_RESOURCE_TOPIC, "denied", {{"mirror.name", 0, "m1"}}, 1},
+		{KM_RESOURCE_TOPIC, "plain", {{"retention.ms", 0, "5"}}, 1},
+	};
+	km_incremental_alter_configs_request built, in;
+	km_incremental_alter_configs_response resp;
+	km_alter_configs_response acr;
+	km_mcfg_split sp;
+	km_arena a;
+	km_wr w;
+	(void)state;
+
+	km_arena_init(&a, 0);
+	build_iac(&built, res, 3, false, &a);
+	roundtrip_request(KM_API_INCREMENTAL_ALTER_CONFIGS, 1, &built, &in, &a, &w);
+	assert_int_equal(km_mcfg_split_iac(&in, "__mirror_state", &a, &sp), KM_OK);
+	assert_int_equal(sp.fwd.resources.count, 3);
+	/* the broker's order: "denied" (refused) first, then the others reversed */
+	km_incremental_alter_configs_response_init(&resp);
+	resp.responses.count = 3;
+	resp.responses.items = km_arena_calloc(&a, sizeof(*resp.responses.items) * 3);
+	for (int i = 0; i < 3; i++) {
+		km_incremental_alter_configs_response_alter_configs_resource_response_init(&resp.responses.items[i]);
+		resp.responses.items[i].resource_type = KM_RESOURCE_TOPIC;
+	}
+	resp.responses.items[0].resource_name = km_str_c("denied");
+	resp.responses.items[0].error_code = KM_KAFKA_TOPIC_AUTHORIZATION_FAILED;
+	resp.responses.items[1].resource_name = km_str_c("plain");
+	resp.responses.items[2].resource_name = km_str_c("allowed");
+	assert_int_equal(km_mcfg_take_iac(&sp, &resp, false, &a), KM_OK);
+	assert_int_equal(sp.res[0].code, 0);
+	assert_int_equal(sp.res[1].code, KM_KAFKA_TOPIC_AUTHORIZATION_FAILED);
+	assert_int_equal(sp.res[2].code, 0);
+	/* a resource the broker did not answer is not taken as allowed */
+	resp.responses.items[0].resource_name = km_str_c("other");
+	assert_int_equal(km_mcfg_take_iac(&sp, &resp, false, &a), KM_ERR_DECODE);
+	km_wr_free(&w);
+
+	/* AlterConfigs: the same, forwarded resources answered out of order */
+	{
+		km_alter_configs_request b2, in2;
+		km_alter_configs_request_alter_configs_resource r[2];
+		km_alter_configs_request_alterable_config c[2];
+		for (int i = 0; i < 2; i++) {
+			km_alter_configs_request_alter_configs_resource_init(&r[i]);
+			km_alter_configs_request_alterable_config_init(&c[i]);
+			c[i].name = km_str_c(i ? "retention.ms" : "mirror.name");
+			c[i].value = km_str_c(i ? "20" : "m1.removed");
+			r[i].resource_type = KM_RESOURCE_TOPIC;
+			r[i].configs.items = &c[i];
+			r[i].configs.count = 1;
+		}
+		/* "x": mirror.name only (authorized by the probe), "y" and "z": plain, forwarded */
+		km_alter_configs_request_alter_configs_resource r3[3] = {r[0], r[1], r[1]};
+		r3[0].resource_name = km_str_c("x");
+		r3[1].resource_name = km_str_c("y");
+		r3[2].resource_name = km_str_c("z");
+		km_alter_configs_request_init(&b2);
+		b2.resources.items = r3;
+		b2.resources.count = 3;
+		roundtrip_request(KM_API_ALTER_CONFIGS, 2, &b2, &in2, &a, &w);
+		assert_int_equal(km_mcfg_split_ac(&in2, "__mirror_state", &a, &sp), KM_OK);
+		assert_int_equal(sp.fwd_legacy.resources.count, 2);
+		km_alter_configs_response_init(&acr);
+		acr.responses.count = 2;
+		acr.responses.items = km_arena_calloc(&a, sizeof(*acr.responses.items) * 2);
+		for (int i = 0; i < 2; i++) {
+			km_alter_configs_response_alter_configs_resource_response_init(&acr.responses.items[i]);
+			acr.responses.items[i].resource_type = KM_RESOURCE_TOPIC;
+		}
+		acr.responses.items[0].resource_name = km_str_c("z");
+		acr.responses.items[0].error_code = KM_KAFKA_TOPIC_AUTHORIZATION_FAILED;
+		acr.responses.items[1].resource_name = km_str_c("y");
+		assert_int_equal(km_mcfg_take_ac(&sp, &acr, &a), KM_OK);
+		assert_int_equal(sp.res[1].code, 0);
+		assert_int_equal(sp.res[2].code, KM_KAFKA_TOPIC_AUTHORIZATION_FAILED);
+		km_wr_free(&w);
+	}
+	km_arena_free(&a);
+}
+
 static bool lookup(void *arg, km_str topic, char *value, size_t cap)
 {
 	(void)arg;
@@ -379,6 +468,7 @@ int main(void)
 		cmocka_unit_test(test_iac_split_merge),
 		cmocka_unit_test(test_iac_plain_is_not_ours),
 		cmocka_unit_test(test_ac_split_merge),
+		cmocka_unit_test(test_take_matches_by_name),
 		cmocka_unit_test(test_describe_add),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);

@@ -12,6 +12,7 @@
 #include <cmocka.h>
 
 #include "kmirror/msg/mirror_state_partition_key.h"
+#include "kmirror/daemon_config.h"
 #include "state/state_int.h"
 #include "unit_doc.h"
 
@@ -63,6 +64,27 @@ static void expect_bad(const char *k, const char *v, const char *why)
 	assert_int_equal(check1(k, v, true, err, sizeof(err)), KM_MIRROR_INVALID_CLUSTER_MIRROR_CONFIG);
 	if (!strstr(err, k) || !strstr(err, why))
 		fail_msg("%s=%s: '%s' does not say '%s'", k, v, err, why);
+}
+
+/* The data plane's moves (km_state_partitions_set), checked against the committed state. */
+static void test_settle_transitions(void **state)
+{
+	(void)state;
+	assert_true(km_state_settle_allowed(KM_MP_PREPARING, KM_MP_MIRRORING));
+	assert_true(km_state_settle_allowed(KM_MP_PAUSING, KM_MP_PAUSED));
+	assert_true(km_state_settle_allowed(KM_MP_STOPPING, KM_MP_STOPPED));
+	assert_true(km_state_settle_allowed(KM_MP_MIRRORING, KM_MP_FAILED));
+	assert_true(km_state_settle_allowed(KM_MP_PREPARING, KM_MP_FAILED));
+	assert_true(km_state_settle_allowed(KM_MP_MIRRORING, KM_MP_MIRRORING));
+	/* the driver racing an operator: a stop (or pause) that ran first is never undone */
+	assert_false(km_state_settle_allowed(KM_MP_STOPPING, KM_MP_MIRRORING));
+	assert_false(km_state_settle_allowed(KM_MP_STOPPED, KM_MP_MIRRORING));
+	assert_false(km_state_settle_allowed(KM_MP_MIRRORING, KM_MP_PAUSED));
+	assert_false(km_state_settle_allowed(KM_MP_PAUSED, KM_MP_STOPPED));
+	assert_false(km_state_settle_allowed(KM_MP_STOPPED, KM_MP_FAILED));
+	assert_false(km_state_settle_allowed(KM_MP_UNKNOWN, KM_MP_MIRRORING));
+	assert_false(km_state_settle_allowed(KM_MP_MIRRORING, KM_MP_PREPARING));
+	assert_false(km_state_settle_allowed(KM_MP_MIRRORING, (km_mp_state)42));
 }
 
 static void test_config(void **state)
@@ -359,6 +381,168 @@ static void test_values_and_model(void **state)
 	km_state_model_free(&m);
 }
 
+/* A model of mirror m1 with topic t, partitions 0 and 1 in states s0 and s1 (s1 UNKNOWN: no record). */
+static void model_with(km_state_model *m, km_mp_state s0, km_mp_state s1)
+{
+	km_state_cfg_entry cfg[1] = {{.name = "bootstrap.servers", .value = "s:9092"}};
+	km_state_mirror mi = {.name = "m1", .cfg = cfg, .ncfg = 1};
+	km_state_key mk = {.type = KM_STATE_REC_MIRROR, .mirror = km_str_c("m1")};
+	km_state_topic tt = {.name = "t", .mirror = &mi};
+	km_state_change chg;
+	km_wr w;
+
+	km_state_model_init(m);
+	km_wr_init(&w);
+	assert_int_equal(km_state_mirror_value_encode(&w, &mi), KM_OK);
+	rec(m, &mk, &w, &chg);
+	km_wr_free(&w);
+	for (int32_t i = 0; i < 2; i++) {
+		km_state_key pk = {.type = KM_STATE_REC_PARTITION, .mirror = km_str_c("m1"), .topic = km_str_c("t"),
+				   .partition = i};
+		km_state_part p = {.state = i ? s1 : s0, .last_mirrored_offset = -1, .last_mirrored_epoch = -1};
+		if (p.state == KM_MP_UNKNOWN)
+			continue;
+		km_wr_init(&w);
+		assert_int_equal(km_state_partition_value_encode(&w, &tt, &p), KM_OK);
+		rec(m, &pk, &w, &chg);
+		km_wr_free(&w);
+	}
+	assert_int_equal(km_state_model_index(m), KM_OK);
+}
+
+typedef struct reload_probe {
+	int ready, changes;
+	int32_t partition[4];
+	km_mp_state from[4], to[4];
+} reload_probe;
+
+static void reload_ready(void *arg)
+{
+	((reload_probe *)arg)->ready++;
+}
+
+static void reload_partition(void *arg, const char *mirror, const char *topic, int32_t partition, km_mp_state from,
+			     km_mp_state to)
+{
+	reload_probe *p = arg;
+	assert_string_equal(mirror, "m1");
+	assert_string_equal(topic, "t");
+	if (p->changes < 4) {
+		p->partition[p->changes] = partition;
+		p->from[p->changes] = from;
+		p->to[p->changes] = to;
+	}
+	p->changes++;
+}
+
+/*
+ * A reread after a failed write (part of which may have landed) tells on_partition what changed,
+ * so the driver settles a partition the landed part left PREPARING; on_ready fires only once.
+ */
+static void test_reload_tells_changes(void **state)
+{
+	struct event_base *base = event_base_new();
+	km_config cfg;
+	km_state_opts o;
+	km_state *st;
+	km_state_model m;
+	reload_probe p = {0};
+	char err[256];
+	(void)state;
+
+	km_config_init(&cfg);
+	/* nothing listens there: the store's own load never completes during the test (the loop is not run) */
+	assert_int_equal(km_config_set(&cfg, "upstream", "127.0.0.1:1", err, sizeof(err)), KM_OK);
+	memset(&o, 0, sizeof(o));
+	o.base = base;
+	o.cfg = &cfg;
+	o.on_ready = reload_ready;
+	o.on_partition = reload_partition;
+	o.arg = &p;
+	st = km_state_new(&o, err, sizeof(err));
+	km_config_free(&cfg);
+	assert_non_null(st);
+
+	/* the start-up read: on_ready, no per-partition calls */
+	model_with(&m, KM_MP_MIRRORING, KM_MP_UNKNOWN);
+	km_state_loaded(st, &m);
+	assert_int_equal(p.ready, 1);
+	assert_int_equal(p.changes, 0);
+	assert_int_equal(km_state_read_only_topics(st), 1);
+
+	/* a reread: partition 0 is STOPPING now (a stop landed), partition 1 appeared PREPARING */
+	model_with(&m, KM_MP_STOPPING, KM_MP_PREPARING);
+	km_state_loaded(st, &m);
+	assert_int_equal(p.ready, 1);
+	assert_int_equal(p.changes, 2);
+	assert_int_equal(p.partition[0], 0);
+	assert_int_equal(p.from[0], KM_MP_MIRRORING);
+	assert_int_equal(p.to[0], KM_MP_STOPPING);
+	assert_int_equal(p.partition[1], 1);
+	assert_int_equal(p.from[1], KM_MP_UNKNOWN);
+	assert_int_equal(p.to[1], KM_MP_PREPARING);
+
+	/* a reread without the mirror: its partitions are gone (UNKNOWN); the same again tells nothing */
+	km_state_model_init(&m);
+	km_state_loaded(st, &m);
+	assert_int_equal(p.changes, 4);
+	assert_int_equal(p.to[2], KM_MP_UNKNOWN);
+	assert_int_equal(p.to[3], KM_MP_UNKNOWN);
+	km_state_model_init(&m);
+	km_state_loaded(st, &m);
+	assert_int_equal(p.changes, 4);
+	km_state_free(st);
+	event_base_free(base);
+}
+
+typedef struct again_probe {
+	km_state *st;
+	int answered;
+	km_err code[2];
+} again_probe;
+
+/* The first answer asks again, as a mirror.name request with a second topic does. */
+static void ask_again(void *arg, const km_state_result *res)
+{
+	again_probe *p = arg;
+	static const char *const one[1] = {"t"};
+	if (p->answered < 2)
+		p->code[p->answered] = res->code;
+	if (++p->answered == 1)
+		km_state_topics(p->st, KM_TOPIC_STOP, "m1", one, 1, ask_again, p);
+}
+
+/* km_state_free answers every pending mutation, those asked from an answer's callback too. */
+static void test_free_answers_all(void **state)
+{
+	struct event_base *base = event_base_new();
+	km_config cfg;
+	km_state_opts o;
+	km_state_model m;
+	again_probe p = {0};
+	char err[256];
+	static const char *const one[1] = {"t"};
+	(void)state;
+
+	km_config_init(&cfg);
+	assert_int_equal(km_config_set(&cfg, "upstream", "127.0.0.1:1", err, sizeof(err)), KM_OK);
+	memset(&o, 0, sizeof(o));
+	o.base = base;
+	o.cfg = &cfg;
+	p.st = km_state_new(&o, err, sizeof(err));
+	km_config_free(&cfg);
+	assert_non_null(p.st);
+	model_with(&m, KM_MP_MIRRORING, KM_MP_UNKNOWN);
+	km_state_loaded(p.st, &m);
+	/* queued, not run: the loop never turns */
+	km_state_topics(p.st, KM_TOPIC_PAUSE, "m1", one, 1, ask_again, &p);
+	km_state_free(p.st);
+	assert_int_equal(p.answered, 2);
+	assert_int_equal(p.code[0], KM_MIRROR_STATE_UNAVAILABLE);
+	assert_int_equal(p.code[1], KM_MIRROR_STATE_UNAVAILABLE);
+	event_base_free(base);
+}
+
 /* The store's metrics as /metrics shows them: gauges counted from a model, writes and their latency. */
 static void test_metrics(void **state)
 {
@@ -454,11 +638,11 @@ static void test_version_pick(void **state)
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
-		cmocka_unit_test(test_transitions), cmocka_unit_test(test_config),
+		cmocka_unit_test(test_transitions), cmocka_unit_test(test_settle_transitions), cmocka_unit_test(test_config),
 		cmocka_unit_test(test_mirror_option_table), cmocka_unit_test(test_secrets),
 		cmocka_unit_test(test_key_file), cmocka_unit_test(test_keys),
 		cmocka_unit_test(test_values_and_model), cmocka_unit_test(test_version_pick),
-		cmocka_unit_test(test_metrics),
+		cmocka_unit_test(test_metrics), cmocka_unit_test(test_reload_tells_changes), cmocka_unit_test(test_free_answers_all),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

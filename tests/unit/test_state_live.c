@@ -278,6 +278,17 @@ static void test_state_live(void **state)
 	km_state_delete_mirror(st, "m1", on_done, &r);
 	wait_for(&r.done, 30);
 	assert_int_equal(r.code, KM_MIRROR_CLUSTER_MIRROR_IN_USE);
+	/*
+	 * The driver's PREPARING -> MIRRORING queued behind this stop (it looked while the topic was
+	 * still PREPARING) is refused: the stop is not undone, the topic stays STOPPING.
+	 */
+	memset(&r, 0, sizeof(r));
+	km_state_partition_set(st, "m1", topic, 0, KM_MP_MIRRORING, NULL, on_done, &r);
+	wait_for(&r.done, 30);
+	assert_int_equal(r.code, KM_MIRROR_INVALID_CLUSTER_MIRROR_STATES);
+	assert_non_null(strstr(r.message, "STOPPING"));
+	printf("# late settle refused: %s\n", r.message);
+	partition_states(st, KM_MP_STOPPING, 3);
 	for (int32_t i = 0; i < 3; i++) {
 		memset(&r, 0, sizeof(r));
 		km_state_partition_set(st, "m1", topic, i, KM_MP_STOPPED, NULL, on_done, &r);

@@ -103,7 +103,7 @@ static void test_iac_split_merge(void **state)
 	km_incremental_alter_configs_response resp, out, fwd_back;
 	km_mcfg_split sp;
 	km_arena a;
-	km_wr w, w2;
+	km_wr w, w2, rw_keep;
 	(void)state;
 
 	km_arena_init(&a, 0);
@@ -163,7 +163,8 @@ static void test_iac_split_merge(void **state)
 		km_incremental_alter_configs_response_init(&fwd_back);
 		assert_int_equal(km_incremental_alter_configs_response_decode(&r, 1, &fwd_back, &a), KM_OK);
 		assert_int_equal(km_mcfg_take_iac(&sp, &fwd_back, false, &a), KM_OK);
-		km_wr_free(&rw);
+		/* fwd_back borrows rw's bytes: kept until the end, where it is read again */
+		rw_keep = rw;
 	}
 	assert_int_equal(sp.res[1].code, KM_KAFKA_TOPIC_AUTHORIZATION_FAILED);
 	assert_int_equal(sp.res[0].code, 0);
@@ -187,6 +188,7 @@ static void test_iac_split_merge(void **state)
 	/* a broker answer that does not match what was sent is refused */
 	fwd_back.responses.count = 4;
 	assert_int_equal(km_mcfg_take_iac(&sp, &fwd_back, false, &a), KM_ERR_DECODE);
+	km_wr_free(&rw_keep);
 	km_wr_free(&w);
 	km_wr_free(&w2);
 	km_arena_free(&a);

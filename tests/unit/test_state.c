@@ -492,6 +492,7 @@ static void test_reload_tells_changes(void **state)
 	km_state_loaded(st, &m);
 	assert_int_equal(p.changes, 4);
 	km_state_free(st);
+	event_base_loop(base, EVLOOP_NONBLOCK); /* the store's clients are freed at the end of a loop iteration */
 	event_base_free(base);
 }
 
@@ -540,6 +541,7 @@ static void test_free_answers_all(void **state)
 	assert_int_equal(p.answered, 2);
 	assert_int_equal(p.code[0], KM_MIRROR_STATE_UNAVAILABLE);
 	assert_int_equal(p.code[1], KM_MIRROR_STATE_UNAVAILABLE);
+	event_base_loop(base, EVLOOP_NONBLOCK); /* the store's clients are freed at the end of a loop iteration */
 	event_base_free(base);
 }
 

@@ -15,7 +15,7 @@ import time
 import uuid
 
 import pytest
-from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewPartitions
 
 from harness.kafka_cluster import java_bin
@@ -321,3 +321,33 @@ def test_stop_makes_topic_writable(mirrored, ro_producer_cp):
     a = AdminClient(mr.proxy.conf())
     fs = a.delete_records([TopicPartition(mr.ro, 0, 1)])
     assert fs[TopicPartition(mr.ro, 0, 1)].result(timeout=60).low_watermark == 1
+
+
+def state_topic_ends(cluster):
+    """The end offsets of every partition of __mirror_state, read from the brokers directly."""
+    c = Consumer({"bootstrap.servers": cluster.bootstrap, "group.id": f"st-{uuid.uuid4().hex[:6]}"})
+    try:
+        md = c.list_topics("__mirror_state", timeout=15).topics["__mirror_state"]
+        return {p: c.get_watermark_offsets(TopicPartition("__mirror_state", p), timeout=15)[1]
+                for p in md.partitions}
+    finally:
+        c.close()
+
+
+def test_state_topic_never_written_through_kmirrord(mirrored, ro_producer_cp):
+    """__mirror_state is refused whether a Produce names it (librdkafka) or gives its topic id (the
+    Java producer against a broker with Produce v13), and nothing lands in it."""
+    mr = mirrored
+    before = state_topic_ends(mr.proxy.cluster)
+    r = mr.proxy.cluster.run_tool("ReadOnlyProducer", mr.proxy.bootstrap, "plain", "__mirror_state", mr.ok,
+                                  classpath=[ro_producer_cp], check=False, timeout=180)
+    lines = dict(ln.split(" ", 1) for ln in r.stdout.splitlines() if " " in ln)
+    assert lines.get("MIRROR", "").startswith("ERROR "), r.stdout + r.stderr[-3000:]
+    assert "TopicAuthorizationException" in lines["MIRROR"], lines
+    assert lines["OTHER"].startswith("OK "), lines
+    got = []
+    p = Producer(mr.proxy.conf())
+    p.produce("__mirror_state", key=b"\x00\x00", value=b"forged", on_delivery=lambda e, m: got.append(e))
+    p.flush(30)
+    assert got and got[0] is not None and got[0].code() == KafkaError.TOPIC_AUTHORIZATION_FAILED, got
+    assert state_topic_ends(mr.proxy.cluster) == before

@@ -38,6 +38,7 @@ struct km_state_mut {
 	bool *tpending;        /* start: passed the state checks, waits for the destination's metadata */
 	km_state_rec *recs;
 	size_t nrecs, caprecs;
+	bool then_mirror_tombstone; /* delete: the partitions' tombstones first, the mirror's once they are in */
 	km_state_mut *next;
 };
 
@@ -169,6 +170,21 @@ static km_err add_rec(km_state_mut *mu, const km_state_key *k, km_wr *val)
 	if (val)
 		r->val = km_wr_take(val, &r->vlen);
 	return KM_OK;
+}
+
+static km_err add_mirror_tombstone(km_state_mut *mu)
+{
+	km_state_key k = {.type = KM_STATE_REC_MIRROR, .mirror = km_str_c(mu->mirror)};
+	return add_rec(mu, &k, NULL);
+}
+
+static void recs_clear(km_state_mut *mu)
+{
+	for (size_t i = 0; i < mu->nrecs; i++) {
+		free(mu->recs[i].key);
+		free(mu->recs[i].val);
+	}
+	mu->nrecs = 0;
 }
 
 static km_err add_partition_rec(km_state_mut *mu, const km_state_topic *t, int32_t index, const km_state_part *p)
@@ -346,14 +362,22 @@ static void prepare_mirror(km_state *st, km_state_mut *mu)
 					return;
 				}
 		}
+		/*
+		 * Two writes: the partitions' tombstones, then (on_written) the mirror's. A write that lands
+		 * in part leaves a mirror with fewer stopped topics, never partition records of a mirror that
+		 * is gone (they would come back if the name were created again).
+		 */
 		for (size_t i = 0; i < m->ntopics; i++)
 			for (size_t j = 0; j < m->topics[i]->nparts; j++)
 				if (m->topics[i]->parts[j].present && add_partition_rec(mu, m->topics[i], (int32_t)j, NULL) != KM_OK) {
 					set_msg(mu, KM_MIRROR_STATE_UNAVAILABLE, "out of memory");
 					return;
 				}
-		km_state_key k = {.type = KM_STATE_REC_MIRROR, .mirror = km_str_c(m->name)};
-		if (add_rec(mu, &k, NULL) != KM_OK)
+		if (mu->nrecs > 0) {
+			mu->then_mirror_tombstone = true;
+			return;
+		}
+		if (add_mirror_tombstone(mu) != KM_OK)
 			set_msg(mu, KM_MIRROR_STATE_UNAVAILABLE, "out of memory");
 		return;
 	}
@@ -694,6 +718,17 @@ static void on_written(km_state *st, km_err err, const char *message)
 		free((char *)chgs[i].topic);
 	}
 	free(chgs);
+	if (mu->then_mirror_tombstone) {
+		mu->then_mirror_tombstone = false;
+		recs_clear(mu);
+		if (add_mirror_tombstone(mu) != KM_OK) {
+			set_msg(mu, KM_MIRROR_STATE_UNAVAILABLE, "out of memory");
+			finish_head(st);
+			return;
+		}
+		run_write(st, mu);
+		return;
+	}
 	log_mirror_change(mu);
 	finish_head(st);
 }

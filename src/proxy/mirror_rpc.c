@@ -4,6 +4,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <openssl/crypto.h>
+
 #include "kmirror/api.h"
 #include "kmirror/log.h"
 #include "kmirror/net.h"
@@ -110,6 +112,8 @@ static void op_free(mop *op)
 	if (op->next)
 		op->next->prev = op->prev;
 	km_arena_free(&op->a);
+	if (op->req && (op->key == KM_API_CREATE_MIRROR || op->key == KM_API_ALTER_MIRROR))
+		OPENSSL_cleanse(op->req, op->req_len); /* it holds the configuration in clear, secrets included */
 	free(op->req);
 	free(op);
 }
@@ -616,6 +620,14 @@ static km_state_kv *config_kv(mop *op, const void *items, int32_t count, size_t 
 	return kv;
 }
 
+/* Configuration values may be secrets: wiped once the store has its own (sealed) copy. */
+static void wipe_kv(km_state_kv *kv, int32_t count)
+{
+	for (int32_t i = 0; kv && i < count; i++)
+		if (kv[i].value)
+			OPENSSL_cleanse((char *)kv[i].value, strlen(kv[i].value));
+}
+
 static int64_t lag_of(const km_state_partition_info *p)
 {
 	if (p->source_log_end < 0)
@@ -819,6 +831,7 @@ static void proceed(mop *op)
 		km_state_kv *kv = config_kv(op, q->configs.items, q->configs.count, sizeof(*q->configs.items));
 		km_state_create_mirror(op->st, op->mirror, kv, (size_t)(q->configs.count > 0 ? q->configs.count : 0),
 				       q->validate_only, simple_done, op);
+		wipe_kv(kv, q->configs.count); /* the store took its own copy */
 		return;
 	}
 	case KM_API_ALTER_MIRROR: {
@@ -826,6 +839,7 @@ static void proceed(mop *op)
 		km_state_kv *kv = config_kv(op, q->configs.items, q->configs.count, sizeof(*q->configs.items));
 		km_state_alter_mirror(op->st, op->mirror, kv, (size_t)(q->configs.count > 0 ? q->configs.count : 0),
 				      q->validate_only, simple_done, op);
+		wipe_kv(kv, q->configs.count);
 		return;
 	}
 	case KM_API_DELETE_MIRROR:

@@ -30,6 +30,9 @@ typedef struct km_uuid {
 km_str km_str_c(const char *s);
 bool km_str_eq(km_str a, km_str b);
 bool km_str_eq_c(km_str a, const char *s);
+bool km_uuid_eq(const km_uuid *a, const km_uuid *b);
+/* The all-zero id Kafka uses for "no topic id". */
+bool km_uuid_is_zero(const km_uuid *u);
 
 /*
  * Reader. Every read checks bounds; the first failure is sticky: it records the field name and the

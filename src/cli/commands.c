@@ -431,14 +431,6 @@ static void uuid_b64(const km_uuid *u, char out[23])
 	out[o] = 0;
 }
 
-static bool uuid_zero(const km_uuid *u)
-{
-	for (int i = 0; i < 16; i++)
-		if (u->b[i])
-			return false;
-	return true;
-}
-
 static void json_describe(ctx *x, const km_describe_mirrors_response *resp)
 {
 	km_cli_json j;
@@ -481,7 +473,7 @@ static void json_describe(ctx *x, const km_describe_mirrors_response *resp)
 			km_cli_json_key(&j, "name");
 			km_cli_json_strn(&j, dt->name.p, dt->name.len);
 			km_cli_json_key(&j, "topic_id");
-			if (uuid_zero(&dt->topic_id))
+			if (km_uuid_is_zero(&dt->topic_id))
 				km_cli_json_null(&j);
 			else {
 				uuid_b64(&dt->topic_id, id);

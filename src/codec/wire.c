@@ -22,6 +22,17 @@ bool km_str_eq_c(km_str a, const char *s)
 	return km_str_eq(a, km_str_c(s));
 }
 
+bool km_uuid_eq(const km_uuid *a, const km_uuid *b)
+{
+	return memcmp(a->b, b->b, sizeof(a->b)) == 0;
+}
+
+bool km_uuid_is_zero(const km_uuid *u)
+{
+	static const km_uuid zero;
+	return km_uuid_eq(u, &zero);
+}
+
 /* ---- reader ---- */
 
 void km_rd_init(km_rd *r, const void *buf, size_t len)

@@ -531,7 +531,7 @@ static const km_produce_response_topic_produce_response *find_topic(const km_pro
 {
 	for (int32_t i = 0; i < br->responses.count; i++) {
 		const km_produce_response_topic_produce_response *bt = &br->responses.items[i];
-		if (v >= 13 ? memcmp(bt->topic_id.b, t->id.b, 16) == 0 : km_str_eq(bt->name, t->name))
+		if (v >= 13 ? km_uuid_eq(&bt->topic_id, &t->id) : km_str_eq(bt->name, t->name))
 			return bt;
 	}
 	return NULL;
@@ -900,7 +900,7 @@ static km_err merge_delete_topics(const km_ro_admin *ad, const uint8_t *body, si
 		bool named = t->name.len >= 0 && t->code == KM_OK;
 		for (int32_t k = 0; t->code == KM_OK && k < br.responses.count && !bt; k++) {
 			const km_delete_topics_response_deletable_topic_result *c = &br.responses.items[k];
-			if (named ? km_str_eq(c->name, t->name) : memcmp(c->topic_id.b, t->id.b, 16) == 0)
+			if (named ? km_str_eq(c->name, t->name) : km_uuid_eq(&c->topic_id, &t->id))
 				bt = &br.responses.items[k];
 		}
 		if (bt) {

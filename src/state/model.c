@@ -288,7 +288,6 @@ km_err km_state_model_index(km_state_model *m)
 {
 	size_t n = 0, nb;
 	km_state_topic **bn, **bi;
-	static const km_uuid zero;
 
 	for (size_t i = 0; i < m->nmirrors; i++)
 		n += m->mirrors[i]->ntopics;
@@ -307,7 +306,7 @@ km_err km_state_model_index(km_state_model *m)
 			t->name_next = bn[t->name_hash % nb];
 			bn[t->name_hash % nb] = t;
 			t->id_next = NULL;
-			if (memcmp(&t->id, &zero, sizeof(zero))) {
+			if (!km_uuid_is_zero(&t->id)) {
 				t->id_next = bi[id_hash(&t->id) % nb];
 				bi[id_hash(&t->id) % nb] = t;
 			}
@@ -325,7 +324,7 @@ const km_state_topic *km_state_model_topic_id(const km_state_model *m, const km_
 	if (!m->nbuckets)
 		return NULL;
 	for (km_state_topic *t = m->by_id[id_hash(id) % m->nbuckets]; t; t = t->id_next)
-		if (!memcmp(&t->id, id, sizeof(*id)))
+		if (km_uuid_eq(&t->id, id))
 			return t;
 	return NULL;
 }

@@ -512,7 +512,7 @@ static void on_topics_meta(km_state *st, km_err err, const char *message, const 
 			km_state_part p = {.state = KM_MP_PREPARING, .state_change_ms = now, .last_mirrored_offset = -1,
 					   .last_mirrored_epoch = -1, .last_error_ms = -1};
 			/* A restart keeps what was mirrored (the pipeline resumes from there) when the topic is the same. */
-			if (old && (size_t)j < old->nparts && old->parts[j].present && !memcmp(&old->id, &md->id, sizeof(md->id))) {
+			if (old && (size_t)j < old->nparts && old->parts[j].present && km_uuid_eq(&old->id, &md->id)) {
 				p.last_mirrored_offset = old->parts[j].last_mirrored_offset;
 				p.last_mirrored_epoch = old->parts[j].last_mirrored_epoch;
 			}
@@ -656,10 +656,7 @@ static void count_read_only(km_state *st)
 
 bool km_state_is_store_topic_id(const km_state *st, const km_uuid *id)
 {
-	static const km_uuid zero;
-
-	return st && id && memcmp(&st->store_topic_id, &zero, sizeof(zero)) != 0 &&
-	       memcmp(&st->store_topic_id, id, sizeof(*id)) == 0;
+	return st && id && !km_uuid_is_zero(&st->store_topic_id) && km_uuid_eq(&st->store_topic_id, id);
 }
 
 size_t km_state_read_only_topics(const km_state *st)

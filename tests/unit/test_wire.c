@@ -103,6 +103,21 @@ static void test_varint_too_long(void **state)
 	assert_string_equal(r.err_field, "Count");
 }
 
+static void test_uuids(void **state)
+{
+	km_uuid z = {{0}}, a = {{0}}, b = {{0}};
+
+	(void)state;
+	a.b[15] = 1;
+	b.b[15] = 1;
+	assert_true(km_uuid_is_zero(&z));
+	assert_false(km_uuid_is_zero(&a));
+	assert_true(km_uuid_eq(&a, &b));
+	b.b[0] = 9;
+	assert_false(km_uuid_eq(&a, &b));
+	assert_false(km_uuid_eq(&a, &z));
+}
+
 static void test_strings(void **state)
 {
 	km_wr w;
@@ -208,7 +223,7 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_fixed_roundtrip),   cmocka_unit_test(test_varints),
-		cmocka_unit_test(test_varint_too_long),   cmocka_unit_test(test_strings),
+		cmocka_unit_test(test_varint_too_long),   cmocka_unit_test(test_strings), cmocka_unit_test(test_uuids),
 		cmocka_unit_test(test_truncation_is_sticky), cmocka_unit_test(test_array_len_capped),
 		cmocka_unit_test(test_sub_reader),        cmocka_unit_test(test_fixed_writer_overflow),
 		cmocka_unit_test(test_errors_table),

@@ -1,0 +1,71 @@
+/*
+ * The offset map of one mirrored partition: runs of logical (the source's) offsets stored at
+ * physical (the destination's) offsets, and the pipeline's tail (docs/mirror.md, "The offset map").
+ * Pure data: the state store keeps and persists one per partition, the proxy translates with it.
+ */
+#ifndef KMIRROR_OFFMAP_H
+#define KMIRROR_OFFMAP_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "kmirror/error.h"
+
+/*
+ * One run as persisted: logical offsets from logical on are stored at physical offsets from
+ * physical on. prev_logical_end closes the run before it (the logical offset after its last
+ * record; -1 for the first run). A run's length is the next run's prev_logical_end - logical; the
+ * last run is open.
+ */
+typedef struct km_offrun {
+	int64_t logical;
+	int64_t physical;
+	int64_t prev_logical_end;
+} km_offrun;
+
+typedef struct km_offmap {
+	km_offrun *runs; /* sorted by logical (and then by physical: both increase) */
+	size_t n, cap;
+	/* The pipeline's tail, in memory only; -1 when no pipeline runs the partition. */
+	int64_t tail_physical, tail_logical;
+} km_offmap;
+
+void km_offmap_init(km_offmap *m);
+void km_offmap_free(km_offmap *m);
+
+/*
+ * Add a run (keeps the runs sorted; loading from the store adds them in any order). A run with
+ * the same logical start replaces the one there. KM_ERR_INVAL for negative offsets;
+ * KM_ERR_NOMEM.
+ */
+km_err km_offmap_add(km_offmap *m, int64_t logical, int64_t physical, int64_t prev_logical_end)
+	__attribute__((warn_unused_result));
+/* Remove the run starting at logical; false when there is none. */
+bool km_offmap_remove(km_offmap *m, int64_t logical);
+/* The run index holding logical offset L, or -1 (a hole, or no run). */
+ssize_t km_offmap_find_logical(const km_offmap *m, int64_t logical);
+
+/* The length of run i: -1 for the open (last) run. */
+int64_t km_offmap_run_length(const km_offmap *m, size_t i);
+
+/*
+ * Logical fetch offset -> the physical offset to fetch from: in a run, the same distance into it;
+ * in a hole, the next run's start; below every run, the first run's start; at or past the logical
+ * tail (when set), the physical tail. With no run: the physical tail, or -1 when unset.
+ */
+int64_t km_offmap_to_physical(const km_offmap *m, int64_t logical);
+/*
+ * Physical record offset (a batch's baseOffset, a ListOffsets answer) -> logical: in a run, the
+ * same distance into it; hidden (between runs, before the first), the next run's logical start;
+ * with no run, the logical tail when physical is the physical tail, else -1.
+ */
+int64_t km_offmap_to_logical(const km_offmap *m, int64_t physical);
+/*
+ * Physical "next offset" (high watermark, last stable offset, log start offset) -> logical: the
+ * physical tail gives the logical tail; otherwise as km_offmap_to_logical.
+ */
+int64_t km_offmap_next_to_logical(const km_offmap *m, int64_t physical);
+
+#endif

@@ -22,6 +22,7 @@
 #include "kmirror/daemon_config.h"
 #include "kmirror/error.h"
 #include "kmirror/metrics.h"
+#include "kmirror/offmap.h"
 #include "kmirror/options.h"
 #include "kmirror/wire.h"
 
@@ -189,6 +190,41 @@ void km_state_partition_set(km_state *st, const char *mirror, const char *topic,
 void km_state_partitions_set(km_state *st, const char *mirror, const char *topic, const int32_t *partitions,
 			     size_t n, km_mp_state to, const char *error, km_state_done_cb done, void *arg);
 
+/* ---- offset maps (docs/mirror.md, "The offset map") ---- */
+
+/* One run record to write: a new run, or (physical -1) a tombstone removing the run at logical. */
+typedef struct km_state_run {
+	const char *topic;
+	int32_t partition;
+	int64_t logical;          /* the run's first logical offset: the record's key */
+	int64_t physical;         /* its first physical offset; -1 removes the run */
+	int64_t prev_logical_end; /* closes the run before it; -1 for the first run */
+} km_state_run;
+
+/*
+ * Persist run records of partitions of one mirror's topics in one write (the write-ahead rule: the
+ * run a batch starts is in before the batch is produced), then apply them to the maps in memory,
+ * in order, and answer. UNKNOWN_CLUSTER_MIRROR, UNKNOWN_TOPIC_OR_PARTITION (topic not in the
+ * mirror), MIRROR_STATE_UNAVAILABLE. DeleteMirror removes a partition's runs with it.
+ */
+void km_state_runs_write(km_state *st, const char *mirror, const km_state_run *runs, size_t n, km_state_done_cb done,
+			 void *arg);
+/*
+ * The offset map of a partition of a mirror topic, NULL when it has none yet (never mirrored).
+ * The mutable form is for the mirror module only: it sets the tail (in memory, never persisted).
+ */
+const km_offmap *km_state_topic_offmap(const km_state_topic *t, int32_t partition);
+km_offmap *km_state_offmap_mut(km_state *st, const char *topic, int32_t partition);
+
+/*
+ * In-memory figures the mirror reports for a partition (describe, /metrics): the source's log end
+ * and the records skipped because the source's retention passed the mirror (-1 leaves a figure as
+ * it is). Never persisted. The mirrored offset describe shows is the offset map's logical tail
+ * while a pipeline runs the partition, else the persisted last mirrored offset.
+ */
+void km_state_partition_progress(km_state *st, const char *topic, int32_t partition, int64_t source_log_end,
+				 int64_t skipped_records);
+
 /* ---- reads (the committed state) ---- */
 
 /* Topics with a partition in any state but STOPPED (0 for NULL): the proxy's cheap "is anything read-only" test. */
@@ -217,6 +253,7 @@ typedef struct km_state_partition_info {
 	int64_t last_mirrored_offset;  /* -1: none */
 	int32_t last_mirrored_epoch;   /* -1: none */
 	int64_t source_log_end;        /* -1: not known (kept in memory only) */
+	int64_t skipped_records;       /* lost to the source's retention (kept in memory only) */
 	const char *last_error;        /* NULL: none */
 	int64_t last_error_ms;
 } km_state_partition_info;

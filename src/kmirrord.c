@@ -23,6 +23,7 @@ typedef struct daemon_ctx {
 	km_proxy *proxy;
 	km_state *state;
 	km_mirror *mirror;
+	km_mirror_opts mirror_opts;
 	SSL_CTX *state_tls;       /* the store's client context for the destination */
 	km_metrics *metrics;
 	km_metric_series *reloads_ok, *reloads_failed;
@@ -183,7 +184,12 @@ static bool make_state(daemon_ctx *d, char *err, size_t errlen)
 		if (!d->state_tls)
 			return false;
 	}
-	d->mirror = km_mirror_new(d->base);
+	memset(&d->mirror_opts, 0, sizeof(d->mirror_opts));
+	d->mirror_opts.base = d->base;
+	d->mirror_opts.cfg = &d->cfg;
+	d->mirror_opts.tls = d->state_tls;
+	d->mirror_opts.metrics = d->metrics;
+	d->mirror = km_mirror_new(&d->mirror_opts);
 	if (!d->mirror) {
 		snprintf(err, errlen, "out of memory");
 		return false;

@@ -1,9 +1,10 @@
-/* The mirror driver: completes the state transitions an operator starts, until pipelines do it (kmirror/mirror.h). */
+/* The mirror driver: hands partitions to their mirror's pipeline and persists the transitions the pipelines complete (kmirror/mirror.h). */
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "kmirror/log.h"
-#include "kmirror/mirror.h"
+#include "mirror_int.h"
 
 /* Transitions in flight at once: the store runs mutations one by one and bounds its queue. */
 #define KM_MIRROR_DRIVER_INFLIGHT 32
@@ -28,34 +29,25 @@ typedef struct km_mirror_work {
 	int32_t partition;
 	km_mp_state from, to;
 	char *mirror, *topic;
+	char *error; /* FAILED: the reason */
 } km_mirror_work;
 
 struct km_mirror {
 	struct event_base *base;
+	km_mirror_opts opts;
+	char instance[256];
 	km_state *st;
+	km_pipeline **pipes;
+	size_t npipes;
 	struct event *run_ev;
 	km_mirror_work *head, *tail;
 	size_t inflight;
 	bool freeing;
 };
 
-/* The state a transient state settles in when no pipeline has to do anything first. */
-static km_mp_state settle(km_mp_state s)
-{
-	switch (s) {
-	case KM_MP_PREPARING:
-		return KM_MP_MIRRORING;
-	case KM_MP_PAUSING:
-		return KM_MP_PAUSED;
-	case KM_MP_STOPPING:
-		return KM_MP_STOPPED;
-	default:
-		return KM_MP_UNKNOWN;
-	}
-}
-
 static void work_free(km_mirror_work *w)
 {
+	free(w->error);
 	free(w->mirror);
 	free(w->topic);
 	free(w);
@@ -67,13 +59,15 @@ static void schedule(km_mirror *mi)
 		event_active(mi->run_ev, 0, 0);
 }
 
-static void queue(km_mirror *mi, const char *mirror, const char *topic, int32_t partition, km_mp_state from)
+static void queue(km_mirror *mi, const char *mirror, const char *topic, int32_t partition, km_mp_state from,
+		  km_mp_state to, const char *error)
 {
 	km_mirror_work *w = calloc(1, sizeof(*w));
 
-	if (!w || !(w->mirror = strdup(mirror)) || !(w->topic = strdup(topic))) {
+	if (!w || !(w->mirror = strdup(mirror)) || !(w->topic = strdup(topic)) ||
+	    (error && !(w->error = strdup(error)))) {
 		KM_ERROR("mirror", 0, "%s/%s-%d: out of memory queueing its %s -> %s transition", mirror, topic,
-			     (int)partition, km_mp_state_name(from), km_mp_state_name(settle(from)));
+			     (int)partition, km_mp_state_name(from), km_mp_state_name(to));
 		if (w)
 			work_free(w);
 		return;
@@ -81,7 +75,7 @@ static void queue(km_mirror *mi, const char *mirror, const char *topic, int32_t 
 	w->mi = mi;
 	w->partition = partition;
 	w->from = from;
-	w->to = settle(from);
+	w->to = to;
 	if (mi->tail)
 		mi->tail->next = w;
 	else
@@ -138,8 +132,8 @@ static void transition_done(void *arg, const km_state_result *res)
 /* Moves w into b when it is the same topic and transition; false otherwise. */
 static bool batch_take(km_mirror_batch *b, km_mirror_work *w)
 {
-	if (b->n >= KM_MIRROR_DRIVER_BATCH || w->from != b->from || strcmp(w->topic, b->topic) ||
-	    strcmp(w->mirror, b->mirror))
+	if (b->n >= KM_MIRROR_DRIVER_BATCH || w->from != b->from || w->to != b->to || w->error ||
+	    strcmp(w->topic, b->topic) || strcmp(w->mirror, b->mirror))
 		return false;
 	b->parts[b->n++] = w->partition;
 	return true;
@@ -175,6 +169,12 @@ static void run_cb(evutil_socket_t fd, short what, void *arg)
 		w->next = NULL;
 		if (!mi->st || current(mi->st, w) != w->from) {
 			work_free(w); /* moved on meanwhile (stopped while preparing, ...): nothing to settle */
+			continue;
+		}
+		if (w->error) {
+			/* A failure carries its own reason: written alone. */
+			mi->inflight++;
+			km_state_partition_set(mi->st, w->mirror, w->topic, w->partition, w->to, w->error, single_done, w);
 			continue;
 		}
 		b = calloc(1, sizeof(*b));
@@ -213,14 +213,20 @@ static void run_cb(evutil_socket_t fd, short what, void *arg)
 	}
 }
 
-km_mirror *km_mirror_new(struct event_base *base)
+km_mirror *km_mirror_new(const km_mirror_opts *opts)
 {
 	km_mirror *mi = calloc(1, sizeof(*mi));
 
 	if (!mi)
 		return NULL;
-	mi->base = base;
-	mi->run_ev = event_new(base, -1, 0, run_cb, mi);
+	mi->opts = *opts;
+	mi->base = opts->base;
+	if (opts->instance && *opts->instance)
+		snprintf(mi->instance, sizeof(mi->instance), "%s", opts->instance);
+	else if (gethostname(mi->instance, sizeof(mi->instance) - 1) != 0 || !mi->instance[0])
+		snprintf(mi->instance, sizeof(mi->instance), "kmirrord");
+	mi->opts.instance = mi->instance;
+	mi->run_ev = event_new(mi->base, -1, 0, run_cb, mi);
 	if (!mi->run_ev) {
 		free(mi);
 		return NULL;
@@ -239,6 +245,9 @@ void km_mirror_free(km_mirror *mi)
 	if (!mi)
 		return;
 	mi->freeing = true;
+	for (size_t i = 0; i < mi->npipes; i++)
+		km_pipeline_free(mi->pipes[i]);
+	free(mi->pipes);
 	while (mi->head) {
 		km_mirror_work *w = mi->head;
 		mi->head = w->next;
@@ -246,6 +255,79 @@ void km_mirror_free(km_mirror *mi)
 	}
 	event_free(mi->run_ev);
 	free(mi);
+}
+
+struct event_base *km_mirror_base(km_mirror *mi)
+{
+	return mi->base;
+}
+
+km_state *km_mirror_store(km_mirror *mi)
+{
+	return mi->st;
+}
+
+const km_mirror_opts *km_mirror_get_opts(km_mirror *mi)
+{
+	return &mi->opts;
+}
+
+void km_mirror_settle(km_mirror *mi, const char *mirror, const char *topic, int32_t partition, km_mp_state from,
+		      km_mp_state to, const char *error)
+{
+	if (!mi->freeing)
+		queue(mi, mirror, topic, partition, from, to, error);
+}
+
+/*
+ * The mirror's pipeline, created on first use. Pipelines live until the module is freed (the
+ * store's answers may still reach them); one whose mirror was deleted just holds nothing.
+ */
+static km_pipeline *pipeline_of(km_mirror *mi, const char *mirror)
+{
+	km_pipeline **np, *pl;
+
+	for (size_t i = 0; i < mi->npipes; i++)
+		if (!strcmp(km_pipeline_name(mi->pipes[i]), mirror))
+			return mi->pipes[i];
+	if (!(pl = km_pipeline_new(mi, mirror)))
+		return NULL;
+	np = realloc(mi->pipes, (mi->npipes + 1) * sizeof(*np));
+	if (!np) {
+		km_pipeline_free(pl);
+		return NULL;
+	}
+	mi->pipes = np;
+	mi->pipes[mi->npipes++] = pl;
+	return pl;
+}
+
+/* A committed state: hand the partition to its pipeline, or settle what needs no work. */
+static void dispatch(km_mirror *mi, const char *mirror, const char *topic, int32_t partition, km_mp_state state)
+{
+	km_pipeline *pl;
+
+	if (mi->freeing || !mi->st)
+		return;
+	switch (state) {
+	case KM_MP_PREPARING:
+	case KM_MP_MIRRORING:
+	case KM_MP_PAUSING:
+	case KM_MP_STOPPING:
+		break;
+	default:
+		/* PAUSED, STOPPED, FAILED: a pipeline that holds it lets it go. */
+		for (size_t i = 0; i < mi->npipes; i++)
+			if (!strcmp(km_pipeline_name(mi->pipes[i]), mirror))
+				km_pipeline_partition(mi->pipes[i], topic, partition, state);
+		return;
+	}
+	pl = pipeline_of(mi, mirror);
+	if (!pl) {
+		KM_ERROR("mirror", 0, "%s/%s-%d: out of memory starting its pipeline", mirror, topic, (int)partition);
+		return;
+	}
+	km_pipeline_partition(pl, topic, partition, state);
 }
 
 void km_mirror_state_ready(void *arg)
@@ -261,8 +343,7 @@ void km_mirror_state_ready(void *arg)
 			const km_state_topic *t = km_state_mirror_topic_at(m, j);
 			for (size_t k = 0; k < km_state_topic_partition_count(t); k++) {
 				km_state_topic_partition(t, k, &pi);
-				if (settle(pi.state) != KM_MP_UNKNOWN)
-					queue(mi, km_state_mirror_name(m), km_state_topic_name(t), pi.partition, pi.state);
+				dispatch(mi, km_state_mirror_name(m), km_state_topic_name(t), pi.partition, pi.state);
 			}
 		}
 	}
@@ -274,6 +355,5 @@ void km_mirror_partition_changed(void *arg, const char *mirror, const char *topi
 	km_mirror *mi = arg;
 
 	(void)from;
-	if (settle(to) != KM_MP_UNKNOWN)
-		queue(mi, mirror, topic, partition, to);
+	dispatch(mi, mirror, topic, partition, to);
 }

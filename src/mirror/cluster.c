@@ -1,0 +1,268 @@
+/* A cluster as a pipeline sees it: bootstrap addresses, then one client per broker the metadata names. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "kmirror/log.h"
+#include "mirror_int.h"
+
+#define MAX_NODES 10000
+
+typedef struct mnode {
+	int32_t id;
+	char host[256];
+	uint16_t port;
+	km_net_client *c;
+	bool failed;
+} mnode;
+
+struct km_mcluster {
+	struct event_base *base;
+	char side[16];
+	km_net_client_opts o;
+	char *client_id, *mech, *user, *pass;
+	km_hostport *boot;
+	size_t nboot, boot_i;
+	km_net_client *bootc;
+	bool boot_failed;
+	mnode *nodes;
+	size_t nnodes;
+	/* Clients dropped from inside their own callbacks, freed on the next loop iteration. */
+	km_net_client **dead;
+	size_t ndead, capdead;
+	struct event *ev;
+	void (*on_change)(void *arg);
+	void *arg;
+};
+
+static void on_ev(evutil_socket_t fd, short what, void *arg)
+{
+	km_mcluster *cl = arg;
+	(void)fd;
+	(void)what;
+	for (size_t i = 0; i < cl->ndead; i++)
+		km_net_client_free(cl->dead[i]);
+	cl->ndead = 0;
+	if (cl->on_change)
+		cl->on_change(cl->arg);
+}
+
+static void kick(km_mcluster *cl)
+{
+	event_active(cl->ev, 0, 0);
+}
+
+static void on_state(km_net_client *c, km_err err, void *arg)
+{
+	km_mcluster *cl = arg;
+
+	if (err != KM_OK) {
+		KM_DEBUG(KM_MIRROR_COMP, 0, "%s connection failed: %s", cl->side, km_net_client_reason(c));
+		if (c == cl->bootc)
+			cl->boot_failed = true;
+		for (size_t i = 0; i < cl->nnodes; i++)
+			if (cl->nodes[i].c == c)
+				cl->nodes[i].failed = true;
+	}
+	kick(cl);
+}
+
+static char *dup_or_null(const char *s)
+{
+	return s ? strdup(s) : NULL;
+}
+
+km_mcluster *km_mcluster_new(struct event_base *base, const char *side, const km_net_client_opts *tmpl,
+			     const km_hostport *boot, size_t nboot, void (*on_change)(void *arg), void *arg)
+{
+	km_mcluster *cl = calloc(1, sizeof(*cl));
+
+	if (!cl || !nboot)
+		goto fail;
+	cl->base = base;
+	snprintf(cl->side, sizeof(cl->side), "%s", side);
+	cl->o = *tmpl;
+	cl->client_id = dup_or_null(tmpl->client_id);
+	cl->mech = dup_or_null(tmpl->sasl_mechanism);
+	cl->user = dup_or_null(tmpl->sasl_username);
+	cl->pass = dup_or_null(tmpl->sasl_password);
+	cl->o.client_id = cl->client_id;
+	cl->o.sasl_mechanism = cl->mech;
+	cl->o.sasl_username = cl->user;
+	cl->o.sasl_password = cl->pass;
+	cl->o.on_state = on_state;
+	cl->o.arg = cl;
+	cl->boot = malloc(nboot * sizeof(*cl->boot));
+	cl->ev = event_new(base, -1, 0, on_ev, cl);
+	if (!cl->boot || !cl->ev)
+		goto fail;
+	memcpy(cl->boot, boot, nboot * sizeof(*boot));
+	cl->nboot = nboot;
+	cl->on_change = on_change;
+	cl->arg = arg;
+	return cl;
+fail:
+	km_mcluster_free(cl);
+	return NULL;
+}
+
+void km_mcluster_free(km_mcluster *cl)
+{
+	if (!cl)
+		return;
+	if (cl->bootc)
+		km_net_client_free(cl->bootc);
+	for (size_t i = 0; i < cl->nnodes; i++)
+		if (cl->nodes[i].c)
+			km_net_client_free(cl->nodes[i].c);
+	for (size_t i = 0; i < cl->ndead; i++)
+		km_net_client_free(cl->dead[i]);
+	free(cl->dead);
+	free(cl->nodes);
+	free(cl->boot);
+	if (cl->ev)
+		event_free(cl->ev);
+	if (cl->pass)
+		memset(cl->pass, 0, strlen(cl->pass));
+	free(cl->client_id);
+	free(cl->mech);
+	free(cl->user);
+	free(cl->pass);
+	free(cl);
+}
+
+const char *km_mcluster_side(const km_mcluster *cl)
+{
+	return cl->side;
+}
+
+static km_net_client *connect_to(km_mcluster *cl, const char *host, uint16_t port)
+{
+	km_net_client *c = km_net_client_new(cl->base, &cl->o);
+
+	if (c && km_net_client_connect(c, host, port) != KM_OK) {
+		km_net_client_free(c);
+		c = NULL;
+	}
+	return c;
+}
+
+/* Park a client for freeing on the next loop iteration (it may be calling us). */
+static void bury(km_mcluster *cl, km_net_client *c)
+{
+	if (cl->ndead == cl->capdead) {
+		size_t cap = cl->capdead ? cl->capdead * 2 : 8;
+		km_net_client **d = realloc(cl->dead, cap * sizeof(*d));
+		if (!d) {
+			/* Freeing now is safe from outside a callback; inside one the client's own free is reentrant-safe. */
+			km_net_client_free(c);
+			return;
+		}
+		cl->dead = d;
+		cl->capdead = cap;
+	}
+	cl->dead[cl->ndead++] = c;
+	kick(cl);
+}
+
+km_net_client *km_mcluster_any(km_mcluster *cl)
+{
+	/* A broker the metadata named, connected and healthy, is the cheapest. */
+	for (size_t i = 0; i < cl->nnodes; i++)
+		if (cl->nodes[i].c && !cl->nodes[i].failed && km_net_client_ready(cl->nodes[i].c))
+			return cl->nodes[i].c;
+	if (cl->bootc && cl->boot_failed)
+		km_mcluster_drop(cl, cl->bootc);
+	if (!cl->bootc) {
+		const km_hostport *hp = &cl->boot[cl->boot_i++ % cl->nboot];
+		cl->bootc = connect_to(cl, hp->host, hp->port);
+		cl->boot_failed = false;
+	}
+	return cl->bootc;
+}
+
+static mnode *node_of(km_mcluster *cl, int32_t id)
+{
+	for (size_t i = 0; i < cl->nnodes; i++)
+		if (cl->nodes[i].id == id)
+			return &cl->nodes[i];
+	return NULL;
+}
+
+km_net_client *km_mcluster_node(km_mcluster *cl, int32_t id)
+{
+	mnode *n = node_of(cl, id);
+
+	if (!n)
+		return NULL;
+	if (n->c && n->failed)
+		km_mcluster_drop(cl, n->c);
+	if (!n->c) {
+		n->c = connect_to(cl, n->host, n->port);
+		n->failed = false;
+	}
+	return n->c;
+}
+
+bool km_mcluster_failed(km_mcluster *cl, const km_net_client *c)
+{
+	if (!c)
+		return true;
+	if (c == cl->bootc)
+		return cl->boot_failed;
+	for (size_t i = 0; i < cl->nnodes; i++)
+		if (cl->nodes[i].c == c)
+			return cl->nodes[i].failed;
+	return true;
+}
+
+void km_mcluster_drop(km_mcluster *cl, km_net_client *c)
+{
+	if (!c)
+		return;
+	if (c == cl->bootc) {
+		cl->bootc = NULL;
+		cl->boot_failed = false;
+		bury(cl, c);
+		return;
+	}
+	for (size_t i = 0; i < cl->nnodes; i++)
+		if (cl->nodes[i].c == c) {
+			cl->nodes[i].c = NULL;
+			cl->nodes[i].failed = false;
+			bury(cl, c);
+			return;
+		}
+}
+
+km_err km_mcluster_brokers(km_mcluster *cl, const km_metadata_response *r)
+{
+	size_t n = r->brokers.count > 0 ? (size_t)r->brokers.count : 0;
+	mnode *nn;
+
+	if (n > MAX_NODES)
+		return KM_ERR_DECODE;
+	if (!n)
+		return KM_OK; /* keep what we had: a response without brokers is no news */
+	nn = calloc(n, sizeof(*nn));
+	if (!nn)
+		return KM_ERR_NOMEM;
+	for (size_t i = 0; i < n; i++) {
+		const km_metadata_response_broker *b = &r->brokers.items[i];
+		mnode *old = node_of(cl, b->node_id);
+		nn[i].id = b->node_id;
+		snprintf(nn[i].host, sizeof(nn[i].host), "%.*s", b->host.len > 0 ? (int)b->host.len : 0, b->host.p);
+		nn[i].port = (uint16_t)b->port;
+		if (old && old->c && !strcmp(old->host, nn[i].host) && old->port == nn[i].port) {
+			nn[i].c = old->c;
+			nn[i].failed = old->failed;
+			old->c = NULL;
+		}
+	}
+	for (size_t i = 0; i < cl->nnodes; i++)
+		if (cl->nodes[i].c)
+			bury(cl, cl->nodes[i].c);
+	free(cl->nodes);
+	cl->nodes = nn;
+	cl->nnodes = n;
+	return KM_OK;
+}

@@ -1,0 +1,62 @@
+/* Internals of the mirror module: the driver (transitions), the clusters a pipeline talks to, and the pipelines. */
+#ifndef KMIRROR_MIRROR_INT_H
+#define KMIRROR_MIRROR_INT_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "kmirror/mirror.h"
+#include "kmirror/msg/metadata_response.h"
+#include "kmirror/net.h"
+#include "kmirror/options.h"
+
+#define KM_MIRROR_COMP "mirror"
+
+/* ---- a cluster: bootstrap addresses, the brokers the metadata names, one client per broker ---- */
+
+typedef struct km_mcluster km_mcluster;
+
+/*
+ * tmpl: the client options every connection gets (its strings are copied; on_state/arg are
+ * replaced: on_change(arg) runs on a later loop iteration whenever a client becomes ready or fails).
+ */
+km_mcluster *km_mcluster_new(struct event_base *base, const char *side, const km_net_client_opts *tmpl,
+			     const km_hostport *boot, size_t nboot, void (*on_change)(void *arg), void *arg);
+void km_mcluster_free(km_mcluster *cl);
+/* A client to any broker (a bootstrap address until the metadata named brokers); NULL: cannot connect. */
+km_net_client *km_mcluster_any(km_mcluster *cl);
+/* The client of broker id (connecting on first use); NULL when the metadata does not name it. */
+km_net_client *km_mcluster_node(km_mcluster *cl, int32_t id);
+/* Whether c failed (the next km_mcluster_any / _node gives a fresh client). */
+bool km_mcluster_failed(km_mcluster *cl, const km_net_client *c);
+/* Forget c after an error on it: the next use reconnects. Safe from inside c's callbacks. */
+void km_mcluster_drop(km_mcluster *cl, km_net_client *c);
+/* Take the brokers of a Metadata response (clients of unchanged addresses are kept). */
+km_err km_mcluster_brokers(km_mcluster *cl, const km_metadata_response *r) __attribute__((warn_unused_result));
+const char *km_mcluster_side(const km_mcluster *cl);
+
+/* ---- the driver's services for the pipelines ---- */
+
+struct event_base *km_mirror_base(km_mirror *mi);
+km_state *km_mirror_store(km_mirror *mi);
+const km_mirror_opts *km_mirror_get_opts(km_mirror *mi);
+/*
+ * The work a transient state stands for is done: persist from -> to for the partition (batched with
+ * others of the same topic). error: for FAILED, the reason.
+ */
+void km_mirror_settle(km_mirror *mi, const char *mirror, const char *topic, int32_t partition, km_mp_state from,
+		      km_mp_state to, const char *error);
+
+/* ---- pipelines: one per mirror with partitions to run (pipeline.c) ---- */
+
+typedef struct km_pipeline km_pipeline;
+
+km_pipeline *km_pipeline_new(km_mirror *mi, const char *mirror);
+void km_pipeline_free(km_pipeline *pl);
+const char *km_pipeline_name(const km_pipeline *pl);
+/* The committed state of one of the mirror's partitions changed (or is known after start-up). */
+void km_pipeline_partition(km_pipeline *pl, const char *topic, int32_t partition, km_mp_state state);
+/* Partitions the pipeline holds (running, or draining for a pause or a stop). */
+size_t km_pipeline_count(const km_pipeline *pl);
+
+#endif

@@ -1,0 +1,2144 @@
+/*
+ * A mirror's pipeline (docs/mirror.md, "The pipeline"): fetch record batches from the source,
+ * write the same batches into the destination as the mirror's own idempotent producer, keep the
+ * offset maps, reconcile after anything uncertain.
+ */
+#include <stdlib.h>
+#include <string.h>
+#include <sys/time.h>
+#include <unistd.h>
+
+#include "kmirror/api.h"
+#include "kmirror/batch.h"
+#include "kmirror/crc32c.h"
+#include "kmirror/fetch.h"
+#include "kmirror/log.h"
+#include "kmirror/msg/fetch_request.h"
+#include "kmirror/msg/init_producer_id_request.h"
+#include "kmirror/msg/init_producer_id_response.h"
+#include "kmirror/msg/list_offsets_request.h"
+#include "kmirror/msg/list_offsets_response.h"
+#include "kmirror/msg/metadata_request.h"
+#include "kmirror/msg/produce_response.h"
+#include "mirror_int.h"
+
+#define COMP KM_MIRROR_COMP
+
+/* Produce requests in flight per destination broker: in order on one connection (idempotence keeps 5). */
+#define KM_MIRROR_PRODUCE_INFLIGHT 5
+/* Bytes of batches one Produce request carries at most (its partitions' batches add up to this). */
+#define PRODUCE_REQUEST_BYTES (8 << 20)
+#define FETCH_MAX_WAIT_MS 500
+#define BACKOFF_MIN_MS 100
+#define BACKOFF_MAX_MS 10000
+#define METADATA_MIN_INTERVAL_MS 500
+#define MAX_BATCH_BYTES (64 << 20)
+
+/* The versions this code speaks: [lo, hi] of each request it builds (Fetch and Produce name topics, v12 at most). */
+enum { FETCH_LO = 4, FETCH_HI = 12, PRODUCE_LO = 3, PRODUCE_HI = 12, META_LO = 1, META_HI = 12, LO_LO = 1,
+       LO_HI = 10, PID_LO = 0, PID_HI = 5 };
+
+typedef enum {
+	PH_IDLE,       /* not run (paused, stopped, failed, or waiting for its committed state) */
+	PH_RECONCILE,  /* waiting for a producer id and the destination leader, then ListOffsets on it */
+	PH_RECON_WAIT, /* ListOffsets on the destination sent */
+	PH_START,      /* no run yet: ListOffsets on the source for the start position */
+	PH_START_WAIT,
+	PH_READY,      /* may be fetched */
+	PH_FETCHING,   /* in a Fetch in flight */
+	PH_RUNS,       /* new runs being persisted before its batches go out */
+	PH_WRITING,    /* batches being produced */
+} mphase;
+
+/* A fetched response, held while batches that reference its bytes are written. */
+typedef struct mresp {
+	struct evbuffer *buf;
+	int refs;
+} mresp;
+
+typedef struct mbatch {
+	struct mbatch *next;
+	mresp *resp;      /* the record bytes live in resp->buf at off ... */
+	size_t off, size; /* ... the whole batch, 12 + batchLength */
+	uint8_t *own;     /* or in own (a re-encoded piece), own_len bytes */
+	size_t own_len;
+	uint8_t hdr[KM_BATCH_HEADER_SIZE]; /* re-stamped header */
+	int64_t logical;  /* first logical offset */
+	int32_t count;    /* lastOffsetDelta + 1 */
+	int64_t physical; /* where it must land */
+	int64_t max_ts;
+	bool sent;
+} mbatch;
+
+typedef struct mtopic mtopic;
+
+typedef struct mpart {
+	mtopic *t;
+	int32_t id;
+	km_mp_state state;   /* committed */
+	mphase phase;
+	bool settling;       /* a transition asked of the driver, not yet committed */
+	int32_t src_leader, src_epoch, dst_leader;
+	int64_t fetch_logical;  /* the logical tail: the next offset to fetch */
+	int64_t cont_logical;   /* the logical offset that continues the open run at plan_phys; -1: a run must start */
+	int64_t plan_phys;      /* where the next planned batch lands */
+	int64_t acked_phys;     /* the physical tail: after the last acknowledged batch */
+	int64_t acked_logical;  /* the logical tail matching acked_phys (holes after it included once planned) */
+	int64_t pid;
+	int16_t epoch;
+	int32_t seq;
+	bool probe;             /* the first write after reconcile goes alone and checks where it landed */
+	bool need_pid;          /* waits for a fresh producer id */
+	bool recon;             /* reconcile once nothing is in flight */
+	bool oor;               /* the source answered OFFSET_OUT_OF_RANGE: look up its log start */
+	bool start_latest;      /* no record at or after the start timestamp: start at the end */
+	mbatch *head, *tail;
+	size_t inflight;        /* batches sent, not answered */
+	int64_t retry_at;
+	int backoff_ms;
+	uint64_t records, bytes, skipped;
+} mpart;
+
+struct mtopic {
+	char *name;
+	mpart **parts; /* by partition id */
+	int32_t nparts;
+	bool src_missing, dst_missing;
+};
+
+typedef struct mnode_io {
+	int32_t id;
+	bool fetching;
+	int produce_inflight;
+} mnode_io;
+
+struct km_pipeline {
+	km_mirror *mi;
+	char *name;
+	km_mcluster *src, *dst;
+	SSL_CTX *src_tls;
+	mtopic **topics;
+	size_t ntopics;
+	mnode_io *sio, *dio;
+	size_t nsio, ndio;
+	struct event *tick_ev;
+	bool tick_armed;
+	bool src_meta_inflight, dst_meta_inflight, src_meta_need, dst_meta_need;
+	int64_t src_meta_at, dst_meta_at;
+	bool pid_inflight, pid_want;
+	int64_t pid;
+	int16_t epoch;
+	uint64_t pid_gen; /* bumps with every producer id obtained */
+	int64_t fetch_max_bytes, part_max_bytes;
+	char start_mode[32];
+	bool closing;
+	bool config_error;
+	char config_msg[256];
+};
+
+/* ---- small things ---- */
+
+static int64_t now_ms(void)
+{
+	struct timeval tv;
+	gettimeofday(&tv, NULL);
+	return (int64_t)tv.tv_sec * 1000 + tv.tv_usec / 1000;
+}
+
+static int16_t pick(km_net_client *c, int16_t key, int16_t lo, int16_t hi)
+{
+	int16_t v = km_net_client_version(c, key);
+	if (v < lo)
+		return -1;
+	return v > hi ? hi : v;
+}
+
+static void resp_unref(void *arg)
+{
+	mresp *r = arg;
+	if (--r->refs == 0) {
+		evbuffer_free(r->buf);
+		free(r);
+	}
+}
+
+static void batch_free(mbatch *b)
+{
+	if (b->resp)
+		resp_unref(b->resp);
+	free(b->own);
+	free(b);
+}
+
+static void schedule_in(km_pipeline *pl, int64_t ms);
+
+static void tick_soon(km_pipeline *pl)
+{
+	schedule_in(pl, 0);
+}
+
+static const char *ptag(const mpart *p, char *buf, size_t len)
+{
+	snprintf(buf, len, "%s-%d", p->t->name, (int)p->id);
+	return buf;
+}
+
+static mnode_io *node_io(mnode_io **arr, size_t *n, int32_t id)
+{
+	mnode_io *a;
+	for (size_t i = 0; i < *n; i++)
+		if ((*arr)[i].id == id)
+			return &(*arr)[i];
+	a = realloc(*arr, (*n + 1) * sizeof(*a));
+	if (!a)
+		return NULL;
+	*arr = a;
+	a[*n] = (mnode_io){.id = id};
+	return &a[(*n)++];
+}
+
+static mtopic *topic_get(km_pipeline *pl, const char *name, bool create)
+{
+	mtopic *t, **nt;
+	for (size_t i = 0; i < pl->ntopics; i++)
+		if (!strcmp(pl->topics[i]->name, name))
+			return pl->topics[i];
+	if (!create)
+		return NULL;
+	t = calloc(1, sizeof(*t));
+	nt = realloc(pl->topics, (pl->ntopics + 1) * sizeof(*nt));
+	if (!t || !nt || !(t->name = strdup(name))) {
+		free(t);
+		if (nt)
+			pl->topics = nt;
+		return NULL;
+	}
+	pl->topics = nt;
+	pl->topics[pl->ntopics++] = t;
+	return t;
+}
+
+static mpart *part_get(km_pipeline *pl, mtopic *t, int32_t id, bool create)
+{
+	mpart *p;
+	if (id < 0 || id > 1000000)
+		return NULL;
+	if (id < t->nparts && t->parts[id])
+		return t->parts[id];
+	if (!create)
+		return NULL;
+	if (id >= t->nparts) {
+		mpart **np = realloc(t->parts, (size_t)(id + 1) * sizeof(*np));
+		if (!np)
+			return NULL;
+		memset(np + t->nparts, 0, (size_t)(id + 1 - t->nparts) * sizeof(*np));
+		t->parts = np;
+		t->nparts = id + 1;
+	}
+	p = calloc(1, sizeof(*p));
+	if (!p)
+		return NULL;
+	p->t = t;
+	p->id = id;
+	p->src_leader = p->dst_leader = -1;
+	p->src_epoch = -1;
+	p->fetch_logical = p->cont_logical = -1;
+	p->pid = -1;
+	t->parts[id] = p;
+	(void)pl;
+	return p;
+}
+
+static void drop_unsent(mpart *p)
+{
+	mbatch **pp = &p->head;
+	p->tail = NULL;
+	while (*pp) {
+		mbatch *b = *pp;
+		if (b->sent) {
+			p->tail = b;
+			pp = &b->next;
+			continue;
+		}
+		*pp = b->next;
+		batch_free(b);
+	}
+}
+
+static void set_tail(km_pipeline *pl, mpart *p, bool set)
+{
+	km_offmap *m = km_state_offmap_mut(km_mirror_store(pl->mi), p->t->name, p->id);
+	if (!m)
+		return;
+	m->tail_physical = set ? p->acked_phys : -1;
+	m->tail_logical = set ? p->acked_logical : -1;
+}
+
+static void backoff(mpart *p)
+{
+	int ms = p->backoff_ms ? p->backoff_ms : BACKOFF_MIN_MS;
+	p->backoff_ms = ms * 2 > BACKOFF_MAX_MS ? BACKOFF_MAX_MS : ms * 2;
+	/* Jitter: 75-125 % of the step, so partitions that failed together do not retry together. */
+	ms = ms * 3 / 4 + (int)(random() % (ms / 2 + 1));
+	p->retry_at = now_ms() + ms;
+}
+
+/* Start over for p: once nothing of it is in flight, reconcile with a fresh producer id. */
+static void reconcile(km_pipeline *pl, mpart *p, const char *why)
+{
+	char tag[300];
+	if (p->phase == PH_IDLE)
+		return;
+	KM_INFO(COMP, 0, "%s: %s: reconciling", ptag(p, tag, sizeof(tag)), why);
+	drop_unsent(p);
+	p->recon = true;
+	p->phase = PH_RECONCILE;
+	p->need_pid = true;
+	pl->pid_want = true;
+	backoff(p);
+	tick_soon(pl);
+}
+
+static void fail_part(km_pipeline *pl, mpart *p, const char *why)
+{
+	char tag[300];
+	KM_ERROR(COMP, 0, "%s/%s: %s: the partition is FAILED (stop, then start, to recover)", pl->name,
+		 ptag(p, tag, sizeof(tag)), why);
+	drop_unsent(p);
+	p->phase = PH_IDLE;
+	set_tail(pl, p, false);
+	if (!p->settling) {
+		p->settling = true;
+		km_mirror_settle(pl->mi, pl->name, p->t->name, p->id, p->state, KM_MP_FAILED, why);
+	}
+}
+
+/* ---- metadata (both sides) ---- */
+
+typedef struct req_ctx {
+	km_pipeline *pl;
+	km_mcluster *cl;
+	int32_t node;
+	int16_t ver;
+	void *extra;
+} req_ctx;
+
+static req_ctx *ctx_new(km_pipeline *pl, km_mcluster *cl, int32_t node, int16_t ver)
+{
+	req_ctx *x = calloc(1, sizeof(*x));
+	if (x)
+		*x = (req_ctx){pl, cl, node, ver, NULL};
+	return x;
+}
+
+static km_err send_flat(km_net_client *c, int16_t key, int16_t ver, km_wr *w, km_net_response_cb cb, req_ctx *x)
+{
+	km_net_request rq;
+	km_net_piece pc = {.p = w->buf, .len = w->len};
+	km_err rc;
+
+	if (!km_wr_ok(w))
+		rc = w->err;
+	else if (!x)
+		rc = KM_ERR_NOMEM;
+	else {
+		km_net_request_init(&rq, key, ver);
+		rq.pieces = &pc;
+		rq.npieces = 1;
+		rq.delivery = KM_NET_FLAT;
+		rq.on_flat = cb;
+		rq.arg = x;
+		rc = km_net_client_request(c, &rq);
+	}
+	if (rc != KM_OK)
+		free(x);
+	km_wr_free(w);
+	return rc;
+}
+
+static void take_metadata(km_pipeline *pl, km_mcluster *cl, const km_metadata_response *r)
+{
+	bool src = cl == pl->src;
+	char tag[300];
+
+	if (km_mcluster_brokers(cl, r) != KM_OK)
+		return;
+	for (int32_t i = 0; i < r->topics.count; i++) {
+		const km_metadata_response_topic *mt = &r->topics.items[i];
+		char name[256];
+		mtopic *t;
+		snprintf(name, sizeof(name), "%.*s", mt->name.len > 0 ? (int)mt->name.len : 0, mt->name.p);
+		if (!(t = topic_get(pl, name, false)))
+			continue;
+		if (src)
+			t->src_missing = mt->error_code == 3;
+		else
+			t->dst_missing = mt->error_code == 3;
+		if (mt->error_code)
+			continue;
+		for (int32_t j = 0; j < mt->partitions.count; j++) {
+			const km_metadata_response_partition *mp = &mt->partitions.items[j];
+			mpart *p = part_get(pl, t, mp->partition_index, false);
+			if (!p)
+				continue;
+			if (src) {
+				p->src_leader = mp->error_code ? -1 : mp->leader_id;
+				p->src_epoch = mp->leader_epoch;
+			} else {
+				if (p->dst_leader >= 0 && p->dst_leader != mp->leader_id && p->phase >= PH_READY &&
+				    (p->head || p->inflight))
+					/* Leadership moved under our writes: what landed is decided by the log. */
+					reconcile(pl, p, "the destination leader moved");
+				p->dst_leader = mp->error_code ? -1 : mp->leader_id;
+			}
+		}
+	}
+	for (size_t i = 0; i < pl->ntopics; i++) {
+		mtopic *t = pl->topics[i];
+		for (int32_t j = 0; j < t->nparts; j++) {
+			mpart *p = t->parts[j];
+			if (!p || p->phase == PH_IDLE)
+				continue;
+			if (!src && t->dst_missing)
+				fail_part(pl, p, "the destination topic does not exist (create it with the source's partition count)");
+			else if (src && t->src_missing)
+				KM_WARN(COMP, 0, "%s/%s: the source topic does not exist (deleted?)", pl->name,
+					ptag(p, tag, sizeof(tag)));
+		}
+	}
+}
+
+static void on_metadata(km_net_client *c, km_err err, const uint8_t *body, size_t len, void *arg)
+{
+	req_ctx *x = arg;
+	km_pipeline *pl = x->pl;
+	km_mcluster *cl = x->cl;
+	int16_t ver = x->ver;
+	km_metadata_response r;
+	km_arena a;
+	km_rd rd;
+
+	free(x);
+	if (pl->closing)
+		return;
+	if (cl == pl->src)
+		pl->src_meta_inflight = false;
+	else
+		pl->dst_meta_inflight = false;
+	if (err != KM_OK) {
+		KM_WARN(COMP, 0, "%s: %s Metadata failed: %s", pl->name, km_mcluster_side(cl), km_err_name(err));
+		km_mcluster_drop(cl, c);
+		schedule_in(pl, BACKOFF_MIN_MS * 5);
+		return;
+	}
+	km_arena_init(&a, 0);
+	km_rd_init(&rd, body, len);
+	if (km_metadata_response_decode(&rd, ver, &r, &a) == KM_OK)
+		take_metadata(pl, cl, &r);
+	km_arena_free(&a);
+	tick_soon(pl);
+}
+
+static void send_metadata(km_pipeline *pl, km_mcluster *cl)
+{
+	km_net_client *c = km_mcluster_any(cl);
+	km_metadata_request m;
+	km_metadata_request_topic *ts;
+	km_wr w;
+	int16_t ver;
+	bool *inflight = cl == pl->src ? &pl->src_meta_inflight : &pl->dst_meta_inflight;
+
+	if (!c || !km_net_client_ready(c)) {
+		if (c && km_mcluster_failed(cl, c))
+			km_mcluster_drop(cl, c);
+		return; /* the cluster's on_change ticks again once it is ready */
+	}
+	if ((ver = pick(c, KM_API_METADATA, META_LO, META_HI)) < 0) {
+		KM_ERROR(COMP, 0, "%s: the %s cluster does not support Metadata v%d+", pl->name, km_mcluster_side(cl),
+			 META_LO);
+		return;
+	}
+	ts = calloc(pl->ntopics ? pl->ntopics : 1, sizeof(*ts));
+	if (!ts)
+		return;
+	km_metadata_request_init(&m);
+	for (size_t i = 0; i < pl->ntopics; i++) {
+		km_metadata_request_topic_init(&ts[i]);
+		ts[i].name = km_str_c(pl->topics[i]->name);
+	}
+	m.topics.items = ts;
+	m.topics.count = (int32_t)pl->ntopics;
+	m.allow_auto_topic_creation = false;
+	km_wr_init(&w);
+	km_metadata_request_encode(&w, ver, &m);
+	free(ts);
+	if (send_flat(c, KM_API_METADATA, ver, &w, on_metadata, ctx_new(pl, cl, -1, ver)) == KM_OK) {
+		*inflight = true;
+		if (cl == pl->src) {
+			pl->src_meta_need = false;
+			pl->src_meta_at = now_ms();
+		} else {
+			pl->dst_meta_need = false;
+			pl->dst_meta_at = now_ms();
+		}
+	} else {
+		km_mcluster_drop(cl, c);
+	}
+}
+
+/* ---- the mirror's producer id on the destination ---- */
+
+static void on_pid(km_net_client *c, km_err err, const uint8_t *body, size_t len, void *arg)
+{
+	req_ctx *x = arg;
+	km_pipeline *pl = x->pl;
+	int16_t ver = x->ver;
+	km_init_producer_id_response r;
+	km_arena a;
+	km_rd rd;
+	km_err rc;
+
+	free(x);
+	if (pl->closing)
+		return;
+	pl->pid_inflight = false;
+	if (err != KM_OK) {
+		km_mcluster_drop(pl->dst, c);
+		schedule_in(pl, BACKOFF_MIN_MS * 5);
+		return;
+	}
+	km_arena_init(&a, 0);
+	km_rd_init(&rd, body, len);
+	rc = km_init_producer_id_response_decode(&rd, ver, &r, &a);
+	km_arena_free(&a);
+	if (rc != KM_OK || r.error_code) {
+		KM_WARN(COMP, 0, "%s: InitProducerId on the destination failed: %s", pl->name,
+			km_err_name(rc != KM_OK ? rc : (km_err)r.error_code));
+		schedule_in(pl, BACKOFF_MAX_MS / 4);
+		return;
+	}
+	pl->pid = r.producer_id;
+	pl->epoch = r.producer_epoch;
+	pl->pid_gen++;
+	KM_DEBUG(COMP, 0, "%s: writing as producer id %lld epoch %d", pl->name, (long long)pl->pid, pl->epoch);
+	/* Partitions waiting for a fresh id take this one. */
+	for (size_t i = 0; i < pl->ntopics; i++)
+		for (int32_t j = 0; j < pl->topics[i]->nparts; j++) {
+			mpart *p = pl->topics[i]->parts[j];
+			if (p && p->need_pid && !p->inflight) {
+				p->need_pid = false;
+				p->pid = pl->pid;
+				p->epoch = pl->epoch;
+				p->seq = 0;
+			}
+		}
+	tick_soon(pl);
+}
+
+static void send_pid(km_pipeline *pl)
+{
+	km_net_client *c = km_mcluster_any(pl->dst);
+	km_init_producer_id_request m;
+	km_wr w;
+	int16_t ver;
+
+	if (!c || !km_net_client_ready(c)) {
+		if (c && km_mcluster_failed(pl->dst, c))
+			km_mcluster_drop(pl->dst, c);
+		return;
+	}
+	if ((ver = pick(c, KM_API_INIT_PRODUCER_ID, PID_LO, PID_HI)) < 0)
+		return;
+	km_init_producer_id_request_init(&m);
+	m.transactional_id = KM_STR_NULL;
+	m.transaction_timeout_ms = 60000;
+	m.producer_id = -1;
+	m.producer_epoch = -1;
+	km_wr_init(&w);
+	km_init_producer_id_request_encode(&w, ver, &m);
+	if (send_flat(c, KM_API_INIT_PRODUCER_ID, ver, &w, on_pid, ctx_new(pl, pl->dst, -1, ver)) == KM_OK) {
+		pl->pid_inflight = true;
+		pl->pid_want = false;
+	} else {
+		km_mcluster_drop(pl->dst, c);
+	}
+}
+
+/* ---- ListOffsets: the destination's end (reconcile) and the source's start ---- */
+
+typedef struct lo_ctx {
+	mtopic *t;
+	int32_t part;
+	bool dest;
+	int64_t ts;
+} lo_ctx;
+
+static void after_reconcile(km_pipeline *pl, mpart *p, int64_t end);
+static void after_start(km_pipeline *pl, mpart *p, int64_t off, bool jump);
+
+static void on_list_offsets(km_net_client *c, km_err err, const uint8_t *body, size_t len, void *arg)
+{
+	req_ctx *x = arg;
+	km_pipeline *pl = x->pl;
+	lo_ctx *lc = x->extra;
+	int16_t ver = x->ver;
+	km_list_offsets_response r;
+	km_arena a;
+	km_rd rd;
+	mpart *p;
+	int16_t perr = -1;
+	int64_t off = -1;
+
+	free(x);
+	if (pl->closing) {
+		free(lc);
+		return;
+	}
+	p = part_get(pl, lc->t, lc->part, false);
+	if (err == KM_OK) {
+		km_arena_init(&a, 0);
+		km_rd_init(&rd, body, len);
+		if (km_list_offsets_response_decode(&rd, ver, &r, &a) == KM_OK && r.topics.count == 1 &&
+		    r.topics.items[0].partitions.count == 1) {
+			perr = r.topics.items[0].partitions.items[0].error_code;
+			off = r.topics.items[0].partitions.items[0].offset;
+		}
+		km_arena_free(&a);
+	} else {
+		km_mcluster_drop(lc->dest ? pl->dst : pl->src, c);
+	}
+	if (p && p->phase == PH_START_WAIT && err == KM_OK && perr == 0 && off < 0 && lc->ts >= 0) {
+		/* No record at or after the start timestamp yet: start at the source's end. */
+		p->start_latest = true;
+		p->phase = PH_START;
+	} else if (p && (p->phase == PH_RECON_WAIT || p->phase == PH_START_WAIT)) {
+		bool recon = p->phase == PH_RECON_WAIT;
+		if (err != KM_OK || perr != 0 || off < 0) {
+			char tag[300];
+			KM_WARN(COMP, 0, "%s/%s: ListOffsets on the %s failed: %s", pl->name, ptag(p, tag, sizeof(tag)),
+				lc->dest ? "destination" : "source",
+				err != KM_OK ? km_err_name(err) : km_err_name((km_err)perr));
+			p->phase = recon ? PH_RECONCILE : PH_START;
+			if (lc->dest)
+				pl->dst_meta_need = true;
+			else
+				pl->src_meta_need = true;
+			backoff(p);
+		} else if (recon) {
+			after_reconcile(pl, p, off);
+		} else {
+			after_start(pl, p, off, p->oor);
+		}
+	}
+	free(lc);
+	tick_soon(pl);
+}
+
+static bool send_list_offsets(km_pipeline *pl, mpart *p, bool dest, int64_t ts)
+{
+	km_mcluster *cl = dest ? pl->dst : pl->src;
+	int32_t leader = dest ? p->dst_leader : p->src_leader;
+	km_net_client *c = leader >= 0 ? km_mcluster_node(cl, leader) : NULL;
+	km_list_offsets_request m;
+	km_list_offsets_request_list_offsets_topic t;
+	km_list_offsets_request_list_offsets_partition pp;
+	lo_ctx *lc;
+	req_ctx *x;
+	km_wr w;
+	int16_t ver;
+
+	if (!c) {
+		if (dest)
+			pl->dst_meta_need = true;
+		else
+			pl->src_meta_need = true;
+		return false;
+	}
+	if (!km_net_client_ready(c)) {
+		if (km_mcluster_failed(cl, c))
+			km_mcluster_drop(cl, c);
+		return false;
+	}
+	if ((ver = pick(c, KM_API_LIST_OFFSETS, LO_LO, LO_HI)) < 0)
+		return false;
+	km_list_offsets_request_init(&m);
+	km_list_offsets_request_list_offsets_topic_init(&t);
+	km_list_offsets_request_list_offsets_partition_init(&pp);
+	m.replica_id = -1;
+	m.isolation_level = 0;
+	pp.partition_index = p->id;
+	pp.current_leader_epoch = dest ? -1 : p->src_epoch;
+	pp.timestamp = ts;
+	t.name = km_str_c(p->t->name);
+	t.partitions.items = &pp;
+	t.partitions.count = 1;
+	m.topics.items = &t;
+	m.topics.count = 1;
+	km_wr_init(&w);
+	km_list_offsets_request_encode(&w, ver, &m);
+	lc = calloc(1, sizeof(*lc));
+	x = ctx_new(pl, cl, leader, ver);
+	if (!lc || !x) {
+		free(lc);
+		free(x);
+		km_wr_free(&w);
+		return false;
+	}
+	*lc = (lo_ctx){p->t, p->id, dest, ts};
+	x->extra = lc;
+	if (send_flat(c, KM_API_LIST_OFFSETS, ver, &w, on_list_offsets, x) != KM_OK) {
+		free(lc);
+		km_mcluster_drop(cl, c);
+		return false;
+	}
+	return true;
+}
+
+/* The start position asked of the source: mirror.start.offset. */
+static int64_t start_timestamp(const km_pipeline *pl)
+{
+	if (!strcmp(pl->start_mode, "latest"))
+		return -1;
+	if (!pl->start_mode[0] || !strcmp(pl->start_mode, "earliest"))
+		return -2;
+	return strtoll(pl->start_mode, NULL, 10);
+}
+
+/*
+ * The destination's log ends at physical end: the runs say which logical offset that is (every
+ * batch that landed is covered by a run, persisted before it was produced). Runs at or past end
+ * were written for batches that never landed: they go before anything else is written.
+ */
+static void after_reconcile(km_pipeline *pl, mpart *p, int64_t end)
+{
+	km_state *st = km_mirror_store(pl->mi);
+	const km_state_topic *t = km_state_topic_find(st, p->t->name, strlen(p->t->name));
+	const km_offmap *m = t ? km_state_topic_offmap(t, p->id) : NULL;
+	size_t keep = m ? m->n : 0;
+	char tag[300];
+
+	while (keep > 0 && m->runs[keep - 1].physical >= end)
+		keep--;
+	p->acked_phys = p->plan_phys = end;
+	p->recon = false;
+	p->probe = true;
+	p->backoff_ms = 0;
+	if (m && keep < m->n) {
+		/* Tombstones of the stale runs go with the next run write (before the next batch). */
+		km_state_run *tomb = calloc(m->n - keep, sizeof(*tomb));
+		size_t nt = 0;
+		for (size_t i = keep; tomb && i < m->n; i++)
+			tomb[nt++] = (km_state_run){p->t->name, p->id, m->runs[i].logical, -1, -1};
+		KM_INFO(COMP, 0, "%s/%s: %zu run(s) past the destination's end %lld never landed: removed", pl->name,
+			ptag(p, tag, sizeof(tag)), nt, (long long)end);
+		if (tomb)
+			km_state_runs_write(st, pl->name, tomb, nt, NULL, NULL);
+		free(tomb);
+	}
+	if (keep > 0) {
+		const km_offrun *r = &m->runs[keep - 1];
+		p->cont_logical = r->logical + (end - r->physical);
+		p->fetch_logical = p->cont_logical;
+		p->acked_logical = p->cont_logical;
+		KM_INFO(COMP, 0, "%s/%s: resumes at offset %lld (destination offset %lld)", pl->name,
+			ptag(p, tag, sizeof(tag)), (long long)p->fetch_logical, (long long)end);
+		set_tail(pl, p, true);
+		p->phase = PH_READY;
+		return;
+	}
+	/* Nothing mirrored yet: the start position comes from the source; what the destination holds is hidden. */
+	p->cont_logical = -1;
+	p->phase = PH_START;
+}
+
+static void after_start(km_pipeline *pl, mpart *p, int64_t off, bool jump)
+{
+	char tag[300];
+	if (jump) {
+		p->oor = false;
+		/* The source's retention passed the mirror: a hole, counted. */
+		if (off <= p->fetch_logical) {
+			/* Past the source's end: its log was truncated below what was mirrored (unclean election?). */
+			KM_WARN(COMP, 0, "%s/%s: offset %lld is past the source's log end; retrying", pl->name,
+				ptag(p, tag, sizeof(tag)), (long long)p->fetch_logical);
+			backoff(p);
+		} else {
+			uint64_t n = (uint64_t)(off - p->fetch_logical);
+			p->skipped += n;
+			km_state_partition_progress(km_mirror_store(pl->mi), p->t->name, p->id, -1, (int64_t)p->skipped);
+			KM_WARN(COMP, 0, "%s/%s: the source's log starts at %lld, past the mirror's %lld: %llu record(s) "
+				"skipped (a hole)", pl->name, ptag(p, tag, sizeof(tag)), (long long)off,
+				(long long)p->fetch_logical, (unsigned long long)n);
+			p->fetch_logical = off;
+		}
+		p->phase = PH_READY;
+		return;
+	}
+	p->fetch_logical = off;
+	p->acked_logical = off;
+	KM_INFO(COMP, 0, "%s/%s: starts at source offset %lld (destination offset %lld)", pl->name,
+		ptag(p, tag, sizeof(tag)), (long long)off, (long long)p->acked_phys);
+	set_tail(pl, p, true);
+	p->phase = PH_READY;
+}
+
+/* ---- fetch ---- */
+
+typedef struct fetch_ctx {
+	int32_t node;
+	mpart **parts;
+	size_t n;
+} fetch_ctx;
+
+/* Runs the plan of one partition's fetched batches asked for, collected over a response. */
+typedef struct runs_acc {
+	km_state_run *runs;
+	size_t n, cap;
+} runs_acc;
+
+static bool runs_push(runs_acc *ra, const km_state_run *r)
+{
+	if (ra->n == ra->cap) {
+		size_t cap = ra->cap ? ra->cap * 2 : 16;
+		km_state_run *nr = realloc(ra->runs, cap * sizeof(*nr));
+		if (!nr)
+			return false;
+		ra->runs = nr;
+		ra->cap = cap;
+	}
+	ra->runs[ra->n++] = *r;
+	return true;
+}
+
+/* Append a planned batch to p; a new run when it does not continue the open one. */
+static bool plan(km_pipeline *pl, mpart *p, mbatch *b, runs_acc *ra)
+{
+	uint8_t *h = b->hdr;
+	if (b->logical != p->cont_logical) {
+		km_state_run r = {p->t->name, p->id, b->logical, p->plan_phys, p->cont_logical};
+		if (!runs_push(ra, &r))
+			return false;
+	}
+	b->physical = p->plan_phys;
+	p->plan_phys += b->count;
+	p->cont_logical = b->logical + b->count;
+	/* Re-stamp the copied header: baseOffset 0, the mirror's producer; the CRC is done by the caller. */
+	km_batch_set_base_offset(h, 0);
+	km_batch_set_producer(h, p->pid, p->epoch, p->seq);
+	p->seq = p->seq > INT32_MAX - b->count ? b->count - (INT32_MAX - p->seq) - 1 : p->seq + b->count;
+	if (p->tail)
+		p->tail->next = b;
+	else
+		p->head = b;
+	p->tail = b;
+	(void)pl;
+	return true;
+}
+
+/* CRC32C of the re-stamped header continued over the batch's bytes from 61 on, in the response buffer. */
+static km_err restamp_ref(mbatch *b)
+{
+	struct evbuffer_ptr ptr;
+	struct evbuffer_iovec stackv[16], *v = stackv;
+	int n;
+	uint32_t crc;
+
+	if (evbuffer_ptr_set(b->resp->buf, &ptr, b->off + KM_BATCH_OFF_ATTRIBUTES, EVBUFFER_PTR_SET) != 0)
+		return KM_ERR_DECODE;
+	crc = km_crc32c(0, b->hdr + KM_BATCH_OFF_ATTRIBUTES, KM_BATCH_HEADER_SIZE - KM_BATCH_OFF_ATTRIBUTES);
+	if (evbuffer_ptr_set(b->resp->buf, &ptr, b->off + KM_BATCH_HEADER_SIZE, EVBUFFER_PTR_SET) != 0)
+		return b->size == KM_BATCH_HEADER_SIZE ? KM_OK : KM_ERR_DECODE;
+	n = evbuffer_peek(b->resp->buf, (ev_ssize_t)(b->size - KM_BATCH_HEADER_SIZE), &ptr, NULL, 0);
+	if (n > 16 && !(v = malloc((size_t)n * sizeof(*v))))
+		return KM_ERR_NOMEM;
+	n = evbuffer_peek(b->resp->buf, (ev_ssize_t)(b->size - KM_BATCH_HEADER_SIZE), &ptr, v, n);
+	{
+		size_t left = b->size - KM_BATCH_HEADER_SIZE;
+		for (int i = 0; i < n && left; i++) {
+			size_t l = v[i].iov_len < left ? v[i].iov_len : left;
+			crc = km_crc32c(crc, v[i].iov_base, l);
+			left -= l;
+		}
+		if (v != stackv)
+			free(v);
+		if (left)
+			return KM_ERR_DECODE;
+	}
+	km_put_be32(b->hdr + KM_BATCH_OFF_CRC, crc);
+	return KM_OK;
+}
+
+/* A compacted batch with offsets missing inside: re-encoded once into contiguous pieces (decompresses). */
+static km_err split_batch(km_pipeline *pl, mpart *p, mresp *resp, size_t off, size_t size, runs_acc *ra)
+{
+	uint8_t *raw = malloc(size), *scratch = NULL;
+	size_t cap = 0, pieces = 0;
+	km_batch b, pb;
+	km_batch_iter it;
+	km_wr out;
+	km_err rc;
+
+	(void)resp;
+	if (!raw)
+		return KM_ERR_NOMEM;
+	{
+		struct evbuffer_ptr ptr;
+		evbuffer_ptr_set(resp->buf, &ptr, off, EVBUFFER_PTR_SET);
+		if (evbuffer_copyout_from(resp->buf, &ptr, raw, size) != (ev_ssize_t)size) {
+			free(raw);
+			return KM_ERR_DECODE;
+		}
+	}
+	rc = km_batch_parse(raw, size, &b);
+	if (rc == KM_OK && b.codec != KM_CODEC_NONE) {
+		cap = MAX_BATCH_BYTES;
+		scratch = malloc(cap);
+		if (!scratch)
+			rc = KM_ERR_NOMEM;
+	}
+	km_wr_init(&out);
+	if (rc == KM_OK)
+		rc = km_batch_split_gaps(&b, scratch, cap, &out, &pieces);
+	free(scratch);
+	free(raw);
+	if (rc != KM_OK) {
+		km_wr_free(&out);
+		return rc;
+	}
+	km_batch_iter_init(&it, out.buf, out.len);
+	while (km_batch_next(&it, &pb)) {
+		mbatch *nb = calloc(1, sizeof(*nb));
+		if (!nb || !(nb->own = malloc(pb.size))) {
+			free(nb);
+			km_wr_free(&out);
+			return KM_ERR_NOMEM;
+		}
+		memcpy(nb->own, pb.data, pb.size);
+		nb->own_len = pb.size;
+		memcpy(nb->hdr, pb.data, KM_BATCH_HEADER_SIZE);
+		nb->logical = pb.base_offset;
+		nb->count = pb.last_offset_delta + 1;
+		nb->size = pb.size;
+		nb->max_ts = pb.max_timestamp;
+		if (!plan(pl, p, nb, ra)) {
+			batch_free(nb);
+			km_wr_free(&out);
+			return KM_ERR_NOMEM;
+		}
+		/* The piece is ours: re-stamp it whole, then the header copy follows it. */
+		memcpy(nb->own, nb->hdr, KM_BATCH_HEADER_SIZE);
+		km_batch_update_crc(nb->own, nb->own_len);
+		memcpy(nb->hdr, nb->own, KM_BATCH_HEADER_SIZE);
+	}
+	km_wr_free(&out);
+	return it.err;
+}
+
+/* One batch of p's fetched data (its 61-byte header in h, the whole batch at off/size in resp). */
+static km_err take_batch(km_pipeline *pl, mpart *p, mresp *resp, size_t off, size_t size, const uint8_t *h,
+			 runs_acc *ra, const char **fail)
+{
+	int64_t base = (int64_t)km_be64(h + KM_BATCH_OFF_BASE_OFFSET);
+	uint16_t attr = km_be16(h + KM_BATCH_OFF_ATTRIBUTES);
+	int32_t lod = (int32_t)km_be32(h + KM_BATCH_OFF_LAST_OFFSET_DELTA);
+	int32_t count = (int32_t)km_be32(h + KM_BATCH_OFF_RECORDS_COUNT);
+	int64_t last = base + lod;
+	mbatch *b;
+
+	if (h[KM_BATCH_OFF_MAGIC] != 2) {
+		*fail = "the source sent a record batch older than magic v2 (a pre-0.11 message format)";
+		return KM_ERR_UNSUPPORTED;
+	}
+	if (lod < 0 || count < 0) {
+		*fail = "the source sent a malformed record batch";
+		return KM_ERR_DECODE;
+	}
+	if (last < p->fetch_logical)
+		return KM_OK; /* the first batch of a fetch may end before the fetch offset */
+	if (attr & KM_BATCH_ATTR_CONTROL) {
+		p->fetch_logical = last + 1; /* a transaction marker: a hole */
+		return KM_OK;
+	}
+	if (attr & KM_BATCH_ATTR_TRANSACTIONAL) {
+		*fail = "the source partition holds transactional batches, which this version does not mirror yet";
+		return KM_ERR_UNSUPPORTED;
+	}
+	if (count == 0) {
+		p->fetch_logical = last + 1; /* emptied by the cleaner */
+		return KM_OK;
+	}
+	if (p->cont_logical >= 0 && base < p->cont_logical) {
+		*fail = "a source batch overlaps records already mirrored (the source log changed under the mirror)";
+		return KM_ERR_INVAL;
+	}
+	p->fetch_logical = last + 1;
+	p->records += (uint64_t)count;
+	p->bytes += size;
+	if (count != lod + 1)
+		return split_batch(pl, p, resp, off, size, ra);
+	b = calloc(1, sizeof(*b));
+	if (!b)
+		return KM_ERR_NOMEM;
+	memcpy(b->hdr, h, KM_BATCH_HEADER_SIZE);
+	b->resp = resp;
+	resp->refs++;
+	b->off = off;
+	b->size = size;
+	b->logical = base;
+	b->count = count;
+	b->max_ts = (int64_t)km_be64(h + KM_BATCH_OFF_MAX_TIMESTAMP);
+	if (!plan(pl, p, b, ra)) {
+		batch_free(b);
+		return KM_ERR_NOMEM;
+	}
+	return restamp_ref(b);
+}
+
+typedef struct runs_ctx {
+	km_pipeline *pl;
+	mpart **parts;
+	size_t n;
+} runs_ctx;
+
+static void on_runs(void *arg, const km_state_result *res)
+{
+	runs_ctx *rc = arg;
+	km_pipeline *pl = rc->pl;
+
+	for (size_t i = 0; i < rc->n; i++) {
+		mpart *p = rc->parts[i];
+		if (p->phase != PH_RUNS)
+			continue;
+		if (res->code != KM_OK)
+			reconcile(pl, p, "the offset map could not be persisted");
+		else
+			p->phase = p->head ? PH_WRITING : PH_READY;
+	}
+	free(rc->parts);
+	free(rc);
+	if (!pl->closing)
+		tick_soon(pl);
+}
+
+static void handle_fetch_error(km_pipeline *pl, mpart *p, int16_t code)
+{
+	char tag[300];
+	switch (code) {
+	case 1: /* OFFSET_OUT_OF_RANGE: behind the source's log start (retention, DeleteRecords), or past its end */
+		p->oor = true;
+		p->phase = PH_START; /* ListOffsets(earliest); after_start counts the hole */
+		p->retry_at = 0;
+		break;
+	case 3:   /* UNKNOWN_TOPIC_OR_PARTITION */
+	case 5:   /* LEADER_NOT_AVAILABLE */
+	case 6:   /* NOT_LEADER_OR_FOLLOWER */
+	case 74:  /* FENCED_LEADER_EPOCH: our metadata is old */
+	case 75:  /* UNKNOWN_LEADER_EPOCH: the broker is behind */
+	case 100: /* UNKNOWN_TOPIC_ID */
+		pl->src_meta_need = true;
+		p->phase = PH_READY;
+		backoff(p);
+		break;
+	default:
+		KM_WARN(COMP, 0, "%s/%s: source Fetch error %s", pl->name, ptag(p, tag, sizeof(tag)),
+			km_err_name((km_err)code));
+		p->phase = PH_READY;
+		backoff(p);
+		break;
+	}
+}
+
+/* The fetch walker reads a frame with its size prefix and response header: give it one. */
+static bool frame_prefix(struct evbuffer *body, int16_t ver)
+{
+	uint8_t pre[9] = {0};
+	size_t n = ver >= 12 ? 9 : 8;
+	km_put_be32(pre, (uint32_t)(evbuffer_get_length(body) + n - 4));
+	return evbuffer_prepend(body, pre, n) == 0;
+}
+
+static void on_fetch(km_net_client *c, km_err err, struct evbuffer *body, void *arg)
+{
+	req_ctx *x = arg;
+	km_pipeline *pl = x->pl;
+	fetch_ctx *fc = x->extra;
+	int16_t ver = x->ver;
+	mnode_io *io;
+	mresp *resp = NULL;
+	km_fetch_walk w;
+	runs_acc ra = {0};
+	mpart **touched = NULL;
+	size_t ntouched = 0;
+	bool bad = false;
+
+	free(x);
+	if (pl->closing) {
+		if (body)
+			evbuffer_free(body);
+		free(fc->parts);
+		free(fc);
+		return;
+	}
+	if ((io = node_io(&pl->sio, &pl->nsio, fc->node)))
+		io->fetching = false;
+	for (size_t i = 0; i < fc->n; i++)
+		if (fc->parts[i]->phase == PH_FETCHING)
+			fc->parts[i]->phase = PH_READY; /* unless the response says more below */
+	if (err != KM_OK || !body) {
+		KM_WARN(COMP, 0, "%s: Fetch from source broker %d failed: %s", pl->name, (int)fc->node, km_err_name(err));
+		km_mcluster_drop(pl->src, c);
+		pl->src_meta_need = true;
+		if (body)
+			evbuffer_free(body);
+		goto out;
+	}
+	resp = calloc(1, sizeof(*resp));
+	touched = calloc(fc->n ? fc->n : 1, sizeof(*touched));
+	if (!resp || !touched || !frame_prefix(body, ver)) {
+		evbuffer_free(body);
+		free(resp);
+		resp = NULL;
+		goto out;
+	}
+	resp->buf = body;
+	resp->refs = 1;
+	km_fetch_walk_init(&w, ver, evbuffer_get_length(body));
+	{
+		mpart *cur = NULL;
+		for (;;) {
+			km_fw_event ev = km_fetch_walk_next(&w, body, 0);
+			if (ev == KM_FW_END || ev == KM_FW_NEED_MORE)
+				break;
+			if (ev == KM_FW_ERROR) {
+				bad = true;
+				break;
+			}
+			if (ev == KM_FW_PARTITION) {
+				mtopic *t = topic_get(pl, w.part.topic, false);
+				mpart *p = t ? part_get(pl, t, w.part.partition, false) : NULL;
+				cur = NULL;
+				if (!p || p->phase != PH_READY)
+					continue; /* stopped or paused meanwhile: its data is dropped */
+				if (w.part.error_code) {
+					handle_fetch_error(pl, p, w.part.error_code);
+					continue;
+				}
+				km_state_partition_progress(km_mirror_store(pl->mi), p->t->name, p->id,
+							    w.part.high_watermark, -1);
+				p->backoff_ms = 0;
+				cur = p;
+				touched[ntouched++] = p;
+				w.descend = true;
+				continue;
+			}
+			if (ev == KM_FW_BATCH && cur) {
+				uint8_t h[KM_BATCH_HEADER_SIZE];
+				struct evbuffer_ptr ptr;
+				const char *fail = NULL;
+				size_t size = KM_BATCH_LOG_OVERHEAD + (size_t)(w.batch.length > 0 ? w.batch.length : 0);
+				km_err rc;
+				if (w.batch.partial)
+					continue; /* cut by the fetch size: the next fetch starts at it */
+				if (size < KM_BATCH_HEADER_SIZE) {
+					fail_part(pl, cur, "the source sent a record batch too short for its header");
+					cur = NULL;
+					continue;
+				}
+				evbuffer_ptr_set(body, &ptr, w.batch.off, EVBUFFER_PTR_SET);
+				if (evbuffer_copyout_from(body, &ptr, h, sizeof(h)) != (ev_ssize_t)sizeof(h)) {
+					bad = true;
+					break;
+				}
+				rc = take_batch(pl, cur, resp, w.batch.off, size, h, &ra, &fail);
+				if (rc != KM_OK) {
+					fail_part(pl, cur, fail ? fail : km_err_name(rc));
+					cur = NULL;
+				}
+			}
+		}
+	}
+	if (bad)
+		KM_WARN(COMP, 0, "%s: undecodable Fetch response from source broker %d", pl->name, (int)fc->node);
+	/* Partitions with planned batches write them, after the new runs are persisted. */
+	{
+		runs_ctx *rc = NULL;
+		size_t nrun_parts = 0;
+		if (ra.n) {
+			rc = calloc(1, sizeof(*rc));
+			if (rc)
+				rc->parts = calloc(ntouched, sizeof(*rc->parts));
+		}
+		for (size_t i = 0; i < ntouched; i++) {
+			mpart *p = touched[i];
+			bool has_runs = false;
+			if (p->phase != PH_READY)
+				continue;
+			for (size_t k = 0; k < ra.n && !has_runs; k++)
+				has_runs = ra.runs[k].partition == p->id && !strcmp(ra.runs[k].topic, p->t->name);
+			if (has_runs && rc && rc->parts) {
+				p->phase = PH_RUNS;
+				rc->parts[nrun_parts++] = p;
+			} else if (has_runs) {
+				reconcile(pl, p, "out of memory");
+			} else {
+				p->phase = p->head ? PH_WRITING : PH_READY;
+			}
+			if (!p->head && !p->inflight && p->fetch_logical > p->acked_logical && p->phase == PH_READY) {
+				/* Only holes came (markers, emptied batches): the tail moves past them. */
+				p->acked_logical = p->fetch_logical;
+				set_tail(pl, p, true);
+			}
+		}
+		if (rc && rc->parts && nrun_parts) {
+			rc->pl = pl;
+			rc->n = nrun_parts;
+			km_state_runs_write(km_mirror_store(pl->mi), pl->name, ra.runs, ra.n, on_runs, rc);
+		} else if (rc) {
+			free(rc->parts);
+			free(rc);
+		}
+	}
+out:
+	free(ra.runs);
+	free(touched);
+	if (resp)
+		resp_unref(resp);
+	free(fc->parts);
+	free(fc);
+	tick_soon(pl);
+}
+
+static bool fetchable(const mpart *p, int64_t now)
+{
+	return p->phase == PH_READY && p->state == KM_MP_MIRRORING && !p->settling && p->retry_at <= now &&
+	       p->src_leader >= 0 && p->pid >= 0 && !p->head && !p->inflight;
+}
+
+static void send_fetch(km_pipeline *pl, int32_t node, int64_t now)
+{
+	km_net_client *c = km_mcluster_node(pl->src, node);
+	mnode_io *io = node_io(&pl->sio, &pl->nsio, node);
+	km_fetch_request m;
+	km_fetch_request_fetch_topic *ft = NULL;
+	km_fetch_request_fetch_partition *fp = NULL;
+	fetch_ctx *fc = NULL;
+	req_ctx *x;
+	size_t np = 0, nt = 0, total = 0;
+	km_net_request rq;
+	km_net_piece pc;
+	km_wr w;
+	int16_t ver;
+
+	if (!io || io->fetching)
+		return;
+	if (!c) {
+		pl->src_meta_need = true;
+		return;
+	}
+	if (!km_net_client_ready(c)) {
+		if (km_mcluster_failed(pl->src, c))
+			km_mcluster_drop(pl->src, c);
+		return;
+	}
+	if ((ver = pick(c, KM_API_FETCH, FETCH_LO, FETCH_HI)) < 0) {
+		KM_ERROR(COMP, 0, "%s: source broker %d does not support Fetch v%d-%d", pl->name, (int)node, FETCH_LO,
+			 FETCH_HI);
+		return;
+	}
+	for (size_t i = 0; i < pl->ntopics; i++)
+		for (int32_t j = 0; j < pl->topics[i]->nparts; j++)
+			if (pl->topics[i]->parts[j] && fetchable(pl->topics[i]->parts[j], now) &&
+			    pl->topics[i]->parts[j]->src_leader == node)
+				total++;
+	if (!total)
+		return;
+	fc = calloc(1, sizeof(*fc));
+	ft = calloc(pl->ntopics, sizeof(*ft));
+	fp = calloc(total, sizeof(*fp));
+	if (!fc || !ft || !fp || !(fc->parts = calloc(total, sizeof(*fc->parts))))
+		goto fail;
+	km_fetch_request_init(&m);
+	m.replica_id = -1;
+	m.max_wait_ms = FETCH_MAX_WAIT_MS;
+	m.min_bytes = 1;
+	m.max_bytes = (int32_t)pl->fetch_max_bytes;
+	m.isolation_level = 0;
+	m.session_id = 0;
+	m.session_epoch = -1;
+	for (size_t i = 0; i < pl->ntopics; i++) {
+		mtopic *t = pl->topics[i];
+		size_t first = np;
+		for (int32_t j = 0; j < t->nparts; j++) {
+			mpart *p = t->parts[j];
+			if (!p || !fetchable(p, now) || p->src_leader != node)
+				continue;
+			km_fetch_request_fetch_partition_init(&fp[np]);
+			fp[np].partition = p->id;
+			fp[np].current_leader_epoch = p->src_epoch;
+			fp[np].fetch_offset = p->fetch_logical;
+			fp[np].log_start_offset = -1;
+			fp[np].last_fetched_epoch = -1;
+			fp[np].partition_max_bytes = (int32_t)pl->part_max_bytes;
+			fc->parts[np] = p;
+			p->phase = PH_FETCHING;
+			np++;
+		}
+		if (np == first)
+			continue;
+		km_fetch_request_fetch_topic_init(&ft[nt]);
+		ft[nt].topic = km_str_c(t->name);
+		ft[nt].partitions.items = &fp[first];
+		ft[nt].partitions.count = (int32_t)(np - first);
+		nt++;
+	}
+	m.topics.items = ft;
+	m.topics.count = (int32_t)nt;
+	fc->n = np;
+	fc->node = node;
+	km_wr_init(&w);
+	km_fetch_request_encode(&w, ver, &m);
+	x = ctx_new(pl, pl->src, node, ver);
+	if (!km_wr_ok(&w) || !x) {
+		free(x);
+		km_wr_free(&w);
+		goto unfetch;
+	}
+	x->extra = fc;
+	pc = (km_net_piece){.p = w.buf, .len = w.len};
+	km_net_request_init(&rq, KM_API_FETCH, ver);
+	rq.pieces = &pc;
+	rq.npieces = 1;
+	rq.delivery = KM_NET_OWNED;
+	rq.on_owned = on_fetch;
+	rq.arg = x;
+	if (km_net_client_request(c, &rq) != KM_OK) {
+		free(x);
+		km_wr_free(&w);
+		km_mcluster_drop(pl->src, c);
+		goto unfetch;
+	}
+	km_wr_free(&w);
+	io->fetching = true;
+	free(ft);
+	free(fp);
+	return;
+unfetch:
+	for (size_t i = 0; i < np; i++)
+		fc->parts[i]->phase = PH_READY;
+fail:
+	if (fc)
+		free(fc->parts);
+	free(fc);
+	free(ft);
+	free(fp);
+}
+
+/* ---- produce ---- */
+
+typedef struct produce_ctx {
+	int32_t node;
+	mpart **parts;
+	mbatch **batches;
+	size_t n;
+} produce_ctx;
+
+/* One run written on its own; the partition waits in PH_RUNS and then goes to phase `then`. */
+typedef struct run_then_ctx {
+	km_pipeline *pl;
+	mtopic *t;
+	int32_t part;
+	mphase then;
+} run_then_ctx;
+
+static void on_run_then(void *arg, const km_state_result *res)
+{
+	run_then_ctx *x = arg;
+	km_pipeline *pl = x->pl;
+	mpart *p = pl->closing ? NULL : part_get(pl, x->t, x->part, false);
+
+	if (p && p->phase == PH_RUNS) {
+		char tag[300];
+		if (res->code != KM_OK) {
+			KM_WARN(COMP, 0, "%s/%s: the offset map could not be persisted: %s", pl->name,
+				ptag(p, tag, sizeof(tag)), res->message ? res->message : km_err_name(res->code));
+			p->phase = PH_RECONCILE;
+			backoff(p);
+		} else {
+			p->phase = x->then;
+		}
+		if (p->phase == PH_IDLE && (p->state == KM_MP_STOPPING || p->state == KM_MP_PAUSING)) {
+			p->settling = true;
+			km_mirror_settle(pl->mi, pl->name, p->t->name, p->id, p->state,
+					 p->state == KM_MP_PAUSING ? KM_MP_PAUSED : KM_MP_STOPPED, NULL);
+		}
+		tick_soon(pl);
+	}
+	free(x);
+}
+
+static void run_then(km_pipeline *pl, mpart *p, const km_state_run *r, mphase then)
+{
+	run_then_ctx *x = calloc(1, sizeof(*x));
+	if (!x) {
+		p->phase = PH_RECONCILE;
+		backoff(p);
+		return;
+	}
+	*x = (run_then_ctx){pl, p->t, p->id, then};
+	p->phase = PH_RUNS;
+	km_state_runs_write(km_mirror_store(pl->mi), pl->name, r, 1, on_run_then, x);
+}
+
+static void produce_done(km_pipeline *pl, mpart *p, mbatch *b, int16_t code, int64_t base, const char *msg)
+{
+	char tag[300], why[400];
+
+	p->inflight--;
+	if (p->recon || p->phase == PH_RECONCILE || p->phase == PH_IDLE) {
+		/* Reconcile decides from the log what landed. */
+		if (p->head == b)
+			p->head = b->next;
+		if (p->tail == b)
+			p->tail = p->head ? p->tail : NULL;
+		batch_free(b);
+		return;
+	}
+	if (code == 46) /* DUPLICATE_SEQUENCE_NUMBER: it landed before */
+		code = 0;
+	if (code == 0 && base != b->physical && base >= 0) {
+		/*
+		 * It landed elsewhere than planned: something else reached the log first (a write of a
+		 * previous run still in flight when it died). Hide what is there from the planned point on.
+		 */
+		KM_WARN(COMP, 0, "%s/%s: a batch for offset %lld landed at destination offset %lld, not %lld",
+			pl->name, ptag(p, tag, sizeof(tag)), (long long)b->logical, (long long)base,
+			(long long)b->physical);
+		reconcile(pl, p, "a batch landed at an unexpected offset");
+		{
+			/* Reconcile reads the log only once this run is in (the partition waits for it). */
+			km_state_run r = {p->t->name, p->id, b->logical, base + b->count, b->logical};
+			run_then(pl, p, &r, PH_RECONCILE);
+		}
+		if (p->head == b)
+			p->head = b->next;
+		if (!p->head)
+			p->tail = NULL;
+		batch_free(b);
+		return;
+	}
+	if (p->head == b)
+		p->head = b->next;
+	if (!p->head)
+		p->tail = NULL;
+	if (code == 0) {
+		p->acked_phys = b->physical + b->count;
+		p->acked_logical = b->logical + b->count;
+		/* Holes right after the last batch belong to the tail too (markers, compaction), once planned. */
+		if (!p->head && p->fetch_logical > p->acked_logical)
+			p->acked_logical = p->fetch_logical;
+		p->probe = false;
+		p->backoff_ms = 0;
+		set_tail(pl, p, true);
+		batch_free(b);
+		if (!p->head && p->phase == PH_WRITING)
+			p->phase = PH_READY;
+		return;
+	}
+	snprintf(why, sizeof(why), "destination Produce failed: %s%s%s", km_err_name((km_err)code), msg ? ": " : "",
+		 msg ? msg : "");
+	batch_free(b);
+	if (km_err_retriable((km_err)code) || code == 45 || code == 47) {
+		if (code == 6 || code == 3 || code == 5)
+			pl->dst_meta_need = true;
+		reconcile(pl, p, why);
+	} else {
+		fail_part(pl, p, why);
+	}
+}
+
+static void on_produce(km_net_client *c, km_err err, const uint8_t *body, size_t len, void *arg)
+{
+	req_ctx *x = arg;
+	km_pipeline *pl = x->pl;
+	produce_ctx *pc = x->extra;
+	int16_t ver = x->ver;
+	km_produce_response r;
+	km_arena a;
+	km_rd rd;
+	bool decoded = false;
+	mnode_io *io;
+
+	free(x);
+	if (pl->closing) {
+		free(pc->parts);
+		free(pc->batches);
+		free(pc);
+		return;
+	}
+	if ((io = node_io(&pl->dio, &pl->ndio, pc->node)))
+		io->produce_inflight--;
+	km_arena_init(&a, 0);
+	if (err == KM_OK) {
+		km_rd_init(&rd, body, len);
+		decoded = km_produce_response_decode(&rd, ver, &r, &a) == KM_OK;
+	} else {
+		km_mcluster_drop(pl->dst, c);
+		pl->dst_meta_need = true;
+	}
+	for (size_t i = 0; i < pc->n; i++) {
+		mpart *p = pc->parts[i];
+		int16_t code = -1;
+		int64_t base = -1;
+		const char *msg = err != KM_OK ? km_err_name(err) : "undecodable response";
+		char mbuf[256];
+		for (int32_t ti = 0; decoded && ti < r.responses.count; ti++) {
+			const km_produce_response_topic_produce_response *tr = &r.responses.items[ti];
+			if (!km_str_eq_c(tr->name, p->t->name))
+				continue;
+			for (int32_t k = 0; k < tr->partition_responses.count; k++)
+				if (tr->partition_responses.items[k].index == p->id) {
+					const km_produce_response_partition_produce_response *pr =
+						&tr->partition_responses.items[k];
+					code = pr->error_code;
+					base = pr->base_offset;
+					msg = NULL;
+					if (pr->error_message.len > 0) {
+						snprintf(mbuf, sizeof(mbuf), "%.*s", (int)pr->error_message.len,
+							 pr->error_message.p);
+						msg = mbuf;
+					}
+				}
+		}
+		if (code < 0)
+			code = 13; /* NETWORK_EXCEPTION: the outcome is unknown, reconcile decides */
+		produce_done(pl, p, pc->batches[i], code, base, msg);
+	}
+	km_arena_free(&a);
+	free(pc->parts);
+	free(pc->batches);
+	free(pc);
+	tick_soon(pl);
+}
+
+/* The next unsent batch of p, or NULL. A probe goes alone: nothing else of p until it is answered. */
+static mbatch *next_unsent(mpart *p)
+{
+	if (p->phase != PH_WRITING || p->recon || (p->probe && p->inflight))
+		return NULL;
+	for (mbatch *b = p->head; b; b = b->next)
+		if (!b->sent)
+			return b;
+	return NULL;
+}
+
+static void encode_str(km_wr *w, bool flex, const char *s)
+{
+	km_wr_string(w, flex, km_str_c(s));
+}
+
+/* One framing piece: encoded here, copied by the client when the request is taken. */
+static km_wr *frame_piece(km_wr *enc, size_t *nenc, km_net_piece *pieces, size_t *npieces)
+{
+	km_wr *w = &enc[(*nenc)++];
+	km_wr_init(w);
+	pieces[(*npieces)++] = (km_net_piece){0}; /* pointed at w once every piece is encoded */
+	return w;
+}
+
+/*
+ * One Produce request to node: one batch per partition (a broker rule), as many partitions led
+ * by node as have one ready, up to PRODUCE_REQUEST_BYTES. The batch headers are the re-stamped
+ * copies; the record bytes are referenced in the fetched response, never copied here.
+ */
+static bool send_produce(km_pipeline *pl, int32_t node)
+{
+	km_net_client *c = km_mcluster_node(pl->dst, node);
+	mnode_io *io = node_io(&pl->dio, &pl->ndio, node);
+	size_t cap = 0, n = 0, bytes = 0, ngroups = 0, npieces = 0, nenc = 0;
+	produce_ctx *pc;
+	size_t *gstart = NULL;
+	km_net_piece *pieces = NULL;
+	km_wr *enc = NULL;
+	km_net_request rq;
+	req_ctx *x;
+	int16_t ver;
+	bool flex, ok = false;
+
+	if (!io || io->produce_inflight >= KM_MIRROR_PRODUCE_INFLIGHT)
+		return false;
+	if (!c) {
+		pl->dst_meta_need = true;
+		return false;
+	}
+	if (!km_net_client_ready(c)) {
+		if (km_mcluster_failed(pl->dst, c))
+			km_mcluster_drop(pl->dst, c);
+		return false;
+	}
+	if ((ver = pick(c, KM_API_PRODUCE, PRODUCE_LO, PRODUCE_HI)) < 0)
+		return false;
+	flex = ver >= 9;
+	for (size_t i = 0; i < pl->ntopics; i++)
+		for (int32_t j = 0; j < pl->topics[i]->nparts; j++) {
+			mpart *p = pl->topics[i]->parts[j];
+			if (p && p->dst_leader == node && next_unsent(p))
+				cap++;
+		}
+	if (!cap)
+		return false;
+	pc = calloc(1, sizeof(*pc));
+	if (!pc || !(pc->parts = calloc(cap, sizeof(*pc->parts))) ||
+	    !(pc->batches = calloc(cap, sizeof(*pc->batches))) || !(gstart = calloc(cap + 1, sizeof(*gstart))) ||
+	    !(pieces = calloc(cap * 3 + pl->ntopics * 2 + 2, sizeof(*pieces))) ||
+	    !(enc = calloc(cap * 2 + pl->ntopics * 2 + 2, sizeof(*enc))))
+		goto out;
+	pc->node = node;
+	/* Choose: one batch per partition, grouped by topic, within the byte cap. */
+	for (size_t i = 0; i < pl->ntopics && bytes < PRODUCE_REQUEST_BYTES; i++) {
+		mtopic *t = pl->topics[i];
+		size_t first = n;
+		for (int32_t j = 0; j < t->nparts; j++) {
+			mpart *p = t->parts[j];
+			mbatch *b = p && p->dst_leader == node ? next_unsent(p) : NULL;
+			if (!b)
+				continue;
+			if (n && bytes + b->size > PRODUCE_REQUEST_BYTES)
+				break;
+			pc->parts[n] = p;
+			pc->batches[n] = b;
+			bytes += b->size;
+			n++;
+		}
+		if (n > first)
+			gstart[ngroups++] = first;
+	}
+	gstart[ngroups] = n;
+	/* Encode: transactional id (null), acks=all, timeout, the topics. */
+	{
+		km_wr *w = frame_piece(enc, &nenc, pieces, &npieces);
+		if (flex)
+			km_wr_uvarint(w, 0);
+		else
+			km_wr_i16(w, -1);
+		km_wr_i16(w, -1);
+		km_wr_i32(w, 30000);
+		km_wr_array_len(w, flex, (int32_t)ngroups);
+	}
+	for (size_t g = 0; g < ngroups; g++) {
+		km_wr *w = frame_piece(enc, &nenc, pieces, &npieces);
+		encode_str(w, flex, pc->parts[gstart[g]]->t->name);
+		km_wr_array_len(w, flex, (int32_t)(gstart[g + 1] - gstart[g]));
+		for (size_t k = gstart[g]; k < gstart[g + 1]; k++) {
+			mbatch *b = pc->batches[k];
+			if (k > gstart[g])
+				w = frame_piece(enc, &nenc, pieces, &npieces);
+			km_wr_i32(w, pc->parts[k]->id);
+			if (flex)
+				km_wr_uvarint(w, (uint32_t)b->size + 1);
+			else
+				km_wr_i32(w, (int32_t)b->size);
+			km_wr_raw(w, b->hdr, KM_BATCH_HEADER_SIZE);
+			if (b->size > KM_BATCH_HEADER_SIZE) {
+				if (b->own) {
+					pieces[npieces++] = (km_net_piece){.p = b->own + KM_BATCH_HEADER_SIZE,
+									   .len = b->size - KM_BATCH_HEADER_SIZE};
+				} else {
+					b->resp->refs++;
+					pieces[npieces++] = (km_net_piece){.buf = b->resp->buf,
+									   .off = b->off + KM_BATCH_HEADER_SIZE,
+									   .len = b->size - KM_BATCH_HEADER_SIZE,
+									   .release = resp_unref,
+									   .release_arg = b->resp};
+				}
+			}
+			w = frame_piece(enc, &nenc, pieces, &npieces);
+			if (flex)
+				km_wr_uvarint(w, 0); /* the partition's tags */
+		}
+		if (flex)
+			km_wr_uvarint(w, 0); /* the topic's tags */
+	}
+	if (flex)
+		km_wr_uvarint(&enc[nenc - 1], 0); /* the request's tags */
+	/* Point the framing pieces at their encoded bytes, in order. */
+	{
+		size_t e = 0;
+		for (size_t i = 0; i < npieces; i++) {
+			if (pieces[i].p || pieces[i].buf)
+				continue;
+			if (e >= nenc || !km_wr_ok(&enc[e]))
+				goto out;
+			pieces[i].p = enc[e].buf;
+			pieces[i].len = enc[e].len;
+			e++;
+		}
+	}
+	x = ctx_new(pl, pl->dst, node, ver);
+	if (!x)
+		goto out;
+	x->extra = pc;
+	pc->n = n;
+	km_net_request_init(&rq, KM_API_PRODUCE, ver);
+	rq.pieces = pieces;
+	rq.npieces = npieces;
+	rq.delivery = KM_NET_FLAT;
+	rq.on_flat = on_produce;
+	rq.arg = x;
+	if (km_net_client_request(c, &rq) != KM_OK) {
+		free(x);
+		km_mcluster_drop(pl->dst, c);
+		goto out;
+	}
+	for (size_t i = 0; i < n; i++) {
+		pc->batches[i]->sent = true;
+		pc->parts[i]->inflight++;
+	}
+	io->produce_inflight++;
+	pc = NULL;
+	ok = true;
+out:
+	if (!ok)
+		/* The referenced pieces were not taken: give their references back. */
+		for (size_t i = 0; pieces && i < npieces; i++)
+			if (pieces[i].release)
+				pieces[i].release(pieces[i].release_arg);
+	for (size_t i = 0; enc && i < nenc; i++)
+		km_wr_free(&enc[i]);
+	free(enc);
+	free(pieces);
+	free(gstart);
+	if (pc) {
+		free(pc->parts);
+		free(pc->batches);
+		free(pc);
+	}
+	return ok;
+}
+
+/* ---- the tick: what can move, moves ---- */
+
+static void settle_drained(km_pipeline *pl, mpart *p)
+{
+	km_mp_state to = p->state == KM_MP_PAUSING ? KM_MP_PAUSED : KM_MP_STOPPED;
+	if (p->settling || p->inflight || p->phase == PH_FETCHING || p->phase == PH_RUNS)
+		return;
+	drop_unsent(p);
+	if (p->head)
+		return;
+	if (to == KM_MP_STOPPED && p->acked_phys >= 0 && p->acked_logical > p->cont_logical && p->cont_logical >= 0) {
+		/* The partition ends in a hole: a run at the tail, so writes after the stop continue after it. */
+		km_state_run r = {p->t->name, p->id, p->acked_logical, p->acked_phys, p->cont_logical};
+		p->cont_logical = p->acked_logical;
+		run_then(pl, p, &r, PH_IDLE);
+		return;
+	}
+	p->phase = PH_IDLE;
+	p->settling = true;
+	km_mirror_settle(pl->mi, pl->name, p->t->name, p->id, p->state, to, NULL);
+}
+
+static void tick(evutil_socket_t fd, short what, void *arg)
+{
+	km_pipeline *pl = arg;
+	int64_t now = now_ms(), next = now + 1000;
+	bool need_src_meta = false, need_dst_meta = false, need_pid = false;
+
+	(void)fd;
+	(void)what;
+	pl->tick_armed = false;
+	if (pl->closing || pl->config_error)
+		return;
+	for (size_t i = 0; i < pl->ntopics; i++)
+		for (int32_t j = 0; j < pl->topics[i]->nparts; j++) {
+			mpart *p = pl->topics[i]->parts[j];
+			if (!p)
+				continue;
+			if (p->state == KM_MP_PAUSING || p->state == KM_MP_STOPPING) {
+				settle_drained(pl, p);
+				continue;
+			}
+			if (p->phase == PH_IDLE)
+				continue;
+			if (p->state == KM_MP_PREPARING && p->phase == PH_READY && !p->settling) {
+				/* Reconciled and positioned: the partition mirrors from here. */
+				p->settling = true;
+				km_mirror_settle(pl->mi, pl->name, p->t->name, p->id, KM_MP_PREPARING, KM_MP_MIRRORING, NULL);
+			}
+			if (p->src_leader < 0)
+				need_src_meta = true;
+			if (p->dst_leader < 0)
+				need_dst_meta = true;
+			if (p->need_pid && !p->inflight)
+				need_pid = true;
+			if (p->retry_at > now) {
+				if (p->retry_at < next)
+					next = p->retry_at;
+				continue;
+			}
+			if (p->phase == PH_RECONCILE && !p->inflight && !p->need_pid && p->dst_leader >= 0) {
+				drop_unsent(p);
+				if (!p->head && send_list_offsets(pl, p, true, -1))
+					p->phase = PH_RECON_WAIT;
+			} else if (p->phase == PH_START && p->src_leader >= 0) {
+				if (send_list_offsets(pl, p, false, p->oor ? -2 : p->start_latest ? -1 : start_timestamp(pl)))
+					p->phase = PH_START_WAIT;
+			}
+		}
+	if (need_pid)
+		pl->pid_want = true;
+	if ((need_src_meta || pl->src_meta_need) && !pl->src_meta_inflight &&
+	    now - pl->src_meta_at >= METADATA_MIN_INTERVAL_MS)
+		send_metadata(pl, pl->src);
+	if ((need_dst_meta || pl->dst_meta_need) && !pl->dst_meta_inflight &&
+	    now - pl->dst_meta_at >= METADATA_MIN_INTERVAL_MS)
+		send_metadata(pl, pl->dst);
+	if (pl->pid_want && !pl->pid_inflight)
+		send_pid(pl);
+	/* Fetch from every source broker with nothing in flight. */
+	{
+		int32_t seen[64];
+		size_t ns = 0;
+		for (size_t i = 0; i < pl->ntopics; i++)
+			for (int32_t j = 0; j < pl->topics[i]->nparts; j++) {
+				mpart *p = pl->topics[i]->parts[j];
+				bool dup = false;
+				if (!p || !fetchable(p, now))
+					continue;
+				for (size_t k = 0; k < ns; k++)
+					dup |= seen[k] == p->src_leader;
+				if (dup)
+					continue;
+				if (ns < 64)
+					seen[ns++] = p->src_leader;
+				send_fetch(pl, p->src_leader, now);
+			}
+	}
+	/* Produce to every destination broker while there is something to send and room. */
+	{
+		int32_t seen[64];
+		size_t ns = 0;
+		for (size_t i = 0; i < pl->ntopics; i++)
+			for (int32_t j = 0; j < pl->topics[i]->nparts; j++) {
+				mpart *p = pl->topics[i]->parts[j];
+				bool dup = false;
+				if (!p || p->dst_leader < 0 || !next_unsent(p))
+					continue;
+				for (size_t k = 0; k < ns; k++)
+					dup |= seen[k] == p->dst_leader;
+				if (dup)
+					continue;
+				if (ns < 64)
+					seen[ns++] = p->dst_leader;
+				while (send_produce(pl, p->dst_leader))
+					;
+			}
+	}
+	/* Periodic metadata refresh (partition moves, leader changes without errors). */
+	if (now - pl->src_meta_at > 30000)
+		pl->src_meta_need = true;
+	if (now - pl->dst_meta_at > 30000)
+		pl->dst_meta_need = true;
+	schedule_in(pl, next - now > 0 ? next - now : 1);
+}
+
+static void schedule_in(km_pipeline *pl, int64_t ms)
+{
+	struct timeval tv = {(time_t)(ms / 1000), (suseconds_t)((ms % 1000) * 1000)};
+	if (pl->closing)
+		return;
+	if (ms == 0) {
+		event_del(pl->tick_ev);
+		event_active(pl->tick_ev, 0, 0);
+		pl->tick_armed = true;
+		return;
+	}
+	if (pl->tick_armed && ms > 0 && event_pending(pl->tick_ev, EV_TIMEOUT, NULL))
+		return; /* an earlier tick runs first and re-arms */
+	event_add(pl->tick_ev, &tv);
+	pl->tick_armed = true;
+}
+
+static void on_cluster_change(void *arg)
+{
+	tick_soon(arg);
+}
+
+/* ---- set-up from the mirror's configuration ---- */
+
+static const char *cfg_get(const km_state_mirror *m, const char *name)
+{
+	for (size_t i = 0; i < km_state_mirror_config_count(m); i++) {
+		const char *n, *v;
+		bool secret;
+		km_state_mirror_config_at(m, i, &n, &v, &secret);
+		if (!strcmp(n, name))
+			return secret ? "" : v;
+	}
+	return NULL;
+}
+
+/* username="..." and password="..." out of a JAAS line. */
+static bool jaas_field(const char *jaas, const char *key, char *out, size_t len)
+{
+	const char *p = jaas;
+	size_t kl = strlen(key);
+	while ((p = strstr(p, key))) {
+		const char *q = p + kl;
+		while (*q == ' ')
+			q++;
+		if (*q == '=') {
+			size_t n = 0;
+			q++;
+			while (*q == ' ')
+				q++;
+			if (*q == '"') {
+				q++;
+				while (q[n] && q[n] != '"')
+					n++;
+			} else {
+				while (q[n] && q[n] != ' ' && q[n] != ';')
+					n++;
+			}
+			if (n >= len)
+				return false;
+			memcpy(out, q, n);
+			out[n] = 0;
+			return true;
+		}
+		p += kl;
+	}
+	return false;
+}
+
+static bool setup_source(km_pipeline *pl, const km_state_mirror *m, const km_mirror_options *mo)
+{
+	km_state *st = km_mirror_store(pl->mi);
+	const km_mirror_opts *mopts = km_mirror_get_opts(pl->mi);
+	const char *boot = km_state_mirror_source(m), *proto = cfg_get(m, "security.protocol");
+	const char *mech = cfg_get(m, "sasl.mechanism"), *user = cfg_get(m, "sasl.username");
+	char pass[1024] = "", ubuf[512] = "", jaas[2048] = "", client_id[512], err[200];
+	km_hostport hps[64];
+	size_t nhp = 0;
+	km_net_client_opts o;
+	bool tls = proto && (!strcmp(proto, "SSL") || !strcmp(proto, "SASL_SSL"));
+	bool sasl = proto && !strncmp(proto, "SASL_", 5);
+
+	for (const char *p = boot; p && *p && nhp < 64;) {
+		const char *comma = strchr(p, ',');
+		size_t l = comma ? (size_t)(comma - p) : strlen(p);
+		char one[300];
+		while (l && *p == ' ')
+			p++, l--;
+		while (l && p[l - 1] == ' ')
+			l--;
+		if (l && l < sizeof(one)) {
+			memcpy(one, p, l);
+			one[l] = 0;
+			if (km_hostport_parse(one, &hps[nhp]))
+				nhp++;
+		}
+		p = comma ? comma + 1 : p + strlen(p);
+	}
+	if (!nhp) {
+		snprintf(pl->config_msg, sizeof(pl->config_msg), "bootstrap.servers names no host:port");
+		return false;
+	}
+	if (tls) {
+		const char *algo = cfg_get(m, "ssl.endpoint.identification.algorithm");
+		pl->src_tls = km_net_tls_client_ctx(cfg_get(m, "ssl.ca.location"), cfg_get(m, "ssl.certificate.location"),
+						    cfg_get(m, "ssl.key.location"), true, err, sizeof(err));
+		if (!pl->src_tls) {
+			snprintf(pl->config_msg, sizeof(pl->config_msg), "source TLS: %s", err);
+			return false;
+		}
+		(void)algo;
+	}
+	memset(&o, 0, sizeof(o));
+	if (sasl) {
+		if (!mech)
+			mech = "PLAIN";
+		if (km_state_mirror_secret(st, m, "sasl.password", pass, sizeof(pass)) != KM_OK)
+			pass[0] = 0;
+		if (km_state_mirror_secret(st, m, "sasl.jaas.config", jaas, sizeof(jaas)) == KM_OK) {
+			if (!user && jaas_field(jaas, "username", ubuf, sizeof(ubuf)))
+				user = ubuf;
+			if (!pass[0])
+				jaas_field(jaas, "password", pass, sizeof(pass));
+		}
+		memset(jaas, 0, sizeof(jaas));
+		o.sasl_mechanism = mech;
+		o.sasl_username = user ? user : "";
+		o.sasl_password = pass;
+	}
+	{
+		const char *cid = cfg_get(m, "client.id");
+		if (cid && *cid)
+			snprintf(client_id, sizeof(client_id), "%s", cid);
+		else
+			snprintf(client_id, sizeof(client_id), "kmirrord/%s/%s/fetch", mopts->instance, pl->name);
+	}
+	o.client_id = client_id;
+	o.tls = pl->src_tls;
+	{
+		const char *algo = cfg_get(m, "ssl.endpoint.identification.algorithm");
+		o.tls_verify_host = !algo || strcmp(algo, "") != 0;
+	}
+	o.request_timeout_ms = 30000 + FETCH_MAX_WAIT_MS;
+	o.max_frame_bytes = mo->fetch_max_bytes + (4 << 20);
+	pl->src = km_mcluster_new(km_mirror_base(pl->mi), "source", &o, hps, nhp, on_cluster_change, pl);
+	memset(pass, 0, sizeof(pass));
+	return pl->src != NULL;
+}
+
+static bool setup_dest(km_pipeline *pl)
+{
+	const km_mirror_opts *mo = km_mirror_get_opts(pl->mi);
+	const km_config *cfg = mo->cfg;
+	km_net_client_opts o;
+	char client_id[512];
+
+	memset(&o, 0, sizeof(o));
+	snprintf(client_id, sizeof(client_id), "kmirrord/%s/%s/produce", mo->instance, pl->name);
+	o.client_id = client_id;
+	o.tls = mo->tls;
+	o.tls_verify_host = cfg->upstream_tls_verify_hostname;
+	o.sasl_mechanism = cfg->upstream_sasl_mechanism;
+	o.sasl_username = cfg->upstream_sasl_username;
+	o.sasl_password = cfg->upstream_sasl_password;
+	o.connect_timeout_ms = cfg->upstream_connect_timeout_ms;
+	o.request_timeout_ms = 40000; /* above the Produce timeout (30 s) */
+	o.max_frame_bytes = 16 << 20;
+	pl->dst = km_mcluster_new(km_mirror_base(pl->mi), "destination", &o, cfg->upstream, (size_t)cfg->upstream_count,
+				  on_cluster_change, pl);
+	return pl->dst != NULL;
+}
+
+km_pipeline *km_pipeline_new(km_mirror *mi, const char *mirror)
+{
+	km_pipeline *pl = calloc(1, sizeof(*pl));
+	const km_state_mirror *m = km_state_mirror_find(km_mirror_store(mi), mirror);
+	km_mirror_options mo;
+
+	if (!pl || !m || !(pl->name = strdup(mirror)))
+		goto fail;
+	pl->mi = mi;
+	pl->pid = -1;
+	pl->tick_ev = event_new(km_mirror_base(mi), -1, 0, tick, pl);
+	if (!pl->tick_ev)
+		goto fail;
+	memset(&mo, 0, sizeof(mo));
+	if (km_state_mirror_options(m, &mo) != KM_OK)
+		goto fail;
+	pl->fetch_max_bytes = mo.fetch_max_bytes;
+	pl->part_max_bytes = mo.fetch_partition_max_bytes;
+	{
+		const char *so = cfg_get(m, "mirror.start.offset");
+		snprintf(pl->start_mode, sizeof(pl->start_mode), "%s", so ? so : "earliest");
+	}
+	if (!setup_source(pl, m, &mo) || !setup_dest(pl)) {
+		pl->config_error = true;
+		KM_ERROR(COMP, 0, "mirror %s: cannot reach its source: %s", mirror, pl->config_msg);
+	}
+	km_opt_free(km_state_mirror_option_table(), &mo);
+	pl->pid_want = true;
+	return pl;
+fail:
+	km_pipeline_free(pl);
+	return NULL;
+}
+
+void km_pipeline_free(km_pipeline *pl)
+{
+	if (!pl)
+		return;
+	pl->closing = true;
+	km_mcluster_free(pl->src);
+	km_mcluster_free(pl->dst);
+	for (size_t i = 0; i < pl->ntopics; i++) {
+		mtopic *t = pl->topics[i];
+		for (int32_t j = 0; j < t->nparts; j++) {
+			mpart *p = t->parts[j];
+			if (!p)
+				continue;
+			while (p->head) {
+				mbatch *b = p->head;
+				p->head = b->next;
+				batch_free(b);
+			}
+			set_tail(pl, p, false);
+			free(p);
+		}
+		free(t->parts);
+		free(t->name);
+		free(t);
+	}
+	free(pl->topics);
+	free(pl->sio);
+	free(pl->dio);
+	if (pl->src_tls)
+		SSL_CTX_free(pl->src_tls);
+	if (pl->tick_ev)
+		event_free(pl->tick_ev);
+	free(pl->name);
+	free(pl);
+}
+
+const char *km_pipeline_name(const km_pipeline *pl)
+{
+	return pl->name;
+}
+
+size_t km_pipeline_count(const km_pipeline *pl)
+{
+	size_t n = 0;
+	for (size_t i = 0; i < pl->ntopics; i++)
+		for (int32_t j = 0; j < pl->topics[i]->nparts; j++) {
+			const mpart *p = pl->topics[i]->parts[j];
+			if (p && (p->phase != PH_IDLE || p->settling || p->inflight))
+				n++;
+		}
+	return n;
+}
+
+void km_pipeline_partition(km_pipeline *pl, const char *topic, int32_t partition, km_mp_state state)
+{
+	mtopic *t = topic_get(pl, topic, state == KM_MP_PREPARING || state == KM_MP_MIRRORING);
+	mpart *p = t ? part_get(pl, t, partition, state == KM_MP_PREPARING || state == KM_MP_MIRRORING) : NULL;
+
+	if (!p) {
+		/* Not running here (a restart found it pausing or stopping): nothing to drain. */
+		if (state == KM_MP_PAUSING || state == KM_MP_STOPPING)
+			km_mirror_settle(pl->mi, pl->name, topic, partition, state,
+					 state == KM_MP_PAUSING ? KM_MP_PAUSED : KM_MP_STOPPED, NULL);
+		return;
+	}
+	p->state = state;
+	p->settling = false;
+	switch (state) {
+	case KM_MP_PREPARING:
+	case KM_MP_MIRRORING:
+		if (p->phase == PH_IDLE) {
+			/* A start, a resume or a restart: reconcile first. */
+			p->phase = PH_RECONCILE;
+			p->need_pid = true;
+			p->retry_at = 0;
+			p->backoff_ms = 0;
+			pl->pid_want = true;
+			pl->dst_meta_need = pl->src_meta_need = true;
+		}
+		break;
+	case KM_MP_PAUSING:
+	case KM_MP_STOPPING:
+		break; /* the tick drains it */
+	default:
+		p->phase = PH_IDLE;
+		drop_unsent(p);
+		set_tail(pl, p, false);
+		break;
+	}
+	if (pl->config_error && (state == KM_MP_PREPARING || state == KM_MP_MIRRORING)) {
+		fail_part(pl, p, pl->config_msg);
+		return;
+	}
+	tick_soon(pl);
+}

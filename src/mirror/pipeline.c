@@ -1759,8 +1759,12 @@ static void tick(evutil_socket_t fd, short what, void *arg)
 			}
 			if (p->phase == PH_IDLE)
 				continue;
-			if (p->state == KM_MP_PREPARING && p->phase == PH_READY && !p->settling) {
-				/* Reconciled and positioned: the partition mirrors from here. */
+			if (p->state == KM_MP_PREPARING && !p->settling &&
+			    (p->phase == PH_READY || (p->phase == PH_START && p->t->src_missing))) {
+				/*
+				 * Reconciled and positioned: the partition mirrors from here. A source topic that
+				 * does not exist (yet) is waited for while MIRRORING.
+				 */
 				p->settling = true;
 				km_mirror_settle(pl->mi, pl->name, p->t->name, p->id, KM_MP_PREPARING, KM_MP_MIRRORING, NULL);
 			}

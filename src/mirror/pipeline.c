@@ -131,6 +131,9 @@ struct km_pipeline {
 	uint64_t pid_gen; /* bumps with every producer id obtained */
 	int64_t fetch_max_bytes, part_max_bytes;
 	char start_mode[32];
+	int64_t options_at;
+	/* mirror.replication.throttled.rate: a token bucket over fetched bytes (0: no limit). */
+	int64_t rate, tokens, tokens_at;
 	bool closing;
 	bool config_error;
 	char config_msg[256];
@@ -171,6 +174,7 @@ static void batch_free(mbatch *b)
 }
 
 static void schedule_in(km_pipeline *pl, int64_t ms);
+static void reread_options(km_pipeline *pl, int64_t now);
 
 static void tick_soon(km_pipeline *pl)
 {
@@ -1102,6 +1106,8 @@ static void on_fetch(km_net_client *c, km_err err, struct evbuffer *body, void *
 	}
 	resp->buf = body;
 	resp->refs = 1;
+	if (pl->rate > 0)
+		pl->tokens -= (int64_t)evbuffer_get_length(body);
 	km_fetch_walk_init(&w, ver, evbuffer_get_length(body));
 	{
 		mpart *cur = NULL;
@@ -1748,6 +1754,16 @@ static void tick(evutil_socket_t fd, short what, void *arg)
 	pl->tick_armed = false;
 	if (pl->closing || pl->config_error)
 		return;
+	reread_options(pl, now);
+	if (pl->rate > 0) {
+		/* Refill; a burst of one second's worth at most. */
+		pl->tokens += (now - pl->tokens_at) * pl->rate / 1000;
+		if (pl->tokens > pl->rate)
+			pl->tokens = pl->rate;
+	} else {
+		pl->tokens = 0;
+	}
+	pl->tokens_at = now;
 	for (size_t i = 0; i < pl->ntopics; i++)
 		for (int32_t j = 0; j < pl->topics[i]->nparts; j++) {
 			mpart *p = pl->topics[i]->parts[j];
@@ -1798,8 +1814,12 @@ static void tick(evutil_socket_t fd, short what, void *arg)
 		send_metadata(pl, pl->dst);
 	if (pl->pid_want && !pl->pid_inflight)
 		send_pid(pl);
-	/* Fetch from every source broker with nothing in flight. */
-	{
+	/* Fetch from every source broker with nothing in flight (and tokens, when throttled). */
+	if (pl->rate > 0 && pl->tokens < 0) {
+		int64_t wait = -pl->tokens * 1000 / pl->rate + 1;
+		if (now + wait < next)
+			next = now + wait;
+	} else {
 		int32_t seen[64];
 		size_t ns = 0;
 		for (size_t i = 0; i < pl->ntopics; i++)
@@ -2017,6 +2037,30 @@ static bool setup_dest(km_pipeline *pl)
 	return pl->dst != NULL;
 }
 
+static void take_options(km_pipeline *pl, const km_mirror_options *mo)
+{
+	pl->fetch_max_bytes = mo->fetch_max_bytes;
+	pl->part_max_bytes = mo->fetch_partition_max_bytes;
+	pl->rate = mo->throttle_bytes_per_sec;
+	snprintf(pl->start_mode, sizeof(pl->start_mode), "%s", mo->start_offset ? mo->start_offset : "earliest");
+}
+
+/* The options may change at run time (kmirror alter): read again now and then. */
+static void reread_options(km_pipeline *pl, int64_t now)
+{
+	const km_state_mirror *m;
+	km_mirror_options mo;
+
+	if (now - pl->options_at < 1000)
+		return;
+	pl->options_at = now;
+	m = km_state_mirror_find(km_mirror_store(pl->mi), pl->name);
+	memset(&mo, 0, sizeof(mo));
+	if (m && km_state_mirror_options(m, &mo) == KM_OK)
+		take_options(pl, &mo);
+	km_opt_free(km_state_mirror_option_table(), &mo);
+}
+
 km_pipeline *km_pipeline_new(km_mirror *mi, const char *mirror)
 {
 	km_pipeline *pl = calloc(1, sizeof(*pl));
@@ -2033,12 +2077,7 @@ km_pipeline *km_pipeline_new(km_mirror *mi, const char *mirror)
 	memset(&mo, 0, sizeof(mo));
 	if (km_state_mirror_options(m, &mo) != KM_OK)
 		goto fail;
-	pl->fetch_max_bytes = mo.fetch_max_bytes;
-	pl->part_max_bytes = mo.fetch_partition_max_bytes;
-	{
-		const char *so = cfg_get(m, "mirror.start.offset");
-		snprintf(pl->start_mode, sizeof(pl->start_mode), "%s", so ? so : "earliest");
-	}
+	take_options(pl, &mo);
 	if (!setup_source(pl, m, &mo) || !setup_dest(pl)) {
 		pl->config_error = true;
 		KM_ERROR(COMP, 0, "mirror %s: cannot reach its source: %s", mirror, pl->config_msg);

@@ -24,9 +24,13 @@ static const km_option mirror_options[] = {
 	{.name = "mirror.fetch.partition.max.bytes", .type = KM_OPT_INT, .offset = OFF(fetch_partition_max_bytes),
 	 .def = "10485760", .min = 1024, .max = INT32_MAX, .reloadable = true,
 	 .doc = "PartitionMaxBytes of the mirror's Fetch requests to the source."},
-	{.name = "mirror.throttle.bytes.per.sec", .type = KM_OPT_INT, .offset = OFF(throttle_bytes_per_sec), .def = "0",
-	 .min = 0, .max = I64MAX, .reloadable = true,
+	{.name = "mirror.replication.throttled.rate", .type = KM_OPT_INT, .offset = OFF(throttle_bytes_per_sec),
+	 .def = "0", .min = 0, .max = I64MAX, .reloadable = true,
 	 .doc = "Bytes per second the mirror fetches from the source at most, all its topics together; 0: unlimited."},
+	{.name = "mirror.start.offset", .type = KM_OPT_STRING, .offset = OFF(start_offset), .def = "earliest",
+	 .reloadable = true,
+	 .doc = "Where a partition started with nothing mirrored yet begins: `earliest`, `latest`, or a timestamp "
+		"(ms since the epoch: the first record at or after it)."},
 	{.name = "mirror.topics.include", .type = KM_OPT_STRING, .offset = OFF(topics_include), .def = "",
 	 .reloadable = true,
 	 .doc = "Source topics started automatically when they appear (POSIX extended regex, whole name); empty: none."},
@@ -135,6 +139,16 @@ static bool check_regex(const char *v, char *why, size_t len)
 	return true;
 }
 
+/* earliest, latest, or a timestamp in ms (digits only). */
+static bool check_start_offset(const char *v, char *why, size_t len)
+{
+	size_t n = strspn(v, "0123456789");
+	if (!strcmp(v, "earliest") || !strcmp(v, "latest") || (n > 0 && n < 19 && v[n] == 0))
+		return true;
+	snprintf(why, len, "'%s' is not earliest, latest or a timestamp in ms", v);
+	return false;
+}
+
 /* One entry; false with why set when refused. */
 static bool check_one(const km_state_kv *kv, bool create, km_mirror_options *mo, char *why, size_t len)
 {
@@ -163,6 +177,8 @@ static bool check_one(const km_state_kv *kv, bool create, km_mirror_options *mo,
 			return false;
 		if ((o->offset == OFF(groups_include) || o->offset == OFF(topics_include)) &&
 		    !check_regex(kv->value, why, len))
+			return false;
+		if (o->offset == OFF(start_offset) && !check_start_offset(kv->value, why, len))
 			return false;
 		return true;
 	}

@@ -219,7 +219,7 @@ def test_state_survives_restart(kmirror_bin, dest_cluster, source_cluster, proxy
     dest_cluster.create_topic(t1, partitions=2)
     dest_cluster.create_topic(t2, partitions=1)
     cli.run("create", "--mirror", mirror, "--source-bootstrap", source_cluster.bootstrap,
-            "--config", "mirror.throttle.bytes.per.sec=1000000")
+            "--config", "mirror.replication.throttled.rate=1000000")
     cli.run("start", "--mirror", mirror, "--topics", f"{t1},{t2}")
     wait_states(cli, mirror, {t1: "MIRRORING", t2: "MIRRORING"})
     cli.run("pause", "--mirror", mirror, "--topics", t2)

@@ -113,7 +113,7 @@ static void test_config(void **state)
 	expect_bad("no.such.key", "1", "unknown configuration key");
 	expect_bad("mirror.nope", "1", "unknown mirror option");
 	expect_bad("mirror.fetch.max.bytes", "lots", "mirror.fetch.max.bytes");
-	expect_bad("mirror.throttle.bytes.per.sec", "-1", "mirror.throttle.bytes.per.sec");
+	expect_bad("mirror.replication.throttled.rate", "-1", "mirror.replication.throttled.rate");
 	expect_bad("mirror.groups.include", "(", "not a valid regular expression");
 	expect_bad("bootstrap.servers", "x", "given twice");
 

@@ -206,13 +206,18 @@ typedef struct km_state_run {
  * Persist run records of partitions of one mirror's topics in one write (the write-ahead rule: the
  * run a batch starts is in before the batch is produced), then apply them to the maps in memory,
  * in order, and answer. UNKNOWN_CLUSTER_MIRROR, UNKNOWN_TOPIC_OR_PARTITION (topic not in the
- * mirror), MIRROR_STATE_UNAVAILABLE. DeleteMirror removes a partition's runs with it.
+ * mirror, partition out of range), INVALID_REQUEST (a negative logical offset, physical below -1,
+ * prev_logical_end outside [-1, logical], more than 10,000 runs), MIRROR_STATE_UNAVAILABLE. All
+ * runs are checked before anything is written. DeleteMirror removes a partition's runs with it.
  */
 void km_state_runs_write(km_state *st, const char *mirror, const km_state_run *runs, size_t n, km_state_done_cb done,
 			 void *arg);
 /*
  * The offset map of a partition of a mirror topic, NULL when it has none yet (never mirrored).
- * The mutable form is for the mirror module only: it sets the tail (in memory, never persisted).
+ * The mutable form is for the mirror module only: it sets the tail (in memory, never persisted);
+ * NULL for a topic the store does not hold. The object stays the same while the partition is in
+ * the store (a reread after a failed write puts the runs read back into it, the tail kept); a
+ * DeleteMirror frees it.
  */
 const km_offmap *km_state_topic_offmap(const km_state_topic *t, int32_t partition);
 km_offmap *km_state_offmap_mut(km_state *st, const char *topic, int32_t partition);

@@ -24,6 +24,7 @@ enum {
 #define KM_STATE_MAX_PARTITIONS 100000 /* of one mirrored topic */
 #define KM_STATE_MAX_RUNS_WRITE 10000  /* run records of one km_state_runs_write (one Produce round) */
 #define KM_STATE_DELETE_CHUNK 4096     /* run tombstones per write when a mirror is deleted */
+#define KM_STATE_DELETE_BYTES (256 << 10) /* and their key bytes: under a broker's 1 MB batch limit */
 
 /* One decoded record key. Strings borrow from the key bytes. */
 typedef struct km_state_key {

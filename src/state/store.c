@@ -374,14 +374,20 @@ static void delete_records(km_state_mut *mu, km_state_mirror *m)
 			return;
 		}
 		mu->del_runs_left = left;
+		/* Bounded in records and in key bytes: all of a chunk may go to one state partition's batch. */
+		size_t bytes = 0;
 		for (size_t i = 0; i < m->ntopics; i++)
 			for (size_t j = 0; j < m->topics[i]->nparts; j++) {
 				const km_offmap *map = m->topics[i]->parts[j].map;
-				for (size_t r = 0; map && r < map->n && mu->nrecs < KM_STATE_DELETE_CHUNK; r++)
+				for (size_t r = 0; map && r < map->n && mu->nrecs < KM_STATE_DELETE_CHUNK &&
+						   bytes < KM_STATE_DELETE_BYTES;
+				     r++) {
 					if (add_run_rec(mu, m->topics[i], (int32_t)j, map->runs[r].logical, -1, -1) != KM_OK) {
 						set_msg(mu, KM_MIRROR_STATE_UNAVAILABLE, "out of memory");
 						return;
 					}
+					bytes += mu->recs[mu->nrecs - 1].klen;
+				}
 			}
 		if (mu->nrecs > 0)
 			return;

@@ -35,6 +35,21 @@ void km_mcluster_drop(km_mcluster *cl, km_net_client *c);
 km_err km_mcluster_brokers(km_mcluster *cl, const km_metadata_response *r) __attribute__((warn_unused_result));
 const char *km_mcluster_side(const km_mcluster *cl);
 
+/* ---- the connections of a mirror (conn.c) ---- */
+
+/*
+ * The mirror's source cluster from its configuration: bootstrap.servers, security.protocol,
+ * ssl.* (a TLS context returned in *tls_out, the caller frees it after the cluster), sasl.*
+ * (sasl.username / sasl.password, or a JAAS line), client.id (default
+ * kmirrord/<instance>/<mirror>/<purpose>). NULL with why set when the configuration is unusable.
+ */
+km_mcluster *km_mirror_source_cluster(km_mirror *mi, const km_state_mirror *m, const char *purpose,
+				     int64_t max_frame, SSL_CTX **tls_out, void (*on_change)(void *arg), void *arg,
+				     char *why, size_t whylen);
+/* The destination as kmirrord's own client (the upstream settings), client.id kmirrord/<instance>/<mirror>/<purpose>. */
+km_mcluster *km_mirror_dest_cluster(km_mirror *mi, const char *mirror, const char *purpose,
+				   void (*on_change)(void *arg), void *arg);
+
 /* ---- the driver's services for the pipelines ---- */
 
 struct event_base *km_mirror_base(km_mirror *mi);

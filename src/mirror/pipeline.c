@@ -1889,151 +1889,16 @@ static void on_cluster_change(void *arg)
 
 /* ---- set-up from the mirror's configuration ---- */
 
-static const char *cfg_get(const km_state_mirror *m, const char *name)
-{
-	for (size_t i = 0; i < km_state_mirror_config_count(m); i++) {
-		const char *n, *v;
-		bool secret;
-		km_state_mirror_config_at(m, i, &n, &v, &secret);
-		if (!strcmp(n, name))
-			return secret ? "" : v;
-	}
-	return NULL;
-}
-
-/* username="..." and password="..." out of a JAAS line. */
-static bool jaas_field(const char *jaas, const char *key, char *out, size_t len)
-{
-	const char *p = jaas;
-	size_t kl = strlen(key);
-	while ((p = strstr(p, key))) {
-		const char *q = p + kl;
-		while (*q == ' ')
-			q++;
-		if (*q == '=') {
-			size_t n = 0;
-			q++;
-			while (*q == ' ')
-				q++;
-			if (*q == '"') {
-				q++;
-				while (q[n] && q[n] != '"')
-					n++;
-			} else {
-				while (q[n] && q[n] != ' ' && q[n] != ';')
-					n++;
-			}
-			if (n >= len)
-				return false;
-			memcpy(out, q, n);
-			out[n] = 0;
-			return true;
-		}
-		p += kl;
-	}
-	return false;
-}
-
 static bool setup_source(km_pipeline *pl, const km_state_mirror *m, const km_mirror_options *mo)
 {
-	km_state *st = km_mirror_store(pl->mi);
-	const km_mirror_opts *mopts = km_mirror_get_opts(pl->mi);
-	const char *boot = km_state_mirror_source(m), *proto = cfg_get(m, "security.protocol");
-	const char *mech = cfg_get(m, "sasl.mechanism"), *user = cfg_get(m, "sasl.username");
-	char pass[1024] = "", ubuf[512] = "", jaas[2048] = "", client_id[512], err[200];
-	km_hostport hps[64];
-	size_t nhp = 0;
-	km_net_client_opts o;
-	bool tls = proto && (!strcmp(proto, "SSL") || !strcmp(proto, "SASL_SSL"));
-	bool sasl = proto && !strncmp(proto, "SASL_", 5);
-
-	for (const char *p = boot; p && *p && nhp < 64;) {
-		const char *comma = strchr(p, ',');
-		size_t l = comma ? (size_t)(comma - p) : strlen(p);
-		char one[300];
-		while (l && *p == ' ')
-			p++, l--;
-		while (l && p[l - 1] == ' ')
-			l--;
-		if (l && l < sizeof(one)) {
-			memcpy(one, p, l);
-			one[l] = 0;
-			if (km_hostport_parse(one, &hps[nhp]))
-				nhp++;
-		}
-		p = comma ? comma + 1 : p + strlen(p);
-	}
-	if (!nhp) {
-		snprintf(pl->config_msg, sizeof(pl->config_msg), "bootstrap.servers names no host:port");
-		return false;
-	}
-	if (tls) {
-		const char *algo = cfg_get(m, "ssl.endpoint.identification.algorithm");
-		pl->src_tls = km_net_tls_client_ctx(cfg_get(m, "ssl.ca.location"), cfg_get(m, "ssl.certificate.location"),
-						    cfg_get(m, "ssl.key.location"), true, err, sizeof(err));
-		if (!pl->src_tls) {
-			snprintf(pl->config_msg, sizeof(pl->config_msg), "source TLS: %s", err);
-			return false;
-		}
-		(void)algo;
-	}
-	memset(&o, 0, sizeof(o));
-	if (sasl) {
-		if (!mech)
-			mech = "PLAIN";
-		if (km_state_mirror_secret(st, m, "sasl.password", pass, sizeof(pass)) != KM_OK)
-			pass[0] = 0;
-		if (km_state_mirror_secret(st, m, "sasl.jaas.config", jaas, sizeof(jaas)) == KM_OK) {
-			if (!user && jaas_field(jaas, "username", ubuf, sizeof(ubuf)))
-				user = ubuf;
-			if (!pass[0])
-				jaas_field(jaas, "password", pass, sizeof(pass));
-		}
-		memset(jaas, 0, sizeof(jaas));
-		o.sasl_mechanism = mech;
-		o.sasl_username = user ? user : "";
-		o.sasl_password = pass;
-	}
-	{
-		const char *cid = cfg_get(m, "client.id");
-		if (cid && *cid)
-			snprintf(client_id, sizeof(client_id), "%s", cid);
-		else
-			snprintf(client_id, sizeof(client_id), "kmirrord/%s/%s/fetch", mopts->instance, pl->name);
-	}
-	o.client_id = client_id;
-	o.tls = pl->src_tls;
-	{
-		const char *algo = cfg_get(m, "ssl.endpoint.identification.algorithm");
-		o.tls_verify_host = !algo || strcmp(algo, "") != 0;
-	}
-	o.request_timeout_ms = 30000 + FETCH_MAX_WAIT_MS;
-	o.max_frame_bytes = mo->fetch_max_bytes + (4 << 20);
-	pl->src = km_mcluster_new(km_mirror_base(pl->mi), "source", &o, hps, nhp, on_cluster_change, pl);
-	memset(pass, 0, sizeof(pass));
+	pl->src = km_mirror_source_cluster(pl->mi, m, "fetch", mo->fetch_max_bytes + (4 << 20), &pl->src_tls,
+					   on_cluster_change, pl, pl->config_msg, sizeof(pl->config_msg));
 	return pl->src != NULL;
 }
 
 static bool setup_dest(km_pipeline *pl)
 {
-	const km_mirror_opts *mo = km_mirror_get_opts(pl->mi);
-	const km_config *cfg = mo->cfg;
-	km_net_client_opts o;
-	char client_id[512];
-
-	memset(&o, 0, sizeof(o));
-	snprintf(client_id, sizeof(client_id), "kmirrord/%s/%s/produce", mo->instance, pl->name);
-	o.client_id = client_id;
-	o.tls = mo->tls;
-	o.tls_verify_host = cfg->upstream_tls_verify_hostname;
-	o.sasl_mechanism = cfg->upstream_sasl_mechanism;
-	o.sasl_username = cfg->upstream_sasl_username;
-	o.sasl_password = cfg->upstream_sasl_password;
-	o.connect_timeout_ms = cfg->upstream_connect_timeout_ms;
-	o.request_timeout_ms = 40000; /* above the Produce timeout (30 s) */
-	o.max_frame_bytes = 16 << 20;
-	pl->dst = km_mcluster_new(km_mirror_base(pl->mi), "destination", &o, cfg->upstream, (size_t)cfg->upstream_count,
-				  on_cluster_change, pl);
+	pl->dst = km_mirror_dest_cluster(pl->mi, pl->name, "produce", on_cluster_change, pl);
 	return pl->dst != NULL;
 }
 

@@ -114,6 +114,8 @@ static void test_config(void **state)
 	expect_bad("mirror.nope", "1", "unknown mirror option");
 	expect_bad("mirror.fetch.max.bytes", "lots", "mirror.fetch.max.bytes");
 	expect_bad("mirror.replication.throttled.rate", "-1", "mirror.replication.throttled.rate");
+	expect_bad("mirror.start.offset", "yesterday", "mirror.start.offset");
+	expect_bad("mirror.start.offset", "-5", "mirror.start.offset");
 	expect_bad("mirror.groups.include", "(", "not a valid regular expression");
 	expect_bad("bootstrap.servers", "x", "given twice");
 
@@ -158,6 +160,7 @@ static void test_mirror_option_table(void **state)
 	assert_int_equal(o.fetch_partition_max_bytes, 10485760);
 	assert_int_equal(o.throttle_bytes_per_sec, 0);
 	assert_null(o.topics_include);
+	assert_string_equal(o.start_offset, "earliest");
 	km_opt_free(t, &o);
 	/* docs/configuration.md shows the table */
 	f = open_memstream(&gen, &glen);

@@ -1,0 +1,162 @@
+/* The connections a mirror makes: its source (from the mirror's configuration, secrets decrypted only here) and the destination. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "mirror_int.h"
+
+/* A plain configuration value of m; "" for a secret (read those with km_state_mirror_secret). */
+static const char *cfg_get(const km_state_mirror *m, const char *name)
+{
+	for (size_t i = 0; i < km_state_mirror_config_count(m); i++) {
+		const char *n, *v;
+		bool secret;
+		km_state_mirror_config_at(m, i, &n, &v, &secret);
+		if (!strcmp(n, name))
+			return secret ? "" : v;
+	}
+	return NULL;
+}
+
+/* username="..." and password="..." out of a JAAS line. */
+static bool jaas_field(const char *jaas, const char *key, char *out, size_t len)
+{
+	const char *p = jaas;
+	size_t kl = strlen(key);
+	while ((p = strstr(p, key))) {
+		const char *q = p + kl;
+		while (*q == ' ')
+			q++;
+		if (*q == '=') {
+			size_t n = 0;
+			q++;
+			while (*q == ' ')
+				q++;
+			if (*q == '"') {
+				q++;
+				while (q[n] && q[n] != '"')
+					n++;
+			} else {
+				while (q[n] && q[n] != ' ' && q[n] != ';')
+					n++;
+			}
+			if (n >= len)
+				return false;
+			memcpy(out, q, n);
+			out[n] = 0;
+			return true;
+		}
+		p += kl;
+	}
+	return false;
+}
+
+km_mcluster *km_mirror_source_cluster(km_mirror *mi, const km_state_mirror *m, const char *purpose,
+				     int64_t max_frame, SSL_CTX **tls_out, void (*on_change)(void *arg), void *arg,
+				     char *why, size_t whylen)
+{
+	km_state *st = km_mirror_store(mi);
+	const km_mirror_opts *mopts = km_mirror_get_opts(mi);
+	const char *boot = km_state_mirror_source(m), *proto = cfg_get(m, "security.protocol");
+	const char *mech = cfg_get(m, "sasl.mechanism"), *user = cfg_get(m, "sasl.username");
+	const char *algo = cfg_get(m, "ssl.endpoint.identification.algorithm");
+	char pass[1024] = "", ubuf[512] = "", jaas[2048] = "", client_id[512], err[200];
+	km_hostport hps[64];
+	size_t nhp = 0;
+	km_net_client_opts o;
+	km_mcluster *cl;
+	bool tls = proto && (!strcmp(proto, "SSL") || !strcmp(proto, "SASL_SSL"));
+	bool sasl = proto && !strncmp(proto, "SASL_", 5);
+
+	*tls_out = NULL;
+	for (const char *p = boot; p && *p && nhp < 64;) {
+		const char *comma = strchr(p, ',');
+		size_t l = comma ? (size_t)(comma - p) : strlen(p);
+		char one[300];
+		while (l && *p == ' ')
+			p++, l--;
+		while (l && p[l - 1] == ' ')
+			l--;
+		if (l && l < sizeof(one)) {
+			memcpy(one, p, l);
+			one[l] = 0;
+			if (km_hostport_parse(one, &hps[nhp]))
+				nhp++;
+		}
+		p = comma ? comma + 1 : p + strlen(p);
+	}
+	if (!nhp) {
+		snprintf(why, whylen, "bootstrap.servers names no host:port");
+		return NULL;
+	}
+	if (tls) {
+		*tls_out = km_net_tls_client_ctx(cfg_get(m, "ssl.ca.location"), cfg_get(m, "ssl.certificate.location"),
+						 cfg_get(m, "ssl.key.location"), true, err, sizeof(err));
+		if (!*tls_out) {
+			snprintf(why, whylen, "source TLS: %s", err);
+			return NULL;
+		}
+	}
+	memset(&o, 0, sizeof(o));
+	if (sasl) {
+		if (!mech)
+			mech = "PLAIN";
+		if (km_state_mirror_secret(st, m, "sasl.password", pass, sizeof(pass)) != KM_OK)
+			pass[0] = 0;
+		if (km_state_mirror_secret(st, m, "sasl.jaas.config", jaas, sizeof(jaas)) == KM_OK) {
+			if (!user && jaas_field(jaas, "username", ubuf, sizeof(ubuf)))
+				user = ubuf;
+			if (!pass[0] && !jaas_field(jaas, "password", pass, sizeof(pass)))
+				pass[0] = 0;
+		}
+		memset(jaas, 0, sizeof(jaas));
+		o.sasl_mechanism = mech;
+		o.sasl_username = user ? user : "";
+		o.sasl_password = pass;
+	}
+	{
+		const char *cid = cfg_get(m, "client.id");
+		/* The mirror's name and the pipeline in the client id: the source's operator can set quotas on it. */
+		if (cid && *cid)
+			snprintf(client_id, sizeof(client_id), "%s", cid);
+		else
+			snprintf(client_id, sizeof(client_id), "kmirrord/%s/%s/%s", mopts->instance,
+				 km_state_mirror_name(m), purpose);
+	}
+	o.client_id = client_id;
+	o.tls = *tls_out;
+	o.tls_verify_host = !algo || strcmp(algo, "") != 0;
+	o.request_timeout_ms = 31000; /* above a fetch's MaxWait */
+	o.max_frame_bytes = max_frame;
+	cl = km_mcluster_new(km_mirror_base(mi), "source", &o, hps, nhp, on_change, arg);
+	memset(pass, 0, sizeof(pass));
+	if (!cl) {
+		snprintf(why, whylen, "out of memory");
+		if (*tls_out)
+			SSL_CTX_free(*tls_out);
+		*tls_out = NULL;
+	}
+	return cl;
+}
+
+km_mcluster *km_mirror_dest_cluster(km_mirror *mi, const char *mirror, const char *purpose,
+				   void (*on_change)(void *arg), void *arg)
+{
+	const km_mirror_opts *mo = km_mirror_get_opts(mi);
+	const km_config *cfg = mo->cfg;
+	km_net_client_opts o;
+	char client_id[512];
+
+	memset(&o, 0, sizeof(o));
+	snprintf(client_id, sizeof(client_id), "kmirrord/%s/%s/%s", mo->instance, mirror, purpose);
+	o.client_id = client_id;
+	o.tls = mo->tls;
+	o.tls_verify_host = cfg->upstream_tls_verify_hostname;
+	o.sasl_mechanism = cfg->upstream_sasl_mechanism;
+	o.sasl_username = cfg->upstream_sasl_username;
+	o.sasl_password = cfg->upstream_sasl_password;
+	o.connect_timeout_ms = cfg->upstream_connect_timeout_ms;
+	o.request_timeout_ms = 40000; /* above the Produce timeout (30 s) */
+	o.max_frame_bytes = 16 << 20;
+	return km_mcluster_new(km_mirror_base(mi), "destination", &o, cfg->upstream, (size_t)cfg->upstream_count,
+			       on_change, arg);
+}

@@ -62,6 +62,12 @@ const km_mirror_opts *km_mirror_get_opts(km_mirror *mi);
 void km_mirror_settle(km_mirror *mi, const char *mirror, const char *topic, int32_t partition, km_mp_state from,
 		      km_mp_state to, const char *error);
 
+/* The per-partition metric families (NULL without a registry): series by pointer into each partition. */
+typedef struct km_mirror_families {
+	km_metric_family *records, *bytes, *batches, *lag, *lag_ms, *skipped, *errors;
+} km_mirror_families;
+const km_mirror_families *km_mirror_metric_families(km_mirror *mi);
+
 /* ---- pipelines: one per mirror with partitions to run (pipeline.c) ---- */
 
 typedef struct km_pipeline km_pipeline;

@@ -96,7 +96,11 @@ typedef struct mpart {
 	size_t inflight;        /* batches sent, not answered */
 	int64_t retry_at;
 	int backoff_ms;
-	uint64_t records, bytes, skipped;
+	uint64_t records, bytes, batches, skipped, errors;
+	uint64_t lag, lag_ms;   /* gauges, set on every fetch answer */
+	int64_t source_end;     /* the source's high watermark as last fetched; -1: not known */
+	int64_t newest_ts;      /* max timestamp of the last batch written */
+	bool metrics;           /* its series are registered */
 } mpart;
 
 struct mtopic {
@@ -174,6 +178,7 @@ static void batch_free(mbatch *b)
 }
 
 static void schedule_in(km_pipeline *pl, int64_t ms);
+static void update_lag(mpart *p, int64_t now);
 static void reread_options(km_pipeline *pl, int64_t now);
 
 static void tick_soon(km_pipeline *pl)
@@ -222,6 +227,32 @@ static mtopic *topic_get(km_pipeline *pl, const char *name, bool create)
 	return t;
 }
 
+static void register_series(km_pipeline *pl, mpart *p)
+{
+	const km_mirror_families *f = km_mirror_metric_families(pl->mi);
+	char part[16];
+	const char *v[] = {pl->name, p->t->name, part};
+	struct {
+		km_metric_family *f;
+		const uint64_t *value;
+	} s[] = {{f->records, &p->records}, {f->bytes, &p->bytes}, {f->batches, &p->batches}, {f->lag, &p->lag},
+		 {f->lag_ms, &p->lag_ms}, {f->skipped, &p->skipped}, {f->errors, &p->errors}};
+
+	snprintf(part, sizeof(part), "%d", (int)p->id);
+	for (size_t i = 0; i < sizeof(s) / sizeof(s[0]); i++)
+		if (s[i].f && !km_metric_series_ptr(s[i].f, v, s[i].value))
+			KM_DEBUG(COMP, 0, "%s/%s-%s: a metric series was not kept (the family is full)", pl->name,
+				 p->t->name, part);
+}
+
+/* The lag gauges, from the source's end and what is mirrored. */
+static void update_lag(mpart *p, int64_t now)
+{
+	int64_t mirrored = p->acked_logical;
+	p->lag = p->source_end > mirrored && mirrored >= 0 ? (uint64_t)(p->source_end - mirrored) : 0;
+	p->lag_ms = p->lag && p->newest_ts > 0 && now > p->newest_ts ? (uint64_t)(now - p->newest_ts) : 0;
+}
+
 static mpart *part_get(km_pipeline *pl, mtopic *t, int32_t id, bool create)
 {
 	mpart *p;
@@ -248,8 +279,9 @@ static mpart *part_get(km_pipeline *pl, mtopic *t, int32_t id, bool create)
 	p->src_epoch = -1;
 	p->fetch_logical = p->cont_logical = -1;
 	p->pid = -1;
+	p->source_end = -1;
 	t->parts[id] = p;
-	(void)pl;
+	register_series(pl, p);
 	return p;
 }
 
@@ -276,6 +308,8 @@ static void set_tail(km_pipeline *pl, mpart *p, bool set)
 		return;
 	m->tail_physical = set ? p->acked_phys : -1;
 	m->tail_logical = set ? p->acked_logical : -1;
+	if (set)
+		update_lag(p, now_ms());
 }
 
 static void backoff(mpart *p)
@@ -293,7 +327,8 @@ static void reconcile(km_pipeline *pl, mpart *p, const char *why)
 	char tag[300];
 	if (p->phase == PH_IDLE)
 		return;
-	KM_INFO(COMP, 0, "%s: %s: reconciling", ptag(p, tag, sizeof(tag)), why);
+	KM_INFO(COMP, 0, "%s/%s: %s: reconciling", pl->name, ptag(p, tag, sizeof(tag)), why);
+	p->errors++;
 	drop_unsent(p);
 	p->recon = true;
 	p->phase = PH_RECONCILE;
@@ -976,8 +1011,6 @@ static km_err take_batch(km_pipeline *pl, mpart *p, mresp *resp, size_t off, siz
 		return KM_ERR_INVAL;
 	}
 	p->fetch_logical = last + 1;
-	p->records += (uint64_t)count;
-	p->bytes += size;
 	if (count != lod + 1)
 		return split_batch(pl, p, resp, off, size, ra);
 	b = calloc(1, sizeof(*b));
@@ -1027,6 +1060,7 @@ static void on_runs(void *arg, const km_state_result *res)
 static void handle_fetch_error(km_pipeline *pl, mpart *p, int16_t code)
 {
 	char tag[300];
+	p->errors++;
 	switch (code) {
 	case 1: /* OFFSET_OUT_OF_RANGE: behind the source's log start (retention, DeleteRecords), or past its end */
 		p->oor = true;
@@ -1131,6 +1165,8 @@ static void on_fetch(km_net_client *c, km_err err, struct evbuffer *body, void *
 				}
 				km_state_partition_progress(km_mirror_store(pl->mi), p->t->name, p->id,
 							    w.part.high_watermark, -1);
+				p->source_end = w.part.high_watermark;
+				update_lag(p, now_ms());
 				p->backoff_ms = 0;
 				cur = p;
 				touched[ntouched++] = p;
@@ -1439,6 +1475,11 @@ static void produce_done(km_pipeline *pl, mpart *p, mbatch *b, int16_t code, int
 	if (code == 0) {
 		p->acked_phys = b->physical + b->count;
 		p->acked_logical = b->logical + b->count;
+		p->records += (uint64_t)b->count;
+		p->bytes += b->size;
+		p->batches++;
+		if (b->max_ts > p->newest_ts)
+			p->newest_ts = b->max_ts;
 		/* Holes right after the last batch belong to the tail too (markers, compaction), once planned. */
 		if (!p->head && p->fetch_logical > p->acked_logical)
 			p->acked_logical = p->fetch_logical;

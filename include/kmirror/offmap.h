@@ -44,7 +44,10 @@ km_err km_offmap_add(km_offmap *m, int64_t logical, int64_t physical, int64_t pr
 	__attribute__((warn_unused_result));
 /* Remove the run starting at logical; false when there is none. */
 bool km_offmap_remove(km_offmap *m, int64_t logical);
-/* The run index holding logical offset L, or -1 (a hole, or no run). */
+/*
+ * The run index holding logical offset L, or -1 (a hole, or no run). While the tail is set the
+ * open run ends at it: offsets past it (a trailing hole, or not mirrored yet) are in no run.
+ */
 ssize_t km_offmap_find_logical(const km_offmap *m, int64_t logical);
 
 /* The length of run i: -1 for the open (last) run. */
@@ -53,13 +56,15 @@ int64_t km_offmap_run_length(const km_offmap *m, size_t i);
 /*
  * Logical fetch offset -> the physical offset to fetch from: in a run, the same distance into it;
  * in a hole, the next run's start; below every run, the first run's start; at or past the logical
- * tail (when set), the physical tail. With no run: the physical tail, or -1 when unset.
+ * tail (when set), the physical tail. With no run: the physical tail, or -1 when unset. Negative
+ * input: -1 (as for the two below).
  */
 int64_t km_offmap_to_physical(const km_offmap *m, int64_t logical);
 /*
  * Physical record offset (a batch's baseOffset, a ListOffsets answer) -> logical: in a run, the
  * same distance into it; hidden (between runs, before the first), the next run's logical start;
- * with no run, the logical tail when physical is the physical tail, else -1.
+ * past the open run's end (the tail set), the logical tail; with no run, the logical tail when
+ * physical is the physical tail, else -1.
  */
 int64_t km_offmap_to_logical(const km_offmap *m, int64_t physical);
 /*

@@ -1,4 +1,4 @@
-/* The state in memory and the __mirror_state record codec: keys, values, and applying a record to the model. */
+/* The state in memory and the __mirror_state record codec: keys, values, and applying a record (offset map runs too) to the model. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -7,6 +7,8 @@
 #include "kmirror/msg/mirror_state_mirror_value.h"
 #include "kmirror/msg/mirror_state_partition_key.h"
 #include "kmirror/msg/mirror_state_partition_value.h"
+#include "kmirror/msg/mirror_state_run_key.h"
+#include "kmirror/msg/mirror_state_run_value.h"
 #include "state/state_int.h"
 
 /* ---- keys ---- */
@@ -19,6 +21,14 @@ void km_state_key_encode(km_wr *w, const km_state_key *k)
 		km_mirror_state_mirror_key_init(&mk);
 		mk.mirror_name = k->mirror;
 		km_mirror_state_mirror_key_encode(w, 0, &mk);
+	} else if (k->type == KM_STATE_REC_RUN) {
+		km_mirror_state_run_key rk;
+		km_mirror_state_run_key_init(&rk);
+		rk.mirror_name = k->mirror;
+		rk.topic_name = k->topic;
+		rk.partition_index = k->partition;
+		rk.logical_start = k->logical;
+		km_mirror_state_run_key_encode(w, 0, &rk);
 	} else {
 		km_mirror_state_partition_key pk;
 		km_mirror_state_partition_key_init(&pk);
@@ -63,6 +73,18 @@ km_err km_state_key_decode(const uint8_t *p, size_t len, km_state_key *k)
 			k->mirror = pk.mirror_name;
 			k->topic = pk.topic_name;
 			k->partition = pk.partition_index;
+			rc = KM_OK;
+		}
+	} else if (k->type == KM_STATE_REC_RUN) {
+		km_mirror_state_run_key rk;
+		km_mirror_state_run_key_init(&rk);
+		if (km_mirror_state_run_key_decode(&r, 0, &rk, &a) == KM_OK && km_rd_left(&r) == 0 &&
+		    name_ok(rk.mirror_name) && name_ok(rk.topic_name) && rk.partition_index >= 0 &&
+		    rk.partition_index < KM_STATE_MAX_PARTITIONS && rk.logical_start >= 0) {
+			k->mirror = rk.mirror_name;
+			k->topic = rk.topic_name;
+			k->partition = rk.partition_index;
+			k->logical = rk.logical_start;
 			rc = KM_OK;
 		}
 	}
@@ -146,6 +168,18 @@ km_err km_state_partition_value_encode(km_wr *w, const km_state_topic *t, const 
 	return w->err;
 }
 
+km_err km_state_run_value_encode(km_wr *w, int64_t physical, int64_t prev_logical_end)
+{
+	km_mirror_state_run_value v;
+
+	km_mirror_state_run_value_init(&v);
+	v.physical_start = physical;
+	v.prev_logical_end = prev_logical_end;
+	km_wr_i16(w, 0);
+	km_mirror_state_run_value_encode(w, 0, &v);
+	return w->err;
+}
+
 /* ---- the model ---- */
 
 static char *dup_str(km_str s)
@@ -172,10 +206,20 @@ static void cfg_free(km_state_cfg_entry *c, size_t n)
 	free(c);
 }
 
+static void map_free(km_offmap *map)
+{
+	if (map) {
+		km_offmap_free(map);
+		free(map);
+	}
+}
+
 static void topic_free(km_state_topic *t)
 {
-	for (size_t i = 0; i < t->nparts; i++)
+	for (size_t i = 0; i < t->nparts; i++) {
 		free(t->parts[i].last_error);
+		map_free(t->parts[i].map);
+	}
 	free(t->parts);
 	free(t->name);
 	free(t);
@@ -421,6 +465,7 @@ static km_err apply_partition(km_state_model *m, const km_state_key *k, const ui
 		chg->to = KM_MP_UNKNOWN;
 		chg->changed = true;
 		free(p->last_error);
+		map_free(p->map);
 		memset(p, 0, sizeof(*p));
 		bool any = false;
 		for (size_t i = 0; i < t->nparts; i++)
@@ -451,16 +496,8 @@ static km_err apply_partition(km_state_model *m, const km_state_key *k, const ui
 		if (t)
 			t->mirror = mi;
 	}
-	if (rc == KM_OK && (size_t)k->partition >= t->nparts) {
-		km_state_part *np = realloc(t->parts, ((size_t)k->partition + 1) * sizeof(*np));
-		if (!np) {
-			rc = KM_ERR_NOMEM;
-		} else {
-			memset(np + t->nparts, 0, ((size_t)k->partition + 1 - t->nparts) * sizeof(*np));
-			t->parts = np;
-			t->nparts = (size_t)k->partition + 1;
-		}
-	}
+	if (rc == KM_OK && !km_state_model_part(t, k->partition))
+		rc = KM_ERR_NOMEM;
 	if (rc == KM_OK) {
 		char *err = dup_str(v.last_error);
 		p = &t->parts[k->partition];
@@ -487,6 +524,118 @@ static km_err apply_partition(km_state_model *m, const km_state_key *k, const ui
 	return rc;
 }
 
+km_state_part *km_state_model_part(km_state_topic *t, int32_t partition)
+{
+	if (partition < 0 || partition >= KM_STATE_MAX_PARTITIONS)
+		return NULL;
+	if ((size_t)partition >= t->nparts) {
+		km_state_part *np = realloc(t->parts, ((size_t)partition + 1) * sizeof(*np));
+		if (!np)
+			return NULL;
+		memset(np + t->nparts, 0, ((size_t)partition + 1 - t->nparts) * sizeof(*np));
+		for (size_t i = t->nparts; i <= (size_t)partition; i++)
+			np[i].source_log_end = -1;
+		t->parts = np;
+		t->nparts = (size_t)partition + 1;
+	}
+	return &t->parts[partition];
+}
+
+/*
+ * A run record. Runs belong to a topic the mirror holds (a partition record made it): those of a
+ * deleted mirror or forgotten topic are dropped, as partition records of an unknown mirror are.
+ * The partition's own record may be absent (runs of a partition the store learnt of later).
+ */
+static km_err apply_run(km_state_model *m, const km_state_key *k, const uint8_t *val, size_t vlen, bool tomb)
+{
+	km_state_mirror *mi = mirror_lookup(m, k->mirror, NULL);
+	km_mirror_state_run_value v;
+	km_state_topic *t;
+	km_state_part *p;
+	bool found;
+	size_t at;
+	km_arena a;
+	km_rd r;
+	int16_t ver;
+	km_err rc;
+
+	if (!mi)
+		return KM_OK;
+	at = find_sorted((void *const *)mi->topics, mi->ntopics, k->topic, &found);
+	if (!found)
+		return KM_OK;
+	t = mi->topics[at];
+	if (tomb) {
+		if ((size_t)k->partition < t->nparts && t->parts[k->partition].map)
+			km_offmap_remove(t->parts[k->partition].map, k->logical);
+		return KM_OK;
+	}
+	km_rd_init(&r, val, vlen);
+	if (!km_rd_i16(&r, "Version", &ver) || ver != 0)
+		return KM_ERR_DECODE;
+	km_arena_init(&a, 4096);
+	km_mirror_state_run_value_init(&v);
+	rc = km_mirror_state_run_value_decode(&r, 0, &v, &a);
+	km_arena_free(&a);
+	if (rc != KM_OK || v.physical_start < 0 || v.prev_logical_end < -1 || v.prev_logical_end > k->logical)
+		return KM_ERR_DECODE;
+	if (!(p = km_state_model_part(t, k->partition)))
+		return KM_ERR_NOMEM;
+	if (!p->map) {
+		if (!(p->map = malloc(sizeof(*p->map))))
+			return KM_ERR_NOMEM;
+		km_offmap_init(p->map);
+	}
+	return km_offmap_add(p->map, k->logical, v.physical_start, v.prev_logical_end);
+}
+
+size_t km_state_model_mirror_runs(const km_state_mirror *mi)
+{
+	size_t n = 0;
+	for (size_t i = 0; i < mi->ntopics; i++)
+		for (size_t j = 0; j < mi->topics[i]->nparts; j++)
+			if (mi->topics[i]->parts[j].map)
+				n += mi->topics[i]->parts[j].map->n;
+	return n;
+}
+
+void km_state_model_carry(km_state_model *to, km_state_model *from)
+{
+	for (size_t i = 0; i < from->nmirrors; i++) {
+		km_state_mirror *mi = from->mirrors[i];
+		for (size_t k = 0; k < mi->ntopics; k++) {
+			km_state_topic *ot = mi->topics[k];
+			km_state_topic *nt = km_state_model_topic(to, ot->name, strlen(ot->name));
+			if (!nt || strcmp(nt->mirror->name, mi->name))
+				continue;
+			for (size_t j = 0; j < ot->nparts; j++) {
+				km_state_part *op = &ot->parts[j], *np;
+				if (!op->map && op->source_log_end < 0 && !op->skipped_records)
+					continue;
+				if (!(np = km_state_model_part(nt, (int32_t)j)))
+					continue; /* out of memory: the new model's own figures stand */
+				np->source_log_end = op->source_log_end;
+				np->skipped_records = op->skipped_records;
+				if (!op->map)
+					continue;
+				/* The old object (the mirror module's pointer, its tail) takes the runs read back. */
+				km_offmap *keep = op->map;
+				free(keep->runs);
+				keep->runs = NULL;
+				keep->n = keep->cap = 0;
+				if (np->map) {
+					keep->runs = np->map->runs;
+					keep->n = np->map->n;
+					keep->cap = np->map->cap;
+					free(np->map);
+				}
+				np->map = keep;
+				op->map = NULL;
+			}
+		}
+	}
+}
+
 km_err km_state_model_apply(km_state_model *m, const uint8_t *key, size_t klen, const uint8_t *val, size_t vlen,
 			    bool tombstone, km_state_change *chg)
 {
@@ -498,6 +647,8 @@ km_err km_state_model_apply(km_state_model *m, const uint8_t *key, size_t klen, 
 		return rc;
 	if (k.type == KM_STATE_REC_MIRROR)
 		return apply_mirror(m, &k, val, vlen, tombstone);
+	if (k.type == KM_STATE_REC_RUN)
+		return apply_run(m, &k, val, vlen, tombstone);
 	rc = apply_partition(m, &k, val, vlen, tombstone, chg);
 	if (chg->changed) {
 		/* The names outlive a tombstone's topic: copy them into static-lifetime scratch of the change. */

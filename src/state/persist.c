@@ -558,13 +558,17 @@ static void load_finish(km_state_persist *io)
 	size_t bad = 0;
 
 	km_state_model_init(&m);
-	/* Mirrors first, then partitions: a partition record names a mirror that may sit in another partition. */
-	for (int pass = 0; pass < 2; pass++)
+	/*
+	 * Mirrors first, then partitions, then runs: a partition record names a mirror, and a run a
+	 * topic, whose records may sit in other partitions of the state topic (read in any order).
+	 */
+	for (int pass = 0; pass < 3; pass++)
 		for (size_t i = 0; i < io->mapn; i++)
 			for (load_entry *e = io->map[i]; e; e = e->next) {
 				km_state_change chg;
 				int16_t type = e->klen >= 2 ? (int16_t)km_be16(e->key) : -1;
-				if ((pass == 0) != (type == KM_STATE_REC_MIRROR))
+				int want = type == KM_STATE_REC_MIRROR ? 0 : type == KM_STATE_REC_RUN ? 2 : 1;
+				if (want != pass)
 					continue;
 				if (km_state_model_apply(&m, e->key, e->klen, e->val, e->vlen, e->tomb, &chg) != KM_OK)
 					bad++;

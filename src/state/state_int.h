@@ -15,19 +15,23 @@
 enum {
 	KM_STATE_REC_MIRROR = 0,    /* key: MirrorStateMirrorKey v0 */
 	KM_STATE_REC_PARTITION = 1, /* key: MirrorStatePartitionKey v0 */
+	KM_STATE_REC_RUN = 2,       /* key: MirrorStateRunKey v0 (an offset map run) */
 };
 
 #define KM_STATE_MAX_NAME 249         /* a Kafka topic name's limit; mirror names share it */
 #define KM_STATE_MAX_CONFIGS 256      /* entries of one mirror */
 #define KM_STATE_MAX_VALUE 65536      /* bytes of one configuration value */
 #define KM_STATE_MAX_PARTITIONS 100000 /* of one mirrored topic */
+#define KM_STATE_MAX_RUNS_WRITE 10000  /* run records of one km_state_runs_write (one Produce round) */
+#define KM_STATE_DELETE_CHUNK 4096     /* run tombstones per write when a mirror is deleted */
 
 /* One decoded record key. Strings borrow from the key bytes. */
 typedef struct km_state_key {
 	int16_t type;
 	km_str mirror;
-	km_str topic;       /* partition records */
-	int32_t partition;  /* partition records */
+	km_str topic;       /* partition and run records */
+	int32_t partition;  /* partition and run records */
+	int64_t logical;    /* run records: the run's logical start */
 } km_state_key;
 
 /* Encode a key (type + the v0 key struct) into w. */
@@ -64,6 +68,13 @@ typedef struct km_state_part {
 	char *last_error;
 	int64_t last_error_ms;
 	bool present;       /* a record exists for this index */
+	/*
+	 * The offset map (NULL until a run record or km_state_offmap_mut makes one). Allocated on its
+	 * own so that it stays where it is when parts grows and across a reload: the mirror module
+	 * holds it.
+	 */
+	km_offmap *map;
+	int64_t skipped_records; /* in memory only, like source_log_end */
 } km_state_part;
 
 struct km_state_topic {
@@ -113,10 +124,22 @@ km_err km_state_model_apply(km_state_model *m, const uint8_t *key, size_t klen, 
 const km_state_topic *km_state_model_topic_id(const km_state_model *m, const km_uuid *id);
 /* Rebuild the topic hashes (after applies). */
 km_err km_state_model_index(km_state_model *m) __attribute__((warn_unused_result));
+/* Entry partition of t, growing parts (entries without a record) as needed; NULL when out of range or memory. */
+km_state_part *km_state_model_part(km_state_topic *t, int32_t partition);
+/*
+ * After a reload: what lives in memory only moves from the old model to the new one, for every
+ * partition both hold (same mirror, topic, index): the offset map objects (the new runs put into
+ * the old object, so the pointers the mirror module holds and its tails stay), source_log_end and
+ * skipped_records. to must be indexed. Maps of partitions the new model lacks stay in from.
+ */
+void km_state_model_carry(km_state_model *to, km_state_model *from);
+/* Runs of a mirror's partitions held in memory (what its delete must tombstone). */
+size_t km_state_model_mirror_runs(const km_state_mirror *mi);
 
 /* Values: int16 version (0) + the value struct. */
 km_err km_state_mirror_value_encode(km_wr *w, const km_state_mirror *mi);
 km_err km_state_partition_value_encode(km_wr *w, const km_state_topic *t, const km_state_part *p);
+km_err km_state_run_value_encode(km_wr *w, int64_t physical, int64_t prev_logical_end);
 
 /* ---- secrets: AES-256-GCM, 12-byte nonce, 16-byte tag, associated data = the key's name ---- */
 

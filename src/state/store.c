@@ -1,4 +1,4 @@
-/* The state store's API: validation against the committed state, the FIFO of mutations, and the read views. */
+/* The state store's API: validation against the committed state, the FIFO of mutations (offset map runs too), and the read views. */
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,7 +12,10 @@
 
 #define COMP "state"
 
-typedef enum { MUT_CREATE, MUT_ALTER, MUT_DELETE, MUT_TOPICS, MUT_PSET } mut_kind;
+typedef enum { MUT_CREATE, MUT_ALTER, MUT_DELETE, MUT_TOPICS, MUT_PSET, MUT_RUNS } mut_kind;
+
+/* A mirror's delete, in writes that each land whole before the next: runs, then partitions, then the mirror. */
+enum { DEL_RUNS = 0, DEL_PARTITIONS, DEL_MIRROR };
 
 struct km_state_mut {
 	mut_kind kind;
@@ -28,6 +31,8 @@ struct km_state_mut {
 	size_t nparts;
 	km_mp_state to;
 	char *error;
+	km_state_run *runs;    /* runs writes: the records asked for (topic names owned) */
+	size_t nruns;
 	km_state_done_cb done;
 	void *arg;
 	/* the outcome */
@@ -38,7 +43,8 @@ struct km_state_mut {
 	bool *tpending;        /* start: passed the state checks, waits for the destination's metadata */
 	km_state_rec *recs;
 	size_t nrecs, caprecs;
-	bool then_mirror_tombstone; /* delete: the partitions' tombstones first, the mirror's once they are in */
+	int del_phase;         /* delete: DEL_RUNS, DEL_PARTITIONS, DEL_MIRROR (each write in before the next) */
+	size_t del_runs_left;  /* delete: runs left before the last run write (a write must shrink it) */
 	km_state_mut *next;
 };
 
@@ -70,6 +76,9 @@ static void mut_free(km_state_mut *mu)
 	free(mu->topics);
 	free(mu->error);
 	free(mu->parts);
+	for (size_t i = 0; i < mu->nruns; i++)
+		free((char *)mu->runs[i].topic);
+	free(mu->runs);
 	free(mu->tres);
 	free(mu->tmsg);
 	free(mu->tpending);
@@ -330,6 +339,69 @@ static bool check_secrets(km_state *st, km_state_mut *mu)
 	return true;
 }
 
+static km_err add_run_rec(km_state_mut *mu, const km_state_topic *t, int32_t index, int64_t logical, int64_t physical,
+			  int64_t prev_logical_end)
+{
+	km_state_key k = {.type = KM_STATE_REC_RUN, .mirror = km_str_c(t->mirror->name), .topic = km_str_c(t->name),
+			  .partition = index, .logical = logical};
+	km_wr w;
+	km_err rc = KM_OK;
+
+	km_wr_init(&w);
+	if (physical >= 0)
+		rc = km_state_run_value_encode(&w, physical, prev_logical_end);
+	if (rc == KM_OK)
+		rc = add_rec(mu, &k, physical >= 0 ? &w : NULL);
+	km_wr_free(&w);
+	return rc;
+}
+
+/*
+ * The next write of a delete into mu->recs. Several writes, each acknowledged whole before the
+ * next is built: the runs' tombstones (in chunks; each committed write removes them from the
+ * maps, so the next chunk is simply the runs still there), then the partitions', then the
+ * mirror's. A delete that lands in part leaves a mirror with fewer stopped topics or fewer runs,
+ * never run or partition records of a mirror that is gone (they would come back if the name were
+ * created again and the topic started).
+ */
+static void delete_records(km_state_mut *mu, km_state_mirror *m)
+{
+	if (mu->del_phase == DEL_RUNS) {
+		size_t left = km_state_model_mirror_runs(m);
+		if (left > 0 && left >= mu->del_runs_left) {
+			set_msg(mu, KM_MIRROR_STATE_UNAVAILABLE, "removing the offset map runs of mirror '%s' made no progress",
+				m->name);
+			return;
+		}
+		mu->del_runs_left = left;
+		for (size_t i = 0; i < m->ntopics; i++)
+			for (size_t j = 0; j < m->topics[i]->nparts; j++) {
+				const km_offmap *map = m->topics[i]->parts[j].map;
+				for (size_t r = 0; map && r < map->n && mu->nrecs < KM_STATE_DELETE_CHUNK; r++)
+					if (add_run_rec(mu, m->topics[i], (int32_t)j, map->runs[r].logical, -1, -1) != KM_OK) {
+						set_msg(mu, KM_MIRROR_STATE_UNAVAILABLE, "out of memory");
+						return;
+					}
+			}
+		if (mu->nrecs > 0)
+			return;
+		mu->del_phase = DEL_PARTITIONS;
+	}
+	if (mu->del_phase == DEL_PARTITIONS) {
+		for (size_t i = 0; i < m->ntopics; i++)
+			for (size_t j = 0; j < m->topics[i]->nparts; j++)
+				if (m->topics[i]->parts[j].present && add_partition_rec(mu, m->topics[i], (int32_t)j, NULL) != KM_OK) {
+					set_msg(mu, KM_MIRROR_STATE_UNAVAILABLE, "out of memory");
+					return;
+				}
+		if (mu->nrecs > 0)
+			return;
+		mu->del_phase = DEL_MIRROR;
+	}
+	if (add_mirror_tombstone(mu) != KM_OK)
+		set_msg(mu, KM_MIRROR_STATE_UNAVAILABLE, "out of memory");
+}
+
 static void prepare_mirror(km_state *st, km_state_mut *mu)
 {
 	char why[512];
@@ -362,23 +434,9 @@ static void prepare_mirror(km_state *st, km_state_mut *mu)
 					return;
 				}
 		}
-		/*
-		 * Two writes: the partitions' tombstones, then (on_written) the mirror's. A write that lands
-		 * in part leaves a mirror with fewer stopped topics, never partition records of a mirror that
-		 * is gone (they would come back if the name were created again).
-		 */
-		for (size_t i = 0; i < m->ntopics; i++)
-			for (size_t j = 0; j < m->topics[i]->nparts; j++)
-				if (m->topics[i]->parts[j].present && add_partition_rec(mu, m->topics[i], (int32_t)j, NULL) != KM_OK) {
-					set_msg(mu, KM_MIRROR_STATE_UNAVAILABLE, "out of memory");
-					return;
-				}
-		if (mu->nrecs > 0) {
-			mu->then_mirror_tombstone = true;
-			return;
-		}
-		if (add_mirror_tombstone(mu) != KM_OK)
-			set_msg(mu, KM_MIRROR_STATE_UNAVAILABLE, "out of memory");
+		mu->del_phase = DEL_RUNS;
+		mu->del_runs_left = SIZE_MAX;
+		delete_records(mu, m);
 		return;
 	}
 	if (km_state_config_check(mu->kv, mu->nkv, mu->kind == MUT_CREATE, why, sizeof(why)) != KM_OK) {
@@ -623,6 +681,52 @@ static void prepare_pset(km_state *st, km_state_mut *mu)
 	}
 }
 
+/* ---- offset map runs ---- */
+
+static void prepare_runs(km_state *st, km_state_mut *mu)
+{
+	km_state_mirror *m = km_state_model_mirror(&st->model, mu->mirror);
+
+	if (!m) {
+		set_msg(mu, KM_MIRROR_UNKNOWN_CLUSTER_MIRROR, "Cluster mirror '%s' does not exist", mu->mirror);
+		return;
+	}
+	if (mu->nruns > KM_STATE_MAX_RUNS_WRITE) {
+		set_msg(mu, KM_KAFKA_INVALID_REQUEST, "%zu runs in one write (at most %d)", mu->nruns, KM_STATE_MAX_RUNS_WRITE);
+		return;
+	}
+	/* All or nothing: every run is checked before any record is built. */
+	for (size_t i = 0; i < mu->nruns; i++) {
+		const km_state_run *r = &mu->runs[i];
+		km_state_topic *t = km_state_model_topic(&st->model, r->topic, strlen(r->topic));
+		if (!t || t->mirror != m) {
+			set_msg(mu, KM_KAFKA_UNKNOWN_TOPIC_OR_PARTITION, "Topic %s is not in cluster mirror '%s'", r->topic,
+				m->name);
+			return;
+		}
+		if (r->partition < 0 || r->partition >= KM_STATE_MAX_PARTITIONS) {
+			set_msg(mu, KM_KAFKA_UNKNOWN_TOPIC_OR_PARTITION, "Partition %d of topic %s is out of range", (int)r->partition,
+				r->topic);
+			return;
+		}
+		if (r->logical < 0 || r->physical < -1 || r->prev_logical_end < -1 || r->prev_logical_end > r->logical) {
+			set_msg(mu, KM_KAFKA_INVALID_REQUEST,
+				"Invalid run for %s-%d: logical %lld, physical %lld, previous run's end %lld", r->topic,
+				(int)r->partition, (long long)r->logical, (long long)r->physical,
+				(long long)r->prev_logical_end);
+			return;
+		}
+	}
+	for (size_t i = 0; i < mu->nruns; i++) {
+		const km_state_run *r = &mu->runs[i];
+		km_state_topic *t = km_state_model_topic(&st->model, r->topic, strlen(r->topic));
+		if (add_run_rec(mu, t, r->partition, r->logical, r->physical, r->prev_logical_end) != KM_OK) {
+			set_msg(mu, KM_MIRROR_STATE_UNAVAILABLE, "out of memory");
+			return;
+		}
+	}
+}
+
 /* ---- the write and the commit ---- */
 
 static void log_mirror_change(const km_state_mut *mu)
@@ -715,14 +819,13 @@ static void on_written(km_state *st, km_err err, const char *message)
 		free((char *)chgs[i].topic);
 	}
 	free(chgs);
-	if (mu->then_mirror_tombstone) {
-		mu->then_mirror_tombstone = false;
+	if (mu->kind == MUT_DELETE && mu->del_phase != DEL_MIRROR) {
+		km_state_mirror *m = km_state_model_mirror(&st->model, mu->mirror);
+		if (mu->del_phase == DEL_PARTITIONS)
+			mu->del_phase = DEL_MIRROR;
 		recs_clear(mu);
-		if (add_mirror_tombstone(mu) != KM_OK) {
-			set_msg(mu, KM_MIRROR_STATE_UNAVAILABLE, "out of memory");
-			finish_head(st);
-			return;
-		}
+		if (m)
+			delete_records(mu, m);
 		run_write(st, mu);
 		return;
 	}
@@ -766,6 +869,9 @@ static void run_head(km_state *st)
 		break;
 	case MUT_PSET:
 		prepare_pset(st, mu);
+		break;
+	case MUT_RUNS:
+		prepare_runs(st, mu);
 		break;
 	}
 	run_write(st, mu);
@@ -943,6 +1049,28 @@ void km_state_partition_set(km_state *st, const char *mirror, const char *topic,
 	km_state_partitions_set(st, mirror, topic, &partition, 1, to, error, done, arg);
 }
 
+void km_state_runs_write(km_state *st, const char *mirror, const km_state_run *runs, size_t n, km_state_done_cb done,
+			 void *arg)
+{
+	km_state_mut *mu = mut_new(MUT_RUNS, mirror, done, arg);
+	if (!mu)
+		return nomem(done, arg);
+	if (n && !(mu->runs = calloc(n, sizeof(*mu->runs)))) {
+		mut_free(mu);
+		return nomem(done, arg);
+	}
+	for (size_t i = 0; i < n; i++) {
+		mu->runs[i] = runs[i];
+		mu->runs[i].topic = strdup(runs[i].topic ? runs[i].topic : "");
+		if (!mu->runs[i].topic) {
+			mut_free(mu);
+			return nomem(done, arg);
+		}
+		mu->nruns++;
+	}
+	submit(st, mu);
+}
+
 /* ---- life ---- */
 
 /* One partition's state in a model, UNKNOWN when it holds no record for it. */
@@ -1035,6 +1163,7 @@ void km_state_loaded(km_state *st, km_state_model *model)
 			st->on_ready(st->arg);
 		return;
 	}
+	km_state_model_carry(&st->model, &old);
 	notify_reload(st, &old);
 	km_state_model_free(&old);
 }
@@ -1201,10 +1330,50 @@ void km_state_topic_partition(const km_state_topic *t, size_t i, km_state_partit
 		out->last_mirrored_offset = p->last_mirrored_offset;
 		out->last_mirrored_epoch = p->last_mirrored_epoch;
 		out->source_log_end = p->source_log_end;
+		out->skipped_records = p->skipped_records;
+		/* While a pipeline runs the partition its tail is ahead of what was last persisted. */
+		if (p->map && p->map->tail_logical >= 0 && p->map->tail_physical >= 0)
+			out->last_mirrored_offset = p->map->tail_logical;
 		out->last_error = p->last_error;
 		out->last_error_ms = p->last_error_ms;
 		return;
 	}
+}
+
+const km_offmap *km_state_topic_offmap(const km_state_topic *t, int32_t partition)
+{
+	if (!t || partition < 0 || (size_t)partition >= t->nparts)
+		return NULL;
+	return t->parts[partition].map;
+}
+
+km_offmap *km_state_offmap_mut(km_state *st, const char *topic, int32_t partition)
+{
+	km_state_topic *t = topic ? km_state_model_topic(&st->model, topic, strlen(topic)) : NULL;
+	km_state_part *p = t ? km_state_model_part(t, partition) : NULL;
+
+	if (!p)
+		return NULL;
+	if (!p->map) {
+		if (!(p->map = malloc(sizeof(*p->map))))
+			return NULL;
+		km_offmap_init(p->map);
+	}
+	return p->map;
+}
+
+void km_state_partition_progress(km_state *st, const char *topic, int32_t partition, int64_t source_log_end,
+				 int64_t skipped_records)
+{
+	km_state_topic *t = topic ? km_state_model_topic(&st->model, topic, strlen(topic)) : NULL;
+	km_state_part *p = t ? km_state_model_part(t, partition) : NULL;
+
+	if (!p)
+		return;
+	if (source_log_end != -1)
+		p->source_log_end = source_log_end;
+	if (skipped_records != -1)
+		p->skipped_records = skipped_records;
 }
 
 const km_state_mirror *km_state_mirror_find(const km_state *st, const char *name)

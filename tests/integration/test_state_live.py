@@ -1,7 +1,9 @@
 """The state store (src/state) against the destination cluster, 1 and 3 brokers: runs the cmocka
 program tests/unit/test_state_live (create a mirror with a password, start a topic, restart the
-store, refusals, stop, delete), then reads __mirror_state's segment files and a consumer's view of
-it and checks that the password is in neither."""
+store, refusals, stop, delete; offset map runs: restart, tombstones, 10,000 runs, delete), then
+reads __mirror_state's segment files and a consumer's view of it and checks that the password is
+in neither, and reads the runs' state topic raw: after the delete no run key's last value is a
+run."""
 
 import os
 import secrets
@@ -42,9 +44,10 @@ def test_state_live(cluster, topic_name, tmp_path):
     print(r.stdout)
     print(f"test_state_live took {time.monotonic() - t0:.1f} s")
     assert r.returncode == 0, r.stdout[-4000:]
-    assert "[  PASSED  ] 1 test(s)." in r.stdout
+    assert "[  PASSED  ] 2 test(s)." in r.stdout
     assert "SKIPPED" not in r.stdout
     assert "# done" in r.stdout
+    assert "# runs done" in r.stdout
     # No log line carries the password.
     assert password not in r.stdout
 
@@ -75,3 +78,37 @@ def test_state_live(cluster, topic_name, tmp_path):
     assert b"sasl.password" in consumed.stdout
     assert password.encode() not in consumed.stdout
     print(f"raw segment bytes checked: {total}, consumed bytes: {len(consumed.stdout)}")
+
+    # The runs' state topic read raw: run records (type 2) were written, and after the delete
+    # every run key's last record is a tombstone (compaction aside, what a reader rebuilds from).
+    from confluent_kafka import Consumer, TopicPartition
+    runs_topic = state_topic + "-runs"
+    c = Consumer({"bootstrap.servers": cluster.bootstrap, "group.id": "km-" + uuid.uuid4().hex,
+                  "enable.auto.commit": False})
+    try:
+        md = c.list_topics(runs_topic, timeout=30).topics[runs_topic]
+        last, runs_seen = {}, 0
+        for p in md.partitions:
+            lo, hi = c.get_watermark_offsets(TopicPartition(runs_topic, p), timeout=30)
+            if hi <= lo:
+                continue
+            c.assign([TopicPartition(runs_topic, p, lo)])
+            got = lo
+            deadline = time.monotonic() + 60
+            while got < hi and time.monotonic() < deadline:
+                m = c.poll(1.0)
+                if m is None or m.error():
+                    continue
+                got = m.offset() + 1
+                key = m.key()
+                if key[:2] == b"\x00\x02":
+                    runs_seen += 1
+                    last[key] = m.value()
+            assert got >= hi, f"partition {p}: read to {got} of {hi}"
+    finally:
+        c.close()
+    live = [k for k, v in last.items() if v is not None]
+    print(f"run records read: {runs_seen}, run keys: {len(last)}, live after delete: {len(live)}")
+    assert len(last) >= 10004
+    assert runs_seen >= 2 * len(last)  # each written, then tombstoned
+    assert not live

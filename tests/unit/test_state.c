@@ -545,6 +545,288 @@ static void test_free_answers_all(void **state)
 	event_base_free(base);
 }
 
+/* A run record into m: physical -1 writes its tombstone. */
+static void run_rec(km_state_model *m, const char *topic, int32_t partition, int64_t logical, int64_t physical,
+		    int64_t prev)
+{
+	km_state_key rk = {.type = KM_STATE_REC_RUN, .mirror = km_str_c("m1"), .topic = km_str_c(topic),
+			   .partition = partition, .logical = logical};
+	km_state_change chg;
+	km_wr w;
+
+	km_wr_init(&w);
+	if (physical >= 0)
+		assert_int_equal(km_state_run_value_encode(&w, physical, prev), KM_OK);
+	rec(m, &rk, physical >= 0 ? &w : NULL, &chg);
+	assert_false(chg.changed); /* runs are no state change */
+	km_wr_free(&w);
+}
+
+/* Record type 2: the key's bytes, the value, and the model's maps from records in any order. */
+static void test_run_records(void **state)
+{
+	km_state_key k = {.type = KM_STATE_REC_RUN, .mirror = km_str_c("m1"), .topic = km_str_c("t"), .partition = 3,
+			  .logical = 0x0102030405LL}, d;
+	km_state_model m;
+	km_state_change chg;
+	const km_state_topic *t;
+	const km_offmap *map;
+	km_wr w;
+	(void)state;
+
+	km_wr_init(&w);
+	km_state_key_encode(&w, &k);
+	/* int16 type 2, then MirrorStateRunKey v0: strings, int32 partition, int64 logical start */
+	static const uint8_t want[] = {0, 2, 0, 2, 'm', '1', 0, 1, 't', 0, 0, 0, 3, 0, 0, 0, 1, 2, 3, 4, 5};
+	assert_int_equal(w.len, sizeof(want));
+	assert_memory_equal(w.buf, want, sizeof(want));
+	assert_int_equal(km_state_key_decode(w.buf, w.len, &d), KM_OK);
+	assert_int_equal(d.type, KM_STATE_REC_RUN);
+	assert_int_equal(d.partition, 3);
+	assert_int_equal(d.logical, 0x0102030405LL);
+	assert_int_equal(km_state_key_decode(w.buf, w.len - 1, &d), KM_ERR_DECODE);
+	w.buf[13] = 0x80; /* a negative logical start */
+	assert_int_equal(km_state_key_decode(w.buf, w.len, &d), KM_ERR_DECODE);
+	km_wr_free(&w);
+	km_wr_init(&w);
+	assert_int_equal(km_state_run_value_encode(&w, 7, -1), KM_OK);
+	/* version 0, PhysicalStart, PrevLogicalEnd, no tagged fields */
+	static const uint8_t wantv[] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 7, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0};
+	assert_int_equal(w.len, sizeof(wantv));
+	assert_memory_equal(w.buf, wantv, sizeof(wantv));
+	km_wr_free(&w);
+
+	model_with(&m, KM_MP_MIRRORING, KM_MP_UNKNOWN);
+	t = km_state_model_topic(&m, "t", 1);
+	assert_null(km_state_topic_offmap(t, 0));
+	/* runs of a topic the mirror does not hold are dropped (a deleted topic's leftovers) */
+	run_rec(&m, "other", 0, 0, 0, -1);
+	assert_null(km_state_model_topic(&m, "other", 5));
+	/* out of order, as a load reads them; partition 1 has no record of its own yet */
+	run_rec(&m, "t", 0, 50, 30, 40);
+	run_rec(&m, "t", 0, 0, 0, -1);
+	run_rec(&m, "t", 0, 20, 10, 10);
+	run_rec(&m, "t", 1, 5, 0, -1);
+	map = km_state_topic_offmap(t, 0);
+	assert_non_null(map);
+	assert_int_equal(map->n, 3);
+	assert_int_equal(map->runs[0].logical, 0);
+	assert_int_equal(map->runs[1].logical, 20);
+	assert_int_equal(map->runs[2].logical, 50);
+	assert_int_equal(km_offmap_to_physical(map, 45), 30);
+	assert_int_equal(km_state_topic_offmap(t, 1)->n, 1);
+	assert_int_equal(km_state_topic_partition_count(t), 1); /* runs make no partition */
+	/* a tombstone removes; one for a run not there changes nothing */
+	run_rec(&m, "t", 0, 20, -1, -1);
+	run_rec(&m, "t", 0, 21, -1, -1);
+	assert_int_equal(map->n, 2);
+	assert_int_equal(map->runs[1].logical, 50);
+	assert_int_equal(km_offmap_find_logical(map, 20), 0); /* run 0 now runs to 50's physical start */
+	assert_int_equal(km_offmap_find_logical(map, 30), -1);
+	/* malformed values are refused, the map kept: negative physical, prev end past the start, bad version */
+	{
+		km_state_key rk = {.type = KM_STATE_REC_RUN, .mirror = km_str_c("m1"), .topic = km_str_c("t"),
+				   .partition = 0, .logical = 60};
+		km_wr kw, vw;
+		km_wr_init(&kw);
+		km_state_key_encode(&kw, &rk);
+		km_wr_init(&vw);
+		assert_int_equal(km_state_run_value_encode(&vw, -5, -1), KM_OK);
+		assert_int_equal(km_state_model_apply(&m, kw.buf, kw.len, vw.buf, vw.len, false, &chg), KM_ERR_DECODE);
+		km_wr_free(&vw);
+		km_wr_init(&vw);
+		assert_int_equal(km_state_run_value_encode(&vw, 40, 61), KM_OK);
+		assert_int_equal(km_state_model_apply(&m, kw.buf, kw.len, vw.buf, vw.len, false, &chg), KM_ERR_DECODE);
+		vw.buf[1] = 1;
+		assert_int_equal(km_state_model_apply(&m, kw.buf, kw.len, vw.buf, vw.len, false, &chg), KM_ERR_DECODE);
+		km_wr_free(&vw);
+		km_wr_free(&kw);
+		assert_int_equal(map->n, 2);
+	}
+	assert_int_equal(km_state_model_mirror_runs(km_state_model_mirror(&m, "m1")), 3);
+	/* the partition's tombstone takes its map with it (valgrind sees none left) */
+	{
+		km_state_key pk = {.type = KM_STATE_REC_PARTITION, .mirror = km_str_c("m1"), .topic = km_str_c("t")};
+		rec(&m, &pk, NULL, &chg);
+	}
+	km_state_model_free(&m);
+}
+
+typedef struct runs_probe {
+	int answered;
+	km_err code;
+	char message[512];
+} runs_probe;
+
+static void runs_done(void *arg, const km_state_result *res)
+{
+	runs_probe *p = arg;
+	p->answered++;
+	p->code = res->code;
+	snprintf(p->message, sizeof(p->message), "%s", res->message ? res->message : "");
+}
+
+/* Ask one runs write and turn the loop until it is answered (refusals never reach the destination). */
+static km_err runs_ask(struct event_base *base, km_state *st, const char *mirror, const km_state_run *runs, size_t n,
+		       runs_probe *p)
+{
+	memset(p, 0, sizeof(*p));
+	km_state_runs_write(st, mirror, runs, n, runs_done, p);
+	for (int i = 0; i < 100 && !p->answered; i++)
+		event_base_loop(base, EVLOOP_NONBLOCK);
+	assert_int_equal(p->answered, 1);
+	return p->code;
+}
+
+static km_state *store_unreachable(struct event_base *base)
+{
+	km_config cfg;
+	km_state_opts o;
+	km_state *st;
+	char err[256];
+
+	km_config_init(&cfg);
+	assert_int_equal(km_config_set(&cfg, "upstream", "127.0.0.1:1", err, sizeof(err)), KM_OK);
+	memset(&o, 0, sizeof(o));
+	o.base = base;
+	o.cfg = &cfg;
+	st = km_state_new(&o, err, sizeof(err));
+	km_config_free(&cfg);
+	assert_non_null(st);
+	return st;
+}
+
+/* km_state_runs_write's validation: every refusal before anything is written, the maps untouched. */
+static void test_runs_validation(void **state)
+{
+	struct event_base *base = event_base_new();
+	km_state *st = store_unreachable(base);
+	km_state_model m;
+	runs_probe p;
+	const km_state_topic *t;
+	km_state_run ok = {.topic = "t", .partition = 0, .logical = 10, .physical = 0, .prev_logical_end = -1};
+	(void)state;
+
+	/* before the load: like every mutation */
+	assert_int_equal(runs_ask(base, st, "m1", &ok, 1, &p), KM_KAFKA_COORDINATOR_LOAD_IN_PROGRESS);
+	model_with(&m, KM_MP_MIRRORING, KM_MP_UNKNOWN);
+	run_rec(&m, "t", 0, 0, 0, -1);
+	km_state_loaded(st, &m);
+	t = km_state_topic_find(st, "t", 1);
+	assert_non_null(t);
+
+	assert_int_equal(runs_ask(base, st, "nope", &ok, 1, &p), KM_MIRROR_UNKNOWN_CLUSTER_MIRROR);
+	assert_non_null(strstr(p.message, "nope"));
+	{
+		km_state_run r[2] = {ok, ok};
+		r[1].topic = "u";
+		assert_int_equal(runs_ask(base, st, "m1", r, 2, &p), KM_KAFKA_UNKNOWN_TOPIC_OR_PARTITION);
+		assert_non_null(strstr(p.message, "Topic u is not in cluster mirror 'm1'"));
+		r[1] = ok;
+		r[1].partition = -1;
+		assert_int_equal(runs_ask(base, st, "m1", r, 2, &p), KM_KAFKA_UNKNOWN_TOPIC_OR_PARTITION);
+		r[1].partition = KM_STATE_MAX_PARTITIONS;
+		assert_int_equal(runs_ask(base, st, "m1", r, 2, &p), KM_KAFKA_UNKNOWN_TOPIC_OR_PARTITION);
+		r[1] = ok;
+		r[1].logical = -1;
+		assert_int_equal(runs_ask(base, st, "m1", r, 2, &p), KM_KAFKA_INVALID_REQUEST);
+		r[1] = ok;
+		r[1].physical = -2;
+		assert_int_equal(runs_ask(base, st, "m1", r, 2, &p), KM_KAFKA_INVALID_REQUEST);
+		r[1] = ok;
+		r[1].prev_logical_end = -2;
+		assert_int_equal(runs_ask(base, st, "m1", r, 2, &p), KM_KAFKA_INVALID_REQUEST);
+		r[1].prev_logical_end = 11; /* closes the previous run past this one's start */
+		assert_int_equal(runs_ask(base, st, "m1", r, 2, &p), KM_KAFKA_INVALID_REQUEST);
+		assert_non_null(strstr(p.message, "t-0"));
+	}
+	{
+		size_t n = KM_STATE_MAX_RUNS_WRITE + 1;
+		km_state_run *many = calloc(n, sizeof(*many));
+		assert_non_null(many);
+		for (size_t i = 0; i < n; i++) {
+			many[i] = ok;
+			many[i].logical = (int64_t)i;
+		}
+		assert_int_equal(runs_ask(base, st, "m1", many, n, &p), KM_KAFKA_INVALID_REQUEST);
+		free(many);
+	}
+	/* nothing asked, nothing written */
+	assert_int_equal(runs_ask(base, st, "m1", NULL, 0, &p), KM_OK);
+	/* every refusal left the map as it was loaded */
+	assert_int_equal(km_state_topic_offmap(t, 0)->n, 1);
+	assert_int_equal(km_state_topic_offmap(t, 0)->runs[0].logical, 0);
+	km_state_free(st);
+	event_base_loop(base, EVLOOP_NONBLOCK);
+	event_base_free(base);
+}
+
+/*
+ * The mirror module's handles: km_state_offmap_mut makes a map for a partition of a held topic
+ * (only), the tail and the progress figures show in the partition's info, and a reread keeps the
+ * map object (the pointer the pipeline holds, its tail) while taking the runs read back.
+ */
+static void test_offmap_handles(void **state)
+{
+	struct event_base *base = event_base_new();
+	km_state *st = store_unreachable(base);
+	km_state_model m;
+	km_state_partition_info info;
+	const km_state_topic *t;
+	km_offmap *map;
+	(void)state;
+
+	model_with(&m, KM_MP_MIRRORING, KM_MP_UNKNOWN);
+	km_state_loaded(st, &m);
+	t = km_state_topic_find(st, "t", 1);
+	assert_null(km_state_offmap_mut(st, "u", 0));
+	assert_null(km_state_offmap_mut(st, "t", -1));
+	assert_null(km_state_topic_offmap(t, 0));
+	map = km_state_offmap_mut(st, "t", 0);
+	assert_non_null(map);
+	assert_ptr_equal(km_state_offmap_mut(st, "t", 0), map);
+	assert_ptr_equal(km_state_topic_offmap(t, 0), map);
+	assert_int_equal(map->n, 0);
+	assert_int_equal(map->tail_logical, -1);
+
+	km_state_topic_partition(t, 0, &info);
+	assert_int_equal(info.last_mirrored_offset, -1);
+	assert_int_equal(info.skipped_records, 0);
+	assert_int_equal(info.source_log_end, -1);
+	map->tail_physical = 12;
+	map->tail_logical = 112;
+	km_state_partition_progress(st, "t", 0, 500, 7);
+	km_state_partition_progress(st, "t", 0, -1, -1); /* -1 leaves both */
+	km_state_partition_progress(st, "nope", 0, 1, 1); /* ignored */
+	km_state_topic_partition(t, 0, &info);
+	assert_int_equal(info.last_mirrored_offset, 112);
+	assert_int_equal(info.source_log_end, 500);
+	assert_int_equal(info.skipped_records, 7);
+
+	/* a reread with two runs for partition 0: same object, the tail and the figures kept */
+	model_with(&m, KM_MP_MIRRORING, KM_MP_UNKNOWN);
+	run_rec(&m, "t", 0, 100, 0, -1);
+	run_rec(&m, "t", 0, 105, 3, 103);
+	km_state_loaded(st, &m);
+	t = km_state_topic_find(st, "t", 1);
+	assert_ptr_equal(km_state_topic_offmap(t, 0), map);
+	assert_int_equal(map->n, 2);
+	assert_int_equal(map->runs[1].physical, 3);
+	assert_int_equal(map->tail_logical, 112);
+	assert_int_equal(km_offmap_to_logical(map, 4), 106);
+	km_state_topic_partition(t, 0, &info);
+	assert_int_equal(info.skipped_records, 7);
+	assert_int_equal(info.source_log_end, 500);
+	assert_int_equal(info.last_mirrored_offset, 112);
+	/* the pipeline gone (tail unset): the persisted figure again */
+	map->tail_physical = map->tail_logical = -1;
+	km_state_topic_partition(t, 0, &info);
+	assert_int_equal(info.last_mirrored_offset, -1);
+	km_state_free(st);
+	event_base_loop(base, EVLOOP_NONBLOCK);
+	event_base_free(base);
+}
+
 /* The store's metrics as /metrics shows them: gauges counted from a model, writes and their latency. */
 static void test_metrics(void **state)
 {
@@ -645,6 +927,8 @@ int main(void)
 		cmocka_unit_test(test_key_file), cmocka_unit_test(test_keys),
 		cmocka_unit_test(test_values_and_model), cmocka_unit_test(test_version_pick),
 		cmocka_unit_test(test_metrics), cmocka_unit_test(test_reload_tells_changes), cmocka_unit_test(test_free_answers_all),
+		cmocka_unit_test(test_run_records), cmocka_unit_test(test_runs_validation),
+		cmocka_unit_test(test_offmap_handles),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

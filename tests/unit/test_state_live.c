@@ -1,4 +1,4 @@
-/* The state store against a real broker (KM_TEST_BOOTSTRAP, KM_TEST_TOPIC with 3 partitions, KM_TEST_STATE_TOPIC, KM_TEST_KEY_FILE, KM_TEST_PASSWORD): persist, restart, transitions. Skips without them. */
+/* The state store against a real broker (KM_TEST_BOOTSTRAP, KM_TEST_TOPIC with 3 partitions, KM_TEST_STATE_TOPIC, KM_TEST_KEY_FILE, KM_TEST_PASSWORD): persist, restart, transitions, offset map runs. Skips without them. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -13,6 +13,7 @@
 #include "kmirror/state.h"
 
 static const char *bootstrap, *topic, *state_topic, *key_file, *password;
+static char runs_state_topic[300]; /* test_runs_live's own state topic: <state topic>-runs */
 static struct event_base *base;
 
 typedef struct probe {
@@ -78,7 +79,7 @@ static void on_done(void *arg, const km_state_result *res)
 	o->done = true;
 }
 
-static km_state *open_store(probe *p, bool with_key, double *load_s)
+static km_state *open_store_on(const char *stopic, probe *p, bool with_key, double *load_s)
 {
 	km_config cfg;
 	km_state_opts o;
@@ -88,7 +89,7 @@ static km_state *open_store(probe *p, bool with_key, double *load_s)
 
 	km_config_init(&cfg);
 	assert_int_equal(km_config_set(&cfg, "upstream", bootstrap, err, sizeof(err)), KM_OK);
-	assert_int_equal(km_config_set(&cfg, "mirror_state_topic", state_topic, err, sizeof(err)), KM_OK);
+	assert_int_equal(km_config_set(&cfg, "mirror_state_topic", stopic, err, sizeof(err)), KM_OK);
 	assert_int_equal(km_config_set(&cfg, "mirror_state_partitions", "4", err, sizeof(err)), KM_OK);
 	if (with_key)
 		assert_int_equal(km_config_set(&cfg, "mirror_secret_key_file", key_file, err, sizeof(err)), KM_OK);
@@ -118,6 +119,11 @@ static km_state *open_store(probe *p, bool with_key, double *load_s)
 	if (load_s)
 		*load_s = now_s() - t0;
 	return st;
+}
+
+static km_state *open_store(probe *p, bool with_key, double *load_s)
+{
+	return open_store_on(state_topic, p, with_key, load_s);
 }
 
 static void topics_op(km_state *st, km_topic_op op, const char *const *names, size_t n, outcome *r)
@@ -317,9 +323,199 @@ static void test_state_live(void **state)
 	printf("# done\n");
 }
 
+/* Write runs (n of them) of mirror m2 and wait for the answer; the code. */
+static km_err runs_write(km_state *st, const km_state_run *runs, size_t n, char *msg, size_t msglen)
+{
+	outcome r = {0};
+	km_state_runs_write(st, "m2", runs, n, on_done, &r);
+	wait_for(&r.done, 90);
+	if (msg)
+		snprintf(msg, msglen, "%s", r.message);
+	return r.code;
+}
+
+static const km_offmap *map_of(km_state *st, int32_t partition)
+{
+	const km_state_topic *t = km_state_topic_find(st, topic, strlen(topic));
+	assert_non_null(t);
+	return km_state_topic_offmap(t, partition);
+}
+
+/* The map of partition is exactly want (n runs). */
+static void map_is(km_state *st, int32_t partition, const km_offrun *want, size_t n)
+{
+	const km_offmap *m = map_of(st, partition);
+	if (n == 0) {
+		assert_true(!m || m->n == 0);
+		return;
+	}
+	assert_non_null(m);
+	if (m->n != n)
+		fail_msg("partition %d: %zu runs, want %zu", (int)partition, m->n, n);
+	for (size_t i = 0; i < n; i++)
+		if (memcmp(&m->runs[i], &want[i], sizeof(want[i])))
+			fail_msg("partition %d run %zu: (%lld, %lld, %lld), want (%lld, %lld, %lld)", (int)partition, i,
+				 (long long)m->runs[i].logical, (long long)m->runs[i].physical,
+				 (long long)m->runs[i].prev_logical_end, (long long)want[i].logical,
+				 (long long)want[i].physical, (long long)want[i].prev_logical_end);
+}
+
+/*
+ * Offset map runs in __mirror_state (its own state topic, so the other test's records do not
+ * mix): runs of two partitions and a tombstone survive a restart exactly; 10,000 runs of one
+ * partition load back (timed); a runs write of a topic the mirror does not hold is refused; a
+ * DeleteMirror leaves no run record (a mirror created again under the name with the topic
+ * started again gets no map back; test_state_live.py reads the topic raw too).
+ */
+static void test_runs_live(void **state)
+{
+	enum { MANY = 10000 };
+	probe p;
+	outcome r;
+	km_state *st;
+	const char *one[1] = {topic};
+	km_state_kv kv[1] = {{"bootstrap.servers", "source-a:9092"}};
+	km_state_run runs[5] = {
+		{.topic = topic, .partition = 0, .logical = 0, .physical = 0, .prev_logical_end = -1},
+		{.topic = topic, .partition = 0, .logical = 100, .physical = 50, .prev_logical_end = 40},
+		{.topic = topic, .partition = 0, .logical = 200, .physical = 80, .prev_logical_end = 130},
+		{.topic = topic, .partition = 1, .logical = 5, .physical = 0, .prev_logical_end = -1},
+		{.topic = topic, .partition = 1, .logical = 9, .physical = 7, .prev_logical_end = 8},
+	};
+	const km_offrun p0[2] = {{0, 0, -1}, {200, 80, 130}}, p1[2] = {{5, 0, -1}, {9, 7, 8}};
+	km_offrun *many;
+	km_state_run *mruns;
+	char msg[512];
+	double t0, load_s;
+	(void)state;
+	if (!bootstrap) {
+		skip();
+		return;
+	}
+	snprintf(runs_state_topic, sizeof(runs_state_topic), "%s-runs", state_topic);
+
+	st = open_store_on(runs_state_topic, &p, false, NULL);
+	memset(&r, 0, sizeof(r));
+	km_state_create_mirror(st, "m2", kv, 1, false, on_done, &r);
+	wait_for(&r.done, 90);
+	if (r.code != KM_OK)
+		fail_msg("create: %s %s", km_err_name(r.code), r.message);
+	memset(&r, 0, sizeof(r));
+	km_state_topics(st, KM_TOPIC_START, "m2", one, 1, on_done, &r);
+	wait_for(&r.done, 90);
+	assert_int_equal(r.tcode[0], KM_OK);
+
+	/* refused before anything is written: a topic of no mirror, a bad run */
+	{
+		km_state_run bad[2] = {runs[0], runs[0]};
+		bad[1].topic = "kmirror-no-such-topic";
+		assert_int_equal(runs_write(st, bad, 2, msg, sizeof(msg)), KM_KAFKA_UNKNOWN_TOPIC_OR_PARTITION);
+		printf("# runs refused: %s\n", msg);
+		bad[1] = runs[1];
+		bad[1].prev_logical_end = 101;
+		assert_int_equal(runs_write(st, bad, 2, msg, sizeof(msg)), KM_KAFKA_INVALID_REQUEST);
+		printf("# runs refused: %s\n", msg);
+		map_is(st, 0, NULL, 0);
+	}
+	/* two partitions in one write, then a tombstone of the middle run of partition 0 */
+	t0 = now_s();
+	assert_int_equal(runs_write(st, runs, 5, NULL, 0), KM_OK);
+	printf("# runs write (5 runs, 2 partitions): %.0f ms\n", (now_s() - t0) * 1000);
+	assert_int_equal(map_of(st, 0)->n, 3);
+	{
+		km_state_run tomb = runs[1];
+		tomb.physical = -1;
+		assert_int_equal(runs_write(st, &tomb, 1, NULL, 0), KM_OK);
+	}
+	map_is(st, 0, p0, 2);
+	map_is(st, 1, p1, 2);
+	/* the tail is the mirror module's, in memory: describe shows it while it is set */
+	{
+		km_offmap *m = km_state_offmap_mut(st, topic, 0);
+		km_state_partition_info info;
+		assert_ptr_equal(m, map_of(st, 0));
+		m->tail_physical = 90;
+		m->tail_logical = 210;
+		km_state_partition_progress(st, topic, 0, 250, 3);
+		km_state_topic_partition(km_state_topic_find(st, topic, strlen(topic)), 0, &info);
+		assert_int_equal(info.last_mirrored_offset, 210);
+		assert_int_equal(info.skipped_records, 3);
+		assert_int_equal(km_offmap_to_logical(m, 85), 205);
+		assert_int_equal(km_offmap_next_to_logical(m, 90), 210);
+	}
+	km_state_free(st);
+
+	st = open_store_on(runs_state_topic, &p, false, NULL);
+	map_is(st, 0, p0, 2);
+	map_is(st, 1, p1, 2);
+	map_is(st, 2, NULL, 0);
+	assert_int_equal(map_of(st, 0)->tail_logical, -1); /* never persisted */
+
+	/* a compacted source's map: 10,000 runs of partition 2, one write, read back by a new store */
+	many = calloc(MANY, sizeof(*many));
+	mruns = calloc(MANY, sizeof(*mruns));
+	assert_non_null(many);
+	assert_non_null(mruns);
+	for (int64_t i = 0; i < MANY; i++) {
+		many[i] = (km_offrun){.logical = 10 * i, .physical = 7 * i, .prev_logical_end = i ? 10 * (i - 1) + 5 : -1};
+		mruns[i] = (km_state_run){.topic = topic, .partition = 2, .logical = many[i].logical,
+					  .physical = many[i].physical, .prev_logical_end = many[i].prev_logical_end};
+	}
+	t0 = now_s();
+	assert_int_equal(runs_write(st, mruns, MANY, msg, sizeof(msg)), KM_OK);
+	printf("# runs write (%d runs, one partition): %.0f ms\n", MANY, (now_s() - t0) * 1000);
+	map_is(st, 2, many, MANY);
+	km_state_free(st);
+	st = open_store_on(runs_state_topic, &p, false, &load_s);
+	printf("# load with %d + 4 runs: %.0f ms\n", MANY, load_s * 1000);
+	map_is(st, 2, many, MANY);
+	map_is(st, 0, p0, 2);
+	map_is(st, 1, p1, 2);
+	assert_int_equal(km_offmap_to_physical(map_of(st, 2), 10 * 5000 + 3), 7 * 5000 + 3);
+	assert_int_equal(km_offmap_to_physical(map_of(st, 2), 10 * 5000 + 7), 7 * 5001);
+	free(many);
+	free(mruns);
+
+	/* stop, settle, delete: the runs' tombstones go first, every one of them */
+	memset(&r, 0, sizeof(r));
+	km_state_topics(st, KM_TOPIC_STOP, "m2", one, 1, on_done, &r);
+	wait_for(&r.done, 90);
+	assert_int_equal(r.tcode[0], KM_OK);
+	{
+		int32_t parts[3] = {0, 1, 2};
+		memset(&r, 0, sizeof(r));
+		km_state_partitions_set(st, "m2", topic, parts, 3, KM_MP_STOPPED, NULL, on_done, &r);
+		wait_for(&r.done, 90);
+		assert_int_equal(r.code, KM_OK);
+	}
+	t0 = now_s();
+	memset(&r, 0, sizeof(r));
+	km_state_delete_mirror(st, "m2", on_done, &r);
+	wait_for(&r.done, 120);
+	if (r.code != KM_OK)
+		fail_msg("delete: %s %s", km_err_name(r.code), r.message);
+	printf("# delete with %d runs: %.0f ms\n", MANY + 4, (now_s() - t0) * 1000);
+	assert_int_equal(km_state_mirror_count(st), 0);
+	/* the same name and topic again: no run comes back */
+	memset(&r, 0, sizeof(r));
+	km_state_create_mirror(st, "m2", kv, 1, false, on_done, &r);
+	wait_for(&r.done, 90);
+	assert_int_equal(r.code, KM_OK);
+	memset(&r, 0, sizeof(r));
+	km_state_topics(st, KM_TOPIC_START, "m2", one, 1, on_done, &r);
+	wait_for(&r.done, 90);
+	assert_int_equal(r.tcode[0], KM_OK);
+	km_state_free(st);
+	st = open_store_on(runs_state_topic, &p, false, NULL);
+	for (int32_t i = 0; i < 3; i++)
+		map_is(st, i, NULL, 0);
+	km_state_free(st);
+	printf("# runs done\n");
+}
+
 int main(void)
 {
-	const struct CMUnitTest tests[] = {cmocka_unit_test(test_state_live)};
+	const struct CMUnitTest tests[] = {cmocka_unit_test(test_state_live), cmocka_unit_test(test_runs_live)};
 	bootstrap = getenv("KM_TEST_BOOTSTRAP");
 	topic = getenv("KM_TEST_TOPIC");
 	state_topic = getenv("KM_TEST_STATE_TOPIC");

@@ -157,6 +157,8 @@
 #include "kmirror/msg/mirror_state_mirror_value.h"
 #include "kmirror/msg/mirror_state_partition_key.h"
 #include "kmirror/msg/mirror_state_partition_value.h"
+#include "kmirror/msg/mirror_state_run_key.h"
+#include "kmirror/msg/mirror_state_run_value.h"
 #include "kmirror/msg/offset_commit_request.h"
 #include "kmirror/msg/offset_commit_response.h"
 #include "kmirror/msg/offset_delete_request.h"
@@ -14781,6 +14783,78 @@ static void km_mirror_state_partition_value_encode_v(km_wr *w, int16_t v, const 
 static size_t km_mirror_state_partition_value_size_v(int16_t v, const void *m) { return km_mirror_state_partition_value_size(v, m); }
 
 
+static void fill_km_mirror_state_run_key(km_mirror_state_run_key *m, int16_t v, int mode, km_arena *a, uint32_t *seq);
+static bool eq_km_mirror_state_run_key(const km_mirror_state_run_key *x, const km_mirror_state_run_key *y);
+
+static void fill_km_mirror_state_run_key(km_mirror_state_run_key *m, int16_t v, int mode, km_arena *a, uint32_t *seq)
+{
+	(void)v;
+	(void)mode;
+	(void)a;
+	(void)seq;
+	m->mirror_name = t_str(a, seq);
+	m->topic_name = t_str(a, seq);
+	m->partition_index = (int32_t)(t_int(seq, 1000000000, INT64_C(0)));
+	m->logical_start = (int64_t)(t_int(seq, 1000000000, INT64_C(0)) + ((int64_t)1 << 33));
+}
+
+static bool eq_km_mirror_state_run_key(const km_mirror_state_run_key *x, const km_mirror_state_run_key *y)
+{
+	if (!km_str_eq(x->mirror_name, y->mirror_name))
+		return t_diff("MirrorName");
+	if (!km_str_eq(x->topic_name, y->topic_name))
+		return t_diff("TopicName");
+	if (!(x->partition_index == y->partition_index))
+		return t_diff("PartitionIndex");
+	if (!(x->logical_start == y->logical_start))
+		return t_diff("LogicalStart");
+	if (!t_tags_eq(&x->unknown_tags, &y->unknown_tags))
+		return t_diff("MirrorStateRunKey unknown tags");
+	return true;
+}
+
+static void km_mirror_state_run_key_fill_v(void *m, int16_t v, int mode, km_arena *a, uint32_t *seq) { fill_km_mirror_state_run_key(m, v, mode, a, seq); }
+static bool km_mirror_state_run_key_eq_v(const void *x, const void *y) { return eq_km_mirror_state_run_key(x, y); }
+static void km_mirror_state_run_key_init_v(void *m) { km_mirror_state_run_key_init(m); }
+static km_err km_mirror_state_run_key_decode_v(km_rd *r, int16_t v, void *m, km_arena *a) { return km_mirror_state_run_key_decode(r, v, m, a); }
+static void km_mirror_state_run_key_encode_v(km_wr *w, int16_t v, const void *m) { km_mirror_state_run_key_encode(w, v, m); }
+static size_t km_mirror_state_run_key_size_v(int16_t v, const void *m) { return km_mirror_state_run_key_size(v, m); }
+
+
+static void fill_km_mirror_state_run_value(km_mirror_state_run_value *m, int16_t v, int mode, km_arena *a, uint32_t *seq);
+static bool eq_km_mirror_state_run_value(const km_mirror_state_run_value *x, const km_mirror_state_run_value *y);
+
+static void fill_km_mirror_state_run_value(km_mirror_state_run_value *m, int16_t v, int mode, km_arena *a, uint32_t *seq)
+{
+	(void)v;
+	(void)mode;
+	(void)a;
+	(void)seq;
+	m->physical_start = (int64_t)(t_int(seq, 1000000000, INT64_C(0)) + ((int64_t)1 << 33));
+	m->prev_logical_end = (int64_t)(t_int(seq, 1000000000, INT64_C(-1)) + ((int64_t)1 << 33));
+	if (true && mode == 0)
+		t_unknown_tags(&m->unknown_tags, a, 0, 1000, seq);
+}
+
+static bool eq_km_mirror_state_run_value(const km_mirror_state_run_value *x, const km_mirror_state_run_value *y)
+{
+	if (!(x->physical_start == y->physical_start))
+		return t_diff("PhysicalStart");
+	if (!(x->prev_logical_end == y->prev_logical_end))
+		return t_diff("PrevLogicalEnd");
+	if (!t_tags_eq(&x->unknown_tags, &y->unknown_tags))
+		return t_diff("MirrorStateRunValue unknown tags");
+	return true;
+}
+
+static void km_mirror_state_run_value_fill_v(void *m, int16_t v, int mode, km_arena *a, uint32_t *seq) { fill_km_mirror_state_run_value(m, v, mode, a, seq); }
+static bool km_mirror_state_run_value_eq_v(const void *x, const void *y) { return eq_km_mirror_state_run_value(x, y); }
+static void km_mirror_state_run_value_init_v(void *m) { km_mirror_state_run_value_init(m); }
+static km_err km_mirror_state_run_value_decode_v(km_rd *r, int16_t v, void *m, km_arena *a) { return km_mirror_state_run_value_decode(r, v, m, a); }
+static void km_mirror_state_run_value_encode_v(km_wr *w, int16_t v, const void *m) { km_mirror_state_run_value_encode(w, v, m); }
+static size_t km_mirror_state_run_value_size_v(int16_t v, const void *m) { return km_mirror_state_run_value_size(v, m); }
+
+
 static void fill_km_offset_commit_request_partition(km_offset_commit_request_partition *m, int16_t v, int mode, km_arena *a, uint32_t *seq);
 static bool eq_km_offset_commit_request_partition(const km_offset_commit_request_partition *x, const km_offset_commit_request_partition *y);
 static void fill_km_offset_commit_request_topic(km_offset_commit_request_topic *m, int16_t v, int mode, km_arena *a, uint32_t *seq);
@@ -23004,6 +23078,8 @@ const km_test_msg km_test_msgs[] = {
 	{"MirrorStateMirrorValue", -1, 0, 0, 0, sizeof(km_mirror_state_mirror_value), km_mirror_state_mirror_value_init_v, km_mirror_state_mirror_value_decode_v, km_mirror_state_mirror_value_encode_v, km_mirror_state_mirror_value_size_v, km_mirror_state_mirror_value_fill_v, km_mirror_state_mirror_value_eq_v},
 	{"MirrorStatePartitionKey", -1, 0, 0, -1, sizeof(km_mirror_state_partition_key), km_mirror_state_partition_key_init_v, km_mirror_state_partition_key_decode_v, km_mirror_state_partition_key_encode_v, km_mirror_state_partition_key_size_v, km_mirror_state_partition_key_fill_v, km_mirror_state_partition_key_eq_v},
 	{"MirrorStatePartitionValue", -1, 0, 0, 0, sizeof(km_mirror_state_partition_value), km_mirror_state_partition_value_init_v, km_mirror_state_partition_value_decode_v, km_mirror_state_partition_value_encode_v, km_mirror_state_partition_value_size_v, km_mirror_state_partition_value_fill_v, km_mirror_state_partition_value_eq_v},
+	{"MirrorStateRunKey", -1, 0, 0, -1, sizeof(km_mirror_state_run_key), km_mirror_state_run_key_init_v, km_mirror_state_run_key_decode_v, km_mirror_state_run_key_encode_v, km_mirror_state_run_key_size_v, km_mirror_state_run_key_fill_v, km_mirror_state_run_key_eq_v},
+	{"MirrorStateRunValue", -1, 0, 0, 0, sizeof(km_mirror_state_run_value), km_mirror_state_run_value_init_v, km_mirror_state_run_value_decode_v, km_mirror_state_run_value_encode_v, km_mirror_state_run_value_size_v, km_mirror_state_run_value_fill_v, km_mirror_state_run_value_eq_v},
 	{"OffsetCommitRequest", 8, 2, 10, 8, sizeof(km_offset_commit_request), km_offset_commit_request_init_v, km_offset_commit_request_decode_v, km_offset_commit_request_encode_v, km_offset_commit_request_size_v, km_offset_commit_request_fill_v, km_offset_commit_request_eq_v},
 	{"OffsetCommitResponse", 8, 2, 10, 8, sizeof(km_offset_commit_response), km_offset_commit_response_init_v, km_offset_commit_response_decode_v, km_offset_commit_response_encode_v, km_offset_commit_response_size_v, km_offset_commit_response_fill_v, km_offset_commit_response_eq_v},
 	{"OffsetDeleteRequest", 47, 0, 0, -1, sizeof(km_offset_delete_request), km_offset_delete_request_init_v, km_offset_delete_request_decode_v, km_offset_delete_request_encode_v, km_offset_delete_request_size_v, km_offset_delete_request_fill_v, km_offset_delete_request_eq_v},

@@ -1,0 +1,320 @@
+/* The offset map (kmirror/offmap.h): runs, holes, hidden ranges, the tail, and every translation at its boundaries. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <cmocka.h>
+
+#include "kmirror/offmap.h"
+
+static void add(km_offmap *m, int64_t l, int64_t p, int64_t prev)
+{
+	assert_int_equal(km_offmap_add(m, l, p, prev), KM_OK);
+}
+
+/* One run for the partition's whole life: the common case. Logical 100.. at physical 0.. */
+static void test_one_open_run(void **state)
+{
+	km_offmap m;
+	(void)state;
+	km_offmap_init(&m);
+	add(&m, 100, 0, -1);
+	assert_int_equal(m.n, 1);
+	assert_int_equal(km_offmap_run_length(&m, 0), -1);
+	assert_int_equal(km_offmap_find_logical(&m, 100), 0);
+	assert_int_equal(km_offmap_find_logical(&m, 1000000), 0);
+	assert_int_equal(km_offmap_find_logical(&m, 99), -1);
+	/* below every run: the first run's start (the source's log start when mirroring began) */
+	assert_int_equal(km_offmap_to_physical(&m, 0), 0);
+	assert_int_equal(km_offmap_to_physical(&m, 99), 0);
+	assert_int_equal(km_offmap_to_physical(&m, 100), 0);
+	assert_int_equal(km_offmap_to_physical(&m, 101), 1);
+	assert_int_equal(km_offmap_to_physical(&m, INT64_C(1) << 40), (INT64_C(1) << 40) - 100);
+	assert_int_equal(km_offmap_to_logical(&m, 0), 100);
+	assert_int_equal(km_offmap_to_logical(&m, 1), 101);
+	assert_int_equal(km_offmap_to_logical(&m, 5000), 5100);
+	/* no tail (no pipeline: a stopped topic): the high watermark goes through the open run */
+	assert_int_equal(km_offmap_next_to_logical(&m, 5000), 5100);
+	km_offmap_free(&m);
+	assert_null(m.runs);
+	assert_int_equal(m.n, 0);
+	assert_int_equal(m.tail_physical, -1);
+}
+
+/*
+ * A compacted source: logical 0-4 at physical 0-4, a hole 5-9, logical 10-12 at 5-7, a hole
+ * 13-19, then the open run from logical 20 at physical 8.
+ */
+static void holes_map(km_offmap *m)
+{
+	km_offmap_init(m);
+	add(m, 0, 0, -1);
+	add(m, 10, 5, 5);
+	add(m, 20, 8, 13);
+}
+
+static void test_holes(void **state)
+{
+	km_offmap m;
+	(void)state;
+	holes_map(&m);
+	assert_int_equal(km_offmap_run_length(&m, 0), 5);
+	assert_int_equal(km_offmap_run_length(&m, 1), 3);
+	assert_int_equal(km_offmap_run_length(&m, 2), -1);
+	assert_int_equal(km_offmap_run_length(&m, 3), -1);
+	static const struct { int64_t l; ssize_t run; int64_t p; } lp[] = {
+		{0, 0, 0}, {4, 0, 4},                  /* first and last of run 0 */
+		{5, -1, 5}, {9, -1, 5},                /* the hole: the next run's start */
+		{10, 1, 5}, {11, 1, 6}, {12, 1, 7},    /* run 1 */
+		{13, -1, 8}, {19, -1, 8},              /* the second hole */
+		{20, 2, 8}, {21, 2, 9}, {1000, 2, 988}, /* the open run */
+	};
+	for (size_t i = 0; i < sizeof(lp) / sizeof(lp[0]); i++) {
+		if (km_offmap_find_logical(&m, lp[i].l) != lp[i].run || km_offmap_to_physical(&m, lp[i].l) != lp[i].p)
+			fail_msg("logical %lld: run %zd physical %lld", (long long)lp[i].l,
+				 km_offmap_find_logical(&m, lp[i].l), (long long)km_offmap_to_physical(&m, lp[i].l));
+	}
+	static const int64_t pl[][2] = {{0, 0}, {4, 4}, {5, 10}, {7, 12}, {8, 20}, {9, 21}};
+	for (size_t i = 0; i < sizeof(pl) / sizeof(pl[0]); i++) {
+		assert_int_equal(km_offmap_to_logical(&m, pl[i][0]), pl[i][1]);
+		assert_int_equal(km_offmap_next_to_logical(&m, pl[i][0]), pl[i][1]);
+	}
+	km_offmap_free(&m);
+}
+
+/*
+ * Hidden physical ranges: physical 0-9 held before mirroring began (below the first run),
+ * logical 0-4 at 10-14, physical 15-19 a batch reconcile found not to belong, logical 5.. at 20.
+ * Hidden offsets read as the next run's first logical offset.
+ */
+static void test_hidden(void **state)
+{
+	km_offmap m;
+	(void)state;
+	km_offmap_init(&m);
+	add(&m, 5, 20, 5);
+	add(&m, 0, 10, -1);
+	assert_int_equal(km_offmap_run_length(&m, 0), 5);
+	static const int64_t pl[][2] = {{0, 0}, {9, 0}, {10, 0}, {14, 4}, {15, 5}, {19, 5}, {20, 5}, {21, 6}};
+	for (size_t i = 0; i < sizeof(pl) / sizeof(pl[0]); i++) {
+		if (km_offmap_to_logical(&m, pl[i][0]) != pl[i][1] || km_offmap_next_to_logical(&m, pl[i][0]) != pl[i][1])
+			fail_msg("physical %lld: %lld", (long long)pl[i][0], (long long)km_offmap_to_logical(&m, pl[i][0]));
+	}
+	static const int64_t lp[][2] = {{0, 10}, {4, 14}, {5, 20}, {6, 21}};
+	for (size_t i = 0; i < sizeof(lp) / sizeof(lp[0]); i++)
+		assert_int_equal(km_offmap_to_physical(&m, lp[i][0]), lp[i][1]);
+	/* a hole and a hidden range at once: logical 5-7 gone, physical 15-19 hidden */
+	add(&m, 8, 20, 5);
+	assert_true(km_offmap_remove(&m, 5));
+	assert_int_equal(km_offmap_to_physical(&m, 5), 20);
+	assert_int_equal(km_offmap_to_physical(&m, 8), 20);
+	assert_int_equal(km_offmap_to_logical(&m, 15), 8);
+	assert_int_equal(km_offmap_to_logical(&m, 14), 4);
+	assert_int_equal(km_offmap_find_logical(&m, 7), -1);
+	km_offmap_free(&m);
+}
+
+/*
+ * The tail: logical 0-9 at physical 0-9, then the source ended in a hole (a commit marker):
+ * the logical tail 15 runs ahead of the open run's end 10.
+ */
+static void test_tail(void **state)
+{
+	km_offmap m;
+	(void)state;
+	km_offmap_init(&m);
+	/* no run and no tail: nothing to translate */
+	assert_int_equal(km_offmap_to_physical(&m, 0), -1);
+	assert_int_equal(km_offmap_to_logical(&m, 0), -1);
+	assert_int_equal(km_offmap_next_to_logical(&m, 0), -1);
+	assert_int_equal(km_offmap_find_logical(&m, 0), -1);
+	/* no run, tail set (a fresh start before the first batch: records before it are hidden) */
+	m.tail_physical = 30;
+	m.tail_logical = 7;
+	assert_int_equal(km_offmap_to_physical(&m, 0), 30);
+	assert_int_equal(km_offmap_to_physical(&m, 7), 30);
+	assert_int_equal(km_offmap_to_physical(&m, 99), 30);
+	assert_int_equal(km_offmap_to_logical(&m, 30), 7);
+	assert_int_equal(km_offmap_to_logical(&m, 29), -1);
+	assert_int_equal(km_offmap_next_to_logical(&m, 30), 7);
+	assert_int_equal(km_offmap_next_to_logical(&m, 0), -1);
+
+	km_offmap_free(&m);
+	add(&m, 0, 0, -1);
+	m.tail_physical = 10;
+	m.tail_logical = 15;
+	assert_int_equal(km_offmap_run_length(&m, 0), -1);
+	assert_int_equal(km_offmap_find_logical(&m, 9), 0);
+	assert_int_equal(km_offmap_find_logical(&m, 10), -1); /* the trailing hole */
+	assert_int_equal(km_offmap_find_logical(&m, 14), -1);
+	assert_int_equal(km_offmap_find_logical(&m, 15), -1); /* not mirrored yet */
+	assert_int_equal(km_offmap_to_physical(&m, 9), 9);
+	assert_int_equal(km_offmap_to_physical(&m, 10), 10);
+	assert_int_equal(km_offmap_to_physical(&m, 14), 10);
+	assert_int_equal(km_offmap_to_physical(&m, 15), 10); /* at the tail: an empty answer */
+	assert_int_equal(km_offmap_to_physical(&m, 1000), 10); /* past it: a consumer ahead waits */
+	assert_int_equal(km_offmap_to_logical(&m, 9), 9);
+	assert_int_equal(km_offmap_to_logical(&m, 10), 15);
+	assert_int_equal(km_offmap_next_to_logical(&m, 10), 15); /* the high watermark */
+	assert_int_equal(km_offmap_next_to_logical(&m, 9), 9);
+	assert_int_equal(km_offmap_next_to_logical(&m, 0), 0);
+	/* a run persisted ahead of its batch (write-ahead): it covers nothing until the tail moves */
+	add(&m, 20, 10, 10);
+	assert_int_equal(km_offmap_run_length(&m, 0), 10);
+	assert_int_equal(km_offmap_find_logical(&m, 20), -1);
+	assert_int_equal(km_offmap_to_physical(&m, 20), 10);
+	assert_int_equal(km_offmap_to_logical(&m, 10), 15);
+	m.tail_physical = 12;
+	m.tail_logical = 22;
+	assert_int_equal(km_offmap_find_logical(&m, 21), 1);
+	assert_int_equal(km_offmap_find_logical(&m, 22), -1);
+	assert_int_equal(km_offmap_to_physical(&m, 15), 10); /* the old trailing hole is a hole now */
+	assert_int_equal(km_offmap_to_physical(&m, 21), 11);
+	assert_int_equal(km_offmap_to_logical(&m, 11), 21);
+	assert_int_equal(km_offmap_to_logical(&m, 12), 22);
+	assert_int_equal(km_offmap_next_to_logical(&m, 12), 22);
+	/* the pipeline gone: the open run is unbounded again */
+	m.tail_physical = m.tail_logical = -1;
+	assert_int_equal(km_offmap_find_logical(&m, 100), 1);
+	assert_int_equal(km_offmap_to_physical(&m, 100), 90);
+	km_offmap_free(&m);
+}
+
+static void test_replace_remove(void **state)
+{
+	km_offmap m;
+	(void)state;
+	holes_map(&m);
+	add(&m, 10, 6, 4); /* same logical start: replaced, not added */
+	assert_int_equal(m.n, 3);
+	assert_int_equal(m.runs[1].physical, 6);
+	assert_int_equal(m.runs[1].prev_logical_end, 4);
+	assert_int_equal(km_offmap_to_physical(&m, 10), 6);
+	assert_int_equal(km_offmap_to_logical(&m, 4), 10); /* run 0 now covers logical 0-3: physical 4 is hidden */
+	assert_int_equal(km_offmap_to_logical(&m, 3), 3);
+	assert_int_equal(km_offmap_to_logical(&m, 5), 10);
+	assert_false(km_offmap_remove(&m, 11));
+	assert_true(km_offmap_remove(&m, 10));
+	assert_false(km_offmap_remove(&m, 10));
+	assert_int_equal(m.n, 2);
+	assert_int_equal(km_offmap_find_logical(&m, 10), -1);
+	/* run 2's prev_logical_end (13) closes run 0 now, bounded by run 2's physical start: 0-7 */
+	assert_int_equal(km_offmap_run_length(&m, 0), 8);
+	assert_int_equal(km_offmap_to_physical(&m, 10), 8);
+	assert_int_equal(km_offmap_to_physical(&m, 7), 7);
+	assert_true(km_offmap_remove(&m, 20));
+	assert_true(km_offmap_remove(&m, 0));
+	assert_false(km_offmap_remove(&m, 0));
+	assert_int_equal(m.n, 0);
+	assert_int_equal(km_offmap_to_physical(&m, 3), -1);
+	km_offmap_free(&m);
+}
+
+static void test_random_order(void **state)
+{
+	enum { N = 2000 };
+	km_offmap a, b;
+	size_t order[N];
+	int64_t l = 0, p = 0, prev = -1;
+	(void)state;
+	srand(12345);
+	km_offmap_init(&a);
+	km_offmap_init(&b);
+	for (size_t i = 0; i < N; i++) {
+		int64_t len = 1 + rand() % 50;
+		add(&a, l, p, prev);
+		prev = l + len;
+		l = prev + rand() % 4;  /* a hole, or none */
+		p += len + rand() % 3;  /* hidden records, or none */
+		order[i] = i;
+	}
+	for (size_t i = N - 1; i > 0; i--) {
+		size_t j = (size_t)rand() % (i + 1), t = order[i];
+		order[i] = order[j];
+		order[j] = t;
+	}
+	for (size_t i = 0; i < N; i++) {
+		const km_offrun *r = &a.runs[order[i]];
+		add(&b, r->logical, r->physical, r->prev_logical_end);
+		if (i % 7 == 0) /* a record read twice (a replay of the same key) changes nothing */
+			add(&b, r->logical, r->physical, r->prev_logical_end);
+	}
+	assert_int_equal(a.n, N);
+	assert_int_equal(b.n, N);
+	assert_memory_equal(a.runs, b.runs, N * sizeof(km_offrun));
+	km_offmap_free(&a);
+	km_offmap_free(&b);
+}
+
+/*
+ * Thousands of runs (a compacted source): run i is logical 10i-10i+4 at physical 7i-7i+4, so a
+ * hole of 5 and a hidden range of 2 after each. Every offset of the range against the formula.
+ */
+static void test_many_runs(void **state)
+{
+	enum { N = 10000 };
+	km_offmap m;
+	(void)state;
+	km_offmap_init(&m);
+	for (int64_t i = 0; i < N; i++)
+		add(&m, 10 * i, 7 * i, i ? 10 * (i - 1) + 5 : -1);
+	m.tail_physical = 7 * (N - 1) + 5;
+	m.tail_logical = 10 * (N - 1) + 5;
+	for (int64_t L = 0; L < 10 * N + 10; L++) {
+		int64_t i = L / 10, r = L % 10, want;
+		ssize_t run = r < 5 && i < N ? (ssize_t)i : -1;
+		if (i >= N || (i == N - 1 && r >= 5))
+			want = m.tail_physical;
+		else
+			want = r < 5 ? 7 * i + r : 7 * (i + 1);
+		if (km_offmap_to_physical(&m, L) != want || km_offmap_find_logical(&m, L) != run)
+			fail_msg("logical %lld: %lld (want %lld)", (long long)L, (long long)km_offmap_to_physical(&m, L),
+				 (long long)want);
+	}
+	for (int64_t P = 0; P < 7 * N + 10; P++) {
+		int64_t i = P / 7, r = P % 7, want;
+		if (i >= N || (i == N - 1 && r >= 5))
+			want = m.tail_logical;
+		else
+			want = r < 5 ? 10 * i + r : 10 * (i + 1);
+		if (km_offmap_to_logical(&m, P) != want)
+			fail_msg("physical %lld: %lld (want %lld)", (long long)P, (long long)km_offmap_to_logical(&m, P),
+				 (long long)want);
+	}
+	for (size_t i = 0; i + 1 < N; i++)
+		assert_int_equal(km_offmap_run_length(&m, i), 5);
+	km_offmap_free(&m);
+}
+
+static void test_negative(void **state)
+{
+	km_offmap m;
+	(void)state;
+	km_offmap_init(&m);
+	assert_int_equal(km_offmap_add(&m, -1, 0, -1), KM_ERR_INVAL);
+	assert_int_equal(km_offmap_add(&m, 0, -1, -1), KM_ERR_INVAL);
+	assert_int_equal(km_offmap_add(&m, 0, 0, -2), KM_ERR_INVAL);
+	assert_int_equal(km_offmap_add(&m, INT64_MIN, INT64_MIN, INT64_MIN), KM_ERR_INVAL);
+	assert_int_equal(m.n, 0);
+	add(&m, 0, 0, -1);
+	assert_int_equal(km_offmap_to_physical(&m, -1), -1);
+	assert_int_equal(km_offmap_to_logical(&m, -1), -1);
+	assert_int_equal(km_offmap_next_to_logical(&m, -1), -1);
+	assert_int_equal(km_offmap_find_logical(&m, -1), -1);
+	assert_false(km_offmap_remove(&m, -1));
+	assert_int_equal(m.n, 1);
+	km_offmap_free(&m);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_one_open_run), cmocka_unit_test(test_holes),
+		cmocka_unit_test(test_hidden),       cmocka_unit_test(test_tail),
+		cmocka_unit_test(test_replace_remove), cmocka_unit_test(test_random_order),
+		cmocka_unit_test(test_many_runs),    cmocka_unit_test(test_negative),
+	};
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}

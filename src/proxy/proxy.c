@@ -26,6 +26,7 @@ void km_proxy_set_state(km_proxy *px, km_state *st)
 {
 	px->host.state = st;
 	km_ro_lookup_from_state(st, &px->host.read_only);
+	km_off_lookup_from_state(st, &px->host.offsets);
 }
 
 km_proxy_counters *km_proxy_metrics(km_proxy *px)

@@ -3,6 +3,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include <event2/dns.h>
+
 #include "kmirror/log.h"
 #include "mirror_int.h"
 
@@ -40,6 +42,7 @@ struct km_mirror {
 	km_pipeline **pipes;
 	size_t npipes;
 	km_mirror_families fam;
+	struct evdns_base *dns; /* the mirrors' name lookups never block the loop (the proxy shares it) */
 	struct event *run_ev;
 	km_mirror_work *head, *tail;
 	size_t inflight;
@@ -262,6 +265,11 @@ km_mirror *km_mirror_new(const km_mirror_opts *opts)
 	else if (gethostname(mi->instance, sizeof(mi->instance) - 1) != 0 || !mi->instance[0])
 		snprintf(mi->instance, sizeof(mi->instance), "kmirrord");
 	mi->opts.instance = mi->instance;
+	/* Sources are named by the operator: an unresolvable or slow name must not stall the proxy. */
+	mi->dns = evdns_base_new(mi->base, EVDNS_BASE_INITIALIZE_NAMESERVERS | EVDNS_BASE_DISABLE_WHEN_INACTIVE);
+	if (!mi->dns)
+		KM_WARN("mirror", 0, "no asynchronous name resolution (resolv.conf unreadable?): source names resolve "
+			"synchronously");
 	if (opts->metrics)
 		make_families(mi, opts->metrics);
 	mi->run_ev = event_new(mi->base, -1, 0, run_cb, mi);
@@ -292,7 +300,14 @@ void km_mirror_free(km_mirror *mi)
 		work_free(w);
 	}
 	event_free(mi->run_ev);
+	if (mi->dns)
+		evdns_base_free(mi->dns, 1);
 	free(mi);
+}
+
+struct evdns_base *km_mirror_dns(km_mirror *mi)
+{
+	return mi->dns;
 }
 
 struct event_base *km_mirror_base(km_mirror *mi)

@@ -53,6 +53,8 @@ km_mcluster *km_mirror_dest_cluster(km_mirror *mi, const char *mirror, const cha
 /* ---- the driver's services for the pipelines ---- */
 
 struct event_base *km_mirror_base(km_mirror *mi);
+/* Asynchronous name resolution for the mirrors' clients (NULL: synchronous). */
+struct evdns_base *km_mirror_dns(km_mirror *mi);
 km_state *km_mirror_store(km_mirror *mi);
 const km_mirror_opts *km_mirror_get_opts(km_mirror *mi);
 /*

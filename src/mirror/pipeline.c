@@ -111,6 +111,7 @@ typedef struct mpart {
 	bool recon;             /* reconcile once nothing is in flight */
 	bool oor;               /* the source answered OFFSET_OUT_OF_RANGE: look up its log start */
 	bool start_latest;      /* no record at or after the start timestamp: start at the end */
+	int64_t hide_logical;   /* a batch landed where it was not planned: hide from its logical start (-1: none) */
 	mbatch *head, *tail;
 	size_t inflight;        /* batches sent, not answered */
 	int64_t retry_at;
@@ -303,6 +304,7 @@ static mpart *part_get(km_pipeline *pl, mtopic *t, int32_t id, bool create)
 	p->src_leader = p->dst_leader = -1;
 	p->src_epoch = -1;
 	p->fetch_logical = p->cont_logical = -1;
+	p->hide_logical = -1;
 	p->pid = -1;
 	p->source_end = -1;
 	t->parts[id] = p;
@@ -779,51 +781,73 @@ static int64_t start_timestamp(const km_pipeline *pl)
 	return strtoll(pl->start_mode, NULL, 10);
 }
 
+static void run_then(km_pipeline *pl, mpart *p, const km_state_run *r, size_t n, mphase then);
+
 /*
  * The destination's log ends at physical end: the runs say which logical offset that is (every
  * batch that landed is covered by a run, persisted before it was produced). Runs at or past end
- * were written for batches that never landed: they go before anything else is written.
+ * were written for batches that never landed: they are removed before anything else is written.
+ * After a batch landed where it was not planned (p->hide_logical set), everything from there to
+ * end is hidden: the runs from hide_logical on go, and a run at (hide_logical, end) closes the run
+ * before it at hide_logical, so the mirror resumes at hide_logical, written after what is hidden.
  */
 static void after_reconcile(km_pipeline *pl, mpart *p, int64_t end)
 {
 	km_state *st = km_mirror_store(pl->mi);
 	const km_state_topic *t = km_state_topic_find(st, p->t->name, strlen(p->t->name));
 	const km_offmap *m = t ? km_state_topic_offmap(t, p->id) : NULL;
-	size_t keep = m ? m->n : 0;
+	size_t keep = m ? m->n : 0, nw = 0;
+	int64_t hide = p->hide_logical;
+	km_state_run *w = NULL;
 	char tag[300];
 
-	while (keep > 0 && m->runs[keep - 1].physical >= end)
+	while (keep > 0 && (m->runs[keep - 1].physical >= end || (hide >= 0 && m->runs[keep - 1].logical >= hide)))
 		keep--;
 	p->acked_phys = p->plan_phys = end;
 	p->recon = false;
 	p->probe = true;
 	p->backoff_ms = 0;
-	if (m && keep < m->n) {
-		/* Tombstones of the stale runs go with the next run write (before the next batch). */
-		km_state_run *tomb = calloc(m->n - keep, sizeof(*tomb));
-		size_t nt = 0;
-		for (size_t i = keep; tomb && i < m->n; i++)
-			tomb[nt++] = (km_state_run){p->t->name, p->id, m->runs[i].logical, -1, -1};
-		KM_INFO(COMP, 0, "%s/%s: %zu run(s) past the destination's end %lld never landed: removed", pl->name,
-			ptag(p, tag, sizeof(tag)), nt, (long long)end);
-		if (tomb)
-			km_state_runs_write(st, pl->name, tomb, nt, NULL, NULL);
-		free(tomb);
+	if (m && (keep < m->n || hide >= 0)) {
+		w = calloc(m->n - keep + 1, sizeof(*w));
+		if (!w) {
+			p->phase = PH_RECONCILE;
+			backoff(p);
+			return;
+		}
+		for (size_t i = keep; i < m->n; i++)
+			if (m->runs[i].logical != hide) /* that key is rewritten below */
+				w[nw++] = (km_state_run){p->t->name, p->id, m->runs[i].logical, -1, -1};
+		if (nw)
+			KM_INFO(COMP, 0, "%s/%s: %zu run(s) past the destination's end %lld %s: removed", pl->name,
+				ptag(p, tag, sizeof(tag)), nw, (long long)end,
+				hide >= 0 ? "or past a misplaced batch" : "never landed");
 	}
-	if (keep > 0) {
+	if (hide >= 0 && keep > 0) {
+		/* Resume at hide, physically after everything now hidden. */
+		KM_WARN(COMP, 0, "%s/%s: destination offsets from the misplaced batch to %lld hidden; resuming at %lld",
+			pl->name, ptag(p, tag, sizeof(tag)), (long long)end, (long long)hide);
+		w[nw++] = (km_state_run){p->t->name, p->id, hide, end, hide};
+		p->cont_logical = p->fetch_logical = p->acked_logical = hide;
+	} else if (keep > 0) {
 		const km_offrun *r = &m->runs[keep - 1];
 		p->cont_logical = r->logical + (end - r->physical);
-		p->fetch_logical = p->cont_logical;
-		p->acked_logical = p->cont_logical;
+		p->fetch_logical = p->acked_logical = p->cont_logical;
+	} else {
+		/* Nothing mirrored yet: the start position comes from the source; what the destination holds is hidden. */
+		p->cont_logical = -1;
+	}
+	if (keep > 0) {
 		KM_INFO(COMP, 0, "%s/%s: resumes at offset %lld (destination offset %lld)", pl->name,
 			ptag(p, tag, sizeof(tag)), (long long)p->fetch_logical, (long long)end);
 		set_tail(pl, p, true);
-		p->phase = PH_READY;
-		return;
 	}
-	/* Nothing mirrored yet: the start position comes from the source; what the destination holds is hidden. */
-	p->cont_logical = -1;
-	p->phase = PH_START;
+	if (nw) {
+		run_then(pl, p, w, nw, keep > 0 ? PH_READY : PH_START); /* hide_logical stays until it is in */
+	} else {
+		p->hide_logical = -1;
+		p->phase = keep > 0 ? PH_READY : PH_START;
+	}
+	free(w);
 }
 
 static void after_start(km_pipeline *pl, mpart *p, int64_t off, bool jump)
@@ -1447,6 +1471,7 @@ static void on_run_then(void *arg, const km_state_result *res)
 			backoff(p);
 		} else {
 			p->phase = x->then;
+			p->hide_logical = -1;
 		}
 		if (p->phase == PH_IDLE && (p->state == KM_MP_STOPPING || p->state == KM_MP_PAUSING)) {
 			p->settling = true;
@@ -1458,7 +1483,7 @@ static void on_run_then(void *arg, const km_state_result *res)
 	free(x);
 }
 
-static void run_then(km_pipeline *pl, mpart *p, const km_state_run *r, mphase then)
+static void run_then(km_pipeline *pl, mpart *p, const km_state_run *r, size_t n, mphase then)
 {
 	run_then_ctx *x = calloc(1, sizeof(*x));
 	if (!x) {
@@ -1468,7 +1493,7 @@ static void run_then(km_pipeline *pl, mpart *p, const km_state_run *r, mphase th
 	}
 	*x = (run_then_ctx){pl, p->t, p->id, then};
 	p->phase = PH_RUNS;
-	km_state_runs_write(km_mirror_store(pl->mi), pl->name, r, 1, on_run_then, x);
+	km_state_runs_write(km_mirror_store(pl->mi), pl->name, r, n, on_run_then, x);
 }
 
 static void produce_done(km_pipeline *pl, mpart *p, mbatch *b, int16_t code, int64_t base, const char *msg)
@@ -1495,12 +1520,10 @@ static void produce_done(km_pipeline *pl, mpart *p, mbatch *b, int16_t code, int
 		KM_WARN(COMP, 0, "%s/%s: a batch for offset %lld landed at destination offset %lld, not %lld",
 			pl->name, ptag(p, tag, sizeof(tag)), (long long)b->logical, (long long)base,
 			(long long)b->physical);
+		/* Reconcile hides what is there from this batch's logical start on (after_reconcile). */
+		if (p->hide_logical < 0 || b->logical < p->hide_logical)
+			p->hide_logical = b->logical;
 		reconcile(pl, p, "a batch landed at an unexpected offset");
-		{
-			/* Reconcile reads the log only once this run is in (the partition waits for it). */
-			km_state_run r = {p->t->name, p->id, b->logical, base + b->count, b->logical};
-			run_then(pl, p, &r, PH_RECONCILE);
-		}
 		if (p->head == b)
 			p->head = b->next;
 		if (!p->head)
@@ -1816,7 +1839,7 @@ static void settle_drained(km_pipeline *pl, mpart *p)
 		/* The partition ends in a hole: a run at the tail, so writes after the stop continue after it. */
 		km_state_run r = {p->t->name, p->id, p->acked_logical, p->acked_phys, p->cont_logical};
 		p->cont_logical = p->acked_logical;
-		run_then(pl, p, &r, PH_IDLE);
+		run_then(pl, p, &r, 1, PH_IDLE);
 		return;
 	}
 	p->phase = PH_IDLE;

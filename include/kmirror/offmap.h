@@ -16,7 +16,9 @@
 /*
  * One run as persisted: logical offsets from logical on are stored at physical offsets from
  * physical on. prev_logical_end closes the run before it (the logical offset after its last
- * record; -1 for the first run). A run's length is the next run's prev_logical_end - logical; the
+ * record). The first run has none to close: its prev_logical_end is where mirroring began when
+ * that is before its first record (the source's log start, followed by a hole: records compacted
+ * away), else -1. A run's length is the next run's prev_logical_end - logical; the
  * last run is open.
  */
 typedef struct km_offrun {
@@ -69,7 +71,8 @@ int64_t km_offmap_to_physical(const km_offmap *m, int64_t logical);
 int64_t km_offmap_to_logical(const km_offmap *m, int64_t physical);
 /*
  * Physical "next offset" (high watermark, last stable offset, log start offset) -> logical: the
- * physical tail gives the logical tail; otherwise as km_offmap_to_logical.
+ * physical tail gives the logical tail; at or before the first run, where mirroring began (the
+ * first run's prev_logical_end, when set); otherwise as km_offmap_to_logical.
  */
 int64_t km_offmap_next_to_logical(const km_offmap *m, int64_t physical);
 

@@ -13,6 +13,8 @@
 #include "kmirror/crc32c.h"
 #include "kmirror/fetch.h"
 #include "kmirror/log.h"
+#include "kmirror/msg/delete_records_request.h"
+#include "kmirror/msg/delete_records_response.h"
 #include "kmirror/msg/fetch_request.h"
 #include "kmirror/msg/init_producer_id_request.h"
 #include "kmirror/msg/init_producer_id_response.h"
@@ -33,6 +35,8 @@
 #define BACKOFF_MAX_MS 10000
 #define METADATA_MIN_INTERVAL_MS 500
 #define MAX_BATCH_BYTES (64 << 20)
+/* How often a paused partition's source end is read (for its lag). */
+#define PAUSED_WATCH_MS 2000
 /* Metadata answers in a row without a topic that was mirrored before it counts as deleted at the source. */
 #define SOURCE_GONE_ROUNDS 3
 
@@ -112,6 +116,12 @@ typedef struct mpart {
 	bool oor;               /* the source answered OFFSET_OUT_OF_RANGE: look up its log start */
 	bool start_latest;      /* no record at or after the start timestamp: start at the end */
 	int64_t hide_logical;   /* a batch landed where it was not planned: hide from its logical start (-1: none) */
+	int64_t first_logical;  /* where a fresh start began (the source's answer), -1: resumed from runs */
+	int64_t src_ls;         /* the source's log start offset, as last fetched (-1: not known) */
+	int64_t dst_ls;         /* the logical log start the destination was moved to (-1: never) */
+	bool ls_inflight, ls_unsupported; /* a DeleteRecords in flight; the destination refuses them (compacted) */
+	bool watch_inflight;    /* paused: a ListOffsets for the source's end in flight */
+	int64_t watch_at;
 	mbatch *head, *tail;
 	size_t inflight;        /* batches sent, not answered */
 	int64_t retry_at;
@@ -305,6 +315,8 @@ static mpart *part_get(km_pipeline *pl, mtopic *t, int32_t id, bool create)
 	p->src_epoch = -1;
 	p->fetch_logical = p->cont_logical = -1;
 	p->hide_logical = -1;
+	p->first_logical = -1;
+	p->src_ls = p->dst_ls = -1;
 	p->pid = -1;
 	p->source_end = -1;
 	t->parts[id] = p;
@@ -648,6 +660,7 @@ typedef struct lo_ctx {
 	int32_t part;
 	bool dest;
 	int64_t ts;
+	bool watch; /* a paused partition's source end, for its lag */
 } lo_ctx;
 
 static void after_reconcile(km_pipeline *pl, mpart *p, int64_t end);
@@ -672,6 +685,8 @@ static void on_list_offsets(km_net_client *c, km_err err, const uint8_t *body, s
 		return;
 	}
 	p = part_get(pl, lc->t, lc->part, false);
+	if (p && lc->watch)
+		p->watch_inflight = false;
 	if (err == KM_OK) {
 		km_arena_init(&a, 0);
 		km_rd_init(&rd, body, len);
@@ -684,7 +699,15 @@ static void on_list_offsets(km_net_client *c, km_err err, const uint8_t *body, s
 	} else {
 		km_mcluster_drop(lc->dest ? pl->dst : pl->src, c);
 	}
-	if (p && p->phase == PH_START_WAIT && err == KM_OK && perr == 0 && off < 0 && lc->ts >= 0) {
+	if (p && lc->watch) {
+		if (err == KM_OK && perr == 0 && off >= 0) {
+			p->source_end = off;
+			km_state_partition_progress(km_mirror_store(pl->mi), p->t->name, p->id, off, -1);
+			update_lag(p, now_ms());
+		} else {
+			pl->src_meta_need = true;
+		}
+	} else if (p && p->phase == PH_START_WAIT && err == KM_OK && perr == 0 && off < 0 && lc->ts >= 0) {
 		/* No record at or after the start timestamp yet: start at the source's end. */
 		p->start_latest = true;
 		p->phase = PH_START;
@@ -711,7 +734,14 @@ static void on_list_offsets(km_net_client *c, km_err err, const uint8_t *body, s
 	tick_soon(pl);
 }
 
+static bool send_list_offsets_x(km_pipeline *pl, mpart *p, bool dest, int64_t ts, bool watch);
+
 static bool send_list_offsets(km_pipeline *pl, mpart *p, bool dest, int64_t ts)
+{
+	return send_list_offsets_x(pl, p, dest, ts, false);
+}
+
+static bool send_list_offsets_x(km_pipeline *pl, mpart *p, bool dest, int64_t ts, bool watch)
 {
 	km_mcluster *cl = dest ? pl->dst : pl->src;
 	int32_t leader = dest ? p->dst_leader : p->src_leader;
@@ -761,7 +791,7 @@ static bool send_list_offsets(km_pipeline *pl, mpart *p, bool dest, int64_t ts)
 		km_wr_free(&w);
 		return false;
 	}
-	*lc = (lo_ctx){p->t, p->id, dest, ts};
+	*lc = (lo_ctx){p->t, p->id, dest, ts, watch};
 	x->extra = lc;
 	if (send_flat(c, KM_API_LIST_OFFSETS, ver, &w, on_list_offsets, x) != KM_OK) {
 		free(lc);
@@ -875,6 +905,7 @@ static void after_start(km_pipeline *pl, mpart *p, int64_t off, bool jump)
 	}
 	p->fetch_logical = off;
 	p->acked_logical = off;
+	p->first_logical = off;
 	KM_INFO(COMP, 0, "%s/%s: starts at source offset %lld (destination offset %lld)", pl->name,
 		ptag(p, tag, sizeof(tag)), (long long)off, (long long)p->acked_phys);
 	set_tail(pl, p, true);
@@ -914,7 +945,10 @@ static bool plan(km_pipeline *pl, mpart *p, mbatch *b, runs_acc *ra)
 {
 	uint8_t *h = b->hdr;
 	if (b->logical != p->cont_logical) {
-		km_state_run r = {p->t->name, p->id, b->logical, p->plan_phys, p->cont_logical};
+		/* The first run remembers where mirroring began when a hole separates it from its first record. */
+		int64_t prev = p->cont_logical >= 0 ? p->cont_logical
+			       : p->first_logical >= 0 && p->first_logical < b->logical ? p->first_logical : -1;
+		km_state_run r = {p->t->name, p->id, b->logical, p->plan_phys, prev};
 		if (!runs_push(ra, &r))
 			return false;
 	}
@@ -1230,6 +1264,8 @@ static void on_fetch(km_net_client *c, km_err err, struct evbuffer *body, void *
 				km_state_partition_progress(km_mirror_store(pl->mi), p->t->name, p->id,
 							    w.part.high_watermark, -1);
 				p->source_end = w.part.high_watermark;
+				if (w.part.log_start_offset >= 0)
+					p->src_ls = w.part.log_start_offset;
 				update_lag(p, now_ms());
 				p->backoff_ms = 0;
 				cur = p;
@@ -1825,6 +1861,116 @@ out:
 	return ok;
 }
 
+/* ---- the destination's log start follows the source's (retention, DeleteRecords) ---- */
+
+typedef struct ls_ctx {
+	mtopic *t;
+	int32_t part;
+	int64_t logical;
+} ls_ctx;
+
+static void on_delete_records(km_net_client *c, km_err err, const uint8_t *body, size_t len, void *arg)
+{
+	req_ctx *x = arg;
+	km_pipeline *pl = x->pl;
+	ls_ctx *lc = x->extra;
+	int16_t ver = x->ver, code = -1;
+	km_delete_records_response r;
+	km_arena a;
+	km_rd rd;
+	mpart *p;
+
+	free(x);
+	if (pl->closing) {
+		free(lc);
+		return;
+	}
+	p = part_get(pl, lc->t, lc->part, false);
+	if (err == KM_OK) {
+		km_arena_init(&a, 0);
+		km_rd_init(&rd, body, len);
+		if (km_delete_records_response_decode(&rd, ver, &r, &a) == KM_OK && r.topics.count == 1 &&
+		    r.topics.items[0].partitions.count == 1)
+			code = r.topics.items[0].partitions.items[0].error_code;
+		km_arena_free(&a);
+	} else {
+		km_mcluster_drop(pl->dst, c);
+	}
+	if (p) {
+		char tag[300];
+		p->ls_inflight = false;
+		if (code == 0) {
+			p->dst_ls = lc->logical;
+		} else if (code == 44 || code == 29 || code == 17) {
+			/* POLICY_VIOLATION (a compacted topic), not authorized, internal: the destination keeps its start. */
+			p->ls_unsupported = true;
+			KM_WARN(COMP, 0, "%s/%s: the destination's log start cannot follow the source's (DeleteRecords: %s)",
+				pl->name, ptag(p, tag, sizeof(tag)), km_err_name((km_err)code));
+		}
+	}
+	free(lc);
+}
+
+/*
+ * The source's log start moved past what the destination starts with: move the destination's,
+ * to the physical offset of the same logical one (or of the tail, when the source's passed it).
+ */
+static void follow_log_start(km_pipeline *pl, mpart *p)
+{
+	const km_state_topic *t;
+	const km_offmap *m;
+	int64_t target, phys;
+	km_net_client *c;
+	km_delete_records_request rq;
+	km_delete_records_request_delete_records_topic dt;
+	km_delete_records_request_delete_records_partition dp;
+	ls_ctx *lc;
+	req_ctx *x;
+	km_wr w;
+	int16_t ver;
+
+	if (p->ls_inflight || p->ls_unsupported || p->src_ls < 0 || p->acked_logical < 0 || p->dst_leader < 0)
+		return;
+	target = p->src_ls < p->acked_logical ? p->src_ls : p->acked_logical;
+	if (target <= p->dst_ls)
+		return;
+	t = km_state_topic_find(km_mirror_store(pl->mi), p->t->name, strlen(p->t->name));
+	m = t ? km_state_topic_offmap(t, p->id) : NULL;
+	if (!m || !m->n || (phys = km_offmap_to_physical(m, target)) < 0)
+		return;
+	c = km_mcluster_node(pl->dst, p->dst_leader);
+	if (!c || !km_net_client_ready(c) || (ver = pick(c, KM_API_DELETE_RECORDS, 0, 2)) < 0)
+		return;
+	km_delete_records_request_init(&rq);
+	km_delete_records_request_delete_records_topic_init(&dt);
+	km_delete_records_request_delete_records_partition_init(&dp);
+	dp.partition_index = p->id;
+	dp.offset = phys;
+	dt.name = km_str_c(p->t->name);
+	dt.partitions.items = &dp;
+	dt.partitions.count = 1;
+	rq.topics.items = &dt;
+	rq.topics.count = 1;
+	rq.timeout_ms = 30000;
+	km_wr_init(&w);
+	km_delete_records_request_encode(&w, ver, &rq);
+	lc = calloc(1, sizeof(*lc));
+	x = ctx_new(pl, pl->dst, p->dst_leader, ver);
+	if (!lc || !x) {
+		free(lc);
+		free(x);
+		km_wr_free(&w);
+		return;
+	}
+	*lc = (ls_ctx){p->t, p->id, target};
+	x->extra = lc;
+	if (send_flat(c, KM_API_DELETE_RECORDS, ver, &w, on_delete_records, x) != KM_OK) {
+		free(lc);
+		return;
+	}
+	p->ls_inflight = true;
+}
+
 /* ---- the tick: what can move, moves ---- */
 
 static void settle_drained(km_pipeline *pl, mpart *p)
@@ -1877,8 +2023,19 @@ static void tick(evutil_socket_t fd, short what, void *arg)
 				settle_drained(pl, p);
 				continue;
 			}
-			if (p->phase == PH_IDLE)
+			if (p->phase == PH_IDLE) {
+				/* Paused: the source's end is still read now and then, so the lag shows. */
+				if (p->state == KM_MP_PAUSED && !p->watch_inflight && now - p->watch_at >= PAUSED_WATCH_MS &&
+				    p->src_leader >= 0 && send_list_offsets_x(pl, p, false, -1, true)) {
+					p->watch_inflight = true;
+					p->watch_at = now;
+				}
+				if (p->state == KM_MP_PAUSED && p->src_leader < 0)
+					need_src_meta = true;
 				continue;
+			}
+			if (p->state == KM_MP_MIRRORING && p->phase >= PH_READY)
+				follow_log_start(pl, p);
 			if (p->state == KM_MP_PREPARING && !p->settling &&
 			    (p->phase == PH_READY || (p->phase == PH_START && p->t->src_missing))) {
 				/*

@@ -181,5 +181,8 @@ int64_t km_offmap_next_to_logical(const km_offmap *m, int64_t physical)
 {
 	if (tail_set(m) && physical == m->tail_physical)
 		return m->tail_logical;
+	/* At or before the first run: where mirroring began, which a hole may separate from the first record. */
+	if (m->n && physical >= 0 && physical <= m->runs[0].physical && m->runs[0].prev_logical_end >= 0)
+		return m->runs[0].prev_logical_end;
 	return km_offmap_to_logical(m, physical);
 }

@@ -288,6 +288,34 @@ static void test_many_runs(void **state)
 	km_offmap_free(&m);
 }
 
+/*
+ * A leading hole: mirroring began at the source's log start 0, the first surviving record is 5900
+ * (compacted away before). The first run's prev_logical_end says 0: the log start reads 0 through
+ * the map, as on the source; records still translate from 5900, and a fetch from 0 starts there.
+ * Records the destination held before (physical 0..6) stay hidden either way.
+ */
+static void test_leading_hole(void **state)
+{
+	km_offmap m;
+	(void)state;
+	km_offmap_init(&m);
+	add(&m, 5900, 7, 0);
+	assert_int_equal(km_offmap_next_to_logical(&m, 0), 0); /* the destination's log start */
+	assert_int_equal(km_offmap_next_to_logical(&m, 7), 0);
+	assert_int_equal(km_offmap_next_to_logical(&m, 8), 5901);
+	assert_int_equal(km_offmap_to_logical(&m, 7), 5900); /* a record offset: the record there */
+	assert_int_equal(km_offmap_to_logical(&m, 3), 5900); /* hidden: the next record */
+	assert_int_equal(km_offmap_to_physical(&m, 0), 7);
+	assert_int_equal(km_offmap_to_physical(&m, 5899), 7);
+	assert_int_equal(km_offmap_to_physical(&m, 5901), 8);
+	/* without it (-1) the log start is the first record, as before */
+	km_offmap_free(&m);
+	km_offmap_init(&m);
+	add(&m, 5900, 7, -1);
+	assert_int_equal(km_offmap_next_to_logical(&m, 0), 5900);
+	km_offmap_free(&m);
+}
+
 static void test_negative(void **state)
 {
 	km_offmap m;
@@ -315,6 +343,7 @@ int main(void)
 		cmocka_unit_test(test_hidden),       cmocka_unit_test(test_tail),
 		cmocka_unit_test(test_replace_remove), cmocka_unit_test(test_random_order),
 		cmocka_unit_test(test_many_runs),    cmocka_unit_test(test_negative),
+		cmocka_unit_test(test_leading_hole),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -383,8 +383,7 @@ static void fail_part(km_pipeline *pl, mpart *p, const char *why)
 	KM_ERROR(COMP, 0, "%s/%s: %s: the partition is FAILED (stop, then start, to recover)", pl->name,
 		 ptag(p, tag, sizeof(tag)), why);
 	drop_unsent(p);
-	p->phase = PH_IDLE;
-	set_tail(pl, p, false);
+	p->phase = PH_IDLE; /* the tail stays until FAILED is in: its record keeps where the mirror stood */
 	if (!p->settling) {
 		p->settling = true;
 		km_mirror_settle(pl->mi, pl->name, p->t->name, p->id, p->state, KM_MP_FAILED, why);
@@ -2309,7 +2308,9 @@ void km_pipeline_partition(km_pipeline *pl, const char *topic, int32_t partition
 	default:
 		p->phase = PH_IDLE;
 		drop_unsent(p);
-		set_tail(pl, p, false);
+		/* Paused, the tail stays: it is where the mirror stands and resumes (describe shows it). */
+		if (state != KM_MP_PAUSED)
+			set_tail(pl, p, false);
 		break;
 	}
 	if (pl->config_error && (state == KM_MP_PREPARING || state == KM_MP_MIRRORING)) {

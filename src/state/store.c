@@ -678,6 +678,9 @@ static void prepare_pset(km_state *st, km_state_mut *mu)
 		if (p.state != mu->to)
 			p.state_change_ms = now;
 		p.state = mu->to;
+		/* Where the pipeline stands is what the partition's record keeps (describe, LastMirroredOffsets, a failover). */
+		if (p.map && p.map->tail_logical >= 0)
+			p.last_mirrored_offset = p.map->tail_logical;
 		if (mu->error) {
 			p.last_error = mu->error;
 			p.last_error_ms = now;

@@ -43,6 +43,7 @@ struct km_mirror {
 	km_mirror_work *head, *tail;
 	size_t inflight;
 	bool freeing;
+	struct km_mprep *preps; /* destination topics being created or grown (topics.c) */
 };
 
 static void work_free(km_mirror_work *w)
@@ -245,6 +246,7 @@ void km_mirror_free(km_mirror *mi)
 	if (!mi)
 		return;
 	mi->freeing = true;
+	km_mirror_topics_shutdown(mi);
 	for (size_t i = 0; i < mi->npipes; i++)
 		km_pipeline_free(mi->pipes[i]);
 	free(mi->pipes);
@@ -255,6 +257,11 @@ void km_mirror_free(km_mirror *mi)
 	}
 	event_free(mi->run_ev);
 	free(mi);
+}
+
+struct km_mprep **km_mirror_prep_list(km_mirror *mi)
+{
+	return &mi->preps;
 }
 
 struct event_base *km_mirror_base(km_mirror *mi)

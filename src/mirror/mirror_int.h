@@ -62,6 +62,14 @@ const km_mirror_opts *km_mirror_get_opts(km_mirror *mi);
 void km_mirror_settle(km_mirror *mi, const char *mirror, const char *topic, int32_t partition, km_mp_state from,
 		      km_mp_state to, const char *error);
 
+/* ---- destination topics (topics.c) ---- */
+
+struct km_mprep;
+/* The head of the mirror's list of preparations and growths in progress (topics.c keeps it). */
+struct km_mprep **km_mirror_prep_list(km_mirror *mi);
+/* Answer every preparation in progress (shutting down) and free them all. */
+void km_mirror_topics_shutdown(km_mirror *mi);
+
 /* ---- pipelines: one per mirror with partitions to run (pipeline.c) ---- */
 
 typedef struct km_pipeline km_pipeline;

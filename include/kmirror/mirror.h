@@ -63,7 +63,7 @@ typedef void (*km_mirror_prepare_cb)(void *arg, km_err code, const char *message
  * km_mirror_config_copied keeps, compression.type=producer), then wait for its leaders. A topic on
  * the destination already is left as it is. UNKNOWN_TOPIC_OR_PARTITION when neither side has it;
  * the CreateTopics error otherwise; REQUEST_TIMED_OUT (saying which cluster could not be reached)
- * after 25 s. cb is called once, never from inside this call; at km_mirror_free with
+ * after 15 s. cb is called once, never from inside this call; at km_mirror_free with
  * MIRROR_STATE_UNAVAILABLE. A mirror that does not exist answers OK: the store refuses it.
  */
 void km_mirror_prepare_start(km_mirror *mi, const char *mirror, const char *const *topics, size_t n,

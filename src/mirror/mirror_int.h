@@ -34,6 +34,8 @@ void km_mcluster_drop(km_mcluster *cl, km_net_client *c);
 /* Take the brokers of a Metadata response (clients of unchanged addresses are kept). */
 km_err km_mcluster_brokers(km_mcluster *cl, const km_metadata_response *r) __attribute__((warn_unused_result));
 const char *km_mcluster_side(const km_mcluster *cl);
+/* Why the cluster's last connection failed (km_net_client_reason of it); "" when none has. */
+const char *km_mcluster_last_error(const km_mcluster *cl);
 
 /* ---- the connections of a mirror (conn.c) ---- */
 

@@ -49,6 +49,9 @@ def test_state_live(cluster, topic_name, tmp_path):
     assert "# done" in r.stdout
     assert "# runs done" in r.stdout
     assert "# grow done" in r.stdout
+    # km_mirror_grow grew the destination topic from 3 to the source's 5 partitions.
+    d = cluster.tool("topics", "--describe", "--topic", topic_name).stdout
+    assert d.count("Partition:") == 5, d
     # No log line carries the password.
     assert password not in r.stdout
 

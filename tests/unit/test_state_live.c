@@ -10,6 +10,7 @@
 #include <cmocka.h>
 
 #include "kmirror/log.h"
+#include "kmirror/mirror.h"
 #include "kmirror/state.h"
 
 static const char *bootstrap, *topic, *state_topic, *key_file, *password;
@@ -558,11 +559,38 @@ static void test_grow_live(void **state)
 	assert_int_equal(p.joined, 3);
 	assert_int_equal(km_state_topic_partition_count(km_state_topic_find(st, topic, strlen(topic))), 3);
 
-	/* Grown: partitions 3 and 4 join in PREPARING, each told to the listener once. */
+	/*
+	 * Grown through the mirror module, as the pipeline will: CreatePartitions on the destination
+	 * (3 -> 5; the Python side checks the topic), then partitions 3 and 4 join in PREPARING, each
+	 * told to the listener once. A second call while the first runs does nothing.
+	 */
 	p.joined = 0;
 	p.joined_max = -1;
-	grow(st, 5, &r);
-	assert_int_equal(r.code, KM_OK);
+	{
+		km_config cfg;
+		km_mirror_opts mo;
+		km_mirror *mi;
+		char err[256];
+		km_config_init(&cfg);
+		assert_int_equal(km_config_set(&cfg, "upstream", bootstrap, err, sizeof(err)), KM_OK);
+		memset(&mo, 0, sizeof(mo));
+		mo.base = base;
+		mo.cfg = &cfg;
+		mo.instance = "test";
+		mi = km_mirror_new(&mo);
+		assert_non_null(mi);
+		km_mirror_attach(mi, st);
+		km_mirror_grow(mi, "m3", topic, 5);
+		km_mirror_grow(mi, "m3", topic, 5);
+		km_mirror_grow(mi, "m3", "not-a-mirror-topic", 5);
+		for (double end = now_s() + 60; p.joined < 2 && now_s() < end;) {
+			struct timeval tv = {0, 20000};
+			event_base_loopexit(base, &tv);
+			event_base_dispatch(base);
+		}
+		km_mirror_free(mi);
+		km_config_free(&cfg);
+	}
 	assert_int_equal(p.joined, 2);
 	assert_int_equal(p.joined_max, 4);
 	partition_states(st, KM_MP_PREPARING, 5);

@@ -126,6 +126,7 @@ km_mcluster *km_mirror_source_cluster(km_mirror *mi, const km_state_mirror *m, c
 	o.tls = *tls_out;
 	o.tls_verify_host = !algo || strcmp(algo, "") != 0;
 	o.request_timeout_ms = 31000; /* above a fetch's MaxWait */
+	o.dns = km_mirror_dns(mi);
 	o.max_frame_bytes = max_frame;
 	cl = km_mcluster_new(km_mirror_base(mi), "source", &o, hps, nhp, on_change, arg);
 	memset(pass, 0, sizeof(pass));
@@ -157,6 +158,7 @@ km_mcluster *km_mirror_dest_cluster(km_mirror *mi, const char *mirror, const cha
 	o.connect_timeout_ms = cfg->upstream_connect_timeout_ms;
 	o.request_timeout_ms = 40000; /* above the Produce timeout (30 s) */
 	o.max_frame_bytes = 16 << 20;
+	o.dns = km_mirror_dns(mi);
 	return km_mcluster_new(km_mirror_base(mi), "destination", &o, cfg->upstream, (size_t)cfg->upstream_count,
 			       on_change, arg);
 }

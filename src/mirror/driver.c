@@ -3,6 +3,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include <event2/dns.h>
+
 #include "kmirror/log.h"
 #include "mirror_int.h"
 
@@ -39,6 +41,8 @@ struct km_mirror {
 	km_state *st;
 	km_pipeline **pipes;
 	size_t npipes;
+	km_mirror_families fam;
+	struct evdns_base *dns; /* the mirrors' name lookups never block the loop (the proxy shares it) */
 	struct event *run_ev;
 	km_mirror_work *head, *tail;
 	size_t inflight;
@@ -214,6 +218,41 @@ static void run_cb(evutil_socket_t fd, short what, void *arg)
 	}
 }
 
+#define PART_LABELS {"mirror", "topic", "partition", NULL}
+/* Mirrored partitions, several series each: the cap is well above the 10,000 partitions a kmirrord holds. */
+#define PART_SERIES 200000
+
+static void make_families(km_mirror *mi, km_metrics *reg)
+{
+	static const km_metric_desc d[] = {
+		{.name = "kmirror_mirror_records_total", .help = "Records written into the destination, per partition.",
+		 .type = KM_METRIC_COUNTER, .labels = PART_LABELS, .max_series = PART_SERIES},
+		{.name = "kmirror_mirror_bytes_total", .help = "Record batch bytes written into the destination, per partition.",
+		 .type = KM_METRIC_COUNTER, .labels = PART_LABELS, .max_series = PART_SERIES},
+		{.name = "kmirror_mirror_batches_total", .help = "Record batches written into the destination, per partition.",
+		 .type = KM_METRIC_COUNTER, .labels = PART_LABELS, .max_series = PART_SERIES},
+		{.name = "kmirror_mirror_lag_records", .help = "The source's high watermark minus the mirrored offset.",
+		 .type = KM_METRIC_GAUGE, .labels = PART_LABELS, .max_series = PART_SERIES},
+		{.name = "kmirror_mirror_lag_ms",
+		 .help = "How far behind the source the mirror is in time: now minus the newest mirrored record's timestamp, 0 when caught up.",
+		 .type = KM_METRIC_GAUGE, .labels = PART_LABELS, .max_series = PART_SERIES},
+		{.name = "kmirror_mirror_skipped_records_total",
+		 .help = "Records the source's retention removed before the mirror read them (holes in the offset map).",
+		 .type = KM_METRIC_COUNTER, .labels = PART_LABELS, .max_series = PART_SERIES},
+		{.name = "kmirror_mirror_errors_total", .help = "Errors on the partition's fetches and writes (each one reconciles, retries or fails it).",
+		 .type = KM_METRIC_COUNTER, .labels = PART_LABELS, .max_series = PART_SERIES},
+	};
+	km_metric_family **f[] = {&mi->fam.records, &mi->fam.bytes, &mi->fam.batches, &mi->fam.lag,
+				  &mi->fam.lag_ms, &mi->fam.skipped, &mi->fam.errors};
+	for (size_t i = 0; i < sizeof(d) / sizeof(d[0]); i++)
+		*f[i] = km_metrics_family(reg, &d[i]);
+}
+
+const km_mirror_families *km_mirror_metric_families(km_mirror *mi)
+{
+	return &mi->fam;
+}
+
 km_mirror *km_mirror_new(const km_mirror_opts *opts)
 {
 	km_mirror *mi = calloc(1, sizeof(*mi));
@@ -227,6 +266,13 @@ km_mirror *km_mirror_new(const km_mirror_opts *opts)
 	else if (gethostname(mi->instance, sizeof(mi->instance) - 1) != 0 || !mi->instance[0])
 		snprintf(mi->instance, sizeof(mi->instance), "kmirrord");
 	mi->opts.instance = mi->instance;
+	/* Sources are named by the operator: an unresolvable or slow name must not stall the proxy. */
+	mi->dns = evdns_base_new(mi->base, EVDNS_BASE_INITIALIZE_NAMESERVERS | EVDNS_BASE_DISABLE_WHEN_INACTIVE);
+	if (!mi->dns)
+		KM_WARN("mirror", 0, "no asynchronous name resolution (resolv.conf unreadable?): source names resolve "
+			"synchronously");
+	if (opts->metrics)
+		make_families(mi, opts->metrics);
 	mi->run_ev = event_new(mi->base, -1, 0, run_cb, mi);
 	if (!mi->run_ev) {
 		free(mi);
@@ -256,12 +302,19 @@ void km_mirror_free(km_mirror *mi)
 		work_free(w);
 	}
 	event_free(mi->run_ev);
+	if (mi->dns)
+		evdns_base_free(mi->dns, 1);
 	free(mi);
 }
 
 struct km_mprep **km_mirror_prep_list(km_mirror *mi)
 {
 	return &mi->preps;
+}
+
+struct evdns_base *km_mirror_dns(km_mirror *mi)
+{
+	return mi->dns;
 }
 
 struct event_base *km_mirror_base(km_mirror *mi)

@@ -55,6 +55,8 @@ km_mcluster *km_mirror_dest_cluster(km_mirror *mi, const char *mirror, const cha
 /* ---- the driver's services for the pipelines ---- */
 
 struct event_base *km_mirror_base(km_mirror *mi);
+/* Asynchronous name resolution for the mirrors' clients (NULL: synchronous). */
+struct evdns_base *km_mirror_dns(km_mirror *mi);
 km_state *km_mirror_store(km_mirror *mi);
 const km_mirror_opts *km_mirror_get_opts(km_mirror *mi);
 /*
@@ -71,6 +73,12 @@ struct km_mprep;
 struct km_mprep **km_mirror_prep_list(km_mirror *mi);
 /* Answer every preparation in progress (shutting down) and free them all. */
 void km_mirror_topics_shutdown(km_mirror *mi);
+
+/* The per-partition metric families (NULL without a registry): series by pointer into each partition. */
+typedef struct km_mirror_families {
+	km_metric_family *records, *bytes, *batches, *lag, *lag_ms, *skipped, *errors;
+} km_mirror_families;
+const km_mirror_families *km_mirror_metric_families(km_mirror *mi);
 
 /* ---- pipelines: one per mirror with partitions to run (pipeline.c) ---- */
 

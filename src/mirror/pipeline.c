@@ -33,6 +33,8 @@
 #define BACKOFF_MAX_MS 10000
 #define METADATA_MIN_INTERVAL_MS 500
 #define MAX_BATCH_BYTES (64 << 20)
+/* Metadata answers in a row without a topic that was mirrored before it counts as deleted at the source. */
+#define SOURCE_GONE_ROUNDS 3
 
 /* The versions this code speaks: [lo, hi] of each request it builds (Fetch and Produce name topics, v12 at most). */
 enum { FETCH_LO = 4, FETCH_HI = 12, PRODUCE_LO = 3, PRODUCE_HI = 12, META_LO = 1, META_HI = 12, LO_LO = 1,
@@ -50,10 +52,27 @@ typedef enum {
 	PH_WRITING,    /* batches being produced */
 } mphase;
 
+/*
+ * The bytes of fetched responses a mirror holds: shared by the pipeline and its responses, since
+ * a response's last reference may go after the pipeline (the client releases pieces late).
+ */
+typedef struct mheld {
+	size_t bytes;
+	int refs;
+} mheld;
+
+static void held_unref(mheld *h)
+{
+	if (--h->refs == 0)
+		free(h);
+}
+
 /* A fetched response, held while batches that reference its bytes are written. */
 typedef struct mresp {
 	struct evbuffer *buf;
 	int refs;
+	size_t size;
+	mheld *held;
 } mresp;
 
 typedef struct mbatch {
@@ -96,7 +115,11 @@ typedef struct mpart {
 	size_t inflight;        /* batches sent, not answered */
 	int64_t retry_at;
 	int backoff_ms;
-	uint64_t records, bytes, skipped;
+	uint64_t records, bytes, batches, skipped, errors;
+	uint64_t lag, lag_ms;   /* gauges, set on every fetch answer */
+	int64_t source_end;     /* the source's high watermark as last fetched; -1: not known */
+	int64_t newest_ts;      /* max timestamp of the last batch written */
+	bool metrics;           /* its series are registered */
 } mpart;
 
 struct mtopic {
@@ -104,6 +127,8 @@ struct mtopic {
 	mpart **parts; /* by partition id */
 	int32_t nparts;
 	bool src_missing, dst_missing;
+	int src_missing_rounds;  /* Metadata answers in a row without the source topic */
+	int32_t src_partitions;  /* the source's partition count, as last read */
 };
 
 typedef struct mnode_io {
@@ -134,6 +159,8 @@ struct km_pipeline {
 	int64_t options_at;
 	/* mirror.replication.throttled.rate: a token bucket over fetched bytes (0: no limit). */
 	int64_t rate, tokens, tokens_at;
+	mheld *held; /* fetched bytes held: no new fetch while above held_cap */
+	size_t held_cap;
 	bool closing;
 	bool config_error;
 	char config_msg[256];
@@ -160,6 +187,8 @@ static void resp_unref(void *arg)
 {
 	mresp *r = arg;
 	if (--r->refs == 0) {
+		r->held->bytes -= r->size;
+		held_unref(r->held);
 		evbuffer_free(r->buf);
 		free(r);
 	}
@@ -174,6 +203,7 @@ static void batch_free(mbatch *b)
 }
 
 static void schedule_in(km_pipeline *pl, int64_t ms);
+static void update_lag(mpart *p, int64_t now);
 static void reread_options(km_pipeline *pl, int64_t now);
 
 static void tick_soon(km_pipeline *pl)
@@ -222,6 +252,32 @@ static mtopic *topic_get(km_pipeline *pl, const char *name, bool create)
 	return t;
 }
 
+static void register_series(km_pipeline *pl, mpart *p)
+{
+	const km_mirror_families *f = km_mirror_metric_families(pl->mi);
+	char part[16];
+	const char *v[] = {pl->name, p->t->name, part};
+	struct {
+		km_metric_family *f;
+		const uint64_t *value;
+	} s[] = {{f->records, &p->records}, {f->bytes, &p->bytes}, {f->batches, &p->batches}, {f->lag, &p->lag},
+		 {f->lag_ms, &p->lag_ms}, {f->skipped, &p->skipped}, {f->errors, &p->errors}};
+
+	snprintf(part, sizeof(part), "%d", (int)p->id);
+	for (size_t i = 0; i < sizeof(s) / sizeof(s[0]); i++)
+		if (s[i].f && !km_metric_series_ptr(s[i].f, v, s[i].value))
+			KM_DEBUG(COMP, 0, "%s/%s-%s: a metric series was not kept (the family is full)", pl->name,
+				 p->t->name, part);
+}
+
+/* The lag gauges, from the source's end and what is mirrored. */
+static void update_lag(mpart *p, int64_t now)
+{
+	int64_t mirrored = p->acked_logical;
+	p->lag = p->source_end > mirrored && mirrored >= 0 ? (uint64_t)(p->source_end - mirrored) : 0;
+	p->lag_ms = p->lag && p->newest_ts > 0 && now > p->newest_ts ? (uint64_t)(now - p->newest_ts) : 0;
+}
+
 static mpart *part_get(km_pipeline *pl, mtopic *t, int32_t id, bool create)
 {
 	mpart *p;
@@ -248,8 +304,9 @@ static mpart *part_get(km_pipeline *pl, mtopic *t, int32_t id, bool create)
 	p->src_epoch = -1;
 	p->fetch_logical = p->cont_logical = -1;
 	p->pid = -1;
+	p->source_end = -1;
 	t->parts[id] = p;
-	(void)pl;
+	register_series(pl, p);
 	return p;
 }
 
@@ -276,6 +333,8 @@ static void set_tail(km_pipeline *pl, mpart *p, bool set)
 		return;
 	m->tail_physical = set ? p->acked_phys : -1;
 	m->tail_logical = set ? p->acked_logical : -1;
+	if (set)
+		update_lag(p, now_ms());
 }
 
 static void backoff(mpart *p)
@@ -293,7 +352,8 @@ static void reconcile(km_pipeline *pl, mpart *p, const char *why)
 	char tag[300];
 	if (p->phase == PH_IDLE)
 		return;
-	KM_INFO(COMP, 0, "%s: %s: reconciling", ptag(p, tag, sizeof(tag)), why);
+	KM_INFO(COMP, 0, "%s/%s: %s: reconciling", pl->name, ptag(p, tag, sizeof(tag)), why);
+	p->errors++;
 	drop_unsent(p);
 	p->recon = true;
 	p->phase = PH_RECONCILE;
@@ -374,9 +434,12 @@ static void take_metadata(km_pipeline *pl, km_mcluster *cl, const km_metadata_re
 		snprintf(name, sizeof(name), "%.*s", mt->name.len > 0 ? (int)mt->name.len : 0, mt->name.p);
 		if (!(t = topic_get(pl, name, false)))
 			continue;
-		if (src)
+		if (src) {
 			t->src_missing = mt->error_code == 3;
-		else
+			t->src_missing_rounds = t->src_missing ? t->src_missing_rounds + 1 : 0;
+			if (!mt->error_code)
+				t->src_partitions = mt->partitions.count;
+		} else
 			t->dst_missing = mt->error_code == 3;
 		if (mt->error_code)
 			continue;
@@ -405,9 +468,17 @@ static void take_metadata(km_pipeline *pl, km_mcluster *cl, const km_metadata_re
 				continue;
 			if (!src && t->dst_missing)
 				fail_part(pl, p, "the destination topic does not exist (create it with the source's partition count)");
-			else if (src && t->src_missing)
-				KM_WARN(COMP, 0, "%s/%s: the source topic does not exist (deleted?)", pl->name,
+			else if (src && t->src_missing && p->cont_logical >= 0 && p->state == KM_MP_MIRRORING &&
+				 t->src_missing_rounds >= SOURCE_GONE_ROUNDS && !p->settling) {
+				/* It was mirrored and is gone: the source topic was deleted. The mirror stops. */
+				KM_WARN(COMP, 0, "%s/%s: the source topic was deleted: stopping the partition", pl->name,
 					ptag(p, tag, sizeof(tag)));
+				p->settling = true;
+				km_mirror_settle(pl->mi, pl->name, t->name, p->id, KM_MP_MIRRORING, KM_MP_STOPPING, NULL);
+			} else if (src && t->src_missing && t->src_missing_rounds == 1) {
+				KM_WARN(COMP, 0, "%s/%s: the source has no such topic (yet): waiting for it", pl->name,
+					ptag(p, tag, sizeof(tag)));
+			}
 		}
 	}
 }
@@ -976,8 +1047,6 @@ static km_err take_batch(km_pipeline *pl, mpart *p, mresp *resp, size_t off, siz
 		return KM_ERR_INVAL;
 	}
 	p->fetch_logical = last + 1;
-	p->records += (uint64_t)count;
-	p->bytes += size;
 	if (count != lod + 1)
 		return split_batch(pl, p, resp, off, size, ra);
 	b = calloc(1, sizeof(*b));
@@ -1027,6 +1096,7 @@ static void on_runs(void *arg, const km_state_result *res)
 static void handle_fetch_error(km_pipeline *pl, mpart *p, int16_t code)
 {
 	char tag[300];
+	p->errors++;
 	switch (code) {
 	case 1: /* OFFSET_OUT_OF_RANGE: behind the source's log start (retention, DeleteRecords), or past its end */
 		p->oor = true;
@@ -1106,6 +1176,10 @@ static void on_fetch(km_net_client *c, km_err err, struct evbuffer *body, void *
 	}
 	resp->buf = body;
 	resp->refs = 1;
+	resp->size = evbuffer_get_length(body);
+	resp->held = pl->held;
+	pl->held->refs++;
+	pl->held->bytes += resp->size;
 	if (pl->rate > 0)
 		pl->tokens -= (int64_t)evbuffer_get_length(body);
 	km_fetch_walk_init(&w, ver, evbuffer_get_length(body));
@@ -1131,6 +1205,8 @@ static void on_fetch(km_net_client *c, km_err err, struct evbuffer *body, void *
 				}
 				km_state_partition_progress(km_mirror_store(pl->mi), p->t->name, p->id,
 							    w.part.high_watermark, -1);
+				p->source_end = w.part.high_watermark;
+				update_lag(p, now_ms());
 				p->backoff_ms = 0;
 				cur = p;
 				touched[ntouched++] = p;
@@ -1235,8 +1311,8 @@ static void send_fetch(km_pipeline *pl, int32_t node, int64_t now)
 	km_wr w;
 	int16_t ver;
 
-	if (!io || io->fetching)
-		return;
+	if (!io || io->fetching || pl->held->bytes >= pl->held_cap)
+		return; /* memory is bounded by the fetch sizes, not by the lag */
 	if (!c) {
 		pl->src_meta_need = true;
 		return;
@@ -1439,6 +1515,11 @@ static void produce_done(km_pipeline *pl, mpart *p, mbatch *b, int16_t code, int
 	if (code == 0) {
 		p->acked_phys = b->physical + b->count;
 		p->acked_logical = b->logical + b->count;
+		p->records += (uint64_t)b->count;
+		p->bytes += b->size;
+		p->batches++;
+		if (b->max_ts > p->newest_ts)
+			p->newest_ts = b->max_ts;
 		/* Holes right after the last batch belong to the tail too (markers, compaction), once planned. */
 		if (!p->head && p->fetch_logical > p->acked_logical)
 			p->acked_logical = p->fetch_logical;
@@ -1905,6 +1986,8 @@ static bool setup_dest(km_pipeline *pl)
 static void take_options(km_pipeline *pl, const km_mirror_options *mo)
 {
 	pl->fetch_max_bytes = mo->fetch_max_bytes;
+	/* What a mirror holds at most: two responses' worth (one being written, one arriving). */
+	pl->held_cap = (size_t)mo->fetch_max_bytes * 2;
 	pl->part_max_bytes = mo->fetch_partition_max_bytes;
 	pl->rate = mo->throttle_bytes_per_sec;
 	snprintf(pl->start_mode, sizeof(pl->start_mode), "%s", mo->start_offset ? mo->start_offset : "earliest");
@@ -1936,6 +2019,9 @@ km_pipeline *km_pipeline_new(km_mirror *mi, const char *mirror)
 		goto fail;
 	pl->mi = mi;
 	pl->pid = -1;
+	if (!(pl->held = calloc(1, sizeof(*pl->held))))
+		goto fail;
+	pl->held->refs = 1;
 	pl->tick_ev = event_new(km_mirror_base(mi), -1, 0, tick, pl);
 	if (!pl->tick_ev)
 		goto fail;
@@ -1981,6 +2067,8 @@ void km_pipeline_free(km_pipeline *pl)
 		free(t);
 	}
 	free(pl->topics);
+	if (pl->held)
+		held_unref(pl->held);
 	free(pl->sio);
 	free(pl->dio);
 	if (pl->src_tls)

@@ -6,6 +6,7 @@
 #include "proxy/apis.h"
 #include "proxy/readonly.h"
 #include "proxy/mirror_rpc.h"
+#include "proxy/offsets.h"
 #include "proxy/rewrite.h"
 
 const char *const km_req_action_names[] = {"forward", "hold", "local"};
@@ -71,7 +72,7 @@ km_err km_proxy_produce_response(km_resp *rs)
 }
 
 /* Fetch v16+: NodeEndpoints in the tail, rewritten to the same length (the size prefix is gone already). */
-static km_err fetch_tail(const uint8_t *tail, size_t len, uint8_t *out, km_rewrite_ctx *rw, void *ctx)
+km_err km_proxy_fetch_tail(const uint8_t *tail, size_t len, uint8_t *out, km_rewrite_ctx *rw, void *ctx)
 {
 	(void)ctx;
 	if (len == 1 && tail[0] == 0) {
@@ -81,7 +82,7 @@ static km_err fetch_tail(const uint8_t *tail, size_t len, uint8_t *out, km_rewri
 	return km_rewrite_node_endpoint_tags_same_size(tail, len, rw, out);
 }
 
-static const km_stream_hooks fetch_hooks = {.on_tail = fetch_tail};
+static const km_stream_hooks fetch_hooks = {.on_tail = km_proxy_fetch_tail};
 
 /* ApiVersions newer than the proxy knows: answered here as a broker does (v0 body, UNSUPPORTED_VERSION). */
 static km_err api_versions_classify(km_req *rq)
@@ -201,6 +202,9 @@ km_proxy_apis *km_proxy_apis_new(void)
 			goto fail;
 	/* Read-only mirror topics: Produce wrapped, DeleteRecords, DeleteTopics and CreatePartitions checked. */
 	if (km_ro_register(t) != KM_OK)
+		goto fail;
+	/* Mirror topics' offsets: Fetch, ListOffsets, OffsetForLeaderEpoch, DescribeProducers; Produce and DeleteRecords wrapped again. */
+	if (km_off_register(t) != KM_OK)
 		goto fail;
 	if (km_mirror_rpc_register(t) != KM_OK)
 		goto fail;

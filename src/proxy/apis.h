@@ -87,7 +87,13 @@ struct km_resp {
 	void *ctx;                /* the request's context */
 };
 
-/* A streamed response's hooks: called at the walk's events; they may patch bytes at or after the event's offsets. */
+/*
+ * A streamed response's hooks: called at the walk's events; they may patch bytes at or after the
+ * event's offsets. A hook that needs a few bytes past the event's that have not arrived returns
+ * KM_STREAM_AGAIN: nothing from the event's start on is sent, and the event comes again when more
+ * bytes have (a hook must then not have patched anything yet).
+ */
+#define KM_STREAM_AGAIN ((km_err)-1900)
 typedef struct km_stream_hooks {
 	km_err (*on_partition)(km_fetch_walk *w, struct evbuffer *in, size_t first, void *ctx);
 	km_err (*on_batch)(km_fetch_walk *w, struct evbuffer *in, size_t first, void *ctx);
@@ -145,6 +151,8 @@ int km_proxy_response_header_version(int16_t key, int16_t version);
 /* The Produce row's own hooks (the read-only row wraps them): acks and the FIFO slot; the v10+ tail. */
 km_err km_proxy_produce_classify(km_req *rq);
 km_err km_proxy_produce_response(km_resp *rs);
+/* The Fetch row's tail hook (v16+ NodeEndpoints, same length), which the offsets row keeps. */
+km_err km_proxy_fetch_tail(const uint8_t *tail, size_t len, uint8_t *out, km_rewrite_ctx *rw, void *ctx);
 
 /* Write the Markdown table of t (docs/proxy.md embeds it; a unit test checks it). */
 void km_proxy_apis_write_doc(const km_proxy_apis *t, struct evbuffer *out);

@@ -26,6 +26,7 @@ void km_proxy_set_state(km_proxy *px, km_state *st)
 {
 	px->host.state = st;
 	km_ro_lookup_from_state(st, &px->host.read_only);
+	km_off_lookup_from_state(st, &px->host.offsets);
 }
 
 void km_proxy_set_mirror(km_proxy *px, km_mirror *mi)

@@ -426,7 +426,12 @@ static int stream_step(km_session *s, const inflight *f, struct evbuffer *in, km
 	km_rewrite_ctx rw;
 
 	for (;;) {
-		km_fw_event ev = km_fetch_walk_next(w, in, s->rs.sent);
+		km_fetch_walk before;
+		km_fw_event ev;
+		/* A request with a context may have hooks that ask for an event again: keep where it started. */
+		if (f->ctx)
+			before = *w;
+		ev = km_fetch_walk_next(w, in, s->rs.sent);
 		*err = KM_OK;
 		if (ev == KM_FW_ERROR) {
 			*err = KM_ERR_DECODE;
@@ -436,6 +441,13 @@ static int stream_step(km_session *s, const inflight *f, struct evbuffer *in, km
 			*err = h->on_partition(w, in, s->rs.sent, f->ctx);
 		else if (ev == KM_FW_BATCH && h && h->on_batch)
 			*err = h->on_batch(w, in, s->rs.sent, f->ctx);
+		if (*err == KM_STREAM_AGAIN && f->ctx) {
+			/* The hook needs bytes that are on their way: the event again when they are here. */
+			*w = before;
+			*err = KM_OK;
+			stream_send_settled(s, in);
+			return 0;
+		}
 		if (*err != KM_OK)
 			return -1;
 		if (ev == KM_FW_NEED_MORE) {

@@ -18,6 +18,7 @@
 #include "kmirror/state.h"
 #include "proxy/apis.h"
 #include "proxy/counters.h"
+#include "proxy/offsets.h"
 #include "proxy/readonly.h"
 #include "proxy/rewrite.h"
 
@@ -39,6 +40,7 @@ typedef struct km_session_host {
 	km_state *state;       /* the mirror state store; NULL: no mirrors (km_proxy_set_state) */
 	km_mirror *mirror;     /* the mirror module (creates destination topics); NULL: none (km_proxy_set_mirror) */
 	km_ro_lookup read_only; /* which topics are read-only (filled from the state store); active NULL: none */
+	km_off_lookup offsets;  /* the offset maps of mirror topics (filled from the state store); active NULL: none */
 	km_session_set *sessions; /* the set the sessions live in (for km_session_answer from hooks) */
 	/* The endpoint rewriting context (advertised host, ports, where learned brokers go). */
 	void (*rewrite_ctx)(void *arg, km_rewrite_ctx *ctx);

@@ -172,14 +172,16 @@ def mirror_name_of(proxy, topic):
 
 # ---- mirror.name through stock admin clients --------------------------------------------------
 
-def test_mirror_name_through_kafka_configs_and_admin_client(cluster, proxy_factory, kmirror_bin, topic_name):
+def test_mirror_name_through_kafka_configs_and_admin_client(cluster, source_cluster, proxy_factory, kmirror_bin,
+                                                           topic_name):
     p = proxy_factory(cluster)
     c = Client(p.bootstrap)
     cli = Cli(kmirror_bin, p.bootstrap)
     mirror = f"m-{topic_name}"[:60].replace("_", "-")
     try:
         # The mirror itself comes from the kmirror CLI; its topics from stock admin clients.
-        cli.run("create", "--mirror", mirror, "--source-bootstrap", "source.invalid:9092")
+        # A reachable source without these topics: the partitions wait for them while MIRRORING.
+        cli.run("create", "--mirror", mirror, "--source-bootstrap", source_cluster.bootstrap)
         t1, t2 = topic_name + "-a", topic_name + "-b"
         create_topic(p, t1, partitions=2, rf=min(3, cluster.n_brokers))
         create_topic(p, t2, partitions=1, rf=min(3, cluster.n_brokers))
@@ -270,7 +272,7 @@ def sasl_proxy(proxy_factory, dest_cluster3):
                          upstream_sasl_password=USERS["admin"])
 
 
-def test_each_rpc_is_authorized_as_the_caller(sasl_proxy, dest_cluster3, topic_name):
+def test_each_rpc_is_authorized_as_the_caller(sasl_proxy, dest_cluster3, source_cluster, topic_name):
     p = sasl_proxy
     wait_until(lambda: p.metric("kmirror_upstream_brokers") == 3, 60, what="the proxy's login")
     admin = Client(p.bootstrap, "admin")
@@ -282,7 +284,7 @@ def test_each_rpc_is_authorized_as_the_caller(sasl_proxy, dest_cluster3, topic_n
                               "sasl.username": "admin", "sasl.password": USERS["admin"]}))
     a.create_topics([NewTopic(topic, 1, 3)])[topic].result(timeout=60)
     dest_cluster3.wait_topic(topic, 1)
-    assert admin.create(mirror, {"bootstrap.servers": "source.invalid:9092"}) == (0, None)
+    assert admin.create(mirror, {"bootstrap.servers": source_cluster.bootstrap}) == (0, None)
     acl = ["--allow-principal", "User:alice", "--operation", "AlterConfigs", "--operation",
            "DescribeConfigs"]
     dest_cluster3.tool("acls", "--add", *acl, "--cluster", admin=True)
@@ -325,7 +327,7 @@ def test_each_rpc_is_authorized_as_the_caller(sasl_proxy, dest_cluster3, topic_n
         admin.close()
 
 
-def test_topic_check_is_matched_by_name(sasl_proxy, dest_cluster3, topic_name):
+def test_topic_check_is_matched_by_name(sasl_proxy, dest_cluster3, source_cluster, topic_name):
     """The broker answers the topic probe's resources in its own order (refused ones first), so
     each topic's verdict must be found by its name: alice may alter "mine" only, and a start of
     [mine, theirs] must start mine and refuse theirs, never the other way round."""
@@ -341,7 +343,7 @@ def test_topic_check_is_matched_by_name(sasl_proxy, dest_cluster3, topic_name):
     for t in (mine, theirs):
         a.create_topics([NewTopic(t, 1, 3)])[t].result(timeout=60)
         dest_cluster3.wait_topic(t, 1)
-    assert admin.create(mirror, {"bootstrap.servers": "source.invalid:9092"}) == (0, None)
+    assert admin.create(mirror, {"bootstrap.servers": source_cluster.bootstrap}) == (0, None)
     acl = ["--allow-principal", "User:alice", "--operation", "AlterConfigs"]
     # theirs has an ACL (bob's), so allow.everyone.if.no.acl.found does not let alice through
     other = ["--allow-principal", "User:bob", "--operation", "AlterConfigs"]

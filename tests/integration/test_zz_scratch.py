@@ -31,17 +31,25 @@ def test_scratch(kmirror_bin, dest_cluster, source_cluster, proxy_factory):
     p.flush(30)
     proxy = proxy_factory(dest_cluster)
     cli = Cli(kmirror_bin, proxy.bootstrap)
+    p.produce(t, key=b"ctl", value=b"x", partition=0)
+    p.flush(10)
+    # something already on the destination: hidden by the map
+    pd = Producer({"bootstrap.servers": dest_cluster.bootstrap})
+    for i in range(7):
+        pd.produce(t, value=b"local", partition=0)
+    pd.flush(10)
     cli.run("create", "--mirror", "m1", "--source-bootstrap", source_cluster.bootstrap)
     cli.run("start", "--mirror", "m1", "--topics", t)
+    s0 = {i: read_all(source_cluster.bootstrap, t, 2)[i][1] for i in range(2)}
     deadline = time.time() + 60
     while time.time() < deadline:
-        d = read_all(dest_cluster.bootstrap, t, 2)
-        if all(d[i][1] == 2500 for i in range(2)):
+        d = read_all(proxy.bootstrap, t, 2)
+        if all(d[i][1] == s0[i] for i in range(2)):
             break
         time.sleep(1)
     print(cli.run("describe", "--mirror", "m1").stdout)
     s = read_all(source_cluster.bootstrap, t, 2)
-    d = read_all(dest_cluster.bootstrap, t, 2)
+    d = read_all(proxy.bootstrap, t, 2)
     print(proxy.daemon.tail() if hasattr(proxy, "daemon") else "")
     for i in range(2):
         assert s[i][2] == d[i][2], (i, len(s[i][2]), len(d[i][2]))

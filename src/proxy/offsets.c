@@ -1,0 +1,924 @@
+/* Offset translation on mirror topics: requests logical -> physical, responses physical -> logical, Fetch responses patched in place as they stream. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "kmirror/log.h"
+#include "kmirror/msg/delete_records_request.h"
+#include "kmirror/msg/delete_records_response.h"
+#include "kmirror/msg/describe_producers_response.h"
+#include "kmirror/msg/fetch_request.h"
+#include "kmirror/msg/list_offsets_request.h"
+#include "kmirror/msg/list_offsets_response.h"
+#include "kmirror/msg/offset_for_leader_epoch_response.h"
+#include "kmirror/msg/produce_response.h"
+#include "kmirror/net.h"
+#include "proxy/offsets.h"
+#include "proxy/session.h"
+
+/* A decoded request or response is bounded like any decode. */
+#define KM_OFF_ARENA_CAP ((size_t)32 << 20)
+
+/* ---- the map ---- */
+
+bool km_off_batch_logical(const km_offmap *m, int64_t physical, int64_t *logical)
+{
+	int64_t l = km_offmap_to_logical(m, physical);
+	ssize_t i;
+
+	*logical = l;
+	if (l < 0 || (i = km_offmap_find_logical(m, l)) < 0)
+		return false;
+	/* Hidden: to_logical gave the next run's start, which that run stores at a higher physical offset. */
+	return m->runs[i].physical + (l - m->runs[i].logical) == physical;
+}
+
+/* Translations that leave the protocol's "none" (-1, or any negative) as it is. */
+static int64_t to_logical(const km_offmap *m, int64_t p)
+{
+	return p < 0 ? p : km_offmap_to_logical(m, p);
+}
+
+static int64_t next_to_logical(const km_offmap *m, int64_t p)
+{
+	return p < 0 ? p : km_offmap_next_to_logical(m, p);
+}
+
+static int64_t to_physical(const km_offmap *m, int64_t l)
+{
+	int64_t p;
+	if (l < 0)
+		return l;
+	/* An empty map with no tail has nowhere to send the fetch: it goes as asked (the broker answers). */
+	p = km_offmap_to_physical(m, l);
+	return p < 0 ? l : p;
+}
+
+/* ---- the request context ---- */
+
+km_off_req *km_off_req_new(int16_t key, int16_t version, const km_off_lookup *lk)
+{
+	km_off_req *c = calloc(1, sizeof(*c));
+	if (!c)
+		return NULL;
+	c->key = key;
+	c->version = version;
+	c->lk = lk;
+	c->ref = -1;
+	km_arena_init(&c->arena, KM_OFF_ARENA_CAP);
+	return c;
+}
+
+void km_off_req_free(void *ctx)
+{
+	km_off_req *c = ctx;
+	if (!c)
+		return;
+	if (c->inner_ctx && c->inner_free)
+		c->inner_free(c->inner_ctx);
+	km_arena_free(&c->arena);
+	free(c->entries);
+	free(c);
+}
+
+static km_err add_entry(km_off_req *c, km_str name, const km_uuid *id, int32_t partition, int64_t value)
+{
+	km_off_entry *e;
+	if (c->n == c->cap) {
+		size_t ncap = c->cap ? c->cap * 2 : 8;
+		km_off_entry *n = realloc(c->entries, ncap * sizeof(*n));
+		if (!n)
+			return KM_ERR_NOMEM;
+		c->entries = n;
+		c->cap = ncap;
+	}
+	e = &c->entries[c->n++];
+	memset(e, 0, sizeof(*e));
+	e->partition = partition;
+	e->value = value;
+	if (id)
+		e->id = *id;
+	e->topic = (km_str){"", 0};
+	if (!id && name.len > 0) {
+		char *p = km_arena_alloc(&c->arena, (size_t)name.len);
+		if (!p)
+			return KM_ERR_NOMEM;
+		memcpy(p, name.p, (size_t)name.len);
+		e->topic = (km_str){p, name.len};
+	}
+	return KM_OK;
+}
+
+static bool entry_is(const km_off_entry *e, km_str name, const km_uuid *id, int32_t partition)
+{
+	return e->partition == partition && (id ? km_uuid_eq(&e->id, id) : km_str_eq(e->topic, name));
+}
+
+const km_off_entry *km_off_req_find(km_off_req *c, km_str name, const km_uuid *id, int32_t partition)
+{
+	/* Responses come in request order nearly always: the entry after the last one found first. */
+	for (size_t k = 0; k < c->n; k++) {
+		size_t i = (c->cursor + k) % c->n;
+		if (entry_is(&c->entries[i], name, id, partition)) {
+			c->cursor = i + 1;
+			return &c->entries[i];
+		}
+	}
+	return NULL;
+}
+
+static const void *find_topic(const km_off_lookup *lk, km_str name, const km_uuid *id)
+{
+	return lk->topic(lk->arg, name, id);
+}
+
+/* ---- requests ---- */
+
+static km_err fetch_request(km_off_req *c, const uint8_t *body, size_t len, bool *rewrote, km_wr *out)
+{
+	int16_t v = c->version;
+	km_fetch_request rq;
+	km_rd r;
+	km_err rc;
+	bool by_id = v >= 13;
+
+	km_fetch_request_init(&rq);
+	km_rd_init(&r, body, len);
+	if ((rc = km_fetch_request_decode(&r, v, &rq, &c->arena)) != KM_OK)
+		return rc;
+	for (int32_t i = 0; i < rq.topics.count; i++) {
+		km_fetch_request_fetch_topic *t = &rq.topics.items[i];
+		const void *topic = find_topic(c->lk, t->topic, by_id ? &t->topic_id : NULL);
+		if (!topic)
+			continue;
+		for (int32_t j = 0; j < t->partitions.count; j++) {
+			km_fetch_request_fetch_partition *p = &t->partitions.items[j];
+			const km_offmap *m = c->lk->map(c->lk->arg, topic, p->partition);
+			if (!m)
+				continue;
+			if ((rc = add_entry(c, t->topic, by_id ? &t->topic_id : NULL, p->partition, p->fetch_offset)) != KM_OK)
+				return rc;
+			p->fetch_offset = to_physical(m, p->fetch_offset);
+			if (v >= 5)
+				p->log_start_offset = to_physical(m, p->log_start_offset);
+			*rewrote = true;
+		}
+	}
+	if (*rewrote)
+		km_fetch_request_encode(out, v, &rq);
+	/*
+	 * KIP-227: an incremental request names only what changed, and the broker answers for every
+	 * partition of its session with data; those answers need translating too.
+	 */
+	if (!*rewrote && !(v >= 7 && rq.session_id != 0 && rq.session_epoch > 0))
+		return KM_ERR_INVAL; /* nothing for the response: no context */
+	return KM_OK;
+}
+
+static km_err list_offsets_request(km_off_req *c, const uint8_t *body, size_t len)
+{
+	km_list_offsets_request rq;
+	km_rd r;
+	km_err rc;
+	bool any = false;
+
+	km_list_offsets_request_init(&rq);
+	km_rd_init(&r, body, len);
+	if ((rc = km_list_offsets_request_decode(&r, c->version, &rq, &c->arena)) != KM_OK)
+		return rc;
+	for (int32_t i = 0; i < rq.topics.count; i++) {
+		km_list_offsets_request_list_offsets_topic *t = &rq.topics.items[i];
+		const void *topic = find_topic(c->lk, t->name, NULL);
+		for (int32_t j = 0; topic && j < t->partitions.count; j++) {
+			km_list_offsets_request_list_offsets_partition *p = &t->partitions.items[j];
+			if (!c->lk->map(c->lk->arg, topic, p->partition_index))
+				continue;
+			if ((rc = add_entry(c, t->name, NULL, p->partition_index, p->timestamp)) != KM_OK)
+				return rc;
+			any = true;
+		}
+	}
+	return any ? KM_OK : KM_ERR_INVAL;
+}
+
+static km_err delete_records_request(km_off_req *c, const uint8_t *body, size_t len, bool *rewrote, km_wr *out)
+{
+	km_delete_records_request rq;
+	km_rd r;
+	km_err rc;
+
+	km_delete_records_request_init(&rq);
+	km_rd_init(&r, body, len);
+	if ((rc = km_delete_records_request_decode(&r, c->version, &rq, &c->arena)) != KM_OK)
+		return rc;
+	for (int32_t i = 0; i < rq.topics.count; i++) {
+		km_delete_records_request_delete_records_topic *t = &rq.topics.items[i];
+		const void *topic = find_topic(c->lk, t->name, NULL);
+		for (int32_t j = 0; topic && j < t->partitions.count; j++) {
+			km_delete_records_request_delete_records_partition *p = &t->partitions.items[j];
+			const km_offmap *m = c->lk->map(c->lk->arg, topic, p->partition_index);
+			if (!m)
+				continue;
+			/* The logical offset before which records go: the physical one of the first record kept. -1 (the high watermark) stays. */
+			p->offset = to_physical(m, p->offset);
+			*rewrote = true;
+		}
+	}
+	if (!*rewrote)
+		return KM_ERR_INVAL;
+	km_delete_records_request_encode(out, c->version, &rq);
+	return KM_OK;
+}
+
+km_err km_off_request(int16_t key, int16_t version, const uint8_t *body, size_t len, const km_off_lookup *lk,
+		      km_off_req **ctx, bool *rewrote, km_wr *out)
+{
+	km_off_req *c;
+	km_err rc;
+
+	*ctx = NULL;
+	*rewrote = false;
+	if (!km_off_active(lk))
+		return KM_OK;
+	if (!(c = km_off_req_new(key, version, lk)))
+		return KM_ERR_NOMEM;
+	switch (key) {
+	case KM_API_FETCH:
+		rc = fetch_request(c, body, len, rewrote, out);
+		break;
+	case KM_API_LIST_OFFSETS:
+		rc = list_offsets_request(c, body, len);
+		break;
+	case KM_API_DELETE_RECORDS:
+		rc = delete_records_request(c, body, len, rewrote, out);
+		break;
+	default:
+		rc = KM_OK; /* the response alone says what to translate */
+	}
+	if (rc == KM_OK && *rewrote && !km_wr_ok(out))
+		rc = KM_ERR_NOMEM;
+	if (rc == KM_OK && km_arena_err(&c->arena) != KM_OK)
+		rc = km_arena_err(&c->arena);
+	if (rc == KM_ERR_INVAL) {
+		/* Nothing mapped: no context. */
+		km_off_req_free(c);
+		return KM_OK;
+	}
+	if (rc != KM_OK) {
+		km_off_req_free(c);
+		*rewrote = false;
+		return rc;
+	}
+	*ctx = c;
+	return KM_OK;
+}
+
+/* ---- whole responses ---- */
+
+static const km_offmap *map_of(km_off_req *c, const void *topic, int32_t partition)
+{
+	return topic ? c->lk->map(c->lk->arg, topic, partition) : NULL;
+}
+
+static void list_offsets_response(km_off_req *c, km_list_offsets_response *rs, bool *changed)
+{
+	for (int32_t i = 0; i < rs->topics.count; i++) {
+		km_list_offsets_response_list_offsets_topic_response *t = &rs->topics.items[i];
+		const void *topic = find_topic(c->lk, t->name, NULL);
+		for (int32_t j = 0; topic && j < t->partitions.count; j++) {
+			km_list_offsets_response_list_offsets_partition_response *p = &t->partitions.items[j];
+			const km_offmap *m = map_of(c, topic, p->partition_index);
+			const km_off_entry *e = m ? km_off_req_find(c, t->name, NULL, p->partition_index) : NULL;
+			int64_t ts;
+			if (!m)
+				continue;
+			/* The request's timestamp; without it (a map new since the request) the answer's own says which kind. */
+			ts = e ? e->value : p->timestamp == -1 ? -1 : 0;
+			/* latest -1, earliest -2, earliest local -4 answer "next" offsets; a timestamp, max-timestamp -3 and latest tiered -5 a record's. */
+			p->offset = ts == -1 || ts == -2 || ts == -4 ? next_to_logical(m, p->offset) : to_logical(m, p->offset);
+			*changed = true;
+		}
+	}
+}
+
+static void leader_epoch_response(km_off_req *c, km_offset_for_leader_epoch_response *rs, bool *changed)
+{
+	for (int32_t i = 0; i < rs->topics.count; i++) {
+		km_offset_for_leader_epoch_response_offset_for_leader_topic_result *t = &rs->topics.items[i];
+		const void *topic = find_topic(c->lk, t->topic, NULL);
+		for (int32_t j = 0; topic && j < t->partitions.count; j++) {
+			km_offset_for_leader_epoch_response_epoch_end_offset *p = &t->partitions.items[j];
+			const km_offmap *m = map_of(c, topic, p->partition);
+			if (!m)
+				continue;
+			p->end_offset = next_to_logical(m, p->end_offset);
+			*changed = true;
+		}
+	}
+}
+
+static void delete_records_response(km_off_req *c, km_delete_records_response *rs, bool *changed)
+{
+	for (int32_t i = 0; i < rs->topics.count; i++) {
+		km_delete_records_response_delete_records_topic_result *t = &rs->topics.items[i];
+		const void *topic = find_topic(c->lk, t->name, NULL);
+		for (int32_t j = 0; topic && j < t->partitions.count; j++) {
+			km_delete_records_response_delete_records_partition_result *p = &t->partitions.items[j];
+			const km_offmap *m = map_of(c, topic, p->partition_index);
+			if (!m)
+				continue;
+			p->low_watermark = next_to_logical(m, p->low_watermark);
+			*changed = true;
+		}
+	}
+}
+
+static void produce_response(km_off_req *c, km_produce_response *rs, bool *changed)
+{
+	bool by_id = c->version >= 13;
+	for (int32_t i = 0; i < rs->responses.count; i++) {
+		km_produce_response_topic_produce_response *t = &rs->responses.items[i];
+		const void *topic = find_topic(c->lk, t->name, by_id ? &t->topic_id : NULL);
+		for (int32_t j = 0; topic && j < t->partition_responses.count; j++) {
+			km_produce_response_partition_produce_response *p = &t->partition_responses.items[j];
+			const km_offmap *m = map_of(c, topic, p->index);
+			if (!m)
+				continue;
+			p->base_offset = to_logical(m, p->base_offset);
+			if (c->version >= 5)
+				p->log_start_offset = next_to_logical(m, p->log_start_offset);
+			*changed = true;
+		}
+	}
+}
+
+static void describe_producers_response(km_off_req *c, km_describe_producers_response *rs, bool *changed)
+{
+	for (int32_t i = 0; i < rs->topics.count; i++) {
+		km_describe_producers_response_topic_response *t = &rs->topics.items[i];
+		const void *topic = find_topic(c->lk, t->name, NULL);
+		for (int32_t j = 0; topic && j < t->partitions.count; j++) {
+			km_describe_producers_response_partition_response *p = &t->partitions.items[j];
+			const km_offmap *m = map_of(c, topic, p->partition_index);
+			if (!m)
+				continue;
+			for (int32_t k = 0; k < p->active_producers.count; k++) {
+				km_describe_producers_response_producer_state *ps = &p->active_producers.items[k];
+				ps->current_txn_start_offset = to_logical(m, ps->current_txn_start_offset);
+			}
+			*changed = true;
+		}
+	}
+}
+
+/* Decode, translate, and encode only when something had a map. */
+#define TRANSLATE(type, fn)                                                      \
+	do {                                                                     \
+		type m;                                                          \
+		type##_init(&m);                                                 \
+		if ((rc = type##_decode(&r, c->version, &m, &a)) != KM_OK)      \
+			break;                                                   \
+		if (km_rd_ok(&r) && r.pos != r.len) {                            \
+			rc = KM_ERR_DECODE;                                      \
+			break;                                                   \
+		}                                                                \
+		fn(c, &m, changed);                                              \
+		if (*changed)                                                    \
+			type##_encode(out, c->version, &m);                      \
+	} while (0)
+
+km_err km_off_response(km_off_req *c, const uint8_t *body, size_t len, bool *changed, km_wr *out)
+{
+	km_arena a;
+	km_rd r;
+	km_err rc = KM_OK;
+
+	*changed = false;
+	if (!c || !km_off_active(c->lk))
+		return KM_OK;
+	km_arena_init(&a, KM_OFF_ARENA_CAP);
+	km_rd_init(&r, body, len);
+	switch (c->key) {
+	case KM_API_LIST_OFFSETS:
+		TRANSLATE(km_list_offsets_response, list_offsets_response);
+		break;
+	case KM_API_OFFSET_FOR_LEADER_EPOCH:
+		TRANSLATE(km_offset_for_leader_epoch_response, leader_epoch_response);
+		break;
+	case KM_API_DELETE_RECORDS:
+		TRANSLATE(km_delete_records_response, delete_records_response);
+		break;
+	case KM_API_PRODUCE:
+		TRANSLATE(km_produce_response, produce_response);
+		break;
+	case KM_API_DESCRIBE_PRODUCERS:
+		TRANSLATE(km_describe_producers_response, describe_producers_response);
+		break;
+	default:
+		rc = KM_ERR_UNSUPPORTED;
+	}
+	if (rc == KM_OK && km_arena_err(&a) != KM_OK)
+		rc = km_arena_err(&a);
+	if (rc == KM_OK && *changed && !km_wr_ok(out))
+		rc = KM_ERR_NOMEM;
+	km_arena_free(&a);
+	if (rc != KM_OK)
+		*changed = false;
+	return rc;
+}
+
+/* The session's hook: the inner hook (if any) first, then the translation of what it made. */
+static km_err off_response_hook(km_resp *rs)
+{
+	km_off_req *c = rs->ctx;
+	struct evbuffer *frame = rs->in, *scratch = NULL;
+	size_t flen = rs->frame_len + 4, body_off = rs->body_off;
+	uint8_t *p, pre[4];
+	bool changed = false;
+	km_wr w;
+	km_err rc;
+
+	if (c->inner) {
+		/* The inner hook writes the client's frame (size prefix included); its header is the broker's. */
+		km_resp in2 = *rs;
+		if (!(scratch = evbuffer_new()))
+			return KM_ERR_NOMEM;
+		in2.out = scratch;
+		in2.ctx = c->inner_ctx;
+		if ((rc = c->inner(&in2)) != KM_OK) {
+			evbuffer_free(scratch);
+			return rc;
+		}
+		frame = scratch;
+		flen = evbuffer_get_length(scratch);
+	}
+	if (flen < body_off || !(p = evbuffer_pullup(frame, (ev_ssize_t)flen))) {
+		rc = KM_ERR_DECODE;
+		goto out;
+	}
+	km_wr_init(&w);
+	rc = km_off_response(c, p + body_off, flen - body_off, &changed, &w);
+	if (rc == KM_OK && changed) {
+		km_put_be32(pre, (uint32_t)(body_off - 4 + w.len));
+		if (evbuffer_add(rs->out, pre, 4) != 0 || evbuffer_add(rs->out, p + 4, body_off - 4) != 0 ||
+		    evbuffer_add(rs->out, w.buf, w.len) != 0)
+			rc = KM_ERR_NOMEM;
+		evbuffer_drain(frame, flen);
+	} else if (rc == KM_OK) {
+		evbuffer_remove_buffer(frame, rs->out, flen);
+	}
+	km_wr_free(&w);
+out:
+	if (scratch)
+		evbuffer_free(scratch);
+	return rc;
+}
+
+/* ---- the streamed Fetch response ---- */
+
+/* Read n bytes at frame offset off: KM_STREAM_AGAIN when they are in the frame but not here yet. */
+static km_err peek(const km_fetch_walk *w, struct evbuffer *in, size_t first, size_t off, void *out, size_t n)
+{
+	struct evbuffer_ptr p;
+	if (off < first || off + n > w->end)
+		return KM_ERR_DECODE;
+	if (off + n > first + evbuffer_get_length(in))
+		return KM_STREAM_AGAIN;
+	if (evbuffer_ptr_set(in, &p, off - first, EVBUFFER_PTR_SET) != 0 ||
+	    evbuffer_copyout_from(in, &p, out, n) != (ev_ssize_t)n)
+		return KM_ERR_DECODE;
+	return KM_OK;
+}
+
+static km_err patch64(struct evbuffer *in, size_t first, size_t off, int64_t v)
+{
+	uint8_t b[8];
+	km_put_be64(b, (uint64_t)v);
+	return km_evbuf_patch(in, off - first, b, 8) ? KM_OK : KM_ERR_DECODE;
+}
+
+/*
+ * DivergingEpoch (tag 0 of a v12+ partition: Epoch int32, EndOffset int64, tags), in the tagged
+ * fields right after the records. The broker sends it only with no records (it answers a diverged
+ * fetch with the epoch's end and nothing else), so it is read here, at the partition's event: the
+ * few bytes are usually here already, else the event comes again when they are. Tags are in
+ * increasing order, so tag 0 is the first if it is there at all.
+ */
+static km_err diverging_epoch(const km_fetch_walk *w, struct evbuffer *in, size_t first, const km_offmap *m)
+{
+	uint8_t buf[32];
+	size_t at = w->part.records_off, cap = w->end - at < sizeof(buf) ? w->end - at : sizeof(buf);
+	size_t avail = first + evbuffer_get_length(in) - at, n = avail < cap ? avail : cap;
+	km_err rc, out = n < cap ? KM_STREAM_AGAIN : KM_ERR_DECODE; /* what running out of bytes means */
+	uint32_t count = 0, tag = 0, sz = 0;
+	km_rd r;
+
+	if (n && (rc = peek(w, in, first, at, buf, n)) != KM_OK)
+		return rc;
+	km_rd_init(&r, buf, n);
+	if (!km_rd_uvarint(&r, "tags", &count))
+		return out;
+	if (count == 0)
+		return KM_OK;
+	if (!km_rd_uvarint(&r, "tag", &tag) || !km_rd_uvarint(&r, "size", &sz))
+		return out;
+	if (tag != 0)
+		return KM_OK;
+	if (sz < 12)
+		return KM_ERR_DECODE;
+	if (r.pos + 12 > n)
+		return out;
+	return patch64(in, first, at + r.pos + 4, next_to_logical(m, (int64_t)km_be64(buf + r.pos + 4)));
+}
+
+km_err km_off_fetch_partition(km_fetch_walk *w, struct evbuffer *in, size_t first, void *ctx)
+{
+	km_off_req *c = ctx;
+	const km_fetch_part *p = &w->part;
+	const km_off_entry *e;
+	const km_offmap *m;
+	km_str name = KM_STR_NULL;
+	const km_uuid *id = w->version >= 13 ? &p->topic_id : NULL;
+	uint8_t f[24];
+	km_err rc;
+
+	if (!c)
+		return KM_OK;
+	c->cur = NULL;
+	if (!km_off_active(c->lk))
+		return KM_OK;
+	if (!id)
+		name = (km_str){p->topic, (int32_t)strlen(p->topic)};
+	/* One topic lookup per topic of the response. */
+	if (!c->cur_ti_set || c->cur_ti != p->topic_index) {
+		c->cur_topic = find_topic(c->lk, name, id);
+		c->cur_ti = p->topic_index;
+		c->cur_ti_set = true;
+	}
+	if (!c->cur_topic || !(m = c->lk->map(c->lk->arg, c->cur_topic, p->partition)))
+		return KM_OK;
+	/* DivergingEpoch first: it may ask for the event again, and nothing must be patched twice. */
+	if (w->version >= 12 && p->records_len == 0 && (rc = diverging_epoch(w, in, first, m)) != KM_OK)
+		return rc;
+	/* HighWatermark, LastStableOffset, LogStartOffset (v5+): "next" offsets. */
+	if ((rc = peek(w, in, first, p->high_watermark_off, f, w->version >= 5 ? 24 : 16)) != KM_OK)
+		return rc;
+	for (int k = 0; k < (w->version >= 5 ? 3 : 2); k++) {
+		int64_t v = (int64_t)km_be64(f + 8 * k);
+		if (v >= 0 && (rc = patch64(in, first, p->high_watermark_off + 8 * (size_t)k, next_to_logical(m, v))) != KM_OK)
+			return rc;
+	}
+	/* AbortedTransactions: ProducerId, FirstOffset (a record's), then tags (v12+). */
+	if (p->aborted_count > 0) {
+		km_evrd r;
+		km_evrd_init(&r, in, p->aborted_off - first, p->records_off - first);
+		for (int32_t a = 0; a < p->aborted_count; a++) {
+			uint8_t b[8];
+			size_t at = r.pos + first + 8;
+			if (!km_evrd_skip(&r, 8) || !km_evrd_raw(&r, b, 8) || (w->version >= 12 && !km_evrd_skip_tags(&r)))
+				return KM_ERR_DECODE;
+			if ((rc = patch64(in, first, at, to_logical(m, (int64_t)km_be64(b)))) != KM_OK)
+				return rc;
+		}
+	}
+	c->cur = m;
+	e = km_off_req_find(c, name, id, p->partition);
+	c->ref = e ? e->value : -1;
+	if (p->records_len > 0)
+		w->descend = true;
+	return KM_OK;
+}
+
+km_err km_off_fetch_batch(km_fetch_walk *w, struct evbuffer *in, size_t first, void *ctx)
+{
+	km_off_req *c = ctx;
+	const km_fetch_batch *b = &w->batch;
+	int64_t logical, delta = INT32_MAX;
+	uint8_t d[4];
+	km_err rc;
+
+	if (!c || !c->cur || b->length < 0)
+		return KM_OK; /* a truncated prefix is not a batch: left as it came */
+	if (km_off_batch_logical(c->cur, b->base_offset, &logical)) {
+		/* The reference for hidden batches when the request did not name the partition (KIP-227). */
+		if (c->ref < 0)
+			c->ref = logical;
+		return patch64(in, first, b->off, logical);
+	}
+	/*
+	 * Hidden (outside every run): its records must not be seen. Consumers skip records below
+	 * their fetch position, so the batch is put wholly below it: lastOffsetDelta (batch offset 23)
+	 * tells how far its records reach; a partial batch cut before it gets the widest bound.
+	 */
+	if (b->off + 27 <= w->records_end) {
+		if ((rc = peek(w, in, first, b->off + 23, d, 4)) != KM_OK)
+			return rc;
+		delta = (int32_t)km_be32(d);
+		if (delta < 0)
+			delta = INT32_MAX;
+	}
+	return patch64(in, first, b->off, (c->ref >= 0 ? c->ref : 0) - 1 - delta);
+}
+
+/* ---- the rows ---- */
+
+static const km_off_lookup *lookup_of(km_req *rq)
+{
+	return &km_session_host_of(rq->s)->offsets;
+}
+
+/* The previous rows' hooks, wrapped (the same functions in every table). */
+static km_req_hook prev_produce_classify, prev_produce_request, prev_dr_classify, prev_dr_request;
+static km_resp_hook prev_produce_response;
+static int16_t prev_produce_resp_from;
+
+static km_err body_of(km_req *rq, size_t *off)
+{
+	km_req_header full;
+	if (km_net_parse_request_header(rq->body, rq->frame_len,
+					km_proxy_request_header_version(rq->h->api_key, rq->h->api_version), &full) != KM_OK) {
+		rq->close_reason = "malformed request header";
+		return KM_ERR_DECODE;
+	}
+	*off = full.body_offset;
+	return KM_OK;
+}
+
+static km_err set_rewritten(km_req *rq, const uint8_t *head, size_t hlen, const km_wr *w)
+{
+	if (rq->rewritten)
+		evbuffer_free(rq->rewritten);
+	if (!(rq->rewritten = evbuffer_new()) || evbuffer_add(rq->rewritten, head, hlen) != 0 ||
+	    evbuffer_add(rq->rewritten, w->buf, w->len) != 0)
+		return KM_ERR_NOMEM;
+	return KM_OK;
+}
+
+/* Any request of these APIs is held (whole) while some topic may have a map: then looked at. */
+static km_err off_hold_classify(km_req *rq)
+{
+	if (km_off_active(lookup_of(rq)))
+		rq->action = KM_REQ_HOLD;
+	return KM_OK;
+}
+
+static km_err fetch_request_hook(km_req *rq)
+{
+	km_off_req *c = NULL;
+	bool rewrote = false;
+	size_t off;
+	km_wr w;
+	km_err rc;
+
+	if (!km_fetch_walk_supported(rq->h->api_version))
+		return KM_OK; /* a version the walker does not know: as it came (the codec's range is the walker's) */
+	if ((rc = body_of(rq, &off)) != KM_OK)
+		return rc;
+	km_wr_init(&w);
+	rc = km_off_request(KM_API_FETCH, rq->h->api_version, rq->body + off, rq->frame_len - off, lookup_of(rq), &c,
+			    &rewrote, &w);
+	if (rc != KM_OK)
+		rq->close_reason = "malformed Fetch request";
+	if (rc == KM_OK && rewrote)
+		rc = set_rewritten(rq, rq->body, off, &w);
+	km_wr_free(&w);
+	if (rc != KM_OK) {
+		km_off_req_free(c);
+		return rc;
+	}
+	if (c) {
+		rq->ctx = c;
+		rq->ctx_free = km_off_req_free;
+		rq->resp = KM_RESP_STREAM; /* every version, while a mapped partition may be in the answer */
+	}
+	return KM_OK;
+}
+
+/* Wrap whatever response hook the request has (or the row's) in the translation. */
+static km_err wrap_response(km_req *rq, km_off_req *c, km_resp_hook row_hook, bool row_applies)
+{
+	/* Never itself (a classify run again over more bytes). */
+	km_resp_hook own = rq->on_response == off_response_hook ? NULL : rq->on_response;
+	c->inner = own ? own : row_applies ? row_hook : NULL;
+	c->inner_ctx = rq->ctx;
+	c->inner_free = rq->ctx_free;
+	rq->ctx = c;
+	rq->ctx_free = km_off_req_free;
+	rq->on_response = off_response_hook;
+	rq->resp = KM_RESP_WHOLE;
+	return KM_OK;
+}
+
+static km_err small_request_hook(km_req *rq)
+{
+	km_off_req *c = NULL;
+	bool rewrote = false;
+	size_t off;
+	km_wr w;
+	km_err rc;
+
+	if ((rc = body_of(rq, &off)) != KM_OK)
+		return rc;
+	km_wr_init(&w);
+	rc = km_off_request(rq->h->api_key, rq->h->api_version, rq->body + off, rq->frame_len - off, lookup_of(rq), &c,
+			    &rewrote, &w);
+	km_wr_free(&w);
+	if (rc != KM_OK) {
+		rq->close_reason = "malformed request";
+		return rc;
+	}
+	/* ListOffsets without a mapped partition has no context; the other two are asked of their (small) response. */
+	return c ? wrap_response(rq, c, NULL, false) : KM_OK;
+}
+
+/* DeleteRecords: the read-only split first (refused partitions answered here), then what goes up translated. */
+static km_err dr_classify(km_req *rq)
+{
+	km_err rc = prev_dr_classify ? prev_dr_classify(rq) : KM_OK;
+	if (rc == KM_OK && km_off_active(lookup_of(rq)))
+		rq->action = KM_REQ_HOLD;
+	return rc;
+}
+
+static km_err dr_request(km_req *rq)
+{
+	km_off_req *c = NULL;
+	bool rewrote = false;
+	const uint8_t *frame;
+	size_t off, flen;
+	km_wr w;
+	km_err rc;
+
+	if (prev_dr_request && (rc = prev_dr_request(rq)) != KM_OK)
+		return rc;
+	if (rq->answer || !km_off_active(lookup_of(rq)))
+		return KM_OK;
+	if ((rc = body_of(rq, &off)) != KM_OK)
+		return rc;
+	frame = rq->body;
+	flen = rq->frame_len;
+	if (rq->rewritten && !(frame = evbuffer_pullup(rq->rewritten, -1)))
+		return KM_ERR_NOMEM;
+	if (rq->rewritten)
+		flen = evbuffer_get_length(rq->rewritten);
+	km_wr_init(&w);
+	rc = km_off_request(KM_API_DELETE_RECORDS, rq->h->api_version, frame + off, flen - off, lookup_of(rq), &c,
+			    &rewrote, &w);
+	if (rc == KM_OK && rewrote) {
+		/* The header is the client's (the rewritten body keeps it too). */
+		uint8_t *head = malloc(off);
+		if (!head) {
+			rc = KM_ERR_NOMEM;
+		} else {
+			memcpy(head, frame, off);
+			rc = set_rewritten(rq, head, off, &w);
+			free(head);
+		}
+	}
+	km_wr_free(&w);
+	if (rc != KM_OK) {
+		rq->close_reason = "malformed DeleteRecords request";
+		km_off_req_free(c);
+		return rc;
+	}
+	return c ? wrap_response(rq, c, NULL, false) : KM_OK;
+}
+
+/*
+ * Produce: the request is never looked at for this (it carries the records; walking it would
+ * cost every Produce): while some topic has a map, the small response is held whole and
+ * translated when it names a partition with one (after a stop), else moved on as it came.
+ */
+static km_err produce_classify(km_req *rq)
+{
+	km_err rc = prev_produce_classify ? prev_produce_classify(rq) : KM_OK;
+	km_off_req *c;
+
+	if (rc != KM_OK || rq->need > rq->body_len || !rq->expect_response || !km_off_active(lookup_of(rq)))
+		return rc;
+	if (!(c = km_off_req_new(KM_API_PRODUCE, rq->h->api_version, lookup_of(rq))))
+		return KM_ERR_NOMEM;
+	if (rq->action == KM_REQ_FORWARD)
+		return wrap_response(rq, c, prev_produce_response, rq->h->api_version >= prev_produce_resp_from);
+	/* Held (a read-only topic somewhere): wrapped after the read-only walk, which may set its own merge. */
+	if (rq->ctx && rq->ctx_free)
+		rq->ctx_free(rq->ctx);
+	rq->ctx = c;
+	rq->ctx_free = km_off_req_free;
+	return KM_OK;
+}
+
+static km_err produce_request(km_req *rq)
+{
+	km_off_req *c = rq->ctx;
+	km_err rc;
+
+	rq->ctx = NULL;
+	rq->ctx_free = NULL;
+	rc = prev_produce_request ? prev_produce_request(rq) : KM_OK;
+	if (rc != KM_OK || !c || rq->answer) {
+		km_off_req_free(c);
+		return rc;
+	}
+	return wrap_response(rq, c, prev_produce_response, rq->h->api_version >= prev_produce_resp_from);
+}
+
+static const km_stream_hooks fetch_hooks = {
+	.on_partition = km_off_fetch_partition,
+	.on_batch = km_off_fetch_batch,
+	.on_tail = km_proxy_fetch_tail,
+};
+
+static const km_proxy_api small_rows[] = {
+	{.key = KM_API_LIST_OFFSETS, .min_version = -1, .max_version = -1, .classify = off_hold_classify,
+	 .on_request = small_request_hook,
+	 .note = "mirror topics: offsets physical -> logical (by timestamp: a record's; earliest, latest, earliest local: next)"},
+	{.key = KM_API_OFFSET_FOR_LEADER_EPOCH, .min_version = -1, .max_version = -1, .classify = off_hold_classify,
+	 .on_request = small_request_hook, .note = "mirror topics: EndOffset physical -> logical"},
+	{.key = KM_API_DESCRIBE_PRODUCERS, .min_version = -1, .max_version = -1, .classify = off_hold_classify,
+	 .on_request = small_request_hook, .note = "mirror topics: CurrentTxnStartOffset physical -> logical"},
+};
+
+km_err km_off_register(km_proxy_apis *t)
+{
+	const km_proxy_api *cur;
+	km_proxy_api row;
+	km_err rc;
+
+	if (!(cur = km_proxy_apis_find(t, KM_API_FETCH)))
+		return KM_ERR_INVAL;
+	row = *cur;
+	row.classify = off_hold_classify;
+	row.on_request = fetch_request_hook;
+	row.stream = &fetch_hooks;
+	row.note = "v16+ responses streamed through the walker; NodeEndpoints rewritten in place; mirror topics: fetch "
+		   "offsets logical -> physical, responses (every version) patched in place: batch base offsets, watermarks, "
+		   "aborted transactions, diverging epoch";
+	if ((rc = km_proxy_apis_set(t, &row)) != KM_OK)
+		return rc;
+
+	if (!(cur = km_proxy_apis_find(t, KM_API_PRODUCE)))
+		return KM_ERR_INVAL;
+	row = *cur;
+	if (row.classify != produce_classify) {
+		prev_produce_classify = row.classify;
+		prev_produce_request = row.on_request;
+		prev_produce_response = row.on_response;
+		prev_produce_resp_from = row.resp_from;
+	}
+	row.classify = produce_classify;
+	row.on_request = produce_request;
+	row.note = "acks=0 takes no FIFO slot; v10+ responses: NodeEndpoints rewritten in the tail; held, split and "
+		   "merged while a mirror topic is read-only (read in place, not copied); mirror topics after a stop: "
+		   "BaseOffset and LogStartOffset physical -> logical";
+	if ((rc = km_proxy_apis_set(t, &row)) != KM_OK)
+		return rc;
+
+	if (!(cur = km_proxy_apis_find(t, KM_API_DELETE_RECORDS)))
+		return KM_ERR_INVAL;
+	row = *cur;
+	if (row.classify != dr_classify) {
+		prev_dr_classify = row.classify;
+		prev_dr_request = row.on_request;
+	}
+	row.classify = dr_classify;
+	row.on_request = dr_request;
+	row.note = "partitions of read-only mirror topics and of the state topic refused; the rest forwarded, merged; "
+		   "mirror topics after a stop: Offset logical -> physical, LowWatermark physical -> logical";
+	if ((rc = km_proxy_apis_set(t, &row)) != KM_OK)
+		return rc;
+
+	for (size_t i = 0; i < sizeof(small_rows) / sizeof(small_rows[0]); i++)
+		if ((rc = km_proxy_apis_set(t, &small_rows[i])) != KM_OK)
+			return rc;
+	return KM_OK;
+}
+
+/* ---- the lookup over the state store ---- */
+
+static bool state_active(void *arg)
+{
+	/* One test: with no mirror at all no topic can have a map. */
+	return km_state_mirror_count(arg) > 0;
+}
+
+static const void *state_topic(void *arg, km_str name, const km_uuid *id)
+{
+	km_state *st = arg;
+	if (id)
+		return km_state_topic_find_id(st, id);
+	return name.len > 0 ? km_state_topic_find(st, name.p, (size_t)name.len) : NULL;
+}
+
+static const km_offmap *state_map(void *arg, const void *topic, int32_t partition)
+{
+	(void)arg;
+	return km_state_topic_offmap(topic, partition);
+}
+
+void km_off_lookup_from_state(km_state *st, km_off_lookup *out)
+{
+	out->active = st ? state_active : NULL;
+	out->topic = st ? state_topic : NULL;
+	out->map = st ? state_map : NULL;
+	out->arg = st;
+}

@@ -1,0 +1,112 @@
+/* Proxy-internal: offset translation on mirror topics (clients see the source's logical offsets; docs/proxy.md, "Offset translation"). */
+#ifndef KMIRROR_PROXY_OFFSETS_H
+#define KMIRROR_PROXY_OFFSETS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <event2/buffer.h>
+
+#include "kmirror/arena.h"
+#include "kmirror/error.h"
+#include "kmirror/fetch.h"
+#include "kmirror/offmap.h"
+#include "kmirror/state.h"
+#include "kmirror/wire.h"
+#include "proxy/apis.h"
+
+/*
+ * The read side the hooks need, so that they depend on no store (the proxy fills it from the state
+ * store; unit tests from a table). Two steps: a topic (by name, or by id when id is not NULL), then
+ * a partition's map, so that a response costs one topic lookup per topic, not per partition.
+ */
+typedef struct km_off_lookup {
+	/* Whether any topic may have a map at all: false (or NULL) and every hook stays out of the way. */
+	bool (*active)(void *arg);
+	/* The topic's handle, NULL when it is not a mirror topic. */
+	const void *(*topic)(void *arg, km_str name, const km_uuid *id);
+	/* The partition's map, NULL when it has none (never mirrored): its offsets pass untouched. */
+	const km_offmap *(*map)(void *arg, const void *topic, int32_t partition);
+	void *arg;
+} km_off_lookup;
+
+/* The lookup over the state store (st NULL: no maps). */
+void km_off_lookup_from_state(km_state *st, km_off_lookup *out);
+
+static inline bool km_off_active(const km_off_lookup *lk)
+{
+	return lk && lk->active && lk->topic && lk->map && lk->active(lk->arg);
+}
+
+/*
+ * Whether a physical batch starting at physical is in a run, and then its logical base offset in
+ * *logical. A batch never spans two runs (docs/mirror.md), so its base decides for all its records.
+ */
+bool km_off_batch_logical(const km_offmap *m, int64_t physical, int64_t *logical);
+
+/*
+ * One request's translation context: what the response needs from the request (the mapped
+ * partitions' logical fetch offsets, ListOffsets timestamps), the lookup, and the streamed Fetch
+ * response's cursor. Made by km_off_request; the session frees it with km_off_req_free.
+ */
+typedef struct km_off_entry {
+	km_str topic;      /* by name (v0-12 Fetch, every other API); arena copy */
+	km_uuid id;        /* Fetch v13+ */
+	int32_t partition;
+	int64_t value;     /* Fetch: the client's logical fetch offset; ListOffsets: the timestamp asked */
+} km_off_entry;
+
+typedef struct km_off_req {
+	int16_t key, version;
+	const km_off_lookup *lk;
+	km_off_entry *entries;
+	size_t n, cap, cursor;
+	km_arena arena;
+	/* A response hook this one runs first (read-only merges, Produce's v10+ tail), and its context. */
+	km_resp_hook inner;
+	void *inner_ctx;
+	void (*inner_free)(void *ctx);
+	/* The streamed Fetch response: the current topic and partition. */
+	uint32_t cur_ti;
+	bool cur_ti_set;
+	const void *cur_topic;
+	const km_offmap *cur;  /* NULL: the current partition passes untouched */
+	int64_t ref;           /* the logical offset hidden batches are put below; -1: not known yet */
+} km_off_req;
+
+km_off_req *km_off_req_new(int16_t key, int16_t version, const km_off_lookup *lk);
+void km_off_req_free(void *ctx);
+/* The entry for topic (name or id) and partition, or NULL. */
+const km_off_entry *km_off_req_find(km_off_req *c, km_str name, const km_uuid *id, int32_t partition);
+
+/*
+ * A request body (after its header) of key: Fetch and DeleteRecords are translated (logical ->
+ * physical) into out when a mapped partition is in them (*rewrote true); ListOffsets keeps its
+ * timestamps. *ctx: the context for the response, NULL when the request names no mapped
+ * partition (and for Fetch, a full fetch: an incremental one gets a context anyway, since the
+ * broker may answer for partitions of its session that this request does not name).
+ */
+km_err km_off_request(int16_t key, int16_t version, const uint8_t *body, size_t len, const km_off_lookup *lk,
+		      km_off_req **ctx, bool *rewrote, km_wr *out) __attribute__((warn_unused_result));
+
+/*
+ * A whole response body (after its header) of ListOffsets, OffsetForLeaderEpoch, DeleteRecords,
+ * Produce or DescribeProducers, physical -> logical, into out. *changed false: no partition had a
+ * map, out is empty and the body goes on as it came.
+ */
+km_err km_off_response(km_off_req *c, const uint8_t *body, size_t len, bool *changed, km_wr *out)
+	__attribute__((warn_unused_result));
+
+/*
+ * The streamed Fetch response's hooks (ctx: the km_off_req, NULL for a response with nothing to
+ * translate): partition fields and batch base offsets patched in place. A hook that needs a few
+ * bytes past the event that have not arrived returns KM_STREAM_AGAIN.
+ */
+km_err km_off_fetch_partition(km_fetch_walk *w, struct evbuffer *in, size_t first, void *ctx);
+km_err km_off_fetch_batch(km_fetch_walk *w, struct evbuffer *in, size_t first, void *ctx);
+
+/* Replace the Fetch, ListOffsets, OffsetForLeaderEpoch, DeleteRecords, Produce and DescribeProducers rows (after km_ro_register). */
+km_err km_off_register(km_proxy_apis *t) __attribute__((warn_unused_result));
+
+#endif

@@ -1,0 +1,986 @@
+/* Unit tests of offset translation on mirror topics: requests, whole responses, and Fetch responses patched as they stream (cut at every byte), over a fake lookup with a two-run map. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "kmirror/msg/delete_records_request.h"
+#include "kmirror/msg/delete_records_response.h"
+#include "kmirror/msg/describe_producers_response.h"
+#include "kmirror/msg/fetch_request.h"
+#include "kmirror/msg/fetch_response.h"
+#include "kmirror/msg/list_offsets_request.h"
+#include "kmirror/msg/list_offsets_response.h"
+#include "kmirror/msg/offset_for_leader_epoch_response.h"
+#include "kmirror/msg/produce_response.h"
+#include "proxy/offsets.h"
+
+/*
+ * Topic "m" (or M_ID) partitions 0 and 2 have the map: logical [0, 40) at physical [100, 140),
+ * a hole at logical [40, 50), physical [140, 200) hidden, logical 50 on at physical 200 (the open
+ * run), the tail at physical 300 / logical 160 (the source ended in a hole). Partition 1 of "m"
+ * and topic "plain" have none.
+ */
+static const km_uuid M_ID = {{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16}};
+static const km_uuid P_ID = {{9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9}};
+static km_offrun RUNS[] = {{0, 100, -1}, {50, 200, 40}};
+static km_offmap MAP = {RUNS, 2, 2, 300, 160};
+static const char TOPIC_M[] = "m";
+static bool ACTIVE = true;
+
+static bool fake_active(void *arg)
+{
+	(void)arg;
+	return ACTIVE;
+}
+
+static const void *fake_topic(void *arg, km_str name, const km_uuid *id)
+{
+	(void)arg;
+	if (id)
+		return km_uuid_eq(id, &M_ID) ? TOPIC_M : NULL;
+	return km_str_eq_c(name, "m") ? TOPIC_M : NULL;
+}
+
+static const km_offmap *fake_map(void *arg, const void *topic, int32_t partition)
+{
+	(void)arg;
+	return topic == TOPIC_M && (partition == 0 || partition == 2) ? &MAP : NULL;
+}
+
+static const km_off_lookup LK = {fake_active, fake_topic, fake_map, NULL};
+
+/* ---- the map's rules, as the proxy uses them ---- */
+
+static void test_batch_logical(void **state)
+{
+	int64_t l;
+	(void)state;
+	assert_true(km_off_batch_logical(&MAP, 100, &l));
+	assert_int_equal(l, 0);
+	assert_true(km_off_batch_logical(&MAP, 130, &l));
+	assert_int_equal(l, 30);
+	assert_false(km_off_batch_logical(&MAP, 150, &l)); /* hidden */
+	assert_false(km_off_batch_logical(&MAP, 50, &l));  /* before every run */
+	assert_true(km_off_batch_logical(&MAP, 210, &l));
+	assert_int_equal(l, 60);
+	/*
+	 * At or past the physical tail while a pipeline runs the partition (a batch the broker has,
+	 * whose acknowledgement the pipeline has not taken yet): not shown until it has.
+	 */
+	assert_true(km_off_batch_logical(&MAP, 299, &l));
+	assert_int_equal(l, 149);
+	assert_false(km_off_batch_logical(&MAP, 300, &l));
+	assert_false(km_off_batch_logical(&MAP, 320, &l));
+}
+
+/* ---- Fetch requests ---- */
+
+static void build_fetch_request(km_wr *w, int16_t v, int32_t session_epoch, bool with_m)
+{
+	km_fetch_request rq;
+	km_fetch_request_fetch_topic t[2];
+	km_fetch_request_fetch_partition p[5];
+	int64_t offs[5] = {10, 45, 60, 170, 10};
+	km_fetch_request_init(&rq);
+	for (int i = 0; i < 5; i++) {
+		km_fetch_request_fetch_partition_init(&p[i]);
+		p[i].partition = i < 4 ? (i == 1 ? 2 : i == 3 ? 1 : 0) : 0;
+		p[i].fetch_offset = offs[i];
+		p[i].log_start_offset = i == 0 ? 5 : -1;
+		p[i].partition_max_bytes = 1 << 20;
+	}
+	/* m: 0 at 10, 2 at 45 (a hole), 1 at 60 (no map); plain: 0 at 10. One more m partition, 0 again? No: 3 at 170. */
+	p[2].partition = 1;
+	p[3].partition = 2;
+	for (int i = 0; i < 2; i++)
+		km_fetch_request_fetch_topic_init(&t[i]);
+	t[0].topic = km_str_c("m");
+	t[0].topic_id = M_ID;
+	t[0].partitions.count = 3;
+	t[0].partitions.items = p;
+	t[1].topic = km_str_c("plain");
+	t[1].topic_id = P_ID;
+	t[1].partitions.count = 1;
+	t[1].partitions.items = &p[4];
+	rq.replica_id = -1;
+	rq.max_wait_ms = 500;
+	rq.min_bytes = 1;
+	rq.max_bytes = 1 << 24;
+	rq.session_id = session_epoch > 0 ? 77 : 0;
+	rq.session_epoch = session_epoch;
+	rq.topics.count = with_m ? 2 : 1;
+	rq.topics.items = with_m ? t : &t[1];
+	km_fetch_request_encode(w, v, &rq);
+	assert_true(km_wr_ok(w));
+}
+
+static void check_fetch_request(int16_t v)
+{
+	km_wr in, out;
+	km_off_req *c = NULL;
+	bool rewrote = false;
+	km_fetch_request got;
+	km_arena a;
+	km_rd r;
+
+	km_wr_init(&in);
+	km_wr_init(&out);
+	build_fetch_request(&in, v, 0, true);
+	assert_int_equal(km_off_request(KM_API_FETCH, v, in.buf, in.len, &LK, &c, &rewrote, &out), KM_OK);
+	assert_true(rewrote);
+	assert_non_null(c);
+	assert_int_equal(c->n, 2); /* m/0 and m/2: the partitions with a map */
+	km_arena_init(&a, 0);
+	km_fetch_request_init(&got);
+	km_rd_init(&r, out.buf, out.len);
+	assert_int_equal(km_fetch_request_decode(&r, v, &got, &a), KM_OK);
+	assert_int_equal(r.pos, out.len);
+	assert_int_equal(got.topics.count, 2);
+	/* m/0: in the first run; m/2 at 45: a hole, the next run's start; m/1: no map, as asked. */
+	assert_int_equal(got.topics.items[0].partitions.items[0].fetch_offset, 110);
+	if (v >= 5)
+		assert_int_equal(got.topics.items[0].partitions.items[0].log_start_offset, 105);
+	assert_int_equal(got.topics.items[0].partitions.items[1].fetch_offset, 200);
+	assert_int_equal(got.topics.items[0].partitions.items[1].log_start_offset, -1);
+	assert_int_equal(got.topics.items[0].partitions.items[2].fetch_offset, 60);
+	assert_int_equal(got.topics.items[1].partitions.items[0].fetch_offset, 10);
+	if (v >= 13)
+		assert_true(km_uuid_eq(&got.topics.items[0].topic_id, &M_ID));
+	else
+		assert_true(km_str_eq_c(got.topics.items[0].topic, "m"));
+	/* What the response needs: the client's logical offsets. */
+	assert_int_equal(km_off_req_find(c, km_str_c("m"), v >= 13 ? &M_ID : NULL, 0)->value, 10);
+	assert_int_equal(km_off_req_find(c, km_str_c("m"), v >= 13 ? &M_ID : NULL, 2)->value, 45);
+	assert_null(km_off_req_find(c, km_str_c("m"), v >= 13 ? &M_ID : NULL, 1));
+	km_arena_free(&a);
+	km_off_req_free(c);
+	km_wr_free(&in);
+	km_wr_free(&out);
+}
+
+static void test_fetch_request_lowest(void **state)
+{
+	(void)state;
+	check_fetch_request(KM_FETCH_RESPONSE_MIN_VERSION);
+	check_fetch_request(12);
+}
+
+static void test_fetch_request_highest(void **state)
+{
+	(void)state;
+	check_fetch_request(13);
+	check_fetch_request(KM_FETCH_REQUEST_MAX_VERSION);
+}
+
+/* Past the logical tail: the physical tail (an empty answer, no error). */
+static void test_fetch_request_past_tail(void **state)
+{
+	(void)state;
+	int64_t p = km_offmap_to_physical(&MAP, 170);
+	assert_int_equal(p, 300);
+	assert_int_equal(km_offmap_to_physical(&MAP, 160), 300);
+	/* The trailing hole (logical 150-159, a marker last at the source): the tail too. */
+	assert_int_equal(km_offmap_to_physical(&MAP, 159), 300);
+	assert_int_equal(km_offmap_to_physical(&MAP, 149), 299);
+}
+
+/* No map among the partitions of a full fetch: no context, nothing rewritten; no mirror at all: nothing looked at. */
+static void test_fetch_request_plain(void **state)
+{
+	km_wr in, out;
+	km_off_req *c = (km_off_req *)1;
+	bool rewrote = true;
+	(void)state;
+	km_wr_init(&in);
+	km_wr_init(&out);
+	build_fetch_request(&in, 17, 0, false);
+	assert_int_equal(km_off_request(KM_API_FETCH, 17, in.buf, in.len, &LK, &c, &rewrote, &out), KM_OK);
+	assert_null(c);
+	assert_false(rewrote);
+	assert_int_equal(out.len, 0);
+	ACTIVE = false;
+	km_wr_free(&in);
+	km_wr_init(&in);
+	build_fetch_request(&in, 17, 0, true);
+	assert_int_equal(km_off_request(KM_API_FETCH, 17, in.buf, in.len, &LK, &c, &rewrote, &out), KM_OK);
+	assert_null(c);
+	assert_false(rewrote);
+	ACTIVE = true;
+	km_wr_free(&in);
+	km_wr_free(&out);
+}
+
+/* KIP-227: an incremental request naming no mapped partition still gets a context (its session may hold one). */
+static void test_fetch_request_incremental(void **state)
+{
+	km_wr in, out;
+	km_off_req *c = NULL;
+	bool rewrote = true;
+	(void)state;
+	km_wr_init(&in);
+	km_wr_init(&out);
+	build_fetch_request(&in, 15, 3, false);
+	assert_int_equal(km_off_request(KM_API_FETCH, 15, in.buf, in.len, &LK, &c, &rewrote, &out), KM_OK);
+	assert_non_null(c);
+	assert_false(rewrote);
+	assert_int_equal(c->n, 0);
+	km_off_req_free(c);
+	km_wr_free(&in);
+	km_wr_free(&out);
+}
+
+/* ---- Fetch responses ---- */
+
+/* A v2 batch header (61 bytes) and payload: only baseOffset, batchLength and lastOffsetDelta matter to the walk. */
+#define BATCH_LEN 80
+static void put_batch(uint8_t *b, int64_t base, int32_t last_delta, uint8_t fill)
+{
+	memset(b, fill, BATCH_LEN);
+	km_put_be64(b, (uint64_t)base);
+	km_put_be32(b + 8, BATCH_LEN - 12);
+	km_put_be32(b + 12, 3); /* partition leader epoch */
+	b[16] = 2;              /* magic */
+	km_put_be32(b + 23, (uint32_t)last_delta);
+}
+
+static uint8_t RECS_M0[3 * BATCH_LEN], RECS_M1[BATCH_LEN], RECS_PLAIN[BATCH_LEN];
+
+/* The frame (size prefix, correlation id, v12+ header tags, body) of a response to a fetch of m/0 at logical 30. */
+static void build_fetch_response(km_wr *w, int16_t v, bool only_plain)
+{
+	km_fetch_response rs;
+	km_fetch_response_fetchable_topic_response t[2];
+	km_fetch_response_partition_data p[4];
+	km_fetch_response_aborted_transaction ab;
+	km_wr body;
+
+	put_batch(RECS_M0, 130, 9, 0xa1);              /* logical 30 */
+	put_batch(RECS_M0 + BATCH_LEN, 150, 4, 0xa2);  /* hidden */
+	put_batch(RECS_M0 + 2 * BATCH_LEN, 200, 9, 0xa3); /* logical 50 */
+	put_batch(RECS_M1, 130, 9, 0xb1);
+	put_batch(RECS_PLAIN, 130, 9, 0xc1);
+	km_fetch_response_init(&rs);
+	for (int i = 0; i < 4; i++) {
+		km_fetch_response_partition_data_init(&p[i]);
+		p[i].high_watermark = 300;
+		p[i].last_stable_offset = 250;
+		p[i].log_start_offset = 100;
+	}
+	km_fetch_response_aborted_transaction_init(&ab);
+	ab.producer_id = 7;
+	ab.first_offset = 210;
+	p[0].partition_index = 0;
+	p[0].aborted_transactions.count = 1;
+	p[0].aborted_transactions.items = &ab;
+	p[0].records = (km_bytes){RECS_M0, (int32_t)sizeof(RECS_M0)};
+	p[1].partition_index = 1;
+	p[1].records = (km_bytes){RECS_M1, (int32_t)sizeof(RECS_M1)};
+	/* m/2: a diverged fetch: the epoch's end, no records. */
+	p[2].partition_index = 2;
+	if (v >= 12) {
+		p[2].diverging_epoch.epoch = 5;
+		p[2].diverging_epoch.end_offset = 250;
+	}
+	p[2].records = (km_bytes){NULL, 0};
+	p[3].partition_index = 0;
+	p[3].records = (km_bytes){RECS_PLAIN, (int32_t)sizeof(RECS_PLAIN)};
+	for (int i = 0; i < 2; i++)
+		km_fetch_response_fetchable_topic_response_init(&t[i]);
+	t[0].topic = km_str_c("m");
+	t[0].topic_id = M_ID;
+	t[0].partitions.count = 3;
+	t[0].partitions.items = p;
+	t[1].topic = km_str_c("plain");
+	t[1].topic_id = P_ID;
+	t[1].partitions.count = 1;
+	t[1].partitions.items = &p[3];
+	rs.responses.count = only_plain ? 1 : 2;
+	rs.responses.items = only_plain ? &t[1] : t;
+	km_wr_init(&body);
+	km_fetch_response_encode(&body, v, &rs);
+	assert_true(km_wr_ok(&body));
+	km_wr_i32(w, (int32_t)(body.len + 4 + (v >= 12)));
+	km_wr_i32(w, 99);
+	if (v >= 12)
+		km_wr_uvarint(w, 0);
+	km_wr_raw(w, body.buf, body.len);
+	assert_true(km_wr_ok(w));
+	km_wr_free(&body);
+}
+
+static void add_chain(struct evbuffer *in, const void *p, size_t n)
+{
+	struct evbuffer *one = evbuffer_new();
+	assert_non_null(one);
+	assert_int_equal(evbuffer_add(one, p, n), 0);
+	assert_int_equal(evbuffer_add_buffer(in, one), 0);
+	evbuffer_free(one);
+}
+
+static void send_settled(const km_fetch_walk *w, struct evbuffer *in, size_t *sent, struct evbuffer *out)
+{
+	size_t have_end = *sent + evbuffer_get_length(in), upto = w->pos < have_end ? w->pos : have_end;
+	if (upto > *sent) {
+		evbuffer_remove_buffer(in, out, upto - *sent);
+		*sent = upto;
+	}
+}
+
+/*
+ * The session's streaming, step by step: the frame arrives in pieces (cut at the offsets in
+ * cuts), each walked as far as it goes with the hooks, the settled bytes sent on at once, an
+ * event asked again (KM_STREAM_AGAIN) restarted when more has come. *agains counts those.
+ */
+static void stream(const uint8_t *frame, size_t len, int16_t v, const size_t *cuts, size_t ncuts, km_off_req *c,
+		   struct evbuffer *out, int *agains)
+{
+	struct evbuffer *in = evbuffer_new();
+	km_fetch_walk w;
+	size_t sent = 0, fed = 0;
+	bool walked = false;
+
+	assert_non_null(in);
+	km_fetch_walk_init(&w, v, len);
+	for (size_t k = 0; k <= ncuts; k++) {
+		size_t to = k < ncuts ? cuts[k] : len;
+		if (to > fed) {
+			add_chain(in, frame + fed, to - fed);
+			fed = to;
+		}
+		while (!walked) {
+			km_fetch_walk before = w;
+			km_fw_event ev = km_fetch_walk_next(&w, in, sent);
+			km_err rc = KM_OK;
+			assert_int_not_equal(ev, KM_FW_ERROR);
+			if (ev == KM_FW_PARTITION)
+				rc = km_off_fetch_partition(&w, in, sent, c);
+			else if (ev == KM_FW_BATCH)
+				rc = km_off_fetch_batch(&w, in, sent, c);
+			if (rc == KM_STREAM_AGAIN) {
+				assert_true(fed < len); /* never asked again with the whole frame here */
+				w = before;
+				(*agains)++;
+				break;
+			}
+			assert_int_equal(rc, KM_OK);
+			if (ev == KM_FW_NEED_MORE)
+				break;
+			if (ev == KM_FW_END)
+				walked = true;
+		}
+		send_settled(&w, in, &sent, out);
+	}
+	assert_true(walked);
+	/* The tail (top-level tags) as it came. */
+	evbuffer_remove_buffer(in, out, evbuffer_get_length(in));
+	assert_int_equal(evbuffer_get_length(out), len);
+	evbuffer_free(in);
+}
+
+/* A context as the request of m/0 at logical 30 (and m/2 at 45) makes it. */
+static km_off_req *fetch_ctx(int16_t v)
+{
+	km_off_req *c = km_off_req_new(KM_API_FETCH, v, &LK);
+	km_wr in, out;
+	bool rw;
+	(void)out;
+	assert_non_null(c);
+	km_off_req_free(c);
+	km_wr_init(&in);
+	km_wr_init(&out);
+	build_fetch_request(&in, v, 0, true);
+	c = NULL;
+	assert_int_equal(km_off_request(KM_API_FETCH, v, in.buf, in.len, &LK, &c, &rw, &out), KM_OK);
+	assert_non_null(c);
+	/* The client asked m/0 from logical 30 (the request's first entry is m/0). */
+	c->entries[0].value = 30;
+	km_wr_free(&in);
+	km_wr_free(&out);
+	return c;
+}
+
+static void check_fetch_response_fields(const uint8_t *frame, size_t len, int16_t v)
+{
+	km_fetch_response got;
+	km_arena a;
+	km_rd r;
+	size_t hl = 8 + (v >= 12);
+	const km_fetch_response_partition_data *p;
+	const uint8_t *recs;
+
+	km_arena_init(&a, 0);
+	km_fetch_response_init(&got);
+	km_rd_init(&r, frame + hl, len - hl);
+	assert_int_equal(km_fetch_response_decode(&r, v, &got, &a), KM_OK);
+	assert_int_equal(got.responses.count, 2);
+	p = got.responses.items[0].partitions.items;
+	/* m/0 */
+	assert_int_equal(p[0].high_watermark, 160); /* the physical tail: the logical tail */
+	assert_int_equal(p[0].last_stable_offset, 100);
+	if (v >= 5)
+		assert_int_equal(p[0].log_start_offset, 0);
+	assert_int_equal(p[0].aborted_transactions.count, 1);
+	assert_int_equal(p[0].aborted_transactions.items[0].producer_id, 7);
+	assert_int_equal(p[0].aborted_transactions.items[0].first_offset, 60);
+	recs = p[0].records.p;
+	assert_int_equal((int64_t)km_be64(recs), 30);
+	/* The hidden batch lies wholly below the fetch position 30: 25 + lastOffsetDelta 4 = 29. */
+	assert_int_equal((int64_t)km_be64(recs + BATCH_LEN), 25);
+	assert_int_equal((int64_t)km_be64(recs + 2 * BATCH_LEN), 50);
+	/* Record bytes untouched: everything after each baseOffset. */
+	for (int i = 0; i < 3; i++)
+		assert_memory_equal(recs + i * BATCH_LEN + 8, RECS_M0 + i * BATCH_LEN + 8, BATCH_LEN - 8);
+	/* m/1: no map, as it came. */
+	assert_int_equal(p[1].high_watermark, 300);
+	assert_int_equal((int64_t)km_be64(p[1].records.p), 130);
+	/* m/2: the diverging epoch's end. */
+	assert_int_equal(p[2].high_watermark, 160);
+	if (v >= 12) {
+		assert_int_equal(p[2].diverging_epoch.epoch, 5);
+		assert_int_equal(p[2].diverging_epoch.end_offset, 100);
+	}
+	/* plain: untouched. */
+	p = got.responses.items[1].partitions.items;
+	assert_int_equal(p[0].high_watermark, 300);
+	assert_int_equal(p[0].log_start_offset, v >= 5 ? 100 : -1);
+	assert_int_equal((int64_t)km_be64(p[0].records.p), 130);
+	km_arena_free(&a);
+}
+
+static void check_fetch_response(int16_t v)
+{
+	km_wr fr;
+	struct evbuffer *whole = evbuffer_new(), *out;
+	km_off_req *c;
+	const uint8_t *want;
+	int agains = 0;
+
+	km_wr_init(&fr);
+	build_fetch_response(&fr, v, false);
+	/* In one piece. */
+	c = fetch_ctx(v);
+	stream(fr.buf, fr.len, v, NULL, 0, c, whole, &agains);
+	km_off_req_free(c);
+	assert_int_equal(agains, 0);
+	want = evbuffer_pullup(whole, -1);
+	check_fetch_response_fields(want, fr.len, v);
+	/* Cut in two at every byte boundary: the same bytes out. */
+	for (size_t cut = 1; cut < fr.len; cut++) {
+		out = evbuffer_new();
+		c = fetch_ctx(v);
+		stream(fr.buf, fr.len, v, &cut, 1, c, out, &agains);
+		km_off_req_free(c);
+		assert_memory_equal(evbuffer_pullup(out, -1), want, fr.len);
+		evbuffer_free(out);
+	}
+	/* One byte at a time. */
+	{
+		size_t *cuts = malloc(fr.len * sizeof(*cuts));
+		assert_non_null(cuts);
+		for (size_t i = 0; i < fr.len; i++)
+			cuts[i] = i + 1;
+		out = evbuffer_new();
+		c = fetch_ctx(v);
+		stream(fr.buf, fr.len, v, cuts, fr.len, c, out, &agains);
+		km_off_req_free(c);
+		assert_memory_equal(evbuffer_pullup(out, -1), want, fr.len);
+		evbuffer_free(out);
+		free(cuts);
+	}
+	/* v12+: the diverging epoch's tags were asked for again at some cuts. */
+	if (v >= 12)
+		assert_true(agains > 0);
+	evbuffer_free(whole);
+	km_wr_free(&fr);
+}
+
+static void test_fetch_response_lowest(void **state)
+{
+	(void)state;
+	check_fetch_response(KM_FETCH_RESPONSE_MIN_VERSION);
+	check_fetch_response(5);
+	check_fetch_response(12);
+}
+
+static void test_fetch_response_highest(void **state)
+{
+	(void)state;
+	check_fetch_response(13);
+	check_fetch_response(KM_FETCH_RESPONSE_MAX_VERSION);
+}
+
+/* No map (or no context): every byte as it came, cut or not. */
+static void test_fetch_response_untouched(void **state)
+{
+	int16_t vs[] = {4, 12, 18};
+	(void)state;
+	for (size_t k = 0; k < sizeof(vs) / sizeof(vs[0]); k++) {
+		int16_t v = vs[k];
+		km_wr fr;
+		int agains = 0;
+		km_wr_init(&fr);
+		build_fetch_response(&fr, v, true);
+		for (size_t cut = 1; cut < fr.len; cut += 7) {
+			struct evbuffer *out = evbuffer_new();
+			km_off_req *c = fetch_ctx(v);
+			stream(fr.buf, fr.len, v, &cut, 1, c, out, &agains);
+			assert_memory_equal(evbuffer_pullup(out, -1), fr.buf, fr.len);
+			evbuffer_free(out);
+			km_off_req_free(c);
+			out = evbuffer_new();
+			stream(fr.buf, fr.len, v, &cut, 1, NULL, out, &agains);
+			assert_memory_equal(evbuffer_pullup(out, -1), fr.buf, fr.len);
+			evbuffer_free(out);
+		}
+		/* The mapped topic's bytes too, with no context (a request that named no map). */
+		km_wr_free(&fr);
+		km_wr_init(&fr);
+		build_fetch_response(&fr, v, false);
+		{
+			struct evbuffer *out = evbuffer_new();
+			stream(fr.buf, fr.len, v, NULL, 0, NULL, out, &agains);
+			assert_memory_equal(evbuffer_pullup(out, -1), fr.buf, fr.len);
+			evbuffer_free(out);
+		}
+		km_wr_free(&fr);
+	}
+}
+
+/*
+ * KIP-227: the response to an incremental request that did not name m/0 (its session did): the
+ * partition is translated all the same, and the hidden batch put below the first visible batch's
+ * logical offset (30), which is at or below the client's position.
+ */
+static void test_fetch_response_incremental(void **state)
+{
+	km_wr in, out, fr;
+	km_off_req *c = NULL;
+	bool rw;
+	struct evbuffer *o = evbuffer_new();
+	int agains = 0;
+	(void)state;
+	km_wr_init(&in);
+	km_wr_init(&out);
+	km_wr_init(&fr);
+	build_fetch_request(&in, 15, 4, false);
+	assert_int_equal(km_off_request(KM_API_FETCH, 15, in.buf, in.len, &LK, &c, &rw, &out), KM_OK);
+	assert_non_null(c);
+	build_fetch_response(&fr, 15, false);
+	stream(fr.buf, fr.len, 15, NULL, 0, c, o, &agains);
+	check_fetch_response_fields(evbuffer_pullup(o, -1), fr.len, 15);
+	km_off_req_free(c);
+	evbuffer_free(o);
+	km_wr_free(&in);
+	km_wr_free(&out);
+	km_wr_free(&fr);
+}
+
+/* ---- whole responses ---- */
+
+static km_off_req *ctx_for(int16_t key, int16_t v)
+{
+	km_off_req *c = km_off_req_new(key, v, &LK);
+	assert_non_null(c);
+	return c;
+}
+
+static void check_list_offsets(int16_t v)
+{
+	km_list_offsets_request rq;
+	km_list_offsets_request_list_offsets_topic rt[2];
+	km_list_offsets_request_list_offsets_partition rp[6];
+	km_list_offsets_response rs, got;
+	km_list_offsets_response_list_offsets_topic_response st[2];
+	km_list_offsets_response_list_offsets_partition_response sp[6];
+	int64_t ts[5] = {-1, -2, -3, 1000, -4}, phys[5] = {300, 100, 230, 150, 100}, want[5] = {160, 0, 80, 50, 0};
+	km_wr w, out;
+	km_off_req *c = NULL;
+	bool rw, changed;
+	km_arena a;
+	km_rd r;
+
+	km_list_offsets_request_init(&rq);
+	km_list_offsets_response_init(&rs);
+	for (int i = 0; i < 2; i++) {
+		km_list_offsets_request_list_offsets_topic_init(&rt[i]);
+		km_list_offsets_response_list_offsets_topic_response_init(&st[i]);
+	}
+	/* m/0 asked five ways (one partition per entry: the map is the same), plain/0 latest. */
+	for (int i = 0; i < 6; i++) {
+		km_list_offsets_request_list_offsets_partition_init(&rp[i]);
+		km_list_offsets_response_list_offsets_partition_response_init(&sp[i]);
+		rp[i].partition_index = sp[i].partition_index = i < 5 ? (i == 0 ? 0 : i == 1 ? 2 : 100 + i) : 0;
+		rp[i].timestamp = i < 5 ? ts[i] : -1;
+		sp[i].offset = i < 5 ? phys[i] : 300;
+		sp[i].timestamp = i < 5 && ts[i] >= -1 && ts[i] != -1 ? 999 : -1;
+	}
+	/* Partitions 0 and 2 have the map: the others of m do not, so use 0 and 2 for two kinds, then reuse via more requests. */
+	rt[0].name = st[0].name = km_str_c("m");
+	rt[0].partitions.count = st[0].partitions.count = 2;
+	rt[0].partitions.items = rp;
+	st[0].partitions.items = sp;
+	rt[1].name = st[1].name = km_str_c("plain");
+	rt[1].partitions.count = st[1].partitions.count = 1;
+	rt[1].partitions.items = &rp[5];
+	st[1].partitions.items = &sp[5];
+	for (int k = 0; k < 5; k += 2) {
+		/* Two kinds per round, on m/0 and m/2. */
+		for (int j = 0; j < 2; j++) {
+			int i = k + j < 5 ? k + j : 0;
+			rp[j].timestamp = ts[i];
+			sp[j].offset = phys[i];
+			rp[j].partition_index = sp[j].partition_index = j == 0 ? 0 : 2;
+		}
+		rq.topics.count = rs.topics.count = 2;
+		rq.topics.items = rt;
+		rs.topics.items = st;
+		km_wr_init(&w);
+		km_wr_init(&out);
+		km_list_offsets_request_encode(&w, v, &rq);
+		assert_int_equal(km_off_request(KM_API_LIST_OFFSETS, v, w.buf, w.len, &LK, &c, &rw, &out), KM_OK);
+		assert_non_null(c);
+		assert_false(rw);
+		km_wr_free(&w);
+		km_wr_init(&w);
+		km_list_offsets_response_encode(&w, v, &rs);
+		assert_int_equal(km_off_response(c, w.buf, w.len, &changed, &out), KM_OK);
+		assert_true(changed);
+		km_arena_init(&a, 0);
+		km_list_offsets_response_init(&got);
+		km_rd_init(&r, out.buf, out.len);
+		assert_int_equal(km_list_offsets_response_decode(&r, v, &got, &a), KM_OK);
+		for (int j = 0; j < 2; j++) {
+			int i = k + j < 5 ? k + j : 0;
+			assert_int_equal(got.topics.items[0].partitions.items[j].offset, want[i]);
+		}
+		assert_int_equal(got.topics.items[1].partitions.items[0].offset, 300);
+		km_arena_free(&a);
+		km_off_req_free(c);
+		c = NULL;
+		km_wr_free(&w);
+		km_wr_free(&out);
+	}
+	/* Only plain asked: no context, the response goes as it came. */
+	rq.topics.count = 1;
+	rq.topics.items = &rt[1];
+	km_wr_init(&w);
+	km_wr_init(&out);
+	km_list_offsets_request_encode(&w, v, &rq);
+	assert_int_equal(km_off_request(KM_API_LIST_OFFSETS, v, w.buf, w.len, &LK, &c, &rw, &out), KM_OK);
+	assert_null(c);
+	km_wr_free(&w);
+	km_wr_free(&out);
+}
+
+static void test_list_offsets(void **state)
+{
+	(void)state;
+	check_list_offsets(KM_LIST_OFFSETS_REQUEST_MIN_VERSION);
+	check_list_offsets(KM_LIST_OFFSETS_REQUEST_MAX_VERSION);
+}
+
+static void test_offset_for_leader_epoch(void **state)
+{
+	int16_t vs[] = {KM_OFFSET_FOR_LEADER_EPOCH_RESPONSE_MIN_VERSION, KM_OFFSET_FOR_LEADER_EPOCH_RESPONSE_MAX_VERSION};
+	(void)state;
+	for (size_t k = 0; k < 2; k++) {
+		int16_t v = vs[k];
+		km_offset_for_leader_epoch_response rs, got;
+		km_offset_for_leader_epoch_response_offset_for_leader_topic_result t[2];
+		km_offset_for_leader_epoch_response_epoch_end_offset p[3];
+		km_off_req *c = ctx_for(KM_API_OFFSET_FOR_LEADER_EPOCH, v);
+		km_wr w, out;
+		bool changed;
+		km_arena a;
+		km_rd r;
+		km_offset_for_leader_epoch_response_init(&rs);
+		for (int i = 0; i < 3; i++) {
+			km_offset_for_leader_epoch_response_epoch_end_offset_init(&p[i]);
+			p[i].leader_epoch = 3;
+		}
+		p[0].partition = 0;
+		p[0].end_offset = 300; /* the tail */
+		p[1].partition = 2;
+		p[1].end_offset = 140; /* the end of the first run: hidden, the next run's start */
+		p[2].partition = 0;
+		p[2].end_offset = 140;
+		for (int i = 0; i < 2; i++)
+			km_offset_for_leader_epoch_response_offset_for_leader_topic_result_init(&t[i]);
+		t[0].topic = km_str_c("m");
+		t[0].partitions.count = 2;
+		t[0].partitions.items = p;
+		t[1].topic = km_str_c("plain");
+		t[1].partitions.count = 1;
+		t[1].partitions.items = &p[2];
+		rs.topics.count = 2;
+		rs.topics.items = t;
+		km_wr_init(&w);
+		km_wr_init(&out);
+		km_offset_for_leader_epoch_response_encode(&w, v, &rs);
+		assert_int_equal(km_off_response(c, w.buf, w.len, &changed, &out), KM_OK);
+		assert_true(changed);
+		km_arena_init(&a, 0);
+		km_offset_for_leader_epoch_response_init(&got);
+		km_rd_init(&r, out.buf, out.len);
+		assert_int_equal(km_offset_for_leader_epoch_response_decode(&r, v, &got, &a), KM_OK);
+		assert_int_equal(got.topics.items[0].partitions.items[0].end_offset, 160);
+		assert_int_equal(got.topics.items[0].partitions.items[1].end_offset, 50);
+		assert_int_equal(got.topics.items[1].partitions.items[0].end_offset, 140);
+		km_arena_free(&a);
+		/* Only plain: not changed, nothing written. */
+		rs.topics.count = 1;
+		rs.topics.items = &t[1];
+		km_wr_free(&w);
+		km_wr_free(&out);
+		km_wr_init(&w);
+		km_wr_init(&out);
+		km_offset_for_leader_epoch_response_encode(&w, v, &rs);
+		assert_int_equal(km_off_response(c, w.buf, w.len, &changed, &out), KM_OK);
+		assert_false(changed);
+		assert_int_equal(out.len, 0);
+		km_wr_free(&w);
+		km_wr_free(&out);
+		km_off_req_free(c);
+	}
+}
+
+static void test_delete_records(void **state)
+{
+	(void)state;
+	for (int16_t v = KM_DELETE_RECORDS_RESPONSE_MIN_VERSION; v <= KM_DELETE_RECORDS_RESPONSE_MAX_VERSION; v += 2) {
+		km_delete_records_request rq, gotq;
+		km_delete_records_request_delete_records_topic rt[2];
+		km_delete_records_request_delete_records_partition rp[3];
+		km_delete_records_response rs, got;
+		km_delete_records_response_delete_records_topic_result st[2];
+		km_delete_records_response_delete_records_partition_result sp[3];
+		km_off_req *c = NULL;
+		km_wr w, out;
+		bool rw, changed;
+		km_arena a;
+		km_rd r;
+
+		km_delete_records_request_init(&rq);
+		km_delete_records_response_init(&rs);
+		for (int i = 0; i < 3; i++) {
+			km_delete_records_request_delete_records_partition_init(&rp[i]);
+			km_delete_records_response_delete_records_partition_result_init(&sp[i]);
+		}
+		rp[0].partition_index = sp[0].partition_index = 0;
+		rp[0].offset = 60;   /* -> 210 */
+		sp[0].low_watermark = 210;
+		rp[1].partition_index = sp[1].partition_index = 2;
+		rp[1].offset = -1;   /* the high watermark: stays */
+		sp[1].low_watermark = 300;
+		rp[2].partition_index = sp[2].partition_index = 0;
+		rp[2].offset = 60;
+		sp[2].low_watermark = 60;
+		for (int i = 0; i < 2; i++) {
+			km_delete_records_request_delete_records_topic_init(&rt[i]);
+			km_delete_records_response_delete_records_topic_result_init(&st[i]);
+		}
+		rt[0].name = st[0].name = km_str_c("m");
+		rt[0].partitions.count = st[0].partitions.count = 2;
+		rt[0].partitions.items = rp;
+		st[0].partitions.items = sp;
+		rt[1].name = st[1].name = km_str_c("plain");
+		rt[1].partitions.count = st[1].partitions.count = 1;
+		rt[1].partitions.items = &rp[2];
+		st[1].partitions.items = &sp[2];
+		rq.topics.count = rs.topics.count = 2;
+		rq.topics.items = rt;
+		rs.topics.items = st;
+		rq.timeout_ms = 1000;
+		km_wr_init(&w);
+		km_wr_init(&out);
+		km_delete_records_request_encode(&w, v, &rq);
+		assert_int_equal(km_off_request(KM_API_DELETE_RECORDS, v, w.buf, w.len, &LK, &c, &rw, &out), KM_OK);
+		assert_true(rw);
+		assert_non_null(c);
+		km_arena_init(&a, 0);
+		km_delete_records_request_init(&gotq);
+		km_rd_init(&r, out.buf, out.len);
+		assert_int_equal(km_delete_records_request_decode(&r, v, &gotq, &a), KM_OK);
+		assert_int_equal(gotq.topics.items[0].partitions.items[0].offset, 210);
+		assert_int_equal(gotq.topics.items[0].partitions.items[1].offset, -1);
+		assert_int_equal(gotq.topics.items[1].partitions.items[0].offset, 60);
+		assert_int_equal(gotq.timeout_ms, 1000);
+		km_wr_free(&w);
+		km_wr_free(&out);
+		km_wr_init(&w);
+		km_wr_init(&out);
+		km_delete_records_response_encode(&w, v, &rs);
+		assert_int_equal(km_off_response(c, w.buf, w.len, &changed, &out), KM_OK);
+		assert_true(changed);
+		km_delete_records_response_init(&got);
+		km_rd_init(&r, out.buf, out.len);
+		assert_int_equal(km_delete_records_response_decode(&r, v, &got, &a), KM_OK);
+		assert_int_equal(got.topics.items[0].partitions.items[0].low_watermark, 60);
+		assert_int_equal(got.topics.items[0].partitions.items[1].low_watermark, 160);
+		assert_int_equal(got.topics.items[1].partitions.items[0].low_watermark, 60);
+		km_arena_free(&a);
+		km_off_req_free(c);
+		km_wr_free(&w);
+		km_wr_free(&out);
+	}
+}
+
+/* After a stop: the stop persisted a run at the tail (logical 160 at physical 300), and no pipeline runs the partition. */
+static km_offrun RUNS_STOPPED[] = {{0, 100, -1}, {50, 200, 40}, {160, 300, 150}};
+
+static void test_produce_response(void **state)
+{
+	int16_t vs[] = {KM_PRODUCE_RESPONSE_MIN_VERSION, 12, KM_PRODUCE_RESPONSE_MAX_VERSION};
+	km_offmap mirroring = MAP;
+	(void)state;
+	MAP = (km_offmap){RUNS_STOPPED, 3, 3, -1, -1};
+	for (size_t k = 0; k < sizeof(vs) / sizeof(vs[0]); k++) {
+		int16_t v = vs[k];
+		km_produce_response rs, got;
+		km_produce_response_topic_produce_response t[2];
+		km_produce_response_partition_produce_response p[2];
+		km_off_req *c = ctx_for(KM_API_PRODUCE, v);
+		km_wr w, out;
+		bool changed;
+		km_arena a;
+		km_rd r;
+		km_produce_response_init(&rs);
+		for (int i = 0; i < 2; i++) {
+			km_produce_response_partition_produce_response_init(&p[i]);
+			km_produce_response_topic_produce_response_init(&t[i]);
+			p[i].index = 0;
+			p[i].base_offset = 300; /* after a stop: the first write lands at the physical tail */
+			p[i].log_start_offset = 100;
+		}
+		t[0].name = km_str_c("m");
+		t[0].topic_id = M_ID;
+		t[1].name = km_str_c("plain");
+		t[1].topic_id = P_ID;
+		for (int i = 0; i < 2; i++) {
+			t[i].partition_responses.count = 1;
+			t[i].partition_responses.items = &p[i];
+		}
+		rs.responses.count = 2;
+		rs.responses.items = t;
+		km_wr_init(&w);
+		km_wr_init(&out);
+		km_produce_response_encode(&w, v, &rs);
+		assert_int_equal(km_off_response(c, w.buf, w.len, &changed, &out), KM_OK);
+		assert_true(changed);
+		km_arena_init(&a, 0);
+		km_produce_response_init(&got);
+		km_rd_init(&r, out.buf, out.len);
+		assert_int_equal(km_produce_response_decode(&r, v, &got, &a), KM_OK);
+		/* The new record follows the source's last one: the logical tail. */
+		assert_int_equal(got.responses.items[0].partition_responses.items[0].base_offset, 160);
+		assert_int_equal(got.responses.items[0].partition_responses.items[0].log_start_offset, v >= 5 ? 0 : -1);
+		assert_int_equal(got.responses.items[1].partition_responses.items[0].base_offset, 300);
+		km_arena_free(&a);
+		km_wr_free(&w);
+		km_wr_free(&out);
+		km_off_req_free(c);
+	}
+	MAP = mirroring;
+}
+
+static void test_describe_producers(void **state)
+{
+	km_describe_producers_response rs, got;
+	km_describe_producers_response_topic_response t;
+	km_describe_producers_response_partition_response p;
+	km_describe_producers_response_producer_state ps[2];
+	km_off_req *c = ctx_for(KM_API_DESCRIBE_PRODUCERS, 0);
+	km_wr w, out;
+	bool changed;
+	km_arena a;
+	km_rd r;
+	(void)state;
+	km_describe_producers_response_init(&rs);
+	km_describe_producers_response_topic_response_init(&t);
+	km_describe_producers_response_partition_response_init(&p);
+	for (int i = 0; i < 2; i++) {
+		km_describe_producers_response_producer_state_init(&ps[i]);
+		ps[i].producer_id = 40 + i;
+	}
+	ps[0].current_txn_start_offset = 210;
+	ps[1].current_txn_start_offset = -1;
+	p.partition_index = 0;
+	p.active_producers.count = 2;
+	p.active_producers.items = ps;
+	t.name = km_str_c("m");
+	t.partitions.count = 1;
+	t.partitions.items = &p;
+	rs.topics.count = 1;
+	rs.topics.items = &t;
+	km_wr_init(&w);
+	km_wr_init(&out);
+	km_describe_producers_response_encode(&w, 0, &rs);
+	assert_int_equal(km_off_response(c, w.buf, w.len, &changed, &out), KM_OK);
+	assert_true(changed);
+	km_arena_init(&a, 0);
+	km_describe_producers_response_init(&got);
+	km_rd_init(&r, out.buf, out.len);
+	assert_int_equal(km_describe_producers_response_decode(&r, 0, &got, &a), KM_OK);
+	assert_int_equal(got.topics.items[0].partitions.items[0].active_producers.items[0].current_txn_start_offset, 60);
+	assert_int_equal(got.topics.items[0].partitions.items[0].active_producers.items[1].current_txn_start_offset, -1);
+	km_arena_free(&a);
+	km_wr_free(&w);
+	km_wr_free(&out);
+	km_off_req_free(c);
+}
+
+/* Committed group offsets are logical already: OffsetCommit, OffsetFetch and TxnOffsetCommit are plain forwards. */
+static void test_group_offsets_untouched(void **state)
+{
+	km_proxy_apis *t = km_proxy_apis_new();
+	int16_t keys[] = {KM_API_OFFSET_COMMIT, KM_API_OFFSET_FETCH, KM_API_TXN_OFFSET_COMMIT};
+	(void)state;
+	assert_non_null(t);
+	for (size_t i = 0; i < 3; i++) {
+		const km_proxy_api *a = km_proxy_apis_find(t, keys[i]);
+		assert_non_null(a);
+		assert_null(a->classify);
+		assert_null(a->on_request);
+		assert_null(a->on_response);
+		assert_null(a->rewrite);
+		assert_null(a->stream);
+		assert_int_equal(a->req, KM_REQ_FORWARD);
+		assert_int_equal(a->resp, KM_RESP_FORWARD);
+	}
+	/* And the rows this module owns are in the table with their hooks. */
+	assert_non_null(km_proxy_apis_find(t, KM_API_FETCH)->on_request);
+	assert_true(km_proxy_apis_find(t, KM_API_FETCH)->stream->on_batch == km_off_fetch_batch);
+	assert_non_null(km_proxy_apis_find(t, KM_API_LIST_OFFSETS)->on_request);
+	assert_non_null(km_proxy_apis_find(t, KM_API_OFFSET_FOR_LEADER_EPOCH)->on_request);
+	assert_non_null(km_proxy_apis_find(t, KM_API_DESCRIBE_PRODUCERS)->on_request);
+	km_proxy_apis_free(t);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_batch_logical),
+		cmocka_unit_test(test_fetch_request_lowest),
+		cmocka_unit_test(test_fetch_request_highest),
+		cmocka_unit_test(test_fetch_request_past_tail),
+		cmocka_unit_test(test_fetch_request_plain),
+		cmocka_unit_test(test_fetch_request_incremental),
+		cmocka_unit_test(test_fetch_response_lowest),
+		cmocka_unit_test(test_fetch_response_highest),
+		cmocka_unit_test(test_fetch_response_untouched),
+		cmocka_unit_test(test_fetch_response_incremental),
+		cmocka_unit_test(test_list_offsets),
+		cmocka_unit_test(test_offset_for_leader_epoch),
+		cmocka_unit_test(test_delete_records),
+		cmocka_unit_test(test_produce_response),
+		cmocka_unit_test(test_describe_producers),
+		cmocka_unit_test(test_group_offsets_untouched),
+	};
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -183,15 +183,14 @@ def watermarks(bootstrap, topic, partitions, timeout=15):
         c.close()
 
 
-def list_offset(bootstrap, topic, partition, ts, timeout=15):
-    """ListOffsets by timestamp (or -1 latest, -2 earliest) through offsets_for_times."""
+def offsets_for_times(bootstrap, topic, partitions, stamps, timeout=15):
+    """{timestamp: [offset per partition]}: ListOffsets by timestamp (offsets_for_times), one
+    request per timestamp for all partitions; -1 where no record is that late."""
     c = _consumer(bootstrap)
     try:
-        if ts < 0:
-            lo, hi = c.get_watermark_offsets(TopicPartition(topic, partition), timeout=timeout,
-                                             cached=False)
-            return hi if ts == -1 else lo
-        return c.offsets_for_times([TopicPartition(topic, partition, ts)], timeout=timeout)[0].offset
+        return {ts: [tp.offset for tp in c.offsets_for_times(
+            [TopicPartition(topic, p, ts) for p in range(partitions)], timeout=timeout)]
+            for ts in stamps}
     finally:
         c.close()
 
@@ -263,7 +262,7 @@ def read_partition(bootstrap, topic, partition, start, end, timeout=180, **extra
                 raise AssertionError(f"reading {topic}-{partition} [{start}, {end}) from "
                                      f"{bootstrap}: {len(out)} records after {timeout}s")
             done = False
-            for m in c.consume(num_messages=10000, timeout=1.0):
+            for m in c.consume(num_messages=10000, timeout=0.1):
                 e = m.error()
                 if e is not None:
                     if e.code() == KafkaError._PARTITION_EOF:

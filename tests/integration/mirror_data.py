@@ -429,7 +429,10 @@ def partition_batches(cluster, topic, partition):
     return log_dir_batches(dirs[0])
 
 
-def compare_batches(src, dst, shift=None, start=None, end=None):
+BATCH_FIELDS = ("count", "lod", "codec", "first_ts", "max_ts")
+
+
+def compare_batches(src, dst, shift=None, start=None, end=None, fields=BATCH_FIELDS):
     """Checks every destination batch against the source batch holding the same logical records:
     the records section (compressed payload) byte for byte, records count, lastOffsetDelta, codec
     bits, base and max timestamps. logical = physical + shift; with shift None, one run from the
@@ -456,7 +459,7 @@ def compare_batches(src, dst, shift=None, start=None, end=None):
                             f"records): no source batch starts there")
             continue
         seen.add(logical)
-        for f in ("count", "lod", "codec", "first_ts", "max_ts"):
+        for f in fields:
             if d[f] != s[f]:
                 problems.append(f"batch at logical {logical}: {f} destination {d[f]} source {s[f]}")
         if d["records"] != s["records"]:
@@ -472,7 +475,8 @@ def compare_batches(src, dst, shift=None, start=None, end=None):
     return problems
 
 
-def assert_segments_exact(source_cluster, dest_cluster, topic, partitions, shift=None):
+def assert_segments_exact(source_cluster, dest_cluster, topic, partitions, shift=None,
+                          fields=BATCH_FIELDS):
     """compare_batches for every partition, from the files; returns (batches, bytes) checked."""
     problems = []
     nb = nbytes = 0
@@ -480,7 +484,7 @@ def assert_segments_exact(source_cluster, dest_cluster, topic, partitions, shift
     for p in range(partitions):
         src = partition_batches(source_cluster, topic, p)
         dst = partition_batches(dest_cluster, topic, p)
-        got = compare_batches(src, dst, shift=shift)
+        got = compare_batches(src, dst, shift=shift, fields=fields)
         problems += [f"{topic}-{p}: {x}" for x in got[:5]]
         if len(got) > 5:
             problems.append(f"{topic}-{p}: ... {len(got) - 5} more")

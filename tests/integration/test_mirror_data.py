@@ -531,6 +531,11 @@ def test_mirror_log_append_time(mirror_env):
     total, counts = compare_topic(env.pb, env.sb, topic, parts, marks)
     assert total == 4000
     check_timestamps(env, topic, parts)
+    # On disk the payload is still the source's; the destination (a CreateTime topic) cleared the
+    # LogAppendTime bit and set MaxTimestamp to the records' maximum, so those are not compared.
+    assert all(b["log_append"] for b in partition_batches(env.source, topic, 0))
+    assert_segments_exact(env.source, env.dest, topic, parts,
+                          fields=("count", "lod", "codec", "first_ts"))
 
 
 # ---------------------------------------------------------------------------------------------

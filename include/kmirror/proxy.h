@@ -10,6 +10,7 @@
 #include "kmirror/daemon_config.h"
 #include "kmirror/error.h"
 #include "kmirror/metrics.h"
+#include "kmirror/mirror.h"
 #include "kmirror/state.h"
 
 typedef struct km_proxy km_proxy;
@@ -87,6 +88,12 @@ void km_proxy_free(km_proxy *px);
  * with an error and no topic is read-only. The store must outlive the proxy.
  */
 void km_proxy_set_state(km_proxy *px, km_state *st);
+/*
+ * Give the proxy the mirror module: StartMirrorTopics has it create topics missing on the
+ * destination from the source (km_mirror_prepare_start). Without it such a topic is refused. The
+ * module must outlive the proxy.
+ */
+void km_proxy_set_mirror(km_proxy *px, km_mirror *mi);
 
 km_proxy_counters *km_proxy_metrics(km_proxy *px);
 size_t km_proxy_session_count(const km_proxy *px);

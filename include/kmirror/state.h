@@ -170,7 +170,8 @@ void km_state_delete_mirror(km_state *st, const char *name, km_state_done_cb don
  * the others): the mirror must exist (else the top-level code is UNKNOWN_CLUSTER_MIRROR), the topic
  * must be in a state op is valid from (per partition: every partition must allow it), and for
  * start the topic must exist on the destination (UNKNOWN_TOPIC_OR_PARTITION otherwise; its
- * partitions and topic id are read from the destination's metadata). A topic of another mirror is
+ * partitions and topic id are read from the destination's metadata; the proxy has the mirror
+ * module create a missing one first, km_mirror_prepare_start). A topic of another mirror is
  * refused with TOPIC_ALREADY_IN_CLUSTER_MIRROR; stop/pause/resume of a topic this mirror does not
  * hold with TOPIC_NOT_IN_CLUSTER_MIRROR. Messages name the topic, the mirror and the current state.
  */
@@ -190,6 +191,17 @@ void km_state_partition_set(km_state *st, const char *mirror, const char *topic,
  */
 void km_state_partitions_set(km_state *st, const char *mirror, const char *topic, const int32_t *partitions,
 			     size_t n, km_mp_state to, const char *error, km_state_done_cb done, void *arg);
+
+/*
+ * The source topic grew to new_count partitions: partitions the store does not hold yet, below
+ * new_count, are added in PREPARING (persisted first, then on_partition for each, from UNKNOWN),
+ * which makes the pipeline run them. Idempotent: nothing is written when the store holds them all
+ * already. Only for a topic in PREPARING or MIRRORING (INVALID_CLUSTER_MIRROR_STATES otherwise);
+ * UNKNOWN_CLUSTER_MIRROR, TOPIC_NOT_IN_CLUSTER_MIRROR, INVALID_REQUEST (a count outside 1..100,000).
+ * The destination topic must have the partitions already (km_mirror_grow adds them first).
+ */
+void km_state_topic_add_partitions(km_state *st, const char *mirror, const char *topic, int32_t new_count,
+				   km_state_done_cb done, void *arg);
 
 /* ---- offset maps (docs/mirror.md, "The offset map") ---- */
 

@@ -30,6 +30,7 @@ struct km_mcluster {
 	km_net_client **dead;
 	size_t ndead, capdead;
 	struct event *ev;
+	char last_error[300]; /* why the last connection failed, for messages ("" when none has) */
 	void (*on_change)(void *arg);
 	void *arg;
 };
@@ -57,6 +58,8 @@ static void on_state(km_net_client *c, km_err err, void *arg)
 
 	if (err != KM_OK) {
 		KM_DEBUG(KM_MIRROR_COMP, 0, "%s connection failed: %s", cl->side, km_net_client_reason(c));
+		snprintf(cl->last_error, sizeof(cl->last_error), "%s", *km_net_client_reason(c) ? km_net_client_reason(c) :
+									km_err_name(err));
 		if (c == cl->bootc)
 			cl->boot_failed = true;
 		for (size_t i = 0; i < cl->nnodes; i++)
@@ -128,6 +131,11 @@ void km_mcluster_free(km_mcluster *cl)
 	free(cl->user);
 	free(cl->pass);
 	free(cl);
+}
+
+const char *km_mcluster_last_error(const km_mcluster *cl)
+{
+	return cl->last_error;
 }
 
 const char *km_mcluster_side(const km_mcluster *cl)

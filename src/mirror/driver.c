@@ -47,6 +47,7 @@ struct km_mirror {
 	km_mirror_work *head, *tail;
 	size_t inflight;
 	bool freeing;
+	struct km_mprep *preps; /* destination topics being created or grown (topics.c) */
 };
 
 static void work_free(km_mirror_work *w)
@@ -291,6 +292,7 @@ void km_mirror_free(km_mirror *mi)
 	if (!mi)
 		return;
 	mi->freeing = true;
+	km_mirror_topics_shutdown(mi);
 	for (size_t i = 0; i < mi->npipes; i++)
 		km_pipeline_free(mi->pipes[i]);
 	free(mi->pipes);
@@ -303,6 +305,11 @@ void km_mirror_free(km_mirror *mi)
 	if (mi->dns)
 		evdns_base_free(mi->dns, 1);
 	free(mi);
+}
+
+struct km_mprep **km_mirror_prep_list(km_mirror *mi)
+{
+	return &mi->preps;
 }
 
 struct evdns_base *km_mirror_dns(km_mirror *mi)

@@ -34,6 +34,8 @@ void km_mcluster_drop(km_mcluster *cl, km_net_client *c);
 /* Take the brokers of a Metadata response (clients of unchanged addresses are kept). */
 km_err km_mcluster_brokers(km_mcluster *cl, const km_metadata_response *r) __attribute__((warn_unused_result));
 const char *km_mcluster_side(const km_mcluster *cl);
+/* Why the cluster's last connection failed (km_net_client_reason of it); "" when none has. */
+const char *km_mcluster_last_error(const km_mcluster *cl);
 
 /* ---- the connections of a mirror (conn.c) ---- */
 
@@ -63,6 +65,14 @@ const km_mirror_opts *km_mirror_get_opts(km_mirror *mi);
  */
 void km_mirror_settle(km_mirror *mi, const char *mirror, const char *topic, int32_t partition, km_mp_state from,
 		      km_mp_state to, const char *error);
+
+/* ---- destination topics (topics.c) ---- */
+
+struct km_mprep;
+/* The head of the mirror's list of preparations and growths in progress (topics.c keeps it). */
+struct km_mprep **km_mirror_prep_list(km_mirror *mi);
+/* Answer every preparation in progress (shutting down) and free them all. */
+void km_mirror_topics_shutdown(km_mirror *mi);
 
 /* The per-partition metric families (NULL without a registry): series by pointer into each partition. */
 typedef struct km_mirror_families {

@@ -168,6 +168,7 @@ struct km_pipeline {
 	int64_t fetch_max_bytes, part_max_bytes;
 	char start_mode[32];
 	int64_t options_at;
+	int64_t meta_interval; /* mirror.metadata.refresh.interval.ms: leaders, partition counts */
 	/* mirror.replication.throttled.rate: a token bucket over fetched bytes (0: no limit). */
 	int64_t rate, tokens, tokens_at;
 	mheld *held; /* fetched bytes held: no new fetch while above held_cap */
@@ -383,8 +384,7 @@ static void fail_part(km_pipeline *pl, mpart *p, const char *why)
 	KM_ERROR(COMP, 0, "%s/%s: %s: the partition is FAILED (stop, then start, to recover)", pl->name,
 		 ptag(p, tag, sizeof(tag)), why);
 	drop_unsent(p);
-	p->phase = PH_IDLE;
-	set_tail(pl, p, false);
+	p->phase = PH_IDLE; /* the tail stays until FAILED is in: its record keeps where the mirror stood */
 	if (!p->settling) {
 		p->settling = true;
 		km_mirror_settle(pl->mi, pl->name, p->t->name, p->id, p->state, KM_MP_FAILED, why);
@@ -451,8 +451,11 @@ static void take_metadata(km_pipeline *pl, km_mcluster *cl, const km_metadata_re
 		if (src) {
 			t->src_missing = mt->error_code == 3;
 			t->src_missing_rounds = t->src_missing ? t->src_missing_rounds + 1 : 0;
-			if (!mt->error_code)
+			if (!mt->error_code) {
 				t->src_partitions = mt->partitions.count;
+				/* The source grew: the destination and the store follow (a no-op when they have as many). */
+				km_mirror_grow(pl->mi, pl->name, name, mt->partitions.count);
+			}
 		} else
 			t->dst_missing = mt->error_code == 3;
 		if (mt->error_code)
@@ -2119,9 +2122,9 @@ static void tick(evutil_socket_t fd, short what, void *arg)
 			}
 	}
 	/* Periodic metadata refresh (partition moves, leader changes without errors). */
-	if (now - pl->src_meta_at > 30000)
+	if (now - pl->src_meta_at > pl->meta_interval)
 		pl->src_meta_need = true;
-	if (now - pl->dst_meta_at > 30000)
+	if (now - pl->dst_meta_at > pl->meta_interval)
 		pl->dst_meta_need = true;
 	schedule_in(pl, next - now > 0 ? next - now : 1);
 }
@@ -2170,6 +2173,7 @@ static void take_options(km_pipeline *pl, const km_mirror_options *mo)
 	pl->held_cap = (size_t)mo->fetch_max_bytes * 2;
 	pl->part_max_bytes = mo->fetch_partition_max_bytes;
 	pl->rate = mo->throttle_bytes_per_sec;
+	pl->meta_interval = mo->metadata_refresh_interval_ms;
 	snprintf(pl->start_mode, sizeof(pl->start_mode), "%s", mo->start_offset ? mo->start_offset : "earliest");
 }
 
@@ -2309,7 +2313,9 @@ void km_pipeline_partition(km_pipeline *pl, const char *topic, int32_t partition
 	default:
 		p->phase = PH_IDLE;
 		drop_unsent(p);
-		set_tail(pl, p, false);
+		/* Paused, the tail stays: it is where the mirror stands and resumes (describe shows it). */
+		if (state != KM_MP_PAUSED)
+			set_tail(pl, p, false);
 		break;
 	}
 	if (pl->config_error && (state == KM_MP_PREPARING || state == KM_MP_MIRRORING)) {

@@ -8,6 +8,7 @@
 
 #include "kmirror/api.h"
 #include "kmirror/log.h"
+#include "kmirror/mirror.h"
 #include "kmirror/net.h"
 #include "kmirror/msg/alter_mirror_request.h"
 #include "kmirror/msg/alter_mirror_response.h"
@@ -72,6 +73,7 @@ typedef struct mop {
 	km_session_set *set;     /* NULL: the proxy is gone, drop the answer */
 	uint64_t sid, seq;
 	km_state *st;
+	km_mirror *mi;           /* creates missing destination topics for a start; NULL: none */
 	km_proxy_counters *metrics; /* the proxy's, while set is not NULL */
 	int16_t key, version;
 	uint8_t *req;            /* the request body, copied: decoded strings borrow it */
@@ -149,6 +151,7 @@ static mop *op_new(km_req *rq, km_err *rc)
 	op->sid = km_session_id(rq->s);
 	op->seq = rq->seq;
 	op->st = host->state;
+	op->mi = host->mirror;
 	op->metrics = host->metrics;
 	op->key = rq->h->api_key;
 	op->version = rq->h->api_version;
@@ -608,6 +611,45 @@ static void topics_done(void *arg, const km_state_result *res)
 		      op->tcode, op->tmsg);
 }
 
+/* The topics still unanswered (authorized, not refused by the preparation), for the store. */
+static const char **pending_topics(mop *op, size_t *n)
+{
+	const char **allowed = km_arena_calloc(&op->a, sizeof(char *) * (op->ntopics + 1));
+	*n = 0;
+	for (size_t i = 0; allowed && i < op->ntopics; i++)
+		if (!op->tcode[i])
+			allowed[(*n)++] = op->topics[i];
+	return allowed;
+}
+
+/* The mirror module prepared the start (created what was missing): refusals are answered, the rest go to the store. */
+static void prepare_done(void *arg, km_err code, const char *message, const km_state_topic_result *res, size_t nres)
+{
+	mop *op = arg;
+	const char **allowed;
+	size_t k = 0, n;
+
+	for (size_t i = 0; i < op->ntopics; i++) {
+		if (op->tcode[i])
+			continue;
+		if (code) {
+			op->tcode[i] = (int16_t)code;
+			op->tmsg[i] = op_strdup(op, cstr(message ? message : km_err_message(code)));
+		} else if (k < nres && res[k].code) {
+			op->tcode[i] = (int16_t)res[k].code;
+			op->tmsg[i] = op_strdup(op, cstr(res[k].message ? res[k].message : km_err_message(res[k].code)));
+		}
+		k++;
+	}
+	allowed = pending_topics(op, &n);
+	/* The proxy is gone (shutting down): the store may be too; answer what is known. */
+	if (!op->set || !allowed || !n) {
+		answer_topics(op, 0, NULL, op->tcode, op->tmsg);
+		return;
+	}
+	km_state_topics(op->st, op->op, op->mirror, allowed, n, topics_done, op);
+}
+
 static km_state_kv *config_kv(mop *op, const void *items, int32_t count, size_t stride)
 {
 	km_state_kv *kv = km_arena_calloc(&op->a, sizeof(*kv) * ((size_t)(count > 0 ? count : 0) + 1));
@@ -855,14 +897,16 @@ static void proceed(mop *op)
 		answer_lmo(op);
 		return;
 	default: {
-		/* Only the topics the authorizer allowed go to the store. */
-		const char **allowed = km_arena_calloc(&op->a, sizeof(char *) * (op->ntopics + 1));
-		size_t n = 0;
-		for (size_t i = 0; allowed && i < op->ntopics; i++)
-			if (!op->tcode[i])
-				allowed[n++] = op->topics[i];
+		/* Only the topics the authorizer allowed go on. */
+		size_t n;
+		const char **allowed = pending_topics(op, &n);
 		if (!allowed || !n) {
 			answer_topics(op, 0, NULL, op->tcode, op->tmsg);
+			return;
+		}
+		/* A start first has the destination topics there (created from the source when missing). */
+		if (op->op == KM_TOPIC_START && op->mi) {
+			km_mirror_prepare_start(op->mi, op->mirror, allowed, n, prepare_done, op);
 			return;
 		}
 		km_state_topics(op->st, op->op, op->mirror, allowed, n, topics_done, op);

@@ -29,6 +29,11 @@ void km_proxy_set_state(km_proxy *px, km_state *st)
 	km_off_lookup_from_state(st, &px->host.offsets);
 }
 
+void km_proxy_set_mirror(km_proxy *px, km_mirror *mi)
+{
+	px->host.mirror = mi;
+}
+
 km_proxy_counters *km_proxy_metrics(km_proxy *px)
 {
 	return &px->metrics;

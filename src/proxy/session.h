@@ -14,6 +14,7 @@
 #include "kmirror/daemon_config.h"
 #include "kmirror/error.h"
 #include "kmirror/metrics.h"
+#include "kmirror/mirror.h"
 #include "kmirror/state.h"
 #include "proxy/apis.h"
 #include "proxy/counters.h"
@@ -37,6 +38,7 @@ typedef struct km_session_host {
 	km_proxy_counters *metrics;
 	const km_proxy_apis *apis;
 	km_state *state;       /* the mirror state store; NULL: no mirrors (km_proxy_set_state) */
+	km_mirror *mirror;     /* the mirror module (creates destination topics); NULL: none (km_proxy_set_mirror) */
 	km_ro_lookup read_only; /* which topics are read-only (filled from the state store); active NULL: none */
 	km_off_lookup offsets;  /* the offset maps of mirror topics (filled from the state store); active NULL: none */
 	km_session_set *sessions; /* the set the sessions live in (for km_session_answer from hooks) */

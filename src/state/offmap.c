@@ -145,8 +145,9 @@ int64_t km_offmap_to_physical(const km_offmap *m, int64_t logical)
 
 	if (logical < 0)
 		return -1;
+	/* No run: nothing mirrored. A pipeline waits at its tail; without one the offsets are the destination's own. */
 	if (m->n == 0)
-		return tail_set(m) ? m->tail_physical : -1;
+		return tail_set(m) ? m->tail_physical : logical;
 	if (tail_set(m) && logical >= m->tail_logical)
 		return m->tail_physical;
 	at = upper_logical(m, logical);
@@ -166,7 +167,7 @@ int64_t km_offmap_to_logical(const km_offmap *m, int64_t physical)
 	if (physical < 0)
 		return -1;
 	if (m->n == 0)
-		return tail_set(m) && physical == m->tail_physical ? m->tail_logical : -1;
+		return !tail_set(m) ? physical : physical <= m->tail_physical ? m->tail_logical : -1;
 	at = upper_physical(m, physical);
 	if (at == 0)
 		return m->runs[0].logical;

@@ -12,7 +12,7 @@
 
 #define COMP "state"
 
-typedef enum { MUT_CREATE, MUT_ALTER, MUT_DELETE, MUT_TOPICS, MUT_PSET, MUT_RUNS } mut_kind;
+typedef enum { MUT_CREATE, MUT_ALTER, MUT_DELETE, MUT_TOPICS, MUT_PSET, MUT_RUNS, MUT_GROW } mut_kind;
 
 /* A mirror's delete, in writes that each land whole before the next: runs, then partitions, then the mirror. */
 enum { DEL_RUNS = 0, DEL_PARTITIONS, DEL_MIRROR };
@@ -555,8 +555,7 @@ static void on_topics_meta(km_state *st, km_err err, const char *message, const 
 		if (md->error != 0 || md->partitions <= 0) {
 			if (md->error == KM_KAFKA_UNKNOWN_TOPIC_OR_PARTITION || md->error == 0)
 				topic_msg(mu, i, KM_KAFKA_UNKNOWN_TOPIC_OR_PARTITION,
-					  "Topic %s does not exist on the destination cluster: create it there first "
-					  "(kmirror does not create mirror topics yet)",
+					  "Topic %s does not exist on the destination cluster",
 					  mu->topics[i]);
 			else
 				topic_msg(mu, i, md->error, "Metadata of topic %s on the destination failed: %s",
@@ -678,11 +677,57 @@ static void prepare_pset(km_state *st, km_state_mut *mu)
 		if (p.state != mu->to)
 			p.state_change_ms = now;
 		p.state = mu->to;
+		/* Where the pipeline stands is what the partition's record keeps (describe, LastMirroredOffsets, a failover). */
+		if (p.map && p.map->tail_logical >= 0)
+			p.last_mirrored_offset = p.map->tail_logical;
 		if (mu->error) {
 			p.last_error = mu->error;
 			p.last_error_ms = now;
 		}
 		if (add_partition_rec(mu, t, pi, &p) != KM_OK)
+			set_msg(mu, KM_MIRROR_STATE_UNAVAILABLE, "out of memory");
+	}
+}
+
+/* The source grew: partitions [known, nparts) of the topic join in PREPARING (already there: nothing to write). */
+static void prepare_grow(km_state *st, km_state_mut *mu)
+{
+	km_state_mirror *m = km_state_model_mirror(&st->model, mu->mirror);
+	km_state_topic *t = m ? km_state_model_topic(&st->model, mu->topics[0], strlen(mu->topics[0])) : NULL;
+	int64_t now = now_ms();
+	km_mp_state ts;
+
+	if (!m) {
+		set_msg(mu, KM_MIRROR_UNKNOWN_CLUSTER_MIRROR, "Cluster mirror '%s' does not exist", mu->mirror);
+		return;
+	}
+	if (!t || t->mirror != m) {
+		set_msg(mu, KM_MIRROR_TOPIC_NOT_IN_CLUSTER_MIRROR, "Topic %s is not in cluster mirror '%s'", mu->topics[0],
+			m->name);
+		return;
+	}
+	if (mu->nparts == 0 || mu->nparts > KM_STATE_MAX_PARTITIONS) {
+		set_msg(mu, KM_KAFKA_INVALID_REQUEST, "invalid partition count %zu for topic %s", mu->nparts, t->name);
+		return;
+	}
+	/*
+	 * Only a topic being mirrored grows: new partitions of a paused or stopping topic would start
+	 * mirroring against the operator's wish; the pipeline asks again once the topic runs.
+	 */
+	ts = km_state_topic_state(t);
+	if (ts != KM_MP_PREPARING && ts != KM_MP_MIRRORING) {
+		set_msg(mu, KM_MIRROR_INVALID_CLUSTER_MIRROR_STATES,
+			"Cannot add partitions to topic %s of cluster mirror '%s': it is %s (valid from PREPARING or "
+			"MIRRORING)",
+			t->name, m->name, km_mp_state_name(ts));
+		return;
+	}
+	for (size_t j = 0; j < mu->nparts && mu->code == KM_OK; j++) {
+		km_state_part p = {.state = KM_MP_PREPARING, .state_change_ms = now, .last_mirrored_offset = -1,
+				   .last_mirrored_epoch = -1, .last_error_ms = -1};
+		if (j < t->nparts && t->parts[j].present)
+			continue;
+		if (add_partition_rec(mu, t, (int32_t)j, &p) != KM_OK)
 			set_msg(mu, KM_MIRROR_STATE_UNAVAILABLE, "out of memory");
 	}
 }
@@ -879,6 +924,9 @@ static void run_head(km_state *st)
 	case MUT_RUNS:
 		prepare_runs(st, mu);
 		break;
+	case MUT_GROW:
+		prepare_grow(st, mu);
+		break;
 	}
 	run_write(st, mu);
 }
@@ -1053,6 +1101,22 @@ void km_state_partition_set(km_state *st, const char *mirror, const char *topic,
 			    const char *error, km_state_done_cb done, void *arg)
 {
 	km_state_partitions_set(st, mirror, topic, &partition, 1, to, error, done, arg);
+}
+
+void km_state_topic_add_partitions(km_state *st, const char *mirror, const char *topic, int32_t new_count,
+				   km_state_done_cb done, void *arg)
+{
+	km_state_mut *mu = mut_new(MUT_GROW, mirror, done, arg);
+	const char *one[1] = {topic};
+	if (!mu)
+		return nomem(done, arg);
+	if (!set_topics(mu, one, 1)) {
+		mut_free(mu);
+		return nomem(done, arg);
+	}
+	mu->nparts = new_count > 0 ? (size_t)new_count : 0;
+	mu->ntopics = 1;
+	submit(st, mu);
 }
 
 void km_state_runs_write(km_state *st, const char *mirror, const km_state_run *runs, size_t n, km_state_done_cb done,

@@ -110,7 +110,7 @@ def alice_acls(cluster, topics=()):
 
 
 @pytest.mark.parametrize("mechanism", ["SCRAM-SHA-512", "SCRAM-SHA-256", "PLAIN"])
-def test_sasl_acls_decide_each_command(kmirror_bin, sasl_proxy, dest_cluster3, tmp_path, mechanism):
+def test_sasl_acls_decide_each_command(kmirror_bin, sasl_proxy, dest_cluster3, source_cluster, tmp_path, mechanism):
     p = sasl_proxy
     admin = SecureCli(kmirror_bin, p.bootstrap, sasl_props(tmp_path, "admin", mechanism))
     bob = SecureCli(kmirror_bin, p.bootstrap, sasl_props(tmp_path, "bob", mechanism))
@@ -120,7 +120,8 @@ def test_sasl_acls_decide_each_command(kmirror_bin, sasl_proxy, dest_cluster3, t
     admin_topic(p, t1, 2)
     admin_topic(p, t2, 1)
     # The super user admin (no ACL needed) makes the mirror bob is refused on.
-    admin.run("create", "--mirror", mirror, "--source-bootstrap", "source.invalid:9092")
+    # a reachable source without these topics: the partitions wait for them while MIRRORING
+    admin.run("create", "--mirror", mirror, "--source-bootstrap", source_cluster.bootstrap)
     with alice_acls(dest_cluster3, (t1, t2)):
         # ACLs reach every broker a little later: wait until bob is refused and alice is not.
         wait_until(lambda: bob.run("list", expect=None).returncode == 1 and
@@ -309,14 +310,14 @@ def tls_proxy(proxy_factory, cluster, certs, cert="server", **options):
     return proxy_factory(cluster, tls_cert_file=certs[cert], tls_key_file=certs[f"{cert}-key"], **options)
 
 
-def test_tls_command_config(kmirror_bin, proxy_factory, dest_cluster, certs, tmp_path):
+def test_tls_command_config(kmirror_bin, proxy_factory, dest_cluster, source_cluster, certs, tmp_path):
     p = tls_proxy(proxy_factory, dest_cluster, certs)
     ssl = SecureCli(kmirror_bin, p.bootstrap,
                     write_props(tmp_path, ["security.protocol=SSL", f"ssl.ca.location={certs['ca']}"]))
     mirror = unique("tls")
     t = unique("tls-t")
     dest_cluster.create_topic(t, partitions=1)
-    r = ssl.run("create", "--mirror", mirror, "--source-bootstrap", "source.invalid:9092")
+    r = ssl.run("create", "--mirror", mirror, "--source-bootstrap", source_cluster.bootstrap)
     assert r.stdout.strip() == f"Created mirror {mirror}."
     doc, _ = ssl.json("list")
     assert mirror in {m["name"] for m in doc["mirrors"]}
@@ -405,7 +406,7 @@ def sasl_tls_proxy(proxy_factory, dest_cluster3, certs):
     return p
 
 
-def test_sasl_ssl(kmirror_bin, sasl_tls_proxy, certs, tmp_path):
+def test_sasl_ssl(kmirror_bin, sasl_tls_proxy, source_cluster, certs, tmp_path):
     p = sasl_tls_proxy
     ca = [f"ssl.ca.location={certs['ca']}"]
     admin = SecureCli(kmirror_bin, p.bootstrap, sasl_props(tmp_path, "admin", "SCRAM-SHA-512", protocol="SASL_SSL",
@@ -413,7 +414,7 @@ def test_sasl_ssl(kmirror_bin, sasl_tls_proxy, certs, tmp_path):
     bob = SecureCli(kmirror_bin, p.bootstrap, sasl_props(tmp_path, "bob", "SCRAM-SHA-512", protocol="SASL_SSL",
                                                          extra=ca))
     mirror = unique("sslsasl")
-    doc, _ = admin.json("create", "--mirror", mirror, "--source-bootstrap", "source.invalid:9092")
+    doc, _ = admin.json("create", "--mirror", mirror, "--source-bootstrap", source_cluster.bootstrap)
     assert doc["mirror"] == mirror
     assert mirror in admin.run("list").stdout
     with alice_acls(p.cluster):

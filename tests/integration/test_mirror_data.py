@@ -462,9 +462,6 @@ def wait_compacted(cluster, topic, want, timeout=150):
         raise AssertionError(f"{e}: records {counts}, wanted {want}") from None
 
 
-@pytest.mark.xfail(strict=False, reason="known gap: when the cleaner removed a partition's first "
-                   "records, the proxy's log start is the first mirrored record's offset (the "
-                   "first run's start), while the source's stays at its log start (0)")
 def test_mirror_compacted(mirror_env):
     env = mirror_env
     topic = unique("compact")
@@ -507,16 +504,7 @@ def delete_records(bootstrap, topic, partition, offset):
         f.result(timeout=60)
 
 
-@pytest.mark.parametrize("when", [
-    pytest.param("before", marks=pytest.mark.xfail(strict=False, reason=(
-        "known gap: the mirror starts with the whole source batch holding the log start, so the "
-        "records below it are visible through the proxy: earliest and ListOffsets(0) give the "
-        "batch's base (300) where the source gives its log start (333)"))),
-    pytest.param("during", marks=pytest.mark.xfail(strict=False, reason=(
-        "known gap: a log start moved at the source after records were mirrored is not carried "
-        "to the destination (the proxy's earliest stays 0); and after the jump over retention "
-        "the first batch again keeps records below the source's log start (3101 for 3111)"))),
-])
+@pytest.mark.parametrize("when", ["before", "during"])
 def test_mirror_log_start_moved(mirror_env, when):
     env = mirror_env
     topic = unique(f"logstart-{when}")

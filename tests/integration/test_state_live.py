@@ -44,10 +44,14 @@ def test_state_live(cluster, topic_name, tmp_path):
     print(r.stdout)
     print(f"test_state_live took {time.monotonic() - t0:.1f} s")
     assert r.returncode == 0, r.stdout[-4000:]
-    assert "[  PASSED  ] 2 test(s)." in r.stdout
+    assert "[  PASSED  ] 3 test(s)." in r.stdout
     assert "SKIPPED" not in r.stdout
     assert "# done" in r.stdout
     assert "# runs done" in r.stdout
+    assert "# grow done" in r.stdout
+    # km_mirror_grow grew the destination topic from 3 to the source's 5 partitions.
+    d = cluster.tool("topics", "--describe", "--topic", topic_name).stdout
+    assert d.count("Partition:") == 5, d
     # No log line carries the password.
     assert password not in r.stdout
 

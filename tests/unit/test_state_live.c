@@ -10,6 +10,7 @@
 #include <cmocka.h>
 
 #include "kmirror/log.h"
+#include "kmirror/mirror.h"
 #include "kmirror/state.h"
 
 static const char *bootstrap, *topic, *state_topic, *key_file, *password;
@@ -20,6 +21,8 @@ typedef struct probe {
 	bool ready;
 	int partitions_changed;
 	km_mp_state last_to;
+	int joined; /* partitions that came in from UNKNOWN to PREPARING (a start, a growth) */
+	int joined_max; /* the highest such partition */
 } probe;
 
 typedef struct outcome {
@@ -60,10 +63,13 @@ static void on_partition(void *arg, const char *mirror, const char *t, int32_t p
 	probe *p = arg;
 	(void)mirror;
 	(void)t;
-	(void)partition;
-	(void)from;
 	p->partitions_changed++;
 	p->last_to = to;
+	if (from == KM_MP_UNKNOWN && to == KM_MP_PREPARING) {
+		p->joined++;
+		if (partition > p->joined_max)
+			p->joined_max = partition;
+	}
 }
 
 static void on_done(void *arg, const km_state_result *res)
@@ -513,9 +519,121 @@ static void test_runs_live(void **state)
 	printf("# runs done\n");
 }
 
+static void grow(km_state *st, int32_t n, outcome *r)
+{
+	memset(r, 0, sizeof(*r));
+	km_state_topic_add_partitions(st, "m3", topic, n, on_done, r);
+	wait_for(&r->done, 90);
+}
+
+/* km_state_topic_add_partitions: the source grew from 3 to 5 partitions (the destination topic has 3; the store does not look). */
+static void test_grow_live(void **state)
+{
+	char stopic[300];
+	probe p;
+	outcome r;
+	km_state *st;
+	const char *one[1] = {topic};
+	km_state_kv kv[1] = {{"bootstrap.servers", "source-a:9092"}};
+	const int32_t all[5] = {0, 1, 2, 3, 4};
+	(void)state;
+	if (!bootstrap) {
+		skip();
+		return;
+	}
+	snprintf(stopic, sizeof(stopic), "%s-grow", state_topic);
+	st = open_store_on(stopic, &p, false, NULL);
+	/* Not a mirror, not a topic of it: refused. */
+	grow(st, 5, &r);
+	assert_int_equal(r.code, KM_MIRROR_UNKNOWN_CLUSTER_MIRROR);
+	memset(&r, 0, sizeof(r));
+	km_state_create_mirror(st, "m3", kv, 1, false, on_done, &r);
+	wait_for(&r.done, 90);
+	assert_int_equal(r.code, KM_OK);
+	grow(st, 5, &r);
+	assert_int_equal(r.code, KM_MIRROR_TOPIC_NOT_IN_CLUSTER_MIRROR);
+	memset(&r, 0, sizeof(r));
+	km_state_topics(st, KM_TOPIC_START, "m3", one, 1, on_done, &r);
+	wait_for(&r.done, 90);
+	assert_int_equal(r.tcode[0], KM_OK);
+	assert_int_equal(p.joined, 3);
+	assert_int_equal(km_state_topic_partition_count(km_state_topic_find(st, topic, strlen(topic))), 3);
+
+	/*
+	 * Grown through the mirror module, as the pipeline will: CreatePartitions on the destination
+	 * (3 -> 5; the Python side checks the topic), then partitions 3 and 4 join in PREPARING, each
+	 * told to the listener once. A second call while the first runs does nothing.
+	 */
+	p.joined = 0;
+	p.joined_max = -1;
+	{
+		km_config cfg;
+		km_mirror_opts mo;
+		km_mirror *mi;
+		char err[256];
+		km_config_init(&cfg);
+		assert_int_equal(km_config_set(&cfg, "upstream", bootstrap, err, sizeof(err)), KM_OK);
+		memset(&mo, 0, sizeof(mo));
+		mo.base = base;
+		mo.cfg = &cfg;
+		mo.instance = "test";
+		mi = km_mirror_new(&mo);
+		assert_non_null(mi);
+		km_mirror_attach(mi, st);
+		km_mirror_grow(mi, "m3", topic, 5);
+		km_mirror_grow(mi, "m3", topic, 5);
+		km_mirror_grow(mi, "m3", "not-a-mirror-topic", 5);
+		for (double end = now_s() + 60; p.joined < 2 && now_s() < end;) {
+			struct timeval tv = {0, 20000};
+			event_base_loopexit(base, &tv);
+			event_base_dispatch(base);
+		}
+		km_mirror_free(mi);
+		km_config_free(&cfg);
+	}
+	assert_int_equal(p.joined, 2);
+	assert_int_equal(p.joined_max, 4);
+	partition_states(st, KM_MP_PREPARING, 5);
+	/* Idempotent: the same count again, or a smaller one, writes nothing and tells nobody. */
+	p.partitions_changed = 0;
+	grow(st, 5, &r);
+	assert_int_equal(r.code, KM_OK);
+	grow(st, 4, &r);
+	assert_int_equal(r.code, KM_OK);
+	assert_int_equal(p.partitions_changed, 0);
+	/* Out of range. */
+	grow(st, 0, &r);
+	assert_int_equal(r.code, KM_KAFKA_INVALID_REQUEST);
+	grow(st, 100001, &r);
+	assert_int_equal(r.code, KM_KAFKA_INVALID_REQUEST);
+
+	/* A paused topic does not grow. */
+	memset(&r, 0, sizeof(r));
+	km_state_partitions_set(st, "m3", topic, all, 5, KM_MP_MIRRORING, NULL, on_done, &r);
+	wait_for(&r.done, 90);
+	assert_int_equal(r.code, KM_OK);
+	memset(&r, 0, sizeof(r));
+	km_state_topics(st, KM_TOPIC_PAUSE, "m3", one, 1, on_done, &r);
+	wait_for(&r.done, 90);
+	assert_int_equal(r.tcode[0], KM_OK);
+	p.partitions_changed = 0;
+	grow(st, 6, &r);
+	assert_int_equal(r.code, KM_MIRROR_INVALID_CLUSTER_MIRROR_STATES);
+	assert_non_null(strstr(r.message, "PAUSING"));
+	assert_int_equal(p.partitions_changed, 0);
+	km_state_free(st);
+
+	/* Persisted: read back, the topic has 5 partitions. */
+	st = open_store_on(stopic, &p, false, NULL);
+	partition_states(st, KM_MP_PAUSING, 5);
+	km_state_free(st);
+	printf("# grow done\n");
+}
+
 int main(void)
 {
-	const struct CMUnitTest tests[] = {cmocka_unit_test(test_state_live), cmocka_unit_test(test_runs_live)};
+	const struct CMUnitTest tests[] = {cmocka_unit_test(test_state_live), cmocka_unit_test(test_runs_live),
+					   cmocka_unit_test(test_grow_live)};
 	bootstrap = getenv("KM_TEST_BOOTSTRAP");
 	topic = getenv("KM_TEST_TOPIC");
 	state_topic = getenv("KM_TEST_STATE_TOPIC");

@@ -14,6 +14,7 @@ import time
 import uuid
 
 import pytest
+from confluent_kafka.admin import AdminClient, ConfigResource
 
 import harness
 from mirror_cli import Cli, described, kmirror_bin, wait_states  # noqa: F401
@@ -139,6 +140,45 @@ def test_old_source_mirrors_exactly(old_env, codec):
              f"{time.monotonic() - caught:.1f}s")
     log = env.proxy.output()
     failed = [ln for ln in log.splitlines() if "FAILED" in ln]
+    assert not failed, "kmirrord logged FAILED:\n" + "\n".join(failed[:20])
+
+
+def dest_configs(cluster, topic):
+    """{name: (value, ConfigSource number)} of a topic as the destination describes it."""
+    a = AdminClient({"bootstrap.servers": cluster.bootstrap})
+    res = ConfigResource(ConfigResource.Type.TOPIC, topic)
+    entries = a.describe_configs([res])[res].result(timeout=30)
+    return {n: (e.value, int(getattr(e.source, "value", e.source))) for n, e in entries.items()}
+
+
+DYNAMIC_TOPIC_CONFIG = 1
+
+
+def test_old_source_start_creates_topic(old_env):
+    """`kmirror start` creates the destination topic from the old source's Metadata and
+    DescribeConfigs (the versions that release offers): its partitions, the configs set on the
+    topic there, minus those 4.4.0 refuses or that are the destination's own; then it mirrors."""
+    env = old_env
+    src, pb, sb = env.source, env.proxy.bootstrap, env.source.bootstrap
+    topic = f"old{env.release.replace('.', '')}-created-{uuid.uuid4().hex[:6]}"
+    config = {"retention.ms": "7200000", "max.message.bytes": "2097152",
+              "cleanup.policy": "delete", "compression.type": "zstd",
+              # Known to the old releases, gone in 4.x (a 4.4.0 destination refuses them).
+              "message.format.version": "2.8", "message.downconversion.enable": "false"}
+    src.create_topic(topic, partitions=PARTS, config=config)
+    produce_records(sb, topic, 4000, "zstd", tag="created")
+    env.cli.run("start", "--mirror", env.mirror, "--topics", topic)
+    wait_states(env.cli, env.mirror, {topic: "MIRRORING"}, timeout=60)
+    cfg = dest_configs(env.dest, topic)
+    for name in ("retention.ms", "max.message.bytes", "cleanup.policy"):
+        assert cfg[name] == (config[name], DYNAMIC_TOPIC_CONFIG), (name, cfg[name])
+    assert cfg["compression.type"][0] == "producer", cfg["compression.type"]
+    assert "message.format.version" not in cfg and "message.downconversion.enable" not in cfg
+    marks = wait_caught_up(pb, sb, topic, PARTS, timeout=120, stall=STALL)
+    total, counts = compare_topic(pb, sb, topic, PARTS, marks=marks)
+    assert total == 4000 and counts["differ"] == 0, counts
+    assert_segments_exact(src, env.dest, topic, PARTS)
+    failed = [ln for ln in env.proxy.output().splitlines() if "FAILED" in ln]
     assert not failed, "kmirrord logged FAILED:\n" + "\n".join(failed[:20])
 
 

@@ -5,7 +5,9 @@ the old source by librdkafka and by that release's own Java producer (its perf t
 the mirror starts and half while it runs; then every record read through the proxy is compared with
 the source's (offset, key, value, headers, timestamp). kmirrord runs at debug level: its log must
 show the versions negotiated with the old broker (the lower of each side's range) and no partition
-going FAILED. Sizes: KM_OLD_SOURCE_RECORDS (default 20,000 per topic)."""
+going FAILED. test_old_source_start_creates_topic leaves the destination topic to `kmirror start`
+(Metadata and DescribeConfigs at the old source). Sizes: KM_OLD_SOURCE_RECORDS (default 20,000 per
+topic)."""
 
 import collections
 import os

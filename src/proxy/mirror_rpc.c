@@ -672,10 +672,10 @@ static void wipe_kv(km_state_kv *kv, int32_t count)
 
 static int64_t lag_of(const km_state_partition_info *p)
 {
-	if (p->source_log_end < 0)
+	/* last_mirrored_offset is the offset after the last record mirrored (docs/protocol.md). */
+	if (p->source_log_end < 0 || p->last_mirrored_offset < 0)
 		return -1;
-	int64_t next = p->last_mirrored_offset >= 0 ? p->last_mirrored_offset + 1 : 0;
-	return p->source_log_end > next ? p->source_log_end - next : 0;
+	return p->source_log_end > p->last_mirrored_offset ? p->source_log_end - p->last_mirrored_offset : 0;
 }
 
 static void answer_list(mop *op)

@@ -54,7 +54,7 @@ def cmd_start(args):
     shutil.rmtree(base, ignore_errors=True)
     overrides = dict(kv.split("=", 1) for kv in args.set or [])
     cluster = KafkaCluster(args.name, brokers=args.brokers, base_dir=base, overrides=overrides,
-                           attached=False, keep_dir=True)
+                           attached=False, keep_dir=True, release=args.release)
     try:
         cluster.start(timeout=args.timeout)
     except KafkaError as e:
@@ -149,6 +149,8 @@ def main(argv=None):
     s = sub.add_parser("start")
     s.add_argument("name")
     s.add_argument("--brokers", type=int, default=1)
+    s.add_argument("--release", help="another Kafka release than the suite's, e.g. 3.9.2 or 2.8.2 "
+                   "(before 3.0: on ZooKeeper)")
     s.add_argument("--timeout", type=float, default=180)
     s.add_argument("--set", action="append", metavar="KEY=VALUE", help="extra broker property")
     s = sub.add_parser("stop")

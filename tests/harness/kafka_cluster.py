@@ -67,9 +67,18 @@ TOOLS = {
 # after 4.1: 4.1.1 has the old classes, 4.4.0 the new ones; 4.2 is taken as the first release.
 TOOLS_MOVED = {
     "configs": [((4, 2), "org.apache.kafka.tools.ConfigCommand"),
-                ((4, 0), "kafka.admin.ConfigCommand")],
+                ((0, 0), "kafka.admin.ConfigCommand")],
     "dump-log": [((4, 2), "org.apache.kafka.tools.DumpLogSegments"),
-                 ((4, 0), "kafka.tools.DumpLogSegments")],
+                 ((0, 0), "kafka.tools.DumpLogSegments")],
+    # The old sources (3.9.x, 2.8.x): the Scala tools before they moved to kafka-tools.
+    "topics": [((3, 5), "org.apache.kafka.tools.TopicCommand"),
+               ((0, 0), "kafka.admin.TopicCommand")],
+    "console-producer": [((4, 0), "org.apache.kafka.tools.ConsoleProducer"),
+                         ((0, 0), "kafka.tools.ConsoleProducer")],
+    "console-consumer": [((3, 7), "org.apache.kafka.tools.consumer.ConsoleConsumer"),
+                         ((0, 0), "kafka.tools.ConsoleConsumer")],
+    "get-offsets": [((3, 5), "org.apache.kafka.tools.GetOffsetShell"),
+                    ((0, 0), "kafka.tools.GetOffsetShell")],
 }
 
 BROKER_JVM_OPTS = ["-Xms128m", "-Xmx512m", "-XX:+UseSerialGC", "-XX:-UsePerfData",
@@ -83,12 +92,18 @@ class KafkaError(RuntimeError):
     """A cluster did not start, stop or answer as expected."""
 
 
-def kafka_libs():
-    """Returns the directory of the pinned Kafka jars, fetching them once if missing."""
+def kafka_libs(release=None):
+    """Returns the directory of the pinned Kafka jars, fetching them once if missing. release
+    ("3.9.2", "2.8.2") asks for another release than the suite's (the old-source tests), fetched
+    into the same cache; KM_KAFKA_LIBS only replaces the suite's own release."""
     env = os.environ.get("KM_KAFKA_LIBS")
-    if env:
+    if env and release is None:
         return env
-    out = subprocess.run([FETCH_KAFKA], check=True, stdout=subprocess.PIPE, text=True).stdout
+    envp = None
+    if release is not None:
+        envp = dict(os.environ, KM_KAFKA_VERSION=release)
+    out = subprocess.run([FETCH_KAFKA], check=True, stdout=subprocess.PIPE, text=True,
+                         env=envp).stdout
     return out.strip().splitlines()[-1]
 
 
@@ -436,6 +451,98 @@ def _install_cleanup():
         signal.signal(sig, _on_signal)
 
 
+class ZooKeeperNode:
+    """The ZooKeeper server of a cluster on a release that runs on ZooKeeper (2.8.x, an old
+    source): ZooKeeperServerMain from the org.apache.zookeeper:zookeeper jar that release depends
+    on, standalone, on a free loopback port, with its admin server (Jetty, port 8080) off."""
+
+    def __init__(self, cluster):
+        self.cluster = cluster
+        self.dir = os.path.join(cluster.base_dir, "zookeeper")
+        self.data_dir = os.path.join(self.dir, "data")
+        self.config_path = os.path.join(self.dir, "zoo.cfg")
+        self.log_path = os.path.join(self.dir, "zookeeper.log")
+        self.out_path = os.path.join(self.dir, "zookeeper.out")
+        self.host = "127.0.0.1"
+        self.port = free_port()
+        self.proc = None
+        self.pid = None
+
+    @property
+    def address(self):
+        return f"{self.host}:{self.port}"
+
+    def running(self):
+        if self.proc is not None:
+            return self.proc.poll() is None
+        return self.pid is not None and _pid_alive(self.pid)
+
+    def start(self, timeout=60.0):
+        os.makedirs(self.data_dir, exist_ok=True)
+        with open(self.config_path, "w") as f:
+            f.write(f"dataDir={self.data_dir}\nclientPort={self.port}\n"
+                    f"clientPortAddress={self.host}\ntickTime=2000\nmaxClientCnxns=0\n"
+                    "admin.enableServer=false\n")
+        log4j = os.path.join(self.dir, "log4j2.properties")
+        with open(log4j, "w") as f:
+            f.write(f"status = error\nappender.file.type = File\nappender.file.name = FILE\n"
+                    f"appender.file.fileName = {self.log_path}\n"
+                    "appender.file.layout.type = PatternLayout\n"
+                    "appender.file.layout.pattern = [%d] %p %m (%c)%n\n"
+                    "rootLogger.level = WARN\nrootLogger.appenderRef.file.ref = FILE\n")
+        args = [java_bin(), "-Xms32m", "-Xmx128m", "-XX:+UseSerialGC", "-XX:-UsePerfData",
+                "-XX:TieredStopAtLevel=1", f"-Dlog4j2.configurationFile={log4j}",
+                "-Dzookeeper.admin.enableServer=false",
+                f"-Dkmirror.cluster={self.cluster.name}",
+                "-cp", os.path.join(self.cluster.libs, "*"),
+                "org.apache.zookeeper.server.ZooKeeperServerMain", self.config_path]
+        out = open(self.out_path, "ab")
+        self.proc = subprocess.Popen(
+            args, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, cwd=self.dir,
+            start_new_session=True,
+            preexec_fn=_set_pdeathsig if self.cluster.attached else None)
+        out.close()
+        self.pid = self.proc.pid
+        # Ready when it accepts connections (the brokers' client retries until then anyway).
+        deadline = time.monotonic() + timeout
+        while True:
+            if not self.running():
+                raise KafkaError(f"{self.cluster.name}: zookeeper exited "
+                                 f"(status {self.proc.poll()})\n{self.log_tail()}")
+            try:
+                with socket.create_connection((self.host, self.port), timeout=1.0):
+                    return
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise KafkaError(f"{self.cluster.name}: zookeeper not listening after "
+                                 f"{timeout:.0f}s\n{self.log_tail()}")
+            time.sleep(0.1)
+
+    def stop(self):
+        if self.pid is not None:
+            kill_pid(self.pid, self.config_path, timeout=10.0)
+            if self.proc:
+                try:
+                    self.proc.wait(timeout=5)
+                except subprocess.TimeoutExpired:
+                    pass
+        self.proc = None
+        self.pid = None
+
+    def log_tail(self, lines=40):
+        out = []
+        for path in (self.log_path, self.out_path):
+            try:
+                with open(path, errors="replace") as f:
+                    tail = f.readlines()[-lines:]
+            except OSError:
+                continue
+            if tail:
+                out.append(f"--- {path} (last {len(tail)} lines) ---\n" + "".join(tail))
+        return "\n".join(out) or f"(no log in {self.dir})"
+
+
 class KafkaNode:
     """One JVM of a cluster: its id, roles, ports, directories and process."""
 
@@ -489,7 +596,10 @@ class KafkaCluster:
     """A KRaft cluster of real Kafka brokers on loopback ports.
 
     brokers=1 gives one combined broker+controller (node id 1); brokers=N>1 gives a controller
-    (node id 1000) and brokers 1..N. overrides are extra broker properties; advertise maps a
+    (node id 1000) and brokers 1..N. release ("3.9.2", "2.8.2") runs another Kafka release than
+    the suite's, with its own jars (fetched into the same cache); a release before 3.0 runs in
+    ZooKeeper mode instead: a ZooKeeper server (`cluster.zookeeper`) and brokers 1..N, no
+    controller node, the ZooKeeper AclAuthorizer and only PLAIN on the SASL listener. overrides are extra broker properties; advertise maps a
     broker id to the "host:port" its CLIENT listener advertises (e.g. a recording relay).
     attached=True ties the JVMs to this process (killed with it, stopped at exit); the shell
     entry point uses attached=False and stops clusters from a state file instead.
@@ -498,7 +608,7 @@ class KafkaCluster:
     CONTROLLER_ID = 1000
 
     def __init__(self, name="kafka", brokers=1, base_dir=None, overrides=None, advertise=None,
-                 jvm_opts=None, attached=True, keep_dir=None):
+                 jvm_opts=None, attached=True, keep_dir=None, release=None):
         self.name = name
         self.n_brokers = brokers
         self.overrides = dict(overrides or {})
@@ -509,8 +619,12 @@ class KafkaCluster:
         self._own_dir = base_dir is None
         self.base_dir = base_dir or tempfile.mkdtemp(prefix=f"kmirror-{name}-")
         os.makedirs(self.base_dir, exist_ok=True)
-        self.libs = kafka_libs()
+        self.libs = kafka_libs(release)
         self.version = kafka_version(self.libs)
+        # 2.x has KRaft only as an early-access preview: an old source of that age runs on
+        # ZooKeeper, as it would in the field.
+        self.zk_mode = self.version < (3, 0)
+        self.zookeeper = None
         self.cluster_id = new_cluster_id()
         self.nodes = {}
         self._make_nodes()
@@ -520,6 +634,11 @@ class KafkaCluster:
     def _make_nodes(self):
         """(Re)creates the node objects with fresh ports."""
         self.nodes = {}
+        if self.zk_mode:
+            self.zookeeper = ZooKeeperNode(self)
+            for i in range(1, self.n_brokers + 1):
+                self.nodes[i] = KafkaNode(self, i, ("broker",))
+            return
         if self.n_brokers == 1:
             self.nodes[1] = KafkaNode(self, 1, ("broker", "controller"))
         else:
@@ -590,7 +709,57 @@ class KafkaCluster:
         return ('org.apache.kafka.common.security.plain.PlainLoginModule required '
                 f'username="{SUPER_USER}" password="{USERS[SUPER_USER]}" {users};')
 
+    def _zk_properties(self, node):
+        """A ZooKeeper-mode broker (release 2.x): the same listeners minus CONTROLLER, SASL with
+        PLAIN only (SCRAM users would live in ZooKeeper), the ZooKeeper ACL authorizer."""
+        rf = min(3, self.n_brokers)
+        adv_client = self.advertise.get(node.node_id, node.address)
+        p = {
+            "broker.id": node.node_id,
+            "log.dirs": node.data_dir,
+            "zookeeper.connect": self.zookeeper.address,
+            "zookeeper.connection.timeout.ms": 30000,
+            "authorizer.class.name": "kafka.security.authorizer.AclAuthorizer",
+            "allow.everyone.if.no.acl.found": "true",
+            "super.users": f"User:{SUPER_USER}",
+            "num.network.threads": 2,
+            "num.io.threads": 2,
+            "background.threads": 2,
+            "num.replica.fetchers": 1,
+            "num.recovery.threads.per.data.dir": 1,
+            "log.cleaner.threads": 1,
+            "log.cleaner.dedupe.buffer.size": 8 * 1024 * 1024,
+            "listeners": f"CLIENT://{node.host}:{node.client_port},"
+                         f"SASL://{node.host}:{node.sasl_port},"
+                         f"INTERNAL://{node.host}:{node.internal_port}",
+            "advertised.listeners": f"CLIENT://{adv_client},SASL://{node.sasl_address},"
+                                    f"INTERNAL://{node.host}:{node.internal_port}",
+            "listener.security.protocol.map": "CLIENT:PLAINTEXT,SASL:SASL_PLAINTEXT,"
+                                              "INTERNAL:SASL_PLAINTEXT",
+            "inter.broker.listener.name": "INTERNAL",
+            "sasl.mechanism.inter.broker.protocol": "PLAIN",
+            "listener.name.internal.sasl.enabled.mechanisms": "PLAIN",
+            "listener.name.internal.plain.sasl.jaas.config": self._jaas(True),
+            "listener.name.sasl.sasl.enabled.mechanisms": "PLAIN",
+            "listener.name.sasl.plain.sasl.jaas.config": self._jaas(True),
+            "offsets.topic.replication.factor": rf,
+            "offsets.topic.num.partitions": 5,
+            "transaction.state.log.replication.factor": rf,
+            "transaction.state.log.min.isr": min(2, rf),
+            "transaction.state.log.num.partitions": 5,
+            "default.replication.factor": rf,
+            "min.insync.replicas": 1,
+            "group.initial.rebalance.delay.ms": 0,
+            "auto.create.topics.enable": "true",
+            "delete.topic.enable": "true",
+            "log.flush.offset.checkpoint.interval.ms": 5000,
+        }
+        p.update(self.overrides)
+        return p
+
     def _properties(self, node):
+        if self.zk_mode:
+            return self._zk_properties(node)
         rf = min(3, self.n_brokers)
         controllers = [n for n in self.nodes.values() if n.is_controller]
         p = {
@@ -743,6 +912,8 @@ logger.cfg.level = WARN
                 self._kill_nodes()
                 for node in self.nodes.values():
                     shutil.rmtree(node.dir, ignore_errors=True)
+                if self.zookeeper is not None:
+                    shutil.rmtree(self.zookeeper.dir, ignore_errors=True)
                 self._make_nodes()
                 self._formatted = False
             except BaseException:
@@ -752,6 +923,13 @@ logger.cfg.level = WARN
         return self
 
     def _start_once(self, timeout):
+        if self.zk_mode and not self.zookeeper.running():
+            self.zookeeper.start()
+            # ZooKeeper mode has no storage formatting.
+            self._formatted = True
+            for node in self.nodes.values():
+                self._write_config(node)
+                self._write_log4j(node)
         if not self._formatted:
             for node in self.nodes.values():
                 self._write_config(node)
@@ -897,6 +1075,9 @@ logger.cfg.level = WARN
                         pass
                 node.proc = None
                 node.pid = None
+        # ZooKeeper mode: the brokers are down, now their ZooKeeper.
+        if self.zookeeper is not None:
+            self.zookeeper.stop()
 
     def stop(self):
         """Stops every node (brokers first, then the controller) and removes the data unless kept."""
@@ -923,6 +1104,8 @@ logger.cfg.level = WARN
             "nodes": {str(n.node_id): {"pid": n.pid, "config": n.config_path, "log": n.log_path,
                                        "roles": list(n.roles)} for n in self.nodes.values()},
             "libs": self.libs,
+            "zookeeper": ({"address": self.zookeeper.address, "pid": self.zookeeper.pid,
+                           "config": self.zookeeper.config_path} if self.zookeeper else None),
         }
 
     def _write_state(self):
@@ -1031,4 +1214,7 @@ def stop_from_state(base_dir, timeout=20.0):
     for n in nodes:
         if n["pid"] and kill_pid(n["pid"], n["config"], timeout):
             stopped.append(n["pid"])
+    zk = st.get("zookeeper")
+    if zk and zk["pid"] and kill_pid(zk["pid"], zk["config"], timeout):
+        stopped.append(zk["pid"])
     return stopped

@@ -55,6 +55,31 @@ def dest_cluster3():
     c.stop()
 
 
+# Old releases playing the mirror source (the proposal promises any Kafka from 2.1): the newest
+# 3.9.x (KRaft) and 2.8.x (ZooKeeper) that Maven Central serves, fetched into the jar cache on
+# first use; KM_OLD_SOURCE_39 / KM_OLD_SOURCE_28 pick another patch release.
+OLD_SOURCES = {"3.9": os.environ.get("KM_OLD_SOURCE_39", "3.9.2"),
+               "2.8": os.environ.get("KM_OLD_SOURCE_28", "2.8.2")}
+
+
+@pytest.fixture(scope="session")
+def source_cluster_39():
+    """Single-node KRaft source cluster on Kafka 3.9.x."""
+    c = KafkaCluster("source39", brokers=1, release=OLD_SOURCES["3.9"])
+    c.start()
+    yield c
+    c.stop()
+
+
+@pytest.fixture(scope="session")
+def source_cluster_28():
+    """Single-broker source cluster on Kafka 2.8.x with its ZooKeeper server."""
+    c = KafkaCluster("source28", brokers=1, release=OLD_SOURCES["2.8"])
+    c.start()
+    yield c
+    c.stop()
+
+
 @pytest.fixture(params=["dest_cluster", "dest_cluster3"], ids=["1broker", "3brokers"])
 def cluster(request):
     """Runs a test once on the single-node and once on the three-broker cluster."""

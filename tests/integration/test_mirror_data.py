@@ -83,8 +83,8 @@ class MirrorEnv:
                               describe=lambda: self.partitions(topic))
 
 
-def _mirror_env(kmirrord_bin, kmirror_bin, dest, source, log_dir, name):
-    proxy = Proxy(kmirrord_bin, dest, log_dir, name=name, log_level="debug").start()
+def _mirror_env(kmirrord_bin, kmirror_bin, dest, source, log_dir, name, **options):
+    proxy = Proxy(kmirrord_bin, dest, log_dir, name=name, log_level="debug", **options).start()
     wait_until(lambda: proxy.metric("kmirror_upstream_brokers") >= len(dest.broker_ids), 30,
                what="kmirrord to learn the brokers")
     cli = Cli(kmirror_bin, proxy.bootstrap)
@@ -124,6 +124,17 @@ def mirror_env(menv):
 def menv3(kmirrord_bin, kmirror_bin, dest_cluster3, source_cluster, tmp_path_factory):
     env = _mirror_env(kmirrord_bin, kmirror_bin, dest_cluster3, source_cluster,
                       str(tmp_path_factory.mktemp("exact3")), "kmirrord-exact3")
+    yield env
+    _teardown(env)
+
+
+@pytest.fixture(scope="module")
+def menv_src3(kmirrord_bin, kmirror_bin, dest_cluster, dest_cluster3, tmp_path_factory):
+    """A 3-broker source (the suite's 3-broker cluster) into the 1-broker destination, with a state
+    topic of its own: one kmirrord runs a mirror's pipelines."""
+    env = _mirror_env(kmirrord_bin, kmirror_bin, dest_cluster, dest_cluster3,
+                      str(tmp_path_factory.mktemp("exact-src3")), "kmirrord-exact-src3",
+                      mirror_state_topic="__mirror_state_src3")
     yield env
     _teardown(env)
 
@@ -673,5 +684,36 @@ def test_mirror_dest_leader_change(menv3):
     assert sum(hi - lo for lo, hi in marks) == pre + produced
     total, counts = compare_topic(env.pb, env.sb, topic, parts, marks, check=False)
     progress(f"{topic}: leader {leader} stopped and started: {counts}")
+    assert counts == {"lost": 0, "duplicated": 0, "foreign": 0, "reordered": 0, "moved": 0,
+                      "differ": 0}, counts
+
+
+# ---------------------------------------------------------------------------------------------
+# A source leader change (3 brokers) during mirroring
+
+def test_mirror_source_leader_change(menv_src3):
+    env = menv_src3
+    topic = unique("srcleader")
+    parts = 3
+    env.source.create_topic(topic, partitions=parts, replication_factor=3)
+    pre = N // 10
+    produce_records(env.sb, topic, pre, "lz4", partitions=parts)
+    env.start(topic)
+    bg = BackgroundProducer(env.sb, topic, "lz4", tag="slc", rate=2000).start()
+    leader = None
+    try:
+        time.sleep(1)
+        md = AdminClient({"bootstrap.servers": env.sb}).list_topics(topic, timeout=15)
+        leader = md.topics[topic].partitions[0].leader
+        env.source.stop_broker(leader)  # SIGTERM: the source's leadership moves, the mirror follows
+        time.sleep(3)
+        env.source.start_broker(leader)
+        time.sleep(1)
+    finally:
+        produced = bg.stop()
+    marks = env.caught_up(topic, parts)
+    assert sum(hi - lo for lo, hi in marks) == pre + produced
+    total, counts = compare_topic(env.pb, env.sb, topic, parts, marks, check=False)
+    progress(f"{topic}: source leader {leader} stopped and started: {counts}")
     assert counts == {"lost": 0, "duplicated": 0, "foreign": 0, "reordered": 0, "moved": 0,
                       "differ": 0}, counts

@@ -23,7 +23,8 @@ from harness.kafka_cluster import java_bin
 from mirror_cli import Cli, described, kmirror_bin, wait_states  # noqa: F401
 from mirror_data import (Rec, BackgroundProducer, assert_segments_exact, compare_batches,
                          compare_topic, count_anomalies, create_dest_topic, diff_records, env_int,
-                         long_run, offsets_for_times, partition_batches, produce_records, progress,
+                         long_run, main_release_only, offsets_for_times, partition_batches,
+                         produce_records, progress,
                          read_partition, record, shifted_copy, wait_caught_up, watermarks)
 from proxy_fixtures import *  # noqa: F401,F403
 from proxy_fixtures import Proxy, wait_until
@@ -142,6 +143,7 @@ def menv_src3(kmirrord_bin, kmirror_bin, dest_cluster, dest_cluster3, tmp_path_f
 # ---------------------------------------------------------------------------------------------
 # The checker itself (no kmirrord): equal data passes, altered data fails with the counts.
 
+@main_release_only
 def test_exactness_checks_fire(source_cluster):
     topic = unique("selfcheck")
     source_cluster.create_topic(topic, partitions=2)
@@ -249,7 +251,8 @@ def check_timestamps(env, topic, partitions, probes=8):
     assert any(o >= 0 for offs in a.values() for o in offs)
 
 
-@pytest.mark.parametrize("codec", ["none", "gzip", "snappy", "lz4", "zstd"])
+@pytest.mark.parametrize("codec", [pytest.param(c, marks=[] if c == "lz4" else [main_release_only])
+                                   for c in ("none", "gzip", "snappy", "lz4", "zstd")])
 def test_mirror_codecs(mirror_env, codec):
     env = mirror_env
     topic = unique(f"codec-{codec}")
@@ -432,6 +435,7 @@ def test_mirror_readonly_then_stop(mirror_env, ro_producer_cp):
 # ---------------------------------------------------------------------------------------------
 # Pause and resume
 
+@main_release_only
 def test_mirror_pause_resume(mirror_env):
     env = mirror_env
     topic = unique("pause")
@@ -501,6 +505,7 @@ def wait_compacted(cluster, topic, want, timeout=150):
         raise AssertionError(f"{e}: records {counts}, wanted {want}") from None
 
 
+@main_release_only
 def test_mirror_compacted(mirror_env):
     env = mirror_env
     topic = unique("compact")
@@ -543,6 +548,7 @@ def delete_records(bootstrap, topic, partition, offset):
         f.result(timeout=60)
 
 
+@main_release_only
 @pytest.mark.parametrize("when", ["before", "during"])
 def test_mirror_log_start_moved(mirror_env, when):
     env = mirror_env
@@ -593,6 +599,7 @@ def test_mirror_log_start_moved(mirror_env, when):
     assert not problems, "\n".join(problems)
 
 
+@main_release_only
 @pytest.mark.xfail(strict=False, reason="known gap: LogAppendTime is not restored: the destination "
                    "(a CreateTime topic) clears the batch's LogAppendTime bit, and clients through "
                    "the proxy see type CreateTime with the producer's timestamps, not the source's "
@@ -660,6 +667,7 @@ def test_mirror_kill9(mirror_env):
 # ---------------------------------------------------------------------------------------------
 # A destination leader change (3 brokers) during mirroring
 
+@main_release_only
 def test_mirror_dest_leader_change(menv3):
     env = menv3
     topic = unique("leader")
@@ -691,6 +699,7 @@ def test_mirror_dest_leader_change(menv3):
 # ---------------------------------------------------------------------------------------------
 # A source leader change (3 brokers) during mirroring
 
+@main_release_only
 def test_mirror_source_leader_change(menv_src3):
     env = menv_src3
     topic = unique("srcleader")

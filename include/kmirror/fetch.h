@@ -59,6 +59,16 @@ typedef struct km_fetch_walk {
 	bool descend;        /* set at KM_FW_PARTITION to get KM_FW_BATCH for each batch of that partition */
 	km_fetch_part part;
 	km_fetch_batch batch;
+	/*
+	 * Where the last step started in buf, kept while buf, first and buf's length stay the same (a
+	 * whole response walked in place): the next step moves on from there instead of walking buf's
+	 * chains from the head, so a walk over a response of many chains stays linear.
+	 */
+	struct {
+		struct evbuffer *buf;
+		size_t first, len, pos;
+		struct evbuffer_ptr ptr;
+	} cache;
 } km_fetch_walk;
 
 /* Versions the walker knows: the codec's Fetch range. */

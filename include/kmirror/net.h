@@ -85,6 +85,12 @@ typedef struct km_evrd {
 } km_evrd;
 
 void km_evrd_init(km_evrd *r, struct evbuffer *buf, size_t start, size_t end);
+/*
+ * The same, from a pointer known to be at offset at of buf (buf unchanged since): moves to start
+ * (>= at) from there, walking only the chains in between.
+ */
+void km_evrd_init_at(km_evrd *r, struct evbuffer *buf, const struct evbuffer_ptr *ptr, size_t at, size_t start,
+		     size_t end);
 bool km_evrd_raw(km_evrd *r, void *out, size_t n);
 bool km_evrd_skip(km_evrd *r, size_t n);
 bool km_evrd_i8(km_evrd *r, int8_t *v);

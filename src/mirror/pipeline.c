@@ -85,6 +85,8 @@ typedef struct mbatch {
 	size_t off, size; /* ... the whole batch, 12 + batchLength */
 	uint8_t *own;     /* or in own (a re-encoded piece), own_len bytes */
 	size_t own_len;
+	struct evbuffer_iovec *vec; /* the record bytes (from 61 on) in resp->buf's chains, found once */
+	int nvec;
 	uint8_t hdr[KM_BATCH_HEADER_SIZE]; /* re-stamped header */
 	int64_t logical;  /* first logical offset */
 	int32_t count;    /* lastOffsetDelta + 1 */
@@ -213,6 +215,7 @@ static void batch_free(mbatch *b)
 {
 	if (b->resp)
 		resp_unref(b->resp);
+	free(b->vec);
 	free(b->own);
 	free(b);
 }
@@ -976,40 +979,39 @@ static bool plan(km_pipeline *pl, mpart *p, mbatch *b, runs_acc *ra)
 }
 
 /* CRC32C of the re-stamped header continued over the batch's bytes from 61 on, in the response buffer. */
-static km_err restamp_ref(mbatch *b)
+static km_err restamp_ref(mbatch *b, const struct evbuffer_ptr *at)
 {
-	struct evbuffer_ptr ptr;
-	struct evbuffer_iovec stackv[16], *v = stackv;
+	struct evbuffer_ptr ptr = *at;
+	size_t left = b->size - KM_BATCH_HEADER_SIZE;
+	uint32_t crc = km_crc32c(0, b->hdr + KM_BATCH_OFF_ATTRIBUTES, KM_BATCH_HEADER_SIZE - KM_BATCH_OFF_ATTRIBUTES);
 	int n;
-	uint32_t crc;
 
-	if (evbuffer_ptr_set(b->resp->buf, &ptr, b->off + KM_BATCH_OFF_ATTRIBUTES, EVBUFFER_PTR_SET) != 0)
-		return KM_ERR_DECODE;
-	crc = km_crc32c(0, b->hdr + KM_BATCH_OFF_ATTRIBUTES, KM_BATCH_HEADER_SIZE - KM_BATCH_OFF_ATTRIBUTES);
-	if (evbuffer_ptr_set(b->resp->buf, &ptr, b->off + KM_BATCH_HEADER_SIZE, EVBUFFER_PTR_SET) != 0)
-		return b->size == KM_BATCH_HEADER_SIZE ? KM_OK : KM_ERR_DECODE;
-	n = evbuffer_peek(b->resp->buf, (ev_ssize_t)(b->size - KM_BATCH_HEADER_SIZE), &ptr, NULL, 0);
-	if (n > 16 && !(v = malloc((size_t)n * sizeof(*v))))
-		return KM_ERR_NOMEM;
-	n = evbuffer_peek(b->resp->buf, (ev_ssize_t)(b->size - KM_BATCH_HEADER_SIZE), &ptr, v, n);
-	{
-		size_t left = b->size - KM_BATCH_HEADER_SIZE;
-		for (int i = 0; i < n && left; i++) {
-			size_t l = v[i].iov_len < left ? v[i].iov_len : left;
-			crc = km_crc32c(crc, v[i].iov_base, l);
-			left -= l;
-		}
-		if (v != stackv)
-			free(v);
-		if (left)
-			return KM_ERR_DECODE;
+	if (!left) {
+		km_put_be32(b->hdr + KM_BATCH_OFF_CRC, crc);
+		return KM_OK;
 	}
+	/* at is the batch's first byte; its records start 61 bytes on (walking only the chains between). */
+	if (evbuffer_ptr_set(b->resp->buf, &ptr, KM_BATCH_HEADER_SIZE, EVBUFFER_PTR_ADD) != 0)
+		return KM_ERR_DECODE;
+	n = evbuffer_peek(b->resp->buf, (ev_ssize_t)left, &ptr, NULL, 0);
+	if (n <= 0 || !(b->vec = malloc((size_t)n * sizeof(*b->vec))))
+		return n <= 0 ? KM_ERR_DECODE : KM_ERR_NOMEM;
+	b->nvec = evbuffer_peek(b->resp->buf, (ev_ssize_t)left, &ptr, b->vec, n);
+	for (int i = 0; i < b->nvec && left; i++) {
+		if (b->vec[i].iov_len > left)
+			b->vec[i].iov_len = left; /* the last one may run on into the next batch */
+		crc = km_crc32c(crc, b->vec[i].iov_base, b->vec[i].iov_len);
+		left -= b->vec[i].iov_len;
+	}
+	if (left)
+		return KM_ERR_DECODE;
 	km_put_be32(b->hdr + KM_BATCH_OFF_CRC, crc);
 	return KM_OK;
 }
 
 /* A compacted batch with offsets missing inside: re-encoded once into contiguous pieces (decompresses). */
-static km_err split_batch(km_pipeline *pl, mpart *p, mresp *resp, size_t off, size_t size, runs_acc *ra)
+static km_err split_batch(km_pipeline *pl, mpart *p, mresp *resp, const struct evbuffer_ptr *at, size_t size,
+			  runs_acc *ra)
 {
 	uint8_t *raw = malloc(size), *scratch = NULL;
 	size_t cap = 0, pieces = 0;
@@ -1021,13 +1023,9 @@ static km_err split_batch(km_pipeline *pl, mpart *p, mresp *resp, size_t off, si
 	(void)resp;
 	if (!raw)
 		return KM_ERR_NOMEM;
-	{
-		struct evbuffer_ptr ptr;
-		evbuffer_ptr_set(resp->buf, &ptr, off, EVBUFFER_PTR_SET);
-		if (evbuffer_copyout_from(resp->buf, &ptr, raw, size) != (ev_ssize_t)size) {
-			free(raw);
-			return KM_ERR_DECODE;
-		}
+	if (evbuffer_copyout_from(resp->buf, at, raw, size) != (ev_ssize_t)size) {
+		free(raw);
+		return KM_ERR_DECODE;
 	}
 	rc = km_batch_parse(raw, size, &b);
 	if (rc == KM_OK && b.codec != KM_CODEC_NONE) {
@@ -1075,8 +1073,8 @@ static km_err split_batch(km_pipeline *pl, mpart *p, mresp *resp, size_t off, si
 }
 
 /* One batch of p's fetched data (its 61-byte header in h, the whole batch at off/size in resp). */
-static km_err take_batch(km_pipeline *pl, mpart *p, mresp *resp, size_t off, size_t size, const uint8_t *h,
-			 runs_acc *ra, const char **fail)
+static km_err take_batch(km_pipeline *pl, mpart *p, mresp *resp, size_t off, const struct evbuffer_ptr *at,
+			 size_t size, const uint8_t *h, runs_acc *ra, const char **fail)
 {
 	int64_t base = (int64_t)km_be64(h + KM_BATCH_OFF_BASE_OFFSET);
 	uint16_t attr = km_be16(h + KM_BATCH_OFF_ATTRIBUTES);
@@ -1113,7 +1111,7 @@ static km_err take_batch(km_pipeline *pl, mpart *p, mresp *resp, size_t off, siz
 	}
 	p->fetch_logical = last + 1;
 	if (count != lod + 1)
-		return split_batch(pl, p, resp, off, size, ra);
+		return split_batch(pl, p, resp, at, size, ra);
 	b = calloc(1, sizeof(*b));
 	if (!b)
 		return KM_ERR_NOMEM;
@@ -1129,7 +1127,7 @@ static km_err take_batch(km_pipeline *pl, mpart *p, mresp *resp, size_t off, siz
 		batch_free(b);
 		return KM_ERR_NOMEM;
 	}
-	return restamp_ref(b);
+	return restamp_ref(b, at);
 }
 
 typedef struct runs_ctx {
@@ -1252,6 +1250,9 @@ static void on_fetch(km_net_client *c, km_err err, struct evbuffer *body, void *
 	km_fetch_walk_init(&w, ver, evbuffer_get_length(body));
 	{
 		mpart *cur = NULL;
+		struct evbuffer_ptr cursor;
+		size_t cur_off = 0;
+		bool cur_valid = false;
 		for (;;) {
 			km_fw_event ev = km_fetch_walk_next(&w, body, 0);
 			if (ev == KM_FW_END || ev == KM_FW_NEED_MORE)
@@ -1296,12 +1297,20 @@ static void on_fetch(km_net_client *c, km_err err, struct evbuffer *body, void *
 					cur = NULL;
 					continue;
 				}
-				evbuffer_ptr_set(body, &ptr, w.batch.off, EVBUFFER_PTR_SET);
-				if (evbuffer_copyout_from(body, &ptr, h, sizeof(h)) != (ev_ssize_t)sizeof(h)) {
+				/* A cursor moved forward batch by batch: each costs only the chains it crosses. */
+				if (w.batch.off >= cur_off && cur_valid)
+					rc = evbuffer_ptr_set(body, &cursor, w.batch.off - cur_off, EVBUFFER_PTR_ADD) ? KM_ERR_DECODE
+														: KM_OK;
+				else
+					rc = evbuffer_ptr_set(body, &cursor, w.batch.off, EVBUFFER_PTR_SET) ? KM_ERR_DECODE : KM_OK;
+				cur_valid = rc == KM_OK;
+				cur_off = w.batch.off;
+				ptr = cursor;
+				if (rc != KM_OK || evbuffer_copyout_from(body, &ptr, h, sizeof(h)) != (ev_ssize_t)sizeof(h)) {
 					bad = true;
 					break;
 				}
-				rc = take_batch(pl, cur, resp, w.batch.off, size, h, &ra, &fail);
+				rc = take_batch(pl, cur, resp, w.batch.off, &cursor, size, h, &ra, &fail);
 				if (rc != KM_OK) {
 					fail_part(pl, cur, fail ? fail : km_err_name(rc));
 					cur = NULL;
@@ -1694,6 +1703,20 @@ static void encode_str(km_wr *w, bool flex, const char *s)
 	km_wr_string(w, flex, km_str_c(s));
 }
 
+/* Pieces a request to node may need: two framing pieces and the record pieces of each partition's next batch. */
+static size_t piece_cap(km_pipeline *pl, int32_t node, size_t cap)
+{
+	size_t n = cap * 3;
+	for (size_t i = 0; i < pl->ntopics; i++)
+		for (int32_t j = 0; j < pl->topics[i]->nparts; j++) {
+			mpart *p = pl->topics[i]->parts[j];
+			mbatch *b = p && p->dst_leader == node ? next_unsent(p) : NULL;
+			if (b)
+				n += (size_t)b->nvec;
+		}
+	return n;
+}
+
 /* One framing piece: encoded here, copied by the client when the request is taken. */
 static km_wr *frame_piece(km_wr *enc, size_t *nenc, km_net_piece *pieces, size_t *npieces)
 {
@@ -1747,7 +1770,7 @@ static bool send_produce(km_pipeline *pl, int32_t node)
 	pc = calloc(1, sizeof(*pc));
 	if (!pc || !(pc->parts = calloc(cap, sizeof(*pc->parts))) ||
 	    !(pc->batches = calloc(cap, sizeof(*pc->batches))) || !(gstart = calloc(cap + 1, sizeof(*gstart))) ||
-	    !(pieces = calloc(cap * 3 + pl->ntopics * 2 + 2, sizeof(*pieces))) ||
+	    !(pieces = calloc(piece_cap(pl, node, cap) + pl->ntopics * 2 + 2, sizeof(*pieces))) ||
 	    !(enc = calloc(cap * 2 + pl->ntopics * 2 + 2, sizeof(*enc))))
 		goto out;
 	pc->node = node;
@@ -1801,12 +1824,14 @@ static bool send_produce(km_pipeline *pl, int32_t node)
 					pieces[npieces++] = (km_net_piece){.p = b->own + KM_BATCH_HEADER_SIZE,
 									   .len = b->size - KM_BATCH_HEADER_SIZE};
 				} else {
-					b->resp->refs++;
-					pieces[npieces++] = (km_net_piece){.buf = b->resp->buf,
-									   .off = b->off + KM_BATCH_HEADER_SIZE,
-									   .len = b->size - KM_BATCH_HEADER_SIZE,
-									   .release = resp_unref,
-									   .release_arg = b->resp};
+					/* The record bytes where they are in the fetched response's chains. */
+					for (int v = 0; v < b->nvec; v++) {
+						b->resp->refs++;
+						pieces[npieces++] = (km_net_piece){.p = b->vec[v].iov_base,
+										   .len = b->vec[v].iov_len,
+										   .release = resp_unref,
+										   .release_arg = b->resp};
+					}
 				}
 			}
 			w = frame_piece(enc, &nenc, pieces, &npieces);

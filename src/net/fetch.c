@@ -161,7 +161,22 @@ km_fw_event km_fetch_walk_next(km_fetch_walk *w, struct evbuffer *buf, size_t fi
 		}
 		if (w->pos >= have_end)
 			return w->pos >= w->end ? KM_FW_ERROR : KM_FW_NEED_MORE;
-		km_evrd_init(&r, buf, w->pos - first, have_end - first);
+		if (w->cache.buf == buf && w->cache.first == first && w->cache.len == evbuffer_get_length(buf) &&
+		    w->pos >= w->cache.pos && w->pos - first < w->cache.len) {
+			/* The buffer did not change since the last step: move on from where that one started. */
+			km_evrd_init_at(&r, buf, &w->cache.ptr, w->cache.pos - first, w->pos - first, have_end - first);
+		} else {
+			km_evrd_init(&r, buf, w->pos - first, have_end - first);
+		}
+		if (!r.err && w->pos - first < evbuffer_get_length(buf)) {
+			w->cache.buf = buf;
+			w->cache.first = first;
+			w->cache.len = evbuffer_get_length(buf);
+			w->cache.pos = w->pos;
+			w->cache.ptr = r.ptr;
+		} else {
+			w->cache.buf = NULL;
+		}
 		switch (w->phase) {
 		case FW_HEAD:
 			/* size, correlation id, header tags (v12+), throttle, error and session id (v7+), topic count */

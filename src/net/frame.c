@@ -132,6 +132,19 @@ void km_evrd_init(km_evrd *r, struct evbuffer *buf, size_t start, size_t end)
 		r->err = KM_ERR_DECODE;
 }
 
+void km_evrd_init_at(km_evrd *r, struct evbuffer *buf, const struct evbuffer_ptr *ptr, size_t at, size_t start,
+		     size_t end)
+{
+	memset(r, 0, sizeof(*r));
+	r->buf = buf;
+	r->pos = start;
+	r->end = end;
+	r->ptr = *ptr;
+	if (end > evbuffer_get_length(buf) || start > end || start < at ||
+	    (start > at && evbuffer_ptr_set(buf, &r->ptr, start - at, EVBUFFER_PTR_ADD) != 0))
+		r->err = KM_ERR_DECODE;
+}
+
 bool km_evrd_skip(km_evrd *r, size_t n)
 {
 	if (r->err)

@@ -167,6 +167,9 @@ def catch_up_peak(mem_env, source_cluster, dest_cluster, lag_mb):
              f"(baseline + (2 + {source_brokers(source_cluster)}) x {mb(FETCH_MAX)} + margin "
              f"{mb(MARGIN)})")
     assert sampler.samples >= took / SAMPLE_S / 4, "RSS sampled too rarely"
+    # The samples saw the fetched data (the right process, while it worked): at least one
+    # partition's fetch over the idle figure.
+    assert peak > baseline + PART_MAX, f"RSS peak {mb(peak)} hardly over idle {mb(baseline)}"
     cli.run("stop", "--mirror", mirror, "--topics", topic)
     source_cluster.tool("topics", "--delete", "--topic", topic, check=False)
     dest_cluster.tool("topics", "--delete", "--topic", topic, check=False)

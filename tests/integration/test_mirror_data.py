@@ -298,7 +298,7 @@ def kafka_python_records(bootstrap, topic, partition, mark):
     import kafka  # kafka-python: scripts/install-deps.sh installs it
     lo, hi = mark
     c = kafka.KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, group_id=None,
-                            api_version_auto_timeout_ms=30000, consumer_timeout_ms=20000)
+                            consumer_timeout_ms=20000)
     tp = kafka.TopicPartition(topic, partition)
     c.assign([tp])
     c.seek(tp, lo)

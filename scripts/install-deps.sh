@@ -36,6 +36,8 @@ fi
 pymissing=()
 python3 -c 'import pytest' 2>/dev/null || pymissing+=(pytest)
 python3 -c 'import confluent_kafka' 2>/dev/null || pymissing+=(confluent-kafka)
+# A third client family (pure Python, its own protocol code): the mirror tests read through the proxy with it too.
+python3 -c 'import kafka' 2>/dev/null || pymissing+=(kafka-python)
 if [ "${#pymissing[@]}" -gt 0 ]; then
 	echo "install-deps: installing Python packages: ${pymissing[*]}"
 	python3 -m pip install -q "${pymissing[@]}" 2>/dev/null ||

@@ -128,6 +128,8 @@ typedef struct mpart {
 	int backoff_ms;
 	uint64_t records, bytes, batches, skipped, errors;
 	uint64_t lag, lag_ms;   /* gauges, set on every fetch answer */
+	uint64_t fetch_seq;     /* the Fetch it is in (fetch_ctx.seq) */
+	bool taken;             /* its data in the current answer was taken (a partition listed twice is not) */
 	int64_t source_end;     /* the source's high watermark as last fetched; -1: not known */
 	int64_t newest_ts;      /* max timestamp of the last batch written */
 	bool metrics;           /* its series are registered */
@@ -165,6 +167,7 @@ struct km_pipeline {
 	int64_t pid;
 	int16_t epoch;
 	uint64_t pid_gen; /* bumps with every producer id obtained */
+	uint64_t fetch_seq;
 	int64_t fetch_max_bytes, part_max_bytes;
 	char start_mode[32];
 	int64_t options_at;
@@ -921,6 +924,7 @@ typedef struct fetch_ctx {
 	int32_t node;
 	mpart **parts;
 	size_t n;
+	uint64_t seq; /* stamped on its partitions: an answer for a partition it did not ask for is ignored */
 } fetch_ctx;
 
 /* Runs the plan of one partition's fetched batches asked for, collected over a response. */
@@ -1216,9 +1220,11 @@ static void on_fetch(km_net_client *c, km_err err, struct evbuffer *body, void *
 	}
 	if ((io = node_io(&pl->sio, &pl->nsio, fc->node)))
 		io->fetching = false;
-	for (size_t i = 0; i < fc->n; i++)
+	for (size_t i = 0; i < fc->n; i++) {
+		fc->parts[i]->taken = false;
 		if (fc->parts[i]->phase == PH_FETCHING)
 			fc->parts[i]->phase = PH_READY; /* unless the response says more below */
+	}
 	if (err != KM_OK || !body) {
 		KM_WARN(COMP, 0, "%s: Fetch from source broker %d failed: %s", pl->name, (int)fc->node, km_err_name(err));
 		km_mcluster_drop(pl->src, c);
@@ -1258,8 +1264,8 @@ static void on_fetch(km_net_client *c, km_err err, struct evbuffer *body, void *
 				mtopic *t = topic_get(pl, w.part.topic, false);
 				mpart *p = t ? part_get(pl, t, w.part.partition, false) : NULL;
 				cur = NULL;
-				if (!p || p->phase != PH_READY)
-					continue; /* stopped or paused meanwhile: its data is dropped */
+				if (!p || p->phase != PH_READY || p->fetch_seq != fc->seq || p->taken)
+					continue; /* not asked for here, listed twice, or failed meanwhile: dropped */
 				if (w.part.error_code) {
 					handle_fetch_error(pl, p, w.part.error_code);
 					continue;
@@ -1272,6 +1278,7 @@ static void on_fetch(km_net_client *c, km_err err, struct evbuffer *body, void *
 				update_lag(p, now_ms());
 				p->backoff_ms = 0;
 				cur = p;
+				p->taken = true;
 				touched[ntouched++] = p;
 				w.descend = true;
 				continue;
@@ -1425,6 +1432,7 @@ static void send_fetch(km_pipeline *pl, int32_t node, int64_t now)
 			fp[np].last_fetched_epoch = -1;
 			fp[np].partition_max_bytes = (int32_t)pl->part_max_bytes;
 			fc->parts[np] = p;
+			p->fetch_seq = pl->fetch_seq + 1;
 			p->phase = PH_FETCHING;
 			np++;
 		}
@@ -1440,6 +1448,7 @@ static void send_fetch(km_pipeline *pl, int32_t node, int64_t now)
 	m.topics.count = (int32_t)nt;
 	fc->n = np;
 	fc->node = node;
+	fc->seq = ++pl->fetch_seq;
 	km_wr_init(&w);
 	km_fetch_request_encode(&w, ver, &m);
 	x = ctx_new(pl, pl->src, node, ver);

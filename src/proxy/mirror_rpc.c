@@ -749,6 +749,7 @@ static void describe_one(mop *op, const km_state_mirror *m, km_describe_mirrors_
 			dp->source_log_end_offset = p.source_log_end;
 			dp->mirrored_offset = p.last_mirrored_offset;
 			dp->lag = lag_of(&p);
+			dp->skipped_records = p.skipped_records;
 			dp->last_error = cstr(p.last_error);
 			dp->last_error_time_ms = p.last_error ? p.last_error_ms : -1;
 		}

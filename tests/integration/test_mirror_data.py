@@ -593,6 +593,10 @@ def test_mirror_log_start_moved(mirror_env, when):
                    if k.startswith("kmirror_mirror_skipped_records_total") and topic in k}
         if sum(skipped.values()) != 3111 - 2000:
             problems.append(f"skipped records metric {skipped}, wanted {3111 - 2000} in all")
+        doc, _ = env.cli.json("describe", "--mirror", env.mirror, "--topics", topic)
+        holes = [p["skipped_records"] for t in doc["mirrors"][0]["topics"] for p in t["partitions"]]
+        if sum(holes) != 3111 - 2000:
+            problems.append(f"describe's skipped records {holes}, wanted {3111 - 2000} in all")
     pm = watermarks(env.pb, topic, parts)
     if [lo for lo, _ in pm] != [lo for lo, _ in marks]:
         problems.append(f"earliest offsets: proxy {pm}, source {marks}")

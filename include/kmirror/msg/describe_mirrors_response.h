@@ -39,6 +39,8 @@ typedef struct km_describe_mirrors_response_described_partition {
 	int64_t mirrored_offset;
 	/* v0+: SourceLogEndOffset - MirroredOffset, or -1 if either is unknown. */
 	int64_t lag;
+	/* v0+ tag 0: Records the source's retention removed before the mirror read them (holes), since kmirr... */
+	int64_t skipped_records;
 	/* v0+ nullable: The last error of this partition's mirroring, or null. */
 	km_str last_error;
 	/* v0+: When LastError happened (ms since the epoch), or -1. */

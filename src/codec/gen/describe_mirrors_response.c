@@ -87,6 +87,15 @@ void km_describe_mirrors_response_described_partition_init(km_describe_mirrors_r
 	m->last_error_time_ms = INT64_C(-1);
 }
 
+static bool km_describe_mirrors_response_described_partition_dec_tag_skipped_records(km_rd *r, int16_t v, km_describe_mirrors_response_described_partition *m, km_arena *a)
+{
+	(void)v;
+	(void)a;
+	if (!km_rd_i64(r, "DescribedPartition.SkippedRecords", &m->skipped_records))
+		return false;
+	return true;
+}
+
 static bool km_describe_mirrors_response_described_partition_dec(km_rd *r, int16_t v, km_describe_mirrors_response_described_partition *m, km_arena *a)
 {
 	const bool flex = true;
@@ -112,6 +121,27 @@ static bool km_describe_mirrors_response_described_partition_dec(km_rd *r, int16
 	if (flex) {
 		if (!km_codec_rd_tags(r, "DescribedPartition.TaggedFields", &m->unknown_tags, a))
 			return false;
+		int32_t keep = 0;
+		for (int32_t i = 0; i < m->unknown_tags.count; i++) {
+			const km_tagged t = m->unknown_tags.items[i];
+			km_rd sub;
+			bool known = true;
+			km_codec_rd_slice(r, t.data, &sub);
+			switch (t.tag) {
+				case 0:
+				{
+					if (!km_describe_mirrors_response_described_partition_dec_tag_skipped_records(&sub, v, m, a))
+						return km_codec_rd_join(r, &sub);
+				}
+				break;
+				default:
+					known = false;
+					break;
+			}
+			if (!known)
+				m->unknown_tags.items[keep++] = t;
+		}
+		m->unknown_tags.count = keep;
 	}
 	return true;
 }
@@ -132,7 +162,19 @@ static void km_describe_mirrors_response_described_partition_enc(km_wr *w, int16
 	km_wr_string(w, flex, m->last_error);
 	km_wr_i64(w, m->last_error_time_ms);
 	if (flex) {
-		km_codec_wr_tags(w, &m->unknown_tags, 0, UINT64_MAX, true);
+		uint32_t ntags = (uint32_t)(m->unknown_tags.count > 0 ? m->unknown_tags.count : 0);
+		const bool has_skipped_records = true && m->skipped_records != INT64_C(0);
+		ntags += has_skipped_records;
+		km_wr_uvarint(w, ntags);
+		km_codec_wr_tags(w, &m->unknown_tags, 0, 1, false);
+		if (has_skipped_records) {
+			size_t n = 0;
+			n += 8;
+			km_wr_uvarint(w, 0);
+			km_wr_uvarint(w, (uint32_t)n);
+			km_wr_i64(w, m->skipped_records);
+		}
+		km_codec_wr_tags(w, &m->unknown_tags, 1, UINT64_MAX, false);
 	}
 }
 
@@ -153,6 +195,12 @@ static size_t km_describe_mirrors_response_described_partition_sz(int16_t v, con
 	if (flex) {
 		uint32_t ntags = (uint32_t)(m->unknown_tags.count > 0 ? m->unknown_tags.count : 0);
 		n += km_codec_sz_tags(&m->unknown_tags);
+		if (true && m->skipped_records != INT64_C(0)) {
+			size_t fn = 0;
+			fn += 8;
+			n += km_sz_uvarint(0) + km_sz_uvarint((uint32_t)fn) + fn;
+			ntags++;
+		}
 		n += km_sz_uvarint(ntags);
 	}
 	return n;

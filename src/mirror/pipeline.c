@@ -35,6 +35,8 @@
 #define BACKOFF_MAX_MS 10000
 #define METADATA_MIN_INTERVAL_MS 500
 #define MAX_BATCH_BYTES (64 << 20)
+/* A partition whose destination writes keep failing (retriable errors, reconciles) this long goes FAILED. */
+#define KM_MIRROR_FAIL_AFTER_MS 300000
 /* How often a paused partition's source end is read (for its lag). */
 #define PAUSED_WATCH_MS 2000
 /* Metadata answers in a row without a topic that was mirrored before it counts as deleted at the source. */
@@ -128,6 +130,7 @@ typedef struct mpart {
 	size_t inflight;        /* batches sent, not answered */
 	int64_t retry_at;
 	int backoff_ms;
+	int64_t failing_since;  /* the first of a run of destination errors with nothing written since (0: none) */
 	uint64_t records, bytes, batches, skipped, errors;
 	uint64_t lag, lag_ms;   /* gauges, set on every fetch answer */
 	uint64_t fetch_seq;     /* the Fetch it is in (fetch_ctx.seq) */
@@ -368,11 +371,25 @@ static void backoff(mpart *p)
 }
 
 /* Start over for p: once nothing of it is in flight, reconcile with a fresh producer id. */
+static void fail_part(km_pipeline *pl, mpart *p, const char *why);
+
 static void reconcile(km_pipeline *pl, mpart *p, const char *why)
 {
 	char tag[300];
 	if (p->phase == PH_IDLE)
 		return;
+	int64_t now = now_ms();
+	if (!p->failing_since)
+		p->failing_since = now;
+	else if (now - p->failing_since > KM_MIRROR_FAIL_AFTER_MS) {
+		/* Retrying has not written anything for this long: an operator has to look. */
+		char msg[600];
+		snprintf(msg, sizeof(msg), "%s (retried for %lld s without writing anything)", why,
+			 (long long)(now - p->failing_since) / 1000);
+		p->failing_since = 0;
+		fail_part(pl, p, msg);
+		return;
+	}
 	KM_INFO(COMP, 0, "%s/%s: %s: reconciling", pl->name, ptag(p, tag, sizeof(tag)), why);
 	p->errors++;
 	drop_unsent(p);
@@ -1605,6 +1622,7 @@ static void produce_done(km_pipeline *pl, mpart *p, mbatch *b, int16_t code, int
 			p->acked_logical = p->fetch_logical;
 		p->probe = false;
 		p->backoff_ms = 0;
+		p->failing_since = 0;
 		set_tail(pl, p, true);
 		batch_free(b);
 		if (!p->head && p->phase == PH_WRITING)

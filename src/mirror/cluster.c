@@ -223,6 +223,17 @@ bool km_mcluster_failed(km_mcluster *cl, const km_net_client *c)
 	return true;
 }
 
+bool km_mcluster_usable(km_mcluster *cl, km_net_client *c)
+{
+	if (!c)
+		return false;
+	if (km_net_client_ready(c))
+		return true;
+	if (km_mcluster_failed(cl, c))
+		km_mcluster_drop(cl, c);
+	return false;
+}
+
 void km_mcluster_drop(km_mcluster *cl, km_net_client *c)
 {
 	if (!c)

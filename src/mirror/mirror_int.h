@@ -29,6 +29,8 @@ km_net_client *km_mcluster_any(km_mcluster *cl);
 km_net_client *km_mcluster_node(km_mcluster *cl, int32_t id);
 /* Whether c failed (the next km_mcluster_any / _node gives a fresh client). */
 bool km_mcluster_failed(km_mcluster *cl, const km_net_client *c);
+/* Whether c is connected and negotiated; a failed one is dropped (the next use reconnects). NULL: false. */
+bool km_mcluster_usable(km_mcluster *cl, km_net_client *c);
 /* Forget c after an error on it: the next use reconnects. Safe from inside c's callbacks. */
 void km_mcluster_drop(km_mcluster *cl, km_net_client *c);
 /* Take the brokers of a Metadata response (clients of unchanged addresses are kept). */

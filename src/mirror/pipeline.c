@@ -563,11 +563,8 @@ static void send_metadata(km_pipeline *pl, km_mcluster *cl)
 	int16_t ver;
 	bool *inflight = cl == pl->src ? &pl->src_meta_inflight : &pl->dst_meta_inflight;
 
-	if (!c || !km_net_client_ready(c)) {
-		if (c && km_mcluster_failed(cl, c))
-			km_mcluster_drop(cl, c);
+	if (!km_mcluster_usable(cl, c))
 		return; /* the cluster's on_change ticks again once it is ready */
-	}
 	if ((ver = pick(c, KM_API_METADATA, META_LO, META_HI)) < 0) {
 		KM_ERROR(COMP, 0, "%s: the %s cluster does not support Metadata v%d+", pl->name, km_mcluster_side(cl),
 			 META_LO);
@@ -657,11 +654,8 @@ static void send_pid(km_pipeline *pl)
 	km_wr w;
 	int16_t ver;
 
-	if (!c || !km_net_client_ready(c)) {
-		if (c && km_mcluster_failed(pl->dst, c))
-			km_mcluster_drop(pl->dst, c);
+	if (!km_mcluster_usable(pl->dst, c))
 		return;
-	}
 	if ((ver = pick(c, KM_API_INIT_PRODUCER_ID, PID_LO, PID_HI)) < 0)
 		return;
 	km_init_producer_id_request_init(&m);
@@ -787,11 +781,8 @@ static bool send_list_offsets_x(km_pipeline *pl, mpart *p, bool dest, int64_t ts
 			pl->src_meta_need = true;
 		return false;
 	}
-	if (!km_net_client_ready(c)) {
-		if (km_mcluster_failed(cl, c))
-			km_mcluster_drop(cl, c);
+	if (!km_mcluster_usable(cl, c))
 		return false;
-	}
 	if ((ver = pick(c, KM_API_LIST_OFFSETS, LO_LO, LO_HI)) < 0)
 		return false;
 	km_list_offsets_request_init(&m);
@@ -1413,11 +1404,8 @@ static void send_fetch(km_pipeline *pl, int32_t node, int64_t now)
 		pl->src_meta_need = true;
 		return;
 	}
-	if (!km_net_client_ready(c)) {
-		if (km_mcluster_failed(pl->src, c))
-			km_mcluster_drop(pl->src, c);
+	if (!km_mcluster_usable(pl->src, c))
 		return;
-	}
 	if ((ver = pick(c, KM_API_FETCH, FETCH_LO, FETCH_HI)) < 0) {
 		KM_ERROR(COMP, 0, "%s: source broker %d does not support Fetch v%d-%d", pl->name, (int)node, FETCH_LO,
 			 FETCH_HI);
@@ -1769,11 +1757,8 @@ static bool send_produce(km_pipeline *pl, int32_t node)
 		pl->dst_meta_need = true;
 		return false;
 	}
-	if (!km_net_client_ready(c)) {
-		if (km_mcluster_failed(pl->dst, c))
-			km_mcluster_drop(pl->dst, c);
+	if (!km_mcluster_usable(pl->dst, c))
 		return false;
-	}
 	if ((ver = pick(c, KM_API_PRODUCE, PRODUCE_LO, PRODUCE_HI)) < 0)
 		return false;
 	flex = ver >= 9;
@@ -2007,7 +1992,7 @@ static void follow_log_start(km_pipeline *pl, mpart *p)
 	if (!m || !m->n || (phys = km_offmap_to_physical(m, target)) < 0)
 		return;
 	c = km_mcluster_node(pl->dst, p->dst_leader);
-	if (!c || !km_net_client_ready(c) || (ver = pick(c, KM_API_DELETE_RECORDS, 0, 2)) < 0)
+	if (!km_mcluster_usable(pl->dst, c) || (ver = pick(c, KM_API_DELETE_RECORDS, 0, 2)) < 0)
 		return;
 	km_delete_records_request_init(&rq);
 	km_delete_records_request_delete_records_topic_init(&dt);

@@ -254,10 +254,8 @@ static km_net_client *ready_client(struct km_mprep *p, km_mcluster *cl)
 {
 	km_net_client *c = km_mcluster_any(cl);
 	const char *r = km_mcluster_last_error(cl);
-	if (c && km_net_client_ready(c))
+	if (km_mcluster_usable(cl, c))
 		return c;
-	if (c && km_mcluster_failed(cl, c))
-		km_mcluster_drop(cl, c);
 	/* The cluster replaces a failed client itself: its last failure says why we still wait. */
 	if (*r && cl == p->src)
 		snprintf(p->why, sizeof(p->why), "the source cluster (%s) cannot be reached: %s", p->src_boot, r);

@@ -2295,7 +2295,7 @@ void km_pipeline_free(km_pipeline *pl)
 				p->head = b->next;
 				batch_free(b);
 			}
-			set_tail(pl, p, false);
+			/* The store is freed first (kmirrord.c): its maps are gone, no tail to clear. */
 			free(p);
 		}
 		free(t->parts);

@@ -65,7 +65,7 @@ def sanitizer_free(p):
 
 
 @pytest.fixture(scope="module")
-def robust(kmirrord_bin, dest_cluster, tmp_path_factory):
+def robust(kmirrord_bin, dest_cluster, source_cluster, tmp_path_factory):
     """One kmirrord (ASan build when there is one) in front of the one-broker destination, with a
     mirror and two topics."""
     binary = asan_kmirrord(kmirrord_bin)
@@ -74,7 +74,8 @@ def robust(kmirrord_bin, dest_cluster, tmp_path_factory):
     c = Client(p.bootstrap)
     wait_until(lambda: c.list()[0] == 0, 60, 0.5, "the mirror state to load")
     mirror = f"robust-{random.randrange(1 << 30):x}"
-    assert c.create(mirror, {"bootstrap.servers": "source.invalid:9092"}) == (0, None)
+    # a reachable source without the topics: the partitions wait for them while MIRRORING
+    assert c.create(mirror, {"bootstrap.servers": source_cluster.bootstrap}) == (0, None)
     topics = [f"{mirror}-a", f"{mirror}-b"]
     for t in topics:
         create_topic(p, t, partitions=2, rf=1)

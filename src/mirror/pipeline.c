@@ -83,8 +83,8 @@ typedef struct mresp {
 
 typedef struct mbatch {
 	struct mbatch *next;
-	mresp *resp;      /* the record bytes live in resp->buf at off ... */
-	size_t off, size; /* ... the whole batch, 12 + batchLength */
+	mresp *resp;      /* the record bytes live in resp->buf's chains (vec below) */
+	size_t size;      /* the whole batch, 12 + batchLength */
 	uint8_t *own;     /* or in own (a re-encoded piece), own_len bytes */
 	size_t own_len;
 	struct evbuffer_iovec *vec; /* the record bytes (from 61 on) in resp->buf's chains, found once */
@@ -959,7 +959,7 @@ static bool runs_push(runs_acc *ra, const km_state_run *r)
 }
 
 /* Append a planned batch to p; a new run when it does not continue the open one. */
-static bool plan(km_pipeline *pl, mpart *p, mbatch *b, runs_acc *ra)
+static bool plan(mpart *p, mbatch *b, runs_acc *ra)
 {
 	uint8_t *h = b->hdr;
 	if (b->logical != p->cont_logical) {
@@ -982,7 +982,6 @@ static bool plan(km_pipeline *pl, mpart *p, mbatch *b, runs_acc *ra)
 	else
 		p->head = b;
 	p->tail = b;
-	(void)pl;
 	return true;
 }
 
@@ -1028,7 +1027,6 @@ static km_err split_batch(km_pipeline *pl, mpart *p, mresp *resp, const struct e
 	km_wr out;
 	km_err rc;
 
-	(void)resp;
 	if (!raw)
 		return KM_ERR_NOMEM;
 	if (evbuffer_copyout_from(resp->buf, at, raw, size) != (ev_ssize_t)size) {
@@ -1066,7 +1064,7 @@ static km_err split_batch(km_pipeline *pl, mpart *p, mresp *resp, const struct e
 		nb->count = pb.last_offset_delta + 1;
 		nb->size = pb.size;
 		nb->max_ts = pb.max_timestamp;
-		if (!plan(pl, p, nb, ra)) {
+		if (!plan(p, nb, ra)) {
 			batch_free(nb);
 			km_wr_free(&out);
 			return KM_ERR_NOMEM;
@@ -1080,9 +1078,9 @@ static km_err split_batch(km_pipeline *pl, mpart *p, mresp *resp, const struct e
 	return it.err;
 }
 
-/* One batch of p's fetched data (its 61-byte header in h, the whole batch at off/size in resp). */
-static km_err take_batch(km_pipeline *pl, mpart *p, mresp *resp, size_t off, const struct evbuffer_ptr *at,
-			 size_t size, const uint8_t *h, runs_acc *ra, const char **fail)
+/* One batch of p's fetched data: its 61-byte header in h, the whole batch (size bytes) at at in resp. */
+static km_err take_batch(km_pipeline *pl, mpart *p, mresp *resp, const struct evbuffer_ptr *at, size_t size,
+			 const uint8_t *h, runs_acc *ra, const char **fail)
 {
 	int64_t base = (int64_t)km_be64(h + KM_BATCH_OFF_BASE_OFFSET);
 	uint16_t attr = km_be16(h + KM_BATCH_OFF_ATTRIBUTES);
@@ -1126,12 +1124,11 @@ static km_err take_batch(km_pipeline *pl, mpart *p, mresp *resp, size_t off, con
 	memcpy(b->hdr, h, KM_BATCH_HEADER_SIZE);
 	b->resp = resp;
 	resp->refs++;
-	b->off = off;
 	b->size = size;
 	b->logical = base;
 	b->count = count;
 	b->max_ts = (int64_t)km_be64(h + KM_BATCH_OFF_MAX_TIMESTAMP);
-	if (!plan(pl, p, b, ra)) {
+	if (!plan(p, b, ra)) {
 		batch_free(b);
 		return KM_ERR_NOMEM;
 	}
@@ -1318,7 +1315,7 @@ static void on_fetch(km_net_client *c, km_err err, struct evbuffer *body, void *
 					bad = true;
 					break;
 				}
-				rc = take_batch(pl, cur, resp, w.batch.off, &cursor, size, h, &ra, &fail);
+				rc = take_batch(pl, cur, resp, &cursor, size, h, &ra, &fail);
 				if (rc != KM_OK) {
 					fail_part(pl, cur, fail ? fail : km_err_name(rc));
 					cur = NULL;

@@ -355,7 +355,7 @@ static int cmd_list(ctx *x)
 	} else {
 		static const char *const hdr[] = {"MIRROR", "SOURCE", "TOPICS"};
 		km_cli_table t;
-		if (!km_cli_table_init(&t, 3, hdr))
+		if (!km_cli_table_init(&t, sizeof(hdr) / sizeof(hdr[0]), hdr))
 			return KM_CLI_EXIT_ERROR;
 		for (int32_t i = 0; i < resp.mirrors.count; i++) {
 			const km_list_mirrors_response_listed_mirror *lm = &resp.mirrors.items[i];
@@ -542,7 +542,7 @@ static void table_describe(ctx *x, const km_describe_mirrors_response *resp)
 			fprintf(x->out, "Error: %s: %s\n", km_err_name(dm->error_code), m);
 			continue;
 		}
-		if (!km_cli_table_init(&ct, 2, chdr))
+		if (!km_cli_table_init(&ct, sizeof(chdr) / sizeof(chdr[0]), chdr))
 			return;
 		for (int32_t c = 0; c < dm->configs.count; c++) {
 			const km_describe_mirrors_response_described_config *dc = &dm->configs.items[c];
@@ -560,7 +560,7 @@ static void table_describe(ctx *x, const km_describe_mirrors_response *resp)
 		km_cli_table_print(&ct, x->out);
 		km_cli_table_free(&ct);
 		fputc('\n', x->out);
-		if (!km_cli_table_init(&pt, 8, phdr))
+		if (!km_cli_table_init(&pt, sizeof(phdr) / sizeof(phdr[0]), phdr))
 			return;
 		for (int32_t t = 0; t < dm->topics.count; t++) {
 			const km_describe_mirrors_response_described_topic *dt = &dm->topics.items[t];
@@ -866,7 +866,7 @@ static int cmd_topics(ctx *x)
 	} else {
 		static const char *const hdr[] = {"TOPIC", "RESULT", "MESSAGE"};
 		km_cli_table t;
-		if (!km_cli_table_init(&t, 3, hdr))
+		if (!km_cli_table_init(&t, sizeof(hdr) / sizeof(hdr[0]), hdr))
 			return KM_CLI_EXIT_ERROR;
 		for (size_t i = 0; i < nres; i++) {
 			char name[512], m[1024];
@@ -969,7 +969,7 @@ static int cmd_last_offsets(ctx *x)
 		static const char *const hdr[] = {"TOPIC", "PARTITION", "STATE", "LAST-MIRRORED-OFFSET", "LAST-MIRRORED-EPOCH",
 						  "ERROR"};
 		km_cli_table tb;
-		if (!km_cli_table_init(&tb, 6, hdr))
+		if (!km_cli_table_init(&tb, sizeof(hdr) / sizeof(hdr[0]), hdr))
 			return KM_CLI_EXIT_ERROR;
 		for (int32_t i = 0; i < resp.topics.count; i++) {
 			const km_last_mirrored_offsets_response_topic_result *t = &resp.topics.items[i];

@@ -260,10 +260,19 @@ static int setup_with(void **state, bool tls)
 	f->up.port = ntohs(sin.sin_port);
 
 	f->listen_port = free_port();
-	/* the broker ports of nodes 0 and 1 must both be free */
-	do
-		f->base_port = free_port();
-	while (f->base_port == 65535 || !port_free((uint16_t)(f->base_port + 1)));
+	/*
+	 * The broker ports of nodes 0 and 1 must both be free, and stay free until the proxy opens
+	 * node 1's later: below the ephemeral range (32768 up), where no outgoing connection of a test
+	 * running next to this one can take it meanwhile.
+	 */
+	{
+		static unsigned step;
+		if (!step)
+			step = (unsigned)getpid();
+		do
+			f->base_port = (uint16_t)(20000 + (step++ * 7919u) % 12000);
+		while (!port_free(f->base_port) || !port_free((uint16_t)(f->base_port + 1)));
+	}
 	km_config_init(&f->cfg);
 	snprintf(v, sizeof(v), "127.0.0.1:%u", f->listen_port);
 	assert_int_equal(km_config_set(&f->cfg, "listen", v, err, sizeof(err)), KM_OK);

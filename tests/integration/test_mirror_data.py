@@ -26,6 +26,7 @@ from mirror_data import (Rec, BackgroundProducer, assert_segments_exact, compare
                          long_run, main_release_only, offsets_for_times, partition_batches,
                          produce_records, progress,
                          read_partition, record, shifted_copy, wait_caught_up, watermarks)
+from harness import KafkaCluster
 from proxy_fixtures import *  # noqa: F401,F403
 from proxy_fixtures import Proxy, wait_until
 
@@ -130,10 +131,20 @@ def menv3(kmirrord_bin, kmirror_bin, dest_cluster3, source_cluster, tmp_path_fac
 
 
 @pytest.fixture(scope="module")
-def menv_src3(kmirrord_bin, kmirror_bin, dest_cluster, dest_cluster3, tmp_path_factory):
-    """A 3-broker source (the suite's 3-broker cluster) into the 1-broker destination, with a state
-    topic of its own: one kmirrord runs a mirror's pipelines."""
-    env = _mirror_env(kmirrord_bin, kmirror_bin, dest_cluster, dest_cluster3,
+def source_cluster3():
+    """A 3-broker source of its own, started for the source leader change and stopped with the module
+    (the suite's 3-broker cluster is a destination: its addresses must never reach a client)."""
+    c = KafkaCluster("source3", brokers=3)
+    c.start()
+    yield c
+    c.stop()
+
+
+@pytest.fixture(scope="module")
+def menv_src3(kmirrord_bin, kmirror_bin, dest_cluster, source_cluster3, tmp_path_factory):
+    """A 3-broker source into the 1-broker destination, with a state topic of its own: one kmirrord
+    runs a mirror's pipelines."""
+    env = _mirror_env(kmirrord_bin, kmirror_bin, dest_cluster, source_cluster3,
                       str(tmp_path_factory.mktemp("exact-src3")), "kmirrord-exact-src3",
                       mirror_state_topic="__mirror_state_src3")
     yield env

@@ -29,6 +29,12 @@ km_net_client *km_mcluster_any(km_mcluster *cl);
 km_net_client *km_mcluster_node(km_mcluster *cl, int32_t id);
 /* Whether c failed (the next km_mcluster_any / _node gives a fresh client). */
 bool km_mcluster_failed(km_mcluster *cl, const km_net_client *c);
+/*
+ * Send the request body encoded in w (freed here) to c, answered flat to cb(arg), header versions
+ * from the API table. On failure nothing was kept: arg is still the caller's.
+ */
+km_err km_mcluster_send(km_net_client *c, int16_t key, int16_t ver, km_wr *w, km_net_response_cb cb, void *arg)
+	__attribute__((warn_unused_result));
 /* Whether c is connected and negotiated; a failed one is dropped (the next use reconnects). NULL: false. */
 bool km_mcluster_usable(km_mcluster *cl, km_net_client *c);
 /* Forget c after an error on it: the next use reconnects. Safe from inside c's callbacks. */

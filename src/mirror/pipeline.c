@@ -432,28 +432,17 @@ static req_ctx *ctx_new(km_pipeline *pl, km_mcluster *cl, int32_t node, int16_t 
 	return x;
 }
 
+/* km_mcluster_send with the request's context: freed here when the send fails. */
 static km_err send_flat(km_net_client *c, int16_t key, int16_t ver, km_wr *w, km_net_response_cb cb, req_ctx *x)
 {
-	km_net_request rq;
-	km_net_piece pc = {.p = w->buf, .len = w->len};
 	km_err rc;
 
-	if (!km_wr_ok(w))
-		rc = w->err;
-	else if (!x)
-		rc = KM_ERR_NOMEM;
-	else {
-		km_net_request_init(&rq, key, ver);
-		rq.pieces = &pc;
-		rq.npieces = 1;
-		rq.delivery = KM_NET_FLAT;
-		rq.on_flat = cb;
-		rq.arg = x;
-		rc = km_net_client_request(c, &rq);
+	if (!x) {
+		km_wr_free(w);
+		return KM_ERR_NOMEM;
 	}
-	if (rc != KM_OK)
+	if ((rc = km_mcluster_send(c, key, ver, w, cb, x)) != KM_OK)
 		free(x);
-	km_wr_free(w);
 	return rc;
 }
 

@@ -297,24 +297,16 @@ static void on_response(km_net_client *c, km_err err, const uint8_t *body, size_
 
 static void send_req(struct km_mprep *p, km_mcluster *cl, km_net_client *c, int16_t key, int16_t ver, km_wr *w)
 {
-	km_net_request rq;
-	km_net_piece pc = {.p = w->buf, .len = w->len};
 	rctx *x = calloc(1, sizeof(*x));
 	km_err rc;
 
-	if (!km_wr_ok(w) || !x) {
-		rc = km_wr_ok(w) ? KM_ERR_NOMEM : w->err;
+	if (!x) {
+		km_wr_free(w);
+		rc = KM_ERR_NOMEM;
 	} else {
 		*x = (rctx){p, cl, ver, p->ph};
-		km_net_request_init(&rq, key, ver);
-		rq.pieces = &pc;
-		rq.npieces = 1;
-		rq.delivery = KM_NET_FLAT;
-		rq.on_flat = on_response;
-		rq.arg = x;
-		rc = km_net_client_request(c, &rq);
+		rc = km_mcluster_send(c, key, ver, w, on_response, x);
 	}
-	km_wr_free(w);
 	if (rc == KM_OK) {
 		p->inflight = true;
 		return;

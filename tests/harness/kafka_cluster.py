@@ -170,6 +170,34 @@ def free_port(host="127.0.0.1"):
     raise KafkaError("no free port")
 
 
+def free_port_block(n, host="127.0.0.1"):
+    """First of n consecutive ports free on host now, below the ephemeral range, none of them
+    handed out before by this process (by free_port or here): one registry for both, so a proxy's
+    listener never shares a port number with a broker of the same run, on any loopback address
+    (the leak scan matches port numbers, and a client would be told of either)."""
+    low = min(_ephemeral_low(), 65536) - n - 1
+    with _ports_lock:
+        for _ in range(500):
+            base = random.randrange(10000, max(low, 10001))
+            want = range(base, base + n)
+            if any(p in _reserved_ports for p in want):
+                continue
+            socks = []
+            try:
+                for p in want:
+                    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                    socks.append(s)
+                    s.bind((host, p))
+            except OSError:
+                continue
+            finally:
+                for s in socks:
+                    s.close()
+            _reserved_ports.update(want)
+            return base
+    raise KafkaError("no free port block")
+
+
 def new_cluster_id():
     """A random KRaft cluster id (base64url of a UUID). One that starts with '-' would be taken for
     an option by the storage tool's `-t`, so draw again."""

@@ -23,8 +23,7 @@ import urllib.request
 
 import pytest
 
-from harness import Daemon, KafkaError, wait_port
-from harness.kafka_cluster import _ephemeral_low
+from harness import Daemon, free_port_block, wait_port
 
 PROXY_HOST = os.environ.get("KM_PROXY_HOST", "127.0.0.2")
 UPSTREAM_HOST = "127.0.0.1"
@@ -47,33 +46,9 @@ def wait_until(pred, timeout=30.0, interval=0.1, what="condition"):
         time.sleep(interval)
 
 
-_block_lock = threading.Lock()
-_blocks_given = []
-
-
 def port_block(n, host=PROXY_HOST):
-    """First port of n consecutive ports free on host, below the ephemeral range (so no client's
-    outgoing connection takes one meanwhile) and not handed out before by this process."""
-    low = min(_ephemeral_low(), 65536) - n - 1
-    with _block_lock:
-        for _ in range(500):
-            base = random.randrange(10000, max(low, 10001))
-            if any(b <= base + n and base <= b + m for b, m in _blocks_given):
-                continue
-            socks = []
-            try:
-                for p in range(base, base + n):
-                    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-                    socks.append(s)
-                    s.bind((host, p))
-            except OSError:
-                continue
-            finally:
-                for s in socks:
-                    s.close()
-            _blocks_given.append((base, n))
-            return base
-    raise KafkaError("no free port block")
+    """First port of n consecutive ports free on host (see free_port_block)."""
+    return free_port_block(n, host)
 
 
 class Proxy:

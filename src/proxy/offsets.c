@@ -14,6 +14,7 @@
 #include "kmirror/net.h"
 #include "proxy/offsets.h"
 #include "proxy/session.h"
+#include "proxy/share_offsets.h"
 
 /* A decoded request or response is bounded like any decode. */
 #define KM_OFF_ARENA_CAP ((size_t)32 << 20)
@@ -890,7 +891,7 @@ km_err km_off_register(km_proxy_apis *t)
 	for (size_t i = 0; i < sizeof(small_rows) / sizeof(small_rows[0]); i++)
 		if ((rc = km_proxy_apis_set(t, &small_rows[i])) != KM_OK)
 			return rc;
-	return KM_OK;
+	return km_share_off_register(t);
 }
 
 /* ---- the lookup over the state store ---- */

@@ -2,6 +2,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kmirror/batch.h"
+#include "kmirror/crc32c.h"
 #include "kmirror/log.h"
 #include "kmirror/msg/delete_records_request.h"
 #include "kmirror/msg/delete_records_response.h"
@@ -20,16 +22,37 @@
 
 /* ---- the map ---- */
 
-bool km_off_batch_logical(const km_offmap *m, int64_t physical, int64_t *logical)
+ssize_t km_off_batch_run(const km_offmap *m, int64_t physical, int64_t *logical)
 {
 	int64_t l = km_offmap_to_logical(m, physical);
 	ssize_t i;
 
 	*logical = l;
 	if (l < 0 || (i = km_offmap_find_logical(m, l)) < 0)
-		return false;
+		return -1;
 	/* Hidden: to_logical gave the next run's start, which that run stores at a higher physical offset. */
-	return m->runs[i].physical + (l - m->runs[i].logical) == physical;
+	return m->runs[i].physical + (l - m->runs[i].logical) == physical ? i : -1;
+}
+
+bool km_off_batch_logical(const km_offmap *m, int64_t physical, int64_t *logical)
+{
+	return km_off_batch_run(m, physical, logical) >= 0;
+}
+
+bool km_off_set_append_time(uint8_t *hdr)
+{
+	uint8_t *attr = hdr + KM_BATCH_OFF_ATTRIBUTES, now[2];
+	int32_t len = (int32_t)km_be32(hdr + KM_BATCH_OFF_LENGTH);
+	/* The CRC covers from the attributes to the end: batchLength less epoch, magic and CRC. */
+	size_t span = len >= KM_BATCH_HEADER_SIZE - KM_BATCH_LOG_OVERHEAD ? (size_t)len - 9 : 0;
+
+	if (!span || (attr[1] & KM_BATCH_ATTR_LOG_APPEND_TIME))
+		return false;
+	now[0] = attr[0];
+	now[1] = (uint8_t)(attr[1] | KM_BATCH_ATTR_LOG_APPEND_TIME);
+	km_put_be32(hdr + KM_BATCH_OFF_CRC, km_crc32c_patch(km_be32(hdr + KM_BATCH_OFF_CRC), span, 0, attr, now, 2));
+	memcpy(attr, now, 2);
+	return true;
 }
 
 /* Translations that leave the protocol's "none" (-1, or any negative) as it is. */
@@ -593,15 +616,26 @@ km_err km_off_fetch_batch(km_fetch_walk *w, struct evbuffer *in, size_t first, v
 	km_off_req *c = ctx;
 	const km_fetch_batch *b = &w->batch;
 	int64_t logical, delta = INT32_MAX;
+	ssize_t run;
 	uint8_t d[4];
 	km_err rc;
 
 	if (!c || !c->cur || b->length < 0)
 		return KM_OK; /* a truncated prefix is not a batch: left as it came */
-	if (km_off_batch_logical(c->cur, b->base_offset, &logical)) {
+	if ((run = km_off_batch_run(c->cur, b->base_offset, &logical)) >= 0) {
 		/* The reference for hidden batches when the request did not name the partition (KIP-227). */
 		if (c->ref < 0)
 			c->ref = logical;
+		/* Header bytes cut off by the fetch's size: a partial batch, which clients drop anyway. */
+		if ((c->cur->runs[run].flags & KM_OFFRUN_LOG_APPEND_TIME) && b->off + KM_BATCH_OFF_LAST_OFFSET_DELTA <= w->records_end) {
+			uint8_t h[KM_BATCH_OFF_LAST_OFFSET_DELTA];
+			if ((rc = peek(w, in, first, b->off, h, sizeof(h))) != KM_OK)
+				return rc; /* nothing patched yet: the event may come again */
+			if (km_off_set_append_time(h) &&
+			    !km_evbuf_patch(in, b->off - first + KM_BATCH_OFF_CRC, h + KM_BATCH_OFF_CRC,
+					    KM_BATCH_OFF_LAST_OFFSET_DELTA - KM_BATCH_OFF_CRC))
+				return KM_ERR_DECODE;
+		}
 		return patch64(in, first, b->off, logical);
 	}
 	/*

@@ -31,6 +31,10 @@ typedef struct km_off_lookup {
 	void *arg;
 } km_off_lookup;
 
+/* Pending ListOffsets answers stop reaching set (the proxy frees it; the lookups still end). */
+typedef struct km_session_set km_session_set;
+void km_off_detach(km_session_set *set);
+
 /* The lookup over the state store (st NULL: no maps). */
 void km_off_lookup_from_state(km_state *st, km_off_lookup *out);
 

@@ -1087,7 +1087,8 @@ static const km_stream_hooks fetch_hooks = {
 static const km_proxy_api small_rows[] = {
 	{.key = KM_API_LIST_OFFSETS, .min_version = -1, .max_version = -1, .classify = off_hold_classify,
 	 .on_request = small_request_hook,
-	 .note = "mirror topics: offsets physical -> logical (by timestamp: a record's; earliest, latest, earliest local: next)"},
+	 .note = "mirror topics: offsets physical -> logical (by timestamp: a record's; earliest, latest, earliest local: "
+		 "next); a timestamp asked of a LogAppendTime run: answered later (probe + batch lookup)"},
 	{.key = KM_API_OFFSET_FOR_LEADER_EPOCH, .min_version = -1, .max_version = -1, .classify = off_hold_classify,
 	 .on_request = small_request_hook, .note = "mirror topics: EndOffset physical -> logical"},
 	{.key = KM_API_DESCRIBE_PRODUCERS, .min_version = -1, .max_version = -1, .classify = off_hold_classify,

@@ -267,4 +267,16 @@ km_err km_batch_build(const km_batch_params *p, const km_batch_record *recs, siz
 km_err km_batch_split_gaps(const km_batch *b, uint8_t *scratch, size_t scratch_cap, km_wr *out, size_t *pieces)
 	__attribute__((warn_unused_result));
 
+/*
+ * The header a LogAppendTime batch b goes to a CreateTime topic with, so that the broker stores it
+ * as it is and its MaxTimestamp stays the append time (docs/mirror.md, "LogAppendTime sources"):
+ * into hdr (b's first KM_BATCH_HEADER_SIZE bytes, copied by the caller), baseTimestamp = MaxTimestamp
+ * - the largest record timestamp delta, and the LogAppendTime and delete-horizon bits cleared. The
+ * records are read (decompressed into scratch, scratch_cap bytes, when compressed) and never
+ * changed; the CRC in hdr is left to the caller. KM_ERR_INVAL when b is not LogAppendTime or has no
+ * record.
+ */
+km_err km_batch_append_time_as_create(const km_batch *b, uint8_t *scratch, size_t scratch_cap,
+				      uint8_t hdr[KM_BATCH_HEADER_SIZE]) __attribute__((warn_unused_result));
+
 #endif

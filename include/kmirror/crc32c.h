@@ -13,6 +13,14 @@
  */
 uint32_t km_crc32c(uint32_t crc, const void *p, size_t n);
 
+/*
+ * The CRC of a len-byte message whose n bytes at offset at changed from before to after, from its
+ * CRC before the change, without reading the rest of the message (at + n <= len): a record batch's
+ * header field changes while its records stream past (the proxy sets LogAppendTime back on
+ * mirrored batches as a Fetch response goes by).
+ */
+uint32_t km_crc32c_patch(uint32_t crc, size_t len, size_t at, const void *before, const void *after, size_t n);
+
 /* The slicing-by-8 table path, always available. */
 uint32_t km_crc32c_table(uint32_t crc, const void *p, size_t n);
 

@@ -70,6 +70,32 @@ void km_mirror_prepare_start(km_mirror *mi, const char *mirror, const char *cons
 			     km_mirror_prepare_cb cb, void *arg);
 
 /*
+ * One question of km_mirror_batches_at: which batch of a destination partition holds offset. The
+ * answer fills code (KM_OK, else a wire code: UNKNOWN_TOPIC_OR_PARTITION, NOT_LEADER_OR_FOLLOWER,
+ * OFFSET_OUT_OF_RANGE when nothing is there, REQUEST_TIMED_OUT), base_offset and max_timestamp (of
+ * that batch) and log_start_offset (the partition's, -1 when the broker does not say). leader is
+ * the module's own.
+ */
+typedef struct km_mirror_batch_q {
+	const char *topic;
+	int32_t partition;
+	int64_t offset;
+	km_err code;
+	int64_t base_offset, max_timestamp, log_start_offset;
+	int32_t leader;
+} km_mirror_batch_q;
+
+typedef void (*km_mirror_batches_cb)(void *arg, km_mirror_batch_q *q, size_t n);
+/*
+ * Read the header of the destination batch holding each question's offset with kmirrord's own
+ * client (client.id kmirrord/<instance>/proxy/lookup; Metadata, then a Fetch of one batch per question): the proxy answers ListOffsets by
+ * timestamp on LogAppendTime runs with it (docs/mirror.md). q stays the caller's and must live until
+ * cb, which is called once, never from inside this call, within 5 s; at km_mirror_free with
+ * MIRROR_STATE_UNAVAILABLE.
+ */
+void km_mirror_batches_at(km_mirror *mi, km_mirror_batch_q *q, size_t n, km_mirror_batches_cb cb, void *arg);
+
+/*
  * Whether a source topic config (as DescribeConfigs reports it: name, value, config source) is
  * given to the destination topic the mirror creates. Only values set on the topic itself
  * (DYNAMIC_TOPIC_CONFIG) and not on the never-copied list; *value may be replaced

@@ -25,7 +25,16 @@ typedef struct km_offrun {
 	int64_t logical;
 	int64_t physical;
 	int64_t prev_logical_end;
+	uint8_t flags; /* KM_OFFRUN_* */
 } km_offrun;
+
+enum {
+	/*
+	 * The run's batches were LogAppendTime on the source and are stored as CreateTime with the
+	 * append time as their MaxTimestamp: readers through the proxy get the attribute back.
+	 */
+	KM_OFFRUN_LOG_APPEND_TIME = 0x01,
+};
 
 typedef struct km_offmap {
 	km_offrun *runs; /* sorted by logical (and then by physical: both increase) */
@@ -42,7 +51,7 @@ void km_offmap_free(km_offmap *m);
  * the same logical start replaces the one there. KM_ERR_INVAL for negative offsets;
  * KM_ERR_NOMEM.
  */
-km_err km_offmap_add(km_offmap *m, int64_t logical, int64_t physical, int64_t prev_logical_end)
+km_err km_offmap_add(km_offmap *m, int64_t logical, int64_t physical, int64_t prev_logical_end, uint8_t flags)
 	__attribute__((warn_unused_result));
 /* Remove the run starting at logical; false when there is none. */
 bool km_offmap_remove(km_offmap *m, int64_t logical);

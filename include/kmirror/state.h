@@ -212,6 +212,7 @@ typedef struct km_state_run {
 	int64_t logical;          /* the run's first logical offset: the record's key */
 	int64_t physical;         /* its first physical offset; -1 removes the run */
 	int64_t prev_logical_end; /* closes the run before it; -1 for the first run */
+	uint8_t flags;            /* KM_OFFRUN_* */
 } km_state_run;
 
 /*

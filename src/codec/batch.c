@@ -604,3 +604,30 @@ km_err km_batch_split_gaps(const km_batch *b, uint8_t *scratch, size_t scratch_c
 	}
 	return err;
 }
+
+km_err km_batch_append_time_as_create(const km_batch *b, uint8_t *scratch, size_t scratch_cap,
+				      uint8_t hdr[KM_BATCH_HEADER_SIZE])
+{
+	km_record_iter it;
+	km_record rec;
+	int64_t max_delta = INT64_MIN;
+	uint16_t attr;
+	km_err err;
+
+	if (!b->log_append_time || b->control || b->records_count <= 0)
+		return KM_ERR_INVAL;
+	if ((err = km_batch_records(b, scratch, scratch_cap, &it)) != KM_OK)
+		return err;
+	while (km_record_next(&it, &rec))
+		if (rec.timestamp_delta > max_delta)
+			max_delta = rec.timestamp_delta;
+	if (it.err)
+		return it.err;
+	if (max_delta == INT64_MIN)
+		return KM_ERR_DECODE;
+	/* Every record then reads at most MaxTimestamp, the largest exactly it: the broker keeps the header. */
+	km_put_be64(hdr + KM_BATCH_OFF_BASE_TIMESTAMP, (uint64_t)sub64(b->max_timestamp, max_delta));
+	attr = (uint16_t)(b->attributes & ~(KM_BATCH_ATTR_LOG_APPEND_TIME | KM_BATCH_ATTR_DELETE_HORIZON));
+	km_put_be16(hdr + KM_BATCH_OFF_ATTRIBUTES, attr);
+	return KM_OK;
+}

@@ -216,3 +216,28 @@ const char *km_crc32c_impl(void)
 	ENSURE_READY();
 	return crc_impl == crc_table_raw ? "table" : "sse4.2";
 }
+
+uint32_t km_crc32c_patch(uint32_t crc, size_t len, size_t at, const void *before, const void *after, size_t n)
+{
+	const uint8_t *a = before, *b = after;
+	uint8_t d[16];
+	uint32_t reg = 0;
+
+	ENSURE_READY();
+	/*
+	 * The CRC is affine in the message: crc(m ^ D) = crc(m) ^ L(D), L the bare register update from
+	 * zero (no inversions). D is zero outside [at, at + n): its leading zeros leave a zero register,
+	 * the changed bytes load it, the trailing zeros multiply it by x^(8 * rest).
+	 */
+	while (n) {
+		size_t k = n < sizeof(d) ? n : sizeof(d);
+		for (size_t i = 0; i < k; i++)
+			d[i] = a[i] ^ b[i];
+		reg = crc_table_raw(reg, d, k);
+		a += k;
+		b += k;
+		at += k;
+		n -= k;
+	}
+	return crc ^ multmodp(x8nmodp(len - at), reg);
+}

@@ -94,6 +94,7 @@ typedef struct mbatch {
 	int32_t count;    /* lastOffsetDelta + 1 */
 	int64_t physical; /* where it must land */
 	int64_t max_ts;
+	bool lat;         /* LogAppendTime at the source: hdr made CreateTime (its run says so) */
 	bool sent;
 } mbatch;
 
@@ -108,6 +109,7 @@ typedef struct mpart {
 	int32_t src_leader, src_epoch, dst_leader;
 	int64_t fetch_logical;  /* the logical tail: the next offset to fetch */
 	int64_t cont_logical;   /* the logical offset that continues the open run at plan_phys; -1: a run must start */
+	bool cont_lat;          /* the open run is a LogAppendTime one (a batch of the other kind starts a run) */
 	int64_t plan_phys;      /* where the next planned batch lands */
 	int64_t acked_phys;     /* the physical tail: after the last acknowledged batch */
 	int64_t acked_logical;  /* the logical tail matching acked_phys (holes after it included once planned) */
@@ -862,11 +864,13 @@ static void after_reconcile(km_pipeline *pl, mpart *p, int64_t end)
 		/* Resume at hide, physically after everything now hidden. */
 		KM_WARN(COMP, 0, "%s/%s: destination offsets from the misplaced batch to %lld hidden; resuming at %lld",
 			pl->name, ptag(p, tag, sizeof(tag)), (long long)end, (long long)hide);
-		w[nw++] = (km_state_run){p->t->name, p->id, hide, end, hide};
+		w[nw++] = (km_state_run){p->t->name, p->id, hide, end, hide, 0};
 		p->cont_logical = p->fetch_logical = p->acked_logical = hide;
+		p->cont_lat = false;
 	} else if (keep > 0) {
 		const km_offrun *r = &m->runs[keep - 1];
 		p->cont_logical = r->logical + (end - r->physical);
+		p->cont_lat = (r->flags & KM_OFFRUN_LOG_APPEND_TIME) != 0;
 		p->fetch_logical = p->acked_logical = p->cont_logical;
 	} else {
 		/* Nothing mirrored yet: the start position comes from the source; what the destination holds is hidden. */
@@ -951,13 +955,15 @@ static bool runs_push(runs_acc *ra, const km_state_run *r)
 static bool plan(mpart *p, mbatch *b, runs_acc *ra)
 {
 	uint8_t *h = b->hdr;
-	if (b->logical != p->cont_logical) {
+	if (b->logical != p->cont_logical || b->lat != p->cont_lat) {
 		/* The first run remembers where mirroring began when a hole separates it from its first record. */
 		int64_t prev = p->cont_logical >= 0 ? p->cont_logical
 			       : p->first_logical >= 0 && p->first_logical < b->logical ? p->first_logical : -1;
-		km_state_run r = {p->t->name, p->id, b->logical, p->plan_phys, prev};
+		km_state_run r = {p->t->name, p->id, b->logical, p->plan_phys, prev,
+				  b->lat ? KM_OFFRUN_LOG_APPEND_TIME : 0};
 		if (!runs_push(ra, &r))
 			return false;
+		p->cont_lat = b->lat;
 	}
 	b->physical = p->plan_phys;
 	p->plan_phys += b->count;
@@ -1005,6 +1011,45 @@ static km_err restamp_ref(mbatch *b, const struct evbuffer_ptr *at)
 	return KM_OK;
 }
 
+/*
+ * A LogAppendTime batch (parsed whole in pb) goes as CreateTime with the append time as its
+ * MaxTimestamp (km_batch_append_time_as_create: its records are read, decompressed when they are,
+ * and never changed); b->hdr becomes that header and b starts or continues a LogAppendTime run.
+ */
+static km_err append_time_header(const km_batch *pb, mbatch *b)
+{
+	uint8_t *scratch = NULL;
+	size_t cap = 0;
+	km_err rc;
+
+	if (pb->codec != KM_CODEC_NONE) {
+		cap = MAX_BATCH_BYTES;
+		if (!(scratch = malloc(cap)))
+			return KM_ERR_NOMEM;
+	}
+	rc = km_batch_append_time_as_create(pb, scratch, cap, b->hdr);
+	free(scratch);
+	b->lat = rc == KM_OK;
+	return rc;
+}
+
+/* The same for a batch still in the response buffer: copied out whole to be read. */
+static km_err append_time_ref(mresp *resp, const struct evbuffer_ptr *at, mbatch *b)
+{
+	uint8_t *raw = malloc(b->size);
+	km_batch pb;
+	km_err rc;
+
+	if (!raw)
+		return KM_ERR_NOMEM;
+	rc = evbuffer_copyout_from(resp->buf, at, raw, b->size) == (ev_ssize_t)b->size ? km_batch_parse(raw, b->size, &pb)
+										    : KM_ERR_DECODE;
+	if (rc == KM_OK)
+		rc = append_time_header(&pb, b);
+	free(raw);
+	return rc;
+}
+
 /* A compacted batch with offsets missing inside: re-encoded once into contiguous pieces (decompresses). */
 static km_err split_batch(km_pipeline *pl, mpart *p, mresp *resp, const struct evbuffer_ptr *at, size_t size,
 			  runs_acc *ra)
@@ -1049,6 +1094,11 @@ static km_err split_batch(km_pipeline *pl, mpart *p, mresp *resp, const struct e
 		memcpy(nb->own, pb.data, pb.size);
 		nb->own_len = pb.size;
 		memcpy(nb->hdr, pb.data, KM_BATCH_HEADER_SIZE);
+		if (pb.log_append_time && (rc = append_time_header(&pb, nb)) != KM_OK) {
+			batch_free(nb);
+			km_wr_free(&out);
+			return rc;
+		}
 		nb->logical = pb.base_offset;
 		nb->count = pb.last_offset_delta + 1;
 		nb->size = pb.size;
@@ -1077,6 +1127,7 @@ static km_err take_batch(km_pipeline *pl, mpart *p, mresp *resp, const struct ev
 	int32_t count = (int32_t)km_be32(h + KM_BATCH_OFF_RECORDS_COUNT);
 	int64_t last = base + lod;
 	mbatch *b;
+	km_err rc;
 
 	if (h[KM_BATCH_OFF_MAGIC] != 2) {
 		*fail = "the source sent a record batch older than magic v2 (a pre-0.11 message format)";
@@ -1117,6 +1168,11 @@ static km_err take_batch(km_pipeline *pl, mpart *p, mresp *resp, const struct ev
 	b->logical = base;
 	b->count = count;
 	b->max_ts = (int64_t)km_be64(h + KM_BATCH_OFF_MAX_TIMESTAMP);
+	if ((attr & KM_BATCH_ATTR_LOG_APPEND_TIME) && (rc = append_time_ref(resp, at, b)) != KM_OK) {
+		*fail = "a LogAppendTime source batch could not be read";
+		batch_free(b);
+		return rc;
+	}
 	if (!plan(p, b, ra)) {
 		batch_free(b);
 		return KM_ERR_NOMEM;
@@ -2024,7 +2080,8 @@ static void settle_drained(km_pipeline *pl, mpart *p)
 		return;
 	if (to == KM_MP_STOPPED && p->acked_phys >= 0 && p->acked_logical > p->cont_logical && p->cont_logical >= 0) {
 		/* The partition ends in a hole: a run at the tail, so writes after the stop continue after it. */
-		km_state_run r = {p->t->name, p->id, p->acked_logical, p->acked_phys, p->cont_logical};
+		km_state_run r = {p->t->name, p->id, p->acked_logical, p->acked_phys, p->cont_logical,
+				  p->cont_lat ? KM_OFFRUN_LOG_APPEND_TIME : 0};
 		p->cont_logical = p->acked_logical;
 		run_then(pl, p, &r, 1, PH_IDLE);
 		return;

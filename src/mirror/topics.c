@@ -1,5 +1,6 @@
 /* Destination topics that follow the source: created at StartMirrorTopics with the source's partitions and configs, grown when the source grows (docs/mirror.md, "Destination topics"). */
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -7,6 +8,7 @@
 
 #include "kmirror/api.h"
 #include "kmirror/arena.h"
+#include "kmirror/batch.h"
 #include "kmirror/log.h"
 #include "kmirror/msg/api_keys.h"
 #include "kmirror/msg/create_partitions_request.h"
@@ -15,6 +17,8 @@
 #include "kmirror/msg/create_topics_response.h"
 #include "kmirror/msg/describe_configs_request.h"
 #include "kmirror/msg/describe_configs_response.h"
+#include "kmirror/msg/fetch_request.h"
+#include "kmirror/msg/fetch_response.h"
 #include "kmirror/msg/metadata_request.h"
 #include "kmirror/msg/metadata_response.h"
 #include "mirror_int.h"
@@ -44,8 +48,12 @@ enum {
 #define MAX_CREATE_TRIES 8
 #define MAX_TOPICS 10000
 
-/* Versions: Metadata v1+ (topic errors per name), DescribeConfigs v1+ (config_source), CreateTopics v4+ (-1 replication factor). */
-enum { META_LO = 1, META_HI = 12, DC_LO = 1, DC_HI = 4, CT_LO = 4, CT_HI = 7, CP_LO = 0, CP_HI = 3 };
+/* Versions: Metadata v1+ (topic errors per name), DescribeConfigs v1+ (config_source), CreateTopics v4+ (-1 replication factor), Fetch v4-12 (topics by name). */
+enum { META_LO = 1, META_HI = 12, DC_LO = 1, DC_HI = 4, CT_LO = 4, CT_HI = 7, CP_LO = 0, CP_HI = 3, FETCH_LO = 4, FETCH_HI = 12 };
+/* A question of a batch lookup not answered yet (no wire code or km_err is this). */
+#define LQ_PENDING INT32_MIN
+/* A batch lookup answers within this (the proxy holds a client's ListOffsets meanwhile). */
+#define LOOKUP_TIMEOUT_MS 5000
 
 /* ---- which source configs a created destination topic gets ---- */
 
@@ -95,7 +103,11 @@ bool km_mirror_config_copied(const char *name, int8_t source, const char **value
 
 /* ---- one StartMirrorTopics' preparation ---- */
 
-typedef enum { P_DST_META, P_SRC_META, P_SRC_CFG, P_CREATE, P_LEADERS, P_GROW_PARTS, P_GROW_STATE, P_DONE } phase;
+typedef enum {
+	P_DST_META, P_SRC_META, P_SRC_CFG, P_CREATE, P_LEADERS, P_GROW_PARTS, P_GROW_STATE,
+	P_LOOKUP_META, P_LOOKUP_FETCH, /* km_mirror_batches_at */
+	P_DONE
+} phase;
 
 typedef struct pcfg {
 	char *name, *value;
@@ -122,6 +134,10 @@ struct km_mprep {
 	size_t n;
 	km_mirror_prepare_cb cb;
 	void *arg;
+	/* km_mirror_batches_at: the questions (their topics are t[]), the next one to fetch */
+	km_mirror_batch_q *lq;
+	size_t nlq, lq_next;
+	km_mirror_batches_cb lcb;
 	km_mcluster *src, *dst;
 	SSL_CTX *src_tls;
 	char src_boot[256];
@@ -205,7 +221,12 @@ static void answer(struct km_mprep *p)
 		res[i].code = p->t[i].settled ? p->t[i].code : KM_OK;
 		res[i].message = res[i].code ? (p->t[i].msg ? p->t[i].msg : km_err_message(res[i].code)) : NULL;
 	}
-	if (p->grow) {
+	if (p->lq) {
+		for (size_t i = 0; i < p->nlq; i++)
+			if (p->lq[i].code == LQ_PENDING)
+				p->lq[i].code = p->n && p->t[0].settled && p->t[0].code ? p->t[0].code : K_REQUEST_TIMED_OUT;
+		p->lcb(p->arg, p->lq, p->nlq);
+	} else if (p->grow) {
 		if (p->n && p->t[0].settled && p->t[0].code)
 			KM_WARN(COMP, 0, "%s: growing topic %s to %d partitions: %s", p->mirror, p->t[0].name,
 				(int)p->t[0].partitions, p->t[0].msg ? p->t[0].msg : km_err_name(p->t[0].code));
@@ -563,6 +584,154 @@ static bool took_leaders(struct km_mprep *p, const km_metadata_response *r)
 	return all;
 }
 
+/* ---- batch lookups (km_mirror_batches_at) ---- */
+
+/* The leader of every question's partition, from the destination's metadata (questions without one are answered). */
+static void took_lookup_meta(struct km_mprep *p, const km_metadata_response *r)
+{
+	if (km_mcluster_brokers(p->dst, r) != KM_OK) {
+		snprintf(p->why, sizeof(p->why), "out of memory");
+		return;
+	}
+	for (size_t i = 0; i < p->nlq; i++) {
+		km_mirror_batch_q *q = &p->lq[i];
+		q->code = KM_KAFKA_UNKNOWN_TOPIC_OR_PARTITION;
+		for (int32_t k = 0; k < r->topics.count; k++) {
+			const km_metadata_response_topic *t = &r->topics.items[k];
+			if (!km_str_eq_c(t->name, q->topic))
+				continue;
+			for (int32_t j = 0; j < t->partitions.count; j++)
+				if (t->partitions.items[j].partition_index == q->partition) {
+					q->leader = t->partitions.items[j].leader_id;
+					q->code = t->error_code ? t->error_code : t->partitions.items[j].error_code;
+					if (!q->code && q->leader < 0)
+						q->code = K_LEADER_NOT_AVAILABLE;
+					if (!q->code)
+						q->code = LQ_PENDING; /* to fetch */
+				}
+		}
+	}
+	p->lq_next = 0;
+	p->ph = P_LOOKUP_FETCH;
+}
+
+/* The first batch of the answer: the one holding the offset asked (a fetch starts at the batch that holds it). */
+static void took_lookup_fetch(struct km_mprep *p, const km_fetch_response *r)
+{
+	km_mirror_batch_q *q = &p->lq[p->lq_next];
+	const km_fetch_response_partition_data *d = NULL;
+
+	if (r->responses.count > 0 && r->responses.items[0].partitions.count > 0)
+		d = &r->responses.items[0].partitions.items[0];
+	if (r->error_code)
+		q->code = r->error_code;
+	else if (!d)
+		q->code = KM_KAFKA_UNKNOWN_SERVER_ERROR;
+	else if (d->error_code)
+		q->code = d->error_code;
+	else if (d->records.len < KM_BATCH_HEADER_SIZE)
+		q->code = KM_KAFKA_OFFSET_OUT_OF_RANGE; /* nothing there (any more) */
+	else {
+		const uint8_t *b = (const uint8_t *)d->records.p;
+		q->base_offset = (int64_t)km_be64(b + KM_BATCH_OFF_BASE_OFFSET);
+		q->max_timestamp = (int64_t)km_be64(b + KM_BATCH_OFF_MAX_TIMESTAMP);
+		q->log_start_offset = d->log_start_offset;
+		q->code = KM_OK;
+	}
+	p->lq_next++;
+}
+
+/* One Fetch of one batch (max bytes 1: the broker still gives the first batch whole) to the next question's leader. */
+static void send_lookup_fetch(struct km_mprep *p)
+{
+	km_fetch_request m;
+	km_fetch_request_fetch_topic t;
+	km_fetch_request_fetch_partition fp;
+	km_mirror_batch_q *q;
+	km_net_client *c;
+	int16_t ver;
+	km_wr w;
+
+	while (p->lq_next < p->nlq && p->lq[p->lq_next].code != LQ_PENDING)
+		p->lq_next++;
+	if (p->lq_next >= p->nlq) {
+		p->ph = P_DONE;
+		later(p, 0);
+		return;
+	}
+	q = &p->lq[p->lq_next];
+	c = km_mcluster_node(p->dst, q->leader);
+	if (!km_mcluster_usable(p->dst, c)) {
+		later(p, RETRY_MS);
+		return;
+	}
+	if ((ver = pick(c, KM_API_FETCH, FETCH_LO, FETCH_HI)) < 0) {
+		q->code = KM_KAFKA_UNSUPPORTED_VERSION;
+		p->lq_next++;
+		later(p, 0);
+		return;
+	}
+	km_fetch_request_init(&m);
+	km_fetch_request_fetch_topic_init(&t);
+	km_fetch_request_fetch_partition_init(&fp);
+	m.replica_id = -1;
+	m.max_wait_ms = 0;
+	m.min_bytes = 0;
+	m.max_bytes = 1;
+	m.session_id = 0;
+	m.session_epoch = -1;
+	fp.partition = q->partition;
+	fp.current_leader_epoch = -1;
+	fp.fetch_offset = q->offset;
+	fp.log_start_offset = -1;
+	fp.partition_max_bytes = 1;
+	t.topic = km_str_c(q->topic);
+	t.partitions.items = &fp;
+	t.partitions.count = 1;
+	m.topics.items = &t;
+	m.topics.count = 1;
+	km_wr_init(&w);
+	km_fetch_request_encode(&w, ver, &m);
+	send_req(p, p->dst, c, KM_API_FETCH, ver, &w);
+}
+
+void km_mirror_batches_at(km_mirror *mi, km_mirror_batch_q *q, size_t n, km_mirror_batches_cb cb, void *arg)
+{
+	static const char mirror[] = "proxy"; /* names the client: kmirrord/<instance>/proxy/lookup */
+	struct km_mprep *p = calloc(1, sizeof(*p));
+
+	if (!p || !(p->t = calloc(n ? n : 1, sizeof(*p->t))) || !(p->mirror = strdup(mirror)) ||
+	    !(p->ev = event_new(km_mirror_base(mi), -1, 0, on_ev, p)))
+		goto nomem;
+	p->mi = mi;
+	p->lq = q;
+	p->nlq = n;
+	p->lcb = cb;
+	p->arg = arg;
+	p->deadline = now_ms() + LOOKUP_TIMEOUT_MS;
+	for (size_t i = 0; i < n; i++) {
+		q[i].code = LQ_PENDING;
+		if (!topic_of(p, km_str_c(q[i].topic))) {
+			if (!(p->t[p->n].name = strdup(q[i].topic)))
+				goto nomem;
+			p->n++;
+		}
+	}
+	p->ph = P_LOOKUP_META;
+	if (!(p->dst = km_mirror_dest_cluster(mi, mirror, "lookup", on_cluster, p)))
+		goto nomem;
+	p->next = *km_mirror_prep_list(mi);
+	*km_mirror_prep_list(mi) = p;
+	later(p, 0); /* never answer from inside the call */
+	return;
+nomem:
+	if (p)
+		prep_free(p);
+	for (size_t i = 0; i < n; i++)
+		q[i].code = KM_MIRROR_STATE_UNAVAILABLE;
+	cb(arg, q, n);
+}
+
 static void on_response(km_net_client *c, km_err err, const uint8_t *body, size_t len, void *arg)
 {
 	rctx *x = arg;
@@ -617,6 +786,18 @@ static void on_response(km_net_client *c, km_err err, const uint8_t *body, size_
 		km_create_topics_response r;
 		if ((rc = km_create_topics_response_decode(&rd, ver, &r, &a)) == KM_OK)
 			took_create(p, &r);
+		break;
+	}
+	case P_LOOKUP_META: {
+		km_metadata_response r;
+		if ((rc = km_metadata_response_decode(&rd, ver, &r, &a)) == KM_OK)
+			took_lookup_meta(p, &r);
+		break;
+	}
+	case P_LOOKUP_FETCH: {
+		km_fetch_response r;
+		if ((rc = km_fetch_response_decode(&rd, ver, &r, &a)) == KM_OK)
+			took_lookup_fetch(p, &r);
 		break;
 	}
 	case P_GROW_PARTS: {
@@ -789,11 +970,13 @@ static void timed_out(struct km_mprep *p)
 	static const char *const doing[] = {"reading the destination's metadata", "reading the source's metadata",
 					     "reading the source topic's configs", "creating the destination topic",
 					     "waiting for the new topic's leaders", "adding partitions on the destination",
-					     "adding the partitions to the state store", ""};
+					     "adding the partitions to the state store",
+					     "reading the destination's metadata", "reading a batch header", ""};
 	for (size_t i = 0; i < p->n; i++)
 		if (!p->t[i].settled && (p->ph != P_DST_META ? p->t[i].partitions > 0 || p->t[i].missing : true))
 			set_code(&p->t[i], K_REQUEST_TIMED_OUT, "Preparing topic %s timed out after %d ms while %s%s%s",
-				 p->t[i].name, PREP_TIMEOUT_MS, doing[p->ph], p->why[0] ? ": " : "", p->why);
+				 p->t[i].name, p->lq ? LOOKUP_TIMEOUT_MS : PREP_TIMEOUT_MS, doing[p->ph], p->why[0] ? ": " : "",
+				 p->why);
 }
 
 static void advance(struct km_mprep *p)
@@ -854,6 +1037,12 @@ static void advance(struct km_mprep *p)
 	}
 	case P_GROW_PARTS:
 		send_grow(p);
+		return;
+	case P_LOOKUP_META:
+		send_metadata(p, p->dst, false);
+		return;
+	case P_LOOKUP_FETCH:
+		send_lookup_fetch(p);
 		return;
 	case P_GROW_STATE:
 		/* The store answers once the records are in; it holds p until then (p->inflight). */

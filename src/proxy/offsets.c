@@ -2,6 +2,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kmirror/batch.h"
+#include "kmirror/crc32c.h"
 #include "kmirror/log.h"
 #include "kmirror/msg/delete_records_request.h"
 #include "kmirror/msg/delete_records_response.h"
@@ -21,16 +23,37 @@
 
 /* ---- the map ---- */
 
-bool km_off_batch_logical(const km_offmap *m, int64_t physical, int64_t *logical)
+ssize_t km_off_batch_run(const km_offmap *m, int64_t physical, int64_t *logical)
 {
 	int64_t l = km_offmap_to_logical(m, physical);
 	ssize_t i;
 
 	*logical = l;
 	if (l < 0 || (i = km_offmap_find_logical(m, l)) < 0)
-		return false;
+		return -1;
 	/* Hidden: to_logical gave the next run's start, which that run stores at a higher physical offset. */
-	return m->runs[i].physical + (l - m->runs[i].logical) == physical;
+	return m->runs[i].physical + (l - m->runs[i].logical) == physical ? i : -1;
+}
+
+bool km_off_batch_logical(const km_offmap *m, int64_t physical, int64_t *logical)
+{
+	return km_off_batch_run(m, physical, logical) >= 0;
+}
+
+bool km_off_set_append_time(uint8_t *hdr)
+{
+	uint8_t *attr = hdr + KM_BATCH_OFF_ATTRIBUTES, now[2];
+	int32_t len = (int32_t)km_be32(hdr + KM_BATCH_OFF_LENGTH);
+	/* The CRC covers from the attributes to the end: batchLength less epoch, magic and CRC. */
+	size_t span = len >= KM_BATCH_HEADER_SIZE - KM_BATCH_LOG_OVERHEAD ? (size_t)len - 9 : 0;
+
+	if (!span || (attr[1] & KM_BATCH_ATTR_LOG_APPEND_TIME))
+		return false;
+	now[0] = attr[0];
+	now[1] = (uint8_t)(attr[1] | KM_BATCH_ATTR_LOG_APPEND_TIME);
+	km_put_be32(hdr + KM_BATCH_OFF_CRC, km_crc32c_patch(km_be32(hdr + KM_BATCH_OFF_CRC), span, 0, attr, now, 2));
+	memcpy(attr, now, 2);
+	return true;
 }
 
 /* Translations that leave the protocol's "none" (-1, or any negative) as it is. */
@@ -594,15 +617,26 @@ km_err km_off_fetch_batch(km_fetch_walk *w, struct evbuffer *in, size_t first, v
 	km_off_req *c = ctx;
 	const km_fetch_batch *b = &w->batch;
 	int64_t logical, delta = INT32_MAX;
+	ssize_t run;
 	uint8_t d[4];
 	km_err rc;
 
 	if (!c || !c->cur || b->length < 0)
 		return KM_OK; /* a truncated prefix is not a batch: left as it came */
-	if (km_off_batch_logical(c->cur, b->base_offset, &logical)) {
+	if ((run = km_off_batch_run(c->cur, b->base_offset, &logical)) >= 0) {
 		/* The reference for hidden batches when the request did not name the partition (KIP-227). */
 		if (c->ref < 0)
 			c->ref = logical;
+		/* Header bytes cut off by the fetch's size: a partial batch, which clients drop anyway. */
+		if ((c->cur->runs[run].flags & KM_OFFRUN_LOG_APPEND_TIME) && b->off + KM_BATCH_OFF_LAST_OFFSET_DELTA <= w->records_end) {
+			uint8_t h[KM_BATCH_OFF_LAST_OFFSET_DELTA];
+			if ((rc = peek(w, in, first, b->off, h, sizeof(h))) != KM_OK)
+				return rc; /* nothing patched yet: the event may come again */
+			if (km_off_set_append_time(h) &&
+			    !km_evbuf_patch(in, b->off - first + KM_BATCH_OFF_CRC, h + KM_BATCH_OFF_CRC,
+					    KM_BATCH_OFF_LAST_OFFSET_DELTA - KM_BATCH_OFF_CRC))
+				return KM_ERR_DECODE;
+		}
 		return patch64(in, first, b->off, logical);
 	}
 	/*
@@ -709,6 +743,221 @@ static km_err wrap_response(km_req *rq, km_off_req *c, km_resp_hook row_hook, bo
 	return KM_OK;
 }
 
+/* ---- ListOffsets by timestamp on LogAppendTime runs ---- */
+
+/*
+ * The destination's lookup lands in the right batch (its MaxTimestamp is the source's append time)
+ * but on the first record whose own, producer-given, timestamp reaches the one asked, where the
+ * source (every record of the batch at the append time) answers with the batch's first record
+ * and the append time. So the request is asked of the broker as a probe (as the client: the broker
+ * authorizes it), and for each answer in a LogAppendTime run the batch that holds it is read with
+ * kmirrord's own client (km_mirror_batches_at): its base offset (or the log start, when that is
+ * inside it) and MaxTimestamp are the answer. docs/mirror.md, "LogAppendTime sources".
+ */
+typedef struct lat_op {
+	struct lat_op *prev, *next; /* every live one (km_off_detach) */
+	km_session_set *set;        /* NULL: the proxy is gone, drop the answer */
+	uint64_t sid, seq;
+	km_off_req *c;
+	km_mirror *mi;
+	uint8_t *body;              /* the broker's answer, copied: the decoded response borrows it */
+	km_arena a;
+	km_list_offsets_response rs;
+	km_mirror_batch_q *q;
+	km_list_offsets_response_list_offsets_partition_response **qp; /* the answer each question fixes */
+	size_t nq;
+} lat_op;
+
+static lat_op *lat_ops;
+
+void km_off_detach(km_session_set *set)
+{
+	for (lat_op *op = lat_ops; op; op = op->next)
+		if (op->set == set)
+			op->set = NULL;
+}
+
+static void lat_free(lat_op *op)
+{
+	if (op->prev)
+		op->prev->next = op->next;
+	else if (lat_ops == op)
+		lat_ops = op->next;
+	if (op->next)
+		op->next->prev = op->prev;
+	km_off_req_free(op->c);
+	km_arena_free(&op->a);
+	free(op->body);
+	free(op->q);
+	free(op->qp);
+	free(op);
+}
+
+/* The run holding physical offset o, when it is a LogAppendTime one. */
+static bool lat_run_at(const km_offmap *m, int64_t o)
+{
+	int64_t l = o >= 0 ? km_offmap_to_logical(m, o) : -1;
+	ssize_t i = l >= 0 ? km_offmap_find_logical(m, l) : -1;
+	return i >= 0 && (m->runs[i].flags & KM_OFFRUN_LOG_APPEND_TIME) && m->runs[i].physical + (l - m->runs[i].logical) == o;
+}
+
+static bool has_lat_run(const km_offmap *m)
+{
+	for (size_t i = 0; m && i < m->n; i++)
+		if (m->runs[i].flags & KM_OFFRUN_LOG_APPEND_TIME)
+			return true;
+	return false;
+}
+
+/* Whether the request asks a timestamp (>= 0) of a partition that has a LogAppendTime run. */
+static bool wants_lat_lookup(km_off_req *c)
+{
+	for (size_t i = 0; i < c->n; i++) {
+		const km_off_entry *e = &c->entries[i];
+		const void *t = e->value >= 0 ? find_topic(c->lk, e->topic, NULL) : NULL;
+		if (t && has_lat_run(map_of(c, t, e->partition)))
+			return true;
+	}
+	return false;
+}
+
+static void lat_answer(lat_op *op)
+{
+	struct evbuffer *b;
+	km_wr w;
+	km_err rc;
+
+	if (!op->set) {
+		lat_free(op);
+		return;
+	}
+	km_wr_init(&w);
+	km_list_offsets_response_encode(&w, op->c->version, &op->rs);
+	if (!km_wr_ok(&w) || !(b = evbuffer_new()) || evbuffer_add(b, w.buf, w.len) != 0) {
+		KM_WARN("proxy", op->sid, "cannot encode the answer to ListOffsets");
+		km_wr_free(&w);
+		lat_free(op);
+		return;
+	}
+	km_wr_free(&w);
+	if ((rc = km_session_answer(op->set, op->sid, op->seq, b)) != KM_OK)
+		KM_DEBUG("proxy", op->sid, "answer to ListOffsets dropped: %s", km_err_name(rc));
+	evbuffer_free(b);
+	lat_free(op);
+}
+
+static void lat_looked_up(void *arg, km_mirror_batch_q *q, size_t n)
+{
+	lat_op *op = arg;
+
+	if (!op->set) {
+		lat_free(op); /* shutting down: the store may be gone already */
+		return;
+	}
+	for (size_t i = 0; i < n; i++) {
+		km_list_offsets_response_list_offsets_partition_response *p = op->qp[i];
+		const void *t = find_topic(op->c->lk, km_str_c(q[i].topic), NULL);
+		const km_offmap *m = t ? map_of(op->c, t, q[i].partition) : NULL;
+		int64_t first;
+		if (q[i].code != KM_OK || !m) {
+			/* The plain translation stays: a record of the right batch, with its own timestamp. */
+			KM_WARN("proxy", op->sid, "ListOffsets by timestamp on %s-%d: the batch at destination offset %lld "
+				"could not be read (%s): answered with the record the destination found", q[i].topic,
+				(int)q[i].partition, (long long)q[i].offset, km_err_name(q[i].code));
+			continue;
+		}
+		first = q[i].base_offset > q[i].log_start_offset ? q[i].base_offset : q[i].log_start_offset;
+		p->offset = to_logical(m, first > q[i].offset ? q[i].offset : first);
+		p->timestamp = q[i].max_timestamp;
+	}
+	lat_answer(op);
+}
+
+static void lat_probed(void *arg, km_err err, const uint8_t *body, size_t len)
+{
+	lat_op *op = arg;
+	km_off_req *c = op->c;
+	bool changed = false;
+	size_t cap = 0;
+	km_rd r;
+
+	if (err != KM_OK || !(op->body = malloc(len ? len : 1))) {
+		lat_free(op); /* the session is gone (it is not to be touched) */
+		return;
+	}
+	memcpy(op->body, body, len);
+	km_rd_init(&r, op->body, len);
+	km_list_offsets_response_init(&op->rs);
+	if (km_list_offsets_response_decode(&r, c->version, &op->rs, &op->a) != KM_OK) {
+		KM_WARN("proxy", op->sid, "cannot decode the broker's answer to ListOffsets");
+		if (op->set)
+			km_session_fail(op->set, op->sid, "unreadable response");
+		lat_free(op);
+		return;
+	}
+	/* The questions: timestamp answers in LogAppendTime runs, before the offsets are translated. */
+	for (int32_t i = 0; i < op->rs.topics.count; i++)
+		cap += (size_t)op->rs.topics.items[i].partitions.count;
+	op->q = calloc(cap ? cap : 1, sizeof(*op->q));
+	op->qp = calloc(cap ? cap : 1, sizeof(*op->qp));
+	for (int32_t i = 0; op->q && op->qp && i < op->rs.topics.count; i++) {
+		km_list_offsets_response_list_offsets_topic_response *t = &op->rs.topics.items[i];
+		const void *topic = find_topic(c->lk, t->name, NULL);
+		char *name = NULL;
+		for (int32_t j = 0; topic && j < t->partitions.count; j++) {
+			km_list_offsets_response_list_offsets_partition_response *p = &t->partitions.items[j];
+			const km_off_entry *e = km_off_req_find(c, t->name, NULL, p->partition_index);
+			const km_offmap *m = map_of(c, topic, p->partition_index);
+			if (!e || e->value < 0 || p->error_code || !m || !lat_run_at(m, p->offset))
+				continue;
+			if (!name && (name = km_arena_alloc(&op->a, (size_t)t->name.len + 1))) {
+				memcpy(name, t->name.p, (size_t)t->name.len);
+				name[t->name.len] = 0;
+			}
+			if (!name)
+				break;
+			op->q[op->nq] = (km_mirror_batch_q){.topic = name, .partition = p->partition_index, .offset = p->offset};
+			op->qp[op->nq++] = p;
+		}
+	}
+	list_offsets_response(c, &op->rs, &changed);
+	if (!op->nq || !op->set) {
+		lat_answer(op);
+		return;
+	}
+	km_mirror_batches_at(op->mi, op->q, op->nq, lat_looked_up, op);
+}
+
+/* Take a ListOffsets that needs batch lookups: asked of the broker as a probe, answered later. */
+static km_err lat_start(km_req *rq, km_off_req *c, size_t off)
+{
+	const km_session_host *host = km_session_host_of(rq->s);
+	lat_op *op;
+	km_err rc;
+
+	if (!(op = calloc(1, sizeof(*op))))
+		return KM_ERR_NOMEM;
+	op->set = host->sessions;
+	op->sid = km_session_id(rq->s);
+	op->seq = rq->seq;
+	op->c = c;
+	op->mi = host->mirror;
+	km_arena_init(&op->a, KM_OFF_ARENA_CAP);
+	if ((rc = km_session_probe(rq->s, rq->h->api_key, rq->h->api_version, rq->body + off, rq->frame_len - off,
+				   lat_probed, op)) != KM_OK) {
+		op->c = NULL; /* the caller frees it */
+		km_arena_free(&op->a);
+		free(op);
+		return rc;
+	}
+	op->next = lat_ops;
+	if (lat_ops)
+		lat_ops->prev = op;
+	lat_ops = op;
+	rq->pending = true;
+	return KM_OK;
+}
+
 static km_err small_request_hook(km_req *rq)
 {
 	km_off_req *c = NULL;
@@ -725,6 +974,13 @@ static km_err small_request_hook(km_req *rq)
 	km_wr_free(&w);
 	if (rc != KM_OK) {
 		rq->close_reason = "malformed request";
+		return rc;
+	}
+	/* Timestamps asked of LogAppendTime runs: the answer needs the batches that hold the broker's. */
+	if (c && rq->h->api_key == KM_API_LIST_OFFSETS && km_session_host_of(rq->s)->mirror && wants_lat_lookup(c)) {
+		if ((rc = lat_start(rq, c, off)) == KM_OK)
+			return KM_OK;
+		km_off_req_free(c);
 		return rc;
 	}
 	/* ListOffsets without a mapped partition has no context; the other two are asked of their (small) response. */
@@ -832,7 +1088,8 @@ static const km_stream_hooks fetch_hooks = {
 static const km_proxy_api small_rows[] = {
 	{.key = KM_API_LIST_OFFSETS, .min_version = -1, .max_version = -1, .classify = off_hold_classify,
 	 .on_request = small_request_hook,
-	 .note = "mirror topics: offsets physical -> logical (by timestamp: a record's; earliest, latest, earliest local: next)"},
+	 .note = "mirror topics: offsets physical -> logical (by timestamp: a record's; earliest, latest, earliest local: "
+		 "next); a timestamp asked of a LogAppendTime run: answered later (probe + batch lookup)"},
 	{.key = KM_API_OFFSET_FOR_LEADER_EPOCH, .min_version = -1, .max_version = -1, .classify = off_hold_classify,
 	 .on_request = small_request_hook, .note = "mirror topics: EndOffset physical -> logical"},
 	{.key = KM_API_DESCRIBE_PRODUCERS, .min_version = -1, .max_version = -1, .classify = off_hold_classify,

@@ -31,6 +31,10 @@ typedef struct km_off_lookup {
 	void *arg;
 } km_off_lookup;
 
+/* Pending ListOffsets answers stop reaching set (the proxy frees it; the lookups still end). */
+typedef struct km_session_set km_session_set;
+void km_off_detach(km_session_set *set);
+
 /* The lookup over the state store (st NULL: no maps). */
 void km_off_lookup_from_state(km_state *st, km_off_lookup *out);
 
@@ -44,6 +48,16 @@ static inline bool km_off_active(const km_off_lookup *lk)
  * *logical. A batch never spans two runs (docs/mirror.md), so its base decides for all its records.
  */
 bool km_off_batch_logical(const km_offmap *m, int64_t physical, int64_t *logical);
+/* The same, giving the run's index (its flags say how to show the batch), or -1 when hidden. */
+ssize_t km_off_batch_run(const km_offmap *m, int64_t physical, int64_t *logical);
+
+/*
+ * A batch of a LogAppendTime run (KM_OFFRUN_LOG_APPEND_TIME) as the source had it: the attribute
+ * bit set again, the CRC fixed from the header alone (km_crc32c_patch, the records need not be
+ * here). hdr holds the batch's first KM_BATCH_OFF_LAST_OFFSET_DELTA bytes at least; its length
+ * field gives the CRC's span. False when the bit was set already (nothing to change).
+ */
+bool km_off_set_append_time(uint8_t *hdr);
 
 /*
  * One request's translation context: what the response needs from the request (the mapped

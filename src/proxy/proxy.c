@@ -525,8 +525,10 @@ void km_proxy_free(km_proxy *px)
 	if (!px)
 		return;
 	/* Mirror operations waiting for the store must not look for the sessions after this. */
-	if (px->sessions)
+	if (px->sessions) {
 		km_mirror_rpc_detach(px->sessions);
+		km_off_detach(px->sessions);
+	}
 	km_session_set_free(px->sessions);
 	km_proxy_apis_free(px->apis);
 	if (px->meta)

@@ -1099,12 +1099,25 @@ void km_session_set_tick(km_session_set *set, uint64_t now_ms_)
 	}
 }
 
-km_err km_session_answer(km_session_set *set, uint64_t session_id, uint64_t seq, struct evbuffer *body)
+static km_session *session_find(km_session_set *set, uint64_t session_id)
 {
 	km_session *s = set->sessions;
 	while (s && s->id != session_id)
 		s = s->next;
-	if (!s || s->closed)
+	return s && !s->closed ? s : NULL;
+}
+
+void km_session_fail(km_session_set *set, uint64_t session_id, const char *why)
+{
+	km_session *s = session_find(set, session_id);
+	if (s)
+		session_close(s, why);
+}
+
+km_err km_session_answer(km_session_set *set, uint64_t session_id, uint64_t seq, struct evbuffer *body)
+{
+	km_session *s = session_find(set, session_id);
+	if (!s)
 		return KM_ERR_CLOSED;
 	for (size_t i = 0; i < inflights_count(&s->fifo); i++) {
 		inflight *f = inflights_at(&s->fifo, i);

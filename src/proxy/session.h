@@ -71,6 +71,8 @@ const km_session_host *km_session_host_of(const km_session *s);
  * been. KM_ERR_CLOSED when the session is gone, KM_ERR_INVAL when no such request is pending.
  */
 km_err km_session_answer(km_session_set *set, uint64_t session_id, uint64_t seq, struct evbuffer *body);
+/* Close a session whose pending request cannot be answered (the client retries on a new connection). */
+void km_session_fail(km_session_set *set, uint64_t session_id, const char *why);
 
 /*
  * A probe's outcome: err KM_OK with the response body (after the response header, len bytes,

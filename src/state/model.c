@@ -168,13 +168,14 @@ km_err km_state_partition_value_encode(km_wr *w, const km_state_topic *t, const 
 	return w->err;
 }
 
-km_err km_state_run_value_encode(km_wr *w, int64_t physical, int64_t prev_logical_end)
+km_err km_state_run_value_encode(km_wr *w, int64_t physical, int64_t prev_logical_end, uint8_t flags)
 {
 	km_mirror_state_run_value v;
 
 	km_mirror_state_run_value_init(&v);
 	v.physical_start = physical;
 	v.prev_logical_end = prev_logical_end;
+	v.log_append_time = (flags & KM_OFFRUN_LOG_APPEND_TIME) != 0;
 	km_wr_i16(w, 0);
 	km_mirror_state_run_value_encode(w, 0, &v);
 	return w->err;
@@ -586,7 +587,8 @@ static km_err apply_run(km_state_model *m, const km_state_key *k, const uint8_t 
 			return KM_ERR_NOMEM;
 		km_offmap_init(p->map);
 	}
-	return km_offmap_add(p->map, k->logical, v.physical_start, v.prev_logical_end);
+	return km_offmap_add(p->map, k->logical, v.physical_start, v.prev_logical_end,
+			     v.log_append_time ? KM_OFFRUN_LOG_APPEND_TIME : 0);
 }
 
 size_t km_state_model_mirror_runs(const km_state_mirror *mi)

@@ -78,7 +78,7 @@ static int64_t covered(const km_offmap *m, size_t i)
 	return len > 0 ? len : 0;
 }
 
-km_err km_offmap_add(km_offmap *m, int64_t logical, int64_t physical, int64_t prev_logical_end)
+km_err km_offmap_add(km_offmap *m, int64_t logical, int64_t physical, int64_t prev_logical_end, uint8_t flags)
 {
 	size_t at;
 
@@ -88,6 +88,7 @@ km_err km_offmap_add(km_offmap *m, int64_t logical, int64_t physical, int64_t pr
 	if (at > 0 && m->runs[at - 1].logical == logical) {
 		m->runs[at - 1].physical = physical;
 		m->runs[at - 1].prev_logical_end = prev_logical_end;
+		m->runs[at - 1].flags = flags;
 		return KM_OK;
 	}
 	if (m->n == m->cap) {
@@ -102,7 +103,8 @@ km_err km_offmap_add(km_offmap *m, int64_t logical, int64_t physical, int64_t pr
 	}
 	/* Appending is the common case (loading in log order, the pipeline's new runs): no move then. */
 	memmove(m->runs + at + 1, m->runs + at, (m->n - at) * sizeof(*m->runs));
-	m->runs[at] = (km_offrun){.logical = logical, .physical = physical, .prev_logical_end = prev_logical_end};
+	m->runs[at] = (km_offrun){.logical = logical, .physical = physical, .prev_logical_end = prev_logical_end,
+				  .flags = flags};
 	m->n++;
 	return KM_OK;
 }

@@ -140,7 +140,7 @@ size_t km_state_model_mirror_runs(const km_state_mirror *mi);
 /* Values: int16 version (0) + the value struct. */
 km_err km_state_mirror_value_encode(km_wr *w, const km_state_mirror *mi);
 km_err km_state_partition_value_encode(km_wr *w, const km_state_topic *t, const km_state_part *p);
-km_err km_state_run_value_encode(km_wr *w, int64_t physical, int64_t prev_logical_end);
+km_err km_state_run_value_encode(km_wr *w, int64_t physical, int64_t prev_logical_end, uint8_t flags);
 
 /* ---- secrets: AES-256-GCM, 12-byte nonce, 16-byte tag, associated data = the key's name ---- */
 

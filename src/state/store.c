@@ -340,7 +340,7 @@ static bool check_secrets(km_state *st, km_state_mut *mu)
 }
 
 static km_err add_run_rec(km_state_mut *mu, const km_state_topic *t, int32_t index, int64_t logical, int64_t physical,
-			  int64_t prev_logical_end)
+			  int64_t prev_logical_end, uint8_t flags)
 {
 	km_state_key k = {.type = KM_STATE_REC_RUN, .mirror = km_str_c(t->mirror->name), .topic = km_str_c(t->name),
 			  .partition = index, .logical = logical};
@@ -349,7 +349,7 @@ static km_err add_run_rec(km_state_mut *mu, const km_state_topic *t, int32_t ind
 
 	km_wr_init(&w);
 	if (physical >= 0)
-		rc = km_state_run_value_encode(&w, physical, prev_logical_end);
+		rc = km_state_run_value_encode(&w, physical, prev_logical_end, flags);
 	if (rc == KM_OK)
 		rc = add_rec(mu, &k, physical >= 0 ? &w : NULL);
 	km_wr_free(&w);
@@ -382,7 +382,7 @@ static void delete_records(km_state_mut *mu, km_state_mirror *m)
 				for (size_t r = 0; map && r < map->n && mu->nrecs < KM_STATE_DELETE_CHUNK &&
 						   bytes < KM_STATE_DELETE_BYTES;
 				     r++) {
-					if (add_run_rec(mu, m->topics[i], (int32_t)j, map->runs[r].logical, -1, -1) != KM_OK) {
+					if (add_run_rec(mu, m->topics[i], (int32_t)j, map->runs[r].logical, -1, -1, 0) != KM_OK) {
 						set_msg(mu, KM_MIRROR_STATE_UNAVAILABLE, "out of memory");
 						return;
 					}
@@ -771,7 +771,7 @@ static void prepare_runs(km_state *st, km_state_mut *mu)
 	for (size_t i = 0; i < mu->nruns; i++) {
 		const km_state_run *r = &mu->runs[i];
 		km_state_topic *t = km_state_model_topic(&st->model, r->topic, strlen(r->topic));
-		if (add_run_rec(mu, t, r->partition, r->logical, r->physical, r->prev_logical_end) != KM_OK) {
+		if (add_run_rec(mu, t, r->partition, r->logical, r->physical, r->prev_logical_end, r->flags) != KM_OK) {
 			set_msg(mu, KM_MIRROR_STATE_UNAVAILABLE, "out of memory");
 			return;
 		}

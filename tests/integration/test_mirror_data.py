@@ -615,10 +615,6 @@ def test_mirror_log_start_moved(mirror_env, when):
 
 
 @main_release_only
-@pytest.mark.xfail(strict=False, reason="known gap: LogAppendTime is not restored: the destination "
-                   "(a CreateTime topic) clears the batch's LogAppendTime bit, and clients through "
-                   "the proxy see type CreateTime with the producer's timestamps, not the source's "
-                   "append times")
 def test_mirror_log_append_time(mirror_env):
     env = mirror_env
     topic = unique("lat")
@@ -633,11 +629,13 @@ def test_mirror_log_append_time(mirror_env):
     total, counts = compare_topic(env.pb, env.sb, topic, parts, marks)
     assert total == 4000
     check_timestamps(env, topic, parts)
-    # On disk the payload is still the source's; the destination (a CreateTime topic) cleared the
-    # LogAppendTime bit and set MaxTimestamp to the records' maximum, so those are not compared.
+    # On disk the payload is the source's and MaxTimestamp its append time; the destination (a
+    # CreateTime topic) holds CreateTime batches whose baseTimestamp puts the largest record at the
+    # append time (docs/mirror.md, "LogAppendTime sources"): the proxy sets the bit back.
     assert all(b["log_append"] for b in partition_batches(env.source, topic, 0))
+    assert not any(b["log_append"] for b in partition_batches(env.dest, topic, 0))
     assert_segments_exact(env.source, env.dest, topic, parts,
-                          fields=("count", "lod", "codec", "first_ts"))
+                          fields=("count", "lod", "codec", "max_ts"))
 
 
 # ---------------------------------------------------------------------------------------------

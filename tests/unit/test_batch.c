@@ -356,6 +356,71 @@ static void test_log_append_time(void **state)
 	km_wr_free(&w);
 }
 
+/*
+ * A LogAppendTime batch made CreateTime for a CreateTime topic: the records unchanged, every record's
+ * timestamp at most the append time and the largest exactly it (so a broker keeps the header as it
+ * is), the two attribute bits cleared, for every codec.
+ */
+static void test_append_time_as_create(void **state)
+{
+	km_batch_record r[6];
+	char keys[6][16], vals[6][64];
+	(void)state;
+	fill_records(r, 6, keys, vals, 5000); /* deltas 0, 2000, 4000, 1000, 3000, 0: the largest is not the last */
+	for (size_t c = 0; c < sizeof(codecs) / sizeof(codecs[0]); c++) {
+		km_batch_params p;
+		km_batch b, nb;
+		km_record_iter it;
+		km_record rec;
+		km_wr w;
+		int64_t max = INT64_MIN;
+		uint8_t *copy;
+
+		km_batch_params_init(&p);
+		p.codec = codecs[c];
+		p.log_append_time = true;
+		p.max_timestamp = 1700000000000LL;
+		km_wr_init(&w);
+		assert_int_equal(km_batch_build(&p, r, 6, &w), KM_OK);
+		w.buf[KM_BATCH_OFF_ATTRIBUTES + 1] |= KM_BATCH_ATTR_DELETE_HORIZON; /* as the cleaner leaves some */
+		km_batch_update_crc(w.buf, w.len);
+		assert_int_equal(km_batch_parse(w.buf, w.len, &b), KM_OK);
+		assert_true(b.delete_horizon);
+		copy = malloc(w.len);
+		memcpy(copy, w.buf, w.len);
+		assert_int_equal(km_batch_append_time_as_create(&b, scratch, SCRATCH, copy), KM_OK);
+		km_batch_update_crc(copy, w.len);
+		assert_int_equal(km_batch_parse(copy, w.len, &nb), KM_OK);
+		assert_int_equal(km_batch_verify_crc(copy, w.len), KM_OK);
+		assert_false(nb.log_append_time || nb.delete_horizon);
+		assert_int_equal(nb.codec, codecs[c]);
+		assert_int_equal(nb.max_timestamp, p.max_timestamp);
+		assert_memory_equal(nb.records, b.records, b.records_size);
+		assert_int_equal(km_batch_records(&nb, scratch, SCRATCH, &it), KM_OK);
+		while (km_record_next(&it, &rec)) {
+			assert_true(rec.timestamp <= p.max_timestamp);
+			max = rec.timestamp > max ? rec.timestamp : max;
+		}
+		assert_int_equal(it.err, KM_OK);
+		assert_int_equal(max, p.max_timestamp);
+		free(copy);
+		km_wr_free(&w);
+	}
+	/* Only LogAppendTime batches. */
+	{
+		km_batch_params p;
+		km_batch b;
+		km_wr w;
+		uint8_t hdr[KM_BATCH_HEADER_SIZE];
+		km_batch_params_init(&p);
+		km_wr_init(&w);
+		assert_int_equal(km_batch_build(&p, r, 6, &w), KM_OK);
+		assert_int_equal(km_batch_parse(w.buf, w.len, &b), KM_OK);
+		assert_int_equal(km_batch_append_time_as_create(&b, NULL, 0, hdr), KM_ERR_INVAL);
+		km_wr_free(&w);
+	}
+}
+
 static void test_builder_refuses(void **state)
 {
 	km_batch_record r[3];
@@ -1193,6 +1258,7 @@ int main(int argc, char **argv)
 		cmocka_unit_test(test_patching),
 		cmocka_unit_test(test_control_records),
 		cmocka_unit_test(test_log_append_time),
+		cmocka_unit_test(test_append_time_as_create),
 		cmocka_unit_test(test_builder_refuses),
 		cmocka_unit_test(test_split_gaps),
 		cmocka_unit_test(test_split_edge_cases),

@@ -121,6 +121,33 @@ static void test_force_table(void **state)
 	free(buf);
 }
 
+/* Patching a changed field into a CRC equals recomputing it, at any place, length and size. */
+static void test_patch(void **state)
+{
+	static const size_t lens[] = {1, 2, 40, 61, 1000, 70000};
+	(void)state;
+	for (size_t i = 0; i < sizeof(lens) / sizeof(lens[0]); i++) {
+		size_t len = lens[i];
+		uint8_t *buf = random_buf(len, (unsigned)(10 + i));
+		for (size_t n = 1; n <= 20 && n <= len; n += 3) {
+			size_t ats[] = {0, (len - n) / 2, len - n};
+			for (size_t k = 0; k < 3; k++) {
+				uint8_t before[20], after[20];
+				uint32_t crc = km_crc32c(0, buf, len);
+				memcpy(before, buf + ats[k], n);
+				for (size_t j = 0; j < n; j++)
+					after[j] = (uint8_t)(before[j] ^ (0x5a + j));
+				memcpy(buf + ats[k], after, n);
+				assert_int_equal(km_crc32c_patch(crc, len, ats[k], before, after, n), km_crc32c(0, buf, len));
+				/* Unchanged bytes change nothing. */
+				assert_int_equal(km_crc32c_patch(crc, len, ats[k], before, before, n), crc);
+				memcpy(buf + ats[k], before, n);
+			}
+		}
+		free(buf);
+	}
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -132,6 +159,7 @@ int main(void)
 		cmocka_unit_test(test_hw_vs_table_long),
 		cmocka_unit_test(test_chaining),
 		cmocka_unit_test(test_force_table),
+		cmocka_unit_test(test_patch),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -11,7 +11,7 @@
 
 static void add(km_offmap *m, int64_t l, int64_t p, int64_t prev)
 {
-	assert_int_equal(km_offmap_add(m, l, p, prev), KM_OK);
+	assert_int_equal(km_offmap_add(m, l, p, prev, 0), KM_OK);
 }
 
 /* One run for the partition's whole life: the common case. Logical 100.. at physical 0.. */
@@ -323,10 +323,10 @@ static void test_negative(void **state)
 	km_offmap m;
 	(void)state;
 	km_offmap_init(&m);
-	assert_int_equal(km_offmap_add(&m, -1, 0, -1), KM_ERR_INVAL);
-	assert_int_equal(km_offmap_add(&m, 0, -1, -1), KM_ERR_INVAL);
-	assert_int_equal(km_offmap_add(&m, 0, 0, -2), KM_ERR_INVAL);
-	assert_int_equal(km_offmap_add(&m, INT64_MIN, INT64_MIN, INT64_MIN), KM_ERR_INVAL);
+	assert_int_equal(km_offmap_add(&m, -1, 0, -1, 0), KM_ERR_INVAL);
+	assert_int_equal(km_offmap_add(&m, 0, -1, -1, 0), KM_ERR_INVAL);
+	assert_int_equal(km_offmap_add(&m, 0, 0, -2, 0), KM_ERR_INVAL);
+	assert_int_equal(km_offmap_add(&m, INT64_MIN, INT64_MIN, INT64_MIN, 0), KM_ERR_INVAL);
 	assert_int_equal(m.n, 0);
 	add(&m, 0, 0, -1);
 	assert_int_equal(km_offmap_to_physical(&m, -1), -1);

@@ -18,6 +18,7 @@
 #include "kmirror/msg/list_offsets_response.h"
 #include "kmirror/msg/offset_for_leader_epoch_response.h"
 #include "kmirror/msg/produce_response.h"
+#include "kmirror/batch.h"
 #include "proxy/offsets.h"
 
 /*
@@ -28,7 +29,8 @@
  */
 static const km_uuid M_ID = {{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16}};
 static const km_uuid P_ID = {{9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9}};
-static km_offrun RUNS[] = {{0, 100, -1}, {50, 200, 40}};
+/* The second run's batches were LogAppendTime at the source: the proxy sets the bit back. */
+static km_offrun RUNS[] = {{0, 100, -1, 0}, {50, 200, 40, KM_OFFRUN_LOG_APPEND_TIME}};
 static km_offmap MAP = {RUNS, 2, 2, 300, 160};
 static const char TOPIC_M[] = "m";
 static bool ACTIVE = true;
@@ -247,6 +249,7 @@ static void put_batch(uint8_t *b, int64_t base, int32_t last_delta, uint8_t fill
 	km_put_be32(b + 12, 3); /* partition leader epoch */
 	b[16] = 2;              /* magic */
 	km_put_be32(b + 23, (uint32_t)last_delta);
+	km_batch_update_crc(b, BATCH_LEN);
 }
 
 static uint8_t RECS_M0[3 * BATCH_LEN], RECS_M1[BATCH_LEN], RECS_PLAIN[BATCH_LEN];
@@ -433,9 +436,19 @@ static void check_fetch_response_fields(const uint8_t *frame, size_t len, int16_
 	/* The hidden batch lies wholly below the fetch position 30: 25 + lastOffsetDelta 4 = 29. */
 	assert_int_equal((int64_t)km_be64(recs + BATCH_LEN), 25);
 	assert_int_equal((int64_t)km_be64(recs + 2 * BATCH_LEN), 50);
-	/* Record bytes untouched: everything after each baseOffset. */
-	for (int i = 0; i < 3; i++)
+	/* Record bytes untouched: everything after each baseOffset, but for the LogAppendTime run's batch
+	 * its attribute bit, and the CRC that covers it. */
+	for (int i = 0; i < 2; i++)
 		assert_memory_equal(recs + i * BATCH_LEN + 8, RECS_M0 + i * BATCH_LEN + 8, BATCH_LEN - 8);
+	{
+		const uint8_t *pb = recs + 2 * BATCH_LEN, *pw = RECS_M0 + 2 * BATCH_LEN;
+		assert_memory_equal(pb + 8, pw + 8, KM_BATCH_OFF_CRC - 8);
+		assert_int_equal(pb[KM_BATCH_OFF_ATTRIBUTES + 1], pw[KM_BATCH_OFF_ATTRIBUTES + 1] | KM_BATCH_ATTR_LOG_APPEND_TIME);
+		assert_int_equal(pb[KM_BATCH_OFF_ATTRIBUTES], pw[KM_BATCH_OFF_ATTRIBUTES]);
+		assert_memory_equal(pb + KM_BATCH_OFF_LAST_OFFSET_DELTA, pw + KM_BATCH_OFF_LAST_OFFSET_DELTA,
+				    BATCH_LEN - KM_BATCH_OFF_LAST_OFFSET_DELTA);
+		assert_int_equal(km_batch_verify_crc(pb, BATCH_LEN), KM_OK);
+	}
 	/* m/1: no map, as it came. */
 	assert_int_equal(p[1].high_watermark, 300);
 	assert_int_equal((int64_t)km_be64(p[1].records.p), 130);

@@ -559,7 +559,7 @@ static void run_rec(km_state_model *m, const char *topic, int32_t partition, int
 
 	km_wr_init(&w);
 	if (physical >= 0)
-		assert_int_equal(km_state_run_value_encode(&w, physical, prev), KM_OK);
+		assert_int_equal(km_state_run_value_encode(&w, physical, prev, 0), KM_OK);
 	rec(m, &rk, physical >= 0 ? &w : NULL, &chg);
 	assert_false(chg.changed); /* runs are no state change */
 	km_wr_free(&w);
@@ -592,11 +592,19 @@ static void test_run_records(void **state)
 	assert_int_equal(km_state_key_decode(w.buf, w.len, &d), KM_ERR_DECODE);
 	km_wr_free(&w);
 	km_wr_init(&w);
-	assert_int_equal(km_state_run_value_encode(&w, 7, -1), KM_OK);
+	assert_int_equal(km_state_run_value_encode(&w, 7, -1, 0), KM_OK);
 	/* version 0, PhysicalStart, PrevLogicalEnd, no tagged fields */
 	static const uint8_t wantv[] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 7, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0};
 	assert_int_equal(w.len, sizeof(wantv));
 	assert_memory_equal(w.buf, wantv, sizeof(wantv));
+	km_wr_free(&w);
+	/* A LogAppendTime run: the flag is tagged field 0 (older readers skip it). */
+	km_wr_init(&w);
+	assert_int_equal(km_state_run_value_encode(&w, 7, -1, KM_OFFRUN_LOG_APPEND_TIME), KM_OK);
+	static const uint8_t wantl[] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 7, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff,
+					1, 0, 1, 1};
+	assert_int_equal(w.len, sizeof(wantl));
+	assert_memory_equal(w.buf, wantl, sizeof(wantl));
 	km_wr_free(&w);
 
 	model_with(&m, KM_MP_MIRRORING, KM_MP_UNKNOWN);
@@ -634,11 +642,11 @@ static void test_run_records(void **state)
 		km_wr_init(&kw);
 		km_state_key_encode(&kw, &rk);
 		km_wr_init(&vw);
-		assert_int_equal(km_state_run_value_encode(&vw, -5, -1), KM_OK);
+		assert_int_equal(km_state_run_value_encode(&vw, -5, -1, 0), KM_OK);
 		assert_int_equal(km_state_model_apply(&m, kw.buf, kw.len, vw.buf, vw.len, false, &chg), KM_ERR_DECODE);
 		km_wr_free(&vw);
 		km_wr_init(&vw);
-		assert_int_equal(km_state_run_value_encode(&vw, 40, 61), KM_OK);
+		assert_int_equal(km_state_run_value_encode(&vw, 40, 61, 0), KM_OK);
 		assert_int_equal(km_state_model_apply(&m, kw.buf, kw.len, vw.buf, vw.len, false, &chg), KM_ERR_DECODE);
 		vw.buf[1] = 1;
 		assert_int_equal(km_state_model_apply(&m, kw.buf, kw.len, vw.buf, vw.len, false, &chg), KM_ERR_DECODE);

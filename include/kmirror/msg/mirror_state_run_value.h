@@ -20,6 +20,8 @@ typedef struct km_mirror_state_run_value {
 	int64_t physical_start;
 	/* v0+: The logical offset after the previous run's last record (it closes that run), or -1 for... */
 	int64_t prev_logical_end;
+	/* v0+ tag 0: The run's batches were LogAppendTime on the source: the proxy sets the attribute back (... */
+	bool log_append_time;
 	km_tagged_list unknown_tags; /* tagged fields this codec does not know, kept as they came */
 } km_mirror_state_run_value;
 

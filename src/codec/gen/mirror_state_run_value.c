@@ -14,6 +14,15 @@ void km_mirror_state_run_value_init(km_mirror_state_run_value *m)
 	m->prev_logical_end = INT64_C(-1);
 }
 
+static bool km_mirror_state_run_value_dec_tag_log_append_time(km_rd *r, int16_t v, km_mirror_state_run_value *m, km_arena *a)
+{
+	(void)v;
+	(void)a;
+	if (!km_rd_bool(r, "LogAppendTime", &m->log_append_time))
+		return false;
+	return true;
+}
+
 static bool km_mirror_state_run_value_dec(km_rd *r, int16_t v, km_mirror_state_run_value *m, km_arena *a)
 {
 	const bool flex = true;
@@ -27,6 +36,27 @@ static bool km_mirror_state_run_value_dec(km_rd *r, int16_t v, km_mirror_state_r
 	if (flex) {
 		if (!km_codec_rd_tags(r, "MirrorStateRunValue.TaggedFields", &m->unknown_tags, a))
 			return false;
+		int32_t keep = 0;
+		for (int32_t i = 0; i < m->unknown_tags.count; i++) {
+			const km_tagged t = m->unknown_tags.items[i];
+			km_rd sub;
+			bool known = true;
+			km_codec_rd_slice(r, t.data, &sub);
+			switch (t.tag) {
+				case 0:
+				{
+					if (!km_mirror_state_run_value_dec_tag_log_append_time(&sub, v, m, a))
+						return km_codec_rd_join(r, &sub);
+				}
+				break;
+				default:
+					known = false;
+					break;
+			}
+			if (!known)
+				m->unknown_tags.items[keep++] = t;
+		}
+		m->unknown_tags.count = keep;
 	}
 	return true;
 }
@@ -39,7 +69,19 @@ static void km_mirror_state_run_value_enc(km_wr *w, int16_t v, const km_mirror_s
 	km_wr_i64(w, m->physical_start);
 	km_wr_i64(w, m->prev_logical_end);
 	if (flex) {
-		km_codec_wr_tags(w, &m->unknown_tags, 0, UINT64_MAX, true);
+		uint32_t ntags = (uint32_t)(m->unknown_tags.count > 0 ? m->unknown_tags.count : 0);
+		const bool has_log_append_time = true && m->log_append_time != false;
+		ntags += has_log_append_time;
+		km_wr_uvarint(w, ntags);
+		km_codec_wr_tags(w, &m->unknown_tags, 0, 1, false);
+		if (has_log_append_time) {
+			size_t n = 0;
+			n += 1;
+			km_wr_uvarint(w, 0);
+			km_wr_uvarint(w, (uint32_t)n);
+			km_wr_bool(w, m->log_append_time);
+		}
+		km_codec_wr_tags(w, &m->unknown_tags, 1, UINT64_MAX, false);
 	}
 }
 
@@ -54,6 +96,12 @@ static size_t km_mirror_state_run_value_sz(int16_t v, const km_mirror_state_run_
 	if (flex) {
 		uint32_t ntags = (uint32_t)(m->unknown_tags.count > 0 ? m->unknown_tags.count : 0);
 		n += km_codec_sz_tags(&m->unknown_tags);
+		if (true && m->log_append_time != false) {
+			size_t fn = 0;
+			fn += 1;
+			n += km_sz_uvarint(0) + km_sz_uvarint((uint32_t)fn) + fn;
+			ntags++;
+		}
 		n += km_sz_uvarint(ntags);
 	}
 	return n;

@@ -2,6 +2,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kmirror/batch.h"
 #include "kmirror/msg/api_keys.h"
 #include "kmirror/msg/share_acknowledge_request.h"
 #include "kmirror/msg/share_fetch_request.h"
@@ -311,7 +312,7 @@ km_err km_share_request_translate(int16_t key, int16_t version, const uint8_t *b
 
 /* v2 record batch: baseOffset int64, batchLength int32 (what follows), ..., lastOffsetDelta int32 at 23. */
 #define KM_SHARE_BATCH_HEAD 12
-#define KM_SHARE_LAST_DELTA_AT 23
+#define KM_SHARE_LAST_DELTA_AT KM_BATCH_OFF_LAST_OFFSET_DELTA
 
 /*
  * One record batch of a mirror partition's ShareFetch records (avail bytes of it here: a batch the
@@ -325,8 +326,12 @@ km_err km_share_request_translate(int16_t key, int16_t version, const uint8_t *b
 static void share_patch_batch(const km_offmap *m, uint8_t *batch, size_t avail, int64_t ref)
 {
 	int64_t base = (int64_t)km_be64(batch), logical, delta = INT32_MAX;
+	ssize_t run = km_off_batch_run(m, base, &logical);
 
-	if (km_off_batch_logical(m, base, &logical)) {
+	if (run >= 0) {
+		/* A LogAppendTime run: the attribute back, as in Fetch (a header cut off: clients drop a partial batch). */
+		if ((m->runs[run].flags & KM_OFFRUN_LOG_APPEND_TIME) && avail >= KM_BATCH_OFF_LAST_OFFSET_DELTA)
+			(void)km_off_set_append_time(batch);
 		km_put_be64(batch, (uint64_t)logical);
 		return;
 	}

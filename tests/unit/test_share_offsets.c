@@ -19,11 +19,11 @@
  * Topic M_ID partition 0 has the map: logical [0, 40) at physical [100, 140), a hole at logical
  * [40, 50), physical [140, 200) hidden, logical 50 on at physical 200 (the open run), the tail at
  * physical 300 / logical 160 (the source ended in a hole), so the open run covers logical
- * [50, 150). Partition 1 of M_ID and topic P_ID have none.
+ * [50, 150); it was LogAppendTime at the source. Partition 1 of M_ID and topic P_ID have none.
  */
 static const km_uuid M_ID = {{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16}};
 static const km_uuid P_ID = {{9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9}};
-static km_offrun RUNS[] = {{0, 100, -1}, {50, 200, 40}};
+static km_offrun RUNS[] = {{0, 100, -1, 0}, {50, 200, 40, KM_OFFRUN_LOG_APPEND_TIME}};
 static km_offmap MAP = {RUNS, 2, 2, 300, 160};
 static const char TOPIC_M[] = "m";
 static bool ACTIVE = true;
@@ -454,7 +454,10 @@ static void test_share_fetch_response(void **state)
 			assert_int_equal(p->acquired_records.items[2].first_offset, 53);
 			assert_int_equal(p->acquired_records.items[2].last_offset, 53);
 			assert_int_equal(p->acquired_records.items[2].delivery_count, 3);
-			/* The batches are intact (the CRC does not cover baseOffset). */
+			/*
+			 * The batches are intact (the CRC does not cover baseOffset); the LogAppendTime run's
+			 * batch has its attribute back, its CRC fixed; the others are left CreateTime.
+			 */
 			{
 				km_batch_iter it;
 				km_batch bt;
@@ -462,6 +465,7 @@ static void test_share_fetch_response(void **state)
 				km_batch_iter_init(&it, p->records.p, (size_t)p->records.len);
 				while (km_batch_next(&it, &bt)) {
 					assert_int_equal(km_batch_verify_crc(bt.data, bt.size), KM_OK);
+					assert_int_equal(bt.log_append_time, n == 2);
 					n++;
 				}
 				assert_int_equal(n, 3);

@@ -656,7 +656,7 @@ km_err km_off_fetch_batch(km_fetch_walk *w, struct evbuffer *in, size_t first, v
 
 /* ---- the rows ---- */
 
-static const km_off_lookup *lookup_of(km_req *rq)
+const km_off_lookup *km_off_lookup_of(km_req *rq)
 {
 	return &km_session_host_of(rq->s)->offsets;
 }
@@ -666,7 +666,7 @@ static km_req_hook prev_produce_classify, prev_produce_request, prev_dr_classify
 static km_resp_hook prev_produce_response;
 static int16_t prev_produce_resp_from;
 
-static km_err body_of(km_req *rq, size_t *off)
+km_err km_off_body_of(km_req *rq, size_t *off)
 {
 	km_req_header full;
 	if (km_net_parse_request_header(rq->body, rq->frame_len,
@@ -689,9 +689,9 @@ static km_err set_rewritten(km_req *rq, const uint8_t *head, size_t hlen, const 
 }
 
 /* Any request of these APIs is held (whole) while some topic may have a map: then looked at. */
-static km_err off_hold_classify(km_req *rq)
+km_err km_off_hold_classify(km_req *rq)
 {
-	if (km_off_active(lookup_of(rq)))
+	if (km_off_active(km_off_lookup_of(rq)))
 		rq->action = KM_REQ_HOLD;
 	return KM_OK;
 }
@@ -706,10 +706,10 @@ static km_err fetch_request_hook(km_req *rq)
 
 	if (!km_fetch_walk_supported(rq->h->api_version))
 		return KM_OK; /* a version the walker does not know: as it came (the codec's range is the walker's) */
-	if ((rc = body_of(rq, &off)) != KM_OK)
+	if ((rc = km_off_body_of(rq, &off)) != KM_OK)
 		return rc;
 	km_wr_init(&w);
-	rc = km_off_request(KM_API_FETCH, rq->h->api_version, rq->body + off, rq->frame_len - off, lookup_of(rq), &c,
+	rc = km_off_request(KM_API_FETCH, rq->h->api_version, rq->body + off, rq->frame_len - off, km_off_lookup_of(rq), &c,
 			    &rewrote, &w);
 	if (rc != KM_OK)
 		rq->close_reason = "malformed Fetch request";
@@ -966,10 +966,10 @@ static km_err small_request_hook(km_req *rq)
 	km_wr w;
 	km_err rc;
 
-	if ((rc = body_of(rq, &off)) != KM_OK)
+	if ((rc = km_off_body_of(rq, &off)) != KM_OK)
 		return rc;
 	km_wr_init(&w);
-	rc = km_off_request(rq->h->api_key, rq->h->api_version, rq->body + off, rq->frame_len - off, lookup_of(rq), &c,
+	rc = km_off_request(rq->h->api_key, rq->h->api_version, rq->body + off, rq->frame_len - off, km_off_lookup_of(rq), &c,
 			    &rewrote, &w);
 	km_wr_free(&w);
 	if (rc != KM_OK) {
@@ -991,7 +991,7 @@ static km_err small_request_hook(km_req *rq)
 static km_err dr_classify(km_req *rq)
 {
 	km_err rc = prev_dr_classify ? prev_dr_classify(rq) : KM_OK;
-	if (rc == KM_OK && km_off_active(lookup_of(rq)))
+	if (rc == KM_OK && km_off_active(km_off_lookup_of(rq)))
 		rq->action = KM_REQ_HOLD;
 	return rc;
 }
@@ -1007,9 +1007,9 @@ static km_err dr_request(km_req *rq)
 
 	if (prev_dr_request && (rc = prev_dr_request(rq)) != KM_OK)
 		return rc;
-	if (rq->answer || !km_off_active(lookup_of(rq)))
+	if (rq->answer || !km_off_active(km_off_lookup_of(rq)))
 		return KM_OK;
-	if ((rc = body_of(rq, &off)) != KM_OK)
+	if ((rc = km_off_body_of(rq, &off)) != KM_OK)
 		return rc;
 	frame = rq->body;
 	flen = rq->frame_len;
@@ -1018,7 +1018,7 @@ static km_err dr_request(km_req *rq)
 	if (rq->rewritten)
 		flen = evbuffer_get_length(rq->rewritten);
 	km_wr_init(&w);
-	rc = km_off_request(KM_API_DELETE_RECORDS, rq->h->api_version, frame + off, flen - off, lookup_of(rq), &c,
+	rc = km_off_request(KM_API_DELETE_RECORDS, rq->h->api_version, frame + off, flen - off, km_off_lookup_of(rq), &c,
 			    &rewrote, &w);
 	if (rc == KM_OK && rewrote) {
 		/* The header is the client's (the rewritten body keeps it too). */
@@ -1050,9 +1050,9 @@ static km_err produce_classify(km_req *rq)
 	km_err rc = prev_produce_classify ? prev_produce_classify(rq) : KM_OK;
 	km_off_req *c;
 
-	if (rc != KM_OK || rq->need > rq->body_len || !rq->expect_response || !km_off_active(lookup_of(rq)))
+	if (rc != KM_OK || rq->need > rq->body_len || !rq->expect_response || !km_off_active(km_off_lookup_of(rq)))
 		return rc;
-	if (!(c = km_off_req_new(KM_API_PRODUCE, rq->h->api_version, lookup_of(rq))))
+	if (!(c = km_off_req_new(KM_API_PRODUCE, rq->h->api_version, km_off_lookup_of(rq))))
 		return KM_ERR_NOMEM;
 	if (rq->action == KM_REQ_FORWARD)
 		return wrap_response(rq, c, prev_produce_response, rq->h->api_version >= prev_produce_resp_from);
@@ -1086,13 +1086,13 @@ static const km_stream_hooks fetch_hooks = {
 };
 
 static const km_proxy_api small_rows[] = {
-	{.key = KM_API_LIST_OFFSETS, .min_version = -1, .max_version = -1, .classify = off_hold_classify,
+	{.key = KM_API_LIST_OFFSETS, .min_version = -1, .max_version = -1, .classify = km_off_hold_classify,
 	 .on_request = small_request_hook,
 	 .note = "mirror topics: offsets physical -> logical (by timestamp: a record's; earliest, latest, earliest local: "
 		 "next); a timestamp asked of a LogAppendTime run: answered later (probe + batch lookup)"},
-	{.key = KM_API_OFFSET_FOR_LEADER_EPOCH, .min_version = -1, .max_version = -1, .classify = off_hold_classify,
+	{.key = KM_API_OFFSET_FOR_LEADER_EPOCH, .min_version = -1, .max_version = -1, .classify = km_off_hold_classify,
 	 .on_request = small_request_hook, .note = "mirror topics: EndOffset physical -> logical"},
-	{.key = KM_API_DESCRIBE_PRODUCERS, .min_version = -1, .max_version = -1, .classify = off_hold_classify,
+	{.key = KM_API_DESCRIBE_PRODUCERS, .min_version = -1, .max_version = -1, .classify = km_off_hold_classify,
 	 .on_request = small_request_hook, .note = "mirror topics: CurrentTxnStartOffset physical -> logical"},
 };
 
@@ -1105,7 +1105,7 @@ km_err km_off_register(km_proxy_apis *t)
 	if (!(cur = km_proxy_apis_find(t, KM_API_FETCH)))
 		return KM_ERR_INVAL;
 	row = *cur;
-	row.classify = off_hold_classify;
+	row.classify = km_off_hold_classify;
 	row.on_request = fetch_request_hook;
 	row.stream = &fetch_hooks;
 	row.note = "v16+ responses streamed through the walker; NodeEndpoints rewritten in place; mirror topics: fetch "

@@ -31,6 +31,13 @@ typedef struct km_off_lookup {
 	void *arg;
 } km_off_lookup;
 
+/* For the rows' hooks (offsets.c, share_offsets.c): the session's lookup; where the body starts after
+ * the request header (KM_ERR_DECODE and close_reason set when it is malformed); and the classify
+ * that holds any request (whole) while some topic may have a map. */
+const km_off_lookup *km_off_lookup_of(km_req *rq);
+km_err km_off_body_of(km_req *rq, size_t *off);
+km_err km_off_hold_classify(km_req *rq);
+
 /* Pending ListOffsets answers stop reaching set (the proxy frees it; the lookups still end). */
 typedef struct km_session_set km_session_set;
 void km_off_detach(km_session_set *set);

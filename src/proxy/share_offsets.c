@@ -463,31 +463,6 @@ km_err km_share_fetch_response_translate(int16_t version, uint8_t *body, size_t 
 
 /* ---- the rows ---- */
 
-static const km_off_lookup *lookup_of(km_req *rq)
-{
-	return &km_session_host_of(rq->s)->offsets;
-}
-
-static km_err body_of(km_req *rq, size_t *off)
-{
-	km_req_header full;
-	if (km_net_parse_request_header(rq->body, rq->frame_len,
-					km_proxy_request_header_version(rq->h->api_key, rq->h->api_version), &full) != KM_OK) {
-		rq->close_reason = "malformed request header";
-		return KM_ERR_DECODE;
-	}
-	*off = full.body_offset;
-	return KM_OK;
-}
-
-/* Held (whole) while some topic may have a map, so that its acknowledgements can be translated. */
-static km_err share_classify(km_req *rq)
-{
-	if (km_off_active(lookup_of(rq)))
-		rq->action = KM_REQ_HOLD;
-	return KM_OK;
-}
-
 /*
  * The ShareFetch response: offsets first (the records patched in the frame where they are), then
  * the row's NodeEndpoints rewriter over the result, so that the endpoints are done in one place.
@@ -526,7 +501,7 @@ static km_err share_fetch_response_hook(km_resp *rs)
 
 static km_err share_request_hook(km_req *rq)
 {
-	const km_off_lookup *lk = lookup_of(rq);
+	const km_off_lookup *lk = km_off_lookup_of(rq);
 	bool changed = false;
 	size_t off;
 	km_wr w;
@@ -534,7 +509,7 @@ static km_err share_request_hook(km_req *rq)
 
 	if (!km_off_active(lk))
 		return KM_OK;
-	if ((rc = body_of(rq, &off)) != KM_OK)
+	if ((rc = km_off_body_of(rq, &off)) != KM_OK)
 		return rc;
 	km_wr_init(&w);
 	rc = km_share_request_translate(rq->h->api_key, rq->h->api_version, rq->body + off, rq->frame_len - off, lk,
@@ -586,7 +561,7 @@ km_err km_share_off_register(km_proxy_apis *t)
 		if (!cur)
 			return KM_ERR_INVAL;
 		row = *cur;
-		row.classify = share_classify;
+		row.classify = km_off_hold_classify;
 		row.on_request = share_request_hook;
 		row.note = rows[i].note;
 		if ((rc = km_proxy_apis_set(t, &row)) != KM_OK)

@@ -140,6 +140,7 @@ typedef struct km_mirror_options {
 	char *acl_include;                    /* mirror.acl.include */
 	int64_t fetch_max_bytes;              /* mirror.fetch.max.bytes */
 	int64_t fetch_partition_max_bytes;    /* mirror.fetch.partition.max.bytes */
+	bool fetch_sessions;                  /* mirror.fetch.sessions */
 	int64_t throttle_bytes_per_sec;       /* mirror.replication.throttled.rate, 0: unlimited */
 	char *start_offset;                   /* mirror.start.offset: earliest, latest or a timestamp (ms) */
 	char *topics_include;                 /* mirror.topics.include (regex), NULL: none */

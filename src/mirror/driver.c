@@ -241,9 +241,12 @@ static void make_families(km_mirror *mi, km_metrics *reg)
 		 .type = KM_METRIC_COUNTER, .labels = PART_LABELS, .max_series = PART_SERIES},
 		{.name = "kmirror_mirror_errors_total", .help = "Errors on the partition's fetches and writes (each one reconciles, retries or fails it).",
 		 .type = KM_METRIC_COUNTER, .labels = PART_LABELS, .max_series = PART_SERIES},
+		{.name = "kmirror_mirror_fetch_requests_total",
+		 .help = "Fetch requests sent to the source: full ones (every partition named) and incremental ones (a fetch session's changes only).",
+		 .type = KM_METRIC_COUNTER, .labels = {"mirror", "kind", NULL}, .max_series = 20000},
 	};
 	km_metric_family **f[] = {&mi->fam.records, &mi->fam.bytes, &mi->fam.batches, &mi->fam.lag,
-				  &mi->fam.lag_ms, &mi->fam.skipped, &mi->fam.errors};
+				  &mi->fam.lag_ms, &mi->fam.skipped, &mi->fam.errors, &mi->fam.fetches};
 	for (size_t i = 0; i < sizeof(d) / sizeof(d[0]); i++)
 		*f[i] = km_metrics_family(reg, &d[i]);
 }

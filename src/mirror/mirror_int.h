@@ -85,6 +85,7 @@ void km_mirror_topics_shutdown(km_mirror *mi);
 /* The per-partition metric families (NULL without a registry): series by pointer into each partition. */
 typedef struct km_mirror_families {
 	km_metric_family *records, *bytes, *batches, *lag, *lag_ms, *skipped, *errors;
+	km_metric_family *fetches; /* per mirror: {mirror, kind} */
 } km_mirror_families;
 const km_mirror_families *km_mirror_metric_families(km_mirror *mi);
 

@@ -137,6 +137,9 @@ typedef struct mpart {
 	uint64_t lag, lag_ms;   /* gauges, set on every fetch answer */
 	uint64_t fetch_seq;     /* the Fetch it is in (fetch_ctx.seq) */
 	bool taken;             /* its data in the current answer was taken (a partition listed twice is not) */
+	int32_t sess_node;      /* the source broker whose fetch session holds it, -1: none */
+	int64_t sess_offset;    /* what that session holds for it: fetch offset, size, leader epoch */
+	int32_t sess_max, sess_lepoch;
 	int64_t source_end;     /* the source's high watermark as last fetched; -1: not known */
 	int64_t newest_ts;      /* max timestamp of the last batch written */
 	bool metrics;           /* its series are registered */
@@ -155,6 +158,7 @@ typedef struct mnode_io {
 	int32_t id;
 	bool fetching;
 	int produce_inflight;
+	int32_t sess_id, sess_epoch; /* the source broker's fetch session (KIP-227); id 0: none */
 } mnode_io;
 
 struct km_pipeline {
@@ -176,6 +180,8 @@ struct km_pipeline {
 	uint64_t pid_gen; /* bumps with every producer id obtained */
 	uint64_t fetch_seq;
 	int64_t fetch_max_bytes, part_max_bytes;
+	bool sessions;                      /* mirror.fetch.sessions */
+	uint64_t fetch_full, fetch_incremental; /* Fetch requests sent, by kind (kmirror_mirror_fetch_requests_total) */
 	char start_mode[32];
 	int64_t options_at;
 	int64_t meta_interval; /* mirror.metadata.refresh.interval.ms: leaders, partition counts */
@@ -331,6 +337,7 @@ static mpart *part_get(km_pipeline *pl, mtopic *t, int32_t id, bool create)
 	p->src_ls = p->dst_ls = -1;
 	p->pid = -1;
 	p->source_end = -1;
+	p->sess_node = -1;
 	t->parts[id] = p;
 	register_series(pl, p);
 	return p;
@@ -929,6 +936,7 @@ typedef struct fetch_ctx {
 	mpart **parts;
 	size_t n;
 	uint64_t seq; /* stamped on its partitions: an answer for a partition it did not ask for is ignored */
+	bool full, sessions; /* a full request (opening a session when sessions is set) */
 } fetch_ctx;
 
 /* Runs the plan of one partition's fetched batches asked for, collected over a response. */
@@ -1244,6 +1252,44 @@ static bool frame_prefix(struct evbuffer *body, int16_t ver)
 	return evbuffer_prepend(body, pre, n) == 0;
 }
 
+static void session_reset(km_pipeline *pl, int32_t node);
+
+/*
+ * The session part of a Fetch answer (v7+: ThrottleTimeMs, ErrorCode, SessionId first): a full
+ * request's answer opens the session (id 0: the broker keeps none, the next request is full again),
+ * an incremental one moves the epoch on. An error (FETCH_SESSION_ID_NOT_FOUND after an eviction or
+ * a broker restart, INVALID_FETCH_SESSION_EPOCH) drops the session: false, nothing to take.
+ */
+static bool take_session(km_pipeline *pl, const fetch_ctx *fc, struct evbuffer *body)
+{
+	mnode_io *io = node_io(&pl->sio, &pl->nsio, fc->node);
+	uint8_t h[10];
+	int16_t code;
+	int32_t id;
+
+	if (!io || evbuffer_copyout(body, h, sizeof(h)) != (ev_ssize_t)sizeof(h)) {
+		session_reset(pl, fc->node);
+		return true; /* the walk finds what is wrong */
+	}
+	code = (int16_t)km_be16(h + 4);
+	id = (int32_t)km_be32(h + 6);
+	if (code) {
+		KM_INFO(COMP, 0, "%s: source broker %d answered the fetch session %d with %s: a new session follows",
+			pl->name, (int)fc->node, (int)io->sess_id, km_err_name((km_err)code));
+		session_reset(pl, fc->node);
+		return false;
+	}
+	if (fc->full) {
+		io->sess_id = id;
+		io->sess_epoch = 1;
+		if (id)
+			KM_DEBUG(COMP, 0, "%s: fetch session %d with source broker %d", pl->name, (int)id, (int)fc->node);
+	} else {
+		io->sess_epoch = io->sess_epoch == INT32_MAX ? 1 : io->sess_epoch + 1;
+	}
+	return true;
+}
+
 static void on_fetch(km_net_client *c, km_err err, struct evbuffer *body, void *arg)
 {
 	req_ctx *x = arg;
@@ -1277,8 +1323,13 @@ static void on_fetch(km_net_client *c, km_err err, struct evbuffer *body, void *
 		KM_WARN(COMP, 0, "%s: Fetch from source broker %d failed: %s", pl->name, (int)fc->node, km_err_name(err));
 		km_mcluster_drop(pl->src, c);
 		pl->src_meta_need = true;
+		session_reset(pl, fc->node);
 		if (body)
 			evbuffer_free(body);
+		goto out;
+	}
+	if (fc->sessions && !take_session(pl, fc, body)) {
+		evbuffer_free(body);
 		goto out;
 	}
 	resp = calloc(1, sizeof(*resp));
@@ -1425,6 +1476,35 @@ static bool fetchable(const mpart *p, int64_t now)
 	       p->src_leader >= 0 && p->pid >= 0 && !p->head && !p->inflight;
 }
 
+/* In the mirror's pipeline, whether or not it can be fetched now: a session keeps it (docs/mirror.md, "Fetch sessions"). */
+static bool session_member(const mpart *p, int32_t node)
+{
+	return p->state == KM_MP_MIRRORING && !p->settling && p->src_leader == node && p->pid >= 0 && p->fetch_logical >= 0;
+}
+
+/* Forget node's fetch session: the next Fetch to it is a full one (a new session). */
+static void session_reset(km_pipeline *pl, int32_t node)
+{
+	mnode_io *io = node_io(&pl->sio, &pl->nsio, node);
+	if (io) {
+		io->sess_id = 0;
+		io->sess_epoch = 0;
+	}
+	for (size_t i = 0; i < pl->ntopics; i++)
+		for (int32_t j = 0; j < pl->topics[i]->nparts; j++)
+			if (pl->topics[i]->parts[j] && pl->topics[i]->parts[j]->sess_node == node)
+				pl->topics[i]->parts[j]->sess_node = -1;
+}
+
+/*
+ * One Fetch to source broker node. With a fetch session (KIP-227, Fetch v7+) the request names only
+ * what changed since the last one: a partition new to the session, or whose fetch offset, size or
+ * leader epoch differs from what the broker holds; partitions that left (paused, stopped, moved to
+ * another leader) are forgotten. A partition still writing its last batches stays in the session
+ * with a size of 0, so the broker keeps it without sending its data again (a batch it sends anyway
+ * is dropped: the partition does not take data then). The answer is taken only by the partitions
+ * that were ready when it was sent, and each of those was sent, or left, at its fetch offset.
+ */
 static void send_fetch(km_pipeline *pl, int32_t node, int64_t now)
 {
 	km_net_client *c = km_mcluster_node(pl->src, node);
@@ -1432,9 +1512,12 @@ static void send_fetch(km_pipeline *pl, int32_t node, int64_t now)
 	km_fetch_request m;
 	km_fetch_request_fetch_topic *ft = NULL;
 	km_fetch_request_fetch_partition *fp = NULL;
+	km_fetch_request_forgotten_topic *fg = NULL;
+	int32_t *fgp = NULL;
 	fetch_ctx *fc = NULL;
 	req_ctx *x;
-	size_t np = 0, nt = 0, total = 0;
+	size_t np = 0, nt = 0, nf = 0, nfp = 0, nready = 0, total = 0;
+	bool sessions, full;
 	km_net_request rq;
 	km_net_piece pc;
 	km_wr w;
@@ -1453,17 +1536,29 @@ static void send_fetch(km_pipeline *pl, int32_t node, int64_t now)
 			 FETCH_HI);
 		return;
 	}
+	sessions = ver >= 7 && pl->sessions;
+	full = !sessions || io->sess_id == 0;
+	if (full)
+		session_reset(pl, node);
+	io = node_io(&pl->sio, &pl->nsio, node);
 	for (size_t i = 0; i < pl->ntopics; i++)
-		for (int32_t j = 0; j < pl->topics[i]->nparts; j++)
-			if (pl->topics[i]->parts[j] && fetchable(pl->topics[i]->parts[j], now) &&
-			    pl->topics[i]->parts[j]->src_leader == node)
+		for (int32_t j = 0; j < pl->topics[i]->nparts; j++) {
+			mpart *p = pl->topics[i]->parts[j];
+			if (!p)
+				continue;
+			if (fetchable(p, now) && p->src_leader == node)
+				nready++;
+			if (p->src_leader == node || p->sess_node == node)
 				total++;
-	if (!total)
-		return;
+		}
+	if (!nready)
+		return; /* nothing to read: the session waits as it is */
 	fc = calloc(1, sizeof(*fc));
 	ft = calloc(pl->ntopics, sizeof(*ft));
 	fp = calloc(total, sizeof(*fp));
-	if (!fc || !ft || !fp || !(fc->parts = calloc(total, sizeof(*fc->parts))))
+	fg = calloc(pl->ntopics, sizeof(*fg));
+	fgp = calloc(total, sizeof(*fgp));
+	if (!fc || !ft || !fp || !fg || !fgp || !(fc->parts = calloc(nready, sizeof(*fc->parts))))
 		goto fail;
 	km_fetch_request_init(&m);
 	m.replica_id = -1;
@@ -1471,40 +1566,78 @@ static void send_fetch(km_pipeline *pl, int32_t node, int64_t now)
 	m.min_bytes = 1;
 	m.max_bytes = (int32_t)pl->fetch_max_bytes;
 	m.isolation_level = 0;
-	m.session_id = 0;
-	m.session_epoch = -1;
+	/* A full request opens a session (id 0, epoch 0) where sessions are used, else none (epoch -1). */
+	m.session_id = full ? 0 : io->sess_id;
+	m.session_epoch = !sessions ? -1 : full ? 0 : io->sess_epoch;
 	for (size_t i = 0; i < pl->ntopics; i++) {
 		mtopic *t = pl->topics[i];
-		size_t first = np;
+		size_t first = np, ffirst = nfp;
 		for (int32_t j = 0; j < t->nparts; j++) {
 			mpart *p = t->parts[j];
-			if (!p || !fetchable(p, now) || p->src_leader != node)
+			bool ready, member;
+			int64_t off;
+			int32_t max;
+			if (!p)
 				continue;
+			ready = fetchable(p, now) && p->src_leader == node;
+			member = sessions && session_member(p, node);
+			if (!ready && !member) {
+				if (p->sess_node == node) {
+					fgp[nfp++] = p->id; /* it left the session */
+					p->sess_node = -1;
+				}
+				continue;
+			}
+			if (ready) {
+				fc->parts[fc->n++] = p;
+				p->fetch_seq = pl->fetch_seq + 1;
+				p->phase = PH_FETCHING;
+			}
+			off = ready || p->sess_node != node ? p->fetch_logical : p->sess_offset;
+			max = ready ? (int32_t)pl->part_max_bytes : 0;
+			if (off < 0)
+				off = 0; /* a member not started yet: no data is taken before it is ready */
+			if (!full && p->sess_node == node && p->sess_offset == off && p->sess_max == max &&
+			    p->sess_lepoch == p->src_epoch)
+				continue; /* the broker holds it as it is */
 			km_fetch_request_fetch_partition_init(&fp[np]);
 			fp[np].partition = p->id;
 			fp[np].current_leader_epoch = p->src_epoch;
-			fp[np].fetch_offset = p->fetch_logical;
+			fp[np].fetch_offset = off;
 			fp[np].log_start_offset = -1;
 			fp[np].last_fetched_epoch = -1;
-			fp[np].partition_max_bytes = (int32_t)pl->part_max_bytes;
-			fc->parts[np] = p;
-			p->fetch_seq = pl->fetch_seq + 1;
-			p->phase = PH_FETCHING;
+			fp[np].partition_max_bytes = max;
 			np++;
+			if (sessions) {
+				p->sess_node = node;
+				p->sess_offset = off;
+				p->sess_max = max;
+				p->sess_lepoch = p->src_epoch;
+			}
 		}
-		if (np == first)
-			continue;
-		km_fetch_request_fetch_topic_init(&ft[nt]);
-		ft[nt].topic = km_str_c(t->name);
-		ft[nt].partitions.items = &fp[first];
-		ft[nt].partitions.count = (int32_t)(np - first);
-		nt++;
+		if (np > first) {
+			km_fetch_request_fetch_topic_init(&ft[nt]);
+			ft[nt].topic = km_str_c(t->name);
+			ft[nt].partitions.items = &fp[first];
+			ft[nt].partitions.count = (int32_t)(np - first);
+			nt++;
+		}
+		if (nfp > ffirst) {
+			km_fetch_request_forgotten_topic_init(&fg[nf]);
+			fg[nf].topic = km_str_c(t->name);
+			fg[nf].partitions.items = &fgp[ffirst];
+			fg[nf].partitions.count = (int32_t)(nfp - ffirst);
+			nf++;
+		}
 	}
 	m.topics.items = ft;
 	m.topics.count = (int32_t)nt;
-	fc->n = np;
+	m.forgotten_topics_data.items = fg;
+	m.forgotten_topics_data.count = (int32_t)nf;
 	fc->node = node;
 	fc->seq = ++pl->fetch_seq;
+	fc->full = full;
+	fc->sessions = sessions;
 	km_wr_init(&w);
 	km_fetch_request_encode(&w, ver, &m);
 	x = ctx_new(pl, pl->src, node, ver);
@@ -1529,18 +1662,27 @@ static void send_fetch(km_pipeline *pl, int32_t node, int64_t now)
 	}
 	km_wr_free(&w);
 	io->fetching = true;
+	if (full)
+		pl->fetch_full++;
+	else
+		pl->fetch_incremental++;
 	free(ft);
 	free(fp);
+	free(fg);
+	free(fgp);
 	return;
 unfetch:
-	for (size_t i = 0; i < np; i++)
+	for (size_t i = 0; i < fc->n; i++)
 		fc->parts[i]->phase = PH_READY;
+	session_reset(pl, node); /* what the broker holds is not known now */
 fail:
 	if (fc)
 		free(fc->parts);
 	free(fc);
 	free(ft);
 	free(fp);
+	free(fg);
+	free(fgp);
 }
 
 /* ---- produce ---- */
@@ -2267,6 +2409,7 @@ static void take_options(km_pipeline *pl, const km_mirror_options *mo)
 	/* What a mirror holds at most: two responses' worth (one being written, one arriving). */
 	pl->held_cap = (size_t)mo->fetch_max_bytes * 2;
 	pl->part_max_bytes = mo->fetch_partition_max_bytes;
+	pl->sessions = mo->fetch_sessions;
 	pl->rate = mo->throttle_bytes_per_sec;
 	pl->meta_interval = mo->metadata_refresh_interval_ms;
 	snprintf(pl->start_mode, sizeof(pl->start_mode), "%s", mo->start_offset ? mo->start_offset : "earliest");
@@ -2314,6 +2457,14 @@ km_pipeline *km_pipeline_new(km_mirror *mi, const char *mirror)
 	}
 	km_opt_free(km_state_mirror_option_table(), &mo);
 	pl->pid_want = true;
+	{
+		/* Pipelines live as long as the module (the series point into them). */
+		km_metric_family *f = km_mirror_metric_families(mi)->fetches;
+		const char *full[] = {pl->name, "full"}, *incr[] = {pl->name, "incremental"};
+		if (f && (!km_metric_series_ptr(f, full, &pl->fetch_full) ||
+			  !km_metric_series_ptr(f, incr, &pl->fetch_incremental)))
+			KM_DEBUG(COMP, 0, "mirror %s: a metric series was not kept (the family is full)", mirror);
+	}
 	return pl;
 fail:
 	km_pipeline_free(pl);

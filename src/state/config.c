@@ -24,6 +24,10 @@ static const km_option mirror_options[] = {
 	{.name = "mirror.fetch.partition.max.bytes", .type = KM_OPT_INT, .offset = OFF(fetch_partition_max_bytes),
 	 .def = "10485760", .min = 1024, .max = INT32_MAX, .reloadable = true,
 	 .doc = "PartitionMaxBytes of the mirror's Fetch requests to the source."},
+	{.name = "mirror.fetch.sessions", .type = KM_OPT_BOOL, .offset = OFF(fetch_sessions), .def = "true",
+	 .reloadable = true,
+	 .doc = "Incremental fetch sessions (KIP-227) with each source broker from Kafka 1.1 on: a Fetch names only "
+		"the partitions that changed. false: every Fetch names every partition."},
 	{.name = "mirror.replication.throttled.rate", .type = KM_OPT_INT, .offset = OFF(throttle_bytes_per_sec),
 	 .def = "0", .min = 0, .max = I64MAX, .reloadable = true,
 	 .doc = "Bytes per second the mirror fetches from the source at most, all its topics together; 0: unlimited."},

@@ -639,6 +639,60 @@ def test_mirror_log_append_time(mirror_env):
 
 
 # ---------------------------------------------------------------------------------------------
+# Fetch sessions (KIP-227)
+
+def fetch_requests(env):
+    """{kind: Fetch requests the mirror sent} from /metrics."""
+    out = {"full": 0.0, "incremental": 0.0}
+    for k, v in env.proxy.metrics().items():
+        if k.startswith("kmirror_mirror_fetch_requests_total") and f'mirror="{env.mirror}"' in k:
+            out["full" if 'kind="full"' in k else "incremental"] += v
+    return out
+
+
+def test_mirror_fetch_sessions(mirror_env):
+    """The mirror fetches in sessions: after the first full Fetch every one is incremental, while
+    partitions come and go (a pause of some, a resume) and every record still arrives exactly; with
+    mirror.fetch.sessions=false every Fetch is full again."""
+    env = mirror_env
+    topic = unique("sess")
+    parts = 6
+    env.source_topic(topic, partitions=parts)
+    produce_records(env.sb, topic, 3000, "lz4", partitions=parts)
+    before = fetch_requests(env)
+    env.start(topic)
+    produce_records(env.sb, topic, 3000, "lz4", start=3000, partitions=parts)
+    env.caught_up(topic, parts)
+    # Partitions leave the session (paused) and come back (resumed) while data flows.
+    env.cli.run("pause", "--mirror", env.mirror, "--topics", topic)
+    wait_states(env.cli, env.mirror, {topic: "PAUSED"}, timeout=60)
+    produce_records(env.sb, topic, 2000, "lz4", start=6000, partitions=parts)
+    env.cli.run("resume", "--mirror", env.mirror, "--topics", topic)
+    wait_states(env.cli, env.mirror, {topic: "MIRRORING"}, timeout=60)
+    marks = env.caught_up(topic, parts)
+    mid = fetch_requests(env)
+    full, incr = mid["full"] - before["full"], mid["incremental"] - before["incremental"]
+    progress(f"{topic}: {full:.0f} full and {incr:.0f} incremental Fetch requests")
+    assert incr >= 10 and incr > 5 * full, (before, mid)
+    total, _ = compare_topic(env.pb, env.sb, topic, parts, marks)
+    assert total == 8000
+    env.cli.run("alter", "--mirror", env.mirror, "--config", "mirror.fetch.sessions=false")
+    try:
+        time.sleep(2.5)  # the pipeline reads its options every second
+        start = fetch_requests(env)
+        produce_records(env.sb, topic, 2000, "lz4", start=8000, partitions=parts)
+        marks = env.caught_up(topic, parts)
+        end = fetch_requests(env)
+        assert end["incremental"] == start["incremental"], (start, end)
+        assert end["full"] > start["full"], (start, end)
+    finally:
+        env.cli.run("alter", "--mirror", env.mirror, "--config", "mirror.fetch.sessions=true")
+    total, _ = compare_topic(env.pb, env.sb, topic, parts, marks)
+    assert total == 10000
+    assert_segments_exact(env.source, env.dest, topic, parts)
+
+
+# ---------------------------------------------------------------------------------------------
 # kill -9 during mirroring under load
 
 def test_mirror_kill9(mirror_env):

@@ -265,6 +265,8 @@ km_err km_net_client_send(km_net_client *c, int16_t api_key, int16_t api_version
 	__attribute__((warn_unused_result));
 /* The consumer of a streamed response is done with n delivered bytes: reading resumes under the cap. */
 void km_net_client_release(km_net_client *c, size_t n);
+/* Inside an on_stream call: the whole body's size of the response being streamed (its frame less the header). */
+size_t km_net_client_stream_size(const km_net_client *c);
 
 /* Highest version of api_key both the broker and the codec support; -1 when none (or not negotiated yet). */
 int16_t km_net_client_version(const km_net_client *c, int16_t api_key);

@@ -931,19 +931,38 @@ static void after_start(km_pipeline *pl, mpart *p, int64_t off, bool jump)
 
 /* ---- fetch ---- */
 
-typedef struct fetch_ctx {
-	int32_t node;
-	mpart **parts;
-	size_t n;
-	uint64_t seq; /* stamped on its partitions: an answer for a partition it did not ask for is ignored */
-	bool full, sessions; /* a full request (opening a session when sessions is set) */
-} fetch_ctx;
+typedef struct fetch_ctx fetch_ctx;
 
 /* Runs the plan of one partition's fetched batches asked for, collected over a response. */
 typedef struct runs_acc {
 	km_state_run *runs;
 	size_t n, cap;
 } runs_acc;
+
+/* One Fetch and its answer as it streams in (on_fetch_stream). */
+struct fetch_ctx {
+	km_pipeline *pl;
+	int32_t node;
+	mpart **parts; /* the partitions it was sent for (ready then) */
+	size_t n;
+	uint64_t seq; /* stamped on its partitions: an answer for a partition it did not ask for is ignored */
+	bool full, sessions; /* a full request (opening a session when sessions is set) */
+	/* the answer */
+	mresp *resp;         /* NULL until its first bytes */
+	size_t pre;          /* the size prefix and header put in front of the body */
+	km_fetch_walk w;
+	bool session_done, dropped, bad, ended;
+	mpart *cur;          /* the partition whose batches are being taken */
+	size_t cur_runs;     /* ra.n when it started: more means it starts runs */
+	bool pend;           /* the walk stopped at a batch whose bytes are not all here yet */
+	size_t pend_off, pend_size;
+	struct evbuffer_ptr cursor;
+	size_t cur_off;
+	bool cur_valid;
+	runs_acc ra;         /* the runs the answer's batches start */
+	mpart **later;       /* partitions that wait for them to be persisted */
+	size_t nlater;
+};
 
 static bool runs_push(runs_acc *ra, const km_state_run *r)
 {
@@ -1243,36 +1262,23 @@ static void handle_fetch_error(km_pipeline *pl, mpart *p, int16_t code)
 	}
 }
 
-/* The fetch walker reads a frame with its size prefix and response header: give it one. */
-static bool frame_prefix(struct evbuffer *body, int16_t ver)
-{
-	uint8_t pre[9] = {0};
-	size_t n = ver >= 12 ? 9 : 8;
-	km_put_be32(pre, (uint32_t)(evbuffer_get_length(body) + n - 4));
-	return evbuffer_prepend(body, pre, n) == 0;
-}
-
 static void session_reset(km_pipeline *pl, int32_t node);
 
 /*
- * The session part of a Fetch answer (v7+: ThrottleTimeMs, ErrorCode, SessionId first): a full
- * request's answer opens the session (id 0: the broker keeps none, the next request is full again),
- * an incremental one moves the epoch on. An error (FETCH_SESSION_ID_NOT_FOUND after an eviction or
- * a broker restart, INVALID_FETCH_SESSION_EPOCH) drops the session: false, nothing to take.
+ * The session part of a Fetch answer (v7+: ThrottleTimeMs, ErrorCode, SessionId first, in h): a
+ * full request's answer opens the session (id 0: the broker keeps none, the next request is full
+ * again), an incremental one moves the epoch on. An error (FETCH_SESSION_ID_NOT_FOUND after an
+ * eviction or a broker restart, INVALID_FETCH_SESSION_EPOCH) drops the session: false, nothing to
+ * take.
  */
-static bool take_session(km_pipeline *pl, const fetch_ctx *fc, struct evbuffer *body)
+static bool take_session(km_pipeline *pl, const fetch_ctx *fc, const uint8_t h[10])
 {
 	mnode_io *io = node_io(&pl->sio, &pl->nsio, fc->node);
-	uint8_t h[10];
-	int16_t code;
-	int32_t id;
+	int16_t code = (int16_t)km_be16(h + 4);
+	int32_t id = (int32_t)km_be32(h + 6);
 
-	if (!io || evbuffer_copyout(body, h, sizeof(h)) != (ev_ssize_t)sizeof(h)) {
-		session_reset(pl, fc->node);
-		return true; /* the walk finds what is wrong */
-	}
-	code = (int16_t)km_be16(h + 4);
-	id = (int32_t)km_be32(h + 6);
+	if (!io)
+		return false;
 	if (code) {
 		KM_INFO(COMP, 0, "%s: source broker %d answered the fetch session %d with %s: a new session follows",
 			pl->name, (int)fc->node, (int)io->sess_id, km_err_name((km_err)code));
@@ -1290,184 +1296,271 @@ static bool take_session(km_pipeline *pl, const fetch_ctx *fc, struct evbuffer *
 	return true;
 }
 
-static void on_fetch(km_net_client *c, km_err err, struct evbuffer *body, void *arg)
+/*
+ * A partition's part of the answer is all here: its batches go to the destination now, unless
+ * they start runs, which wait for the answer's end (one store write for all of them).
+ */
+static void finish_part(fetch_ctx *fc, mpart *p, size_t runs_before)
+{
+	km_pipeline *pl = fc->pl;
+
+	if (!p || p->phase != PH_FETCHING)
+		return; /* failed or moved meanwhile */
+	if (fc->ra.n > runs_before) {
+		p->phase = PH_RUNS;
+		fc->later[fc->nlater++] = p;
+		return;
+	}
+	p->phase = p->head ? PH_WRITING : PH_READY;
+	if (!p->head && !p->inflight && p->fetch_logical > p->acked_logical) {
+		/* Only holes came (markers, emptied batches): the tail moves past them. */
+		p->acked_logical = p->fetch_logical;
+		set_tail(pl, p, true);
+	}
+	if (p->head)
+		tick_soon(pl); /* written while the rest of the answer arrives */
+}
+
+/* The batch the walk stopped at, now that its bytes are all here. */
+static void take_pending(fetch_ctx *fc)
+{
+	km_pipeline *pl = fc->pl;
+	struct evbuffer *buf = fc->resp->buf;
+	uint8_t h[KM_BATCH_HEADER_SIZE];
+	struct evbuffer_ptr ptr;
+	const char *fail = NULL;
+	km_err rc;
+
+	fc->pend = false;
+	if (fc->cur && fc->cur->phase != PH_FETCHING)
+		fc->cur = NULL; /* reconciled or failed between two parts of the answer: the rest is not taken */
+	if (!fc->cur)
+		return;
+	/* A cursor moved forward batch by batch: each costs only the chains it crosses. */
+	if (fc->cur_valid && fc->pend_off >= fc->cur_off)
+		rc = evbuffer_ptr_set(buf, &fc->cursor, fc->pend_off - fc->cur_off, EVBUFFER_PTR_ADD) ? KM_ERR_DECODE : KM_OK;
+	else
+		rc = evbuffer_ptr_set(buf, &fc->cursor, fc->pend_off, EVBUFFER_PTR_SET) ? KM_ERR_DECODE : KM_OK;
+	fc->cur_valid = rc == KM_OK;
+	fc->cur_off = fc->pend_off;
+	ptr = fc->cursor;
+	if (rc != KM_OK || evbuffer_copyout_from(buf, &ptr, h, sizeof(h)) != (ev_ssize_t)sizeof(h)) {
+		fc->bad = true;
+		return;
+	}
+	rc = take_batch(pl, fc->cur, fc->resp, &fc->cursor, fc->pend_size, h, &fc->ra, &fail);
+	if (rc != KM_OK) {
+		fail_part(pl, fc->cur, fail ? fail : km_err_name(rc));
+		fc->cur = NULL;
+	}
+}
+
+/* Walk what has arrived of the answer, as far as it goes. */
+static void walk_answer(fetch_ctx *fc)
+{
+	km_pipeline *pl = fc->pl;
+	struct evbuffer *buf = fc->resp->buf;
+
+	while (!fc->bad && !fc->ended) {
+		km_fw_event ev;
+		if (fc->pend) {
+			if (fc->pend_off + fc->pend_size > evbuffer_get_length(buf))
+				return; /* its bytes are still coming */
+			take_pending(fc);
+			continue;
+		}
+		ev = km_fetch_walk_next(&fc->w, buf, 0);
+		if (ev == KM_FW_NEED_MORE)
+			return;
+		if (ev == KM_FW_ERROR) {
+			fc->bad = true;
+			return;
+		}
+		if (ev == KM_FW_END) {
+			finish_part(fc, fc->cur, fc->cur_runs);
+			fc->cur = NULL;
+			fc->ended = true;
+			return;
+		}
+		if (ev == KM_FW_PARTITION) {
+			const km_fetch_part *fp = &fc->w.part;
+			mtopic *t = topic_get(pl, fp->topic, false);
+			mpart *p = t ? part_get(pl, t, fp->partition, false) : NULL;
+			finish_part(fc, fc->cur, fc->cur_runs);
+			fc->cur = NULL;
+			if (!p || p->phase != PH_FETCHING || p->fetch_seq != fc->seq || p->taken)
+				continue; /* not asked for here, listed twice, or failed meanwhile: dropped */
+			/* It stays FETCHING while its batches arrive: nothing else moves it meanwhile. */
+			p->taken = true;
+			if (fp->error_code) {
+				handle_fetch_error(pl, p, fp->error_code);
+				continue;
+			}
+			km_state_partition_progress(km_mirror_store(pl->mi), p->t->name, p->id, fp->high_watermark, -1);
+			p->source_end = fp->high_watermark;
+			if (fp->log_start_offset >= 0)
+				p->src_ls = fp->log_start_offset;
+			update_lag(p, now_ms());
+			p->backoff_ms = 0;
+			fc->cur = p;
+			fc->cur_runs = fc->ra.n;
+			fc->w.descend = true;
+			continue;
+		}
+		if (ev == KM_FW_BATCH && fc->cur) {
+			size_t size = KM_BATCH_LOG_OVERHEAD + (size_t)(fc->w.batch.length > 0 ? fc->w.batch.length : 0);
+			if (fc->w.batch.partial)
+				continue; /* cut by the fetch size: the next fetch starts at it */
+			if (size < KM_BATCH_HEADER_SIZE) {
+				fail_part(pl, fc->cur, "the source sent a record batch too short for its header");
+				fc->cur = NULL;
+				continue;
+			}
+			fc->pend = true;
+			fc->pend_off = fc->w.batch.off;
+			fc->pend_size = size;
+		}
+	}
+}
+
+static void fetch_ctx_free(fetch_ctx *fc)
+{
+	if (fc->resp)
+		resp_unref(fc->resp);
+	free(fc->ra.runs);
+	free(fc->later);
+	free(fc->parts);
+	free(fc);
+}
+
+/* The answer is in (or failed): partitions with new runs persist them, the others it left are ready again. */
+static void end_answer(fetch_ctx *fc, bool failed)
+{
+	km_pipeline *pl = fc->pl;
+	mnode_io *io = node_io(&pl->sio, &pl->nsio, fc->node);
+
+	if (io)
+		io->fetching = false;
+	if (!failed && !fc->dropped && (fc->bad || !fc->ended))
+		KM_WARN(COMP, 0, "%s: undecodable Fetch response from source broker %d", pl->name, (int)fc->node);
+	/* The batches taken are whole and stay good when the rest of the answer is lost. */
+	if (!fc->ended)
+		finish_part(fc, fc->cur, fc->cur_runs);
+	for (size_t i = 0; i < fc->n; i++) {
+		fc->parts[i]->taken = false;
+		if (fc->parts[i]->phase == PH_FETCHING && fc->parts[i]->fetch_seq == fc->seq)
+			fc->parts[i]->phase = PH_READY; /* nothing for it in this answer */
+	}
+	if (fc->nlater) {
+		runs_ctx *rc = calloc(1, sizeof(*rc));
+		size_t keep = 0;
+		/* Only the runs of partitions still waiting for them (one reconciled meanwhile starts over). */
+		for (size_t i = 0; i < fc->ra.n; i++)
+			for (size_t k = 0; k < fc->nlater; k++)
+				if (fc->later[k]->phase == PH_RUNS && fc->later[k]->id == fc->ra.runs[i].partition &&
+				    fc->later[k]->t->name == fc->ra.runs[i].topic) {
+					fc->ra.runs[keep++] = fc->ra.runs[i];
+					break;
+				}
+		fc->ra.n = keep;
+		if (rc && !keep) {
+			free(rc);
+		} else if (rc) {
+			rc->pl = pl;
+			rc->parts = fc->later;
+			rc->n = fc->nlater;
+			fc->later = NULL;
+			km_state_runs_write(km_mirror_store(pl->mi), pl->name, fc->ra.runs, fc->ra.n, on_runs, rc);
+		} else {
+			for (size_t i = 0; i < fc->nlater; i++)
+				reconcile(pl, fc->later[i], "out of memory");
+		}
+	}
+	fetch_ctx_free(fc);
+	tick_soon(pl);
+}
+
+/*
+ * The Fetch answer as it arrives (KM_NET_STREAM): its bytes are moved, not copied, onto the end of
+ * one evbuffer (the frame as the walker reads it, behind a size prefix and header of our own) and
+ * released to the client at once (the pipeline bounds what it holds itself, held_cap). Each batch
+ * is taken as soon as its bytes are all there; a partition's batches go to the destination as soon
+ * as the partition's part of the answer is in, while the rest still arrives.
+ */
+static void on_fetch_stream(km_net_client *c, km_err err, struct evbuffer *chunk, size_t off, bool last, void *arg)
 {
 	req_ctx *x = arg;
 	km_pipeline *pl = x->pl;
 	fetch_ctx *fc = x->extra;
-	int16_t ver = x->ver;
-	mnode_io *io;
-	mresp *resp = NULL;
-	km_fetch_walk w;
-	runs_acc ra = {0};
-	mpart **touched = NULL;
-	size_t ntouched = 0;
-	bool bad = false;
+	size_t n;
 
-	free(x);
+	(void)off;
 	if (pl->closing) {
-		if (body)
-			evbuffer_free(body);
-		free(fc->parts);
-		free(fc);
+		if (chunk)
+			km_net_client_release(c, evbuffer_get_length(chunk));
+		if (last) {
+			fetch_ctx_free(fc);
+			free(x);
+		}
 		return;
 	}
-	if ((io = node_io(&pl->sio, &pl->nsio, fc->node)))
-		io->fetching = false;
-	for (size_t i = 0; i < fc->n; i++) {
-		fc->parts[i]->taken = false;
-		if (fc->parts[i]->phase == PH_FETCHING)
-			fc->parts[i]->phase = PH_READY; /* unless the response says more below */
-	}
-	if (err != KM_OK || !body) {
+	if (err != KM_OK || !chunk) {
 		KM_WARN(COMP, 0, "%s: Fetch from source broker %d failed: %s", pl->name, (int)fc->node, km_err_name(err));
 		km_mcluster_drop(pl->src, c);
 		pl->src_meta_need = true;
 		session_reset(pl, fc->node);
-		if (body)
-			evbuffer_free(body);
-		goto out;
+		free(x);
+		end_answer(fc, true);
+		return;
 	}
-	if (fc->sessions && !take_session(pl, fc, body)) {
-		evbuffer_free(body);
-		goto out;
-	}
-	resp = calloc(1, sizeof(*resp));
-	touched = calloc(fc->n ? fc->n : 1, sizeof(*touched));
-	if (!resp || !touched || !frame_prefix(body, ver)) {
-		evbuffer_free(body);
-		free(resp);
-		resp = NULL;
-		goto out;
-	}
-	resp->buf = body;
-	resp->refs = 1;
-	resp->size = evbuffer_get_length(body);
-	resp->held = pl->held;
-	pl->held->refs++;
-	pl->held->bytes += resp->size;
-	if (pl->rate > 0)
-		pl->tokens -= (int64_t)evbuffer_get_length(body);
-	km_fetch_walk_init(&w, ver, evbuffer_get_length(body));
-	{
-		mpart *cur = NULL;
-		struct evbuffer_ptr cursor;
-		size_t cur_off = 0;
-		bool cur_valid = false;
-		for (;;) {
-			km_fw_event ev = km_fetch_walk_next(&w, body, 0);
-			if (ev == KM_FW_END || ev == KM_FW_NEED_MORE)
-				break;
-			if (ev == KM_FW_ERROR) {
-				bad = true;
-				break;
-			}
-			if (ev == KM_FW_PARTITION) {
-				mtopic *t = topic_get(pl, w.part.topic, false);
-				mpart *p = t ? part_get(pl, t, w.part.partition, false) : NULL;
-				cur = NULL;
-				if (!p || p->phase != PH_READY || p->fetch_seq != fc->seq || p->taken)
-					continue; /* not asked for here, listed twice, or failed meanwhile: dropped */
-				if (w.part.error_code) {
-					handle_fetch_error(pl, p, w.part.error_code);
-					continue;
-				}
-				km_state_partition_progress(km_mirror_store(pl->mi), p->t->name, p->id,
-							    w.part.high_watermark, -1);
-				p->source_end = w.part.high_watermark;
-				if (w.part.log_start_offset >= 0)
-					p->src_ls = w.part.log_start_offset;
-				update_lag(p, now_ms());
-				p->backoff_ms = 0;
-				cur = p;
-				p->taken = true;
-				touched[ntouched++] = p;
-				w.descend = true;
-				continue;
-			}
-			if (ev == KM_FW_BATCH && cur) {
-				uint8_t h[KM_BATCH_HEADER_SIZE];
-				struct evbuffer_ptr ptr;
-				const char *fail = NULL;
-				size_t size = KM_BATCH_LOG_OVERHEAD + (size_t)(w.batch.length > 0 ? w.batch.length : 0);
-				km_err rc;
-				if (w.batch.partial)
-					continue; /* cut by the fetch size: the next fetch starts at it */
-				if (size < KM_BATCH_HEADER_SIZE) {
-					fail_part(pl, cur, "the source sent a record batch too short for its header");
-					cur = NULL;
-					continue;
-				}
-				/* A cursor moved forward batch by batch: each costs only the chains it crosses. */
-				if (w.batch.off >= cur_off && cur_valid)
-					rc = evbuffer_ptr_set(body, &cursor, w.batch.off - cur_off, EVBUFFER_PTR_ADD) ? KM_ERR_DECODE
-														: KM_OK;
-				else
-					rc = evbuffer_ptr_set(body, &cursor, w.batch.off, EVBUFFER_PTR_SET) ? KM_ERR_DECODE : KM_OK;
-				cur_valid = rc == KM_OK;
-				cur_off = w.batch.off;
-				ptr = cursor;
-				if (rc != KM_OK || evbuffer_copyout_from(body, &ptr, h, sizeof(h)) != (ev_ssize_t)sizeof(h)) {
-					bad = true;
-					break;
-				}
-				rc = take_batch(pl, cur, resp, &cursor, size, h, &ra, &fail);
-				if (rc != KM_OK) {
-					fail_part(pl, cur, fail ? fail : km_err_name(rc));
-					cur = NULL;
-				}
-			}
+	n = evbuffer_get_length(chunk);
+	if (!fc->resp) {
+		/* The walker reads a frame: a size prefix, a correlation id and (v12+) header tags come first. */
+		uint8_t pre[9] = {0};
+		size_t total = km_net_client_stream_size(c);
+		fc->pre = x->ver >= 12 ? 9 : 8;
+		km_put_be32(pre, (uint32_t)(total + fc->pre - 4));
+		if (!(fc->resp = calloc(1, sizeof(*fc->resp))) || !(fc->resp->buf = evbuffer_new()) ||
+		    evbuffer_add(fc->resp->buf, pre, fc->pre) != 0) {
+			if (fc->resp && fc->resp->buf)
+				evbuffer_free(fc->resp->buf);
+			free(fc->resp);
+			fc->resp = NULL;
+			km_net_client_release(c, n);
+			fc->dropped = true;
+		} else {
+			fc->resp->refs = 1;
+			fc->resp->held = pl->held;
+			pl->held->refs++;
+			km_fetch_walk_init(&fc->w, x->ver, total + fc->pre);
 		}
 	}
-	if (bad)
-		KM_WARN(COMP, 0, "%s: undecodable Fetch response from source broker %d", pl->name, (int)fc->node);
-	/* Partitions with planned batches write them, after the new runs are persisted. */
-	{
-		runs_ctx *rc = NULL;
-		size_t nrun_parts = 0;
-		if (ra.n) {
-			rc = calloc(1, sizeof(*rc));
-			if (rc)
-				rc->parts = calloc(ntouched, sizeof(*rc->parts));
-		}
-		for (size_t i = 0; i < ntouched; i++) {
-			mpart *p = touched[i];
-			bool has_runs = false;
-			if (p->phase != PH_READY)
-				continue;
-			for (size_t k = 0; k < ra.n && !has_runs; k++)
-				has_runs = ra.runs[k].partition == p->id && !strcmp(ra.runs[k].topic, p->t->name);
-			if (has_runs && rc && rc->parts) {
-				p->phase = PH_RUNS;
-				rc->parts[nrun_parts++] = p;
-			} else if (has_runs) {
-				reconcile(pl, p, "out of memory");
-			} else {
-				p->phase = p->head ? PH_WRITING : PH_READY;
-			}
-			if (!p->head && !p->inflight && p->fetch_logical > p->acked_logical && p->phase == PH_READY) {
-				/* Only holes came (markers, emptied batches): the tail moves past them. */
-				p->acked_logical = p->fetch_logical;
-				set_tail(pl, p, true);
-			}
-		}
-		if (rc && rc->parts && nrun_parts) {
-			rc->pl = pl;
-			rc->n = nrun_parts;
-			km_state_runs_write(km_mirror_store(pl->mi), pl->name, ra.runs, ra.n, on_runs, rc);
-		} else if (rc) {
-			free(rc->parts);
-			free(rc);
-		}
+	if (fc->resp && !fc->dropped) {
+		if (evbuffer_add_buffer(fc->resp->buf, chunk) != 0)
+			fc->bad = true;
+		fc->resp->size += n;
+		pl->held->bytes += n;
+		if (pl->rate > 0)
+			pl->tokens -= (int64_t)n;
+		fc->cur_valid = false; /* the buffer grew: the cursor is found again */
 	}
-out:
-	free(ra.runs);
-	free(touched);
-	if (resp)
-		resp_unref(resp);
-	free(fc->parts);
-	free(fc);
-	tick_soon(pl);
+	km_net_client_release(c, n);
+	if (fc->resp && !fc->dropped && fc->sessions && !fc->session_done &&
+	    evbuffer_get_length(fc->resp->buf) >= fc->pre + 10) {
+		uint8_t h[10];
+		struct evbuffer_ptr at;
+		fc->session_done = true;
+		if (evbuffer_ptr_set(fc->resp->buf, &at, fc->pre, EVBUFFER_PTR_SET) != 0 ||
+		    evbuffer_copyout_from(fc->resp->buf, &at, h, sizeof(h)) != (ev_ssize_t)sizeof(h) ||
+		    !take_session(pl, fc, h))
+			fc->dropped = true;
+	}
+	if (fc->resp && !fc->dropped && (!fc->sessions || fc->session_done))
+		walk_answer(fc);
+	if (last) {
+		free(x);
+		end_answer(fc, false);
+	}
 }
 
 static bool fetchable(const mpart *p, int64_t now)
@@ -1558,8 +1651,10 @@ static void send_fetch(km_pipeline *pl, int32_t node, int64_t now)
 	fp = calloc(total, sizeof(*fp));
 	fg = calloc(pl->ntopics, sizeof(*fg));
 	fgp = calloc(total, sizeof(*fgp));
-	if (!fc || !ft || !fp || !fg || !fgp || !(fc->parts = calloc(nready, sizeof(*fc->parts))))
+	if (!fc || !ft || !fp || !fg || !fgp || !(fc->parts = calloc(nready, sizeof(*fc->parts))) ||
+	    !(fc->later = calloc(nready, sizeof(*fc->later))))
 		goto fail;
+	fc->pl = pl;
 	km_fetch_request_init(&m);
 	m.replica_id = -1;
 	m.max_wait_ms = FETCH_MAX_WAIT_MS;
@@ -1651,8 +1746,8 @@ static void send_fetch(km_pipeline *pl, int32_t node, int64_t now)
 	km_net_request_init(&rq, KM_API_FETCH, ver);
 	rq.pieces = &pc;
 	rq.npieces = 1;
-	rq.delivery = KM_NET_OWNED;
-	rq.on_owned = on_fetch;
+	rq.delivery = KM_NET_STREAM;
+	rq.on_stream = on_fetch_stream;
 	rq.arg = x;
 	if (km_net_client_request(c, &rq) != KM_OK) {
 		free(x);
@@ -1677,8 +1772,7 @@ unfetch:
 	session_reset(pl, node); /* what the broker holds is not known now */
 fail:
 	if (fc)
-		free(fc->parts);
-	free(fc);
+		fetch_ctx_free(fc);
 	free(ft);
 	free(fp);
 	free(fg);

@@ -847,6 +847,11 @@ static void process_input(km_net_client *c)
 	}
 }
 
+size_t km_net_client_stream_size(const km_net_client *c)
+{
+	return c->rx_off + c->rx_left;
+}
+
 static void read_cb(struct bufferevent *bev, void *arg)
 {
 	km_net_client *c = arg;

@@ -1,6 +1,7 @@
 /* TLS contexts for client-facing listeners and upstream connections, and plain/TLS bufferevents behind one call. */
 #include <stdio.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 
@@ -244,9 +245,23 @@ size_t km_net_bev_fill(struct bufferevent *bev, size_t upto)
 	while (evbuffer_get_length(in) < upto) {
 		struct evbuffer_iovec v[4];
 		struct msghdr mh;
-		size_t want = upto - evbuffer_get_length(in), left = want, got;
-		int nv = evbuffer_reserve_space(in, (ev_ssize_t)want, v, 4);
+		size_t want = upto - evbuffer_get_length(in), left, got;
+		int nv, queued = 0;
 		ssize_t rc;
+
+		/*
+		 * Reserve what the socket holds, not what could fit: a consumer that moves the bytes out
+		 * at once (a streamed response) takes the chains with their free space, so a chain made
+		 * for 1 MiB that got 64 KiB would be held at 1 MiB.
+		 */
+		if (ioctl(fd, FIONREAD, &queued) == 0) {
+			if (queued <= 0)
+				break;
+			if ((size_t)queued < want)
+				want = (size_t)queued;
+		}
+		left = want;
+		nv = evbuffer_reserve_space(in, (ev_ssize_t)want, v, 4);
 
 		if (nv <= 0)
 			break;

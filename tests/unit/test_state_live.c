@@ -359,7 +359,8 @@ static void map_is(km_state *st, int32_t partition, const km_offrun *want, size_
 	if (m->n != n)
 		fail_msg("partition %d: %zu runs, want %zu", (int)partition, m->n, n);
 	for (size_t i = 0; i < n; i++)
-		if (memcmp(&m->runs[i], &want[i], sizeof(want[i])))
+		if (m->runs[i].logical != want[i].logical || m->runs[i].physical != want[i].physical ||
+		    m->runs[i].prev_logical_end != want[i].prev_logical_end || m->runs[i].flags != want[i].flags)
 			fail_msg("partition %d run %zu: (%lld, %lld, %lld), want (%lld, %lld, %lld)", (int)partition, i,
 				 (long long)m->runs[i].logical, (long long)m->runs[i].physical,
 				 (long long)m->runs[i].prev_logical_end, (long long)want[i].logical,

@@ -650,6 +650,7 @@ def fetch_requests(env):
     return out
 
 
+@main_release_only
 def test_mirror_fetch_sessions(mirror_env):
     """The mirror fetches in sessions: after the first full Fetch every one is incremental, while
     partitions come and go (a pause of some, a resume) and every record still arrives exactly; with

@@ -833,9 +833,14 @@ static void lat_answer(lat_op *op)
 	}
 	km_wr_init(&w);
 	km_list_offsets_response_encode(&w, op->c->version, &op->rs);
-	if (!km_wr_ok(&w) || !(b = evbuffer_new()) || evbuffer_add(b, w.buf, w.len) != 0) {
+	b = km_wr_ok(&w) ? evbuffer_new() : NULL;
+	if (!b || evbuffer_add(b, w.buf, w.len) != 0) {
+		/* No answer can come: the client learns it from the closed connection and retries. */
 		KM_WARN("proxy", op->sid, "cannot encode the answer to ListOffsets");
+		if (b)
+			evbuffer_free(b);
 		km_wr_free(&w);
+		km_session_fail(op->set, op->sid, "out of memory");
 		lat_free(op);
 		return;
 	}
@@ -881,8 +886,14 @@ static void lat_probed(void *arg, km_err err, const uint8_t *body, size_t len)
 	size_t cap = 0;
 	km_rd r;
 
-	if (err != KM_OK || !(op->body = malloc(len ? len : 1))) {
+	if (err != KM_OK) {
 		lat_free(op); /* the session is gone (it is not to be touched) */
+		return;
+	}
+	if (!(op->body = malloc(len ? len : 1))) {
+		if (op->set)
+			km_session_fail(op->set, op->sid, "out of memory");
+		lat_free(op);
 		return;
 	}
 	memcpy(op->body, body, len);

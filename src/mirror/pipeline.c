@@ -1633,7 +1633,6 @@ static void send_fetch(km_pipeline *pl, int32_t node, int64_t now)
 	full = !sessions || io->sess_id == 0;
 	if (full)
 		session_reset(pl, node);
-	io = node_io(&pl->sio, &pl->nsio, node);
 	for (size_t i = 0; i < pl->ntopics; i++)
 		for (int32_t j = 0; j < pl->topics[i]->nparts; j++) {
 			mpart *p = pl->topics[i]->parts[j];

@@ -793,12 +793,12 @@ static void lat_free(lat_op *op)
 	free(op);
 }
 
-/* The run holding physical offset o, when it is a LogAppendTime one. */
+/* Whether physical offset o is in a run, and that run a LogAppendTime one. */
 static bool lat_run_at(const km_offmap *m, int64_t o)
 {
-	int64_t l = o >= 0 ? km_offmap_to_logical(m, o) : -1;
-	ssize_t i = l >= 0 ? km_offmap_find_logical(m, l) : -1;
-	return i >= 0 && (m->runs[i].flags & KM_OFFRUN_LOG_APPEND_TIME) && m->runs[i].physical + (l - m->runs[i].logical) == o;
+	int64_t l;
+	ssize_t i = o >= 0 ? km_off_batch_run(m, o, &l) : -1;
+	return i >= 0 && (m->runs[i].flags & KM_OFFRUN_LOG_APPEND_TIME);
 }
 
 static bool has_lat_run(const km_offmap *m)

@@ -1,0 +1,1 @@
+"""The sections of scripts/bench, one module each (catchup, latency, proxy, scale, failover)."""

@@ -130,7 +130,7 @@ def run(ctx):
     res = {"topics": sz["topics"], "partitions_per_topic": P, "partitions": len(tps), "rate_bytes_s": sz["rate"],
            "record_bytes": 1024, "steady_s": sz["steady_s"]}
     src = common.bm.Side("fo-src").start()
-    dst = producer = daemon = None
+    dst = producer = daemon = pr = None
     frozen = None
     try:
         dst = common.bm.Side("fo-dst").start()
@@ -225,6 +225,9 @@ def run(ctx):
         res["kmirrord_cpu_s"] = common.bp.proc_cpu_seconds(daemon.proc.pid)
         return res
     finally:
+        # bench-mirror's cached admin clients would log reconnects to the stopped clusters
+        common.bm._admins.clear()
+        pr = None  # noqa: F841 - the probe's producer goes before its proxy
         if frozen:
             os.kill(frozen, signal.SIGCONT)
         if producer:

@@ -288,12 +288,12 @@ def report(res, ctx):
         lines.append(
             f"Goal missed: the issue asks all {n} partitions writable within {goal:.0f} s of the stop; "
             + (f"it took {allw:.2f} s. " if allw is not None else f"only {res['writable']} were writable. ")
-            + "Where the time goes: a stopping partition settles (persists STOPPED) only once its in-flight "
-            "Fetch is answered (src/mirror/pipeline.c, settle_drained waits while the partition is FETCHING); "
-            "with the source frozen that Fetch is answered by nobody and ends at the source connection's request "
-            "timeout (31 s, src/mirror/conn.c). What would close it: a stop drops the partition's part of an "
-            "in-flight Fetch (its answer is already ignored when the fetch sequence no longer matches) instead "
-            "of waiting for it.")
+            + (f"The stop command itself returned after {res['stop_cmd_s']:.2f} s; the rest is each partition "
+               "settling in the pipeline (drain, the run at the tail and STOPPED persisted to __mirror_state) "
+               "and the probe's 20 ms between a refused write and the next. Before the pipeline stopped waiting "
+               "for a Fetch in flight to the frozen source, the last partitions took the source connection's "
+               "31 s request timeout (44 s in a quick run); what is left is to be profiled on a quiet machine." if
+               res.get("stop_cmd_s") is not None else ""))
     lines.append("")
     png = ctx.png("failover-writable.png")
     try:

@@ -210,7 +210,7 @@ public class LatencyProbe {
 		stop = true;
 		reader.join(5000);
 		producer.close(Duration.ofSeconds(10));
-		consumer.close(Duration.ofSeconds(5));
+		consumer.close();
 
 		int n = 0;
 		long[] got = new long[(int) measured];

@@ -166,7 +166,7 @@ def run(ctx):
             ctx.command(SECTION, f"kmirror {argv[0]}", [ctx.kmirror, "--bootstrap-server", proxy_bs, *argv])
             cli.run(*argv)
         res["setup"]["kmirror_markers_s"] = _caught_up(proxy_bs, src, ktopic, 120, "kmirrord",
-                                                       lambda: proxy.running)
+                                                       proxy.running)
         ctx.log(SECTION, f"kmirror caught up in {res['setup']['kmirror_markers_s']:.1f} s")
         for rate in sz["rates"]:
             r, cfg = run_probe(ctx, src.cluster, classes, "kmirror", src.bootstrap, proxy_bs, ktopic,
@@ -178,6 +178,7 @@ def run(ctx):
         cli.run("stop", "--mirror", "lat", "--topics", ktopic)
         common.bm.wait_until(lambda: cli.run("delete", "--mirror", "lat", check=False).returncode == 0, 60,
                              "mirror lat deleted")
+        common.bm._admins.pop(proxy_bs, None)  # its librdkafka client, before the proxy goes
         proxy.stop(timeout=60)
         proxy = None
 

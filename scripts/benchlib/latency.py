@@ -66,14 +66,14 @@ def _kv(line):
     return out
 
 
-def run_probe(ctx, cluster, classes, label, produce, consume, topic, rate, sz, payload, pid):
+def run_probe(ctx, cluster, classes, label, produce, consume, topic, rate, sz, payload, pid, extra=()):
     """One probe run at rate MiB/s: its RESULT line as a dict, plus the CPU seconds of pid (the
     mirroring process) from the measured window's start to its last record seen."""
     from harness.kafka_cluster import java_bin
     args = [f"produce={produce}", f"consume={consume}", f"topic={topic}", f"partitions={PARTITIONS}",
             f"rate={rate}", f"size={RECORD}", f"warmup={sz['warmup_s']}", f"measure={sz['measure_s']}",
             "drain=60", f"payload={payload}", f"producer.compression.type={CODEC}",
-            f"producer.linger.ms={LINGER_MS}", f"producer.batch.size={BATCH_SIZE}"]
+            f"producer.linger.ms={LINGER_MS}", f"producer.batch.size={BATCH_SIZE}", *extra]
     cmd = [java_bin(), *PROBE_JVM, "-Dlog4j2.configurationFile=" + cluster._tool_log4j(),
            "-cp", os.pathsep.join([classes, os.path.join(cluster.libs, "*")]), "LatencyProbe", *args]
     ctx.command(SECTION, f"probe, {label} at {rate} MB/s", cmd)

@@ -27,8 +27,8 @@ MM2_JVM = ["-Xms512m", "-Xmx2g"]  # as scripts/bench-mm2 runs it
 
 def _sizes(quick):
     if quick:
-        return {"rates": [1, 10], "warmup_s": 5, "measure_s": 20}
-    return {"rates": [1, 10, 50], "warmup_s": 15, "measure_s": 60}
+        return {"rates": [1, 10], "warmup_s": 5, "measure_s": 20, "drain_s": 60}
+    return {"rates": [1, 10, 50], "warmup_s": 15, "measure_s": 60, "drain_s": 120}
 
 
 def _javac():
@@ -72,16 +72,18 @@ def run_probe(ctx, cluster, classes, label, produce, consume, topic, rate, sz, p
     from harness.kafka_cluster import java_bin
     args = [f"produce={produce}", f"consume={consume}", f"topic={topic}", f"partitions={PARTITIONS}",
             f"rate={rate}", f"size={RECORD}", f"warmup={sz['warmup_s']}", f"measure={sz['measure_s']}",
-            "drain=60", f"payload={payload}", f"producer.compression.type={CODEC}",
+            f"drain={sz.get('drain_s', 60)}", f"payload={payload}", f"producer.compression.type={CODEC}",
             f"producer.linger.ms={LINGER_MS}", f"producer.batch.size={BATCH_SIZE}", *extra]
     cmd = [java_bin(), *PROBE_JVM, "-Dlog4j2.configurationFile=" + cluster._tool_log4j(),
            "-cp", os.pathsep.join([classes, os.path.join(cluster.libs, "*")]), "LatencyProbe", *args]
     ctx.command(SECTION, f"probe, {label} at {rate} MB/s", cmd)
     errpath = os.path.join(cluster.base_dir, f"probe-{label}-{rate}.err")
+    with open("/proc/loadavg") as f:
+        load = f.read().split()[0]  # the machine is shared: its load next to each run's figures
     res, cfg, cpu0, t0 = None, {}, None, None
     with open(errpath, "w") as err:
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True)
-        killer = threading.Timer(sz["warmup_s"] + sz["measure_s"] + 240, proc.kill)
+        killer = threading.Timer(sz["warmup_s"] + sz["measure_s"] + sz.get("drain_s", 60) + 180, proc.kill)
         killer.start()
         try:
             for line in proc.stdout:
@@ -106,7 +108,8 @@ def run_probe(ctx, cluster, classes, label, produce, consume, topic, rate, sz, p
             tail = f.read()[-2000:]
         raise RuntimeError(f"latency: the probe ({label}, {rate} MB/s) exited {proc.returncode} "
                            f"without a result:\n{tail}")
-    res.update({"system": label, "target_mb_s": rate, "cpu_s": cpu1 - cpu0, "window_s": t1 - t0})
+    res.update({"system": label, "target_mb_s": rate, "cpu_s": cpu1 - cpu0, "window_s": t1 - t0,
+                "loadavg": load})
     return res, cfg
 
 
@@ -136,11 +139,26 @@ def _caught_up(bootstrap, src, topic, timeout, what, alive=lambda: True):
         time.sleep(0.2)
 
 
-def run(ctx):
+def _start_mm2(ctx, res, libs, src, dst, topic):
+    """MirrorMaker 2 in dedicated mode, as scripts/bench-mm2 runs it: (process, its log file)."""
     from harness.kafka_cluster import java_bin
+    a = types.SimpleNamespace(partitions=PARTITIONS, codec=CODEC, batch_size=BATCH_SIZE, linger_ms=LINGER_MS)
+    props = common.mm2.mm2_properties(src.bootstrap, dst.bootstrap, topic, a)
+    res["mm2_properties"] = props
+    cfg_path = os.path.join(dst.cluster.base_dir, "mm2-latency.properties")
+    with open(cfg_path, "w") as f:
+        f.write(props)
+    cmd = [java_bin(), *MM2_JVM, "-cp", os.path.join(libs, "*"),
+           "org.apache.kafka.connect.mirror.MirrorMaker", cfg_path]
+    ctx.command(SECTION, "MirrorMaker 2", cmd)
+    log = open(os.path.join(dst.cluster.base_dir, "mm2-latency.log"), "w")
+    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT), log
+
+
+def run(ctx):
     sz = _sizes(ctx.quick)
     res = {**sz, "partitions": PARTITIONS, "record": RECORD, "codec": CODEC, "linger_ms": LINGER_MS,
-           "batch_size": BATCH_SIZE, "runs": [], "setup": {}}
+           "batch_size": BATCH_SIZE, "runs": [], "warmup_runs": [], "setup": {}}
     libs = common.mm2.mm2_libs("4.3.1")
     payload = common.bm.make_payload(os.path.join(common.REPO, ".cache", "bench-mirror-payload.txt"))
     src, dst = common.bm.Side("lat-src"), common.bm.Side("lat-dst")
@@ -150,6 +168,10 @@ def run(ctx):
         dst.start()
         classes = probe_classes(src.cluster)
         tag = int(time.time())
+        ktopic, mtopic = f"lat-kmirror-{tag}", f"lat-mm2-{tag}"
+        for t in (ktopic, mtopic):
+            src.create_topic(t, PARTITIONS)
+            _markers(src.bootstrap, t)
 
         # kmirror: kmirrord in front of the destination, the mirror started and caught up first.
         proxy, proxy_bs = common.bp.start_proxy(ctx.kmirrord, dst.cluster, dst.cluster.base_dir, [], "latency")
@@ -158,53 +180,39 @@ def run(ctx):
                                           "--upstream", dst.bootstrap, "--log-level", "warn"])
         cli = common.bm.Cli(ctx.kmirror, proxy_bs)
         common.bm.wait_until(lambda: cli.run("list", check=False).returncode == 0, 60, "kmirrord to answer")
-        ktopic = f"lat-kmirror-{tag}"
-        src.create_topic(ktopic, PARTITIONS)
-        _markers(src.bootstrap, ktopic)
         for argv in (["create", "--mirror", "lat", "--source-bootstrap", src.bootstrap],
                      ["start", "--mirror", "lat", "--topics", ktopic]):
             ctx.command(SECTION, f"kmirror {argv[0]}", [ctx.kmirror, "--bootstrap-server", proxy_bs, *argv])
             cli.run(*argv)
-        res["setup"]["kmirror_markers_s"] = _caught_up(proxy_bs, src, ktopic, 120, "kmirrord",
-                                                       proxy.running)
+        res["setup"]["kmirror_markers_s"] = _caught_up(proxy_bs, src, ktopic, 120, "kmirrord", proxy.running)
         ctx.log(SECTION, f"kmirror caught up in {res['setup']['kmirror_markers_s']:.1f} s")
-        for rate in sz["rates"]:
-            r, cfg = run_probe(ctx, src.cluster, classes, "kmirror", src.bootstrap, proxy_bs, ktopic,
-                               rate, sz, payload, proxy.pid)
-            res["probe_config"] = cfg
-            res["runs"].append(r)
-            ctx.log(SECTION, _line(r))
-        res["kmirrord_rss_kib"] = common.bp.proc_rss_kib(proxy.pid)
-        cli.run("stop", "--mirror", "lat", "--topics", ktopic)
-        common.bm.wait_until(lambda: cli.run("delete", "--mirror", "lat", check=False).returncode == 0, 60,
-                             "mirror lat deleted")
-        common.bm._admins.pop(proxy_bs, None)  # its librdkafka client, before the proxy goes
-        proxy.stop(timeout=60)
-        proxy = None
 
         # MirrorMaker 2: dedicated mode, started and caught up (markers across) before the runs.
-        mtopic = f"lat-mm2-{tag}"
-        src.create_topic(mtopic, PARTITIONS)
-        _markers(src.bootstrap, mtopic)
-        a = types.SimpleNamespace(partitions=PARTITIONS, codec=CODEC, batch_size=BATCH_SIZE, linger_ms=LINGER_MS)
-        props = common.mm2.mm2_properties(src.bootstrap, dst.bootstrap, mtopic, a)
-        res["mm2_properties"] = props
-        cfg_path = os.path.join(dst.cluster.base_dir, "mm2-latency.properties")
-        with open(cfg_path, "w") as f:
-            f.write(props)
-        cmd = [java_bin(), *MM2_JVM, "-cp", os.path.join(libs, "*"),
-               "org.apache.kafka.connect.mirror.MirrorMaker", cfg_path]
-        ctx.command(SECTION, "MirrorMaker 2", cmd)
-        mm2_log = open(os.path.join(dst.cluster.base_dir, "mm2-latency.log"), "w")
-        mm2 = subprocess.Popen(cmd, stdout=mm2_log, stderr=subprocess.STDOUT)
+        mm2, mm2_log = _start_mm2(ctx, res, libs, src, dst, mtopic)
         res["setup"]["mm2_markers_s"] = _caught_up(dst.bootstrap, src, mtopic, 300, "MirrorMaker 2",
                                                    lambda: mm2.poll() is None)
         ctx.log(SECTION, f"MirrorMaker 2 caught up in {res['setup']['mm2_markers_s']:.1f} s")
-        for rate in sz["rates"]:
-            r, _ = run_probe(ctx, src.cluster, classes, "mm2", src.bootstrap, dst.bootstrap, mtopic,
-                             rate, sz, payload, mm2.pid)
-            res["runs"].append(r)
-            ctx.log(SECTION, _line(r))
+
+        systems = {"kmirror": (proxy_bs, ktopic, proxy.pid), "mm2": (dst.bootstrap, mtopic, mm2.pid)}
+        # A warm-up round at the top rate, not counted: the brokers, MM2's JVM and the probe's start
+        # cold, and whichever system ran first would pay for it.
+        wsz = {**sz, "warmup_s": sz["warmup_s"] * 2, "measure_s": 1, "drain_s": 30}
+        for name, (bs, topic, pid) in systems.items():
+            r, _ = run_probe(ctx, src.cluster, classes, name, src.bootstrap, bs, topic, sz["rates"][-1],
+                             wsz, payload, pid)
+            res["warmup_runs"].append(r)
+            ctx.log(SECTION, "warm-up " + _line(r))
+        # Then each rate, the two systems in turn, who goes first alternating from rate to rate.
+        for i, rate in enumerate(sz["rates"]):
+            for name in (("kmirror", "mm2") if i % 2 == 0 else ("mm2", "kmirror")):
+                bs, topic, pid = systems[name]
+                r, cfg = run_probe(ctx, src.cluster, classes, name, src.bootstrap, bs, topic, rate, sz,
+                                   payload, pid)
+                r["order"] = len([x for x in res["runs"] if x["target_mb_s"] == rate])
+                res["probe_config"] = cfg
+                res["runs"].append(r)
+                ctx.log(SECTION, _line(r))
+        res["kmirrord_rss_kib"] = common.bp.proc_rss_kib(proxy.pid)
         res["mm2_rss_kib"] = common.bp.proc_rss_kib(mm2.pid)
     finally:
         common.bm._admins.clear()  # librdkafka clients closed before the brokers go
@@ -243,7 +251,8 @@ def report(res, ctx):
         f"side; latency = the consumer's `poll` returning the record − the producer's `send` call, both "
         f"`System.nanoTime()` of the one process (the send time is the value's first 8 bytes). Each rate "
         f"runs {res['warmup_s']} s of warm-up (not counted) then {res['measure_s']} s measured; after the "
-        f"last measured send the probe waits up to 60 s for every measured record. The producer: acks=all, "
+        f"last measured send the probe waits up to {res.get('drain_s', 60)} s for every measured record "
+        f"(missing: not seen by then). The producer: acks=all, "
         f"linger.ms={res['linger_ms']}, batch.size={res['batch_size']}, compression.type={res['codec']}, "
         f"values the bench payload (JSON-like text, compresses a few times). MB = MiB of record values.",
         "",
@@ -255,8 +264,11 @@ def report(res, ctx):
         "probe's consumer reads the destination topic **directly** from the destination broker, since "
         "that is how MM2 is deployed (it has no proxy).",
         "",
-        "The same two clusters, producer and consumer settings for both, one system after the other "
-        "(kmirror first, each rate in turn, then MM2). The consumer (both): " +
+        "The same two clusters, producer and consumer settings for both. Both mirrors run throughout, "
+        "each on its own source topic of the same shape, and the probe measures one at a time (the other "
+        "idles): first a warm-up round at the top rate through each (not counted: the brokers, MM2's JVM "
+        "and the probe start cold), then per rate one system after the other, who goes first alternating "
+        "from rate to rate (kmirror first at the first rate). The consumer (both): " +
         f"`{res.get('probe_config', {}).get('consumer', '?')}`; fetch.min.bytes=1 means a broker answers a "
         "Fetch as soon as it has any record, so fetch.max.wait.ms (100) only bounds an idle wait. Both "
         "mirrors fetch from the source the same way: kmirrord's pipeline Fetch has MaxWait 500 ms, "
@@ -264,11 +276,13 @@ def report(res, ctx):
         "fetch.max.wait.ms=500, fetch.min.bytes=1.",
         "",
         "CPU s: utime+stime (/proc/PID/stat) of kmirrord or of MM2's JVM from the start of the measured "
-        "window to its last record seen (for kmirrord this includes proxying the probe's consumer).",
+        "window to its last record seen (for kmirrord this includes proxying the probe's consumer). load: "
+        "the machine's 1-minute load average as the run started (the machine is shared; the source's own "
+        "acknowledgement times below show how much of the tail is the machine).",
         "",
     ]
     head = ["system", ":target MB/s", ":achieved MB/s", ":sent", ":received", ":missing", ":dups",
-            ":p50 ms", ":p99 ms", ":p999 ms", ":max ms", ":CPU s", ":CPU s per GB"]
+            ":p50 ms", ":p99 ms", ":p999 ms", ":max ms", ":CPU s", ":CPU s per GB", ":load"]
     rows = []
     for sysname in ("kmirror", "mm2"):
         for rate in rates:
@@ -280,7 +294,7 @@ def report(res, ctx):
             rows.append([sysname if sysname == "kmirror" else "MM2", rate, f"{r['rate_mib_s']:.2f}", r["sent"],
                          r["received"], r["missing"], r["dups"], _ms(r["p50_us"]), _ms(r["p99_us"]),
                          _ms(r["p999_us"]), _ms(r["max_us"]), f"{r['cpu_s']:.2f}",
-                         f"{r['cpu_s'] / gb:.1f}" if gb else "-"])
+                         f"{r['cpu_s'] / gb:.1f}" if gb else "-", r.get("loadavg", "?")])
     out += [common.md_table(head, rows), ""]
 
     ratio_rows = []
@@ -308,7 +322,8 @@ def report(res, ctx):
     if short:
         out += ["The probe fell short of the target rate in: " + "; ".join(
             f"{r['system']} {r['rate_mib_s']:.1f} of {r['target_mb_s']} MB/s" for r in short) +
-            " (the source's acks, on this shared 2-core machine, hold the producer back).", ""]
+            " (the probe's send loop could not keep the pace: blocked on the source's acknowledgements, "
+            "or short of CPU on this shared machine).", ""]
     acks = "; ".join(f"{r['system']} {r['target_mb_s']} MB/s {_ms(r['ack_p50_us'])} / {_ms(r['ack_p99_us'])}"
                      for r in res["runs"])
     out += [f"For scale, the source's own produce acknowledgement (acks=all) p50 / p99 in ms: {acks}. "

@@ -43,6 +43,7 @@ public class LatencyProbe {
 
 	static volatile boolean stop;
 	static long[] lat;           /* latency + 1 per measured sequence number; 0: not seen */
+	static long[] where;         /* partition << 48 | offset where each was first seen */
 	static final AtomicLong received = new AtomicLong(), dups = new AtomicLong(), foreign = new AtomicLong();
 	static final AtomicLong warmSeen = new AtomicLong();
 
@@ -116,6 +117,7 @@ public class LatencyProbe {
 		/* Room for every measured record the rate can send, and some over (a late tick catches up). */
 		int cap = (int) Math.ceil(perSec * measure * 1.05) + 1024;
 		lat = new long[cap];
+		where = new long[cap];
 		long[] ack = new long[cap];
 		AtomicLong acked = new AtomicLong(), sendErrors = new AtomicLong();
 
@@ -150,10 +152,15 @@ public class LatencyProbe {
 						continue;
 					}
 					if (lat[(int) seq] != 0) {
-						dups.incrementAndGet();
+						/* A few of them named, for whoever looks into why. */
+						if (dups.incrementAndGet() <= 10)
+							out("DUP seq=" + seq + " first=" + (where[(int) seq] >>> 48) + "/" +
+							    (where[(int) seq] & 0xffffffffffffL) + " again=" + r.partition() + "/" +
+							    r.offset() + " gap_ms=" + (now - sent - lat[(int) seq] + 1) / 1000000);
 						continue;
 					}
 					lat[(int) seq] = now - sent + 1;
+					where[(int) seq] = ((long) r.partition() << 48) | r.offset();
 					received.incrementAndGet();
 				}
 			}

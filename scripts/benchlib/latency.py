@@ -320,6 +320,12 @@ def report(res, ctx):
     else:
         out += ["Every measured record was received by the consumer, for both systems at every rate "
                 "(missing 0); dups counts records seen twice.", ""]
+    dups = [r for r in res["runs"] if r["dups"]]
+    if dups:
+        out += ["Records the consumer received twice (the probe names the first ones, partition/offset at "
+                "the first and the second delivery): " + "; ".join(
+                    f"{r['system']} at {r['target_mb_s']} MB/s: {r['dups']} (" +
+                    ", ".join(r.get("dup_examples", [])[:3]) + ")" for r in dups) + ".", ""]
     short = [r for r in res["runs"] if r["rate_mib_s"] < 0.95 * r["target_mb_s"]]
     if short:
         out += ["The probe fell short of the target rate in: " + "; ".join(

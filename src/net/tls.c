@@ -10,6 +10,7 @@
 #include <openssl/x509v3.h>
 
 #include "kmirror/net.h"
+#include "net_int.h"
 
 const char *km_net_tls_error(char *buf, size_t len)
 {
@@ -160,7 +161,7 @@ struct bufferevent *km_net_bev_new(struct event_base *base, int fd, SSL_CTX *ctx
 	SSL *ssl;
 
 	if (!ctx) {
-		bev = bufferevent_socket_new(base, fd, opts);
+		bev = km_net_bev_plain_new(base, fd, opts);
 		if (bev)
 			set_io_sizes(bev);
 		return bev;
@@ -240,6 +241,8 @@ size_t km_net_bev_fill(struct bufferevent *bev, size_t upto)
 		return 0;
 	if (ssl)
 		return fill_tls(in, ssl, upto);
+	if (km_net_bev_plain_fill(bev, upto))
+		return 0; /* read already, as far as the socket held, before the callback */
 	/* A socket bufferevent keeps its input's end frozen except while it reads itself. */
 	evbuffer_unfreeze(in, 0);
 	while (evbuffer_get_length(in) < upto) {

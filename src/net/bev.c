@@ -125,7 +125,13 @@ static void flush_cb(evutil_socket_t unused, short what, void *arg)
 	if (!f->fast || f->slow_write)
 		return;
 	while (evbuffer_get_length(out)) {
+		/*
+		 * A socket bufferevent keeps its output's start frozen but while it writes itself
+		 * (evbuffer_write on a frozen start fails, errno untouched): the same here.
+		 */
+		evbuffer_unfreeze(out, 1);
 		int n = evbuffer_write(out, fd);
+		evbuffer_freeze(out, 1);
 		if (n > 0)
 			continue;
 		if (n < 0 && errno == EINTR)

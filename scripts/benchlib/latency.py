@@ -332,6 +332,13 @@ def report(res, ctx):
             f"{r['system']} {r['rate_mib_s']:.1f} of {r['target_mb_s']} MB/s" for r in short) +
             " (the probe's send loop could not keep the pace: blocked on the source's acknowledgements, "
             "or short of CPU on this shared machine).", ""]
+    out += ["The path of a record, for reading the figures: kmirror: the source's append (acks=all), the "
+            "pipeline's Fetch from the source (MinBytes 1: answered once the record is committed; one Fetch "
+            "in flight per source broker), its Produce to the destination (acks=all), the proxy mapping the "
+            "new batch once that Produce is answered (until then the batch is hidden from consumers), and the "
+            "consumer's Fetch through the proxy. MM2: the source's append, one consumer per task fetching, "
+            "Connect's producer to the destination (acks=all, linger.ms 5), the consumer's Fetch from the "
+            "destination. While one system is measured the other idles (its CPU is not in the figures).", ""]
     acks = "; ".join(f"{r['system']} {r['target_mb_s']} MB/s {_ms(r['ack_p50_us'])} / {_ms(r['ack_p99_us'])}"
                      for r in res["runs"])
     out += [f"For scale, the source's own produce acknowledgement (acks=all) p50 / p99 in ms: {acks}. "

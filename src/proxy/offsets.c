@@ -637,12 +637,26 @@ km_err km_off_fetch_batch(km_fetch_walk *w, struct evbuffer *in, size_t first, v
 					    KM_BATCH_OFF_LAST_OFFSET_DELTA - KM_BATCH_OFF_CRC))
 				return KM_ERR_DECODE;
 		}
-		return patch64(in, first, b->off, logical);
+		/*
+		 * A hidden batch after this one goes below this one's end, not below the fetch position:
+		 * the Java consumer takes the last batch's next offset as its position, so a hidden batch
+		 * ending at the fetch position (one the pipeline has written but not yet mapped, at the
+		 * tail) would send it back there, and every record of the answer would come again.
+		 */
+		if (b->off + 27 <= w->records_end) {
+			if ((rc = peek(w, in, first, b->off + 23, d, 4)) != KM_OK)
+				return rc;
+			delta = (int32_t)km_be32(d);
+		}
+		if ((rc = patch64(in, first, b->off, logical)) == KM_OK && delta >= 0 && delta != INT32_MAX)
+			c->ref = logical + delta + 1;
+		return rc;
 	}
 	/*
 	 * Hidden (outside every run): its records must not be seen. Consumers skip records below
-	 * their fetch position, so the batch is put wholly below it: lastOffsetDelta (batch offset 23)
-	 * tells how far its records reach; a partial batch cut before it gets the widest bound.
+	 * their fetch position, so the batch is put wholly below it (or below the end of the visible
+	 * batch before it): lastOffsetDelta (batch offset 23) tells how far its records reach; a
+	 * partial batch cut before it gets the widest bound.
 	 */
 	if (b->off + 27 <= w->records_end) {
 		if ((rc = peek(w, in, first, b->off + 23, d, 4)) != KM_OK)

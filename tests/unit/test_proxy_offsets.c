@@ -433,8 +433,12 @@ static void check_fetch_response_fields(const uint8_t *frame, size_t len, int16_
 	assert_int_equal(p[0].aborted_transactions.items[0].first_offset, 60);
 	recs = p[0].records.p;
 	assert_int_equal((int64_t)km_be64(recs), 30);
-	/* The hidden batch lies wholly below the fetch position 30: 25 + lastOffsetDelta 4 = 29. */
-	assert_int_equal((int64_t)km_be64(recs + BATCH_LEN), 25);
+	/*
+	 * The hidden batch lies wholly below the end of the visible batch before it (30 + 9 + 1 = 40),
+	 * and ends there: 35 + lastOffsetDelta 4 + 1 = 40. The Java consumer takes the last batch's
+	 * next offset as its position; ending at the fetch position 30 would send it back to 30.
+	 */
+	assert_int_equal((int64_t)km_be64(recs + BATCH_LEN), 35);
 	assert_int_equal((int64_t)km_be64(recs + 2 * BATCH_LEN), 50);
 	/* Record bytes untouched: everything after each baseOffset, but for the LogAppendTime run's batch
 	 * its attribute bit, and the CRC that covers it. */
@@ -567,8 +571,8 @@ static void test_fetch_response_untouched(void **state)
 
 /*
  * KIP-227: the response to an incremental request that did not name m/0 (its session did): the
- * partition is translated all the same, and the hidden batch put below the first visible batch's
- * logical offset (30), which is at or below the client's position.
+ * partition is translated all the same, and the hidden batch put below the end of the visible
+ * batch before it (40), which is at or below the client's position once it has read that batch.
  */
 static void test_fetch_response_incremental(void **state)
 {

@@ -607,6 +607,7 @@ km_err km_off_fetch_partition(km_fetch_walk *w, struct evbuffer *in, size_t firs
 	c->cur = m;
 	e = km_off_req_find(c, name, id, p->partition);
 	c->ref = e ? e->value : -1;
+	c->seen_visible = false;
 	if (p->records_len > 0)
 		w->descend = true;
 	return KM_OK;
@@ -637,26 +638,14 @@ km_err km_off_fetch_batch(km_fetch_walk *w, struct evbuffer *in, size_t first, v
 					    KM_BATCH_OFF_LAST_OFFSET_DELTA - KM_BATCH_OFF_CRC))
 				return KM_ERR_DECODE;
 		}
-		/*
-		 * A hidden batch after this one goes below this one's end, not below the fetch position:
-		 * the Java consumer takes the last batch's next offset as its position, so a hidden batch
-		 * ending at the fetch position (one the pipeline has written but not yet mapped, at the
-		 * tail) would send it back there, and every record of the answer would come again.
-		 */
-		if (b->off + 27 <= w->records_end) {
-			if ((rc = peek(w, in, first, b->off + 23, d, 4)) != KM_OK)
-				return rc;
-			delta = (int32_t)km_be32(d);
-		}
-		if ((rc = patch64(in, first, b->off, logical)) == KM_OK && delta >= 0 && delta != INT32_MAX)
-			c->ref = logical + delta + 1;
-		return rc;
+		c->seen_visible = true;
+		return patch64(in, first, b->off, logical);
 	}
 	/*
 	 * Hidden (outside every run): its records must not be seen. Consumers skip records below
-	 * their fetch position, so the batch is put wholly below it (or below the end of the visible
-	 * batch before it): lastOffsetDelta (batch offset 23) tells how far its records reach; a
-	 * partial batch cut before it gets the widest bound.
+	 * their fetch position (librdkafka compares with the position the request was made at), so
+	 * the batch is put wholly below it: lastOffsetDelta (batch offset 23) tells how far its
+	 * records reach; a partial batch cut before it gets the widest bound.
 	 */
 	if (b->off + 27 <= w->records_end) {
 		if ((rc = peek(w, in, first, b->off + 23, d, 4)) != KM_OK)
@@ -665,7 +654,26 @@ km_err km_off_fetch_batch(km_fetch_walk *w, struct evbuffer *in, size_t first, v
 		if (delta < 0)
 			delta = INT32_MAX;
 	}
-	return patch64(in, first, b->off, (c->ref >= 0 ? c->ref : 0) - 1 - delta);
+	if ((rc = patch64(in, first, b->off, (c->ref >= 0 ? c->ref : 0) - 1 - delta)) != KM_OK)
+		return rc;
+	/*
+	 * But the Java consumer takes the last whole batch's next offset as its position: a hidden
+	 * batch last in the answer (written by the pipeline, not mapped yet: at or past the tail)
+	 * would send it back to the fetch position, and it would read the visible batches before it
+	 * again. When a visible batch came before, and nothing visible can come after (every batch
+	 * past the tail is hidden too), this batch's length is made to reach past the records, as if
+	 * the fetch's size had cut it: every client drops a cut last batch, and takes its position
+	 * from the visible one. (With no visible batch before, a cut batch alone would be "no
+	 * progress" to the Java consumer; below the fetch position it only repeats the fetch.)
+	 */
+	if (c->seen_visible && c->cur->tail_physical >= 0 && b->base_offset >= c->cur->tail_physical &&
+	    w->records_end - b->off - 12 < INT32_MAX) {
+		uint8_t len[4];
+		km_put_be32(len, (uint32_t)(w->records_end - b->off - 12 + 1));
+		if (!km_evbuf_patch(in, b->off + 8 - first, len, 4))
+			return KM_ERR_DECODE;
+	}
+	return KM_OK;
 }
 
 /* ---- the rows ---- */

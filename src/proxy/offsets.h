@@ -94,6 +94,7 @@ typedef struct km_off_req {
 	const void *cur_topic;
 	const km_offmap *cur;  /* NULL: the current partition passes untouched */
 	int64_t ref;           /* the logical offset hidden batches are put below; -1: not known yet */
+	bool seen_visible;     /* a batch of the current partition was in a run */
 } km_off_req;
 
 km_off_req *km_off_req_new(int16_t key, int16_t version, const km_off_lookup *lk);

@@ -252,7 +252,7 @@ static void put_batch(uint8_t *b, int64_t base, int32_t last_delta, uint8_t fill
 	km_batch_update_crc(b, BATCH_LEN);
 }
 
-static uint8_t RECS_M0[3 * BATCH_LEN], RECS_M1[BATCH_LEN], RECS_PLAIN[BATCH_LEN];
+static uint8_t RECS_M0[4 * BATCH_LEN], RECS_M1[BATCH_LEN], RECS_PLAIN[BATCH_LEN];
 
 /* The frame (size prefix, correlation id, v12+ header tags, body) of a response to a fetch of m/0 at logical 30. */
 static void build_fetch_response(km_wr *w, int16_t v, bool only_plain)
@@ -266,6 +266,7 @@ static void build_fetch_response(km_wr *w, int16_t v, bool only_plain)
 	put_batch(RECS_M0, 130, 9, 0xa1);              /* logical 30 */
 	put_batch(RECS_M0 + BATCH_LEN, 150, 4, 0xa2);  /* hidden */
 	put_batch(RECS_M0 + 2 * BATCH_LEN, 200, 9, 0xa3); /* logical 50 */
+	put_batch(RECS_M0 + 3 * BATCH_LEN, 300, 9, 0xa4); /* at the tail: written, not mapped yet */
 	put_batch(RECS_M1, 130, 9, 0xb1);
 	put_batch(RECS_PLAIN, 130, 9, 0xc1);
 	km_fetch_response_init(&rs);
@@ -433,13 +434,17 @@ static void check_fetch_response_fields(const uint8_t *frame, size_t len, int16_
 	assert_int_equal(p[0].aborted_transactions.items[0].first_offset, 60);
 	recs = p[0].records.p;
 	assert_int_equal((int64_t)km_be64(recs), 30);
-	/*
-	 * The hidden batch lies wholly below the end of the visible batch before it (30 + 9 + 1 = 40),
-	 * and ends there: 35 + lastOffsetDelta 4 + 1 = 40. The Java consumer takes the last batch's
-	 * next offset as its position; ending at the fetch position 30 would send it back to 30.
-	 */
-	assert_int_equal((int64_t)km_be64(recs + BATCH_LEN), 35);
+	/* The hidden batch lies wholly below the fetch position 30: 25 + lastOffsetDelta 4 = 29. */
+	assert_int_equal((int64_t)km_be64(recs + BATCH_LEN), 25);
 	assert_int_equal((int64_t)km_be64(recs + 2 * BATCH_LEN), 50);
+	/*
+	 * The batch at the tail, last and after a visible one: below the fetch position too, and its
+	 * length one byte past the records, so that every client drops it as cut by the fetch's size
+	 * (the Java consumer then takes its position from the visible batch, not from this one).
+	 */
+	assert_int_equal((int64_t)km_be64(recs + 3 * BATCH_LEN), 30 - 1 - 9);
+	assert_int_equal(km_be32(recs + 3 * BATCH_LEN + 8), BATCH_LEN - 12 + 1);
+	assert_memory_equal(recs + 3 * BATCH_LEN + 12, RECS_M0 + 3 * BATCH_LEN + 12, BATCH_LEN - 12);
 	/* Record bytes untouched: everything after each baseOffset, but for the LogAppendTime run's batch
 	 * its attribute bit, and the CRC that covers it. */
 	for (int i = 0; i < 2; i++)
@@ -571,8 +576,8 @@ static void test_fetch_response_untouched(void **state)
 
 /*
  * KIP-227: the response to an incremental request that did not name m/0 (its session did): the
- * partition is translated all the same, and the hidden batch put below the end of the visible
- * batch before it (40), which is at or below the client's position once it has read that batch.
+ * partition is translated all the same, and the hidden batch put below the first visible batch's
+ * logical offset (30), which is at or below the client's position.
  */
 static void test_fetch_response_incremental(void **state)
 {

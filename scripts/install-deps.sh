@@ -8,7 +8,7 @@ DEBIAN_PACKAGES=(
 	libzstd-dev liblz4-dev zlib1g-dev libsnappy-dev uthash-dev libcmocka-dev
 	clang llvm libclang-rt-14-dev
 	openjdk-17-jdk-headless maven
-	python3 python3-pip python3-venv
+	python3 python3-pip python3-venv python3-matplotlib
 	kcat openssl procps iproute2 valgrind curl tcpdump
 )
 PYTHON_PACKAGES=(pytest confluent-kafka)

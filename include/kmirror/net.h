@@ -124,11 +124,23 @@ const char *km_net_tls_error(char *buf, size_t len);
 struct bufferevent *km_net_bev_new(struct event_base *base, int fd, SSL_CTX *ctx, bool server, const char *sni,
 				   bool verify_host);
 /*
+ * What to call instead of bufferevent_setcb, _enable, _disable and _free on a bufferevent of
+ * km_net_bev_new: a plain one does its own socket reads and writes (src/net/bev.c) behind the
+ * bufferevent's buffers, so its callbacks and read interest live there. A TLS one is passed through.
+ */
+void km_net_bev_setcb(struct bufferevent *bev, bufferevent_data_cb readcb, bufferevent_data_cb writecb,
+		      bufferevent_event_cb eventcb, void *arg);
+void km_net_bev_enable(struct bufferevent *bev, short what);
+void km_net_bev_disable(struct bufferevent *bev, short what);
+void km_net_bev_free(struct bufferevent *bev);
+/*
  * For a read callback: read what the socket already holds into the bufferevent's input, until the
  * input has upto bytes (libevent 2.1 reads at most 4 KiB per readiness event, about one record on
  * TLS). A TLS bufferevent is read through its own SSL object, to the end of the last record begun
  * (so it may pass upto by less than one record). Never blocks; EOF and errors are left for the
- * bufferevent's own next read to report. Returns the bytes added.
+ * bufferevent's own next read to report. Returns the bytes added. A plain bufferevent of
+ * km_net_bev_new has read what the socket held before its callback: this only sets how much its
+ * next reads take (upto), and returns 0.
  */
 size_t km_net_bev_fill(struct bufferevent *bev, size_t upto);
 

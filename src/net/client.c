@@ -213,7 +213,7 @@ static void client_close(km_net_client *c, km_err err)
 		set_state(c, C_CLOSED);
 	if (c->bev) {
 		/* Its output is freed with it: referenced pieces not written yet are released then. */
-		bufferevent_free(c->bev);
+		km_net_bev_free(c->bev);
 		c->bev = NULL;
 	}
 	if (c->held)
@@ -716,7 +716,7 @@ static void pause_reading(km_net_client *c)
 	if (c->paused)
 		return;
 	c->paused = true;
-	bufferevent_disable(c->bev, EV_READ);
+	km_net_bev_disable(c->bev, EV_READ);
 }
 
 /* Deliver what is buffered of the streamed response, up to the unreleased cap; false to stop for now. */
@@ -881,7 +881,7 @@ void km_net_client_release(km_net_client *c, size_t n)
 	/* Resume at half the cap, so a consumer releasing a few bytes at a time does not make tiny reads. */
 	if (c->paused && c->unreleased <= unreleased_cap(c) / 2 && c->bev && c->state != C_CLOSED) {
 		c->paused = false;
-		bufferevent_enable(c->bev, EV_READ);
+		km_net_bev_enable(c->bev, EV_READ);
 		/* What is buffered already gets no read event of its own. */
 		event_active(c->resume, EV_TIMEOUT, 1);
 	}
@@ -1014,9 +1014,9 @@ km_err km_net_client_connect(km_net_client *c, const char *host, uint16_t port)
 	c->bev = km_net_bev_new(c->base, -1, c->opts.tls, false, host, c->opts.tls_verify_host);
 	if (!c->bev)
 		return KM_ERR_NOMEM;
-	bufferevent_setcb(c->bev, read_cb, NULL, event_cb, c);
+	km_net_bev_setcb(c->bev, read_cb, NULL, event_cb, c);
 	bufferevent_set_timeouts(c->bev, &tv, &tv);
-	bufferevent_enable(c->bev, EV_READ | EV_WRITE);
+	km_net_bev_enable(c->bev, EV_READ | EV_WRITE);
 	set_state(c, C_CONNECTING);
 	if (bufferevent_socket_connect_hostname(c->bev, c->opts.dns, AF_UNSPEC, host, port) != 0) {
 		client_close(c, KM_ERR_IO);

@@ -10,6 +10,7 @@
 #include <openssl/x509v3.h>
 
 #include "kmirror/net.h"
+#include "net_int.h"
 
 const char *km_net_tls_error(char *buf, size_t len)
 {
@@ -160,7 +161,7 @@ struct bufferevent *km_net_bev_new(struct event_base *base, int fd, SSL_CTX *ctx
 	SSL *ssl;
 
 	if (!ctx) {
-		bev = bufferevent_socket_new(base, fd, opts);
+		bev = km_net_bev_plain_new(base, fd, opts);
 		if (bev)
 			set_io_sizes(bev);
 		return bev;
@@ -240,6 +241,8 @@ size_t km_net_bev_fill(struct bufferevent *bev, size_t upto)
 		return 0;
 	if (ssl)
 		return fill_tls(in, ssl, upto);
+	if (km_net_bev_plain_fill(bev, upto))
+		return 0; /* read already, as far as the socket held, before the callback */
 	/* A socket bufferevent keeps its input's end frozen except while it reads itself. */
 	evbuffer_unfreeze(in, 0);
 	while (evbuffer_get_length(in) < upto) {
@@ -247,18 +250,22 @@ size_t km_net_bev_fill(struct bufferevent *bev, size_t upto)
 		struct msghdr mh;
 		size_t want = upto - evbuffer_get_length(in), left, got;
 		int nv, queued = 0;
+		bool all_queued = false;
 		ssize_t rc;
 
 		/*
 		 * Reserve what the socket holds, not what could fit: a consumer that moves the bytes out
 		 * at once (a streamed response) takes the chains with their free space, so a chain made
-		 * for 1 MiB that got 64 KiB would be held at 1 MiB.
+		 * for 1 MiB that got 64 KiB would be held at 1 MiB. Once all of that is read, stop: asking
+		 * again would cost two system calls per readiness event to learn what the next one says.
 		 */
 		if (ioctl(fd, FIONREAD, &queued) == 0) {
 			if (queued <= 0)
 				break;
-			if ((size_t)queued < want)
+			if ((size_t)queued <= want) {
 				want = (size_t)queued;
+				all_queued = true;
+			}
 		}
 		left = want;
 		nv = evbuffer_reserve_space(in, (ev_ssize_t)want, v, 4);
@@ -288,8 +295,8 @@ size_t km_net_bev_fill(struct bufferevent *bev, size_t upto)
 		}
 		while (nv > 0 && v[nv - 1].iov_len == 0)
 			nv--;
-		if (evbuffer_commit_space(in, v, nv) != 0 || (size_t)rc < want)
-			break; /* a short read: the socket is empty for now */
+		if (evbuffer_commit_space(in, v, nv) != 0 || (size_t)rc < want || all_queued)
+			break; /* a short read, or all the socket held: it is empty for now */
 	}
 	evbuffer_freeze(in, 0);
 	return added;

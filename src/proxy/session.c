@@ -181,10 +181,10 @@ static void session_close(km_session *s, const char *why)
 		KM_INFO("proxy", s->id, "closing client connection (%s), %zu request(s) in flight", why,
 			inflights_count(&s->fifo));
 	if (s->cli)
-		bufferevent_free(s->cli);
+		km_net_bev_free(s->cli);
 	s->cli = NULL;
 	if (s->up) {
-		bufferevent_free(s->up);
+		km_net_bev_free(s->up);
 		if (s->up_state == UP_READY && m->upstream_connections)
 			m->upstream_connections--;
 	}
@@ -230,9 +230,9 @@ static void update_cli_reading(km_session *s)
 		return;
 	s->cli_paused = pause;
 	if (pause) {
-		bufferevent_disable(s->cli, EV_READ);
+		km_net_bev_disable(s->cli, EV_READ);
 	} else {
-		bufferevent_enable(s->cli, EV_READ);
+		km_net_bev_enable(s->cli, EV_READ);
 		/* A partial frame did not stall while we were the ones not reading. */
 		if (s->partial_since_ms)
 			s->partial_since_ms = now_ms(s);
@@ -252,9 +252,9 @@ static void update_up_reading(km_session *s)
 		return;
 	s->up_paused = pause;
 	if (pause) {
-		bufferevent_disable(s->up, EV_READ);
+		km_net_bev_disable(s->up, EV_READ);
 	} else {
-		bufferevent_enable(s->up, EV_READ);
+		km_net_bev_enable(s->up, EV_READ);
 		if (evbuffer_get_length(bufferevent_get_input(s->up)))
 			bufferevent_trigger(s->up, EV_READ, BEV_TRIG_DEFER_CALLBACKS | BEV_TRIG_IGNORE_WATERMARKS);
 	}
@@ -654,7 +654,7 @@ static void up_event_cb(struct bufferevent *bev, short what, void *arg)
 			tls[0] ? ": " : "", tls);
 		/* Bootstrap connections try the next address while nothing has been sent. */
 		if (!was_ready && s->node_id < 0 && s->up_try + 1 < s->host->cfg->upstream_count) {
-			bufferevent_free(s->up);
+			km_net_bev_free(s->up);
 			s->up = NULL;
 			s->up_try++;
 			up_connect(s);
@@ -689,9 +689,9 @@ static void up_connect(km_session *s)
 		return;
 	}
 	host->metrics->upstream_connects_total++;
-	bufferevent_setcb(s->up, up_read_cb, up_write_cb, up_event_cb, s);
+	km_net_bev_setcb(s->up, up_read_cb, up_write_cb, up_event_cb, s);
 	bufferevent_set_timeouts(s->up, &tv, &tv);
-	bufferevent_enable(s->up, EV_READ | EV_WRITE);
+	km_net_bev_enable(s->up, EV_READ | EV_WRITE);
 	if (bufferevent_socket_connect_hostname(s->up, host->dns, AF_UNSPEC, h, port) != 0)
 		up_event_cb(s->up, BEV_EVENT_ERROR, s);
 }
@@ -1046,9 +1046,9 @@ void km_session_set_accept(km_session_set *set, int fd, int32_t node_id)
 	set->count++;
 	host->metrics->client_connections++;
 	host->metrics->client_connections_total++;
-	bufferevent_setcb(s->cli, cli_read_cb, cli_write_cb, cli_event_cb, s);
+	km_net_bev_setcb(s->cli, cli_read_cb, cli_write_cb, cli_event_cb, s);
 	bufferevent_setwatermark(s->cli, EV_WRITE, (size_t)host->cfg->connection_buffer_bytes / 2, 0);
-	bufferevent_enable(s->cli, EV_READ | EV_WRITE);
+	km_net_bev_enable(s->cli, EV_READ | EV_WRITE);
 	KM_DEBUG("proxy", s->id, "client connected on %s port (node %d)", node_id < 0 ? "bootstrap" : "broker", node_id);
 	up_connect(s);
 }

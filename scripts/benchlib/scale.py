@@ -215,6 +215,29 @@ def scrape(url):
     return out
 
 
+LOG_EVENTS = {
+    "source Fetch failed": "Fetch from source broker",
+    "source Metadata failed": "source Metadata failed",
+    "requests timed out": "timed out\"",
+    "partitions reconciling": "reconciling",
+    "ListOffsets NOT_LEADER_OR_FOLLOWER": "failed: NOT_LEADER_OR_FOLLOWER",
+}
+
+
+def log_counts(path):
+    """How often kmirrord's log (info) names what slows a mirror down."""
+    out = {k: 0 for k in LOG_EVENTS}
+    try:
+        with open(path, errors="replace") as fh:
+            for ln in fh:
+                for k, needle in LOG_EVENTS.items():
+                    if needle in ln:
+                        out[k] += 1
+    except OSError:
+        pass
+    return out
+
+
 def window(samples, name, a, b):
     """(CPU seconds, seconds) of process name between times a and b, from the samples."""
     rows = [r for r in samples if a <= r["t"] <= b and f"{name}_cpu" in r]
@@ -245,8 +268,10 @@ def run(ctx):
         ctx.log("scale", f"clusters up in {time.monotonic() - t:.0f} s")
         from harness import free_port
         http = f"127.0.0.1:{free_port()}"
-        opts = [f"http-listen={http}"]
-        proxy, proxy_bs = common.bp.start_proxy(ctx.kmirrord, dst.cluster, dst.cluster.base_dir, opts, "scale")
+        # info: the reasons partitions reconcile are logged at info; the log stays with the results.
+        opts = [f"http-listen={http}", "log-level=info"]
+        proxy, proxy_bs = common.bp.start_proxy(ctx.kmirrord, dst.cluster, ctx.out, opts, "scale")
+        res["kmirrord_log"] = os.path.basename(proxy.log_path)
         metrics_url = f"http://{http}/metrics"
         ctx.command("scale", "kmirrord", [ctx.kmirrord, "--listen", proxy_bs, "--upstream", dst.bootstrap,
                                           "--log-level", "warn"] + [f"--{o}" for o in opts])
@@ -387,7 +412,9 @@ def run(ctx):
         res["samples"] = sampler.rows
         res["kmirrord_rss_end_kib"] = common.bp.proc_rss_kib(proxy.pid)
         res["describe_head"] = cli.run("describe", "--mirror", "scale", check=False).stdout[:400]
-        ctx.log("scale", f"steady load {load['mb_s']:.1f} MiB/s, lag at the end {load['lag_s']:.1f} s")
+        res["log_counts"] = log_counts(proxy.log_path)
+        ctx.log("scale", f"steady load {load['mb_s']:.1f} MiB/s, lag at the end {load['lag_s']:.1f} s; "
+                f"kmirrord's log: {res['log_counts']}")
         derive(res)
         return res
     finally:
@@ -425,6 +452,9 @@ def derive(res):
                                met["idle_end"]["kmirror_mirror_fetch_requests_total"]) / load_s
     fig["load_records_mirrored"] = (met["drained"]["kmirror_mirror_records_total"] -
                                     met["idle_end"]["kmirror_mirror_records_total"])
+    fig["load_full_fetches"] = met["drained"]["fetch_full"] - met["idle_end"]["fetch_full"]
+    fig["load_errors"] = (met["drained"]["kmirror_mirror_errors_total"] -
+                          met["idle_end"]["kmirror_mirror_errors_total"])
     gb = res["load"]["bytes"] / GIB
     for proc in ("kmirrord", "dst", "src"):
         c = fig[f"load_{proc}_cpu_s"]
@@ -480,6 +510,7 @@ def plot(res, ctx):
 
 
 def report(res, ctx):
+    derive(res)  # the figures again from the raw samples: a re-render gets the current ones
     sz, fg, ld, cu = res["sizes"], res["fig"], res["load"], res["catchup"]
     plot(res, ctx)
     peak = fg["peak_rss_mb"]
@@ -529,6 +560,8 @@ def report(res, ctx):
               f"(destination broker {_f(fg['load_dst_cpu_per_gb'], 1)}, ratio "
               f"{_f(fg['load_kmirrord_cpu_s'] / fg['load_dst_cpu_s'], 2) if fg['load_dst_cpu_s'] else '?'})"],
              ["Fetch requests to the source under load (/metrics)", f"{_f(fg['load_fetch_per_s'], 1)} /s"],
+             ["full Fetches (a fetch session opened or restarted) / partition errors, load + drain (/metrics)",
+              f"{_f(fg.get('load_full_fetches'), 0)} / {_f(fg.get('load_errors'), 0)}"],
              ["kmirrord peak RSS under load (VmHWM)", f"{_f(ld['kmirrord_hwm_kib'] / 1024, 1)} MB"],
              ["lag at the end of the load (last record visible)", f"**{_f(ld['lag_s'], 2)} s**"]]),
         "",
@@ -541,6 +574,26 @@ def report(res, ctx):
         lines.append(f"The goal of {RSS_GOAL_MB} MB RSS at 10,000 partitions is met"
                      f"{' (at the quick size, ' + format(res['partitions'], ',') + ' partitions)' if sz['topics'] < 1000 else ''}: "
                      f"peak {peak:.1f} MB.")
+    lc = res.get("log_counts")
+    if not lc and res.get("kmirrord_log"):  # a run before the counts were kept: its log is there
+        lc = log_counts(os.path.join(ctx.out, res["kmirrord_log"]))
+    if lc:
+        lines += ["", "kmirrord's log over the run (`--log-level info`, kept as "
+                  f"`{res.get('kmirrord_log', 'kmirrord-bench-scale.log')}` next to the results): "
+                  + ", ".join(f"{k} {v:,}" for k, v in lc.items()) + "."]
+    lines += ["", f"Where the time goes. kmirrord's own CPU stays small in every phase "
+              f"({_f(fg['catchup_kmirrord_cpu_per_s'], 3)}, {_f(fg['idle_kmirrord_cpu_per_s'], 4)} and "
+              f"{_f(fg['load_kmirrord_cpu_per_s'], 3)} CPU s/s); the brokers set the pace. The catch-up is "
+              f"mostly the destination bringing {res['partitions']:,} new partitions online (the topics are "
+              f"created in requests of at most 5,000 controller records; a start waits 15 s at most for their "
+              f"leaders and answers REQUEST_TIMED_OUT for the topics still without, which the section starts "
+              f"again), then one ListOffsets per partition on each side (reconcile and start position). "
+              f"Under load, {sz['load_mb_s']} MiB/s spread over {res['partitions']:,} partitions is one record "
+              f"per partition every {res['partitions'] * KIB / (sz['load_mb_s'] * MIB):.1f} s: every record "
+              f"is a batch of its own, for the source broker to append and serve; its producer needed "
+              f"{_f(ld['flushed_s'], 0)} s to have {sz['load_s']} s of records acknowledged, and a Fetch or "
+              f"Metadata request to it that waits over 31 s (the source Fetch failures above) ends the fetch "
+              f"session, so the next Fetch is a full one of every partition."]
     notes = res.get("notes")
     if notes:
         lines += ["", notes]

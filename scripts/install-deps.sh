@@ -8,7 +8,7 @@ DEBIAN_PACKAGES=(
 	libzstd-dev liblz4-dev zlib1g-dev libsnappy-dev uthash-dev libcmocka-dev
 	clang llvm libclang-rt-14-dev
 	openjdk-17-jdk-headless maven
-	python3 python3-pip python3-venv python3-matplotlib
+	python3 python3-pip python3-venv
 	kcat openssl procps iproute2 valgrind curl tcpdump
 )
 PYTHON_PACKAGES=(pytest confluent-kafka)
@@ -38,6 +38,8 @@ python3 -c 'import pytest' 2>/dev/null || pymissing+=(pytest)
 python3 -c 'import confluent_kafka' 2>/dev/null || pymissing+=(confluent-kafka)
 # A third client family (pure Python, its own protocol code): the mirror tests read through the proxy with it too.
 python3 -c 'import kafka' 2>/dev/null || pymissing+=(kafka-python)
+# scripts/bench draws its plots with it.
+python3 -c 'import matplotlib' 2>/dev/null || pymissing+=(matplotlib)
 if [ "${#pymissing[@]}" -gt 0 ]; then
 	echo "install-deps: installing Python packages: ${pymissing[*]}"
 	python3 -m pip install -q "${pymissing[@]}" 2>/dev/null ||

@@ -36,10 +36,10 @@ def run(ctx):
         bm.wait_until(lambda: cli.run("list", check=False).returncode == 0, 60, "kmirrord to answer")
         ctx.command("catchup", "kmirrord", ["kmirrord", "--listen", "127.0.0.1:PORT", "--advertised-host",
                                             "127.0.0.1", "--upstream", "DEST", "--log-level", "warn"])
-        ctx.command("catchup", "kmirror (per topic)",
-                    ["kmirror", "--bootstrap-server", "KMIRRORD", "create", "--mirror", "bench-CODEC",
-                     "--source-bootstrap", "SOURCE", "&&", "kmirror", "--bootstrap-server", "KMIRRORD",
-                     "start", "--mirror", "bench-CODEC", "--topics", "TOPIC"])
+        ctx.command("catchup", "kmirror, per topic", ["kmirror", "--bootstrap-server", "KMIRRORD", "create",
+                                                      "--mirror", "bench-CODEC", "--source-bootstrap", "SOURCE"])
+        ctx.command("catchup", "then", ["kmirror", "--bootstrap-server", "KMIRRORD", "start", "--mirror",
+                                        "bench-CODEC", "--topics", "TOPIC"])
         ctx.command("catchup", "MirrorMaker 2 (per topic, configuration below)",
                     ["java", "-Xms512m", "-Xmx2g", "-cp", f".cache/mm2/{MM2_VERSION}/libs/*",
                      "org.apache.kafka.connect.mirror.MirrorMaker", "mm2.properties"])
@@ -47,6 +47,7 @@ def run(ctx):
         for partitions in plan["partitions"]:
             for codec in plan["codecs"]:
                 a = _args(partitions, codec)
+                a.mm2_run = n
                 tag = f"p{partitions}-{codec}-{int(time.time())}"
                 topic, itopic = f"catchup-{tag}", f"ingest-{tag}"
                 src.create_topic(topic, partitions)

@@ -19,6 +19,7 @@ enum {
 	O_DELETE_CONFIG = 1 << 5,
 	O_TOPICS = 1 << 6,
 	O_TOPICS_REGEX = 1 << 7,
+	O_DRY_RUN = 1 << 8,
 };
 
 typedef struct cmd_info {
@@ -49,10 +50,15 @@ static const cmd_info cmds[] = {
 	 "start --mirror NAME (--topics A,B | --topics-regex RE)",
 	 "Start mirroring topics (not mirrored, STOPPED or FAILED). --topics-regex matches whole names\n"
 	 "of the destination cluster's topics (POSIX extended regex)."},
-	{KM_CLI_CMD_STOP, "stop", O_MIRROR | O_TOPICS | O_TOPICS_REGEX,
-	 "stop --mirror NAME (--topics A,B | --topics-regex RE)",
+	{KM_CLI_CMD_STOP, "stop", O_MIRROR | O_TOPICS | O_TOPICS_REGEX | O_DRY_RUN,
+	 "stop --mirror NAME (--topics A,B | --topics-regex RE) [--dry-run]",
 	 "Stop mirroring topics (PREPARING, MIRRORING, PAUSED or FAILED); they become writable.\n"
-	 "--topics-regex matches whole names of the mirror's topics."},
+	 "--topics-regex matches whole names of the mirror's topics.\n"
+	 "--dry-run stops nothing: it prints, per partition, the state, the mirrored offset, the source's\n"
+	 "end offset as kmirrord last fetched it and the records at risk (source end - mirrored; ? when\n"
+	 "unknown), and their total. Records written to the source after kmirrord's last fetch are not\n"
+	 "counted. Transactional data is not mirrored yet: such partitions are FAILED, and their source\n"
+	 "end is the one seen before the failure."},
 	{KM_CLI_CMD_PAUSE, "pause", O_MIRROR | O_TOPICS | O_TOPICS_REGEX,
 	 "pause --mirror NAME (--topics A,B | --topics-regex RE)",
 	 "Pause mirroring topics (MIRRORING); they stay read-only. --topics-regex matches whole names\n"
@@ -241,6 +247,7 @@ static const opt_def opt_defs[] = {
 	{"--config", O_CONFIG, true},     {"--config-file", O_CONFIG_FILE, true},
 	{"--validate-only", O_VALIDATE, false}, {"--delete-config", O_DELETE_CONFIG, true},
 	{"--topics", O_TOPICS, true},     {"--topics-regex", O_TOPICS_REGEX, true},
+	{"--dry-run", O_DRY_RUN, false},
 };
 
 static const opt_def *opt_lookup(const char *name, size_t n)
@@ -302,6 +309,10 @@ static int apply_opt(km_cli_args *a, const opt_def *o, const char *v, km_cli_kvs
 		return set_once(&a->config_file, v, n, err, errlen);
 	if (!strcmp(n, "--validate-only")) {
 		a->validate_only = true;
+		return KM_CLI_EXIT_OK;
+	}
+	if (!strcmp(n, "--dry-run")) {
+		a->dry_run = true;
 		return KM_CLI_EXIT_OK;
 	}
 	if (!strcmp(n, "--delete-config")) {

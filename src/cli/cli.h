@@ -67,6 +67,7 @@ typedef struct km_cli_args {
 	char **topics;              /* --topics a,b (NULL: none given) */
 	size_t ntopics;
 	const char *topics_regex;   /* --topics-regex */
+	bool dry_run;               /* --dry-run (stop): report the records at risk, stop nothing */
 } km_cli_args;
 
 /*

@@ -771,6 +771,230 @@ static int mirror_topics(ctx *x, km_str **names, size_t *n)
 	return KM_CLI_EXIT_OK;
 }
 
+/* The records at risk of one partition if it stopped now: -1 when either end is unknown. */
+static int64_t at_risk_of(const km_describe_mirrors_response_described_partition *dp)
+{
+	if (dp->source_log_end_offset < 0 || dp->mirrored_offset < 0)
+		return -1;
+	return dp->source_log_end_offset > dp->mirrored_offset ? dp->source_log_end_offset - dp->mirrored_offset : 0;
+}
+
+static const char dry_run_note_end[] =
+	"SOURCE-END is the source's end offset as kmirrord last fetched it: records written to the source "
+	"after that fetch are not counted.";
+static const char dry_run_note_txn[] =
+	"Transactional data is not mirrored yet: a partition holding it is FAILED, and its source end is the "
+	"one fetched before it failed.";
+
+/*
+ * stop --dry-run: what a stop now would leave behind, from one DescribeMirrors and nothing else (no
+ * state changes). The source end is the pipeline's last fetched high watermark; kmirror does not ask
+ * the source itself (it may be the cluster that is gone).
+ */
+static int cmd_stop_dry_run(ctx *x)
+{
+	const km_cli_args *a = x->a;
+	km_describe_mirrors_response resp;
+	const km_describe_mirrors_response_described_mirror *dm;
+	regex_t rx;
+	bool use_rx = false, *seen = NULL, *sel;
+	int64_t total = 0;
+	size_t nparts = 0, unknown = 0, missing = 0;
+	int rc = KM_CLI_EXIT_OK;
+
+	if (!describe_call(x, a->mirror, a->topics, a->ntopics, &resp))
+		return KM_CLI_EXIT_ERROR;
+	if (resp.error_code)
+		return top_error(x, resp.error_code, resp.error_message);
+	if (resp.mirrors.count < 1) {
+		say_err(x, "UNKNOWN_CLUSTER_MIRROR: no mirror named %s", a->mirror);
+		return KM_CLI_EXIT_ERROR;
+	}
+	dm = &resp.mirrors.items[0];
+	if (dm->error_code)
+		return top_error(x, dm->error_code, dm->error_message);
+	if (a->topics_regex) {
+		char *anchored = km_arena_alloc(&x->arena, strlen(a->topics_regex) + 5), errbuf[256];
+		int e;
+		if (!anchored)
+			return KM_CLI_EXIT_ERROR;
+		sprintf(anchored, "^(%s)$", a->topics_regex);
+		if ((e = regcomp(&rx, anchored, REG_EXTENDED | REG_NOSUB)) != 0) {
+			regerror(e, &rx, errbuf, sizeof(errbuf));
+			say_err(x, "--topics-regex '%s': %s", a->topics_regex, errbuf);
+			return KM_CLI_EXIT_ERROR;
+		}
+		use_rx = true;
+	}
+	sel = km_arena_calloc(&x->arena, (dm->topics.count > 0 ? (size_t)dm->topics.count : 1) * sizeof(*sel));
+	if (a->topics)
+		seen = km_arena_calloc(&x->arena, (a->ntopics ? a->ntopics : 1) * sizeof(*seen));
+	if (!sel || (a->topics && !seen)) {
+		if (use_rx)
+			regfree(&rx);
+		return KM_CLI_EXIT_ERROR;
+	}
+	for (int32_t t = 0; t < dm->topics.count; t++) {
+		const km_describe_mirrors_response_described_topic *dt = &dm->topics.items[t];
+		size_t nl = dt->name.len > 0 ? (size_t)dt->name.len : 0;
+		char *name = km_arena_alloc(&x->arena, nl + 1);
+		if (!name)
+			break;
+		memcpy(name, dt->name.p, nl);
+		name[nl] = 0;
+		if (use_rx)
+			sel[t] = regexec(&rx, name, 0, NULL, 0) == 0;
+		else
+			sel[t] = true;
+		for (size_t i = 0; a->topics && i < a->ntopics; i++)
+			if (!strcmp(a->topics[i], name))
+				seen[i] = true;
+		if (!sel[t])
+			continue;
+		for (int32_t p = 0; p < dt->partitions.count; p++) {
+			int64_t r = at_risk_of(&dt->partitions.items[p]);
+			/* A STOPPED partition is writable already: a stop would not touch it. */
+			if (km_str_eq_c(dt->partitions.items[p].state, "STOPPED"))
+				continue;
+			nparts++;
+			if (r < 0)
+				unknown++;
+			else
+				total += r;
+		}
+	}
+	if (use_rx)
+		regfree(&rx);
+	/* A topic stop would refuse is named, as stop names it; the others are still reported. */
+	for (size_t i = 0; a->topics && i < a->ntopics; i++)
+		if (!seen[i] && missing++ == 0) {
+			say_err(x, "%s: topic %s is not in mirror %s", km_err_name(KM_MIRROR_TOPIC_NOT_IN_CLUSTER_MIRROR),
+				a->topics[i], a->mirror);
+			rc = KM_CLI_EXIT_ERROR;
+		}
+	if (use_rx) {
+		bool any = false;
+		for (int32_t t = 0; t < dm->topics.count; t++)
+			any |= sel[t];
+		if (!any) {
+			say_err(x, "no mirror topic matches --topics-regex '%s'", a->topics_regex);
+			return KM_CLI_EXIT_ERROR;
+		}
+	}
+	if (a->json) {
+		km_cli_json j;
+		km_cli_json_init(&j, x->out);
+		km_cli_json_obj(&j);
+		km_cli_json_key(&j, "mirror");
+		km_cli_json_str(&j, a->mirror);
+		km_cli_json_key(&j, "operation");
+		km_cli_json_str(&j, "stop");
+		km_cli_json_key(&j, "dry_run");
+		km_cli_json_bool(&j, true);
+		km_cli_json_key(&j, "topics");
+		km_cli_json_arr(&j);
+		for (int32_t t = 0; t < dm->topics.count; t++) {
+			const km_describe_mirrors_response_described_topic *dt = &dm->topics.items[t];
+			if (!sel[t])
+				continue;
+			km_cli_json_obj(&j);
+			km_cli_json_key(&j, "name");
+			km_cli_json_strn(&j, dt->name.p, dt->name.len);
+			km_cli_json_key(&j, "error");
+			km_cli_json_null(&j);
+			km_cli_json_key(&j, "state");
+			km_cli_json_strn(&j, dt->state.p, dt->state.len);
+			km_cli_json_key(&j, "partitions");
+			km_cli_json_arr(&j);
+			for (int32_t p = 0; p < dt->partitions.count; p++) {
+				const km_describe_mirrors_response_described_partition *dp = &dt->partitions.items[p];
+				bool stopped = km_str_eq_c(dp->state, "STOPPED");
+				km_cli_json_obj(&j);
+				km_cli_json_key(&j, "partition");
+				km_cli_json_int(&j, dp->partition_index);
+				km_cli_json_key(&j, "state");
+				km_cli_json_strn(&j, dp->state.p, dp->state.len);
+				km_cli_json_key(&j, "mirrored_offset");
+				km_cli_json_int(&j, dp->mirrored_offset);
+				km_cli_json_key(&j, "source_end_offset");
+				km_cli_json_int(&j, dp->source_log_end_offset);
+				km_cli_json_key(&j, "records_at_risk");
+				km_cli_json_int(&j, stopped ? -1 : at_risk_of(dp));
+				km_cli_json_obj_end(&j);
+			}
+			km_cli_json_arr_end(&j);
+			km_cli_json_obj_end(&j);
+		}
+		/* Names stop would refuse, with the error it would give. */
+		for (size_t i = 0; a->topics && i < a->ntopics; i++) {
+			char m[600];
+			if (seen[i])
+				continue;
+			snprintf(m, sizeof(m), "topic %s is not in mirror %s", a->topics[i], a->mirror);
+			km_cli_json_obj(&j);
+			km_cli_json_key(&j, "name");
+			km_cli_json_str(&j, a->topics[i]);
+			km_cli_json_key(&j, "error");
+			json_error(&j, KM_MIRROR_TOPIC_NOT_IN_CLUSTER_MIRROR, km_str_c(m));
+			km_cli_json_key(&j, "state");
+			km_cli_json_null(&j);
+			km_cli_json_key(&j, "partitions");
+			km_cli_json_arr(&j);
+			km_cli_json_arr_end(&j);
+			km_cli_json_obj_end(&j);
+		}
+		km_cli_json_arr_end(&j);
+		km_cli_json_key(&j, "partitions");
+		km_cli_json_int(&j, (int64_t)nparts);
+		km_cli_json_key(&j, "partitions_unknown");
+		km_cli_json_int(&j, (int64_t)unknown);
+		km_cli_json_key(&j, "total_records_at_risk");
+		km_cli_json_int(&j, total);
+		km_cli_json_key(&j, "notes");
+		km_cli_json_arr(&j);
+		km_cli_json_str(&j, dry_run_note_end);
+		km_cli_json_str(&j, dry_run_note_txn);
+		km_cli_json_arr_end(&j);
+		km_cli_json_obj_end(&j);
+	} else {
+		static const char *const hdr[] = {"TOPIC", "PARTITION", "STATE", "MIRRORED", "SOURCE-END", "AT-RISK"};
+		km_cli_table tb;
+		if (!km_cli_table_init(&tb, sizeof(hdr) / sizeof(hdr[0]), hdr))
+			return KM_CLI_EXIT_ERROR;
+		for (int32_t t = 0; t < dm->topics.count; t++) {
+			const km_describe_mirrors_response_described_topic *dt = &dm->topics.items[t];
+			char topic[512];
+			if (!sel[t])
+				continue;
+			snprintf(topic, sizeof(topic), "%.*s", (int)dt->name.len, dt->name.p);
+			for (int32_t p = 0; p < dt->partitions.count; p++) {
+				const km_describe_mirrors_response_described_partition *dp = &dt->partitions.items[p];
+				char part[16], st[64], mir[24], end[24], risk[24];
+				const char *row[] = {topic, part, st, mir, end, risk};
+				int64_t r = at_risk_of(dp);
+				snprintf(part, sizeof(part), "%d", dp->partition_index);
+				snprintf(st, sizeof(st), "%.*s", (int)dp->state.len, dp->state.p);
+				num_or_dash(dp->mirrored_offset, mir, sizeof(mir));
+				num_or_dash(dp->source_log_end_offset, end, sizeof(end));
+				if (km_str_eq_c(dp->state, "STOPPED"))
+					snprintf(risk, sizeof(risk), "-");
+				else if (r < 0)
+					snprintf(risk, sizeof(risk), "?");
+				else
+					snprintf(risk, sizeof(risk), "%lld", (long long)r);
+				km_cli_table_row(&tb, row);
+			}
+		}
+		km_cli_table_print(&tb, x->out);
+		km_cli_table_free(&tb);
+		fprintf(x->out, "\nTotal: %lld records at risk in %zu partitions", (long long)total, nparts);
+		if (unknown)
+			fprintf(x->out, " (%zu more unknown: ?)", unknown);
+		fprintf(x->out, ". Dry run: nothing was stopped.\n%s\n%s\n", dry_run_note_end, dry_run_note_txn);
+	}
+	return rc;
+}
+
 static int cmd_topics(ctx *x)
 {
 	const km_cli_args *a = x->a;
@@ -789,6 +1013,8 @@ static int cmd_topics(ctx *x)
 	case KM_CLI_CMD_PAUSE: key = KM_API_PAUSE_MIRROR_TOPICS; done_word = "paused"; break;
 	default: key = KM_API_RESUME_MIRROR_TOPICS; done_word = "resumed"; break;
 	}
+	if (a->cmd == KM_CLI_CMD_STOP && a->dry_run)
+		return cmd_stop_dry_run(x);
 	if ((v = version_of(x, key)) < 0)
 		return KM_CLI_EXIT_ERROR;
 	if (a->topics_regex) {

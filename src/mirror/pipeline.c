@@ -2308,6 +2308,13 @@ static void follow_log_start(km_pipeline *pl, mpart *p)
 static void settle_drained(km_pipeline *pl, mpart *p)
 {
 	km_mp_state to = p->state == KM_MP_PAUSING ? KM_MP_PAUSED : KM_MP_STOPPED;
+	/*
+	 * A Fetch in flight with nothing of this partition taken yet is not waited for: a source that
+	 * went away answers it only at the request timeout (31 s), and a failover must not wait that long.
+	 * Its part of the answer, if one comes, is dropped (the partition is no longer FETCHING).
+	 */
+	if (p->phase == PH_FETCHING && !p->taken)
+		p->phase = PH_READY;
 	if (p->settling || p->inflight || p->phase == PH_FETCHING || p->phase == PH_RUNS)
 		return;
 	drop_unsent(p);

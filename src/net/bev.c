@@ -124,8 +124,12 @@ static void flush_cb(evutil_socket_t unused, short what, void *arg)
 	f->flush_armed = false;
 	if (!f->fast || f->slow_write)
 		return;
+	/* A socket bufferevent keeps its output's start frozen except while it writes itself. */
+	evbuffer_unfreeze(out, 1);
 	while (evbuffer_get_length(out)) {
-		int n = evbuffer_write(out, fd);
+		int n;
+		errno = 0;
+		n = evbuffer_write(out, fd);
 		if (n > 0)
 			continue;
 		if (n < 0 && errno == EINTR)
@@ -133,11 +137,13 @@ static void flush_cb(evutil_socket_t unused, short what, void *arg)
 		if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
 			break;
 		/* As the bufferevent would: reading and writing stop, the caller hears of it. */
+		evbuffer_freeze(out, 1);
 		event_del(f->rd);
 		f->want_read = false;
 		call_event(f, BEV_EVENT_WRITING | BEV_EVENT_ERROR);
 		return;
 	}
+	evbuffer_freeze(out, 1);
 	if (evbuffer_get_length(out)) {
 		f->slow_write = true;
 		bufferevent_enable(f->bev, EV_WRITE);
@@ -208,6 +214,8 @@ static void go_fast(km_net_fast *f)
 
 	if (f->fast)
 		return;
+	/* Listeners and connects give non-blocking sockets; make sure, since a blocking write would stall the loop. */
+	evutil_make_socket_nonblocking(bufferevent_getfd(f->bev));
 	f->rd = event_new(bufferevent_get_base(f->bev), bufferevent_getfd(f->bev), EV_READ | EV_PERSIST, read_ready, f);
 	if (!f->rd)
 		return; /* out of memory: the bufferevent goes on doing its own I/O */

@@ -324,3 +324,142 @@ def test_secrets(kmirror_bin, cluster, source_cluster, proxy_factory, secret_key
                                "--config", "sasl.username=admin", "--config", f"sasl.password={password}")
     assert doc["error"]["code"] == 32008
     assert password not in bare.output()
+
+
+# ---------------------------------------------------------------------------------------------
+# stop --dry-run: the records at risk of a failover, with nothing stopped
+
+
+def _produce_kb(bootstrap, topic, partitions, per_partition):
+    """per_partition 1 KB records to each partition (acks=all); returns the count acked."""
+    from confluent_kafka import Producer
+    # Batches of at most 16 KB, so that the mirror's small throttled fetches each take a few.
+    p = Producer({"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 20, "batch.size": 16384,
+                  "queue.buffering.max.messages": 200000})
+    acked = [0]
+
+    def cb(err, _msg):
+        assert err is None, err
+        acked[0] += 1
+
+    value = b"x" * 1024
+    for i in range(per_partition):
+        for part in range(partitions):
+            while True:
+                try:
+                    p.produce(topic, value=value, partition=part, on_delivery=cb)
+                    break
+                except BufferError:
+                    p.poll(0.05)
+    assert p.flush(120) == 0
+    return acked[0]
+
+
+def _high_marks(bootstrap, topic, partitions):
+    from confluent_kafka import Consumer, TopicPartition
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": unique("hw")})
+    try:
+        return [c.get_watermark_offsets(TopicPartition(topic, p), timeout=15, cached=False)[1]
+                for p in range(partitions)]
+    finally:
+        c.close()
+
+
+def _dry_run_parts(doc, topic):
+    t = [t for t in doc["topics"] if t["name"] == topic]
+    assert len(t) == 1, doc
+    return sorted(t[0]["partitions"], key=lambda p: p["partition"])
+
+
+def test_stop_dry_run(kmirror_bin, dest_cluster, source_cluster, proxy_factory):
+    """A mirror throttled so that it lags a source that holds 4 x 2,000 1 KB records: stop --dry-run
+    reports, per partition, source end - mirrored as the records at risk (the source end is the
+    source's high watermark: nothing is written after the pipeline's fetches), within what the mirror
+    moved while the command ran, and exactly once the topic is paused; nothing is stopped (the topic
+    stays read-only and goes on mirroring); the text table and total agree with the JSON."""
+    parts, per = 4, 2000
+    proxy = mirror_proxy(proxy_factory, dest_cluster)
+    cli = Cli(kmirror_bin, proxy.bootstrap)
+    mirror, topic = unique("dry"), unique("atrisk")
+    source_cluster.create_topic(topic, partitions=parts)
+    dest_cluster.create_topic(topic, partitions=parts)
+    assert _produce_kb(source_cluster.bootstrap, topic, parts, per) == parts * per
+    src = _high_marks(source_cluster.bootstrap, topic, parts)
+    assert src == [per] * parts
+    # ~30 KB/s in fetches of at most 16 KB a partition: 8 MB take minutes to mirror.
+    cli.run("create", "--mirror", mirror, "--source-bootstrap", source_cluster.bootstrap,
+            "--config", "mirror.replication.throttled.rate=30000",
+            "--config", "mirror.fetch.max.bytes=65536", "--config", "mirror.fetch.partition.max.bytes=16384")
+    cli.run("start", "--mirror", mirror, "--topics", topic)
+    wait_states(cli, mirror, {topic: "MIRRORING"}, timeout=60)
+
+    def source_end_known():
+        ps = _dry_run_parts(cli.json("stop", "--mirror", mirror, "--topics", topic, "--dry-run")[0], topic)
+        return all(p["source_end_offset"] >= 0 and p["mirrored_offset"] > 0 for p in ps)
+    wait_until(source_end_known, 60, 0.5, what="the pipeline to have fetched every partition")
+
+    # Lagging and mirroring: at risk = source end - mirrored, the mirrored end between the proxy's
+    # high watermarks before and after the command.
+    before = _high_marks(proxy.bootstrap, topic, parts)
+    doc, _ = cli.json("stop", "--mirror", mirror, "--topics", topic, "--dry-run")
+    after = _high_marks(proxy.bootstrap, topic, parts)
+    ps = _dry_run_parts(doc, topic)
+    assert doc["dry_run"] is True and doc["operation"] == "stop" and doc["mirror"] == mirror
+    assert [p["partition"] for p in ps] == list(range(parts))
+    assert all(p["state"] == "MIRRORING" for p in ps), ps
+    assert [p["source_end_offset"] for p in ps] == src, ps
+    for p, lo, hi in zip(ps, before, after):
+        assert p["records_at_risk"] == p["source_end_offset"] - p["mirrored_offset"], p
+        # mirrored <= the proxy's end after (acknowledged); the proxy's end before can be ahead of
+        # the pipeline by the batches in flight then (at most one fetch of 16 KB: 16 records).
+        assert lo - 16 <= p["mirrored_offset"] <= hi, (p, lo, hi)
+    assert sum(p["records_at_risk"] for p in ps) == doc["total_records_at_risk"]
+    assert doc["total_records_at_risk"] > parts * per // 4, "the mirror was meant to lag"
+    assert doc["partitions"] == parts and doc["partitions_unknown"] == 0
+    assert any("last fetched" in n for n in doc["notes"]) and any("ransactional" in n for n in doc["notes"])
+
+    # Nothing was stopped: still MIRRORING, still read-only, still moving.
+    assert topic_states(cli, mirror)[topic] == ["MIRRORING"] * parts
+    from confluent_kafka import Producer
+    got = []
+    pr = Producer({"bootstrap.servers": proxy.bootstrap, "acks": "all", "retries": 0,
+                   "message.timeout.ms": 20000})
+    pr.produce(topic, value=b"refused", partition=0, on_delivery=lambda e, m: got.append(e))
+    pr.flush(30)
+    assert got and got[0] is not None and got[0].code() == 32000, got  # MIRROR_READ_ONLY_TOPIC
+    wait_until(lambda: sum(_high_marks(proxy.bootstrap, topic, parts)) > sum(after), 30, 0.5,
+               what="the mirror to go on after the dry run")
+
+    # Paused: nothing moves, so the numbers are exact.
+    cli.run("pause", "--mirror", mirror, "--topics", topic)
+    wait_states(cli, mirror, {topic: "PAUSED"}, timeout=60)
+    proxy_end = _high_marks(proxy.bootstrap, topic, parts)
+    doc, _ = cli.json("stop", "--mirror", mirror, "--topics", topic, "--dry-run")
+    ps = _dry_run_parts(doc, topic)
+    assert [p["mirrored_offset"] for p in ps] == proxy_end, (ps, proxy_end)
+    assert [p["records_at_risk"] for p in ps] == [s - e for s, e in zip(src, proxy_end)], (ps, proxy_end)
+    assert doc["total_records_at_risk"] == sum(src) - sum(proxy_end) > 0
+    # The table: one row per partition, AT-RISK as in the JSON, and the total line.
+    r = cli.run("stop", "--mirror", mirror, "--topics-regex", topic, "--dry-run")
+    rows = table(r.stdout)
+    assert rows[0] == ["TOPIC", "PARTITION", "STATE", "MIRRORED", "SOURCE-END", "AT-RISK"]
+    assert rows[1:1 + parts] == [[topic, str(i), "PAUSED", str(proxy_end[i]), str(src[i]),
+                                  str(src[i] - proxy_end[i])] for i in range(parts)]
+    assert (f"Total: {doc['total_records_at_risk']} records at risk in {parts} partitions. "
+            "Dry run: nothing was stopped.") in r.stdout
+    assert "last fetched" in r.stdout
+    assert topic_states(cli, mirror)[topic] == ["PAUSED"] * parts
+    assert _high_marks(proxy.bootstrap, topic, parts) == proxy_end
+
+    # A name not in the mirror is refused as stop refuses it; --dry-run is stop's alone.
+    err, _, _ = cli.refused("TOPIC_NOT_IN_CLUSTER_MIRROR", "stop", "--mirror", mirror, "--topics",
+                            unique("nosuch"), "--dry-run", json_too=False)
+    assert cli.run("pause", "--mirror", mirror, "--topics", topic, "--dry-run", expect=2).returncode == 2
+
+    # The real stop, after which the topic continues at the mirrored end.
+    cli.run("stop", "--mirror", mirror, "--topics", topic)
+    wait_states(cli, mirror, {topic: "STOPPED"}, timeout=60)
+    doc, _ = cli.json("stop", "--mirror", mirror, "--topics", topic, "--dry-run")
+    assert doc["partitions"] == 0 and doc["total_records_at_risk"] == 0
+    assert all(p["records_at_risk"] == -1 for p in _dry_run_parts(doc, topic))
+    cli.run("delete", "--mirror", mirror)

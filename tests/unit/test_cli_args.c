@@ -121,6 +121,23 @@ static void test_topic_commands(void **state)
 	assert_null(a.topics);
 	km_cli_args_free(&a);
 
+	/* --dry-run: stop only, a flag, and it still needs the topics stop would take. */
+	assert_int_equal(parse(&a, err, "--bootstrap-server", "h:1", "stop", "--mirror", "m", "--topics-regex", ".*",
+			       "--dry-run", NULL),
+			 KM_CLI_EXIT_OK);
+	assert_true(a.dry_run);
+	assert_int_equal(a.cmd, KM_CLI_CMD_STOP);
+	km_cli_args_free(&a);
+	assert_int_equal(parse(&a, err, "--bootstrap-server", "h:1", "stop", "--mirror", "m", "--topics", "a", NULL),
+			 KM_CLI_EXIT_OK);
+	assert_false(a.dry_run);
+	km_cli_args_free(&a);
+	ASSERT_USAGE("pause does not take --dry-run", "--bootstrap-server", "h:1", "pause", "--mirror", "m",
+		     "--topics", "a", "--dry-run");
+	ASSERT_USAGE("--dry-run takes no value", "--bootstrap-server", "h:1", "stop", "--mirror", "m", "--topics",
+		     "a", "--dry-run=yes");
+	ASSERT_USAGE("--topics or --topics-regex is required", "--bootstrap-server", "h:1", "stop", "--mirror", "m",
+		     "--dry-run");
 	ASSERT_USAGE("--topics or --topics-regex is required", "--bootstrap-server", "h:1", "stop", "--mirror", "m");
 	ASSERT_USAGE("not both", "--bootstrap-server", "h:1", "resume", "--mirror", "m", "--topics", "a",
 		     "--topics-regex", "a");

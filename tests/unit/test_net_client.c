@@ -167,8 +167,8 @@ static void fake_accept(struct evconnlistener *l, evutil_socket_t fd, struct soc
 	fake *f = arg;
 	f->conn = f->tls ? km_net_bev_new(f->base, fd, f->tls, true, NULL, false)
 			 : bufferevent_socket_new(f->base, fd, BEV_OPT_CLOSE_ON_FREE);
-	bufferevent_setcb(f->conn, fake_read, NULL, NULL, f);
-	bufferevent_enable(f->conn, EV_READ | EV_WRITE);
+	km_net_bev_setcb(f->conn, fake_read, NULL, NULL, f);
+	km_net_bev_enable(f->conn, EV_READ | EV_WRITE);
 }
 
 static void fake_start(fake *f, struct event_base *base, fake_mode mode)
@@ -192,7 +192,7 @@ static void fake_start(fake *f, struct event_base *base, fake_mode mode)
 static void fake_stop(fake *f)
 {
 	if (f->conn)
-		bufferevent_free(f->conn);
+		km_net_bev_free(f->conn);
 	evconnlistener_free(f->l);
 }
 

@@ -4,6 +4,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <signal.h>
 #include <string.h>
 #include <cmocka.h>
 #include <sys/socket.h>
@@ -266,8 +267,9 @@ static void run_fill(size_t total, size_t upto, fill_probe *p)
 	p->got = evbuffer_new();
 	bev = km_net_bev_new(base, sv[0], NULL, false, NULL, false);
 	assert_non_null(bev);
-	bufferevent_setcb(bev, fill_read_cb, NULL, fill_event_cb, p);
-	bufferevent_enable(bev, EV_READ);
+	km_net_bev_setcb(bev, fill_read_cb, NULL, fill_event_cb, p);
+	km_net_bev_fill(bev, upto); /* a plain bufferevent reads this much per readiness from now on */
+	km_net_bev_enable(bev, EV_READ);
 	for (int i = 0; i < 1000 && !p->eof; i++)
 		event_base_loop(base, EVLOOP_ONCE);
 	/* Every byte once, in order, and the end of stream still reported by the bufferevent itself. */
@@ -275,7 +277,7 @@ static void run_fill(size_t total, size_t upto, fill_probe *p)
 	assert_int_equal(evbuffer_get_length(p->got), total);
 	seen = evbuffer_pullup(p->got, -1);
 	assert_memory_equal(seen, data, total);
-	bufferevent_free(bev);
+	km_net_bev_free(bev);
 	evbuffer_free(p->got);
 	event_base_free(base);
 	close(sv[1]);
@@ -286,7 +288,7 @@ static void test_bev_fill(void **state)
 {
 	fill_probe p;
 
-	/* libevent 2.1 alone hands over 4 KiB per readiness event; the fill takes the rest at once. */
+	/* libevent 2.1 alone hands over 4 KiB per readiness event; here the first callback has it all. */
 	run_fill(100000, 256 * 1024, &p);
 	assert_true(p.first_before <= 100000);
 	assert_int_equal(p.first_after, 100000);
@@ -298,6 +300,129 @@ static void test_bev_fill(void **state)
 	/* Nothing waiting: the fill adds nothing and EOF is not swallowed. */
 	run_fill(1, 256 * 1024, &p);
 	assert_int_equal(p.first_after, 1);
+}
+
+/* ---- writes: straight from the output, the write event only while the socket is full ---- */
+
+typedef struct {
+	size_t writes;
+	short events;
+} write_probe;
+
+static void probe_write_cb(struct bufferevent *bev, void *arg)
+{
+	write_probe *p = arg;
+	(void)bev;
+	p->writes++;
+}
+
+static void probe_event_cb(struct bufferevent *bev, short what, void *arg)
+{
+	write_probe *p = arg;
+	(void)bev;
+	p->events |= what;
+}
+
+/* Reads what the socket holds (non-blocking) onto got; the bytes read. */
+static size_t drain_socket(int fd, struct evbuffer *got)
+{
+	uint8_t buf[65536];
+	size_t total = 0;
+	ssize_t n;
+	while ((n = recv(fd, buf, sizeof(buf), MSG_DONTWAIT)) > 0) {
+		evbuffer_add(got, buf, (size_t)n);
+		total += (size_t)n;
+	}
+	return total;
+}
+
+static void test_bev_direct_write(void **state)
+{
+	struct event_base *base = event_base_new();
+	struct evbuffer *got = evbuffer_new();
+	const size_t total = 8 * 1024 * 1024; /* far more than a socket buffer holds */
+	uint8_t *data = malloc(total);
+	write_probe p = {0};
+	struct bufferevent *bev;
+	int sv[2], rounds = 0;
+
+	(void)state;
+	for (size_t i = 0; i < total; i++)
+		data[i] = (uint8_t)(i * 13 + i / 509);
+	assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+	bev = km_net_bev_new(base, sv[0], NULL, false, NULL, false);
+	assert_non_null(bev);
+	km_net_bev_setcb(bev, NULL, probe_write_cb, probe_event_cb, &p);
+	km_net_bev_enable(bev, EV_READ | EV_WRITE);
+
+	/* A small write leaves in the loop round after the one that queued it: no readiness wait. */
+	evbuffer_add(bufferevent_get_output(bev), "hello", 5);
+	assert_int_equal(event_base_loop(base, EVLOOP_NONBLOCK), 0);
+	assert_int_equal(evbuffer_get_length(bufferevent_get_output(bev)), 0);
+	assert_int_equal(drain_socket(sv[1], got), 5);
+	assert_int_equal(p.writes, 1);
+	evbuffer_drain(got, 5);
+
+	/* A big one fills the socket; the rest goes as the peer reads, every byte once and in order. */
+	evbuffer_add(bufferevent_get_output(bev), data, total);
+	while (evbuffer_get_length(got) < total && rounds++ < 100000) {
+		event_base_loop(base, EVLOOP_NONBLOCK);
+		drain_socket(sv[1], got);
+	}
+	assert_int_equal(evbuffer_get_length(got), total);
+	assert_memory_equal(evbuffer_pullup(got, -1), data, total);
+	assert_true(p.writes >= 2);
+	assert_int_equal(p.events, 0);
+
+	/* Back to direct writes once the output drained. */
+	evbuffer_drain(got, total);
+	p.writes = 0;
+	evbuffer_add(bufferevent_get_output(bev), "again", 5);
+	event_base_loop(base, EVLOOP_NONBLOCK);
+	assert_int_equal(drain_socket(sv[1], got), 5);
+	assert_int_equal(p.writes, 1);
+
+	/* The peer gone: the write fails and the event callback hears it. */
+	signal(SIGPIPE, SIG_IGN);
+	close(sv[1]);
+	evbuffer_add(bufferevent_get_output(bev), data, 4096);
+	for (int i = 0; i < 10 && !p.events; i++)
+		event_base_loop(base, EVLOOP_NONBLOCK);
+	assert_true(p.events & BEV_EVENT_WRITING);
+	assert_true(p.events & BEV_EVENT_ERROR);
+
+	km_net_bev_free(bev);
+	evbuffer_free(got);
+	event_base_free(base);
+	free(data);
+}
+
+/* The caller frees the bufferevent inside its own read callback: nothing is touched after. */
+static void free_in_read_cb(struct bufferevent *bev, void *arg)
+{
+	int *calls = arg;
+	(*calls)++;
+	km_net_bev_free(bev);
+}
+
+static void test_bev_free_in_callback(void **state)
+{
+	struct event_base *base = event_base_new();
+	struct bufferevent *bev;
+	int sv[2], calls = 0;
+
+	(void)state;
+	assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+	bev = km_net_bev_new(base, sv[0], NULL, false, NULL, false);
+	km_net_bev_setcb(bev, free_in_read_cb, NULL, NULL, &calls);
+	km_net_bev_enable(bev, EV_READ);
+	evbuffer_add(bufferevent_get_output(bev), "queued", 6); /* a flush armed, then freed with it */
+	assert_int_equal(write(sv[1], "x", 1), 1);
+	for (int i = 0; i < 5; i++)
+		event_base_loop(base, EVLOOP_NONBLOCK);
+	assert_int_equal(calls, 1);
+	close(sv[1]);
+	event_base_free(base);
 }
 
 /* ---- the same over TLS: a client bufferevent reading what a TLS server bufferevent writes ---- */
@@ -343,16 +468,16 @@ static size_t run_tls_fill(const char *dir, size_t total, size_t upto)
 	cli = km_net_bev_new(base, sv[0], cctx, false, "localhost", false);
 	assert_non_null(srv);
 	assert_non_null(cli);
-	bufferevent_setcb(cli, tls_read_cb, NULL, NULL, &p);
-	bufferevent_enable(cli, EV_READ | EV_WRITE);
-	bufferevent_enable(srv, EV_READ | EV_WRITE);
+	km_net_bev_setcb(cli, tls_read_cb, NULL, NULL, &p);
+	km_net_bev_enable(cli, EV_READ | EV_WRITE);
+	km_net_bev_enable(srv, EV_READ | EV_WRITE);
 	evbuffer_add(bufferevent_get_output(srv), data, total);
 	for (int i = 0; i < 200000 && evbuffer_get_length(p.got) < total; i++)
 		event_base_loop(base, EVLOOP_ONCE);
 	assert_int_equal(evbuffer_get_length(p.got), total);
 	assert_memory_equal(evbuffer_pullup(p.got, -1), data, total);
-	bufferevent_free(cli);
-	bufferevent_free(srv);
+	km_net_bev_free(cli);
+	km_net_bev_free(srv);
 	event_base_loop(base, EVLOOP_NONBLOCK);
 	event_base_free(base);
 	SSL_CTX_free(sctx);
@@ -389,6 +514,8 @@ int main(void)
 		cmocka_unit_test(test_evrd),
 		cmocka_unit_test(test_bev_fill),
 		cmocka_unit_test(test_bev_fill_tls),
+		cmocka_unit_test(test_bev_direct_write),
+		cmocka_unit_test(test_bev_free_in_callback),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

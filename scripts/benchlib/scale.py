@@ -591,9 +591,10 @@ def report(res, ctx):
               f"Under load, {sz['load_mb_s']} MiB/s spread over {res['partitions']:,} partitions is one record "
               f"per partition every {res['partitions'] * KIB / (sz['load_mb_s'] * MIB):.1f} s: every record "
               f"is a batch of its own, for the source broker to append and serve; its producer needed "
-              f"{_f(ld['flushed_s'], 0)} s to have {sz['load_s']} s of records acknowledged, and a Fetch or "
-              f"Metadata request to it that waits over 31 s (the source Fetch failures above) ends the fetch "
-              f"session, so the next Fetch is a full one of every partition."]
+              f"{_f(ld['flushed_s'], 0)} s to have {sz['load_s']} s of records acknowledged"
+              + (f"; {lc['source Fetch failed']} Fetch(es) to it waited over kmirrord's 31 s request timeout, "
+                 f"and each such failure ends the fetch session: 31 s without fetching, then a full Fetch of every "
+                 f"partition." if lc and lc.get("source Fetch failed") else ".")]
     notes = res.get("notes")
     if notes:
         lines += ["", notes]

@@ -53,16 +53,7 @@ class Ctx:
 
 def pyplot():
     """matplotlib's pyplot on the file-only backend (no display on a build machine)."""
-    try:
-        import matplotlib
-    except ImportError:
-        # A python3 of its own (pyenv, a venv) next to the distribution's python3-matplotlib of
-        # the same minor version: take the distribution's.
-        dist = "/usr/lib/python3/dist-packages"
-        if not os.path.isdir(os.path.join(dist, "matplotlib")):
-            raise
-        sys.path.append(dist)
-        import matplotlib
+    import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     return plt

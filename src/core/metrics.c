@@ -31,6 +31,13 @@ struct km_metric_family {
 	bool hide_empty;
 	km_metric_series **series; /* in the order they were made */
 	size_t nseries, capseries;
+	/*
+	 * The same series by their label values (open addressing, a power of two at most half full),
+	 * so that registering one of tens of thousands (a series per mirrored partition) is not a scan
+	 * of all the others: that made a start of 10,000 partitions quadratic.
+	 */
+	km_metric_series **index;
+	size_t nindex;
 	km_metric_series *overflow; /* not counted against max_series */
 	bool warned;
 };
@@ -141,6 +148,7 @@ static void family_free(km_metric_family *f)
 		series_free(f->series[i]);
 	series_free(f->overflow);
 	free(f->series);
+	free(f->index);
 	for (size_t i = 0; i < f->nlabels; i++)
 		free(f->labels[i]);
 	free(f->bounds);
@@ -206,17 +214,68 @@ static km_metric_series *series_new(km_metric_family *f, const char *const *valu
 	return s;
 }
 
+/* FNV-1a over the label values, each ended by a zero byte (so ("ab", "c") and ("a", "bc") differ). */
+static size_t values_hash(const km_metric_family *f, const char *const *values)
+{
+	uint64_t h = 14695981039346656037ull;
+	for (size_t j = 0; j < f->nlabels; j++) {
+		for (const char *c = values[j] ? values[j] : ""; *c; c++)
+			h = (h ^ (unsigned char)*c) * 1099511628211ull;
+		h *= 1099511628211ull; /* the zero byte that ends the value */
+	}
+	return (size_t)h;
+}
+
+static bool values_equal(const km_metric_family *f, const km_metric_series *s, const char *const *values)
+{
+	for (size_t j = 0; j < f->nlabels; j++)
+		if (strcmp(s->values[j], values[j] ? values[j] : "") != 0)
+			return false;
+	return true;
+}
+
 static km_metric_series *series_find(const km_metric_family *f, const char *const *values)
 {
-	for (size_t i = 0; i < f->nseries; i++) {
-		size_t j;
-		for (j = 0; j < f->nlabels; j++)
-			if (strcmp(f->series[i]->values[j], values[j] ? values[j] : "") != 0)
-				break;
-		if (j == f->nlabels)
-			return f->series[i];
+	if (!f->nindex)
+		return NULL;
+	for (size_t i = values_hash(f, values) & (f->nindex - 1);; i = (i + 1) & (f->nindex - 1)) {
+		km_metric_series *s = f->index[i];
+		if (!s)
+			return NULL;
+		if (values_equal(f, s, values))
+			return s;
 	}
-	return NULL;
+}
+
+static void index_put(km_metric_family *f, km_metric_series *s)
+{
+	size_t i = values_hash(f, (const char *const *)s->values) & (f->nindex - 1);
+	while (f->index[i])
+		i = (i + 1) & (f->nindex - 1);
+	f->index[i] = s;
+}
+
+/* Room in the index for one more series (rebuilt twice as large when half full); false when out of memory. */
+static bool index_room(km_metric_family *f)
+{
+	size_t n = f->nindex ? f->nindex : 16;
+	km_metric_series **old = f->index;
+	size_t nold = f->nindex;
+
+	while ((f->nseries + 1) * 2 > n)
+		n *= 2;
+	if (n == f->nindex)
+		return true;
+	if (!(f->index = calloc(n, sizeof(*f->index)))) {
+		f->index = old;
+		return false;
+	}
+	f->nindex = n;
+	for (size_t i = 0; i < nold; i++)
+		if (old[i])
+			index_put(f, old[i]);
+	free(old);
+	return true;
 }
 
 static void count_dropped(km_metric_family *f)
@@ -249,9 +308,10 @@ static km_metric_series *series_lookup(km_metric_family *f, const char *const *v
 	}
 	if (f->nseries == f->capseries && !grow((void **)&f->series, &f->capseries, sizeof(*f->series)))
 		return NULL;
-	if (!(s = series_new(f, values)))
+	if (!index_room(f) || !(s = series_new(f, values)))
 		return NULL;
 	f->series[f->nseries++] = s;
+	index_put(f, s);
 	return s;
 }
 

@@ -46,6 +46,14 @@ enum {
 /* Configs taken from one source topic, and retries that drop a config the destination refuses. */
 #define MAX_CONFIGS 512
 #define MAX_CREATE_TRIES 8
+/*
+ * Metadata records one CreateTopics may cost the destination's controller: a KRaft controller
+ * refuses a request over its limit of 10,000 records per operation as a whole (POLICY_VIOLATION
+ * "Unable to perform excessively large batch operation"). A topic costs a TopicRecord, a
+ * PartitionRecord per partition and a ConfigRecord per config; the topics go in requests of at
+ * most this many, one after the other (a topic over it alone goes alone, for the broker to judge).
+ */
+#define CREATE_RECORDS_MAX 5000
 #define MAX_TOPICS 10000
 
 /* Versions: Metadata v1+ (topic errors per name), DescribeConfigs v1+ (config_source), CreateTopics v4+ (-1 replication factor), Fetch v4-12 (topics by name). */
@@ -119,6 +127,7 @@ typedef struct ptopic {
 	char *msg;
 	bool missing;      /* not on the destination: ours to create */
 	bool settled;      /* its answer is known */
+	bool asked;        /* in the CreateTopics in flight */
 	int32_t partitions;
 	pcfg *cfg;
 	size_t ncfg;
@@ -534,8 +543,9 @@ static void took_create(struct km_mprep *p, const km_create_topics_response *r)
 	for (int32_t i = 0; i < r->topics.count; i++) {
 		const km_create_topics_response_creatable_topic_result *res = &r->topics.items[i];
 		ptopic *t = topic_of(p, res->name);
-		if (!t || !t->missing || t->settled)
+		if (!t || !t->missing || t->settled || !t->asked)
 			continue;
+		t->asked = false;
 		if (res->error_code == 0 || res->error_code == K_TOPIC_ALREADY_EXISTS) {
 			if (!res->error_code)
 				KM_INFO(COMP, 0, "%s: created destination topic %s: %d partitions, %zu configs from the source",
@@ -552,35 +562,43 @@ static void took_create(struct km_mprep *p, const km_create_topics_response *r)
 			 km_err_name(res->error_code), res->error_message.len > 0 ? ": " : "",
 			 res->error_message.len > 0 ? (int)res->error_message.len : 0, res->error_message.p);
 	}
-	p->create_tries++;
-	if (retry && to_create(p))
-		return; /* P_CREATE again, without the refused config */
+	if (retry)
+		p->create_tries++;
 	for (size_t i = 0; i < p->n; i++)
-		if (p->t[i].missing && !p->t[i].settled)
+		if (p->t[i].asked) {
+			p->t[i].asked = false;
 			set_code(&p->t[i], KM_MIRROR_STATE_UNAVAILABLE, "Creating topic %s: no answer for it", p->t[i].name);
+		}
+	if (to_create(p))
+		return; /* P_CREATE again: the next topics, or these without the refused config */
 	p->ph = P_LEADERS;
 }
 
-/* Whether every created topic has all its partitions led. */
+/*
+ * Whether every created topic has all its partitions led. A topic is settled (OK: the store takes
+ * it) as soon as it is led, so that a start of thousands of topics that runs out of time refuses
+ * only those still without leaders, not all. One pass over the answer: each topic looked up in
+ * the whole answer would be quadratic in the topics per poll (topic_of is linear).
+ */
 static bool took_leaders(struct km_mprep *p, const km_metadata_response *r)
 {
 	bool all = true;
-	for (size_t i = 0; i < p->n; i++) {
-		ptopic *t = &p->t[i];
-		bool ok = false;
-		if (t->settled || t->partitions <= 0)
+	for (int32_t k = 0; k < r->topics.count; k++) {
+		const km_metadata_response_topic *mt = &r->topics.items[k];
+		ptopic *t = topic_of(p, mt->name);
+		bool ok;
+		if (!t || t->settled || t->partitions <= 0 || mt->error_code)
 			continue;
-		for (int32_t k = 0; k < r->topics.count; k++) {
-			const km_metadata_response_topic *mt = &r->topics.items[k];
-			if (topic_of(p, mt->name) != t || mt->error_code)
-				continue;
-			ok = mt->partitions.count >= t->partitions;
-			for (int32_t j = 0; ok && j < mt->partitions.count; j++)
-				if (mt->partitions.items[j].error_code || mt->partitions.items[j].leader_id < 0)
-					ok = false;
-		}
-		all = all && ok;
+		ok = mt->partitions.count >= t->partitions;
+		for (int32_t j = 0; ok && j < mt->partitions.count; j++)
+			if (mt->partitions.items[j].error_code || mt->partitions.items[j].leader_id < 0)
+				ok = false;
+		if (ok)
+			set_code(t, KM_OK, NULL);
 	}
+	for (size_t i = 0; i < p->n; i++)
+		if (!p->t[i].settled && p->t[i].partitions > 0)
+			all = false;
 	return all;
 }
 
@@ -867,7 +885,7 @@ static void send_create(struct km_mprep *p)
 	size_t ncs = 0;
 	int16_t ver;
 	int32_t k = 0;
-	int64_t left = p->deadline - now_ms();
+	int64_t left = p->deadline - now_ms(), records = 0;
 	km_wr w;
 
 	if (!c)
@@ -895,8 +913,13 @@ static void send_create(struct km_mprep *p)
 	for (size_t i = 0; i < p->n; i++) {
 		ptopic *t = &p->t[i];
 		size_t first = ncs;
+		int64_t cost = 2 + (int64_t)t->partitions + (int64_t)t->ncfg;
 		if (!t->missing || t->settled)
 			continue;
+		if (k > 0 && records + cost > CREATE_RECORDS_MAX)
+			break; /* the next request takes it */
+		records += cost;
+		t->asked = true;
 		km_create_topics_request_creatable_topic_init(&ts[k]);
 		ts[k].name = km_str_c(t->name);
 		ts[k].num_partitions = t->partitions;

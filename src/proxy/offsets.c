@@ -101,6 +101,7 @@ void km_off_req_free(void *ctx)
 		c->inner_free(c->inner_ctx);
 	km_arena_free(&c->arena);
 	free(c->entries);
+	free(c->index);
 	free(c);
 }
 
@@ -137,10 +138,73 @@ static bool entry_is(const km_off_entry *e, km_str name, const km_uuid *id, int3
 	return e->partition == partition && (id ? km_uuid_eq(&e->id, id) : km_str_eq(e->topic, name));
 }
 
+/* FNV-1a over the topic (its id, or its name) and the partition. */
+static size_t entry_hash(km_str name, const km_uuid *id, int32_t partition)
+{
+	uint64_t h = 14695981039346656037ull;
+	const uint8_t *b = id ? (const uint8_t *)id : (const uint8_t *)name.p;
+	size_t n = id ? sizeof(*id) : name.len > 0 ? (size_t)name.len : 0;
+	for (size_t i = 0; i < n; i++)
+		h = (h ^ b[i]) * 1099511628211ull;
+	for (int k = 0; k < 4; k++)
+		h = (h ^ (((uint32_t)partition >> (8 * k)) & 0xff)) * 1099511628211ull;
+	return (size_t)h;
+}
+
+/* The index over every entry; false when out of memory (the caller scans instead). */
+static bool build_index(km_off_req *c)
+{
+	size_t n = 16;
+	while (n < 2 * c->n)
+		n *= 2;
+	free(c->index);
+	c->nindexed = 0;
+	if (!(c->index = calloc(n, sizeof(*c->index)))) {
+		c->nindex = 0;
+		return false;
+	}
+	c->nindex = n;
+	for (size_t i = 0; i < c->n; i++) {
+		const km_off_entry *e = &c->entries[i];
+		size_t j = entry_hash(e->topic, e->topic.len > 0 ? NULL : &e->id, e->partition) & (n - 1);
+		while (c->index[j])
+			j = (j + 1) & (n - 1);
+		c->index[j] = (uint32_t)i + 1;
+	}
+	c->nindexed = c->n;
+	return true;
+}
+
 const km_off_entry *km_off_req_find(km_off_req *c, km_str name, const km_uuid *id, int32_t partition)
 {
+	if (!c->n)
+		return NULL;
 	/* Responses come in request order nearly always: the entry after the last one found first. */
-	for (size_t k = 0; k < c->n; k++) {
+	{
+		size_t i = c->cursor % c->n;
+		if (entry_is(&c->entries[i], name, id, partition)) {
+			c->cursor = i + 1;
+			return &c->entries[i];
+		}
+	}
+	if (c->n > 8 && c->n < UINT32_MAX && (c->nindexed == c->n || build_index(c))) {
+		/*
+		 * Hashed as entry_is compares: by id when one is asked, else by name; an entry without a
+		 * name (added by id, add_entry) was hashed by its id, all zeros when it has none either.
+		 */
+		static const km_uuid zero;
+		const km_uuid *hid = id ? id : name.len > 0 ? NULL : &zero;
+		for (size_t j = entry_hash(name, hid, partition) & (c->nindex - 1);; j = (j + 1) & (c->nindex - 1)) {
+			uint32_t k = c->index[j];
+			if (!k)
+				return NULL;
+			if (entry_is(&c->entries[k - 1], name, id, partition)) {
+				c->cursor = k;
+				return &c->entries[k - 1];
+			}
+		}
+	}
+	for (size_t k = 1; k < c->n; k++) {
 		size_t i = (c->cursor + k) % c->n;
 		if (entry_is(&c->entries[i], name, id, partition)) {
 			c->cursor = i + 1;

@@ -83,6 +83,14 @@ typedef struct km_off_req {
 	const km_off_lookup *lk;
 	km_off_entry *entries;
 	size_t n, cap, cursor;
+	/*
+	 * The entries by (topic, partition), built at the first lookup the cursor misses (a response
+	 * in another order than its request: ListOffsets of thousands of partitions grouped by topic),
+	 * so that a response is not a scan of every entry per partition. Open addressing, entry index
+	 * + 1 (0: empty), nindex a power of two at least twice n; nindexed: n when it was built.
+	 */
+	uint32_t *index;
+	size_t nindex, nindexed;
 	km_arena arena;
 	/* A response hook this one runs first (read-only merges, Produce's v10+ tail), and its context. */
 	km_resp_hook inner;

@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "kmirror/log.h"
+#include "kmirror/hash.h"
 #include "kmirror/metrics.h"
 
 struct km_metric_series {
@@ -217,11 +218,10 @@ static km_metric_series *series_new(km_metric_family *f, const char *const *valu
 /* FNV-1a over the label values, each ended by a zero byte (so ("ab", "c") and ("a", "bc") differ). */
 static size_t values_hash(const km_metric_family *f, const char *const *values)
 {
-	uint64_t h = 14695981039346656037ull;
+	uint64_t h = KM_FNV1A_INIT;
 	for (size_t j = 0; j < f->nlabels; j++) {
-		for (const char *c = values[j] ? values[j] : ""; *c; c++)
-			h = (h ^ (unsigned char)*c) * 1099511628211ull;
-		h *= 1099511628211ull; /* the zero byte that ends the value */
+		const char *v = values[j] ? values[j] : "";
+		h = km_fnv1a(h, v, strlen(v) + 1); /* with the zero byte that ends the value */
 	}
 	return (size_t)h;
 }

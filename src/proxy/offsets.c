@@ -4,6 +4,7 @@
 
 #include "kmirror/batch.h"
 #include "kmirror/crc32c.h"
+#include "kmirror/hash.h"
 #include "kmirror/log.h"
 #include "kmirror/msg/delete_records_request.h"
 #include "kmirror/msg/delete_records_response.h"
@@ -141,14 +142,11 @@ static bool entry_is(const km_off_entry *e, km_str name, const km_uuid *id, int3
 /* FNV-1a over the topic (its id, or its name) and the partition. */
 static size_t entry_hash(km_str name, const km_uuid *id, int32_t partition)
 {
-	uint64_t h = 14695981039346656037ull;
-	const uint8_t *b = id ? (const uint8_t *)id : (const uint8_t *)name.p;
-	size_t n = id ? sizeof(*id) : name.len > 0 ? (size_t)name.len : 0;
-	for (size_t i = 0; i < n; i++)
-		h = (h ^ b[i]) * 1099511628211ull;
-	for (int k = 0; k < 4; k++)
-		h = (h ^ (((uint32_t)partition >> (8 * k)) & 0xff)) * 1099511628211ull;
-	return (size_t)h;
+	uint8_t pb[4] = {(uint8_t)partition, (uint8_t)((uint32_t)partition >> 8), (uint8_t)((uint32_t)partition >> 16),
+			 (uint8_t)((uint32_t)partition >> 24)};
+	uint64_t h = id ? km_fnv1a(KM_FNV1A_INIT, id, sizeof(*id))
+			: km_fnv1a(KM_FNV1A_INIT, name.p, name.len > 0 ? (size_t)name.len : 0);
+	return (size_t)km_fnv1a(h, pb, sizeof(pb));
 }
 
 /* The index over every entry; false when out of memory (the caller scans instead). */

@@ -4,6 +4,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "kmirror/hash.h"
 #include "kmirror/log.h"
 #include "kmirror/msg/create_partitions_request.h"
 #include "kmirror/msg/create_partitions_response.h"
@@ -992,9 +993,7 @@ static struct ro_log_slot {
 
 static uint64_t ro_log_hash(km_str topic, km_ro_op op)
 {
-	uint64_t h = 1469598103934665603ull ^ (uint64_t)op;
-	for (int32_t i = 0; i < topic.len; i++)
-		h = (h ^ (uint8_t)topic.p[i]) * 1099511628211ull;
+	uint64_t h = km_fnv1a(KM_FNV1A_INIT ^ (uint64_t)op, topic.p, topic.len > 0 ? (size_t)topic.len : 0);
 	return h ? h : 1;
 }
 

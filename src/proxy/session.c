@@ -61,6 +61,7 @@ struct km_session {
 	bool pumping;          /* inside pump_responses: answers made meanwhile are sent by its loop */
 	bool closed;
 	bool draining;
+	const char *close_when_written; /* the upstream is gone: close once the client has what it answered */
 	bool cli_paused;       /* reads from the client paused (FIFO full or upstream buffer full) */
 	bool up_paused;        /* reads from upstream paused (client buffer full) */
 	uint64_t last_activity_ms;
@@ -222,7 +223,7 @@ static void update_cli_reading(km_session *s)
 	const km_config *cfg = s->host->cfg;
 	/* A request half forwarded must be finished whatever the FIFO or a drain say: the broker waits
 	 * for its end before it answers anything. Buffer limits still apply (the upstream drains). */
-	bool pause = (s->rq.state == RQ_HEAD &&
+	bool pause = s->close_when_written || (s->rq.state == RQ_HEAD &&
 		      (s->draining || inflights_count(&s->fifo) >= (size_t)cfg->max_inflight_requests)) ||
 		     (s->up && evbuffer_get_length(bufferevent_get_output(s->up)) > (size_t)cfg->connection_buffer_bytes) ||
 		     evbuffer_get_length(s->held) > (size_t)cfg->connection_buffer_bytes;
@@ -660,7 +661,24 @@ static void up_event_cb(struct bufferevent *bev, short what, void *arg)
 			up_connect(s);
 			return;
 		}
-		/* The client sees what a broker failure looks like: a disconnect. */
+		/*
+		 * The client sees what a broker failure looks like: a disconnect. But what the broker
+		 * answered before it closed (a failed SASL authentication: the error, then the close) is
+		 * the client's: the session closes once that is written, 10 s at most.
+		 */
+		if (was_ready && s->cli && evbuffer_get_length(bufferevent_get_output(s->cli))) {
+			struct timeval tv = {10, 0};
+			km_net_bev_free(s->up);
+			s->up = NULL;
+			s->up_state = UP_FAILED;
+			if (m->upstream_connections)
+				m->upstream_connections--;
+			s->close_when_written = "upstream disconnected";
+			km_net_bev_disable(s->cli, EV_READ);
+			s->cli_paused = true;
+			bufferevent_set_timeouts(s->cli, NULL, &tv);
+			return;
+		}
 		session_close(s, was_ready ? "upstream disconnected" : "upstream unreachable");
 	}
 }
@@ -958,6 +976,11 @@ static void cli_write_cb(struct bufferevent *bev, void *arg)
 	km_session *s = arg;
 	if (s->closed)
 		return;
+	if (s->close_when_written) {
+		if (!evbuffer_get_length(bufferevent_get_output(bev)))
+			session_close(s, s->close_when_written);
+		return;
+	}
 	update_up_reading(s);
 	maybe_finish_drain(s);
 }
@@ -970,6 +993,8 @@ static void cli_event_cb(struct bufferevent *bev, short what, void *arg)
 		return;
 	if (what & BEV_EVENT_EOF) {
 		session_close(s, client_closed);
+	} else if (what & BEV_EVENT_TIMEOUT) {
+		session_close(s, s->close_when_written ? s->close_when_written : "client write timed out");
 	} else if (what & BEV_EVENT_ERROR) {
 		char why[512];
 		if (km_net_bev_error(bev, why, sizeof(why)) == KM_ERR_CLOSED) {

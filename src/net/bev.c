@@ -152,29 +152,35 @@ static void flush_cb(evutil_socket_t unused, short what, void *arg)
 	call_data(f, f->writecb); /* the output is empty: at or below any low watermark */
 }
 
-static void read_ready(evutil_socket_t fd, short what, void *arg)
+/*
+ * How much to read from fd: want cut to what the socket holds (a consumer that moves chains out
+ * takes their free space too, so reserve no more than that).
+ */
+static void recv_size(int fd, size_t *want)
 {
-	km_net_fast *f = arg;
-	struct evbuffer *in = bufferevent_get_input(f->bev);
-	size_t have = evbuffer_get_length(in), want = f->read_max > have ? f->read_max - have : 0, left;
+	int queued = 0;
+	if (ioctl(fd, FIONREAD, &queued) == 0 && queued > 0 && (size_t)queued < *want)
+		*want = (size_t)queued;
+}
+
+/* One recvmsg of up to want bytes into reserved space at in's end: the bytes read, 0 at EOF, -1 (errno) on error. */
+static ssize_t recv_into(struct evbuffer *in, int fd, size_t want)
+{
 	struct evbuffer_iovec v[4];
 	struct msghdr mh;
-	int nv, queued = 0;
+	size_t left = want, got;
+	int nv;
 	ssize_t rc;
 
-	(void)what;
-	if (want < READ_MIN)
-		want = READ_MIN;
-	/* Reserve what the socket holds (see km_net_bev_fill): chains moved out keep their free space. */
-	if (ioctl(fd, FIONREAD, &queued) == 0 && queued > 0 && (size_t)queued < want)
-		want = (size_t)queued;
+	/* A socket bufferevent keeps its input's end frozen except while it reads itself. */
 	evbuffer_unfreeze(in, 0);
 	nv = evbuffer_reserve_space(in, (ev_ssize_t)want, v, 4);
 	if (nv <= 0) {
 		evbuffer_freeze(in, 0);
-		return;
+		errno = ENOMEM;
+		return -1;
 	}
-	left = want;
+	/* reserve_space may offer more than asked for: read no more than want */
 	for (int i = 0; i < nv; i++) {
 		if (v[i].iov_len > left)
 			v[i].iov_len = left;
@@ -184,22 +190,42 @@ static void read_ready(evutil_socket_t fd, short what, void *arg)
 	mh.msg_iov = (struct iovec *)v;
 	mh.msg_iovlen = (size_t)nv;
 	rc = recvmsg(fd, &mh, MSG_DONTWAIT);
-	if (rc > 0) {
-		size_t got = (size_t)rc;
-		for (int i = 0; i < nv; i++) {
-			if (v[i].iov_len > got)
-				v[i].iov_len = got;
-			got -= v[i].iov_len;
-		}
-		while (nv > 0 && v[nv - 1].iov_len == 0)
-			nv--;
-		evbuffer_commit_space(in, v, nv);
+	if (rc <= 0) {
+		int e = errno;
+		evbuffer_commit_space(in, v, 0);
 		evbuffer_freeze(in, 0);
+		errno = e;
+		return rc;
+	}
+	got = (size_t)rc;
+	for (int i = 0; i < nv; i++) {
+		if (v[i].iov_len > got)
+			v[i].iov_len = got;
+		got -= v[i].iov_len;
+	}
+	while (nv > 0 && v[nv - 1].iov_len == 0)
+		nv--;
+	evbuffer_commit_space(in, v, nv);
+	evbuffer_freeze(in, 0);
+	return rc;
+}
+
+static void read_ready(evutil_socket_t fd, short what, void *arg)
+{
+	km_net_fast *f = arg;
+	struct evbuffer *in = bufferevent_get_input(f->bev);
+	size_t have = evbuffer_get_length(in), want = f->read_max > have ? f->read_max - have : 0;
+	ssize_t rc;
+
+	(void)what;
+	if (want < READ_MIN)
+		want = READ_MIN;
+	recv_size(fd, &want); /* nothing queued: the recvmsg tells EOF from an error */
+	rc = recv_into(in, fd, want);
+	if (rc > 0) {
 		call_data(f, f->readcb);
 		return;
 	}
-	evbuffer_commit_space(in, v, 0);
-	evbuffer_freeze(in, 0);
 	if (rc < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
 		return;
 	event_del(f->rd);
@@ -279,13 +305,11 @@ struct bufferevent *km_net_bev_plain_new(struct event_base *base, int fd, int op
 	return bev;
 }
 
-bool km_net_bev_plain_fill(struct bufferevent *bev, size_t upto)
+void km_net_bev_plain_fill(struct bufferevent *bev, size_t upto)
 {
 	km_net_fast *f = fast_of(bev);
-	if (!f || !f->fast)
-		return false;
-	f->read_max = upto > READ_MIN ? upto : READ_MIN;
-	return true;
+	if (f)
+		f->read_max = upto > READ_MIN ? upto : READ_MIN;
 }
 
 void km_net_bev_setcb(struct bufferevent *bev, bufferevent_data_cb readcb, bufferevent_data_cb writecb,

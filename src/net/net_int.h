@@ -9,7 +9,7 @@
 
 /* A plain socket bufferevent whose reads and writes src/net/bev.c does (see there); opts as bufferevent_socket_new. */
 struct bufferevent *km_net_bev_plain_new(struct event_base *base, int fd, int opts);
-/* For km_net_bev_fill on such a bufferevent: remembers upto as its read size; false for any other bufferevent. */
-bool km_net_bev_plain_fill(struct bufferevent *bev, size_t upto);
+/* For km_net_bev_fill on such a bufferevent: upto becomes its read size (per readiness event); others are left alone. */
+void km_net_bev_plain_fill(struct bufferevent *bev, size_t upto);
 
 #endif

@@ -1,9 +1,6 @@
 /* TLS contexts for client-facing listeners and upstream connections, and plain/TLS bufferevents behind one call. */
 #include <stdio.h>
 #include <string.h>
-#include <sys/ioctl.h>
-#include <sys/socket.h>
-#include <sys/uio.h>
 
 #include <event2/bufferevent_ssl.h>
 #include <openssl/err.h>
@@ -235,69 +232,15 @@ size_t km_net_bev_fill(struct bufferevent *bev, size_t upto)
 	struct evbuffer *in = bufferevent_get_input(bev);
 	evutil_socket_t fd = bufferevent_getfd(bev);
 	SSL *ssl = bufferevent_openssl_get_ssl(bev);
-	size_t added = 0;
 
 	if (fd < 0)
 		return 0;
 	if (ssl)
 		return fill_tls(in, ssl, upto);
-	if (km_net_bev_plain_fill(bev, upto))
-		return 0; /* read already, as far as the socket held, before the callback */
-	/* A socket bufferevent keeps its input's end frozen except while it reads itself. */
-	evbuffer_unfreeze(in, 0);
-	while (evbuffer_get_length(in) < upto) {
-		struct evbuffer_iovec v[4];
-		struct msghdr mh;
-		size_t want = upto - evbuffer_get_length(in), left, got;
-		int nv, queued = 0;
-		bool all_queued = false;
-		ssize_t rc;
-
-		/*
-		 * Reserve what the socket holds, not what could fit: a consumer that moves the bytes out
-		 * at once (a streamed response) takes the chains with their free space, so a chain made
-		 * for 1 MiB that got 64 KiB would be held at 1 MiB. Once all of that is read, stop: asking
-		 * again would cost two system calls per readiness event to learn what the next one says.
-		 */
-		if (ioctl(fd, FIONREAD, &queued) == 0) {
-			if (queued <= 0)
-				break;
-			if ((size_t)queued <= want) {
-				want = (size_t)queued;
-				all_queued = true;
-			}
-		}
-		left = want;
-		nv = evbuffer_reserve_space(in, (ev_ssize_t)want, v, 4);
-
-		if (nv <= 0)
-			break;
-		/* reserve_space may offer more than asked for: read no more than want */
-		for (int i = 0; i < nv; i++) {
-			if (v[i].iov_len > left)
-				v[i].iov_len = left;
-			left -= v[i].iov_len;
-		}
-		memset(&mh, 0, sizeof(mh));
-		mh.msg_iov = (struct iovec *)v;
-		mh.msg_iovlen = (size_t)nv;
-		rc = recvmsg(fd, &mh, MSG_DONTWAIT);
-		if (rc <= 0) {
-			evbuffer_commit_space(in, v, 0);
-			break;
-		}
-		got = (size_t)rc;
-		added += got;
-		for (int i = 0; i < nv; i++) {
-			if (v[i].iov_len > got)
-				v[i].iov_len = got;
-			got -= v[i].iov_len;
-		}
-		while (nv > 0 && v[nv - 1].iov_len == 0)
-			nv--;
-		if (evbuffer_commit_space(in, v, nv) != 0 || (size_t)rc < want || all_queued)
-			break; /* a short read, or all the socket held: it is empty for now */
-	}
-	evbuffer_freeze(in, 0);
-	return added;
+	/*
+	 * A plain bufferevent of km_net_bev_new has read what the socket held before its callback (and
+	 * one not connected yet has nothing to read): this only sets its next reads' size.
+	 */
+	km_net_bev_plain_fill(bev, upto);
+	return 0;
 }

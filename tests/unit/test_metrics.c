@@ -280,7 +280,7 @@ static void test_many_series(void **state)
 					 .type = KM_METRIC_COUNTER,
 					 .labels = {"mirror", "topic", "partition"},
 					 .max_series = 300000};
-	enum { N = 200000 };
+	enum { N = 20000 }; /* the render of 200,000 took minutes under ASan */
 	km_metrics *m = km_metrics_new();
 	km_metric_family *f = km_metrics_family(m, &d);
 	static uint64_t fields[N];
@@ -309,7 +309,7 @@ static void test_many_series(void **state)
 	assert_non_null(a_b);
 	assert_ptr_not_equal(ab, a_b);
 	text = render(m);
-	assert_non_null(strstr(text, "kmirror_part_records_total{mirror=\"m\",topic=\"topic-19999\",partition=\"9\"} 199999\n"));
+	assert_non_null(strstr(text, "kmirror_part_records_total{mirror=\"m\",topic=\"topic-1999\",partition=\"9\"} 19999\n"));
 	assert_int_equal(count_of(text, "kmirror_part_records_total{"), N + 2);
 	free(text);
 	km_metrics_free(m);

@@ -14,8 +14,8 @@
 #include "net_int.h"
 
 /*
- * Why: forwarding one request through libevent's socket bufferevent costs about eight system calls
- * a direction. Its read takes 4 KiB after a FIONREAD, then our fill reads the rest; its deferred
+ * Why: forwarding one message through libevent's socket bufferevent cost about nine system calls
+ * (docs/net.md). Its read takes 4 KiB after a FIONREAD, then our fill read the rest; its deferred
  * callback costs a loop round; and each write arms the write event (epoll_ctl), waits a round for
  * it, writes, and disarms it (epoll_ctl). Here, once connected:
  * - the socket's read readiness is our own event: one FIONREAD and one recvmsg per readiness,

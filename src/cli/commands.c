@@ -746,22 +746,32 @@ static bool destination_topics(ctx *x, km_str **names, size_t *n)
 }
 
 /* The mirror's topics (DescribeMirrors), for stop/pause/resume --topics-regex. */
+/* The mirror of --mirror described (its topics, or only these): *dm, or an exit code from an error said. */
+static int describe_one(ctx *x, char *const *topics, size_t ntopics, km_describe_mirrors_response *resp,
+			const km_describe_mirrors_response_described_mirror **dm)
+{
+	if (!describe_call(x, x->a->mirror, topics, ntopics, resp))
+		return KM_CLI_EXIT_ERROR;
+	if (resp->error_code)
+		return top_error(x, resp->error_code, resp->error_message);
+	if (resp->mirrors.count < 1) {
+		say_err(x, "UNKNOWN_CLUSTER_MIRROR: no mirror named %s", x->a->mirror);
+		return KM_CLI_EXIT_ERROR;
+	}
+	*dm = &resp->mirrors.items[0];
+	if ((*dm)->error_code)
+		return top_error(x, (*dm)->error_code, (*dm)->error_message);
+	return KM_CLI_EXIT_OK;
+}
+
 static int mirror_topics(ctx *x, km_str **names, size_t *n)
 {
 	km_describe_mirrors_response resp;
 	const km_describe_mirrors_response_described_mirror *dm;
+	int rc = describe_one(x, NULL, 0, &resp, &dm);
 
-	if (!describe_call(x, x->a->mirror, NULL, 0, &resp))
-		return KM_CLI_EXIT_ERROR;
-	if (resp.error_code)
-		return top_error(x, resp.error_code, resp.error_message);
-	if (resp.mirrors.count < 1) {
-		say_err(x, "UNKNOWN_CLUSTER_MIRROR: no mirror named %s", x->a->mirror);
-		return KM_CLI_EXIT_ERROR;
-	}
-	dm = &resp.mirrors.items[0];
-	if (dm->error_code)
-		return top_error(x, dm->error_code, dm->error_message);
+	if (rc != KM_CLI_EXIT_OK)
+		return rc;
 	*names = km_arena_calloc(&x->arena, (dm->topics.count > 0 ? (size_t)dm->topics.count : 1) * sizeof(km_str));
 	if (!*names)
 		return KM_CLI_EXIT_ERROR;
@@ -796,58 +806,37 @@ static int cmd_stop_dry_run(ctx *x)
 	const km_cli_args *a = x->a;
 	km_describe_mirrors_response resp;
 	const km_describe_mirrors_response_described_mirror *dm;
-	regex_t rx;
-	bool use_rx = false, *seen = NULL, *sel;
+	bool *seen = NULL, *sel;
+	char **matched = NULL;
 	int64_t total = 0;
-	size_t nparts = 0, unknown = 0, missing = 0;
-	int rc = KM_CLI_EXIT_OK;
+	size_t nparts = 0, unknown = 0, missing = 0, nmatched = 0, nt;
+	int rc = describe_one(x, a->topics, a->ntopics, &resp, &dm);
 
-	if (!describe_call(x, a->mirror, a->topics, a->ntopics, &resp))
-		return KM_CLI_EXIT_ERROR;
-	if (resp.error_code)
-		return top_error(x, resp.error_code, resp.error_message);
-	if (resp.mirrors.count < 1) {
-		say_err(x, "UNKNOWN_CLUSTER_MIRROR: no mirror named %s", a->mirror);
-		return KM_CLI_EXIT_ERROR;
-	}
-	dm = &resp.mirrors.items[0];
-	if (dm->error_code)
-		return top_error(x, dm->error_code, dm->error_message);
-	if (a->topics_regex) {
-		char *anchored = km_arena_alloc(&x->arena, strlen(a->topics_regex) + 5), errbuf[256];
-		int e;
-		if (!anchored)
-			return KM_CLI_EXIT_ERROR;
-		sprintf(anchored, "^(%s)$", a->topics_regex);
-		if ((e = regcomp(&rx, anchored, REG_EXTENDED | REG_NOSUB)) != 0) {
-			regerror(e, &rx, errbuf, sizeof(errbuf));
-			say_err(x, "--topics-regex '%s': %s", a->topics_regex, errbuf);
-			return KM_CLI_EXIT_ERROR;
-		}
-		use_rx = true;
-	}
-	sel = km_arena_calloc(&x->arena, (dm->topics.count > 0 ? (size_t)dm->topics.count : 1) * sizeof(*sel));
+	if (rc != KM_CLI_EXIT_OK)
+		return rc;
+	nt = dm->topics.count > 0 ? (size_t)dm->topics.count : 0;
+	sel = km_arena_calloc(&x->arena, (nt ? nt : 1) * sizeof(*sel));
 	if (a->topics)
 		seen = km_arena_calloc(&x->arena, (a->ntopics ? a->ntopics : 1) * sizeof(*seen));
-	if (!sel || (a->topics && !seen)) {
-		if (use_rx)
-			regfree(&rx);
+	if (!sel || (a->topics && !seen))
 		return KM_CLI_EXIT_ERROR;
+	if (a->topics_regex) {
+		km_str *names = km_arena_calloc(&x->arena, (nt ? nt : 1) * sizeof(*names));
+		if (!names)
+			return KM_CLI_EXIT_ERROR;
+		for (size_t t = 0; t < nt; t++)
+			names[t] = dm->topics.items[t].name;
+		if (!regex_select(x, a->topics_regex, names, nt, &matched, &nmatched))
+			return KM_CLI_EXIT_ERROR;
 	}
 	for (int32_t t = 0; t < dm->topics.count; t++) {
 		const km_describe_mirrors_response_described_topic *dt = &dm->topics.items[t];
-		size_t nl = dt->name.len > 0 ? (size_t)dt->name.len : 0;
-		char *name = km_arena_alloc(&x->arena, nl + 1);
-		if (!name)
-			break;
-		memcpy(name, dt->name.p, nl);
-		name[nl] = 0;
-		if (use_rx)
-			sel[t] = regexec(&rx, name, 0, NULL, 0) == 0;
-		else
-			sel[t] = true;
+
+		sel[t] = !a->topics_regex;
+		for (size_t i = 0; i < nmatched && !sel[t]; i++)
+			sel[t] = km_str_eq_c(dt->name, matched[i]);
 		for (size_t i = 0; a->topics && i < a->ntopics; i++)
-			if (!strcmp(a->topics[i], name))
+			if (km_str_eq_c(dt->name, a->topics[i]))
 				seen[i] = true;
 		if (!sel[t])
 			continue;
@@ -863,8 +852,6 @@ static int cmd_stop_dry_run(ctx *x)
 				total += r;
 		}
 	}
-	if (use_rx)
-		regfree(&rx);
 	/* A topic stop would refuse is named, as stop names it; the others are still reported. */
 	for (size_t i = 0; a->topics && i < a->ntopics; i++)
 		if (!seen[i] && missing++ == 0) {
@@ -872,14 +859,9 @@ static int cmd_stop_dry_run(ctx *x)
 				a->topics[i], a->mirror);
 			rc = KM_CLI_EXIT_ERROR;
 		}
-	if (use_rx) {
-		bool any = false;
-		for (int32_t t = 0; t < dm->topics.count; t++)
-			any |= sel[t];
-		if (!any) {
-			say_err(x, "no mirror topic matches --topics-regex '%s'", a->topics_regex);
-			return KM_CLI_EXIT_ERROR;
-		}
+	if (a->topics_regex && !nmatched) {
+		say_err(x, "no mirror topic matches --topics-regex '%s'", a->topics_regex);
+		return KM_CLI_EXIT_ERROR;
 	}
 	if (a->json) {
 		km_cli_json j;

@@ -165,6 +165,18 @@ static void reap_cb(evutil_socket_t fd, short what, void *arg)
 	reap(arg);
 }
 
+/* The upstream connection freed (and no longer counted, if it was connected). */
+static void up_drop(km_session *s)
+{
+	km_proxy_counters *m = s->host->metrics;
+	if (!s->up)
+		return;
+	km_net_bev_free(s->up);
+	s->up = NULL;
+	if (s->up_state == UP_READY && m->upstream_connections)
+		m->upstream_connections--;
+}
+
 static void session_close(km_session *s, const char *why)
 {
 	km_session_set *set = s->set;
@@ -184,12 +196,7 @@ static void session_close(km_session *s, const char *why)
 	if (s->cli)
 		km_net_bev_free(s->cli);
 	s->cli = NULL;
-	if (s->up) {
-		km_net_bev_free(s->up);
-		if (s->up_state == UP_READY && m->upstream_connections)
-			m->upstream_connections--;
-	}
-	s->up = NULL;
+	up_drop(s);
 	if (s->prev)
 		s->prev->next = s->next;
 	else
@@ -655,8 +662,7 @@ static void up_event_cb(struct bufferevent *bev, short what, void *arg)
 			tls[0] ? ": " : "", tls);
 		/* Bootstrap connections try the next address while nothing has been sent. */
 		if (!was_ready && s->node_id < 0 && s->up_try + 1 < s->host->cfg->upstream_count) {
-			km_net_bev_free(s->up);
-			s->up = NULL;
+			up_drop(s);
 			s->up_try++;
 			up_connect(s);
 			return;
@@ -668,14 +674,10 @@ static void up_event_cb(struct bufferevent *bev, short what, void *arg)
 		 */
 		if (was_ready && s->cli && evbuffer_get_length(bufferevent_get_output(s->cli))) {
 			struct timeval tv = {10, 0};
-			km_net_bev_free(s->up);
-			s->up = NULL;
+			up_drop(s);
 			s->up_state = UP_FAILED;
-			if (m->upstream_connections)
-				m->upstream_connections--;
 			s->close_when_written = "upstream disconnected";
-			km_net_bev_disable(s->cli, EV_READ);
-			s->cli_paused = true;
+			update_cli_reading(s); /* paused for good */
 			bufferevent_set_timeouts(s->cli, NULL, &tv);
 			return;
 		}

@@ -67,13 +67,9 @@ static void release(km_net_fast *f)
 	free(f);
 }
 
-/* Runs one of the caller's callbacks; false when the caller freed the bufferevent in it. */
-static bool call_data(km_net_fast *f, bufferevent_data_cb cb)
+/* After one of the caller's callbacks: false when the caller freed the bufferevent in it. */
+static bool returned(km_net_fast *f)
 {
-	if (!cb)
-		return true;
-	f->depth++;
-	cb(f->bev, f->arg);
 	f->depth--;
 	if (f->dead) {
 		if (!f->depth)
@@ -83,19 +79,23 @@ static bool call_data(km_net_fast *f, bufferevent_data_cb cb)
 	return true;
 }
 
+/* Runs one of the caller's callbacks; false when the caller freed the bufferevent in it. */
+static bool call_data(km_net_fast *f, bufferevent_data_cb cb)
+{
+	if (!cb)
+		return true;
+	f->depth++;
+	cb(f->bev, f->arg);
+	return returned(f);
+}
+
 static bool call_event(km_net_fast *f, short what)
 {
 	if (!f->eventcb)
 		return true;
 	f->depth++;
 	f->eventcb(f->bev, what, f->arg);
-	f->depth--;
-	if (f->dead) {
-		if (!f->depth)
-			release(f);
-		return false;
-	}
-	return true;
+	return returned(f);
 }
 
 static void arm_flush(km_net_fast *f)

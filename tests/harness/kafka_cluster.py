@@ -590,6 +590,7 @@ class KafkaNode:
         self.sasl_port = free_port() if self.is_broker else None
         self.internal_port = free_port() if self.is_broker else None
         self.controller_port = free_port() if self.is_controller else None
+        self.extra_ports = {name: free_port() for name in cluster.extra_listeners} if self.is_broker else {}
         self.proc = None
         self.pid = None
         self.wanted = False  # should be running (false after stop_broker)
@@ -629,6 +630,9 @@ class KafkaCluster:
     ZooKeeper mode instead: a ZooKeeper server (`cluster.zookeeper`) and brokers 1..N, no
     controller node, the ZooKeeper AclAuthorizer and only PLAIN on the SASL listener. overrides are extra broker properties; advertise maps a
     broker id to the "host:port" its CLIENT listener advertises (e.g. a recording relay).
+    extra_listeners maps a listener name to {broker id: "host:port" it advertises}: each broker
+    gets one more PLAINTEXT listener on a port of its own (node.extra_ports[name]), advertising
+    another address (a relay in front of that port), while CLIENT stays direct (KRaft only).
     attached=True ties the JVMs to this process (killed with it, stopped at exit); the shell
     entry point uses attached=False and stops clusters from a state file instead.
     """
@@ -636,8 +640,9 @@ class KafkaCluster:
     CONTROLLER_ID = 1000
 
     def __init__(self, name="kafka", brokers=1, base_dir=None, overrides=None, advertise=None,
-                 jvm_opts=None, attached=True, keep_dir=None, release=None):
+                 jvm_opts=None, attached=True, keep_dir=None, release=None, extra_listeners=None):
         self.name = name
+        self.extra_listeners = dict(extra_listeners or {})
         self.n_brokers = brokers
         self.overrides = dict(overrides or {})
         self.advertise = dict(advertise or {})
@@ -820,6 +825,9 @@ class KafkaCluster:
             adv_client = self.advertise.get(node.node_id, node.address)
             advertised = [f"CLIENT://{adv_client}", f"SASL://{node.sasl_address}",
                           f"INTERNAL://{node.host}:{node.internal_port}"]
+            for name, adv in self.extra_listeners.items():
+                listeners.append(f"{name}://{node.host}:{node.extra_ports[name]}")
+                advertised.append(f"{name}://{adv[node.node_id]}")
             p.update({
                 "inter.broker.listener.name": "INTERNAL",
                 "sasl.mechanism.inter.broker.protocol": "PLAIN",
@@ -854,7 +862,8 @@ class KafkaCluster:
         p["listeners"] = ",".join(listeners)
         p["advertised.listeners"] = ",".join(advertised)
         p["listener.security.protocol.map"] = ("CLIENT:PLAINTEXT,SASL:SASL_PLAINTEXT,"
-                                               "INTERNAL:SASL_PLAINTEXT,CONTROLLER:SASL_PLAINTEXT")
+                                               "INTERNAL:SASL_PLAINTEXT,CONTROLLER:SASL_PLAINTEXT" +
+                                               "".join(f",{n}:PLAINTEXT" for n in self.extra_listeners))
         if node.is_broker:
             p.update(self.overrides)
         return p

@@ -112,4 +112,36 @@ bool km_mirror_config_copied(const char *name, int8_t source, const char **value
  */
 void km_mirror_grow(km_mirror *mi, const char *mirror, const char *topic, int32_t source_partitions);
 
+/* ---- metadata sync (docs/mirror.md, "Metadata sync") ---- */
+
+typedef enum {
+	KM_SYNC_CONFIGS = 0,
+	KM_SYNC_PARTITIONS,
+	KM_SYNC_GROUPS,
+	KM_SYNC_ACLS,
+	KM_SYNC__COUNT,
+} km_sync_kind;
+
+/* "configs", "partitions", "groups", "acls". */
+const char *km_sync_kind_name(km_sync_kind k);
+
+/* One step's status for one mirror, as this kmirrord saw it (in memory only). */
+typedef struct km_sync_status {
+	int64_t last_sync_ms;   /* when the step last completed (ms since the epoch), -1: never */
+	int64_t compared;       /* topics, groups or bindings the last completed step looked at */
+	int64_t changes_last;   /* changes it made in the last cycle */
+	int64_t changes_total;  /* since kmirrord started */
+	int64_t skipped;        /* groups: active on the destination in the last cycle, not synced */
+	int64_t errors_total;
+	const char *last_error; /* NULL: none; valid until the next call into the module */
+	int64_t last_error_ms;  /* -1: none */
+} km_sync_status;
+
+/*
+ * The status of one step of a mirror's sync. false when this kmirrord has no sync for the mirror
+ * (another kmirrord owns it, or it has no synced topic yet): *out then holds the "never" values.
+ * *owner (may be NULL) says whether this kmirrord syncs the mirror.
+ */
+bool km_mirror_sync_status(km_mirror *mi, const char *mirror, km_sync_kind kind, km_sync_status *out, bool *owner);
+
 #endif

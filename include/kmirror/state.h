@@ -136,8 +136,9 @@ km_err km_state_config_check(const km_state_kv *kv, size_t n, bool create, char 
 /* A mirror's mirror.* options, parsed (defaults for keys not set). */
 typedef struct km_mirror_options {
 	int64_t metadata_refresh_interval_ms; /* mirror.metadata.refresh.interval.ms */
-	char *groups_include;                 /* mirror.groups.include (regex) */
-	char *acl_include;                    /* mirror.acl.include */
+	char *groups_include;                 /* mirror.groups.include (comma-separated regexes) */
+	char *groups_exclude;                 /* mirror.groups.exclude (comma-separated regexes, "": none) */
+	char *acl_include;                    /* mirror.acl.include (rules, see km_acl_scope_parse) */
 	int64_t fetch_max_bytes;              /* mirror.fetch.max.bytes */
 	int64_t fetch_partition_max_bytes;    /* mirror.fetch.partition.max.bytes */
 	bool fetch_sessions;                  /* mirror.fetch.sessions */
@@ -150,6 +151,40 @@ typedef struct km_mirror_options {
 const km_opt_table *km_state_mirror_option_table(void);
 /* The options of m (free with km_opt_free(km_state_mirror_option_table(), out)). */
 km_err km_state_mirror_options(const km_state_mirror *m, km_mirror_options *out) __attribute__((warn_unused_result));
+
+/* ---- the metadata sync's filters (docs/mirror.md, "Metadata sync"); pure, the unit tests run them ---- */
+
+/*
+ * Group names a mirror syncs: include and exclude are comma-separated POSIX extended regexes, each
+ * matching the whole name ("" or NULL exclude: none; include must not be empty). NULL with err
+ * naming the bad pattern when one does not compile.
+ */
+typedef struct km_name_filter km_name_filter;
+km_name_filter *km_name_filter_parse(const char *include, const char *exclude, char *err, size_t errlen);
+/* Whether name is matched by some include pattern and by no exclude pattern. */
+bool km_name_filter_match(const km_name_filter *f, const char *name);
+void km_name_filter_free(km_name_filter *f);
+
+/*
+ * The ACL bindings a mirror syncs (mirror.acl.include): rules separated by commas, each
+ * `resourceType;resourceName;operation;permissionType;principal`; `*` is any value of a field and
+ * trailing fields may be omitted (`TOPIC;orders.*` = `TOPIC;orders.*;*;*;*`). resourceType,
+ * operation and permissionType are Kafka's names, case-insensitive (TOPIC, GROUP, CLUSTER,
+ * TRANSACTIONAL_ID, DELEGATION_TOKEN, USER; ALL, READ, WRITE, CREATE, DELETE, ALTER, DESCRIBE,
+ * CLUSTER_ACTION, DESCRIBE_CONFIGS, ALTER_CONFIGS, IDEMPOTENT_WRITE, CREATE_TOKENS, DESCRIBE_TOKENS,
+ * TWO_PHASE_COMMIT; ALLOW, DENY); resourceName and principal are POSIX extended regexes matching
+ * the whole value. NULL with err saying which rule and field is wrong (an unknown name, a bad
+ * regex, more than 5 fields, an empty rule).
+ */
+typedef struct km_acl_scope km_acl_scope;
+km_acl_scope *km_acl_scope_parse(const char *spec, char *err, size_t errlen);
+/*
+ * Whether a binding (Kafka's wire codes: resource type 2 TOPIC ... 7 USER, operation 2 ALL ...,
+ * permission 2 DENY, 3 ALLOW) is matched by some rule of s.
+ */
+bool km_acl_scope_match(const km_acl_scope *s, int8_t resource_type, const char *resource_name, int8_t operation,
+			int8_t permission, const char *principal);
+void km_acl_scope_free(km_acl_scope *s);
 
 /*
  * Create a mirror. Refused with CLUSTER_MIRROR_ALREADY_EXISTS, INVALID_CLUSTER_MIRROR_CONFIG,

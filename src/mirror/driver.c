@@ -48,6 +48,7 @@ struct km_mirror {
 	size_t inflight;
 	bool freeing;
 	struct km_mprep *preps; /* destination topics being created or grown (topics.c) */
+	km_sync *sync;          /* metadata sync (sync.c) */
 };
 
 static void work_free(km_mirror_work *w)
@@ -277,7 +278,11 @@ km_mirror *km_mirror_new(const km_mirror_opts *opts)
 	if (opts->metrics)
 		make_families(mi, opts->metrics);
 	mi->run_ev = event_new(mi->base, -1, 0, run_cb, mi);
-	if (!mi->run_ev) {
+	mi->sync = km_sync_new(mi);
+	if (!mi->run_ev || !mi->sync) {
+		if (mi->run_ev)
+			event_free(mi->run_ev);
+		km_sync_free(mi->sync);
 		free(mi);
 		return NULL;
 	}
@@ -296,6 +301,8 @@ void km_mirror_free(km_mirror *mi)
 		return;
 	mi->freeing = true;
 	km_mirror_topics_shutdown(mi);
+	km_sync_free(mi->sync);
+	mi->sync = NULL;
 	for (size_t i = 0; i < mi->npipes; i++)
 		km_pipeline_free(mi->pipes[i]);
 	free(mi->pipes);
@@ -313,6 +320,11 @@ void km_mirror_free(km_mirror *mi)
 struct km_mprep **km_mirror_prep_list(km_mirror *mi)
 {
 	return &mi->preps;
+}
+
+km_sync *km_mirror_sync(km_mirror *mi)
+{
+	return mi ? mi->sync : NULL;
 }
 
 struct evdns_base *km_mirror_dns(km_mirror *mi)

@@ -89,6 +89,15 @@ typedef struct km_mirror_families {
 } km_mirror_families;
 const km_mirror_families *km_mirror_metric_families(km_mirror *mi);
 
+/* ---- metadata sync (sync.c) ---- */
+
+typedef struct km_sync km_sync;
+km_sync *km_sync_new(km_mirror *mi);
+/* Ends every cycle in progress (their requests fail quietly) and frees the module's sync state. */
+void km_sync_free(km_sync *s);
+/* The module's sync (driver.c holds it). */
+km_sync *km_mirror_sync(km_mirror *mi);
+
 /* ---- pipelines: one per mirror with partitions to run (pipeline.c) ---- */
 
 typedef struct km_pipeline km_pipeline;

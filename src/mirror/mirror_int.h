@@ -98,6 +98,19 @@ void km_sync_free(km_sync *s);
 /* The module's sync (driver.c holds it). */
 km_sync *km_mirror_sync(km_mirror *mi);
 
+/* ---- which kmirrord syncs which mirror (lease.c) ---- */
+
+/* The destination's consumer group whose members are the kmirrords in front of it (never synced itself). */
+#define KM_SYNC_GROUP "__kmirror-sync"
+typedef struct km_lease km_lease;
+km_lease *km_lease_new(km_mirror *mi);
+/* Join the group (once the state is loaded: the state topic's name and partitions are known). */
+void km_lease_start(km_lease *l);
+/* Leaves the group (a heartbeat with epoch -1, not waited for) and frees. */
+void km_lease_free(km_lease *l);
+/* Whether this kmirrord syncs mirror now: it owns the mirror's state topic partition, or it is alone. */
+bool km_lease_owns(const km_lease *l, const char *mirror);
+
 /* ---- pipelines: one per mirror with partitions to run (pipeline.c) ---- */
 
 typedef struct km_pipeline km_pipeline;

@@ -15,9 +15,18 @@ static const km_option mirror_options[] = {
 	 .def = "30000", .min = 1000, .max = I64MAX, .reloadable = true,
 	 .doc = "How often the mirror reads the source's metadata (new topics, partitions, leaders)."},
 	{.name = "mirror.groups.include", .type = KM_OPT_STRING, .offset = OFF(groups_include), .def = ".*",
-	 .reloadable = true, .doc = "Consumer groups whose offsets are mirrored (POSIX extended regex, whole name)."},
+	 .reloadable = true,
+	 .doc = "Consumer groups whose committed offsets the metadata sync copies (comma-separated POSIX extended "
+		"regexes, each matching the whole name)."},
+	{.name = "mirror.groups.exclude", .type = KM_OPT_STRING, .offset = OFF(groups_exclude), .def = "",
+	 .reloadable = true,
+	 .doc = "Consumer groups never synced (comma-separated POSIX extended regexes, whole name); exclude wins over "
+		"include."},
 	{.name = "mirror.acl.include", .type = KM_OPT_STRING, .offset = OFF(acl_include), .def = "*",
-	 .reloadable = true, .doc = "Principals whose ACLs are mirrored (`*`: all)."},
+	 .reloadable = true,
+	 .doc = "ACL bindings the metadata sync keeps equal to the source's: rules "
+		"`resourceType;resourceName;operation;permissionType;principal` separated by commas (docs/mirror.md, "
+		"\"Metadata sync\"); `*`: all."},
 	{.name = "mirror.fetch.max.bytes", .type = KM_OPT_INT, .offset = OFF(fetch_max_bytes), .def = "52428800",
 	 .min = 1024, .max = INT32_MAX, .reloadable = true,
 	 .doc = "MaxBytes of the mirror's Fetch requests to the source."},
@@ -143,6 +152,25 @@ static bool check_regex(const char *v, char *why, size_t len)
 	return true;
 }
 
+/* One side of the groups filter, the other side as the default (an AlterMirror may change just one). */
+static bool check_groups(bool include, const char *v, char *why, size_t len)
+{
+	km_name_filter *f = include ? km_name_filter_parse(v, NULL, why, len) : km_name_filter_parse(".*", v, why, len);
+	bool ok = f != NULL;
+
+	km_name_filter_free(f);
+	return ok;
+}
+
+static bool check_acl_scope(const char *v, char *why, size_t len)
+{
+	km_acl_scope *s = km_acl_scope_parse(v, why, len);
+	bool ok = s != NULL;
+
+	km_acl_scope_free(s);
+	return ok;
+}
+
 /* earliest, latest, or a timestamp in ms (digits only). */
 static bool check_start_offset(const char *v, char *why, size_t len)
 {
@@ -179,8 +207,12 @@ static bool check_one(const km_state_kv *kv, bool create, km_mirror_options *mo,
 		}
 		if (km_opt_set_row(o, mo, kv->value, why, len) != KM_OK)
 			return false;
-		if ((o->offset == OFF(groups_include) || o->offset == OFF(topics_include)) &&
-		    !check_regex(kv->value, why, len))
+		if (o->offset == OFF(topics_include) && !check_regex(kv->value, why, len))
+			return false;
+		if ((o->offset == OFF(groups_include) || o->offset == OFF(groups_exclude)) &&
+		    !check_groups(o->offset == OFF(groups_include), kv->value, why, len))
+			return false;
+		if (o->offset == OFF(acl_include) && !check_acl_scope(kv->value, why, len))
 			return false;
 		if (o->offset == OFF(start_offset) && !check_start_offset(kv->value, why, len))
 			return false;
@@ -229,7 +261,7 @@ km_err km_state_config_check(const km_state_kv *kv, size_t n, bool create, char 
 	km_mirror_options mo;
 	bool have_bootstrap = false;
 	km_err rc = KM_OK;
-	char why[256];
+	char why[512];
 
 	if (n > KM_STATE_MAX_CONFIGS) {
 		snprintf(err, errlen, "too many configuration entries (%zu, at most %d)", n, KM_STATE_MAX_CONFIGS);

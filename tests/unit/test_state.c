@@ -117,6 +117,37 @@ static void test_config(void **state)
 	expect_bad("mirror.start.offset", "yesterday", "mirror.start.offset");
 	expect_bad("mirror.start.offset", "-5", "mirror.start.offset");
 	expect_bad("mirror.groups.include", "(", "not a valid regular expression");
+	expect_bad("mirror.groups.include", "", "include has no pattern");
+	expect_bad("mirror.groups.include", "a,,b", "include pattern 2 is empty");
+
+	/* the metadata sync's filters: each option is checked by the parser the sync uses */
+	assert_int_equal(check1("mirror.groups.include", "consumer-.*, app", true, err, sizeof(err)), KM_OK);
+	assert_int_equal(check1("mirror.groups.exclude", "test-.*,tmp", true, err, sizeof(err)), KM_OK);
+	assert_int_equal(check1("mirror.groups.exclude", "", true, err, sizeof(err)), KM_OK);
+	assert_int_equal(check1("mirror.acl.include", "*", true, err, sizeof(err)), KM_OK);
+	assert_int_equal(check1("mirror.acl.include", "TOPIC;orders.*,*;*;*;*;User:alice", true, err, sizeof(err)),
+			 KM_OK);
+	assert_int_equal(check1("mirror.acl.include", "group;consumer-.*;read;allow;User:bob", true, err, sizeof(err)),
+			 KM_OK);
+	expect_bad("mirror.groups.exclude", "(", "exclude pattern 1 \"(\": not a valid regular expression");
+	expect_bad("mirror.groups.exclude", "a,,b", "exclude pattern 2 is empty");
+	expect_bad("mirror.acl.include", "*,TOPIC;x;REED", "rule 2 \"TOPIC;x;REED\": unknown operation \"REED\"");
+	expect_bad("mirror.acl.include", "TOPIC;(", "resource name \"(\" is not a valid regular expression");
+	expect_bad("mirror.acl.include", "*;*;*;*;*;*", "6 fields");
+	expect_bad("mirror.acl.include", "", "empty");
+	/* an AlterMirror changing only these keys is checked the same way */
+	{
+		km_state_kv acl[1] = {{"mirror.acl.include", "TOPIC;x;REED"}};
+		km_state_kv exc[1] = {{"mirror.groups.exclude", "x{"}};
+		km_state_kv ok[2] = {{"mirror.acl.include", "TOPIC;orders.*"}, {"mirror.groups.exclude", "tmp-.*"}};
+		assert_int_equal(km_state_config_check(acl, 1, false, err, sizeof(err)),
+				 KM_MIRROR_INVALID_CLUSTER_MIRROR_CONFIG);
+		assert_non_null(strstr(err, "invalid configuration mirror.acl.include: rule 1"));
+		assert_int_equal(km_state_config_check(exc, 1, false, err, sizeof(err)),
+				 KM_MIRROR_INVALID_CLUSTER_MIRROR_CONFIG);
+		assert_non_null(strstr(err, "invalid configuration mirror.groups.exclude: exclude pattern 1"));
+		assert_int_equal(km_state_config_check(ok, 2, false, err, sizeof(err)), KM_OK);
+	}
 	expect_bad("bootstrap.servers", "x", "given twice");
 
 	/* bootstrap.servers is required on create, must be host:port entries */
@@ -155,6 +186,7 @@ static void test_mirror_option_table(void **state)
 	assert_int_equal(km_opt_init(t, &o), KM_OK);
 	assert_int_equal(o.metadata_refresh_interval_ms, 30000);
 	assert_string_equal(o.groups_include, ".*");
+	assert_null(o.groups_exclude);
 	assert_string_equal(o.acl_include, "*");
 	assert_int_equal(o.fetch_max_bytes, 52428800);
 	assert_int_equal(o.fetch_partition_max_bytes, 10485760);

@@ -653,7 +653,7 @@ static void table_describe(FILE *out, const km_describe_mirrors_response *resp)
 			snprintf(topic, sizeof(topic), "%.*s", (int)dt->name.len, dt->name.p);
 			if (dt->partitions.count <= 0) {
 				char st[64];
-				const char *row[] = {topic, "-", st, "-", "-", "-", "-", "-"};
+				const char *row[] = {topic, "-", st, "-", "-", "-", "-", "-", "-"};
 				snprintf(st, sizeof(st), "%.*s", (int)dt->state.len, dt->state.p);
 				km_cli_table_row(&pt, row);
 			}

@@ -145,7 +145,7 @@ typedef struct describe_fixture {
 	km_describe_mirrors_response r;
 	km_describe_mirrors_response_described_mirror m[4];
 	km_describe_mirrors_response_described_config c[2];
-	km_describe_mirrors_response_described_topic t;
+	km_describe_mirrors_response_described_topic t, fresh;
 	km_describe_mirrors_response_described_partition p;
 	km_describe_mirrors_response_metadata_sync_status east[4], west[4];
 } describe_fixture;
@@ -215,6 +215,12 @@ static void describe_fixture_init(describe_fixture *f)
 	east->metadata_sync.count = 4;
 
 	f->m[1].mirror_name = km_str_c("west");
+	km_describe_mirrors_response_described_topic_init(&f->fresh); /* no partitions yet: one row of dashes */
+	f->fresh.name = km_str_c("fresh");
+	f->fresh.state = km_str_c("PREPARING");
+	f->fresh.partitions.count = 0;
+	f->m[1].topics.items = &f->fresh;
+	f->m[1].topics.count = 1;
 	for (int k = 0; k < 4; k++)
 		sync_entry(&f->west[k], kinds[k], false, -1, 0, 0, 0, 0, 0, NULL, -1);
 	f->m[1].metadata_sync.items = f->west;
@@ -268,7 +274,8 @@ static void test_describe_table(void **state)
 			    "groups      never      0         0             0              0        0       -\n"
 			    "acls        never      0         0             0              0        0       -\n"
 			    "\n"
-			    "No topics.\n"
+			    "TOPIC  PARTITION  STATE      SINCE  SOURCE-END  MIRRORED  LAG  SKIPPED  LAST-ERROR\n"
+			    "fresh  -          PREPARING  -      -           -         -    -        -\n"
 			    "\n"
 			    "Mirror: old\n"
 			    "CONFIG  VALUE\n"
@@ -317,7 +324,9 @@ static void test_describe_json(void **state)
 		"{\"kind\":\"acls\",\"is_owner\":true,\"last_sync_time_ms\":1767322200000,\"compared\":0,"
 		"\"changes_last_cycle\":0,\"changes_total\":0,\"skipped\":0,\"errors_total\":7,"
 		"\"last_error\":\"SECURITY_DISABLED: no authorizer\",\"last_error_time_ms\":1767322247000}]},"
-		"{\"name\":\"west\",\"error\":null,\"configs\":[],\"topics\":[],\"metadata_sync\":["
+		"{\"name\":\"west\",\"error\":null,\"configs\":[],"
+		"\"topics\":[{\"name\":\"fresh\",\"topic_id\":null,\"state\":\"PREPARING\",\"partitions\":[]}],"
+		"\"metadata_sync\":["
 		"{\"kind\":\"configs\",\"is_owner\":false,\"last_sync_time_ms\":-1,\"compared\":0,"
 		"\"changes_last_cycle\":0,\"changes_total\":0,\"skipped\":0,\"errors_total\":0,\"last_error\":null,"
 		"\"last_error_time_ms\":-1},"

@@ -39,8 +39,9 @@ static const cmd_info cmds[] = {
 	 "file (--config wins). --validate-only checks everything and creates nothing."},
 	{KM_CLI_CMD_LIST, "list", 0, "list", "List every mirror: its name, source bootstrap servers and topic count."},
 	{KM_CLI_CMD_DESCRIBE, "describe", O_MIRROR | O_TOPICS, "describe [--mirror NAME] [--topics A,B]",
-	 "Describe a mirror (or all): its configuration, secrets shown as (secret), and every partition of\n"
-	 "its topics: state, since when, source log end, mirrored offset, lag and last error."},
+	 "Describe a mirror (or all): its configuration, secrets shown as (secret), its metadata sync per\n"
+	 "step (last sync, compared, changes, skipped groups, errors), and every partition of its topics:\n"
+	 "state, since when, source log end, mirrored offset, lag and last error."},
 	{KM_CLI_CMD_ALTER, "alter", O_MIRROR | O_CONFIG | O_DELETE_CONFIG,
 	 "alter --mirror NAME [--config KEY=VALUE]... [--delete-config KEY]...",
 	 "Change a mirror's options at run time: --config sets a key, --delete-config removes it."},

@@ -186,6 +186,13 @@ bool km_cli_split_hostport(const char *s, char *host, size_t hostlen, uint16_t *
 
 /* ---- commands ---- */
 
+struct km_describe_mirrors_response;
+/*
+ * describe's output of a decoded DescribeMirrorsResponse: per mirror its configuration, its
+ * metadata sync and its partitions as tables, or with json one document (docs/kmirror.1).
+ */
+void km_cli_describe_print(FILE *out, const struct km_describe_mirrors_response *resp, bool json);
+
 /* Run the parsed command against kmirrord; returns the exit code. */
 int km_cli_run(const km_cli_args *a, FILE *out, FILE *errf);
 

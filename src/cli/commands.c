@@ -431,11 +431,44 @@ static void uuid_b64(const km_uuid *u, char out[23])
 	out[o] = 0;
 }
 
-static void json_describe(ctx *x, const km_describe_mirrors_response *resp)
+/* A mirror's metadata sync in describe's JSON: "metadata_sync":[{...}, one per step]. */
+static void json_sync(km_cli_json *j, const km_describe_mirrors_response_described_mirror *dm)
+{
+	km_cli_json_key(j, "metadata_sync");
+	km_cli_json_arr(j);
+	for (int32_t k = 0; k < dm->metadata_sync.count; k++) {
+		const km_describe_mirrors_response_metadata_sync_status *ds = &dm->metadata_sync.items[k];
+		km_cli_json_obj(j);
+		km_cli_json_key(j, "kind");
+		km_cli_json_strn(j, ds->kind.p, ds->kind.len);
+		km_cli_json_key(j, "is_owner");
+		km_cli_json_bool(j, ds->is_owner);
+		km_cli_json_key(j, "last_sync_time_ms");
+		km_cli_json_int(j, ds->last_sync_time_ms);
+		km_cli_json_key(j, "compared");
+		km_cli_json_int(j, ds->compared);
+		km_cli_json_key(j, "changes_last_cycle");
+		km_cli_json_int(j, ds->changes_last_cycle);
+		km_cli_json_key(j, "changes_total");
+		km_cli_json_int(j, ds->changes_total);
+		km_cli_json_key(j, "skipped");
+		km_cli_json_int(j, ds->skipped);
+		km_cli_json_key(j, "errors_total");
+		km_cli_json_int(j, ds->errors_total);
+		km_cli_json_key(j, "last_error");
+		km_cli_json_strn(j, ds->last_error.p, ds->last_error.len);
+		km_cli_json_key(j, "last_error_time_ms");
+		km_cli_json_int(j, ds->last_error_time_ms);
+		km_cli_json_obj_end(j);
+	}
+	km_cli_json_arr_end(j);
+}
+
+static void json_describe(FILE *out, const km_describe_mirrors_response *resp)
 {
 	km_cli_json j;
 
-	km_cli_json_init(&j, x->out);
+	km_cli_json_init(&j, out);
 	km_cli_json_obj(&j);
 	km_cli_json_key(&j, "mirrors");
 	km_cli_json_arr(&j);
@@ -510,6 +543,7 @@ static void json_describe(ctx *x, const km_describe_mirrors_response *resp)
 			km_cli_json_obj_end(&j);
 		}
 		km_cli_json_arr_end(&j);
+		json_sync(&j, dm);
 		km_cli_json_obj_end(&j);
 	}
 	km_cli_json_arr_end(&j);
@@ -524,7 +558,57 @@ static void num_or_dash(int64_t v, char *buf, size_t len)
 		snprintf(buf, len, "%lld", (long long)v);
 }
 
-static void table_describe(ctx *x, const km_describe_mirrors_response *resp)
+/*
+ * A mirror's metadata sync in describe's text: a heading that says whether this kmirrord runs it,
+ * then one row per step. Nothing from a kmirrord that does not report it.
+ */
+static void table_sync(FILE *out, const km_describe_mirrors_response_described_mirror *dm)
+{
+	static const char *const hdr[] = {"KIND", "LAST-SYNC", "COMPARED", "CHANGES-LAST", "CHANGES-TOTAL", "SKIPPED",
+					  "ERRORS", "LAST-ERROR"};
+	bool owner = false;
+	km_cli_table t;
+
+	if (dm->metadata_sync.count <= 0)
+		return;
+	for (int32_t k = 0; k < dm->metadata_sync.count; k++)
+		owner |= dm->metadata_sync.items[k].is_owner;
+	if (!km_cli_table_init(&t, sizeof(hdr) / sizeof(hdr[0]), hdr))
+		return;
+	for (int32_t k = 0; k < dm->metadata_sync.count; k++) {
+		const km_describe_mirrors_response_metadata_sync_status *ds = &dm->metadata_sync.items[k];
+		char kind[64], last[32], cmp[24], chl[24], cht[24], skip[24], errs[24], le[1024];
+		const char *row[] = {kind, last, cmp, chl, cht, skip, errs, le};
+		snprintf(kind, sizeof(kind), "%.*s", (int)ds->kind.len, ds->kind.p);
+		if (ds->last_sync_time_ms < 0)
+			snprintf(last, sizeof(last), "never");
+		else
+			km_cli_format_time(ds->last_sync_time_ms, last, sizeof(last));
+		snprintf(cmp, sizeof(cmp), "%lld", (long long)ds->compared);
+		snprintf(chl, sizeof(chl), "%lld", (long long)ds->changes_last_cycle);
+		snprintf(cht, sizeof(cht), "%lld", (long long)ds->changes_total);
+		snprintf(skip, sizeof(skip), "%lld", (long long)ds->skipped);
+		snprintf(errs, sizeof(errs), "%lld", (long long)ds->errors_total);
+		if (ds->last_error.len < 0)
+			snprintf(le, sizeof(le), "-");
+		else {
+			char at[32];
+			km_cli_format_time(ds->last_error_time_ms, at, sizeof(at));
+			snprintf(le, sizeof(le), "%.*s (%s)", (int)ds->last_error.len, ds->last_error.p, at);
+		}
+		km_cli_table_row(&t, row);
+	}
+	if (owner)
+		fprintf(out, "Metadata sync:\n");
+	else
+		fprintf(out, "Metadata sync (not run by this kmirrord: another kmirrord runs it, or no topic is synced "
+			     "yet):\n");
+	km_cli_table_print(&t, out);
+	km_cli_table_free(&t);
+	fputc('\n', out);
+}
+
+static void table_describe(FILE *out, const km_describe_mirrors_response *resp)
 {
 	for (int32_t i = 0; i < resp->mirrors.count; i++) {
 		const km_describe_mirrors_response_described_mirror *dm = &resp->mirrors.items[i];
@@ -534,12 +618,12 @@ static void table_describe(ctx *x, const km_describe_mirrors_response *resp)
 		km_cli_table ct, pt;
 
 		if (i > 0)
-			fputc('\n', x->out);
-		fprintf(x->out, "Mirror: %.*s\n", (int)dm->mirror_name.len, dm->mirror_name.p);
+			fputc('\n', out);
+		fprintf(out, "Mirror: %.*s\n", (int)dm->mirror_name.len, dm->mirror_name.p);
 		if (dm->error_code) {
 			char m[1024];
 			message_of(dm->error_code, dm->error_message, m, sizeof(m));
-			fprintf(x->out, "Error: %s: %s\n", km_err_name(dm->error_code), m);
+			fprintf(out, "Error: %s: %s\n", km_err_name(dm->error_code), m);
 			continue;
 		}
 		if (!km_cli_table_init(&ct, sizeof(chdr) / sizeof(chdr[0]), chdr))
@@ -557,9 +641,10 @@ static void table_describe(ctx *x, const km_describe_mirrors_response *resp)
 				snprintf(val, sizeof(val), "%.*s", (int)dc->value.len, dc->value.p);
 			km_cli_table_row(&ct, row);
 		}
-		km_cli_table_print(&ct, x->out);
+		km_cli_table_print(&ct, out);
 		km_cli_table_free(&ct);
-		fputc('\n', x->out);
+		fputc('\n', out);
+		table_sync(out, dm);
 		if (!km_cli_table_init(&pt, sizeof(phdr) / sizeof(phdr[0]), phdr))
 			return;
 		for (int32_t t = 0; t < dm->topics.count; t++) {
@@ -568,7 +653,7 @@ static void table_describe(ctx *x, const km_describe_mirrors_response *resp)
 			snprintf(topic, sizeof(topic), "%.*s", (int)dt->name.len, dt->name.p);
 			if (dt->partitions.count <= 0) {
 				char st[64];
-				const char *row[] = {topic, "-", st, "-", "-", "-", "-", "-"};
+				const char *row[] = {topic, "-", st, "-", "-", "-", "-", "-", "-"};
 				snprintf(st, sizeof(st), "%.*s", (int)dt->state.len, dt->state.p);
 				km_cli_table_row(&pt, row);
 			}
@@ -594,11 +679,19 @@ static void table_describe(ctx *x, const km_describe_mirrors_response *resp)
 			}
 		}
 		if (dm->topics.count <= 0)
-			fprintf(x->out, "No topics.\n");
+			fprintf(out, "No topics.\n");
 		else
-			km_cli_table_print(&pt, x->out);
+			km_cli_table_print(&pt, out);
 		km_cli_table_free(&pt);
 	}
+}
+
+void km_cli_describe_print(FILE *out, const km_describe_mirrors_response *resp, bool json)
+{
+	if (json)
+		json_describe(out, resp);
+	else
+		table_describe(out, resp);
 }
 
 static int cmd_describe(ctx *x)
@@ -620,12 +713,10 @@ static int cmd_describe(ctx *x)
 			rc = KM_CLI_EXIT_ERROR;
 		}
 	}
-	if (x->a->json)
-		json_describe(x, &resp);
-	else if (resp.mirrors.count == 0 && !x->a->mirror)
+	if (resp.mirrors.count == 0 && !x->a->mirror && !x->a->json)
 		fprintf(x->out, "No mirrors.\n");
 	else
-		table_describe(x, &resp);
+		km_cli_describe_print(x->out, &resp, x->a->json);
 	return rc;
 }
 

@@ -703,6 +703,31 @@ static bool named(km_str name, const km_str *names, int32_t n)
 	return false;
 }
 
+/* The metadata sync's status of mirror, one entry per step (docs/mirror.md, "Metadata sync"). */
+static void describe_sync(mop *op, const char *mirror, km_describe_mirrors_response_described_mirror *d)
+{
+	d->metadata_sync.items = km_arena_calloc(&op->a, sizeof(*d->metadata_sync.items) * KM_SYNC__COUNT);
+	d->metadata_sync.count = d->metadata_sync.items ? KM_SYNC__COUNT : 0;
+	for (int32_t k = 0; k < d->metadata_sync.count; k++) {
+		km_describe_mirrors_response_metadata_sync_status *ds = &d->metadata_sync.items[k];
+		km_sync_status st;
+		bool owner;
+		km_mirror_sync_status(op->mi, mirror, (km_sync_kind)k, &st, &owner);
+		km_describe_mirrors_response_metadata_sync_status_init(ds);
+		ds->kind = km_str_c(km_sync_kind_name((km_sync_kind)k));
+		ds->is_owner = owner;
+		ds->last_sync_time_ms = st.last_sync_ms;
+		ds->compared = st.compared;
+		ds->changes_last_cycle = st.changes_last;
+		ds->changes_total = st.changes_total;
+		ds->skipped = st.skipped;
+		ds->errors_total = st.errors_total;
+		/* The module's string lives only until its next call: the answer keeps a copy. */
+		ds->last_error = st.last_error ? km_str_c(op_strdup(op, km_str_c(st.last_error))) : KM_STR_NULL;
+		ds->last_error_time_ms = st.last_error ? st.last_error_ms : -1;
+	}
+}
+
 static void describe_one(mop *op, const km_state_mirror *m, km_describe_mirrors_response_described_mirror *d)
 {
 	const km_describe_mirrors_request *q = &op->m.describe;
@@ -754,6 +779,8 @@ static void describe_one(mop *op, const km_state_mirror *m, km_describe_mirrors_
 			dp->last_error_time_ms = p.last_error ? p.last_error_ms : -1;
 		}
 	}
+	if (op->mi)
+		describe_sync(op, km_state_mirror_name(m), d);
 }
 
 static void answer_describe(mop *op)

@@ -1,4 +1,4 @@
-/* kmirror CLI output: JSON escaping and structure, aligned tables, times. */
+/* kmirror CLI output: JSON escaping and structure, aligned tables, times, describe's tables and JSON. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -9,6 +9,7 @@
 #include <cmocka.h>
 
 #include "cli/cli.h"
+#include "kmirror/msg/describe_mirrors_response.h"
 
 typedef struct membuf {
 	char *buf;
@@ -138,6 +139,222 @@ static void test_time(void **state)
 	assert_string_equal(buf, "2026-01-02T02:50:45Z");
 }
 
+/* A DescribeMirrors answer as a kmirrord would send it: one mirror whose sync runs here (east), one
+ * whose sync runs elsewhere (west), one from a kmirrord that reports no sync (old), one unknown. */
+typedef struct describe_fixture {
+	km_describe_mirrors_response r;
+	km_describe_mirrors_response_described_mirror m[4];
+	km_describe_mirrors_response_described_config c[2];
+	km_describe_mirrors_response_described_topic t, fresh;
+	km_describe_mirrors_response_described_partition p;
+	km_describe_mirrors_response_metadata_sync_status east[4], west[4];
+} describe_fixture;
+
+static void sync_entry(km_describe_mirrors_response_metadata_sync_status *s, const char *kind, bool owner,
+		       int64_t last, int64_t compared, int64_t changes_last, int64_t changes_total, int64_t skipped,
+		       int64_t errors, const char *err, int64_t err_ms)
+{
+	km_describe_mirrors_response_metadata_sync_status_init(s);
+	s->kind = km_str_c(kind);
+	s->is_owner = owner;
+	s->last_sync_time_ms = last;
+	s->compared = compared;
+	s->changes_last_cycle = changes_last;
+	s->changes_total = changes_total;
+	s->skipped = skipped;
+	s->errors_total = errors;
+	s->last_error = err ? km_str_c(err) : KM_STR_NULL;
+	s->last_error_time_ms = err_ms;
+}
+
+static void describe_fixture_init(describe_fixture *f)
+{
+	static const char *const kinds[] = {"configs", "partitions", "groups", "acls"};
+	km_describe_mirrors_response_described_mirror *east = &f->m[0];
+
+	memset(f, 0, sizeof(*f));
+	km_describe_mirrors_response_init(&f->r);
+	for (int i = 0; i < 4; i++) {
+		km_describe_mirrors_response_described_mirror_init(&f->m[i]);
+		f->m[i].configs.count = 0;
+		f->m[i].topics.count = 0;
+	}
+	f->r.mirrors.items = f->m;
+	f->r.mirrors.count = 4;
+
+	east->mirror_name = km_str_c("east");
+	km_describe_mirrors_response_described_config_init(&f->c[0]);
+	f->c[0].name = km_str_c("bootstrap.servers");
+	f->c[0].value = km_str_c("src:9092");
+	km_describe_mirrors_response_described_config_init(&f->c[1]);
+	f->c[1].name = km_str_c("sasl.password");
+	f->c[1].value = KM_STR_NULL;
+	f->c[1].is_sensitive = true;
+	east->configs.items = f->c;
+	east->configs.count = 2;
+	km_describe_mirrors_response_described_topic_init(&f->t);
+	f->t.name = km_str_c("orders");
+	f->t.state = km_str_c("MIRRORING");
+	km_describe_mirrors_response_described_partition_init(&f->p);
+	f->p.partition_index = 0;
+	f->p.state = km_str_c("MIRRORING");
+	f->p.state_change_time_ms = 1767322245123LL;
+	f->p.source_log_end_offset = 10;
+	f->p.mirrored_offset = 7;
+	f->p.lag = 3;
+	f->t.partitions.items = &f->p;
+	f->t.partitions.count = 1;
+	east->topics.items = &f->t;
+	east->topics.count = 1;
+	sync_entry(&f->east[0], "configs", true, 1767322245123LL, 3, 1, 5, 0, 0, NULL, -1);
+	sync_entry(&f->east[1], "partitions", true, -1, 0, 0, 0, 0, 0, NULL, -1);
+	sync_entry(&f->east[2], "groups", true, 1767322246000LL, 12, 4, 40, 2, 0, NULL, -1);
+	sync_entry(&f->east[3], "acls", true, 1767322200000LL, 0, 0, 0, 0, 7, "SECURITY_DISABLED: no authorizer",
+		   1767322247000LL);
+	east->metadata_sync.items = f->east;
+	east->metadata_sync.count = 4;
+
+	f->m[1].mirror_name = km_str_c("west");
+	km_describe_mirrors_response_described_topic_init(&f->fresh); /* no partitions yet: one row of dashes */
+	f->fresh.name = km_str_c("fresh");
+	f->fresh.state = km_str_c("PREPARING");
+	f->fresh.partitions.count = 0;
+	f->m[1].topics.items = &f->fresh;
+	f->m[1].topics.count = 1;
+	for (int k = 0; k < 4; k++)
+		sync_entry(&f->west[k], kinds[k], false, -1, 0, 0, 0, 0, 0, NULL, -1);
+	f->m[1].metadata_sync.items = f->west;
+	f->m[1].metadata_sync.count = 4;
+
+	f->m[2].mirror_name = km_str_c("old");
+
+	f->m[3].mirror_name = km_str_c("ghost");
+	f->m[3].error_code = KM_MIRROR_UNKNOWN_CLUSTER_MIRROR;
+	f->m[3].error_message = km_str_c("mirror ghost does not exist");
+}
+
+static void test_describe_table(void **state)
+{
+	describe_fixture f;
+	membuf m;
+	char *s;
+	(void)state;
+
+	describe_fixture_init(&f);
+	mb_open(&m);
+	km_cli_describe_print(m.f, &f.r, false);
+	s = mb_close(&m);
+	/* The sync's block sits between the configuration and the partitions (whose table the
+	 * integration tests read to its end); "never" for a step not yet completed, the last error with
+	 * its time; a kmirrord that does not report the sync shows none. */
+	assert_string_equal(s,
+			    "Mirror: east\n"
+			    "CONFIG             VALUE\n"
+			    "bootstrap.servers  src:9092\n"
+			    "sasl.password      (secret)\n"
+			    "\n"
+			    "Metadata sync:\n"
+			    "KIND        LAST-SYNC             COMPARED  CHANGES-LAST  CHANGES-TOTAL  SKIPPED  ERRORS  LAST-ERROR\n"
+			    "configs     2026-01-02T02:50:45Z  3         1             5              0        0       -\n"
+			    "partitions  never                 0         0             0              0        0       -\n"
+			    "groups      2026-01-02T02:50:46Z  12        4             40             2        0       -\n"
+			    "acls        2026-01-02T02:50:00Z  0         0             0              0        7       "
+			    "SECURITY_DISABLED: no authorizer (2026-01-02T02:50:47Z)\n"
+			    "\n"
+			    "TOPIC   PARTITION  STATE      SINCE                 SOURCE-END  MIRRORED  LAG  SKIPPED  LAST-ERROR\n"
+			    "orders  0          MIRRORING  2026-01-02T02:50:45Z  10          7         3    0        -\n"
+			    "\n"
+			    "Mirror: west\n"
+			    "CONFIG  VALUE\n"
+			    "\n"
+			    "Metadata sync (not run by this kmirrord: another kmirrord runs it, or no topic is synced yet):\n"
+			    "KIND        LAST-SYNC  COMPARED  CHANGES-LAST  CHANGES-TOTAL  SKIPPED  ERRORS  LAST-ERROR\n"
+			    "configs     never      0         0             0              0        0       -\n"
+			    "partitions  never      0         0             0              0        0       -\n"
+			    "groups      never      0         0             0              0        0       -\n"
+			    "acls        never      0         0             0              0        0       -\n"
+			    "\n"
+			    "TOPIC  PARTITION  STATE      SINCE  SOURCE-END  MIRRORED  LAG  SKIPPED  LAST-ERROR\n"
+			    "fresh  -          PREPARING  -      -           -         -    -        -\n"
+			    "\n"
+			    "Mirror: old\n"
+			    "CONFIG  VALUE\n"
+			    "\n"
+			    "No topics.\n"
+			    "\n"
+			    "Mirror: ghost\n"
+			    "Error: UNKNOWN_CLUSTER_MIRROR: mirror ghost does not exist\n");
+	free(s);
+}
+
+static void test_describe_json(void **state)
+{
+	describe_fixture f;
+	membuf m;
+	char *s;
+	(void)state;
+
+	describe_fixture_init(&f);
+	f.r.mirrors.count = 2; /* east and west */
+	mb_open(&m);
+	km_cli_describe_print(m.f, &f.r, true);
+	s = mb_close(&m);
+	/* The existing keys as they were, then metadata_sync: one object per step, snake_case keys,
+	 * -1 for a time not known, null for no error. */
+	assert_string_equal(
+		s,
+		"{\"mirrors\":["
+		"{\"name\":\"east\",\"error\":null,"
+		"\"configs\":[{\"name\":\"bootstrap.servers\",\"value\":\"src:9092\",\"sensitive\":false},"
+		"{\"name\":\"sasl.password\",\"value\":null,\"sensitive\":true}],"
+		"\"topics\":[{\"name\":\"orders\",\"topic_id\":null,\"state\":\"MIRRORING\",\"partitions\":["
+		"{\"partition\":0,\"state\":\"MIRRORING\",\"state_change_time_ms\":1767322245123,"
+		"\"source_log_end_offset\":10,\"mirrored_offset\":7,\"lag\":3,\"skipped_records\":0,"
+		"\"last_error\":null,\"last_error_time_ms\":-1}]}],"
+		"\"metadata_sync\":["
+		"{\"kind\":\"configs\",\"is_owner\":true,\"last_sync_time_ms\":1767322245123,\"compared\":3,"
+		"\"changes_last_cycle\":1,\"changes_total\":5,\"skipped\":0,\"errors_total\":0,\"last_error\":null,"
+		"\"last_error_time_ms\":-1},"
+		"{\"kind\":\"partitions\",\"is_owner\":true,\"last_sync_time_ms\":-1,\"compared\":0,"
+		"\"changes_last_cycle\":0,\"changes_total\":0,\"skipped\":0,\"errors_total\":0,\"last_error\":null,"
+		"\"last_error_time_ms\":-1},"
+		"{\"kind\":\"groups\",\"is_owner\":true,\"last_sync_time_ms\":1767322246000,\"compared\":12,"
+		"\"changes_last_cycle\":4,\"changes_total\":40,\"skipped\":2,\"errors_total\":0,\"last_error\":null,"
+		"\"last_error_time_ms\":-1},"
+		"{\"kind\":\"acls\",\"is_owner\":true,\"last_sync_time_ms\":1767322200000,\"compared\":0,"
+		"\"changes_last_cycle\":0,\"changes_total\":0,\"skipped\":0,\"errors_total\":7,"
+		"\"last_error\":\"SECURITY_DISABLED: no authorizer\",\"last_error_time_ms\":1767322247000}]},"
+		"{\"name\":\"west\",\"error\":null,\"configs\":[],"
+		"\"topics\":[{\"name\":\"fresh\",\"topic_id\":null,\"state\":\"PREPARING\",\"partitions\":[]}],"
+		"\"metadata_sync\":["
+		"{\"kind\":\"configs\",\"is_owner\":false,\"last_sync_time_ms\":-1,\"compared\":0,"
+		"\"changes_last_cycle\":0,\"changes_total\":0,\"skipped\":0,\"errors_total\":0,\"last_error\":null,"
+		"\"last_error_time_ms\":-1},"
+		"{\"kind\":\"partitions\",\"is_owner\":false,\"last_sync_time_ms\":-1,\"compared\":0,"
+		"\"changes_last_cycle\":0,\"changes_total\":0,\"skipped\":0,\"errors_total\":0,\"last_error\":null,"
+		"\"last_error_time_ms\":-1},"
+		"{\"kind\":\"groups\",\"is_owner\":false,\"last_sync_time_ms\":-1,\"compared\":0,"
+		"\"changes_last_cycle\":0,\"changes_total\":0,\"skipped\":0,\"errors_total\":0,\"last_error\":null,"
+		"\"last_error_time_ms\":-1},"
+		"{\"kind\":\"acls\",\"is_owner\":false,\"last_sync_time_ms\":-1,\"compared\":0,"
+		"\"changes_last_cycle\":0,\"changes_total\":0,\"skipped\":0,\"errors_total\":0,\"last_error\":null,"
+		"\"last_error_time_ms\":-1}]}]}\n");
+	free(s);
+
+	/* A kmirrord that does not report the sync (or a mirror in error): an empty list, the key still there. */
+	mb_open(&m);
+	f.r.mirrors.items = &f.m[2];
+	f.r.mirrors.count = 2;
+	km_cli_describe_print(m.f, &f.r, true);
+	s = mb_close(&m);
+	assert_string_equal(s, "{\"mirrors\":[{\"name\":\"old\",\"error\":null,\"configs\":[],\"topics\":[],"
+			       "\"metadata_sync\":[]},"
+			       "{\"name\":\"ghost\",\"error\":{\"code\":32002,\"name\":\"UNKNOWN_CLUSTER_MIRROR\","
+			       "\"message\":\"mirror ghost does not exist\"},\"configs\":[],\"topics\":[],"
+			       "\"metadata_sync\":[]}]}\n");
+	free(s);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -145,6 +362,8 @@ int main(void)
 		cmocka_unit_test(test_document),
 		cmocka_unit_test(test_table),
 		cmocka_unit_test(test_time),
+		cmocka_unit_test(test_describe_table),
+		cmocka_unit_test(test_describe_json),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -64,6 +64,31 @@ typedef struct km_describe_mirrors_response_described_topic {
 	km_tagged_list unknown_tags; /* tagged fields this codec does not know, kept as they came */
 } km_describe_mirrors_response_described_topic;
 
+/* MetadataSyncStatus */
+typedef struct km_describe_mirrors_response_metadata_sync_status {
+	/* v0+: The step: configs, partitions, groups or acls. */
+	km_str kind;
+	/* v0+: This kmirrord runs the mirror's sync (false: another kmirrord does, or the mirror has n... */
+	bool is_owner;
+	/* v0+: When the step last completed (ms since the epoch), or -1: never. */
+	int64_t last_sync_time_ms;
+	/* v0+: The topics, groups or bindings the last completed step looked at. */
+	int64_t compared;
+	/* v0+: The changes the step made in the last cycle. */
+	int64_t changes_last_cycle;
+	/* v0+: The changes the step made since kmirrord started. */
+	int64_t changes_total;
+	/* v0+: Groups: active on the destination in the last cycle, not synced (0 for the other steps). */
+	int64_t skipped;
+	/* v0+: The step's failures since kmirrord started. */
+	int64_t errors_total;
+	/* v0+ nullable: The step's last error, or null if none. */
+	km_str last_error;
+	/* v0+: When LastError happened (ms since the epoch), or -1: none. */
+	int64_t last_error_time_ms;
+	km_tagged_list unknown_tags; /* tagged fields this codec does not know, kept as they came */
+} km_describe_mirrors_response_metadata_sync_status;
+
 /* DescribedMirror */
 typedef struct km_describe_mirrors_response_described_mirror {
 	/* v0+: The error code for this mirror, or 0. */
@@ -82,6 +107,11 @@ typedef struct km_describe_mirrors_response_described_mirror {
 		int32_t count; /* -1 = null */
 		km_describe_mirrors_response_described_topic *items;
 	} topics;
+	/* v0+ tag 0: The metadata sync's status as this kmirrord sees it (in memory only): one entry per ste... */
+	struct {
+		int32_t count; /* -1 = null */
+		km_describe_mirrors_response_metadata_sync_status *items;
+	} metadata_sync;
 	km_tagged_list unknown_tags; /* tagged fields this codec does not know, kept as they came */
 } km_describe_mirrors_response_described_mirror;
 
@@ -104,6 +134,7 @@ typedef struct km_describe_mirrors_response {
 void km_describe_mirrors_response_described_config_init(km_describe_mirrors_response_described_config *m);
 void km_describe_mirrors_response_described_partition_init(km_describe_mirrors_response_described_partition *m);
 void km_describe_mirrors_response_described_topic_init(km_describe_mirrors_response_described_topic *m);
+void km_describe_mirrors_response_metadata_sync_status_init(km_describe_mirrors_response_metadata_sync_status *m);
 void km_describe_mirrors_response_described_mirror_init(km_describe_mirrors_response_described_mirror *m);
 /* Sets every field to its default. */
 void km_describe_mirrors_response_init(km_describe_mirrors_response *m);

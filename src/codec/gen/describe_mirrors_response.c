@@ -13,6 +13,9 @@ static size_t km_describe_mirrors_response_described_partition_sz(int16_t v, con
 static bool km_describe_mirrors_response_described_topic_dec(km_rd *r, int16_t v, km_describe_mirrors_response_described_topic *m, km_arena *a);
 static void km_describe_mirrors_response_described_topic_enc(km_wr *w, int16_t v, const km_describe_mirrors_response_described_topic *m);
 static size_t km_describe_mirrors_response_described_topic_sz(int16_t v, const km_describe_mirrors_response_described_topic *m);
+static bool km_describe_mirrors_response_metadata_sync_status_dec(km_rd *r, int16_t v, km_describe_mirrors_response_metadata_sync_status *m, km_arena *a);
+static void km_describe_mirrors_response_metadata_sync_status_enc(km_wr *w, int16_t v, const km_describe_mirrors_response_metadata_sync_status *m);
+static size_t km_describe_mirrors_response_metadata_sync_status_sz(int16_t v, const km_describe_mirrors_response_metadata_sync_status *m);
 static bool km_describe_mirrors_response_described_mirror_dec(km_rd *r, int16_t v, km_describe_mirrors_response_described_mirror *m, km_arena *a);
 static void km_describe_mirrors_response_described_mirror_enc(km_wr *w, int16_t v, const km_describe_mirrors_response_described_mirror *m);
 static size_t km_describe_mirrors_response_described_mirror_sz(int16_t v, const km_describe_mirrors_response_described_mirror *m);
@@ -290,10 +293,121 @@ static size_t km_describe_mirrors_response_described_topic_sz(int16_t v, const k
 	return n;
 }
 
+void km_describe_mirrors_response_metadata_sync_status_init(km_describe_mirrors_response_metadata_sync_status *m)
+{
+	memset(m, 0, sizeof(*m));
+	m->last_sync_time_ms = INT64_C(-1);
+	m->last_error = KM_STR_NULL;
+	m->last_error_time_ms = INT64_C(-1);
+}
+
+static bool km_describe_mirrors_response_metadata_sync_status_dec(km_rd *r, int16_t v, km_describe_mirrors_response_metadata_sync_status *m, km_arena *a)
+{
+	const bool flex = true;
+	(void)flex;
+	(void)a;
+	(void)v;
+	if (!km_rd_string(r, "MetadataSyncStatus.Kind", flex, false, &m->kind))
+		return false;
+	if (!km_rd_bool(r, "MetadataSyncStatus.IsOwner", &m->is_owner))
+		return false;
+	if (!km_rd_i64(r, "MetadataSyncStatus.LastSyncTimeMs", &m->last_sync_time_ms))
+		return false;
+	if (!km_rd_i64(r, "MetadataSyncStatus.Compared", &m->compared))
+		return false;
+	if (!km_rd_i64(r, "MetadataSyncStatus.ChangesLastCycle", &m->changes_last_cycle))
+		return false;
+	if (!km_rd_i64(r, "MetadataSyncStatus.ChangesTotal", &m->changes_total))
+		return false;
+	if (!km_rd_i64(r, "MetadataSyncStatus.Skipped", &m->skipped))
+		return false;
+	if (!km_rd_i64(r, "MetadataSyncStatus.ErrorsTotal", &m->errors_total))
+		return false;
+	if (!km_rd_string(r, "MetadataSyncStatus.LastError", flex, true, &m->last_error))
+		return false;
+	if (!km_rd_i64(r, "MetadataSyncStatus.LastErrorTimeMs", &m->last_error_time_ms))
+		return false;
+	if (flex) {
+		if (!km_codec_rd_tags(r, "MetadataSyncStatus.TaggedFields", &m->unknown_tags, a))
+			return false;
+	}
+	return true;
+}
+
+static void km_describe_mirrors_response_metadata_sync_status_enc(km_wr *w, int16_t v, const km_describe_mirrors_response_metadata_sync_status *m)
+{
+	const bool flex = true;
+	(void)flex;
+	(void)v;
+	if (m->kind.len < 0)
+		km_codec_wr_fail(w, KM_ERR_ENCODE);
+	km_wr_string(w, flex, m->kind);
+	km_wr_bool(w, m->is_owner);
+	km_wr_i64(w, m->last_sync_time_ms);
+	km_wr_i64(w, m->compared);
+	km_wr_i64(w, m->changes_last_cycle);
+	km_wr_i64(w, m->changes_total);
+	km_wr_i64(w, m->skipped);
+	km_wr_i64(w, m->errors_total);
+	km_wr_string(w, flex, m->last_error);
+	km_wr_i64(w, m->last_error_time_ms);
+	if (flex) {
+		km_codec_wr_tags(w, &m->unknown_tags, 0, UINT64_MAX, true);
+	}
+}
+
+static size_t km_describe_mirrors_response_metadata_sync_status_sz(int16_t v, const km_describe_mirrors_response_metadata_sync_status *m)
+{
+	const bool flex = true;
+	size_t n = 0;
+	(void)flex;
+	(void)v;
+	n += km_sz_string(flex, m->kind);
+	n += 1;
+	n += 8;
+	n += 8;
+	n += 8;
+	n += 8;
+	n += 8;
+	n += 8;
+	n += km_sz_string(flex, m->last_error);
+	n += 8;
+	if (flex) {
+		uint32_t ntags = (uint32_t)(m->unknown_tags.count > 0 ? m->unknown_tags.count : 0);
+		n += km_codec_sz_tags(&m->unknown_tags);
+		n += km_sz_uvarint(ntags);
+	}
+	return n;
+}
+
 void km_describe_mirrors_response_described_mirror_init(km_describe_mirrors_response_described_mirror *m)
 {
 	memset(m, 0, sizeof(*m));
 	m->error_message = KM_STR_NULL;
+}
+
+static bool km_describe_mirrors_response_described_mirror_dec_tag_metadata_sync(km_rd *r, int16_t v, km_describe_mirrors_response_described_mirror *m, km_arena *a)
+{
+	(void)v;
+	(void)a;
+	{
+		int32_t cnt;
+		if (!km_rd_array_len(r, "DescribedMirror.MetadataSync", true, false, 60, &cnt))
+			return false;
+		m->metadata_sync.count = cnt;
+		m->metadata_sync.items = NULL;
+		if (cnt > 0) {
+			m->metadata_sync.items = km_arena_alloc(a, (size_t)cnt * sizeof(*m->metadata_sync.items));
+			if (!m->metadata_sync.items)
+				return km_codec_arena_fail(r, a, "DescribedMirror.MetadataSync");
+			for (int32_t i = 0; i < cnt; i++) {
+				km_describe_mirrors_response_metadata_sync_status_init(&m->metadata_sync.items[i]);
+				if (!km_describe_mirrors_response_metadata_sync_status_dec(r, v, &m->metadata_sync.items[i], a))
+					return false;
+			}
+		}
+	}
+	return true;
 }
 
 static bool km_describe_mirrors_response_described_mirror_dec(km_rd *r, int16_t v, km_describe_mirrors_response_described_mirror *m, km_arena *a)
@@ -345,6 +459,27 @@ static bool km_describe_mirrors_response_described_mirror_dec(km_rd *r, int16_t 
 	if (flex) {
 		if (!km_codec_rd_tags(r, "DescribedMirror.TaggedFields", &m->unknown_tags, a))
 			return false;
+		int32_t keep = 0;
+		for (int32_t i = 0; i < m->unknown_tags.count; i++) {
+			const km_tagged t = m->unknown_tags.items[i];
+			km_rd sub;
+			bool known = true;
+			km_codec_rd_slice(r, t.data, &sub);
+			switch (t.tag) {
+				case 0:
+				{
+					if (!km_describe_mirrors_response_described_mirror_dec_tag_metadata_sync(&sub, v, m, a))
+						return km_codec_rd_join(r, &sub);
+				}
+				break;
+				default:
+					known = false;
+					break;
+			}
+			if (!known)
+				m->unknown_tags.items[keep++] = t;
+		}
+		m->unknown_tags.count = keep;
 	}
 	return true;
 }
@@ -372,7 +507,26 @@ static void km_describe_mirrors_response_described_mirror_enc(km_wr *w, int16_t 
 		km_describe_mirrors_response_described_topic_enc(w, v, &m->topics.items[i]);
 	}
 	if (flex) {
-		km_codec_wr_tags(w, &m->unknown_tags, 0, UINT64_MAX, true);
+		uint32_t ntags = (uint32_t)(m->unknown_tags.count > 0 ? m->unknown_tags.count : 0);
+		const bool has_metadata_sync = true && m->metadata_sync.count != 0;
+		ntags += has_metadata_sync;
+		km_wr_uvarint(w, ntags);
+		km_codec_wr_tags(w, &m->unknown_tags, 0, 1, false);
+		if (has_metadata_sync) {
+			size_t n = 0;
+			n += km_sz_array_len(true, m->metadata_sync.count);
+			for (int32_t i = 0; i < m->metadata_sync.count; i++)
+				n += km_describe_mirrors_response_metadata_sync_status_sz(v, &m->metadata_sync.items[i]);
+			km_wr_uvarint(w, 0);
+			km_wr_uvarint(w, (uint32_t)n);
+			if (m->metadata_sync.count < 0)
+				km_codec_wr_fail(w, KM_ERR_ENCODE);
+			km_wr_array_len(w, true, m->metadata_sync.count);
+			for (int32_t i = 0; i < m->metadata_sync.count; i++) {
+				km_describe_mirrors_response_metadata_sync_status_enc(w, v, &m->metadata_sync.items[i]);
+			}
+		}
+		km_codec_wr_tags(w, &m->unknown_tags, 1, UINT64_MAX, false);
 	}
 }
 
@@ -394,6 +548,14 @@ static size_t km_describe_mirrors_response_described_mirror_sz(int16_t v, const 
 	if (flex) {
 		uint32_t ntags = (uint32_t)(m->unknown_tags.count > 0 ? m->unknown_tags.count : 0);
 		n += km_codec_sz_tags(&m->unknown_tags);
+		if (true && m->metadata_sync.count != 0) {
+			size_t fn = 0;
+			fn += km_sz_array_len(true, m->metadata_sync.count);
+			for (int32_t i = 0; i < m->metadata_sync.count; i++)
+				fn += km_describe_mirrors_response_metadata_sync_status_sz(v, &m->metadata_sync.items[i]);
+			n += km_sz_uvarint(0) + km_sz_uvarint((uint32_t)fn) + fn;
+			ntags++;
+		}
 		n += km_sz_uvarint(ntags);
 	}
 	return n;

@@ -8172,6 +8172,8 @@ static void fill_km_describe_mirrors_response_described_partition(km_describe_mi
 static bool eq_km_describe_mirrors_response_described_partition(const km_describe_mirrors_response_described_partition *x, const km_describe_mirrors_response_described_partition *y);
 static void fill_km_describe_mirrors_response_described_topic(km_describe_mirrors_response_described_topic *m, int16_t v, int mode, km_arena *a, uint32_t *seq);
 static bool eq_km_describe_mirrors_response_described_topic(const km_describe_mirrors_response_described_topic *x, const km_describe_mirrors_response_described_topic *y);
+static void fill_km_describe_mirrors_response_metadata_sync_status(km_describe_mirrors_response_metadata_sync_status *m, int16_t v, int mode, km_arena *a, uint32_t *seq);
+static bool eq_km_describe_mirrors_response_metadata_sync_status(const km_describe_mirrors_response_metadata_sync_status *x, const km_describe_mirrors_response_metadata_sync_status *y);
 static void fill_km_describe_mirrors_response_described_mirror(km_describe_mirrors_response_described_mirror *m, int16_t v, int mode, km_arena *a, uint32_t *seq);
 static bool eq_km_describe_mirrors_response_described_mirror(const km_describe_mirrors_response_described_mirror *x, const km_describe_mirrors_response_described_mirror *y);
 static void fill_km_describe_mirrors_response(km_describe_mirrors_response *m, int16_t v, int mode, km_arena *a, uint32_t *seq);
@@ -8286,6 +8288,53 @@ static bool eq_km_describe_mirrors_response_described_topic(const km_describe_mi
 	return true;
 }
 
+static void fill_km_describe_mirrors_response_metadata_sync_status(km_describe_mirrors_response_metadata_sync_status *m, int16_t v, int mode, km_arena *a, uint32_t *seq)
+{
+	(void)v;
+	(void)mode;
+	(void)a;
+	(void)seq;
+	m->kind = t_str(a, seq);
+	m->is_owner = true;
+	m->last_sync_time_ms = (int64_t)(t_int(seq, 1000000000, INT64_C(-1)) + ((int64_t)1 << 33));
+	m->compared = (int64_t)(t_int(seq, 1000000000, INT64_C(0)) + ((int64_t)1 << 33));
+	m->changes_last_cycle = (int64_t)(t_int(seq, 1000000000, INT64_C(0)) + ((int64_t)1 << 33));
+	m->changes_total = (int64_t)(t_int(seq, 1000000000, INT64_C(0)) + ((int64_t)1 << 33));
+	m->skipped = (int64_t)(t_int(seq, 1000000000, INT64_C(0)) + ((int64_t)1 << 33));
+	m->errors_total = (int64_t)(t_int(seq, 1000000000, INT64_C(0)) + ((int64_t)1 << 33));
+	m->last_error = (mode == 1 && true) ? KM_STR_NULL : t_str(a, seq);
+	m->last_error_time_ms = (int64_t)(t_int(seq, 1000000000, INT64_C(-1)) + ((int64_t)1 << 33));
+	if (true && mode == 0)
+		t_unknown_tags(&m->unknown_tags, a, 0, 1000, seq);
+}
+
+static bool eq_km_describe_mirrors_response_metadata_sync_status(const km_describe_mirrors_response_metadata_sync_status *x, const km_describe_mirrors_response_metadata_sync_status *y)
+{
+	if (!km_str_eq(x->kind, y->kind))
+		return t_diff("MetadataSyncStatus.Kind");
+	if (!(x->is_owner == y->is_owner))
+		return t_diff("MetadataSyncStatus.IsOwner");
+	if (!(x->last_sync_time_ms == y->last_sync_time_ms))
+		return t_diff("MetadataSyncStatus.LastSyncTimeMs");
+	if (!(x->compared == y->compared))
+		return t_diff("MetadataSyncStatus.Compared");
+	if (!(x->changes_last_cycle == y->changes_last_cycle))
+		return t_diff("MetadataSyncStatus.ChangesLastCycle");
+	if (!(x->changes_total == y->changes_total))
+		return t_diff("MetadataSyncStatus.ChangesTotal");
+	if (!(x->skipped == y->skipped))
+		return t_diff("MetadataSyncStatus.Skipped");
+	if (!(x->errors_total == y->errors_total))
+		return t_diff("MetadataSyncStatus.ErrorsTotal");
+	if (!km_str_eq(x->last_error, y->last_error))
+		return t_diff("MetadataSyncStatus.LastError");
+	if (!(x->last_error_time_ms == y->last_error_time_ms))
+		return t_diff("MetadataSyncStatus.LastErrorTimeMs");
+	if (!t_tags_eq(&x->unknown_tags, &y->unknown_tags))
+		return t_diff("MetadataSyncStatus unknown tags");
+	return true;
+}
+
 static void fill_km_describe_mirrors_response_described_mirror(km_describe_mirrors_response_described_mirror *m, int16_t v, int mode, km_arena *a, uint32_t *seq)
 {
 	(void)v;
@@ -8309,8 +8358,15 @@ static void fill_km_describe_mirrors_response_described_mirror(km_describe_mirro
 		km_describe_mirrors_response_described_topic_init(&m->topics.items[i]);
 		fill_km_describe_mirrors_response_described_topic(&m->topics.items[i], v, mode, a, seq);
 	}
+	m->metadata_sync.count = 2;
+	m->metadata_sync.items = km_arena_alloc(a, 2 * sizeof(*m->metadata_sync.items));
+	assert_non_null(m->metadata_sync.items);
+	for (int i = 0; i < 2; i++) {
+		km_describe_mirrors_response_metadata_sync_status_init(&m->metadata_sync.items[i]);
+		fill_km_describe_mirrors_response_metadata_sync_status(&m->metadata_sync.items[i], v, mode, a, seq);
+	}
 	if (true && mode == 0)
-		t_unknown_tags(&m->unknown_tags, a, 0, 1000, seq);
+		t_unknown_tags(&m->unknown_tags, a, 1, 1000, seq);
 }
 
 static bool eq_km_describe_mirrors_response_described_mirror(const km_describe_mirrors_response_described_mirror *x, const km_describe_mirrors_response_described_mirror *y)
@@ -8332,6 +8388,12 @@ static bool eq_km_describe_mirrors_response_described_mirror(const km_describe_m
 	for (int32_t i = 0; i < x->topics.count; i++) {
 		if (!eq_km_describe_mirrors_response_described_topic(&x->topics.items[i], &y->topics.items[i]))
 			return t_diff("DescribedMirror.Topics");
+	}
+	if (x->metadata_sync.count != y->metadata_sync.count)
+		return t_diff("DescribedMirror.MetadataSync");
+	for (int32_t i = 0; i < x->metadata_sync.count; i++) {
+		if (!eq_km_describe_mirrors_response_metadata_sync_status(&x->metadata_sync.items[i], &y->metadata_sync.items[i]))
+			return t_diff("DescribedMirror.MetadataSync");
 	}
 	if (!t_tags_eq(&x->unknown_tags, &y->unknown_tags))
 		return t_diff("DescribedMirror unknown tags");

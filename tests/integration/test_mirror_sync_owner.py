@@ -1,0 +1,77 @@
+"""One kmirrord per mirror runs its metadata sync (docs/mirror.md, "One kmirrord per mirror"): two
+kmirrords in front of one destination agree through the destination's consumer group
+__kmirror-sync; describe through each says which one syncs, exactly one does, and when it stops the
+other takes over and the sync goes on."""
+
+import time
+import uuid
+
+from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource
+
+from mirror_cli import Cli, kmirror_bin  # noqa: F401
+from proxy_fixtures import *  # noqa: F401,F403
+from proxy_fixtures import wait_until
+
+
+def set_source_config(cluster, topic, name, value):
+    a = AdminClient({"bootstrap.servers": cluster.bootstrap})
+    r = ConfigResource(ConfigResource.Type.TOPIC, topic, incremental_configs=[
+        ConfigEntry(name, value, incremental_operation=AlterConfigOpType.SET)])
+    a.incremental_alter_configs([r])[r].result(timeout=30)
+
+
+def dest_config(cluster, topic, name):
+    a = AdminClient({"bootstrap.servers": cluster.bootstrap})
+    r = ConfigResource(ConfigResource.Type.TOPIC, topic)
+    return a.describe_configs([r])[r].result(timeout=30)[name].value
+
+
+def owner_flags(cli, mirror):
+    """{kind: is_owner} as this kmirrord's describe reports them ({} before its first look)."""
+    d, _ = cli.json("describe", "--mirror", mirror)
+    return {s["kind"]: s["is_owner"] for s in d["mirrors"][0].get("metadata_sync", [])}
+
+
+def test_one_kmirrord_syncs_a_mirror(kmirror_bin, dest_cluster, source_cluster, proxy_factory):
+    mirror, topic = f"own-{uuid.uuid4().hex[:8]}", f"owned-{uuid.uuid4().hex[:8]}"
+    a = proxy_factory(dest_cluster, name="kmirrord-a")
+    cli_a = Cli(kmirror_bin, a.bootstrap)
+    # No records: the two kmirrords' pipelines (each runs one: a known limit) have nothing to write.
+    source_cluster.create_topic(topic, partitions=2, config={"retention.ms": "7200000"})
+    cli_a.run("create", "--mirror", mirror, "--source-bootstrap", source_cluster.bootstrap,
+              "--config", "mirror.metadata.refresh.interval.ms=1000")
+    cli_a.run("start", "--mirror", mirror, "--topics", topic)
+    # b reads the mirror from __mirror_state at its start.
+    b = proxy_factory(dest_cluster, name="kmirrord-b")
+    cli_b = Cli(kmirror_bin, b.bootstrap)
+
+    def owners():
+        fa, fb = owner_flags(cli_a, mirror), owner_flags(cli_b, mirror)
+        if len(fa) != 4 or len(fb) != 4:
+            return None
+        assert len(set(fa.values())) == 1 and len(set(fb.values())) == 1, (fa, fb)
+        return fa["configs"], fb["configs"]
+
+    wait_until(lambda: owners() in ((True, False), (False, True)), timeout=40, what="exactly one owner")
+    # It stays so: the group does not flap (checked over a few heartbeats).
+    first = owners()
+    for _ in range(10):
+        time.sleep(0.5)
+        assert owners() == first
+    owner, other = (a, b) if first[0] else (b, a)
+    print(f"owner {owner.name}, other {other.name}")
+
+    set_source_config(source_cluster, topic, "retention.ms", "3600000")
+    wait_until(lambda: dest_config(dest_cluster, topic, "retention.ms") == "3600000", timeout=20,
+               what="retention.ms synced by the owner")
+    assert "metadata sync runs in this kmirrord now" in owner.output()
+    assert f"{mirror}: metadata sync runs in this kmirrord now" not in other.output()
+
+    # The owner stops (it leaves the group): the other takes the mirror over and syncs it.
+    owner.stop()
+    other_cli = cli_b if other is b else cli_a
+    wait_until(lambda: owner_flags(other_cli, mirror).get("configs") is True, timeout=30,
+               what="the other kmirrord owns the mirror")
+    set_source_config(source_cluster, topic, "retention.ms", "1800000")
+    wait_until(lambda: dest_config(dest_cluster, topic, "retention.ms") == "1800000", timeout=20,
+               what="retention.ms synced by the new owner")

@@ -8,6 +8,8 @@
 #include "kmirror/api.h"
 #include "kmirror/arena.h"
 #include "kmirror/log.h"
+#include "kmirror/msg/alter_share_group_offsets_request.h"
+#include "kmirror/msg/alter_share_group_offsets_response.h"
 #include "kmirror/msg/api_keys.h"
 #include "kmirror/msg/create_acls_request.h"
 #include "kmirror/msg/create_acls_response.h"
@@ -17,6 +19,8 @@
 #include "kmirror/msg/describe_acls_response.h"
 #include "kmirror/msg/describe_configs_request.h"
 #include "kmirror/msg/describe_configs_response.h"
+#include "kmirror/msg/describe_share_group_offsets_request.h"
+#include "kmirror/msg/describe_share_group_offsets_response.h"
 #include "kmirror/msg/find_coordinator_request.h"
 #include "kmirror/msg/find_coordinator_response.h"
 #include "kmirror/msg/incremental_alter_configs_request.h"
@@ -40,7 +44,7 @@
 /* Wire values (Kafka's): resource TOPIC for configs, ANY for ACL filters, pattern/operation/permission ANY. */
 enum { K_RES_TOPIC = 2, K_ANY = 1, K_PATTERN_ANY = 1, K_DYNAMIC_TOPIC_CONFIG = 1 };
 enum { K_OP_SET = 0, K_OP_DELETE = 1 };
-enum { K_SECURITY_DISABLED = 54, K_GROUP_COORDINATOR_KEY = 0 };
+enum { K_SECURITY_DISABLED = 54, K_GROUP_ID_NOT_FOUND = 69, K_GROUP_COORDINATOR_KEY = 0 };
 /*
  * Versions: Metadata v1+ (topic errors by name), DescribeConfigs v1+ (config source),
  * IncrementalAlterConfigs v0+, ListGroups v4+ (group states; v5 adds types), FindCoordinator v4+ (many
@@ -49,7 +53,8 @@ enum { K_SECURITY_DISABLED = 54, K_GROUP_COORDINATOR_KEY = 0 };
  */
 enum {
 	META_LO = 1, META_HI = 12, DC_LO = 1, DC_HI = 4, IAC_LO = 0, IAC_HI = 1, LG_LO = 4, LG_HI = 5, FC_LO = 4,
-	FC_HI = 6, OF_LO = 8, OF_HI = 9, OC_LO = 2, OC_HI = 9, ACL_LO = 1, ACL_HI = 3,
+	FC_HI = 6, OF_LO = 8, OF_HI = 9, OC_LO = 2, OC_HI = 9, ACL_LO = 1, ACL_HI = 3, DSO_LO = 0, DSO_HI = 1,
+	ASO_LO = 0, ASO_HI = 0,
 };
 
 /* One step's status, owned here (km_sync_status is its read view). */
@@ -114,6 +119,7 @@ typedef struct soff {
 
 typedef struct sgroup {
 	const char *name;
+	bool share; /* a share group (KIP-932): start offsets, physical on the destination */
 	bool on_src, skip, src_ok, dst_ok, commit_failed;
 	int32_t src_coord, dst_coord;
 	soff *src, *dst;
@@ -137,6 +143,7 @@ typedef struct sreq {
 	int16_t key, lo, hi;
 	size_t arg;
 	bool sent, done;
+	bool optional; /* a broker without the API: skipped, not an error (share groups) */
 } sreq;
 
 struct sync_cycle {
@@ -330,7 +337,7 @@ static sreq *add_req(sync_cycle *cy, km_mcluster *cl, int32_t node, int16_t key,
 	if (cy->nrq)
 		memcpy(n, cy->rq, cy->nrq * sizeof(*n));
 	cy->rq = n;
-	n[cy->nrq] = (sreq){cl, node, key, lo, hi, arg, false, false};
+	n[cy->nrq] = (sreq){cl, node, key, lo, hi, arg, false, false, false};
 	return &n[cy->nrq++];
 }
 
@@ -407,6 +414,10 @@ static bool pump(sync_cycle *cy)
 			continue;
 		}
 		ver = km_net_client_version(c, rq->key);
+		if (ver < rq->lo && rq->optional) {
+			rq->done = true;
+			continue;
+		}
 		if (ver < rq->lo) {
 			rq->done = true;
 			step_error(cy, "the %s does not support %s v%d or later (it has v%d)", side(cy, rq->cl),
@@ -600,7 +611,7 @@ static bool enc_offset_fetch(sync_cycle *cy, sreq *rq, int16_t ver, km_wr *w)
 	km_offset_fetch_request_init(&m);
 	for (size_t i = 0; i < cy->ng; i++) {
 		sgroup *g = &cy->g[i];
-		if (!g->on_src || g->skip || (src ? g->src_coord : g->dst_coord) != rq->node)
+		if (g->share || !g->on_src || g->skip || (src ? g->src_coord : g->dst_coord) != rq->node)
 			continue;
 		km_offset_fetch_request_group_init(&gs[k]);
 		gs[k].group_id = km_str_c(g->name);
@@ -612,6 +623,80 @@ static bool enc_offset_fetch(sync_cycle *cy, sreq *rq, int16_t ver, km_wr *w)
 	m.groups.count = k;
 	m.require_stable = false;
 	km_offset_fetch_request_encode(w, ver, &m);
+	return true;
+}
+
+/* DescribeShareGroupOffsets (every topic) of the share groups coordinated by the request's broker. */
+static bool enc_share_describe(sync_cycle *cy, sreq *rq, int16_t ver, km_wr *w)
+{
+	km_describe_share_group_offsets_request m;
+	km_describe_share_group_offsets_request_group *gs = km_arena_calloc(&cy->a, (cy->ng ? cy->ng : 1) * sizeof(*gs));
+	bool src = rq->cl == cy->src;
+	int32_t k = 0;
+
+	(void)ver;
+	if (!gs)
+		return false;
+	km_describe_share_group_offsets_request_init(&m);
+	for (size_t i = 0; i < cy->ng; i++) {
+		sgroup *g = &cy->g[i];
+		if (!g->share || g->skip || (src ? g->src_coord : g->dst_coord) != rq->node)
+			continue;
+		km_describe_share_group_offsets_request_group_init(&gs[k]);
+		gs[k].group_id = km_str_c(g->name);
+		gs[k++].topics.count = -1;
+	}
+	m.groups.items = gs;
+	m.groups.count = k;
+	km_describe_share_group_offsets_request_encode(w, ver, &m);
+	return true;
+}
+
+/* Whether the group's offset for (topic, partition) on the destination is already o's. */
+static bool dst_has(const sgroup *g, const soff *o)
+{
+	for (size_t d = 0; d < g->ndst; d++)
+		if (g->dst[d].topic == o->topic && g->dst[d].partition == o->partition && g->dst[d].offset == o->offset)
+			return true;
+	return false;
+}
+
+/* The share group's start offsets (physical already) that differ, as one AlterShareGroupOffsets. */
+static bool enc_share_alter(sync_cycle *cy, sreq *rq, int16_t ver, km_wr *w)
+{
+	sgroup *g = &cy->g[rq->arg];
+	km_alter_share_group_offsets_request m;
+	km_alter_share_group_offsets_request_topic *ts = km_arena_calloc(&cy->a, (cy->nt ? cy->nt : 1) * sizeof(*ts));
+	int32_t nt = 0;
+
+	if (!ts)
+		return false;
+	km_alter_share_group_offsets_request_init(&m);
+	m.group_id = km_str_c(g->name);
+	for (size_t ti = 0; ti < cy->nt; ti++) {
+		km_alter_share_group_offsets_request_partition *ps = NULL;
+		int32_t np = 0;
+		for (size_t j = 0; j < g->nsrc; j++) {
+			const soff *o = &g->src[j];
+			if (o->topic != (int32_t)ti || dst_has(g, o))
+				continue;
+			if (!ps && !(ps = km_arena_calloc(&cy->a, g->nsrc * sizeof(*ps))))
+				return false;
+			km_alter_share_group_offsets_request_partition_init(&ps[np]);
+			ps[np].partition_index = o->partition;
+			ps[np++].start_offset = o->offset;
+		}
+		if (!np)
+			continue;
+		km_alter_share_group_offsets_request_topic_init(&ts[nt]);
+		ts[nt].topic_name = km_str_c(cy->t[ti].name);
+		ts[nt].partitions.items = ps;
+		ts[nt++].partitions.count = np;
+		g->ncommit += (size_t)np;
+	}
+	m.topics.items = ts;
+	m.topics.count = nt;
+	km_alter_share_group_offsets_request_encode(w, ver, &m);
 	return true;
 }
 
@@ -636,13 +721,7 @@ static bool enc_commit(sync_cycle *cy, sreq *rq, int16_t ver, km_wr *w)
 		int32_t np = 0;
 		for (size_t j = 0; j < g->nsrc; j++) {
 			soff *o = &g->src[j];
-			bool same = false;
-			if (o->topic != (int32_t)ti)
-				continue;
-			for (size_t d = 0; d < g->ndst && !same; d++)
-				same = g->dst[d].topic == o->topic && g->dst[d].partition == o->partition &&
-				       g->dst[d].offset == o->offset;
-			if (same)
+			if (o->topic != (int32_t)ti || dst_has(g, o))
 				continue;
 			if (!ps && !(ps = km_arena_calloc(&cy->a, g->nsrc * sizeof(*ps))))
 				return false;
@@ -747,6 +826,10 @@ static bool encode(sync_cycle *cy, sreq *rq, int16_t ver, km_wr *w)
 		return enc_offset_fetch(cy, rq, ver, w);
 	case KM_API_OFFSET_COMMIT:
 		return enc_commit(cy, rq, ver, w);
+	case KM_API_DESCRIBE_SHARE_GROUP_OFFSETS:
+		return enc_share_describe(cy, rq, ver, w);
+	case KM_API_ALTER_SHARE_GROUP_OFFSETS:
+		return enc_share_alter(cy, rq, ver, w);
 	case KM_API_DESCRIBE_ACLS:
 		return enc_describe_acls(cy, ver, w);
 	case KM_API_CREATE_ACLS:
@@ -883,15 +966,17 @@ static void took_groups(sync_cycle *cy, sreq *rq, const km_list_groups_response 
 			}
 			continue;
 		}
-		/* Classic consumer groups (protocol "consumer", or none: offsets only) and KIP-848 ones. */
-		if (lg->group_type.len > 0 ? !km_str_eq_c(lg->group_type, "classic") && !km_str_eq_c(lg->group_type, "consumer")
-					   : lg->protocol_type.len > 0 && !km_str_eq_c(lg->protocol_type, "consumer"))
+		/* Classic consumer groups (protocol "consumer", or none: offsets only), KIP-848 ones and share groups. */
+		bool share = lg->group_type.len > 0 ? km_str_eq_c(lg->group_type, "share") : km_str_eq_c(lg->protocol_type, "share");
+		if (!share && (lg->group_type.len > 0 ? !km_str_eq_c(lg->group_type, "classic") &&
+								!km_str_eq_c(lg->group_type, "consumer")
+						      : lg->protocol_type.len > 0 && !km_str_eq_c(lg->protocol_type, "consumer")))
 			continue;
 		if (!strcmp(name, KM_SYNC_GROUP) || group_of(cy, lg->group_id) || !km_name_filter_match(cy->groups, name))
 			continue;
 		if (!(cy->g = agrow(&cy->a, cy->g, cy->ng, &cy->capg, sizeof(*cy->g))))
 			return step_error(cy, "out of memory");
-		cy->g[cy->ng++] = (sgroup){.name = name, .on_src = true, .src_coord = -1, .dst_coord = -1};
+		cy->g[cy->ng++] = (sgroup){.name = name, .share = share, .on_src = true, .src_coord = -1, .dst_coord = -1};
 	}
 }
 
@@ -957,6 +1042,90 @@ static void took_offsets(sync_cycle *cy, sreq *rq, const km_offset_fetch_respons
 			g->src = l, g->nsrc = n, g->src_ok = true;
 		else
 			g->dst = l, g->ndst = n, g->dst_ok = true;
+	}
+}
+
+/*
+ * A share group's start offsets. The source's are logical and are kept as the destination's
+ * physical offsets they map to (the share coordinator there knows only those); partitions with
+ * nothing mirrored yet are left out.
+ */
+static void took_share_offsets(sync_cycle *cy, sreq *rq, const km_describe_share_group_offsets_response *r)
+{
+	bool src = rq->cl == cy->src;
+	km_state *st = km_mirror_store(cy->m->s->mi);
+
+	for (int32_t i = 0; i < r->groups.count; i++) {
+		const km_describe_share_group_offsets_response_group *rg = &r->groups.items[i];
+		sgroup *g = group_of(cy, rg->group_id);
+		soff *l;
+		size_t n = 0, cap = 0;
+		if (!g || !g->share)
+			continue;
+		if (rg->error_code == K_GROUP_ID_NOT_FOUND) {
+			/* Not on the destination yet (or gone from the source since ListGroups): nothing committed. */
+			g->dst_ok = g->dst_ok || !src;
+			continue;
+		}
+		if (rg->error_code) {
+			step_error(cy, "DescribeShareGroupOffsets of group %s on the %s: %s", g->name, side(cy, rq->cl),
+				   km_err_name(rg->error_code));
+			continue;
+		}
+		for (int32_t j = 0; j < rg->topics.count; j++)
+			cap += (size_t)(rg->topics.items[j].partitions.count > 0 ? rg->topics.items[j].partitions.count : 0);
+		if (!(l = km_arena_calloc(&cy->a, (cap + 1) * sizeof(*l))))
+			return step_error(cy, "out of memory");
+		for (int32_t j = 0; j < rg->topics.count; j++) {
+			const km_describe_share_group_offsets_response_topic *rt = &rg->topics.items[j];
+			int32_t ti;
+			stopic *t = topic_of(cy, rt->topic_name, &ti);
+			const km_state_topic *mt = t && st ? km_state_topic_find(st, t->name, strlen(t->name)) : NULL;
+			if (!t)
+				continue;
+			for (int32_t k = 0; k < rt->partitions.count; k++) {
+				const km_describe_share_group_offsets_response_partition *p = &rt->partitions.items[k];
+				int64_t off = p->start_offset;
+				if (p->error_code || off < 0 || p->partition_index < 0)
+					continue;
+				if (src) {
+					const km_offmap *map;
+					if (p->partition_index >= t->store_parts || !mt ||
+					    !(map = km_state_topic_offmap(mt, p->partition_index)))
+						continue;
+					off = km_offmap_to_physical(map, off);
+				}
+				l[n++] = (soff){ti, p->partition_index, off, NULL};
+			}
+		}
+		if (src)
+			g->src = l, g->nsrc = n, g->src_ok = true;
+		else
+			g->dst = l, g->ndst = n, g->dst_ok = true;
+	}
+}
+
+static void took_share_alter(sync_cycle *cy, sreq *rq, const km_alter_share_group_offsets_response *r)
+{
+	sgroup *g = &cy->g[rq->arg];
+
+	if (r->error_code) {
+		step_error(cy, "AlterShareGroupOffsets of group %s on the destination: %s", g->name,
+			   km_err_name(r->error_code));
+		return;
+	}
+	for (int32_t i = 0; i < r->responses.count; i++)
+		for (int32_t j = 0; j < r->responses.items[i].partitions.count; j++) {
+			int16_t e = r->responses.items[i].partitions.items[j].error_code;
+			if (!e || g->commit_failed)
+				continue;
+			g->commit_failed = true;
+			step_error(cy, "AlterShareGroupOffsets of group %s on the destination: %s", g->name, km_err_name(e));
+		}
+	if (!g->commit_failed) {
+		cy->changes += (int64_t)g->ncommit;
+		KM_INFO(COMP, 0, "%s: share group %s: %zu start offset(s) copied to the destination", cy->m->mirror,
+			g->name, g->ncommit);
 	}
 }
 
@@ -1088,6 +1257,12 @@ static void take(sync_cycle *cy, sreq *rq, int16_t ver, km_rd *rd, km_arena *a)
 		break;
 	case KM_API_OFFSET_COMMIT:
 		TAKE(km_offset_commit_response, took_commit, rq, &r);
+		break;
+	case KM_API_DESCRIBE_SHARE_GROUP_OFFSETS:
+		TAKE(km_describe_share_group_offsets_response, took_share_offsets, rq, &r);
+		break;
+	case KM_API_ALTER_SHARE_GROUP_OFFSETS:
+		TAKE(km_alter_share_group_offsets_response, took_share_alter, rq, &r);
 		break;
 	case KM_API_DESCRIBE_ACLS:
 		TAKE(km_describe_acls_response, took_acls, rq, &r);
@@ -1225,13 +1400,19 @@ static void next_phase(sync_cycle *cy)
 			km_mcluster *cl = side_i ? cy->dst : cy->src;
 			for (size_t i = 0; i < cy->ng; i++) {
 				int32_t node = side_i ? cy->g[i].dst_coord : cy->g[i].src_coord;
+				int16_t key = cy->g[i].share ? KM_API_DESCRIBE_SHARE_GROUP_OFFSETS : KM_API_OFFSET_FETCH;
 				bool dup = false;
+				sreq *rq;
 				if (cy->g[i].skip || node < 0)
 					continue;
 				for (size_t r = 0; r < cy->nrq && !dup; r++)
-					dup = cy->rq[r].cl == cl && cy->rq[r].node == node;
-				if (!dup)
-					add_req(cy, cl, node, KM_API_OFFSET_FETCH, OF_LO, OF_HI, 0);
+					dup = cy->rq[r].cl == cl && cy->rq[r].node == node && cy->rq[r].key == key;
+				if (dup)
+					continue;
+				rq = cy->g[i].share ? add_req(cy, cl, node, key, DSO_LO, DSO_HI, 0)
+						    : add_req(cy, cl, node, key, OF_LO, OF_HI, 0);
+				if (rq)
+					rq->optional = cy->g[i].share; /* where both sides have share groups */
 			}
 		}
 		if (cy->nrq)
@@ -1246,14 +1427,11 @@ static void next_phase(sync_cycle *cy)
 			if (g->skip || !g->src_ok || !g->dst_ok || g->dst_coord < 0)
 				continue;
 			cy->compared++;
-			for (size_t j = 0; j < g->nsrc && !differs; j++) {
-				bool same = false;
-				for (size_t d = 0; d < g->ndst && !same; d++)
-					same = g->dst[d].topic == g->src[j].topic && g->dst[d].partition == g->src[j].partition &&
-					       g->dst[d].offset == g->src[j].offset;
-				differs = !same;
-			}
-			if (differs)
+			for (size_t j = 0; j < g->nsrc && !differs; j++)
+				differs = !dst_has(g, &g->src[j]);
+			if (differs && g->share)
+				add_req(cy, cy->dst, g->dst_coord, KM_API_ALTER_SHARE_GROUP_OFFSETS, ASO_LO, ASO_HI, i);
+			else if (differs)
 				add_req(cy, cy->dst, g->dst_coord, KM_API_OFFSET_COMMIT, OC_LO, OC_HI, i);
 		}
 		if (cy->nrq)

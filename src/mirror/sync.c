@@ -1477,13 +1477,12 @@ static void next_phase(sync_cycle *cy)
 
 static void cycle_free(sync_cycle *cy);
 
-/* A step that cannot reach its brokers: this one and the rest fail with the reason. */
-static void timed_out(sync_cycle *cy)
+/* This step and the rest of the cycle fail with why (a cluster not reached in time, a mirror that cannot be synced). */
+static void fail_rest(sync_cycle *cy, const char *why)
 {
-	const char *why = cy->why[0] ? cy->why : "no answer";
 	for (km_sync_kind k = cy->step; k < KM_SYNC__COUNT; k++) {
 		cy->step = k;
-		step_error(cy, "gave up after %d s: %s", STEP_TIMEOUT_MS / 1000, why);
+		step_error(cy, "%s", why);
 		step_end(cy, k);
 	}
 	cy->ph = PH_END;
@@ -1505,7 +1504,9 @@ static void advance(sync_cycle *cy)
 		next_phase(cy);
 	}
 	if (now_ms() >= cy->deadline) {
-		timed_out(cy);
+		char why[480];
+		snprintf(why, sizeof(why), "gave up after %d s: %s", STEP_TIMEOUT_MS / 1000, cy->why[0] ? cy->why : "no answer");
+		fail_rest(cy, why);
 		later(cy, 0);
 		return;
 	}
@@ -1568,17 +1569,18 @@ static bool cycle_start(msync *m, const km_state_mirror *sm, const km_mirror_opt
 		cy->t[i].name = adup(&cy->a, km_str_c(cy->t[i].name));
 	snprintf(cy->src_boot, sizeof(cy->src_boot), "%s", km_state_mirror_source(sm));
 	cy->ev = event_new(km_mirror_base(mi), -1, 0, on_ev, cy);
-	cy->groups = km_name_filter_parse(mo->groups_include, mo->groups_exclude, err, sizeof(err));
-	if (!cy->groups)
-		KM_WARN(COMP, 0, "%s: mirror.groups.include / exclude: %s", m->mirror, err);
-	cy->acls = km_acl_scope_parse(mo->acl_include, err, sizeof(err));
-	if (!cy->acls)
-		KM_WARN(COMP, 0, "%s: mirror.acl.include: %s", m->mirror, err);
-	cy->src = km_mirror_source_cluster(mi, sm, "sync", 64 << 20, &cy->src_tls, on_cluster, cy, err, sizeof(err));
-	cy->dst = km_mirror_dest_cluster(mi, m->mirror, "sync", on_cluster, cy);
-	if (!cy->ev || !cy->src || !cy->dst || !cy->groups || !cy->acls) {
-		snprintf(cy->why, sizeof(cy->why), "%s", !cy->src ? err : "the cycle could not start");
-		timed_out(cy);
+	/* A value stored before its check existed can still be bad: the cycle says so, each time. */
+	if (!(cy->groups = km_name_filter_parse(mo->groups_include, mo->groups_exclude, err, sizeof(err))))
+		snprintf(cy->why, sizeof(cy->why), "mirror.groups.include / mirror.groups.exclude: %s (kmirror alter fixes it)", err);
+	else if (!(cy->acls = km_acl_scope_parse(mo->acl_include, err, sizeof(err))))
+		snprintf(cy->why, sizeof(cy->why), "mirror.acl.include: %s (kmirror alter fixes it)", err);
+	else if (!(cy->src = km_mirror_source_cluster(mi, sm, "sync", 64 << 20, &cy->src_tls, on_cluster, cy, err,
+						    sizeof(err))))
+		snprintf(cy->why, sizeof(cy->why), "the source cluster: %s", err);
+	else if (!(cy->dst = km_mirror_dest_cluster(mi, m->mirror, "sync", on_cluster, cy)) || !cy->ev)
+		snprintf(cy->why, sizeof(cy->why), "out of memory");
+	if (cy->why[0]) {
+		fail_rest(cy, cy->why);
 		cycle_free(cy);
 		return true;
 	}

@@ -19,6 +19,7 @@ from mirror_cli import kmirror_bin, wait_states  # noqa: F401
 from mirror_data import (create_dest_topic, main_release_only, produce_records, progress,
                          read_partition, watermarks)
 from proxy_fixtures import *  # noqa: F401,F403
+from proxy_fixtures import wait_until
 from test_mirror_data import _mirror_env, _teardown, delete_records, unique
 
 pytestmark = [pytest.mark.proxy, main_release_only]
@@ -156,3 +157,48 @@ def test_share_consumer_sees_source_offsets(share_env, share_cp):
     # as they came would have hit other records, or none, and left the real ones acquired).
     lag = share_group_lag(env.dest, group, topic)
     assert lag == {p: "0" for p in range(PARTS)}, f"share group lag on the destination: {lag}"
+
+
+SHARE_TOOL = "org.apache.kafka.tools.consumer.group.ShareGroupCommand"
+
+
+def share_start_offsets(cluster, group, topic):
+    """{partition: start offset} of a share group, asked of the cluster itself ({} before it has any)."""
+    r = cluster.run_tool(SHARE_TOOL, "--bootstrap-server", cluster.bootstrap, "--describe", "--group", group,
+                         "--offsets", check=False, timeout=120)
+    rows = [ln.split() for ln in r.stdout.splitlines() if ln.strip()]
+    head = next((row for row in rows if "PARTITION" in row and "START-OFFSET" in row), None)
+    if not head:
+        return {}
+    col = head.index("START-OFFSET")
+    return {int(row[head.index("PARTITION")]): int(row[col])
+            for row in rows if len(row) == len(head) and row[head.index("TOPIC")] == topic
+            and row[col].lstrip("-").isdigit()}
+
+
+def test_share_group_start_offsets_synced(share_env):
+    """The metadata sync copies a share group's start offsets (docs/mirror.md, "Metadata sync"):
+    set on the source, they appear on the destination translated to its physical offsets, so that
+    the same position in the source's log is meant."""
+    env = share_env
+    env.cli.run("alter", "--mirror", env.mirror, "--config", "mirror.metadata.refresh.interval.ms=1000")
+    topic = unique("share-sync")
+    env.source_topic(topic, partitions=PARTS)
+    produce_records(env.sb, topic, RECORDS, "lz4", partitions=PARTS, **{"linger.ms": 1, "batch.num.messages": 50})
+    for p, start in enumerate(SOURCE_START):
+        delete_records(env.sb, topic, p, start)
+    env.cli.run("start", "--mirror", env.mirror, "--topics", topic)
+    wait_states(env.cli, env.mirror, {topic: "MIRRORING"}, timeout=60)
+    marks = env.caught_up(topic, PARTS)
+    physical = watermarks(env.dest.bootstrap, topic, PARTS)
+    assert [lo for lo, _ in marks] == SOURCE_START
+    # The source's log starts at SOURCE_START, the destination's at its own offsets: a logical
+    # offset L is physical ph_lo + (L - SOURCE_START) (no holes in between).
+    group, at = unique("share-sync-g"), 1000
+    env.source.run_tool(SHARE_TOOL, "--bootstrap-server", env.sb, "--reset-offsets", "--group", group,
+                        "--topic", topic, "--to-offset", str(at), "--execute", timeout=120)
+    assert share_start_offsets(env.source, group, topic) == {p: at for p in range(PARTS)}
+    want = {p: physical[p][0] + at - SOURCE_START[p] for p in range(PARTS)}
+    assert want != {p: at for p in range(PARTS)}  # the translation is visible
+    wait_until(lambda: share_start_offsets(env.dest, group, topic) == want, timeout=60,
+               interval=1.0, what=f"the share group's start offsets {want} on the destination")

@@ -156,7 +156,7 @@ km_err km_state_mirror_options(const km_state_mirror *m, km_mirror_options *out)
 
 /*
  * Group names a mirror syncs: include and exclude are comma-separated POSIX extended regexes, each
- * matching the whole name ("" or NULL exclude: none; include must not be empty). NULL with err
+ * matching the whole name ("" or NULL: none; an empty include matches no name). NULL with err
  * naming the bad pattern when one does not compile.
  */
 typedef struct km_name_filter km_name_filter;
@@ -173,8 +173,8 @@ void km_name_filter_free(km_name_filter *f);
  * TRANSACTIONAL_ID, DELEGATION_TOKEN, USER; ALL, READ, WRITE, CREATE, DELETE, ALTER, DESCRIBE,
  * CLUSTER_ACTION, DESCRIBE_CONFIGS, ALTER_CONFIGS, IDEMPOTENT_WRITE, CREATE_TOKENS, DESCRIBE_TOKENS,
  * TWO_PHASE_COMMIT; ALLOW, DENY); resourceName and principal are POSIX extended regexes matching
- * the whole value. NULL with err saying which rule and field is wrong (an unknown name, a bad
- * regex, more than 5 fields, an empty rule).
+ * the whole value. An empty spec (or NULL) holds no binding. NULL with err saying which rule and
+ * field is wrong (an unknown name, a bad regex, more than 5 fields, an empty rule among others).
  */
 typedef struct km_acl_scope km_acl_scope;
 km_acl_scope *km_acl_scope_parse(const char *spec, char *err, size_t errlen);

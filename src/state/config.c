@@ -17,7 +17,7 @@ static const km_option mirror_options[] = {
 	{.name = "mirror.groups.include", .type = KM_OPT_STRING, .offset = OFF(groups_include), .def = ".*",
 	 .reloadable = true,
 	 .doc = "Consumer groups whose committed offsets the metadata sync copies (comma-separated POSIX extended "
-		"regexes, each matching the whole name)."},
+		"regexes, each matching the whole name); empty: none (the offset sync is off)."},
 	{.name = "mirror.groups.exclude", .type = KM_OPT_STRING, .offset = OFF(groups_exclude), .def = "",
 	 .reloadable = true,
 	 .doc = "Consumer groups never synced (comma-separated POSIX extended regexes, whole name); exclude wins over "
@@ -26,7 +26,7 @@ static const km_option mirror_options[] = {
 	 .reloadable = true,
 	 .doc = "ACL bindings the metadata sync keeps equal to the source's: rules "
 		"`resourceType;resourceName;operation;permissionType;principal` separated by commas (docs/mirror.md, "
-		"\"Metadata sync\"); `*`: all."},
+		"\"Metadata sync\"); `*`: all; empty: none (the ACL sync is off)."},
 	{.name = "mirror.fetch.max.bytes", .type = KM_OPT_INT, .offset = OFF(fetch_max_bytes), .def = "52428800",
 	 .min = 1024, .max = INT32_MAX, .reloadable = true,
 	 .doc = "MaxBytes of the mirror's Fetch requests to the source."},

@@ -140,11 +140,7 @@ km_name_filter *km_name_filter_parse(const char *include, const char *exclude, c
 		km_name_filter_free(f);
 		return NULL;
 	}
-	if (f->ninc == 0) {
-		snprintf(err, errlen, "include has no pattern (at least one regex; .* for every name)");
-		km_name_filter_free(f);
-		return NULL;
-	}
+	/* An empty include is no group at all: the sync of offsets is off. */
 	return f;
 }
 
@@ -330,8 +326,10 @@ km_acl_scope *km_acl_scope_parse(const char *spec, char *err, size_t errlen)
 	size_t max;
 
 	if (!spec || trim(spec, strlen(spec)).len == 0) {
-		snprintf(err, errlen, "empty (* for all bindings)");
-		return NULL;
+		/* No rule: no binding is in scope, the ACL sync is off. */
+		if (!(s = calloc(1, sizeof(*s))))
+			snprintf(err, errlen, "out of memory");
+		return s;
 	}
 	max = count_items(spec, ',');
 	s = calloc(1, sizeof(*s));

@@ -216,9 +216,16 @@ static void test_acl_bad(void **state)
 	expect_acl_bad(",*", "rule 1 is empty");
 	expect_acl_bad("TOPIC;;READ", "rule 1 \"TOPIC;;READ\": empty resource name");
 	expect_acl_bad("TOPIC;a;READ;", "rule 1 \"TOPIC;a;READ;\": empty permission type");
-	expect_acl_bad(NULL, "empty");
-	expect_acl_bad("", "empty");
-	expect_acl_bad("   ", "empty");
+	/* an empty scope is accepted and holds no binding: the ACL sync is off */
+	expect_scope("", 0);
+	expect_scope("   ", 0);
+	{
+		char why[256];
+		km_acl_scope *none = km_acl_scope_parse(NULL, why, sizeof(why));
+		assert_non_null(none);
+		assert_false(km_acl_scope_match(none, 2, "orders", 3, 3, "User:alice"));
+		km_acl_scope_free(none);
+	}
 	/* a long rule is quoted in part, and a short buffer still ends in a NUL */
 	{
 		char spec[400], big[512];
@@ -325,9 +332,18 @@ static void test_name_filter_bad(void **state)
 	expect_filter_bad("a,", NULL, "include pattern 2 is empty");
 	expect_filter_bad(".*", "x, ,y", "exclude pattern 2 is empty");
 	expect_filter_bad(".*", ",", "exclude pattern 1 is empty");
-	expect_filter_bad("", NULL, "include has no pattern");
-	expect_filter_bad(NULL, "x", "include has no pattern");
-	expect_filter_bad("  ", NULL, "include has no pattern");
+	/* an empty include is accepted and matches no group: the offset sync is off */
+	{
+		const char *empty[] = {"", "  ", NULL};
+		for (size_t i = 0; i < 3; i++) {
+			char err[256];
+			km_name_filter *f = km_name_filter_parse(empty[i], NULL, err, sizeof(err));
+			assert_non_null(f);
+			assert_false(km_name_filter_match(f, "app-1"));
+			assert_false(km_name_filter_match(f, ""));
+			km_name_filter_free(f);
+		}
+	}
 }
 
 int main(void)

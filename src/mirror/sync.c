@@ -589,7 +589,7 @@ static bool enc_find_coordinator(sync_cycle *cy, int16_t ver, km_wr *w)
 		return false;
 	km_find_coordinator_request_init(&m);
 	for (size_t i = 0; i < cy->ng; i++)
-		if (cy->g[i].on_src && !cy->g[i].skip)
+		if (cy->g[i].on_src)
 			keys[k++] = km_str_c(cy->g[i].name);
 	m.key_type = K_GROUP_COORDINATOR_KEY;
 	m.coordinator_keys.items = keys;
@@ -611,7 +611,8 @@ static bool enc_offset_fetch(sync_cycle *cy, sreq *rq, int16_t ver, km_wr *w)
 	km_offset_fetch_request_init(&m);
 	for (size_t i = 0; i < cy->ng; i++) {
 		sgroup *g = &cy->g[i];
-		if (g->share || !g->on_src || g->skip || (src ? g->src_coord : g->dst_coord) != rq->node)
+		/* A skipped group's source offsets are read too: they say whether it concerns this mirror. */
+		if (g->share || !g->on_src || (!src && g->skip) || (src ? g->src_coord : g->dst_coord) != rq->node)
 			continue;
 		km_offset_fetch_request_group_init(&gs[k]);
 		gs[k].group_id = km_str_c(g->name);
@@ -640,7 +641,7 @@ static bool enc_share_describe(sync_cycle *cy, sreq *rq, int16_t ver, km_wr *w)
 	km_describe_share_group_offsets_request_init(&m);
 	for (size_t i = 0; i < cy->ng; i++) {
 		sgroup *g = &cy->g[i];
-		if (!g->share || g->skip || (src ? g->src_coord : g->dst_coord) != rq->node)
+		if (!g->share || (!src && g->skip) || (src ? g->src_coord : g->dst_coord) != rq->node)
 			continue;
 		km_describe_share_group_offsets_request_group_init(&gs[k]);
 		gs[k].group_id = km_str_c(g->name);
@@ -1304,7 +1305,8 @@ static void note_skips(sync_cycle *cy)
 	int64_t skipped = 0;
 
 	for (size_t i = 0; i < cy->ng; i++) {
-		if (!cy->g[i].skip)
+		/* Skipped and counted only where it matters: a group with offsets on this mirror's topics. */
+		if (!cy->g[i].skip || !cy->g[i].nsrc)
 			continue;
 		skipped++;
 		if (!in_list(m->skipping, m->nskipping, cy->g[i].name))
@@ -1386,9 +1388,8 @@ static void next_phase(sync_cycle *cy)
 	case PH_GROUPS:
 		for (size_t i = 0; i < cy->ng; i++)
 			cy->g[i].skip = in_list(cy->dst_active, cy->nactive, cy->g[i].name);
-		note_skips(cy);
 		cy->ph = PH_COORD;
-		if ((int64_t)cy->ng > cy->m->st[KM_SYNC_GROUPS].skipped) {
+		if (cy->ng) {
 			add_req(cy, cy->src, -1, KM_API_FIND_COORDINATOR, FC_LO, FC_HI, 0);
 			add_req(cy, cy->dst, -1, KM_API_FIND_COORDINATOR, FC_LO, FC_HI, 0);
 			return;
@@ -1403,7 +1404,7 @@ static void next_phase(sync_cycle *cy)
 				int16_t key = cy->g[i].share ? KM_API_DESCRIBE_SHARE_GROUP_OFFSETS : KM_API_OFFSET_FETCH;
 				bool dup = false;
 				sreq *rq;
-				if (cy->g[i].skip || node < 0)
+				if ((side_i && cy->g[i].skip) || node < 0)
 					continue;
 				for (size_t r = 0; r < cy->nrq && !dup; r++)
 					dup = cy->rq[r].cl == cl && cy->rq[r].node == node && cy->rq[r].key == key;
@@ -1420,6 +1421,7 @@ static void next_phase(sync_cycle *cy)
 	}
 		__attribute__((fallthrough));
 	case PH_OFFSETS:
+		note_skips(cy);
 		cy->ph = PH_COMMIT;
 		for (size_t i = 0; i < cy->ng; i++) {
 			sgroup *g = &cy->g[i];

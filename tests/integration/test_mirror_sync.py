@@ -299,6 +299,13 @@ def test_topic_configs_follow_the_source(env):
     src = topic_set(topic_configs(env.sb, t))
     assert src.get("compression.type") == "gzip" and "min.insync.replicas" not in src, src
 
+    # unclean.leader.election.enable=true at the source: a warning, once (not every cycle).
+    alter_topic(env.sb, t, {"unclean.leader.election.enable": "true"})
+    line = f"source topic {t} has unclean.leader.election.enable=true"
+    env.proxy.wait_log(re.escape(line), timeout=30)
+    time.sleep(cycles(2))
+    assert env.proxy.output().count(line) == 1, env.proxy.output().count(line)
+
 
 # ---------------------------------------------------------------------------------------------
 # 2. Partitions

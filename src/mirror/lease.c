@@ -135,8 +135,12 @@ static void step(km_lease *l)
 
 	if (l->freeing || l->inflight || l->ph == L_ALONE || !l->dst)
 		return;
-	if (l->ph == L_BEAT && l->last_ok && now_ms() - l->last_ok > SESSION_MS)
+	/* Whatever it is doing (looking for the coordinator again too): no heartbeat for that long, no mirror. */
+	if (l->last_ok && now_ms() - l->last_ok > SESSION_MS) {
 		disown(l, "no heartbeat answered for the session timeout");
+		l->epoch = 0;
+		l->last_ok = 0;
+	}
 	km_wr_init(&w);
 	switch (l->ph) {
 	case L_META: {

@@ -672,6 +672,7 @@ static bool enc_share_alter(sync_cycle *cy, sreq *rq, int16_t ver, km_wr *w)
 
 	if (!ts)
 		return false;
+	g->ncommit = 0; /* encoded again when a send failed */
 	km_alter_share_group_offsets_request_init(&m);
 	m.group_id = km_str_c(g->name);
 	for (size_t ti = 0; ti < cy->nt; ti++) {
@@ -711,6 +712,7 @@ static bool enc_commit(sync_cycle *cy, sreq *rq, int16_t ver, km_wr *w)
 
 	if (!ts)
 		return false;
+	g->ncommit = 0; /* encoded again when a send failed */
 	km_offset_commit_request_init(&m);
 	m.group_id = km_str_c(g->name);
 	m.generation_id_or_member_epoch = -1;

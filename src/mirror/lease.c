@@ -28,7 +28,7 @@
 enum {
 	K_COORDINATOR_LOAD_IN_PROGRESS = 14, K_COORDINATOR_NOT_AVAILABLE = 15, K_NOT_COORDINATOR = 16,
 	K_UNKNOWN_MEMBER_ID = 25, K_UNSUPPORTED_VERSION = 35, K_FENCED_MEMBER_EPOCH = 110,
-	K_UNRELEASED_INSTANCE_ID = 111, K_UNSUPPORTED_ASSIGNOR = 112,
+	K_UNSUPPORTED_ASSIGNOR = 112,
 };
 /* Ownership is given up when no heartbeat succeeded for this long (the broker's default session timeout). */
 #define SESSION_MS 45000
@@ -44,16 +44,15 @@ struct km_lease {
 	struct event *ev;
 	lphase ph;
 	bool inflight, freeing;
+	int16_t ver;      /* of the request in flight (its answer is decoded with it) */
 	char member[40];
 	int32_t epoch;
 	int32_t coord;
-	int32_t interval_ms;
 	km_uuid topic_id;
 	int32_t nparts;   /* the state topic's partitions; 0: not known (it may not exist yet) */
 	bool *owned;      /* nparts entries */
 	int64_t last_ok;  /* the last heartbeat answered without error */
 	bool owned_any;   /* for the log line when ownership changes */
-	char why[300];
 };
 
 static int64_t now_ms(void)
@@ -93,6 +92,7 @@ static void send_req(km_lease *l, km_net_client *c, int16_t key, km_wr *w, int16
 {
 	if (km_mcluster_send(c, key, ver, w, on_response, l) == KM_OK) {
 		l->inflight = true;
+		l->ver = ver;
 		return;
 	}
 	km_mcluster_drop(l->dst, c);
@@ -247,7 +247,8 @@ static void took_find(km_lease *l, const km_find_coordinator_response *r)
 	const km_find_coordinator_response_coordinator *c = r->coordinators.count == 1 ? &r->coordinators.items[0] : NULL;
 
 	if (!c || c->error_code) {
-		snprintf(l->why, sizeof(l->why), "FindCoordinator: %s", km_err_name(c ? c->error_code : -1));
+		KM_DEBUG(COMP, 0, "metadata sync: FindCoordinator of group %s: %s", KM_SYNC_GROUP,
+			 km_err_name(c ? c->error_code : -1));
 		return later(l, RETRY_MS);
 	}
 	l->coord = c->node_id;
@@ -284,7 +285,6 @@ static void took_beat(km_lease *l, const km_consumer_group_heartbeat_response *r
 	}
 	l->last_ok = now_ms();
 	l->epoch = r->member_epoch;
-	l->interval_ms = r->heartbeat_interval_ms > 0 ? r->heartbeat_interval_ms : 5000;
 	if (r->assignment) {
 		bool any = false;
 		for (int32_t i = 0; i < l->nparts; i++)
@@ -303,7 +303,7 @@ static void took_beat(km_lease *l, const km_consumer_group_heartbeat_response *r
 				KM_SYNC_GROUP, (int)l->epoch);
 		l->owned_any = any;
 	}
-	later(l, l->interval_ms);
+	later(l, r->heartbeat_interval_ms > 0 ? r->heartbeat_interval_ms : 5000);
 }
 
 static void on_response(km_net_client *c, km_err err, const uint8_t *body, size_t len, void *arg)
@@ -312,7 +312,6 @@ static void on_response(km_net_client *c, km_err err, const uint8_t *body, size_
 	km_arena a;
 	km_rd rd;
 	km_err rc = KM_ERR_DECODE;
-	int16_t ver;
 
 	if (l->freeing)
 		return;
@@ -328,21 +327,19 @@ static void on_response(km_net_client *c, km_err err, const uint8_t *body, size_
 	switch (l->ph) {
 	case L_META: {
 		km_metadata_response r;
-		ver = km_net_client_version(c, KM_API_METADATA);
-		if ((rc = km_metadata_response_decode(&rd, ver > 12 ? 12 : ver, &r, &a)) == KM_OK)
+		if ((rc = km_metadata_response_decode(&rd, l->ver, &r, &a)) == KM_OK)
 			took_meta(l, &r);
 		break;
 	}
 	case L_FIND: {
 		km_find_coordinator_response r;
-		ver = km_net_client_version(c, KM_API_FIND_COORDINATOR);
-		if ((rc = km_find_coordinator_response_decode(&rd, ver > 6 ? 6 : ver, &r, &a)) == KM_OK)
+		if ((rc = km_find_coordinator_response_decode(&rd, l->ver, &r, &a)) == KM_OK)
 			took_find(l, &r);
 		break;
 	}
 	case L_BEAT: {
 		km_consumer_group_heartbeat_response r;
-		if ((rc = km_consumer_group_heartbeat_response_decode(&rd, 1, &r, &a)) == KM_OK)
+		if ((rc = km_consumer_group_heartbeat_response_decode(&rd, l->ver, &r, &a)) == KM_OK)
 			took_beat(l, &r);
 		break;
 	}

@@ -120,7 +120,7 @@ typedef struct soff {
 typedef struct sgroup {
 	const char *name;
 	bool share; /* a share group (KIP-932): start offsets, physical on the destination */
-	bool on_src, skip, src_ok, dst_ok, commit_failed;
+	bool skip, src_ok, dst_ok, commit_failed;
 	int32_t src_coord, dst_coord;
 	soff *src, *dst;
 	size_t nsrc, ndst;
@@ -160,8 +160,8 @@ struct sync_cycle {
 	int64_t deadline;
 	struct event *ev;
 	bool finished;
-	sreq *rq;
-	size_t nrq;
+	sreq *rq;             /* the phase's requests */
+	size_t nrq, caprq;
 	char why[400];
 	stopic *t;
 	size_t nt;
@@ -176,7 +176,6 @@ struct sync_cycle {
 	sacl **create, **delete;
 	size_t ncreate, ndelete;
 	int64_t changes, compared;
-	bool alter_sent;
 };
 
 static int64_t now_ms(void)
@@ -331,11 +330,9 @@ static void on_cluster(void *arg)
 
 static sreq *add_req(sync_cycle *cy, km_mcluster *cl, int32_t node, int16_t key, int16_t lo, int16_t hi, size_t arg)
 {
-	sreq *n = km_arena_alloc(&cy->a, (cy->nrq + 1) * sizeof(*n));
+	sreq *n = agrow(&cy->a, cy->rq, cy->nrq, &cy->caprq, sizeof(*n));
 	if (!n)
 		return NULL;
-	if (cy->nrq)
-		memcpy(n, cy->rq, cy->nrq * sizeof(*n));
 	cy->rq = n;
 	n[cy->nrq] = (sreq){cl, node, key, lo, hi, arg, false, false, false};
 	return &n[cy->nrq++];
@@ -589,8 +586,7 @@ static bool enc_find_coordinator(sync_cycle *cy, int16_t ver, km_wr *w)
 		return false;
 	km_find_coordinator_request_init(&m);
 	for (size_t i = 0; i < cy->ng; i++)
-		if (cy->g[i].on_src)
-			keys[k++] = km_str_c(cy->g[i].name);
+		keys[k++] = km_str_c(cy->g[i].name);
 	m.key_type = K_GROUP_COORDINATOR_KEY;
 	m.coordinator_keys.items = keys;
 	m.coordinator_keys.count = k;
@@ -612,7 +608,7 @@ static bool enc_offset_fetch(sync_cycle *cy, sreq *rq, int16_t ver, km_wr *w)
 	for (size_t i = 0; i < cy->ng; i++) {
 		sgroup *g = &cy->g[i];
 		/* A skipped group's source offsets are read too: they say whether it concerns this mirror. */
-		if (g->share || !g->on_src || (!src && g->skip) || (src ? g->src_coord : g->dst_coord) != rq->node)
+		if (g->share || (!src && g->skip) || (src ? g->src_coord : g->dst_coord) != rq->node)
 			continue;
 		km_offset_fetch_request_group_init(&gs[k]);
 		gs[k].group_id = km_str_c(g->name);
@@ -979,7 +975,7 @@ static void took_groups(sync_cycle *cy, sreq *rq, const km_list_groups_response 
 			continue;
 		if (!(cy->g = agrow(&cy->a, cy->g, cy->ng, &cy->capg, sizeof(*cy->g))))
 			return step_error(cy, "out of memory");
-		cy->g[cy->ng++] = (sgroup){.name = name, .share = share, .on_src = true, .src_coord = -1, .dst_coord = -1};
+		cy->g[cy->ng++] = (sgroup){.name = name, .share = share, .src_coord = -1, .dst_coord = -1};
 	}
 }
 
@@ -1330,7 +1326,7 @@ static void note_skips(sync_cycle *cy)
 /* The phase's requests are all answered: what they say, and the next phase's requests. */
 static void next_phase(sync_cycle *cy)
 {
-	cy->nrq = 0;
+	cy->nrq = cy->caprq = 0;
 	cy->rq = NULL;
 	switch (cy->ph) {
 	case PH_META:

@@ -34,6 +34,12 @@ enum {
 	 * append time as their MaxTimestamp: readers through the proxy get the attribute back.
 	 */
 	KM_OFFRUN_LOG_APPEND_TIME = 0x01,
+	/*
+	 * Written before the partition's destination transactions are aborted (reconcile, stop): from
+	 * its logical start on, what the destination held is hidden; its physical start is a lower
+	 * bound until the abort markers are in, then the run is written again without the flag.
+	 */
+	KM_OFFRUN_FENCE = 0x02,
 };
 
 typedef struct km_offmap {

@@ -304,3 +304,10 @@ km_err km_mcluster_brokers(km_mcluster *cl, const km_metadata_response *r)
 	cl->nnodes = n;
 	return KM_OK;
 }
+
+size_t km_mcluster_node_ids(const km_mcluster *cl, int32_t *out, size_t cap)
+{
+	for (size_t i = 0; i < cl->nnodes && i < cap; i++)
+		out[i] = cl->nodes[i].id;
+	return cl->nnodes;
+}

@@ -44,6 +44,8 @@ km_err km_mcluster_brokers(km_mcluster *cl, const km_metadata_response *r) __att
 const char *km_mcluster_side(const km_mcluster *cl);
 /* Why the cluster's last connection failed (km_net_client_reason of it); "" when none has. */
 const char *km_mcluster_last_error(const km_mcluster *cl);
+/* The broker ids the last metadata named: up to cap of them in out; returns how many there are. */
+size_t km_mcluster_node_ids(const km_mcluster *cl, int32_t *out, size_t cap);
 
 /* ---- the connections of a mirror (conn.c) ---- */
 
@@ -110,6 +112,45 @@ void km_lease_start(km_lease *l);
 void km_lease_free(km_lease *l);
 /* Whether this kmirrord syncs mirror now: it owns the mirror's state topic partition, or it is alone. */
 bool km_lease_owns(const km_lease *l, const char *mirror);
+
+/* ---- transactional producers on the destination (txn.c) ---- */
+
+/*
+ * One transactional id on the destination, carrying one source transaction of one partition at a
+ * time (docs/mirror.md, "Transactions"). Its requests go out from km_txp_poll, which the owner
+ * calls from its tick; on_change(arg) fires (on a later loop iteration at the earliest) whenever
+ * the state moves.
+ */
+typedef struct km_txp km_txp;
+typedef enum {
+	KM_TXP_INIT,   /* FindCoordinator, InitProducerId (which aborts what an earlier owner left open) */
+	KM_TXP_FREE,   /* a producer id and epoch, no transaction */
+	KM_TXP_ADDING, /* AddPartitionsToTxn of its partition */
+	KM_TXP_OPEN,   /* in a transaction on its partition: its batches may be produced */
+	KM_TXP_ENDING, /* EndTxn sent; FREE once the coordinator took it (the markers follow) */
+	KM_TXP_FAILED, /* a refusal that retrying does not cure: km_txp_error says which */
+} km_txp_state;
+
+km_txp *km_txp_new(km_mcluster *dst, const char *transactional_id, void (*on_change)(void *arg), void *arg);
+void km_txp_free(km_txp *t);
+/* Send what the state asks for when nothing is in flight; returns when (ms) it wants to be polled again. */
+int64_t km_txp_poll(km_txp *t, int64_t now);
+km_txp_state km_txp_state_of(const km_txp *t);
+const char *km_txp_error(const km_txp *t);
+const char *km_txp_id(const km_txp *t);
+int64_t km_txp_pid(const km_txp *t);
+int16_t km_txp_epoch(const km_txp *t);
+/* The next base sequence on its partition, and moving it on by count records. */
+int32_t km_txp_seq(const km_txp *t);
+void km_txp_advance(km_txp *t, int32_t count);
+/* FREE -> ADDING -> OPEN: a transaction on topic/partition. */
+void km_txp_begin(km_txp *t, const char *topic, int32_t partition);
+/* OPEN -> ENDING -> FREE. */
+void km_txp_end(km_txp *t, bool commit);
+/* Any state -> INIT: InitProducerId again (the epoch moves on, what is open is aborted, sequences restart). */
+void km_txp_fence(km_txp *t);
+/* The state names, for messages. */
+const char *km_txp_state_name(km_txp_state s);
 
 /* ---- pipelines: one per mirror with partitions to run (pipeline.c) ---- */
 

@@ -20,6 +20,8 @@
 #include "kmirror/msg/init_producer_id_response.h"
 #include "kmirror/msg/list_offsets_request.h"
 #include "kmirror/msg/list_offsets_response.h"
+#include "kmirror/msg/list_transactions_request.h"
+#include "kmirror/msg/list_transactions_response.h"
 #include "kmirror/msg/metadata_request.h"
 #include "kmirror/msg/produce_response.h"
 #include "mirror_int.h"
@@ -44,12 +46,18 @@
 
 /* The versions this code speaks: [lo, hi] of each request it builds (Fetch and Produce name topics, v12 at most). */
 enum { FETCH_LO = 4, FETCH_HI = 12, PRODUCE_LO = 3, PRODUCE_HI = 12, META_LO = 1, META_HI = 12, LO_LO = 1,
-       LO_HI = 10, PID_LO = 0, PID_HI = 5 };
+       LO_HI = 10, PID_LO = 0, PID_HI = 5, LT_LO = 0, LT_HI = 1 };
+/* A transactional batch goes with Produce v11 at most: transaction version 1 (txn.c). */
+#define PRODUCE_TXN_HI 11
+/* How soon a marker's landing is looked at again while the coordinator has not written it yet. */
+#define MARKER_POLL_MS 5
 
 typedef enum {
 	PH_IDLE,       /* not run (paused, stopped, failed, or waiting for its committed state) */
 	PH_RECONCILE,  /* waiting for a producer id and the destination leader, then ListOffsets on it */
 	PH_RECON_WAIT, /* ListOffsets on the destination sent */
+	PH_RECON_LSO,  /* then ListOffsets READ_COMMITTED: the last stable offset */
+	PH_FENCE,      /* its transactional ids being initialised again (what they held open is aborted) */
 	PH_START,      /* no run yet: ListOffsets on the source for the start position */
 	PH_START_WAIT,
 	PH_READY,      /* may be fetched */
@@ -96,7 +104,25 @@ typedef struct mbatch {
 	int64_t max_ts;
 	bool lat;         /* LogAppendTime at the source: hdr made CreateTime (its run says so) */
 	bool sent;
+	uint8_t kind;     /* BK_* */
+	bool commit;      /* BK_MARKER: the source's marker commits (else aborts) */
+	int txi;          /* BK_TXN, BK_MARKER: the partition's transactional producer (mpart.tx) */
+	uint8_t mk;       /* BK_MARKER: 0 waiting, 1 EndTxn sent, 2 its landing asked */
+	int64_t mk_at;    /* BK_MARKER: when the landing is asked again */
 } mbatch;
+
+enum {
+	BK_DATA,   /* written by the mirror's idempotent producer */
+	BK_TXN,    /* a source transaction's data: written inside a destination transaction (mpart.tx) */
+	BK_MARKER, /* a source COMMIT/ABORT marker: the destination transaction ends, its marker lands here */
+};
+
+/* A destination transactional producer of the partition and the source transaction it carries. */
+typedef struct mtx {
+	km_txp *txp;
+	int64_t src_pid; /* -1: free */
+	bool begun;      /* km_txp_begin called for the current source transaction */
+} mtx;
 
 typedef struct mtopic mtopic;
 
@@ -143,6 +169,12 @@ typedef struct mpart {
 	int64_t source_end;     /* the source's high watermark as last fetched; -1: not known */
 	int64_t newest_ts;      /* max timestamp of the last batch written */
 	bool metrics;           /* its series are registered */
+	mtx *tx;                /* its transactional producers (docs/mirror.md, "Transactions") */
+	size_t ntx;
+	bool stop_answer;       /* a marker it holds at: the rest of this answer is not taken */
+	bool tx_fenced;         /* its transactional ids of earlier lives were initialised again */
+	bool fence_started;
+	int64_t recon_end;      /* reconcile: the destination's log end, while its last stable offset is asked */
 } mpart;
 
 struct mtopic {
@@ -192,6 +224,13 @@ struct km_pipeline {
 	bool closing;
 	bool config_error;
 	char config_msg[256];
+	/* The destination's transactional ids of this mirror, from ListTransactions on every broker. */
+	int txl;        /* 0 not asked, 1 asked, 2 known, 3 the destination cannot list them (before 3.0) */
+	int txl_pending;
+	uintptr_t txl_gen; /* answers of an earlier round are dropped */
+	int64_t txl_at;
+	char **listed;
+	size_t nlisted;
 };
 
 /* ---- small things ---- */
@@ -671,17 +710,259 @@ static void send_pid(km_pipeline *pl)
 	}
 }
 
+/* ---- transactions: the partition's destination transactional producers ---- */
+
+static void on_cluster_change(void *arg);
+
+/* kmirror/<instance>/<mirror>/<topic>/<partition>/<k>: a transactional id carries one partition's transactions. */
+static void tid_of(const km_pipeline *pl, const mpart *p, size_t k, char *buf, size_t len)
+{
+	snprintf(buf, len, "kmirror/%s/%s/%s/%d/%zu", km_mirror_get_opts(pl->mi)->instance, pl->name, p->t->name,
+		 (int)p->id, k);
+}
+
+/* Whether tid is one of p's, of any kmirrord instance (another may have run the mirror before). */
+static bool tid_is_of(const km_pipeline *pl, const mpart *p, const char *tid)
+{
+	char mid[600];
+	const char *at;
+	snprintf(mid, sizeof(mid), "/%s/%s/%d/", pl->name, p->t->name, (int)p->id);
+	if (strncmp(tid, "kmirror/", 8) || !(at = strstr(tid + 8, mid)))
+		return false;
+	at += strlen(mid);
+	if (!*at)
+		return false;
+	while (*at >= '0' && *at <= '9')
+		at++;
+	return !*at;
+}
+
+static bool tx_add(km_pipeline *pl, mpart *p, const char *tid)
+{
+	mtx *n = realloc(p->tx, (p->ntx + 1) * sizeof(*n));
+	km_txp *t;
+	if (!n)
+		return false;
+	p->tx = n;
+	if (!(t = km_txp_new(pl->dst, tid, on_cluster_change, pl)))
+		return false;
+	p->tx[p->ntx++] = (mtx){t, -1, false};
+	return true;
+}
+
+/* The producer carrying source producer src_pid's open transaction on p; a free one (or a new one) when create. */
+static int lease_for(km_pipeline *pl, mpart *p, int64_t src_pid, bool create)
+{
+	char tid[700];
+	for (size_t i = 0; i < p->ntx; i++)
+		if (p->tx[i].src_pid == src_pid)
+			return (int)i;
+	if (!create)
+		return -1;
+	for (size_t i = 0; i < p->ntx; i++)
+		if (p->tx[i].src_pid < 0 && km_txp_state_of(p->tx[i].txp) <= KM_TXP_FREE) {
+			p->tx[i].src_pid = src_pid;
+			p->tx[i].begun = false;
+			return (int)i;
+		}
+	for (size_t k = p->ntx;; k++) {
+		bool taken = false;
+		tid_of(pl, p, k, tid, sizeof(tid));
+		for (size_t i = 0; i < p->ntx; i++)
+			taken |= !strcmp(km_txp_id(p->tx[i].txp), tid);
+		if (!taken)
+			break;
+	}
+	if (!tx_add(pl, p, tid))
+		return -1;
+	p->tx[p->ntx - 1].src_pid = src_pid;
+	return (int)p->ntx - 1;
+}
+
+static bool tx_open(const mpart *p)
+{
+	for (size_t i = 0; i < p->ntx; i++)
+		if (p->tx[i].src_pid >= 0)
+			return true;
+	return false;
+}
+
+static void tx_free_all(mpart *p)
+{
+	for (size_t i = 0; i < p->ntx; i++)
+		km_txp_free(p->tx[i].txp);
+	free(p->tx);
+	p->tx = NULL;
+	p->ntx = 0;
+}
+
+/*
+ * Fence p's transactional ids: every one of its own and every one an earlier life left (listed by
+ * ListTransactions) is initialised again, which aborts what it held open and moves its epoch on.
+ * True once all are free again.
+ */
+static bool fence_done(km_pipeline *pl, mpart *p)
+{
+	char tag[300];
+	if (!p->fence_started) {
+		for (size_t i = 0; i < pl->nlisted && !p->tx_fenced; i++) {
+			bool have = false;
+			if (!tid_is_of(pl, p, pl->listed[i]))
+				continue;
+			for (size_t k = 0; k < p->ntx; k++)
+				have |= !strcmp(km_txp_id(p->tx[k].txp), pl->listed[i]);
+			if (!have && !tx_add(pl, p, pl->listed[i]))
+				return false;
+		}
+		for (size_t i = 0; i < p->ntx; i++) {
+			km_txp_fence(p->tx[i].txp);
+			p->tx[i].src_pid = -1;
+			p->tx[i].begun = false;
+		}
+		if (p->ntx)
+			KM_INFO(COMP, 0, "%s/%s: fencing %zu transactional id(s): what they held open is aborted", pl->name,
+				ptag(p, tag, sizeof(tag)), p->ntx);
+		p->fence_started = true;
+	}
+	for (size_t i = 0; i < p->ntx; i++) {
+		km_txp_state st = km_txp_state_of(p->tx[i].txp);
+		if (st == KM_TXP_FAILED) {
+			fail_part(pl, p, km_txp_error(p->tx[i].txp));
+			p->fence_started = false;
+			return false;
+		}
+		if (st != KM_TXP_FREE)
+			return false;
+	}
+	p->fence_started = false;
+	p->tx_fenced = true;
+	return true;
+}
+
+/* ---- ListTransactions: the transactional ids earlier lives of the mirror left on the destination ---- */
+
+static void on_list_txns(km_net_client *c, km_err err, const uint8_t *body, size_t len, void *arg)
+{
+	req_ctx *x = arg;
+	km_pipeline *pl = x->pl;
+	int16_t ver = x->ver;
+	km_list_transactions_response r;
+	km_arena a;
+	km_rd rd;
+	char mid[300];
+	bool ok = false;
+
+	if (pl->closing || pl->txl != 1 || (uintptr_t)x->extra != pl->txl_gen) {
+		free(x);
+		return;
+	}
+	free(x);
+	snprintf(mid, sizeof(mid), "/%s/", pl->name);
+	if (err == KM_OK) {
+		km_arena_init(&a, 0);
+		km_rd_init(&rd, body, len);
+		if (km_list_transactions_response_decode(&rd, ver, &r, &a) == KM_OK && !r.error_code) {
+			ok = true;
+			for (int32_t i = 0; i < r.transaction_states.count; i++) {
+				km_str id = r.transaction_states.items[i].transactional_id;
+				char tid[700], **nl;
+				snprintf(tid, sizeof(tid), "%.*s", id.len > 0 ? (int)id.len : 0, id.p);
+				if (strncmp(tid, "kmirror/", 8) || !strstr(tid + 8, mid))
+					continue;
+				if (!(nl = realloc(pl->listed, (pl->nlisted + 1) * sizeof(*nl))) ||
+				    !(nl[pl->nlisted] = strdup(tid))) {
+					if (nl)
+						pl->listed = nl;
+					ok = false;
+					break;
+				}
+				pl->listed = nl;
+				pl->nlisted++;
+			}
+		} else if (!ok) {
+			KM_WARN(COMP, 0, "%s: ListTransactions on the destination failed", pl->name);
+		}
+		km_arena_free(&a);
+	} else {
+		km_mcluster_drop(pl->dst, c);
+	}
+	if (!ok) {
+		pl->txl = 0; /* asked again, from the start */
+		pl->txl_at = now_ms();
+	} else if (--pl->txl_pending == 0) {
+		pl->txl = 2;
+		KM_DEBUG(COMP, 0, "%s: %zu transactional id(s) of the mirror on the destination", pl->name, pl->nlisted);
+	}
+	tick_soon(pl);
+}
+
+static void list_txns(km_pipeline *pl, int64_t now)
+{
+	int32_t nodes[256];
+	size_t n = km_mcluster_node_ids(pl->dst, nodes, 256);
+	km_list_transactions_request m;
+
+	if (pl->txl != 0 || now - pl->txl_at < 1000 || !n || n > 256)
+		return;
+	for (size_t i = 0; i < pl->nlisted; i++)
+		free(pl->listed[i]);
+	free(pl->listed);
+	pl->listed = NULL;
+	pl->nlisted = 0;
+	pl->txl_pending = 0;
+	pl->txl = 1;
+	pl->txl_at = now;
+	pl->txl_gen++;
+	for (size_t i = 0; i < n; i++) {
+		req_ctx *x;
+		km_net_client *c = km_mcluster_node(pl->dst, nodes[i]);
+		int16_t ver;
+		km_wr w;
+		if (!km_mcluster_usable(pl->dst, c)) {
+			pl->txl = 0;
+			return; /* asked again when all are connected; the answers of those asked are dropped */
+		}
+		if ((ver = pick(c, KM_API_LIST_TRANSACTIONS, LT_LO, LT_HI)) < 0) {
+			KM_INFO(COMP, 0, "%s: the destination has no ListTransactions (before Kafka 3.0): source "
+				"transactions cannot be carried", pl->name);
+			pl->txl = 3;
+			return;
+		}
+		km_list_transactions_request_init(&m);
+		km_wr_init(&w);
+		km_list_transactions_request_encode(&w, ver, &m);
+		if ((x = ctx_new(pl, pl->dst, nodes[i], ver)))
+			x->extra = (void *)pl->txl_gen;
+		if (send_flat(c, KM_API_LIST_TRANSACTIONS, ver, &w, on_list_txns, x) != KM_OK) {
+			km_mcluster_drop(pl->dst, c);
+			pl->txl = 0;
+			return;
+		}
+		pl->txl_pending++;
+	}
+}
+
 /* ---- ListOffsets: the destination's end (reconcile) and the source's start ---- */
+
+typedef enum {
+	LO_POSITION, /* reconcile's log end (destination), the start position (source) */
+	LO_WATCH,    /* a paused partition's source end, for its lag */
+	LO_LSO,      /* reconcile's last stable offset (destination, READ_COMMITTED) */
+	LO_MARKER,   /* whether a transaction's marker landed (destination) */
+} lo_kind;
 
 typedef struct lo_ctx {
 	mtopic *t;
 	int32_t part;
 	bool dest;
 	int64_t ts;
-	bool watch; /* a paused partition's source end, for its lag */
+	lo_kind kind;
 } lo_ctx;
 
+static bool send_lo(km_pipeline *pl, mpart *p, bool dest, int64_t ts, lo_kind kind);
 static void after_reconcile(km_pipeline *pl, mpart *p, int64_t end);
+static void after_lso(km_pipeline *pl, mpart *p, int64_t end, int64_t lso);
+static void marker_answer(km_pipeline *pl, mpart *p, bool ok, int64_t end);
 static void after_start(km_pipeline *pl, mpart *p, int64_t off, bool jump);
 
 static void on_list_offsets(km_net_client *c, km_err err, const uint8_t *body, size_t len, void *arg)
@@ -703,7 +984,7 @@ static void on_list_offsets(km_net_client *c, km_err err, const uint8_t *body, s
 		return;
 	}
 	p = part_get(pl, lc->t, lc->part, false);
-	if (p && lc->watch)
+	if (p && lc->kind == LO_WATCH)
 		p->watch_inflight = false;
 	if (err == KM_OK) {
 		km_arena_init(&a, 0);
@@ -717,7 +998,19 @@ static void on_list_offsets(km_net_client *c, km_err err, const uint8_t *body, s
 	} else {
 		km_mcluster_drop(lc->dest ? pl->dst : pl->src, c);
 	}
-	if (p && lc->watch) {
+	if (p && lc->kind == LO_MARKER) {
+		marker_answer(pl, p, err == KM_OK && perr == 0 && off >= 0, off);
+	} else if (p && lc->kind == LO_LSO) {
+		if (p->phase == PH_RECON_LSO) {
+			if (err != KM_OK || perr != 0 || off < 0) {
+				pl->dst_meta_need = true;
+				p->phase = PH_RECONCILE;
+				backoff(p);
+			} else {
+				after_lso(pl, p, p->recon_end, off);
+			}
+		}
+	} else if (p && lc->kind == LO_WATCH) {
 		if (err == KM_OK && perr == 0 && off >= 0) {
 			p->source_end = off;
 			km_state_partition_progress(km_mirror_store(pl->mi), p->t->name, p->id, off, -1);
@@ -743,7 +1036,13 @@ static void on_list_offsets(km_net_client *c, km_err err, const uint8_t *body, s
 				pl->src_meta_need = true;
 			backoff(p);
 		} else if (recon) {
-			after_reconcile(pl, p, off);
+			/* Then the last stable offset: open destination transactions end reconcile's resume point. */
+			p->recon_end = off;
+			p->phase = PH_RECON_LSO;
+			if (!send_lo(pl, p, true, -1, LO_LSO)) {
+				p->phase = PH_RECONCILE;
+				backoff(p);
+			}
 		} else {
 			after_start(pl, p, off, p->oor);
 		}
@@ -752,14 +1051,12 @@ static void on_list_offsets(km_net_client *c, km_err err, const uint8_t *body, s
 	tick_soon(pl);
 }
 
-static bool send_list_offsets_x(km_pipeline *pl, mpart *p, bool dest, int64_t ts, bool watch);
-
 static bool send_list_offsets(km_pipeline *pl, mpart *p, bool dest, int64_t ts)
 {
-	return send_list_offsets_x(pl, p, dest, ts, false);
+	return send_lo(pl, p, dest, ts, LO_POSITION);
 }
 
-static bool send_list_offsets_x(km_pipeline *pl, mpart *p, bool dest, int64_t ts, bool watch)
+static bool send_lo(km_pipeline *pl, mpart *p, bool dest, int64_t ts, lo_kind kind)
 {
 	km_mcluster *cl = dest ? pl->dst : pl->src;
 	int32_t leader = dest ? p->dst_leader : p->src_leader;
@@ -787,7 +1084,9 @@ static bool send_list_offsets_x(km_pipeline *pl, mpart *p, bool dest, int64_t ts
 	km_list_offsets_request_list_offsets_topic_init(&t);
 	km_list_offsets_request_list_offsets_partition_init(&pp);
 	m.replica_id = -1;
-	m.isolation_level = 0;
+	m.isolation_level = kind == LO_LSO ? 1 : 0;
+	if (kind == LO_LSO && ver < 2)
+		return false; /* no isolation before v2 (Kafka 0.11): no transactions either */
 	pp.partition_index = p->id;
 	pp.current_leader_epoch = dest ? -1 : p->src_epoch;
 	pp.timestamp = ts;
@@ -806,7 +1105,7 @@ static bool send_list_offsets_x(km_pipeline *pl, mpart *p, bool dest, int64_t ts
 		km_wr_free(&w);
 		return false;
 	}
-	*lc = (lo_ctx){p->t, p->id, dest, ts, watch};
+	*lc = (lo_ctx){p->t, p->id, dest, ts, kind};
 	x->extra = lc;
 	if (send_flat(c, KM_API_LIST_OFFSETS, ver, &w, on_list_offsets, x) != KM_OK) {
 		free(lc);
@@ -867,7 +1166,7 @@ static void after_reconcile(km_pipeline *pl, mpart *p, int64_t end)
 				ptag(p, tag, sizeof(tag)), nw, (long long)end,
 				hide >= 0 ? "or past a misplaced batch" : "never landed");
 	}
-	if (hide >= 0 && keep > 0) {
+	if (hide >= 0) {
 		/* Resume at hide, physically after everything now hidden. */
 		KM_WARN(COMP, 0, "%s/%s: destination offsets from the misplaced batch to %lld hidden; resuming at %lld",
 			pl->name, ptag(p, tag, sizeof(tag)), (long long)end, (long long)hide);
@@ -883,18 +1182,77 @@ static void after_reconcile(km_pipeline *pl, mpart *p, int64_t end)
 		/* Nothing mirrored yet: the start position comes from the source; what the destination holds is hidden. */
 		p->cont_logical = -1;
 	}
-	if (keep > 0) {
+	if (keep > 0 || hide >= 0) {
 		KM_INFO(COMP, 0, "%s/%s: resumes at offset %lld (destination offset %lld)", pl->name,
 			ptag(p, tag, sizeof(tag)), (long long)p->fetch_logical, (long long)end);
 		set_tail(pl, p, true);
 	}
 	if (nw) {
-		run_then(pl, p, w, nw, keep > 0 ? PH_READY : PH_START); /* hide_logical stays until it is in */
+		run_then(pl, p, w, nw, keep > 0 || hide >= 0 ? PH_READY : PH_START); /* hide_logical stays until it is in */
 	} else {
 		p->hide_logical = -1;
 		p->phase = keep > 0 ? PH_READY : PH_START;
 	}
 	free(w);
+}
+
+/*
+ * Reconcile with transactions (docs/mirror.md, "Transactions"): the destination's log ends at
+ * end, its last stable offset is lso. Data past the LSO sits in destination transactions nobody
+ * will end now (an earlier life's, or this partition's own after an uncertain write): the mirror
+ * resumes at the LSO's logical offset, what lies past it hidden. Order matters for a crash at any
+ * point: a fence run (hide, end) is persisted first, then the partition's transactional ids are
+ * fenced (their transactions aborted, the abort markers written), and a second pass over the
+ * then settled log writes the run again at the log's new end.
+ */
+static void after_lso(km_pipeline *pl, mpart *p, int64_t end, int64_t lso)
+{
+	km_state *st = km_mirror_store(pl->mi);
+	const km_state_topic *t = km_state_topic_find(st, p->t->name, strlen(p->t->name));
+	const km_offmap *m = t ? km_state_topic_offmap(t, p->id) : NULL;
+	const km_offrun *last = m && m->n ? &m->runs[m->n - 1] : NULL;
+	bool fence_run = last && (last->flags & KM_OFFRUN_FENCE);
+	bool earlier = !p->tx_fenced;
+	char tag[300];
+
+	if (earlier) {
+		/* Nothing of an earlier life listed for it and nothing of its own: nothing to fence. */
+		bool any = p->ntx > 0;
+		for (size_t i = 0; i < pl->nlisted && !any; i++)
+			any = tid_is_of(pl, p, pl->listed[i]);
+		if (!any)
+			earlier = !(p->tx_fenced = true);
+	}
+	if (lso < end && (earlier || tx_open(p) || !fence_run)) {
+		int64_t hide = m && m->n ? km_offmap_to_logical(m, lso) : -1;
+		if (hide < 0) {
+			/* Nothing mapped (yet): what the destination holds is hidden by the start anyway. */
+			if (!earlier && !tx_open(p))
+				after_reconcile(pl, p, end);
+			else
+				p->phase = PH_FENCE;
+			return;
+		}
+		if (fence_run && last->logical < hide)
+			hide = last->logical;
+		KM_INFO(COMP, 0, "%s/%s: destination offsets %lld to %lld are in transactions left open: hidden from "
+			"offset %lld on, which is mirrored again", pl->name, ptag(p, tag, sizeof(tag)), (long long)lso,
+			(long long)end, (long long)hide);
+		if (!fence_run || last->logical != hide) {
+			km_state_run r = {p->t->name, p->id, hide, end, hide, KM_OFFRUN_FENCE};
+			run_then(pl, p, &r, 1, PH_FENCE);
+		} else {
+			p->phase = PH_FENCE;
+		}
+		return;
+	}
+	if (earlier || tx_open(p)) {
+		p->phase = PH_FENCE;
+		return;
+	}
+	if (fence_run)
+		p->hide_logical = p->hide_logical >= 0 && p->hide_logical < last->logical ? p->hide_logical : last->logical;
+	after_reconcile(pl, p, end);
 }
 
 static void after_start(km_pipeline *pl, mpart *p, int64_t off, bool jump)
@@ -979,9 +1337,14 @@ static bool runs_push(runs_acc *ra, const km_state_run *r)
 }
 
 /* Append a planned batch to p; a new run when it does not continue the open one. */
-static bool plan(mpart *p, mbatch *b, runs_acc *ra)
+static bool plan(km_pipeline *pl, mpart *p, mbatch *b, runs_acc *ra)
 {
 	uint8_t *h = b->hdr;
+	if (b->kind != BK_MARKER && (km_be16(h + KM_BATCH_OFF_ATTRIBUTES) & KM_BATCH_ATTR_TRANSACTIONAL)) {
+		b->kind = BK_TXN;
+		if ((b->txi = lease_for(pl, p, (int64_t)km_be64(h + KM_BATCH_OFF_PRODUCER_ID), true)) < 0)
+			return false;
+	}
 	if (b->logical != p->cont_logical || b->lat != p->cont_lat) {
 		/* The first run remembers where mirroring began when a hole separates it from its first record. */
 		int64_t prev = p->cont_logical >= 0 ? p->cont_logical
@@ -995,10 +1358,15 @@ static bool plan(mpart *p, mbatch *b, runs_acc *ra)
 	b->physical = p->plan_phys;
 	p->plan_phys += b->count;
 	p->cont_logical = b->logical + b->count;
-	/* Re-stamp the copied header: baseOffset 0, the mirror's producer; the CRC is done by the caller. */
-	km_batch_set_base_offset(h, 0);
-	km_batch_set_producer(h, p->pid, p->epoch, p->seq);
-	p->seq = p->seq > INT32_MAX - b->count ? b->count - (INT32_MAX - p->seq) - 1 : p->seq + b->count;
+	if (b->kind == BK_DATA) {
+		/* Re-stamp the copied header: baseOffset 0, the mirror's producer; the CRC is done by the caller. */
+		km_batch_set_base_offset(h, 0);
+		km_batch_set_producer(h, p->pid, p->epoch, p->seq);
+		p->seq = p->seq > INT32_MAX - b->count ? b->count - (INT32_MAX - p->seq) - 1 : p->seq + b->count;
+	} else if (b->kind == BK_TXN) {
+		/* Stamped when it goes (stamp_txn): its producer may still be getting its id. */
+		km_batch_set_base_offset(h, 0);
+	}
 	if (p->tail)
 		p->tail->next = b;
 	else
@@ -1130,7 +1498,7 @@ static km_err split_batch(km_pipeline *pl, mpart *p, mresp *resp, const struct e
 		nb->count = pb.last_offset_delta + 1;
 		nb->size = pb.size;
 		nb->max_ts = pb.max_timestamp;
-		if (!plan(p, nb, ra)) {
+		if (!plan(pl, p, nb, ra)) {
 			batch_free(nb);
 			km_wr_free(&out);
 			return KM_ERR_NOMEM;
@@ -1142,6 +1510,45 @@ static km_err split_batch(km_pipeline *pl, mpart *p, mresp *resp, const struct e
 	}
 	km_wr_free(&out);
 	return it.err;
+}
+
+/*
+ * A control batch. A COMMIT or ABORT of a source transaction whose data the partition carries in
+ * a destination transaction is planned as a marker at its logical offset: the partition holds
+ * there (the rest of this answer is not taken) until the destination transaction has ended and
+ * its marker landed at the physical offset planned (drive_marker). Any other control batch, and
+ * a marker of a transaction whose data came before the mirror, is a hole.
+ */
+static km_err take_marker(km_pipeline *pl, mpart *p, mresp *resp, const struct evbuffer_ptr *at, size_t size,
+			  const uint8_t *h, runs_acc *ra)
+{
+	int64_t base = (int64_t)km_be64(h + KM_BATCH_OFF_BASE_OFFSET);
+	int64_t last = base + (int32_t)km_be32(h + KM_BATCH_OFF_LAST_OFFSET_DELTA);
+	int txi = lease_for(pl, p, (int64_t)km_be64(h + KM_BATCH_OFF_PRODUCER_ID), false);
+	uint8_t small[256];
+	km_control ctl = {.type = KM_CONTROL_NONE};
+	km_batch pb;
+	mbatch *b;
+
+	p->fetch_logical = last + 1;
+	if (txi < 0 || size > sizeof(small) || evbuffer_copyout_from(resp->buf, at, small, size) != (ev_ssize_t)size ||
+	    km_batch_parse(small, size, &pb) != KM_OK || km_batch_control(&pb, NULL, 0, &ctl) != KM_OK ||
+	    (ctl.type != KM_CONTROL_COMMIT && ctl.type != KM_CONTROL_ABORT))
+		return KM_OK; /* a hole */
+	if (!(b = calloc(1, sizeof(*b))))
+		return KM_ERR_NOMEM;
+	b->kind = BK_MARKER;
+	b->commit = ctl.type == KM_CONTROL_COMMIT;
+	b->txi = txi;
+	b->logical = last;
+	b->count = 1;
+	b->lat = p->cont_lat; /* a marker continues the run it is in, whatever its kind */
+	if (!plan(pl, p, b, ra)) {
+		batch_free(b);
+		return KM_ERR_NOMEM;
+	}
+	p->stop_answer = true;
+	return KM_OK;
 }
 
 /* One batch of p's fetched data: its 61-byte header in h, the whole batch (size bytes) at at in resp. */
@@ -1164,14 +1571,13 @@ static km_err take_batch(km_pipeline *pl, mpart *p, mresp *resp, const struct ev
 		*fail = "the source sent a malformed record batch";
 		return KM_ERR_DECODE;
 	}
-	if (last < p->fetch_logical)
-		return KM_OK; /* the first batch of a fetch may end before the fetch offset */
-	if (attr & KM_BATCH_ATTR_CONTROL) {
-		p->fetch_logical = last + 1; /* a transaction marker: a hole */
-		return KM_OK;
-	}
-	if (attr & KM_BATCH_ATTR_TRANSACTIONAL) {
-		*fail = "the source partition holds transactional batches, which this version does not mirror yet";
+	if (last < p->fetch_logical || p->stop_answer)
+		return KM_OK; /* the first batch of a fetch may end before the fetch offset; after a marker, the next fetch */
+	if (attr & KM_BATCH_ATTR_CONTROL)
+		return take_marker(pl, p, resp, at, size, h, ra);
+	if ((attr & KM_BATCH_ATTR_TRANSACTIONAL) && pl->txl == 3) {
+		*fail = "the source partition holds transactional batches, and the destination cannot carry them "
+			"(it has no ListTransactions: Kafka 3.0 and later do)";
 		return KM_ERR_UNSUPPORTED;
 	}
 	if (count == 0) {
@@ -1200,7 +1606,7 @@ static km_err take_batch(km_pipeline *pl, mpart *p, mresp *resp, const struct ev
 		batch_free(b);
 		return rc;
 	}
-	if (!plan(p, b, ra)) {
+	if (!plan(pl, p, b, ra)) {
 		batch_free(b);
 		return KM_ERR_NOMEM;
 	}
@@ -1686,6 +2092,7 @@ static void send_fetch(km_pipeline *pl, int32_t node, int64_t now)
 				fc->parts[fc->n++] = p;
 				p->fetch_seq = pl->fetch_seq + 1;
 				p->phase = PH_FETCHING;
+				p->stop_answer = false;
 			}
 			off = ready || p->sess_node != node ? p->fetch_logical : p->sess_offset;
 			max = ready ? (int32_t)pl->part_max_bytes : 0;
@@ -1896,8 +2303,14 @@ static void produce_done(km_pipeline *pl, mpart *p, mbatch *b, int16_t code, int
 	}
 	snprintf(why, sizeof(why), "destination Produce failed: %s%s%s", km_err_name((km_err)code), msg ? ": " : "",
 		 msg ? msg : "");
+	/*
+	 * A transaction's batch refused for its transaction's sake (INVALID_TXN_STATE, INVALID_PRODUCER_ID_MAPPING,
+	 * PRODUCER_FENCED, TRANSACTION_ABORTABLE, the destination's own timeout aborted it): reconcile fences
+	 * and carries the source transaction again.
+	 */
+	bool txn_retry = b->kind == BK_TXN && (code == 48 || code == 49 || code == 90 || code == 120 || code == 51);
 	batch_free(b);
-	if (km_err_retriable((km_err)code) || code == 45 || code == 47) {
+	if (km_err_retriable((km_err)code) || code == 45 || code == 47 || txn_retry) {
 		if (code == 6 || code == 3 || code == 5)
 			pl->dst_meta_need = true;
 		reconcile(pl, p, why);
@@ -1970,15 +2383,47 @@ static void on_produce(km_net_client *c, km_err err, const uint8_t *body, size_t
 	tick_soon(pl);
 }
 
-/* The next unsent batch of p, or NULL. A probe goes alone: nothing else of p until it is answered. */
+/*
+ * The next unsent batch of p, or NULL. A probe goes alone: nothing else of p until it is answered.
+ * A transaction's batch waits until its destination transaction is open; a marker is not produced
+ * (drive_marker ends the transaction once everything before it is in).
+ */
 static mbatch *next_unsent(mpart *p)
 {
 	if (p->phase != PH_WRITING || p->recon || (p->probe && p->inflight))
 		return NULL;
 	for (mbatch *b = p->head; b; b = b->next)
-		if (!b->sent)
+		if (!b->sent) {
+			if (b->kind == BK_MARKER ||
+			    (b->kind == BK_TXN && km_txp_state_of(p->tx[b->txi].txp) != KM_TXP_OPEN))
+				return NULL;
 			return b;
+		}
 	return NULL;
+}
+
+/* A transaction's batch stamped with its destination producer (id, epoch, the partition's next sequence). */
+static km_err stamp_txn(mbatch *b, const km_txp *t)
+{
+	size_t left = b->size - KM_BATCH_HEADER_SIZE;
+	uint32_t crc;
+
+	km_batch_set_producer(b->hdr, km_txp_pid(t), km_txp_epoch(t), km_txp_seq(t));
+	if (b->own) {
+		memcpy(b->own, b->hdr, KM_BATCH_HEADER_SIZE);
+		km_batch_update_crc(b->own, b->own_len);
+		memcpy(b->hdr, b->own, KM_BATCH_HEADER_SIZE);
+		return KM_OK;
+	}
+	crc = km_crc32c(0, b->hdr + KM_BATCH_OFF_ATTRIBUTES, KM_BATCH_HEADER_SIZE - KM_BATCH_OFF_ATTRIBUTES);
+	for (int i = 0; i < b->nvec && left; i++) {
+		crc = km_crc32c(crc, b->vec[i].iov_base, b->vec[i].iov_len);
+		left -= b->vec[i].iov_len;
+	}
+	if (left)
+		return KM_ERR_DECODE;
+	km_put_be32(b->hdr + KM_BATCH_OFF_CRC, crc);
+	return KM_OK;
 }
 
 static void encode_str(km_wr *w, bool flex, const char *s)
@@ -2025,6 +2470,7 @@ static bool send_produce(km_pipeline *pl, int32_t node)
 	km_wr *enc = NULL;
 	km_net_request rq;
 	req_ctx *x;
+	km_txp *txp = NULL;
 	int16_t ver;
 	bool flex, ok = false;
 
@@ -2054,17 +2500,36 @@ static bool send_produce(km_pipeline *pl, int32_t node)
 	    !(enc = calloc(cap * 2 + pl->ntopics * 2 + 2, sizeof(*enc))))
 		goto out;
 	pc->node = node;
-	/* Choose: one batch per partition, grouped by topic, within the byte cap. */
-	for (size_t i = 0; i < pl->ntopics && bytes < PRODUCE_REQUEST_BYTES; i++) {
+	/*
+	 * Choose: one batch per partition, grouped by topic, within the byte cap. A transaction's
+	 * batch goes alone (its producer is the partition's own: one transactional producer per
+	 * request, a broker rule); the first partition ready decides which kind this request is.
+	 */
+	for (size_t i = 0; i < pl->ntopics && bytes < PRODUCE_REQUEST_BYTES && !txp; i++) {
 		mtopic *t = pl->topics[i];
 		size_t first = n;
 		for (int32_t j = 0; j < t->nparts; j++) {
 			mpart *p = t->parts[j];
 			mbatch *b = p && p->dst_leader == node ? next_unsent(p) : NULL;
-			if (!b)
+			if (!b || (n && b->kind == BK_TXN))
 				continue;
 			if (n && bytes + b->size > PRODUCE_REQUEST_BYTES)
 				break;
+			if (b->kind == BK_TXN) {
+				txp = p->tx[b->txi].txp;
+				if (stamp_txn(b, txp) != KM_OK) {
+					txp = NULL;
+					continue;
+				}
+				if (ver > PRODUCE_TXN_HI)
+					ver = PRODUCE_TXN_HI;
+				flex = ver >= 9;
+				pc->parts[n] = p;
+				pc->batches[n] = b;
+				bytes += b->size;
+				n++;
+				break;
+			}
 			pc->parts[n] = p;
 			pc->batches[n] = b;
 			bytes += b->size;
@@ -2074,10 +2539,12 @@ static bool send_produce(km_pipeline *pl, int32_t node)
 			gstart[ngroups++] = first;
 	}
 	gstart[ngroups] = n;
-	/* Encode: transactional id (null), acks=all, timeout, the topics. */
+	/* Encode: transactional id (null for the idempotent producer), acks=all, timeout, the topics. */
 	{
 		km_wr *w = frame_piece(enc, &nenc, pieces, &npieces);
-		if (flex)
+		if (txp)
+			encode_str(w, flex, km_txp_id(txp));
+		else if (flex)
 			km_wr_uvarint(w, 0);
 		else
 			km_wr_i16(w, -1);
@@ -2156,6 +2623,8 @@ static bool send_produce(km_pipeline *pl, int32_t node)
 		pc->batches[i]->sent = true;
 		pc->parts[i]->inflight++;
 	}
+	if (txp)
+		km_txp_advance(txp, pc->batches[0]->count);
 	io->produce_inflight++;
 	pc = NULL;
 	ok = true;
@@ -2176,6 +2645,94 @@ out:
 		free(pc);
 	}
 	return ok;
+}
+
+/* ---- a transaction's marker: the destination transaction ends, its marker lands where the source's is ---- */
+
+/*
+ * p's head is a marker and everything before it is in: end the destination transaction as the
+ * source's marker says, then ask the destination's log end until the coordinator's marker is in.
+ */
+static void drive_marker(km_pipeline *pl, mpart *p, int64_t now, int64_t *next)
+{
+	mbatch *b = p->head;
+	km_txp *t = p->tx[b->txi].txp;
+	km_txp_state st = km_txp_state_of(t);
+
+	if (st == KM_TXP_FAILED) {
+		reconcile(pl, p, km_txp_error(t));
+		return;
+	}
+	if (b->mk == 0 && st == KM_TXP_OPEN) {
+		km_txp_end(t, b->commit);
+		b->mk = 1;
+	} else if (b->mk == 1 && st == KM_TXP_FREE) {
+		if (b->mk_at > now) {
+			if (b->mk_at < *next)
+				*next = b->mk_at;
+		} else if (send_lo(pl, p, true, -1, LO_MARKER)) {
+			b->mk = 2;
+		}
+	}
+}
+
+static void marker_answer(km_pipeline *pl, mpart *p, bool ok, int64_t end)
+{
+	mbatch *b = p->head;
+	char tag[300];
+
+	if (!b || b->kind != BK_MARKER || b->mk != 2)
+		return;
+	b->mk = 1;
+	if (!ok || end == b->physical) {
+		/* Not in yet (the coordinator writes it after EndTxn's answer): looked at again shortly. */
+		b->mk_at = now_ms() + (ok ? MARKER_POLL_MS : BACKOFF_MIN_MS);
+		return;
+	}
+	if (end != b->physical + 1) {
+		char why[200];
+		snprintf(why, sizeof(why), "a transaction marker planned at destination offset %lld: the log ends at %lld",
+			 (long long)b->physical, (long long)end);
+		if (p->hide_logical < 0 || b->logical < p->hide_logical)
+			p->hide_logical = b->logical;
+		reconcile(pl, p, why);
+		return;
+	}
+	KM_DEBUG(COMP, 0, "%s/%s: %s marker at offset %lld (destination offset %lld)", pl->name,
+		 ptag(p, tag, sizeof(tag)), b->commit ? "commit" : "abort", (long long)b->logical, (long long)b->physical);
+	p->tx[b->txi].src_pid = -1;
+	p->tx[b->txi].begun = false;
+	p->head = b->next;
+	if (!p->head)
+		p->tail = NULL;
+	p->acked_phys = b->physical + 1;
+	p->acked_logical = b->logical + 1;
+	if (!p->head && p->fetch_logical > p->acked_logical)
+		p->acked_logical = p->fetch_logical;
+	p->failing_since = 0;
+	set_tail(pl, p, true);
+	batch_free(b);
+	if (!p->head && p->phase == PH_WRITING)
+		p->phase = PH_READY;
+	tick_soon(pl);
+}
+
+/* The partition's producers: transactions to begin, requests to send. */
+static void drive_txps(km_pipeline *pl, mpart *p, int64_t now, int64_t *next)
+{
+	for (size_t i = 0; i < p->ntx; i++) {
+		mtx *x = &p->tx[i];
+		int64_t at;
+		if (x->src_pid >= 0 && !x->begun && km_txp_state_of(x->txp) == KM_TXP_FREE) {
+			km_txp_begin(x->txp, p->t->name, p->id);
+			x->begun = true;
+		}
+		if (x->src_pid >= 0 && km_txp_state_of(x->txp) == KM_TXP_FAILED && p->phase == PH_WRITING && !p->inflight)
+			reconcile(pl, p, km_txp_error(x->txp));
+		at = km_txp_poll(x->txp, now);
+		if (at < *next)
+			*next = at;
+	}
 }
 
 /* ---- the destination's log start follows the source's (retention, DeleteRecords) ---- */
@@ -2317,9 +2874,24 @@ static void settle_drained(km_pipeline *pl, mpart *p)
 		p->phase = PH_READY;
 	if (p->settling || p->inflight || p->phase == PH_FETCHING || p->phase == PH_RUNS)
 		return;
+	if (p->head && p->head->kind == BK_MARKER)
+		return; /* everything before it is in: the source decided, drive_marker ends the transaction */
 	drop_unsent(p);
 	if (p->head)
 		return;
+	if (tx_open(p)) {
+		/*
+		 * Destination transactions the source has not decided (as far as mirrored): reconcile
+		 * aborts them and hides what they hold, so none hangs and the stop's offset is their start.
+		 */
+		char tag[300];
+		KM_INFO(COMP, 0, "%s/%s: %s with transactions open: they are aborted", pl->name, ptag(p, tag, sizeof(tag)),
+			to == KM_MP_PAUSED ? "pausing" : "stopping");
+		p->recon = true;
+		p->phase = PH_RECONCILE;
+		p->retry_at = 0;
+		return;
+	}
 	if (to == KM_MP_STOPPED && p->acked_phys >= 0 && p->acked_logical > p->cont_logical && p->cont_logical >= 0) {
 		/* The partition ends in a hole: a run at the tail, so writes after the stop continue after it. */
 		km_state_run r = {p->t->name, p->id, p->acked_logical, p->acked_phys, p->cont_logical,
@@ -2359,14 +2931,18 @@ static void tick(evutil_socket_t fd, short what, void *arg)
 			mpart *p = pl->topics[i]->parts[j];
 			if (!p)
 				continue;
-			if (p->state == KM_MP_PAUSING || p->state == KM_MP_STOPPING) {
+			drive_txps(pl, p, now, &next);
+			if (p->head && p->head->kind == BK_MARKER && !p->inflight && p->phase == PH_WRITING && !p->recon)
+				drive_marker(pl, p, now, &next);
+			if ((p->state == KM_MP_PAUSING || p->state == KM_MP_STOPPING) && p->phase != PH_RECONCILE &&
+			    p->phase != PH_RECON_WAIT && p->phase != PH_RECON_LSO && p->phase != PH_FENCE) {
 				settle_drained(pl, p);
 				continue;
 			}
 			if (p->phase == PH_IDLE) {
 				/* Paused: the source's end is still read now and then, so the lag shows. */
 				if (p->state == KM_MP_PAUSED && !p->watch_inflight && now - p->watch_at >= PAUSED_WATCH_MS &&
-				    p->src_leader >= 0 && send_list_offsets_x(pl, p, false, -1, true)) {
+				    p->src_leader >= 0 && send_lo(pl, p, false, -1, LO_WATCH)) {
 					p->watch_inflight = true;
 					p->watch_at = now;
 				}
@@ -2396,7 +2972,13 @@ static void tick(evutil_socket_t fd, short what, void *arg)
 					next = p->retry_at;
 				continue;
 			}
-			if (p->phase == PH_RECONCILE && !p->inflight && !p->need_pid && p->dst_leader >= 0) {
+			if (p->phase == PH_FENCE) {
+				if (fence_done(pl, p)) {
+					p->phase = PH_RECONCILE; /* the second pass, over the settled log */
+					tick_soon(pl);
+				}
+			} else if (p->phase == PH_RECONCILE && !p->inflight && !p->need_pid && p->dst_leader >= 0 &&
+				   pl->txl >= 2) {
 				drop_unsent(p);
 				if (!p->head && send_list_offsets(pl, p, true, -1))
 					p->phase = PH_RECON_WAIT;
@@ -2407,6 +2989,8 @@ static void tick(evutil_socket_t fd, short what, void *arg)
 		}
 	if (need_pid)
 		pl->pid_want = true;
+	if (pl->txl == 0)
+		list_txns(pl, now);
 	if ((need_src_meta || pl->src_meta_need) && !pl->src_meta_inflight &&
 	    now - pl->src_meta_at >= METADATA_MIN_INTERVAL_MS)
 		send_metadata(pl, pl->src);
@@ -2590,6 +3174,7 @@ void km_pipeline_free(km_pipeline *pl)
 				batch_free(b);
 			}
 			/* The store is freed first (kmirrord.c): its maps are gone, no tail to clear. */
+			tx_free_all(p);
 			free(p);
 		}
 		free(t->parts);
@@ -2597,6 +3182,9 @@ void km_pipeline_free(km_pipeline *pl)
 		free(t);
 	}
 	free(pl->topics);
+	for (size_t i = 0; i < pl->nlisted; i++)
+		free(pl->listed[i]);
+	free(pl->listed);
 	if (pl->held)
 		held_unref(pl->held);
 	free(pl->sio);
@@ -2628,16 +3216,28 @@ size_t km_pipeline_count(const km_pipeline *pl)
 
 void km_pipeline_partition(km_pipeline *pl, const char *topic, int32_t partition, km_mp_state state)
 {
-	mtopic *t = topic_get(pl, topic, state == KM_MP_PREPARING || state == KM_MP_MIRRORING);
-	mpart *p = t ? part_get(pl, t, partition, state == KM_MP_PREPARING || state == KM_MP_MIRRORING) : NULL;
+	bool run = state == KM_MP_PREPARING || state == KM_MP_MIRRORING || state == KM_MP_PAUSING ||
+		   state == KM_MP_STOPPING;
+	mtopic *t = topic_get(pl, topic, run);
+	mpart *p = t ? part_get(pl, t, partition, false) : NULL;
 
-	if (!p) {
-		/* Not running here (a restart found it pausing or stopping): nothing to drain. */
-		if (state == KM_MP_PAUSING || state == KM_MP_STOPPING)
-			km_mirror_settle(pl->mi, pl->name, topic, partition, state,
-					 state == KM_MP_PAUSING ? KM_MP_PAUSED : KM_MP_STOPPED, NULL);
-		return;
+	if (!p && run) {
+		/*
+		 * New here. A restart that finds it pausing or stopping reconciles it before it settles:
+		 * an earlier life may have left destination transactions open on it.
+		 */
+		if (!(p = part_get(pl, t, partition, true)))
+			return;
+		if (state == KM_MP_PAUSING || state == KM_MP_STOPPING) {
+			p->phase = PH_RECONCILE;
+			p->recon = true;
+			p->need_pid = true;
+			pl->pid_want = true;
+			pl->dst_meta_need = pl->src_meta_need = true;
+		}
 	}
+	if (!p)
+		return;
 	p->state = state;
 	p->settling = false;
 	switch (state) {

@@ -176,6 +176,7 @@ km_err km_state_run_value_encode(km_wr *w, int64_t physical, int64_t prev_logica
 	v.physical_start = physical;
 	v.prev_logical_end = prev_logical_end;
 	v.log_append_time = (flags & KM_OFFRUN_LOG_APPEND_TIME) != 0;
+	v.fence = (flags & KM_OFFRUN_FENCE) != 0;
 	km_wr_i16(w, 0);
 	km_mirror_state_run_value_encode(w, 0, &v);
 	return w->err;
@@ -588,7 +589,7 @@ static km_err apply_run(km_state_model *m, const km_state_key *k, const uint8_t 
 		km_offmap_init(p->map);
 	}
 	return km_offmap_add(p->map, k->logical, v.physical_start, v.prev_logical_end,
-			     v.log_append_time ? KM_OFFRUN_LOG_APPEND_TIME : 0);
+			     (v.log_append_time ? KM_OFFRUN_LOG_APPEND_TIME : 0) | (v.fence ? KM_OFFRUN_FENCE : 0));
 }
 
 size_t km_state_model_mirror_runs(const km_state_mirror *mi)

@@ -22,6 +22,8 @@ typedef struct km_mirror_state_run_value {
 	int64_t prev_logical_end;
 	/* v0+ tag 0: The run's batches were LogAppendTime on the source: the proxy sets the attribute back (... */
 	bool log_append_time;
+	/* v0+ tag 1: Persisted before a partition's destination transactions are aborted: the run hides from... */
+	bool fence;
 	km_tagged_list unknown_tags; /* tagged fields this codec does not know, kept as they came */
 } km_mirror_state_run_value;
 

@@ -23,6 +23,15 @@ static bool km_mirror_state_run_value_dec_tag_log_append_time(km_rd *r, int16_t 
 	return true;
 }
 
+static bool km_mirror_state_run_value_dec_tag_fence(km_rd *r, int16_t v, km_mirror_state_run_value *m, km_arena *a)
+{
+	(void)v;
+	(void)a;
+	if (!km_rd_bool(r, "Fence", &m->fence))
+		return false;
+	return true;
+}
+
 static bool km_mirror_state_run_value_dec(km_rd *r, int16_t v, km_mirror_state_run_value *m, km_arena *a)
 {
 	const bool flex = true;
@@ -49,6 +58,12 @@ static bool km_mirror_state_run_value_dec(km_rd *r, int16_t v, km_mirror_state_r
 						return km_codec_rd_join(r, &sub);
 				}
 				break;
+				case 1:
+				{
+					if (!km_mirror_state_run_value_dec_tag_fence(&sub, v, m, a))
+						return km_codec_rd_join(r, &sub);
+				}
+				break;
 				default:
 					known = false;
 					break;
@@ -72,6 +87,8 @@ static void km_mirror_state_run_value_enc(km_wr *w, int16_t v, const km_mirror_s
 		uint32_t ntags = (uint32_t)(m->unknown_tags.count > 0 ? m->unknown_tags.count : 0);
 		const bool has_log_append_time = true && m->log_append_time != false;
 		ntags += has_log_append_time;
+		const bool has_fence = true && m->fence != false;
+		ntags += has_fence;
 		km_wr_uvarint(w, ntags);
 		km_codec_wr_tags(w, &m->unknown_tags, 0, 1, false);
 		if (has_log_append_time) {
@@ -81,7 +98,15 @@ static void km_mirror_state_run_value_enc(km_wr *w, int16_t v, const km_mirror_s
 			km_wr_uvarint(w, (uint32_t)n);
 			km_wr_bool(w, m->log_append_time);
 		}
-		km_codec_wr_tags(w, &m->unknown_tags, 1, UINT64_MAX, false);
+		km_codec_wr_tags(w, &m->unknown_tags, 1, 2, false);
+		if (has_fence) {
+			size_t n = 0;
+			n += 1;
+			km_wr_uvarint(w, 1);
+			km_wr_uvarint(w, (uint32_t)n);
+			km_wr_bool(w, m->fence);
+		}
+		km_codec_wr_tags(w, &m->unknown_tags, 2, UINT64_MAX, false);
 	}
 }
 
@@ -100,6 +125,12 @@ static size_t km_mirror_state_run_value_sz(int16_t v, const km_mirror_state_run_
 			size_t fn = 0;
 			fn += 1;
 			n += km_sz_uvarint(0) + km_sz_uvarint((uint32_t)fn) + fn;
+			ntags++;
+		}
+		if (true && m->fence != false) {
+			size_t fn = 0;
+			fn += 1;
+			n += km_sz_uvarint(1) + km_sz_uvarint((uint32_t)fn) + fn;
 			ntags++;
 		}
 		n += km_sz_uvarint(ntags);

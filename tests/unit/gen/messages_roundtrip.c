@@ -14898,8 +14898,9 @@ static void fill_km_mirror_state_run_value(km_mirror_state_run_value *m, int16_t
 	m->physical_start = (int64_t)(t_int(seq, 1000000000, INT64_C(0)) + ((int64_t)1 << 33));
 	m->prev_logical_end = (int64_t)(t_int(seq, 1000000000, INT64_C(-1)) + ((int64_t)1 << 33));
 	m->log_append_time = true;
+	m->fence = true;
 	if (true && mode == 0)
-		t_unknown_tags(&m->unknown_tags, a, 1, 1000, seq);
+		t_unknown_tags(&m->unknown_tags, a, 2, 1001, seq);
 }
 
 static bool eq_km_mirror_state_run_value(const km_mirror_state_run_value *x, const km_mirror_state_run_value *y)
@@ -14910,6 +14911,8 @@ static bool eq_km_mirror_state_run_value(const km_mirror_state_run_value *x, con
 		return t_diff("PrevLogicalEnd");
 	if (!(x->log_append_time == y->log_append_time))
 		return t_diff("LogAppendTime");
+	if (!(x->fence == y->fence))
+		return t_diff("Fence");
 	if (!t_tags_eq(&x->unknown_tags, &y->unknown_tags))
 		return t_diff("MirrorStateRunValue unknown tags");
 	return true;

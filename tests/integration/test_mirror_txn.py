@@ -1,0 +1,346 @@
+"""Source transactions carried by destination transactions (docs/mirror.md, "Transactions"): real
+transactional producers at the source (librdkafka) with committed, aborted and open transactions
+interleaved with plain producers; through the proxy, read_committed and read_uncommitted consumers
+see what they see on the source, at the same offsets, with the same last stable offset, also across
+kill -9 of kmirrord; a stop in the middle of open transactions leaves nothing hanging and the
+topic writable by new idempotent and transactional producers at the next offsets."""
+
+import random
+import signal
+import threading
+import time
+import uuid
+
+import pytest
+from confluent_kafka import Consumer, Producer, TopicPartition
+
+from mirror_cli import Cli, described, kmirror_bin, wait_states  # noqa: F401
+from mirror_data import (count_anomalies, create_dest_topic, diff_records, env_int, long_run,
+                         main_release_only, progress, read_partition, record)
+from proxy_fixtures import *  # noqa: F401,F403
+from proxy_fixtures import Proxy, wait_until
+
+pytestmark = pytest.mark.proxy
+
+PARTS = 4
+KILLS = env_int("KM_MIRROR_TXN_KILLS", 5)
+TXNS = env_int("KM_MIRROR_TXNS", 400 if long_run() else 60)
+COMMITTED = "read_committed"
+UNCOMMITTED = "read_uncommitted"
+
+
+def unique(prefix):
+    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+class TxnEnv:
+    def __init__(self, proxy, cli, mirror, source, dest):
+        self.proxy, self.cli, self.mirror, self.source, self.dest = proxy, cli, mirror, source, dest
+
+    @property
+    def pb(self):
+        return self.proxy.bootstrap
+
+    @property
+    def sb(self):
+        return self.source.bootstrap
+
+    def start(self, topic):
+        create_dest_topic(self.dest, self.sb, topic)
+        self.cli.run("start", "--mirror", self.mirror, "--topics", topic)
+        wait_states(self.cli, self.mirror, {topic: "MIRRORING"}, timeout=60)
+
+    def partitions(self, topic):
+        m = described(self.cli, self.mirror)
+        t = [t for t in m["topics"] if t["name"] == topic]
+        return sorted(t[0]["partitions"], key=lambda p: p["partition"]) if t else []
+
+
+@pytest.fixture(scope="module")
+def tenv(kmirrord_bin, kmirror_bin, dest_cluster, source_cluster, tmp_path_factory):
+    proxy = Proxy(kmirrord_bin, dest_cluster, str(tmp_path_factory.mktemp("txn")), name="kmirrord-txn",
+                  log_level="debug", mirror_state_topic="__mirror_state_txn").start()
+    wait_until(lambda: proxy.metric("kmirror_upstream_brokers") >= len(dest_cluster.broker_ids), 30,
+               what="kmirrord to learn the brokers")
+    cli = Cli(kmirror_bin, proxy.bootstrap)
+    mirror = unique("txn")
+    cli.run("create", "--mirror", mirror, "--source-bootstrap", source_cluster.bootstrap)
+    env = TxnEnv(proxy, cli, mirror, source_cluster, dest_cluster)
+    yield env
+    try:
+        if proxy.running():
+            cli.run("stop", "--mirror", mirror, "--topics-regex", ".*", expect=None)
+    finally:
+        proxy.stop()
+    reports = proxy.sanitizer_reports()
+    assert not reports, "sanitizer reports:\n" + "\n".join(reports[:50])
+
+
+@pytest.fixture
+def env(tenv):
+    if not tenv.proxy.running():
+        tenv.proxy.start()
+    yield tenv
+    assert tenv.proxy.running(), f"kmirrord exited during the test:\n{tenv.proxy.daemon.tail()}"
+
+
+# ---------------------------------------------------------------------------------------------
+# Source traffic
+
+def txn_producer(bootstrap, name):
+    p = Producer({"bootstrap.servers": bootstrap, "transactional.id": f"{name}-{uuid.uuid4().hex[:6]}",
+                  "linger.ms": 5, "compression.type": "lz4"})
+    p.init_transactions(30)
+    return p
+
+
+class Traffic:
+    """Transactions of two transactional producers that overlap on the same partitions (one begins
+    before the other ends), a third of them aborted, with plain idempotent records between them.
+    Counts what it wrote, by outcome."""
+
+    def __init__(self, bootstrap, topic, seed=1):
+        self.topic = topic
+        self.rnd = random.Random(seed)
+        self.a = txn_producer(bootstrap, "txa")
+        self.b = txn_producer(bootstrap, "txb")
+        self.plain = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 2})
+        self.i = 0
+        self.committed = self.aborted = self.plain_n = 0
+
+    def _send(self, prod, n, tag):
+        for _ in range(n):
+            k, v, h, ts = record(self.i, tag)
+            prod.produce(self.topic, value=v, key=k, headers=h, partition=self.rnd.randrange(PARTS),
+                         **({"timestamp": ts} if ts else {}))
+            self.i += 1
+        prod.poll(0)
+
+    def round(self):
+        """One round: A begins and writes, B begins and writes, plain records, A ends, B ends."""
+        na, nb, npl = self.rnd.randint(1, 30), self.rnd.randint(1, 30), self.rnd.randint(0, 10)
+        self.a.begin_transaction()
+        self._send(self.a, na, "ta")
+        self.a.flush(30)
+        self.b.begin_transaction()
+        self._send(self.b, nb, "tb")
+        self.b.flush(30)
+        self._send(self.plain, npl, "pl")
+        self.plain.flush(30)
+        for prod, n in ((self.a, na), (self.b, nb)):
+            if self.rnd.random() < 0.33:
+                prod.abort_transaction(30)
+                self.aborted += n
+            else:
+                prod.commit_transaction(30)
+                self.committed += n
+        self.plain_n += npl
+
+    def open_one(self, n=12):
+        """A transaction left open (its producer neither commits nor aborts yet)."""
+        self.a.begin_transaction()
+        self._send(self.a, n, "open")
+        self.a.flush(30)
+        return n
+
+    def close(self):
+        self.plain.flush(30)
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading both sides
+
+def _consumer(bootstrap, isolation):
+    return Consumer({"bootstrap.servers": bootstrap, "group.id": f"txn-{uuid.uuid4().hex[:8]}",
+                     "isolation.level": isolation, "enable.auto.commit": False})
+
+
+def ends(bootstrap, topic, isolation):
+    """Per partition (low, end): the end is the high watermark for read_uncommitted and the last
+    stable offset for read_committed (librdkafka asks ListOffsets with the consumer's isolation)."""
+    c = _consumer(bootstrap, isolation)
+    try:
+        return [c.get_watermark_offsets(TopicPartition(topic, p), timeout=15, cached=False)
+                for p in range(PARTS)]
+    finally:
+        c.close()
+
+
+def wait_mirrored(env, topic, timeout=120):
+    """Both ends (high watermark and LSO) through the proxy equal the source's."""
+    deadline = time.monotonic() + timeout
+    while True:
+        src = (ends(env.sb, topic, UNCOMMITTED), ends(env.sb, topic, COMMITTED))
+        dst = (ends(env.pb, topic, UNCOMMITTED), ends(env.pb, topic, COMMITTED))
+        if src == dst:
+            return src
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{topic} not mirrored: source (hw, lso) {src}, proxy {dst}; "
+                                 f"describe {env.partitions(topic)}")
+        time.sleep(1.0)
+
+
+def compare(env, topic, isolation, marks):
+    """Every partition read with isolation through the proxy and from the source, record by record."""
+    total, problems = 0, []
+    for p, (lo, hi) in enumerate(marks):
+        src = read_partition(env.sb, topic, p, lo, hi, **{"isolation.level": isolation})
+        dst = read_partition(env.pb, topic, p, lo, hi, **{"isolation.level": isolation})
+        counts = count_anomalies(src, dst)
+        ndiff, first = diff_records(src, dst)
+        if ndiff or any(counts.values()):
+            problems.append(f"p{p} {isolation}: {ndiff} of {len(src)} differ (proxy {len(dst)}), "
+                            f"first {first}, counts {counts}")
+        total += len(src)
+    assert not problems, "\n".join(problems)
+    return total
+
+
+def offsets_of(recs):
+    return [r.offset for r in recs]
+
+
+# ---------------------------------------------------------------------------------------------
+
+def test_transactions_exact(env):
+    """Committed, aborted, overlapping and open transactions: both isolation levels exact, same LSO."""
+    topic = unique("txn")
+    env.source.create_topic(topic, partitions=PARTS)
+    tr = Traffic(env.sb, topic)
+    for _ in range(TXNS // 2):
+        tr.round()
+    env.start(topic)
+    for _ in range(TXNS - TXNS // 2):
+        tr.round()
+    opened = tr.open_one()
+    tr.close()
+    (hw, lso) = wait_mirrored(env, topic)
+    progress(f"{topic}: {tr.committed} committed, {tr.aborted} aborted, {tr.plain_n} plain, "
+             f"{opened} in an open transaction; hw {hw} lso {lso}")
+    assert any(l[1] < h[1] for l, h in zip(lso, hw)), "the open transaction holds no LSO back"
+    n_unc = compare(env, topic, UNCOMMITTED, hw)
+    n_com = compare(env, topic, COMMITTED, lso)
+    assert n_unc == tr.committed + tr.aborted + tr.plain_n + opened, (n_unc, tr.__dict__)
+    # Committed records below the open transaction, plain ones too: never an aborted one.
+    assert n_com <= tr.committed + tr.plain_n
+    st = {p["partition"]: p for p in env.partitions(topic)}
+    assert all(p["state"] == "MIRRORING" for p in st.values()), st
+
+    # The open transaction commits: the LSO moves on through the proxy as on the source.
+    tr.a.commit_transaction(30)
+    (hw2, lso2) = wait_mirrored(env, topic)
+    assert lso2 == hw2, (lso2, hw2)
+    assert compare(env, topic, COMMITTED, hw2) == tr.committed + tr.plain_n + opened
+
+
+def _kinds(env, topic):
+    return sorted({p["state"] for p in env.partitions(topic)})
+
+
+@main_release_only
+def test_transactions_kill9(env):
+    """kmirrord killed with -9 KILLS times while transactions are open on the source and in flight."""
+    topic = unique("txnkill")
+    env.source.create_topic(topic, partitions=PARTS)
+    tr = Traffic(env.sb, topic, seed=7)
+    env.start(topic)
+    stop = threading.Event()
+    errors = []
+
+    def run():
+        try:
+            while not stop.is_set():
+                tr.round()
+        except Exception as e:  # noqa: BLE001 - reported by the test
+            errors.append(e)
+
+    th = threading.Thread(target=run, daemon=True)
+    th.start()
+    rnd = random.Random()
+    try:
+        for k in range(KILLS):
+            time.sleep(rnd.uniform(0.5, 3.0))
+            env.proxy.signal(signal.SIGKILL)
+            env.proxy.daemon.proc.wait(timeout=30)
+            time.sleep(rnd.uniform(0.0, 1.0))
+            env.proxy.start()
+            progress(f"{topic}: kill {k + 1}/{KILLS} ({tr.committed} committed, {tr.aborted} aborted so far)")
+        time.sleep(1.0)
+    finally:
+        stop.set()
+        th.join(120)
+    assert not errors, errors
+    tr.close()
+    hw, lso = wait_mirrored(env, topic, timeout=180)
+    assert lso == hw
+    n_unc = compare(env, topic, UNCOMMITTED, hw)
+    n_com = compare(env, topic, COMMITTED, hw)
+    assert n_unc == tr.committed + tr.aborted + tr.plain_n
+    assert n_com == tr.committed + tr.plain_n
+    assert _kinds(env, topic) == ["MIRRORING"]
+
+
+def list_transactions(env):
+    """kafka-transactions --list through the proxy: (transactional id, state) rows."""
+    out = env.proxy.tool("transactions", "list").stdout
+    rows = []
+    for line in out.splitlines()[1:]:
+        f = line.split()
+        if len(f) >= 4:
+            rows.append((f[0], f[-1]))
+    return rows
+
+
+def test_failover_with_open_transactions(env):
+    """A stop while source transactions are open: nothing hangs, read_committed never blocks nor
+    sees undecided data, the records are the source's committed ones up to the mirrored point, and
+    new idempotent and transactional producers continue the offsets."""
+    topic = unique("txnfo")
+    env.source.create_topic(topic, partitions=PARTS)
+    tr = Traffic(env.sb, topic, seed=3)
+    env.start(topic)
+    for _ in range(10):
+        tr.round()
+    opened = tr.open_one(40)
+    hw, lso = wait_mirrored(env, topic)
+    assert any(l[1] < h[1] for l, h in zip(lso, hw))
+    dry = env.cli.json("stop", "--mirror", env.mirror, "--topics", topic, "--dry-run")
+    progress(f"{topic}: dry run {dry}")
+
+    env.cli.run("stop", "--mirror", env.mirror, "--topics", topic)
+    wait_states(env.cli, env.mirror, {topic: "STOPPED"}, timeout=60)
+    # Nothing of the mirror's hangs on the destination.
+    hanging = [r for r in list_transactions(env) if r[0].startswith("kmirror/") and r[1] == "Ongoing"]
+    assert not hanging, hanging
+    after_hw = ends(env.pb, topic, UNCOMMITTED)
+    after_lso = ends(env.pb, topic, COMMITTED)
+    assert after_lso == after_hw, (after_lso, after_hw)
+    # The destination stops at the source's LSO: the open transaction's records are gone from it.
+    assert [h for _, h in after_hw] == [l for _, l in lso], (after_hw, lso)
+    compare(env, topic, COMMITTED, lso)
+    compare(env, topic, UNCOMMITTED, lso)
+
+    # New producers through the proxy write at the next offsets, without errors.
+    idem = Producer({"bootstrap.servers": env.pb, "enable.idempotence": True})
+    got = {}
+
+    def cb(err, msg):
+        got[msg.partition()] = (err, msg.offset())
+
+    for p in range(PARTS):
+        idem.produce(topic, value=b"idempotent-after-failover", partition=p, on_delivery=cb)
+    idem.flush(30)
+    assert all(got[p] == (None, lso[p][1]) for p in range(PARTS)), (got, lso)
+    txp = Producer({"bootstrap.servers": env.pb, "transactional.id": unique("after-fo")})
+    txp.init_transactions(30)
+    txp.begin_transaction()
+    got.clear()
+    for p in range(PARTS):
+        txp.produce(topic, value=b"transactional-after-failover", partition=p, on_delivery=cb)
+    txp.commit_transaction(30)
+    assert all(got[p] == (None, lso[p][1] + 1) for p in range(PARTS)), (got, lso)
+    for p in range(PARTS):
+        recs = read_partition(env.pb, topic, p, lso[p][1], lso[p][1] + 2, **{"isolation.level": COMMITTED})
+        assert [(r.offset, r.value) for r in recs] == [
+            (lso[p][1], b"idempotent-after-failover"), (lso[p][1] + 1, b"transactional-after-failover")], recs
+    tr.a.abort_transaction(30)

@@ -16,6 +16,7 @@
 #include "kmirror/msg/delete_records_request.h"
 #include "kmirror/msg/delete_records_response.h"
 #include "kmirror/msg/fetch_request.h"
+#include "kmirror/msg/fetch_response.h"
 #include "kmirror/msg/init_producer_id_request.h"
 #include "kmirror/msg/init_producer_id_response.h"
 #include "kmirror/msg/list_offsets_request.h"
@@ -54,9 +55,11 @@ enum { FETCH_LO = 4, FETCH_HI = 12, PRODUCE_LO = 3, PRODUCE_HI = 12, META_LO = 1
 
 typedef enum {
 	PH_IDLE,       /* not run (paused, stopped, failed, or waiting for its committed state) */
+	/* PH_RECONCILE to PH_FENCE: reconcile, which a pausing or stopping partition finishes before it settles */
 	PH_RECONCILE,  /* waiting for a producer id and the destination leader, then ListOffsets on it */
 	PH_RECON_WAIT, /* ListOffsets on the destination sent */
 	PH_RECON_LSO,  /* then ListOffsets READ_COMMITTED: the last stable offset */
+	PH_RECON_ABORTED, /* a READ_COMMITTED Fetch at the hide point: aborted transactions spanning it */
 	PH_FENCE,      /* its transactional ids being initialised again (what they held open is aborted) */
 	PH_START,      /* no run yet: ListOffsets on the source for the start position */
 	PH_START_WAIT,
@@ -175,6 +178,7 @@ typedef struct mpart {
 	bool tx_fenced;         /* its transactional ids of earlier lives were initialised again */
 	bool fence_started;
 	int64_t recon_end;      /* reconcile: the destination's log end, while its last stable offset is asked */
+	int64_t recon_hide;     /* reconcile: the physical offset the hidden range starts at, being settled */
 } mpart;
 
 struct mtopic {
@@ -962,6 +966,8 @@ typedef struct lo_ctx {
 static bool send_lo(km_pipeline *pl, mpart *p, bool dest, int64_t ts, lo_kind kind);
 static void after_reconcile(km_pipeline *pl, mpart *p, int64_t end);
 static void after_lso(km_pipeline *pl, mpart *p, int64_t end, int64_t lso);
+static void fence_from(km_pipeline *pl, mpart *p, int64_t end, int64_t from);
+static bool aborted_probe(km_pipeline *pl, mpart *p);
 static void marker_answer(km_pipeline *pl, mpart *p, bool ok, int64_t end);
 static void after_start(km_pipeline *pl, mpart *p, int64_t off, bool jump);
 
@@ -1205,54 +1211,222 @@ static void after_reconcile(km_pipeline *pl, mpart *p, int64_t end)
  * fenced (their transactions aborted, the abort markers written), and a second pass over the
  * then settled log writes the run again at the log's new end.
  */
+/*
+ * The logical offset of physical offset x as reconcile resumes there: the last run starting at or
+ * before x, as far into it as x is (its end, then the next run's start, when it is closed before
+ * x). -1 without such a run.
+ */
+static int64_t resume_logical(const km_offmap *m, int64_t x)
+{
+	size_t i = m ? m->n : 0;
+	int64_t len;
+	while (i > 0 && m->runs[i - 1].physical > x)
+		i--;
+	if (!i)
+		return -1;
+	len = km_offmap_run_length(m, i - 1);
+	if (len >= 0 && x - m->runs[i - 1].physical > len)
+		return i < m->n ? m->runs[i].logical : m->runs[i - 1].logical + len;
+	return m->runs[i - 1].logical + (x - m->runs[i - 1].physical);
+}
+
+/* The partition's map, and its fence run if one is persisted (the runs after it were written before the fence). */
+static const km_offmap *map_of(km_pipeline *pl, const mpart *p, const km_offrun **fence)
+{
+	const km_state_topic *t = km_state_topic_find(km_mirror_store(pl->mi), p->t->name, strlen(p->t->name));
+	const km_offmap *m = t ? km_state_topic_offmap(t, p->id) : NULL;
+	*fence = NULL;
+	for (size_t i = 0; m && i < m->n && !*fence; i++)
+		if (m->runs[i].flags & KM_OFFRUN_FENCE)
+			*fence = &m->runs[i];
+	return m;
+}
+
 static void after_lso(km_pipeline *pl, mpart *p, int64_t end, int64_t lso)
 {
-	km_state *st = km_mirror_store(pl->mi);
-	const km_state_topic *t = km_state_topic_find(st, p->t->name, strlen(p->t->name));
-	const km_offmap *m = t ? km_state_topic_offmap(t, p->id) : NULL;
-	const km_offrun *last = m && m->n ? &m->runs[m->n - 1] : NULL;
-	bool fence_run = last && (last->flags & KM_OFFRUN_FENCE);
-	bool earlier = !p->tx_fenced;
-	char tag[300];
-
-	if (earlier) {
+	const km_offrun *fence;
+	map_of(pl, p, &fence);
+	if (!p->tx_fenced) {
 		/* Nothing of an earlier life listed for it and nothing of its own: nothing to fence. */
 		bool any = p->ntx > 0;
 		for (size_t i = 0; i < pl->nlisted && !any; i++)
 			any = tid_is_of(pl, p, pl->listed[i]);
 		if (!any)
-			earlier = !(p->tx_fenced = true);
+			p->tx_fenced = true;
 	}
-	if (lso < end && (earlier || tx_open(p) || !fence_run)) {
-		int64_t hide = m && m->n ? km_offmap_to_logical(m, lso) : -1;
-		if (hide < 0) {
-			/* Nothing mapped (yet): what the destination holds is hidden by the start anyway. */
-			if (!earlier && !tx_open(p))
-				after_reconcile(pl, p, end);
-			else
-				p->phase = PH_FENCE;
+	if (!p->tx_fenced || tx_open(p) || (lso < end && !fence)) {
+		if (lso < end && lso > 0) {
+			/* Where the hidden range starts is settled first (aborted_probe). */
+			p->recon_hide = lso;
+			p->phase = PH_RECON_ABORTED;
+			if (!aborted_probe(pl, p)) {
+				p->phase = PH_RECONCILE;
+				backoff(p);
+			}
 			return;
 		}
-		if (fence_run && last->logical < hide)
-			hide = last->logical;
-		KM_INFO(COMP, 0, "%s/%s: destination offsets %lld to %lld are in transactions left open: hidden from "
-			"offset %lld on, which is mirrored again", pl->name, ptag(p, tag, sizeof(tag)), (long long)lso,
-			(long long)end, (long long)hide);
-		if (!fence_run || last->logical != hide) {
-			km_state_run r = {p->t->name, p->id, hide, end, hide, KM_OFFRUN_FENCE};
-			run_then(pl, p, &r, 1, PH_FENCE);
-		} else {
-			p->phase = PH_FENCE;
-		}
+		fence_from(pl, p, end, lso);
 		return;
 	}
-	if (earlier || tx_open(p)) {
-		p->phase = PH_FENCE;
-		return;
-	}
-	if (fence_run)
-		p->hide_logical = p->hide_logical >= 0 && p->hide_logical < last->logical ? p->hide_logical : last->logical;
+	if (fence)
+		p->hide_logical = p->hide_logical >= 0 && p->hide_logical < fence->logical ? p->hide_logical : fence->logical;
 	after_reconcile(pl, p, end);
+}
+
+/*
+ * The partition's transactions are fenced, and what the destination holds from physical offset
+ * from on is hidden. Fencing aborts what is open, and an aborted transaction leaves a marker even
+ * on a partition it wrote nothing to yet: the resume point is fixed before, by a fence run.
+ */
+static void fence_from(km_pipeline *pl, mpart *p, int64_t end, int64_t from)
+{
+	const km_offrun *fence;
+	const km_offmap *m = map_of(pl, p, &fence);
+	int64_t hide = resume_logical(m, from);
+	char tag[300];
+
+	if (hide < 0) {
+		/* Nothing mapped (yet): what the destination holds is hidden by the start anyway. */
+		if (p->tx_fenced && !tx_open(p))
+			after_reconcile(pl, p, end);
+		else
+			p->phase = PH_FENCE;
+		return;
+	}
+	if (fence && fence->logical < hide)
+		hide = fence->logical;
+	if (from < end)
+		KM_INFO(COMP, 0, "%s/%s: destination offsets %lld to %lld are in transactions left open: hidden from "
+			"offset %lld on, which is mirrored again", pl->name, ptag(p, tag, sizeof(tag)), (long long)from,
+			(long long)end, (long long)hide);
+	if (!fence || fence->logical != hide) {
+		km_state_run r = {p->t->name, p->id, hide, end, hide, KM_OFFRUN_FENCE};
+		run_then(pl, p, &r, 1, PH_FENCE);
+	} else {
+		p->phase = PH_FENCE;
+	}
+}
+
+/*
+ * A transaction the mirror ended (its marker in place) may have begun before the hide point H and
+ * ended after it: hiding its marker would leave its aborted records without the marker that
+ * closes them for a read_committed reader. A READ_COMMITTED Fetch at H - 1 (one at H, the LSO,
+ * returns nothing) names the aborted transactions overlapping H - 1 and later: those beginning
+ * before H, less one whose abort marker is the batch at H - 1 (it ends there), span H. H moves to
+ * the earliest one's first offset and is asked again there, until none begins before it.
+ */
+static void on_aborted(km_net_client *c, km_err err, const uint8_t *body, size_t len, void *arg)
+{
+	req_ctx *x = arg;
+	km_pipeline *pl = x->pl;
+	lo_ctx *lc = x->extra;
+	int16_t ver = x->ver;
+	mpart *p;
+	km_fetch_response r;
+	km_arena a;
+	km_rd rd;
+	int64_t at = -1;
+	bool ok = false;
+
+	free(x);
+	p = pl->closing ? NULL : part_get(pl, lc->t, lc->part, false);
+	free(lc);
+	if (!p || p->phase != PH_RECON_ABORTED)
+		return;
+	if (err == KM_OK) {
+		km_arena_init(&a, 0);
+		km_rd_init(&rd, body, len);
+		if (km_fetch_response_decode(&rd, ver, &r, &a) == KM_OK && r.responses.count == 1 &&
+		    r.responses.items[0].partitions.count == 1 && !r.responses.items[0].partitions.items[0].error_code) {
+			const km_fetch_response_partition_data *pd = &r.responses.items[0].partitions.items[0];
+			int64_t ended = -1; /* the producer whose abort marker is the batch at H - 1 */
+			km_batch_iter it;
+			km_batch b;
+			km_batch_iter_init(&it, pd->records.p, pd->records.len > 0 ? (size_t)pd->records.len : 0);
+			while (km_batch_next(&it, &b))
+				if (b.base_offset <= p->recon_hide - 1 && p->recon_hide - 1 <= b.base_offset + b.last_offset_delta &&
+				    b.control)
+					ended = b.producer_id;
+			ok = true;
+			at = p->recon_hide;
+			for (int32_t i = 0; i < pd->aborted_transactions.count; i++) {
+				const km_fetch_response_aborted_transaction *ab = &pd->aborted_transactions.items[i];
+				if (ab->first_offset >= 0 && ab->first_offset < at && ab->producer_id != ended)
+					at = ab->first_offset;
+			}
+		}
+		km_arena_free(&a);
+	} else {
+		km_mcluster_drop(pl->dst, c);
+	}
+	if (!ok) {
+		pl->dst_meta_need = true;
+		p->phase = PH_RECONCILE;
+		backoff(p);
+	} else if (at < p->recon_hide) {
+		p->recon_hide = at;
+		if (!aborted_probe(pl, p)) {
+			p->phase = PH_RECONCILE;
+			backoff(p);
+		}
+	} else {
+		fence_from(pl, p, p->recon_end, at);
+	}
+	tick_soon(pl);
+}
+
+static bool aborted_probe(km_pipeline *pl, mpart *p)
+{
+	km_net_client *c = p->dst_leader >= 0 ? km_mcluster_node(pl->dst, p->dst_leader) : NULL;
+	km_fetch_request m;
+	km_fetch_request_fetch_topic ft;
+	km_fetch_request_fetch_partition fp;
+	lo_ctx *lc;
+	req_ctx *x;
+	km_wr w;
+	int16_t ver;
+
+	if (!km_mcluster_usable(pl->dst, c) || (ver = pick(c, KM_API_FETCH, FETCH_LO, FETCH_HI)) < 0)
+		return false;
+	km_fetch_request_init(&m);
+	km_fetch_request_fetch_topic_init(&ft);
+	km_fetch_request_fetch_partition_init(&fp);
+	m.replica_id = -1;
+	m.max_wait_ms = 0;
+	m.min_bytes = 0;
+	m.max_bytes = 1;
+	m.isolation_level = 1;
+	m.session_id = 0;
+	m.session_epoch = -1;
+	fp.partition = p->id;
+	fp.current_leader_epoch = -1;
+	fp.fetch_offset = p->recon_hide - 1;
+	fp.log_start_offset = -1;
+	fp.last_fetched_epoch = -1;
+	fp.partition_max_bytes = 1;
+	ft.topic = km_str_c(p->t->name);
+	ft.partitions.items = &fp;
+	ft.partitions.count = 1;
+	m.topics.items = &ft;
+	m.topics.count = 1;
+	km_wr_init(&w);
+	km_fetch_request_encode(&w, ver, &m);
+	lc = calloc(1, sizeof(*lc));
+	x = ctx_new(pl, pl->dst, p->dst_leader, ver);
+	if (!lc || !x) {
+		free(lc);
+		free(x);
+		km_wr_free(&w);
+		return false;
+	}
+	*lc = (lo_ctx){p->t, p->id, true, -1, LO_POSITION};
+	x->extra = lc;
+	if (send_flat(c, KM_API_FETCH, ver, &w, on_aborted, x) != KM_OK) {
+		free(lc);
+		km_mcluster_drop(pl->dst, c);
+		return false;
+	}
+	return true;
 }
 
 static void after_start(km_pipeline *pl, mpart *p, int64_t off, bool jump)
@@ -2934,8 +3108,8 @@ static void tick(evutil_socket_t fd, short what, void *arg)
 			drive_txps(pl, p, now, &next);
 			if (p->head && p->head->kind == BK_MARKER && !p->inflight && p->phase == PH_WRITING && !p->recon)
 				drive_marker(pl, p, now, &next);
-			if ((p->state == KM_MP_PAUSING || p->state == KM_MP_STOPPING) && p->phase != PH_RECONCILE &&
-			    p->phase != PH_RECON_WAIT && p->phase != PH_RECON_LSO && p->phase != PH_FENCE) {
+			if ((p->state == KM_MP_PAUSING || p->state == KM_MP_STOPPING) &&
+			    (p->phase < PH_RECONCILE || p->phase > PH_FENCE)) {
 				settle_drained(pl, p);
 				continue;
 			}

@@ -653,15 +653,24 @@ km_err km_off_fetch_partition(km_fetch_walk *w, struct evbuffer *in, size_t firs
 		if (v >= 0 && (rc = patch64(in, first, p->high_watermark_off + 8 * (size_t)k, next_to_logical(m, v))) != KM_OK)
 			return rc;
 	}
-	/* AbortedTransactions: ProducerId, FirstOffset (a record's), then tags (v12+). */
+	/*
+	 * AbortedTransactions: ProducerId, FirstOffset (a record's), then tags (v12+). A transaction
+	 * that starts hidden is hidden whole, its abort marker too (the mirror hid the transactions a
+	 * fence aborted): its producer id becomes -1, which no batch carries, or a reader would skip
+	 * that producer's later batches while waiting for a marker it never sees.
+	 */
 	if (p->aborted_count > 0) {
 		km_evrd r;
 		km_evrd_init(&r, in, p->aborted_off - first, p->records_off - first);
 		for (int32_t a = 0; a < p->aborted_count; a++) {
 			uint8_t b[8];
 			size_t at = r.pos + first + 8;
+			int64_t logical;
 			if (!km_evrd_skip(&r, 8) || !km_evrd_raw(&r, b, 8) || (w->version >= 12 && !km_evrd_skip_tags(&r)))
 				return KM_ERR_DECODE;
+			if (m->n && km_off_batch_run(m, (int64_t)km_be64(b), &logical) < 0 &&
+			    (rc = patch64(in, first, at - 8, -1)) != KM_OK)
+				return rc;
 			if ((rc = patch64(in, first, at, to_logical(m, (int64_t)km_be64(b)))) != KM_OK)
 				return rc;
 		}

@@ -5,6 +5,7 @@ see what they see on the source, at the same offsets, with the same last stable 
 kill -9 of kmirrord; a stop in the middle of open transactions leaves nothing hanging and the
 topic writable by new idempotent and transactional producers at the next offsets."""
 
+import os
 import random
 import signal
 import threading
@@ -16,7 +17,8 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 
 from mirror_cli import Cli, described, kmirror_bin, wait_states  # noqa: F401
 from mirror_data import (count_anomalies, create_dest_topic, diff_records, env_int, long_run,
-                         main_release_only, progress, read_partition, record)
+                         main_release_only, partition_batches, progress, read_partition,
+                         record)
 from proxy_fixtures import *  # noqa: F401,F403
 from proxy_fixtures import Proxy, wait_until
 
@@ -189,6 +191,13 @@ def compare(env, topic, isolation, marks):
         counts = count_anomalies(src, dst)
         ndiff, first = diff_records(src, dst)
         if ndiff or any(counts.values()):
+            if os.environ.get("KM_TXN_DEBUG"):
+                with open(f"/tmp/txn-debug-{topic}-{p}.txt", "w") as f:
+                    for b in partition_batches(env.dest, topic, p):
+                        f.write(f"base {b['base']} lod {b['lod']} pid {b['pid']} seq {b['seq']} "
+                                f"ctl {b['control']} txn {b['txn']} rec {b['records'][:12].hex()}\n")
+                    f.write(f"src {[(r.offset, r.key) for r in src[:400]]}\n")
+                    f.write(f"dst {[(r.offset, r.key) for r in dst[:400]]}\n")
             problems.append(f"p{p} {isolation}: {ndiff} of {len(src)} differ (proxy {len(dst)}), "
                             f"first {first}, counts {counts}")
         total += len(src)

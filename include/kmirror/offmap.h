@@ -47,6 +47,8 @@ typedef struct km_offmap {
 	size_t n, cap;
 	/* The pipeline's tail, in memory only; -1 when no pipeline runs the partition. */
 	int64_t tail_physical, tail_logical;
+	/* Where the earliest destination transaction the pipeline holds open starts (logical); -1: none. */
+	int64_t open_txn_logical;
 } km_offmap;
 
 void km_offmap_init(km_offmap *m);

@@ -309,6 +309,7 @@ typedef struct km_state_partition_info {
 	int32_t last_mirrored_epoch;   /* -1: none */
 	int64_t source_log_end;        /* -1: not known (kept in memory only) */
 	int64_t skipped_records;       /* lost to the source's retention (kept in memory only) */
+	int64_t open_txn_offset;       /* where the earliest open destination transaction starts, -1: none (memory only) */
 	const char *last_error;        /* NULL: none */
 	int64_t last_error_ms;
 } km_state_partition_info;

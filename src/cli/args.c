@@ -56,10 +56,10 @@ static const cmd_info cmds[] = {
 	 "Stop mirroring topics (PREPARING, MIRRORING, PAUSED or FAILED); they become writable.\n"
 	 "--topics-regex matches whole names of the mirror's topics.\n"
 	 "--dry-run stops nothing: it prints, per partition, the state, the mirrored offset, the source's\n"
-	 "end offset as kmirrord last fetched it and the records at risk (source end - mirrored; ? when\n"
-	 "unknown), and their total. Records written to the source after kmirrord's last fetch are not\n"
-	 "counted. Transactional data is not mirrored yet: such partitions are FAILED, and their source\n"
-	 "end is the one seen before the failure."},
+	 "end offset as kmirrord last fetched it, the records in open transactions (mirrored inside\n"
+	 "transactions the source has not decided as far as mirrored: a stop aborts them) and the\n"
+	 "records at risk (source end - mirrored + in open transactions; ? when unknown), and their\n"
+	 "total. Records written to the source after kmirrord's last fetch are not counted."},
 	{KM_CLI_CMD_PAUSE, "pause", O_MIRROR | O_TOPICS | O_TOPICS_REGEX,
 	 "pause --mirror NAME (--topics A,B | --topics-regex RE)",
 	 "Pause mirroring topics (MIRRORING); they stay read-only. --topics-regex matches whole names\n"

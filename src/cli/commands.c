@@ -872,20 +872,38 @@ static int mirror_topics(ctx *x, km_str **names, size_t *n)
 	return KM_CLI_EXIT_OK;
 }
 
+/*
+ * Where a stop now leaves the partition: the mirrored offset, or the start of the earliest open
+ * transaction (a stop aborts it and hides what it holds).
+ */
+static int64_t stop_point_of(const km_describe_mirrors_response_described_partition *dp)
+{
+	return dp->open_transaction_offset >= 0 && dp->open_transaction_offset < dp->mirrored_offset
+		       ? dp->open_transaction_offset
+		       : dp->mirrored_offset;
+}
+
+/* The records in open transactions a stop now would abort. */
+static int64_t in_txn_of(const km_describe_mirrors_response_described_partition *dp)
+{
+	return dp->mirrored_offset < 0 ? -1 : dp->mirrored_offset - stop_point_of(dp);
+}
+
 /* The records at risk of one partition if it stopped now: -1 when either end is unknown. */
 static int64_t at_risk_of(const km_describe_mirrors_response_described_partition *dp)
 {
-	if (dp->source_log_end_offset < 0 || dp->mirrored_offset < 0)
+	int64_t at = stop_point_of(dp);
+	if (dp->source_log_end_offset < 0 || at < 0)
 		return -1;
-	return dp->source_log_end_offset > dp->mirrored_offset ? dp->source_log_end_offset - dp->mirrored_offset : 0;
+	return dp->source_log_end_offset > at ? dp->source_log_end_offset - at : 0;
 }
 
 static const char dry_run_note_end[] =
 	"SOURCE-END is the source's end offset as kmirrord last fetched it: records written to the source "
 	"after that fetch are not counted.";
 static const char dry_run_note_txn[] =
-	"Transactional data is not mirrored yet: a partition holding it is FAILED, and its source end is the "
-	"one fetched before it failed.";
+	"IN-TXN records are mirrored inside transactions the source has not decided as far as mirrored: a "
+	"stop aborts them, and they count as at risk.";
 
 /*
  * stop --dry-run: what a stop now would leave behind, from one DescribeMirrors and nothing else (no
@@ -991,6 +1009,8 @@ static int cmd_stop_dry_run(ctx *x)
 				km_cli_json_int(&j, dp->mirrored_offset);
 				km_cli_json_key(&j, "source_end_offset");
 				km_cli_json_int(&j, dp->source_log_end_offset);
+				km_cli_json_key(&j, "records_in_open_transactions");
+				km_cli_json_int(&j, stopped ? -1 : in_txn_of(dp));
 				km_cli_json_key(&j, "records_at_risk");
 				km_cli_json_int(&j, stopped ? -1 : at_risk_of(dp));
 				km_cli_json_obj_end(&j);
@@ -1030,7 +1050,8 @@ static int cmd_stop_dry_run(ctx *x)
 		km_cli_json_arr_end(&j);
 		km_cli_json_obj_end(&j);
 	} else {
-		static const char *const hdr[] = {"TOPIC", "PARTITION", "STATE", "MIRRORED", "SOURCE-END", "AT-RISK"};
+		static const char *const hdr[] = {"TOPIC", "PARTITION", "STATE", "MIRRORED", "SOURCE-END", "IN-TXN",
+						  "AT-RISK"};
 		km_cli_table tb;
 		if (!km_cli_table_init(&tb, sizeof(hdr) / sizeof(hdr[0]), hdr))
 			return KM_CLI_EXIT_ERROR;
@@ -1042,13 +1063,14 @@ static int cmd_stop_dry_run(ctx *x)
 			snprintf(topic, sizeof(topic), "%.*s", (int)dt->name.len, dt->name.p);
 			for (int32_t p = 0; p < dt->partitions.count; p++) {
 				const km_describe_mirrors_response_described_partition *dp = &dt->partitions.items[p];
-				char part[16], st[64], mir[24], end[24], risk[24];
-				const char *row[] = {topic, part, st, mir, end, risk};
+				char part[16], st[64], mir[24], end[24], txn[24], risk[24];
+				const char *row[] = {topic, part, st, mir, end, txn, risk};
 				int64_t r = at_risk_of(dp);
 				snprintf(part, sizeof(part), "%d", dp->partition_index);
 				snprintf(st, sizeof(st), "%.*s", (int)dp->state.len, dp->state.p);
 				num_or_dash(dp->mirrored_offset, mir, sizeof(mir));
 				num_or_dash(dp->source_log_end_offset, end, sizeof(end));
+				num_or_dash(km_str_eq_c(dp->state, "STOPPED") ? -1 : in_txn_of(dp), txn, sizeof(txn));
 				if (km_str_eq_c(dp->state, "STOPPED"))
 					snprintf(risk, sizeof(risk), "-");
 				else if (r < 0)

@@ -125,6 +125,7 @@ typedef struct mtx {
 	km_txp *txp;
 	int64_t src_pid; /* -1: free */
 	bool begun;      /* km_txp_begin called for the current source transaction */
+	int64_t first_logical; /* where that transaction's first batch is (-1: none planned yet) */
 } mtx;
 
 typedef struct mtopic mtopic;
@@ -750,7 +751,7 @@ static bool tx_add(km_pipeline *pl, mpart *p, const char *tid)
 	p->tx = n;
 	if (!(t = km_txp_new(pl->dst, tid, on_cluster_change, pl)))
 		return false;
-	p->tx[p->ntx++] = (mtx){t, -1, false};
+	p->tx[p->ntx++] = (mtx){t, -1, false, -1};
 	return true;
 }
 
@@ -767,6 +768,7 @@ static int lease_for(km_pipeline *pl, mpart *p, int64_t src_pid, bool create)
 		if (p->tx[i].src_pid < 0 && km_txp_state_of(p->tx[i].txp) <= KM_TXP_FREE) {
 			p->tx[i].src_pid = src_pid;
 			p->tx[i].begun = false;
+			p->tx[i].first_logical = -1;
 			return (int)i;
 		}
 	for (size_t k = p->ntx;; k++) {
@@ -789,6 +791,28 @@ static bool tx_open(const mpart *p)
 		if (p->tx[i].src_pid >= 0)
 			return true;
 	return false;
+}
+
+/* Describe's figure: where the earliest open destination transaction of p starts (offmap.open_txn_logical). */
+static void publish_open(km_pipeline *pl, mpart *p)
+{
+	km_offmap *m = km_state_offmap_mut(km_mirror_store(pl->mi), p->t->name, p->id);
+	int64_t first = -1;
+	for (size_t i = 0; i < p->ntx; i++)
+		if (p->tx[i].src_pid >= 0 && p->tx[i].first_logical >= 0 &&
+		    (first < 0 || p->tx[i].first_logical < first))
+			first = p->tx[i].first_logical;
+	if (m)
+		m->open_txn_logical = first;
+}
+
+/* The source transaction p->tx[i] carried is decided (or aborted by a fence): the producer is free. */
+static void tx_release(km_pipeline *pl, mpart *p, size_t i)
+{
+	p->tx[i].src_pid = -1;
+	p->tx[i].begun = false;
+	p->tx[i].first_logical = -1;
+	publish_open(pl, p);
 }
 
 static void tx_free_all(mpart *p)
@@ -820,8 +844,7 @@ static bool fence_done(km_pipeline *pl, mpart *p)
 		}
 		for (size_t i = 0; i < p->ntx; i++) {
 			km_txp_fence(p->tx[i].txp);
-			p->tx[i].src_pid = -1;
-			p->tx[i].begun = false;
+			tx_release(pl, p, i);
 		}
 		if (p->ntx)
 			KM_INFO(COMP, 0, "%s/%s: fencing %zu transactional id(s): what they held open is aborted", pl->name,
@@ -1518,6 +1541,10 @@ static bool plan(km_pipeline *pl, mpart *p, mbatch *b, runs_acc *ra)
 		b->kind = BK_TXN;
 		if ((b->txi = lease_for(pl, p, (int64_t)km_be64(h + KM_BATCH_OFF_PRODUCER_ID), true)) < 0)
 			return false;
+		if (p->tx[b->txi].first_logical < 0) {
+			p->tx[b->txi].first_logical = b->logical;
+			publish_open(pl, p);
+		}
 	}
 	if (b->logical != p->cont_logical || b->lat != p->cont_lat) {
 		/* The first run remembers where mirroring began when a hole separates it from its first record. */
@@ -2874,8 +2901,7 @@ static void marker_answer(km_pipeline *pl, mpart *p, bool ok, int64_t end)
 	}
 	KM_DEBUG(COMP, 0, "%s/%s: %s marker at offset %lld (destination offset %lld)", pl->name,
 		 ptag(p, tag, sizeof(tag)), b->commit ? "commit" : "abort", (long long)b->logical, (long long)b->physical);
-	p->tx[b->txi].src_pid = -1;
-	p->tx[b->txi].begun = false;
+	tx_release(pl, p, (size_t)b->txi);
 	p->head = b->next;
 	if (!p->head)
 		p->tail = NULL;

@@ -442,8 +442,8 @@ def test_stop_dry_run(kmirror_bin, dest_cluster, source_cluster, proxy_factory):
     # The table: one row per partition, AT-RISK as in the JSON, and the total line.
     r = cli.run("stop", "--mirror", mirror, "--topics-regex", topic, "--dry-run")
     rows = table(r.stdout)
-    assert rows[0] == ["TOPIC", "PARTITION", "STATE", "MIRRORED", "SOURCE-END", "AT-RISK"]
-    assert rows[1:1 + parts] == [[topic, str(i), "PAUSED", str(proxy_end[i]), str(src[i]),
+    assert rows[0] == ["TOPIC", "PARTITION", "STATE", "MIRRORED", "SOURCE-END", "IN-TXN", "AT-RISK"]
+    assert rows[1:1 + parts] == [[topic, str(i), "PAUSED", str(proxy_end[i]), str(src[i]), "0",
                                   str(src[i] - proxy_end[i])] for i in range(parts)]
     assert (f"Total: {doc['total_records_at_risk']} records at risk in {parts} partitions. "
             "Dry run: nothing was stopped.") in r.stdout

@@ -314,7 +314,11 @@ def test_failover_with_open_transactions(env):
     hw, lso = wait_mirrored(env, topic)
     assert any(l[1] < h[1] for l, h in zip(lso, hw))
     dry = env.cli.json("stop", "--mirror", env.mirror, "--topics", topic, "--dry-run")
-    progress(f"{topic}: dry run {dry}")
+    parts = sorted(dry["topics"][0]["partitions"], key=lambda p: p["partition"])
+    # The open transaction's records are what a stop aborts: the source's LSO is where it begins.
+    assert [p["records_in_open_transactions"] for p in parts] == [h[1] - l[1] for h, l in zip(hw, lso)], parts
+    assert [p["records_at_risk"] for p in parts] == [h[1] - l[1] for h, l in zip(hw, lso)], parts
+    assert dry["total_records_at_risk"] == opened
 
     env.cli.run("stop", "--mirror", env.mirror, "--topics", topic)
     wait_states(env.cli, env.mirror, {topic: "STOPPED"}, timeout=60)

@@ -86,6 +86,7 @@ void km_describe_mirrors_response_described_partition_init(km_describe_mirrors_r
 	m->source_log_end_offset = INT64_C(-1);
 	m->mirrored_offset = INT64_C(-1);
 	m->lag = INT64_C(-1);
+	m->open_transaction_offset = INT64_C(-1);
 	m->last_error = KM_STR_NULL;
 	m->last_error_time_ms = INT64_C(-1);
 }
@@ -95,6 +96,15 @@ static bool km_describe_mirrors_response_described_partition_dec_tag_skipped_rec
 	(void)v;
 	(void)a;
 	if (!km_rd_i64(r, "DescribedPartition.SkippedRecords", &m->skipped_records))
+		return false;
+	return true;
+}
+
+static bool km_describe_mirrors_response_described_partition_dec_tag_open_transaction_offset(km_rd *r, int16_t v, km_describe_mirrors_response_described_partition *m, km_arena *a)
+{
+	(void)v;
+	(void)a;
+	if (!km_rd_i64(r, "DescribedPartition.OpenTransactionOffset", &m->open_transaction_offset))
 		return false;
 	return true;
 }
@@ -137,6 +147,12 @@ static bool km_describe_mirrors_response_described_partition_dec(km_rd *r, int16
 						return km_codec_rd_join(r, &sub);
 				}
 				break;
+				case 1:
+				{
+					if (!km_describe_mirrors_response_described_partition_dec_tag_open_transaction_offset(&sub, v, m, a))
+						return km_codec_rd_join(r, &sub);
+				}
+				break;
 				default:
 					known = false;
 					break;
@@ -168,6 +184,8 @@ static void km_describe_mirrors_response_described_partition_enc(km_wr *w, int16
 		uint32_t ntags = (uint32_t)(m->unknown_tags.count > 0 ? m->unknown_tags.count : 0);
 		const bool has_skipped_records = true && m->skipped_records != INT64_C(0);
 		ntags += has_skipped_records;
+		const bool has_open_transaction_offset = true && m->open_transaction_offset != INT64_C(-1);
+		ntags += has_open_transaction_offset;
 		km_wr_uvarint(w, ntags);
 		km_codec_wr_tags(w, &m->unknown_tags, 0, 1, false);
 		if (has_skipped_records) {
@@ -177,7 +195,15 @@ static void km_describe_mirrors_response_described_partition_enc(km_wr *w, int16
 			km_wr_uvarint(w, (uint32_t)n);
 			km_wr_i64(w, m->skipped_records);
 		}
-		km_codec_wr_tags(w, &m->unknown_tags, 1, UINT64_MAX, false);
+		km_codec_wr_tags(w, &m->unknown_tags, 1, 2, false);
+		if (has_open_transaction_offset) {
+			size_t n = 0;
+			n += 8;
+			km_wr_uvarint(w, 1);
+			km_wr_uvarint(w, (uint32_t)n);
+			km_wr_i64(w, m->open_transaction_offset);
+		}
+		km_codec_wr_tags(w, &m->unknown_tags, 2, UINT64_MAX, false);
 	}
 }
 
@@ -202,6 +228,12 @@ static size_t km_describe_mirrors_response_described_partition_sz(int16_t v, con
 			size_t fn = 0;
 			fn += 8;
 			n += km_sz_uvarint(0) + km_sz_uvarint((uint32_t)fn) + fn;
+			ntags++;
+		}
+		if (true && m->open_transaction_offset != INT64_C(-1)) {
+			size_t fn = 0;
+			fn += 8;
+			n += km_sz_uvarint(1) + km_sz_uvarint((uint32_t)fn) + fn;
 			ntags++;
 		}
 		n += km_sz_uvarint(ntags);

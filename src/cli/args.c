@@ -20,6 +20,7 @@ enum {
 	O_TOPICS = 1 << 6,
 	O_TOPICS_REGEX = 1 << 7,
 	O_DRY_RUN = 1 << 8,
+	O_WAIT = 1 << 9,
 };
 
 typedef struct cmd_info {
@@ -60,6 +61,13 @@ static const cmd_info cmds[] = {
 	 "transactions the source has not decided as far as mirrored: a stop aborts them) and the\n"
 	 "records at risk (source end - mirrored + in open transactions; ? when unknown), and their\n"
 	 "total. Records written to the source after kmirrord's last fetch are not counted."},
+	{KM_CLI_CMD_PROMOTE, "promote", O_MIRROR | O_TOPICS | O_TOPICS_REGEX | O_DRY_RUN | O_WAIT,
+	 "promote --mirror NAME (--topics A,B | --topics-regex RE) [--wait-ms N] [--dry-run]",
+	 "A planned failover: stop the topics once nothing is left to mirror, every partition's lag\n"
+	 "zero and no transaction open in it, as kmirrord last fetched the source. Waits up to --wait-ms\n"
+	 "(default 60000), printing what is still behind; then stops them as stop does. If they are still\n"
+	 "behind then, nothing is stopped and the partitions behind are named (exit 1); stop fails over\n"
+	 "at once. Quiesce the source's producers first. --dry-run prints what stop --dry-run prints."},
 	{KM_CLI_CMD_PAUSE, "pause", O_MIRROR | O_TOPICS | O_TOPICS_REGEX,
 	 "pause --mirror NAME (--topics A,B | --topics-regex RE)",
 	 "Pause mirroring topics (MIRRORING); they stay read-only. --topics-regex matches whole names\n"
@@ -248,7 +256,7 @@ static const opt_def opt_defs[] = {
 	{"--config", O_CONFIG, true},     {"--config-file", O_CONFIG_FILE, true},
 	{"--validate-only", O_VALIDATE, false}, {"--delete-config", O_DELETE_CONFIG, true},
 	{"--topics", O_TOPICS, true},     {"--topics-regex", O_TOPICS_REGEX, true},
-	{"--dry-run", O_DRY_RUN, false},
+	{"--dry-run", O_DRY_RUN, false},  {"--wait-ms", O_WAIT, true},
 };
 
 static const opt_def *opt_lookup(const char *name, size_t n)
@@ -295,6 +303,16 @@ static int apply_opt(km_cli_args *a, const opt_def *o, const char *v, km_cli_kvs
 			return fail(err, errlen, "--timeout-ms '%s': expected milliseconds from 1 to %lld", v,
 				    MAX_TIMEOUT_MS);
 		a->timeout_ms = t;
+		return KM_CLI_EXIT_OK;
+	}
+	if (!strcmp(n, "--wait-ms")) {
+		char *end;
+		long long t;
+		errno = 0;
+		t = strtoll(v, &end, 10);
+		if (errno || end == v || *end || t < 0 || t > 86400000LL)
+			return fail(err, errlen, "--wait-ms '%s': expected milliseconds from 0 to 86400000", v);
+		a->wait_ms = t;
 		return KM_CLI_EXIT_OK;
 	}
 	if (!strcmp(n, "--mirror")) {
@@ -345,6 +363,7 @@ static int finish(km_cli_args *a, km_cli_kvs *cli_configs, km_cli_kvs *deletes, 
 	case KM_CLI_CMD_DELETE:
 	case KM_CLI_CMD_START:
 	case KM_CLI_CMD_STOP:
+	case KM_CLI_CMD_PROMOTE:
 	case KM_CLI_CMD_PAUSE:
 	case KM_CLI_CMD_RESUME:
 	case KM_CLI_CMD_LAST_OFFSETS:
@@ -355,7 +374,7 @@ static int finish(km_cli_args *a, km_cli_kvs *cli_configs, km_cli_kvs *deletes, 
 		break;
 	}
 	if (a->cmd == KM_CLI_CMD_START || a->cmd == KM_CLI_CMD_STOP || a->cmd == KM_CLI_CMD_PAUSE ||
-	    a->cmd == KM_CLI_CMD_RESUME) {
+	    a->cmd == KM_CLI_CMD_RESUME || a->cmd == KM_CLI_CMD_PROMOTE) {
 		if (a->topics && a->topics_regex)
 			return fail(err, errlen, "%s: give --topics or --topics-regex, not both", cmd);
 		if (!a->topics && !a->topics_regex)
@@ -401,6 +420,7 @@ int km_cli_parse(int argc, char **argv, km_cli_args *a, char *err, size_t errlen
 
 	memset(a, 0, sizeof(*a));
 	a->timeout_ms = DEFAULT_TIMEOUT_MS;
+	a->wait_ms = 60000;
 	err[0] = 0;
 	for (int i = 1; i < argc && rc == KM_CLI_EXIT_OK; i++) {
 		const char *arg = argv[i], *eq, *v = NULL;

@@ -28,6 +28,7 @@ typedef enum {
 	KM_CLI_CMD_PAUSE,
 	KM_CLI_CMD_RESUME,
 	KM_CLI_CMD_LAST_OFFSETS,
+	KM_CLI_CMD_PROMOTE,
 } km_cli_cmd;
 
 /* "create", ..., "last-mirrored-offsets"; NULL for none. */
@@ -67,7 +68,8 @@ typedef struct km_cli_args {
 	char **topics;              /* --topics a,b (NULL: none given) */
 	size_t ntopics;
 	const char *topics_regex;   /* --topics-regex */
-	bool dry_run;               /* --dry-run (stop): report the records at risk, stop nothing */
+	bool dry_run;               /* --dry-run (stop, promote): report the records at risk, stop nothing */
+	int64_t wait_ms;            /* --wait-ms (promote): how long lag may take to reach zero, default 60000 */
 } km_cli_args;
 
 /*

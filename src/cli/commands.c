@@ -979,7 +979,7 @@ static int cmd_stop_dry_run(ctx *x)
 		km_cli_json_key(&j, "mirror");
 		km_cli_json_str(&j, a->mirror);
 		km_cli_json_key(&j, "operation");
-		km_cli_json_str(&j, "stop");
+		km_cli_json_str(&j, km_cli_cmd_name(a->cmd));
 		km_cli_json_key(&j, "dry_run");
 		km_cli_json_bool(&j, true);
 		km_cli_json_key(&j, "topics");
@@ -1090,6 +1090,78 @@ static int cmd_stop_dry_run(ctx *x)
 	return rc;
 }
 
+/*
+ * promote: wait until every partition of topics that a stop would touch has nothing left to
+ * mirror (lag 0 as kmirrord last fetched the source, no transaction open in it), printing what is
+ * behind every few seconds; refuse, naming the partitions behind, after --wait-ms.
+ */
+static int wait_zero_lag(ctx *x, char *const *topics, size_t ntopics)
+{
+	const km_cli_args *a = x->a;
+	struct timespec t0, now;
+	int64_t waited = 0, said = -1;
+
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	for (;;) {
+		km_describe_mirrors_response resp;
+		const km_describe_mirrors_response_described_mirror *dm;
+		char behind[1024] = "";
+		size_t nbehind = 0, len = 0;
+		int64_t records = 0;
+		km_arena keep = x->arena; /* each round's answer in an arena of its own */
+		int rc;
+
+		km_arena_init(&x->arena, ARENA_CAP);
+		if ((rc = describe_one(x, topics, ntopics, &resp, &dm)) != KM_CLI_EXIT_OK) {
+			km_arena_free(&x->arena);
+			x->arena = keep;
+			return rc;
+		}
+		for (int32_t t = 0; t < dm->topics.count; t++) {
+			const km_describe_mirrors_response_described_topic *dt = &dm->topics.items[t];
+			for (int32_t p = 0; p < dt->partitions.count; p++) {
+				const km_describe_mirrors_response_described_partition *dp = &dt->partitions.items[p];
+				int64_t risk = at_risk_of(dp), txn = in_txn_of(dp);
+				if (km_str_eq_c(dp->state, "STOPPED") || (risk == 0 && txn <= 0))
+					continue;
+				nbehind++;
+				records += risk > 0 ? risk : 0;
+				if (len < sizeof(behind) - 1) {
+					char what[64];
+					if (risk < 0)
+						snprintf(what, sizeof(what), "lag not known yet");
+					else
+						snprintf(what, sizeof(what), "%lld behind%s", (long long)risk,
+							 txn > 0 ? ", a transaction open" : "");
+					len += (size_t)snprintf(behind + len, sizeof(behind) - len, "%s%.*s-%d (%s)",
+								nbehind > 1 ? ", " : "", (int)dt->name.len, dt->name.p,
+								dp->partition_index, what);
+					if (len >= sizeof(behind))
+						len = sizeof(behind) - 1;
+				}
+			}
+		}
+		km_arena_free(&x->arena);
+		x->arena = keep;
+		if (!nbehind)
+			return KM_CLI_EXIT_OK;
+		clock_gettime(CLOCK_MONOTONIC, &now);
+		waited = (int64_t)(now.tv_sec - t0.tv_sec) * 1000 + (now.tv_nsec - t0.tv_nsec) / 1000000;
+		if (waited >= a->wait_ms) {
+			say_err(x, "promote refused: %zu partition(s) still behind after %lld ms (%lld records): %s; nothing "
+				"was stopped (stop fails over at once, promote --wait-ms waits longer)", nbehind,
+				(long long)waited, (long long)records, behind);
+			return KM_CLI_EXIT_ERROR;
+		}
+		if (said < 0 || waited - said >= 5000) {
+			said = waited;
+			fprintf(stderr, "kmirror: promote: waiting for %zu partition(s), %lld records behind: %s\n", nbehind,
+				(long long)records, behind);
+		}
+		nanosleep(&(struct timespec){0, 500 * 1000000L}, NULL);
+	}
+}
+
 static int cmd_topics(ctx *x)
 {
 	const km_cli_args *a = x->a;
@@ -1105,10 +1177,11 @@ static int cmd_topics(ctx *x)
 	switch (a->cmd) {
 	case KM_CLI_CMD_START: key = KM_API_START_MIRROR_TOPICS; done_word = "started"; break;
 	case KM_CLI_CMD_STOP: key = KM_API_STOP_MIRROR_TOPICS; done_word = "stopped"; break;
+	case KM_CLI_CMD_PROMOTE: key = KM_API_STOP_MIRROR_TOPICS; done_word = "promoted (stopped at zero lag)"; break;
 	case KM_CLI_CMD_PAUSE: key = KM_API_PAUSE_MIRROR_TOPICS; done_word = "paused"; break;
 	default: key = KM_API_RESUME_MIRROR_TOPICS; done_word = "resumed"; break;
 	}
-	if (a->cmd == KM_CLI_CMD_STOP && a->dry_run)
+	if ((a->cmd == KM_CLI_CMD_STOP || a->cmd == KM_CLI_CMD_PROMOTE) && a->dry_run)
 		return cmd_stop_dry_run(x);
 	if ((v = version_of(x, key)) < 0)
 		return KM_CLI_EXIT_ERROR;
@@ -1133,10 +1206,16 @@ static int cmd_topics(ctx *x)
 		}
 		topics = sel;
 	}
+	if (a->cmd == KM_CLI_CMD_PROMOTE) {
+		int rc = wait_zero_lag(x, topics, ntopics);
+		if (rc != KM_CLI_EXIT_OK)
+			return rc;
+	}
 	km_wr_init(&w);
 	switch (a->cmd) {
 	case KM_CLI_CMD_START: BUILD_TOPICS_REQUEST(km_start_mirror_topics, &w, v, a->mirror, topics, ntopics); break;
-	case KM_CLI_CMD_STOP: BUILD_TOPICS_REQUEST(km_stop_mirror_topics, &w, v, a->mirror, topics, ntopics); break;
+	case KM_CLI_CMD_STOP:
+	case KM_CLI_CMD_PROMOTE: BUILD_TOPICS_REQUEST(km_stop_mirror_topics, &w, v, a->mirror, topics, ntopics); break;
 	case KM_CLI_CMD_PAUSE: BUILD_TOPICS_REQUEST(km_pause_mirror_topics, &w, v, a->mirror, topics, ntopics); break;
 	default: BUILD_TOPICS_REQUEST(km_resume_mirror_topics, &w, v, a->mirror, topics, ntopics); break;
 	}
@@ -1144,7 +1223,8 @@ static int cmd_topics(ctx *x)
 		return KM_CLI_EXIT_ERROR;
 	switch (a->cmd) {
 	case KM_CLI_CMD_START: DECODE_TOPICS_RESPONSE(km_start_mirror_topics, key, &r, v, ec, em, res, nres); break;
-	case KM_CLI_CMD_STOP: DECODE_TOPICS_RESPONSE(km_stop_mirror_topics, key, &r, v, ec, em, res, nres); break;
+	case KM_CLI_CMD_STOP:
+	case KM_CLI_CMD_PROMOTE: DECODE_TOPICS_RESPONSE(km_stop_mirror_topics, key, &r, v, ec, em, res, nres); break;
 	case KM_CLI_CMD_PAUSE: DECODE_TOPICS_RESPONSE(km_pause_mirror_topics, key, &r, v, ec, em, res, nres); break;
 	default: DECODE_TOPICS_RESPONSE(km_resume_mirror_topics, key, &r, v, ec, em, res, nres); break;
 	}
@@ -1388,6 +1468,7 @@ int km_cli_run(const km_cli_args *a, FILE *out, FILE *errf)
 	case KM_CLI_CMD_DELETE: rc = cmd_delete(&x); break;
 	case KM_CLI_CMD_START:
 	case KM_CLI_CMD_STOP:
+	case KM_CLI_CMD_PROMOTE:
 	case KM_CLI_CMD_PAUSE:
 	case KM_CLI_CMD_RESUME: rc = cmd_topics(&x); break;
 	case KM_CLI_CMD_LAST_OFFSETS: rc = cmd_last_offsets(&x); break;

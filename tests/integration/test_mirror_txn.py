@@ -357,3 +357,27 @@ def test_failover_with_open_transactions(env):
         assert [(r.offset, r.value) for r in recs] == [
             (lso[p][1], b"idempotent-after-failover"), (lso[p][1] + 1, b"transactional-after-failover")], recs
     tr.a.abort_transaction(30)
+
+
+def test_promote_waits_for_open_transactions(env):
+    """promote refuses while a source transaction is open (naming the partitions behind) and
+    stops nothing; once the source decides it, promote stops at zero lag: every source record is
+    on the destination, at the source's offsets."""
+    topic = unique("txnpro")
+    env.source.create_topic(topic, partitions=PARTS)
+    tr = Traffic(env.sb, topic, seed=5)
+    env.start(topic)
+    for _ in range(5):
+        tr.round()
+    tr.open_one(20)
+    wait_mirrored(env, topic)
+    r = env.cli.run("promote", "--mirror", env.mirror, "--topics", topic, "--wait-ms", "2000", expect=1)
+    assert "promote refused" in r.stderr and "a transaction open" in r.stderr, r.stderr
+    assert f"{topic}-" in r.stderr, r.stderr
+    assert {p["state"] for p in env.partitions(topic)} == {"MIRRORING"}
+    tr.a.commit_transaction(30)
+    hw, lso = wait_mirrored(env, topic)
+    env.cli.run("promote", "--mirror", env.mirror, "--topics", topic, "--wait-ms", "30000")
+    wait_states(env.cli, env.mirror, {topic: "STOPPED"}, timeout=60)
+    assert ends(env.pb, topic, UNCOMMITTED) == hw
+    assert compare(env, topic, COMMITTED, hw) == tr.committed + tr.plain_n + 20

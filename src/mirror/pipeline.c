@@ -19,6 +19,8 @@
 #include "kmirror/msg/fetch_response.h"
 #include "kmirror/msg/init_producer_id_request.h"
 #include "kmirror/msg/init_producer_id_response.h"
+#include "kmirror/msg/last_mirrored_offsets_request.h"
+#include "kmirror/msg/last_mirrored_offsets_response.h"
 #include "kmirror/msg/list_offsets_request.h"
 #include "kmirror/msg/list_offsets_response.h"
 #include "kmirror/msg/list_transactions_request.h"
@@ -52,6 +54,8 @@ enum { FETCH_LO = 4, FETCH_HI = 12, PRODUCE_LO = 3, PRODUCE_HI = 12, META_LO = 1
 #define PRODUCE_TXN_HI 11
 /* How soon a marker's landing is looked at again while the coordinator has not written it yet. */
 #define MARKER_POLL_MS 5
+/* How long partitions wait for ListTransactions to reach every destination broker before going on without it. */
+#define TXL_PATIENCE_MS 10000
 
 typedef enum {
 	PH_IDLE,       /* not run (paused, stopped, failed, or waiting for its committed state) */
@@ -180,6 +184,8 @@ typedef struct mpart {
 	bool fence_started;
 	int64_t recon_end;      /* reconcile: the destination's log end, while its last stable offset is asked */
 	int64_t recon_hide;     /* reconcile: the physical offset the hidden range starts at, being settled */
+	int64_t peer_offset;    /* failback: the source's kmirrord mirrored this partition from here up to it (-1: no) */
+	char peer_state[16];    /* and its state there */
 } mpart;
 
 struct mtopic {
@@ -189,6 +195,15 @@ struct mtopic {
 	bool src_missing, dst_missing;
 	int src_missing_rounds;  /* Metadata answers in a row without the source topic */
 	int32_t src_partitions;  /* the source's partition count, as last read */
+	/* Failback: what the source's kmirrord says it mirrored of the topic (LastMirroredOffsets). */
+	int peer;                /* PEER_* */
+};
+
+enum {
+	PEER_UNKNOWN, /* not asked yet */
+	PEER_ASKED,
+	PEER_KNOWN,   /* the source's kmirrord answered: partitions' peer_offset are set */
+	PEER_NONE,    /* a plain Kafka source, or the topic is not mirrored there: a fresh start */
 };
 
 typedef struct mnode_io {
@@ -233,7 +248,7 @@ struct km_pipeline {
 	int txl;        /* 0 not asked, 1 asked, 2 known, 3 the destination cannot list them (before 3.0) */
 	int txl_pending;
 	uintptr_t txl_gen; /* answers of an earlier round are dropped */
-	int64_t txl_at;
+	int64_t txl_at, txl_since; /* the last round; the first (0: none yet) */
 	char **listed;
 	size_t nlisted;
 };
@@ -380,6 +395,7 @@ static mpart *part_get(km_pipeline *pl, mtopic *t, int32_t id, bool create)
 	p->first_logical = -1;
 	p->src_ls = p->dst_ls = -1;
 	p->pid = -1;
+	p->peer_offset = -1;
 	p->source_end = -1;
 	p->sess_node = -1;
 	t->parts[id] = p;
@@ -929,7 +945,22 @@ static void list_txns(km_pipeline *pl, int64_t now)
 	size_t n = km_mcluster_node_ids(pl->dst, nodes, 256);
 	km_list_transactions_request m;
 
-	if (pl->txl != 0 || now - pl->txl_at < 1000 || !n || n > 256)
+	if (pl->txl != 0 || now - pl->txl_at < 1000)
+		return;
+	if (!pl->txl_since)
+		pl->txl_since = now;
+	if (now - pl->txl_since > TXL_PATIENCE_MS) {
+		/*
+		 * A destination broker that stays unreachable must not hold every partition back: go on
+		 * without the listing. An earlier life's transactions on a broker not listed are left to
+		 * the destination's timeout (a marker landing where it was not planned is reconciled).
+		 */
+		KM_WARN(COMP, 0, "%s: ListTransactions did not reach every destination broker in %d s: going on "
+			"without it (%s)", pl->name, TXL_PATIENCE_MS / 1000, km_mcluster_last_error(pl->dst));
+		pl->txl = 2;
+		return;
+	}
+	if (!n || n > 256)
 		return;
 	for (size_t i = 0; i < pl->nlisted; i++)
 		free(pl->listed[i]);
@@ -940,6 +971,13 @@ static void list_txns(km_pipeline *pl, int64_t now)
 	pl->txl = 1;
 	pl->txl_at = now;
 	pl->txl_gen++;
+	for (size_t i = 0; i < n; i++)
+		if (!km_mcluster_usable(pl->dst, km_mcluster_node(pl->dst, nodes[i]))) {
+			/* Connecting: asked again on the next tick (a client that becomes ready ticks). */
+			pl->txl = 0;
+			pl->txl_at = 0;
+			return;
+		}
 	for (size_t i = 0; i < n; i++) {
 		req_ctx *x;
 		km_net_client *c = km_mcluster_node(pl->dst, nodes[i]);
@@ -1482,6 +1520,124 @@ static void after_start(km_pipeline *pl, mpart *p, int64_t off, bool jump)
 		ptag(p, tag, sizeof(tag)), (long long)off, (long long)p->acked_phys);
 	set_tail(pl, p, true);
 	p->phase = PH_READY;
+}
+
+/* ---- failback: the source is a kmirrord that mirrored these topics from here ---- */
+
+static void on_peer(km_net_client *c, km_err err, const uint8_t *body, size_t len, void *arg)
+{
+	req_ctx *x = arg;
+	km_pipeline *pl = x->pl;
+	mtopic *t = x->extra;
+	int16_t ver = x->ver;
+	km_last_mirrored_offsets_response r;
+	km_arena a;
+	km_rd rd;
+
+	free(x);
+	if (pl->closing || t->peer != PEER_ASKED)
+		return;
+	if (err != KM_OK) {
+		km_mcluster_drop(pl->src, c);
+		t->peer = PEER_UNKNOWN; /* asked again */
+		tick_soon(pl);
+		return;
+	}
+	km_arena_init(&a, 0);
+	km_rd_init(&rd, body, len);
+	t->peer = PEER_NONE;
+	if (km_last_mirrored_offsets_response_decode(&rd, ver, &r, &a) == KM_OK && !r.error_code &&
+	    r.topics.count == 1 && !r.topics.items[0].error_code) {
+		t->peer = PEER_KNOWN;
+		for (int32_t i = 0; i < r.topics.items[0].partitions.count; i++) {
+			const km_last_mirrored_offsets_response_partition_result *pr = &r.topics.items[0].partitions.items[i];
+			mpart *p = part_get(pl, t, pr->partition_index, false);
+			if (!p)
+				continue;
+			p->peer_offset = pr->last_mirrored_offset;
+			snprintf(p->peer_state, sizeof(p->peer_state), "%.*s", pr->state.len > 0 ? (int)pr->state.len : 0,
+				 pr->state.p);
+		}
+		KM_INFO(COMP, 0, "%s/%s: the source's kmirrord mirrored this topic from here: a failback", pl->name,
+			t->name);
+	}
+	km_arena_free(&a);
+	tick_soon(pl);
+}
+
+/* Ask the source whether it is a kmirrord that mirrored t from here (LastMirroredOffsets, any mirror). */
+static void ask_peer(km_pipeline *pl, mtopic *t)
+{
+	km_net_client *c = km_mcluster_any(pl->src);
+	km_last_mirrored_offsets_request m;
+	km_last_mirrored_offsets_request_topic_data td;
+	req_ctx *x;
+	km_wr w;
+	int16_t ver;
+
+	if (!km_mcluster_usable(pl->src, c))
+		return;
+	if ((ver = pick(c, KM_API_LAST_MIRRORED_OFFSETS, 0, 0)) < 0) {
+		t->peer = PEER_NONE; /* a plain Kafka cluster */
+		return;
+	}
+	km_last_mirrored_offsets_request_init(&m);
+	km_last_mirrored_offsets_request_topic_data_init(&td);
+	m.mirror_name = km_str_c("");
+	td.name = km_str_c(t->name);
+	td.partitions.count = -1;
+	m.topics.items = &td;
+	m.topics.count = 1;
+	km_wr_init(&w);
+	km_last_mirrored_offsets_request_encode(&w, ver, &m);
+	if ((x = ctx_new(pl, pl->src, -1, ver)))
+		x->extra = t;
+	if (send_flat(c, KM_API_LAST_MIRRORED_OFFSETS, ver, &w, on_peer, x) != KM_OK)
+		km_mcluster_drop(pl->src, c);
+	else
+		t->peer = PEER_ASKED;
+}
+
+/*
+ * A fresh start from a kmirrord that mirrored the partition from here up to offset M and then
+ * stopped (the failover): what this destination holds up to M is what it sent, at the same
+ * offsets, so it stays (a run mapping it to itself); what it holds past M (its log end E: the
+ * divergent tail, written here after the source's kmirrord last fetched) is hidden, and the
+ * mirror fetches from M: only the delta crosses. True when it took the partition's start.
+ */
+static bool failback_start(km_pipeline *pl, mpart *p)
+{
+	int64_t end = p->acked_phys, k;
+	km_state_run r[2];
+	size_t n = 0;
+	char tag[300];
+
+	if (p->peer_offset < 0)
+		return false;
+	if (strcmp(p->peer_state, "STOPPED")) {
+		char why[300];
+		snprintf(why, sizeof(why), "the source's kmirrord mirrors this partition from here (%s there): stop that "
+			 "mirror first (the failover), then start this one", p->peer_state);
+		fail_part(pl, p, why);
+		return true;
+	}
+	k = p->peer_offset < end ? p->peer_offset : end;
+	if (k > 0)
+		r[n++] = (km_state_run){p->t->name, p->id, 0, 0, -1, 0};
+	if (end > k)
+		r[n++] = (km_state_run){p->t->name, p->id, k, end, k > 0 ? k : -1, 0};
+	KM_INFO(COMP, 0, "%s/%s: failback: the source's kmirrord mirrored up to offset %lld; %lld record(s) here past "
+		"it are hidden, mirroring from %lld (destination offset %lld)", pl->name, ptag(p, tag, sizeof(tag)),
+		(long long)p->peer_offset, (long long)(end - k), (long long)k, (long long)end);
+	p->fetch_logical = p->acked_logical = p->first_logical = k;
+	p->cont_logical = n ? k : -1;
+	p->cont_lat = false;
+	set_tail(pl, p, true);
+	if (n)
+		run_then(pl, p, r, n, PH_READY);
+	else
+		p->phase = PH_READY;
+	return true;
 }
 
 /* ---- fetch ---- */
@@ -3183,6 +3339,14 @@ static void tick(evutil_socket_t fd, short what, void *arg)
 				if (!p->head && send_list_offsets(pl, p, true, -1))
 					p->phase = PH_RECON_WAIT;
 			} else if (p->phase == PH_START && p->src_leader >= 0) {
+				/* A fresh start asks first whether the source's kmirrord mirrored the topic from here. */
+				bool fresh = !p->oor && !p->start_latest && p->cont_logical < 0;
+				if (fresh && p->t->peer == PEER_UNKNOWN)
+					ask_peer(pl, p->t);
+				if (fresh && p->t->peer == PEER_ASKED)
+					continue;
+				if (fresh && p->t->peer == PEER_KNOWN && failback_start(pl, p))
+					continue;
 				if (send_list_offsets(pl, p, false, p->oor ? -2 : p->start_latest ? -1 : start_timestamp(pl)))
 					p->phase = PH_START_WAIT;
 			}
@@ -3444,7 +3608,9 @@ void km_pipeline_partition(km_pipeline *pl, const char *topic, int32_t partition
 	case KM_MP_PREPARING:
 	case KM_MP_MIRRORING:
 		if (p->phase == PH_IDLE) {
-			/* A start, a resume or a restart: reconcile first. */
+			/* A start, a resume or a restart: reconcile first (a start asks the source's kmirrord again). */
+			if (state == KM_MP_PREPARING)
+				p->t->peer = PEER_UNKNOWN;
 			p->phase = PH_RECONCILE;
 			p->need_pid = true;
 			p->retry_at = 0;

@@ -820,11 +820,11 @@ static void answer_describe(mop *op)
 static void answer_lmo(mop *op)
 {
 	const km_last_mirrored_offsets_request *q = &op->m.lmo;
-	const km_state_mirror *m = km_state_mirror_find(op->st, op->mirror);
+	const km_state_mirror *m = *op->mirror ? km_state_mirror_find(op->st, op->mirror) : NULL;
 	km_last_mirrored_offsets_response r;
 	size_t n;
 
-	if (!m) {
+	if (!m && *op->mirror) {
 		answer_error(op, KM_MIRROR_UNKNOWN_CLUSTER_MIRROR, op_printf(op, "mirror %s does not exist", op->mirror));
 		return;
 	}
@@ -843,11 +843,12 @@ static void answer_lmo(mop *op)
 		if (qt) {
 			t = km_state_topic_find(op->st, qt->name.p, (size_t)qt->name.len);
 			tr->name = qt->name;
-			if (!t || km_state_topic_mirror(t) != m) {
+			if (!t || (m && km_state_topic_mirror(t) != m)) {
 				tr->error_code = KM_MIRROR_TOPIC_NOT_IN_CLUSTER_MIRROR;
 				count_error(op, tr->error_code);
-				tr->error_message = km_str_c(op_printf(op, "topic %.*s is not in mirror %s",
-								       (int)qt->name.len, qt->name.p, op->mirror));
+				tr->error_message = km_str_c(op_printf(op, "topic %.*s is not in %s%s", (int)qt->name.len,
+								       qt->name.p, m ? "mirror " : "any mirror",
+								       m ? op->mirror : ""));
 				continue;
 			}
 		} else {
@@ -1006,7 +1007,13 @@ static km_err check_request(mop *op, char *err, size_t errlen)
 	case KM_API_LAST_MIRRORED_OFFSETS: {
 		const km_last_mirrored_offsets_request *q = &op->m.lmo;
 		op->mirror = op_strdup(op, q->mirror_name);
-		if ((rc = km_mirror_check_name(q->mirror_name, "mirror", err, errlen)) != KM_OK)
+		if (q->mirror_name.len == 0) {
+			/* Any mirror: each topic's own (a failback asks the kmirrord it mirrored into). */
+			if (q->topics.count <= 0) {
+				snprintf(err, errlen, "an empty mirror name needs the topics named");
+				return KM_ERR_INVAL;
+			}
+		} else if ((rc = km_mirror_check_name(q->mirror_name, "mirror", err, errlen)) != KM_OK)
 			return rc;
 		if (q->topics.count <= 0)
 			return KM_OK;

@@ -20,7 +20,7 @@ from confluent_kafka.admin import AdminClient, NewPartitions
 
 from harness.kafka_cluster import java_bin
 from proxy_fixtures import *  # noqa: F401,F403
-from proxy_fixtures import create_topic, produce
+from proxy_fixtures import create_topic, produce, wait_until
 
 JAVA_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "java")
 READ_ONLY_TOPIC = 32000
@@ -79,7 +79,9 @@ def mirrored(proxy_factory, cluster, source_cluster, topic_name):
     cli(proxy, "start", "--mirror", mirror, "--topics", ro)
     yield Mirrored(proxy, ro, ok, mirror, source_cluster.bootstrap)
     cli(proxy, "stop", "--mirror", mirror, "--topics", ro, check=False)  # already stopped: refused
-    cli(proxy, "delete", "--mirror", mirror)
+    # A stop settles once the partition's pipeline has drained (and reconciled, if it was).
+    wait_until(lambda: cli(proxy, "delete", "--mirror", mirror, check=False).returncode == 0, 30,
+               what=f"mirror {mirror} deleted after its stop")
 
 
 def watermarks(proxy, topic, partition=0):

@@ -313,7 +313,7 @@ def test_failover_with_open_transactions(env):
     opened = tr.open_one(40)
     hw, lso = wait_mirrored(env, topic)
     assert any(l[1] < h[1] for l, h in zip(lso, hw))
-    dry = env.cli.json("stop", "--mirror", env.mirror, "--topics", topic, "--dry-run")
+    dry, _ = env.cli.json("stop", "--mirror", env.mirror, "--topics", topic, "--dry-run")
     parts = sorted(dry["topics"][0]["partitions"], key=lambda p: p["partition"])
     # The open transaction's records are what a stop aborts: the source's LSO is where it begins.
     assert [p["records_in_open_transactions"] for p in parts] == [h[1] - l[1] for h, l in zip(hw, lso)], parts

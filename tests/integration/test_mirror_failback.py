@@ -1,0 +1,110 @@
+"""Failback (docs/mirror.md, "Failback"): cluster A is mirrored into B through B's kmirrord, B
+fails over and takes writes, A takes writes of its own that B never saw (the divergent tail); then
+A's own kmirrord mirrors the topic back from B's kmirrord. Through A's kmirrord the topic reads
+exactly as through B's (same offsets, keys, values, headers, timestamps, both isolation levels),
+A's divergent tail is hidden, and only the delta crossed: the records the failback mirror wrote
+are B's records after the failover, counted by kmirrord's metrics."""
+
+import uuid
+
+import pytest
+from confluent_kafka import Producer
+
+from mirror_cli import Cli, described, kmirror_bin, wait_states  # noqa: F401
+from mirror_data import (count_anomalies, create_dest_topic, diff_records, produce_records, progress,
+                         read_partition, watermarks)
+from proxy_fixtures import *  # noqa: F401,F403
+from proxy_fixtures import Proxy, wait_until
+
+pytestmark = pytest.mark.proxy
+
+PARTS = 3
+
+
+def unique(prefix):
+    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+def _proxy(kmirrord_bin, cluster, log_dir, name, state_topic):
+    p = Proxy(kmirrord_bin, cluster, log_dir, name=name, log_level="debug",
+              mirror_state_topic=state_topic).start()
+    wait_until(lambda: p.metric("kmirror_upstream_brokers") >= len(cluster.broker_ids), 30,
+               what=f"{name} to learn the brokers")
+    return p
+
+
+@pytest.fixture(scope="module")
+def pair(kmirrord_bin, kmirror_bin, dest_cluster, source_cluster, tmp_path_factory):
+    """kmirrord in front of B (the destination cluster) and one in front of A (the source)."""
+    b = _proxy(kmirrord_bin, dest_cluster, str(tmp_path_factory.mktemp("fb-b")), "kmirrord-fb-b",
+               "__mirror_state_fb_b")
+    a = _proxy(kmirrord_bin, source_cluster, str(tmp_path_factory.mktemp("fb-a")), "kmirrord-fb-a",
+               "__mirror_state_fb_a")
+    yield a, b, Cli(kmirror_bin, a.bootstrap), Cli(kmirror_bin, b.bootstrap)
+    for p in (a, b):
+        p.stop()
+        reports = p.sanitizer_reports()
+        assert not reports, "sanitizer reports:\n" + "\n".join(reports[:50])
+
+
+def produce(bootstrap, topic, values):
+    """Records with the given values round-robin over the partitions; returns how many per partition."""
+    p = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True})
+    for i, v in enumerate(values):
+        p.produce(topic, value=v, key=f"k{i}".encode(), partition=i % PARTS, headers=[("h", v[:4])])
+    assert p.flush(30) == 0
+
+
+def compare(a_bootstrap, b_bootstrap, topic, marks, isolation):
+    for part, (lo, hi) in enumerate(marks):
+        src = read_partition(b_bootstrap, topic, part, lo, hi, **{"isolation.level": isolation})
+        dst = read_partition(a_bootstrap, topic, part, lo, hi, **{"isolation.level": isolation})
+        ndiff, first = diff_records(src, dst)
+        counts = count_anomalies(src, dst)
+        assert ndiff == 0 and not any(counts.values()), (part, isolation, ndiff, first, counts)
+
+
+def mirror_records(proxy, mirror):
+    return sum(v for name, v in proxy.metrics().items()
+               if name.startswith("kmirror_mirror_records_total{") and f'mirror="{mirror}"' in name)
+
+
+def test_failback_moves_only_the_delta(pair, source_cluster, dest_cluster):
+    a, b, cli_a, cli_b = pair
+    topic = unique("fb")
+    source_cluster.create_topic(topic, partitions=PARTS)
+    produce_records(source_cluster.bootstrap, topic, 3000, "lz4", partitions=PARTS)
+
+    # A -> B, caught up, then the failover: B stops mirroring and takes writes.
+    m1 = unique("ab")
+    cli_b.run("create", "--mirror", m1, "--source-bootstrap", source_cluster.bootstrap)
+    create_dest_topic(dest_cluster, source_cluster.bootstrap, topic)
+    cli_b.run("start", "--mirror", m1, "--topics", topic)
+    marks_a = watermarks(source_cluster.bootstrap, topic, PARTS)
+    wait_until(lambda: watermarks(b.bootstrap, topic, PARTS) == marks_a, 120, what="A mirrored into B")
+    cli_b.run("stop", "--mirror", m1, "--topics", topic)
+    wait_states(cli_b, m1, {topic: "STOPPED"}, timeout=60)
+    produce(b.bootstrap, topic, [f"on-b-after-failover-{i}".encode() for i in range(600)])
+    # A's divergent tail: written to A after B's last fetch, never seen by B.
+    produce(a.bootstrap, topic, [f"on-a-divergent-{i}".encode() for i in range(90)])
+    marks_b = watermarks(b.bootstrap, topic, PARTS)
+    assert [h for _, h in marks_b] == [h + 200 for _, h in marks_a]
+
+    # Failback: A's kmirrord mirrors the topic back from B's kmirrord.
+    m2 = unique("ba")
+    cli_a.run("create", "--mirror", m2, "--source-bootstrap", b.bootstrap)
+    cli_a.run("start", "--mirror", m2, "--topics", topic)
+    wait_states(cli_a, m2, {topic: "MIRRORING"}, timeout=60)
+    wait_until(lambda: watermarks(a.bootstrap, topic, PARTS) == marks_b, 120, what="B mirrored back into A")
+    compare(a.bootstrap, b.bootstrap, topic, marks_b, "read_uncommitted")
+    compare(a.bootstrap, b.bootstrap, topic, marks_b, "read_committed")
+    # Only the delta crossed: B's 600 records after the failover, none of the 3000 before.
+    moved = mirror_records(a, m2)
+    progress(f"{topic}: failback mirrored {moved} records")
+    assert moved == 600, moved
+    # A's own log still holds its divergent records; through A's kmirrord they are hidden.
+    raw = watermarks(source_cluster.bootstrap, topic, PARTS)
+    assert [h for _, h in raw] == [h + 30 + 200 for _, h in marks_a]
+    seen = [r.value for p in range(PARTS) for r in read_partition(a.bootstrap, topic, p, 0, marks_b[p][1])]
+    assert not [v for v in seen if v.startswith(b"on-a-divergent")]
+    cli_a.run("stop", "--mirror", m2, "--topics", topic)

@@ -419,7 +419,7 @@ def test_stop_dry_run(kmirror_bin, dest_cluster, source_cluster, proxy_factory):
     assert sum(p["records_at_risk"] for p in ps) == doc["total_records_at_risk"]
     assert doc["total_records_at_risk"] > parts * per // 4, "the mirror was meant to lag"
     assert doc["partitions"] == parts and doc["partitions_unknown"] == 0
-    assert any("last fetched" in n for n in doc["notes"]) and any("open transactions" in n for n in doc["notes"])
+    assert any("last fetched" in n for n in doc["notes"]) and any("IN-TXN" in n for n in doc["notes"])
 
     # Nothing was stopped: still MIRRORING, still read-only, still moving.
     assert topic_states(cli, mirror)[topic] == ["MIRRORING"] * parts

@@ -28,7 +28,7 @@ typedef struct km_last_mirrored_offsets_request_topic_data {
 
 /* LastMirroredOffsetsRequest v0-0 */
 typedef struct km_last_mirrored_offsets_request {
-	/* v0+: The mirror name. */
+	/* v0+: The mirror name; empty: each named topic in whichever mirror holds it (a failback asks... */
 	km_str mirror_name;
 	/* v0+ nullable: The topics; null for every topic of the mirror. */
 	struct {

@@ -64,9 +64,9 @@ def compare(a_bootstrap, b_bootstrap, topic, marks, isolation):
         assert ndiff == 0 and not any(counts.values()), (part, isolation, ndiff, first, counts)
 
 
-def mirror_records(proxy, mirror):
+def mirror_total(proxy, mirror, metric="kmirror_mirror_records_total"):
     return sum(v for name, v in proxy.metrics().items()
-               if name.startswith("kmirror_mirror_records_total{") and f'mirror="{mirror}"' in name)
+               if name.startswith(metric + "{") and f'mirror="{mirror}"' in name)
 
 
 def test_failback_moves_only_the_delta(pair, source_cluster, dest_cluster):
@@ -99,9 +99,12 @@ def test_failback_moves_only_the_delta(pair, source_cluster, dest_cluster):
     compare(a.bootstrap, b.bootstrap, topic, marks_b, "read_uncommitted")
     compare(a.bootstrap, b.bootstrap, topic, marks_b, "read_committed")
     # Only the delta crossed: B's 600 records after the failover, none of the 3000 before.
-    moved = mirror_records(a, m2)
-    progress(f"{topic}: failback mirrored {moved} records")
+    moved, moved_bytes = mirror_total(a, m2), mirror_total(a, m2, "kmirror_mirror_bytes_total")
+    first_bytes = mirror_total(b, m1, "kmirror_mirror_bytes_total")
+    progress(f"{topic}: failback mirrored {moved} records, {moved_bytes:.0f} bytes (the first mirror "
+             f"{mirror_total(b, m1):.0f} records, {first_bytes:.0f} bytes)")
     assert moved == 600, moved
+    assert 0 < moved_bytes < first_bytes / 2, (moved_bytes, first_bytes)
     # A's own log still holds its divergent records; through A's kmirrord they are hidden.
     raw = watermarks(source_cluster.bootstrap, topic, PARTS)
     assert [h for _, h in raw] == [h + 30 + 200 for _, h in marks_a]

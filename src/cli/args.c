@@ -21,6 +21,7 @@ enum {
 	O_TOPICS_REGEX = 1 << 7,
 	O_DRY_RUN = 1 << 8,
 	O_WAIT = 1 << 9,
+	O_PEER = 1 << 10,
 };
 
 typedef struct cmd_info {
@@ -68,6 +69,16 @@ static const cmd_info cmds[] = {
 	 "(default 60000), printing what is still behind; then stops them as stop does. If they are still\n"
 	 "behind then, nothing is stopped and the partitions behind are named (exit 1); stop fails over\n"
 	 "at once. Quiesce the source's producers first. --dry-run prints what stop --dry-run prints."},
+	{KM_CLI_CMD_REVERSE, "reverse", O_MIRROR | O_TOPICS | O_TOPICS_REGEX | O_WAIT | O_PEER,
+	 "reverse --mirror NAME (--topics A,B | --topics-regex RE) --peer-bootstrap HOST:PORT\n"
+	 "        --peer-mirror NAME2 [--wait-ms N]",
+	 "Reverse the direction of a mirror, both sides' steps as one operation: promote the topics\n"
+	 "here (--wait-ms as for promote; topics already STOPPED are taken as they are), wait until they\n"
+	 "are STOPPED, then on the kmirrord in front of the mirror's source (--peer-bootstrap, reached\n"
+	 "with the same --command-config) create mirror NAME2 from this kmirrord (unless it exists) and\n"
+	 "start it on the same topics: a failback start there mirrors only what this side took since\n"
+	 "(its divergent tail hidden). Each step prints as its own command does (--output json: one\n"
+	 "document per step); a refusal ends the operation there, with the steps done named."},
 	{KM_CLI_CMD_PAUSE, "pause", O_MIRROR | O_TOPICS | O_TOPICS_REGEX,
 	 "pause --mirror NAME (--topics A,B | --topics-regex RE)",
 	 "Pause mirroring topics (MIRRORING); they stay read-only. --topics-regex matches whole names\n"
@@ -257,6 +268,7 @@ static const opt_def opt_defs[] = {
 	{"--validate-only", O_VALIDATE, false}, {"--delete-config", O_DELETE_CONFIG, true},
 	{"--topics", O_TOPICS, true},     {"--topics-regex", O_TOPICS_REGEX, true},
 	{"--dry-run", O_DRY_RUN, false},  {"--wait-ms", O_WAIT, true},
+	{"--peer-bootstrap", O_PEER, true}, {"--peer-mirror", O_PEER, true},
 };
 
 static const opt_def *opt_lookup(const char *name, size_t n)
@@ -304,6 +316,13 @@ static int apply_opt(km_cli_args *a, const opt_def *o, const char *v, km_cli_kvs
 				    MAX_TIMEOUT_MS);
 		a->timeout_ms = t;
 		return KM_CLI_EXIT_OK;
+	}
+	if (!strcmp(n, "--peer-bootstrap"))
+		return set_once(&a->peer_bootstrap, v, n, err, errlen);
+	if (!strcmp(n, "--peer-mirror")) {
+		if (!*v)
+			return fail(err, errlen, "--peer-mirror: empty name");
+		return set_once(&a->peer_mirror, v, n, err, errlen);
 	}
 	if (!strcmp(n, "--wait-ms")) {
 		char *end;
@@ -364,6 +383,7 @@ static int finish(km_cli_args *a, km_cli_kvs *cli_configs, km_cli_kvs *deletes, 
 	case KM_CLI_CMD_START:
 	case KM_CLI_CMD_STOP:
 	case KM_CLI_CMD_PROMOTE:
+	case KM_CLI_CMD_REVERSE:
 	case KM_CLI_CMD_PAUSE:
 	case KM_CLI_CMD_RESUME:
 	case KM_CLI_CMD_LAST_OFFSETS:
@@ -374,12 +394,14 @@ static int finish(km_cli_args *a, km_cli_kvs *cli_configs, km_cli_kvs *deletes, 
 		break;
 	}
 	if (a->cmd == KM_CLI_CMD_START || a->cmd == KM_CLI_CMD_STOP || a->cmd == KM_CLI_CMD_PAUSE ||
-	    a->cmd == KM_CLI_CMD_RESUME || a->cmd == KM_CLI_CMD_PROMOTE) {
+	    a->cmd == KM_CLI_CMD_RESUME || a->cmd == KM_CLI_CMD_PROMOTE || a->cmd == KM_CLI_CMD_REVERSE) {
 		if (a->topics && a->topics_regex)
 			return fail(err, errlen, "%s: give --topics or --topics-regex, not both", cmd);
 		if (!a->topics && !a->topics_regex)
 			return fail(err, errlen, "%s: --topics or --topics-regex is required", cmd);
 	}
+	if (a->cmd == KM_CLI_CMD_REVERSE && (!a->peer_bootstrap || !a->peer_mirror))
+		return fail(err, errlen, "reverse: --peer-bootstrap and --peer-mirror are required");
 	/* The file first, then --config on top of it. */
 	if (a->config_file) {
 		char why[512];

@@ -29,6 +29,7 @@ typedef enum {
 	KM_CLI_CMD_RESUME,
 	KM_CLI_CMD_LAST_OFFSETS,
 	KM_CLI_CMD_PROMOTE,
+	KM_CLI_CMD_REVERSE,
 } km_cli_cmd;
 
 /* "create", ..., "last-mirrored-offsets"; NULL for none. */
@@ -69,7 +70,9 @@ typedef struct km_cli_args {
 	size_t ntopics;
 	const char *topics_regex;   /* --topics-regex */
 	bool dry_run;               /* --dry-run (stop, promote): report the records at risk, stop nothing */
-	int64_t wait_ms;            /* --wait-ms (promote): how long lag may take to reach zero, default 60000 */
+	int64_t wait_ms;            /* --wait-ms (promote, reverse): how long lag may take to reach zero, default 60000 */
+	const char *peer_bootstrap; /* --peer-bootstrap (reverse): the kmirrord in front of the mirror's source */
+	const char *peer_mirror;    /* --peer-mirror (reverse): the mirror there that mirrors back */
 } km_cli_args;
 
 /*

@@ -1401,6 +1401,114 @@ static int cmd_last_offsets(ctx *x)
 	return failed ? KM_CLI_EXIT_ERROR : KM_CLI_EXIT_OK;
 }
 
+/* ---- reverse: promote here, then mirror back on the peer ---- */
+
+/* Whether every partition of topics is STOPPED here; -1 when describe failed (said). */
+static int all_stopped(ctx *x, char *const *topics, size_t ntopics)
+{
+	km_describe_mirrors_response resp;
+	const km_describe_mirrors_response_described_mirror *dm;
+	int rc;
+
+	if ((rc = describe_one(x, topics, ntopics, &resp, &dm)) != KM_CLI_EXIT_OK)
+		return -1;
+	for (int32_t t = 0; t < dm->topics.count; t++)
+		for (int32_t p = 0; p < dm->topics.items[t].partitions.count; p++)
+			if (!km_str_eq_c(dm->topics.items[t].partitions.items[p].state, "STOPPED"))
+				return 0;
+	return 1;
+}
+
+static int cmd_reverse(ctx *x)
+{
+	const km_cli_args *a = x->a;
+	char *const *topics = a->topics;
+	size_t ntopics = a->ntopics;
+	km_cli_args sub;
+	km_cli_kvs cfg = {0};
+	FILE *quiet;
+	int rc, st;
+	struct timespec t0, now;
+
+	if (a->topics_regex) {
+		km_str *names = NULL;
+		size_t n = 0;
+		char **sel;
+		if ((rc = mirror_topics(x, &names, &n)) != KM_CLI_EXIT_OK)
+			return rc;
+		if (!regex_select(x, a->topics_regex, names, n, &sel, &ntopics))
+			return KM_CLI_EXIT_ERROR;
+		if (!ntopics) {
+			say_err(x, "no mirror topic matches --topics-regex '%s'", a->topics_regex);
+			return KM_CLI_EXIT_ERROR;
+		}
+		topics = sel;
+	}
+	/* 1. Promote here, unless every partition is STOPPED already (a failover done by hand). */
+	if ((st = all_stopped(x, topics, ntopics)) < 0)
+		return KM_CLI_EXIT_ERROR;
+	if (!st) {
+		sub = *a;
+		sub.cmd = KM_CLI_CMD_PROMOTE;
+		sub.topics = (char **)topics;
+		sub.ntopics = ntopics;
+		sub.topics_regex = NULL;
+		if ((rc = km_cli_run(&sub, x->out, x->err)) != KM_CLI_EXIT_OK) {
+			say_err(x, "reverse: stopped at the promote of mirror %s here; nothing was done on %s", a->mirror,
+				a->peer_bootstrap);
+			return rc;
+		}
+		clock_gettime(CLOCK_MONOTONIC, &t0);
+		while ((st = all_stopped(x, topics, ntopics)) == 0) {
+			clock_gettime(CLOCK_MONOTONIC, &now);
+			if ((int64_t)(now.tv_sec - t0.tv_sec) * 1000 + (now.tv_nsec - t0.tv_nsec) / 1000000 > a->wait_ms) {
+				say_err(x, "reverse: the topics are not all STOPPED here after %lld ms; nothing was done on "
+					"%s (run reverse again once describe shows them STOPPED)", (long long)a->wait_ms,
+					a->peer_bootstrap);
+				return KM_CLI_EXIT_ERROR;
+			}
+			nanosleep(&(struct timespec){0, 200 * 1000000L}, NULL);
+		}
+		if (st < 0)
+			return KM_CLI_EXIT_ERROR;
+	}
+	/* 2. On the peer: the mirror back from this kmirrord, unless it exists. */
+	memset(&sub, 0, sizeof(sub));
+	sub.bootstrap = a->peer_bootstrap;
+	sub.command_config = a->command_config;
+	sub.json = a->json;
+	sub.timeout_ms = a->timeout_ms;
+	sub.wait_ms = a->wait_ms;
+	sub.mirror = a->peer_mirror;
+	sub.cmd = KM_CLI_CMD_DESCRIBE;
+	quiet = fopen("/dev/null", "w");
+	rc = quiet ? km_cli_run(&sub, quiet, quiet) : KM_CLI_EXIT_ERROR;
+	if (quiet)
+		fclose(quiet);
+	if (rc != KM_CLI_EXIT_OK) {
+		if (!km_cli_kvs_set(&cfg, "bootstrap.servers", a->bootstrap))
+			return KM_CLI_EXIT_ERROR;
+		sub.cmd = KM_CLI_CMD_CREATE;
+		sub.configs = cfg;
+		rc = km_cli_run(&sub, x->out, x->err);
+		km_cli_kvs_free(&cfg);
+		sub.configs = (km_cli_kvs){0};
+		if (rc != KM_CLI_EXIT_OK) {
+			say_err(x, "reverse: the topics are STOPPED here (failed over); creating mirror %s on %s failed: "
+				"create it there by hand, then start it", a->peer_mirror, a->peer_bootstrap);
+			return rc;
+		}
+	}
+	/* 3. Start it on the same topics: a failback start mirrors only the delta. */
+	sub.cmd = KM_CLI_CMD_START;
+	sub.topics = (char **)topics;
+	sub.ntopics = ntopics;
+	if ((rc = km_cli_run(&sub, x->out, x->err)) != KM_CLI_EXIT_OK)
+		say_err(x, "reverse: the topics are STOPPED here and mirror %s exists on %s; its start failed: start it "
+			"there by hand", a->peer_mirror, a->peer_bootstrap);
+	return rc;
+}
+
 /* ---- run ---- */
 
 /* A missing or unreadable PEM file is a mistake in the properties: say which property, before connecting. */
@@ -1472,6 +1580,7 @@ int km_cli_run(const km_cli_args *a, FILE *out, FILE *errf)
 	case KM_CLI_CMD_PAUSE:
 	case KM_CLI_CMD_RESUME: rc = cmd_topics(&x); break;
 	case KM_CLI_CMD_LAST_OFFSETS: rc = cmd_last_offsets(&x); break;
+	case KM_CLI_CMD_REVERSE: rc = cmd_reverse(&x); break;
 	default: rc = KM_CLI_EXIT_USAGE; break;
 	}
 	if (km_arena_err(&x.arena) != KM_OK && rc == KM_CLI_EXIT_OK) {

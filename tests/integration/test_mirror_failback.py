@@ -111,3 +111,34 @@ def test_failback_moves_only_the_delta(pair, source_cluster, dest_cluster):
     seen = [r.value for p in range(PARTS) for r in read_partition(a.bootstrap, topic, p, 0, marks_b[p][1])]
     assert not [v for v in seen if v.startswith(b"on-a-divergent")]
     cli_a.run("stop", "--mirror", m2, "--topics", topic)
+
+
+def test_reverse_switches_direction(pair, source_cluster, dest_cluster):
+    """kmirror reverse on B's kmirrord: promotes A -> B, creates B -> A on A's kmirrord and starts it;
+    B's later writes reach A at the same offsets, and nothing before them crosses back."""
+    a, b, cli_a, cli_b = pair
+    topic = unique("rev")
+    source_cluster.create_topic(topic, partitions=PARTS)
+    produce(source_cluster.bootstrap, topic, [f"on-a-{i}".encode() for i in range(900)])
+    m1, m2 = unique("ab"), unique("ba")
+    cli_b.run("create", "--mirror", m1, "--source-bootstrap", source_cluster.bootstrap)
+    create_dest_topic(dest_cluster, source_cluster.bootstrap, topic)
+    cli_b.run("start", "--mirror", m1, "--topics", topic)
+    marks_a = watermarks(source_cluster.bootstrap, topic, PARTS)
+    wait_until(lambda: watermarks(b.bootstrap, topic, PARTS) == marks_a, 120, what="A mirrored into B")
+
+    r = cli_b.run("reverse", "--mirror", m1, "--topics", topic, "--peer-bootstrap", a.bootstrap,
+                  "--peer-mirror", m2, "--wait-ms", "30000")
+    progress(f"{topic}: reverse said:\n{r.stdout}{r.stderr}")
+    wait_states(cli_b, m1, {topic: "STOPPED"}, timeout=10)
+    wait_states(cli_a, m2, {topic: "MIRRORING"}, timeout=60)
+    produce(b.bootstrap, topic, [f"on-b-{i}".encode() for i in range(300)])
+    marks_b = watermarks(b.bootstrap, topic, PARTS)
+    wait_until(lambda: watermarks(a.bootstrap, topic, PARTS) == marks_b, 120, what="B mirrored back into A")
+    compare(a.bootstrap, b.bootstrap, topic, marks_b, "read_committed")
+    assert mirror_total(a, m2) == 300
+    # Run again: every step is done already; it says so and changes nothing.
+    cli_b.run("reverse", "--mirror", m1, "--topics", topic, "--peer-bootstrap", a.bootstrap,
+              "--peer-mirror", m2, expect=1)
+    assert {p["state"] for t in described(cli_a, m2)["topics"] for p in t["partitions"]} == {"MIRRORING"}
+    cli_a.run("stop", "--mirror", m2, "--topics", topic)

@@ -134,6 +134,37 @@ static void test_topic_commands(void **state)
 	km_cli_args_free(&a);
 	ASSERT_USAGE("pause does not take --dry-run", "--bootstrap-server", "h:1", "pause", "--mirror", "m",
 		     "--topics", "a", "--dry-run");
+
+	/* promote: stop at zero lag, waiting --wait-ms (default a minute); --dry-run as stop's. */
+	assert_int_equal(parse(&a, err, "--bootstrap-server", "h:1", "promote", "--mirror", "m", "--topics", "a", NULL),
+			 KM_CLI_EXIT_OK);
+	assert_int_equal(a.cmd, KM_CLI_CMD_PROMOTE);
+	assert_int_equal(a.wait_ms, 60000);
+	km_cli_args_free(&a);
+	assert_int_equal(parse(&a, err, "--bootstrap-server", "h:1", "promote", "--mirror", "m", "--topics-regex", ".*",
+			       "--wait-ms", "0", "--dry-run", NULL),
+			 KM_CLI_EXIT_OK);
+	assert_int_equal(a.wait_ms, 0);
+	assert_true(a.dry_run);
+	km_cli_args_free(&a);
+	ASSERT_USAGE("--wait-ms '-1'", "--bootstrap-server", "h:1", "promote", "--mirror", "m", "--topics", "a",
+		     "--wait-ms", "-1");
+	ASSERT_USAGE("stop does not take --wait-ms", "--bootstrap-server", "h:1", "stop", "--mirror", "m", "--topics",
+		     "a", "--wait-ms", "5");
+	ASSERT_USAGE("--topics or --topics-regex is required", "--bootstrap-server", "h:1", "promote", "--mirror", "m");
+
+	/* reverse: both sides' steps; the peer's address and mirror are required. */
+	assert_int_equal(parse(&a, err, "--bootstrap-server", "h:1", "reverse", "--mirror", "m", "--topics", "a",
+			       "--peer-bootstrap", "p:2", "--peer-mirror", "back", NULL),
+			 KM_CLI_EXIT_OK);
+	assert_int_equal(a.cmd, KM_CLI_CMD_REVERSE);
+	assert_string_equal(a.peer_bootstrap, "p:2");
+	assert_string_equal(a.peer_mirror, "back");
+	km_cli_args_free(&a);
+	ASSERT_USAGE("--peer-bootstrap and --peer-mirror are required", "--bootstrap-server", "h:1", "reverse",
+		     "--mirror", "m", "--topics", "a", "--peer-bootstrap", "p:2");
+	ASSERT_USAGE("reverse does not take --dry-run", "--bootstrap-server", "h:1", "reverse", "--mirror", "m",
+		     "--topics", "a", "--peer-bootstrap", "p:2", "--peer-mirror", "b", "--dry-run");
 	ASSERT_USAGE("--dry-run takes no value", "--bootstrap-server", "h:1", "stop", "--mirror", "m", "--topics",
 		     "a", "--dry-run=yes");
 	ASSERT_USAGE("--topics or --topics-regex is required", "--bootstrap-server", "h:1", "stop", "--mirror", "m",

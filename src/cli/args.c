@@ -77,8 +77,10 @@ static const cmd_info cmds[] = {
 	 "are STOPPED, then on the kmirrord in front of the mirror's source (--peer-bootstrap, reached\n"
 	 "with the same --command-config) create mirror NAME2 from this kmirrord (unless it exists) and\n"
 	 "start it on the same topics: a failback start there mirrors only what this side took since\n"
-	 "(its divergent tail hidden). Each step prints as its own command does (--output json: one\n"
-	 "document per step); a refusal ends the operation there, with the steps done named."},
+	 "(its divergent tail hidden). The mirror it creates reaches this kmirrord at --bootstrap-server\n"
+	 "with no security settings: create it by hand first when it needs them. Each step prints as its\n"
+	 "own command does (--output json: one document per step); a refusal ends the operation there,\n"
+	 "with the steps done named."},
 	{KM_CLI_CMD_PAUSE, "pause", O_MIRROR | O_TOPICS | O_TOPICS_REGEX,
 	 "pause --mirror NAME (--topics A,B | --topics-regex RE)",
 	 "Pause mirroring topics (MIRRORING); they stay read-only. --topics-regex matches whole names\n"

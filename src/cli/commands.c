@@ -1428,6 +1428,7 @@ static int cmd_reverse(ctx *x)
 	km_cli_kvs cfg = {0};
 	FILE *quiet;
 	int rc, st;
+	bool absent;
 	struct timespec t0, now;
 
 	if (a->topics_regex) {
@@ -1481,11 +1482,26 @@ static int cmd_reverse(ctx *x)
 	sub.wait_ms = a->wait_ms;
 	sub.mirror = a->peer_mirror;
 	sub.cmd = KM_CLI_CMD_DESCRIBE;
-	quiet = fopen("/dev/null", "w");
-	rc = quiet ? km_cli_run(&sub, quiet, quiet) : KM_CLI_EXIT_ERROR;
-	if (quiet)
-		fclose(quiet);
-	if (rc != KM_CLI_EXIT_OK) {
+	{
+		/* Only "no such mirror" means create it; any other failure is said and ends here. */
+		char *said = NULL;
+		size_t said_len = 0;
+		FILE *nul = fopen("/dev/null", "w");
+		quiet = open_memstream(&said, &said_len);
+		rc = quiet && nul ? km_cli_run(&sub, nul, quiet) : KM_CLI_EXIT_ERROR;
+		if (quiet)
+			fclose(quiet);
+		if (nul)
+			fclose(nul);
+		absent = rc != KM_CLI_EXIT_OK && said && strstr(said, "UNKNOWN_CLUSTER_MIRROR");
+		if (rc != KM_CLI_EXIT_OK && !absent)
+			say_err(x, "reverse: the topics are STOPPED here (failed over); mirror %s on %s could not be "
+				"described: %s", a->peer_mirror, a->peer_bootstrap, said && *said ? said : "no answer");
+		free(said);
+		if (rc != KM_CLI_EXIT_OK && !absent)
+			return rc;
+	}
+	if (absent) {
 		if (!km_cli_kvs_set(&cfg, "bootstrap.servers", a->bootstrap))
 			return KM_CLI_EXIT_ERROR;
 		sub.cmd = KM_CLI_CMD_CREATE;

@@ -1022,6 +1022,7 @@ typedef struct lo_ctx {
 	bool dest;
 	int64_t ts;
 	lo_kind kind;
+	int64_t tag; /* LO_MARKER: the physical offset of the marker it asks about */
 } lo_ctx;
 
 static bool send_lo(km_pipeline *pl, mpart *p, bool dest, int64_t ts, lo_kind kind);
@@ -1029,7 +1030,7 @@ static void after_reconcile(km_pipeline *pl, mpart *p, int64_t end);
 static void after_lso(km_pipeline *pl, mpart *p, int64_t end, int64_t lso);
 static void fence_from(km_pipeline *pl, mpart *p, int64_t end, int64_t from);
 static bool aborted_probe(km_pipeline *pl, mpart *p);
-static void marker_answer(km_pipeline *pl, mpart *p, bool ok, int64_t end);
+static void marker_answer(km_pipeline *pl, mpart *p, bool ok, int64_t end, int64_t tag);
 static void after_start(km_pipeline *pl, mpart *p, int64_t off, bool jump);
 
 static void on_list_offsets(km_net_client *c, km_err err, const uint8_t *body, size_t len, void *arg)
@@ -1066,7 +1067,7 @@ static void on_list_offsets(km_net_client *c, km_err err, const uint8_t *body, s
 		km_mcluster_drop(lc->dest ? pl->dst : pl->src, c);
 	}
 	if (p && lc->kind == LO_MARKER) {
-		marker_answer(pl, p, err == KM_OK && perr == 0 && off >= 0, off);
+		marker_answer(pl, p, err == KM_OK && perr == 0 && off >= 0, off, lc->tag);
 	} else if (p && lc->kind == LO_LSO) {
 		if (p->phase == PH_RECON_LSO) {
 			if (err != KM_OK || perr != 0 || off < 0) {
@@ -1172,7 +1173,7 @@ static bool send_lo(km_pipeline *pl, mpart *p, bool dest, int64_t ts, lo_kind ki
 		km_wr_free(&w);
 		return false;
 	}
-	*lc = (lo_ctx){p->t, p->id, dest, ts, kind};
+	*lc = (lo_ctx){p->t, p->id, dest, ts, kind, kind == LO_MARKER && p->head ? p->head->physical : -1};
 	x->extra = lc;
 	if (send_flat(c, KM_API_LIST_OFFSETS, ver, &w, on_list_offsets, x) != KM_OK) {
 		free(lc);
@@ -1306,7 +1307,11 @@ static const km_offmap *map_of(km_pipeline *pl, const mpart *p, const km_offrun 
 static void after_lso(km_pipeline *pl, mpart *p, int64_t end, int64_t lso)
 {
 	const km_offrun *fence;
-	map_of(pl, p, &fence);
+	const km_offmap *m = map_of(pl, p, &fence);
+
+	/* An earlier life's write that landed between the two answers: the LSO is never past the end. */
+	if (lso > end)
+		lso = end;
 	if (!p->tx_fenced) {
 		/* Nothing of an earlier life listed for it and nothing of its own: nothing to fence. */
 		bool any = p->ntx > 0;
@@ -1316,9 +1321,26 @@ static void after_lso(km_pipeline *pl, mpart *p, int64_t end, int64_t lso)
 			p->tx_fenced = true;
 	}
 	if (!p->tx_fenced || tx_open(p) || (lso < end && !fence)) {
-		if (lso < end && lso > 0) {
+		/*
+		 * The hidden range starts at the LSO, or earlier: at a batch that landed where it was not
+		 * planned (hide_logical), or at the first batch of a transaction this life holds open
+		 * (one the destination aborted on its own, by its timeout, is past the LSO already).
+		 */
+		int64_t from = lso;
+		for (size_t i = 0; m && m->n && i < p->ntx; i++)
+			if (p->tx[i].src_pid >= 0 && p->tx[i].first_logical >= 0) {
+				int64_t ph = km_offmap_to_physical(m, p->tx[i].first_logical);
+				if (ph >= 0 && ph < from)
+					from = ph;
+			}
+		if (p->hide_logical >= 0 && m && m->n) {
+			int64_t ph = km_offmap_to_physical(m, p->hide_logical);
+			if (ph >= 0 && ph < from)
+				from = ph;
+		}
+		if (from < end && from > 0) {
 			/* Where the hidden range starts is settled first (aborted_probe). */
-			p->recon_hide = lso;
+			p->recon_hide = from;
 			p->phase = PH_RECON_ABORTED;
 			if (!aborted_probe(pl, p)) {
 				p->phase = PH_RECONCILE;
@@ -1326,7 +1348,7 @@ static void after_lso(km_pipeline *pl, mpart *p, int64_t end, int64_t lso)
 			}
 			return;
 		}
-		fence_from(pl, p, end, lso);
+		fence_from(pl, p, end, from);
 		return;
 	}
 	if (fence)
@@ -1356,6 +1378,12 @@ static void fence_from(km_pipeline *pl, mpart *p, int64_t end, int64_t from)
 	}
 	if (fence && fence->logical < hide)
 		hide = fence->logical;
+	/* A misplaced batch's hide point and the first batch of every transaction held open come back too. */
+	if (p->hide_logical >= 0 && p->hide_logical < hide)
+		hide = p->hide_logical;
+	for (size_t i = 0; i < p->ntx; i++)
+		if (p->tx[i].src_pid >= 0 && p->tx[i].first_logical >= 0 && p->tx[i].first_logical < hide)
+			hide = p->tx[i].first_logical;
 	if (from < end)
 		KM_INFO(COMP, 0, "%s/%s: destination offsets %lld to %lld are in transactions left open: hidden from "
 			"offset %lld on, which is mirrored again", pl->name, ptag(p, tag, sizeof(tag)), (long long)from,
@@ -1397,8 +1425,13 @@ static void on_aborted(km_net_client *c, km_err err, const uint8_t *body, size_t
 	if (err == KM_OK) {
 		km_arena_init(&a, 0);
 		km_rd_init(&rd, body, len);
-		if (km_fetch_response_decode(&rd, ver, &r, &a) == KM_OK && r.responses.count == 1 &&
-		    r.responses.items[0].partitions.count == 1 && !r.responses.items[0].partitions.items[0].error_code) {
+		bool one = km_fetch_response_decode(&rd, ver, &r, &a) == KM_OK && r.responses.count == 1 &&
+			   r.responses.items[0].partitions.count == 1;
+		if (one && r.responses.items[0].partitions.items[0].error_code == 1) {
+			/* OFFSET_OUT_OF_RANGE: below the destination's log start, nothing earlier to look at. */
+			ok = true;
+			at = p->recon_hide;
+		} else if (one && !r.responses.items[0].partitions.items[0].error_code) {
 			const km_fetch_response_partition_data *pd = &r.responses.items[0].partitions.items[0];
 			int64_t ended = -1; /* the producer whose abort marker is the batch at H - 1 */
 			km_batch_iter it;
@@ -1424,7 +1457,7 @@ static void on_aborted(km_net_client *c, km_err err, const uint8_t *body, size_t
 		pl->dst_meta_need = true;
 		p->phase = PH_RECONCILE;
 		backoff(p);
-	} else if (at < p->recon_hide) {
+	} else if (at < p->recon_hide && at > 0) {
 		p->recon_hide = at;
 		if (!aborted_probe(pl, p)) {
 			p->phase = PH_RECONCILE;
@@ -1754,7 +1787,8 @@ static km_err restamp_ref(mbatch *b, const struct evbuffer_ptr *at)
 	for (int i = 0; i < b->nvec && left; i++) {
 		if (b->vec[i].iov_len > left)
 			b->vec[i].iov_len = left; /* the last one may run on into the next batch */
-		crc = km_crc32c(crc, b->vec[i].iov_base, b->vec[i].iov_len);
+		if (b->kind != BK_TXN) /* a transaction's batch gets its CRC when it is stamped (stamp_txn) */
+			crc = km_crc32c(crc, b->vec[i].iov_base, b->vec[i].iov_len);
 		left -= b->vec[i].iov_len;
 	}
 	if (left)
@@ -3033,14 +3067,16 @@ static void drive_marker(km_pipeline *pl, mpart *p, int64_t now, int64_t *next)
 	}
 }
 
-static void marker_answer(km_pipeline *pl, mpart *p, bool ok, int64_t end)
+static void marker_answer(km_pipeline *pl, mpart *p, bool ok, int64_t end, int64_t at)
 {
 	mbatch *b = p->head;
 	char tag[300];
 
-	if (!b || b->kind != BK_MARKER || b->mk != 2)
-		return;
+	if (!b || b->kind != BK_MARKER || b->mk != 2 || b->physical != at)
+		return; /* an answer about an earlier marker (reconciled since) */
 	b->mk = 1;
+	if (!ok)
+		pl->dst_meta_need = true; /* the leader may have moved */
 	if (!ok || end == b->physical) {
 		/* Not in yet (the coordinator writes it after EndTxn's answer): looked at again shortly. */
 		b->mk_at = now_ms() + (ok ? MARKER_POLL_MS : BACKOFF_MIN_MS);
@@ -3245,6 +3281,8 @@ static void settle_drained(km_pipeline *pl, mpart *p)
 			to == KM_MP_PAUSED ? "pausing" : "stopping");
 		p->recon = true;
 		p->phase = PH_RECONCILE;
+		p->need_pid = true; /* the batches dropped left a gap in the idempotent sequence */
+		pl->pid_want = true;
 		p->retry_at = 0;
 		return;
 	}

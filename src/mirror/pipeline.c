@@ -12,6 +12,7 @@
 #include "kmirror/batch.h"
 #include "kmirror/crc32c.h"
 #include "kmirror/fetch.h"
+#include "kmirror/hash.h"
 #include "kmirror/log.h"
 #include "kmirror/msg/delete_records_request.h"
 #include "kmirror/msg/delete_records_response.h"
@@ -186,6 +187,9 @@ typedef struct mpart {
 	int64_t recon_hide;     /* reconcile: the physical offset the hidden range starts at, being settled */
 	int64_t peer_offset;    /* failback: the source's kmirrord mirrored this partition from here up to it (-1: no) */
 	char peer_state[16];    /* and its state there */
+	int fb_check;           /* failback: 0 not checked, 1 probes out, 2 the same records, -1 not decidable */
+	int fb_pending;         /* its probes not answered yet */
+	uint64_t fb_hash[2];    /* the record before the failback point: here [0], at the source [1] (0: none) */
 } mpart;
 
 struct mtopic {
@@ -1598,6 +1602,154 @@ static void on_peer(km_net_client *c, km_err err, const uint8_t *body, size_t le
 	tick_soon(pl);
 }
 
+/* The hash of a record's key, value, headers and timestamp; 0 when offset is in none of the batches. */
+static uint64_t record_hash(const km_bytes *records, int64_t offset)
+{
+	km_batch_iter it;
+	km_batch b;
+	uint64_t h = 0;
+
+	km_batch_iter_init(&it, records->p, records->len > 0 ? (size_t)records->len : 0);
+	while (!h && km_batch_next(&it, &b)) {
+		km_record_iter ri;
+		km_record rec;
+		uint8_t *scratch = NULL;
+		if (b.control || offset < b.base_offset || offset > b.base_offset + b.last_offset_delta)
+			continue;
+		if (b.codec != KM_CODEC_NONE && !(scratch = malloc(MAX_BATCH_BYTES)))
+			return 0;
+		if (km_batch_records(&b, scratch, scratch ? MAX_BATCH_BYTES : 0, &ri) == KM_OK)
+			while (km_record_next(&ri, &rec))
+				if (rec.offset == offset) {
+					h = 1469598103934665603ULL;
+					h = km_fnv1a(h, &rec.key.len, sizeof(rec.key.len));
+					h = km_fnv1a(h, rec.key.p, rec.key.len > 0 ? (size_t)rec.key.len : 0);
+					h = km_fnv1a(h, &rec.value.len, sizeof(rec.value.len));
+					h = km_fnv1a(h, rec.value.p, rec.value.len > 0 ? (size_t)rec.value.len : 0);
+					h = km_fnv1a(h, rec.headers, rec.headers_size);
+					h = km_fnv1a(h, &rec.timestamp, sizeof(rec.timestamp));
+					h |= 1; /* never 0 */
+					break;
+				}
+		free(scratch);
+	}
+	return h;
+}
+
+static void on_record_probe(km_net_client *c, km_err err, const uint8_t *body, size_t len, void *arg)
+{
+	req_ctx *x = arg;
+	km_pipeline *pl = x->pl;
+	lo_ctx *lc = x->extra;
+	int16_t ver = x->ver;
+	bool dest = lc->dest;
+	mpart *p = pl->closing ? NULL : part_get(pl, lc->t, lc->part, false);
+	int64_t offset = lc->tag;
+	km_fetch_response r;
+	km_arena a;
+	km_rd rd;
+	bool ok = false;
+
+	free(x);
+	free(lc);
+	if (!p)
+		return;
+	p->fb_pending--;
+	if (p->fb_check != 1) {
+		/* The other probe failed: asked again once this one is in. */
+		if (!p->fb_pending && p->phase == PH_START_WAIT)
+			p->phase = PH_START;
+		return;
+	}
+	if (err == KM_OK) {
+		km_arena_init(&a, 0);
+		km_rd_init(&rd, body, len);
+		if (km_fetch_response_decode(&rd, ver, &r, &a) == KM_OK && r.responses.count == 1 &&
+		    r.responses.items[0].partitions.count == 1) {
+			const km_fetch_response_partition_data *pd = &r.responses.items[0].partitions.items[0];
+			ok = pd->error_code == 0 || pd->error_code == 1; /* out of range: not there (retention) */
+			if (!pd->error_code)
+				p->fb_hash[dest ? 0 : 1] = record_hash(&pd->records, offset);
+		}
+		km_arena_free(&a);
+	} else {
+		km_mcluster_drop(dest ? pl->dst : pl->src, c);
+	}
+	if (!ok) {
+		p->fb_check = 0; /* asked again */
+		backoff(p);
+	}
+	if (!p->fb_pending && p->fb_check == 1) {
+		char tag[300];
+		/* A record gone on either side (retention, compaction) cannot be compared: the answer is trusted. */
+		p->fb_check = p->fb_hash[0] && p->fb_hash[1] ? 2 : -1;
+		if (p->fb_check < 0)
+			KM_WARN(COMP, 0, "%s/%s: failback: the record before offset %lld is not on both sides to compare: "
+				"trusting the source's kmirrord", pl->name, ptag(p, tag, sizeof(tag)), (long long)offset + 1);
+	}
+	if (!p->fb_pending && p->phase == PH_START_WAIT)
+		p->phase = PH_START;
+	tick_soon(pl);
+}
+
+/* Fetch the batch holding offset (logical at the source, physical here) for record_hash. */
+static bool record_probe(km_pipeline *pl, mpart *p, bool dest, int64_t offset)
+{
+	km_mcluster *cl = dest ? pl->dst : pl->src;
+	int32_t leader = dest ? p->dst_leader : p->src_leader;
+	km_net_client *c = leader >= 0 ? km_mcluster_node(cl, leader) : NULL;
+	km_fetch_request m;
+	km_fetch_request_fetch_topic ft;
+	km_fetch_request_fetch_partition fp;
+	lo_ctx *lc;
+	req_ctx *x;
+	km_wr w;
+	int16_t ver;
+
+	if (!km_mcluster_usable(cl, c) || (ver = pick(c, KM_API_FETCH, FETCH_LO, FETCH_HI)) < 0)
+		return false;
+	km_fetch_request_init(&m);
+	km_fetch_request_fetch_topic_init(&ft);
+	km_fetch_request_fetch_partition_init(&fp);
+	m.replica_id = -1;
+	m.max_wait_ms = 0;
+	m.min_bytes = 0;
+	m.max_bytes = 1; /* the first batch comes whole anyway */
+	m.isolation_level = 0;
+	m.session_id = 0;
+	m.session_epoch = -1;
+	fp.partition = p->id;
+	fp.current_leader_epoch = dest ? -1 : p->src_epoch;
+	fp.fetch_offset = offset;
+	fp.log_start_offset = -1;
+	fp.last_fetched_epoch = -1;
+	fp.partition_max_bytes = 1;
+	ft.topic = km_str_c(p->t->name);
+	ft.partitions.items = &fp;
+	ft.partitions.count = 1;
+	m.topics.items = &ft;
+	m.topics.count = 1;
+	km_wr_init(&w);
+	km_fetch_request_encode(&w, ver, &m);
+	lc = calloc(1, sizeof(*lc));
+	x = ctx_new(pl, cl, leader, ver);
+	if (!lc || !x) {
+		free(lc);
+		free(x);
+		km_wr_free(&w);
+		return false;
+	}
+	*lc = (lo_ctx){p->t, p->id, dest, -1, LO_POSITION, offset};
+	x->extra = lc;
+	if (send_flat(c, KM_API_FETCH, ver, &w, on_record_probe, x) != KM_OK) {
+		free(lc);
+		km_mcluster_drop(cl, c);
+		return false;
+	}
+	p->fb_pending++;
+	return true;
+}
+
 /* Ask the source whether it is a kmirrord that mirrored t from here (LastMirroredOffsets, any mirror). */
 static void ask_peer(km_pipeline *pl, mtopic *t)
 {
@@ -1655,6 +1807,30 @@ static bool failback_start(km_pipeline *pl, mpart *p)
 		return true;
 	}
 	k = p->peer_offset < end ? p->peer_offset : end;
+	if (k > 0 && p->fb_check == 0) {
+		/* First: was it mirrored from here? The record before k must be the same on both sides. */
+		p->fb_hash[0] = p->fb_hash[1] = 0;
+		p->fb_pending = 0;
+		p->fb_check = 1;
+		p->phase = PH_START_WAIT;
+		if (!record_probe(pl, p, true, k - 1) || !record_probe(pl, p, false, k - 1)) {
+			p->fb_check = 0;
+			p->phase = p->fb_pending ? PH_START_WAIT : PH_START;
+			backoff(p);
+		}
+		return true;
+	}
+	if (k > 0 && p->fb_check == 1)
+		return true; /* its probes are out */
+	if (k > 0 && p->fb_hash[0] != p->fb_hash[1] && p->fb_check == 2) {
+		char why[600];
+		snprintf(why, sizeof(why), "the source's kmirrord holds this topic up to offset %lld, but its record at %lld "
+			 "differs from the one here: that topic was not mirrored from this cluster, so no failback; to "
+			 "mirror it from scratch here, recreate the topic empty and start again", (long long)p->peer_offset,
+			 (long long)(k - 1));
+		fail_part(pl, p, why);
+		return true;
+	}
 	if (k > 0)
 		r[n++] = (km_state_run){p->t->name, p->id, 0, 0, -1, 0};
 	if (end > k)
@@ -3647,8 +3823,10 @@ void km_pipeline_partition(km_pipeline *pl, const char *topic, int32_t partition
 	case KM_MP_MIRRORING:
 		if (p->phase == PH_IDLE) {
 			/* A start, a resume or a restart: reconcile first (a start asks the source's kmirrord again). */
-			if (state == KM_MP_PREPARING)
+			if (state == KM_MP_PREPARING) {
 				p->t->peer = PEER_UNKNOWN;
+				p->fb_check = 0;
+			}
 			p->phase = PH_RECONCILE;
 			p->need_pid = true;
 			p->retry_at = 0;

@@ -142,3 +142,47 @@ def test_reverse_switches_direction(pair, source_cluster, dest_cluster):
               "--peer-mirror", m2, expect=1)
     assert {p["state"] for t in described(cli_a, m2)["topics"] for p in t["partitions"]} == {"MIRRORING"}
     cli_a.run("stop", "--mirror", m2, "--topics", topic)
+
+
+def test_failback_refuses_a_topic_not_mirrored_from_here(pair, source_cluster, dest_cluster):
+    """B's topic came from A's, but A's topic of that name was deleted and written again since: a
+    start from B's kmirrord compares the record before B's stop point on both sides, finds them
+    different and refuses the failback (FAILED, saying why) instead of keeping A's records as B's."""
+    from confluent_kafka.admin import AdminClient
+    a, b, cli_a, cli_b = pair
+    topic = unique("fbx")
+    source_cluster.create_topic(topic, partitions=PARTS)
+    produce(source_cluster.bootstrap, topic, [f"first-life-{i}".encode() for i in range(300)])
+    m1, m2 = unique("ab"), unique("ba")
+    cli_b.run("create", "--mirror", m1, "--source-bootstrap", source_cluster.bootstrap)
+    create_dest_topic(dest_cluster, source_cluster.bootstrap, topic)
+    cli_b.run("start", "--mirror", m1, "--topics", topic)
+    marks_a = watermarks(source_cluster.bootstrap, topic, PARTS)
+    wait_until(lambda: watermarks(b.bootstrap, topic, PARTS) == marks_a, 120, what="A mirrored into B")
+    cli_b.run("stop", "--mirror", m1, "--topics", topic)
+    wait_states(cli_b, m1, {topic: "STOPPED"}, timeout=60)
+
+    admin = AdminClient({"bootstrap.servers": source_cluster.bootstrap})
+    admin.delete_topics([topic])[topic].result(30)
+    wait_until(lambda: topic not in admin.list_topics(timeout=10).topics, 60, what="the topic deleted")
+    wait_until(lambda: _create(source_cluster, topic), 60, what="the topic created again")
+    produce(source_cluster.bootstrap, topic, [f"second-life-{i}".encode() for i in range(600)])
+
+    cli_a.run("create", "--mirror", m2, "--source-bootstrap", b.bootstrap)
+    cli_a.run("start", "--mirror", m2, "--topics", topic)
+    wait_states(cli_a, m2, {topic: "FAILED"}, timeout=60)
+    errs = {p["last_error"] for t in described(cli_a, m2)["topics"] for p in t["partitions"]}
+    assert all(e and "not mirrored from this cluster" in e for e in errs), errs
+    # Nothing of A's was hidden or written: its own records read as they are.
+    cli_a.run("stop", "--mirror", m2, "--topics", topic)
+    wait_states(cli_a, m2, {topic: "STOPPED"}, timeout=60)
+    got = read_partition(a.bootstrap, topic, 0, 0, 200)
+    assert got and all(r.value.startswith(b"second-life-") for r in got), got[:3]
+
+
+def _create(cluster, topic):
+    try:
+        cluster.create_topic(topic, partitions=PARTS)
+        return True
+    except Exception:  # noqa: BLE001 - the deletion still in progress
+        return False

@@ -49,10 +49,14 @@ static const cmd_info cmds[] = {
 	 "Change a mirror's options at run time: --config sets a key, --delete-config removes it."},
 	{KM_CLI_CMD_DELETE, "delete", O_MIRROR, "delete --mirror NAME",
 	 "Delete a mirror. Refused while any of its topics is not STOPPED."},
-	{KM_CLI_CMD_START, "start", O_MIRROR | O_TOPICS | O_TOPICS_REGEX,
-	 "start --mirror NAME (--topics A,B | --topics-regex RE)",
+	{KM_CLI_CMD_START, "start", O_MIRROR | O_TOPICS | O_TOPICS_REGEX | O_DRY_RUN,
+	 "start --mirror NAME (--topics A,B | --topics-regex RE) [--dry-run]",
 	 "Start mirroring topics (not mirrored, STOPPED or FAILED). --topics-regex matches whole names\n"
-	 "of the destination cluster's topics (POSIX extended regex)."},
+	 "of the destination cluster's topics (POSIX extended regex). A start from the kmirrord a topic\n"
+	 "was mirrored into is a failback: it keeps what is here below where that mirror stopped, hides\n"
+	 "the rest and mirrors only the delta. --dry-run starts nothing: it asks the mirror's source\n"
+	 "(with --command-config's settings) and prints, per partition, whether the start is a failback,\n"
+	 "where the source stopped, the end here and the records it would hide."},
 	{KM_CLI_CMD_STOP, "stop", O_MIRROR | O_TOPICS | O_TOPICS_REGEX | O_DRY_RUN,
 	 "stop --mirror NAME (--topics A,B | --topics-regex RE) [--dry-run]",
 	 "Stop mirroring topics (PREPARING, MIRRORING, PAUSED or FAILED); they become writable.\n"

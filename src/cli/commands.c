@@ -19,6 +19,8 @@
 #include "kmirror/msg/describe_mirrors_response.h"
 #include "kmirror/msg/last_mirrored_offsets_request.h"
 #include "kmirror/msg/last_mirrored_offsets_response.h"
+#include "kmirror/msg/list_offsets_request.h"
+#include "kmirror/msg/list_offsets_response.h"
 #include "kmirror/msg/list_mirrors_request.h"
 #include "kmirror/msg/list_mirrors_response.h"
 #include "kmirror/msg/metadata_request.h"
@@ -1162,6 +1164,210 @@ static int wait_zero_lag(ctx *x, char *const *topics, size_t ntopics)
 	}
 }
 
+static km_cli_conn *open_conn(const km_cli_args *a, const char *bootstrap, FILE *errf, int *rc);
+
+/*
+ * start --dry-run: what a start would do with each partition. The mirror's source is asked
+ * LastMirroredOffsets (reached with --command-config's settings); where it is a kmirrord that
+ * mirrored the topic from here and stopped at M, the start keeps what is here below M and hides
+ * the rest (ListOffsets here gives the end); elsewhere it mirrors from scratch.
+ */
+static int cmd_start_dry_run(ctx *x, char *const *topics, size_t ntopics)
+{
+	const km_cli_args *a = x->a;
+	km_describe_mirrors_response resp;
+	const km_describe_mirrors_response_described_mirror *dm;
+	km_last_mirrored_offsets_response lr;
+	km_list_offsets_response lo;
+	ctx y = *x;
+	char source[1024] = "";
+	int rc = describe_one(x, NULL, 0, &resp, &dm);
+	int16_t v, lv;
+	int64_t total = 0;
+	km_wr w;
+	km_rd r;
+
+	if (rc != KM_CLI_EXIT_OK)
+		return rc;
+	for (int32_t i = 0; i < dm->configs.count; i++)
+		if (km_str_eq_c(dm->configs.items[i].name, "bootstrap.servers") && dm->configs.items[i].value.len > 0)
+			snprintf(source, sizeof(source), "%.*s", (int)dm->configs.items[i].value.len,
+				 dm->configs.items[i].value.p);
+	if (!*source) {
+		say_err(x, "mirror %s has no bootstrap.servers", a->mirror);
+		return KM_CLI_EXIT_ERROR;
+	}
+	y.resp = NULL;
+	y.resp_len = 0;
+	if (!(y.cc = open_conn(a, source, x->err, &rc)))
+		return rc;
+	km_last_mirrored_offsets_response_init(&lr);
+	lr.topics.count = 0;
+	if ((v = km_cli_conn_version(y.cc, KM_API_LAST_MIRRORED_OFFSETS)) >= 0) {
+		km_last_mirrored_offsets_request m;
+		km_last_mirrored_offsets_request_topic_data *td = km_arena_calloc(&x->arena, (ntopics + 1) * sizeof(*td));
+		if (!td)
+			goto fail;
+		km_last_mirrored_offsets_request_init(&m);
+		m.mirror_name = km_str_c("");
+		for (size_t i = 0; i < ntopics; i++) {
+			km_last_mirrored_offsets_request_topic_data_init(&td[i]);
+			td[i].name = km_str_c(topics[i]);
+			td[i].partitions.count = -1;
+		}
+		m.topics.items = td;
+		m.topics.count = (int32_t)ntopics;
+		km_wr_init(&w);
+		km_last_mirrored_offsets_request_encode(&w, v, &m);
+		if (!call(&y, KM_API_LAST_MIRRORED_OFFSETS, &w, v, &r) ||
+		    !decoded(&y, km_last_mirrored_offsets_response_decode(&r, v, &lr, &x->arena),
+			     KM_API_LAST_MIRRORED_OFFSETS, v, &r))
+			goto fail;
+	}
+	/* The ends here of every partition the source's kmirrord reported. */
+	km_list_offsets_response_init(&lo);
+	lo.topics.count = 0;
+	if ((lv = km_cli_conn_version(x->cc, KM_API_LIST_OFFSETS)) >= 1 && lr.topics.count > 0) {
+		km_list_offsets_request m;
+		km_list_offsets_request_list_offsets_topic *lt = km_arena_calloc(&x->arena, (size_t)lr.topics.count * sizeof(*lt));
+		int32_t nt = 0;
+		if (!lt)
+			goto fail;
+		km_list_offsets_request_init(&m);
+		m.replica_id = -1;
+		for (int32_t t = 0; t < lr.topics.count; t++) {
+			const km_last_mirrored_offsets_response_topic_result *tr = &lr.topics.items[t];
+			km_list_offsets_request_list_offsets_partition *lp;
+			if (tr->error_code || tr->partitions.count <= 0)
+				continue;
+			if (!(lp = km_arena_calloc(&x->arena, (size_t)tr->partitions.count * sizeof(*lp))))
+				goto fail;
+			km_list_offsets_request_list_offsets_topic_init(&lt[nt]);
+			lt[nt].name = tr->name;
+			for (int32_t k = 0; k < tr->partitions.count; k++) {
+				km_list_offsets_request_list_offsets_partition_init(&lp[k]);
+				lp[k].partition_index = tr->partitions.items[k].partition_index;
+				lp[k].current_leader_epoch = -1;
+				lp[k].timestamp = -1;
+			}
+			lt[nt].partitions.items = lp;
+			lt[nt].partitions.count = tr->partitions.count;
+			nt++;
+		}
+		m.topics.items = lt;
+		m.topics.count = nt;
+		if (nt) {
+			km_wr_init(&w);
+			km_list_offsets_request_encode(&w, lv, &m);
+			if (!call(x, KM_API_LIST_OFFSETS, &w, lv, &r) ||
+			    !decoded(x, km_list_offsets_response_decode(&r, lv, &lo, &x->arena), KM_API_LIST_OFFSETS, lv, &r))
+				goto fail;
+		}
+	}
+	{
+		static const char *const hdr[] = {"TOPIC", "PARTITION", "START", "SOURCE-STOPPED-AT", "END-HERE", "HIDDEN"};
+		km_cli_table tb;
+		km_cli_json j;
+		if (a->json) {
+			km_cli_json_init(&j, x->out);
+			km_cli_json_obj(&j);
+			km_cli_json_key(&j, "mirror");
+			km_cli_json_str(&j, a->mirror);
+			km_cli_json_key(&j, "operation");
+			km_cli_json_str(&j, "start");
+			km_cli_json_key(&j, "dry_run");
+			km_cli_json_bool(&j, true);
+			km_cli_json_key(&j, "topics");
+			km_cli_json_arr(&j);
+		} else if (!km_cli_table_init(&tb, sizeof(hdr) / sizeof(hdr[0]), hdr)) {
+			goto fail;
+		}
+		for (size_t i = 0; i < ntopics; i++) {
+			const km_last_mirrored_offsets_response_topic_result *tr = NULL;
+			for (int32_t t = 0; t < lr.topics.count && !tr; t++)
+				if (km_str_eq_c(lr.topics.items[t].name, topics[i]) && !lr.topics.items[t].error_code)
+					tr = &lr.topics.items[t];
+			if (a->json) {
+				km_cli_json_obj(&j);
+				km_cli_json_key(&j, "name");
+				km_cli_json_str(&j, topics[i]);
+				km_cli_json_key(&j, "failback");
+				km_cli_json_bool(&j, tr != NULL);
+				km_cli_json_key(&j, "partitions");
+				km_cli_json_arr(&j);
+			} else if (!tr) {
+				const char *row[] = {topics[i], "*", "from scratch", "-", "-", "all"};
+				km_cli_table_row(&tb, row);
+			}
+			for (int32_t k = 0; tr && k < tr->partitions.count; k++) {
+				const km_last_mirrored_offsets_response_partition_result *pr = &tr->partitions.items[k];
+				int64_t end = -1, keep, hidden = -1;
+				bool stopped = km_str_eq_c(pr->state, "STOPPED") && pr->last_mirrored_offset >= 0;
+				for (int32_t t = 0; t < lo.topics.count; t++)
+					if (km_str_eq_c(lo.topics.items[t].name, topics[i]))
+						for (int32_t q = 0; q < lo.topics.items[t].partitions.count; q++)
+							if (lo.topics.items[t].partitions.items[q].partition_index == pr->partition_index &&
+							    !lo.topics.items[t].partitions.items[q].error_code)
+								end = lo.topics.items[t].partitions.items[q].offset;
+				keep = pr->last_mirrored_offset < end ? pr->last_mirrored_offset : end;
+				if (stopped && end >= 0) {
+					hidden = end - keep;
+					total += hidden;
+				}
+				if (a->json) {
+					km_cli_json_obj(&j);
+					km_cli_json_key(&j, "partition");
+					km_cli_json_int(&j, pr->partition_index);
+					km_cli_json_key(&j, "source_state");
+					km_cli_json_strn(&j, pr->state.p, pr->state.len);
+					km_cli_json_key(&j, "source_stopped_at");
+					km_cli_json_int(&j, pr->last_mirrored_offset);
+					km_cli_json_key(&j, "end_here");
+					km_cli_json_int(&j, end);
+					km_cli_json_key(&j, "records_hidden");
+					km_cli_json_int(&j, hidden);
+					km_cli_json_obj_end(&j);
+				} else {
+					char part[16], at[24], e[24], h[24], st[64];
+					const char *row[] = {topics[i], part, st, at, e, h};
+					snprintf(part, sizeof(part), "%d", pr->partition_index);
+					snprintf(st, sizeof(st), stopped ? "failback" : "refused (%.*s there)", (int)pr->state.len,
+						 pr->state.p);
+					num_or_dash(pr->last_mirrored_offset, at, sizeof(at));
+					num_or_dash(end, e, sizeof(e));
+					num_or_dash(hidden, h, sizeof(h));
+					km_cli_table_row(&tb, row);
+				}
+			}
+			if (a->json) {
+				km_cli_json_arr_end(&j);
+				km_cli_json_obj_end(&j);
+			}
+		}
+		if (a->json) {
+			km_cli_json_arr_end(&j);
+			km_cli_json_key(&j, "total_records_hidden");
+			km_cli_json_int(&j, total);
+			km_cli_json_obj_end(&j);
+		} else {
+			km_cli_table_print(&tb, x->out);
+			km_cli_table_free(&tb);
+			fprintf(x->out, "\nTotal: %lld records here would be hidden (the divergent tail). Dry run: nothing "
+				"was started.\nA failback keeps what is here below where the source's kmirrord stopped and "
+				"mirrors from there; from scratch hides everything here. The start compares the record "
+				"before the stop point on both sides, and refuses a topic not mirrored from here.\n",
+				(long long)total);
+		}
+	}
+	free(y.resp);
+	km_cli_conn_free(y.cc);
+	return KM_CLI_EXIT_OK;
+fail:
+	free(y.resp);
+	km_cli_conn_free(y.cc);
+	return KM_CLI_EXIT_ERROR;
+}
+
 static int cmd_topics(ctx *x)
 {
 	const km_cli_args *a = x->a;
@@ -1211,6 +1417,8 @@ static int cmd_topics(ctx *x)
 		if (rc != KM_CLI_EXIT_OK)
 			return rc;
 	}
+	if (a->cmd == KM_CLI_CMD_START && a->dry_run)
+		return cmd_start_dry_run(x, topics, ntopics);
 	km_wr_init(&w);
 	switch (a->cmd) {
 	case KM_CLI_CMD_START: BUILD_TOPICS_REQUEST(km_start_mirror_topics, &w, v, a->mirror, topics, ntopics); break;
@@ -1551,38 +1759,49 @@ static bool tls_files_readable(const km_cli_client *cl, const char *props, FILE 
 	return true;
 }
 
-int km_cli_run(const km_cli_args *a, FILE *out, FILE *errf)
+/* A connection to bootstrap with --command-config's settings; NULL with *rc the exit code (said on errf). */
+static km_cli_conn *open_conn(const km_cli_args *a, const char *bootstrap, FILE *errf, int *rc)
 {
-	ctx x = {.a = a, .out = out, .err = errf, .cmd = km_cli_cmd_name(a->cmd)};
 	km_cli_client cl = {0};
 	km_cli_kvs props = {0};
+	km_cli_conn *cc;
 	char err[1024], warn[512];
-	int rc;
 
+	*rc = KM_CLI_EXIT_USAGE;
 	if (a->command_config) {
 		if (km_cli_props_load(a->command_config, &props, err, sizeof(err)) != KM_OK) {
 			fprintf(errf, "kmirror: --command-config: %s\n", err);
-			return KM_CLI_EXIT_USAGE;
+			return NULL;
 		}
 	}
 	if (km_cli_client_from_props(&props, &cl, err, sizeof(err), warn, sizeof(warn)) != KM_OK) {
 		fprintf(errf, "kmirror: --command-config %s: %s\n", a->command_config ? a->command_config : "", err);
 		km_cli_kvs_free(&props);
-		return KM_CLI_EXIT_USAGE;
+		return NULL;
 	}
 	km_cli_kvs_free(&props);
 	if (!tls_files_readable(&cl, a->command_config, errf)) {
 		km_cli_client_free(&cl);
-		return KM_CLI_EXIT_USAGE;
+		return NULL;
 	}
 	if (warn[0])
 		fprintf(errf, "kmirror: --command-config: ignoring properties kmirror does not use: %s\n", warn);
-	x.cc = km_cli_connect(a->bootstrap, &cl, a->timeout_ms, err, sizeof(err));
+	cc = km_cli_connect(bootstrap, &cl, a->timeout_ms, err, sizeof(err));
 	km_cli_client_free(&cl);
-	if (!x.cc) {
-		fprintf(errf, "kmirror: %s\n", err);
-		return KM_CLI_EXIT_ERROR;
+	if (!cc) {
+		fprintf(errf, "kmirror: %s: %s\n", bootstrap, err);
+		*rc = KM_CLI_EXIT_ERROR;
 	}
+	return cc;
+}
+
+int km_cli_run(const km_cli_args *a, FILE *out, FILE *errf)
+{
+	ctx x = {.a = a, .out = out, .err = errf, .cmd = km_cli_cmd_name(a->cmd)};
+	int rc;
+
+	if (!(x.cc = open_conn(a, a->bootstrap, errf, &rc)))
+		return rc;
 	km_arena_init(&x.arena, ARENA_CAP);
 	switch (a->cmd) {
 	case KM_CLI_CMD_CREATE: rc = cmd_create(&x); break;

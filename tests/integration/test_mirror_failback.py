@@ -93,6 +93,15 @@ def test_failback_moves_only_the_delta(pair, source_cluster, dest_cluster):
     # Failback: A's kmirrord mirrors the topic back from B's kmirrord.
     m2 = unique("ba")
     cli_a.run("create", "--mirror", m2, "--source-bootstrap", b.bootstrap)
+    # The dry run: per partition, where B stopped, A's end and the divergent records to hide.
+    dry, _ = cli_a.json("start", "--mirror", m2, "--topics", topic, "--dry-run")
+    parts = sorted(dry["topics"][0]["partitions"], key=lambda p: p["partition"])
+    assert dry["topics"][0]["failback"] is True, dry
+    assert [p["source_stopped_at"] for p in parts] == [h for _, h in marks_a], parts
+    assert [p["end_here"] for p in parts] == [h + 30 for _, h in marks_a], parts
+    assert [p["records_hidden"] for p in parts] == [30] * PARTS and dry["total_records_hidden"] == 90, dry
+    assert "failback" in cli_a.run("start", "--mirror", m2, "--topics", topic, "--dry-run").stdout
+    assert "topics" not in described(cli_a, m2) or not described(cli_a, m2)["topics"]  # nothing started
     cli_a.run("start", "--mirror", m2, "--topics", topic)
     wait_states(cli_a, m2, {topic: "MIRRORING"}, timeout=60)
     wait_until(lambda: watermarks(a.bootstrap, topic, PARTS) == marks_b, 120, what="B mirrored back into A")

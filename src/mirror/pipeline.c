@@ -1123,6 +1123,29 @@ static void on_list_offsets(km_net_client *c, km_err err, const uint8_t *body, s
 	tick_soon(pl);
 }
 
+/* Send a request about one partition to cl's broker leader, answered to cb with an lo_ctx (*lc copied). */
+static bool send_part(km_pipeline *pl, km_mcluster *cl, int32_t leader, km_net_client *c, int16_t key,
+		      int16_t ver, km_wr *w, km_net_response_cb cb, const lo_ctx *lc)
+{
+	lo_ctx *l = calloc(1, sizeof(*l));
+	req_ctx *x = ctx_new(pl, cl, leader, ver);
+
+	if (!l || !x) {
+		free(l);
+		free(x);
+		km_wr_free(w);
+		return false;
+	}
+	*l = *lc;
+	x->extra = l;
+	if (send_flat(c, key, ver, w, cb, x) != KM_OK) {
+		free(l);
+		km_mcluster_drop(cl, c);
+		return false;
+	}
+	return true;
+}
+
 static bool send_list_offsets(km_pipeline *pl, mpart *p, bool dest, int64_t ts)
 {
 	return send_lo(pl, p, dest, ts, LO_POSITION);
@@ -1136,8 +1159,6 @@ static bool send_lo(km_pipeline *pl, mpart *p, bool dest, int64_t ts, lo_kind ki
 	km_list_offsets_request m;
 	km_list_offsets_request_list_offsets_topic t;
 	km_list_offsets_request_list_offsets_partition pp;
-	lo_ctx *lc;
-	req_ctx *x;
 	km_wr w;
 	int16_t ver;
 
@@ -1169,22 +1190,8 @@ static bool send_lo(km_pipeline *pl, mpart *p, bool dest, int64_t ts, lo_kind ki
 	m.topics.count = 1;
 	km_wr_init(&w);
 	km_list_offsets_request_encode(&w, ver, &m);
-	lc = calloc(1, sizeof(*lc));
-	x = ctx_new(pl, cl, leader, ver);
-	if (!lc || !x) {
-		free(lc);
-		free(x);
-		km_wr_free(&w);
-		return false;
-	}
-	*lc = (lo_ctx){p->t, p->id, dest, ts, kind, kind == LO_MARKER && p->head ? p->head->physical : -1};
-	x->extra = lc;
-	if (send_flat(c, KM_API_LIST_OFFSETS, ver, &w, on_list_offsets, x) != KM_OK) {
-		free(lc);
-		km_mcluster_drop(cl, c);
-		return false;
-	}
-	return true;
+	return send_part(pl, cl, leader, c, KM_API_LIST_OFFSETS, ver, &w, on_list_offsets,
+			 &(lo_ctx){p->t, p->id, dest, ts, kind, kind == LO_MARKER && p->head ? p->head->physical : -1});
 }
 
 /* The start position asked of the source: mirror.start.offset. */
@@ -1473,18 +1480,22 @@ static void on_aborted(km_net_client *c, km_err err, const uint8_t *body, size_t
 	tick_soon(pl);
 }
 
-static bool aborted_probe(km_pipeline *pl, mpart *p)
+/*
+ * A Fetch of the one batch holding offset of p (physical on the destination, logical at the
+ * source), with isolation (1: READ_COMMITTED, its aborted transactions named), answered to cb.
+ */
+static bool one_fetch(km_pipeline *pl, mpart *p, bool dest, int64_t offset, int8_t isolation, km_net_response_cb cb)
 {
-	km_net_client *c = p->dst_leader >= 0 ? km_mcluster_node(pl->dst, p->dst_leader) : NULL;
+	km_mcluster *cl = dest ? pl->dst : pl->src;
+	int32_t leader = dest ? p->dst_leader : p->src_leader;
+	km_net_client *c = leader >= 0 ? km_mcluster_node(cl, leader) : NULL;
 	km_fetch_request m;
 	km_fetch_request_fetch_topic ft;
 	km_fetch_request_fetch_partition fp;
-	lo_ctx *lc;
-	req_ctx *x;
 	km_wr w;
 	int16_t ver;
 
-	if (!km_mcluster_usable(pl->dst, c) || (ver = pick(c, KM_API_FETCH, FETCH_LO, FETCH_HI)) < 0)
+	if (!km_mcluster_usable(cl, c) || (ver = pick(c, KM_API_FETCH, FETCH_LO, FETCH_HI)) < 0)
 		return false;
 	km_fetch_request_init(&m);
 	km_fetch_request_fetch_topic_init(&ft);
@@ -1492,13 +1503,13 @@ static bool aborted_probe(km_pipeline *pl, mpart *p)
 	m.replica_id = -1;
 	m.max_wait_ms = 0;
 	m.min_bytes = 0;
-	m.max_bytes = 1;
-	m.isolation_level = 1;
+	m.max_bytes = 1; /* the first batch comes whole anyway */
+	m.isolation_level = isolation;
 	m.session_id = 0;
 	m.session_epoch = -1;
 	fp.partition = p->id;
-	fp.current_leader_epoch = -1;
-	fp.fetch_offset = p->recon_hide - 1;
+	fp.current_leader_epoch = dest ? -1 : p->src_epoch;
+	fp.fetch_offset = offset;
 	fp.log_start_offset = -1;
 	fp.last_fetched_epoch = -1;
 	fp.partition_max_bytes = 1;
@@ -1509,22 +1520,13 @@ static bool aborted_probe(km_pipeline *pl, mpart *p)
 	m.topics.count = 1;
 	km_wr_init(&w);
 	km_fetch_request_encode(&w, ver, &m);
-	lc = calloc(1, sizeof(*lc));
-	x = ctx_new(pl, pl->dst, p->dst_leader, ver);
-	if (!lc || !x) {
-		free(lc);
-		free(x);
-		km_wr_free(&w);
-		return false;
-	}
-	*lc = (lo_ctx){p->t, p->id, true, -1, LO_POSITION};
-	x->extra = lc;
-	if (send_flat(c, KM_API_FETCH, ver, &w, on_aborted, x) != KM_OK) {
-		free(lc);
-		km_mcluster_drop(pl->dst, c);
-		return false;
-	}
-	return true;
+	return send_part(pl, cl, leader, c, KM_API_FETCH, ver, &w, cb,
+			 &(lo_ctx){p->t, p->id, dest, -1, LO_POSITION, offset});
+}
+
+static bool aborted_probe(km_pipeline *pl, mpart *p)
+{
+	return one_fetch(pl, p, true, p->recon_hide - 1, 1, on_aborted);
 }
 
 static void after_start(km_pipeline *pl, mpart *p, int64_t off, bool jump)
@@ -1695,57 +1697,8 @@ static void on_record_probe(km_net_client *c, km_err err, const uint8_t *body, s
 /* Fetch the batch holding offset (logical at the source, physical here) for record_hash. */
 static bool record_probe(km_pipeline *pl, mpart *p, bool dest, int64_t offset)
 {
-	km_mcluster *cl = dest ? pl->dst : pl->src;
-	int32_t leader = dest ? p->dst_leader : p->src_leader;
-	km_net_client *c = leader >= 0 ? km_mcluster_node(cl, leader) : NULL;
-	km_fetch_request m;
-	km_fetch_request_fetch_topic ft;
-	km_fetch_request_fetch_partition fp;
-	lo_ctx *lc;
-	req_ctx *x;
-	km_wr w;
-	int16_t ver;
-
-	if (!km_mcluster_usable(cl, c) || (ver = pick(c, KM_API_FETCH, FETCH_LO, FETCH_HI)) < 0)
+	if (!one_fetch(pl, p, dest, offset, 0, on_record_probe))
 		return false;
-	km_fetch_request_init(&m);
-	km_fetch_request_fetch_topic_init(&ft);
-	km_fetch_request_fetch_partition_init(&fp);
-	m.replica_id = -1;
-	m.max_wait_ms = 0;
-	m.min_bytes = 0;
-	m.max_bytes = 1; /* the first batch comes whole anyway */
-	m.isolation_level = 0;
-	m.session_id = 0;
-	m.session_epoch = -1;
-	fp.partition = p->id;
-	fp.current_leader_epoch = dest ? -1 : p->src_epoch;
-	fp.fetch_offset = offset;
-	fp.log_start_offset = -1;
-	fp.last_fetched_epoch = -1;
-	fp.partition_max_bytes = 1;
-	ft.topic = km_str_c(p->t->name);
-	ft.partitions.items = &fp;
-	ft.partitions.count = 1;
-	m.topics.items = &ft;
-	m.topics.count = 1;
-	km_wr_init(&w);
-	km_fetch_request_encode(&w, ver, &m);
-	lc = calloc(1, sizeof(*lc));
-	x = ctx_new(pl, cl, leader, ver);
-	if (!lc || !x) {
-		free(lc);
-		free(x);
-		km_wr_free(&w);
-		return false;
-	}
-	*lc = (lo_ctx){p->t, p->id, dest, -1, LO_POSITION, offset};
-	x->extra = lc;
-	if (send_flat(c, KM_API_FETCH, ver, &w, on_record_probe, x) != KM_OK) {
-		free(lc);
-		km_mcluster_drop(cl, c);
-		return false;
-	}
 	p->fb_pending++;
 	return true;
 }

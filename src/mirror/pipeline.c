@@ -3383,6 +3383,26 @@ static void follow_log_start(km_pipeline *pl, mpart *p)
 
 /* ---- the tick: what can move, moves ---- */
 
+/*
+ * A pausing or stopping partition that has not reconciled yet settles at once, unless there may be
+ * destination transactions left open on it: its own, an earlier life's (its transactional ids
+ * listed, not fenced yet, or the listing not in yet), or a fence cut short by a crash.
+ */
+static bool reconcile_before_settle(km_pipeline *pl, mpart *p)
+{
+	const km_offrun *fence;
+	bool listed = false;
+
+	if (tx_open(p) || pl->txl < 2)
+		return true;
+	map_of(pl, p, &fence);
+	if (fence)
+		return true;
+	for (size_t i = 0; i < pl->nlisted && !p->tx_fenced && !listed; i++)
+		listed = tid_is_of(pl, p, pl->listed[i]);
+	return !p->tx_fenced && (p->ntx > 0 || listed);
+}
+
 static void settle_drained(km_pipeline *pl, mpart *p)
 {
 	km_mp_state to = p->state == KM_MP_PAUSING ? KM_MP_PAUSED : KM_MP_STOPPED;
@@ -3458,7 +3478,8 @@ static void tick(evutil_socket_t fd, short what, void *arg)
 			if (p->head && p->head->kind == BK_MARKER && !p->inflight && p->phase == PH_WRITING && !p->recon)
 				drive_marker(pl, p, now, &next);
 			if ((p->state == KM_MP_PAUSING || p->state == KM_MP_STOPPING) &&
-			    (p->phase < PH_RECONCILE || p->phase > PH_FENCE)) {
+			    (p->phase < PH_RECONCILE || p->phase > PH_FENCE ||
+			     (p->phase == PH_RECONCILE && !p->inflight && !reconcile_before_settle(pl, p)))) {
 				settle_drained(pl, p);
 				continue;
 			}

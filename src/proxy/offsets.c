@@ -1273,8 +1273,10 @@ static const void *state_topic(void *arg, km_str name, const km_uuid *id)
 
 static const km_offmap *state_map(void *arg, const void *topic, int32_t partition)
 {
+	const km_offmap *m = km_state_topic_offmap(topic, partition);
 	(void)arg;
-	return km_state_topic_offmap(topic, partition);
+	/* No run and no pipeline (stopped, or failed, before anything was mirrored): its own offsets. */
+	return m && !m->n && m->tail_physical < 0 ? NULL : m;
 }
 
 void km_off_lookup_from_state(km_state *st, km_off_lookup *out)

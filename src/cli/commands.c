@@ -1789,7 +1789,7 @@ static km_cli_conn *open_conn(const km_cli_args *a, const char *bootstrap, FILE 
 	cc = km_cli_connect(bootstrap, &cl, a->timeout_ms, err, sizeof(err));
 	km_cli_client_free(&cl);
 	if (!cc) {
-		fprintf(errf, "kmirror: %s: %s\n", bootstrap, err);
+		fprintf(errf, "kmirror: %s\n", err); /* the reason names the address */
 		*rc = KM_CLI_EXIT_ERROR;
 	}
 	return cc;

@@ -61,8 +61,8 @@ def test_cli_usage_and_broker(kmirror_bin, dest_cluster):
     cli = Cli(kmirror_bin, dest_cluster.bootstrap)
     r = subprocess.run([kmirror_bin, "--version"], stdout=subprocess.PIPE, text=True)
     assert r.returncode == 0 and r.stdout.startswith("kmirror ")
-    for cmd in ("create", "list", "describe", "alter", "delete", "start", "stop", "pause", "resume",
-                "last-mirrored-offsets"):
+    for cmd in ("create", "list", "describe", "alter", "delete", "start", "stop", "promote", "reverse",
+                "pause", "resume", "last-mirrored-offsets"):
         r = subprocess.run([kmirror_bin, cmd, "--help"], stdout=subprocess.PIPE, text=True)
         assert r.returncode == 0 and f"] {cmd}" in r.stdout.splitlines()[0], r.stdout
     # Usage errors: exit 2 and one line, before any connection.

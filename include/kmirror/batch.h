@@ -112,6 +112,11 @@ void km_batch_set_base_offset(uint8_t *batch, int64_t base_offset);
 void km_batch_set_partition_leader_epoch(uint8_t *batch, int32_t epoch);
 /* Inside the CRC: call km_batch_update_crc afterwards (km_batch_restamp does both). */
 void km_batch_set_producer(uint8_t *batch, int64_t producer_id, int16_t producer_epoch, int32_t base_sequence);
+/* The base sequence after a batch of n records at seq: sequences wrap from INT32_MAX to 0. */
+static inline int32_t km_batch_seq_add(int32_t seq, int32_t n)
+{
+	return seq > INT32_MAX - n ? n - (INT32_MAX - seq) - 1 : seq + n;
+}
 uint32_t km_batch_restamp(uint8_t *batch, size_t size, int64_t producer_id, int16_t producer_epoch,
 			  int32_t base_sequence);
 

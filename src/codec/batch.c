@@ -507,14 +507,6 @@ km_err km_batch_build(const km_batch_params *p, const km_batch_record *recs, siz
 	return KM_OK;
 }
 
-/* Kafka's sequence arithmetic: sequences wrap from INT32_MAX to 0. */
-static int32_t seq_add(int32_t seq, int32_t inc)
-{
-	if (seq > INT32_MAX - inc)
-		return inc - (INT32_MAX - seq) - 1;
-	return seq + inc;
-}
-
 km_err km_batch_split_gaps(const km_batch *b, uint8_t *scratch, size_t scratch_cap, km_wr *out, size_t *pieces)
 {
 	km_record_iter it;
@@ -586,7 +578,7 @@ km_err km_batch_split_gaps(const km_batch *b, uint8_t *scratch, size_t scratch_c
 		p.partition_leader_epoch = b->partition_leader_epoch;
 		p.producer_id = b->producer_id;
 		p.producer_epoch = b->producer_epoch;
-		p.base_sequence = b->base_sequence >= 0 ? seq_add(b->base_sequence, first) : b->base_sequence;
+		p.base_sequence = b->base_sequence >= 0 ? km_batch_seq_add(b->base_sequence, first) : b->base_sequence;
 		p.transactional = b->transactional;
 		p.log_append_time = b->log_append_time;
 		p.max_timestamp = b->max_timestamp;

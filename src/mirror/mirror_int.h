@@ -131,7 +131,9 @@ typedef enum {
 	KM_TXP_FAILED, /* a refusal that retrying does not cure: km_txp_error says which */
 } km_txp_state;
 
-km_txp *km_txp_new(km_mcluster *dst, const char *transactional_id, void (*on_change)(void *arg), void *arg);
+/* A producer of topic/partition's transactions (its only partition: its sequences are that partition's). */
+km_txp *km_txp_new(km_mcluster *dst, const char *transactional_id, const char *topic, int32_t partition,
+		   void (*on_change)(void *arg), void *arg);
 void km_txp_free(km_txp *t);
 /* Send what the state asks for when nothing is in flight; returns when (ms) it wants to be polled again. */
 int64_t km_txp_poll(km_txp *t, int64_t now);
@@ -143,8 +145,8 @@ int16_t km_txp_epoch(const km_txp *t);
 /* The next base sequence on its partition, and moving it on by count records. */
 int32_t km_txp_seq(const km_txp *t);
 void km_txp_advance(km_txp *t, int32_t count);
-/* FREE -> ADDING -> OPEN: a transaction on topic/partition. */
-void km_txp_begin(km_txp *t, const char *topic, int32_t partition);
+/* FREE -> ADDING -> OPEN: a transaction on its partition. */
+void km_txp_begin(km_txp *t);
 /* OPEN -> ENDING -> FREE. */
 void km_txp_end(km_txp *t, bool commit);
 /* Any state -> INIT: InitProducerId again (the epoch moves on, what is open is aborted, sequences restart). */

@@ -769,7 +769,7 @@ static bool tx_add(km_pipeline *pl, mpart *p, const char *tid)
 	if (!n)
 		return false;
 	p->tx = n;
-	if (!(t = km_txp_new(pl->dst, tid, on_cluster_change, pl)))
+	if (!(t = km_txp_new(pl->dst, tid, p->t->name, p->id, on_cluster_change, pl)))
 		return false;
 	p->tx[p->ntx++] = (mtx){t, -1, false, -1};
 	return true;
@@ -1881,7 +1881,7 @@ static bool plan(km_pipeline *pl, mpart *p, mbatch *b, runs_acc *ra)
 		/* Re-stamp the copied header: baseOffset 0, the mirror's producer; the CRC is done by the caller. */
 		km_batch_set_base_offset(h, 0);
 		km_batch_set_producer(h, p->pid, p->epoch, p->seq);
-		p->seq = p->seq > INT32_MAX - b->count ? b->count - (INT32_MAX - p->seq) - 1 : p->seq + b->count;
+		p->seq = km_batch_seq_add(p->seq, b->count);
 	} else if (b->kind == BK_TXN) {
 		/* Stamped when it goes (stamp_txn): its producer may still be getting its id. */
 		km_batch_set_base_offset(h, 0);
@@ -2762,6 +2762,24 @@ static void run_then(km_pipeline *pl, mpart *p, const km_state_run *r, size_t n,
 	km_state_runs_write(km_mirror_store(pl->mi), pl->name, r, n, on_run_then, x);
 }
 
+/*
+ * b, taken off the head, is in the destination's log where it was planned (a batch acknowledged,
+ * a marker landed): the tail moves after it, with the holes right after it once they are planned
+ * (markers, compaction).
+ */
+static void landed(km_pipeline *pl, mpart *p, mbatch *b)
+{
+	p->acked_phys = b->physical + b->count;
+	p->acked_logical = b->logical + b->count;
+	if (!p->head && p->fetch_logical > p->acked_logical)
+		p->acked_logical = p->fetch_logical;
+	p->failing_since = 0;
+	set_tail(pl, p, true);
+	batch_free(b);
+	if (!p->head && p->phase == PH_WRITING)
+		p->phase = PH_READY;
+}
+
 static void produce_done(km_pipeline *pl, mpart *p, mbatch *b, int16_t code, int64_t base, const char *msg)
 {
 	char tag[300], why[400];
@@ -2802,23 +2820,14 @@ static void produce_done(km_pipeline *pl, mpart *p, mbatch *b, int16_t code, int
 	if (!p->head)
 		p->tail = NULL;
 	if (code == 0) {
-		p->acked_phys = b->physical + b->count;
-		p->acked_logical = b->logical + b->count;
 		p->records += (uint64_t)b->count;
 		p->bytes += b->size;
 		p->batches++;
 		if (b->max_ts > p->newest_ts)
 			p->newest_ts = b->max_ts;
-		/* Holes right after the last batch belong to the tail too (markers, compaction), once planned. */
-		if (!p->head && p->fetch_logical > p->acked_logical)
-			p->acked_logical = p->fetch_logical;
 		p->probe = false;
 		p->backoff_ms = 0;
-		p->failing_since = 0;
-		set_tail(pl, p, true);
-		batch_free(b);
-		if (!p->head && p->phase == PH_WRITING)
-			p->phase = PH_READY;
+		landed(pl, p, b);
 		return;
 	}
 	snprintf(why, sizeof(why), "destination Produce failed: %s%s%s", km_err_name((km_err)code), msg ? ": " : "",
@@ -3226,15 +3235,7 @@ static void marker_answer(km_pipeline *pl, mpart *p, bool ok, int64_t end, int64
 	p->head = b->next;
 	if (!p->head)
 		p->tail = NULL;
-	p->acked_phys = b->physical + 1;
-	p->acked_logical = b->logical + 1;
-	if (!p->head && p->fetch_logical > p->acked_logical)
-		p->acked_logical = p->fetch_logical;
-	p->failing_since = 0;
-	set_tail(pl, p, true);
-	batch_free(b);
-	if (!p->head && p->phase == PH_WRITING)
-		p->phase = PH_READY;
+	landed(pl, p, b);
 	tick_soon(pl);
 }
 
@@ -3245,7 +3246,7 @@ static void drive_txps(km_pipeline *pl, mpart *p, int64_t now, int64_t *next)
 		mtx *x = &p->tx[i];
 		int64_t at;
 		if (x->src_pid >= 0 && !x->begun && km_txp_state_of(x->txp) == KM_TXP_FREE) {
-			km_txp_begin(x->txp, p->t->name, p->id);
+			km_txp_begin(x->txp);
 			x->begun = true;
 		}
 		if (x->src_pid >= 0 && km_txp_state_of(x->txp) == KM_TXP_FAILED && p->phase == PH_WRITING && !p->inflight)

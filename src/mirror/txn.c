@@ -9,6 +9,7 @@
 #include <sys/time.h>
 
 #include "kmirror/api.h"
+#include "kmirror/batch.h"
 #include "kmirror/log.h"
 #include "kmirror/msg/add_partitions_to_txn_request.h"
 #include "kmirror/msg/add_partitions_to_txn_response.h"
@@ -69,10 +70,13 @@ const char *km_txp_state_name(km_txp_state s)
 	return s <= KM_TXP_FAILED ? n[s] : "?";
 }
 
-km_txp *km_txp_new(km_mcluster *dst, const char *transactional_id, void (*on_change)(void *arg), void *arg)
+km_txp *km_txp_new(km_mcluster *dst, const char *transactional_id, const char *topic, int32_t partition,
+		   void (*on_change)(void *arg), void *arg)
 {
 	km_txp *t = calloc(1, sizeof(*t));
-	if (!t || !(t->tid = strdup(transactional_id))) {
+	if (!t || !(t->tid = strdup(transactional_id)) || !(t->topic = strdup(topic))) {
+		if (t)
+			free(t->tid);
 		free(t);
 		return NULL;
 	}
@@ -84,7 +88,7 @@ km_txp *km_txp_new(km_mcluster *dst, const char *transactional_id, void (*on_cha
 	t->pid = -1;
 	t->epoch = -1;
 	t->timeout_ms = TXN_TIMEOUT_MS;
-	t->partition = -1;
+	t->partition = partition;
 	return t;
 }
 
@@ -108,22 +112,13 @@ int32_t km_txp_seq(const km_txp *t) { return t->seq; }
 
 void km_txp_advance(km_txp *t, int32_t count)
 {
-	t->seq = t->seq > INT32_MAX - count ? count - (INT32_MAX - t->seq) - 1 : t->seq + count;
+	t->seq = km_batch_seq_add(t->seq, count);
 }
 
-void km_txp_begin(km_txp *t, const char *topic, int32_t partition)
+void km_txp_begin(km_txp *t)
 {
 	if (t->st != KM_TXP_FREE)
 		return;
-	if (!t->topic || strcmp(t->topic, topic) || t->partition != partition) {
-		char *n = strdup(topic);
-		if (!n)
-			return;
-		free(t->topic);
-		t->topic = n;
-		t->partition = partition;
-		t->seq = 0; /* another partition: its sequences are its own (an unknown producer there starts anywhere) */
-	}
 	t->st = KM_TXP_ADDING;
 	t->retry_at = 0;
 }

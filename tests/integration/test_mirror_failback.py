@@ -69,6 +69,16 @@ def mirror_total(proxy, mirror, metric="kmirror_mirror_records_total"):
                if name.startswith(metric + "{") and f'mirror="{mirror}"' in name)
 
 
+def mirror_into_b(cli_b, b, mirror, source_cluster, dest_cluster, topic):
+    """Mirror mirror on B's kmirrord: topic from A, caught up; returns A's watermarks."""
+    cli_b.run("create", "--mirror", mirror, "--source-bootstrap", source_cluster.bootstrap)
+    create_dest_topic(dest_cluster, source_cluster.bootstrap, topic)
+    cli_b.run("start", "--mirror", mirror, "--topics", topic)
+    marks_a = watermarks(source_cluster.bootstrap, topic, PARTS)
+    wait_until(lambda: watermarks(b.bootstrap, topic, PARTS) == marks_a, 120, what="A mirrored into B")
+    return marks_a
+
+
 def test_failback_moves_only_the_delta(pair, source_cluster, dest_cluster):
     a, b, cli_a, cli_b = pair
     topic = unique("fb")
@@ -77,11 +87,7 @@ def test_failback_moves_only_the_delta(pair, source_cluster, dest_cluster):
 
     # A -> B, caught up, then the failover: B stops mirroring and takes writes.
     m1 = unique("ab")
-    cli_b.run("create", "--mirror", m1, "--source-bootstrap", source_cluster.bootstrap)
-    create_dest_topic(dest_cluster, source_cluster.bootstrap, topic)
-    cli_b.run("start", "--mirror", m1, "--topics", topic)
-    marks_a = watermarks(source_cluster.bootstrap, topic, PARTS)
-    wait_until(lambda: watermarks(b.bootstrap, topic, PARTS) == marks_a, 120, what="A mirrored into B")
+    marks_a = mirror_into_b(cli_b, b, m1, source_cluster, dest_cluster, topic)
     cli_b.run("stop", "--mirror", m1, "--topics", topic)
     wait_states(cli_b, m1, {topic: "STOPPED"}, timeout=60)
     produce(b.bootstrap, topic, [f"on-b-after-failover-{i}".encode() for i in range(600)])
@@ -130,11 +136,7 @@ def test_reverse_switches_direction(pair, source_cluster, dest_cluster):
     source_cluster.create_topic(topic, partitions=PARTS)
     produce(source_cluster.bootstrap, topic, [f"on-a-{i}".encode() for i in range(900)])
     m1, m2 = unique("ab"), unique("ba")
-    cli_b.run("create", "--mirror", m1, "--source-bootstrap", source_cluster.bootstrap)
-    create_dest_topic(dest_cluster, source_cluster.bootstrap, topic)
-    cli_b.run("start", "--mirror", m1, "--topics", topic)
-    marks_a = watermarks(source_cluster.bootstrap, topic, PARTS)
-    wait_until(lambda: watermarks(b.bootstrap, topic, PARTS) == marks_a, 120, what="A mirrored into B")
+    marks_a = mirror_into_b(cli_b, b, m1, source_cluster, dest_cluster, topic)
 
     r = cli_b.run("reverse", "--mirror", m1, "--topics", topic, "--peer-bootstrap", a.bootstrap,
                   "--peer-mirror", m2, "--wait-ms", "30000")
@@ -163,11 +165,7 @@ def test_failback_refuses_a_topic_not_mirrored_from_here(pair, source_cluster, d
     source_cluster.create_topic(topic, partitions=PARTS)
     produce(source_cluster.bootstrap, topic, [f"first-life-{i}".encode() for i in range(300)])
     m1, m2 = unique("ab"), unique("ba")
-    cli_b.run("create", "--mirror", m1, "--source-bootstrap", source_cluster.bootstrap)
-    create_dest_topic(dest_cluster, source_cluster.bootstrap, topic)
-    cli_b.run("start", "--mirror", m1, "--topics", topic)
-    marks_a = watermarks(source_cluster.bootstrap, topic, PARTS)
-    wait_until(lambda: watermarks(b.bootstrap, topic, PARTS) == marks_a, 120, what="A mirrored into B")
+    marks_a = mirror_into_b(cli_b, b, m1, source_cluster, dest_cluster, topic)
     cli_b.run("stop", "--mirror", m1, "--topics", topic)
     wait_states(cli_b, m1, {topic: "STOPPED"}, timeout=60)
 

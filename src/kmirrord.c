@@ -18,13 +18,28 @@
 
 #define MAX_OVERRIDES 64
 
-typedef struct daemon_ctx {
-	struct event_base *base;
-	km_proxy *proxy;
+typedef struct daemon_ctx daemon_ctx;
+
+/*
+ * One upstream's modules: the state store on it and the mirror module driving its partitions, with
+ * the configuration and metrics they use. The first is made at start; an upstream swap makes the
+ * next one (prepare), and the proxy releases the previous one once its sessions are gone.
+ */
+typedef struct upstream_gen {
+	daemon_ctx *d;
+	km_config cfg;
 	km_state *state;
 	km_mirror *mirror;
 	km_mirror_opts mirror_opts;
-	SSL_CTX *state_tls;       /* the store's client context for the destination */
+	SSL_CTX *tls;        /* the store's client context for the destination */
+	km_metrics *metrics; /* a child of the daemon's registry: a swap's modules show as they replace these */
+	bool swap;           /* made by a swap: its readiness answers the proxy */
+} upstream_gen;
+
+struct daemon_ctx {
+	struct event_base *base;
+	km_proxy *proxy;
+	upstream_gen *gen;   /* the upstream served now */
 	km_metrics *metrics;
 	km_metric_series *reloads_ok, *reloads_failed;
 	const char *config_path;
@@ -33,7 +48,7 @@ typedef struct daemon_ctx {
 	int overrides;
 	km_config cfg;
 	int signals_seen;
-} daemon_ctx;
+};
 
 static void usage(FILE *out)
 {
@@ -48,7 +63,7 @@ static void usage(FILE *out)
 		"  --advertised-host HOST    host returned to clients in broker endpoints (advertised_host)\n"
 		"  --broker-port-base PORT   broker node N is served on PORT+N (broker_port_base)\n"
 		"  --upstream HOST:PORT[,HOST:PORT...]  upstream cluster bootstrap (upstream)\n"
-		"  --http-listen HOST:PORT   /metrics and /healthz endpoint (http_listen)\n"
+		"  --http-listen HOST:PORT   /metrics, /healthz and /admin/upstream endpoint (http_listen)\n"
 		"  --log-level LEVEL         error, warn, info, debug, trace (log_level)\n"
 		"  --check-config            validate the configuration and exit (0 when valid)\n"
 		"  --print-config            print the effective configuration as a config file and exit\n"
@@ -70,6 +85,8 @@ static void usage(FILE *out)
 	}
 	fprintf(out, "\nSignals: SIGHUP reloads the config file (kept unchanged when invalid); SIGTERM or SIGINT\n"
 		     "drains client connections gradually and exits 0; a second one closes everything at once.\n"
+		     "POST /admin/upstream (bearer token of admin_token_file) swaps the upstream cluster, kept in\n"
+		     "upstream_file; GET /admin/upstream shows the swap's progress.\n"
 		     "Exit codes: 0 after a drain, 1 when it cannot start (listen, TLS files), 2 for a bad\n"
 		     "command line or configuration.\n");
 }
@@ -88,6 +105,9 @@ static km_err build_config(daemon_ctx *d, km_config *cfg, char *err, size_t errl
 			goto fail;
 		}
 	}
+	/* A swapped upstream (kept in upstream_file) wins over the upstream option. */
+	if ((rc = km_config_apply_upstream_file(cfg, err, errlen)) != KM_OK)
+		goto fail;
 	if ((rc = km_config_validate(cfg, err, errlen)) != KM_OK)
 		goto fail;
 	return KM_OK;
@@ -124,6 +144,11 @@ static void on_signal(evutil_socket_t sig, short what, void *arg)
 		}
 		km_config_free(&d->cfg);
 		d->cfg = next;
+		/* The modules read their configuration through the current upstream's copy. */
+		if (km_config_copy(&next, &d->cfg) == KM_OK) {
+			km_config_free(&d->gen->cfg);
+			d->gen->cfg = next;
+		}
 		km_metric_inc(d->reloads_ok, 1);
 		KM_INFO("main", 0, "configuration reloaded");
 		return;
@@ -160,54 +185,118 @@ static bool make_metrics(daemon_ctx *d)
 /* The store has read __mirror_state back: mirror RPCs are answered from now on. */
 static void state_ready(void *arg)
 {
-	daemon_ctx *d = arg;
-	KM_INFO("main", 0, "mirror state ready: %zu mirror(s)", km_state_mirror_count(d->state));
-	km_mirror_state_ready(d->mirror);
+	upstream_gen *g = arg;
+	KM_INFO("main", 0, "mirror state ready: %zu mirror(s)", km_state_mirror_count(g->state));
+	km_mirror_state_ready(g->mirror);
+	if (g->swap) {
+		g->swap = false;
+		if (km_proxy_swap_ready(g->d->proxy, g, g->state, g->mirror, KM_OK, NULL)) {
+			daemon_ctx *d = g->d;
+			d->gen = g;
+			memcpy(d->cfg.upstream, g->cfg.upstream, sizeof(d->cfg.upstream));
+			d->cfg.upstream_count = g->cfg.upstream_count;
+		}
+	}
 }
 
 static void state_partition(void *arg, const char *mirror, const char *topic, int32_t partition, km_mp_state from,
 			    km_mp_state to)
 {
-	daemon_ctx *d = arg;
-	km_mirror_partition_changed(d->mirror, mirror, topic, partition, from, to);
+	upstream_gen *g = arg;
+	km_mirror_partition_changed(g->mirror, mirror, topic, partition, from, to);
 }
 
-/* The state store on the destination, with the mirror module driving its partitions. */
-static bool make_state(daemon_ctx *d, char *err, size_t errlen)
+static void gen_free(upstream_gen *g)
 {
+	if (!g)
+		return;
+	/* The store first: the mirror module may still be called back while it goes. */
+	if (g->state)
+		km_state_free(g->state);
+	km_mirror_free(g->mirror);
+	SSL_CTX_free(g->tls);
+	km_metrics_free(g->metrics);
+	km_config_free(&g->cfg);
+	free(g);
+}
+
+/* The state store on cfg's upstream (the destination), with the mirror module driving its partitions. */
+static upstream_gen *gen_new(daemon_ctx *d, const km_config *cfg, bool swap, char *err, size_t errlen)
+{
+	upstream_gen *g = calloc(1, sizeof(*g));
 	km_state_opts o;
 
-	/* The destination as the proxy reaches it: the same TLS settings. */
-	if (d->cfg.upstream_tls) {
-		d->state_tls = km_net_tls_client_ctx(d->cfg.upstream_tls_ca_file, d->cfg.upstream_tls_cert_file,
-						     d->cfg.upstream_tls_key_file, true, err, errlen);
-		if (!d->state_tls)
-			return false;
-	}
-	memset(&d->mirror_opts, 0, sizeof(d->mirror_opts));
-	d->mirror_opts.base = d->base;
-	d->mirror_opts.cfg = &d->cfg;
-	d->mirror_opts.tls = d->state_tls;
-	d->mirror_opts.metrics = d->metrics;
-	d->mirror = km_mirror_new(&d->mirror_opts);
-	if (!d->mirror) {
+	if (!g || km_config_copy(&g->cfg, cfg) != KM_OK) {
+		free(g);
 		snprintf(err, errlen, "out of memory");
-		return false;
+		return NULL;
+	}
+	g->d = d;
+	g->swap = swap;
+	if (!(g->metrics = km_metrics_new_child(d->metrics))) {
+		snprintf(err, errlen, "out of memory");
+		goto fail;
+	}
+	/* The destination as the proxy reaches it: the same TLS settings. */
+	if (g->cfg.upstream_tls) {
+		g->tls = km_net_tls_client_ctx(g->cfg.upstream_tls_ca_file, g->cfg.upstream_tls_cert_file,
+					       g->cfg.upstream_tls_key_file, true, err, errlen);
+		if (!g->tls)
+			goto fail;
+	}
+	g->mirror_opts.base = d->base;
+	g->mirror_opts.cfg = &g->cfg;
+	g->mirror_opts.tls = g->tls;
+	g->mirror_opts.metrics = g->metrics;
+	g->mirror = km_mirror_new(&g->mirror_opts);
+	if (!g->mirror) {
+		snprintf(err, errlen, "out of memory");
+		goto fail;
 	}
 	memset(&o, 0, sizeof(o));
 	o.base = d->base;
 	o.dns = NULL;
-	o.cfg = &d->cfg;
-	o.tls = d->state_tls;
-	o.metrics = d->metrics;
+	o.cfg = &g->cfg;
+	o.tls = g->tls;
+	o.metrics = g->metrics;
 	o.on_ready = state_ready;
 	o.on_partition = state_partition;
-	o.arg = d;
-	d->state = km_state_new(&o, err, errlen);
-	if (!d->state)
-		return false;
-	km_mirror_attach(d->mirror, d->state);
-	return true;
+	o.arg = g;
+	g->state = km_state_new(&o, err, errlen);
+	if (!g->state)
+		goto fail;
+	km_mirror_attach(g->mirror, g->state);
+	return g;
+fail:
+	gen_free(g);
+	return NULL;
+}
+
+/* The proxy's upstream swap: the next upstream's modules, answered from state_ready. */
+static void *swap_prepare(void *arg, const km_config *cfg)
+{
+	daemon_ctx *d = arg;
+	char err[512];
+	upstream_gen *g = gen_new(d, cfg, true, err, sizeof(err));
+	if (!g)
+		KM_ERROR("main", 0, "upstream swap: %s", err);
+	return g;
+}
+
+static void gen_free_cb(evutil_socket_t fd, short what, void *arg)
+{
+	gen_free(arg);
+}
+
+/* Later, not now: the proxy may release a store from inside that store's own callback. */
+static void swap_release(void *arg, void *handle)
+{
+	daemon_ctx *d = arg;
+	struct timeval now = {0, 0};
+	if (handle == d->gen)
+		return;
+	if (event_base_once(d->base, -1, EV_TIMEOUT, gen_free_cb, handle, &now) != 0)
+		gen_free(handle); /* no memory for the event: at once, as the lesser harm */
 }
 
 static const char *flag_to_option(const char *flag, char *buf, size_t len)
@@ -314,23 +403,23 @@ int main(int argc, char **argv)
 		return 1;
 	}
 	d.proxy = km_proxy_new(d.base, &d.cfg, d.metrics, err, sizeof(err));
-	if (d.proxy && !make_state(&d, err, sizeof(err))) {
+	if (d.proxy && !(d.gen = gen_new(&d, &d.cfg, false, err, sizeof(err)))) {
 		km_proxy_free(d.proxy);
 		d.proxy = NULL;
 	}
 	if (!d.proxy) {
 		KM_ERROR("main", 0, "cannot start: %s", err);
-		if (d.state)
-			km_state_free(d.state);
-		km_mirror_free(d.mirror);
-		SSL_CTX_free(d.state_tls);
 		event_base_free(d.base);
 		km_metrics_free(d.metrics);
 		km_config_free(&d.cfg);
 		return 1;
 	}
-	km_proxy_set_state(d.proxy, d.state);
-	km_proxy_set_mirror(d.proxy, d.mirror);
+	km_proxy_set_state(d.proxy, d.gen->state);
+	km_proxy_set_mirror(d.proxy, d.gen->mirror);
+	{
+		km_proxy_swap_ops ops = {swap_prepare, swap_release, &d};
+		km_proxy_set_swap_ops(d.proxy, &ops, d.gen);
+	}
 	sig_hup = evsignal_new(d.base, SIGHUP, on_signal, &d);
 	sig_term = evsignal_new(d.base, SIGTERM, on_signal, &d);
 	sig_int = evsignal_new(d.base, SIGINT, on_signal, &d);
@@ -342,12 +431,10 @@ int main(int argc, char **argv)
 		KM_INFO("main", 0, "kmirrord %s started", KM_VERSION);
 		event_base_dispatch(d.base);
 	}
+	/* The proxy releases the previous upstreams' modules; the current one's go after it (its hooks
+	 * hold the store), before the loop goes (the store's events live there). */
 	km_proxy_free(d.proxy);
-	/* After the proxy (its hooks hold the store), before the loop goes (the store's events live there). */
-	if (d.state)
-		km_state_free(d.state);
-	km_mirror_free(d.mirror);
-	SSL_CTX_free(d.state_tls);
+	gen_free(d.gen);
 	if (sig_hup)
 		event_free(sig_hup);
 	if (sig_term)

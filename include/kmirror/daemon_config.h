@@ -29,6 +29,8 @@ typedef struct km_config {
 	km_hostport upstream[KM_CONFIG_MAX_UPSTREAMS];
 	int upstream_count;
 	km_hostport http_listen; /* port 0: disabled */
+	char *upstream_file;      /* where a swap of the upstream is persisted; NULL: swaps refused */
+	char *admin_token_file;   /* the HTTP admin endpoint's bearer token; NULL: endpoint refuses */
 	int64_t log_level;        /* km_log_level */
 	int64_t max_frame_bytes;
 	int64_t idle_timeout_ms;
@@ -80,5 +82,17 @@ km_err km_config_validate(const km_config *cfg, char *err, size_t errlen) __attr
  */
 km_err km_config_check_reload(const km_config *cur, const km_config *next, char *err, size_t errlen)
 	__attribute__((warn_unused_result));
+
+/*
+ * The upstream swap's persistence (docs/proxy.md, "Upstream swap"). The file holds one line,
+ * "upstream = HOST:PORT,...". apply: when cfg->upstream_file names a file that exists, its upstream
+ * replaces cfg's (a missing file is no error: no swap yet). write: the list replaces the file's
+ * content atomically (temporary file, fsync, rename, fsync of the directory).
+ */
+km_err km_config_apply_upstream_file(km_config *cfg, char *err, size_t errlen) __attribute__((warn_unused_result));
+km_err km_config_write_upstream_file(const char *path, const km_hostport *list, int count, char *err, size_t errlen)
+	__attribute__((warn_unused_result));
+/* "HOST:PORT,HOST:PORT" into buf (truncated to len). */
+void km_config_format_upstream(const km_hostport *list, int count, char *buf, size_t len);
 
 #endif

@@ -38,6 +38,12 @@ typedef struct km_metric_desc {
 
 /* A registry; it always holds KM_METRICS_DROPPED_NAME, the label sets folded into overflow series. */
 km_metrics *km_metrics_new(void);
+/*
+ * A registry rendered as part of parent's exposition, after parent's families, the newest child
+ * first; a family whose name came earlier is left out (a module made twice, as at an upstream swap,
+ * shows its newest instance). km_metrics_free of the child detaches it; free children first.
+ */
+km_metrics *km_metrics_new_child(km_metrics *parent);
 /* Frees the families and series; the owners of series by pointer must not use them afterwards. */
 void km_metrics_free(km_metrics *m);
 

@@ -2,9 +2,11 @@
 #ifndef KMIRROR_PROXY_H
 #define KMIRROR_PROXY_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
+#include <event2/buffer.h>
 #include <event2/event.h>
 
 #include "kmirror/daemon_config.h"
@@ -95,6 +97,37 @@ void km_proxy_set_state(km_proxy *px, km_state *st);
  */
 void km_proxy_set_mirror(km_proxy *px, km_mirror *mi);
 
+/*
+ * Upstream swap (docs/proxy.md, "Upstream swap"): the proxy moves to another cluster on command,
+ * keeping its listeners. What it needs from the daemon's main: prepare builds the modules of the new
+ * upstream (state store, mirror module) from cfg (a copy the proxy keeps until its answer; the
+ * modules must copy what they keep) and returns a handle, then reports once with
+ * km_proxy_swap_ready (not from inside prepare); release frees a handle's modules, once no session
+ * uses them (the previous upstream's after its drain, or a swap that failed).
+ */
+typedef struct km_proxy_swap_ops {
+	void *(*prepare)(void *arg, const km_config *cfg);
+	void (*release)(void *arg, void *handle);
+	void *arg;
+} km_proxy_swap_ops;
+/* The ops and the handle of the modules given with km_proxy_set_state and km_proxy_set_mirror. */
+void km_proxy_set_swap_ops(km_proxy *px, const km_proxy_swap_ops *ops, void *current);
+/*
+ * prepare's answer: err KM_OK with the handle's store (read back) and mirror module, or why not in
+ * msg. True when the handle's modules now serve (the swap took effect); false when they were
+ * released (the swap failed, or it had timed out).
+ */
+bool km_proxy_swap_ready(km_proxy *px, void *handle, km_state *st, km_mirror *mi, km_err err, const char *msg);
+/*
+ * Start a swap to upstream ("HOST:PORT,..."): KM_OK when started (done is called once, when the
+ * proxy fronts the new cluster or the swap failed, with a message for the operator), or the reason
+ * it cannot start in err. The new upstream is written to upstream_file before any client sees it.
+ */
+typedef void (*km_proxy_swap_done)(void *arg, km_err err, const char *msg);
+km_err km_proxy_swap(km_proxy *px, const char *upstream, km_proxy_swap_done done, void *arg, char *err,
+		     size_t errlen) __attribute__((warn_unused_result));
+/* The swap's state as one JSON object: the upstream, a swap in progress, previous upstreams draining, the last outcome. */
+void km_proxy_swap_status(km_proxy *px, struct evbuffer *out);
 km_proxy_counters *km_proxy_metrics(km_proxy *px);
 size_t km_proxy_session_count(const km_proxy *px);
 

@@ -1,7 +1,12 @@
 /* kmirrord configuration: the option table of km_config, and the cross-option rules the engine cannot know. */
+#include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
+#include <libgen.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "kmirror/daemon_config.h"
 #include "kmirror/log.h"
@@ -37,7 +42,15 @@ static const km_option options[] = {
 	 .doc = "Bootstrap addresses of the upstream (destination) cluster, comma separated. Required. "
 		 "A reload affects new connections and the next metadata refresh."},
 	{.name = "http_listen", .type = KM_OPT_HOSTPORT, .offset = OFF(http_listen), .def = "",
-	 .doc = "Address of the HTTP endpoint serving /metrics and /healthz; empty disables it."},
+	 .doc = "Address of the HTTP endpoint serving /metrics, /healthz and /admin/upstream; empty disables it."},
+	{.name = "upstream_file", .type = KM_OPT_STRING, .offset = OFF(upstream_file), .def = "",
+	 .doc = "File that persists an upstream swap (docs/proxy.md, \"Upstream swap\"): written before the swap "
+		"takes effect; when it exists at start, its upstream replaces the upstream option (also on "
+		"reload). Empty: swaps are refused."},
+	{.name = "admin_token_file", .type = KM_OPT_STRING, .offset = OFF(admin_token_file), .def = "",
+	 .reloadable = true,
+	 .doc = "File holding the bearer token of the HTTP admin endpoint (POST /admin/upstream), read on "
+		"every request. Empty: the admin endpoint answers 403."},
 	{.name = "log_level", .type = KM_OPT_ENUM, .offset = OFF(log_level), .def = "info", .choices = &log_levels,
 	 .reloadable = true,
 	 .doc = "error, warn, info, debug or trace."},
@@ -227,4 +240,119 @@ km_err km_config_check_reload(const km_config *cur, const km_config *next, char 
 	if (rc != KM_OK)
 		return rc;
 	return km_opt_check_reload(&table, cur, next, err, errlen);
+}
+
+/* ---- the upstream swap's file ---- */
+
+void km_config_format_upstream(const km_hostport *list, int count, char *buf, size_t len)
+{
+	size_t n = 0;
+	if (len)
+		buf[0] = '\0';
+	for (int i = 0; i < count && n + 1 < len; i++) {
+		char one[300];
+		km_hostport_format(&list[i], one, sizeof(one));
+		n += (size_t)snprintf(buf + n, len - n, "%s%s", i ? "," : "", one);
+	}
+}
+
+km_err km_config_apply_upstream_file(km_config *cfg, char *err, size_t errlen)
+{
+	char line[4096], sub[400];
+	FILE *f;
+	bool found = false;
+	km_err rc = KM_OK;
+
+	if (!cfg->upstream_file)
+		return KM_OK;
+	f = fopen(cfg->upstream_file, "r");
+	if (!f) {
+		if (errno == ENOENT)
+			return KM_OK;
+		snprintf(err, errlen, "upstream_file %s: %s", cfg->upstream_file, strerror(errno));
+		return KM_ERR_CONFIG;
+	}
+	while (rc == KM_OK && fgets(line, sizeof(line), f)) {
+		char *p = line, *eq, *end;
+		while (*p == ' ' || *p == '\t')
+			p++;
+		if (*p == '#' || *p == '\n' || *p == '\0')
+			continue;
+		eq = strchr(p, '=');
+		end = p + strlen(p);
+		while (end > p && (end[-1] == '\n' || end[-1] == '\r' || end[-1] == ' '))
+			*--end = '\0';
+		if (!eq || strncmp(p, "upstream", 8) != 0 || strspn(p + 8, " \t") != (size_t)(eq - p - 8)) {
+			snprintf(err, errlen, "upstream_file %s: unexpected line '%s' (only 'upstream = HOST:PORT,...')",
+				 cfg->upstream_file, p);
+			rc = KM_ERR_CONFIG;
+			break;
+		}
+		for (eq++; *eq == ' ' || *eq == '\t'; eq++)
+			;
+		if (km_config_set(cfg, "upstream", eq, sub, sizeof(sub)) != KM_OK) {
+			snprintf(err, errlen, "upstream_file %s: %s", cfg->upstream_file, sub);
+			rc = KM_ERR_CONFIG;
+		}
+		found = true;
+	}
+	if (rc == KM_OK && ferror(f)) {
+		snprintf(err, errlen, "upstream_file %s: read error", cfg->upstream_file);
+		rc = KM_ERR_CONFIG;
+	}
+	fclose(f);
+	if (rc == KM_OK && !found) {
+		snprintf(err, errlen, "upstream_file %s: no 'upstream = HOST:PORT,...' line (delete the file to use the "
+			 "upstream option)", cfg->upstream_file);
+		rc = KM_ERR_CONFIG;
+	}
+	return rc;
+}
+
+km_err km_config_write_upstream_file(const char *path, const km_hostport *list, int count, char *err, size_t errlen)
+{
+	char tmp[4096], text[4096], dir[4096];
+	int fd, dfd;
+	size_t len, done = 0;
+
+	if (snprintf(tmp, sizeof(tmp), "%s.tmp", path) >= (int)sizeof(tmp)) {
+		snprintf(err, errlen, "upstream_file: path too long");
+		return KM_ERR_INVAL;
+	}
+	km_config_format_upstream(list, count, text + 11, sizeof(text) - 12);
+	memcpy(text, "upstream = ", 11);
+	len = strlen(text);
+	text[len++] = '\n';
+	fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+	if (fd < 0) {
+		snprintf(err, errlen, "cannot write %s: %s", tmp, strerror(errno));
+		return KM_ERR_IO;
+	}
+	while (done < len) {
+		ssize_t n = write(fd, text + done, len - done);
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n <= 0)
+			break;
+		done += (size_t)n;
+	}
+	if (done < len || fsync(fd) != 0) {
+		snprintf(err, errlen, "cannot write %s: %s", tmp, strerror(errno));
+		close(fd);
+		unlink(tmp);
+		return KM_ERR_IO;
+	}
+	close(fd);
+	if (rename(tmp, path) != 0) {
+		snprintf(err, errlen, "cannot rename %s to %s: %s", tmp, path, strerror(errno));
+		unlink(tmp);
+		return KM_ERR_IO;
+	}
+	snprintf(dir, sizeof(dir), "%s", path);
+	dfd = open(dirname(dir), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (dfd >= 0) {
+		(void)fsync(dfd);
+		close(dfd);
+	}
+	return KM_OK;
 }

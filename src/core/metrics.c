@@ -47,6 +47,9 @@ struct km_metrics {
 	km_metric_family **families;
 	size_t nfamilies, capfamilies;
 	uint64_t dropped;
+	km_metrics *parent;    /* a child registry (km_metrics_new_child) */
+	km_metrics **children; /* rendered after the families, newest first */
+	size_t nchildren, capchildren;
 };
 
 static bool name_ok(const char *s, bool colon)
@@ -178,10 +181,36 @@ km_metrics *km_metrics_new(void)
 	return m;
 }
 
+km_metrics *km_metrics_new_child(km_metrics *parent)
+{
+	km_metrics *m;
+
+	if (parent->nchildren == parent->capchildren &&
+	    !grow((void **)&parent->children, &parent->capchildren, sizeof(*parent->children)))
+		return NULL;
+	if (!(m = km_metrics_new()))
+		return NULL;
+	m->parent = parent;
+	parent->children[parent->nchildren++] = m;
+	return m;
+}
+
 void km_metrics_free(km_metrics *m)
 {
 	if (!m)
 		return;
+	if (m->parent) {
+		km_metrics *p = m->parent;
+		for (size_t i = 0; i < p->nchildren; i++)
+			if (p->children[i] == m) {
+				memmove(&p->children[i], &p->children[i + 1], (p->nchildren - i - 1) * sizeof(*p->children));
+				p->nchildren--;
+				break;
+			}
+	}
+	for (size_t i = 0; i < m->nchildren; i++)
+		m->children[i]->parent = NULL;
+	free(m->children);
 	for (size_t i = 0; i < m->nfamilies; i++)
 		family_free(m->families[i]);
 	free(m->families);
@@ -447,12 +476,27 @@ static void render_series(FILE *out, const km_metric_series *s)
 	}
 }
 
-km_err km_metrics_render(const km_metrics *m, FILE *out)
+/* Whether a family called name was rendered before f's turn: in root's families, or a child newer than upto. */
+static bool rendered_before(const km_metrics *root, size_t upto, const char *name)
+{
+	for (size_t i = 0; i < root->nfamilies; i++)
+		if (!strcmp(root->families[i]->name, name))
+			return true;
+	for (size_t c = root->nchildren; c-- > upto + 1;)
+		for (size_t i = 0; i < root->children[c]->nfamilies; i++)
+			if (!strcmp(root->children[c]->families[i]->name, name))
+				return true;
+	return false;
+}
+
+static void render_families(const km_metrics *m, const km_metrics *root, size_t child, FILE *out)
 {
 	static const char *const type_names[] = {"counter", "gauge", "histogram"};
 
 	for (size_t i = 0; i < m->nfamilies; i++) {
 		const km_metric_family *f = m->families[i];
+		if (m != root && rendered_before(root, child, f->name))
+			continue;
 		fprintf(out, "# HELP %s ", f->name);
 		put_escaped(out, f->help, false);
 		fprintf(out, "\n# TYPE %s %s\n", f->name, type_names[f->type]);
@@ -461,5 +505,12 @@ km_err km_metrics_render(const km_metrics *m, FILE *out)
 		if (f->overflow)
 			render_series(out, f->overflow);
 	}
+}
+
+km_err km_metrics_render(const km_metrics *m, FILE *out)
+{
+	render_families(m, m, 0, out);
+	for (size_t c = m->nchildren; c-- > 0;)
+		render_families(m->children[c], m, c, out);
 	return ferror(out) ? KM_ERR_IO : KM_OK;
 }

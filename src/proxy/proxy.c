@@ -187,16 +187,21 @@ static void learn_broker(void *arg, int32_t node_id, km_str host, int32_t port, 
 		(long long)(px->cfg.broker_port_base + node_id));
 }
 
-static void proxy_rewrite_ctx(void *arg, km_rewrite_ctx *ctx)
+void km_proxy_fill_rewrite_ctx(km_proxy *px, km_rewrite_ctx *ctx,
+			       void (*learn)(void *arg, int32_t node_id, km_str host, int32_t port, km_str rack), void *arg)
 {
-	km_proxy *px = arg;
 	memset(ctx, 0, sizeof(*ctx));
 	ctx->host = px->cfg.advertised_host;
 	ctx->port_base = (int32_t)px->cfg.broker_port_base;
 	ctx->port_count = (int32_t)px->cfg.broker_port_count;
-	ctx->learn = learn_broker;
-	ctx->arg = px;
+	ctx->learn = learn;
+	ctx->arg = arg;
 	ctx->apis = px->apis;
+}
+
+static void proxy_rewrite_ctx(void *arg, km_rewrite_ctx *ctx)
+{
+	km_proxy_fill_rewrite_ctx(arg, ctx, learn_broker, arg);
 }
 
 /* ---- metadata refresh: Metadata v9 with no topics, answered by any bootstrap address ---- */
@@ -275,6 +280,18 @@ static void meta_refresh(km_proxy *px)
 	}
 }
 
+void km_proxy_refresh_now(km_proxy *px)
+{
+	if (px->meta) { /* asked of the previous upstream: its callbacks see px->meta no longer theirs */
+		km_net_client *c = px->meta;
+		px->meta = NULL;
+		km_net_client_free(c);
+	}
+	px->meta_backoff_ms = 0;
+	px->meta_next_ms = km_proxy_now_ms(px) + (uint64_t)px->cfg.metadata_refresh_ms;
+	meta_refresh(px);
+}
+
 /* ---- periodic work ---- */
 
 static void tick_cb(evutil_socket_t fd, short what, void *arg)
@@ -290,6 +307,95 @@ static void tick_cb(evutil_socket_t fd, short what, void *arg)
 }
 
 /* ---- HTTP: /metrics and /healthz ---- */
+
+static void reply_text(struct evhttp_request *req, struct evbuffer *out, int code, const char *reason, const char *msg)
+{
+	evhttp_add_header(evhttp_request_get_output_headers(req), "Content-Type", "text/plain");
+	evbuffer_add_printf(out, "%s\n", msg);
+	evhttp_send_reply(req, code, reason, out);
+}
+
+/* Whether the request carries "Authorization: Bearer TOKEN" with admin_token_file's token (read now). */
+static bool admin_authorized(km_proxy *px, struct evhttp_request *req, char *why, size_t len)
+{
+	const char *auth = evhttp_find_header(evhttp_request_get_input_headers(req), "Authorization");
+	char token[512];
+	size_t n, given;
+	unsigned char diff = 0;
+	FILE *f;
+
+	if (!px->cfg.admin_token_file) {
+		snprintf(why, len, "the admin endpoint is disabled: set admin_token_file (a file holding a bearer token)");
+		return false;
+	}
+	if (!(f = fopen(px->cfg.admin_token_file, "r"))) {
+		snprintf(why, len, "cannot read admin_token_file %s: %s", px->cfg.admin_token_file, strerror(errno));
+		return false;
+	}
+	n = fread(token, 1, sizeof(token) - 1, f);
+	fclose(f);
+	while (n && (token[n - 1] == '\n' || token[n - 1] == '\r' || token[n - 1] == ' '))
+		n--;
+	token[n] = '\0';
+	if (n == 0) {
+		snprintf(why, len, "admin_token_file %s is empty: put a token in it", px->cfg.admin_token_file);
+		return false;
+	}
+	if (!auth || strncmp(auth, "Bearer ", 7) != 0) {
+		snprintf(why, len, "send the token of admin_token_file as 'Authorization: Bearer TOKEN'");
+		return false;
+	}
+	auth += 7;
+	given = strlen(auth);
+	for (size_t i = 0; i < n; i++) /* no early exit: the time does not say how much matched */
+		diff |= (unsigned char)(token[i] ^ (i < given ? auth[i] : 0));
+	if (diff || given != n) {
+		snprintf(why, len, "wrong bearer token");
+		return false;
+	}
+	return true;
+}
+
+/* GET: the swap's status (JSON); POST with body HOST:PORT[,HOST:PORT...]: start a swap (202, then poll GET). */
+static void admin_upstream(km_proxy *px, struct evhttp_request *req, struct evbuffer *out)
+{
+	enum evhttp_cmd_type cmd = evhttp_request_get_command(req);
+	struct evbuffer *body = evhttp_request_get_input_buffer(req);
+	char why[1024], text[2048];
+	size_t n;
+
+	if (!admin_authorized(px, req, why, sizeof(why))) {
+		bool disabled = !px->cfg.admin_token_file;
+		reply_text(req, out, disabled ? 403 : 401, disabled ? "Forbidden" : "Unauthorized", why);
+		return;
+	}
+	if (cmd == EVHTTP_REQ_GET || cmd == EVHTTP_REQ_HEAD) {
+		evhttp_add_header(evhttp_request_get_output_headers(req), "Content-Type", "application/json");
+		km_proxy_swap_status(px, out);
+		evhttp_send_reply(req, 200, "OK", out);
+		return;
+	}
+	if (cmd != EVHTTP_REQ_POST) {
+		reply_text(req, out, 405, "Method Not Allowed", "GET or POST");
+		return;
+	}
+	n = evbuffer_get_length(body);
+	if (n == 0 || n >= sizeof(text)) {
+		reply_text(req, out, 400, "Bad Request", "the body is the new upstream: HOST:PORT[,HOST:PORT...]");
+		return;
+	}
+	evbuffer_remove(body, text, n);
+	text[n] = '\0';
+	while (n && (text[n - 1] == '\n' || text[n - 1] == '\r' || text[n - 1] == ' '))
+		text[--n] = '\0';
+	if (km_proxy_swap(px, text, NULL, NULL, why, sizeof(why)) != KM_OK) {
+		reply_text(req, out, px->swap ? 409 : 400, px->swap ? "Conflict" : "Bad Request", why);
+		return;
+	}
+	evbuffer_add_printf(out, "upstream swap to %s started: GET /admin/upstream shows its progress\n", text);
+	evhttp_add_header(evhttp_request_get_output_headers(req), "Content-Type", "text/plain");
+	evhttp_send_reply(req, 202, "Accepted", out);
+}
 
 static void http_cb(struct evhttp_request *req, void *arg)
 {
@@ -331,6 +437,8 @@ static void http_cb(struct evhttp_request *req, void *arg)
 			evbuffer_add_printf(out, "ok\n");
 			evhttp_send_reply(req, 200, "OK", out);
 		}
+	} else if (strncmp(uri, "/admin/upstream", 15) == 0 && (uri[15] == '\0' || uri[15] == '?')) {
+		admin_upstream(px, req, out);
 	} else {
 		evhttp_send_error(req, 404, "Not Found");
 	}
@@ -410,7 +518,8 @@ km_proxy *km_proxy_new(struct event_base *base, const km_config *cfg, km_metrics
 			goto fail;
 		}
 		evhttp_set_gencb(px->http, http_cb, px);
-		evhttp_set_allowed_methods(px->http, EVHTTP_REQ_GET | EVHTTP_REQ_HEAD);
+		evhttp_set_max_body_size(px->http, 4096);
+		evhttp_set_allowed_methods(px->http, EVHTTP_REQ_GET | EVHTTP_REQ_HEAD | EVHTTP_REQ_POST);
 	}
 	px->tick_ev = event_new(base, -1, EV_PERSIST, tick_cb, px);
 	if (!px->tick_ev || event_add(px->tick_ev, &tick) != 0) {
@@ -439,6 +548,10 @@ km_err km_proxy_reload(km_proxy *px, const km_config *next, char *err, size_t er
 	km_config copy;
 	SSL_CTX *server, *upstream;
 
+	if (px->swap) {
+		snprintf(err, errlen, "an upstream swap is in progress: reload again after it");
+		return KM_ERR_INVAL;
+	}
 	/* TLS files are read again on every reload, so certificates rotated in place are picked up.
 	 * New connections use the new contexts; open ones keep theirs (each SSL holds a reference). */
 	if (make_tls(px, next, &server, &upstream, err, errlen) != KM_OK)
@@ -530,6 +643,7 @@ void km_proxy_free(km_proxy *px)
 		km_off_detach(px->sessions);
 	}
 	km_session_set_free(px->sessions);
+	km_proxy_swap_free(px);
 	km_proxy_apis_free(px->apis);
 	if (px->meta)
 		km_net_client_free(px->meta);

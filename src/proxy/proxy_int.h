@@ -53,11 +53,23 @@ struct km_proxy {
 	uint64_t drain_deadline_ms;
 	void (*drain_done)(void *arg);
 	void *drain_arg;
+	/* upstream swap (swap.c) */
+	km_proxy_swap_ops swap_ops;
+	void *gen;                    /* the current upstream's modules (the daemon's handle) */
+	struct km_swap *swap;         /* the swap being prepared; NULL: none */
+	struct km_prev_upstream *prev; /* previous upstreams whose sessions still drain */
+	char swap_last[512];          /* the last swap's outcome, for km_proxy_swap_status */
 	km_proxy_counters metrics;
 	km_metrics *registry;     /* served on /metrics */
 	km_metrics *own_registry; /* when the caller gave none */
 };
 
 uint64_t km_proxy_now_ms(const km_proxy *px);
+/* proxy.c for swap.c: the rewriting context (learn: where learned brokers go, NULL: nowhere), a metadata refresh now. */
+void km_proxy_fill_rewrite_ctx(km_proxy *px, km_rewrite_ctx *ctx,
+			       void (*learn)(void *arg, int32_t node_id, km_str host, int32_t port, km_str rack), void *arg);
+void km_proxy_refresh_now(km_proxy *px);
+/* swap.c for proxy.c: free what swaps hold (at km_proxy_free). */
+void km_proxy_swap_free(km_proxy *px);
 
 #endif

@@ -1040,6 +1040,32 @@ size_t km_session_set_count(const km_session_set *set)
 	return set->count;
 }
 
+size_t km_session_set_count_of(const km_session_set *set, const km_session_host *host)
+{
+	size_t n = 0;
+	for (const km_session *s = set->sessions; s; s = s->next)
+		n += !s->closed && s->host == host;
+	return n;
+}
+
+void km_session_set_rehost(km_session_set *set, const km_session_host *to)
+{
+	for (km_session *s = set->sessions; s; s = s->next)
+		if (s->host == set->host)
+			s->host = to;
+}
+
+void km_session_set_close_of(km_session_set *set, const km_session_host *host, const char *why)
+{
+	km_session *s = set->sessions;
+	while (s) {
+		km_session *next = s->next;
+		if (s->host == host && !s->closed)
+			session_close(s, why);
+		s = next;
+	}
+}
+
 void km_session_set_accept(km_session_set *set, int fd, int32_t node_id)
 {
 	const km_session_host *host = set->host;
@@ -1082,11 +1108,16 @@ void km_session_set_accept(km_session_set *set, int fd, int32_t node_id)
 
 size_t km_session_set_drain(km_session_set *set, size_t n)
 {
+	return km_session_set_drain_of(set, NULL, n);
+}
+
+size_t km_session_set_drain_of(km_session_set *set, const km_session_host *host, size_t n)
+{
 	size_t asked = 0;
 	km_session *s = set->sessions;
 	while (s && asked < n) {
 		km_session *next = s->next;
-		if (!s->closed && !s->draining) {
+		if (!s->closed && !s->draining && (!host || s->host == host)) {
 			s->draining = true;
 			asked++;
 			update_cli_reading(s);

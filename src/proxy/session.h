@@ -61,6 +61,15 @@ void km_session_set_tick(km_session_set *set, uint64_t now_ms);
 size_t km_session_set_drain(km_session_set *set, size_t n);
 /* Close every session now (their memory goes at the end of the loop iteration). */
 void km_session_set_close_all(km_session_set *set, const char *why);
+/*
+ * An upstream swap's generations: rehost moves every session on the set's host (the current one)
+ * to to (the previous upstream's host, which must outlive them); new sessions keep getting the
+ * set's host. The _of variants count, drain and close only the sessions on host.
+ */
+void km_session_set_rehost(km_session_set *set, const km_session_host *to);
+size_t km_session_set_count_of(const km_session_set *set, const km_session_host *host);
+size_t km_session_set_drain_of(km_session_set *set, const km_session_host *host, size_t n);
+void km_session_set_close_of(km_session_set *set, const km_session_host *host, const char *why);
 
 uint64_t km_session_id(const km_session *s);
 /* What the session sees of the proxy (hooks reach the state store and the session set through it). */

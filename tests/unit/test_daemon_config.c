@@ -207,13 +207,55 @@ static void test_docs_match_table(void **state)
 	free(gen);
 }
 
+/* The upstream swap's file: written atomically, read back over the upstream option; bad content is an error. */
+static void test_upstream_file(void **state)
+{
+	km_config cfg;
+	char err[512], path[] = "/tmp/km-unit-upXXXXXX";
+	int fd = mkstemp(path);
+	char *bad = write_tmp("upstream = k:1\nlisten = 127.0.0.1:1\n");
+	char *noline = write_tmp("# nothing\n");
+	km_hostport list[2];
+
+	assert_true(fd >= 0);
+	close(fd);
+	unlink(path); /* missing: no swap yet, the option stands */
+	km_config_init(&cfg);
+	assert_int_equal(km_config_set(&cfg, "upstream", "a:1", err, sizeof(err)), KM_OK);
+	assert_int_equal(km_config_set(&cfg, "upstream_file", path, err, sizeof(err)), KM_OK);
+	assert_int_equal(km_config_apply_upstream_file(&cfg, err, sizeof(err)), KM_OK);
+	assert_int_equal(cfg.upstream_count, 1);
+	assert_string_equal(cfg.upstream[0].host, "a");
+	assert_true(km_hostport_parse("b.example:9092", &list[0]) && km_hostport_parse("c:9093", &list[1]));
+	assert_int_equal(km_config_write_upstream_file(path, list, 2, err, sizeof(err)), KM_OK);
+	assert_int_equal(km_config_apply_upstream_file(&cfg, err, sizeof(err)), KM_OK);
+	assert_int_equal(cfg.upstream_count, 2);
+	assert_string_equal(cfg.upstream[0].host, "b.example");
+	assert_int_equal(cfg.upstream[1].port, 9093);
+	assert_int_equal(access(path, F_OK), 0);
+	unlink(path);
+	assert_int_equal(km_config_set(&cfg, "upstream_file", bad, err, sizeof(err)), KM_OK);
+	assert_int_equal(km_config_apply_upstream_file(&cfg, err, sizeof(err)), KM_ERR_CONFIG);
+	assert_non_null(strstr(err, "listen"));
+	assert_int_equal(km_config_set(&cfg, "upstream_file", noline, err, sizeof(err)), KM_OK);
+	assert_int_equal(km_config_apply_upstream_file(&cfg, err, sizeof(err)), KM_ERR_CONFIG);
+	assert_non_null(strstr(err, "no 'upstream"));
+	assert_int_equal(km_config_write_upstream_file("/nonexistent/dir/up", list, 1, err, sizeof(err)), KM_ERR_IO);
+	assert_non_null(strstr(err, "/nonexistent/dir/up.tmp"));
+	km_config_free(&cfg);
+	unlink(bad);
+	unlink(noline);
+	free(bad);
+	free(noline);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_defaults_round_trip), cmocka_unit_test(test_set_values),
 		cmocka_unit_test(test_load_file),           cmocka_unit_test(test_validate),
 		cmocka_unit_test(test_reload_rules),        cmocka_unit_test(test_sasl_mechanisms),
-		cmocka_unit_test(test_docs_match_table),
+		cmocka_unit_test(test_docs_match_table),    cmocka_unit_test(test_upstream_file),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -315,13 +315,44 @@ static void test_many_series(void **state)
 	km_metrics_free(m);
 }
 
+/* Child registries (an upstream swap's modules): rendered after the parent, the newest child winning a name. */
+static void test_children(void **state)
+{
+	static const km_metric_desc own = {.name = "kmirror_own", .help = "Parent's.", .type = KM_METRIC_GAUGE};
+	static const km_metric_desc mod = {.name = "kmirror_module", .help = "A module's.", .type = KM_METRIC_GAUGE};
+	km_metrics *m = km_metrics_new();
+	km_metrics *old = km_metrics_new_child(m), *cur = km_metrics_new_child(m);
+	char *text;
+
+	km_metric_set(km_metric_series_get(km_metrics_family(m, &own), NULL), 1);
+	km_metric_set(km_metric_series_get(km_metrics_family(old, &mod), NULL), 2);
+	km_metric_set(km_metric_series_get(km_metrics_family(cur, &mod), NULL), 3);
+	text = render(m);
+	assert_non_null(strstr(text, "kmirror_own 1\n"));
+	assert_non_null(strstr(text, "kmirror_module 3\n"));    /* the newest */
+	assert_null(strstr(text, "kmirror_module 2\n"));
+
+	/* one dropped family only: the children's own are left out */
+	assert_null(strstr(strstr(text, "# TYPE " KM_METRICS_DROPPED_NAME) + 1, "# TYPE " KM_METRICS_DROPPED_NAME));
+	free(text);
+	km_metrics_free(cur); /* the previous one shows again */
+	text = render(m);
+	assert_non_null(strstr(text, "kmirror_module 2\n"));
+	free(text);
+	km_metrics_free(old);
+	text = render(m);
+	assert_null(strstr(text, "kmirror_module"));
+	free(text);
+	km_metrics_free(m);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_labels_and_types), cmocka_unit_test(test_bad_descriptions),
 		cmocka_unit_test(test_escaping),         cmocka_unit_test(test_cardinality_cap),
 		cmocka_unit_test(test_histogram),        cmocka_unit_test(test_by_pointer),
-		cmocka_unit_test(test_many_series),
+		cmocka_unit_test(test_many_series),      cmocka_unit_test(test_children),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -956,6 +956,14 @@ static void cli_read_cb(struct bufferevent *bev, void *arg)
 		}
 		if (s->draining || inflights_count(&s->fifo) >= (size_t)cfg->max_inflight_requests)
 			break;
+		if (s->host != s->set->host && evbuffer_get_length(in)) {
+			/* The upstream was swapped: nothing new goes to the previous one. The request stays
+			 * unread; the client sends it again on a new connection, to the new upstream. */
+			s->draining = true;
+			update_cli_reading(s);
+			maybe_finish_drain(s);
+			break;
+		}
 		{
 			size_t fifo_before = inflights_count(&s->fifo);
 			head_result r = request_head(s, in);

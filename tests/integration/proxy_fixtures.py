@@ -153,6 +153,18 @@ class Proxy:
         except urllib.error.HTTPError as e:
             return e.code, e.read().decode()
 
+    def http(self, method, path, body=None, token=None, timeout=10.0):
+        """(status, body text) of any request on the HTTP endpoint (token: a bearer token)."""
+        url = f"http://{PROXY_HOST}:{self.http_port}{path}"
+        req = urllib.request.Request(url, data=body.encode() if body is not None else None, method=method)
+        if token is not None:
+            req.add_header("Authorization", f"Bearer {token}")
+        try:
+            with urllib.request.urlopen(req, timeout=timeout) as r:
+                return r.status, r.read().decode()
+        except urllib.error.HTTPError as e:
+            return e.code, e.read().decode()
+
     def metrics(self):
         """{metric name with labels: float} from /metrics."""
         status, body = self.http_get("/metrics")

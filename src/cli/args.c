@@ -22,6 +22,7 @@ enum {
 	O_DRY_RUN = 1 << 8,
 	O_WAIT = 1 << 9,
 	O_PEER = 1 << 10,
+	O_SWAP = 1 << 11,
 };
 
 typedef struct cmd_info {
@@ -85,6 +86,15 @@ static const cmd_info cmds[] = {
 	 "with no security settings: create it by hand first when it needs them. Each step prints as its\n"
 	 "own command does (--output json: one document per step); a refusal ends the operation there,\n"
 	 "with the steps done named."},
+	{KM_CLI_CMD_SWAP_UPSTREAM, "swap-upstream", O_SWAP | O_WAIT,
+	 "swap-upstream --admin HOST:PORT --token-file FILE --to HOST:PORT[,HOST:PORT...] [--wait-ms N]",
+	 "Make kmirrord front another cluster (docs/proxy.md, \"Upstream swap\"), through its HTTP admin\n"
+	 "endpoint (--admin: its http_listen; --token-file: a file holding the token of its\n"
+	 "admin_token_file; --bootstrap-server is not used). kmirrord reads the new cluster's mirror state,\n"
+	 "writes the new upstream to its upstream_file, then serves new connections from the new cluster\n"
+	 "and moves the open ones over gradually. Prints the progress until the open connections moved\n"
+	 "(at most --wait-ms, default 60000; the swap goes on after that); exit 1 when it is refused or\n"
+	 "fails (kmirrord then still fronts the previous cluster)."},
 	{KM_CLI_CMD_PAUSE, "pause", O_MIRROR | O_TOPICS | O_TOPICS_REGEX,
 	 "pause --mirror NAME (--topics A,B | --topics-regex RE)",
 	 "Pause mirroring topics (MIRRORING); they stay read-only. --topics-regex matches whole names\n"
@@ -275,6 +285,7 @@ static const opt_def opt_defs[] = {
 	{"--topics", O_TOPICS, true},     {"--topics-regex", O_TOPICS_REGEX, true},
 	{"--dry-run", O_DRY_RUN, false},  {"--wait-ms", O_WAIT, true},
 	{"--peer-bootstrap", O_PEER, true}, {"--peer-mirror", O_PEER, true},
+	{"--admin", O_SWAP, true},        {"--token-file", O_SWAP, true}, {"--to", O_SWAP, true},
 };
 
 static const opt_def *opt_lookup(const char *name, size_t n)
@@ -322,6 +333,15 @@ static int apply_opt(km_cli_args *a, const opt_def *o, const char *v, km_cli_kvs
 				    MAX_TIMEOUT_MS);
 		a->timeout_ms = t;
 		return KM_CLI_EXIT_OK;
+	}
+	if (!strcmp(n, "--admin"))
+		return set_once(&a->admin, v, n, err, errlen);
+	if (!strcmp(n, "--token-file"))
+		return set_once(&a->token_file, v, n, err, errlen);
+	if (!strcmp(n, "--to")) {
+		if (!*v)
+			return fail(err, errlen, "--to: empty upstream (HOST:PORT[,HOST:PORT...])");
+		return set_once(&a->to, v, n, err, errlen);
 	}
 	if (!strcmp(n, "--peer-bootstrap"))
 		return set_once(&a->peer_bootstrap, v, n, err, errlen);
@@ -380,6 +400,11 @@ static int finish(km_cli_args *a, km_cli_kvs *cli_configs, km_cli_kvs *deletes, 
 	const char *cmd = km_cli_cmd_name(a->cmd);
 	const km_cli_kv *bs;
 
+	if (a->cmd == KM_CLI_CMD_SWAP_UPSTREAM) {
+		if (!a->admin || !a->token_file || !a->to)
+			return fail(err, errlen, "swap-upstream: --admin, --token-file and --to are required");
+		return KM_CLI_EXIT_OK;
+	}
 	if (!a->bootstrap)
 		return fail(err, errlen, "--bootstrap-server is required (kmirrord's address)");
 	switch (a->cmd) {

@@ -30,6 +30,7 @@ typedef enum {
 	KM_CLI_CMD_LAST_OFFSETS,
 	KM_CLI_CMD_PROMOTE,
 	KM_CLI_CMD_REVERSE,
+	KM_CLI_CMD_SWAP_UPSTREAM,
 } km_cli_cmd;
 
 /* "create", ..., "last-mirrored-offsets"; NULL for none. */
@@ -73,6 +74,9 @@ typedef struct km_cli_args {
 	int64_t wait_ms;            /* --wait-ms (promote, reverse): how long lag may take to reach zero, default 60000 */
 	const char *peer_bootstrap; /* --peer-bootstrap (reverse): the kmirrord in front of the mirror's source */
 	const char *peer_mirror;    /* --peer-mirror (reverse): the mirror there that mirrors back */
+	const char *admin;          /* --admin HOST:PORT (swap-upstream): kmirrord's http_listen */
+	const char *token_file;     /* --token-file (swap-upstream): the bearer token of admin_token_file */
+	const char *to;             /* --to HOST:PORT,... (swap-upstream): the new upstream */
 } km_cli_args;
 
 /*
@@ -197,6 +201,13 @@ struct km_describe_mirrors_response;
  * metadata sync and its partitions as tables, or with json one document (docs/kmirror.1).
  */
 void km_cli_describe_print(FILE *out, const struct km_describe_mirrors_response *resp, bool json);
+
+/*
+ * swap-upstream, over kmirrord's HTTP admin endpoint (not the Kafka listener): POST the new
+ * upstream, then follow GET /admin/upstream until the swap took effect and the previous upstream's
+ * connections moved, printing progress to errf. Returns the exit code.
+ */
+int km_cli_swap_upstream(const km_cli_args *a, FILE *out, FILE *errf);
 
 /* Run the parsed command against kmirrord; returns the exit code. */
 int km_cli_run(const km_cli_args *a, FILE *out, FILE *errf);

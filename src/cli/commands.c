@@ -1800,6 +1800,8 @@ int km_cli_run(const km_cli_args *a, FILE *out, FILE *errf)
 	ctx x = {.a = a, .out = out, .err = errf, .cmd = km_cli_cmd_name(a->cmd)};
 	int rc;
 
+	if (a->cmd == KM_CLI_CMD_SWAP_UPSTREAM)
+		return km_cli_swap_upstream(a, out, errf);
 	if (!(x.cc = open_conn(a, a->bootstrap, errf, &rc)))
 		return rc;
 	km_arena_init(&x.arena, ARENA_CAP);

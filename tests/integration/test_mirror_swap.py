@@ -132,8 +132,18 @@ def pq(kmirrord_bin, kmirror_bin, source_cluster, dest_cluster, tmp_path):
         assert not reports, "sanitizer reports:\n" + "\n".join(reports[:50])
 
 
-def test_admin_endpoint_refusals(pq, dest_cluster):
-    p, _, _ = pq
+def test_admin_endpoint_refusals(pq, dest_cluster, tmp_path):
+    p, _, cli = pq
+    bad = tmp_path / "bad.token"
+    bad.write_text("not-the-token\n")
+    admin = f"{p.options['http_listen']}"
+    r = cli.run("swap-upstream", "--admin", admin, "--token-file", bad, "--to", dest_cluster.bootstrap, expect=1)
+    assert "refused (HTTP 401): wrong bearer token" in r.stderr, r.stderr
+    r = cli.run("swap-upstream", "--admin", admin, "--token-file", p.options["admin_token_file"], "--to",
+                p.options["upstream"], expect=1)
+    assert "HTTP 400" in r.stderr and "already" in r.stderr, r.stderr
+    r = cli.run("swap-upstream", "--admin", admin, "--token-file", p.options["admin_token_file"], expect=2)
+    assert "--to" in r.stderr, r.stderr
     assert p.http("POST", "/admin/upstream", dest_cluster.bootstrap)[0] == 401
     status, body = p.http("POST", "/admin/upstream", dest_cluster.bootstrap, token="wrong")
     assert status == 401 and "wrong bearer token" in body, (status, body)
@@ -170,15 +180,16 @@ def test_swap_under_load(pq, source_cluster, dest_cluster):
         assert group_offsets(dest_cluster.bootstrap, group, topic) == committed_b, "B's offsets still move"
         progress(f"{group} committed on B {committed_b}")
 
-        status, body = p.http("POST", "/admin/upstream", dest_cluster.bootstrap, token=TOKEN)
-        assert status == 202, (status, body)
+        # kmirror swap-upstream returns once the previous upstream's connections moved.
         t_swap = time.monotonic()
-        st = wait_until(lambda: (lambda s: s if s["swapping_to"] is None and s["last_swap"] else None)(
-            swap_status(p)), 60, 0.2, what="the swap to take effect")
-        assert st["upstream"] == dest_cluster.bootstrap and "now fronting" in st["last_swap"], st
-        wait_until(lambda: not swap_status(p)["draining"], 30, 0.2, what="the previous upstream's drain")
+        r = cli.run("swap-upstream", "--admin", p.options["http_listen"], "--token-file",
+                    p.options["admin_token_file"], "--to", dest_cluster.bootstrap)
         t_drained = time.monotonic()
-        progress(f"swap: {st['last_swap']}; drained after {t_drained - t_swap:.1f}s")
+        st = swap_status(p)
+        assert st["upstream"] == dest_cluster.bootstrap and st["swapping_to"] is None, st
+        assert not any(d["connections"] for d in st["draining"]), st
+        assert "now fronting" in r.stdout and "now fronting" in st["last_swap"], (r.stdout, st)
+        progress(f"swap: {st['last_swap']}; drained after {t_drained - t_swap:.1f}s\n{r.stderr}")
         # Load goes on against B for a while.
         n_after = len(load.delivered)
         time.sleep(5)

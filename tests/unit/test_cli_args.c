@@ -165,6 +165,22 @@ static void test_topic_commands(void **state)
 		     "--mirror", "m", "--topics", "a", "--peer-bootstrap", "p:2");
 	ASSERT_USAGE("reverse does not take --dry-run", "--bootstrap-server", "h:1", "reverse", "--mirror", "m",
 		     "--topics", "a", "--peer-bootstrap", "p:2", "--peer-mirror", "b", "--dry-run");
+	/* swap-upstream: the admin endpoint, not the Kafka listener (no --bootstrap-server needed). */
+	assert_int_equal(parse(&a, err, "swap-upstream", "--admin", "h:8080", "--token-file", "/t", "--to", "b:9092,c:9092",
+			       "--wait-ms", "1000", NULL),
+			 KM_CLI_EXIT_OK);
+	assert_int_equal(a.cmd, KM_CLI_CMD_SWAP_UPSTREAM);
+	assert_string_equal(a.admin, "h:8080");
+	assert_string_equal(a.token_file, "/t");
+	assert_string_equal(a.to, "b:9092,c:9092");
+	assert_int_equal(a.wait_ms, 1000);
+	km_cli_args_free(&a);
+	ASSERT_USAGE("--admin, --token-file and --to are required", "swap-upstream", "--admin", "h:1", "--to", "b:1");
+	ASSERT_USAGE("--to: empty upstream", "swap-upstream", "--admin", "h:1", "--token-file", "/t", "--to", "");
+	ASSERT_USAGE("swap-upstream does not take --mirror", "swap-upstream", "--admin", "h:1", "--token-file", "/t",
+		     "--to", "b:1", "--mirror", "m");
+	ASSERT_USAGE("stop does not take --to", "--bootstrap-server", "h:1", "stop", "--mirror", "m", "--topics", "a",
+		     "--to", "b:1");
 	ASSERT_USAGE("--dry-run takes no value", "--bootstrap-server", "h:1", "stop", "--mirror", "m", "--topics",
 		     "a", "--dry-run=yes");
 	ASSERT_USAGE("--topics or --topics-regex is required", "--bootstrap-server", "h:1", "stop", "--mirror", "m",

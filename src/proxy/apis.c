@@ -130,6 +130,12 @@ static const km_proxy_api rows[] = {
 	 .note = "too new: answered here; versions narrowed to this table, features to what they need"},
 	{.key = KM_API_SASL_HANDSHAKE, .min_version = 1, .max_version = -1,
 	 .note = "v0 is refused: its tokens travel outside Kafka framing"},
+	/* v10 only swaps topic names for ids: a group's offsets asked by a previous upstream's id after
+	 * an upstream swap would read as none, and the consumer would reset. By name they carry over. */
+	{.key = KM_API_OFFSET_COMMIT, .min_version = -1, .max_version = 9,
+	 .note = "up to v9 (by topic name, not id): offsets outlive an upstream swap"},
+	{.key = KM_API_OFFSET_FETCH, .min_version = -1, .max_version = 9,
+	 .note = "up to v9 (by topic name, not id): offsets outlive an upstream swap"},
 	/* DescribeConfigs, IncrementalAlterConfigs, AlterConfigs and the mirror RPCs: mirror_rpc.c. */
 	{.key = KM_API_DESCRIBE_QUORUM, .min_version = -1, .max_version = -1, .resp = KM_RESP_WHOLE,
 	 .rewrite = km_rewrite_describe_quorum, .note = "controller listeners emptied"},

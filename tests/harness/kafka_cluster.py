@@ -1173,6 +1173,14 @@ logger.cfg.level = WARN
                              f"stdout:\n{r.stdout[-3000:]}\nstderr:\n{r.stderr[-3000:]}")
         return r
 
+    def popen_tool(self, tool, *args, **popen_kw):
+        """A Kafka Java tool left running (subprocess.Popen, text): clients that must live through
+        something, as run_tool's with the quick-start JVM options."""
+        cmd = [java_bin()] + list(TOOL_JVM_OPTS) + [
+            "-Dlog4j2.configurationFile=" + self._tool_log4j(),
+            "-cp", os.path.join(self.libs, "*"), tool_class(tool, self.version)] + [str(a) for a in args]
+        return subprocess.Popen(cmd, text=True, **popen_kw)
+
     def tool(self, tool, *args, admin=False, **kw):
         """run_tool with --bootstrap-server added (and --command-config for the super user)."""
         extra = ["--bootstrap-server", self.sasl_bootstrap if admin else self.bootstrap]

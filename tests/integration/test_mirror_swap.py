@@ -1,14 +1,16 @@
 """Upstream swap (docs/proxy.md, "Upstream swap"): clients of kmirrord P on cluster A carry on,
 with no restart, when P is told to front cluster B instead. B is A's mirror, made by B's own
-kmirrord Q with the consumer group's offsets synced; on the day Q fails over (`kmirror stop`) and P
-swaps its upstream to B through its admin endpoint. A producer and a consumer group keep running
-through P the whole time: after the swap the producer's records land on B, the consumer rejoins on
-B and resumes at the group's committed offset there, and every record of B from that offset on
-reaches it. The admin endpoint refuses a missing or wrong token, and the new upstream is in
-upstream_file, so P comes back to B after a restart."""
+kmirrord Q with the consumer groups' offsets synced; on the day Q fails over (`kmirror stop`) and
+`kmirror swap-upstream` moves P to B. Producers and consumer groups keep running through P the whole
+time, librdkafka's (confluent-kafka) and the Java ones (console producer and consumer): after the
+swap the producers' records land on B, the consumers rejoin on B and resume at their group's
+committed offset there, and every record of B from that offset on reaches the librdkafka one. The
+admin endpoint refuses a missing or wrong token, and the new upstream is in upstream_file, so P
+comes back to B after a restart."""
 
 import json
 import os
+import subprocess
 import threading
 import time
 import uuid
@@ -106,6 +108,63 @@ class Load:
         assert not any(t.is_alive() for t in self.threads), "a client thread hangs"
 
 
+class JavaLoad:
+    """Kafka's console producer (fed a numbered line every 10 ms) and console consumer (a group
+    member printing partition, offset and value) through one bootstrap: the Java clients."""
+
+    def __init__(self, cluster, bootstrap, topic, group):
+        self.stop_ev, self.written, self.consumed = threading.Event(), [], []
+        self.producer = cluster.popen_tool(
+            "console-producer", "--bootstrap-server", bootstrap, "--topic", topic,
+            "--producer-property", "acks=all", "--producer-property", "delivery.timeout.ms=120000",
+            "--producer-property", "metadata.max.age.ms=2000",
+            "--property", "parse.key=true", "--property", "key.separator=:",  # keyed: every partition
+            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        self.consumer = cluster.popen_tool(
+            "console-consumer", "--bootstrap-server", bootstrap, "--topic", topic, "--group", group,
+            "--from-beginning", "--consumer-property", "metadata.max.age.ms=2000",
+            "--property", "print.partition=true", "--property", "print.offset=true",
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        self.threads = [threading.Thread(target=self._produce, daemon=True),
+                        threading.Thread(target=self._consume, daemon=True)]
+        for t in self.threads:
+            t.start()
+
+    def _produce(self):
+        i = 0
+        while not self.stop_ev.is_set() and self.producer.poll() is None:
+            v = f"java-{i}"
+            self.producer.stdin.write(f"k{i}:{v}\n")
+            self.producer.stdin.flush()
+            self.written.append((time.monotonic(), v))
+            i += 1
+            time.sleep(0.01)
+
+    def _consume(self):
+        for line in self.consumer.stdout:  # Partition:0<TAB>Offset:12<TAB>value
+            parts = line.rstrip("\n").split("\t")
+            if len(parts) == 3 and parts[0].startswith("Partition:") and parts[1].startswith("Offset:"):
+                self.consumed.append((time.monotonic(), int(parts[0][10:]), int(parts[1][7:]), parts[2].encode()))
+
+    def alive(self):
+        return self.producer.poll() is None and self.consumer.poll() is None
+
+    def stop(self):
+        """Both still running (no client restart, no fatal error): ends them; their stderr."""
+        alive = self.alive()
+        self.stop_ev.set()
+        self.threads[0].join(30)
+        self.producer.stdin.close()  # end of input: the console producer flushes and exits
+        try:
+            self.producer.wait(60)
+        except subprocess.TimeoutExpired:
+            self.producer.kill()
+        self.consumer.terminate()
+        self.consumer.wait(30)
+        self.threads[1].join(30)
+        return alive, self.producer.stderr.read()[-3000:] + self.consumer.stderr.read()[-3000:]
+
+
 def swap_status(p):
     status, body = p.http("GET", "/admin/upstream", token=TOKEN)
     assert status == 200, (status, body)
@@ -158,27 +217,34 @@ def test_admin_endpoint_refusals(pq, dest_cluster, tmp_path):
 def test_swap_under_load(pq, source_cluster, dest_cluster):
     p, q, cli = pq
     topic, group, mirror = unique("swap"), unique("swap-group"), unique("swap")
+    jtopic, jgroup = unique("swap-java"), unique("swap-java-group")
     source_cluster.create_topic(topic, partitions=PARTS)
+    source_cluster.create_topic(jtopic, partitions=PARTS)
     cli.run("create", "--mirror", mirror, "--source-bootstrap", source_cluster.bootstrap,
             "--config", "mirror.metadata.refresh.interval.ms=1000", "--config", f"mirror.acl.include={NO_ACLS}",
-            "--config", f"mirror.groups.include={group}")
-    cli.run("start", "--mirror", mirror, "--topics", topic)
-    wait_states(cli, mirror, {topic: "MIRRORING"}, timeout=60)
+            "--config", f"mirror.groups.include={group},{jgroup}")
+    cli.run("start", "--mirror", mirror, "--topics", f"{topic},{jtopic}")
+    wait_states(cli, mirror, {topic: "MIRRORING", jtopic: "MIRRORING"}, timeout=60)
 
     load = Load(p.bootstrap, topic, group).start()
+    java = JavaLoad(source_cluster, p.bootstrap, jtopic, jgroup)
+    java_alive, java_err = False, ""
     try:
         # Running through P on A; the mirror follows and the group's offsets reach B.
         wait_until(lambda: len(load.consumed) > 300, 60, what="the consumer to read through P")
-        wait_until(lambda: None not in group_offsets(dest_cluster.bootstrap, group, topic).values(), 60, 0.5,
-                   what=f"{group}'s offsets on B")
+        wait_until(lambda: len(java.consumed) > 100, 90, what="the Java consumer to read through P")
+        for g, t in ((group, topic), (jgroup, jtopic)):
+            wait_until(lambda: None not in group_offsets(dest_cluster.bootstrap, g, t).values(), 60, 0.5,
+                       what=f"{g}'s offsets on B")
         # The day: Q fails over (B writable), its last sync done; the group's offsets on B stay put.
-        cli.run("stop", "--mirror", mirror, "--topics", topic)
-        wait_states(cli, mirror, {topic: "STOPPED"}, timeout=60)
+        cli.run("stop", "--mirror", mirror, "--topics", f"{topic},{jtopic}")
+        wait_states(cli, mirror, {topic: "STOPPED", jtopic: "STOPPED"}, timeout=60)
         time.sleep(3)
         committed_b = group_offsets(dest_cluster.bootstrap, group, topic)
+        jcommitted_b = group_offsets(dest_cluster.bootstrap, jgroup, jtopic)
         time.sleep(3)
         assert group_offsets(dest_cluster.bootstrap, group, topic) == committed_b, "B's offsets still move"
-        progress(f"{group} committed on B {committed_b}")
+        progress(f"{group} committed on B {committed_b}, {jgroup} {jcommitted_b}")
 
         # kmirror swap-upstream returns once the previous upstream's connections moved.
         t_swap = time.monotonic()
@@ -197,8 +263,12 @@ def test_swap_under_load(pq, source_cluster, dest_cluster):
                    what="the producer to write after the swap")
         wait_until(lambda: len([c for c in load.consumed if c[0] > t_drained]) > 300, 60,
                    what="the consumer to read after the swap")
+        wait_until(lambda: len([c for c in java.consumed if c[0] > t_drained + 1]) > 100, 60,
+                   what="the Java consumer to read after the swap")
     finally:
         load.stop()
+        java_alive, java_err = java.stop()
+    assert java_alive, f"a Java client exited during the swap:\n{java_err}"
     assert not load.failed, load.failed[:5]
     progress(f"delivered {len(load.delivered)} ({len(load.delivered) - n_after} after the swap), consumed "
              f"{len(load.consumed)}, consumer errors {load.consumer_errors[:3]}")
@@ -223,6 +293,21 @@ def test_swap_under_load(pq, source_cluster, dest_cluster):
         missing = [off for off, val in b_log[part].items() if committed_b[part] <= off <= tail_end
                    and (off, val) not in seen]
         assert not missing, (part, missing[:10])
+
+    # The Java clients the same: the console producer's lines of after the drain are on B, the
+    # console consumer resumed at its group's committed offset on B and read B's records from there.
+    jends = watermarks(dest_cluster.bootstrap, jtopic, PARTS)
+    jb_log = {part: {r.offset: r.value for r in read_partition(dest_cluster.bootstrap, jtopic, part, 0,
+                                                               jends[part][1])} for part in range(PARTS)}
+    on_b = {v for log in jb_log.values() for v in log.values()}
+    late_java = [v.encode() for t, v in java.written if t_drained + 1 < t < java.written[-1][0] - 2]
+    assert late_java and all(v in on_b for v in late_java), [v for v in late_java if v not in on_b][:5]
+    for part in range(PARTS):
+        after = [(off, val) for t, pt, off, val in java.consumed if pt == part and t > t_swap]
+        assert all(off >= jcommitted_b[part] for off, _ in after), (part, jcommitted_b[part], after[:5])
+        assert (jcommitted_b[part], jb_log[part].get(jcommitted_b[part])) in after, (part, jcommitted_b[part],
+                                                                                     after[:5])
+    progress(f"Java clients: wrote {len(java.written)}, read {len(java.consumed)}")
 
     # Persisted: a restart comes back to B.
     assert (open(p.options["upstream_file"]).read().strip() == f"upstream = {dest_cluster.bootstrap}")

@@ -258,55 +258,29 @@ void km_config_format_upstream(const km_hostport *list, int count, char *buf, si
 
 km_err km_config_apply_upstream_file(km_config *cfg, char *err, size_t errlen)
 {
-	char line[4096], sub[400];
-	FILE *f;
-	bool found = false;
-	km_err rc = KM_OK;
+	/* The file is read by the config file's own parser, with a table of the one option it may hold. */
+	const km_opt_table one = {km_opt_find(&table, "upstream"), 1, sizeof(km_config)};
+	km_config work;
+	char sub[512];
+	km_err rc;
 
-	if (!cfg->upstream_file)
+	if (!cfg->upstream_file || (access(cfg->upstream_file, F_OK) != 0 && errno == ENOENT))
 		return KM_OK;
-	f = fopen(cfg->upstream_file, "r");
-	if (!f) {
-		if (errno == ENOENT)
-			return KM_OK;
-		snprintf(err, errlen, "upstream_file %s: %s", cfg->upstream_file, strerror(errno));
-		return KM_ERR_CONFIG;
+	/* A shallow copy is safe: the one-row table owns no strings. Count 0 tells a file without the line. */
+	work = *cfg;
+	work.upstream_count = 0;
+	if ((rc = km_opt_load_file(&one, &work, cfg->upstream_file, sub, sizeof(sub))) != KM_OK) {
+		snprintf(err, errlen, "upstream_file %s (it holds only 'upstream = HOST:PORT,...')", sub);
+		return rc;
 	}
-	while (rc == KM_OK && fgets(line, sizeof(line), f)) {
-		char *p = line, *eq, *end;
-		while (*p == ' ' || *p == '\t')
-			p++;
-		if (*p == '#' || *p == '\n' || *p == '\0')
-			continue;
-		eq = strchr(p, '=');
-		end = p + strlen(p);
-		while (end > p && (end[-1] == '\n' || end[-1] == '\r' || end[-1] == ' '))
-			*--end = '\0';
-		if (!eq || strncmp(p, "upstream", 8) != 0 || strspn(p + 8, " \t") != (size_t)(eq - p - 8)) {
-			snprintf(err, errlen, "upstream_file %s: unexpected line '%s' (only 'upstream = HOST:PORT,...')",
-				 cfg->upstream_file, p);
-			rc = KM_ERR_CONFIG;
-			break;
-		}
-		for (eq++; *eq == ' ' || *eq == '\t'; eq++)
-			;
-		if (km_config_set(cfg, "upstream", eq, sub, sizeof(sub)) != KM_OK) {
-			snprintf(err, errlen, "upstream_file %s: %s", cfg->upstream_file, sub);
-			rc = KM_ERR_CONFIG;
-		}
-		found = true;
-	}
-	if (rc == KM_OK && ferror(f)) {
-		snprintf(err, errlen, "upstream_file %s: read error", cfg->upstream_file);
-		rc = KM_ERR_CONFIG;
-	}
-	fclose(f);
-	if (rc == KM_OK && !found) {
+	if (work.upstream_count == 0) {
 		snprintf(err, errlen, "upstream_file %s: no 'upstream = HOST:PORT,...' line (delete the file to use the "
 			 "upstream option)", cfg->upstream_file);
-		rc = KM_ERR_CONFIG;
+		return KM_ERR_CONFIG;
 	}
-	return rc;
+	memcpy(cfg->upstream, work.upstream, sizeof(cfg->upstream));
+	cfg->upstream_count = work.upstream_count;
+	return KM_OK;
 }
 
 km_err km_config_write_upstream_file(const char *path, const km_hostport *list, int count, char *err, size_t errlen)

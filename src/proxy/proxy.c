@@ -308,6 +308,15 @@ static void tick_cb(evutil_socket_t fd, short what, void *arg)
 
 /* ---- HTTP: /metrics and /healthz ---- */
 
+/* Cut trailing newlines and spaces off s (n bytes) and end it there; the new length. */
+static size_t rtrim(char *s, size_t n)
+{
+	while (n && (s[n - 1] == '\n' || s[n - 1] == '\r' || s[n - 1] == ' '))
+		n--;
+	s[n] = '\0';
+	return n;
+}
+
 static void reply_text(struct evhttp_request *req, struct evbuffer *out, int code, const char *reason, const char *msg)
 {
 	evhttp_add_header(evhttp_request_get_output_headers(req), "Content-Type", "text/plain");
@@ -332,11 +341,8 @@ static bool admin_authorized(km_proxy *px, struct evhttp_request *req, char *why
 		snprintf(why, len, "cannot read admin_token_file %s: %s", px->cfg.admin_token_file, strerror(errno));
 		return false;
 	}
-	n = fread(token, 1, sizeof(token) - 1, f);
+	n = rtrim(token, fread(token, 1, sizeof(token) - 1, f));
 	fclose(f);
-	while (n && (token[n - 1] == '\n' || token[n - 1] == '\r' || token[n - 1] == ' '))
-		n--;
-	token[n] = '\0';
 	if (n == 0) {
 		snprintf(why, len, "admin_token_file %s is empty: put a token in it", px->cfg.admin_token_file);
 		return false;
@@ -385,9 +391,7 @@ static void admin_upstream(km_proxy *px, struct evhttp_request *req, struct evbu
 		return;
 	}
 	evbuffer_remove(body, text, n);
-	text[n] = '\0';
-	while (n && (text[n - 1] == '\n' || text[n - 1] == '\r' || text[n - 1] == ' '))
-		text[--n] = '\0';
+	rtrim(text, n);
 	if (km_proxy_swap(px, text, NULL, NULL, why, sizeof(why)) != KM_OK) {
 		reply_text(req, out, px->swap ? 409 : 400, px->swap ? "Conflict" : "Bad Request", why);
 		return;

@@ -201,6 +201,7 @@ km_err km_proxy_swap(km_proxy *px, const char *upstream, km_proxy_swap_done done
 	km_swap *sw;
 	char sub[400], now[1024], next[1024];
 	struct timeval tv = {SWAP_PREPARE_MS / 1000, 0};
+	km_err rc = KM_ERR_INVAL;
 
 	if (px->draining) {
 		snprintf(err, errlen, "kmirrord is draining for shutdown: no upstream swap now");
@@ -220,54 +221,46 @@ km_err km_proxy_swap(km_proxy *px, const char *upstream, km_proxy_swap_done done
 		snprintf(err, errlen, "an upstream swap to %s is in progress: wait for it (GET /admin/upstream)", next);
 		return KM_ERR_INVAL;
 	}
-	if (!(sw = calloc(1, sizeof(*sw))))
-		goto nomem;
-	if (km_config_copy(&sw->cfg, &px->cfg) != KM_OK) {
+	if (!(sw = calloc(1, sizeof(*sw))) || km_config_copy(&sw->cfg, &px->cfg) != KM_OK) {
 		free(sw);
-		goto nomem;
+		snprintf(err, errlen, "out of memory");
+		return KM_ERR_NOMEM;
 	}
 	sw->px = px;
 	if (!upstream || km_config_set(&sw->cfg, "upstream", upstream, sub, sizeof(sub)) != KM_OK ||
 	    sw->cfg.upstream_count == 0) {
 		snprintf(err, errlen, "%s", upstream && *upstream ? sub : "upstream: give HOST:PORT[,HOST:PORT...]");
-		km_config_free(&sw->cfg);
-		free(sw);
-		return KM_ERR_INVAL;
+		goto fail;
 	}
 	upstream_text(&px->cfg, now, sizeof(now));
 	upstream_text(&sw->cfg, next, sizeof(next));
 	if (!strcmp(now, next)) {
 		snprintf(err, errlen, "kmirrord fronts %s already", now);
-		km_config_free(&sw->cfg);
-		free(sw);
-		return KM_ERR_INVAL;
+		goto fail;
 	}
 	sw->timeout_ev = evtimer_new(px->base, swap_timeout, sw);
 	if (!sw->timeout_ev || evtimer_add(sw->timeout_ev, &tv) != 0) {
-		if (sw->timeout_ev)
-			event_free(sw->timeout_ev);
-		km_config_free(&sw->cfg);
-		free(sw);
-		goto nomem;
+		snprintf(err, errlen, "out of memory");
+		rc = KM_ERR_NOMEM;
+		goto fail;
 	}
 	sw->started_ms = km_proxy_now_ms(px);
 	sw->done = done;
 	sw->arg = arg;
 	px->swap = sw;
 	KM_INFO("proxy", 0, "upstream swap from %s to %s: connecting and reading its mirror state", now, next);
-	sw->handle = px->swap_ops.prepare(px->swap_ops.arg, &sw->cfg);
-	if (!sw->handle) {
+	if (!(sw->handle = px->swap_ops.prepare(px->swap_ops.arg, &sw->cfg))) {
 		px->swap = NULL;
-		event_free(sw->timeout_ev);
-		km_config_free(&sw->cfg);
-		free(sw);
 		snprintf(err, errlen, "cannot prepare the modules for %s (see the log)", next);
-		return KM_ERR_INVAL;
+		goto fail;
 	}
 	return KM_OK;
-nomem:
-	snprintf(err, errlen, "out of memory");
-	return KM_ERR_NOMEM;
+fail:
+	if (sw->timeout_ev)
+		event_free(sw->timeout_ev);
+	km_config_free(&sw->cfg);
+	free(sw);
+	return rc;
 }
 
 bool km_proxy_swap_ready(km_proxy *px, void *handle, km_state *st, km_mirror *mi, km_err err, const char *msg)

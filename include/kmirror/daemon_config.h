@@ -42,6 +42,7 @@ typedef struct km_config {
 	int64_t connection_buffer_bytes;
 	int64_t drain_timeout_ms;
 	int64_t drain_interval_ms;
+	int64_t swap_fetch_hold_ms;
 	char *tls_cert_file;
 	char *tls_key_file;
 	char *tls_ca_file;

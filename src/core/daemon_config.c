@@ -86,11 +86,18 @@ static const km_option options[] = {
 	{.name = "drain_timeout_ms", .type = KM_OPT_INT, .offset = OFF(drain_timeout_ms), .def = "30000", .min = 0,
 	 .max = I64MAX, .reloadable = true,
 	 .doc = "On SIGTERM, the time over which client connections are closed; whatever is left then is "
-		 "closed at once and the daemon exits."},
+		 "closed at once and the daemon exits. After an upstream swap, the time over which the previous "
+		 "upstream's connections move over."},
 	{.name = "drain_interval_ms", .type = KM_OPT_INT, .offset = OFF(drain_interval_ms), .def = "1000", .min = 10,
 	 .max = I64MAX, .reloadable = true,
-	 .doc = "On SIGTERM, the pause between two closing rounds (librdkafka clients need about a second "
-		 "between brokers); each round closes an even share of the connections."},
+	 .doc = "On SIGTERM (and after an upstream swap), the pause between two closing rounds (librdkafka "
+		 "clients need about a second between brokers); each round closes an even share of the connections."},
+	{.name = "swap_fetch_hold_ms", .type = KM_OPT_INT, .offset = OFF(swap_fetch_hold_ms), .def = "30000", .min = 0,
+	 .max = I64MAX, .reloadable = true,
+	 .doc = "After an upstream swap, for this long after the last connection moved over: a Fetch the new "
+		 "cluster answers OFFSET_OUT_OF_RANGE reaches the client as OFFSET_NOT_AVAILABLE (retried), "
+		 "since its position may be the previous cluster's; its group rejoins at the new cluster's "
+		 "committed offsets within a heartbeat instead of resetting. 0: off."},
 	{.name = "tls_cert_file", .type = KM_OPT_STRING, .offset = OFF(tls_cert_file), .def = "", .reloadable = true,
 	 .doc = "PEM certificate (chain) for client-facing TLS; set with tls_key_file to make every listener TLS. "
 		 "TLS files are read again on every reload (rotation in place); new connections use them."},

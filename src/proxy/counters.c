@@ -99,6 +99,10 @@ static const struct {
 	 C(upstream_bytes_out)},
 	{"kmirror_responses_rewritten_total", "Responses whose broker endpoints were rewritten.", KM_METRIC_COUNTER,
 	 C(responses_rewritten_total)},
+	{"kmirror_fetch_out_of_range_held_total",
+	 "Fetch partitions the upstream answered OFFSET_OUT_OF_RANGE, passed on as OFFSET_NOT_AVAILABLE after an "
+	 "upstream swap (swap_fetch_hold_ms).",
+	 KM_METRIC_COUNTER, C(fetch_oor_held_total)},
 	{"kmirror_upstream_brokers", "Upstream brokers known from metadata.", KM_METRIC_GAUGE, C(brokers_known)},
 	{"kmirror_draining", "1 while client connections are being drained for shutdown.", KM_METRIC_GAUGE,
 	 C(draining)},

@@ -42,6 +42,12 @@ typedef struct km_session_host {
 	km_ro_lookup read_only; /* which topics are read-only (filled from the state store); active NULL: none */
 	km_off_lookup offsets;  /* the offset maps of mirror topics (filled from the state store); active NULL: none */
 	km_session_set *sessions; /* the set the sessions live in (for km_session_answer from hooks) */
+	/*
+	 * Until then (ms, the event base's clock): a Fetch partition answered OFFSET_OUT_OF_RANGE
+	 * reaches the client as OFFSET_NOT_AVAILABLE, which every client retries at the same position.
+	 * Set after an upstream swap (swap.c), where a position may be the previous cluster's.
+	 */
+	uint64_t fetch_oor_hold_until_ms;
 	/* The endpoint rewriting context (advertised host, ports, where learned brokers go). */
 	void (*rewrite_ctx)(void *arg, km_rewrite_ctx *ctx);
 	/* Where broker node_id lives upstream; false when unknown. */

@@ -165,6 +165,7 @@ static km_prev_upstream *prev_new(km_proxy *px)
 	pu->nbrokers = n;
 	pu->px = px;
 	pu->host = px->host;
+	pu->host.fetch_oor_hold_until_ms = 0; /* its connections answer only what they had in flight */
 	pu->host.cfg = &pu->cfg;
 	pu->host.rewrite_ctx = prev_rewrite_ctx;
 	pu->host.broker_addr = prev_broker_addr;
@@ -321,6 +322,13 @@ bool km_proxy_swap_ready(km_proxy *px, void *handle, km_state *st, km_mirror *mi
 	if (pu->per_round < 1)
 		pu->per_round = 1;
 	pu->deadline_ms = km_proxy_now_ms(px) + (uint64_t)px->cfg.drain_timeout_ms;
+	/*
+	 * A consumer that moves over may fetch at the previous cluster's position before its group
+	 * learns (at its next heartbeat, UNKNOWN_MEMBER_ID) that it must rejoin and read the committed
+	 * offsets here: past this cluster's end, that fetch would reset it (auto.offset.reset).
+	 */
+	if (px->cfg.swap_fetch_hold_ms > 0)
+		px->host.fetch_oor_hold_until_ms = pu->deadline_ms + (uint64_t)px->cfg.swap_fetch_hold_ms;
 	iv.tv_sec = (time_t)(px->cfg.drain_interval_ms / 1000);
 	iv.tv_usec = (suseconds_t)((px->cfg.drain_interval_ms % 1000) * 1000);
 	event_add(pu->drain_ev, &iv);

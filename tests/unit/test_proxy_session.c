@@ -36,6 +36,7 @@ typedef struct upstream {
 	int metadata_refreshes;
 	bool bad_corr;
 	bool node_endpoints;   /* Fetch v16 answers carry NodeEndpoints */
+	int16_t fetch_error;   /* Fetch answers: the partition's error (no records, watermarks -1, as a broker) */
 	bool second_broker;    /* Metadata answers list node 1 too */
 	bool silent;           /* application requests get no answer */
 	size_t bytes_received; /* all bytes read from the proxy's application connections */
@@ -74,7 +75,11 @@ static void metadata_v9_body(km_wr *w, uint16_t port, bool second)
 	km_wr_uvarint(w, 0);
 }
 
-static void fetch_v16_body(km_wr *w, bool node_endpoints)
+/* Offset of the one partition's ErrorCode in fetch_v16_body's body. */
+#define FETCH_BODY_PART_ERROR_OFF (4 + 2 + 4 + 1 + 16 + 1 + 4)
+
+/* A Fetch v13-v16 body (the same bytes for each, but NodeEndpoints, a v16 tag). */
+static void fetch_v16_body(km_wr *w, bool node_endpoints, int16_t part_error)
 {
 	uint8_t recs[300];
 	memset(recs, 0xab, sizeof(recs));
@@ -88,13 +93,13 @@ static void fetch_v16_body(km_wr *w, bool node_endpoints)
 	}
 	km_wr_array_len(w, true, 1);
 	km_wr_i32(w, 0);
-	km_wr_i16(w, 0);
-	km_wr_i64(w, 10);
-	km_wr_i64(w, 10);
-	km_wr_i64(w, 0);
+	km_wr_i16(w, part_error);
+	km_wr_i64(w, part_error ? -1 : 10);
+	km_wr_i64(w, part_error ? -1 : 10);
+	km_wr_i64(w, part_error ? -1 : 0);
 	km_wr_array_len(w, true, -1);
 	km_wr_i32(w, -1);
-	km_wr_bytes(w, true, (km_bytes){recs, (int32_t)sizeof(recs)});
+	km_wr_bytes(w, true, (km_bytes){recs, part_error ? 0 : (int32_t)sizeof(recs)});
 	km_wr_uvarint(w, 0);
 	km_wr_uvarint(w, 0);
 	if (node_endpoints) {
@@ -161,7 +166,7 @@ static void up_read(struct bufferevent *bev, void *arg)
 				evbuffer_add(bufferevent_get_output(bev), w.buf, w.len);
 				u->held_bev = bev;
 			} else if (h.api_key == KM_API_FETCH) {
-				fetch_v16_body(&w, u->node_endpoints);
+				fetch_v16_body(&w, u->node_endpoints && h.api_version >= 16, u->fetch_error);
 				up_reply(bev, h.correlation_id, true, &w);
 			} else {
 				/* Produce v9: no topics, throttle, no tags */
@@ -772,8 +777,8 @@ static void test_fetch_node_endpoints(void **state)
 		assert_null(memmem(r, len, "kafka-0", 7));
 		km_wr_init(&expect);
 		km_wr_init(&sent);
-		fetch_v16_body(&expect, false);
-		fetch_v16_body(&sent, ne);
+		fetch_v16_body(&expect, false, 0);
+		fetch_v16_body(&sent, ne, 0);
 		/* everything before the top-level tags is the broker's bytes (records included) */
 		assert_memory_equal(r + 5, expect.buf, expect.len - 1);
 		/* streamed: the size the broker announced stays right */
@@ -797,6 +802,59 @@ static void test_fetch_node_endpoints(void **state)
 		free(r);
 		tc_free(c);
 	}
+	km_wr_free(&body);
+}
+
+/*
+ * After an upstream swap (fetch_oor_hold_until_ms): OFFSET_OUT_OF_RANGE reaches the client as
+ * OFFSET_NOT_AVAILABLE, in a streamed version (v16) and in one otherwise forwarded as it came (v13),
+ * every other byte as the broker sent it; other errors, and every answer once the hold is over,
+ * pass unchanged.
+ */
+static void test_fetch_oor_hold(void **state)
+{
+	static const struct {
+		int16_t version, error;
+		bool hold;
+		int16_t want;
+	} cases[] = {
+		{16, KM_KAFKA_OFFSET_OUT_OF_RANGE, false, KM_KAFKA_OFFSET_OUT_OF_RANGE},
+		{13, KM_KAFKA_OFFSET_OUT_OF_RANGE, false, KM_KAFKA_OFFSET_OUT_OF_RANGE},
+		{16, KM_KAFKA_OFFSET_OUT_OF_RANGE, true, KM_KAFKA_OFFSET_NOT_AVAILABLE},
+		{13, KM_KAFKA_OFFSET_OUT_OF_RANGE, true, KM_KAFKA_OFFSET_NOT_AVAILABLE},
+		{13, KM_KAFKA_NOT_LEADER_OR_FOLLOWER, true, KM_KAFKA_NOT_LEADER_OR_FOLLOWER},
+		{13, KM_KAFKA_NONE, true, KM_KAFKA_NONE},
+	};
+	fixture *f = *state;
+	km_wr body;
+	uint64_t held = 0;
+
+	km_wr_init(&body);
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		tclient *c = tc_connect(f, f->listen_port);
+		km_wr expect;
+		uint8_t *r;
+		size_t len;
+
+		f->up.fetch_error = cases[i].error;
+		f->px->host.fetch_oor_hold_until_ms = cases[i].hold ? UINT64_MAX : 0;
+		tc_request(c, KM_API_FETCH, cases[i].version, 70 + (int32_t)i, &body);
+		r = tc_response(f, c, &len);
+		assert_non_null(r);
+		assert_int_equal(km_be32(r), 70 + (int32_t)i);
+		km_wr_init(&expect);
+		fetch_v16_body(&expect, false, cases[i].want);
+		assert_int_equal(len, 5 + expect.len);
+		assert_memory_equal(r + 5, expect.buf, expect.len);
+		assert_int_equal(km_be16(r + 5 + FETCH_BODY_PART_ERROR_OFF), (uint16_t)cases[i].want);
+		held += cases[i].want == KM_KAFKA_OFFSET_NOT_AVAILABLE;
+		assert_int_equal(km_proxy_metrics(f->px)->fetch_oor_held_total, held);
+		km_wr_free(&expect);
+		free(r);
+		tc_free(c);
+	}
+	f->up.fetch_error = 0;
+	f->px->host.fetch_oor_hold_until_ms = 0;
 	km_wr_free(&body);
 }
 
@@ -1006,6 +1064,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_api_versions_too_new, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_wrong_correlation_disconnects, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_fetch_node_endpoints, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_fetch_oor_hold, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_drain_gradual, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_new_broker_gets_port, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_idle_and_request_timeouts, setup, teardown),

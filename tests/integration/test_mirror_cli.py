@@ -14,8 +14,12 @@ import pytest
 from confluent_kafka import KafkaError
 
 from mirror_cli import Cli, described, kmirror_bin, topic_states, wait_states  # noqa: F401
+from mirror_data import main_release_only
 from proxy_fixtures import *  # noqa: F401,F403
 from proxy_fixtures import wait_until
+
+# Release-independent: on the pom's release only (mirror_data.ON_MAIN_RELEASE).
+pytestmark = main_release_only
 
 STATE_TOPIC = "__mirror_state"
 

@@ -15,10 +15,11 @@ import pytest
 
 from harness import USERS
 from mirror_cli import Cli, kmirror_bin, wait_states  # noqa: F401
+from mirror_data import main_release_only
 from proxy_fixtures import *  # noqa: F401,F403
 from proxy_fixtures import PROXY_HOST, wait_until
 
-pytestmark = pytest.mark.proxy
+pytestmark = [pytest.mark.proxy, main_release_only]
 
 SCRAM = "org.apache.kafka.common.security.scram.ScramLoginModule"
 PLAIN = "org.apache.kafka.common.security.plain.PlainLoginModule"

@@ -10,10 +10,11 @@ from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, C
 
 from harness import USERS
 from mirror_cli import Cli, kmirror_bin, wait_states  # noqa: F401
+from mirror_data import main_release_only
 from proxy_fixtures import *  # noqa: F401,F403
 from proxy_fixtures import create_topic, wait_until
 
-pytestmark = pytest.mark.proxy
+pytestmark = [pytest.mark.proxy, main_release_only]
 
 CREATE, DELETE, LIST, DESCRIBE, ALTER, START, STOP, PAUSE, RESUME, LMO = range(32000, 32010)
 TOPIC_AUTHORIZATION_FAILED, CLUSTER_AUTHORIZATION_FAILED = 29, 31

@@ -16,11 +16,11 @@ import uuid
 import pytest
 
 from mirror_cli import Cli, described, kmirror_bin, wait_states  # noqa: F401
-from mirror_data import create_dest_topic, env_int, long_run, progress, wait_caught_up, watermarks
+from mirror_data import create_dest_topic, env_int, long_run, main_release_only, progress, wait_caught_up, watermarks
 from proxy_fixtures import *  # noqa: F401,F403
 from proxy_fixtures import Proxy, wait_until
 
-pytestmark = pytest.mark.proxy
+pytestmark = [pytest.mark.proxy, main_release_only]
 
 PARTS = 8
 RECORD = 1024

@@ -15,12 +15,13 @@ import pytest
 from confluent_kafka.admin import AdminClient, ConfigResource
 
 from harness import KafkaCluster
+from mirror_data import main_release_only
 from proxy_fixtures import *  # noqa: F401,F403
 from proxy_fixtures import PROXY_HOST, Proxy, create_topic, wait_until
 from test_mirror_configs import (ALTER, CREATE, DELETE, DESCRIBE, LIST, LMO, PAUSE, RESUME, START, STOP,
                                  TAGS, Client, Reader, carray, cstr, mirror_name_of)
 
-pytestmark = pytest.mark.proxy
+pytestmark = [pytest.mark.proxy, main_release_only]
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TOPIC_AUTHORIZATION_FAILED, CLUSTER_AUTHORIZATION_FAILED = 29, 31

@@ -9,8 +9,12 @@ import uuid
 from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource
 
 from mirror_cli import Cli, kmirror_bin  # noqa: F401
+from mirror_data import main_release_only
 from proxy_fixtures import *  # noqa: F401,F403
 from proxy_fixtures import wait_until
+
+# Release-independent: on the pom's release only (mirror_data.ON_MAIN_RELEASE).
+pytestmark = main_release_only
 
 
 def set_source_config(cluster, topic, name, value):

@@ -9,9 +9,13 @@ import time
 
 import pytest
 
+from mirror_data import main_release_only
 from proxy_fixtures import *  # noqa: F401,F403
 from proxy_fixtures import wait_until
 from test_mirror_cli import Cli, kmirror_bin, topic_states, unique  # noqa: F401
+
+# Release-independent: on the pom's release only (mirror_data.ON_MAIN_RELEASE).
+pytestmark = main_release_only
 
 
 def _states_full(cli, mirror):

@@ -16,6 +16,10 @@ from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource, ConfigSource, NewTopic
 
 from harness import Daemon, free_port, metadata_brokers, read_batches
+from mirror_data import main_release_only
+
+# Release-independent: on the pom's release only (mirror_data.ON_MAIN_RELEASE).
+pytestmark = main_release_only
 
 N = 10_000
 PARTITIONS = 3

@@ -16,9 +16,9 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from mirror_cli import Cli, described, kmirror_bin, wait_states  # noqa: F401
-from mirror_data import (count_anomalies, create_dest_topic, diff_records, env_int, long_run,
-                         main_release_only, partition_batches, progress, read_partition,
-                         record)
+from mirror_data import (ON_MAIN_RELEASE, POM_RELEASE, count_anomalies, create_dest_topic,
+                         diff_records, env_int, long_run, main_release_only, partition_batches,
+                         progress, read_partition, record)
 from proxy_fixtures import *  # noqa: F401,F403
 from proxy_fixtures import Proxy, wait_until
 
@@ -58,16 +58,15 @@ class TxnEnv:
         return sorted(t[0]["partitions"], key=lambda p: p["partition"]) if t else []
 
 
-@pytest.fixture(scope="module")
-def tenv(kmirrord_bin, kmirror_bin, dest_cluster, source_cluster, tmp_path_factory):
-    proxy = Proxy(kmirrord_bin, dest_cluster, str(tmp_path_factory.mktemp("txn")), name="kmirrord-txn",
+def _txn_env(kmirrord_bin, kmirror_bin, dest, source, tmp_path_factory, tag):
+    proxy = Proxy(kmirrord_bin, dest, str(tmp_path_factory.mktemp(tag)), name=f"kmirrord-{tag}",
                   log_level="debug", mirror_state_topic="__mirror_state_txn").start()
-    wait_until(lambda: proxy.metric("kmirror_upstream_brokers") >= len(dest_cluster.broker_ids), 30,
+    wait_until(lambda: proxy.metric("kmirror_upstream_brokers") >= len(dest.broker_ids), 30,
                what="kmirrord to learn the brokers")
     cli = Cli(kmirror_bin, proxy.bootstrap)
-    mirror = unique("txn")
-    cli.run("create", "--mirror", mirror, "--source-bootstrap", source_cluster.bootstrap)
-    env = TxnEnv(proxy, cli, mirror, source_cluster, dest_cluster)
+    mirror = unique(tag)
+    cli.run("create", "--mirror", mirror, "--source-bootstrap", source.bootstrap)
+    env = TxnEnv(proxy, cli, mirror, source, dest)
     yield env
     try:
         if proxy.running():
@@ -78,12 +77,33 @@ def tenv(kmirrord_bin, kmirror_bin, dest_cluster, source_cluster, tmp_path_facto
     assert not reports, "sanitizer reports:\n" + "\n".join(reports[:50])
 
 
+@pytest.fixture(scope="module")
+def tenv(kmirrord_bin, kmirror_bin, dest_cluster, source_cluster, tmp_path_factory):
+    yield from _txn_env(kmirrord_bin, kmirror_bin, dest_cluster, source_cluster, tmp_path_factory, "txn")
+
+
+@pytest.fixture(scope="module")
+def tenv3(kmirrord_bin, kmirror_bin, dest_cluster3, source_cluster, tmp_path_factory):
+    """A destination of three brokers: the mirror's transaction coordinator and the partitions'
+    leaders on different brokers, so markers travel between them."""
+    yield from _txn_env(kmirrord_bin, kmirror_bin, dest_cluster3, source_cluster, tmp_path_factory, "txn3")
+
+
 @pytest.fixture
-def env(tenv):
-    if not tenv.proxy.running():
-        tenv.proxy.start()
-    yield tenv
-    assert tenv.proxy.running(), f"kmirrord exited during the test:\n{tenv.proxy.daemon.tail()}"
+def env(request):
+    """The single-broker destination's environment; a test parametrized with env "3brokers"
+    (indirect) runs on the three-broker one too, on the pom's release."""
+    which = getattr(request, "param", "1broker")
+    if which == "3brokers" and not ON_MAIN_RELEASE:
+        pytest.skip(f"3-broker variant: runs on the {POM_RELEASE} release only (KM_ALL_RELEASES=1 runs it)")
+    e = request.getfixturevalue("tenv3" if which == "3brokers" else "tenv")
+    if not e.proxy.running():
+        e.proxy.start()
+    yield e
+    assert e.proxy.running(), f"kmirrord exited during the test:\n{e.proxy.daemon.tail()}"
+
+
+BROKERS = pytest.mark.parametrize("env", ["1broker", "3brokers"], indirect=True)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -211,6 +231,7 @@ def offsets_of(recs):
 
 # ---------------------------------------------------------------------------------------------
 
+@BROKERS
 def test_transactions_exact(env):
     """Committed, aborted, overlapping and open transactions: both isolation levels exact, same LSO."""
     topic = unique("txn")
@@ -219,6 +240,13 @@ def test_transactions_exact(env):
     for _ in range(TXNS // 2):
         tr.round()
     env.start(topic)
+    if len(env.dest.broker_ids) > 1:
+        c = _consumer(env.dest.bootstrap, COMMITTED)
+        try:
+            leaders = {pm.leader for pm in c.list_topics(topic, timeout=15).topics[topic].partitions.values()}
+        finally:
+            c.close()
+        assert len(leaders) > 1, f"the partitions' leaders are not spread over the brokers: {leaders}"
     for _ in range(TXNS - TXNS // 2):
         tr.round()
     opened = tr.open_one()
@@ -300,6 +328,7 @@ def list_transactions(env):
     return rows
 
 
+@BROKERS
 def test_failover_with_open_transactions(env):
     """A stop while source transactions are open: nothing hangs, read_committed never blocks nor
     sees undecided data, the records are the source's committed ones up to the mirrored point, and

@@ -84,9 +84,9 @@ def source_cluster_28():
 def cluster(request):
     """Runs a test once on the single-node and once on the three-broker cluster (the latter on the
     pom's release only: mirror_data.ON_MAIN_RELEASE)."""
-    from mirror_data import ON_MAIN_RELEASE, POM_RELEASE
-    if request.param == "dest_cluster3" and not ON_MAIN_RELEASE:
-        pytest.skip(f"3-broker variant: runs on the {POM_RELEASE} release only (KM_ALL_RELEASES=1 runs it)")
+    from mirror_data import skip_3brokers_off_main_release
+    if request.param == "dest_cluster3":
+        skip_3brokers_off_main_release()
     return request.getfixturevalue(request.param)
 
 

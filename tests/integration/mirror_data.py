@@ -31,12 +31,19 @@ POM_RELEASE = _pom_release()
 # keeps what can differ between releases (the clients and brokers of that release through the
 # proxy, transactions, failback, the swap, a representative part of the data plane); what does not
 # (the harness itself, the CLI's security and lifecycle, memory bounds, state scale, the data
-# plane's heavier tests, the 3-broker variants of the `cluster` tests) runs on the pom's release
+# plane's heavier tests, the 3-broker variants of the `cluster` tests and of test_mirror_txn) runs on the pom's release
 # only, to keep CI time. KM_ALL_RELEASES=1 runs everything on every release.
 ON_MAIN_RELEASE = (os.environ.get("KM_KAFKA_VERSION", POM_RELEASE) == POM_RELEASE or
                    os.environ.get("KM_ALL_RELEASES") == "1")
 main_release_only = pytest.mark.skipif(
     not ON_MAIN_RELEASE, reason=f"runs on the {POM_RELEASE} release only (KM_ALL_RELEASES=1 runs it)")
+
+
+def skip_3brokers_off_main_release():
+    """A test's 3-broker variant (the `cluster` fixture's, test_mirror_txn's) runs on the pom's
+    release only."""
+    if not ON_MAIN_RELEASE:
+        pytest.skip(f"3-broker variant: runs on the {POM_RELEASE} release only (KM_ALL_RELEASES=1 runs it)")
 
 
 def env_int(name, default):

@@ -16,9 +16,9 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from mirror_cli import Cli, described, kmirror_bin, wait_states  # noqa: F401
-from mirror_data import (ON_MAIN_RELEASE, POM_RELEASE, count_anomalies, create_dest_topic,
-                         diff_records, env_int, long_run, main_release_only, partition_batches,
-                         progress, read_partition, record)
+from mirror_data import (count_anomalies, create_dest_topic, diff_records, env_int, long_run,
+                         main_release_only, partition_batches, progress, read_partition,
+                         record, skip_3brokers_off_main_release)
 from proxy_fixtures import *  # noqa: F401,F403
 from proxy_fixtures import Proxy, wait_until
 
@@ -94,8 +94,8 @@ def env(request):
     """The single-broker destination's environment; a test parametrized with env "3brokers"
     (indirect) runs on the three-broker one too, on the pom's release."""
     which = getattr(request, "param", "1broker")
-    if which == "3brokers" and not ON_MAIN_RELEASE:
-        pytest.skip(f"3-broker variant: runs on the {POM_RELEASE} release only (KM_ALL_RELEASES=1 runs it)")
+    if which == "3brokers":
+        skip_3brokers_off_main_release()
     e = request.getfixturevalue("tenv3" if which == "3brokers" else "tenv")
     if not e.proxy.running():
         e.proxy.start()

@@ -38,6 +38,8 @@ python3 -c 'import pytest' 2>/dev/null || pymissing+=(pytest)
 python3 -c 'import confluent_kafka' 2>/dev/null || pymissing+=(confluent-kafka)
 # A third client family (pure Python, its own protocol code): the mirror tests read through the proxy with it too.
 python3 -c 'import kafka' 2>/dev/null || pymissing+=(kafka-python)
+# The integration suite runs on every core with it (worker_sched.py is written against its 3.x API).
+python3 -c 'import xdist' 2>/dev/null || pymissing+=("pytest-xdist>=3.5,<4")
 # scripts/bench draws its plots with it.
 python3 -c 'import matplotlib' 2>/dev/null || pymissing+=(matplotlib)
 if [ "${#pymissing[@]}" -gt 0 ]; then

@@ -15,6 +15,7 @@ everything until a test adds ACLs, and the brokers keep working whatever ACLs a 
 import atexit
 import base64
 import ctypes
+import fcntl
 import json
 import os
 import random
@@ -28,6 +29,8 @@ import tempfile
 import threading
 import time
 import uuid
+
+from . import tool_runner
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
@@ -84,6 +87,8 @@ TOOLS_MOVED = {
 BROKER_JVM_OPTS = ["-Xms128m", "-Xmx512m", "-XX:+UseSerialGC", "-XX:-UsePerfData",
                    "-XX:+ExitOnOutOfMemoryError", "-Djava.awt.headless=true"]
 # Tools are short-lived: C1 only starts them noticeably faster on two cores.
+# The tool runner (tool_runner.py) lives for the whole session: the full JIT pays off there.
+RUNNER_JVM_OPTS = ["-Xmx512m", "-XX:+UseSerialGC", "-XX:-UsePerfData", "-Djava.awt.headless=true"]
 TOOL_JVM_OPTS = ["-Xmx256m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-XX:-UsePerfData",
                  "-Djava.awt.headless=true"]
 
@@ -136,8 +141,53 @@ def java_bin():
     return path
 
 
-_reserved_ports = set()
+# Ports handed out, shared by every test process on the machine (the workers of a parallel run,
+# a second run beside it): a registry file under an exclusive lock, one "port pid" line each.
+# Lines of processes that are gone are dropped; a port stays taken for as long as its process lives.
+PORT_REGISTRY = os.environ.get("KM_PORT_REGISTRY",
+                               os.path.join(tempfile.gettempdir(), "kmirror-ports.registry"))
 _ports_lock = threading.Lock()
+
+
+class _PortRegistry:
+    """The registry, locked and read on entry; take() reserves, written back on exit."""
+
+    def __enter__(self):
+        _ports_lock.acquire()
+        try:
+            self.f = open(PORT_REGISTRY, "a+")
+            fcntl.flock(self.f, fcntl.LOCK_EX)
+            self.f.seek(0)
+            self.taken, self.lines, alive = set(), [], {}
+            for line in self.f.read().splitlines():
+                try:
+                    port, pid = (int(x) for x in line.split())
+                except ValueError:
+                    continue
+                if pid not in alive:
+                    alive[pid] = pid == os.getpid() or _pid_alive(pid)
+                if alive[pid]:
+                    self.taken.add(port)
+                    self.lines.append(line)
+            return self
+        except BaseException:
+            _ports_lock.release()
+            raise
+
+    def take(self, ports):
+        self.taken.update(ports)
+        self.lines += [f"{p} {os.getpid()}" for p in ports]
+
+    def __exit__(self, *exc):
+        try:
+            self.f.seek(0)
+            self.f.truncate()
+            self.f.write("".join(ln + "\n" for ln in self.lines))
+            self.f.flush()
+        finally:
+            fcntl.flock(self.f, fcntl.LOCK_UN)
+            self.f.close()
+            _ports_lock.release()
 
 
 def _ephemeral_low():
@@ -149,13 +199,14 @@ def _ephemeral_low():
 
 
 def free_port(host="127.0.0.1"):
-    """A loopback port that is free now and not handed out before by this process.
+    """A loopback port that is free now and not handed out before by any test process alive
+    (PORT_REGISTRY).
 
     Taken at random below the kernel's ephemeral range when there is room, so that the outgoing
     connections of everything else on the machine cannot grab it before the broker binds it;
     start() still retries with new ports if a broker finds its port taken."""
     low = _ephemeral_low()
-    with _ports_lock:
+    with _PortRegistry() as reg:
         for attempt in range(200):
             with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
                 try:
@@ -164,23 +215,24 @@ def free_port(host="127.0.0.1"):
                 except OSError:
                     continue
                 port = s.getsockname()[1]
-            if port not in _reserved_ports:
-                _reserved_ports.add(port)
+            if port not in reg.taken:
+                reg.take([port])
                 return port
     raise KafkaError("no free port")
 
 
 def free_port_block(n, host="127.0.0.1"):
     """First of n consecutive ports free on host now, below the ephemeral range, none of them
-    handed out before by this process (by free_port or here): one registry for both, so a proxy's
-    listener never shares a port number with a broker of the same run, on any loopback address
-    (the leak scan matches port numbers, and a client would be told of either)."""
+    handed out before (by free_port or here) to a test process alive: one registry for both, so
+    a proxy's listener never shares a port number with a broker of the same run or of another
+    worker, on any loopback address (the leak scan matches port numbers, and a client would be
+    told of either)."""
     low = min(_ephemeral_low(), 65536) - n - 1
-    with _ports_lock:
+    with _PortRegistry() as reg:
         for _ in range(500):
             base = random.randrange(10000, max(low, 10001))
             want = range(base, base + n)
-            if any(p in _reserved_ports for p in want):
+            if any(p in reg.taken for p in want):
                 continue
             socks = []
             try:
@@ -193,7 +245,7 @@ def free_port_block(n, host="127.0.0.1"):
             finally:
                 for s in socks:
                     s.close()
-            _reserved_ports.update(want)
+            reg.take(want)
             return base
     raise KafkaError("no free port block")
 
@@ -927,6 +979,8 @@ logger.cfg.level = WARN
                 f.write("status = error\nappender.err.type = Console\nappender.err.name = ERR\n"
                         "appender.err.target = SYSTEM_ERR\nappender.err.layout.type = PatternLayout\n"
                         "appender.err.layout.pattern = [%d] %p %m (%c)%n\n"
+                        # The tool runner swaps System.err for each run: follow it.
+                        "appender.err.follow = true\n"
                         "rootLogger.level = WARN\nrootLogger.appenderRef.err.ref = ERR\n")
         return path
 
@@ -1162,6 +1216,15 @@ logger.cfg.level = WARN
         jvm_opts replaces the quick-start defaults (e.g. a full JIT for perf tools in benchmarks);
         classpath entries come before the Kafka jars (e.g. a test's own compiled classes)."""
         main = tool_class(tool, self.version)
+        if jvm_opts is None and not classpath and env is None:
+            r = tool_runner.run(java_bin(), self.libs, main, args, stdin=input, timeout=timeout,
+                                jvm_opts=RUNNER_JVM_OPTS, log4j=self._tool_log4j(),
+                                preexec=_set_pdeathsig)
+            if r is not None:
+                if check and r.returncode != 0:
+                    raise KafkaError(f"{tool} {' '.join(map(str, args))} exited {r.returncode}\n"
+                                     f"stdout:\n{r.stdout[-3000:]}\nstderr:\n{r.stderr[-3000:]}")
+                return r
         cmd = [java_bin()] + list(TOOL_JVM_OPTS if jvm_opts is None else jvm_opts) + [
             "-Dlog4j2.configurationFile=" + self._tool_log4j(),
             "-cp", os.pathsep.join(list(classpath) + [os.path.join(self.libs, "*")]),

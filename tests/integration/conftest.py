@@ -14,6 +14,23 @@ sys.path.insert(0, TESTS_DIR)
 
 from harness import Daemon, KafkaCluster  # noqa: E402
 
+# pytest-xdist, when installed, runs the suite on several workers (`-n 2`) with the suite's own
+# scheduler (worker_sched.py: whole modules, longest first, the leak scan last on every worker).
+try:
+    import xdist  # noqa: F401
+    pytest_plugins = ["worker_sched"]
+except ImportError:
+    pass
+
+
+def pytest_generate_tests(metafunc):
+    """A test asking for `per_worker` runs once per worker, as that worker's (worker_sched.py);
+    in a serial run once, as "main"."""
+    if "per_worker" in metafunc.fixturenames:
+        n = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0") or 0)
+        ids = [f"gw{i}" for i in range(n)] or ["main"]
+        metafunc.parametrize("per_worker", ids, ids=ids)
+
 
 def pytest_addoption(parser):
     parser.addoption("--long", action="store_true", default=False,
@@ -144,3 +161,29 @@ def daemons(tmp_path):
         reports += [f"{d.name}: {ln}" for ln in d.sanitizer_reports()]
     if reports:
         pytest.fail("sanitizer reports:\n" + "\n".join(reports[:50]), pytrace=False)
+
+
+# Seconds per module (setup, call and teardown of its tests, on whichever worker), written to
+# $KM_MODULE_TIMES_OUT at the end of a run: scripts/test keeps them in build/, and
+# module_times.json (the scheduler's order, longest first) is refreshed from them by hand.
+_module_seconds = {}
+
+
+def pytest_runtest_logreport(report):
+    mod = os.path.basename(report.nodeid.split("::", 1)[0])
+    _module_seconds[mod] = _module_seconds.get(mod, 0.0) + (report.duration or 0.0)
+
+
+def pytest_sessionfinish(session):
+    out = os.environ.get("KM_MODULE_TIMES_OUT")
+    if out and _module_seconds and not os.environ.get("PYTEST_XDIST_WORKER"):
+        import json
+        with open(out, "w") as f:
+            json.dump({k: round(v, 1) for k, v in sorted(_module_seconds.items())}, f, indent=1)
+    from harness import tool_runner
+    stats_out = os.environ.get("KM_TOOL_STATS_OUT")
+    if stats_out and tool_runner.stats["runs"]:
+        import json
+        with open(stats_out, "a") as f:
+            f.write(json.dumps(dict(tool_runner.stats, worker=os.environ.get(
+                "PYTEST_XDIST_WORKER", "main"))) + "\n")

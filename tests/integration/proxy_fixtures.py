@@ -1,10 +1,11 @@
 """Shared fixtures and helpers for the proxy tests: kmirrord on free ports in front of a real
 cluster, a loopback capture of every byte the proxies send to clients, and the leak scanner.
 
-Every proxy of the suite listens on its own loopback address (PROXY_HOST, 127.0.0.2) while the
-brokers listen on 127.0.0.1. So one tcpdump filter, `src host 127.0.0.2`, captures exactly what
-the proxies send to their clients (their upstream connections leave from 127.0.0.1), whichever
-proxy and port, and anything that reads "127.0.0.1" plus a broker port in that stream is a leak.
+Every proxy of the suite listens on its own loopback address (PROXY_HOST, 127.0.N.2 on test worker
+N, 127.0.0.2 in a serial run) while the brokers listen on 127.0.0.1. So one tcpdump filter per
+worker, `src host 127.0.N.2`, captures exactly what that worker's proxies send to their clients
+(their upstream connections leave from 127.0.0.1), whichever proxy and port, and anything that
+reads "127.0.0.1" plus a broker port in that stream is a leak.
 Import everything with `from proxy_fixtures import *`.
 """
 
@@ -25,11 +26,18 @@ import pytest
 
 from harness import Daemon, free_port_block, wait_port
 
-PROXY_HOST = os.environ.get("KM_PROXY_HOST", "127.0.0.2")
+
+def worker_index():
+    """0 for a serial run or xdist's gw0, N for gwN: what keeps the workers' addresses apart."""
+    w = os.environ.get("PYTEST_XDIST_WORKER", "")
+    return int(w[2:]) if w.startswith("gw") and w[2:].isdigit() else 0
+
+
+PROXY_HOST = os.environ.get("KM_PROXY_HOST", f"127.0.{worker_index()}.2")
 UPSTREAM_HOST = "127.0.0.1"
 BROKER_PORT_COUNT = 8  # node ids 0..7: the suite's clusters use 1..3
 
-__all__ = ["PROXY_HOST", "UPSTREAM_HOST", "Proxy", "Capture", "port_block", "leak_patterns",
+__all__ = ["worker_index", "PROXY_HOST", "UPSTREAM_HOST", "Proxy", "Capture", "port_block", "leak_patterns",
            "scan_flows", "wait_until", "proxy_capture", "proxy3_session", "proxy3",
            "proxy_factory", "upstream_ports", "read_pcap_flows", "TcpRelay"]
 

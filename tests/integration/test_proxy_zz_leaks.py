@@ -1,8 +1,11 @@
-"""The last proxy tests of a run (the file name sorts after the other test_proxy_* modules):
-the session proxy exits cleanly, and a scan of every byte that any proxy of the session sent to
-its clients (captured on the loopback interface from the start) finds no upstream host:port.
-A negative control proves that the capture and the scan find a leak when there is one."""
+"""The last tests of a run, on every worker (a serial run takes them last because the file name
+sorts after the other modules; a parallel one by worker_sched.py, which sends each worker's
+`per_worker` copy to that worker after everything else): the session proxy exits cleanly, and a
+scan of every byte that any proxy of the worker sent to its clients (captured on the loopback
+interface from the start) finds no upstream host:port. A negative control proves that the
+capture and the scan find a leak when there is one."""
 
+import os
 import signal
 import struct
 import subprocess
@@ -12,11 +15,21 @@ from confluent_kafka.admin import AdminClient
 
 from proxy_fixtures import *  # noqa: F401,F403
 from proxy_fixtures import (Capture, TcpRelay, leak_patterns, read_pcap_flows, scan_flows,
-                            upstream_ports, wait_until)
+                            upstream_ports, wait_until, worker_index)
 
 pytestmark = pytest.mark.proxy
 
-CONTROL_HOST = "127.0.0.3"
+CONTROL_HOST = f"127.0.{worker_index()}.3"
+
+
+@pytest.fixture(autouse=True)
+def on_its_worker(per_worker):
+    """Each copy checks the worker it is named for: run elsewhere it would scan the wrong capture."""
+    worker_id = os.environ.get("PYTEST_XDIST_WORKER", "none")
+    if per_worker != "main":
+        assert worker_id == per_worker, (
+            f"{per_worker}'s leak scan ran on {worker_id}: run the suite with its own scheduler "
+            "(-n N with the default --dist, worker_sched.py)")
 
 
 def describe_hits(hits, limit=10):

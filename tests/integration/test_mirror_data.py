@@ -460,15 +460,22 @@ def test_mirror_live_tail_java_consumer(mirror_env):
     env.start(topic)
     out = {}
 
-    def consume():
+    def consume(group):
         out["r"] = env.dest.run_tool(
             "console-consumer", "--bootstrap-server", env.pb, "--topic", topic, "--from-beginning",
-            "--max-messages", n, "--timeout-ms", 60000, "--group", unique("tail"),
+            "--max-messages", n, "--timeout-ms", 60000, "--group", group,
             "--property", "print.partition=true", "--property", "print.offset=true",
             timeout=240, check=False)
-    t = threading.Thread(target=consume)
+    group = unique("tail")
+    t = threading.Thread(target=consume, args=(group,))
     t.start()
-    time.sleep(3)  # the consumer's JVM up and tailing before the records come
+    # The consumer up and tailing (its group stable, every partition assigned) before the records come.
+    admin = AdminClient({"bootstrap.servers": env.pb})
+
+    def tailing():
+        d = admin.describe_consumer_groups([group])[group].result(timeout=10)
+        return sum(len(m.assignment.topic_partitions) for m in d.members) == parts
+    wait_until(lambda: not t.is_alive() or tailing(), 60, 0.2, "the Java consumer to join")
     p = Producer({"bootstrap.servers": env.sb, "linger.ms": 5, "acks": "all"})
     for i in range(n):  # about 500 records a second, so the consumer is at the tail throughout
         p.produce(topic, f"tail-{i}".encode(), partition=i % parts)
@@ -717,9 +724,12 @@ def test_mirror_fetch_sessions(mirror_env):
     assert incr >= 10 and incr > 5 * full, (before, mid)
     total, _ = compare_topic(env.pb, env.sb, topic, parts, marks)
     assert total == 8000
+    altered = fetch_requests(env)
     env.cli.run("alter", "--mirror", env.mirror, "--config", "mirror.fetch.sessions=false")
     try:
-        time.sleep(2.5)  # the pipeline reads its options every second
+        # The pipeline reads its options every second: once it has, every Fetch is a full one.
+        wait_until(lambda: fetch_requests(env)["full"] >= altered["full"] + 2, 30, 0.2,
+                   "the pipeline to fetch without sessions")
         start = fetch_requests(env)
         produce_records(env.sb, topic, 2000, "lz4", start=8000, partitions=parts)
         marks = env.caught_up(topic, parts)

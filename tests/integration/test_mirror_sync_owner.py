@@ -36,6 +36,18 @@ def owner_flags(cli, mirror):
     return {s["kind"]: s["is_owner"] for s in d["mirrors"][0].get("metadata_sync", [])}
 
 
+def sync_group_settled(cluster, members):
+    """__kmirror-sync has that many members, each holding exactly its target assignment."""
+    a = AdminClient({"bootstrap.servers": cluster.bootstrap})
+    d = a.describe_consumer_groups(["__kmirror-sync"])["__kmirror-sync"].result(timeout=10)
+
+    def parts(assignment):
+        return sorted((tp.topic, tp.partition) for tp in (assignment.topic_partitions if assignment else []))
+    return len(d.members) == members and all(
+        m.target_assignment is not None and parts(m.assignment) == parts(m.target_assignment)
+        for m in d.members)
+
+
 def test_one_kmirrord_syncs_a_mirror(kmirror_bin, dest_cluster, source_cluster, proxy_factory):
     mirror, topic = f"own-{uuid.uuid4().hex[:8]}", f"owned-{uuid.uuid4().hex[:8]}"
     a = proxy_factory(dest_cluster, name="kmirrord-a")
@@ -56,8 +68,13 @@ def test_one_kmirrord_syncs_a_mirror(kmirror_bin, dest_cluster, source_cluster, 
         assert len(set(fa.values())) == 1 and len(set(fb.values())) == 1, (fa, fb)
         return fa["configs"], fb["configs"]
 
+    # The group settled with these two as its only members, each holding what the assignor gave
+    # it (members of earlier kmirrords in front of this destination expire first), then exactly
+    # one owns the mirror...
+    wait_until(lambda: sync_group_settled(dest_cluster, 2), timeout=60,
+               what="__kmirror-sync with two members at their target assignments")
     wait_until(lambda: owners() in ((True, False), (False, True)), timeout=40, what="exactly one owner")
-    # It stays so: the group does not flap (checked over a few heartbeats).
+    # ...and it stays so: the group does not flap (checked over a few heartbeats).
     first = owners()
     for _ in range(10):
         time.sleep(0.5)

@@ -30,7 +30,7 @@ import threading
 import time
 import uuid
 
-from . import tool_runner
+from . import cds, tool_runner
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
@@ -958,19 +958,16 @@ logger.cfg.level = WARN
                 f.write(f"{k}={v}\n")
 
     def _format(self, node):
-        args = [java_bin()] + TOOL_JVM_OPTS + [
-            "-Dlog4j2.configurationFile=" + self._tool_log4j(),
-            "-cp", os.path.join(self.libs, "*"), tool_class("storage", self.version), "format",
-            "-t", self.cluster_id, "-c", node.config_path, "--ignore-formatted"]
+        args = ["format", "-t", self.cluster_id, "-c", node.config_path, "--ignore-formatted"]
         if node.is_controller:
             args.append("--standalone")
             for mech in ("SCRAM-SHA-256", "SCRAM-SHA-512"):
                 for user, pw in USERS.items():
                     args += ["--add-scram", f"{mech}=[name={user},password={pw}]"]
-        r = subprocess.run(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                           timeout=120)
+        r = self.run_tool("storage", *args, timeout=120, check=False)
         if r.returncode != 0:
-            raise KafkaError(f"{self.name}: formatting node {node.node_id} failed:\n{r.stdout}")
+            raise KafkaError(f"{self.name}: formatting node {node.node_id} failed:\n"
+                             f"{r.stdout}{r.stderr}")
 
     def _tool_log4j(self):
         path = os.path.join(self.base_dir, "tools-log4j2.properties")
@@ -1029,33 +1026,22 @@ logger.cfg.level = WARN
             for node in self.nodes.values():
                 self._write_config(node)
                 self._write_log4j(node)
-            # Formatting is one JVM each; run them side by side.
-            threads = []
-            errors = []
-
-            def fmt(n):
-                try:
-                    self._format(n)
-                except Exception as e:  # reported below
-                    errors.append(e)
+            # One node after the other, in the tool runner (a fraction of a second each).
             for node in self.nodes.values():
-                t = threading.Thread(target=fmt, args=(node,))
-                t.start()
-                threads.append(t)
-            for t in threads:
-                t.join()
-            if errors:
-                raise errors[0]
+                self._format(node)
             self._formatted = True
         for node in self.nodes.values():
             self._spawn(node)
         self.wait_ready(timeout)
+        if any(getattr(n, "records_cds", False) for n in self.nodes.values()):
+            cds.make_archive(java_bin(), self.libs, preexec=_set_pdeathsig)
 
     def _spawn(self, node):
         node.wanted = True
         if node.running():
             return
-        args = [java_bin()] + self.jvm_opts + [
+        cds_opts, node.records_cds = cds.broker_opts(java_bin(), self.libs)
+        args = [java_bin()] + self.jvm_opts + cds_opts + [
             f"-Dlog4j2.configurationFile={os.path.join(node.dir, 'log4j2.properties')}",
             f"-Dkafka.logs.dir={node.dir}",
             f"-Dkmirror.cluster={self.name}",

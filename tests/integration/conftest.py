@@ -12,6 +12,9 @@ TESTS_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REPO = os.path.dirname(TESTS_DIR)
 sys.path.insert(0, TESTS_DIR)
 
+# Brokers tuned for many short tests on two cores (harness.kafka_cluster.test_profile).
+os.environ.setdefault("KM_BROKER_PROFILE", "test")
+
 from harness import Daemon, KafkaCluster  # noqa: E402
 
 # pytest-xdist, when installed, runs the suite on several workers (`-n 2`) with the suite's own

@@ -785,6 +785,16 @@ def test_mirror_kill9(mirror_env):
 # ---------------------------------------------------------------------------------------------
 # A destination leader change (3 brokers) during mirroring
 
+def mirrored(env, topic, parts):
+    """Records readable through the proxy (the sum of its high watermarks)."""
+    return sum(hi for _, hi in watermarks(env.pb, topic, parts))
+
+
+def mirrored_more(env, topic, parts, past, what):
+    """Waits until more than past records are readable through the proxy: the mirror goes on."""
+    wait_until(lambda: mirrored(env, topic, parts) > past, 60, 0.2, f"the mirror to go on ({what})")
+
+
 @main_release_only
 def test_mirror_dest_leader_change(menv3):
     env = menv3
@@ -797,13 +807,13 @@ def test_mirror_dest_leader_change(menv3):
     bg = BackgroundProducer(env.sb, topic, "zstd", tag="lc", rate=2000).start()
     leader = None
     try:
-        time.sleep(1)
+        mirrored_more(env, topic, parts, pre, "the live records")
         md = AdminClient({"bootstrap.servers": env.dest.bootstrap}).list_topics(topic, timeout=15)
         leader = md.topics[topic].partitions[0].leader
         env.dest.stop_broker(leader)  # SIGTERM: leadership moves to another broker
-        time.sleep(2)
+        mirrored_more(env, topic, parts, mirrored(env, topic, parts) + 2000, "broker stopped")
         env.dest.start_broker(leader)
-        time.sleep(1)
+        mirrored_more(env, topic, parts, mirrored(env, topic, parts) + 1000, "broker back")
     finally:
         produced = bg.stop()
     marks = env.caught_up(topic, parts)
@@ -829,13 +839,13 @@ def test_mirror_source_leader_change(menv_src3):
     bg = BackgroundProducer(env.sb, topic, "lz4", tag="slc", rate=2000).start()
     leader = None
     try:
-        time.sleep(1)
+        mirrored_more(env, topic, parts, pre, "the live records")
         md = AdminClient({"bootstrap.servers": env.sb}).list_topics(topic, timeout=15)
         leader = md.topics[topic].partitions[0].leader
         env.source.stop_broker(leader)  # SIGTERM: the source's leadership moves, the mirror follows
-        time.sleep(3)
+        mirrored_more(env, topic, parts, mirrored(env, topic, parts) + 3000, "source broker stopped")
         env.source.start_broker(leader)
-        time.sleep(1)
+        mirrored_more(env, topic, parts, mirrored(env, topic, parts) + 1000, "source broker back")
     finally:
         produced = bg.stop()
     marks = env.caught_up(topic, parts)

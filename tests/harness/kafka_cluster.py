@@ -94,14 +94,16 @@ BROKER_JVM_OPTS = ["-Xms128m", "-Xmx512m", "-XX:+UseSerialGC", "-XX:-UsePerfData
 TEST_PROFILE_JVM_OPTS = ["-XX:TieredStopAtLevel=1"]
 TEST_PROFILE_PROPERTIES = {"metadata.max.idle.interval.ms": 5000}
 
-
-def test_profile():
-    return os.environ.get("KM_BROKER_PROFILE") == "test"
-# Tools are short-lived: C1 only starts them noticeably faster on two cores.
 # The tool runner (tool_runner.py) lives for the whole session: the full JIT pays off there.
 RUNNER_JVM_OPTS = ["-Xmx512m", "-XX:+UseSerialGC", "-XX:-UsePerfData", "-Djava.awt.headless=true"]
+# Tools are short-lived: C1 only starts them noticeably faster on two cores.
 TOOL_JVM_OPTS = ["-Xmx256m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-XX:-UsePerfData",
                  "-Djava.awt.headless=true"]
+
+
+def in_test_profile():
+    """KM_BROKER_PROFILE=test: brokers with TEST_PROFILE_JVM_OPTS and TEST_PROFILE_PROPERTIES."""
+    return os.environ.get("KM_BROKER_PROFILE") == "test"
 
 
 class KafkaError(RuntimeError):
@@ -710,7 +712,7 @@ class KafkaCluster:
         self.overrides = dict(overrides or {})
         self.advertise = dict(advertise or {})
         self.jvm_opts = list(jvm_opts or BROKER_JVM_OPTS + (
-            TEST_PROFILE_JVM_OPTS if test_profile() else []))
+            TEST_PROFILE_JVM_OPTS if in_test_profile() else []))
         self.attached = attached
         self.keep_dir = (os.environ.get("KM_KEEP_KAFKA_DIRS") == "1") if keep_dir is None else keep_dir
         self._own_dir = base_dir is None
@@ -882,7 +884,7 @@ class KafkaCluster:
             "log.cleaner.dedupe.buffer.size": 8 * 1024 * 1024,
             "controller.quorum.fetch.timeout.ms": 10000,
         }
-        if test_profile():
+        if in_test_profile():
             p.update(TEST_PROFILE_PROPERTIES)
         if node.is_broker:
             listeners = [f"CLIENT://{node.host}:{node.client_port}",

@@ -12,7 +12,7 @@ TESTS_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REPO = os.path.dirname(TESTS_DIR)
 sys.path.insert(0, TESTS_DIR)
 
-# Brokers tuned for many short tests on two cores (harness.kafka_cluster.test_profile).
+# Brokers tuned for many short tests on two cores (harness.kafka_cluster.in_test_profile).
 os.environ.setdefault("KM_BROKER_PROFILE", "test")
 
 from harness import Daemon, KafkaCluster  # noqa: E402
@@ -24,6 +24,18 @@ try:
     pytest_plugins = ["worker_sched"]
 except ImportError:
     pass
+
+
+from proxy_fixtures import proxy_capture  # noqa: E402,F401  (for the fixture below)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _capture_from_the_start(request):
+    """When the leak scan is among the tests, its capture runs from the session's (the worker's)
+    start, so it sees every proxy of the session whichever module comes first."""
+    if any(os.path.basename(item.nodeid.split("::", 1)[0]) == "test_proxy_zz_leaks.py"
+           for item in request.session.items):
+        request.getfixturevalue("proxy_capture")
 
 
 def pytest_generate_tests(metafunc):

@@ -218,6 +218,12 @@ def test_admin_endpoint_refusals(pq, dest_cluster, tmp_path):
     assert st["upstream"] == p.options["upstream"] and st["swapping_to"] is None, st
 
 
+def late_lines(written, t_drained):
+    """The lines of [(time, line)] written from 1 s after the drain to 2 s before the last one."""
+    last = written[-1][0] if written else 0
+    return [v for t, v in list(written) if t_drained + 1 < t < last - 2]
+
+
 def test_swap_under_load(pq, source_cluster, dest_cluster):
     p, q, cli = pq
     topic, group, mirror = unique("swap"), unique("swap-group"), unique("swap")
@@ -268,6 +274,10 @@ def test_swap_under_load(pq, source_cluster, dest_cluster):
                    what="the consumer to read after the swap")
         wait_until(lambda: len([c for c in java.consumed if c[0] > t_drained + 1]) > 100, 60,
                    what="the Java consumer to read after the swap")
+        # The Java producer's lines checked on B below (from 1 s after the drain to 2 s before
+        # its last line, which may still be on their way): at least 100 of them.
+        wait_until(lambda: len(late_lines(java.written, t_drained)) >= 100, 60,
+                   what="the Java producer to write after the swap")
     finally:
         load.stop()
         java_alive, java_err = java.stop()
@@ -303,7 +313,7 @@ def test_swap_under_load(pq, source_cluster, dest_cluster):
     jb_log = {part: {r.offset: r.value for r in read_partition(dest_cluster.bootstrap, jtopic, part, 0,
                                                                jends[part][1])} for part in range(PARTS)}
     on_b = {v for log in jb_log.values() for v in log.values()}
-    late_java = [v.encode() for t, v in java.written if t_drained + 1 < t < java.written[-1][0] - 2]
+    late_java = [v.encode() for v in late_lines(java.written, t_drained)]
     assert late_java and all(v in on_b for v in late_java), [v for v in late_java if v not in on_b][:5]
     progress(f"Java clients: wrote {len(java.written)}, read {len(java.consumed)}")
     # Its fetches at A's positions (past B's end) that reached B before its group rejoined there

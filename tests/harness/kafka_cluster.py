@@ -1218,21 +1218,18 @@ logger.cfg.level = WARN
         jvm_opts replaces the quick-start defaults (e.g. a full JIT for perf tools in benchmarks);
         classpath entries come before the Kafka jars (e.g. a test's own compiled classes)."""
         main = tool_class(tool, self.version)
+        r = None
         if jvm_opts is None and not classpath and env is None:
             r = tool_runner.run(java_bin(), self.libs, main, args, stdin=input, timeout=timeout,
                                 jvm_opts=RUNNER_JVM_OPTS, log4j=self._tool_log4j(),
                                 preexec=_set_pdeathsig)
-            if r is not None:
-                if check and r.returncode != 0:
-                    raise KafkaError(f"{tool} {' '.join(map(str, args))} exited {r.returncode}\n"
-                                     f"stdout:\n{r.stdout[-3000:]}\nstderr:\n{r.stderr[-3000:]}")
-                return r
-        cmd = [java_bin()] + list(TOOL_JVM_OPTS if jvm_opts is None else jvm_opts) + [
-            "-Dlog4j2.configurationFile=" + self._tool_log4j(),
-            "-cp", os.pathsep.join(list(classpath) + [os.path.join(self.libs, "*")]),
-            main] + [str(a) for a in args]
-        r = subprocess.run(cmd, input=input, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                           text=True, timeout=timeout, env=env)
+        if r is None:  # a JVM of its own
+            cmd = [java_bin()] + list(TOOL_JVM_OPTS if jvm_opts is None else jvm_opts) + [
+                "-Dlog4j2.configurationFile=" + self._tool_log4j(),
+                "-cp", os.pathsep.join(list(classpath) + [os.path.join(self.libs, "*")]),
+                main] + [str(a) for a in args]
+            r = subprocess.run(cmd, input=input, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True, timeout=timeout, env=env)
         if check and r.returncode != 0:
             raise KafkaError(f"{tool} {' '.join(map(str, args))} exited {r.returncode}\n"
                              f"stdout:\n{r.stdout[-3000:]}\nstderr:\n{r.stderr[-3000:]}")

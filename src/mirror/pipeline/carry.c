@@ -1,0 +1,368 @@
+/* Carried transactions: a partition's destination transactional producers, the fence, ListTransactions, markers. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "kmirror/api.h"
+#include "kmirror/batch.h"
+#include "kmirror/crc32c.h"
+#include "kmirror/fetch.h"
+#include "kmirror/hash.h"
+#include "kmirror/log.h"
+#include "kmirror/msg/list_transactions_request.h"
+#include "kmirror/msg/list_transactions_response.h"
+#include "mirror/pipeline/pipeline.h"
+
+/* ---- transactions: the partition's destination transactional producers ---- */
+
+/* kmirror/<instance>/<mirror>/<topic>/<partition>/<k>: a transactional id carries one partition's transactions. */
+static void tid_of(const km_pipeline *pl, const mpart *p, size_t k, char *buf, size_t len)
+{
+	snprintf(buf, len, "kmirror/%s/%s/%s/%d/%zu", km_mirror_get_opts(pl->mi)->instance, pl->name, p->t->name,
+		 (int)p->id, k);
+}
+
+/* Whether tid is one of p's, of any kmirrord instance (another may have run the mirror before). */
+bool km_pl_tid_is_of(const km_pipeline *pl, const mpart *p, const char *tid)
+{
+	char mid[600];
+	const char *at;
+	snprintf(mid, sizeof(mid), "/%s/%s/%d/", pl->name, p->t->name, (int)p->id);
+	if (strncmp(tid, "kmirror/", 8) || !(at = strstr(tid + 8, mid)))
+		return false;
+	at += strlen(mid);
+	if (!*at)
+		return false;
+	while (*at >= '0' && *at <= '9')
+		at++;
+	return !*at;
+}
+
+static bool tx_add(km_pipeline *pl, mpart *p, const char *tid)
+{
+	mtx *n = realloc(p->tx, (p->ntx + 1) * sizeof(*n));
+	km_txp *t;
+	if (!n)
+		return false;
+	p->tx = n;
+	if (!(t = km_txp_new(pl->dst, tid, p->t->name, p->id, km_pl_on_cluster_change, pl)))
+		return false;
+	p->tx[p->ntx++] = (mtx){t, -1, false, -1};
+	return true;
+}
+
+/* The producer carrying source producer src_pid's open transaction on p; a free one (or a new one) when create. */
+int km_pl_lease_for(km_pipeline *pl, mpart *p, int64_t src_pid, bool create)
+{
+	char tid[700];
+	for (size_t i = 0; i < p->ntx; i++)
+		if (p->tx[i].src_pid == src_pid)
+			return (int)i;
+	if (!create)
+		return -1;
+	for (size_t i = 0; i < p->ntx; i++)
+		if (p->tx[i].src_pid < 0 && km_txp_state_of(p->tx[i].txp) <= KM_TXP_FREE) {
+			p->tx[i].src_pid = src_pid;
+			p->tx[i].begun = false;
+			p->tx[i].first_logical = -1;
+			return (int)i;
+		}
+	for (size_t k = p->ntx;; k++) {
+		bool taken = false;
+		tid_of(pl, p, k, tid, sizeof(tid));
+		for (size_t i = 0; i < p->ntx; i++)
+			taken |= !strcmp(km_txp_id(p->tx[i].txp), tid);
+		if (!taken)
+			break;
+	}
+	if (!tx_add(pl, p, tid))
+		return -1;
+	p->tx[p->ntx - 1].src_pid = src_pid;
+	return (int)p->ntx - 1;
+}
+
+bool km_pl_tx_open(const mpart *p)
+{
+	for (size_t i = 0; i < p->ntx; i++)
+		if (p->tx[i].src_pid >= 0)
+			return true;
+	return false;
+}
+
+/* Describe's figure: where the earliest open destination transaction of p starts (offmap.open_txn_logical). */
+void km_pl_publish_open(km_pipeline *pl, mpart *p)
+{
+	km_offmap *m = km_state_offmap_mut(km_mirror_store(pl->mi), p->t->name, p->id);
+	int64_t first = -1;
+	for (size_t i = 0; i < p->ntx; i++)
+		if (p->tx[i].src_pid >= 0 && p->tx[i].first_logical >= 0 &&
+		    (first < 0 || p->tx[i].first_logical < first))
+			first = p->tx[i].first_logical;
+	if (m)
+		m->open_txn_logical = first;
+}
+
+/* The source transaction p->tx[i] carried is decided (or aborted by a fence): the producer is free. */
+static void tx_release(km_pipeline *pl, mpart *p, size_t i)
+{
+	p->tx[i].src_pid = -1;
+	p->tx[i].begun = false;
+	p->tx[i].first_logical = -1;
+	km_pl_publish_open(pl, p);
+}
+
+void km_pl_tx_free_all(mpart *p)
+{
+	for (size_t i = 0; i < p->ntx; i++)
+		km_txp_free(p->tx[i].txp);
+	free(p->tx);
+	p->tx = NULL;
+	p->ntx = 0;
+}
+
+/*
+ * Fence p's transactional ids: every one of its own and every one an earlier life left (listed by
+ * ListTransactions) is initialised again, which aborts what it held open and moves its epoch on.
+ * True once all are free again.
+ */
+bool km_pl_fence_done(km_pipeline *pl, mpart *p)
+{
+	char tag[300];
+	if (!p->fence_started) {
+		for (size_t i = 0; i < pl->nlisted && !p->tx_fenced; i++) {
+			bool have = false;
+			if (!km_pl_tid_is_of(pl, p, pl->listed[i]))
+				continue;
+			for (size_t k = 0; k < p->ntx; k++)
+				have |= !strcmp(km_txp_id(p->tx[k].txp), pl->listed[i]);
+			if (!have && !tx_add(pl, p, pl->listed[i]))
+				return false;
+		}
+		for (size_t i = 0; i < p->ntx; i++) {
+			km_txp_fence(p->tx[i].txp);
+			tx_release(pl, p, i);
+		}
+		if (p->ntx)
+			KM_INFO(COMP, 0, "%s/%s: fencing %zu transactional id(s): what they held open is aborted", pl->name,
+				km_pl_ptag(p, tag, sizeof(tag)), p->ntx);
+		p->fence_started = true;
+	}
+	for (size_t i = 0; i < p->ntx; i++) {
+		km_txp_state st = km_txp_state_of(p->tx[i].txp);
+		if (st == KM_TXP_FAILED) {
+			km_pl_fail_part(pl, p, km_txp_error(p->tx[i].txp));
+			p->fence_started = false;
+			return false;
+		}
+		if (st != KM_TXP_FREE)
+			return false;
+	}
+	p->fence_started = false;
+	p->tx_fenced = true;
+	return true;
+}
+
+/* ---- ListTransactions: the transactional ids earlier lives of the mirror left on the destination ---- */
+
+static void on_list_txns(km_net_client *c, km_err err, const uint8_t *body, size_t len, void *arg)
+{
+	req_ctx *x = arg;
+	km_pipeline *pl = x->pl;
+	int16_t ver = x->ver;
+	km_list_transactions_response r;
+	km_arena a;
+	km_rd rd;
+	char mid[300];
+	bool ok = false;
+
+	if (pl->closing || pl->txl != 1 || (uintptr_t)x->extra != pl->txl_gen) {
+		free(x);
+		return;
+	}
+	free(x);
+	snprintf(mid, sizeof(mid), "/%s/", pl->name);
+	if (err == KM_OK) {
+		km_arena_init(&a, 0);
+		km_rd_init(&rd, body, len);
+		if (km_list_transactions_response_decode(&rd, ver, &r, &a) == KM_OK && !r.error_code) {
+			ok = true;
+			for (int32_t i = 0; i < r.transaction_states.count; i++) {
+				km_str id = r.transaction_states.items[i].transactional_id;
+				char tid[700], **nl;
+				snprintf(tid, sizeof(tid), "%.*s", id.len > 0 ? (int)id.len : 0, id.p);
+				if (strncmp(tid, "kmirror/", 8) || !strstr(tid + 8, mid))
+					continue;
+				if (!(nl = realloc(pl->listed, (pl->nlisted + 1) * sizeof(*nl))) ||
+				    !(nl[pl->nlisted] = strdup(tid))) {
+					if (nl)
+						pl->listed = nl;
+					ok = false;
+					break;
+				}
+				pl->listed = nl;
+				pl->nlisted++;
+			}
+		} else if (!ok) {
+			KM_WARN(COMP, 0, "%s: ListTransactions on the destination failed", pl->name);
+		}
+		km_arena_free(&a);
+	} else {
+		km_mcluster_drop(pl->dst, c);
+	}
+	if (!ok) {
+		pl->txl = 0; /* asked again, from the start */
+		pl->txl_at = km_pl_now_ms();
+	} else if (--pl->txl_pending == 0) {
+		pl->txl = 2;
+		KM_DEBUG(COMP, 0, "%s: %zu transactional id(s) of the mirror on the destination", pl->name, pl->nlisted);
+	}
+	km_pl_tick_soon(pl);
+}
+
+void km_pl_list_txns(km_pipeline *pl, int64_t now)
+{
+	int32_t nodes[256];
+	size_t n = km_mcluster_node_ids(pl->dst, nodes, 256);
+	km_list_transactions_request m;
+
+	if (pl->txl != 0 || now - pl->txl_at < 1000)
+		return;
+	if (!pl->txl_since)
+		pl->txl_since = now;
+	if (now - pl->txl_since > TXL_PATIENCE_MS) {
+		/*
+		 * A destination broker that stays unreachable must not hold every partition back: go on
+		 * without the listing. An earlier life's transactions on a broker not listed are left to
+		 * the destination's timeout (a marker landing where it was not planned is reconciled).
+		 */
+		KM_WARN(COMP, 0, "%s: ListTransactions did not reach every destination broker in %d s: going on "
+			"without it (%s)", pl->name, TXL_PATIENCE_MS / 1000, km_mcluster_last_error(pl->dst));
+		pl->txl = 2;
+		return;
+	}
+	if (!n || n > 256)
+		return;
+	for (size_t i = 0; i < pl->nlisted; i++)
+		free(pl->listed[i]);
+	free(pl->listed);
+	pl->listed = NULL;
+	pl->nlisted = 0;
+	pl->txl_pending = 0;
+	pl->txl = 1;
+	pl->txl_at = now;
+	pl->txl_gen++;
+	for (size_t i = 0; i < n; i++)
+		if (!km_mcluster_usable(pl->dst, km_mcluster_node(pl->dst, nodes[i]))) {
+			/* Connecting: asked again on the next tick (a client that becomes ready ticks). */
+			pl->txl = 0;
+			pl->txl_at = 0;
+			return;
+		}
+	for (size_t i = 0; i < n; i++) {
+		req_ctx *x;
+		km_net_client *c = km_mcluster_node(pl->dst, nodes[i]);
+		int16_t ver;
+		km_wr w;
+		if (!km_mcluster_usable(pl->dst, c)) {
+			pl->txl = 0;
+			return; /* asked again when all are connected; the answers of those asked are dropped */
+		}
+		if ((ver = km_pl_pick(c, KM_API_LIST_TRANSACTIONS, LT_LO, LT_HI)) < 0) {
+			KM_INFO(COMP, 0, "%s: the destination has no ListTransactions (before Kafka 3.0): source "
+				"transactions cannot be carried", pl->name);
+			pl->txl = 3;
+			return;
+		}
+		km_list_transactions_request_init(&m);
+		km_wr_init(&w);
+		km_list_transactions_request_encode(&w, ver, &m);
+		if ((x = km_pl_ctx_new(pl, pl->dst, nodes[i], ver)))
+			x->extra = (void *)pl->txl_gen;
+		if (km_pl_send_flat(c, KM_API_LIST_TRANSACTIONS, ver, &w, on_list_txns, x) != KM_OK) {
+			km_mcluster_drop(pl->dst, c);
+			pl->txl = 0;
+			return;
+		}
+		pl->txl_pending++;
+	}
+}
+
+/* ---- a transaction's marker: the destination transaction ends, its marker lands where the source's is ---- */
+
+/*
+ * p's head is a marker and everything before it is in: end the destination transaction as the
+ * source's marker says, then ask the destination's log end until the coordinator's marker is in.
+ */
+void km_pl_drive_marker(km_pipeline *pl, mpart *p, int64_t now, int64_t *next)
+{
+	mbatch *b = p->head;
+	km_txp *t = p->tx[b->txi].txp;
+	km_txp_state st = km_txp_state_of(t);
+
+	if (st == KM_TXP_FAILED) {
+		km_pl_reconcile(pl, p, km_txp_error(t));
+		return;
+	}
+	if (b->mk == 0 && st == KM_TXP_OPEN) {
+		km_txp_end(t, b->commit);
+		b->mk = 1;
+	} else if (b->mk == 1 && st == KM_TXP_FREE) {
+		if (b->mk_at > now) {
+			if (b->mk_at < *next)
+				*next = b->mk_at;
+		} else if (km_pl_send_lo(pl, p, true, -1, LO_MARKER)) {
+			b->mk = 2;
+		}
+	}
+}
+
+void km_pl_marker_answer(km_pipeline *pl, mpart *p, bool ok, int64_t end, int64_t at)
+{
+	mbatch *b = p->head;
+	char tag[300];
+
+	if (!b || b->kind != BK_MARKER || b->mk != 2 || b->physical != at)
+		return; /* an answer about an earlier marker (reconciled since) */
+	b->mk = 1;
+	if (!ok)
+		pl->dst_meta_need = true; /* the leader may have moved */
+	if (!ok || end == b->physical) {
+		/* Not in yet (the coordinator writes it after EndTxn's answer): looked at again shortly. */
+		b->mk_at = km_pl_now_ms() + (ok ? MARKER_POLL_MS : BACKOFF_MIN_MS);
+		return;
+	}
+	if (end != b->physical + 1) {
+		char why[200];
+		snprintf(why, sizeof(why), "a transaction marker planned at destination offset %lld: the log ends at %lld",
+			 (long long)b->physical, (long long)end);
+		if (p->hide_logical < 0 || b->logical < p->hide_logical)
+			p->hide_logical = b->logical;
+		km_pl_reconcile(pl, p, why);
+		return;
+	}
+	KM_DEBUG(COMP, 0, "%s/%s: %s marker at offset %lld (destination offset %lld)", pl->name,
+		 km_pl_ptag(p, tag, sizeof(tag)), b->commit ? "commit" : "abort", (long long)b->logical, (long long)b->physical);
+	tx_release(pl, p, (size_t)b->txi);
+	p->head = b->next;
+	if (!p->head)
+		p->tail = NULL;
+	km_pl_landed(pl, p, b);
+	km_pl_tick_soon(pl);
+}
+
+/* The partition's producers: transactions to begin, requests to send. */
+void km_pl_drive_txps(km_pipeline *pl, mpart *p, int64_t now, int64_t *next)
+{
+	for (size_t i = 0; i < p->ntx; i++) {
+		mtx *x = &p->tx[i];
+		int64_t at;
+		if (x->src_pid >= 0 && !x->begun && km_txp_state_of(x->txp) == KM_TXP_FREE) {
+			km_txp_begin(x->txp);
+			x->begun = true;
+		}
+		if (x->src_pid >= 0 && km_txp_state_of(x->txp) == KM_TXP_FAILED && p->phase == PH_WRITING && !p->inflight)
+			km_pl_reconcile(pl, p, km_txp_error(x->txp));
+		at = km_txp_poll(x->txp, now);
+		if (at < *next)
+			*next = at;
+	}
+}

@@ -1,0 +1,611 @@
+/* Fetch from the source: fetch sessions, the answer taken as it streams in, runs persisted before their batches go. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "kmirror/api.h"
+#include "kmirror/batch.h"
+#include "kmirror/crc32c.h"
+#include "kmirror/fetch.h"
+#include "kmirror/hash.h"
+#include "kmirror/log.h"
+#include "kmirror/msg/fetch_request.h"
+#include "mirror/pipeline/pipeline.h"
+
+static void session_reset(km_pipeline *pl, int32_t node);
+
+/* ---- fetch ---- */
+
+/* One Fetch and its answer as it streams in (on_fetch_stream). */
+struct fetch_ctx {
+	km_pipeline *pl;
+	int32_t node;
+	mpart **parts; /* the partitions it was sent for (ready then) */
+	size_t n;
+	uint64_t seq; /* stamped on its partitions: an answer for a partition it did not ask for is ignored */
+	bool full, sessions; /* a full request (opening a session when sessions is set) */
+	/* the answer */
+	mresp *resp;         /* NULL until its first bytes */
+	size_t pre;          /* the size prefix and header put in front of the body */
+	km_fetch_walk w;
+	bool session_done, dropped, bad, ended;
+	mpart *cur;          /* the partition whose batches are being taken */
+	size_t cur_runs;     /* ra.n when it started: more means it starts runs */
+	bool pend;           /* the walk stopped at a batch whose bytes are not all here yet */
+	size_t pend_off, pend_size;
+	struct evbuffer_ptr cursor;
+	size_t cur_off;
+	bool cur_valid;
+	runs_acc ra;         /* the runs the answer's batches start */
+	mpart **later;       /* partitions that wait for them to be persisted */
+	size_t nlater;
+};
+
+typedef struct runs_ctx {
+	km_pipeline *pl;
+	mpart **parts;
+	size_t n;
+} runs_ctx;
+
+static void on_runs(void *arg, const km_state_result *res)
+{
+	runs_ctx *rc = arg;
+	km_pipeline *pl = rc->pl;
+
+	for (size_t i = 0; i < rc->n; i++) {
+		mpart *p = rc->parts[i];
+		if (p->phase != PH_RUNS)
+			continue;
+		if (res->code != KM_OK)
+			km_pl_reconcile(pl, p, "the offset map could not be persisted");
+		else
+			p->phase = p->head ? PH_WRITING : PH_READY;
+	}
+	free(rc->parts);
+	free(rc);
+	if (!pl->closing)
+		km_pl_tick_soon(pl);
+}
+
+static void handle_fetch_error(km_pipeline *pl, mpart *p, int16_t code)
+{
+	char tag[300];
+	p->errors++;
+	switch (code) {
+	case 1: /* OFFSET_OUT_OF_RANGE: behind the source's log start (retention, DeleteRecords), or past its end */
+		p->oor = true;
+		p->phase = PH_START; /* ListOffsets(earliest); after_start counts the hole */
+		p->retry_at = 0;
+		break;
+	case 3:   /* UNKNOWN_TOPIC_OR_PARTITION */
+	case 5:   /* LEADER_NOT_AVAILABLE */
+	case 6:   /* NOT_LEADER_OR_FOLLOWER */
+	case 74:  /* FENCED_LEADER_EPOCH: our metadata is old */
+	case 75:  /* UNKNOWN_LEADER_EPOCH: the broker is behind */
+	case 100: /* UNKNOWN_TOPIC_ID */
+		pl->src_meta_need = true;
+		p->phase = PH_READY;
+		km_pl_backoff(p);
+		break;
+	default:
+		KM_WARN(COMP, 0, "%s/%s: source Fetch error %s", pl->name, km_pl_ptag(p, tag, sizeof(tag)),
+			km_err_name((km_err)code));
+		p->phase = PH_READY;
+		km_pl_backoff(p);
+		break;
+	}
+}
+
+/*
+ * The session part of a Fetch answer (v7+: ThrottleTimeMs, ErrorCode, SessionId first, in h): a
+ * full request's answer opens the session (id 0: the broker keeps none, the next request is full
+ * again), an incremental one moves the epoch on. An error (FETCH_SESSION_ID_NOT_FOUND after an
+ * eviction or a broker restart, INVALID_FETCH_SESSION_EPOCH) drops the session: false, nothing to
+ * take.
+ */
+static bool take_session(km_pipeline *pl, const fetch_ctx *fc, const uint8_t h[10])
+{
+	mnode_io *io = km_pl_node_io(&pl->sio, &pl->nsio, fc->node);
+	int16_t code = (int16_t)km_be16(h + 4);
+	int32_t id = (int32_t)km_be32(h + 6);
+
+	if (!io)
+		return false;
+	if (code) {
+		KM_INFO(COMP, 0, "%s: source broker %d answered the fetch session %d with %s: a new session follows",
+			pl->name, (int)fc->node, (int)io->sess_id, km_err_name((km_err)code));
+		session_reset(pl, fc->node);
+		return false;
+	}
+	if (fc->full) {
+		io->sess_id = id;
+		io->sess_epoch = 1;
+		if (id)
+			KM_DEBUG(COMP, 0, "%s: fetch session %d with source broker %d", pl->name, (int)id, (int)fc->node);
+	} else {
+		io->sess_epoch = io->sess_epoch == INT32_MAX ? 1 : io->sess_epoch + 1;
+	}
+	return true;
+}
+
+/*
+ * A partition's part of the answer is all here: its batches go to the destination now, unless
+ * they start runs, which wait for the answer's end (one store write for all of them).
+ */
+static void finish_part(fetch_ctx *fc, mpart *p, size_t runs_before)
+{
+	km_pipeline *pl = fc->pl;
+
+	if (!p || p->phase != PH_FETCHING)
+		return; /* failed or moved meanwhile */
+	if (fc->ra.n > runs_before) {
+		p->phase = PH_RUNS;
+		fc->later[fc->nlater++] = p;
+		return;
+	}
+	p->phase = p->head ? PH_WRITING : PH_READY;
+	if (!p->head && !p->inflight && p->fetch_logical > p->acked_logical) {
+		/* Only holes came (markers, emptied batches): the tail moves past them. */
+		p->acked_logical = p->fetch_logical;
+		km_pl_set_tail(pl, p, true);
+	}
+	if (p->head)
+		km_pl_tick_soon(pl); /* written while the rest of the answer arrives */
+}
+
+/* The batch the walk stopped at, now that its bytes are all here. */
+static void take_pending(fetch_ctx *fc)
+{
+	km_pipeline *pl = fc->pl;
+	struct evbuffer *buf = fc->resp->buf;
+	uint8_t h[KM_BATCH_HEADER_SIZE];
+	struct evbuffer_ptr ptr;
+	const char *fail = NULL;
+	km_err rc;
+
+	fc->pend = false;
+	if (fc->cur && fc->cur->phase != PH_FETCHING)
+		fc->cur = NULL; /* reconciled or failed between two parts of the answer: the rest is not taken */
+	if (!fc->cur)
+		return;
+	/* A cursor moved forward batch by batch: each costs only the chains it crosses. */
+	if (fc->cur_valid && fc->pend_off >= fc->cur_off)
+		rc = evbuffer_ptr_set(buf, &fc->cursor, fc->pend_off - fc->cur_off, EVBUFFER_PTR_ADD) ? KM_ERR_DECODE : KM_OK;
+	else
+		rc = evbuffer_ptr_set(buf, &fc->cursor, fc->pend_off, EVBUFFER_PTR_SET) ? KM_ERR_DECODE : KM_OK;
+	fc->cur_valid = rc == KM_OK;
+	fc->cur_off = fc->pend_off;
+	ptr = fc->cursor;
+	if (rc != KM_OK || evbuffer_copyout_from(buf, &ptr, h, sizeof(h)) != (ev_ssize_t)sizeof(h)) {
+		fc->bad = true;
+		return;
+	}
+	rc = km_pl_take_batch(pl, fc->cur, fc->resp, &fc->cursor, fc->pend_size, h, &fc->ra, &fail);
+	if (rc != KM_OK) {
+		km_pl_fail_part(pl, fc->cur, fail ? fail : km_err_name(rc));
+		fc->cur = NULL;
+	}
+}
+
+/* Walk what has arrived of the answer, as far as it goes. */
+static void walk_answer(fetch_ctx *fc)
+{
+	km_pipeline *pl = fc->pl;
+	struct evbuffer *buf = fc->resp->buf;
+
+	while (!fc->bad && !fc->ended) {
+		km_fw_event ev;
+		if (fc->pend) {
+			if (fc->pend_off + fc->pend_size > evbuffer_get_length(buf))
+				return; /* its bytes are still coming */
+			take_pending(fc);
+			continue;
+		}
+		ev = km_fetch_walk_next(&fc->w, buf, 0);
+		if (ev == KM_FW_NEED_MORE)
+			return;
+		if (ev == KM_FW_ERROR) {
+			fc->bad = true;
+			return;
+		}
+		if (ev == KM_FW_END) {
+			finish_part(fc, fc->cur, fc->cur_runs);
+			fc->cur = NULL;
+			fc->ended = true;
+			return;
+		}
+		if (ev == KM_FW_PARTITION) {
+			const km_fetch_part *fp = &fc->w.part;
+			mtopic *t = km_pl_topic_get(pl, fp->topic, false);
+			mpart *p = t ? km_pl_part_get(pl, t, fp->partition, false) : NULL;
+			finish_part(fc, fc->cur, fc->cur_runs);
+			fc->cur = NULL;
+			if (!p || p->phase != PH_FETCHING || p->fetch_seq != fc->seq || p->taken)
+				continue; /* not asked for here, listed twice, or failed meanwhile: dropped */
+			/* It stays FETCHING while its batches arrive: nothing else moves it meanwhile. */
+			p->taken = true;
+			if (fp->error_code) {
+				handle_fetch_error(pl, p, fp->error_code);
+				continue;
+			}
+			km_state_partition_progress(km_mirror_store(pl->mi), p->t->name, p->id, fp->high_watermark, -1);
+			p->source_end = fp->high_watermark;
+			if (fp->log_start_offset >= 0)
+				p->src_ls = fp->log_start_offset;
+			km_pl_update_lag(p, km_pl_now_ms());
+			p->backoff_ms = 0;
+			fc->cur = p;
+			fc->cur_runs = fc->ra.n;
+			fc->w.descend = true;
+			continue;
+		}
+		if (ev == KM_FW_BATCH && fc->cur) {
+			size_t size = KM_BATCH_LOG_OVERHEAD + (size_t)(fc->w.batch.length > 0 ? fc->w.batch.length : 0);
+			if (fc->w.batch.partial)
+				continue; /* cut by the fetch size: the next fetch starts at it */
+			if (size < KM_BATCH_HEADER_SIZE) {
+				km_pl_fail_part(pl, fc->cur, "the source sent a record batch too short for its header");
+				fc->cur = NULL;
+				continue;
+			}
+			fc->pend = true;
+			fc->pend_off = fc->w.batch.off;
+			fc->pend_size = size;
+		}
+	}
+}
+
+static void fetch_ctx_free(fetch_ctx *fc)
+{
+	if (fc->resp)
+		km_pl_resp_unref(fc->resp);
+	free(fc->ra.runs);
+	free(fc->later);
+	free(fc->parts);
+	free(fc);
+}
+
+/* The answer is in (or failed): partitions with new runs persist them, the others it left are ready again. */
+static void end_answer(fetch_ctx *fc, bool failed)
+{
+	km_pipeline *pl = fc->pl;
+	mnode_io *io = km_pl_node_io(&pl->sio, &pl->nsio, fc->node);
+
+	if (io)
+		io->fetching = false;
+	if (!failed && !fc->dropped && (fc->bad || !fc->ended))
+		KM_WARN(COMP, 0, "%s: undecodable Fetch response from source broker %d", pl->name, (int)fc->node);
+	/* The batches taken are whole and stay good when the rest of the answer is lost. */
+	if (!fc->ended)
+		finish_part(fc, fc->cur, fc->cur_runs);
+	for (size_t i = 0; i < fc->n; i++) {
+		fc->parts[i]->taken = false;
+		if (fc->parts[i]->phase == PH_FETCHING && fc->parts[i]->fetch_seq == fc->seq)
+			fc->parts[i]->phase = PH_READY; /* nothing for it in this answer */
+	}
+	if (fc->nlater) {
+		runs_ctx *rc = calloc(1, sizeof(*rc));
+		size_t keep = 0;
+		/* Only the runs of partitions still waiting for them (one reconciled meanwhile starts over). */
+		for (size_t i = 0; i < fc->ra.n; i++)
+			for (size_t k = 0; k < fc->nlater; k++)
+				if (fc->later[k]->phase == PH_RUNS && fc->later[k]->id == fc->ra.runs[i].partition &&
+				    fc->later[k]->t->name == fc->ra.runs[i].topic) {
+					fc->ra.runs[keep++] = fc->ra.runs[i];
+					break;
+				}
+		fc->ra.n = keep;
+		if (rc && !keep) {
+			free(rc);
+		} else if (rc) {
+			rc->pl = pl;
+			rc->parts = fc->later;
+			rc->n = fc->nlater;
+			fc->later = NULL;
+			km_state_runs_write(km_mirror_store(pl->mi), pl->name, fc->ra.runs, fc->ra.n, on_runs, rc);
+		} else {
+			for (size_t i = 0; i < fc->nlater; i++)
+				km_pl_reconcile(pl, fc->later[i], "out of memory");
+		}
+	}
+	fetch_ctx_free(fc);
+	km_pl_tick_soon(pl);
+}
+
+/*
+ * The Fetch answer as it arrives (KM_NET_STREAM): its bytes are moved, not copied, onto the end of
+ * one evbuffer (the frame as the walker reads it, behind a size prefix and header of our own) and
+ * released to the client at once (the pipeline bounds what it holds itself, held_cap). Each batch
+ * is taken as soon as its bytes are all there; a partition's batches go to the destination as soon
+ * as the partition's part of the answer is in, while the rest still arrives.
+ */
+static void on_fetch_stream(km_net_client *c, km_err err, struct evbuffer *chunk, size_t off, bool last, void *arg)
+{
+	req_ctx *x = arg;
+	km_pipeline *pl = x->pl;
+	fetch_ctx *fc = x->extra;
+	size_t n;
+
+	(void)off;
+	if (pl->closing) {
+		if (chunk)
+			km_net_client_release(c, evbuffer_get_length(chunk));
+		if (last) {
+			fetch_ctx_free(fc);
+			free(x);
+		}
+		return;
+	}
+	if (err != KM_OK || !chunk) {
+		KM_WARN(COMP, 0, "%s: Fetch from source broker %d failed: %s", pl->name, (int)fc->node, km_err_name(err));
+		km_mcluster_drop(pl->src, c);
+		pl->src_meta_need = true;
+		session_reset(pl, fc->node);
+		free(x);
+		end_answer(fc, true);
+		return;
+	}
+	n = evbuffer_get_length(chunk);
+	if (!fc->resp) {
+		/* The walker reads a frame: a size prefix, a correlation id and (v12+) header tags come first. */
+		uint8_t pre[9] = {0};
+		size_t total = km_net_client_stream_size(c);
+		fc->pre = x->ver >= 12 ? 9 : 8;
+		km_put_be32(pre, (uint32_t)(total + fc->pre - 4));
+		if (!(fc->resp = calloc(1, sizeof(*fc->resp))) || !(fc->resp->buf = evbuffer_new()) ||
+		    evbuffer_add(fc->resp->buf, pre, fc->pre) != 0) {
+			if (fc->resp && fc->resp->buf)
+				evbuffer_free(fc->resp->buf);
+			free(fc->resp);
+			fc->resp = NULL;
+			km_net_client_release(c, n);
+			fc->dropped = true;
+		} else {
+			fc->resp->refs = 1;
+			fc->resp->held = pl->held;
+			pl->held->refs++;
+			km_fetch_walk_init(&fc->w, x->ver, total + fc->pre);
+		}
+	}
+	if (fc->resp && !fc->dropped) {
+		if (evbuffer_add_buffer(fc->resp->buf, chunk) != 0)
+			fc->bad = true;
+		fc->resp->size += n;
+		pl->held->bytes += n;
+		if (pl->rate > 0)
+			pl->tokens -= (int64_t)n;
+		fc->cur_valid = false; /* the buffer grew: the cursor is found again */
+	}
+	km_net_client_release(c, n);
+	if (fc->resp && !fc->dropped && fc->sessions && !fc->session_done &&
+	    evbuffer_get_length(fc->resp->buf) >= fc->pre + 10) {
+		uint8_t h[10];
+		struct evbuffer_ptr at;
+		fc->session_done = true;
+		if (evbuffer_ptr_set(fc->resp->buf, &at, fc->pre, EVBUFFER_PTR_SET) != 0 ||
+		    evbuffer_copyout_from(fc->resp->buf, &at, h, sizeof(h)) != (ev_ssize_t)sizeof(h) ||
+		    !take_session(pl, fc, h))
+			fc->dropped = true;
+	}
+	if (fc->resp && !fc->dropped && (!fc->sessions || fc->session_done))
+		walk_answer(fc);
+	if (last) {
+		free(x);
+		end_answer(fc, false);
+	}
+}
+
+bool km_pl_fetchable(const mpart *p, int64_t now)
+{
+	return p->phase == PH_READY && p->state == KM_MP_MIRRORING && !p->settling && p->retry_at <= now &&
+	       p->src_leader >= 0 && p->pid >= 0 && !p->head && !p->inflight;
+}
+
+/* In the mirror's pipeline, whether or not it can be fetched now: a session keeps it (docs/mirror.md, "Fetch sessions"). */
+static bool session_member(const mpart *p, int32_t node)
+{
+	return p->state == KM_MP_MIRRORING && !p->settling && p->src_leader == node && p->pid >= 0 && p->fetch_logical >= 0;
+}
+
+/* Forget node's fetch session: the next Fetch to it is a full one (a new session). */
+static void session_reset(km_pipeline *pl, int32_t node)
+{
+	mnode_io *io = km_pl_node_io(&pl->sio, &pl->nsio, node);
+	if (io) {
+		io->sess_id = 0;
+		io->sess_epoch = 0;
+	}
+	for (size_t i = 0; i < pl->ntopics; i++)
+		for (int32_t j = 0; j < pl->topics[i]->nparts; j++)
+			if (pl->topics[i]->parts[j] && pl->topics[i]->parts[j]->sess_node == node)
+				pl->topics[i]->parts[j]->sess_node = -1;
+}
+
+/*
+ * One Fetch to source broker node. With a fetch session (KIP-227, Fetch v7+) the request names only
+ * what changed since the last one: a partition new to the session, or whose fetch offset, size or
+ * leader epoch differs from what the broker holds; partitions that left (paused, stopped, moved to
+ * another leader) are forgotten. A partition still writing its last batches stays in the session
+ * with a size of 0, so the broker keeps it without sending its data again (a batch it sends anyway
+ * is dropped: the partition does not take data then). The answer is taken only by the partitions
+ * that were ready when it was sent, and each of those was sent, or left, at its fetch offset.
+ */
+void km_pl_send_fetch(km_pipeline *pl, int32_t node, int64_t now)
+{
+	km_net_client *c = km_mcluster_node(pl->src, node);
+	mnode_io *io = km_pl_node_io(&pl->sio, &pl->nsio, node);
+	km_fetch_request m;
+	km_fetch_request_fetch_topic *ft = NULL;
+	km_fetch_request_fetch_partition *fp = NULL;
+	km_fetch_request_forgotten_topic *fg = NULL;
+	int32_t *fgp = NULL;
+	fetch_ctx *fc = NULL;
+	req_ctx *x;
+	size_t np = 0, nt = 0, nf = 0, nfp = 0, nready = 0, total = 0;
+	bool sessions, full;
+	km_net_request rq;
+	km_net_piece pc;
+	km_wr w;
+	int16_t ver;
+
+	if (!io || io->fetching || pl->held->bytes >= pl->held_cap)
+		return; /* memory is bounded by the fetch sizes, not by the lag */
+	if (!c) {
+		pl->src_meta_need = true;
+		return;
+	}
+	if (!km_mcluster_usable(pl->src, c))
+		return;
+	if ((ver = km_pl_pick(c, KM_API_FETCH, FETCH_LO, FETCH_HI)) < 0) {
+		KM_ERROR(COMP, 0, "%s: source broker %d does not support Fetch v%d-%d", pl->name, (int)node, FETCH_LO,
+			 FETCH_HI);
+		return;
+	}
+	sessions = ver >= 7 && pl->sessions;
+	full = !sessions || io->sess_id == 0;
+	if (full)
+		session_reset(pl, node);
+	for (size_t i = 0; i < pl->ntopics; i++)
+		for (int32_t j = 0; j < pl->topics[i]->nparts; j++) {
+			mpart *p = pl->topics[i]->parts[j];
+			if (!p)
+				continue;
+			if (km_pl_fetchable(p, now) && p->src_leader == node)
+				nready++;
+			if (p->src_leader == node || p->sess_node == node)
+				total++;
+		}
+	if (!nready)
+		return; /* nothing to read: the session waits as it is */
+	fc = calloc(1, sizeof(*fc));
+	ft = calloc(pl->ntopics, sizeof(*ft));
+	fp = calloc(total, sizeof(*fp));
+	fg = calloc(pl->ntopics, sizeof(*fg));
+	fgp = calloc(total, sizeof(*fgp));
+	if (!fc || !ft || !fp || !fg || !fgp || !(fc->parts = calloc(nready, sizeof(*fc->parts))) ||
+	    !(fc->later = calloc(nready, sizeof(*fc->later))))
+		goto fail;
+	fc->pl = pl;
+	km_fetch_request_init(&m);
+	m.replica_id = -1;
+	m.max_wait_ms = FETCH_MAX_WAIT_MS;
+	m.min_bytes = 1;
+	m.max_bytes = (int32_t)pl->fetch_max_bytes;
+	m.isolation_level = 0;
+	/* A full request opens a session (id 0, epoch 0) where sessions are used, else none (epoch -1). */
+	m.session_id = full ? 0 : io->sess_id;
+	m.session_epoch = !sessions ? -1 : full ? 0 : io->sess_epoch;
+	for (size_t i = 0; i < pl->ntopics; i++) {
+		mtopic *t = pl->topics[i];
+		size_t first = np, ffirst = nfp;
+		for (int32_t j = 0; j < t->nparts; j++) {
+			mpart *p = t->parts[j];
+			bool ready, member;
+			int64_t off;
+			int32_t max;
+			if (!p)
+				continue;
+			ready = km_pl_fetchable(p, now) && p->src_leader == node;
+			member = sessions && session_member(p, node);
+			if (!ready && !member) {
+				if (p->sess_node == node) {
+					fgp[nfp++] = p->id; /* it left the session */
+					p->sess_node = -1;
+				}
+				continue;
+			}
+			if (ready) {
+				fc->parts[fc->n++] = p;
+				p->fetch_seq = pl->fetch_seq + 1;
+				p->phase = PH_FETCHING;
+				p->stop_answer = false;
+			}
+			off = ready || p->sess_node != node ? p->fetch_logical : p->sess_offset;
+			max = ready ? (int32_t)pl->part_max_bytes : 0;
+			if (off < 0)
+				off = 0; /* a member not started yet: no data is taken before it is ready */
+			if (!full && p->sess_node == node && p->sess_offset == off && p->sess_max == max &&
+			    p->sess_lepoch == p->src_epoch)
+				continue; /* the broker holds it as it is */
+			km_fetch_request_fetch_partition_init(&fp[np]);
+			fp[np].partition = p->id;
+			fp[np].current_leader_epoch = p->src_epoch;
+			fp[np].fetch_offset = off;
+			fp[np].log_start_offset = -1;
+			fp[np].last_fetched_epoch = -1;
+			fp[np].partition_max_bytes = max;
+			np++;
+			if (sessions) {
+				p->sess_node = node;
+				p->sess_offset = off;
+				p->sess_max = max;
+				p->sess_lepoch = p->src_epoch;
+			}
+		}
+		if (np > first) {
+			km_fetch_request_fetch_topic_init(&ft[nt]);
+			ft[nt].topic = km_str_c(t->name);
+			ft[nt].partitions.items = &fp[first];
+			ft[nt].partitions.count = (int32_t)(np - first);
+			nt++;
+		}
+		if (nfp > ffirst) {
+			km_fetch_request_forgotten_topic_init(&fg[nf]);
+			fg[nf].topic = km_str_c(t->name);
+			fg[nf].partitions.items = &fgp[ffirst];
+			fg[nf].partitions.count = (int32_t)(nfp - ffirst);
+			nf++;
+		}
+	}
+	m.topics.items = ft;
+	m.topics.count = (int32_t)nt;
+	m.forgotten_topics_data.items = fg;
+	m.forgotten_topics_data.count = (int32_t)nf;
+	fc->node = node;
+	fc->seq = ++pl->fetch_seq;
+	fc->full = full;
+	fc->sessions = sessions;
+	km_wr_init(&w);
+	km_fetch_request_encode(&w, ver, &m);
+	x = km_pl_ctx_new(pl, pl->src, node, ver);
+	if (!km_wr_ok(&w) || !x) {
+		free(x);
+		km_wr_free(&w);
+		goto unfetch;
+	}
+	x->extra = fc;
+	pc = (km_net_piece){.p = w.buf, .len = w.len};
+	km_net_request_init(&rq, KM_API_FETCH, ver);
+	rq.pieces = &pc;
+	rq.npieces = 1;
+	rq.delivery = KM_NET_STREAM;
+	rq.on_stream = on_fetch_stream;
+	rq.arg = x;
+	if (km_net_client_request(c, &rq) != KM_OK) {
+		free(x);
+		km_wr_free(&w);
+		km_mcluster_drop(pl->src, c);
+		goto unfetch;
+	}
+	km_wr_free(&w);
+	io->fetching = true;
+	if (full)
+		pl->fetch_full++;
+	else
+		pl->fetch_incremental++;
+	free(ft);
+	free(fp);
+	free(fg);
+	free(fgp);
+	return;
+unfetch:
+	for (size_t i = 0; i < fc->n; i++)
+		fc->parts[i]->phase = PH_READY;
+	session_reset(pl, node); /* what the broker holds is not known now */
+fail:
+	if (fc)
+		fetch_ctx_free(fc);
+	free(ft);
+	free(fp);
+	free(fg);
+	free(fgp);
+}

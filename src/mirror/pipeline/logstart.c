@@ -1,0 +1,138 @@
+/* The destination's log start follows the source's (retention, DeleteRecords). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "kmirror/api.h"
+#include "kmirror/batch.h"
+#include "kmirror/crc32c.h"
+#include "kmirror/fetch.h"
+#include "kmirror/hash.h"
+#include "kmirror/log.h"
+#include "kmirror/msg/delete_records_request.h"
+#include "kmirror/msg/delete_records_response.h"
+#include "mirror/pipeline/pipeline.h"
+
+/* ---- the destination's log start follows the source's (retention, DeleteRecords) ---- */
+
+typedef struct ls_ctx {
+	mtopic *t;
+	int32_t part;
+	int64_t logical;
+} ls_ctx;
+
+static void on_delete_records(km_net_client *c, km_err err, const uint8_t *body, size_t len, void *arg)
+{
+	req_ctx *x = arg;
+	km_pipeline *pl = x->pl;
+	ls_ctx *lc = x->extra;
+	int16_t ver = x->ver, code = -1;
+	km_delete_records_response r;
+	km_arena a;
+	km_rd rd;
+	mpart *p;
+
+	free(x);
+	if (pl->closing) {
+		free(lc);
+		return;
+	}
+	p = km_pl_part_get(pl, lc->t, lc->part, false);
+	if (err == KM_OK) {
+		km_arena_init(&a, 0);
+		km_rd_init(&rd, body, len);
+		if (km_delete_records_response_decode(&rd, ver, &r, &a) == KM_OK && r.topics.count == 1 &&
+		    r.topics.items[0].partitions.count == 1)
+			code = r.topics.items[0].partitions.items[0].error_code;
+		km_arena_free(&a);
+	} else {
+		km_mcluster_drop(pl->dst, c);
+	}
+	if (p) {
+		char tag[300];
+		p->ls_inflight = false;
+		if (code == 0) {
+			p->dst_ls = lc->logical;
+			KM_DEBUG(COMP, 0, "%s/%s: the destination's log start follows the source's to %lld", pl->name,
+				 km_pl_ptag(p, tag, sizeof(tag)), (long long)lc->logical);
+		} else if (code == 44 || code == 29 || code == 17) {
+			/* POLICY_VIOLATION (a compacted topic), not authorized, internal: the destination keeps its start. */
+			p->ls_unsupported = true;
+			KM_WARN(COMP, 0, "%s/%s: the destination's log start cannot follow the source's (DeleteRecords: %s)",
+				pl->name, km_pl_ptag(p, tag, sizeof(tag)), km_err_name((km_err)code));
+		} else {
+			KM_WARN(COMP, 0, "%s/%s: DeleteRecords on the destination to follow the source's log start: %s",
+				pl->name, km_pl_ptag(p, tag, sizeof(tag)),
+				err != KM_OK ? km_err_name(err) : code < 0 ? "undecodable answer" : km_err_name((km_err)code));
+		}
+	}
+	free(lc);
+}
+
+/*
+ * The source's log start moved past what the destination starts with: move the destination's,
+ * to the physical offset of the same logical one (or of the tail, when the source's passed it).
+ */
+void km_pl_follow_log_start(km_pipeline *pl, mpart *p)
+{
+	const km_state_topic *t;
+	const km_offmap *m;
+	int64_t target, phys;
+	km_net_client *c;
+	km_delete_records_request rq;
+	km_delete_records_request_delete_records_topic dt;
+	km_delete_records_request_delete_records_partition dp;
+	ls_ctx *lc;
+	req_ctx *x;
+	km_wr w;
+	int16_t ver;
+	char tag[300];
+
+	/*
+	 * Only over what the destination acknowledged, with nothing of the partition in flight: the
+	 * tail then maps exactly (before the first batch lands it is where the fetch starts, which
+	 * can be past the batch's first record).
+	 */
+	if (p->ls_inflight || p->ls_unsupported || p->src_ls < 0 || p->acked_logical < 0 || p->dst_leader < 0 ||
+	    p->head || p->inflight || p->acked_phys <= 0)
+		return;
+	target = p->src_ls < p->acked_logical ? p->src_ls : p->acked_logical;
+	if (target <= p->dst_ls)
+		return;
+	t = km_state_topic_find(km_mirror_store(pl->mi), p->t->name, strlen(p->t->name));
+	m = t ? km_state_topic_offmap(t, p->id) : NULL;
+	if (!m || !m->n || (phys = km_offmap_to_physical(m, target)) < 0)
+		return;
+	c = km_mcluster_node(pl->dst, p->dst_leader);
+	if (!km_mcluster_usable(pl->dst, c) || (ver = km_pl_pick(c, KM_API_DELETE_RECORDS, 0, 2)) < 0)
+		return;
+	km_delete_records_request_init(&rq);
+	km_delete_records_request_delete_records_topic_init(&dt);
+	km_delete_records_request_delete_records_partition_init(&dp);
+	dp.partition_index = p->id;
+	dp.offset = phys;
+	dt.name = km_str_c(p->t->name);
+	dt.partitions.items = &dp;
+	dt.partitions.count = 1;
+	rq.topics.items = &dt;
+	rq.topics.count = 1;
+	rq.timeout_ms = 30000;
+	km_wr_init(&w);
+	km_delete_records_request_encode(&w, ver, &rq);
+	lc = calloc(1, sizeof(*lc));
+	x = km_pl_ctx_new(pl, pl->dst, p->dst_leader, ver);
+	if (!lc || !x) {
+		free(lc);
+		free(x);
+		km_wr_free(&w);
+		return;
+	}
+	*lc = (ls_ctx){p->t, p->id, target};
+	KM_DEBUG(COMP, 0, "%s/%s: the source's log start is %lld: DeleteRecords on the destination to %lld", pl->name,
+		 km_pl_ptag(p, tag, sizeof(tag)), (long long)target, (long long)phys);
+	x->extra = lc;
+	if (km_pl_send_flat(c, KM_API_DELETE_RECORDS, ver, &w, on_delete_records, x) != KM_OK) {
+		free(lc);
+		return;
+	}
+	p->ls_inflight = true;
+}

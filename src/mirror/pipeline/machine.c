@@ -1,0 +1,701 @@
+/* A pipeline's partitions as state machines: the tick that moves them, reconcile and failure, the life of the pipeline. */
+#include <stdlib.h>
+#include <string.h>
+#include <sys/time.h>
+
+#include "kmirror/api.h"
+#include "kmirror/batch.h"
+#include "kmirror/crc32c.h"
+#include "kmirror/fetch.h"
+#include "kmirror/hash.h"
+#include "kmirror/log.h"
+#include "mirror/pipeline/pipeline.h"
+
+static void reread_options(km_pipeline *pl, int64_t now);
+
+int64_t km_pl_now_ms(void)
+{
+	struct timeval tv;
+	gettimeofday(&tv, NULL);
+	return (int64_t)tv.tv_sec * 1000 + tv.tv_usec / 1000;
+}
+
+void km_pl_tick_soon(km_pipeline *pl)
+{
+	km_pl_schedule_in(pl, 0);
+}
+
+const char *km_pl_ptag(const mpart *p, char *buf, size_t len)
+{
+	snprintf(buf, len, "%s-%d", p->t->name, (int)p->id);
+	return buf;
+}
+
+mnode_io *km_pl_node_io(mnode_io **arr, size_t *n, int32_t id)
+{
+	mnode_io *a;
+	for (size_t i = 0; i < *n; i++)
+		if ((*arr)[i].id == id)
+			return &(*arr)[i];
+	a = realloc(*arr, (*n + 1) * sizeof(*a));
+	if (!a)
+		return NULL;
+	*arr = a;
+	a[*n] = (mnode_io){.id = id};
+	return &a[(*n)++];
+}
+
+mtopic *km_pl_topic_get(km_pipeline *pl, const char *name, bool create)
+{
+	mtopic *t, **nt;
+	for (size_t i = 0; i < pl->ntopics; i++)
+		if (!strcmp(pl->topics[i]->name, name))
+			return pl->topics[i];
+	if (!create)
+		return NULL;
+	t = calloc(1, sizeof(*t));
+	nt = realloc(pl->topics, (pl->ntopics + 1) * sizeof(*nt));
+	if (!t || !nt || !(t->name = strdup(name))) {
+		free(t);
+		if (nt)
+			pl->topics = nt;
+		return NULL;
+	}
+	pl->topics = nt;
+	pl->topics[pl->ntopics++] = t;
+	return t;
+}
+
+static void register_series(km_pipeline *pl, mpart *p)
+{
+	const km_mirror_families *f = km_mirror_metric_families(pl->mi);
+	char part[16];
+	const char *v[] = {pl->name, p->t->name, part};
+	struct {
+		km_metric_family *f;
+		const uint64_t *value;
+	} s[] = {{f->records, &p->records}, {f->bytes, &p->bytes}, {f->batches, &p->batches}, {f->lag, &p->lag},
+		 {f->lag_ms, &p->lag_ms}, {f->skipped, &p->skipped}, {f->errors, &p->errors}};
+
+	snprintf(part, sizeof(part), "%d", (int)p->id);
+	for (size_t i = 0; i < sizeof(s) / sizeof(s[0]); i++)
+		if (s[i].f && !km_metric_series_ptr(s[i].f, v, s[i].value))
+			KM_DEBUG(COMP, 0, "%s/%s-%s: a metric series was not kept (the family is full)", pl->name,
+				 p->t->name, part);
+}
+
+/* The lag gauges, from the source's end and what is mirrored. */
+void km_pl_update_lag(mpart *p, int64_t now)
+{
+	int64_t mirrored = p->acked_logical;
+	p->lag = p->source_end > mirrored && mirrored >= 0 ? (uint64_t)(p->source_end - mirrored) : 0;
+	p->lag_ms = p->lag && p->newest_ts > 0 && now > p->newest_ts ? (uint64_t)(now - p->newest_ts) : 0;
+}
+
+mpart *km_pl_part_get(km_pipeline *pl, mtopic *t, int32_t id, bool create)
+{
+	mpart *p;
+	if (id < 0 || id > 1000000)
+		return NULL;
+	if (id < t->nparts && t->parts[id])
+		return t->parts[id];
+	if (!create)
+		return NULL;
+	if (id >= t->nparts) {
+		mpart **np = realloc(t->parts, (size_t)(id + 1) * sizeof(*np));
+		if (!np)
+			return NULL;
+		memset(np + t->nparts, 0, (size_t)(id + 1 - t->nparts) * sizeof(*np));
+		t->parts = np;
+		t->nparts = id + 1;
+	}
+	p = calloc(1, sizeof(*p));
+	if (!p)
+		return NULL;
+	p->t = t;
+	p->id = id;
+	p->src_leader = p->dst_leader = -1;
+	p->src_epoch = -1;
+	p->fetch_logical = p->cont_logical = -1;
+	p->hide_logical = -1;
+	p->first_logical = -1;
+	p->src_ls = p->dst_ls = -1;
+	p->pid = -1;
+	p->peer_offset = -1;
+	p->source_end = -1;
+	p->sess_node = -1;
+	t->parts[id] = p;
+	register_series(pl, p);
+	return p;
+}
+
+static void drop_unsent(mpart *p)
+{
+	mbatch **pp = &p->head;
+	p->tail = NULL;
+	while (*pp) {
+		mbatch *b = *pp;
+		if (b->sent) {
+			p->tail = b;
+			pp = &b->next;
+			continue;
+		}
+		*pp = b->next;
+		km_pl_batch_free(b);
+	}
+}
+
+void km_pl_set_tail(km_pipeline *pl, mpart *p, bool set)
+{
+	km_offmap *m = km_state_offmap_mut(km_mirror_store(pl->mi), p->t->name, p->id);
+	if (!m)
+		return;
+	m->tail_physical = set ? p->acked_phys : -1;
+	m->tail_logical = set ? p->acked_logical : -1;
+	if (set)
+		km_pl_update_lag(p, km_pl_now_ms());
+}
+
+void km_pl_backoff(mpart *p)
+{
+	int ms = p->backoff_ms ? p->backoff_ms : BACKOFF_MIN_MS;
+	p->backoff_ms = ms * 2 > BACKOFF_MAX_MS ? BACKOFF_MAX_MS : ms * 2;
+	/* Jitter: 75-125 % of the step, so partitions that failed together do not retry together. */
+	ms = ms * 3 / 4 + (int)(random() % (ms / 2 + 1));
+	p->retry_at = km_pl_now_ms() + ms;
+}
+
+void km_pl_reconcile(km_pipeline *pl, mpart *p, const char *why)
+{
+	char tag[300];
+	if (p->phase == PH_IDLE)
+		return;
+	int64_t now = km_pl_now_ms();
+	if (!p->failing_since)
+		p->failing_since = now;
+	else if (now - p->failing_since > KM_MIRROR_FAIL_AFTER_MS) {
+		/* Retrying has not written anything for this long: an operator has to look. */
+		char msg[600];
+		snprintf(msg, sizeof(msg), "%s (retried for %lld s without writing anything)", why,
+			 (long long)(now - p->failing_since) / 1000);
+		p->failing_since = 0;
+		km_pl_fail_part(pl, p, msg);
+		return;
+	}
+	KM_INFO(COMP, 0, "%s/%s: %s: reconciling", pl->name, km_pl_ptag(p, tag, sizeof(tag)), why);
+	p->errors++;
+	drop_unsent(p);
+	p->recon = true;
+	p->phase = PH_RECONCILE;
+	p->need_pid = true;
+	pl->pid_want = true;
+	km_pl_backoff(p);
+	km_pl_tick_soon(pl);
+}
+
+void km_pl_fail_part(km_pipeline *pl, mpart *p, const char *why)
+{
+	char tag[300];
+	KM_ERROR(COMP, 0, "%s/%s: %s: the partition is FAILED (stop, then start, to recover)", pl->name,
+		 km_pl_ptag(p, tag, sizeof(tag)), why);
+	drop_unsent(p);
+	p->phase = PH_IDLE; /* the tail stays until FAILED is in: its record keeps where the mirror stood */
+	if (!p->settling) {
+		p->settling = true;
+		km_mirror_settle(pl->mi, pl->name, p->t->name, p->id, p->state, KM_MP_FAILED, why);
+	}
+}
+
+/* One run written on its own; the partition waits in PH_RUNS and then goes to phase `then`. */
+typedef struct run_then_ctx {
+	km_pipeline *pl;
+	mtopic *t;
+	int32_t part;
+	mphase then;
+} run_then_ctx;
+
+static void on_run_then(void *arg, const km_state_result *res)
+{
+	run_then_ctx *x = arg;
+	km_pipeline *pl = x->pl;
+	mpart *p = pl->closing ? NULL : km_pl_part_get(pl, x->t, x->part, false);
+
+	if (p && p->phase == PH_RUNS) {
+		char tag[300];
+		if (res->code != KM_OK) {
+			KM_WARN(COMP, 0, "%s/%s: the offset map could not be persisted: %s", pl->name,
+				km_pl_ptag(p, tag, sizeof(tag)), res->message ? res->message : km_err_name(res->code));
+			p->phase = PH_RECONCILE;
+			km_pl_backoff(p);
+		} else {
+			p->phase = x->then;
+			p->hide_logical = -1;
+		}
+		if (p->phase == PH_IDLE && (p->state == KM_MP_STOPPING || p->state == KM_MP_PAUSING)) {
+			p->settling = true;
+			km_mirror_settle(pl->mi, pl->name, p->t->name, p->id, p->state,
+					 p->state == KM_MP_PAUSING ? KM_MP_PAUSED : KM_MP_STOPPED, NULL);
+		}
+		km_pl_tick_soon(pl);
+	}
+	free(x);
+}
+
+void km_pl_run_then(km_pipeline *pl, mpart *p, const km_state_run *r, size_t n, mphase then)
+{
+	run_then_ctx *x = calloc(1, sizeof(*x));
+	if (!x) {
+		p->phase = PH_RECONCILE;
+		km_pl_backoff(p);
+		return;
+	}
+	*x = (run_then_ctx){pl, p->t, p->id, then};
+	p->phase = PH_RUNS;
+	km_state_runs_write(km_mirror_store(pl->mi), pl->name, r, n, on_run_then, x);
+}
+
+/* ---- the tick: what can move, moves ---- */
+
+/*
+ * A pausing or stopping partition that has not reconciled yet settles at once, unless there may be
+ * destination transactions left open on it: its own, an earlier life's (its transactional ids
+ * listed, not fenced yet, or the listing not in yet), or a fence cut short by a crash.
+ */
+static bool reconcile_before_settle(km_pipeline *pl, mpart *p)
+{
+	const km_offrun *fence;
+	bool listed = false;
+
+	if (km_pl_tx_open(p) || pl->txl < 2)
+		return true;
+	km_pl_map_of(pl, p, &fence);
+	if (fence)
+		return true;
+	for (size_t i = 0; i < pl->nlisted && !p->tx_fenced && !listed; i++)
+		listed = km_pl_tid_is_of(pl, p, pl->listed[i]);
+	return !p->tx_fenced && (p->ntx > 0 || listed);
+}
+
+static void settle_drained(km_pipeline *pl, mpart *p)
+{
+	km_mp_state to = p->state == KM_MP_PAUSING ? KM_MP_PAUSED : KM_MP_STOPPED;
+	/*
+	 * A Fetch in flight with nothing of this partition taken yet is not waited for: a source that
+	 * went away answers it only at the request timeout (31 s), and a failover must not wait that long.
+	 * Its part of the answer, if one comes, is dropped (the partition is no longer FETCHING).
+	 */
+	if (p->phase == PH_FETCHING && !p->taken)
+		p->phase = PH_READY;
+	if (p->settling || p->inflight || p->phase == PH_FETCHING || p->phase == PH_RUNS)
+		return;
+	if (p->head && p->head->kind == BK_MARKER)
+		return; /* everything before it is in: the source decided, drive_marker ends the transaction */
+	drop_unsent(p);
+	if (p->head)
+		return;
+	if (km_pl_tx_open(p)) {
+		/*
+		 * Destination transactions the source has not decided (as far as mirrored): reconcile
+		 * aborts them and hides what they hold, so none hangs and the stop's offset is their start.
+		 */
+		char tag[300];
+		KM_INFO(COMP, 0, "%s/%s: %s with transactions open: they are aborted", pl->name, km_pl_ptag(p, tag, sizeof(tag)),
+			to == KM_MP_PAUSED ? "pausing" : "stopping");
+		p->recon = true;
+		p->phase = PH_RECONCILE;
+		p->need_pid = true; /* the batches dropped left a gap in the idempotent sequence */
+		pl->pid_want = true;
+		p->retry_at = 0;
+		return;
+	}
+	if (to == KM_MP_STOPPED && p->acked_phys >= 0 && p->acked_logical > p->cont_logical && p->cont_logical >= 0) {
+		/* The partition ends in a hole: a run at the tail, so writes after the stop continue after it. */
+		km_state_run r = {p->t->name, p->id, p->acked_logical, p->acked_phys, p->cont_logical,
+				  p->cont_lat ? KM_OFFRUN_LOG_APPEND_TIME : 0};
+		p->cont_logical = p->acked_logical;
+		km_pl_run_then(pl, p, &r, 1, PH_IDLE);
+		return;
+	}
+	p->phase = PH_IDLE;
+	p->settling = true;
+	km_mirror_settle(pl->mi, pl->name, p->t->name, p->id, p->state, to, NULL);
+}
+
+static void tick(evutil_socket_t fd, short what, void *arg)
+{
+	km_pipeline *pl = arg;
+	int64_t now = km_pl_now_ms(), next = now + 1000;
+	bool need_src_meta = false, need_dst_meta = false, need_pid = false;
+
+	(void)fd;
+	(void)what;
+	pl->tick_armed = false;
+	if (pl->closing || pl->config_error)
+		return;
+	reread_options(pl, now);
+	if (pl->rate > 0) {
+		/* Refill; a burst of one second's worth at most. */
+		pl->tokens += (now - pl->tokens_at) * pl->rate / 1000;
+		if (pl->tokens > pl->rate)
+			pl->tokens = pl->rate;
+	} else {
+		pl->tokens = 0;
+	}
+	pl->tokens_at = now;
+	for (size_t i = 0; i < pl->ntopics; i++)
+		for (int32_t j = 0; j < pl->topics[i]->nparts; j++) {
+			mpart *p = pl->topics[i]->parts[j];
+			if (!p)
+				continue;
+			km_pl_drive_txps(pl, p, now, &next);
+			if (p->head && p->head->kind == BK_MARKER && !p->inflight && p->phase == PH_WRITING && !p->recon)
+				km_pl_drive_marker(pl, p, now, &next);
+			if ((p->state == KM_MP_PAUSING || p->state == KM_MP_STOPPING) &&
+			    (p->phase < PH_RECONCILE || p->phase > PH_FENCE ||
+			     (p->phase == PH_RECONCILE && !p->inflight && !reconcile_before_settle(pl, p)))) {
+				settle_drained(pl, p);
+				continue;
+			}
+			if (p->phase == PH_IDLE) {
+				/* Paused: the source's end is still read now and then, so the lag shows. */
+				if (p->state == KM_MP_PAUSED && !p->watch_inflight && now - p->watch_at >= PAUSED_WATCH_MS &&
+				    p->src_leader >= 0 && km_pl_send_lo(pl, p, false, -1, LO_WATCH)) {
+					p->watch_inflight = true;
+					p->watch_at = now;
+				}
+				if (p->state == KM_MP_PAUSED && p->src_leader < 0)
+					need_src_meta = true;
+				continue;
+			}
+			if (p->state == KM_MP_MIRRORING && p->phase >= PH_READY)
+				km_pl_follow_log_start(pl, p);
+			if (p->state == KM_MP_PREPARING && !p->settling &&
+			    (p->phase == PH_READY || (p->phase == PH_START && p->t->src_missing))) {
+				/*
+				 * Reconciled and positioned: the partition mirrors from here. A source topic that
+				 * does not exist (yet) is waited for while MIRRORING.
+				 */
+				p->settling = true;
+				km_mirror_settle(pl->mi, pl->name, p->t->name, p->id, KM_MP_PREPARING, KM_MP_MIRRORING, NULL);
+			}
+			if (p->src_leader < 0)
+				need_src_meta = true;
+			if (p->dst_leader < 0)
+				need_dst_meta = true;
+			if (p->need_pid && !p->inflight)
+				need_pid = true;
+			if (p->retry_at > now) {
+				if (p->retry_at < next)
+					next = p->retry_at;
+				continue;
+			}
+			if (p->phase == PH_FENCE) {
+				if (km_pl_fence_done(pl, p)) {
+					p->phase = PH_RECONCILE; /* the second pass, over the settled log */
+					km_pl_tick_soon(pl);
+				}
+			} else if (p->phase == PH_RECONCILE && !p->inflight && !p->need_pid && p->dst_leader >= 0 &&
+				   pl->txl >= 2) {
+				drop_unsent(p);
+				if (!p->head && km_pl_send_list_offsets(pl, p, true, -1))
+					p->phase = PH_RECON_WAIT;
+			} else if (p->phase == PH_START && p->src_leader >= 0) {
+				/* A fresh start asks first whether the source's kmirrord mirrored the topic from here. */
+				bool fresh = !p->oor && !p->start_latest && p->cont_logical < 0;
+				if (fresh && p->t->peer == PEER_UNKNOWN)
+					km_pl_ask_peer(pl, p->t);
+				if (fresh && p->t->peer == PEER_ASKED)
+					continue;
+				if (fresh && p->t->peer == PEER_KNOWN && km_pl_failback_start(pl, p))
+					continue;
+				if (km_pl_send_list_offsets(pl, p, false, p->oor ? -2 : p->start_latest ? -1 : km_pl_start_timestamp(pl)))
+					p->phase = PH_START_WAIT;
+			}
+		}
+	if (need_pid)
+		pl->pid_want = true;
+	if (pl->txl == 0)
+		km_pl_list_txns(pl, now);
+	if ((need_src_meta || pl->src_meta_need) && !pl->src_meta_inflight &&
+	    now - pl->src_meta_at >= METADATA_MIN_INTERVAL_MS)
+		km_pl_send_metadata(pl, pl->src);
+	if ((need_dst_meta || pl->dst_meta_need) && !pl->dst_meta_inflight &&
+	    now - pl->dst_meta_at >= METADATA_MIN_INTERVAL_MS)
+		km_pl_send_metadata(pl, pl->dst);
+	if (pl->pid_want && !pl->pid_inflight)
+		km_pl_send_pid(pl);
+	/* Fetch from every source broker with nothing in flight (and tokens, when throttled). */
+	if (pl->rate > 0 && pl->tokens < 0) {
+		int64_t wait = -pl->tokens * 1000 / pl->rate + 1;
+		if (now + wait < next)
+			next = now + wait;
+	} else {
+		int32_t seen[64];
+		size_t ns = 0;
+		for (size_t i = 0; i < pl->ntopics; i++)
+			for (int32_t j = 0; j < pl->topics[i]->nparts; j++) {
+				mpart *p = pl->topics[i]->parts[j];
+				bool dup = false;
+				if (!p || !km_pl_fetchable(p, now))
+					continue;
+				for (size_t k = 0; k < ns; k++)
+					dup |= seen[k] == p->src_leader;
+				if (dup)
+					continue;
+				if (ns < 64)
+					seen[ns++] = p->src_leader;
+				km_pl_send_fetch(pl, p->src_leader, now);
+			}
+	}
+	/* Produce to every destination broker while there is something to send and room. */
+	{
+		int32_t seen[64];
+		size_t ns = 0;
+		for (size_t i = 0; i < pl->ntopics; i++)
+			for (int32_t j = 0; j < pl->topics[i]->nparts; j++) {
+				mpart *p = pl->topics[i]->parts[j];
+				bool dup = false;
+				if (!p || p->dst_leader < 0 || !km_pl_next_unsent(p))
+					continue;
+				for (size_t k = 0; k < ns; k++)
+					dup |= seen[k] == p->dst_leader;
+				if (dup)
+					continue;
+				if (ns < 64)
+					seen[ns++] = p->dst_leader;
+				while (km_pl_send_produce(pl, p->dst_leader))
+					;
+			}
+	}
+	/* Periodic metadata refresh (partition moves, leader changes without errors). */
+	if (now - pl->src_meta_at > pl->meta_interval)
+		pl->src_meta_need = true;
+	if (now - pl->dst_meta_at > pl->meta_interval)
+		pl->dst_meta_need = true;
+	km_pl_schedule_in(pl, next - now > 0 ? next - now : 1);
+}
+
+void km_pl_schedule_in(km_pipeline *pl, int64_t ms)
+{
+	struct timeval tv = {(time_t)(ms / 1000), (suseconds_t)((ms % 1000) * 1000)};
+	if (pl->closing)
+		return;
+	if (ms == 0) {
+		event_del(pl->tick_ev);
+		event_active(pl->tick_ev, 0, 0);
+		pl->tick_armed = true;
+		return;
+	}
+	if (pl->tick_armed && ms > 0 && event_pending(pl->tick_ev, EV_TIMEOUT, NULL))
+		return; /* an earlier tick runs first and re-arms */
+	event_add(pl->tick_ev, &tv);
+	pl->tick_armed = true;
+}
+
+void km_pl_on_cluster_change(void *arg)
+{
+	km_pl_tick_soon(arg);
+}
+
+/* ---- set-up from the mirror's configuration ---- */
+
+static bool setup_source(km_pipeline *pl, const km_state_mirror *m, const km_mirror_options *mo)
+{
+	pl->src = km_mirror_source_cluster(pl->mi, m, "fetch", mo->fetch_max_bytes + (4 << 20), &pl->src_tls,
+					   km_pl_on_cluster_change, pl, pl->config_msg, sizeof(pl->config_msg));
+	return pl->src != NULL;
+}
+
+static bool setup_dest(km_pipeline *pl)
+{
+	pl->dst = km_mirror_dest_cluster(pl->mi, pl->name, "produce", km_pl_on_cluster_change, pl);
+	return pl->dst != NULL;
+}
+
+static void take_options(km_pipeline *pl, const km_mirror_options *mo)
+{
+	pl->fetch_max_bytes = mo->fetch_max_bytes;
+	/* What a mirror holds at most: two responses' worth (one being written, one arriving). */
+	pl->held_cap = (size_t)mo->fetch_max_bytes * 2;
+	pl->part_max_bytes = mo->fetch_partition_max_bytes;
+	pl->sessions = mo->fetch_sessions;
+	pl->rate = mo->throttle_bytes_per_sec;
+	pl->meta_interval = mo->metadata_refresh_interval_ms;
+	snprintf(pl->start_mode, sizeof(pl->start_mode), "%s", mo->start_offset ? mo->start_offset : "earliest");
+}
+
+/* The options may change at run time (kmirror alter): read again now and then. */
+static void reread_options(km_pipeline *pl, int64_t now)
+{
+	const km_state_mirror *m;
+	km_mirror_options mo;
+
+	if (now - pl->options_at < 1000)
+		return;
+	pl->options_at = now;
+	m = km_state_mirror_find(km_mirror_store(pl->mi), pl->name);
+	memset(&mo, 0, sizeof(mo));
+	if (m && km_state_mirror_options(m, &mo) == KM_OK)
+		take_options(pl, &mo);
+	km_opt_free(km_state_mirror_option_table(), &mo);
+}
+
+km_pipeline *km_pipeline_new(km_mirror *mi, const char *mirror)
+{
+	km_pipeline *pl = calloc(1, sizeof(*pl));
+	const km_state_mirror *m = km_state_mirror_find(km_mirror_store(mi), mirror);
+	km_mirror_options mo;
+
+	if (!pl || !m || !(pl->name = strdup(mirror)))
+		goto fail;
+	pl->mi = mi;
+	pl->pid = -1;
+	if (!(pl->held = calloc(1, sizeof(*pl->held))))
+		goto fail;
+	pl->held->refs = 1;
+	pl->tick_ev = event_new(km_mirror_base(mi), -1, 0, tick, pl);
+	if (!pl->tick_ev)
+		goto fail;
+	memset(&mo, 0, sizeof(mo));
+	if (km_state_mirror_options(m, &mo) != KM_OK)
+		goto fail;
+	take_options(pl, &mo);
+	if (!setup_source(pl, m, &mo) || !setup_dest(pl)) {
+		pl->config_error = true;
+		KM_ERROR(COMP, 0, "mirror %s: cannot reach its source: %s", mirror, pl->config_msg);
+	}
+	km_opt_free(km_state_mirror_option_table(), &mo);
+	pl->pid_want = true;
+	{
+		/* Pipelines live as long as the module (the series point into them). */
+		km_metric_family *f = km_mirror_metric_families(mi)->fetches;
+		const char *full[] = {pl->name, "full"}, *incr[] = {pl->name, "incremental"};
+		if (f && (!km_metric_series_ptr(f, full, &pl->fetch_full) ||
+			  !km_metric_series_ptr(f, incr, &pl->fetch_incremental)))
+			KM_DEBUG(COMP, 0, "mirror %s: a metric series was not kept (the family is full)", mirror);
+	}
+	return pl;
+fail:
+	km_pipeline_free(pl);
+	return NULL;
+}
+
+void km_pipeline_free(km_pipeline *pl)
+{
+	if (!pl)
+		return;
+	pl->closing = true;
+	km_mcluster_free(pl->src);
+	km_mcluster_free(pl->dst);
+	for (size_t i = 0; i < pl->ntopics; i++) {
+		mtopic *t = pl->topics[i];
+		for (int32_t j = 0; j < t->nparts; j++) {
+			mpart *p = t->parts[j];
+			if (!p)
+				continue;
+			while (p->head) {
+				mbatch *b = p->head;
+				p->head = b->next;
+				km_pl_batch_free(b);
+			}
+			/* The store is freed first (kmirrord.c): its maps are gone, no tail to clear. */
+			km_pl_tx_free_all(p);
+			free(p);
+		}
+		free(t->parts);
+		free(t->name);
+		free(t);
+	}
+	free(pl->topics);
+	for (size_t i = 0; i < pl->nlisted; i++)
+		free(pl->listed[i]);
+	free(pl->listed);
+	if (pl->held)
+		km_pl_held_unref(pl->held);
+	free(pl->sio);
+	free(pl->dio);
+	if (pl->src_tls)
+		SSL_CTX_free(pl->src_tls);
+	if (pl->tick_ev)
+		event_free(pl->tick_ev);
+	free(pl->name);
+	free(pl);
+}
+
+const char *km_pipeline_name(const km_pipeline *pl)
+{
+	return pl->name;
+}
+
+size_t km_pipeline_count(const km_pipeline *pl)
+{
+	size_t n = 0;
+	for (size_t i = 0; i < pl->ntopics; i++)
+		for (int32_t j = 0; j < pl->topics[i]->nparts; j++) {
+			const mpart *p = pl->topics[i]->parts[j];
+			if (p && (p->phase != PH_IDLE || p->settling || p->inflight))
+				n++;
+		}
+	return n;
+}
+
+void km_pipeline_partition(km_pipeline *pl, const char *topic, int32_t partition, km_mp_state state)
+{
+	bool run = state == KM_MP_PREPARING || state == KM_MP_MIRRORING || state == KM_MP_PAUSING ||
+		   state == KM_MP_STOPPING;
+	mtopic *t = km_pl_topic_get(pl, topic, run);
+	mpart *p = t ? km_pl_part_get(pl, t, partition, false) : NULL;
+
+	if (!p && run) {
+		/*
+		 * New here. A restart that finds it pausing or stopping reconciles it before it settles:
+		 * an earlier life may have left destination transactions open on it.
+		 */
+		if (!(p = km_pl_part_get(pl, t, partition, true)))
+			return;
+		if (state == KM_MP_PAUSING || state == KM_MP_STOPPING) {
+			p->phase = PH_RECONCILE;
+			p->recon = true;
+			p->need_pid = true;
+			pl->pid_want = true;
+			pl->dst_meta_need = pl->src_meta_need = true;
+		}
+	}
+	if (!p)
+		return;
+	p->state = state;
+	p->settling = false;
+	switch (state) {
+	case KM_MP_PREPARING:
+	case KM_MP_MIRRORING:
+		if (p->phase == PH_IDLE) {
+			/* A start, a resume or a restart: reconcile first (a start asks the source's kmirrord again). */
+			if (state == KM_MP_PREPARING) {
+				p->t->peer = PEER_UNKNOWN;
+				p->fb_check = 0;
+			}
+			p->phase = PH_RECONCILE;
+			p->need_pid = true;
+			p->retry_at = 0;
+			p->backoff_ms = 0;
+			pl->pid_want = true;
+			pl->dst_meta_need = pl->src_meta_need = true;
+		}
+		break;
+	case KM_MP_PAUSING:
+	case KM_MP_STOPPING:
+		break; /* the tick drains it */
+	default:
+		p->phase = PH_IDLE;
+		drop_unsent(p);
+		/* Paused, the tail stays: it is where the mirror stands and resumes (describe shows it). */
+		if (state != KM_MP_PAUSED)
+			km_pl_set_tail(pl, p, false);
+		break;
+	}
+	if (pl->config_error && (state == KM_MP_PREPARING || state == KM_MP_MIRRORING)) {
+		km_pl_fail_part(pl, p, pl->config_msg);
+		return;
+	}
+	km_pl_tick_soon(pl);
+}

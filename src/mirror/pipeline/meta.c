@@ -1,0 +1,286 @@
+/* A pipeline's requests: their context, metadata of both clusters, the mirror's producer id. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "kmirror/api.h"
+#include "kmirror/batch.h"
+#include "kmirror/crc32c.h"
+#include "kmirror/fetch.h"
+#include "kmirror/hash.h"
+#include "kmirror/log.h"
+#include "kmirror/msg/init_producer_id_request.h"
+#include "kmirror/msg/init_producer_id_response.h"
+#include "kmirror/msg/metadata_request.h"
+#include "kmirror/msg/metadata_response.h"
+#include "mirror/pipeline/pipeline.h"
+
+int16_t km_pl_pick(km_net_client *c, int16_t key, int16_t lo, int16_t hi)
+{
+	int16_t v = km_net_client_version(c, key);
+	if (v < lo)
+		return -1;
+	return v > hi ? hi : v;
+}
+
+/* ---- metadata (both sides) ---- */
+
+req_ctx *km_pl_ctx_new(km_pipeline *pl, km_mcluster *cl, int32_t node, int16_t ver)
+{
+	req_ctx *x = calloc(1, sizeof(*x));
+	if (x)
+		*x = (req_ctx){pl, cl, node, ver, NULL};
+	return x;
+}
+
+/* km_mcluster_send with the request's context: freed here when the send fails. */
+km_err km_pl_send_flat(km_net_client *c, int16_t key, int16_t ver, km_wr *w, km_net_response_cb cb, req_ctx *x)
+{
+	km_err rc;
+
+	if (!x) {
+		km_wr_free(w);
+		return KM_ERR_NOMEM;
+	}
+	if ((rc = km_mcluster_send(c, key, ver, w, cb, x)) != KM_OK)
+		free(x);
+	return rc;
+}
+
+static void take_metadata(km_pipeline *pl, km_mcluster *cl, const km_metadata_response *r)
+{
+	bool src = cl == pl->src;
+	char tag[300];
+
+	if (km_mcluster_brokers(cl, r) != KM_OK)
+		return;
+	for (int32_t i = 0; i < r->topics.count; i++) {
+		const km_metadata_response_topic *mt = &r->topics.items[i];
+		char name[256];
+		mtopic *t;
+		snprintf(name, sizeof(name), "%.*s", mt->name.len > 0 ? (int)mt->name.len : 0, mt->name.p);
+		if (!(t = km_pl_topic_get(pl, name, false)))
+			continue;
+		if (src) {
+			t->src_missing = mt->error_code == 3;
+			t->src_missing_rounds = t->src_missing ? t->src_missing_rounds + 1 : 0;
+			if (!mt->error_code) {
+				t->src_partitions = mt->partitions.count;
+				/* The source grew: the destination and the store follow (a no-op when they have as many). */
+				km_mirror_grow(pl->mi, pl->name, name, mt->partitions.count);
+			}
+		} else
+			t->dst_missing = mt->error_code == 3;
+		if (mt->error_code)
+			continue;
+		for (int32_t j = 0; j < mt->partitions.count; j++) {
+			const km_metadata_response_partition *mp = &mt->partitions.items[j];
+			mpart *p = km_pl_part_get(pl, t, mp->partition_index, false);
+			if (!p)
+				continue;
+			if (src) {
+				p->src_leader = mp->error_code ? -1 : mp->leader_id;
+				p->src_epoch = mp->leader_epoch;
+			} else {
+				if (p->dst_leader >= 0 && p->dst_leader != mp->leader_id && p->phase >= PH_READY &&
+				    (p->head || p->inflight))
+					/* Leadership moved under our writes: what landed is decided by the log. */
+					km_pl_reconcile(pl, p, "the destination leader moved");
+				p->dst_leader = mp->error_code ? -1 : mp->leader_id;
+			}
+		}
+	}
+	for (size_t i = 0; i < pl->ntopics; i++) {
+		mtopic *t = pl->topics[i];
+		for (int32_t j = 0; j < t->nparts; j++) {
+			mpart *p = t->parts[j];
+			if (!p || p->phase == PH_IDLE)
+				continue;
+			if (!src && t->dst_missing)
+				km_pl_fail_part(pl, p, "the destination topic does not exist (create it with the source's partition count)");
+			else if (src && t->src_missing && p->cont_logical >= 0 && p->state == KM_MP_MIRRORING &&
+				 t->src_missing_rounds >= SOURCE_GONE_ROUNDS && !p->settling) {
+				/* It was mirrored and is gone: the source topic was deleted. The mirror stops. */
+				KM_WARN(COMP, 0, "%s/%s: the source topic was deleted: stopping the partition", pl->name,
+					km_pl_ptag(p, tag, sizeof(tag)));
+				p->settling = true;
+				km_mirror_settle(pl->mi, pl->name, t->name, p->id, KM_MP_MIRRORING, KM_MP_STOPPING, NULL);
+			} else if (src && t->src_missing && t->src_missing_rounds == 1) {
+				KM_WARN(COMP, 0, "%s/%s: the source has no such topic (yet): waiting for it", pl->name,
+					km_pl_ptag(p, tag, sizeof(tag)));
+			}
+		}
+	}
+}
+
+static void on_metadata(km_net_client *c, km_err err, const uint8_t *body, size_t len, void *arg)
+{
+	req_ctx *x = arg;
+	km_pipeline *pl = x->pl;
+	km_mcluster *cl = x->cl;
+	int16_t ver = x->ver;
+	km_metadata_response r;
+	km_arena a;
+	km_rd rd;
+
+	free(x);
+	if (pl->closing)
+		return;
+	if (cl == pl->src)
+		pl->src_meta_inflight = false;
+	else
+		pl->dst_meta_inflight = false;
+	if (err != KM_OK) {
+		KM_WARN(COMP, 0, "%s: %s Metadata failed: %s", pl->name, km_mcluster_side(cl), km_err_name(err));
+		km_mcluster_drop(cl, c);
+		km_pl_schedule_in(pl, BACKOFF_MIN_MS * 5);
+		return;
+	}
+	km_arena_init(&a, 0);
+	km_rd_init(&rd, body, len);
+	if (km_metadata_response_decode(&rd, ver, &r, &a) == KM_OK)
+		take_metadata(pl, cl, &r);
+	km_arena_free(&a);
+	km_pl_tick_soon(pl);
+}
+
+void km_pl_send_metadata(km_pipeline *pl, km_mcluster *cl)
+{
+	km_net_client *c = km_mcluster_any(cl);
+	km_metadata_request m;
+	km_metadata_request_topic *ts;
+	km_wr w;
+	int16_t ver;
+	bool *inflight = cl == pl->src ? &pl->src_meta_inflight : &pl->dst_meta_inflight;
+
+	if (!km_mcluster_usable(cl, c))
+		return; /* the cluster's on_change ticks again once it is ready */
+	if ((ver = km_pl_pick(c, KM_API_METADATA, META_LO, META_HI)) < 0) {
+		KM_ERROR(COMP, 0, "%s: the %s cluster does not support Metadata v%d+", pl->name, km_mcluster_side(cl),
+			 META_LO);
+		return;
+	}
+	ts = calloc(pl->ntopics ? pl->ntopics : 1, sizeof(*ts));
+	if (!ts)
+		return;
+	km_metadata_request_init(&m);
+	for (size_t i = 0; i < pl->ntopics; i++) {
+		km_metadata_request_topic_init(&ts[i]);
+		ts[i].name = km_str_c(pl->topics[i]->name);
+	}
+	m.topics.items = ts;
+	m.topics.count = (int32_t)pl->ntopics;
+	m.allow_auto_topic_creation = false;
+	km_wr_init(&w);
+	km_metadata_request_encode(&w, ver, &m);
+	free(ts);
+	if (km_pl_send_flat(c, KM_API_METADATA, ver, &w, on_metadata, km_pl_ctx_new(pl, cl, -1, ver)) == KM_OK) {
+		*inflight = true;
+		if (cl == pl->src) {
+			pl->src_meta_need = false;
+			pl->src_meta_at = km_pl_now_ms();
+		} else {
+			pl->dst_meta_need = false;
+			pl->dst_meta_at = km_pl_now_ms();
+		}
+	} else {
+		km_mcluster_drop(cl, c);
+	}
+}
+
+/* ---- the mirror's producer id on the destination ---- */
+
+static void on_pid(km_net_client *c, km_err err, const uint8_t *body, size_t len, void *arg)
+{
+	req_ctx *x = arg;
+	km_pipeline *pl = x->pl;
+	int16_t ver = x->ver;
+	km_init_producer_id_response r;
+	km_arena a;
+	km_rd rd;
+	km_err rc;
+
+	free(x);
+	if (pl->closing)
+		return;
+	pl->pid_inflight = false;
+	if (err != KM_OK) {
+		km_mcluster_drop(pl->dst, c);
+		km_pl_schedule_in(pl, BACKOFF_MIN_MS * 5);
+		return;
+	}
+	km_arena_init(&a, 0);
+	km_rd_init(&rd, body, len);
+	rc = km_init_producer_id_response_decode(&rd, ver, &r, &a);
+	km_arena_free(&a);
+	if (rc != KM_OK || r.error_code) {
+		KM_WARN(COMP, 0, "%s: InitProducerId on the destination failed: %s", pl->name,
+			km_err_name(rc != KM_OK ? rc : (km_err)r.error_code));
+		km_pl_schedule_in(pl, BACKOFF_MAX_MS / 4);
+		return;
+	}
+	pl->pid = r.producer_id;
+	pl->epoch = r.producer_epoch;
+	pl->pid_gen++;
+	KM_DEBUG(COMP, 0, "%s: writing as producer id %lld epoch %d", pl->name, (long long)pl->pid, pl->epoch);
+	/* Partitions waiting for a fresh id take this one. */
+	for (size_t i = 0; i < pl->ntopics; i++)
+		for (int32_t j = 0; j < pl->topics[i]->nparts; j++) {
+			mpart *p = pl->topics[i]->parts[j];
+			if (p && p->need_pid && !p->inflight) {
+				p->need_pid = false;
+				p->pid = pl->pid;
+				p->epoch = pl->epoch;
+				p->seq = 0;
+			}
+		}
+	km_pl_tick_soon(pl);
+}
+
+void km_pl_send_pid(km_pipeline *pl)
+{
+	km_net_client *c = km_mcluster_any(pl->dst);
+	km_init_producer_id_request m;
+	km_wr w;
+	int16_t ver;
+
+	if (!km_mcluster_usable(pl->dst, c))
+		return;
+	if ((ver = km_pl_pick(c, KM_API_INIT_PRODUCER_ID, PID_LO, PID_HI)) < 0)
+		return;
+	km_init_producer_id_request_init(&m);
+	m.transactional_id = KM_STR_NULL;
+	m.transaction_timeout_ms = 60000;
+	m.producer_id = -1;
+	m.producer_epoch = -1;
+	km_wr_init(&w);
+	km_init_producer_id_request_encode(&w, ver, &m);
+	if (km_pl_send_flat(c, KM_API_INIT_PRODUCER_ID, ver, &w, on_pid, km_pl_ctx_new(pl, pl->dst, -1, ver)) == KM_OK) {
+		pl->pid_inflight = true;
+		pl->pid_want = false;
+	} else {
+		km_mcluster_drop(pl->dst, c);
+	}
+}
+
+/* Send a request about one partition to cl's broker leader, answered to cb with an lo_ctx (*lc copied). */
+bool km_pl_send_part(km_pipeline *pl, km_mcluster *cl, int32_t leader, km_net_client *c, int16_t key,
+		      int16_t ver, km_wr *w, km_net_response_cb cb, const lo_ctx *lc)
+{
+	lo_ctx *l = calloc(1, sizeof(*l));
+	req_ctx *x = km_pl_ctx_new(pl, cl, leader, ver);
+
+	if (!l || !x) {
+		free(l);
+		free(x);
+		km_wr_free(w);
+		return false;
+	}
+	*l = *lc;
+	x->extra = l;
+	if (km_pl_send_flat(c, key, ver, w, cb, x) != KM_OK) {
+		free(l);
+		km_mcluster_drop(cl, c);
+		return false;
+	}
+	return true;
+}

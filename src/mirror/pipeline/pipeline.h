@@ -1,0 +1,328 @@
+/* Internals of a mirror's pipeline (docs/mirror.md, "The pipeline"): the partition, its batches, the files that move it. */
+#ifndef KMIRROR_MIRROR_PIPELINE_H
+#define KMIRROR_MIRROR_PIPELINE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <event2/buffer.h>
+#include <event2/event.h>
+
+#include "kmirror/offmap.h"
+#include "kmirror/state.h"
+#include "mirror/mirror_int.h"
+
+#define COMP KM_MIRROR_COMP
+
+/* Produce requests in flight per destination broker: in order on one connection (idempotence keeps 5). */
+#define KM_MIRROR_PRODUCE_INFLIGHT 5
+/* Bytes of batches one Produce request carries at most (its partitions' batches add up to this). */
+#define PRODUCE_REQUEST_BYTES (8 << 20)
+#define FETCH_MAX_WAIT_MS 500
+#define BACKOFF_MIN_MS 100
+#define BACKOFF_MAX_MS 10000
+#define METADATA_MIN_INTERVAL_MS 500
+#define MAX_BATCH_BYTES (64 << 20)
+/* A partition whose destination writes keep failing (retriable errors, reconciles) this long goes FAILED. */
+#define KM_MIRROR_FAIL_AFTER_MS 300000
+/* How often a paused partition's source end is read (for its lag). */
+#define PAUSED_WATCH_MS 2000
+/* Metadata answers in a row without a topic that was mirrored before it counts as deleted at the source. */
+#define SOURCE_GONE_ROUNDS 3
+
+/* The versions this code speaks: [lo, hi] of each request it builds (Fetch and Produce name topics, v12 at most). */
+enum { FETCH_LO = 4, FETCH_HI = 12, PRODUCE_LO = 3, PRODUCE_HI = 12, META_LO = 1, META_HI = 12, LO_LO = 1,
+       LO_HI = 10, PID_LO = 0, PID_HI = 5, LT_LO = 0, LT_HI = 1 };
+/* A transactional batch goes with Produce v11 at most: transaction version 1 (txn.c). */
+#define PRODUCE_TXN_HI 11
+/* How soon a marker's landing is looked at again while the coordinator has not written it yet. */
+#define MARKER_POLL_MS 5
+/* How long partitions wait for ListTransactions to reach every destination broker before going on without it. */
+#define TXL_PATIENCE_MS 10000
+
+typedef enum {
+	PH_IDLE,       /* not run (paused, stopped, failed, or waiting for its committed state) */
+	/* PH_RECONCILE to PH_FENCE: reconcile, which a pausing or stopping partition finishes before it settles */
+	PH_RECONCILE,  /* waiting for a producer id and the destination leader, then ListOffsets on it */
+	PH_RECON_WAIT, /* ListOffsets on the destination sent */
+	PH_RECON_LSO,  /* then ListOffsets READ_COMMITTED: the last stable offset */
+	PH_RECON_ABORTED, /* a READ_COMMITTED Fetch at the hide point: aborted transactions spanning it */
+	PH_FENCE,      /* its transactional ids being initialised again (what they held open is aborted) */
+	PH_START,      /* no run yet: ListOffsets on the source for the start position */
+	PH_START_WAIT,
+	PH_READY,      /* may be fetched */
+	PH_FETCHING,   /* in a Fetch in flight */
+	PH_RUNS,       /* new runs being persisted before its batches go out */
+	PH_WRITING,    /* batches being produced */
+} mphase;
+
+/*
+ * The bytes of fetched responses a mirror holds: shared by the pipeline and its responses, since
+ * a response's last reference may go after the pipeline (the client releases pieces late).
+ */
+typedef struct mheld {
+	size_t bytes;
+	int refs;
+} mheld;
+
+/* A fetched response, held while batches that reference its bytes are written. */
+typedef struct mresp {
+	struct evbuffer *buf;
+	int refs;
+	size_t size;
+	mheld *held;
+} mresp;
+
+typedef struct mbatch {
+	struct mbatch *next;
+	mresp *resp;      /* the record bytes live in resp->buf's chains (vec below) */
+	size_t size;      /* the whole batch, 12 + batchLength */
+	uint8_t *own;     /* or in own (a re-encoded piece), own_len bytes */
+	size_t own_len;
+	struct evbuffer_iovec *vec; /* the record bytes (from 61 on) in resp->buf's chains, found once */
+	int nvec;
+	uint8_t hdr[KM_BATCH_HEADER_SIZE]; /* re-stamped header */
+	int64_t logical;  /* first logical offset */
+	int32_t count;    /* lastOffsetDelta + 1 */
+	int64_t physical; /* where it must land */
+	int64_t max_ts;
+	bool lat;         /* LogAppendTime at the source: hdr made CreateTime (its run says so) */
+	bool sent;
+	uint8_t kind;     /* BK_* */
+	bool commit;      /* BK_MARKER: the source's marker commits (else aborts) */
+	int txi;          /* BK_TXN, BK_MARKER: the partition's transactional producer (mpart.tx) */
+	uint8_t mk;       /* BK_MARKER: 0 waiting, 1 EndTxn sent, 2 its landing asked */
+	int64_t mk_at;    /* BK_MARKER: when the landing is asked again */
+} mbatch;
+
+enum {
+	BK_DATA,   /* written by the mirror's idempotent producer */
+	BK_TXN,    /* a source transaction's data: written inside a destination transaction (mpart.tx) */
+	BK_MARKER, /* a source COMMIT/ABORT marker: the destination transaction ends, its marker lands here */
+};
+
+/* A destination transactional producer of the partition and the source transaction it carries. */
+typedef struct mtx {
+	km_txp *txp;
+	int64_t src_pid; /* -1: free */
+	bool begun;      /* km_txp_begin called for the current source transaction */
+	int64_t first_logical; /* where that transaction's first batch is (-1: none planned yet) */
+} mtx;
+
+typedef struct mtopic mtopic;
+
+typedef struct mpart {
+	mtopic *t;
+	int32_t id;
+	km_mp_state state;   /* committed */
+	mphase phase;
+	bool settling;       /* a transition asked of the driver, not yet committed */
+	int32_t src_leader, src_epoch, dst_leader;
+	int64_t fetch_logical;  /* the logical tail: the next offset to fetch */
+	int64_t cont_logical;   /* the logical offset that continues the open run at plan_phys; -1: a run must start */
+	bool cont_lat;          /* the open run is a LogAppendTime one (a batch of the other kind starts a run) */
+	int64_t plan_phys;      /* where the next planned batch lands */
+	int64_t acked_phys;     /* the physical tail: after the last acknowledged batch */
+	int64_t acked_logical;  /* the logical tail matching acked_phys (holes after it included once planned) */
+	int64_t pid;
+	int16_t epoch;
+	int32_t seq;
+	bool probe;             /* the first write after reconcile goes alone and checks where it landed */
+	bool need_pid;          /* waits for a fresh producer id */
+	bool recon;             /* reconcile once nothing is in flight */
+	bool oor;               /* the source answered OFFSET_OUT_OF_RANGE: look up its log start */
+	bool start_latest;      /* no record at or after the start timestamp: start at the end */
+	int64_t hide_logical;   /* a batch landed where it was not planned: hide from its logical start (-1: none) */
+	int64_t first_logical;  /* where a fresh start began (the source's answer), -1: resumed from runs */
+	int64_t src_ls;         /* the source's log start offset, as last fetched (-1: not known) */
+	int64_t dst_ls;         /* the logical log start the destination was moved to (-1: never) */
+	bool ls_inflight, ls_unsupported; /* a DeleteRecords in flight; the destination refuses them (compacted) */
+	bool watch_inflight;    /* paused: a ListOffsets for the source's end in flight */
+	int64_t watch_at;
+	mbatch *head, *tail;
+	size_t inflight;        /* batches sent, not answered */
+	int64_t retry_at;
+	int backoff_ms;
+	int64_t failing_since;  /* the first of a run of destination errors with nothing written since (0: none) */
+	uint64_t records, bytes, batches, skipped, errors;
+	uint64_t lag, lag_ms;   /* gauges, set on every fetch answer */
+	uint64_t fetch_seq;     /* the Fetch it is in (fetch_ctx.seq) */
+	bool taken;             /* its data in the current answer was taken (a partition listed twice is not) */
+	int32_t sess_node;      /* the source broker whose fetch session holds it, -1: none */
+	int64_t sess_offset;    /* what that session holds for it: fetch offset, size, leader epoch */
+	int32_t sess_max, sess_lepoch;
+	int64_t source_end;     /* the source's high watermark as last fetched; -1: not known */
+	int64_t newest_ts;      /* max timestamp of the last batch written */
+	bool metrics;           /* its series are registered */
+	mtx *tx;                /* its transactional producers (docs/mirror.md, "Transactions") */
+	size_t ntx;
+	bool stop_answer;       /* a marker it holds at: the rest of this answer is not taken */
+	bool tx_fenced;         /* its transactional ids of earlier lives were initialised again */
+	bool fence_started;
+	int64_t recon_end;      /* reconcile: the destination's log end, while its last stable offset is asked */
+	int64_t recon_hide;     /* reconcile: the physical offset the hidden range starts at, being settled */
+	int64_t peer_offset;    /* failback: the source's kmirrord mirrored this partition from here up to it (-1: no) */
+	char peer_state[16];    /* and its state there */
+	int fb_check;           /* failback: 0 not checked, 1 probes out, 2 the same records, -1 not decidable */
+	int fb_pending;         /* its probes not answered yet */
+	uint64_t fb_hash[2];    /* the record before the failback point: here [0], at the source [1] (0: none) */
+} mpart;
+
+struct mtopic {
+	char *name;
+	mpart **parts; /* by partition id */
+	int32_t nparts;
+	bool src_missing, dst_missing;
+	int src_missing_rounds;  /* Metadata answers in a row without the source topic */
+	int32_t src_partitions;  /* the source's partition count, as last read */
+	/* Failback: what the source's kmirrord says it mirrored of the topic (LastMirroredOffsets). */
+	int peer;                /* PEER_* */
+};
+
+enum {
+	PEER_UNKNOWN, /* not asked yet */
+	PEER_ASKED,
+	PEER_KNOWN,   /* the source's kmirrord answered: partitions' peer_offset are set */
+	PEER_NONE,    /* a plain Kafka source, or the topic is not mirrored there: a fresh start */
+};
+
+typedef struct mnode_io {
+	int32_t id;
+	bool fetching;
+	int produce_inflight;
+	int32_t sess_id, sess_epoch; /* the source broker's fetch session (KIP-227); id 0: none */
+} mnode_io;
+
+struct km_pipeline {
+	km_mirror *mi;
+	char *name;
+	km_mcluster *src, *dst;
+	SSL_CTX *src_tls;
+	mtopic **topics;
+	size_t ntopics;
+	mnode_io *sio, *dio;
+	size_t nsio, ndio;
+	struct event *tick_ev;
+	bool tick_armed;
+	bool src_meta_inflight, dst_meta_inflight, src_meta_need, dst_meta_need;
+	int64_t src_meta_at, dst_meta_at;
+	bool pid_inflight, pid_want;
+	int64_t pid;
+	int16_t epoch;
+	uint64_t pid_gen; /* bumps with every producer id obtained */
+	uint64_t fetch_seq;
+	int64_t fetch_max_bytes, part_max_bytes;
+	bool sessions;                      /* mirror.fetch.sessions */
+	uint64_t fetch_full, fetch_incremental; /* Fetch requests sent, by kind (kmirror_mirror_fetch_requests_total) */
+	char start_mode[32];
+	int64_t options_at;
+	int64_t meta_interval; /* mirror.metadata.refresh.interval.ms: leaders, partition counts */
+	/* mirror.replication.throttled.rate: a token bucket over fetched bytes (0: no limit). */
+	int64_t rate, tokens, tokens_at;
+	mheld *held; /* fetched bytes held: no new fetch while above held_cap */
+	size_t held_cap;
+	bool closing;
+	bool config_error;
+	char config_msg[256];
+	/* The destination's transactional ids of this mirror, from ListTransactions on every broker. */
+	int txl;        /* 0 not asked, 1 asked, 2 known, 3 the destination cannot list them (before 3.0) */
+	int txl_pending;
+	uintptr_t txl_gen; /* answers of an earlier round are dropped */
+	int64_t txl_at, txl_since; /* the last round; the first (0: none yet) */
+	char **listed;
+	size_t nlisted;
+};
+
+typedef struct req_ctx {
+	km_pipeline *pl;
+	km_mcluster *cl;
+	int32_t node;
+	int16_t ver;
+	void *extra;
+} req_ctx;
+
+typedef enum {
+	LO_POSITION, /* reconcile's log end (destination), the start position (source) */
+	LO_WATCH,    /* a paused partition's source end, for its lag */
+	LO_LSO,      /* reconcile's last stable offset (destination, READ_COMMITTED) */
+	LO_MARKER,   /* whether a transaction's marker landed (destination) */
+} lo_kind;
+
+typedef struct lo_ctx {
+	mtopic *t;
+	int32_t part;
+	bool dest;
+	int64_t ts;
+	lo_kind kind;
+	int64_t tag; /* LO_MARKER: the physical offset of the marker it asks about */
+} lo_ctx;
+
+typedef struct fetch_ctx fetch_ctx;
+
+/* Runs the plan of one partition's fetched batches asked for, collected over a response. */
+typedef struct runs_acc {
+	km_state_run *runs;
+	size_t n, cap;
+} runs_acc;
+
+
+/* meta.c */
+int16_t km_pl_pick(km_net_client *c, int16_t key, int16_t lo, int16_t hi);
+req_ctx *km_pl_ctx_new(km_pipeline *pl, km_mcluster *cl, int32_t node, int16_t ver);
+km_err km_pl_send_flat(km_net_client *c, int16_t key, int16_t ver, km_wr *w, km_net_response_cb cb, req_ctx *x);
+void km_pl_send_metadata(km_pipeline *pl, km_mcluster *cl);
+void km_pl_send_pid(km_pipeline *pl);
+bool km_pl_send_part(km_pipeline *pl, km_mcluster *cl, int32_t leader, km_net_client *c, int16_t key, int16_t ver, km_wr *w, km_net_response_cb cb, const lo_ctx *lc);
+/* carry.c */
+bool km_pl_tid_is_of(const km_pipeline *pl, const mpart *p, const char *tid);
+int km_pl_lease_for(km_pipeline *pl, mpart *p, int64_t src_pid, bool create);
+bool km_pl_tx_open(const mpart *p);
+void km_pl_publish_open(km_pipeline *pl, mpart *p);
+void km_pl_tx_free_all(mpart *p);
+bool km_pl_fence_done(km_pipeline *pl, mpart *p);
+void km_pl_list_txns(km_pipeline *pl, int64_t now);
+void km_pl_drive_marker(km_pipeline *pl, mpart *p, int64_t now, int64_t *next);
+void km_pl_marker_answer(km_pipeline *pl, mpart *p, bool ok, int64_t end, int64_t at);
+void km_pl_drive_txps(km_pipeline *pl, mpart *p, int64_t now, int64_t *next);
+/* failback.c */
+void km_pl_ask_peer(km_pipeline *pl, mtopic *t);
+bool km_pl_failback_start(km_pipeline *pl, mpart *p);
+/* logstart.c */
+void km_pl_follow_log_start(km_pipeline *pl, mpart *p);
+/* produce.c */
+void km_pl_landed(km_pipeline *pl, mpart *p, mbatch *b);
+mbatch *km_pl_next_unsent(mpart *p);
+bool km_pl_send_produce(km_pipeline *pl, int32_t node);
+/* plan.c */
+void km_pl_held_unref(mheld *h);
+void km_pl_resp_unref(void *arg);
+void km_pl_batch_free(mbatch *b);
+km_err km_pl_take_batch(km_pipeline *pl, mpart *p, mresp *resp, const struct evbuffer_ptr *at, size_t size, const uint8_t *h, runs_acc *ra, const char **fail);
+km_err km_pl_stamp_txn(mbatch *b, const km_txp *t);
+/* fetch.c */
+bool km_pl_fetchable(const mpart *p, int64_t now);
+void km_pl_send_fetch(km_pipeline *pl, int32_t node, int64_t now);
+/* machine.c */
+int64_t km_pl_now_ms(void);
+void km_pl_tick_soon(km_pipeline *pl);
+const char *km_pl_ptag(const mpart *p, char *buf, size_t len);
+mnode_io *km_pl_node_io(mnode_io **arr, size_t *n, int32_t id);
+mtopic *km_pl_topic_get(km_pipeline *pl, const char *name, bool create);
+void km_pl_update_lag(mpart *p, int64_t now);
+mpart *km_pl_part_get(km_pipeline *pl, mtopic *t, int32_t id, bool create);
+void km_pl_set_tail(km_pipeline *pl, mpart *p, bool set);
+void km_pl_backoff(mpart *p);
+void km_pl_reconcile(km_pipeline *pl, mpart *p, const char *why);
+void km_pl_fail_part(km_pipeline *pl, mpart *p, const char *why);
+void km_pl_run_then(km_pipeline *pl, mpart *p, const km_state_run *r, size_t n, mphase then);
+void km_pl_schedule_in(km_pipeline *pl, int64_t ms);
+void km_pl_on_cluster_change(void *arg);
+/* reconcile.c */
+bool km_pl_send_list_offsets(km_pipeline *pl, mpart *p, bool dest, int64_t ts);
+bool km_pl_send_lo(km_pipeline *pl, mpart *p, bool dest, int64_t ts, lo_kind kind);
+int64_t km_pl_start_timestamp(const km_pipeline *pl);
+const km_offmap *km_pl_map_of(km_pipeline *pl, const mpart *p, const km_offrun **fence);
+bool km_pl_one_fetch(km_pipeline *pl, mpart *p, bool dest, int64_t offset, int8_t isolation, km_net_response_cb cb);
+
+#endif

@@ -1,0 +1,411 @@
+/* Produce to the destination: requests built from re-stamped headers and referenced record bytes, their answers. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "kmirror/api.h"
+#include "kmirror/batch.h"
+#include "kmirror/crc32c.h"
+#include "kmirror/fetch.h"
+#include "kmirror/hash.h"
+#include "kmirror/log.h"
+#include "kmirror/msg/produce_response.h"
+#include "mirror/pipeline/pipeline.h"
+
+/* ---- produce ---- */
+
+typedef struct produce_ctx {
+	int32_t node;
+	mpart **parts;
+	mbatch **batches;
+	size_t n;
+} produce_ctx;
+
+/*
+ * b, taken off the head, is in the destination's log where it was planned (a batch acknowledged,
+ * a marker landed): the tail moves after it, with the holes right after it once they are planned
+ * (markers, compaction).
+ */
+void km_pl_landed(km_pipeline *pl, mpart *p, mbatch *b)
+{
+	p->acked_phys = b->physical + b->count;
+	p->acked_logical = b->logical + b->count;
+	if (!p->head && p->fetch_logical > p->acked_logical)
+		p->acked_logical = p->fetch_logical;
+	p->failing_since = 0;
+	km_pl_set_tail(pl, p, true);
+	km_pl_batch_free(b);
+	if (!p->head && p->phase == PH_WRITING)
+		p->phase = PH_READY;
+}
+
+static void produce_done(km_pipeline *pl, mpart *p, mbatch *b, int16_t code, int64_t base, const char *msg)
+{
+	char tag[300], why[400];
+
+	p->inflight--;
+	if (p->recon || p->phase == PH_RECONCILE || p->phase == PH_IDLE) {
+		/* Reconcile decides from the log what landed. */
+		if (p->head == b)
+			p->head = b->next;
+		if (p->tail == b)
+			p->tail = p->head ? p->tail : NULL;
+		km_pl_batch_free(b);
+		return;
+	}
+	if (code == 46) /* DUPLICATE_SEQUENCE_NUMBER: it landed before */
+		code = 0;
+	if (code == 0 && base != b->physical && base >= 0) {
+		/*
+		 * It landed elsewhere than planned: something else reached the log first (a write of a
+		 * previous run still in flight when it died). Hide what is there from the planned point on.
+		 */
+		KM_WARN(COMP, 0, "%s/%s: a batch for offset %lld landed at destination offset %lld, not %lld",
+			pl->name, km_pl_ptag(p, tag, sizeof(tag)), (long long)b->logical, (long long)base,
+			(long long)b->physical);
+		/* Reconcile hides what is there from this batch's logical start on (after_reconcile). */
+		if (p->hide_logical < 0 || b->logical < p->hide_logical)
+			p->hide_logical = b->logical;
+		km_pl_reconcile(pl, p, "a batch landed at an unexpected offset");
+		if (p->head == b)
+			p->head = b->next;
+		if (!p->head)
+			p->tail = NULL;
+		km_pl_batch_free(b);
+		return;
+	}
+	if (p->head == b)
+		p->head = b->next;
+	if (!p->head)
+		p->tail = NULL;
+	if (code == 0) {
+		p->records += (uint64_t)b->count;
+		p->bytes += b->size;
+		p->batches++;
+		if (b->max_ts > p->newest_ts)
+			p->newest_ts = b->max_ts;
+		p->probe = false;
+		p->backoff_ms = 0;
+		km_pl_landed(pl, p, b);
+		return;
+	}
+	snprintf(why, sizeof(why), "destination Produce failed: %s%s%s", km_err_name((km_err)code), msg ? ": " : "",
+		 msg ? msg : "");
+	/*
+	 * A transaction's batch refused for its transaction's sake (INVALID_TXN_STATE, INVALID_PRODUCER_ID_MAPPING,
+	 * PRODUCER_FENCED, TRANSACTION_ABORTABLE, the destination's own timeout aborted it): reconcile fences
+	 * and carries the source transaction again.
+	 */
+	bool txn_retry = b->kind == BK_TXN && (code == 48 || code == 49 || code == 90 || code == 120 || code == 51);
+	km_pl_batch_free(b);
+	if (km_err_retriable((km_err)code) || code == 45 || code == 47 || txn_retry) {
+		if (code == 6 || code == 3 || code == 5)
+			pl->dst_meta_need = true;
+		km_pl_reconcile(pl, p, why);
+	} else {
+		km_pl_fail_part(pl, p, why);
+	}
+}
+
+static void on_produce(km_net_client *c, km_err err, const uint8_t *body, size_t len, void *arg)
+{
+	req_ctx *x = arg;
+	km_pipeline *pl = x->pl;
+	produce_ctx *pc = x->extra;
+	int16_t ver = x->ver;
+	km_produce_response r;
+	km_arena a;
+	km_rd rd;
+	bool decoded = false;
+	mnode_io *io;
+
+	free(x);
+	if (pl->closing) {
+		free(pc->parts);
+		free(pc->batches);
+		free(pc);
+		return;
+	}
+	if ((io = km_pl_node_io(&pl->dio, &pl->ndio, pc->node)))
+		io->produce_inflight--;
+	km_arena_init(&a, 0);
+	if (err == KM_OK) {
+		km_rd_init(&rd, body, len);
+		decoded = km_produce_response_decode(&rd, ver, &r, &a) == KM_OK;
+	} else {
+		km_mcluster_drop(pl->dst, c);
+		pl->dst_meta_need = true;
+	}
+	for (size_t i = 0; i < pc->n; i++) {
+		mpart *p = pc->parts[i];
+		int16_t code = -1;
+		int64_t base = -1;
+		const char *msg = err != KM_OK ? km_err_name(err) : "undecodable response";
+		char mbuf[256];
+		for (int32_t ti = 0; decoded && ti < r.responses.count; ti++) {
+			const km_produce_response_topic_produce_response *tr = &r.responses.items[ti];
+			if (!km_str_eq_c(tr->name, p->t->name))
+				continue;
+			for (int32_t k = 0; k < tr->partition_responses.count; k++)
+				if (tr->partition_responses.items[k].index == p->id) {
+					const km_produce_response_partition_produce_response *pr =
+						&tr->partition_responses.items[k];
+					code = pr->error_code;
+					base = pr->base_offset;
+					msg = NULL;
+					if (pr->error_message.len > 0) {
+						snprintf(mbuf, sizeof(mbuf), "%.*s", (int)pr->error_message.len,
+							 pr->error_message.p);
+						msg = mbuf;
+					}
+				}
+		}
+		if (code < 0)
+			code = 13; /* NETWORK_EXCEPTION: the outcome is unknown, reconcile decides */
+		produce_done(pl, p, pc->batches[i], code, base, msg);
+	}
+	km_arena_free(&a);
+	free(pc->parts);
+	free(pc->batches);
+	free(pc);
+	km_pl_tick_soon(pl);
+}
+
+/*
+ * The next unsent batch of p, or NULL. A probe goes alone: nothing else of p until it is answered.
+ * A transaction's batch waits until its destination transaction is open; a marker is not produced
+ * (drive_marker ends the transaction once everything before it is in).
+ */
+mbatch *km_pl_next_unsent(mpart *p)
+{
+	if (p->phase != PH_WRITING || p->recon || (p->probe && p->inflight))
+		return NULL;
+	for (mbatch *b = p->head; b; b = b->next)
+		if (!b->sent) {
+			if (b->kind == BK_MARKER ||
+			    (b->kind == BK_TXN && km_txp_state_of(p->tx[b->txi].txp) != KM_TXP_OPEN))
+				return NULL;
+			return b;
+		}
+	return NULL;
+}
+
+static void encode_str(km_wr *w, bool flex, const char *s)
+{
+	km_wr_string(w, flex, km_str_c(s));
+}
+
+/* Pieces a request to node may need: two framing pieces and the record pieces of each partition's next batch. */
+static size_t piece_cap(km_pipeline *pl, int32_t node, size_t cap)
+{
+	size_t n = cap * 3;
+	for (size_t i = 0; i < pl->ntopics; i++)
+		for (int32_t j = 0; j < pl->topics[i]->nparts; j++) {
+			mpart *p = pl->topics[i]->parts[j];
+			mbatch *b = p && p->dst_leader == node ? km_pl_next_unsent(p) : NULL;
+			if (b)
+				n += (size_t)b->nvec;
+		}
+	return n;
+}
+
+/* One framing piece: encoded here, copied by the client when the request is taken. */
+static km_wr *frame_piece(km_wr *enc, size_t *nenc, km_net_piece *pieces, size_t *npieces)
+{
+	km_wr *w = &enc[(*nenc)++];
+	km_wr_init(w);
+	pieces[(*npieces)++] = (km_net_piece){0}; /* pointed at w once every piece is encoded */
+	return w;
+}
+
+/*
+ * One Produce request to node: one batch per partition (a broker rule), as many partitions led
+ * by node as have one ready, up to PRODUCE_REQUEST_BYTES. The batch headers are the re-stamped
+ * copies; the record bytes are referenced in the fetched response, never copied here.
+ */
+bool km_pl_send_produce(km_pipeline *pl, int32_t node)
+{
+	km_net_client *c = km_mcluster_node(pl->dst, node);
+	mnode_io *io = km_pl_node_io(&pl->dio, &pl->ndio, node);
+	size_t cap = 0, n = 0, bytes = 0, ngroups = 0, npieces = 0, nenc = 0;
+	produce_ctx *pc;
+	size_t *gstart = NULL;
+	km_net_piece *pieces = NULL;
+	km_wr *enc = NULL;
+	km_net_request rq;
+	req_ctx *x;
+	km_txp *txp = NULL;
+	int16_t ver;
+	bool flex, ok = false;
+
+	if (!io || io->produce_inflight >= KM_MIRROR_PRODUCE_INFLIGHT)
+		return false;
+	if (!c) {
+		pl->dst_meta_need = true;
+		return false;
+	}
+	if (!km_mcluster_usable(pl->dst, c))
+		return false;
+	if ((ver = km_pl_pick(c, KM_API_PRODUCE, PRODUCE_LO, PRODUCE_HI)) < 0)
+		return false;
+	flex = ver >= 9;
+	for (size_t i = 0; i < pl->ntopics; i++)
+		for (int32_t j = 0; j < pl->topics[i]->nparts; j++) {
+			mpart *p = pl->topics[i]->parts[j];
+			if (p && p->dst_leader == node && km_pl_next_unsent(p))
+				cap++;
+		}
+	if (!cap)
+		return false;
+	pc = calloc(1, sizeof(*pc));
+	if (!pc || !(pc->parts = calloc(cap, sizeof(*pc->parts))) ||
+	    !(pc->batches = calloc(cap, sizeof(*pc->batches))) || !(gstart = calloc(cap + 1, sizeof(*gstart))) ||
+	    !(pieces = calloc(piece_cap(pl, node, cap) + pl->ntopics * 2 + 2, sizeof(*pieces))) ||
+	    !(enc = calloc(cap * 2 + pl->ntopics * 2 + 2, sizeof(*enc))))
+		goto out;
+	pc->node = node;
+	/*
+	 * Choose: one batch per partition, grouped by topic, within the byte cap. A transaction's
+	 * batch goes alone (its producer is the partition's own: one transactional producer per
+	 * request, a broker rule); the first partition ready decides which kind this request is.
+	 */
+	for (size_t i = 0; i < pl->ntopics && bytes < PRODUCE_REQUEST_BYTES && !txp; i++) {
+		mtopic *t = pl->topics[i];
+		size_t first = n;
+		for (int32_t j = 0; j < t->nparts; j++) {
+			mpart *p = t->parts[j];
+			mbatch *b = p && p->dst_leader == node ? km_pl_next_unsent(p) : NULL;
+			if (!b || (n && b->kind == BK_TXN))
+				continue;
+			if (n && bytes + b->size > PRODUCE_REQUEST_BYTES)
+				break;
+			if (b->kind == BK_TXN) {
+				txp = p->tx[b->txi].txp;
+				if (km_pl_stamp_txn(b, txp) != KM_OK) {
+					txp = NULL;
+					continue;
+				}
+				if (ver > PRODUCE_TXN_HI)
+					ver = PRODUCE_TXN_HI;
+				flex = ver >= 9;
+				pc->parts[n] = p;
+				pc->batches[n] = b;
+				bytes += b->size;
+				n++;
+				break;
+			}
+			pc->parts[n] = p;
+			pc->batches[n] = b;
+			bytes += b->size;
+			n++;
+		}
+		if (n > first)
+			gstart[ngroups++] = first;
+	}
+	gstart[ngroups] = n;
+	/* Encode: transactional id (null for the idempotent producer), acks=all, timeout, the topics. */
+	{
+		km_wr *w = frame_piece(enc, &nenc, pieces, &npieces);
+		if (txp)
+			encode_str(w, flex, km_txp_id(txp));
+		else if (flex)
+			km_wr_uvarint(w, 0);
+		else
+			km_wr_i16(w, -1);
+		km_wr_i16(w, -1);
+		km_wr_i32(w, 30000);
+		km_wr_array_len(w, flex, (int32_t)ngroups);
+	}
+	for (size_t g = 0; g < ngroups; g++) {
+		km_wr *w = frame_piece(enc, &nenc, pieces, &npieces);
+		encode_str(w, flex, pc->parts[gstart[g]]->t->name);
+		km_wr_array_len(w, flex, (int32_t)(gstart[g + 1] - gstart[g]));
+		for (size_t k = gstart[g]; k < gstart[g + 1]; k++) {
+			mbatch *b = pc->batches[k];
+			if (k > gstart[g])
+				w = frame_piece(enc, &nenc, pieces, &npieces);
+			km_wr_i32(w, pc->parts[k]->id);
+			if (flex)
+				km_wr_uvarint(w, (uint32_t)b->size + 1);
+			else
+				km_wr_i32(w, (int32_t)b->size);
+			km_wr_raw(w, b->hdr, KM_BATCH_HEADER_SIZE);
+			if (b->size > KM_BATCH_HEADER_SIZE) {
+				if (b->own) {
+					pieces[npieces++] = (km_net_piece){.p = b->own + KM_BATCH_HEADER_SIZE,
+									   .len = b->size - KM_BATCH_HEADER_SIZE};
+				} else {
+					/* The record bytes where they are in the fetched response's chains. */
+					for (int v = 0; v < b->nvec; v++) {
+						b->resp->refs++;
+						pieces[npieces++] = (km_net_piece){.p = b->vec[v].iov_base,
+										   .len = b->vec[v].iov_len,
+										   .release = km_pl_resp_unref,
+										   .release_arg = b->resp};
+					}
+				}
+			}
+			w = frame_piece(enc, &nenc, pieces, &npieces);
+			if (flex)
+				km_wr_uvarint(w, 0); /* the partition's tags */
+		}
+		if (flex)
+			km_wr_uvarint(w, 0); /* the topic's tags */
+	}
+	if (flex)
+		km_wr_uvarint(&enc[nenc - 1], 0); /* the request's tags */
+	/* Point the framing pieces at their encoded bytes, in order. */
+	{
+		size_t e = 0;
+		for (size_t i = 0; i < npieces; i++) {
+			if (pieces[i].p || pieces[i].buf)
+				continue;
+			if (e >= nenc || !km_wr_ok(&enc[e]))
+				goto out;
+			pieces[i].p = enc[e].buf;
+			pieces[i].len = enc[e].len;
+			e++;
+		}
+	}
+	x = km_pl_ctx_new(pl, pl->dst, node, ver);
+	if (!x)
+		goto out;
+	x->extra = pc;
+	pc->n = n;
+	km_net_request_init(&rq, KM_API_PRODUCE, ver);
+	rq.pieces = pieces;
+	rq.npieces = npieces;
+	rq.delivery = KM_NET_FLAT;
+	rq.on_flat = on_produce;
+	rq.arg = x;
+	if (km_net_client_request(c, &rq) != KM_OK) {
+		free(x);
+		km_mcluster_drop(pl->dst, c);
+		goto out;
+	}
+	for (size_t i = 0; i < n; i++) {
+		pc->batches[i]->sent = true;
+		pc->parts[i]->inflight++;
+	}
+	if (txp)
+		km_txp_advance(txp, pc->batches[0]->count);
+	io->produce_inflight++;
+	pc = NULL;
+	ok = true;
+out:
+	if (!ok)
+		/* The referenced pieces were not taken: give their references back. */
+		for (size_t i = 0; pieces && i < npieces; i++)
+			if (pieces[i].release)
+				pieces[i].release(pieces[i].release_arg);
+	for (size_t i = 0; enc && i < nenc; i++)
+		km_wr_free(&enc[i]);
+	free(enc);
+	free(pieces);
+	free(gstart);
+	if (pc) {
+		free(pc->parts);
+		free(pc->batches);
+		free(pc);
+	}
+	return ok;
+}

@@ -1,0 +1,521 @@
+/* Reconcile and the start position: ListOffsets on both sides, the hidden range, the fence run, where a partition starts. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "kmirror/api.h"
+#include "kmirror/batch.h"
+#include "kmirror/crc32c.h"
+#include "kmirror/fetch.h"
+#include "kmirror/hash.h"
+#include "kmirror/log.h"
+#include "kmirror/msg/fetch_request.h"
+#include "kmirror/msg/fetch_response.h"
+#include "kmirror/msg/list_offsets_request.h"
+#include "kmirror/msg/list_offsets_response.h"
+#include "mirror/pipeline/pipeline.h"
+
+static void after_lso(km_pipeline *pl, mpart *p, int64_t end, int64_t lso);
+static void fence_from(km_pipeline *pl, mpart *p, int64_t end, int64_t from);
+static bool aborted_probe(km_pipeline *pl, mpart *p);
+static void after_start(km_pipeline *pl, mpart *p, int64_t off, bool jump);
+
+/* ---- ListOffsets: the destination's end (reconcile) and the source's start ---- */
+
+static void on_list_offsets(km_net_client *c, km_err err, const uint8_t *body, size_t len, void *arg)
+{
+	req_ctx *x = arg;
+	km_pipeline *pl = x->pl;
+	lo_ctx *lc = x->extra;
+	int16_t ver = x->ver;
+	km_list_offsets_response r;
+	km_arena a;
+	km_rd rd;
+	mpart *p;
+	int16_t perr = -1;
+	int64_t off = -1;
+
+	free(x);
+	if (pl->closing) {
+		free(lc);
+		return;
+	}
+	p = km_pl_part_get(pl, lc->t, lc->part, false);
+	if (p && lc->kind == LO_WATCH)
+		p->watch_inflight = false;
+	if (err == KM_OK) {
+		km_arena_init(&a, 0);
+		km_rd_init(&rd, body, len);
+		if (km_list_offsets_response_decode(&rd, ver, &r, &a) == KM_OK && r.topics.count == 1 &&
+		    r.topics.items[0].partitions.count == 1) {
+			perr = r.topics.items[0].partitions.items[0].error_code;
+			off = r.topics.items[0].partitions.items[0].offset;
+		}
+		km_arena_free(&a);
+	} else {
+		km_mcluster_drop(lc->dest ? pl->dst : pl->src, c);
+	}
+	if (p && lc->kind == LO_MARKER) {
+		km_pl_marker_answer(pl, p, err == KM_OK && perr == 0 && off >= 0, off, lc->tag);
+	} else if (p && lc->kind == LO_LSO) {
+		if (p->phase == PH_RECON_LSO) {
+			if (err != KM_OK || perr != 0 || off < 0) {
+				pl->dst_meta_need = true;
+				p->phase = PH_RECONCILE;
+				km_pl_backoff(p);
+			} else {
+				after_lso(pl, p, p->recon_end, off);
+			}
+		}
+	} else if (p && lc->kind == LO_WATCH) {
+		if (err == KM_OK && perr == 0 && off >= 0) {
+			p->source_end = off;
+			km_state_partition_progress(km_mirror_store(pl->mi), p->t->name, p->id, off, -1);
+			km_pl_update_lag(p, km_pl_now_ms());
+		} else {
+			pl->src_meta_need = true;
+		}
+	} else if (p && p->phase == PH_START_WAIT && err == KM_OK && perr == 0 && off < 0 && lc->ts >= 0) {
+		/* No record at or after the start timestamp yet: start at the source's end. */
+		p->start_latest = true;
+		p->phase = PH_START;
+	} else if (p && (p->phase == PH_RECON_WAIT || p->phase == PH_START_WAIT)) {
+		bool recon = p->phase == PH_RECON_WAIT;
+		if (err != KM_OK || perr != 0 || off < 0) {
+			char tag[300];
+			KM_WARN(COMP, 0, "%s/%s: ListOffsets on the %s failed: %s", pl->name, km_pl_ptag(p, tag, sizeof(tag)),
+				lc->dest ? "destination" : "source",
+				err != KM_OK ? km_err_name(err) : km_err_name((km_err)perr));
+			p->phase = recon ? PH_RECONCILE : PH_START;
+			if (lc->dest)
+				pl->dst_meta_need = true;
+			else
+				pl->src_meta_need = true;
+			km_pl_backoff(p);
+		} else if (recon) {
+			/* Then the last stable offset: open destination transactions end reconcile's resume point. */
+			p->recon_end = off;
+			p->phase = PH_RECON_LSO;
+			if (!km_pl_send_lo(pl, p, true, -1, LO_LSO)) {
+				p->phase = PH_RECONCILE;
+				km_pl_backoff(p);
+			}
+		} else {
+			after_start(pl, p, off, p->oor);
+		}
+	}
+	free(lc);
+	km_pl_tick_soon(pl);
+}
+
+bool km_pl_send_list_offsets(km_pipeline *pl, mpart *p, bool dest, int64_t ts)
+{
+	return km_pl_send_lo(pl, p, dest, ts, LO_POSITION);
+}
+
+bool km_pl_send_lo(km_pipeline *pl, mpart *p, bool dest, int64_t ts, lo_kind kind)
+{
+	km_mcluster *cl = dest ? pl->dst : pl->src;
+	int32_t leader = dest ? p->dst_leader : p->src_leader;
+	km_net_client *c = leader >= 0 ? km_mcluster_node(cl, leader) : NULL;
+	km_list_offsets_request m;
+	km_list_offsets_request_list_offsets_topic t;
+	km_list_offsets_request_list_offsets_partition pp;
+	km_wr w;
+	int16_t ver;
+
+	if (!c) {
+		if (dest)
+			pl->dst_meta_need = true;
+		else
+			pl->src_meta_need = true;
+		return false;
+	}
+	if (!km_mcluster_usable(cl, c))
+		return false;
+	if ((ver = km_pl_pick(c, KM_API_LIST_OFFSETS, LO_LO, LO_HI)) < 0)
+		return false;
+	km_list_offsets_request_init(&m);
+	km_list_offsets_request_list_offsets_topic_init(&t);
+	km_list_offsets_request_list_offsets_partition_init(&pp);
+	m.replica_id = -1;
+	m.isolation_level = kind == LO_LSO ? 1 : 0;
+	if (kind == LO_LSO && ver < 2)
+		return false; /* no isolation before v2 (Kafka 0.11): no transactions either */
+	pp.partition_index = p->id;
+	pp.current_leader_epoch = dest ? -1 : p->src_epoch;
+	pp.timestamp = ts;
+	t.name = km_str_c(p->t->name);
+	t.partitions.items = &pp;
+	t.partitions.count = 1;
+	m.topics.items = &t;
+	m.topics.count = 1;
+	km_wr_init(&w);
+	km_list_offsets_request_encode(&w, ver, &m);
+	return km_pl_send_part(pl, cl, leader, c, KM_API_LIST_OFFSETS, ver, &w, on_list_offsets,
+			 &(lo_ctx){p->t, p->id, dest, ts, kind, kind == LO_MARKER && p->head ? p->head->physical : -1});
+}
+
+/* The start position asked of the source: mirror.start.offset. */
+int64_t km_pl_start_timestamp(const km_pipeline *pl)
+{
+	if (!strcmp(pl->start_mode, "latest"))
+		return -1;
+	if (!pl->start_mode[0] || !strcmp(pl->start_mode, "earliest"))
+		return -2;
+	return strtoll(pl->start_mode, NULL, 10);
+}
+
+/*
+ * The destination's log ends at physical end: the runs say which logical offset that is (every
+ * batch that landed is covered by a run, persisted before it was produced). Runs at or past end
+ * were written for batches that never landed: they are removed before anything else is written.
+ * After a batch landed where it was not planned (p->hide_logical set), everything from there to
+ * end is hidden: the runs from hide_logical on go, and a run at (hide_logical, end) closes the run
+ * before it at hide_logical, so the mirror resumes at hide_logical, written after what is hidden.
+ */
+static void after_reconcile(km_pipeline *pl, mpart *p, int64_t end)
+{
+	km_state *st = km_mirror_store(pl->mi);
+	const km_state_topic *t = km_state_topic_find(st, p->t->name, strlen(p->t->name));
+	const km_offmap *m = t ? km_state_topic_offmap(t, p->id) : NULL;
+	size_t keep = m ? m->n : 0, nw = 0;
+	int64_t hide = p->hide_logical;
+	km_state_run *w = NULL;
+	char tag[300];
+
+	while (keep > 0 && (m->runs[keep - 1].physical >= end || (hide >= 0 && m->runs[keep - 1].logical >= hide)))
+		keep--;
+	p->acked_phys = p->plan_phys = end;
+	p->recon = false;
+	p->probe = true;
+	p->backoff_ms = 0;
+	if (m && (keep < m->n || hide >= 0)) {
+		w = calloc(m->n - keep + 1, sizeof(*w));
+		if (!w) {
+			p->phase = PH_RECONCILE;
+			km_pl_backoff(p);
+			return;
+		}
+		for (size_t i = keep; i < m->n; i++)
+			if (m->runs[i].logical != hide) /* that key is rewritten below */
+				w[nw++] = (km_state_run){p->t->name, p->id, m->runs[i].logical, -1, -1};
+		if (nw)
+			KM_INFO(COMP, 0, "%s/%s: %zu run(s) past the destination's end %lld %s: removed", pl->name,
+				km_pl_ptag(p, tag, sizeof(tag)), nw, (long long)end,
+				hide >= 0 ? "or past a misplaced batch" : "never landed");
+	}
+	if (hide >= 0) {
+		/* Resume at hide, physically after everything now hidden. */
+		KM_WARN(COMP, 0, "%s/%s: destination offsets from the misplaced batch to %lld hidden; resuming at %lld",
+			pl->name, km_pl_ptag(p, tag, sizeof(tag)), (long long)end, (long long)hide);
+		w[nw++] = (km_state_run){p->t->name, p->id, hide, end, hide, 0};
+		p->cont_logical = p->fetch_logical = p->acked_logical = hide;
+		p->cont_lat = false;
+	} else if (keep > 0) {
+		const km_offrun *r = &m->runs[keep - 1];
+		p->cont_logical = r->logical + (end - r->physical);
+		p->cont_lat = (r->flags & KM_OFFRUN_LOG_APPEND_TIME) != 0;
+		p->fetch_logical = p->acked_logical = p->cont_logical;
+	} else {
+		/* Nothing mirrored yet: the start position comes from the source; what the destination holds is hidden. */
+		p->cont_logical = -1;
+	}
+	if (keep > 0 || hide >= 0) {
+		KM_INFO(COMP, 0, "%s/%s: resumes at offset %lld (destination offset %lld)", pl->name,
+			km_pl_ptag(p, tag, sizeof(tag)), (long long)p->fetch_logical, (long long)end);
+		km_pl_set_tail(pl, p, true);
+	}
+	if (nw) {
+		km_pl_run_then(pl, p, w, nw, keep > 0 || hide >= 0 ? PH_READY : PH_START); /* hide_logical stays until it is in */
+	} else {
+		p->hide_logical = -1;
+		p->phase = keep > 0 ? PH_READY : PH_START;
+	}
+	free(w);
+}
+
+/*
+ * Reconcile with transactions (docs/mirror.md, "Transactions"): the destination's log ends at
+ * end, its last stable offset is lso. Data past the LSO sits in destination transactions nobody
+ * will end now (an earlier life's, or this partition's own after an uncertain write): the mirror
+ * resumes at the LSO's logical offset, what lies past it hidden. Order matters for a crash at any
+ * point: a fence run (hide, end) is persisted first, then the partition's transactional ids are
+ * fenced (their transactions aborted, the abort markers written), and a second pass over the
+ * then settled log writes the run again at the log's new end.
+ */
+/*
+ * The logical offset of physical offset x as reconcile resumes there: the last run starting at or
+ * before x, as far into it as x is (its end, then the next run's start, when it is closed before
+ * x). -1 without such a run.
+ */
+static int64_t resume_logical(const km_offmap *m, int64_t x)
+{
+	size_t i = m ? m->n : 0;
+	int64_t len;
+	while (i > 0 && m->runs[i - 1].physical > x)
+		i--;
+	if (!i)
+		return -1;
+	len = km_offmap_run_length(m, i - 1);
+	if (len >= 0 && x - m->runs[i - 1].physical > len)
+		return i < m->n ? m->runs[i].logical : m->runs[i - 1].logical + len;
+	return m->runs[i - 1].logical + (x - m->runs[i - 1].physical);
+}
+
+/* The partition's map, and its fence run if one is persisted (the runs after it were written before the fence). */
+const km_offmap *km_pl_map_of(km_pipeline *pl, const mpart *p, const km_offrun **fence)
+{
+	const km_state_topic *t = km_state_topic_find(km_mirror_store(pl->mi), p->t->name, strlen(p->t->name));
+	const km_offmap *m = t ? km_state_topic_offmap(t, p->id) : NULL;
+	*fence = NULL;
+	for (size_t i = 0; m && i < m->n && !*fence; i++)
+		if (m->runs[i].flags & KM_OFFRUN_FENCE)
+			*fence = &m->runs[i];
+	return m;
+}
+
+static void after_lso(km_pipeline *pl, mpart *p, int64_t end, int64_t lso)
+{
+	const km_offrun *fence;
+	const km_offmap *m = km_pl_map_of(pl, p, &fence);
+
+	/* An earlier life's write that landed between the two answers: the LSO is never past the end. */
+	if (lso > end)
+		lso = end;
+	if (!p->tx_fenced) {
+		/* Nothing of an earlier life listed for it and nothing of its own: nothing to fence. */
+		bool any = p->ntx > 0;
+		for (size_t i = 0; i < pl->nlisted && !any; i++)
+			any = km_pl_tid_is_of(pl, p, pl->listed[i]);
+		if (!any)
+			p->tx_fenced = true;
+	}
+	if (!p->tx_fenced || km_pl_tx_open(p) || (lso < end && !fence)) {
+		/*
+		 * The hidden range starts at the LSO, or earlier: at a batch that landed where it was not
+		 * planned (hide_logical), or at the first batch of a transaction this life holds open
+		 * (one the destination aborted on its own, by its timeout, is past the LSO already).
+		 */
+		int64_t from = lso;
+		for (size_t i = 0; m && m->n && i < p->ntx; i++)
+			if (p->tx[i].src_pid >= 0 && p->tx[i].first_logical >= 0) {
+				int64_t ph = km_offmap_to_physical(m, p->tx[i].first_logical);
+				if (ph >= 0 && ph < from)
+					from = ph;
+			}
+		if (p->hide_logical >= 0 && m && m->n) {
+			int64_t ph = km_offmap_to_physical(m, p->hide_logical);
+			if (ph >= 0 && ph < from)
+				from = ph;
+		}
+		if (from < end && from > 0) {
+			/* Where the hidden range starts is settled first (aborted_probe). */
+			p->recon_hide = from;
+			p->phase = PH_RECON_ABORTED;
+			if (!aborted_probe(pl, p)) {
+				p->phase = PH_RECONCILE;
+				km_pl_backoff(p);
+			}
+			return;
+		}
+		fence_from(pl, p, end, from);
+		return;
+	}
+	if (fence)
+		p->hide_logical = p->hide_logical >= 0 && p->hide_logical < fence->logical ? p->hide_logical : fence->logical;
+	after_reconcile(pl, p, end);
+}
+
+/*
+ * The partition's transactions are fenced, and what the destination holds from physical offset
+ * from on is hidden. Fencing aborts what is open, and an aborted transaction leaves a marker even
+ * on a partition it wrote nothing to yet: the resume point is fixed before, by a fence run.
+ */
+static void fence_from(km_pipeline *pl, mpart *p, int64_t end, int64_t from)
+{
+	const km_offrun *fence;
+	const km_offmap *m = km_pl_map_of(pl, p, &fence);
+	int64_t hide = resume_logical(m, from);
+	char tag[300];
+
+	if (hide < 0) {
+		/* Nothing mapped (yet): what the destination holds is hidden by the start anyway. */
+		if (p->tx_fenced && !km_pl_tx_open(p))
+			after_reconcile(pl, p, end);
+		else
+			p->phase = PH_FENCE;
+		return;
+	}
+	if (fence && fence->logical < hide)
+		hide = fence->logical;
+	/* A misplaced batch's hide point and the first batch of every transaction held open come back too. */
+	if (p->hide_logical >= 0 && p->hide_logical < hide)
+		hide = p->hide_logical;
+	for (size_t i = 0; i < p->ntx; i++)
+		if (p->tx[i].src_pid >= 0 && p->tx[i].first_logical >= 0 && p->tx[i].first_logical < hide)
+			hide = p->tx[i].first_logical;
+	if (from < end)
+		KM_INFO(COMP, 0, "%s/%s: destination offsets %lld to %lld are in transactions left open: hidden from "
+			"offset %lld on, which is mirrored again", pl->name, km_pl_ptag(p, tag, sizeof(tag)), (long long)from,
+			(long long)end, (long long)hide);
+	if (!fence || fence->logical != hide) {
+		km_state_run r = {p->t->name, p->id, hide, end, hide, KM_OFFRUN_FENCE};
+		km_pl_run_then(pl, p, &r, 1, PH_FENCE);
+	} else {
+		p->phase = PH_FENCE;
+	}
+}
+
+/*
+ * A transaction the mirror ended (its marker in place) may have begun before the hide point H and
+ * ended after it: hiding its marker would leave its aborted records without the marker that
+ * closes them for a read_committed reader. A READ_COMMITTED Fetch at H - 1 (one at H, the LSO,
+ * returns nothing) names the aborted transactions overlapping H - 1 and later: those beginning
+ * before H, less one whose abort marker is the batch at H - 1 (it ends there), span H. H moves to
+ * the earliest one's first offset and is asked again there, until none begins before it.
+ */
+static void on_aborted(km_net_client *c, km_err err, const uint8_t *body, size_t len, void *arg)
+{
+	req_ctx *x = arg;
+	km_pipeline *pl = x->pl;
+	lo_ctx *lc = x->extra;
+	int16_t ver = x->ver;
+	mpart *p;
+	km_fetch_response r;
+	km_arena a;
+	km_rd rd;
+	int64_t at = -1;
+	bool ok = false;
+
+	free(x);
+	p = pl->closing ? NULL : km_pl_part_get(pl, lc->t, lc->part, false);
+	free(lc);
+	if (!p || p->phase != PH_RECON_ABORTED)
+		return;
+	if (err == KM_OK) {
+		km_arena_init(&a, 0);
+		km_rd_init(&rd, body, len);
+		bool one = km_fetch_response_decode(&rd, ver, &r, &a) == KM_OK && r.responses.count == 1 &&
+			   r.responses.items[0].partitions.count == 1;
+		if (one && r.responses.items[0].partitions.items[0].error_code == 1) {
+			/* OFFSET_OUT_OF_RANGE: below the destination's log start, nothing earlier to look at. */
+			ok = true;
+			at = p->recon_hide;
+		} else if (one && !r.responses.items[0].partitions.items[0].error_code) {
+			const km_fetch_response_partition_data *pd = &r.responses.items[0].partitions.items[0];
+			int64_t ended = -1; /* the producer whose abort marker is the batch at H - 1 */
+			km_batch_iter it;
+			km_batch b;
+			km_batch_iter_init(&it, pd->records.p, pd->records.len > 0 ? (size_t)pd->records.len : 0);
+			while (km_batch_next(&it, &b))
+				if (b.base_offset <= p->recon_hide - 1 && p->recon_hide - 1 <= b.base_offset + b.last_offset_delta &&
+				    b.control)
+					ended = b.producer_id;
+			ok = true;
+			at = p->recon_hide;
+			for (int32_t i = 0; i < pd->aborted_transactions.count; i++) {
+				const km_fetch_response_aborted_transaction *ab = &pd->aborted_transactions.items[i];
+				if (ab->first_offset >= 0 && ab->first_offset < at && ab->producer_id != ended)
+					at = ab->first_offset;
+			}
+		}
+		km_arena_free(&a);
+	} else {
+		km_mcluster_drop(pl->dst, c);
+	}
+	if (!ok) {
+		pl->dst_meta_need = true;
+		p->phase = PH_RECONCILE;
+		km_pl_backoff(p);
+	} else if (at < p->recon_hide && at > 0) {
+		p->recon_hide = at;
+		if (!aborted_probe(pl, p)) {
+			p->phase = PH_RECONCILE;
+			km_pl_backoff(p);
+		}
+	} else {
+		fence_from(pl, p, p->recon_end, at);
+	}
+	km_pl_tick_soon(pl);
+}
+
+/*
+ * A Fetch of the one batch holding offset of p (physical on the destination, logical at the
+ * source), with isolation (1: READ_COMMITTED, its aborted transactions named), answered to cb.
+ */
+bool km_pl_one_fetch(km_pipeline *pl, mpart *p, bool dest, int64_t offset, int8_t isolation, km_net_response_cb cb)
+{
+	km_mcluster *cl = dest ? pl->dst : pl->src;
+	int32_t leader = dest ? p->dst_leader : p->src_leader;
+	km_net_client *c = leader >= 0 ? km_mcluster_node(cl, leader) : NULL;
+	km_fetch_request m;
+	km_fetch_request_fetch_topic ft;
+	km_fetch_request_fetch_partition fp;
+	km_wr w;
+	int16_t ver;
+
+	if (!km_mcluster_usable(cl, c) || (ver = km_pl_pick(c, KM_API_FETCH, FETCH_LO, FETCH_HI)) < 0)
+		return false;
+	km_fetch_request_init(&m);
+	km_fetch_request_fetch_topic_init(&ft);
+	km_fetch_request_fetch_partition_init(&fp);
+	m.replica_id = -1;
+	m.max_wait_ms = 0;
+	m.min_bytes = 0;
+	m.max_bytes = 1; /* the first batch comes whole anyway */
+	m.isolation_level = isolation;
+	m.session_id = 0;
+	m.session_epoch = -1;
+	fp.partition = p->id;
+	fp.current_leader_epoch = dest ? -1 : p->src_epoch;
+	fp.fetch_offset = offset;
+	fp.log_start_offset = -1;
+	fp.last_fetched_epoch = -1;
+	fp.partition_max_bytes = 1;
+	ft.topic = km_str_c(p->t->name);
+	ft.partitions.items = &fp;
+	ft.partitions.count = 1;
+	m.topics.items = &ft;
+	m.topics.count = 1;
+	km_wr_init(&w);
+	km_fetch_request_encode(&w, ver, &m);
+	return km_pl_send_part(pl, cl, leader, c, KM_API_FETCH, ver, &w, cb,
+			 &(lo_ctx){p->t, p->id, dest, -1, LO_POSITION, offset});
+}
+
+static bool aborted_probe(km_pipeline *pl, mpart *p)
+{
+	return km_pl_one_fetch(pl, p, true, p->recon_hide - 1, 1, on_aborted);
+}
+
+static void after_start(km_pipeline *pl, mpart *p, int64_t off, bool jump)
+{
+	char tag[300];
+	if (jump) {
+		p->oor = false;
+		/* The source's retention passed the mirror: a hole, counted. */
+		if (off <= p->fetch_logical) {
+			/* Past the source's end: its log was truncated below what was mirrored (unclean election?). */
+			KM_WARN(COMP, 0, "%s/%s: offset %lld is past the source's log end; retrying", pl->name,
+				km_pl_ptag(p, tag, sizeof(tag)), (long long)p->fetch_logical);
+			km_pl_backoff(p);
+		} else {
+			uint64_t n = (uint64_t)(off - p->fetch_logical);
+			p->skipped += n;
+			km_state_partition_progress(km_mirror_store(pl->mi), p->t->name, p->id, -1, (int64_t)p->skipped);
+			KM_WARN(COMP, 0, "%s/%s: the source's log starts at %lld, past the mirror's %lld: %llu record(s) "
+				"skipped (a hole)", pl->name, km_pl_ptag(p, tag, sizeof(tag)), (long long)off,
+				(long long)p->fetch_logical, (unsigned long long)n);
+			p->fetch_logical = off;
+		}
+		p->phase = PH_READY;
+		return;
+	}
+	p->fetch_logical = off;
+	p->acked_logical = off;
+	p->first_logical = off;
+	KM_INFO(COMP, 0, "%s/%s: starts at source offset %lld (destination offset %lld)", pl->name,
+		km_pl_ptag(p, tag, sizeof(tag)), (long long)off, (long long)p->acked_phys);
+	km_pl_set_tail(pl, p, true);
+	p->phase = PH_READY;
+}

@@ -39,14 +39,14 @@ bool km_pl_tid_is_of(const km_pipeline *pl, const mpart *p, const char *tid)
 
 static bool tx_add(km_pipeline *pl, mpart *p, const char *tid)
 {
-	mtx *n = realloc(p->tx, (p->ntx + 1) * sizeof(*n));
+	mtx *n = realloc(p->txn.tx, (p->txn.n + 1) * sizeof(*n));
 	km_txp *t;
 	if (!n)
 		return false;
-	p->tx = n;
+	p->txn.tx = n;
 	if (!(t = km_txp_new(pl->dst, tid, p->t->name, p->id, km_pl_on_cluster_change, pl)))
 		return false;
-	p->tx[p->ntx++] = (mtx){t, -1, false, -1};
+	p->txn.tx[p->txn.n++] = (mtx){t, -1, false, -1};
 	return true;
 }
 
@@ -54,36 +54,49 @@ static bool tx_add(km_pipeline *pl, mpart *p, const char *tid)
 int km_pl_lease_for(km_pipeline *pl, mpart *p, int64_t src_pid, bool create)
 {
 	char tid[700];
-	for (size_t i = 0; i < p->ntx; i++)
-		if (p->tx[i].src_pid == src_pid)
+	for (size_t i = 0; i < p->txn.n; i++)
+		if (p->txn.tx[i].src_pid == src_pid)
 			return (int)i;
 	if (!create)
 		return -1;
-	for (size_t i = 0; i < p->ntx; i++)
-		if (p->tx[i].src_pid < 0 && km_txp_state_of(p->tx[i].txp) <= KM_TXP_FREE) {
-			p->tx[i].src_pid = src_pid;
-			p->tx[i].begun = false;
-			p->tx[i].first_logical = -1;
+	for (size_t i = 0; i < p->txn.n; i++)
+		if (p->txn.tx[i].src_pid < 0 && km_txp_state_of(p->txn.tx[i].txp) <= KM_TXP_FREE) {
+			p->txn.tx[i].src_pid = src_pid;
+			p->txn.tx[i].begun = false;
+			p->txn.tx[i].first_logical = -1;
 			return (int)i;
 		}
-	for (size_t k = p->ntx;; k++) {
+	for (size_t k = p->txn.n;; k++) {
 		bool taken = false;
 		tid_of(pl, p, k, tid, sizeof(tid));
-		for (size_t i = 0; i < p->ntx; i++)
-			taken |= !strcmp(km_txp_id(p->tx[i].txp), tid);
+		for (size_t i = 0; i < p->txn.n; i++)
+			taken |= !strcmp(km_txp_id(p->txn.tx[i].txp), tid);
 		if (!taken)
 			break;
 	}
 	if (!tx_add(pl, p, tid))
 		return -1;
-	p->tx[p->ntx - 1].src_pid = src_pid;
-	return (int)p->ntx - 1;
+	p->txn.tx[p->txn.n - 1].src_pid = src_pid;
+	return (int)p->txn.n - 1;
+}
+
+/* The batch plan's transactions (mplan_env.txn): arg is the partition. */
+int km_pl_txn_slot(void *arg, int64_t src_pid, int64_t logical, bool create)
+{
+	mpart *p = arg;
+	km_pipeline *pl = p->t->pl;
+	int i = km_pl_lease_for(pl, p, src_pid, create);
+	if (i >= 0 && create && p->txn.tx[i].first_logical < 0) {
+		p->txn.tx[i].first_logical = logical;
+		km_pl_publish_open(pl, p);
+	}
+	return i;
 }
 
 bool km_pl_tx_open(const mpart *p)
 {
-	for (size_t i = 0; i < p->ntx; i++)
-		if (p->tx[i].src_pid >= 0)
+	for (size_t i = 0; i < p->txn.n; i++)
+		if (p->txn.tx[i].src_pid >= 0)
 			return true;
 	return false;
 }
@@ -93,30 +106,30 @@ void km_pl_publish_open(km_pipeline *pl, mpart *p)
 {
 	km_offmap *m = km_state_offmap_mut(km_mirror_store(pl->mi), p->t->name, p->id);
 	int64_t first = -1;
-	for (size_t i = 0; i < p->ntx; i++)
-		if (p->tx[i].src_pid >= 0 && p->tx[i].first_logical >= 0 &&
-		    (first < 0 || p->tx[i].first_logical < first))
-			first = p->tx[i].first_logical;
+	for (size_t i = 0; i < p->txn.n; i++)
+		if (p->txn.tx[i].src_pid >= 0 && p->txn.tx[i].first_logical >= 0 &&
+		    (first < 0 || p->txn.tx[i].first_logical < first))
+			first = p->txn.tx[i].first_logical;
 	if (m)
 		m->open_txn_logical = first;
 }
 
-/* The source transaction p->tx[i] carried is decided (or aborted by a fence): the producer is free. */
+/* The source transaction p->txn.tx[i] carried is decided (or aborted by a fence): the producer is free. */
 static void tx_release(km_pipeline *pl, mpart *p, size_t i)
 {
-	p->tx[i].src_pid = -1;
-	p->tx[i].begun = false;
-	p->tx[i].first_logical = -1;
+	p->txn.tx[i].src_pid = -1;
+	p->txn.tx[i].begun = false;
+	p->txn.tx[i].first_logical = -1;
 	km_pl_publish_open(pl, p);
 }
 
 void km_pl_tx_free_all(mpart *p)
 {
-	for (size_t i = 0; i < p->ntx; i++)
-		km_txp_free(p->tx[i].txp);
-	free(p->tx);
-	p->tx = NULL;
-	p->ntx = 0;
+	for (size_t i = 0; i < p->txn.n; i++)
+		km_txp_free(p->txn.tx[i].txp);
+	free(p->txn.tx);
+	p->txn.tx = NULL;
+	p->txn.n = 0;
 }
 
 /*
@@ -127,37 +140,37 @@ void km_pl_tx_free_all(mpart *p)
 bool km_pl_fence_done(km_pipeline *pl, mpart *p)
 {
 	char tag[300];
-	if (!p->fence_started) {
-		for (size_t i = 0; i < pl->nlisted && !p->tx_fenced; i++) {
+	if (!p->recon.fence_started) {
+		for (size_t i = 0; i < pl->nlisted && !p->recon.tx_fenced; i++) {
 			bool have = false;
 			if (!km_pl_tid_is_of(pl, p, pl->listed[i]))
 				continue;
-			for (size_t k = 0; k < p->ntx; k++)
-				have |= !strcmp(km_txp_id(p->tx[k].txp), pl->listed[i]);
+			for (size_t k = 0; k < p->txn.n; k++)
+				have |= !strcmp(km_txp_id(p->txn.tx[k].txp), pl->listed[i]);
 			if (!have && !tx_add(pl, p, pl->listed[i]))
 				return false;
 		}
-		for (size_t i = 0; i < p->ntx; i++) {
-			km_txp_fence(p->tx[i].txp);
+		for (size_t i = 0; i < p->txn.n; i++) {
+			km_txp_fence(p->txn.tx[i].txp);
 			tx_release(pl, p, i);
 		}
-		if (p->ntx)
+		if (p->txn.n)
 			KM_INFO(COMP, 0, "%s/%s: fencing %zu transactional id(s): what they held open is aborted", pl->name,
-				km_pl_ptag(p, tag, sizeof(tag)), p->ntx);
-		p->fence_started = true;
+				km_pl_ptag(p, tag, sizeof(tag)), p->txn.n);
+		p->recon.fence_started = true;
 	}
-	for (size_t i = 0; i < p->ntx; i++) {
-		km_txp_state st = km_txp_state_of(p->tx[i].txp);
+	for (size_t i = 0; i < p->txn.n; i++) {
+		km_txp_state st = km_txp_state_of(p->txn.tx[i].txp);
 		if (st == KM_TXP_FAILED) {
-			km_pl_fail_part(pl, p, km_txp_error(p->tx[i].txp));
-			p->fence_started = false;
+			km_pl_fail_part(pl, p, km_txp_error(p->txn.tx[i].txp));
+			p->recon.fence_started = false;
 			return false;
 		}
 		if (st != KM_TXP_FREE)
 			return false;
 	}
-	p->fence_started = false;
-	p->tx_fenced = true;
+	p->recon.fence_started = false;
+	p->recon.tx_fenced = true;
 	return true;
 }
 
@@ -174,7 +187,7 @@ static void on_list_txns(km_net_client *c, km_err err, const uint8_t *body, size
 	char mid[300];
 	bool ok = false;
 
-	if (pl->closing || pl->txl != 1 || (uintptr_t)x->extra != pl->txl_gen) {
+	if (pl->closing || pl->txl != TXL_ASKED || (uintptr_t)x->extra != pl->txl_gen) {
 		free(x);
 		return;
 	}
@@ -209,10 +222,10 @@ static void on_list_txns(km_net_client *c, km_err err, const uint8_t *body, size
 		km_mcluster_drop(pl->dst, c);
 	}
 	if (!ok) {
-		pl->txl = 0; /* asked again, from the start */
+		pl->txl = TXL_UNASKED; /* asked again, from the start */
 		pl->txl_at = km_pl_now_ms();
 	} else if (--pl->txl_pending == 0) {
-		pl->txl = 2;
+		pl->txl = TXL_KNOWN;
 		KM_DEBUG(COMP, 0, "%s: %zu transactional id(s) of the mirror on the destination", pl->name, pl->nlisted);
 	}
 	km_pl_tick_soon(pl);
@@ -224,7 +237,7 @@ void km_pl_list_txns(km_pipeline *pl, int64_t now)
 	size_t n = km_mcluster_node_ids(pl->dst, nodes, 256);
 	km_list_transactions_request m;
 
-	if (pl->txl != 0 || now - pl->txl_at < 1000)
+	if (pl->txl != TXL_UNASKED || now - pl->txl_at < 1000)
 		return;
 	if (!pl->txl_since)
 		pl->txl_since = now;
@@ -236,7 +249,7 @@ void km_pl_list_txns(km_pipeline *pl, int64_t now)
 		 */
 		KM_WARN(COMP, 0, "%s: ListTransactions did not reach every destination broker in %d s: going on "
 			"without it (%s)", pl->name, TXL_PATIENCE_MS / 1000, km_mcluster_last_error(pl->dst));
-		pl->txl = 2;
+		pl->txl = TXL_KNOWN;
 		return;
 	}
 	if (!n || n > 256)
@@ -247,13 +260,13 @@ void km_pl_list_txns(km_pipeline *pl, int64_t now)
 	pl->listed = NULL;
 	pl->nlisted = 0;
 	pl->txl_pending = 0;
-	pl->txl = 1;
+	pl->txl = TXL_ASKED;
 	pl->txl_at = now;
 	pl->txl_gen++;
 	for (size_t i = 0; i < n; i++)
 		if (!km_mcluster_usable(pl->dst, km_mcluster_node(pl->dst, nodes[i]))) {
 			/* Connecting: asked again on the next tick (a client that becomes ready ticks). */
-			pl->txl = 0;
+			pl->txl = TXL_UNASKED;
 			pl->txl_at = 0;
 			return;
 		}
@@ -263,13 +276,13 @@ void km_pl_list_txns(km_pipeline *pl, int64_t now)
 		int16_t ver;
 		km_wr w;
 		if (!km_mcluster_usable(pl->dst, c)) {
-			pl->txl = 0;
+			pl->txl = TXL_UNASKED;
 			return; /* asked again when all are connected; the answers of those asked are dropped */
 		}
 		if ((ver = km_pl_pick(c, KM_API_LIST_TRANSACTIONS, LT_LO, LT_HI)) < 0) {
 			KM_INFO(COMP, 0, "%s: the destination has no ListTransactions (before Kafka 3.0): source "
 				"transactions cannot be carried", pl->name);
-			pl->txl = 3;
+			pl->txl = TXL_UNSUPPORTED;
 			return;
 		}
 		km_list_transactions_request_init(&m);
@@ -279,7 +292,7 @@ void km_pl_list_txns(km_pipeline *pl, int64_t now)
 			x->extra = (void *)pl->txl_gen;
 		if (km_pl_send_flat(c, KM_API_LIST_TRANSACTIONS, ver, &w, on_list_txns, x) != KM_OK) {
 			km_mcluster_drop(pl->dst, c);
-			pl->txl = 0;
+			pl->txl = TXL_UNASKED;
 			return;
 		}
 		pl->txl_pending++;
@@ -294,35 +307,35 @@ void km_pl_list_txns(km_pipeline *pl, int64_t now)
  */
 void km_pl_drive_marker(km_pipeline *pl, mpart *p, int64_t now, int64_t *next)
 {
-	mbatch *b = p->head;
-	km_txp *t = p->tx[b->txi].txp;
+	mbatch *b = p->plan.head;
+	km_txp *t = p->txn.tx[b->txi].txp;
 	km_txp_state st = km_txp_state_of(t);
 
 	if (st == KM_TXP_FAILED) {
 		km_pl_reconcile(pl, p, km_txp_error(t));
 		return;
 	}
-	if (b->mk == 0 && st == KM_TXP_OPEN) {
+	if (b->mk == MK_WAITING && st == KM_TXP_OPEN) {
 		km_txp_end(t, b->commit);
-		b->mk = 1;
-	} else if (b->mk == 1 && st == KM_TXP_FREE) {
+		b->mk = MK_ENDING;
+	} else if (b->mk == MK_ENDING && st == KM_TXP_FREE) {
 		if (b->mk_at > now) {
 			if (b->mk_at < *next)
 				*next = b->mk_at;
 		} else if (km_pl_send_lo(pl, p, true, -1, LO_MARKER)) {
-			b->mk = 2;
+			b->mk = MK_ASKED;
 		}
 	}
 }
 
 void km_pl_marker_answer(km_pipeline *pl, mpart *p, bool ok, int64_t end, int64_t at)
 {
-	mbatch *b = p->head;
+	mbatch *b = p->plan.head;
 	char tag[300];
 
-	if (!b || b->kind != BK_MARKER || b->mk != 2 || b->physical != at)
+	if (!b || b->kind != BK_MARKER || b->mk != MK_ASKED || b->physical != at)
 		return; /* an answer about an earlier marker (reconciled since) */
-	b->mk = 1;
+	b->mk = MK_ENDING;
 	if (!ok)
 		pl->dst_meta_need = true; /* the leader may have moved */
 	if (!ok || end == b->physical) {
@@ -334,17 +347,17 @@ void km_pl_marker_answer(km_pipeline *pl, mpart *p, bool ok, int64_t end, int64_
 		char why[200];
 		snprintf(why, sizeof(why), "a transaction marker planned at destination offset %lld: the log ends at %lld",
 			 (long long)b->physical, (long long)end);
-		if (p->hide_logical < 0 || b->logical < p->hide_logical)
-			p->hide_logical = b->logical;
+		if (p->recon.hide_logical < 0 || b->logical < p->recon.hide_logical)
+			p->recon.hide_logical = b->logical;
 		km_pl_reconcile(pl, p, why);
 		return;
 	}
 	KM_DEBUG(COMP, 0, "%s/%s: %s marker at offset %lld (destination offset %lld)", pl->name,
 		 km_pl_ptag(p, tag, sizeof(tag)), b->commit ? "commit" : "abort", (long long)b->logical, (long long)b->physical);
 	tx_release(pl, p, (size_t)b->txi);
-	p->head = b->next;
-	if (!p->head)
-		p->tail = NULL;
+	p->plan.head = b->next;
+	if (!p->plan.head)
+		p->plan.tail = NULL;
 	km_pl_landed(pl, p, b);
 	km_pl_tick_soon(pl);
 }
@@ -352,14 +365,14 @@ void km_pl_marker_answer(km_pipeline *pl, mpart *p, bool ok, int64_t end, int64_
 /* The partition's producers: transactions to begin, requests to send. */
 void km_pl_drive_txps(km_pipeline *pl, mpart *p, int64_t now, int64_t *next)
 {
-	for (size_t i = 0; i < p->ntx; i++) {
-		mtx *x = &p->tx[i];
+	for (size_t i = 0; i < p->txn.n; i++) {
+		mtx *x = &p->txn.tx[i];
 		int64_t at;
 		if (x->src_pid >= 0 && !x->begun && km_txp_state_of(x->txp) == KM_TXP_FREE) {
 			km_txp_begin(x->txp);
 			x->begun = true;
 		}
-		if (x->src_pid >= 0 && km_txp_state_of(x->txp) == KM_TXP_FAILED && p->phase == PH_WRITING && !p->inflight)
+		if (x->src_pid >= 0 && km_txp_state_of(x->txp) == KM_TXP_FAILED && p->phase == PH_WRITING && !p->out.inflight)
 			km_pl_reconcile(pl, p, km_txp_error(x->txp));
 		at = km_txp_poll(x->txp, now);
 		if (at < *next)

@@ -45,8 +45,8 @@ static void on_peer(km_net_client *c, km_err err, const uint8_t *body, size_t le
 			mpart *p = km_pl_part_get(pl, t, pr->partition_index, false);
 			if (!p)
 				continue;
-			p->peer_offset = pr->last_mirrored_offset;
-			snprintf(p->peer_state, sizeof(p->peer_state), "%.*s", pr->state.len > 0 ? (int)pr->state.len : 0,
+			p->fb.peer_offset = pr->last_mirrored_offset;
+			snprintf(p->fb.peer_state, sizeof(p->fb.peer_state), "%.*s", pr->state.len > 0 ? (int)pr->state.len : 0,
 				 pr->state.p);
 		}
 		KM_INFO(COMP, 0, "%s/%s: the source's kmirrord mirrored this topic from here: a failback", pl->name,
@@ -108,11 +108,11 @@ static void on_record_probe(km_net_client *c, km_err err, const uint8_t *body, s
 	free(lc);
 	if (!p)
 		return;
-	p->fb_pending--;
-	if (p->fb_check != 1) {
+	p->fb.pending--;
+	if (p->fb.check != FB_PROBING) {
 		/* The other probe failed: asked again once this one is in. */
-		if (!p->fb_pending && p->phase == PH_START_WAIT)
-			p->phase = PH_START;
+		if (!p->fb.pending && p->phase == PH_START_WAIT)
+			km_pl_set_phase(p, PH_START, "on_record_probe");
 		return;
 	}
 	if (err == KM_OK) {
@@ -123,26 +123,26 @@ static void on_record_probe(km_net_client *c, km_err err, const uint8_t *body, s
 			const km_fetch_response_partition_data *pd = &r.responses.items[0].partitions.items[0];
 			ok = pd->error_code == 0 || pd->error_code == 1; /* out of range: not there (retention) */
 			if (!pd->error_code)
-				p->fb_hash[dest ? 0 : 1] = record_hash(&pd->records, offset);
+				p->fb.hash[dest ? 0 : 1] = record_hash(&pd->records, offset);
 		}
 		km_arena_free(&a);
 	} else {
 		km_mcluster_drop(dest ? pl->dst : pl->src, c);
 	}
 	if (!ok) {
-		p->fb_check = 0; /* asked again */
+		p->fb.check = FB_UNCHECKED; /* asked again */
 		km_pl_backoff(p);
 	}
-	if (!p->fb_pending && p->fb_check == 1) {
+	if (!p->fb.pending && p->fb.check == FB_PROBING) {
 		char tag[300];
 		/* A record gone on either side (retention, compaction) cannot be compared: the answer is trusted. */
-		p->fb_check = p->fb_hash[0] && p->fb_hash[1] ? 2 : -1;
-		if (p->fb_check < 0)
+		p->fb.check = p->fb.hash[0] && p->fb.hash[1] ? FB_SAME : FB_UNDECIDABLE;
+		if (p->fb.check == FB_UNDECIDABLE)
 			KM_WARN(COMP, 0, "%s/%s: failback: the record before offset %lld is not on both sides to compare: "
 				"trusting the source's kmirrord", pl->name, km_pl_ptag(p, tag, sizeof(tag)), (long long)offset + 1);
 	}
-	if (!p->fb_pending && p->phase == PH_START_WAIT)
-		p->phase = PH_START;
+	if (!p->fb.pending && p->phase == PH_START_WAIT)
+		km_pl_set_phase(p, PH_START, "on_record_probe");
 	km_pl_tick_soon(pl);
 }
 
@@ -151,7 +151,7 @@ static bool record_probe(km_pipeline *pl, mpart *p, bool dest, int64_t offset)
 {
 	if (!km_pl_one_fetch(pl, p, dest, offset, 0, on_record_probe))
 		return false;
-	p->fb_pending++;
+	p->fb.pending++;
 	return true;
 }
 
@@ -197,41 +197,41 @@ void km_pl_ask_peer(km_pipeline *pl, mtopic *t)
  */
 bool km_pl_failback_start(km_pipeline *pl, mpart *p)
 {
-	int64_t end = p->acked_phys, k;
+	int64_t end = p->out.acked_phys, k;
 	km_state_run r[2];
 	size_t n = 0;
 	char tag[300];
 
-	if (p->peer_offset < 0)
+	if (p->fb.peer_offset < 0)
 		return false;
-	if (strcmp(p->peer_state, "STOPPED")) {
+	if (strcmp(p->fb.peer_state, "STOPPED")) {
 		char why[300];
 		snprintf(why, sizeof(why), "the source's kmirrord mirrors this partition from here (%s there): stop that "
-			 "mirror first (the failover), then start this one", p->peer_state);
+			 "mirror first (the failover), then start this one", p->fb.peer_state);
 		km_pl_fail_part(pl, p, why);
 		return true;
 	}
-	k = p->peer_offset < end ? p->peer_offset : end;
-	if (k > 0 && p->fb_check == 0) {
+	k = p->fb.peer_offset < end ? p->fb.peer_offset : end;
+	if (k > 0 && p->fb.check == FB_UNCHECKED) {
 		/* First: was it mirrored from here? The record before k must be the same on both sides. */
-		p->fb_hash[0] = p->fb_hash[1] = 0;
-		p->fb_pending = 0;
-		p->fb_check = 1;
-		p->phase = PH_START_WAIT;
+		p->fb.hash[0] = p->fb.hash[1] = 0;
+		p->fb.pending = 0;
+		p->fb.check = FB_PROBING;
+		km_pl_set_phase(p, PH_START_WAIT, "failback_start");
 		if (!record_probe(pl, p, true, k - 1) || !record_probe(pl, p, false, k - 1)) {
-			p->fb_check = 0;
-			p->phase = p->fb_pending ? PH_START_WAIT : PH_START;
+			p->fb.check = FB_UNCHECKED;
+			km_pl_set_phase(p, p->fb.pending ? PH_START_WAIT : PH_START, "failback_start");
 			km_pl_backoff(p);
 		}
 		return true;
 	}
-	if (k > 0 && p->fb_check == 1)
+	if (k > 0 && p->fb.check == FB_PROBING)
 		return true; /* its probes are out */
-	if (k > 0 && p->fb_hash[0] != p->fb_hash[1] && p->fb_check == 2) {
+	if (k > 0 && p->fb.hash[0] != p->fb.hash[1] && p->fb.check == FB_SAME) {
 		char why[600];
 		snprintf(why, sizeof(why), "the source's kmirrord holds this topic up to offset %lld, but its record at %lld "
 			 "differs from the one here: that topic was not mirrored from this cluster, so no failback; to "
-			 "mirror it from scratch here, recreate the topic empty and start again", (long long)p->peer_offset,
+			 "mirror it from scratch here, recreate the topic empty and start again", (long long)p->fb.peer_offset,
 			 (long long)(k - 1));
 		km_pl_fail_part(pl, p, why);
 		return true;
@@ -242,14 +242,14 @@ bool km_pl_failback_start(km_pipeline *pl, mpart *p)
 		r[n++] = (km_state_run){p->t->name, p->id, k, end, k > 0 ? k : -1, 0};
 	KM_INFO(COMP, 0, "%s/%s: failback: the source's kmirrord mirrored up to offset %lld; %lld record(s) here past "
 		"it are hidden, mirroring from %lld (destination offset %lld)", pl->name, km_pl_ptag(p, tag, sizeof(tag)),
-		(long long)p->peer_offset, (long long)(end - k), (long long)k, (long long)end);
-	p->fetch_logical = p->acked_logical = p->first_logical = k;
-	p->cont_logical = n ? k : -1;
-	p->cont_lat = false;
+		(long long)p->fb.peer_offset, (long long)(end - k), (long long)k, (long long)end);
+	p->plan.fetch_logical = p->out.acked_logical = p->plan.first_logical = k;
+	p->plan.cont_logical = n ? k : -1;
+	p->plan.cont_lat = false;
 	km_pl_set_tail(pl, p, true);
 	if (n)
 		km_pl_run_then(pl, p, r, n, PH_READY);
 	else
-		p->phase = PH_READY;
+		km_pl_set_phase(p, PH_READY, "failback_start");
 	return true;
 }

@@ -58,7 +58,7 @@ static void on_runs(void *arg, const km_state_result *res)
 		if (res->code != KM_OK)
 			km_pl_reconcile(pl, p, "the offset map could not be persisted");
 		else
-			p->phase = p->head ? PH_WRITING : PH_READY;
+			km_pl_set_phase(p, p->plan.head ? PH_WRITING : PH_READY, "on_runs");
 	}
 	free(rc->parts);
 	free(rc);
@@ -69,12 +69,12 @@ static void on_runs(void *arg, const km_state_result *res)
 static void handle_fetch_error(km_pipeline *pl, mpart *p, int16_t code)
 {
 	char tag[300];
-	p->errors++;
+	p->stats.errors++;
 	switch (code) {
 	case 1: /* OFFSET_OUT_OF_RANGE: behind the source's log start (retention, DeleteRecords), or past its end */
-		p->oor = true;
-		p->phase = PH_START; /* ListOffsets(earliest); after_start counts the hole */
-		p->retry_at = 0;
+		p->start.oor = true;
+		km_pl_set_phase(p, PH_START, "handle_fetch_error"); /* ListOffsets(earliest); after_start counts the hole */
+		p->retry.at = 0;
 		break;
 	case 3:   /* UNKNOWN_TOPIC_OR_PARTITION */
 	case 5:   /* LEADER_NOT_AVAILABLE */
@@ -83,13 +83,13 @@ static void handle_fetch_error(km_pipeline *pl, mpart *p, int16_t code)
 	case 75:  /* UNKNOWN_LEADER_EPOCH: the broker is behind */
 	case 100: /* UNKNOWN_TOPIC_ID */
 		pl->src_meta_need = true;
-		p->phase = PH_READY;
+		km_pl_set_phase(p, PH_READY, "handle_fetch_error");
 		km_pl_backoff(p);
 		break;
 	default:
 		KM_WARN(COMP, 0, "%s/%s: source Fetch error %s", pl->name, km_pl_ptag(p, tag, sizeof(tag)),
 			km_err_name((km_err)code));
-		p->phase = PH_READY;
+		km_pl_set_phase(p, PH_READY, "handle_fetch_error");
 		km_pl_backoff(p);
 		break;
 	}
@@ -138,17 +138,17 @@ static void finish_part(fetch_ctx *fc, mpart *p, size_t runs_before)
 	if (!p || p->phase != PH_FETCHING)
 		return; /* failed or moved meanwhile */
 	if (fc->ra.n > runs_before) {
-		p->phase = PH_RUNS;
+		km_pl_set_phase(p, PH_RUNS, "finish_part");
 		fc->later[fc->nlater++] = p;
 		return;
 	}
-	p->phase = p->head ? PH_WRITING : PH_READY;
-	if (!p->head && !p->inflight && p->fetch_logical > p->acked_logical) {
+	km_pl_set_phase(p, p->plan.head ? PH_WRITING : PH_READY, "finish_part");
+	if (!p->plan.head && !p->out.inflight && p->plan.fetch_logical > p->out.acked_logical) {
 		/* Only holes came (markers, emptied batches): the tail moves past them. */
-		p->acked_logical = p->fetch_logical;
+		p->out.acked_logical = p->plan.fetch_logical;
 		km_pl_set_tail(pl, p, true);
 	}
-	if (p->head)
+	if (p->plan.head)
 		km_pl_tick_soon(pl); /* written while the rest of the answer arrives */
 }
 
@@ -160,6 +160,7 @@ static void take_pending(fetch_ctx *fc)
 	uint8_t h[KM_BATCH_HEADER_SIZE];
 	struct evbuffer_ptr ptr;
 	const char *fail = NULL;
+	mplan_env env;
 	km_err rc;
 
 	fc->pend = false;
@@ -179,7 +180,8 @@ static void take_pending(fetch_ctx *fc)
 		fc->bad = true;
 		return;
 	}
-	rc = km_pl_take_batch(pl, fc->cur, fc->resp, &fc->cursor, fc->pend_size, h, &fc->ra, &fail);
+	env = (mplan_env){km_pl_txn_slot, fc->cur, pl->txl == TXL_UNSUPPORTED};
+	rc = km_plan_take(&fc->cur->plan, &env, fc->resp, &fc->cursor, fc->pend_size, h, &fc->ra, &fail);
 	if (rc != KM_OK) {
 		km_pl_fail_part(pl, fc->cur, fail ? fail : km_err_name(rc));
 		fc->cur = NULL;
@@ -219,20 +221,20 @@ static void walk_answer(fetch_ctx *fc)
 			mpart *p = t ? km_pl_part_get(pl, t, fp->partition, false) : NULL;
 			finish_part(fc, fc->cur, fc->cur_runs);
 			fc->cur = NULL;
-			if (!p || p->phase != PH_FETCHING || p->fetch_seq != fc->seq || p->taken)
+			if (!p || p->phase != PH_FETCHING || p->fetch.seq != fc->seq || p->fetch.taken)
 				continue; /* not asked for here, listed twice, or failed meanwhile: dropped */
 			/* It stays FETCHING while its batches arrive: nothing else moves it meanwhile. */
-			p->taken = true;
+			p->fetch.taken = true;
 			if (fp->error_code) {
 				handle_fetch_error(pl, p, fp->error_code);
 				continue;
 			}
 			km_state_partition_progress(km_mirror_store(pl->mi), p->t->name, p->id, fp->high_watermark, -1);
-			p->source_end = fp->high_watermark;
+			p->stats.source_end = fp->high_watermark;
 			if (fp->log_start_offset >= 0)
-				p->src_ls = fp->log_start_offset;
+				p->ls.src = fp->log_start_offset;
 			km_pl_update_lag(p, km_pl_now_ms());
-			p->backoff_ms = 0;
+			p->retry.backoff_ms = 0;
 			fc->cur = p;
 			fc->cur_runs = fc->ra.n;
 			fc->w.descend = true;
@@ -257,7 +259,7 @@ static void walk_answer(fetch_ctx *fc)
 static void fetch_ctx_free(fetch_ctx *fc)
 {
 	if (fc->resp)
-		km_pl_resp_unref(fc->resp);
+		km_plan_resp_unref(fc->resp);
 	free(fc->ra.runs);
 	free(fc->later);
 	free(fc->parts);
@@ -278,9 +280,9 @@ static void end_answer(fetch_ctx *fc, bool failed)
 	if (!fc->ended)
 		finish_part(fc, fc->cur, fc->cur_runs);
 	for (size_t i = 0; i < fc->n; i++) {
-		fc->parts[i]->taken = false;
-		if (fc->parts[i]->phase == PH_FETCHING && fc->parts[i]->fetch_seq == fc->seq)
-			fc->parts[i]->phase = PH_READY; /* nothing for it in this answer */
+		fc->parts[i]->fetch.taken = false;
+		if (fc->parts[i]->phase == PH_FETCHING && fc->parts[i]->fetch.seq == fc->seq)
+			km_pl_set_phase(fc->parts[i], PH_READY, "end_answer"); /* nothing for it in this answer */
 	}
 	if (fc->nlater) {
 		runs_ctx *rc = calloc(1, sizeof(*rc));
@@ -396,14 +398,14 @@ static void on_fetch_stream(km_net_client *c, km_err err, struct evbuffer *chunk
 
 bool km_pl_fetchable(const mpart *p, int64_t now)
 {
-	return p->phase == PH_READY && p->state == KM_MP_MIRRORING && !p->settling && p->retry_at <= now &&
-	       p->src_leader >= 0 && p->pid >= 0 && !p->head && !p->inflight;
+	return p->phase == PH_READY && p->state == KM_MP_MIRRORING && !p->settling && p->retry.at <= now &&
+	       p->lead.src >= 0 && p->plan.pid >= 0 && !p->plan.head && !p->out.inflight;
 }
 
 /* In the mirror's pipeline, whether or not it can be fetched now: a session keeps it (docs/mirror.md, "Fetch sessions"). */
 static bool session_member(const mpart *p, int32_t node)
 {
-	return p->state == KM_MP_MIRRORING && !p->settling && p->src_leader == node && p->pid >= 0 && p->fetch_logical >= 0;
+	return p->state == KM_MP_MIRRORING && !p->settling && p->lead.src == node && p->plan.pid >= 0 && p->plan.fetch_logical >= 0;
 }
 
 /* Forget node's fetch session: the next Fetch to it is a full one (a new session). */
@@ -416,8 +418,8 @@ static void session_reset(km_pipeline *pl, int32_t node)
 	}
 	for (size_t i = 0; i < pl->ntopics; i++)
 		for (int32_t j = 0; j < pl->topics[i]->nparts; j++)
-			if (pl->topics[i]->parts[j] && pl->topics[i]->parts[j]->sess_node == node)
-				pl->topics[i]->parts[j]->sess_node = -1;
+			if (pl->topics[i]->parts[j] && pl->topics[i]->parts[j]->fetch.sess_node == node)
+				pl->topics[i]->parts[j]->fetch.sess_node = -1;
 }
 
 /*
@@ -469,9 +471,9 @@ void km_pl_send_fetch(km_pipeline *pl, int32_t node, int64_t now)
 			mpart *p = pl->topics[i]->parts[j];
 			if (!p)
 				continue;
-			if (km_pl_fetchable(p, now) && p->src_leader == node)
+			if (km_pl_fetchable(p, now) && p->lead.src == node)
 				nready++;
-			if (p->src_leader == node || p->sess_node == node)
+			if (p->lead.src == node || p->fetch.sess_node == node)
 				total++;
 		}
 	if (!nready)
@@ -504,41 +506,41 @@ void km_pl_send_fetch(km_pipeline *pl, int32_t node, int64_t now)
 			int32_t max;
 			if (!p)
 				continue;
-			ready = km_pl_fetchable(p, now) && p->src_leader == node;
+			ready = km_pl_fetchable(p, now) && p->lead.src == node;
 			member = sessions && session_member(p, node);
 			if (!ready && !member) {
-				if (p->sess_node == node) {
+				if (p->fetch.sess_node == node) {
 					fgp[nfp++] = p->id; /* it left the session */
-					p->sess_node = -1;
+					p->fetch.sess_node = -1;
 				}
 				continue;
 			}
 			if (ready) {
 				fc->parts[fc->n++] = p;
-				p->fetch_seq = pl->fetch_seq + 1;
-				p->phase = PH_FETCHING;
-				p->stop_answer = false;
+				p->fetch.seq = pl->fetch_seq + 1;
+				km_pl_set_phase(p, PH_FETCHING, "send_fetch");
+				p->plan.stop_answer = false;
 			}
-			off = ready || p->sess_node != node ? p->fetch_logical : p->sess_offset;
+			off = ready || p->fetch.sess_node != node ? p->plan.fetch_logical : p->fetch.sess_offset;
 			max = ready ? (int32_t)pl->part_max_bytes : 0;
 			if (off < 0)
 				off = 0; /* a member not started yet: no data is taken before it is ready */
-			if (!full && p->sess_node == node && p->sess_offset == off && p->sess_max == max &&
-			    p->sess_lepoch == p->src_epoch)
+			if (!full && p->fetch.sess_node == node && p->fetch.sess_offset == off && p->fetch.sess_max == max &&
+			    p->fetch.sess_lepoch == p->lead.src_epoch)
 				continue; /* the broker holds it as it is */
 			km_fetch_request_fetch_partition_init(&fp[np]);
 			fp[np].partition = p->id;
-			fp[np].current_leader_epoch = p->src_epoch;
+			fp[np].current_leader_epoch = p->lead.src_epoch;
 			fp[np].fetch_offset = off;
 			fp[np].log_start_offset = -1;
 			fp[np].last_fetched_epoch = -1;
 			fp[np].partition_max_bytes = max;
 			np++;
 			if (sessions) {
-				p->sess_node = node;
-				p->sess_offset = off;
-				p->sess_max = max;
-				p->sess_lepoch = p->src_epoch;
+				p->fetch.sess_node = node;
+				p->fetch.sess_offset = off;
+				p->fetch.sess_max = max;
+				p->fetch.sess_lepoch = p->lead.src_epoch;
 			}
 		}
 		if (np > first) {
@@ -599,7 +601,7 @@ void km_pl_send_fetch(km_pipeline *pl, int32_t node, int64_t now)
 	return;
 unfetch:
 	for (size_t i = 0; i < fc->n; i++)
-		fc->parts[i]->phase = PH_READY;
+		km_pl_set_phase(fc->parts[i], PH_READY, "send_fetch");
 	session_reset(pl, node); /* what the broker holds is not known now */
 fail:
 	if (fc)

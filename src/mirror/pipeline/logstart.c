@@ -49,14 +49,14 @@ static void on_delete_records(km_net_client *c, km_err err, const uint8_t *body,
 	}
 	if (p) {
 		char tag[300];
-		p->ls_inflight = false;
+		p->ls.inflight = false;
 		if (code == 0) {
-			p->dst_ls = lc->logical;
+			p->ls.dst = lc->logical;
 			KM_DEBUG(COMP, 0, "%s/%s: the destination's log start follows the source's to %lld", pl->name,
 				 km_pl_ptag(p, tag, sizeof(tag)), (long long)lc->logical);
 		} else if (code == 44 || code == 29 || code == 17) {
 			/* POLICY_VIOLATION (a compacted topic), not authorized, internal: the destination keeps its start. */
-			p->ls_unsupported = true;
+			p->ls.unsupported = true;
 			KM_WARN(COMP, 0, "%s/%s: the destination's log start cannot follow the source's (DeleteRecords: %s)",
 				pl->name, km_pl_ptag(p, tag, sizeof(tag)), km_err_name((km_err)code));
 		} else {
@@ -92,17 +92,17 @@ void km_pl_follow_log_start(km_pipeline *pl, mpart *p)
 	 * tail then maps exactly (before the first batch lands it is where the fetch starts, which
 	 * can be past the batch's first record).
 	 */
-	if (p->ls_inflight || p->ls_unsupported || p->src_ls < 0 || p->acked_logical < 0 || p->dst_leader < 0 ||
-	    p->head || p->inflight || p->acked_phys <= 0)
+	if (p->ls.inflight || p->ls.unsupported || p->ls.src < 0 || p->out.acked_logical < 0 || p->lead.dst < 0 ||
+	    p->plan.head || p->out.inflight || p->out.acked_phys <= 0)
 		return;
-	target = p->src_ls < p->acked_logical ? p->src_ls : p->acked_logical;
-	if (target <= p->dst_ls)
+	target = p->ls.src < p->out.acked_logical ? p->ls.src : p->out.acked_logical;
+	if (target <= p->ls.dst)
 		return;
 	t = km_state_topic_find(km_mirror_store(pl->mi), p->t->name, strlen(p->t->name));
 	m = t ? km_state_topic_offmap(t, p->id) : NULL;
 	if (!m || !m->n || (phys = km_offmap_to_physical(m, target)) < 0)
 		return;
-	c = km_mcluster_node(pl->dst, p->dst_leader);
+	c = km_mcluster_node(pl->dst, p->lead.dst);
 	if (!km_mcluster_usable(pl->dst, c) || (ver = km_pl_pick(c, KM_API_DELETE_RECORDS, 0, 2)) < 0)
 		return;
 	km_delete_records_request_init(&rq);
@@ -119,7 +119,7 @@ void km_pl_follow_log_start(km_pipeline *pl, mpart *p)
 	km_wr_init(&w);
 	km_delete_records_request_encode(&w, ver, &rq);
 	lc = calloc(1, sizeof(*lc));
-	x = km_pl_ctx_new(pl, pl->dst, p->dst_leader, ver);
+	x = km_pl_ctx_new(pl, pl->dst, p->lead.dst, ver);
 	if (!lc || !x) {
 		free(lc);
 		free(x);
@@ -134,5 +134,5 @@ void km_pl_follow_log_start(km_pipeline *pl, mpart *p)
 		free(lc);
 		return;
 	}
-	p->ls_inflight = true;
+	p->ls.inflight = true;
 }

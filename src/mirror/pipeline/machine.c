@@ -31,6 +31,58 @@ const char *km_pl_ptag(const mpart *p, char *buf, size_t len)
 	return buf;
 }
 
+const char *const km_pl_phase_names[] = {
+	[PH_IDLE] = "IDLE", [PH_RECONCILE] = "RECONCILE", [PH_RECON_WAIT] = "RECON_WAIT",
+	[PH_RECON_LSO] = "RECON_LSO", [PH_RECON_ABORTED] = "RECON_ABORTED", [PH_FENCE] = "FENCE",
+	[PH_START] = "START", [PH_START_WAIT] = "START_WAIT", [PH_READY] = "READY", [PH_FETCHING] = "FETCHING",
+	[PH_RUNS] = "RUNS", [PH_WRITING] = "WRITING",
+};
+
+#define B(ph) (1u << (ph))
+/*
+ * The machine's edges: from each phase, the phases it may go to (docs/mirror.md, "The partition
+ * machine"). IDLE (stopped, paused, failed) and RECONCILE (start over) are reachable from anywhere.
+ */
+static const unsigned km_pl_edges[PH_WRITING + 1] = {
+	[PH_IDLE] = 0,
+	[PH_RECONCILE] = B(PH_RECON_WAIT) | B(PH_FENCE),
+	[PH_RECON_WAIT] = B(PH_RECON_LSO),
+	[PH_RECON_LSO] = B(PH_RECON_ABORTED) | B(PH_FENCE) | B(PH_RUNS) | B(PH_READY) | B(PH_START),
+	[PH_RECON_ABORTED] = B(PH_FENCE) | B(PH_RUNS) | B(PH_READY) | B(PH_START),
+	[PH_FENCE] = 0,
+	[PH_START] = B(PH_START_WAIT) | B(PH_RUNS) | B(PH_READY),
+	[PH_START_WAIT] = B(PH_START) | B(PH_READY),
+	[PH_READY] = B(PH_FETCHING) | B(PH_RUNS),
+	[PH_FETCHING] = B(PH_READY) | B(PH_RUNS) | B(PH_WRITING) | B(PH_START),
+	[PH_RUNS] = B(PH_READY) | B(PH_WRITING) | B(PH_START) | B(PH_FENCE),
+	[PH_WRITING] = B(PH_READY) | B(PH_RUNS),
+};
+
+bool km_pl_phase_edge(mphase from, mphase to)
+{
+	return from == to || to == PH_IDLE || to == PH_RECONCILE || (km_pl_edges[from] & B(to)) != 0;
+}
+#undef B
+
+void km_pl_set_phase(mpart *p, mphase to, const char *why)
+{
+	char tag[300];
+	if (p->phase == to)
+		return;
+	if (!km_pl_phase_edge(p->phase, to))
+		KM_WARN(COMP, 0, "%s/%s: unexpected phase transition %s -> %s (%s)", p->t->pl->name,
+			km_pl_ptag(p, tag, sizeof(tag)), km_pl_phase_names[p->phase], km_pl_phase_names[to], why);
+	else
+		KM_DEBUG(COMP, 0, "%s/%s: %s -> %s (%s)", p->t->pl->name, km_pl_ptag(p, tag, sizeof(tag)),
+			 km_pl_phase_names[p->phase], km_pl_phase_names[to], why);
+	p->phase = to;
+}
+
+bool km_pl_reconciling(const mpart *p)
+{
+	return p->phase >= PH_RECONCILE && p->phase <= PH_FENCE;
+}
+
 mnode_io *km_pl_node_io(mnode_io **arr, size_t *n, int32_t id)
 {
 	mnode_io *a;
@@ -62,6 +114,7 @@ mtopic *km_pl_topic_get(km_pipeline *pl, const char *name, bool create)
 		return NULL;
 	}
 	pl->topics = nt;
+	t->pl = pl;
 	pl->topics[pl->ntopics++] = t;
 	return t;
 }
@@ -74,8 +127,8 @@ static void register_series(km_pipeline *pl, mpart *p)
 	struct {
 		km_metric_family *f;
 		const uint64_t *value;
-	} s[] = {{f->records, &p->records}, {f->bytes, &p->bytes}, {f->batches, &p->batches}, {f->lag, &p->lag},
-		 {f->lag_ms, &p->lag_ms}, {f->skipped, &p->skipped}, {f->errors, &p->errors}};
+	} s[] = {{f->records, &p->stats.records}, {f->bytes, &p->stats.bytes}, {f->batches, &p->stats.batches}, {f->lag, &p->stats.lag},
+		 {f->lag_ms, &p->stats.lag_ms}, {f->skipped, &p->stats.skipped}, {f->errors, &p->stats.errors}};
 
 	snprintf(part, sizeof(part), "%d", (int)p->id);
 	for (size_t i = 0; i < sizeof(s) / sizeof(s[0]); i++)
@@ -87,9 +140,9 @@ static void register_series(km_pipeline *pl, mpart *p)
 /* The lag gauges, from the source's end and what is mirrored. */
 void km_pl_update_lag(mpart *p, int64_t now)
 {
-	int64_t mirrored = p->acked_logical;
-	p->lag = p->source_end > mirrored && mirrored >= 0 ? (uint64_t)(p->source_end - mirrored) : 0;
-	p->lag_ms = p->lag && p->newest_ts > 0 && now > p->newest_ts ? (uint64_t)(now - p->newest_ts) : 0;
+	int64_t mirrored = p->out.acked_logical;
+	p->stats.lag = p->stats.source_end > mirrored && mirrored >= 0 ? (uint64_t)(p->stats.source_end - mirrored) : 0;
+	p->stats.lag_ms = p->stats.lag && p->out.newest_ts > 0 && now > p->out.newest_ts ? (uint64_t)(now - p->out.newest_ts) : 0;
 }
 
 mpart *km_pl_part_get(km_pipeline *pl, mtopic *t, int32_t id, bool create)
@@ -114,35 +167,21 @@ mpart *km_pl_part_get(km_pipeline *pl, mtopic *t, int32_t id, bool create)
 		return NULL;
 	p->t = t;
 	p->id = id;
-	p->src_leader = p->dst_leader = -1;
-	p->src_epoch = -1;
-	p->fetch_logical = p->cont_logical = -1;
-	p->hide_logical = -1;
-	p->first_logical = -1;
-	p->src_ls = p->dst_ls = -1;
-	p->pid = -1;
-	p->peer_offset = -1;
-	p->source_end = -1;
-	p->sess_node = -1;
+	p->lead.src = p->lead.dst = -1;
+	p->lead.src_epoch = -1;
+	p->plan.fetch_logical = p->plan.cont_logical = -1;
+	p->recon.hide_logical = -1;
+	p->plan.first_logical = -1;
+	p->plan.topic = t->name;
+	p->plan.partition = id;
+	p->ls.src = p->ls.dst = -1;
+	p->plan.pid = -1;
+	p->fb.peer_offset = -1;
+	p->stats.source_end = -1;
+	p->fetch.sess_node = -1;
 	t->parts[id] = p;
 	register_series(pl, p);
 	return p;
-}
-
-static void drop_unsent(mpart *p)
-{
-	mbatch **pp = &p->head;
-	p->tail = NULL;
-	while (*pp) {
-		mbatch *b = *pp;
-		if (b->sent) {
-			p->tail = b;
-			pp = &b->next;
-			continue;
-		}
-		*pp = b->next;
-		km_pl_batch_free(b);
-	}
 }
 
 void km_pl_set_tail(km_pipeline *pl, mpart *p, bool set)
@@ -150,19 +189,19 @@ void km_pl_set_tail(km_pipeline *pl, mpart *p, bool set)
 	km_offmap *m = km_state_offmap_mut(km_mirror_store(pl->mi), p->t->name, p->id);
 	if (!m)
 		return;
-	m->tail_physical = set ? p->acked_phys : -1;
-	m->tail_logical = set ? p->acked_logical : -1;
+	m->tail_physical = set ? p->out.acked_phys : -1;
+	m->tail_logical = set ? p->out.acked_logical : -1;
 	if (set)
 		km_pl_update_lag(p, km_pl_now_ms());
 }
 
 void km_pl_backoff(mpart *p)
 {
-	int ms = p->backoff_ms ? p->backoff_ms : BACKOFF_MIN_MS;
-	p->backoff_ms = ms * 2 > BACKOFF_MAX_MS ? BACKOFF_MAX_MS : ms * 2;
+	int ms = p->retry.backoff_ms ? p->retry.backoff_ms : BACKOFF_MIN_MS;
+	p->retry.backoff_ms = ms * 2 > BACKOFF_MAX_MS ? BACKOFF_MAX_MS : ms * 2;
 	/* Jitter: 75-125 % of the step, so partitions that failed together do not retry together. */
 	ms = ms * 3 / 4 + (int)(random() % (ms / 2 + 1));
-	p->retry_at = km_pl_now_ms() + ms;
+	p->retry.at = km_pl_now_ms() + ms;
 }
 
 void km_pl_reconcile(km_pipeline *pl, mpart *p, const char *why)
@@ -171,23 +210,22 @@ void km_pl_reconcile(km_pipeline *pl, mpart *p, const char *why)
 	if (p->phase == PH_IDLE)
 		return;
 	int64_t now = km_pl_now_ms();
-	if (!p->failing_since)
-		p->failing_since = now;
-	else if (now - p->failing_since > KM_MIRROR_FAIL_AFTER_MS) {
+	if (!p->out.failing_since)
+		p->out.failing_since = now;
+	else if (now - p->out.failing_since > KM_MIRROR_FAIL_AFTER_MS) {
 		/* Retrying has not written anything for this long: an operator has to look. */
 		char msg[600];
 		snprintf(msg, sizeof(msg), "%s (retried for %lld s without writing anything)", why,
-			 (long long)(now - p->failing_since) / 1000);
-		p->failing_since = 0;
+			 (long long)(now - p->out.failing_since) / 1000);
+		p->out.failing_since = 0;
 		km_pl_fail_part(pl, p, msg);
 		return;
 	}
 	KM_INFO(COMP, 0, "%s/%s: %s: reconciling", pl->name, km_pl_ptag(p, tag, sizeof(tag)), why);
-	p->errors++;
-	drop_unsent(p);
-	p->recon = true;
-	p->phase = PH_RECONCILE;
-	p->need_pid = true;
+	p->stats.errors++;
+	km_plan_drop_unsent(&p->plan);
+	km_pl_set_phase(p, PH_RECONCILE, "reconcile");
+	p->recon.need_pid = true;
 	pl->pid_want = true;
 	km_pl_backoff(p);
 	km_pl_tick_soon(pl);
@@ -198,8 +236,8 @@ void km_pl_fail_part(km_pipeline *pl, mpart *p, const char *why)
 	char tag[300];
 	KM_ERROR(COMP, 0, "%s/%s: %s: the partition is FAILED (stop, then start, to recover)", pl->name,
 		 km_pl_ptag(p, tag, sizeof(tag)), why);
-	drop_unsent(p);
-	p->phase = PH_IDLE; /* the tail stays until FAILED is in: its record keeps where the mirror stood */
+	km_plan_drop_unsent(&p->plan);
+	km_pl_set_phase(p, PH_IDLE, "fail_part"); /* the tail stays until FAILED is in: its record keeps where the mirror stood */
 	if (!p->settling) {
 		p->settling = true;
 		km_mirror_settle(pl->mi, pl->name, p->t->name, p->id, p->state, KM_MP_FAILED, why);
@@ -225,11 +263,11 @@ static void on_run_then(void *arg, const km_state_result *res)
 		if (res->code != KM_OK) {
 			KM_WARN(COMP, 0, "%s/%s: the offset map could not be persisted: %s", pl->name,
 				km_pl_ptag(p, tag, sizeof(tag)), res->message ? res->message : km_err_name(res->code));
-			p->phase = PH_RECONCILE;
+			km_pl_set_phase(p, PH_RECONCILE, "on_run_then");
 			km_pl_backoff(p);
 		} else {
-			p->phase = x->then;
-			p->hide_logical = -1;
+			km_pl_set_phase(p, x->then, "on_run_then");
+			p->recon.hide_logical = -1;
 		}
 		if (p->phase == PH_IDLE && (p->state == KM_MP_STOPPING || p->state == KM_MP_PAUSING)) {
 			p->settling = true;
@@ -245,12 +283,12 @@ void km_pl_run_then(km_pipeline *pl, mpart *p, const km_state_run *r, size_t n, 
 {
 	run_then_ctx *x = calloc(1, sizeof(*x));
 	if (!x) {
-		p->phase = PH_RECONCILE;
+		km_pl_set_phase(p, PH_RECONCILE, "run_then");
 		km_pl_backoff(p);
 		return;
 	}
 	*x = (run_then_ctx){pl, p->t, p->id, then};
-	p->phase = PH_RUNS;
+	km_pl_set_phase(p, PH_RUNS, "run_then");
 	km_state_runs_write(km_mirror_store(pl->mi), pl->name, r, n, on_run_then, x);
 }
 
@@ -266,14 +304,14 @@ static bool reconcile_before_settle(km_pipeline *pl, mpart *p)
 	const km_offrun *fence;
 	bool listed = false;
 
-	if (km_pl_tx_open(p) || pl->txl < 2)
+	if (km_pl_tx_open(p) || pl->txl < TXL_KNOWN)
 		return true;
 	km_pl_map_of(pl, p, &fence);
 	if (fence)
 		return true;
-	for (size_t i = 0; i < pl->nlisted && !p->tx_fenced && !listed; i++)
+	for (size_t i = 0; i < pl->nlisted && !p->recon.tx_fenced && !listed; i++)
 		listed = km_pl_tid_is_of(pl, p, pl->listed[i]);
-	return !p->tx_fenced && (p->ntx > 0 || listed);
+	return !p->recon.tx_fenced && (p->txn.n > 0 || listed);
 }
 
 static void settle_drained(km_pipeline *pl, mpart *p)
@@ -284,14 +322,14 @@ static void settle_drained(km_pipeline *pl, mpart *p)
 	 * went away answers it only at the request timeout (31 s), and a failover must not wait that long.
 	 * Its part of the answer, if one comes, is dropped (the partition is no longer FETCHING).
 	 */
-	if (p->phase == PH_FETCHING && !p->taken)
-		p->phase = PH_READY;
-	if (p->settling || p->inflight || p->phase == PH_FETCHING || p->phase == PH_RUNS)
+	if (p->phase == PH_FETCHING && !p->fetch.taken)
+		km_pl_set_phase(p, PH_READY, "settle_drained");
+	if (p->settling || p->out.inflight || p->phase == PH_FETCHING || p->phase == PH_RUNS)
 		return;
-	if (p->head && p->head->kind == BK_MARKER)
+	if (p->plan.head && p->plan.head->kind == BK_MARKER)
 		return; /* everything before it is in: the source decided, drive_marker ends the transaction */
-	drop_unsent(p);
-	if (p->head)
+	km_plan_drop_unsent(&p->plan);
+	if (p->plan.head)
 		return;
 	if (km_pl_tx_open(p)) {
 		/*
@@ -301,22 +339,21 @@ static void settle_drained(km_pipeline *pl, mpart *p)
 		char tag[300];
 		KM_INFO(COMP, 0, "%s/%s: %s with transactions open: they are aborted", pl->name, km_pl_ptag(p, tag, sizeof(tag)),
 			to == KM_MP_PAUSED ? "pausing" : "stopping");
-		p->recon = true;
-		p->phase = PH_RECONCILE;
-		p->need_pid = true; /* the batches dropped left a gap in the idempotent sequence */
+		km_pl_set_phase(p, PH_RECONCILE, "settle_drained");
+		p->recon.need_pid = true; /* the batches dropped left a gap in the idempotent sequence */
 		pl->pid_want = true;
-		p->retry_at = 0;
+		p->retry.at = 0;
 		return;
 	}
-	if (to == KM_MP_STOPPED && p->acked_phys >= 0 && p->acked_logical > p->cont_logical && p->cont_logical >= 0) {
+	if (to == KM_MP_STOPPED && p->out.acked_phys >= 0 && p->out.acked_logical > p->plan.cont_logical && p->plan.cont_logical >= 0) {
 		/* The partition ends in a hole: a run at the tail, so writes after the stop continue after it. */
-		km_state_run r = {p->t->name, p->id, p->acked_logical, p->acked_phys, p->cont_logical,
-				  p->cont_lat ? KM_OFFRUN_LOG_APPEND_TIME : 0};
-		p->cont_logical = p->acked_logical;
+		km_state_run r = {p->t->name, p->id, p->out.acked_logical, p->out.acked_phys, p->plan.cont_logical,
+				  p->plan.cont_lat ? KM_OFFRUN_LOG_APPEND_TIME : 0};
+		p->plan.cont_logical = p->out.acked_logical;
 		km_pl_run_then(pl, p, &r, 1, PH_IDLE);
 		return;
 	}
-	p->phase = PH_IDLE;
+	km_pl_set_phase(p, PH_IDLE, "settle_drained");
 	p->settling = true;
 	km_mirror_settle(pl->mi, pl->name, p->t->name, p->id, p->state, to, NULL);
 }
@@ -348,22 +385,22 @@ static void tick(evutil_socket_t fd, short what, void *arg)
 			if (!p)
 				continue;
 			km_pl_drive_txps(pl, p, now, &next);
-			if (p->head && p->head->kind == BK_MARKER && !p->inflight && p->phase == PH_WRITING && !p->recon)
+			if (p->plan.head && p->plan.head->kind == BK_MARKER && !p->out.inflight && p->phase == PH_WRITING)
 				km_pl_drive_marker(pl, p, now, &next);
 			if ((p->state == KM_MP_PAUSING || p->state == KM_MP_STOPPING) &&
 			    (p->phase < PH_RECONCILE || p->phase > PH_FENCE ||
-			     (p->phase == PH_RECONCILE && !p->inflight && !reconcile_before_settle(pl, p)))) {
+			     (p->phase == PH_RECONCILE && !p->out.inflight && !reconcile_before_settle(pl, p)))) {
 				settle_drained(pl, p);
 				continue;
 			}
 			if (p->phase == PH_IDLE) {
 				/* Paused: the source's end is still read now and then, so the lag shows. */
-				if (p->state == KM_MP_PAUSED && !p->watch_inflight && now - p->watch_at >= PAUSED_WATCH_MS &&
-				    p->src_leader >= 0 && km_pl_send_lo(pl, p, false, -1, LO_WATCH)) {
-					p->watch_inflight = true;
-					p->watch_at = now;
+				if (p->state == KM_MP_PAUSED && !p->watch.inflight && now - p->watch.at >= PAUSED_WATCH_MS &&
+				    p->lead.src >= 0 && km_pl_send_lo(pl, p, false, -1, LO_WATCH)) {
+					p->watch.inflight = true;
+					p->watch.at = now;
 				}
-				if (p->state == KM_MP_PAUSED && p->src_leader < 0)
+				if (p->state == KM_MP_PAUSED && p->lead.src < 0)
 					need_src_meta = true;
 				continue;
 			}
@@ -378,43 +415,43 @@ static void tick(evutil_socket_t fd, short what, void *arg)
 				p->settling = true;
 				km_mirror_settle(pl->mi, pl->name, p->t->name, p->id, KM_MP_PREPARING, KM_MP_MIRRORING, NULL);
 			}
-			if (p->src_leader < 0)
+			if (p->lead.src < 0)
 				need_src_meta = true;
-			if (p->dst_leader < 0)
+			if (p->lead.dst < 0)
 				need_dst_meta = true;
-			if (p->need_pid && !p->inflight)
+			if (p->recon.need_pid && !p->out.inflight)
 				need_pid = true;
-			if (p->retry_at > now) {
-				if (p->retry_at < next)
-					next = p->retry_at;
+			if (p->retry.at > now) {
+				if (p->retry.at < next)
+					next = p->retry.at;
 				continue;
 			}
 			if (p->phase == PH_FENCE) {
 				if (km_pl_fence_done(pl, p)) {
-					p->phase = PH_RECONCILE; /* the second pass, over the settled log */
+					km_pl_set_phase(p, PH_RECONCILE, "tick"); /* the second pass, over the settled log */
 					km_pl_tick_soon(pl);
 				}
-			} else if (p->phase == PH_RECONCILE && !p->inflight && !p->need_pid && p->dst_leader >= 0 &&
-				   pl->txl >= 2) {
-				drop_unsent(p);
-				if (!p->head && km_pl_send_list_offsets(pl, p, true, -1))
-					p->phase = PH_RECON_WAIT;
-			} else if (p->phase == PH_START && p->src_leader >= 0) {
+			} else if (p->phase == PH_RECONCILE && !p->out.inflight && !p->recon.need_pid && p->lead.dst >= 0 &&
+				   pl->txl >= TXL_KNOWN) {
+				km_plan_drop_unsent(&p->plan);
+				if (!p->plan.head && km_pl_send_list_offsets(pl, p, true, -1))
+					km_pl_set_phase(p, PH_RECON_WAIT, "tick");
+			} else if (p->phase == PH_START && p->lead.src >= 0) {
 				/* A fresh start asks first whether the source's kmirrord mirrored the topic from here. */
-				bool fresh = !p->oor && !p->start_latest && p->cont_logical < 0;
+				bool fresh = !p->start.oor && !p->start.latest && p->plan.cont_logical < 0;
 				if (fresh && p->t->peer == PEER_UNKNOWN)
 					km_pl_ask_peer(pl, p->t);
 				if (fresh && p->t->peer == PEER_ASKED)
 					continue;
 				if (fresh && p->t->peer == PEER_KNOWN && km_pl_failback_start(pl, p))
 					continue;
-				if (km_pl_send_list_offsets(pl, p, false, p->oor ? -2 : p->start_latest ? -1 : km_pl_start_timestamp(pl)))
-					p->phase = PH_START_WAIT;
+				if (km_pl_send_list_offsets(pl, p, false, p->start.oor ? -2 : p->start.latest ? -1 : km_pl_start_timestamp(pl)))
+					km_pl_set_phase(p, PH_START_WAIT, "tick");
 			}
 		}
 	if (need_pid)
 		pl->pid_want = true;
-	if (pl->txl == 0)
+	if (pl->txl == TXL_UNASKED)
 		km_pl_list_txns(pl, now);
 	if ((need_src_meta || pl->src_meta_need) && !pl->src_meta_inflight &&
 	    now - pl->src_meta_at >= METADATA_MIN_INTERVAL_MS)
@@ -439,12 +476,12 @@ static void tick(evutil_socket_t fd, short what, void *arg)
 				if (!p || !km_pl_fetchable(p, now))
 					continue;
 				for (size_t k = 0; k < ns; k++)
-					dup |= seen[k] == p->src_leader;
+					dup |= seen[k] == p->lead.src;
 				if (dup)
 					continue;
 				if (ns < 64)
-					seen[ns++] = p->src_leader;
-				km_pl_send_fetch(pl, p->src_leader, now);
+					seen[ns++] = p->lead.src;
+				km_pl_send_fetch(pl, p->lead.src, now);
 			}
 	}
 	/* Produce to every destination broker while there is something to send and room. */
@@ -455,15 +492,15 @@ static void tick(evutil_socket_t fd, short what, void *arg)
 			for (int32_t j = 0; j < pl->topics[i]->nparts; j++) {
 				mpart *p = pl->topics[i]->parts[j];
 				bool dup = false;
-				if (!p || p->dst_leader < 0 || !km_pl_next_unsent(p))
+				if (!p || p->lead.dst < 0 || !km_pl_next_unsent(p))
 					continue;
 				for (size_t k = 0; k < ns; k++)
-					dup |= seen[k] == p->dst_leader;
+					dup |= seen[k] == p->lead.dst;
 				if (dup)
 					continue;
 				if (ns < 64)
-					seen[ns++] = p->dst_leader;
-				while (km_pl_send_produce(pl, p->dst_leader))
+					seen[ns++] = p->lead.dst;
+				while (km_pl_send_produce(pl, p->lead.dst))
 					;
 			}
 	}
@@ -593,10 +630,10 @@ void km_pipeline_free(km_pipeline *pl)
 			mpart *p = t->parts[j];
 			if (!p)
 				continue;
-			while (p->head) {
-				mbatch *b = p->head;
-				p->head = b->next;
-				km_pl_batch_free(b);
+			while (p->plan.head) {
+				mbatch *b = p->plan.head;
+				p->plan.head = b->next;
+				km_plan_batch_free(b);
 			}
 			/* The store is freed first (kmirrord.c): its maps are gone, no tail to clear. */
 			km_pl_tx_free_all(p);
@@ -611,7 +648,7 @@ void km_pipeline_free(km_pipeline *pl)
 		free(pl->listed[i]);
 	free(pl->listed);
 	if (pl->held)
-		km_pl_held_unref(pl->held);
+		km_plan_held_unref(pl->held);
 	free(pl->sio);
 	free(pl->dio);
 	if (pl->src_tls)
@@ -633,7 +670,7 @@ size_t km_pipeline_count(const km_pipeline *pl)
 	for (size_t i = 0; i < pl->ntopics; i++)
 		for (int32_t j = 0; j < pl->topics[i]->nparts; j++) {
 			const mpart *p = pl->topics[i]->parts[j];
-			if (p && (p->phase != PH_IDLE || p->settling || p->inflight))
+			if (p && (p->phase != PH_IDLE || p->settling || p->out.inflight))
 				n++;
 		}
 	return n;
@@ -654,9 +691,8 @@ void km_pipeline_partition(km_pipeline *pl, const char *topic, int32_t partition
 		if (!(p = km_pl_part_get(pl, t, partition, true)))
 			return;
 		if (state == KM_MP_PAUSING || state == KM_MP_STOPPING) {
-			p->phase = PH_RECONCILE;
-			p->recon = true;
-			p->need_pid = true;
+			km_pl_set_phase(p, PH_RECONCILE, "km_pipeline_partition");
+			p->recon.need_pid = true;
 			pl->pid_want = true;
 			pl->dst_meta_need = pl->src_meta_need = true;
 		}
@@ -672,12 +708,12 @@ void km_pipeline_partition(km_pipeline *pl, const char *topic, int32_t partition
 			/* A start, a resume or a restart: reconcile first (a start asks the source's kmirrord again). */
 			if (state == KM_MP_PREPARING) {
 				p->t->peer = PEER_UNKNOWN;
-				p->fb_check = 0;
+				p->fb.check = FB_UNCHECKED;
 			}
-			p->phase = PH_RECONCILE;
-			p->need_pid = true;
-			p->retry_at = 0;
-			p->backoff_ms = 0;
+			km_pl_set_phase(p, PH_RECONCILE, "km_pipeline_partition");
+			p->recon.need_pid = true;
+			p->retry.at = 0;
+			p->retry.backoff_ms = 0;
 			pl->pid_want = true;
 			pl->dst_meta_need = pl->src_meta_need = true;
 		}
@@ -686,8 +722,8 @@ void km_pipeline_partition(km_pipeline *pl, const char *topic, int32_t partition
 	case KM_MP_STOPPING:
 		break; /* the tick drains it */
 	default:
-		p->phase = PH_IDLE;
-		drop_unsent(p);
+		km_pl_set_phase(p, PH_IDLE, "km_pipeline_partition");
+		km_plan_drop_unsent(&p->plan);
 		/* Paused, the tail stays: it is where the mirror stands and resumes (describe shows it). */
 		if (state != KM_MP_PAUSED)
 			km_pl_set_tail(pl, p, false);

@@ -78,14 +78,14 @@ static void take_metadata(km_pipeline *pl, km_mcluster *cl, const km_metadata_re
 			if (!p)
 				continue;
 			if (src) {
-				p->src_leader = mp->error_code ? -1 : mp->leader_id;
-				p->src_epoch = mp->leader_epoch;
+				p->lead.src = mp->error_code ? -1 : mp->leader_id;
+				p->lead.src_epoch = mp->leader_epoch;
 			} else {
-				if (p->dst_leader >= 0 && p->dst_leader != mp->leader_id && p->phase >= PH_READY &&
-				    (p->head || p->inflight))
+				if (p->lead.dst >= 0 && p->lead.dst != mp->leader_id && p->phase >= PH_READY &&
+				    (p->plan.head || p->out.inflight))
 					/* Leadership moved under our writes: what landed is decided by the log. */
 					km_pl_reconcile(pl, p, "the destination leader moved");
-				p->dst_leader = mp->error_code ? -1 : mp->leader_id;
+				p->lead.dst = mp->error_code ? -1 : mp->leader_id;
 			}
 		}
 	}
@@ -97,7 +97,7 @@ static void take_metadata(km_pipeline *pl, km_mcluster *cl, const km_metadata_re
 				continue;
 			if (!src && t->dst_missing)
 				km_pl_fail_part(pl, p, "the destination topic does not exist (create it with the source's partition count)");
-			else if (src && t->src_missing && p->cont_logical >= 0 && p->state == KM_MP_MIRRORING &&
+			else if (src && t->src_missing && p->plan.cont_logical >= 0 && p->state == KM_MP_MIRRORING &&
 				 t->src_missing_rounds >= SOURCE_GONE_ROUNDS && !p->settling) {
 				/* It was mirrored and is gone: the source topic was deleted. The mirror stops. */
 				KM_WARN(COMP, 0, "%s/%s: the source topic was deleted: stopping the partition", pl->name,
@@ -226,11 +226,11 @@ static void on_pid(km_net_client *c, km_err err, const uint8_t *body, size_t len
 	for (size_t i = 0; i < pl->ntopics; i++)
 		for (int32_t j = 0; j < pl->topics[i]->nparts; j++) {
 			mpart *p = pl->topics[i]->parts[j];
-			if (p && p->need_pid && !p->inflight) {
-				p->need_pid = false;
-				p->pid = pl->pid;
-				p->epoch = pl->epoch;
-				p->seq = 0;
+			if (p && p->recon.need_pid && !p->out.inflight) {
+				p->recon.need_pid = false;
+				p->plan.pid = pl->pid;
+				p->plan.epoch = pl->epoch;
+				p->plan.seq = 0;
 			}
 		}
 	km_pl_tick_soon(pl);

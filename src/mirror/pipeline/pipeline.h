@@ -12,6 +12,7 @@
 #include "kmirror/offmap.h"
 #include "kmirror/state.h"
 #include "mirror/mirror_int.h"
+#include "mirror/pipeline/plan.h"
 
 #define COMP KM_MIRROR_COMP
 
@@ -23,7 +24,6 @@
 #define BACKOFF_MIN_MS 100
 #define BACKOFF_MAX_MS 10000
 #define METADATA_MIN_INTERVAL_MS 500
-#define MAX_BATCH_BYTES (64 << 20)
 /* A partition whose destination writes keep failing (retriable errors, reconciles) this long goes FAILED. */
 #define KM_MIRROR_FAIL_AFTER_MS 300000
 /* How often a paused partition's source end is read (for its lag). */
@@ -57,51 +57,6 @@ typedef enum {
 	PH_WRITING,    /* batches being produced */
 } mphase;
 
-/*
- * The bytes of fetched responses a mirror holds: shared by the pipeline and its responses, since
- * a response's last reference may go after the pipeline (the client releases pieces late).
- */
-typedef struct mheld {
-	size_t bytes;
-	int refs;
-} mheld;
-
-/* A fetched response, held while batches that reference its bytes are written. */
-typedef struct mresp {
-	struct evbuffer *buf;
-	int refs;
-	size_t size;
-	mheld *held;
-} mresp;
-
-typedef struct mbatch {
-	struct mbatch *next;
-	mresp *resp;      /* the record bytes live in resp->buf's chains (vec below) */
-	size_t size;      /* the whole batch, 12 + batchLength */
-	uint8_t *own;     /* or in own (a re-encoded piece), own_len bytes */
-	size_t own_len;
-	struct evbuffer_iovec *vec; /* the record bytes (from 61 on) in resp->buf's chains, found once */
-	int nvec;
-	uint8_t hdr[KM_BATCH_HEADER_SIZE]; /* re-stamped header */
-	int64_t logical;  /* first logical offset */
-	int32_t count;    /* lastOffsetDelta + 1 */
-	int64_t physical; /* where it must land */
-	int64_t max_ts;
-	bool lat;         /* LogAppendTime at the source: hdr made CreateTime (its run says so) */
-	bool sent;
-	uint8_t kind;     /* BK_* */
-	bool commit;      /* BK_MARKER: the source's marker commits (else aborts) */
-	int txi;          /* BK_TXN, BK_MARKER: the partition's transactional producer (mpart.tx) */
-	uint8_t mk;       /* BK_MARKER: 0 waiting, 1 EndTxn sent, 2 its landing asked */
-	int64_t mk_at;    /* BK_MARKER: when the landing is asked again */
-} mbatch;
-
-enum {
-	BK_DATA,   /* written by the mirror's idempotent producer */
-	BK_TXN,    /* a source transaction's data: written inside a destination transaction (mpart.tx) */
-	BK_MARKER, /* a source COMMIT/ABORT marker: the destination transaction ends, its marker lands here */
-};
-
 /* A destination transactional producer of the partition and the source transaction it carries. */
 typedef struct mtx {
 	km_txp *txp;
@@ -112,64 +67,98 @@ typedef struct mtx {
 
 typedef struct mtopic mtopic;
 
+/*
+ * A partition of the pipeline. Its committed state (state) says what the driver asked; its phase
+ * says where its machine is (km_pl_set_phase, the only writer); each part below belongs to the
+ * file that moves it.
+ */
 typedef struct mpart {
 	mtopic *t;
 	int32_t id;
-	km_mp_state state;   /* committed */
-	mphase phase;
-	bool settling;       /* a transition asked of the driver, not yet committed */
-	int32_t src_leader, src_epoch, dst_leader;
-	int64_t fetch_logical;  /* the logical tail: the next offset to fetch */
-	int64_t cont_logical;   /* the logical offset that continues the open run at plan_phys; -1: a run must start */
-	bool cont_lat;          /* the open run is a LogAppendTime one (a batch of the other kind starts a run) */
-	int64_t plan_phys;      /* where the next planned batch lands */
-	int64_t acked_phys;     /* the physical tail: after the last acknowledged batch */
-	int64_t acked_logical;  /* the logical tail matching acked_phys (holes after it included once planned) */
-	int64_t pid;
-	int16_t epoch;
-	int32_t seq;
-	bool probe;             /* the first write after reconcile goes alone and checks where it landed */
-	bool need_pid;          /* waits for a fresh producer id */
-	bool recon;             /* reconcile once nothing is in flight */
-	bool oor;               /* the source answered OFFSET_OUT_OF_RANGE: look up its log start */
-	bool start_latest;      /* no record at or after the start timestamp: start at the end */
-	int64_t hide_logical;   /* a batch landed where it was not planned: hide from its logical start (-1: none) */
-	int64_t first_logical;  /* where a fresh start began (the source's answer), -1: resumed from runs */
-	int64_t src_ls;         /* the source's log start offset, as last fetched (-1: not known) */
-	int64_t dst_ls;         /* the logical log start the destination was moved to (-1: never) */
-	bool ls_inflight, ls_unsupported; /* a DeleteRecords in flight; the destination refuses them (compacted) */
-	bool watch_inflight;    /* paused: a ListOffsets for the source's end in flight */
-	int64_t watch_at;
-	mbatch *head, *tail;
-	size_t inflight;        /* batches sent, not answered */
-	int64_t retry_at;
-	int backoff_ms;
-	int64_t failing_since;  /* the first of a run of destination errors with nothing written since (0: none) */
-	uint64_t records, bytes, batches, skipped, errors;
-	uint64_t lag, lag_ms;   /* gauges, set on every fetch answer */
-	uint64_t fetch_seq;     /* the Fetch it is in (fetch_ctx.seq) */
-	bool taken;             /* its data in the current answer was taken (a partition listed twice is not) */
-	int32_t sess_node;      /* the source broker whose fetch session holds it, -1: none */
-	int64_t sess_offset;    /* what that session holds for it: fetch offset, size, leader epoch */
-	int32_t sess_max, sess_lepoch;
-	int64_t source_end;     /* the source's high watermark as last fetched; -1: not known */
-	int64_t newest_ts;      /* max timestamp of the last batch written */
-	bool metrics;           /* its series are registered */
-	mtx *tx;                /* its transactional producers (docs/mirror.md, "Transactions") */
-	size_t ntx;
-	bool stop_answer;       /* a marker it holds at: the rest of this answer is not taken */
-	bool tx_fenced;         /* its transactional ids of earlier lives were initialised again */
-	bool fence_started;
-	int64_t recon_end;      /* reconcile: the destination's log end, while its last stable offset is asked */
-	int64_t recon_hide;     /* reconcile: the physical offset the hidden range starts at, being settled */
-	int64_t peer_offset;    /* failback: the source's kmirrord mirrored this partition from here up to it (-1: no) */
-	char peer_state[16];    /* and its state there */
-	int fb_check;           /* failback: 0 not checked, 1 probes out, 2 the same records, -1 not decidable */
-	int fb_pending;         /* its probes not answered yet */
-	uint64_t fb_hash[2];    /* the record before the failback point: here [0], at the source [1] (0: none) */
+	km_mp_state state;      /* committed */
+	mphase phase;           /* km_pl_set_phase */
+	bool settling;          /* a transition asked of the driver, not yet committed */
+	struct {
+		int64_t at;             /* not before (a backoff) */
+		int backoff_ms;
+	} retry;
+	struct {                /* meta.c: the leaders, as the last metadata named them */
+		int32_t src, src_epoch, dst;
+	} lead;
+	mplan plan;             /* plan.c: the batch plan and its queue */
+	struct {                /* produce.c: what the destination acknowledged */
+		int64_t acked_phys;     /* the physical tail: after the last acknowledged batch */
+		int64_t acked_logical;  /* the logical tail matching acked_phys (holes after it included once planned) */
+		size_t inflight;        /* batches sent, not answered */
+		bool probe;             /* the first write after reconcile goes alone and checks where it landed */
+		int64_t newest_ts;      /* max timestamp of the last batch written */
+		int64_t failing_since;  /* the first of a run of destination errors with nothing written since (0: none) */
+	} out;
+	struct {                /* reconcile.c, carry.c */
+		bool need_pid;          /* waits for a fresh producer id */
+		int64_t hide_logical;   /* a batch landed where it was not planned: hide from its logical start (-1: none) */
+		int64_t end;            /* the destination's log end, while its last stable offset is asked */
+		int64_t hide;           /* the physical offset the hidden range starts at, being settled */
+		bool tx_fenced;         /* its transactional ids of earlier lives were initialised again */
+		bool fence_started;
+	} recon;
+	struct {                /* reconcile.c: how PH_START asks the source */
+		bool oor;               /* the source answered OFFSET_OUT_OF_RANGE: look up its log start */
+		bool latest;            /* no record at or after the start timestamp: start at the end */
+	} start;
+	struct {                /* logstart.c */
+		int64_t src;            /* the source's log start offset, as last fetched (-1: not known) */
+		int64_t dst;            /* the logical log start the destination was moved to (-1: never) */
+		bool inflight, unsupported; /* a DeleteRecords in flight; the destination refuses them (compacted) */
+	} ls;
+	struct {                /* machine.c: paused, the source's end is read for the lag */
+		bool inflight;
+		int64_t at;
+	} watch;
+	struct {                /* fetch.c */
+		uint64_t seq;           /* the Fetch it is in (fetch_ctx.seq) */
+		bool taken;             /* its data in the current answer was taken (a partition listed twice is not) */
+		int32_t sess_node;      /* the source broker whose fetch session holds it, -1: none */
+		int64_t sess_offset;    /* what that session holds for it: fetch offset, size, leader epoch */
+		int32_t sess_max, sess_lepoch;
+	} fetch;
+	struct {                /* carry.c: its transactional producers (docs/mirror.md, "Transactions") */
+		mtx *tx;
+		size_t n;
+	} txn;
+	struct {                /* failback.c */
+		int64_t peer_offset;    /* the source's kmirrord mirrored it from here up to this (-1: no) */
+		char peer_state[16];    /* and its state there */
+		int check;              /* FB_* */
+		int pending;            /* its probes not answered yet */
+		uint64_t hash[2];       /* the record before the failback point: here [0], at the source [1] (0: none) */
+	} fb;
+	struct {                /* metrics: series point at these */
+		uint64_t records, bytes, batches, skipped, errors;
+		uint64_t lag, lag_ms;   /* gauges, set on every fetch answer */
+		int64_t source_end;     /* the source's high watermark as last fetched; -1: not known */
+		bool metrics;           /* its series are registered */
+	} stats;
 } mpart;
 
+/* Failback's check that the topic was mirrored from here (mpart.fb.check). */
+enum {
+	FB_UNDECIDABLE = -1, /* the record is not on both sides: the source's kmirrord is trusted */
+	FB_UNCHECKED = 0,
+	FB_PROBING,          /* its two record probes are out */
+	FB_SAME,             /* the record before the failback point is the same on both sides */
+};
+
+/* The destination's transactional ids of the mirror (km_pipeline.txl): ListTransactions on every broker. */
+enum {
+	TXL_UNASKED,
+	TXL_ASKED,
+	TXL_KNOWN,
+	TXL_UNSUPPORTED, /* the destination cannot list them (before Kafka 3.0): no transactions carried */
+};
+
 struct mtopic {
+	km_pipeline *pl;
 	char *name;
 	mpart **parts; /* by partition id */
 	int32_t nparts;
@@ -226,7 +215,7 @@ struct km_pipeline {
 	bool config_error;
 	char config_msg[256];
 	/* The destination's transactional ids of this mirror, from ListTransactions on every broker. */
-	int txl;        /* 0 not asked, 1 asked, 2 known, 3 the destination cannot list them (before 3.0) */
+	int txl;        /* TXL_* */
 	int txl_pending;
 	uintptr_t txl_gen; /* answers of an earlier round are dropped */
 	int64_t txl_at, txl_since; /* the last round; the first (0: none yet) */
@@ -260,13 +249,16 @@ typedef struct lo_ctx {
 
 typedef struct fetch_ctx fetch_ctx;
 
-/* Runs the plan of one partition's fetched batches asked for, collected over a response. */
-typedef struct runs_acc {
-	km_state_run *runs;
-	size_t n, cap;
-} runs_acc;
 
 
+/* machine.c: the partition machine */
+extern const char *const km_pl_phase_names[];
+/* The only writer of p->phase: checks the edge (km_pl_phase_edge), logs the transition at debug level with why. */
+void km_pl_set_phase(mpart *p, mphase to, const char *why);
+/* Whether from -> to is an edge of the machine. */
+bool km_pl_phase_edge(mphase from, mphase to);
+/* In reconcile (PH_RECONCILE to PH_FENCE): what the destination's log holds decides, answers in flight are dropped. */
+bool km_pl_reconciling(const mpart *p);
 /* meta.c */
 int16_t km_pl_pick(km_net_client *c, int16_t key, int16_t lo, int16_t hi);
 req_ctx *km_pl_ctx_new(km_pipeline *pl, km_mcluster *cl, int32_t node, int16_t ver);
@@ -275,6 +267,7 @@ void km_pl_send_metadata(km_pipeline *pl, km_mcluster *cl);
 void km_pl_send_pid(km_pipeline *pl);
 bool km_pl_send_part(km_pipeline *pl, km_mcluster *cl, int32_t leader, km_net_client *c, int16_t key, int16_t ver, km_wr *w, km_net_response_cb cb, const lo_ctx *lc);
 /* carry.c */
+int km_pl_txn_slot(void *arg, int64_t src_pid, int64_t logical, bool create);
 bool km_pl_tid_is_of(const km_pipeline *pl, const mpart *p, const char *tid);
 int km_pl_lease_for(km_pipeline *pl, mpart *p, int64_t src_pid, bool create);
 bool km_pl_tx_open(const mpart *p);
@@ -294,12 +287,6 @@ void km_pl_follow_log_start(km_pipeline *pl, mpart *p);
 void km_pl_landed(km_pipeline *pl, mpart *p, mbatch *b);
 mbatch *km_pl_next_unsent(mpart *p);
 bool km_pl_send_produce(km_pipeline *pl, int32_t node);
-/* plan.c */
-void km_pl_held_unref(mheld *h);
-void km_pl_resp_unref(void *arg);
-void km_pl_batch_free(mbatch *b);
-km_err km_pl_take_batch(km_pipeline *pl, mpart *p, mresp *resp, const struct evbuffer_ptr *at, size_t size, const uint8_t *h, runs_acc *ra, const char **fail);
-km_err km_pl_stamp_txn(mbatch *b, const km_txp *t);
 /* fetch.c */
 bool km_pl_fetchable(const mpart *p, int64_t now);
 void km_pl_send_fetch(km_pipeline *pl, int32_t node, int64_t now);

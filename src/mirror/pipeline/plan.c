@@ -8,29 +8,29 @@
 #include "kmirror/fetch.h"
 #include "kmirror/hash.h"
 #include "kmirror/log.h"
-#include "mirror/pipeline/pipeline.h"
+#include "mirror/pipeline/plan.h"
 
-void km_pl_held_unref(mheld *h)
+void km_plan_held_unref(mheld *h)
 {
 	if (--h->refs == 0)
 		free(h);
 }
 
-void km_pl_resp_unref(void *arg)
+void km_plan_resp_unref(void *arg)
 {
 	mresp *r = arg;
 	if (--r->refs == 0) {
 		r->held->bytes -= r->size;
-		km_pl_held_unref(r->held);
+		km_plan_held_unref(r->held);
 		evbuffer_free(r->buf);
 		free(r);
 	}
 }
 
-void km_pl_batch_free(mbatch *b)
+void km_plan_batch_free(mbatch *b)
 {
 	if (b->resp)
-		km_pl_resp_unref(b->resp);
+		km_plan_resp_unref(b->resp);
 	free(b->vec);
 	free(b->own);
 	free(b);
@@ -51,45 +51,41 @@ static bool runs_push(runs_acc *ra, const km_state_run *r)
 }
 
 /* Append a planned batch to p; a new run when it does not continue the open one. */
-static bool plan(km_pipeline *pl, mpart *p, mbatch *b, runs_acc *ra)
+static bool plan(mplan *q, const mplan_env *env, mbatch *b, runs_acc *ra)
 {
 	uint8_t *h = b->hdr;
 	if (b->kind != BK_MARKER && (km_be16(h + KM_BATCH_OFF_ATTRIBUTES) & KM_BATCH_ATTR_TRANSACTIONAL)) {
 		b->kind = BK_TXN;
-		if ((b->txi = km_pl_lease_for(pl, p, (int64_t)km_be64(h + KM_BATCH_OFF_PRODUCER_ID), true)) < 0)
+		if ((b->txi = env->txn(env->arg, (int64_t)km_be64(h + KM_BATCH_OFF_PRODUCER_ID), b->logical, true)) < 0)
 			return false;
-		if (p->tx[b->txi].first_logical < 0) {
-			p->tx[b->txi].first_logical = b->logical;
-			km_pl_publish_open(pl, p);
-		}
 	}
-	if (b->logical != p->cont_logical || b->lat != p->cont_lat) {
+	if (b->logical != q->cont_logical || b->lat != q->cont_lat) {
 		/* The first run remembers where mirroring began when a hole separates it from its first record. */
-		int64_t prev = p->cont_logical >= 0 ? p->cont_logical
-			       : p->first_logical >= 0 && p->first_logical < b->logical ? p->first_logical : -1;
-		km_state_run r = {p->t->name, p->id, b->logical, p->plan_phys, prev,
+		int64_t prev = q->cont_logical >= 0 ? q->cont_logical
+			       : q->first_logical >= 0 && q->first_logical < b->logical ? q->first_logical : -1;
+		km_state_run r = {q->topic, q->partition, b->logical, q->phys, prev,
 				  b->lat ? KM_OFFRUN_LOG_APPEND_TIME : 0};
 		if (!runs_push(ra, &r))
 			return false;
-		p->cont_lat = b->lat;
+		q->cont_lat = b->lat;
 	}
-	b->physical = p->plan_phys;
-	p->plan_phys += b->count;
-	p->cont_logical = b->logical + b->count;
+	b->physical = q->phys;
+	q->phys += b->count;
+	q->cont_logical = b->logical + b->count;
 	if (b->kind == BK_DATA) {
 		/* Re-stamp the copied header: baseOffset 0, the mirror's producer; the CRC is done by the caller. */
 		km_batch_set_base_offset(h, 0);
-		km_batch_set_producer(h, p->pid, p->epoch, p->seq);
-		p->seq = km_batch_seq_add(p->seq, b->count);
+		km_batch_set_producer(h, q->pid, q->epoch, q->seq);
+		q->seq = km_batch_seq_add(q->seq, b->count);
 	} else if (b->kind == BK_TXN) {
 		/* Stamped when it goes (stamp_txn): its producer may still be getting its id. */
 		km_batch_set_base_offset(h, 0);
 	}
-	if (p->tail)
-		p->tail->next = b;
+	if (q->tail)
+		q->tail->next = b;
 	else
-		p->head = b;
-	p->tail = b;
+		q->head = b;
+	q->tail = b;
 	return true;
 }
 
@@ -165,7 +161,7 @@ static km_err append_time_ref(mresp *resp, const struct evbuffer_ptr *at, mbatch
 }
 
 /* A compacted batch with offsets missing inside: re-encoded once into contiguous pieces (decompresses). */
-static km_err split_batch(km_pipeline *pl, mpart *p, mresp *resp, const struct evbuffer_ptr *at, size_t size,
+static km_err split_batch(mplan *q, const mplan_env *env, mresp *resp, const struct evbuffer_ptr *at, size_t size,
 			  runs_acc *ra)
 {
 	uint8_t *raw = malloc(size), *scratch = NULL;
@@ -209,7 +205,7 @@ static km_err split_batch(km_pipeline *pl, mpart *p, mresp *resp, const struct e
 		nb->own_len = pb.size;
 		memcpy(nb->hdr, pb.data, KM_BATCH_HEADER_SIZE);
 		if (pb.log_append_time && (rc = append_time_header(&pb, nb)) != KM_OK) {
-			km_pl_batch_free(nb);
+			km_plan_batch_free(nb);
 			km_wr_free(&out);
 			return rc;
 		}
@@ -217,8 +213,8 @@ static km_err split_batch(km_pipeline *pl, mpart *p, mresp *resp, const struct e
 		nb->count = pb.last_offset_delta + 1;
 		nb->size = pb.size;
 		nb->max_ts = pb.max_timestamp;
-		if (!plan(pl, p, nb, ra)) {
-			km_pl_batch_free(nb);
+		if (!plan(q, env, nb, ra)) {
+			km_plan_batch_free(nb);
 			km_wr_free(&out);
 			return KM_ERR_NOMEM;
 		}
@@ -238,18 +234,18 @@ static km_err split_batch(km_pipeline *pl, mpart *p, mresp *resp, const struct e
  * its marker landed at the physical offset planned (drive_marker). Any other control batch, and
  * a marker of a transaction whose data came before the mirror, is a hole.
  */
-static km_err take_marker(km_pipeline *pl, mpart *p, mresp *resp, const struct evbuffer_ptr *at, size_t size,
+static km_err take_marker(mplan *q, const mplan_env *env, mresp *resp, const struct evbuffer_ptr *at, size_t size,
 			  const uint8_t *h, runs_acc *ra)
 {
 	int64_t base = (int64_t)km_be64(h + KM_BATCH_OFF_BASE_OFFSET);
 	int64_t last = base + (int32_t)km_be32(h + KM_BATCH_OFF_LAST_OFFSET_DELTA);
-	int txi = km_pl_lease_for(pl, p, (int64_t)km_be64(h + KM_BATCH_OFF_PRODUCER_ID), false);
+	int txi = env->txn(env->arg, (int64_t)km_be64(h + KM_BATCH_OFF_PRODUCER_ID), last, false);
 	uint8_t small[256];
 	km_control ctl = {.type = KM_CONTROL_NONE};
 	km_batch pb;
 	mbatch *b;
 
-	p->fetch_logical = last + 1;
+	q->fetch_logical = last + 1;
 	if (txi < 0 || size > sizeof(small) || evbuffer_copyout_from(resp->buf, at, small, size) != (ev_ssize_t)size ||
 	    km_batch_parse(small, size, &pb) != KM_OK || km_batch_control(&pb, NULL, 0, &ctl) != KM_OK ||
 	    (ctl.type != KM_CONTROL_COMMIT && ctl.type != KM_CONTROL_ABORT))
@@ -261,17 +257,17 @@ static km_err take_marker(km_pipeline *pl, mpart *p, mresp *resp, const struct e
 	b->txi = txi;
 	b->logical = last;
 	b->count = 1;
-	b->lat = p->cont_lat; /* a marker continues the run it is in, whatever its kind */
-	if (!plan(pl, p, b, ra)) {
-		km_pl_batch_free(b);
+	b->lat = q->cont_lat; /* a marker continues the run it is in, whatever its kind */
+	if (!plan(q, env, b, ra)) {
+		km_plan_batch_free(b);
 		return KM_ERR_NOMEM;
 	}
-	p->stop_answer = true;
+	q->stop_answer = true;
 	return KM_OK;
 }
 
 /* One batch of p's fetched data: its 61-byte header in h, the whole batch (size bytes) at at in resp. */
-km_err km_pl_take_batch(km_pipeline *pl, mpart *p, mresp *resp, const struct evbuffer_ptr *at, size_t size,
+km_err km_plan_take(mplan *q, const mplan_env *env, mresp *resp, const struct evbuffer_ptr *at, size_t size,
 			 const uint8_t *h, runs_acc *ra, const char **fail)
 {
 	int64_t base = (int64_t)km_be64(h + KM_BATCH_OFF_BASE_OFFSET);
@@ -290,26 +286,26 @@ km_err km_pl_take_batch(km_pipeline *pl, mpart *p, mresp *resp, const struct evb
 		*fail = "the source sent a malformed record batch";
 		return KM_ERR_DECODE;
 	}
-	if (last < p->fetch_logical || p->stop_answer)
+	if (last < q->fetch_logical || q->stop_answer)
 		return KM_OK; /* the first batch of a fetch may end before the fetch offset; after a marker, the next fetch */
 	if (attr & KM_BATCH_ATTR_CONTROL)
-		return take_marker(pl, p, resp, at, size, h, ra);
-	if ((attr & KM_BATCH_ATTR_TRANSACTIONAL) && pl->txl == 3) {
+		return take_marker(q, env, resp, at, size, h, ra);
+	if ((attr & KM_BATCH_ATTR_TRANSACTIONAL) && env->no_txn) {
 		*fail = "the source partition holds transactional batches, and the destination cannot carry them "
 			"(it has no ListTransactions: Kafka 3.0 and later do)";
 		return KM_ERR_UNSUPPORTED;
 	}
 	if (count == 0) {
-		p->fetch_logical = last + 1; /* emptied by the cleaner */
+		q->fetch_logical = last + 1; /* emptied by the cleaner */
 		return KM_OK;
 	}
-	if (p->cont_logical >= 0 && base < p->cont_logical) {
+	if (q->cont_logical >= 0 && base < q->cont_logical) {
 		*fail = "a source batch overlaps records already mirrored (the source log changed under the mirror)";
 		return KM_ERR_INVAL;
 	}
-	p->fetch_logical = last + 1;
+	q->fetch_logical = last + 1;
 	if (count != lod + 1)
-		return split_batch(pl, p, resp, at, size, ra);
+		return split_batch(q, env, resp, at, size, ra);
 	b = calloc(1, sizeof(*b));
 	if (!b)
 		return KM_ERR_NOMEM;
@@ -322,23 +318,23 @@ km_err km_pl_take_batch(km_pipeline *pl, mpart *p, mresp *resp, const struct evb
 	b->max_ts = (int64_t)km_be64(h + KM_BATCH_OFF_MAX_TIMESTAMP);
 	if ((attr & KM_BATCH_ATTR_LOG_APPEND_TIME) && (rc = append_time_ref(resp, at, b)) != KM_OK) {
 		*fail = "a LogAppendTime source batch could not be read";
-		km_pl_batch_free(b);
+		km_plan_batch_free(b);
 		return rc;
 	}
-	if (!plan(pl, p, b, ra)) {
-		km_pl_batch_free(b);
+	if (!plan(q, env, b, ra)) {
+		km_plan_batch_free(b);
 		return KM_ERR_NOMEM;
 	}
 	return restamp_ref(b, at);
 }
 
 /* A transaction's batch stamped with its destination producer (id, epoch, the partition's next sequence). */
-km_err km_pl_stamp_txn(mbatch *b, const km_txp *t)
+km_err km_plan_stamp_txn(mbatch *b, int64_t pid, int16_t epoch, int32_t seq)
 {
 	size_t left = b->size - KM_BATCH_HEADER_SIZE;
 	uint32_t crc;
 
-	km_batch_set_producer(b->hdr, km_txp_pid(t), km_txp_epoch(t), km_txp_seq(t));
+	km_batch_set_producer(b->hdr, pid, epoch, seq);
 	if (b->own) {
 		memcpy(b->own, b->hdr, KM_BATCH_HEADER_SIZE);
 		km_batch_update_crc(b->own, b->own_len);
@@ -354,4 +350,20 @@ km_err km_pl_stamp_txn(mbatch *b, const km_txp *t)
 		return KM_ERR_DECODE;
 	km_put_be32(b->hdr + KM_BATCH_OFF_CRC, crc);
 	return KM_OK;
+}
+
+void km_plan_drop_unsent(mplan *q)
+{
+	mbatch **pp = &q->head;
+	q->tail = NULL;
+	while (*pp) {
+		mbatch *b = *pp;
+		if (b->sent) {
+			q->tail = b;
+			pp = &b->next;
+			continue;
+		}
+		*pp = b->next;
+		km_plan_batch_free(b);
+	}
 }

@@ -27,29 +27,29 @@ typedef struct produce_ctx {
  */
 void km_pl_landed(km_pipeline *pl, mpart *p, mbatch *b)
 {
-	p->acked_phys = b->physical + b->count;
-	p->acked_logical = b->logical + b->count;
-	if (!p->head && p->fetch_logical > p->acked_logical)
-		p->acked_logical = p->fetch_logical;
-	p->failing_since = 0;
+	p->out.acked_phys = b->physical + b->count;
+	p->out.acked_logical = b->logical + b->count;
+	if (!p->plan.head && p->plan.fetch_logical > p->out.acked_logical)
+		p->out.acked_logical = p->plan.fetch_logical;
+	p->out.failing_since = 0;
 	km_pl_set_tail(pl, p, true);
-	km_pl_batch_free(b);
-	if (!p->head && p->phase == PH_WRITING)
-		p->phase = PH_READY;
+	km_plan_batch_free(b);
+	if (!p->plan.head && p->phase == PH_WRITING)
+		km_pl_set_phase(p, PH_READY, "landed");
 }
 
 static void produce_done(km_pipeline *pl, mpart *p, mbatch *b, int16_t code, int64_t base, const char *msg)
 {
 	char tag[300], why[400];
 
-	p->inflight--;
-	if (p->recon || p->phase == PH_RECONCILE || p->phase == PH_IDLE) {
+	p->out.inflight--;
+	if (km_pl_reconciling(p) || p->phase == PH_IDLE) {
 		/* Reconcile decides from the log what landed. */
-		if (p->head == b)
-			p->head = b->next;
-		if (p->tail == b)
-			p->tail = p->head ? p->tail : NULL;
-		km_pl_batch_free(b);
+		if (p->plan.head == b)
+			p->plan.head = b->next;
+		if (p->plan.tail == b)
+			p->plan.tail = p->plan.head ? p->plan.tail : NULL;
+		km_plan_batch_free(b);
 		return;
 	}
 	if (code == 46) /* DUPLICATE_SEQUENCE_NUMBER: it landed before */
@@ -63,28 +63,28 @@ static void produce_done(km_pipeline *pl, mpart *p, mbatch *b, int16_t code, int
 			pl->name, km_pl_ptag(p, tag, sizeof(tag)), (long long)b->logical, (long long)base,
 			(long long)b->physical);
 		/* Reconcile hides what is there from this batch's logical start on (after_reconcile). */
-		if (p->hide_logical < 0 || b->logical < p->hide_logical)
-			p->hide_logical = b->logical;
+		if (p->recon.hide_logical < 0 || b->logical < p->recon.hide_logical)
+			p->recon.hide_logical = b->logical;
 		km_pl_reconcile(pl, p, "a batch landed at an unexpected offset");
-		if (p->head == b)
-			p->head = b->next;
-		if (!p->head)
-			p->tail = NULL;
-		km_pl_batch_free(b);
+		if (p->plan.head == b)
+			p->plan.head = b->next;
+		if (!p->plan.head)
+			p->plan.tail = NULL;
+		km_plan_batch_free(b);
 		return;
 	}
-	if (p->head == b)
-		p->head = b->next;
-	if (!p->head)
-		p->tail = NULL;
+	if (p->plan.head == b)
+		p->plan.head = b->next;
+	if (!p->plan.head)
+		p->plan.tail = NULL;
 	if (code == 0) {
-		p->records += (uint64_t)b->count;
-		p->bytes += b->size;
-		p->batches++;
-		if (b->max_ts > p->newest_ts)
-			p->newest_ts = b->max_ts;
-		p->probe = false;
-		p->backoff_ms = 0;
+		p->stats.records += (uint64_t)b->count;
+		p->stats.bytes += b->size;
+		p->stats.batches++;
+		if (b->max_ts > p->out.newest_ts)
+			p->out.newest_ts = b->max_ts;
+		p->out.probe = false;
+		p->retry.backoff_ms = 0;
 		km_pl_landed(pl, p, b);
 		return;
 	}
@@ -96,7 +96,7 @@ static void produce_done(km_pipeline *pl, mpart *p, mbatch *b, int16_t code, int
 	 * and carries the source transaction again.
 	 */
 	bool txn_retry = b->kind == BK_TXN && (code == 48 || code == 49 || code == 90 || code == 120 || code == 51);
-	km_pl_batch_free(b);
+	km_plan_batch_free(b);
 	if (km_err_retriable((km_err)code) || code == 45 || code == 47 || txn_retry) {
 		if (code == 6 || code == 3 || code == 5)
 			pl->dst_meta_need = true;
@@ -177,12 +177,12 @@ static void on_produce(km_net_client *c, km_err err, const uint8_t *body, size_t
  */
 mbatch *km_pl_next_unsent(mpart *p)
 {
-	if (p->phase != PH_WRITING || p->recon || (p->probe && p->inflight))
+	if (p->phase != PH_WRITING || (p->out.probe && p->out.inflight))
 		return NULL;
-	for (mbatch *b = p->head; b; b = b->next)
+	for (mbatch *b = p->plan.head; b; b = b->next)
 		if (!b->sent) {
 			if (b->kind == BK_MARKER ||
-			    (b->kind == BK_TXN && km_txp_state_of(p->tx[b->txi].txp) != KM_TXP_OPEN))
+			    (b->kind == BK_TXN && km_txp_state_of(p->txn.tx[b->txi].txp) != KM_TXP_OPEN))
 				return NULL;
 			return b;
 		}
@@ -201,7 +201,7 @@ static size_t piece_cap(km_pipeline *pl, int32_t node, size_t cap)
 	for (size_t i = 0; i < pl->ntopics; i++)
 		for (int32_t j = 0; j < pl->topics[i]->nparts; j++) {
 			mpart *p = pl->topics[i]->parts[j];
-			mbatch *b = p && p->dst_leader == node ? km_pl_next_unsent(p) : NULL;
+			mbatch *b = p && p->lead.dst == node ? km_pl_next_unsent(p) : NULL;
 			if (b)
 				n += (size_t)b->nvec;
 		}
@@ -251,7 +251,7 @@ bool km_pl_send_produce(km_pipeline *pl, int32_t node)
 	for (size_t i = 0; i < pl->ntopics; i++)
 		for (int32_t j = 0; j < pl->topics[i]->nparts; j++) {
 			mpart *p = pl->topics[i]->parts[j];
-			if (p && p->dst_leader == node && km_pl_next_unsent(p))
+			if (p && p->lead.dst == node && km_pl_next_unsent(p))
 				cap++;
 		}
 	if (!cap)
@@ -273,14 +273,14 @@ bool km_pl_send_produce(km_pipeline *pl, int32_t node)
 		size_t first = n;
 		for (int32_t j = 0; j < t->nparts; j++) {
 			mpart *p = t->parts[j];
-			mbatch *b = p && p->dst_leader == node ? km_pl_next_unsent(p) : NULL;
+			mbatch *b = p && p->lead.dst == node ? km_pl_next_unsent(p) : NULL;
 			if (!b || (n && b->kind == BK_TXN))
 				continue;
 			if (n && bytes + b->size > PRODUCE_REQUEST_BYTES)
 				break;
 			if (b->kind == BK_TXN) {
-				txp = p->tx[b->txi].txp;
-				if (km_pl_stamp_txn(b, txp) != KM_OK) {
+				txp = p->txn.tx[b->txi].txp;
+				if (km_plan_stamp_txn(b, km_txp_pid(txp), km_txp_epoch(txp), km_txp_seq(txp)) != KM_OK) {
 					txp = NULL;
 					continue;
 				}
@@ -339,7 +339,7 @@ bool km_pl_send_produce(km_pipeline *pl, int32_t node)
 						b->resp->refs++;
 						pieces[npieces++] = (km_net_piece){.p = b->vec[v].iov_base,
 										   .len = b->vec[v].iov_len,
-										   .release = km_pl_resp_unref,
+										   .release = km_plan_resp_unref,
 										   .release_arg = b->resp};
 					}
 				}
@@ -384,7 +384,7 @@ bool km_pl_send_produce(km_pipeline *pl, int32_t node)
 	}
 	for (size_t i = 0; i < n; i++) {
 		pc->batches[i]->sent = true;
-		pc->parts[i]->inflight++;
+		pc->parts[i]->out.inflight++;
 	}
 	if (txp)
 		km_txp_advance(txp, pc->batches[0]->count);

@@ -41,7 +41,7 @@ static void on_list_offsets(km_net_client *c, km_err err, const uint8_t *body, s
 	}
 	p = km_pl_part_get(pl, lc->t, lc->part, false);
 	if (p && lc->kind == LO_WATCH)
-		p->watch_inflight = false;
+		p->watch.inflight = false;
 	if (err == KM_OK) {
 		km_arena_init(&a, 0);
 		km_rd_init(&rd, body, len);
@@ -60,15 +60,15 @@ static void on_list_offsets(km_net_client *c, km_err err, const uint8_t *body, s
 		if (p->phase == PH_RECON_LSO) {
 			if (err != KM_OK || perr != 0 || off < 0) {
 				pl->dst_meta_need = true;
-				p->phase = PH_RECONCILE;
+				km_pl_set_phase(p, PH_RECONCILE, "on_list_offsets");
 				km_pl_backoff(p);
 			} else {
-				after_lso(pl, p, p->recon_end, off);
+				after_lso(pl, p, p->recon.end, off);
 			}
 		}
 	} else if (p && lc->kind == LO_WATCH) {
 		if (err == KM_OK && perr == 0 && off >= 0) {
-			p->source_end = off;
+			p->stats.source_end = off;
 			km_state_partition_progress(km_mirror_store(pl->mi), p->t->name, p->id, off, -1);
 			km_pl_update_lag(p, km_pl_now_ms());
 		} else {
@@ -76,8 +76,8 @@ static void on_list_offsets(km_net_client *c, km_err err, const uint8_t *body, s
 		}
 	} else if (p && p->phase == PH_START_WAIT && err == KM_OK && perr == 0 && off < 0 && lc->ts >= 0) {
 		/* No record at or after the start timestamp yet: start at the source's end. */
-		p->start_latest = true;
-		p->phase = PH_START;
+		p->start.latest = true;
+		km_pl_set_phase(p, PH_START, "on_list_offsets");
 	} else if (p && (p->phase == PH_RECON_WAIT || p->phase == PH_START_WAIT)) {
 		bool recon = p->phase == PH_RECON_WAIT;
 		if (err != KM_OK || perr != 0 || off < 0) {
@@ -85,7 +85,7 @@ static void on_list_offsets(km_net_client *c, km_err err, const uint8_t *body, s
 			KM_WARN(COMP, 0, "%s/%s: ListOffsets on the %s failed: %s", pl->name, km_pl_ptag(p, tag, sizeof(tag)),
 				lc->dest ? "destination" : "source",
 				err != KM_OK ? km_err_name(err) : km_err_name((km_err)perr));
-			p->phase = recon ? PH_RECONCILE : PH_START;
+			km_pl_set_phase(p, recon ? PH_RECONCILE : PH_START, "on_list_offsets");
 			if (lc->dest)
 				pl->dst_meta_need = true;
 			else
@@ -93,14 +93,14 @@ static void on_list_offsets(km_net_client *c, km_err err, const uint8_t *body, s
 			km_pl_backoff(p);
 		} else if (recon) {
 			/* Then the last stable offset: open destination transactions end reconcile's resume point. */
-			p->recon_end = off;
-			p->phase = PH_RECON_LSO;
+			p->recon.end = off;
+			km_pl_set_phase(p, PH_RECON_LSO, "on_list_offsets");
 			if (!km_pl_send_lo(pl, p, true, -1, LO_LSO)) {
-				p->phase = PH_RECONCILE;
+				km_pl_set_phase(p, PH_RECONCILE, "on_list_offsets");
 				km_pl_backoff(p);
 			}
 		} else {
-			after_start(pl, p, off, p->oor);
+			after_start(pl, p, off, p->start.oor);
 		}
 	}
 	free(lc);
@@ -115,7 +115,7 @@ bool km_pl_send_list_offsets(km_pipeline *pl, mpart *p, bool dest, int64_t ts)
 bool km_pl_send_lo(km_pipeline *pl, mpart *p, bool dest, int64_t ts, lo_kind kind)
 {
 	km_mcluster *cl = dest ? pl->dst : pl->src;
-	int32_t leader = dest ? p->dst_leader : p->src_leader;
+	int32_t leader = dest ? p->lead.dst : p->lead.src;
 	km_net_client *c = leader >= 0 ? km_mcluster_node(cl, leader) : NULL;
 	km_list_offsets_request m;
 	km_list_offsets_request_list_offsets_topic t;
@@ -142,7 +142,7 @@ bool km_pl_send_lo(km_pipeline *pl, mpart *p, bool dest, int64_t ts, lo_kind kin
 	if (kind == LO_LSO && ver < 2)
 		return false; /* no isolation before v2 (Kafka 0.11): no transactions either */
 	pp.partition_index = p->id;
-	pp.current_leader_epoch = dest ? -1 : p->src_epoch;
+	pp.current_leader_epoch = dest ? -1 : p->lead.src_epoch;
 	pp.timestamp = ts;
 	t.name = km_str_c(p->t->name);
 	t.partitions.items = &pp;
@@ -152,7 +152,7 @@ bool km_pl_send_lo(km_pipeline *pl, mpart *p, bool dest, int64_t ts, lo_kind kin
 	km_wr_init(&w);
 	km_list_offsets_request_encode(&w, ver, &m);
 	return km_pl_send_part(pl, cl, leader, c, KM_API_LIST_OFFSETS, ver, &w, on_list_offsets,
-			 &(lo_ctx){p->t, p->id, dest, ts, kind, kind == LO_MARKER && p->head ? p->head->physical : -1});
+			 &(lo_ctx){p->t, p->id, dest, ts, kind, kind == LO_MARKER && p->plan.head ? p->plan.head->physical : -1});
 }
 
 /* The start position asked of the source: mirror.start.offset. */
@@ -169,7 +169,7 @@ int64_t km_pl_start_timestamp(const km_pipeline *pl)
  * The destination's log ends at physical end: the runs say which logical offset that is (every
  * batch that landed is covered by a run, persisted before it was produced). Runs at or past end
  * were written for batches that never landed: they are removed before anything else is written.
- * After a batch landed where it was not planned (p->hide_logical set), everything from there to
+ * After a batch landed where it was not planned (p->recon.hide_logical set), everything from there to
  * end is hidden: the runs from hide_logical on go, and a run at (hide_logical, end) closes the run
  * before it at hide_logical, so the mirror resumes at hide_logical, written after what is hidden.
  */
@@ -179,20 +179,19 @@ static void after_reconcile(km_pipeline *pl, mpart *p, int64_t end)
 	const km_state_topic *t = km_state_topic_find(st, p->t->name, strlen(p->t->name));
 	const km_offmap *m = t ? km_state_topic_offmap(t, p->id) : NULL;
 	size_t keep = m ? m->n : 0, nw = 0;
-	int64_t hide = p->hide_logical;
+	int64_t hide = p->recon.hide_logical;
 	km_state_run *w = NULL;
 	char tag[300];
 
 	while (keep > 0 && (m->runs[keep - 1].physical >= end || (hide >= 0 && m->runs[keep - 1].logical >= hide)))
 		keep--;
-	p->acked_phys = p->plan_phys = end;
-	p->recon = false;
-	p->probe = true;
-	p->backoff_ms = 0;
+	p->out.acked_phys = p->plan.phys = end;
+	p->out.probe = true;
+	p->retry.backoff_ms = 0;
 	if (m && (keep < m->n || hide >= 0)) {
 		w = calloc(m->n - keep + 1, sizeof(*w));
 		if (!w) {
-			p->phase = PH_RECONCILE;
+			km_pl_set_phase(p, PH_RECONCILE, "after_reconcile");
 			km_pl_backoff(p);
 			return;
 		}
@@ -209,27 +208,27 @@ static void after_reconcile(km_pipeline *pl, mpart *p, int64_t end)
 		KM_WARN(COMP, 0, "%s/%s: destination offsets from the misplaced batch to %lld hidden; resuming at %lld",
 			pl->name, km_pl_ptag(p, tag, sizeof(tag)), (long long)end, (long long)hide);
 		w[nw++] = (km_state_run){p->t->name, p->id, hide, end, hide, 0};
-		p->cont_logical = p->fetch_logical = p->acked_logical = hide;
-		p->cont_lat = false;
+		p->plan.cont_logical = p->plan.fetch_logical = p->out.acked_logical = hide;
+		p->plan.cont_lat = false;
 	} else if (keep > 0) {
 		const km_offrun *r = &m->runs[keep - 1];
-		p->cont_logical = r->logical + (end - r->physical);
-		p->cont_lat = (r->flags & KM_OFFRUN_LOG_APPEND_TIME) != 0;
-		p->fetch_logical = p->acked_logical = p->cont_logical;
+		p->plan.cont_logical = r->logical + (end - r->physical);
+		p->plan.cont_lat = (r->flags & KM_OFFRUN_LOG_APPEND_TIME) != 0;
+		p->plan.fetch_logical = p->out.acked_logical = p->plan.cont_logical;
 	} else {
 		/* Nothing mirrored yet: the start position comes from the source; what the destination holds is hidden. */
-		p->cont_logical = -1;
+		p->plan.cont_logical = -1;
 	}
 	if (keep > 0 || hide >= 0) {
 		KM_INFO(COMP, 0, "%s/%s: resumes at offset %lld (destination offset %lld)", pl->name,
-			km_pl_ptag(p, tag, sizeof(tag)), (long long)p->fetch_logical, (long long)end);
+			km_pl_ptag(p, tag, sizeof(tag)), (long long)p->plan.fetch_logical, (long long)end);
 		km_pl_set_tail(pl, p, true);
 	}
 	if (nw) {
 		km_pl_run_then(pl, p, w, nw, keep > 0 || hide >= 0 ? PH_READY : PH_START); /* hide_logical stays until it is in */
 	} else {
-		p->hide_logical = -1;
-		p->phase = keep > 0 ? PH_READY : PH_START;
+		p->recon.hide_logical = -1;
+		km_pl_set_phase(p, keep > 0 ? PH_READY : PH_START, "after_reconcile");
 	}
 	free(w);
 }
@@ -282,38 +281,38 @@ static void after_lso(km_pipeline *pl, mpart *p, int64_t end, int64_t lso)
 	/* An earlier life's write that landed between the two answers: the LSO is never past the end. */
 	if (lso > end)
 		lso = end;
-	if (!p->tx_fenced) {
+	if (!p->recon.tx_fenced) {
 		/* Nothing of an earlier life listed for it and nothing of its own: nothing to fence. */
-		bool any = p->ntx > 0;
+		bool any = p->txn.n > 0;
 		for (size_t i = 0; i < pl->nlisted && !any; i++)
 			any = km_pl_tid_is_of(pl, p, pl->listed[i]);
 		if (!any)
-			p->tx_fenced = true;
+			p->recon.tx_fenced = true;
 	}
-	if (!p->tx_fenced || km_pl_tx_open(p) || (lso < end && !fence)) {
+	if (!p->recon.tx_fenced || km_pl_tx_open(p) || (lso < end && !fence)) {
 		/*
 		 * The hidden range starts at the LSO, or earlier: at a batch that landed where it was not
 		 * planned (hide_logical), or at the first batch of a transaction this life holds open
 		 * (one the destination aborted on its own, by its timeout, is past the LSO already).
 		 */
 		int64_t from = lso;
-		for (size_t i = 0; m && m->n && i < p->ntx; i++)
-			if (p->tx[i].src_pid >= 0 && p->tx[i].first_logical >= 0) {
-				int64_t ph = km_offmap_to_physical(m, p->tx[i].first_logical);
+		for (size_t i = 0; m && m->n && i < p->txn.n; i++)
+			if (p->txn.tx[i].src_pid >= 0 && p->txn.tx[i].first_logical >= 0) {
+				int64_t ph = km_offmap_to_physical(m, p->txn.tx[i].first_logical);
 				if (ph >= 0 && ph < from)
 					from = ph;
 			}
-		if (p->hide_logical >= 0 && m && m->n) {
-			int64_t ph = km_offmap_to_physical(m, p->hide_logical);
+		if (p->recon.hide_logical >= 0 && m && m->n) {
+			int64_t ph = km_offmap_to_physical(m, p->recon.hide_logical);
 			if (ph >= 0 && ph < from)
 				from = ph;
 		}
 		if (from < end && from > 0) {
 			/* Where the hidden range starts is settled first (aborted_probe). */
-			p->recon_hide = from;
-			p->phase = PH_RECON_ABORTED;
+			p->recon.hide = from;
+			km_pl_set_phase(p, PH_RECON_ABORTED, "after_lso");
 			if (!aborted_probe(pl, p)) {
-				p->phase = PH_RECONCILE;
+				km_pl_set_phase(p, PH_RECONCILE, "after_lso");
 				km_pl_backoff(p);
 			}
 			return;
@@ -322,7 +321,7 @@ static void after_lso(km_pipeline *pl, mpart *p, int64_t end, int64_t lso)
 		return;
 	}
 	if (fence)
-		p->hide_logical = p->hide_logical >= 0 && p->hide_logical < fence->logical ? p->hide_logical : fence->logical;
+		p->recon.hide_logical = p->recon.hide_logical >= 0 && p->recon.hide_logical < fence->logical ? p->recon.hide_logical : fence->logical;
 	after_reconcile(pl, p, end);
 }
 
@@ -340,20 +339,20 @@ static void fence_from(km_pipeline *pl, mpart *p, int64_t end, int64_t from)
 
 	if (hide < 0) {
 		/* Nothing mapped (yet): what the destination holds is hidden by the start anyway. */
-		if (p->tx_fenced && !km_pl_tx_open(p))
+		if (p->recon.tx_fenced && !km_pl_tx_open(p))
 			after_reconcile(pl, p, end);
 		else
-			p->phase = PH_FENCE;
+			km_pl_set_phase(p, PH_FENCE, "fence_from");
 		return;
 	}
 	if (fence && fence->logical < hide)
 		hide = fence->logical;
 	/* A misplaced batch's hide point and the first batch of every transaction held open come back too. */
-	if (p->hide_logical >= 0 && p->hide_logical < hide)
-		hide = p->hide_logical;
-	for (size_t i = 0; i < p->ntx; i++)
-		if (p->tx[i].src_pid >= 0 && p->tx[i].first_logical >= 0 && p->tx[i].first_logical < hide)
-			hide = p->tx[i].first_logical;
+	if (p->recon.hide_logical >= 0 && p->recon.hide_logical < hide)
+		hide = p->recon.hide_logical;
+	for (size_t i = 0; i < p->txn.n; i++)
+		if (p->txn.tx[i].src_pid >= 0 && p->txn.tx[i].first_logical >= 0 && p->txn.tx[i].first_logical < hide)
+			hide = p->txn.tx[i].first_logical;
 	if (from < end)
 		KM_INFO(COMP, 0, "%s/%s: destination offsets %lld to %lld are in transactions left open: hidden from "
 			"offset %lld on, which is mirrored again", pl->name, km_pl_ptag(p, tag, sizeof(tag)), (long long)from,
@@ -362,7 +361,7 @@ static void fence_from(km_pipeline *pl, mpart *p, int64_t end, int64_t from)
 		km_state_run r = {p->t->name, p->id, hide, end, hide, KM_OFFRUN_FENCE};
 		km_pl_run_then(pl, p, &r, 1, PH_FENCE);
 	} else {
-		p->phase = PH_FENCE;
+		km_pl_set_phase(p, PH_FENCE, "fence_from");
 	}
 }
 
@@ -400,7 +399,7 @@ static void on_aborted(km_net_client *c, km_err err, const uint8_t *body, size_t
 		if (one && r.responses.items[0].partitions.items[0].error_code == 1) {
 			/* OFFSET_OUT_OF_RANGE: below the destination's log start, nothing earlier to look at. */
 			ok = true;
-			at = p->recon_hide;
+			at = p->recon.hide;
 		} else if (one && !r.responses.items[0].partitions.items[0].error_code) {
 			const km_fetch_response_partition_data *pd = &r.responses.items[0].partitions.items[0];
 			int64_t ended = -1; /* the producer whose abort marker is the batch at H - 1 */
@@ -408,11 +407,11 @@ static void on_aborted(km_net_client *c, km_err err, const uint8_t *body, size_t
 			km_batch b;
 			km_batch_iter_init(&it, pd->records.p, pd->records.len > 0 ? (size_t)pd->records.len : 0);
 			while (km_batch_next(&it, &b))
-				if (b.base_offset <= p->recon_hide - 1 && p->recon_hide - 1 <= b.base_offset + b.last_offset_delta &&
+				if (b.base_offset <= p->recon.hide - 1 && p->recon.hide - 1 <= b.base_offset + b.last_offset_delta &&
 				    b.control)
 					ended = b.producer_id;
 			ok = true;
-			at = p->recon_hide;
+			at = p->recon.hide;
 			for (int32_t i = 0; i < pd->aborted_transactions.count; i++) {
 				const km_fetch_response_aborted_transaction *ab = &pd->aborted_transactions.items[i];
 				if (ab->first_offset >= 0 && ab->first_offset < at && ab->producer_id != ended)
@@ -425,16 +424,16 @@ static void on_aborted(km_net_client *c, km_err err, const uint8_t *body, size_t
 	}
 	if (!ok) {
 		pl->dst_meta_need = true;
-		p->phase = PH_RECONCILE;
+		km_pl_set_phase(p, PH_RECONCILE, "on_aborted");
 		km_pl_backoff(p);
-	} else if (at < p->recon_hide && at > 0) {
-		p->recon_hide = at;
+	} else if (at < p->recon.hide && at > 0) {
+		p->recon.hide = at;
 		if (!aborted_probe(pl, p)) {
-			p->phase = PH_RECONCILE;
+			km_pl_set_phase(p, PH_RECONCILE, "on_aborted");
 			km_pl_backoff(p);
 		}
 	} else {
-		fence_from(pl, p, p->recon_end, at);
+		fence_from(pl, p, p->recon.end, at);
 	}
 	km_pl_tick_soon(pl);
 }
@@ -446,7 +445,7 @@ static void on_aborted(km_net_client *c, km_err err, const uint8_t *body, size_t
 bool km_pl_one_fetch(km_pipeline *pl, mpart *p, bool dest, int64_t offset, int8_t isolation, km_net_response_cb cb)
 {
 	km_mcluster *cl = dest ? pl->dst : pl->src;
-	int32_t leader = dest ? p->dst_leader : p->src_leader;
+	int32_t leader = dest ? p->lead.dst : p->lead.src;
 	km_net_client *c = leader >= 0 ? km_mcluster_node(cl, leader) : NULL;
 	km_fetch_request m;
 	km_fetch_request_fetch_topic ft;
@@ -467,7 +466,7 @@ bool km_pl_one_fetch(km_pipeline *pl, mpart *p, bool dest, int64_t offset, int8_
 	m.session_id = 0;
 	m.session_epoch = -1;
 	fp.partition = p->id;
-	fp.current_leader_epoch = dest ? -1 : p->src_epoch;
+	fp.current_leader_epoch = dest ? -1 : p->lead.src_epoch;
 	fp.fetch_offset = offset;
 	fp.log_start_offset = -1;
 	fp.last_fetched_epoch = -1;
@@ -485,37 +484,37 @@ bool km_pl_one_fetch(km_pipeline *pl, mpart *p, bool dest, int64_t offset, int8_
 
 static bool aborted_probe(km_pipeline *pl, mpart *p)
 {
-	return km_pl_one_fetch(pl, p, true, p->recon_hide - 1, 1, on_aborted);
+	return km_pl_one_fetch(pl, p, true, p->recon.hide - 1, 1, on_aborted);
 }
 
 static void after_start(km_pipeline *pl, mpart *p, int64_t off, bool jump)
 {
 	char tag[300];
 	if (jump) {
-		p->oor = false;
+		p->start.oor = false;
 		/* The source's retention passed the mirror: a hole, counted. */
-		if (off <= p->fetch_logical) {
+		if (off <= p->plan.fetch_logical) {
 			/* Past the source's end: its log was truncated below what was mirrored (unclean election?). */
 			KM_WARN(COMP, 0, "%s/%s: offset %lld is past the source's log end; retrying", pl->name,
-				km_pl_ptag(p, tag, sizeof(tag)), (long long)p->fetch_logical);
+				km_pl_ptag(p, tag, sizeof(tag)), (long long)p->plan.fetch_logical);
 			km_pl_backoff(p);
 		} else {
-			uint64_t n = (uint64_t)(off - p->fetch_logical);
-			p->skipped += n;
-			km_state_partition_progress(km_mirror_store(pl->mi), p->t->name, p->id, -1, (int64_t)p->skipped);
+			uint64_t n = (uint64_t)(off - p->plan.fetch_logical);
+			p->stats.skipped += n;
+			km_state_partition_progress(km_mirror_store(pl->mi), p->t->name, p->id, -1, (int64_t)p->stats.skipped);
 			KM_WARN(COMP, 0, "%s/%s: the source's log starts at %lld, past the mirror's %lld: %llu record(s) "
 				"skipped (a hole)", pl->name, km_pl_ptag(p, tag, sizeof(tag)), (long long)off,
-				(long long)p->fetch_logical, (unsigned long long)n);
-			p->fetch_logical = off;
+				(long long)p->plan.fetch_logical, (unsigned long long)n);
+			p->plan.fetch_logical = off;
 		}
-		p->phase = PH_READY;
+		km_pl_set_phase(p, PH_READY, "after_start");
 		return;
 	}
-	p->fetch_logical = off;
-	p->acked_logical = off;
-	p->first_logical = off;
+	p->plan.fetch_logical = off;
+	p->out.acked_logical = off;
+	p->plan.first_logical = off;
 	KM_INFO(COMP, 0, "%s/%s: starts at source offset %lld (destination offset %lld)", pl->name,
-		km_pl_ptag(p, tag, sizeof(tag)), (long long)off, (long long)p->acked_phys);
+		km_pl_ptag(p, tag, sizeof(tag)), (long long)off, (long long)p->out.acked_phys);
 	km_pl_set_tail(pl, p, true);
-	p->phase = PH_READY;
+	km_pl_set_phase(p, PH_READY, "after_start");
 }

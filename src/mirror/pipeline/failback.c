@@ -112,7 +112,7 @@ static void on_record_probe(km_net_client *c, km_err err, const uint8_t *body, s
 	if (p->fb.check != FB_PROBING) {
 		/* The other probe failed: asked again once this one is in. */
 		if (!p->fb.pending && p->phase == PH_START_WAIT)
-			km_pl_set_phase(p, PH_START, "on_record_probe");
+			km_pl_set_phase(p, PH_START, "the other probe failed: asked again");
 		return;
 	}
 	if (err == KM_OK) {
@@ -142,7 +142,7 @@ static void on_record_probe(km_net_client *c, km_err err, const uint8_t *body, s
 				"trusting the source's kmirrord", pl->name, km_pl_ptag(p, tag, sizeof(tag)), (long long)offset + 1);
 	}
 	if (!p->fb.pending && p->phase == PH_START_WAIT)
-		km_pl_set_phase(p, PH_START, "on_record_probe");
+		km_pl_set_phase(p, PH_START, "the failback probes are in");
 	km_pl_tick_soon(pl);
 }
 
@@ -217,10 +217,10 @@ bool km_pl_failback_start(km_pipeline *pl, mpart *p)
 		p->fb.hash[0] = p->fb.hash[1] = 0;
 		p->fb.pending = 0;
 		p->fb.check = FB_PROBING;
-		km_pl_set_phase(p, PH_START_WAIT, "failback_start");
+		km_pl_set_phase(p, PH_START_WAIT, "failback: the record before the failback point probed on both sides");
 		if (!record_probe(pl, p, true, k - 1) || !record_probe(pl, p, false, k - 1)) {
 			p->fb.check = FB_UNCHECKED;
-			km_pl_set_phase(p, p->fb.pending ? PH_START_WAIT : PH_START, "failback_start");
+			km_pl_set_phase(p, p->fb.pending ? PH_START_WAIT : PH_START, "a failback probe could not be sent");
 			km_pl_backoff(p);
 		}
 		return true;
@@ -250,6 +250,6 @@ bool km_pl_failback_start(km_pipeline *pl, mpart *p)
 	if (n)
 		km_pl_run_then(pl, p, r, n, PH_READY);
 	else
-		km_pl_set_phase(p, PH_READY, "failback_start");
+		km_pl_set_phase(p, PH_READY, "failback: the divergent tail hidden");
 	return true;
 }

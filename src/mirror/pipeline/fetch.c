@@ -58,7 +58,7 @@ static void on_runs(void *arg, const km_state_result *res)
 		if (res->code != KM_OK)
 			km_pl_reconcile(pl, p, "the offset map could not be persisted");
 		else
-			km_pl_set_phase(p, p->plan.head ? PH_WRITING : PH_READY, "on_runs");
+			km_pl_set_phase(p, p->plan.head ? PH_WRITING : PH_READY, "its runs are persisted");
 	}
 	free(rc->parts);
 	free(rc);
@@ -73,7 +73,7 @@ static void handle_fetch_error(km_pipeline *pl, mpart *p, int16_t code)
 	switch (code) {
 	case 1: /* OFFSET_OUT_OF_RANGE: behind the source's log start (retention, DeleteRecords), or past its end */
 		p->start.oor = true;
-		km_pl_set_phase(p, PH_START, "handle_fetch_error"); /* ListOffsets(earliest); after_start counts the hole */
+		km_pl_set_phase(p, PH_START, "the source answered OFFSET_OUT_OF_RANGE"); /* ListOffsets(earliest); after_start counts the hole */
 		p->retry.at = 0;
 		break;
 	case 3:   /* UNKNOWN_TOPIC_OR_PARTITION */
@@ -83,13 +83,13 @@ static void handle_fetch_error(km_pipeline *pl, mpart *p, int16_t code)
 	case 75:  /* UNKNOWN_LEADER_EPOCH: the broker is behind */
 	case 100: /* UNKNOWN_TOPIC_ID */
 		pl->src_meta_need = true;
-		km_pl_set_phase(p, PH_READY, "handle_fetch_error");
+		km_pl_set_phase(p, PH_READY, "a source Fetch error: the metadata is asked again");
 		km_pl_backoff(p);
 		break;
 	default:
 		KM_WARN(COMP, 0, "%s/%s: source Fetch error %s", pl->name, km_pl_ptag(p, tag, sizeof(tag)),
 			km_err_name((km_err)code));
-		km_pl_set_phase(p, PH_READY, "handle_fetch_error");
+		km_pl_set_phase(p, PH_READY, "a source Fetch error");
 		km_pl_backoff(p);
 		break;
 	}
@@ -138,11 +138,11 @@ static void finish_part(fetch_ctx *fc, mpart *p, size_t runs_before)
 	if (!p || p->phase != PH_FETCHING)
 		return; /* failed or moved meanwhile */
 	if (fc->ra.n > runs_before) {
-		km_pl_set_phase(p, PH_RUNS, "finish_part");
+		km_pl_set_phase(p, PH_RUNS, "its batches start runs");
 		fc->later[fc->nlater++] = p;
 		return;
 	}
-	km_pl_set_phase(p, p->plan.head ? PH_WRITING : PH_READY, "finish_part");
+	km_pl_set_phase(p, p->plan.head ? PH_WRITING : PH_READY, "its part of the answer is in");
 	if (!p->plan.head && !p->out.inflight && p->plan.fetch_logical > p->out.acked_logical) {
 		/* Only holes came (markers, emptied batches): the tail moves past them. */
 		p->out.acked_logical = p->plan.fetch_logical;
@@ -282,7 +282,7 @@ static void end_answer(fetch_ctx *fc, bool failed)
 	for (size_t i = 0; i < fc->n; i++) {
 		fc->parts[i]->fetch.taken = false;
 		if (fc->parts[i]->phase == PH_FETCHING && fc->parts[i]->fetch.seq == fc->seq)
-			km_pl_set_phase(fc->parts[i], PH_READY, "end_answer"); /* nothing for it in this answer */
+			km_pl_set_phase(fc->parts[i], PH_READY, "nothing for it in the answer"); /* nothing for it in this answer */
 	}
 	if (fc->nlater) {
 		runs_ctx *rc = calloc(1, sizeof(*rc));
@@ -518,7 +518,7 @@ void km_pl_send_fetch(km_pipeline *pl, int32_t node, int64_t now)
 			if (ready) {
 				fc->parts[fc->n++] = p;
 				p->fetch.seq = pl->fetch_seq + 1;
-				km_pl_set_phase(p, PH_FETCHING, "send_fetch");
+				km_pl_set_phase(p, PH_FETCHING, "in a Fetch");
 				p->plan.stop_answer = false;
 			}
 			off = ready || p->fetch.sess_node != node ? p->plan.fetch_logical : p->fetch.sess_offset;
@@ -601,7 +601,7 @@ void km_pl_send_fetch(km_pipeline *pl, int32_t node, int64_t now)
 	return;
 unfetch:
 	for (size_t i = 0; i < fc->n; i++)
-		km_pl_set_phase(fc->parts[i], PH_READY, "send_fetch");
+		km_pl_set_phase(fc->parts[i], PH_READY, "the Fetch could not be sent");
 	session_reset(pl, node); /* what the broker holds is not known now */
 fail:
 	if (fc)

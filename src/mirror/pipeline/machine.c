@@ -224,7 +224,7 @@ void km_pl_reconcile(km_pipeline *pl, mpart *p, const char *why)
 	KM_INFO(COMP, 0, "%s/%s: %s: reconciling", pl->name, km_pl_ptag(p, tag, sizeof(tag)), why);
 	p->stats.errors++;
 	km_plan_drop_unsent(&p->plan);
-	km_pl_set_phase(p, PH_RECONCILE, "reconcile");
+	km_pl_set_phase(p, PH_RECONCILE, why);
 	p->recon.need_pid = true;
 	pl->pid_want = true;
 	km_pl_backoff(p);
@@ -237,7 +237,7 @@ void km_pl_fail_part(km_pipeline *pl, mpart *p, const char *why)
 	KM_ERROR(COMP, 0, "%s/%s: %s: the partition is FAILED (stop, then start, to recover)", pl->name,
 		 km_pl_ptag(p, tag, sizeof(tag)), why);
 	km_plan_drop_unsent(&p->plan);
-	km_pl_set_phase(p, PH_IDLE, "fail_part"); /* the tail stays until FAILED is in: its record keeps where the mirror stood */
+	km_pl_set_phase(p, PH_IDLE, "failed"); /* the tail stays until FAILED is in: its record keeps where the mirror stood */
 	if (!p->settling) {
 		p->settling = true;
 		km_mirror_settle(pl->mi, pl->name, p->t->name, p->id, p->state, KM_MP_FAILED, why);
@@ -263,10 +263,10 @@ static void on_run_then(void *arg, const km_state_result *res)
 		if (res->code != KM_OK) {
 			KM_WARN(COMP, 0, "%s/%s: the offset map could not be persisted: %s", pl->name,
 				km_pl_ptag(p, tag, sizeof(tag)), res->message ? res->message : km_err_name(res->code));
-			km_pl_set_phase(p, PH_RECONCILE, "on_run_then");
+			km_pl_set_phase(p, PH_RECONCILE, "a run could not be persisted");
 			km_pl_backoff(p);
 		} else {
-			km_pl_set_phase(p, x->then, "on_run_then");
+			km_pl_set_phase(p, x->then, "its run is persisted");
 			p->recon.hide_logical = -1;
 		}
 		if (p->phase == PH_IDLE && (p->state == KM_MP_STOPPING || p->state == KM_MP_PAUSING)) {
@@ -283,12 +283,12 @@ void km_pl_run_then(km_pipeline *pl, mpart *p, const km_state_run *r, size_t n, 
 {
 	run_then_ctx *x = calloc(1, sizeof(*x));
 	if (!x) {
-		km_pl_set_phase(p, PH_RECONCILE, "run_then");
+		km_pl_set_phase(p, PH_RECONCILE, "out of memory");
 		km_pl_backoff(p);
 		return;
 	}
 	*x = (run_then_ctx){pl, p->t, p->id, then};
-	km_pl_set_phase(p, PH_RUNS, "run_then");
+	km_pl_set_phase(p, PH_RUNS, "a run being persisted");
 	km_state_runs_write(km_mirror_store(pl->mi), pl->name, r, n, on_run_then, x);
 }
 
@@ -323,7 +323,7 @@ static void settle_drained(km_pipeline *pl, mpart *p)
 	 * Its part of the answer, if one comes, is dropped (the partition is no longer FETCHING).
 	 */
 	if (p->phase == PH_FETCHING && !p->fetch.taken)
-		km_pl_set_phase(p, PH_READY, "settle_drained");
+		km_pl_set_phase(p, PH_READY, "draining: the Fetch in flight is not waited for");
 	if (p->settling || p->out.inflight || p->phase == PH_FETCHING || p->phase == PH_RUNS)
 		return;
 	if (p->plan.head && p->plan.head->kind == BK_MARKER)
@@ -339,7 +339,7 @@ static void settle_drained(km_pipeline *pl, mpart *p)
 		char tag[300];
 		KM_INFO(COMP, 0, "%s/%s: %s with transactions open: they are aborted", pl->name, km_pl_ptag(p, tag, sizeof(tag)),
 			to == KM_MP_PAUSED ? "pausing" : "stopping");
-		km_pl_set_phase(p, PH_RECONCILE, "settle_drained");
+		km_pl_set_phase(p, PH_RECONCILE, "draining with transactions open: they are aborted");
 		p->recon.need_pid = true; /* the batches dropped left a gap in the idempotent sequence */
 		pl->pid_want = true;
 		p->retry.at = 0;
@@ -353,25 +353,125 @@ static void settle_drained(km_pipeline *pl, mpart *p)
 		km_pl_run_then(pl, p, &r, 1, PH_IDLE);
 		return;
 	}
-	km_pl_set_phase(p, PH_IDLE, "settle_drained");
+	km_pl_set_phase(p, PH_IDLE, "drained");
 	p->settling = true;
 	km_mirror_settle(pl->mi, pl->name, p->t->name, p->id, p->state, to, NULL);
 }
 
-static void tick(evutil_socket_t fd, short what, void *arg)
+mstep km_pl_step(const mpart *p, const mstep_view *v, int64_t now)
 {
-	km_pipeline *pl = arg;
-	int64_t now = km_pl_now_ms(), next = now + 1000;
-	bool need_src_meta = false, need_dst_meta = false, need_pid = false;
+	if ((p->state == KM_MP_PAUSING || p->state == KM_MP_STOPPING) &&
+	    (!km_pl_reconciling(p) ||
+	     (p->phase == PH_RECONCILE && !p->out.inflight && !v->settle_needs_reconcile)))
+		return STEP_SETTLE;
+	if (p->phase == PH_IDLE)
+		return STEP_IDLE;
+	if (p->retry.at > now)
+		return STEP_WAIT;
+	if (p->phase == PH_FENCE)
+		return STEP_FENCE;
+	if (p->phase == PH_RECONCILE && !p->out.inflight && !p->recon.need_pid && p->lead.dst >= 0 && v->txl_known)
+		return STEP_RECONCILE;
+	if (p->phase == PH_START && p->lead.src >= 0)
+		return STEP_START;
+	return STEP_NONE;
+}
 
-	(void)fd;
-	(void)what;
-	pl->tick_armed = false;
-	if (pl->closing || pl->config_error)
+/* What the tick's partitions need of the pipeline: metadata of either side, a producer id. */
+typedef struct tick_needs {
+	bool src_meta, dst_meta, pid;
+} tick_needs;
+
+/* Paused: the source's end is still read now and then, so the lag shows. */
+static void watch_paused(km_pipeline *pl, mpart *p, int64_t now, tick_needs *need)
+{
+	if (p->state != KM_MP_PAUSED)
 		return;
-	reread_options(pl, now);
+	if (!p->watch.inflight && now - p->watch.at >= PAUSED_WATCH_MS && p->lead.src >= 0 &&
+	    km_pl_send_lo(pl, p, false, -1, LO_WATCH)) {
+		p->watch.inflight = true;
+		p->watch.at = now;
+	}
+	if (p->lead.src < 0)
+		need->src_meta = true;
+}
+
+/* PH_START: a fresh start asks first whether the source's kmirrord mirrored the topic from here. */
+static void start_part(km_pipeline *pl, mpart *p)
+{
+	bool fresh = !p->start.oor && !p->start.latest && p->plan.cont_logical < 0;
+	if (fresh && p->t->peer == PEER_UNKNOWN)
+		km_pl_ask_peer(pl, p->t);
+	if (fresh && p->t->peer == PEER_ASKED)
+		return;
+	if (fresh && p->t->peer == PEER_KNOWN && km_pl_failback_start(pl, p))
+		return;
+	if (km_pl_send_list_offsets(pl, p, false, p->start.oor ? -2 : p->start.latest ? -1 : km_pl_start_timestamp(pl)))
+		km_pl_set_phase(p, PH_START_WAIT, "the source asked for the start position");
+}
+
+/* One partition's step of the tick: its transactions, then what km_pl_step decides. */
+static void step_part(km_pipeline *pl, mpart *p, int64_t now, int64_t *next, tick_needs *need)
+{
+	mstep_view v = {.txl_known = pl->txl >= TXL_KNOWN};
+	mstep step;
+
+	km_pl_drive_txps(pl, p, now, next);
+	if (p->plan.head && p->plan.head->kind == BK_MARKER && !p->out.inflight && p->phase == PH_WRITING)
+		km_pl_drive_marker(pl, p, now, next);
+	if ((p->state == KM_MP_PAUSING || p->state == KM_MP_STOPPING) && p->phase == PH_RECONCILE && !p->out.inflight)
+		v.settle_needs_reconcile = reconcile_before_settle(pl, p);
+	step = km_pl_step(p, &v, now);
+	if (step == STEP_SETTLE) {
+		settle_drained(pl, p);
+		return;
+	}
+	if (step == STEP_IDLE) {
+		watch_paused(pl, p, now, need);
+		return;
+	}
+	if (p->state == KM_MP_MIRRORING && p->phase >= PH_READY)
+		km_pl_follow_log_start(pl, p);
+	if (p->state == KM_MP_PREPARING && !p->settling &&
+	    (p->phase == PH_READY || (p->phase == PH_START && p->t->src_missing))) {
+		/*
+		 * Reconciled and positioned: the partition mirrors from here. A source topic that
+		 * does not exist (yet) is waited for while MIRRORING.
+		 */
+		p->settling = true;
+		km_mirror_settle(pl->mi, pl->name, p->t->name, p->id, KM_MP_PREPARING, KM_MP_MIRRORING, NULL);
+	}
+	need->src_meta |= p->lead.src < 0;
+	need->dst_meta |= p->lead.dst < 0;
+	need->pid |= p->recon.need_pid && !p->out.inflight;
+	switch (step) {
+	case STEP_WAIT:
+		if (p->retry.at < *next)
+			*next = p->retry.at;
+		break;
+	case STEP_FENCE:
+		if (km_pl_fence_done(pl, p)) {
+			km_pl_set_phase(p, PH_RECONCILE, "fenced: the second pass, over the settled log");
+			km_pl_tick_soon(pl);
+		}
+		break;
+	case STEP_RECONCILE:
+		km_plan_drop_unsent(&p->plan);
+		if (!p->plan.head && km_pl_send_list_offsets(pl, p, true, -1))
+			km_pl_set_phase(p, PH_RECON_WAIT, "the destination's log end asked");
+		break;
+	case STEP_START:
+		start_part(pl, p);
+		break;
+	default:
+		break;
+	}
+}
+
+/* Refill the throttle's tokens; a burst of one second's worth at most. */
+static void refill(km_pipeline *pl, int64_t now)
+{
 	if (pl->rate > 0) {
-		/* Refill; a burst of one second's worth at most. */
 		pl->tokens += (now - pl->tokens_at) * pl->rate / 1000;
 		if (pl->tokens > pl->rate)
 			pl->tokens = pl->rate;
@@ -379,84 +479,60 @@ static void tick(evutil_socket_t fd, short what, void *arg)
 		pl->tokens = 0;
 	}
 	pl->tokens_at = now;
+}
+
+/* A Fetch to each source broker leading a partition ready to fetch (src), or Produce requests to each destination broker leading one with a batch to send. */
+static void each_leader(km_pipeline *pl, bool src, int64_t now)
+{
+	int32_t seen[64];
+	size_t ns = 0;
 	for (size_t i = 0; i < pl->ntopics; i++)
 		for (int32_t j = 0; j < pl->topics[i]->nparts; j++) {
 			mpart *p = pl->topics[i]->parts[j];
-			if (!p)
+			int32_t leader;
+			bool dup = false;
+			if (!p || (src ? !km_pl_fetchable(p, now) : p->lead.dst < 0 || !km_pl_next_unsent(p)))
 				continue;
-			km_pl_drive_txps(pl, p, now, &next);
-			if (p->plan.head && p->plan.head->kind == BK_MARKER && !p->out.inflight && p->phase == PH_WRITING)
-				km_pl_drive_marker(pl, p, now, &next);
-			if ((p->state == KM_MP_PAUSING || p->state == KM_MP_STOPPING) &&
-			    (p->phase < PH_RECONCILE || p->phase > PH_FENCE ||
-			     (p->phase == PH_RECONCILE && !p->out.inflight && !reconcile_before_settle(pl, p)))) {
-				settle_drained(pl, p);
+			leader = src ? p->lead.src : p->lead.dst;
+			for (size_t k = 0; k < ns; k++)
+				dup |= seen[k] == leader;
+			if (dup)
 				continue;
-			}
-			if (p->phase == PH_IDLE) {
-				/* Paused: the source's end is still read now and then, so the lag shows. */
-				if (p->state == KM_MP_PAUSED && !p->watch.inflight && now - p->watch.at >= PAUSED_WATCH_MS &&
-				    p->lead.src >= 0 && km_pl_send_lo(pl, p, false, -1, LO_WATCH)) {
-					p->watch.inflight = true;
-					p->watch.at = now;
-				}
-				if (p->state == KM_MP_PAUSED && p->lead.src < 0)
-					need_src_meta = true;
-				continue;
-			}
-			if (p->state == KM_MP_MIRRORING && p->phase >= PH_READY)
-				km_pl_follow_log_start(pl, p);
-			if (p->state == KM_MP_PREPARING && !p->settling &&
-			    (p->phase == PH_READY || (p->phase == PH_START && p->t->src_missing))) {
-				/*
-				 * Reconciled and positioned: the partition mirrors from here. A source topic that
-				 * does not exist (yet) is waited for while MIRRORING.
-				 */
-				p->settling = true;
-				km_mirror_settle(pl->mi, pl->name, p->t->name, p->id, KM_MP_PREPARING, KM_MP_MIRRORING, NULL);
-			}
-			if (p->lead.src < 0)
-				need_src_meta = true;
-			if (p->lead.dst < 0)
-				need_dst_meta = true;
-			if (p->recon.need_pid && !p->out.inflight)
-				need_pid = true;
-			if (p->retry.at > now) {
-				if (p->retry.at < next)
-					next = p->retry.at;
-				continue;
-			}
-			if (p->phase == PH_FENCE) {
-				if (km_pl_fence_done(pl, p)) {
-					km_pl_set_phase(p, PH_RECONCILE, "tick"); /* the second pass, over the settled log */
-					km_pl_tick_soon(pl);
-				}
-			} else if (p->phase == PH_RECONCILE && !p->out.inflight && !p->recon.need_pid && p->lead.dst >= 0 &&
-				   pl->txl >= TXL_KNOWN) {
-				km_plan_drop_unsent(&p->plan);
-				if (!p->plan.head && km_pl_send_list_offsets(pl, p, true, -1))
-					km_pl_set_phase(p, PH_RECON_WAIT, "tick");
-			} else if (p->phase == PH_START && p->lead.src >= 0) {
-				/* A fresh start asks first whether the source's kmirrord mirrored the topic from here. */
-				bool fresh = !p->start.oor && !p->start.latest && p->plan.cont_logical < 0;
-				if (fresh && p->t->peer == PEER_UNKNOWN)
-					km_pl_ask_peer(pl, p->t);
-				if (fresh && p->t->peer == PEER_ASKED)
-					continue;
-				if (fresh && p->t->peer == PEER_KNOWN && km_pl_failback_start(pl, p))
-					continue;
-				if (km_pl_send_list_offsets(pl, p, false, p->start.oor ? -2 : p->start.latest ? -1 : km_pl_start_timestamp(pl)))
-					km_pl_set_phase(p, PH_START_WAIT, "tick");
-			}
+			if (ns < 64)
+				seen[ns++] = leader;
+			if (src)
+				km_pl_send_fetch(pl, leader, now);
+			else
+				while (km_pl_send_produce(pl, leader))
+					;
 		}
-	if (need_pid)
+}
+
+static void tick(evutil_socket_t fd, short what, void *arg)
+{
+	km_pipeline *pl = arg;
+	int64_t now = km_pl_now_ms(), next = now + 1000;
+	tick_needs need = {false, false, false};
+
+	(void)fd;
+	(void)what;
+	pl->tick_armed = false;
+	if (pl->closing || pl->config_error)
+		return;
+	reread_options(pl, now);
+	refill(pl, now);
+	for (size_t i = 0; i < pl->ntopics; i++)
+		for (int32_t j = 0; j < pl->topics[i]->nparts; j++)
+			if (pl->topics[i]->parts[j])
+				step_part(pl, pl->topics[i]->parts[j], now, &next, &need);
+	if (need.pid)
 		pl->pid_want = true;
 	if (pl->txl == TXL_UNASKED)
 		km_pl_list_txns(pl, now);
-	if ((need_src_meta || pl->src_meta_need) && !pl->src_meta_inflight &&
+	if ((need.src_meta || pl->src_meta_need) && !pl->src_meta_inflight &&
 	    now - pl->src_meta_at >= METADATA_MIN_INTERVAL_MS)
 		km_pl_send_metadata(pl, pl->src);
-	if ((need_dst_meta || pl->dst_meta_need) && !pl->dst_meta_inflight &&
+	if ((need.dst_meta || pl->dst_meta_need) && !pl->dst_meta_inflight &&
 	    now - pl->dst_meta_at >= METADATA_MIN_INTERVAL_MS)
 		km_pl_send_metadata(pl, pl->dst);
 	if (pl->pid_want && !pl->pid_inflight)
@@ -467,43 +543,10 @@ static void tick(evutil_socket_t fd, short what, void *arg)
 		if (now + wait < next)
 			next = now + wait;
 	} else {
-		int32_t seen[64];
-		size_t ns = 0;
-		for (size_t i = 0; i < pl->ntopics; i++)
-			for (int32_t j = 0; j < pl->topics[i]->nparts; j++) {
-				mpart *p = pl->topics[i]->parts[j];
-				bool dup = false;
-				if (!p || !km_pl_fetchable(p, now))
-					continue;
-				for (size_t k = 0; k < ns; k++)
-					dup |= seen[k] == p->lead.src;
-				if (dup)
-					continue;
-				if (ns < 64)
-					seen[ns++] = p->lead.src;
-				km_pl_send_fetch(pl, p->lead.src, now);
-			}
+		each_leader(pl, true, now);
 	}
 	/* Produce to every destination broker while there is something to send and room. */
-	{
-		int32_t seen[64];
-		size_t ns = 0;
-		for (size_t i = 0; i < pl->ntopics; i++)
-			for (int32_t j = 0; j < pl->topics[i]->nparts; j++) {
-				mpart *p = pl->topics[i]->parts[j];
-				bool dup = false;
-				if (!p || p->lead.dst < 0 || !km_pl_next_unsent(p))
-					continue;
-				for (size_t k = 0; k < ns; k++)
-					dup |= seen[k] == p->lead.dst;
-				if (dup)
-					continue;
-				if (ns < 64)
-					seen[ns++] = p->lead.dst;
-				while (km_pl_send_produce(pl, p->lead.dst))
-					;
-			}
-	}
+	each_leader(pl, false, now);
 	/* Periodic metadata refresh (partition moves, leader changes without errors). */
 	if (now - pl->src_meta_at > pl->meta_interval)
 		pl->src_meta_need = true;
@@ -691,7 +734,7 @@ void km_pipeline_partition(km_pipeline *pl, const char *topic, int32_t partition
 		if (!(p = km_pl_part_get(pl, t, partition, true)))
 			return;
 		if (state == KM_MP_PAUSING || state == KM_MP_STOPPING) {
-			km_pl_set_phase(p, PH_RECONCILE, "km_pipeline_partition");
+			km_pl_set_phase(p, PH_RECONCILE, "a restart finds it pausing or stopping");
 			p->recon.need_pid = true;
 			pl->pid_want = true;
 			pl->dst_meta_need = pl->src_meta_need = true;
@@ -710,7 +753,7 @@ void km_pipeline_partition(km_pipeline *pl, const char *topic, int32_t partition
 				p->t->peer = PEER_UNKNOWN;
 				p->fb.check = FB_UNCHECKED;
 			}
-			km_pl_set_phase(p, PH_RECONCILE, "km_pipeline_partition");
+			km_pl_set_phase(p, PH_RECONCILE, "a start, a resume or a restart");
 			p->recon.need_pid = true;
 			p->retry.at = 0;
 			p->retry.backoff_ms = 0;
@@ -722,7 +765,7 @@ void km_pipeline_partition(km_pipeline *pl, const char *topic, int32_t partition
 	case KM_MP_STOPPING:
 		break; /* the tick drains it */
 	default:
-		km_pl_set_phase(p, PH_IDLE, "km_pipeline_partition");
+		km_pl_set_phase(p, PH_IDLE, "not running");
 		km_plan_drop_unsent(&p->plan);
 		/* Paused, the tail stays: it is where the mirror stands and resumes (describe shows it). */
 		if (state != KM_MP_PAUSED)

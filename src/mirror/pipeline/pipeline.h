@@ -259,6 +259,25 @@ void km_pl_set_phase(mpart *p, mphase to, const char *why);
 bool km_pl_phase_edge(mphase from, mphase to);
 /* In reconcile (PH_RECONCILE to PH_FENCE): what the destination's log holds decides, answers in flight are dropped. */
 bool km_pl_reconciling(const mpart *p);
+/* What the tick does next for a partition (km_pl_step): the machine's decision, pure. */
+typedef enum {
+	STEP_NONE,      /* nothing now: an answer or a leader is awaited */
+	STEP_SETTLE,    /* pausing or stopping: drain what is in flight, then settle */
+	STEP_IDLE,      /* not running: a paused one's source end is read now and then */
+	STEP_WAIT,      /* backing off until retry.at */
+	STEP_FENCE,     /* fence its transactional ids */
+	STEP_RECONCILE, /* ask the destination's log end */
+	STEP_START,     /* position it at the source (the failback peer first, for a fresh start) */
+} mstep;
+
+/* What km_pl_step needs to know of the pipeline. */
+typedef struct mstep_view {
+	bool txl_known;              /* the mirror's transactional ids on the destination are listed */
+	bool settle_needs_reconcile; /* pausing or stopping in RECONCILE: transactions may be left open */
+} mstep_view;
+
+mstep km_pl_step(const mpart *p, const mstep_view *v, int64_t now);
+
 /* meta.c */
 int16_t km_pl_pick(km_net_client *c, int16_t key, int16_t lo, int16_t hi);
 req_ctx *km_pl_ctx_new(km_pipeline *pl, km_mcluster *cl, int32_t node, int16_t ver);

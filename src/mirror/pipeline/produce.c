@@ -35,7 +35,7 @@ void km_pl_landed(km_pipeline *pl, mpart *p, mbatch *b)
 	km_pl_set_tail(pl, p, true);
 	km_plan_batch_free(b);
 	if (!p->plan.head && p->phase == PH_WRITING)
-		km_pl_set_phase(p, PH_READY, "landed");
+		km_pl_set_phase(p, PH_READY, "its batches are all in");
 }
 
 static void produce_done(km_pipeline *pl, mpart *p, mbatch *b, int16_t code, int64_t base, const char *msg)

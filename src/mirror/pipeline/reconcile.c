@@ -60,7 +60,7 @@ static void on_list_offsets(km_net_client *c, km_err err, const uint8_t *body, s
 		if (p->phase == PH_RECON_LSO) {
 			if (err != KM_OK || perr != 0 || off < 0) {
 				pl->dst_meta_need = true;
-				km_pl_set_phase(p, PH_RECONCILE, "on_list_offsets");
+				km_pl_set_phase(p, PH_RECONCILE, "ListOffsets READ_COMMITTED on the destination failed");
 				km_pl_backoff(p);
 			} else {
 				after_lso(pl, p, p->recon.end, off);
@@ -77,7 +77,7 @@ static void on_list_offsets(km_net_client *c, km_err err, const uint8_t *body, s
 	} else if (p && p->phase == PH_START_WAIT && err == KM_OK && perr == 0 && off < 0 && lc->ts >= 0) {
 		/* No record at or after the start timestamp yet: start at the source's end. */
 		p->start.latest = true;
-		km_pl_set_phase(p, PH_START, "on_list_offsets");
+		km_pl_set_phase(p, PH_START, "no record at or after the start timestamp");
 	} else if (p && (p->phase == PH_RECON_WAIT || p->phase == PH_START_WAIT)) {
 		bool recon = p->phase == PH_RECON_WAIT;
 		if (err != KM_OK || perr != 0 || off < 0) {
@@ -85,7 +85,7 @@ static void on_list_offsets(km_net_client *c, km_err err, const uint8_t *body, s
 			KM_WARN(COMP, 0, "%s/%s: ListOffsets on the %s failed: %s", pl->name, km_pl_ptag(p, tag, sizeof(tag)),
 				lc->dest ? "destination" : "source",
 				err != KM_OK ? km_err_name(err) : km_err_name((km_err)perr));
-			km_pl_set_phase(p, recon ? PH_RECONCILE : PH_START, "on_list_offsets");
+			km_pl_set_phase(p, recon ? PH_RECONCILE : PH_START, "ListOffsets failed");
 			if (lc->dest)
 				pl->dst_meta_need = true;
 			else
@@ -94,9 +94,9 @@ static void on_list_offsets(km_net_client *c, km_err err, const uint8_t *body, s
 		} else if (recon) {
 			/* Then the last stable offset: open destination transactions end reconcile's resume point. */
 			p->recon.end = off;
-			km_pl_set_phase(p, PH_RECON_LSO, "on_list_offsets");
+			km_pl_set_phase(p, PH_RECON_LSO, "the destination's log end is known");
 			if (!km_pl_send_lo(pl, p, true, -1, LO_LSO)) {
-				km_pl_set_phase(p, PH_RECONCILE, "on_list_offsets");
+				km_pl_set_phase(p, PH_RECONCILE, "ListOffsets READ_COMMITTED could not be sent");
 				km_pl_backoff(p);
 			}
 		} else {
@@ -191,7 +191,7 @@ static void after_reconcile(km_pipeline *pl, mpart *p, int64_t end)
 	if (m && (keep < m->n || hide >= 0)) {
 		w = calloc(m->n - keep + 1, sizeof(*w));
 		if (!w) {
-			km_pl_set_phase(p, PH_RECONCILE, "after_reconcile");
+			km_pl_set_phase(p, PH_RECONCILE, "out of memory");
 			km_pl_backoff(p);
 			return;
 		}
@@ -228,7 +228,7 @@ static void after_reconcile(km_pipeline *pl, mpart *p, int64_t end)
 		km_pl_run_then(pl, p, w, nw, keep > 0 || hide >= 0 ? PH_READY : PH_START); /* hide_logical stays until it is in */
 	} else {
 		p->recon.hide_logical = -1;
-		km_pl_set_phase(p, keep > 0 ? PH_READY : PH_START, "after_reconcile");
+		km_pl_set_phase(p, keep > 0 ? PH_READY : PH_START, "reconciled");
 	}
 	free(w);
 }
@@ -310,9 +310,9 @@ static void after_lso(km_pipeline *pl, mpart *p, int64_t end, int64_t lso)
 		if (from < end && from > 0) {
 			/* Where the hidden range starts is settled first (aborted_probe). */
 			p->recon.hide = from;
-			km_pl_set_phase(p, PH_RECON_ABORTED, "after_lso");
+			km_pl_set_phase(p, PH_RECON_ABORTED, "the hidden range is settled first");
 			if (!aborted_probe(pl, p)) {
-				km_pl_set_phase(p, PH_RECONCILE, "after_lso");
+				km_pl_set_phase(p, PH_RECONCILE, "the aborted-transactions probe could not be sent");
 				km_pl_backoff(p);
 			}
 			return;
@@ -342,7 +342,7 @@ static void fence_from(km_pipeline *pl, mpart *p, int64_t end, int64_t from)
 		if (p->recon.tx_fenced && !km_pl_tx_open(p))
 			after_reconcile(pl, p, end);
 		else
-			km_pl_set_phase(p, PH_FENCE, "fence_from");
+			km_pl_set_phase(p, PH_FENCE, "fence: nothing mapped to hide");
 		return;
 	}
 	if (fence && fence->logical < hide)
@@ -361,7 +361,7 @@ static void fence_from(km_pipeline *pl, mpart *p, int64_t end, int64_t from)
 		km_state_run r = {p->t->name, p->id, hide, end, hide, KM_OFFRUN_FENCE};
 		km_pl_run_then(pl, p, &r, 1, PH_FENCE);
 	} else {
-		km_pl_set_phase(p, PH_FENCE, "fence_from");
+		km_pl_set_phase(p, PH_FENCE, "fence: its run is persisted already");
 	}
 }
 
@@ -424,12 +424,12 @@ static void on_aborted(km_net_client *c, km_err err, const uint8_t *body, size_t
 	}
 	if (!ok) {
 		pl->dst_meta_need = true;
-		km_pl_set_phase(p, PH_RECONCILE, "on_aborted");
+		km_pl_set_phase(p, PH_RECONCILE, "the aborted-transactions probe failed");
 		km_pl_backoff(p);
 	} else if (at < p->recon.hide && at > 0) {
 		p->recon.hide = at;
 		if (!aborted_probe(pl, p)) {
-			km_pl_set_phase(p, PH_RECONCILE, "on_aborted");
+			km_pl_set_phase(p, PH_RECONCILE, "the aborted-transactions probe could not be sent");
 			km_pl_backoff(p);
 		}
 	} else {
@@ -507,7 +507,7 @@ static void after_start(km_pipeline *pl, mpart *p, int64_t off, bool jump)
 				(long long)p->plan.fetch_logical, (unsigned long long)n);
 			p->plan.fetch_logical = off;
 		}
-		km_pl_set_phase(p, PH_READY, "after_start");
+		km_pl_set_phase(p, PH_READY, "a hole after the source's retention");
 		return;
 	}
 	p->plan.fetch_logical = off;
@@ -516,5 +516,5 @@ static void after_start(km_pipeline *pl, mpart *p, int64_t off, bool jump)
 	KM_INFO(COMP, 0, "%s/%s: starts at source offset %lld (destination offset %lld)", pl->name,
 		km_pl_ptag(p, tag, sizeof(tag)), (long long)off, (long long)p->out.acked_phys);
 	km_pl_set_tail(pl, p, true);
-	km_pl_set_phase(p, PH_READY, "after_start");
+	km_pl_set_phase(p, PH_READY, "positioned at the source");
 }

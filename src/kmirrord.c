@@ -308,16 +308,16 @@ static const char *flag_to_option(const char *flag, char *buf, size_t len)
 	return buf;
 }
 
-int main(int argc, char **argv)
-{
-	daemon_ctx d;
-	char err[512];
-	bool check_only = false, print_only = false;
-	struct event *sig_hup, *sig_term, *sig_int;
-	static char names[MAX_OVERRIDES][64];
-	int rc = 0;
+/* What the command line asks for beyond the options it sets. */
+typedef struct cmdline {
+	bool check_only, print_only;
+} cmdline;
 
-	memset(&d, 0, sizeof(d));
+/* The command line into d's overrides. -1: go on; else the exit code (--help, --version, a bad argument). */
+static int parse_args(daemon_ctx *d, int argc, char **argv, cmdline *cl)
+{
+	static char names[MAX_OVERRIDES][64];
+
 	for (int i = 1; i < argc; i++) {
 		const char *a = argv[i];
 		const char *val;
@@ -335,14 +335,14 @@ int main(int argc, char **argv)
 			return 0;
 		}
 		if (!strcmp(a, "--check-config")) {
-			check_only = true;
+			cl->check_only = true;
 			continue;
 		}
 		if (!strcmp(a, "--print-config")) {
-			print_only = true;
+			cl->print_only = true;
 			continue;
 		}
-		if (strncmp(a, "--", 2) != 0 || d.overrides == MAX_OVERRIDES) {
+		if (strncmp(a, "--", 2) != 0 || d->overrides == MAX_OVERRIDES) {
 			fprintf(stderr, "kmirrord: unexpected argument '%s' (try --help)\n", a);
 			return 2;
 		}
@@ -357,34 +357,49 @@ int main(int argc, char **argv)
 			}
 			memcpy(tmp, a + 2, n);
 			tmp[n] = '\0';
-			flag_to_option(tmp, names[d.overrides], sizeof(names[0]));
+			flag_to_option(tmp, names[d->overrides], sizeof(names[0]));
 			val = eq + 1;
 		} else {
-			flag_to_option(a + 2, names[d.overrides], sizeof(names[0]));
+			flag_to_option(a + 2, names[d->overrides], sizeof(names[0]));
 			if (i + 1 >= argc) {
 				fprintf(stderr, "kmirrord: %s needs a value\n", a);
 				return 2;
 			}
 			val = argv[++i];
 		}
-		if (!strcmp(names[d.overrides], "config")) {
-			d.config_path = val;
+		if (!strcmp(names[d->overrides], "config")) {
+			d->config_path = val;
 			continue;
 		}
-		if (!km_opt_find(km_config_table(), names[d.overrides])) {
+		if (!km_opt_find(km_config_table(), names[d->overrides])) {
 			fprintf(stderr, "kmirrord: unknown option '%s' (try --help)\n", a);
 			return 2;
 		}
-		d.override_name[d.overrides] = names[d.overrides];
-		d.override_value[d.overrides] = val;
-		d.overrides++;
+		d->override_name[d->overrides] = names[d->overrides];
+		d->override_value[d->overrides] = val;
+		d->overrides++;
 	}
+	return -1;
+}
+
+int main(int argc, char **argv)
+{
+	daemon_ctx d;
+	char err[512];
+	cmdline cl = {false, false};
+	struct event *sig_hup, *sig_term, *sig_int;
+	int rc = 0;
+
+	memset(&d, 0, sizeof(d));
+	if ((rc = parse_args(&d, argc, argv, &cl)) >= 0)
+		return rc;
+	rc = 0;
 	if (build_config(&d, &d.cfg, err, sizeof(err)) != KM_OK) {
 		fprintf(stderr, "kmirrord: invalid configuration: %s\n", err);
 		return 2;
 	}
-	if (check_only || print_only) {
-		if (print_only)
+	if (cl.check_only || cl.print_only) {
+		if (cl.print_only)
 			km_opt_write_values(km_config_table(), &d.cfg, stdout);
 		else
 			printf("configuration ok\n");

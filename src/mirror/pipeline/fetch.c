@@ -422,6 +422,134 @@ static void session_reset(km_pipeline *pl, int32_t node)
 				pl->topics[i]->parts[j]->fetch.sess_node = -1;
 }
 
+/* A Fetch request being built: its topics, partitions and forgotten partitions (arrays sized for the broker's partitions). */
+typedef struct fetch_req {
+	km_fetch_request m;
+	km_fetch_request_fetch_topic *ft;
+	km_fetch_request_fetch_partition *fp;
+	km_fetch_request_forgotten_topic *fg;
+	int32_t *fgp;
+	size_t nt, np, nf, nfp;
+	int32_t node;
+	bool sessions, full;
+} fetch_req;
+
+static void fetch_req_free(fetch_req *r)
+{
+	free(r->ft);
+	free(r->fp);
+	free(r->fg);
+	free(r->fgp);
+}
+
+/*
+ * One partition in the request: ready ones are fetched at their fetch offset; with sessions, a
+ * member not ready stays with a size of 0, and one the broker holds as it is is left out.
+ */
+static void fetch_req_part(km_pipeline *pl, fetch_req *r, fetch_ctx *fc, mpart *p, int64_t now)
+{
+	bool ready = km_pl_fetchable(p, now) && p->lead.src == r->node;
+	bool member = r->sessions && session_member(p, r->node);
+	int64_t off;
+	int32_t max;
+
+	if (!ready && !member) {
+		if (p->fetch.sess_node == r->node) {
+			r->fgp[r->nfp++] = p->id; /* it left the session */
+			p->fetch.sess_node = -1;
+		}
+		return;
+	}
+	if (ready) {
+		fc->parts[fc->n++] = p;
+		p->fetch.seq = pl->fetch_seq + 1;
+		km_pl_set_phase(p, PH_FETCHING, "in a Fetch");
+		p->plan.stop_answer = false;
+	}
+	off = ready || p->fetch.sess_node != r->node ? p->plan.fetch_logical : p->fetch.sess_offset;
+	max = ready ? (int32_t)pl->part_max_bytes : 0;
+	if (off < 0)
+		off = 0; /* a member not started yet: no data is taken before it is ready */
+	if (!r->full && p->fetch.sess_node == r->node && p->fetch.sess_offset == off && p->fetch.sess_max == max &&
+	    p->fetch.sess_lepoch == p->lead.src_epoch)
+		return; /* the broker holds it as it is */
+	km_fetch_request_fetch_partition_init(&r->fp[r->np]);
+	r->fp[r->np].partition = p->id;
+	r->fp[r->np].current_leader_epoch = p->lead.src_epoch;
+	r->fp[r->np].fetch_offset = off;
+	r->fp[r->np].log_start_offset = -1;
+	r->fp[r->np].last_fetched_epoch = -1;
+	r->fp[r->np].partition_max_bytes = max;
+	r->np++;
+	if (r->sessions) {
+		p->fetch.sess_node = r->node;
+		p->fetch.sess_offset = off;
+		p->fetch.sess_max = max;
+		p->fetch.sess_lepoch = p->lead.src_epoch;
+	}
+}
+
+/* Every topic's partitions in the request, grouped by topic. */
+static void fetch_req_fill(km_pipeline *pl, fetch_req *r, fetch_ctx *fc, int64_t now)
+{
+	for (size_t i = 0; i < pl->ntopics; i++) {
+		mtopic *t = pl->topics[i];
+		size_t first = r->np, ffirst = r->nfp;
+		for (int32_t j = 0; j < t->nparts; j++)
+			if (t->parts[j])
+				fetch_req_part(pl, r, fc, t->parts[j], now);
+		if (r->np > first) {
+			km_fetch_request_fetch_topic_init(&r->ft[r->nt]);
+			r->ft[r->nt].topic = km_str_c(t->name);
+			r->ft[r->nt].partitions.items = &r->fp[first];
+			r->ft[r->nt].partitions.count = (int32_t)(r->np - first);
+			r->nt++;
+		}
+		if (r->nfp > ffirst) {
+			km_fetch_request_forgotten_topic_init(&r->fg[r->nf]);
+			r->fg[r->nf].topic = km_str_c(t->name);
+			r->fg[r->nf].partitions.items = &r->fgp[ffirst];
+			r->fg[r->nf].partitions.count = (int32_t)(r->nfp - ffirst);
+			r->nf++;
+		}
+	}
+	r->m.topics.items = r->ft;
+	r->m.topics.count = (int32_t)r->nt;
+	r->m.forgotten_topics_data.items = r->fg;
+	r->m.forgotten_topics_data.count = (int32_t)r->nf;
+}
+
+/* Send the request; its answer streams to on_fetch_stream. False: nothing was sent (fc is still the caller's). */
+static bool fetch_req_send(km_pipeline *pl, km_net_client *c, fetch_req *r, fetch_ctx *fc, int16_t ver)
+{
+	km_net_request rq;
+	km_net_piece pc;
+	req_ctx *x;
+	km_wr w;
+	bool ok = false;
+
+	km_wr_init(&w);
+	km_fetch_request_encode(&w, ver, &r->m);
+	x = km_pl_ctx_new(pl, pl->src, r->node, ver);
+	if (km_wr_ok(&w) && x) {
+		x->extra = fc;
+		pc = (km_net_piece){.p = w.buf, .len = w.len};
+		km_net_request_init(&rq, KM_API_FETCH, ver);
+		rq.pieces = &pc;
+		rq.npieces = 1;
+		rq.delivery = KM_NET_STREAM;
+		rq.on_stream = on_fetch_stream;
+		rq.arg = x;
+		ok = km_net_client_request(c, &rq) == KM_OK;
+		if (!ok)
+			km_mcluster_drop(pl->src, c);
+	}
+	if (!ok)
+		free(x);
+	km_wr_free(&w);
+	return ok;
+}
+
 /*
  * One Fetch to source broker node. With a fetch session (KIP-227, Fetch v7+) the request names only
  * what changed since the last one: a partition new to the session, or whose fetch offset, size or
@@ -435,18 +563,9 @@ void km_pl_send_fetch(km_pipeline *pl, int32_t node, int64_t now)
 {
 	km_net_client *c = km_mcluster_node(pl->src, node);
 	mnode_io *io = km_pl_node_io(&pl->sio, &pl->nsio, node);
-	km_fetch_request m;
-	km_fetch_request_fetch_topic *ft = NULL;
-	km_fetch_request_fetch_partition *fp = NULL;
-	km_fetch_request_forgotten_topic *fg = NULL;
-	int32_t *fgp = NULL;
+	fetch_req r = {.node = node};
 	fetch_ctx *fc = NULL;
-	req_ctx *x;
-	size_t np = 0, nt = 0, nf = 0, nfp = 0, nready = 0, total = 0;
-	bool sessions, full;
-	km_net_request rq;
-	km_net_piece pc;
-	km_wr w;
+	size_t nready = 0, total = 0;
 	int16_t ver;
 
 	if (!io || io->fetching || pl->held->bytes >= pl->held_cap)
@@ -462,9 +581,9 @@ void km_pl_send_fetch(km_pipeline *pl, int32_t node, int64_t now)
 			 FETCH_HI);
 		return;
 	}
-	sessions = ver >= 7 && pl->sessions;
-	full = !sessions || io->sess_id == 0;
-	if (full)
+	r.sessions = ver >= 7 && pl->sessions;
+	r.full = !r.sessions || io->sess_id == 0;
+	if (r.full)
 		session_reset(pl, node);
 	for (size_t i = 0; i < pl->ntopics; i++)
 		for (int32_t j = 0; j < pl->topics[i]->nparts; j++) {
@@ -479,135 +598,43 @@ void km_pl_send_fetch(km_pipeline *pl, int32_t node, int64_t now)
 	if (!nready)
 		return; /* nothing to read: the session waits as it is */
 	fc = calloc(1, sizeof(*fc));
-	ft = calloc(pl->ntopics, sizeof(*ft));
-	fp = calloc(total, sizeof(*fp));
-	fg = calloc(pl->ntopics, sizeof(*fg));
-	fgp = calloc(total, sizeof(*fgp));
-	if (!fc || !ft || !fp || !fg || !fgp || !(fc->parts = calloc(nready, sizeof(*fc->parts))) ||
-	    !(fc->later = calloc(nready, sizeof(*fc->later))))
-		goto fail;
-	fc->pl = pl;
-	km_fetch_request_init(&m);
-	m.replica_id = -1;
-	m.max_wait_ms = FETCH_MAX_WAIT_MS;
-	m.min_bytes = 1;
-	m.max_bytes = (int32_t)pl->fetch_max_bytes;
-	m.isolation_level = 0;
-	/* A full request opens a session (id 0, epoch 0) where sessions are used, else none (epoch -1). */
-	m.session_id = full ? 0 : io->sess_id;
-	m.session_epoch = !sessions ? -1 : full ? 0 : io->sess_epoch;
-	for (size_t i = 0; i < pl->ntopics; i++) {
-		mtopic *t = pl->topics[i];
-		size_t first = np, ffirst = nfp;
-		for (int32_t j = 0; j < t->nparts; j++) {
-			mpart *p = t->parts[j];
-			bool ready, member;
-			int64_t off;
-			int32_t max;
-			if (!p)
-				continue;
-			ready = km_pl_fetchable(p, now) && p->lead.src == node;
-			member = sessions && session_member(p, node);
-			if (!ready && !member) {
-				if (p->fetch.sess_node == node) {
-					fgp[nfp++] = p->id; /* it left the session */
-					p->fetch.sess_node = -1;
-				}
-				continue;
-			}
-			if (ready) {
-				fc->parts[fc->n++] = p;
-				p->fetch.seq = pl->fetch_seq + 1;
-				km_pl_set_phase(p, PH_FETCHING, "in a Fetch");
-				p->plan.stop_answer = false;
-			}
-			off = ready || p->fetch.sess_node != node ? p->plan.fetch_logical : p->fetch.sess_offset;
-			max = ready ? (int32_t)pl->part_max_bytes : 0;
-			if (off < 0)
-				off = 0; /* a member not started yet: no data is taken before it is ready */
-			if (!full && p->fetch.sess_node == node && p->fetch.sess_offset == off && p->fetch.sess_max == max &&
-			    p->fetch.sess_lepoch == p->lead.src_epoch)
-				continue; /* the broker holds it as it is */
-			km_fetch_request_fetch_partition_init(&fp[np]);
-			fp[np].partition = p->id;
-			fp[np].current_leader_epoch = p->lead.src_epoch;
-			fp[np].fetch_offset = off;
-			fp[np].log_start_offset = -1;
-			fp[np].last_fetched_epoch = -1;
-			fp[np].partition_max_bytes = max;
-			np++;
-			if (sessions) {
-				p->fetch.sess_node = node;
-				p->fetch.sess_offset = off;
-				p->fetch.sess_max = max;
-				p->fetch.sess_lepoch = p->lead.src_epoch;
-			}
-		}
-		if (np > first) {
-			km_fetch_request_fetch_topic_init(&ft[nt]);
-			ft[nt].topic = km_str_c(t->name);
-			ft[nt].partitions.items = &fp[first];
-			ft[nt].partitions.count = (int32_t)(np - first);
-			nt++;
-		}
-		if (nfp > ffirst) {
-			km_fetch_request_forgotten_topic_init(&fg[nf]);
-			fg[nf].topic = km_str_c(t->name);
-			fg[nf].partitions.items = &fgp[ffirst];
-			fg[nf].partitions.count = (int32_t)(nfp - ffirst);
-			nf++;
-		}
+	r.ft = calloc(pl->ntopics, sizeof(*r.ft));
+	r.fp = calloc(total, sizeof(*r.fp));
+	r.fg = calloc(pl->ntopics, sizeof(*r.fg));
+	r.fgp = calloc(total, sizeof(*r.fgp));
+	if (!fc || !r.ft || !r.fp || !r.fg || !r.fgp || !(fc->parts = calloc(nready, sizeof(*fc->parts))) ||
+	    !(fc->later = calloc(nready, sizeof(*fc->later)))) {
+		if (fc)
+			fetch_ctx_free(fc);
+		fetch_req_free(&r);
+		return;
 	}
-	m.topics.items = ft;
-	m.topics.count = (int32_t)nt;
-	m.forgotten_topics_data.items = fg;
-	m.forgotten_topics_data.count = (int32_t)nf;
+	fc->pl = pl;
+	km_fetch_request_init(&r.m);
+	r.m.replica_id = -1;
+	r.m.max_wait_ms = FETCH_MAX_WAIT_MS;
+	r.m.min_bytes = 1;
+	r.m.max_bytes = (int32_t)pl->fetch_max_bytes;
+	r.m.isolation_level = 0;
+	/* A full request opens a session (id 0, epoch 0) where sessions are used, else none (epoch -1). */
+	r.m.session_id = r.full ? 0 : io->sess_id;
+	r.m.session_epoch = !r.sessions ? -1 : r.full ? 0 : io->sess_epoch;
+	fetch_req_fill(pl, &r, fc, now);
 	fc->node = node;
 	fc->seq = ++pl->fetch_seq;
-	fc->full = full;
-	fc->sessions = sessions;
-	km_wr_init(&w);
-	km_fetch_request_encode(&w, ver, &m);
-	x = km_pl_ctx_new(pl, pl->src, node, ver);
-	if (!km_wr_ok(&w) || !x) {
-		free(x);
-		km_wr_free(&w);
-		goto unfetch;
-	}
-	x->extra = fc;
-	pc = (km_net_piece){.p = w.buf, .len = w.len};
-	km_net_request_init(&rq, KM_API_FETCH, ver);
-	rq.pieces = &pc;
-	rq.npieces = 1;
-	rq.delivery = KM_NET_STREAM;
-	rq.on_stream = on_fetch_stream;
-	rq.arg = x;
-	if (km_net_client_request(c, &rq) != KM_OK) {
-		free(x);
-		km_wr_free(&w);
-		km_mcluster_drop(pl->src, c);
-		goto unfetch;
-	}
-	km_wr_free(&w);
-	io->fetching = true;
-	if (full)
-		pl->fetch_full++;
-	else
-		pl->fetch_incremental++;
-	free(ft);
-	free(fp);
-	free(fg);
-	free(fgp);
-	return;
-unfetch:
-	for (size_t i = 0; i < fc->n; i++)
-		km_pl_set_phase(fc->parts[i], PH_READY, "the Fetch could not be sent");
-	session_reset(pl, node); /* what the broker holds is not known now */
-fail:
-	if (fc)
+	fc->full = r.full;
+	fc->sessions = r.sessions;
+	if (fetch_req_send(pl, c, &r, fc, ver)) {
+		io->fetching = true;
+		if (r.full)
+			pl->fetch_full++;
+		else
+			pl->fetch_incremental++;
+	} else {
+		for (size_t i = 0; i < fc->n; i++)
+			km_pl_set_phase(fc->parts[i], PH_READY, "the Fetch could not be sent");
+		session_reset(pl, node); /* what the broker holds is not known now */
 		fetch_ctx_free(fc);
-	free(ft);
-	free(fp);
-	free(fg);
-	free(fgp);
+	}
+	fetch_req_free(&r);
 }

@@ -44,14 +44,14 @@ const char *const km_pl_phase_names[] = {
  * machine"). IDLE (stopped, paused, failed) and RECONCILE (start over) are reachable from anywhere.
  */
 static const unsigned km_pl_edges[PH_WRITING + 1] = {
-	[PH_IDLE] = 0,
-	[PH_RECONCILE] = B(PH_RECON_WAIT) | B(PH_FENCE),
+	[PH_IDLE] = B(PH_RUNS),
+	[PH_RECONCILE] = B(PH_RECON_WAIT) | B(PH_RUNS),
 	[PH_RECON_WAIT] = B(PH_RECON_LSO),
 	[PH_RECON_LSO] = B(PH_RECON_ABORTED) | B(PH_FENCE) | B(PH_RUNS) | B(PH_READY) | B(PH_START),
 	[PH_RECON_ABORTED] = B(PH_FENCE) | B(PH_RUNS) | B(PH_READY) | B(PH_START),
 	[PH_FENCE] = 0,
 	[PH_START] = B(PH_START_WAIT) | B(PH_RUNS) | B(PH_READY),
-	[PH_START_WAIT] = B(PH_START) | B(PH_READY),
+	[PH_START_WAIT] = B(PH_START) | B(PH_READY) | B(PH_RUNS),
 	[PH_READY] = B(PH_FETCHING) | B(PH_RUNS),
 	[PH_FETCHING] = B(PH_READY) | B(PH_RUNS) | B(PH_WRITING) | B(PH_START),
 	[PH_RUNS] = B(PH_READY) | B(PH_WRITING) | B(PH_START) | B(PH_FENCE),

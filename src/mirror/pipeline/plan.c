@@ -89,36 +89,49 @@ static bool plan(mplan *q, const mplan_env *env, mbatch *b, runs_acc *ra)
 	return true;
 }
 
-/* CRC32C of the re-stamped header continued over the batch's bytes from 61 on, in the response buffer. */
-static km_err restamp_ref(mbatch *b, const struct evbuffer_ptr *at)
+/* The CRC32C of b's header (from its attributes on) continued over its record bytes in the response (b->vec). */
+static km_err crc_refs(mbatch *b)
 {
-	struct evbuffer_ptr ptr = *at;
 	size_t left = b->size - KM_BATCH_HEADER_SIZE;
 	uint32_t crc = km_crc32c(0, b->hdr + KM_BATCH_OFF_ATTRIBUTES, KM_BATCH_HEADER_SIZE - KM_BATCH_OFF_ATTRIBUTES);
-	int n;
 
-	if (!left) {
-		km_put_be32(b->hdr + KM_BATCH_OFF_CRC, crc);
-		return KM_OK;
-	}
-	/* at is the batch's first byte; its records start 61 bytes on (walking only the chains between). */
-	if (evbuffer_ptr_set(b->resp->buf, &ptr, KM_BATCH_HEADER_SIZE, EVBUFFER_PTR_ADD) != 0)
-		return KM_ERR_DECODE;
-	n = evbuffer_peek(b->resp->buf, (ev_ssize_t)left, &ptr, NULL, 0);
-	if (n <= 0 || !(b->vec = malloc((size_t)n * sizeof(*b->vec))))
-		return n <= 0 ? KM_ERR_DECODE : KM_ERR_NOMEM;
-	b->nvec = evbuffer_peek(b->resp->buf, (ev_ssize_t)left, &ptr, b->vec, n);
 	for (int i = 0; i < b->nvec && left; i++) {
-		if (b->vec[i].iov_len > left)
-			b->vec[i].iov_len = left; /* the last one may run on into the next batch */
-		if (b->kind != BK_TXN) /* a transaction's batch gets its CRC when it is stamped (stamp_txn) */
-			crc = km_crc32c(crc, b->vec[i].iov_base, b->vec[i].iov_len);
+		crc = km_crc32c(crc, b->vec[i].iov_base, b->vec[i].iov_len);
 		left -= b->vec[i].iov_len;
 	}
 	if (left)
 		return KM_ERR_DECODE;
 	km_put_be32(b->hdr + KM_BATCH_OFF_CRC, crc);
 	return KM_OK;
+}
+
+/*
+ * Find b's record bytes (from 61 on) in the response buffer's chains, once, then its CRC over the
+ * re-stamped header; a transaction's batch gets its CRC when it is stamped (km_plan_stamp_txn).
+ */
+static km_err restamp_ref(mbatch *b, const struct evbuffer_ptr *at)
+{
+	struct evbuffer_ptr ptr = *at;
+	size_t left = b->size - KM_BATCH_HEADER_SIZE;
+	int n;
+
+	if (left) {
+		/* at is the batch's first byte; its records start 61 bytes on (walking only the chains between). */
+		if (evbuffer_ptr_set(b->resp->buf, &ptr, KM_BATCH_HEADER_SIZE, EVBUFFER_PTR_ADD) != 0)
+			return KM_ERR_DECODE;
+		n = evbuffer_peek(b->resp->buf, (ev_ssize_t)left, &ptr, NULL, 0);
+		if (n <= 0 || !(b->vec = malloc((size_t)n * sizeof(*b->vec))))
+			return n <= 0 ? KM_ERR_DECODE : KM_ERR_NOMEM;
+		b->nvec = evbuffer_peek(b->resp->buf, (ev_ssize_t)left, &ptr, b->vec, n);
+		for (int i = 0; i < b->nvec && left; i++) {
+			if (b->vec[i].iov_len > left)
+				b->vec[i].iov_len = left; /* the last one may run on into the next batch */
+			left -= b->vec[i].iov_len;
+		}
+		if (left)
+			return KM_ERR_DECODE;
+	}
+	return b->kind == BK_TXN ? KM_OK : crc_refs(b);
 }
 
 /*
@@ -331,9 +344,6 @@ km_err km_plan_take(mplan *q, const mplan_env *env, mresp *resp, const struct ev
 /* A transaction's batch stamped with its destination producer (id, epoch, the partition's next sequence). */
 km_err km_plan_stamp_txn(mbatch *b, int64_t pid, int16_t epoch, int32_t seq)
 {
-	size_t left = b->size - KM_BATCH_HEADER_SIZE;
-	uint32_t crc;
-
 	km_batch_set_producer(b->hdr, pid, epoch, seq);
 	if (b->own) {
 		memcpy(b->own, b->hdr, KM_BATCH_HEADER_SIZE);
@@ -341,15 +351,7 @@ km_err km_plan_stamp_txn(mbatch *b, int64_t pid, int16_t epoch, int32_t seq)
 		memcpy(b->hdr, b->own, KM_BATCH_HEADER_SIZE);
 		return KM_OK;
 	}
-	crc = km_crc32c(0, b->hdr + KM_BATCH_OFF_ATTRIBUTES, KM_BATCH_HEADER_SIZE - KM_BATCH_OFF_ATTRIBUTES);
-	for (int i = 0; i < b->nvec && left; i++) {
-		crc = km_crc32c(crc, b->vec[i].iov_base, b->vec[i].iov_len);
-		left -= b->vec[i].iov_len;
-	}
-	if (left)
-		return KM_ERR_DECODE;
-	km_put_be32(b->hdr + KM_BATCH_OFF_CRC, crc);
-	return KM_OK;
+	return crc_refs(b);
 }
 
 void km_plan_drop_unsent(mplan *q)

@@ -217,6 +217,151 @@ static km_wr *frame_piece(km_wr *enc, size_t *nenc, km_net_piece *pieces, size_t
 	return w;
 }
 
+/* A Produce request being built: the batches chosen, grouped by topic, and the pieces that carry them. */
+typedef struct produce_req {
+	produce_ctx *pc;          /* the partitions and batches chosen (pc->n of them once sent) */
+	size_t n, bytes;
+	size_t *gstart, ngroups;  /* where each topic's group starts in pc */
+	km_net_piece *pieces;     /* framing pieces (enc) and record pieces, in wire order */
+	size_t npieces;
+	km_wr *enc;
+	size_t nenc;
+	km_txp *txp;              /* a transaction's batch: its producer (one per request) */
+	int16_t ver;
+	bool flex;
+} produce_req;
+
+/*
+ * Choose: one batch per partition led by node, grouped by topic, within the byte cap. A
+ * transaction's batch goes alone (its producer is the partition's own: one transactional producer
+ * per request, a broker rule); the first partition ready decides which kind this request is.
+ */
+static void produce_choose(km_pipeline *pl, int32_t node, produce_req *r)
+{
+	produce_ctx *pc = r->pc;
+	for (size_t i = 0; i < pl->ntopics && r->bytes < PRODUCE_REQUEST_BYTES && !r->txp; i++) {
+		mtopic *t = pl->topics[i];
+		size_t first = r->n;
+		for (int32_t j = 0; j < t->nparts; j++) {
+			mpart *p = t->parts[j];
+			mbatch *b = p && p->lead.dst == node ? km_pl_next_unsent(p) : NULL;
+			if (!b || (r->n && b->kind == BK_TXN))
+				continue;
+			if (r->n && r->bytes + b->size > PRODUCE_REQUEST_BYTES)
+				break;
+			if (b->kind == BK_TXN) {
+				km_txp *txp = p->txn.tx[b->txi].txp;
+				if (km_plan_stamp_txn(b, km_txp_pid(txp), km_txp_epoch(txp), km_txp_seq(txp)) != KM_OK)
+					continue;
+				r->txp = txp;
+				if (r->ver > PRODUCE_TXN_HI)
+					r->ver = PRODUCE_TXN_HI;
+				r->flex = r->ver >= 9;
+			}
+			pc->parts[r->n] = p;
+			pc->batches[r->n] = b;
+			r->bytes += b->size;
+			r->n++;
+			if (r->txp)
+				break;
+		}
+		if (r->n > first)
+			r->gstart[r->ngroups++] = first;
+	}
+	r->gstart[r->ngroups] = r->n;
+}
+
+/* One partition's entry: its index and the batch, the header re-stamped, the record bytes referenced. */
+static km_wr *produce_encode_part(produce_req *r, size_t k, km_wr *w)
+{
+	mbatch *b = r->pc->batches[k];
+	km_wr_i32(w, r->pc->parts[k]->id);
+	if (r->flex)
+		km_wr_uvarint(w, (uint32_t)b->size + 1);
+	else
+		km_wr_i32(w, (int32_t)b->size);
+	km_wr_raw(w, b->hdr, KM_BATCH_HEADER_SIZE);
+	if (b->size > KM_BATCH_HEADER_SIZE) {
+		if (b->own) {
+			r->pieces[r->npieces++] = (km_net_piece){.p = b->own + KM_BATCH_HEADER_SIZE,
+								 .len = b->size - KM_BATCH_HEADER_SIZE};
+		} else {
+			/* The record bytes where they are in the fetched response's chains. */
+			for (int v = 0; v < b->nvec; v++) {
+				b->resp->refs++;
+				r->pieces[r->npieces++] = (km_net_piece){.p = b->vec[v].iov_base, .len = b->vec[v].iov_len,
+									 .release = km_plan_resp_unref,
+									 .release_arg = b->resp};
+			}
+		}
+	}
+	w = frame_piece(r->enc, &r->nenc, r->pieces, &r->npieces);
+	if (r->flex)
+		km_wr_uvarint(w, 0); /* the partition's tags */
+	return w;
+}
+
+/* Encode: transactional id (null for the idempotent producer), acks=all, timeout, the topics. */
+static bool produce_encode(produce_req *r)
+{
+	km_wr *w = frame_piece(r->enc, &r->nenc, r->pieces, &r->npieces);
+	size_t e = 0;
+
+	if (r->txp)
+		encode_str(w, r->flex, km_txp_id(r->txp));
+	else if (r->flex)
+		km_wr_uvarint(w, 0);
+	else
+		km_wr_i16(w, -1);
+	km_wr_i16(w, -1);
+	km_wr_i32(w, 30000);
+	km_wr_array_len(w, r->flex, (int32_t)r->ngroups);
+	for (size_t g = 0; g < r->ngroups; g++) {
+		w = frame_piece(r->enc, &r->nenc, r->pieces, &r->npieces);
+		encode_str(w, r->flex, r->pc->parts[r->gstart[g]]->t->name);
+		km_wr_array_len(w, r->flex, (int32_t)(r->gstart[g + 1] - r->gstart[g]));
+		for (size_t k = r->gstart[g]; k < r->gstart[g + 1]; k++) {
+			if (k > r->gstart[g])
+				w = frame_piece(r->enc, &r->nenc, r->pieces, &r->npieces);
+			w = produce_encode_part(r, k, w);
+		}
+		if (r->flex)
+			km_wr_uvarint(w, 0); /* the topic's tags */
+	}
+	if (r->flex)
+		km_wr_uvarint(&r->enc[r->nenc - 1], 0); /* the request's tags */
+	/* Point the framing pieces at their encoded bytes, in order. */
+	for (size_t i = 0; i < r->npieces; i++) {
+		if (r->pieces[i].p || r->pieces[i].buf)
+			continue;
+		if (e >= r->nenc || !km_wr_ok(&r->enc[e]))
+			return false;
+		r->pieces[i].p = r->enc[e].buf;
+		r->pieces[i].len = r->enc[e].len;
+		e++;
+	}
+	return true;
+}
+
+static void produce_req_free(produce_req *r, bool sent)
+{
+	if (!sent)
+		/* The referenced pieces were not taken: give their references back. */
+		for (size_t i = 0; r->pieces && i < r->npieces; i++)
+			if (r->pieces[i].release)
+				r->pieces[i].release(r->pieces[i].release_arg);
+	for (size_t i = 0; r->enc && i < r->nenc; i++)
+		km_wr_free(&r->enc[i]);
+	free(r->enc);
+	free(r->pieces);
+	free(r->gstart);
+	if (r->pc && !sent) {
+		free(r->pc->parts);
+		free(r->pc->batches);
+		free(r->pc);
+	}
+}
+
 /*
  * One Produce request to node: one batch per partition (a broker rule), as many partitions led
  * by node as have one ready, up to PRODUCE_REQUEST_BYTES. The batch headers are the re-stamped
@@ -226,16 +371,11 @@ bool km_pl_send_produce(km_pipeline *pl, int32_t node)
 {
 	km_net_client *c = km_mcluster_node(pl->dst, node);
 	mnode_io *io = km_pl_node_io(&pl->dio, &pl->ndio, node);
-	size_t cap = 0, n = 0, bytes = 0, ngroups = 0, npieces = 0, nenc = 0;
-	produce_ctx *pc;
-	size_t *gstart = NULL;
-	km_net_piece *pieces = NULL;
-	km_wr *enc = NULL;
+	produce_req r = {0};
+	size_t cap = 0;
 	km_net_request rq;
-	req_ctx *x;
-	km_txp *txp = NULL;
-	int16_t ver;
-	bool flex, ok = false;
+	req_ctx *x = NULL;
+	bool ok = false;
 
 	if (!io || io->produce_inflight >= KM_MIRROR_PRODUCE_INFLIGHT)
 		return false;
@@ -245,9 +385,9 @@ bool km_pl_send_produce(km_pipeline *pl, int32_t node)
 	}
 	if (!km_mcluster_usable(pl->dst, c))
 		return false;
-	if ((ver = km_pl_pick(c, KM_API_PRODUCE, PRODUCE_LO, PRODUCE_HI)) < 0)
+	if ((r.ver = km_pl_pick(c, KM_API_PRODUCE, PRODUCE_LO, PRODUCE_HI)) < 0)
 		return false;
-	flex = ver >= 9;
+	r.flex = r.ver >= 9;
 	for (size_t i = 0; i < pl->ntopics; i++)
 		for (int32_t j = 0; j < pl->topics[i]->nparts; j++) {
 			mpart *p = pl->topics[i]->parts[j];
@@ -256,124 +396,21 @@ bool km_pl_send_produce(km_pipeline *pl, int32_t node)
 		}
 	if (!cap)
 		return false;
-	pc = calloc(1, sizeof(*pc));
-	if (!pc || !(pc->parts = calloc(cap, sizeof(*pc->parts))) ||
-	    !(pc->batches = calloc(cap, sizeof(*pc->batches))) || !(gstart = calloc(cap + 1, sizeof(*gstart))) ||
-	    !(pieces = calloc(piece_cap(pl, node, cap) + pl->ntopics * 2 + 2, sizeof(*pieces))) ||
-	    !(enc = calloc(cap * 2 + pl->ntopics * 2 + 2, sizeof(*enc))))
+	r.pc = calloc(1, sizeof(*r.pc));
+	if (!r.pc || !(r.pc->parts = calloc(cap, sizeof(*r.pc->parts))) ||
+	    !(r.pc->batches = calloc(cap, sizeof(*r.pc->batches))) || !(r.gstart = calloc(cap + 1, sizeof(*r.gstart))) ||
+	    !(r.pieces = calloc(piece_cap(pl, node, cap) + pl->ntopics * 2 + 2, sizeof(*r.pieces))) ||
+	    !(r.enc = calloc(cap * 2 + pl->ntopics * 2 + 2, sizeof(*r.enc))))
 		goto out;
-	pc->node = node;
-	/*
-	 * Choose: one batch per partition, grouped by topic, within the byte cap. A transaction's
-	 * batch goes alone (its producer is the partition's own: one transactional producer per
-	 * request, a broker rule); the first partition ready decides which kind this request is.
-	 */
-	for (size_t i = 0; i < pl->ntopics && bytes < PRODUCE_REQUEST_BYTES && !txp; i++) {
-		mtopic *t = pl->topics[i];
-		size_t first = n;
-		for (int32_t j = 0; j < t->nparts; j++) {
-			mpart *p = t->parts[j];
-			mbatch *b = p && p->lead.dst == node ? km_pl_next_unsent(p) : NULL;
-			if (!b || (n && b->kind == BK_TXN))
-				continue;
-			if (n && bytes + b->size > PRODUCE_REQUEST_BYTES)
-				break;
-			if (b->kind == BK_TXN) {
-				txp = p->txn.tx[b->txi].txp;
-				if (km_plan_stamp_txn(b, km_txp_pid(txp), km_txp_epoch(txp), km_txp_seq(txp)) != KM_OK) {
-					txp = NULL;
-					continue;
-				}
-				if (ver > PRODUCE_TXN_HI)
-					ver = PRODUCE_TXN_HI;
-				flex = ver >= 9;
-				pc->parts[n] = p;
-				pc->batches[n] = b;
-				bytes += b->size;
-				n++;
-				break;
-			}
-			pc->parts[n] = p;
-			pc->batches[n] = b;
-			bytes += b->size;
-			n++;
-		}
-		if (n > first)
-			gstart[ngroups++] = first;
-	}
-	gstart[ngroups] = n;
-	/* Encode: transactional id (null for the idempotent producer), acks=all, timeout, the topics. */
-	{
-		km_wr *w = frame_piece(enc, &nenc, pieces, &npieces);
-		if (txp)
-			encode_str(w, flex, km_txp_id(txp));
-		else if (flex)
-			km_wr_uvarint(w, 0);
-		else
-			km_wr_i16(w, -1);
-		km_wr_i16(w, -1);
-		km_wr_i32(w, 30000);
-		km_wr_array_len(w, flex, (int32_t)ngroups);
-	}
-	for (size_t g = 0; g < ngroups; g++) {
-		km_wr *w = frame_piece(enc, &nenc, pieces, &npieces);
-		encode_str(w, flex, pc->parts[gstart[g]]->t->name);
-		km_wr_array_len(w, flex, (int32_t)(gstart[g + 1] - gstart[g]));
-		for (size_t k = gstart[g]; k < gstart[g + 1]; k++) {
-			mbatch *b = pc->batches[k];
-			if (k > gstart[g])
-				w = frame_piece(enc, &nenc, pieces, &npieces);
-			km_wr_i32(w, pc->parts[k]->id);
-			if (flex)
-				km_wr_uvarint(w, (uint32_t)b->size + 1);
-			else
-				km_wr_i32(w, (int32_t)b->size);
-			km_wr_raw(w, b->hdr, KM_BATCH_HEADER_SIZE);
-			if (b->size > KM_BATCH_HEADER_SIZE) {
-				if (b->own) {
-					pieces[npieces++] = (km_net_piece){.p = b->own + KM_BATCH_HEADER_SIZE,
-									   .len = b->size - KM_BATCH_HEADER_SIZE};
-				} else {
-					/* The record bytes where they are in the fetched response's chains. */
-					for (int v = 0; v < b->nvec; v++) {
-						b->resp->refs++;
-						pieces[npieces++] = (km_net_piece){.p = b->vec[v].iov_base,
-										   .len = b->vec[v].iov_len,
-										   .release = km_plan_resp_unref,
-										   .release_arg = b->resp};
-					}
-				}
-			}
-			w = frame_piece(enc, &nenc, pieces, &npieces);
-			if (flex)
-				km_wr_uvarint(w, 0); /* the partition's tags */
-		}
-		if (flex)
-			km_wr_uvarint(w, 0); /* the topic's tags */
-	}
-	if (flex)
-		km_wr_uvarint(&enc[nenc - 1], 0); /* the request's tags */
-	/* Point the framing pieces at their encoded bytes, in order. */
-	{
-		size_t e = 0;
-		for (size_t i = 0; i < npieces; i++) {
-			if (pieces[i].p || pieces[i].buf)
-				continue;
-			if (e >= nenc || !km_wr_ok(&enc[e]))
-				goto out;
-			pieces[i].p = enc[e].buf;
-			pieces[i].len = enc[e].len;
-			e++;
-		}
-	}
-	x = km_pl_ctx_new(pl, pl->dst, node, ver);
-	if (!x)
+	r.pc->node = node;
+	produce_choose(pl, node, &r);
+	if (!produce_encode(&r) || !(x = km_pl_ctx_new(pl, pl->dst, node, r.ver)))
 		goto out;
-	x->extra = pc;
-	pc->n = n;
-	km_net_request_init(&rq, KM_API_PRODUCE, ver);
-	rq.pieces = pieces;
-	rq.npieces = npieces;
+	x->extra = r.pc;
+	r.pc->n = r.n;
+	km_net_request_init(&rq, KM_API_PRODUCE, r.ver);
+	rq.pieces = r.pieces;
+	rq.npieces = r.npieces;
 	rq.delivery = KM_NET_FLAT;
 	rq.on_flat = on_produce;
 	rq.arg = x;
@@ -382,30 +419,15 @@ bool km_pl_send_produce(km_pipeline *pl, int32_t node)
 		km_mcluster_drop(pl->dst, c);
 		goto out;
 	}
-	for (size_t i = 0; i < n; i++) {
-		pc->batches[i]->sent = true;
-		pc->parts[i]->out.inflight++;
+	for (size_t i = 0; i < r.n; i++) {
+		r.pc->batches[i]->sent = true;
+		r.pc->parts[i]->out.inflight++;
 	}
-	if (txp)
-		km_txp_advance(txp, pc->batches[0]->count);
+	if (r.txp)
+		km_txp_advance(r.txp, r.pc->batches[0]->count);
 	io->produce_inflight++;
-	pc = NULL;
 	ok = true;
 out:
-	if (!ok)
-		/* The referenced pieces were not taken: give their references back. */
-		for (size_t i = 0; pieces && i < npieces; i++)
-			if (pieces[i].release)
-				pieces[i].release(pieces[i].release_arg);
-	for (size_t i = 0; enc && i < nenc; i++)
-		km_wr_free(&enc[i]);
-	free(enc);
-	free(pieces);
-	free(gstart);
-	if (pc) {
-		free(pc->parts);
-		free(pc->batches);
-		free(pc);
-	}
+	produce_req_free(&r, ok);
 	return ok;
 }

@@ -154,7 +154,7 @@ void km_txp_fence(km_txp *t);
 /* The state names, for messages. */
 const char *km_txp_state_name(km_txp_state s);
 
-/* ---- pipelines: one per mirror with partitions to run (pipeline.c) ---- */
+/* ---- pipelines: one per mirror with partitions to run (pipeline/, docs/mirror.md "The pipeline") ---- */
 
 typedef struct km_pipeline km_pipeline;
 

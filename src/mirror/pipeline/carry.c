@@ -3,10 +3,6 @@
 #include <string.h>
 
 #include "kmirror/api.h"
-#include "kmirror/batch.h"
-#include "kmirror/crc32c.h"
-#include "kmirror/fetch.h"
-#include "kmirror/hash.h"
 #include "kmirror/log.h"
 #include "kmirror/msg/list_transactions_request.h"
 #include "kmirror/msg/list_transactions_response.h"
@@ -51,7 +47,7 @@ static bool tx_add(km_pipeline *pl, mpart *p, const char *tid)
 }
 
 /* The producer carrying source producer src_pid's open transaction on p; a free one (or a new one) when create. */
-int km_pl_lease_for(km_pipeline *pl, mpart *p, int64_t src_pid, bool create)
+static int lease_for(km_pipeline *pl, mpart *p, int64_t src_pid, bool create)
 {
 	char tid[700];
 	for (size_t i = 0; i < p->txn.n; i++)
@@ -80,15 +76,17 @@ int km_pl_lease_for(km_pipeline *pl, mpart *p, int64_t src_pid, bool create)
 	return (int)p->txn.n - 1;
 }
 
+static void publish_open(km_pipeline *pl, mpart *p);
+
 /* The batch plan's transactions (mplan_env.txn): arg is the partition. */
 int km_pl_txn_slot(void *arg, int64_t src_pid, int64_t logical, bool create)
 {
 	mpart *p = arg;
 	km_pipeline *pl = p->t->pl;
-	int i = km_pl_lease_for(pl, p, src_pid, create);
+	int i = lease_for(pl, p, src_pid, create);
 	if (i >= 0 && create && p->txn.tx[i].first_logical < 0) {
 		p->txn.tx[i].first_logical = logical;
-		km_pl_publish_open(pl, p);
+		publish_open(pl, p);
 	}
 	return i;
 }
@@ -102,7 +100,7 @@ bool km_pl_tx_open(const mpart *p)
 }
 
 /* Describe's figure: where the earliest open destination transaction of p starts (offmap.open_txn_logical). */
-void km_pl_publish_open(km_pipeline *pl, mpart *p)
+static void publish_open(km_pipeline *pl, mpart *p)
 {
 	km_offmap *m = km_state_offmap_mut(km_mirror_store(pl->mi), p->t->name, p->id);
 	int64_t first = -1;
@@ -120,7 +118,7 @@ static void tx_release(km_pipeline *pl, mpart *p, size_t i)
 	p->txn.tx[i].src_pid = -1;
 	p->txn.tx[i].begun = false;
 	p->txn.tx[i].first_logical = -1;
-	km_pl_publish_open(pl, p);
+	publish_open(pl, p);
 }
 
 void km_pl_tx_free_all(mpart *p)

@@ -3,10 +3,7 @@
 #include <string.h>
 
 #include "kmirror/api.h"
-#include "kmirror/batch.h"
-#include "kmirror/crc32c.h"
 #include "kmirror/fetch.h"
-#include "kmirror/hash.h"
 #include "kmirror/log.h"
 #include "kmirror/msg/fetch_request.h"
 #include "mirror/pipeline/pipeline.h"
@@ -16,6 +13,8 @@ static void session_reset(km_pipeline *pl, int32_t node);
 /* ---- fetch ---- */
 
 /* One Fetch and its answer as it streams in (on_fetch_stream). */
+typedef struct fetch_ctx fetch_ctx;
+
 struct fetch_ctx {
 	km_pipeline *pl;
 	int32_t node;

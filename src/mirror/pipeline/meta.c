@@ -3,15 +3,10 @@
 #include <string.h>
 
 #include "kmirror/api.h"
-#include "kmirror/batch.h"
-#include "kmirror/crc32c.h"
-#include "kmirror/fetch.h"
-#include "kmirror/hash.h"
 #include "kmirror/log.h"
 #include "kmirror/msg/init_producer_id_request.h"
 #include "kmirror/msg/init_producer_id_response.h"
 #include "kmirror/msg/metadata_request.h"
-#include "kmirror/msg/metadata_response.h"
 #include "mirror/pipeline/pipeline.h"
 
 int16_t km_pl_pick(km_net_client *c, int16_t key, int16_t lo, int16_t hi)

@@ -247,9 +247,6 @@ typedef struct lo_ctx {
 	int64_t tag; /* LO_MARKER: the physical offset of the marker it asks about */
 } lo_ctx;
 
-typedef struct fetch_ctx fetch_ctx;
-
-
 
 /* machine.c: the partition machine */
 extern const char *const km_pl_phase_names[];
@@ -278,57 +275,97 @@ typedef struct mstep_view {
 
 mstep km_pl_step(const mpart *p, const mstep_view *v, int64_t now);
 
-/* meta.c */
+/* ---- meta.c: requests, metadata, the producer id ---- */
+
+/* The highest version of key in [lo, hi] that c negotiated; -1: none. */
 int16_t km_pl_pick(km_net_client *c, int16_t key, int16_t lo, int16_t hi);
+/* A request's context (freed by its answer's callback). */
 req_ctx *km_pl_ctx_new(km_pipeline *pl, km_mcluster *cl, int32_t node, int16_t ver);
+/* km_mcluster_send with the request's context: freed here when the send fails. */
 km_err km_pl_send_flat(km_net_client *c, int16_t key, int16_t ver, km_wr *w, km_net_response_cb cb, req_ctx *x);
+/* A request about one partition to cl's broker leader, answered to cb with an lo_ctx (*lc copied). */
+bool km_pl_send_part(km_pipeline *pl, km_mcluster *cl, int32_t leader, km_net_client *c, int16_t key, int16_t ver,
+		     km_wr *w, km_net_response_cb cb, const lo_ctx *lc);
 void km_pl_send_metadata(km_pipeline *pl, km_mcluster *cl);
+/* InitProducerId on the destination: partitions waiting for a fresh id take the answer's. */
 void km_pl_send_pid(km_pipeline *pl);
-bool km_pl_send_part(km_pipeline *pl, km_mcluster *cl, int32_t leader, km_net_client *c, int16_t key, int16_t ver, km_wr *w, km_net_response_cb cb, const lo_ctx *lc);
-/* carry.c */
+
+/* ---- carry.c: carried transactions ---- */
+
+/* The batch plan's transactions (mplan_env.txn): arg is the partition. */
 int km_pl_txn_slot(void *arg, int64_t src_pid, int64_t logical, bool create);
+/* Whether tid is one of p's transactional ids, of any kmirrord instance. */
 bool km_pl_tid_is_of(const km_pipeline *pl, const mpart *p, const char *tid);
-int km_pl_lease_for(km_pipeline *pl, mpart *p, int64_t src_pid, bool create);
+/* Whether p carries an open source transaction. */
 bool km_pl_tx_open(const mpart *p);
-void km_pl_publish_open(km_pipeline *pl, mpart *p);
 void km_pl_tx_free_all(mpart *p);
+/* Fence p's transactional ids (its own and an earlier life's): true once all are free again. */
 bool km_pl_fence_done(km_pipeline *pl, mpart *p);
+/* ListTransactions on every destination broker: the ids earlier lives of the mirror left. */
 void km_pl_list_txns(km_pipeline *pl, int64_t now);
+/* p's head is a marker with everything before it in: end the destination transaction, then wait for its marker. */
 void km_pl_drive_marker(km_pipeline *pl, mpart *p, int64_t now, int64_t *next);
+/* The destination's log end, asked about the marker planned at physical offset at. */
 void km_pl_marker_answer(km_pipeline *pl, mpart *p, bool ok, int64_t end, int64_t at);
+/* p's producers: transactions to begin, requests to send (next: when to poll again). */
 void km_pl_drive_txps(km_pipeline *pl, mpart *p, int64_t now, int64_t *next);
-/* failback.c */
+
+/* ---- failback.c ---- */
+
+/* Ask the source whether it is a kmirrord that mirrored t from here (LastMirroredOffsets). */
 void km_pl_ask_peer(km_pipeline *pl, mtopic *t);
+/* A fresh start from a kmirrord that mirrored p from here: true when it took p's start. */
 bool km_pl_failback_start(km_pipeline *pl, mpart *p);
-/* logstart.c */
+
+/* ---- logstart.c ---- */
+
 void km_pl_follow_log_start(km_pipeline *pl, mpart *p);
-/* produce.c */
+
+/* ---- produce.c ---- */
+
+/* b, taken off the head, is in the destination's log where it was planned: the tail moves after it. */
 void km_pl_landed(km_pipeline *pl, mpart *p, mbatch *b);
+/* The next batch of p to produce, or NULL (a probe goes alone; a transaction's waits for it to be open). */
 mbatch *km_pl_next_unsent(mpart *p);
+/* One Produce request to node; false when there was nothing to send or no room. */
 bool km_pl_send_produce(km_pipeline *pl, int32_t node);
-/* fetch.c */
+
+/* ---- fetch.c ---- */
+
 bool km_pl_fetchable(const mpart *p, int64_t now);
 void km_pl_send_fetch(km_pipeline *pl, int32_t node, int64_t now);
-/* machine.c */
+
+/* ---- machine.c ---- */
+
 int64_t km_pl_now_ms(void);
 void km_pl_tick_soon(km_pipeline *pl);
+void km_pl_schedule_in(km_pipeline *pl, int64_t ms);
+void km_pl_on_cluster_change(void *arg);
+/* "topic-partition", for messages. */
 const char *km_pl_ptag(const mpart *p, char *buf, size_t len);
 mnode_io *km_pl_node_io(mnode_io **arr, size_t *n, int32_t id);
 mtopic *km_pl_topic_get(km_pipeline *pl, const char *name, bool create);
-void km_pl_update_lag(mpart *p, int64_t now);
 mpart *km_pl_part_get(km_pipeline *pl, mtopic *t, int32_t id, bool create);
+void km_pl_update_lag(mpart *p, int64_t now);
+/* The offset map's tail (what describe shows): the acknowledged tail, or none. */
 void km_pl_set_tail(km_pipeline *pl, mpart *p, bool set);
 void km_pl_backoff(mpart *p);
+/* Start over for p: once nothing of it is in flight, reconcile with a fresh producer id. */
 void km_pl_reconcile(km_pipeline *pl, mpart *p, const char *why);
+/* p goes FAILED: an operator has to look. */
 void km_pl_fail_part(km_pipeline *pl, mpart *p, const char *why);
+/* Persist runs of p on their own; p waits in RUNS, then goes to phase then. */
 void km_pl_run_then(km_pipeline *pl, mpart *p, const km_state_run *r, size_t n, mphase then);
-void km_pl_schedule_in(km_pipeline *pl, int64_t ms);
-void km_pl_on_cluster_change(void *arg);
-/* reconcile.c */
+
+/* ---- reconcile.c ---- */
+
 bool km_pl_send_list_offsets(km_pipeline *pl, mpart *p, bool dest, int64_t ts);
 bool km_pl_send_lo(km_pipeline *pl, mpart *p, bool dest, int64_t ts, lo_kind kind);
+/* The start position asked of the source: mirror.start.offset (-2 earliest, -1 latest, or a timestamp). */
 int64_t km_pl_start_timestamp(const km_pipeline *pl);
+/* p's offset map, and its fence run if one is persisted. */
 const km_offmap *km_pl_map_of(km_pipeline *pl, const mpart *p, const km_offrun **fence);
+/* A Fetch of the one batch holding offset (isolation 1: READ_COMMITTED), answered to cb. */
 bool km_pl_one_fetch(km_pipeline *pl, mpart *p, bool dest, int64_t offset, int8_t isolation, km_net_response_cb cb);
 
 #endif

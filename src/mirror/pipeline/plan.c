@@ -2,12 +2,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kmirror/api.h"
-#include "kmirror/batch.h"
 #include "kmirror/crc32c.h"
-#include "kmirror/fetch.h"
-#include "kmirror/hash.h"
-#include "kmirror/log.h"
 #include "mirror/pipeline/plan.h"
 
 void km_plan_held_unref(mheld *h)

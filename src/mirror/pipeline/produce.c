@@ -3,10 +3,6 @@
 #include <string.h>
 
 #include "kmirror/api.h"
-#include "kmirror/batch.h"
-#include "kmirror/crc32c.h"
-#include "kmirror/fetch.h"
-#include "kmirror/hash.h"
 #include "kmirror/log.h"
 #include "kmirror/msg/produce_response.h"
 #include "mirror/pipeline/pipeline.h"

@@ -177,7 +177,7 @@ static void add_marker(km_wr *w, int64_t offset, bool commit)
 
 static const int32_t five[] = {0, 1, 2, 3, 4};
 
-/* Data batches: planned back to back from the physical tail, re-stamped with the mirror's producer, one run, CRC right. */
+/* Data batches: planned back to back from the physical tail, re-stamped with the mirror's producer, in one run. */
 static void test_data_batches_restamped_in_one_run(void **state)
 {
 	int codecs[] = {KM_CODEC_NONE, KM_CODEC_ZSTD};
@@ -460,7 +460,10 @@ static void test_marker_hole_and_no_txn(void **state)
 	free(ra.runs);
 }
 
-/* A LogAppendTime batch goes as CreateTime with the append time, in a run that says so; the next CreateTime batch starts another. */
+/*
+ * A LogAppendTime batch goes as CreateTime with the append time, in a run that says so; the next
+ * CreateTime batch starts another.
+ */
 static void test_log_append_time_runs(void **state)
 {
 	km_wr w;

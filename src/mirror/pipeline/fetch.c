@@ -72,7 +72,8 @@ static void handle_fetch_error(km_pipeline *pl, mpart *p, int16_t code)
 	switch (code) {
 	case 1: /* OFFSET_OUT_OF_RANGE: behind the source's log start (retention, DeleteRecords), or past its end */
 		p->start.oor = true;
-		km_pl_set_phase(p, PH_START, "the source answered OFFSET_OUT_OF_RANGE"); /* ListOffsets(earliest); after_start counts the hole */
+		/* ListOffsets(earliest); after_start counts the hole */
+		km_pl_set_phase(p, PH_START, "the source answered OFFSET_OUT_OF_RANGE");
 		p->retry.at = 0;
 		break;
 	case 3:   /* UNKNOWN_TOPIC_OR_PARTITION */
@@ -401,10 +402,14 @@ bool km_pl_fetchable(const mpart *p, int64_t now)
 	       p->lead.src >= 0 && p->plan.pid >= 0 && !p->plan.head && !p->out.inflight;
 }
 
-/* In the mirror's pipeline, whether or not it can be fetched now: a session keeps it (docs/mirror.md, "Fetch sessions"). */
+/*
+ * In the mirror's pipeline, whether or not it can be fetched now: a session keeps it (docs/mirror.md,
+ * "Fetch sessions").
+ */
 static bool session_member(const mpart *p, int32_t node)
 {
-	return p->state == KM_MP_MIRRORING && !p->settling && p->lead.src == node && p->plan.pid >= 0 && p->plan.fetch_logical >= 0;
+	return p->state == KM_MP_MIRRORING && !p->settling && p->lead.src == node && p->plan.pid >= 0 &&
+	       p->plan.fetch_logical >= 0;
 }
 
 /* Forget node's fetch session: the next Fetch to it is a full one (a new session). */
@@ -421,7 +426,7 @@ static void session_reset(km_pipeline *pl, int32_t node)
 				pl->topics[i]->parts[j]->fetch.sess_node = -1;
 }
 
-/* A Fetch request being built: its topics, partitions and forgotten partitions (arrays sized for the broker's partitions). */
+/* A Fetch request being built: its topics, partitions and forgotten partitions (sized for the broker's partitions). */
 typedef struct fetch_req {
 	km_fetch_request m;
 	km_fetch_request_fetch_topic *ft;

@@ -1,4 +1,4 @@
-/* A pipeline's partitions as state machines: the tick that moves them, reconcile and failure, the life of the pipeline. */
+/* A pipeline's partitions as state machines: the tick that moves them, reconcile and failure, the pipeline's life. */
 #include <stdlib.h>
 #include <string.h>
 #include <sys/time.h>
@@ -122,8 +122,9 @@ static void register_series(km_pipeline *pl, mpart *p)
 	struct {
 		km_metric_family *f;
 		const uint64_t *value;
-	} s[] = {{f->records, &p->stats.records}, {f->bytes, &p->stats.bytes}, {f->batches, &p->stats.batches}, {f->lag, &p->stats.lag},
-		 {f->lag_ms, &p->stats.lag_ms}, {f->skipped, &p->stats.skipped}, {f->errors, &p->stats.errors}};
+	} s[] = {{f->records, &p->stats.records}, {f->bytes, &p->stats.bytes},   {f->batches, &p->stats.batches},
+		 {f->lag, &p->stats.lag},         {f->lag_ms, &p->stats.lag_ms}, {f->skipped, &p->stats.skipped},
+		 {f->errors, &p->stats.errors}};
 
 	snprintf(part, sizeof(part), "%d", (int)p->id);
 	for (size_t i = 0; i < sizeof(s) / sizeof(s[0]); i++)
@@ -137,7 +138,8 @@ void km_pl_update_lag(mpart *p, int64_t now)
 {
 	int64_t mirrored = p->out.acked_logical;
 	p->stats.lag = p->stats.source_end > mirrored && mirrored >= 0 ? (uint64_t)(p->stats.source_end - mirrored) : 0;
-	p->stats.lag_ms = p->stats.lag && p->out.newest_ts > 0 && now > p->out.newest_ts ? (uint64_t)(now - p->out.newest_ts) : 0;
+	p->stats.lag_ms =
+		p->stats.lag && p->out.newest_ts > 0 && now > p->out.newest_ts ? (uint64_t)(now - p->out.newest_ts) : 0;
 }
 
 mpart *km_pl_part_get(km_pipeline *pl, mtopic *t, int32_t id, bool create)
@@ -340,7 +342,8 @@ static void settle_drained(km_pipeline *pl, mpart *p)
 		p->retry.at = 0;
 		return;
 	}
-	if (to == KM_MP_STOPPED && p->out.acked_phys >= 0 && p->out.acked_logical > p->plan.cont_logical && p->plan.cont_logical >= 0) {
+	if (to == KM_MP_STOPPED && p->out.acked_phys >= 0 && p->out.acked_logical > p->plan.cont_logical &&
+	    p->plan.cont_logical >= 0) {
 		/* The partition ends in a hole: a run at the tail, so writes after the stop continue after it. */
 		km_state_run r = {p->t->name, p->id, p->out.acked_logical, p->out.acked_phys, p->plan.cont_logical,
 				  p->plan.cont_lat ? KM_OFFRUN_LOG_APPEND_TIME : 0};
@@ -476,7 +479,10 @@ static void refill(km_pipeline *pl, int64_t now)
 	pl->tokens_at = now;
 }
 
-/* A Fetch to each source broker leading a partition ready to fetch (src), or Produce requests to each destination broker leading one with a batch to send. */
+/*
+ * A Fetch to each source broker leading a partition ready to fetch (src), or Produce requests to
+ * each destination broker leading one with a batch to send.
+ */
 static void each_leader(km_pipeline *pl, bool src, int64_t now)
 {
 	int32_t seen[64];

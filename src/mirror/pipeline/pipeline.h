@@ -1,4 +1,4 @@
-/* Internals of a mirror's pipeline (docs/mirror.md, "The pipeline"): the partition, its batches, the files that move it. */
+/* Internals of a mirror's pipeline (docs/mirror.md, "The pipeline"): the partition, the files that move it. */
 #ifndef KMIRROR_MIRROR_PIPELINE_H
 #define KMIRROR_MIRROR_PIPELINE_H
 

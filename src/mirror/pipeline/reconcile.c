@@ -1,4 +1,4 @@
-/* Reconcile and the start position: ListOffsets on both sides, the hidden range, the fence run, where a partition starts. */
+/* Reconcile and the start: ListOffsets on both sides, the hidden range, the fence run, where a partition starts. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -317,7 +317,9 @@ static void after_lso(km_pipeline *pl, mpart *p, int64_t end, int64_t lso)
 		return;
 	}
 	if (fence)
-		p->recon.hide_logical = p->recon.hide_logical >= 0 && p->recon.hide_logical < fence->logical ? p->recon.hide_logical : fence->logical;
+		p->recon.hide_logical = p->recon.hide_logical >= 0 && p->recon.hide_logical < fence->logical
+						? p->recon.hide_logical
+						: fence->logical;
 	after_reconcile(pl, p, end);
 }
 

@@ -396,12 +396,6 @@ static void on_fetch_stream(km_net_client *c, km_err err, struct evbuffer *chunk
 	}
 }
 
-bool km_pl_fetchable(const mpart *p, int64_t now)
-{
-	return p->phase == PH_READY && p->state == KM_MP_MIRRORING && !p->settling && p->retry.at <= now &&
-	       p->lead.src >= 0 && p->plan.pid >= 0 && !p->plan.head && !p->out.inflight;
-}
-
 /*
  * In the mirror's pipeline, whether or not it can be fetched now: a session keeps it (docs/mirror.md,
  * "Fetch sessions").

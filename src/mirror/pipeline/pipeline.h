@@ -325,14 +325,36 @@ void km_pl_follow_log_start(km_pipeline *pl, mpart *p);
 
 /* b, taken off the head, is in the destination's log where it was planned: the tail moves after it. */
 void km_pl_landed(km_pipeline *pl, mpart *p, mbatch *b);
-/* The next batch of p to produce, or NULL (a probe goes alone; a transaction's waits for it to be open). */
-mbatch *km_pl_next_unsent(mpart *p);
+/*
+ * The next unsent batch of p, or NULL. A probe goes alone: nothing else of p until it is answered.
+ * A transaction's batch waits until its destination transaction is open; a marker is not produced
+ * (drive_marker ends the transaction once everything before it is in). Inline: the tick asks it of
+ * every partition.
+ */
+static inline mbatch *km_pl_next_unsent(mpart *p)
+{
+	if (p->phase != PH_WRITING || (p->out.probe && p->out.inflight))
+		return NULL;
+	for (mbatch *b = p->plan.head; b; b = b->next)
+		if (!b->sent) {
+			if (b->kind == BK_MARKER ||
+			    (b->kind == BK_TXN && km_txp_state_of(p->txn.tx[b->txi].txp) != KM_TXP_OPEN))
+				return NULL;
+			return b;
+		}
+	return NULL;
+}
 /* One Produce request to node; false when there was nothing to send or no room. */
 bool km_pl_send_produce(km_pipeline *pl, int32_t node);
 
 /* ---- fetch.c ---- */
 
-bool km_pl_fetchable(const mpart *p, int64_t now);
+/* Whether p can be fetched now. Inline: the tick and every Fetch ask it of every partition. */
+static inline bool km_pl_fetchable(const mpart *p, int64_t now)
+{
+	return p->phase == PH_READY && p->state == KM_MP_MIRRORING && !p->settling && p->retry.at <= now &&
+	       p->lead.src >= 0 && p->plan.pid >= 0 && !p->plan.head && !p->out.inflight;
+}
 void km_pl_send_fetch(km_pipeline *pl, int32_t node, int64_t now);
 
 /* ---- machine.c ---- */

@@ -166,25 +166,6 @@ static void on_produce(km_net_client *c, km_err err, const uint8_t *body, size_t
 	km_pl_tick_soon(pl);
 }
 
-/*
- * The next unsent batch of p, or NULL. A probe goes alone: nothing else of p until it is answered.
- * A transaction's batch waits until its destination transaction is open; a marker is not produced
- * (drive_marker ends the transaction once everything before it is in).
- */
-mbatch *km_pl_next_unsent(mpart *p)
-{
-	if (p->phase != PH_WRITING || (p->out.probe && p->out.inflight))
-		return NULL;
-	for (mbatch *b = p->plan.head; b; b = b->next)
-		if (!b->sent) {
-			if (b->kind == BK_MARKER ||
-			    (b->kind == BK_TXN && km_txp_state_of(p->txn.tx[b->txi].txp) != KM_TXP_OPEN))
-				return NULL;
-			return b;
-		}
-	return NULL;
-}
-
 static void encode_str(km_wr *w, bool flex, const char *s)
 {
 	km_wr_string(w, flex, km_str_c(s));

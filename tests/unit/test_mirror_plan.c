@@ -177,193 +177,183 @@ static void add_marker(km_wr *w, int64_t offset, bool commit)
 
 static const int32_t five[] = {0, 1, 2, 3, 4};
 
+/* One test's run: batches built into w, fetched as one answer, taken by a plan. */
+typedef struct run {
+	km_wr w;
+	answer a;
+	mplan q;
+	fake_txn f;
+	mplan_env env;
+	runs_acc ra;
+	const char *fail;
+} run;
+
+/* slot: what the plan's transactions answer (-1: the mirror carries no transaction). */
+static void run_init(run *r, int slot, int64_t fetch_logical, int64_t phys)
+{
+	memset(r, 0, sizeof(*r));
+	km_wr_init(&r->w);
+	r->f = (fake_txn){slot, -1, 0};
+	r->env = (mplan_env){txn_of, &r->f, false};
+	plan_init(&r->q, fetch_logical, phys);
+}
+
+/* The batches built so far, fetched in chains of at most chunk bytes, then taken. */
+static km_err run_take(run *r, size_t chunk)
+{
+	answer_init(&r->a, &r->w, chunk);
+	return take_all(&r->q, &r->env, &r->a, &r->ra, &r->fail);
+}
+
+static void run_free(run *r)
+{
+	free_queue(&r->q);
+	free(r->ra.runs);
+	answer_free(&r->a);
+	km_wr_free(&r->w);
+}
+
+/* A batch as it goes to the destination: CRC right, parsed into pb. */
+static void check_wire(const mbatch *b, km_batch *pb, uint8_t *out)
+{
+	size_t n = wire_of(b, out);
+	assert_int_equal(km_batch_verify_crc(out, n), KM_OK);
+	assert_int_equal(km_batch_parse(out, n, pb), KM_OK);
+}
+
 /* Data batches: planned back to back from the physical tail, re-stamped with the mirror's producer, in one run. */
 static void test_data_batches_restamped_in_one_run(void **state)
 {
 	int codecs[] = {KM_CODEC_NONE, KM_CODEC_ZSTD};
 	(void)state;
 	for (size_t c = 0; c < 2; c++) {
-		km_wr w;
-		answer a;
-		mplan q;
-		fake_txn f = {-1, -1, 0};
-		mplan_env env = {txn_of, &f, false};
-		runs_acc ra = {0};
-		const char *fail = NULL;
+		run r;
 		int64_t expect_phys = 100;
 		int32_t expect_seq = 0;
 		size_t src_off = 0;
-		km_wr_init(&w);
+		run_init(&r, -1, 0, 100);
 		for (int k = 0; k < 3; k++)
-			add_batch(&w, 5 * k, five, 5, codecs[c], false, false);
-		answer_init(&a, &w, 37);
-		plan_init(&q, 0, 100);
-		assert_int_equal(take_all(&q, &env, &a, &ra, &fail), KM_OK);
-		assert_int_equal(q.fetch_logical, 15);
-		assert_int_equal(q.cont_logical, 15);
-		assert_int_equal(q.phys, 115);
-		assert_int_equal(q.seq, 15);
-		assert_int_equal(ra.n, 1);
-		assert_ptr_equal(ra.runs[0].topic, TOPIC);
-		assert_int_equal(ra.runs[0].partition, 3);
-		assert_int_equal(ra.runs[0].logical, 0);
-		assert_int_equal(ra.runs[0].physical, 100);
-		assert_int_equal(ra.runs[0].prev_logical_end, -1);
-		assert_int_equal(ra.runs[0].flags, 0);
-		for (mbatch *b = q.head; b; b = b->next) {
+			add_batch(&r.w, 5 * k, five, 5, codecs[c], false, false);
+		assert_int_equal(run_take(&r, 37), KM_OK);
+		assert_int_equal(r.q.fetch_logical, 15);
+		assert_int_equal(r.q.cont_logical, 15);
+		assert_int_equal(r.q.phys, 115);
+		assert_int_equal(r.q.seq, 15);
+		assert_int_equal(r.ra.n, 1);
+		assert_ptr_equal(r.ra.runs[0].topic, TOPIC);
+		assert_int_equal(r.ra.runs[0].partition, 3);
+		assert_int_equal(r.ra.runs[0].logical, 0);
+		assert_int_equal(r.ra.runs[0].physical, 100);
+		assert_int_equal(r.ra.runs[0].prev_logical_end, -1);
+		assert_int_equal(r.ra.runs[0].flags, 0);
+		for (mbatch *b = r.q.head; b; b = b->next) {
 			uint8_t out[4096];
 			km_batch pb;
-			size_t n = wire_of(b, out);
+			check_wire(b, &pb, out);
 			assert_int_equal(b->kind, BK_DATA);
 			assert_int_equal(b->physical, expect_phys);
-			assert_int_equal(km_batch_verify_crc(out, n), KM_OK);
-			assert_int_equal(km_batch_parse(out, n, &pb), KM_OK);
 			assert_int_equal(pb.base_offset, 0);
 			assert_int_equal(pb.producer_id, 9000);
 			assert_int_equal(pb.producer_epoch, 4);
 			assert_int_equal(pb.base_sequence, expect_seq);
 			assert_int_equal(pb.codec, codecs[c]);
 			/* The record bytes are the source's, untouched (compared with the fetched batch). */
-			assert_memory_equal(out + KM_BATCH_HEADER_SIZE, a.bytes + src_off + KM_BATCH_HEADER_SIZE,
-					    n - KM_BATCH_HEADER_SIZE);
-			src_off += n;
+			assert_memory_equal(out + KM_BATCH_HEADER_SIZE, r.a.bytes + src_off + KM_BATCH_HEADER_SIZE,
+					    b->size - KM_BATCH_HEADER_SIZE);
+			src_off += b->size;
 			expect_phys += 5;
 			expect_seq += 5;
 		}
 		assert_int_equal(expect_phys, 115);
-		assert_int_equal(a.resp->refs, 4); /* the answer's own and one per batch */
-		free_queue(&q);
-		free(ra.runs);
-		answer_free(&a);
-		km_wr_free(&w);
+		assert_int_equal(r.a.resp->refs, 4); /* the answer's own and one per batch */
+		run_free(&r);
 	}
 }
 
 /* A gap between batches (whole batches compacted away) starts a run that closes the one before it. */
 static void test_gap_between_batches_starts_a_run(void **state)
 {
-	km_wr w;
-	answer a;
-	mplan q;
-	fake_txn f = {-1, -1, 0};
-	mplan_env env = {txn_of, &f, false};
-	runs_acc ra = {0};
-	const char *fail = NULL;
+	run r;
 	(void)state;
-	km_wr_init(&w);
-	add_batch(&w, 0, five, 5, KM_CODEC_NONE, false, false);
-	add_batch(&w, 10, five, 5, KM_CODEC_NONE, false, false);
-	answer_init(&a, &w, 4096);
-	plan_init(&q, 0, 0);
-	assert_int_equal(take_all(&q, &env, &a, &ra, &fail), KM_OK);
-	assert_int_equal(ra.n, 2);
-	assert_int_equal(ra.runs[1].logical, 10);
-	assert_int_equal(ra.runs[1].physical, 5);
-	assert_int_equal(ra.runs[1].prev_logical_end, 5);
-	assert_int_equal(q.head->next->physical, 5);
-	assert_int_equal(q.fetch_logical, 15);
-	free_queue(&q);
-	free(ra.runs);
-	answer_free(&a);
-	km_wr_free(&w);
+	run_init(&r, -1, 0, 0);
+	add_batch(&r.w, 0, five, 5, KM_CODEC_NONE, false, false);
+	add_batch(&r.w, 10, five, 5, KM_CODEC_NONE, false, false);
+	assert_int_equal(run_take(&r, 4096), KM_OK);
+	assert_int_equal(r.ra.n, 2);
+	assert_int_equal(r.ra.runs[1].logical, 10);
+	assert_int_equal(r.ra.runs[1].physical, 5);
+	assert_int_equal(r.ra.runs[1].prev_logical_end, 5);
+	assert_int_equal(r.q.head->next->physical, 5);
+	assert_int_equal(r.q.fetch_logical, 15);
+	run_free(&r);
 }
 
 /* A batch with offsets missing inside (compaction) is split into contiguous pieces of its own. */
 static void test_compacted_batch_split(void **state)
 {
 	static const int32_t gappy[] = {0, 1, 5, 6};
-	km_wr w;
-	answer a;
-	mplan q;
-	fake_txn f = {-1, -1, 0};
-	mplan_env env = {txn_of, &f, false};
-	runs_acc ra = {0};
-	const char *fail = NULL;
+	run r;
 	(void)state;
-	km_wr_init(&w);
-	add_batch(&w, 20, gappy, 4, KM_CODEC_LZ4, false, false);
-	answer_init(&a, &w, 50);
-	plan_init(&q, 20, 7);
-	assert_int_equal(take_all(&q, &env, &a, &ra, &fail), KM_OK);
-	assert_non_null(q.head);
-	assert_non_null(q.head->next);
-	assert_null(q.head->next->next);
-	assert_int_equal(q.head->logical, 20);
-	assert_int_equal(q.head->count, 2);
-	assert_int_equal(q.head->physical, 7);
-	assert_int_equal(q.head->next->logical, 25);
-	assert_int_equal(q.head->next->physical, 9);
-	assert_int_equal(ra.n, 2);
-	assert_int_equal(ra.runs[1].logical, 25);
-	assert_int_equal(ra.runs[1].prev_logical_end, 22);
-	for (mbatch *b = q.head; b; b = b->next) {
+	run_init(&r, -1, 20, 7);
+	add_batch(&r.w, 20, gappy, 4, KM_CODEC_LZ4, false, false);
+	assert_int_equal(run_take(&r, 50), KM_OK);
+	assert_non_null(r.q.head);
+	assert_non_null(r.q.head->next);
+	assert_null(r.q.head->next->next);
+	assert_int_equal(r.q.head->logical, 20);
+	assert_int_equal(r.q.head->count, 2);
+	assert_int_equal(r.q.head->physical, 7);
+	assert_int_equal(r.q.head->next->logical, 25);
+	assert_int_equal(r.q.head->next->physical, 9);
+	assert_int_equal(r.ra.n, 2);
+	assert_int_equal(r.ra.runs[1].logical, 25);
+	assert_int_equal(r.ra.runs[1].prev_logical_end, 22);
+	for (mbatch *b = r.q.head; b; b = b->next) {
 		uint8_t out[4096];
 		km_batch pb;
-		size_t n = wire_of(b, out);
 		assert_non_null(b->own);
-		assert_int_equal(km_batch_verify_crc(out, n), KM_OK);
-		assert_int_equal(km_batch_parse(out, n, &pb), KM_OK);
+		check_wire(b, &pb, out);
 		assert_int_equal(pb.producer_id, 9000);
 		assert_int_equal(pb.last_offset_delta, 1);
 	}
-	assert_int_equal(q.fetch_logical, 27);
-	free_queue(&q);
-	free(ra.runs);
-	answer_free(&a);
-	km_wr_free(&w);
+	assert_int_equal(r.q.fetch_logical, 27);
+	run_free(&r);
 }
 
 /* What the source must not send: a batch older than magic v2, one overlapping what is mirrored. */
 static void test_refusals(void **state)
 {
-	km_wr w;
-	answer a;
-	mplan q;
-	fake_txn f = {-1, -1, 0};
-	mplan_env env = {txn_of, &f, false};
-	runs_acc ra = {0};
-	const char *fail = NULL;
+	struct evbuffer_ptr at;
+	run r;
 	(void)state;
 
-	km_wr_init(&w);
-	add_batch(&w, 0, five, 5, KM_CODEC_NONE, false, false);
-	w.buf[KM_BATCH_OFF_MAGIC] = 1;
-	answer_init(&a, &w, 4096);
-	plan_init(&q, 0, 0);
-	{
-		/* The iterator refuses it too: taken as the fetch walk hands it over, by its size. */
-		struct evbuffer_ptr at;
-		assert_int_equal(evbuffer_ptr_set(a.resp->buf, &at, 0, EVBUFFER_PTR_SET), 0);
-		assert_int_equal(km_plan_take(&q, &env, a.resp, &at, a.len, a.bytes, &ra, &fail), KM_ERR_UNSUPPORTED);
-	}
-	assert_non_null(strstr(fail, "magic"));
-	assert_null(q.head);
-	answer_free(&a);
-	km_wr_free(&w);
+	run_init(&r, -1, 0, 0);
+	add_batch(&r.w, 0, five, 5, KM_CODEC_NONE, false, false);
+	r.w.buf[KM_BATCH_OFF_MAGIC] = 1;
+	answer_init(&r.a, &r.w, 4096);
+	/* The iterator refuses it too: taken as the fetch walk hands it over, by its size. */
+	assert_int_equal(evbuffer_ptr_set(r.a.resp->buf, &at, 0, EVBUFFER_PTR_SET), 0);
+	assert_int_equal(km_plan_take(&r.q, &r.env, r.a.resp, &at, r.a.len, r.a.bytes, &r.ra, &r.fail),
+			 KM_ERR_UNSUPPORTED);
+	assert_non_null(strstr(r.fail, "magic"));
+	assert_null(r.q.head);
+	run_free(&r);
 
 	/* Mirrored up to 10: a batch 8-12 ends past the fetch offset but begins inside what is mirrored. */
-	km_wr_init(&w);
-	add_batch(&w, 8, five, 5, KM_CODEC_NONE, false, false);
-	answer_init(&a, &w, 4096);
-	plan_init(&q, 10, 10);
-	q.cont_logical = 10;
-	fail = NULL;
-	assert_int_equal(take_all(&q, &env, &a, &ra, &fail), KM_ERR_INVAL);
-	assert_non_null(strstr(fail, "overlaps"));
-	answer_free(&a);
-	km_wr_free(&w);
+	run_init(&r, -1, 10, 10);
+	r.q.cont_logical = 10;
+	add_batch(&r.w, 8, five, 5, KM_CODEC_NONE, false, false);
+	assert_int_equal(run_take(&r, 4096), KM_ERR_INVAL);
+	assert_non_null(strstr(r.fail, "overlaps"));
+	run_free(&r);
 
 	/* A batch that ends before the fetch offset is passed over (a fetch may start inside a batch). */
-	km_wr_init(&w);
-	add_batch(&w, 0, five, 5, KM_CODEC_NONE, false, false);
-	answer_init(&a, &w, 4096);
-	plan_init(&q, 5, 5);
-	assert_int_equal(take_all(&q, &env, &a, &ra, &fail), KM_OK);
-	assert_null(q.head);
-	assert_int_equal(q.fetch_logical, 5);
-	answer_free(&a);
-	km_wr_free(&w);
-	free(ra.runs);
+	run_init(&r, -1, 5, 5);
+	add_batch(&r.w, 0, five, 5, KM_CODEC_NONE, false, false);
+	assert_int_equal(run_take(&r, 4096), KM_OK);
+	assert_null(r.q.head);
+	assert_int_equal(r.q.fetch_logical, 5);
+	run_free(&r);
 }
 
 /*
@@ -372,34 +362,25 @@ static void test_refusals(void **state)
  */
 static void test_transaction_and_marker(void **state)
 {
-	km_wr w;
-	answer a;
-	mplan q;
-	fake_txn f = {2, -1, 0};
-	mplan_env env = {txn_of, &f, false};
-	runs_acc ra = {0};
-	const char *fail = NULL;
 	uint8_t out[4096];
 	km_batch pb;
 	mbatch *d, *m;
-	size_t n;
+	run r;
 	(void)state;
-	km_wr_init(&w);
-	add_batch(&w, 0, five, 5, KM_CODEC_NONE, true, false);
-	add_marker(&w, 5, true);
-	add_batch(&w, 6, five, 5, KM_CODEC_NONE, false, false);
-	answer_init(&a, &w, 64);
-	plan_init(&q, 0, 50);
-	assert_int_equal(take_all(&q, &env, &a, &ra, &fail), KM_OK);
-	d = q.head;
+	run_init(&r, 2, 0, 50);
+	add_batch(&r.w, 0, five, 5, KM_CODEC_NONE, true, false);
+	add_marker(&r.w, 5, true);
+	add_batch(&r.w, 6, five, 5, KM_CODEC_NONE, false, false);
+	assert_int_equal(run_take(&r, 64), KM_OK);
+	d = r.q.head;
 	assert_non_null(d);
 	m = d->next;
 	assert_non_null(m);
 	assert_null(m->next); /* the batch after the marker waits for the next fetch */
-	assert_true(q.stop_answer);
-	assert_int_equal(q.fetch_logical, 6);
-	assert_int_equal(f.calls_create, 1);
-	assert_int_equal(f.first, 0);
+	assert_true(r.q.stop_answer);
+	assert_int_equal(r.q.fetch_logical, 6);
+	assert_int_equal(r.f.calls_create, 1);
+	assert_int_equal(r.f.first, 0);
 	assert_int_equal(d->kind, BK_TXN);
 	assert_int_equal(d->txi, 2);
 	assert_int_equal(m->kind, BK_MARKER);
@@ -407,57 +388,39 @@ static void test_transaction_and_marker(void **state)
 	assert_int_equal(m->txi, 2);
 	assert_int_equal(m->logical, 5);
 	assert_int_equal(m->physical, 55);
-	assert_int_equal(q.phys, 56);
-	assert_int_equal(q.seq, 0); /* the idempotent producer's sequence does not move */
+	assert_int_equal(r.q.phys, 56);
+	assert_int_equal(r.q.seq, 0); /* the idempotent producer's sequence does not move */
 
 	assert_int_equal(km_plan_stamp_txn(d, 31337, 6, 40), KM_OK);
-	n = wire_of(d, out);
-	assert_int_equal(km_batch_verify_crc(out, n), KM_OK);
-	assert_int_equal(km_batch_parse(out, n, &pb), KM_OK);
+	check_wire(d, &pb, out);
 	assert_true(pb.transactional);
 	assert_int_equal(pb.producer_id, 31337);
 	assert_int_equal(pb.producer_epoch, 6);
 	assert_int_equal(pb.base_sequence, 40);
 	assert_int_equal(pb.base_offset, 0);
-	free_queue(&q);
-	free(ra.runs);
-	answer_free(&a);
-	km_wr_free(&w);
+	run_free(&r);
 }
 
 /* A marker of a transaction the mirror does not carry is a hole; a destination without transactions refuses them. */
 static void test_marker_hole_and_no_txn(void **state)
 {
-	km_wr w;
-	answer a;
-	mplan q;
-	fake_txn f = {-1, -1, 0};
-	mplan_env env = {txn_of, &f, false};
-	runs_acc ra = {0};
-	const char *fail = NULL;
+	run r;
 	(void)state;
-	km_wr_init(&w);
-	add_marker(&w, 3, false);
-	answer_init(&a, &w, 4096);
-	plan_init(&q, 3, 10);
-	assert_int_equal(take_all(&q, &env, &a, &ra, &fail), KM_OK);
-	assert_null(q.head);
-	assert_false(q.stop_answer);
-	assert_int_equal(q.fetch_logical, 4);
-	assert_int_equal(q.phys, 10);
-	answer_free(&a);
-	km_wr_free(&w);
+	run_init(&r, -1, 3, 10);
+	add_marker(&r.w, 3, false);
+	assert_int_equal(run_take(&r, 4096), KM_OK);
+	assert_null(r.q.head);
+	assert_false(r.q.stop_answer);
+	assert_int_equal(r.q.fetch_logical, 4);
+	assert_int_equal(r.q.phys, 10);
+	run_free(&r);
 
-	km_wr_init(&w);
-	add_batch(&w, 0, five, 5, KM_CODEC_NONE, true, false);
-	answer_init(&a, &w, 4096);
-	plan_init(&q, 0, 0);
-	env.no_txn = true;
-	assert_int_equal(take_all(&q, &env, &a, &ra, &fail), KM_ERR_UNSUPPORTED);
-	assert_non_null(strstr(fail, "transactional"));
-	answer_free(&a);
-	km_wr_free(&w);
-	free(ra.runs);
+	run_init(&r, -1, 0, 0);
+	r.env.no_txn = true;
+	add_batch(&r.w, 0, five, 5, KM_CODEC_NONE, true, false);
+	assert_int_equal(run_take(&r, 4096), KM_ERR_UNSUPPORTED);
+	assert_non_null(strstr(r.fail, "transactional"));
+	run_free(&r);
 }
 
 /*
@@ -466,38 +429,24 @@ static void test_marker_hole_and_no_txn(void **state)
  */
 static void test_log_append_time_runs(void **state)
 {
-	km_wr w;
-	answer a;
-	mplan q;
-	fake_txn f = {-1, -1, 0};
-	mplan_env env = {txn_of, &f, false};
-	runs_acc ra = {0};
-	const char *fail = NULL;
 	uint8_t out[4096];
 	km_batch pb;
-	size_t n;
+	run r;
 	(void)state;
-	km_wr_init(&w);
-	add_batch(&w, 0, five, 5, KM_CODEC_GZIP, false, true);
-	add_batch(&w, 5, five, 5, KM_CODEC_NONE, false, false);
-	answer_init(&a, &w, 29);
-	plan_init(&q, 0, 0);
-	assert_int_equal(take_all(&q, &env, &a, &ra, &fail), KM_OK);
-	assert_int_equal(ra.n, 2);
-	assert_int_equal(ra.runs[0].flags, KM_OFFRUN_LOG_APPEND_TIME);
-	assert_int_equal(ra.runs[1].flags, 0);
-	assert_int_equal(ra.runs[1].logical, 5);
-	assert_int_equal(ra.runs[1].prev_logical_end, 5);
-	assert_true(q.head->lat);
-	n = wire_of(q.head, out);
-	assert_int_equal(km_batch_verify_crc(out, n), KM_OK);
-	assert_int_equal(km_batch_parse(out, n, &pb), KM_OK);
+	run_init(&r, -1, 0, 0);
+	add_batch(&r.w, 0, five, 5, KM_CODEC_GZIP, false, true);
+	add_batch(&r.w, 5, five, 5, KM_CODEC_NONE, false, false);
+	assert_int_equal(run_take(&r, 29), KM_OK);
+	assert_int_equal(r.ra.n, 2);
+	assert_int_equal(r.ra.runs[0].flags, KM_OFFRUN_LOG_APPEND_TIME);
+	assert_int_equal(r.ra.runs[1].flags, 0);
+	assert_int_equal(r.ra.runs[1].logical, 5);
+	assert_int_equal(r.ra.runs[1].prev_logical_end, 5);
+	assert_true(r.q.head->lat);
+	check_wire(r.q.head, &pb, out);
 	assert_false(pb.log_append_time);
 	assert_int_equal(pb.max_timestamp, 1800000000000);
-	free_queue(&q);
-	free(ra.runs);
-	answer_free(&a);
-	km_wr_free(&w);
+	run_free(&r);
 }
 
 /* Dropping what is unsent keeps what is in flight, in order, and the tail on it. */

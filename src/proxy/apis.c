@@ -14,6 +14,23 @@ const char *const km_resp_action_names[] = {"forward", "stream", "whole", "local
 
 /* ---- hooks ---- */
 
+km_err km_proxy_produce_acks(const uint8_t *p, size_t len, int16_t version, int16_t *acks)
+{
+	km_req_header h;
+	km_rd r;
+	km_str txn;
+	bool flexible = version >= 9;
+	km_err rc = km_net_parse_request_header(p, len, km_net_produce_header_version(version), &h);
+
+	if (rc != KM_OK)
+		return rc;
+	km_rd_init(&r, p + h.body_offset, len - h.body_offset);
+	if (version >= 3)
+		km_rd_string(&r, "transactional_id", flexible, true, &txn);
+	km_rd_i16(&r, "acks", acks);
+	return km_rd_ok(&r) ? KM_OK : r.err;
+}
+
 /*
  * Produce: acks=0 has no response, so it takes no FIFO slot. Acks come after the transactional id,
  * which can be long: ask for more of the frame (bounded by it) when the first bytes do not reach.
@@ -21,7 +38,7 @@ const char *const km_resp_action_names[] = {"forward", "stream", "whole", "local
 km_err km_proxy_produce_classify(km_req *rq)
 {
 	int16_t acks = -1;
-	km_err rc = km_net_produce_acks(rq->body, rq->body_len, rq->h->api_version, &acks);
+	km_err rc = km_proxy_produce_acks(rq->body, rq->body_len, rq->h->api_version, &acks);
 
 	if (rc != KM_OK) {
 		if (rq->body_len < rq->frame_len && rq->body_len < 70000) {

@@ -148,6 +148,12 @@ const char *km_proxy_api_name(const km_proxy_api *a);
 int km_proxy_request_header_version(int16_t key, int16_t version);
 int km_proxy_response_header_version(int16_t key, int16_t version);
 
+/*
+ * Acks of a Produce request: p is the frame body (without the size prefix), len what is available
+ * (at least the header and the fields up to acks). Returns KM_ERR_DECODE when truncated.
+ */
+km_err km_proxy_produce_acks(const uint8_t *p, size_t len, int16_t version, int16_t *acks)
+	__attribute__((warn_unused_result));
 /* The Produce row's own hooks (the read-only row wraps them): acks and the FIFO slot; the v10+ tail. */
 km_err km_proxy_produce_classify(km_req *rq);
 km_err km_proxy_produce_response(km_resp *rs);

@@ -145,7 +145,7 @@ static void up_read(struct bufferevent *bev, void *arg)
 			int16_t acks = 1;
 			u->requests[h.api_key & 127]++;
 			if (h.api_key == KM_API_PRODUCE)
-				assert_int_equal(km_net_produce_acks(p + 4, (size_t)size, h.api_version, &acks), KM_OK);
+				assert_int_equal(km_proxy_produce_acks(p + 4, (size_t)size, h.api_version, &acks), KM_OK);
 			if (u->silent) {
 				/* swallow it */
 			} else if (h.api_key == KM_API_PRODUCE && acks == 0) {
@@ -561,7 +561,7 @@ static km_err test_produce_hold(km_req *rq)
 	int16_t acks = 0;
 	km_wr w;
 	assert_int_equal(rq->body_len, rq->frame_len); /* the whole frame */
-	assert_int_equal(km_net_produce_acks(rq->body, rq->body_len, rq->h->api_version, &acks), KM_OK);
+	assert_int_equal(km_proxy_produce_acks(rq->body, rq->body_len, rq->h->api_version, &acks), KM_OK);
 	if (acks != -1) {
 		ext.forwarded++;
 		rq->resp = KM_RESP_WHOLE;

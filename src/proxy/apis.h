@@ -37,10 +37,12 @@ extern const char *const km_resp_action_names[];
 
 typedef struct km_resp km_resp;
 typedef km_err (*km_resp_hook)(km_resp *rs);
+typedef struct km_proxy_api km_proxy_api;
 
 /* One request, as its classify and on_request hooks see it and decide about it. */
 typedef struct km_req {
 	km_session *s;
+	const km_proxy_api *api;  /* the request's row (its stages run in the row's order) */
 	uint64_t seq;             /* the request's number in its session (for km_session_answer) */
 	const km_req_header *h;
 	/*
@@ -105,7 +107,39 @@ typedef km_err (*km_req_hook)(km_req *rq);
 /* A rewriter of a whole response body (after the response header). */
 typedef km_err (*km_body_rewriter)(const uint8_t *body, size_t len, int16_t version, km_rewrite_ctx *ctx, km_wr *out);
 
-typedef struct km_proxy_api {
+/* The most stages one row composes (one per feature that has a part in the API). */
+#define KM_PROXY_STAGES_MAX 6
+
+/*
+ * One feature's part in one API: what it asks of the row and the hooks it runs. A feature
+ * declares its stages (km_proxy_feature); km_proxy_apis_new composes the stages of every feature,
+ * in the fixed order of apis.c, into one row per key (docs/proxy.md, "How stages compose").
+ */
+typedef struct km_proxy_stage {
+	int16_t key;
+	bool versions;            /* min_version and max_version below apply (-1 in either: no bound) */
+	int16_t min_version, max_version;
+	km_req_action req;        /* the row takes the strongest its stages ask (forward < hold < local) */
+	bool in_place;            /* held requests are read in place (every on_request of the row must then) */
+	km_req_hook classify;     /* run in stage order; stops at an error or once more bytes are asked for */
+	km_req_hook on_request;   /* run in stage order; stops at an error, an answer or a pending answer */
+	/* The response: at most one stage of a row sets resp and its rewriter or hook. */
+	km_resp_action resp;
+	int16_t resp_from;
+	km_body_rewriter rewrite;
+	km_resp_hook on_response;
+	const km_stream_hooks *stream; /* run in stage order at each walk event */
+	const char *note;         /* what and why (joined in stage order in the doc table) */
+} km_proxy_stage;
+
+/* A feature: its name (the doc table's "stages" column) and its stages, one per key at most. */
+typedef struct km_proxy_feature {
+	const char *name;
+	const km_proxy_stage *stages;
+	size_t count;
+} km_proxy_feature;
+
+struct km_proxy_api {
 	int16_t key;
 	const char *name;         /* for logs and docs; NULL: the codec's name */
 	int16_t min_version;      /* lowest version served; -1: the codec's */
@@ -120,13 +154,19 @@ typedef struct km_proxy_api {
 	km_resp_hook on_response; /* WHOLE: a hook over the buffers */
 	const km_stream_hooks *stream; /* STREAM */
 	const char *note;         /* what and why, one line (docs/proxy.md shows the table) */
-} km_proxy_api;
+	/* A composed row: its stages in order and the features they come from (a row set by hand: none). */
+	const km_proxy_stage *stages[KM_PROXY_STAGES_MAX];
+	const char *features[KM_PROXY_STAGES_MAX];
+	size_t nstages;
+};
 
 /* A table: the codec's broker-listener APIs as plain forwards, with the proxy's own rows over them. */
 typedef struct km_proxy_apis km_proxy_apis;
 
-/* The proxy's table (rows in apis.c). */
+/* The proxy's table: the features' stages composed in the order of apis.c. */
 km_proxy_apis *km_proxy_apis_new(void);
+/* A table of the codec's plain forwards with the stages of features[0..n) composed over them (tests). */
+km_proxy_apis *km_proxy_apis_compose(const km_proxy_feature *const *features, size_t n);
 void km_proxy_apis_free(km_proxy_apis *t);
 /* Add a row or replace the row of its key (the mirror RPCs, tests). The row is copied. */
 km_err km_proxy_apis_set(km_proxy_apis *t, const km_proxy_api *row) __attribute__((warn_unused_result));
@@ -154,11 +194,18 @@ int km_proxy_response_header_version(int16_t key, int16_t version);
  */
 km_err km_proxy_produce_acks(const uint8_t *p, size_t len, int16_t version, int16_t *acks)
 	__attribute__((warn_unused_result));
-/* The Produce row's own hooks (the read-only row wraps them): acks and the FIFO slot; the v10+ tail. */
+/* The Produce stage of the proxy's own feature: acks and the FIFO slot; the v10+ tail. */
 km_err km_proxy_produce_classify(km_req *rq);
 km_err km_proxy_produce_response(km_resp *rs);
-/* The Fetch row's tail hook (v16+ NodeEndpoints, same length), which the offsets row keeps. */
+/* The Fetch stage's tail hook (v16+ NodeEndpoints, same length). */
 km_err km_proxy_fetch_tail(const uint8_t *tail, size_t len, uint8_t *out, km_rewrite_ctx *rw, void *ctx);
+
+/* The features, each declared by its own file (composed in this order; docs/proxy.md says why). */
+extern const km_proxy_feature km_endpoints_feature; /* endpoints.c: versions, acks, broker endpoints */
+extern const km_proxy_feature km_mirror_rpc_feature; /* mirror_rpc.c: the mirror RPCs, mirror.name */
+extern const km_proxy_feature km_ro_feature;         /* readonly.c: writes to mirror topics refused */
+extern const km_proxy_feature km_off_feature;        /* offsets.c: the source's offsets on mirror topics */
+extern const km_proxy_feature km_share_off_feature;  /* share_offsets.c: the same for share groups */
 
 /* Write the Markdown table of t (docs/proxy.md embeds it; a unit test checks it). */
 void km_proxy_apis_write_doc(const km_proxy_apis *t, struct evbuffer *out);

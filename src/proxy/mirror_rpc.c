@@ -1483,49 +1483,32 @@ static km_err describe_request(km_req *rq)
 	return KM_OK;
 }
 
-/* ---- the rows ---- */
+/* ---- the stages ---- */
 
-km_err km_mirror_rpc_register(km_proxy_apis *t)
-{
-	static const int16_t keys[] = {
-		KM_API_CREATE_MIRROR,         KM_API_DELETE_MIRROR,        KM_API_LIST_MIRRORS,
-		KM_API_DESCRIBE_MIRRORS,      KM_API_ALTER_MIRROR,         KM_API_START_MIRROR_TOPICS,
-		KM_API_STOP_MIRROR_TOPICS,    KM_API_PAUSE_MIRROR_TOPICS,  KM_API_RESUME_MIRROR_TOPICS,
-		KM_API_LAST_MIRRORED_OFFSETS,
-	};
-	static const char *const notes[] = {
-		"authorized as ALTER_CONFIGS on CLUSTER, then the store creates the mirror",
-		"authorized as ALTER_CONFIGS on CLUSTER, then the store deletes the mirror",
-		"authorized as DESCRIBE_CONFIGS on CLUSTER; answered from the store",
-		"authorized as DESCRIBE_CONFIGS on CLUSTER; answered from the store (secrets masked)",
-		"authorized as ALTER_CONFIGS on CLUSTER, then the store changes the options",
-		"authorized as ALTER_CONFIGS on each topic, then the store starts them",
-		"authorized as ALTER_CONFIGS on each topic, then the store stops them",
-		"authorized as ALTER_CONFIGS on each topic, then the store pauses them",
-		"authorized as ALTER_CONFIGS on each topic, then the store resumes them",
-		"authorized as DESCRIBE_CONFIGS on CLUSTER; answered from the store",
-	};
-	const km_proxy_api rows[] = {
-		{.key = KM_API_INCREMENTAL_ALTER_CONFIGS, .min_version = -1, .max_version = -1, .req = KM_REQ_HOLD,
-		 .on_request = config_request,
-		 .note = "mirror.name on a topic is a mirror operation (the rest forwarded without it); __mirror_state refused"},
-		{.key = KM_API_ALTER_CONFIGS, .min_version = -1, .max_version = -1, .req = KM_REQ_HOLD,
-		 .on_request = config_request,
-		 .note = "mirror.name on a topic is a mirror operation (the rest forwarded without it); __mirror_state refused"},
-		{.key = KM_API_DESCRIBE_CONFIGS, .min_version = -1, .max_version = -1, .req = KM_REQ_HOLD,
-		 .on_request = describe_request, .resp = KM_RESP_WHOLE, .rewrite = km_rewrite_describe_configs,
-		 .note = "broker listener configs hidden or made the proxy's; mirror topics show mirror.name"},
-	};
-	km_err rc;
+/* A mirror RPC: answered here (later, once the store has done its work), never forwarded. */
+#define MIRROR_RPC(k, n)                                                                                              \
+	{.key = (k), .versions = true, .min_version = 0, .max_version = 0, .req = KM_REQ_LOCAL,                       \
+	 .on_request = mirror_request, .resp = KM_RESP_LOCAL, .note = (n)}
 
-	for (size_t i = 0; i < sizeof(keys) / sizeof(keys[0]); i++) {
-		km_proxy_api row = {.key = keys[i], .min_version = -1, .max_version = -1, .req = KM_REQ_LOCAL,
-				    .on_request = mirror_request, .resp = KM_RESP_LOCAL, .note = notes[i]};
-		if ((rc = km_proxy_apis_set(t, &row)) != KM_OK)
-			return rc;
-	}
-	for (size_t i = 0; i < sizeof(rows) / sizeof(rows[0]); i++)
-		if ((rc = km_proxy_apis_set(t, &rows[i])) != KM_OK)
-			return rc;
-	return KM_OK;
-}
+static const km_proxy_stage stages[] = {
+	{.key = KM_API_DESCRIBE_CONFIGS, .req = KM_REQ_HOLD, .on_request = describe_request,
+	 .note = "mirror topics show mirror.name"},
+	{.key = KM_API_ALTER_CONFIGS, .req = KM_REQ_HOLD, .on_request = config_request,
+	 .note = "mirror.name on a topic is a mirror operation (the rest forwarded without it); __mirror_state refused"},
+	{.key = KM_API_INCREMENTAL_ALTER_CONFIGS, .req = KM_REQ_HOLD, .on_request = config_request,
+	 .note = "mirror.name on a topic is a mirror operation (the rest forwarded without it); __mirror_state refused"},
+	MIRROR_RPC(KM_API_CREATE_MIRROR, "authorized as ALTER_CONFIGS on CLUSTER, then the store creates the mirror"),
+	MIRROR_RPC(KM_API_DELETE_MIRROR, "authorized as ALTER_CONFIGS on CLUSTER, then the store deletes the mirror"),
+	MIRROR_RPC(KM_API_LIST_MIRRORS, "authorized as DESCRIBE_CONFIGS on CLUSTER; answered from the store"),
+	MIRROR_RPC(KM_API_DESCRIBE_MIRRORS,
+		   "authorized as DESCRIBE_CONFIGS on CLUSTER; answered from the store (secrets masked)"),
+	MIRROR_RPC(KM_API_ALTER_MIRROR, "authorized as ALTER_CONFIGS on CLUSTER, then the store changes the options"),
+	MIRROR_RPC(KM_API_START_MIRROR_TOPICS, "authorized as ALTER_CONFIGS on each topic, then the store starts them"),
+	MIRROR_RPC(KM_API_STOP_MIRROR_TOPICS, "authorized as ALTER_CONFIGS on each topic, then the store stops them"),
+	MIRROR_RPC(KM_API_PAUSE_MIRROR_TOPICS, "authorized as ALTER_CONFIGS on each topic, then the store pauses them"),
+	MIRROR_RPC(KM_API_RESUME_MIRROR_TOPICS,
+		   "authorized as ALTER_CONFIGS on each topic, then the store resumes them"),
+	MIRROR_RPC(KM_API_LAST_MIRRORED_OFFSETS, "authorized as DESCRIBE_CONFIGS on CLUSTER; answered from the store"),
+};
+
+const km_proxy_feature km_mirror_rpc_feature = {"mirror-rpc", stages, sizeof(stages) / sizeof(stages[0])};

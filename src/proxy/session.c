@@ -848,6 +848,7 @@ static head_result request_head(km_session *s, struct evbuffer *in)
 	    (h.api_version > km_proxy_api_max(api) && api->classify == NULL))
 		return reject_unsupported(s, &h);
 	rq.s = s;
+	rq.api = api;
 	rq.seq = s->next_seq;
 	rq.h = &h;
 	rq.frame_len = (size_t)size;

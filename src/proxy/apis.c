@@ -62,12 +62,13 @@ km_err km_proxy_apis_set(km_proxy_apis *t, const km_proxy_api *row)
  * The features in the order their stages run within a row (docs/proxy.md, "How stages compose").
  * The proxy's own stage first: it checks versions and acks on the request as the client sent it,
  * and its response hook is the innermost (endpoints are rewritten in what the broker sent). Then
- * the mirror RPCs and mirror.name (what they answer goes no further), read-only (refused
+ * the swap's Fetch hold (it fixes the broker's error before anything reads the partition), the mirror RPCs and mirror.name (what they answer goes no further), read-only (refused
  * partitions are answered and taken out), the offsets (translated in what read-only lets through;
  * their response hook wraps the read-only merge), and the share groups' offsets.
  */
 static const km_proxy_feature *const order[] = {
-	&km_endpoints_feature, &km_mirror_rpc_feature, &km_ro_feature, &km_off_feature, &km_share_off_feature,
+	&km_endpoints_feature, &km_swap_hold_feature, &km_mirror_rpc_feature,
+	&km_ro_feature,        &km_off_feature,       &km_share_off_feature,
 };
 
 /* classify of a row with more than one: each stage in order, until one fails or asks for more bytes. */
@@ -131,15 +132,41 @@ static km_err add_stage(km_proxy_apis *t, const km_proxy_stage *st, const char *
 	return KM_OK;
 }
 
-/* Each kind of stream hook from the one stage that has it (two stages with the same kind: not composable yet). */
+/* A walk event for each stage of the row that has a hook for it, in order, until one does not return KM_OK. */
+static km_err stages_partition(const km_stream_ev *e)
+{
+	for (size_t i = 0; i < e->api->nstages; i++) {
+		const km_stream_hooks *h = e->api->stages[i]->stream;
+		km_err rc = h && h->on_partition ? h->on_partition(e) : KM_OK;
+		if (rc != KM_OK)
+			return rc;
+	}
+	return KM_OK;
+}
+
+static km_err stages_batch(const km_stream_ev *e)
+{
+	for (size_t i = 0; i < e->api->nstages; i++) {
+		const km_stream_hooks *h = e->api->stages[i]->stream;
+		km_err rc = h && h->on_batch ? h->on_batch(e) : KM_OK;
+		if (rc != KM_OK)
+			return rc;
+	}
+	return KM_OK;
+}
+
+/*
+ * The row's stream hooks: per kind, the one stage's own, or the composer when several stages have
+ * one. The tail is written whole at the same length, so only one stage may rewrite it.
+ */
 static km_err merge_stream(km_stream_hooks *m, const km_stream_hooks *h)
 {
-	if ((h->on_partition && m->on_partition) || (h->on_batch && m->on_batch) || (h->on_tail && m->on_tail))
+	if (h->on_tail && m->on_tail)
 		return KM_ERR_INVAL;
 	if (h->on_partition)
-		m->on_partition = h->on_partition;
+		m->on_partition = m->on_partition ? stages_partition : h->on_partition;
 	if (h->on_batch)
-		m->on_batch = h->on_batch;
+		m->on_batch = m->on_batch ? stages_batch : h->on_batch;
 	if (h->on_tail)
 		m->on_tail = h->on_tail;
 	return KM_OK;

@@ -39,6 +39,9 @@ typedef struct km_resp km_resp;
 typedef km_err (*km_resp_hook)(km_resp *rs);
 typedef struct km_proxy_api km_proxy_api;
 
+/* km_req.marks: a stage's note to its own response hooks. */
+#define KM_REQ_MARK_OOR_HOLD (1u << 0) /* swap.c: OFFSET_OUT_OF_RANGE answered as OFFSET_NOT_AVAILABLE */
+
 /* One request, as its classify and on_request hooks see it and decide about it. */
 typedef struct km_req {
 	km_session *s;
@@ -61,6 +64,7 @@ typedef struct km_req {
 	void *ctx;                /* per-request context, handed to the response hooks */
 	void (*ctx_free)(void *ctx);
 	km_resp_hook on_response; /* this request's whole-response hook (e.g. merging a local part); NULL: the row's */
+	uint32_t marks;           /* what stages note for their own response hooks (KM_REQ_MARK_*); kept with the request */
 	struct evbuffer *answer;  /* LOCAL (or a HOLD answered here): the response body, after the response header */
 	bool pending;             /* LOCAL answered later with km_session_answer */
 	/*
@@ -96,9 +100,19 @@ struct km_resp {
  * bytes have (a hook must then not have patched anything yet).
  */
 #define KM_STREAM_AGAIN ((km_err)-1900)
+/* One walk event of a streamed response, as its stages' hooks see it. */
+typedef struct km_stream_ev {
+	const km_proxy_api *api;  /* the request's row (its stream stages run in order) */
+	km_session *s;
+	km_fetch_walk *w;
+	struct evbuffer *in;      /* what has arrived and is not sent yet */
+	size_t first;             /* the frame offset of in's first byte */
+	void *ctx;                /* the request's context */
+	uint32_t marks;           /* what the request's stages noted (km_req.marks) */
+} km_stream_ev;
 typedef struct km_stream_hooks {
-	km_err (*on_partition)(km_fetch_walk *w, struct evbuffer *in, size_t first, void *ctx);
-	km_err (*on_batch)(km_fetch_walk *w, struct evbuffer *in, size_t first, void *ctx);
+	km_err (*on_partition)(const km_stream_ev *e);
+	km_err (*on_batch)(const km_stream_ev *e);
 	/* The tail (top-level tagged fields) is whole at tail (len bytes); write exactly len bytes to out. */
 	km_err (*on_tail)(const uint8_t *tail, size_t len, uint8_t *out, km_rewrite_ctx *rw, void *ctx);
 } km_stream_hooks;
@@ -108,7 +122,7 @@ typedef km_err (*km_req_hook)(km_req *rq);
 typedef km_err (*km_body_rewriter)(const uint8_t *body, size_t len, int16_t version, km_rewrite_ctx *ctx, km_wr *out);
 
 /* The most stages one row composes (one per feature that has a part in the API). */
-#define KM_PROXY_STAGES_MAX 6
+#define KM_PROXY_STAGES_MAX 7
 
 /*
  * One feature's part in one API: what it asks of the row and the hooks it runs. A feature
@@ -202,6 +216,7 @@ km_err km_proxy_fetch_tail(const uint8_t *tail, size_t len, uint8_t *out, km_rew
 
 /* The features, each declared by its own file (composed in this order; docs/proxy.md says why). */
 extern const km_proxy_feature km_endpoints_feature; /* endpoints.c: versions, acks, broker endpoints */
+extern const km_proxy_feature km_swap_hold_feature;  /* swap.c: the Fetch hold after an upstream swap */
 extern const km_proxy_feature km_mirror_rpc_feature; /* mirror_rpc.c: the mirror RPCs, mirror.name */
 extern const km_proxy_feature km_ro_feature;         /* readonly.c: writes to mirror topics refused */
 extern const km_proxy_feature km_off_feature;        /* offsets.c: the source's offsets on mirror topics */

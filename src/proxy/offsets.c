@@ -16,6 +16,7 @@
 #include "kmirror/msg/produce_response.h"
 #include "kmirror/net.h"
 #include "proxy/offsets.h"
+#include "proxy/features.h"
 #include "proxy/session.h"
 #include "proxy/share_offsets.h"
 
@@ -616,7 +617,7 @@ static km_err diverging_epoch(const km_fetch_walk *w, struct evbuffer *in, size_
 	return patch64(in, first, at + r.pos + 4, next_to_logical(m, (int64_t)km_be64(buf + r.pos + 4)));
 }
 
-km_err km_off_fetch_partition(km_fetch_walk *w, struct evbuffer *in, size_t first, void *ctx)
+static km_err fetch_partition(km_fetch_walk *w, struct evbuffer *in, size_t first, void *ctx)
 {
 	km_off_req *c = ctx;
 	const km_fetch_part *p = &w->part;
@@ -684,7 +685,7 @@ km_err km_off_fetch_partition(km_fetch_walk *w, struct evbuffer *in, size_t firs
 	return KM_OK;
 }
 
-km_err km_off_fetch_batch(km_fetch_walk *w, struct evbuffer *in, size_t first, void *ctx)
+static km_err fetch_batch(km_fetch_walk *w, struct evbuffer *in, size_t first, void *ctx)
 {
 	km_off_req *c = ctx;
 	const km_fetch_batch *b = &w->batch;
@@ -747,11 +748,21 @@ km_err km_off_fetch_batch(km_fetch_walk *w, struct evbuffer *in, size_t first, v
 	return KM_OK;
 }
 
+km_err km_off_fetch_partition(const km_stream_ev *e)
+{
+	return fetch_partition(e->w, e->in, e->first, e->ctx);
+}
+
+km_err km_off_fetch_batch(const km_stream_ev *e)
+{
+	return fetch_batch(e->w, e->in, e->first, e->ctx);
+}
+
 /* ---- the rows ---- */
 
 const km_off_lookup *km_off_lookup_of(km_req *rq)
 {
-	return &km_session_host_of(rq->s)->offsets;
+	return &km_proxy_features_of(rq->s)->offsets;
 }
 
 km_err km_off_body_of(km_req *rq, size_t *off)

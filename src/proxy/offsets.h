@@ -133,8 +133,8 @@ km_err km_off_response(km_off_req *c, const uint8_t *body, size_t len, bool *cha
  * translate): partition fields and batch base offsets patched in place. A hook that needs a few
  * bytes past the event that have not arrived returns KM_STREAM_AGAIN.
  */
-km_err km_off_fetch_partition(km_fetch_walk *w, struct evbuffer *in, size_t first, void *ctx);
-km_err km_off_fetch_batch(km_fetch_walk *w, struct evbuffer *in, size_t first, void *ctx);
+km_err km_off_fetch_partition(const km_stream_ev *e);
+km_err km_off_fetch_batch(const km_stream_ev *e);
 
 /* The stages (km_off_feature, apis.h): Fetch, ListOffsets, OffsetForLeaderEpoch, DeleteRecords, Produce, DescribeProducers. */
 

@@ -14,6 +14,7 @@
 #include "kmirror/msg/delete_topics_response.h"
 #include "kmirror/msg/produce_response.h"
 #include "proxy/readonly.h"
+#include "proxy/features.h"
 #include "proxy/session.h"
 
 /* A plan's bookkeeping (topics, partitions, messages) is bounded like any decode. */
@@ -1124,7 +1125,7 @@ static void log_admin(const km_req *rq, const km_ro_admin *ad)
 
 static const km_ro_lookup *lookup_of(const km_req *rq)
 {
-	return &km_session_host_of(rq->s)->read_only;
+	return &km_proxy_features_of(rq->s)->read_only;
 }
 
 /* A merged response: the broker's size prefix and header replaced around the new body. */

@@ -28,7 +28,7 @@ typedef struct inflight {
 	km_resp_hook on_response; /* this request's own whole-response hook, if any */
 	km_session_probe_cb probe; /* a proxy-made request (km_session_probe): its response goes here, not to the client */
 	void *probe_arg;
-	bool oor_hold;          /* Fetch: OFFSET_OUT_OF_RANGE becomes OFFSET_NOT_AVAILABLE (fetch_oor_hold_until_ms) */
+	uint32_t marks;         /* what the request's stages noted for its response hooks */
 } inflight;
 
 KM_RING_TYPED(inflights, inflight)
@@ -422,24 +422,6 @@ static void stream_send_settled(km_session *s, struct evbuffer *in)
 }
 
 /*
- * The partition's ErrorCode (right before HighWatermark, still here: nothing from the partition's
- * start on has been sent) becomes OFFSET_NOT_AVAILABLE; the watermarks stay -1, as the broker sent
- * them with the error.
- */
-static km_err oor_hold_patch(km_session *s, km_fetch_walk *w, struct evbuffer *in)
-{
-	uint8_t code[2];
-	km_put_be16(code, (uint16_t)KM_KAFKA_OFFSET_NOT_AVAILABLE);
-	if (!km_evbuf_patch(in, w->part.high_watermark_off - 2 - s->rs.sent, code, 2))
-		return KM_ERR_DECODE;
-	w->part.error_code = KM_KAFKA_OFFSET_NOT_AVAILABLE;
-	s->host->metrics->fetch_oor_held_total++;
-	KM_DEBUG("proxy", s->id, "Fetch of partition %d: OFFSET_OUT_OF_RANGE answered as OFFSET_NOT_AVAILABLE (after an "
-		 "upstream swap)", w->part.partition);
-	return KM_OK;
-}
-
-/*
  * RS_STREAM: walk what has arrived, letting the row's hooks look and patch; send on what the walk
  * has passed; at the end the tail (top-level tags) is handled whole, at the same length.
  * Returns 1 when the response is done, 0 when it needs more bytes, or an error.
@@ -453,6 +435,8 @@ static int stream_step(km_session *s, const inflight *f, struct evbuffer *in, km
 	km_rewrite_ctx rw;
 
 	for (;;) {
+		km_stream_ev e = {.api = f->api, .s = s, .w = w, .in = in, .first = s->rs.sent, .ctx = f->ctx,
+				  .marks = f->marks};
 		km_fetch_walk before;
 		km_fw_event ev;
 		/* A request with a context may have hooks that ask for an event again: keep where it started. */
@@ -464,13 +448,10 @@ static int stream_step(km_session *s, const inflight *f, struct evbuffer *in, km
 			*err = KM_ERR_DECODE;
 			return -1;
 		}
-		if (ev == KM_FW_PARTITION && f->oor_hold && w->part.error_code == KM_KAFKA_OFFSET_OUT_OF_RANGE &&
-		    (*err = oor_hold_patch(s, w, in)) != KM_OK)
-			return -1;
 		if (ev == KM_FW_PARTITION && h && h->on_partition)
-			*err = h->on_partition(w, in, s->rs.sent, f->ctx);
+			*err = h->on_partition(&e);
 		else if (ev == KM_FW_BATCH && h && h->on_batch)
-			*err = h->on_batch(w, in, s->rs.sent, f->ctx);
+			*err = h->on_batch(&e);
 		if (*err == KM_STREAM_AGAIN && f->ctx) {
 			/* The hook needs bytes that are on their way: the event again when they are here. */
 			*w = before;
@@ -741,11 +722,11 @@ static void up_connect(km_session *s)
 /* ---- client side ---- */
 
 /* A new FIFO entry for a request whose response will come (or be made). */
-static bool push_inflight(km_session *s, const km_req *rq, const km_proxy_api *api, bool oor_hold)
+static bool push_inflight(km_session *s, const km_req *rq, const km_proxy_api *api)
 {
 	inflight f = {.corr = rq->h->correlation_id, .key = rq->h->api_key, .version = rq->h->api_version,
 		      .seq = rq->seq, .t0_us = now_us(), .resp = rq->resp, .api = api, .ctx = rq->ctx,
-		      .ctx_free = rq->ctx_free, .on_response = rq->on_response, .oor_hold = oor_hold};
+		      .ctx_free = rq->ctx_free, .on_response = rq->on_response, .marks = rq->marks};
 	if (rq->resp == KM_RESP_LOCAL && rq->answer && frame_local(&f, rq->answer, &f.local) != KM_OK)
 		return false;
 	if (!inflights_push(&s->fifo, &f)) {
@@ -807,7 +788,6 @@ static head_result request_head(km_session *s, struct evbuffer *in)
 	const km_proxy_api *api;
 	km_req rq;
 	char msg[200];
-	bool oor_hold;
 	km_frame_status st = km_net_frame_peek(in, cfg->max_frame_bytes, KM_FRAME_MIN_REQUEST, s->first_frame, &size);
 
 	switch (st) {
@@ -913,11 +893,6 @@ static head_result request_head(km_session *s, struct evbuffer *in)
 		if (rq.answer || rq.pending)
 			rq.resp = KM_RESP_LOCAL;
 	}
-	/* After an upstream swap: a forwarded Fetch's answer is walked, to hold OFFSET_OUT_OF_RANGE back. */
-	oor_hold = h.api_key == KM_API_FETCH && (rq.resp == KM_RESP_FORWARD || rq.resp == KM_RESP_STREAM) &&
-		   s->host->fetch_oor_hold_until_ms > now_ms(s) && km_fetch_walk_supported(h.api_version);
-	if (oor_hold)
-		rq.resp = KM_RESP_STREAM;
 	s->partial_since_ms = 0;
 	s->first_frame = false;
 	s->next_seq++;
@@ -926,7 +901,7 @@ static head_result request_head(km_session *s, struct evbuffer *in)
 	km_metrics_request(m, h.api_key);
 	/* acks=0: the broker sends nothing back, so nothing waits in the FIFO. */
 	if (rq.expect_response || rq.resp == KM_RESP_LOCAL) {
-		if (!push_inflight(s, &rq, api, oor_hold)) {
+		if (!push_inflight(s, &rq, api)) {
 			req_discard(&rq);
 			session_close(s, "out of memory");
 			return HEAD_CLOSED;

@@ -9,6 +9,7 @@
 #include "kmirror/msg/share_fetch_response.h"
 #include "kmirror/net.h"
 #include "proxy/rewrite.h"
+#include "proxy/features.h"
 #include "proxy/session.h"
 #include "proxy/share_offsets.h"
 

@@ -256,7 +256,7 @@ static void test_table_order(void **state)
 		const char *features[3];
 	} rows[] = {
 		{KM_API_PRODUCE, {"endpoints", "read-only", "offsets"}},
-		{KM_API_FETCH, {"endpoints", "offsets"}},
+		{KM_API_FETCH, {"endpoints", "swap-hold", "offsets"}},
 		{KM_API_DELETE_RECORDS, {"read-only", "offsets"}},
 		{KM_API_DESCRIBE_CONFIGS, {"endpoints", "mirror-rpc"}},
 		{KM_API_SHARE_FETCH, {"endpoints", "share-offsets"}},

@@ -837,7 +837,7 @@ static void test_fetch_oor_hold(void **state)
 		size_t len;
 
 		f->up.fetch_error = cases[i].error;
-		f->px->host.fetch_oor_hold_until_ms = cases[i].hold ? UINT64_MAX : 0;
+		f->px->features.fetch_oor_hold_until_ms = cases[i].hold ? UINT64_MAX : 0;
 		tc_request(c, KM_API_FETCH, cases[i].version, 70 + (int32_t)i, &body);
 		r = tc_response(f, c, &len);
 		assert_non_null(r);
@@ -854,7 +854,7 @@ static void test_fetch_oor_hold(void **state)
 		tc_free(c);
 	}
 	f->up.fetch_error = 0;
-	f->px->host.fetch_oor_hold_until_ms = 0;
+	f->px->features.fetch_oor_hold_until_ms = 0;
 	km_wr_free(&body);
 }
 

@@ -62,12 +62,13 @@ km_err km_proxy_apis_set(km_proxy_apis *t, const km_proxy_api *row)
  * The features in the order their stages run within a row (docs/proxy.md, "How stages compose").
  * The proxy's own stage first: it checks versions and acks on the request as the client sent it,
  * and its response hook is the innermost (endpoints are rewritten in what the broker sent). Then
- * the swap's Fetch hold (it fixes the broker's error before anything reads the partition), the mirror RPCs and mirror.name (what they answer goes no further), read-only (refused
- * partitions are answered and taken out), the offsets (translated in what read-only lets through;
- * their response hook wraps the read-only merge), and the share groups' offsets.
+ * the swap's Fetch hold (it fixes the broker's error before anything reads the partition), the
+ * mirror RPCs and mirror.name (what they answer goes no further), read-only (refused partitions
+ * are answered and taken out), the offsets (translated in what read-only lets through; their
+ * response hook wraps the read-only merge), and the share groups' offsets.
  */
 static const km_proxy_feature *const order[] = {
-	&km_endpoints_feature, &km_swap_hold_feature, &km_mirror_rpc_feature,
+	&km_endpoints_feature, &km_swap_hold_feature, &km_mirror_rpc_feature, &km_mirror_name_feature,
 	&km_ro_feature,        &km_off_feature,       &km_share_off_feature,
 };
 
@@ -133,26 +134,26 @@ static km_err add_stage(km_proxy_apis *t, const km_proxy_stage *st, const char *
 }
 
 /* A walk event for each stage of the row that has a hook for it, in order, until one does not return KM_OK. */
-static km_err stages_partition(const km_stream_ev *e)
+static km_err stages_event(const km_stream_ev *e, bool batch)
 {
 	for (size_t i = 0; i < e->api->nstages; i++) {
 		const km_stream_hooks *h = e->api->stages[i]->stream;
-		km_err rc = h && h->on_partition ? h->on_partition(e) : KM_OK;
+		km_err (*hook)(const km_stream_ev *) = !h ? NULL : batch ? h->on_batch : h->on_partition;
+		km_err rc = hook ? hook(e) : KM_OK;
 		if (rc != KM_OK)
 			return rc;
 	}
 	return KM_OK;
 }
 
+static km_err stages_partition(const km_stream_ev *e)
+{
+	return stages_event(e, false);
+}
+
 static km_err stages_batch(const km_stream_ev *e)
 {
-	for (size_t i = 0; i < e->api->nstages; i++) {
-		const km_stream_hooks *h = e->api->stages[i]->stream;
-		km_err rc = h && h->on_batch ? h->on_batch(e) : KM_OK;
-		if (rc != KM_OK)
-			return rc;
-	}
-	return KM_OK;
+	return stages_event(e, true);
 }
 
 /*

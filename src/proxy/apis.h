@@ -217,7 +217,8 @@ km_err km_proxy_fetch_tail(const uint8_t *tail, size_t len, uint8_t *out, km_rew
 /* The features, each declared by its own file (composed in this order; docs/proxy.md says why). */
 extern const km_proxy_feature km_endpoints_feature; /* endpoints.c: versions, acks, broker endpoints */
 extern const km_proxy_feature km_swap_hold_feature;  /* swap.c: the Fetch hold after an upstream swap */
-extern const km_proxy_feature km_mirror_rpc_feature; /* mirror_rpc.c: the mirror RPCs, mirror.name */
+extern const km_proxy_feature km_mirror_rpc_feature; /* mirror_rpc.c: the ten mirror RPCs */
+extern const km_proxy_feature km_mirror_name_feature; /* mirror_names.c: mirror.name in the config APIs */
 extern const km_proxy_feature km_ro_feature;         /* readonly.c: writes to mirror topics refused */
 extern const km_proxy_feature km_off_feature;        /* offsets.c: the source's offsets on mirror topics */
 extern const km_proxy_feature km_share_off_feature;  /* share_offsets.c: the same for share groups */

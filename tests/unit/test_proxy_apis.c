@@ -258,7 +258,7 @@ static void test_table_order(void **state)
 		{KM_API_PRODUCE, {"endpoints", "read-only", "offsets"}},
 		{KM_API_FETCH, {"endpoints", "swap-hold", "offsets"}},
 		{KM_API_DELETE_RECORDS, {"read-only", "offsets"}},
-		{KM_API_DESCRIBE_CONFIGS, {"endpoints", "mirror-rpc"}},
+		{KM_API_DESCRIBE_CONFIGS, {"endpoints", "mirror-name"}},
 		{KM_API_SHARE_FETCH, {"endpoints", "share-offsets"}},
 		{KM_API_LIST_OFFSETS, {"offsets"}},
 	};

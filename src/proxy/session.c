@@ -778,23 +778,20 @@ static head_result reject_unsupported(km_session *s, const km_req_header *h)
  * or whole, as it is or rewritten) or answer it. Classify hooks may run again on a later call
  * (when they ask for more bytes, or the action needs the whole frame): they only decide.
  */
-static head_result request_head(km_session *s, struct evbuffer *in)
+/*
+ * A new request frame's size, as km_net_frame_peek judged it: HEAD_DONE to go on (the frame is
+ * whole, or enough of it for the header, and for Produce acks, has arrived), else wait or closed.
+ */
+static head_result frame_head(km_session *s, km_frame_status st, int32_t size, size_t avail)
 {
-	km_proxy_counters *m = s->host->metrics;
 	const km_config *cfg = s->host->cfg;
-	size_t avail = evbuffer_get_length(in);
-	int32_t size = 0;
-	km_req_header h;
-	const km_proxy_api *api;
-	km_req rq;
 	char msg[200];
-	km_frame_status st = km_net_frame_peek(in, cfg->max_frame_bytes, KM_FRAME_MIN_REQUEST, s->first_frame, &size);
 
 	switch (st) {
 	case KM_FRAME_NEED_MORE:
 		/* Enough for the header (and Produce acks)? Then start before the end arrives. */
 		if (avail >= 4 && avail - 4 >= ((size_t)size < KM_REQ_HEAD ? (size_t)size : KM_REQ_HEAD))
-			break;
+			return HEAD_DONE;
 		s->partial_since_ms = avail ? now_ms(s) : 0;
 		return HEAD_WAIT;
 	case KM_FRAME_TLS_HELLO:
@@ -817,6 +814,65 @@ static head_result request_head(km_session *s, struct evbuffer *in)
 	case KM_FRAME_READY:
 		break;
 	}
+	return HEAD_DONE;
+}
+
+/*
+ * A held or local request: looked at whole by the row's on_request (which may answer it now or
+ * later, or rewrite it). HEAD_DONE with rq decided, else wait (rq discarded) or closed.
+ */
+static head_result request_held(km_session *s, struct evbuffer *in, bool whole, km_req_header *h, km_req *rq)
+{
+	const km_proxy_api *api = rq->api;
+	km_err rc;
+
+	if (!whole) {
+		req_discard(rq);
+		s->partial_since_ms = now_ms(s);
+		return HEAD_WAIT;
+	}
+	/*
+	 * One contiguous piece for the hook, unless the row reads the frame in place (a held
+	 * Produce: pulling it up would copy every record byte once more).
+	 */
+	if (!api->in_place && !pull_head(in, rq->frame_len, h, rq)) {
+		req_discard(rq);
+		reject(s, KM_REJECT_BAD_HEADER, "malformed request header");
+		return HEAD_CLOSED;
+	}
+	rq->in = in;
+	rq->in_off = 4;
+	s->in_hook = true;
+	rc = api->on_request ? api->on_request(rq) : KM_ERR_UNSUPPORTED;
+	s->in_hook = false;
+	if (rc == KM_OK && rq->action == KM_REQ_LOCAL && !rq->answer && !rq->pending)
+		rc = KM_ERR_UNSUPPORTED; /* a local API must answer, now or later */
+	if (rc != KM_OK) {
+		KM_WARN("proxy", s->id, "%s v%d (correlation id %d): %s", km_proxy_api_name(api), h->api_version,
+			h->correlation_id, rq->close_reason ? rq->close_reason : km_err_name(rc));
+		req_discard(rq);
+		session_close(s, rq->close_reason ? rq->close_reason : "request handler failed");
+		return HEAD_CLOSED;
+	}
+	if (rq->answer || rq->pending)
+		rq->resp = KM_RESP_LOCAL;
+	return HEAD_DONE;
+}
+
+static head_result request_head(km_session *s, struct evbuffer *in)
+{
+	km_proxy_counters *m = s->host->metrics;
+	const km_config *cfg = s->host->cfg;
+	size_t avail = evbuffer_get_length(in);
+	int32_t size = 0;
+	km_req_header h;
+	const km_proxy_api *api;
+	km_req rq;
+	head_result r;
+	km_frame_status st = km_net_frame_peek(in, cfg->max_frame_bytes, KM_FRAME_MIN_REQUEST, s->first_frame, &size);
+
+	if ((r = frame_head(s, st, size, avail)) != HEAD_DONE)
+		return r;
 	memset(&rq, 0, sizeof(rq));
 	if (!pull_head(in, (size_t)size < KM_REQ_HEAD ? (size_t)size : KM_REQ_HEAD, &h, &rq)) {
 		reject(s, KM_REJECT_BAD_HEADER, "malformed request header");
@@ -859,40 +915,8 @@ static head_result request_head(km_session *s, struct evbuffer *in)
 		req_discard(&rq);
 		return reject_unsupported(s, &h);
 	}
-	if (rq.action != KM_REQ_FORWARD) {
-		km_err rc;
-		/* Held and answered requests are looked at whole. */
-		if (st != KM_FRAME_READY) {
-			req_discard(&rq);
-			s->partial_since_ms = now_ms(s);
-			return HEAD_WAIT;
-		}
-		/*
-		 * One contiguous piece for the hook, unless the row reads the frame in place (a held
-		 * Produce: pulling it up would copy every record byte once more).
-		 */
-		if (!api->in_place && !pull_head(in, (size_t)size, &h, &rq)) {
-			req_discard(&rq);
-			reject(s, KM_REJECT_BAD_HEADER, "malformed request header");
-			return HEAD_CLOSED;
-		}
-		rq.in = in;
-		rq.in_off = 4;
-		s->in_hook = true;
-		rc = api->on_request ? api->on_request(&rq) : KM_ERR_UNSUPPORTED;
-		s->in_hook = false;
-		if (rc == KM_OK && rq.action == KM_REQ_LOCAL && !rq.answer && !rq.pending)
-			rc = KM_ERR_UNSUPPORTED; /* a local API must answer, now or later */
-		if (rc != KM_OK) {
-			KM_WARN("proxy", s->id, "%s v%d (correlation id %d): %s", km_proxy_api_name(api), h.api_version,
-				h.correlation_id, rq.close_reason ? rq.close_reason : km_err_name(rc));
-			req_discard(&rq);
-			session_close(s, rq.close_reason ? rq.close_reason : "request handler failed");
-			return HEAD_CLOSED;
-		}
-		if (rq.answer || rq.pending)
-			rq.resp = KM_RESP_LOCAL;
-	}
+	if (rq.action != KM_REQ_FORWARD && (r = request_held(s, in, st == KM_FRAME_READY, &h, &rq)) != HEAD_DONE)
+		return r;
 	s->partial_since_ms = 0;
 	s->first_frame = false;
 	s->next_seq++;

@@ -182,7 +182,7 @@ km_proxy_apis *km_proxy_apis_new(void);
 /* A table of the codec's plain forwards with the stages of features[0..n) composed over them (tests). */
 km_proxy_apis *km_proxy_apis_compose(const km_proxy_feature *const *features, size_t n);
 void km_proxy_apis_free(km_proxy_apis *t);
-/* Add a row or replace the row of its key (the mirror RPCs, tests). The row is copied. */
+/* Add a row or replace the row of its key (composition, tests); the row is copied as it is, stages and all. */
 km_err km_proxy_apis_set(km_proxy_apis *t, const km_proxy_api *row) __attribute__((warn_unused_result));
 /* The row of key, or NULL when the proxy does not serve it. */
 const km_proxy_api *km_proxy_apis_find(const km_proxy_apis *t, int16_t key);

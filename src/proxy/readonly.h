@@ -155,7 +155,7 @@ bool km_ro_log_allow(km_str topic, km_ro_op op, uint64_t now_ms, uint32_t *suppr
 /*
  * The proxy's stages (km_ro_feature, apis.h): Produce held while a topic is read-only (and read in
  * place), DeleteRecords, DeleteTopics and CreatePartitions checked. The hooks find the lookup in
- * the session host (km_session_host.read_only).
+ * the host's features (km_proxy_features.read_only, features.h).
  */
 
 #endif

@@ -1051,8 +1051,7 @@ MIRROR_RPCS(RPC_PARTS)
 
 /* A mirror RPC: answered here (later, once the store has done its work), never forwarded. */
 #define RPC_STAGE(key_, name_, check_, auth_, apply_, error_, topics_, note_)                                      \
-	{.key = (key_), .versions = true, .min_version = 0, .max_version = 0, .req = KM_REQ_LOCAL,                     \
-	 .on_request = name_##_request, .resp = KM_RESP_LOCAL, .note = (note_)},
+	{.key = (key_), .req = KM_REQ_LOCAL, .on_request = name_##_request, .resp = KM_RESP_LOCAL, .note = (note_)},
 
 static const km_proxy_stage stages[] = {MIRROR_RPCS(RPC_STAGE)};
 

@@ -62,13 +62,6 @@ km_err km_net_parse_request_header(const uint8_t *p, size_t len, int header_vers
 static inline int km_net_produce_header_version(int16_t version) { return version >= 9 ? 2 : 1; }
 
 /*
- * Acks of a Produce request: p is the frame body (without the size prefix), len what is available
- * (at least the header and the fields up to acks). Returns KM_ERR_DECODE when truncated.
- */
-km_err km_net_produce_acks(const uint8_t *p, size_t len, int16_t version, int16_t *acks)
-	__attribute__((warn_unused_result));
-
-/*
  * The response header of the frame at the start of in (size: its size without the prefix):
  * correlation id, and (header v1) tagged fields. *hlen: the header's length after the size prefix.
  * Returns 1 when parsed, 0 when not all of it has arrived, -1 when malformed.

@@ -1,4 +1,4 @@
-/* Kafka framing: frame size checks (with TLS/HTTP sniffing), request headers, Produce acks, an evbuffer cursor. */
+/* Kafka framing: frame size checks (with TLS/HTTP sniffing), request headers, an evbuffer cursor. */
 #include <string.h>
 
 #include "kmirror/net.h"
@@ -86,23 +86,6 @@ km_err km_net_parse_request_header(const uint8_t *p, size_t len, int header_vers
 		return r.err;
 	h->body_offset = r.pos;
 	return KM_OK;
-}
-
-km_err km_net_produce_acks(const uint8_t *p, size_t len, int16_t version, int16_t *acks)
-{
-	km_req_header h;
-	km_rd r;
-	km_str txn;
-	bool flexible = version >= 9;
-	km_err rc = km_net_parse_request_header(p, len, km_net_produce_header_version(version), &h);
-
-	if (rc != KM_OK)
-		return rc;
-	km_rd_init(&r, p + h.body_offset, len - h.body_offset);
-	if (version >= 3)
-		km_rd_string(&r, "transactional_id", flexible, true, &txn);
-	km_rd_i16(&r, "acks", acks);
-	return km_rd_ok(&r) ? KM_OK : r.err;
 }
 
 int km_net_response_header(struct evbuffer *in, int32_t size, int hdr_version, int32_t *corr, size_t *hlen)

@@ -1,149 +1,13 @@
-/* The proxy's API table: the rows that differ from a plain forward, their hooks, and the lookup over every served key. */
+/* The proxy's API table: the features' stages composed into one row per key, and the lookup over every served key. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "kmirror/log.h"
 #include "proxy/apis.h"
-#include "proxy/readonly.h"
-#include "proxy/mirror_rpc.h"
-#include "proxy/offsets.h"
-#include "proxy/rewrite.h"
 
 const char *const km_req_action_names[] = {"forward", "hold", "local"};
 const char *const km_resp_action_names[] = {"forward", "stream", "whole", "local"};
-
-/* ---- hooks ---- */
-
-/*
- * Produce: acks=0 has no response, so it takes no FIFO slot. Acks come after the transactional id,
- * which can be long: ask for more of the frame (bounded by it) when the first bytes do not reach.
- */
-km_err km_proxy_produce_classify(km_req *rq)
-{
-	int16_t acks = -1;
-	km_err rc = km_net_produce_acks(rq->body, rq->body_len, rq->h->api_version, &acks);
-
-	if (rc != KM_OK) {
-		if (rq->body_len < rq->frame_len && rq->body_len < 70000) {
-			rq->need = rq->frame_len < 70000 ? rq->frame_len : 70000;
-			return KM_OK;
-		}
-		rq->close_reason = "malformed Produce request";
-		return KM_ERR_DECODE;
-	}
-	rq->expect_response = acks != 0;
-	return KM_OK;
-}
-
-/* Produce v10+: the body moves untouched; only a non-empty top-level tag section (NodeEndpoints) is re-encoded. */
-km_err km_proxy_produce_response(km_resp *rs)
-{
-	size_t end = rs->frame_len + 4, tags_off, tlen;
-	uint8_t *tags, pre[4];
-	km_wr w;
-	km_err rc;
-
-	rc = km_rewrite_produce_top_tags(rs->in, 0, end, rs->version, &tags_off);
-	if (rc != KM_OK)
-		return rc;
-	tlen = end - tags_off;
-	tags = evbuffer_pullup(rs->in, (ev_ssize_t)end);
-	if (!tags)
-		return KM_ERR_NOMEM;
-	tags += tags_off;
-	if (tlen == 1 && tags[0] == 0) {
-		evbuffer_remove_buffer(rs->in, rs->out, end);
-		return KM_OK;
-	}
-	km_wr_init(&w);
-	rc = km_rewrite_node_endpoint_tags(tags, tlen, rs->rw, &w);
-	if (rc == KM_OK && !km_wr_ok(&w))
-		rc = KM_ERR_NOMEM;
-	if (rc == KM_OK) {
-		km_put_be32(pre, (uint32_t)(tags_off - 4 + w.len));
-		evbuffer_add(rs->out, pre, 4);
-		evbuffer_drain(rs->in, 4);
-		evbuffer_remove_buffer(rs->in, rs->out, tags_off - 4);
-		evbuffer_drain(rs->in, tlen);
-		evbuffer_add(rs->out, w.buf, w.len);
-	}
-	km_wr_free(&w);
-	return rc;
-}
-
-/* Fetch v16+: NodeEndpoints in the tail, rewritten to the same length (the size prefix is gone already). */
-km_err km_proxy_fetch_tail(const uint8_t *tail, size_t len, uint8_t *out, km_rewrite_ctx *rw, void *ctx)
-{
-	(void)ctx;
-	if (len == 1 && tail[0] == 0) {
-		out[0] = 0;
-		return KM_OK;
-	}
-	return km_rewrite_node_endpoint_tags_same_size(tail, len, rw, out);
-}
-
-static const km_stream_hooks fetch_hooks = {.on_tail = km_proxy_fetch_tail};
-
-/* ApiVersions newer than the proxy knows: answered here as a broker does (v0 body, UNSUPPORTED_VERSION). */
-static km_err api_versions_classify(km_req *rq)
-{
-	const km_api_info *a = km_api_lookup(KM_API_API_VERSIONS);
-	if (rq->h->api_version > a->max_version) {
-		rq->action = KM_REQ_LOCAL;
-		rq->resp = KM_RESP_LOCAL;
-	}
-	return KM_OK;
-}
-
-static km_err api_versions_too_new(km_req *rq)
-{
-	km_wr w;
-	km_wr_init(&w);
-	km_api_versions_unsupported_body(&w);
-	rq->answer = evbuffer_new();
-	if (!km_wr_ok(&w) || !rq->answer || evbuffer_add(rq->answer, w.buf, w.len) != 0) {
-		km_wr_free(&w);
-		return KM_ERR_NOMEM;
-	}
-	km_wr_free(&w);
-	KM_DEBUG("proxy", 0, "ApiVersions v%d is newer than the proxy knows: answering UNSUPPORTED_VERSION",
-		 rq->h->api_version);
-	return KM_OK;
-}
-
-/* ---- the rows: everything not listed is a plain forward of the codec's versions ---- */
-
-static const km_proxy_api rows[] = {
-	{.key = KM_API_PRODUCE, .min_version = -1, .max_version = -1, .classify = km_proxy_produce_classify,
-	 .resp = KM_RESP_WHOLE, .resp_from = 10, .on_response = km_proxy_produce_response,
-	 .note = "acks=0 takes no FIFO slot; v10+ responses: NodeEndpoints rewritten in the tail"},
-	{.key = KM_API_FETCH, .min_version = -1, .max_version = -1, .resp = KM_RESP_STREAM, .resp_from = 16,
-	 .stream = &fetch_hooks, .note = "v16+ responses streamed through the walker; NodeEndpoints rewritten in place"},
-	{.key = KM_API_METADATA, .min_version = -1, .max_version = KM_REWRITE_METADATA_MAX_VERSION, .resp = KM_RESP_WHOLE,
-	 .rewrite = km_rewrite_metadata, .note = "broker endpoints become the proxy's; the brokers are learned"},
-	{.key = KM_API_FIND_COORDINATOR, .min_version = -1, .max_version = KM_REWRITE_FIND_COORDINATOR_MAX_VERSION,
-	 .resp = KM_RESP_WHOLE, .rewrite = km_rewrite_find_coordinator, .note = "coordinator endpoints become the proxy's"},
-	{.key = KM_API_DESCRIBE_CLUSTER, .min_version = -1, .max_version = KM_REWRITE_DESCRIBE_CLUSTER_MAX_VERSION,
-	 .resp = KM_RESP_WHOLE, .rewrite = km_rewrite_describe_cluster, .note = "broker endpoints become the proxy's"},
-	{.key = KM_API_API_VERSIONS, .min_version = -1, .max_version = -1, .classify = api_versions_classify,
-	 .on_request = api_versions_too_new, .resp = KM_RESP_WHOLE, .rewrite = km_rewrite_api_versions,
-	 .note = "too new: answered here; versions narrowed to this table, features to what they need"},
-	{.key = KM_API_SASL_HANDSHAKE, .min_version = 1, .max_version = -1,
-	 .note = "v0 is refused: its tokens travel outside Kafka framing"},
-	/* v10 only swaps topic names for ids: a group's offsets asked by a previous upstream's id after
-	 * an upstream swap would read as none, and the consumer would reset. By name they carry over. */
-	{.key = KM_API_OFFSET_COMMIT, .min_version = -1, .max_version = 9,
-	 .note = "up to v9 (by topic name, not id): offsets outlive an upstream swap"},
-	{.key = KM_API_OFFSET_FETCH, .min_version = -1, .max_version = 9,
-	 .note = "up to v9 (by topic name, not id): offsets outlive an upstream swap"},
-	/* DescribeConfigs, IncrementalAlterConfigs, AlterConfigs and the mirror RPCs: mirror_rpc.c. */
-	{.key = KM_API_DESCRIBE_QUORUM, .min_version = -1, .max_version = -1, .resp = KM_RESP_WHOLE,
-	 .rewrite = km_rewrite_describe_quorum, .note = "controller listeners emptied"},
-	{.key = KM_API_SHARE_FETCH, .min_version = -1, .max_version = -1, .resp = KM_RESP_WHOLE,
-	 .rewrite = km_rewrite_share_fetch, .note = "NodeEndpoints become the proxy's"},
-	{.key = KM_API_SHARE_ACKNOWLEDGE, .min_version = -1, .max_version = -1, .resp = KM_RESP_WHOLE,
-	 .rewrite = km_rewrite_share_acknowledge, .note = "NodeEndpoints become the proxy's"},
-};
 
 /* ---- the table ---- */
 
@@ -152,6 +16,9 @@ static const km_proxy_api rows[] = {
 struct km_proxy_apis {
 	km_proxy_api *rows; /* sorted by key */
 	size_t count, cap;
+	char **notes;       /* composed rows' joined notes, owned */
+	size_t nnotes;
+	km_stream_hooks *streams; /* composed rows' stream stages merged (rows[i]'s at i; stable once composed) */
 	int16_t index[KM_APIS_INDEX]; /* key -> row + 1, 0: none */
 };
 
@@ -189,41 +56,216 @@ km_err km_proxy_apis_set(km_proxy_apis *t, const km_proxy_api *row)
 	return KM_OK;
 }
 
-km_proxy_apis *km_proxy_apis_new(void)
+/* ---- composition ---- */
+
+/*
+ * The features in the order their stages run within a row (docs/proxy.md, "How stages compose").
+ * The proxy's own stage first: it checks versions and acks on the request as the client sent it,
+ * and its response hook is the innermost (endpoints are rewritten in what the broker sent). Then
+ * the swap's Fetch hold (it fixes the broker's error before anything reads the partition), the
+ * mirror RPCs and mirror.name (what they answer goes no further), read-only (refused partitions
+ * are answered and taken out), the offsets (translated in what read-only lets through; their
+ * response hook wraps the read-only merge), and the share groups' offsets.
+ */
+static const km_proxy_feature *const order[] = {
+	&km_endpoints_feature, &km_swap_hold_feature, &km_mirror_rpc_feature, &km_mirror_name_feature,
+	&km_ro_feature,        &km_off_feature,       &km_share_off_feature,
+};
+
+/* classify of a row with more than one: each stage in order, until one fails or asks for more bytes. */
+static km_err stages_classify(km_req *rq)
+{
+	const km_proxy_api *a = rq->api;
+	for (size_t i = 0; i < a->nstages; i++) {
+		km_err rc = a->stages[i]->classify ? a->stages[i]->classify(rq) : KM_OK;
+		if (rc != KM_OK || rq->need > rq->body_len)
+			return rc;
+	}
+	return KM_OK;
+}
+
+/* on_request of a row with more than one: each stage in order, until one fails or answers (now or later). */
+static km_err stages_request(km_req *rq)
+{
+	const km_proxy_api *a = rq->api;
+	for (size_t i = 0; i < a->nstages; i++) {
+		km_err rc = a->stages[i]->on_request ? a->stages[i]->on_request(rq) : KM_OK;
+		if (rc != KM_OK || rq->answer || rq->pending)
+			return rc;
+	}
+	return KM_OK;
+}
+
+static km_proxy_api *row_of(km_proxy_apis *t, int16_t key)
+{
+	km_proxy_api plain = {.key = key, .min_version = -1, .max_version = -1};
+	const km_proxy_api *r = km_proxy_apis_find(t, key);
+	if (!r && km_proxy_apis_set(t, &plain) != KM_OK)
+		return NULL;
+	return (km_proxy_api *)km_proxy_apis_find(t, key);
+}
+
+/* A stage's asks, taken into its row: the narrowest versions, the strongest request action, its response. */
+static km_err add_stage(km_proxy_apis *t, const km_proxy_stage *st, const char *feature)
+{
+	km_proxy_api *r = row_of(t, st->key);
+	bool responds = st->resp != KM_RESP_FORWARD || st->rewrite || st->on_response;
+
+	if (!r)
+		return KM_ERR_NOMEM;
+	if (r->nstages == KM_PROXY_STAGES_MAX || (responds && (r->resp != KM_RESP_FORWARD || r->rewrite || r->on_response)))
+		return KM_ERR_INVAL;
+	if (st->versions && st->min_version >= 0 && st->min_version > r->min_version)
+		r->min_version = st->min_version;
+	if (st->versions && st->max_version >= 0 && (r->max_version < 0 || st->max_version < r->max_version))
+		r->max_version = st->max_version;
+	if (st->req > r->req)
+		r->req = st->req;
+	r->in_place = r->in_place || st->in_place;
+	if (responds) {
+		r->resp = st->resp;
+		r->resp_from = st->resp_from;
+		r->rewrite = st->rewrite;
+		r->on_response = st->on_response;
+	}
+	r->stages[r->nstages] = st;
+	r->features[r->nstages++] = feature;
+	return KM_OK;
+}
+
+/* A walk event for each stage of the row that has a hook for it, in order, until one does not return KM_OK. */
+static km_err stages_event(const km_stream_ev *e, bool batch)
+{
+	for (size_t i = 0; i < e->api->nstages; i++) {
+		const km_stream_hooks *h = e->api->stages[i]->stream;
+		km_err (*hook)(const km_stream_ev *) = !h ? NULL : batch ? h->on_batch : h->on_partition;
+		km_err rc = hook ? hook(e) : KM_OK;
+		if (rc != KM_OK)
+			return rc;
+	}
+	return KM_OK;
+}
+
+static km_err stages_partition(const km_stream_ev *e)
+{
+	return stages_event(e, false);
+}
+
+static km_err stages_batch(const km_stream_ev *e)
+{
+	return stages_event(e, true);
+}
+
+/*
+ * The row's stream hooks: per kind, the one stage's own, or the composer when several stages have
+ * one. The tail is written whole at the same length, so only one stage may rewrite it.
+ */
+static km_err merge_stream(km_stream_hooks *m, const km_stream_hooks *h)
+{
+	if (h->on_tail && m->on_tail)
+		return KM_ERR_INVAL;
+	if (h->on_partition)
+		m->on_partition = m->on_partition ? stages_partition : h->on_partition;
+	if (h->on_batch)
+		m->on_batch = m->on_batch ? stages_batch : h->on_batch;
+	if (h->on_tail)
+		m->on_tail = h->on_tail;
+	return KM_OK;
+}
+
+/* Notes joined in stage order, owned by the table. */
+static km_err join_notes(km_proxy_apis *t, km_proxy_api *r)
+{
+	size_t len = 0, n = 0;
+	char *p, **notes;
+
+	for (size_t i = 0; i < r->nstages; i++)
+		if (r->stages[i]->note) {
+			len += strlen(r->stages[i]->note) + 2;
+			r->note = r->stages[i]->note;
+			n++;
+		}
+	if (n < 2)
+		return KM_OK;
+	if (!(p = calloc(1, len + 1)) || !(notes = realloc(t->notes, (t->nnotes + 1) * sizeof(*notes)))) {
+		free(p);
+		return KM_ERR_NOMEM;
+	}
+	t->notes = notes;
+	t->notes[t->nnotes++] = p;
+	for (size_t i = 0; i < r->nstages; i++)
+		if (r->stages[i]->note)
+			p += sprintf(p, "%s%s", p == t->notes[t->nnotes - 1] ? "" : "; ", r->stages[i]->note);
+	r->note = t->notes[t->nnotes - 1];
+	return KM_OK;
+}
+
+/* A row's hooks once every stage is in: a lone stage's own hook, or the composer that runs them all. */
+static km_err finish_row(km_proxy_apis *t, km_proxy_api *r, km_stream_hooks *stream)
+{
+	size_t nclassify = 0, nrequest = 0, nstream = 0;
+	km_err rc = KM_OK;
+
+	for (size_t i = 0; i < r->nstages; i++) {
+		const km_proxy_stage *st = r->stages[i];
+		if (st->classify && !nclassify++)
+			r->classify = st->classify;
+		if (st->on_request && !nrequest++)
+			r->on_request = st->on_request;
+		if (st->stream && !nstream++)
+			r->stream = st->stream;
+		if (st->stream && rc == KM_OK)
+			rc = merge_stream(stream, st->stream);
+	}
+	if (nclassify > 1)
+		r->classify = stages_classify;
+	if (nrequest > 1)
+		r->on_request = stages_request;
+	if (nstream > 1)
+		r->stream = stream;
+	return rc != KM_OK ? rc : join_notes(t, r);
+}
+
+km_proxy_apis *km_proxy_apis_compose(const km_proxy_feature *const *features, size_t n)
 {
 	km_proxy_apis *t = calloc(1, sizeof(*t));
-	size_t n;
-	const km_api_info *codec = km_api_table(&n);
+	size_t count;
+	const km_api_info *codec = km_api_table(&count);
 
 	if (!t)
 		return NULL;
 	/* Broker-listener APIs only: controller-only APIs are never advertised to clients. */
-	for (size_t i = 0; i < n; i++) {
-		km_proxy_api plain = {.key = codec[i].api_key, .min_version = -1, .max_version = -1};
-		if ((codec[i].listeners & KM_API_LISTENER_BROKER) && km_proxy_apis_set(t, &plain) != KM_OK)
+	for (size_t i = 0; i < count; i++)
+		if ((codec[i].listeners & KM_API_LISTENER_BROKER) && !row_of(t, codec[i].api_key))
 			goto fail;
-	}
-	for (size_t i = 0; i < sizeof(rows) / sizeof(rows[0]); i++)
-		if (km_proxy_apis_set(t, &rows[i]) != KM_OK)
+	for (size_t f = 0; f < n; f++)
+		for (size_t i = 0; i < features[f]->count; i++)
+			if (add_stage(t, &features[f]->stages[i], features[f]->name) != KM_OK)
+				goto fail;
+	if (!(t->streams = calloc(t->count, sizeof(*t->streams))))
+		goto fail;
+	for (size_t i = 0; i < t->count; i++)
+		if (finish_row(t, &t->rows[i], &t->streams[i]) != KM_OK)
 			goto fail;
-	/* Read-only mirror topics: Produce wrapped, DeleteRecords, DeleteTopics and CreatePartitions checked. */
-	if (km_ro_register(t) != KM_OK)
-		goto fail;
-	/* Mirror topics' offsets: Fetch, ListOffsets, OffsetForLeaderEpoch, DescribeProducers; Produce and DeleteRecords wrapped again. */
-	if (km_off_register(t) != KM_OK)
-		goto fail;
-	if (km_mirror_rpc_register(t) != KM_OK)
-		goto fail;
 	return t;
 fail:
 	km_proxy_apis_free(t);
 	return NULL;
 }
 
+km_proxy_apis *km_proxy_apis_new(void)
+{
+	return km_proxy_apis_compose(order, sizeof(order) / sizeof(order[0]));
+}
+
 void km_proxy_apis_free(km_proxy_apis *t)
 {
 	if (!t)
 		return;
+	for (size_t i = 0; i < t->nnotes; i++)
+		free(t->notes[i]);
+	free(t->notes);
+	free(t->streams);
 	free(t->rows);
 	free(t);
 }
@@ -290,10 +332,19 @@ int km_proxy_response_header_version(int16_t key, int16_t version)
 	return v < 0 ? 0 : v;
 }
 
+/* The features a row's stages come from, in order ("-": a plain row, set by hand). */
+static void write_stages(const km_proxy_api *a, struct evbuffer *out)
+{
+	for (size_t i = 0; i < a->nstages; i++)
+		evbuffer_add_printf(out, "%s%s", i ? ", " : "", a->features[i]);
+	if (!a->nstages)
+		evbuffer_add_printf(out, "-");
+}
+
 void km_proxy_apis_write_doc(const km_proxy_apis *t, struct evbuffer *out)
 {
-	evbuffer_add_printf(out, "| key | API | versions | request | response | what and why |\n");
-	evbuffer_add_printf(out, "| --- | --- | --- | --- | --- | --- |\n");
+	evbuffer_add_printf(out, "| key | API | versions | stages | request | response | what and why |\n");
+	evbuffer_add_printf(out, "| --- | --- | --- | --- | --- | --- | --- |\n");
 	for (size_t i = 0; i < t->count; i++) {
 		const km_proxy_api *a = &t->rows[i];
 		char resp[32];
@@ -303,8 +354,10 @@ void km_proxy_apis_write_doc(const km_proxy_apis *t, struct evbuffer *out)
 			snprintf(resp, sizeof(resp), "%s (v%d+)", km_resp_action_names[a->resp], a->resp_from);
 		else
 			snprintf(resp, sizeof(resp), "%s", km_resp_action_names[a->resp]);
-		evbuffer_add_printf(out, "| %d | %s | %d-%d | %s%s | %s | %s |\n", a->key, km_proxy_api_name(a),
-				    km_proxy_api_min(a), km_proxy_api_max(a), km_req_action_names[a->req],
+		evbuffer_add_printf(out, "| %d | %s | %d-%d | ", a->key, km_proxy_api_name(a), km_proxy_api_min(a),
+				    km_proxy_api_max(a));
+		write_stages(a, out);
+		evbuffer_add_printf(out, " | %s%s | %s | %s |\n", km_req_action_names[a->req],
 				    a->classify ? " + classify" : "", resp, a->note);
 	}
 }

@@ -37,10 +37,15 @@ extern const char *const km_resp_action_names[];
 
 typedef struct km_resp km_resp;
 typedef km_err (*km_resp_hook)(km_resp *rs);
+typedef struct km_proxy_api km_proxy_api;
+
+/* km_req.marks: a stage's note to its own response hooks. */
+#define KM_REQ_MARK_OOR_HOLD (1u << 0) /* swap.c: OFFSET_OUT_OF_RANGE answered as OFFSET_NOT_AVAILABLE */
 
 /* One request, as its classify and on_request hooks see it and decide about it. */
 typedef struct km_req {
 	km_session *s;
+	const km_proxy_api *api;  /* the request's row (its stages run in the row's order) */
 	uint64_t seq;             /* the request's number in its session (for km_session_answer) */
 	const km_req_header *h;
 	/*
@@ -59,6 +64,7 @@ typedef struct km_req {
 	void *ctx;                /* per-request context, handed to the response hooks */
 	void (*ctx_free)(void *ctx);
 	km_resp_hook on_response; /* this request's whole-response hook (e.g. merging a local part); NULL: the row's */
+	uint32_t marks;           /* what stages note for their own response hooks (KM_REQ_MARK_*); kept with the request */
 	struct evbuffer *answer;  /* LOCAL (or a HOLD answered here): the response body, after the response header */
 	bool pending;             /* LOCAL answered later with km_session_answer */
 	/*
@@ -94,9 +100,19 @@ struct km_resp {
  * bytes have (a hook must then not have patched anything yet).
  */
 #define KM_STREAM_AGAIN ((km_err)-1900)
+/* One walk event of a streamed response, as its stages' hooks see it. */
+typedef struct km_stream_ev {
+	const km_proxy_api *api;  /* the request's row (its stream stages run in order) */
+	km_session *s;
+	km_fetch_walk *w;
+	struct evbuffer *in;      /* what has arrived and is not sent yet */
+	size_t first;             /* the frame offset of in's first byte */
+	void *ctx;                /* the request's context */
+	uint32_t marks;           /* what the request's stages noted (km_req.marks) */
+} km_stream_ev;
 typedef struct km_stream_hooks {
-	km_err (*on_partition)(km_fetch_walk *w, struct evbuffer *in, size_t first, void *ctx);
-	km_err (*on_batch)(km_fetch_walk *w, struct evbuffer *in, size_t first, void *ctx);
+	km_err (*on_partition)(const km_stream_ev *e);
+	km_err (*on_batch)(const km_stream_ev *e);
 	/* The tail (top-level tagged fields) is whole at tail (len bytes); write exactly len bytes to out. */
 	km_err (*on_tail)(const uint8_t *tail, size_t len, uint8_t *out, km_rewrite_ctx *rw, void *ctx);
 } km_stream_hooks;
@@ -105,7 +121,39 @@ typedef km_err (*km_req_hook)(km_req *rq);
 /* A rewriter of a whole response body (after the response header). */
 typedef km_err (*km_body_rewriter)(const uint8_t *body, size_t len, int16_t version, km_rewrite_ctx *ctx, km_wr *out);
 
-typedef struct km_proxy_api {
+/* The most stages one row composes (one per feature that has a part in the API). */
+#define KM_PROXY_STAGES_MAX 7
+
+/*
+ * One feature's part in one API: what it asks of the row and the hooks it runs. A feature
+ * declares its stages (km_proxy_feature); km_proxy_apis_new composes the stages of every feature,
+ * in the fixed order of apis.c, into one row per key (docs/proxy.md, "How stages compose").
+ */
+typedef struct km_proxy_stage {
+	int16_t key;
+	bool versions;            /* min_version and max_version below apply (-1 in either: no bound) */
+	int16_t min_version, max_version;
+	km_req_action req;        /* the row takes the strongest its stages ask (forward < hold < local) */
+	bool in_place;            /* held requests are read in place (every on_request of the row must then) */
+	km_req_hook classify;     /* run in stage order; stops at an error or once more bytes are asked for */
+	km_req_hook on_request;   /* run in stage order; stops at an error, an answer or a pending answer */
+	/* The response: at most one stage of a row sets resp and its rewriter or hook. */
+	km_resp_action resp;
+	int16_t resp_from;
+	km_body_rewriter rewrite;
+	km_resp_hook on_response;
+	const km_stream_hooks *stream; /* run in stage order at each walk event */
+	const char *note;         /* what and why (joined in stage order in the doc table) */
+} km_proxy_stage;
+
+/* A feature: its name (the doc table's "stages" column) and its stages, one per key at most. */
+typedef struct km_proxy_feature {
+	const char *name;
+	const km_proxy_stage *stages;
+	size_t count;
+} km_proxy_feature;
+
+struct km_proxy_api {
 	int16_t key;
 	const char *name;         /* for logs and docs; NULL: the codec's name */
 	int16_t min_version;      /* lowest version served; -1: the codec's */
@@ -120,15 +168,21 @@ typedef struct km_proxy_api {
 	km_resp_hook on_response; /* WHOLE: a hook over the buffers */
 	const km_stream_hooks *stream; /* STREAM */
 	const char *note;         /* what and why, one line (docs/proxy.md shows the table) */
-} km_proxy_api;
+	/* A composed row: its stages in order and the features they come from (a row set by hand: none). */
+	const km_proxy_stage *stages[KM_PROXY_STAGES_MAX];
+	const char *features[KM_PROXY_STAGES_MAX];
+	size_t nstages;
+};
 
 /* A table: the codec's broker-listener APIs as plain forwards, with the proxy's own rows over them. */
 typedef struct km_proxy_apis km_proxy_apis;
 
-/* The proxy's table (rows in apis.c). */
+/* The proxy's table: the features' stages composed in the order of apis.c. */
 km_proxy_apis *km_proxy_apis_new(void);
+/* A table of the codec's plain forwards with the stages of features[0..n) composed over them (tests). */
+km_proxy_apis *km_proxy_apis_compose(const km_proxy_feature *const *features, size_t n);
 void km_proxy_apis_free(km_proxy_apis *t);
-/* Add a row or replace the row of its key (the mirror RPCs, tests). The row is copied. */
+/* Add a row or replace the row of its key (composition, tests); the row is copied as it is, stages and all. */
 km_err km_proxy_apis_set(km_proxy_apis *t, const km_proxy_api *row) __attribute__((warn_unused_result));
 /* The row of key, or NULL when the proxy does not serve it. */
 const km_proxy_api *km_proxy_apis_find(const km_proxy_apis *t, int16_t key);
@@ -148,11 +202,26 @@ const char *km_proxy_api_name(const km_proxy_api *a);
 int km_proxy_request_header_version(int16_t key, int16_t version);
 int km_proxy_response_header_version(int16_t key, int16_t version);
 
-/* The Produce row's own hooks (the read-only row wraps them): acks and the FIFO slot; the v10+ tail. */
+/*
+ * Acks of a Produce request: p is the frame body (without the size prefix), len what is available
+ * (at least the header and the fields up to acks). Returns KM_ERR_DECODE when truncated.
+ */
+km_err km_proxy_produce_acks(const uint8_t *p, size_t len, int16_t version, int16_t *acks)
+	__attribute__((warn_unused_result));
+/* The Produce stage of the proxy's own feature: acks and the FIFO slot; the v10+ tail. */
 km_err km_proxy_produce_classify(km_req *rq);
 km_err km_proxy_produce_response(km_resp *rs);
-/* The Fetch row's tail hook (v16+ NodeEndpoints, same length), which the offsets row keeps. */
+/* The Fetch stage's tail hook (v16+ NodeEndpoints, same length). */
 km_err km_proxy_fetch_tail(const uint8_t *tail, size_t len, uint8_t *out, km_rewrite_ctx *rw, void *ctx);
+
+/* The features, each declared by its own file (composed in this order; docs/proxy.md says why). */
+extern const km_proxy_feature km_endpoints_feature; /* endpoints.c: versions, acks, broker endpoints */
+extern const km_proxy_feature km_swap_hold_feature;  /* swap.c: the Fetch hold after an upstream swap */
+extern const km_proxy_feature km_mirror_rpc_feature; /* mirror_rpc.c: the ten mirror RPCs */
+extern const km_proxy_feature km_mirror_name_feature; /* mirror_names.c: mirror.name in the config APIs */
+extern const km_proxy_feature km_ro_feature;         /* readonly.c: writes to mirror topics refused */
+extern const km_proxy_feature km_off_feature;        /* offsets.c: the source's offsets on mirror topics */
+extern const km_proxy_feature km_share_off_feature;  /* share_offsets.c: the same for share groups */
 
 /* Write the Markdown table of t (docs/proxy.md embeds it; a unit test checks it). */
 void km_proxy_apis_write_doc(const km_proxy_apis *t, struct evbuffer *out);

@@ -33,79 +33,24 @@
 #include "kmirror/msg/stop_mirror_topics_response.h"
 #include "kmirror/state.h"
 #include "proxy/mirror_rpc.h"
+#include "proxy/mirror_rpc_int.h"
 #include "proxy/rewrite.h"
 
-/* The versions of the authorizing probes (Kafka 4.x brokers serve IncrementalAlterConfigs 0-1, DescribeConfigs 1-4). */
-#define KM_PROBE_IAC_VERSION 1
-#define KM_PROBE_DESCRIBE_VERSION 4
-/* A config key of the cluster-wide broker defaults, asked for only to be authorized (DESCRIBE_CONFIGS on CLUSTER). */
-#define KM_PROBE_DESCRIBE_KEY "compression.type"
 
-static const char no_store_msg[] = "kmirrord has no state store: mirror operations are not available";
-static const char loading_msg[] = "mirror state is loading";
+const char km_mop_no_store_msg[] = "kmirrord has no state store: mirror operations are not available";
+const char km_mop_loading_msg[] = "mirror state is loading";
 
-/* How an RPC is authorized (docs/protocol.md, "Authorization"). */
-typedef enum { AUTH_CLUSTER_ALTER, AUTH_CLUSTER_DESCRIBE, AUTH_TOPICS } auth_kind;
 
-/* The request of any of the ten RPCs, decoded. */
-typedef union mirror_req {
-	km_create_mirror_request create;
-	km_delete_mirror_request del;
-	km_list_mirrors_request list;
-	km_describe_mirrors_request describe;
-	km_alter_mirror_request alter;
-	km_start_mirror_topics_request start;
-	km_stop_mirror_topics_request stop;
-	km_pause_mirror_topics_request pause;
-	km_resume_mirror_topics_request resume;
-	km_last_mirrored_offsets_request lmo;
-	km_incremental_alter_configs_request iac;
-	km_alter_configs_request ac;
-} mirror_req;
-
-/*
- * One operation in progress: owned by nobody but itself, freed once nothing can call it back
- * (no probe pending, no store call pending). The session may go first: then its probes report
- * KM_ERR_CLOSED, and a store result finds km_session_answer saying KM_ERR_CLOSED.
- */
-typedef struct mop {
-	struct mop *prev, *next; /* every live operation (km_mirror_rpc_detach) */
-	km_session_set *set;     /* NULL: the proxy is gone, drop the answer */
-	uint64_t sid, seq;
-	km_state *st;
-	km_mirror *mi;           /* creates missing destination topics for a start; NULL: none */
-	km_proxy_counters *metrics; /* the proxy's, while set is not NULL */
-	int16_t key, version;
-	uint8_t *req;            /* the request body, copied: decoded strings borrow it */
-	size_t req_len;
-	km_arena a;
-	mirror_req m;
-	int probes;              /* probes sent and not answered */
-	bool gone;               /* the session closed */
-	/* topic operations */
-	km_topic_op op;
-	const char *mirror;      /* NUL-terminated copy of the mirror name */
-	const char **topics;     /* NUL-terminated copies, in request order */
-	size_t ntopics;
-	int16_t *tcode;          /* each topic's outcome so far (authorization) */
-	const char **tmsg;
-	/* config requests */
-	km_mcfg_split sp;
-	int32_t next_res;
-	bool validate_only;
-	km_req *now;             /* inside the request's hook: an answer goes to now->answer */
-} mop;
-
-static mop *live_ops;
+static km_mop *live_ops;
 
 void km_mirror_rpc_detach(km_session_set *set)
 {
-	for (mop *op = live_ops; op; op = op->next)
+	for (km_mop *op = live_ops; op; op = op->next)
 		if (op->set == set)
 			op->set = NULL;
 }
 
-static void op_free(mop *op)
+void km_mop_free(km_mop *op)
 {
 	if (op->prev)
 		op->prev->next = op->next;
@@ -121,7 +66,7 @@ static void op_free(mop *op)
 }
 
 /* Where the request's body starts: the session reads only the fixed part of the header. */
-static bool body_offset(const km_req *rq, size_t *off)
+bool km_mop_body_offset(const km_req *rq, size_t *off)
 {
 	km_req_header h;
 	int hv = km_proxy_request_header_version(rq->h->api_key, rq->h->api_version);
@@ -132,13 +77,13 @@ static bool body_offset(const km_req *rq, size_t *off)
 }
 
 /* NULL with *rc: KM_ERR_DECODE when the request header cannot be parsed, else KM_ERR_NOMEM. */
-static mop *op_new(km_req *rq, km_err *rc)
+km_mop *km_mop_new(km_req *rq, km_err *rc)
 {
 	const km_session_host *host = km_session_host_of(rq->s);
 	size_t off;
-	mop *op;
+	km_mop *op;
 	*rc = KM_ERR_DECODE;
-	if (!body_offset(rq, &off))
+	if (!km_mop_body_offset(rq, &off))
 		return NULL;
 	*rc = KM_ERR_NOMEM;
 	op = calloc(1, sizeof(*op));
@@ -166,7 +111,7 @@ static mop *op_new(km_req *rq, km_err *rc)
 	return op;
 }
 
-static const char *op_strdup(mop *op, km_str s)
+const char *km_mop_strdup(km_mop *op, km_str s)
 {
 	char *p = km_arena_alloc(&op->a, (size_t)(s.len > 0 ? s.len : 0) + 1);
 	if (!p)
@@ -177,15 +122,15 @@ static const char *op_strdup(mop *op, km_str s)
 	return p;
 }
 
-static const char *op_printf(mop *op, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static const char *op_printf(mop *op, const char *fmt, ...)
+static const char *op_printf(km_mop *op, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static const char *op_printf(km_mop *op, const char *fmt, ...)
 {
 	char buf[600];
 	va_list ap;
 	va_start(ap, fmt);
 	vsnprintf(buf, sizeof(buf), fmt, ap);
 	va_end(ap);
-	return op_strdup(op, km_str_c(buf));
+	return km_mop_strdup(op, km_str_c(buf));
 }
 
 static km_str cstr(const char *s)
@@ -194,7 +139,7 @@ static km_str cstr(const char *s)
 }
 
 /* Decode the copied request with the codec of its key. */
-static km_err op_decode(mop *op)
+km_err km_mop_decode(km_mop *op)
 {
 	const km_api_info *api = km_api_lookup(op->key);
 	km_rd r;
@@ -210,7 +155,7 @@ static km_err op_decode(mop *op)
 /* ---- answers ---- */
 
 /* An error in an answer, for kmirror_mirror_rpc_errors_total (the ten RPCs only, not mirror.name). */
-static void count_error(const mop *op, int code)
+static void count_error(const km_mop *op, int code)
 {
 	if (code && op->set && op->metrics && op->key >= KM_API_CREATE_MIRROR && op->key <= KM_API_LAST_MIRRORED_OFFSETS)
 		km_metrics_mirror_rpc_error(op->metrics, op->key, code);
@@ -233,7 +178,7 @@ static struct evbuffer *encode_response(int16_t key, int16_t version, const void
 }
 
 /* Send the answer (unless the session or the proxy is gone) and free the operation. */
-static void op_answer(mop *op, const void *resp)
+void km_mop_answer(km_mop *op, const void *resp)
 {
 	struct evbuffer *b = encode_response(op->key, op->version, resp);
 	if (!b) {
@@ -249,144 +194,88 @@ static void op_answer(mop *op, const void *resp)
 	}
 	if (b)
 		evbuffer_free(b);
-	op_free(op);
+	km_mop_free(op);
 }
 
-/* Topic operations' four responses have one layout; the macro fills whichever it is given. */
-#define FILL_TOPICS_RESPONSE(R, TYPE, op, code_, msg_, tcodes, tmsgs)                                       \
-	do {                                                                                                \
-		TYPE##_init(&(R));                                                                          \
-		(R).error_code = (int16_t)(code_);                                                         \
-		(R).error_message = (code_) ? cstr(msg_) : KM_STR_NULL;                                    \
-		(R).mirror_name = cstr((op)->mirror);                                                      \
-		(R).topics.count = (int32_t)(op)->ntopics;                                                 \
-		(R).topics.items = km_arena_calloc(&(op)->a, sizeof(*(R).topics.items) * ((op)->ntopics + 1)); \
-		for (size_t i_ = 0; (R).topics.items && i_ < (op)->ntopics; i_++) {                        \
-			TYPE##_topic_result_init(&(R).topics.items[i_]);                                   \
-			(R).topics.items[i_].name = km_str_c((op)->topics[i_]);                            \
-			(R).topics.items[i_].error_code = (tcodes)[i_];                                    \
-			(R).topics.items[i_].error_message = (tcodes)[i_] ? cstr((tmsgs)[i_]) : KM_STR_NULL; \
-		}                                                                                          \
-		if (!(R).topics.items)                                                                     \
-			(R).topics.count = 0;                                                              \
-	} while (0)
+/* Topic operations' four responses have one layout: one answer function per RPC, from one macro. */
+#define TOPICS_ANSWER(fn, TYPE)                                                                                \
+	static void fn(km_mop *op, km_err code, const char *msg, const int16_t *tcodes, const char *const *tmsgs) \
+	{                                                                                                      \
+		TYPE r;                                                                                        \
+		TYPE##_init(&r);                                                                               \
+		r.error_code = (int16_t)code;                                                                  \
+		r.error_message = code ? cstr(msg) : KM_STR_NULL;                                              \
+		r.mirror_name = cstr(op->mirror);                                                              \
+		r.topics.count = (int32_t)op->ntopics;                                                         \
+		r.topics.items = km_arena_calloc(&op->a, sizeof(*r.topics.items) * (op->ntopics + 1));         \
+		for (size_t i_ = 0; r.topics.items && i_ < op->ntopics; i_++) {                                \
+			TYPE##_topic_result_init(&r.topics.items[i_]);                                         \
+			r.topics.items[i_].name = km_str_c(op->topics[i_]);                                    \
+			r.topics.items[i_].error_code = tcodes[i_];                                            \
+			r.topics.items[i_].error_message = tcodes[i_] ? cstr(tmsgs[i_]) : KM_STR_NULL;         \
+		}                                                                                              \
+		if (!r.topics.items)                                                                           \
+			r.topics.count = 0;                                                                    \
+		km_mop_answer(op, &r);                                                                             \
+	}
+
+TOPICS_ANSWER(start_answer, km_start_mirror_topics_response)
+TOPICS_ANSWER(stop_answer, km_stop_mirror_topics_response)
+TOPICS_ANSWER(pause_answer, km_pause_mirror_topics_response)
+TOPICS_ANSWER(resume_answer, km_resume_mirror_topics_response)
 
 /* Answer a topic operation with per-topic outcomes (and a top-level code). */
-static void answer_topics(mop *op, km_err code, const char *msg, const int16_t *tcodes, const char *const *tmsgs)
+static void answer_topics(km_mop *op, km_err code, const char *msg, const int16_t *tcodes, const char *const *tmsgs)
 {
-	union {
-		km_start_mirror_topics_response start;
-		km_stop_mirror_topics_response stop;
-		km_pause_mirror_topics_response pause;
-		km_resume_mirror_topics_response resume;
-	} r;
 	/* One count for a request refused as a whole, else one per refused topic. */
 	if (code)
 		count_error(op, code);
 	for (size_t i = 0; !code && i < op->ntopics; i++)
 		count_error(op, tcodes[i]);
-	switch (op->key) {
-	case KM_API_START_MIRROR_TOPICS:
-		FILL_TOPICS_RESPONSE(r.start, km_start_mirror_topics_response, op, code, msg, tcodes, tmsgs);
-		break;
-	case KM_API_STOP_MIRROR_TOPICS:
-		FILL_TOPICS_RESPONSE(r.stop, km_stop_mirror_topics_response, op, code, msg, tcodes, tmsgs);
-		break;
-	case KM_API_PAUSE_MIRROR_TOPICS:
-		FILL_TOPICS_RESPONSE(r.pause, km_pause_mirror_topics_response, op, code, msg, tcodes, tmsgs);
-		break;
-	default:
-		FILL_TOPICS_RESPONSE(r.resume, km_resume_mirror_topics_response, op, code, msg, tcodes, tmsgs);
-		break;
-	}
-	op_answer(op, &r);
+	op->rpc->topics(op, code, msg, tcodes, tmsgs);
 }
 
-static bool is_topic_op(int16_t key)
+/* A topic operation's error answer: every topic gets the error too. */
+static void topics_error(km_mop *op, km_err code, const char *msg)
 {
-	return key >= KM_API_START_MIRROR_TOPICS && key <= KM_API_RESUME_MIRROR_TOPICS;
+	int16_t *codes = km_arena_calloc(&op->a, sizeof(int16_t) * (op->ntopics + 1));
+	const char **msgs = km_arena_calloc(&op->a, sizeof(char *) * (op->ntopics + 1));
+	for (size_t i = 0; codes && msgs && i < op->ntopics; i++) {
+		codes[i] = (int16_t)code;
+		msgs[i] = msg;
+	}
+	if (!codes || !msgs)
+		op->ntopics = 0;
+	answer_topics(op, code, msg, codes, msgs);
 }
 
-/* Answer any of the RPCs with one error (every topic of a topic operation gets it too). */
-static void answer_error(mop *op, km_err code, const char *msg)
+/* The other RPCs' error answers: an error code and message (and an empty list), one function each. */
+#define ERROR_ANSWER(fn, TYPE, empty)                                                                          \
+	static void fn(km_mop *op, km_err code, const char *msg)                                                  \
+	{                                                                                                      \
+		TYPE r;                                                                                        \
+		count_error(op, code);                                                                         \
+		memset(&r, 0, sizeof(r));                                                                      \
+		TYPE##_init(&r);                                                                               \
+		r.error_code = (int16_t)code;                                                                  \
+		r.error_message = cstr(msg);                                                                   \
+		empty;                                                                                         \
+		km_mop_answer(op, &r);                                                                             \
+	}
+
+ERROR_ANSWER(create_error, km_create_mirror_response, (void)0)
+ERROR_ANSWER(delete_error, km_delete_mirror_response, (void)0)
+ERROR_ANSWER(alter_error, km_alter_mirror_response, (void)0)
+ERROR_ANSWER(list_error, km_list_mirrors_response, r.mirrors.count = 0)
+ERROR_ANSWER(describe_error, km_describe_mirrors_response, r.mirrors.count = 0)
+ERROR_ANSWER(lmo_error, km_last_mirrored_offsets_response, r.topics.count = 0)
+
+static void answer_error(km_mop *op, km_err code, const char *msg)
 {
-	union {
-		km_create_mirror_response create;
-		km_delete_mirror_response del;
-		km_alter_mirror_response alter;
-		km_list_mirrors_response list;
-		km_describe_mirrors_response describe;
-		km_last_mirrored_offsets_response lmo;
-	} r;
-	if (is_topic_op(op->key)) {
-		int16_t *codes = km_arena_calloc(&op->a, sizeof(int16_t) * (op->ntopics + 1));
-		const char **msgs = km_arena_calloc(&op->a, sizeof(char *) * (op->ntopics + 1));
-		for (size_t i = 0; codes && msgs && i < op->ntopics; i++) {
-			codes[i] = (int16_t)code;
-			msgs[i] = msg;
-		}
-		if (!codes || !msgs)
-			op->ntopics = 0;
-		answer_topics(op, code, msg, codes, msgs);
-		return;
-	}
-	count_error(op, code);
-	memset(&r, 0, sizeof(r));
-	switch (op->key) {
-	case KM_API_CREATE_MIRROR:
-		km_create_mirror_response_init(&r.create);
-		r.create.error_code = (int16_t)code;
-		r.create.error_message = cstr(msg);
-		break;
-	case KM_API_DELETE_MIRROR:
-		km_delete_mirror_response_init(&r.del);
-		r.del.error_code = (int16_t)code;
-		r.del.error_message = cstr(msg);
-		break;
-	case KM_API_ALTER_MIRROR:
-		km_alter_mirror_response_init(&r.alter);
-		r.alter.error_code = (int16_t)code;
-		r.alter.error_message = cstr(msg);
-		break;
-	case KM_API_LIST_MIRRORS:
-		km_list_mirrors_response_init(&r.list);
-		r.list.error_code = (int16_t)code;
-		r.list.error_message = cstr(msg);
-		r.list.mirrors.count = 0;
-		break;
-	case KM_API_DESCRIBE_MIRRORS:
-		km_describe_mirrors_response_init(&r.describe);
-		r.describe.error_code = (int16_t)code;
-		r.describe.error_message = cstr(msg);
-		r.describe.mirrors.count = 0;
-		break;
-	default:
-		km_last_mirrored_offsets_response_init(&r.lmo);
-		r.lmo.error_code = (int16_t)code;
-		r.lmo.error_message = cstr(msg);
-		r.lmo.topics.count = 0;
-		break;
-	}
-	op_answer(op, &r);
+	op->rpc->error(op, code, msg);
 }
 
 /* ---- authorization: a validate-only request on the caller's own upstream connection ---- */
-
-static auth_kind auth_of(int16_t key)
-{
-	switch (key) {
-	case KM_API_CREATE_MIRROR:
-	case KM_API_DELETE_MIRROR:
-	case KM_API_ALTER_MIRROR:
-		return AUTH_CLUSTER_ALTER;
-	case KM_API_LIST_MIRRORS:
-	case KM_API_DESCRIBE_MIRRORS:
-	case KM_API_LAST_MIRRORED_OFFSETS:
-		return AUTH_CLUSTER_DESCRIBE;
-	default:
-		return AUTH_TOPICS;
-	}
-}
 
 /* Encode a request body with the codec of key. */
 static km_err encode_request(int16_t key, int16_t version, const void *m, km_wr *w)
@@ -399,7 +288,7 @@ static km_err encode_request(int16_t key, int16_t version, const void *m, km_wr 
 	return km_wr_ok(w) ? KM_OK : KM_ERR_ENCODE;
 }
 
-static km_err send_probe(km_req *rq, mop *op, int16_t key, int16_t version, const void *m, km_session_probe_cb cb)
+km_err km_mop_probe(km_req *rq, km_mop *op, int16_t key, int16_t version, const void *m, km_session_probe_cb cb)
 {
 	km_wr w;
 	km_err rc = encode_request(key, version, m, &w);
@@ -411,7 +300,7 @@ static km_err send_probe(km_req *rq, mop *op, int16_t key, int16_t version, cons
 	return rc;
 }
 
-static void proceed(mop *op);
+static void proceed(km_mop *op);
 
 /* The topic probe's verdict on topic (names are unique in the request: check_request), or NULL. */
 static const km_incremental_alter_configs_response_alter_configs_resource_response *
@@ -428,8 +317,8 @@ probe_result(const km_incremental_alter_configs_response *m, const char *topic)
 /* The authorizing probe's answer: refusals become the answer, the rest goes on to the store. */
 static void auth_done(void *arg, km_err err, const uint8_t *body, size_t len)
 {
-	mop *op = arg;
-	auth_kind kind = auth_of(op->key);
+	km_mop *op = arg;
+	km_mop_auth kind = op->rpc->auth;
 	km_arena a;
 	km_rd r;
 	int16_t code = 0;
@@ -438,12 +327,12 @@ static void auth_done(void *arg, km_err err, const uint8_t *body, size_t len)
 
 	op->probes--;
 	if (err != KM_OK) {
-		op_free(op); /* the session is gone: nothing to answer */
+		km_mop_free(op); /* the session is gone: nothing to answer */
 		return;
 	}
 	km_arena_init(&a, 0);
 	km_rd_init(&r, body, len);
-	if (kind == AUTH_CLUSTER_DESCRIBE) {
+	if (kind == KM_MOP_AUTH_CLUSTER_DESCRIBE) {
 		km_describe_configs_response m;
 		km_describe_configs_response_init(&m);
 		if (km_describe_configs_response_decode(&r, KM_PROBE_DESCRIBE_VERSION, &m, &a) != KM_OK ||
@@ -457,9 +346,9 @@ static void auth_done(void *arg, km_err err, const uint8_t *body, size_t len)
 		km_incremental_alter_configs_response m;
 		km_incremental_alter_configs_response_init(&m);
 		if (km_incremental_alter_configs_response_decode(&r, KM_PROBE_IAC_VERSION, &m, &a) != KM_OK ||
-		    m.responses.count != (kind == AUTH_TOPICS ? (int32_t)op->ntopics : 1))
+		    m.responses.count != (kind == KM_MOP_AUTH_TOPICS ? (int32_t)op->ntopics : 1))
 			unreadable = true;
-		else if (kind == AUTH_TOPICS) {
+		else if (kind == KM_MOP_AUTH_TOPICS) {
 			for (size_t i = 0; i < op->ntopics; i++) {
 				/*
 				 * By name, never by position: the broker answers refused resources first and the
@@ -509,7 +398,7 @@ static void auth_done(void *arg, km_err err, const uint8_t *body, size_t len)
 	if (code == KM_KAFKA_CLUSTER_AUTHORIZATION_FAILED) {
 		km_arena_free(&a);
 		answer_error(op, code,
-			     kind == AUTH_CLUSTER_ALTER ?
+			     kind == KM_MOP_AUTH_CLUSTER_ALTER ?
 				     "not authorized to change mirrors: the destination's authorizer refused ALTER_CONFIGS on "
 				     "the cluster" :
 				     "not authorized to describe mirrors: the destination's authorizer refused "
@@ -527,10 +416,10 @@ static void auth_done(void *arg, km_err err, const uint8_t *body, size_t len)
 	proceed(op);
 }
 
-static km_err authorize(km_req *rq, mop *op)
+static km_err authorize(km_req *rq, km_mop *op)
 {
-	switch (auth_of(op->key)) {
-	case AUTH_CLUSTER_ALTER: {
+	switch (op->rpc->auth) {
+	case KM_MOP_AUTH_CLUSTER_ALTER: {
 		km_incremental_alter_configs_request m;
 		km_incremental_alter_configs_request_alter_configs_resource res;
 		km_incremental_alter_configs_request_init(&m);
@@ -541,9 +430,9 @@ static km_err authorize(km_req *rq, mop *op)
 		m.resources.count = 1;
 		m.resources.items = &res;
 		m.validate_only = true;
-		return send_probe(rq, op, KM_API_INCREMENTAL_ALTER_CONFIGS, KM_PROBE_IAC_VERSION, &m, auth_done);
+		return km_mop_probe(rq, op, KM_API_INCREMENTAL_ALTER_CONFIGS, KM_PROBE_IAC_VERSION, &m, auth_done);
 	}
-	case AUTH_CLUSTER_DESCRIBE: {
+	case KM_MOP_AUTH_CLUSTER_DESCRIBE: {
 		km_describe_configs_request m;
 		km_describe_configs_request_describe_configs_resource res;
 		km_str key = km_str_c(KM_PROBE_DESCRIBE_KEY);
@@ -555,7 +444,7 @@ static km_err authorize(km_req *rq, mop *op)
 		res.configuration_keys.items = &key;
 		m.resources.count = 1;
 		m.resources.items = &res;
-		return send_probe(rq, op, KM_API_DESCRIBE_CONFIGS, KM_PROBE_DESCRIBE_VERSION, &m, auth_done);
+		return km_mop_probe(rq, op, KM_API_DESCRIBE_CONFIGS, KM_PROBE_DESCRIBE_VERSION, &m, auth_done);
 	}
 	default: {
 		km_incremental_alter_configs_request m;
@@ -573,7 +462,7 @@ static km_err authorize(km_req *rq, mop *op)
 		m.resources.count = (int32_t)op->ntopics;
 		m.resources.items = res;
 		m.validate_only = true;
-		return send_probe(rq, op, KM_API_INCREMENTAL_ALTER_CONFIGS, KM_PROBE_IAC_VERSION, &m, auth_done);
+		return km_mop_probe(rq, op, KM_API_INCREMENTAL_ALTER_CONFIGS, KM_PROBE_IAC_VERSION, &m, auth_done);
 	}
 	}
 }
@@ -582,13 +471,13 @@ static km_err authorize(km_req *rq, mop *op)
 
 static void simple_done(void *arg, const km_state_result *res)
 {
-	mop *op = arg;
+	km_mop *op = arg;
 	answer_error(op, res->code, res->code ? (res->message ? res->message : km_err_message(res->code)) : NULL);
 }
 
 static void topics_done(void *arg, const km_state_result *res)
 {
-	mop *op = arg;
+	km_mop *op = arg;
 	size_t k = 0;
 	/* The store answered the authorized topics, in order; the refused ones keep their refusal. */
 	for (size_t i = 0; i < op->ntopics; i++) {
@@ -597,22 +486,22 @@ static void topics_done(void *arg, const km_state_result *res)
 		if (k < res->ntopics) {
 			op->tcode[i] = (int16_t)res->topics[k].code;
 			op->tmsg[i] = res->topics[k].code ?
-					      op_strdup(op, cstr(res->topics[k].message ? res->topics[k].message :
+					      km_mop_strdup(op, cstr(res->topics[k].message ? res->topics[k].message :
 											 km_err_message(res->topics[k].code))) :
 					      NULL;
 		} else if (res->code) {
 			op->tcode[i] = (int16_t)res->code;
-			op->tmsg[i] = op_strdup(op, cstr(res->message ? res->message : km_err_message(res->code)));
+			op->tmsg[i] = km_mop_strdup(op, cstr(res->message ? res->message : km_err_message(res->code)));
 		}
 		k++;
 	}
 	answer_topics(op, res->code,
-		      res->code ? op_strdup(op, cstr(res->message ? res->message : km_err_message(res->code))) : NULL,
+		      res->code ? km_mop_strdup(op, cstr(res->message ? res->message : km_err_message(res->code))) : NULL,
 		      op->tcode, op->tmsg);
 }
 
 /* The topics still unanswered (authorized, not refused by the preparation), for the store. */
-static const char **pending_topics(mop *op, size_t *n)
+static const char **pending_topics(km_mop *op, size_t *n)
 {
 	const char **allowed = km_arena_calloc(&op->a, sizeof(char *) * (op->ntopics + 1));
 	*n = 0;
@@ -625,7 +514,7 @@ static const char **pending_topics(mop *op, size_t *n)
 /* The mirror module prepared the start (created what was missing): refusals are answered, the rest go to the store. */
 static void prepare_done(void *arg, km_err code, const char *message, const km_state_topic_result *res, size_t nres)
 {
-	mop *op = arg;
+	km_mop *op = arg;
 	const char **allowed;
 	size_t k = 0, n;
 
@@ -634,10 +523,10 @@ static void prepare_done(void *arg, km_err code, const char *message, const km_s
 			continue;
 		if (code) {
 			op->tcode[i] = (int16_t)code;
-			op->tmsg[i] = op_strdup(op, cstr(message ? message : km_err_message(code)));
+			op->tmsg[i] = km_mop_strdup(op, cstr(message ? message : km_err_message(code)));
 		} else if (k < nres && res[k].code) {
 			op->tcode[i] = (int16_t)res[k].code;
-			op->tmsg[i] = op_strdup(op, cstr(res[k].message ? res[k].message : km_err_message(res[k].code)));
+			op->tmsg[i] = km_mop_strdup(op, cstr(res[k].message ? res[k].message : km_err_message(res[k].code)));
 		}
 		k++;
 	}
@@ -650,14 +539,14 @@ static void prepare_done(void *arg, km_err code, const char *message, const km_s
 	km_state_topics(op->st, op->op, op->mirror, allowed, n, topics_done, op);
 }
 
-static km_state_kv *config_kv(mop *op, const void *items, int32_t count, size_t stride)
+static km_state_kv *config_kv(km_mop *op, const void *items, int32_t count, size_t stride)
 {
 	km_state_kv *kv = km_arena_calloc(&op->a, sizeof(*kv) * ((size_t)(count > 0 ? count : 0) + 1));
 	for (int32_t i = 0; kv && i < count; i++) {
 		/* Create and alter configs share one layout: name, then value. */
 		const km_str *f = (const km_str *)((const uint8_t *)items + (size_t)i * stride);
-		kv[i].name = op_strdup(op, f[0]);
-		kv[i].value = f[1].len < 0 ? NULL : op_strdup(op, f[1]);
+		kv[i].name = km_mop_strdup(op, f[0]);
+		kv[i].value = f[1].len < 0 ? NULL : km_mop_strdup(op, f[1]);
 	}
 	return kv;
 }
@@ -678,7 +567,7 @@ static int64_t lag_of(const km_state_partition_info *p)
 	return p->source_log_end > p->last_mirrored_offset ? p->source_log_end - p->last_mirrored_offset : 0;
 }
 
-static void answer_list(mop *op)
+static void answer_list(km_mop *op)
 {
 	km_list_mirrors_response r;
 	size_t n = km_state_mirror_count(op->st);
@@ -692,7 +581,7 @@ static void answer_list(mop *op)
 		r.mirrors.items[i].source_bootstrap_servers = cstr(km_state_mirror_source(m));
 		r.mirrors.items[i].topic_count = (int32_t)km_state_mirror_topic_count(m);
 	}
-	op_answer(op, &r);
+	km_mop_answer(op, &r);
 }
 
 static bool named(km_str name, const km_str *names, int32_t n)
@@ -704,7 +593,7 @@ static bool named(km_str name, const km_str *names, int32_t n)
 }
 
 /* The metadata sync's status of mirror, one entry per step (docs/mirror.md, "Metadata sync"). */
-static void describe_sync(mop *op, const char *mirror, km_describe_mirrors_response_described_mirror *d)
+static void describe_sync(km_mop *op, const char *mirror, km_describe_mirrors_response_described_mirror *d)
 {
 	d->metadata_sync.items = km_arena_calloc(&op->a, sizeof(*d->metadata_sync.items) * KM_SYNC__COUNT);
 	d->metadata_sync.count = d->metadata_sync.items ? KM_SYNC__COUNT : 0;
@@ -723,12 +612,12 @@ static void describe_sync(mop *op, const char *mirror, km_describe_mirrors_respo
 		ds->skipped = st.skipped;
 		ds->errors_total = st.errors_total;
 		/* The module's string lives only until its next call: the answer keeps a copy. */
-		ds->last_error = st.last_error ? km_str_c(op_strdup(op, km_str_c(st.last_error))) : KM_STR_NULL;
+		ds->last_error = st.last_error ? km_str_c(km_mop_strdup(op, km_str_c(st.last_error))) : KM_STR_NULL;
 		ds->last_error_time_ms = st.last_error ? st.last_error_ms : -1;
 	}
 }
 
-static void describe_one(mop *op, const km_state_mirror *m, km_describe_mirrors_response_described_mirror *d)
+static void describe_one(km_mop *op, const km_state_mirror *m, km_describe_mirrors_response_described_mirror *d)
 {
 	const km_describe_mirrors_request *q = &op->m.describe;
 	size_t nc = km_state_mirror_config_count(m), nt = km_state_mirror_topic_count(m);
@@ -784,7 +673,7 @@ static void describe_one(mop *op, const km_state_mirror *m, km_describe_mirrors_
 		describe_sync(op, km_state_mirror_name(m), d);
 }
 
-static void answer_describe(mop *op)
+static void answer_describe(km_mop *op)
 {
 	const km_describe_mirrors_request *q = &op->m.describe;
 	km_describe_mirrors_response r;
@@ -802,7 +691,7 @@ static void answer_describe(mop *op)
 		if (q->mirror_names.count < 0) {
 			m = km_state_mirror_at(op->st, (size_t)i);
 		} else {
-			const char *name = op_strdup(op, q->mirror_names.items[i]);
+			const char *name = km_mop_strdup(op, q->mirror_names.items[i]);
 			m = km_state_mirror_find(op->st, name);
 			if (!m) {
 				d->mirror_name = km_str_c(name);
@@ -814,10 +703,10 @@ static void answer_describe(mop *op)
 		}
 		describe_one(op, m, d);
 	}
-	op_answer(op, &r);
+	km_mop_answer(op, &r);
 }
 
-static void answer_lmo(mop *op)
+static void answer_lmo(km_mop *op)
 {
 	const km_last_mirrored_offsets_request *q = &op->m.lmo;
 	const km_state_mirror *m = *op->mirror ? km_state_mirror_find(op->st, op->mirror) : NULL;
@@ -887,165 +776,169 @@ static void answer_lmo(mop *op)
 			tr->partitions.count++;
 		}
 	}
-	op_answer(op, &r);
+	km_mop_answer(op, &r);
 }
 
-/* Authorized: carry the operation out. */
-static void proceed(mop *op)
+/* ---- the RPCs' apply ---- */
+
+typedef void (*mirror_config_fn)(km_state *st, const char *name, const km_state_kv *kv, size_t n, bool validate_only,
+				 km_state_done_cb done, void *arg);
+
+/* CreateMirror and AlterMirror (one layout: name, configs, validate_only): the store takes its own copy. */
+static void apply_configs(km_mop *op, mirror_config_fn fn)
+{
+	const km_create_mirror_request *q = &op->m.create;
+	km_state_kv *kv = config_kv(op, q->configs.items, q->configs.count, sizeof(*q->configs.items));
+	fn(op->st, op->mirror, kv, (size_t)(q->configs.count > 0 ? q->configs.count : 0), q->validate_only, simple_done,
+	   op);
+	wipe_kv(kv, q->configs.count);
+}
+
+static void apply_create(km_mop *op)
+{
+	apply_configs(op, km_state_create_mirror);
+}
+
+static void apply_alter(km_mop *op)
+{
+	apply_configs(op, km_state_alter_mirror);
+}
+
+static void apply_delete(km_mop *op)
+{
+	km_state_delete_mirror(op->st, op->mirror, simple_done, op);
+}
+
+/* Start, stop, pause, resume: only the topics the authorizer allowed go on. */
+static void apply_topics(km_mop *op)
+{
+	size_t n;
+	const char **allowed = pending_topics(op, &n);
+	if (!allowed || !n) {
+		answer_topics(op, 0, NULL, op->tcode, op->tmsg);
+		return;
+	}
+	/* A start first has the destination topics there (created from the source when missing). */
+	if (op->op == KM_TOPIC_START && op->mi) {
+		km_mirror_prepare_start(op->mi, op->mirror, allowed, n, prepare_done, op);
+		return;
+	}
+	km_state_topics(op->st, op->op, op->mirror, allowed, n, topics_done, op);
+}
+
+/* Authorized: carry the operation out once the store has been read back. */
+static void proceed(km_mop *op)
 {
 	if (!km_state_ready(op->st)) {
-		answer_error(op, KM_KAFKA_COORDINATOR_LOAD_IN_PROGRESS, loading_msg);
+		answer_error(op, KM_KAFKA_COORDINATOR_LOAD_IN_PROGRESS, km_mop_loading_msg);
 		return;
 	}
-	switch (op->key) {
-	case KM_API_CREATE_MIRROR: {
-		const km_create_mirror_request *q = &op->m.create;
-		km_state_kv *kv = config_kv(op, q->configs.items, q->configs.count, sizeof(*q->configs.items));
-		km_state_create_mirror(op->st, op->mirror, kv, (size_t)(q->configs.count > 0 ? q->configs.count : 0),
-				       q->validate_only, simple_done, op);
-		wipe_kv(kv, q->configs.count); /* the store took its own copy */
-		return;
-	}
-	case KM_API_ALTER_MIRROR: {
-		const km_alter_mirror_request *q = &op->m.alter;
-		km_state_kv *kv = config_kv(op, q->configs.items, q->configs.count, sizeof(*q->configs.items));
-		km_state_alter_mirror(op->st, op->mirror, kv, (size_t)(q->configs.count > 0 ? q->configs.count : 0),
-				      q->validate_only, simple_done, op);
-		wipe_kv(kv, q->configs.count);
-		return;
-	}
-	case KM_API_DELETE_MIRROR:
-		km_state_delete_mirror(op->st, op->mirror, simple_done, op);
-		return;
-	case KM_API_LIST_MIRRORS:
-		answer_list(op);
-		return;
-	case KM_API_DESCRIBE_MIRRORS:
-		answer_describe(op);
-		return;
-	case KM_API_LAST_MIRRORED_OFFSETS:
-		answer_lmo(op);
-		return;
-	default: {
-		/* Only the topics the authorizer allowed go on. */
-		size_t n;
-		const char **allowed = pending_topics(op, &n);
-		if (!allowed || !n) {
-			answer_topics(op, 0, NULL, op->tcode, op->tmsg);
-			return;
-		}
-		/* A start first has the destination topics there (created from the source when missing). */
-		if (op->op == KM_TOPIC_START && op->mi) {
-			km_mirror_prepare_start(op->mi, op->mirror, allowed, n, prepare_done, op);
-			return;
-		}
-		km_state_topics(op->st, op->op, op->mirror, allowed, n, topics_done, op);
-		return;
-	}
-	}
+	op->rpc->apply(op);
 }
 
-/* ---- the RPCs' hook ---- */
+/* ---- the RPCs' checks: KM_OK, or the code with err ---- */
 
-#define TOPIC_NAMES(op, q)                                                                               \
-	do {                                                                                             \
-		(op)->mirror = op_strdup((op), (q).mirror_name);                                         \
-		(op)->ntopics = (q).topics.count > 0 ? (size_t)(q).topics.count : 0;                     \
-		names = km_arena_calloc(&(op)->a, sizeof(km_str) * ((op)->ntopics + 1));                 \
-		for (size_t i_ = 0; names && i_ < (op)->ntopics; i_++)                                   \
-			names[i_] = (q).topics.items[i_].name;                                           \
-	} while (0)
-
-/* Check the request (names, duplicates): KM_OK, or the code with err. */
-static km_err check_request(mop *op, char *err, size_t errlen)
+/* CreateMirror and AlterMirror: a valid name, configs named once each; create needs every value. */
+static km_err check_configs(km_mop *op, bool values, char *err, size_t errlen)
 {
-	km_str *names = NULL;
+	const km_create_mirror_request *q = &op->m.create;
 	km_err rc;
 
-	switch (op->key) {
-	case KM_API_CREATE_MIRROR:
-	case KM_API_ALTER_MIRROR: {
-		/* Same layout: name, configs, validate_only. */
-		const km_create_mirror_request *q = &op->m.create;
-		op->mirror = op_strdup(op, q->mirror_name);
-		if ((rc = km_mirror_check_name(q->mirror_name, "mirror", err, errlen)) != KM_OK)
-			return rc;
-		for (int32_t i = 0; i < q->configs.count; i++) {
-			if (q->configs.items[i].name.len <= 0) {
-				snprintf(err, errlen, "config %d has an empty name", (int)i);
-				return KM_KAFKA_INVALID_REQUEST;
-			}
-			if (op->key == KM_API_CREATE_MIRROR && q->configs.items[i].value.len < 0) {
-				snprintf(err, errlen, "config %.*s has no value", (int)q->configs.items[i].name.len,
+	op->mirror = km_mop_strdup(op, q->mirror_name);
+	if ((rc = km_mirror_check_name(q->mirror_name, "mirror", err, errlen)) != KM_OK)
+		return rc;
+	for (int32_t i = 0; i < q->configs.count; i++) {
+		if (q->configs.items[i].name.len <= 0) {
+			snprintf(err, errlen, "config %d has an empty name", (int)i);
+			return KM_KAFKA_INVALID_REQUEST;
+		}
+		if (values && q->configs.items[i].value.len < 0) {
+			snprintf(err, errlen, "config %.*s has no value", (int)q->configs.items[i].name.len,
+				 q->configs.items[i].name.p);
+			return KM_KAFKA_INVALID_REQUEST;
+		}
+		for (int32_t j = 0; j < i; j++)
+			if (km_str_eq(q->configs.items[i].name, q->configs.items[j].name)) {
+				snprintf(err, errlen, "config %.*s is given more than once", (int)q->configs.items[i].name.len,
 					 q->configs.items[i].name.p);
 				return KM_KAFKA_INVALID_REQUEST;
 			}
-			for (int32_t j = 0; j < i; j++)
-				if (km_str_eq(q->configs.items[i].name, q->configs.items[j].name)) {
-					snprintf(err, errlen, "config %.*s is given more than once",
-						 (int)q->configs.items[i].name.len, q->configs.items[i].name.p);
-					return KM_KAFKA_INVALID_REQUEST;
-				}
+	}
+	return KM_OK;
+}
+
+static km_err check_create(km_mop *op, char *err, size_t errlen)
+{
+	return check_configs(op, true, err, errlen);
+}
+
+static km_err check_alter(km_mop *op, char *err, size_t errlen)
+{
+	return check_configs(op, false, err, errlen);
+}
+
+static km_err check_delete(km_mop *op, char *err, size_t errlen)
+{
+	op->mirror = km_mop_strdup(op, op->m.del.mirror_name);
+	return km_mirror_check_name(op->m.del.mirror_name, "mirror", err, errlen);
+}
+
+static km_err check_list(km_mop *op, char *err, size_t errlen)
+{
+	(void)op;
+	(void)err;
+	(void)errlen;
+	return KM_OK;
+}
+
+static km_err check_describe(km_mop *op, char *err, size_t errlen)
+{
+	const km_describe_mirrors_request *q = &op->m.describe;
+	km_err rc;
+	if (q->mirror_names.count > 0 &&
+	    (rc = km_mirror_check_names(q->mirror_names.items, (size_t)q->mirror_names.count, "mirror", err, errlen)) !=
+		    KM_OK)
+		return rc;
+	if (q->topics.count > 0)
+		return km_mirror_check_names(q->topics.items, (size_t)q->topics.count, "topic", err, errlen);
+	return KM_OK;
+}
+
+static km_err check_lmo(km_mop *op, char *err, size_t errlen)
+{
+	const km_last_mirrored_offsets_request *q = &op->m.lmo;
+	km_str *names;
+	km_err rc;
+
+	op->mirror = km_mop_strdup(op, q->mirror_name);
+	if (q->mirror_name.len == 0) {
+		/* Any mirror: each topic's own (a failback asks the kmirrord it mirrored into). */
+		if (q->topics.count <= 0) {
+			snprintf(err, errlen, "an empty mirror name needs the topics named");
+			return KM_ERR_INVAL;
 		}
+	} else if ((rc = km_mirror_check_name(q->mirror_name, "mirror", err, errlen)) != KM_OK)
+		return rc;
+	if (q->topics.count <= 0)
 		return KM_OK;
-	}
-	case KM_API_DELETE_MIRROR:
-		op->mirror = op_strdup(op, op->m.del.mirror_name);
-		return km_mirror_check_name(op->m.del.mirror_name, "mirror", err, errlen);
-	case KM_API_LIST_MIRRORS:
-		return KM_OK;
-	case KM_API_DESCRIBE_MIRRORS: {
-		const km_describe_mirrors_request *q = &op->m.describe;
-		if (q->mirror_names.count > 0 &&
-		    (rc = km_mirror_check_names(q->mirror_names.items, (size_t)q->mirror_names.count, "mirror", err,
-						errlen)) != KM_OK)
-			return rc;
-		if (q->topics.count > 0)
-			return km_mirror_check_names(q->topics.items, (size_t)q->topics.count, "topic", err, errlen);
-		return KM_OK;
-	}
-	case KM_API_LAST_MIRRORED_OFFSETS: {
-		const km_last_mirrored_offsets_request *q = &op->m.lmo;
-		op->mirror = op_strdup(op, q->mirror_name);
-		if (q->mirror_name.len == 0) {
-			/* Any mirror: each topic's own (a failback asks the kmirrord it mirrored into). */
-			if (q->topics.count <= 0) {
-				snprintf(err, errlen, "an empty mirror name needs the topics named");
-				return KM_ERR_INVAL;
-			}
-		} else if ((rc = km_mirror_check_name(q->mirror_name, "mirror", err, errlen)) != KM_OK)
-			return rc;
-		if (q->topics.count <= 0)
-			return KM_OK;
-		names = km_arena_calloc(&op->a, sizeof(km_str) * (size_t)q->topics.count);
-		for (int32_t i = 0; names && i < q->topics.count; i++)
-			names[i] = q->topics.items[i].name;
-		return names ? km_mirror_check_names(names, (size_t)q->topics.count, "topic", err, errlen) : KM_ERR_NOMEM;
-	}
-	case KM_API_START_MIRROR_TOPICS:
-		op->op = KM_TOPIC_START;
-		TOPIC_NAMES(op, op->m.start);
-		break;
-	case KM_API_STOP_MIRROR_TOPICS:
-		op->op = KM_TOPIC_STOP;
-		TOPIC_NAMES(op, op->m.stop);
-		break;
-	case KM_API_PAUSE_MIRROR_TOPICS:
-		op->op = KM_TOPIC_PAUSE;
-		TOPIC_NAMES(op, op->m.pause);
-		break;
-	default:
-		op->op = KM_TOPIC_RESUME;
-		TOPIC_NAMES(op, op->m.resume);
-		break;
-	}
+	names = km_arena_calloc(&op->a, sizeof(km_str) * (size_t)q->topics.count);
+	for (int32_t i = 0; names && i < q->topics.count; i++)
+		names[i] = q->topics.items[i].name;
+	return names ? km_mirror_check_names(names, (size_t)q->topics.count, "topic", err, errlen) : KM_ERR_NOMEM;
+}
+
+/* A topic operation's mirror and topics (names as decoded, copied into op): valid, at least one, none twice. */
+static km_err check_topics(km_mop *op, const km_str *names, char *err, size_t errlen)
+{
+	km_err rc;
+
 	op->topics = km_arena_calloc(&op->a, sizeof(char *) * (op->ntopics + 1));
 	op->tcode = km_arena_calloc(&op->a, sizeof(int16_t) * (op->ntopics + 1));
 	op->tmsg = km_arena_calloc(&op->a, sizeof(char *) * (op->ntopics + 1));
 	if (!names || !op->topics || !op->tcode || !op->tmsg)
 		return KM_ERR_NOMEM;
 	for (size_t i = 0; i < op->ntopics; i++)
-		op->topics[i] = op_strdup(op, names[i]);
+		op->topics[i] = km_mop_strdup(op, names[i]);
 	if ((rc = km_mirror_check_name(km_str_c(op->mirror), "mirror", err, errlen)) != KM_OK)
 		return rc;
 	if (!op->ntopics) {
@@ -1055,11 +948,31 @@ static km_err check_request(mop *op, char *err, size_t errlen)
 	return km_mirror_check_names(names, op->ntopics, "topic", err, errlen);
 }
 
-static km_err mirror_request(km_req *rq)
+/* The four topic operations' requests have one layout: one check per RPC, from one macro. */
+#define CHECK_TOPICS(fn, OP, field)                                                                        \
+	static km_err fn(km_mop *op, char *err, size_t errlen)                                                \
+	{                                                                                                  \
+		km_str *names;                                                                             \
+		op->op = (OP);                                                                             \
+		op->mirror = km_mop_strdup(op, op->m.field.mirror_name);                                       \
+		op->ntopics = op->m.field.topics.count > 0 ? (size_t)op->m.field.topics.count : 0;         \
+		names = km_arena_calloc(&op->a, sizeof(km_str) * (op->ntopics + 1));                       \
+		for (size_t i_ = 0; names && i_ < op->ntopics; i_++)                                       \
+			names[i_] = op->m.field.topics.items[i_].name;                                     \
+		return check_topics(op, names, err, errlen);                                               \
+	}
+
+CHECK_TOPICS(check_start, KM_TOPIC_START, start)
+CHECK_TOPICS(check_stop, KM_TOPIC_STOP, stop)
+CHECK_TOPICS(check_pause, KM_TOPIC_PAUSE, pause)
+CHECK_TOPICS(check_resume, KM_TOPIC_RESUME, resume)
+
+/* A mirror RPC's request: decoded, checked, then authorized by a probe; answered once the store is done. */
+static km_err mirror_request(km_req *rq, const km_mop_rpc *rpc)
 {
 	char err[400];
 	km_err rc;
-	mop *op = op_new(rq, &rc);
+	km_mop *op = km_mop_new(rq, &rc);
 
 	if (!op) {
 		/* A header the session's fixed-part check let through (a v1 header where v2 is due, say). */
@@ -1069,17 +982,18 @@ static km_err mirror_request(km_req *rq)
 		}
 		return rc;
 	}
+	op->rpc = rpc;
 	op->now = rq;
-	if (op_decode(op) != KM_OK) {
+	if (km_mop_decode(op) != KM_OK) {
 		/* What a broker does with a request it cannot parse. */
 		count_error(op, KM_ERR_DECODE);
-		op_free(op);
+		km_mop_free(op);
 		rq->close_reason = "malformed mirror request";
 		return KM_ERR_DECODE;
 	}
-	rc = check_request(op, err, sizeof(err));
+	rc = rpc->check(op, err, sizeof(err));
 	if (rc == KM_ERR_NOMEM) {
-		op_free(op);
+		km_mop_free(op);
 		return rc;
 	}
 	if (rc != KM_OK) {
@@ -1087,11 +1001,11 @@ static km_err mirror_request(km_req *rq)
 		return KM_OK;
 	}
 	if (!op->st) {
-		answer_error(op, KM_MIRROR_STATE_UNAVAILABLE, no_store_msg);
+		answer_error(op, KM_MIRROR_STATE_UNAVAILABLE, km_mop_no_store_msg);
 		return KM_OK;
 	}
 	if ((rc = authorize(rq, op)) != KM_OK) {
-		op_free(op);
+		km_mop_free(op);
 		return rc;
 	}
 	op->now = NULL;
@@ -1099,433 +1013,46 @@ static km_err mirror_request(km_req *rq)
 	return KM_OK;
 }
 
-/* ---- mirror.name through IncrementalAlterConfigs and AlterConfigs ---- */
+/* ---- the RPCs: one row each ---- */
 
-static const char *state_topic_of(const km_state *st)
-{
-	return st ? km_state_topic_name_of_store(st) : KM_MIRROR_STATE_TOPIC_DEFAULT;
-}
+/* Each RPC: key, name, check, authorize, apply, error answer, topics answer, and the note of its row. */
+#define MIRROR_RPCS(X)                                                                                             \
+	X(KM_API_CREATE_MIRROR, create, check_create, KM_MOP_AUTH_CLUSTER_ALTER, apply_create, create_error, NULL,     \
+	  "authorized as ALTER_CONFIGS on CLUSTER, then the store creates the mirror")                                  \
+	X(KM_API_DELETE_MIRROR, delete, check_delete, KM_MOP_AUTH_CLUSTER_ALTER, apply_delete, delete_error, NULL,     \
+	  "authorized as ALTER_CONFIGS on CLUSTER, then the store deletes the mirror")                                  \
+	X(KM_API_LIST_MIRRORS, list, check_list, KM_MOP_AUTH_CLUSTER_DESCRIBE, answer_list, list_error, NULL,          \
+	  "authorized as DESCRIBE_CONFIGS on CLUSTER; answered from the store")                                         \
+	X(KM_API_DESCRIBE_MIRRORS, describe, check_describe, KM_MOP_AUTH_CLUSTER_DESCRIBE, answer_describe,            \
+	  describe_error, NULL, "authorized as DESCRIBE_CONFIGS on CLUSTER; answered from the store (secrets masked)")  \
+	X(KM_API_ALTER_MIRROR, alter, check_alter, KM_MOP_AUTH_CLUSTER_ALTER, apply_alter, alter_error, NULL,          \
+	  "authorized as ALTER_CONFIGS on CLUSTER, then the store changes the options")                                 \
+	X(KM_API_START_MIRROR_TOPICS, start, check_start, KM_MOP_AUTH_TOPICS, apply_topics, topics_error, start_answer, \
+	  "authorized as ALTER_CONFIGS on each topic, then the store starts them")                                      \
+	X(KM_API_STOP_MIRROR_TOPICS, stop, check_stop, KM_MOP_AUTH_TOPICS, apply_topics, topics_error, stop_answer,    \
+	  "authorized as ALTER_CONFIGS on each topic, then the store stops them")                                       \
+	X(KM_API_PAUSE_MIRROR_TOPICS, pause, check_pause, KM_MOP_AUTH_TOPICS, apply_topics, topics_error, pause_answer, \
+	  "authorized as ALTER_CONFIGS on each topic, then the store pauses them")                                      \
+	X(KM_API_RESUME_MIRROR_TOPICS, resume, check_resume, KM_MOP_AUTH_TOPICS, apply_topics, topics_error,           \
+	  resume_answer, "authorized as ALTER_CONFIGS on each topic, then the store resumes them")                      \
+	X(KM_API_LAST_MIRRORED_OFFSETS, lmo, check_lmo, KM_MOP_AUTH_CLUSTER_DESCRIBE, answer_lmo, lmo_error, NULL,     \
+	  "authorized as DESCRIBE_CONFIGS on CLUSTER; answered from the store")
 
-static void cfg_answer(mop *op)
-{
-	if (op->key == KM_API_INCREMENTAL_ALTER_CONFIGS) {
-		km_incremental_alter_configs_response r;
-		if (km_mcfg_merge_iac(&op->m.iac, &op->sp, &op->a, &r) == KM_OK) {
-			op_answer(op, &r);
-			return;
-		}
-	} else {
-		km_alter_configs_response r;
-		if (km_mcfg_merge_ac(&op->m.ac, &op->sp, &op->a, &r) == KM_OK) {
-			op_answer(op, &r);
-			return;
-		}
+/* Each RPC's parts, and its row's own hook: the request with those parts. */
+#define RPC_PARTS(key_, name_, check_, auth_, apply_, error_, topics_, note_)                                      \
+	static const km_mop_rpc name_##_rpc = {check_, auth_, apply_, error_, topics_};                                \
+	static km_err name_##_request(km_req *rq)                                                                  \
+	{                                                                                                          \
+		return mirror_request(rq, &name_##_rpc);                                                           \
 	}
-	KM_WARN("proxy", op->sid, "out of memory answering a mirror.name change");
-	op_free(op);
-}
+MIRROR_RPCS(RPC_PARTS)
 
-static km_str res_name(const mop *op, int32_t i)
-{
-	return op->key == KM_API_INCREMENTAL_ALTER_CONFIGS ? op->m.iac.resources.items[i].resource_name :
-							     op->m.ac.resources.items[i].resource_name;
-}
+/* ---- the stages ---- */
 
-static void cfg_next(mop *op);
+/* A mirror RPC: answered here (later, once the store has done its work), never forwarded. */
+#define RPC_STAGE(key_, name_, check_, auth_, apply_, error_, topics_, note_)                                      \
+	{.key = (key_), .req = KM_REQ_LOCAL, .on_request = name_##_request, .resp = KM_RESP_LOCAL, .note = (note_)},
 
-static void cfg_done(void *arg, const km_state_result *res)
-{
-	mop *op = arg;
-	int32_t i = op->next_res - 1;
-	km_err code = res->code ? res->code : res->ntopics ? res->topics[0].code : 0;
-	const char *msg = res->code ? res->message : res->ntopics ? res->topics[0].message : NULL;
-	km_mcfg_set(&op->sp, i, (int16_t)code, code ? (msg ? msg : km_err_message(code)) : NULL, &op->a);
-	cfg_next(op);
-}
+static const km_proxy_stage stages[] = {MIRROR_RPCS(RPC_STAGE)};
 
-/*
- * What resource i's mirror.name asks of the store: *top the operation, *mirror its mirror; false
- * when there is nothing to do (already so).
- */
-static bool cfg_plan(mop *op, int32_t i, km_topic_op *top, const char **mirror, const km_state_topic **tp,
-		     km_mp_state *state)
-{
-	const km_mcfg_res *r = &op->sp.res[i];
-	km_str topic = res_name(op, i);
-	const km_state_topic *t = km_state_topic_find(op->st, topic.p, (size_t)(topic.len > 0 ? topic.len : 0));
-	const char *cur = t ? km_state_mirror_name(km_state_topic_mirror(t)) : NULL;
-	km_mp_state s = t ? km_state_topic_state(t) : KM_MP_UNKNOWN;
-	bool same;
-
-	*mirror = r->mirror.len > 0 ? op_strdup(op, r->mirror) : cur;
-	same = cur && *mirror && strcmp(cur, *mirror) == 0;
-	*tp = t;
-	*state = same ? s : KM_MP_UNKNOWN;
-	switch (r->kind) {
-	case KM_MCFG_SET:
-		if (same && s == KM_MP_PAUSED) {
-			*top = KM_TOPIC_RESUME;
-			return true;
-		}
-		*top = KM_TOPIC_START;
-		return !(same && (s == KM_MP_PREPARING || s == KM_MP_MIRRORING));
-	case KM_MCFG_PAUSE:
-		*top = KM_TOPIC_PAUSE;
-		return !(same && (s == KM_MP_PAUSED || s == KM_MP_PAUSING));
-	default:
-		*top = KM_TOPIC_STOP;
-		/* Deleting a config that is not there, or removing a stopped topic: nothing to do, as for any config. */
-		if (!*mirror)
-			return false;
-		return !(same && (s == KM_MP_STOPPED || s == KM_MP_STOPPING));
-	}
-}
-
-/* ValidateOnly: the checks the store would make, without making the change. */
-static void cfg_validate(mop *op, int32_t i, km_topic_op top, const char *mirror, const km_state_topic *t,
-			 km_mp_state state)
-{
-	km_str topic = res_name(op, i);
-	km_err code = 0;
-	char msg[500];
-
-	if (!km_state_mirror_find(op->st, mirror)) {
-		code = KM_MIRROR_UNKNOWN_CLUSTER_MIRROR;
-		snprintf(msg, sizeof(msg), "mirror %s does not exist", mirror);
-	} else if (t && state == KM_MP_UNKNOWN && top == KM_TOPIC_START &&
-		   km_state_topic_state(t) != KM_MP_STOPPED) {
-		code = KM_MIRROR_TOPIC_ALREADY_IN_CLUSTER_MIRROR;
-		snprintf(msg, sizeof(msg), "topic %.*s is already in mirror %s (%s)", (int)topic.len, topic.p,
-			 km_state_mirror_name(km_state_topic_mirror(t)), km_mp_state_name(km_state_topic_state(t)));
-	} else if (top != KM_TOPIC_START && state == KM_MP_UNKNOWN) {
-		code = KM_MIRROR_TOPIC_NOT_IN_CLUSTER_MIRROR;
-		snprintf(msg, sizeof(msg), "topic %.*s is not in mirror %s", (int)topic.len, topic.p, mirror);
-	} else if (!km_topic_op_allowed(top, state, &code)) {
-		snprintf(msg, sizeof(msg), "cannot %s topic %.*s of mirror %s: it is %s", km_topic_op_name(top),
-			 (int)topic.len, topic.p, mirror, km_mp_state_name(state));
-	} else {
-		code = 0;
-	}
-	km_mcfg_set(&op->sp, i, (int16_t)code, code ? msg : NULL, &op->a);
-}
-
-/* Carry out the mirror.name changes the broker authorized, one at a time, then answer. */
-static void cfg_next(mop *op)
-{
-	while (op->next_res < op->sp.nres) {
-		int32_t i = op->next_res++;
-		const km_mcfg_res *r = &op->sp.res[i];
-		const km_state_topic *t;
-		km_topic_op top;
-		const char *mirror, *topic;
-		km_mp_state state;
-
-		if (r->kind == KM_MCFG_NONE || r->code != 0)
-			continue;
-		if (!op->st) {
-			km_mcfg_set(&op->sp, i, KM_MIRROR_STATE_UNAVAILABLE, no_store_msg, &op->a);
-			continue;
-		}
-		if (!km_state_ready(op->st)) {
-			km_mcfg_set(&op->sp, i, KM_KAFKA_COORDINATOR_LOAD_IN_PROGRESS, loading_msg, &op->a);
-			continue;
-		}
-		if (!cfg_plan(op, i, &top, &mirror, &t, &state))
-			continue;
-		if (op->validate_only) {
-			cfg_validate(op, i, top, mirror, t, state);
-			continue;
-		}
-		topic = op_strdup(op, res_name(op, i));
-		KM_INFO("proxy", op->sid, "%s=%.*s on topic %s: %s mirroring from %s", KM_MIRROR_NAME_CONFIG,
-			(int)r->mirror.len, r->mirror.p, topic, km_topic_op_name(top), mirror);
-		km_state_topics(op->st, top, mirror, &topic, 1, cfg_done, op);
-		return; /* cfg_done goes on (op may be gone already) */
-	}
-	cfg_answer(op);
-}
-
-/* A probe of a config request answered: the broker's results become the resources' outcomes. */
-static void cfg_probe_done(mop *op, km_err err, const uint8_t *body, size_t len, bool iac, bool auth)
-{
-	km_arena a;
-	km_rd r;
-	km_err rc;
-
-	op->probes--;
-	if (err != KM_OK)
-		op->gone = true;
-	if (!op->gone) {
-		km_arena_init(&a, 0);
-		km_rd_init(&r, body, len);
-		if (iac) {
-			km_incremental_alter_configs_response m;
-			km_incremental_alter_configs_response_init(&m);
-			rc = km_incremental_alter_configs_response_decode(&r, auth ? KM_PROBE_IAC_VERSION : op->version, &m, &a);
-			if (rc == KM_OK)
-				rc = km_mcfg_take_iac(&op->sp, &m, auth, &op->a);
-		} else {
-			km_alter_configs_response m;
-			km_alter_configs_response_init(&m);
-			rc = km_alter_configs_response_decode(&r, op->version, &m, &a);
-			if (rc == KM_OK)
-				rc = km_mcfg_take_ac(&op->sp, &m, &op->a);
-		}
-		km_arena_free(&a);
-		if (rc != KM_OK) {
-			KM_WARN("proxy", op->sid, "the broker's answer to a config change could not be read: %s",
-				km_err_name(rc));
-			for (int32_t i = 0; i < op->sp.nres; i++)
-				km_mcfg_set(&op->sp, i, KM_KAFKA_UNKNOWN_SERVER_ERROR,
-					    "the broker's answer could not be read", &op->a);
-		}
-	}
-	if (op->probes > 0)
-		return; /* the other probe still owes its answer */
-	if (op->gone) {
-		op_free(op);
-		return;
-	}
-	cfg_next(op);
-}
-
-static void iac_fwd_done(void *arg, km_err err, const uint8_t *body, size_t len)
-{
-	mop *op = arg;
-	cfg_probe_done(op, err, body, len, op->key == KM_API_INCREMENTAL_ALTER_CONFIGS, false);
-}
-
-static void ac_auth_done(void *arg, km_err err, const uint8_t *body, size_t len)
-{
-	cfg_probe_done(arg, err, body, len, true, true);
-}
-
-/* IncrementalAlterConfigs / AlterConfigs: the broker's unless mirror.name or the state topic is in it. */
-static km_err config_request(km_req *rq)
-{
-	const km_session_host *host = km_session_host_of(rq->s);
-	bool iac = rq->h->api_key == KM_API_INCREMENTAL_ALTER_CONFIGS;
-	mop *op;
-	km_err rc;
-
-	op = op_new(rq, &rc);
-	if (!op)
-		return rc == KM_ERR_DECODE ? KM_OK : rc; /* the broker answers a header it cannot parse, as it always did */
-	if (op_decode(op) != KM_OK) {
-		op_free(op);
-		return KM_OK; /* the broker answers what it cannot parse, as it always did */
-	}
-	rc = iac ? km_mcfg_split_iac(&op->m.iac, state_topic_of(host->state), &op->a, &op->sp) :
-		   km_mcfg_split_ac(&op->m.ac, state_topic_of(host->state), &op->a, &op->sp);
-	if (rc != KM_OK || !op->sp.mine) {
-		op_free(op);
-		return rc;
-	}
-	op->validate_only = iac ? op->m.iac.validate_only : op->m.ac.validate_only;
-	op->now = rq;
-	if (iac && op->sp.fwd.resources.count > 0)
-		rc = send_probe(rq, op, KM_API_INCREMENTAL_ALTER_CONFIGS, op->version, &op->sp.fwd, iac_fwd_done);
-	if (rc == KM_OK && !iac && op->sp.fwd_legacy.resources.count > 0)
-		rc = send_probe(rq, op, KM_API_ALTER_CONFIGS, op->version, &op->sp.fwd_legacy, iac_fwd_done);
-	if (rc == KM_OK && !iac && op->sp.auth.resources.count > 0)
-		rc = send_probe(rq, op, KM_API_INCREMENTAL_ALTER_CONFIGS, KM_PROBE_IAC_VERSION, &op->sp.auth,
-				ac_auth_done);
-	if (rc != KM_OK) {
-		/* A probe already sent reports the close (the session closes on this error) and frees op. */
-		if (!op->probes)
-			op_free(op);
-		else
-			op->now = NULL;
-		return rc;
-	}
-	if (!op->probes) {
-		/* Nothing for the broker: every resource was refused here. */
-		cfg_answer(op);
-		return KM_OK;
-	}
-	op->now = NULL;
-	rq->pending = true;
-	return KM_OK;
-}
-
-/* ---- DescribeConfigs: mirror.name shown on mirror topics ---- */
-
-typedef struct describe_ctx {
-	km_state *st;
-	bool synonyms;
-	size_t n;
-	km_str *topics; /* copies */
-	km_arena a;
-} describe_ctx;
-
-static void describe_ctx_free(void *p)
-{
-	describe_ctx *c = p;
-	km_arena_free(&c->a);
-	free(c);
-}
-
-static bool describe_lookup(void *arg, km_str topic, char *value, size_t cap)
-{
-	describe_ctx *c = arg;
-	const km_state_topic *t = km_state_topic_find(c->st, topic.p, (size_t)(topic.len > 0 ? topic.len : 0));
-	const char *suffix = "";
-	if (!t)
-		return false;
-	switch (km_state_topic_state(t)) {
-	case KM_MP_PAUSED:
-	case KM_MP_PAUSING:
-		suffix = KM_MIRROR_PAUSED_SUFFIX;
-		break;
-	case KM_MP_STOPPED:
-	case KM_MP_STOPPING:
-		suffix = KM_MIRROR_REMOVED_SUFFIX;
-		break;
-	default:
-		break;
-	}
-	snprintf(value, cap, "%s%s", km_state_mirror_name(km_state_topic_mirror(t)), suffix);
-	return true;
-}
-
-static km_err describe_response(km_resp *rs)
-{
-	describe_ctx *c = rs->ctx;
-	const km_api_info *api = km_api_lookup(KM_API_DESCRIBE_CONFIGS);
-	size_t end = rs->frame_len + 4;
-	uint8_t *frame = evbuffer_pullup(rs->in, (ev_ssize_t)end), pre[4];
-	km_describe_configs_response m;
-	km_wr w, out;
-	km_rd r;
-	km_arena a;
-	km_err rc;
-	int added = 0;
-
-	if (!frame)
-		return KM_ERR_NOMEM;
-	/* The proxy's own rewriting first (broker listeners), then the addition. */
-	km_wr_init(&w);
-	rc = km_rewrite_describe_configs(frame + rs->body_off, end - rs->body_off, rs->version, rs->rw, &w);
-	if (rc != KM_OK) {
-		km_wr_free(&w);
-		return rc;
-	}
-	km_arena_init(&a, 0);
-	km_rd_init(&r, w.buf, w.len);
-	api->response.init(&m);
-	rc = api->response.decode(&r, rs->version, &m, &a);
-	if (rc == KM_OK)
-		rc = km_mcfg_describe_add(&m, c->topics, c->n, c->synonyms, describe_lookup, c, &a, &added);
-	km_wr_init(&out);
-	km_wr_raw(&out, frame + 4, rs->body_off - 4); /* correlation id and header tags */
-	if (rc == KM_OK && added)
-		api->response.encode(&out, rs->version, &m);
-	else if (rc == KM_OK)
-		km_wr_raw(&out, w.buf, w.len);
-	if (rc == KM_OK && (!km_wr_ok(&out) || out.len > INT32_MAX))
-		rc = KM_ERR_NOMEM;
-	if (rc == KM_OK) {
-		km_put_be32(pre, (uint32_t)out.len);
-		evbuffer_add(rs->out, pre, 4);
-		evbuffer_add(rs->out, out.buf, out.len);
-		evbuffer_drain(rs->in, end);
-	}
-	km_wr_free(&out);
-	km_wr_free(&w);
-	km_arena_free(&a);
-	return rc;
-}
-
-static km_err describe_request(km_req *rq)
-{
-	km_state *st = km_session_host_of(rq->s)->state;
-	const km_api_info *api = km_api_lookup(KM_API_DESCRIBE_CONFIGS);
-	km_describe_configs_request m;
-	describe_ctx *c;
-	km_arena a;
-	km_rd r;
-
-	size_t off;
-
-	if (!st || !km_state_ready(st) || !km_state_mirror_count(st) || !body_offset(rq, &off))
-		return KM_OK; /* nothing to add: forwarded as it is */
-	km_arena_init(&a, 0);
-	km_rd_init(&r, rq->body + off, rq->frame_len - off);
-	api->request.init(&m);
-	if (api->request.decode(&r, rq->h->api_version, &m, &a) != KM_OK || !(c = calloc(1, sizeof(*c)))) {
-		km_arena_free(&a);
-		return KM_OK; /* the broker answers what it cannot parse */
-	}
-	km_arena_init(&c->a, 0);
-	c->st = st;
-	c->synonyms = m.include_synonyms;
-	c->topics = km_arena_calloc(&c->a, sizeof(km_str) * ((size_t)(m.resources.count > 0 ? m.resources.count : 0) + 1));
-	for (int32_t i = 0; c->topics && i < m.resources.count; i++) {
-		const km_describe_configs_request_describe_configs_resource *res = &m.resources.items[i];
-		char *p;
-		if (!km_mcfg_describe_wants(res) ||
-		    !km_state_topic_find(st, res->resource_name.p, (size_t)(res->resource_name.len > 0 ? res->resource_name.len : 0)))
-			continue;
-		p = km_arena_alloc(&c->a, (size_t)res->resource_name.len + 1);
-		if (!p)
-			break;
-		memcpy(p, res->resource_name.p, (size_t)res->resource_name.len);
-		c->topics[c->n++] = (km_str){p, res->resource_name.len};
-	}
-	km_arena_free(&a);
-	if (!c->n) {
-		describe_ctx_free(c);
-		return KM_OK;
-	}
-	rq->ctx = c;
-	rq->ctx_free = describe_ctx_free;
-	rq->on_response = describe_response;
-	return KM_OK;
-}
-
-/* ---- the rows ---- */
-
-km_err km_mirror_rpc_register(km_proxy_apis *t)
-{
-	static const int16_t keys[] = {
-		KM_API_CREATE_MIRROR,         KM_API_DELETE_MIRROR,        KM_API_LIST_MIRRORS,
-		KM_API_DESCRIBE_MIRRORS,      KM_API_ALTER_MIRROR,         KM_API_START_MIRROR_TOPICS,
-		KM_API_STOP_MIRROR_TOPICS,    KM_API_PAUSE_MIRROR_TOPICS,  KM_API_RESUME_MIRROR_TOPICS,
-		KM_API_LAST_MIRRORED_OFFSETS,
-	};
-	static const char *const notes[] = {
-		"authorized as ALTER_CONFIGS on CLUSTER, then the store creates the mirror",
-		"authorized as ALTER_CONFIGS on CLUSTER, then the store deletes the mirror",
-		"authorized as DESCRIBE_CONFIGS on CLUSTER; answered from the store",
-		"authorized as DESCRIBE_CONFIGS on CLUSTER; answered from the store (secrets masked)",
-		"authorized as ALTER_CONFIGS on CLUSTER, then the store changes the options",
-		"authorized as ALTER_CONFIGS on each topic, then the store starts them",
-		"authorized as ALTER_CONFIGS on each topic, then the store stops them",
-		"authorized as ALTER_CONFIGS on each topic, then the store pauses them",
-		"authorized as ALTER_CONFIGS on each topic, then the store resumes them",
-		"authorized as DESCRIBE_CONFIGS on CLUSTER; answered from the store",
-	};
-	const km_proxy_api rows[] = {
-		{.key = KM_API_INCREMENTAL_ALTER_CONFIGS, .min_version = -1, .max_version = -1, .req = KM_REQ_HOLD,
-		 .on_request = config_request,
-		 .note = "mirror.name on a topic is a mirror operation (the rest forwarded without it); __mirror_state refused"},
-		{.key = KM_API_ALTER_CONFIGS, .min_version = -1, .max_version = -1, .req = KM_REQ_HOLD,
-		 .on_request = config_request,
-		 .note = "mirror.name on a topic is a mirror operation (the rest forwarded without it); __mirror_state refused"},
-		{.key = KM_API_DESCRIBE_CONFIGS, .min_version = -1, .max_version = -1, .req = KM_REQ_HOLD,
-		 .on_request = describe_request, .resp = KM_RESP_WHOLE, .rewrite = km_rewrite_describe_configs,
-		 .note = "broker listener configs hidden or made the proxy's; mirror topics show mirror.name"},
-	};
-	km_err rc;
-
-	for (size_t i = 0; i < sizeof(keys) / sizeof(keys[0]); i++) {
-		km_proxy_api row = {.key = keys[i], .min_version = -1, .max_version = -1, .req = KM_REQ_LOCAL,
-				    .on_request = mirror_request, .resp = KM_RESP_LOCAL, .note = notes[i]};
-		if ((rc = km_proxy_apis_set(t, &row)) != KM_OK)
-			return rc;
-	}
-	for (size_t i = 0; i < sizeof(rows) / sizeof(rows[0]); i++)
-		if ((rc = km_proxy_apis_set(t, &rows[i])) != KM_OK)
-			return rc;
-	return KM_OK;
-}
+const km_proxy_feature km_mirror_rpc_feature = {"mirror-rpc", stages, sizeof(stages) / sizeof(stages[0])};

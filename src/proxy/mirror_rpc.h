@@ -32,11 +32,10 @@ enum { KM_CONFIG_SOURCE_DYNAMIC_TOPIC = 1 };
 enum { KM_KAFKA_INVALID_CONFIG = 40 };
 
 /*
- * Add the mirror rows to t: the ten RPCs (LOCAL), and IncrementalAlterConfigs, AlterConfigs and
- * DescribeConfigs (HOLD: mirror.name is the proxy's; everything else goes to the broker).
- * Called where the proxy builds its table (km_proxy_apis_new).
+ * The stages (km_mirror_rpc_feature, apis.h): the ten RPCs (LOCAL), and IncrementalAlterConfigs,
+ * AlterConfigs and DescribeConfigs (HOLD: mirror.name is the proxy's; everything else goes to the
+ * broker).
  */
-km_err km_mirror_rpc_register(km_proxy_apis *t) __attribute__((warn_unused_result));
 /*
  * The sessions of set are going away with the proxy: mirror operations still waiting for the
  * store drop their answers instead of looking for the set (called before it is freed).

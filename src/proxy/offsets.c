@@ -16,6 +16,7 @@
 #include "kmirror/msg/produce_response.h"
 #include "kmirror/net.h"
 #include "proxy/offsets.h"
+#include "proxy/features.h"
 #include "proxy/session.h"
 #include "proxy/share_offsets.h"
 
@@ -616,7 +617,7 @@ static km_err diverging_epoch(const km_fetch_walk *w, struct evbuffer *in, size_
 	return patch64(in, first, at + r.pos + 4, next_to_logical(m, (int64_t)km_be64(buf + r.pos + 4)));
 }
 
-km_err km_off_fetch_partition(km_fetch_walk *w, struct evbuffer *in, size_t first, void *ctx)
+static km_err fetch_partition(km_fetch_walk *w, struct evbuffer *in, size_t first, void *ctx)
 {
 	km_off_req *c = ctx;
 	const km_fetch_part *p = &w->part;
@@ -684,7 +685,7 @@ km_err km_off_fetch_partition(km_fetch_walk *w, struct evbuffer *in, size_t firs
 	return KM_OK;
 }
 
-km_err km_off_fetch_batch(km_fetch_walk *w, struct evbuffer *in, size_t first, void *ctx)
+static km_err fetch_batch(km_fetch_walk *w, struct evbuffer *in, size_t first, void *ctx)
 {
 	km_off_req *c = ctx;
 	const km_fetch_batch *b = &w->batch;
@@ -747,17 +748,22 @@ km_err km_off_fetch_batch(km_fetch_walk *w, struct evbuffer *in, size_t first, v
 	return KM_OK;
 }
 
+km_err km_off_fetch_partition(const km_stream_ev *e)
+{
+	return fetch_partition(e->w, e->in, e->first, e->ctx);
+}
+
+km_err km_off_fetch_batch(const km_stream_ev *e)
+{
+	return fetch_batch(e->w, e->in, e->first, e->ctx);
+}
+
 /* ---- the rows ---- */
 
 const km_off_lookup *km_off_lookup_of(km_req *rq)
 {
-	return &km_session_host_of(rq->s)->offsets;
+	return &km_proxy_features_of(rq->s)->offsets;
 }
-
-/* The previous rows' hooks, wrapped (the same functions in every table). */
-static km_req_hook prev_produce_classify, prev_produce_request, prev_dr_classify, prev_dr_request;
-static km_resp_hook prev_produce_response;
-static int16_t prev_produce_resp_from;
 
 km_err km_off_body_of(km_req *rq, size_t *off)
 {
@@ -1091,15 +1097,10 @@ static km_err small_request_hook(km_req *rq)
 	return c ? wrap_response(rq, c, NULL, false) : KM_OK;
 }
 
-/* DeleteRecords: the read-only split first (refused partitions answered here), then what goes up translated. */
-static km_err dr_classify(km_req *rq)
-{
-	km_err rc = prev_dr_classify ? prev_dr_classify(rq) : KM_OK;
-	if (rc == KM_OK && km_off_active(km_off_lookup_of(rq)))
-		rq->action = KM_REQ_HOLD;
-	return rc;
-}
-
+/*
+ * DeleteRecords: after the read-only stage (refused partitions answered there; an answer stops
+ * the row before this stage), what goes up translated.
+ */
 static km_err dr_request(km_req *rq)
 {
 	km_off_req *c = NULL;
@@ -1109,9 +1110,7 @@ static km_err dr_request(km_req *rq)
 	km_wr w;
 	km_err rc;
 
-	if (prev_dr_request && (rc = prev_dr_request(rq)) != KM_OK)
-		return rc;
-	if (rq->answer || !km_off_active(km_off_lookup_of(rq)))
+	if (!km_off_active(km_off_lookup_of(rq)))
 		return KM_OK;
 	if ((rc = km_off_body_of(rq, &off)) != KM_OK)
 		return rc;
@@ -1144,116 +1143,64 @@ static km_err dr_request(km_req *rq)
 	return c ? wrap_response(rq, c, NULL, false) : KM_OK;
 }
 
+/* The row's own response hook (Produce v10+: NodeEndpoints in the tail), which the translation runs first. */
+static km_err wrap_row_response(km_req *rq, km_off_req *c)
+{
+	return wrap_response(rq, c, rq->api->on_response, rq->h->api_version >= rq->api->resp_from);
+}
+
 /*
  * Produce: the request is never looked at for this (it carries the records; walking it would
  * cost every Produce): while some topic has a map, the small response is held whole and
  * translated when it names a partition with one (after a stop), else moved on as it came.
+ * Forwarded: wrapped here; held (a read-only topic somewhere): wrapped at produce_request, after
+ * the read-only stage, which may set its own merge.
  */
 static km_err produce_classify(km_req *rq)
 {
-	km_err rc = prev_produce_classify ? prev_produce_classify(rq) : KM_OK;
 	km_off_req *c;
 
-	if (rc != KM_OK || rq->need > rq->body_len || !rq->expect_response || !km_off_active(km_off_lookup_of(rq)))
-		return rc;
+	if (rq->action != KM_REQ_FORWARD || !rq->expect_response || !km_off_active(km_off_lookup_of(rq)))
+		return KM_OK;
 	if (!(c = km_off_req_new(KM_API_PRODUCE, rq->h->api_version, km_off_lookup_of(rq))))
 		return KM_ERR_NOMEM;
-	if (rq->action == KM_REQ_FORWARD)
-		return wrap_response(rq, c, prev_produce_response, rq->h->api_version >= prev_produce_resp_from);
-	/* Held (a read-only topic somewhere): wrapped after the read-only walk, which may set its own merge. */
-	if (rq->ctx && rq->ctx_free)
-		rq->ctx_free(rq->ctx);
-	rq->ctx = c;
-	rq->ctx_free = km_off_req_free;
-	return KM_OK;
+	return wrap_row_response(rq, c);
 }
 
 static km_err produce_request(km_req *rq)
 {
-	km_off_req *c = rq->ctx;
-	km_err rc;
+	km_off_req *c;
 
-	rq->ctx = NULL;
-	rq->ctx_free = NULL;
-	rc = prev_produce_request ? prev_produce_request(rq) : KM_OK;
-	if (rc != KM_OK || !c || rq->answer) {
-		km_off_req_free(c);
-		return rc;
-	}
-	return wrap_response(rq, c, prev_produce_response, rq->h->api_version >= prev_produce_resp_from);
+	if (!rq->expect_response || !km_off_active(km_off_lookup_of(rq)))
+		return KM_OK;
+	if (!(c = km_off_req_new(KM_API_PRODUCE, rq->h->api_version, km_off_lookup_of(rq))))
+		return KM_ERR_NOMEM;
+	return wrap_row_response(rq, c);
 }
 
 static const km_stream_hooks fetch_hooks = {
 	.on_partition = km_off_fetch_partition,
 	.on_batch = km_off_fetch_batch,
-	.on_tail = km_proxy_fetch_tail,
 };
 
-static const km_proxy_api small_rows[] = {
-	{.key = KM_API_LIST_OFFSETS, .min_version = -1, .max_version = -1, .classify = km_off_hold_classify,
-	 .on_request = small_request_hook,
+static const km_proxy_stage stages[] = {
+	{.key = KM_API_PRODUCE, .classify = produce_classify, .on_request = produce_request,
+	 .note = "mirror topics after a stop: BaseOffset and LogStartOffset physical -> logical"},
+	{.key = KM_API_FETCH, .classify = km_off_hold_classify, .on_request = fetch_request_hook, .stream = &fetch_hooks,
+	 .note = "mirror topics: fetch offsets logical -> physical, responses (every version) patched in place: batch "
+		 "base offsets, watermarks, aborted transactions, diverging epoch"},
+	{.key = KM_API_LIST_OFFSETS, .classify = km_off_hold_classify, .on_request = small_request_hook,
 	 .note = "mirror topics: offsets physical -> logical (by timestamp: a record's; earliest, latest, earliest local: "
 		 "next); a timestamp asked of a LogAppendTime run: answered later (probe + batch lookup)"},
-	{.key = KM_API_OFFSET_FOR_LEADER_EPOCH, .min_version = -1, .max_version = -1, .classify = km_off_hold_classify,
-	 .on_request = small_request_hook, .note = "mirror topics: EndOffset physical -> logical"},
-	{.key = KM_API_DESCRIBE_PRODUCERS, .min_version = -1, .max_version = -1, .classify = km_off_hold_classify,
-	 .on_request = small_request_hook, .note = "mirror topics: CurrentTxnStartOffset physical -> logical"},
+	{.key = KM_API_DELETE_RECORDS, .classify = km_off_hold_classify, .on_request = dr_request,
+	 .note = "mirror topics after a stop: Offset logical -> physical, LowWatermark physical -> logical"},
+	{.key = KM_API_OFFSET_FOR_LEADER_EPOCH, .classify = km_off_hold_classify, .on_request = small_request_hook,
+	 .note = "mirror topics: EndOffset physical -> logical"},
+	{.key = KM_API_DESCRIBE_PRODUCERS, .classify = km_off_hold_classify, .on_request = small_request_hook,
+	 .note = "mirror topics: CurrentTxnStartOffset physical -> logical"},
 };
 
-km_err km_off_register(km_proxy_apis *t)
-{
-	const km_proxy_api *cur;
-	km_proxy_api row;
-	km_err rc;
-
-	if (!(cur = km_proxy_apis_find(t, KM_API_FETCH)))
-		return KM_ERR_INVAL;
-	row = *cur;
-	row.classify = km_off_hold_classify;
-	row.on_request = fetch_request_hook;
-	row.stream = &fetch_hooks;
-	row.note = "v16+ responses streamed through the walker; NodeEndpoints rewritten in place; mirror topics: fetch "
-		   "offsets logical -> physical, responses (every version) patched in place: batch base offsets, watermarks, "
-		   "aborted transactions, diverging epoch";
-	if ((rc = km_proxy_apis_set(t, &row)) != KM_OK)
-		return rc;
-
-	if (!(cur = km_proxy_apis_find(t, KM_API_PRODUCE)))
-		return KM_ERR_INVAL;
-	row = *cur;
-	if (row.classify != produce_classify) {
-		prev_produce_classify = row.classify;
-		prev_produce_request = row.on_request;
-		prev_produce_response = row.on_response;
-		prev_produce_resp_from = row.resp_from;
-	}
-	row.classify = produce_classify;
-	row.on_request = produce_request;
-	row.note = "acks=0 takes no FIFO slot; v10+ responses: NodeEndpoints rewritten in the tail; held, split and "
-		   "merged while a mirror topic is read-only (read in place, not copied); mirror topics after a stop: "
-		   "BaseOffset and LogStartOffset physical -> logical";
-	if ((rc = km_proxy_apis_set(t, &row)) != KM_OK)
-		return rc;
-
-	if (!(cur = km_proxy_apis_find(t, KM_API_DELETE_RECORDS)))
-		return KM_ERR_INVAL;
-	row = *cur;
-	if (row.classify != dr_classify) {
-		prev_dr_classify = row.classify;
-		prev_dr_request = row.on_request;
-	}
-	row.classify = dr_classify;
-	row.on_request = dr_request;
-	row.note = "partitions of read-only mirror topics and of the state topic refused; the rest forwarded, merged; "
-		   "mirror topics after a stop: Offset logical -> physical, LowWatermark physical -> logical";
-	if ((rc = km_proxy_apis_set(t, &row)) != KM_OK)
-		return rc;
-
-	for (size_t i = 0; i < sizeof(small_rows) / sizeof(small_rows[0]); i++)
-		if ((rc = km_proxy_apis_set(t, &small_rows[i])) != KM_OK)
-			return rc;
-	return km_share_off_register(t);
-}
+const km_proxy_feature km_off_feature = {"offsets", stages, sizeof(stages) / sizeof(stages[0])};
 
 /* ---- the lookup over the state store ---- */
 

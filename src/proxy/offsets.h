@@ -133,10 +133,9 @@ km_err km_off_response(km_off_req *c, const uint8_t *body, size_t len, bool *cha
  * translate): partition fields and batch base offsets patched in place. A hook that needs a few
  * bytes past the event that have not arrived returns KM_STREAM_AGAIN.
  */
-km_err km_off_fetch_partition(km_fetch_walk *w, struct evbuffer *in, size_t first, void *ctx);
-km_err km_off_fetch_batch(km_fetch_walk *w, struct evbuffer *in, size_t first, void *ctx);
+km_err km_off_fetch_partition(const km_stream_ev *e);
+km_err km_off_fetch_batch(const km_stream_ev *e);
 
-/* Replace the Fetch, ListOffsets, OffsetForLeaderEpoch, DeleteRecords, Produce and DescribeProducers rows (after km_ro_register). */
-km_err km_off_register(km_proxy_apis *t) __attribute__((warn_unused_result));
+/* The stages (km_off_feature, apis.h): Fetch, ListOffsets, OffsetForLeaderEpoch, DeleteRecords, Produce, DescribeProducers. */
 
 #endif

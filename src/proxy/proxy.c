@@ -25,8 +25,8 @@ uint64_t km_proxy_now_ms(const km_proxy *px)
 void km_proxy_set_state(km_proxy *px, km_state *st)
 {
 	px->host.state = st;
-	km_ro_lookup_from_state(st, &px->host.read_only);
-	km_off_lookup_from_state(st, &px->host.offsets);
+	km_ro_lookup_from_state(st, &px->features.read_only);
+	km_off_lookup_from_state(st, &px->features.offsets);
 }
 
 void km_proxy_set_mirror(km_proxy *px, km_mirror *mi)
@@ -503,6 +503,7 @@ km_proxy *km_proxy_new(struct event_base *base, const km_config *cfg, km_metrics
 		goto fail;
 	}
 	px->host.apis = px->apis;
+	px->host.features = &px->features;
 	if (make_tls(px, cfg, &px->host.server_tls, &px->host.upstream_tls, err, errlen) != KM_OK)
 		goto fail;
 	px->dns = evdns_base_new(base, EVDNS_BASE_INITIALIZE_NAMESERVERS);

@@ -14,6 +14,7 @@
 #include "kmirror/proxy.h"
 #include "proxy/apis.h"
 #include "proxy/counters.h"
+#include "proxy/features.h"
 #include "proxy/rewrite.h"
 #include "proxy/session.h"
 
@@ -38,6 +39,7 @@ struct km_proxy {
 	struct evhttp *http;
 	km_proxy_apis *apis;      /* what happens to each API's requests and responses */
 	km_session_host host;     /* what the sessions see of the proxy */
+	km_proxy_features features; /* what the features read (host.features points here) */
 	km_session_set *sessions;
 	struct event *tick_ev;
 	/* metadata refresh */

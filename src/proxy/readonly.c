@@ -14,6 +14,7 @@
 #include "kmirror/msg/delete_topics_response.h"
 #include "kmirror/msg/produce_response.h"
 #include "proxy/readonly.h"
+#include "proxy/features.h"
 #include "proxy/session.h"
 
 /* A plan's bookkeeping (topics, partitions, messages) is bounded like any decode. */
@@ -1124,7 +1125,7 @@ static void log_admin(const km_req *rq, const km_ro_admin *ad)
 
 static const km_ro_lookup *lookup_of(const km_req *rq)
 {
-	return &km_session_host_of(rq->s)->read_only;
+	return &km_proxy_features_of(rq->s)->read_only;
 }
 
 /* A merged response: the broker's size prefix and header replaced around the new body. */
@@ -1177,11 +1178,10 @@ static km_err answer_with(km_req *rq, km_wr *w)
 
 static km_err ro_produce_classify(km_req *rq)
 {
-	km_err rc = km_proxy_produce_classify(rq);
 	/* With no read-only topic, Produce stays cut-through: this test is all it costs. */
-	if (rc == KM_OK && rq->need <= rq->body_len && km_ro_active(lookup_of(rq)))
+	if (km_ro_active(lookup_of(rq)))
 		rq->action = KM_REQ_HOLD;
-	return rc;
+	return KM_OK;
 }
 
 static km_err ro_produce_request(km_req *rq)
@@ -1306,41 +1306,20 @@ static km_err ro_admin_classify(km_req *rq)
 	return KM_OK;
 }
 
-/* ---- the rows ---- */
+/* ---- the stages ---- */
 
-static const km_proxy_api admin_rows[] = {
-	{.key = KM_API_DELETE_TOPICS, .min_version = -1, .max_version = -1, .classify = ro_admin_classify,
-	 .on_request = ro_admin_request,
+static const km_proxy_stage stages[] = {
+	{.key = KM_API_PRODUCE, .classify = ro_produce_classify, .on_request = ro_produce_request, .in_place = true,
+	 .note = "held, split and merged while a mirror topic is read-only (read in place, not copied)"},
+	{.key = KM_API_DELETE_TOPICS, .classify = ro_admin_classify, .on_request = ro_admin_request,
 	 .note = "mirror topics (unless every partition is STOPPED) and the state topic refused; the rest forwarded, merged"},
-	{.key = KM_API_DELETE_RECORDS, .min_version = -1, .max_version = -1, .classify = ro_admin_classify,
-	 .on_request = ro_admin_request,
+	{.key = KM_API_DELETE_RECORDS, .classify = ro_admin_classify, .on_request = ro_admin_request,
 	 .note = "partitions of read-only mirror topics and of the state topic refused; the rest forwarded, merged"},
-	{.key = KM_API_CREATE_PARTITIONS, .min_version = -1, .max_version = -1, .classify = ro_admin_classify,
-	 .on_request = ro_admin_request,
+	{.key = KM_API_CREATE_PARTITIONS, .classify = ro_admin_classify, .on_request = ro_admin_request,
 	 .note = "mirror topics (their partitions follow the source) and the state topic refused; the rest forwarded, merged"},
 };
 
-km_err km_ro_register(km_proxy_apis *t)
-{
-	const km_proxy_api *cur = km_proxy_apis_find(t, KM_API_PRODUCE);
-	km_proxy_api produce;
-	km_err rc;
-
-	if (!cur)
-		return KM_ERR_INVAL;
-	produce = *cur;
-	produce.classify = ro_produce_classify;
-	produce.on_request = ro_produce_request;
-	produce.in_place = true;
-	produce.note = "acks=0 takes no FIFO slot; v10+ responses: NodeEndpoints rewritten in the tail; held, split and "
-		       "merged while a mirror topic is read-only (read in place, not copied)";
-	if ((rc = km_proxy_apis_set(t, &produce)) != KM_OK)
-		return rc;
-	for (size_t i = 0; i < sizeof(admin_rows) / sizeof(admin_rows[0]); i++)
-		if ((rc = km_proxy_apis_set(t, &admin_rows[i])) != KM_OK)
-			return rc;
-	return KM_OK;
-}
+const km_proxy_feature km_ro_feature = {"read-only", stages, sizeof(stages) / sizeof(stages[0])};
 
 /* ---- the lookup over the state store ---- */
 

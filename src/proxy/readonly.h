@@ -152,13 +152,10 @@ void km_ro_admin_free(void *ad);
  */
 bool km_ro_log_allow(km_str topic, km_ro_op op, uint64_t now_ms, uint32_t *suppressed);
 
-/* ---- the proxy's rows ---- */
-
 /*
- * Replace the Produce row (same classify and response hook, plus the hold when a topic is
- * read-only) and add the DeleteRecords, DeleteTopics and CreatePartitions rows. The hooks find the
- * lookup in the session host (km_session_host.read_only).
+ * The proxy's stages (km_ro_feature, apis.h): Produce held while a topic is read-only (and read in
+ * place), DeleteRecords, DeleteTopics and CreatePartitions checked. The hooks find the lookup in
+ * the host's features (km_proxy_features.read_only, features.h).
  */
-km_err km_ro_register(km_proxy_apis *t) __attribute__((warn_unused_result));
 
 #endif

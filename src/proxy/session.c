@@ -28,7 +28,7 @@ typedef struct inflight {
 	km_resp_hook on_response; /* this request's own whole-response hook, if any */
 	km_session_probe_cb probe; /* a proxy-made request (km_session_probe): its response goes here, not to the client */
 	void *probe_arg;
-	bool oor_hold;          /* Fetch: OFFSET_OUT_OF_RANGE becomes OFFSET_NOT_AVAILABLE (fetch_oor_hold_until_ms) */
+	uint32_t marks;         /* what the request's stages noted for its response hooks */
 } inflight;
 
 KM_RING_TYPED(inflights, inflight)
@@ -422,24 +422,6 @@ static void stream_send_settled(km_session *s, struct evbuffer *in)
 }
 
 /*
- * The partition's ErrorCode (right before HighWatermark, still here: nothing from the partition's
- * start on has been sent) becomes OFFSET_NOT_AVAILABLE; the watermarks stay -1, as the broker sent
- * them with the error.
- */
-static km_err oor_hold_patch(km_session *s, km_fetch_walk *w, struct evbuffer *in)
-{
-	uint8_t code[2];
-	km_put_be16(code, (uint16_t)KM_KAFKA_OFFSET_NOT_AVAILABLE);
-	if (!km_evbuf_patch(in, w->part.high_watermark_off - 2 - s->rs.sent, code, 2))
-		return KM_ERR_DECODE;
-	w->part.error_code = KM_KAFKA_OFFSET_NOT_AVAILABLE;
-	s->host->metrics->fetch_oor_held_total++;
-	KM_DEBUG("proxy", s->id, "Fetch of partition %d: OFFSET_OUT_OF_RANGE answered as OFFSET_NOT_AVAILABLE (after an "
-		 "upstream swap)", w->part.partition);
-	return KM_OK;
-}
-
-/*
  * RS_STREAM: walk what has arrived, letting the row's hooks look and patch; send on what the walk
  * has passed; at the end the tail (top-level tags) is handled whole, at the same length.
  * Returns 1 when the response is done, 0 when it needs more bytes, or an error.
@@ -453,6 +435,8 @@ static int stream_step(km_session *s, const inflight *f, struct evbuffer *in, km
 	km_rewrite_ctx rw;
 
 	for (;;) {
+		km_stream_ev e = {.api = f->api, .s = s, .w = w, .in = in, .first = s->rs.sent, .ctx = f->ctx,
+				  .marks = f->marks};
 		km_fetch_walk before;
 		km_fw_event ev;
 		/* A request with a context may have hooks that ask for an event again: keep where it started. */
@@ -464,13 +448,10 @@ static int stream_step(km_session *s, const inflight *f, struct evbuffer *in, km
 			*err = KM_ERR_DECODE;
 			return -1;
 		}
-		if (ev == KM_FW_PARTITION && f->oor_hold && w->part.error_code == KM_KAFKA_OFFSET_OUT_OF_RANGE &&
-		    (*err = oor_hold_patch(s, w, in)) != KM_OK)
-			return -1;
 		if (ev == KM_FW_PARTITION && h && h->on_partition)
-			*err = h->on_partition(w, in, s->rs.sent, f->ctx);
+			*err = h->on_partition(&e);
 		else if (ev == KM_FW_BATCH && h && h->on_batch)
-			*err = h->on_batch(w, in, s->rs.sent, f->ctx);
+			*err = h->on_batch(&e);
 		if (*err == KM_STREAM_AGAIN && f->ctx) {
 			/* The hook needs bytes that are on their way: the event again when they are here. */
 			*w = before;
@@ -741,11 +722,11 @@ static void up_connect(km_session *s)
 /* ---- client side ---- */
 
 /* A new FIFO entry for a request whose response will come (or be made). */
-static bool push_inflight(km_session *s, const km_req *rq, const km_proxy_api *api, bool oor_hold)
+static bool push_inflight(km_session *s, const km_req *rq, const km_proxy_api *api)
 {
 	inflight f = {.corr = rq->h->correlation_id, .key = rq->h->api_key, .version = rq->h->api_version,
 		      .seq = rq->seq, .t0_us = now_us(), .resp = rq->resp, .api = api, .ctx = rq->ctx,
-		      .ctx_free = rq->ctx_free, .on_response = rq->on_response, .oor_hold = oor_hold};
+		      .ctx_free = rq->ctx_free, .on_response = rq->on_response, .marks = rq->marks};
 	if (rq->resp == KM_RESP_LOCAL && rq->answer && frame_local(&f, rq->answer, &f.local) != KM_OK)
 		return false;
 	if (!inflights_push(&s->fifo, &f)) {
@@ -797,24 +778,20 @@ static head_result reject_unsupported(km_session *s, const km_req_header *h)
  * or whole, as it is or rewritten) or answer it. Classify hooks may run again on a later call
  * (when they ask for more bytes, or the action needs the whole frame): they only decide.
  */
-static head_result request_head(km_session *s, struct evbuffer *in)
+/*
+ * A new request frame's size, as km_net_frame_peek judged it: HEAD_DONE to go on (the frame is
+ * whole, or enough of it for the header, and for Produce acks, has arrived), else wait or closed.
+ */
+static head_result frame_head(km_session *s, km_frame_status st, int32_t size, size_t avail)
 {
-	km_proxy_counters *m = s->host->metrics;
 	const km_config *cfg = s->host->cfg;
-	size_t avail = evbuffer_get_length(in);
-	int32_t size = 0;
-	km_req_header h;
-	const km_proxy_api *api;
-	km_req rq;
 	char msg[200];
-	bool oor_hold;
-	km_frame_status st = km_net_frame_peek(in, cfg->max_frame_bytes, KM_FRAME_MIN_REQUEST, s->first_frame, &size);
 
 	switch (st) {
 	case KM_FRAME_NEED_MORE:
 		/* Enough for the header (and Produce acks)? Then start before the end arrives. */
 		if (avail >= 4 && avail - 4 >= ((size_t)size < KM_REQ_HEAD ? (size_t)size : KM_REQ_HEAD))
-			break;
+			return HEAD_DONE;
 		s->partial_since_ms = avail ? now_ms(s) : 0;
 		return HEAD_WAIT;
 	case KM_FRAME_TLS_HELLO:
@@ -837,6 +814,65 @@ static head_result request_head(km_session *s, struct evbuffer *in)
 	case KM_FRAME_READY:
 		break;
 	}
+	return HEAD_DONE;
+}
+
+/*
+ * A held or local request: looked at whole by the row's on_request (which may answer it now or
+ * later, or rewrite it). HEAD_DONE with rq decided, else wait (rq discarded) or closed.
+ */
+static head_result request_held(km_session *s, struct evbuffer *in, bool whole, km_req_header *h, km_req *rq)
+{
+	const km_proxy_api *api = rq->api;
+	km_err rc;
+
+	if (!whole) {
+		req_discard(rq);
+		s->partial_since_ms = now_ms(s);
+		return HEAD_WAIT;
+	}
+	/*
+	 * One contiguous piece for the hook, unless the row reads the frame in place (a held
+	 * Produce: pulling it up would copy every record byte once more).
+	 */
+	if (!api->in_place && !pull_head(in, rq->frame_len, h, rq)) {
+		req_discard(rq);
+		reject(s, KM_REJECT_BAD_HEADER, "malformed request header");
+		return HEAD_CLOSED;
+	}
+	rq->in = in;
+	rq->in_off = 4;
+	s->in_hook = true;
+	rc = api->on_request ? api->on_request(rq) : KM_ERR_UNSUPPORTED;
+	s->in_hook = false;
+	if (rc == KM_OK && rq->action == KM_REQ_LOCAL && !rq->answer && !rq->pending)
+		rc = KM_ERR_UNSUPPORTED; /* a local API must answer, now or later */
+	if (rc != KM_OK) {
+		KM_WARN("proxy", s->id, "%s v%d (correlation id %d): %s", km_proxy_api_name(api), h->api_version,
+			h->correlation_id, rq->close_reason ? rq->close_reason : km_err_name(rc));
+		req_discard(rq);
+		session_close(s, rq->close_reason ? rq->close_reason : "request handler failed");
+		return HEAD_CLOSED;
+	}
+	if (rq->answer || rq->pending)
+		rq->resp = KM_RESP_LOCAL;
+	return HEAD_DONE;
+}
+
+static head_result request_head(km_session *s, struct evbuffer *in)
+{
+	km_proxy_counters *m = s->host->metrics;
+	const km_config *cfg = s->host->cfg;
+	size_t avail = evbuffer_get_length(in);
+	int32_t size = 0;
+	km_req_header h;
+	const km_proxy_api *api;
+	km_req rq;
+	head_result r;
+	km_frame_status st = km_net_frame_peek(in, cfg->max_frame_bytes, KM_FRAME_MIN_REQUEST, s->first_frame, &size);
+
+	if ((r = frame_head(s, st, size, avail)) != HEAD_DONE)
+		return r;
 	memset(&rq, 0, sizeof(rq));
 	if (!pull_head(in, (size_t)size < KM_REQ_HEAD ? (size_t)size : KM_REQ_HEAD, &h, &rq)) {
 		reject(s, KM_REJECT_BAD_HEADER, "malformed request header");
@@ -848,6 +884,7 @@ static head_result request_head(km_session *s, struct evbuffer *in)
 	    (h.api_version > km_proxy_api_max(api) && api->classify == NULL))
 		return reject_unsupported(s, &h);
 	rq.s = s;
+	rq.api = api;
 	rq.seq = s->next_seq;
 	rq.h = &h;
 	rq.frame_len = (size_t)size;
@@ -878,45 +915,8 @@ static head_result request_head(km_session *s, struct evbuffer *in)
 		req_discard(&rq);
 		return reject_unsupported(s, &h);
 	}
-	if (rq.action != KM_REQ_FORWARD) {
-		km_err rc;
-		/* Held and answered requests are looked at whole. */
-		if (st != KM_FRAME_READY) {
-			req_discard(&rq);
-			s->partial_since_ms = now_ms(s);
-			return HEAD_WAIT;
-		}
-		/*
-		 * One contiguous piece for the hook, unless the row reads the frame in place (a held
-		 * Produce: pulling it up would copy every record byte once more).
-		 */
-		if (!api->in_place && !pull_head(in, (size_t)size, &h, &rq)) {
-			req_discard(&rq);
-			reject(s, KM_REJECT_BAD_HEADER, "malformed request header");
-			return HEAD_CLOSED;
-		}
-		rq.in = in;
-		rq.in_off = 4;
-		s->in_hook = true;
-		rc = api->on_request ? api->on_request(&rq) : KM_ERR_UNSUPPORTED;
-		s->in_hook = false;
-		if (rc == KM_OK && rq.action == KM_REQ_LOCAL && !rq.answer && !rq.pending)
-			rc = KM_ERR_UNSUPPORTED; /* a local API must answer, now or later */
-		if (rc != KM_OK) {
-			KM_WARN("proxy", s->id, "%s v%d (correlation id %d): %s", km_proxy_api_name(api), h.api_version,
-				h.correlation_id, rq.close_reason ? rq.close_reason : km_err_name(rc));
-			req_discard(&rq);
-			session_close(s, rq.close_reason ? rq.close_reason : "request handler failed");
-			return HEAD_CLOSED;
-		}
-		if (rq.answer || rq.pending)
-			rq.resp = KM_RESP_LOCAL;
-	}
-	/* After an upstream swap: a forwarded Fetch's answer is walked, to hold OFFSET_OUT_OF_RANGE back. */
-	oor_hold = h.api_key == KM_API_FETCH && (rq.resp == KM_RESP_FORWARD || rq.resp == KM_RESP_STREAM) &&
-		   s->host->fetch_oor_hold_until_ms > now_ms(s) && km_fetch_walk_supported(h.api_version);
-	if (oor_hold)
-		rq.resp = KM_RESP_STREAM;
+	if (rq.action != KM_REQ_FORWARD && (r = request_held(s, in, st == KM_FRAME_READY, &h, &rq)) != HEAD_DONE)
+		return r;
 	s->partial_since_ms = 0;
 	s->first_frame = false;
 	s->next_seq++;
@@ -925,7 +925,7 @@ static head_result request_head(km_session *s, struct evbuffer *in)
 	km_metrics_request(m, h.api_key);
 	/* acks=0: the broker sends nothing back, so nothing waits in the FIFO. */
 	if (rq.expect_response || rq.resp == KM_RESP_LOCAL) {
-		if (!push_inflight(s, &rq, api, oor_hold)) {
+		if (!push_inflight(s, &rq, api)) {
 			req_discard(&rq);
 			session_close(s, "out of memory");
 			return HEAD_CLOSED;

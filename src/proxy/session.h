@@ -18,12 +18,12 @@
 #include "kmirror/state.h"
 #include "proxy/apis.h"
 #include "proxy/counters.h"
-#include "proxy/offsets.h"
-#include "proxy/readonly.h"
 #include "proxy/rewrite.h"
 
 typedef struct km_session km_session;
 typedef struct km_session_set km_session_set;
+/* What the features read per host (features.h); the session passes it on and never looks inside. */
+typedef struct km_proxy_features km_proxy_features;
 
 /*
  * What sessions need from the proxy, and nothing else. The proxy owns this struct and keeps it
@@ -39,15 +39,8 @@ typedef struct km_session_host {
 	const km_proxy_apis *apis;
 	km_state *state;       /* the mirror state store; NULL: no mirrors (km_proxy_set_state) */
 	km_mirror *mirror;     /* the mirror module (creates destination topics); NULL: none (km_proxy_set_mirror) */
-	km_ro_lookup read_only; /* which topics are read-only (filled from the state store); active NULL: none */
-	km_off_lookup offsets;  /* the offset maps of mirror topics (filled from the state store); active NULL: none */
+	km_proxy_features *features; /* the features' own data (read-only and offset lookups, the swap's Fetch hold) */
 	km_session_set *sessions; /* the set the sessions live in (for km_session_answer from hooks) */
-	/*
-	 * Until then (ms, the event base's clock): a Fetch partition answered OFFSET_OUT_OF_RANGE
-	 * reaches the client as OFFSET_NOT_AVAILABLE, which every client retries at the same position.
-	 * Set after an upstream swap (swap.c), where a position may be the previous cluster's.
-	 */
-	uint64_t fetch_oor_hold_until_ms;
 	/* The endpoint rewriting context (advertised host, ports, where learned brokers go). */
 	void (*rewrite_ctx)(void *arg, km_rewrite_ctx *ctx);
 	/* Where broker node_id lives upstream; false when unknown. */

@@ -9,6 +9,7 @@
 #include "kmirror/msg/share_fetch_response.h"
 #include "kmirror/net.h"
 #include "proxy/rewrite.h"
+#include "proxy/features.h"
 #include "proxy/session.h"
 #include "proxy/share_offsets.h"
 
@@ -542,30 +543,12 @@ static km_err share_request_hook(km_req *rq)
 	return KM_OK;
 }
 
-km_err km_share_off_register(km_proxy_apis *t)
-{
-	static const struct {
-		int16_t key;
-		const char *note;
-	} rows[] = {
-		{KM_API_SHARE_FETCH, "NodeEndpoints become the proxy's; mirror topics: AcknowledgementBatches logical -> "
-				     "physical (one per run), Records batch base offsets and AcquiredRecords physical -> "
-				     "logical (split at runs, hidden dropped)"},
-		{KM_API_SHARE_ACKNOWLEDGE, "NodeEndpoints become the proxy's; mirror topics: AcknowledgementBatches "
-					   "logical -> physical (one per run, holes dropped)"},
-	};
-	for (size_t i = 0; i < sizeof(rows) / sizeof(rows[0]); i++) {
-		const km_proxy_api *cur = km_proxy_apis_find(t, rows[i].key);
-		km_proxy_api row;
-		km_err rc;
-		if (!cur)
-			return KM_ERR_INVAL;
-		row = *cur;
-		row.classify = km_off_hold_classify;
-		row.on_request = share_request_hook;
-		row.note = rows[i].note;
-		if ((rc = km_proxy_apis_set(t, &row)) != KM_OK)
-			return rc;
-	}
-	return KM_OK;
-}
+static const km_proxy_stage stages[] = {
+	{.key = KM_API_SHARE_FETCH, .classify = km_off_hold_classify, .on_request = share_request_hook,
+	 .note = "mirror topics: AcknowledgementBatches logical -> physical (one per run), Records batch base offsets "
+		 "and AcquiredRecords physical -> logical (split at runs, hidden dropped)"},
+	{.key = KM_API_SHARE_ACKNOWLEDGE, .classify = km_off_hold_classify, .on_request = share_request_hook,
+	 .note = "mirror topics: AcknowledgementBatches logical -> physical (one per run, holes dropped)"},
+};
+
+const km_proxy_feature km_share_off_feature = {"share-offsets", stages, sizeof(stages) / sizeof(stages[0])};

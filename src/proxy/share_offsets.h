@@ -46,7 +46,6 @@ km_err km_share_request_translate(int16_t key, int16_t version, const uint8_t *b
 km_err km_share_fetch_response_translate(int16_t version, uint8_t *body, size_t len, const km_off_lookup *lk,
 					 bool *changed, km_wr *out) __attribute__((warn_unused_result));
 
-/* Replace the ShareFetch and ShareAcknowledge rows (called by km_off_register). */
-km_err km_share_off_register(km_proxy_apis *t) __attribute__((warn_unused_result));
+/* The stages (km_share_off_feature, apis.h): ShareFetch and ShareAcknowledge. */
 
 #endif

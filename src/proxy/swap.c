@@ -3,6 +3,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <sys/time.h>
+
 #include <openssl/ssl.h>
 
 #include "kmirror/log.h"
@@ -33,6 +35,7 @@ typedef struct prev_broker {
 typedef struct km_prev_upstream {
 	km_proxy *px;
 	km_session_host host;
+	km_proxy_features features; /* the proxy's at the swap, without the Fetch hold */
 	km_config cfg;
 	prev_broker *brokers;
 	size_t nbrokers;
@@ -165,7 +168,9 @@ static km_prev_upstream *prev_new(km_proxy *px)
 	pu->nbrokers = n;
 	pu->px = px;
 	pu->host = px->host;
-	pu->host.fetch_oor_hold_until_ms = 0; /* its connections answer only what they had in flight */
+	pu->features = px->features;
+	pu->features.fetch_oor_hold_until_ms = 0; /* its connections answer only what they had in flight */
+	pu->host.features = &pu->features;
 	pu->host.cfg = &pu->cfg;
 	pu->host.rewrite_ctx = prev_rewrite_ctx;
 	pu->host.broker_addr = prev_broker_addr;
@@ -328,7 +333,7 @@ bool km_proxy_swap_ready(km_proxy *px, void *handle, km_state *st, km_mirror *mi
 	 * offsets here: past this cluster's end, that fetch would reset it (auto.offset.reset).
 	 */
 	if (px->cfg.swap_fetch_hold_ms > 0)
-		px->host.fetch_oor_hold_until_ms = pu->deadline_ms + (uint64_t)px->cfg.swap_fetch_hold_ms;
+		px->features.fetch_oor_hold_until_ms = pu->deadline_ms + (uint64_t)px->cfg.swap_fetch_hold_ms;
 	iv.tv_sec = (time_t)(px->cfg.drain_interval_ms / 1000);
 	iv.tv_usec = (suseconds_t)((px->cfg.drain_interval_ms % 1000) * 1000);
 	event_add(pu->drain_ev, &iv);
@@ -400,3 +405,57 @@ void km_proxy_swap_free(km_proxy *px)
 		swap_end(sw, KM_ERR_CLOSED, "kmirrord stopped during the swap");
 	}
 }
+
+/* ---- the Fetch hold: a stage of the Fetch row ---- */
+
+static uint64_t host_now_ms(const km_session_host *h)
+{
+	struct timeval tv;
+	event_base_gettimeofday_cached(h->base, &tv);
+	return (uint64_t)tv.tv_sec * 1000 + (uint64_t)tv.tv_usec / 1000;
+}
+
+/* After an upstream swap: a forwarded Fetch's answer is walked, to hold OFFSET_OUT_OF_RANGE back. */
+static km_err hold_classify(km_req *rq)
+{
+	const km_session_host *h = km_session_host_of(rq->s);
+
+	if ((rq->resp == KM_RESP_FORWARD || rq->resp == KM_RESP_STREAM) &&
+	    h->features->fetch_oor_hold_until_ms > host_now_ms(h) && km_fetch_walk_supported(rq->h->api_version)) {
+		rq->resp = KM_RESP_STREAM;
+		rq->marks |= KM_REQ_MARK_OOR_HOLD;
+	}
+	return KM_OK;
+}
+
+/*
+ * The partition's ErrorCode (right before HighWatermark, still here: nothing from the partition's
+ * start on has been sent) becomes OFFSET_NOT_AVAILABLE; the watermarks stay -1, as the broker sent
+ * them with the error.
+ */
+static km_err hold_partition(const km_stream_ev *e)
+{
+	km_fetch_walk *w = e->w;
+	uint8_t code[2];
+
+	if (!(e->marks & KM_REQ_MARK_OOR_HOLD) || w->part.error_code != KM_KAFKA_OFFSET_OUT_OF_RANGE)
+		return KM_OK;
+	km_put_be16(code, (uint16_t)KM_KAFKA_OFFSET_NOT_AVAILABLE);
+	if (!km_evbuf_patch(e->in, w->part.high_watermark_off - 2 - e->first, code, 2))
+		return KM_ERR_DECODE;
+	w->part.error_code = KM_KAFKA_OFFSET_NOT_AVAILABLE;
+	km_session_host_of(e->s)->metrics->fetch_oor_held_total++;
+	KM_DEBUG("proxy", km_session_id(e->s),
+		 "Fetch of partition %d: OFFSET_OUT_OF_RANGE answered as OFFSET_NOT_AVAILABLE (after an upstream swap)",
+		 w->part.partition);
+	return KM_OK;
+}
+
+static const km_stream_hooks hold_hooks = {.on_partition = hold_partition};
+
+static const km_proxy_stage hold_stages[] = {
+	{.key = KM_API_FETCH, .classify = hold_classify, .stream = &hold_hooks,
+	 .note = "for swap_fetch_hold_ms after an upstream swap: OFFSET_OUT_OF_RANGE answered as OFFSET_NOT_AVAILABLE"},
+};
+
+const km_proxy_feature km_swap_hold_feature = {"swap-hold", hold_stages, 1};

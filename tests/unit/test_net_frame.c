@@ -1,4 +1,4 @@
-/* Unit tests for net framing: frame checks, TLS/HTTP sniffing, request headers, Produce acks, the evbuffer cursor, bufferevent fill. */
+/* Unit tests for net framing: frame checks, TLS/HTTP sniffing, request headers, the evbuffer cursor, bufferevent fill. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -118,38 +118,6 @@ static void test_request_header(void **state)
 	assert_int_equal(km_net_parse_request_header(w.buf, w.len, 1, &h), KM_OK);
 	assert_int_equal(h.client_id.len, -1);
 	km_wr_free(&w);
-}
-
-static void produce_request(km_wr *w, int16_t ver, const char *txn, int16_t acks)
-{
-	bool flex = ver >= 9;
-	build_header(w, 0, ver, 5, "producer-1", flex ? 2 : 1);
-	if (ver >= 3)
-		km_wr_string(w, flex, km_str_c(txn));
-	km_wr_i16(w, acks);
-	km_wr_i32(w, 30000);
-}
-
-static void test_produce_acks(void **state)
-{
-	static const struct {
-		int16_t ver;
-		const char *txn;
-		int16_t acks;
-	} cases[] = {{2, NULL, 0}, {3, NULL, 0}, {3, "txn-a", 1}, {7, "t", -1}, {8, NULL, 0},
-		     {9, NULL, 0}, {9, "transactional-id-x", 1}, {11, NULL, -1}, {11, "x", 0}};
-
-	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
-		km_wr w;
-		int16_t acks = 99;
-		km_wr_init(&w);
-		produce_request(&w, cases[i].ver, cases[i].txn, cases[i].acks);
-		assert_int_equal(km_net_produce_acks(w.buf, w.len, cases[i].ver, &acks), KM_OK);
-		assert_int_equal(acks, cases[i].acks);
-		/* Cut before acks: must fail, not guess. */
-		assert_int_not_equal(km_net_produce_acks(w.buf, w.len - 5, cases[i].ver, &acks), KM_OK);
-		km_wr_free(&w);
-	}
 }
 
 static void test_response_header(void **state)
@@ -509,7 +477,6 @@ int main(void)
 		cmocka_unit_test(test_tls_and_http_sniffing),
 		cmocka_unit_test(test_frame_peek_evbuffer),
 		cmocka_unit_test(test_request_header),
-		cmocka_unit_test(test_produce_acks),
 		cmocka_unit_test(test_response_header),
 		cmocka_unit_test(test_evrd),
 		cmocka_unit_test(test_bev_fill),

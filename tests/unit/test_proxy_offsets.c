@@ -360,12 +360,13 @@ static void stream(const uint8_t *frame, size_t len, int16_t v, const size_t *cu
 		while (!walked) {
 			km_fetch_walk before = w;
 			km_fw_event ev = km_fetch_walk_next(&w, in, sent);
+			km_stream_ev e = {.w = &w, .in = in, .first = sent, .ctx = c};
 			km_err rc = KM_OK;
 			assert_int_not_equal(ev, KM_FW_ERROR);
 			if (ev == KM_FW_PARTITION)
-				rc = km_off_fetch_partition(&w, in, sent, c);
+				rc = km_off_fetch_partition(&e);
 			else if (ev == KM_FW_BATCH)
-				rc = km_off_fetch_batch(&w, in, sent, c);
+				rc = km_off_fetch_batch(&e);
 			if (rc == KM_STREAM_AGAIN) {
 				assert_true(fed < len); /* never asked again with the whole frame here */
 				w = before;

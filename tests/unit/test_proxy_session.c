@@ -145,7 +145,7 @@ static void up_read(struct bufferevent *bev, void *arg)
 			int16_t acks = 1;
 			u->requests[h.api_key & 127]++;
 			if (h.api_key == KM_API_PRODUCE)
-				assert_int_equal(km_net_produce_acks(p + 4, (size_t)size, h.api_version, &acks), KM_OK);
+				assert_int_equal(km_proxy_produce_acks(p + 4, (size_t)size, h.api_version, &acks), KM_OK);
 			if (u->silent) {
 				/* swallow it */
 			} else if (h.api_key == KM_API_PRODUCE && acks == 0) {
@@ -561,7 +561,7 @@ static km_err test_produce_hold(km_req *rq)
 	int16_t acks = 0;
 	km_wr w;
 	assert_int_equal(rq->body_len, rq->frame_len); /* the whole frame */
-	assert_int_equal(km_net_produce_acks(rq->body, rq->body_len, rq->h->api_version, &acks), KM_OK);
+	assert_int_equal(km_proxy_produce_acks(rq->body, rq->body_len, rq->h->api_version, &acks), KM_OK);
 	if (acks != -1) {
 		ext.forwarded++;
 		rq->resp = KM_RESP_WHOLE;
@@ -837,7 +837,7 @@ static void test_fetch_oor_hold(void **state)
 		size_t len;
 
 		f->up.fetch_error = cases[i].error;
-		f->px->host.fetch_oor_hold_until_ms = cases[i].hold ? UINT64_MAX : 0;
+		f->px->features.fetch_oor_hold_until_ms = cases[i].hold ? UINT64_MAX : 0;
 		tc_request(c, KM_API_FETCH, cases[i].version, 70 + (int32_t)i, &body);
 		r = tc_response(f, c, &len);
 		assert_non_null(r);
@@ -854,7 +854,7 @@ static void test_fetch_oor_hold(void **state)
 		tc_free(c);
 	}
 	f->up.fetch_error = 0;
-	f->px->host.fetch_oor_hold_until_ms = 0;
+	f->px->features.fetch_oor_hold_until_ms = 0;
 	km_wr_free(&body);
 }
 

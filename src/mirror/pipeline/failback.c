@@ -10,8 +10,6 @@
 #include "kmirror/msg/last_mirrored_offsets_response.h"
 #include "mirror/pipeline/pipeline.h"
 
-/* ---- failback: the source is a kmirrord that mirrored these topics from here ---- */
-
 static void on_peer(km_net_client *c, km_err err, const uint8_t *body, size_t len, void *arg)
 {
 	req_ctx *x = arg;

@@ -10,8 +10,6 @@
 
 static void session_reset(km_pipeline *pl, int32_t node);
 
-/* ---- fetch ---- */
-
 /* One Fetch and its answer as it streams in (on_fetch_stream). */
 typedef struct fetch_ctx fetch_ctx;
 

@@ -8,8 +8,6 @@
 #include "kmirror/msg/delete_records_response.h"
 #include "mirror/pipeline/pipeline.h"
 
-/* ---- the destination's log start follows the source's (retention, DeleteRecords) ---- */
-
 typedef struct ls_ctx {
 	mtopic *t;
 	int32_t part;

@@ -73,7 +73,7 @@ static bool plan(mplan *q, const mplan_env *env, mbatch *b, runs_acc *ra)
 		km_batch_set_producer(h, q->pid, q->epoch, q->seq);
 		q->seq = km_batch_seq_add(q->seq, b->count);
 	} else if (b->kind == BK_TXN) {
-		/* Stamped when it goes (stamp_txn): its producer may still be getting its id. */
+		/* Stamped when it goes (km_plan_stamp_txn): its producer may still be getting its id. */
 		km_batch_set_base_offset(h, 0);
 	}
 	if (q->tail)

@@ -7,8 +7,6 @@
 #include "kmirror/msg/produce_response.h"
 #include "mirror/pipeline/pipeline.h"
 
-/* ---- produce ---- */
-
 typedef struct produce_ctx {
 	int32_t node;
 	mpart **parts;

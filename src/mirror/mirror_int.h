@@ -91,7 +91,7 @@ typedef struct km_mirror_families {
 } km_mirror_families;
 const km_mirror_families *km_mirror_metric_families(km_mirror *mi);
 
-/* ---- metadata sync (sync.c) ---- */
+/* ---- metadata sync (sync/) ---- */
 
 typedef struct km_sync km_sync;
 km_sync *km_sync_new(km_mirror *mi);

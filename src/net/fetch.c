@@ -124,6 +124,71 @@ static bool partition(km_evrd *r, km_fetch_walk *w)
 	return true;
 }
 
+/* Steps that read nothing (records skipped by length, partitions and topics ending before v12); true: one taken. */
+static bool step_without_bytes(km_fetch_walk *w)
+{
+	if (w->phase == FW_RECORDS) {
+		w->phase = w->descend ? FW_BATCH : FW_PART_TAGS;
+		if (!w->descend)
+			w->pos = w->records_end;
+		return true;
+	}
+	if (w->phase == FW_BATCH && w->pos >= w->records_end) {
+		w->pos = w->records_end;
+		w->phase = FW_PART_TAGS;
+		return true;
+	}
+	if (w->phase == FW_PART_TAGS && !flex(w)) {
+		w->phase = ++w->pi < w->parts ? FW_PART : FW_TOPIC_TAGS;
+		return true;
+	}
+	if (w->phase == FW_TOPIC_TAGS && !flex(w)) {
+		w->phase = ++w->ti < w->topics ? FW_TOPIC : FW_DONE;
+		return true;
+	}
+	return false;
+}
+
+/* A reader at the walk's position over what has arrived (from where the last step started: same buffer). */
+static void reader_at(km_fetch_walk *w, struct evbuffer *buf, size_t first, size_t have_end, km_evrd *r)
+{
+	if (w->cache.buf == buf && w->cache.first == first && w->cache.len == evbuffer_get_length(buf) &&
+	    w->pos >= w->cache.pos && w->pos - first < w->cache.len)
+		km_evrd_init_at(r, buf, &w->cache.ptr, w->cache.pos - first, w->pos - first, have_end - first);
+	else
+		km_evrd_init(r, buf, w->pos - first, have_end - first);
+	if (!r->err && w->pos - first < evbuffer_get_length(buf)) {
+		w->cache.buf = buf;
+		w->cache.first = first;
+		w->cache.len = evbuffer_get_length(buf);
+		w->cache.pos = w->pos;
+		w->cache.ptr = r->ptr;
+	} else {
+		w->cache.buf = NULL;
+	}
+}
+
+/* A batch's 12-byte prefix (base offset, length): the event, or false when its bytes have not arrived. */
+static bool batch_prefix(km_fetch_walk *w, km_evrd *r)
+{
+	uint8_t pre[12];
+	size_t left = w->records_end - w->pos;
+	if (left < sizeof(pre)) {
+		/* A truncated batch too short for its prefix: reported, then skipped. */
+		w->batch = (km_fetch_batch){.off = w->pos, .base_offset = -1, .length = -1, .partial = true};
+		w->pos = w->records_end;
+		return true;
+	}
+	if (!km_evrd_raw(r, pre, sizeof(pre)))
+		return false;
+	w->batch.off = w->pos;
+	w->batch.base_offset = (int64_t)km_be64(pre);
+	w->batch.length = (int32_t)km_be32(pre + 8);
+	w->batch.partial = w->batch.length < 0 || (size_t)w->batch.length > left - sizeof(pre);
+	w->pos = w->batch.partial ? w->records_end : w->pos + sizeof(pre) + (size_t)w->batch.length;
+	return true;
+}
+
 km_fw_event km_fetch_walk_next(km_fetch_walk *w, struct evbuffer *buf, size_t first)
 {
 	size_t have_end = first + evbuffer_get_length(buf);
@@ -139,44 +204,11 @@ km_fw_event km_fetch_walk_next(km_fetch_walk *w, struct evbuffer *buf, size_t fi
 			return KM_FW_END;
 		if (w->pos < first)
 			return KM_FW_ERROR; /* bytes the walk still needs were already sent on: never guess */
-		/* Records are skipped by length, whether they have arrived or not. */
-		if (w->phase == FW_RECORDS) {
-			w->phase = w->descend ? FW_BATCH : FW_PART_TAGS;
-			if (!w->descend)
-				w->pos = w->records_end;
+		if (step_without_bytes(w))
 			continue;
-		}
-		if (w->phase == FW_BATCH && w->pos >= w->records_end) {
-			w->pos = w->records_end;
-			w->phase = FW_PART_TAGS;
-			continue;
-		}
-		if (w->phase == FW_PART_TAGS && !flex(w)) {
-			w->phase = ++w->pi < w->parts ? FW_PART : FW_TOPIC_TAGS;
-			continue;
-		}
-		if (w->phase == FW_TOPIC_TAGS && !flex(w)) {
-			w->phase = ++w->ti < w->topics ? FW_TOPIC : FW_DONE;
-			continue;
-		}
 		if (w->pos >= have_end)
 			return w->pos >= w->end ? KM_FW_ERROR : KM_FW_NEED_MORE;
-		if (w->cache.buf == buf && w->cache.first == first && w->cache.len == evbuffer_get_length(buf) &&
-		    w->pos >= w->cache.pos && w->pos - first < w->cache.len) {
-			/* The buffer did not change since the last step: move on from where that one started. */
-			km_evrd_init_at(&r, buf, &w->cache.ptr, w->cache.pos - first, w->pos - first, have_end - first);
-		} else {
-			km_evrd_init(&r, buf, w->pos - first, have_end - first);
-		}
-		if (!r.err && w->pos - first < evbuffer_get_length(buf)) {
-			w->cache.buf = buf;
-			w->cache.first = first;
-			w->cache.len = evbuffer_get_length(buf);
-			w->cache.pos = w->pos;
-			w->cache.ptr = r.ptr;
-		} else {
-			w->cache.buf = NULL;
-		}
+		reader_at(w, buf, first, have_end, &r);
 		switch (w->phase) {
 		case FW_HEAD:
 			/* size, correlation id, header tags (v12+), throttle, error and session id (v7+), topic count */
@@ -213,26 +245,11 @@ km_fw_event km_fetch_walk_next(km_fetch_walk *w, struct evbuffer *buf, size_t fi
 				return KM_FW_PARTITION;
 			}
 			break;
-		case FW_BATCH: {
-			uint8_t pre[12];
-			size_t left = w->records_end - w->pos;
-			if (left < sizeof(pre)) {
-				/* A truncated batch too short for its prefix: reported, then skipped. */
-				w->batch = (km_fetch_batch){.off = w->pos, .base_offset = -1, .length = -1, .partial = true};
-				w->pos = w->records_end;
+		case FW_BATCH:
+			if (batch_prefix(w, &r))
 				return KM_FW_BATCH;
-			}
-			ok = km_evrd_raw(&r, pre, sizeof(pre));
-			if (ok) {
-				w->batch.off = w->pos;
-				w->batch.base_offset = (int64_t)km_be64(pre);
-				w->batch.length = (int32_t)km_be32(pre + 8);
-				w->batch.partial = w->batch.length < 0 || (size_t)w->batch.length > left - sizeof(pre);
-				w->pos = w->batch.partial ? w->records_end : w->pos + sizeof(pre) + (size_t)w->batch.length;
-				return KM_FW_BATCH;
-			}
+			ok = false;
 			break;
-		}
 		case FW_PART_TAGS:
 			ok = km_evrd_skip_tags(&r);
 			if (ok)

@@ -345,142 +345,141 @@ static char *dup_or_null(const char *s)
 	return s ? strdup(s) : NULL;
 }
 
+/* The SASL properties as read (the JAAS line's user and password are parsed from jaas later). */
+typedef struct sasl_props {
+	const char *mech, *jaas, *user, *pass;
+} sasl_props;
+
+/*
+ * One property into c (TLS files, client.id) or sp; *known false for one kmirror does not read.
+ * Not KM_OK: a Java-only property or a bad value (err says which; c is the caller's to free).
+ */
+static km_err take_prop(km_cli_client *c, sasl_props *sp, const char **proto, const char *k, const char *v,
+			bool *known, char *err, size_t errlen)
+{
+	*known = true;
+	for (size_t j = 0; j < sizeof(java_only) / sizeof(java_only[0]); j++)
+		if (!strncmp(k, java_only[j].prefix, strlen(java_only[j].prefix)))
+			return cfg_fail(err, errlen, "%s is a Java client property kmirror does not read: use %s", k,
+					java_only[j].instead);
+	if (!strcmp(k, "security.protocol"))
+		*proto = v;
+	else if (!strcmp(k, "sasl.mechanism") || !strcmp(k, "sasl.mechanisms"))
+		sp->mech = v;
+	else if (!strcmp(k, "sasl.jaas.config"))
+		sp->jaas = v;
+	else if (!strcmp(k, "sasl.username"))
+		sp->user = v;
+	else if (!strcmp(k, "sasl.password"))
+		sp->pass = v;
+	else if (!strcmp(k, "ssl.ca.location"))
+		c->ca_file = strdup(v);
+	else if (!strcmp(k, "ssl.certificate.location"))
+		c->cert_file = strdup(v);
+	else if (!strcmp(k, "ssl.key.location"))
+		c->key_file = strdup(v);
+	else if (!strcmp(k, "ssl.endpoint.identification.algorithm")) {
+		if (!strcasecmp(v, "https"))
+			c->verify_host = true;
+		else if (!*v || !strcasecmp(v, "none"))
+			c->verify_host = false;
+		else
+			return cfg_fail(err, errlen, "ssl.endpoint.identification.algorithm '%s': expected https or empty",
+					v);
+	} else if (!strcmp(k, "client.id"))
+		c->client_id = strdup(v);
+	else {
+		*known = false;
+		for (size_t j = 0; harmless[j]; j++)
+			if (!strcmp(k, harmless[j]))
+				*known = true;
+	}
+	return KM_OK;
+}
+
+/* security.protocol into c's tls and sasl flags. */
+static km_err take_protocol(km_cli_client *c, const char *proto, char *err, size_t errlen)
+{
+	if (!strcasecmp(proto, "PLAINTEXT"))
+		return KM_OK;
+	if (!strcasecmp(proto, "SSL"))
+		c->tls = true;
+	else if (!strcasecmp(proto, "SASL_PLAINTEXT"))
+		c->sasl = true;
+	else if (!strcasecmp(proto, "SASL_SSL"))
+		c->sasl = c->tls = true;
+	else
+		return cfg_fail(err, errlen, "security.protocol '%s': expected PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL",
+				proto);
+	return KM_OK;
+}
+
+/* The SASL mechanism and credentials into c, from the sasl.* properties or the JAAS line. */
+static km_err take_sasl(km_cli_client *c, sasl_props sp, char *err, size_t errlen)
+{
+	const char *jaas_family = NULL;
+	char *juser = NULL, *jpass = NULL;
+	km_err rc = KM_OK;
+
+	if (sp.jaas) {
+		if ((rc = km_cli_jaas_parse(sp.jaas, &juser, &jpass, &jaas_family, err, errlen)) != KM_OK)
+			return rc;
+		sp.user = juser;
+		sp.pass = jpass;
+	}
+	/* Kafka's default is GSSAPI; a PlainLoginModule says what is meant. */
+	if (!sp.mech && jaas_family && !strcmp(jaas_family, "PLAIN"))
+		sp.mech = "PLAIN";
+	if (!sp.mech)
+		rc = cfg_fail(err, errlen, "sasl.mechanism is required: PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512");
+	else if (strcmp(sp.mech, "PLAIN") && strcmp(sp.mech, "SCRAM-SHA-256") && strcmp(sp.mech, "SCRAM-SHA-512"))
+		rc = cfg_fail(err, errlen, "sasl.mechanism '%s' is not supported: use PLAIN, SCRAM-SHA-256 or "
+					   "SCRAM-SHA-512", sp.mech);
+	else if (jaas_family && strncmp(sp.mech, jaas_family, strlen(jaas_family)) != 0)
+		rc = cfg_fail(err, errlen, "sasl.mechanism %s does not match the %s login module of sasl.jaas.config",
+			      sp.mech, jaas_family);
+	else if (!sp.user || !sp.pass)
+		rc = cfg_fail(err, errlen, "SASL needs a username and password: sasl.jaas.config, or sasl.username "
+					   "and sasl.password");
+	else if (!(c->sasl_mechanism = strdup(sp.mech)) || !(c->username = dup_or_null(sp.user)) ||
+		 !(c->password = dup_or_null(sp.pass)))
+		rc = cfg_fail(err, errlen, "out of memory");
+	free(juser);
+	free(jpass);
+	return rc;
+}
+
 km_err km_cli_client_from_props(const km_cli_kvs *kv, km_cli_client *c, char *err, size_t errlen, char *warn,
 				size_t warnlen)
 {
-	const char *proto = "PLAINTEXT", *mech = NULL, *jaas = NULL, *user = NULL, *pass = NULL;
-	const char *jaas_family = NULL;
-	char *juser = NULL, *jpass = NULL;
+	const char *proto = "PLAINTEXT";
+	sasl_props sp = {NULL, NULL, NULL, NULL};
 	size_t wl = 0;
+	km_err rc = KM_OK;
 
 	memset(c, 0, sizeof(*c));
 	c->verify_host = true;
 	if (warn && warnlen)
 		warn[0] = 0;
-	for (size_t i = 0; i < kv->count; i++) {
+	for (size_t i = 0; i < kv->count && rc == KM_OK; i++) {
 		const char *k = kv->items[i].name, *v = kv->items[i].value ? kv->items[i].value : "";
-		bool known = true;
-		for (size_t j = 0; j < sizeof(java_only) / sizeof(java_only[0]); j++) {
-			size_t pl = strlen(java_only[j].prefix);
-			if (!strncmp(k, java_only[j].prefix, pl)) {
-				km_cli_client_free(c);
-				return cfg_fail(err, errlen, "%s is a Java client property kmirror does not read: use %s", k,
-						java_only[j].instead);
-			}
-		}
-		if (!strcmp(k, "security.protocol"))
-			proto = v;
-		else if (!strcmp(k, "sasl.mechanism") || !strcmp(k, "sasl.mechanisms"))
-			mech = v;
-		else if (!strcmp(k, "sasl.jaas.config"))
-			jaas = v;
-		else if (!strcmp(k, "sasl.username"))
-			user = v;
-		else if (!strcmp(k, "sasl.password"))
-			pass = v;
-		else if (!strcmp(k, "ssl.ca.location"))
-			c->ca_file = strdup(v);
-		else if (!strcmp(k, "ssl.certificate.location"))
-			c->cert_file = strdup(v);
-		else if (!strcmp(k, "ssl.key.location"))
-			c->key_file = strdup(v);
-		else if (!strcmp(k, "ssl.endpoint.identification.algorithm")) {
-			if (!strcasecmp(v, "https"))
-				c->verify_host = true;
-			else if (!*v || !strcasecmp(v, "none"))
-				c->verify_host = false;
-			else {
-				km_cli_client_free(c);
-				return cfg_fail(err, errlen,
-						"ssl.endpoint.identification.algorithm '%s': expected https or empty", v);
-			}
-		} else if (!strcmp(k, "client.id"))
-			c->client_id = strdup(v);
-		else {
-			known = false;
-			for (size_t j = 0; harmless[j]; j++)
-				if (!strcmp(k, harmless[j]))
-					known = true;
-		}
-		if (!known && warn && wl + strlen(k) + 3 < warnlen)
+		bool known;
+		rc = take_prop(c, &sp, &proto, k, v, &known, err, errlen);
+		if (rc == KM_OK && !known && warn && wl + strlen(k) + 3 < warnlen)
 			wl += (size_t)snprintf(warn + wl, warnlen - wl, "%s%s", wl ? ", " : "", k);
 	}
-	if (!strcasecmp(proto, "PLAINTEXT")) {
-	} else if (!strcasecmp(proto, "SSL")) {
-		c->tls = true;
-	} else if (!strcasecmp(proto, "SASL_PLAINTEXT")) {
-		c->sasl = true;
-	} else if (!strcasecmp(proto, "SASL_SSL")) {
-		c->sasl = c->tls = true;
-	} else {
+	if (rc == KM_OK)
+		rc = take_protocol(c, proto, err, errlen);
+	if (rc == KM_OK && (c->cert_file != NULL) != (c->key_file != NULL))
+		rc = cfg_fail(err, errlen, "ssl.certificate.location and ssl.key.location go together");
+	if (rc == KM_OK && !c->sasl && (sp.mech || sp.jaas || sp.user || sp.pass))
+		rc = cfg_fail(err, errlen, "sasl.* properties need security.protocol SASL_PLAINTEXT or SASL_SSL (it is %s)",
+			      proto);
+	if (rc == KM_OK && c->sasl)
+		rc = take_sasl(c, sp, err, errlen);
+	if (rc != KM_OK)
 		km_cli_client_free(c);
-		return cfg_fail(err, errlen, "security.protocol '%s': expected PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL",
-				proto);
-	}
-	if ((c->cert_file != NULL) != (c->key_file != NULL)) {
-		km_cli_client_free(c);
-		return cfg_fail(err, errlen, "ssl.certificate.location and ssl.key.location go together");
-	}
-	if (!c->sasl) {
-		if (mech || jaas || user || pass) {
-			km_cli_client_free(c);
-			return cfg_fail(err, errlen, "sasl.* properties need security.protocol SASL_PLAINTEXT or SASL_SSL "
-						     "(it is %s)", proto);
-		}
-		return KM_OK;
-	}
-	if (jaas) {
-		km_err rc = km_cli_jaas_parse(jaas, &juser, &jpass, &jaas_family, err, errlen);
-		if (rc != KM_OK) {
-			km_cli_client_free(c);
-			return rc;
-		}
-		user = juser;
-		pass = jpass;
-	}
-	if (!mech) {
-		/* Kafka's default is GSSAPI; a PlainLoginModule says what is meant. */
-		if (jaas_family && !strcmp(jaas_family, "PLAIN"))
-			mech = "PLAIN";
-		else {
-			free(juser);
-			free(jpass);
-			km_cli_client_free(c);
-			return cfg_fail(err, errlen,
-					"sasl.mechanism is required: PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512");
-		}
-	}
-	if (strcmp(mech, "PLAIN") && strcmp(mech, "SCRAM-SHA-256") && strcmp(mech, "SCRAM-SHA-512")) {
-		free(juser);
-		free(jpass);
-		km_cli_client_free(c);
-		return cfg_fail(err, errlen, "sasl.mechanism '%s' is not supported: use PLAIN, SCRAM-SHA-256 or "
-					     "SCRAM-SHA-512", mech);
-	}
-	if (jaas_family && strncmp(mech, jaas_family, strlen(jaas_family)) != 0) {
-		free(juser);
-		free(jpass);
-		km_cli_client_free(c);
-		return cfg_fail(err, errlen, "sasl.mechanism %s does not match the %s login module of sasl.jaas.config",
-				mech, jaas_family);
-	}
-	if (!user || !pass) {
-		free(juser);
-		free(jpass);
-		km_cli_client_free(c);
-		return cfg_fail(err, errlen, "SASL needs a username and password: sasl.jaas.config, or sasl.username "
-					     "and sasl.password");
-	}
-	c->sasl_mechanism = strdup(mech);
-	c->username = dup_or_null(user);
-	c->password = dup_or_null(pass);
-	free(juser);
-	free(jpass);
-	if (!c->sasl_mechanism || !c->username || !c->password) {
-		km_cli_client_free(c);
-		return cfg_fail(err, errlen, "out of memory");
-	}
-	return KM_OK;
+	return rc;
 }
 
 void km_cli_client_free(km_cli_client *c)

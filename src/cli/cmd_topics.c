@@ -1,0 +1,869 @@
+/* kmirror start, stop, pause, resume and promote: topics by name or pattern, the dry runs, waiting for zero lag. */
+#include <regex.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "cli/commands.h"
+#include "kmirror/msg/api_keys.h"
+#include "kmirror/msg/last_mirrored_offsets_request.h"
+#include "kmirror/msg/last_mirrored_offsets_response.h"
+#include "kmirror/msg/list_offsets_request.h"
+#include "kmirror/msg/list_offsets_response.h"
+#include "kmirror/msg/metadata_request.h"
+#include "kmirror/msg/metadata_response.h"
+#include "kmirror/msg/pause_mirror_topics_request.h"
+#include "kmirror/msg/pause_mirror_topics_response.h"
+#include "kmirror/msg/resume_mirror_topics_request.h"
+#include "kmirror/msg/resume_mirror_topics_response.h"
+#include "kmirror/msg/start_mirror_topics_request.h"
+#include "kmirror/msg/start_mirror_topics_response.h"
+#include "kmirror/msg/stop_mirror_topics_request.h"
+#include "kmirror/msg/stop_mirror_topics_response.h"
+
+/* ---- start, stop, pause, resume ---- */
+
+/* One topic's result, whichever RPC it came from. */
+typedef struct topic_result {
+	km_str name;
+	int16_t error_code;
+	km_str error_message;
+} topic_result;
+
+/* Build the request of one of the four topic RPCs (the same layout, four generated types). */
+#define BUILD_TOPICS_REQUEST(prefix, w, v, mirror, names, n)                                           \
+	do {                                                                                           \
+		prefix##_request m_;                                                                   \
+		prefix##_request_topic_data *td_ = km_arena_calloc(&x->arena, ((n) ? (n) : 1) * sizeof(*td_)); \
+		if (!td_)                                                                              \
+			return KM_CLI_EXIT_ERROR;                                                      \
+		prefix##_request_init(&m_);                                                            \
+		m_.mirror_name = km_str_c(mirror);                                                     \
+		for (size_t i_ = 0; i_ < (n); i_++) {                                                  \
+			prefix##_request_topic_data_init(&td_[i_]);                                    \
+			td_[i_].name = km_str_c((names)[i_]);                                          \
+		}                                                                                      \
+		m_.topics.items = td_;                                                                 \
+		m_.topics.count = (int32_t)(n);                                                        \
+		prefix##_request_encode(w, v, &m_);                                                    \
+	} while (0)
+
+/* Decode its response into top-level error and results (in the arena). */
+#define DECODE_TOPICS_RESPONSE(prefix, key, r, v, ec, em, res, nres)                                  \
+	do {                                                                                           \
+		prefix##_response m_;                                                                  \
+		prefix##_response_init(&m_);                                                           \
+		if (!km_cmd_decoded(x, prefix##_response_decode(r, v, &m_, &x->arena), key, v, r))            \
+			return KM_CLI_EXIT_ERROR;                                                      \
+		ec = m_.error_code;                                                                    \
+		em = m_.error_message;                                                                 \
+		nres = m_.topics.count > 0 ? (size_t)m_.topics.count : 0;                              \
+		res = km_arena_calloc(&x->arena, (nres ? nres : 1) * sizeof(*res));                    \
+		if (!res)                                                                              \
+			return KM_CLI_EXIT_ERROR;                                                      \
+		for (size_t i_ = 0; i_ < nres; i_++) {                                                 \
+			res[i_].name = m_.topics.items[i_].name;                                       \
+			res[i_].error_code = m_.topics.items[i_].error_code;                           \
+			res[i_].error_message = m_.topics.items[i_].error_message;                     \
+		}                                                                                      \
+	} while (0)
+
+/* Whole-name match of re over the names; the matches go into *out (arena strings). */
+bool km_cmd_regex_select(ctx *x, const char *re, km_str *names, size_t n, char ***out, size_t *nout)
+{
+	regex_t rx;
+	char *anchored = km_arena_alloc(&x->arena, strlen(re) + 5);
+	char errbuf[256];
+	int rc;
+
+	*out = km_arena_calloc(&x->arena, (n ? n : 1) * sizeof(char *));
+	*nout = 0;
+	if (!anchored || !*out)
+		return false;
+	sprintf(anchored, "^(%s)$", re);
+	rc = regcomp(&rx, anchored, REG_EXTENDED | REG_NOSUB);
+	if (rc != 0) {
+		regerror(rc, &rx, errbuf, sizeof(errbuf));
+		km_cmd_say_err(x, "--topics-regex '%s': %s", re, errbuf);
+		return false;
+	}
+	for (size_t i = 0; i < n; i++) {
+		char *s = km_arena_alloc(&x->arena, (size_t)(names[i].len > 0 ? names[i].len : 0) + 1);
+		if (!s)
+			break;
+		memcpy(s, names[i].p, (size_t)(names[i].len > 0 ? names[i].len : 0));
+		s[names[i].len > 0 ? names[i].len : 0] = 0;
+		if (regexec(&rx, s, 0, NULL, 0) == 0)
+			(*out)[(*nout)++] = s;
+	}
+	regfree(&rx);
+	return true;
+}
+
+/* The destination's topics (a Metadata request that kmirrord forwards), for start --topics-regex. */
+static bool destination_topics(ctx *x, km_str **names, size_t *n)
+{
+	int16_t v = km_cli_conn_version(x->cc, KM_API_METADATA);
+	km_metadata_request m;
+	km_metadata_response resp;
+	km_wr w;
+	km_rd r;
+
+	if (v < 1) {
+		km_cmd_say_err(x, "kmirrord does not offer Metadata v1 or later");
+		return false;
+	}
+	km_metadata_request_init(&m);
+	m.topics.count = -1; /* all topics */
+	m.allow_auto_topic_creation = false;
+	km_wr_init(&w);
+	km_metadata_request_encode(&w, v, &m);
+	if (!km_cmd_call(x, KM_API_METADATA, &w, v, &r))
+		return false;
+	km_metadata_response_init(&resp);
+	if (!km_cmd_decoded(x, km_metadata_response_decode(&r, v, &resp, &x->arena), KM_API_METADATA, v, &r))
+		return false;
+	*names = km_arena_calloc(&x->arena, (resp.topics.count > 0 ? (size_t)resp.topics.count : 1) * sizeof(km_str));
+	*n = 0;
+	if (!*names)
+		return false;
+	for (int32_t i = 0; i < resp.topics.count; i++) {
+		const km_metadata_response_topic *t = &resp.topics.items[i];
+		/* Internal topics and kmirror's own state are never mirror targets. */
+		if (t->error_code || t->is_internal || t->name.len < 0 || km_str_eq_c(t->name, MIRROR_STATE_TOPIC))
+			continue;
+		(*names)[(*n)++] = t->name;
+	}
+	return true;
+}
+
+/* The mirror's topics (DescribeMirrors), for stop/pause/resume --topics-regex. */
+/* The mirror of --mirror described (its topics, or only these): *dm, or an exit code from an error said. */
+int km_cmd_describe_one(ctx *x, char *const *topics, size_t ntopics, km_describe_mirrors_response *resp,
+			const km_describe_mirrors_response_described_mirror **dm)
+{
+	if (!km_cmd_describe_call(x, x->a->mirror, topics, ntopics, resp))
+		return KM_CLI_EXIT_ERROR;
+	if (resp->error_code)
+		return km_cmd_top_error(x, resp->error_code, resp->error_message);
+	if (resp->mirrors.count < 1) {
+		km_cmd_say_err(x, "UNKNOWN_CLUSTER_MIRROR: no mirror named %s", x->a->mirror);
+		return KM_CLI_EXIT_ERROR;
+	}
+	*dm = &resp->mirrors.items[0];
+	if ((*dm)->error_code)
+		return km_cmd_top_error(x, (*dm)->error_code, (*dm)->error_message);
+	return KM_CLI_EXIT_OK;
+}
+
+int km_cmd_mirror_topics(ctx *x, km_str **names, size_t *n)
+{
+	km_describe_mirrors_response resp;
+	const km_describe_mirrors_response_described_mirror *dm;
+	int rc = km_cmd_describe_one(x, NULL, 0, &resp, &dm);
+
+	if (rc != KM_CLI_EXIT_OK)
+		return rc;
+	*names = km_arena_calloc(&x->arena, (dm->topics.count > 0 ? (size_t)dm->topics.count : 1) * sizeof(km_str));
+	if (!*names)
+		return KM_CLI_EXIT_ERROR;
+	*n = 0;
+	for (int32_t i = 0; i < dm->topics.count; i++)
+		(*names)[(*n)++] = dm->topics.items[i].name;
+	return KM_CLI_EXIT_OK;
+}
+
+/*
+ * Where a stop now leaves the partition: the mirrored offset, or the start of the earliest open
+ * transaction (a stop aborts it and hides what it holds).
+ */
+static int64_t stop_point_of(const km_describe_mirrors_response_described_partition *dp)
+{
+	return dp->open_transaction_offset >= 0 && dp->open_transaction_offset < dp->mirrored_offset
+		       ? dp->open_transaction_offset
+		       : dp->mirrored_offset;
+}
+
+/* The records in open transactions a stop now would abort. */
+static int64_t in_txn_of(const km_describe_mirrors_response_described_partition *dp)
+{
+	return dp->mirrored_offset < 0 ? -1 : dp->mirrored_offset - stop_point_of(dp);
+}
+
+/* The records at risk of one partition if it stopped now: -1 when either end is unknown. */
+static int64_t at_risk_of(const km_describe_mirrors_response_described_partition *dp)
+{
+	int64_t at = stop_point_of(dp);
+	if (dp->source_log_end_offset < 0 || at < 0)
+		return -1;
+	return dp->source_log_end_offset > at ? dp->source_log_end_offset - at : 0;
+}
+
+static const char dry_run_note_end[] =
+	"SOURCE-END is the source's end offset as kmirrord last fetched it: records written to the source "
+	"after that fetch are not counted.";
+static const char dry_run_note_txn[] =
+	"IN-TXN records are mirrored inside transactions the source has not decided as far as mirrored: a "
+	"stop aborts them, and they count as at risk.";
+
+/* What stop --dry-run found: the mirror's topics a stop would touch (sel), the names asked (seen), the totals. */
+typedef struct stop_view {
+	const km_describe_mirrors_response_described_mirror *dm;
+	bool *sel, *seen;
+	size_t nparts, unknown;
+	int64_t total;
+} stop_view;
+
+/* The topics selected by --topics or --topics-regex, and the records at risk in their partitions. */
+static int stop_select(ctx *x, stop_view *v)
+{
+	const km_cli_args *a = x->a;
+	const km_describe_mirrors_response_described_mirror *dm = v->dm;
+	char **matched = NULL;
+	size_t nmatched = 0, nt = dm->topics.count > 0 ? (size_t)dm->topics.count : 0;
+
+	v->sel = km_arena_calloc(&x->arena, (nt ? nt : 1) * sizeof(*v->sel));
+	if (a->topics)
+		v->seen = km_arena_calloc(&x->arena, (a->ntopics ? a->ntopics : 1) * sizeof(*v->seen));
+	if (!v->sel || (a->topics && !v->seen))
+		return KM_CLI_EXIT_ERROR;
+	if (a->topics_regex) {
+		km_str *names = km_arena_calloc(&x->arena, (nt ? nt : 1) * sizeof(*names));
+		if (!names)
+			return KM_CLI_EXIT_ERROR;
+		for (size_t t = 0; t < nt; t++)
+			names[t] = dm->topics.items[t].name;
+		if (!km_cmd_regex_select(x, a->topics_regex, names, nt, &matched, &nmatched))
+			return KM_CLI_EXIT_ERROR;
+	}
+	for (int32_t t = 0; t < dm->topics.count; t++) {
+		const km_describe_mirrors_response_described_topic *dt = &dm->topics.items[t];
+
+		v->sel[t] = !a->topics_regex;
+		for (size_t i = 0; i < nmatched && !v->sel[t]; i++)
+			v->sel[t] = km_str_eq_c(dt->name, matched[i]);
+		for (size_t i = 0; a->topics && i < a->ntopics; i++)
+			if (km_str_eq_c(dt->name, a->topics[i]))
+				v->seen[i] = true;
+		if (!v->sel[t])
+			continue;
+		for (int32_t p = 0; p < dt->partitions.count; p++) {
+			int64_t r = at_risk_of(&dt->partitions.items[p]);
+			/* A STOPPED partition is writable already: a stop would not touch it. */
+			if (km_str_eq_c(dt->partitions.items[p].state, "STOPPED"))
+				continue;
+			v->nparts++;
+			if (r < 0)
+				v->unknown++;
+			else
+				v->total += r;
+		}
+	}
+	if (a->topics_regex && !nmatched) {
+		km_cmd_say_err(x, "no mirror topic matches --topics-regex '%s'", a->topics_regex);
+		return KM_CLI_EXIT_ERROR;
+	}
+	return KM_CLI_EXIT_OK;
+}
+
+static void stop_json_partition(km_cli_json *j, const km_describe_mirrors_response_described_partition *dp)
+{
+	bool stopped = km_str_eq_c(dp->state, "STOPPED");
+	km_cli_json_obj(j);
+	km_cli_json_key(j, "partition");
+	km_cli_json_int(j, dp->partition_index);
+	km_cli_json_key(j, "state");
+	km_cli_json_strn(j, dp->state.p, dp->state.len);
+	km_cli_json_key(j, "mirrored_offset");
+	km_cli_json_int(j, dp->mirrored_offset);
+	km_cli_json_key(j, "source_end_offset");
+	km_cli_json_int(j, dp->source_log_end_offset);
+	km_cli_json_key(j, "records_in_open_transactions");
+	km_cli_json_int(j, stopped ? -1 : in_txn_of(dp));
+	km_cli_json_key(j, "records_at_risk");
+	km_cli_json_int(j, stopped ? -1 : at_risk_of(dp));
+	km_cli_json_obj_end(j);
+}
+
+static void stop_json(ctx *x, const stop_view *v)
+{
+	const km_cli_args *a = x->a;
+	km_cli_json j;
+	km_cli_json_init(&j, x->out);
+	km_cli_json_obj(&j);
+	km_cli_json_key(&j, "mirror");
+	km_cli_json_str(&j, a->mirror);
+	km_cli_json_key(&j, "operation");
+	km_cli_json_str(&j, km_cli_cmd_name(a->cmd));
+	km_cli_json_key(&j, "dry_run");
+	km_cli_json_bool(&j, true);
+	km_cli_json_key(&j, "topics");
+	km_cli_json_arr(&j);
+	for (int32_t t = 0; t < v->dm->topics.count; t++) {
+		const km_describe_mirrors_response_described_topic *dt = &v->dm->topics.items[t];
+		if (!v->sel[t])
+			continue;
+		km_cli_json_obj(&j);
+		km_cli_json_key(&j, "name");
+		km_cli_json_strn(&j, dt->name.p, dt->name.len);
+		km_cli_json_key(&j, "error");
+		km_cli_json_null(&j);
+		km_cli_json_key(&j, "state");
+		km_cli_json_strn(&j, dt->state.p, dt->state.len);
+		km_cli_json_key(&j, "partitions");
+		km_cli_json_arr(&j);
+		for (int32_t p = 0; p < dt->partitions.count; p++)
+			stop_json_partition(&j, &dt->partitions.items[p]);
+		km_cli_json_arr_end(&j);
+		km_cli_json_obj_end(&j);
+	}
+	/* Names stop would refuse, with the error it would give. */
+	for (size_t i = 0; a->topics && i < a->ntopics; i++) {
+		char m[600];
+		if (v->seen[i])
+			continue;
+		snprintf(m, sizeof(m), "topic %s is not in mirror %s", a->topics[i], a->mirror);
+		km_cli_json_obj(&j);
+		km_cli_json_key(&j, "name");
+		km_cli_json_str(&j, a->topics[i]);
+		km_cli_json_key(&j, "error");
+		km_cmd_json_error(&j, KM_MIRROR_TOPIC_NOT_IN_CLUSTER_MIRROR, km_str_c(m));
+		km_cli_json_key(&j, "state");
+		km_cli_json_null(&j);
+		km_cli_json_key(&j, "partitions");
+		km_cli_json_arr(&j);
+		km_cli_json_arr_end(&j);
+		km_cli_json_obj_end(&j);
+	}
+	km_cli_json_arr_end(&j);
+	km_cli_json_key(&j, "partitions");
+	km_cli_json_int(&j, (int64_t)v->nparts);
+	km_cli_json_key(&j, "partitions_unknown");
+	km_cli_json_int(&j, (int64_t)v->unknown);
+	km_cli_json_key(&j, "total_records_at_risk");
+	km_cli_json_int(&j, v->total);
+	km_cli_json_key(&j, "notes");
+	km_cli_json_arr(&j);
+	km_cli_json_str(&j, dry_run_note_end);
+	km_cli_json_str(&j, dry_run_note_txn);
+	km_cli_json_arr_end(&j);
+	km_cli_json_obj_end(&j);
+}
+
+static int stop_table(ctx *x, const stop_view *v)
+{
+	static const char *const hdr[] = {"TOPIC", "PARTITION", "STATE", "MIRRORED", "SOURCE-END", "IN-TXN", "AT-RISK"};
+	km_cli_table tb;
+	if (!km_cli_table_init(&tb, sizeof(hdr) / sizeof(hdr[0]), hdr))
+		return KM_CLI_EXIT_ERROR;
+	for (int32_t t = 0; t < v->dm->topics.count; t++) {
+		const km_describe_mirrors_response_described_topic *dt = &v->dm->topics.items[t];
+		char topic[512];
+		if (!v->sel[t])
+			continue;
+		snprintf(topic, sizeof(topic), "%.*s", (int)dt->name.len, dt->name.p);
+		for (int32_t p = 0; p < dt->partitions.count; p++) {
+			const km_describe_mirrors_response_described_partition *dp = &dt->partitions.items[p];
+			char part[16], st[64], mir[24], end[24], txn[24], risk[24];
+			const char *row[] = {topic, part, st, mir, end, txn, risk};
+			int64_t r = at_risk_of(dp);
+			snprintf(part, sizeof(part), "%d", dp->partition_index);
+			snprintf(st, sizeof(st), "%.*s", (int)dp->state.len, dp->state.p);
+			km_cmd_num_or_dash(dp->mirrored_offset, mir, sizeof(mir));
+			km_cmd_num_or_dash(dp->source_log_end_offset, end, sizeof(end));
+			km_cmd_num_or_dash(km_str_eq_c(dp->state, "STOPPED") ? -1 : in_txn_of(dp), txn, sizeof(txn));
+			if (km_str_eq_c(dp->state, "STOPPED"))
+				snprintf(risk, sizeof(risk), "-");
+			else if (r < 0)
+				snprintf(risk, sizeof(risk), "?");
+			else
+				snprintf(risk, sizeof(risk), "%lld", (long long)r);
+			km_cli_table_row(&tb, row);
+		}
+	}
+	km_cli_table_print(&tb, x->out);
+	km_cli_table_free(&tb);
+	fprintf(x->out, "\nTotal: %lld records at risk in %zu partitions", (long long)v->total, v->nparts);
+	if (v->unknown)
+		fprintf(x->out, " (%zu more unknown: ?)", v->unknown);
+	fprintf(x->out, ". Dry run: nothing was stopped.\n%s\n%s\n", dry_run_note_end, dry_run_note_txn);
+	return KM_CLI_EXIT_OK;
+}
+
+/*
+ * stop --dry-run: what a stop now would leave behind, from one DescribeMirrors and nothing else (no
+ * state changes). The source end is the pipeline's last fetched high watermark; kmirror does not ask
+ * the source itself (it may be the cluster that is gone).
+ */
+static int cmd_stop_dry_run(ctx *x)
+{
+	const km_cli_args *a = x->a;
+	km_describe_mirrors_response resp;
+	stop_view v = {0};
+	size_t missing = 0;
+	int rc = km_cmd_describe_one(x, a->topics, a->ntopics, &resp, &v.dm);
+
+	if (rc != KM_CLI_EXIT_OK || (rc = stop_select(x, &v)) != KM_CLI_EXIT_OK)
+		return rc;
+	/* A topic stop would refuse is named, as stop names it; the others are still reported. */
+	for (size_t i = 0; a->topics && i < a->ntopics; i++)
+		if (!v.seen[i] && missing++ == 0) {
+			km_cmd_say_err(x, "%s: topic %s is not in mirror %s", km_err_name(KM_MIRROR_TOPIC_NOT_IN_CLUSTER_MIRROR),
+				       a->topics[i], a->mirror);
+			rc = KM_CLI_EXIT_ERROR;
+		}
+	if (a->json)
+		stop_json(x, &v);
+	else if (stop_table(x, &v) != KM_CLI_EXIT_OK)
+		return KM_CLI_EXIT_ERROR;
+	return rc;
+}
+
+/*
+ * promote: wait until every partition of topics that a stop would touch has nothing left to
+ * mirror (lag 0 as kmirrord last fetched the source, no transaction open in it), printing what is
+ * behind every few seconds; refuse, naming the partitions behind, after --wait-ms.
+ */
+static int wait_zero_lag(ctx *x, char *const *topics, size_t ntopics)
+{
+	const km_cli_args *a = x->a;
+	struct timespec t0, now;
+	int64_t waited = 0, said = -1;
+
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	for (;;) {
+		km_describe_mirrors_response resp;
+		const km_describe_mirrors_response_described_mirror *dm;
+		char behind[1024] = "";
+		size_t nbehind = 0, len = 0;
+		int64_t records = 0;
+		km_arena keep = x->arena; /* each round's answer in an arena of its own */
+		int rc;
+
+		km_arena_init(&x->arena, ARENA_CAP);
+		if ((rc = km_cmd_describe_one(x, topics, ntopics, &resp, &dm)) != KM_CLI_EXIT_OK) {
+			km_arena_free(&x->arena);
+			x->arena = keep;
+			return rc;
+		}
+		for (int32_t t = 0; t < dm->topics.count; t++) {
+			const km_describe_mirrors_response_described_topic *dt = &dm->topics.items[t];
+			for (int32_t p = 0; p < dt->partitions.count; p++) {
+				const km_describe_mirrors_response_described_partition *dp = &dt->partitions.items[p];
+				int64_t risk = at_risk_of(dp), txn = in_txn_of(dp);
+				if (km_str_eq_c(dp->state, "STOPPED") || (risk == 0 && txn <= 0))
+					continue;
+				nbehind++;
+				records += risk > 0 ? risk : 0;
+				if (len < sizeof(behind) - 1) {
+					char what[64];
+					if (risk < 0)
+						snprintf(what, sizeof(what), "lag not known yet");
+					else
+						snprintf(what, sizeof(what), "%lld behind%s", (long long)risk,
+							 txn > 0 ? ", a transaction open" : "");
+					len += (size_t)snprintf(behind + len, sizeof(behind) - len, "%s%.*s-%d (%s)",
+								nbehind > 1 ? ", " : "", (int)dt->name.len, dt->name.p,
+								dp->partition_index, what);
+					if (len >= sizeof(behind))
+						len = sizeof(behind) - 1;
+				}
+			}
+		}
+		km_arena_free(&x->arena);
+		x->arena = keep;
+		if (!nbehind)
+			return KM_CLI_EXIT_OK;
+		clock_gettime(CLOCK_MONOTONIC, &now);
+		waited = (int64_t)(now.tv_sec - t0.tv_sec) * 1000 + (now.tv_nsec - t0.tv_nsec) / 1000000;
+		if (waited >= a->wait_ms) {
+			km_cmd_say_err(x, "promote refused: %zu partition(s) still behind after %lld ms (%lld records): %s; nothing "
+				"was stopped (stop fails over at once, promote --wait-ms waits longer)", nbehind,
+				(long long)waited, (long long)records, behind);
+			return KM_CLI_EXIT_ERROR;
+		}
+		if (said < 0 || waited - said >= 5000) {
+			said = waited;
+			fprintf(stderr, "kmirror: promote: waiting for %zu partition(s), %lld records behind: %s\n", nbehind,
+				(long long)records, behind);
+		}
+		nanosleep(&(struct timespec){0, 500 * 1000000L}, NULL);
+	}
+}
+
+/* LastMirroredOffsets of the topics from the mirror's source (y: a connection to it); lr stays empty without it. */
+static bool ask_last_mirrored(ctx *x, ctx *y, char *const *topics, size_t ntopics,
+			      km_last_mirrored_offsets_response *lr)
+{
+	km_last_mirrored_offsets_request m;
+	km_last_mirrored_offsets_request_topic_data *td;
+	int16_t v;
+	km_wr w;
+	km_rd r;
+
+	km_last_mirrored_offsets_response_init(lr);
+	lr->topics.count = 0;
+	if ((v = km_cli_conn_version(y->cc, KM_API_LAST_MIRRORED_OFFSETS)) < 0)
+		return true; /* a plain Kafka cluster: every topic from scratch */
+	if (!(td = km_arena_calloc(&x->arena, (ntopics + 1) * sizeof(*td))))
+		return false;
+	km_last_mirrored_offsets_request_init(&m);
+	m.mirror_name = km_str_c("");
+	for (size_t i = 0; i < ntopics; i++) {
+		km_last_mirrored_offsets_request_topic_data_init(&td[i]);
+		td[i].name = km_str_c(topics[i]);
+		td[i].partitions.count = -1;
+	}
+	m.topics.items = td;
+	m.topics.count = (int32_t)ntopics;
+	km_wr_init(&w);
+	km_last_mirrored_offsets_request_encode(&w, v, &m);
+	return km_cmd_call(y, KM_API_LAST_MIRRORED_OFFSETS, &w, v, &r) &&
+	       km_cmd_decoded(y, km_last_mirrored_offsets_response_decode(&r, v, lr, &x->arena),
+			      KM_API_LAST_MIRRORED_OFFSETS, v, &r);
+}
+
+/* The ends here (ListOffsets latest) of every partition the source's kmirrord reported. */
+static bool ends_here(ctx *x, const km_last_mirrored_offsets_response *lr, km_list_offsets_response *lo)
+{
+	km_list_offsets_request m;
+	km_list_offsets_request_list_offsets_topic *lt;
+	int32_t nt = 0;
+	int16_t lv;
+	km_wr w;
+	km_rd r;
+
+	km_list_offsets_response_init(lo);
+	lo->topics.count = 0;
+	if ((lv = km_cli_conn_version(x->cc, KM_API_LIST_OFFSETS)) < 1 || lr->topics.count <= 0)
+		return true;
+	if (!(lt = km_arena_calloc(&x->arena, (size_t)lr->topics.count * sizeof(*lt))))
+		return false;
+	km_list_offsets_request_init(&m);
+	m.replica_id = -1;
+	for (int32_t t = 0; t < lr->topics.count; t++) {
+		const km_last_mirrored_offsets_response_topic_result *tr = &lr->topics.items[t];
+		km_list_offsets_request_list_offsets_partition *lp;
+		if (tr->error_code || tr->partitions.count <= 0)
+			continue;
+		if (!(lp = km_arena_calloc(&x->arena, (size_t)tr->partitions.count * sizeof(*lp))))
+			return false;
+		km_list_offsets_request_list_offsets_topic_init(&lt[nt]);
+		lt[nt].name = tr->name;
+		for (int32_t k = 0; k < tr->partitions.count; k++) {
+			km_list_offsets_request_list_offsets_partition_init(&lp[k]);
+			lp[k].partition_index = tr->partitions.items[k].partition_index;
+			lp[k].current_leader_epoch = -1;
+			lp[k].timestamp = -1;
+		}
+		lt[nt].partitions.items = lp;
+		lt[nt].partitions.count = tr->partitions.count;
+		nt++;
+	}
+	m.topics.items = lt;
+	m.topics.count = nt;
+	if (!nt)
+		return true;
+	km_wr_init(&w);
+	km_list_offsets_request_encode(&w, lv, &m);
+	return km_cmd_call(x, KM_API_LIST_OFFSETS, &w, lv, &r) &&
+	       km_cmd_decoded(x, km_list_offsets_response_decode(&r, lv, lo, &x->arena), KM_API_LIST_OFFSETS, lv, &r);
+}
+
+/* The end here of topic/partition, -1 when not known. */
+static int64_t end_here_of(const km_list_offsets_response *lo, const char *topic, int32_t partition)
+{
+	int64_t end = -1;
+	for (int32_t t = 0; t < lo->topics.count; t++)
+		if (km_str_eq_c(lo->topics.items[t].name, topic))
+			for (int32_t q = 0; q < lo->topics.items[t].partitions.count; q++)
+				if (lo->topics.items[t].partitions.items[q].partition_index == partition &&
+				    !lo->topics.items[t].partitions.items[q].error_code)
+					end = lo->topics.items[t].partitions.items[q].offset;
+	return end;
+}
+
+/* One partition of start --dry-run's report (JSON or a table row); the records it would hide are added to *total. */
+static void start_report_partition(ctx *x, km_cli_json *j, km_cli_table *tb, const char *topic,
+				   const km_last_mirrored_offsets_response_partition_result *pr, int64_t end,
+				   int64_t *total)
+{
+	int64_t keep = pr->last_mirrored_offset < end ? pr->last_mirrored_offset : end, hidden = -1;
+	bool stopped = km_str_eq_c(pr->state, "STOPPED") && pr->last_mirrored_offset >= 0;
+
+	if (stopped && end >= 0) {
+		hidden = end - keep;
+		*total += hidden;
+	}
+	if (x->a->json) {
+		km_cli_json_obj(j);
+		km_cli_json_key(j, "partition");
+		km_cli_json_int(j, pr->partition_index);
+		km_cli_json_key(j, "source_state");
+		km_cli_json_strn(j, pr->state.p, pr->state.len);
+		km_cli_json_key(j, "source_stopped_at");
+		km_cli_json_int(j, pr->last_mirrored_offset);
+		km_cli_json_key(j, "end_here");
+		km_cli_json_int(j, end);
+		km_cli_json_key(j, "records_hidden");
+		km_cli_json_int(j, hidden);
+		km_cli_json_obj_end(j);
+	} else {
+		char part[16], at[24], e[24], h[24], st[64];
+		const char *row[] = {topic, part, st, at, e, h};
+		snprintf(part, sizeof(part), "%d", pr->partition_index);
+		snprintf(st, sizeof(st), stopped ? "failback" : "refused (%.*s there)", (int)pr->state.len, pr->state.p);
+		km_cmd_num_or_dash(pr->last_mirrored_offset, at, sizeof(at));
+		km_cmd_num_or_dash(end, e, sizeof(e));
+		km_cmd_num_or_dash(hidden, h, sizeof(h));
+		km_cli_table_row(tb, row);
+	}
+}
+
+/* start --dry-run's report, per topic and partition: a failback (what is hidden) or from scratch. */
+static bool start_report(ctx *x, char *const *topics, size_t ntopics, const km_last_mirrored_offsets_response *lr,
+			 const km_list_offsets_response *lo)
+{
+	static const char *const hdr[] = {"TOPIC", "PARTITION", "START", "SOURCE-STOPPED-AT", "END-HERE", "HIDDEN"};
+	const km_cli_args *a = x->a;
+	km_cli_table tb;
+	km_cli_json j;
+	int64_t total = 0;
+
+	if (a->json) {
+		km_cli_json_init(&j, x->out);
+		km_cli_json_obj(&j);
+		km_cli_json_key(&j, "mirror");
+		km_cli_json_str(&j, a->mirror);
+		km_cli_json_key(&j, "operation");
+		km_cli_json_str(&j, "start");
+		km_cli_json_key(&j, "dry_run");
+		km_cli_json_bool(&j, true);
+		km_cli_json_key(&j, "topics");
+		km_cli_json_arr(&j);
+	} else if (!km_cli_table_init(&tb, sizeof(hdr) / sizeof(hdr[0]), hdr)) {
+		return false;
+	}
+	for (size_t i = 0; i < ntopics; i++) {
+		const km_last_mirrored_offsets_response_topic_result *tr = NULL;
+		for (int32_t t = 0; t < lr->topics.count && !tr; t++)
+			if (km_str_eq_c(lr->topics.items[t].name, topics[i]) && !lr->topics.items[t].error_code)
+				tr = &lr->topics.items[t];
+		if (a->json) {
+			km_cli_json_obj(&j);
+			km_cli_json_key(&j, "name");
+			km_cli_json_str(&j, topics[i]);
+			km_cli_json_key(&j, "failback");
+			km_cli_json_bool(&j, tr != NULL);
+			km_cli_json_key(&j, "partitions");
+			km_cli_json_arr(&j);
+		} else if (!tr) {
+			const char *row[] = {topics[i], "*", "from scratch", "-", "-", "all"};
+			km_cli_table_row(&tb, row);
+		}
+		for (int32_t k = 0; tr && k < tr->partitions.count; k++)
+			start_report_partition(x, &j, &tb, topics[i], &tr->partitions.items[k],
+					       end_here_of(lo, topics[i], tr->partitions.items[k].partition_index), &total);
+		if (a->json) {
+			km_cli_json_arr_end(&j);
+			km_cli_json_obj_end(&j);
+		}
+	}
+	if (a->json) {
+		km_cli_json_arr_end(&j);
+		km_cli_json_key(&j, "total_records_hidden");
+		km_cli_json_int(&j, total);
+		km_cli_json_obj_end(&j);
+	} else {
+		km_cli_table_print(&tb, x->out);
+		km_cli_table_free(&tb);
+		fprintf(x->out, "\nTotal: %lld records here would be hidden (the divergent tail). Dry run: nothing "
+			"was started.\nA failback keeps what is here below where the source's kmirrord stopped and "
+			"mirrors from there; from scratch hides everything here. The start compares the record "
+			"before the stop point on both sides, and refuses a topic not mirrored from here.\n",
+			(long long)total);
+	}
+	return true;
+}
+
+/*
+ * start --dry-run: what a start would do with each partition. The mirror's source is asked
+ * LastMirroredOffsets (reached with --command-config's settings); where it is a kmirrord that
+ * mirrored the topic from here and stopped at M, the start keeps what is here below M and hides
+ * the rest (ListOffsets here gives the end); elsewhere it mirrors from scratch.
+ */
+static int cmd_start_dry_run(ctx *x, char *const *topics, size_t ntopics)
+{
+	const km_cli_args *a = x->a;
+	km_describe_mirrors_response resp;
+	const km_describe_mirrors_response_described_mirror *dm;
+	km_last_mirrored_offsets_response lr;
+	km_list_offsets_response lo;
+	ctx y = *x;
+	char source[1024] = "";
+	int rc = km_cmd_describe_one(x, NULL, 0, &resp, &dm);
+	bool ok;
+
+	if (rc != KM_CLI_EXIT_OK)
+		return rc;
+	for (int32_t i = 0; i < dm->configs.count; i++)
+		if (km_str_eq_c(dm->configs.items[i].name, "bootstrap.servers") && dm->configs.items[i].value.len > 0)
+			snprintf(source, sizeof(source), "%.*s", (int)dm->configs.items[i].value.len,
+				 dm->configs.items[i].value.p);
+	if (!*source) {
+		km_cmd_say_err(x, "mirror %s has no bootstrap.servers", a->mirror);
+		return KM_CLI_EXIT_ERROR;
+	}
+	y.resp = NULL;
+	y.resp_len = 0;
+	if (!(y.cc = km_cmd_open_conn(a, source, x->err, &rc)))
+		return rc;
+	ok = ask_last_mirrored(x, &y, topics, ntopics, &lr) && ends_here(x, &lr, &lo) &&
+	     start_report(x, topics, ntopics, &lr, &lo);
+	free(y.resp);
+	km_cli_conn_free(y.cc);
+	return ok ? KM_CLI_EXIT_OK : KM_CLI_EXIT_ERROR;
+}
+
+/* The topics --topics-regex selects: among the destination's for start, the mirror's otherwise. */
+static int topics_by_regex(ctx *x, char *const **topics, size_t *ntopics)
+{
+	const km_cli_args *a = x->a;
+	km_str *names = NULL;
+	size_t n = 0;
+	char **sel;
+	if (a->cmd == KM_CLI_CMD_START) {
+		if (!destination_topics(x, &names, &n))
+			return KM_CLI_EXIT_ERROR;
+	} else {
+		int rc = km_cmd_mirror_topics(x, &names, &n);
+		if (rc != KM_CLI_EXIT_OK)
+			return rc;
+	}
+	if (!km_cmd_regex_select(x, a->topics_regex, names, n, &sel, ntopics))
+		return KM_CLI_EXIT_ERROR;
+	if (*ntopics == 0) {
+		km_cmd_say_err(x, "no %s topic matches --topics-regex '%s'",
+			       a->cmd == KM_CLI_CMD_START ? "destination" : "mirror", a->topics_regex);
+		return KM_CLI_EXIT_ERROR;
+	}
+	*topics = sel;
+	return KM_CLI_EXIT_OK;
+}
+
+/* Each topic's result of start, stop, promote, pause or resume: JSON, or a table. */
+static bool print_results(ctx *x, const topic_result *res, size_t nres, const char *done_word)
+{
+	const km_cli_args *a = x->a;
+
+	if (a->json) {
+		km_cli_json j;
+		km_cli_json_init(&j, x->out);
+		km_cli_json_obj(&j);
+		km_cli_json_key(&j, "mirror");
+		km_cli_json_str(&j, a->mirror);
+		km_cli_json_key(&j, "operation");
+		km_cli_json_str(&j, km_cli_cmd_name(a->cmd));
+		km_cli_json_key(&j, "topics");
+		km_cli_json_arr(&j);
+		for (size_t i = 0; i < nres; i++) {
+			km_cli_json_obj(&j);
+			km_cli_json_key(&j, "name");
+			km_cli_json_strn(&j, res[i].name.p, res[i].name.len);
+			km_cli_json_key(&j, "error");
+			km_cmd_json_error(&j, res[i].error_code, res[i].error_message);
+			km_cli_json_obj_end(&j);
+		}
+		km_cli_json_arr_end(&j);
+		km_cli_json_obj_end(&j);
+	} else {
+		static const char *const hdr[] = {"TOPIC", "RESULT", "MESSAGE"};
+		km_cli_table t;
+		if (!km_cli_table_init(&t, sizeof(hdr) / sizeof(hdr[0]), hdr))
+			return false;
+		for (size_t i = 0; i < nres; i++) {
+			char name[512], m[1024];
+			const char *row[] = {name, res[i].error_code ? km_err_name(res[i].error_code) : done_word,
+					     res[i].error_code ? m : NULL};
+			snprintf(name, sizeof(name), "%.*s", (int)res[i].name.len, res[i].name.p);
+			km_cmd_message_of(res[i].error_code, res[i].error_message, m, sizeof(m));
+			km_cli_table_row(&t, row);
+		}
+		km_cli_table_print(&t, x->out);
+		km_cli_table_free(&t);
+	}
+	return true;
+}
+
+int km_cmd_topics(ctx *x)
+{
+	const km_cli_args *a = x->a;
+	int16_t key, v, ec = 0;
+	char *const *topics = a->topics;
+	size_t ntopics = a->ntopics, nres = 0, failed = 0;
+	topic_result *res = NULL;
+	km_str em = KM_STR_NULL;
+	const char *done_word;
+	km_wr w;
+	km_rd r;
+
+	switch (a->cmd) {
+	case KM_CLI_CMD_START: key = KM_API_START_MIRROR_TOPICS; done_word = "started"; break;
+	case KM_CLI_CMD_STOP: key = KM_API_STOP_MIRROR_TOPICS; done_word = "stopped"; break;
+	case KM_CLI_CMD_PROMOTE: key = KM_API_STOP_MIRROR_TOPICS; done_word = "promoted (stopped at zero lag)"; break;
+	case KM_CLI_CMD_PAUSE: key = KM_API_PAUSE_MIRROR_TOPICS; done_word = "paused"; break;
+	default: key = KM_API_RESUME_MIRROR_TOPICS; done_word = "resumed"; break;
+	}
+	if ((a->cmd == KM_CLI_CMD_STOP || a->cmd == KM_CLI_CMD_PROMOTE) && a->dry_run)
+		return cmd_stop_dry_run(x);
+	if ((v = km_cmd_version_of(x, key)) < 0)
+		return KM_CLI_EXIT_ERROR;
+	if (a->topics_regex) {
+		int rc = topics_by_regex(x, &topics, &ntopics);
+		if (rc != KM_CLI_EXIT_OK)
+			return rc;
+	}
+	if (a->cmd == KM_CLI_CMD_PROMOTE) {
+		int rc = wait_zero_lag(x, topics, ntopics);
+		if (rc != KM_CLI_EXIT_OK)
+			return rc;
+	}
+	if (a->cmd == KM_CLI_CMD_START && a->dry_run)
+		return cmd_start_dry_run(x, topics, ntopics);
+	km_wr_init(&w);
+	switch (a->cmd) {
+	case KM_CLI_CMD_START: BUILD_TOPICS_REQUEST(km_start_mirror_topics, &w, v, a->mirror, topics, ntopics); break;
+	case KM_CLI_CMD_STOP:
+	case KM_CLI_CMD_PROMOTE: BUILD_TOPICS_REQUEST(km_stop_mirror_topics, &w, v, a->mirror, topics, ntopics); break;
+	case KM_CLI_CMD_PAUSE: BUILD_TOPICS_REQUEST(km_pause_mirror_topics, &w, v, a->mirror, topics, ntopics); break;
+	default: BUILD_TOPICS_REQUEST(km_resume_mirror_topics, &w, v, a->mirror, topics, ntopics); break;
+	}
+	if (!km_cmd_call(x, key, &w, v, &r))
+		return KM_CLI_EXIT_ERROR;
+	switch (a->cmd) {
+	case KM_CLI_CMD_START: DECODE_TOPICS_RESPONSE(km_start_mirror_topics, key, &r, v, ec, em, res, nres); break;
+	case KM_CLI_CMD_STOP:
+	case KM_CLI_CMD_PROMOTE: DECODE_TOPICS_RESPONSE(km_stop_mirror_topics, key, &r, v, ec, em, res, nres); break;
+	case KM_CLI_CMD_PAUSE: DECODE_TOPICS_RESPONSE(km_pause_mirror_topics, key, &r, v, ec, em, res, nres); break;
+	default: DECODE_TOPICS_RESPONSE(km_resume_mirror_topics, key, &r, v, ec, em, res, nres); break;
+	}
+	if (ec)
+		return km_cmd_top_error(x, ec, em);
+	for (size_t i = 0; i < nres; i++)
+		failed += res[i].error_code != 0;
+	for (size_t i = 0; i < nres; i++)
+		if (res[i].error_code) {
+			/* One line for the first refusal; every topic's result is on stdout. */
+			char m[1024];
+			km_cmd_message_of(res[i].error_code, res[i].error_message, m, sizeof(m));
+			if (nres > 1)
+				km_cmd_say_err(x, "%zu of %zu topics refused; first: %s: %s", failed, nres,
+					km_err_name(res[i].error_code), m);
+			else
+				km_cmd_say_err(x, "%s: %s", km_err_name(res[i].error_code), m);
+			break;
+		}
+	if (!print_results(x, res, nres, done_word))
+		return KM_CLI_EXIT_ERROR;
+	return failed ? KM_CLI_EXIT_ERROR : KM_CLI_EXIT_OK;
+}

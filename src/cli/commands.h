@@ -1,0 +1,73 @@
+/* The kmirror CLI's commands, internal: a command's context and the helpers every command file uses. */
+#ifndef KMIRROR_CLI_COMMANDS_H
+#define KMIRROR_CLI_COMMANDS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "cli/cli.h"
+#include "kmirror/arena.h"
+#include "kmirror/msg/describe_mirrors_response.h"
+#include "kmirror/wire.h"
+
+#define ARENA_CAP ((size_t)256 << 20) /* a describe of many mirrors with many partitions */
+#define SECRET_SHOWN "(secret)"
+#define MIRROR_STATE_TOPIC "__mirror_state"
+#define RETRY_BACKOFF_MS 200 /* between retries of a request kmirrord could not serve yet */
+
+typedef struct ctx {
+	const km_cli_args *a;
+	FILE *out, *err;
+	km_cli_conn *cc;
+	km_arena arena;
+	uint8_t *resp; /* the last response body; decoded strings borrow it */
+	size_t resp_len;
+	const char *cmd;
+} ctx;
+
+
+/* ---- commands.c: calling kmirrord, its errors, the commands' connection ---- */
+
+void km_cmd_say_err(ctx *x, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* A refusal's message: its own text, else the error's name. */
+void km_cmd_message_of(int16_t code, km_str msg, char *buf, size_t len);
+/* {"code", "name", "message"} of an error, or null for none. */
+void km_cmd_json_error(km_cli_json *j, int16_t code, km_str msg);
+/* A request's top-level error said (stderr, or the JSON on stdout); the exit code. */
+int km_cmd_top_error(ctx *x, int16_t code, km_str msg);
+/* Send w (freed) as api_key at version and read the response body into r; false: said why. */
+bool km_cmd_call(ctx *x, int16_t api_key, km_wr *w, int16_t version, km_rd *r);
+/* Whether a response decoded (rc); false: said where it failed. */
+bool km_cmd_decoded(ctx *x, km_err rc, int16_t api_key, int16_t version, const km_rd *r);
+/* The version of api_key kmirrord serves; -1: said it does not. */
+int16_t km_cmd_version_of(ctx *x, int16_t api_key);
+/* A connection to bootstrap with the command's properties; NULL: said why, *rc the exit code. */
+km_cli_conn *km_cmd_open_conn(const km_cli_args *a, const char *bootstrap, FILE *errf, int *rc);
+
+/* ---- cmd_describe.c ---- */
+
+bool km_cmd_describe_call(ctx *x, const char *mirror, char *const *topics, size_t ntopics,
+			  km_describe_mirrors_response *resp);
+/* v as a number, "-" when negative (not known). */
+void km_cmd_num_or_dash(int64_t v, char *buf, size_t len);
+int km_cmd_describe(ctx *x);
+
+/* ---- cmd_topics.c: start, stop, promote, pause, resume ---- */
+
+/* Whole-name matches of re among names (arena strings in *out). */
+bool km_cmd_regex_select(ctx *x, const char *re, km_str *names, size_t n, char ***out, size_t *nout);
+/* DescribeMirrors of the command's mirror: the one mirror in *dm. */
+int km_cmd_describe_one(ctx *x, char *const *topics, size_t ntopics, km_describe_mirrors_response *resp,
+			const km_describe_mirrors_response_described_mirror **dm);
+/* The mirror's topics. */
+int km_cmd_mirror_topics(ctx *x, km_str **names, size_t *n);
+int km_cmd_topics(ctx *x);
+
+/* ---- cmd_failback.c ---- */
+
+int km_cmd_last_offsets(ctx *x);
+int km_cmd_reverse(ctx *x);
+
+#endif

@@ -1,0 +1,152 @@
+/* Internals of __mirror_state's persistence (docs/state.md): the persister, its brokers, its requests. */
+#ifndef KMIRROR_STATE_PERSIST_INT_H
+#define KMIRROR_STATE_PERSIST_INT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kmirror/msg/metadata_response.h"
+#include "kmirror/net.h"
+#include "state/state_int.h"
+
+#define COMP "state"
+
+#define MAX_NODES 1024
+#define FETCH_BYTES (8 << 20)
+#define SCRATCH_BYTES (64 << 20)  /* a compressed state batch decompressed */
+#define WRITE_ATTEMPTS 6
+#define META_ATTEMPTS 20
+#define BACKOFF_MIN_MS 200
+#define BACKOFF_MAX_MS 10000
+
+enum {
+	K_ERR_NOT_LEADER = 6,
+	K_ERR_TIMED_OUT = 7,
+	K_ERR_LEADER_NOT_AVAILABLE = 5,
+	K_ERR_NOT_ENOUGH_REPLICAS = 19,
+	K_ERR_NOT_ENOUGH_REPLICAS_AFTER = 20,
+	K_ERR_TOPIC_EXISTS = 36,
+	K_ERR_DUPLICATE_SEQ = 46,
+	K_ERR_NOT_CONTROLLER = 41,
+	K_ERR_COORD_NOT_AVAILABLE = 15,
+	K_ERR_COORD_LOADING = 14,
+	K_ERR_NOT_COORD = 16,
+	K_ERR_UNKNOWN_TOPIC = 3,
+	K_ERR_FENCED_LEADER_EPOCH = 74,
+	K_ERR_UNKNOWN_LEADER_EPOCH = 75,
+	K_ERR_OFFSET_NOT_AVAILABLE = 78,
+};
+
+typedef struct node {
+	int32_t id;
+	char host[256];
+	uint16_t port;
+	km_net_client *c;
+	bool failed;               /* c's connection failed or closed: it never becomes ready */
+} node;
+
+/* One key's latest value while loading (key bytes -> value bytes or tombstone). */
+typedef struct load_entry {
+	uint8_t *key, *val;
+	size_t klen, vlen;
+	bool tomb;
+	uint32_t hash;
+	struct load_entry *next;
+} load_entry;
+
+typedef enum { PH_IDLE, PH_LOAD, PH_WRITE, PH_META } phase;
+
+struct km_state_persist {
+	km_state *st;
+	bool closing;
+	uint64_t gen;              /* bumps when an operation restarts: late answers of the old one are dropped */
+	km_net_client *boot;
+	int boot_index;
+	node *nodes;
+	size_t nnodes;
+	int32_t nbrokers;
+	bool exists;
+	int32_t nparts;
+	int32_t *leaders;
+	int64_t pid;
+	int16_t epoch;
+	int32_t *seq;
+	struct event *timer;
+	void (*timer_fn)(km_state_persist *io);
+	/* a step waiting for its client's ApiVersions (the versions it encodes with) */
+	km_net_client *wait_c;
+	void (*wait_fn)(km_state_persist *io);
+	bool boot_failed;
+	int16_t used[6];           /* the last version sent of each key of versions[] (-1: none yet) */
+	int64_t lts;               /* the ListOffsets timestamp being asked (-2 earliest, -1 latest) */
+	int backoff_ms;
+	phase ph;
+	bool load_wanted;          /* a reload was asked while a write finished */
+	/* load */
+	int32_t lpart;
+	int64_t lo, hi, next;
+	int empty_fetches;
+	load_entry **map;
+	size_t mapn, mapcount;
+	uint8_t *scratch;
+	size_t nrecords;
+	struct timeval load_start;
+	/* write */
+	const km_state_rec *recs;
+	size_t nrecs;
+	km_state_write_cb wcb;
+	int attempts;
+	int32_t *rpart;            /* partition of each record */
+	int32_t layout_parts;      /* nparts when rpart/pdone were computed */
+	bool *pdone;               /* per state partition: acknowledged (or not part of the write) */
+	int32_t *pcount;           /* records per partition */
+	size_t outstanding;
+	bool wfail;                /* a non-retriable error was seen */
+	bool wretry;
+	char wmsg[512];
+	/* topics metadata */
+	char **mnames;
+	size_t mn;
+	km_state_meta_cb mcb;
+};
+
+typedef struct req_ctx {
+	km_state_persist *io;
+	uint64_t gen;
+	int32_t node_id;
+	int32_t partition;
+	int16_t ver;               /* the version the request was encoded with: its response decodes with it */
+} req_ctx;
+
+
+/* ---- persist.c: the persister's brokers and requests ---- */
+
+/* fn(io) in ms (one timer per persister). */
+void km_ps_after(km_state_persist *io, int ms, void (*fn)(km_state_persist *));
+/* The next backoff (doubling, capped, jittered). */
+int km_ps_next_backoff(km_state_persist *io);
+/* Whether c is ready; else resume(io) runs when it is (or fails). */
+bool km_ps_client_wait(km_state_persist *io, km_net_client *c, void (*resume)(km_state_persist *io));
+/* The version of key to use on c; -1 with why when c cannot serve it. */
+int16_t km_ps_version_for(km_net_client *c, int16_t key, char *why, size_t len);
+/* A client to a bootstrap address, and dropping it after a failure. */
+km_net_client *km_ps_boot(km_state_persist *io);
+void km_ps_drop_boot(km_state_persist *io);
+/* The client of broker id (from the state topic's metadata), and dropping it after a failure. */
+km_net_client *km_ps_leader_client(km_state_persist *io, int32_t id);
+void km_ps_drop_node(km_state_persist *io, int32_t id);
+/* Send w (freed) on c, answered to cb with a req_ctx naming the node and partition. */
+km_err km_ps_send_req(km_state_persist *io, km_net_client *c, int16_t key, int16_t ver, km_wr *w,
+		      km_net_response_cb cb, int32_t node_id, int32_t partition);
+/* The persister of an answer's context (freed); NULL when the operation restarted since, or shuts down. */
+km_state_persist *km_ps_ctx_take(void *arg, req_ctx *out);
+void km_ps_encode_metadata(km_wr *w, int16_t ver, char *const *names, size_t n);
+/* The state topic's partitions and leaders from a Metadata answer. */
+km_err km_ps_take_metadata(km_state_persist *io, const km_metadata_response *r, int16_t *topic_err);
+
+/* ---- persist_load.c ---- */
+
+void km_ps_map_clear(km_state_persist *io);
+
+#endif

@@ -1,0 +1,455 @@
+/* __mirror_state read back at start: metadata, each partition's offsets, fetched to its end, compacted into the map. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/time.h>
+
+#include "kmirror/batch.h"
+#include "kmirror/msg/api_keys.h"
+#include "kmirror/msg/fetch_request.h"
+#include "kmirror/msg/fetch_response.h"
+#include "kmirror/msg/list_offsets_request.h"
+#include "kmirror/msg/list_offsets_response.h"
+#include "state/persist_int.h"
+
+static void start_load(km_state_persist *io);
+static void load_partition(km_state_persist *io);
+
+/* ---- load ---- */
+
+void km_ps_map_clear(km_state_persist *io)
+{
+	for (size_t i = 0; i < io->mapn; i++) {
+		load_entry *e = io->map ? io->map[i] : NULL;
+		while (e) {
+			load_entry *n = e->next;
+			free(e->key);
+			free(e->val);
+			free(e);
+			e = n;
+		}
+	}
+	free(io->map);
+	io->map = NULL;
+	io->mapn = io->mapcount = 0;
+}
+
+static km_err map_put(km_state_persist *io, km_bytes key, km_bytes val)
+{
+	uint32_t h = km_state_murmur2(key.p, (size_t)key.len);
+	load_entry *e;
+
+	if (io->mapcount >= io->mapn) {
+		size_t nn = io->mapn ? io->mapn * 2 : 1024;
+		load_entry **nm = calloc(nn, sizeof(*nm));
+		if (!nm)
+			return KM_ERR_NOMEM;
+		for (size_t i = 0; i < io->mapn; i++)
+			for (load_entry *x = io->map[i], *nx; x; x = nx) {
+				nx = x->next;
+				x->next = nm[x->hash % nn];
+				nm[x->hash % nn] = x;
+			}
+		free(io->map);
+		io->map = nm;
+		io->mapn = nn;
+	}
+	for (e = io->map[h % io->mapn]; e; e = e->next)
+		if (e->hash == h && e->klen == (size_t)key.len && !memcmp(e->key, key.p, e->klen))
+			break;
+	if (!e) {
+		if (!(e = calloc(1, sizeof(*e))) || !(e->key = malloc((size_t)key.len + 1))) {
+			free(e);
+			return KM_ERR_NOMEM;
+		}
+		memcpy(e->key, key.p, (size_t)key.len);
+		e->klen = (size_t)key.len;
+		e->hash = h;
+		e->next = io->map[h % io->mapn];
+		io->map[h % io->mapn] = e;
+		io->mapcount++;
+	}
+	free(e->val);
+	e->val = NULL;
+	e->vlen = 0;
+	e->tomb = val.len < 0;
+	if (!e->tomb) {
+		if (!(e->val = malloc((size_t)val.len + 1)))
+			return KM_ERR_NOMEM;
+		memcpy(e->val, val.p, (size_t)val.len);
+		e->vlen = (size_t)val.len;
+	}
+	return KM_OK;
+}
+
+static void load_retry(km_state_persist *io, const char *why)
+{
+	int ms = km_ps_next_backoff(io);
+	KM_WARN(COMP, 0, "reading %s from the destination failed (%s); retrying in %d ms", io->st->cfg.mirror_state_topic,
+		why, ms);
+	io->gen++;
+	km_ps_after(io, ms, start_load);
+}
+
+static void load_finish(km_state_persist *io)
+{
+	km_state_model m;
+	struct timeval now;
+	size_t bad = 0;
+
+	km_state_model_init(&m);
+	/*
+	 * Mirrors first, then partitions, then runs: a partition record names a mirror, and a run a
+	 * topic, whose records may sit in other partitions of the state topic (read in any order).
+	 */
+	for (int pass = 0; pass < 3; pass++)
+		for (size_t i = 0; i < io->mapn; i++)
+			for (load_entry *e = io->map[i]; e; e = e->next) {
+				km_state_change chg;
+				int16_t type = e->klen >= 2 ? (int16_t)km_be16(e->key) : -1;
+				int want = type == KM_STATE_REC_MIRROR ? 0 : type == KM_STATE_REC_RUN ? 2 : 1;
+				if (want != pass)
+					continue;
+				if (km_state_model_apply(&m, e->key, e->klen, e->val, e->vlen, e->tomb, &chg) != KM_OK)
+					bad++;
+			}
+	if (km_state_model_index(&m) != KM_OK) {
+		km_state_model_free(&m);
+		load_retry(io, "out of memory");
+		return;
+	}
+	gettimeofday(&now, NULL);
+	KM_INFO(COMP, 0, "read %s: %d partitions, %zu records, %zu keys, %zu unreadable, in %ld ms (Metadata v%d, "
+		"ListOffsets v%d, Fetch v%d)",
+		io->st->cfg.mirror_state_topic, io->exists ? io->nparts : 0, io->nrecords, io->mapcount, bad,
+		(long)((now.tv_sec - io->load_start.tv_sec) * 1000 + (now.tv_usec - io->load_start.tv_usec) / 1000),
+		io->used[0], io->used[4], io->used[5]);
+	io->st->ctr.loads++;
+	io->st->ctr.records_loaded += io->nrecords;
+	io->st->ctr.load_ms = (uint64_t)((now.tv_sec - io->load_start.tv_sec) * 1000 +
+					 (now.tv_usec - io->load_start.tv_usec) / 1000);
+	km_ps_map_clear(io);
+	free(io->scratch);
+	io->scratch = NULL;
+	io->ph = PH_IDLE;
+	io->backoff_ms = 0;
+	km_state_loaded(io->st, &m);
+}
+
+static void on_fetch(km_net_client *c, km_err err, const uint8_t *body, size_t len, void *arg)
+{
+	req_ctx x;
+	km_state_persist *io = km_ps_ctx_take(arg, &x);
+	km_fetch_response r;
+	km_arena a;
+	km_rd rd;
+	km_batch_iter it;
+	km_batch b;
+	const km_fetch_response_partition_data *pd = NULL;
+	int64_t before;
+	char why[160];
+
+	(void)c;
+	if (!io)
+		return;
+	if (err != KM_OK) {
+		km_ps_drop_node(io, x.node_id);
+		load_retry(io, km_err_name(err));
+		return;
+	}
+	km_arena_init(&a, 0);
+	km_rd_init(&rd, body, len);
+	if (km_fetch_response_decode(&rd, x.ver, &r, &a) != KM_OK || r.responses.count != 1 ||
+	    r.responses.items[0].partitions.count != 1) {
+		km_arena_free(&a);
+		load_retry(io, "undecodable Fetch response");
+		return;
+	}
+	pd = &r.responses.items[0].partitions.items[0];
+	if (r.error_code || pd->error_code) {
+		snprintf(why, sizeof(why), "Fetch partition %d: %s", io->lpart,
+			 km_err_name(r.error_code ? r.error_code : pd->error_code));
+		km_arena_free(&a);
+		load_retry(io, why);
+		return;
+	}
+	before = io->next;
+	km_batch_iter_init(&it, pd->records.p, pd->records.len > 0 ? (size_t)pd->records.len : 0);
+	while (km_batch_next(&it, &b)) {
+		km_record_iter ri;
+		km_record rec;
+		int64_t last = b.base_offset + b.last_offset_delta;
+		if (last < io->next)
+			continue;
+		if (!b.control) {
+			if (b.codec != KM_CODEC_NONE && !io->scratch && !(io->scratch = malloc(SCRATCH_BYTES))) {
+				km_arena_free(&a);
+				load_retry(io, "out of memory");
+				return;
+			}
+			if (km_batch_records(&b, io->scratch, SCRATCH_BYTES, &ri) != KM_OK) {
+				km_arena_free(&a);
+				load_retry(io, "undecodable batch");
+				return;
+			}
+			while (km_record_next(&ri, &rec)) {
+				if (rec.offset < io->next || rec.offset >= io->hi || rec.key.len < 2)
+					continue;
+				io->nrecords++;
+				if (map_put(io, rec.key, rec.value) != KM_OK) {
+					km_arena_free(&a);
+					load_retry(io, "out of memory");
+					return;
+				}
+			}
+			if (ri.err != KM_OK) {
+				km_arena_free(&a);
+				load_retry(io, "undecodable records");
+				return;
+			}
+		}
+		io->next = last + 1;
+	}
+	km_arena_free(&a);
+	if (io->next == before) {
+		/* Nothing below the end: compaction may leave the end past the last record. */
+		if (++io->empty_fetches > 3)
+			io->next = io->hi;
+	} else {
+		io->empty_fetches = 0;
+	}
+	load_partition(io);
+}
+
+static void fetch_next(km_state_persist *io)
+{
+	km_fetch_request m;
+	km_fetch_request_fetch_topic t;
+	km_fetch_request_fetch_partition p;
+	km_wr w;
+	km_err rc;
+	int32_t leader = io->leaders[io->lpart];
+	km_net_client *c = km_ps_leader_client(io, leader);
+	int16_t ver = 0;
+	char why[200];
+
+	if (!km_ps_client_wait(io, c, fetch_next))
+		return;
+	if (c && km_net_client_ready(c) && (ver = km_ps_version_for(c, KM_API_FETCH, why, sizeof(why))) < 0) {
+		load_retry(io, why);
+		return;
+	}
+	km_fetch_request_init(&m);
+	km_fetch_request_fetch_topic_init(&t);
+	km_fetch_request_fetch_partition_init(&p);
+	m.max_wait_ms = 100;
+	m.min_bytes = 1;
+	m.max_bytes = FETCH_BYTES;
+	m.isolation_level = 0;
+	p.partition = io->lpart;
+	p.fetch_offset = io->next;
+	p.partition_max_bytes = FETCH_BYTES;
+	t.topic = km_str_c(io->st->cfg.mirror_state_topic);
+	t.partitions.items = &p;
+	t.partitions.count = 1;
+	m.topics.items = &t;
+	m.topics.count = 1;
+	km_wr_init(&w);
+	km_fetch_request_encode(&w, ver, &m);
+	rc = km_ps_send_req(io, c, KM_API_FETCH, ver, &w, on_fetch, leader, io->lpart);
+	km_wr_free(&w);
+	if (rc != KM_OK)
+		load_retry(io, km_err_name(rc));
+}
+
+static void list_offsets(km_state_persist *io, int64_t ts);
+static void list_offsets_again(km_state_persist *io)
+{
+	list_offsets(io, io->lts);
+}
+
+static void on_list_offsets(km_net_client *c, km_err err, const uint8_t *body, size_t len, void *arg)
+{
+	req_ctx x;
+	km_state_persist *io = km_ps_ctx_take(arg, &x);
+	km_list_offsets_response r;
+	km_arena a;
+	km_rd rd;
+	char why[160];
+
+	(void)c;
+	if (!io)
+		return;
+	if (err != KM_OK) {
+		km_ps_drop_node(io, x.node_id);
+		load_retry(io, km_err_name(err));
+		return;
+	}
+	km_arena_init(&a, 1 << 20);
+	km_rd_init(&rd, body, len);
+	if (km_list_offsets_response_decode(&rd, x.ver, &r, &a) != KM_OK || r.topics.count != 1 ||
+	    r.topics.items[0].partitions.count != 1) {
+		km_arena_free(&a);
+		load_retry(io, "undecodable ListOffsets response");
+		return;
+	}
+	const km_list_offsets_response_list_offsets_partition_response *p = &r.topics.items[0].partitions.items[0];
+	if (p->error_code) {
+		snprintf(why, sizeof(why), "ListOffsets partition %d: %s", io->lpart, km_err_name(p->error_code));
+		km_arena_free(&a);
+		load_retry(io, why);
+		return;
+	}
+	if (x.partition == -2) { /* earliest */
+		io->lo = p->offset;
+		km_arena_free(&a);
+		list_offsets(io, -1);
+		return;
+	}
+	io->hi = p->offset;
+	io->next = io->lo;
+	io->empty_fetches = 0;
+	km_arena_free(&a);
+	load_partition(io);
+}
+
+static void list_offsets(km_state_persist *io, int64_t ts)
+{
+	km_list_offsets_request m;
+	km_list_offsets_request_list_offsets_topic t;
+	km_list_offsets_request_list_offsets_partition p;
+	km_wr w;
+	km_err rc;
+	int32_t leader = io->leaders[io->lpart];
+	km_net_client *c = km_ps_leader_client(io, leader);
+	int16_t ver = 0;
+	char why[200];
+
+	io->lts = ts;
+	if (!km_ps_client_wait(io, c, list_offsets_again))
+		return;
+	if (c && km_net_client_ready(c) && (ver = km_ps_version_for(c, KM_API_LIST_OFFSETS, why, sizeof(why))) < 0) {
+		load_retry(io, why);
+		return;
+	}
+	km_list_offsets_request_init(&m);
+	km_list_offsets_request_list_offsets_topic_init(&t);
+	km_list_offsets_request_list_offsets_partition_init(&p);
+	m.replica_id = -1;
+	m.isolation_level = 0;
+	m.timeout_ms = 30000; /* v10+: remote (tiered) offsets */
+	p.partition_index = io->lpart;
+	p.timestamp = ts;
+	t.name = km_str_c(io->st->cfg.mirror_state_topic);
+	t.partitions.items = &p;
+	t.partitions.count = 1;
+	m.topics.items = &t;
+	m.topics.count = 1;
+	km_wr_init(&w);
+	km_list_offsets_request_encode(&w, ver, &m);
+	/* The partition field of the context says which of the two answers this is. */
+	rc = km_ps_send_req(io, c, KM_API_LIST_OFFSETS, ver, &w, on_list_offsets, leader,
+		  ts == -2 ? -2 : -1);
+	km_wr_free(&w);
+	if (rc != KM_OK)
+		load_retry(io, km_err_name(rc));
+}
+
+/* Continue with the current partition, or the next one, or finish. */
+static void load_partition(km_state_persist *io)
+{
+	if (io->lpart >= 0 && io->next < io->hi) {
+		fetch_next(io);
+		return;
+	}
+	io->lpart++;
+	if (io->lpart >= io->nparts) {
+		load_finish(io);
+		return;
+	}
+	io->lo = io->hi = io->next = 0;
+	list_offsets(io, -2);
+}
+
+static void on_load_metadata(km_net_client *c, km_err err, const uint8_t *body, size_t len, void *arg)
+{
+	req_ctx x;
+	km_state_persist *io = km_ps_ctx_take(arg, &x);
+	km_metadata_response r;
+	km_arena a;
+	km_rd rd;
+	int16_t terr;
+	km_err rc;
+
+	(void)c;
+	if (!io)
+		return;
+	if (err != KM_OK) {
+		km_ps_drop_boot(io);
+		load_retry(io, km_err_name(err));
+		return;
+	}
+	km_arena_init(&a, 0);
+	km_rd_init(&rd, body, len);
+	rc = km_metadata_response_decode(&rd, x.ver, &r, &a);
+	if (rc == KM_OK)
+		rc = km_ps_take_metadata(io, &r, &terr);
+	km_arena_free(&a);
+	if (rc != KM_OK) {
+		load_retry(io, rc == KM_ERR_UNSUPPORTED ? "a partition has no leader" : km_err_name(rc));
+		return;
+	}
+	if (!io->exists) {
+		if (terr != K_ERR_UNKNOWN_TOPIC) {
+			load_retry(io, km_err_name(terr));
+			return;
+		}
+		KM_INFO(COMP, 0, "%s does not exist on the destination yet: no mirrors", io->st->cfg.mirror_state_topic);
+		load_finish(io);
+		return;
+	}
+	io->lpart = -1;
+	load_partition(io);
+}
+
+static void load_metadata(km_state_persist *io)
+{
+	km_wr w;
+	km_err rc;
+	char *name = io->st->cfg.mirror_state_topic;
+	km_net_client *c = km_ps_boot(io);
+	int16_t ver = 0;
+	char why[200];
+
+	if (!km_ps_client_wait(io, c, load_metadata))
+		return;
+	if (c && km_net_client_ready(c) && (ver = km_ps_version_for(c, KM_API_METADATA, why, sizeof(why))) < 0) {
+		load_retry(io, why);
+		return;
+	}
+	km_ps_encode_metadata(&w, ver, &name, 1);
+	rc = km_ps_send_req(io, c, KM_API_METADATA, ver, &w, on_load_metadata, -1, -1);
+	km_wr_free(&w);
+	if (rc != KM_OK) {
+		km_ps_drop_boot(io);
+		load_retry(io, km_err_name(rc));
+	}
+}
+
+static void start_load(km_state_persist *io)
+{
+	io->ph = PH_LOAD;
+	io->gen++;
+	io->wait_c = NULL;
+	io->nrecords = 0;
+	km_ps_map_clear(io);
+	gettimeofday(&io->load_start, NULL);
+	load_metadata(io);
+}
+
+void km_state_persist_load(km_state_persist *io)
+{
+	io->st->ready = false;
+	io->st->ctr.ready = 0;
+	start_load(io);
+}

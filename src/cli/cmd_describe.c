@@ -12,8 +12,6 @@ bool km_cmd_describe_call(ctx *x, const char *mirror, char *const *topics, size_
 	int16_t v = km_cmd_version_of(x, KM_API_DESCRIBE_MIRRORS);
 	km_describe_mirrors_request m;
 	km_str name, *ts = NULL;
-	km_wr w;
-	km_rd r;
 
 	if (v < 0)
 		return false;
@@ -34,13 +32,7 @@ bool km_cmd_describe_call(ctx *x, const char *mirror, char *const *topics, size_
 		m.topics.count = (int32_t)ntopics;
 	} else
 		m.topics.count = -1;
-	km_wr_init(&w);
-	km_describe_mirrors_request_encode(&w, v, &m);
-	if (!km_cmd_call(x, KM_API_DESCRIBE_MIRRORS, &w, v, &r))
-		return false;
-	km_describe_mirrors_response_init(resp);
-	return km_cmd_decoded(x, km_describe_mirrors_response_decode(&r, v, resp, &x->arena), KM_API_DESCRIBE_MIRRORS, v,
-		       &r);
+	return km_cmd_rpc(x, KM_API_DESCRIBE_MIRRORS, v, &m, resp);
 }
 
 /* Kafka shows topic ids as URL-safe base64 without padding (22 characters). */

@@ -18,8 +18,6 @@ int km_cmd_last_offsets(ctx *x)
 	km_last_mirrored_offsets_request_topic_data *td = NULL;
 	km_last_mirrored_offsets_response resp;
 	size_t failed = 0;
-	km_wr w;
-	km_rd r;
 
 	if (v < 0)
 		return KM_CLI_EXIT_ERROR;
@@ -38,13 +36,7 @@ int km_cmd_last_offsets(ctx *x)
 		m.topics.count = (int32_t)a->ntopics;
 	} else
 		m.topics.count = -1;
-	km_wr_init(&w);
-	km_last_mirrored_offsets_request_encode(&w, v, &m);
-	if (!km_cmd_call(x, KM_API_LAST_MIRRORED_OFFSETS, &w, v, &r))
-		return KM_CLI_EXIT_ERROR;
-	km_last_mirrored_offsets_response_init(&resp);
-	if (!km_cmd_decoded(x, km_last_mirrored_offsets_response_decode(&r, v, &resp, &x->arena), KM_API_LAST_MIRRORED_OFFSETS,
-		     v, &r))
+	if (!km_cmd_rpc(x, KM_API_LAST_MIRRORED_OFFSETS, v, &m, &resp))
 		return KM_CLI_EXIT_ERROR;
 	if (resp.error_code)
 		return km_cmd_top_error(x, resp.error_code, resp.error_message);

@@ -106,8 +106,6 @@ static bool destination_topics(ctx *x, km_str **names, size_t *n)
 	int16_t v = km_cli_conn_version(x->cc, KM_API_METADATA);
 	km_metadata_request m;
 	km_metadata_response resp;
-	km_wr w;
-	km_rd r;
 
 	if (v < 1) {
 		km_cmd_say_err(x, "kmirrord does not offer Metadata v1 or later");
@@ -116,12 +114,7 @@ static bool destination_topics(ctx *x, km_str **names, size_t *n)
 	km_metadata_request_init(&m);
 	m.topics.count = -1; /* all topics */
 	m.allow_auto_topic_creation = false;
-	km_wr_init(&w);
-	km_metadata_request_encode(&w, v, &m);
-	if (!km_cmd_call(x, KM_API_METADATA, &w, v, &r))
-		return false;
-	km_metadata_response_init(&resp);
-	if (!km_cmd_decoded(x, km_metadata_response_decode(&r, v, &resp, &x->arena), KM_API_METADATA, v, &r))
+	if (!km_cmd_rpc(x, KM_API_METADATA, v, &m, &resp))
 		return false;
 	*names = km_arena_calloc(&x->arena, (resp.topics.count > 0 ? (size_t)resp.topics.count : 1) * sizeof(km_str));
 	*n = 0;
@@ -516,6 +509,7 @@ static bool ask_last_mirrored(ctx *x, ctx *y, char *const *topics, size_t ntopic
 	}
 	m.topics.items = td;
 	m.topics.count = (int32_t)ntopics;
+	/* On y's connection (the source), decoded into the command's arena. */
 	km_wr_init(&w);
 	km_last_mirrored_offsets_request_encode(&w, v, &m);
 	return km_cmd_call(y, KM_API_LAST_MIRRORED_OFFSETS, &w, v, &r) &&
@@ -530,8 +524,6 @@ static bool ends_here(ctx *x, const km_last_mirrored_offsets_response *lr, km_li
 	km_list_offsets_request_list_offsets_topic *lt;
 	int32_t nt = 0;
 	int16_t lv;
-	km_wr w;
-	km_rd r;
 
 	km_list_offsets_response_init(lo);
 	lo->topics.count = 0;
@@ -564,10 +556,7 @@ static bool ends_here(ctx *x, const km_last_mirrored_offsets_response *lr, km_li
 	m.topics.count = nt;
 	if (!nt)
 		return true;
-	km_wr_init(&w);
-	km_list_offsets_request_encode(&w, lv, &m);
-	return km_cmd_call(x, KM_API_LIST_OFFSETS, &w, lv, &r) &&
-	       km_cmd_decoded(x, km_list_offsets_response_decode(&r, lv, lo, &x->arena), KM_API_LIST_OFFSETS, lv, &r);
+	return km_cmd_rpc(x, KM_API_LIST_OFFSETS, lv, &m, lo);
 }
 
 /* The end here of topic/partition, -1 when not known. */

@@ -6,6 +6,7 @@
 #include <time.h>
 
 #include "cli/commands.h"
+#include "kmirror/api.h"
 #include "kmirror/msg/api_keys.h"
 #include "kmirror/msg/alter_mirror_request.h"
 #include "kmirror/msg/alter_mirror_response.h"
@@ -133,6 +134,24 @@ bool km_cmd_decoded(ctx *x, km_err rc, int16_t api_key, int16_t version, const k
 	return false;
 }
 
+bool km_cmd_rpc(ctx *x, int16_t api_key, int16_t version, const void *req, void *resp)
+{
+	const km_api_info *api = km_api_lookup(api_key);
+	km_wr w;
+	km_rd r;
+
+	if (!api || !api->request.encode || !api->response.decode) {
+		km_cmd_say_err(x, "no codec for api key %d", api_key);
+		return false;
+	}
+	km_wr_init(&w);
+	api->request.encode(&w, version, req);
+	if (!km_cmd_call(x, api_key, &w, version, &r))
+		return false;
+	api->response.init(resp);
+	return km_cmd_decoded(x, api->response.decode(&r, version, resp, &x->arena), api_key, version, &r);
+}
+
 /* The version of a mirror RPC kmirrord offers (every one is v0 today), or -1 with an error said. */
 int16_t km_cmd_version_of(ctx *x, int16_t api_key)
 {
@@ -152,8 +171,6 @@ static int cmd_create(ctx *x)
 	km_create_mirror_request m;
 	km_create_mirror_request_mirror_config *cfg;
 	km_create_mirror_response resp;
-	km_wr w;
-	km_rd r;
 
 	if (v < 0)
 		return KM_CLI_EXIT_ERROR;
@@ -170,12 +187,7 @@ static int cmd_create(ctx *x)
 	m.configs.items = cfg;
 	m.configs.count = (int32_t)a->configs.count;
 	m.validate_only = a->validate_only;
-	km_wr_init(&w);
-	km_create_mirror_request_encode(&w, v, &m);
-	if (!km_cmd_call(x, KM_API_CREATE_MIRROR, &w, v, &r))
-		return KM_CLI_EXIT_ERROR;
-	km_create_mirror_response_init(&resp);
-	if (!km_cmd_decoded(x, km_create_mirror_response_decode(&r, v, &resp, &x->arena), KM_API_CREATE_MIRROR, v, &r))
+	if (!km_cmd_rpc(x, KM_API_CREATE_MIRROR, v, &m, &resp))
 		return KM_CLI_EXIT_ERROR;
 	if (resp.error_code)
 		return km_cmd_top_error(x, resp.error_code, resp.error_message);
@@ -204,8 +216,6 @@ static int cmd_alter(ctx *x)
 	km_alter_mirror_request m;
 	km_alter_mirror_request_mirror_config *cfg;
 	km_alter_mirror_response resp;
-	km_wr w;
-	km_rd r;
 
 	if (v < 0)
 		return KM_CLI_EXIT_ERROR;
@@ -221,12 +231,7 @@ static int cmd_alter(ctx *x)
 	}
 	m.configs.items = cfg;
 	m.configs.count = (int32_t)a->configs.count;
-	km_wr_init(&w);
-	km_alter_mirror_request_encode(&w, v, &m);
-	if (!km_cmd_call(x, KM_API_ALTER_MIRROR, &w, v, &r))
-		return KM_CLI_EXIT_ERROR;
-	km_alter_mirror_response_init(&resp);
-	if (!km_cmd_decoded(x, km_alter_mirror_response_decode(&r, v, &resp, &x->arena), KM_API_ALTER_MIRROR, v, &r))
+	if (!km_cmd_rpc(x, KM_API_ALTER_MIRROR, v, &m, &resp))
 		return KM_CLI_EXIT_ERROR;
 	if (resp.error_code)
 		return km_cmd_top_error(x, resp.error_code, resp.error_message);
@@ -250,19 +255,12 @@ static int cmd_delete(ctx *x)
 	int16_t v = km_cmd_version_of(x, KM_API_DELETE_MIRROR);
 	km_delete_mirror_request m;
 	km_delete_mirror_response resp;
-	km_wr w;
-	km_rd r;
 
 	if (v < 0)
 		return KM_CLI_EXIT_ERROR;
 	km_delete_mirror_request_init(&m);
 	m.mirror_name = km_str_c(a->mirror);
-	km_wr_init(&w);
-	km_delete_mirror_request_encode(&w, v, &m);
-	if (!km_cmd_call(x, KM_API_DELETE_MIRROR, &w, v, &r))
-		return KM_CLI_EXIT_ERROR;
-	km_delete_mirror_response_init(&resp);
-	if (!km_cmd_decoded(x, km_delete_mirror_response_decode(&r, v, &resp, &x->arena), KM_API_DELETE_MIRROR, v, &r))
+	if (!km_cmd_rpc(x, KM_API_DELETE_MIRROR, v, &m, &resp))
 		return KM_CLI_EXIT_ERROR;
 	if (resp.error_code)
 		return km_cmd_top_error(x, resp.error_code, resp.error_message);
@@ -287,18 +285,11 @@ static int cmd_list(ctx *x)
 	int16_t v = km_cmd_version_of(x, KM_API_LIST_MIRRORS);
 	km_list_mirrors_request m;
 	km_list_mirrors_response resp;
-	km_wr w;
-	km_rd r;
 
 	if (v < 0)
 		return KM_CLI_EXIT_ERROR;
 	km_list_mirrors_request_init(&m);
-	km_wr_init(&w);
-	km_list_mirrors_request_encode(&w, v, &m);
-	if (!km_cmd_call(x, KM_API_LIST_MIRRORS, &w, v, &r))
-		return KM_CLI_EXIT_ERROR;
-	km_list_mirrors_response_init(&resp);
-	if (!km_cmd_decoded(x, km_list_mirrors_response_decode(&r, v, &resp, &x->arena), KM_API_LIST_MIRRORS, v, &r))
+	if (!km_cmd_rpc(x, KM_API_LIST_MIRRORS, v, &m, &resp))
 		return KM_CLI_EXIT_ERROR;
 	if (resp.error_code)
 		return km_cmd_top_error(x, resp.error_code, resp.error_message);

@@ -39,6 +39,11 @@ void km_cmd_json_error(km_cli_json *j, int16_t code, km_str msg);
 int km_cmd_top_error(ctx *x, int16_t code, km_str msg);
 /* Send w (freed) as api_key at version and read the response body into r; false: said why. */
 bool km_cmd_call(ctx *x, int16_t api_key, km_wr *w, int16_t version, km_rd *r);
+/*
+ * api_key at version: req (the request struct) encoded through the API table, sent, and the answer
+ * decoded into resp (the response struct, in the command's arena); false: said why.
+ */
+bool km_cmd_rpc(ctx *x, int16_t api_key, int16_t version, const void *req, void *resp);
 /* Whether a response decoded (rc); false: said where it failed. */
 bool km_cmd_decoded(ctx *x, km_err rc, int16_t api_key, int16_t version, const km_rd *r);
 /* The version of api_key kmirrord serves; -1: said it does not. */

@@ -21,6 +21,7 @@
 #include "kmirror/net.h"
 #include "kmirror/ring.h"
 #include "kmirror/version.h"
+#include "net_int.h"
 
 #define KM_API_SASL_HANDSHAKE 17
 #define KM_API_SASL_AUTHENTICATE 36
@@ -95,6 +96,7 @@ struct km_net_client {
 	uint64_t id;
 	km_sasl *sasl;
 	bool freed;
+	km_net_rpc *rpc_waiting; /* src/net/rpc.c: calls whose resend timer runs */
 	char reason[320]; /* why the connection last failed or closed (km_net_client_reason) */
 };
 
@@ -1072,6 +1074,7 @@ void km_net_client_free(km_net_client *c)
 		return;
 	c->freed = true;
 	client_close(c, KM_ERR_CLOSED);
+	km_net_rpc_client_gone(c);
 	if (c->timer) {
 		event_free(c->timer);
 		c->timer = NULL;
@@ -1088,3 +1091,7 @@ void km_net_client_free(km_net_client *c)
 	if (event_base_once(c->base, -1, EV_TIMEOUT, free_later, c, &zero) != 0)
 		free_later(-1, 0, c);
 }
+
+struct event_base *km_net_client_base(const km_net_client *c) { return c->base; }
+
+km_net_rpc **km_net_client_rpc_waiting(km_net_client *c) { return &c->rpc_waiting; }

@@ -20,6 +20,7 @@
 #include "kmirror/msg/find_coordinator_response.h"
 #include "kmirror/msg/metadata_request.h"
 #include "kmirror/msg/metadata_response.h"
+#include "kmirror/rpc.h"
 #include "mirror_int.h"
 
 #define COMP KM_MIRROR_COMP
@@ -103,18 +104,12 @@ static void send_req(km_lease *l, km_net_client *c, int16_t key, km_wr *w, int16
 static km_net_client *client(km_lease *l, int32_t node, int16_t key, int16_t lo, int16_t hi, int16_t *ver)
 {
 	km_net_client *c = node < 0 ? km_mcluster_any(l->dst) : km_mcluster_node(l->dst, node);
-	int16_t v;
 
 	if (!km_mcluster_usable(l->dst, c)) {
 		later(l, RETRY_MS);
 		return NULL;
 	}
-	v = km_net_client_version(c, key);
-	if (v < lo) {
-		*ver = -1;
-		return c;
-	}
-	*ver = v > hi ? hi : v;
+	*ver = km_net_version_pick(c, key, lo, hi);
 	return c;
 }
 

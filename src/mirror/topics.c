@@ -21,6 +21,7 @@
 #include "kmirror/msg/fetch_response.h"
 #include "kmirror/msg/metadata_request.h"
 #include "kmirror/msg/metadata_response.h"
+#include "kmirror/rpc.h"
 #include "mirror_int.h"
 
 #define COMP KM_MIRROR_COMP
@@ -271,14 +272,6 @@ static void on_cluster(void *arg)
 		later(p, 0);
 }
 
-static int16_t pick(km_net_client *c, int16_t key, int16_t lo, int16_t hi)
-{
-	int16_t v = km_net_client_version(c, key);
-	if (v < lo)
-		return -1;
-	return v > hi ? hi : v;
-}
-
 /* A ready client of cl, or NULL (why noted; the cluster's on_change or the retry timer calls again). */
 static km_net_client *ready_client(struct km_mprep *p, km_mcluster *cl)
 {
@@ -359,7 +352,7 @@ static void send_metadata(struct km_mprep *p, km_mcluster *cl, bool only_missing
 
 	if (!c)
 		return;
-	if ((ver = pick(c, KM_API_METADATA, META_LO, META_HI)) < 0) {
+	if ((ver = km_net_version_pick(c, KM_API_METADATA, META_LO, META_HI)) < 0) {
 		for (size_t i = 0; i < p->n; i++)
 			if (!only_missing || p->t[i].missing)
 				set_code(&p->t[i], KM_KAFKA_UNSUPPORTED_VERSION, "the %s cluster does not support Metadata v%d+",
@@ -683,7 +676,7 @@ static void send_lookup_fetch(struct km_mprep *p)
 		later(p, RETRY_MS);
 		return;
 	}
-	if ((ver = pick(c, KM_API_FETCH, FETCH_LO, FETCH_HI)) < 0) {
+	if ((ver = km_net_version_pick(c, KM_API_FETCH, FETCH_LO, FETCH_HI)) < 0) {
 		q->code = KM_KAFKA_UNSUPPORTED_VERSION;
 		p->lq_next++;
 		later(p, 0);
@@ -847,7 +840,7 @@ static void send_describe(struct km_mprep *p)
 
 	if (!c)
 		return;
-	if ((ver = pick(c, KM_API_DESCRIBE_CONFIGS, DC_LO, DC_HI)) < 0) {
+	if ((ver = km_net_version_pick(c, KM_API_DESCRIBE_CONFIGS, DC_LO, DC_HI)) < 0) {
 		for (size_t i = 0; i < p->n; i++)
 			if (p->t[i].missing)
 				set_code(&p->t[i], KM_KAFKA_UNSUPPORTED_VERSION,
@@ -890,7 +883,7 @@ static void send_create(struct km_mprep *p)
 
 	if (!c)
 		return;
-	if ((ver = pick(c, KM_API_CREATE_TOPICS, CT_LO, CT_HI)) < 0) {
+	if ((ver = km_net_version_pick(c, KM_API_CREATE_TOPICS, CT_LO, CT_HI)) < 0) {
 		for (size_t i = 0; i < p->n; i++)
 			if (p->t[i].missing)
 				set_code(&p->t[i], KM_KAFKA_UNSUPPORTED_VERSION,
@@ -960,7 +953,7 @@ static void send_grow(struct km_mprep *p)
 
 	if (!c)
 		return;
-	if ((ver = pick(c, KM_API_CREATE_PARTITIONS, CP_LO, CP_HI)) < 0) {
+	if ((ver = km_net_version_pick(c, KM_API_CREATE_PARTITIONS, CP_LO, CP_HI)) < 0) {
 		set_code(&p->t[0], KM_KAFKA_UNSUPPORTED_VERSION, "the destination does not support CreatePartitions");
 		p->ph = P_DONE;
 		return later(p, 0);

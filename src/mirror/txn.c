@@ -19,6 +19,7 @@
 #include "kmirror/msg/find_coordinator_response.h"
 #include "kmirror/msg/init_producer_id_request.h"
 #include "kmirror/msg/init_producer_id_response.h"
+#include "kmirror/rpc.h"
 #include "mirror_int.h"
 
 #define COMP KM_MIRROR_COMP
@@ -310,12 +311,6 @@ static void on_answer(km_net_client *c, km_err err, const uint8_t *body, size_t 
 	changed(t);
 }
 
-static int16_t version(km_net_client *c, int16_t key, int16_t lo, int16_t hi)
-{
-	int16_t v = km_net_client_version(c, key);
-	return v < lo ? -1 : v > hi ? hi : v;
-}
-
 static void send_op(km_txp *t, km_net_client *c, int op, int16_t key, int16_t ver, km_wr *w)
 {
 	txp_ctx *x = calloc(1, sizeof(*x));
@@ -349,7 +344,7 @@ int64_t km_txp_poll(km_txp *t, int64_t now)
 		c = km_mcluster_any(t->dst);
 		if (!km_mcluster_usable(t->dst, c))
 			return now + 100;
-		if ((ver = version(c, KM_API_FIND_COORDINATOR, 4, 6)) < 0) {
+		if ((ver = km_net_version_pick(c, KM_API_FIND_COORDINATOR, 4, 6)) < 0) {
 			snprintf(t->err, sizeof(t->err), "the destination cannot carry transactions: it has no FindCoordinator "
 				 "v4 (Kafka 3.0 and later have it)");
 			t->st = KM_TXP_FAILED;
@@ -374,7 +369,7 @@ int64_t km_txp_poll(km_txp *t, int64_t now)
 	switch (t->st) {
 	case KM_TXP_INIT: {
 		km_init_producer_id_request m;
-		if ((ver = version(c, KM_API_INIT_PRODUCER_ID, 0, 5)) < 0)
+		if ((ver = km_net_version_pick(c, KM_API_INIT_PRODUCER_ID, 0, 5)) < 0)
 			return now + 1000;
 		km_init_producer_id_request_init(&m);
 		m.transactional_id = tid;
@@ -389,7 +384,7 @@ int64_t km_txp_poll(km_txp *t, int64_t now)
 		km_add_partitions_to_txn_request m;
 		km_add_partitions_to_txn_request_add_partitions_to_txn_topic tp;
 		int32_t part = t->partition;
-		if ((ver = version(c, KM_API_ADD_PARTITIONS_TO_TXN, 0, 3)) < 0)
+		if ((ver = km_net_version_pick(c, KM_API_ADD_PARTITIONS_TO_TXN, 0, 3)) < 0)
 			return now + 1000;
 		km_add_partitions_to_txn_request_init(&m);
 		km_add_partitions_to_txn_request_add_partitions_to_txn_topic_init(&tp);
@@ -407,7 +402,7 @@ int64_t km_txp_poll(km_txp *t, int64_t now)
 	}
 	case KM_TXP_ENDING: {
 		km_end_txn_request m;
-		if ((ver = version(c, KM_API_END_TXN, 0, 4)) < 0)
+		if ((ver = km_net_version_pick(c, KM_API_END_TXN, 0, 4)) < 0)
 			return now + 1000;
 		km_end_txn_request_init(&m);
 		m.transactional_id = tid;

@@ -5,6 +5,7 @@
 
 #include "kmirror/msg/api_keys.h"
 #include "kmirror/msg/metadata_request.h"
+#include "kmirror/rpc.h"
 #include "state/persist_int.h"
 
 /*
@@ -91,13 +92,6 @@ bool km_ps_client_wait(km_state_persist *io, km_net_client *c, void (*resume)(km
 	return false;
 }
 
-int16_t km_state_version_pick(int16_t both, int16_t lo, int16_t hi)
-{
-	if (both < lo)
-		return -1;
-	return both > hi ? hi : both;
-}
-
 /* The version of key to speak on c (ready), or -1 (logged, with why in why) when the broker is too old. */
 int16_t km_ps_version_for(km_net_client *c, int16_t key, char *why, size_t len)
 {
@@ -106,7 +100,7 @@ int16_t km_ps_version_for(km_net_client *c, int16_t key, char *why, size_t len)
 	for (size_t i = 0; i < sizeof(versions) / sizeof(versions[0]); i++) {
 		if (versions[i].key != key)
 			continue;
-		v = km_state_version_pick(both, versions[i].lo, versions[i].hi);
+		v = km_net_version_pick(c, key, versions[i].lo, versions[i].hi);
 		if (v < 0) {
 			if (both < 0)
 				snprintf(why, len, "the destination broker does not support %s; the state store needs v%d to v%d",

@@ -238,12 +238,6 @@ void km_state_persist_write(km_state_persist *io, const km_state_rec *recs, size
 typedef void (*km_state_meta_cb)(km_state *st, km_err err, const char *message, const km_state_topic_meta *metas);
 void km_state_persist_topics(km_state_persist *io, char *const *names, size_t n, km_state_meta_cb cb);
 
-/*
- * The version to speak: both (the highest the broker and the codec support, -1 for none) capped
- * at hi, the last the store's code was written for; -1 when below lo (the broker is too old).
- */
-int16_t km_state_version_pick(int16_t both, int16_t lo, int16_t hi);
-
 /* store.c: the load finished; model is taken over (moved). */
 void km_state_loaded(km_state *st, km_state_model *model);
 

@@ -949,26 +949,13 @@ static void test_metrics(void **state)
 	km_metrics_free(reg);
 }
 
-/* Versions: the highest both sides support, capped at the code's; a broker below the code's range is refused. */
-static void test_version_pick(void **state)
-{
-	(void)state;
-	assert_int_equal(km_state_version_pick(13, 3, 12), 12);  /* a newer broker: the code's last */
-	assert_int_equal(km_state_version_pick(12, 3, 12), 12);
-	assert_int_equal(km_state_version_pick(9, 3, 12), 9);    /* an older one: its own last */
-	assert_int_equal(km_state_version_pick(3, 3, 12), 3);
-	assert_int_equal(km_state_version_pick(2, 3, 12), -1);   /* too old */
-	assert_int_equal(km_state_version_pick(-1, 0, 5), -1);   /* not supported at all */
-	assert_int_equal(km_state_version_pick(0, 0, 5), 0);
-}
-
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_transitions), cmocka_unit_test(test_settle_transitions), cmocka_unit_test(test_config),
 		cmocka_unit_test(test_mirror_option_table), cmocka_unit_test(test_secrets),
 		cmocka_unit_test(test_key_file), cmocka_unit_test(test_keys),
-		cmocka_unit_test(test_values_and_model), cmocka_unit_test(test_version_pick),
+		cmocka_unit_test(test_values_and_model),
 		cmocka_unit_test(test_metrics), cmocka_unit_test(test_reload_tells_changes), cmocka_unit_test(test_free_answers_all),
 		cmocka_unit_test(test_run_records), cmocka_unit_test(test_runs_validation),
 		cmocka_unit_test(test_offmap_handles),

@@ -6,6 +6,7 @@
 #include "kmirror/log.h"
 #include "kmirror/msg/list_transactions_request.h"
 #include "kmirror/msg/list_transactions_response.h"
+#include "kmirror/rpc.h"
 #include "mirror/pipeline/pipeline.h"
 
 /* ---- transactions: the partition's destination transactional producers ---- */
@@ -277,7 +278,7 @@ void km_pl_list_txns(km_pipeline *pl, int64_t now)
 			pl->txl = TXL_UNASKED;
 			return; /* asked again when all are connected; the answers of those asked are dropped */
 		}
-		if ((ver = km_pl_pick(c, KM_API_LIST_TRANSACTIONS, LT_LO, LT_HI)) < 0) {
+		if ((ver = km_net_version_pick(c, KM_API_LIST_TRANSACTIONS, LT_LO, LT_HI)) < 0) {
 			KM_INFO(COMP, 0, "%s: the destination has no ListTransactions (before Kafka 3.0): source "
 				"transactions cannot be carried", pl->name);
 			pl->txl = TXL_UNSUPPORTED;

@@ -8,6 +8,7 @@
 #include "kmirror/msg/fetch_response.h"
 #include "kmirror/msg/last_mirrored_offsets_request.h"
 #include "kmirror/msg/last_mirrored_offsets_response.h"
+#include "kmirror/rpc.h"
 #include "mirror/pipeline/pipeline.h"
 
 static void on_peer(km_net_client *c, km_err err, const uint8_t *body, size_t len, void *arg)
@@ -162,7 +163,7 @@ void km_pl_ask_peer(km_pipeline *pl, mtopic *t)
 
 	if (!km_mcluster_usable(pl->src, c))
 		return;
-	if ((ver = km_pl_pick(c, KM_API_LAST_MIRRORED_OFFSETS, 0, 0)) < 0) {
+	if ((ver = km_net_version_pick(c, KM_API_LAST_MIRRORED_OFFSETS, 0, 0)) < 0) {
 		t->peer = PEER_NONE; /* a plain Kafka cluster */
 		return;
 	}

@@ -6,6 +6,7 @@
 #include "kmirror/fetch.h"
 #include "kmirror/log.h"
 #include "kmirror/msg/fetch_request.h"
+#include "kmirror/rpc.h"
 #include "mirror/pipeline/pipeline.h"
 
 static void session_reset(km_pipeline *pl, int32_t node);
@@ -572,7 +573,7 @@ void km_pl_send_fetch(km_pipeline *pl, int32_t node, int64_t now)
 	}
 	if (!km_mcluster_usable(pl->src, c))
 		return;
-	if ((ver = km_pl_pick(c, KM_API_FETCH, FETCH_LO, FETCH_HI)) < 0) {
+	if ((ver = km_net_version_pick(c, KM_API_FETCH, FETCH_LO, FETCH_HI)) < 0) {
 		KM_ERROR(COMP, 0, "%s: source broker %d does not support Fetch v%d-%d", pl->name, (int)node, FETCH_LO,
 			 FETCH_HI);
 		return;

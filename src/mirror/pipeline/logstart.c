@@ -6,6 +6,7 @@
 #include "kmirror/log.h"
 #include "kmirror/msg/delete_records_request.h"
 #include "kmirror/msg/delete_records_response.h"
+#include "kmirror/rpc.h"
 #include "mirror/pipeline/pipeline.h"
 
 typedef struct ls_ctx {
@@ -97,7 +98,7 @@ void km_pl_follow_log_start(km_pipeline *pl, mpart *p)
 	if (!m || !m->n || (phys = km_offmap_to_physical(m, target)) < 0)
 		return;
 	c = km_mcluster_node(pl->dst, p->lead.dst);
-	if (!km_mcluster_usable(pl->dst, c) || (ver = km_pl_pick(c, KM_API_DELETE_RECORDS, 0, 2)) < 0)
+	if (!km_mcluster_usable(pl->dst, c) || (ver = km_net_version_pick(c, KM_API_DELETE_RECORDS, 0, 2)) < 0)
 		return;
 	km_delete_records_request_init(&rq);
 	km_delete_records_request_delete_records_topic_init(&dt);

@@ -7,15 +7,8 @@
 #include "kmirror/msg/init_producer_id_request.h"
 #include "kmirror/msg/init_producer_id_response.h"
 #include "kmirror/msg/metadata_request.h"
+#include "kmirror/rpc.h"
 #include "mirror/pipeline/pipeline.h"
-
-int16_t km_pl_pick(km_net_client *c, int16_t key, int16_t lo, int16_t hi)
-{
-	int16_t v = km_net_client_version(c, key);
-	if (v < lo)
-		return -1;
-	return v > hi ? hi : v;
-}
 
 /* ---- metadata (both sides) ---- */
 
@@ -149,7 +142,7 @@ void km_pl_send_metadata(km_pipeline *pl, km_mcluster *cl)
 
 	if (!km_mcluster_usable(cl, c))
 		return; /* the cluster's on_change ticks again once it is ready */
-	if ((ver = km_pl_pick(c, KM_API_METADATA, META_LO, META_HI)) < 0) {
+	if ((ver = km_net_version_pick(c, KM_API_METADATA, META_LO, META_HI)) < 0) {
 		KM_ERROR(COMP, 0, "%s: the %s cluster does not support Metadata v%d+", pl->name, km_mcluster_side(cl),
 			 META_LO);
 		return;
@@ -240,7 +233,7 @@ void km_pl_send_pid(km_pipeline *pl)
 
 	if (!km_mcluster_usable(pl->dst, c))
 		return;
-	if ((ver = km_pl_pick(c, KM_API_INIT_PRODUCER_ID, PID_LO, PID_HI)) < 0)
+	if ((ver = km_net_version_pick(c, KM_API_INIT_PRODUCER_ID, PID_LO, PID_HI)) < 0)
 		return;
 	km_init_producer_id_request_init(&m);
 	m.transactional_id = KM_STR_NULL;

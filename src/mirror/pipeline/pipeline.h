@@ -277,8 +277,6 @@ mstep km_pl_step(const mpart *p, const mstep_view *v, int64_t now);
 
 /* ---- meta.c: requests, metadata, the producer id ---- */
 
-/* The highest version of key in [lo, hi] that c negotiated; -1: none. */
-int16_t km_pl_pick(km_net_client *c, int16_t key, int16_t lo, int16_t hi);
 /* A request's context (freed by its answer's callback). */
 req_ctx *km_pl_ctx_new(km_pipeline *pl, km_mcluster *cl, int32_t node, int16_t ver);
 /* km_mcluster_send with the request's context: freed here when the send fails. */

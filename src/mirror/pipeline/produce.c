@@ -5,6 +5,7 @@
 #include "kmirror/api.h"
 #include "kmirror/log.h"
 #include "kmirror/msg/produce_response.h"
+#include "kmirror/rpc.h"
 #include "mirror/pipeline/pipeline.h"
 
 typedef struct produce_ctx {
@@ -360,7 +361,7 @@ bool km_pl_send_produce(km_pipeline *pl, int32_t node)
 	}
 	if (!km_mcluster_usable(pl->dst, c))
 		return false;
-	if ((r.ver = km_pl_pick(c, KM_API_PRODUCE, PRODUCE_LO, PRODUCE_HI)) < 0)
+	if ((r.ver = km_net_version_pick(c, KM_API_PRODUCE, PRODUCE_LO, PRODUCE_HI)) < 0)
 		return false;
 	r.flex = r.ver >= 9;
 	for (size_t i = 0; i < pl->ntopics; i++)

@@ -8,6 +8,7 @@
 #include "kmirror/msg/fetch_response.h"
 #include "kmirror/msg/list_offsets_request.h"
 #include "kmirror/msg/list_offsets_response.h"
+#include "kmirror/rpc.h"
 #include "mirror/pipeline/pipeline.h"
 
 static void after_lso(km_pipeline *pl, mpart *p, int64_t end, int64_t lso);
@@ -128,7 +129,7 @@ bool km_pl_send_lo(km_pipeline *pl, mpart *p, bool dest, int64_t ts, lo_kind kin
 	}
 	if (!km_mcluster_usable(cl, c))
 		return false;
-	if ((ver = km_pl_pick(c, KM_API_LIST_OFFSETS, LO_LO, LO_HI)) < 0)
+	if ((ver = km_net_version_pick(c, KM_API_LIST_OFFSETS, LO_LO, LO_HI)) < 0)
 		return false;
 	km_list_offsets_request_init(&m);
 	km_list_offsets_request_list_offsets_topic_init(&t);
@@ -451,7 +452,7 @@ bool km_pl_one_fetch(km_pipeline *pl, mpart *p, bool dest, int64_t offset, int8_
 	km_wr w;
 	int16_t ver;
 
-	if (!km_mcluster_usable(cl, c) || (ver = km_pl_pick(c, KM_API_FETCH, FETCH_LO, FETCH_HI)) < 0)
+	if (!km_mcluster_usable(cl, c) || (ver = km_net_version_pick(c, KM_API_FETCH, FETCH_LO, FETCH_HI)) < 0)
 		return false;
 	km_fetch_request_init(&m);
 	km_fetch_request_fetch_topic_init(&ft);

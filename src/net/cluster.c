@@ -1,21 +1,24 @@
-/* A cluster as a pipeline sees it: bootstrap addresses, then one client per broker the metadata names. */
+/* A cluster as a client sees it: bootstrap addresses, then one client per broker the metadata names. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include <event2/event.h>
+
+#include "kmirror/cluster.h"
 #include "kmirror/log.h"
-#include "mirror_int.h"
 
 #define MAX_NODES 10000
 
-typedef struct mnode {
+typedef struct cnode {
 	int32_t id;
 	char host[256];
 	uint16_t port;
 	km_net_client *c;
 	bool failed;
-} mnode;
+} cnode;
 
-struct km_mcluster {
+struct km_cluster {
 	struct event_base *base;
 	char side[16];
 	km_net_client_opts o;
@@ -24,7 +27,7 @@ struct km_mcluster {
 	size_t nboot, boot_i;
 	km_net_client *bootc;
 	bool boot_failed;
-	mnode *nodes;
+	cnode *nodes;
 	size_t nnodes;
 	/* Clients dropped from inside their own callbacks, freed on the next loop iteration. */
 	km_net_client **dead;
@@ -37,7 +40,7 @@ struct km_mcluster {
 
 static void on_ev(evutil_socket_t fd, short what, void *arg)
 {
-	km_mcluster *cl = arg;
+	km_cluster *cl = arg;
 	(void)fd;
 	(void)what;
 	for (size_t i = 0; i < cl->ndead; i++)
@@ -47,17 +50,17 @@ static void on_ev(evutil_socket_t fd, short what, void *arg)
 		cl->on_change(cl->arg);
 }
 
-static void kick(km_mcluster *cl)
+static void kick(km_cluster *cl)
 {
 	event_active(cl->ev, 0, 0);
 }
 
 static void on_state(km_net_client *c, km_err err, void *arg)
 {
-	km_mcluster *cl = arg;
+	km_cluster *cl = arg;
 
 	if (err != KM_OK) {
-		KM_DEBUG(KM_MIRROR_COMP, 0, "%s connection failed: %s", cl->side, km_net_client_reason(c));
+		KM_DEBUG("net", 0, "%s connection failed: %s", cl->side, km_net_client_reason(c));
 		snprintf(cl->last_error, sizeof(cl->last_error), "%s", *km_net_client_reason(c) ? km_net_client_reason(c) :
 									km_err_name(err));
 		if (c == cl->bootc)
@@ -74,10 +77,10 @@ static char *dup_or_null(const char *s)
 	return s ? strdup(s) : NULL;
 }
 
-km_mcluster *km_mcluster_new(struct event_base *base, const char *side, const km_net_client_opts *tmpl,
+km_cluster *km_cluster_new(struct event_base *base, const char *side, const km_net_client_opts *tmpl,
 			     const km_hostport *boot, size_t nboot, void (*on_change)(void *arg), void *arg)
 {
-	km_mcluster *cl = calloc(1, sizeof(*cl));
+	km_cluster *cl = calloc(1, sizeof(*cl));
 
 	if (!cl || !nboot)
 		goto fail;
@@ -104,11 +107,11 @@ km_mcluster *km_mcluster_new(struct event_base *base, const char *side, const km
 	cl->arg = arg;
 	return cl;
 fail:
-	km_mcluster_free(cl);
+	km_cluster_free(cl);
 	return NULL;
 }
 
-void km_mcluster_free(km_mcluster *cl)
+void km_cluster_free(km_cluster *cl)
 {
 	if (!cl)
 		return;
@@ -133,17 +136,17 @@ void km_mcluster_free(km_mcluster *cl)
 	free(cl);
 }
 
-const char *km_mcluster_last_error(const km_mcluster *cl)
+const char *km_cluster_last_error(const km_cluster *cl)
 {
 	return cl->last_error;
 }
 
-const char *km_mcluster_side(const km_mcluster *cl)
+const char *km_cluster_side(const km_cluster *cl)
 {
 	return cl->side;
 }
 
-static km_net_client *connect_to(km_mcluster *cl, const char *host, uint16_t port)
+static km_net_client *connect_to(km_cluster *cl, const char *host, uint16_t port)
 {
 	km_net_client *c = km_net_client_new(cl->base, &cl->o);
 
@@ -155,7 +158,7 @@ static km_net_client *connect_to(km_mcluster *cl, const char *host, uint16_t por
 }
 
 /* Park a client for freeing on the next loop iteration (it may be calling us). */
-static void bury(km_mcluster *cl, km_net_client *c)
+static void bury(km_cluster *cl, km_net_client *c)
 {
 	if (cl->ndead == cl->capdead) {
 		size_t cap = cl->capdead ? cl->capdead * 2 : 8;
@@ -172,14 +175,14 @@ static void bury(km_mcluster *cl, km_net_client *c)
 	kick(cl);
 }
 
-km_net_client *km_mcluster_any(km_mcluster *cl)
+km_net_client *km_cluster_any(km_cluster *cl)
 {
 	/* A broker the metadata named, connected and healthy, is the cheapest. */
 	for (size_t i = 0; i < cl->nnodes; i++)
 		if (cl->nodes[i].c && !cl->nodes[i].failed && km_net_client_ready(cl->nodes[i].c))
 			return cl->nodes[i].c;
 	if (cl->bootc && cl->boot_failed)
-		km_mcluster_drop(cl, cl->bootc);
+		km_cluster_drop(cl, cl->bootc);
 	if (!cl->bootc) {
 		const km_hostport *hp = &cl->boot[cl->boot_i++ % cl->nboot];
 		cl->bootc = connect_to(cl, hp->host, hp->port);
@@ -188,7 +191,7 @@ km_net_client *km_mcluster_any(km_mcluster *cl)
 	return cl->bootc;
 }
 
-static mnode *node_of(km_mcluster *cl, int32_t id)
+static cnode *node_of(km_cluster *cl, int32_t id)
 {
 	for (size_t i = 0; i < cl->nnodes; i++)
 		if (cl->nodes[i].id == id)
@@ -196,14 +199,14 @@ static mnode *node_of(km_mcluster *cl, int32_t id)
 	return NULL;
 }
 
-km_net_client *km_mcluster_node(km_mcluster *cl, int32_t id)
+km_net_client *km_cluster_node(km_cluster *cl, int32_t id)
 {
-	mnode *n = node_of(cl, id);
+	cnode *n = node_of(cl, id);
 
 	if (!n)
 		return NULL;
 	if (n->c && n->failed)
-		km_mcluster_drop(cl, n->c);
+		km_cluster_drop(cl, n->c);
 	if (!n->c) {
 		n->c = connect_to(cl, n->host, n->port);
 		n->failed = false;
@@ -211,7 +214,7 @@ km_net_client *km_mcluster_node(km_mcluster *cl, int32_t id)
 	return n->c;
 }
 
-bool km_mcluster_failed(km_mcluster *cl, const km_net_client *c)
+bool km_cluster_failed(km_cluster *cl, const km_net_client *c)
 {
 	if (!c)
 		return true;
@@ -223,37 +226,18 @@ bool km_mcluster_failed(km_mcluster *cl, const km_net_client *c)
 	return true;
 }
 
-km_err km_mcluster_send(km_net_client *c, int16_t key, int16_t ver, km_wr *w, km_net_response_cb cb, void *arg)
-{
-	km_net_request rq;
-	km_net_piece pc = {.p = w->buf, .len = w->len};
-	km_err rc = w->err;
-
-	if (km_wr_ok(w)) {
-		km_net_request_init(&rq, key, ver);
-		rq.pieces = &pc;
-		rq.npieces = 1;
-		rq.delivery = KM_NET_FLAT;
-		rq.on_flat = cb;
-		rq.arg = arg;
-		rc = km_net_client_request(c, &rq);
-	}
-	km_wr_free(w); /* the client copied the body */
-	return rc;
-}
-
-bool km_mcluster_usable(km_mcluster *cl, km_net_client *c)
+bool km_cluster_usable(km_cluster *cl, km_net_client *c)
 {
 	if (!c)
 		return false;
 	if (km_net_client_ready(c))
 		return true;
-	if (km_mcluster_failed(cl, c))
-		km_mcluster_drop(cl, c);
+	if (km_cluster_failed(cl, c))
+		km_cluster_drop(cl, c);
 	return false;
 }
 
-void km_mcluster_drop(km_mcluster *cl, km_net_client *c)
+void km_cluster_drop(km_cluster *cl, km_net_client *c)
 {
 	if (!c)
 		return;
@@ -272,10 +256,10 @@ void km_mcluster_drop(km_mcluster *cl, km_net_client *c)
 		}
 }
 
-km_err km_mcluster_brokers(km_mcluster *cl, const km_metadata_response *r)
+km_err km_cluster_brokers(km_cluster *cl, const km_metadata_response *r)
 {
 	size_t n = r->brokers.count > 0 ? (size_t)r->brokers.count : 0;
-	mnode *nn;
+	cnode *nn;
 
 	if (n > MAX_NODES)
 		return KM_ERR_DECODE;
@@ -286,7 +270,7 @@ km_err km_mcluster_brokers(km_mcluster *cl, const km_metadata_response *r)
 		return KM_ERR_NOMEM;
 	for (size_t i = 0; i < n; i++) {
 		const km_metadata_response_broker *b = &r->brokers.items[i];
-		mnode *old = node_of(cl, b->node_id);
+		cnode *old = node_of(cl, b->node_id);
 		nn[i].id = b->node_id;
 		snprintf(nn[i].host, sizeof(nn[i].host), "%.*s", b->host.len > 0 ? (int)b->host.len : 0, b->host.p);
 		nn[i].port = (uint16_t)b->port;
@@ -305,9 +289,49 @@ km_err km_mcluster_brokers(km_mcluster *cl, const km_metadata_response *r)
 	return KM_OK;
 }
 
-size_t km_mcluster_node_ids(const km_mcluster *cl, int32_t *out, size_t cap)
+size_t km_cluster_node_ids(const km_cluster *cl, int32_t *out, size_t cap)
 {
 	for (size_t i = 0; i < cl->nnodes && i < cap; i++)
 		out[i] = cl->nodes[i].id;
 	return cl->nnodes;
+}
+
+km_err km_cluster_learn(km_cluster *cl, int32_t id, const char *host, size_t hostlen, int32_t port, bool *moved)
+{
+	cnode *n = node_of(cl, id), *nn;
+
+	*moved = false;
+	if (id < 0 || !hostlen || hostlen >= sizeof(n->host) || port <= 0 || port > 65535)
+		return KM_ERR_INVAL;
+	if (n) {
+		if (hostlen == strlen(n->host) && !memcmp(n->host, host, hostlen) && n->port == port)
+			return KM_OK;
+		if (n->c)
+			km_cluster_drop(cl, n->c);
+		*moved = true;
+	} else {
+		if (cl->nnodes >= MAX_NODES)
+			return KM_ERR_FULL;
+		if (!(nn = realloc(cl->nodes, (cl->nnodes + 1) * sizeof(*nn))))
+			return KM_ERR_NOMEM;
+		cl->nodes = nn;
+		n = &cl->nodes[cl->nnodes++];
+		memset(n, 0, sizeof(*n));
+		n->id = id;
+	}
+	memcpy(n->host, host, hostlen);
+	n->host[hostlen] = '\0';
+	n->port = (uint16_t)port;
+	return KM_OK;
+}
+
+bool km_cluster_addr(const km_cluster *cl, int32_t id, const char **host, uint16_t *port)
+{
+	for (size_t i = 0; i < cl->nnodes; i++)
+		if (cl->nodes[i].id == id) {
+			*host = cl->nodes[i].host;
+			*port = cl->nodes[i].port;
+			return true;
+		}
+	return false;
 }

@@ -12,6 +12,7 @@
 #include <event2/listener.h>
 
 #include "kmirror/log.h"
+#include "kmirror/msg/api_keys.h"
 #include "proxy/mirror_rpc.h"
 #include "proxy/proxy_int.h"
 
@@ -128,38 +129,34 @@ static km_broker *broker_find(const km_proxy *px, int32_t node_id)
 
 static bool broker_addr(void *arg, int32_t node_id, const char **host, uint16_t *port)
 {
-	km_broker *b = broker_find(arg, node_id);
-	if (!b || !b->port)
-		return false;
-	*host = b->host;
-	*port = b->port;
-	return true;
+	km_proxy *px = arg;
+	return px->upstream && km_cluster_addr(px->upstream, node_id, host, port);
 }
 
 /* A broker seen in any upstream answer: remember where it lives, and give it a port the first time. */
 static void learn_broker(void *arg, int32_t node_id, km_str host, int32_t port, km_str rack)
 {
 	km_proxy *px = arg;
-	km_broker *b;
+	km_broker *b = broker_find(px, node_id);
+	const char *h;
+	uint16_t hp;
 	char err[256];
+	bool moved;
 
-	if (node_id < 0 || host.len <= 0 || host.len >= (int32_t)sizeof(b->host) || port <= 0 || port > 65535)
+	(void)rack;
+	if (!px->upstream || host.len <= 0)
 		return;
-	b = broker_find(px, node_id);
-	if (b) {
-		if ((size_t)host.len != strlen(b->host) || memcmp(b->host, host.p, (size_t)host.len) || b->port != port) {
-			memcpy(b->host, host.p, (size_t)host.len);
-			b->host[host.len] = '\0';
-			b->port = (uint16_t)port;
-			KM_INFO("proxy", 0, "broker %d moved to %s:%u", node_id, b->host, b->port);
-		}
-		return;
-	}
-	if (node_id >= px->cfg.broker_port_count) {
+	if (!b && node_id >= px->cfg.broker_port_count) {
 		KM_WARN("proxy", 0, "broker %d is beyond broker_port_count %lld: clients cannot reach it", node_id,
 			(long long)px->cfg.broker_port_count);
 		return;
 	}
+	if (km_cluster_learn(px->upstream, node_id, host.p, (size_t)host.len, port, &moved) != KM_OK)
+		return;
+	if (moved && km_cluster_addr(px->upstream, node_id, &h, &hp))
+		KM_INFO("proxy", 0, "broker %d moved to %s:%u", node_id, h, hp);
+	if (b)
+		return;
 	if (px->nbrokers == px->capbrokers) {
 		size_t ncap = px->capbrokers ? px->capbrokers * 2 : 8;
 		km_broker **n = realloc(px->brokers, ncap * sizeof(*n));
@@ -173,8 +170,6 @@ static void learn_broker(void *arg, int32_t node_id, km_str host, int32_t port, 
 		return;
 	b->px = px;
 	b->node_id = node_id;
-	memcpy(b->host, host.p, (size_t)host.len);
-	b->port = (uint16_t)port;
 	if (!px->draining) {
 		b->listener = listen_on(px, px->cfg.listen.host, (uint16_t)(px->cfg.broker_port_base + node_id), b, err,
 					sizeof(err));
@@ -183,7 +178,7 @@ static void learn_broker(void *arg, int32_t node_id, km_str host, int32_t port, 
 	}
 	px->brokers[px->nbrokers++] = b;
 	px->metrics.brokers_known = px->nbrokers;
-	KM_INFO("proxy", 0, "broker %d at %s:%u is served on port %lld", node_id, b->host, b->port,
+	KM_INFO("proxy", 0, "broker %d at %.*s:%d is served on port %lld", node_id, (int)host.len, host.p, port,
 		(long long)(px->cfg.broker_port_base + node_id));
 }
 
@@ -204,7 +199,21 @@ static void proxy_rewrite_ctx(void *arg, km_rewrite_ctx *ctx)
 	km_proxy_fill_rewrite_ctx(arg, ctx, learn_broker, arg);
 }
 
-/* ---- metadata refresh: Metadata v9 with no topics, answered by any bootstrap address ---- */
+/* ---- the upstream and its metadata refresh: Metadata v9 with no topics, answered by any bootstrap address ---- */
+
+/* The refresh failed: forget its one-shot client; retry soon, then less often while it keeps failing. */
+static void meta_failed(km_proxy *px, const char *why)
+{
+	km_net_client *c = px->meta;
+
+	KM_WARN("proxy", 0, "metadata refresh failed: %s", why);
+	px->meta = NULL;
+	km_cluster_drop(px->upstream, c);
+	px->meta_backoff_ms = px->meta_backoff_ms ? px->meta_backoff_ms * 2 : 1000;
+	if (px->meta_backoff_ms > (uint64_t)px->cfg.metadata_refresh_ms)
+		px->meta_backoff_ms = (uint64_t)px->cfg.metadata_refresh_ms;
+	px->meta_next_ms = km_proxy_now_ms(px) + px->meta_backoff_ms;
+}
 
 static void meta_response(km_net_client *c, km_err err, const uint8_t *body, size_t len, void *arg)
 {
@@ -212,8 +221,10 @@ static void meta_response(km_net_client *c, km_err err, const uint8_t *body, siz
 	km_rewrite_ctx ctx;
 	km_wr w;
 
+	if (c != px->meta) /* asked of a previous upstream, or at shutdown */
+		return;
 	if (err != KM_OK) {
-		KM_WARN("proxy", 0, "metadata refresh failed: %s", km_err_name(err));
+		meta_failed(px, km_err_name(err));
 		return;
 	}
 	proxy_rewrite_ctx(px, &ctx);
@@ -225,33 +236,25 @@ static void meta_response(km_net_client *c, km_err err, const uint8_t *body, siz
 	}
 	km_wr_free(&w);
 	/* One-shot connection: the next refresh may pick another address. */
-	km_net_client_free(px->meta);
 	px->meta = NULL;
+	km_cluster_drop(px->upstream, c);
 }
 
-static void meta_state(km_net_client *c, km_err err, void *arg)
+/* The upstream's clients changed: the refresh's connection may have failed. */
+static void upstream_changed(void *arg)
 {
 	km_proxy *px = arg;
-	if (err != KM_OK && px->meta == c) {
-		KM_WARN("proxy", 0, "metadata connection failed: %s", km_err_name(err));
-		km_net_client_free(px->meta);
-		px->meta = NULL;
-		/* Retry with the next bootstrap address: soon, then less often while it keeps failing. */
-		px->meta_backoff_ms = px->meta_backoff_ms ? px->meta_backoff_ms * 2 : 1000;
-		if (px->meta_backoff_ms > (uint64_t)px->cfg.metadata_refresh_ms)
-			px->meta_backoff_ms = (uint64_t)px->cfg.metadata_refresh_ms;
-		px->meta_next_ms = km_proxy_now_ms(px) + px->meta_backoff_ms;
-	}
+
+	if (px->meta && km_cluster_failed(px->upstream, px->meta))
+		meta_failed(px, km_cluster_last_error(px->upstream));
 }
 
-static void meta_refresh(km_proxy *px)
+km_err km_proxy_upstream_new(km_proxy *px, const km_cluster *carry)
 {
-	static const uint8_t body[] = {0x01, 0x00, 0x00, 0x00, 0x00}; /* no topics, no auto-create, tags */
 	km_net_client_opts o;
-	const km_hostport *hp;
+	int32_t ids[256];
+	size_t n = carry ? km_cluster_node_ids(carry, ids, sizeof(ids) / sizeof(ids[0])) : 0;
 
-	if (px->meta || px->cfg.upstream_count == 0)
-		return;
 	memset(&o, 0, sizeof(o));
 	o.client_id = "kmirrord";
 	o.tls = px->host.upstream_tls;
@@ -264,28 +267,42 @@ static void meta_refresh(km_proxy *px)
 	o.max_frame_bytes = px->cfg.max_frame_bytes;
 	o.skip_api_versions = true; /* Metadata v9 is fixed: every broker since Kafka 2.4 takes it */
 	o.dns = px->dns;
-	o.on_state = meta_state;
-	o.arg = px;
-	hp = &px->cfg.upstream[px->meta_next_upstream++ % px->cfg.upstream_count];
-	px->meta = km_net_client_new(px->base, &o);
-	if (!px->meta)
-		return;
-	if (km_net_client_connect(px->meta, hp->host, hp->port) != KM_OK ||
-	    km_net_client_send(px->meta, KM_API_METADATA, 9, 2, 1, body, sizeof(body), meta_response, px) != KM_OK) {
-		if (px->meta) {
-			km_net_client_free(px->meta);
-			px->meta = NULL;
-		}
-		px->meta_next_ms = km_proxy_now_ms(px) + 1000;
+	px->upstream = px->cfg.upstream_count ? km_cluster_new(px->base, "upstream", &o, px->cfg.upstream,
+								 (size_t)px->cfg.upstream_count, upstream_changed, px)
+					     : NULL;
+	if (!px->upstream)
+		return px->cfg.upstream_count ? KM_ERR_NOMEM : KM_OK;
+	for (size_t i = 0; i < n && i < sizeof(ids) / sizeof(ids[0]); i++) {
+		const char *h;
+		uint16_t port;
+		bool moved;
+		if (km_cluster_addr(carry, ids[i], &h, &port) &&
+		    km_cluster_learn(px->upstream, ids[i], h, strlen(h), port, &moved) != KM_OK)
+			return KM_ERR_NOMEM;
 	}
+	return KM_OK;
+}
+
+static void meta_refresh(km_proxy *px)
+{
+	static const uint8_t body[] = {0x01, 0x00, 0x00, 0x00, 0x00}; /* no topics, no auto-create, tags */
+	km_net_client *c;
+
+	if (px->meta || !px->upstream)
+		return;
+	c = km_cluster_any(px->upstream);
+	if (!c || km_net_client_send(c, KM_API_METADATA, 9, 2, 1, body, sizeof(body), meta_response, px) != KM_OK) {
+		km_cluster_drop(px->upstream, c);
+		px->meta_next_ms = km_proxy_now_ms(px) + 1000;
+		return;
+	}
+	px->meta = c;
 }
 
 void km_proxy_refresh_now(km_proxy *px)
 {
-	if (px->meta) { /* asked of the previous upstream: its callbacks see px->meta no longer theirs */
-		km_net_client *c = px->meta;
+	if (px->meta) { /* asked of the previous upstream, whose cluster went with it: its answer is ignored */
 		px->meta = NULL;
-		km_net_client_free(c);
 	}
 	px->meta_backoff_ms = 0;
 	px->meta_next_ms = km_proxy_now_ms(px) + (uint64_t)px->cfg.metadata_refresh_ms;
@@ -510,6 +527,10 @@ km_proxy *km_proxy_new(struct event_base *base, const km_config *cfg, km_metrics
 	px->host.dns = px->dns;
 	if (!px->dns)
 		KM_WARN("proxy", 0, "no DNS resolver configuration: upstream names resolve synchronously");
+	if (km_proxy_upstream_new(px, NULL) != KM_OK) {
+		snprintf(err, errlen, "out of memory");
+		goto fail;
+	}
 	px->bootstrap_b.px = px;
 	px->bootstrap_b.node_id = -1;
 	px->bootstrap = listen_on(px, cfg->listen.host, cfg->listen.port, &px->bootstrap_b, err, errlen);
@@ -552,6 +573,7 @@ km_err km_proxy_reload(km_proxy *px, const km_config *next, char *err, size_t er
 {
 	km_config copy;
 	SSL_CTX *server, *upstream;
+	km_cluster *prev;
 
 	if (px->swap) {
 		snprintf(err, errlen, "an upstream swap is in progress: reload again after it");
@@ -567,12 +589,19 @@ km_err km_proxy_reload(km_proxy *px, const km_config *next, char *err, size_t er
 		snprintf(err, errlen, "out of memory");
 		return KM_ERR_NOMEM;
 	}
+	prev = px->upstream;
 	SSL_CTX_free(px->host.server_tls);
 	SSL_CTX_free(px->host.upstream_tls);
 	px->host.server_tls = server;
 	px->host.upstream_tls = upstream;
 	km_config_free(&px->cfg);
 	px->cfg = copy;
+	/* The upstream's clients take the new settings; the brokers' addresses stay. */
+	px->upstream = NULL;
+	px->meta = NULL; /* in flight on the old clients: its answer is ignored */
+	if (km_proxy_upstream_new(px, prev) != KM_OK)
+		KM_ERROR("proxy", 0, "reload: out of memory for the upstream's clients; metadata refresh stops until the next reload");
+	km_cluster_free(prev);
 	km_log_set_level((km_log_level)px->cfg.log_level);
 	/* Sessions read the config through their host (&px->cfg) on every use, so new limits apply at once. */
 	return KM_OK;
@@ -650,8 +679,8 @@ void km_proxy_free(km_proxy *px)
 	km_session_set_free(px->sessions);
 	km_proxy_swap_free(px);
 	km_proxy_apis_free(px->apis);
-	if (px->meta)
-		km_net_client_free(px->meta);
+	px->meta = NULL; /* its answer, called back as its client is freed, is no longer ours */
+	km_cluster_free(px->upstream);
 	broker_close_listener(&px->bootstrap_b);
 	px->bootstrap = NULL;
 	for (size_t i = 0; i < px->nbrokers; i++) {

@@ -8,6 +8,7 @@
 #include <event2/http.h>
 #include <event2/listener.h>
 
+#include "kmirror/cluster.h"
 #include "kmirror/daemon_config.h"
 #include "kmirror/metrics.h"
 #include "kmirror/net.h"
@@ -18,12 +19,10 @@
 #include "proxy/rewrite.h"
 #include "proxy/session.h"
 
-/* An upstream broker learned from metadata, and the client-facing listener for it. */
+/* The client-facing listener of an upstream broker (where it lives is in km_proxy.upstream). */
 typedef struct km_broker {
 	struct km_proxy *px;
 	int32_t node_id;
-	char host[256];
-	uint16_t port;
 	struct evconnlistener *listener;
 	struct event *resume_ev; /* re-enables the listener after an accept failure (EMFILE) */
 } km_broker;
@@ -42,9 +41,10 @@ struct km_proxy {
 	km_proxy_features features; /* what the features read (host.features points here) */
 	km_session_set *sessions;
 	struct event *tick_ev;
+	/* the upstream: bootstrap rotation and the brokers' addresses, learned from every answer */
+	km_cluster *upstream;
 	/* metadata refresh */
-	km_net_client *meta;
-	int meta_next_upstream;
+	km_net_client *meta;      /* the refresh in flight (a bootstrap client of upstream), one-shot */
 	uint64_t meta_last_ok_ms;
 	uint64_t meta_next_ms;
 	uint64_t meta_backoff_ms; /* after failures: 1 s, doubling up to metadata_refresh_ms */
@@ -71,6 +71,11 @@ uint64_t km_proxy_now_ms(const km_proxy *px);
 void km_proxy_fill_rewrite_ctx(km_proxy *px, km_rewrite_ctx *ctx,
 			       void (*learn)(void *arg, int32_t node_id, km_str host, int32_t port, km_str rack), void *arg);
 void km_proxy_refresh_now(km_proxy *px);
+/*
+ * proxy.c for swap.c: a new px->upstream from px->cfg (after the old one was given away or freed);
+ * carry: an old cluster whose broker addresses the new one starts with (a reload), or NULL.
+ */
+km_err km_proxy_upstream_new(km_proxy *px, const km_cluster *carry);
 /* swap.c for proxy.c: free what swaps hold (at km_proxy_free). */
 void km_proxy_swap_free(km_proxy *px);
 

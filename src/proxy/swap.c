@@ -24,21 +24,13 @@ typedef struct km_swap {
 	void *arg;
 } km_swap;
 
-/* Where a previous upstream's brokers were, as its sessions still reach them. */
-typedef struct prev_broker {
-	int32_t node_id;
-	char host[256];
-	uint16_t port;
-} prev_broker;
-
 /* A previous upstream: the host its sessions keep until they are drained, and its modules. */
 typedef struct km_prev_upstream {
 	km_proxy *px;
 	km_session_host host;
 	km_proxy_features features; /* the proxy's at the swap, without the Fetch hold */
 	km_config cfg;
-	prev_broker *brokers;
-	size_t nbrokers;
+	km_cluster *upstream; /* where its brokers were, as its sessions still reach them; nothing learned any more */
 	void *handle;
 	struct event *drain_ev;
 	size_t per_round;
@@ -80,13 +72,7 @@ static void swap_end(km_swap *sw, km_err err, const char *msg)
 static bool prev_broker_addr(void *arg, int32_t node_id, const char **host, uint16_t *port)
 {
 	km_prev_upstream *pu = arg;
-	for (size_t i = 0; i < pu->nbrokers; i++)
-		if (pu->brokers[i].node_id == node_id) {
-			*host = pu->brokers[i].host;
-			*port = pu->brokers[i].port;
-			return true;
-		}
-	return false;
+	return pu->upstream && km_cluster_addr(pu->upstream, node_id, host, port);
 }
 
 static void prev_rewrite_ctx(void *arg, km_rewrite_ctx *ctx)
@@ -110,7 +96,7 @@ static void prev_free(km_prev_upstream *pu)
 	SSL_CTX_free(pu->host.server_tls);
 	SSL_CTX_free(pu->host.upstream_tls);
 	km_config_free(&pu->cfg);
-	free(pu->brokers);
+	km_cluster_free(pu->upstream);
 	free(pu);
 }
 
@@ -139,7 +125,6 @@ static void prev_drain_round(evutil_socket_t fd, short what, void *arg)
 static km_prev_upstream *prev_new(km_proxy *px)
 {
 	km_prev_upstream *pu = calloc(1, sizeof(*pu));
-	size_t n = 0;
 
 	if (!pu)
 		return NULL;
@@ -147,25 +132,12 @@ static km_prev_upstream *prev_new(km_proxy *px)
 		free(pu);
 		return NULL;
 	}
-	pu->brokers = calloc(px->nbrokers ? px->nbrokers : 1, sizeof(*pu->brokers));
 	pu->drain_ev = event_new(px->base, -1, EV_PERSIST, prev_drain_round, pu);
-	if (!pu->brokers || !pu->drain_ev) {
-		if (pu->drain_ev)
-			event_free(pu->drain_ev);
-		free(pu->brokers);
+	if (!pu->drain_ev) {
 		km_config_free(&pu->cfg);
 		free(pu);
 		return NULL;
 	}
-	for (size_t i = 0; i < px->nbrokers; i++) {
-		if (!px->brokers[i]->port)
-			continue;
-		pu->brokers[n].node_id = px->brokers[i]->node_id;
-		memcpy(pu->brokers[n].host, px->brokers[i]->host, sizeof(pu->brokers[n].host));
-		pu->brokers[n].port = px->brokers[i]->port;
-		n++;
-	}
-	pu->nbrokers = n;
 	pu->px = px;
 	pu->host = px->host;
 	pu->features = px->features;
@@ -308,10 +280,12 @@ bool km_proxy_swap_ready(km_proxy *px, void *handle, km_state *st, km_mirror *mi
 	km_session_set_rehost(px->sessions, &pu->host);
 	memcpy(px->cfg.upstream, sw->cfg.upstream, sizeof(px->cfg.upstream));
 	px->cfg.upstream_count = sw->cfg.upstream_count;
-	px->meta_next_upstream = 0;
 	px->meta_last_ok_ms = 0;
-	for (size_t i = 0; i < px->nbrokers; i++)
-		px->brokers[i]->port = 0; /* unknown until the new upstream's metadata names it */
+	/* The previous upstream keeps its brokers' addresses; the new one's are unknown until its metadata names them. */
+	pu->upstream = px->upstream;
+	px->upstream = NULL;
+	if (km_proxy_upstream_new(px, NULL) != KM_OK)
+		KM_ERROR("proxy", 0, "upstream swap: out of memory for the new upstream's clients; metadata refresh stops");
 	km_proxy_set_state(px, st);
 	km_proxy_set_mirror(px, mi);
 	px->gen = handle;

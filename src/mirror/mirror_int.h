@@ -9,6 +9,7 @@
 #include "kmirror/msg/metadata_response.h"
 #include "kmirror/net.h"
 #include "kmirror/options.h"
+#include "kmirror/rpc.h"
 
 #define KM_MIRROR_COMP "mirror"
 
@@ -46,6 +47,16 @@ const char *km_mcluster_side(const km_mcluster *cl);
 const char *km_mcluster_last_error(const km_mcluster *cl);
 /* The broker ids the last metadata named: up to cap of them in out; returns how many there are. */
 size_t km_mcluster_node_ids(const km_mcluster *cl, int32_t *out, size_t cap);
+
+/*
+ * Whether r failed because its body did not decode (r->why says where): the connection is sound and
+ * the request may go again on it. A connection whose framing broke fails with KM_ERR_DECODE too,
+ * but with no why: that is the transport's error, like a timeout.
+ */
+static inline bool km_mirror_undecoded(const km_rpc_response *r)
+{
+	return r->err == KM_ERR_DECODE && r->why && *r->why;
+}
 
 /* ---- the connections of a mirror (conn.c) ---- */
 

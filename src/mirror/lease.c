@@ -40,7 +40,7 @@ typedef enum { L_META, L_FIND, L_BEAT, L_ALONE } lphase;
 
 struct km_lease {
 	km_mirror *mi;
-	km_mcluster *dst;
+	km_cluster *dst;
 	struct event *ev;
 	lphase ph;
 	bool inflight, freeing;
@@ -94,16 +94,16 @@ static void send_req(km_lease *l, km_net_client *c, int16_t key, const void *req
 		l->inflight = true;
 		return;
 	}
-	km_mcluster_drop(l->dst, c);
+	km_cluster_drop(l->dst, c);
 	later(l, RETRY_MS);
 }
 
 /* A usable client for the phase and the request's version (-1: not usable now, or not supported). */
 static km_net_client *client(km_lease *l, int32_t node, int16_t key, int16_t lo, int16_t hi, int16_t *ver)
 {
-	km_net_client *c = node < 0 ? km_mcluster_any(l->dst) : km_mcluster_node(l->dst, node);
+	km_net_client *c = node < 0 ? km_cluster_any(l->dst) : km_cluster_node(l->dst, node);
 
-	if (!km_mcluster_usable(l->dst, c)) {
+	if (!km_cluster_usable(l->dst, c)) {
 		later(l, RETRY_MS);
 		return NULL;
 	}
@@ -212,7 +212,7 @@ static void took_meta(km_lease *l, const km_metadata_response *r)
 	const km_metadata_response_topic *t = r->topics.count == 1 ? &r->topics.items[0] : NULL;
 	bool *owned;
 
-	if (km_mcluster_brokers(l->dst, r) != KM_OK || !t)
+	if (km_cluster_brokers(l->dst, r) != KM_OK || !t)
 		return later(l, RETRY_MS);
 	if (t->error_code) {
 		/* No state topic yet (no mirror created): nothing to own; look again later. */
@@ -304,7 +304,7 @@ static void on_response(km_net_client *c, const km_rpc_response *r, void *arg)
 	if (km_mirror_undecoded(r))
 		return later(l, RETRY_MS); /* the connection is sound: ask again */
 	if (r->err != KM_OK) {
-		km_mcluster_drop(l->dst, c);
+		km_cluster_drop(l->dst, c);
 		if (l->ph == L_BEAT)
 			l->ph = L_FIND;
 		return later(l, RETRY_MS);
@@ -377,10 +377,10 @@ static void ignore_answer(km_net_client *c, const km_rpc_response *r, void *arg)
 /* Leave the group, so that another kmirrord takes the mirrors at once rather than after the session timeout. */
 static void leave(km_lease *l)
 {
-	km_net_client *c = l->coord >= 0 ? km_mcluster_node(l->dst, l->coord) : NULL;
+	km_net_client *c = l->coord >= 0 ? km_cluster_node(l->dst, l->coord) : NULL;
 	km_consumer_group_heartbeat_request m;
 
-	if (l->ph != L_BEAT || l->epoch <= 0 || !km_mcluster_usable(l->dst, c) ||
+	if (l->ph != L_BEAT || l->epoch <= 0 || !km_cluster_usable(l->dst, c) ||
 	    km_net_client_version(c, KM_API_CONSUMER_GROUP_HEARTBEAT) < 1)
 		return;
 	km_consumer_group_heartbeat_request_init(&m);
@@ -406,7 +406,7 @@ void km_lease_free(km_lease *l)
 	l->freeing = true;
 	if (l->dst)
 		leave(l);
-	km_mcluster_free(l->dst);
+	km_cluster_free(l->dst);
 	if (l->ev)
 		event_free(l->ev);
 	free(l->owned);

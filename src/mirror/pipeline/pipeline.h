@@ -186,7 +186,7 @@ typedef struct mnode_io {
 struct km_pipeline {
 	km_mirror *mi;
 	char *name;
-	km_mcluster *src, *dst;
+	km_cluster *src, *dst;
 	SSL_CTX *src_tls;
 	mtopic **topics;
 	size_t ntopics;
@@ -225,7 +225,7 @@ struct km_pipeline {
 
 typedef struct req_ctx {
 	km_pipeline *pl;
-	km_mcluster *cl;
+	km_cluster *cl;
 	int32_t node;
 	int16_t ver;
 	void *extra;
@@ -278,13 +278,13 @@ mstep km_pl_step(const mpart *p, const mstep_view *v, int64_t now);
 /* ---- meta.c: requests, metadata, the producer id ---- */
 
 /* A request's context (freed by its answer's callback). */
-req_ctx *km_pl_ctx_new(km_pipeline *pl, km_mcluster *cl, int32_t node, int16_t ver);
-/* km_mcluster_send with the request's context: freed here when the send fails. */
+req_ctx *km_pl_ctx_new(km_pipeline *pl, km_cluster *cl, int32_t node, int16_t ver);
+/* km_cluster_send with the request's context: freed here when the send fails. */
 km_err km_pl_send_flat(km_net_client *c, int16_t key, int16_t ver, km_wr *w, km_net_response_cb cb, req_ctx *x);
 /* A request about one partition to cl's broker leader, answered to cb with an lo_ctx (*lc copied). */
-bool km_pl_send_part(km_pipeline *pl, km_mcluster *cl, int32_t leader, km_net_client *c, int16_t key, int16_t ver,
+bool km_pl_send_part(km_pipeline *pl, km_cluster *cl, int32_t leader, km_net_client *c, int16_t key, int16_t ver,
 		     km_wr *w, km_net_response_cb cb, const lo_ctx *lc);
-void km_pl_send_metadata(km_pipeline *pl, km_mcluster *cl);
+void km_pl_send_metadata(km_pipeline *pl, km_cluster *cl);
 /* InitProducerId on the destination: partitions waiting for a fresh id take the answer's. */
 void km_pl_send_pid(km_pipeline *pl);
 

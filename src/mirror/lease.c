@@ -10,7 +10,6 @@
 
 #include <openssl/rand.h>
 
-#include "kmirror/arena.h"
 #include "kmirror/hash.h"
 #include "kmirror/log.h"
 #include "kmirror/msg/api_keys.h"
@@ -45,7 +44,6 @@ struct km_lease {
 	struct event *ev;
 	lphase ph;
 	bool inflight, freeing;
-	int16_t ver;      /* of the request in flight (its answer is decoded with it) */
 	char member[40];
 	int32_t epoch;
 	int32_t coord;
@@ -87,13 +85,13 @@ static void rejoin(km_lease *l)
 	disown(l, "fenced from the group __kmirror-sync");
 }
 
-static void on_response(km_net_client *c, km_err err, const uint8_t *body, size_t len, void *arg);
+static void on_response(km_net_client *c, const km_rpc_response *r, void *arg);
 
-static void send_req(km_lease *l, km_net_client *c, int16_t key, km_wr *w, int16_t ver)
+/* req: the km_<name>_request of key, encoded by the API table; the answer is decoded for the phase. */
+static void send_req(km_lease *l, km_net_client *c, int16_t key, const void *req, int16_t ver)
 {
-	if (km_cluster_send(c, key, ver, w, on_response, l) == KM_OK) {
+	if (km_rpc_call(c, key, ver, req, NULL, on_response, l) == KM_OK) {
 		l->inflight = true;
-		l->ver = ver;
 		return;
 	}
 	km_cluster_drop(l->dst, c);
@@ -125,7 +123,6 @@ static void step(km_lease *l)
 {
 	km_net_client *c;
 	int16_t ver;
-	km_wr w;
 	const char *topic = km_state_topic_name_of_store(km_mirror_store(l->mi));
 
 	if (l->freeing || l->inflight || l->ph == L_ALONE || !l->dst)
@@ -136,7 +133,6 @@ static void step(km_lease *l)
 		l->epoch = 0;
 		l->last_ok = 0;
 	}
-	km_wr_init(&w);
 	switch (l->ph) {
 	case L_META: {
 		km_metadata_request m;
@@ -151,8 +147,7 @@ static void step(km_lease *l)
 		m.topics.items = &t;
 		m.topics.count = 1;
 		m.allow_auto_topic_creation = false;
-		km_metadata_request_encode(&w, ver, &m);
-		return send_req(l, c, KM_API_METADATA, &w, ver);
+		return send_req(l, c, KM_API_METADATA, &m, ver);
 	}
 	case L_FIND: {
 		km_find_coordinator_request m;
@@ -165,8 +160,7 @@ static void step(km_lease *l)
 		m.key_type = 0;
 		m.coordinator_keys.items = &key;
 		m.coordinator_keys.count = 1;
-		km_find_coordinator_request_encode(&w, ver, &m);
-		return send_req(l, c, KM_API_FIND_COORDINATOR, &w, ver);
+		return send_req(l, c, KM_API_FIND_COORDINATOR, &m, ver);
 	}
 	case L_BEAT: {
 		km_consumer_group_heartbeat_request m;
@@ -204,14 +198,13 @@ static void step(km_lease *l)
 		tp.partitions.count = n;
 		m.topic_partitions.items = &tp;
 		m.topic_partitions.count = n ? 1 : 0;
-		km_consumer_group_heartbeat_request_encode(&w, ver, &m);
-		free(parts);
-		return send_req(l, c, KM_API_CONSUMER_GROUP_HEARTBEAT, &w, ver);
+		send_req(l, c, KM_API_CONSUMER_GROUP_HEARTBEAT, &m, ver);
+		free(parts); /* the request was encoded in the call */
+		return;
 	}
 	case L_ALONE:
 		break;
 	}
-	km_wr_free(&w);
 }
 
 static void took_meta(km_lease *l, const km_metadata_response *r)
@@ -301,50 +294,34 @@ static void took_beat(km_lease *l, const km_consumer_group_heartbeat_response *r
 	later(l, r->heartbeat_interval_ms > 0 ? r->heartbeat_interval_ms : 5000);
 }
 
-static void on_response(km_net_client *c, km_err err, const uint8_t *body, size_t len, void *arg)
+static void on_response(km_net_client *c, const km_rpc_response *r, void *arg)
 {
 	km_lease *l = arg;
-	km_arena a;
-	km_rd rd;
-	km_err rc = KM_ERR_DECODE;
 
 	if (l->freeing)
 		return;
 	l->inflight = false;
-	if (err != KM_OK) {
+	if (km_mirror_undecoded(r))
+		return later(l, RETRY_MS); /* the connection is sound: ask again */
+	if (r->err != KM_OK) {
 		km_cluster_drop(l->dst, c);
 		if (l->ph == L_BEAT)
 			l->ph = L_FIND;
 		return later(l, RETRY_MS);
 	}
-	km_arena_init(&a, 0);
-	km_rd_init(&rd, body, len);
 	switch (l->ph) {
-	case L_META: {
-		km_metadata_response r;
-		if ((rc = km_metadata_response_decode(&rd, l->ver, &r, &a)) == KM_OK)
-			took_meta(l, &r);
+	case L_META:
+		took_meta(l, r->msg);
 		break;
-	}
-	case L_FIND: {
-		km_find_coordinator_response r;
-		if ((rc = km_find_coordinator_response_decode(&rd, l->ver, &r, &a)) == KM_OK)
-			took_find(l, &r);
+	case L_FIND:
+		took_find(l, r->msg);
 		break;
-	}
-	case L_BEAT: {
-		km_consumer_group_heartbeat_response r;
-		if ((rc = km_consumer_group_heartbeat_response_decode(&rd, l->ver, &r, &a)) == KM_OK)
-			took_beat(l, &r);
+	case L_BEAT:
+		took_beat(l, r->msg);
 		break;
-	}
 	case L_ALONE:
-		rc = KM_OK;
 		break;
 	}
-	km_arena_free(&a);
-	if (rc != KM_OK)
-		later(l, RETRY_MS);
 }
 
 static void on_ev(evutil_socket_t fd, short what, void *arg)
@@ -392,9 +369,9 @@ void km_lease_start(km_lease *l)
 	later(l, 0);
 }
 
-static void ignore_answer(km_net_client *c, km_err err, const uint8_t *body, size_t len, void *arg)
+static void ignore_answer(km_net_client *c, const km_rpc_response *r, void *arg)
 {
-	(void)c, (void)err, (void)body, (void)len, (void)arg;
+	(void)c, (void)r, (void)arg;
 }
 
 /* Leave the group, so that another kmirrord takes the mirrors at once rather than after the session timeout. */
@@ -402,7 +379,6 @@ static void leave(km_lease *l)
 {
 	km_net_client *c = l->coord >= 0 ? km_cluster_node(l->dst, l->coord) : NULL;
 	km_consumer_group_heartbeat_request m;
-	km_wr w;
 
 	if (l->ph != L_BEAT || l->epoch <= 0 || !km_cluster_usable(l->dst, c) ||
 	    km_net_client_version(c, KM_API_CONSUMER_GROUP_HEARTBEAT) < 1)
@@ -418,9 +394,7 @@ static void leave(km_lease *l)
 	m.subscribed_topic_regex = KM_STR_NULL;
 	m.server_assignor = KM_STR_NULL;
 	m.topic_partitions.count = -1;
-	km_wr_init(&w);
-	km_consumer_group_heartbeat_request_encode(&w, 1, &m);
-	if (km_cluster_send(c, KM_API_CONSUMER_GROUP_HEARTBEAT, 1, &w, ignore_answer, NULL) != KM_OK)
+	if (km_rpc_call(c, KM_API_CONSUMER_GROUP_HEARTBEAT, 1, &m, NULL, ignore_answer, NULL) != KM_OK)
 		return;
 	KM_INFO(COMP, 0, "metadata sync: left the group %s", KM_SYNC_GROUP);
 }

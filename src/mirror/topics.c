@@ -7,7 +7,6 @@
 #include <sys/time.h>
 
 #include "kmirror/api.h"
-#include "kmirror/arena.h"
 #include "kmirror/batch.h"
 #include "kmirror/log.h"
 #include "kmirror/msg/api_keys.h"
@@ -290,10 +289,10 @@ static km_net_client *ready_client(struct km_mprep *p, km_cluster *cl)
 	return NULL;
 }
 
+/* A request's way back: the phase it was sent in says what its answer is (r->api_key's response). */
 typedef struct rctx {
 	struct km_mprep *p;
 	km_cluster *cl;
-	int16_t ver;
 	phase ph;
 } rctx;
 
@@ -316,19 +315,19 @@ static void took_grow(struct km_mprep *p, const km_create_partitions_response *r
 	p->ph = P_DONE;
 }
 
-static void on_response(km_net_client *c, km_err err, const uint8_t *body, size_t len, void *arg);
+static void on_response(km_net_client *c, const km_rpc_response *r, void *arg);
 
-static void send_req(struct km_mprep *p, km_cluster *cl, km_net_client *c, int16_t key, int16_t ver, km_wr *w)
+/* req: the km_<name>_request of key, encoded by the API table. */
+static void send_req(struct km_mprep *p, km_cluster *cl, km_net_client *c, int16_t key, int16_t ver, const void *req)
 {
 	rctx *x = calloc(1, sizeof(*x));
 	km_err rc;
 
 	if (!x) {
-		km_wr_free(w);
 		rc = KM_ERR_NOMEM;
 	} else {
-		*x = (rctx){p, cl, ver, p->ph};
-		rc = km_cluster_send(c, key, ver, w, on_response, x);
+		*x = (rctx){p, cl, p->ph};
+		rc = km_rpc_call(c, key, ver, req, NULL, on_response, x);
 	}
 	if (rc == KM_OK) {
 		p->inflight = true;
@@ -348,7 +347,6 @@ static void send_metadata(struct km_mprep *p, km_cluster *cl, bool only_missing)
 	km_metadata_request_topic *ts;
 	int16_t ver;
 	int32_t k = 0;
-	km_wr w;
 
 	if (!c)
 		return;
@@ -373,10 +371,8 @@ static void send_metadata(struct km_mprep *p, km_cluster *cl, bool only_missing)
 	m.topics.items = ts;
 	m.topics.count = k;
 	m.allow_auto_topic_creation = false;
-	km_wr_init(&w);
-	km_metadata_request_encode(&w, ver, &m);
-	free(ts);
-	send_req(p, cl, c, KM_API_METADATA, ver, &w);
+	send_req(p, cl, c, KM_API_METADATA, ver, &m);
+	free(ts); /* encoded in the call */
 }
 
 static ptopic *topic_of(struct km_mprep *p, km_str name)
@@ -661,7 +657,6 @@ static void send_lookup_fetch(struct km_mprep *p)
 	km_mirror_batch_q *q;
 	km_net_client *c;
 	int16_t ver;
-	km_wr w;
 
 	while (p->lq_next < p->nlq && p->lq[p->lq_next].code != LQ_PENDING)
 		p->lq_next++;
@@ -701,9 +696,7 @@ static void send_lookup_fetch(struct km_mprep *p)
 	t.partitions.count = 1;
 	m.topics.items = &t;
 	m.topics.count = 1;
-	km_wr_init(&w);
-	km_fetch_request_encode(&w, ver, &m);
-	send_req(p, p->dst, c, KM_API_FETCH, ver, &w);
+	send_req(p, p->dst, c, KM_API_FETCH, ver, &m);
 }
 
 void km_mirror_batches_at(km_mirror *mi, km_mirror_batch_q *q, size_t n, km_mirror_batches_cb cb, void *arg)
@@ -743,90 +736,68 @@ nomem:
 	cb(arg, q, n);
 }
 
-static void on_response(km_net_client *c, km_err err, const uint8_t *body, size_t len, void *arg)
+/* r->msg is the response of the phase's request (ph): Metadata, DescribeConfigs, CreateTopics, Fetch or CreatePartitions. */
+static void took_answer(struct km_mprep *p, phase ph, const km_rpc_response *r)
+{
+	switch (ph) {
+	case P_DST_META:
+		took_dst_meta(p, r->msg);
+		break;
+	case P_SRC_META:
+		took_src_meta(p, r->msg);
+		break;
+	case P_LEADERS:
+		if (!took_leaders(p, r->msg)) {
+			later(p, RETRY_MS); /* leaders not elected yet: ask again */
+			return;
+		}
+		p->ph = P_DONE;
+		break;
+	case P_SRC_CFG:
+		took_src_cfg(p, r->msg);
+		break;
+	case P_CREATE:
+		took_create(p, r->msg);
+		break;
+	case P_LOOKUP_META:
+		took_lookup_meta(p, r->msg);
+		break;
+	case P_LOOKUP_FETCH:
+		took_lookup_fetch(p, r->msg);
+		break;
+	case P_GROW_PARTS:
+		took_grow(p, r->msg);
+		break;
+	default:
+		break;
+	}
+	later(p, 0);
+}
+
+static void on_response(km_net_client *c, const km_rpc_response *r, void *arg)
 {
 	rctx *x = arg;
 	struct km_mprep *p = x->p;
-	int16_t ver = x->ver;
 	phase ph = x->ph;
 	km_cluster *cl = x->cl;
-	km_arena a;
-	km_rd rd;
-	km_err rc = KM_OK;
 
 	free(x);
 	if (p->finished)
 		return;
 	p->inflight = false;
-	if (err != KM_OK) {
-		snprintf(p->why, sizeof(p->why), "a request to the %s cluster failed: %s", km_cluster_side(cl),
-			 km_err_name(err));
-		km_cluster_drop(cl, c);
-		later(p, RETRY_MS);
-		return;
-	}
-	km_arena_init(&a, 0);
-	km_rd_init(&rd, body, len);
-	switch (ph) {
-	case P_DST_META:
-	case P_SRC_META:
-	case P_LEADERS: {
-		km_metadata_response r;
-		if ((rc = km_metadata_response_decode(&rd, ver, &r, &a)) != KM_OK)
-			break;
-		if (ph == P_DST_META)
-			took_dst_meta(p, &r);
-		else if (ph == P_SRC_META)
-			took_src_meta(p, &r);
-		else if (took_leaders(p, &r))
-			p->ph = P_DONE;
-		else {
-			km_arena_free(&a);
-			later(p, RETRY_MS); /* leaders not elected yet: ask again */
-			return;
-		}
-		break;
-	}
-	case P_SRC_CFG: {
-		km_describe_configs_response r;
-		if ((rc = km_describe_configs_response_decode(&rd, ver, &r, &a)) == KM_OK)
-			took_src_cfg(p, &r);
-		break;
-	}
-	case P_CREATE: {
-		km_create_topics_response r;
-		if ((rc = km_create_topics_response_decode(&rd, ver, &r, &a)) == KM_OK)
-			took_create(p, &r);
-		break;
-	}
-	case P_LOOKUP_META: {
-		km_metadata_response r;
-		if ((rc = km_metadata_response_decode(&rd, ver, &r, &a)) == KM_OK)
-			took_lookup_meta(p, &r);
-		break;
-	}
-	case P_LOOKUP_FETCH: {
-		km_fetch_response r;
-		if ((rc = km_fetch_response_decode(&rd, ver, &r, &a)) == KM_OK)
-			took_lookup_fetch(p, &r);
-		break;
-	}
-	case P_GROW_PARTS: {
-		km_create_partitions_response r;
-		if ((rc = km_create_partitions_response_decode(&rd, ver, &r, &a)) == KM_OK)
-			took_grow(p, &r);
-		break;
-	}
-	default:
-		break;
-	}
-	km_arena_free(&a);
-	if (rc != KM_OK) {
+	if (km_mirror_undecoded(r)) {
 		snprintf(p->why, sizeof(p->why), "the %s cluster's answer could not be decoded", km_cluster_side(cl));
 		later(p, RETRY_MS);
 		return;
 	}
-	later(p, 0);
+	if (r->err != KM_OK) {
+		snprintf(p->why, sizeof(p->why), "a request to the %s cluster failed: %s", km_cluster_side(cl),
+			 km_err_name(r->err));
+		km_cluster_drop(cl, c);
+		later(p, RETRY_MS);
+		return;
+	}
+	took_answer(p, ph, r);
 }
 
 static void send_describe(struct km_mprep *p)
@@ -836,7 +807,6 @@ static void send_describe(struct km_mprep *p)
 	km_describe_configs_request_describe_configs_resource *rs;
 	int16_t ver;
 	int32_t k = 0;
-	km_wr w;
 
 	if (!c)
 		return;
@@ -863,10 +833,8 @@ static void send_describe(struct km_mprep *p)
 	m.resources.count = k;
 	m.include_synonyms = false;
 	m.include_documentation = false;
-	km_wr_init(&w);
-	km_describe_configs_request_encode(&w, ver, &m);
-	free(rs);
-	send_req(p, p->src, c, KM_API_DESCRIBE_CONFIGS, ver, &w);
+	send_req(p, p->src, c, KM_API_DESCRIBE_CONFIGS, ver, &m);
+	free(rs); /* encoded in the call */
 }
 
 static void send_create(struct km_mprep *p)
@@ -879,7 +847,6 @@ static void send_create(struct km_mprep *p)
 	int16_t ver;
 	int32_t k = 0;
 	int64_t left = p->deadline - now_ms(), records = 0;
-	km_wr w;
 
 	if (!c)
 		return;
@@ -935,11 +902,9 @@ static void send_create(struct km_mprep *p)
 	m.topics.count = k;
 	m.timeout_ms = left > 1000 ? (int32_t)(left - 500) : 500;
 	m.validate_only = false;
-	km_wr_init(&w);
-	km_create_topics_request_encode(&w, ver, &m);
-	free(ts);
+	send_req(p, p->dst, c, KM_API_CREATE_TOPICS, ver, &m);
+	free(ts); /* encoded in the call */
 	free(cs);
-	send_req(p, p->dst, c, KM_API_CREATE_TOPICS, ver, &w);
 }
 
 static void send_grow(struct km_mprep *p)
@@ -949,7 +914,6 @@ static void send_grow(struct km_mprep *p)
 	km_create_partitions_request_create_partitions_topic t;
 	int64_t left = p->deadline - now_ms();
 	int16_t ver;
-	km_wr w;
 
 	if (!c)
 		return;
@@ -966,9 +930,7 @@ static void send_grow(struct km_mprep *p)
 	m.topics.items = &t;
 	m.topics.count = 1;
 	m.timeout_ms = left > 1000 ? (int32_t)(left - 500) : 500;
-	km_wr_init(&w);
-	km_create_partitions_request_encode(&w, ver, &m);
-	send_req(p, p->dst, c, KM_API_CREATE_PARTITIONS, ver, &w);
+	send_req(p, p->dst, c, KM_API_CREATE_PARTITIONS, ver, &m);
 }
 
 static void grow_done(void *arg, const km_state_result *res)

@@ -35,7 +35,6 @@ enum { OP_NONE, OP_FIND, OP_INIT, OP_ADD, OP_END };
 typedef struct txp_ctx {
 	km_txp *t;
 	int op;
-	int16_t ver;
 } txp_ctx;
 
 struct km_txp {
@@ -255,71 +254,56 @@ static void took_end(km_txp *t, const km_end_txn_response *r)
 	}
 }
 
-static void on_answer(km_net_client *c, km_err err, const uint8_t *body, size_t len, void *arg)
+static void on_answer(km_net_client *c, const km_rpc_response *r, void *arg)
 {
 	txp_ctx *x = arg;
 	km_txp *t = x->t;
-	km_arena a;
-	km_rd rd;
-	km_err rc = KM_ERR_DECODE;
+	int op = x->op;
 
-	if (!t) {
-		free(x);
+	free(x);
+	if (!t)
 		return;
-	}
 	t->inflight = NULL;
-	if (err != KM_OK) {
-		km_cluster_drop(t->dst, c);
-		t->coord = -1;
-		retry(t, 0);
-		free(x);
+	if (km_mirror_undecoded(r)) {
+		retry(t, 0); /* the connection is sound: the same request again later */
 		changed(t);
 		return;
 	}
-	km_arena_init(&a, 0);
-	km_rd_init(&rd, body, len);
-	switch (x->op) {
-	case OP_FIND: {
-		km_find_coordinator_response r;
-		if ((rc = km_find_coordinator_response_decode(&rd, x->ver, &r, &a)) == KM_OK)
-			took_find(t, &r);
-		break;
-	}
-	case OP_INIT: {
-		km_init_producer_id_response r;
-		if ((rc = km_init_producer_id_response_decode(&rd, x->ver, &r, &a)) == KM_OK && t->st == KM_TXP_INIT)
-			took_init(t, &r);
-		break;
-	}
-	case OP_ADD: {
-		km_add_partitions_to_txn_response r;
-		if ((rc = km_add_partitions_to_txn_response_decode(&rd, x->ver, &r, &a)) == KM_OK && t->st == KM_TXP_ADDING)
-			took_add(t, &r);
-		break;
-	}
-	case OP_END: {
-		km_end_txn_response r;
-		if ((rc = km_end_txn_response_decode(&rd, x->ver, &r, &a)) == KM_OK && t->st == KM_TXP_ENDING)
-			took_end(t, &r);
-		break;
-	}
-	}
-	km_arena_free(&a);
-	if (rc != KM_OK)
+	if (r->err != KM_OK) {
+		km_cluster_drop(t->dst, c);
+		t->coord = -1;
 		retry(t, 0);
-	free(x);
+		changed(t);
+		return;
+	}
+	switch (op) {
+	case OP_FIND:
+		took_find(t, r->msg);
+		break;
+	case OP_INIT:
+		if (t->st == KM_TXP_INIT)
+			took_init(t, r->msg);
+		break;
+	case OP_ADD:
+		if (t->st == KM_TXP_ADDING)
+			took_add(t, r->msg);
+		break;
+	case OP_END:
+		if (t->st == KM_TXP_ENDING)
+			took_end(t, r->msg);
+		break;
+	}
 	changed(t);
 }
 
-static void send_op(km_txp *t, km_net_client *c, int op, int16_t key, int16_t ver, km_wr *w)
+/* req: the km_<name>_request of key, encoded by the API table. */
+static void send_op(km_txp *t, km_net_client *c, int op, int16_t key, int16_t ver, const void *req)
 {
 	txp_ctx *x = calloc(1, sizeof(*x));
-	if (!x) {
-		km_wr_free(w);
+	if (!x)
 		return retry(t, 0);
-	}
-	*x = (txp_ctx){t, op, ver};
-	if (km_cluster_send(c, key, ver, w, on_answer, x) != KM_OK) {
+	*x = (txp_ctx){t, op};
+	if (km_rpc_call(c, key, ver, req, NULL, on_answer, x) != KM_OK) {
 		free(x);
 		km_cluster_drop(t->dst, c);
 		return retry(t, 0);
@@ -330,7 +314,6 @@ static void send_op(km_txp *t, km_net_client *c, int op, int16_t key, int16_t ve
 int64_t km_txp_poll(km_txp *t, int64_t now)
 {
 	km_net_client *c;
-	km_wr w;
 	int16_t ver;
 	km_str tid = km_str_c(t->tid);
 
@@ -338,7 +321,6 @@ int64_t km_txp_poll(km_txp *t, int64_t now)
 		return now + 1000;
 	if (t->retry_at > now)
 		return t->retry_at;
-	km_wr_init(&w);
 	if (t->coord < 0) {
 		km_find_coordinator_request m;
 		c = km_cluster_any(t->dst);
@@ -354,8 +336,7 @@ int64_t km_txp_poll(km_txp *t, int64_t now)
 		m.key_type = 1; /* TRANSACTION */
 		m.coordinator_keys.items = &tid;
 		m.coordinator_keys.count = 1;
-		km_find_coordinator_request_encode(&w, ver, &m);
-		send_op(t, c, OP_FIND, KM_API_FIND_COORDINATOR, ver, &w);
+		send_op(t, c, OP_FIND, KM_API_FIND_COORDINATOR, ver, &m);
 		return now + 1000;
 	}
 	c = km_cluster_node(t->dst, t->coord);
@@ -376,8 +357,7 @@ int64_t km_txp_poll(km_txp *t, int64_t now)
 		m.transaction_timeout_ms = t->timeout_ms;
 		m.producer_id = -1;
 		m.producer_epoch = -1;
-		km_init_producer_id_request_encode(&w, ver, &m);
-		send_op(t, c, OP_INIT, KM_API_INIT_PRODUCER_ID, ver, &w);
+		send_op(t, c, OP_INIT, KM_API_INIT_PRODUCER_ID, ver, &m);
 		break;
 	}
 	case KM_TXP_ADDING: {
@@ -396,8 +376,7 @@ int64_t km_txp_poll(km_txp *t, int64_t now)
 		m.v3_and_below_producer_epoch = t->epoch;
 		m.v3_and_below_topics.items = &tp;
 		m.v3_and_below_topics.count = 1;
-		km_add_partitions_to_txn_request_encode(&w, ver, &m);
-		send_op(t, c, OP_ADD, KM_API_ADD_PARTITIONS_TO_TXN, ver, &w);
+		send_op(t, c, OP_ADD, KM_API_ADD_PARTITIONS_TO_TXN, ver, &m);
 		break;
 	}
 	case KM_TXP_ENDING: {
@@ -409,8 +388,7 @@ int64_t km_txp_poll(km_txp *t, int64_t now)
 		m.producer_id = t->pid;
 		m.producer_epoch = t->epoch;
 		m.committed = t->commit;
-		km_end_txn_request_encode(&w, ver, &m);
-		send_op(t, c, OP_END, KM_API_END_TXN, ver, &w);
+		send_op(t, c, OP_END, KM_API_END_TXN, ver, &m);
 		break;
 	}
 	default:

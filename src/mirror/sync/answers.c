@@ -365,91 +365,67 @@ static void acl_line(const sacl *b, char *buf, size_t len)
 		 (int)b->rtype, b->rname, (int)b->pattern, b->principal, b->host, (int)b->op, (int)b->perm);
 }
 
-static void took_acl_change(sync_cycle *cy, sreq *rq, int16_t ver, km_rd *rd, km_arena *a)
+static void took_create_acls(sync_cycle *cy, const km_create_acls_response *r)
 {
 	char line[800];
 
-	if (rq->key == KM_API_CREATE_ACLS) {
-		km_create_acls_response r;
-		if (km_create_acls_response_decode(rd, ver, &r, a) != KM_OK)
-			return km_sy_step_error(cy, "the destination's CreateAcls answer could not be decoded");
-		for (int32_t i = 0; i < r.results.count && (size_t)i < cy->ncreate; i++) {
-			acl_line(cy->create[i], line, sizeof(line));
-			if (r.results.items[i].error_code) {
-				km_sy_step_error(cy, "CreateAcls on the destination (%s): %s", line,
-					   km_err_name(r.results.items[i].error_code));
-				continue;
-			}
-			cy->changes++;
-			KM_INFO(COMP, 0, "%s: ACL created on the destination: %s", cy->m->mirror, line);
-		}
-		return;
-	}
-	km_delete_acls_response r;
-	if (km_delete_acls_response_decode(rd, ver, &r, a) != KM_OK)
-		return km_sy_step_error(cy, "the destination's DeleteAcls answer could not be decoded");
-	for (int32_t i = 0; i < r.filter_results.count && (size_t)i < cy->ndelete; i++) {
-		acl_line(cy->delete[i], line, sizeof(line));
-		if (r.filter_results.items[i].error_code) {
-			km_sy_step_error(cy, "DeleteAcls on the destination (%s): %s", line,
-				   km_err_name(r.filter_results.items[i].error_code));
+	for (int32_t i = 0; i < r->results.count && (size_t)i < cy->ncreate; i++) {
+		acl_line(cy->create[i], line, sizeof(line));
+		if (r->results.items[i].error_code) {
+			km_sy_step_error(cy, "CreateAcls on the destination (%s): %s", line,
+				   km_err_name(r->results.items[i].error_code));
 			continue;
 		}
-		cy->changes += r.filter_results.items[i].matching_acls.count;
+		cy->changes++;
+		KM_INFO(COMP, 0, "%s: ACL created on the destination: %s", cy->m->mirror, line);
+	}
+}
+
+static void took_delete_acls(sync_cycle *cy, const km_delete_acls_response *r)
+{
+	char line[800];
+
+	for (int32_t i = 0; i < r->filter_results.count && (size_t)i < cy->ndelete; i++) {
+		acl_line(cy->delete[i], line, sizeof(line));
+		if (r->filter_results.items[i].error_code) {
+			km_sy_step_error(cy, "DeleteAcls on the destination (%s): %s", line,
+				   km_err_name(r->filter_results.items[i].error_code));
+			continue;
+		}
+		cy->changes += r->filter_results.items[i].matching_acls.count;
 		KM_INFO(COMP, 0, "%s: ACL deleted on the destination (the source does not have it): %s", cy->m->mirror,
 			line);
 	}
 }
 
-void km_sy_take(sync_cycle *cy, sreq *rq, int16_t ver, km_rd *rd, km_arena *a)
+void km_sy_take(sync_cycle *cy, sreq *rq, const void *msg)
 {
-	km_err rc = KM_OK;
-
-#define TAKE(type, fn, ...)                                                                                            \
-	do {                                                                                                           \
-		type r;                                                                                                \
-		if ((rc = type##_decode(rd, ver, &r, a)) == KM_OK)                                                     \
-			fn(cy, __VA_ARGS__);                                                                           \
-	} while (0)
 	switch (rq->key) {
 	case KM_API_METADATA:
-		TAKE(km_metadata_response, took_metadata, rq, &r);
-		break;
+		return took_metadata(cy, rq, msg);
 	case KM_API_DESCRIBE_CONFIGS:
-		TAKE(km_describe_configs_response, took_configs, rq, &r);
-		break;
+		return took_configs(cy, rq, msg);
 	case KM_API_INCREMENTAL_ALTER_CONFIGS:
-		TAKE(km_incremental_alter_configs_response, took_alter, &r);
-		break;
+		return took_alter(cy, msg);
 	case KM_API_LIST_GROUPS:
-		TAKE(km_list_groups_response, took_groups, rq, &r);
-		break;
+		return took_groups(cy, rq, msg);
 	case KM_API_FIND_COORDINATOR:
-		TAKE(km_find_coordinator_response, took_coordinators, rq, &r);
-		break;
+		return took_coordinators(cy, rq, msg);
 	case KM_API_OFFSET_FETCH:
-		TAKE(km_offset_fetch_response, took_offsets, rq, &r);
-		break;
+		return took_offsets(cy, rq, msg);
 	case KM_API_OFFSET_COMMIT:
-		TAKE(km_offset_commit_response, took_commit, rq, &r);
-		break;
+		return took_commit(cy, rq, msg);
 	case KM_API_DESCRIBE_SHARE_GROUP_OFFSETS:
-		TAKE(km_describe_share_group_offsets_response, took_share_offsets, rq, &r);
-		break;
+		return took_share_offsets(cy, rq, msg);
 	case KM_API_ALTER_SHARE_GROUP_OFFSETS:
-		TAKE(km_alter_share_group_offsets_response, took_share_alter, rq, &r);
-		break;
+		return took_share_alter(cy, rq, msg);
 	case KM_API_DESCRIBE_ACLS:
-		TAKE(km_describe_acls_response, took_acls, rq, &r);
-		break;
+		return took_acls(cy, rq, msg);
 	case KM_API_CREATE_ACLS:
+		return took_create_acls(cy, msg);
 	case KM_API_DELETE_ACLS:
-		took_acl_change(cy, rq, ver, rd, a);
-		break;
+		return took_delete_acls(cy, msg);
 	default:
 		break;
 	}
-#undef TAKE
-	if (rc != KM_OK)
-		km_sy_step_error(cy, "the %s's %s answer could not be decoded", km_sy_side(cy, rq->cl), km_sy_api_name(rq->key));
 }

@@ -7,6 +7,7 @@
 
 #include "kmirror/api.h"
 #include "kmirror/log.h"
+#include "kmirror/rpc.h"
 #include "mirror/sync/sync.h"
 
 static void advance(sync_cycle *cy);
@@ -157,10 +158,10 @@ static sreq *add_req(sync_cycle *cy, km_cluster *cl, int32_t node, int16_t key, 
 	return &n[cy->nrq++];
 }
 
+/* A request's way back: its cycle and its place in the phase's requests. */
 typedef struct rctx {
 	sync_cycle *cy;
 	size_t i;
-	int16_t ver;
 } rctx;
 
 const char *km_sy_api_name(int16_t key)
@@ -174,30 +175,27 @@ const char *km_sy_side(const sync_cycle *cy, const km_cluster *cl)
 	return cl == cy->src ? "source" : "destination";
 }
 
-static void on_response(km_net_client *c, km_err err, const uint8_t *body, size_t len, void *arg)
+static void on_response(km_net_client *c, const km_rpc_response *r, void *arg)
 {
 	rctx *x = arg;
 	sync_cycle *cy = x->cy;
+	size_t i = x->i;
 	sreq *rq;
-	km_arena a;
-	km_rd rd;
 
-	if (cy->finished || x->i >= cy->nrq) {
-		free(x);
+	free(x);
+	if (cy->finished || i >= cy->nrq)
 		return;
-	}
-	rq = &cy->rq[x->i];
+	rq = &cy->rq[i];
 	rq->done = true;
-	if (err != KM_OK) {
-		km_sy_step_error(cy, "a request to the %s failed: %s", km_sy_side(cy, rq->cl), km_err_name(err));
+	if (km_mirror_undecoded(r)) {
+		km_sy_step_error(cy, "the %s's %s answer could not be decoded", km_sy_side(cy, rq->cl),
+				 km_sy_api_name(rq->key));
+	} else if (r->err != KM_OK) {
+		km_sy_step_error(cy, "a request to the %s failed: %s", km_sy_side(cy, rq->cl), km_err_name(r->err));
 		km_cluster_drop(rq->cl, c);
 	} else {
-		km_arena_init(&a, 0);
-		km_rd_init(&rd, body, len);
-		km_sy_take(cy, rq, x->ver, &rd, &a);
-		km_arena_free(&a);
+		km_sy_take(cy, rq, r->msg);
 	}
-	free(x);
 	later(cy, 0);
 }
 
@@ -209,8 +207,9 @@ static bool pump(sync_cycle *cy)
 	for (size_t i = 0; i < cy->nrq; i++) {
 		sreq *rq = &cy->rq[i];
 		km_net_client *c;
+		const void *req;
 		int16_t ver;
-		km_wr w;
+		km_err rc;
 		rctx *x;
 
 		if (rq->done)
@@ -239,15 +238,21 @@ static bool pump(sync_cycle *cy)
 		}
 		if (ver > rq->hi)
 			ver = rq->hi;
-		km_wr_init(&w);
-		if (!km_sy_encode(cy, rq, ver, &w) || !km_wr_ok(&w) || !(x = malloc(sizeof(*x)))) {
-			km_wr_free(&w);
+		if (!(req = km_sy_request(cy, rq)) || !(x = malloc(sizeof(*x)))) {
 			rq->done = true;
 			km_sy_step_error(cy, "out of memory");
 			continue;
 		}
-		*x = (rctx){cy, i, ver};
-		if (km_cluster_send(c, rq->key, ver, &w, on_response, x) != KM_OK) {
+		*x = (rctx){cy, i};
+		rc = km_rpc_call(c, rq->key, ver, req, NULL, on_response, x);
+		if (rc == KM_ERR_ENCODE || rc == KM_ERR_NOMEM) {
+			/* Not encoded (no memory, or a value its version cannot carry): the step fails, as it would again. */
+			free(x);
+			rq->done = true;
+			km_sy_step_error(cy, "out of memory");
+			continue;
+		}
+		if (rc != KM_OK) {
 			free(x);
 			km_cluster_drop(rq->cl, c);
 			continue;

@@ -1,4 +1,4 @@
-/* A metadata sync cycle's requests, encoded from what the cycle knows (configs to change, offsets to commit, ACLs). */
+/* A metadata sync cycle's requests, built from what the cycle knows (configs to change, offsets to commit, ACLs). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -17,44 +17,42 @@
 #include "kmirror/msg/offset_fetch_request.h"
 #include "mirror/sync/sync.h"
 
-static bool enc_metadata(sync_cycle *cy, int16_t ver, km_wr *w)
+static const void *req_metadata(sync_cycle *cy)
 {
-	km_metadata_request m;
+	km_metadata_request *m = km_arena_alloc(&cy->a, sizeof(*m));
 	km_metadata_request_topic *ts = km_arena_calloc(&cy->a, (cy->nt ? cy->nt : 1) * sizeof(*ts));
 
-	if (!ts)
-		return false;
-	km_metadata_request_init(&m);
+	if (!m || !ts)
+		return NULL;
+	km_metadata_request_init(m);
 	for (size_t i = 0; i < cy->nt; i++) {
 		km_metadata_request_topic_init(&ts[i]);
 		ts[i].name = km_str_c(cy->t[i].name);
 	}
-	m.topics.items = ts;
-	m.topics.count = (int32_t)cy->nt;
-	m.allow_auto_topic_creation = false;
-	km_metadata_request_encode(w, ver, &m);
-	return true;
+	m->topics.items = ts;
+	m->topics.count = (int32_t)cy->nt;
+	m->allow_auto_topic_creation = false;
+	return m;
 }
 
-static bool enc_describe_configs(sync_cycle *cy, int16_t ver, km_wr *w)
+static const void *req_describe_configs(sync_cycle *cy)
 {
-	km_describe_configs_request m;
+	km_describe_configs_request *m = km_arena_alloc(&cy->a, sizeof(*m));
 	km_describe_configs_request_describe_configs_resource *rs =
 		km_arena_calloc(&cy->a, (cy->nt ? cy->nt : 1) * sizeof(*rs));
 
-	if (!rs)
-		return false;
-	km_describe_configs_request_init(&m);
+	if (!m || !rs)
+		return NULL;
+	km_describe_configs_request_init(m);
 	for (size_t i = 0; i < cy->nt; i++) {
 		km_describe_configs_request_describe_configs_resource_init(&rs[i]);
 		rs[i].resource_type = K_RES_TOPIC;
 		rs[i].resource_name = km_str_c(cy->t[i].name);
 		rs[i].configuration_keys.count = -1;
 	}
-	m.resources.items = rs;
-	m.resources.count = (int32_t)cy->nt;
-	km_describe_configs_request_encode(w, ver, &m);
-	return true;
+	m->resources.items = rs;
+	m->resources.count = (int32_t)cy->nt;
+	return m;
 }
 
 static const char *kv_get(const kv *l, size_t n, const char *name)
@@ -113,16 +111,16 @@ bool km_sy_plan_configs(sync_cycle *cy, stopic *t)
 }
 
 /* One IncrementalAlterConfigs for every topic with changes. */
-static bool enc_alter(sync_cycle *cy, int16_t ver, km_wr *w)
+static const void *req_alter(sync_cycle *cy)
 {
-	km_incremental_alter_configs_request m;
+	km_incremental_alter_configs_request *m = km_arena_alloc(&cy->a, sizeof(*m));
 	km_incremental_alter_configs_request_alter_configs_resource *rs =
 		km_arena_calloc(&cy->a, (cy->nt ? cy->nt : 1) * sizeof(*rs));
 	int32_t k = 0;
 
-	if (!rs)
-		return false;
-	km_incremental_alter_configs_request_init(&m);
+	if (!m || !rs)
+		return NULL;
+	km_incremental_alter_configs_request_init(m);
 	for (size_t i = 0; i < cy->nt; i++) {
 		stopic *t = &cy->t[i];
 		if (!t->nchange)
@@ -133,52 +131,49 @@ static bool enc_alter(sync_cycle *cy, int16_t ver, km_wr *w)
 		rs[k].configs.items = t->chg;
 		rs[k++].configs.count = t->nchange;
 	}
-	m.resources.items = rs;
-	m.resources.count = k;
-	km_incremental_alter_configs_request_encode(w, ver, &m);
-	return true;
+	m->resources.items = rs;
+	m->resources.count = k;
+	return m;
 }
 
-static bool enc_list_groups(sync_cycle *cy, int16_t ver, km_wr *w)
+static const void *req_list_groups(sync_cycle *cy)
 {
-	km_list_groups_request m;
-	(void)cy;
-	(void)ver;
-	km_list_groups_request_init(&m);
-	km_list_groups_request_encode(w, ver, &m);
-	return true;
+	km_list_groups_request *m = km_arena_alloc(&cy->a, sizeof(*m));
+
+	if (m)
+		km_list_groups_request_init(m);
+	return m;
 }
 
 /* FindCoordinator of every group to sync (rq->arg 0: all of them). */
-static bool enc_find_coordinator(sync_cycle *cy, int16_t ver, km_wr *w)
+static const void *req_find_coordinator(sync_cycle *cy)
 {
-	km_find_coordinator_request m;
+	km_find_coordinator_request *m = km_arena_alloc(&cy->a, sizeof(*m));
 	km_str *keys = km_arena_calloc(&cy->a, (cy->ng ? cy->ng : 1) * sizeof(*keys));
 	int32_t k = 0;
 
-	if (!keys)
-		return false;
-	km_find_coordinator_request_init(&m);
+	if (!m || !keys)
+		return NULL;
+	km_find_coordinator_request_init(m);
 	for (size_t i = 0; i < cy->ng; i++)
 		keys[k++] = km_str_c(cy->g[i].name);
-	m.key_type = K_GROUP_COORDINATOR_KEY;
-	m.coordinator_keys.items = keys;
-	m.coordinator_keys.count = k;
-	km_find_coordinator_request_encode(w, ver, &m);
-	return true;
+	m->key_type = K_GROUP_COORDINATOR_KEY;
+	m->coordinator_keys.items = keys;
+	m->coordinator_keys.count = k;
+	return m;
 }
 
 /* OffsetFetch (every topic) of the groups whose coordinator on that side is the request's broker. */
-static bool enc_offset_fetch(sync_cycle *cy, sreq *rq, int16_t ver, km_wr *w)
+static const void *req_offset_fetch(sync_cycle *cy, sreq *rq)
 {
-	km_offset_fetch_request m;
+	km_offset_fetch_request *m = km_arena_alloc(&cy->a, sizeof(*m));
 	km_offset_fetch_request_group *gs = km_arena_calloc(&cy->a, (cy->ng ? cy->ng : 1) * sizeof(*gs));
 	bool src = rq->cl == cy->src;
 	int32_t k = 0;
 
-	if (!gs)
-		return false;
-	km_offset_fetch_request_init(&m);
+	if (!m || !gs)
+		return NULL;
+	km_offset_fetch_request_init(m);
 	for (size_t i = 0; i < cy->ng; i++) {
 		sgroup *g = &cy->g[i];
 		/* A skipped group's source offsets are read too: they say whether it concerns this mirror. */
@@ -190,25 +185,23 @@ static bool enc_offset_fetch(sync_cycle *cy, sreq *rq, int16_t ver, km_wr *w)
 		gs[k].member_epoch = -1;
 		gs[k++].topics.count = -1; /* all */
 	}
-	m.groups.items = gs;
-	m.groups.count = k;
-	m.require_stable = false;
-	km_offset_fetch_request_encode(w, ver, &m);
-	return true;
+	m->groups.items = gs;
+	m->groups.count = k;
+	m->require_stable = false;
+	return m;
 }
 
 /* DescribeShareGroupOffsets (every topic) of the share groups coordinated by the request's broker. */
-static bool enc_share_describe(sync_cycle *cy, sreq *rq, int16_t ver, km_wr *w)
+static const void *req_share_describe(sync_cycle *cy, sreq *rq)
 {
-	km_describe_share_group_offsets_request m;
+	km_describe_share_group_offsets_request *m = km_arena_alloc(&cy->a, sizeof(*m));
 	km_describe_share_group_offsets_request_group *gs = km_arena_calloc(&cy->a, (cy->ng ? cy->ng : 1) * sizeof(*gs));
 	bool src = rq->cl == cy->src;
 	int32_t k = 0;
 
-	(void)ver;
-	if (!gs)
-		return false;
-	km_describe_share_group_offsets_request_init(&m);
+	if (!m || !gs)
+		return NULL;
+	km_describe_share_group_offsets_request_init(m);
 	for (size_t i = 0; i < cy->ng; i++) {
 		sgroup *g = &cy->g[i];
 		if (!g->share || (!src && g->skip) || (src ? g->src_coord : g->dst_coord) != rq->node)
@@ -217,10 +210,9 @@ static bool enc_share_describe(sync_cycle *cy, sreq *rq, int16_t ver, km_wr *w)
 		gs[k].group_id = km_str_c(g->name);
 		gs[k++].topics.count = -1;
 	}
-	m.groups.items = gs;
-	m.groups.count = k;
-	km_describe_share_group_offsets_request_encode(w, ver, &m);
-	return true;
+	m->groups.items = gs;
+	m->groups.count = k;
+	return m;
 }
 
 /* Whether the group's offset for (topic, partition) on the destination is already o's. */
@@ -233,18 +225,18 @@ bool km_sy_dst_has(const sgroup *g, const soff *o)
 }
 
 /* The share group's start offsets (physical already) that differ, as one AlterShareGroupOffsets. */
-static bool enc_share_alter(sync_cycle *cy, sreq *rq, int16_t ver, km_wr *w)
+static const void *req_share_alter(sync_cycle *cy, sreq *rq)
 {
 	sgroup *g = &cy->g[rq->arg];
-	km_alter_share_group_offsets_request m;
+	km_alter_share_group_offsets_request *m = km_arena_alloc(&cy->a, sizeof(*m));
 	km_alter_share_group_offsets_request_topic *ts = km_arena_calloc(&cy->a, (cy->nt ? cy->nt : 1) * sizeof(*ts));
 	int32_t nt = 0;
 
-	if (!ts)
-		return false;
-	g->ncommit = 0; /* encoded again when a send failed */
-	km_alter_share_group_offsets_request_init(&m);
-	m.group_id = km_str_c(g->name);
+	if (!m || !ts)
+		return NULL;
+	g->ncommit = 0; /* built again when a send failed */
+	km_alter_share_group_offsets_request_init(m);
+	m->group_id = km_str_c(g->name);
 	for (size_t ti = 0; ti < cy->nt; ti++) {
 		km_alter_share_group_offsets_request_partition *ps = NULL;
 		int32_t np = 0;
@@ -253,7 +245,7 @@ static bool enc_share_alter(sync_cycle *cy, sreq *rq, int16_t ver, km_wr *w)
 			if (o->topic != (int32_t)ti || km_sy_dst_has(g, o))
 				continue;
 			if (!ps && !(ps = km_arena_calloc(&cy->a, g->nsrc * sizeof(*ps))))
-				return false;
+				return NULL;
 			km_alter_share_group_offsets_request_partition_init(&ps[np]);
 			ps[np].partition_index = o->partition;
 			ps[np++].start_offset = o->offset;
@@ -266,29 +258,28 @@ static bool enc_share_alter(sync_cycle *cy, sreq *rq, int16_t ver, km_wr *w)
 		ts[nt++].partitions.count = np;
 		g->ncommit += (size_t)np;
 	}
-	m.topics.items = ts;
-	m.topics.count = nt;
-	km_alter_share_group_offsets_request_encode(w, ver, &m);
-	return true;
+	m->topics.items = ts;
+	m->topics.count = nt;
+	return m;
 }
 
 /* The group's source offsets that differ from the destination's, as one OffsetCommit. */
-static bool enc_commit(sync_cycle *cy, sreq *rq, int16_t ver, km_wr *w)
+static const void *req_commit(sync_cycle *cy, sreq *rq)
 {
 	sgroup *g = &cy->g[rq->arg];
-	km_offset_commit_request m;
+	km_offset_commit_request *m = km_arena_alloc(&cy->a, sizeof(*m));
 	km_offset_commit_request_topic *ts = km_arena_calloc(&cy->a, (cy->nt ? cy->nt : 1) * sizeof(*ts));
 	int32_t nt = 0;
 
-	if (!ts)
-		return false;
-	g->ncommit = 0; /* encoded again when a send failed */
-	km_offset_commit_request_init(&m);
-	m.group_id = km_str_c(g->name);
-	m.generation_id_or_member_epoch = -1;
-	m.member_id = km_str_c("");
-	m.group_instance_id = KM_STR_NULL;
-	m.retention_time_ms = -1;
+	if (!m || !ts)
+		return NULL;
+	g->ncommit = 0; /* built again when a send failed */
+	km_offset_commit_request_init(m);
+	m->group_id = km_str_c(g->name);
+	m->generation_id_or_member_epoch = -1;
+	m->member_id = km_str_c("");
+	m->group_instance_id = KM_STR_NULL;
+	m->retention_time_ms = -1;
 	for (size_t ti = 0; ti < cy->nt; ti++) {
 		km_offset_commit_request_partition *ps = NULL;
 		int32_t np = 0;
@@ -297,7 +288,7 @@ static bool enc_commit(sync_cycle *cy, sreq *rq, int16_t ver, km_wr *w)
 			if (o->topic != (int32_t)ti || km_sy_dst_has(g, o))
 				continue;
 			if (!ps && !(ps = km_arena_calloc(&cy->a, g->nsrc * sizeof(*ps))))
-				return false;
+				return NULL;
 			km_offset_commit_request_partition_init(&ps[np]);
 			ps[np].partition_index = o->partition;
 			ps[np].committed_offset = o->offset;
@@ -312,36 +303,36 @@ static bool enc_commit(sync_cycle *cy, sreq *rq, int16_t ver, km_wr *w)
 		ts[nt++].partitions.count = np;
 		g->ncommit += (size_t)np;
 	}
-	m.topics.items = ts;
-	m.topics.count = nt;
-	km_offset_commit_request_encode(w, ver, &m);
-	return true;
+	m->topics.items = ts;
+	m->topics.count = nt;
+	return m;
 }
 
-static bool enc_describe_acls(sync_cycle *cy, int16_t ver, km_wr *w)
+static const void *req_describe_acls(sync_cycle *cy)
 {
-	km_describe_acls_request m;
-	(void)cy;
-	km_describe_acls_request_init(&m);
-	m.resource_type_filter = K_ANY;
-	m.resource_name_filter = KM_STR_NULL;
-	m.pattern_type_filter = K_PATTERN_ANY;
-	m.principal_filter = KM_STR_NULL;
-	m.host_filter = KM_STR_NULL;
-	m.operation = K_ANY;
-	m.permission_type = K_ANY;
-	km_describe_acls_request_encode(w, ver, &m);
-	return true;
+	km_describe_acls_request *m = km_arena_alloc(&cy->a, sizeof(*m));
+
+	if (!m)
+		return NULL;
+	km_describe_acls_request_init(m);
+	m->resource_type_filter = K_ANY;
+	m->resource_name_filter = KM_STR_NULL;
+	m->pattern_type_filter = K_PATTERN_ANY;
+	m->principal_filter = KM_STR_NULL;
+	m->host_filter = KM_STR_NULL;
+	m->operation = K_ANY;
+	m->permission_type = K_ANY;
+	return m;
 }
 
-static bool enc_create_acls(sync_cycle *cy, int16_t ver, km_wr *w)
+static const void *req_create_acls(sync_cycle *cy)
 {
-	km_create_acls_request m;
+	km_create_acls_request *m = km_arena_alloc(&cy->a, sizeof(*m));
 	km_create_acls_request_acl_creation *cs = km_arena_calloc(&cy->a, (cy->ncreate + 1) * sizeof(*cs));
 
-	if (!cs)
-		return false;
-	km_create_acls_request_init(&m);
+	if (!m || !cs)
+		return NULL;
+	km_create_acls_request_init(m);
 	for (size_t i = 0; i < cy->ncreate; i++) {
 		const sacl *b = cy->create[i];
 		km_create_acls_request_acl_creation_init(&cs[i]);
@@ -351,20 +342,19 @@ static bool enc_create_acls(sync_cycle *cy, int16_t ver, km_wr *w)
 							       .host = km_str_c(b->host), .operation = b->op,
 							       .permission_type = b->perm};
 	}
-	m.creations.items = cs;
-	m.creations.count = (int32_t)cy->ncreate;
-	km_create_acls_request_encode(w, ver, &m);
-	return true;
+	m->creations.items = cs;
+	m->creations.count = (int32_t)cy->ncreate;
+	return m;
 }
 
-static bool enc_delete_acls(sync_cycle *cy, int16_t ver, km_wr *w)
+static const void *req_delete_acls(sync_cycle *cy)
 {
-	km_delete_acls_request m;
+	km_delete_acls_request *m = km_arena_alloc(&cy->a, sizeof(*m));
 	km_delete_acls_request_delete_acls_filter *fs = km_arena_calloc(&cy->a, (cy->ndelete + 1) * sizeof(*fs));
 
-	if (!fs)
-		return false;
-	km_delete_acls_request_init(&m);
+	if (!m || !fs)
+		return NULL;
+	km_delete_acls_request_init(m);
 	for (size_t i = 0; i < cy->ndelete; i++) {
 		const sacl *b = cy->delete[i];
 		km_delete_acls_request_delete_acls_filter_init(&fs[i]);
@@ -376,40 +366,39 @@ static bool enc_delete_acls(sync_cycle *cy, int16_t ver, km_wr *w)
 								    .host_filter = km_str_c(b->host), .operation = b->op,
 								    .permission_type = b->perm};
 	}
-	m.filters.items = fs;
-	m.filters.count = (int32_t)cy->ndelete;
-	km_delete_acls_request_encode(w, ver, &m);
-	return true;
+	m->filters.items = fs;
+	m->filters.count = (int32_t)cy->ndelete;
+	return m;
 }
 
-bool km_sy_encode(sync_cycle *cy, sreq *rq, int16_t ver, km_wr *w)
+const void *km_sy_request(sync_cycle *cy, sreq *rq)
 {
 	switch (rq->key) {
 	case KM_API_METADATA:
-		return enc_metadata(cy, ver, w);
+		return req_metadata(cy);
 	case KM_API_DESCRIBE_CONFIGS:
-		return enc_describe_configs(cy, ver, w);
+		return req_describe_configs(cy);
 	case KM_API_INCREMENTAL_ALTER_CONFIGS:
-		return enc_alter(cy, ver, w);
+		return req_alter(cy);
 	case KM_API_LIST_GROUPS:
-		return enc_list_groups(cy, ver, w);
+		return req_list_groups(cy);
 	case KM_API_FIND_COORDINATOR:
-		return enc_find_coordinator(cy, ver, w);
+		return req_find_coordinator(cy);
 	case KM_API_OFFSET_FETCH:
-		return enc_offset_fetch(cy, rq, ver, w);
+		return req_offset_fetch(cy, rq);
 	case KM_API_OFFSET_COMMIT:
-		return enc_commit(cy, rq, ver, w);
+		return req_commit(cy, rq);
 	case KM_API_DESCRIBE_SHARE_GROUP_OFFSETS:
-		return enc_share_describe(cy, rq, ver, w);
+		return req_share_describe(cy, rq);
 	case KM_API_ALTER_SHARE_GROUP_OFFSETS:
-		return enc_share_alter(cy, rq, ver, w);
+		return req_share_alter(cy, rq);
 	case KM_API_DESCRIBE_ACLS:
-		return enc_describe_acls(cy, ver, w);
+		return req_describe_acls(cy);
 	case KM_API_CREATE_ACLS:
-		return enc_create_acls(cy, ver, w);
+		return req_create_acls(cy);
 	case KM_API_DELETE_ACLS:
-		return enc_delete_acls(cy, ver, w);
+		return req_delete_acls(cy);
 	default:
-		return false;
+		return NULL;
 	}
 }

@@ -176,12 +176,15 @@ void km_sy_cycle_free(sync_cycle *cy);
 bool km_sy_plan_configs(sync_cycle *cy, stopic *t);
 /* Whether the destination side of g holds offset o already. */
 bool km_sy_dst_has(const sgroup *g, const soff *o);
-/* The request rq at version ver; false: no memory. */
-bool km_sy_encode(sync_cycle *cy, sreq *rq, int16_t ver, km_wr *w);
+/*
+ * rq's request: the km_<name>_request of rq->key, in the cycle's arena, for km_rpc_call to encode at
+ * the version the broker takes. NULL: no memory.
+ */
+const void *km_sy_request(sync_cycle *cy, sreq *rq);
 
 /* ---- answers.c ---- */
 
-/* rq's answer, decoded and taken into the cycle's data (an error fails the step). */
-void km_sy_take(sync_cycle *cy, sreq *rq, int16_t ver, km_rd *rd, km_arena *a);
+/* rq's answer (msg: the decoded km_<name>_response of rq->key) taken into the cycle's data (an error fails the step). */
+void km_sy_take(sync_cycle *cy, sreq *rq, const void *msg);
 
 #endif

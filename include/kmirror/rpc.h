@@ -42,6 +42,17 @@ typedef struct km_rpc_response {
 } km_rpc_response;
 
 /*
+ * Whether r failed because its body did not decode (r->why says where): the connection is sound and
+ * the request may go again on it. A connection whose framing broke fails with KM_ERR_DECODE too,
+ * but with no why: that is the transport's error, like a timeout.
+ */
+static inline bool km_rpc_undecoded(const km_rpc_response *r)
+{
+	return r->err == KM_ERR_DECODE && r->why && *r->why;
+}
+
+
+/*
  * Called exactly once per km_rpc_call that returned KM_OK (also when the client is freed first,
  * with KM_ERR_CLOSED). r and what it points to are valid only during the call unless opts.arena
  * was given; the callback may free the client.

@@ -301,7 +301,7 @@ static void on_response(km_net_client *c, const km_rpc_response *r, void *arg)
 	if (l->freeing)
 		return;
 	l->inflight = false;
-	if (km_mirror_undecoded(r))
+	if (km_rpc_undecoded(r))
 		return later(l, RETRY_MS); /* the connection is sound: ask again */
 	if (r->err != KM_OK) {
 		km_cluster_drop(l->dst, c);

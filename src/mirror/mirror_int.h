@@ -23,16 +23,6 @@
 km_err km_cluster_send(km_net_client *c, int16_t key, int16_t ver, km_wr *w, km_net_response_cb cb, void *arg)
 	__attribute__((warn_unused_result));
 
-/*
- * Whether r failed because its body did not decode (r->why says where): the connection is sound and
- * the request may go again on it. A connection whose framing broke fails with KM_ERR_DECODE too,
- * but with no why: that is the transport's error, like a timeout.
- */
-static inline bool km_mirror_undecoded(const km_rpc_response *r)
-{
-	return r->err == KM_ERR_DECODE && r->why && *r->why;
-}
-
 /* ---- the connections of a mirror (conn.c) ---- */
 
 /*

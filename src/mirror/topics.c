@@ -785,7 +785,7 @@ static void on_response(km_net_client *c, const km_rpc_response *r, void *arg)
 	if (p->finished)
 		return;
 	p->inflight = false;
-	if (km_mirror_undecoded(r)) {
+	if (km_rpc_undecoded(r)) {
 		snprintf(p->why, sizeof(p->why), "the %s cluster's answer could not be decoded", km_cluster_side(cl));
 		later(p, RETRY_MS);
 		return;

@@ -264,7 +264,7 @@ static void on_answer(km_net_client *c, const km_rpc_response *r, void *arg)
 	if (!t)
 		return;
 	t->inflight = NULL;
-	if (km_mirror_undecoded(r)) {
+	if (km_rpc_undecoded(r)) {
 		retry(t, 0); /* the connection is sound: the same request again later */
 		changed(t);
 		return;

@@ -187,7 +187,7 @@ static void on_response(km_net_client *c, const km_rpc_response *r, void *arg)
 		return;
 	rq = &cy->rq[i];
 	rq->done = true;
-	if (km_mirror_undecoded(r)) {
+	if (km_rpc_undecoded(r)) {
 		km_sy_step_error(cy, "the %s's %s answer could not be decoded", km_sy_side(cy, rq->cl),
 				 km_sy_api_name(rq->key));
 	} else if (r->err != KM_OK) {

@@ -15,7 +15,7 @@ typedef struct mnode {
 	bool failed;
 } mnode;
 
-struct km_mcluster {
+struct km_cluster {
 	struct event_base *base;
 	char side[16];
 	km_net_client_opts o;
@@ -37,7 +37,7 @@ struct km_mcluster {
 
 static void on_ev(evutil_socket_t fd, short what, void *arg)
 {
-	km_mcluster *cl = arg;
+	km_cluster *cl = arg;
 	(void)fd;
 	(void)what;
 	for (size_t i = 0; i < cl->ndead; i++)
@@ -47,14 +47,14 @@ static void on_ev(evutil_socket_t fd, short what, void *arg)
 		cl->on_change(cl->arg);
 }
 
-static void kick(km_mcluster *cl)
+static void kick(km_cluster *cl)
 {
 	event_active(cl->ev, 0, 0);
 }
 
 static void on_state(km_net_client *c, km_err err, void *arg)
 {
-	km_mcluster *cl = arg;
+	km_cluster *cl = arg;
 
 	if (err != KM_OK) {
 		KM_DEBUG(KM_MIRROR_COMP, 0, "%s connection failed: %s", cl->side, km_net_client_reason(c));
@@ -74,10 +74,10 @@ static char *dup_or_null(const char *s)
 	return s ? strdup(s) : NULL;
 }
 
-km_mcluster *km_mcluster_new(struct event_base *base, const char *side, const km_net_client_opts *tmpl,
+km_cluster *km_cluster_new(struct event_base *base, const char *side, const km_net_client_opts *tmpl,
 			     const km_hostport *boot, size_t nboot, void (*on_change)(void *arg), void *arg)
 {
-	km_mcluster *cl = calloc(1, sizeof(*cl));
+	km_cluster *cl = calloc(1, sizeof(*cl));
 
 	if (!cl || !nboot)
 		goto fail;
@@ -104,11 +104,11 @@ km_mcluster *km_mcluster_new(struct event_base *base, const char *side, const km
 	cl->arg = arg;
 	return cl;
 fail:
-	km_mcluster_free(cl);
+	km_cluster_free(cl);
 	return NULL;
 }
 
-void km_mcluster_free(km_mcluster *cl)
+void km_cluster_free(km_cluster *cl)
 {
 	if (!cl)
 		return;
@@ -133,17 +133,17 @@ void km_mcluster_free(km_mcluster *cl)
 	free(cl);
 }
 
-const char *km_mcluster_last_error(const km_mcluster *cl)
+const char *km_cluster_last_error(const km_cluster *cl)
 {
 	return cl->last_error;
 }
 
-const char *km_mcluster_side(const km_mcluster *cl)
+const char *km_cluster_side(const km_cluster *cl)
 {
 	return cl->side;
 }
 
-static km_net_client *connect_to(km_mcluster *cl, const char *host, uint16_t port)
+static km_net_client *connect_to(km_cluster *cl, const char *host, uint16_t port)
 {
 	km_net_client *c = km_net_client_new(cl->base, &cl->o);
 
@@ -155,7 +155,7 @@ static km_net_client *connect_to(km_mcluster *cl, const char *host, uint16_t por
 }
 
 /* Park a client for freeing on the next loop iteration (it may be calling us). */
-static void bury(km_mcluster *cl, km_net_client *c)
+static void bury(km_cluster *cl, km_net_client *c)
 {
 	if (cl->ndead == cl->capdead) {
 		size_t cap = cl->capdead ? cl->capdead * 2 : 8;
@@ -172,14 +172,14 @@ static void bury(km_mcluster *cl, km_net_client *c)
 	kick(cl);
 }
 
-km_net_client *km_mcluster_any(km_mcluster *cl)
+km_net_client *km_cluster_any(km_cluster *cl)
 {
 	/* A broker the metadata named, connected and healthy, is the cheapest. */
 	for (size_t i = 0; i < cl->nnodes; i++)
 		if (cl->nodes[i].c && !cl->nodes[i].failed && km_net_client_ready(cl->nodes[i].c))
 			return cl->nodes[i].c;
 	if (cl->bootc && cl->boot_failed)
-		km_mcluster_drop(cl, cl->bootc);
+		km_cluster_drop(cl, cl->bootc);
 	if (!cl->bootc) {
 		const km_hostport *hp = &cl->boot[cl->boot_i++ % cl->nboot];
 		cl->bootc = connect_to(cl, hp->host, hp->port);
@@ -188,7 +188,7 @@ km_net_client *km_mcluster_any(km_mcluster *cl)
 	return cl->bootc;
 }
 
-static mnode *node_of(km_mcluster *cl, int32_t id)
+static mnode *node_of(km_cluster *cl, int32_t id)
 {
 	for (size_t i = 0; i < cl->nnodes; i++)
 		if (cl->nodes[i].id == id)
@@ -196,14 +196,14 @@ static mnode *node_of(km_mcluster *cl, int32_t id)
 	return NULL;
 }
 
-km_net_client *km_mcluster_node(km_mcluster *cl, int32_t id)
+km_net_client *km_cluster_node(km_cluster *cl, int32_t id)
 {
 	mnode *n = node_of(cl, id);
 
 	if (!n)
 		return NULL;
 	if (n->c && n->failed)
-		km_mcluster_drop(cl, n->c);
+		km_cluster_drop(cl, n->c);
 	if (!n->c) {
 		n->c = connect_to(cl, n->host, n->port);
 		n->failed = false;
@@ -211,7 +211,7 @@ km_net_client *km_mcluster_node(km_mcluster *cl, int32_t id)
 	return n->c;
 }
 
-bool km_mcluster_failed(km_mcluster *cl, const km_net_client *c)
+bool km_cluster_failed(km_cluster *cl, const km_net_client *c)
 {
 	if (!c)
 		return true;
@@ -223,7 +223,7 @@ bool km_mcluster_failed(km_mcluster *cl, const km_net_client *c)
 	return true;
 }
 
-km_err km_mcluster_send(km_net_client *c, int16_t key, int16_t ver, km_wr *w, km_net_response_cb cb, void *arg)
+km_err km_cluster_send(km_net_client *c, int16_t key, int16_t ver, km_wr *w, km_net_response_cb cb, void *arg)
 {
 	km_net_request rq;
 	km_net_piece pc = {.p = w->buf, .len = w->len};
@@ -242,18 +242,18 @@ km_err km_mcluster_send(km_net_client *c, int16_t key, int16_t ver, km_wr *w, km
 	return rc;
 }
 
-bool km_mcluster_usable(km_mcluster *cl, km_net_client *c)
+bool km_cluster_usable(km_cluster *cl, km_net_client *c)
 {
 	if (!c)
 		return false;
 	if (km_net_client_ready(c))
 		return true;
-	if (km_mcluster_failed(cl, c))
-		km_mcluster_drop(cl, c);
+	if (km_cluster_failed(cl, c))
+		km_cluster_drop(cl, c);
 	return false;
 }
 
-void km_mcluster_drop(km_mcluster *cl, km_net_client *c)
+void km_cluster_drop(km_cluster *cl, km_net_client *c)
 {
 	if (!c)
 		return;
@@ -272,7 +272,7 @@ void km_mcluster_drop(km_mcluster *cl, km_net_client *c)
 		}
 }
 
-km_err km_mcluster_brokers(km_mcluster *cl, const km_metadata_response *r)
+km_err km_cluster_brokers(km_cluster *cl, const km_metadata_response *r)
 {
 	size_t n = r->brokers.count > 0 ? (size_t)r->brokers.count : 0;
 	mnode *nn;
@@ -305,7 +305,7 @@ km_err km_mcluster_brokers(km_mcluster *cl, const km_metadata_response *r)
 	return KM_OK;
 }
 
-size_t km_mcluster_node_ids(const km_mcluster *cl, int32_t *out, size_t cap)
+size_t km_cluster_node_ids(const km_cluster *cl, int32_t *out, size_t cap)
 {
 	for (size_t i = 0; i < cl->nnodes && i < cap; i++)
 		out[i] = cl->nodes[i].id;

@@ -50,7 +50,7 @@ static bool jaas_field(const char *jaas, const char *key, char *out, size_t len)
 	return false;
 }
 
-km_mcluster *km_mirror_source_cluster(km_mirror *mi, const km_state_mirror *m, const char *purpose,
+km_cluster *km_mirror_source_cluster(km_mirror *mi, const km_state_mirror *m, const char *purpose,
 				     int64_t max_frame, SSL_CTX **tls_out, void (*on_change)(void *arg), void *arg,
 				     char *why, size_t whylen)
 {
@@ -63,7 +63,7 @@ km_mcluster *km_mirror_source_cluster(km_mirror *mi, const km_state_mirror *m, c
 	km_hostport hps[64];
 	size_t nhp = 0;
 	km_net_client_opts o;
-	km_mcluster *cl;
+	km_cluster *cl;
 	bool tls = proto && (!strcmp(proto, "SSL") || !strcmp(proto, "SASL_SSL"));
 	bool sasl = proto && !strncmp(proto, "SASL_", 5);
 
@@ -128,7 +128,7 @@ km_mcluster *km_mirror_source_cluster(km_mirror *mi, const km_state_mirror *m, c
 	o.request_timeout_ms = 31000; /* above a fetch's MaxWait */
 	o.dns = km_mirror_dns(mi);
 	o.max_frame_bytes = max_frame;
-	cl = km_mcluster_new(km_mirror_base(mi), "source", &o, hps, nhp, on_change, arg);
+	cl = km_cluster_new(km_mirror_base(mi), "source", &o, hps, nhp, on_change, arg);
 	memset(pass, 0, sizeof(pass));
 	if (!cl) {
 		snprintf(why, whylen, "out of memory");
@@ -139,7 +139,7 @@ km_mcluster *km_mirror_source_cluster(km_mirror *mi, const km_state_mirror *m, c
 	return cl;
 }
 
-km_mcluster *km_mirror_dest_cluster(km_mirror *mi, const char *mirror, const char *purpose,
+km_cluster *km_mirror_dest_cluster(km_mirror *mi, const char *mirror, const char *purpose,
 				   void (*on_change)(void *arg), void *arg)
 {
 	const km_mirror_opts *mo = km_mirror_get_opts(mi);
@@ -159,6 +159,6 @@ km_mcluster *km_mirror_dest_cluster(km_mirror *mi, const char *mirror, const cha
 	o.request_timeout_ms = 40000; /* above the Produce timeout (30 s) */
 	o.max_frame_bytes = 16 << 20;
 	o.dns = km_mirror_dns(mi);
-	return km_mcluster_new(km_mirror_base(mi), "destination", &o, cfg->upstream, (size_t)cfg->upstream_count,
+	return km_cluster_new(km_mirror_base(mi), "destination", &o, cfg->upstream, (size_t)cfg->upstream_count,
 			       on_change, arg);
 }

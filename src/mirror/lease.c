@@ -41,7 +41,7 @@ typedef enum { L_META, L_FIND, L_BEAT, L_ALONE } lphase;
 
 struct km_lease {
 	km_mirror *mi;
-	km_mcluster *dst;
+	km_cluster *dst;
 	struct event *ev;
 	lphase ph;
 	bool inflight, freeing;
@@ -91,21 +91,21 @@ static void on_response(km_net_client *c, km_err err, const uint8_t *body, size_
 
 static void send_req(km_lease *l, km_net_client *c, int16_t key, km_wr *w, int16_t ver)
 {
-	if (km_mcluster_send(c, key, ver, w, on_response, l) == KM_OK) {
+	if (km_cluster_send(c, key, ver, w, on_response, l) == KM_OK) {
 		l->inflight = true;
 		l->ver = ver;
 		return;
 	}
-	km_mcluster_drop(l->dst, c);
+	km_cluster_drop(l->dst, c);
 	later(l, RETRY_MS);
 }
 
 /* A usable client for the phase and the request's version (-1: not usable now, or not supported). */
 static km_net_client *client(km_lease *l, int32_t node, int16_t key, int16_t lo, int16_t hi, int16_t *ver)
 {
-	km_net_client *c = node < 0 ? km_mcluster_any(l->dst) : km_mcluster_node(l->dst, node);
+	km_net_client *c = node < 0 ? km_cluster_any(l->dst) : km_cluster_node(l->dst, node);
 
-	if (!km_mcluster_usable(l->dst, c)) {
+	if (!km_cluster_usable(l->dst, c)) {
 		later(l, RETRY_MS);
 		return NULL;
 	}
@@ -219,7 +219,7 @@ static void took_meta(km_lease *l, const km_metadata_response *r)
 	const km_metadata_response_topic *t = r->topics.count == 1 ? &r->topics.items[0] : NULL;
 	bool *owned;
 
-	if (km_mcluster_brokers(l->dst, r) != KM_OK || !t)
+	if (km_cluster_brokers(l->dst, r) != KM_OK || !t)
 		return later(l, RETRY_MS);
 	if (t->error_code) {
 		/* No state topic yet (no mirror created): nothing to own; look again later. */
@@ -312,7 +312,7 @@ static void on_response(km_net_client *c, km_err err, const uint8_t *body, size_
 		return;
 	l->inflight = false;
 	if (err != KM_OK) {
-		km_mcluster_drop(l->dst, c);
+		km_cluster_drop(l->dst, c);
 		if (l->ph == L_BEAT)
 			l->ph = L_FIND;
 		return later(l, RETRY_MS);
@@ -400,11 +400,11 @@ static void ignore_answer(km_net_client *c, km_err err, const uint8_t *body, siz
 /* Leave the group, so that another kmirrord takes the mirrors at once rather than after the session timeout. */
 static void leave(km_lease *l)
 {
-	km_net_client *c = l->coord >= 0 ? km_mcluster_node(l->dst, l->coord) : NULL;
+	km_net_client *c = l->coord >= 0 ? km_cluster_node(l->dst, l->coord) : NULL;
 	km_consumer_group_heartbeat_request m;
 	km_wr w;
 
-	if (l->ph != L_BEAT || l->epoch <= 0 || !km_mcluster_usable(l->dst, c) ||
+	if (l->ph != L_BEAT || l->epoch <= 0 || !km_cluster_usable(l->dst, c) ||
 	    km_net_client_version(c, KM_API_CONSUMER_GROUP_HEARTBEAT) < 1)
 		return;
 	km_consumer_group_heartbeat_request_init(&m);
@@ -420,7 +420,7 @@ static void leave(km_lease *l)
 	m.topic_partitions.count = -1;
 	km_wr_init(&w);
 	km_consumer_group_heartbeat_request_encode(&w, 1, &m);
-	if (km_mcluster_send(c, KM_API_CONSUMER_GROUP_HEARTBEAT, 1, &w, ignore_answer, NULL) != KM_OK)
+	if (km_cluster_send(c, KM_API_CONSUMER_GROUP_HEARTBEAT, 1, &w, ignore_answer, NULL) != KM_OK)
 		return;
 	KM_INFO(COMP, 0, "metadata sync: left the group %s", KM_SYNC_GROUP);
 }
@@ -432,7 +432,7 @@ void km_lease_free(km_lease *l)
 	l->freeing = true;
 	if (l->dst)
 		leave(l);
-	km_mcluster_free(l->dst);
+	km_cluster_free(l->dst);
 	if (l->ev)
 		event_free(l->ev);
 	free(l->owned);

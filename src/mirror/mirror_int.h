@@ -14,38 +14,38 @@
 
 /* ---- a cluster: bootstrap addresses, the brokers the metadata names, one client per broker ---- */
 
-typedef struct km_mcluster km_mcluster;
+typedef struct km_cluster km_cluster;
 
 /*
  * tmpl: the client options every connection gets (its strings are copied; on_state/arg are
  * replaced: on_change(arg) runs on a later loop iteration whenever a client becomes ready or fails).
  */
-km_mcluster *km_mcluster_new(struct event_base *base, const char *side, const km_net_client_opts *tmpl,
+km_cluster *km_cluster_new(struct event_base *base, const char *side, const km_net_client_opts *tmpl,
 			     const km_hostport *boot, size_t nboot, void (*on_change)(void *arg), void *arg);
-void km_mcluster_free(km_mcluster *cl);
+void km_cluster_free(km_cluster *cl);
 /* A client to any broker (a bootstrap address until the metadata named brokers); NULL: cannot connect. */
-km_net_client *km_mcluster_any(km_mcluster *cl);
+km_net_client *km_cluster_any(km_cluster *cl);
 /* The client of broker id (connecting on first use); NULL when the metadata does not name it. */
-km_net_client *km_mcluster_node(km_mcluster *cl, int32_t id);
-/* Whether c failed (the next km_mcluster_any / _node gives a fresh client). */
-bool km_mcluster_failed(km_mcluster *cl, const km_net_client *c);
+km_net_client *km_cluster_node(km_cluster *cl, int32_t id);
+/* Whether c failed (the next km_cluster_any / _node gives a fresh client). */
+bool km_cluster_failed(km_cluster *cl, const km_net_client *c);
 /*
  * Send the request body encoded in w (freed here) to c, answered flat to cb(arg), header versions
  * from the API table. On failure nothing was kept: arg is still the caller's.
  */
-km_err km_mcluster_send(km_net_client *c, int16_t key, int16_t ver, km_wr *w, km_net_response_cb cb, void *arg)
+km_err km_cluster_send(km_net_client *c, int16_t key, int16_t ver, km_wr *w, km_net_response_cb cb, void *arg)
 	__attribute__((warn_unused_result));
 /* Whether c is connected and negotiated; a failed one is dropped (the next use reconnects). NULL: false. */
-bool km_mcluster_usable(km_mcluster *cl, km_net_client *c);
+bool km_cluster_usable(km_cluster *cl, km_net_client *c);
 /* Forget c after an error on it: the next use reconnects. Safe from inside c's callbacks. */
-void km_mcluster_drop(km_mcluster *cl, km_net_client *c);
+void km_cluster_drop(km_cluster *cl, km_net_client *c);
 /* Take the brokers of a Metadata response (clients of unchanged addresses are kept). */
-km_err km_mcluster_brokers(km_mcluster *cl, const km_metadata_response *r) __attribute__((warn_unused_result));
-const char *km_mcluster_side(const km_mcluster *cl);
+km_err km_cluster_brokers(km_cluster *cl, const km_metadata_response *r) __attribute__((warn_unused_result));
+const char *km_cluster_side(const km_cluster *cl);
 /* Why the cluster's last connection failed (km_net_client_reason of it); "" when none has. */
-const char *km_mcluster_last_error(const km_mcluster *cl);
+const char *km_cluster_last_error(const km_cluster *cl);
 /* The broker ids the last metadata named: up to cap of them in out; returns how many there are. */
-size_t km_mcluster_node_ids(const km_mcluster *cl, int32_t *out, size_t cap);
+size_t km_cluster_node_ids(const km_cluster *cl, int32_t *out, size_t cap);
 
 /* ---- the connections of a mirror (conn.c) ---- */
 
@@ -55,11 +55,11 @@ size_t km_mcluster_node_ids(const km_mcluster *cl, int32_t *out, size_t cap);
  * (sasl.username / sasl.password, or a JAAS line), client.id (default
  * kmirrord/<instance>/<mirror>/<purpose>). NULL with why set when the configuration is unusable.
  */
-km_mcluster *km_mirror_source_cluster(km_mirror *mi, const km_state_mirror *m, const char *purpose,
+km_cluster *km_mirror_source_cluster(km_mirror *mi, const km_state_mirror *m, const char *purpose,
 				     int64_t max_frame, SSL_CTX **tls_out, void (*on_change)(void *arg), void *arg,
 				     char *why, size_t whylen);
 /* The destination as kmirrord's own client (the upstream settings), client.id kmirrord/<instance>/<mirror>/<purpose>. */
-km_mcluster *km_mirror_dest_cluster(km_mirror *mi, const char *mirror, const char *purpose,
+km_cluster *km_mirror_dest_cluster(km_mirror *mi, const char *mirror, const char *purpose,
 				   void (*on_change)(void *arg), void *arg);
 
 /* ---- the driver's services for the pipelines ---- */
@@ -132,7 +132,7 @@ typedef enum {
 } km_txp_state;
 
 /* A producer of topic/partition's transactions (its only partition: its sequences are that partition's). */
-km_txp *km_txp_new(km_mcluster *dst, const char *transactional_id, const char *topic, int32_t partition,
+km_txp *km_txp_new(km_cluster *dst, const char *transactional_id, const char *topic, int32_t partition,
 		   void (*on_change)(void *arg), void *arg);
 void km_txp_free(km_txp *t);
 /* Send what the state asks for when nothing is in flight; returns when (ms) it wants to be polled again. */

@@ -148,7 +148,7 @@ struct km_mprep {
 	km_mirror_batch_q *lq;
 	size_t nlq, lq_next;
 	km_mirror_batches_cb lcb;
-	km_mcluster *src, *dst;
+	km_cluster *src, *dst;
 	SSL_CTX *src_tls;
 	char src_boot[256];
 	phase ph;
@@ -188,8 +188,8 @@ static void set_code(ptopic *t, km_err code, const char *fmt, ...)
 static void prep_free(struct km_mprep *p)
 {
 	/* The clusters first: their pending requests fail now, while p is still there to see it finished. */
-	km_mcluster_free(p->src);
-	km_mcluster_free(p->dst);
+	km_cluster_free(p->src);
+	km_cluster_free(p->dst);
 	p->src = p->dst = NULL;
 	if (p->src_tls)
 		SSL_CTX_free(p->src_tls);
@@ -273,11 +273,11 @@ static void on_cluster(void *arg)
 }
 
 /* A ready client of cl, or NULL (why noted; the cluster's on_change or the retry timer calls again). */
-static km_net_client *ready_client(struct km_mprep *p, km_mcluster *cl)
+static km_net_client *ready_client(struct km_mprep *p, km_cluster *cl)
 {
-	km_net_client *c = km_mcluster_any(cl);
-	const char *r = km_mcluster_last_error(cl);
-	if (km_mcluster_usable(cl, c))
+	km_net_client *c = km_cluster_any(cl);
+	const char *r = km_cluster_last_error(cl);
+	if (km_cluster_usable(cl, c))
 		return c;
 	/* The cluster replaces a failed client itself: its last failure says why we still wait. */
 	if (*r && cl == p->src)
@@ -285,14 +285,14 @@ static km_net_client *ready_client(struct km_mprep *p, km_mcluster *cl)
 	else if (*r)
 		snprintf(p->why, sizeof(p->why), "the destination cannot be reached: %s", r);
 	else if (!c)
-		snprintf(p->why, sizeof(p->why), "cannot connect to the %s cluster", km_mcluster_side(cl));
+		snprintf(p->why, sizeof(p->why), "cannot connect to the %s cluster", km_cluster_side(cl));
 	later(p, RETRY_MS);
 	return NULL;
 }
 
 typedef struct rctx {
 	struct km_mprep *p;
-	km_mcluster *cl;
+	km_cluster *cl;
 	int16_t ver;
 	phase ph;
 } rctx;
@@ -318,7 +318,7 @@ static void took_grow(struct km_mprep *p, const km_create_partitions_response *r
 
 static void on_response(km_net_client *c, km_err err, const uint8_t *body, size_t len, void *arg);
 
-static void send_req(struct km_mprep *p, km_mcluster *cl, km_net_client *c, int16_t key, int16_t ver, km_wr *w)
+static void send_req(struct km_mprep *p, km_cluster *cl, km_net_client *c, int16_t key, int16_t ver, km_wr *w)
 {
 	rctx *x = calloc(1, sizeof(*x));
 	km_err rc;
@@ -328,20 +328,20 @@ static void send_req(struct km_mprep *p, km_mcluster *cl, km_net_client *c, int1
 		rc = KM_ERR_NOMEM;
 	} else {
 		*x = (rctx){p, cl, ver, p->ph};
-		rc = km_mcluster_send(c, key, ver, w, on_response, x);
+		rc = km_cluster_send(c, key, ver, w, on_response, x);
 	}
 	if (rc == KM_OK) {
 		p->inflight = true;
 		return;
 	}
 	free(x);
-	snprintf(p->why, sizeof(p->why), "sending to the %s failed: %s", km_mcluster_side(cl), km_err_name(rc));
-	km_mcluster_drop(cl, c);
+	snprintf(p->why, sizeof(p->why), "sending to the %s failed: %s", km_cluster_side(cl), km_err_name(rc));
+	km_cluster_drop(cl, c);
 	later(p, RETRY_MS);
 }
 
 /* Metadata of the topics that match want (missing ones for the source; the created ones for the leaders). */
-static void send_metadata(struct km_mprep *p, km_mcluster *cl, bool only_missing)
+static void send_metadata(struct km_mprep *p, km_cluster *cl, bool only_missing)
 {
 	km_net_client *c = ready_client(p, cl);
 	km_metadata_request m;
@@ -356,7 +356,7 @@ static void send_metadata(struct km_mprep *p, km_mcluster *cl, bool only_missing
 		for (size_t i = 0; i < p->n; i++)
 			if (!only_missing || p->t[i].missing)
 				set_code(&p->t[i], KM_KAFKA_UNSUPPORTED_VERSION, "the %s cluster does not support Metadata v%d+",
-					 km_mcluster_side(cl), META_LO);
+					 km_cluster_side(cl), META_LO);
 		p->ph = P_DONE;
 		later(p, 0);
 		return;
@@ -600,7 +600,7 @@ static bool took_leaders(struct km_mprep *p, const km_metadata_response *r)
 /* The leader of every question's partition, from the destination's metadata (questions without one are answered). */
 static void took_lookup_meta(struct km_mprep *p, const km_metadata_response *r)
 {
-	if (km_mcluster_brokers(p->dst, r) != KM_OK) {
+	if (km_cluster_brokers(p->dst, r) != KM_OK) {
 		snprintf(p->why, sizeof(p->why), "out of memory");
 		return;
 	}
@@ -671,8 +671,8 @@ static void send_lookup_fetch(struct km_mprep *p)
 		return;
 	}
 	q = &p->lq[p->lq_next];
-	c = km_mcluster_node(p->dst, q->leader);
-	if (!km_mcluster_usable(p->dst, c)) {
+	c = km_cluster_node(p->dst, q->leader);
+	if (!km_cluster_usable(p->dst, c)) {
 		later(p, RETRY_MS);
 		return;
 	}
@@ -749,7 +749,7 @@ static void on_response(km_net_client *c, km_err err, const uint8_t *body, size_
 	struct km_mprep *p = x->p;
 	int16_t ver = x->ver;
 	phase ph = x->ph;
-	km_mcluster *cl = x->cl;
+	km_cluster *cl = x->cl;
 	km_arena a;
 	km_rd rd;
 	km_err rc = KM_OK;
@@ -759,9 +759,9 @@ static void on_response(km_net_client *c, km_err err, const uint8_t *body, size_
 		return;
 	p->inflight = false;
 	if (err != KM_OK) {
-		snprintf(p->why, sizeof(p->why), "a request to the %s cluster failed: %s", km_mcluster_side(cl),
+		snprintf(p->why, sizeof(p->why), "a request to the %s cluster failed: %s", km_cluster_side(cl),
 			 km_err_name(err));
-		km_mcluster_drop(cl, c);
+		km_cluster_drop(cl, c);
 		later(p, RETRY_MS);
 		return;
 	}
@@ -822,7 +822,7 @@ static void on_response(km_net_client *c, km_err err, const uint8_t *body, size_
 	}
 	km_arena_free(&a);
 	if (rc != KM_OK) {
-		snprintf(p->why, sizeof(p->why), "the %s cluster's answer could not be decoded", km_mcluster_side(cl));
+		snprintf(p->why, sizeof(p->why), "the %s cluster's answer could not be decoded", km_cluster_side(cl));
 		later(p, RETRY_MS);
 		return;
 	}

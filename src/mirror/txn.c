@@ -39,7 +39,7 @@ typedef struct txp_ctx {
 } txp_ctx;
 
 struct km_txp {
-	km_mcluster *dst;
+	km_cluster *dst;
 	char *tid;
 	void (*on_change)(void *arg);
 	void *arg;
@@ -71,7 +71,7 @@ const char *km_txp_state_name(km_txp_state s)
 	return s <= KM_TXP_FAILED ? n[s] : "?";
 }
 
-km_txp *km_txp_new(km_mcluster *dst, const char *transactional_id, const char *topic, int32_t partition,
+km_txp *km_txp_new(km_cluster *dst, const char *transactional_id, const char *topic, int32_t partition,
 		   void (*on_change)(void *arg), void *arg)
 {
 	km_txp *t = calloc(1, sizeof(*t));
@@ -269,7 +269,7 @@ static void on_answer(km_net_client *c, km_err err, const uint8_t *body, size_t 
 	}
 	t->inflight = NULL;
 	if (err != KM_OK) {
-		km_mcluster_drop(t->dst, c);
+		km_cluster_drop(t->dst, c);
 		t->coord = -1;
 		retry(t, 0);
 		free(x);
@@ -319,9 +319,9 @@ static void send_op(km_txp *t, km_net_client *c, int op, int16_t key, int16_t ve
 		return retry(t, 0);
 	}
 	*x = (txp_ctx){t, op, ver};
-	if (km_mcluster_send(c, key, ver, w, on_answer, x) != KM_OK) {
+	if (km_cluster_send(c, key, ver, w, on_answer, x) != KM_OK) {
 		free(x);
-		km_mcluster_drop(t->dst, c);
+		km_cluster_drop(t->dst, c);
 		return retry(t, 0);
 	}
 	t->inflight = x;
@@ -341,8 +341,8 @@ int64_t km_txp_poll(km_txp *t, int64_t now)
 	km_wr_init(&w);
 	if (t->coord < 0) {
 		km_find_coordinator_request m;
-		c = km_mcluster_any(t->dst);
-		if (!km_mcluster_usable(t->dst, c))
+		c = km_cluster_any(t->dst);
+		if (!km_cluster_usable(t->dst, c))
 			return now + 100;
 		if ((ver = km_net_version_pick(c, KM_API_FIND_COORDINATOR, 4, 6)) < 0) {
 			snprintf(t->err, sizeof(t->err), "the destination cannot carry transactions: it has no FindCoordinator "
@@ -358,13 +358,13 @@ int64_t km_txp_poll(km_txp *t, int64_t now)
 		send_op(t, c, OP_FIND, KM_API_FIND_COORDINATOR, ver, &w);
 		return now + 1000;
 	}
-	c = km_mcluster_node(t->dst, t->coord);
+	c = km_cluster_node(t->dst, t->coord);
 	if (!c) {
 		t->coord = -1; /* not in the metadata (yet): asked again */
 		retry(t, 0);
 		return t->retry_at;
 	}
-	if (!km_mcluster_usable(t->dst, c))
+	if (!km_cluster_usable(t->dst, c))
 		return now + 100;
 	switch (t->st) {
 	case KM_TXP_INIT: {

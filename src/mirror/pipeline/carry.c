@@ -213,7 +213,7 @@ static void on_list_txns(km_net_client *c, const km_rpc_response *res, void *arg
 			KM_WARN(COMP, 0, "%s: ListTransactions on the destination failed", pl->name);
 		}
 	} else {
-		km_mcluster_drop(pl->dst, c);
+		km_cluster_drop(pl->dst, c);
 	}
 	if (!ok) {
 		pl->txl = TXL_UNASKED; /* asked again, from the start */
@@ -228,7 +228,7 @@ static void on_list_txns(km_net_client *c, const km_rpc_response *res, void *arg
 void km_pl_list_txns(km_pipeline *pl, int64_t now)
 {
 	int32_t nodes[256];
-	size_t n = km_mcluster_node_ids(pl->dst, nodes, 256);
+	size_t n = km_cluster_node_ids(pl->dst, nodes, 256);
 	km_list_transactions_request m;
 
 	if (pl->txl != TXL_UNASKED || now - pl->txl_at < 1000)
@@ -242,7 +242,7 @@ void km_pl_list_txns(km_pipeline *pl, int64_t now)
 		 * the destination's timeout (a marker landing where it was not planned is reconciled).
 		 */
 		KM_WARN(COMP, 0, "%s: ListTransactions did not reach every destination broker in %d s: going on "
-			"without it (%s)", pl->name, TXL_PATIENCE_MS / 1000, km_mcluster_last_error(pl->dst));
+			"without it (%s)", pl->name, TXL_PATIENCE_MS / 1000, km_cluster_last_error(pl->dst));
 		pl->txl = TXL_KNOWN;
 		return;
 	}
@@ -258,7 +258,7 @@ void km_pl_list_txns(km_pipeline *pl, int64_t now)
 	pl->txl_at = now;
 	pl->txl_gen++;
 	for (size_t i = 0; i < n; i++)
-		if (!km_mcluster_usable(pl->dst, km_mcluster_node(pl->dst, nodes[i]))) {
+		if (!km_cluster_usable(pl->dst, km_cluster_node(pl->dst, nodes[i]))) {
 			/* Connecting: asked again on the next tick (a client that becomes ready ticks). */
 			pl->txl = TXL_UNASKED;
 			pl->txl_at = 0;
@@ -266,9 +266,9 @@ void km_pl_list_txns(km_pipeline *pl, int64_t now)
 		}
 	for (size_t i = 0; i < n; i++) {
 		req_ctx *x;
-		km_net_client *c = km_mcluster_node(pl->dst, nodes[i]);
+		km_net_client *c = km_cluster_node(pl->dst, nodes[i]);
 		int16_t ver;
-		if (!km_mcluster_usable(pl->dst, c)) {
+		if (!km_cluster_usable(pl->dst, c)) {
 			pl->txl = TXL_UNASKED;
 			return; /* asked again when all are connected; the answers of those asked are dropped */
 		}
@@ -282,7 +282,7 @@ void km_pl_list_txns(km_pipeline *pl, int64_t now)
 		if ((x = km_pl_ctx_new(pl, pl->dst, nodes[i], ver)))
 			x->extra = (void *)pl->txl_gen;
 		if (km_pl_call(c, KM_API_LIST_TRANSACTIONS, ver, &m, on_list_txns, x) != KM_OK) {
-			km_mcluster_drop(pl->dst, c);
+			km_cluster_drop(pl->dst, c);
 			pl->txl = TXL_UNASKED;
 			return;
 		}

@@ -23,7 +23,7 @@ static void on_peer(km_net_client *c, const km_rpc_response *res, void *arg)
 	if (pl->closing || t->peer != PEER_ASKED)
 		return;
 	if (err != KM_OK) {
-		km_mcluster_drop(pl->src, c);
+		km_cluster_drop(pl->src, c);
 		t->peer = PEER_UNKNOWN; /* asked again */
 		km_pl_tick_soon(pl);
 		return;
@@ -111,7 +111,7 @@ static void on_record_probe(km_net_client *c, const km_rpc_response *res, void *
 				p->fb.hash[dest ? 0 : 1] = record_hash(&pd->records, offset);
 		}
 	} else {
-		km_mcluster_drop(dest ? pl->dst : pl->src, c);
+		km_cluster_drop(dest ? pl->dst : pl->src, c);
 	}
 	if (!ok) {
 		p->fb.check = FB_UNCHECKED; /* asked again */
@@ -142,13 +142,13 @@ static bool record_probe(km_pipeline *pl, mpart *p, bool dest, int64_t offset)
 /* Ask the source whether it is a kmirrord that mirrored t from here (LastMirroredOffsets, any mirror). */
 void km_pl_ask_peer(km_pipeline *pl, mtopic *t)
 {
-	km_net_client *c = km_mcluster_any(pl->src);
+	km_net_client *c = km_cluster_any(pl->src);
 	km_last_mirrored_offsets_request m;
 	km_last_mirrored_offsets_request_topic_data td;
 	req_ctx *x;
 	int16_t ver;
 
-	if (!km_mcluster_usable(pl->src, c))
+	if (!km_cluster_usable(pl->src, c))
 		return;
 	if ((ver = km_net_version_pick(c, KM_API_LAST_MIRRORED_OFFSETS, 0, 0)) < 0) {
 		t->peer = PEER_NONE; /* a plain Kafka cluster */
@@ -164,7 +164,7 @@ void km_pl_ask_peer(km_pipeline *pl, mtopic *t)
 	if ((x = km_pl_ctx_new(pl, pl->src, -1, ver)))
 		x->extra = t;
 	if (km_pl_call(c, KM_API_LAST_MIRRORED_OFFSETS, ver, &m, on_peer, x) != KM_OK)
-		km_mcluster_drop(pl->src, c);
+		km_cluster_drop(pl->src, c);
 	else
 		t->peer = PEER_ASKED;
 }

@@ -338,7 +338,7 @@ static void on_fetch_stream(km_net_client *c, km_err err, struct evbuffer *chunk
 	}
 	if (err != KM_OK || !chunk) {
 		KM_WARN(COMP, 0, "%s: Fetch from source broker %d failed: %s", pl->name, (int)fc->node, km_err_name(err));
-		km_mcluster_drop(pl->src, c);
+		km_cluster_drop(pl->src, c);
 		pl->src_meta_need = true;
 		session_reset(pl, fc->node);
 		free(x);
@@ -539,7 +539,7 @@ static bool fetch_req_send(km_pipeline *pl, km_net_client *c, fetch_req *r, fetc
 		rq.arg = x;
 		ok = km_net_client_request(c, &rq) == KM_OK;
 		if (!ok)
-			km_mcluster_drop(pl->src, c);
+			km_cluster_drop(pl->src, c);
 	}
 	if (!ok)
 		free(x);
@@ -558,7 +558,7 @@ static bool fetch_req_send(km_pipeline *pl, km_net_client *c, fetch_req *r, fetc
  */
 void km_pl_send_fetch(km_pipeline *pl, int32_t node, int64_t now)
 {
-	km_net_client *c = km_mcluster_node(pl->src, node);
+	km_net_client *c = km_cluster_node(pl->src, node);
 	mnode_io *io = km_pl_node_io(&pl->sio, &pl->nsio, node);
 	fetch_req r = {.node = node};
 	fetch_ctx *fc = NULL;
@@ -571,7 +571,7 @@ void km_pl_send_fetch(km_pipeline *pl, int32_t node, int64_t now)
 		pl->src_meta_need = true;
 		return;
 	}
-	if (!km_mcluster_usable(pl->src, c))
+	if (!km_cluster_usable(pl->src, c))
 		return;
 	if ((ver = km_net_version_pick(c, KM_API_FETCH, FETCH_LO, FETCH_HI)) < 0) {
 		KM_ERROR(COMP, 0, "%s: source broker %d does not support Fetch v%d-%d", pl->name, (int)node, FETCH_LO,

@@ -35,7 +35,7 @@ static void on_delete_records(km_net_client *c, const km_rpc_response *res, void
 		if (r && r->topics.count == 1 && r->topics.items[0].partitions.count == 1)
 			code = r->topics.items[0].partitions.items[0].error_code;
 	} else {
-		km_mcluster_drop(pl->dst, c);
+		km_cluster_drop(pl->dst, c);
 	}
 	if (p) {
 		char tag[300];
@@ -91,8 +91,8 @@ void km_pl_follow_log_start(km_pipeline *pl, mpart *p)
 	m = t ? km_state_topic_offmap(t, p->id) : NULL;
 	if (!m || !m->n || (phys = km_offmap_to_physical(m, target)) < 0)
 		return;
-	c = km_mcluster_node(pl->dst, p->lead.dst);
-	if (!km_mcluster_usable(pl->dst, c) || (ver = km_net_version_pick(c, KM_API_DELETE_RECORDS, 0, 2)) < 0)
+	c = km_cluster_node(pl->dst, p->lead.dst);
+	if (!km_cluster_usable(pl->dst, c) || (ver = km_net_version_pick(c, KM_API_DELETE_RECORDS, 0, 2)) < 0)
 		return;
 	km_delete_records_request_init(&rq);
 	km_delete_records_request_delete_records_topic_init(&dt);

@@ -666,8 +666,8 @@ void km_pipeline_free(km_pipeline *pl)
 	if (!pl)
 		return;
 	pl->closing = true;
-	km_mcluster_free(pl->src);
-	km_mcluster_free(pl->dst);
+	km_cluster_free(pl->src);
+	km_cluster_free(pl->dst);
 	for (size_t i = 0; i < pl->ntopics; i++) {
 		mtopic *t = pl->topics[i];
 		for (int32_t j = 0; j < t->nparts; j++) {

@@ -12,7 +12,7 @@
 
 /* ---- metadata (both sides) ---- */
 
-req_ctx *km_pl_ctx_new(km_pipeline *pl, km_mcluster *cl, int32_t node, int16_t ver)
+req_ctx *km_pl_ctx_new(km_pipeline *pl, km_cluster *cl, int32_t node, int16_t ver)
 {
 	req_ctx *x = calloc(1, sizeof(*x));
 	if (x)
@@ -32,12 +32,12 @@ km_err km_pl_call(km_net_client *c, int16_t key, int16_t ver, const void *req, k
 	return rc;
 }
 
-static void take_metadata(km_pipeline *pl, km_mcluster *cl, const km_metadata_response *r)
+static void take_metadata(km_pipeline *pl, km_cluster *cl, const km_metadata_response *r)
 {
 	bool src = cl == pl->src;
 	char tag[300];
 
-	if (km_mcluster_brokers(cl, r) != KM_OK)
+	if (km_cluster_brokers(cl, r) != KM_OK)
 		return;
 	for (int32_t i = 0; i < r->topics.count; i++) {
 		const km_metadata_response_topic *mt = &r->topics.items[i];
@@ -102,7 +102,7 @@ static void on_metadata(km_net_client *c, const km_rpc_response *res, void *arg)
 {
 	req_ctx *x = arg;
 	km_pipeline *pl = x->pl;
-	km_mcluster *cl = x->cl;
+	km_cluster *cl = x->cl;
 	km_err err = km_pl_transport_err(res);
 
 	free(x);
@@ -113,8 +113,8 @@ static void on_metadata(km_net_client *c, const km_rpc_response *res, void *arg)
 	else
 		pl->dst_meta_inflight = false;
 	if (err != KM_OK) {
-		KM_WARN(COMP, 0, "%s: %s Metadata failed: %s", pl->name, km_mcluster_side(cl), km_err_name(err));
-		km_mcluster_drop(cl, c);
+		KM_WARN(COMP, 0, "%s: %s Metadata failed: %s", pl->name, km_cluster_side(cl), km_err_name(err));
+		km_cluster_drop(cl, c);
 		km_pl_schedule_in(pl, BACKOFF_MIN_MS * 5);
 		return;
 	}
@@ -123,19 +123,19 @@ static void on_metadata(km_net_client *c, const km_rpc_response *res, void *arg)
 	km_pl_tick_soon(pl);
 }
 
-void km_pl_send_metadata(km_pipeline *pl, km_mcluster *cl)
+void km_pl_send_metadata(km_pipeline *pl, km_cluster *cl)
 {
-	km_net_client *c = km_mcluster_any(cl);
+	km_net_client *c = km_cluster_any(cl);
 	km_metadata_request m;
 	km_metadata_request_topic *ts;
 	km_err rc;
 	int16_t ver;
 	bool *inflight = cl == pl->src ? &pl->src_meta_inflight : &pl->dst_meta_inflight;
 
-	if (!km_mcluster_usable(cl, c))
+	if (!km_cluster_usable(cl, c))
 		return; /* the cluster's on_change ticks again once it is ready */
 	if ((ver = km_net_version_pick(c, KM_API_METADATA, META_LO, META_HI)) < 0) {
-		KM_ERROR(COMP, 0, "%s: the %s cluster does not support Metadata v%d+", pl->name, km_mcluster_side(cl),
+		KM_ERROR(COMP, 0, "%s: the %s cluster does not support Metadata v%d+", pl->name, km_cluster_side(cl),
 			 META_LO);
 		return;
 	}
@@ -162,7 +162,7 @@ void km_pl_send_metadata(km_pipeline *pl, km_mcluster *cl)
 			pl->dst_meta_at = km_pl_now_ms();
 		}
 	} else {
-		km_mcluster_drop(cl, c);
+		km_cluster_drop(cl, c);
 	}
 }
 
@@ -180,7 +180,7 @@ static void on_pid(km_net_client *c, const km_rpc_response *res, void *arg)
 		return;
 	pl->pid_inflight = false;
 	if (err != KM_OK) {
-		km_mcluster_drop(pl->dst, c);
+		km_cluster_drop(pl->dst, c);
 		km_pl_schedule_in(pl, BACKOFF_MIN_MS * 5);
 		return;
 	}
@@ -210,11 +210,11 @@ static void on_pid(km_net_client *c, const km_rpc_response *res, void *arg)
 
 void km_pl_send_pid(km_pipeline *pl)
 {
-	km_net_client *c = km_mcluster_any(pl->dst);
+	km_net_client *c = km_cluster_any(pl->dst);
 	km_init_producer_id_request m;
 	int16_t ver;
 
-	if (!km_mcluster_usable(pl->dst, c))
+	if (!km_cluster_usable(pl->dst, c))
 		return;
 	if ((ver = km_net_version_pick(c, KM_API_INIT_PRODUCER_ID, PID_LO, PID_HI)) < 0)
 		return;
@@ -227,12 +227,12 @@ void km_pl_send_pid(km_pipeline *pl)
 		pl->pid_inflight = true;
 		pl->pid_want = false;
 	} else {
-		km_mcluster_drop(pl->dst, c);
+		km_cluster_drop(pl->dst, c);
 	}
 }
 
 /* Send a request about one partition to cl's broker leader, answered to cb with an lo_ctx (*lc copied). */
-bool km_pl_send_part(km_pipeline *pl, km_mcluster *cl, int32_t leader, km_net_client *c, int16_t key,
+bool km_pl_send_part(km_pipeline *pl, km_cluster *cl, int32_t leader, km_net_client *c, int16_t key,
 		      int16_t ver, const void *req, km_rpc_cb cb, const lo_ctx *lc)
 {
 	lo_ctx *l = calloc(1, sizeof(*l));
@@ -247,7 +247,7 @@ bool km_pl_send_part(km_pipeline *pl, km_mcluster *cl, int32_t leader, km_net_cl
 	x->extra = l;
 	if (km_pl_call(c, key, ver, req, cb, x) != KM_OK) {
 		free(l);
-		km_mcluster_drop(cl, c);
+		km_cluster_drop(cl, c);
 		return false;
 	}
 	return true;

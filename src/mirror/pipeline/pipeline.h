@@ -187,7 +187,7 @@ typedef struct mnode_io {
 struct km_pipeline {
 	km_mirror *mi;
 	char *name;
-	km_mcluster *src, *dst;
+	km_cluster *src, *dst;
 	SSL_CTX *src_tls;
 	mtopic **topics;
 	size_t ntopics;
@@ -226,7 +226,7 @@ struct km_pipeline {
 
 typedef struct req_ctx {
 	km_pipeline *pl;
-	km_mcluster *cl;
+	km_cluster *cl;
 	int32_t node;
 	int16_t ver;  /* what the answers read without the API table need (a streamed Fetch, a Produce) */
 	void *extra;
@@ -279,7 +279,7 @@ mstep km_pl_step(const mpart *p, const mstep_view *v, int64_t now);
 /* ---- meta.c: requests, metadata, the producer id ---- */
 
 /* A request's context (freed by its answer's callback). */
-req_ctx *km_pl_ctx_new(km_pipeline *pl, km_mcluster *cl, int32_t node, int16_t ver);
+req_ctx *km_pl_ctx_new(km_pipeline *pl, km_cluster *cl, int32_t node, int16_t ver);
 /* km_rpc_call of req (a km_<name>_request) with the request's context: freed here when the send fails. */
 km_err km_pl_call(km_net_client *c, int16_t key, int16_t ver, const void *req, km_rpc_cb cb, req_ctx *x);
 /*
@@ -296,9 +296,9 @@ static inline km_err km_pl_transport_err(const km_rpc_response *r)
 	return r->err;
 }
 /* A request about one partition to cl's broker leader, answered to cb with an lo_ctx (*lc copied). */
-bool km_pl_send_part(km_pipeline *pl, km_mcluster *cl, int32_t leader, km_net_client *c, int16_t key, int16_t ver,
+bool km_pl_send_part(km_pipeline *pl, km_cluster *cl, int32_t leader, km_net_client *c, int16_t key, int16_t ver,
 		     const void *req, km_rpc_cb cb, const lo_ctx *lc);
-void km_pl_send_metadata(km_pipeline *pl, km_mcluster *cl);
+void km_pl_send_metadata(km_pipeline *pl, km_cluster *cl);
 /* InitProducerId on the destination: partitions waiting for a fresh id take the answer's. */
 void km_pl_send_pid(km_pipeline *pl);
 

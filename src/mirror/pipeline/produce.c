@@ -127,7 +127,7 @@ static void on_produce(km_net_client *c, km_err err, const uint8_t *body, size_t
 		km_rd_init(&rd, body, len);
 		decoded = km_produce_response_decode(&rd, ver, &r, &a) == KM_OK;
 	} else {
-		km_mcluster_drop(pl->dst, c);
+		km_cluster_drop(pl->dst, c);
 		pl->dst_meta_need = true;
 	}
 	for (size_t i = 0; i < pc->n; i++) {
@@ -345,7 +345,7 @@ static void produce_req_free(produce_req *r, bool sent)
  */
 bool km_pl_send_produce(km_pipeline *pl, int32_t node)
 {
-	km_net_client *c = km_mcluster_node(pl->dst, node);
+	km_net_client *c = km_cluster_node(pl->dst, node);
 	mnode_io *io = km_pl_node_io(&pl->dio, &pl->ndio, node);
 	produce_req r = {0};
 	size_t cap = 0;
@@ -359,7 +359,7 @@ bool km_pl_send_produce(km_pipeline *pl, int32_t node)
 		pl->dst_meta_need = true;
 		return false;
 	}
-	if (!km_mcluster_usable(pl->dst, c))
+	if (!km_cluster_usable(pl->dst, c))
 		return false;
 	if ((r.ver = km_net_version_pick(c, KM_API_PRODUCE, PRODUCE_LO, PRODUCE_HI)) < 0)
 		return false;
@@ -392,7 +392,7 @@ bool km_pl_send_produce(km_pipeline *pl, int32_t node)
 	rq.arg = x;
 	if (km_net_client_request(c, &rq) != KM_OK) {
 		free(x);
-		km_mcluster_drop(pl->dst, c);
+		km_cluster_drop(pl->dst, c);
 		goto out;
 	}
 	for (size_t i = 0; i < r.n; i++) {

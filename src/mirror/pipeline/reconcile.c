@@ -43,7 +43,7 @@ static void on_list_offsets(km_net_client *c, const km_rpc_response *res, void *
 			off = r->topics.items[0].partitions.items[0].offset;
 		}
 	} else {
-		km_mcluster_drop(lc->dest ? pl->dst : pl->src, c);
+		km_cluster_drop(lc->dest ? pl->dst : pl->src, c);
 	}
 	if (p && lc->kind == LO_MARKER) {
 		km_pl_marker_answer(pl, p, err == KM_OK && perr == 0 && off >= 0, off, lc->tag);
@@ -105,9 +105,9 @@ bool km_pl_send_list_offsets(km_pipeline *pl, mpart *p, bool dest, int64_t ts)
 
 bool km_pl_send_lo(km_pipeline *pl, mpart *p, bool dest, int64_t ts, lo_kind kind)
 {
-	km_mcluster *cl = dest ? pl->dst : pl->src;
+	km_cluster *cl = dest ? pl->dst : pl->src;
 	int32_t leader = dest ? p->lead.dst : p->lead.src;
-	km_net_client *c = leader >= 0 ? km_mcluster_node(cl, leader) : NULL;
+	km_net_client *c = leader >= 0 ? km_cluster_node(cl, leader) : NULL;
 	km_list_offsets_request m;
 	km_list_offsets_request_list_offsets_topic t;
 	km_list_offsets_request_list_offsets_partition pp;
@@ -120,7 +120,7 @@ bool km_pl_send_lo(km_pipeline *pl, mpart *p, bool dest, int64_t ts, lo_kind kin
 			pl->src_meta_need = true;
 		return false;
 	}
-	if (!km_mcluster_usable(cl, c))
+	if (!km_cluster_usable(cl, c))
 		return false;
 	if ((ver = km_net_version_pick(c, KM_API_LIST_OFFSETS, LO_LO, LO_HI)) < 0)
 		return false;
@@ -404,7 +404,7 @@ static void on_aborted(km_net_client *c, const km_rpc_response *res, void *arg)
 			}
 		}
 	} else {
-		km_mcluster_drop(pl->dst, c);
+		km_cluster_drop(pl->dst, c);
 	}
 	if (!ok) {
 		pl->dst_meta_need = true;
@@ -428,15 +428,15 @@ static void on_aborted(km_net_client *c, const km_rpc_response *res, void *arg)
  */
 bool km_pl_one_fetch(km_pipeline *pl, mpart *p, bool dest, int64_t offset, int8_t isolation, km_rpc_cb cb)
 {
-	km_mcluster *cl = dest ? pl->dst : pl->src;
+	km_cluster *cl = dest ? pl->dst : pl->src;
 	int32_t leader = dest ? p->lead.dst : p->lead.src;
-	km_net_client *c = leader >= 0 ? km_mcluster_node(cl, leader) : NULL;
+	km_net_client *c = leader >= 0 ? km_cluster_node(cl, leader) : NULL;
 	km_fetch_request m;
 	km_fetch_request_fetch_topic ft;
 	km_fetch_request_fetch_partition fp;
 	int16_t ver;
 
-	if (!km_mcluster_usable(cl, c) || (ver = km_net_version_pick(c, KM_API_FETCH, FETCH_LO, FETCH_HI)) < 0)
+	if (!km_cluster_usable(cl, c) || (ver = km_net_version_pick(c, KM_API_FETCH, FETCH_LO, FETCH_HI)) < 0)
 		return false;
 	km_fetch_request_init(&m);
 	km_fetch_request_fetch_topic_init(&ft);

@@ -35,7 +35,7 @@ static void took_metadata(sync_cycle *cy, sreq *rq, const km_metadata_response *
 	int32_t **nodes = src ? &cy->src_nodes : &cy->dst_nodes;
 	size_t *nn = src ? &cy->nsrc_nodes : &cy->ndst_nodes;
 
-	if (km_mcluster_brokers(rq->cl, r) != KM_OK)
+	if (km_cluster_brokers(rq->cl, r) != KM_OK)
 		return km_sy_step_error(cy, "the %s's metadata could not be taken", km_sy_side(cy, rq->cl));
 	if (r->brokers.count > 0 && (*nodes = km_arena_alloc(&cy->a, (size_t)r->brokers.count * sizeof(**nodes)))) {
 		for (int32_t i = 0; i < r->brokers.count; i++)

@@ -147,7 +147,7 @@ static void on_cluster(void *arg)
 	later(arg, 0);
 }
 
-static sreq *add_req(sync_cycle *cy, km_mcluster *cl, int32_t node, int16_t key, int16_t lo, int16_t hi, size_t arg)
+static sreq *add_req(sync_cycle *cy, km_cluster *cl, int32_t node, int16_t key, int16_t lo, int16_t hi, size_t arg)
 {
 	sreq *n = km_sy_agrow(&cy->a, cy->rq, cy->nrq, &cy->caprq, sizeof(*n));
 	if (!n)
@@ -169,7 +169,7 @@ const char *km_sy_api_name(int16_t key)
 	return a ? a->name : "?";
 }
 
-const char *km_sy_side(const sync_cycle *cy, const km_mcluster *cl)
+const char *km_sy_side(const sync_cycle *cy, const km_cluster *cl)
 {
 	return cl == cy->src ? "source" : "destination";
 }
@@ -190,7 +190,7 @@ static void on_response(km_net_client *c, km_err err, const uint8_t *body, size_
 	rq->done = true;
 	if (err != KM_OK) {
 		km_sy_step_error(cy, "a request to the %s failed: %s", km_sy_side(cy, rq->cl), km_err_name(err));
-		km_mcluster_drop(rq->cl, c);
+		km_cluster_drop(rq->cl, c);
 	} else {
 		km_arena_init(&a, 0);
 		km_rd_init(&rd, body, len);
@@ -218,9 +218,9 @@ static bool pump(sync_cycle *cy)
 		all = false;
 		if (rq->sent)
 			continue;
-		c = rq->node < 0 ? km_mcluster_any(rq->cl) : km_mcluster_node(rq->cl, rq->node);
-		if (!km_mcluster_usable(rq->cl, c)) {
-			const char *r = km_mcluster_last_error(rq->cl);
+		c = rq->node < 0 ? km_cluster_any(rq->cl) : km_cluster_node(rq->cl, rq->node);
+		if (!km_cluster_usable(rq->cl, c)) {
+			const char *r = km_cluster_last_error(rq->cl);
 			snprintf(cy->why, sizeof(cy->why), "the %s%s%s%s cannot be reached%s%s", km_sy_side(cy, rq->cl),
 				 rq->cl == cy->src ? " (" : "", rq->cl == cy->src ? cy->src_boot : "",
 				 rq->cl == cy->src ? ")" : "", *r ? ": " : "", r);
@@ -247,9 +247,9 @@ static bool pump(sync_cycle *cy)
 			continue;
 		}
 		*x = (rctx){cy, i, ver};
-		if (km_mcluster_send(c, rq->key, ver, &w, on_response, x) != KM_OK) {
+		if (km_cluster_send(c, rq->key, ver, &w, on_response, x) != KM_OK) {
 			free(x);
-			km_mcluster_drop(rq->cl, c);
+			km_cluster_drop(rq->cl, c);
 			continue;
 		}
 		rq->sent = true;
@@ -356,7 +356,7 @@ static void grow_then_list_groups(sync_cycle *cy)
 static void ask_offsets(sync_cycle *cy)
 {
 	for (int side_i = 0; side_i < 2; side_i++) {
-		km_mcluster *cl = side_i ? cy->dst : cy->src;
+		km_cluster *cl = side_i ? cy->dst : cy->src;
 		for (size_t i = 0; i < cy->ng; i++) {
 			int32_t node = side_i ? cy->g[i].dst_coord : cy->g[i].src_coord;
 			int16_t key = cy->g[i].share ? KM_API_DESCRIBE_SHARE_GROUP_OFFSETS : KM_API_OFFSET_FETCH;
@@ -524,8 +524,8 @@ void km_sy_cycle_free(sync_cycle *cy)
 {
 	cy->finished = true;
 	/* The clusters first: their pending requests fail now, while cy is there to see it finished. */
-	km_mcluster_free(cy->src);
-	km_mcluster_free(cy->dst);
+	km_cluster_free(cy->src);
+	km_cluster_free(cy->dst);
 	if (cy->src_tls)
 		SSL_CTX_free(cy->src_tls);
 	km_name_filter_free(cy->groups);

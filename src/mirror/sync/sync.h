@@ -112,7 +112,7 @@ typedef enum {
 
 /* A request of the phase: to a broker of a cluster (node -1: any), for item arg. */
 typedef struct sreq {
-	km_mcluster *cl;
+	km_cluster *cl;
 	int32_t node;
 	int16_t key, lo, hi;
 	size_t arg;
@@ -123,7 +123,7 @@ typedef struct sreq {
 struct sync_cycle {
 	msync *m;
 	km_arena a;
-	km_mcluster *src, *dst;
+	km_cluster *src, *dst;
 	SSL_CTX *src_tls;
 	char src_boot[256];
 	km_name_filter *groups;
@@ -165,7 +165,7 @@ void km_sy_list_free(char **l, size_t n);
 void km_sy_step_error(sync_cycle *cy, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 const char *km_sy_api_name(int16_t key);
 /* "source" or "destination". */
-const char *km_sy_side(const sync_cycle *cy, const km_mcluster *cl);
+const char *km_sy_side(const sync_cycle *cy, const km_cluster *cl);
 /* Start a cycle of m; false when there is nothing to sync (no synced topic) or it cannot start. */
 bool km_sy_cycle_start(msync *m, const km_state_mirror *sm, const km_mirror_options *mo);
 void km_sy_cycle_free(sync_cycle *cy);

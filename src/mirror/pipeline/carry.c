@@ -175,14 +175,12 @@ bool km_pl_fence_done(km_pipeline *pl, mpart *p)
 
 /* ---- ListTransactions: the transactional ids earlier lives of the mirror left on the destination ---- */
 
-static void on_list_txns(km_net_client *c, km_err err, const uint8_t *body, size_t len, void *arg)
+static void on_list_txns(km_net_client *c, const km_rpc_response *res, void *arg)
 {
 	req_ctx *x = arg;
 	km_pipeline *pl = x->pl;
-	int16_t ver = x->ver;
-	km_list_transactions_response r;
-	km_arena a;
-	km_rd rd;
+	const km_list_transactions_response *r = res->msg;
+	km_err err = km_pl_transport_err(res);
 	char mid[300];
 	bool ok = false;
 
@@ -193,12 +191,10 @@ static void on_list_txns(km_net_client *c, km_err err, const uint8_t *body, size
 	free(x);
 	snprintf(mid, sizeof(mid), "/%s/", pl->name);
 	if (err == KM_OK) {
-		km_arena_init(&a, 0);
-		km_rd_init(&rd, body, len);
-		if (km_list_transactions_response_decode(&rd, ver, &r, &a) == KM_OK && !r.error_code) {
+		if (r && !r->error_code) {
 			ok = true;
-			for (int32_t i = 0; i < r.transaction_states.count; i++) {
-				km_str id = r.transaction_states.items[i].transactional_id;
+			for (int32_t i = 0; i < r->transaction_states.count; i++) {
+				km_str id = r->transaction_states.items[i].transactional_id;
 				char tid[700], **nl;
 				snprintf(tid, sizeof(tid), "%.*s", id.len > 0 ? (int)id.len : 0, id.p);
 				if (strncmp(tid, "kmirror/", 8) || !strstr(tid + 8, mid))
@@ -216,7 +212,6 @@ static void on_list_txns(km_net_client *c, km_err err, const uint8_t *body, size
 		} else if (!ok) {
 			KM_WARN(COMP, 0, "%s: ListTransactions on the destination failed", pl->name);
 		}
-		km_arena_free(&a);
 	} else {
 		km_cluster_drop(pl->dst, c);
 	}
@@ -273,7 +268,6 @@ void km_pl_list_txns(km_pipeline *pl, int64_t now)
 		req_ctx *x;
 		km_net_client *c = km_cluster_node(pl->dst, nodes[i]);
 		int16_t ver;
-		km_wr w;
 		if (!km_cluster_usable(pl->dst, c)) {
 			pl->txl = TXL_UNASKED;
 			return; /* asked again when all are connected; the answers of those asked are dropped */
@@ -285,11 +279,9 @@ void km_pl_list_txns(km_pipeline *pl, int64_t now)
 			return;
 		}
 		km_list_transactions_request_init(&m);
-		km_wr_init(&w);
-		km_list_transactions_request_encode(&w, ver, &m);
 		if ((x = km_pl_ctx_new(pl, pl->dst, nodes[i], ver)))
 			x->extra = (void *)pl->txl_gen;
-		if (km_pl_send_flat(c, KM_API_LIST_TRANSACTIONS, ver, &w, on_list_txns, x) != KM_OK) {
+		if (km_pl_call(c, KM_API_LIST_TRANSACTIONS, ver, &m, on_list_txns, x) != KM_OK) {
 			km_cluster_drop(pl->dst, c);
 			pl->txl = TXL_UNASKED;
 			return;

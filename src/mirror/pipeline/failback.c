@@ -11,15 +11,13 @@
 #include "kmirror/rpc.h"
 #include "mirror/pipeline/pipeline.h"
 
-static void on_peer(km_net_client *c, km_err err, const uint8_t *body, size_t len, void *arg)
+static void on_peer(km_net_client *c, const km_rpc_response *res, void *arg)
 {
 	req_ctx *x = arg;
 	km_pipeline *pl = x->pl;
 	mtopic *t = x->extra;
-	int16_t ver = x->ver;
-	km_last_mirrored_offsets_response r;
-	km_arena a;
-	km_rd rd;
+	const km_last_mirrored_offsets_response *r = res->msg;
+	km_err err = km_pl_transport_err(res);
 
 	free(x);
 	if (pl->closing || t->peer != PEER_ASKED)
@@ -30,14 +28,11 @@ static void on_peer(km_net_client *c, km_err err, const uint8_t *body, size_t le
 		km_pl_tick_soon(pl);
 		return;
 	}
-	km_arena_init(&a, 0);
-	km_rd_init(&rd, body, len);
 	t->peer = PEER_NONE;
-	if (km_last_mirrored_offsets_response_decode(&rd, ver, &r, &a) == KM_OK && !r.error_code &&
-	    r.topics.count == 1 && !r.topics.items[0].error_code) {
+	if (r && !r->error_code && r->topics.count == 1 && !r->topics.items[0].error_code) {
 		t->peer = PEER_KNOWN;
-		for (int32_t i = 0; i < r.topics.items[0].partitions.count; i++) {
-			const km_last_mirrored_offsets_response_partition_result *pr = &r.topics.items[0].partitions.items[i];
+		for (int32_t i = 0; i < r->topics.items[0].partitions.count; i++) {
+			const km_last_mirrored_offsets_response_partition_result *pr = &r->topics.items[0].partitions.items[i];
 			mpart *p = km_pl_part_get(pl, t, pr->partition_index, false);
 			if (!p)
 				continue;
@@ -48,7 +43,6 @@ static void on_peer(km_net_client *c, km_err err, const uint8_t *body, size_t le
 		KM_INFO(COMP, 0, "%s/%s: the source's kmirrord mirrored this topic from here: a failback", pl->name,
 			t->name);
 	}
-	km_arena_free(&a);
 	km_pl_tick_soon(pl);
 }
 
@@ -86,18 +80,16 @@ static uint64_t record_hash(const km_bytes *records, int64_t offset)
 	return h;
 }
 
-static void on_record_probe(km_net_client *c, km_err err, const uint8_t *body, size_t len, void *arg)
+static void on_record_probe(km_net_client *c, const km_rpc_response *res, void *arg)
 {
 	req_ctx *x = arg;
 	km_pipeline *pl = x->pl;
 	lo_ctx *lc = x->extra;
-	int16_t ver = x->ver;
+	const km_fetch_response *r = res->msg;
+	km_err err = km_pl_transport_err(res);
 	bool dest = lc->dest;
 	mpart *p = pl->closing ? NULL : km_pl_part_get(pl, lc->t, lc->part, false);
 	int64_t offset = lc->tag;
-	km_fetch_response r;
-	km_arena a;
-	km_rd rd;
 	bool ok = false;
 
 	free(x);
@@ -112,16 +104,12 @@ static void on_record_probe(km_net_client *c, km_err err, const uint8_t *body, s
 		return;
 	}
 	if (err == KM_OK) {
-		km_arena_init(&a, 0);
-		km_rd_init(&rd, body, len);
-		if (km_fetch_response_decode(&rd, ver, &r, &a) == KM_OK && r.responses.count == 1 &&
-		    r.responses.items[0].partitions.count == 1) {
-			const km_fetch_response_partition_data *pd = &r.responses.items[0].partitions.items[0];
+		if (r && r->responses.count == 1 && r->responses.items[0].partitions.count == 1) {
+			const km_fetch_response_partition_data *pd = &r->responses.items[0].partitions.items[0];
 			ok = pd->error_code == 0 || pd->error_code == 1; /* out of range: not there (retention) */
 			if (!pd->error_code)
 				p->fb.hash[dest ? 0 : 1] = record_hash(&pd->records, offset);
 		}
-		km_arena_free(&a);
 	} else {
 		km_cluster_drop(dest ? pl->dst : pl->src, c);
 	}
@@ -158,7 +146,6 @@ void km_pl_ask_peer(km_pipeline *pl, mtopic *t)
 	km_last_mirrored_offsets_request m;
 	km_last_mirrored_offsets_request_topic_data td;
 	req_ctx *x;
-	km_wr w;
 	int16_t ver;
 
 	if (!km_cluster_usable(pl->src, c))
@@ -174,11 +161,9 @@ void km_pl_ask_peer(km_pipeline *pl, mtopic *t)
 	td.partitions.count = -1;
 	m.topics.items = &td;
 	m.topics.count = 1;
-	km_wr_init(&w);
-	km_last_mirrored_offsets_request_encode(&w, ver, &m);
 	if ((x = km_pl_ctx_new(pl, pl->src, -1, ver)))
 		x->extra = t;
-	if (km_pl_send_flat(c, KM_API_LAST_MIRRORED_OFFSETS, ver, &w, on_peer, x) != KM_OK)
+	if (km_pl_call(c, KM_API_LAST_MIRRORED_OFFSETS, ver, &m, on_peer, x) != KM_OK)
 		km_cluster_drop(pl->src, c);
 	else
 		t->peer = PEER_ASKED;

@@ -15,15 +15,14 @@ typedef struct ls_ctx {
 	int64_t logical;
 } ls_ctx;
 
-static void on_delete_records(km_net_client *c, km_err err, const uint8_t *body, size_t len, void *arg)
+static void on_delete_records(km_net_client *c, const km_rpc_response *res, void *arg)
 {
 	req_ctx *x = arg;
 	km_pipeline *pl = x->pl;
 	ls_ctx *lc = x->extra;
-	int16_t ver = x->ver, code = -1;
-	km_delete_records_response r;
-	km_arena a;
-	km_rd rd;
+	const km_delete_records_response *r = res->msg;
+	km_err err = km_pl_transport_err(res);
+	int16_t code = -1;
 	mpart *p;
 
 	free(x);
@@ -33,12 +32,8 @@ static void on_delete_records(km_net_client *c, km_err err, const uint8_t *body,
 	}
 	p = km_pl_part_get(pl, lc->t, lc->part, false);
 	if (err == KM_OK) {
-		km_arena_init(&a, 0);
-		km_rd_init(&rd, body, len);
-		if (km_delete_records_response_decode(&rd, ver, &r, &a) == KM_OK && r.topics.count == 1 &&
-		    r.topics.items[0].partitions.count == 1)
-			code = r.topics.items[0].partitions.items[0].error_code;
-		km_arena_free(&a);
+		if (r && r->topics.count == 1 && r->topics.items[0].partitions.count == 1)
+			code = r->topics.items[0].partitions.items[0].error_code;
 	} else {
 		km_cluster_drop(pl->dst, c);
 	}
@@ -78,7 +73,6 @@ void km_pl_follow_log_start(km_pipeline *pl, mpart *p)
 	km_delete_records_request_delete_records_partition dp;
 	ls_ctx *lc;
 	req_ctx *x;
-	km_wr w;
 	int16_t ver;
 	char tag[300];
 
@@ -111,21 +105,18 @@ void km_pl_follow_log_start(km_pipeline *pl, mpart *p)
 	rq.topics.items = &dt;
 	rq.topics.count = 1;
 	rq.timeout_ms = 30000;
-	km_wr_init(&w);
-	km_delete_records_request_encode(&w, ver, &rq);
 	lc = calloc(1, sizeof(*lc));
 	x = km_pl_ctx_new(pl, pl->dst, p->lead.dst, ver);
 	if (!lc || !x) {
 		free(lc);
 		free(x);
-		km_wr_free(&w);
 		return;
 	}
 	*lc = (ls_ctx){p->t, p->id, target};
 	KM_DEBUG(COMP, 0, "%s/%s: the source's log start is %lld: DeleteRecords on the destination to %lld", pl->name,
 		 km_pl_ptag(p, tag, sizeof(tag)), (long long)target, (long long)phys);
 	x->extra = lc;
-	if (km_pl_send_flat(c, KM_API_DELETE_RECORDS, ver, &w, on_delete_records, x) != KM_OK) {
+	if (km_pl_call(c, KM_API_DELETE_RECORDS, ver, &rq, on_delete_records, x) != KM_OK) {
 		free(lc);
 		return;
 	}

@@ -20,16 +20,14 @@ req_ctx *km_pl_ctx_new(km_pipeline *pl, km_cluster *cl, int32_t node, int16_t ve
 	return x;
 }
 
-/* km_cluster_send with the request's context: freed here when the send fails. */
-km_err km_pl_send_flat(km_net_client *c, int16_t key, int16_t ver, km_wr *w, km_net_response_cb cb, req_ctx *x)
+/* km_rpc_call with the request's context: freed here when the send fails. */
+km_err km_pl_call(km_net_client *c, int16_t key, int16_t ver, const void *req, km_rpc_cb cb, req_ctx *x)
 {
 	km_err rc;
 
-	if (!x) {
-		km_wr_free(w);
+	if (!x)
 		return KM_ERR_NOMEM;
-	}
-	if ((rc = km_cluster_send(c, key, ver, w, cb, x)) != KM_OK)
+	if ((rc = km_rpc_call(c, key, ver, req, NULL, cb, x)) != KM_OK)
 		free(x);
 	return rc;
 }
@@ -100,15 +98,12 @@ static void take_metadata(km_pipeline *pl, km_cluster *cl, const km_metadata_res
 	}
 }
 
-static void on_metadata(km_net_client *c, km_err err, const uint8_t *body, size_t len, void *arg)
+static void on_metadata(km_net_client *c, const km_rpc_response *res, void *arg)
 {
 	req_ctx *x = arg;
 	km_pipeline *pl = x->pl;
 	km_cluster *cl = x->cl;
-	int16_t ver = x->ver;
-	km_metadata_response r;
-	km_arena a;
-	km_rd rd;
+	km_err err = km_pl_transport_err(res);
 
 	free(x);
 	if (pl->closing)
@@ -123,11 +118,8 @@ static void on_metadata(km_net_client *c, km_err err, const uint8_t *body, size_
 		km_pl_schedule_in(pl, BACKOFF_MIN_MS * 5);
 		return;
 	}
-	km_arena_init(&a, 0);
-	km_rd_init(&rd, body, len);
-	if (km_metadata_response_decode(&rd, ver, &r, &a) == KM_OK)
-		take_metadata(pl, cl, &r);
-	km_arena_free(&a);
+	if (res->msg)
+		take_metadata(pl, cl, res->msg);
 	km_pl_tick_soon(pl);
 }
 
@@ -136,7 +128,7 @@ void km_pl_send_metadata(km_pipeline *pl, km_cluster *cl)
 	km_net_client *c = km_cluster_any(cl);
 	km_metadata_request m;
 	km_metadata_request_topic *ts;
-	km_wr w;
+	km_err rc;
 	int16_t ver;
 	bool *inflight = cl == pl->src ? &pl->src_meta_inflight : &pl->dst_meta_inflight;
 
@@ -158,10 +150,9 @@ void km_pl_send_metadata(km_pipeline *pl, km_cluster *cl)
 	m.topics.items = ts;
 	m.topics.count = (int32_t)pl->ntopics;
 	m.allow_auto_topic_creation = false;
-	km_wr_init(&w);
-	km_metadata_request_encode(&w, ver, &m);
+	rc = km_pl_call(c, KM_API_METADATA, ver, &m, on_metadata, km_pl_ctx_new(pl, cl, -1, ver));
 	free(ts);
-	if (km_pl_send_flat(c, KM_API_METADATA, ver, &w, on_metadata, km_pl_ctx_new(pl, cl, -1, ver)) == KM_OK) {
+	if (rc == KM_OK) {
 		*inflight = true;
 		if (cl == pl->src) {
 			pl->src_meta_need = false;
@@ -177,15 +168,12 @@ void km_pl_send_metadata(km_pipeline *pl, km_cluster *cl)
 
 /* ---- the mirror's producer id on the destination ---- */
 
-static void on_pid(km_net_client *c, km_err err, const uint8_t *body, size_t len, void *arg)
+static void on_pid(km_net_client *c, const km_rpc_response *res, void *arg)
 {
 	req_ctx *x = arg;
 	km_pipeline *pl = x->pl;
-	int16_t ver = x->ver;
-	km_init_producer_id_response r;
-	km_arena a;
-	km_rd rd;
-	km_err rc;
+	const km_init_producer_id_response *r = res->msg;
+	km_err err = km_pl_transport_err(res), rc = res->err;
 
 	free(x);
 	if (pl->closing)
@@ -196,18 +184,14 @@ static void on_pid(km_net_client *c, km_err err, const uint8_t *body, size_t len
 		km_pl_schedule_in(pl, BACKOFF_MIN_MS * 5);
 		return;
 	}
-	km_arena_init(&a, 0);
-	km_rd_init(&rd, body, len);
-	rc = km_init_producer_id_response_decode(&rd, ver, &r, &a);
-	km_arena_free(&a);
-	if (rc != KM_OK || r.error_code) {
+	if (rc != KM_OK || r->error_code) {
 		KM_WARN(COMP, 0, "%s: InitProducerId on the destination failed: %s", pl->name,
-			km_err_name(rc != KM_OK ? rc : (km_err)r.error_code));
+			km_err_name(rc != KM_OK ? rc : (km_err)r->error_code));
 		km_pl_schedule_in(pl, BACKOFF_MAX_MS / 4);
 		return;
 	}
-	pl->pid = r.producer_id;
-	pl->epoch = r.producer_epoch;
+	pl->pid = r->producer_id;
+	pl->epoch = r->producer_epoch;
 	pl->pid_gen++;
 	KM_DEBUG(COMP, 0, "%s: writing as producer id %lld epoch %d", pl->name, (long long)pl->pid, pl->epoch);
 	/* Partitions waiting for a fresh id take this one. */
@@ -228,7 +212,6 @@ void km_pl_send_pid(km_pipeline *pl)
 {
 	km_net_client *c = km_cluster_any(pl->dst);
 	km_init_producer_id_request m;
-	km_wr w;
 	int16_t ver;
 
 	if (!km_cluster_usable(pl->dst, c))
@@ -240,9 +223,7 @@ void km_pl_send_pid(km_pipeline *pl)
 	m.transaction_timeout_ms = 60000;
 	m.producer_id = -1;
 	m.producer_epoch = -1;
-	km_wr_init(&w);
-	km_init_producer_id_request_encode(&w, ver, &m);
-	if (km_pl_send_flat(c, KM_API_INIT_PRODUCER_ID, ver, &w, on_pid, km_pl_ctx_new(pl, pl->dst, -1, ver)) == KM_OK) {
+	if (km_pl_call(c, KM_API_INIT_PRODUCER_ID, ver, &m, on_pid, km_pl_ctx_new(pl, pl->dst, -1, ver)) == KM_OK) {
 		pl->pid_inflight = true;
 		pl->pid_want = false;
 	} else {
@@ -252,7 +233,7 @@ void km_pl_send_pid(km_pipeline *pl)
 
 /* Send a request about one partition to cl's broker leader, answered to cb with an lo_ctx (*lc copied). */
 bool km_pl_send_part(km_pipeline *pl, km_cluster *cl, int32_t leader, km_net_client *c, int16_t key,
-		      int16_t ver, km_wr *w, km_net_response_cb cb, const lo_ctx *lc)
+		      int16_t ver, const void *req, km_rpc_cb cb, const lo_ctx *lc)
 {
 	lo_ctx *l = calloc(1, sizeof(*l));
 	req_ctx *x = km_pl_ctx_new(pl, cl, leader, ver);
@@ -260,12 +241,11 @@ bool km_pl_send_part(km_pipeline *pl, km_cluster *cl, int32_t leader, km_net_cli
 	if (!l || !x) {
 		free(l);
 		free(x);
-		km_wr_free(w);
 		return false;
 	}
 	*l = *lc;
 	x->extra = l;
-	if (km_pl_send_flat(c, key, ver, w, cb, x) != KM_OK) {
+	if (km_pl_call(c, key, ver, req, cb, x) != KM_OK) {
 		free(l);
 		km_cluster_drop(cl, c);
 		return false;

@@ -10,6 +10,7 @@
 #include <event2/event.h>
 
 #include "kmirror/offmap.h"
+#include "kmirror/rpc.h"
 #include "kmirror/state.h"
 #include "mirror/mirror_int.h"
 #include "mirror/pipeline/plan.h"
@@ -227,7 +228,7 @@ typedef struct req_ctx {
 	km_pipeline *pl;
 	km_cluster *cl;
 	int32_t node;
-	int16_t ver;
+	int16_t ver;  /* what the answers read without the API table need (a streamed Fetch, a Produce) */
 	void *extra;
 } req_ctx;
 
@@ -279,11 +280,24 @@ mstep km_pl_step(const mpart *p, const mstep_view *v, int64_t now);
 
 /* A request's context (freed by its answer's callback). */
 req_ctx *km_pl_ctx_new(km_pipeline *pl, km_cluster *cl, int32_t node, int16_t ver);
-/* km_cluster_send with the request's context: freed here when the send fails. */
-km_err km_pl_send_flat(km_net_client *c, int16_t key, int16_t ver, km_wr *w, km_net_response_cb cb, req_ctx *x);
+/* km_rpc_call of req (a km_<name>_request) with the request's context: freed here when the send fails. */
+km_err km_pl_call(km_net_client *c, int16_t key, int16_t ver, const void *req, km_rpc_cb cb, req_ctx *x);
+/*
+ * The connection's error in an answer (KM_OK when a body came, decoded into r->msg or not): only
+ * that drops the connection. r->err also holds the codec's refusal of a body (KM_ERR_DECODE with a
+ * why; a client that cannot read a frame fails with KM_ERR_DECODE too, without one) and running
+ * out of memory or over the arena's cap while decoding.
+ */
+static inline km_err km_pl_transport_err(const km_rpc_response *r)
+{
+	if (r->err == KM_ERR_TOO_LARGE || (r->err == KM_ERR_DECODE && r->why[0]) ||
+	    (r->arena && km_arena_err(r->arena) != KM_OK))
+		return KM_OK;
+	return r->err;
+}
 /* A request about one partition to cl's broker leader, answered to cb with an lo_ctx (*lc copied). */
 bool km_pl_send_part(km_pipeline *pl, km_cluster *cl, int32_t leader, km_net_client *c, int16_t key, int16_t ver,
-		     km_wr *w, km_net_response_cb cb, const lo_ctx *lc);
+		     const void *req, km_rpc_cb cb, const lo_ctx *lc);
 void km_pl_send_metadata(km_pipeline *pl, km_cluster *cl);
 /* InitProducerId on the destination: partitions waiting for a fresh id take the answer's. */
 void km_pl_send_pid(km_pipeline *pl);
@@ -386,6 +400,6 @@ int64_t km_pl_start_timestamp(const km_pipeline *pl);
 /* p's offset map, and its fence run if one is persisted. */
 const km_offmap *km_pl_map_of(km_pipeline *pl, const mpart *p, const km_offrun **fence);
 /* A Fetch of the one batch holding offset (isolation 1: READ_COMMITTED), answered to cb. */
-bool km_pl_one_fetch(km_pipeline *pl, mpart *p, bool dest, int64_t offset, int8_t isolation, km_net_response_cb cb);
+bool km_pl_one_fetch(km_pipeline *pl, mpart *p, bool dest, int64_t offset, int8_t isolation, km_rpc_cb cb);
 
 #endif

@@ -18,15 +18,13 @@ static void after_start(km_pipeline *pl, mpart *p, int64_t off, bool jump);
 
 /* ---- ListOffsets: the destination's end (reconcile) and the source's start ---- */
 
-static void on_list_offsets(km_net_client *c, km_err err, const uint8_t *body, size_t len, void *arg)
+static void on_list_offsets(km_net_client *c, const km_rpc_response *res, void *arg)
 {
 	req_ctx *x = arg;
 	km_pipeline *pl = x->pl;
 	lo_ctx *lc = x->extra;
-	int16_t ver = x->ver;
-	km_list_offsets_response r;
-	km_arena a;
-	km_rd rd;
+	const km_list_offsets_response *r = res->msg;
+	km_err err = km_pl_transport_err(res);
 	mpart *p;
 	int16_t perr = -1;
 	int64_t off = -1;
@@ -40,14 +38,10 @@ static void on_list_offsets(km_net_client *c, km_err err, const uint8_t *body, s
 	if (p && lc->kind == LO_WATCH)
 		p->watch.inflight = false;
 	if (err == KM_OK) {
-		km_arena_init(&a, 0);
-		km_rd_init(&rd, body, len);
-		if (km_list_offsets_response_decode(&rd, ver, &r, &a) == KM_OK && r.topics.count == 1 &&
-		    r.topics.items[0].partitions.count == 1) {
-			perr = r.topics.items[0].partitions.items[0].error_code;
-			off = r.topics.items[0].partitions.items[0].offset;
+		if (r && r->topics.count == 1 && r->topics.items[0].partitions.count == 1) {
+			perr = r->topics.items[0].partitions.items[0].error_code;
+			off = r->topics.items[0].partitions.items[0].offset;
 		}
-		km_arena_free(&a);
 	} else {
 		km_cluster_drop(lc->dest ? pl->dst : pl->src, c);
 	}
@@ -117,7 +111,6 @@ bool km_pl_send_lo(km_pipeline *pl, mpart *p, bool dest, int64_t ts, lo_kind kin
 	km_list_offsets_request m;
 	km_list_offsets_request_list_offsets_topic t;
 	km_list_offsets_request_list_offsets_partition pp;
-	km_wr w;
 	int16_t ver;
 
 	if (!c) {
@@ -146,9 +139,7 @@ bool km_pl_send_lo(km_pipeline *pl, mpart *p, bool dest, int64_t ts, lo_kind kin
 	t.partitions.count = 1;
 	m.topics.items = &t;
 	m.topics.count = 1;
-	km_wr_init(&w);
-	km_list_offsets_request_encode(&w, ver, &m);
-	return km_pl_send_part(pl, cl, leader, c, KM_API_LIST_OFFSETS, ver, &w, on_list_offsets,
+	return km_pl_send_part(pl, cl, leader, c, KM_API_LIST_OFFSETS, ver, &m, on_list_offsets,
 			 &(lo_ctx){p->t, p->id, dest, ts, kind, kind == LO_MARKER && p->plan.head ? p->plan.head->physical : -1});
 }
 
@@ -372,16 +363,14 @@ static void fence_from(km_pipeline *pl, mpart *p, int64_t end, int64_t from)
  * before H, less one whose abort marker is the batch at H - 1 (it ends there), span H. H moves to
  * the earliest one's first offset and is asked again there, until none begins before it.
  */
-static void on_aborted(km_net_client *c, km_err err, const uint8_t *body, size_t len, void *arg)
+static void on_aborted(km_net_client *c, const km_rpc_response *res, void *arg)
 {
 	req_ctx *x = arg;
 	km_pipeline *pl = x->pl;
 	lo_ctx *lc = x->extra;
-	int16_t ver = x->ver;
+	const km_fetch_response *r = res->msg;
+	km_err err = km_pl_transport_err(res);
 	mpart *p;
-	km_fetch_response r;
-	km_arena a;
-	km_rd rd;
 	int64_t at = -1;
 	bool ok = false;
 
@@ -391,16 +380,13 @@ static void on_aborted(km_net_client *c, km_err err, const uint8_t *body, size_t
 	if (!p || p->phase != PH_RECON_ABORTED)
 		return;
 	if (err == KM_OK) {
-		km_arena_init(&a, 0);
-		km_rd_init(&rd, body, len);
-		bool one = km_fetch_response_decode(&rd, ver, &r, &a) == KM_OK && r.responses.count == 1 &&
-			   r.responses.items[0].partitions.count == 1;
-		if (one && r.responses.items[0].partitions.items[0].error_code == 1) {
+		bool one = r && r->responses.count == 1 && r->responses.items[0].partitions.count == 1;
+		if (one && r->responses.items[0].partitions.items[0].error_code == 1) {
 			/* OFFSET_OUT_OF_RANGE: below the destination's log start, nothing earlier to look at. */
 			ok = true;
 			at = p->recon.hide;
-		} else if (one && !r.responses.items[0].partitions.items[0].error_code) {
-			const km_fetch_response_partition_data *pd = &r.responses.items[0].partitions.items[0];
+		} else if (one && !r->responses.items[0].partitions.items[0].error_code) {
+			const km_fetch_response_partition_data *pd = &r->responses.items[0].partitions.items[0];
 			int64_t ended = -1; /* the producer whose abort marker is the batch at H - 1 */
 			km_batch_iter it;
 			km_batch b;
@@ -417,7 +403,6 @@ static void on_aborted(km_net_client *c, km_err err, const uint8_t *body, size_t
 					at = ab->first_offset;
 			}
 		}
-		km_arena_free(&a);
 	} else {
 		km_cluster_drop(pl->dst, c);
 	}
@@ -441,7 +426,7 @@ static void on_aborted(km_net_client *c, km_err err, const uint8_t *body, size_t
  * A Fetch of the one batch holding offset of p (physical on the destination, logical at the
  * source), with isolation (1: READ_COMMITTED, its aborted transactions named), answered to cb.
  */
-bool km_pl_one_fetch(km_pipeline *pl, mpart *p, bool dest, int64_t offset, int8_t isolation, km_net_response_cb cb)
+bool km_pl_one_fetch(km_pipeline *pl, mpart *p, bool dest, int64_t offset, int8_t isolation, km_rpc_cb cb)
 {
 	km_cluster *cl = dest ? pl->dst : pl->src;
 	int32_t leader = dest ? p->lead.dst : p->lead.src;
@@ -449,7 +434,6 @@ bool km_pl_one_fetch(km_pipeline *pl, mpart *p, bool dest, int64_t offset, int8_
 	km_fetch_request m;
 	km_fetch_request_fetch_topic ft;
 	km_fetch_request_fetch_partition fp;
-	km_wr w;
 	int16_t ver;
 
 	if (!km_cluster_usable(cl, c) || (ver = km_net_version_pick(c, KM_API_FETCH, FETCH_LO, FETCH_HI)) < 0)
@@ -475,9 +459,7 @@ bool km_pl_one_fetch(km_pipeline *pl, mpart *p, bool dest, int64_t offset, int8_
 	ft.partitions.count = 1;
 	m.topics.items = &ft;
 	m.topics.count = 1;
-	km_wr_init(&w);
-	km_fetch_request_encode(&w, ver, &m);
-	return km_pl_send_part(pl, cl, leader, c, KM_API_FETCH, ver, &w, cb,
+	return km_pl_send_part(pl, cl, leader, c, KM_API_FETCH, ver, &m, cb,
 			 &(lo_ctx){p->t, p->id, dest, -1, LO_POSITION, offset});
 }
 

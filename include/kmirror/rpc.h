@@ -42,13 +42,24 @@ typedef struct km_rpc_response {
 } km_rpc_response;
 
 /*
- * Whether r failed because its body did not decode (r->why says where): the connection is sound and
- * the request may go again on it. A connection whose framing broke fails with KM_ERR_DECODE too,
- * but with no why: that is the transport's error, like a timeout.
+ * The connection's error in r: KM_OK when a body came, whether or not it decoded into r->msg. Only
+ * this says the connection is unsound (drop it, find the broker again). r->err also holds the
+ * codec's refusal of a body (KM_ERR_DECODE with a why; a client that cannot read a frame fails with
+ * KM_ERR_DECODE too, but without one) and running out of memory or over the arena's cap while
+ * decoding: the connection is sound, and the request may go again on it.
  */
+static inline km_err km_rpc_transport_err(const km_rpc_response *r)
+{
+	if (r->err == KM_ERR_TOO_LARGE || (r->err == KM_ERR_DECODE && r->why && r->why[0]) ||
+	    (r->arena && km_arena_err(r->arena) != KM_OK))
+		return KM_OK;
+	return r->err;
+}
+
+/* Whether r failed although the connection is sound: its body did not decode (see above). */
 static inline bool km_rpc_undecoded(const km_rpc_response *r)
 {
-	return r->err == KM_ERR_DECODE && r->why && *r->why;
+	return r->err != KM_OK && km_rpc_transport_err(r) == KM_OK;
 }
 
 

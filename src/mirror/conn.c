@@ -162,23 +162,3 @@ km_cluster *km_mirror_dest_cluster(km_mirror *mi, const char *mirror, const char
 	return km_cluster_new(km_mirror_base(mi), "destination", &o, cfg->upstream, (size_t)cfg->upstream_count,
 			       on_change, arg);
 }
-
-km_err km_cluster_send(km_net_client *c, int16_t key, int16_t ver, km_wr *w, km_net_response_cb cb, void *arg)
-{
-	km_net_request rq;
-	km_net_piece pc = {.p = w->buf, .len = w->len};
-	km_err rc = w->err;
-
-	if (km_wr_ok(w)) {
-		km_net_request_init(&rq, key, ver);
-		rq.pieces = &pc;
-		rq.npieces = 1;
-		rq.delivery = KM_NET_FLAT;
-		rq.on_flat = cb;
-		rq.arg = arg;
-		rc = km_net_client_request(c, &rq);
-	}
-	km_wr_free(w); /* the client copied the body */
-	return rc;
-}
-

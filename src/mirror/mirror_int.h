@@ -14,15 +14,6 @@
 
 #define KM_MIRROR_COMP "mirror"
 
-/* ---- requests the mirror encodes itself (conn.c) ---- */
-
-/*
- * Send the request body encoded in w (freed here) to c, answered flat to cb(arg), header versions
- * from the API table. On failure nothing was kept: arg is still the caller's.
- */
-km_err km_cluster_send(km_net_client *c, int16_t key, int16_t ver, km_wr *w, km_net_response_cb cb, void *arg)
-	__attribute__((warn_unused_result));
-
 /* ---- the connections of a mirror (conn.c) ---- */
 
 /*

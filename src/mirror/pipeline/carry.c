@@ -180,7 +180,7 @@ static void on_list_txns(km_net_client *c, const km_rpc_response *res, void *arg
 	req_ctx *x = arg;
 	km_pipeline *pl = x->pl;
 	const km_list_transactions_response *r = res->msg;
-	km_err err = km_pl_transport_err(res);
+	km_err err = km_rpc_transport_err(res);
 	char mid[300];
 	bool ok = false;
 

@@ -17,7 +17,7 @@ static void on_peer(km_net_client *c, const km_rpc_response *res, void *arg)
 	km_pipeline *pl = x->pl;
 	mtopic *t = x->extra;
 	const km_last_mirrored_offsets_response *r = res->msg;
-	km_err err = km_pl_transport_err(res);
+	km_err err = km_rpc_transport_err(res);
 
 	free(x);
 	if (pl->closing || t->peer != PEER_ASKED)
@@ -86,7 +86,7 @@ static void on_record_probe(km_net_client *c, const km_rpc_response *res, void *
 	km_pipeline *pl = x->pl;
 	lo_ctx *lc = x->extra;
 	const km_fetch_response *r = res->msg;
-	km_err err = km_pl_transport_err(res);
+	km_err err = km_rpc_transport_err(res);
 	bool dest = lc->dest;
 	mpart *p = pl->closing ? NULL : km_pl_part_get(pl, lc->t, lc->part, false);
 	int64_t offset = lc->tag;

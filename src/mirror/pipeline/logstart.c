@@ -21,7 +21,7 @@ static void on_delete_records(km_net_client *c, const km_rpc_response *res, void
 	km_pipeline *pl = x->pl;
 	ls_ctx *lc = x->extra;
 	const km_delete_records_response *r = res->msg;
-	km_err err = km_pl_transport_err(res);
+	km_err err = km_rpc_transport_err(res);
 	int16_t code = -1;
 	mpart *p;
 

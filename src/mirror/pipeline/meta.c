@@ -103,7 +103,7 @@ static void on_metadata(km_net_client *c, const km_rpc_response *res, void *arg)
 	req_ctx *x = arg;
 	km_pipeline *pl = x->pl;
 	km_cluster *cl = x->cl;
-	km_err err = km_pl_transport_err(res);
+	km_err err = km_rpc_transport_err(res);
 
 	free(x);
 	if (pl->closing)
@@ -173,7 +173,7 @@ static void on_pid(km_net_client *c, const km_rpc_response *res, void *arg)
 	req_ctx *x = arg;
 	km_pipeline *pl = x->pl;
 	const km_init_producer_id_response *r = res->msg;
-	km_err err = km_pl_transport_err(res), rc = res->err;
+	km_err err = km_rpc_transport_err(res), rc = res->err;
 
 	free(x);
 	if (pl->closing)

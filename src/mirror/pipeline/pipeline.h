@@ -282,19 +282,6 @@ mstep km_pl_step(const mpart *p, const mstep_view *v, int64_t now);
 req_ctx *km_pl_ctx_new(km_pipeline *pl, km_cluster *cl, int32_t node, int16_t ver);
 /* km_rpc_call of req (a km_<name>_request) with the request's context: freed here when the send fails. */
 km_err km_pl_call(km_net_client *c, int16_t key, int16_t ver, const void *req, km_rpc_cb cb, req_ctx *x);
-/*
- * The connection's error in an answer (KM_OK when a body came, decoded into r->msg or not): only
- * that drops the connection. r->err also holds the codec's refusal of a body (KM_ERR_DECODE with a
- * why; a client that cannot read a frame fails with KM_ERR_DECODE too, without one) and running
- * out of memory or over the arena's cap while decoding.
- */
-static inline km_err km_pl_transport_err(const km_rpc_response *r)
-{
-	if (r->err == KM_ERR_TOO_LARGE || (r->err == KM_ERR_DECODE && r->why[0]) ||
-	    (r->arena && km_arena_err(r->arena) != KM_OK))
-		return KM_OK;
-	return r->err;
-}
 /* A request about one partition to cl's broker leader, answered to cb with an lo_ctx (*lc copied). */
 bool km_pl_send_part(km_pipeline *pl, km_cluster *cl, int32_t leader, km_net_client *c, int16_t key, int16_t ver,
 		     const void *req, km_rpc_cb cb, const lo_ctx *lc);

@@ -24,7 +24,7 @@ static void on_list_offsets(km_net_client *c, const km_rpc_response *res, void *
 	km_pipeline *pl = x->pl;
 	lo_ctx *lc = x->extra;
 	const km_list_offsets_response *r = res->msg;
-	km_err err = km_pl_transport_err(res);
+	km_err err = km_rpc_transport_err(res);
 	mpart *p;
 	int16_t perr = -1;
 	int64_t off = -1;
@@ -369,7 +369,7 @@ static void on_aborted(km_net_client *c, const km_rpc_response *res, void *arg)
 	km_pipeline *pl = x->pl;
 	lo_ctx *lc = x->extra;
 	const km_fetch_response *r = res->msg;
-	km_err err = km_pl_transport_err(res);
+	km_err err = km_rpc_transport_err(res);
 	mpart *p;
 	int64_t at = -1;
 	bool ok = false;

@@ -190,28 +190,158 @@ static void walk_rewrite_in(struct evbuffer *in, size_t len, int16_t v, const km
 	evbuffer_free(out);
 }
 
+/* The rewritten request holds topic ok only, its batch unchanged. */
+static void check_rewritten(const km_wr *w, int16_t v, size_t hdr, const uint8_t *flat, size_t flen, km_arena *a)
+{
+	km_produce_request fwd;
+	km_rd r;
+
+	assert_memory_equal(flat, w->buf, hdr);
+	km_produce_request_init(&fwd);
+	km_rd_init(&r, flat + hdr, flen - hdr);
+	assert_int_equal(km_produce_request_decode(&r, v, &fwd, a), KM_OK);
+	assert_int_equal(km_rd_left(&r), 0);
+	assert_true(km_str_eq_c(fwd.transactional_id, "txn-1"));
+	assert_int_equal(fwd.topic_data.count, 1);
+	if (v >= 13)
+		assert_memory_equal(fwd.topic_data.items[0].topic_id.b, OK_ID.b, 16);
+	else
+		assert_true(km_str_eq_c(fwd.topic_data.items[0].name, "ok"));
+	assert_int_equal(fwd.topic_data.items[0].partition_data.count, 1);
+	assert_int_equal(fwd.topic_data.items[0].partition_data.items[0].index, 2);
+	assert_memory_equal(fwd.topic_data.items[0].partition_data.items[0].records.p, BATCH, sizeof(BATCH));
+}
+
+/*
+ * With a keeper, the kept partition is not copied: the rewritten request references the input's
+ * own chain (the frame's one chain here).
+ */
+static void check_referenced(km_ro_produce *pl, const km_wr *w)
+{
+	struct evbuffer *ref_in = input_of(w->buf, w->len, NULL, 0), *rout = evbuffer_new();
+	struct evbuffer_iovec ov[16];
+	const uint8_t *chain;
+	bool referenced = false;
+	km_ro_keeper *k;
+	int n;
+
+	assert_int_equal(evbuffer_peek(ref_in, -1, NULL, ov, 3), 3);
+	chain = ov[1].iov_base;
+	k = km_ro_keeper_new(ref_in);
+	assert_int_equal(km_ro_produce_rewrite(pl, ref_in, 4, rout, k), KM_OK);
+	km_ro_keeper_release(k);
+	n = evbuffer_peek(rout, -1, NULL, ov, 16);
+	assert_true(n > 0 && n <= 16);
+	for (int i = 0; i < n; i++)
+		if ((const uint8_t *)ov[i].iov_base >= chain && (const uint8_t *)ov[i].iov_base < chain + w->len &&
+		    ov[i].iov_len >= sizeof(BATCH))
+			referenced = true;
+	assert_true(referenced);
+	evbuffer_free(rout);
+	evbuffer_free(ref_in);
+}
+
+/*
+ * The same frame cut into two chains at every byte boundary, into one chain per byte, and into
+ * chains of odd sizes: the walk crosses every boundary to the same plan, and the rewrite
+ * (references and copies mixed) gives the same bytes, which outlive the input.
+ */
+static void check_cuts(km_ro_produce *pl, const km_wr *w, int16_t v, const uint8_t *flat, size_t flen)
+{
+	static size_t cuts[2048];
+	size_t nc = 0, at = 0;
+	uint32_t x = 12345u + (uint32_t)v;
+
+	for (size_t c = 1; c < w->len; c++)
+		walk_rewrite_in(input_of(w->buf, w->len, &c, 1), w->len, v, pl, flat, flen);
+	assert_true(w->len - 1 <= sizeof(cuts) / sizeof(cuts[0]));
+	for (size_t c = 1; c < w->len; c++)
+		cuts[c - 1] = c;
+	walk_rewrite_in(input_of(w->buf, w->len, cuts, w->len - 1), w->len, v, pl, flat, flen);
+	for (;;) {
+		x = x * 1103515245u + 12345u;
+		at += 1 + (x >> 16) % 97;
+		if (at >= w->len)
+			break;
+		cuts[nc++] = at;
+	}
+	walk_rewrite_in(input_of(w->buf, w->len, cuts, nc), w->len, v, pl, flat, flen);
+}
+
+/* The broker answers ok-2; the merge has ro-0, ro-1 refused and ok-2 as the broker said, in request order. */
+static void check_merge(km_ro_produce *pl, int16_t v, km_arena *a)
+{
+	km_produce_response br, merged;
+	km_produce_response_topic_produce_response bt;
+	km_produce_response_partition_produce_response bp;
+	km_wr bw, mw;
+	km_rd r;
+
+	km_produce_response_init(&br);
+	km_produce_response_topic_produce_response_init(&bt);
+	km_produce_response_partition_produce_response_init(&bp);
+	bp.index = 2;
+	bp.base_offset = 1234;
+	bt.name = km_str_c("ok");
+	bt.topic_id = OK_ID;
+	bt.partition_responses.count = 1;
+	bt.partition_responses.items = &bp;
+	br.responses.count = 1;
+	br.responses.items = &bt;
+	br.throttle_time_ms = 5;
+	km_wr_init(&bw);
+	km_produce_response_encode(&bw, v, &br);
+	km_wr_init(&mw);
+	assert_int_equal(km_ro_produce_merge(pl, bw.buf, bw.len, v >= 9 ? bw.buf + bw.len - 1 : NULL, v >= 9 ? 1 : 0,
+					     NULL, &mw),
+			 KM_OK);
+	km_produce_response_init(&merged);
+	km_rd_init(&r, mw.buf, mw.len);
+	assert_int_equal(km_produce_response_decode(&r, v, &merged, a), KM_OK);
+	assert_int_equal(km_rd_left(&r), 0);
+	assert_int_equal(merged.throttle_time_ms, 5);
+	assert_int_equal(merged.responses.count, 2);
+	if (v < 13)
+		assert_true(km_str_eq_c(merged.responses.items[0].name, "ro"));
+	assert_int_equal(merged.responses.items[0].partition_responses.count, 2);
+	for (int i = 0; i < 2; i++) {
+		const km_produce_response_partition_produce_response *mp =
+			&merged.responses.items[0].partition_responses.items[i];
+		assert_int_equal(mp->index, i);
+		assert_int_equal(mp->error_code, KM_MIRROR_READ_ONLY_TOPIC);
+		assert_int_equal(mp->base_offset, -1);
+		if (v >= 8)
+			assert_true(km_str_eq_c(mp->error_message, "topic ro is read-only"));
+	}
+	assert_int_equal(merged.responses.items[1].partition_responses.items[0].error_code, 0);
+	assert_int_equal(merged.responses.items[1].partition_responses.items[0].base_offset, 1234);
+
+	/* Everything refused: answered here alone. */
+	km_wr_free(&mw);
+	km_wr_init(&mw);
+	assert_int_equal(km_ro_produce_merge(pl, NULL, 0, NULL, 0, NULL, &mw), KM_OK);
+	km_produce_response_init(&merged);
+	km_rd_init(&r, mw.buf, mw.len);
+	assert_int_equal(km_produce_response_decode(&r, v, &merged, a), KM_OK);
+	assert_int_equal(merged.responses.items[1].partition_responses.items[0].error_code,
+			 KM_KAFKA_UNKNOWN_SERVER_ERROR);
+	km_wr_free(&mw);
+	km_wr_free(&bw);
+}
+
 static void test_produce_split_merge(void **state)
 {
 	static const int16_t versions[] = {3, 8, 9, 11, 13};
 	(void)state;
 	for (size_t vi = 0; vi < sizeof(versions) / sizeof(versions[0]); vi++) {
 		int16_t v = versions[vi];
-		km_wr w, bw, mw;
+		km_wr w;
 		km_req_header h = {.api_key = KM_API_PRODUCE, .api_version = v};
 		km_ro_produce *pl;
-		struct evbuffer *out = evbuffer_new(), *in, *ref_in;
-		km_produce_request fwd;
-		km_produce_response br, merged;
-		km_produce_response_topic_produce_response bt;
-		km_produce_response_partition_produce_response bp;
+		struct evbuffer *out = evbuffer_new(), *in;
 		km_arena a;
-		km_rd r;
 		uint8_t *flat;
-		size_t flen, hdr = 8 + 2 + 3 + (v >= 9 ? 1 : 0), cuts[2048];
-		const uint8_t *chain;
-		struct evbuffer_iovec ov[16];
-		bool referenced = false;
-		int n;
+		size_t flen, hdr = 8 + 2 + 3 + (v >= 9 ? 1 : 0);
 
 		km_wr_init(&w);
 		build_produce(&w, v);
@@ -221,125 +351,13 @@ static void test_produce_split_merge(void **state)
 		assert_int_equal(pl->nparts, 3);
 		assert_int_equal(pl->nrefused, 2);
 		assert_int_equal(pl->acks, -1);
-
-		/* The rewritten request holds topic ok only, its batch unchanged. */
 		assert_int_equal(km_ro_produce_rewrite(pl, in, 4, out, NULL), KM_OK);
 		flat = flat_of(out, &flen);
-		assert_memory_equal(flat, w.buf, hdr);
 		km_arena_init(&a, 1 << 20);
-		km_produce_request_init(&fwd);
-		km_rd_init(&r, flat + hdr, flen - hdr);
-		assert_int_equal(km_produce_request_decode(&r, v, &fwd, &a), KM_OK);
-		assert_int_equal(km_rd_left(&r), 0);
-		assert_true(km_str_eq_c(fwd.transactional_id, "txn-1"));
-		assert_int_equal(fwd.topic_data.count, 1);
-		if (v >= 13)
-			assert_memory_equal(fwd.topic_data.items[0].topic_id.b, OK_ID.b, 16);
-		else
-			assert_true(km_str_eq_c(fwd.topic_data.items[0].name, "ok"));
-		assert_int_equal(fwd.topic_data.items[0].partition_data.count, 1);
-		assert_int_equal(fwd.topic_data.items[0].partition_data.items[0].index, 2);
-		assert_memory_equal(fwd.topic_data.items[0].partition_data.items[0].records.p, BATCH, sizeof(BATCH));
-
-		/*
-		 * With a keeper, the kept partition is not copied: the rewritten request references the
-		 * input's own chain (the frame's one chain here).
-		 */
-		ref_in = input_of(w.buf, w.len, NULL, 0);
-		assert_int_equal(evbuffer_peek(ref_in, -1, NULL, ov, 3), 3);
-		chain = ov[1].iov_base;
-		{
-			struct evbuffer *rout = evbuffer_new();
-			km_ro_keeper *k = km_ro_keeper_new(ref_in);
-			assert_int_equal(km_ro_produce_rewrite(pl, ref_in, 4, rout, k), KM_OK);
-			km_ro_keeper_release(k);
-			n = evbuffer_peek(rout, -1, NULL, ov, 16);
-			assert_true(n > 0 && n <= 16);
-			for (int i = 0; i < n; i++)
-				if ((const uint8_t *)ov[i].iov_base >= chain && (const uint8_t *)ov[i].iov_base < chain + w.len &&
-				    ov[i].iov_len >= sizeof(BATCH))
-					referenced = true;
-			assert_true(referenced);
-			evbuffer_free(rout);
-		}
-		evbuffer_free(ref_in);
-
-		/*
-		 * The same frame cut into two chains at every byte boundary, into one chain per byte,
-		 * and into chains of odd sizes: the walk crosses every boundary to the same plan, and the
-		 * rewrite (references and copies mixed) gives the same bytes, which outlive the input.
-		 */
-		for (size_t c = 1; c < w.len; c++)
-			walk_rewrite_in(input_of(w.buf, w.len, &c, 1), w.len, v, pl, flat, flen);
-		assert_true(w.len - 1 <= sizeof(cuts) / sizeof(cuts[0]));
-		for (size_t c = 1; c < w.len; c++)
-			cuts[c - 1] = c;
-		walk_rewrite_in(input_of(w.buf, w.len, cuts, w.len - 1), w.len, v, pl, flat, flen);
-		{
-			size_t nc = 0, at = 0;
-			uint32_t x = 12345u + (uint32_t)v;
-			for (;;) {
-				x = x * 1103515245u + 12345u;
-				at += 1 + (x >> 16) % 97;
-				if (at >= w.len)
-					break;
-				cuts[nc++] = at;
-			}
-			walk_rewrite_in(input_of(w.buf, w.len, cuts, nc), w.len, v, pl, flat, flen);
-		}
-
-		/* The broker answers ok-2; the merge has ro-0, ro-1 refused and ok-2 as the broker said, in request order. */
-		km_produce_response_init(&br);
-		km_produce_response_topic_produce_response_init(&bt);
-		km_produce_response_partition_produce_response_init(&bp);
-		bp.index = 2;
-		bp.base_offset = 1234;
-		bt.name = km_str_c("ok");
-		bt.topic_id = OK_ID;
-		bt.partition_responses.count = 1;
-		bt.partition_responses.items = &bp;
-		br.responses.count = 1;
-		br.responses.items = &bt;
-		br.throttle_time_ms = 5;
-		km_wr_init(&bw);
-		km_produce_response_encode(&bw, v, &br);
-		km_wr_init(&mw);
-		assert_int_equal(km_ro_produce_merge(pl, bw.buf, bw.len, v >= 9 ? bw.buf + bw.len - 1 : NULL, v >= 9 ? 1 : 0,
-						     NULL, &mw),
-				 KM_OK);
-		km_produce_response_init(&merged);
-		km_rd_init(&r, mw.buf, mw.len);
-		assert_int_equal(km_produce_response_decode(&r, v, &merged, &a), KM_OK);
-		assert_int_equal(km_rd_left(&r), 0);
-		assert_int_equal(merged.throttle_time_ms, 5);
-		assert_int_equal(merged.responses.count, 2);
-		if (v < 13)
-			assert_true(km_str_eq_c(merged.responses.items[0].name, "ro"));
-		assert_int_equal(merged.responses.items[0].partition_responses.count, 2);
-		for (int i = 0; i < 2; i++) {
-			const km_produce_response_partition_produce_response *mp =
-				&merged.responses.items[0].partition_responses.items[i];
-			assert_int_equal(mp->index, i);
-			assert_int_equal(mp->error_code, KM_MIRROR_READ_ONLY_TOPIC);
-			assert_int_equal(mp->base_offset, -1);
-			if (v >= 8)
-				assert_true(km_str_eq_c(mp->error_message, "topic ro is read-only"));
-		}
-		assert_int_equal(merged.responses.items[1].partition_responses.items[0].error_code, 0);
-		assert_int_equal(merged.responses.items[1].partition_responses.items[0].base_offset, 1234);
-
-		/* Everything refused: answered here alone. */
-		km_wr_free(&mw);
-		km_wr_init(&mw);
-		assert_int_equal(km_ro_produce_merge(pl, NULL, 0, NULL, 0, NULL, &mw), KM_OK);
-		km_produce_response_init(&merged);
-		km_rd_init(&r, mw.buf, mw.len);
-		assert_int_equal(km_produce_response_decode(&r, v, &merged, &a), KM_OK);
-		assert_int_equal(merged.responses.items[1].partition_responses.items[0].error_code,
-				 KM_KAFKA_UNKNOWN_SERVER_ERROR);
-
-		km_wr_free(&mw);
-		km_wr_free(&bw);
+		check_rewritten(&w, v, hdr, flat, flen, &a);
+		check_referenced(pl, &w);
+		check_cuts(pl, &w, v, flat, flen);
+		check_merge(pl, v, &a);
 		km_arena_free(&a);
 		km_ro_produce_free(pl);
 		evbuffer_free(out);

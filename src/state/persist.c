@@ -1,4 +1,4 @@
-/* __mirror_state's persistence: the destination's brokers as the persister sees them, its requests, metadata. */
+/* __mirror_state's persistence: the destination (one km_cluster) as the persister uses it, its requests, metadata. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -41,6 +41,7 @@ void km_ps_after(km_state_persist *io, int ms, void (*fn)(km_state_persist *))
 {
 	struct timeval tv = {ms / 1000, (ms % 1000) * 1000};
 	io->wait_c = NULL; /* the next step supersedes any wait */
+	io->down = false;
 	io->timer_fn = fn;
 	event_add(io->timer, &tv);
 }
@@ -52,42 +53,43 @@ int km_ps_next_backoff(km_state_persist *io)
 	return ms;
 }
 
-static void on_client_state(km_net_client *c, km_err err, void *arg)
+/*
+ * The cluster's word that one of its clients became ready or failed (on a later loop iteration
+ * than the client's own callback, so a step may drop clients). A step waiting for its client goes on.
+ */
+static void on_change(void *arg)
 {
 	km_state_persist *io = arg;
+	km_net_client *c = io->wait_c;
+	bool failed;
 
-	if (io->closing)
+	if (io->closing || !c)
 		return;
-	if (err != KM_OK) {
-		KM_DEBUG(COMP, 0, "destination connection failed: %s", km_err_name(err));
-		if (c == io->boot)
-			io->boot_failed = true;
-		for (size_t i = 0; i < io->nnodes; i++)
-			if (io->nodes[i].c == c)
-				io->nodes[i].failed = true;
-	}
-	if (c != io->wait_c)
+	/* Failed first: it only compares c, which the cluster may have freed (no longer its own). */
+	failed = km_cluster_failed(io->cl, c);
+	if (!failed && !km_net_client_ready(c))
 		return;
-	/* Continue on the next loop iteration: the step may free this client, which is calling us. */
-	/* On failure too: the client is marked failed, so the step's send fails and its error path retries. */
 	io->wait_c = NULL;
+	/* Continue on the next loop iteration, as every step does after a wait. */
 	km_ps_after(io, 0, io->wait_fn);
+	if (failed) {
+		/* The resumed step's send fails (no client), so its error path runs and backs off. */
+		io->down = true;
+		io->down_id = io->wait_id;
+		io->down_gen = io->gen;
+	}
 }
 
 /*
  * Whether c has negotiated its versions (or can never: send then fails and the step's error path
  * runs). When not yet, resume runs once it has, or the step's phase fails if it cannot connect.
  */
-bool km_ps_client_wait(km_state_persist *io, km_net_client *c, void (*resume)(km_state_persist *io))
+bool km_ps_client_wait(km_state_persist *io, km_net_client *c, int32_t id, void (*resume)(km_state_persist *io))
 {
-	bool failed = c == io->boot && io->boot_failed;
-
-	for (size_t i = 0; c && i < io->nnodes; i++)
-		if (io->nodes[i].c == c && io->nodes[i].failed)
-			failed = true;
-	if (!c || failed || km_net_client_ready(c))
+	if (!c || km_cluster_failed(io->cl, c) || km_net_client_ready(c))
 		return true;
 	io->wait_c = c;
+	io->wait_id = id;
 	io->wait_fn = resume;
 	return false;
 }
@@ -116,112 +118,47 @@ int16_t km_ps_version_for(km_net_client *c, int16_t key, char *why, size_t len)
 	return -1;
 }
 
-static km_net_client *client_to(km_state_persist *io, const char *host, uint16_t port)
+/* Whether the step resumed after the failure of broker id's waited client is asking for it again. */
+static bool is_down(km_state_persist *io, int32_t id)
 {
-	const km_config *cfg = &io->st->cfg;
-	km_net_client_opts o;
-	km_net_client *c;
-
-	memset(&o, 0, sizeof(o));
-	o.client_id = "kmirror-state";
-	o.tls = io->st->tls;
-	o.tls_verify_host = cfg->upstream_tls_verify_hostname;
-	o.sasl_mechanism = cfg->upstream_sasl_mechanism;
-	o.sasl_username = cfg->upstream_sasl_username;
-	o.sasl_password = cfg->upstream_sasl_password;
-	o.connect_timeout_ms = cfg->upstream_connect_timeout_ms;
-	o.request_timeout_ms = 40000; /* above the Produce timeout (30 s) */
-	o.max_frame_bytes = FETCH_BYTES + (1 << 20);
-	o.dns = io->st->dns;
-	o.on_state = on_client_state;
-	o.arg = io;
-	c = km_net_client_new(io->st->base, &o);
-	if (c && km_net_client_connect(c, host, port) != KM_OK) {
-		km_net_client_free(c);
-		c = NULL;
-	}
-	return c;
+	return io->down && io->down_gen == io->gen && io->down_id == id;
 }
 
-km_net_client *km_ps_boot(km_state_persist *io)
+km_net_client *km_ps_any(km_state_persist *io)
 {
-	if (!io->boot) {
-		const km_hostport *hp = &io->st->cfg.upstream[io->boot_index % io->st->cfg.upstream_count];
-		io->boot = client_to(io, hp->host, hp->port);
-	}
-	return io->boot;
+	return is_down(io, KM_PS_ANY) ? NULL : km_cluster_any(io->cl);
 }
 
-void km_ps_drop_boot(km_state_persist *io)
+km_net_client *km_ps_node(km_state_persist *io, int32_t id)
 {
-	if (io->boot) {
-		km_net_client *c = io->boot;
-		io->boot = NULL;
-		if (io->wait_c == c)
-			io->wait_c = NULL;
-		km_net_client_free(c);
-	}
-	io->boot_failed = false;
-	io->boot_index++;
+	return is_down(io, id) ? NULL : km_cluster_node(io->cl, id);
 }
 
-static node *node_of(km_state_persist *io, int32_t id)
+void km_ps_drop(km_state_persist *io, km_net_client *c)
 {
-	for (size_t i = 0; i < io->nnodes; i++)
-		if (io->nodes[i].id == id)
-			return &io->nodes[i];
-	return NULL;
+	if (!c)
+		return;
+	if (io->wait_c == c)
+		io->wait_c = NULL;
+	km_cluster_drop(io->cl, c);
 }
 
-km_net_client *km_ps_leader_client(km_state_persist *io, int32_t id)
+km_err km_ps_send_req(km_state_persist *io, km_net_client *c, int16_t key, int16_t ver, const void *req,
+		      km_rpc_cb cb, int32_t node_id, int32_t partition)
 {
-	node *n = node_of(io, id);
-	if (!n)
-		return NULL;
-	if (!n->c)
-		n->c = client_to(io, n->host, n->port);
-	return n->c;
-}
-
-void km_ps_drop_node(km_state_persist *io, int32_t id)
-{
-	node *n = node_of(io, id);
-	if (n && n->c) {
-		km_net_client *c = n->c;
-		n->c = NULL;
-		if (io->wait_c == c)
-			io->wait_c = NULL;
-		km_net_client_free(c);
-	}
-	if (n)
-		n->failed = false;
-}
-
-km_err km_ps_send_req(km_state_persist *io, km_net_client *c, int16_t key, int16_t ver, km_wr *w, km_net_response_cb cb,
-		   int32_t node_id, int32_t partition)
-{
-	km_net_request rq;
-	km_net_piece pc = {.p = w->buf, .len = w->len};
 	req_ctx *x;
 	km_err rc;
 
-	if (!km_wr_ok(w))
-		return w->err;
-	if (!c)
+	/* Not ready after its wait: its connection failed, and it never will be. */
+	if (!c || !km_net_client_ready(c))
 		return KM_ERR_CLOSED;
 	if (!(x = malloc(sizeof(*x))))
 		return KM_ERR_NOMEM;
-	*x = (req_ctx){io, io->gen, node_id, partition, ver};
+	*x = (req_ctx){io, io->gen, node_id, partition};
 	for (size_t i = 0; i < sizeof(versions) / sizeof(versions[0]); i++)
 		if (versions[i].key == key)
 			io->used[i] = ver;
-	km_net_request_init(&rq, key, ver);
-	rq.pieces = &pc;
-	rq.npieces = 1;
-	rq.delivery = KM_NET_FLAT;
-	rq.on_flat = cb;
-	rq.arg = x;
-	rc = km_net_client_request(c, &rq);
+	rc = km_rpc_call(c, key, ver, req, NULL, cb, x);
 	if (rc != KM_OK)
 		free(x);
 	return rc;
@@ -241,63 +178,44 @@ km_state_persist *km_ps_ctx_take(void *arg, req_ctx *out)
 
 /* ---- metadata of the state topic ---- */
 
-void km_ps_encode_metadata(km_wr *w, int16_t ver, char *const *names, size_t n)
+km_err km_ps_send_metadata(km_state_persist *io, km_net_client *c, int16_t ver, char *const *names, size_t n,
+			   km_rpc_cb cb)
 {
 	km_metadata_request m;
 	km_metadata_request_topic *t = calloc(n ? n : 1, sizeof(*t));
+	km_err rc;
 
+	if (!t)
+		return KM_ERR_NOMEM;
 	km_metadata_request_init(&m);
 	m.allow_auto_topic_creation = false;
-	for (size_t i = 0; t && i < n; i++) {
+	for (size_t i = 0; i < n; i++) {
 		km_metadata_request_topic_init(&t[i]);
 		t[i].name = km_str_c(names[i]);
 	}
 	m.topics.items = t;
-	m.topics.count = t ? (int32_t)n : 0;
-	km_wr_init(w);
-	km_metadata_request_encode(w, ver, &m);
-	if (!t)
-		w->err = KM_ERR_NOMEM;
+	m.topics.count = (int32_t)n;
+	rc = km_ps_send_req(io, c, KM_API_METADATA, ver, &m, cb, -1, -1);
 	free(t);
+	return rc;
 }
 
 /* Takes the brokers and the state topic's layout from a Metadata response. KM_OK when leaders are all known. */
 km_err km_ps_take_metadata(km_state_persist *io, const km_metadata_response *r, int16_t *topic_err)
 {
 	const km_metadata_response_topic *t = NULL;
-	node *nn;
-	size_t n = r->brokers.count > 0 ? (size_t)r->brokers.count : 0;
+	const char *host;
+	uint16_t port;
+	km_err rc;
 
 	if (r->error_code) {
 		*topic_err = r->error_code; /* v13+: the whole request failed; callers retry as for the topic's error */
 		io->exists = false;
 		return KM_OK;
 	}
-	if (n > MAX_NODES)
-		n = MAX_NODES;
-	/* Keep the clients of brokers whose address did not change. */
-	nn = calloc(n ? n : 1, sizeof(*nn));
-	if (!nn)
-		return KM_ERR_NOMEM;
-	for (size_t i = 0; i < n; i++) {
-		const km_metadata_response_broker *b = &r->brokers.items[i];
-		node *old = node_of(io, b->node_id);
-		nn[i].id = b->node_id;
-		snprintf(nn[i].host, sizeof(nn[i].host), "%.*s", b->host.len > 0 ? (int)b->host.len : 0, b->host.p);
-		nn[i].port = (uint16_t)b->port;
-		if (old && old->c && !strcmp(old->host, nn[i].host) && old->port == nn[i].port) {
-			nn[i].c = old->c;
-			nn[i].failed = old->failed;
-			old->c = NULL;
-		}
-	}
-	for (size_t i = 0; i < io->nnodes; i++)
-		if (io->nodes[i].c)
-			km_net_client_free(io->nodes[i].c);
-	free(io->nodes);
-	io->nodes = nn;
-	io->nnodes = n;
-	io->nbrokers = (int32_t)n;
+	/* The cluster keeps the clients of brokers whose address did not change. */
+	if ((rc = km_cluster_brokers(io->cl, r)) != KM_OK)
+		return rc;
 	for (int32_t i = 0; i < r->topics.count; i++)
 		if (km_str_eq_c(r->topics.items[i].name, io->st->cfg.mirror_state_topic))
 			t = &r->topics.items[i];
@@ -335,12 +253,33 @@ km_err km_ps_take_metadata(km_state_persist *io, const km_metadata_response *r, 
 	io->nparts = np;
 	io->exists = true;
 	for (int32_t i = 0; i < np; i++)
-		if (leaders[i] < 0 || !node_of(io, leaders[i]))
+		if (leaders[i] < 0 || !km_cluster_addr(io->cl, leaders[i], &host, &port))
 			return KM_ERR_UNSUPPORTED; /* a leader not known yet */
 	return KM_OK;
 }
 
 /* ---- life ---- */
+
+/* The destination as kmirrord itself (upstream, upstream_tls*, upstream_sasl_*). */
+static km_cluster *cluster_new(km_state_persist *io)
+{
+	const km_config *cfg = &io->st->cfg;
+	km_net_client_opts o;
+
+	memset(&o, 0, sizeof(o));
+	o.client_id = "kmirror-state";
+	o.tls = io->st->tls;
+	o.tls_verify_host = cfg->upstream_tls_verify_hostname;
+	o.sasl_mechanism = cfg->upstream_sasl_mechanism;
+	o.sasl_username = cfg->upstream_sasl_username;
+	o.sasl_password = cfg->upstream_sasl_password;
+	o.connect_timeout_ms = cfg->upstream_connect_timeout_ms;
+	o.request_timeout_ms = 40000; /* above the Produce timeout (30 s) */
+	o.max_frame_bytes = FETCH_BYTES + (1 << 20);
+	o.dns = io->st->dns;
+	return km_cluster_new(io->st->base, "destination", &o, cfg->upstream, (size_t)cfg->upstream_count, on_change,
+			      io);
+}
 
 km_state_persist *km_state_persist_new(km_state *st)
 {
@@ -353,7 +292,10 @@ km_state_persist *km_state_persist_new(km_state *st)
 		io->used[i] = -1;
 	io->epoch = -1;
 	io->timer = evtimer_new(st->base, on_timer, io);
-	if (!io->timer) {
+	io->cl = io->timer ? cluster_new(io) : NULL;
+	if (!io->cl) {
+		if (io->timer)
+			event_free(io->timer);
 		free(io);
 		return NULL;
 	}
@@ -365,12 +307,7 @@ void km_state_persist_free(km_state_persist *io)
 	/* Answers that the clients give while closing see closing and are dropped. */
 	io->closing = true;
 	event_free(io->timer);
-	if (io->boot)
-		km_net_client_free(io->boot);
-	for (size_t i = 0; i < io->nnodes; i++)
-		if (io->nodes[i].c)
-			km_net_client_free(io->nodes[i].c);
-	free(io->nodes);
+	km_cluster_free(io->cl);
 	km_ps_map_clear(io);
 	free(io->scratch);
 	free(io->leaders);

@@ -6,13 +6,14 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "kmirror/cluster.h"
 #include "kmirror/msg/metadata_response.h"
 #include "kmirror/net.h"
+#include "kmirror/rpc.h"
 #include "state/state_int.h"
 
 #define COMP "state"
 
-#define MAX_NODES 1024
 #define FETCH_BYTES (8 << 20)
 #define SCRATCH_BYTES (64 << 20)  /* a compressed state batch decompressed */
 #define WRITE_ATTEMPTS 6
@@ -38,14 +39,6 @@ enum {
 	K_ERR_OFFSET_NOT_AVAILABLE = 78,
 };
 
-typedef struct node {
-	int32_t id;
-	char host[256];
-	uint16_t port;
-	km_net_client *c;
-	bool failed;               /* c's connection failed or closed: it never becomes ready */
-} node;
-
 /* One key's latest value while loading (key bytes -> value bytes or tombstone). */
 typedef struct load_entry {
 	uint8_t *key, *val;
@@ -61,11 +54,7 @@ struct km_state_persist {
 	km_state *st;
 	bool closing;
 	uint64_t gen;              /* bumps when an operation restarts: late answers of the old one are dropped */
-	km_net_client *boot;
-	int boot_index;
-	node *nodes;
-	size_t nnodes;
-	int32_t nbrokers;
+	km_cluster *cl;            /* the destination: bootstrap, the brokers the metadata names, a client each */
 	bool exists;
 	int32_t nparts;
 	int32_t *leaders;
@@ -76,8 +65,16 @@ struct km_state_persist {
 	void (*timer_fn)(km_state_persist *io);
 	/* a step waiting for its client's ApiVersions (the versions it encodes with) */
 	km_net_client *wait_c;
+	int32_t wait_id;           /* the broker wait_c is the client of (KM_PS_ANY: any broker) */
 	void (*wait_fn)(km_state_persist *io);
-	bool boot_failed;
+	/*
+	 * The waited client of broker down_id failed: the step resumed for it in generation down_gen
+	 * gets no client for that broker (its send fails and its error path backs off), rather than a
+	 * new connection at once (the cluster reconnects a failed broker on the next ask).
+	 */
+	bool down;
+	int32_t down_id;
+	uint64_t down_gen;
 	int16_t used[6];           /* the last version sent of each key of versions[] (-1: none yet) */
 	int64_t lts;               /* the ListOffsets timestamp being asked (-2 earliest, -1 latest) */
 	int backoff_ms;
@@ -116,32 +113,35 @@ typedef struct req_ctx {
 	uint64_t gen;
 	int32_t node_id;
 	int32_t partition;
-	int16_t ver;               /* the version the request was encoded with: its response decodes with it */
 } req_ctx;
 
 
 /* ---- persist.c: the persister's brokers and requests ---- */
 
+#define KM_PS_ANY (-1)     /* a client to any broker (node ids are never negative) */
+
 /* fn(io) in ms (one timer per persister). */
 void km_ps_after(km_state_persist *io, int ms, void (*fn)(km_state_persist *));
 /* The next backoff (doubling, capped, jittered). */
 int km_ps_next_backoff(km_state_persist *io);
-/* Whether c is ready; else resume(io) runs when it is (or fails). */
-bool km_ps_client_wait(km_state_persist *io, km_net_client *c, void (*resume)(km_state_persist *io));
+/* Whether c (the client of broker id, or KM_PS_ANY) is ready; else resume(io) runs when it is (or fails). */
+bool km_ps_client_wait(km_state_persist *io, km_net_client *c, int32_t id, void (*resume)(km_state_persist *io));
 /* The version of key to use on c; -1 with why when c cannot serve it. */
 int16_t km_ps_version_for(km_net_client *c, int16_t key, char *why, size_t len);
-/* A client to a bootstrap address, and dropping it after a failure. */
-km_net_client *km_ps_boot(km_state_persist *io);
-void km_ps_drop_boot(km_state_persist *io);
-/* The client of broker id (from the state topic's metadata), and dropping it after a failure. */
-km_net_client *km_ps_leader_client(km_state_persist *io, int32_t id);
-void km_ps_drop_node(km_state_persist *io, int32_t id);
-/* Send w (freed) on c, answered to cb with a req_ctx naming the node and partition. */
-km_err km_ps_send_req(km_state_persist *io, km_net_client *c, int16_t key, int16_t ver, km_wr *w,
-		      km_net_response_cb cb, int32_t node_id, int32_t partition);
+/* A client to any broker (a bootstrap address until the metadata names brokers). */
+km_net_client *km_ps_any(km_state_persist *io);
+/* The client of broker id (from the state topic's metadata). */
+km_net_client *km_ps_node(km_state_persist *io, int32_t id);
+/* Forget c after a failure on it: the next ask reconnects (the next bootstrap address for one). */
+void km_ps_drop(km_state_persist *io, km_net_client *c);
+/* Call key with req (a km_<name>_request) on c, answered to cb with a req_ctx naming the node and partition. */
+km_err km_ps_send_req(km_state_persist *io, km_net_client *c, int16_t key, int16_t ver, const void *req,
+		      km_rpc_cb cb, int32_t node_id, int32_t partition);
 /* The persister of an answer's context (freed); NULL when the operation restarted since, or shuts down. */
 km_state_persist *km_ps_ctx_take(void *arg, req_ctx *out);
-void km_ps_encode_metadata(km_wr *w, int16_t ver, char *const *names, size_t n);
+/* Metadata for the topics names (no auto-creation) on c, answered to cb. */
+km_err km_ps_send_metadata(km_state_persist *io, km_net_client *c, int16_t ver, char *const *names, size_t n,
+			   km_rpc_cb cb);
 /* The state topic's partitions and leaders from a Metadata answer. */
 km_err km_ps_take_metadata(km_state_persist *io, const km_metadata_response *r, int16_t *topic_err);
 

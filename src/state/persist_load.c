@@ -136,44 +136,12 @@ static void load_finish(km_state_persist *io)
 	km_state_loaded(io->st, &m);
 }
 
-static void on_fetch(km_net_client *c, km_err err, const uint8_t *body, size_t len, void *arg)
+/* The records of one Fetch answer into the map; false (retried) when they cannot be read. */
+static bool fetch_take(km_state_persist *io, const km_fetch_response_partition_data *pd)
 {
-	req_ctx x;
-	km_state_persist *io = km_ps_ctx_take(arg, &x);
-	km_fetch_response r;
-	km_arena a;
-	km_rd rd;
 	km_batch_iter it;
 	km_batch b;
-	const km_fetch_response_partition_data *pd = NULL;
-	int64_t before;
-	char why[160];
 
-	(void)c;
-	if (!io)
-		return;
-	if (err != KM_OK) {
-		km_ps_drop_node(io, x.node_id);
-		load_retry(io, km_err_name(err));
-		return;
-	}
-	km_arena_init(&a, 0);
-	km_rd_init(&rd, body, len);
-	if (km_fetch_response_decode(&rd, x.ver, &r, &a) != KM_OK || r.responses.count != 1 ||
-	    r.responses.items[0].partitions.count != 1) {
-		km_arena_free(&a);
-		load_retry(io, "undecodable Fetch response");
-		return;
-	}
-	pd = &r.responses.items[0].partitions.items[0];
-	if (r.error_code || pd->error_code) {
-		snprintf(why, sizeof(why), "Fetch partition %d: %s", io->lpart,
-			 km_err_name(r.error_code ? r.error_code : pd->error_code));
-		km_arena_free(&a);
-		load_retry(io, why);
-		return;
-	}
-	before = io->next;
 	km_batch_iter_init(&it, pd->records.p, pd->records.len > 0 ? (size_t)pd->records.len : 0);
 	while (km_batch_next(&it, &b)) {
 		km_record_iter ri;
@@ -183,34 +151,63 @@ static void on_fetch(km_net_client *c, km_err err, const uint8_t *body, size_t l
 			continue;
 		if (!b.control) {
 			if (b.codec != KM_CODEC_NONE && !io->scratch && !(io->scratch = malloc(SCRATCH_BYTES))) {
-				km_arena_free(&a);
 				load_retry(io, "out of memory");
-				return;
+				return false;
 			}
 			if (km_batch_records(&b, io->scratch, SCRATCH_BYTES, &ri) != KM_OK) {
-				km_arena_free(&a);
 				load_retry(io, "undecodable batch");
-				return;
+				return false;
 			}
 			while (km_record_next(&ri, &rec)) {
 				if (rec.offset < io->next || rec.offset >= io->hi || rec.key.len < 2)
 					continue;
 				io->nrecords++;
 				if (map_put(io, rec.key, rec.value) != KM_OK) {
-					km_arena_free(&a);
 					load_retry(io, "out of memory");
-					return;
+					return false;
 				}
 			}
 			if (ri.err != KM_OK) {
-				km_arena_free(&a);
 				load_retry(io, "undecodable records");
-				return;
+				return false;
 			}
 		}
 		io->next = last + 1;
 	}
-	km_arena_free(&a);
+	return true;
+}
+
+static void on_fetch(km_net_client *c, const km_rpc_response *rr, void *arg)
+{
+	req_ctx x;
+	km_state_persist *io = km_ps_ctx_take(arg, &x);
+	const km_fetch_response *r = rr->msg;
+	const km_fetch_response_partition_data *pd = NULL;
+	int64_t before;
+	char why[160];
+
+	if (!io)
+		return;
+	if (rr->err != KM_OK && rr->err != KM_ERR_DECODE) {
+		km_ps_drop(io, c);
+		load_retry(io, km_err_name(rr->err));
+		return;
+	}
+	if (rr->err != KM_OK || r->responses.count != 1 || r->responses.items[0].partitions.count != 1) {
+		load_retry(io, "undecodable Fetch response");
+		return;
+	}
+	pd = &r->responses.items[0].partitions.items[0];
+	if (r->error_code || pd->error_code) {
+		snprintf(why, sizeof(why), "Fetch partition %d: %s", io->lpart,
+			 km_err_name(r->error_code ? r->error_code : pd->error_code));
+		load_retry(io, why);
+		return;
+	}
+	before = io->next;
+	/* The records are a range of the answer, valid during this callback: read them now. */
+	if (!fetch_take(io, pd))
+		return;
 	if (io->next == before) {
 		/* Nothing below the end: compaction may leave the end past the last record. */
 		if (++io->empty_fetches > 3)
@@ -226,14 +223,13 @@ static void fetch_next(km_state_persist *io)
 	km_fetch_request m;
 	km_fetch_request_fetch_topic t;
 	km_fetch_request_fetch_partition p;
-	km_wr w;
 	km_err rc;
 	int32_t leader = io->leaders[io->lpart];
-	km_net_client *c = km_ps_leader_client(io, leader);
+	km_net_client *c = km_ps_node(io, leader);
 	int16_t ver = 0;
 	char why[200];
 
-	if (!km_ps_client_wait(io, c, fetch_next))
+	if (!km_ps_client_wait(io, c, leader, fetch_next))
 		return;
 	if (c && km_net_client_ready(c) && (ver = km_ps_version_for(c, KM_API_FETCH, why, sizeof(why))) < 0) {
 		load_retry(io, why);
@@ -254,10 +250,7 @@ static void fetch_next(km_state_persist *io)
 	t.partitions.count = 1;
 	m.topics.items = &t;
 	m.topics.count = 1;
-	km_wr_init(&w);
-	km_fetch_request_encode(&w, ver, &m);
-	rc = km_ps_send_req(io, c, KM_API_FETCH, ver, &w, on_fetch, leader, io->lpart);
-	km_wr_free(&w);
+	rc = km_ps_send_req(io, c, KM_API_FETCH, ver, &m, on_fetch, leader, io->lpart);
 	if (rc != KM_OK)
 		load_retry(io, km_err_name(rc));
 }
@@ -268,48 +261,38 @@ static void list_offsets_again(km_state_persist *io)
 	list_offsets(io, io->lts);
 }
 
-static void on_list_offsets(km_net_client *c, km_err err, const uint8_t *body, size_t len, void *arg)
+static void on_list_offsets(km_net_client *c, const km_rpc_response *rr, void *arg)
 {
 	req_ctx x;
 	km_state_persist *io = km_ps_ctx_take(arg, &x);
-	km_list_offsets_response r;
-	km_arena a;
-	km_rd rd;
+	const km_list_offsets_response *r = rr->msg;
 	char why[160];
 
-	(void)c;
 	if (!io)
 		return;
-	if (err != KM_OK) {
-		km_ps_drop_node(io, x.node_id);
-		load_retry(io, km_err_name(err));
+	if (rr->err != KM_OK && rr->err != KM_ERR_DECODE) {
+		km_ps_drop(io, c);
+		load_retry(io, km_err_name(rr->err));
 		return;
 	}
-	km_arena_init(&a, 1 << 20);
-	km_rd_init(&rd, body, len);
-	if (km_list_offsets_response_decode(&rd, x.ver, &r, &a) != KM_OK || r.topics.count != 1 ||
-	    r.topics.items[0].partitions.count != 1) {
-		km_arena_free(&a);
+	if (rr->err != KM_OK || r->topics.count != 1 || r->topics.items[0].partitions.count != 1) {
 		load_retry(io, "undecodable ListOffsets response");
 		return;
 	}
-	const km_list_offsets_response_list_offsets_partition_response *p = &r.topics.items[0].partitions.items[0];
+	const km_list_offsets_response_list_offsets_partition_response *p = &r->topics.items[0].partitions.items[0];
 	if (p->error_code) {
 		snprintf(why, sizeof(why), "ListOffsets partition %d: %s", io->lpart, km_err_name(p->error_code));
-		km_arena_free(&a);
 		load_retry(io, why);
 		return;
 	}
 	if (x.partition == -2) { /* earliest */
 		io->lo = p->offset;
-		km_arena_free(&a);
 		list_offsets(io, -1);
 		return;
 	}
 	io->hi = p->offset;
 	io->next = io->lo;
 	io->empty_fetches = 0;
-	km_arena_free(&a);
 	load_partition(io);
 }
 
@@ -318,15 +301,14 @@ static void list_offsets(km_state_persist *io, int64_t ts)
 	km_list_offsets_request m;
 	km_list_offsets_request_list_offsets_topic t;
 	km_list_offsets_request_list_offsets_partition p;
-	km_wr w;
 	km_err rc;
 	int32_t leader = io->leaders[io->lpart];
-	km_net_client *c = km_ps_leader_client(io, leader);
+	km_net_client *c = km_ps_node(io, leader);
 	int16_t ver = 0;
 	char why[200];
 
 	io->lts = ts;
-	if (!km_ps_client_wait(io, c, list_offsets_again))
+	if (!km_ps_client_wait(io, c, leader, list_offsets_again))
 		return;
 	if (c && km_net_client_ready(c) && (ver = km_ps_version_for(c, KM_API_LIST_OFFSETS, why, sizeof(why))) < 0) {
 		load_retry(io, why);
@@ -345,12 +327,8 @@ static void list_offsets(km_state_persist *io, int64_t ts)
 	t.partitions.count = 1;
 	m.topics.items = &t;
 	m.topics.count = 1;
-	km_wr_init(&w);
-	km_list_offsets_request_encode(&w, ver, &m);
 	/* The partition field of the context says which of the two answers this is. */
-	rc = km_ps_send_req(io, c, KM_API_LIST_OFFSETS, ver, &w, on_list_offsets, leader,
-		  ts == -2 ? -2 : -1);
-	km_wr_free(&w);
+	rc = km_ps_send_req(io, c, KM_API_LIST_OFFSETS, ver, &m, on_list_offsets, leader, ts == -2 ? -2 : -1);
 	if (rc != KM_OK)
 		load_retry(io, km_err_name(rc));
 }
@@ -371,30 +349,22 @@ static void load_partition(km_state_persist *io)
 	list_offsets(io, -2);
 }
 
-static void on_load_metadata(km_net_client *c, km_err err, const uint8_t *body, size_t len, void *arg)
+static void on_load_metadata(km_net_client *c, const km_rpc_response *rr, void *arg)
 {
 	req_ctx x;
 	km_state_persist *io = km_ps_ctx_take(arg, &x);
-	km_metadata_response r;
-	km_arena a;
-	km_rd rd;
 	int16_t terr;
-	km_err rc;
+	km_err rc = rr->err;
 
-	(void)c;
 	if (!io)
 		return;
-	if (err != KM_OK) {
-		km_ps_drop_boot(io);
-		load_retry(io, km_err_name(err));
+	if (rc != KM_OK && rc != KM_ERR_DECODE) {
+		km_ps_drop(io, c);
+		load_retry(io, km_err_name(rc));
 		return;
 	}
-	km_arena_init(&a, 0);
-	km_rd_init(&rd, body, len);
-	rc = km_metadata_response_decode(&rd, x.ver, &r, &a);
 	if (rc == KM_OK)
-		rc = km_ps_take_metadata(io, &r, &terr);
-	km_arena_free(&a);
+		rc = km_ps_take_metadata(io, rr->msg, &terr);
 	if (rc != KM_OK) {
 		load_retry(io, rc == KM_ERR_UNSUPPORTED ? "a partition has no leader" : km_err_name(rc));
 		return;
@@ -414,24 +384,21 @@ static void on_load_metadata(km_net_client *c, km_err err, const uint8_t *body, 
 
 static void load_metadata(km_state_persist *io)
 {
-	km_wr w;
 	km_err rc;
 	char *name = io->st->cfg.mirror_state_topic;
-	km_net_client *c = km_ps_boot(io);
+	km_net_client *c = km_ps_any(io);
 	int16_t ver = 0;
 	char why[200];
 
-	if (!km_ps_client_wait(io, c, load_metadata))
+	if (!km_ps_client_wait(io, c, KM_PS_ANY, load_metadata))
 		return;
 	if (c && km_net_client_ready(c) && (ver = km_ps_version_for(c, KM_API_METADATA, why, sizeof(why))) < 0) {
 		load_retry(io, why);
 		return;
 	}
-	km_ps_encode_metadata(&w, ver, &name, 1);
-	rc = km_ps_send_req(io, c, KM_API_METADATA, ver, &w, on_load_metadata, -1, -1);
-	km_wr_free(&w);
+	rc = km_ps_send_metadata(io, c, ver, &name, 1, on_load_metadata);
 	if (rc != KM_OK) {
-		km_ps_drop_boot(io);
+		km_ps_drop(io, c);
 		load_retry(io, km_err_name(rc));
 	}
 }

@@ -15,8 +15,9 @@
 #include "state/persist_int.h"
 
 static void write_step(km_state_persist *io);
+static void write_produce(km_state_persist *io);
 static void meta_send(km_state_persist *io);
-static void on_write_metadata(km_net_client *c, km_err err, const uint8_t *body, size_t len, void *arg);
+static void on_write_metadata(km_net_client *c, const km_rpc_response *rr, void *arg);
 
 /* ---- write ---- */
 
@@ -68,54 +69,51 @@ static void write_fail_or_retry(km_state_persist *io, bool retry, const char *pr
 	write_end(io, KM_MIRROR_STATE_UNAVAILABLE, io->wmsg);
 }
 
-static void on_produce(km_net_client *c, km_err err, const uint8_t *body, size_t len, void *arg)
+/* The partitions of one Produce answer: acknowledged ones are done, the others say retry or fail. */
+static void produce_take(km_state_persist *io, const km_produce_response *r)
+{
+	for (int32_t i = 0; i < r->responses.count; i++)
+		for (int32_t j = 0; j < r->responses.items[i].partition_responses.count; j++) {
+			const km_produce_response_partition_produce_response *p =
+				&r->responses.items[i].partition_responses.items[j];
+			if (p->index < 0 || p->index >= io->nparts || io->pdone[p->index])
+				continue;
+			/* A duplicate is our own earlier attempt that landed. */
+			if (p->error_code == 0 || p->error_code == K_ERR_DUPLICATE_SEQ) {
+				io->pdone[p->index] = true;
+				io->seq[p->index] += io->pcount[p->index];
+				continue;
+			}
+			if (retriable(p->error_code))
+				io->wretry = true;
+			else
+				io->wfail = true;
+			snprintf(io->wmsg, sizeof(io->wmsg), "partition %d: %s%s%.*s", p->index,
+				 km_err_name(p->error_code), p->error_message.len > 0 ? " (" : "",
+				 p->error_message.len > 0 ? (int)p->error_message.len : 0,
+				 p->error_message.p ? p->error_message.p : "");
+			if (p->error_message.len > 0)
+				strncat(io->wmsg, ")", sizeof(io->wmsg) - strlen(io->wmsg) - 1);
+		}
+}
+
+static void on_produce(km_net_client *c, const km_rpc_response *rr, void *arg)
 {
 	req_ctx x;
 	km_state_persist *io = km_ps_ctx_take(arg, &x);
-	km_produce_response r;
-	km_arena a;
-	km_rd rd;
 
-	(void)c;
 	if (!io)
 		return;
 	io->outstanding--;
-	if (err != KM_OK) {
-		km_ps_drop_node(io, x.node_id);
+	if (rr->err == KM_ERR_DECODE) {
+		io->wfail = true;
+		snprintf(io->wmsg, sizeof(io->wmsg), "broker %d: undecodable Produce response", x.node_id);
+	} else if (rr->err != KM_OK) {
+		km_ps_drop(io, c);
 		io->wretry = true;
-		snprintf(io->wmsg, sizeof(io->wmsg), "broker %d: %s", x.node_id, km_err_name(err));
+		snprintf(io->wmsg, sizeof(io->wmsg), "broker %d: %s", x.node_id, km_err_name(rr->err));
 	} else {
-		km_arena_init(&a, 0);
-		km_rd_init(&rd, body, len);
-		if (km_produce_response_decode(&rd, x.ver, &r, &a) != KM_OK) {
-			io->wfail = true;
-			snprintf(io->wmsg, sizeof(io->wmsg), "broker %d: undecodable Produce response", x.node_id);
-		} else {
-			for (int32_t i = 0; i < r.responses.count; i++)
-				for (int32_t j = 0; j < r.responses.items[i].partition_responses.count; j++) {
-					const km_produce_response_partition_produce_response *p =
-						&r.responses.items[i].partition_responses.items[j];
-					if (p->index < 0 || p->index >= io->nparts || io->pdone[p->index])
-						continue;
-					/* A duplicate is our own earlier attempt that landed. */
-					if (p->error_code == 0 || p->error_code == K_ERR_DUPLICATE_SEQ) {
-						io->pdone[p->index] = true;
-						io->seq[p->index] += io->pcount[p->index];
-						continue;
-					}
-					if (retriable(p->error_code))
-						io->wretry = true;
-					else
-						io->wfail = true;
-					snprintf(io->wmsg, sizeof(io->wmsg), "partition %d: %s%s%.*s", p->index,
-						 km_err_name(p->error_code), p->error_message.len > 0 ? " (" : "",
-						 p->error_message.len > 0 ? (int)p->error_message.len : 0,
-						 p->error_message.p ? p->error_message.p : "");
-					if (p->error_message.len > 0)
-						strncat(io->wmsg, ")", sizeof(io->wmsg) - strlen(io->wmsg) - 1);
-				}
-		}
-		km_arena_free(&a);
+		produce_take(io, rr->msg);
 	}
 	if (io->outstanding)
 		return;
@@ -129,148 +127,184 @@ static void on_produce(km_net_client *c, km_err err, const uint8_t *body, size_t
 	write_end(io, KM_OK, NULL);
 }
 
-/* One Produce per leader, one batch per partition of that leader not yet acknowledged. */
-static void write_produce(km_state_persist *io)
+/* What a Produce round builds its requests in: room for every partition and record, reused per leader. */
+typedef struct produce_buf {
+	km_produce_request_partition_produce_data *pd;
+	km_wr *bw;                 /* the batches built, one per partition of the request */
+	km_batch_record *br;
+} produce_buf;
+
+static void produce_buf_free(produce_buf *b)
 {
-	int64_t now;
-	struct timeval tv;
-	bool sent_any = false;
+	free(b->pd);
+	free(b->bw);
+	free(b->br);
+}
+
+/*
+ * The Produce to one leader: a batch per partition it leads that is not acknowledged yet, built
+ * here (the request's records are those bytes). *cp: the leader's client when it leads any;
+ * *sent: whether the request went out.
+ */
+static km_err produce_to(km_state_persist *io, produce_buf *b, int32_t leader, int64_t now, km_net_client **cp,
+			 bool *sent)
+{
+	km_produce_request m;
+	km_produce_request_topic_produce_data td;
+	int32_t npd = 0;
+	km_err rc = KM_OK;
 	char why[200];
 
-	/* Every leader written to must have negotiated its versions first. */
+	*sent = false;
+	*cp = NULL;
+	for (int32_t p = 0; p < io->nparts && rc == KM_OK; p++) {
+		size_t k = 0;
+		km_batch_params bp;
+		if (io->pdone[p] || io->leaders[p] != leader)
+			continue;
+		for (size_t i = 0; i < io->nrecs; i++)
+			if (io->rpart[i] == p) {
+				b->br[k].timestamp = now;
+				b->br[k].offset_delta = (int32_t)k;
+				b->br[k].key = (km_bytes){io->recs[i].key, (int32_t)io->recs[i].klen};
+				b->br[k].value = io->recs[i].val ? (km_bytes){io->recs[i].val, (int32_t)io->recs[i].vlen}
+								 : KM_BYTES_NULL;
+				k++;
+			}
+		km_batch_params_init(&bp);
+		bp.producer_id = io->pid;
+		bp.producer_epoch = io->epoch;
+		bp.base_sequence = io->seq[p];
+		km_wr_init(&b->bw[npd]);
+		rc = km_batch_build(&bp, b->br, k, &b->bw[npd]);
+		km_produce_request_partition_produce_data_init(&b->pd[npd]);
+		b->pd[npd].index = p;
+		b->pd[npd].records = (km_bytes){b->bw[npd].buf, (int32_t)b->bw[npd].len};
+		npd++;
+	}
+	if (npd)
+		*cp = km_ps_node(io, leader);
+	if (rc == KM_OK && npd) {
+		km_net_client *c = *cp;
+		int16_t ver = c && km_net_client_ready(c) ? km_ps_version_for(c, KM_API_PRODUCE, why, sizeof(why)) : 3;
+		km_produce_request_init(&m);
+		km_produce_request_topic_produce_data_init(&td);
+		m.acks = -1;
+		m.timeout_ms = 30000;
+		td.name = km_str_c(io->st->cfg.mirror_state_topic);
+		td.partition_data.items = b->pd;
+		td.partition_data.count = npd;
+		m.topic_data.items = &td;
+		m.topic_data.count = 1;
+		rc = km_ps_send_req(io, c, KM_API_PRODUCE, ver, &m, on_produce, leader, -1);
+		*sent = rc == KM_OK;
+	}
+	for (int32_t i = 0; i < npd; i++)
+		km_wr_free(&b->bw[i]);
+	return rc;
+}
+
+/* Every leader written to has negotiated its versions; false when the step waits or the write ended. */
+static bool produce_ready(km_state_persist *io)
+{
+	char why[200];
+
 	for (int32_t p = 0; p < io->nparts; p++) {
 		km_net_client *c;
 		if (io->pdone[p])
 			continue;
-		c = km_ps_leader_client(io, io->leaders[p]);
-		if (!km_ps_client_wait(io, c, write_produce))
-			return;
+		c = km_ps_node(io, io->leaders[p]);
+		if (!km_ps_client_wait(io, c, io->leaders[p], write_produce))
+			return false;
 		if (c && km_net_client_ready(c) && km_ps_version_for(c, KM_API_PRODUCE, why, sizeof(why)) < 0) {
 			write_end(io, KM_MIRROR_STATE_UNAVAILABLE, why);
-			return;
+			return false;
 		}
 	}
-	gettimeofday(&tv, NULL);
-	now = (int64_t)tv.tv_sec * 1000 + tv.tv_usec / 1000;
-	io->wretry = io->wfail = false;
-	io->wmsg[0] = 0;
-	io->outstanding = 0;
-	for (size_t ni = 0; ni < io->nnodes; ni++) {
-		int32_t leader = io->nodes[ni].id;
-		km_produce_request m;
-		km_produce_request_topic_produce_data td;
-		km_produce_request_partition_produce_data *pd = calloc((size_t)io->nparts, sizeof(*pd));
-		km_wr *bw = calloc((size_t)io->nparts, sizeof(*bw));
-		km_batch_record *br = calloc(io->nrecs ? io->nrecs : 1, sizeof(*br));
-		int32_t npd = 0;
-		km_err rc = KM_OK;
-		km_wr w;
+	return true;
+}
 
-		if (!pd || !bw || !br) {
-			free(pd);
-			free(bw);
-			free(br);
-			write_end(io, KM_MIRROR_STATE_UNAVAILABLE, "out of memory");
+/* One Produce per leader, one batch per partition of that leader not yet acknowledged. */
+static void write_produce(km_state_persist *io)
+{
+	int64_t now = 0;
+	struct timeval tv;
+	bool sent_any = false, ok;
+	/* The brokers the metadata named, in its order: the leaders are among them. */
+	size_t nids = km_cluster_node_ids(io->cl, NULL, 0);
+	int32_t *ids;
+	produce_buf b;
+
+	if (!produce_ready(io))
+		return;
+	ids = calloc(nids ? nids : 1, sizeof(*ids));
+	b.pd = calloc((size_t)io->nparts, sizeof(*b.pd));
+	b.bw = calloc((size_t)io->nparts, sizeof(*b.bw));
+	b.br = calloc(io->nrecs ? io->nrecs : 1, sizeof(*b.br));
+	if ((ok = ids && b.pd && b.bw && b.br)) {
+		km_cluster_node_ids(io->cl, ids, nids);
+		gettimeofday(&tv, NULL);
+		now = (int64_t)tv.tv_sec * 1000 + tv.tv_usec / 1000;
+		io->wretry = io->wfail = false;
+		io->wmsg[0] = 0;
+		io->outstanding = 0;
+	}
+	for (size_t ni = 0; ok && ni < nids; ni++) {
+		int32_t leader = ids[ni];
+		km_net_client *c;
+		bool sent;
+		km_err rc = produce_to(io, &b, leader, now, &c, &sent);
+
+		if (sent) {
+			io->outstanding++;
+			sent_any = true;
+		}
+		if (rc == KM_OK)
+			continue;
+		km_ps_drop(io, c);
+		if (!io->outstanding) {
+			free(ids);
+			produce_buf_free(&b);
+			write_fail_or_retry(io, true, "sending Produce: ", km_err_name(rc));
 			return;
 		}
-		for (int32_t p = 0; p < io->nparts && rc == KM_OK; p++) {
-			size_t k = 0;
-			km_batch_params bp;
-			if (io->pdone[p] || io->leaders[p] != leader)
-				continue;
-			for (size_t i = 0; i < io->nrecs; i++)
-				if (io->rpart[i] == p) {
-					br[k].timestamp = now;
-					br[k].offset_delta = (int32_t)k;
-					br[k].key = (km_bytes){io->recs[i].key, (int32_t)io->recs[i].klen};
-					br[k].value = io->recs[i].val ? (km_bytes){io->recs[i].val, (int32_t)io->recs[i].vlen}
-								      : KM_BYTES_NULL;
-					k++;
-				}
-			km_batch_params_init(&bp);
-			bp.producer_id = io->pid;
-			bp.producer_epoch = io->epoch;
-			bp.base_sequence = io->seq[p];
-			km_wr_init(&bw[npd]);
-			rc = km_batch_build(&bp, br, k, &bw[npd]);
-			km_produce_request_partition_produce_data_init(&pd[npd]);
-			pd[npd].index = p;
-			pd[npd].records = (km_bytes){bw[npd].buf, (int32_t)bw[npd].len};
-			npd++;
-		}
-		if (rc == KM_OK && npd) {
-			km_produce_request_init(&m);
-			km_produce_request_topic_produce_data_init(&td);
-			m.acks = -1;
-			m.timeout_ms = 30000;
-			td.name = km_str_c(io->st->cfg.mirror_state_topic);
-			td.partition_data.items = pd;
-			td.partition_data.count = npd;
-			m.topic_data.items = &td;
-			m.topic_data.count = 1;
-			km_wr_init(&w);
-			km_net_client *c = km_ps_leader_client(io, leader);
-			int16_t ver = c && km_net_client_ready(c) ? km_ps_version_for(c, KM_API_PRODUCE, why, sizeof(why)) : 3;
-			km_produce_request_encode(&w, ver, &m);
-			rc = km_ps_send_req(io, c, KM_API_PRODUCE, ver, &w, on_produce, leader, -1);
-			km_wr_free(&w);
-			if (rc == KM_OK) {
-				io->outstanding++;
-				sent_any = true;
-			}
-		}
-		for (int32_t i = 0; i < npd; i++)
-			km_wr_free(&bw[i]);
-		free(pd);
-		free(bw);
-		free(br);
-		if (rc != KM_OK) {
-			km_ps_drop_node(io, leader);
-			if (!io->outstanding) {
-				write_fail_or_retry(io, true, "sending Produce: ", km_err_name(rc));
-				return;
-			}
-			/* The others are in flight: their answers end the round, and it is retried. */
-			io->wretry = true;
-			snprintf(io->wmsg, sizeof(io->wmsg), "sending Produce to broker %d: %s", leader, km_err_name(rc));
-		}
+		/* The others are in flight: their answers end the round, and it is retried. */
+		io->wretry = true;
+		snprintf(io->wmsg, sizeof(io->wmsg), "sending Produce to broker %d: %s", leader, km_err_name(rc));
 	}
-	if (!sent_any && !io->outstanding)
+	free(ids);
+	produce_buf_free(&b);
+	if (!ok)
+		write_end(io, KM_MIRROR_STATE_UNAVAILABLE, "out of memory");
+	else if (!sent_any && !io->outstanding)
 		write_fail_or_retry(io, true, "", "no leader for a partition of the state topic");
 }
 
-static void on_init_pid(km_net_client *c, km_err err, const uint8_t *body, size_t len, void *arg)
+static void on_init_pid(km_net_client *c, const km_rpc_response *rr, void *arg)
 {
 	req_ctx x;
 	km_state_persist *io = km_ps_ctx_take(arg, &x);
-	km_init_producer_id_response r;
-	km_arena a;
-	km_rd rd;
+	const km_init_producer_id_response *r = rr->msg;
 
-	(void)c;
 	if (!io)
 		return;
-	if (err != KM_OK) {
-		km_ps_drop_boot(io);
-		write_fail_or_retry(io, true, "InitProducerId: ", km_err_name(err));
+	if (rr->err != KM_OK && rr->err != KM_ERR_DECODE) {
+		km_ps_drop(io, c);
+		write_fail_or_retry(io, true, "InitProducerId: ", km_err_name(rr->err));
 		return;
 	}
-	km_arena_init(&a, 1 << 20);
-	km_rd_init(&rd, body, len);
-	if (km_init_producer_id_response_decode(&rd, x.ver, &r, &a) != KM_OK) {
-		km_arena_free(&a);
+	if (rr->err != KM_OK) {
 		write_fail_or_retry(io, false, "InitProducerId: ", "undecodable response");
 		return;
 	}
-	km_arena_free(&a);
-	if (r.error_code) {
-		write_fail_or_retry(io, retriable(r.error_code), "InitProducerId: ", km_err_name(r.error_code));
+	if (r->error_code) {
+		write_fail_or_retry(io, retriable(r->error_code), "InitProducerId: ", km_err_name(r->error_code));
 		return;
 	}
-	io->pid = r.producer_id;
-	io->epoch = r.producer_epoch;
+	io->pid = r->producer_id;
+	io->epoch = r->producer_epoch;
 	KM_INFO(COMP, 0, "writing %s as producer id %lld (InitProducerId v%d, Metadata v%d)",
-		io->st->cfg.mirror_state_topic, (long long)r.producer_id, x.ver, io->used[0]);
+		io->st->cfg.mirror_state_topic, (long long)r->producer_id, rr->version, io->used[0]);
 	memset(io->seq, 0, (size_t)io->nparts * sizeof(*io->seq));
 	KM_DEBUG(COMP, 0, "state producer id %lld epoch %d", (long long)io->pid, io->epoch);
 	write_produce(io);
@@ -279,13 +313,12 @@ static void on_init_pid(km_net_client *c, km_err err, const uint8_t *body, size_
 static void init_pid(km_state_persist *io)
 {
 	km_init_producer_id_request m;
-	km_wr w;
 	km_err rc;
-	km_net_client *c = km_ps_boot(io);
+	km_net_client *c = km_ps_any(io);
 	int16_t ver = 0;
 	char why[200];
 
-	if (!km_ps_client_wait(io, c, init_pid))
+	if (!km_ps_client_wait(io, c, KM_PS_ANY, init_pid))
 		return;
 	if (c && km_net_client_ready(c) && (ver = km_ps_version_for(c, KM_API_INIT_PRODUCER_ID, why, sizeof(why))) < 0) {
 		write_end(io, KM_MIRROR_STATE_UNAVAILABLE, why);
@@ -296,12 +329,9 @@ static void init_pid(km_state_persist *io)
 	m.transaction_timeout_ms = 60000;
 	m.producer_id = -1;
 	m.producer_epoch = -1;
-	km_wr_init(&w);
-	km_init_producer_id_request_encode(&w, ver, &m);
-	rc = km_ps_send_req(io, c, KM_API_INIT_PRODUCER_ID, ver, &w, on_init_pid, -1, -1);
-	km_wr_free(&w);
+	rc = km_ps_send_req(io, c, KM_API_INIT_PRODUCER_ID, ver, &m, on_init_pid, -1, -1);
 	if (rc != KM_OK) {
-		km_ps_drop_boot(io);
+		km_ps_drop(io, c);
 		write_fail_or_retry(io, true, "InitProducerId: ", km_err_name(rc));
 	}
 }
@@ -329,43 +359,35 @@ static bool write_layout(km_state_persist *io)
 	return true;
 }
 
-static void on_create_topics(km_net_client *c, km_err err, const uint8_t *body, size_t len, void *arg)
+static void on_create_topics(km_net_client *c, const km_rpc_response *rr, void *arg)
 {
 	req_ctx x;
 	km_state_persist *io = km_ps_ctx_take(arg, &x);
-	km_create_topics_response r;
-	km_arena a;
-	km_rd rd;
+	const km_create_topics_response *r = rr->msg;
 	char why[400];
 
-	(void)c;
 	if (!io)
 		return;
-	if (err != KM_OK) {
-		km_ps_drop_boot(io);
-		write_fail_or_retry(io, true, "CreateTopics: ", km_err_name(err));
+	if (rr->err != KM_OK && rr->err != KM_ERR_DECODE) {
+		km_ps_drop(io, c);
+		write_fail_or_retry(io, true, "CreateTopics: ", km_err_name(rr->err));
 		return;
 	}
-	km_arena_init(&a, 1 << 20);
-	km_rd_init(&rd, body, len);
-	if (km_create_topics_response_decode(&rd, x.ver, &r, &a) != KM_OK || r.topics.count != 1) {
-		km_arena_free(&a);
+	if (rr->err != KM_OK || r->topics.count != 1) {
 		write_fail_or_retry(io, false, "CreateTopics: ", "undecodable response");
 		return;
 	}
-	const km_create_topics_response_creatable_topic_result *t = &r.topics.items[0];
+	const km_create_topics_response_creatable_topic_result *t = &r->topics.items[0];
 	if (t->error_code && t->error_code != K_ERR_TOPIC_EXISTS) {
 		snprintf(why, sizeof(why), "creating %s: %s%s%.*s%s", io->st->cfg.mirror_state_topic,
 			 km_err_name(t->error_code), t->error_message.len > 0 ? " (" : "",
 			 t->error_message.len > 0 ? (int)t->error_message.len : 0, t->error_message.p ? t->error_message.p : "",
 			 t->error_message.len > 0 ? ")" : "");
-		km_arena_free(&a);
 		write_fail_or_retry(io, retriable(t->error_code), "", why);
 		return;
 	}
 	KM_INFO(COMP, 0, "%s %s", io->st->cfg.mirror_state_topic,
 		t->error_code ? "was created by another kmirrord" : "created");
-	km_arena_free(&a);
 	write_step(io); /* metadata until leaders are known */
 }
 
@@ -376,21 +398,22 @@ static void create_topic(km_state_persist *io)
 	km_create_topics_request_creatable_topic t;
 	km_create_topics_request_creatable_topic_config cf[2];
 	int64_t rf = cfg->mirror_state_replication_factor;
+	/* The brokers the destination's metadata named. */
+	int64_t nbrokers = (int64_t)km_cluster_node_ids(io->cl, NULL, 0);
 	char misr[8];
-	km_wr w;
 	km_err rc;
-	km_net_client *c = km_ps_boot(io);
+	km_net_client *c = km_ps_any(io);
 	int16_t ver = 0;
 	char why[200];
 
-	if (!km_ps_client_wait(io, c, create_topic))
+	if (!km_ps_client_wait(io, c, KM_PS_ANY, create_topic))
 		return;
 	if (c && km_net_client_ready(c) && (ver = km_ps_version_for(c, KM_API_CREATE_TOPICS, why, sizeof(why))) < 0) {
 		write_end(io, KM_MIRROR_STATE_UNAVAILABLE, why);
 		return;
 	}
 	if (rf < 0)
-		rf = io->nbrokers >= 3 ? 3 : io->nbrokers > 0 ? io->nbrokers : 1;
+		rf = nbrokers >= 3 ? 3 : nbrokers > 0 ? nbrokers : 1;
 	snprintf(misr, sizeof(misr), "%d", rf >= 3 ? 2 : 1);
 	km_create_topics_request_init(&m);
 	km_create_topics_request_creatable_topic_init(&t);
@@ -408,42 +431,31 @@ static void create_topic(km_state_persist *io)
 	m.topics.items = &t;
 	m.topics.count = 1;
 	m.timeout_ms = 30000;
-	km_wr_init(&w);
-	km_create_topics_request_encode(&w, ver, &m);
 	KM_INFO(COMP, 0, "creating %s: %d partitions, replication factor %d, min.insync.replicas %s",
 		cfg->mirror_state_topic, t.num_partitions, (int)rf, misr);
-	rc = km_ps_send_req(io, c, KM_API_CREATE_TOPICS, ver, &w, on_create_topics, -1, -1);
-	km_wr_free(&w);
+	rc = km_ps_send_req(io, c, KM_API_CREATE_TOPICS, ver, &m, on_create_topics, -1, -1);
 	if (rc != KM_OK) {
-		km_ps_drop_boot(io);
+		km_ps_drop(io, c);
 		write_fail_or_retry(io, true, "CreateTopics: ", km_err_name(rc));
 	}
 }
 
-static void on_write_metadata(km_net_client *c, km_err err, const uint8_t *body, size_t len, void *arg)
+static void on_write_metadata(km_net_client *c, const km_rpc_response *rr, void *arg)
 {
 	req_ctx x;
 	km_state_persist *io = km_ps_ctx_take(arg, &x);
-	km_metadata_response r;
-	km_arena a;
-	km_rd rd;
 	int16_t terr = 0;
-	km_err rc;
+	km_err rc = rr->err;
 
-	(void)c;
 	if (!io)
 		return;
-	if (err != KM_OK) {
-		km_ps_drop_boot(io);
-		write_fail_or_retry(io, true, "Metadata: ", km_err_name(err));
+	if (rc != KM_OK && rc != KM_ERR_DECODE) {
+		km_ps_drop(io, c);
+		write_fail_or_retry(io, true, "Metadata: ", km_err_name(rc));
 		return;
 	}
-	km_arena_init(&a, 0);
-	km_rd_init(&rd, body, len);
-	rc = km_metadata_response_decode(&rd, x.ver, &r, &a);
 	if (rc == KM_OK)
-		rc = km_ps_take_metadata(io, &r, &terr);
-	km_arena_free(&a);
+		rc = km_ps_take_metadata(io, rr->msg, &terr);
 	if (rc == KM_OK && !io->exists && terr == K_ERR_UNKNOWN_TOPIC) {
 		create_topic(io);
 		return;
@@ -474,7 +486,6 @@ static void on_write_metadata(km_net_client *c, km_err err, const uint8_t *body,
 /* Metadata (creating the topic when absent), the producer id, then the Produce round. */
 static void write_step(km_state_persist *io)
 {
-	km_wr w;
 	km_err rc;
 	char *name = io->st->cfg.mirror_state_topic;
 	km_net_client *c;
@@ -485,18 +496,16 @@ static void write_step(km_state_persist *io)
 		write_produce(io);
 		return;
 	}
-	c = km_ps_boot(io);
-	if (!km_ps_client_wait(io, c, write_step))
+	c = km_ps_any(io);
+	if (!km_ps_client_wait(io, c, KM_PS_ANY, write_step))
 		return;
 	if (c && km_net_client_ready(c) && (ver = km_ps_version_for(c, KM_API_METADATA, why, sizeof(why))) < 0) {
 		write_end(io, KM_MIRROR_STATE_UNAVAILABLE, why);
 		return;
 	}
-	km_ps_encode_metadata(&w, ver, &name, 1);
-	rc = km_ps_send_req(io, c, KM_API_METADATA, ver, &w, on_write_metadata, -1, -1);
-	km_wr_free(&w);
+	rc = km_ps_send_metadata(io, c, ver, &name, 1, on_write_metadata);
 	if (rc != KM_OK) {
-		km_ps_drop_boot(io);
+		km_ps_drop(io, c);
 		write_fail_or_retry(io, true, "Metadata: ", km_err_name(rc));
 	}
 }
@@ -536,43 +545,37 @@ static void meta_end(km_state_persist *io, km_err err, const char *msg, const km
 	cb(io->st, err, msg, metas);
 }
 
-static void on_topics_metadata(km_net_client *c, km_err err, const uint8_t *body, size_t len, void *arg)
+static void on_topics_metadata(km_net_client *c, const km_rpc_response *rr, void *arg)
 {
 	req_ctx x;
 	km_state_persist *io = km_ps_ctx_take(arg, &x);
-	km_metadata_response r;
-	km_arena a;
-	km_rd rd;
+	const km_metadata_response *r = rr->msg;
 	km_state_topic_meta *metas;
 	char why[200];
 
-	(void)c;
 	if (!io)
 		return;
-	if (err != KM_OK) {
-		km_ps_drop_boot(io);
+	if (rr->err != KM_OK && rr->err != KM_ERR_DECODE) {
+		km_ps_drop(io, c);
 		if (++io->attempts < WRITE_ATTEMPTS) {
 			io->gen++;
 			km_ps_after(io, km_ps_next_backoff(io), meta_send);
 			return;
 		}
-		snprintf(why, sizeof(why), "the destination's metadata could not be read: %s", km_err_name(err));
+		snprintf(why, sizeof(why), "the destination's metadata could not be read: %s", km_err_name(rr->err));
 		meta_end(io, KM_MIRROR_STATE_UNAVAILABLE, why, NULL);
 		return;
 	}
-	km_arena_init(&a, 0);
-	km_rd_init(&rd, body, len);
 	metas = calloc(io->mn ? io->mn : 1, sizeof(*metas));
-	if (!metas || km_metadata_response_decode(&rd, x.ver, &r, &a) != KM_OK) {
-		km_arena_free(&a);
+	if (!metas || rr->err != KM_OK) {
 		free(metas);
 		meta_end(io, KM_MIRROR_STATE_UNAVAILABLE, "undecodable Metadata response", NULL);
 		return;
 	}
 	for (size_t i = 0; i < io->mn; i++) {
 		metas[i].error = K_ERR_UNKNOWN_TOPIC;
-		for (int32_t j = 0; j < r.topics.count; j++) {
-			const km_metadata_response_topic *t = &r.topics.items[j];
+		for (int32_t j = 0; j < r->topics.count; j++) {
+			const km_metadata_response_topic *t = &r->topics.items[j];
 			if (!km_str_eq_c(t->name, io->mnames[i]))
 				continue;
 			metas[i].error = t->error_code;
@@ -580,30 +583,26 @@ static void on_topics_metadata(km_net_client *c, km_err err, const uint8_t *body
 			metas[i].partitions = t->partitions.count > 0 ? t->partitions.count : 0;
 		}
 	}
-	km_arena_free(&a);
 	meta_end(io, KM_OK, NULL, metas);
 	free(metas);
 }
 
 static void meta_send(km_state_persist *io)
 {
-	km_wr w;
 	km_err rc;
-	km_net_client *c = km_ps_boot(io);
+	km_net_client *c = km_ps_any(io);
 	int16_t ver = 0;
 	char why[200];
 
-	if (!km_ps_client_wait(io, c, meta_send))
+	if (!km_ps_client_wait(io, c, KM_PS_ANY, meta_send))
 		return;
 	if (c && km_net_client_ready(c) && (ver = km_ps_version_for(c, KM_API_METADATA, why, sizeof(why))) < 0) {
 		meta_end(io, KM_MIRROR_STATE_UNAVAILABLE, why, NULL);
 		return;
 	}
-	km_ps_encode_metadata(&w, ver, io->mnames, io->mn);
-	rc = km_ps_send_req(io, c, KM_API_METADATA, ver, &w, on_topics_metadata, -1, -1);
-	km_wr_free(&w);
+	rc = km_ps_send_metadata(io, c, ver, io->mnames, io->mn, on_topics_metadata);
 	if (rc != KM_OK) {
-		km_ps_drop_boot(io);
+		km_ps_drop(io, c);
 		if (++io->attempts < WRITE_ATTEMPTS) {
 			io->gen++;
 			km_ps_after(io, km_ps_next_backoff(io), meta_send);

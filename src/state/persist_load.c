@@ -188,7 +188,7 @@ static void on_fetch(km_net_client *c, const km_rpc_response *rr, void *arg)
 
 	if (!io)
 		return;
-	if (rr->err != KM_OK && rr->err != KM_ERR_DECODE) {
+	if (km_rpc_transport_err(rr) != KM_OK) {
 		km_ps_drop(io, c);
 		load_retry(io, km_err_name(rr->err));
 		return;
@@ -270,7 +270,7 @@ static void on_list_offsets(km_net_client *c, const km_rpc_response *rr, void *a
 
 	if (!io)
 		return;
-	if (rr->err != KM_OK && rr->err != KM_ERR_DECODE) {
+	if (km_rpc_transport_err(rr) != KM_OK) {
 		km_ps_drop(io, c);
 		load_retry(io, km_err_name(rr->err));
 		return;
@@ -358,7 +358,7 @@ static void on_load_metadata(km_net_client *c, const km_rpc_response *rr, void *
 
 	if (!io)
 		return;
-	if (rc != KM_OK && rc != KM_ERR_DECODE) {
+	if (km_rpc_transport_err(rr) != KM_OK) {
 		km_ps_drop(io, c);
 		load_retry(io, km_err_name(rc));
 		return;

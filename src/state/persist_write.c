@@ -105,7 +105,7 @@ static void on_produce(km_net_client *c, const km_rpc_response *rr, void *arg)
 	if (!io)
 		return;
 	io->outstanding--;
-	if (rr->err == KM_ERR_DECODE) {
+	if (km_rpc_undecoded(rr)) {
 		io->wfail = true;
 		snprintf(io->wmsg, sizeof(io->wmsg), "broker %d: undecodable Produce response", x.node_id);
 	} else if (rr->err != KM_OK) {
@@ -288,7 +288,7 @@ static void on_init_pid(km_net_client *c, const km_rpc_response *rr, void *arg)
 
 	if (!io)
 		return;
-	if (rr->err != KM_OK && rr->err != KM_ERR_DECODE) {
+	if (km_rpc_transport_err(rr) != KM_OK) {
 		km_ps_drop(io, c);
 		write_fail_or_retry(io, true, "InitProducerId: ", km_err_name(rr->err));
 		return;
@@ -368,7 +368,7 @@ static void on_create_topics(km_net_client *c, const km_rpc_response *rr, void *
 
 	if (!io)
 		return;
-	if (rr->err != KM_OK && rr->err != KM_ERR_DECODE) {
+	if (km_rpc_transport_err(rr) != KM_OK) {
 		km_ps_drop(io, c);
 		write_fail_or_retry(io, true, "CreateTopics: ", km_err_name(rr->err));
 		return;
@@ -449,7 +449,7 @@ static void on_write_metadata(km_net_client *c, const km_rpc_response *rr, void 
 
 	if (!io)
 		return;
-	if (rc != KM_OK && rc != KM_ERR_DECODE) {
+	if (km_rpc_transport_err(rr) != KM_OK) {
 		km_ps_drop(io, c);
 		write_fail_or_retry(io, true, "Metadata: ", km_err_name(rc));
 		return;
@@ -555,7 +555,7 @@ static void on_topics_metadata(km_net_client *c, const km_rpc_response *rr, void
 
 	if (!io)
 		return;
-	if (rr->err != KM_OK && rr->err != KM_ERR_DECODE) {
+	if (km_rpc_transport_err(rr) != KM_OK) {
 		km_ps_drop(io, c);
 		if (++io->attempts < WRITE_ATTEMPTS) {
 			io->gen++;

@@ -91,6 +91,7 @@ static void test_broker_table(void **state)
 	assert_int_equal(km_cluster_node_ids(cl, ids, 4), 2);
 	assert_false(km_cluster_addr(cl, 7, &host, &port));
 	km_cluster_free(cl);
+	event_base_loop(base, EVLOOP_NONBLOCK);
 	event_base_free(base);
 }
 
@@ -163,6 +164,7 @@ static void test_bootstrap_rotation(void **state)
 	assert_true(km_cluster_usable(cl, c2));
 	assert_false(km_cluster_failed(cl, c2));
 	km_cluster_free(cl);
+	event_base_loop(base, EVLOOP_NONBLOCK); /* the clients' memory goes at the end of a loop iteration */
 	evconnlistener_free(l);
 	event_base_free(base);
 }

@@ -218,12 +218,21 @@ static km_err config_request(km_req *rq)
 	km_mop *op;
 	km_err rc;
 
+	/*
+	 * What does not decode is not forwarded either: a broker ignores bytes after a request, so a
+	 * request this check cannot read could still change mirror.name or the state topic's configs.
+	 * Closed, as the read-only admin path closes on a request it cannot read.
+	 */
 	op = km_mop_new(rq, &rc);
-	if (!op)
-		return rc == KM_ERR_DECODE ? KM_OK : rc; /* the broker answers a header it cannot parse, as it always did */
+	if (!op) {
+		if (rc == KM_ERR_DECODE)
+			rq->close_reason = "malformed config request header";
+		return rc;
+	}
 	if (km_mop_decode(op) != KM_OK) {
 		km_mop_free(op);
-		return KM_OK; /* the broker answers what it cannot parse, as it always did */
+		rq->close_reason = "malformed config request";
+		return KM_ERR_DECODE;
 	}
 	rc = iac ? km_mcfg_split_iac(&op->m.iac, state_topic_of(host->state), &op->a, &op->sp) :
 		   km_mcfg_split_ac(&op->m.ac, state_topic_of(host->state), &op->a, &op->sp);
@@ -399,9 +408,9 @@ static const km_proxy_stage stages[] = {
 	{.key = KM_API_DESCRIBE_CONFIGS, .req = KM_REQ_HOLD, .on_request = describe_request,
 	 .note = "mirror topics show mirror.name"},
 	{.key = KM_API_ALTER_CONFIGS, .req = KM_REQ_HOLD, .on_request = config_request,
-	 .note = "mirror.name on a topic is a mirror operation (the rest forwarded without it); __mirror_state refused"},
+	 .note = "mirror.name on a topic is a mirror operation (the rest forwarded without it); __mirror_state refused; undecodable: closed"},
 	{.key = KM_API_INCREMENTAL_ALTER_CONFIGS, .req = KM_REQ_HOLD, .on_request = config_request,
-	 .note = "mirror.name on a topic is a mirror operation (the rest forwarded without it); __mirror_state refused"},
+	 .note = "mirror.name on a topic is a mirror operation (the rest forwarded without it); __mirror_state refused; undecodable: closed"},
 };
 
 const km_proxy_feature km_mirror_name_feature = {"mirror-name", stages, sizeof(stages) / sizeof(stages[0])};

@@ -482,6 +482,14 @@ static bool check_topic(km_state *st, km_state_mut *mu, km_state_mirror *m, size
 		topic_msg(mu, i, KM_KAFKA_INVALID_REQUEST, "'%s' is not a valid topic name", name);
 		return false;
 	}
+	if (mu->op == KM_TOPIC_START && (!strncmp(name, "__", 2) || !strcmp(name, st->cfg.mirror_state_topic))) {
+		/* kmirrord's producer would write source records into it: Kafka's, or kmirrord's own state. */
+		topic_msg(mu, i, KM_KAFKA_INVALID_TOPIC_EXCEPTION,
+			  "Topic %s is internal (a name starting with __, or kmirrord's state topic): it cannot be a "
+			  "mirror topic",
+			  name);
+		return false;
+	}
 	if (t && t->mirror != m) {
 		/* Even STOPPED: its records came from that mirror's source, and it still answers for them. */
 		if (km_state_topic_state(t) == KM_MP_STOPPED)

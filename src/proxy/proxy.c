@@ -252,8 +252,9 @@ static void upstream_changed(void *arg)
 km_err km_proxy_upstream_new(km_proxy *px, const km_cluster *carry)
 {
 	km_net_client_opts o;
-	int32_t ids[256];
-	size_t n = carry ? km_cluster_node_ids(carry, ids, sizeof(ids) / sizeof(ids[0])) : 0;
+	size_t n = carry ? km_cluster_node_ids(carry, NULL, 0) : 0;
+	int32_t *ids = NULL;
+	km_err rc = KM_OK;
 
 	memset(&o, 0, sizeof(o));
 	o.client_id = "kmirrord";
@@ -267,20 +268,23 @@ km_err km_proxy_upstream_new(km_proxy *px, const km_cluster *carry)
 	o.max_frame_bytes = px->cfg.max_frame_bytes;
 	o.skip_api_versions = true; /* Metadata v9 is fixed: every broker since Kafka 2.4 takes it */
 	o.dns = px->dns;
-	px->upstream = px->cfg.upstream_count ? km_cluster_new(px->base, "upstream", &o, px->cfg.upstream,
-								 (size_t)px->cfg.upstream_count, upstream_changed, px)
-					     : NULL;
-	if (!px->upstream)
-		return px->cfg.upstream_count ? KM_ERR_NOMEM : KM_OK;
-	for (size_t i = 0; i < n && i < sizeof(ids) / sizeof(ids[0]); i++) {
+	if (!px->cfg.upstream_count)
+		return KM_OK;
+	px->upstream = km_cluster_new(px->base, "upstream", &o, px->cfg.upstream, (size_t)px->cfg.upstream_count,
+				      upstream_changed, px);
+	if (!px->upstream || (n && !(ids = calloc(n, sizeof(*ids)))))
+		return KM_ERR_NOMEM;
+	if (n)
+		km_cluster_node_ids(carry, ids, n);
+	for (size_t i = 0; i < n && rc == KM_OK; i++) {
 		const char *h;
 		uint16_t port;
 		bool moved;
-		if (km_cluster_addr(carry, ids[i], &h, &port) &&
-		    km_cluster_learn(px->upstream, ids[i], h, strlen(h), port, &moved) != KM_OK)
-			return KM_ERR_NOMEM;
+		if (km_cluster_addr(carry, ids[i], &h, &port))
+			rc = km_cluster_learn(px->upstream, ids[i], h, strlen(h), port, &moved);
 	}
-	return KM_OK;
+	free(ids);
+	return rc;
 }
 
 static void meta_refresh(km_proxy *px)

@@ -63,7 +63,7 @@ static void usage(FILE *out)
 		"  --advertised-host HOST    host returned to clients in broker endpoints (advertised_host)\n"
 		"  --broker-port-base PORT   broker node N is served on PORT+N (broker_port_base)\n"
 		"  --upstream HOST:PORT[,HOST:PORT...]  upstream cluster bootstrap (upstream)\n"
-		"  --http-listen HOST:PORT   /metrics, /healthz and /admin/upstream endpoint (http_listen)\n"
+		"  --http-listen HOST:PORT   /metrics, /readyz, /healthz, /admin/upstream (http_listen)\n"
 		"  --log-level LEVEL         error, warn, info, debug, trace (log_level)\n"
 		"  --check-config            validate the configuration and exit (0 when valid)\n"
 		"  --print-config            print the effective configuration as a config file and exit\n"
@@ -188,6 +188,7 @@ static void state_ready(void *arg)
 	upstream_gen *g = arg;
 	KM_INFO("main", 0, "mirror state ready: %zu mirror(s)", km_state_mirror_count(g->state));
 	km_mirror_state_ready(g->mirror);
+	km_proxy_state_ready(g->d->proxy, g->state);
 	if (g->swap) {
 		g->swap = false;
 		if (km_proxy_swap_ready(g->d->proxy, g, g->state, g->mirror, KM_OK, NULL)) {

@@ -35,6 +35,7 @@ typedef enum {
 	KM_REJECT_FRAME_TIMEOUT,
 	KM_REJECT_IDLE_TIMEOUT,
 	KM_REJECT_REQUEST_TIMEOUT,
+	KM_REJECT_STATE_TIMEOUT,
 	KM_REJECT__COUNT,
 } km_reject_reason;
 
@@ -91,6 +92,11 @@ void km_proxy_free(km_proxy *px);
  * with an error and no topic is read-only. The store must outlive the proxy.
  */
 void km_proxy_set_state(km_proxy *px, km_state *st);
+/*
+ * The store st has loaded (its on_ready): requests that read the mirror state (Produce, Fetch,
+ * ListOffsets, ...) have waited for it, unread, and go on now; /readyz and /healthz say ready.
+ */
+void km_proxy_state_ready(km_proxy *px, const km_state *st);
 /*
  * Give the proxy the mirror module: StartMirrorTopics has it create topics missing on the
  * destination from the source (km_mirror_prepare_start). Without it such a topic is refused. The

@@ -42,7 +42,7 @@ static const km_option options[] = {
 	 .doc = "Bootstrap addresses of the upstream (destination) cluster, comma separated. Required. "
 		 "A reload affects new connections and the next metadata refresh."},
 	{.name = "http_listen", .type = KM_OPT_HOSTPORT, .offset = OFF(http_listen), .def = "",
-	 .doc = "Address of the HTTP endpoint serving /metrics, /healthz and /admin/upstream; empty disables it."},
+	 .doc = "Address of the HTTP endpoint serving /metrics, /readyz, /healthz and /admin/upstream; empty disables it."},
 	{.name = "upstream_file", .type = KM_OPT_STRING, .offset = OFF(upstream_file), .def = "",
 	 .doc = "File that persists an upstream swap (docs/proxy.md, \"Upstream swap\"): written before the swap "
 		"takes effect; when it exists at start, its upstream replaces the upstream option (also on "
@@ -71,8 +71,9 @@ static const km_option options[] = {
 	 .doc = "Time allowed to connect (and finish TLS) to an upstream broker."},
 	{.name = "upstream_request_timeout_ms", .type = KM_OPT_INT, .offset = OFF(upstream_request_timeout_ms),
 	 .def = "300000", .min = 0, .max = I64MAX, .reloadable = true,
-	 .doc = "A forwarded request whose response has not started after this long closes the client "
-		 "connection (0 = never). Keep it above the clients' own request timeouts."},
+	 .doc = "A forwarded request whose response has not started after this long, or a request still "
+		 "waiting for the mirror state to load, closes the client connection (0 = never). Keep it above "
+		 "the clients' own request timeouts."},
 	{.name = "metadata_refresh_ms", .type = KM_OPT_INT, .offset = OFF(metadata_refresh_ms), .def = "30000",
 	 .min = 100, .max = I64MAX, .reloadable = true,
 	 .doc = "How often the proxy asks the upstream for its broker list (new brokers get their port)."},

@@ -106,7 +106,7 @@ static km_proxy_api *row_of(km_proxy_apis *t, int16_t key)
 }
 
 /* A stage's asks, taken into its row: the narrowest versions, the strongest request action, its response. */
-static km_err add_stage(km_proxy_apis *t, const km_proxy_stage *st, const char *feature)
+static km_err add_stage(km_proxy_apis *t, const km_proxy_stage *st, const km_proxy_feature *feature)
 {
 	km_proxy_api *r = row_of(t, st->key);
 	bool responds = st->resp != KM_RESP_FORWARD || st->rewrite || st->on_response;
@@ -122,6 +122,7 @@ static km_err add_stage(km_proxy_apis *t, const km_proxy_stage *st, const char *
 	if (st->req > r->req)
 		r->req = st->req;
 	r->in_place = r->in_place || st->in_place;
+	r->needs_state = r->needs_state || feature->needs_state;
 	if (responds) {
 		r->resp = st->resp;
 		r->resp_from = st->resp_from;
@@ -129,7 +130,7 @@ static km_err add_stage(km_proxy_apis *t, const km_proxy_stage *st, const char *
 		r->on_response = st->on_response;
 	}
 	r->stages[r->nstages] = st;
-	r->features[r->nstages++] = feature;
+	r->features[r->nstages++] = feature->name;
 	return KM_OK;
 }
 
@@ -240,7 +241,7 @@ km_proxy_apis *km_proxy_apis_compose(const km_proxy_feature *const *features, si
 			goto fail;
 	for (size_t f = 0; f < n; f++)
 		for (size_t i = 0; i < features[f]->count; i++)
-			if (add_stage(t, &features[f]->stages[i], features[f]->name) != KM_OK)
+			if (add_stage(t, &features[f]->stages[i], features[f]) != KM_OK)
 				goto fail;
 	if (!(t->streams = calloc(t->count, sizeof(*t->streams))))
 		goto fail;

@@ -146,11 +146,16 @@ typedef struct km_proxy_stage {
 	const char *note;         /* what and why (joined in stage order in the doc table) */
 } km_proxy_stage;
 
-/* A feature: its name (the doc table's "stages" column) and its stages, one per key at most. */
+/*
+ * A feature: its name (the doc table's "stages" column) and its stages, one per key at most.
+ * needs_state: its hooks read the mirror state, so its rows' requests wait until the store has
+ * loaded (until then nothing would be refused or translated).
+ */
 typedef struct km_proxy_feature {
 	const char *name;
 	const km_proxy_stage *stages;
 	size_t count;
+	bool needs_state;
 } km_proxy_feature;
 
 struct km_proxy_api {
@@ -162,6 +167,7 @@ struct km_proxy_api {
 	km_req_hook classify;     /* optional, at the header: may change action, resp, expect_response, or ask for more bytes */
 	km_req_hook on_request;   /* HOLD and LOCAL */
 	bool in_place;            /* HOLD and LOCAL: on_request reads the frame in rq->in; it is not pulled up into one piece */
+	bool needs_state;         /* a feature of the row reads the mirror state: requests wait until it has loaded */
 	km_resp_action resp;
 	int16_t resp_from;        /* resp applies from this version on; older versions' responses are forwarded */
 	km_body_rewriter rewrite; /* WHOLE: the body rewriter, or */

@@ -71,6 +71,7 @@ const char *km_reject_reason_name(km_reject_reason r)
 	static const char *const names[KM_REJECT__COUNT] = {
 		"frame_too_large", "bad_frame_size",  "tls_on_plaintext", "http_on_kafka_port",
 		"bad_request_header", "frame_timeout", "idle_timeout",     "request_timeout",
+		"state_timeout",
 	};
 	return (unsigned)r < KM_REJECT__COUNT ? names[r] : "unknown";
 }

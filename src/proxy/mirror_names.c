@@ -413,4 +413,4 @@ static const km_proxy_stage stages[] = {
 	 .note = "mirror.name on a topic is a mirror operation (the rest forwarded without it); __mirror_state refused; undecodable: closed"},
 };
 
-const km_proxy_feature km_mirror_name_feature = {"mirror-name", stages, sizeof(stages) / sizeof(stages[0])};
+const km_proxy_feature km_mirror_name_feature = {"mirror-name", stages, sizeof(stages) / sizeof(stages[0]), .needs_state = true};

@@ -1200,7 +1200,7 @@ static const km_proxy_stage stages[] = {
 	 .note = "mirror topics: CurrentTxnStartOffset physical -> logical"},
 };
 
-const km_proxy_feature km_off_feature = {"offsets", stages, sizeof(stages) / sizeof(stages[0])};
+const km_proxy_feature km_off_feature = {"offsets", stages, sizeof(stages) / sizeof(stages[0]), .needs_state = true};
 
 /* ---- the lookup over the state store ---- */
 

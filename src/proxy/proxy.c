@@ -30,6 +30,11 @@ void km_proxy_set_state(km_proxy *px, km_state *st)
 	km_off_lookup_from_state(st, &px->features.offsets);
 }
 
+void km_proxy_state_ready(km_proxy *px, const km_state *st)
+{
+	km_session_set_state_ready(px->sessions, st);
+}
+
 void km_proxy_set_mirror(km_proxy *px, km_mirror *mi)
 {
 	px->host.mirror = mi;
@@ -422,6 +427,24 @@ static void admin_upstream(km_proxy *px, struct evhttp_request *req, struct evbu
 	evhttp_send_reply(req, 202, "Accepted", out);
 }
 
+/*
+ * Why kmirrord should get no traffic now, or NULL: serving, the upstream answered a metadata
+ * request within three refresh periods, and the mirror state loaded (until then requests that
+ * read it wait).
+ */
+static const char *not_ready(km_proxy *px)
+{
+	uint64_t now = km_proxy_now_ms(px);
+	bool fresh = px->meta_last_ok_ms && now - px->meta_last_ok_ms <= 3 * (uint64_t)px->cfg.metadata_refresh_ms;
+	if (px->draining)
+		return "draining";
+	if (!fresh)
+		return "upstream unreachable";
+	if (px->host.state && !km_state_ready(px->host.state))
+		return "mirror state not loaded yet (requests on topics wait for it)";
+	return NULL;
+}
+
 static void http_cb(struct evhttp_request *req, void *arg)
 {
 	km_proxy *px = arg;
@@ -447,21 +470,12 @@ static void http_cb(struct evhttp_request *req, void *arg)
 			evhttp_send_reply(req, 200, "OK", out);
 		}
 		free(text);
-	} else if (strncmp(uri, "/healthz", 8) == 0 && (uri[8] == '\0' || uri[8] == '?')) {
-		/* Healthy: serving, and the upstream answered a metadata request within three refresh periods. */
-		uint64_t now = km_proxy_now_ms(px);
-		bool fresh = px->meta_last_ok_ms && now - px->meta_last_ok_ms <= 3 * (uint64_t)px->cfg.metadata_refresh_ms;
+	} else if ((strncmp(uri, "/healthz", 8) == 0 && (uri[8] == '\0' || uri[8] == '?')) ||
+		   (strncmp(uri, "/readyz", 7) == 0 && (uri[7] == '\0' || uri[7] == '?'))) {
+		const char *why = not_ready(px);
 		evhttp_add_header(hdrs, "Content-Type", "text/plain");
-		if (px->draining) {
-			evbuffer_add_printf(out, "draining\n");
-			evhttp_send_reply(req, 503, "Service Unavailable", out);
-		} else if (!fresh) {
-			evbuffer_add_printf(out, "upstream unreachable\n");
-			evhttp_send_reply(req, 503, "Service Unavailable", out);
-		} else {
-			evbuffer_add_printf(out, "ok\n");
-			evhttp_send_reply(req, 200, "OK", out);
-		}
+		evbuffer_add_printf(out, "%s\n", why ? why : "ok");
+		evhttp_send_reply(req, why ? 503 : 200, why ? "Service Unavailable" : "OK", out);
 	} else if (strncmp(uri, "/admin/upstream", 15) == 0 && (uri[15] == '\0' || uri[15] == '?')) {
 		admin_upstream(px, req, out);
 	} else {

@@ -8,6 +8,8 @@
 #include "kmirror/log.h"
 #include "kmirror/msg/create_partitions_request.h"
 #include "kmirror/msg/create_partitions_response.h"
+#include "kmirror/msg/create_topics_request.h"
+#include "kmirror/msg/create_topics_response.h"
 #include "kmirror/msg/delete_records_request.h"
 #include "kmirror/msg/delete_records_response.h"
 #include "kmirror/msg/delete_topics_request.h"
@@ -789,6 +791,39 @@ static km_err split_create_partitions(km_ro_admin *ad, km_rd *r, const km_ro_loo
 	return km_arena_err(&ad->arena);
 }
 
+/* CreateTopics: only the state topic is refused (a mirror topic exists already: the broker says so itself). */
+static km_err split_create_topics(km_ro_admin *ad, km_rd *r, const km_ro_lookup *lk, size_t *nref, size_t *nall,
+				  km_wr *forward)
+{
+	km_create_topics_request rq, fwd;
+	km_err rc;
+
+	km_create_topics_request_init(&rq);
+	if ((rc = km_create_topics_request_decode(r, ad->version, &rq, &ad->arena)) != KM_OK)
+		return rc;
+	fwd = rq;
+	fwd.topics.count = 0;
+	ad->ntopics = rq.topics.count > 0 ? rq.topics.count : 0;
+	ad->topics = km_arena_calloc(&ad->arena, (size_t)ad->ntopics * sizeof(*ad->topics) + 1);
+	fwd.topics.items = km_arena_calloc(&ad->arena, (size_t)ad->ntopics * sizeof(*fwd.topics.items) + 1);
+	if (!ad->topics || !fwd.topics.items)
+		return KM_ERR_NOMEM;
+	for (int32_t i = 0; i < ad->ntopics; i++) {
+		km_ro_topic *t = &ad->topics[i];
+		t->name = arena_str(&ad->arena, rq.topics.items[i].name);
+		(*nall)++;
+		if (refuse(ad, lk, t->name, NULL, -1, KM_RO_CREATE_TOPIC, &t->code, &t->message, NULL)) {
+			(*nref)++;
+			t->nrefused = 1;
+		} else {
+			fwd.topics.items[fwd.topics.count++] = rq.topics.items[i];
+		}
+	}
+	if (*nref && *nref < *nall)
+		km_create_topics_request_encode(forward, ad->version, &fwd);
+	return km_arena_err(&ad->arena);
+}
+
 km_err km_ro_admin_split(int16_t key, int16_t version, const uint8_t *body, size_t len, const km_ro_lookup *lk,
 			 km_ro_admin **out, km_wr *forward)
 {
@@ -813,6 +848,9 @@ km_err km_ro_admin_split(int16_t key, int16_t version, const uint8_t *body, size
 		break;
 	case KM_API_CREATE_PARTITIONS:
 		rc = split_create_partitions(ad, &r, lk, &nref, &nall, forward);
+		break;
+	case KM_API_CREATE_TOPICS:
+		rc = split_create_topics(ad, &r, lk, &nref, &nall, forward);
 		break;
 	default:
 		rc = KM_ERR_UNSUPPORTED;
@@ -958,6 +996,45 @@ static km_err merge_create_partitions(const km_ro_admin *ad, const uint8_t *body
 	return KM_OK;
 }
 
+static km_err merge_create_topics(const km_ro_admin *ad, const uint8_t *body, size_t len, km_arena *a, km_wr *out)
+{
+	km_create_topics_response br, m;
+	km_err rc;
+
+	km_create_topics_response_init(&br);
+	br.topics.count = 0;
+	if (body) {
+		km_rd r;
+		km_rd_init(&r, body, len);
+		if ((rc = km_create_topics_response_decode(&r, ad->version, &br, a)) != KM_OK)
+			return rc;
+	}
+	m = br;
+	m.topics.count = ad->ntopics;
+	m.topics.items = km_arena_calloc(a, (size_t)ad->ntopics * sizeof(*m.topics.items) + 1);
+	if (!m.topics.items)
+		return KM_ERR_NOMEM;
+	for (int32_t i = 0; i < ad->ntopics; i++) {
+		const km_ro_topic *t = &ad->topics[i];
+		km_create_topics_response_creatable_topic_result *mt = &m.topics.items[i], *bt = NULL;
+		for (int32_t k = 0; t->code == KM_OK && k < br.topics.count && !bt; k++)
+			if (km_str_eq(br.topics.items[k].name, t->name))
+				bt = &br.topics.items[k];
+		if (bt) {
+			*mt = *bt;
+			continue;
+		}
+		km_create_topics_response_creatable_topic_result_init(mt);
+		mt->name = t->name;
+		mt->error_code = (int16_t)(t->code != KM_OK ? t->code : KM_KAFKA_UNKNOWN_SERVER_ERROR);
+		/* v0 has no message field: only kmirrord's log has it (log_admin). */
+		if (ad->version >= 1)
+			mt->error_message = km_str_c(t->code != KM_OK ? t->message : "no answer from the broker for this topic");
+	}
+	km_create_topics_response_encode(out, ad->version, &m);
+	return KM_OK;
+}
+
 km_err km_ro_admin_merge(const km_ro_admin *ad, const uint8_t *body, size_t len, km_wr *out)
 {
 	km_arena a;
@@ -970,6 +1047,9 @@ km_err km_ro_admin_merge(const km_ro_admin *ad, const uint8_t *body, size_t len,
 		break;
 	case KM_API_DELETE_TOPICS:
 		rc = merge_delete_topics(ad, body, len, &a, out);
+		break;
+	case KM_API_CREATE_TOPICS:
+		rc = merge_create_topics(ad, body, len, &a, out);
 		break;
 	default:
 		rc = merge_create_partitions(ad, body, len, &a, out);
@@ -1036,7 +1116,7 @@ static uint64_t mono_ms(void)
 	return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
 }
 
-static const char *const ro_op_api[] = {"Produce", "DeleteRecords", "DeleteTopics", "CreatePartitions"};
+static const char *const ro_op_api[] = {"Produce", "DeleteRecords", "DeleteTopics", "CreatePartitions", "CreateTopics"};
 
 /*
  * One line (at most one per topic and operation every KM_RO_LOG_INTERVAL_MS) saying who was
@@ -1115,7 +1195,8 @@ static void log_admin(const km_req *rq, const km_ro_admin *ad)
 					break;
 				}
 		} else if (t->code != KM_OK) {
-			log_refusal(rq, ad->key == KM_API_DELETE_TOPICS ? KM_RO_DELETE_TOPIC : KM_RO_CREATE_PARTITIONS, t->name,
+			log_refusal(rq, ad->key == KM_API_DELETE_TOPICS ? KM_RO_DELETE_TOPIC :
+					ad->key == KM_API_CREATE_TOPICS ? KM_RO_CREATE_TOPIC : KM_RO_CREATE_PARTITIONS, t->name,
 				    ad->by_id ? &t->id : NULL, NULL, 0, t->code, t->message, NULL);
 		}
 	}
@@ -1178,7 +1259,7 @@ static km_err answer_with(km_req *rq, km_wr *w)
 
 static km_err ro_produce_classify(km_req *rq)
 {
-	/* With no read-only topic, Produce stays cut-through: this test is all it costs. */
+	/* With no store (no mirrors), Produce stays cut-through: this test is all it costs. */
 	if (km_ro_active(lookup_of(rq)))
 		rq->action = KM_REQ_HOLD;
 	return KM_OK;
@@ -1298,7 +1379,7 @@ static km_err ro_admin_request(km_req *rq)
 	return rc;
 }
 
-/* Held only while something is read-only: otherwise these stay plain forwards. */
+/* Held while there is a store to guard (the state topic always, mirror topics while read-only). */
 static km_err ro_admin_classify(km_req *rq)
 {
 	if (km_ro_active(lookup_of(rq)))
@@ -1310,22 +1391,25 @@ static km_err ro_admin_classify(km_req *rq)
 
 static const km_proxy_stage stages[] = {
 	{.key = KM_API_PRODUCE, .classify = ro_produce_classify, .on_request = ro_produce_request, .in_place = true,
-	 .note = "held, split and merged while a mirror topic is read-only (read in place, not copied)"},
+	 .note = "held, split and merged (read in place, not copied): the state topic refused always, mirror topics while read-only"},
 	{.key = KM_API_DELETE_TOPICS, .classify = ro_admin_classify, .on_request = ro_admin_request,
 	 .note = "mirror topics (unless every partition is STOPPED) and the state topic refused; the rest forwarded, merged"},
 	{.key = KM_API_DELETE_RECORDS, .classify = ro_admin_classify, .on_request = ro_admin_request,
 	 .note = "partitions of read-only mirror topics and of the state topic refused; the rest forwarded, merged"},
 	{.key = KM_API_CREATE_PARTITIONS, .classify = ro_admin_classify, .on_request = ro_admin_request,
 	 .note = "mirror topics (their partitions follow the source) and the state topic refused; the rest forwarded, merged"},
+	{.key = KM_API_CREATE_TOPICS, .classify = ro_admin_classify, .on_request = ro_admin_request,
+	 .note = "the state topic refused (kmirrord creates it, compacted); the rest forwarded, merged"},
 };
 
-const km_proxy_feature km_ro_feature = {"read-only", stages, sizeof(stages) / sizeof(stages[0])};
+const km_proxy_feature km_ro_feature = {"read-only", stages, sizeof(stages) / sizeof(stages[0]), .needs_state = true};
 
 /* ---- the lookup over the state store ---- */
 
+/* The state topic is guarded whatever is read-only: with a store, every Produce and admin request is looked at. */
 static bool state_active(void *arg)
 {
-	return km_state_read_only_topics(arg) > 0;
+	return arg != NULL;
 }
 
 static void state_check(void *arg, km_str name, const km_uuid *id, int32_t partition, km_ro_op op, km_ro_verdict *v)
@@ -1344,7 +1428,7 @@ static void state_check(void *arg, km_str name, const km_uuid *id, int32_t parti
 		snprintf(v->message, sizeof(v->message), "%s is written, deleted and configured only by kmirrord", store);
 		return;
 	}
-	if (!t)
+	if (!t || op == KM_RO_CREATE_TOPIC)
 		return;
 	refuse = partition >= 0 ? km_state_topic_read_only(t, partition) : km_state_topic_state(t) != KM_MP_STOPPED;
 	if (!refuse)

@@ -22,6 +22,7 @@ typedef enum {
 	KM_RO_DELETE_RECORDS,     /* DeleteRecords on a partition */
 	KM_RO_DELETE_TOPIC,       /* DeleteTopics (partition -1) */
 	KM_RO_CREATE_PARTITIONS,  /* CreatePartitions (partition -1) */
+	KM_RO_CREATE_TOPIC,       /* CreateTopics (partition -1): only the state topic is refused */
 } km_ro_op;
 
 /* A refusal: code KM_OK lets the request through. */
@@ -34,7 +35,8 @@ typedef struct km_ro_verdict {
 /*
  * The read side the hooks need, so that they depend on no store (the proxy fills it from the state
  * store; unit tests from a table). active NULL or false: nothing is refused and Produce stays
- * cut-through.
+ * cut-through. Over the state store it is always true: the state topic is guarded whatever is
+ * read-only.
  */
 typedef struct km_ro_lookup {
 	bool (*active)(void *arg);

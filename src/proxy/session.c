@@ -67,6 +67,7 @@ struct km_session {
 	bool up_paused;        /* reads from upstream paused (client buffer full) */
 	uint64_t last_activity_ms;
 	uint64_t partial_since_ms; /* last progress of an incomplete request frame; 0: none */
+	uint64_t state_wait_ms;    /* a request that reads the mirror state waits for the store to load since then; 0: none */
 	struct {
 		rq_state state;
 		size_t left;   /* RQ_MOVE: bytes of the frame still to forward */
@@ -232,7 +233,7 @@ static void update_cli_reading(km_session *s)
 	/* A request half forwarded must be finished whatever the FIFO or a drain say: the broker waits
 	 * for its end before it answers anything. Buffer limits still apply (the upstream drains). */
 	bool pause = s->close_when_written || (s->rq.state == RQ_HEAD &&
-		      (s->draining || inflights_count(&s->fifo) >= (size_t)cfg->max_inflight_requests)) ||
+		      (s->draining || s->state_wait_ms || inflights_count(&s->fifo) >= (size_t)cfg->max_inflight_requests)) ||
 		     (s->up && evbuffer_get_length(bufferevent_get_output(s->up)) > (size_t)cfg->connection_buffer_bytes) ||
 		     evbuffer_get_length(s->held) > (size_t)cfg->connection_buffer_bytes;
 	if (!s->cli || pause == s->cli_paused)
@@ -883,6 +884,15 @@ static head_result request_head(km_session *s, struct evbuffer *in)
 	if (!api || h.api_version < km_proxy_api_min(api) ||
 	    (h.api_version > km_proxy_api_max(api) && api->classify == NULL))
 		return reject_unsupported(s, &h);
+	/* Until the store has loaded nothing would be refused or translated: such a request waits (unread). */
+	if (api->needs_state && s->host->state && !km_state_ready(s->host->state)) {
+		if (!s->state_wait_ms) {
+			s->state_wait_ms = now_ms(s);
+			KM_DEBUG("proxy", s->id, "%s v%d (correlation id %d) waits for the mirror state to load",
+				 km_proxy_api_name(api), h.api_version, h.correlation_id);
+		}
+		return HEAD_WAIT;
+	}
 	rq.s = s;
 	rq.api = api;
 	rq.seq = s->next_seq;
@@ -1173,6 +1183,12 @@ static void session_tick(km_session *s, uint64_t now)
 		reject(s, KM_REJECT_FRAME_TIMEOUT, "partial request frame stalled past frame_timeout_ms");
 		return;
 	}
+	if (cfg->upstream_request_timeout_ms && s->state_wait_ms &&
+	    now - s->state_wait_ms > (uint64_t)cfg->upstream_request_timeout_ms) {
+		reject(s, KM_REJECT_STATE_TIMEOUT,
+		       "the mirror state did not load within upstream_request_timeout_ms; see the state store's log lines");
+		return;
+	}
 	/* The proxy's own pending answers are not the upstream's to time out. */
 	if (cfg->upstream_request_timeout_ms && f && f->resp != KM_RESP_LOCAL && !f->started &&
 	    (now_us() - f->t0_us) / 1000 > (uint64_t)cfg->upstream_request_timeout_ms) {
@@ -1181,6 +1197,15 @@ static void session_tick(km_session *s, uint64_t now)
 	}
 	if (cfg->idle_timeout_ms && !f && !s->partial_since_ms && now - s->last_activity_ms > (uint64_t)cfg->idle_timeout_ms)
 		reject(s, KM_REJECT_IDLE_TIMEOUT, "connection idle past idle_timeout_ms");
+}
+
+void km_session_set_state_ready(km_session_set *set, const km_state *st)
+{
+	for (km_session *s = set->sessions; s; s = s->next)
+		if (s->state_wait_ms && s->host->state == st) {
+			s->state_wait_ms = 0;
+			update_cli_reading(s);
+		}
 }
 
 void km_session_set_tick(km_session_set *set, uint64_t now_ms_)

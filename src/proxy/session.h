@@ -54,6 +54,8 @@ void km_session_set_free(km_session_set *set);
 /* A client connected on the bootstrap port (node_id -1) or on broker node_id's port. */
 void km_session_set_accept(km_session_set *set, int fd, int32_t node_id);
 size_t km_session_set_count(const km_session_set *set);
+/* The store st has loaded: sessions whose next request waited for it read on. */
+void km_session_set_state_ready(km_session_set *set, const km_state *st);
 /* Periodic checks of every session: idle, stalled frames, overdue responses. */
 void km_session_set_tick(km_session_set *set, uint64_t now_ms);
 /* Ask up to n sessions that are not draining yet to close at their next request boundary; returns how many. */

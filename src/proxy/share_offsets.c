@@ -551,4 +551,4 @@ static const km_proxy_stage stages[] = {
 	 .note = "mirror topics: AcknowledgementBatches logical -> physical (one per run, holes dropped)"},
 };
 
-const km_proxy_feature km_share_off_feature = {"share-offsets", stages, sizeof(stages) / sizeof(stages[0])};
+const km_proxy_feature km_share_off_feature = {"share-offsets", stages, sizeof(stages) / sizeof(stages[0]), .needs_state = true};

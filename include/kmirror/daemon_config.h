@@ -20,6 +20,13 @@ typedef enum {
 	KM_TLS_CLIENT_AUTH_REQUIRED,
 } km_tls_client_auth;
 
+/* read_only_error: the code of a refusal on a read-only mirror topic. */
+typedef enum {
+	KM_READ_ONLY_POLICY_VIOLATION = 0,
+	KM_READ_ONLY_TOPIC_AUTHORIZATION_FAILED,
+	KM_READ_ONLY_KMIRROR,
+} km_read_only_error;
+
 /* Every field has one row in the option table (daemon_config.c); strings are owned (NULL when empty). */
 typedef struct km_config {
 	km_hostport listen;
@@ -43,6 +50,7 @@ typedef struct km_config {
 	int64_t drain_timeout_ms;
 	int64_t drain_interval_ms;
 	int64_t swap_fetch_hold_ms;
+	int64_t read_only_error; /* km_read_only_error */
 	char *tls_cert_file;
 	char *tls_key_file;
 	char *tls_ca_file;

@@ -23,6 +23,10 @@ static const km_opt_enum client_auth = {NULL, client_auth_names, 3, false};
 static const char *const sasl_names[] = {"PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"};
 static const km_opt_enum sasl_mechanisms = {NULL, sasl_names, 3, true};
 
+/* The code a refused write to a read-only mirror topic gets (km_read_only_error). */
+static const char *const read_only_error_names[] = {"policy_violation", "topic_authorization_failed", "kmirror"};
+static const km_opt_enum read_only_errors = {NULL, read_only_error_names, 3, false};
+
 static const km_option options[] = {
 	{.name = "listen", .type = KM_OPT_HOSTPORT, .offset = OFF(listen), .def = "0.0.0.0:9092",
 	 .doc = "Bootstrap listener. Clients put this address in bootstrap.servers."},
@@ -99,6 +103,12 @@ static const km_option options[] = {
 		 "cluster answers OFFSET_OUT_OF_RANGE reaches the client as OFFSET_NOT_AVAILABLE (retried), "
 		 "since its position may be the previous cluster's; its group rejoins at the new cluster's "
 		 "committed offsets within a heartbeat instead of resetting. 0: off."},
+	{.name = "read_only_error", .type = KM_OPT_ENUM, .offset = OFF(read_only_error), .def = "policy_violation",
+	 .choices = &read_only_errors, .reloadable = true,
+	 .doc = "The error a write, DeleteRecords, DeleteTopics or CreatePartitions on a read-only mirror topic "
+		 "gets: policy_violation (POLICY_VIOLATION, 44: every client names it and does not retry; the "
+		 "message travels with it), topic_authorization_failed (29), or kmirror (kmirror's own "
+		 "READ_ONLY_TOPIC, 32000, for tools that know it; most clients show it as an unknown error)."},
 	{.name = "tls_cert_file", .type = KM_OPT_STRING, .offset = OFF(tls_cert_file), .def = "", .reloadable = true,
 	 .doc = "PEM certificate (chain) for client-facing TLS; set with tls_key_file to make every listener TLS. "
 		 "TLS files are read again on every reload (rotation in place); new connections use them."},

@@ -27,6 +27,7 @@ void km_proxy_set_state(km_proxy *px, km_state *st)
 {
 	px->host.state = st;
 	km_ro_lookup_from_state(st, &px->features.read_only);
+	px->features.read_only.read_only_code = km_ro_code_of(px->cfg.read_only_error);
 	km_off_lookup_from_state(st, &px->features.offsets);
 }
 
@@ -621,6 +622,7 @@ km_err km_proxy_reload(km_proxy *px, const km_config *next, char *err, size_t er
 		KM_ERROR("proxy", 0, "reload: out of memory for the upstream's clients; metadata refresh stops until the next reload");
 	km_cluster_free(prev);
 	km_log_set_level((km_log_level)px->cfg.log_level);
+	px->features.read_only.read_only_code = km_ro_code_of(px->cfg.read_only_error);
 	/* Sessions read the config through their host (&px->cfg) on every use, so new limits apply at once. */
 	return KM_OK;
 }

@@ -302,6 +302,12 @@ static bool rd_name(ro_rd *r, bool flex, km_arena *a, bool in_place, km_str *out
  * only the counts: nothing is allocated but a name that straddles two chains, and the verdicts'
  * messages are not kept.
  */
+/* A verdict's code as the client gets it. */
+static km_err wire_code(const km_ro_lookup *lk, km_err code)
+{
+	return code == KM_MIRROR_READ_ONLY_TOPIC && lk->read_only_code != KM_OK ? lk->read_only_code : code;
+}
+
 static km_err walk(struct evbuffer *in, size_t off, size_t len, int16_t v, const km_ro_lookup *lk, bool build,
 		   km_ro_produce *pl)
 {
@@ -361,7 +367,7 @@ static km_err walk(struct evbuffer *in, size_t off, size_t len, int16_t v, const
 			lk->check(lk->arg, t->name, by_id ? &t->id : NULL, p->index, KM_RO_WRITE, &vd);
 			pl->nparts++;
 			if (vd.code != KM_OK) {
-				p->code = vd.code;
+				p->code = wire_code(lk, vd.code);
 				p->message = build ? arena_strdup(&pl->arena, vd.message) : NULL;
 				t->nrefused++;
 				pl->nrefused++;
@@ -659,7 +665,7 @@ static bool refuse(km_ro_admin *ad, const km_ro_lookup *lk, km_str name, const k
 	lk->check(lk->arg, name, id, partition, op, &vd);
 	if (vd.code == KM_OK)
 		return false;
-	*code = vd.code;
+	*code = wire_code(lk, vd.code);
 	*message = arena_strdup(&ad->arena, vd.message);
 	if (name_out && name.len < 0 && vd.name[0])
 		*name_out = arena_str(&ad->arena, km_str_c(vd.name));
@@ -1452,9 +1458,9 @@ static void state_check(void *arg, km_str name, const km_uuid *id, int32_t parti
 		break;
 	default:
 		snprintf(v->message, sizeof(v->message),
-			 "topic %s is mirrored by mirror %s from %s and is read-only; stop its mirroring (kmirror stop "
-			 "--mirror %s --topics %s) to write to it",
-			 topic, mirror, km_state_mirror_source(m), mirror, topic);
+			 "topic %s is a read-only mirror of topic %s on the Kafka cluster at %s (mirror %s): write to "
+			 "that cluster; this topic takes writes only after a failover to this cluster",
+			 topic, topic, km_state_mirror_source(m), mirror);
 		break;
 	}
 }

@@ -9,6 +9,7 @@
 #include <event2/buffer.h>
 
 #include "kmirror/arena.h"
+#include "kmirror/daemon_config.h"
 #include "kmirror/error.h"
 #include "kmirror/net.h"
 #include "kmirror/state.h"
@@ -43,7 +44,17 @@ typedef struct km_ro_lookup {
 	/* The verdict on op: a topic by name (id NULL) or by id; partition -1 for the topic as a whole. */
 	void (*check)(void *arg, km_str name, const km_uuid *id, int32_t partition, km_ro_op op, km_ro_verdict *v);
 	void *arg;
+	/* What a READ_ONLY_TOPIC verdict becomes on the wire (read_only_error); KM_OK: READ_ONLY_TOPIC itself. */
+	km_err read_only_code;
 } km_ro_lookup;
+
+/* The wire code of read_only_error (km_read_only_error). */
+static inline km_err km_ro_code_of(int64_t read_only_error)
+{
+	return read_only_error == KM_READ_ONLY_TOPIC_AUTHORIZATION_FAILED ? KM_KAFKA_TOPIC_AUTHORIZATION_FAILED :
+	       read_only_error == KM_READ_ONLY_KMIRROR                  ? KM_MIRROR_READ_ONLY_TOPIC :
+									  KM_KAFKA_POLICY_VIOLATION;
+}
 
 /* The lookup over the state store (st NULL: nothing is read-only). */
 void km_ro_lookup_from_state(km_state *st, km_ro_lookup *out);

@@ -433,7 +433,7 @@ def test_stop_dry_run(kmirror_bin, dest_cluster, source_cluster, proxy_factory):
                    "message.timeout.ms": 20000})
     pr.produce(topic, value=b"refused", partition=0, on_delivery=lambda e, m: got.append(e))
     pr.flush(30)
-    assert got and got[0] is not None and got[0].code() == 32000, got  # MIRROR_READ_ONLY_TOPIC
+    assert got and got[0] is not None and got[0].code() == 44, got  # POLICY_VIOLATION (read_only_error)
     wait_until(lambda: sum(_high_marks(proxy.bootstrap, topic, parts)) > sum(after), 30, 0.5,
                what="the mirror to go on after the dry run")
 

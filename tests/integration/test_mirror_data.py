@@ -34,7 +34,7 @@ from proxy_fixtures import Proxy, wait_until
 pytestmark = pytest.mark.proxy
 
 JAVA_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "java")
-READ_ONLY_TOPIC = 32000
+READ_ONLY_TOPIC = 44  # POLICY_VIOLATION, the default read_only_error
 PARTS = 8
 N = env_int("KM_MIRROR_RECORDS", 1_000_000 if long_run() else 50_000)
 KILLS = env_int("KM_MIRROR_KILLS", 10 if long_run() else 3)

@@ -23,7 +23,8 @@ from proxy_fixtures import *  # noqa: F401,F403
 from proxy_fixtures import create_topic, produce, wait_until
 
 JAVA_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "java")
-READ_ONLY_TOPIC = 32000
+POLICY_VIOLATION = 44  # the default read_only_error
+READ_ONLY_TOPIC = 32000  # kmirror's own (read_only_error = kmirror)
 
 pytestmark = pytest.mark.proxy
 
@@ -52,9 +53,9 @@ class Mirrored:
         self.proxy, self.ro, self.ok, self.mirror, self.source = proxy, ro, ok, mirror, source
 
     def message(self):
-        return (f"topic {self.ro} is mirrored by mirror {self.mirror} from {self.source} and is "
-                f"read-only; stop its mirroring (kmirror stop --mirror {self.mirror} --topics "
-                f"{self.ro}) to write to it")
+        return (f"topic {self.ro} is a read-only mirror of topic {self.ro} on the Kafka cluster at "
+                f"{self.source} (mirror {self.mirror}): write to that cluster; this topic takes writes "
+                f"only after a failover to this cluster")
 
     def stop(self):
         cli(self.proxy, "stop", "--mirror", self.mirror, "--topics", self.ro)
@@ -62,7 +63,7 @@ class Mirrored:
     def refusal_logged(self, api, extra=""):
         """kmirrord's line for a refusal of api on ro (the message included); returns it."""
         m = self.proxy.wait_log(rf"refused {api} v(\d+) \(client id \"[^\"]*\"\) on topic[^:]*: "
-                                rf"READ_ONLY_TOPIC: topic {re.escape(self.ro)} [^\n]*{extra}",
+                                rf"POLICY_VIOLATION: topic {re.escape(self.ro)} [^\n]*{extra}",
                                 timeout=10)
         return m.group(0)
 
@@ -116,7 +117,7 @@ def java_produce(mr, cp, mode):
 def test_java_producer_fails_at_once(mirrored, ro_producer_cp, mode):
     mr = mirrored
     lines = java_produce(mr, ro_producer_cp, mode)
-    assert lines["MIRROR"].startswith("ERROR "), lines
+    assert lines["MIRROR"].startswith("ERROR org.apache.kafka.common.errors.PolicyViolationException: "), lines
     assert mr.message() in lines["MIRROR"]
     assert int(lines["MS"]) < 5000, "the write to the mirror topic was retried"
     if mode != "txn":
@@ -185,14 +186,57 @@ def test_librdkafka_producer_fails_at_once(mirrored, mode):
     line = mr.refusal_logged("Produce")
     print(f"librdkafka {mode}: code={err.code()} name={err.name()} str={err.str()!r} "
           f"in {int((t - t0) * 1000)} ms; other: {got[mr.ok][0]}; commit: {commit}\nkmirrord: {line}")
-    assert err is not None and err.code() == READ_ONLY_TOPIC
-    # confluent-kafka builds a delivery report's KafkaError from the code alone: "Err-32000?".
-    # librdkafka parses it but never shows it to confluent-kafka (see the C API test below).
+    assert err is not None and err.code() == POLICY_VIOLATION and err.str() == "Broker: Policy violation", err
+    # confluent-kafka builds a delivery report's KafkaError from the code alone (the message does
+    # not reach it: see the C API test below), so the code must be one librdkafka names.
     assert t - t0 < 5.0, "the write to the mirror topic was retried"
     if mode != "txn":
         assert got[mr.ok][0] is None
     else:
         assert commit != "ok"
+
+
+@pytest.mark.parametrize("mode", ["plain", "idem"])
+def test_kafka_python_producer_fails_at_once(mirrored, mode):
+    """kafka-python (pure Python): the named error, at once, with kmirrord's message if it shows one."""
+    from kafka import KafkaProducer
+    from kafka.errors import PolicyViolationError
+    mr = mirrored
+    conf = {"acks": 1} if mode == "plain" else {"enable_idempotence": True, "acks": "all"}
+    p = KafkaProducer(bootstrap_servers=mr.proxy.bootstrap, retries=5, request_timeout_ms=30000, **conf)
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(PolicyViolationError) as e:
+            p.send(mr.ro, b"to-mirror", partition=0).get(timeout=60)
+        elapsed = time.monotonic() - t0
+        try:
+            other = f"OK offset {p.send(mr.ok, b'to-other', partition=0).get(timeout=60).offset}"
+        except Exception as e2:  # the idempotent producer keeps the error for its later sends
+            other = f"ERROR {e2!r}"
+    finally:
+        p.close(timeout=10)
+    print(f"kafka-python {mode}: {e.value!r} in {int(elapsed * 1000)} ms; other: {other}")
+    assert mr.message() in str(e.value)
+    assert other.startswith("OK") or mode == "idem", other
+    assert elapsed < 5.0, "the write to the mirror topic was retried"
+    mr.refusal_logged("Produce")
+
+
+def test_read_only_error_option(mirrored):
+    """read_only_error picks the code (reloadable): kmirror's own 32000 and TOPIC_AUTHORIZATION_FAILED."""
+    import signal
+    mr = mirrored
+    for i, (value, code) in enumerate((("kmirror", READ_ONLY_TOPIC), ("topic_authorization_failed", 29))):
+        mr.proxy.options["read_only_error"] = value
+        mr.proxy.write_config()
+        mr.proxy.signal(signal.SIGHUP)
+        wait_until(lambda: mr.proxy.metric('kmirror_config_reloads_total{result="ok"}') == i + 1, 15, what="reload")
+        got = []
+        p = Producer(mr.proxy.conf(**{"message.timeout.ms": 30000}))
+        p.produce(mr.ro, b"to-mirror", partition=0, on_delivery=lambda e, m: got.append(e))
+        p.flush(30)
+        print(f"read_only_error={value}: {got}")
+        assert got and got[0] is not None and got[0].code() == code, got
 
 
 def test_librdkafka_acks0_drops_refused_partition(mirrored):
@@ -277,7 +321,7 @@ def test_librdkafka_c_api_gets_message(mirrored, mode):
     print(f"librdkafka C {mode}: {got} in {int(elapsed * 1000)} ms")
     assert len(got) == 1
     err, err2str, produce_errstr = got[0]
-    assert err == READ_ONLY_TOPIC and err2str == "Err-32000?"
+    assert err == POLICY_VIOLATION and err2str == "Broker: Policy violation"
     assert produce_errstr, "librdkafka got no ErrorMessage"
     assert elapsed < 5.0
 
@@ -289,12 +333,12 @@ def test_delete_records_topics_partitions_refused(mirrored):
     a = AdminClient(proxy.conf())
     with pytest.raises(KafkaException) as e:
         a.delete_topics([ro], operation_timeout=30)[ro].result(timeout=60)
-    assert e.value.args[0].code() == READ_ONLY_TOPIC
+    assert e.value.args[0].code() == POLICY_VIOLATION
     print(f"DeleteTopics: {e.value.args[0].str()!r}")
     mr.refusal_logged("DeleteTopics", "cannot be deleted")
     with pytest.raises(KafkaException) as e:
         a.create_partitions([NewPartitions(ro, 4)])[ro].result(timeout=60)
-    assert e.value.args[0].code() == READ_ONLY_TOPIC
+    assert e.value.args[0].code() == POLICY_VIOLATION
     print(f"CreatePartitions: {e.value.args[0].str()!r}")
     mr.refusal_logged("CreatePartitions", "partitions follow")
     fs = a.delete_records([TopicPartition(ro, 0, 0), TopicPartition(ok, 0, 5)])

@@ -264,7 +264,7 @@ km_err km_proxy_upstream_new(km_proxy *px, const km_cluster *carry)
 
 	memset(&o, 0, sizeof(o));
 	o.client_id = "kmirrord";
-	o.tls = px->host.upstream_tls;
+	o.tls = px->own_tls;
 	o.tls_verify_host = px->cfg.upstream_tls_verify_hostname;
 	o.sasl_mechanism = px->cfg.upstream_sasl_mechanism;
 	o.sasl_username = px->cfg.upstream_sasl_username;
@@ -487,24 +487,44 @@ static void http_cb(struct evhttp_request *req, void *arg)
 
 /* ---- lifecycle ---- */
 
-static km_err make_tls(km_proxy *px, const km_config *cfg, SSL_CTX **server, SSL_CTX **upstream, char *err,
-		       size_t errlen)
+/*
+ * The TLS contexts of a config: the client-facing one, the one client sessions use upstream, and
+ * kmirrord's own (its metadata refresh). Only kmirrord's own carries upstream_tls_cert_file: a
+ * client session presenting kmirrord's certificate would act as kmirrord on a destination that
+ * authenticates by certificate, whoever the client is (docs/proxy.md, "TLS and SASL").
+ */
+typedef struct tls_set {
+	SSL_CTX *server, *sessions, *own;
+} tls_set;
+
+static void tls_set_free(tls_set *t)
 {
-	*server = *upstream = NULL;
+	SSL_CTX_free(t->server);
+	SSL_CTX_free(t->sessions);
+	SSL_CTX_free(t->own);
+	memset(t, 0, sizeof(*t));
+}
+
+static km_err make_tls(const km_config *cfg, tls_set *t, char *err, size_t errlen)
+{
+	memset(t, 0, sizeof(*t));
 	if (cfg->tls_cert_file) {
-		*server = km_net_tls_server_ctx(cfg->tls_cert_file, cfg->tls_key_file, cfg->tls_ca_file,
-						(int)cfg->tls_client_auth, err, errlen);
-		if (!*server)
+		t->server = km_net_tls_server_ctx(cfg->tls_cert_file, cfg->tls_key_file, cfg->tls_ca_file,
+						  (int)cfg->tls_client_auth, err, errlen);
+		if (!t->server)
 			return KM_ERR_TLS;
 	}
-	if (cfg->upstream_tls) {
-		*upstream = km_net_tls_client_ctx(cfg->upstream_tls_ca_file, cfg->upstream_tls_cert_file,
-						  cfg->upstream_tls_key_file, true, err, errlen);
-		if (!*upstream) {
-			SSL_CTX_free(*server);
-			*server = NULL;
-			return KM_ERR_TLS;
-		}
+	if (!cfg->upstream_tls)
+		return KM_OK;
+	t->sessions = km_net_tls_client_ctx(cfg->upstream_tls_ca_file, NULL, NULL, true, err, errlen);
+	if (t->sessions && !cfg->upstream_tls_cert_file && SSL_CTX_up_ref(t->sessions) == 1)
+		t->own = t->sessions;
+	else if (t->sessions)
+		t->own = km_net_tls_client_ctx(cfg->upstream_tls_ca_file, cfg->upstream_tls_cert_file,
+					       cfg->upstream_tls_key_file, true, err, errlen);
+	if (!t->sessions || !t->own) {
+		tls_set_free(t);
+		return KM_ERR_TLS;
 	}
 	return KM_OK;
 }
@@ -540,8 +560,14 @@ km_proxy *km_proxy_new(struct event_base *base, const km_config *cfg, km_metrics
 	}
 	px->host.apis = px->apis;
 	px->host.features = &px->features;
-	if (make_tls(px, cfg, &px->host.server_tls, &px->host.upstream_tls, err, errlen) != KM_OK)
-		goto fail;
+	{
+		tls_set t;
+		if (make_tls(cfg, &t, err, errlen) != KM_OK)
+			goto fail;
+		px->host.server_tls = t.server;
+		px->host.upstream_tls = t.sessions;
+		px->own_tls = t.own;
+	}
 	px->dns = evdns_base_new(base, EVDNS_BASE_INITIALIZE_NAMESERVERS);
 	px->host.dns = px->dns;
 	if (!px->dns)
@@ -591,7 +617,7 @@ fail:
 km_err km_proxy_reload(km_proxy *px, const km_config *next, char *err, size_t errlen)
 {
 	km_config copy;
-	SSL_CTX *server, *upstream;
+	tls_set t, old;
 	km_cluster *prev;
 
 	if (px->swap) {
@@ -600,19 +626,18 @@ km_err km_proxy_reload(km_proxy *px, const km_config *next, char *err, size_t er
 	}
 	/* TLS files are read again on every reload, so certificates rotated in place are picked up.
 	 * New connections use the new contexts; open ones keep theirs (each SSL holds a reference). */
-	if (make_tls(px, next, &server, &upstream, err, errlen) != KM_OK)
+	if (make_tls(next, &t, err, errlen) != KM_OK)
 		return KM_ERR_TLS;
 	if (km_config_copy(&copy, next) != KM_OK) {
-		SSL_CTX_free(server);
-		SSL_CTX_free(upstream);
+		tls_set_free(&t);
 		snprintf(err, errlen, "out of memory");
 		return KM_ERR_NOMEM;
 	}
 	prev = px->upstream;
-	SSL_CTX_free(px->host.server_tls);
-	SSL_CTX_free(px->host.upstream_tls);
-	px->host.server_tls = server;
-	px->host.upstream_tls = upstream;
+	old = (tls_set){px->host.server_tls, px->host.upstream_tls, px->own_tls};
+	px->host.server_tls = t.server;
+	px->host.upstream_tls = t.sessions;
+	px->own_tls = t.own;
 	km_config_free(&px->cfg);
 	px->cfg = copy;
 	/* The upstream's clients take the new settings; the brokers' addresses stay. */
@@ -621,6 +646,7 @@ km_err km_proxy_reload(km_proxy *px, const km_config *next, char *err, size_t er
 	if (km_proxy_upstream_new(px, prev) != KM_OK)
 		KM_ERROR("proxy", 0, "reload: out of memory for the upstream's clients; metadata refresh stops until the next reload");
 	km_cluster_free(prev);
+	tls_set_free(&old);
 	km_log_set_level((km_log_level)px->cfg.log_level);
 	px->features.read_only.read_only_code = km_ro_code_of(px->cfg.read_only_error);
 	/* Sessions read the config through their host (&px->cfg) on every use, so new limits apply at once. */
@@ -718,6 +744,7 @@ void km_proxy_free(km_proxy *px)
 		evdns_base_free(px->dns, 0);
 	SSL_CTX_free(px->host.server_tls);
 	SSL_CTX_free(px->host.upstream_tls);
+	SSL_CTX_free(px->own_tls);
 	km_config_free(&px->cfg);
 	km_metrics_free(px->own_registry);
 	free(px);

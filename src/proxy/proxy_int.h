@@ -43,6 +43,7 @@ struct km_proxy {
 	struct event *tick_ev;
 	/* the upstream: bootstrap rotation and the brokers' addresses, learned from every answer */
 	km_cluster *upstream;
+	SSL_CTX *own_tls;         /* upstream's clients (kmirrord's own connections): with upstream_tls_cert_file */
 	/* metadata refresh */
 	km_net_client *meta;      /* the refresh in flight (a bootstrap client of upstream), one-shot */
 	uint64_t meta_last_ok_ms;

@@ -31,6 +31,7 @@ typedef struct km_prev_upstream {
 	km_proxy_features features; /* the proxy's at the swap, without the Fetch hold */
 	km_config cfg;
 	km_cluster *upstream; /* where its brokers were, as its sessions still reach them; nothing learned any more */
+	SSL_CTX *own_tls;     /* the context its cluster's clients were made with */
 	void *handle;
 	struct event *drain_ev;
 	size_t per_round;
@@ -97,6 +98,7 @@ static void prev_free(km_prev_upstream *pu)
 	SSL_CTX_free(pu->host.upstream_tls);
 	km_config_free(&pu->cfg);
 	km_cluster_free(pu->upstream);
+	SSL_CTX_free(pu->own_tls);
 	free(pu);
 }
 
@@ -284,6 +286,8 @@ bool km_proxy_swap_ready(km_proxy *px, void *handle, km_state *st, km_mirror *mi
 	/* The previous upstream keeps its brokers' addresses; the new one's are unknown until its metadata names them. */
 	pu->upstream = px->upstream;
 	px->upstream = NULL;
+	if ((pu->own_tls = px->own_tls))
+		SSL_CTX_up_ref(pu->own_tls); /* its cluster's clients were made with it */
 	if (km_proxy_upstream_new(px, NULL) != KM_OK)
 		KM_ERROR("proxy", 0, "upstream swap: out of memory for the new upstream's clients; metadata refresh stops");
 	km_proxy_set_state(px, st);

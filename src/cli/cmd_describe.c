@@ -65,6 +65,8 @@ static void json_sync(km_cli_json *j, const km_describe_mirrors_response_describ
 		km_cli_json_strn(j, ds->kind.p, ds->kind.len);
 		km_cli_json_key(j, "is_owner");
 		km_cli_json_bool(j, ds->is_owner);
+		km_cli_json_key(j, "scope");
+		km_cli_json_strn(j, ds->scope.p, ds->scope.len);
 		km_cli_json_key(j, "last_sync_time_ms");
 		km_cli_json_int(j, ds->last_sync_time_ms);
 		km_cli_json_key(j, "compared");
@@ -186,8 +188,8 @@ void km_cmd_num_or_dash(int64_t v, char *buf, size_t len)
  */
 static void table_sync(FILE *out, const km_describe_mirrors_response_described_mirror *dm)
 {
-	static const char *const hdr[] = {"KIND", "LAST-SYNC", "COMPARED", "CHANGES-LAST", "CHANGES-TOTAL", "SKIPPED",
-					  "ERRORS", "LAST-ERROR"};
+	static const char *const hdr[] = {"KIND", "SCOPE", "LAST-SYNC", "COMPARED", "CHANGES-LAST", "CHANGES-TOTAL",
+					  "SKIPPED", "ERRORS", "LAST-ERROR"};
 	bool owner = false;
 	km_cli_table t;
 
@@ -199,9 +201,13 @@ static void table_sync(FILE *out, const km_describe_mirrors_response_described_m
 		return;
 	for (int32_t k = 0; k < dm->metadata_sync.count; k++) {
 		const km_describe_mirrors_response_metadata_sync_status *ds = &dm->metadata_sync.items[k];
-		char kind[64], last[32], cmp[24], chl[24], cht[24], skip[24], errs[24], le[1024];
-		const char *row[] = {kind, last, cmp, chl, cht, skip, errs, le};
+		char kind[64], scope[512], last[32], cmp[24], chl[24], cht[24], skip[24], errs[24], le[1024];
+		const char *row[] = {kind, scope, last, cmp, chl, cht, skip, errs, le};
 		snprintf(kind, sizeof(kind), "%.*s", (int)ds->kind.len, ds->kind.p);
+		if (ds->scope.len < 0)
+			snprintf(scope, sizeof(scope), "-"); /* a kmirrord that does not say */
+		else
+			snprintf(scope, sizeof(scope), "%.*s", (int)ds->scope.len, ds->scope.p);
 		if (ds->last_sync_time_ms < 0)
 			snprintf(last, sizeof(last), "never");
 		else

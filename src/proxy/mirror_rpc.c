@@ -592,9 +592,30 @@ static bool named(km_str name, const km_str *names, int32_t n)
 	return false;
 }
 
-/* The metadata sync's status of mirror, one entry per step (docs/mirror.md, "Metadata sync"). */
-static void describe_sync(km_mop *op, const char *mirror, km_describe_mirrors_response_described_mirror *d)
+/* What a step syncs, from the mirror's options. */
+static km_str sync_scope(km_mop *op, const km_mirror_options *o, km_sync_kind kind)
 {
+	char text[2048];
+	if (kind == KM_SYNC_CONFIGS || kind == KM_SYNC_PARTITIONS)
+		return km_str_c("the mirror's topics");
+	if (kind == KM_SYNC_ACLS)
+		snprintf(text, sizeof(text), "%s", o->acl_include && *o->acl_include ? o->acl_include : "off");
+	else if (kind == KM_SYNC_GROUPS && o->groups_include && *o->groups_include)
+		snprintf(text, sizeof(text), "include %s%s%s", o->groups_include,
+			 o->groups_exclude && *o->groups_exclude ? "; exclude " : "",
+			 o->groups_exclude && *o->groups_exclude ? o->groups_exclude : "");
+	else
+		snprintf(text, sizeof(text), "off");
+	return km_str_c(km_mop_strdup(op, km_str_c(text)));
+}
+
+/* The metadata sync's status of mirror m, one entry per step (docs/mirror.md, "Metadata sync"). */
+static void describe_sync(km_mop *op, const km_state_mirror *m, km_describe_mirrors_response_described_mirror *d)
+{
+	const char *mirror = km_state_mirror_name(m);
+	km_mirror_options o;
+	bool have = km_state_mirror_options(m, &o) == KM_OK;
+
 	d->metadata_sync.items = km_arena_calloc(&op->a, sizeof(*d->metadata_sync.items) * KM_SYNC__COUNT);
 	d->metadata_sync.count = d->metadata_sync.items ? KM_SYNC__COUNT : 0;
 	for (int32_t k = 0; k < d->metadata_sync.count; k++) {
@@ -614,7 +635,11 @@ static void describe_sync(km_mop *op, const char *mirror, km_describe_mirrors_re
 		/* The module's string lives only until its next call: the answer keeps a copy. */
 		ds->last_error = st.last_error ? km_str_c(km_mop_strdup(op, km_str_c(st.last_error))) : KM_STR_NULL;
 		ds->last_error_time_ms = st.last_error ? st.last_error_ms : -1;
+		if (have)
+			ds->scope = sync_scope(op, &o, (km_sync_kind)k);
 	}
+	if (have)
+		km_opt_free(km_state_mirror_option_table(), &o);
 }
 
 static void describe_one(km_mop *op, const km_state_mirror *m, km_describe_mirrors_response_described_mirror *d)
@@ -670,7 +695,7 @@ static void describe_one(km_mop *op, const km_state_mirror *m, km_describe_mirro
 		}
 	}
 	if (op->mi)
-		describe_sync(op, km_state_mirror_name(m), d);
+		describe_sync(op, m, d);
 }
 
 static void answer_describe(km_mop *op)

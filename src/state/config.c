@@ -22,11 +22,13 @@ static const km_option mirror_options[] = {
 	 .reloadable = true,
 	 .doc = "Consumer groups never synced (comma-separated POSIX extended regexes, whole name); exclude wins over "
 		"include."},
-	{.name = "mirror.acl.include", .type = KM_OPT_STRING, .offset = OFF(acl_include), .def = "*",
+	{.name = "mirror.acl.include", .type = KM_OPT_STRING, .offset = OFF(acl_include), .def = "",
 	 .reloadable = true,
 	 .doc = "ACL bindings the metadata sync keeps equal to the source's: rules "
 		"`resourceType;resourceName;operation;permissionType;principal` separated by commas (docs/mirror.md, "
-		"\"Metadata sync\"); `*`: all; empty: none (the ACL sync is off)."},
+		"\"Metadata sync\"); empty (the default): none, the ACL sync is off. Inside the scope, bindings the "
+		"source does not have are deleted from the destination: `*` makes the destination's ACLs exactly the "
+		"source's."},
 	{.name = "mirror.fetch.max.bytes", .type = KM_OPT_INT, .offset = OFF(fetch_max_bytes), .def = "52428800",
 	 .min = 1024, .max = INT32_MAX, .reloadable = true,
 	 .doc = "MaxBytes of the mirror's Fetch requests to the source."},

@@ -660,8 +660,8 @@ class AclEnv:
 
 @pytest.fixture(scope="module")
 def acl_env(kmirrord_bin, kmirror_bin, tmp_path_factory):
-    """Two 1-broker clusters of this module (the default scope `*` would delete the shared
-    destination's ACLs), kmirrord in front of the destination, one mirror with a topic started."""
+    """Two 1-broker clusters of this module (a scope like `*` would delete the shared destination's
+    ACLs), kmirrord in front of the destination, one mirror with a topic started."""
     # Started one after the other from this thread: a broker dies with the thread that started it.
     clusters = []
     proxy = None
@@ -724,3 +724,34 @@ def test_acls_follow_the_source_in_scope(acl_env, rule):
     got = acl_set(e.dest.bootstrap)
     assert got == want, f"scope {spec} after more cycles: destination {acl_diff(got, want)}"
     assert acl_set(e.source.bootstrap) == e.src_acls
+
+
+@main_release_only
+def test_acls_are_not_synced_by_default(acl_env):
+    """A mirror created without mirror.acl.include creates and deletes no ACL on the destination
+    (the destination's own bindings stay, the source's are not copied), and describe says so."""
+    e = acl_env
+    e.cli.run("alter", "--mirror", e.mirror, "--config", f"mirror.acl.include={NO_ACLS}")
+    time.sleep(cycles(2, ACL_INTERVAL_MS))  # a cycle with the last scope has finished
+    set_acls(e.dest.bootstrap, e.dst_acls)
+    mirror = unique("acldefault")
+    e.cli.run("create", "--mirror", mirror, "--source-bootstrap", e.source.bootstrap,
+              "--config", f"mirror.metadata.refresh.interval.ms={ACL_INTERVAL_MS}")
+    topic = f"acldefault-{e.suffix}"
+    e.source.create_topic(topic, partitions=1)
+    try:
+        e.cli.run("start", "--mirror", mirror, "--topics", topic)
+        wait_states(e.cli, mirror, {topic: "MIRRORING"}, timeout=60)
+        t_ms = int(time.time() * 1000)
+        st = wait_value(lambda: sync_status(e.cli, mirror), lambda s: s["acls"]["last_sync_time_ms"] >= t_ms, 30,
+                        f"a whole sync cycle of {mirror}")
+        time.sleep(cycles(2, ACL_INTERVAL_MS))
+        got = acl_set(e.dest.bootstrap)
+        assert got == e.dst_acls, f"default scope: destination {acl_diff(got, e.dst_acls)}"
+        st = sync_status(e.cli, mirror)
+        print("describe:", st["acls"])
+        assert st["acls"]["scope"] == "off" and st["acls"]["changes_total"] == 0, st["acls"]
+    finally:
+        e.cli.run("stop", "--mirror", mirror, "--topics", topic, expect=None)
+        wait_until(lambda: e.cli.run("delete", "--mirror", mirror, expect=None).returncode == 0, 30,
+                   what=f"mirror {mirror} deleted")

@@ -165,6 +165,7 @@ static void sync_entry(km_describe_mirrors_response_metadata_sync_status *s, con
 	s->errors_total = errors;
 	s->last_error = err ? km_str_c(err) : KM_STR_NULL;
 	s->last_error_time_ms = err_ms;
+	s->scope = KM_STR_NULL; /* as from a kmirrord that does not say (set below where it does) */
 }
 
 static void describe_fixture_init(describe_fixture *f)
@@ -211,6 +212,9 @@ static void describe_fixture_init(describe_fixture *f)
 	sync_entry(&f->east[2], "groups", true, 1767322246000LL, 12, 4, 40, 2, 0, NULL, -1);
 	sync_entry(&f->east[3], "acls", true, 1767322200000LL, 0, 0, 0, 0, 7, "SECURITY_DISABLED: no authorizer",
 		   1767322247000LL);
+	f->east[0].scope = f->east[1].scope = km_str_c("the mirror's topics");
+	f->east[2].scope = km_str_c("include .*");
+	f->east[3].scope = km_str_c("off");
 	east->metadata_sync.items = f->east;
 	east->metadata_sync.count = 4;
 
@@ -254,12 +258,16 @@ static void test_describe_table(void **state)
 			    "sasl.password      (secret)\n"
 			    "\n"
 			    "Metadata sync:\n"
-			    "KIND        LAST-SYNC             COMPARED  CHANGES-LAST  CHANGES-TOTAL  SKIPPED  ERRORS  LAST-ERROR\n"
-			    "configs     2026-01-02T02:50:45Z  3         1             5              0        0       -\n"
-			    "partitions  never                 0         0             0              0        0       -\n"
-			    "groups      2026-01-02T02:50:46Z  12        4             40             2        0       -\n"
-			    "acls        2026-01-02T02:50:00Z  0         0             0              0        7       "
-			    "SECURITY_DISABLED: no authorizer (2026-01-02T02:50:47Z)\n"
+			    "KIND        SCOPE                LAST-SYNC             COMPARED  CHANGES-LAST  CHANGES-TOTAL  SKIPPED  "
+			    "ERRORS  LAST-ERROR\n"
+			    "configs     the mirror's topics  2026-01-02T02:50:45Z  3         1             5              0        "
+			    "0       -\n"
+			    "partitions  the mirror's topics  never                 0         0             0              0        "
+			    "0       -\n"
+			    "groups      include .*           2026-01-02T02:50:46Z  12        4             40             2        "
+			    "0       -\n"
+			    "acls        off                  2026-01-02T02:50:00Z  0         0             0              0        "
+			    "7       SECURITY_DISABLED: no authorizer (2026-01-02T02:50:47Z)\n"
 			    "\n"
 			    "TOPIC   PARTITION  STATE      SINCE                 SOURCE-END  MIRRORED  LAG  SKIPPED  LAST-ERROR\n"
 			    "orders  0          MIRRORING  2026-01-02T02:50:45Z  10          7         3    0        -\n"
@@ -268,11 +276,11 @@ static void test_describe_table(void **state)
 			    "CONFIG  VALUE\n"
 			    "\n"
 			    "Metadata sync (not run by this kmirrord: another kmirrord runs it, or no topic is synced yet):\n"
-			    "KIND        LAST-SYNC  COMPARED  CHANGES-LAST  CHANGES-TOTAL  SKIPPED  ERRORS  LAST-ERROR\n"
-			    "configs     never      0         0             0              0        0       -\n"
-			    "partitions  never      0         0             0              0        0       -\n"
-			    "groups      never      0         0             0              0        0       -\n"
-			    "acls        never      0         0             0              0        0       -\n"
+			    "KIND        SCOPE  LAST-SYNC  COMPARED  CHANGES-LAST  CHANGES-TOTAL  SKIPPED  ERRORS  LAST-ERROR\n"
+			    "configs     -      never      0         0             0              0        0       -\n"
+			    "partitions  -      never      0         0             0              0        0       -\n"
+			    "groups      -      never      0         0             0              0        0       -\n"
+			    "acls        -      never      0         0             0              0        0       -\n"
 			    "\n"
 			    "TOPIC  PARTITION  STATE      SINCE  SOURCE-END  MIRRORED  LAG  SKIPPED  LAST-ERROR\n"
 			    "fresh  -          PREPARING  -      -           -         -    -        -\n"
@@ -312,31 +320,31 @@ static void test_describe_json(void **state)
 		"\"source_log_end_offset\":10,\"mirrored_offset\":7,\"lag\":3,\"skipped_records\":0,"
 		"\"last_error\":null,\"last_error_time_ms\":-1}]}],"
 		"\"metadata_sync\":["
-		"{\"kind\":\"configs\",\"is_owner\":true,\"last_sync_time_ms\":1767322245123,\"compared\":3,"
+		"{\"kind\":\"configs\",\"is_owner\":true,\"scope\":\"the mirror's topics\",\"last_sync_time_ms\":1767322245123,\"compared\":3,"
 		"\"changes_last_cycle\":1,\"changes_total\":5,\"skipped\":0,\"errors_total\":0,\"last_error\":null,"
 		"\"last_error_time_ms\":-1},"
-		"{\"kind\":\"partitions\",\"is_owner\":true,\"last_sync_time_ms\":-1,\"compared\":0,"
+		"{\"kind\":\"partitions\",\"is_owner\":true,\"scope\":\"the mirror's topics\",\"last_sync_time_ms\":-1,\"compared\":0,"
 		"\"changes_last_cycle\":0,\"changes_total\":0,\"skipped\":0,\"errors_total\":0,\"last_error\":null,"
 		"\"last_error_time_ms\":-1},"
-		"{\"kind\":\"groups\",\"is_owner\":true,\"last_sync_time_ms\":1767322246000,\"compared\":12,"
+		"{\"kind\":\"groups\",\"is_owner\":true,\"scope\":\"include .*\",\"last_sync_time_ms\":1767322246000,\"compared\":12,"
 		"\"changes_last_cycle\":4,\"changes_total\":40,\"skipped\":2,\"errors_total\":0,\"last_error\":null,"
 		"\"last_error_time_ms\":-1},"
-		"{\"kind\":\"acls\",\"is_owner\":true,\"last_sync_time_ms\":1767322200000,\"compared\":0,"
+		"{\"kind\":\"acls\",\"is_owner\":true,\"scope\":\"off\",\"last_sync_time_ms\":1767322200000,\"compared\":0,"
 		"\"changes_last_cycle\":0,\"changes_total\":0,\"skipped\":0,\"errors_total\":7,"
 		"\"last_error\":\"SECURITY_DISABLED: no authorizer\",\"last_error_time_ms\":1767322247000}]},"
 		"{\"name\":\"west\",\"error\":null,\"configs\":[],"
 		"\"topics\":[{\"name\":\"fresh\",\"topic_id\":null,\"state\":\"PREPARING\",\"partitions\":[]}],"
 		"\"metadata_sync\":["
-		"{\"kind\":\"configs\",\"is_owner\":false,\"last_sync_time_ms\":-1,\"compared\":0,"
+		"{\"kind\":\"configs\",\"is_owner\":false,\"scope\":null,\"last_sync_time_ms\":-1,\"compared\":0,"
 		"\"changes_last_cycle\":0,\"changes_total\":0,\"skipped\":0,\"errors_total\":0,\"last_error\":null,"
 		"\"last_error_time_ms\":-1},"
-		"{\"kind\":\"partitions\",\"is_owner\":false,\"last_sync_time_ms\":-1,\"compared\":0,"
+		"{\"kind\":\"partitions\",\"is_owner\":false,\"scope\":null,\"last_sync_time_ms\":-1,\"compared\":0,"
 		"\"changes_last_cycle\":0,\"changes_total\":0,\"skipped\":0,\"errors_total\":0,\"last_error\":null,"
 		"\"last_error_time_ms\":-1},"
-		"{\"kind\":\"groups\",\"is_owner\":false,\"last_sync_time_ms\":-1,\"compared\":0,"
+		"{\"kind\":\"groups\",\"is_owner\":false,\"scope\":null,\"last_sync_time_ms\":-1,\"compared\":0,"
 		"\"changes_last_cycle\":0,\"changes_total\":0,\"skipped\":0,\"errors_total\":0,\"last_error\":null,"
 		"\"last_error_time_ms\":-1},"
-		"{\"kind\":\"acls\",\"is_owner\":false,\"last_sync_time_ms\":-1,\"compared\":0,"
+		"{\"kind\":\"acls\",\"is_owner\":false,\"scope\":null,\"last_sync_time_ms\":-1,\"compared\":0,"
 		"\"changes_last_cycle\":0,\"changes_total\":0,\"skipped\":0,\"errors_total\":0,\"last_error\":null,"
 		"\"last_error_time_ms\":-1}]}]}\n");
 	free(s);

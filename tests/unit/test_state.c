@@ -187,7 +187,7 @@ static void test_mirror_option_table(void **state)
 	assert_int_equal(o.metadata_refresh_interval_ms, 30000);
 	assert_string_equal(o.groups_include, ".*");
 	assert_null(o.groups_exclude);
-	assert_string_equal(o.acl_include, "*");
+	assert_null(o.acl_include); /* the ACL sync is off unless a scope is given */
 	assert_int_equal(o.fetch_max_bytes, 52428800);
 	assert_int_equal(o.fetch_partition_max_bytes, 10485760);
 	assert_int_equal(o.throttle_bytes_per_sec, 0);

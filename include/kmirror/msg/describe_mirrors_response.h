@@ -72,6 +72,8 @@ typedef struct km_describe_mirrors_response_metadata_sync_status {
 	km_str kind;
 	/* v0+: This kmirrord runs the mirror's sync (false: another kmirrord does, or the mirror has n... */
 	bool is_owner;
+	/* v0+ nullable tag 0: What the step syncs, from the mirror's options: configs and partitions, the mirror's to... */
+	km_str scope;
 	/* v0+: When the step last completed (ms since the epoch), or -1: never. */
 	int64_t last_sync_time_ms;
 	/* v0+: The topics, groups or bindings the last completed step looked at. */

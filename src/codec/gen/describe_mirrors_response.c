@@ -328,9 +328,19 @@ static size_t km_describe_mirrors_response_described_topic_sz(int16_t v, const k
 void km_describe_mirrors_response_metadata_sync_status_init(km_describe_mirrors_response_metadata_sync_status *m)
 {
 	memset(m, 0, sizeof(*m));
+	m->scope = KM_STR_NULL;
 	m->last_sync_time_ms = INT64_C(-1);
 	m->last_error = KM_STR_NULL;
 	m->last_error_time_ms = INT64_C(-1);
+}
+
+static bool km_describe_mirrors_response_metadata_sync_status_dec_tag_scope(km_rd *r, int16_t v, km_describe_mirrors_response_metadata_sync_status *m, km_arena *a)
+{
+	(void)v;
+	(void)a;
+	if (!km_rd_string(r, "MetadataSyncStatus.Scope", true, true, &m->scope))
+		return false;
+	return true;
 }
 
 static bool km_describe_mirrors_response_metadata_sync_status_dec(km_rd *r, int16_t v, km_describe_mirrors_response_metadata_sync_status *m, km_arena *a)
@@ -362,6 +372,27 @@ static bool km_describe_mirrors_response_metadata_sync_status_dec(km_rd *r, int1
 	if (flex) {
 		if (!km_codec_rd_tags(r, "MetadataSyncStatus.TaggedFields", &m->unknown_tags, a))
 			return false;
+		int32_t keep = 0;
+		for (int32_t i = 0; i < m->unknown_tags.count; i++) {
+			const km_tagged t = m->unknown_tags.items[i];
+			km_rd sub;
+			bool known = true;
+			km_codec_rd_slice(r, t.data, &sub);
+			switch (t.tag) {
+				case 0:
+				{
+					if (!km_describe_mirrors_response_metadata_sync_status_dec_tag_scope(&sub, v, m, a))
+						return km_codec_rd_join(r, &sub);
+				}
+				break;
+				default:
+					known = false;
+					break;
+			}
+			if (!known)
+				m->unknown_tags.items[keep++] = t;
+		}
+		m->unknown_tags.count = keep;
 	}
 	return true;
 }
@@ -384,7 +415,19 @@ static void km_describe_mirrors_response_metadata_sync_status_enc(km_wr *w, int1
 	km_wr_string(w, flex, m->last_error);
 	km_wr_i64(w, m->last_error_time_ms);
 	if (flex) {
-		km_codec_wr_tags(w, &m->unknown_tags, 0, UINT64_MAX, true);
+		uint32_t ntags = (uint32_t)(m->unknown_tags.count > 0 ? m->unknown_tags.count : 0);
+		const bool has_scope = true && m->scope.len >= 0;
+		ntags += has_scope;
+		km_wr_uvarint(w, ntags);
+		km_codec_wr_tags(w, &m->unknown_tags, 0, 1, false);
+		if (has_scope) {
+			size_t n = 0;
+			n += km_sz_string(true, m->scope);
+			km_wr_uvarint(w, 0);
+			km_wr_uvarint(w, (uint32_t)n);
+			km_wr_string(w, true, m->scope);
+		}
+		km_codec_wr_tags(w, &m->unknown_tags, 1, UINT64_MAX, false);
 	}
 }
 
@@ -407,6 +450,12 @@ static size_t km_describe_mirrors_response_metadata_sync_status_sz(int16_t v, co
 	if (flex) {
 		uint32_t ntags = (uint32_t)(m->unknown_tags.count > 0 ? m->unknown_tags.count : 0);
 		n += km_codec_sz_tags(&m->unknown_tags);
+		if (true && m->scope.len >= 0) {
+			size_t fn = 0;
+			fn += km_sz_string(true, m->scope);
+			n += km_sz_uvarint(0) + km_sz_uvarint((uint32_t)fn) + fn;
+			ntags++;
+		}
 		n += km_sz_uvarint(ntags);
 	}
 	return n;

@@ -8299,6 +8299,7 @@ static void fill_km_describe_mirrors_response_metadata_sync_status(km_describe_m
 	(void)seq;
 	m->kind = t_str(a, seq);
 	m->is_owner = true;
+	m->scope = (mode == 1 && true) ? KM_STR_NULL : t_str(a, seq);
 	m->last_sync_time_ms = (int64_t)(t_int(seq, 1000000000, INT64_C(-1)) + ((int64_t)1 << 33));
 	m->compared = (int64_t)(t_int(seq, 1000000000, INT64_C(0)) + ((int64_t)1 << 33));
 	m->changes_last_cycle = (int64_t)(t_int(seq, 1000000000, INT64_C(0)) + ((int64_t)1 << 33));
@@ -8308,7 +8309,7 @@ static void fill_km_describe_mirrors_response_metadata_sync_status(km_describe_m
 	m->last_error = (mode == 1 && true) ? KM_STR_NULL : t_str(a, seq);
 	m->last_error_time_ms = (int64_t)(t_int(seq, 1000000000, INT64_C(-1)) + ((int64_t)1 << 33));
 	if (true && mode == 0)
-		t_unknown_tags(&m->unknown_tags, a, 0, 1000, seq);
+		t_unknown_tags(&m->unknown_tags, a, 1, 1000, seq);
 }
 
 static bool eq_km_describe_mirrors_response_metadata_sync_status(const km_describe_mirrors_response_metadata_sync_status *x, const km_describe_mirrors_response_metadata_sync_status *y)
@@ -8317,6 +8318,8 @@ static bool eq_km_describe_mirrors_response_metadata_sync_status(const km_descri
 		return t_diff("MetadataSyncStatus.Kind");
 	if (!(x->is_owner == y->is_owner))
 		return t_diff("MetadataSyncStatus.IsOwner");
+	if (!km_str_eq(x->scope, y->scope))
+		return t_diff("MetadataSyncStatus.Scope");
 	if (!(x->last_sync_time_ms == y->last_sync_time_ms))
 		return t_diff("MetadataSyncStatus.LastSyncTimeMs");
 	if (!(x->compared == y->compared))

@@ -72,6 +72,18 @@ static const km_proxy_feature *const order[] = {
 	&km_ro_feature,        &km_off_feature,       &km_share_off_feature,
 };
 
+/*
+ * Broker-listener APIs that only brokers send each other: never served to clients. A transaction
+ * coordinator's WriteTxnMarkers writes control batches into any partition (a read-only mirror
+ * topic's too); the share coordinator's state APIs write share-group state. A client that sends
+ * one is closed, as for any API the proxy does not serve, and ApiVersions does not offer them.
+ */
+static bool brokers_only(int16_t key)
+{
+	return key == KM_API_WRITE_TXN_MARKERS || (key >= KM_API_INITIALIZE_SHARE_GROUP_STATE &&
+						   key <= KM_API_READ_SHARE_GROUP_STATE_SUMMARY);
+}
+
 /* classify of a row with more than one: each stage in order, until one fails or asks for more bytes. */
 static km_err stages_classify(km_req *rq)
 {
@@ -235,9 +247,10 @@ km_proxy_apis *km_proxy_apis_compose(const km_proxy_feature *const *features, si
 
 	if (!t)
 		return NULL;
-	/* Broker-listener APIs only: controller-only APIs are never advertised to clients. */
+	/* Broker-listener APIs only: controller-only and broker-to-broker APIs are never advertised to clients. */
 	for (size_t i = 0; i < count; i++)
-		if ((codec[i].listeners & KM_API_LISTENER_BROKER) && !row_of(t, codec[i].api_key))
+		if ((codec[i].listeners & KM_API_LISTENER_BROKER) && !brokers_only(codec[i].api_key) &&
+		    !row_of(t, codec[i].api_key))
 			goto fail;
 	for (size_t f = 0; f < n; f++)
 		for (size_t i = 0; i < features[f]->count; i++)

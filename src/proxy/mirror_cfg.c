@@ -126,14 +126,29 @@ static void init_res(km_mcfg_res *r)
 	r->message = KM_STR_NULL;
 }
 
-static bool is_state_topic(int8_t type, km_str name, const char *state_topic)
-{
-	return type == KM_RESOURCE_TOPIC && km_str_eq_c(name, state_topic);
-}
-
 static const char state_refused[] = "written and configured only by kmirrord";
 
-km_err km_mcfg_split_iac(const km_incremental_alter_configs_request *in, const char *state_topic, km_arena *a,
+/*
+ * A resource the guard refuses (state topic; a synced topic with configs other than mirror.name,
+ * others of them): its outcome is set and true returned.
+ */
+static bool guarded(const km_mcfg_guard *g, km_mcfg_split *out, int32_t i, int8_t type, km_str name, int32_t others,
+		    km_arena *a)
+{
+	char msg[512];
+	if (type != KM_RESOURCE_TOPIC)
+		return false;
+	if (g->state_topic && km_str_eq_c(name, g->state_topic)) {
+		km_mcfg_set(out, i, KM_KAFKA_TOPIC_AUTHORIZATION_FAILED, state_refused, a);
+		return true;
+	}
+	if (others == 0 || !g->synced || !g->synced(g->arg, name, msg, sizeof(msg)))
+		return false;
+	km_mcfg_set(out, i, g->code, msg, a);
+	return true;
+}
+
+km_err km_mcfg_split_iac(const km_incremental_alter_configs_request *in, const km_mcfg_guard *g, km_arena *a,
 			 km_mcfg_split *out)
 {
 	int32_t n = in->resources.count > 0 ? in->resources.count : 0;
@@ -157,9 +172,11 @@ km_err km_mcfg_split_iac(const km_incremental_alter_configs_request *in, const c
 		int32_t nc = r->configs.count > 0 ? r->configs.count : 0, seen = 0;
 
 		init_res(mr);
-		if (is_state_topic(r->resource_type, r->resource_name, state_topic)) {
+		for (int32_t j = 0; j < nc; j++)
+			if (km_str_eq_c(r->configs.items[j].name, KM_MIRROR_NAME_CONFIG))
+				seen++;
+		if (guarded(g, out, i, r->resource_type, r->resource_name, nc - seen, a)) {
 			out->mine = true;
-			km_mcfg_set(out, i, KM_KAFKA_TOPIC_AUTHORIZATION_FAILED, state_refused, a);
 			continue;
 		}
 		mr->fwd = out->fwd.resources.count++;
@@ -167,9 +184,6 @@ km_err km_mcfg_split_iac(const km_incremental_alter_configs_request *in, const c
 		*f = *r;
 		if (r->resource_type != KM_RESOURCE_TOPIC)
 			continue;
-		for (int32_t j = 0; j < nc; j++)
-			if (km_str_eq_c(r->configs.items[j].name, KM_MIRROR_NAME_CONFIG))
-				seen++;
 		if (!seen)
 			continue;
 		out->mine = true;
@@ -204,7 +218,7 @@ km_err km_mcfg_split_iac(const km_incremental_alter_configs_request *in, const c
 	return km_arena_err(a);
 }
 
-km_err km_mcfg_split_ac(const km_alter_configs_request *in, const char *state_topic, km_arena *a,
+km_err km_mcfg_split_ac(const km_alter_configs_request *in, const km_mcfg_guard *g, km_arena *a,
 			km_mcfg_split *out)
 {
 	int32_t n = in->resources.count > 0 ? in->resources.count : 0;
@@ -231,15 +245,15 @@ km_err km_mcfg_split_ac(const km_alter_configs_request *in, const char *state_to
 		int32_t nc = r->configs.count > 0 ? r->configs.count : 0, seen = 0;
 
 		init_res(mr);
-		if (is_state_topic(r->resource_type, r->resource_name, state_topic)) {
-			out->mine = true;
-			km_mcfg_set(out, i, KM_KAFKA_TOPIC_AUTHORIZATION_FAILED, state_refused, a);
-			continue;
-		}
 		if (r->resource_type == KM_RESOURCE_TOPIC)
 			for (int32_t j = 0; j < nc; j++)
 				if (km_str_eq_c(r->configs.items[j].name, KM_MIRROR_NAME_CONFIG))
 					seen++;
+		/* The legacy request replaces every config: even none but mirror.name would clear the rest. */
+		if (guarded(g, out, i, r->resource_type, r->resource_name, seen ? nc - seen : 1, a)) {
+			out->mine = true;
+			continue;
+		}
 		if (!seen) {
 			mr->fwd = out->fwd_legacy.resources.count++;
 			out->fwd_legacy.resources.items[mr->fwd] = *r;

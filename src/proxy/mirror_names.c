@@ -6,6 +6,7 @@
 #include "kmirror/api.h"
 #include "kmirror/log.h"
 #include "kmirror/msg/api_keys.h"
+#include "proxy/features.h"
 #include "proxy/mirror_rpc_int.h"
 #include "proxy/rewrite.h"
 
@@ -14,6 +15,22 @@
 static const char *state_topic_of(const km_state *st)
 {
 	return st ? km_state_topic_name_of_store(st) : KM_MIRROR_STATE_TOPIC_DEFAULT;
+}
+
+/* A mirror topic that is not STOPPED: its configs are the metadata sync's. */
+static bool synced(void *arg, km_str name, char *msg, size_t len)
+{
+	const km_state_topic *t = km_state_topic_find(arg, name.p, (size_t)(name.len > 0 ? name.len : 0));
+	const km_state_mirror *m;
+	if (!t || km_state_topic_state(t) == KM_MP_STOPPED)
+		return false;
+	m = km_state_topic_mirror(t);
+	snprintf(msg, len,
+		 "topic %s is mirrored by mirror %s from %s: its configs follow its source topic's; change them on "
+		 "the source cluster, or stop its mirroring (kmirror stop --mirror %s --topics %s) to change them here",
+		 km_state_topic_name(t), km_state_mirror_name(m), km_state_mirror_source(m), km_state_mirror_name(m),
+		 km_state_topic_name(t));
+	return true;
 }
 
 static void cfg_answer(km_mop *op)
@@ -215,6 +232,7 @@ static km_err config_request(km_req *rq)
 {
 	const km_session_host *host = km_session_host_of(rq->s);
 	bool iac = rq->h->api_key == KM_API_INCREMENTAL_ALTER_CONFIGS;
+	km_mcfg_guard guard;
 	km_mop *op;
 	km_err rc;
 
@@ -234,8 +252,12 @@ static km_err config_request(km_req *rq)
 		rq->close_reason = "malformed config request";
 		return KM_ERR_DECODE;
 	}
-	rc = iac ? km_mcfg_split_iac(&op->m.iac, state_topic_of(host->state), &op->a, &op->sp) :
-		   km_mcfg_split_ac(&op->m.ac, state_topic_of(host->state), &op->a, &op->sp);
+	guard.state_topic = state_topic_of(host->state);
+	guard.synced = host->state ? synced : NULL;
+	guard.arg = host->state;
+	guard.code = (int16_t)km_proxy_features_of(rq->s)->read_only.read_only_code;
+	rc = iac ? km_mcfg_split_iac(&op->m.iac, &guard, &op->a, &op->sp) :
+		   km_mcfg_split_ac(&op->m.ac, &guard, &op->a, &op->sp);
 	if (rc != KM_OK || !op->sp.mine) {
 		km_mop_free(op);
 		return rc;

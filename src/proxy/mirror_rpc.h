@@ -84,10 +84,23 @@ typedef struct km_mcfg_split {
 	km_incremental_alter_configs_request auth;
 } km_mcfg_split;
 
+/*
+ * The topics a client may not reconfigure: the state topic at all; a mirror topic that is not
+ * STOPPED in anything but mirror.name (its configs follow the source's through the metadata sync,
+ * and a config such as retention.ms deletes records as a refused DeleteRecords would).
+ */
+typedef struct km_mcfg_guard {
+	const char *state_topic;
+	/* Whether topic's configs belong to the metadata sync; if so, msg says so (for the client). */
+	bool (*synced)(void *arg, km_str topic, char *msg, size_t len);
+	void *arg;
+	int16_t code; /* the refusal of a synced topic's configs (read_only_error) */
+} km_mcfg_guard;
+
 /* Split a request; arrays and strings of out come from a (strings may borrow in's). */
-km_err km_mcfg_split_iac(const km_incremental_alter_configs_request *in, const char *state_topic, km_arena *a,
+km_err km_mcfg_split_iac(const km_incremental_alter_configs_request *in, const km_mcfg_guard *g, km_arena *a,
 			 km_mcfg_split *out);
-km_err km_mcfg_split_ac(const km_alter_configs_request *in, const char *state_topic, km_arena *a,
+km_err km_mcfg_split_ac(const km_alter_configs_request *in, const km_mcfg_guard *g, km_arena *a,
 			km_mcfg_split *out);
 /*
  * The broker's answer to the forwarded request (or to the authorizing probe: auth true) becomes

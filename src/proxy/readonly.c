@@ -6,6 +6,8 @@
 
 #include "kmirror/hash.h"
 #include "kmirror/log.h"
+#include "kmirror/msg/add_partitions_to_txn_request.h"
+#include "kmirror/msg/add_partitions_to_txn_response.h"
 #include "kmirror/msg/create_partitions_request.h"
 #include "kmirror/msg/create_partitions_response.h"
 #include "kmirror/msg/create_topics_request.h"
@@ -1122,7 +1124,8 @@ static uint64_t mono_ms(void)
 	return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
 }
 
-static const char *const ro_op_api[] = {"Produce", "DeleteRecords", "DeleteTopics", "CreatePartitions", "CreateTopics"};
+static const char *const ro_op_api[] = {"Produce", "DeleteRecords", "DeleteTopics", "CreatePartitions", "CreateTopics",
+					"AddPartitionsToTxn"};
 
 /*
  * One line (at most one per topic and operation every KM_RO_LOG_INTERVAL_MS) saying who was
@@ -1393,6 +1396,100 @@ static km_err ro_admin_classify(km_req *rq)
 	return KM_OK;
 }
 
+/* ---- AddPartitionsToTxn (v0-3, the clients' path) ---- */
+
+km_err km_ro_add_partitions_check(int16_t version, const uint8_t *body, size_t len, const km_ro_lookup *lk,
+				  km_wr *answer, km_ro_verdict *first)
+{
+	km_add_partitions_to_txn_request rq;
+	km_add_partitions_to_txn_response rs;
+	km_arena a;
+	km_rd r;
+	int32_t nt;
+	bool refused = false;
+	km_err rc;
+
+	first->code = KM_OK;
+	km_arena_init(&a, KM_ARENA_DEFAULT_CAP);
+	km_rd_init(&r, body, len);
+	km_add_partitions_to_txn_request_init(&rq);
+	if ((rc = km_add_partitions_to_txn_request_decode(&r, version, &rq, &a)) == KM_OK && km_rd_left(&r) != 0)
+		rc = KM_ERR_DECODE;
+	nt = rq.v3_and_below_topics.count > 0 ? rq.v3_and_below_topics.count : 0;
+	km_add_partitions_to_txn_response_init(&rs);
+	rs.results_by_topic_v3_and_below.count = nt;
+	rs.results_by_topic_v3_and_below.items = km_arena_calloc(&a, (size_t)nt * sizeof(*rs.results_by_topic_v3_and_below.items) + 1);
+	if (rc == KM_OK && !rs.results_by_topic_v3_and_below.items)
+		rc = KM_ERR_NOMEM;
+	for (int32_t i = 0; rc == KM_OK && i < nt; i++) {
+		const km_add_partitions_to_txn_request_add_partitions_to_txn_topic *t = &rq.v3_and_below_topics.items[i];
+		km_add_partitions_to_txn_response_add_partitions_to_txn_topic_result *tr = &rs.results_by_topic_v3_and_below.items[i];
+		int32_t np = t->partitions.count > 0 ? t->partitions.count : 0;
+		km_add_partitions_to_txn_response_add_partitions_to_txn_topic_result_init(tr);
+		tr->name = t->name;
+		tr->results_by_partition.count = np;
+		tr->results_by_partition.items = km_arena_calloc(&a, (size_t)np * sizeof(*tr->results_by_partition.items) + 1);
+		if (!tr->results_by_partition.items) {
+			rc = KM_ERR_NOMEM;
+			break;
+		}
+		for (int32_t j = 0; j < np; j++) {
+			km_add_partitions_to_txn_response_add_partitions_to_txn_partition_result *pr = &tr->results_by_partition.items[j];
+			km_ro_verdict vd;
+			memset(&vd, 0, sizeof(vd));
+			lk->check(lk->arg, t->name, NULL, t->partitions.items[j], KM_RO_WRITE, &vd);
+			km_add_partitions_to_txn_response_add_partitions_to_txn_partition_result_init(pr);
+			pr->partition_index = t->partitions.items[j];
+			/*
+			 * All or nothing, as the coordinator answers: the others were not attempted. The
+			 * refusal is TOPIC_AUTHORIZATION_FAILED whatever read_only_error says: the one code
+			 * the Java and librdkafka producers take as abortable here (the application aborts
+			 * and goes on); any other makes their producer fail fatally.
+			 */
+			pr->partition_error_code = (int16_t)(vd.code != KM_OK ? KM_KAFKA_TOPIC_AUTHORIZATION_FAILED :
+									 KM_KAFKA_OPERATION_NOT_ATTEMPTED);
+			if (vd.code != KM_OK && !refused) {
+				refused = true;
+				*first = vd;
+				first->code = KM_KAFKA_TOPIC_AUTHORIZATION_FAILED;
+			}
+		}
+	}
+	if (rc == KM_OK && refused)
+		km_add_partitions_to_txn_response_encode(answer, version, &rs);
+	km_arena_free(&a);
+	return rc;
+}
+
+static km_err ro_txn_request(km_req *rq)
+{
+	km_ro_lookup lk = *lookup_of(rq);
+	km_req_header full;
+	km_ro_verdict first;
+	km_wr w;
+	km_err rc;
+
+	if (!km_ro_active(&lk))
+		return KM_OK;
+	if (km_net_parse_request_header(rq->body, rq->frame_len,
+					km_proxy_request_header_version(rq->h->api_key, rq->h->api_version), &full) != KM_OK) {
+		rq->close_reason = "malformed request header";
+		return KM_ERR_DECODE;
+	}
+	km_wr_init(&w);
+	rc = km_ro_add_partitions_check(rq->h->api_version, rq->body + full.body_offset, rq->frame_len - full.body_offset,
+					&lk, &w, &first);
+	if (rc != KM_OK)
+		rq->close_reason = "malformed AddPartitionsToTxn request";
+	else if (first.code != KM_OK) {
+		log_refusal(rq, KM_RO_ADD_TO_TXN, km_str_c(first.name), NULL, NULL, 0, first.code, first.message,
+			    "the transaction's marker would be written into it");
+		rc = answer_with(rq, &w);
+	}
+	km_wr_free(&w);
+	return rc;
+}
+
 /* ---- the stages ---- */
 
 static const km_proxy_stage stages[] = {
@@ -1404,6 +1501,10 @@ static const km_proxy_stage stages[] = {
 	 .note = "partitions of read-only mirror topics and of the state topic refused; the rest forwarded, merged"},
 	{.key = KM_API_CREATE_PARTITIONS, .classify = ro_admin_classify, .on_request = ro_admin_request,
 	 .note = "mirror topics (their partitions follow the source) and the state topic refused; the rest forwarded, merged"},
+	{.key = KM_API_ADD_PARTITIONS_TO_TXN, .versions = true, .min_version = -1, .max_version = 3,
+	 .classify = ro_admin_classify, .on_request = ro_txn_request,
+	 .note = "up to v3 (v4+ is the brokers' own); a transaction adding a read-only mirror partition refused (its marker "
+		 "would be written there), the others OPERATION_NOT_ATTEMPTED"},
 	{.key = KM_API_CREATE_TOPICS, .classify = ro_admin_classify, .on_request = ro_admin_request,
 	 .note = "the state topic refused (kmirrord creates it, compacted); the rest forwarded, merged"},
 };

@@ -24,6 +24,7 @@ typedef enum {
 	KM_RO_DELETE_TOPIC,       /* DeleteTopics (partition -1) */
 	KM_RO_CREATE_PARTITIONS,  /* CreatePartitions (partition -1) */
 	KM_RO_CREATE_TOPIC,       /* CreateTopics (partition -1): only the state topic is refused */
+	KM_RO_ADD_TO_TXN,         /* (logs only) AddPartitionsToTxn: checked as KM_RO_WRITE */
 } km_ro_op;
 
 /* A refusal: code KM_OK lets the request through. */
@@ -170,5 +171,13 @@ bool km_ro_log_allow(km_str topic, km_ro_op op, uint64_t now_ms, uint32_t *suppr
  * place), DeleteRecords, DeleteTopics and CreatePartitions checked. The hooks find the lookup in
  * the host's features (km_proxy_features.read_only, features.h).
  */
+
+/*
+ * AddPartitionsToTxn v0-3 (body after the request header): when some partition is read-only, the
+ * whole answer (the refused partitions with their code, the others OPERATION_NOT_ATTEMPTED) is
+ * written to answer and first holds the first refusal; first->code KM_OK: nothing refused.
+ */
+km_err km_ro_add_partitions_check(int16_t version, const uint8_t *body, size_t len, const km_ro_lookup *lk,
+				  km_wr *answer, km_ro_verdict *first);
 
 #endif

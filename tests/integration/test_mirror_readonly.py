@@ -183,10 +183,17 @@ def test_librdkafka_producer_fails_at_once(mirrored, mode):
         except KafkaException as e:
             commit = f"{e.args[0].name()} {e.args[0].str()}"
     err, t = got[mr.ro]
-    line = mr.refusal_logged("Produce")
+    if mode == "txn":
+        # Refused before any Produce: AddPartitionsToTxn (else the abort's marker would land in it).
+        line = mr.proxy.wait_log(rf"refused AddPartitionsToTxn v\d+ [^\n]*: TOPIC_AUTHORIZATION_FAILED: topic "
+                                 rf"{re.escape(mr.ro)} [^\n]*", 10).group(0)
+    else:
+        line = mr.refusal_logged("Produce")
     print(f"librdkafka {mode}: code={err.code()} name={err.name()} str={err.str()!r} "
           f"in {int((t - t0) * 1000)} ms; other: {got[mr.ok][0]}; commit: {commit}\nkmirrord: {line}")
-    assert err is not None and err.code() == POLICY_VIOLATION and err.str() == "Broker: Policy violation", err
+    assert err is not None
+    if mode != "txn":
+        assert err.code() == POLICY_VIOLATION and err.str() == "Broker: Policy violation", err
     # confluent-kafka builds a delivery report's KafkaError from the code alone (the message does
     # not reach it: see the C API test below), so the code must be one librdkafka names.
     assert t - t0 < 5.0, "the write to the mirror topic was retried"
@@ -423,3 +430,89 @@ def test_state_topic_never_written_through_kmirrord(mirrored, ro_producer_cp):
     # two forged values rather than for an unchanged end.
     values = state_topic_values_since(mr.proxy.cluster, before)
     assert b"to-mirror" not in values and b"forged" not in values
+
+
+def test_mirror_topic_configs_refused(mirrored):
+    """While mirrored, a topic's configs follow its source: a client's change of retention.ms
+    (which would delete records as a refused DeleteRecords would) or cleanup.policy is refused,
+    incremental and legacy alike; mirror.name stays a mirror operation; another topic is altered."""
+    from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource
+    mr = mirrored
+    a = AdminClient(mr.proxy.conf())
+    direct = AdminClient({"bootstrap.servers": mr.proxy.cluster.bootstrap})
+
+    def configs(topic):
+        res = ConfigResource(ConfigResource.Type.TOPIC, topic)
+        return {k: v.value for k, v in direct.describe_configs([res])[res].result(timeout=30).items()}
+
+    before = configs(mr.ro)
+    for name, value in (("retention.ms", "1000"), ("cleanup.policy", "compact")):
+        res = ConfigResource(ConfigResource.Type.TOPIC, mr.ro, incremental_configs=[
+            ConfigEntry(name, value, incremental_operation=AlterConfigOpType.SET)])
+        with pytest.raises(KafkaException) as e:
+            a.incremental_alter_configs([res])[res].result(timeout=30)
+        print(f"IncrementalAlterConfigs {name}: {e.value}")
+        assert e.value.args[0].code() == POLICY_VIOLATION, e.value
+        assert "its configs follow its source topic's" in e.value.args[0].str()
+    legacy = ConfigResource(ConfigResource.Type.TOPIC, mr.ro, set_config={"retention.ms": "1000"})
+    with pytest.raises(KafkaException) as e:
+        a.alter_configs([legacy])[legacy].result(timeout=30)
+    print(f"AlterConfigs: {e.value}")
+    assert e.value.args[0].code() == POLICY_VIOLATION, e.value
+    assert configs(mr.ro) == before
+    ok = ConfigResource(ConfigResource.Type.TOPIC, mr.ok, incremental_configs=[
+        ConfigEntry("retention.ms", "3600000", incremental_operation=AlterConfigOpType.SET)])
+    a.incremental_alter_configs([ok])[ok].result(timeout=30)
+    # (on 3 brokers the one that answers the describe applies it from the metadata log a moment later)
+    wait_until(lambda: configs(mr.ok)["retention.ms"] == "3600000", 15, 0.2, what="the other topic altered")
+    mr.stop()
+
+    def altered():
+        try:
+            return a.incremental_alter_configs([res])[res].result(timeout=30) is None
+        except KafkaException as e:
+            assert e.args[0].code() == POLICY_VIOLATION, e  # STOPPING until the pipeline has drained
+            return False
+    wait_until(altered, 30, 0.5, what="configs writable once STOPPED")
+
+
+def test_txn_marker_never_reaches_mirror_topic(mirrored):
+    """A transactional producer (librdkafka: AddPartitionsToTxn v3, then Produce) that names a
+    mirror partition and aborts: the coordinator writes an ABORT marker into every partition added
+    to the transaction, so AddPartitionsToTxn must be refused for it, not only the Produce. Checked
+    on the destination itself: not one byte lands in the mirror topic."""
+    from confluent_kafka import KafkaError
+    mr = mirrored
+    direct = {"bootstrap.servers": mr.proxy.cluster.bootstrap}
+
+    def high():
+        c = Consumer(dict(direct, **{"group.id": f"wm-{uuid.uuid4().hex[:6]}"}))
+        try:
+            return [c.get_watermark_offsets(TopicPartition(mr.ro, p), timeout=15)[1] for p in (0, 1)]
+        finally:
+            c.close()
+
+    before = high()
+    p = Producer(mr.proxy.conf(**{"transactional.id": f"marker-{mr.ro}", "message.timeout.ms": 15000}))
+    p.init_transactions(30)
+    p.begin_transaction()
+    errs = []
+    p.produce(mr.ro, b"to-mirror", partition=0, on_delivery=lambda e, m: errs.append(e))
+    p.flush(30)
+    try:
+        p.commit_transaction(30)
+        outcome = "committed"
+    except KafkaException as e:
+        outcome = f"commit failed: {e.args[0].name()}"
+        try:
+            p.abort_transaction(30)
+            outcome += "; aborted"
+        except KafkaException as e2:
+            # librdkafka sends EndTxn even when the coordinator added no partition (it answers
+            # INVALID_TXN_STATE, fatal): as it does for a topic its ACLs refuse on a real broker.
+            outcome += f"; abort failed: {e2.args[0].name()}"
+    print(f"transactional producer: delivery {errs}; {outcome}")
+    time.sleep(2)  # markers are written by the coordinator after the abort returns
+    assert errs and errs[0] is not None and errs[0].code() != KafkaError.NO_ERROR, errs
+    assert high() == before, f"the mirror topic's end moved: {before} -> {high()} (a transaction marker)"
+    mr.proxy.wait_log(rf"refused AddPartitionsToTxn v\d+ .*: TOPIC_AUTHORIZATION_FAILED: topic {re.escape(mr.ro)} ", 10)

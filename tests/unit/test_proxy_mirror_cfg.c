@@ -14,6 +14,8 @@
 #include "proxy/mirror_rpc.h"
 
 /* Encode m with key's request codec at version v, then decode it back into out (as the hooks see a request). */
+static const km_mcfg_guard state_only = {"__mirror_state", NULL, NULL, 0};
+
 static void roundtrip_request(int16_t key, int16_t v, const void *m, void *out, km_arena *a, km_wr *w)
 {
 	const km_api_info *api = km_api_lookup(key);
@@ -109,7 +111,7 @@ static void test_iac_split_merge(void **state)
 	km_arena_init(&a, 0);
 	build_iac(&built, res, 7, false, &a);
 	roundtrip_request(KM_API_INCREMENTAL_ALTER_CONFIGS, 1, &built, &in, &a, &w);
-	assert_int_equal(km_mcfg_split_iac(&in, "__mirror_state", &a, &sp), KM_OK);
+	assert_int_equal(km_mcfg_split_iac(&in, &state_only, &a, &sp), KM_OK);
 	assert_true(sp.mine);
 	assert_int_equal(sp.nres, 7);
 	/* forwarded: orders (retention only), plain, paused (no configs), gone (no configs), the broker resource */
@@ -194,6 +196,57 @@ static void test_iac_split_merge(void **state)
 	km_arena_free(&a);
 }
 
+/* The guard's synced topics: "orders" and "paused" are mirror topics. */
+static bool synced_table(void *arg, km_str topic, char *msg, size_t len)
+{
+	(void)arg;
+	snprintf(msg, len, "%.*s follows its source", (int)topic.len, topic.p);
+	return km_str_eq_c(topic, "orders") || km_str_eq_c(topic, "paused");
+}
+
+/* A mirror topic's configs are the metadata sync's: anything but mirror.name is refused, whole. */
+static void test_synced_topics_refuse_configs(void **state)
+{
+	static const iac_res res[] = {
+		{KM_RESOURCE_TOPIC, "orders", {{"mirror.name", 0, "m1"}, {"retention.ms", 0, "1000"}}, 2},
+		{KM_RESOURCE_TOPIC, "paused", {{"mirror.name", 0, "m1.paused"}}, 1},
+		{KM_RESOURCE_TOPIC, "plain", {{"retention.ms", 0, "5"}}, 1},
+		{KM_RESOURCE_TOPIC, "orders", {{"cleanup.policy", 0, "delete"}}, 1},
+	};
+	const km_mcfg_guard g = {"__mirror_state", synced_table, NULL, KM_KAFKA_POLICY_VIOLATION};
+	km_incremental_alter_configs_request in;
+	km_alter_configs_request ac;
+	km_alter_configs_request_alter_configs_resource r;
+	km_mcfg_split sp;
+	km_arena a;
+	(void)state;
+
+	km_arena_init(&a, 0);
+	build_iac(&in, res, 4, false, &a);
+	assert_int_equal(km_mcfg_split_iac(&in, &g, &a, &sp), KM_OK);
+	assert_true(sp.mine);
+	assert_int_equal(sp.res[0].code, KM_KAFKA_POLICY_VIOLATION);
+	assert_int_equal(sp.res[0].fwd, -1);
+	assert_true(km_str_eq_c(sp.res[0].message, "orders follows its source"));
+	assert_int_equal(sp.res[1].code, 0); /* mirror.name alone: a mirror operation, as ever */
+	assert_int_equal(sp.res[1].kind, KM_MCFG_PAUSE);
+	assert_int_equal(sp.res[2].code, 0);
+	assert_int_equal(sp.res[3].code, KM_KAFKA_POLICY_VIOLATION);
+	assert_int_equal(sp.fwd.resources.count, 2); /* paused (no configs left) and plain */
+	/* The legacy request replaces every config: an empty set on a mirror topic is a change too. */
+	km_alter_configs_request_init(&ac);
+	km_alter_configs_request_alter_configs_resource_init(&r);
+	r.resource_type = KM_RESOURCE_TOPIC;
+	r.resource_name = km_str_c("orders");
+	r.configs.count = 0;
+	ac.resources.items = &r;
+	ac.resources.count = 1;
+	assert_int_equal(km_mcfg_split_ac(&ac, &g, &a, &sp), KM_OK);
+	assert_int_equal(sp.res[0].code, KM_KAFKA_POLICY_VIOLATION);
+	assert_int_equal(sp.fwd_legacy.resources.count, 0);
+	km_arena_free(&a);
+}
+
 static void test_iac_plain_is_not_ours(void **state)
 {
 	static const iac_res res[] = {{KM_RESOURCE_TOPIC, "t", {{"retention.ms", 0, "1"}}, 1}};
@@ -205,7 +258,7 @@ static void test_iac_plain_is_not_ours(void **state)
 	km_arena_init(&a, 0);
 	build_iac(&built, res, 1, false, &a);
 	roundtrip_request(KM_API_INCREMENTAL_ALTER_CONFIGS, 0, &built, &in, &a, &w);
-	assert_int_equal(km_mcfg_split_iac(&in, "__mirror_state", &a, &sp), KM_OK);
+	assert_int_equal(km_mcfg_split_iac(&in, &state_only, &a, &sp), KM_OK);
 	assert_false(sp.mine);
 	km_wr_free(&w);
 	km_arena_free(&a);
@@ -254,7 +307,7 @@ static void test_ac_split_merge(void **state)
 	built.resources.items = r;
 	built.resources.count = 3;
 	roundtrip_request(KM_API_ALTER_CONFIGS, 2, &built, &in, &a, &w);
-	assert_int_equal(km_mcfg_split_ac(&in, "__mirror_state", &a, &sp), KM_OK);
+	assert_int_equal(km_mcfg_split_ac(&in, &state_only, &a, &sp), KM_OK);
 	assert_true(sp.mine);
 	assert_int_equal(sp.fwd_legacy.resources.count, 2);
 	assert_true(km_str_eq_c(sp.fwd_legacy.resources.items[0].resource_name, "a"));
@@ -321,7 +374,7 @@ static void test_take_matches_by_name(void **state)
 	km_arena_init(&a, 0);
 	build_iac(&built, res, 3, false, &a);
 	roundtrip_request(KM_API_INCREMENTAL_ALTER_CONFIGS, 1, &built, &in, &a, &w);
-	assert_int_equal(km_mcfg_split_iac(&in, "__mirror_state", &a, &sp), KM_OK);
+	assert_int_equal(km_mcfg_split_iac(&in, &state_only, &a, &sp), KM_OK);
 	assert_int_equal(sp.fwd.resources.count, 3);
 	/* the broker's order: "denied" (refused) first, then the others reversed */
 	km_incremental_alter_configs_response_init(&resp);
@@ -367,7 +420,7 @@ static void test_take_matches_by_name(void **state)
 		b2.resources.items = r3;
 		b2.resources.count = 3;
 		roundtrip_request(KM_API_ALTER_CONFIGS, 2, &b2, &in2, &a, &w);
-		assert_int_equal(km_mcfg_split_ac(&in2, "__mirror_state", &a, &sp), KM_OK);
+		assert_int_equal(km_mcfg_split_ac(&in2, &state_only, &a, &sp), KM_OK);
 		assert_int_equal(sp.fwd_legacy.resources.count, 2);
 		km_alter_configs_response_init(&acr);
 		acr.responses.count = 2;
@@ -469,6 +522,7 @@ int main(void)
 		cmocka_unit_test(test_names),
 		cmocka_unit_test(test_iac_split_merge),
 		cmocka_unit_test(test_iac_plain_is_not_ours),
+		cmocka_unit_test(test_synced_topics_refuse_configs),
 		cmocka_unit_test(test_ac_split_merge),
 		cmocka_unit_test(test_take_matches_by_name),
 		cmocka_unit_test(test_describe_add),

@@ -1,17 +1,14 @@
 /* Mirror secrets at rest: AES-256-GCM under the key of mirror_secret_key_file, the config key's name as associated data. */
 #include <ctype.h>
-#include <errno.h>
-#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
 #include <openssl/rand.h>
 
+#include "kmirror/secret.h"
 #include "state/state_int.h"
 
 static int hexval(int c)
@@ -22,29 +19,15 @@ static int hexval(int c)
 	return c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
 }
 
-km_err km_state_key_load(const char *path, uint8_t key[KM_STATE_KEY_BYTES], bool *loose_mode, char *err,
-			 size_t errlen)
+km_err km_state_key_load(const char *path, bool mode_check, uint8_t key[KM_STATE_KEY_BYTES], bool *loose_mode,
+			 char *err, size_t errlen)
 {
 	uint8_t buf[80];
-	struct stat st;
-	ssize_t n;
 	size_t len;
-	int fd = open(path, O_RDONLY | O_CLOEXEC);
 
-	*loose_mode = false;
-	if (fd < 0) {
-		snprintf(err, errlen, "mirror_secret_key_file %s: %s", path, strerror(errno));
+	if (km_secret_file_read("mirror_secret_key_file", path, mode_check, buf, sizeof(buf), &len, loose_mode, err,
+				errlen) != KM_OK)
 		return KM_ERR_CONFIG;
-	}
-	if (fstat(fd, &st) == 0 && (st.st_mode & (S_IRWXG | S_IRWXO)))
-		*loose_mode = true;
-	n = read(fd, buf, sizeof(buf));
-	close(fd);
-	if (n < 0) {
-		snprintf(err, errlen, "mirror_secret_key_file %s: %s", path, strerror(errno));
-		return KM_ERR_CONFIG;
-	}
-	len = (size_t)n;
 	if (len == KM_STATE_KEY_BYTES) {
 		memcpy(key, buf, KM_STATE_KEY_BYTES);
 		OPENSSL_cleanse(buf, sizeof(buf));

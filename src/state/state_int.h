@@ -148,9 +148,13 @@ km_err km_state_run_value_encode(km_wr *w, int64_t physical, int64_t prev_logica
 #define KM_STATE_NONCE_BYTES 12
 #define KM_STATE_TAG_BYTES 16
 
-/* Read a key file: 32 raw bytes, or 64 hex digits with an optional trailing newline. *warn set when group/others can read it. */
-km_err km_state_key_load(const char *path, uint8_t key[KM_STATE_KEY_BYTES], bool *loose_mode, char *err,
-			 size_t errlen) __attribute__((warn_unused_result));
+/*
+ * Read a key file: 32 raw bytes, or 64 hex digits with an optional trailing newline. A file group or
+ * others may read is refused when mode_check (secret_file_mode_check); otherwise *loose_mode is set
+ * and err holds the warning to log.
+ */
+km_err km_state_key_load(const char *path, bool mode_check, uint8_t key[KM_STATE_KEY_BYTES], bool *loose_mode,
+			 char *err, size_t errlen) __attribute__((warn_unused_result));
 /* Seal clear text under key with name as associated data; *out (malloc'd) = nonce + ciphertext + tag. */
 km_err km_state_seal(const uint8_t key[KM_STATE_KEY_BYTES], const char *name, const char *clear, uint8_t **out,
 		     size_t *outlen) __attribute__((warn_unused_result));

@@ -1274,14 +1274,14 @@ km_state *km_state_new(const km_state_opts *opts, char *err, size_t errlen)
 	}
 	if (st->cfg.mirror_secret_key_file) {
 		bool loose;
-		if (km_state_key_load(st->cfg.mirror_secret_key_file, st->key, &loose, err, errlen) != KM_OK) {
+		if (km_state_key_load(st->cfg.mirror_secret_key_file, st->cfg.secret_file_mode_check, st->key, &loose,
+				      err, errlen) != KM_OK) {
 			km_state_free(st);
 			return NULL;
 		}
 		st->have_key = true;
 		if (loose)
-			KM_WARN(COMP, 0, "mirror_secret_key_file %s can be read by group or others: chmod 600 it",
-				st->cfg.mirror_secret_key_file);
+			KM_WARN(COMP, 0, "%s", err);
 	}
 	st->kick = event_new(st->base, -1, 0, on_kick, st);
 	st->io = km_state_persist_new(st);

@@ -238,7 +238,7 @@ static void test_secrets(void **state)
 
 static void test_key_file(void **state)
 {
-	char path[] = "/tmp/km-test-key-XXXXXX", err[256];
+	char path[] = "/tmp/km-test-key-XXXXXX", err[512];
 	uint8_t key[KM_STATE_KEY_BYTES];
 	bool loose;
 	int fd = mkstemp(path);
@@ -250,26 +250,44 @@ static void test_key_file(void **state)
 	fprintf(f, "000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1F\n");
 	fclose(f);
 	chmod(path, 0600);
-	assert_int_equal(km_state_key_load(path, key, &loose, err, sizeof(err)), KM_OK);
+	assert_int_equal(km_state_key_load(path, true, key, &loose, err, sizeof(err)), KM_OK);
 	assert_false(loose);
 	assert_int_equal(key[0], 0);
 	assert_int_equal(key[31], 0x1f);
-	chmod(path, 0644);
-	assert_int_equal(km_state_key_load(path, key, &loose, err, sizeof(err)), KM_OK);
-	assert_true(loose);
+	/* group or others may read it: refused, saying what to run; allowed with the check off */
+	for (int i = 0; i < 3; i++) {
+		static const mode_t modes[] = {0644, 0640, 0602};
+		char want[300];
+		chmod(path, modes[i]);
+		assert_int_equal(km_state_key_load(path, true, key, &loose, err, sizeof(err)), KM_ERR_CONFIG);
+		snprintf(want, sizeof(want), "run chmod 600 %s", path);
+		assert_non_null(strstr(err, want));
+		assert_non_null(strstr(err, "secret_file_mode_check = false"));
+		assert_int_equal(km_state_key_load(path, false, key, &loose, err, sizeof(err)), KM_OK);
+		assert_true(loose);
+		assert_non_null(strstr(err, "secret_file_mode_check is false"));
+	}
+	chmod(path, 0400);
+	assert_int_equal(km_state_key_load(path, true, key, &loose, err, sizeof(err)), KM_OK);
+	chmod(path, 0600);
 	f = fopen(path, "w");
 	fprintf(f, "too short");
 	fclose(f);
-	assert_int_equal(km_state_key_load(path, key, &loose, err, sizeof(err)), KM_ERR_CONFIG);
+	assert_int_equal(km_state_key_load(path, true, key, &loose, err, sizeof(err)), KM_ERR_CONFIG);
 	assert_non_null(strstr(err, "not a key"));
 	f = fopen(path, "w");
 	for (int i = 0; i < 32; i++)
 		fputc(200 + (i % 50), f);
 	fclose(f);
-	assert_int_equal(km_state_key_load(path, key, &loose, err, sizeof(err)), KM_OK);
+	assert_int_equal(km_state_key_load(path, true, key, &loose, err, sizeof(err)), KM_OK);
 	assert_int_equal(key[1], 201);
+	f = fopen(path, "w");
+	for (int i = 0; i < 100; i++)
+		fputc('a', f);
+	fclose(f);
+	assert_int_equal(km_state_key_load(path, true, key, &loose, err, sizeof(err)), KM_ERR_CONFIG);
 	unlink(path);
-	assert_int_equal(km_state_key_load(path, key, &loose, err, sizeof(err)), KM_ERR_CONFIG);
+	assert_int_equal(km_state_key_load(path, true, key, &loose, err, sizeof(err)), KM_ERR_CONFIG);
 	assert_non_null(strstr(err, "No such file"));
 }
 

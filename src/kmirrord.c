@@ -87,12 +87,15 @@ static void usage(FILE *out)
 		     "drains client connections gradually and exits 0; a second one closes everything at once.\n"
 		     "POST /admin/upstream (bearer token of admin_token_file) swaps the upstream cluster, kept in\n"
 		     "upstream_file; GET /admin/upstream shows the swap's progress.\n"
-		     "Exit codes: 0 after a drain, 1 when it cannot start (listen, TLS files), 2 for a bad\n"
-		     "command line or configuration.\n");
+		     "Exit codes: 0 after a drain, 1 when it cannot start (listen, TLS files, the secret key file), 2\n"
+		     "for a bad command line or configuration.\n");
 }
 
-/* Build a configuration: defaults, then the file, then the command-line overrides. */
-static km_err build_config(daemon_ctx *d, km_config *cfg, char *err, size_t errlen)
+/*
+ * Build a configuration: defaults, then the file, then the command-line overrides; then the secrets
+ * kept in files (not for --print-config, which shows the file's name and no password).
+ */
+static km_err build_config(daemon_ctx *d, km_config *cfg, bool secrets, char *err, size_t errlen)
 {
 	km_err rc;
 	km_config_init(cfg);
@@ -110,10 +113,30 @@ static km_err build_config(daemon_ctx *d, km_config *cfg, char *err, size_t errl
 		goto fail;
 	if ((rc = km_config_validate(cfg, err, errlen)) != KM_OK)
 		goto fail;
+	if (secrets && (rc = km_config_read_secrets(cfg, err, errlen)) != KM_OK)
+		goto fail;
 	return KM_OK;
 fail:
 	km_config_free(cfg);
 	return rc;
+}
+
+/* A secret given as a flag is in the process list (ps, /proc/PID/cmdline): anyone on the host can read it. */
+static void warn_secret_flags(const daemon_ctx *d)
+{
+	for (int i = 0; i < d->overrides; i++) {
+		const km_option *o = km_opt_find(km_config_table(), d->override_name[i]);
+		char file[80];
+		if (!o || !o->secret || !*d->override_value[i])
+			continue;
+		snprintf(file, sizeof(file), "%s_file", o->name);
+		if (km_opt_find(km_config_table(), file))
+			KM_WARN("main", 0, "%s given on the command line is visible to every user of this host in the "
+				"process list: put it in a file only kmirrord can read and set %s instead", o->name, file);
+		else
+			KM_WARN("main", 0, "%s given on the command line is visible to every user of this host in the "
+				"process list: set it in the config file instead", o->name);
+	}
 }
 
 static void drained(void *arg)
@@ -130,7 +153,7 @@ static void on_signal(evutil_socket_t sig, short what, void *arg)
 	if (sig == SIGHUP) {
 		km_config next;
 		char err[512];
-		if (build_config(d, &next, err, sizeof(err)) != KM_OK) {
+		if (build_config(d, &next, true, err, sizeof(err)) != KM_OK) {
 			km_metric_inc(d->reloads_failed, 1);
 			KM_ERROR("main", 0, "reload failed, keeping the running configuration: %s", err);
 			return;
@@ -395,7 +418,7 @@ int main(int argc, char **argv)
 	if ((rc = parse_args(&d, argc, argv, &cl)) >= 0)
 		return rc;
 	rc = 0;
-	if (build_config(&d, &d.cfg, err, sizeof(err)) != KM_OK) {
+	if (build_config(&d, &d.cfg, !cl.print_only, err, sizeof(err)) != KM_OK) {
 		fprintf(stderr, "kmirrord: invalid configuration: %s\n", err);
 		return 2;
 	}
@@ -408,6 +431,7 @@ int main(int argc, char **argv)
 		return 0;
 	}
 	km_log_set_level((km_log_level)d.cfg.log_level);
+	warn_secret_flags(&d);
 	signal(SIGPIPE, SIG_IGN);
 	d.base = event_base_new();
 	if (!d.base || !make_metrics(&d)) {

@@ -27,7 +27,10 @@ typedef enum {
 	KM_READ_ONLY_KMIRROR,
 } km_read_only_error;
 
-/* Every field has one row in the option table (daemon_config.c); strings are owned (NULL when empty). */
+/*
+ * Every field has one row in the option table (daemon_config.c), but for upstream_count and
+ * upstream_sasl_password_from_file; strings are owned (NULL when empty).
+ */
 typedef struct km_config {
 	km_hostport listen;
 	char *advertised_host;
@@ -63,10 +66,14 @@ typedef struct km_config {
 	char *upstream_sasl_mechanism;
 	char *upstream_sasl_username;
 	char *upstream_sasl_password;
+	char *upstream_sasl_password_file;
+	/* Not an option: upstream_sasl_password was read from upstream_sasl_password_file (km_config_read_secrets). */
+	bool upstream_sasl_password_from_file;
 	char *mirror_state_topic;
 	int64_t mirror_state_partitions;
 	int64_t mirror_state_replication_factor; /* -1: min(3, brokers) */
 	char *mirror_secret_key_file;
+	bool secret_file_mode_check; /* refuse secret files group or others may read */
 } km_config;
 
 /* The daemon's option table (daemon_config.c), for the engine's functions in kmirror/options.h. */
@@ -85,6 +92,13 @@ km_err km_config_load_file(km_config *cfg, const char *path, char *err, size_t e
 	__attribute__((warn_unused_result));
 /* Cross-option checks (TLS files in pairs, upstreams present, port ranges). */
 km_err km_config_validate(const km_config *cfg, char *err, size_t errlen) __attribute__((warn_unused_result));
+/*
+ * The secrets kept in files, read into cfg after km_config_validate: upstream_sasl_password from
+ * upstream_sasl_password_file (one trailing newline trimmed). A file group or others may read is
+ * refused unless secret_file_mode_check is false (then a warning is logged). mirror_secret_key_file
+ * is the state store's to read (km_state_new).
+ */
+km_err km_config_read_secrets(km_config *cfg, char *err, size_t errlen) __attribute__((warn_unused_result));
 /*
  * For SIGHUP: whether next may replace cur. next is validated as a whole first; then this fails
  * naming the first non-reloadable option that differs (those need a restart).

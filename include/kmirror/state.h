@@ -331,7 +331,9 @@ void km_state_mirror_config_at(const km_state_mirror *m, size_t i, const char **
 			       bool *secret);
 /*
  * A secret's clear value, for the mirror's own source connection only (never for describe or
- * logs): decrypted into buf. KM_ERR_INVAL when name is not a stored secret.
+ * logs): decrypted into buf. KM_ERR_INVAL when name is not a stored secret; KM_ERR_DECODE when it
+ * does not open for this mirror and KM_ERR_CONFIG without a key, both logged naming the mirror and
+ * the key.
  */
 km_err km_state_mirror_secret(const km_state *st, const km_state_mirror *m, const char *name, char *buf,
 			      size_t len) __attribute__((warn_unused_result));

@@ -4,7 +4,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <openssl/crypto.h>
+
 #include "cli/cli.h"
+#include "kmirror/secret.h"
 
 #define DEFAULT_TIMEOUT_MS 30000
 #define MAX_TIMEOUT_MS (24LL * 3600 * 1000)
@@ -39,15 +42,19 @@ static const cmd_info cmds[] = {
 	 "[--validate-only]",
 	 "Create a mirror of the source cluster at HOST:PORT. --config sets source connection properties\n"
 	 "(security.protocol, sasl.*, ssl.*) and mirror.* options; --config-file reads them from a properties\n"
-	 "file (--config wins). --validate-only checks everything and creates nothing."},
+	 "file (--config wins). Give secrets (sasl.password, sasl.jaas.config, *.password) in the file: on\n"
+	 "the command line every user of the host sees them. --validate-only checks everything and creates\n"
+	 "nothing."},
 	{KM_CLI_CMD_LIST, "list", 0, "list", "List every mirror: its name, source bootstrap servers and topic count."},
 	{KM_CLI_CMD_DESCRIBE, "describe", O_MIRROR | O_TOPICS, "describe [--mirror NAME] [--topics A,B]",
 	 "Describe a mirror (or all): its configuration, secrets shown as (secret), its metadata sync per\n"
 	 "step (last sync, compared, changes, skipped groups, errors), and every partition of its topics:\n"
 	 "state, since when, source log end, mirrored offset, lag and last error."},
-	{KM_CLI_CMD_ALTER, "alter", O_MIRROR | O_CONFIG | O_DELETE_CONFIG,
-	 "alter --mirror NAME [--config KEY=VALUE]... [--delete-config KEY]...",
-	 "Change a mirror's options at run time: --config sets a key, --delete-config removes it."},
+	{KM_CLI_CMD_ALTER, "alter", O_MIRROR | O_CONFIG | O_CONFIG_FILE | O_DELETE_CONFIG,
+	 "alter --mirror NAME [--config KEY=VALUE]... [--config-file FILE] [--delete-config KEY]...",
+	 "Change a mirror's options at run time: --config sets a key, --config-file sets those of a\n"
+	 "properties file (--config wins), --delete-config removes a key. Give secrets (sasl.password,\n"
+	 "sasl.jaas.config, *.password) in the file: on the command line every user of the host sees them."},
 	{KM_CLI_CMD_DELETE, "delete", O_MIRROR, "delete --mirror NAME",
 	 "Delete a mirror. Refused while any of its topics is not STOPPED."},
 	{KM_CLI_CMD_START, "start", O_MIRROR | O_TOPICS | O_TOPICS_REGEX | O_DRY_RUN,
@@ -200,8 +207,11 @@ const km_cli_kv *km_cli_kvs_get(const km_cli_kvs *kv, const char *name)
 void km_cli_kvs_free(km_cli_kvs *kv)
 {
 	for (size_t i = 0; i < kv->count; i++) {
+		char *v = kv->items[i].value;
+		if (v && km_secret_config_key(kv->items[i].name))
+			OPENSSL_cleanse(v, strlen(v));
 		free(kv->items[i].name);
-		free(kv->items[i].value);
+		free(v);
 	}
 	free(kv->items);
 	memset(kv, 0, sizeof(*kv));
@@ -254,8 +264,8 @@ static int parse_topics(const char *list, km_cli_args *a, char *err, size_t errl
 	}
 }
 
-/* --config KEY=VALUE into kv. */
-static int parse_config(const char *s, km_cli_kvs *kv, char *err, size_t errlen)
+/* --config KEY=VALUE into kv; the first secret key given so into a->inline_secret (main warns). */
+static int parse_config(km_cli_args *a, const char *s, km_cli_kvs *kv, char *err, size_t errlen)
 {
 	const char *eq = strchr(s, '=');
 	char *key;
@@ -266,6 +276,8 @@ static int parse_config(const char *s, km_cli_kvs *kv, char *err, size_t errlen)
 	key = strndup(s, (size_t)(eq - s));
 	if (!key)
 		return fail(err, errlen, "out of memory");
+	if (km_secret_config_key(key) && !a->inline_secret[0])
+		snprintf(a->inline_secret, sizeof(a->inline_secret), "%s", key);
 	ok = km_cli_kvs_set(kv, key, eq + 1);
 	free(key);
 	return ok ? KM_CLI_EXIT_OK : fail(err, errlen, "out of memory");
@@ -368,7 +380,7 @@ static int apply_opt(km_cli_args *a, const opt_def *o, const char *v, km_cli_kvs
 	if (!strcmp(n, "--source-bootstrap"))
 		return set_once(&a->source_bootstrap, v, n, err, errlen);
 	if (!strcmp(n, "--config"))
-		return parse_config(v, cli_configs, err, errlen);
+		return parse_config(a, v, cli_configs, err, errlen);
 	if (!strcmp(n, "--config-file"))
 		return set_once(&a->config_file, v, n, err, errlen);
 	if (!strcmp(n, "--validate-only")) {
@@ -454,7 +466,7 @@ static int finish(km_cli_args *a, km_cli_kvs *cli_configs, km_cli_kvs *deletes, 
 	}
 	if (a->cmd == KM_CLI_CMD_ALTER) {
 		for (size_t i = 0; i < deletes->count; i++) {
-			if (km_cli_kvs_get(cli_configs, deletes->items[i].name))
+			if (km_cli_kvs_get(&a->configs, deletes->items[i].name))
 				return fail(err, errlen, "alter: %s is both set and deleted", deletes->items[i].name);
 			if (!km_cli_kvs_set(&a->configs, deletes->items[i].name, NULL))
 				return fail(err, errlen, "out of memory");

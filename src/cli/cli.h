@@ -64,9 +64,10 @@ typedef struct km_cli_args {
 	bool version;               /* --version */
 	const char *mirror;         /* --mirror */
 	const char *source_bootstrap; /* --source-bootstrap (create) */
-	const char *config_file;    /* --config-file (create) */
+	const char *config_file;    /* --config-file (create, alter) */
 	bool validate_only;         /* --validate-only (create) */
-	km_cli_kvs configs;         /* --config k=v (create, alter), then --delete-config k (alter) */
+	km_cli_kvs configs;         /* --config-file, --config k=v over it (create, alter), then --delete-config k (alter) */
+	char inline_secret[64];     /* the first secret key given as --config KEY=VALUE ("": none); kmirror warns */
 	char **topics;              /* --topics a,b (NULL: none given) */
 	size_t ntopics;
 	const char *topics_regex;   /* --topics-regex */

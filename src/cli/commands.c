@@ -5,6 +5,8 @@
 #include <string.h>
 #include <time.h>
 
+#include <openssl/crypto.h>
+
 #include "cli/commands.h"
 #include "kmirror/api.h"
 #include "kmirror/msg/api_keys.h"
@@ -95,6 +97,14 @@ static int64_t now_ms(void)
  * While kmirrord is still reading __mirror_state back it answers COORDINATOR_LOAD_IN_PROGRESS,
  * having done nothing: the request is sent again until --timeout-ms, as Kafka's tools retry.
  */
+/* A request may carry a mirror's secrets (create, alter): wiped before its buffer is freed. */
+static void wr_wipe_free(km_wr *w)
+{
+	if (w->buf)
+		OPENSSL_cleanse(w->buf, w->cap);
+	km_wr_free(w);
+}
+
 bool km_cmd_call(ctx *x, int16_t api_key, km_wr *w, int16_t version, km_rd *r)
 {
 	int64_t deadline = now_ms() + x->a->timeout_ms;
@@ -103,7 +113,7 @@ bool km_cmd_call(ctx *x, int16_t api_key, km_wr *w, int16_t version, km_rd *r)
 
 	if (!km_wr_ok(w)) {
 		km_cmd_say_err(x, "cannot encode the request: %s", km_err_name(w->err));
-		km_wr_free(w);
+		wr_wipe_free(w);
 		return false;
 	}
 	for (;;) {
@@ -115,7 +125,7 @@ bool km_cmd_call(ctx *x, int16_t api_key, km_wr *w, int16_t version, km_rd *r)
 			break;
 		nanosleep(&(struct timespec){0, RETRY_BACKOFF_MS * 1000000L}, NULL);
 	}
-	km_wr_free(w);
+	wr_wipe_free(w);
 	if (rc != KM_OK) {
 		km_cmd_say_err(x, "%s", why);
 		return false;

@@ -31,6 +31,12 @@ int main(int argc, char **argv)
 		km_cli_args_free(&a);
 		return rc;
 	}
+	if (a.inline_secret[0])
+		fprintf(stderr,
+			"kmirror: warning: --config %s=... puts a secret on the command line, where every user of this "
+			"host can read it (ps, /proc) and the shell history keeps it: give it in a properties file "
+			"with --config-file\n",
+			a.inline_secret);
 	rc = km_cli_run(&a, stdout, stderr);
 	km_cli_args_free(&a);
 	return rc;

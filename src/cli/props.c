@@ -4,6 +4,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <openssl/crypto.h>
+
 #include "cli/cli.h"
 
 #define MAX_PROPS_FILE (1024 * 1024) /* a properties file is small; refuse anything bigger */
@@ -25,14 +27,37 @@ typedef struct sbuf {
 	size_t len, cap;
 } sbuf;
 
+/* The text may be a secret's (a property file's password, a JAAS line): wiped before it is freed. */
+static void sb_free(sbuf *b)
+{
+	if (b->p)
+		OPENSSL_cleanse(b->p, b->cap);
+	free(b->p);
+	b->p = NULL;
+	b->len = b->cap = 0;
+}
+
+/* A string that may be a secret, wiped and freed. */
+static void free_secret(char *s)
+{
+	if (s)
+		OPENSSL_cleanse(s, strlen(s));
+	free(s);
+}
+
 static bool sb_add(sbuf *b, char c)
 {
 	if (b->len + 1 >= b->cap) {
-		size_t cap = b->cap ? b->cap * 2 : 64;
-		char *p = realloc(b->p, cap);
+		/* Not realloc: it would leave the text so far behind in freed memory. */
+		size_t cap = b->cap ? b->cap * 2 : 64, len = b->len;
+		char *p = malloc(cap);
 		if (!p)
 			return false;
+		if (b->p)
+			memcpy(p, b->p, len + 1);
+		sb_free(b);
 		b->p = p;
+		b->len = len;
 		b->cap = cap;
 	}
 	b->p[b->len++] = c;
@@ -164,8 +189,8 @@ km_err km_cli_props_parse(const char *text, size_t len, km_cli_kvs *kv, char *er
 			break;
 		}
 	}
-	free(k.p);
-	free(v.p);
+	sb_free(&k);
+	sb_free(&v);
 	return out;
 }
 
@@ -187,11 +212,13 @@ km_err km_cli_props_load(const char *path, km_cli_kvs *kv, char *err, size_t err
 	n = fread(buf, 1, MAX_PROPS_FILE + 1, f);
 	if (ferror(f) || n > MAX_PROPS_FILE) {
 		fclose(f);
+		OPENSSL_cleanse(buf, MAX_PROPS_FILE + 1);
 		free(buf);
 		return cfg_fail(err, errlen, "%s: %s", path, n > MAX_PROPS_FILE ? "larger than 1 MiB" : "read error");
 	}
 	fclose(f);
 	rc = km_cli_props_parse(buf, n, kv, why, sizeof(why));
+	OPENSSL_cleanse(buf, MAX_PROPS_FILE + 1);
 	free(buf);
 	if (rc != KM_OK)
 		return cfg_fail(err, errlen, "%s: %s", path, why);
@@ -211,7 +238,7 @@ static const char *skip_ws(const char *p)
 static void jaas_clear(char **username, char **password)
 {
 	free(*username);
-	free(*password);
+	free_secret(*password);
 	*username = *password = NULL;
 }
 
@@ -258,7 +285,7 @@ km_err km_cli_jaas_parse(const char *jaas, char **username, char **password, con
 			ok = ok && sb_add(&key, *p++);
 		p = skip_ws(p);
 		if (!key.len || *p != '=') {
-			free(key.p);
+			sb_free(&key);
 			jaas_clear(username, password);
 			return cfg_fail(err, errlen, "sasl.jaas.config: expected key=\"value\" near '%.20s'", p);
 		}
@@ -271,8 +298,8 @@ km_err km_cli_jaas_parse(const char *jaas, char **username, char **password, con
 				ok = ok && sb_add(&val, *p++);
 			}
 			if (*p != '"') {
-				free(key.p);
-				free(val.p);
+				sb_free(&key);
+				sb_free(&val);
 				jaas_clear(username, password);
 				return cfg_fail(err, errlen, "sasl.jaas.config: unterminated quoted value");
 			}
@@ -283,35 +310,29 @@ km_err km_cli_jaas_parse(const char *jaas, char **username, char **password, con
 		}
 		ok = ok && sb_ensure(&val);
 		if (!ok) {
-			free(key.p);
-			free(val.p);
-			free(*username);
-			free(*password);
-			*username = *password = NULL;
+			sb_free(&key);
+			sb_free(&val);
+			jaas_clear(username, password);
 			return cfg_fail(err, errlen, "out of memory");
 		}
 		if (!strcmp(key.p, "username")) {
 			free(*username);
 			*username = val.p;
 		} else if (!strcmp(key.p, "password")) {
-			free(*password);
+			free_secret(*password);
 			*password = val.p;
 		} else {
-			free(val.p);
+			sb_free(&val);
 		}
-		free(key.p);
+		sb_free(&key);
 	}
 	if (*p != ';') {
-		free(*username);
-		free(*password);
-		*username = *password = NULL;
+		jaas_clear(username, password);
 		return cfg_fail(err, errlen, "sasl.jaas.config: missing ';' at the end");
 	}
 	if (!*username || !*password) {
 		bool nouser = !*username;
-		free(*username);
-		free(*password);
-		*username = *password = NULL;
+		jaas_clear(username, password);
 		return cfg_fail(err, errlen, "sasl.jaas.config: no %s= option", nouser ? "username" : "password");
 	}
 	return KM_OK;
@@ -445,7 +466,7 @@ static km_err take_sasl(km_cli_client *c, sasl_props sp, char *err, size_t errle
 		 !(c->password = dup_or_null(sp.pass)))
 		rc = cfg_fail(err, errlen, "out of memory");
 	free(juser);
-	free(jpass);
+	free_secret(jpass);
 	return rc;
 }
 
@@ -486,13 +507,7 @@ void km_cli_client_free(km_cli_client *c)
 {
 	free(c->sasl_mechanism);
 	free(c->username);
-	if (c->password) {
-		/* The password should not linger in freed memory. */
-		volatile char *p = c->password;
-		while (*p)
-			*p++ = 0;
-	}
-	free(c->password);
+	free_secret(c->password); /* it should not linger in freed memory */
 	free(c->ca_file);
 	free(c->cert_file);
 	free(c->key_file);

@@ -10,6 +10,7 @@
 
 #include "kmirror/daemon_config.h"
 #include "kmirror/log.h"
+#include "kmirror/secret.h"
 
 #define OFF(f) offsetof(km_config, f)
 #define I64MAX INT64_MAX
@@ -143,7 +144,13 @@ static const km_option options[] = {
 	 .doc = "User name for upstream_sasl_mechanism."},
 	{.name = "upstream_sasl_password", .type = KM_OPT_STRING, .offset = OFF(upstream_sasl_password), .def = "",
 	 .reloadable = true, .secret = true,
-	 .doc = "Password for upstream_sasl_mechanism."},
+	 .doc = "Password for upstream_sasl_mechanism. Given as a flag (--upstream-sasl-password) it is visible "
+		 "in the process list, and kmirrord warns: prefer upstream_sasl_password_file."},
+	{.name = "upstream_sasl_password_file", .type = KM_OPT_STRING, .offset = OFF(upstream_sasl_password_file),
+	 .def = "", .reloadable = true,
+	 .doc = "File holding the password for upstream_sasl_mechanism (one trailing newline is ignored), read "
+		"at start and on every reload; instead of upstream_sasl_password. Checked like every secret file "
+		"(secret_file_mode_check)."},
 	{.name = "mirror_state_topic", .type = KM_OPT_STRING, .offset = OFF(mirror_state_topic), .def = "__mirror_state",
 	 .reloadable = false,
 	 .doc = "The compacted topic on the destination holding the mirror definitions and every mirrored partition's "
@@ -157,7 +164,13 @@ static const km_option options[] = {
 	{.name = "mirror_secret_key_file", .type = KM_OPT_STRING, .offset = OFF(mirror_secret_key_file), .def = "",
 	 .reloadable = false,
 	 .doc = "File holding the AES-256 key (32 raw bytes, or 64 hex characters) that encrypts mirror secrets "
-		"(sasl.password, ...) in mirror_state_topic. Empty: mirrors with a secret are refused."},
+		"(sasl.password, ...) in mirror_state_topic. Empty: mirrors with a secret are refused. Checked "
+		"like every secret file (secret_file_mode_check)."},
+	{.name = "secret_file_mode_check", .type = KM_OPT_BOOL, .offset = OFF(secret_file_mode_check), .def = "true",
+	 .reloadable = true,
+	 .doc = "A secret file (mirror_secret_key_file, upstream_sasl_password_file) that group or others may "
+		"read or write (mode & 077) is refused, naming the chmod 600 to run. false: it is used, with a "
+		"warning."},
 };
 
 static const km_opt_table table = {options, sizeof(options) / sizeof(options[0]), sizeof(km_config)};
@@ -241,6 +254,10 @@ km_err km_config_validate(const km_config *cfg, char *err, size_t errlen)
 		snprintf(err, errlen, "upstream_tls_cert_file and upstream_tls_key_file must be set together");
 		return KM_ERR_CONFIG;
 	}
+	if (cfg->upstream_sasl_password && cfg->upstream_sasl_password_file && !cfg->upstream_sasl_password_from_file) {
+		snprintf(err, errlen, "upstream_sasl_password and upstream_sasl_password_file: set one of them, not both");
+		return KM_ERR_CONFIG;
+	}
 	if (cfg->upstream_sasl_mechanism && !cfg->upstream_sasl_username) {
 		snprintf(err, errlen, "upstream_sasl_mechanism needs upstream_sasl_username");
 		return KM_ERR_CONFIG;
@@ -249,6 +266,46 @@ km_err km_config_validate(const km_config *cfg, char *err, size_t errlen)
 		snprintf(err, errlen, "upstream_tls_* files are set but upstream_tls is false");
 		return KM_ERR_CONFIG;
 	}
+	return KM_OK;
+}
+
+#define PASSWORD_FILE_MAX 4096
+
+km_err km_config_read_secrets(km_config *cfg, char *err, size_t errlen)
+{
+	uint8_t buf[PASSWORD_FILE_MAX];
+	size_t len;
+	bool loose;
+	char *pw;
+
+	if (!cfg->upstream_sasl_password_file || cfg->upstream_sasl_password_from_file)
+		return KM_OK;
+	if (km_secret_file_read("upstream_sasl_password_file", cfg->upstream_sasl_password_file,
+				cfg->secret_file_mode_check, buf, sizeof(buf), &len, &loose, err, errlen) != KM_OK)
+		return KM_ERR_CONFIG;
+	if (loose)
+		KM_WARN("config", 0, "%s", err);
+	if (len > 0 && buf[len - 1] == '\n')
+		len--;
+	if (len > 0 && buf[len - 1] == '\r')
+		len--;
+	if (len == 0 || memchr(buf, 0, len)) {
+		snprintf(err, errlen, "upstream_sasl_password_file %s: %s", cfg->upstream_sasl_password_file,
+			 len ? "holds a NUL byte" : "is empty");
+		explicit_bzero(buf, sizeof(buf));
+		return KM_ERR_CONFIG;
+	}
+	pw = strndup((const char *)buf, len);
+	explicit_bzero(buf, sizeof(buf)); /* not OPENSSL_cleanse: src/core does without OpenSSL */
+	if (!pw) {
+		snprintf(err, errlen, "out of memory");
+		return KM_ERR_NOMEM;
+	}
+	if (cfg->upstream_sasl_password)
+		explicit_bzero(cfg->upstream_sasl_password, strlen(cfg->upstream_sasl_password));
+	free(cfg->upstream_sasl_password);
+	cfg->upstream_sasl_password = pw;
+	cfg->upstream_sasl_password_from_file = true;
 	return KM_OK;
 }
 

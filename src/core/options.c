@@ -107,6 +107,18 @@ static void choice_error(const km_option *o, const char *value, char *err, size_
 	errf(err, errlen, "%s: '%s' is not one of %s", o->name, value, list);
 }
 
+/*
+ * A secret's bytes are wiped before the memory goes back to the allocator (explicit_bzero, which the
+ * compiler keeps: src/core does without OpenSSL's OPENSSL_cleanse).
+ */
+static void free_string(const km_option *o, char **p)
+{
+	if (*p && o->secret)
+		explicit_bzero(*p, strlen(*p));
+	free(*p);
+	*p = NULL;
+}
+
 static km_err set_string(const km_option *o, void *obj, const char *value, char *err, size_t errlen)
 {
 	char **p = FIELD(obj, o->offset, char *);
@@ -117,7 +129,7 @@ static km_err set_string(const km_option *o, void *obj, const char *value, char 
 	}
 	if (*value && !(dup = strdup(value)))
 		return KM_ERR_NOMEM;
-	free(*p);
+	free_string(o, p);
 	*p = dup;
 	return KM_OK;
 }
@@ -260,11 +272,8 @@ km_err km_opt_init(const km_opt_table *t, void *obj)
 void km_opt_free(const km_opt_table *t, void *obj)
 {
 	for (size_t i = 0; i < t->count; i++) {
-		if (t->rows[i].type == KM_OPT_STRING) {
-			char **p = FIELD(obj, t->rows[i].offset, char *);
-			free(*p);
-			*p = NULL;
-		}
+		if (t->rows[i].type == KM_OPT_STRING)
+			free_string(&t->rows[i], FIELD(obj, t->rows[i].offset, char *));
 	}
 }
 
@@ -358,6 +367,7 @@ km_err km_opt_load_file(const km_opt_table *t, void *obj, const char *path, char
 		}
 	}
 	fclose(f);
+	explicit_bzero(line, sizeof(line)); /* the last line read may be a secret's */
 	if (rc == KM_OK) {
 		km_opt_free(t, obj);
 		memcpy(obj, work, t->size);

@@ -2,6 +2,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <openssl/crypto.h>
+
 #include "mirror_int.h"
 
 /* A plain configuration value of m; "" for a secret (read those with km_state_mirror_secret). */
@@ -50,6 +52,51 @@ static bool jaas_field(const char *jaas, const char *key, char *out, size_t len)
 	return false;
 }
 
+/* Why a stored secret cannot be used (the store logged the details, naming the mirror). */
+static void secret_why(km_err rc, const char *name, size_t cap, char *why, size_t whylen)
+{
+	if (rc == KM_ERR_TOO_LARGE)
+		snprintf(why, whylen, "%s is longer than %zu bytes", name, cap - 1);
+	else if (rc == KM_ERR_CONFIG)
+		snprintf(why, whylen, "%s is sealed and kmirrord has no mirror_secret_key_file", name);
+	else
+		snprintf(why, whylen, "%s does not open for this mirror (sealed for another mirror or key, under another "
+			 "mirror_secret_key_file, or changed): set it again with kmirror alter", name);
+}
+
+/*
+ * The source's SASL password (sasl.password, else the JAAS line's) and, when sasl.username is not
+ * set, the JAAS line's user into ubuf. false with why when a stored secret cannot be used: a
+ * connection without the password would only fail later, and less clearly.
+ */
+static bool source_credentials(km_state *st, const km_state_mirror *m, const char **user, char *ubuf, size_t ulen,
+			       char *pass, size_t passlen, char *why, size_t whylen)
+{
+	char jaas[2048] = "";
+	km_err rc = km_state_mirror_secret(st, m, "sasl.password", pass, passlen);
+	bool ok = true;
+
+	if (rc != KM_OK) {
+		pass[0] = 0;
+		if (rc != KM_ERR_INVAL) {
+			secret_why(rc, "sasl.password", passlen, why, whylen);
+			return false;
+		}
+	}
+	rc = km_state_mirror_secret(st, m, "sasl.jaas.config", jaas, sizeof(jaas));
+	if (rc == KM_OK) {
+		if (!*user && jaas_field(jaas, "username", ubuf, ulen))
+			*user = ubuf;
+		if (!pass[0] && !jaas_field(jaas, "password", pass, passlen))
+			pass[0] = 0;
+	} else if (rc != KM_ERR_INVAL) {
+		secret_why(rc, "sasl.jaas.config", sizeof(jaas), why, whylen);
+		ok = false;
+	}
+	OPENSSL_cleanse(jaas, sizeof(jaas));
+	return ok;
+}
+
 km_cluster *km_mirror_source_cluster(km_mirror *mi, const km_state_mirror *m, const char *purpose,
 				     int64_t max_frame, SSL_CTX **tls_out, void (*on_change)(void *arg), void *arg,
 				     char *why, size_t whylen)
@@ -59,7 +106,7 @@ km_cluster *km_mirror_source_cluster(km_mirror *mi, const km_state_mirror *m, co
 	const char *boot = km_state_mirror_source(m), *proto = cfg_get(m, "security.protocol");
 	const char *mech = cfg_get(m, "sasl.mechanism"), *user = cfg_get(m, "sasl.username");
 	const char *algo = cfg_get(m, "ssl.endpoint.identification.algorithm");
-	char pass[1024] = "", ubuf[512] = "", jaas[2048] = "", client_id[512], err[200];
+	char pass[1024] = "", ubuf[512] = "", client_id[512], err[200];
 	km_hostport hps[64];
 	size_t nhp = 0;
 	km_net_client_opts o;
@@ -100,15 +147,13 @@ km_cluster *km_mirror_source_cluster(km_mirror *mi, const km_state_mirror *m, co
 	if (sasl) {
 		if (!mech)
 			mech = "PLAIN";
-		if (km_state_mirror_secret(st, m, "sasl.password", pass, sizeof(pass)) != KM_OK)
-			pass[0] = 0;
-		if (km_state_mirror_secret(st, m, "sasl.jaas.config", jaas, sizeof(jaas)) == KM_OK) {
-			if (!user && jaas_field(jaas, "username", ubuf, sizeof(ubuf)))
-				user = ubuf;
-			if (!pass[0] && !jaas_field(jaas, "password", pass, sizeof(pass)))
-				pass[0] = 0;
+		if (!source_credentials(st, m, &user, ubuf, sizeof(ubuf), pass, sizeof(pass), why, whylen)) {
+			OPENSSL_cleanse(pass, sizeof(pass));
+			if (*tls_out)
+				SSL_CTX_free(*tls_out);
+			*tls_out = NULL;
+			return NULL;
 		}
-		memset(jaas, 0, sizeof(jaas));
 		o.sasl_mechanism = mech;
 		o.sasl_username = user ? user : "";
 		o.sasl_password = pass;
@@ -129,7 +174,7 @@ km_cluster *km_mirror_source_cluster(km_mirror *mi, const km_state_mirror *m, co
 	o.dns = km_mirror_dns(mi);
 	o.max_frame_bytes = max_frame;
 	cl = km_cluster_new(km_mirror_base(mi), "source", &o, hps, nhp, on_change, arg);
-	memset(pass, 0, sizeof(pass));
+	OPENSSL_cleanse(pass, sizeof(pass)); /* the cluster keeps its own copy */
 	if (!cl) {
 		snprintf(why, whylen, "out of memory");
 		if (*tls_out)

@@ -9,6 +9,7 @@
 
 #include <event2/bufferevent_ssl.h>
 #include <event2/dns.h>
+#include <openssl/crypto.h>
 #include <openssl/ssl.h>
 #include <openssl/x509.h>
 
@@ -612,6 +613,14 @@ int16_t km_net_client_feature(const km_net_client *c, const char *name)
 
 static void sasl_auth_done(km_net_client *c, km_err err, const uint8_t *body, size_t len, void *arg);
 
+/* A SASL token may carry the password (PLAIN does): wiped before its buffer is freed. */
+static void wr_wipe_free(km_wr *w)
+{
+	if (w->buf)
+		OPENSSL_cleanse(w->buf, w->cap);
+	km_wr_free(w);
+}
+
 static void sasl_send(km_net_client *c, const uint8_t *in, size_t inlen)
 {
 	km_wr tok, w;
@@ -625,12 +634,12 @@ static void sasl_send(km_net_client *c, const uint8_t *in, size_t inlen)
 			c->host);
 		set_reason(c, "SASL %s failed: the server's answer did not verify (not the server it claims to be?)",
 			   c->opts.sasl_mechanism);
-		km_wr_free(&tok);
+		wr_wipe_free(&tok);
 		client_close(c, KM_ERR_SASL);
 		return;
 	}
 	if (done) {
-		km_wr_free(&tok);
+		wr_wipe_free(&tok);
 		km_sasl_free(c->sasl);
 		c->sasl = NULL;
 		became_ready(c);
@@ -640,8 +649,8 @@ static void sasl_send(km_net_client *c, const uint8_t *in, size_t inlen)
 	km_wr_bytes(&w, false, (km_bytes){tok.buf, (int32_t)tok.len});
 	if (!km_wr_ok(&w) || send_internal(c, KM_API_SASL_AUTHENTICATE, 1, 1, 0, w.buf, w.len, sasl_auth_done) != KM_OK)
 		client_close(c, KM_ERR_SASL);
-	km_wr_free(&w);
-	km_wr_free(&tok);
+	wr_wipe_free(&w);
+	wr_wipe_free(&tok);
 }
 
 static void sasl_auth_done(km_net_client *c, km_err err, const uint8_t *body, size_t len, void *arg)

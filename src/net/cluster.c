@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include <event2/event.h>
+#include <openssl/crypto.h>
 
 #include "kmirror/cluster.h"
 #include "kmirror/log.h"
@@ -128,7 +129,7 @@ void km_cluster_free(km_cluster *cl)
 	if (cl->ev)
 		event_free(cl->ev);
 	if (cl->pass)
-		memset(cl->pass, 0, strlen(cl->pass));
+		OPENSSL_cleanse(cl->pass, strlen(cl->pass));
 	free(cl->client_id);
 	free(cl->mech);
 	free(cl->user);

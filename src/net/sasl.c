@@ -2,6 +2,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <openssl/crypto.h>
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
 #include <openssl/rand.h>
@@ -82,6 +83,72 @@ static const char *attr(const char *msg, size_t len, char k, size_t *vlen)
 	return NULL;
 }
 
+/* The keys derived from the password: each logs in as the user as well as the password does. */
+typedef struct scram_keys {
+	uint8_t salted[EVP_MAX_MD_SIZE], ckey[EVP_MAX_MD_SIZE], skey[EVP_MAX_MD_SIZE];
+	uint8_t stored[EVP_MAX_MD_SIZE], csig[EVP_MAX_MD_SIZE], proof[EVP_MAX_MD_SIZE];
+} scram_keys;
+
+/* server-first (r=nonce, ours + the server's; s=salt; i=iterations) in, client-final out. */
+static km_err scram_final(km_sasl *s, const EVP_MD *md, unsigned dl, const char *msg, size_t inlen, km_wr *out)
+{
+	const char *r, *salt64, *it;
+	size_t rl, sl, il;
+	uint8_t salt[128];
+	scram_keys k;
+	char itbuf[16], proof64[EVP_MAX_MD_SIZE * 2], *final_bare, *auth;
+	long iters;
+	int saltlen;
+	unsigned n;
+	km_err rc = KM_ERR_SASL;
+
+	r = attr(msg, inlen, 'r', &rl);
+	salt64 = attr(msg, inlen, 's', &sl);
+	it = attr(msg, inlen, 'i', &il);
+	if (!r || !salt64 || !it || il == 0 || il >= sizeof(itbuf) || rl <= strlen(s->nonce) ||
+	    memcmp(r, s->nonce, strlen(s->nonce)) != 0)
+		return KM_ERR_SASL;
+	memcpy(itbuf, it, il);
+	itbuf[il] = '\0';
+	iters = strtol(itbuf, NULL, 10);
+	/* Bounded: a hostile server must not make us spin for minutes. */
+	if (iters < 1 || iters > 1000000)
+		return KM_ERR_SASL;
+	saltlen = unb64(salt64, sl, salt, sizeof(salt));
+	if (saltlen <= 0)
+		return KM_ERR_SASL;
+	final_bare = malloc(rl + 16);
+	auth = malloc(strlen(s->client_first_bare) + inlen + rl + 24);
+	if (!final_bare || !auth) {
+		rc = KM_ERR_NOMEM;
+		goto out;
+	}
+	if (PKCS5_PBKDF2_HMAC(s->password, (int)strlen(s->password), salt, saltlen, (int)iters, md, (int)dl,
+			      k.salted) != 1)
+		goto out;
+	HMAC(md, k.salted, (int)dl, (const unsigned char *)"Client Key", 10, k.ckey, &n);
+	HMAC(md, k.salted, (int)dl, (const unsigned char *)"Server Key", 10, k.skey, &n);
+	EVP_Digest(k.ckey, dl, k.stored, &n, md, NULL);
+	/* client-final-without-proof: c=base64("n,,") r=nonce */
+	sprintf(final_bare, "c=biws,r=%.*s", (int)rl, r);
+	sprintf(auth, "%s,%.*s,%s", s->client_first_bare, (int)inlen, msg, final_bare);
+	HMAC(md, k.stored, (int)dl, (const unsigned char *)auth, strlen(auth), k.csig, &n);
+	for (unsigned i = 0; i < dl; i++)
+		k.proof[i] = k.ckey[i] ^ k.csig[i];
+	HMAC(md, k.skey, (int)dl, (const unsigned char *)auth, strlen(auth), s->server_signature, &s->sig_len);
+	b64(k.proof, dl, proof64);
+	km_wr_raw(out, final_bare, strlen(final_bare));
+	km_wr_raw(out, ",p=", 3);
+	km_wr_raw(out, proof64, strlen(proof64));
+	s->stage = 2;
+	rc = km_wr_ok(out) ? KM_OK : KM_ERR_NOMEM;
+out:
+	OPENSSL_cleanse(&k, sizeof(k));
+	free(final_bare);
+	free(auth);
+	return rc;
+}
+
 static km_err scram_step(km_sasl *s, const uint8_t *in, size_t inlen, km_wr *out, bool *done)
 {
 	const EVP_MD *md = s->p->md();
@@ -118,61 +185,8 @@ static km_err scram_step(km_sasl *s, const uint8_t *in, size_t inlen, km_wr *out
 		s->stage = 1;
 		return km_wr_ok(out) ? KM_OK : KM_ERR_NOMEM;
 	}
-	if (s->stage == 1) {
-		/* server-first: r=nonce(ours + server's), s=salt, i=iterations */
-		const char *msg = (const char *)in, *r, *salt64, *it;
-		size_t rl, sl, il;
-		uint8_t salt[128], salted[EVP_MAX_MD_SIZE], ckey[EVP_MAX_MD_SIZE], skey[EVP_MAX_MD_SIZE];
-		uint8_t stored[EVP_MAX_MD_SIZE], csig[EVP_MAX_MD_SIZE], proof[EVP_MAX_MD_SIZE];
-		char itbuf[16], proof64[EVP_MAX_MD_SIZE * 2], *final_bare, *auth;
-		long iters;
-		int saltlen;
-		unsigned n;
-
-		r = attr(msg, inlen, 'r', &rl);
-		salt64 = attr(msg, inlen, 's', &sl);
-		it = attr(msg, inlen, 'i', &il);
-		if (!r || !salt64 || !it || il == 0 || il >= sizeof(itbuf) || rl <= strlen(s->nonce) ||
-		    memcmp(r, s->nonce, strlen(s->nonce)) != 0)
-			return KM_ERR_SASL;
-		memcpy(itbuf, it, il);
-		itbuf[il] = '\0';
-		iters = strtol(itbuf, NULL, 10);
-		/* Bounded: a hostile server must not make us spin for minutes. */
-		if (iters < 1 || iters > 1000000)
-			return KM_ERR_SASL;
-		saltlen = unb64(salt64, sl, salt, sizeof(salt));
-		if (saltlen <= 0)
-			return KM_ERR_SASL;
-		if (PKCS5_PBKDF2_HMAC(s->password, (int)strlen(s->password), salt, saltlen, (int)iters, md, (int)dl,
-				      salted) != 1)
-			return KM_ERR_SASL;
-		HMAC(md, salted, (int)dl, (const unsigned char *)"Client Key", 10, ckey, &n);
-		HMAC(md, salted, (int)dl, (const unsigned char *)"Server Key", 10, skey, &n);
-		EVP_Digest(ckey, dl, stored, &n, md, NULL);
-		/* client-final-without-proof: c=base64("n,,") r=nonce */
-		final_bare = malloc(rl + 16);
-		auth = malloc(strlen(s->client_first_bare) + inlen + rl + 24);
-		if (!final_bare || !auth) {
-			free(final_bare);
-			free(auth);
-			return KM_ERR_NOMEM;
-		}
-		sprintf(final_bare, "c=biws,r=%.*s", (int)rl, r);
-		sprintf(auth, "%s,%.*s,%s", s->client_first_bare, (int)inlen, msg, final_bare);
-		HMAC(md, stored, (int)dl, (const unsigned char *)auth, strlen(auth), csig, &n);
-		for (unsigned i = 0; i < dl; i++)
-			proof[i] = ckey[i] ^ csig[i];
-		HMAC(md, skey, (int)dl, (const unsigned char *)auth, strlen(auth), s->server_signature, &s->sig_len);
-		b64(proof, dl, proof64);
-		km_wr_raw(out, final_bare, strlen(final_bare));
-		km_wr_raw(out, ",p=", 3);
-		km_wr_raw(out, proof64, strlen(proof64));
-		free(final_bare);
-		free(auth);
-		s->stage = 2;
-		return km_wr_ok(out) ? KM_OK : KM_ERR_NOMEM;
-	}
+	if (s->stage == 1)
+		return scram_final(s, md, dl, (const char *)in, inlen, out);
 	if (s->stage == 2) {
 		/* server-final: v=signature proves the server knew the password too */
 		size_t vl;

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "kmirror/options.h"
+#include "kmirror/secret.h"
 #include "state/state_int.h"
 
 #define OFF(f) offsetof(km_mirror_options, f)
@@ -59,19 +60,10 @@ const km_opt_table *km_state_mirror_option_table(void)
 	return &mirror_table;
 }
 
+/* The list lives in src/core: the kmirror CLI, which knows no state store, warns on the same keys. */
 bool km_state_config_is_secret(const char *name)
 {
-	static const char *const secrets[] = {"sasl.jaas.config", "sasl.password", "ssl.key.password",
-					      "ssl.keystore.password", "ssl.truststore.password"};
-	size_t n;
-
-	if (!name)
-		return false;
-	for (size_t i = 0; i < sizeof(secrets) / sizeof(secrets[0]); i++)
-		if (!strcmp(name, secrets[i]))
-			return true;
-	n = strlen(name);
-	return n >= 9 && !strcmp(name + n - 9, ".password");
+	return km_secret_config_key(name);
 }
 
 static const char *const protocols[] = {"PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"};

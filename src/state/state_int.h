@@ -56,7 +56,7 @@ bool km_state_settle_allowed(km_mp_state from, km_mp_state to);
 typedef struct km_state_cfg_entry {
 	char *name;
 	char *value;        /* plain values; NULL for a secret */
-	uint8_t *sealed;    /* secrets: nonce + ciphertext + tag */
+	uint8_t *sealed;    /* secrets: sealed (km_state_seal), either format */
 	size_t sealed_len;
 } km_state_cfg_entry;
 
@@ -142,21 +142,46 @@ km_err km_state_mirror_value_encode(km_wr *w, const km_state_mirror *mi);
 km_err km_state_partition_value_encode(km_wr *w, const km_state_topic *t, const km_state_part *p);
 km_err km_state_run_value_encode(km_wr *w, int64_t physical, int64_t prev_logical_end, uint8_t flags);
 
-/* ---- secrets: AES-256-GCM, 12-byte nonce, 16-byte tag, associated data = the key's name ---- */
+/*
+ * ---- secrets: AES-256-GCM, 12-byte nonce, 16-byte tag (docs/state.md, "Secrets") ----
+ *
+ * Format 1 (written now): version byte 1, nonce, ciphertext, tag; the associated data is the version
+ * and the mirror's and the key's names (a value opens only in the mirror and under the key it was
+ * sealed for). Format 0 (read only; kmirrord before formats): nonce, ciphertext, tag; the associated
+ * data is the key's name alone.
+ */
 
 #define KM_STATE_KEY_BYTES 32
 #define KM_STATE_NONCE_BYTES 12
 #define KM_STATE_TAG_BYTES 16
+#define KM_STATE_SEAL_V1 1
+#define KM_STATE_SEAL_OVERHEAD (1 + KM_STATE_NONCE_BYTES + KM_STATE_TAG_BYTES) /* of format 1 */
 
-/* Read a key file: 32 raw bytes, or 64 hex digits with an optional trailing newline. *warn set when group/others can read it. */
-km_err km_state_key_load(const char *path, uint8_t key[KM_STATE_KEY_BYTES], bool *loose_mode, char *err,
-			 size_t errlen) __attribute__((warn_unused_result));
-/* Seal clear text under key with name as associated data; *out (malloc'd) = nonce + ciphertext + tag. */
-km_err km_state_seal(const uint8_t key[KM_STATE_KEY_BYTES], const char *name, const char *clear, uint8_t **out,
-		     size_t *outlen) __attribute__((warn_unused_result));
-/* Open; KM_ERR_DECODE when the tag does not verify (tampered, wrong key, other name) or the input is short. */
-km_err km_state_open(const uint8_t key[KM_STATE_KEY_BYTES], const char *name, const uint8_t *sealed, size_t len,
-		     char *buf, size_t buflen) __attribute__((warn_unused_result));
+/*
+ * Read a key file: 32 raw bytes, or 64 hex digits with an optional trailing newline. A file group or
+ * others may read is refused when mode_check (secret_file_mode_check); otherwise *loose_mode is set
+ * and err holds the warning to log.
+ */
+km_err km_state_key_load(const char *path, bool mode_check, uint8_t key[KM_STATE_KEY_BYTES], bool *loose_mode,
+			 char *err, size_t errlen) __attribute__((warn_unused_result));
+/* Seal clear text for mirror's key name in format 1; *out (malloc'd) = version + nonce + ciphertext + tag. */
+km_err km_state_seal(const uint8_t key[KM_STATE_KEY_BYTES], const char *mirror, const char *name, const char *clear,
+		     uint8_t **out, size_t *outlen) __attribute__((warn_unused_result));
+/*
+ * Open a value of mirror's key name, of either format (*legacy, if not NULL, set for format 0: seal
+ * it again). KM_ERR_DECODE when no tag verifies (another mirror, another key name, another key
+ * file, altered bytes) or the input is short; KM_ERR_TOO_LARGE when buf cannot hold the text.
+ */
+km_err km_state_open(const uint8_t key[KM_STATE_KEY_BYTES], const char *mirror, const char *name,
+		     const uint8_t *sealed, size_t len, char *buf, size_t buflen, bool *legacy)
+	__attribute__((warn_unused_result));
+/*
+ * A value of format 0 sealed again in format 1 for mirror: *out (malloc'd) set then, NULL when the
+ * value already is of format 1. Not KM_OK when it does not open (the caller keeps it as it is).
+ */
+km_err km_state_reseal(const uint8_t key[KM_STATE_KEY_BYTES], const char *mirror, const char *name,
+		       const uint8_t *sealed, size_t len, uint8_t **out, size_t *outlen)
+	__attribute__((warn_unused_result));
 
 /* ---- the store (store.c) and its persistence (persist.c) ---- */
 

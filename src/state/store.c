@@ -258,6 +258,38 @@ static void write_mirror(km_state *st, km_state_mut *mu, const char *name, int64
 	(void)st;
 }
 
+/*
+ * An entry of base into c, as the next write of base carries it: a secret of format 0 sealed again
+ * in format 1 (bound to the mirror) unless the write replaces it; one that does not open is carried
+ * as it is (its use says why).
+ */
+static void copy_entry(km_state *st, km_state_mut *mu, const km_state_mirror *base, const km_state_cfg_entry *e,
+		       km_state_cfg_entry *c)
+{
+	uint8_t *again = NULL;
+	size_t len = 0;
+	bool replaced = false;
+
+	c->name = strdup(e->name);
+	c->value = sdup(e->value);
+	if (!e->sealed)
+		return;
+	for (size_t i = 0; i < mu->nkv; i++)
+		replaced = replaced || !strcmp(mu->kv[i].name, e->name);
+	if (!replaced && st->have_key &&
+	    km_state_reseal(st->key, base->name, e->name, e->sealed, e->sealed_len, &again, &len) == KM_OK && again) {
+		KM_INFO(COMP, 0, "mirror '%s': %s is sealed again in format %d (bound to the mirror) with this write",
+			base->name, e->name, KM_STATE_SEAL_V1);
+		c->sealed = again;
+		c->sealed_len = len;
+		return;
+	}
+	if ((c->sealed = malloc(e->sealed_len + 1))) {
+		memcpy(c->sealed, e->sealed, e->sealed_len);
+		c->sealed_len = e->sealed_len;
+	}
+}
+
 /* Entries from the operator's kv (on top of base for alter), secrets sealed; NULL with mu's code set on failure. */
 static km_state_cfg_entry *merge_cfg(km_state *st, km_state_mut *mu, const km_state_mirror *base, size_t *n)
 {
@@ -268,15 +300,8 @@ static km_state_cfg_entry *merge_cfg(km_state *st, km_state_mut *mu, const km_st
 		set_msg(mu, KM_MIRROR_STATE_UNAVAILABLE, "out of memory");
 		return NULL;
 	}
-	for (size_t i = 0; base && i < base->ncfg; i++) {
-		c[cnt].name = strdup(base->cfg[i].name);
-		c[cnt].value = sdup(base->cfg[i].value);
-		if (base->cfg[i].sealed && (c[cnt].sealed = malloc(base->cfg[i].sealed_len + 1))) {
-			memcpy(c[cnt].sealed, base->cfg[i].sealed, base->cfg[i].sealed_len);
-			c[cnt].sealed_len = base->cfg[i].sealed_len;
-		}
-		cnt++;
-	}
+	for (size_t i = 0; base && i < base->ncfg; i++)
+		copy_entry(st, mu, base, &base->cfg[i], &c[cnt++]);
 	for (size_t i = 0; i < mu->nkv && mu->code == KM_OK; i++) {
 		size_t at = cnt;
 		for (size_t j = 0; j < cnt; j++)
@@ -297,7 +322,8 @@ static km_state_cfg_entry *merge_cfg(km_state *st, km_state_mut *mu, const km_st
 			continue;
 		}
 		if (km_state_config_is_secret(mu->kv[i].name)) {
-			if (km_state_seal(st->key, mu->kv[i].name, mu->kv[i].value, &c[at].sealed, &c[at].sealed_len) != KM_OK)
+			if (km_state_seal(st->key, mu->mirror, mu->kv[i].name, mu->kv[i].value, &c[at].sealed,
+					  &c[at].sealed_len) != KM_OK)
 				set_msg(mu, KM_MIRROR_STATE_UNAVAILABLE, "could not encrypt %s", mu->kv[i].name);
 		} else {
 			c[at].value = strdup(mu->kv[i].value);
@@ -1274,14 +1300,14 @@ km_state *km_state_new(const km_state_opts *opts, char *err, size_t errlen)
 	}
 	if (st->cfg.mirror_secret_key_file) {
 		bool loose;
-		if (km_state_key_load(st->cfg.mirror_secret_key_file, st->key, &loose, err, errlen) != KM_OK) {
+		if (km_state_key_load(st->cfg.mirror_secret_key_file, st->cfg.secret_file_mode_check, st->key, &loose,
+				      err, errlen) != KM_OK) {
 			km_state_free(st);
 			return NULL;
 		}
 		st->have_key = true;
 		if (loose)
-			KM_WARN(COMP, 0, "mirror_secret_key_file %s can be read by group or others: chmod 600 it",
-				st->cfg.mirror_secret_key_file);
+			KM_WARN(COMP, 0, "%s", err);
 	}
 	st->kick = event_new(st->base, -1, 0, on_kick, st);
 	st->io = km_state_persist_new(st);
@@ -1487,11 +1513,22 @@ void km_state_mirror_config_at(const km_state_mirror *m, size_t i, const char **
 
 km_err km_state_mirror_secret(const km_state *st, const km_state_mirror *m, const char *name, char *buf, size_t len)
 {
+	km_err rc;
+
 	for (size_t i = 0; i < m->ncfg; i++)
 		if (!strcmp(m->cfg[i].name, name) && m->cfg[i].sealed) {
-			if (!st->have_key)
+			if (!st->have_key) {
+				KM_ERROR(COMP, 0, "mirror '%s': %s is sealed and kmirrord has no mirror_secret_key_file "
+					 "to open it with", m->name, name);
 				return KM_ERR_CONFIG;
-			return km_state_open(st->key, name, m->cfg[i].sealed, m->cfg[i].sealed_len, buf, len);
+			}
+			rc = km_state_open(st->key, m->name, name, m->cfg[i].sealed, m->cfg[i].sealed_len, buf, len,
+					   NULL);
+			if (rc == KM_ERR_DECODE)
+				KM_ERROR(COMP, 0, "mirror '%s': %s does not open: it was sealed for another mirror or "
+					 "key, under another mirror_secret_key_file, or changed in %s; set it again "
+					 "with kmirror alter", m->name, name, st->cfg.mirror_state_topic);
+			return rc;
 		}
 	return KM_ERR_INVAL;
 }

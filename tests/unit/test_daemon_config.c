@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <cmocka.h>
 
@@ -249,6 +250,65 @@ static void test_upstream_file(void **state)
 	free(noline);
 }
 
+/* upstream_sasl_password_file: read after validation, newline trimmed, mode checked, exclusive with the inline form. */
+static void test_password_file(void **state)
+{
+	char *pw = write_tmp("s3cret pass\r\n"), *empty = write_tmp("\n"), err[512], want[300];
+	km_config cfg, copy;
+	(void)state;
+
+	assert_int_equal(chmod(pw, 0600), 0);
+	assert_int_equal(chmod(empty, 0600), 0);
+	km_config_init(&cfg);
+	assert_int_equal(km_config_set(&cfg, "upstream", "k:9092", err, sizeof(err)), KM_OK);
+	assert_int_equal(km_config_set(&cfg, "upstream_sasl_password_file", pw, err, sizeof(err)), KM_OK);
+	assert_int_equal(km_config_validate(&cfg, err, sizeof(err)), KM_OK);
+	assert_int_equal(km_config_read_secrets(&cfg, err, sizeof(err)), KM_OK);
+	assert_string_equal(cfg.upstream_sasl_password, "s3cret pass");
+	/* read, it stays valid (a reload validates the new config again), copies and reloads */
+	assert_int_equal(km_config_validate(&cfg, err, sizeof(err)), KM_OK);
+	assert_int_equal(km_config_copy(&copy, &cfg), KM_OK);
+	assert_int_equal(km_config_check_reload(&cfg, &copy, err, sizeof(err)), KM_OK);
+	assert_string_equal(copy.upstream_sasl_password, "s3cret pass");
+	km_config_free(&copy);
+	km_config_free(&cfg);
+
+	/* both forms: refused */
+	km_config_init(&cfg);
+	assert_int_equal(km_config_set(&cfg, "upstream", "k:9092", err, sizeof(err)), KM_OK);
+	assert_int_equal(km_config_set(&cfg, "upstream_sasl_password_file", pw, err, sizeof(err)), KM_OK);
+	assert_int_equal(km_config_set(&cfg, "upstream_sasl_password", "inline", err, sizeof(err)), KM_OK);
+	assert_int_equal(km_config_validate(&cfg, err, sizeof(err)), KM_ERR_CONFIG);
+	assert_non_null(strstr(err, "upstream_sasl_password and upstream_sasl_password_file"));
+	assert_int_equal(km_config_set(&cfg, "upstream_sasl_password", "", err, sizeof(err)), KM_OK);
+
+	/* group or others may read it: refused with what to run, unless the check is off */
+	assert_int_equal(chmod(pw, 0640), 0);
+	assert_int_equal(km_config_read_secrets(&cfg, err, sizeof(err)), KM_ERR_CONFIG);
+	snprintf(want, sizeof(want), "upstream_sasl_password_file %s can be read or changed by group or others "
+		 "(mode 0640): run chmod 600 %s", pw, pw);
+	assert_non_null(strstr(err, want));
+	assert_null(cfg.upstream_sasl_password);
+	assert_int_equal(km_config_set(&cfg, "secret_file_mode_check", "false", err, sizeof(err)), KM_OK);
+	assert_int_equal(km_config_read_secrets(&cfg, err, sizeof(err)), KM_OK);
+	assert_string_equal(cfg.upstream_sasl_password, "s3cret pass");
+	km_config_free(&cfg);
+
+	/* empty, missing */
+	km_config_init(&cfg);
+	assert_int_equal(km_config_set(&cfg, "upstream_sasl_password_file", empty, err, sizeof(err)), KM_OK);
+	assert_int_equal(km_config_read_secrets(&cfg, err, sizeof(err)), KM_ERR_CONFIG);
+	assert_non_null(strstr(err, "is empty"));
+	unlink(pw);
+	assert_int_equal(km_config_set(&cfg, "upstream_sasl_password_file", pw, err, sizeof(err)), KM_OK);
+	assert_int_equal(km_config_read_secrets(&cfg, err, sizeof(err)), KM_ERR_CONFIG);
+	assert_non_null(strstr(err, "No such file"));
+	km_config_free(&cfg);
+	unlink(empty);
+	free(pw);
+	free(empty);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -256,6 +316,7 @@ int main(void)
 		cmocka_unit_test(test_load_file),           cmocka_unit_test(test_validate),
 		cmocka_unit_test(test_reload_rules),        cmocka_unit_test(test_sasl_mechanisms),
 		cmocka_unit_test(test_docs_match_table),    cmocka_unit_test(test_upstream_file),
+		cmocka_unit_test(test_password_file),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -11,6 +11,9 @@
 #include <unistd.h>
 #include <cmocka.h>
 
+#include <openssl/evp.h>
+#include <openssl/rand.h>
+
 #include "kmirror/msg/mirror_state_partition_key.h"
 #include "kmirror/daemon_config.h"
 #include "state/state_int.h"
@@ -208,37 +211,101 @@ static void test_secrets(void **state)
 	uint8_t key[KM_STATE_KEY_BYTES], other[KM_STATE_KEY_BYTES], *sealed, *sealed2;
 	size_t len, len2;
 	char buf[256];
+	bool legacy = true;
 	(void)state;
 	for (int i = 0; i < KM_STATE_KEY_BYTES; i++) {
 		key[i] = (uint8_t)i;
 		other[i] = (uint8_t)(i + 1);
 	}
-	assert_int_equal(km_state_seal(key, "sasl.password", "hunter2-secret", &sealed, &len), KM_OK);
-	assert_int_equal(len, KM_STATE_NONCE_BYTES + strlen("hunter2-secret") + KM_STATE_TAG_BYTES);
+	assert_int_equal(km_state_seal(key, "m1", "sasl.password", "hunter2-secret", &sealed, &len), KM_OK);
+	assert_int_equal(len, 1 + KM_STATE_NONCE_BYTES + strlen("hunter2-secret") + KM_STATE_TAG_BYTES);
+	assert_int_equal(sealed[0], KM_STATE_SEAL_V1);
 	assert_null(memmem(sealed, len, "hunter2", 7));
-	assert_int_equal(km_state_open(key, "sasl.password", sealed, len, buf, sizeof(buf)), KM_OK);
+	assert_int_equal(km_state_open(key, "m1", "sasl.password", sealed, len, buf, sizeof(buf), &legacy), KM_OK);
 	assert_string_equal(buf, "hunter2-secret");
+	assert_false(legacy);
 	/* a fresh nonce every time */
-	assert_int_equal(km_state_seal(key, "sasl.password", "hunter2-secret", &sealed2, &len2), KM_OK);
+	assert_int_equal(km_state_seal(key, "m1", "sasl.password", "hunter2-secret", &sealed2, &len2), KM_OK);
 	assert_int_equal(len, len2);
 	assert_memory_not_equal(sealed, sealed2, len);
-	/* wrong key, other name (associated data), tampered ciphertext, tag or nonce, short input */
-	assert_int_equal(km_state_open(other, "sasl.password", sealed, len, buf, sizeof(buf)), KM_ERR_DECODE);
-	assert_int_equal(km_state_open(key, "ssl.key.password", sealed, len, buf, sizeof(buf)), KM_ERR_DECODE);
-	for (size_t pos = 0; pos < len; pos += 5) {
+	/* wrong key, other mirror, other name (associated data), tampered version, nonce, ciphertext or tag, short input */
+	assert_int_equal(km_state_open(other, "m1", "sasl.password", sealed, len, buf, sizeof(buf), NULL), KM_ERR_DECODE);
+	assert_int_equal(km_state_open(key, "m2", "sasl.password", sealed, len, buf, sizeof(buf), NULL), KM_ERR_DECODE);
+	assert_int_equal(km_state_open(key, "m1", "ssl.key.password", sealed, len, buf, sizeof(buf), NULL), KM_ERR_DECODE);
+	/* the lengths go into the associated data: "m1" + "xsasl.password" is not "m1x" + "sasl.password" */
+	assert_int_equal(km_state_open(key, "m1x", "sasl.password", sealed, len, buf, sizeof(buf), NULL), KM_ERR_DECODE);
+	for (size_t pos = 0; pos < len; pos += 3) {
 		sealed[pos] ^= 0x01;
-		assert_int_equal(km_state_open(key, "sasl.password", sealed, len, buf, sizeof(buf)), KM_ERR_DECODE);
+		assert_int_equal(km_state_open(key, "m1", "sasl.password", sealed, len, buf, sizeof(buf), NULL),
+				 KM_ERR_DECODE);
 		sealed[pos] ^= 0x01;
 	}
-	assert_int_equal(km_state_open(key, "sasl.password", sealed, 20, buf, sizeof(buf)), KM_ERR_DECODE);
-	assert_int_equal(km_state_open(key, "sasl.password", sealed, len, buf, 4), KM_ERR_TOO_LARGE);
+	assert_int_equal(km_state_open(key, "m1", "sasl.password", sealed, 20, buf, sizeof(buf), NULL), KM_ERR_DECODE);
+	assert_int_equal(km_state_open(key, "m1", "sasl.password", sealed, len, buf, 4, NULL), KM_ERR_TOO_LARGE);
+	/* exactly the text's size plus its terminator is enough */
+	assert_int_equal(km_state_open(key, "m1", "sasl.password", sealed, len, buf, 15, NULL), KM_OK);
 	free(sealed);
 	free(sealed2);
 }
 
+/* Format 0 as kmirrord wrote it before formats: nonce, ciphertext, tag; the key's name as associated data. */
+static void seal_v0(const uint8_t *key, const char *name, const char *clear, uint8_t *out, size_t *outlen)
+{
+	EVP_CIPHER_CTX *ctx = EVP_CIPHER_CTX_new();
+	size_t clen = strlen(clear);
+	int l = 0, l2 = 0;
+
+	assert_int_equal(RAND_bytes(out, KM_STATE_NONCE_BYTES), 1);
+	assert_int_equal(EVP_EncryptInit_ex(ctx, EVP_aes_256_gcm(), NULL, key, out), 1);
+	assert_int_equal(EVP_EncryptUpdate(ctx, NULL, &l, (const uint8_t *)name, (int)strlen(name)), 1);
+	assert_int_equal(EVP_EncryptUpdate(ctx, out + KM_STATE_NONCE_BYTES, &l, (const uint8_t *)clear, (int)clen), 1);
+	assert_int_equal(EVP_EncryptFinal_ex(ctx, out + KM_STATE_NONCE_BYTES + l, &l2), 1);
+	assert_int_equal(EVP_CIPHER_CTX_ctrl(ctx, EVP_CTRL_GCM_GET_TAG, KM_STATE_TAG_BYTES,
+					     out + KM_STATE_NONCE_BYTES + clen), 1);
+	EVP_CIPHER_CTX_free(ctx);
+	*outlen = KM_STATE_NONCE_BYTES + clen + KM_STATE_TAG_BYTES;
+}
+
+/* Values of format 0 still open (in any mirror: they name none) and are sealed again in format 1. */
+static void test_secrets_format0(void **state)
+{
+	uint8_t key[KM_STATE_KEY_BYTES], v0[128], *again, *none;
+	size_t len0, len, nlen;
+	char buf[128];
+	bool legacy = false;
+	int first_one = 0;
+	(void)state;
+	memset(key, 7, sizeof(key));
+	/* many values: some nonces begin with format 1's version byte, and must still open as format 0 */
+	for (int i = 0; i < 2000; i++) {
+		seal_v0(key, "sasl.password", "old-secret", v0, &len0);
+		first_one += v0[0] == KM_STATE_SEAL_V1;
+		assert_int_equal(km_state_open(key, "m1", "sasl.password", v0, len0, buf, sizeof(buf), &legacy), KM_OK);
+		assert_string_equal(buf, "old-secret");
+		assert_true(legacy);
+		assert_int_equal(km_state_open(key, "m1", "sasl.jaas.config", v0, len0, buf, sizeof(buf), NULL),
+				 KM_ERR_DECODE);
+	}
+	assert_true(first_one > 0);
+	assert_int_equal(km_state_reseal(key, "m1", "sasl.password", v0, len0, &again, &len), KM_OK);
+	assert_non_null(again);
+	assert_int_equal(len, len0 + 1);
+	assert_int_equal(again[0], KM_STATE_SEAL_V1);
+	assert_int_equal(km_state_open(key, "m1", "sasl.password", again, len, buf, sizeof(buf), &legacy), KM_OK);
+	assert_string_equal(buf, "old-secret");
+	assert_false(legacy);
+	assert_int_equal(km_state_open(key, "m2", "sasl.password", again, len, buf, sizeof(buf), NULL), KM_ERR_DECODE);
+	/* already format 1: nothing to do; does not open: left as it is */
+	assert_int_equal(km_state_reseal(key, "m1", "sasl.password", again, len, &none, &nlen), KM_OK);
+	assert_null(none);
+	assert_int_equal(km_state_reseal(key, "m2", "sasl.password", again, len, &none, &nlen), KM_ERR_DECODE);
+	assert_null(none);
+	free(again);
+}
+
 static void test_key_file(void **state)
 {
-	char path[] = "/tmp/km-test-key-XXXXXX", err[256];
+	char path[] = "/tmp/km-test-key-XXXXXX", err[512];
 	uint8_t key[KM_STATE_KEY_BYTES];
 	bool loose;
 	int fd = mkstemp(path);
@@ -250,26 +317,44 @@ static void test_key_file(void **state)
 	fprintf(f, "000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1F\n");
 	fclose(f);
 	chmod(path, 0600);
-	assert_int_equal(km_state_key_load(path, key, &loose, err, sizeof(err)), KM_OK);
+	assert_int_equal(km_state_key_load(path, true, key, &loose, err, sizeof(err)), KM_OK);
 	assert_false(loose);
 	assert_int_equal(key[0], 0);
 	assert_int_equal(key[31], 0x1f);
-	chmod(path, 0644);
-	assert_int_equal(km_state_key_load(path, key, &loose, err, sizeof(err)), KM_OK);
-	assert_true(loose);
+	/* group or others may read it: refused, saying what to run; allowed with the check off */
+	for (int i = 0; i < 3; i++) {
+		static const mode_t modes[] = {0644, 0640, 0602};
+		char want[300];
+		chmod(path, modes[i]);
+		assert_int_equal(km_state_key_load(path, true, key, &loose, err, sizeof(err)), KM_ERR_CONFIG);
+		snprintf(want, sizeof(want), "run chmod 600 %s", path);
+		assert_non_null(strstr(err, want));
+		assert_non_null(strstr(err, "secret_file_mode_check = false"));
+		assert_int_equal(km_state_key_load(path, false, key, &loose, err, sizeof(err)), KM_OK);
+		assert_true(loose);
+		assert_non_null(strstr(err, "secret_file_mode_check is false"));
+	}
+	chmod(path, 0400);
+	assert_int_equal(km_state_key_load(path, true, key, &loose, err, sizeof(err)), KM_OK);
+	chmod(path, 0600);
 	f = fopen(path, "w");
 	fprintf(f, "too short");
 	fclose(f);
-	assert_int_equal(km_state_key_load(path, key, &loose, err, sizeof(err)), KM_ERR_CONFIG);
+	assert_int_equal(km_state_key_load(path, true, key, &loose, err, sizeof(err)), KM_ERR_CONFIG);
 	assert_non_null(strstr(err, "not a key"));
 	f = fopen(path, "w");
 	for (int i = 0; i < 32; i++)
 		fputc(200 + (i % 50), f);
 	fclose(f);
-	assert_int_equal(km_state_key_load(path, key, &loose, err, sizeof(err)), KM_OK);
+	assert_int_equal(km_state_key_load(path, true, key, &loose, err, sizeof(err)), KM_OK);
 	assert_int_equal(key[1], 201);
+	f = fopen(path, "w");
+	for (int i = 0; i < 100; i++)
+		fputc('a', f);
+	fclose(f);
+	assert_int_equal(km_state_key_load(path, true, key, &loose, err, sizeof(err)), KM_ERR_CONFIG);
 	unlink(path);
-	assert_int_equal(km_state_key_load(path, key, &loose, err, sizeof(err)), KM_ERR_CONFIG);
+	assert_int_equal(km_state_key_load(path, true, key, &loose, err, sizeof(err)), KM_ERR_CONFIG);
 	assert_non_null(strstr(err, "No such file"));
 }
 
@@ -954,6 +1039,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_transitions), cmocka_unit_test(test_settle_transitions), cmocka_unit_test(test_config),
 		cmocka_unit_test(test_mirror_option_table), cmocka_unit_test(test_secrets),
+		cmocka_unit_test(test_secrets_format0),
 		cmocka_unit_test(test_key_file), cmocka_unit_test(test_keys),
 		cmocka_unit_test(test_values_and_model),
 		cmocka_unit_test(test_metrics), cmocka_unit_test(test_reload_tells_changes), cmocka_unit_test(test_free_answers_all),

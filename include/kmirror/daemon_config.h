@@ -40,6 +40,8 @@ typedef struct km_config {
 	int64_t metadata_refresh_ms;
 	int64_t max_inflight_requests;
 	int64_t connection_buffer_bytes;
+	int64_t max_connections;        /* client connections, all listeners; 0: no cap */
+	int64_t max_connections_per_ip; /* client connections from one address; 0: no cap */
 	int64_t drain_timeout_ms;
 	int64_t drain_interval_ms;
 	int64_t swap_fetch_hold_ms;

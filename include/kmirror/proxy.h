@@ -36,6 +36,8 @@ typedef enum {
 	KM_REJECT_IDLE_TIMEOUT,
 	KM_REJECT_REQUEST_TIMEOUT,
 	KM_REJECT_STATE_TIMEOUT,
+	KM_REJECT_MAX_CONNECTIONS,        /* refused at accept: max_connections open */
+	KM_REJECT_MAX_CONNECTIONS_PER_IP, /* refused at accept: max_connections_per_ip open from that address */
 	KM_REJECT__COUNT,
 } km_reject_reason;
 

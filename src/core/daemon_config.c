@@ -84,6 +84,15 @@ static const km_option options[] = {
 	 .def = "4194304", .min = 4096, .max = I64MAX, .reloadable = true,
 	 .doc = "Bytes queued towards a peer above which the proxy stops reading from the other side "
 		 "(backpressure)."},
+	{.name = "max_connections", .type = KM_OPT_INT, .offset = OFF(max_connections), .def = "10000", .min = 0,
+	 .max = INT32_MAX, .reloadable = true,
+	 .doc = "Client connections open at once, all Kafka listeners together; one more is closed as soon as it "
+		"is accepted (kmirror_connections_rejected_total{reason=\"max_connections\"}). Each client connection "
+		"may hold an upstream connection too: keep twice this below the open file limit. 0: no cap."},
+	{.name = "max_connections_per_ip", .type = KM_OPT_INT, .offset = OFF(max_connections_per_ip), .def = "1000",
+	 .min = 0, .max = INT32_MAX, .reloadable = true,
+	 .doc = "Client connections open at once from one source address; one more is closed as soon as it is "
+		"accepted (kmirror_connections_rejected_total{reason=\"max_connections_per_ip\"}). 0: no cap."},
 	{.name = "drain_timeout_ms", .type = KM_OPT_INT, .offset = OFF(drain_timeout_ms), .def = "30000", .min = 0,
 	 .max = I64MAX, .reloadable = true,
 	 .doc = "On SIGTERM, the time over which client connections are closed; whatever is left then is "

@@ -71,7 +71,7 @@ const char *km_reject_reason_name(km_reject_reason r)
 	static const char *const names[KM_REJECT__COUNT] = {
 		"frame_too_large", "bad_frame_size",  "tls_on_plaintext", "http_on_kafka_port",
 		"bad_request_header", "frame_timeout", "idle_timeout",     "request_timeout",
-		"state_timeout",
+		"state_timeout",   "max_connections", "max_connections_per_ip",
 	};
 	return (unsigned)r < KM_REJECT__COUNT ? names[r] : "unknown";
 }
@@ -114,7 +114,7 @@ km_err km_proxy_counters_register(km_proxy_counters *c, km_metrics *reg)
 {
 	static const km_metric_desc rejected = {
 		.name = "kmirror_connections_rejected_total",
-		.help = "Client connections closed by a protocol check or a timeout.",
+		.help = "Client connections closed by a protocol check, a timeout or a connection cap.",
 		.type = KM_METRIC_COUNTER,
 		.labels = {"reason"},
 		.max_series = KM_REJECT__COUNT,

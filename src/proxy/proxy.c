@@ -55,7 +55,7 @@ size_t km_proxy_session_count(const km_proxy *px)
 static void accept_cb(struct evconnlistener *l, evutil_socket_t fd, struct sockaddr *sa, int salen, void *arg)
 {
 	km_broker *b = arg;
-	km_session_set_accept(b->px->sessions, fd, b->node_id);
+	km_session_set_accept(b->px->sessions, fd, sa, b->node_id);
 }
 
 static void accept_resume(evutil_socket_t fd, short what, void *arg)

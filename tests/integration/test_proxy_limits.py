@@ -17,6 +17,7 @@ import time
 
 import pytest
 
+from mirror_cli import kmirror_bin  # noqa: F401
 from proxy_fixtures import *  # noqa: F401,F403
 from proxy_fixtures import PROXY_HOST, consume, port_block, produce, wait_until
 
@@ -286,7 +287,7 @@ def token_file(tmp_path):
     return path
 
 
-def test_admin_routes_on_admin_listen_only(proxy_factory, dest_cluster, token_file, certs):
+def test_admin_routes_on_admin_listen_only(proxy_factory, dest_cluster, token_file, certs, kmirror_bin):
     admin_port = port_block(1)
     p = proxy_factory(dest_cluster, admin_listen=f"{PROXY_HOST}:{admin_port}",
                       admin_token_file=str(token_file))
@@ -307,7 +308,7 @@ def test_admin_routes_on_admin_listen_only(proxy_factory, dest_cluster, token_fi
     tls_port = port_block(1)
     q = proxy_factory(dest_cluster, name="kmirrord-admin-tls", admin_listen=f"{PROXY_HOST}:{tls_port}",
                       admin_token_file=str(token_file), admin_tls_cert_file=certs["cert"],
-                      admin_tls_key_file=certs["key"])
+                      admin_tls_key_file=certs["key"], upstream_file=str(token_file.parent / "upstream"))
     ctx = ssl.create_default_context(cafile=certs["ca"])
     with ctx.wrap_socket(socket.create_connection((PROXY_HOST, tls_port), timeout=10),
                          server_hostname=PROXY_HOST) as s:
@@ -321,6 +322,13 @@ def test_admin_routes_on_admin_listen_only(proxy_factory, dest_cluster, token_fi
                               tok.encode() + b"\r\nConnection: close\r\n\r\n")
     assert status is None and b"upstream" not in answer
     assert q.http("GET", "/admin/upstream", token=tok)[0] == 404
+    # kmirror swap-upstream speaks HTTPS with --admin-ca: its request reaches the swap's checks.
+    swap = [kmirror_bin, "swap-upstream", "--admin", f"{PROXY_HOST}:{tls_port}", "--token-file", str(token_file),
+            "--to", q.options["upstream"], "--timeout-ms", "10000"]
+    r = subprocess.run(swap + ["--admin-ca", certs["ca"]], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and "refused (HTTP 400)" in r.stderr and "already" in r.stderr, r.stderr
+    r = subprocess.run(swap, capture_output=True, text=True, timeout=60)  # plain HTTP: no answer
+    assert r.returncode == 1 and "HTTP 4" not in r.stderr, r.stderr
 
 
 # What strerror says for the errors a token file can meet.

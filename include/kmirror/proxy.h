@@ -46,7 +46,7 @@ typedef enum {
 	KM_HTTP_REJECT_MAX_CONNECTIONS = 0,
 	KM_HTTP_REJECT_REQUEST_TIMEOUT,
 	KM_HTTP_REJECT_TOO_MANY_HEADERS,
-	KM_HTTP_REJECT_UNAUTHORIZED,      /* an admin request without the right token, or with the token file unusable */
+	KM_HTTP_REJECT_UNAUTHORIZED,      /* an admin request without the right token, or the token file unusable */
 	KM_HTTP_REJECT__COUNT,
 } km_http_reject_reason;
 

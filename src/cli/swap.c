@@ -125,7 +125,8 @@ static int http_call(const km_cli_args *a, const char *method, const char *token
 
 	*resp = NULL;
 	if (!km_cli_split_hostport(admin, host, sizeof(host), &port)) {
-		snprintf(err, errlen, "--admin '%s': expected HOST:PORT (kmirrord's admin_listen or http_listen)", admin);
+		snprintf(err, errlen, "--admin '%s': expected HOST:PORT (kmirrord's admin_listen or http_listen)",
+			 admin);
 		return -1;
 	}
 	memset(&hints, 0, sizeof(hints));
@@ -139,8 +140,8 @@ static int http_call(const km_cli_args *a, const char *method, const char *token
 	if (c.fd < 0 || setsockopt(c.fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)) != 0 ||
 	    setsockopt(c.fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv)) != 0 ||
 	    connect(c.fd, res->ai_addr, res->ai_addrlen) != 0) {
-		snprintf(err, errlen, "cannot connect to kmirrord's admin endpoint %s: %s (is admin_listen or http_listen "
-			 "set there?)", admin, strerror(errno));
+		snprintf(err, errlen, "cannot connect to kmirrord's admin endpoint %s: %s (is admin_listen or "
+			 "http_listen set there?)", admin, strerror(errno));
 		goto out;
 	}
 	if (a->admin_ca && !admin_tls(&c, a->admin_ca, host, err, errlen))

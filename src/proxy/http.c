@@ -162,7 +162,8 @@ static struct bufferevent *conn_new(struct event_base *base, void *arg)
 	if (h->tls) {
 		if (!px->admin_tls || !(ssl = SSL_new(px->admin_tls)))
 			goto fail;
-		c->bev = bufferevent_openssl_socket_new(base, -1, ssl, BUFFEREVENT_SSL_ACCEPTING, BEV_OPT_CLOSE_ON_FREE);
+		c->bev = bufferevent_openssl_socket_new(base, -1, ssl, BUFFEREVENT_SSL_ACCEPTING,
+							BEV_OPT_CLOSE_ON_FREE);
 		if (!c->bev) {
 			SSL_free(ssl);
 			goto fail;
@@ -292,8 +293,8 @@ static int admin_check(km_http *h, struct evhttp_request *req, const char **say)
 	peer_of(req, peer, sizeof(peer));
 	if (!file || !(n = read_token(file, token, sizeof(token), why, sizeof(why)))) {
 		if (!file)
-			snprintf(why, sizeof(why), "the admin endpoint is disabled: set admin_token_file (a file holding "
-				 "a bearer token)");
+			snprintf(why, sizeof(why), "the admin endpoint is disabled: set admin_token_file (a file "
+				 "holding a bearer token)");
 		KM_WARN("http", 0, "admin request from %s refused: %s", peer, why);
 		*say = "admin endpoint disabled";
 		return 403;

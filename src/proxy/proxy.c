@@ -358,7 +358,8 @@ static km_err make_tls(const km_config *cfg, tls_ctxs *t, char *err, size_t errl
 						  cfg->upstream_tls_key_file, true, err, errlen)))
 		goto fail;
 	if (cfg->admin_tls_cert_file &&
-	    !(t->admin = km_net_tls_server_ctx(cfg->admin_tls_cert_file, cfg->admin_tls_key_file, NULL, 0, err, errlen)))
+	    !(t->admin = km_net_tls_server_ctx(cfg->admin_tls_cert_file, cfg->admin_tls_key_file, NULL, 0, err,
+					       errlen)))
 		goto fail;
 	return KM_OK;
 fail:

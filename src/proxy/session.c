@@ -34,7 +34,7 @@ typedef struct inflight {
 
 KM_RING_TYPED(inflights, inflight)
 
-/* UP_NONE: not dialled yet; the first request for the broker dials it (a client that sends none costs no broker connection). */
+/* UP_NONE: not dialled yet; the first request for the broker dials it (no request: no broker connection). */
 typedef enum { UP_NONE, UP_CONNECTING, UP_READY, UP_FAILED } up_state;
 
 /*
@@ -1148,8 +1148,9 @@ static void refuse(km_session_set *set, int fd, const struct sockaddr *sa, km_re
 	if (!km_log_gate_pass(&set->refused_log, base_now_ms(set->host->base), &held))
 		return;
 	km_peers_format(sa, addr, sizeof(addr));
-	KM_WARN("proxy", 0, "refused a client connection from %s: %s (%lld) reached; %llu more refused in the %d s before",
-		addr, why == KM_REJECT_MAX_CONNECTIONS ? "max_connections" : "max_connections_per_ip",
+	KM_WARN("proxy", 0,
+		"refused a client connection from %s: %s (%lld) reached; %llu more refused in the %d s before", addr,
+		why == KM_REJECT_MAX_CONNECTIONS ? "max_connections" : "max_connections_per_ip",
 		(long long)(why == KM_REJECT_MAX_CONNECTIONS ? cfg->max_connections : cfg->max_connections_per_ip),
 		(unsigned long long)held, KM_LOG_GATE_MS / 1000);
 }

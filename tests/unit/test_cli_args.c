@@ -177,8 +177,8 @@ static void test_topic_commands(void **state)
 	assert_null(a.admin_ca);
 	km_cli_args_free(&a);
 	/* --admin-ca: HTTPS to admin_listen */
-	assert_int_equal(parse(&a, err, "swap-upstream", "--admin", "h:9645", "--admin-ca", "/ca.pem", "--token-file", "/t",
-			       "--to", "b:9092", NULL),
+	assert_int_equal(parse(&a, err, "swap-upstream", "--admin", "h:9645", "--admin-ca", "/ca.pem", "--token-file",
+			       "/t", "--to", "b:9092", NULL),
 			 KM_CLI_EXIT_OK);
 	assert_string_equal(a.admin_ca, "/ca.pem");
 	km_cli_args_free(&a);

@@ -64,6 +64,7 @@ static void usage(FILE *out)
 		"  --broker-port-base PORT   broker node N is served on PORT+N (broker_port_base)\n"
 		"  --upstream HOST:PORT[,HOST:PORT...]  upstream cluster bootstrap (upstream)\n"
 		"  --http-listen HOST:PORT   /metrics, /readyz, /healthz, /admin/upstream (http_listen)\n"
+		"  --admin-listen HOST:PORT  /admin/upstream there only, not on http_listen (admin_listen)\n"
 		"  --log-level LEVEL         error, warn, info, debug, trace (log_level)\n"
 		"  --check-config            validate the configuration and exit (0 when valid)\n"
 		"  --print-config            print the effective configuration as a config file and exit\n"

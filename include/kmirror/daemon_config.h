@@ -39,6 +39,13 @@ typedef struct km_config {
 	km_hostport upstream[KM_CONFIG_MAX_UPSTREAMS];
 	int upstream_count;
 	km_hostport http_listen; /* port 0: disabled */
+	km_hostport admin_listen; /* port 0: the admin routes are served on http_listen */
+	char *admin_tls_cert_file; /* admin_listen speaks TLS with these; NULL: plain HTTP */
+	char *admin_tls_key_file;
+	int64_t http_max_connections;  /* per HTTP listener; 0: no cap */
+	int64_t http_max_header_bytes;
+	int64_t http_max_headers;
+	int64_t http_request_timeout_ms;
 	char *upstream_file;      /* where a swap of the upstream is persisted; NULL: swaps refused */
 	char *admin_token_file;   /* the HTTP admin endpoint's bearer token; NULL: endpoint refuses */
 	int64_t log_level;        /* km_log_level */
@@ -50,6 +57,8 @@ typedef struct km_config {
 	int64_t metadata_refresh_ms;
 	int64_t max_inflight_requests;
 	int64_t connection_buffer_bytes;
+	int64_t max_connections;        /* client connections, all listeners; 0: no cap */
+	int64_t max_connections_per_ip; /* client connections from one address; 0: no cap */
 	int64_t drain_timeout_ms;
 	int64_t drain_interval_ms;
 	int64_t swap_fetch_hold_ms;

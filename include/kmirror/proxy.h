@@ -36,8 +36,19 @@ typedef enum {
 	KM_REJECT_IDLE_TIMEOUT,
 	KM_REJECT_REQUEST_TIMEOUT,
 	KM_REJECT_STATE_TIMEOUT,
+	KM_REJECT_MAX_CONNECTIONS,        /* refused at accept: max_connections open */
+	KM_REJECT_MAX_CONNECTIONS_PER_IP, /* refused at accept: max_connections_per_ip open from that address */
 	KM_REJECT__COUNT,
 } km_reject_reason;
+
+/* Why the HTTP endpoint refused a connection or a request (kmirror_http_rejected_total{reason}). */
+typedef enum {
+	KM_HTTP_REJECT_MAX_CONNECTIONS = 0,
+	KM_HTTP_REJECT_REQUEST_TIMEOUT,
+	KM_HTTP_REJECT_TOO_MANY_HEADERS,
+	KM_HTTP_REJECT_UNAUTHORIZED,      /* an admin request without the right token, or the token file unusable */
+	KM_HTTP_REJECT__COUNT,
+} km_http_reject_reason;
 
 /*
  * The proxy's counters: plain fields the hot path increments, read by the metrics registry through
@@ -61,6 +72,8 @@ typedef struct km_proxy_counters {
 	uint64_t latency_count[KM_PROXY_API_SLOTS];
 	double latency_sum[KM_PROXY_API_SLOTS];
 	uint64_t draining;                    /* gauge: 1 while draining on SIGTERM */
+	uint64_t http_connections;            /* gauge: HTTP connections open, every HTTP listener */
+	uint64_t http_rejected[KM_HTTP_REJECT__COUNT];
 	km_metric_family *mirror_rpc_errors;  /* kmirror_mirror_rpc_errors_total{api,error}, registry-owned */
 } km_proxy_counters;
 
@@ -68,6 +81,7 @@ typedef struct km_proxy_counters {
 extern const double km_proxy_latency_bounds[KM_PROXY_LATENCY_BUCKETS];
 
 const char *km_reject_reason_name(km_reject_reason r);
+const char *km_http_reject_reason_name(km_http_reject_reason r);
 
 /*
  * Start serving: the bootstrap listener, the HTTP endpoint, and the metadata refresh that opens one

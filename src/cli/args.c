@@ -94,10 +94,13 @@ static const cmd_info cmds[] = {
 	 "own command does (--output json: one document per step); a refusal ends the operation there,\n"
 	 "with the steps done named."},
 	{KM_CLI_CMD_SWAP_UPSTREAM, "swap-upstream", O_SWAP | O_WAIT,
-	 "swap-upstream --admin HOST:PORT --token-file FILE --to HOST:PORT[,HOST:PORT...] [--wait-ms N]",
+	 "swap-upstream --admin HOST:PORT [--admin-ca FILE] --token-file FILE --to HOST:PORT[,HOST:PORT...] "
+	 "[--wait-ms N]",
 	 "Make kmirrord front another cluster (docs/proxy.md, \"Upstream swap\"), through its HTTP admin\n"
-	 "endpoint (--admin: its http_listen; --token-file: a file holding the token of its\n"
-	 "admin_token_file; --bootstrap-server is not used). kmirrord reads the new cluster's mirror state,\n"
+	 "endpoint (--admin: its admin_listen, or its http_listen when that is unset; --admin-ca: the CA\n"
+	 "bundle that verifies the certificate of an admin_listen speaking HTTPS, which then is used;\n"
+	 "--token-file: a file holding the token of its admin_token_file; --bootstrap-server is not\n"
+	 "used). kmirrord reads the new cluster's mirror state,\n"
 	 "writes the new upstream to its upstream_file, then serves new connections from the new cluster\n"
 	 "and moves the open ones over gradually. Prints the progress until the open connections moved\n"
 	 "(at most --wait-ms, default 60000; the swap goes on after that); exit 1 when it is refused or\n"
@@ -298,6 +301,7 @@ static const opt_def opt_defs[] = {
 	{"--dry-run", O_DRY_RUN, false},  {"--wait-ms", O_WAIT, true},
 	{"--peer-bootstrap", O_PEER, true}, {"--peer-mirror", O_PEER, true},
 	{"--admin", O_SWAP, true},        {"--token-file", O_SWAP, true}, {"--to", O_SWAP, true},
+	{"--admin-ca", O_SWAP, true},
 };
 
 static const opt_def *opt_lookup(const char *name, size_t n)
@@ -350,6 +354,8 @@ static int apply_opt(km_cli_args *a, const opt_def *o, const char *v, km_cli_kvs
 		return set_once(&a->admin, v, n, err, errlen);
 	if (!strcmp(n, "--token-file"))
 		return set_once(&a->token_file, v, n, err, errlen);
+	if (!strcmp(n, "--admin-ca"))
+		return set_once(&a->admin_ca, v, n, err, errlen);
 	if (!strcmp(n, "--to")) {
 		if (!*v)
 			return fail(err, errlen, "--to: empty upstream (HOST:PORT[,HOST:PORT...])");

@@ -75,7 +75,8 @@ typedef struct km_cli_args {
 	int64_t wait_ms;            /* --wait-ms (promote, reverse): how long lag may take to reach zero, default 60000 */
 	const char *peer_bootstrap; /* --peer-bootstrap (reverse): the kmirrord in front of the mirror's source */
 	const char *peer_mirror;    /* --peer-mirror (reverse): the mirror there that mirrors back */
-	const char *admin;          /* --admin HOST:PORT (swap-upstream): kmirrord's http_listen */
+	const char *admin;          /* --admin HOST:PORT (swap-upstream): kmirrord's admin_listen or http_listen */
+	const char *admin_ca;       /* --admin-ca FILE (swap-upstream): speak HTTPS, verifying kmirrord with this CA */
 	const char *token_file;     /* --token-file (swap-upstream): the bearer token of admin_token_file */
 	const char *to;             /* --to HOST:PORT,... (swap-upstream): the new upstream */
 } km_cli_args;

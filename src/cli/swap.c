@@ -1,4 +1,5 @@
-/* kmirror swap-upstream: the upstream swap through kmirrord's HTTP admin endpoint (a small blocking HTTP/1.0 client). */
+/* kmirror swap-upstream: the upstream swap through kmirrord's HTTP admin endpoint (a small blocking HTTP/1.0 client, HTTPS with --admin-ca). */
+#define _GNU_SOURCE /* strcasestr */
 #include <errno.h>
 #include <netdb.h>
 #include <poll.h>
@@ -9,7 +10,10 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <openssl/ssl.h>
+
 #include "cli/cli.h"
+#include "kmirror/net.h"
 
 #define POLL_MS 500
 
@@ -20,21 +24,109 @@ static int64_t mono_ms(void)
 	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-/* One request; the status code (or -1 with a reason in err) and the body in a malloc'd string. */
-static int http_call(const char *admin, const char *method, const char *token, const char *body, int64_t timeout_ms,
-		     char **resp, char *err, size_t errlen)
+/* The admin endpoint's connection: a socket, and TLS over it with --admin-ca. */
+typedef struct admin_conn {
+	int fd;
+	SSL_CTX *ctx;
+	SSL *ssl;
+} admin_conn;
+
+static void admin_close(admin_conn *c)
 {
+	if (c->ssl)
+		SSL_free(c->ssl);
+	SSL_CTX_free(c->ctx);
+	if (c->fd >= 0)
+		close(c->fd);
+}
+
+/* TLS over the connected socket, kmirrord's certificate checked against ca and host (a name or an address). */
+static bool admin_tls(admin_conn *c, const char *ca, const char *host, char *err, size_t errlen)
+{
+	char why[512];
+
+	if (!(c->ctx = km_net_tls_client_ctx(ca, NULL, NULL, true, why, sizeof(why)))) {
+		snprintf(err, errlen, "--admin-ca: %s", why);
+		return false;
+	}
+#ifdef SSL_OP_IGNORE_UNEXPECTED_EOF
+	/* evhttp closes without close_notify; the answer's Content-Length says whether it all came */
+	SSL_CTX_set_options(c->ctx, SSL_OP_IGNORE_UNEXPECTED_EOF);
+#endif
+	if (!(c->ssl = SSL_new(c->ctx)) || !SSL_set_fd(c->ssl, c->fd) || !SSL_set1_host(c->ssl, host) ||
+	    !SSL_set_tlsext_host_name(c->ssl, host) || SSL_connect(c->ssl) != 1) {
+		snprintf(err, errlen, "TLS with kmirrord's admin endpoint failed: %s (is admin_listen HTTPS, and is "
+			 "--admin-ca the CA of its certificate?)", km_net_tls_error(why, sizeof(why)));
+		return false;
+	}
+	return true;
+}
+
+static bool admin_send(admin_conn *c, const char *p, size_t n)
+{
+	if (c->ssl)
+		return n == 0 || SSL_write(c->ssl, p, (int)n) == (int)n;
+	return send(c->fd, p, n, MSG_NOSIGNAL) == (ssize_t)n;
+}
+
+/* Bytes read, 0 at the end, -1 on error (errno). */
+static ssize_t admin_recv(admin_conn *c, char *p, size_t n)
+{
+	int r;
+	if (!c->ssl)
+		return recv(c->fd, p, n, 0);
+	r = SSL_read(c->ssl, p, (int)n);
+	if (r > 0)
+		return r;
+	if (SSL_get_error(c->ssl, r) == SSL_ERROR_ZERO_RETURN)
+		return 0;
+	errno = errno ? errno : EPROTO;
+	return -1;
+}
+
+/* The answer's head and body (buf, len bytes): the status code and a copy of the body, or -1 with err. */
+static int parse_answer(char *buf, size_t len, const char *admin, char **resp, char *err, size_t errlen)
+{
+	char *body, *cl;
+	int code;
+
+	if (!buf || len < 12 || strncmp(buf, "HTTP/1.", 7) != 0 || !(body = strstr(buf, "\r\n\r\n"))) {
+		snprintf(err, errlen, "%s did not answer HTTP (is it kmirrord's admin_listen or http_listen?)", admin);
+		return -1;
+	}
+	body += 4;
+	code = atoi(buf + 9);
+	/* A cut answer is not taken for a whole one (over TLS the end of the stream proves nothing). */
+	if ((cl = strcasestr(buf, "\r\nContent-Length:")) && cl < body &&
+	    strtoul(cl + 17, NULL, 10) != (unsigned long)(len - (size_t)(body - buf))) {
+		snprintf(err, errlen, "%s: the answer was cut short", admin);
+		return -1;
+	}
+	if (!(*resp = strdup(body))) {
+		snprintf(err, errlen, "out of memory");
+		return -1;
+	}
+	return code;
+}
+
+/* One request; the status code (or -1 with a reason in err) and the body in a malloc'd string. */
+static int http_call(const km_cli_args *a, const char *method, const char *token, const char *body, char **resp,
+		     char *err, size_t errlen)
+{
+	const char *admin = a->admin;
 	char host[256], service[8], *buf = NULL;
 	uint16_t port;
 	struct addrinfo hints, *res = NULL;
-	struct timeval tv = {(time_t)(timeout_ms / 1000), (suseconds_t)((timeout_ms % 1000) * 1000)};
+	struct timeval tv = {(time_t)(a->timeout_ms / 1000), (suseconds_t)((a->timeout_ms % 1000) * 1000)};
 	size_t len = 0, cap = 0, blen = body ? strlen(body) : 0;
-	int fd = -1, code = -1, rc;
+	admin_conn c = {.fd = -1};
+	int code = -1, rc;
 	char head[1024];
 
 	*resp = NULL;
 	if (!km_cli_split_hostport(admin, host, sizeof(host), &port)) {
-		snprintf(err, errlen, "--admin '%s': expected HOST:PORT (kmirrord's http_listen)", admin);
+		snprintf(err, errlen, "--admin '%s': expected HOST:PORT (kmirrord's admin_listen or http_listen)",
+			 admin);
 		return -1;
 	}
 	memset(&hints, 0, sizeof(hints));
@@ -44,20 +136,21 @@ static int http_call(const char *admin, const char *method, const char *token, c
 		snprintf(err, errlen, "cannot resolve %s: %s", admin, gai_strerror(rc));
 		return -1;
 	}
-	fd = socket(res->ai_family, SOCK_STREAM, 0);
-	if (fd < 0 || setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)) != 0 ||
-	    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv)) != 0 ||
-	    connect(fd, res->ai_addr, res->ai_addrlen) != 0) {
-		snprintf(err, errlen, "cannot connect to kmirrord's admin endpoint %s: %s (is http_listen set there?)",
-			 admin, strerror(errno));
+	c.fd = socket(res->ai_family, SOCK_STREAM, 0);
+	if (c.fd < 0 || setsockopt(c.fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)) != 0 ||
+	    setsockopt(c.fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv)) != 0 ||
+	    connect(c.fd, res->ai_addr, res->ai_addrlen) != 0) {
+		snprintf(err, errlen, "cannot connect to kmirrord's admin endpoint %s: %s (is admin_listen or "
+			 "http_listen set there?)", admin, strerror(errno));
 		goto out;
 	}
+	if (a->admin_ca && !admin_tls(&c, a->admin_ca, host, err, errlen))
+		goto out;
 	snprintf(head, sizeof(head),
 		 "%s /admin/upstream HTTP/1.0\r\nHost: %s\r\nAuthorization: Bearer %s\r\nContent-Type: text/plain\r\n"
 		 "Content-Length: %zu\r\n\r\n",
 		 method, host, token, blen);
-	if (send(fd, head, strlen(head), MSG_NOSIGNAL) != (ssize_t)strlen(head) ||
-	    (blen && send(fd, body, blen, MSG_NOSIGNAL) != (ssize_t)blen)) {
+	if (!admin_send(&c, head, strlen(head)) || (blen && !admin_send(&c, body, blen))) {
 		snprintf(err, errlen, "cannot send to %s: %s", admin, strerror(errno));
 		goto out;
 	}
@@ -71,7 +164,8 @@ static int http_call(const char *admin, const char *method, const char *token, c
 			}
 			buf = nb;
 		}
-		n = recv(fd, buf + len, cap - len - 1, 0);
+		errno = 0;
+		n = admin_recv(&c, buf + len, cap - len - 1);
 		if (n == 0)
 			break;
 		if (n < 0) {
@@ -82,24 +176,12 @@ static int http_call(const char *admin, const char *method, const char *token, c
 		}
 		len += (size_t)n;
 	}
-	if (!buf || len < 12 || strncmp(buf, "HTTP/1.", 7) != 0) {
-		snprintf(err, errlen, "%s did not answer HTTP (is it kmirrord's http_listen?)", admin);
-		goto out;
-	}
-	buf[len] = '\0';
-	code = atoi(buf + 9);
-	{
-		char *b = strstr(buf, "\r\n\r\n");
-		*resp = strdup(b ? b + 4 : "");
-	}
-	if (!*resp) {
-		snprintf(err, errlen, "out of memory");
-		code = -1;
-	}
+	if (buf)
+		buf[len] = '\0';
+	code = parse_answer(buf, len, admin, resp, err, errlen);
 out:
 	free(buf);
-	if (fd >= 0)
-		close(fd);
+	admin_close(&c);
 	freeaddrinfo(res);
 	return code;
 }
@@ -169,7 +251,7 @@ int km_cli_swap_upstream(const km_cli_args *a, FILE *out, FILE *errf)
 			a->token_file);
 		return KM_CLI_EXIT_USAGE;
 	}
-	code = http_call(a->admin, "POST", token, a->to, a->timeout_ms, &resp, err, sizeof(err));
+	code = http_call(a, "POST", token, a->to, &resp, err, sizeof(err));
 	if (code != 202) {
 		if (code < 0)
 			fprintf(errf, "kmirror: swap-upstream: %s\n", err);
@@ -187,7 +269,7 @@ int km_cli_swap_upstream(const km_cli_args *a, FILE *out, FILE *errf)
 		struct timespec ts = {0, POLL_MS * 1000000L};
 
 		resp = NULL;
-		if ((code = http_call(a->admin, "GET", token, NULL, a->timeout_ms, &resp, err, sizeof(err))) != 200) {
+		if ((code = http_call(a, "GET", token, NULL, &resp, err, sizeof(err))) != 200) {
 			fprintf(errf, "kmirror: swap-upstream: following the swap: %s\n", code < 0 ? err : resp);
 			break;
 		}

@@ -47,7 +47,34 @@ static const km_option options[] = {
 	 .doc = "Bootstrap addresses of the upstream (destination) cluster, comma separated. Required. "
 		 "A reload affects new connections and the next metadata refresh."},
 	{.name = "http_listen", .type = KM_OPT_HOSTPORT, .offset = OFF(http_listen), .def = "",
-	 .doc = "Address of the HTTP endpoint serving /metrics, /readyz, /healthz and /admin/upstream; empty disables it."},
+	 .doc = "Address of the HTTP endpoint serving /metrics, /readyz, /healthz and, unless admin_listen is set, "
+		"/admin/upstream; empty disables it."},
+	{.name = "admin_listen", .type = KM_OPT_HOSTPORT, .offset = OFF(admin_listen), .def = "",
+	 .doc = "Address of an HTTP listener of its own for the admin routes (/admin/upstream), for example "
+		"127.0.0.1:9643; http_listen then answers 404 there and serves only /metrics, /readyz and /healthz. "
+		"Empty: the admin routes are served on http_listen."},
+	{.name = "admin_tls_cert_file", .type = KM_OPT_STRING, .offset = OFF(admin_tls_cert_file), .def = "",
+	 .doc = "PEM certificate (chain) with which admin_listen speaks HTTPS; set with admin_tls_key_file. "
+		"Turning TLS on or off needs a restart, but the files are read again on every reload (rotation in "
+		"place); new connections use them."},
+	{.name = "admin_tls_key_file", .type = KM_OPT_STRING, .offset = OFF(admin_tls_key_file), .def = "",
+	 .doc = "PEM private key for admin_tls_cert_file."},
+	{.name = "http_max_connections", .type = KM_OPT_INT, .offset = OFF(http_max_connections), .def = "64",
+	 .min = 0, .max = 1000000, .reloadable = true,
+	 .doc = "HTTP connections open at once on each HTTP listener (http_listen, admin_listen); one more is "
+		"closed at once (kmirror_http_rejected_total{reason=\"max_connections\"}). 0: no cap."},
+	{.name = "http_max_header_bytes", .type = KM_OPT_INT, .offset = OFF(http_max_header_bytes), .def = "8192",
+	 .min = 256, .max = 1048576, .reloadable = true,
+	 .doc = "Largest HTTP request line and header lines together; a request over it is answered 400 and "
+		"closed."},
+	{.name = "http_max_headers", .type = KM_OPT_INT, .offset = OFF(http_max_headers), .def = "64", .min = 1,
+	 .max = 10000, .reloadable = true,
+	 .doc = "Most header lines in one HTTP request; more are answered 431."},
+	{.name = "http_request_timeout_ms", .type = KM_OPT_INT, .offset = OFF(http_request_timeout_ms),
+	 .def = "10000", .min = 100, .max = I64MAX, .reloadable = true,
+	 .doc = "An HTTP request must have arrived whole (request line, headers, body) this long after its "
+		"connection opened or its previous answer was made, and an answer must have been read by then; "
+		"otherwise the connection is closed (a slow or idle client holds no connection longer)."},
 	{.name = "upstream_file", .type = KM_OPT_STRING, .offset = OFF(upstream_file), .def = "",
 	 .doc = "File that persists an upstream swap (docs/proxy.md, \"Upstream swap\"): written before the swap "
 		"takes effect; when it exists at start, its upstream replaces the upstream option (also on "
@@ -55,7 +82,8 @@ static const km_option options[] = {
 	{.name = "admin_token_file", .type = KM_OPT_STRING, .offset = OFF(admin_token_file), .def = "",
 	 .reloadable = true,
 	 .doc = "File holding the bearer token of the HTTP admin endpoint (POST /admin/upstream), read on "
-		"every request. Empty: the admin endpoint answers 403."},
+		"every request; it must not be readable or writable by group or others (chmod 600), else the admin "
+		"endpoint answers 403. Empty: the admin endpoint answers 403."},
 	{.name = "log_level", .type = KM_OPT_ENUM, .offset = OFF(log_level), .def = "info", .choices = &log_levels,
 	 .reloadable = true,
 	 .doc = "error, warn, info, debug or trace."},
@@ -89,6 +117,15 @@ static const km_option options[] = {
 	 .def = "4194304", .min = 4096, .max = I64MAX, .reloadable = true,
 	 .doc = "Bytes queued towards a peer above which the proxy stops reading from the other side "
 		 "(backpressure)."},
+	{.name = "max_connections", .type = KM_OPT_INT, .offset = OFF(max_connections), .def = "10000", .min = 0,
+	 .max = INT32_MAX, .reloadable = true,
+	 .doc = "Client connections open at once, all Kafka listeners together; one more is closed as soon as it "
+		"is accepted (kmirror_connections_rejected_total{reason=\"max_connections\"}). Each client connection "
+		"may hold an upstream connection too: keep twice this below the open file limit. 0: no cap."},
+	{.name = "max_connections_per_ip", .type = KM_OPT_INT, .offset = OFF(max_connections_per_ip), .def = "1000",
+	 .min = 0, .max = INT32_MAX, .reloadable = true,
+	 .doc = "Client connections open at once from one source address; one more is closed as soon as it is "
+		"accepted (kmirror_connections_rejected_total{reason=\"max_connections_per_ip\"}). 0: no cap."},
 	{.name = "drain_timeout_ms", .type = KM_OPT_INT, .offset = OFF(drain_timeout_ms), .def = "30000", .min = 0,
 	 .max = I64MAX, .reloadable = true,
 	 .doc = "On SIGTERM, the time over which client connections are closed; whatever is left then is "
@@ -240,6 +277,21 @@ km_err km_config_validate(const km_config *cfg, char *err, size_t errlen)
 	if (cfg->http_listen.port && cfg->http_listen.port == cfg->listen.port &&
 	    strcmp(cfg->http_listen.host, cfg->listen.host) == 0) {
 		snprintf(err, errlen, "http_listen: same address as listen");
+		return KM_ERR_CONFIG;
+	}
+	if (cfg->admin_listen.port && ((cfg->admin_listen.port == cfg->listen.port &&
+					strcmp(cfg->admin_listen.host, cfg->listen.host) == 0) ||
+				       (cfg->admin_listen.port == cfg->http_listen.port &&
+					strcmp(cfg->admin_listen.host, cfg->http_listen.host) == 0))) {
+		snprintf(err, errlen, "admin_listen: same address as listen or http_listen");
+		return KM_ERR_CONFIG;
+	}
+	if (!both_or_neither(cfg->admin_tls_cert_file, cfg->admin_tls_key_file)) {
+		snprintf(err, errlen, "admin_tls_cert_file and admin_tls_key_file must be set together");
+		return KM_ERR_CONFIG;
+	}
+	if (cfg->admin_tls_cert_file && !cfg->admin_listen.port) {
+		snprintf(err, errlen, "admin_tls_cert_file needs admin_listen (TLS is for the admin listener only)");
 		return KM_ERR_CONFIG;
 	}
 	if (!both_or_neither(cfg->tls_cert_file, cfg->tls_key_file)) {

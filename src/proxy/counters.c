@@ -71,9 +71,17 @@ const char *km_reject_reason_name(km_reject_reason r)
 	static const char *const names[KM_REJECT__COUNT] = {
 		"frame_too_large", "bad_frame_size",  "tls_on_plaintext", "http_on_kafka_port",
 		"bad_request_header", "frame_timeout", "idle_timeout",     "request_timeout",
-		"state_timeout",
+		"state_timeout",   "max_connections", "max_connections_per_ip",
 	};
 	return (unsigned)r < KM_REJECT__COUNT ? names[r] : "unknown";
+}
+
+const char *km_http_reject_reason_name(km_http_reject_reason r)
+{
+	static const char *const names[KM_HTTP_REJECT__COUNT] = {
+		"max_connections", "request_timeout", "too_many_headers", "unauthorized",
+	};
+	return (unsigned)r < KM_HTTP_REJECT__COUNT ? names[r] : "unknown";
 }
 
 /* The unlabelled families: one field each. */
@@ -107,6 +115,8 @@ static const struct {
 	{"kmirror_upstream_brokers", "Upstream brokers known from metadata.", KM_METRIC_GAUGE, C(brokers_known)},
 	{"kmirror_draining", "1 while client connections are being drained for shutdown.", KM_METRIC_GAUGE,
 	 C(draining)},
+	{"kmirror_http_connections", "HTTP connections open now, every HTTP listener.", KM_METRIC_GAUGE,
+	 C(http_connections)},
 #undef C
 };
 
@@ -114,10 +124,17 @@ km_err km_proxy_counters_register(km_proxy_counters *c, km_metrics *reg)
 {
 	static const km_metric_desc rejected = {
 		.name = "kmirror_connections_rejected_total",
-		.help = "Client connections closed by a protocol check or a timeout.",
+		.help = "Client connections closed by a protocol check, a timeout or a connection cap.",
 		.type = KM_METRIC_COUNTER,
 		.labels = {"reason"},
 		.max_series = KM_REJECT__COUNT,
+	};
+	static const km_metric_desc http_rejected = {
+		.name = "kmirror_http_rejected_total",
+		.help = "HTTP connections or requests refused by a limit, a timeout or the admin token check.",
+		.type = KM_METRIC_COUNTER,
+		.labels = {"reason"},
+		.max_series = KM_HTTP_REJECT__COUNT,
 	};
 	static const km_metric_desc requests = {
 		.name = "kmirror_requests_total",
@@ -157,6 +174,13 @@ km_err km_proxy_counters_register(km_proxy_counters *c, km_metrics *reg)
 	for (int r = 0; r < KM_REJECT__COUNT; r++) {
 		const char *v[] = {km_reject_reason_name((km_reject_reason)r)};
 		if (!km_metric_series_ptr(f, v, &c->rejected[r]))
+			return KM_ERR_NOMEM;
+	}
+	if (!(f = km_metrics_family(reg, &http_rejected)))
+		return KM_ERR_NOMEM;
+	for (int r = 0; r < KM_HTTP_REJECT__COUNT; r++) {
+		const char *v[] = {km_http_reject_reason_name((km_http_reject_reason)r)};
+		if (!km_metric_series_ptr(f, v, &c->http_rejected[r]))
 			return KM_ERR_NOMEM;
 	}
 	if (!(f = km_metrics_family(reg, &requests)) || !(lat = km_metrics_family(reg, &latency)))

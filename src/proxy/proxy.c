@@ -1,4 +1,4 @@
-/* The proxy: bootstrap and per-broker listeners, the upstream broker table, metadata refresh, HTTP, drain and reload. */
+/* The proxy: bootstrap and per-broker listeners, the upstream broker table, metadata refresh, drain and reload (HTTP: http.c). */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -8,7 +8,6 @@
 
 #include <event2/buffer.h>
 #include <event2/dns.h>
-#include <event2/http.h>
 #include <event2/listener.h>
 
 #include "kmirror/log.h"
@@ -56,7 +55,7 @@ size_t km_proxy_session_count(const km_proxy *px)
 static void accept_cb(struct evconnlistener *l, evutil_socket_t fd, struct sockaddr *sa, int salen, void *arg)
 {
 	km_broker *b = arg;
-	km_session_set_accept(b->px->sessions, fd, b->node_id);
+	km_session_set_accept(b->px->sessions, fd, sa, b->node_id);
 }
 
 static void accept_resume(evutil_socket_t fd, short what, void *arg)
@@ -333,200 +332,52 @@ static void tick_cb(evutil_socket_t fd, short what, void *arg)
 	}
 }
 
-/* ---- HTTP: /metrics and /healthz ---- */
-
-/* Cut trailing newlines and spaces off s (n bytes) and end it there; the new length. */
-static size_t rtrim(char *s, size_t n)
-{
-	while (n && (s[n - 1] == '\n' || s[n - 1] == '\r' || s[n - 1] == ' '))
-		n--;
-	s[n] = '\0';
-	return n;
-}
-
-static void reply_text(struct evhttp_request *req, struct evbuffer *out, int code, const char *reason, const char *msg)
-{
-	evhttp_add_header(evhttp_request_get_output_headers(req), "Content-Type", "text/plain");
-	evbuffer_add_printf(out, "%s\n", msg);
-	evhttp_send_reply(req, code, reason, out);
-}
-
-/* Whether the request carries "Authorization: Bearer TOKEN" with admin_token_file's token (read now). */
-static bool admin_authorized(km_proxy *px, struct evhttp_request *req, char *why, size_t len)
-{
-	const char *auth = evhttp_find_header(evhttp_request_get_input_headers(req), "Authorization");
-	char token[512];
-	size_t n, given;
-	unsigned char diff = 0;
-	FILE *f;
-
-	if (!px->cfg.admin_token_file) {
-		snprintf(why, len, "the admin endpoint is disabled: set admin_token_file (a file holding a bearer token)");
-		return false;
-	}
-	if (!(f = fopen(px->cfg.admin_token_file, "r"))) {
-		snprintf(why, len, "cannot read admin_token_file %s: %s", px->cfg.admin_token_file, strerror(errno));
-		return false;
-	}
-	n = rtrim(token, fread(token, 1, sizeof(token) - 1, f));
-	fclose(f);
-	if (n == 0) {
-		snprintf(why, len, "admin_token_file %s is empty: put a token in it", px->cfg.admin_token_file);
-		return false;
-	}
-	if (!auth || strncmp(auth, "Bearer ", 7) != 0) {
-		snprintf(why, len, "send the token of admin_token_file as 'Authorization: Bearer TOKEN'");
-		return false;
-	}
-	auth += 7;
-	given = strlen(auth);
-	for (size_t i = 0; i < n; i++) /* no early exit: the time does not say how much matched */
-		diff |= (unsigned char)(token[i] ^ (i < given ? auth[i] : 0));
-	if (diff || given != n) {
-		snprintf(why, len, "wrong bearer token");
-		return false;
-	}
-	return true;
-}
-
-/* GET: the swap's status (JSON); POST with body HOST:PORT[,HOST:PORT...]: start a swap (202, then poll GET). */
-static void admin_upstream(km_proxy *px, struct evhttp_request *req, struct evbuffer *out)
-{
-	enum evhttp_cmd_type cmd = evhttp_request_get_command(req);
-	struct evbuffer *body = evhttp_request_get_input_buffer(req);
-	char why[1024], text[2048];
-	size_t n;
-
-	if (!admin_authorized(px, req, why, sizeof(why))) {
-		bool disabled = !px->cfg.admin_token_file;
-		reply_text(req, out, disabled ? 403 : 401, disabled ? "Forbidden" : "Unauthorized", why);
-		return;
-	}
-	if (cmd == EVHTTP_REQ_GET || cmd == EVHTTP_REQ_HEAD) {
-		evhttp_add_header(evhttp_request_get_output_headers(req), "Content-Type", "application/json");
-		km_proxy_swap_status(px, out);
-		evhttp_send_reply(req, 200, "OK", out);
-		return;
-	}
-	if (cmd != EVHTTP_REQ_POST) {
-		reply_text(req, out, 405, "Method Not Allowed", "GET or POST");
-		return;
-	}
-	n = evbuffer_get_length(body);
-	if (n == 0 || n >= sizeof(text)) {
-		reply_text(req, out, 400, "Bad Request", "the body is the new upstream: HOST:PORT[,HOST:PORT...]");
-		return;
-	}
-	evbuffer_remove(body, text, n);
-	rtrim(text, n);
-	if (km_proxy_swap(px, text, NULL, NULL, why, sizeof(why)) != KM_OK) {
-		reply_text(req, out, px->swap ? 409 : 400, px->swap ? "Conflict" : "Bad Request", why);
-		return;
-	}
-	evbuffer_add_printf(out, "upstream swap to %s started: GET /admin/upstream shows its progress\n", text);
-	evhttp_add_header(evhttp_request_get_output_headers(req), "Content-Type", "text/plain");
-	evhttp_send_reply(req, 202, "Accepted", out);
-}
-
-/*
- * Why kmirrord should get no traffic now, or NULL: serving, the upstream answered a metadata
- * request within three refresh periods, and the mirror state loaded (until then requests that
- * read it wait).
- */
-static const char *not_ready(km_proxy *px)
-{
-	uint64_t now = km_proxy_now_ms(px);
-	bool fresh = px->meta_last_ok_ms && now - px->meta_last_ok_ms <= 3 * (uint64_t)px->cfg.metadata_refresh_ms;
-	if (px->draining)
-		return "draining";
-	if (!fresh)
-		return "upstream unreachable";
-	if (px->host.state && !km_state_ready(px->host.state))
-		return "mirror state not loaded yet (requests on topics wait for it)";
-	return NULL;
-}
-
-static void http_cb(struct evhttp_request *req, void *arg)
-{
-	km_proxy *px = arg;
-	const char *uri = evhttp_request_get_uri(req);
-	struct evbuffer *out = evbuffer_new();
-	struct evkeyvalq *hdrs = evhttp_request_get_output_headers(req);
-
-	if (!out) {
-		evhttp_send_error(req, 500, NULL);
-		return;
-	}
-	if (strncmp(uri, "/metrics", 8) == 0 && (uri[8] == '\0' || uri[8] == '?')) {
-		char *text = NULL;
-		size_t len = 0;
-		FILE *f = open_memstream(&text, &len);
-		km_err rc = f ? km_metrics_render(px->registry, f) : KM_ERR_NOMEM;
-		if (f && fclose(f) != 0)
-			rc = KM_ERR_NOMEM;
-		if (rc != KM_OK || evbuffer_add(out, text, len) != 0) {
-			evhttp_send_error(req, 500, NULL);
-		} else {
-			evhttp_add_header(hdrs, "Content-Type", "text/plain; version=0.0.4; charset=utf-8");
-			evhttp_send_reply(req, 200, "OK", out);
-		}
-		free(text);
-	} else if ((strncmp(uri, "/healthz", 8) == 0 && (uri[8] == '\0' || uri[8] == '?')) ||
-		   (strncmp(uri, "/readyz", 7) == 0 && (uri[7] == '\0' || uri[7] == '?'))) {
-		const char *why = not_ready(px);
-		evhttp_add_header(hdrs, "Content-Type", "text/plain");
-		evbuffer_add_printf(out, "%s\n", why ? why : "ok");
-		evhttp_send_reply(req, why ? 503 : 200, why ? "Service Unavailable" : "OK", out);
-	} else if (strncmp(uri, "/admin/upstream", 15) == 0 && (uri[15] == '\0' || uri[15] == '?')) {
-		admin_upstream(px, req, out);
-	} else {
-		evhttp_send_error(req, 404, "Not Found");
-	}
-	evbuffer_free(out);
-}
-
 /* ---- lifecycle ---- */
 
 /*
- * The TLS contexts of a config: the client-facing one, the one client sessions use upstream, and
- * kmirrord's own (its metadata refresh). Only kmirrord's own carries upstream_tls_cert_file: a
- * client session presenting kmirrord's certificate would act as kmirrord on a destination that
- * authenticates by certificate, whoever the client is (docs/proxy.md, "TLS and SASL").
+ * The TLS contexts a config asks for, read from their files now: the client-facing one, the one
+ * client sessions use upstream, kmirrord's own (its metadata refresh), and admin_listen's. Only
+ * kmirrord's own carries upstream_tls_cert_file: a client session presenting kmirrord's
+ * certificate would act as kmirrord on a destination that authenticates by certificate, whoever
+ * the client is (docs/proxy.md, "TLS and SASL").
  */
-typedef struct tls_set {
-	SSL_CTX *server, *sessions, *own;
-} tls_set;
+typedef struct tls_ctxs {
+	SSL_CTX *server, *sessions, *own, *admin;
+} tls_ctxs;
 
-static void tls_set_free(tls_set *t)
+static void tls_ctxs_free(tls_ctxs *t)
 {
 	SSL_CTX_free(t->server);
 	SSL_CTX_free(t->sessions);
 	SSL_CTX_free(t->own);
+	SSL_CTX_free(t->admin);
 	memset(t, 0, sizeof(*t));
 }
 
-static km_err make_tls(const km_config *cfg, tls_set *t, char *err, size_t errlen)
+static km_err make_tls(const km_config *cfg, tls_ctxs *t, char *err, size_t errlen)
 {
 	memset(t, 0, sizeof(*t));
-	if (cfg->tls_cert_file) {
-		t->server = km_net_tls_server_ctx(cfg->tls_cert_file, cfg->tls_key_file, cfg->tls_ca_file,
-						  (int)cfg->tls_client_auth, err, errlen);
-		if (!t->server)
-			return KM_ERR_TLS;
-	}
-	if (!cfg->upstream_tls)
-		return KM_OK;
-	t->sessions = km_net_tls_client_ctx(cfg->upstream_tls_ca_file, NULL, NULL, true, err, errlen);
-	if (t->sessions && !cfg->upstream_tls_cert_file && SSL_CTX_up_ref(t->sessions) == 1)
+	if (cfg->tls_cert_file &&
+	    !(t->server = km_net_tls_server_ctx(cfg->tls_cert_file, cfg->tls_key_file, cfg->tls_ca_file,
+						(int)cfg->tls_client_auth, err, errlen)))
+		goto fail;
+	if (cfg->upstream_tls &&
+	    !(t->sessions = km_net_tls_client_ctx(cfg->upstream_tls_ca_file, NULL, NULL, true, err, errlen)))
+		goto fail;
+	if (cfg->upstream_tls && !cfg->upstream_tls_cert_file && SSL_CTX_up_ref(t->sessions) == 1)
 		t->own = t->sessions;
-	else if (t->sessions)
-		t->own = km_net_tls_client_ctx(cfg->upstream_tls_ca_file, cfg->upstream_tls_cert_file,
-					       cfg->upstream_tls_key_file, true, err, errlen);
-	if (!t->sessions || !t->own) {
-		tls_set_free(t);
-		return KM_ERR_TLS;
-	}
+	else if (cfg->upstream_tls &&
+		 !(t->own = km_net_tls_client_ctx(cfg->upstream_tls_ca_file, cfg->upstream_tls_cert_file,
+						   cfg->upstream_tls_key_file, true, err, errlen)))
+		goto fail;
+	if (cfg->admin_tls_cert_file &&
+	    !(t->admin = km_net_tls_server_ctx(cfg->admin_tls_cert_file, cfg->admin_tls_key_file, NULL, 0, err,
+					       errlen)))
+		goto fail;
 	return KM_OK;
+fail:
+	tls_ctxs_free(t);
+	return KM_ERR_TLS;
 }
 
 km_proxy *km_proxy_new(struct event_base *base, const km_config *cfg, km_metrics *metrics, char *err,
@@ -534,6 +385,7 @@ km_proxy *km_proxy_new(struct event_base *base, const km_config *cfg, km_metrics
 {
 	km_proxy *px = calloc(1, sizeof(*px));
 	struct timeval tick = {0, 250000};
+	tls_ctxs tls;
 
 	if (!px) {
 		snprintf(err, errlen, "out of memory");
@@ -560,14 +412,12 @@ km_proxy *km_proxy_new(struct event_base *base, const km_config *cfg, km_metrics
 	}
 	px->host.apis = px->apis;
 	px->host.features = &px->features;
-	{
-		tls_set t;
-		if (make_tls(cfg, &t, err, errlen) != KM_OK)
-			goto fail;
-		px->host.server_tls = t.server;
-		px->host.upstream_tls = t.sessions;
-		px->own_tls = t.own;
-	}
+	if (make_tls(cfg, &tls, err, errlen) != KM_OK)
+		goto fail;
+	px->host.server_tls = tls.server;
+	px->host.upstream_tls = tls.sessions;
+	px->own_tls = tls.own;
+	px->admin_tls = tls.admin;
 	px->dns = evdns_base_new(base, EVDNS_BASE_INITIALIZE_NAMESERVERS);
 	px->host.dns = px->dns;
 	if (!px->dns)
@@ -582,16 +432,8 @@ km_proxy *km_proxy_new(struct event_base *base, const km_config *cfg, km_metrics
 	px->bootstrap_b.listener = px->bootstrap;
 	if (!px->bootstrap)
 		goto fail;
-	if (cfg->http_listen.port) {
-		px->http = evhttp_new(base);
-		if (!px->http || evhttp_bind_socket(px->http, cfg->http_listen.host, cfg->http_listen.port) != 0) {
-			snprintf(err, errlen, "cannot listen for HTTP on %s:%u", cfg->http_listen.host, cfg->http_listen.port);
-			goto fail;
-		}
-		evhttp_set_gencb(px->http, http_cb, px);
-		evhttp_set_max_body_size(px->http, 4096);
-		evhttp_set_allowed_methods(px->http, EVHTTP_REQ_GET | EVHTTP_REQ_HEAD | EVHTTP_REQ_POST);
-	}
+	if (km_proxy_http_start(px, err, errlen) != KM_OK)
+		goto fail;
 	px->tick_ev = event_new(base, -1, EV_PERSIST, tick_cb, px);
 	if (!px->tick_ev || event_add(px->tick_ev, &tick) != 0) {
 		snprintf(err, errlen, "cannot create timer");
@@ -617,7 +459,7 @@ fail:
 km_err km_proxy_reload(km_proxy *px, const km_config *next, char *err, size_t errlen)
 {
 	km_config copy;
-	tls_set t, old;
+	tls_ctxs tls, old;
 	km_cluster *prev;
 
 	if (px->swap) {
@@ -626,27 +468,29 @@ km_err km_proxy_reload(km_proxy *px, const km_config *next, char *err, size_t er
 	}
 	/* TLS files are read again on every reload, so certificates rotated in place are picked up.
 	 * New connections use the new contexts; open ones keep theirs (each SSL holds a reference). */
-	if (make_tls(next, &t, err, errlen) != KM_OK)
+	if (make_tls(next, &tls, err, errlen) != KM_OK)
 		return KM_ERR_TLS;
 	if (km_config_copy(&copy, next) != KM_OK) {
-		tls_set_free(&t);
+		tls_ctxs_free(&tls);
 		snprintf(err, errlen, "out of memory");
 		return KM_ERR_NOMEM;
 	}
 	prev = px->upstream;
-	old = (tls_set){px->host.server_tls, px->host.upstream_tls, px->own_tls};
-	px->host.server_tls = t.server;
-	px->host.upstream_tls = t.sessions;
-	px->own_tls = t.own;
+	old = (tls_ctxs){px->host.server_tls, px->host.upstream_tls, px->own_tls, px->admin_tls};
+	px->host.server_tls = tls.server;
+	px->host.upstream_tls = tls.sessions;
+	px->own_tls = tls.own;
+	px->admin_tls = tls.admin;
 	km_config_free(&px->cfg);
 	px->cfg = copy;
+	km_proxy_http_reload(px);
 	/* The upstream's clients take the new settings; the brokers' addresses stay. */
 	px->upstream = NULL;
 	px->meta = NULL; /* in flight on the old clients: its answer is ignored */
 	if (km_proxy_upstream_new(px, prev) != KM_OK)
 		KM_ERROR("proxy", 0, "reload: out of memory for the upstream's clients; metadata refresh stops until the next reload");
 	km_cluster_free(prev);
-	tls_set_free(&old);
+	tls_ctxs_free(&old);
 	km_log_set_level((km_log_level)px->cfg.log_level);
 	px->features.read_only.read_only_code = km_ro_code_of(px->cfg.read_only_error);
 	/* Sessions read the config through their host (&px->cfg) on every use, so new limits apply at once. */
@@ -734,8 +578,7 @@ void km_proxy_free(km_proxy *px)
 		free(px->brokers[i]);
 	}
 	free(px->brokers);
-	if (px->http)
-		evhttp_free(px->http);
+	km_proxy_http_free(px);
 	if (px->tick_ev)
 		event_free(px->tick_ev);
 	if (px->drain_ev)
@@ -745,6 +588,7 @@ void km_proxy_free(km_proxy *px)
 	SSL_CTX_free(px->host.server_tls);
 	SSL_CTX_free(px->host.upstream_tls);
 	SSL_CTX_free(px->own_tls);
+	SSL_CTX_free(px->admin_tls);
 	km_config_free(&px->cfg);
 	km_metrics_free(px->own_registry);
 	free(px);

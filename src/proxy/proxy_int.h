@@ -5,7 +5,6 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include <event2/http.h>
 #include <event2/listener.h>
 
 #include "kmirror/cluster.h"
@@ -18,6 +17,9 @@
 #include "proxy/features.h"
 #include "proxy/rewrite.h"
 #include "proxy/session.h"
+
+/* An HTTP listener and its connections (http.c). */
+typedef struct km_http km_http;
 
 /* The client-facing listener of an upstream broker (where it lives is in km_proxy.upstream). */
 typedef struct km_broker {
@@ -35,7 +37,9 @@ struct km_proxy {
 	km_broker bootstrap_b; /* node -1: the bootstrap listener's argument */
 	km_broker **brokers;
 	size_t nbrokers, capbrokers;
-	struct evhttp *http;
+	km_http *http;              /* http_listen */
+	km_http *admin_http;        /* admin_listen; NULL: the admin routes are on http */
+	SSL_CTX *admin_tls;         /* admin_listen's TLS; NULL: plain HTTP */
 	km_proxy_apis *apis;      /* what happens to each API's requests and responses */
 	km_session_host host;     /* what the sessions see of the proxy */
 	km_proxy_features features; /* what the features read (host.features points here) */
@@ -79,5 +83,12 @@ void km_proxy_refresh_now(km_proxy *px);
 km_err km_proxy_upstream_new(km_proxy *px, const km_cluster *carry);
 /* swap.c for proxy.c: free what swaps hold (at km_proxy_free). */
 void km_proxy_swap_free(km_proxy *px);
+/*
+ * http.c for proxy.c: the HTTP listeners of px->cfg (none when http_listen and admin_listen are
+ * unset); their limits after a reload (for new connections); their end.
+ */
+km_err km_proxy_http_start(km_proxy *px, char *err, size_t errlen) __attribute__((warn_unused_result));
+void km_proxy_http_reload(km_proxy *px);
+void km_proxy_http_free(km_proxy *px);
 
 #endif

@@ -11,6 +11,7 @@
 #include "kmirror/log.h"
 #include "kmirror/net.h"
 #include "kmirror/ring.h"
+#include "proxy/peers.h"
 #include "proxy/session.h"
 
 /* One request waiting for its response, and what to do with that response. */
@@ -33,7 +34,8 @@ typedef struct inflight {
 
 KM_RING_TYPED(inflights, inflight)
 
-typedef enum { UP_CONNECTING, UP_READY, UP_FAILED } up_state;
+/* UP_NONE: not dialled yet; the first request for the broker dials it (no request: no broker connection). */
+typedef enum { UP_NONE, UP_CONNECTING, UP_READY, UP_FAILED } up_state;
 
 /*
  * Each direction works on one frame at a time with one action and a remaining-bytes counter (the
@@ -51,6 +53,7 @@ struct km_session {
 	struct bufferevent *cli;
 	struct bufferevent *up;
 	struct evbuffer *held; /* requests received before the upstream is connected */
+	km_peer *peer;         /* its source address's count (max_connections_per_ip) */
 	up_state up_state;
 	int up_try;            /* bootstrap: index of the upstream address being tried */
 	char up_addr[300];
@@ -90,6 +93,8 @@ struct km_session_set {
 	km_session *dead;     /* closed sessions, freed at the end of the loop iteration */
 	struct event *reap_ev;
 	uint64_t next_id;
+	km_peers peers;       /* open sessions per source address */
+	km_log_gate refused_log; /* connections refused at accept: a flood is logged once in a while */
 };
 
 /*
@@ -110,11 +115,16 @@ static uint64_t now_us(void)
 	return (uint64_t)tv.tv_sec * 1000000 + (uint64_t)tv.tv_usec;
 }
 
-static uint64_t now_ms(const km_session *s)
+static uint64_t base_now_ms(struct event_base *base)
 {
 	struct timeval tv;
-	event_base_gettimeofday_cached(s->host->base, &tv);
+	event_base_gettimeofday_cached(base, &tv);
 	return (uint64_t)tv.tv_sec * 1000 + (uint64_t)tv.tv_usec / 1000;
+}
+
+static uint64_t now_ms(const km_session *s)
+{
+	return base_now_ms(s->host->base);
 }
 
 const km_session_host *km_session_host_of(const km_session *s)
@@ -199,6 +209,8 @@ static void session_close(km_session *s, const char *why)
 		km_net_bev_free(s->cli);
 	s->cli = NULL;
 	up_drop(s);
+	km_peers_release(&set->peers, s->peer);
+	s->peer = NULL;
 	if (s->prev)
 		s->prev->next = s->next;
 	else
@@ -1013,6 +1025,17 @@ static void cli_read_cb(struct bufferevent *bev, void *arg)
 	}
 	if (s->closed)
 		return;
+	/*
+	 * The first request for the broker has been read (its header checked, its bytes held): dial
+	 * now. Not earlier: a socket that sends nothing, or nothing Kafka, opens no broker connection.
+	 * Here, not in up_send: a dial that fails at once closes the session, which a hook or the
+	 * loop above must not see.
+	 */
+	if (s->up_state == UP_NONE && evbuffer_get_length(s->held)) {
+		up_connect(s);
+		if (s->closed)
+			return;
+	}
 	if (answered)
 		pump_responses(s);
 	else
@@ -1076,6 +1099,7 @@ void km_session_set_free(km_session_set *set)
 		return;
 	km_session_set_close_all(set, "shutdown");
 	reap(set);
+	km_peers_clear(&set->peers);
 	if (set->reap_ev)
 		event_free(set->reap_ev);
 	free(set);
@@ -1112,17 +1136,64 @@ void km_session_set_close_of(km_session_set *set, const km_session_host *host, c
 	}
 }
 
-void km_session_set_accept(km_session_set *set, int fd, int32_t node_id)
+/* A connection refused at accept: closed at once, counted, and logged once in a while (a flood would flood the log). */
+static void refuse(km_session_set *set, int fd, const struct sockaddr *sa, km_reject_reason why)
+{
+	const km_config *cfg = set->host->cfg;
+	uint64_t held;
+	char addr[64];
+
+	evutil_closesocket(fd);
+	set->host->metrics->rejected[why]++;
+	if (!km_log_gate_pass(&set->refused_log, base_now_ms(set->host->base), &held))
+		return;
+	km_peers_format(sa, addr, sizeof(addr));
+	KM_WARN("proxy", 0,
+		"refused a client connection from %s: %s (%lld) reached; %llu more refused in the %d s before", addr,
+		why == KM_REJECT_MAX_CONNECTIONS ? "max_connections" : "max_connections_per_ip",
+		(long long)(why == KM_REJECT_MAX_CONNECTIONS ? cfg->max_connections : cfg->max_connections_per_ip),
+		(unsigned long long)held, KM_LOG_GATE_MS / 1000);
+}
+
+/* The caps of max_connections and max_connections_per_ip: the new connection's peer entry, or NULL (fd closed). */
+static km_peer *admit(km_session_set *set, int fd, const struct sockaddr *sa)
+{
+	const km_config *cfg = set->host->cfg;
+	km_peer *p;
+	bool full;
+
+	if (cfg->max_connections && set->count >= (size_t)cfg->max_connections) {
+		refuse(set, fd, sa, KM_REJECT_MAX_CONNECTIONS);
+		return NULL;
+	}
+	if ((p = km_peers_take(&set->peers, sa, cfg->max_connections_per_ip, &full)))
+		return p;
+	if (full) {
+		refuse(set, fd, sa, KM_REJECT_MAX_CONNECTIONS_PER_IP);
+	} else {
+		KM_ERROR("proxy", 0, "out of memory accepting a client connection");
+		evutil_closesocket(fd);
+	}
+	return NULL;
+}
+
+void km_session_set_accept(km_session_set *set, int fd, const struct sockaddr *sa, int32_t node_id)
 {
 	const km_session_host *host = set->host;
-	km_session *s = calloc(1, sizeof(*s));
+	km_peer *peer = admit(set, fd, sa);
+	km_session *s;
 	int one = 1;
 
+	if (!peer)
+		return;
+	s = calloc(1, sizeof(*s));
 	if (!s || !(s->held = evbuffer_new())) {
 		free(s);
+		km_peers_release(&set->peers, peer);
 		evutil_closesocket(fd);
 		return;
 	}
+	s->peer = peer;
 	setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
 	s->set = set;
 	s->host = host;
@@ -1134,6 +1205,7 @@ void km_session_set_accept(km_session_set *set, int fd, int32_t node_id)
 	s->cli = km_net_bev_new(host->base, fd, host->server_tls, true, NULL, false);
 	if (!s->cli) {
 		evutil_closesocket(fd);
+		km_peers_release(&set->peers, peer);
 		evbuffer_free(s->held);
 		free(s);
 		return;
@@ -1149,7 +1221,6 @@ void km_session_set_accept(km_session_set *set, int fd, int32_t node_id)
 	bufferevent_setwatermark(s->cli, EV_WRITE, (size_t)host->cfg->connection_buffer_bytes / 2, 0);
 	km_net_bev_enable(s->cli, EV_READ | EV_WRITE);
 	KM_DEBUG("proxy", s->id, "client connected on %s port (node %d)", node_id < 0 ? "bootstrap" : "broker", node_id);
-	up_connect(s);
 }
 
 size_t km_session_set_drain(km_session_set *set, size_t n)

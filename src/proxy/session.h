@@ -5,6 +5,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/socket.h>
 
 #include <event2/buffer.h>
 #include <event2/dns.h>
@@ -51,8 +52,13 @@ typedef struct km_session_host {
 km_session_set *km_session_set_new(const km_session_host *host);
 /* Close every session and free them (not from inside a session callback). */
 void km_session_set_free(km_session_set *set);
-/* A client connected on the bootstrap port (node_id -1) or on broker node_id's port. */
-void km_session_set_accept(km_session_set *set, int fd, int32_t node_id);
+/*
+ * A client connected from sa on the bootstrap port (node_id -1) or on broker node_id's port. Over
+ * max_connections, or max_connections_per_ip from sa's address, fd is closed at once and counted
+ * (kmirror_connections_rejected_total). The session dials its upstream when the client's first
+ * request for the broker has been read, not before.
+ */
+void km_session_set_accept(km_session_set *set, int fd, const struct sockaddr *sa, int32_t node_id);
 size_t km_session_set_count(const km_session_set *set);
 /* The store st has loaded: sessions whose next request waited for it read on. */
 void km_session_set_state_ready(km_session_set *set, const km_state *st);

@@ -211,7 +211,16 @@ static void test_topic_commands(void **state)
 	assert_string_equal(a.token_file, "/t");
 	assert_string_equal(a.to, "b:9092,c:9092");
 	assert_int_equal(a.wait_ms, 1000);
+	assert_null(a.admin_ca);
 	km_cli_args_free(&a);
+	/* --admin-ca: HTTPS to admin_listen */
+	assert_int_equal(parse(&a, err, "swap-upstream", "--admin", "h:9645", "--admin-ca", "/ca.pem", "--token-file",
+			       "/t", "--to", "b:9092", NULL),
+			 KM_CLI_EXIT_OK);
+	assert_string_equal(a.admin_ca, "/ca.pem");
+	km_cli_args_free(&a);
+	ASSERT_USAGE("stop does not take --admin-ca", "--bootstrap-server", "h:1", "stop", "--mirror", "m", "--topics",
+		     "a", "--admin-ca", "/ca.pem");
 	ASSERT_USAGE("--admin, --token-file and --to are required", "swap-upstream", "--admin", "h:1", "--to", "b:1");
 	ASSERT_USAGE("--to: empty upstream", "swap-upstream", "--admin", "h:1", "--token-file", "/t", "--to", "");
 	ASSERT_USAGE("swap-upstream does not take --mirror", "swap-upstream", "--admin", "h:1", "--token-file", "/t",

@@ -139,6 +139,38 @@ static void test_validate(void **state)
 	km_config_free(&cfg);
 }
 
+/* admin_listen apart from the other listeners; its TLS files in a pair, and only with it. */
+static void test_validate_admin_listen(void **state)
+{
+	km_config cfg;
+	char err[256];
+
+	(void)state;
+	km_config_init(&cfg);
+	assert_int_equal(km_config_set(&cfg, "upstream", "k:9092", err, sizeof(err)), KM_OK);
+	assert_int_equal(km_config_set(&cfg, "http_listen", "0.0.0.0:9644", err, sizeof(err)), KM_OK);
+	assert_int_equal(km_config_set(&cfg, "admin_listen", "0.0.0.0:9644", err, sizeof(err)), KM_OK);
+	assert_int_equal(km_config_validate(&cfg, err, sizeof(err)), KM_ERR_CONFIG);
+	assert_non_null(strstr(err, "admin_listen"));
+	assert_int_equal(km_config_set(&cfg, "admin_listen", "0.0.0.0:9092", err, sizeof(err)), KM_OK);
+	assert_int_equal(km_config_validate(&cfg, err, sizeof(err)), KM_ERR_CONFIG);
+	assert_int_equal(km_config_set(&cfg, "admin_listen", "127.0.0.1:9644", err, sizeof(err)), KM_OK);
+	assert_int_equal(km_config_validate(&cfg, err, sizeof(err)), KM_OK);
+	assert_int_equal(km_config_set(&cfg, "admin_tls_cert_file", "/a.pem", err, sizeof(err)), KM_OK);
+	assert_int_equal(km_config_validate(&cfg, err, sizeof(err)), KM_ERR_CONFIG);
+	assert_int_equal(km_config_set(&cfg, "admin_tls_key_file", "/a.key", err, sizeof(err)), KM_OK);
+	assert_int_equal(km_config_validate(&cfg, err, sizeof(err)), KM_OK);
+	assert_int_equal(km_config_set(&cfg, "admin_listen", "", err, sizeof(err)), KM_OK);
+	assert_int_equal(km_config_validate(&cfg, err, sizeof(err)), KM_ERR_CONFIG);
+	assert_non_null(strstr(err, "admin_listen"));
+	/* the caps' defaults, and 0 for none */
+	assert_int_equal(cfg.max_connections, 10000);
+	assert_int_equal(cfg.max_connections_per_ip, 1000);
+	assert_int_equal(km_config_set(&cfg, "max_connections_per_ip", "0", err, sizeof(err)), KM_OK);
+	assert_int_equal(km_config_set(&cfg, "http_max_headers", "0", err, sizeof(err)), KM_ERR_CONFIG);
+	km_config_free(&cfg);
+}
+
 static void test_reload_rules(void **state)
 {
 	km_config cur, next;
@@ -314,6 +346,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_defaults_round_trip), cmocka_unit_test(test_set_values),
 		cmocka_unit_test(test_load_file),           cmocka_unit_test(test_validate),
+		cmocka_unit_test(test_validate_admin_listen),
 		cmocka_unit_test(test_reload_rules),        cmocka_unit_test(test_sasl_mechanisms),
 		cmocka_unit_test(test_docs_match_table),    cmocka_unit_test(test_upstream_file),
 		cmocka_unit_test(test_password_file),

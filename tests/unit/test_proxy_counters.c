@@ -26,6 +26,9 @@ static void test_rendered_names(void **state)
 	c.client_connections = 3;
 	c.client_bytes_out = 1234;
 	c.rejected[KM_REJECT_TLS_HELLO] = 2;
+	c.rejected[KM_REJECT_MAX_CONNECTIONS_PER_IP] = 4;
+	c.http_rejected[KM_HTTP_REJECT_UNAUTHORIZED] = 5;
+	c.http_connections = 2;
 	c.brokers_known = 3;
 	c.draining = 1;
 	km_metrics_request(&c, 3);
@@ -46,6 +49,10 @@ static void test_rendered_names(void **state)
 	assert_non_null(strstr(text, "kmirror_draining 1\n"));
 	assert_non_null(strstr(text, "kmirror_connections_rejected_total{reason=\"tls_on_plaintext\"} 2\n"));
 	assert_non_null(strstr(text, "kmirror_connections_rejected_total{reason=\"request_timeout\"} 0\n"));
+	assert_non_null(strstr(text, "kmirror_connections_rejected_total{reason=\"max_connections_per_ip\"} 4\n"));
+	assert_non_null(strstr(text, "kmirror_http_rejected_total{reason=\"too_many_headers\"} 0\n"));
+	assert_non_null(strstr(text, "kmirror_http_rejected_total{reason=\"unauthorized\"} 5\n"));
+	assert_non_null(strstr(text, "# TYPE kmirror_http_connections gauge\nkmirror_http_connections 2\n"));
 	assert_non_null(strstr(text, "# TYPE kmirror_requests_total counter\nkmirror_requests_total{api_key=\"3\"} 2\n"
 				     "kmirror_requests_total{api_key=\"other\"} 2\n"));
 	assert_null(strstr(text, "kmirror_requests_total{api_key=\"0\"}"));

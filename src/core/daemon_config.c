@@ -144,9 +144,10 @@ static const km_option options[] = {
 	{.name = "read_only_error", .type = KM_OPT_ENUM, .offset = OFF(read_only_error), .def = "policy_violation",
 	 .choices = &read_only_errors, .reloadable = true,
 	 .doc = "The error a write, DeleteRecords, DeleteTopics or CreatePartitions on a read-only mirror topic "
-		 "gets: policy_violation (POLICY_VIOLATION, 44: every client names it and does not retry; the "
-		 "message travels with it), topic_authorization_failed (29), or kmirror (kmirror's own "
-		 "READ_ONLY_TOPIC, 32000, for tools that know it; most clients show it as an unknown error)."},
+		 "gets: policy_violation (POLICY_VIOLATION, 44: every client names it and none retries it; the Java "
+		 "producer and kafka-python show kmirrord's message with it), topic_authorization_failed (29), or "
+		 "kmirror (kmirror's own READ_ONLY_TOPIC, 32000, for tools that know it; stock clients show it as an "
+		 "unknown error). docs/protocol.md, \"Read-only mirror topics\", has what each client shows."},
 	{.name = "tls_cert_file", .type = KM_OPT_STRING, .offset = OFF(tls_cert_file), .def = "", .reloadable = true,
 	 .doc = "PEM certificate (chain) for client-facing TLS; set with tls_key_file to make every listener TLS. "
 		 "TLS files are read again on every reload (rotation in place); new connections use them."},

@@ -50,6 +50,8 @@ typedef struct km_config {
 	char *admin_token_file;   /* the HTTP admin endpoint's bearer token; NULL: endpoint refuses */
 	int64_t log_level;        /* km_log_level */
 	int64_t max_frame_bytes;
+	int64_t max_auth_frame_bytes;
+	int64_t max_local_frame_bytes;
 	int64_t idle_timeout_ms;
 	int64_t frame_timeout_ms;
 	int64_t upstream_connect_timeout_ms;

@@ -91,6 +91,14 @@ static const km_option options[] = {
 	 .max = INT32_MAX, .reloadable = true,
 	 .doc = "Largest request or response frame accepted (like the broker's socket.request.max.bytes); "
 		 "a larger frame closes the connection."},
+	{.name = "max_auth_frame_bytes", .type = KM_OPT_INT, .offset = OFF(max_auth_frame_bytes), .def = "524288",
+	 .min = 64, .max = I64MAX, .reloadable = true,
+	 .doc = "Largest ApiVersions, SaslHandshake or SaslAuthenticate request frame (what comes before "
+		 "authentication; a broker's sasl.server.max.receive.size); a larger one closes the connection."},
+	{.name = "max_local_frame_bytes", .type = KM_OPT_INT, .offset = OFF(max_local_frame_bytes), .def = "1048576",
+	 .min = 64, .max = I64MAX, .reloadable = true,
+	 .doc = "Largest mirror RPC request frame (kmirrord reads and answers them itself); a larger one closes "
+		 "the connection."},
 	{.name = "idle_timeout_ms", .type = KM_OPT_INT, .offset = OFF(idle_timeout_ms), .def = "600000", .min = 0,
 	 .max = I64MAX, .reloadable = true,
 	 .doc = "A client connection with no traffic and no request in flight for this long is closed "

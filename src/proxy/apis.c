@@ -135,6 +135,8 @@ static km_err add_stage(km_proxy_apis *t, const km_proxy_stage *st, const km_pro
 		r->req = st->req;
 	r->in_place = r->in_place || st->in_place;
 	r->needs_state = r->needs_state || feature->needs_state;
+	if (!r->frame_cap)
+		r->frame_cap = st->frame_cap;
 	if (responds) {
 		r->resp = st->resp;
 		r->resp_from = st->resp_from;

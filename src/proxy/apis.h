@@ -121,6 +121,17 @@ typedef km_err (*km_req_hook)(km_req *rq);
 /* A rewriter of a whole response body (after the response header). */
 typedef km_err (*km_body_rewriter)(const uint8_t *body, size_t len, int16_t version, km_rewrite_ctx *ctx, km_wr *out);
 
+/*
+ * Requests that are small by nature get a frame cap of their own, below max_frame_bytes: what
+ * comes before authentication (ApiVersions, SASL; as a broker's sasl.server.max.receive.size), and
+ * what the proxy reads and answers itself (the mirror RPCs).
+ */
+typedef enum {
+	KM_FRAME_CAP_NONE = 0,  /* max_frame_bytes */
+	KM_FRAME_CAP_AUTH,      /* max_auth_frame_bytes */
+	KM_FRAME_CAP_LOCAL,     /* max_local_frame_bytes */
+} km_frame_cap;
+
 /* The most stages one row composes (one per feature that has a part in the API). */
 #define KM_PROXY_STAGES_MAX 7
 
@@ -135,6 +146,7 @@ typedef struct km_proxy_stage {
 	int16_t min_version, max_version;
 	km_req_action req;        /* the row takes the strongest its stages ask (forward < hold < local) */
 	bool in_place;            /* held requests are read in place (every on_request of the row must then) */
+	km_frame_cap frame_cap;   /* the row takes the first a stage asks */
 	km_req_hook classify;     /* run in stage order; stops at an error or once more bytes are asked for */
 	km_req_hook on_request;   /* run in stage order; stops at an error, an answer or a pending answer */
 	/* The response: at most one stage of a row sets resp and its rewriter or hook. */
@@ -168,6 +180,7 @@ struct km_proxy_api {
 	km_req_hook on_request;   /* HOLD and LOCAL */
 	bool in_place;            /* HOLD and LOCAL: on_request reads the frame in rq->in; it is not pulled up into one piece */
 	bool needs_state;         /* a feature of the row reads the mirror state: requests wait until it has loaded */
+	km_frame_cap frame_cap;   /* a cap of its own on the request's frame */
 	km_resp_action resp;
 	int16_t resp_from;        /* resp applies from this version on; older versions' responses are forwarded */
 	km_body_rewriter rewrite; /* WHOLE: the body rewriter, or */

@@ -138,10 +138,12 @@ static const km_proxy_stage stages[] = {
 	 .max_version = KM_REWRITE_DESCRIBE_CLUSTER_MAX_VERSION, .resp = KM_RESP_WHOLE,
 	 .rewrite = km_rewrite_describe_cluster, .note = "broker endpoints become the proxy's"},
 	{.key = KM_API_API_VERSIONS, .classify = api_versions_classify, .on_request = api_versions_too_new,
-	 .resp = KM_RESP_WHOLE, .rewrite = km_rewrite_api_versions,
+	 .frame_cap = KM_FRAME_CAP_AUTH, .resp = KM_RESP_WHOLE, .rewrite = km_rewrite_api_versions,
 	 .note = "too new: answered here; versions narrowed to this table, features to what they need"},
 	{.key = KM_API_SASL_HANDSHAKE, .versions = true, .min_version = 1, .max_version = -1,
-	 .note = "v0 is refused: its tokens travel outside Kafka framing"},
+	 .frame_cap = KM_FRAME_CAP_AUTH, .note = "v0 is refused: its tokens travel outside Kafka framing"},
+	{.key = KM_API_SASL_AUTHENTICATE, .frame_cap = KM_FRAME_CAP_AUTH,
+	 .note = "frames over max_auth_frame_bytes closed, as before authentication on a broker"},
 	/* v10 only swaps topic names for ids: a group's offsets asked by a previous upstream's id after
 	 * an upstream swap would read as none, and the consumer would reset. By name they carry over. */
 	{.key = KM_API_OFFSET_COMMIT, .versions = true, .min_version = -1, .max_version = 9,

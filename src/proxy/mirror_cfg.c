@@ -2,6 +2,8 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "kmirror/hash.h"
+
 #include "proxy/mirror_rpc.h"
 
 /* Kafka's limit on a topic name (Topic.MAX_NAME_LENGTH). */
@@ -51,19 +53,55 @@ km_err km_mirror_check_name(km_str name, const char *what, char *err, size_t err
 	return KM_OK;
 }
 
+/* The km_str at item i of an array of structs (stride bytes each, the string at off). */
+static km_str str_at(const void *items, size_t stride, size_t off, size_t i)
+{
+	km_str s;
+	memcpy(&s, (const char *)items + i * stride + off, sizeof(s));
+	return s;
+}
+
+km_err km_str_first_dup(const void *items, size_t n, size_t stride, size_t off, size_t *dup)
+{
+	size_t cap = 16, *slot;
+
+	*dup = n;
+	while (cap < 2 * n)
+		cap *= 2;
+	/* Open addressing over indices + 1 (0: free): one pass, linear in the names' total length. */
+	if (!(slot = calloc(cap, sizeof(*slot))))
+		return KM_ERR_NOMEM;
+	for (size_t i = 0; i < n && *dup == n; i++) {
+		km_str s = str_at(items, stride, off, i);
+		size_t h = (size_t)km_fnv1a(KM_FNV1A_INIT, s.p, s.len > 0 ? (size_t)s.len : 0) & (cap - 1);
+		for (;; h = (h + 1) & (cap - 1)) {
+			if (!slot[h]) {
+				slot[h] = i + 1;
+				break;
+			}
+			if (km_str_eq(str_at(items, stride, off, slot[h] - 1), s)) {
+				*dup = i;
+				break;
+			}
+		}
+	}
+	free(slot);
+	return KM_OK;
+}
+
 km_err km_mirror_check_names(const km_str *names, size_t n, const char *what, char *err, size_t errlen)
 {
+	size_t dup;
 	for (size_t i = 0; i < n; i++) {
 		km_err rc = km_mirror_check_name(names[i], what, err, errlen);
 		if (rc != KM_OK)
 			return rc;
-		/* Requests are small (a frame's worth): the quadratic scan stays cheap. */
-		for (size_t j = 0; j < i; j++)
-			if (km_str_eq(names[i], names[j])) {
-				snprintf(err, errlen, "%s '%.*s' is named more than once", what, (int)names[i].len,
-					 names[i].p);
-				return KM_KAFKA_INVALID_REQUEST;
-			}
+	}
+	if (km_str_first_dup(names, n, sizeof(*names), 0, &dup) != KM_OK)
+		return KM_ERR_NOMEM;
+	if (dup < n) {
+		snprintf(err, errlen, "%s '%.*s' is named more than once", what, (int)names[dup].len, names[dup].p);
+		return KM_KAFKA_INVALID_REQUEST;
 	}
 	return KM_OK;
 }

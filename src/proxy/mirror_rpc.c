@@ -1,5 +1,6 @@
 /* The mirror RPCs and the mirror.name topic config: checked here, authorized by the destination's broker as the caller, carried out by the state store. */
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -882,12 +883,17 @@ static km_err check_configs(km_mop *op, bool values, char *err, size_t errlen)
 				 q->configs.items[i].name.p);
 			return KM_KAFKA_INVALID_REQUEST;
 		}
-		for (int32_t j = 0; j < i; j++)
-			if (km_str_eq(q->configs.items[i].name, q->configs.items[j].name)) {
-				snprintf(err, errlen, "config %.*s is given more than once", (int)q->configs.items[i].name.len,
-					 q->configs.items[i].name.p);
-				return KM_KAFKA_INVALID_REQUEST;
-			}
+	}
+	if (q->configs.count > 0) {
+		size_t n = (size_t)q->configs.count, dup;
+		if (km_str_first_dup(q->configs.items, n, sizeof(*q->configs.items),
+				     offsetof(km_create_mirror_request_mirror_config, name), &dup) != KM_OK)
+			return KM_ERR_NOMEM;
+		if (dup < n) {
+			snprintf(err, errlen, "config %.*s is given more than once", (int)q->configs.items[dup].name.len,
+				 q->configs.items[dup].name.p);
+			return KM_KAFKA_INVALID_REQUEST;
+		}
 	}
 	return KM_OK;
 }
@@ -1076,7 +1082,8 @@ MIRROR_RPCS(RPC_PARTS)
 
 /* A mirror RPC: answered here (later, once the store has done its work), never forwarded. */
 #define RPC_STAGE(key_, name_, check_, auth_, apply_, error_, topics_, note_)                                      \
-	{.key = (key_), .req = KM_REQ_LOCAL, .on_request = name_##_request, .resp = KM_RESP_LOCAL, .note = (note_)},
+	{.key = (key_), .req = KM_REQ_LOCAL, .frame_cap = KM_FRAME_CAP_LOCAL, .on_request = name_##_request,        \
+	 .resp = KM_RESP_LOCAL, .note = (note_)},
 
 static const km_proxy_stage stages[] = {MIRROR_RPCS(RPC_STAGE)};
 

@@ -52,6 +52,11 @@ void km_mirror_rpc_detach(km_session_set *set);
  */
 km_err km_mirror_check_name(km_str name, const char *what, char *err, size_t errlen);
 /* Every name valid and none twice (names[i], n of them). */
+/*
+ * The first of n strings (each a km_str at offset off of a stride-byte struct) equal to an earlier
+ * one: *dup its index, n when none. Linear: a request's names are checked before it is authorized.
+ */
+km_err km_str_first_dup(const void *items, size_t n, size_t stride, size_t off, size_t *dup);
 km_err km_mirror_check_names(const km_str *names, size_t n, const char *what, char *err, size_t errlen);
 
 /* What a resource's mirror.name asks for. */

@@ -872,6 +872,12 @@ static head_result request_held(km_session *s, struct evbuffer *in, bool whole, 
 	return HEAD_DONE;
 }
 
+/* A small request's own frame cap (km_frame_cap). */
+static size_t frame_cap_of(const km_config *cfg, km_frame_cap cap)
+{
+	return (size_t)(cap == KM_FRAME_CAP_AUTH ? cfg->max_auth_frame_bytes : cfg->max_local_frame_bytes);
+}
+
 static head_result request_head(km_session *s, struct evbuffer *in)
 {
 	km_proxy_counters *m = s->host->metrics;
@@ -896,6 +902,14 @@ static head_result request_head(km_session *s, struct evbuffer *in)
 	if (!api || h.api_version < km_proxy_api_min(api) ||
 	    (h.api_version > km_proxy_api_max(api) && api->classify == NULL))
 		return reject_unsupported(s, &h);
+	if (api->frame_cap && (size_t)size > frame_cap_of(cfg, api->frame_cap)) {
+		char msg[200];
+		snprintf(msg, sizeof(msg), "%s request frame of %d bytes is over %s %lld", km_proxy_api_name(api), size,
+			 api->frame_cap == KM_FRAME_CAP_AUTH ? "max_auth_frame_bytes" : "max_local_frame_bytes",
+			 (long long)frame_cap_of(cfg, api->frame_cap));
+		reject(s, KM_REJECT_TOO_LARGE, msg);
+		return HEAD_CLOSED;
+	}
 	/* Until the store has loaded nothing would be refused or translated: such a request waits (unread). */
 	if (api->needs_state && s->host->state && !km_state_ready(s->host->state)) {
 		if (!s->state_wait_ms) {

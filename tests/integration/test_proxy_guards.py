@@ -270,3 +270,53 @@ def test_requests_wait_for_the_state(proxy_factory, dest_cluster3, source_cluste
     print("after:", err)
     assert err is not None and err.code() not in (-185, -192), err  # refused by kmirrord, not a timeout
     assert watermarks(cluster, ro) == [(0, 0)]
+
+
+# ---- resources: what a client can make kmirrord do before it is authorized ------------------
+
+def test_mirror_rpc_names_checked_in_linear_time(guarded):
+    """DescribeMirrors naming 60,000 distinct topics (a 0.5 MB frame, under the mirror RPC cap):
+    the duplicate check runs before the request is authorized, so it must not be quadratic (1.8
+    billion comparisons before); kmirrord answers at once and serves other connections meanwhile."""
+    import time
+    from test_mirror_configs import DESCRIBE, carray, cstr
+    p, state_topic, mirror = guarded
+    names = [cstr(f"t{i:05d}") for i in range(60000)]
+    body = carray([cstr(mirror)]) + carray(names) + b"\x00"
+    c = Client(p.bootstrap)
+    try:
+        t0 = time.monotonic()
+        r = c.call(DESCRIBE, 0, body)
+        elapsed = time.monotonic() - t0
+        r.i32()
+        print(f"DescribeMirrors with {len(names)} topics answered in {elapsed * 1000:.0f} ms: error {r.i16()}")
+    finally:
+        c.close()
+    assert elapsed < 2.0, f"{elapsed:.1f} s for the check of {len(names)} names"
+
+
+@pytest.mark.parametrize("key,size,option", [(36, 600 * 1024, "max_auth_frame_bytes"),
+                                             (32003, 2 * 1024 * 1024, "max_local_frame_bytes")])
+def test_small_requests_have_small_frames(guarded, key, size, option):
+    """A SaslAuthenticate over 512 KiB (what a broker takes before authentication) and a mirror RPC
+    over 1 MiB (kmirrord reads and decodes it itself) close the connection at their header: the
+    rest of the frame is never read or buffered."""
+    import socket as sk
+    p, state_topic, mirror = guarded
+    host, port = p.bootstrap.rsplit(":", 1)
+    s = sk.create_connection((host, int(port)), timeout=10)
+    try:
+        cid = b"kmirror-test"
+        head = struct.pack(">hhih", key, 2 if key == 36 else 0, 1, len(cid)) + cid + b"\x00"
+        s.sendall(struct.pack(">i", len(head) + size) + head + bytes(1024))  # the head the proxy reads first
+        s.settimeout(10)
+        try:
+            closed = s.recv(1) == b""
+        except ConnectionResetError:
+            closed = True
+        except sk.timeout:
+            closed = False
+    finally:
+        s.close()
+    assert closed, f"a {size}-byte frame of api key {key} was taken"
+    p.wait_log(rf"request frame of {size + len(head)} bytes is over {option}")

@@ -247,6 +247,37 @@ static void test_synced_topics_refuse_configs(void **state)
 	km_arena_free(&a);
 }
 
+/* The duplicate check: the first repeat, or none; linear, so a large list is cheap. */
+static void test_first_dup(void **state)
+{
+	km_str v[5] = {km_str_c("a"), km_str_c("bb"), km_str_c("c"), km_str_c("bb"), km_str_c("a")};
+	enum { N = 200000 };
+	km_str *many = calloc(N, sizeof(*many));
+	char *text = calloc(N, 8);
+	size_t dup;
+	(void)state;
+
+	assert_int_equal(km_str_first_dup(v, 5, sizeof(*v), 0, &dup), KM_OK);
+	assert_int_equal(dup, 3);
+	assert_int_equal(km_str_first_dup(v, 3, sizeof(*v), 0, &dup), KM_OK);
+	assert_int_equal(dup, 3); /* none: n */
+	assert_int_equal(km_str_first_dup(v, 0, sizeof(*v), 0, &dup), KM_OK);
+	assert_int_equal(dup, 0);
+	assert_non_null(many);
+	assert_non_null(text);
+	for (int i = 0; i < N; i++) {
+		snprintf(text + (size_t)i * 8, 8, "t%06d", i);
+		many[i] = km_str_c(text + (size_t)i * 8);
+	}
+	assert_int_equal(km_str_first_dup(many, N, sizeof(*many), 0, &dup), KM_OK);
+	assert_int_equal(dup, N);
+	many[N - 1] = many[17];
+	assert_int_equal(km_str_first_dup(many, N, sizeof(*many), 0, &dup), KM_OK);
+	assert_int_equal(dup, N - 1);
+	free(many);
+	free(text);
+}
+
 static void test_iac_plain_is_not_ours(void **state)
 {
 	static const iac_res res[] = {{KM_RESOURCE_TOPIC, "t", {{"retention.ms", 0, "1"}}, 1}};
@@ -523,6 +554,7 @@ int main(void)
 		cmocka_unit_test(test_iac_split_merge),
 		cmocka_unit_test(test_iac_plain_is_not_ours),
 		cmocka_unit_test(test_synced_topics_refuse_configs),
+		cmocka_unit_test(test_first_dup),
 		cmocka_unit_test(test_ac_split_merge),
 		cmocka_unit_test(test_take_matches_by_name),
 		cmocka_unit_test(test_describe_add),

@@ -84,6 +84,7 @@ typedef struct km_config {
 	int64_t mirror_state_partitions;
 	int64_t mirror_state_replication_factor; /* -1: min(3, brokers) */
 	char *mirror_secret_key_file;
+	char *mirror_file_dir;
 	bool secret_file_mode_check; /* refuse secret files group or others may read */
 } km_config;
 

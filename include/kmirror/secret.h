@@ -25,6 +25,14 @@ bool km_secret_config_key(const char *name);
 km_err km_secret_file_read(const char *option, const char *path, bool mode_check, uint8_t *buf, size_t cap,
 			   size_t *len, bool *loose, char *err, size_t errlen) __attribute__((warn_unused_result));
 
+/*
+ * Whether the file a mirror configuration names (ssl.*.location) may be read: with its symlinks
+ * and ".." resolved it is inside dir (mirror_file_dir). false with err saying why and what to do
+ * (dir NULL or empty: no file may be named). Whoever may create or alter a mirror chooses these
+ * paths, and kmirrord reads them with its own rights.
+ */
+bool km_mirror_file_allowed(const char *dir, const char *key, const char *path, char *err, size_t errlen);
+
 /* The option that turns the mode check off, as messages name it. */
 #define KM_SECRET_MODE_OPTION "secret_file_mode_check"
 

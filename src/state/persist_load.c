@@ -421,6 +421,10 @@ static void load_metadata(km_state_persist *io)
 
 static void start_load(km_state_persist *io)
 {
+	if (io->st->fatal[0]) {
+		io->ph = PH_IDLE; /* a retry timer set before the store stopped */
+		return;
+	}
 	io->ph = PH_LOAD;
 	io->gen++;
 	io->wait_c = NULL;

@@ -1263,6 +1263,13 @@ void km_state_loaded(km_state *st, km_state_model *model)
 {
 	size_t topics = 0;
 	km_state_model old = st->model;
+
+	if (st->fatal[0]) {
+		/* Stopped for good: what was read is not served. */
+		km_state_model_free(model);
+		km_state_model_init(model);
+		return;
+	}
 	st->model = *model;
 	km_state_model_init(model);
 	for (size_t i = 0; i < st->model.nmirrors; i++)

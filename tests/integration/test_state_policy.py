@@ -1,13 +1,15 @@
 """The state topic's cleanup.policy (docs/state.md, "The state topic's policy"): a state topic made
 directly on the destination that is not compacted (delete, or compact,delete) is never read nor
 written by kmirrord, which logs why and what to run, and exits 1; whether it was there at start or
-appeared before the first write. A compacted one made the same way is used as before."""
+appeared before the first write. A compacted one made the same way is used as before. A swap's
+store that finds the topic not compacted fails the swap, and kmirrord goes on."""
 
+import json
 import subprocess
 import uuid
 
 import pytest
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, NewTopic
 
 from harness import Daemon
 from mirror_data import main_release_only
@@ -105,3 +107,39 @@ def test_state_topic_made_compacted_elsewhere_is_used(proxy_factory, dest_cluste
         c.close()
     assert p.running()
     assert "cleanup.policy" not in p.output()
+
+
+def test_swap_to_a_state_topic_not_compacted_fails(proxy_factory, dest_cluster, tmp_path):
+    """A store prepared for an upstream swap that finds the state topic not compacted fails the
+    swap with its message; kmirrord keeps fronting its upstream. The same cluster under another
+    address stands for the new upstream: its state topic is altered to delete on the brokers after
+    kmirrord read it (which the running store does not check again until its next load)."""
+    state_topic = make_state_topic(dest_cluster, "compact")
+    token = "swap-" + uuid.uuid4().hex
+    (tmp_path / "admin.token").write_text(token + "\n")
+    (tmp_path / "admin.token").chmod(0o600)
+    p = proxy_factory(dest_cluster, mirror_state_topic=state_topic, upstream_file=str(tmp_path / "upstream"),
+                      admin_token_file=str(tmp_path / "admin.token"))
+    wait_until(lambda: p.http_get("/readyz")[0] == 200, 60, what="kmirrord ready")
+    a = AdminClient({"bootstrap.servers": dest_cluster.bootstrap})
+    res = ConfigResource(ConfigResource.Type.TOPIC, state_topic,
+                         incremental_configs=[ConfigEntry("cleanup.policy", "delete",
+                                                          incremental_operation=AlterConfigOpType.SET)])
+    a.incremental_alter_configs([res])[res].result(timeout=30)
+    host, port = dest_cluster.bootstrap.split(",")[0].rsplit(":", 1)
+    other = f"localhost:{port}" if host != "localhost" else f"127.0.0.1:{port}"
+    status, body = p.http("POST", "/admin/upstream", other, token=token)
+    print("swap:", status, body)
+    assert status in (200, 202), (status, body)
+
+    def swap_status():
+        status, body = p.http("GET", "/admin/upstream", token=token)
+        assert status == 200, (status, body)
+        return json.loads(body)
+    st = wait_until(lambda: (lambda s: s if s["swapping_to"] is None else None)(swap_status()), 90,
+                    what="the swap to end")
+    print(st)
+    assert refusal(state_topic, "delete") in st["last_swap"], st
+    assert st["upstream"] == p.options["upstream"], st
+    assert p.running()
+    assert p.http_get("/readyz")[0] == 200

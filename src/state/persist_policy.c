@@ -57,7 +57,8 @@ static bool take_policy(km_state_persist *io, const km_describe_configs_response
 	const km_describe_configs_response_describe_configs_result *res;
 
 	if (r->results.count != 1) {
-		snprintf(why, wlen, "DescribeConfigs of %s: %d results", io->st->cfg.mirror_state_topic, r->results.count);
+		snprintf(why, wlen, "DescribeConfigs of %s: %d results", io->st->cfg.mirror_state_topic,
+			 r->results.count);
 		return false;
 	}
 	res = &r->results.items[0];
@@ -127,7 +128,8 @@ static void check_send(km_state_persist *io)
 
 	if (!km_ps_client_wait(io, c, KM_PS_ANY, check_send))
 		return;
-	if (c && km_net_client_ready(c) && (ver = km_ps_version_for(c, KM_API_DESCRIBE_CONFIGS, why, sizeof(why))) < 0) {
+	if (c && km_net_client_ready(c) &&
+	    (ver = km_ps_version_for(c, KM_API_DESCRIBE_CONFIGS, why, sizeof(why))) < 0) {
 		io->chk_fail(io, why);
 		return;
 	}

@@ -48,6 +48,7 @@ struct daemon_ctx {
 	int overrides;
 	km_config cfg;
 	int signals_seen;
+	int exit_code;       /* 0, or 1 once the store stopped for good (state_fatal) */
 };
 
 static void usage(FILE *out)
@@ -88,8 +89,9 @@ static void usage(FILE *out)
 		     "drains client connections gradually and exits 0; a second one closes everything at once.\n"
 		     "POST /admin/upstream (bearer token of admin_token_file) swaps the upstream cluster, kept in\n"
 		     "upstream_file; GET /admin/upstream shows the swap's progress.\n"
-		     "Exit codes: 0 after a drain, 1 when it cannot start (listen, TLS files, the secret key file), 2\n"
-		     "for a bad command line or configuration.\n");
+		     "Exit codes: 0 after a drain, 1 when it cannot start (listen, TLS files, the secret key file) or\n"
+		     "its mirror state topic is unusable (not compacted; after a drain), 2 for a bad command line or\n"
+		     "configuration.\n");
 }
 
 /*
@@ -224,6 +226,33 @@ static void state_ready(void *arg)
 	}
 }
 
+/*
+ * The store cannot use the state topic (not compacted) and has stopped. A swap's store fails the
+ * swap: the daemon keeps fronting the upstream it has. The served upstream's store stops the
+ * daemon, after a drain: the proxy would otherwise go on without mirror state (every mirror RPC
+ * refused, mirror topics writable by nobody), and a drain, as on SIGTERM, lets clients move to
+ * another kmirrord while /readyz already says why (at start there is nobody to drain).
+ */
+static void state_fatal(void *arg, const char *message)
+{
+	upstream_gen *g = arg;
+	daemon_ctx *d = g->d;
+
+	if (g->swap) {
+		g->swap = false;
+		km_proxy_swap_ready(d->proxy, g, g->state, g->mirror, KM_MIRROR_STATE_UNAVAILABLE, message);
+		return;
+	}
+	if (g != d->gen) {
+		/* A previous upstream's store, kept while its sessions drain: those go on their own. */
+		KM_ERROR("main", 0, "the previous upstream's mirror state stopped: %s", message);
+		return;
+	}
+	KM_ERROR("main", 0, "cannot use the mirror state, stopping: %s", message);
+	d->exit_code = 1;
+	km_proxy_drain(d->proxy, drained, d);
+}
+
 static void state_partition(void *arg, const char *mirror, const char *topic, int32_t partition, km_mp_state from,
 			    km_mp_state to)
 {
@@ -286,6 +315,7 @@ static upstream_gen *gen_new(daemon_ctx *d, const km_config *cfg, bool swap, cha
 	o.metrics = g->metrics;
 	o.on_ready = state_ready;
 	o.on_partition = state_partition;
+	o.on_fatal = state_fatal;
 	o.arg = g;
 	g->state = km_state_new(&o, err, errlen);
 	if (!g->state)
@@ -471,6 +501,7 @@ int main(int argc, char **argv)
 	} else {
 		KM_INFO("main", 0, "kmirrord %s started", KM_VERSION);
 		event_base_dispatch(d.base);
+		rc = d.exit_code;
 	}
 	/* The proxy releases the previous upstreams' modules; the current one's go after it (its hooks
 	 * hold the store), before the loop goes (the store's events live there). */

@@ -78,6 +78,14 @@ typedef struct km_state_opts {
 	km_metrics *metrics;   /* NULL: none */
 	/* Called once when the state has been read back fully (err KM_OK), or could not be (retrying). */
 	void (*on_ready)(void *arg);
+	/*
+	 * Called once when the state topic cannot be used at all, with a message for the operator (it
+	 * exists but is not compacted: docs/state.md, "The state topic's policy"). The store has stopped
+	 * for good then: it is not ready, reads nothing more, and refuses every mutation with that
+	 * message. Called from the loop, not from inside a store call; the store may be freed from it.
+	 * NULL: only logged.
+	 */
+	void (*on_fatal)(void *arg, const char *message);
 	/* Called after every committed change of a partition's state (the mirror's pipelines listen here). */
 	void (*on_partition)(void *arg, const char *mirror, const char *topic, int32_t partition, km_mp_state from,
 			     km_mp_state to);
@@ -93,6 +101,8 @@ typedef struct km_state_opts {
 km_state *km_state_new(const km_state_opts *opts, char *err, size_t errlen);
 void km_state_free(km_state *st);
 bool km_state_ready(const km_state *st);
+/* Why the store stopped for good (the message on_fatal got), or NULL while it runs. */
+const char *km_state_fatal_message(const km_state *st);
 
 /* ---- the result of a mutation ---- */
 

@@ -369,6 +369,11 @@ static const char *not_ready(km_proxy *px)
 {
 	uint64_t now = km_proxy_now_ms(px);
 	bool fresh = px->meta_last_ok_ms && now - px->meta_last_ok_ms <= 3 * (uint64_t)px->cfg.metadata_refresh_ms;
+	const char *fatal = px->host.state ? km_state_fatal_message(px->host.state) : NULL;
+
+	/* First: it says why the daemon is draining and will exit. */
+	if (fatal)
+		return fatal;
 	if (px->draining)
 		return "draining";
 	if (!fresh)

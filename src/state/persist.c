@@ -13,7 +13,7 @@
  * them that the broker (and the codec) supports, km_net_client_version. lo is the first with what
  * the code needs (Metadata 10: topic ids; Produce 3 and Fetch 4: v2 record batches), hi the last
  * naming topics by name (Produce 13 and Fetch 13 name them by id) or the last whose new fields the
- * code has looked at.
+ * code has looked at (DescribeConfigs: the codec's range; only a config's name and value are read).
  */
 static const struct {
 	int16_t key, lo, hi;
@@ -22,6 +22,7 @@ static const struct {
 	{KM_API_METADATA, 10, 13, "Metadata"},   {KM_API_CREATE_TOPICS, 2, 7, "CreateTopics"},
 	{KM_API_INIT_PRODUCER_ID, 0, 5, "InitProducerId"}, {KM_API_PRODUCE, 3, 12, "Produce"},
 	{KM_API_LIST_OFFSETS, 1, 10, "ListOffsets"}, {KM_API_FETCH, 4, 12, "Fetch"},
+	{KM_API_DESCRIBE_CONFIGS, 1, 4, "DescribeConfigs"},
 };
 
 /* ---- plumbing ---- */

@@ -75,7 +75,7 @@ struct km_state_persist {
 	bool down;
 	int32_t down_id;
 	uint64_t down_gen;
-	int16_t used[6];           /* the last version sent of each key of versions[] (-1: none yet) */
+	int16_t used[7];           /* the last version sent of each key of versions[] (-1: none yet) */
 	int64_t lts;               /* the ListOffsets timestamp being asked (-2 earliest, -1 latest) */
 	int backoff_ms;
 	phase ph;
@@ -102,6 +102,10 @@ struct km_state_persist {
 	bool wfail;                /* a non-retriable error was seen */
 	bool wretry;
 	char wmsg[512];
+	/* the state topic's cleanup.policy check: how the step that asked for it goes on */
+	void (*chk_ok)(km_state_persist *io);
+	void (*chk_fail)(km_state_persist *io, const char *why);      /* the check could not be made: retry */
+	void (*chk_fatal)(km_state_persist *io, const char *message); /* the topic is not compacted */
 	/* topics metadata */
 	char **mnames;
 	size_t mn;
@@ -144,6 +148,17 @@ km_err km_ps_send_metadata(km_state_persist *io, km_net_client *c, int16_t ver, 
 			   km_rpc_cb cb);
 /* The state topic's partitions and leaders from a Metadata answer. */
 km_err km_ps_take_metadata(km_state_persist *io, const km_metadata_response *r, int16_t *topic_err);
+
+/* ---- persist_policy.c ---- */
+
+/*
+ * DescribeConfigs of the state topic's cleanup.policy (it exists: the metadata named it), then
+ * ok(io) when it is compact alone, fatal(io, message) when it is anything else (the message says
+ * what to do), fail(io, why) when the answer does not tell (the caller retries).
+ */
+void km_ps_check_policy(km_state_persist *io, void (*ok)(km_state_persist *io),
+			void (*fail)(km_state_persist *io, const char *why),
+			void (*fatal)(km_state_persist *io, const char *message));
 
 /* ---- persist_load.c ---- */
 

@@ -349,6 +349,22 @@ static void load_partition(km_state_persist *io)
 	list_offsets(io, -2);
 }
 
+/* The topic is compacted: read it. */
+static void load_checked(km_state_persist *io)
+{
+	io->lpart = -1;
+	load_partition(io);
+}
+
+/* Not compacted: nothing is read, and the store stops (no retry would make it right). */
+static void load_refused(km_state_persist *io, const char *message)
+{
+	io->ph = PH_IDLE;
+	io->gen++;
+	km_ps_map_clear(io);
+	km_state_fatal(io->st, message);
+}
+
 static void on_load_metadata(km_net_client *c, const km_rpc_response *rr, void *arg)
 {
 	req_ctx x;
@@ -378,8 +394,8 @@ static void on_load_metadata(km_net_client *c, const km_rpc_response *rr, void *
 		load_finish(io);
 		return;
 	}
-	io->lpart = -1;
-	load_partition(io);
+	/* Before a record is read: state from a topic that expires it must not be served. */
+	km_ps_check_policy(io, load_checked, load_retry, load_refused);
 }
 
 static void load_metadata(km_state_persist *io)
@@ -405,6 +421,10 @@ static void load_metadata(km_state_persist *io)
 
 static void start_load(km_state_persist *io)
 {
+	if (io->st->fatal[0]) {
+		io->ph = PH_IDLE; /* a retry timer set before the store stopped */
+		return;
+	}
 	io->ph = PH_LOAD;
 	io->gen++;
 	io->wait_c = NULL;
@@ -416,6 +436,8 @@ static void start_load(km_state_persist *io)
 
 void km_state_persist_load(km_state_persist *io)
 {
+	if (io->st->fatal[0])
+		return; /* stopped for good: a reload would only refuse the topic again */
 	io->st->ready = false;
 	io->st->ctr.ready = 0;
 	start_load(io);

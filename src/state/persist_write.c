@@ -18,6 +18,9 @@ static void write_step(km_state_persist *io);
 static void write_produce(km_state_persist *io);
 static void meta_send(km_state_persist *io);
 static void on_write_metadata(km_net_client *c, const km_rpc_response *rr, void *arg);
+static void write_checked(km_state_persist *io);
+static void write_check_failed(km_state_persist *io, const char *why);
+static void write_refused(km_state_persist *io, const char *message);
 
 /* ---- write ---- */
 
@@ -472,6 +475,16 @@ static void on_write_metadata(km_net_client *c, const km_rpc_response *rr, void 
 									 : km_err_name(rc != KM_OK ? rc : terr));
 		return;
 	}
+	/*
+	 * Whoever made the topic (this kmirrord, another one, or anyone on the brokers directly since
+	 * the load found none), it must be compacted before a record goes in.
+	 */
+	km_ps_check_policy(io, write_checked, write_check_failed, write_refused);
+}
+
+/* The topic is compacted: the producer id if needed, then the Produce round. */
+static void write_checked(km_state_persist *io)
+{
 	/* A retry keeps what was acknowledged (unless the layout changed under it). */
 	if ((!io->pdone || io->layout_parts != io->nparts) && !write_layout(io)) {
 		write_end(io, KM_MIRROR_STATE_UNAVAILABLE, "out of memory");
@@ -481,6 +494,18 @@ static void on_write_metadata(km_net_client *c, const km_rpc_response *rr, void 
 		init_pid(io);
 	else
 		write_produce(io);
+}
+
+static void write_check_failed(km_state_persist *io, const char *why)
+{
+	write_fail_or_retry(io, true, "", why);
+}
+
+/* Not compacted: the write fails with the reason, and the store stops (its reload does nothing then). */
+static void write_refused(km_state_persist *io, const char *message)
+{
+	km_state_fatal(io->st, message);
+	write_end(io, KM_MIRROR_STATE_UNAVAILABLE, message);
 }
 
 /* Metadata (creating the topic when absent), the producer id, then the Produce round. */

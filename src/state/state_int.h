@@ -234,7 +234,10 @@ struct km_state {
 	void (*on_ready)(void *arg);
 	void (*on_partition)(void *arg, const char *mirror, const char *topic, int32_t partition, km_mp_state from,
 			     km_mp_state to);
+	void (*on_fatal)(void *arg, const char *message);
 	void *arg;
+	char fatal[1024];                    /* why the store stopped for good (km_state_fatal); "" while it runs */
+	bool fatal_told;                     /* on_fatal has been called */
 	bool have_key;
 	uint8_t key[KM_STATE_KEY_BYTES];
 	km_state_model model;
@@ -265,5 +268,16 @@ void km_state_persist_topics(km_state_persist *io, char *const *names, size_t n,
 
 /* store.c: the load finished; model is taken over (moved). */
 void km_state_loaded(km_state *st, km_state_model *model);
+/*
+ * store.c: the state topic cannot be used (message says why and what to do). The store stops for
+ * good: not ready, no more loads, every mutation refused with message; on_fatal is told on the next
+ * loop iteration.
+ */
+void km_state_fatal(km_state *st, const char *message);
+
+/* persist_policy.c: whether a cleanup.policy list is compact alone (compact,delete and delete are not). */
+bool km_state_policy_compacted(const char *policy);
+/* The fatal message for the state topic with that policy: what is wrong, why, and the command that fixes it. */
+void km_state_policy_message(const char *topic, const char *policy, char *buf, size_t len);
 
 #endif

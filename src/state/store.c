@@ -988,6 +988,11 @@ static void run_head(km_state *st)
 	km_state_mut *mu = st->head;
 
 	st->running = true;
+	if (st->fatal[0]) {
+		set_msg(mu, KM_MIRROR_STATE_UNAVAILABLE, "%s", st->fatal);
+		finish_head(st);
+		return;
+	}
 	if (!st->ready) {
 		set_msg(mu, KM_KAFKA_COORDINATOR_LOAD_IN_PROGRESS, "mirror state is loading from %s; retry",
 			st->cfg.mirror_state_topic);
@@ -1030,6 +1035,12 @@ static void on_kick(evutil_socket_t fd, short what, void *arg)
 	}
 	if (st->head && !st->running)
 		run_head(st);
+	/* Last: the owner may free the store from it. */
+	if (st->fatal[0] && !st->fatal_told) {
+		st->fatal_told = true;
+		if (st->on_fatal)
+			st->on_fatal(st->arg, st->fatal);
+	}
 }
 
 static void submit(km_state *st, km_state_mut *mu)
@@ -1041,6 +1052,8 @@ static void submit(km_state *st, km_state_mut *mu)
 	if (st->closing || !st->ready || st->queued >= KM_STATE_QUEUE_MAX) {
 		if (st->closing)
 			set_msg(mu, KM_MIRROR_STATE_UNAVAILABLE, "kmirrord is shutting down");
+		else if (st->fatal[0])
+			set_msg(mu, KM_MIRROR_STATE_UNAVAILABLE, "%s", st->fatal);
 		else if (!st->ready)
 			set_msg(mu, KM_KAFKA_COORDINATOR_LOAD_IN_PROGRESS, "mirror state is loading from %s; retry",
 				st->cfg.mirror_state_topic);
@@ -1303,6 +1316,13 @@ void km_state_loaded(km_state *st, km_state_model *model)
 {
 	size_t topics = 0;
 	km_state_model old = st->model;
+
+	if (st->fatal[0]) {
+		/* Stopped for good: what was read is not served. */
+		km_state_model_free(model);
+		km_state_model_init(model);
+		return;
+	}
 	st->model = *model;
 	km_state_model_init(model);
 	for (size_t i = 0; i < st->model.nmirrors; i++)
@@ -1325,6 +1345,17 @@ void km_state_loaded(km_state *st, km_state_model *model)
 	km_state_model_free(&old);
 }
 
+void km_state_fatal(km_state *st, const char *message)
+{
+	if (st->fatal[0])
+		return;
+	snprintf(st->fatal, sizeof(st->fatal), "%s", message);
+	KM_ERROR(COMP, 0, "%s", st->fatal);
+	st->ready = false;
+	st->ctr.ready = 0;
+	schedule(st);
+}
+
 km_state *km_state_new(const km_state_opts *opts, char *err, size_t errlen)
 {
 	km_state *st = calloc(1, sizeof(*st));
@@ -1339,6 +1370,7 @@ km_state *km_state_new(const km_state_opts *opts, char *err, size_t errlen)
 	st->metrics = opts->metrics;
 	st->on_ready = opts->on_ready;
 	st->on_partition = opts->on_partition;
+	st->on_fatal = opts->on_fatal;
 	st->arg = opts->arg;
 	km_state_model_init(&st->model);
 	if (km_config_copy(&st->cfg, opts->cfg) != KM_OK) {
@@ -1414,6 +1446,11 @@ void km_state_free(km_state *st)
 bool km_state_ready(const km_state *st)
 {
 	return st && st->ready;
+}
+
+const char *km_state_fatal_message(const km_state *st)
+{
+	return st && st->fatal[0] ? st->fatal : NULL;
 }
 
 /* ---- reads ---- */

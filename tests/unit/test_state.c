@@ -665,6 +665,120 @@ static void test_free_answers_all(void **state)
 	event_base_free(base);
 }
 
+/* cleanup.policy lists: compact alone is the only one kept, whatever the spacing. */
+static void test_policy(void **state)
+{
+	static const char *const ok[] = {"compact", " compact ", "compact,", ",compact"};
+	static const char *const refused[] = {"delete", "compact,delete", "delete,compact", " compact , delete ", "",
+					      ",", "Compact", "compacted", "compact,foo"};
+	char msg[1024];
+	(void)state;
+
+	for (size_t i = 0; i < sizeof(ok) / sizeof(ok[0]); i++)
+		assert_true(km_state_policy_compacted(ok[i]));
+	for (size_t i = 0; i < sizeof(refused) / sizeof(refused[0]); i++)
+		assert_false(km_state_policy_compacted(refused[i]));
+	assert_false(km_state_policy_compacted(NULL));
+
+	/* The message names the topic, the policy, why, and the command that fixes it. */
+	km_state_policy_message("__mirror_state", "delete", msg, sizeof(msg));
+	assert_string_equal(msg, "__mirror_state has cleanup.policy=delete: kmirrord keeps its state there only in a "
+				 "compacted topic (delete would expire every mirror after retention.ms); fix it with "
+				 "kafka-configs --alter --entity-type topics --entity-name __mirror_state --add-config "
+				 "cleanup.policy=compact, or point mirror_state_topic at another topic");
+	km_state_policy_message("s", "compact,delete", msg, sizeof(msg));
+	assert_non_null(strstr(msg, "s has cleanup.policy=compact,delete: "));
+	assert_non_null(strstr(msg, "(its delete part would still expire every mirror after retention.ms)"));
+	km_state_policy_message("s", "", msg, sizeof(msg));
+	assert_non_null(strstr(msg, "s has cleanup.policy=(empty): "));
+	assert_non_null(strstr(msg, "(it is not compacted)"));
+}
+
+typedef struct fatal_probe {
+	int fatal, ready, answered;
+	char message[1024];
+	km_err code;
+	char answer[512];
+} fatal_probe;
+
+static void fatal_seen(void *arg, const char *message)
+{
+	fatal_probe *p = arg;
+	p->fatal++;
+	snprintf(p->message, sizeof(p->message), "%s", message);
+}
+
+static void fatal_ready(void *arg)
+{
+	((fatal_probe *)arg)->ready++;
+}
+
+static void fatal_answer(void *arg, const km_state_result *res)
+{
+	fatal_probe *p = arg;
+	p->answered++;
+	p->code = res->code;
+	snprintf(p->answer, sizeof(p->answer), "%s", res->message ? res->message : "");
+}
+
+/*
+ * The store stopped for good (km_state_fatal, as the policy check does): not ready, on_fatal told
+ * once and from the loop (never from inside the call), every mutation then refused with the
+ * message rather than "loading; retry", and a later read back does nothing.
+ */
+static void test_fatal(void **state)
+{
+	struct event_base *base = event_base_new();
+	km_config cfg;
+	km_state_opts o;
+	km_state *st;
+	km_state_model m;
+	fatal_probe p = {0};
+	char err[256];
+	const char *why = "__mirror_state has cleanup.policy=delete: fix it";
+	(void)state;
+
+	km_config_init(&cfg);
+	assert_int_equal(km_config_set(&cfg, "upstream", "127.0.0.1:1", err, sizeof(err)), KM_OK);
+	memset(&o, 0, sizeof(o));
+	o.base = base;
+	o.cfg = &cfg;
+	o.on_ready = fatal_ready;
+	o.on_fatal = fatal_seen;
+	o.arg = &p;
+	st = km_state_new(&o, err, sizeof(err));
+	km_config_free(&cfg);
+	assert_non_null(st);
+	assert_null(km_state_fatal_message(st));
+
+	km_state_fatal(st, why);
+	assert_false(km_state_ready(st));
+	assert_string_equal(km_state_fatal_message(st), why);
+	assert_int_equal(p.fatal, 0); /* not from inside the call */
+	km_state_fatal(st, "another reason");
+	event_base_loop(base, EVLOOP_NONBLOCK);
+	assert_int_equal(p.fatal, 1);
+	assert_string_equal(p.message, why);
+
+	km_state_create_mirror(st, "m1", NULL, 0, false, fatal_answer, &p);
+	event_base_loop(base, EVLOOP_NONBLOCK);
+	assert_int_equal(p.answered, 1);
+	assert_int_equal(p.code, KM_MIRROR_STATE_UNAVAILABLE);
+	assert_string_equal(p.answer, why);
+	assert_int_equal(p.fatal, 1);
+
+	/* A load that finishes anyway, or is asked again, does not make it ready, nor fire on_ready. */
+	model_with(&m, KM_MP_MIRRORING, KM_MP_UNKNOWN);
+	km_state_loaded(st, &m);
+	km_state_persist_load(st->io);
+	assert_string_equal(km_state_fatal_message(st), why);
+	assert_false(km_state_ready(st));
+	assert_int_equal(p.ready, 0);
+	km_state_free(st);
+	event_base_loop(base, EVLOOP_NONBLOCK);
+	event_base_free(base);
+}
+
 /* A run record into m: physical -1 writes its tombstone. */
 static void run_rec(km_state_model *m, const char *topic, int32_t partition, int64_t logical, int64_t physical,
 		    int64_t prev)
@@ -1044,7 +1158,7 @@ int main(void)
 		cmocka_unit_test(test_values_and_model),
 		cmocka_unit_test(test_metrics), cmocka_unit_test(test_reload_tells_changes), cmocka_unit_test(test_free_answers_all),
 		cmocka_unit_test(test_run_records), cmocka_unit_test(test_runs_validation),
-		cmocka_unit_test(test_offmap_handles),
+		cmocka_unit_test(test_offmap_handles), cmocka_unit_test(test_policy), cmocka_unit_test(test_fatal),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

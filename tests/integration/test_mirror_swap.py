@@ -180,6 +180,7 @@ def pq(kmirrord_bin, kmirror_bin, source_cluster, dest_cluster, tmp_path):
     state_topic = unique("__mirror_state_swap")
     token_file = tmp_path / "admin.token"
     token_file.write_text(TOKEN + "\n")
+    token_file.chmod(0o600)  # a token file others may read is refused
     q = Proxy(kmirrord_bin, dest_cluster, str(tmp_path), name="kmirrord-swap-q", mirror_state_topic=state_topic).start()
     p = Proxy(kmirrord_bin, source_cluster, str(tmp_path), name="kmirrord-swap-p", mirror_state_topic=state_topic,
               upstream_file=str(tmp_path / "upstream"), admin_token_file=str(token_file),
@@ -199,6 +200,7 @@ def test_admin_endpoint_refusals(pq, dest_cluster, tmp_path):
     p, _, cli = pq
     bad = tmp_path / "bad.token"
     bad.write_text("not-the-token\n")
+    bad.chmod(0o600)
     admin = f"{p.options['http_listen']}"
     r = cli.run("swap-upstream", "--admin", admin, "--token-file", bad, "--to", dest_cluster.bootstrap, expect=1)
     assert "refused (HTTP 401): wrong bearer token" in r.stderr, r.stderr

@@ -37,8 +37,9 @@ STREAMS_GROUP_HEARTBEAT = 88
 # "Version 12 is the same as version 11 (KIP-890)", EndTxnRequest "Version 5 enables bumping epoch
 # on every transaction (KIP-890 Part 2)").
 REQUIREMENTS = [
-    ("transaction.version", 2, [(PRODUCE, 12), (ADD_PARTITIONS_TO_TXN, 5), (END_TXN, 5),
-                                (TXN_OFFSET_COMMIT, 5)]),
+    # (AddPartitionsToTxn v5 is KIP-890's too, but "versions 3 and below will be exclusively used
+    # by clients and versions 4 and above will be used by brokers": the proxy offers clients v0-3.)
+    ("transaction.version", 2, [(PRODUCE, 12), (END_TXN, 5), (TXN_OFFSET_COMMIT, 5)]),
     ("group.version", 1, [(CONSUMER_GROUP_HEARTBEAT, 0)]),
     ("share.version", 1, [(SHARE_GROUP_HEARTBEAT, 0), (SHARE_FETCH, 0), (SHARE_ACKNOWLEDGE, 0)]),
     ("streams.version", 1, [(STREAMS_GROUP_HEARTBEAT, 0)]),
@@ -86,15 +87,18 @@ def definitions_table():
 
 # Where the proxy serves less than the codec knows (docs/proxy.md's API table): OffsetCommit and
 # OffsetFetch by topic name only, so that a group's offsets outlive an upstream swap.
-PROXY_MAX = {8: 9, 9: 9}
+PROXY_MAX = {8: 9, 9: 9, 24: 3}  # AddPartitionsToTxn v4+ is the brokers' own
+# What only brokers send each other (WriteTxnMarkers, the share coordinator's state APIs): not offered.
+BROKERS_ONLY = {27, 83, 84, 85, 86, 87}
 
 
 def expected_offer(broker_apis, codec):
     """What the proxy should offer: per API both sides know, the overlap of the two ranges (the
-    proxy refuses SaslHandshake v0, the unframed SASL of old clients), under PROXY_MAX."""
+    proxy refuses SaslHandshake v0, the unframed SASL of old clients), under PROXY_MAX, but for
+    the APIs only brokers send."""
     out = {}
     for key, (blo, bhi) in broker_apis.items():
-        if key not in codec:
+        if key not in codec or key in BROKERS_ONLY:
             continue
         lo = max(blo, codec[key][1], 1 if key == 17 else 0)
         hi = min(bhi, codec[key][2], PROXY_MAX.get(key, 32767))

@@ -8,7 +8,7 @@ import time
 import pytest
 from confluent_kafka import Producer
 
-from mirror_cli import kmirror_bin  # noqa: F401
+from mirror_cli import kmirror_bin, wait_states  # noqa: F401
 from mirror_data import produce_records, read_partition, watermarks
 from proxy_fixtures import *  # noqa: F401,F403
 from proxy_fixtures import wait_until
@@ -65,3 +65,12 @@ def test_foreign_write_on_destination_fails_the_partition(fenv):
     assert "destination offsets 20-20" in err and "not written by the mirror" in err, err
     assert "producer id -1" in err and "stop and start the topic" in err, err
     assert hw == 20, hw
+
+    # Once the writer is gone, a stop and a start mirror on from there: nothing lost, nothing foreign.
+    env.cli.run("stop", "--mirror", env.mirror, "--topics", topic)
+    wait_states(env.cli, env.mirror, {topic: "STOPPED"}, timeout=60)
+    env.cli.run("start", "--mirror", env.mirror, "--topics", topic)
+    wait_states(env.cli, env.mirror, {topic: "MIRRORING"}, timeout=60)
+    env.caught_up(topic, 1)
+    seen = [(r.offset, r.key, r.value) for r in read_partition(env.pb, topic, 0, 0, 30)]
+    assert seen == source_records(env, topic, 30)

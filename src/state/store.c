@@ -738,8 +738,8 @@ static void prepare_writer(km_state *st, km_state_mut *mu)
 		return;
 	}
 	if (!t || t->mirror != m || pi < 0 || (size_t)pi >= t->nparts || !t->parts[pi].present) {
-		set_msg(mu, KM_KAFKA_UNKNOWN_TOPIC_OR_PARTITION, "Partition %d of topic %s is not in cluster mirror '%s'",
-			(int)pi, mu->topics[0], m->name);
+		set_msg(mu, KM_KAFKA_UNKNOWN_TOPIC_OR_PARTITION,
+			"Partition %d of topic %s is not in cluster mirror '%s'", (int)pi, mu->topics[0], m->name);
 		return;
 	}
 	if (mu->writer_pid < 0 || mu->writer_start < 0) {

@@ -202,8 +202,8 @@ static bool persist_writer(km_pipeline *pl, mpart *p, int64_t start)
 		return false;
 	p->recon.writer_pending = true;
 	*x = (writer_ctx){pl, p->t, p->id, p->recon.writer_gen};
-	km_state_partition_writer(km_mirror_store(pl->mi), pl->name, p->t->name, p->id, p->plan.pid, p->plan.epoch, start,
-				  on_writer, x);
+	km_state_partition_writer(km_mirror_store(pl->mi), pl->name, p->t->name, p->id, p->plan.pid, p->plan.epoch,
+				  start, on_writer, x);
 	return true;
 }
 
@@ -685,7 +685,8 @@ static void on_tail(km_net_client *c, const km_rpc_response *res, void *arg)
 	}
 	if (p->recon.tail_bad < 0) {
 		if (!found || tail_kind(&b, pid, epoch, start) != TAIL_FOREIGN) {
-			after_reconcile(pl, p, p->recon.end); /* nothing there to look at (a log start past it), or ours */
+			/* Nothing there to look at (a log start past it), or ours. */
+			after_reconcile(pl, p, p->recon.end);
 			km_pl_tick_soon(pl);
 			return;
 		}

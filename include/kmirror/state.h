@@ -249,6 +249,18 @@ void km_state_partitions_set(km_state *st, const char *mirror, const char *topic
 void km_state_topic_add_partitions(km_state *st, const char *mirror, const char *topic, int32_t new_count,
 				   km_state_done_cb done, void *arg);
 
+/*
+ * The idempotent producer (pid, epoch) the pipeline writes a partition with from destination
+ * offset start on (docs/mirror.md, "Reconcile"): persisted in the partition's record, its state
+ * unchanged, before the first write with it, so a later reconcile can tell the mirror's batches
+ * from anyone else's. UNKNOWN_CLUSTER_MIRROR, UNKNOWN_TOPIC_OR_PARTITION, INVALID_REQUEST.
+ */
+void km_state_partition_writer(km_state *st, const char *mirror, const char *topic, int32_t partition, int64_t pid,
+				int16_t epoch, int64_t start, km_state_done_cb done, void *arg);
+/* The persisted writer of partition of t: false when its record names none. */
+bool km_state_partition_writer_get(const km_state_topic *t, int32_t partition, int64_t *pid, int16_t *epoch,
+				   int64_t *start);
+
 /* ---- offset maps (docs/mirror.md, "The offset map") ---- */
 
 /* One run record to write: a new run, or (physical -1) a tombstone removing the run at logical. */
@@ -322,6 +334,9 @@ typedef struct km_state_partition_info {
 	int64_t open_txn_offset;       /* where the earliest open destination transaction starts, -1: none (memory only) */
 	const char *last_error;        /* NULL: none */
 	int64_t last_error_ms;
+	int64_t writer_pid;            /* the pipeline's writer (km_state_partition_writer), -1: none */
+	int16_t writer_epoch;
+	int64_t writer_start;          /* where its first batch goes, -1: no writer */
 } km_state_partition_info;
 
 /* Partition i (i < km_state_topic_partition_count), in partition order. */

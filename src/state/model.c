@@ -163,6 +163,11 @@ km_err km_state_partition_value_encode(km_wr *w, const km_state_topic *t, const 
 	v.last_mirrored_epoch = p->last_mirrored_epoch;
 	v.last_error = p->last_error ? km_str_c(p->last_error) : KM_STR_NULL;
 	v.last_error_time_ms = p->last_error_ms;
+	if (p->has_writer) {
+		v.writer_producer_id = p->writer_pid;
+		v.writer_producer_epoch = p->writer_epoch;
+		v.writer_start_offset = p->writer_start;
+	}
 	km_wr_i16(w, 0);
 	km_mirror_state_partition_value_encode(w, 0, &v);
 	return w->err;
@@ -519,6 +524,10 @@ static km_err apply_partition(km_state_model *m, const km_state_key *k, const ui
 			free(p->last_error);
 			p->last_error = err;
 			p->last_error_ms = v.last_error_time_ms;
+			p->has_writer = v.writer_start_offset >= 0;
+			p->writer_pid = v.writer_producer_id;
+			p->writer_epoch = v.writer_producer_epoch;
+			p->writer_start = v.writer_start_offset;
 			t->id = v.topic_id;
 		}
 	}

@@ -76,6 +76,10 @@ typedef struct km_state_part {
 	 */
 	km_offmap *map;
 	int64_t skipped_records; /* in memory only, like source_log_end */
+	/* The pipeline's writer (docs/mirror.md, "Reconcile"): persisted before its first write. */
+	bool has_writer;
+	int16_t writer_epoch;
+	int64_t writer_pid, writer_start;
 } km_state_part;
 
 struct km_state_topic {

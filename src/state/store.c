@@ -13,7 +13,7 @@
 
 #define COMP "state"
 
-typedef enum { MUT_CREATE, MUT_ALTER, MUT_DELETE, MUT_TOPICS, MUT_PSET, MUT_RUNS, MUT_GROW } mut_kind;
+typedef enum { MUT_CREATE, MUT_ALTER, MUT_DELETE, MUT_TOPICS, MUT_PSET, MUT_RUNS, MUT_GROW, MUT_WRITER } mut_kind;
 
 /* A mirror's delete, in writes that each land whole before the next: runs, then partitions, then the mirror. */
 enum { DEL_RUNS = 0, DEL_PARTITIONS, DEL_MIRROR };
@@ -34,6 +34,8 @@ struct km_state_mut {
 	char *error;
 	km_state_run *runs;    /* runs writes: the records asked for (topic names owned) */
 	size_t nruns;
+	int64_t writer_pid, writer_start; /* a writer write: the partition is parts[0] of topics[0] */
+	int16_t writer_epoch;
 	km_state_done_cb done;
 	void *arg;
 	/* the outcome */
@@ -776,6 +778,36 @@ static void prepare_pset(km_state *st, km_state_mut *mu)
 	}
 }
 
+/* A partition's writer: its record again, the state as it is, the writer fields set. */
+static void prepare_writer(km_state *st, km_state_mut *mu)
+{
+	km_state_mirror *m = km_state_model_mirror(&st->model, mu->mirror);
+	km_state_topic *t = m ? km_state_model_topic(&st->model, mu->topics[0], strlen(mu->topics[0])) : NULL;
+	int32_t pi = mu->parts[0];
+	km_state_part p;
+
+	if (!m) {
+		set_msg(mu, KM_MIRROR_UNKNOWN_CLUSTER_MIRROR, "Cluster mirror '%s' does not exist", mu->mirror);
+		return;
+	}
+	if (!t || t->mirror != m || pi < 0 || (size_t)pi >= t->nparts || !t->parts[pi].present) {
+		set_msg(mu, KM_KAFKA_UNKNOWN_TOPIC_OR_PARTITION,
+			"Partition %d of topic %s is not in cluster mirror '%s'", (int)pi, mu->topics[0], m->name);
+		return;
+	}
+	if (mu->writer_pid < 0 || mu->writer_start < 0) {
+		set_msg(mu, KM_KAFKA_INVALID_REQUEST, "invalid writer for %s-%d", t->name, (int)pi);
+		return;
+	}
+	p = t->parts[pi];
+	p.has_writer = true;
+	p.writer_pid = mu->writer_pid;
+	p.writer_epoch = mu->writer_epoch;
+	p.writer_start = mu->writer_start;
+	if (add_partition_rec(mu, t, pi, &p) != KM_OK)
+		set_msg(mu, KM_MIRROR_STATE_UNAVAILABLE, "out of memory");
+}
+
 /* The source grew: partitions [known, nparts) of the topic join in PREPARING (already there: nothing to write). */
 static void prepare_grow(km_state *st, km_state_mut *mu)
 {
@@ -1019,6 +1051,9 @@ static void run_head(km_state *st)
 	case MUT_GROW:
 		prepare_grow(st, mu);
 		break;
+	case MUT_WRITER:
+		prepare_writer(st, mu);
+		break;
 	}
 	run_write(st, mu);
 }
@@ -1201,6 +1236,27 @@ void km_state_partition_set(km_state *st, const char *mirror, const char *topic,
 			    const char *error, km_state_done_cb done, void *arg)
 {
 	km_state_partitions_set(st, mirror, topic, &partition, 1, to, error, done, arg);
+}
+
+void km_state_partition_writer(km_state *st, const char *mirror, const char *topic, int32_t partition, int64_t pid,
+				int16_t epoch, int64_t start, km_state_done_cb done, void *arg)
+{
+	km_state_mut *mu = mut_new(MUT_WRITER, mirror, done, arg);
+	const char *one[1] = {topic};
+	if (!mu)
+		return nomem(done, arg);
+	mu->parts = malloc(sizeof(*mu->parts));
+	if (!mu->parts || !set_topics(mu, one, 1)) {
+		mut_free(mu);
+		return nomem(done, arg);
+	}
+	mu->parts[0] = partition;
+	mu->nparts = 1;
+	mu->ntopics = 1;
+	mu->writer_pid = pid;
+	mu->writer_epoch = epoch;
+	mu->writer_start = start;
+	submit(st, mu);
 }
 
 void km_state_topic_add_partitions(km_state *st, const char *mirror, const char *topic, int32_t new_count,
@@ -1531,8 +1587,26 @@ void km_state_topic_partition(const km_state_topic *t, size_t i, km_state_partit
 			out->last_mirrored_offset = p->map->tail_logical;
 		out->last_error = p->last_error;
 		out->last_error_ms = p->last_error_ms;
+		out->writer_pid = p->has_writer ? p->writer_pid : -1;
+		out->writer_epoch = p->has_writer ? p->writer_epoch : -1;
+		out->writer_start = p->has_writer ? p->writer_start : -1;
 		return;
 	}
+}
+
+bool km_state_partition_writer_get(const km_state_topic *t, int32_t partition, int64_t *pid, int16_t *epoch,
+				   int64_t *start)
+{
+	const km_state_part *p;
+	if (!t || partition < 0 || (size_t)partition >= t->nparts)
+		return false;
+	p = &t->parts[partition];
+	if (!p->present || !p->has_writer)
+		return false;
+	*pid = p->writer_pid;
+	*epoch = p->writer_epoch;
+	*start = p->writer_start;
+	return true;
 }
 
 const km_offmap *km_state_topic_offmap(const km_state_topic *t, int32_t partition)

@@ -30,6 +30,12 @@ typedef struct km_mirror_state_partition_value {
 	km_str last_error;
 	/* v0+: When LastError happened, or -1. */
 	int64_t last_error_time_ms;
+	/* v0+ tag 0: The idempotent producer id the pipeline writes the partition with, persisted before its... */
+	int64_t writer_producer_id;
+	/* v0+ tag 1: That producer's epoch, or -1. */
+	int16_t writer_producer_epoch;
+	/* v0+ tag 2: The destination offset that producer's first batch (base sequence 0) goes to, or -1: no... */
+	int64_t writer_start_offset;
 	km_tagged_list unknown_tags; /* tagged fields this codec does not know, kept as they came */
 } km_mirror_state_partition_value;
 

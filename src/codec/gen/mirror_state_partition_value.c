@@ -15,6 +15,36 @@ void km_mirror_state_partition_value_init(km_mirror_state_partition_value *m)
 	m->last_mirrored_epoch = -1;
 	m->last_error = KM_STR_NULL;
 	m->last_error_time_ms = INT64_C(-1);
+	m->writer_producer_id = INT64_C(-1);
+	m->writer_producer_epoch = -1;
+	m->writer_start_offset = INT64_C(-1);
+}
+
+static bool km_mirror_state_partition_value_dec_tag_writer_producer_id(km_rd *r, int16_t v, km_mirror_state_partition_value *m, km_arena *a)
+{
+	(void)v;
+	(void)a;
+	if (!km_rd_i64(r, "WriterProducerId", &m->writer_producer_id))
+		return false;
+	return true;
+}
+
+static bool km_mirror_state_partition_value_dec_tag_writer_producer_epoch(km_rd *r, int16_t v, km_mirror_state_partition_value *m, km_arena *a)
+{
+	(void)v;
+	(void)a;
+	if (!km_rd_i16(r, "WriterProducerEpoch", &m->writer_producer_epoch))
+		return false;
+	return true;
+}
+
+static bool km_mirror_state_partition_value_dec_tag_writer_start_offset(km_rd *r, int16_t v, km_mirror_state_partition_value *m, km_arena *a)
+{
+	(void)v;
+	(void)a;
+	if (!km_rd_i64(r, "WriterStartOffset", &m->writer_start_offset))
+		return false;
+	return true;
 }
 
 static bool km_mirror_state_partition_value_dec(km_rd *r, int16_t v, km_mirror_state_partition_value *m, km_arena *a)
@@ -40,6 +70,39 @@ static bool km_mirror_state_partition_value_dec(km_rd *r, int16_t v, km_mirror_s
 	if (flex) {
 		if (!km_codec_rd_tags(r, "MirrorStatePartitionValue.TaggedFields", &m->unknown_tags, a))
 			return false;
+		int32_t keep = 0;
+		for (int32_t i = 0; i < m->unknown_tags.count; i++) {
+			const km_tagged t = m->unknown_tags.items[i];
+			km_rd sub;
+			bool known = true;
+			km_codec_rd_slice(r, t.data, &sub);
+			switch (t.tag) {
+				case 0:
+				{
+					if (!km_mirror_state_partition_value_dec_tag_writer_producer_id(&sub, v, m, a))
+						return km_codec_rd_join(r, &sub);
+				}
+				break;
+				case 1:
+				{
+					if (!km_mirror_state_partition_value_dec_tag_writer_producer_epoch(&sub, v, m, a))
+						return km_codec_rd_join(r, &sub);
+				}
+				break;
+				case 2:
+				{
+					if (!km_mirror_state_partition_value_dec_tag_writer_start_offset(&sub, v, m, a))
+						return km_codec_rd_join(r, &sub);
+				}
+				break;
+				default:
+					known = false;
+					break;
+			}
+			if (!known)
+				m->unknown_tags.items[keep++] = t;
+		}
+		m->unknown_tags.count = keep;
 	}
 	return true;
 }
@@ -57,7 +120,39 @@ static void km_mirror_state_partition_value_enc(km_wr *w, int16_t v, const km_mi
 	km_wr_string(w, flex, m->last_error);
 	km_wr_i64(w, m->last_error_time_ms);
 	if (flex) {
-		km_codec_wr_tags(w, &m->unknown_tags, 0, UINT64_MAX, true);
+		uint32_t ntags = (uint32_t)(m->unknown_tags.count > 0 ? m->unknown_tags.count : 0);
+		const bool has_writer_producer_id = true && m->writer_producer_id != INT64_C(-1);
+		ntags += has_writer_producer_id;
+		const bool has_writer_producer_epoch = true && m->writer_producer_epoch != -1;
+		ntags += has_writer_producer_epoch;
+		const bool has_writer_start_offset = true && m->writer_start_offset != INT64_C(-1);
+		ntags += has_writer_start_offset;
+		km_wr_uvarint(w, ntags);
+		km_codec_wr_tags(w, &m->unknown_tags, 0, 1, false);
+		if (has_writer_producer_id) {
+			size_t n = 0;
+			n += 8;
+			km_wr_uvarint(w, 0);
+			km_wr_uvarint(w, (uint32_t)n);
+			km_wr_i64(w, m->writer_producer_id);
+		}
+		km_codec_wr_tags(w, &m->unknown_tags, 1, 2, false);
+		if (has_writer_producer_epoch) {
+			size_t n = 0;
+			n += 2;
+			km_wr_uvarint(w, 1);
+			km_wr_uvarint(w, (uint32_t)n);
+			km_wr_i16(w, m->writer_producer_epoch);
+		}
+		km_codec_wr_tags(w, &m->unknown_tags, 2, 3, false);
+		if (has_writer_start_offset) {
+			size_t n = 0;
+			n += 8;
+			km_wr_uvarint(w, 2);
+			km_wr_uvarint(w, (uint32_t)n);
+			km_wr_i64(w, m->writer_start_offset);
+		}
+		km_codec_wr_tags(w, &m->unknown_tags, 3, UINT64_MAX, false);
 	}
 }
 
@@ -77,6 +172,24 @@ static size_t km_mirror_state_partition_value_sz(int16_t v, const km_mirror_stat
 	if (flex) {
 		uint32_t ntags = (uint32_t)(m->unknown_tags.count > 0 ? m->unknown_tags.count : 0);
 		n += km_codec_sz_tags(&m->unknown_tags);
+		if (true && m->writer_producer_id != INT64_C(-1)) {
+			size_t fn = 0;
+			fn += 8;
+			n += km_sz_uvarint(0) + km_sz_uvarint((uint32_t)fn) + fn;
+			ntags++;
+		}
+		if (true && m->writer_producer_epoch != -1) {
+			size_t fn = 0;
+			fn += 2;
+			n += km_sz_uvarint(1) + km_sz_uvarint((uint32_t)fn) + fn;
+			ntags++;
+		}
+		if (true && m->writer_start_offset != INT64_C(-1)) {
+			size_t fn = 0;
+			fn += 8;
+			n += km_sz_uvarint(2) + km_sz_uvarint((uint32_t)fn) + fn;
+			ntags++;
+		}
 		n += km_sz_uvarint(ntags);
 	}
 	return n;

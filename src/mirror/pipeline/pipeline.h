@@ -49,6 +49,7 @@ typedef enum {
 	PH_RECON_WAIT, /* ListOffsets on the destination sent */
 	PH_RECON_LSO,  /* then ListOffsets READ_COMMITTED: the last stable offset */
 	PH_RECON_ABORTED, /* a READ_COMMITTED Fetch at the hide point: aborted transactions spanning it */
+	PH_RECON_TAIL, /* one-batch Fetches on the destination: is the tail past the writer's start the mirror's? */
 	PH_FENCE,      /* its transactional ids being initialised again (what they held open is aborted) */
 	PH_START,      /* no run yet: ListOffsets on the source for the start position */
 	PH_START_WAIT,
@@ -102,6 +103,11 @@ typedef struct mpart {
 		int64_t hide;           /* the physical offset the hidden range starts at, being settled */
 		bool tx_fenced;         /* its transactional ids of earlier lives were initialised again */
 		bool fence_started;
+		bool writer_pending;    /* its writer (producer id, where it starts) not persisted yet: no fetch */
+		uint32_t writer_gen;    /* drops the answer of a writer write an later reconcile replaced */
+		int64_t tail_good;      /* RECON_TAIL: [writer start, tail_good) is the writer's, dense */
+		int64_t tail_bad;       /* RECON_TAIL: a foreign batch starts here (-1: none seen yet) */
+		int64_t tail_pid;       /* the producer id of the foreign batch seen */
 	} recon;
 	struct {                /* reconcile.c: how PH_START asks the source */
 		bool oor;               /* the source answered OFFSET_OUT_OF_RANGE: look up its log start */
@@ -352,7 +358,7 @@ bool km_pl_send_produce(km_pipeline *pl, int32_t node);
 static inline bool km_pl_fetchable(const mpart *p, int64_t now)
 {
 	return p->phase == PH_READY && p->state == KM_MP_MIRRORING && !p->settling && p->retry.at <= now &&
-	       p->lead.src >= 0 && p->plan.pid >= 0 && !p->plan.head && !p->out.inflight;
+	       p->lead.src >= 0 && p->plan.pid >= 0 && !p->plan.head && !p->out.inflight && !p->recon.writer_pending;
 }
 void km_pl_send_fetch(km_pipeline *pl, int32_t node, int64_t now);
 

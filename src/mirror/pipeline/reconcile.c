@@ -15,6 +15,8 @@ static void after_lso(km_pipeline *pl, mpart *p, int64_t end, int64_t lso);
 static void fence_from(km_pipeline *pl, mpart *p, int64_t end, int64_t from);
 static bool aborted_probe(km_pipeline *pl, mpart *p);
 static void after_start(km_pipeline *pl, mpart *p, int64_t off, bool jump);
+static void check_tail(km_pipeline *pl, mpart *p, int64_t end);
+static int64_t resume_logical(const km_offmap *m, int64_t x);
 
 /* ---- ListOffsets: the destination's end (reconcile) and the source's start ---- */
 
@@ -153,6 +155,58 @@ int64_t km_pl_start_timestamp(const km_pipeline *pl)
 	return strtoll(pl->start_mode, NULL, 10);
 }
 
+/* ---- the writer: who writes the partition from where, persisted before it writes ---- */
+
+typedef struct writer_ctx {
+	km_pipeline *pl;
+	mtopic *t;
+	int32_t part;
+	uint32_t gen;
+} writer_ctx;
+
+static void on_writer(void *arg, const km_state_result *res)
+{
+	writer_ctx *x = arg;
+	km_pipeline *pl = x->pl;
+	mpart *p = pl->closing ? NULL : km_pl_part_get(pl, x->t, x->part, false);
+
+	if (p && p->recon.writer_gen == x->gen && p->recon.writer_pending) {
+		if (res->code != KM_OK) {
+			char tag[300];
+			KM_WARN(COMP, 0, "%s/%s: its writer could not be persisted: %s", pl->name,
+				km_pl_ptag(p, tag, sizeof(tag)), res->message ? res->message : km_err_name(res->code));
+			km_pl_set_phase(p, PH_RECONCILE, "its writer could not be persisted");
+			km_pl_backoff(p);
+		} else {
+			p->recon.writer_pending = false;
+		}
+		km_pl_tick_soon(pl);
+	}
+	free(x);
+}
+
+/*
+ * The partition writes with plan.pid from physical offset start on, its sequences from 0: persisted
+ * before its first write (it is not fetched until then), so that a later reconcile can tell its
+ * batches from anyone else's (check_tail).
+ */
+static bool persist_writer(km_pipeline *pl, mpart *p, int64_t start)
+{
+	writer_ctx *x;
+
+	p->recon.writer_gen++;
+	p->recon.writer_pending = false;
+	if (p->plan.pid < 0)
+		return true; /* no producer id: nothing is written with it */
+	if (!(x = calloc(1, sizeof(*x))))
+		return false;
+	p->recon.writer_pending = true;
+	*x = (writer_ctx){pl, p->t, p->id, p->recon.writer_gen};
+	km_state_partition_writer(km_mirror_store(pl->mi), pl->name, p->t->name, p->id, p->plan.pid, p->plan.epoch,
+				  start, on_writer, x);
+	return true;
+}
+
 /*
  * The destination's log ends at physical end: the runs say which logical offset that is (every
  * batch that landed is covered by a run, persisted before it was produced). Runs at or past end
@@ -175,6 +229,11 @@ static void after_reconcile(km_pipeline *pl, mpart *p, int64_t end)
 		keep--;
 	p->out.acked_phys = p->plan.phys = end;
 	p->out.probe = true;
+	if (!persist_writer(pl, p, end)) {
+		km_pl_set_phase(p, PH_RECONCILE, "out of memory");
+		km_pl_backoff(p);
+		return;
+	}
 	p->retry.backoff_ms = 0;
 	if (m && (keep < m->n || hide >= 0)) {
 		w = calloc(m->n - keep + 1, sizeof(*w));
@@ -312,7 +371,7 @@ static void after_lso(km_pipeline *pl, mpart *p, int64_t end, int64_t lso)
 		p->recon.hide_logical = p->recon.hide_logical >= 0 && p->recon.hide_logical < fence->logical
 						? p->recon.hide_logical
 						: fence->logical;
-	after_reconcile(pl, p, end);
+	check_tail(pl, p, end);
 }
 
 /*
@@ -466,6 +525,190 @@ bool km_pl_one_fetch(km_pipeline *pl, mpart *p, bool dest, int64_t offset, int8_
 static bool aborted_probe(km_pipeline *pl, mpart *p)
 {
 	return km_pl_one_fetch(pl, p, true, p->recon.hide - 1, 1, on_aborted);
+}
+
+/* ---- the tail: the mirror's own, or a foreign writer's (docs/mirror.md, "Reconcile") ---- */
+
+enum { TAIL_OWN, TAIL_TRUSTED, TAIL_FOREIGN };
+
+/*
+ * Batch b on the destination, against the writer (pid, epoch) that writes from start with
+ * sequences from 0: its own where the sequences put it (every offset it took is one sequence
+ * number, so B - start = base sequence), trusted (a carried transaction's batch or marker, or the
+ * writer's batch elsewhere: what the probe logic handles), or foreign.
+ */
+static int tail_kind(const km_batch *b, int64_t pid, int16_t epoch, int64_t start)
+{
+	if (b->producer_id == pid && b->producer_epoch == epoch && !b->control && !b->transactional)
+		return ((b->base_offset - start) & 0x7fffffff) == b->base_sequence ? TAIL_OWN : TAIL_TRUSTED;
+	return b->control || b->transactional ? TAIL_TRUSTED : TAIL_FOREIGN;
+}
+
+static bool writer_of(km_pipeline *pl, const mpart *p, int64_t *pid, int16_t *epoch, int64_t *start)
+{
+	const km_state_topic *t = km_state_topic_find(km_mirror_store(pl->mi), p->t->name, strlen(p->t->name));
+	return km_state_partition_writer_get(t, p->id, pid, epoch, start);
+}
+
+static void on_tail(km_net_client *c, const km_rpc_response *res, void *arg);
+
+static bool tail_fetch(km_pipeline *pl, mpart *p, int64_t at)
+{
+	return km_pl_one_fetch(pl, p, true, at, 0, on_tail);
+}
+
+/*
+ * Reconcile resumes at the end of the open run (no hide point, no fence run): everything from the
+ * writer's start to end counts as the mirror's. The batch holding end - 1 is looked at first.
+ */
+static void check_tail(km_pipeline *pl, mpart *p, int64_t end)
+{
+	const km_offrun *fence;
+	const km_offmap *m = km_pl_map_of(pl, p, &fence);
+	int64_t pid, start;
+	int16_t epoch;
+
+	if (p->recon.hide_logical >= 0 || fence || !m || !m->n || !writer_of(pl, p, &pid, &epoch, &start) ||
+	    start >= end) {
+		after_reconcile(pl, p, end);
+		return;
+	}
+	p->recon.end = end;
+	p->recon.tail_good = start;
+	p->recon.tail_bad = -1;
+	km_pl_set_phase(p, PH_RECON_TAIL, "the tail past the writer's start is looked at");
+	if (!tail_fetch(pl, p, end - 1)) {
+		km_pl_set_phase(p, PH_RECONCILE, "the tail's Fetch could not be sent");
+		km_pl_backoff(p);
+	}
+}
+
+typedef struct foreign_ctx {
+	km_pipeline *pl;
+	mtopic *t;
+	int32_t part;
+	char why[600];
+} foreign_ctx;
+
+static void on_foreign_run(void *arg, const km_state_result *res)
+{
+	foreign_ctx *x = arg;
+	km_pipeline *pl = x->pl;
+	mpart *p = pl->closing ? NULL : km_pl_part_get(pl, x->t, x->part, false);
+
+	if (p && p->phase == PH_RECON_TAIL) {
+		if (res->code != KM_OK) {
+			km_pl_set_phase(p, PH_RECONCILE, "the run hiding a foreign tail could not be persisted");
+			km_pl_backoff(p);
+		} else {
+			km_pl_fail_part(pl, p, x->why);
+		}
+		km_pl_tick_soon(pl);
+	}
+	free(x);
+}
+
+/*
+ * [from, end) on the destination was written by someone else. A fence run at from's logical offset
+ * hides it from readers and makes the next reconcile resume there, after it (runs past it go:
+ * they were for batches that landed behind the foreign ones); then the partition is FAILED.
+ */
+static void foreign_tail(km_pipeline *pl, mpart *p, int64_t from)
+{
+	const km_offrun *fence;
+	const km_offmap *m = km_pl_map_of(pl, p, &fence);
+	int64_t hide = resume_logical(m, from), end = p->recon.end;
+	foreign_ctx *x = calloc(1, sizeof(*x));
+	km_state_run *w = m ? calloc(m->n + 1, sizeof(*w)) : NULL;
+	size_t nw = 0;
+
+	if (!x || !w || hide < 0) {
+		free(x);
+		free(w);
+		km_pl_set_phase(p, PH_RECONCILE, hide < 0 ? "a foreign tail before every run" : "out of memory");
+		km_pl_backoff(p);
+		return;
+	}
+	*x = (foreign_ctx){pl, p->t, p->id, {0}};
+	snprintf(x->why, sizeof(x->why),
+		 "records at destination offsets %lld-%lld were not written by the mirror (producer id %lld): something "
+		 "writes to the mirror topic directly on the destination. They are hidden from readers; stop that "
+		 "writer, then stop and start the topic: it mirrors again from source offset %lld (docs/operations.md, "
+		 "\"A foreign write on the destination\")",
+		 (long long)from, (long long)end - 1, (long long)p->recon.tail_pid, (long long)hide);
+	for (size_t i = 0; i < m->n; i++)
+		if (m->runs[i].logical > hide)
+			w[nw++] = (km_state_run){p->t->name, p->id, m->runs[i].logical, -1, -1, 0};
+	w[nw++] = (km_state_run){p->t->name, p->id, hide, end, hide, KM_OFFRUN_FENCE};
+	km_state_runs_write(km_mirror_store(pl->mi), pl->name, w, nw, on_foreign_run, x);
+	free(w);
+}
+
+/*
+ * The batch holding the offset asked. First (end - 1): the writer's own or trusted, reconcile goes
+ * on; foreign, a binary search of one-batch Fetches between the writer's start and it finds where
+ * the writer's dense batches end (tail_good) and the foreign ones begin (tail_bad).
+ */
+static void on_tail(km_net_client *c, const km_rpc_response *res, void *arg)
+{
+	req_ctx *x = arg;
+	km_pipeline *pl = x->pl;
+	lo_ctx *lc = x->extra;
+	const km_fetch_response *r = res->msg;
+	int64_t at = lc->tag, pid, start;
+	int16_t epoch;
+	mpart *p;
+	km_batch b;
+	bool found = false, ok = false;
+
+	free(x);
+	p = pl->closing ? NULL : km_pl_part_get(pl, lc->t, lc->part, false);
+	free(lc);
+	if (!p || p->phase != PH_RECON_TAIL)
+		return;
+	if (km_rpc_transport_err(res) != KM_OK) {
+		km_cluster_drop(pl->dst, c);
+	} else if (r && r->responses.count == 1 && r->responses.items[0].partitions.count == 1) {
+		const km_fetch_response_partition_data *pd = &r->responses.items[0].partitions.items[0];
+		km_batch_iter it;
+		ok = pd->error_code == 0 || pd->error_code == 1; /* OFFSET_OUT_OF_RANGE: below the log start, nothing */
+		km_batch_iter_init(&it, pd->records.p, pd->records.len > 0 ? (size_t)pd->records.len : 0);
+		while (ok && !found && km_batch_next(&it, &b))
+			found = b.base_offset <= at && at <= b.base_offset + b.last_offset_delta;
+	}
+	if (!ok || !writer_of(pl, p, &pid, &epoch, &start)) {
+		pl->dst_meta_need = true;
+		km_pl_set_phase(p, PH_RECONCILE, "the tail's Fetch failed");
+		km_pl_backoff(p);
+		km_pl_tick_soon(pl);
+		return;
+	}
+	if (p->recon.tail_bad < 0) {
+		if (!found || tail_kind(&b, pid, epoch, start) != TAIL_FOREIGN) {
+			/* Nothing there to look at (a log start past it), or ours. */
+			after_reconcile(pl, p, p->recon.end);
+			km_pl_tick_soon(pl);
+			return;
+		}
+		p->recon.tail_bad = b.base_offset > start ? b.base_offset : start;
+		p->recon.tail_pid = b.producer_id;
+	} else if (found && tail_kind(&b, pid, epoch, start) == TAIL_OWN && b.base_offset >= p->recon.tail_good) {
+		p->recon.tail_good = b.base_offset + b.last_offset_delta + 1;
+	} else {
+		/* Anything else at or before at: the dense prefix ends before it. */
+		int64_t bad = found && b.base_offset > p->recon.tail_good ? b.base_offset : p->recon.tail_good;
+		if (bad < p->recon.tail_bad)
+			p->recon.tail_bad = bad;
+	}
+	if (p->recon.tail_good < p->recon.tail_bad) {
+		if (!tail_fetch(pl, p, p->recon.tail_good + (p->recon.tail_bad - p->recon.tail_good) / 2)) {
+			km_pl_set_phase(p, PH_RECONCILE, "the tail's Fetch could not be sent");
+			km_pl_backoff(p);
+		}
+	} else {
+		foreign_tail(pl, p, p->recon.tail_bad);
+	}
+	km_pl_tick_soon(pl);
 }
 
 static void after_start(km_pipeline *pl, mpart *p, int64_t off, bool jump)

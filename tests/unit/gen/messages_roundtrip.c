@@ -14821,8 +14821,11 @@ static void fill_km_mirror_state_partition_value(km_mirror_state_partition_value
 	m->last_mirrored_epoch = (int32_t)(t_int(seq, 1000000000, INT64_C(-1)));
 	m->last_error = (mode == 1 && true) ? KM_STR_NULL : t_str(a, seq);
 	m->last_error_time_ms = (int64_t)(t_int(seq, 1000000000, INT64_C(-1)) + ((int64_t)1 << 33));
+	m->writer_producer_id = (int64_t)(t_int(seq, 1000000000, INT64_C(-1)) + ((int64_t)1 << 33));
+	m->writer_producer_epoch = (int16_t)(t_int(seq, 30000, INT64_C(-1)));
+	m->writer_start_offset = (int64_t)(t_int(seq, 1000000000, INT64_C(-1)) + ((int64_t)1 << 33));
 	if (true && mode == 0)
-		t_unknown_tags(&m->unknown_tags, a, 0, 1000, seq);
+		t_unknown_tags(&m->unknown_tags, a, 3, 1002, seq);
 }
 
 static bool eq_km_mirror_state_partition_value(const km_mirror_state_partition_value *x, const km_mirror_state_partition_value *y)
@@ -14841,6 +14844,12 @@ static bool eq_km_mirror_state_partition_value(const km_mirror_state_partition_v
 		return t_diff("LastError");
 	if (!(x->last_error_time_ms == y->last_error_time_ms))
 		return t_diff("LastErrorTimeMs");
+	if (!(x->writer_producer_id == y->writer_producer_id))
+		return t_diff("WriterProducerId");
+	if (!(x->writer_producer_epoch == y->writer_producer_epoch))
+		return t_diff("WriterProducerEpoch");
+	if (!(x->writer_start_offset == y->writer_start_offset))
+		return t_diff("WriterStartOffset");
 	if (!t_tags_eq(&x->unknown_tags, &y->unknown_tags))
 		return t_diff("MirrorStatePartitionValue unknown tags");
 	return true;

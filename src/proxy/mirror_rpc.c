@@ -16,6 +16,10 @@
 #include "kmirror/msg/api_keys.h"
 #include "kmirror/msg/create_mirror_request.h"
 #include "kmirror/msg/create_mirror_response.h"
+#include "kmirror/msg/create_topics_request.h"
+#include "kmirror/msg/create_topics_response.h"
+#include "kmirror/msg/delete_acls_request.h"
+#include "kmirror/msg/delete_acls_response.h"
 #include "kmirror/msg/delete_mirror_request.h"
 #include "kmirror/msg/delete_mirror_response.h"
 #include "kmirror/msg/describe_mirrors_request.h"
@@ -315,156 +319,445 @@ probe_result(const km_incremental_alter_configs_response *m, const char *topic)
 	return NULL;
 }
 
-/* The authorizing probe's answer: refusals become the answer, the rest goes on to the store. */
-static void auth_done(void *arg, km_err err, const uint8_t *body, size_t len)
+/* The CREATE probe's verdict on topic, by name as for probe_result, or NULL. */
+static const km_create_topics_response_creatable_topic_result *create_result(const km_create_topics_response *m,
+									    const char *topic)
+{
+	for (int32_t k = 0; k < m->topics.count; k++)
+		if (km_str_eq_c(m->topics.items[k].name, topic))
+			return &m->topics.items[k];
+	return NULL;
+}
+
+/* A refusal of the whole request: the first one found is the answer (the probes answer in the order sent). */
+static void auth_refuse(km_mop *op, int16_t code, const char *msg)
+{
+	if (!op->auth_code) {
+		op->auth_code = code;
+		op->auth_msg = msg;
+	}
+}
+
+static void auth_unreadable(km_mop *op)
+{
+	auth_refuse(op, KM_KAFKA_UNKNOWN_SERVER_ERROR, "the authorization check's response could not be read");
+}
+
+/* A probe's error other than a refusal: the check did not pass, so it is the answer. */
+static const char *check_failed(km_mop *op, int16_t code, km_str msg)
+{
+	return op_printf(op, "authorization check failed: %s: %.*s", km_err_name(code), msg.len > 0 ? (int)msg.len : 0,
+			 msg.len > 0 ? msg.p : "");
+}
+
+/*
+ * All probes answered: a refusal of the whole request is the answer; a start's missing topics take
+ * the CREATE probe's verdict (kmirrord would create them); the rest goes on to the store.
+ */
+static void auth_verdict(km_mop *op)
+{
+	if (op->auth_code) {
+		answer_error(op, op->auth_code, op->auth_msg);
+		return;
+	}
+	for (size_t i = 0; op->tmissing && i < op->ntopics; i++)
+		if (op->tmissing[i] && !op->tcode[i] && op->ccode[i]) {
+			op->tcode[i] = op->ccode[i];
+			op->tmsg[i] = op->cmsg[i];
+		}
+	proceed(op);
+}
+
+/*
+ * One probe answered. Nothing is answered or freed before the last one has (each holds op as its
+ * argument); a session gone reports KM_ERR_CLOSED to every probe, and the last frees op.
+ */
+static void auth_join(km_mop *op, km_err err)
+{
+	op->probes--;
+	if (err != KM_OK)
+		op->gone = true;
+	if (op->probes > 0)
+		return; /* another probe still owes its answer */
+	if (op->gone) {
+		km_mop_free(op); /* the session is gone: nothing to answer */
+		return;
+	}
+	auth_verdict(op);
+}
+
+/* The cluster probe (IncrementalAlterConfigs or DescribeConfigs of BROKER ""): one verdict for the request. */
+static void cluster_probe_done(void *arg, km_err err, const uint8_t *body, size_t len)
 {
 	km_mop *op = arg;
-	km_mop_auth kind = op->rpc->auth;
+	bool alter = op->rpc->auth == KM_MOP_AUTH_CLUSTER_ALTER;
 	km_arena a;
 	km_rd r;
 	int16_t code = 0;
 	km_str msg = KM_STR_NULL;
 	bool unreadable = false;
 
-	op->probes--;
-	if (err != KM_OK) {
-		km_mop_free(op); /* the session is gone: nothing to answer */
+	if (err != KM_OK || op->gone) {
+		auth_join(op, err);
 		return;
 	}
 	km_arena_init(&a, 0);
 	km_rd_init(&r, body, len);
-	if (kind == KM_MOP_AUTH_CLUSTER_DESCRIBE) {
+	if (!alter) {
 		km_describe_configs_response m;
 		km_describe_configs_response_init(&m);
-		if (km_describe_configs_response_decode(&r, KM_PROBE_DESCRIBE_VERSION, &m, &a) != KM_OK ||
-		    m.results.count != 1)
-			unreadable = true;
-		else {
+		unreadable = km_describe_configs_response_decode(&r, KM_PROBE_DESCRIBE_VERSION, &m, &a) != KM_OK ||
+			     m.results.count != 1;
+		if (!unreadable) {
 			code = m.results.items[0].error_code;
 			msg = m.results.items[0].error_message;
 		}
 	} else {
 		km_incremental_alter_configs_response m;
 		km_incremental_alter_configs_response_init(&m);
-		if (km_incremental_alter_configs_response_decode(&r, KM_PROBE_IAC_VERSION, &m, &a) != KM_OK ||
-		    m.responses.count != (kind == KM_MOP_AUTH_TOPICS ? (int32_t)op->ntopics : 1))
-			unreadable = true;
-		else if (kind == KM_MOP_AUTH_TOPICS) {
-			for (size_t i = 0; i < op->ntopics; i++) {
-				/*
-				 * By name, never by position: the broker answers refused resources first and the
-				 * rest in its own map's order, so position i may be another topic's verdict.
-				 */
-				const km_incremental_alter_configs_response_alter_configs_resource_response *x =
-					probe_result(&m, op->topics[i]);
-				if (!x) {
-					unreadable = true;
-					break;
-				}
-				/*
-				 * An unknown topic got past the authorizer: it is the store's to judge (start needs
-				 * the topic, stop of a deleted one does not). Any other error means the check did
-				 * not pass, so the topic is refused with it: never acted on unchecked.
-				 */
-				if (x->error_code == 0 || x->error_code == KM_KAFKA_UNKNOWN_TOPIC_OR_PARTITION)
-					continue;
-				if (x->error_code == KM_KAFKA_TOPIC_AUTHORIZATION_FAILED ||
-				    x->error_code == KM_KAFKA_CLUSTER_AUTHORIZATION_FAILED) {
-					op->tcode[i] = KM_KAFKA_TOPIC_AUTHORIZATION_FAILED;
-					op->tmsg[i] = op_printf(op,
-								"not authorized to %s mirroring of topic %s: the destination's "
-								"authorizer refused ALTER_CONFIGS on the topic",
-								km_topic_op_name(op->op), op->topics[i]);
-				} else {
-					op->tcode[i] = x->error_code;
-					op->tmsg[i] = op_printf(op,
-								"cannot %s mirroring of topic %s: the authorization check "
-								"failed: %s: %.*s",
-								km_topic_op_name(op->op), op->topics[i],
-								km_err_name(x->error_code),
-								x->error_message.len > 0 ? (int)x->error_message.len : 0,
-								x->error_message.len > 0 ? x->error_message.p : "");
-				}
-			}
-		} else {
+		unreadable = km_incremental_alter_configs_response_decode(&r, KM_PROBE_IAC_VERSION, &m, &a) != KM_OK ||
+			     m.responses.count != 1;
+		if (!unreadable) {
 			code = m.responses.items[0].error_code;
 			msg = m.responses.items[0].error_message;
 		}
 	}
-	if (unreadable) {
-		km_arena_free(&a);
-		answer_error(op, KM_KAFKA_UNKNOWN_SERVER_ERROR, "the authorization check's response could not be read");
-		return;
-	}
-	if (code == KM_KAFKA_CLUSTER_AUTHORIZATION_FAILED) {
-		km_arena_free(&a);
-		answer_error(op, code,
-			     kind == KM_MOP_AUTH_CLUSTER_ALTER ?
-				     "not authorized to change mirrors: the destination's authorizer refused ALTER_CONFIGS on "
-				     "the cluster" :
-				     "not authorized to describe mirrors: the destination's authorizer refused "
-				     "DESCRIBE_CONFIGS on the cluster");
-		return;
-	}
-	if (code != 0) {
-		const char *m = op_printf(op, "authorization check failed: %s: %.*s", km_err_name(code),
-					  msg.len > 0 ? (int)msg.len : 0, msg.len > 0 ? msg.p : "");
-		km_arena_free(&a);
-		answer_error(op, code, m);
-		return;
-	}
+	if (unreadable)
+		auth_unreadable(op);
+	else if (code == KM_KAFKA_CLUSTER_AUTHORIZATION_FAILED)
+		auth_refuse(op, code,
+			    alter ? "not authorized to change mirrors: the destination's authorizer refused ALTER_CONFIGS "
+				    "on the cluster" :
+				    "not authorized to describe mirrors: the destination's authorizer refused "
+				    "DESCRIBE_CONFIGS on the cluster");
+	else if (code != 0)
+		auth_refuse(op, code, check_failed(op, code, msg));
 	km_arena_free(&a);
-	proceed(op);
+	auth_join(op, err);
 }
 
+/* The topic probe's verdict on each topic: refusals are that topic's answer; the other topics go on. */
+static void topics_verdict(km_mop *op, const km_incremental_alter_configs_response *m)
+{
+	for (size_t i = 0; i < op->ntopics; i++) {
+		/*
+		 * By name, never by position: the broker answers refused resources first and the rest in
+		 * its own map's order, so position i may be another topic's verdict.
+		 */
+		const km_incremental_alter_configs_response_alter_configs_resource_response *x =
+			probe_result(m, op->topics[i]);
+		if (!x) {
+			auth_unreadable(op);
+			return;
+		}
+		/*
+		 * An unknown topic got past the authorizer: it is the store's to judge (start needs the
+		 * topic, stop of a deleted one does not), or, for a start, the CREATE probe's (kmirrord
+		 * creates it). Any other error means the check did not pass, so the topic is refused with
+		 * it: never acted on unchecked.
+		 */
+		if (x->error_code == KM_KAFKA_UNKNOWN_TOPIC_OR_PARTITION && op->tmissing)
+			op->tmissing[i] = true;
+		if (x->error_code == 0 || x->error_code == KM_KAFKA_UNKNOWN_TOPIC_OR_PARTITION)
+			continue;
+		if (x->error_code == KM_KAFKA_TOPIC_AUTHORIZATION_FAILED ||
+		    x->error_code == KM_KAFKA_CLUSTER_AUTHORIZATION_FAILED) {
+			op->tcode[i] = KM_KAFKA_TOPIC_AUTHORIZATION_FAILED;
+			op->tmsg[i] = op_printf(op,
+						"not authorized to %s mirroring of topic %s: the destination's authorizer "
+						"refused ALTER_CONFIGS on the topic",
+						km_topic_op_name(op->op), op->topics[i]);
+		} else {
+			op->tcode[i] = x->error_code;
+			op->tmsg[i] = op_printf(op, "cannot %s mirroring of topic %s: the authorization check failed: %s: %.*s",
+						km_topic_op_name(op->op), op->topics[i], km_err_name(x->error_code),
+						x->error_message.len > 0 ? (int)x->error_message.len : 0,
+						x->error_message.len > 0 ? x->error_message.p : "");
+		}
+	}
+}
+
+/* The topic probe (IncrementalAlterConfigs of each topic): ALTER_CONFIGS on each, which the config sync needs too. */
+static void topics_probe_done(void *arg, km_err err, const uint8_t *body, size_t len)
+{
+	km_mop *op = arg;
+	km_incremental_alter_configs_response m;
+	km_arena a;
+	km_rd r;
+
+	if (err != KM_OK || op->gone) {
+		auth_join(op, err);
+		return;
+	}
+	km_arena_init(&a, 0);
+	km_rd_init(&r, body, len);
+	km_incremental_alter_configs_response_init(&m);
+	if (km_incremental_alter_configs_response_decode(&r, KM_PROBE_IAC_VERSION, &m, &a) != KM_OK ||
+	    m.responses.count != (int32_t)op->ntopics)
+		auth_unreadable(op);
+	else
+		topics_verdict(op, &m);
+	km_arena_free(&a);
+	auth_join(op, err);
+}
+
+/*
+ * Errors a CreateTopics gives only once the authorizer has allowed CREATE (the controller checks
+ * authorization first, then the name, the partitions, the replicas, the configs and the policy):
+ * the CREATE check passed; whether kmirrord's own creation works is the preparation's to say.
+ */
+static bool past_create_authorizer(int16_t code)
+{
+	switch (code) {
+	case KM_KAFKA_NONE:
+	case KM_KAFKA_INVALID_TOPIC_EXCEPTION:
+	case KM_KAFKA_TOPIC_ALREADY_EXISTS:
+	case KM_KAFKA_INVALID_PARTITIONS:
+	case KM_KAFKA_INVALID_REPLICATION_FACTOR:
+	case KM_KAFKA_INVALID_REPLICA_ASSIGNMENT:
+	case KM_KAFKA_INVALID_CONFIG:
+	case KM_KAFKA_POLICY_VIOLATION:
+		return true;
+	default:
+		return false;
+	}
+}
+
+/*
+ * The CREATE probe (CreateTopics, ValidateOnly, every topic of a start): recorded for each topic,
+ * used only for those the topic probe finds missing (auth_verdict). The broker judges CREATE before
+ * existence, so an existing topic's verdict here says nothing about this start.
+ */
+static void create_probe_done(void *arg, km_err err, const uint8_t *body, size_t len)
+{
+	km_mop *op = arg;
+	km_create_topics_response m;
+	km_arena a;
+	km_rd r;
+
+	if (err != KM_OK || op->gone) {
+		auth_join(op, err);
+		return;
+	}
+	km_arena_init(&a, 0);
+	km_rd_init(&r, body, len);
+	km_create_topics_response_init(&m);
+	if (km_create_topics_response_decode(&r, KM_PROBE_CREATE_VERSION, &m, &a) != KM_OK)
+		auth_unreadable(op);
+	for (size_t i = 0; !op->auth_code && i < op->ntopics; i++) {
+		const km_create_topics_response_creatable_topic_result *x = create_result(&m, op->topics[i]);
+		if (!x) {
+			auth_unreadable(op);
+		} else if (x->error_code == KM_KAFKA_TOPIC_AUTHORIZATION_FAILED ||
+			   x->error_code == KM_KAFKA_CLUSTER_AUTHORIZATION_FAILED) {
+			op->ccode[i] = KM_KAFKA_TOPIC_AUTHORIZATION_FAILED;
+			op->cmsg[i] = op_printf(op,
+						"not authorized to start mirroring of topic %s: it does not exist on the "
+						"destination and the destination's authorizer refused CREATE (kmirrord "
+						"would create it)",
+						op->topics[i]);
+		} else if (!past_create_authorizer(x->error_code)) {
+			op->ccode[i] = x->error_code;
+			op->cmsg[i] = op_printf(op,
+						"cannot start mirroring of topic %s: it does not exist on the destination "
+						"and the CREATE authorization check failed: %s: %.*s",
+						op->topics[i], km_err_name(x->error_code),
+						x->error_message.len > 0 ? (int)x->error_message.len : 0,
+						x->error_message.len > 0 ? x->error_message.p : "");
+		}
+	}
+	km_arena_free(&a);
+	auth_join(op, err);
+}
+
+/* The ACL probe (DeleteAcls of a binding that does not exist): ALTER on CLUSTER, which the ACL sync needs. */
+static void acl_probe_done(void *arg, km_err err, const uint8_t *body, size_t len)
+{
+	km_mop *op = arg;
+	km_delete_acls_response m;
+	km_arena a;
+	km_rd r;
+
+	if (err != KM_OK || op->gone) {
+		auth_join(op, err);
+		return;
+	}
+	km_arena_init(&a, 0);
+	km_rd_init(&r, body, len);
+	km_delete_acls_response_init(&m);
+	if (km_delete_acls_response_decode(&r, KM_PROBE_ACL_VERSION, &m, &a) != KM_OK || m.filter_results.count != 1) {
+		auth_unreadable(op);
+	} else {
+		const km_delete_acls_response_delete_acls_filter_result *x = &m.filter_results.items[0];
+		if (x->error_code == KM_KAFKA_CLUSTER_AUTHORIZATION_FAILED)
+			auth_refuse(op, x->error_code,
+				    op_printf(op,
+					      "not authorized to sync ACLs: with mirror.acl.include=%s the mirror's ACL "
+					      "sync creates and deletes ACLs on the destination, and the destination's "
+					      "authorizer refused ALTER on the cluster (what CreateAcls and DeleteAcls need)",
+					      op->acl_scope));
+		/* No authorizer: every check passes, as the other probes' do (the ACL sync then does nothing). */
+		else if (x->error_code != 0 && x->error_code != KM_KAFKA_SECURITY_DISABLED)
+			auth_refuse(op, x->error_code, check_failed(op, x->error_code, x->error_message));
+		else if (x->matching_acls.count > 0)
+			KM_WARN("proxy", op->sid, "the ACL authorization probe deleted %d binding(s) named %s",
+				(int)x->matching_acls.count, KM_PROBE_ACL_RESOURCE);
+	}
+	km_arena_free(&a);
+	auth_join(op, err);
+}
+
+/* ALTER_CONFIGS on CLUSTER: IncrementalAlterConfigs, ValidateOnly, of BROKER "" with no configs. */
+static km_err probe_cluster_alter(km_req *rq, km_mop *op)
+{
+	km_incremental_alter_configs_request m;
+	km_incremental_alter_configs_request_alter_configs_resource res;
+	km_incremental_alter_configs_request_init(&m);
+	km_incremental_alter_configs_request_alter_configs_resource_init(&res);
+	res.resource_type = KM_RESOURCE_BROKER;
+	res.resource_name = km_str_c("");
+	res.configs.count = 0;
+	m.resources.count = 1;
+	m.resources.items = &res;
+	m.validate_only = true;
+	return km_mop_probe(rq, op, KM_API_INCREMENTAL_ALTER_CONFIGS, KM_PROBE_IAC_VERSION, &m, cluster_probe_done);
+}
+
+/* DESCRIBE_CONFIGS on CLUSTER: DescribeConfigs of one key of BROKER "". */
+static km_err probe_cluster_describe(km_req *rq, km_mop *op)
+{
+	km_describe_configs_request m;
+	km_describe_configs_request_describe_configs_resource res;
+	km_str key = km_str_c(KM_PROBE_DESCRIBE_KEY);
+	km_describe_configs_request_init(&m);
+	km_describe_configs_request_describe_configs_resource_init(&res);
+	res.resource_type = KM_RESOURCE_BROKER;
+	res.resource_name = km_str_c("");
+	res.configuration_keys.count = 1;
+	res.configuration_keys.items = &key;
+	m.resources.count = 1;
+	m.resources.items = &res;
+	return km_mop_probe(rq, op, KM_API_DESCRIBE_CONFIGS, KM_PROBE_DESCRIBE_VERSION, &m, cluster_probe_done);
+}
+
+/* ALTER_CONFIGS on each topic: IncrementalAlterConfigs, ValidateOnly, one TOPIC resource per topic. */
+static km_err probe_topics(km_req *rq, km_mop *op)
+{
+	km_incremental_alter_configs_request m;
+	km_incremental_alter_configs_request_alter_configs_resource *res =
+		km_arena_calloc(&op->a, sizeof(*res) * (op->ntopics + 1));
+	if (!res)
+		return KM_ERR_NOMEM;
+	km_incremental_alter_configs_request_init(&m);
+	for (size_t i = 0; i < op->ntopics; i++) {
+		km_incremental_alter_configs_request_alter_configs_resource_init(&res[i]);
+		res[i].resource_type = KM_RESOURCE_TOPIC;
+		res[i].resource_name = km_str_c(op->topics[i]);
+		res[i].configs.count = 0;
+	}
+	m.resources.count = (int32_t)op->ntopics;
+	m.resources.items = res;
+	m.validate_only = true;
+	return km_mop_probe(rq, op, KM_API_INCREMENTAL_ALTER_CONFIGS, KM_PROBE_IAC_VERSION, &m, topics_probe_done);
+}
+
+/* CREATE on each topic of a start: CreateTopics, ValidateOnly, broker defaults for partitions and replicas. */
+static km_err probe_create(km_req *rq, km_mop *op)
+{
+	km_create_topics_request m;
+	km_create_topics_request_creatable_topic *ts = km_arena_calloc(&op->a, sizeof(*ts) * (op->ntopics + 1));
+	op->tmissing = km_arena_calloc(&op->a, sizeof(bool) * (op->ntopics + 1));
+	op->ccode = km_arena_calloc(&op->a, sizeof(int16_t) * (op->ntopics + 1));
+	op->cmsg = km_arena_calloc(&op->a, sizeof(char *) * (op->ntopics + 1));
+	if (!ts || !op->tmissing || !op->ccode || !op->cmsg) {
+		op->tmissing = NULL; /* the topic probe may be out already: it must not mark what is not there */
+		return KM_ERR_NOMEM;
+	}
+	km_create_topics_request_init(&m);
+	for (size_t i = 0; i < op->ntopics; i++) {
+		km_create_topics_request_creatable_topic_init(&ts[i]);
+		ts[i].name = km_str_c(op->topics[i]);
+		ts[i].num_partitions = -1;
+		ts[i].replication_factor = -1;
+		ts[i].assignments.count = 0;
+		ts[i].configs.count = 0;
+	}
+	m.topics.count = (int32_t)op->ntopics;
+	m.topics.items = ts;
+	/* A controller gives up on a request past its timeout: 0 could time out even a validation. */
+	m.timeout_ms = KM_PROBE_CREATE_TIMEOUT_MS;
+	m.validate_only = true;
+	return km_mop_probe(rq, op, KM_API_CREATE_TOPICS, KM_PROBE_CREATE_VERSION, &m, create_probe_done);
+}
+
+/*
+ * ALTER on CLUSTER: DeleteAcls with one filter that matches nothing real. The broker checks ALTER
+ * on CLUSTER before looking at the filter (CLUSTER_AUTHORIZATION_FAILED without it). It deletes
+ * nothing: a LITERAL filter with a name matches only a LITERAL binding of exactly that name (no
+ * wildcard, no prefix), and with a principal, an operation and a permission only a binding with
+ * exactly those; the only binding that could match is a DENY of ALTER on a topic named
+ * KM_PROBE_ACL_RESOURCE for a principal no one logs in as.
+ */
+static km_err probe_acl_alter(km_req *rq, km_mop *op)
+{
+	km_delete_acls_request m;
+	km_delete_acls_request_delete_acls_filter f;
+	km_delete_acls_request_init(&m);
+	km_delete_acls_request_delete_acls_filter_init(&f);
+	f.resource_type_filter = KM_RESOURCE_TOPIC;
+	f.resource_name_filter = km_str_c(KM_PROBE_ACL_RESOURCE);
+	f.pattern_type_filter = KM_ACL_PATTERN_LITERAL;
+	f.principal_filter = km_str_c(KM_PROBE_ACL_PRINCIPAL);
+	f.host_filter = km_str_c("*");
+	f.operation = KM_ACL_OPERATION_ALTER;
+	f.permission_type = KM_ACL_PERMISSION_DENY;
+	m.filters.count = 1;
+	m.filters.items = &f;
+	return km_mop_probe(rq, op, KM_API_DELETE_ACLS, KM_PROBE_ACL_VERSION, &m, acl_probe_done);
+}
+
+/* A CreateMirror's or AlterMirror's mirror.acl.include, when the mirror would sync ACLs with it; else NULL. */
+static const char *acl_sync_scope(km_mop *op)
+{
+	const km_create_mirror_request *q = &op->m.create; /* alter has the same layout */
+	const km_state_mirror *mi;
+	km_mirror_options o;
+	const char *scope = NULL;
+
+	for (int32_t i = 0; i < q->configs.count; i++)
+		if (km_str_eq_c(q->configs.items[i].name, KM_MIRROR_ACL_INCLUDE))
+			/* Alter: a NULL value removes the key, back to the default (off). */
+			return q->configs.items[i].value.len > 0 ? km_mop_strdup(op, q->configs.items[i].value) : NULL;
+	/* Not given: create takes the default (off); alter keeps what the mirror has (not loaded yet: the store refuses). */
+	if (op->key != KM_API_ALTER_MIRROR || !km_state_ready(op->st) || !(mi = km_state_mirror_find(op->st, op->mirror)))
+		return NULL;
+	if (km_state_mirror_options(mi, &o) != KM_OK)
+		return KM_MIRROR_ACL_INCLUDE; /* unreadable options: checked rather than not */
+	if (o.acl_include && *o.acl_include)
+		scope = km_mop_strdup(op, km_str_c(o.acl_include));
+	km_opt_free(km_state_mirror_option_table(), &o);
+	return scope;
+}
+
+/* Send every probe the RPC needs, all from here (the request's hook): each effect kmirrord would cause is checked. */
 static km_err authorize(km_req *rq, km_mop *op)
 {
+	km_err rc;
 	switch (op->rpc->auth) {
-	case KM_MOP_AUTH_CLUSTER_ALTER: {
-		km_incremental_alter_configs_request m;
-		km_incremental_alter_configs_request_alter_configs_resource res;
-		km_incremental_alter_configs_request_init(&m);
-		km_incremental_alter_configs_request_alter_configs_resource_init(&res);
-		res.resource_type = KM_RESOURCE_BROKER;
-		res.resource_name = km_str_c("");
-		res.configs.count = 0;
-		m.resources.count = 1;
-		m.resources.items = &res;
-		m.validate_only = true;
-		return km_mop_probe(rq, op, KM_API_INCREMENTAL_ALTER_CONFIGS, KM_PROBE_IAC_VERSION, &m, auth_done);
-	}
-	case KM_MOP_AUTH_CLUSTER_DESCRIBE: {
-		km_describe_configs_request m;
-		km_describe_configs_request_describe_configs_resource res;
-		km_str key = km_str_c(KM_PROBE_DESCRIBE_KEY);
-		km_describe_configs_request_init(&m);
-		km_describe_configs_request_describe_configs_resource_init(&res);
-		res.resource_type = KM_RESOURCE_BROKER;
-		res.resource_name = km_str_c("");
-		res.configuration_keys.count = 1;
-		res.configuration_keys.items = &key;
-		m.resources.count = 1;
-		m.resources.items = &res;
-		return km_mop_probe(rq, op, KM_API_DESCRIBE_CONFIGS, KM_PROBE_DESCRIBE_VERSION, &m, auth_done);
-	}
-	default: {
-		km_incremental_alter_configs_request m;
-		km_incremental_alter_configs_request_alter_configs_resource *res =
-			km_arena_calloc(&op->a, sizeof(*res) * (op->ntopics + 1));
-		if (!res)
-			return KM_ERR_NOMEM;
-		km_incremental_alter_configs_request_init(&m);
-		for (size_t i = 0; i < op->ntopics; i++) {
-			km_incremental_alter_configs_request_alter_configs_resource_init(&res[i]);
-			res[i].resource_type = KM_RESOURCE_TOPIC;
-			res[i].resource_name = km_str_c(op->topics[i]);
-			res[i].configs.count = 0;
-		}
-		m.resources.count = (int32_t)op->ntopics;
-		m.resources.items = res;
-		m.validate_only = true;
-		return km_mop_probe(rq, op, KM_API_INCREMENTAL_ALTER_CONFIGS, KM_PROBE_IAC_VERSION, &m, auth_done);
-	}
+	case KM_MOP_AUTH_CLUSTER_ALTER:
+		rc = probe_cluster_alter(rq, op);
+		/* The ACL sync creates and deletes ACLs as kmirrord: the caller needs what that needs. */
+		if (rc == KM_OK && op->key != KM_API_DELETE_MIRROR && (op->acl_scope = acl_sync_scope(op)))
+			rc = probe_acl_alter(rq, op);
+		return rc;
+	case KM_MOP_AUTH_CLUSTER_DESCRIBE:
+		return probe_cluster_describe(rq, op);
+	default:
+		rc = probe_topics(rq, op);
+		/* A start creates the topics the destination lacks, as kmirrord: the caller needs CREATE. */
+		if (rc == KM_OK && op->op == KM_TOPIC_START && op->mi)
+			rc = probe_create(rq, op);
+		return rc;
 	}
 }
 
@@ -1036,7 +1329,11 @@ static km_err mirror_request(km_req *rq, const km_mop_rpc *rpc)
 		return KM_OK;
 	}
 	if ((rc = authorize(rq, op)) != KM_OK) {
-		km_mop_free(op);
+		/* A probe already sent reports the close (the session closes on this error) and frees op. */
+		if (!op->probes)
+			km_mop_free(op);
+		else
+			op->now = NULL;
 		return rc;
 	}
 	op->now = NULL;
@@ -1049,7 +1346,7 @@ static km_err mirror_request(km_req *rq, const km_mop_rpc *rpc)
 /* Each RPC: key, name, check, authorize, apply, error answer, topics answer, and the note of its row. */
 #define MIRROR_RPCS(X)                                                                                             \
 	X(KM_API_CREATE_MIRROR, create, check_create, KM_MOP_AUTH_CLUSTER_ALTER, apply_create, create_error, NULL,     \
-	  "authorized as ALTER_CONFIGS on CLUSTER, then the store creates the mirror")                                  \
+	  "authorized as ALTER_CONFIGS on CLUSTER (and ALTER on CLUSTER with mirror.acl.include set), then the store creates the mirror")                                  \
 	X(KM_API_DELETE_MIRROR, delete, check_delete, KM_MOP_AUTH_CLUSTER_ALTER, apply_delete, delete_error, NULL,     \
 	  "authorized as ALTER_CONFIGS on CLUSTER, then the store deletes the mirror")                                  \
 	X(KM_API_LIST_MIRRORS, list, check_list, KM_MOP_AUTH_CLUSTER_DESCRIBE, answer_list, list_error, NULL,          \
@@ -1057,9 +1354,9 @@ static km_err mirror_request(km_req *rq, const km_mop_rpc *rpc)
 	X(KM_API_DESCRIBE_MIRRORS, describe, check_describe, KM_MOP_AUTH_CLUSTER_DESCRIBE, answer_describe,            \
 	  describe_error, NULL, "authorized as DESCRIBE_CONFIGS on CLUSTER; answered from the store (secrets masked)")  \
 	X(KM_API_ALTER_MIRROR, alter, check_alter, KM_MOP_AUTH_CLUSTER_ALTER, apply_alter, alter_error, NULL,          \
-	  "authorized as ALTER_CONFIGS on CLUSTER, then the store changes the options")                                 \
+	  "authorized as ALTER_CONFIGS on CLUSTER (and ALTER on CLUSTER with mirror.acl.include set), then the store changes the options")                                 \
 	X(KM_API_START_MIRROR_TOPICS, start, check_start, KM_MOP_AUTH_TOPICS, apply_topics, topics_error, start_answer, \
-	  "authorized as ALTER_CONFIGS on each topic, then the store starts them")                                      \
+	  "authorized as ALTER_CONFIGS on each topic (and CREATE on those the destination lacks), then the store starts them")                                      \
 	X(KM_API_STOP_MIRROR_TOPICS, stop, check_stop, KM_MOP_AUTH_TOPICS, apply_topics, topics_error, stop_answer,    \
 	  "authorized as ALTER_CONFIGS on each topic, then the store stops them")                                       \
 	X(KM_API_PAUSE_MIRROR_TOPICS, pause, check_pause, KM_MOP_AUTH_TOPICS, apply_topics, topics_error, pause_answer, \

@@ -28,8 +28,10 @@
 /* Kafka's config resource types and config sources (the wire values). */
 enum { KM_RESOURCE_TOPIC = 2, KM_RESOURCE_BROKER = 4 };
 enum { KM_CONFIG_SOURCE_DYNAMIC_TOPIC = 1 };
-/* Kafka error codes these hooks answer with that error.h does not name. */
-enum { KM_KAFKA_INVALID_CONFIG = 40 };
+/* ACL filter fields of the ALTER-on-CLUSTER probe (the wire values). */
+enum { KM_ACL_PATTERN_LITERAL = 3, KM_ACL_OPERATION_ALTER = 7, KM_ACL_PERMISSION_DENY = 2 };
+/* The mirror option that turns the ACL sync on (docs/mirror.md, "Metadata sync"). */
+#define KM_MIRROR_ACL_INCLUDE "mirror.acl.include"
 
 /*
  * The stages (km_mirror_rpc_feature, apis.h): the ten RPCs (LOCAL), and IncrementalAlterConfigs,

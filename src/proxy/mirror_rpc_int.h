@@ -73,6 +73,10 @@ struct km_mop {
 	km_mop_req m;
 	int probes;              /* probes sent and not answered */
 	bool gone;               /* the session closed */
+	/* authorization: what the probes found, judged once the last one has answered */
+	int16_t auth_code;       /* the first refusal of the whole request; 0: none */
+	const char *auth_msg;
+	const char *acl_scope;   /* the mirror.acl.include the ACL probe was sent for; NULL: not sent */
 	/* topic operations */
 	km_topic_op op;
 	const char *mirror;      /* NUL-terminated copy of the mirror name */
@@ -80,6 +84,9 @@ struct km_mop {
 	size_t ntopics;
 	int16_t *tcode;          /* each topic's outcome so far (authorization) */
 	const char **tmsg;
+	bool *tmissing;          /* a start's topic the ALTER_CONFIGS probe found missing (NULL: no CREATE probe) */
+	int16_t *ccode;          /* the CREATE probe's verdict on each topic, used for the missing ones */
+	const char **cmsg;
 	/* config requests */
 	km_mcfg_split sp;
 	int32_t next_res;
@@ -90,6 +97,13 @@ struct km_mop {
 /* The versions of the authorizing probes (Kafka 4.x brokers serve IncrementalAlterConfigs 0-1, DescribeConfigs 1-4). */
 #define KM_PROBE_IAC_VERSION 1
 #define KM_PROBE_DESCRIBE_VERSION 4
+/* The CREATE probe (CreateTopics v5: Kafka 2.4, broker defaults for partitions and replicas) and its wait. */
+#define KM_PROBE_CREATE_VERSION 5
+#define KM_PROBE_CREATE_TIMEOUT_MS 15000
+/* The ALTER-on-CLUSTER probe (DeleteAcls v2: Kafka 2.4): one filter that matches no binding but its own. */
+#define KM_PROBE_ACL_VERSION 2
+#define KM_PROBE_ACL_RESOURCE "kmirror-authorization-probe"
+#define KM_PROBE_ACL_PRINCIPAL "User:kmirror-authorization-probe"
 /* A config key of the cluster-wide broker defaults, asked for only to be authorized (DESCRIBE_CONFIGS on CLUSTER). */
 #define KM_PROBE_DESCRIBE_KEY "compression.type"
 

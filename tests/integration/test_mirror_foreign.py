@@ -9,10 +9,12 @@ import pytest
 from confluent_kafka import Producer
 
 from mirror_cli import kmirror_bin, wait_states  # noqa: F401
-from mirror_data import produce_records, read_partition, watermarks
+from mirror_data import main_release_only, produce_records, read_partition, watermarks
 from proxy_fixtures import *  # noqa: F401,F403
 from proxy_fixtures import wait_until
 from test_mirror_data import _mirror_env, _teardown, unique
+
+pytestmark = main_release_only  # reconcile's tail check reads batches the same way on every release: once
 
 
 @pytest.fixture(scope="module")

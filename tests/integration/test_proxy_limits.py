@@ -18,10 +18,11 @@ import time
 import pytest
 
 from mirror_cli import kmirror_bin  # noqa: F401
+from mirror_data import main_release_only
 from proxy_fixtures import *  # noqa: F401,F403
 from proxy_fixtures import PROXY_HOST, consume, port_block, produce, wait_until
 
-pytestmark = pytest.mark.proxy
+pytestmark = [pytest.mark.proxy, main_release_only]  # connection and HTTP limits are kmirrord's own: once, on the suite's release
 
 # Other addresses of the proxy's loopback /24 to connect from (the per-address cap).
 SOURCE_A = PROXY_HOST.rsplit(".", 1)[0] + ".3"

@@ -14,10 +14,11 @@ import pytest
 
 from harness import USERS, Daemon
 from mirror_cli import Cli, kmirror_bin  # noqa: F401
+from mirror_data import main_release_only
 from proxy_fixtures import *  # noqa: F401,F403
 from proxy_fixtures import PROXY_HOST, wait_until
 
-pytestmark = pytest.mark.proxy
+pytestmark = [pytest.mark.proxy, main_release_only]  # sealing and secret files are kmirrord's own: once, on the suite's release
 
 
 def unique(prefix):

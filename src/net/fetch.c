@@ -103,7 +103,14 @@ static bool topic(km_evrd *r, km_fetch_walk *w)
 			r->err = KM_ERR_DECODE;
 			return false;
 		}
-		return km_evrd_raw(r, p->topic, (size_t)len);
+		if (!km_evrd_raw(r, p->topic, (size_t)len))
+			return false;
+		/* A NUL byte (never in a Kafka name) would make the name read as another, shorter one. */
+		if (memchr(p->topic, 0, (size_t)len)) {
+			r->err = KM_ERR_DECODE;
+			return false;
+		}
+		return true;
 	}
 }
 

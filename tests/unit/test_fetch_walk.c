@@ -322,6 +322,19 @@ static void test_huge_lengths(void **state)
 	assert_int_equal(walk_whole(f, n, 12), KM_FW_ERROR);
 }
 
+/* A topic name with a NUL byte would read as another name (km_fetch_part.topic is a C string): malformed. */
+static void test_nul_in_name(void **state)
+{
+	static const uint8_t none[] = {0x00}, empty[] = {0x01};
+	uint8_t f[256];
+	size_t n = v12_frame(f, none, sizeof(none), empty, sizeof(empty));
+	(void)state;
+	assert_int_equal(f[21], 't'); /* size, correlation id, tags, throttle, error, session, count, length */
+	assert_int_equal(walk_whole(f, n, 12), KM_FW_END);
+	f[21] = 0;
+	assert_int_equal(walk_whole(f, n, 12), KM_FW_ERROR);
+}
+
 /*
  * v4-11 have no top-level tags: bytes after the last partition's records are malformed, however
  * the walk reached the end (the last records skipped by length, or not).
@@ -399,6 +412,7 @@ int main(void)
 		cmocka_unit_test(test_malformed),
 		cmocka_unit_test(test_huge_lengths),
 		cmocka_unit_test(test_trailing_bytes),
+		cmocka_unit_test(test_nul_in_name),
 		cmocka_unit_test(test_patch_across_chains),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);

@@ -388,13 +388,30 @@ static bool admin_authorized(km_proxy *px, struct evhttp_request *req, char *why
 	return true;
 }
 
+bool km_proxy_admin_body(struct evbuffer *body, char *text, size_t cap, char *why, size_t whylen)
+{
+	size_t n = evbuffer_get_length(body);
+
+	if (n == 0 || n >= cap || evbuffer_copyout(body, text, n) != (ev_ssize_t)n) {
+		snprintf(why, whylen, "the body is the new upstream: HOST:PORT[,HOST:PORT...]");
+		return false;
+	}
+	/* A NUL would end the text early: the rest of the list would be dropped unseen. */
+	if (memchr(text, 0, n)) {
+		snprintf(why, whylen, "the body holds a NUL byte: send the new upstream as text, HOST:PORT[,HOST:PORT...]");
+		return false;
+	}
+	evbuffer_drain(body, n);
+	rtrim(text, n);
+	return true;
+}
+
 /* GET: the swap's status (JSON); POST with body HOST:PORT[,HOST:PORT...]: start a swap (202, then poll GET). */
 static void admin_upstream(km_proxy *px, struct evhttp_request *req, struct evbuffer *out)
 {
 	enum evhttp_cmd_type cmd = evhttp_request_get_command(req);
 	struct evbuffer *body = evhttp_request_get_input_buffer(req);
 	char why[1024], text[2048];
-	size_t n;
 
 	if (!admin_authorized(px, req, why, sizeof(why))) {
 		bool disabled = !px->cfg.admin_token_file;
@@ -411,13 +428,10 @@ static void admin_upstream(km_proxy *px, struct evhttp_request *req, struct evbu
 		reply_text(req, out, 405, "Method Not Allowed", "GET or POST");
 		return;
 	}
-	n = evbuffer_get_length(body);
-	if (n == 0 || n >= sizeof(text)) {
-		reply_text(req, out, 400, "Bad Request", "the body is the new upstream: HOST:PORT[,HOST:PORT...]");
+	if (!km_proxy_admin_body(body, text, sizeof(text), why, sizeof(why))) {
+		reply_text(req, out, 400, "Bad Request", why);
 		return;
 	}
-	evbuffer_remove(body, text, n);
-	rtrim(text, n);
 	if (km_proxy_swap(px, text, NULL, NULL, why, sizeof(why)) != KM_OK) {
 		reply_text(req, out, px->swap ? 409 : 400, px->swap ? "Conflict" : "Bad Request", why);
 		return;

@@ -78,5 +78,11 @@ void km_proxy_refresh_now(km_proxy *px);
 km_err km_proxy_upstream_new(km_proxy *px, const km_cluster *carry);
 /* swap.c for proxy.c: free what swaps hold (at km_proxy_free). */
 void km_proxy_swap_free(km_proxy *px);
+/*
+ * The body of POST /admin/upstream (the new bootstrap list) as text for km_proxy_swap: at most
+ * cap - 1 bytes, no NUL byte, trailing newlines and spaces dropped. false with why set when it is
+ * none of that (HTTP 400).
+ */
+bool km_proxy_admin_body(struct evbuffer *body, char *text, size_t cap, char *why, size_t whylen);
 
 #endif

@@ -104,9 +104,12 @@ static void body_rewriter(int16_t key, km_body_rewriter fn, int16_t v, const uin
 	km_err err;
 
 	km_arena_init(&a, 16 << 20);
-	in_ok = decode(key, v, p, n, m, &a);
 	km_wr_init(&out);
 	err = fn(p, n, v, &rc, &out);
+	/* A broker that does not know the version asked answers ApiVersions UNSUPPORTED_VERSION in the v0 layout. */
+	if (key == KM_API_API_VERSIONS && n >= 2 && km_be16(p) == KM_KAFKA_UNSUPPORTED_VERSION)
+		v = 0;
+	in_ok = decode(key, v, p, n, m, &a);
 	if (err == KM_ERR_UNSUPPORTED) {
 		/* Above the version a hand-written rewriter was checked for: the API table never serves it. */
 	} else if (in_ok && err != KM_OK) {

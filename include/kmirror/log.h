@@ -3,6 +3,7 @@
 #define KMIRROR_LOG_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 typedef enum {
@@ -25,6 +26,17 @@ const char *km_log_level_name(km_log_level level);
 /* component: "proxy", "net", ...; conn: connection id, 0 when none. */
 void km_log_write(km_log_level level, const char *component, uint64_t conn, const char *fmt, ...)
 	__attribute__((format(printf, 4, 5)));
+
+/*
+ * Text a peer chose (a client id, a topic name from a request, a config value) made fit for one
+ * log line: s (len bytes; len < 0 or s NULL: nothing) into buf (cap bytes, at least 4; always
+ * terminated), with backslashes, double quotes, control bytes and bytes from 0x7f as escapes (\\,
+ * \", \n, \r, \t, \xHH), so that it can neither end the line, forge a field, nor drive a
+ * terminal. Cut with "..." when the escaped text does not fit. Returns buf, for a "%s" argument.
+ */
+const char *km_log_escape(char *buf, size_t cap, const char *s, int32_t len);
+/* A buffer for km_log_escape that holds n bytes of text escaped (4 each at most) and the cut mark. */
+#define KM_LOG_ESCAPED_SIZE(n) (4 * (size_t)(n) + 4)
 
 #define KM_LOG(level, comp, conn, ...) \
 	do { \

@@ -25,17 +25,28 @@ static bool flex(const km_fetch_walk *w)
 	return w->version >= 12;
 }
 
+/*
+ * A compact length or count: uvarint N+1, null (0) returned as -1. N beyond int32 (the uvarint
+ * reaches 2^32 - 1) is corrupt: nothing on the wire is that long.
+ */
+static bool compact_len(km_evrd *r, int32_t *n)
+{
+	uint32_t v;
+	if (!km_evrd_uvarint(r, &v))
+		return false;
+	if (v > (uint32_t)INT32_MAX + 1) {
+		r->err = KM_ERR_DECODE;
+		return false;
+	}
+	*n = v == 0 ? -1 : (int32_t)(v - 1);
+	return true;
+}
+
 /* An array count: uvarint N+1 (flexible) or int32 (classic); null (-1) is returned as -1. */
 static bool count(km_evrd *r, bool compact, int32_t *n)
 {
-	if (compact) {
-		uint32_t v;
-		if (!km_evrd_uvarint(r, &v))
-			return false;
-		*n = (int32_t)v - 1;
-	} else if (!km_evrd_i32(r, n)) {
+	if (!(compact ? compact_len(r, n) : km_evrd_i32(r, n)))
 		return false;
-	}
 	/* Each element takes at least one byte: a count beyond the bytes left is corrupt. */
 	if (*n < -1 || (*n > 0 && (size_t)*n > r->end - r->pos)) {
 		r->err = KM_ERR_DECODE;
@@ -44,25 +55,26 @@ static bool count(km_evrd *r, bool compact, int32_t *n)
 	return true;
 }
 
-/* A length prefix: uvarint N+1 (flexible), else int16 (strings) or int32 (bytes); null is -1. */
+/* A length prefix: uvarint N+1 (flexible), else int16 (strings) or int32 (bytes); null is -1, below is corrupt. */
 static bool length(km_evrd *r, bool compact, bool wide, int32_t *n)
 {
 	if (compact) {
-		uint32_t v;
-		if (!km_evrd_uvarint(r, &v))
+		if (!compact_len(r, n))
 			return false;
-		*n = (int32_t)v - 1;
-		return true;
-	}
-	if (wide)
-		return km_evrd_i32(r, n);
-	{
+	} else if (wide) {
+		if (!km_evrd_i32(r, n))
+			return false;
+	} else {
 		int16_t v;
 		if (!km_evrd_i16(r, &v))
 			return false;
 		*n = v;
-		return true;
 	}
+	if (*n < -1) {
+		r->err = KM_ERR_DECODE;
+		return false;
+	}
+	return true;
 }
 
 static bool i64(km_evrd *r, int64_t *v)
@@ -91,7 +103,14 @@ static bool topic(km_evrd *r, km_fetch_walk *w)
 			r->err = KM_ERR_DECODE;
 			return false;
 		}
-		return km_evrd_raw(r, p->topic, (size_t)len);
+		if (!km_evrd_raw(r, p->topic, (size_t)len))
+			return false;
+		/* A NUL byte (never in a Kafka name) would make the name read as another, shorter one. */
+		if (memchr(p->topic, 0, (size_t)len)) {
+			r->err = KM_ERR_DECODE;
+			return false;
+		}
+		return true;
 	}
 }
 
@@ -189,6 +208,17 @@ static bool batch_prefix(km_fetch_walk *w, km_evrd *r)
 	return true;
 }
 
+/*
+ * The walk is past the last topic: v12+, the tagged fields take at least their count byte; before,
+ * the frame ends here (whichever way the walk got here: a last partition skipped by length too).
+ */
+static km_fw_event end_event(const km_fetch_walk *w)
+{
+	if (flex(w) ? w->pos >= w->end : w->pos != w->end)
+		return KM_FW_ERROR;
+	return KM_FW_END;
+}
+
 km_fw_event km_fetch_walk_next(km_fetch_walk *w, struct evbuffer *buf, size_t first)
 {
 	size_t have_end = first + evbuffer_get_length(buf);
@@ -201,7 +231,7 @@ km_fw_event km_fetch_walk_next(km_fetch_walk *w, struct evbuffer *buf, size_t fi
 		int32_t n;
 
 		if (w->phase == FW_DONE)
-			return KM_FW_END;
+			return end_event(w);
 		if (w->pos < first)
 			return KM_FW_ERROR; /* bytes the walk still needs were already sent on: never guess */
 		if (step_without_bytes(w))
@@ -265,12 +295,6 @@ km_fw_event km_fetch_walk_next(km_fetch_walk *w, struct evbuffer *buf, size_t fi
 			/* Out of bytes in this window: wait for more, unless the frame is complete. */
 			return have_end >= w->end ? KM_FW_ERROR : KM_FW_NEED_MORE;
 		w->pos = first + r.pos;
-		if (w->phase == FW_DONE) {
-			/* v12+: the tagged fields take at least their count byte; before: the frame ends here. */
-			if (flex(w) ? w->pos >= w->end : w->pos != w->end)
-				return KM_FW_ERROR;
-			return KM_FW_END;
-		}
 	}
 }
 

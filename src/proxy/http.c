@@ -316,6 +316,24 @@ static int admin_check(km_http *h, struct evhttp_request *req, const char **say)
 	return 0;
 }
 
+bool km_proxy_admin_body(struct evbuffer *body, char *text, size_t cap, char *why, size_t whylen)
+{
+	size_t n = evbuffer_get_length(body);
+
+	if (n == 0 || n >= cap || evbuffer_copyout(body, text, n) != (ev_ssize_t)n) {
+		snprintf(why, whylen, "the body is the new upstream: HOST:PORT[,HOST:PORT...]");
+		return false;
+	}
+	/* A NUL would end the text early: the rest of the list would be dropped unseen. */
+	if (memchr(text, 0, n)) {
+		snprintf(why, whylen, "the body holds a NUL byte: send the new upstream as text, HOST:PORT[,HOST:PORT...]");
+		return false;
+	}
+	evbuffer_drain(body, n);
+	rtrim(text, n);
+	return true;
+}
+
 /* GET: the swap's status (JSON); POST with body HOST:PORT[,HOST:PORT...]: start a swap (202, then poll GET). */
 static void admin_upstream(km_http *h, struct evhttp_request *req, struct evbuffer *out)
 {
@@ -324,7 +342,6 @@ static void admin_upstream(km_http *h, struct evhttp_request *req, struct evbuff
 	struct evbuffer *body = evhttp_request_get_input_buffer(req);
 	char why[1024], text[HTTP_MAX_BODY + 1];
 	const char *say;
-	size_t n;
 	int code;
 
 	if ((code = admin_check(h, req, &say)) != 0) {
@@ -342,13 +359,10 @@ static void admin_upstream(km_http *h, struct evhttp_request *req, struct evbuff
 		reply_text(req, out, 405, "Method Not Allowed", "GET or POST");
 		return;
 	}
-	n = evbuffer_get_length(body);
-	if (n == 0 || n >= sizeof(text)) {
-		reply_text(req, out, 400, "Bad Request", "the body is the new upstream: HOST:PORT[,HOST:PORT...]");
+	if (!km_proxy_admin_body(body, text, sizeof(text), why, sizeof(why))) {
+		reply_text(req, out, 400, "Bad Request", why);
 		return;
 	}
-	evbuffer_remove(body, text, n);
-	rtrim(text, n);
 	if (km_proxy_swap(px, text, NULL, NULL, why, sizeof(why)) != KM_OK) {
 		reply_text(req, out, px->swap ? 409 : 400, px->swap ? "Conflict" : "Bad Request", why);
 		return;

@@ -164,8 +164,15 @@ static void cfg_next(km_mop *op)
 			continue;
 		}
 		topic = km_mop_strdup(op, res_name(op, i));
-		KM_INFO("proxy", op->sid, "%s=%.*s on topic %s: %s mirroring from %s", KM_MIRROR_NAME_CONFIG,
-			(int)r->mirror.len, r->mirror.p, topic, km_topic_op_name(top), mirror);
+		if (KM_LOG_INFO <= km_log_current) {
+			/* The value and the topic's name are the client's bytes (escaped). */
+			char vtxt[KM_LOG_ESCAPED_SIZE(256)], ttxt[KM_LOG_ESCAPED_SIZE(256)];
+			km_str tn = res_name(op, i);
+			km_log_escape(vtxt, sizeof(vtxt), r->mirror.p, r->mirror.len > 256 ? 256 : r->mirror.len);
+			km_log_escape(ttxt, sizeof(ttxt), tn.p, tn.len > 256 ? 256 : tn.len);
+			KM_INFO("proxy", op->sid, "%s=%s on topic %s: %s mirroring from %s", KM_MIRROR_NAME_CONFIG, vtxt, ttxt,
+				km_topic_op_name(top), mirror);
+		}
 		km_state_topics(op->st, top, mirror, &topic, 1, cfg_done, op);
 		return; /* cfg_done goes on (op may be gone already) */
 	}

@@ -965,8 +965,10 @@ static void lat_looked_up(void *arg, km_mirror_batch_q *q, size_t n)
 		int64_t first;
 		if (q[i].code != KM_OK || !m) {
 			/* The plain translation stays: a record of the right batch, with its own timestamp. */
+			char tn[KM_LOG_ESCAPED_SIZE(256)];
+			km_log_escape(tn, sizeof(tn), q[i].topic, q[i].topic ? (int32_t)strnlen(q[i].topic, 256) : 0);
 			KM_WARN("proxy", op->sid, "ListOffsets by timestamp on %s-%d: the batch at destination offset %lld "
-				"could not be read (%s): answered with the record the destination found", q[i].topic,
+				"could not be read (%s): answered with the record the destination found", tn,
 				(int)q[i].partition, (long long)q[i].offset, km_err_name(q[i].code));
 			continue;
 		}

@@ -90,5 +90,11 @@ void km_proxy_swap_free(km_proxy *px);
 km_err km_proxy_http_start(km_proxy *px, char *err, size_t errlen) __attribute__((warn_unused_result));
 void km_proxy_http_reload(km_proxy *px);
 void km_proxy_http_free(km_proxy *px);
+/*
+ * The body of POST /admin/upstream (the new bootstrap list) as text for km_proxy_swap: at most
+ * cap - 1 bytes, no NUL byte, trailing newlines and spaces dropped. false with why set when it is
+ * none of that (HTTP 400).
+ */
+bool km_proxy_admin_body(struct evbuffer *body, char *text, size_t cap, char *why, size_t whylen);
 
 #endif

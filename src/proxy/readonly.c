@@ -1136,6 +1136,7 @@ static void log_refusal(const km_req *rq, km_ro_op op, km_str topic, const km_uu
 			int32_t nparts, km_err code, const char *message, const char *extra)
 {
 	char pl[160] = "", idtxt[40] = "", more[96] = "";
+	char cidtxt[KM_LOG_ESCAPED_SIZE(64)], topictxt[KM_LOG_ESCAPED_SIZE(256)];
 	km_req_header full;
 	km_str cid = {"", 0};
 	uint32_t suppressed;
@@ -1169,9 +1170,14 @@ static void log_refusal(const km_req *rq, km_ro_op op, km_str topic, const km_uu
 	}
 	if (suppressed)
 		snprintf(more, sizeof(more), " (and %u more refusals of this topic since the last line)", suppressed);
-	KM_INFO("proxy", km_session_id(rq->s), "refused %s v%d (client id \"%.*s\") on %s%.*s%s%s: %s: %s%s%s%s",
-		ro_op_api[op], rq->h->api_version, cid.len > 64 ? 64 : cid.len, cid.p, idtxt[0] ? "topic id " : "topic ",
-		idtxt[0] ? 0 : (topic.len > 0 ? topic.len : 0), idtxt[0] ? "" : (topic.p ? topic.p : ""), idtxt, pl,
+	/*
+	 * The client id and the topic's name are the client's bytes: escaped, so they cannot break or
+	 * forge the line, and bounded (cut with "..." past what the buffers hold).
+	 */
+	km_log_escape(cidtxt, sizeof(cidtxt), cid.p, cid.len);
+	km_log_escape(topictxt, sizeof(topictxt), topic.p, idtxt[0] ? 0 : topic.len);
+	KM_INFO("proxy", km_session_id(rq->s), "refused %s v%d (client id \"%s\") on %s%s%s%s: %s: %s%s%s%s",
+		ro_op_api[op], rq->h->api_version, cidtxt, idtxt[0] ? "topic id " : "topic ", topictxt, idtxt, pl,
 		km_err_name(code), message ? message : "", extra ? "; " : "", extra ? extra : "", more);
 }
 

@@ -50,15 +50,25 @@ static void upstream_text(const km_config *cfg, char *buf, size_t len)
 	km_config_format_upstream(cfg->upstream, cfg->upstream_count, buf, len);
 }
 
+/* The same for a log line: a swap's list came in the body of an HTTP request (escaped). */
+static void upstream_log_text(const km_config *cfg, char *buf, size_t len)
+{
+	char up[1024];
+	upstream_text(cfg, up, sizeof(up));
+	km_log_escape(buf, len, up, (int32_t)strlen(up));
+}
+
 static void swap_end(km_swap *sw, km_err err, const char *msg)
 {
 	km_proxy *px = sw->px;
+	char esc[2048]; /* a log line's worth */
 
 	snprintf(px->swap_last, sizeof(px->swap_last), "%s", msg);
+	km_log_escape(esc, sizeof(esc), msg, (int32_t)strlen(msg));
 	if (err == KM_OK)
-		KM_INFO("proxy", 0, "upstream swap: %s", msg);
+		KM_INFO("proxy", 0, "upstream swap: %s", esc);
 	else
-		KM_ERROR("proxy", 0, "upstream swap failed: %s", msg);
+		KM_ERROR("proxy", 0, "upstream swap failed: %s", esc);
 	px->swap = NULL;
 	if (sw->timeout_ev)
 		event_free(sw->timeout_ev);
@@ -108,9 +118,9 @@ static void prev_drain_round(evutil_socket_t fd, short what, void *arg)
 	km_proxy *px = pu->px;
 	uint64_t now = km_proxy_now_ms(px);
 	size_t left = km_session_set_count_of(px->sessions, &pu->host);
-	char up[1024];
+	char up[KM_LOG_ESCAPED_SIZE(1024)];
 
-	upstream_text(&pu->cfg, up, sizeof(up));
+	upstream_log_text(&pu->cfg, up, sizeof(up));
 	if (left && now >= pu->deadline_ms) {
 		KM_WARN("proxy", 0, "previous upstream %s: drain timeout, closing its remaining %zu connection(s)", up, left);
 		km_session_set_close_of(px->sessions, &pu->host, "upstream swap: drain timeout");
@@ -228,7 +238,11 @@ km_err km_proxy_swap(km_proxy *px, const char *upstream, km_proxy_swap_done done
 	sw->done = done;
 	sw->arg = arg;
 	px->swap = sw;
-	KM_INFO("proxy", 0, "upstream swap from %s to %s: connecting and reading its mirror state", now, next);
+	if (KM_LOG_INFO <= km_log_current) {
+		char esc[KM_LOG_ESCAPED_SIZE(1024)];
+		upstream_log_text(&sw->cfg, esc, sizeof(esc));
+		KM_INFO("proxy", 0, "upstream swap from %s to %s: connecting and reading its mirror state", now, esc);
+	}
 	if (!(sw->handle = px->swap_ops.prepare(px->swap_ops.arg, &sw->cfg))) {
 		px->swap = NULL;
 		snprintf(err, errlen, "cannot prepare the modules for %s (see the log)", next);

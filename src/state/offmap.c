@@ -59,22 +59,23 @@ static int64_t min64(int64_t a, int64_t b)
 
 /*
  * How many offsets run i covers, the same on both sides. A closed run ends where the next one's
- * prev_logical_end says; the open run at the tail when one is set, else never (INT64_MAX). Bounded
- * by the next run's starts on both sides so that records loaded from a damaged or half-rewritten
- * map never translate into another run's range.
+ * prev_logical_end says; the open run at the tail when one is set, else at the top of the offset
+ * range. Bounded by the next run's starts on both sides so that records loaded from a damaged or
+ * half-rewritten map never translate into another run's range, and by INT64_MAX on both sides so
+ * that start + distance never overflows (an open run stored above its logical offsets would reach
+ * past it).
  */
 static int64_t covered(const km_offmap *m, size_t i)
 {
 	const km_offrun *r = &m->runs[i];
-	int64_t len;
+	int64_t len = min64(INT64_MAX - r->logical, INT64_MAX - r->physical);
 
 	if (i + 1 < m->n) {
 		const km_offrun *nx = &m->runs[i + 1];
-		len = min64(nx->prev_logical_end - r->logical, min64(nx->logical - r->logical, nx->physical - r->physical));
+		len = min64(len, min64(nx->prev_logical_end - r->logical,
+				       min64(nx->logical - r->logical, nx->physical - r->physical)));
 	} else if (tail_set(m)) {
-		len = min64(m->tail_physical - r->physical, m->tail_logical - r->logical);
-	} else {
-		len = INT64_MAX;
+		len = min64(len, min64(m->tail_physical - r->physical, m->tail_logical - r->logical));
 	}
 	return len > 0 ? len : 0;
 }

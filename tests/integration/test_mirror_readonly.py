@@ -333,6 +333,27 @@ def test_librdkafka_c_api_gets_message(mirrored, mode):
     assert elapsed < 5.0
 
 
+def test_client_id_escaped_in_log(mirrored):
+    """A client id is the client's to choose, newlines and quotes included: the refusal's log line
+    shows it escaped, and what the client wrote never starts a line of kmirrord's log."""
+    mr = mirrored
+    forged = 'level=error comp=proxy msg="forged by a client id"'
+    p = Producer(mr.proxy.conf(**{"client.id": f"evil\n{forged}", "acks": 1, "linger.ms": 100,
+                                  "message.timeout.ms": 30000}))
+    errs = []
+    p.produce(mr.ro, b"to-mirror", partition=0, on_delivery=lambda e, m: errs.append(e))
+    p.flush(30)
+    del p  # no reconnects (logged with that id by librdkafka too) once the proxy is gone
+    assert errs and errs[0] is not None and errs[0].code() == READ_ONLY_TOPIC
+    m = mr.proxy.wait_log(r"refused Produce v\d+ \(client id \"evil[^\n]*", timeout=10)
+    print(f"kmirrord: {m.group(0)}")
+    escaped = 'client id "evil\\nlevel=error comp=proxy msg=\\"forged by a client id\\""'
+    assert escaped in m.group(0)
+    assert f"on topic {mr.ro} partition 0: READ_ONLY_TOPIC" in m.group(0)
+    for line in mr.proxy.output().splitlines():
+        assert "forged by a client id" not in line or "refused Produce" in line, line
+
+
 def test_delete_records_topics_partitions_refused(mirrored):
     mr = mirrored
     proxy, ro, ok = mr.proxy, mr.ro, mr.ok

@@ -243,6 +243,135 @@ static void test_malformed(void **state)
 	evbuffer_free(in);
 }
 
+/* Walk a whole frame held in one buffer to its first event other than PARTITION and BATCH. */
+static km_fw_event walk_whole(const uint8_t *frame, size_t len, int16_t v)
+{
+	struct evbuffer *in = evbuffer_new();
+	km_fetch_walk w;
+	km_fw_event ev;
+	evbuffer_add(in, frame, len);
+	km_fetch_walk_init(&w, v, len);
+	while ((ev = km_fetch_walk_next(&w, in, 0)) == KM_FW_PARTITION || ev == KM_FW_BATCH)
+		;
+	evbuffer_free(in);
+	return ev;
+}
+
+/*
+ * A v12 frame of one topic "t" with one partition, up to its aborted transactions (count bytes
+ * given), then the preferred read replica and the records length (bytes given), then filler.
+ */
+static size_t v12_frame(uint8_t *f, const uint8_t *aborted, size_t alen, const uint8_t *rec, size_t rlen)
+{
+	km_wr w;
+	size_t n;
+	km_wr_init(&w);
+	km_wr_i32(&w, 0);       /* size, patched below */
+	km_wr_i32(&w, 7);       /* correlation id */
+	km_wr_uvarint(&w, 0);   /* header tags */
+	km_wr_i32(&w, 0);       /* throttle */
+	km_wr_i16(&w, 0);       /* error */
+	km_wr_i32(&w, 0);       /* session id */
+	km_wr_uvarint(&w, 2);   /* one topic */
+	km_wr_string(&w, true, km_str_c("t"));
+	km_wr_uvarint(&w, 2);   /* one partition */
+	km_wr_i32(&w, 0);
+	km_wr_i16(&w, 0);
+	km_wr_i64(&w, 10);
+	km_wr_i64(&w, 10);
+	km_wr_i64(&w, 0);
+	km_wr_raw(&w, aborted, alen);
+	km_wr_i32(&w, -1);      /* preferred read replica */
+	km_wr_raw(&w, rec, rlen);
+	for (int i = 0; i < 40; i++)
+		km_wr_i8(&w, 0);
+	km_wr_patch_i32(&w, 0, (int32_t)(w.len - 4));
+	assert_true(km_wr_ok(&w));
+	n = w.len;
+	memcpy(f, w.buf, n);
+	km_wr_free(&w);
+	return n;
+}
+
+/*
+ * Lengths and counts beyond int32 (a compact uvarint of 2^31 or more) are malformed: the walk
+ * says so instead of computing them (that subtraction overflowed, which UBSan reports).
+ */
+static void test_huge_lengths(void **state)
+{
+	static const uint8_t none[] = {0x00}, huge[] = {0x80, 0x80, 0x80, 0x80, 0x08}, /* 2^31 */
+		max[] = {0xff, 0xff, 0xff, 0xff, 0x0f}, /* 2^32 - 1 */ empty[] = {0x01};
+	uint8_t f[256];
+	size_t n;
+	(void)state;
+	/* The frame is well formed with an empty records field. */
+	n = v12_frame(f, none, sizeof(none), empty, sizeof(empty));
+	f[n - 40] = 0;  /* partition tags */
+	f[n - 39] = 0;  /* topic tags */
+	f[n - 38] = 0;  /* top-level tags */
+	n -= 37;
+	km_put_be32(f, (uint32_t)(n - 4));
+	assert_int_equal(walk_whole(f, n, 12), KM_FW_END);
+	/* Records whose length is 2^31 - 1 or 2^32 - 2. */
+	n = v12_frame(f, none, sizeof(none), huge, sizeof(huge));
+	assert_int_equal(walk_whole(f, n, 12), KM_FW_ERROR);
+	n = v12_frame(f, none, sizeof(none), max, sizeof(max));
+	assert_int_equal(walk_whole(f, n, 12), KM_FW_ERROR);
+	/* Aborted transactions counted 2^31 - 1. */
+	n = v12_frame(f, huge, sizeof(huge), empty, sizeof(empty));
+	assert_int_equal(walk_whole(f, n, 12), KM_FW_ERROR);
+}
+
+/* A topic name with a NUL byte would read as another name (km_fetch_part.topic is a C string): malformed. */
+static void test_nul_in_name(void **state)
+{
+	static const uint8_t none[] = {0x00}, empty[] = {0x01};
+	uint8_t f[256];
+	size_t n = v12_frame(f, none, sizeof(none), empty, sizeof(empty));
+	(void)state;
+	assert_int_equal(f[21], 't'); /* size, correlation id, tags, throttle, error, session, count, length */
+	assert_int_equal(walk_whole(f, n, 12), KM_FW_END);
+	f[21] = 0;
+	assert_int_equal(walk_whole(f, n, 12), KM_FW_ERROR);
+}
+
+/*
+ * v4-11 have no top-level tags: bytes after the last partition's records are malformed, however
+ * the walk reached the end (the last records skipped by length, or not).
+ */
+static void test_trailing_bytes(void **state)
+{
+	km_fetch_response m;
+	km_fetch_response_fetchable_topic_response t;
+	km_fetch_response_partition_data p;
+	uint8_t recs[20];
+	(void)state;
+	memset(recs, 0x5a, sizeof(recs));
+	km_fetch_response_init(&m);
+	km_fetch_response_fetchable_topic_response_init(&t);
+	km_fetch_response_partition_data_init(&p);
+	t.topic = km_str_c("t");
+	t.partitions.count = 1;
+	t.partitions.items = &p;
+	p.records = (km_bytes){recs, (int32_t)sizeof(recs)};
+	m.responses.count = 1;
+	m.responses.items = &t;
+	for (int16_t v = 4; v <= 11; v++) {
+		km_wr w;
+		km_wr_init(&w);
+		km_wr_i32(&w, 0);
+		km_wr_i32(&w, 5);
+		km_fetch_response_encode(&w, v, &m);
+		km_wr_patch_i32(&w, 0, (int32_t)(w.len - 4));
+		assert_true(km_wr_ok(&w));
+		assert_int_equal(walk_whole(w.buf, w.len, v), KM_FW_END);
+		km_wr_i32(&w, 0x7e7e7e7e);
+		km_wr_patch_i32(&w, 0, (int32_t)(w.len - 4));
+		assert_int_equal(walk_whole(w.buf, w.len, v), KM_FW_ERROR);
+		km_wr_free(&w);
+	}
+}
+
 static void test_patch_across_chains(void **state)
 {
 	struct evbuffer *b = evbuffer_new();
@@ -281,6 +410,9 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_every_version),
 		cmocka_unit_test(test_malformed),
+		cmocka_unit_test(test_huge_lengths),
+		cmocka_unit_test(test_trailing_bytes),
+		cmocka_unit_test(test_nul_in_name),
 		cmocka_unit_test(test_patch_across_chains),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);

@@ -343,6 +343,33 @@ static void test_negative(void **state)
 	km_offmap_free(&m);
 }
 
+/*
+ * An open run without a tail (a stopped topic) stored at other offsets than its logical ones: the
+ * offsets near the top of the range whose counterpart would be past INT64_MAX are in no run (the
+ * translation overflowed, which UBSan reports), and the rest translate as before.
+ */
+static void test_top_of_range(void **state)
+{
+	km_offmap up, down;
+	(void)state;
+	km_offmap_init(&up);
+	add(&up, 10, 200, -1); /* stored above its logical offsets */
+	assert_int_equal(km_offmap_to_physical(&up, INT64_MAX - 1000), INT64_MAX - 810);
+	assert_int_equal(km_offmap_to_physical(&up, INT64_MAX - 1), -1);
+	assert_int_equal(km_offmap_to_physical(&up, INT64_MAX), -1);
+	assert_int_equal(km_offmap_find_logical(&up, INT64_MAX - 1), -1);
+	assert_int_equal(km_offmap_to_logical(&up, INT64_MAX - 1), INT64_MAX - 191);
+	km_offmap_free(&up);
+
+	km_offmap_init(&down);
+	add(&down, INT64_MAX - 100, 5, -1); /* stored below */
+	assert_int_equal(km_offmap_to_physical(&down, INT64_MAX - 1), 104);
+	assert_int_equal(km_offmap_to_logical(&down, 50), INT64_MAX - 55);
+	assert_int_equal(km_offmap_to_logical(&down, 1000), -1);
+	assert_int_equal(km_offmap_next_to_logical(&down, INT64_MAX), -1);
+	km_offmap_free(&down);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -350,7 +377,7 @@ int main(void)
 		cmocka_unit_test(test_hidden),       cmocka_unit_test(test_tail),
 		cmocka_unit_test(test_replace_remove), cmocka_unit_test(test_random_order),
 		cmocka_unit_test(test_many_runs),    cmocka_unit_test(test_negative),
-		cmocka_unit_test(test_leading_hole),
+		cmocka_unit_test(test_leading_hole),   cmocka_unit_test(test_top_of_range),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

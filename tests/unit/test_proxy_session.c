@@ -23,6 +23,7 @@
 #include "kmirror/net.h"
 #include "kmirror/proxy.h"
 #include "proxy/apis.h"
+#include "proxy/readonly.h"
 #include "proxy/proxy_int.h" /* the table and the session set of a running proxy */
 #include "proxy/rewrite.h"
 
@@ -1017,6 +1018,114 @@ static void on_drained(void *arg)
 	drained_calls++;
 }
 
+/* ---- a client id in the log ---- */
+
+/* Topic "ro" is read-only on every partition. */
+static bool ro_active(void *arg)
+{
+	(void)arg;
+	return true;
+}
+
+static void ro_check(void *arg, km_str name, const km_uuid *id, int32_t partition, km_ro_op op, km_ro_verdict *v)
+{
+	(void)arg;
+	(void)id;
+	(void)partition;
+	(void)op;
+	v->code = KM_OK;
+	if (name.len >= 0 && km_str_eq_c(name, "ro")) {
+		v->code = KM_MIRROR_READ_ONLY_TOPIC;
+		snprintf(v->message, sizeof(v->message), "topic ro is read-only");
+	}
+}
+
+/*
+ * A client id is the client's to choose, newlines and quotes included: the refusal's log line
+ * shows it escaped, on one line, and nothing the client wrote starts a line of its own.
+ */
+static void test_client_id_escaped_in_log(void **state)
+{
+	static const char cid[] = "evil\n2024-01-01T00:00:00.000Z level=error comp=proxy msg=\"forged\" \x1b[2J";
+	fixture *f = *state;
+	tclient *c = tc_connect(f, f->listen_port);
+	char path[] = "/tmp/km-log-XXXXXX", line[4096];
+	int fd = mkstemp(path), saved;
+	int refusals = 0, lines = 0;
+	km_wr w, body;
+	uint8_t recs[70] = {0};
+	uint8_t *r;
+	size_t len, start;
+	FILE *log;
+
+	assert_true(fd >= 0);
+	f->px->features.read_only = (km_ro_lookup){ro_active, ro_check, NULL};
+	/* Produce v9 to "ro" partition 0, from a client with that id (the raw frame: tc_request says "test"). */
+	km_wr_init(&body);
+	km_wr_string(&body, true, KM_STR_NULL); /* transactional id */
+	km_wr_i16(&body, -1);
+	km_wr_i32(&body, 1000);
+	km_wr_array_len(&body, true, 1);
+	km_wr_string(&body, true, km_str_c("ro"));
+	km_wr_array_len(&body, true, 1);
+	km_wr_i32(&body, 0);
+	km_wr_bytes(&body, true, (km_bytes){recs, (int32_t)sizeof(recs)});
+	km_wr_uvarint(&body, 0);
+	km_wr_uvarint(&body, 0);
+	km_wr_uvarint(&body, 0);
+	km_wr_init(&w);
+	start = km_wr_reserve(&w, 4);
+	km_wr_i16(&w, KM_API_PRODUCE);
+	km_wr_i16(&w, 9);
+	km_wr_i32(&w, 31);
+	km_wr_string(&w, false, km_str_c(cid));
+	km_wr_uvarint(&w, 0);
+	km_wr_raw(&w, body.buf, body.len);
+	km_wr_patch_i32(&w, start, (int32_t)(w.len - 4));
+
+	fflush(stderr);
+	saved = dup(2);
+	assert_true(dup2(fd, 2) >= 0);
+	km_log_set_level(KM_LOG_INFO);
+	evbuffer_add(bufferevent_get_output(c->bev), w.buf, w.len);
+	r = tc_response(f, c, &len);
+	km_log_set_level(getenv("KM_TEST_LOG") ? KM_LOG_DEBUG : KM_LOG_ERROR);
+	fflush(stderr);
+	dup2(saved, 2);
+	close(saved);
+	assert_non_null(r);
+	assert_int_equal(km_be32(r), 31); /* answered here: every partition refused */
+	assert_int_equal(f->up.requests[KM_API_PRODUCE], 0);
+
+	assert_non_null(log = fdopen(fd, "r"));
+	rewind(log);
+	while (fgets(line, sizeof(line), log)) {
+		lines++;
+		/* Every line is one of kmirrord's: it starts with the timestamp and its level field follows. */
+		assert_true(line[0] >= '0' && line[0] <= '9');
+		assert_non_null(strstr(line, "Z level="));
+		/* What the client wrote stays inside the refusal's line (unescaped, it started a forged line). */
+		if (strstr(line, "forged"))
+			assert_non_null(strstr(line, "refused Produce v9"));
+		assert_null(strchr(line, '\x1b'));
+		if (strstr(line, "refused Produce v9")) {
+			refusals++;
+			assert_non_null(strstr(line, "client id \"evil\\n2024-01-01T00:00:00.000Z level=error comp=proxy "
+						     "msg=\\\"forged\\\" \\x1b[2J\""));
+			assert_non_null(strstr(line, "on topic ro partition 0: READ_ONLY_TOPIC"));
+		}
+	}
+	assert_int_equal(refusals, 1);
+	assert_true(lines >= 1);
+	fclose(log);
+	unlink(path);
+	f->px->features.read_only = (km_ro_lookup){NULL, NULL, NULL};
+	free(r);
+	km_wr_free(&w);
+	km_wr_free(&body);
+	tc_free(c);
+}
+
 static void test_drain_gradual(void **state)
 {
 	fixture *f = *state;
@@ -1066,6 +1175,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_fetch_node_endpoints, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_fetch_oor_hold, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_drain_gradual, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_client_id_escaped_in_log, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_new_broker_gets_port, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_idle_and_request_timeouts, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_cut_through, setup, teardown),

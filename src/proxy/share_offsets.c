@@ -83,6 +83,10 @@ static size_t pieces(const km_offmap *m, int64_t first, int64_t last, bool physi
 		/* The run's last offset, saturating for the open run without end. */
 		hi = cov > INT64_MAX - start ? INT64_MAX : start + cov - 1;
 		hi = min64(hi, last);
+		/* Neither counterpart may pass INT64_MAX: the piece ends where the larger side would. */
+		if (start >= 0 && max64(r->logical, r->physical) >= 0 &&
+		    hi - start > INT64_MAX - max64(r->logical, r->physical))
+			hi = start + (INT64_MAX - max64(r->logical, r->physical));
 		if (cov <= 0 || lo > hi)
 			continue;
 		if (n < cap)

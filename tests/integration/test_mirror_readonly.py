@@ -344,12 +344,12 @@ def test_client_id_escaped_in_log(mirrored):
     p.produce(mr.ro, b"to-mirror", partition=0, on_delivery=lambda e, m: errs.append(e))
     p.flush(30)
     del p  # no reconnects (logged with that id by librdkafka too) once the proxy is gone
-    assert errs and errs[0] is not None and errs[0].code() == READ_ONLY_TOPIC
+    assert errs and errs[0] is not None and errs[0].code() == POLICY_VIOLATION
     m = mr.proxy.wait_log(r"refused Produce v\d+ \(client id \"evil[^\n]*", timeout=10)
     print(f"kmirrord: {m.group(0)}")
     escaped = 'client id "evil\\nlevel=error comp=proxy msg=\\"forged by a client id\\""'
     assert escaped in m.group(0)
-    assert f"on topic {mr.ro} partition 0: READ_ONLY_TOPIC" in m.group(0)
+    assert f"on topic {mr.ro} partition 0: POLICY_VIOLATION" in m.group(0)
     for line in mr.proxy.output().splitlines():
         assert "forged by a client id" not in line or "refused Produce" in line, line
 

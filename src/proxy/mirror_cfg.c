@@ -23,15 +23,7 @@ km_err km_mirror_check_name(km_str name, const char *what, char *err, size_t err
 		snprintf(err, errlen, "%s name is empty", what);
 		return KM_KAFKA_INVALID_REQUEST;
 	}
-	if (name.len > KM_MIRROR_MAX_NAME) {
-		snprintf(err, errlen, "%s name '%.40s...' is %d characters long: at most %d are allowed", what, name.p,
-			 (int)name.len, KM_MIRROR_MAX_NAME);
-		return KM_KAFKA_INVALID_REQUEST;
-	}
-	if ((name.len == 1 && name.p[0] == '.') || (name.len == 2 && name.p[0] == '.' && name.p[1] == '.')) {
-		snprintf(err, errlen, "%s name '%.*s' is not allowed", what, (int)name.len, name.p);
-		return KM_KAFKA_INVALID_REQUEST;
-	}
+	/* The characters first: the other reasons quote the name, which may then hold only these. */
 	for (int32_t i = 0; i < name.len; i++) {
 		unsigned char c = (unsigned char)name.p[i];
 		if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' ||
@@ -43,6 +35,15 @@ km_err km_mirror_check_name(km_str name, const char *what, char *err, size_t err
 				 what, c, (int)i);
 			return KM_KAFKA_INVALID_REQUEST;
 		}
+	}
+	if (name.len > KM_MIRROR_MAX_NAME) {
+		snprintf(err, errlen, "%s name '%.40s...' is %d characters long: at most %d are allowed", what, name.p,
+			 (int)name.len, KM_MIRROR_MAX_NAME);
+		return KM_KAFKA_INVALID_REQUEST;
+	}
+	if ((name.len == 1 && name.p[0] == '.') || (name.len == 2 && name.p[0] == '.' && name.p[1] == '.')) {
+		snprintf(err, errlen, "%s name '%.*s' is not allowed", what, (int)name.len, name.p);
+		return KM_KAFKA_INVALID_REQUEST;
 	}
 	if (strcmp(what, "mirror") == 0 &&
 	    (ends_with(name, KM_MIRROR_PAUSED_SUFFIX) || ends_with(name, KM_MIRROR_REMOVED_SUFFIX))) {

@@ -48,6 +48,12 @@ static void test_names(void **state)
 	longname[250] = '\0';
 	assert_int_equal(km_mirror_check_name(km_str_c(longname), "topic", err, sizeof(err)), KM_KAFKA_INVALID_REQUEST);
 	assert_non_null(strstr(err, "250 characters"));
+	/* A long name with a character Kafka refuses: the reason gives its code, never the bytes themselves. */
+	memcpy(longname, "evil\n\x1b[2J", 9);
+	assert_int_equal(km_mirror_check_name(km_str_c(longname), "topic", err, sizeof(err)), KM_KAFKA_INVALID_REQUEST);
+	assert_non_null(strstr(err, "0x0a at 4"));
+	assert_null(strchr(err, '\n'));
+	assert_null(strchr(err, '\x1b'));
 	/* mirror names cannot carry mirror.name's suffixes; topic names can */
 	assert_int_equal(km_mirror_check_name(km_str_c("m.paused"), "mirror", err, sizeof(err)), KM_KAFKA_INVALID_REQUEST);
 	assert_int_equal(km_mirror_check_name(km_str_c("m.paused"), "topic", err, sizeof(err)), KM_OK);

@@ -1049,6 +1049,8 @@ void km_mirror_prepare_start(km_mirror *mi, const char *mirror, const char *cons
 	for (size_t i = 0; i < n; i++) {
 		if (!(p->t[i].name = strdup(topics[i])))
 			goto nomem;
+		/* Never created, whatever the clusters hold: the store refuses the name itself. */
+		p->t[i].settled = km_mirror_store(mi) && km_state_topic_internal(km_mirror_store(mi), topics[i]);
 		p->n++;
 	}
 	if (!(p->ev = event_new(km_mirror_base(mi), -1, 0, on_ev, p)))

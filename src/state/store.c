@@ -563,7 +563,7 @@ static bool check_topic(km_state *st, km_state_mut *mu, km_state_mirror *m, size
 		topic_msg(mu, i, KM_KAFKA_INVALID_REQUEST, "'%s' is not a valid topic name", name);
 		return false;
 	}
-	if (mu->op == KM_TOPIC_START && (!strncmp(name, "__", 2) || !strcmp(name, st->cfg.mirror_state_topic))) {
+	if (mu->op == KM_TOPIC_START && km_state_topic_internal(st, name)) {
 		/* kmirrord's producer would write source records into it: Kafka's, or kmirrord's own state. */
 		topic_msg(mu, i, KM_KAFKA_INVALID_TOPIC_EXCEPTION,
 			  "Topic %s is internal (a name starting with __, or kmirrord's state topic): it cannot be a "
@@ -1704,3 +1704,8 @@ const km_state_topic *km_state_mirror_topic_at(const km_state_mirror *m, size_t 
 }
 
 const char *km_state_topic_name_of_store(const km_state *st) { return st->cfg.mirror_state_topic; }
+
+bool km_state_topic_internal(const km_state *st, const char *name)
+{
+	return !strncmp(name, "__", 2) || !strcmp(name, st->cfg.mirror_state_topic);
+}

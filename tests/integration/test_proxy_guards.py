@@ -8,7 +8,7 @@ import struct
 import uuid
 
 import pytest
-from confluent_kafka import KafkaException
+from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, NewTopic
 
 from mirror_data import main_release_only
@@ -39,6 +39,8 @@ def guarded(proxy_factory, dest_cluster, source_cluster):
     state_topic = f"__mirror_state_{uuid.uuid4().hex[:8]}"
     mirror = unique("m")
     p = proxy_factory(dest_cluster, mirror_state_topic=state_topic)
+    # Until it has read the state (here: found no state topic), kmirrord answers mirror RPCs "loading".
+    wait_until(lambda: p.http_get("/readyz")[0] == 200, 60, 0.2, "kmirrord to be ready")
     c = Client(p.bootstrap)
     try:
         code, msg = c.create(mirror, {"bootstrap.servers": source_cluster.bootstrap})
@@ -100,7 +102,9 @@ def test_internal_topics_refused_by_start(guarded, internal_topic, dest_cluster)
     p, state_topic, mirror = guarded
     c = Client(p.bootstrap)
     try:
-        for topic in (internal_topic, state_topic):
+        # The name alone decides, before any cluster is asked: the last one exists nowhere (nor does the
+        # state topic until the first mirror is written), and is refused as internal, not as missing.
+        for topic in (internal_topic, state_topic, f"__kmtest_nowhere_{uuid.uuid4().hex[:8]}"):
             code, msg, per = c.topics(START, mirror, [topic])
             tcode, tmsg = per[topic]
             print(f"start {topic}:", tcode, tmsg)
@@ -128,9 +132,22 @@ def watermarks(cluster, topic):
     """[(low, high)] of every partition, as the destination itself says."""
     from confluent_kafka import Consumer, TopicPartition
     c = Consumer({"bootstrap.servers": cluster.bootstrap, "group.id": unique("wm")})
+    found = []
+
+    def read():
+        # A topic created a moment ago may not have its leader in every broker's metadata yet.
+        try:
+            found[:] = [c.get_watermark_offsets(TopicPartition(topic, i), timeout=30)
+                        for i in range(partition_count(cluster, topic))]
+            return True
+        except KafkaException as e:
+            if e.args[0].code() not in (KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE,
+                                        KafkaError.UNKNOWN_TOPIC_OR_PART):
+                raise
+            return False
     try:
-        return [c.get_watermark_offsets(TopicPartition(topic, i), timeout=30)
-                for i in range(partition_count(cluster, topic))]
+        wait_until(read, 30, 0.2, f"the watermarks of {topic}")
+        return found
     finally:
         c.close()
 

@@ -33,6 +33,7 @@ typedef enum {
  */
 typedef struct km_config {
 	km_hostport listen;
+	bool listen_reuseport;    /* the client listeners (bootstrap, brokers) with SO_REUSEPORT */
 	char *advertised_host;
 	int64_t broker_port_base;
 	int64_t broker_port_count;
@@ -81,6 +82,7 @@ typedef struct km_config {
 	/* Not an option: upstream_sasl_password was read from upstream_sasl_password_file (km_config_read_secrets). */
 	bool upstream_sasl_password_from_file;
 	char *mirror_state_topic;
+	bool mirror_pipelines;    /* run the pipelines of the mirror topics in the state */
 	int64_t mirror_state_partitions;
 	int64_t mirror_state_replication_factor; /* -1: min(3, brokers) */
 	char *mirror_secret_key_file;

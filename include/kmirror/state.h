@@ -370,6 +370,11 @@ const km_state_topic *km_state_mirror_topic_at(const km_state_mirror *m, size_t 
 bool km_state_is_store_topic_id(const km_state *st, const km_uuid *id);
 /* The state topic's name (cfg mirror_state_topic): clients never write, delete or reconfigure it through the proxy. */
 const char *km_state_topic_name_of_store(const km_state *st);
+/*
+ * Bumped each time the store replaces its model (a load, a reread, a followed change): a topic or
+ * mirror handle kept across events is stale once this moved (offset maps stay: they are carried).
+ */
+uint64_t km_state_model_epoch(const km_state *st);
 /* Whether a topic of this name can never be a mirror topic: Kafka's internal ones (__*) and the state topic. */
 bool km_state_topic_internal(const km_state *st, const char *name);
 

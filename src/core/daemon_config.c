@@ -31,6 +31,12 @@ static const km_opt_enum read_only_errors = {NULL, read_only_error_names, 3, fal
 static const km_option options[] = {
 	{.name = "listen", .type = KM_OPT_HOSTPORT, .offset = OFF(listen), .def = "0.0.0.0:9092",
 	 .doc = "Bootstrap listener. Clients put this address in bootstrap.servers."},
+	{.name = "listen_reuseport", .type = KM_OPT_BOOL, .offset = OFF(listen_reuseport), .def = "false",
+	 .doc = "Open the client listeners (listen and every broker port) with SO_REUSEPORT, so that several "
+		"kmirrord processes of one user on this host serve the same ports and the kernel spreads new "
+		"connections over them (docs/operations.md, \"Several instances\"). Every process sharing the ports "
+		"needs it, and the same listen, broker_port_base and advertised_host. The HTTP listeners are never "
+		"shared: each process needs its own http_listen."},
 	{.name = "advertised_host", .type = KM_OPT_STRING, .offset = OFF(advertised_host), .def = "localhost",
 	 .reloadable = true,
 	 .doc = "Host name the proxy puts in every broker endpoint it returns to clients (Metadata, "
@@ -207,6 +213,13 @@ static const km_option options[] = {
 	{.name = "mirror_state_replication_factor", .type = KM_OPT_INT, .offset = OFF(mirror_state_replication_factor),
 	 .def = "-1", .min = -1, .max = 32767, .reloadable = false,
 	 .doc = "Replication factor of mirror_state_topic when kmirrord creates it; -1: min(3, brokers)."},
+	{.name = "mirror_pipelines", .type = KM_OPT_BOOL, .offset = OFF(mirror_pipelines), .def = "true",
+	 .doc = "Run the pipelines of the mirror topics in the state (fetch from the source, write here, move "
+		"partitions from PREPARING, PAUSING and STOPPING). With several kmirrords in front of one "
+		"destination, set it to true in exactly one of them until pipelines have an owner each "
+		"(docs/operations.md, \"Several instances\"); the others follow the state, refuse writes to mirror "
+		"topics, translate offsets and answer mirror RPCs, and the mirror's partitions wait for the one "
+		"that runs them."},
 	{.name = "mirror_secret_key_file", .type = KM_OPT_STRING, .offset = OFF(mirror_secret_key_file), .def = "",
 	 .reloadable = false,
 	 .doc = "File holding the AES-256 key (32 raw bytes, or 64 hex characters) that encrypts mirror secrets "

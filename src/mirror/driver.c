@@ -389,6 +389,8 @@ static void dispatch(km_mirror *mi, const char *mirror, const char *topic, int32
 	case KM_MP_MIRRORING:
 	case KM_MP_PAUSING:
 	case KM_MP_STOPPING:
+		if (mi->opts.cfg && !mi->opts.cfg->mirror_pipelines)
+			return; /* another kmirrord runs them (mirror_pipelines) */
 		break;
 	default:
 		/* PAUSED, STOPPED, FAILED: a pipeline that holds it lets it go. */

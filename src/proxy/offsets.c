@@ -213,6 +213,11 @@ const km_off_entry *km_off_req_find(km_off_req *c, km_str name, const km_uuid *i
 	return NULL;
 }
 
+static uint64_t lookup_epoch(const km_off_lookup *lk)
+{
+	return lk && lk->epoch ? lk->epoch(lk->arg) : 0;
+}
+
 static const void *find_topic(const km_off_lookup *lk, km_str name, const km_uuid *id)
 {
 	return lk->topic(lk->arg, name, id);
@@ -635,11 +640,12 @@ static km_err fetch_partition(km_fetch_walk *w, struct evbuffer *in, size_t firs
 		return KM_OK;
 	if (!id)
 		name = (km_str){p->topic, (int32_t)strlen(p->topic)};
-	/* One topic lookup per topic of the response. */
-	if (!c->cur_ti_set || c->cur_ti != p->topic_index) {
+	/* One topic lookup per topic of the response (and again after the store changed its model). */
+	if (!c->cur_ti_set || c->cur_ti != p->topic_index || c->cur_epoch != lookup_epoch(c->lk)) {
 		c->cur_topic = find_topic(c->lk, name, id);
 		c->cur_ti = p->topic_index;
 		c->cur_ti_set = true;
+		c->cur_epoch = lookup_epoch(c->lk);
 	}
 	if (!c->cur_topic || !(m = c->lk->map(c->lk->arg, c->cur_topic, p->partition)))
 		return KM_OK;
@@ -694,6 +700,14 @@ static km_err fetch_batch(km_fetch_walk *w, struct evbuffer *in, size_t first, v
 	uint8_t d[4];
 	km_err rc;
 
+	if (c && c->cur && c->cur_epoch != lookup_epoch(c->lk)) {
+		/* The store changed its model while this answer streamed: the map is found again. */
+		const km_fetch_part *p = &w->part;
+		km_str name = w->version >= 13 ? KM_STR_NULL : (km_str){p->topic, (int32_t)strlen(p->topic)};
+		c->cur_topic = find_topic(c->lk, name, w->version >= 13 ? &p->topic_id : NULL);
+		c->cur = c->cur_topic ? c->lk->map(c->lk->arg, c->cur_topic, p->partition) : NULL;
+		c->cur_epoch = lookup_epoch(c->lk);
+	}
 	if (!c || !c->cur || b->length < 0)
 		return KM_OK; /* a truncated prefix is not a batch: left as it came */
 	if ((run = km_off_batch_run(c->cur, b->base_offset, &logical)) >= 0) {
@@ -1228,10 +1242,16 @@ static const km_offmap *state_map(void *arg, const void *topic, int32_t partitio
 	return m && !m->n && m->tail_physical < 0 ? NULL : m;
 }
 
+static uint64_t state_epoch(void *arg)
+{
+	return km_state_model_epoch(arg);
+}
+
 void km_off_lookup_from_state(km_state *st, km_off_lookup *out)
 {
 	out->active = st ? state_active : NULL;
 	out->topic = st ? state_topic : NULL;
 	out->map = st ? state_map : NULL;
+	out->epoch = st ? state_epoch : NULL;
 	out->arg = st;
 }

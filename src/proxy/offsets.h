@@ -28,6 +28,11 @@ typedef struct km_off_lookup {
 	const void *(*topic)(void *arg, km_str name, const km_uuid *id);
 	/* The partition's map, NULL when it has none (never mirrored): its offsets pass untouched. */
 	const km_offmap *(*map)(void *arg, const void *topic, int32_t partition);
+	/*
+	 * Bumped whenever the handles may have been freed (the store took a model read back or
+	 * followed): a handle or map kept across events is looked up again. NULL: never.
+	 */
+	uint64_t (*epoch)(void *arg);
 	void *arg;
 } km_off_lookup;
 
@@ -101,6 +106,7 @@ typedef struct km_off_req {
 	bool cur_ti_set;
 	const void *cur_topic;
 	const km_offmap *cur;  /* NULL: the current partition passes untouched */
+	uint64_t cur_epoch;    /* the lookup's epoch when cur_topic and cur were found */
 	int64_t ref;           /* the logical offset hidden batches are put below; -1: not known yet */
 	bool seen_visible;     /* a batch of the current partition was in a run */
 } km_off_req;

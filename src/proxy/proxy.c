@@ -111,11 +111,19 @@ static struct evconnlistener *listen_on(km_proxy *px, const char *host, uint16_t
 		snprintf(err, errlen, "cannot resolve listen address %s:%u: %s", host, port, evutil_gai_strerror(rc));
 		return NULL;
 	}
-	l = evconnlistener_new_bind(px->base, accept_cb, b, LEV_OPT_CLOSE_ON_FREE | LEV_OPT_REUSEABLE, 512,
-				    res->ai_addr, (int)res->ai_addrlen);
+	l = evconnlistener_new_bind(px->base, accept_cb, b,
+				    LEV_OPT_CLOSE_ON_FREE | LEV_OPT_REUSEABLE |
+					    (px->cfg.listen_reuseport ? LEV_OPT_REUSEABLE_PORT : 0),
+				    512, res->ai_addr, (int)res->ai_addrlen);
 	evutil_freeaddrinfo(res);
 	if (!l) {
-		snprintf(err, errlen, "cannot listen on %s:%u: %s", host, port, strerror(errno));
+		int e = errno;
+		snprintf(err, errlen, "cannot listen on %s:%u: %s%s", host, port, strerror(e),
+			 e != EADDRINUSE ? ""
+			 : px->cfg.listen_reuseport
+				 ? " (a process there does not share it: set listen_reuseport = true in every kmirrord on this "
+				   "port, run by the same user)"
+				 : " (to run several kmirrord processes on these ports, set listen_reuseport = true in each)");
 		return NULL;
 	}
 	evconnlistener_set_error_cb(l, accept_error_cb);

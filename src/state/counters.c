@@ -22,6 +22,20 @@ void km_state_counters_write(km_state_counters *c, bool ok, double seconds)
 	c->write_sum += seconds;
 }
 
+void km_state_counters_follow(km_state_counters *c, double delay_s)
+{
+	size_t b;
+
+	c->follows++;
+	if (delay_s < 0)
+		return;
+	b = km_metrics_bucket(km_state_write_bounds, KM_STATE_WRITE_BUCKETS, delay_s);
+	if (b < KM_STATE_WRITE_BUCKETS)
+		c->follow_bucket[b]++;
+	c->follow_count++;
+	c->follow_sum += delay_s;
+}
+
 void km_state_counters_count(km_state_counters *c, const km_state_model *m)
 {
 	c->mirrors = m->nmirrors;
@@ -56,6 +70,8 @@ static const struct {
 	 C(load_ms)},
 	{"kmirror_state_ready", "1 once __mirror_state has been read back (mirror RPCs are answered).",
 	 KM_METRIC_GAUGE, C(ready)},
+	{"kmirror_state_follows_total", "Changes another kmirrord wrote to __mirror_state, applied here by following it.",
+	 KM_METRIC_COUNTER, C(follows)},
 	{"kmirror_state_mirrors", "Mirrors defined.", KM_METRIC_GAUGE, C(mirrors)},
 	{"kmirror_state_mirror_topics", "Topics in a mirror (any state).", KM_METRIC_GAUGE, C(topics)},
 #undef C
@@ -66,6 +82,13 @@ km_err km_state_counters_register(km_state_counters *c, km_metrics *reg)
 	static const km_metric_desc latency = {
 		.name = "kmirror_state_write_latency_seconds",
 		.help = "Time from a change's write to __mirror_state until every partition acknowledged it (retries included).",
+		.type = KM_METRIC_HISTOGRAM,
+		.bounds = km_state_write_bounds,
+		.nbounds = KM_STATE_WRITE_BUCKETS,
+	};
+	static const km_metric_desc follow = {
+		.name = "kmirror_state_follow_delay_seconds",
+		.help = "Time from another kmirrord's write to __mirror_state (its batch timestamp) until this one applied it.",
 		.type = KM_METRIC_HISTOGRAM,
 		.bounds = km_state_write_bounds,
 		.nbounds = KM_STATE_WRITE_BUCKETS,
@@ -87,6 +110,9 @@ km_err km_state_counters_register(km_state_counters *c, km_metrics *reg)
 	}
 	if (!(f = km_metrics_family(reg, &latency)) ||
 	    !km_metric_histogram_ptr(f, NULL, c->write_bucket, &c->write_count, &c->write_sum))
+		return KM_ERR_NOMEM;
+	if (!(f = km_metrics_family(reg, &follow)) ||
+	    !km_metric_histogram_ptr(f, NULL, c->follow_bucket, &c->follow_count, &c->follow_sum))
 		return KM_ERR_NOMEM;
 	if (!(f = km_metrics_family(reg, &parts)))
 		return KM_ERR_NOMEM;

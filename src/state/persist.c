@@ -292,6 +292,7 @@ km_state_persist *km_state_persist_new(km_state *st)
 	for (size_t i = 0; i < sizeof(io->used) / sizeof(io->used[0]); i++)
 		io->used[i] = -1;
 	io->epoch = -1;
+	io->foldest_ms = -1;
 	io->timer = evtimer_new(st->base, on_timer, io);
 	io->cl = io->timer ? cluster_new(io) : NULL;
 	if (!io->cl) {
@@ -308,6 +309,7 @@ void km_state_persist_free(km_state_persist *io)
 	/* Answers that the clients give while closing see closing and are dropped. */
 	io->closing = true;
 	event_free(io->timer);
+	km_ps_follow_free(io);
 	km_cluster_free(io->cl);
 	km_ps_map_clear(io);
 	free(io->scratch);

@@ -7,6 +7,7 @@
 #include <stdint.h>
 
 #include "kmirror/cluster.h"
+#include "kmirror/msg/fetch_response.h"
 #include "kmirror/msg/metadata_response.h"
 #include "kmirror/net.h"
 #include "kmirror/rpc.h"
@@ -22,6 +23,7 @@
 #define BACKOFF_MAX_MS 10000
 
 enum {
+	K_ERR_OFFSET_OUT_OF_RANGE = 1,
 	K_ERR_NOT_LEADER = 6,
 	K_ERR_TIMED_OUT = 7,
 	K_ERR_LEADER_NOT_AVAILABLE = 5,
@@ -48,7 +50,7 @@ typedef struct load_entry {
 	struct load_entry *next;
 } load_entry;
 
-typedef enum { PH_IDLE, PH_LOAD, PH_WRITE, PH_META } phase;
+typedef enum { PH_IDLE, PH_LOAD, PH_WRITE, PH_META, PH_FOLLOW } phase;
 
 struct km_state_persist {
 	km_state *st;
@@ -106,6 +108,16 @@ struct km_state_persist {
 	void (*chk_ok)(km_state_persist *io);
 	void (*chk_fail)(km_state_persist *io, const char *why);      /* the check could not be made: retry */
 	void (*chk_fatal)(km_state_persist *io, const char *message); /* the topic is not compacted */
+	/* following (persist_follow.c): from where the load ended, every state partition */
+	struct event *fev;         /* the next round */
+	int64_t *fpos;             /* per state partition: the next offset to read */
+	int64_t *fhw;              /* per state partition: its high watermark in the round's answer */
+	int32_t fparts;            /* entries of fpos and fhw */
+	int fout;                  /* the round's Fetch requests not answered yet */
+	bool ffail;                /* the round failed: metadata again, after a backoff */
+	bool fdirty;               /* the map holds records another producer wrote, not in the model yet */
+	bool fchecked;             /* the topic's policy was checked (by the load, or when following found it) */
+	int64_t foldest_ms;        /* the oldest such record's batch timestamp (-1: none) */
 	/* topics metadata */
 	char **mnames;
 	size_t mn;
@@ -163,5 +175,21 @@ void km_ps_check_policy(km_state_persist *io, void (*ok)(km_state_persist *io),
 /* ---- persist_load.c ---- */
 
 void km_ps_map_clear(km_state_persist *io);
+/* The model of the map (every key's latest value); KM_ERR_NOMEM. *bad: records that do not apply. */
+km_err km_ps_build_model(km_state_persist *io, km_state_model *m, size_t *bad) __attribute__((warn_unused_result));
+/*
+ * A Fetch answer's records of one partition from *next (below hi) into the map; NULL or why not.
+ * foreign, oldest_ms (may be NULL): a record written by another producer than io->pid, the oldest timestamp.
+ */
+const char *km_ps_take_records(km_state_persist *io, const km_fetch_response_partition_data *pd, int64_t *next,
+			       int64_t hi, bool *foreign, int64_t *oldest_ms);
+
+/* ---- persist_follow.c ---- */
+
+/* Positions for every partition of the topic (new ones at 0); false when out of memory. */
+bool km_ps_follow_positions(km_state_persist *io);
+/* The next follow round in ms (it starts only while no other operation runs; each one's end kicks it). */
+void km_ps_follow_kick(km_state_persist *io, int ms);
+void km_ps_follow_free(km_state_persist *io);
 
 #endif

@@ -1,4 +1,4 @@
-/* __mirror_state read back at start: metadata, each partition's offsets, fetched to its end, compacted into the map. */
+/* __mirror_state read back at start: metadata, each partition's offsets, fetched to its end, compacted into the map (kept: following goes on from it). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -91,17 +91,15 @@ static void load_retry(km_state_persist *io, const char *why)
 	km_ps_after(io, ms, start_load);
 }
 
-static void load_finish(km_state_persist *io)
+/*
+ * The model of every key's latest value in the map: mirrors first, then partitions, then runs (a
+ * partition record names a mirror, and a run a topic, whose records may sit in other partitions of
+ * the state topic, read in any order). *bad counts records that do not apply.
+ */
+km_err km_ps_build_model(km_state_persist *io, km_state_model *m, size_t *bad)
 {
-	km_state_model m;
-	struct timeval now;
-	size_t bad = 0;
-
-	km_state_model_init(&m);
-	/*
-	 * Mirrors first, then partitions, then runs: a partition record names a mirror, and a run a
-	 * topic, whose records may sit in other partitions of the state topic (read in any order).
-	 */
+	km_state_model_init(m);
+	*bad = 0;
 	for (int pass = 0; pass < 3; pass++)
 		for (size_t i = 0; i < io->mapn; i++)
 			for (load_entry *e = io->map[i]; e; e = e->next) {
@@ -110,11 +108,23 @@ static void load_finish(km_state_persist *io)
 				int want = type == KM_STATE_REC_MIRROR ? 0 : type == KM_STATE_REC_RUN ? 2 : 1;
 				if (want != pass)
 					continue;
-				if (km_state_model_apply(&m, e->key, e->klen, e->val, e->vlen, e->tomb, &chg) != KM_OK)
-					bad++;
+				if (km_state_model_apply(m, e->key, e->klen, e->val, e->vlen, e->tomb, &chg) != KM_OK)
+					(*bad)++;
 			}
-	if (km_state_model_index(&m) != KM_OK) {
-		km_state_model_free(&m);
+	if (km_state_model_index(m) != KM_OK) {
+		km_state_model_free(m);
+		return KM_ERR_NOMEM;
+	}
+	return KM_OK;
+}
+
+static void load_finish(km_state_persist *io)
+{
+	km_state_model m;
+	struct timeval now;
+	size_t bad = 0;
+
+	if (km_ps_build_model(io, &m, &bad) != KM_OK) {
 		load_retry(io, "out of memory");
 		return;
 	}
@@ -128,16 +138,24 @@ static void load_finish(km_state_persist *io)
 	io->st->ctr.records_loaded += io->nrecords;
 	io->st->ctr.load_ms = (uint64_t)((now.tv_sec - io->load_start.tv_sec) * 1000 +
 					 (now.tv_usec - io->load_start.tv_usec) / 1000);
-	km_ps_map_clear(io);
+	/* The map stays: following goes on from it (persist_follow.c). */
 	free(io->scratch);
 	io->scratch = NULL;
 	io->ph = PH_IDLE;
 	io->backoff_ms = 0;
+	io->fdirty = false;
+	io->foldest_ms = -1;
 	km_state_loaded(io->st, &m);
+	km_ps_follow_kick(io, 0);
 }
 
-/* The records of one Fetch answer into the map; false (retried) when they cannot be read. */
-static bool fetch_take(km_state_persist *io, const km_fetch_response_partition_data *pd)
+/*
+ * The records of one Fetch answer's partition from *next (below hi) into the map, *next moved past
+ * them; NULL, or why they cannot be read. *foreign (when not NULL) is set by a record another
+ * producer than kmirrord's own wrote, *oldest_ms lowered to its batch's timestamp.
+ */
+const char *km_ps_take_records(km_state_persist *io, const km_fetch_response_partition_data *pd, int64_t *next,
+			       int64_t hi, bool *foreign, int64_t *oldest_ms)
 {
 	km_batch_iter it;
 	km_batch b;
@@ -147,34 +165,31 @@ static bool fetch_take(km_state_persist *io, const km_fetch_response_partition_d
 		km_record_iter ri;
 		km_record rec;
 		int64_t last = b.base_offset + b.last_offset_delta;
-		if (last < io->next)
+		if (last < *next)
 			continue;
 		if (!b.control) {
-			if (b.codec != KM_CODEC_NONE && !io->scratch && !(io->scratch = malloc(SCRATCH_BYTES))) {
-				load_retry(io, "out of memory");
-				return false;
-			}
-			if (km_batch_records(&b, io->scratch, SCRATCH_BYTES, &ri) != KM_OK) {
-				load_retry(io, "undecodable batch");
-				return false;
-			}
+			if (b.codec != KM_CODEC_NONE && !io->scratch && !(io->scratch = malloc(SCRATCH_BYTES)))
+				return "out of memory";
+			if (km_batch_records(&b, io->scratch, SCRATCH_BYTES, &ri) != KM_OK)
+				return "undecodable batch";
 			while (km_record_next(&ri, &rec)) {
-				if (rec.offset < io->next || rec.offset >= io->hi || rec.key.len < 2)
+				if (rec.offset < *next || rec.offset >= hi || rec.key.len < 2)
 					continue;
 				io->nrecords++;
-				if (map_put(io, rec.key, rec.value) != KM_OK) {
-					load_retry(io, "out of memory");
-					return false;
+				if (map_put(io, rec.key, rec.value) != KM_OK)
+					return "out of memory";
+				if (foreign && (b.producer_id < 0 || b.producer_id != io->pid)) {
+					*foreign = true;
+					if (b.max_timestamp > 0 && (*oldest_ms < 0 || b.max_timestamp < *oldest_ms))
+						*oldest_ms = b.max_timestamp;
 				}
 			}
-			if (ri.err != KM_OK) {
-				load_retry(io, "undecodable records");
-				return false;
-			}
+			if (ri.err != KM_OK)
+				return "undecodable records";
 		}
-		io->next = last + 1;
+		*next = last + 1;
 	}
-	return true;
+	return NULL;
 }
 
 static void on_fetch(km_net_client *c, const km_rpc_response *rr, void *arg)
@@ -184,6 +199,7 @@ static void on_fetch(km_net_client *c, const km_rpc_response *rr, void *arg)
 	const km_fetch_response *r = rr->msg;
 	const km_fetch_response_partition_data *pd = NULL;
 	int64_t before;
+	const char *bad;
 	char why[160];
 
 	if (!io)
@@ -206,8 +222,10 @@ static void on_fetch(km_net_client *c, const km_rpc_response *rr, void *arg)
 	}
 	before = io->next;
 	/* The records are a range of the answer, valid during this callback: read them now. */
-	if (!fetch_take(io, pd))
+	if ((bad = km_ps_take_records(io, pd, &io->next, io->hi, NULL, NULL))) {
+		load_retry(io, bad);
 		return;
+	}
 	if (io->next == before) {
 		/* Nothing below the end: compaction may leave the end past the last record. */
 		if (++io->empty_fetches > 3)
@@ -340,6 +358,8 @@ static void load_partition(km_state_persist *io)
 		fetch_next(io);
 		return;
 	}
+	if (io->lpart >= 0)
+		io->fpos[io->lpart] = io->hi; /* following goes on from here */
 	io->lpart++;
 	if (io->lpart >= io->nparts) {
 		load_finish(io);
@@ -352,6 +372,11 @@ static void load_partition(km_state_persist *io)
 /* The topic is compacted: read it. */
 static void load_checked(km_state_persist *io)
 {
+	io->fchecked = true;
+	if (!km_ps_follow_positions(io)) {
+		load_retry(io, "out of memory");
+		return;
+	}
 	io->lpart = -1;
 	load_partition(io);
 }

@@ -47,6 +47,7 @@ static void write_end(km_state_persist *io, km_err err, const char *msg)
 	io->ph = PH_IDLE;
 	io->gen++;
 	io->backoff_ms = 0;
+	km_ps_follow_kick(io, 0);
 	if (err != KM_OK) {
 		/* Part of the write may have landed: read the topic back, under a new producer id. */
 		io->pid = -1;
@@ -567,6 +568,7 @@ static void meta_end(km_state_persist *io, km_err err, const char *msg, const km
 	io->mcb = NULL;
 	io->ph = PH_IDLE;
 	io->gen++;
+	km_ps_follow_kick(io, 0);
 	cb(io->st, err, msg, metas);
 }
 

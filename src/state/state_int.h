@@ -217,11 +217,15 @@ typedef struct km_state_counters {
 	uint64_t write_bucket[KM_STATE_WRITE_BUCKETS], write_count;
 	double write_sum;
 	uint64_t loads, records_loaded, load_ms, ready;
+	uint64_t follows, follow_bucket[KM_STATE_WRITE_BUCKETS], follow_count;
+	double follow_sum;
 	uint64_t mirrors, topics, partitions[KM_MP__COUNT]; /* gauges, recounted on every change */
 } km_state_counters;
 
 /* One write's outcome: ok with its latency, or a failure for good. */
 void km_state_counters_write(km_state_counters *c, bool ok, double seconds);
+/* A change another kmirrord wrote, applied delay_s after it was written (-1: not known). */
+void km_state_counters_follow(km_state_counters *c, double delay_s);
 /* The gauges from the committed model. */
 void km_state_counters_count(km_state_counters *c, const km_state_model *m);
 /* Add the families to reg (once per registry; the counters must outlive its rendering). */
@@ -234,6 +238,7 @@ struct km_state {
 	SSL_CTX *tls;
 	km_metrics *metrics;
 	km_state_counters ctr;
+	uint64_t model_epoch;                /* km_state_model_epoch */
 	struct timeval write_start;          /* of the head mutation's write */
 	void (*on_ready)(void *arg);
 	void (*on_partition)(void *arg, const char *mirror, const char *topic, int32_t partition, km_mp_state from,
@@ -272,6 +277,8 @@ void km_state_persist_topics(km_state_persist *io, char *const *names, size_t n,
 
 /* store.c: the load finished; model is taken over (moved). */
 void km_state_loaded(km_state *st, km_state_model *model);
+/* A model built from the followed topic (persist_follow.c); delay_s: the oldest new record's age, -1 unknown. */
+void km_state_followed(km_state *st, km_state_model *model, double delay_s);
 /*
  * store.c: the state topic cannot be used (message says why and what to do). The store stops for
  * good: not ready, no more loads, every mutation refused with message; on_fatal is told on the next

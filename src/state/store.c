@@ -1313,7 +1313,7 @@ static km_mp_state model_state(const km_state_model *m, const km_state_topic *li
  * changed, as a committed write does: a partition left PREPARING or STOPPING by it would otherwise
  * wait for the next start-up to be settled. Names are copied: they live in the models.
  */
-static void notify_reload(km_state *st, const km_state_model *old)
+static void notify_reload(km_state *st, const km_state_model *old, const char *how)
 {
 	typedef struct { char *mirror, *topic; int32_t partition; km_mp_state from, to; } diff;
 	diff *d = NULL;
@@ -1358,8 +1358,8 @@ static void notify_reload(km_state *st, const km_state_model *old)
 			}
 out: /* out of memory part way: the changes found are still told */
 	for (size_t i = 0; i < n; i++) {
-		KM_INFO(COMP, 0, "%s/%s-%d %s -> %s (read back)", d[i].mirror, d[i].topic, d[i].partition,
-			km_mp_state_name(d[i].from), km_mp_state_name(d[i].to));
+		KM_INFO(COMP, 0, "%s/%s-%d %s -> %s (%s)", d[i].mirror, d[i].topic, d[i].partition,
+			km_mp_state_name(d[i].from), km_mp_state_name(d[i].to), how);
 		if (st->on_partition)
 			st->on_partition(st->arg, d[i].mirror, d[i].topic, d[i].partition, d[i].from, d[i].to);
 		free(d[i].mirror);
@@ -1368,26 +1368,15 @@ out: /* out of memory part way: the changes found are still told */
 	free(d);
 }
 
-void km_state_loaded(km_state *st, km_state_model *model)
+/* The model read (a load) or followed becomes the store's; the listeners are told what changed. */
+static void take_model(km_state *st, km_state_model *model, const char *how)
 {
-	size_t topics = 0;
 	km_state_model old = st->model;
 
-	if (st->fatal[0]) {
-		/* Stopped for good: what was read is not served. */
-		km_state_model_free(model);
-		km_state_model_init(model);
-		return;
-	}
 	st->model = *model;
+	st->model_epoch++;
 	km_state_model_init(model);
-	for (size_t i = 0; i < st->model.nmirrors; i++)
-		topics += st->model.mirrors[i]->ntopics;
-	KM_INFO(COMP, 0, "state loaded from %s: %zu mirrors, %zu topics", st->cfg.mirror_state_topic,
-		st->model.nmirrors, topics);
 	count_read_only(st);
-	st->ready = true;
-	st->ctr.ready = 1;
 	schedule(st);
 	if (!st->ready_fired) {
 		st->ready_fired = true;
@@ -1397,8 +1386,38 @@ void km_state_loaded(km_state *st, km_state_model *model)
 		return;
 	}
 	km_state_model_carry(&st->model, &old);
-	notify_reload(st, &old);
+	notify_reload(st, &old, how);
 	km_state_model_free(&old);
+}
+
+void km_state_loaded(km_state *st, km_state_model *model)
+{
+	size_t topics = 0;
+
+	if (st->fatal[0]) {
+		/* Stopped for good: what was read is not served. */
+		km_state_model_free(model);
+		km_state_model_init(model);
+		return;
+	}
+	for (size_t i = 0; i < model->nmirrors; i++)
+		topics += model->mirrors[i]->ntopics;
+	KM_INFO(COMP, 0, "state loaded from %s: %zu mirrors, %zu topics", st->cfg.mirror_state_topic, model->nmirrors,
+		topics);
+	st->ready = true;
+	st->ctr.ready = 1;
+	take_model(st, model, "read back");
+}
+
+void km_state_followed(km_state *st, km_state_model *model, double delay_s)
+{
+	if (st->fatal[0] || !st->ready) {
+		km_state_model_free(model);
+		km_state_model_init(model);
+		return;
+	}
+	km_state_counters_follow(&st->ctr, delay_s);
+	take_model(st, model, "followed");
 }
 
 void km_state_fatal(km_state *st, const char *message)
@@ -1704,6 +1723,11 @@ const km_state_topic *km_state_mirror_topic_at(const km_state_mirror *m, size_t 
 }
 
 const char *km_state_topic_name_of_store(const km_state *st) { return st->cfg.mirror_state_topic; }
+
+uint64_t km_state_model_epoch(const km_state *st)
+{
+	return st->model_epoch;
+}
 
 bool km_state_topic_internal(const km_state *st, const char *name)
 {

@@ -703,6 +703,8 @@ int main(void)
 		bootstrap = NULL;
 	base = event_base_new();
 	int rc = cmocka_run_group_tests(tests, NULL, NULL);
+	/* A freed store's clients are freed at the end of a loop iteration: run one. */
+	event_base_loop(base, EVLOOP_NONBLOCK);
 	event_base_free(base);
 	return rc;
 }

@@ -1,0 +1,325 @@
+/*
+ * __mirror_state followed after the load (docs/state.md, "Following"): every partition long-polled
+ * from where the load (or the last round) ended, its records into the load's map; a round that
+ * reached every partition's high watermark and took a record another producer wrote rebuilds the
+ * model from the map, and the store takes it as it takes a reread.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/time.h>
+
+#include "kmirror/msg/api_keys.h"
+#include "kmirror/msg/fetch_request.h"
+#include "state/persist_int.h"
+
+#define FOLLOW_WAIT_MS 500  /* a Fetch's long poll: how long a broker holds an answer with nothing new */
+#define FOLLOW_META_MS 1000 /* how often the topic's metadata is asked while it does not exist */
+
+static void follow_round(km_state_persist *io);
+
+static int64_t now_ms(void)
+{
+	struct timeval tv;
+	gettimeofday(&tv, NULL);
+	return (int64_t)tv.tv_sec * 1000 + tv.tv_usec / 1000;
+}
+
+static void on_follow_ev(evutil_socket_t fd, short what, void *arg)
+{
+	(void)fd;
+	(void)what;
+	follow_round(arg);
+}
+
+void km_ps_follow_kick(km_state_persist *io, int ms)
+{
+	struct timeval tv = {ms / 1000, (ms % 1000) * 1000};
+
+	if (io->closing)
+		return;
+	if (!io->fev && !(io->fev = evtimer_new(io->st->base, on_follow_ev, io)))
+		return; /* out of memory: the next operation's end tries again */
+	event_add(io->fev, &tv);
+}
+
+void km_ps_follow_free(km_state_persist *io)
+{
+	if (io->fev)
+		event_free(io->fev);
+	free(io->fpos);
+	free(io->fhw);
+}
+
+bool km_ps_follow_positions(km_state_persist *io)
+{
+	int64_t *np, *nh;
+
+	if (io->fparts == io->nparts && io->fpos)
+		return true;
+	if (io->nparts <= 0 || !(np = realloc(io->fpos, (size_t)io->nparts * sizeof(*np))))
+		return false;
+	io->fpos = np;
+	if (!(nh = realloc(io->fhw, (size_t)io->nparts * sizeof(*nh))))
+		return false;
+	io->fhw = nh;
+	for (int32_t p = io->fparts; p < io->nparts; p++)
+		io->fpos[p] = io->fhw[p] = 0;
+	io->fparts = io->nparts;
+	return true;
+}
+
+/* The round is over: apply what it completed, and go on (at once: the long poll paces it). */
+static void follow_end(km_state_persist *io)
+{
+	km_state_model m;
+	size_t bad;
+	bool caught_up = true;
+
+	io->ph = PH_IDLE;
+	free(io->scratch);
+	io->scratch = NULL;
+	if (io->ffail) {
+		km_ps_follow_kick(io, km_ps_next_backoff(io));
+		return;
+	}
+	io->backoff_ms = 0;
+	for (int32_t p = 0; p < io->fparts; p++)
+		if (io->fpos[p] < io->fhw[p])
+			caught_up = false;
+	/*
+	 * Only at every partition's high watermark: what one change wrote to several partitions is
+	 * then all in (kmirrord writes acks=all, so a change acknowledged before this round began is
+	 * below them). kmirrord's own records are in the model already, applied when acknowledged.
+	 */
+	if (caught_up && io->fdirty) {
+		if (km_ps_build_model(io, &m, &bad) != KM_OK) {
+			KM_WARN(COMP, 0, "following %s: out of memory building the state; retrying",
+				io->st->cfg.mirror_state_topic);
+			km_ps_follow_kick(io, km_ps_next_backoff(io));
+			return;
+		}
+		km_state_followed(io->st, &m, io->foldest_ms > 0 ? (double)(now_ms() - io->foldest_ms) / 1000.0 : -1);
+		io->fdirty = false;
+		io->foldest_ms = -1;
+	}
+	km_ps_follow_kick(io, 0);
+}
+
+static void on_follow_fetch(km_net_client *c, const km_rpc_response *rr, void *arg)
+{
+	req_ctx x;
+	km_state_persist *io = km_ps_ctx_take(arg, &x);
+	const km_fetch_response *r = rr->msg;
+	const char *bad;
+
+	if (!io)
+		return; /* another operation began since: its end starts the next round */
+	if (km_rpc_transport_err(rr) != KM_OK) {
+		km_ps_drop(io, c);
+		io->ffail = true;
+	} else if (rr->err != KM_OK || r->error_code) {
+		KM_DEBUG(COMP, 0, "following %s: Fetch from broker %d: %s", io->st->cfg.mirror_state_topic, (int)x.node_id,
+			 km_err_name(rr->err != KM_OK ? rr->err : r->error_code));
+		io->ffail = true;
+	}
+	for (int32_t i = 0; !io->ffail && i < r->responses.count; i++)
+		for (int32_t j = 0; j < r->responses.items[i].partitions.count; j++) {
+			const km_fetch_response_partition_data *pd = &r->responses.items[i].partitions.items[j];
+			int32_t p = pd->partition_index;
+			int64_t before;
+			if (p < 0 || p >= io->fparts)
+				continue;
+			if (pd->error_code) {
+				/* A leader moved, or the log was truncated below where this kmirrord read. */
+				KM_DEBUG(COMP, 0, "following %s-%d: %s", io->st->cfg.mirror_state_topic, (int)p,
+					 km_err_name(pd->error_code));
+				io->ffail = true;
+				if (pd->error_code == K_ERR_OFFSET_OUT_OF_RANGE) {
+					KM_WARN(COMP, 0, "following %s-%d: offset %lld is out of range; reading the topic again",
+						io->st->cfg.mirror_state_topic, (int)p, (long long)io->fpos[p]);
+					io->ph = PH_IDLE;
+					km_state_persist_load(io);
+					return;
+				}
+				continue;
+			}
+			before = io->fpos[p];
+			io->fhw[p] = pd->high_watermark;
+			/* The records are a range of the answer, valid during this callback: read them now. */
+			if ((bad = km_ps_take_records(io, pd, &io->fpos[p], INT64_MAX, &io->fdirty, &io->foldest_ms))) {
+				KM_WARN(COMP, 0, "following %s-%d: %s; retrying", io->st->cfg.mirror_state_topic, (int)p, bad);
+				io->ffail = true;
+				break;
+			}
+			/* Nothing below the high watermark: compaction removed what was there. */
+			if (io->fpos[p] == before && pd->records.len <= 0 && io->fhw[p] > io->fpos[p])
+				io->fpos[p] = io->fhw[p];
+		}
+	if (--io->fout == 0)
+		follow_end(io);
+}
+
+/* One Fetch to broker id for every state partition it leads. */
+static km_err follow_fetch(km_state_persist *io, int32_t id, km_net_client *c)
+{
+	km_fetch_request m;
+	km_fetch_request_fetch_topic t;
+	km_fetch_request_fetch_partition *ps = calloc((size_t)io->fparts, sizeof(*ps));
+	int16_t ver;
+	km_err rc;
+	char why[200];
+
+	if (!ps)
+		return KM_ERR_NOMEM;
+	if (!c || !km_net_client_ready(c)) {
+		free(ps);
+		return KM_ERR_CLOSED; /* its connection failed */
+	}
+	if ((ver = km_ps_version_for(c, KM_API_FETCH, why, sizeof(why))) < 0) {
+		free(ps);
+		return KM_ERR_UNSUPPORTED;
+	}
+	km_fetch_request_init(&m);
+	km_fetch_request_fetch_topic_init(&t);
+	m.max_wait_ms = FOLLOW_WAIT_MS;
+	m.min_bytes = 1;
+	m.max_bytes = FETCH_BYTES;
+	m.isolation_level = 0;
+	for (int32_t p = 0; p < io->fparts; p++) {
+		if (io->leaders[p] != id)
+			continue;
+		km_fetch_request_fetch_partition_init(&ps[t.partitions.count]);
+		ps[t.partitions.count].partition = p;
+		ps[t.partitions.count].fetch_offset = io->fpos[p];
+		ps[t.partitions.count].partition_max_bytes = FETCH_BYTES;
+		t.partitions.count++;
+	}
+	t.topic = km_str_c(io->st->cfg.mirror_state_topic);
+	t.partitions.items = ps;
+	m.topics.items = &t;
+	m.topics.count = 1;
+	rc = km_ps_send_req(io, c, KM_API_FETCH, ver, &m, on_follow_fetch, id, -1);
+	free(ps);
+	return rc;
+}
+
+static void follow_checked(km_state_persist *io)
+{
+	io->fchecked = true;
+	io->ph = PH_IDLE;
+	km_ps_follow_kick(io, 0);
+}
+
+static void follow_check_failed(km_state_persist *io, const char *why)
+{
+	KM_WARN(COMP, 0, "following %s: its cleanup.policy could not be checked (%s); retrying",
+		io->st->cfg.mirror_state_topic, why);
+	io->ph = PH_IDLE;
+	km_ps_follow_kick(io, km_ps_next_backoff(io));
+}
+
+static void follow_refused(km_state_persist *io, const char *message)
+{
+	io->ph = PH_IDLE;
+	io->gen++;
+	km_state_fatal(io->st, message);
+}
+
+static void on_follow_meta(km_net_client *c, const km_rpc_response *rr, void *arg)
+{
+	req_ctx x;
+	km_state_persist *io = km_ps_ctx_take(arg, &x);
+	int16_t terr = 0;
+	km_err rc = rr->err;
+
+	if (!io)
+		return;
+	if (km_rpc_transport_err(rr) != KM_OK)
+		km_ps_drop(io, c);
+	else if (rc == KM_OK)
+		rc = km_ps_take_metadata(io, rr->msg, &terr);
+	io->ph = PH_IDLE;
+	if (rc != KM_OK || (!io->exists && terr != K_ERR_UNKNOWN_TOPIC)) {
+		km_ps_follow_kick(io, km_ps_next_backoff(io));
+		return;
+	}
+	if (!io->exists) {
+		km_ps_follow_kick(io, FOLLOW_META_MS); /* nobody created it yet */
+		return;
+	}
+	io->ffail = false;
+	if (!io->fchecked) {
+		/* Made by another kmirrord (or by hand) since the load: checked before a record is used. */
+		io->ph = PH_FOLLOW;
+		km_ps_check_policy(io, follow_checked, follow_check_failed, follow_refused);
+		return;
+	}
+	km_ps_follow_kick(io, 0);
+}
+
+/* Metadata of the state topic: its existence, partitions and leaders. */
+static void follow_meta(km_state_persist *io)
+{
+	char *name = io->st->cfg.mirror_state_topic;
+	km_net_client *c = km_ps_any(io);
+	int16_t ver;
+	char why[200];
+
+	io->ph = PH_FOLLOW;
+	io->gen++;
+	if (!km_ps_client_wait(io, c, KM_PS_ANY, follow_round)) {
+		io->ph = PH_IDLE;
+		return;
+	}
+	if (!c || !km_net_client_ready(c) || (ver = km_ps_version_for(c, KM_API_METADATA, why, sizeof(why))) < 0 ||
+	    km_ps_send_metadata(io, c, ver, &name, 1, on_follow_meta) != KM_OK) {
+		km_ps_drop(io, c);
+		io->ph = PH_IDLE;
+		km_ps_follow_kick(io, km_ps_next_backoff(io));
+	}
+}
+
+static void follow_round(km_state_persist *io)
+{
+	if (io->closing || io->ph != PH_IDLE || io->st->fatal[0] || !io->st->ready)
+		return; /* the running operation's end starts the next round */
+	if (io->down) {
+		/* A waited client could not connect: back off rather than dial again at once. */
+		io->down = false;
+		io->ffail = true;
+		km_ps_follow_kick(io, km_ps_next_backoff(io));
+		return;
+	}
+	if (!io->exists || io->ffail || !io->fchecked || !io->leaders) {
+		follow_meta(io);
+		return;
+	}
+	if (!km_ps_follow_positions(io)) {
+		km_ps_follow_kick(io, km_ps_next_backoff(io));
+		return;
+	}
+	io->ph = PH_FOLLOW;
+	io->gen++;
+	/* Every leader's client first (a wait resumes the round), then one Fetch each. */
+	for (int32_t p = 0; p < io->fparts; p++)
+		if (!km_ps_client_wait(io, km_ps_node(io, io->leaders[p]), io->leaders[p], follow_round)) {
+			io->ph = PH_IDLE;
+			return;
+		}
+	io->fout = 0;
+	io->ffail = false;
+	for (int32_t p = 0; p < io->fparts; p++) {
+		bool sent = false;
+		for (int32_t q = 0; q < p; q++)
+			sent |= io->leaders[q] == io->leaders[p];
+		if (sent)
+			continue;
+		if (follow_fetch(io, io->leaders[p], km_ps_node(io, io->leaders[p])) != KM_OK)
+			io->ffail = true;
+		else
+			io->fout++;
+	}
+	if (io->fout == 0)
+		follow_end(io);
+}

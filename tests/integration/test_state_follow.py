@@ -1,0 +1,150 @@
+"""Several kmirrords in front of one destination follow __mirror_state (docs/state.md, "Following"):
+what one of them writes is in the others' memory within a bounded delay. Three kmirrords share a
+state topic of their own: a mirror created through a is described through b and c; a topic started
+through a is refused to a client's Produce through b, measured from the start's answer; altered and
+deleted mirrors follow too. Only a runs pipelines (mirror_pipelines = false on b and c: several
+instances do not split them yet); a mirror created and started through b is run by a, and b
+serves it exactly: every record through b at its source offset."""
+
+import statistics
+import time
+import uuid
+
+import pytest
+from confluent_kafka import KafkaError, Producer
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from mirror_cli import Cli, kmirror_bin  # noqa: F401
+from mirror_data import compare_topic, main_release_only, produce_records, wait_caught_up
+from proxy_fixtures import *  # noqa: F401,F403
+from proxy_fixtures import wait_until
+
+pytestmark = [pytest.mark.proxy, main_release_only]
+
+
+def unique(prefix):
+    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture
+def trio(proxy_factory, dest_cluster, kmirror_bin):
+    """Three kmirrords with one state topic of their own, each ready."""
+    state_topic = f"__mirror_state_{uuid.uuid4().hex[:8]}"
+    ps = [proxy_factory(dest_cluster, name=f"kmirrord-{n}", mirror_state_topic=state_topic,
+                        mirror_pipelines="true" if n == "a" else "false") for n in "abc"]
+    for p in ps:
+        wait_until(lambda: p.http_get("/readyz")[0] == 200, 60, 0.2, f"{p.name} to be ready")
+    # The first mirror makes the state topic; the others find it by its metadata, asked every second.
+    warm = unique("warm")
+    Cli(kmirror_bin, ps[0].bootstrap).run("create", "--mirror", warm, "--source-bootstrap", "127.0.0.1:9")
+    for p in ps[1:]:
+        wait_until(lambda: described(Cli(kmirror_bin, p.bootstrap), warm) is not None, 10, 0.05,
+                   f"the first mirror on {p.name}")
+    return ps
+
+
+def follow_delays(p):
+    """(applied changes, of them applied within 1 s of their write) on this kmirrord."""
+    return (p.metric("kmirror_state_follow_delay_seconds_count"),
+            p.metric('kmirror_state_follow_delay_seconds_bucket{le="1"}'))
+
+
+def described(cli, mirror):
+    """The mirror as this kmirrord describes it, or None when it does not know it."""
+    d, _ = cli.json("describe", "--mirror", mirror, expect=None)
+    ms = (d or {}).get("mirrors") or []
+    return ms[0] if ms and not ms[0].get("error") else None
+
+
+def produce_refused(bootstrap, topic):
+    """One record through bootstrap: the error code of its delivery (0 when written)."""
+    p = Producer({"bootstrap.servers": bootstrap, "acks": "1", "linger.ms": 0, "retries": 0,
+                  "message.timeout.ms": 5000, "enable.idempotence": False})
+    out = []
+    p.produce(topic, b"probe", callback=lambda err, msg: out.append(err))
+    p.flush(10)
+    err = out[0] if out else None
+    return err.code() if err else 0
+
+
+def test_mirror_created_through_one_is_described_through_the_others(trio, kmirror_bin, source_cluster):
+    a, b, c = trio
+    clis = [Cli(kmirror_bin, p.bootstrap) for p in trio]
+    mirror = unique("fm")
+    before = {p.name: follow_delays(p) for p in (b, c)}
+    t0 = time.monotonic()
+    clis[0].run("create", "--mirror", mirror, "--source-bootstrap", source_cluster.bootstrap)
+    seen = {}
+    for p, cli in zip((b, c), clis[1:]):
+        wait_until(lambda: described(cli, mirror) is not None, 10, 0.02, f"{mirror} described through {p.name}")
+        seen[p.name] = time.monotonic() - t0
+    print("created through a, described through b and c after (s):", seen)
+    # An alteration follows too.
+    clis[0].run("alter", "--mirror", mirror, "--config", "mirror.metadata.refresh.interval.ms=7000")
+
+    def refresh(cli):
+        m = described(cli, mirror) or {}
+        return {x["name"]: x["value"] for x in m.get("configs", [])}.get("mirror.metadata.refresh.interval.ms")
+    wait_until(lambda: refresh(clis[2]) == "7000", 10, 0.02, "the alteration described through c")
+    # A deletion through c is gone on a and b.
+    clis[2].run("delete", "--mirror", mirror)
+    for cli in clis[:2]:
+        wait_until(lambda: described(cli, mirror) is None, 10, 0.02, "the deletion followed")
+    # The followers counted what they applied (create, alter, and delete on b), each within a second.
+    for p in (b, c):
+        (n0, le0), (n1, le1) = before[p.name], follow_delays(p)
+        assert n1 - n0 >= 2 and le1 - le0 == n1 - n0, (p.name, before[p.name], (n1, le1))
+
+
+def test_topic_started_through_one_is_refused_through_another(trio, kmirror_bin, source_cluster, dest_cluster):
+    a, b, c = trio
+    cli_a = Cli(kmirror_bin, a.bootstrap)
+    mirror = unique("fm")
+    rounds = 8
+    topics = [unique("ft") for _ in range(rounds)]
+    for cluster in (source_cluster, dest_cluster):
+        admin = AdminClient({"bootstrap.servers": cluster.bootstrap})
+        for f in admin.create_topics([NewTopic(t, 1, 1) for t in topics], operation_timeout=30).values():
+            f.result(timeout=60)
+        for t in topics:
+            cluster.wait_topic(t, 1)
+    cli_a.run("create", "--mirror", mirror, "--source-bootstrap", source_cluster.bootstrap)
+    wait_until(lambda: described(Cli(kmirror_bin, b.bootstrap), mirror) is not None, 10, 0.02, "the mirror on b")
+    # Writable through b before the start.
+    assert produce_refused(b.bootstrap, topics[0]) == 0
+    delays = []
+    for t in topics:
+        cli_a.run("start", "--mirror", mirror, "--topics", t)
+        started = time.monotonic()
+        while True:
+            code = produce_refused(b.bootstrap, t)
+            if code != 0:
+                break
+            assert time.monotonic() - started < 5, f"{t}: still writable through b 5 s after its start through a"
+        delays.append(time.monotonic() - started)
+        assert code == KafkaError.POLICY_VIOLATION, code  # read_only_error's default
+    delays.sort()
+    print(f"start through a -> Produce through b refused, {rounds} topics: min {delays[0] * 1000:.0f} ms, "
+          f"median {statistics.median(delays) * 1000:.0f} ms, max {delays[-1] * 1000:.0f} ms")
+    assert delays[-1] < 1.0, delays
+
+
+def test_mirror_run_by_another_instance_is_served_exactly(trio, kmirror_bin, source_cluster):
+    """Created and started through b (no pipelines), run by a (it follows the start), read through b."""
+    a, b, c = trio
+    cli_b = Cli(kmirror_bin, b.bootstrap)
+    mirror, topic = unique("fm"), unique("fx")
+    source_cluster.create_topic(topic, partitions=2, config={"retention.ms": "7200000"})
+    produce_records(source_cluster.bootstrap, topic, 300)
+    cli_b.run("create", "--mirror", mirror, "--source-bootstrap", source_cluster.bootstrap)
+    cli_b.run("start", "--mirror", mirror, "--topics", topic)
+    produce_records(source_cluster.bootstrap, topic, 200, start=300)
+    wait_caught_up(b.bootstrap, source_cluster.bootstrap, topic, 2, timeout=120)
+    total, _ = compare_topic(b.bootstrap, source_cluster.bootstrap, topic, 2)
+    assert total == 500, total
+    # a ran the pipeline; b and c none.
+    assert f"{mirror}/{topic}-0 PREPARING -> MIRRORING" in a.output()
+    fetches = {p.name: sum(v for k, v in p.metrics().items() if k.startswith("kmirror_mirror_fetch_requests_total"))
+               for p in trio}
+    print("source Fetch requests per kmirrord:", fetches)
+    assert fetches["kmirrord-a"] > 0 and fetches["kmirrord-b"] == 0 and fetches["kmirrord-c"] == 0, fetches

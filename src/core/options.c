@@ -44,12 +44,22 @@ const char *km_opt_type_name(const km_option *o)
 	return "?";
 }
 
+/* A character of a host name, a dotted address or an IPv6 address (with its %zone): nothing that needs quoting. */
+static bool host_char(char c)
+{
+	return isalnum((unsigned char)c) || c == '.' || c == '-' || c == '_' || c == ':' || c == '%';
+}
+
+/*
+ * Only what km_hostport_format prints back as it came: a host of host_char (so no bracket inside
+ * it, no blank the config file trims), bracketed or not (then the last colon is the port's), and a
+ * port of digits only.
+ */
 bool km_hostport_parse(const char *s, km_hostport *hp)
 {
 	const char *colon, *host = s;
-	size_t hlen;
-	char *end;
-	long port;
+	size_t hlen, plen;
+	unsigned long port = 0;
 
 	if (!s || !*s)
 		return false;
@@ -68,9 +78,18 @@ bool km_hostport_parse(const char *s, km_hostport *hp)
 	}
 	if (hlen == 0 || hlen >= sizeof(hp->host))
 		return false;
-	errno = 0;
-	port = strtol(colon + 1, &end, 10);
-	if (errno || *end || end == colon + 1 || port < 0 || port > 65535)
+	for (size_t i = 0; i < hlen; i++)
+		if (!host_char(host[i]))
+			return false;
+	plen = strlen(colon + 1);
+	if (plen == 0 || plen > 5)
+		return false;
+	for (size_t i = 0; i < plen; i++) {
+		if (!isdigit((unsigned char)colon[1 + i]))
+			return false;
+		port = port * 10 + (unsigned long)(colon[1 + i] - '0');
+	}
+	if (port > 65535)
 		return false;
 	memcpy(hp->host, host, hlen);
 	hp->host[hlen] = '\0';
@@ -174,7 +193,7 @@ static km_err set_hostport(const km_option *o, void *obj, const char *value, cha
 		return KM_OK;
 	}
 	if (!km_hostport_parse(value, &hp)) {
-		errf(err, errlen, "%s: '%s' is not host:port", o->name, value);
+		errf(err, errlen, "%s: '%s' is not host:port (%s)", o->name, value, KM_HOSTPORT_SYNTAX);
 		return KM_ERR_CONFIG;
 	}
 	*FIELD(obj, o->offset, km_hostport) = hp;
@@ -207,7 +226,8 @@ static km_err set_hostport_list(const km_option *o, void *obj, const char *value
 		memcpy(item, p, len);
 		item[len] = '\0';
 		if (!km_hostport_parse(item, &list[n]) || list[n].port == 0) {
-			errf(err, errlen, "%s: '%s' is not host:port", o->name, item);
+			errf(err, errlen, "%s: '%s' is not host:port (%s, the port not 0)", o->name, item,
+			     KM_HOSTPORT_SYNTAX);
 			rc = KM_ERR_CONFIG;
 			goto out;
 		}

@@ -283,6 +283,30 @@ static void test_hostport(void **state)
 	assert_true(km_hostport_parse("h:65535", &hp));
 	km_hostport_format(&hp, buf, sizeof(buf));
 	assert_string_equal(buf, "h:65535");
+	/* Brackets only around an address: none inside a host, bracketed or not. */
+	assert_false(km_hostport_parse("K::1]:8080", &hp));
+	assert_false(km_hostport_parse("[[::1]:8080", &hp));
+	assert_false(km_hostport_parse("[a]b]:1", &hp));
+	assert_false(km_hostport_parse("a[b:1", &hp));
+	assert_false(km_hostport_parse("[]:1", &hp));
+	/* A host is letters, digits and . - _ : % (no blank, no quote); a port only digits. */
+	assert_false(km_hostport_parse(" h:1", &hp));
+	assert_false(km_hostport_parse("\"h\":1", &hp));
+	assert_false(km_hostport_parse("a,b:1", &hp));
+	assert_false(km_hostport_parse("h: 1", &hp));
+	assert_false(km_hostport_parse("h:+1", &hp));
+	assert_false(km_hostport_parse("h:-0", &hp));
+	assert_false(km_hostport_parse("h:", &hp));
+	assert_true(km_hostport_parse("::1:8080", &hp));
+	assert_string_equal(hp.host, "::1");
+	km_hostport_format(&hp, buf, sizeof(buf));
+	assert_string_equal(buf, "[::1]:8080");
+	assert_true(km_hostport_parse("[fe80::1%eth0]:9092", &hp));
+	assert_string_equal(hp.host, "fe80::1%eth0");
+	assert_int_equal(hp.port, 9092);
+	assert_true(km_hostport_parse("[k-1.example]:7", &hp));
+	km_hostport_format(&hp, buf, sizeof(buf));
+	assert_string_equal(buf, "k-1.example:7");
 	memset(&hp, 0, sizeof(hp));
 	km_hostport_format(&hp, buf, sizeof(buf));
 	assert_string_equal(buf, "");

@@ -353,11 +353,47 @@ static km_err load_line(const km_opt_table *t, void *obj, char *line, char *err,
 	return km_opt_set(t, obj, key, val, err, errlen);
 }
 
+/*
+ * The next line of f into *buf, without its newline; *len its length (a NUL byte in it makes
+ * strlen shorter). A line may be of any length: --print-config prints a value whole, and what it
+ * prints must load. *buf grows as needed, the copy left behind wiped (a line may hold a secret).
+ * 1: a line, 0: the end of the file, -1: out of memory.
+ */
+static int next_line(FILE *f, char **buf, size_t *cap, size_t *len)
+{
+	int c;
+
+	*len = 0;
+	while ((c = getc(f)) != EOF && c != '\n') {
+		if (*len + 1 >= *cap) {
+			size_t ncap = *cap ? *cap * 2 : 256;
+			char *nb = malloc(ncap);
+			if (!nb)
+				return -1;
+			if (*buf) {
+				memcpy(nb, *buf, *len);
+				explicit_bzero(*buf, *cap);
+				free(*buf);
+			}
+			*buf = nb;
+			*cap = ncap;
+		}
+		(*buf)[(*len)++] = (char)c;
+	}
+	if (c == EOF && *len == 0)
+		return 0;
+	if (!*buf && !(*buf = malloc(*cap = 1)))
+		return -1;
+	(*buf)[*len] = '\0';
+	return 1;
+}
+
 km_err km_opt_load_file(const km_opt_table *t, void *obj, const char *path, char *err, size_t errlen)
 {
 	FILE *f = fopen(path, "r");
-	char line[4096], sub[512];
-	int lineno = 0;
+	char *line = NULL, sub[512];
+	size_t cap = 0, len;
+	int lineno = 0, got;
 	void *work;
 	km_err rc;
 
@@ -373,10 +409,10 @@ km_err km_opt_load_file(const km_opt_table *t, void *obj, const char *path, char
 		errf(err, errlen, "%s: out of memory", path);
 		return KM_ERR_NOMEM;
 	}
-	while (fgets(line, sizeof(line), f)) {
+	while ((got = next_line(f, &line, &cap, &len)) > 0) {
 		lineno++;
-		if (!strchr(line, '\n') && !feof(f)) {
-			snprintf(sub, sizeof(sub), "line too long");
+		if (strlen(line) != len) {
+			snprintf(sub, sizeof(sub), "a NUL byte in the line");
 			rc = KM_ERR_CONFIG;
 		} else {
 			rc = load_line(t, work, line, sub, sizeof(sub));
@@ -386,8 +422,14 @@ km_err km_opt_load_file(const km_opt_table *t, void *obj, const char *path, char
 			break;
 		}
 	}
+	if (got < 0) {
+		errf(err, errlen, "%s: out of memory", path);
+		rc = KM_ERR_NOMEM;
+	}
 	fclose(f);
-	explicit_bzero(line, sizeof(line)); /* the last line read may be a secret's */
+	if (line)
+		explicit_bzero(line, cap); /* the last line read may be a secret's */
+	free(line);
 	if (rc == KM_OK) {
 		km_opt_free(t, obj);
 		memcpy(obj, work, t->size);
@@ -484,12 +526,34 @@ void km_opt_format(const km_option *o, const void *obj, char *buf, size_t len)
 	}
 }
 
+/* One value onto out, whole: a string or a list may be longer than any buffer km_opt_format is given. */
+static void write_value(const km_option *o, const void *obj, FILE *out)
+{
+	char v[512];
+
+	if (o->type == KM_OPT_STRING) {
+		const char *s = *CFIELD(obj, o->offset, char *);
+		fputs(s ? (o->secret ? KM_OPT_SECRET_MASK : s) : "", out);
+	} else if (o->type == KM_OPT_HOSTPORT_LIST) {
+		const km_hostport *list = CFIELD(obj, o->offset, km_hostport);
+		int count = *CFIELD(obj, o->count_offset, int);
+		for (int i = 0; i < count; i++) {
+			km_hostport_format(&list[i], v, sizeof(v));
+			fprintf(out, "%s%s", i ? "," : "", v);
+		}
+	} else {
+		/* An integer, a boolean, an enum's name or one host:port: short. */
+		km_opt_format(o, obj, v, sizeof(v));
+		fputs(v, out);
+	}
+}
+
 void km_opt_write_values(const km_opt_table *t, const void *obj, FILE *out)
 {
 	for (size_t i = 0; i < t->count; i++) {
-		char v[2048];
-		km_opt_format(&t->rows[i], obj, v, sizeof(v));
-		fprintf(out, "%s = %s\n", t->rows[i].name, v);
+		fprintf(out, "%s = ", t->rows[i].name);
+		write_value(&t->rows[i], obj, out);
+		fputc('\n', out);
 	}
 }
 

@@ -185,6 +185,69 @@ static void test_hostport_options(void **state)
 	}
 }
 
+/* --print-config's file, loaded back: every option the same (secrets aside: they are masked). */
+static void assert_prints_back(const km_config *cfg)
+{
+	const km_opt_table *t = km_config_table();
+	char *path = write_tmp(""), err[512];
+	km_config back;
+	FILE *f;
+
+	assert_non_null(f = fopen(path, "w"));
+	km_opt_write_values(t, cfg, f);
+	assert_int_equal(fclose(f), 0);
+	km_config_init(&back);
+	if (km_config_load_file(&back, path, err, sizeof(err)) != KM_OK)
+		fail_msg("--print-config's output does not load: %s", err);
+	for (size_t i = 0; i < t->count; i++)
+		if (!t->rows[i].secret && !km_opt_equal(&t->rows[i], cfg, &back))
+			fail_msg("%s loads back as another value", t->rows[i].name);
+	km_config_free(&back);
+	unlink(path);
+	free(path);
+}
+
+/*
+ * Long values print whole: a string of 5000 characters, 32 upstream entries of 250-character hosts
+ * (8 KB); a line just under 4 KB, which " = " makes longer when printed, loads back.
+ */
+static void test_print_config_long_values(void **state)
+{
+	static char value[5001], list[KM_CONFIG_MAX_UPSTREAMS * 260], line[4096];
+	size_t n = 0;
+	km_config cfg;
+	char err[512], *path;
+	(void)state;
+
+	memset(value, 'u', sizeof(value) - 1);
+	for (int i = 0; i < KM_CONFIG_MAX_UPSTREAMS; i++) {
+		n += (size_t)snprintf(list + n, sizeof(list) - n, "%sh%02d", i ? "," : "", i);
+		memset(list + n, 'x', 247);
+		n += 247;
+		n += (size_t)snprintf(list + n, sizeof(list) - n, ":9092");
+	}
+	km_config_init(&cfg);
+	assert_int_equal(km_config_set(&cfg, "upstream_sasl_username", value, err, sizeof(err)), KM_OK);
+	assert_int_equal(km_config_set(&cfg, "upstream", list, err, sizeof(err)), KM_OK);
+	assert_int_equal(cfg.upstream_count, KM_CONFIG_MAX_UPSTREAMS);
+	assert_int_equal(strlen(cfg.upstream[31].host), 250);
+	assert_prints_back(&cfg);
+	km_config_free(&cfg);
+
+	/* "upstream_sasl_username=uuu...": 4094 characters and the newline. */
+	n = (size_t)snprintf(line, sizeof(line), "upstream_sasl_username=");
+	memset(line + n, 'u', sizeof(line) - 2 - n);
+	line[sizeof(line) - 2] = '\n';
+	path = write_tmp(line);
+	km_config_init(&cfg);
+	assert_int_equal(km_config_load_file(&cfg, path, err, sizeof(err)), KM_OK);
+	assert_int_equal(strlen(cfg.upstream_sasl_username), sizeof(line) - 2 - n);
+	assert_prints_back(&cfg);
+	km_config_free(&cfg);
+	unlink(path);
+	free(path);
+}
+
 static void test_validate(void **state)
 {
 	km_config cfg;
@@ -425,6 +488,7 @@ int main(void)
 		cmocka_unit_test(test_defaults_round_trip), cmocka_unit_test(test_set_values),
 		cmocka_unit_test(test_load_file),           cmocka_unit_test(test_validate),
 		cmocka_unit_test(test_validate_admin_listen), cmocka_unit_test(test_hostport_options),
+		cmocka_unit_test(test_print_config_long_values),
 		cmocka_unit_test(test_reload_rules),        cmocka_unit_test(test_sasl_mechanisms),
 		cmocka_unit_test(test_docs_match_table),    cmocka_unit_test(test_upstream_file),
 		cmocka_unit_test(test_password_file),

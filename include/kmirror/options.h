@@ -89,8 +89,14 @@ void km_opt_write_values(const km_opt_table *t, const void *obj, FILE *out);
 /* The Markdown table of the options (option, type, default, reloadable, description). */
 void km_opt_write_doc(const km_opt_table *t, FILE *out);
 
-/* "host:port" or "[v6]:port". */
+/*
+ * "host:port" or "[v6]:port": a host of letters, digits and . - _ : % (no bracket inside; an
+ * unbracketed host's last colon is the port's), a port of 1-5 digits up to 65535. What it accepts
+ * km_hostport_format prints so that it parses back to the same value.
+ */
 bool km_hostport_parse(const char *s, km_hostport *hp);
+/* What km_hostport_parse accepts, for error messages. */
+#define KM_HOSTPORT_SYNTAX "HOST:PORT or [IPV6]:PORT, a host of letters, digits and . - _ : % only"
 /* The inverse; an all-zero km_hostport is "". */
 void km_hostport_format(const km_hostport *hp, char *buf, size_t len);
 

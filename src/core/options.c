@@ -44,12 +44,22 @@ const char *km_opt_type_name(const km_option *o)
 	return "?";
 }
 
+/* A character of a host name, a dotted address or an IPv6 address (with its %zone): nothing that needs quoting. */
+static bool host_char(char c)
+{
+	return isalnum((unsigned char)c) || c == '.' || c == '-' || c == '_' || c == ':' || c == '%';
+}
+
+/*
+ * Only what km_hostport_format prints back as it came: a host of host_char (so no bracket inside
+ * it, no blank the config file trims), bracketed or not (then the last colon is the port's), and a
+ * port of digits only.
+ */
 bool km_hostport_parse(const char *s, km_hostport *hp)
 {
 	const char *colon, *host = s;
-	size_t hlen;
-	char *end;
-	long port;
+	size_t hlen, plen;
+	unsigned long port = 0;
 
 	if (!s || !*s)
 		return false;
@@ -68,9 +78,18 @@ bool km_hostport_parse(const char *s, km_hostport *hp)
 	}
 	if (hlen == 0 || hlen >= sizeof(hp->host))
 		return false;
-	errno = 0;
-	port = strtol(colon + 1, &end, 10);
-	if (errno || *end || end == colon + 1 || port < 0 || port > 65535)
+	for (size_t i = 0; i < hlen; i++)
+		if (!host_char(host[i]))
+			return false;
+	plen = strlen(colon + 1);
+	if (plen == 0 || plen > 5)
+		return false;
+	for (size_t i = 0; i < plen; i++) {
+		if (!isdigit((unsigned char)colon[1 + i]))
+			return false;
+		port = port * 10 + (unsigned long)(colon[1 + i] - '0');
+	}
+	if (port > 65535)
 		return false;
 	memcpy(hp->host, host, hlen);
 	hp->host[hlen] = '\0';
@@ -174,7 +193,7 @@ static km_err set_hostport(const km_option *o, void *obj, const char *value, cha
 		return KM_OK;
 	}
 	if (!km_hostport_parse(value, &hp)) {
-		errf(err, errlen, "%s: '%s' is not host:port", o->name, value);
+		errf(err, errlen, "%s: '%s' is not host:port (%s)", o->name, value, KM_HOSTPORT_SYNTAX);
 		return KM_ERR_CONFIG;
 	}
 	*FIELD(obj, o->offset, km_hostport) = hp;
@@ -207,7 +226,8 @@ static km_err set_hostport_list(const km_option *o, void *obj, const char *value
 		memcpy(item, p, len);
 		item[len] = '\0';
 		if (!km_hostport_parse(item, &list[n]) || list[n].port == 0) {
-			errf(err, errlen, "%s: '%s' is not host:port", o->name, item);
+			errf(err, errlen, "%s: '%s' is not host:port (%s, the port not 0)", o->name, item,
+			     KM_HOSTPORT_SYNTAX);
 			rc = KM_ERR_CONFIG;
 			goto out;
 		}
@@ -333,11 +353,47 @@ static km_err load_line(const km_opt_table *t, void *obj, char *line, char *err,
 	return km_opt_set(t, obj, key, val, err, errlen);
 }
 
+/*
+ * The next line of f into *buf, without its newline; *len its length (a NUL byte in it makes
+ * strlen shorter). A line may be of any length: --print-config prints a value whole, and what it
+ * prints must load. *buf grows as needed, the copy left behind wiped (a line may hold a secret).
+ * 1: a line, 0: the end of the file, -1: out of memory.
+ */
+static int next_line(FILE *f, char **buf, size_t *cap, size_t *len)
+{
+	int c;
+
+	*len = 0;
+	while ((c = getc(f)) != EOF && c != '\n') {
+		if (*len + 1 >= *cap) {
+			size_t ncap = *cap ? *cap * 2 : 256;
+			char *nb = malloc(ncap);
+			if (!nb)
+				return -1;
+			if (*buf) {
+				memcpy(nb, *buf, *len);
+				explicit_bzero(*buf, *cap);
+				free(*buf);
+			}
+			*buf = nb;
+			*cap = ncap;
+		}
+		(*buf)[(*len)++] = (char)c;
+	}
+	if (c == EOF && *len == 0)
+		return 0;
+	if (!*buf && !(*buf = malloc(*cap = 1)))
+		return -1;
+	(*buf)[*len] = '\0';
+	return 1;
+}
+
 km_err km_opt_load_file(const km_opt_table *t, void *obj, const char *path, char *err, size_t errlen)
 {
 	FILE *f = fopen(path, "r");
-	char line[4096], sub[512];
-	int lineno = 0;
+	char *line = NULL, sub[512];
+	size_t cap = 0, len;
+	int lineno = 0, got;
 	void *work;
 	km_err rc;
 
@@ -353,10 +409,10 @@ km_err km_opt_load_file(const km_opt_table *t, void *obj, const char *path, char
 		errf(err, errlen, "%s: out of memory", path);
 		return KM_ERR_NOMEM;
 	}
-	while (fgets(line, sizeof(line), f)) {
+	while ((got = next_line(f, &line, &cap, &len)) > 0) {
 		lineno++;
-		if (!strchr(line, '\n') && !feof(f)) {
-			snprintf(sub, sizeof(sub), "line too long");
+		if (strlen(line) != len) {
+			snprintf(sub, sizeof(sub), "a NUL byte in the line");
 			rc = KM_ERR_CONFIG;
 		} else {
 			rc = load_line(t, work, line, sub, sizeof(sub));
@@ -366,8 +422,14 @@ km_err km_opt_load_file(const km_opt_table *t, void *obj, const char *path, char
 			break;
 		}
 	}
+	if (got < 0) {
+		errf(err, errlen, "%s: out of memory", path);
+		rc = KM_ERR_NOMEM;
+	}
 	fclose(f);
-	explicit_bzero(line, sizeof(line)); /* the last line read may be a secret's */
+	if (line)
+		explicit_bzero(line, cap); /* the last line read may be a secret's */
+	free(line);
 	if (rc == KM_OK) {
 		km_opt_free(t, obj);
 		memcpy(obj, work, t->size);
@@ -464,12 +526,34 @@ void km_opt_format(const km_option *o, const void *obj, char *buf, size_t len)
 	}
 }
 
+/* One value onto out, whole: a string or a list may be longer than any buffer km_opt_format is given. */
+static void write_value(const km_option *o, const void *obj, FILE *out)
+{
+	char v[512];
+
+	if (o->type == KM_OPT_STRING) {
+		const char *s = *CFIELD(obj, o->offset, char *);
+		fputs(s ? (o->secret ? KM_OPT_SECRET_MASK : s) : "", out);
+	} else if (o->type == KM_OPT_HOSTPORT_LIST) {
+		const km_hostport *list = CFIELD(obj, o->offset, km_hostport);
+		int count = *CFIELD(obj, o->count_offset, int);
+		for (int i = 0; i < count; i++) {
+			km_hostport_format(&list[i], v, sizeof(v));
+			fprintf(out, "%s%s", i ? "," : "", v);
+		}
+	} else {
+		/* An integer, a boolean, an enum's name or one host:port: short. */
+		km_opt_format(o, obj, v, sizeof(v));
+		fputs(v, out);
+	}
+}
+
 void km_opt_write_values(const km_opt_table *t, const void *obj, FILE *out)
 {
 	for (size_t i = 0; i < t->count; i++) {
-		char v[2048];
-		km_opt_format(&t->rows[i], obj, v, sizeof(v));
-		fprintf(out, "%s = %s\n", t->rows[i].name, v);
+		fprintf(out, "%s = ", t->rows[i].name);
+		write_value(&t->rows[i], obj, out);
+		fputc('\n', out);
 	}
 }
 

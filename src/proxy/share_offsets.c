@@ -71,7 +71,7 @@ static size_t pieces(const km_offmap *m, int64_t first, int64_t last, bool physi
 		if (m->tail_physical >= 0 && m->tail_logical >= 0)
 			return 0;
 		if (cap)
-			out[0] = (km_share_piece){first, first, last - first + 1};
+			out[0] = (km_share_piece){first, first, last - first};
 		return 1;
 	}
 	for (size_t i = run_at(m, first, physical); i < m->n; i++) {
@@ -91,7 +91,7 @@ static size_t pieces(const km_offmap *m, int64_t first, int64_t last, bool physi
 			continue;
 		if (n < cap)
 			out[n] = (km_share_piece){.logical = r->logical + (lo - start),
-						  .physical = r->physical + (lo - start), .len = hi - lo + 1};
+						  .physical = r->physical + (lo - start), .last_delta = hi - lo};
 		n++;
 	}
 	return n;
@@ -171,17 +171,17 @@ static km_err map_acks(const km_offmap *m, const ack *in, int32_t nin, ack **out
 		p = pieces_in(m, b->first, b->last, false, a, &n);
 		if (km_arena_err(a) != KM_OK)
 			return km_arena_err(a);
-		per_offset = b->ntypes > 1 && (int64_t)b->ntypes == b->last - b->first + 1;
-		if (n != 1 || p[0].physical != b->first || p[0].len != b->last - b->first + 1)
+		per_offset = b->ntypes > 1 && (int64_t)b->ntypes - 1 == b->last - b->first;
+		if (n != 1 || p[0].physical != b->first || p[0].last_delta != b->last - b->first)
 			*changed = true;
 		for (size_t j = 0; j < n; j++) {
 			ack *x = &o[k++];
 			x->first = p[j].physical;
-			x->last = p[j].physical + p[j].len - 1;
+			x->last = p[j].physical + p[j].last_delta;
 			x->src = b->src;
 			if (per_offset) {
 				x->types = b->types + (p[j].logical - b->first);
-				x->ntypes = (int32_t)p[j].len;
+				x->ntypes = (int32_t)(p[j].last_delta + 1);
 			} else {
 				x->types = b->types;
 				x->ntypes = b->ntypes;
@@ -404,7 +404,7 @@ static km_err share_fetch_partition(const km_offmap *m, km_share_fetch_response_
 		for (size_t j = 0; j < n; j++) {
 			o[k] = *r;
 			o[k].first_offset = pc[j].logical;
-			o[k].last_offset = pc[j].logical + pc[j].len - 1;
+			o[k].last_offset = pc[j].logical + pc[j].last_delta;
 			if (ref < 0 || o[k].first_offset < ref)
 				ref = o[k].first_offset;
 			k++;

@@ -14,11 +14,13 @@
 #include "proxy/offsets.h"
 
 /*
- * A contiguous piece of a range that lies in one run: logical [logical, logical + len) is stored
- * at physical [physical, physical + len).
+ * A contiguous piece of a range that lies in one run: logical [logical, logical + last_delta] is
+ * stored at physical [physical, physical + last_delta]. last_delta is the length - 1, so that
+ * every piece has a value: one may end at INT64_MAX, and [0, INT64_MAX] is one offset longer than
+ * INT64_MAX.
  */
 typedef struct km_share_piece {
-	int64_t logical, physical, len;
+	int64_t logical, physical, last_delta;
 } km_share_piece;
 
 /*

@@ -115,7 +115,7 @@ static bool check_bootstrap(const char *v, char *why, size_t len)
 		memcpy(one, p, l);
 		one[l] = 0;
 		if (!km_hostport_parse(one, &hp) || hp.port == 0 || !hp.host[0]) {
-			snprintf(why, len, "'%.200s' is not host:port", one);
+			snprintf(why, len, "'%.200s' is not host:port (%s, the port not 0)", one, KM_HOSTPORT_SYNTAX);
 			return false;
 		}
 		n++;

@@ -386,6 +386,7 @@ static km_err apply_mirror(km_state_model *m, const km_state_key *k, const uint8
 	km_state_mirror *mi = mirror_lookup(m, k->mirror, &at);
 	km_mirror_state_mirror_value v;
 	km_state_cfg_entry *cfg = NULL;
+	size_t ncfg = 0; /* the entries of cfg: none until it is allocated, whatever the value's count says */
 	km_arena a;
 	km_rd r;
 	int16_t ver;
@@ -408,7 +409,9 @@ static km_err apply_mirror(km_state_model *m, const km_state_key *k, const uint8
 		rc = KM_ERR_DECODE;
 	if (rc == KM_OK && v.configs.count && !(cfg = calloc((size_t)v.configs.count, sizeof(*cfg))))
 		rc = KM_ERR_NOMEM;
-	for (int32_t i = 0; rc == KM_OK && i < v.configs.count; i++) {
+	if (cfg)
+		ncfg = (size_t)v.configs.count;
+	for (size_t i = 0; rc == KM_OK && i < ncfg; i++) {
 		const km_mirror_state_mirror_value_stored_config *c = &v.configs.items[i];
 		if (c->name.len <= 0 || (c->value.len < 0) == (c->sealed.len < 0)) {
 			rc = KM_ERR_DECODE;
@@ -432,13 +435,13 @@ static km_err apply_mirror(km_state_model *m, const km_state_key *k, const uint8
 		}
 	}
 	if (rc != KM_OK) {
-		cfg_free(cfg, v.configs.count > 0 ? (size_t)v.configs.count : 0);
+		cfg_free(cfg, ncfg);
 		km_arena_free(&a);
 		return rc;
 	}
 	cfg_free(mi->cfg, mi->ncfg);
 	mi->cfg = cfg;
-	mi->ncfg = (size_t)v.configs.count;
+	mi->ncfg = ncfg;
 	mi->created_ms = v.created_time_ms;
 	mi->modified_ms = v.modified_time_ms;
 	km_arena_free(&a);

@@ -274,9 +274,11 @@ static void map_ops(const uint8_t *p, size_t n)
 	for (int side = 0; side < 2; side++) {
 		k = side ? km_share_physical_pieces(m, first, last, pc, 8) : km_share_logical_pieces(m, first, last, pc, 8);
 		for (size_t i = 0; i < k && i < 8; i++) {
-			int64_t lo = side ? pc[i].physical : pc[i].logical;
-			if (pc[i].len <= 0 || lo < first || lo - first > last - first || pc[i].len - 1 > last - lo)
+			int64_t lo = side ? pc[i].physical : pc[i].logical, other = side ? pc[i].logical : pc[i].physical;
+			if (pc[i].last_delta < 0 || lo < first || lo - first > last - first || pc[i].last_delta > last - lo)
 				die("a share piece outside its range");
+			if (other < 0 || pc[i].last_delta > INT64_MAX - other)
+				die("a share piece whose counterpart passes INT64_MAX");
 		}
 	}
 }

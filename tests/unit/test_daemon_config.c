@@ -107,6 +107,147 @@ static void test_load_file(void **state)
 	free(unknown);
 }
 
+/*
+ * Every host:port option (listen, upstream, http_listen, admin_listen): what the parser accepts,
+ * --print-config prints so that it loads back to the same value; a host with a bracket inside, a
+ * blank or a sign in the port is refused by name.
+ */
+static void test_hostport_options(void **state)
+{
+	static const char *const bad[] = {"K::1]:8080", "[[::1]:8080", "[::1]]:8080", "[a[b]:8080", "a]b:8080",
+					  "a[b:8080", "[]:8080", "h :8080", "h\t:8080", "a b:8080", "h:+8080",
+					  "h: 8080", "h:0x10", "h:99999999999999999999"};
+	/* Blanks around an entry separate a list's entries; around a single host:port they are refused. */
+	static const char *const bad_one[] = {" h:8080", "h:8080 "};
+	static const char *const good[][2] = {
+		{"[::1]:8080", "[::1]:8080"},
+		{"::1:8080", "[::1]:8080"}, /* unbracketed: the last colon is the port's */
+		{"[fe80::1%eth0]:9092", "[fe80::1%eth0]:9092"},
+		{"[kafka-1]:9092", "kafka-1:9092"},
+		{"k_1.example.com:1", "k_1.example.com:1"},
+		{"10.0.0.1:65535", "10.0.0.1:65535"},
+	};
+	const km_opt_table *t = km_config_table();
+	size_t rows = 0;
+	char err[512];
+
+	for (size_t i = 0; i < t->count; i++) {
+		const km_option *o = &t->rows[i];
+		km_config cfg, back;
+		char *path;
+		FILE *f;
+
+		if (o->type != KM_OPT_HOSTPORT && o->type != KM_OPT_HOSTPORT_LIST)
+			continue;
+		rows++;
+		km_config_init(&cfg);
+		for (size_t j = 0; j < sizeof(bad) / sizeof(bad[0]); j++) {
+			if (km_config_set(&cfg, o->name, bad[j], err, sizeof(err)) != KM_ERR_CONFIG)
+				fail_msg("%s = '%s' was accepted", o->name, bad[j]);
+			assert_non_null(strstr(err, o->name));
+			assert_non_null(strstr(err, "is not host:port"));
+		}
+		for (size_t j = 0; o->type == KM_OPT_HOSTPORT && j < sizeof(bad_one) / sizeof(bad_one[0]); j++)
+			if (km_config_set(&cfg, o->name, bad_one[j], err, sizeof(err)) != KM_ERR_CONFIG)
+				fail_msg("%s = '%s' was accepted", o->name, bad_one[j]);
+		for (size_t j = 0; j < sizeof(good) / sizeof(good[0]); j++) {
+			char v[300];
+			assert_int_equal(km_config_set(&cfg, o->name, good[j][0], err, sizeof(err)), KM_OK);
+			km_opt_format(o, &cfg, v, sizeof(v));
+			assert_string_equal(v, good[j][1]);
+			/* --print-config's file loads back to the same value. */
+			path = write_tmp("");
+			assert_non_null(f = fopen(path, "w"));
+			km_opt_write_values(t, &cfg, f);
+			assert_int_equal(fclose(f), 0);
+			km_config_init(&back);
+			if (km_config_load_file(&back, path, err, sizeof(err)) != KM_OK)
+				fail_msg("%s = '%s' printed as '%s' does not load: %s", o->name, good[j][0], v, err);
+			assert_true(km_opt_equal(o, &cfg, &back));
+			km_config_free(&back);
+			unlink(path);
+			free(path);
+		}
+		km_config_free(&cfg);
+	}
+	assert_int_equal(rows, 4);
+
+	/* The file the fuzzer found: refused at its line, naming what is wrong. */
+	{
+		char *path = write_tmp("upstream = k:9092\nhttp_listen = K::1]:8080\n");
+		km_config cfg;
+		km_config_init(&cfg);
+		assert_int_equal(km_config_load_file(&cfg, path, err, sizeof(err)), KM_ERR_CONFIG);
+		assert_non_null(strstr(err, ":2: http_listen: 'K::1]:8080' is not host:port"));
+		km_config_free(&cfg);
+		unlink(path);
+		free(path);
+	}
+}
+
+/* --print-config's file, loaded back: every option the same (secrets aside: they are masked). */
+static void assert_prints_back(const km_config *cfg)
+{
+	const km_opt_table *t = km_config_table();
+	char *path = write_tmp(""), err[512];
+	km_config back;
+	FILE *f;
+
+	assert_non_null(f = fopen(path, "w"));
+	km_opt_write_values(t, cfg, f);
+	assert_int_equal(fclose(f), 0);
+	km_config_init(&back);
+	if (km_config_load_file(&back, path, err, sizeof(err)) != KM_OK)
+		fail_msg("--print-config's output does not load: %s", err);
+	for (size_t i = 0; i < t->count; i++)
+		if (!t->rows[i].secret && !km_opt_equal(&t->rows[i], cfg, &back))
+			fail_msg("%s loads back as another value", t->rows[i].name);
+	km_config_free(&back);
+	unlink(path);
+	free(path);
+}
+
+/*
+ * Long values print whole: a string of 5000 characters, 32 upstream entries of 250-character hosts
+ * (8 KB); a line just under 4 KB, which " = " makes longer when printed, loads back.
+ */
+static void test_print_config_long_values(void **state)
+{
+	static char value[5001], list[KM_CONFIG_MAX_UPSTREAMS * 260], line[4096];
+	size_t n = 0;
+	km_config cfg;
+	char err[512], *path;
+	(void)state;
+
+	memset(value, 'u', sizeof(value) - 1);
+	for (int i = 0; i < KM_CONFIG_MAX_UPSTREAMS; i++) {
+		n += (size_t)snprintf(list + n, sizeof(list) - n, "%sh%02d", i ? "," : "", i);
+		memset(list + n, 'x', 247);
+		n += 247;
+		n += (size_t)snprintf(list + n, sizeof(list) - n, ":9092");
+	}
+	km_config_init(&cfg);
+	assert_int_equal(km_config_set(&cfg, "upstream_sasl_username", value, err, sizeof(err)), KM_OK);
+	assert_int_equal(km_config_set(&cfg, "upstream", list, err, sizeof(err)), KM_OK);
+	assert_int_equal(cfg.upstream_count, KM_CONFIG_MAX_UPSTREAMS);
+	assert_int_equal(strlen(cfg.upstream[31].host), 250);
+	assert_prints_back(&cfg);
+	km_config_free(&cfg);
+
+	/* "upstream_sasl_username=uuu...": 4094 characters and the newline. */
+	n = (size_t)snprintf(line, sizeof(line), "upstream_sasl_username=");
+	memset(line + n, 'u', sizeof(line) - 2 - n);
+	line[sizeof(line) - 2] = '\n';
+	path = write_tmp(line);
+	km_config_init(&cfg);
+	assert_int_equal(km_config_load_file(&cfg, path, err, sizeof(err)), KM_OK);
+	assert_int_equal(strlen(cfg.upstream_sasl_username), sizeof(line) - 2 - n);
+	assert_prints_back(&cfg);
+	km_config_free(&cfg);
+	unlink(path);
+	free(path);
+}
+
 static void test_validate(void **state)
 {
 	km_config cfg;
@@ -346,7 +487,8 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_defaults_round_trip), cmocka_unit_test(test_set_values),
 		cmocka_unit_test(test_load_file),           cmocka_unit_test(test_validate),
-		cmocka_unit_test(test_validate_admin_listen),
+		cmocka_unit_test(test_validate_admin_listen), cmocka_unit_test(test_hostport_options),
+		cmocka_unit_test(test_print_config_long_values),
 		cmocka_unit_test(test_reload_rules),        cmocka_unit_test(test_sasl_mechanisms),
 		cmocka_unit_test(test_docs_match_table),    cmocka_unit_test(test_upstream_file),
 		cmocka_unit_test(test_password_file),

@@ -181,7 +181,7 @@ static void test_files(void **state)
 	char *bad_value = write_tmp("name = changed\nmax_lag = 7\nmode = sideways\nenabled = false\n");
 	char *no_equals = write_tmp("name = changed\njust words\n");
 	char *unknown = write_tmp("\n\n\nwhat = 1\n");
-	char long_line[5000];
+	char long_line[20000];
 
 	assert_int_equal(km_opt_init(&table, &o), KM_OK);
 	assert_int_equal(km_opt_load_file(&table, &o, good, err, sizeof(err)), KM_OK);
@@ -199,15 +199,30 @@ static void test_files(void **state)
 	assert_int_equal(km_opt_load_file(&table, &o, unknown, err, sizeof(err)), KM_ERR_CONFIG);
 	assert_non_null(strstr(err, ":4: unknown option 'what'"));
 	assert_int_equal(km_opt_load_file(&table, &o, "/nonexistent/x.conf", err, sizeof(err)), KM_ERR_CONFIG);
-	memset(long_line, 'x', sizeof(long_line) - 2);
+	/* A line of any length loads whole (what --print-config prints of a long value must load). */
+	memcpy(long_line, "name = ", 7);
+	memset(long_line + 7, 'x', sizeof(long_line) - 9);
 	long_line[sizeof(long_line) - 2] = '\n';
 	long_line[sizeof(long_line) - 1] = '\0';
 	{
 		char *huge = write_tmp(long_line);
-		assert_int_equal(km_opt_load_file(&table, &o, huge, err, sizeof(err)), KM_ERR_CONFIG);
-		assert_non_null(strstr(err, ":1: line too long"));
+		assert_int_equal(km_opt_load_file(&table, &o, huge, err, sizeof(err)), KM_OK);
+		assert_int_equal(strlen(o.name), sizeof(long_line) - 9);
 		unlink(huge);
 		free(huge);
+	}
+	/* A NUL byte is refused where it is (it would cut the line short). */
+	{
+		char *nul = write_tmp("max_lag = 8\nname = ab");
+		FILE *f = fopen(nul, "a");
+		assert_non_null(f);
+		assert_int_equal(fwrite("\0c\n", 1, 3, f), 3);
+		assert_int_equal(fclose(f), 0);
+		assert_int_equal(km_opt_load_file(&table, &o, nul, err, sizeof(err)), KM_ERR_CONFIG);
+		assert_non_null(strstr(err, ":2: a NUL byte in the line"));
+		assert_int_equal(o.max_lag, 7);
+		unlink(nul);
+		free(nul);
 	}
 	km_opt_free(&table, &o);
 	unlink(good);
@@ -283,6 +298,30 @@ static void test_hostport(void **state)
 	assert_true(km_hostport_parse("h:65535", &hp));
 	km_hostport_format(&hp, buf, sizeof(buf));
 	assert_string_equal(buf, "h:65535");
+	/* Brackets only around an address: none inside a host, bracketed or not. */
+	assert_false(km_hostport_parse("K::1]:8080", &hp));
+	assert_false(km_hostport_parse("[[::1]:8080", &hp));
+	assert_false(km_hostport_parse("[a]b]:1", &hp));
+	assert_false(km_hostport_parse("a[b:1", &hp));
+	assert_false(km_hostport_parse("[]:1", &hp));
+	/* A host is letters, digits and . - _ : % (no blank, no quote); a port only digits. */
+	assert_false(km_hostport_parse(" h:1", &hp));
+	assert_false(km_hostport_parse("\"h\":1", &hp));
+	assert_false(km_hostport_parse("a,b:1", &hp));
+	assert_false(km_hostport_parse("h: 1", &hp));
+	assert_false(km_hostport_parse("h:+1", &hp));
+	assert_false(km_hostport_parse("h:-0", &hp));
+	assert_false(km_hostport_parse("h:", &hp));
+	assert_true(km_hostport_parse("::1:8080", &hp));
+	assert_string_equal(hp.host, "::1");
+	km_hostport_format(&hp, buf, sizeof(buf));
+	assert_string_equal(buf, "[::1]:8080");
+	assert_true(km_hostport_parse("[fe80::1%eth0]:9092", &hp));
+	assert_string_equal(hp.host, "fe80::1%eth0");
+	assert_int_equal(hp.port, 9092);
+	assert_true(km_hostport_parse("[k-1.example]:7", &hp));
+	km_hostport_format(&hp, buf, sizeof(buf));
+	assert_string_equal(buf, "k-1.example:7");
 	memset(&hp, 0, sizeof(hp));
 	km_hostport_format(&hp, buf, sizeof(buf));
 	assert_string_equal(buf, "");

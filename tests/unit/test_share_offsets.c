@@ -1,4 +1,4 @@
-/* Unit tests of share group offset translation on mirror topics: run pieces, ShareFetch/ShareAcknowledge acknowledgements, ShareFetch records and acquired ranges, over a fake lookup with a two-run map. */
+/* Unit tests of share group offset translation on mirror topics: run pieces, ShareFetch/ShareAcknowledge acknowledgements, ShareFetch records and acquired ranges, over a fake lookup with a two-run map (and one at the top of the offset range). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <setjmp.h>
@@ -49,11 +49,12 @@ static const km_offmap *fake_map(void *arg, const void *topic, int32_t partition
 
 static const km_off_lookup LK = {fake_active, fake_topic, fake_map, NULL};
 
-static void assert_piece(const km_share_piece *p, int64_t logical, int64_t physical, int64_t len)
+/* A piece: its first offsets and how many follow (its length - 1). */
+static void assert_piece(const km_share_piece *p, int64_t logical, int64_t physical, int64_t last_delta)
 {
 	assert_int_equal(p->logical, logical);
 	assert_int_equal(p->physical, physical);
-	assert_int_equal(p->len, len);
+	assert_int_equal(p->last_delta, last_delta);
 }
 
 /* ---- pieces ---- */
@@ -66,11 +67,11 @@ static void test_pieces(void **state)
 
 	/* Across the hole: one piece per run, the hole left out. */
 	assert_int_equal(km_share_logical_pieces(&MAP, 30, 60, p, 4), 2);
-	assert_piece(&p[0], 30, 130, 10);
-	assert_piece(&p[1], 50, 200, 11);
+	assert_piece(&p[0], 30, 130, 9);
+	assert_piece(&p[1], 50, 200, 10);
 	/* Inside one run: as it is. */
 	assert_int_equal(km_share_logical_pieces(&MAP, 5, 9, p, 4), 1);
-	assert_piece(&p[0], 5, 105, 5);
+	assert_piece(&p[0], 5, 105, 4);
 	/* Wholly in the hole, past the open run's end (the tail), a range that is not one: nothing. */
 	assert_int_equal(km_share_logical_pieces(&MAP, 40, 49, p, 4), 0);
 	assert_int_equal(km_share_logical_pieces(&MAP, 150, 170, p, 4), 0);
@@ -81,17 +82,17 @@ static void test_pieces(void **state)
 
 	/* Physical: the hidden part [140, 200) has no piece. */
 	assert_int_equal(km_share_physical_pieces(&MAP, 130, 210, p, 4), 2);
-	assert_piece(&p[0], 30, 130, 10);
-	assert_piece(&p[1], 50, 200, 11);
+	assert_piece(&p[0], 30, 130, 9);
+	assert_piece(&p[1], 50, 200, 10);
 	assert_int_equal(km_share_physical_pieces(&MAP, 150, 199, p, 4), 0);
 	assert_int_equal(km_share_physical_pieces(&MAP, 0, 99, p, 4), 0); /* before every run: hidden */
 	assert_int_equal(km_share_physical_pieces(&MAP, 295, 310, p, 4), 1); /* cut at the tail */
-	assert_piece(&p[0], 145, 295, 5);
+	assert_piece(&p[0], 145, 295, 4);
 
 	/* No run: with no pipeline (stopped before anything was mirrored) the offsets themselves, else nothing. */
 	km_offmap_init(&empty);
 	assert_int_equal(km_share_logical_pieces(&empty, 3, 7, p, 4), 1);
-	assert_piece(&p[0], 3, 3, 5);
+	assert_piece(&p[0], 3, 3, 4);
 	empty.tail_physical = 10;
 	empty.tail_logical = 20;
 	assert_int_equal(km_share_physical_pieces(&empty, 3, 7, p, 4), 0);
@@ -101,7 +102,7 @@ static void test_pieces(void **state)
 		km_offmap open = MAP;
 		open.tail_physical = open.tail_logical = -1;
 		assert_int_equal(km_share_logical_pieces(&open, 1000, 1009, p, 4), 1);
-		assert_piece(&p[0], 1000, 1150, 10);
+		assert_piece(&p[0], 1000, 1150, 9);
 	}
 }
 
@@ -510,6 +511,183 @@ static void test_share_fetch_response_untouched(void **state)
 	km_wr_free(&out);
 }
 
+/* ---- the top of the offset range ---- */
+
+/*
+ * Partition 0 of M_ID: logical [INT64_MAX - 10, INT64_MAX] stored at physical [0, 10] (the open
+ * run without a tail: it ends where its logical side does). Partition 1: no run and no pipeline,
+ * so its offsets are themselves, up to INT64_MAX.
+ */
+static km_offrun TOP_RUNS[] = {{INT64_MAX - 10, 0, -1, 0}};
+static km_offmap TOP = {TOP_RUNS, 1, 1, -1, -1, -1};
+static km_offmap NONE = {NULL, 0, 0, -1, -1, -1};
+
+static const km_offmap *top_map(void *arg, const void *topic, int32_t partition)
+{
+	(void)arg;
+	return topic == TOPIC_M && partition == 0 ? &TOP : topic == TOPIC_M && partition == 1 ? &NONE : NULL;
+}
+
+static const km_off_lookup LK_TOP = {fake_active, fake_topic, top_map, NULL};
+
+static int8_t ACCEPT3[3] = {1, 2, 1};
+
+static void set_ack(km_share_acknowledge_request_acknowledgement_batch *b, int64_t first, int64_t last, int8_t *types,
+		    int32_t ntypes)
+{
+	km_share_acknowledge_request_acknowledgement_batch_init(b);
+	b->first_offset = first;
+	b->last_offset = last;
+	b->acknowledge_types.count = ntypes;
+	b->acknowledge_types.items = types;
+}
+
+/* Pieces that end at INT64_MAX, and the whole range, which no int64 length counts. */
+static void test_pieces_at_the_top(void **state)
+{
+	km_share_piece p[2];
+	(void)state;
+
+	/* The run ends where its logical side reaches INT64_MAX: physical 10. */
+	assert_int_equal(km_share_physical_pieces(&TOP, 0, 20, p, 2), 1);
+	assert_piece(&p[0], INT64_MAX - 10, 0, 10);
+	assert_int_equal(km_share_physical_pieces(&TOP, 11, INT64_MAX, p, 2), 0);
+	assert_int_equal(km_share_logical_pieces(&TOP, INT64_MAX - 3, INT64_MAX, p, 2), 1);
+	assert_piece(&p[0], INT64_MAX - 3, 7, 3);
+	assert_int_equal(km_share_logical_pieces(&TOP, 0, INT64_MAX, p, 2), 1);
+	assert_piece(&p[0], INT64_MAX - 10, 0, 10);
+	/* No run, no pipeline: the offsets themselves, all 2^63 of them. */
+	assert_int_equal(km_share_logical_pieces(&NONE, 0, INT64_MAX, p, 2), 1);
+	assert_piece(&p[0], 0, 0, INT64_MAX);
+	assert_int_equal(km_share_physical_pieces(&NONE, INT64_MAX, INT64_MAX, p, 2), 1);
+	assert_piece(&p[0], INT64_MAX, INT64_MAX, 0);
+}
+
+/* Acknowledgements that end at INT64_MAX: their physical ranges, the whole range left as it is. */
+static void test_acks_at_the_top(void **state)
+{
+	(void)state;
+	for (int16_t v = 1; v <= 2; v++) {
+		km_share_acknowledge_request rq, got;
+		km_share_acknowledge_request_acknowledge_topic t;
+		km_share_acknowledge_request_acknowledge_partition p[2];
+		km_share_acknowledge_request_acknowledgement_batch b[3], whole;
+		const km_share_acknowledge_request_acknowledge_partition *gp;
+		km_wr in, out;
+		km_arena a;
+		km_rd r;
+		bool changed = false;
+
+		km_share_acknowledge_request_init(&rq);
+		set_ack(&b[0], INT64_MAX - 10, INT64_MAX, ACCEPT, 1); /* the whole run, one type */
+		set_ack(&b[1], INT64_MAX - 2, INT64_MAX, ACCEPT3, 3); /* one type per offset */
+		set_ack(&b[2], INT64_MAX - 20, INT64_MAX, ACCEPT, 1); /* from below the run, up to the top */
+		/* [0, INT64_MAX] with two types (not one per offset: it holds 2^63 offsets) */
+		set_ack(&whole, 0, INT64_MAX, ACCEPT3, 2);
+		for (int i = 0; i < 2; i++) {
+			km_share_acknowledge_request_acknowledge_partition_init(&p[i]);
+			p[i].partition_index = i;
+		}
+		p[0].acknowledgement_batches.count = 3;
+		p[0].acknowledgement_batches.items = b;
+		p[1].acknowledgement_batches.count = 1;
+		p[1].acknowledgement_batches.items = &whole;
+		km_share_acknowledge_request_acknowledge_topic_init(&t);
+		t.topic_id = M_ID;
+		t.partitions.count = 2;
+		t.partitions.items = p;
+		rq.group_id = km_str_c("g");
+		rq.member_id = km_str_c("member");
+		rq.topics.count = 1;
+		rq.topics.items = &t;
+		km_wr_init(&in);
+		km_wr_init(&out);
+		km_share_acknowledge_request_encode(&in, v, &rq);
+		assert_true(km_wr_ok(&in));
+		assert_int_equal(km_share_request_translate(KM_API_SHARE_ACKNOWLEDGE, v, in.buf, in.len, &LK_TOP, &changed,
+							    &out), KM_OK);
+		assert_true(changed);
+		km_arena_init(&a, 0);
+		km_share_acknowledge_request_init(&got);
+		km_rd_init(&r, out.buf, out.len);
+		assert_int_equal(km_share_acknowledge_request_decode(&r, v, &got, &a), KM_OK);
+		gp = got.topics.items[0].partitions.items;
+		assert_int_equal(gp[0].acknowledgement_batches.count, 3);
+		assert_int_equal(gp[0].acknowledgement_batches.items[0].first_offset, 0);
+		assert_int_equal(gp[0].acknowledgement_batches.items[0].last_offset, 10);
+		assert_int_equal(gp[0].acknowledgement_batches.items[1].first_offset, 8);
+		assert_int_equal(gp[0].acknowledgement_batches.items[1].last_offset, 10);
+		assert_int_equal(gp[0].acknowledgement_batches.items[1].acknowledge_types.count, 3);
+		assert_memory_equal(gp[0].acknowledgement_batches.items[1].acknowledge_types.items, ACCEPT3, 3);
+		assert_int_equal(gp[0].acknowledgement_batches.items[2].first_offset, 0);
+		assert_int_equal(gp[0].acknowledgement_batches.items[2].last_offset, 10);
+		assert_int_equal(gp[1].acknowledgement_batches.count, 1);
+		assert_int_equal(gp[1].acknowledgement_batches.items[0].first_offset, 0);
+		assert_int_equal(gp[1].acknowledgement_batches.items[0].last_offset, INT64_MAX);
+		assert_int_equal(gp[1].acknowledgement_batches.items[0].acknowledge_types.count, 2);
+		km_arena_free(&a);
+		km_wr_free(&in);
+		km_wr_free(&out);
+	}
+}
+
+/* Acquired records whose logical side ends at INT64_MAX, and the whole range of a partition with no run. */
+static void test_acquired_at_the_top(void **state)
+{
+	(void)state;
+	for (int16_t v = 1; v <= 2; v++) {
+		km_share_fetch_response rs;
+		km_share_fetch_response_share_fetchable_topic_response t;
+		km_share_fetch_response_partition_data p[2];
+		km_share_fetch_response_acquired_records acq[2] = {{0, 10, 1, {0}}, {3, 5, 2, {0}}},
+							 whole = {0, INT64_MAX, 1, {0}};
+		const km_share_fetch_response_acquired_records *g;
+		km_wr in, out;
+		km_arena a;
+		km_rd r;
+		bool changed = false;
+
+		km_share_fetch_response_init(&rs);
+		for (int i = 0; i < 2; i++) {
+			km_share_fetch_response_partition_data_init(&p[i]);
+			p[i].partition_index = i;
+		}
+		p[0].acquired_records.count = 2;
+		p[0].acquired_records.items = acq;
+		p[1].acquired_records.count = 1;
+		p[1].acquired_records.items = &whole;
+		km_share_fetch_response_share_fetchable_topic_response_init(&t);
+		t.topic_id = M_ID;
+		t.partitions.count = 2;
+		t.partitions.items = p;
+		rs.responses.count = 1;
+		rs.responses.items = &t;
+		km_wr_init(&in);
+		km_wr_init(&out);
+		km_share_fetch_response_encode(&in, v, &rs);
+		assert_true(km_wr_ok(&in));
+		assert_int_equal(km_share_fetch_response_translate(v, in.buf, in.len, &LK_TOP, &changed, &out), KM_OK);
+		assert_true(changed);
+		km_arena_init(&a, 0);
+		km_share_fetch_response_init(&rs);
+		km_rd_init(&r, out.buf, out.len);
+		assert_int_equal(km_share_fetch_response_decode(&r, v, &rs, &a), KM_OK);
+		assert_int_equal(rs.responses.items[0].partitions.items[0].acquired_records.count, 2);
+		g = rs.responses.items[0].partitions.items[0].acquired_records.items;
+		assert_int_equal(g[0].first_offset, INT64_MAX - 10);
+		assert_int_equal(g[0].last_offset, INT64_MAX);
+		assert_int_equal(g[1].first_offset, INT64_MAX - 7);
+		assert_int_equal(g[1].last_offset, INT64_MAX - 5);
+		assert_int_equal(rs.responses.items[0].partitions.items[1].acquired_records.count, 1);
+		g = rs.responses.items[0].partitions.items[1].acquired_records.items;
+		assert_int_equal(g[0].first_offset, 0);
+		assert_int_equal(g[0].last_offset, INT64_MAX);
+		km_arena_free(&a);
+		km_wr_free(&in);
+		km_wr_free(&out);
+	}
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -518,6 +696,9 @@ int main(void)
 		cmocka_unit_test(test_share_acknowledge_request),
 		cmocka_unit_test(test_share_fetch_response),
 		cmocka_unit_test(test_share_fetch_response_untouched),
+		cmocka_unit_test(test_pieces_at_the_top),
+		cmocka_unit_test(test_acks_at_the_top),
+		cmocka_unit_test(test_acquired_at_the_top),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

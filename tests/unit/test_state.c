@@ -501,6 +501,70 @@ static void test_values_and_model(void **state)
 	km_state_model_free(&m);
 }
 
+/* A mirror record, its key encoded here, whatever the model answers. */
+static km_err apply_mirror_value(km_state_model *m, const char *name, const uint8_t *val, size_t vlen)
+{
+	km_state_key k = {.type = KM_STATE_REC_MIRROR, .mirror = km_str_c(name)};
+	km_state_change chg;
+	km_wr kw;
+	km_err rc;
+
+	km_wr_init(&kw);
+	km_state_key_encode(&kw, &k);
+	rc = km_state_model_apply(m, kw.buf, kw.len, val, vlen, false, &chg);
+	km_wr_free(&kw);
+	return rc;
+}
+
+/*
+ * A mirror value whose configuration entries do not decode (cut inside them, or more of them than
+ * a mirror may have) is refused, and the mirror stays as it was; a new mirror is not created.
+ */
+static void test_mirror_value_refused(void **state)
+{
+	static km_state_cfg_entry many[KM_STATE_MAX_CONFIGS + 1];
+	static char names[KM_STATE_MAX_CONFIGS + 1][16];
+	km_state_cfg_entry cfg[2] = {{.name = "bootstrap.servers", .value = "s:9092"},
+				     {.name = "mirror.fetch.max.bytes", .value = "2048"}};
+	km_state_mirror mi = {.name = "m1", .created_ms = 111, .modified_ms = 222, .cfg = cfg, .ncfg = 2};
+	km_state_mirror big = {.name = "m1", .created_ms = 333, .modified_ms = 444, .cfg = many,
+			       .ncfg = KM_STATE_MAX_CONFIGS + 1};
+	km_state_model m;
+	const km_state_mirror *got;
+	km_wr w, wbig;
+	(void)state;
+
+	for (size_t i = 0; i < KM_STATE_MAX_CONFIGS + 1; i++) {
+		snprintf(names[i], sizeof(names[i]), "c%zu", i);
+		many[i] = (km_state_cfg_entry){.name = names[i], .value = "v"};
+	}
+	km_state_model_init(&m);
+	km_wr_init(&w);
+	km_wr_init(&wbig);
+	assert_int_equal(km_state_mirror_value_encode(&w, &mi), KM_OK);
+	assert_int_equal(km_state_mirror_value_encode(&wbig, &big), KM_OK);
+	assert_int_equal(apply_mirror_value(&m, "m1", w.buf, w.len), KM_OK);
+
+	/* Cut inside the second entry: the count decoded, the entries not. */
+	assert_int_equal(apply_mirror_value(&m, "m1", w.buf, w.len - 4), KM_ERR_DECODE);
+	/* One entry more than a mirror may have. */
+	assert_int_equal(apply_mirror_value(&m, "m1", wbig.buf, wbig.len), KM_ERR_DECODE);
+	assert_int_equal(km_state_model_index(&m), KM_OK);
+	got = km_state_model_mirror(&m, "m1");
+	assert_non_null(got);
+	assert_int_equal(km_state_mirror_created_ms(got), 111);
+	assert_int_equal(km_state_mirror_config_count(got), 2);
+	assert_string_equal(km_state_mirror_source(got), "s:9092");
+
+	/* Neither creates a mirror that was not there. */
+	assert_int_equal(apply_mirror_value(&m, "m2", w.buf, w.len - 4), KM_ERR_DECODE);
+	assert_int_equal(apply_mirror_value(&m, "m2", wbig.buf, wbig.len), KM_ERR_DECODE);
+	assert_int_equal(m.nmirrors, 1);
+	km_wr_free(&w);
+	km_wr_free(&wbig);
+	km_state_model_free(&m);
+}
+
 /* A model of mirror m1 with topic t, partitions 0 and 1 in states s0 and s1 (s1 UNKNOWN: no record). */
 static void model_with(km_state_model *m, km_mp_state s0, km_mp_state s1)
 {
@@ -1155,7 +1219,7 @@ int main(void)
 		cmocka_unit_test(test_mirror_option_table), cmocka_unit_test(test_secrets),
 		cmocka_unit_test(test_secrets_format0),
 		cmocka_unit_test(test_key_file), cmocka_unit_test(test_keys),
-		cmocka_unit_test(test_values_and_model),
+		cmocka_unit_test(test_values_and_model), cmocka_unit_test(test_mirror_value_refused),
 		cmocka_unit_test(test_metrics), cmocka_unit_test(test_reload_tells_changes), cmocka_unit_test(test_free_answers_all),
 		cmocka_unit_test(test_run_records), cmocka_unit_test(test_runs_validation),
 		cmocka_unit_test(test_offmap_handles), cmocka_unit_test(test_policy), cmocka_unit_test(test_fatal),

@@ -165,6 +165,11 @@ void km_ro_admin_free(void *ad);
  * again sooner). The proxy's loop is single-threaded; so is this.
  */
 bool km_ro_log_allow(km_str topic, km_ro_op op, uint64_t now_ms, uint32_t *suppressed);
+/* The refusal's line (readonly_log.c): the client, the request's version, the partitions, the code and the message. */
+void km_ro_log_refusal(const km_req *rq, km_ro_op op, km_str topic, const km_uuid *id, const km_ro_part *parts,
+		       int32_t nparts, km_err code, const char *message, const char *extra);
+/* Every refused partition of a Produce (one line per topic). */
+void km_ro_log_produce(const km_req *rq, const km_ro_produce *pl);
 
 /*
  * The proxy's stages (km_ro_feature, apis.h): Produce held while a topic is read-only (and read in

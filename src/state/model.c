@@ -678,3 +678,73 @@ km_err km_state_model_apply(km_state_model *m, const uint8_t *key, size_t klen, 
 	}
 	return rc;
 }
+
+/* One partition's state in a model, UNKNOWN when it holds no record for it. */
+static km_mp_state model_state(const km_state_model *m, const km_state_topic *like, size_t j)
+{
+	const km_state_topic *t = km_state_model_topic(m, like->name, strlen(like->name));
+	if (!t || strcmp(t->mirror->name, like->mirror->name) || j >= t->nparts || !t->parts[j].present)
+		return KM_MP_UNKNOWN;
+	return t->parts[j].state;
+}
+
+static km_err change_add(km_state_change **d, size_t *n, size_t *cap, const km_state_topic *t, size_t j,
+			 km_mp_state from, km_mp_state to)
+{
+	km_state_change *c;
+
+	if (*n == *cap) {
+		size_t nc = *cap ? *cap * 2 : 16;
+		km_state_change *nd = realloc(*d, nc * sizeof(*nd));
+		if (!nd)
+			return KM_ERR_NOMEM;
+		*d = nd;
+		*cap = nc;
+	}
+	c = &(*d)[*n];
+	*c = (km_state_change){.mirror = strdup(t->mirror->name), .topic = strdup(t->name), .partition = (int32_t)j,
+			       .from = from, .to = to, .changed = true};
+	if (!c->mirror || !c->topic) {
+		free((char *)c->mirror);
+		free((char *)c->topic);
+		return KM_ERR_NOMEM;
+	}
+	(*n)++;
+	return KM_OK;
+}
+
+km_err km_state_model_diff(const km_state_model *now, const km_state_model *old, km_state_change **out, size_t *n)
+{
+	const km_state_model *sides[2] = {now, old};
+	size_t cap = 0;
+
+	*out = NULL;
+	*n = 0;
+	/* Every partition present in either model, once: from the new side, then those only the old one has. */
+	for (int side = 0; side < 2; side++)
+		for (size_t i = 0; i < sides[side]->nmirrors; i++)
+			for (size_t k = 0; k < sides[side]->mirrors[i]->ntopics; k++) {
+				const km_state_topic *t = sides[side]->mirrors[i]->topics[k];
+				for (size_t j = 0; j < t->nparts; j++) {
+					km_mp_state was, is;
+					if (!t->parts[j].present)
+						continue;
+					if (side == 1 && model_state(now, t, j) != KM_MP_UNKNOWN)
+						continue; /* seen from the new side */
+					was = side == 0 ? model_state(old, t, j) : t->parts[j].state;
+					is = side == 0 ? t->parts[j].state : KM_MP_UNKNOWN;
+					if (was != is && change_add(out, n, &cap, t, j, was, is) != KM_OK)
+						return KM_ERR_NOMEM;
+				}
+			}
+	return KM_OK;
+}
+
+void km_state_changes_free(km_state_change *c, size_t n)
+{
+	for (size_t i = 0; i < n; i++) {
+		free((char *)c[i].mirror);
+		free((char *)c[i].topic);
+	}
+	free(c);
+}

@@ -127,6 +127,12 @@ typedef struct km_state_change {
 km_err km_state_model_apply(km_state_model *m, const uint8_t *key, size_t klen, const uint8_t *val, size_t vlen,
 			    bool tombstone, km_state_change *chg) __attribute__((warn_unused_result));
 const km_state_topic *km_state_model_topic_id(const km_state_model *m, const km_uuid *id);
+/*
+ * Every partition whose state differs between old and now (UNKNOWN where a model holds no record
+ * for it), names copied; *out is freed with km_state_changes_free. KM_ERR_NOMEM leaves those found.
+ */
+km_err km_state_model_diff(const km_state_model *now, const km_state_model *old, km_state_change **out, size_t *n);
+void km_state_changes_free(km_state_change *c, size_t n);
 /* Rebuild the topic hashes (after applies). */
 km_err km_state_model_index(km_state_model *m) __attribute__((warn_unused_result));
 /* Entry partition of t, growing parts (entries without a record) as needed; NULL when out of range or memory. */

@@ -93,14 +93,34 @@ static bool odd_name(const km_fetch_response *m, int16_t v)
 	return false;
 }
 
+/* The generated decoder's verdict over the whole frame (m decoded into a). */
+static bool decoder_accepts(const uint8_t *frame, size_t len, int16_t v, km_fetch_response *m, km_arena *a)
+{
+	km_response_header h;
+	km_rd r;
+
+	km_rd_init(&r, frame + 4, len - 4);
+	km_response_header_init(&h);
+	km_fetch_response_init(m);
+	if (km_response_header_decode(&r, v >= 12 ? 1 : 0, &h, a) != KM_OK || km_fetch_response_decode(&r, v, m, a) != KM_OK ||
+	    r.pos != r.len || odd_name(m, v))
+		return false;
+	/* Borrowed pointers must point into the frame. */
+	for (int32_t i = 0; i < m->responses.count; i++)
+		for (int32_t j = 0; j < m->responses.items[i].partitions.count; j++) {
+			const km_bytes *b = &m->responses.items[i].partitions.items[j].records;
+			if (b->len > 0 && (b->p < frame || b->p + b->len > frame + len))
+				die("the decoder borrowed bytes outside the frame", v);
+		}
+	return true;
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
 	km_fetch_response m;
-	km_response_header h;
 	km_fuzz_rng g;
 	km_fetch_walk w;
 	km_arena a;
-	km_rd r;
 	struct evbuffer *in;
 	uint8_t *frame, *out;
 	size_t len, fed = 0, sent = 0, nparts = 0, npatches = 0;
@@ -120,22 +140,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	km_put_be32(frame, (uint32_t)(size - 4));
 	memcpy(frame + 4, data + 4, size - 4);
 
-	/* The generated decoder's verdict over the whole frame. */
 	km_arena_init(&a, 16 << 20);
-	km_rd_init(&r, frame + 4, len - 4);
-	km_response_header_init(&h);
-	km_fetch_response_init(&m);
-	accepted = km_response_header_decode(&r, v >= 12 ? 1 : 0, &h, &a) == KM_OK &&
-		   km_fetch_response_decode(&r, v, &m, &a) == KM_OK && r.pos == r.len && !odd_name(&m, v);
-	if (accepted) {
-		/* Borrowed pointers are into frame + 4 + ...: make them frame offsets. */
-		for (int32_t i = 0; i < m.responses.count; i++)
-			for (int32_t j = 0; j < m.responses.items[i].partitions.count; j++) {
-				km_bytes *b = &m.responses.items[i].partitions.items[j].records;
-				if (b->len > 0 && (b->p < frame || b->p + b->len > frame + len))
-					die("the decoder borrowed bytes outside the frame", v);
-			}
-	}
+	accepted = decoder_accepts(frame, len, v, &m, &a);
 
 	in = evbuffer_new();
 	km_fetch_walk_init(&w, v, len);

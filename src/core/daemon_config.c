@@ -219,7 +219,7 @@ static const km_option options[] = {
 		"destination, set it to true in exactly one of them until pipelines have an owner each "
 		"(docs/operations.md, \"Several instances\"); the others follow the state, refuse writes to mirror "
 		"topics, translate offsets and answer mirror RPCs, and the mirror's partitions wait for the one "
-		"that runs them."},
+		"that runs them. Not yet exact for consumers of topics whose source has gaps: see docs/operations.md."},
 	{.name = "mirror_secret_key_file", .type = KM_OPT_STRING, .offset = OFF(mirror_secret_key_file), .def = "",
 	 .reloadable = false,
 	 .doc = "File holding the AES-256 key (32 raw bytes, or 64 hex characters) that encrypts mirror secrets "

@@ -29,6 +29,10 @@ def unique(prefix):
 @pytest.fixture
 def trio(proxy_factory, dest_cluster, kmirror_bin):
     """Three kmirrords with one state topic of their own, each ready."""
+    return start_trio(proxy_factory, dest_cluster, kmirror_bin)
+
+
+def start_trio(proxy_factory, dest_cluster, kmirror_bin):
     state_topic = f"__mirror_state_{uuid.uuid4().hex[:8]}"
     ps = [proxy_factory(dest_cluster, name=f"kmirrord-{n}", mirror_state_topic=state_topic,
                         mirror_pipelines="true" if n == "a" else "false") for n in "abc"]
@@ -148,3 +152,19 @@ def test_mirror_run_by_another_instance_is_served_exactly(trio, kmirror_bin, sou
                for p in trio}
     print("source Fetch requests per kmirrord:", fetches)
     assert fetches["kmirrord-a"] > 0 and fetches["kmirrord-b"] == 0 and fetches["kmirrord-c"] == 0, fetches
+
+
+def test_follow_across_three_brokers(proxy_factory, dest_cluster3, kmirror_bin, source_cluster):
+    """The state topic's partitions led by three brokers: one Fetch per leader, all followed."""
+    a, b, c = start_trio(proxy_factory, dest_cluster3, kmirror_bin)
+    mirrors = [unique("fm3") for _ in range(6)]  # their records spread over the state partitions
+    cli_a = Cli(kmirror_bin, a.bootstrap)
+    for m in mirrors:
+        cli_a.run("create", "--mirror", m, "--source-bootstrap", source_cluster.bootstrap)
+    for p in (b, c):
+        cli = Cli(kmirror_bin, p.bootstrap)
+        for m in mirrors:
+            wait_until(lambda: described(cli, m) is not None, 10, 0.05, f"{m} described through {p.name}")
+    Cli(kmirror_bin, c.bootstrap).run("delete", "--mirror", mirrors[0])
+    wait_until(lambda: described(Cli(kmirror_bin, b.bootstrap), mirrors[0]) is None, 10, 0.05,
+               "the deletion through c followed by b")

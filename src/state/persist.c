@@ -261,8 +261,8 @@ km_err km_ps_take_metadata(km_state_persist *io, const km_metadata_response *r, 
 
 /* ---- life ---- */
 
-/* The destination as kmirrord itself (upstream, upstream_tls*, upstream_sasl_*). */
-static km_cluster *cluster_new(km_state_persist *io)
+/* The destination as kmirrord itself (upstream, upstream_tls*, upstream_sasl_*); on_change(io) as the cluster's. */
+km_cluster *km_ps_cluster_new(km_state_persist *io, void (*changed)(void *arg))
 {
 	const km_config *cfg = &io->st->cfg;
 	km_net_client_opts o;
@@ -278,8 +278,7 @@ static km_cluster *cluster_new(km_state_persist *io)
 	o.request_timeout_ms = 40000; /* above the Produce timeout (30 s) */
 	o.max_frame_bytes = FETCH_BYTES + (1 << 20);
 	o.dns = io->st->dns;
-	return km_cluster_new(io->st->base, "destination", &o, cfg->upstream, (size_t)cfg->upstream_count, on_change,
-			      io);
+	return km_cluster_new(io->st->base, "destination", &o, cfg->upstream, (size_t)cfg->upstream_count, changed, io);
 }
 
 km_state_persist *km_state_persist_new(km_state *st)
@@ -294,7 +293,7 @@ km_state_persist *km_state_persist_new(km_state *st)
 	io->epoch = -1;
 	io->foldest_ms = -1;
 	io->timer = evtimer_new(st->base, on_timer, io);
-	io->cl = io->timer ? cluster_new(io) : NULL;
+	io->cl = io->timer ? km_ps_cluster_new(io, on_change) : NULL;
 	if (!io->cl) {
 		if (io->timer)
 			event_free(io->timer);

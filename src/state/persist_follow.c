@@ -45,10 +45,73 @@ void km_ps_follow_kick(km_state_persist *io, int ms)
 
 void km_ps_follow_free(km_state_persist *io)
 {
+	km_cluster_free(io->fcl); /* pending answers see io->closing */
 	if (io->fev)
 		event_free(io->fev);
 	free(io->fpos);
 	free(io->fhw);
+}
+
+/*
+ * Following has connections of its own: a broker answers one connection's requests in order, so a
+ * write behind a Fetch long-polled on the same connection would wait for it.
+ */
+static void on_follow_change(void *arg)
+{
+	km_state_persist *io = arg;
+	km_net_client *c = io->fwait;
+
+	if (io->closing || !c)
+		return;
+	if (km_cluster_failed(io->fcl, c)) {
+		/* It could not connect: the next round after a backoff, not a new connection at once. */
+		io->fwait = NULL;
+		io->ffail = true;
+		km_ps_follow_kick(io, km_ps_next_backoff(io));
+	} else if (km_net_client_ready(c)) {
+		io->fwait = NULL;
+		km_ps_follow_kick(io, 0);
+	}
+}
+
+static km_cluster *fcluster(km_state_persist *io)
+{
+	if (!io->fcl)
+		io->fcl = km_ps_cluster_new(io, on_follow_change);
+	return io->fcl;
+}
+
+/* The client of broker id (its address as the persister's metadata has it); NULL without one. */
+static km_net_client *fnode(km_state_persist *io, int32_t id)
+{
+	const char *host;
+	uint16_t port;
+	bool moved;
+
+	if (!fcluster(io) || !km_cluster_addr(io->cl, id, &host, &port) ||
+	    km_cluster_learn(io->fcl, id, host, strlen(host), port, &moved) != KM_OK)
+		return NULL;
+	if (moved)
+		io->fwait = NULL; /* the cluster let its old client go: it may be the one waited for */
+	return km_cluster_node(io->fcl, id);
+}
+
+/* Whether c can be sent to now (or never will: the send then fails); else the round waits for it. */
+static bool fready(km_state_persist *io, km_net_client *c)
+{
+	if (!c || km_cluster_failed(io->fcl, c) || km_net_client_ready(c))
+		return true;
+	io->fwait = c;
+	return false;
+}
+
+static void fdrop(km_state_persist *io, km_net_client *c)
+{
+	if (!c || !io->fcl)
+		return;
+	if (io->fwait == c)
+		io->fwait = NULL;
+	km_cluster_drop(io->fcl, c);
 }
 
 bool km_ps_follow_positions(km_state_persist *io)
@@ -116,7 +179,7 @@ static void on_follow_fetch(km_net_client *c, const km_rpc_response *rr, void *a
 	if (!io)
 		return; /* another operation began since: its end starts the next round */
 	if (km_rpc_transport_err(rr) != KM_OK) {
-		km_ps_drop(io, c);
+		fdrop(io, c);
 		io->ffail = true;
 	} else if (rr->err != KM_OK || r->error_code) {
 		KM_DEBUG(COMP, 0, "following %s: Fetch from broker %d: %s", io->st->cfg.mirror_state_topic, (int)x.node_id,
@@ -236,7 +299,7 @@ static void on_follow_meta(km_net_client *c, const km_rpc_response *rr, void *ar
 	if (!io)
 		return;
 	if (km_rpc_transport_err(rr) != KM_OK)
-		km_ps_drop(io, c);
+		fdrop(io, c);
 	else if (rc == KM_OK)
 		rc = km_ps_take_metadata(io, rr->msg, &terr);
 	io->ph = PH_IDLE;
@@ -262,19 +325,17 @@ static void on_follow_meta(km_net_client *c, const km_rpc_response *rr, void *ar
 static void follow_meta(km_state_persist *io)
 {
 	char *name = io->st->cfg.mirror_state_topic;
-	km_net_client *c = km_ps_any(io);
+	km_net_client *c = fcluster(io) ? km_cluster_any(io->fcl) : NULL;
 	int16_t ver;
 	char why[200];
 
+	if (!fready(io, c))
+		return;
 	io->ph = PH_FOLLOW;
 	io->gen++;
-	if (!km_ps_client_wait(io, c, KM_PS_ANY, follow_round)) {
-		io->ph = PH_IDLE;
-		return;
-	}
 	if (!c || !km_net_client_ready(c) || (ver = km_ps_version_for(c, KM_API_METADATA, why, sizeof(why))) < 0 ||
 	    km_ps_send_metadata(io, c, ver, &name, 1, on_follow_meta) != KM_OK) {
-		km_ps_drop(io, c);
+		fdrop(io, c);
 		io->ph = PH_IDLE;
 		km_ps_follow_kick(io, km_ps_next_backoff(io));
 	}
@@ -284,13 +345,6 @@ static void follow_round(km_state_persist *io)
 {
 	if (io->closing || io->ph != PH_IDLE || io->st->fatal[0] || !io->st->ready)
 		return; /* the running operation's end starts the next round */
-	if (io->down) {
-		/* A waited client could not connect: back off rather than dial again at once. */
-		io->down = false;
-		io->ffail = true;
-		km_ps_follow_kick(io, km_ps_next_backoff(io));
-		return;
-	}
 	if (!io->exists || io->ffail || !io->fchecked || !io->leaders) {
 		follow_meta(io);
 		return;
@@ -299,14 +353,12 @@ static void follow_round(km_state_persist *io)
 		km_ps_follow_kick(io, km_ps_next_backoff(io));
 		return;
 	}
+	/* Every leader's client first (a client's change resumes the round), then one Fetch each. */
+	for (int32_t p = 0; p < io->fparts; p++)
+		if (!fready(io, fnode(io, io->leaders[p])))
+			return;
 	io->ph = PH_FOLLOW;
 	io->gen++;
-	/* Every leader's client first (a wait resumes the round), then one Fetch each. */
-	for (int32_t p = 0; p < io->fparts; p++)
-		if (!km_ps_client_wait(io, km_ps_node(io, io->leaders[p]), io->leaders[p], follow_round)) {
-			io->ph = PH_IDLE;
-			return;
-		}
 	io->fout = 0;
 	io->ffail = false;
 	for (int32_t p = 0; p < io->fparts; p++) {
@@ -315,7 +367,7 @@ static void follow_round(km_state_persist *io)
 			sent |= io->leaders[q] == io->leaders[p];
 		if (sent)
 			continue;
-		if (follow_fetch(io, io->leaders[p], km_ps_node(io, io->leaders[p])) != KM_OK)
+		if (follow_fetch(io, io->leaders[p], fnode(io, io->leaders[p])) != KM_OK)
 			io->ffail = true;
 		else
 			io->fout++;

@@ -110,6 +110,8 @@ struct km_state_persist {
 	void (*chk_fatal)(km_state_persist *io, const char *message); /* the topic is not compacted */
 	/* following (persist_follow.c): from where the load ended, every state partition */
 	struct event *fev;         /* the next round */
+	km_cluster *fcl;           /* connections of its own: a long-polled Fetch would hold a write up */
+	km_net_client *fwait;      /* the client of fcl a round waits for */
 	int64_t *fpos;             /* per state partition: the next offset to read */
 	int64_t *fhw;              /* per state partition: its high watermark in the round's answer */
 	int32_t fparts;            /* entries of fpos and fhw */
@@ -133,6 +135,9 @@ typedef struct req_ctx {
 
 
 /* ---- persist.c: the persister's brokers and requests ---- */
+
+/* A cluster of the destination as kmirrord itself; on_change(io) when one of its clients is ready or failed. */
+km_cluster *km_ps_cluster_new(km_state_persist *io, void (*on_change)(void *arg));
 
 #define KM_PS_ANY (-1)     /* a client to any broker (node ids are never negative) */
 

@@ -15,6 +15,7 @@ from confluent_kafka import KafkaError, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from mirror_cli import Cli, kmirror_bin  # noqa: F401
+from test_mirror_configs import Client
 from mirror_data import compare_topic, main_release_only, produce_records, wait_caught_up
 from proxy_fixtures import *  # noqa: F401,F403
 from proxy_fixtures import wait_until
@@ -94,6 +95,20 @@ def test_mirror_created_through_one_is_described_through_the_others(trio, kmirro
     clis[2].run("delete", "--mirror", mirror)
     for cli in clis[:2]:
         wait_until(lambda: described(cli, mirror) is None, 10, 0.02, "the deletion followed")
+    # A write never waits behind the followers' long-polled Fetch (500 ms when nothing changes).
+    writer = Client(a.bootstrap)
+    try:
+        took = []
+        for i in range(5):
+            t = time.monotonic()
+            code, msg = writer.create(f"{mirror}-w{i}", {"bootstrap.servers": source_cluster.bootstrap})
+            took.append(time.monotonic() - t)
+            assert code == 0, msg
+            time.sleep(0.1)
+    finally:
+        writer.close()
+    print("CreateMirror answered after (ms):", [round(x * 1000) for x in took])
+    assert max(took) < 0.3, took
     # The followers counted what they applied (create, alter, and delete on b), each within a second.
     for p in (b, c):
         (n0, le0), (n1, le1) = before[p.name], follow_delays(p)

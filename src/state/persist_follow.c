@@ -13,7 +13,7 @@
 #include "kmirror/msg/fetch_request.h"
 #include "state/persist_int.h"
 
-#define FOLLOW_WAIT_MS 500  /* a Fetch's long poll: how long a broker holds an answer with nothing new */
+#define FOLLOW_WAIT_MS 100  /* a Fetch's long poll: how long a broker holds an answer with nothing new (a round waits for every leader) */
 #define FOLLOW_META_MS 1000 /* how often the topic's metadata is asked while it does not exist */
 
 static void follow_round(km_state_persist *io);

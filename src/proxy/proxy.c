@@ -434,13 +434,14 @@ km_proxy *km_proxy_new(struct event_base *base, const km_config *cfg, km_metrics
 		snprintf(err, errlen, "out of memory");
 		goto fail;
 	}
+	/* The HTTP listener first: once clients can connect, /readyz and /healthz answer too. */
+	if (km_proxy_http_start(px, err, errlen) != KM_OK)
+		goto fail;
 	px->bootstrap_b.px = px;
 	px->bootstrap_b.node_id = -1;
 	px->bootstrap = listen_on(px, cfg->listen.host, cfg->listen.port, &px->bootstrap_b, err, errlen);
 	px->bootstrap_b.listener = px->bootstrap;
 	if (!px->bootstrap)
-		goto fail;
-	if (km_proxy_http_start(px, err, errlen) != KM_OK)
 		goto fail;
 	px->tick_ev = event_new(base, -1, EV_PERSIST, tick_cb, px);
 	if (!px->tick_ev || event_add(px->tick_ev, &tick) != 0) {

@@ -102,11 +102,6 @@ class Proxy:
     def start(self, timeout=30.0):
         self.daemon = Daemon([self.binary, "--config", self.config_path], self.name, self.log_dir)
         self.daemon.start(port=self.port, host=PROXY_HOST, timeout=timeout)
-        # The HTTP listener opens just after the bootstrap one: wait for it too (unless it exited).
-        http = str(self.options.get("http_listen") or "")
-        if http.rpartition(":")[2].isdigit():
-            host, _, port = http.rpartition(":")
-            wait_port(host.strip("[]"), int(port), timeout, self.daemon.proc)
         return self
 
     def stop(self, timeout=30.0):

@@ -565,6 +565,38 @@ static void test_mirror_value_refused(void **state)
 	km_state_model_free(&m);
 }
 
+/*
+ * A topic whose partition records carry the zero id (Kafka's "no id") is found by its name only:
+ * the zero id is what a request that names its topics carries, and it matches no topic.
+ */
+static void test_zero_topic_id(void **state)
+{
+	static const km_uuid zero;
+	km_state_mirror mi = {.name = "m1"};
+	km_state_key mk = {.type = KM_STATE_REC_MIRROR, .mirror = km_str_c("m1")};
+	km_state_key pk = {.type = KM_STATE_REC_PARTITION, .mirror = km_str_c("m1"), .topic = km_str_c("t")};
+	km_state_topic tt = {.name = "t", .mirror = &mi};
+	km_state_part p = {.state = KM_MP_MIRRORING, .last_mirrored_offset = -1, .last_mirrored_epoch = -1};
+	km_state_change chg;
+	km_state_model m;
+	km_wr w;
+	(void)state;
+
+	km_state_model_init(&m);
+	km_wr_init(&w);
+	assert_int_equal(km_state_mirror_value_encode(&w, &mi), KM_OK);
+	rec(&m, &mk, &w, &chg);
+	km_wr_free(&w);
+	km_wr_init(&w);
+	assert_int_equal(km_state_partition_value_encode(&w, &tt, &p), KM_OK);
+	rec(&m, &pk, &w, &chg);
+	km_wr_free(&w);
+	assert_int_equal(km_state_model_index(&m), KM_OK);
+	assert_non_null(km_state_model_topic(&m, "t", 1));
+	assert_null(km_state_model_topic_id(&m, &zero));
+	km_state_model_free(&m);
+}
+
 /* A model of mirror m1 with topic t, partitions 0 and 1 in states s0 and s1 (s1 UNKNOWN: no record). */
 static void model_with(km_state_model *m, km_mp_state s0, km_mp_state s1)
 {
@@ -1220,6 +1252,7 @@ int main(void)
 		cmocka_unit_test(test_secrets_format0),
 		cmocka_unit_test(test_key_file), cmocka_unit_test(test_keys),
 		cmocka_unit_test(test_values_and_model), cmocka_unit_test(test_mirror_value_refused),
+		cmocka_unit_test(test_zero_topic_id),
 		cmocka_unit_test(test_metrics), cmocka_unit_test(test_reload_tells_changes), cmocka_unit_test(test_free_answers_all),
 		cmocka_unit_test(test_run_records), cmocka_unit_test(test_runs_validation),
 		cmocka_unit_test(test_offmap_handles), cmocka_unit_test(test_policy), cmocka_unit_test(test_fatal),

@@ -501,8 +501,10 @@ class _SessionProxy:
 
     def get(self):
         if self.proxy is None or not self.proxy.running():
+            # It hosts no mirror of its own: it follows __mirror_state on the shared destination,
+            # where the tests' own kmirrords run their mirrors, and must not run their pipelines.
             self.proxy = Proxy(self.binary, self.cluster, self.log_dir,
-                               name=f"kmirrord-session-{len(self.all) + 1}").start()
+                               name=f"kmirrord-session-{len(self.all) + 1}", mirror_pipelines="false").start()
             self.all.append(self.proxy)
             # Ready once the proxy has learnt every broker from its own Metadata request.
             wait_until(lambda: self.proxy.metric("kmirror_upstream_brokers") >=

@@ -526,6 +526,17 @@ void km_opt_format(const km_option *o, const void *obj, char *buf, size_t len)
 	}
 }
 
+/*
+ * Whether a string must go in double quotes to load back as it is: load_line trims the value, then
+ * drops one pair of quotes around it.
+ */
+static bool needs_quotes(const char *s)
+{
+	size_t n = strlen(s);
+	return n && (isspace((unsigned char)s[0]) || isspace((unsigned char)s[n - 1]) ||
+		     (n >= 2 && s[0] == '"' && s[n - 1] == '"'));
+}
+
 /* One value onto out, whole: a string or a list may be longer than any buffer km_opt_format is given. */
 static void write_value(const km_option *o, const void *obj, FILE *out)
 {
@@ -533,7 +544,8 @@ static void write_value(const km_option *o, const void *obj, FILE *out)
 
 	if (o->type == KM_OPT_STRING) {
 		const char *s = *CFIELD(obj, o->offset, char *);
-		fputs(s ? (o->secret ? KM_OPT_SECRET_MASK : s) : "", out);
+		s = s ? (o->secret ? KM_OPT_SECRET_MASK : s) : "";
+		fprintf(out, needs_quotes(s) ? "\"%s\"" : "%s", s);
 	} else if (o->type == KM_OPT_HOSTPORT_LIST) {
 		const km_hostport *list = CFIELD(obj, o->offset, km_hostport);
 		int count = *CFIELD(obj, o->count_offset, int);

@@ -235,6 +235,44 @@ static void test_files(void **state)
 	free(unknown);
 }
 
+/*
+ * A string km_opt_write_values prints loads back the same: blanks at either end, or a value in
+ * double quotes of its own, go in double quotes (the file's reader trims a value, then drops one
+ * pair of quotes); anything else as it is.
+ */
+static void test_write_values_loads_back(void **state)
+{
+	static const char *const values[][2] = {
+		{" ", "name = \" \"\n"},       {" x", "name = \" x\"\n"},     {"x\t", "name = \"x\t\"\n"},
+		{"\"x\"", "name = \"\"x\"\"\n"}, {"\"\"", "name = \"\"\"\"\n"}, {"\"", "name = \"\n"},
+		{"a \"b\" c", "name = a \"b\" c\n"}, {"\"x", "name = \"x\n"},     {"x = y # z", "name = x = y # z\n"},
+	};
+	(void)state;
+
+	for (size_t i = 0; i < sizeof(values) / sizeof(values[0]); i++) {
+		test_opts o, back;
+		char err[256], *text = NULL, *path;
+		size_t len;
+		FILE *f;
+
+		assert_int_equal(km_opt_init(&table, &o), KM_OK);
+		assert_int_equal(km_opt_set(&table, &o, "name", values[i][0], err, sizeof(err)), KM_OK);
+		assert_non_null(f = open_memstream(&text, &len));
+		km_opt_write_values(&table, &o, f);
+		assert_int_equal(fclose(f), 0);
+		assert_non_null(strstr(text, values[i][1]));
+		path = write_tmp(text);
+		assert_int_equal(km_opt_init(&table, &back), KM_OK);
+		assert_int_equal(km_opt_load_file(&table, &back, path, err, sizeof(err)), KM_OK);
+		assert_string_equal(back.name, values[i][0]);
+		km_opt_free(&table, &o);
+		km_opt_free(&table, &back);
+		unlink(path);
+		free(path);
+		free(text);
+	}
+}
+
 static void test_reload_and_copy(void **state)
 {
 	test_opts cur, next;
@@ -333,7 +371,7 @@ int main(void)
 		cmocka_unit_test(test_defaults),        cmocka_unit_test(test_types_and_bounds),
 		cmocka_unit_test(test_secret),          cmocka_unit_test(test_files),
 		cmocka_unit_test(test_reload_and_copy), cmocka_unit_test(test_doc_table),
-		cmocka_unit_test(test_hostport),
+		cmocka_unit_test(test_hostport),        cmocka_unit_test(test_write_values_loads_back),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -282,13 +282,6 @@ static void follow_check_failed(km_state_persist *io, const char *why)
 	km_ps_follow_kick(io, km_ps_next_backoff(io));
 }
 
-static void follow_refused(km_state_persist *io, const char *message)
-{
-	io->ph = PH_IDLE;
-	io->gen++;
-	km_state_fatal(io->st, message);
-}
-
 static void on_follow_meta(km_net_client *c, const km_rpc_response *rr, void *arg)
 {
 	req_ctx x;
@@ -315,7 +308,7 @@ static void on_follow_meta(km_net_client *c, const km_rpc_response *rr, void *ar
 	if (!io->fchecked) {
 		/* Made by another kmirrord (or by hand) since the load: checked before a record is used. */
 		io->ph = PH_FOLLOW;
-		km_ps_check_policy(io, follow_checked, follow_check_failed, follow_refused);
+		km_ps_check_policy(io, follow_checked, follow_check_failed, km_ps_refused);
 		return;
 	}
 	km_ps_follow_kick(io, 0);

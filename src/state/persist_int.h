@@ -180,6 +180,8 @@ void km_ps_check_policy(km_state_persist *io, void (*ok)(km_state_persist *io),
 /* ---- persist_load.c ---- */
 
 void km_ps_map_clear(km_state_persist *io);
+/* The state topic is not compacted: nothing more is read or written, and the store stops for good. */
+void km_ps_refused(km_state_persist *io, const char *message);
 /* The model of the map (every key's latest value); KM_ERR_NOMEM. *bad: records that do not apply. */
 km_err km_ps_build_model(km_state_persist *io, km_state_model *m, size_t *bad) __attribute__((warn_unused_result));
 /*

@@ -382,7 +382,7 @@ static void load_checked(km_state_persist *io)
 }
 
 /* Not compacted: nothing is read, and the store stops (no retry would make it right). */
-static void load_refused(km_state_persist *io, const char *message)
+void km_ps_refused(km_state_persist *io, const char *message)
 {
 	io->ph = PH_IDLE;
 	io->gen++;
@@ -420,7 +420,7 @@ static void on_load_metadata(km_net_client *c, const km_rpc_response *rr, void *
 		return;
 	}
 	/* Before a record is read: state from a topic that expires it must not be served. */
-	km_ps_check_policy(io, load_checked, load_retry, load_refused);
+	km_ps_check_policy(io, load_checked, load_retry, km_ps_refused);
 }
 
 static void load_metadata(km_state_persist *io)

@@ -1,7 +1,8 @@
 """A foreign write on the destination: reconcile checks the tail it resumes after (docs/mirror.md,
 "Reconcile"). A record written straight into the mirror topic on the destination while kmirrord is
 down must neither show at a source offset nor push a source record out: the partition goes FAILED
-with an error that says what happened and what to do."""
+with an error that says what happened and what to do. A client's transaction left open on the
+topic when it becomes a mirror is waited for: its marker must not land between mirrored batches."""
 import signal
 import time
 
@@ -9,7 +10,7 @@ import pytest
 from confluent_kafka import Producer
 
 from mirror_cli import kmirror_bin, wait_states  # noqa: F401
-from mirror_data import main_release_only, produce_records, read_partition, watermarks
+from mirror_data import create_dest_topic, main_release_only, produce_records, read_partition, watermarks
 from proxy_fixtures import *  # noqa: F401,F403
 from proxy_fixtures import wait_until
 from test_mirror_data import _mirror_env, _teardown, unique
@@ -76,3 +77,46 @@ def test_foreign_write_on_destination_fails_the_partition(fenv):
     env.caught_up(topic, 1)
     seen = [(r.offset, r.key, r.value) for r in read_partition(env.pb, topic, 0, 0, 30)]
     assert seen == source_records(env, topic, 30)
+
+
+def test_transaction_open_at_start_is_waited_for(fenv):
+    """A client's transaction that added the partition while the topic was writable through
+    kmirrord and ends after `kmirror start`: the coordinator writes its marker at the destination
+    log's end whenever the transaction ends, which is between mirrored batches unless the mirror
+    waits for it (issue 27, item 5: refusing the EndTxn would not help, the transaction's timeout
+    writes an ABORT marker all the same). The partition waits, saying why, then mirrors exactly."""
+    env = fenv
+    topic = unique("opentxn")
+    env.source_topic(topic, partitions=1)
+    produce_records(env.sb, topic, 20, tag="a")
+    create_dest_topic(env.dest, env.sb, topic)
+    p = Producer({"bootstrap.servers": env.pb, "transactional.id": f"open-{topic}",
+                  "transaction.timeout.ms": 120000})
+    p.init_transactions(30)
+    p.begin_transaction()
+    for i in range(3):
+        p.produce(topic, key=f"local-{i}".encode(), value=b"written before the start", partition=0)
+    assert p.flush(30) == 0
+
+    mark = len(env.proxy.output())
+    env.cli.run("start", "--mirror", env.mirror, "--topics", topic)
+    env.proxy.wait_log(rf"{topic}-0: a transaction that is not the mirror's is open on the destination "
+                       rf"partition from offset 0 ", timeout=30, start=mark)
+    time.sleep(1.0)
+    part = env.partitions(topic)[0]
+    print(part)
+    assert part["state"] == "PREPARING", part
+    assert watermarks(env.pb, topic, 1)[0][1] == 0, "the mirror wrote while the transaction was open"
+
+    p.commit_transaction(30)  # EndTxn through kmirrord: the COMMIT marker lands at offset 3
+    wait_states(env.cli, env.mirror, {topic: "MIRRORING"}, timeout=60)
+    produce_records(env.sb, topic, 10, start=20, tag="b")
+    env.caught_up(topic, 1, timeout=90)
+    seen = [(r.offset, r.key, r.value) for r in read_partition(env.pb, topic, 0, 0, 30)]
+    assert seen == source_records(env, topic, 30)
+    part = env.partitions(topic)[0]
+    assert part["state"] == "MIRRORING", part
+    # Written once more after the first mirrored batches, the marker would have failed the partition.
+    produce_records(env.sb, topic, 5, start=30, tag="c")
+    env.caught_up(topic, 1, timeout=60)
+    assert env.partitions(topic)[0]["state"] == "MIRRORING"

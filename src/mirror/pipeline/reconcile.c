@@ -320,6 +320,29 @@ const km_offmap *km_pl_map_of(km_pipeline *pl, const mpart *p, const km_offrun *
 	return m;
 }
 
+/*
+ * The destination partition holds a transaction open from lso that is none of the mirror's: a
+ * client's, begun through kmirrord while the topic was still writable (or written to the
+ * destination directly). Its producer (or its timeout) ends it later, and the coordinator then
+ * writes its marker at the log's end: between two mirrored batches, where the map expects the
+ * mirror's next batch. The mirror writes nothing until it has ended; reconcile asks again, with
+ * backoff, and a transaction that stays open past KM_MIRROR_FAIL_AFTER_MS fails the partition
+ * with this message.
+ */
+static void foreign_txn(km_pipeline *pl, mpart *p, int64_t lso)
+{
+	char why[1024];
+	snprintf(why, sizeof(why),
+		 "a transaction that is not the mirror's is open on the destination partition from offset %lld "
+		 "(begun before the topic became a mirror, or written to the destination directly): the mirror "
+		 "writes nothing until it ends, since its marker would land between mirrored batches; its "
+		 "producer commits or aborts it, or the destination aborts it at its timeout, or an operator "
+		 "aborts it (kafka-transactions.sh --bootstrap-server <destination> find-hanging --topic %s, "
+		 "then abort)",
+		 (long long)lso, p->t->name);
+	km_pl_reconcile(pl, p, why);
+}
+
 static void after_lso(km_pipeline *pl, mpart *p, int64_t end, int64_t lso)
 {
 	const km_offrun *fence;
@@ -336,7 +359,11 @@ static void after_lso(km_pipeline *pl, mpart *p, int64_t end, int64_t lso)
 		if (!any)
 			p->recon.tx_fenced = true;
 	}
-	if (!p->recon.tx_fenced || km_pl_tx_open(p) || (lso < end && !fence)) {
+	if (p->recon.tx_fenced && !km_pl_tx_open(p) && lso < end && !fence) {
+		foreign_txn(pl, p, lso);
+		return;
+	}
+	if (!p->recon.tx_fenced || km_pl_tx_open(p)) {
 		/*
 		 * The hidden range starts at the LSO, or earlier: at a batch that landed where it was not
 		 * planned (hide_logical), or at the first batch of a transaction this life holds open

@@ -20,6 +20,13 @@ typedef enum {
 	KM_TLS_CLIENT_AUTH_REQUIRED,
 } km_tls_client_auth;
 
+/* mirror_pipelines: which mirrors' pipelines (and metadata sync) this kmirrord runs. */
+typedef enum {
+	KM_PIPELINES_ALL = 0, /* every mirror in the state (one kmirrord in front of the destination) */
+	KM_PIPELINES_OWNED,   /* the mirrors the group __kmirror-sync gives this kmirrord */
+	KM_PIPELINES_NONE,    /* none: this kmirrord only follows the state and serves clients */
+} km_pipelines_mode;
+
 /* read_only_error: the code of a refusal on a read-only mirror topic. */
 typedef enum {
 	KM_READ_ONLY_POLICY_VIOLATION = 0,
@@ -82,7 +89,7 @@ typedef struct km_config {
 	/* Not an option: upstream_sasl_password was read from upstream_sasl_password_file (km_config_read_secrets). */
 	bool upstream_sasl_password_from_file;
 	char *mirror_state_topic;
-	bool mirror_pipelines;    /* run the pipelines of the mirror topics in the state */
+	int64_t mirror_pipelines; /* km_pipelines_mode */
 	int64_t mirror_state_partitions;
 	int64_t mirror_state_replication_factor; /* -1: min(3, brokers) */
 	char *mirror_secret_key_file;

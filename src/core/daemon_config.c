@@ -28,6 +28,10 @@ static const km_opt_enum sasl_mechanisms = {NULL, sasl_names, 3, true};
 static const char *const read_only_error_names[] = {"policy_violation", "topic_authorization_failed", "kmirror"};
 static const km_opt_enum read_only_errors = {NULL, read_only_error_names, 3, false};
 
+/* Which mirrors' pipelines this kmirrord runs (km_pipelines_mode). */
+static const char *const pipelines_names[] = {"all", "owned", "none"};
+static const km_opt_enum pipelines_modes = {NULL, pipelines_names, 3, false};
+
 static const km_option options[] = {
 	{.name = "listen", .type = KM_OPT_HOSTPORT, .offset = OFF(listen), .def = "0.0.0.0:9092",
 	 .doc = "Bootstrap listener. Clients put this address in bootstrap.servers."},
@@ -213,13 +217,15 @@ static const km_option options[] = {
 	{.name = "mirror_state_replication_factor", .type = KM_OPT_INT, .offset = OFF(mirror_state_replication_factor),
 	 .def = "-1", .min = -1, .max = 32767, .reloadable = false,
 	 .doc = "Replication factor of mirror_state_topic when kmirrord creates it; -1: min(3, brokers)."},
-	{.name = "mirror_pipelines", .type = KM_OPT_BOOL, .offset = OFF(mirror_pipelines), .def = "true",
-	 .doc = "Run the pipelines of the mirror topics in the state (fetch from the source, write here, move "
-		"partitions from PREPARING, PAUSING and STOPPING). With several kmirrords in front of one "
-		"destination, set it to true in exactly one of them until pipelines have an owner each "
-		"(docs/operations.md, \"Several instances\"); the others follow the state, refuse writes to mirror "
-		"topics, translate offsets and answer mirror RPCs, and the mirror's partitions wait for the one "
-		"that runs them. Not yet exact for consumers of topics whose source has gaps: see docs/operations.md."},
+	{.name = "mirror_pipelines", .type = KM_OPT_ENUM, .offset = OFF(mirror_pipelines), .def = "all",
+	 .choices = &pipelines_modes,
+	 .doc = "Which mirrors' pipelines (fetch from the source, write here, move partitions from PREPARING, "
+		"PAUSING and STOPPING) and metadata sync this kmirrord runs: all (every mirror in the state: one "
+		"kmirrord in front of the destination), owned (the mirrors the destination's consumer group "
+		"__kmirror-sync gives it: several kmirrords share the mirrors, each run by one of them, and another "
+		"takes over those of one that leaves or dies; the destination needs the consumer group protocol, "
+		"Kafka 4.0+), or none (it follows the state, refuses writes to mirror topics, translates offsets "
+		"and answers mirror RPCs; the mirrors run elsewhere). docs/operations.md, \"Several instances\"."},
 	{.name = "mirror_secret_key_file", .type = KM_OPT_STRING, .offset = OFF(mirror_secret_key_file), .def = "",
 	 .reloadable = false,
 	 .doc = "File holding the AES-256 key (32 raw bytes, or 64 hex characters) that encrypts mirror secrets "

@@ -1,6 +1,7 @@
 /* The mirror driver: hands partitions to their mirror's pipeline and persists the transitions the pipelines complete (kmirror/mirror.h). */
 #include <stdlib.h>
 #include <string.h>
+#include <sys/time.h>
 #include <unistd.h>
 
 #include <event2/dns.h>
@@ -49,7 +50,11 @@ struct km_mirror {
 	bool freeing;
 	struct km_mprep *preps; /* destination topics being created or grown (topics.c) */
 	km_sync *sync;          /* metadata sync (sync.c) */
+	km_lease *lease;        /* which mirrors this kmirrord runs (lease.c) */
 };
+
+static void rebalance(void *arg);
+static bool releasing(void *arg, int32_t slot);
 
 static void work_free(km_mirror_work *w)
 {
@@ -279,13 +284,16 @@ km_mirror *km_mirror_new(const km_mirror_opts *opts)
 		make_families(mi, opts->metrics);
 	mi->run_ev = event_new(mi->base, -1, 0, run_cb, mi);
 	mi->sync = km_sync_new(mi);
-	if (!mi->run_ev || !mi->sync) {
+	mi->lease = km_lease_new(mi);
+	if (!mi->run_ev || !mi->sync || !mi->lease) {
 		if (mi->run_ev)
 			event_free(mi->run_ev);
 		km_sync_free(mi->sync);
+		km_lease_free(mi->lease);
 		free(mi);
 		return NULL;
 	}
+	km_lease_on_change(mi->lease, rebalance, releasing, mi);
 	return mi;
 }
 
@@ -303,6 +311,8 @@ void km_mirror_free(km_mirror *mi)
 	km_mirror_topics_shutdown(mi);
 	km_sync_free(mi->sync);
 	mi->sync = NULL;
+	km_lease_free(mi->lease); /* leaves the group: the others take this one's mirrors over at once */
+	mi->lease = NULL;
 	for (size_t i = 0; i < mi->npipes; i++)
 		km_pipeline_free(mi->pipes[i]);
 	free(mi->pipes);
@@ -354,17 +364,39 @@ void km_mirror_settle(km_mirror *mi, const char *mirror, const char *topic, int3
 		queue(mi, mirror, topic, partition, from, to, error);
 }
 
-/*
- * The mirror's pipeline, created on first use. Pipelines live until the module is freed (the
- * store's answers may still reach them); one whose mirror was deleted just holds nothing.
- */
-static km_pipeline *pipeline_of(km_mirror *mi, const char *mirror)
+static km_pipelines_mode mode(const km_mirror *mi)
 {
-	km_pipeline **np, *pl;
+	return mi->opts.cfg ? (km_pipelines_mode)mi->opts.cfg->mirror_pipelines : KM_PIPELINES_ALL;
+}
 
+bool km_mirror_owns(km_mirror *mi, const char *mirror, bool pipelines)
+{
+	if (!mi || mode(mi) == KM_PIPELINES_NONE)
+		return false;
+	if (pipelines && mode(mi) == KM_PIPELINES_ALL)
+		return true;
+	return km_lease_owns(mi->lease, mirror);
+}
+
+static km_pipeline *pipeline_find(km_mirror *mi, const char *mirror)
+{
 	for (size_t i = 0; i < mi->npipes; i++)
 		if (!strcmp(km_pipeline_name(mi->pipes[i]), mirror))
 			return mi->pipes[i];
+	return NULL;
+}
+
+/*
+ * The mirror's pipeline, created on first use, or resumed when it was retired (the mirror came
+ * back to this kmirrord). Pipelines live until the module is freed (the store's answers may still
+ * reach them, and metric series point into them); one whose mirror was deleted just holds nothing.
+ */
+static km_pipeline *pipeline_of(km_mirror *mi, const char *mirror)
+{
+	km_pipeline **np, *pl = pipeline_find(mi, mirror);
+
+	if (pl)
+		return !km_pipeline_retired_at(pl) || km_pipeline_resume(pl) ? pl : NULL;
 	if (!(pl = km_pipeline_new(mi, mirror)))
 		return NULL;
 	np = realloc(mi->pipes, (mi->npipes + 1) * sizeof(*np));
@@ -389,14 +421,13 @@ static void dispatch(km_mirror *mi, const char *mirror, const char *topic, int32
 	case KM_MP_MIRRORING:
 	case KM_MP_PAUSING:
 	case KM_MP_STOPPING:
-		if (mi->opts.cfg && !mi->opts.cfg->mirror_pipelines)
-			return; /* another kmirrord runs them (mirror_pipelines) */
+		if (!km_mirror_owns(mi, mirror, true))
+			return; /* another kmirrord runs it (mirror_pipelines) */
 		break;
 	default:
 		/* PAUSED, STOPPED, FAILED: a pipeline that holds it lets it go. */
-		for (size_t i = 0; i < mi->npipes; i++)
-			if (!strcmp(km_pipeline_name(mi->pipes[i]), mirror))
-				km_pipeline_partition(mi->pipes[i], topic, partition, state);
+		if ((pl = pipeline_find(mi, mirror)))
+			km_pipeline_partition(pl, topic, partition, state);
 		return;
 	}
 	pl = pipeline_of(mi, mirror);
@@ -407,23 +438,77 @@ static void dispatch(km_mirror *mi, const char *mirror, const char *topic, int32
 	km_pipeline_partition(pl, topic, partition, state);
 }
 
+/* Every partition of mirror m, handed to dispatch as the store holds it. */
+static void dispatch_mirror(km_mirror *mi, const km_state_mirror *m)
+{
+	km_state_partition_info pi;
+
+	for (size_t j = 0; j < km_state_mirror_topic_count(m); j++) {
+		const km_state_topic *t = km_state_mirror_topic_at(m, j);
+		for (size_t k = 0; k < km_state_topic_partition_count(t); k++) {
+			km_state_topic_partition(t, k, &pi);
+			dispatch(mi, km_state_mirror_name(m), km_state_topic_name(t), pi.partition, pi.state);
+		}
+	}
+}
+
+/*
+ * The lease moved (mirror_pipelines = owned): pipelines of mirrors this kmirrord lost are retired
+ * at once, so the lease can say they are released; mirrors it gained are handed to their pipeline,
+ * each partition reconciling from the persisted state before it fetches.
+ */
+static void rebalance(void *arg)
+{
+	km_mirror *mi = arg;
+
+	if (mi->freeing || !mi->st || mode(mi) != KM_PIPELINES_OWNED)
+		return;
+	for (size_t i = 0; i < mi->npipes; i++)
+		if (!km_pipeline_retired_at(mi->pipes[i]) && !km_mirror_owns(mi, km_pipeline_name(mi->pipes[i]), true))
+			km_pipeline_retire(mi->pipes[i]);
+	for (size_t i = 0; i < km_state_mirror_count(mi->st); i++) {
+		const km_state_mirror *m = km_state_mirror_at(mi->st, i);
+		km_pipeline *pl = pipeline_find(mi, km_state_mirror_name(m));
+		if ((!pl || km_pipeline_retired_at(pl)) && km_mirror_owns(mi, km_state_mirror_name(m), true)) {
+			KM_INFO("mirror", 0, "mirror %s: its pipeline runs in this kmirrord now (group %s)",
+				km_state_mirror_name(m), KM_SYNC_GROUP);
+			dispatch_mirror(mi, m);
+		}
+	}
+}
+
+/* Handover waits this long at most for a retired pipeline's store writes (then the next owner goes on anyway). */
+#define RELEASE_WAIT_MS 10000
+
+/* Whether a mirror of state topic partition slot is still being let go of: its retired pipeline's store writes. */
+static bool releasing(void *arg, int32_t slot)
+{
+	km_mirror *mi = arg;
+	struct timeval tv;
+	int64_t now;
+
+	gettimeofday(&tv, NULL);
+	now = (int64_t)tv.tv_sec * 1000 + tv.tv_usec / 1000;
+	for (size_t i = 0; i < mi->npipes; i++) {
+		km_pipeline *pl = mi->pipes[i];
+		int64_t at = km_pipeline_retired_at(pl);
+		if (at && now - at < RELEASE_WAIT_MS && km_pipeline_busy(pl) &&
+		    km_lease_slot(mi->lease, km_pipeline_name(pl)) == slot)
+			return true;
+	}
+	return false;
+}
+
 void km_mirror_state_ready(void *arg)
 {
 	km_mirror *mi = arg;
-	km_state_partition_info pi;
 
 	if (!mi->st)
 		return;
-	for (size_t i = 0; i < km_state_mirror_count(mi->st); i++) {
-		const km_state_mirror *m = km_state_mirror_at(mi->st, i);
-		for (size_t j = 0; j < km_state_mirror_topic_count(m); j++) {
-			const km_state_topic *t = km_state_mirror_topic_at(m, j);
-			for (size_t k = 0; k < km_state_topic_partition_count(t); k++) {
-				km_state_topic_partition(t, k, &pi);
-				dispatch(mi, km_state_mirror_name(m), km_state_topic_name(t), pi.partition, pi.state);
-			}
-		}
-	}
+	if (mode(mi) != KM_PIPELINES_NONE)
+		km_lease_start(mi->lease); /* the state topic's name and partitions are known now */
+	for (size_t i = 0; i < km_state_mirror_count(mi->st); i++)
+		dispatch_mirror(mi, km_state_mirror_at(mi->st, i));
 }
 
 void km_mirror_partition_changed(void *arg, const char *mirror, const char *topic, int32_t partition,

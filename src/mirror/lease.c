@@ -1,7 +1,8 @@
 /*
- * Which kmirrord syncs which mirror: members of the destination's consumer group __kmirror-sync
- * (KIP-848), subscribed to the state topic; a mirror belongs to the owner of its partition (docs/mirror.md,
- * "One kmirrord per mirror").
+ * Which kmirrord runs which mirror (its metadata sync, and its pipelines with mirror_pipelines =
+ * owned): members of the destination's consumer group __kmirror-sync (KIP-848), subscribed to the
+ * state topic; a mirror belongs to the owner of its partition (docs/mirror.md, "One kmirrord per
+ * mirror").
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -35,6 +36,8 @@ enum {
 #define REBALANCE_TIMEOUT_MS 30000
 #define RETRY_MS 1000
 #define MAX_OWNED 100000
+/* How often a revoked partition still being let go of is looked at (its release goes out with the next heartbeat). */
+#define HELD_POLL_MS 100
 
 typedef enum { L_META, L_FIND, L_BEAT, L_ALONE } lphase;
 
@@ -50,8 +53,12 @@ struct km_lease {
 	km_uuid topic_id;
 	int32_t nparts;   /* the state topic's partitions; 0: not known (it may not exist yet) */
 	bool *owned;      /* nparts entries */
+	bool *held;       /* revoked, still being let go of (reported as owned until released) */
 	int64_t last_ok;  /* the last heartbeat answered without error */
 	bool owned_any;   /* for the log line when ownership changes */
+	void (*changed)(void *arg); /* the owned set moved (km_lease_on_change) */
+	bool (*busy)(void *arg, int32_t slot);
+	void *changed_arg;
 };
 
 static int64_t now_ms(void)
@@ -68,15 +75,24 @@ static void later(km_lease *l, int ms)
 		event_add(l->ev, &tv);
 }
 
+static void notify(km_lease *l)
+{
+	if (l->changed && !l->freeing)
+		l->changed(l->changed_arg);
+}
+
 static void disown(km_lease *l, const char *why)
 {
 	bool had = false;
 	for (int32_t i = 0; i < l->nparts; i++) {
 		had |= l->owned[i];
-		l->owned[i] = false;
+		l->owned[i] = l->held[i] = false;
 	}
-	if (had)
-		KM_WARN(COMP, 0, "metadata sync: this kmirrord gives up its mirrors (%s); another one takes them over", why);
+	if (had) {
+		KM_WARN(COMP, 0, "mirrors: this kmirrord gives up its mirrors (%s); another one takes them over", why);
+		l->owned_any = false;
+		notify(l);
+	}
 }
 
 static void rejoin(km_lease *l)
@@ -113,10 +129,13 @@ static km_net_client *client(km_lease *l, int32_t node, int16_t key, int16_t lo,
 
 static void alone(km_lease *l, const char *why)
 {
-	if (l->ph != L_ALONE)
-		KM_WARN(COMP, 0, "metadata sync: %s; this kmirrord syncs every mirror (with several kmirrords in front of "
-			"this destination, each does: the work is repeated, never conflicting)", why);
-	l->ph = L_ALONE;
+	if (l->ph != L_ALONE) {
+		KM_WARN(COMP, 0, "mirrors: %s; this kmirrord runs every mirror (with several kmirrords in front of "
+			"this destination, each does: the metadata sync is repeated, never conflicting, and pipelines "
+			"need mirror_pipelines = all in exactly one of them)", why);
+		l->ph = L_ALONE;
+		notify(l);
+	}
 }
 
 static void step(km_lease *l)
@@ -177,9 +196,12 @@ static void step(km_lease *l)
 			free(parts);
 			return alone(l, "the destination has no consumer group protocol (KIP-848, Kafka 4.0)");
 		}
-		for (int32_t i = 0; i < l->nparts; i++)
-			if (l->owned[i])
+		for (int32_t i = 0; i < l->nparts; i++) {
+			if (l->held[i] && !(l->busy && l->busy(l->changed_arg, i)))
+				l->held[i] = false; /* let go of: the next owner may take it */
+			if (l->owned[i] || l->held[i])
 				parts[n++] = i;
+		}
 		km_consumer_group_heartbeat_request_init(&m);
 		km_consumer_group_heartbeat_request_topic_partitions_init(&tp);
 		m.group_id = km_str_c(KM_SYNC_GROUP);
@@ -220,10 +242,12 @@ static void took_meta(km_lease *l, const km_metadata_response *r)
 		return later(l, 5000);
 	}
 	if (t->partitions.count <= 0 || t->partitions.count > MAX_OWNED ||
-	    !(owned = calloc((size_t)t->partitions.count, sizeof(*owned))))
+	    !(owned = calloc((size_t)t->partitions.count * 2, sizeof(*owned))))
 		return later(l, RETRY_MS);
+	disown(l, "the state topic is looked up again");
 	free(l->owned);
 	l->owned = owned;
+	l->held = owned + t->partitions.count;
 	l->nparts = t->partitions.count;
 	l->topic_id = t->topic_id;
 	l->ph = L_FIND;
@@ -235,7 +259,7 @@ static void took_find(km_lease *l, const km_find_coordinator_response *r)
 	const km_find_coordinator_response_coordinator *c = r->coordinators.count == 1 ? &r->coordinators.items[0] : NULL;
 
 	if (!c || c->error_code) {
-		KM_DEBUG(COMP, 0, "metadata sync: FindCoordinator of group %s: %s", KM_SYNC_GROUP,
+		KM_DEBUG(COMP, 0, "mirrors: FindCoordinator of group %s: %s", KM_SYNC_GROUP,
 			 km_err_name(c ? c->error_code : -1));
 		return later(l, RETRY_MS);
 	}
@@ -262,7 +286,7 @@ static void took_beat(km_lease *l, const km_consumer_group_heartbeat_response *r
 	case K_UNSUPPORTED_ASSIGNOR:
 		return alone(l, "the destination refuses the consumer group protocol (group.coordinator.rebalance.protocols)");
 	default:
-		KM_WARN(COMP, 0, "metadata sync: heartbeat in group %s: %s%s%.*s", KM_SYNC_GROUP, km_err_name(r->error_code),
+		KM_WARN(COMP, 0, "mirrors: heartbeat in group %s: %s%s%.*s", KM_SYNC_GROUP, km_err_name(r->error_code),
 			r->error_message.len > 0 ? ": " : "", r->error_message.len > 0 ? (int)r->error_message.len : 0,
 			r->error_message.p);
 		/* A state topic recreated, a changed partition count: start over. */
@@ -274,23 +298,36 @@ static void took_beat(km_lease *l, const km_consumer_group_heartbeat_response *r
 	l->last_ok = now_ms();
 	l->epoch = r->member_epoch;
 	if (r->assignment) {
-		bool any = false;
-		for (int32_t i = 0; i < l->nparts; i++)
-			l->owned[i] = false;
+		bool any = false, moved = false;
+		bool *now = calloc((size_t)(l->nparts > 0 ? l->nparts : 1), sizeof(*now));
+		if (!now)
+			return later(l, RETRY_MS); /* the same assignment comes again with the next heartbeat */
 		for (int32_t i = 0; i < r->assignment->topic_partitions.count; i++) {
 			const km_consumer_group_heartbeat_response_topic_partitions *tp = &r->assignment->topic_partitions.items[i];
 			if (memcmp(tp->topic_id.b, l->topic_id.b, sizeof(l->topic_id.b)))
 				continue;
 			for (int32_t j = 0; j < tp->partitions.count; j++)
 				if (tp->partitions.items[j] >= 0 && tp->partitions.items[j] < l->nparts)
-					any = l->owned[tp->partitions.items[j]] = true;
+					any = now[tp->partitions.items[j]] = true;
 		}
+		for (int32_t i = 0; i < l->nparts; i++) {
+			moved |= now[i] != l->owned[i];
+			if (l->owned[i] && !now[i])
+				l->held[i] = true; /* revoked: reported until this kmirrord has let go of it */
+			l->owned[i] = now[i];
+		}
+		free(now);
 		if (any != l->owned_any)
-			KM_INFO(COMP, 0, "metadata sync: this kmirrord %s (group %s, epoch %d)",
-				any ? "syncs the mirrors of its state topic partitions" : "owns no mirror's sync now",
-				KM_SYNC_GROUP, (int)l->epoch);
+			KM_INFO(COMP, 0, "mirrors: this kmirrord %s (group %s, epoch %d)",
+				any ? "runs the mirrors of its state topic partitions" : "owns no mirror now", KM_SYNC_GROUP,
+				(int)l->epoch);
 		l->owned_any = any;
+		if (moved)
+			notify(l); /* the owner lets go of what it lost before a heartbeat says so */
 	}
+	for (int32_t i = 0; i < l->nparts; i++)
+		if (l->held[i])
+			return later(l, HELD_POLL_MS); /* say it is released as soon as it is */
 	later(l, r->heartbeat_interval_ms > 0 ? r->heartbeat_interval_ms : 5000);
 }
 
@@ -396,7 +433,7 @@ static void leave(km_lease *l)
 	m.topic_partitions.count = -1;
 	if (km_rpc_call(c, KM_API_CONSUMER_GROUP_HEARTBEAT, 1, &m, NULL, ignore_answer, NULL) != KM_OK)
 		return;
-	KM_INFO(COMP, 0, "metadata sync: left the group %s", KM_SYNC_GROUP);
+	KM_INFO(COMP, 0, "mirrors: left the group %s", KM_SYNC_GROUP);
 }
 
 void km_lease_free(km_lease *l)
@@ -413,15 +450,28 @@ void km_lease_free(km_lease *l)
 	free(l);
 }
 
+void km_lease_on_change(km_lease *l, void (*changed)(void *arg), bool (*busy)(void *arg, int32_t slot), void *arg)
+{
+	l->changed = changed;
+	l->busy = busy;
+	l->changed_arg = arg;
+}
+
+int32_t km_lease_slot(const km_lease *l, const char *mirror)
+{
+	if (!l || l->nparts <= 0)
+		return -1;
+	return (int32_t)(km_fnv1a(KM_FNV1A_INIT, mirror, strlen(mirror)) % (uint64_t)l->nparts);
+}
+
 bool km_lease_owns(const km_lease *l, const char *mirror)
 {
-	uint64_t h;
+	int32_t k;
 
 	if (!l || l->ph == L_ALONE)
 		return true;
-	if (l->nparts <= 0 || !l->owned)
+	if (!l->owned || (k = km_lease_slot(l, mirror)) < 0)
 		return false;
-	h = km_fnv1a(KM_FNV1A_INIT, mirror, strlen(mirror));
-	return l->owned[h % (uint64_t)l->nparts];
+	return l->owned[k];
 }
 

@@ -77,8 +77,22 @@ km_lease *km_lease_new(km_mirror *mi);
 void km_lease_start(km_lease *l);
 /* Leaves the group (a heartbeat with epoch -1, not waited for) and frees. */
 void km_lease_free(km_lease *l);
-/* Whether this kmirrord syncs mirror now: it owns the mirror's state topic partition, or it is alone. */
+/* Whether this kmirrord runs mirror now: it owns the mirror's state topic partition, or it is alone. */
 bool km_lease_owns(const km_lease *l, const char *mirror);
+/*
+ * changed(arg) runs whenever the owned set moves (an assignment, a fence, a lost session, alone);
+ * a partition revoked stays reported as owned (the group gives it to nobody else) while
+ * busy(arg, slot) says its mirrors are still being let go of.
+ */
+void km_lease_on_change(km_lease *l, void (*changed)(void *arg), bool (*busy)(void *arg, int32_t slot), void *arg);
+/* The state topic partition whose owner runs mirror (-1: not known yet). */
+int32_t km_lease_slot(const km_lease *l, const char *mirror);
+/*
+ * Whether this kmirrord runs mirror's metadata sync and (mirror_pipelines = owned) its pipelines:
+ * the lease's answer, every mirror with mirror_pipelines = all (the lease still decides the sync),
+ * none with mirror_pipelines = none (driver.c).
+ */
+bool km_mirror_owns(km_mirror *mi, const char *mirror, bool pipelines);
 
 /* ---- transactional producers on the destination (txn.c) ---- */
 
@@ -127,6 +141,19 @@ typedef struct km_pipeline km_pipeline;
 
 km_pipeline *km_pipeline_new(km_mirror *mi, const char *mirror);
 void km_pipeline_free(km_pipeline *pl);
+/*
+ * Another kmirrord runs the mirror now: the pipeline lets its partitions go (connections closed,
+ * batches and transactional producers dropped, tails cleared) and keeps only its names and
+ * metric series, for km_pipeline_resume when the mirror comes back (docs/mirror.md, "One kmirrord
+ * per mirror").
+ */
+void km_pipeline_retire(km_pipeline *pl);
+/* A retired pipeline runs again (its partitions are handed to it again, each reconciles first); false: no memory. */
+bool km_pipeline_resume(km_pipeline *pl);
+/* Store writes of the pipeline not answered yet: a retired one's handover waits for them. */
+bool km_pipeline_busy(const km_pipeline *pl);
+/* When it was retired (ms); 0: it runs. */
+int64_t km_pipeline_retired_at(const km_pipeline *pl);
 const char *km_pipeline_name(const km_pipeline *pl);
 /* The committed state of one of the mirror's partitions changed (or is known after start-up). */
 void km_pipeline_partition(km_pipeline *pl, const char *topic, int32_t partition, km_mp_state state);

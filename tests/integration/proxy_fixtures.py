@@ -504,7 +504,7 @@ class _SessionProxy:
             # It hosts no mirror of its own: it follows __mirror_state on the shared destination,
             # where the tests' own kmirrords run their mirrors, and must not run their pipelines.
             self.proxy = Proxy(self.binary, self.cluster, self.log_dir,
-                               name=f"kmirrord-session-{len(self.all) + 1}", mirror_pipelines="false").start()
+                               name=f"kmirrord-session-{len(self.all) + 1}", mirror_pipelines="none").start()
             self.all.append(self.proxy)
             # Ready once the proxy has learnt every broker from its own Metadata request.
             wait_until(lambda: self.proxy.metric("kmirror_upstream_brokers") >=

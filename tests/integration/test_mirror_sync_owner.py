@@ -72,7 +72,7 @@ def test_one_kmirrord_syncs_a_mirror(kmirror_bin, dest_cluster, source_cluster, 
     # (a member of an earlier kmirrord, killed or not yet expired, holds its share until its
     # session times out: with a counted as one of "two members" it moved partitions from a as
     # it went), then exactly one owns the mirror...
-    joined = "metadata sync: this kmirrord syncs the mirrors of its state topic partitions"
+    joined = "mirrors: this kmirrord runs the mirrors of its state topic partitions"
     wait_until(lambda: joined in a.output() and joined in b.output()
                and sync_group_settled(dest_cluster, 2), timeout=60,
                what="__kmirror-sync with a and b as its two members, at their target assignments")

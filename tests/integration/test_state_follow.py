@@ -2,8 +2,8 @@
 what one of them writes is in the others' memory within a bounded delay. Three kmirrords share a
 state topic of their own: a mirror created through a is described through b and c; a topic started
 through a is refused to a client's Produce through b, measured from the start's answer; altered and
-deleted mirrors follow too. Only a runs pipelines (mirror_pipelines = false on b and c: several
-instances do not split them yet); a mirror created and started through b is run by a, and b
+deleted mirrors follow too. Only a runs pipelines (mirror_pipelines = none on b and c: the
+test is of the state alone); a mirror created and started through b is run by a, and b
 serves it exactly: every record through b at its source offset."""
 
 import statistics
@@ -36,7 +36,7 @@ def trio(proxy_factory, dest_cluster, kmirror_bin):
 def start_trio(proxy_factory, dest_cluster, kmirror_bin):
     state_topic = f"__mirror_state_{uuid.uuid4().hex[:8]}"
     ps = [proxy_factory(dest_cluster, name=f"kmirrord-{n}", mirror_state_topic=state_topic,
-                        mirror_pipelines="true" if n == "a" else "false") for n in "abc"]
+                        mirror_pipelines="all" if n == "a" else "none") for n in "abc"]
     for p in ps:
         wait_until(lambda: p.http_get("/readyz")[0] == 200, 60, 0.2, f"{p.name} to be ready")
     # The first mirror makes the state topic; the others find it by its metadata, asked every second.

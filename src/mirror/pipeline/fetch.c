@@ -40,6 +40,7 @@ struct fetch_ctx {
 
 typedef struct runs_ctx {
 	km_pipeline *pl;
+	uint32_t life;
 	mpart **parts;
 	size_t n;
 } runs_ctx;
@@ -49,7 +50,8 @@ static void on_runs(void *arg, const km_state_result *res)
 	runs_ctx *rc = arg;
 	km_pipeline *pl = rc->pl;
 
-	for (size_t i = 0; i < rc->n; i++) {
+	pl->store_pending--;
+	for (size_t i = 0; i < rc->n && km_pl_current(pl, rc->life); i++) {
 		mpart *p = rc->parts[i];
 		if (p->phase != PH_RUNS)
 			continue;
@@ -299,9 +301,11 @@ static void end_answer(fetch_ctx *fc, bool failed)
 			free(rc);
 		} else if (rc) {
 			rc->pl = pl;
+			rc->life = pl->life;
 			rc->parts = fc->later;
 			rc->n = fc->nlater;
 			fc->later = NULL;
+			pl->store_pending++;
 			km_state_runs_write(km_mirror_store(pl->mi), pl->name, fc->ra.runs, fc->ra.n, on_runs, rc);
 		} else {
 			for (size_t i = 0; i < fc->nlater; i++)

@@ -145,6 +145,25 @@ void km_pl_update_lag(mpart *p, int64_t now)
 		p->stats.lag && p->out.newest_ts > 0 && now > p->out.newest_ts ? (uint64_t)(now - p->out.newest_ts) : 0;
 }
 
+/* A partition as it starts: nothing known of its leaders, its plan or its tail (stats are kept by the caller). */
+static void part_init(mpart *p, mtopic *t, int32_t id)
+{
+	p->t = t;
+	p->id = id;
+	p->lead.src = p->lead.dst = -1;
+	p->lead.src_epoch = -1;
+	p->plan.fetch_logical = p->plan.cont_logical = -1;
+	p->recon.hide_logical = -1;
+	p->plan.first_logical = -1;
+	p->plan.topic = t->name;
+	p->plan.partition = id;
+	p->ls.src = p->ls.dst = -1;
+	p->plan.pid = -1;
+	p->fb.peer_offset = -1;
+	p->stats.source_end = -1;
+	p->fetch.sess_node = -1;
+}
+
 mpart *km_pl_part_get(km_pipeline *pl, mtopic *t, int32_t id, bool create)
 {
 	mpart *p;
@@ -165,20 +184,7 @@ mpart *km_pl_part_get(km_pipeline *pl, mtopic *t, int32_t id, bool create)
 	p = calloc(1, sizeof(*p));
 	if (!p)
 		return NULL;
-	p->t = t;
-	p->id = id;
-	p->lead.src = p->lead.dst = -1;
-	p->lead.src_epoch = -1;
-	p->plan.fetch_logical = p->plan.cont_logical = -1;
-	p->recon.hide_logical = -1;
-	p->plan.first_logical = -1;
-	p->plan.topic = t->name;
-	p->plan.partition = id;
-	p->ls.src = p->ls.dst = -1;
-	p->plan.pid = -1;
-	p->fb.peer_offset = -1;
-	p->stats.source_end = -1;
-	p->fetch.sess_node = -1;
+	part_init(p, t, id);
 	t->parts[id] = p;
 	register_series(pl, p);
 	return p;
@@ -247,6 +253,7 @@ void km_pl_fail_part(km_pipeline *pl, mpart *p, const char *why)
 /* One run written on its own; the partition waits in PH_RUNS and then goes to phase `then`. */
 typedef struct run_then_ctx {
 	km_pipeline *pl;
+	uint32_t life;
 	mtopic *t;
 	int32_t part;
 	mphase then;
@@ -256,8 +263,9 @@ static void on_run_then(void *arg, const km_state_result *res)
 {
 	run_then_ctx *x = arg;
 	km_pipeline *pl = x->pl;
-	mpart *p = pl->closing ? NULL : km_pl_part_get(pl, x->t, x->part, false);
+	mpart *p = km_pl_current(pl, x->life) ? km_pl_part_get(pl, x->t, x->part, false) : NULL;
 
+	pl->store_pending--;
 	if (p && p->phase == PH_RUNS) {
 		char tag[300];
 		if (res->code != KM_OK) {
@@ -287,8 +295,9 @@ void km_pl_run_then(km_pipeline *pl, mpart *p, const km_state_run *r, size_t n, 
 		km_pl_backoff(p);
 		return;
 	}
-	*x = (run_then_ctx){pl, p->t, p->id, then};
+	*x = (run_then_ctx){pl, pl->life, p->t, p->id, then};
 	km_pl_set_phase(p, PH_RUNS, "a run being persisted");
+	pl->store_pending++;
 	km_state_runs_write(km_mirror_store(pl->mi), pl->name, r, n, on_run_then, x);
 }
 
@@ -664,13 +673,12 @@ fail:
 	return NULL;
 }
 
-void km_pipeline_free(km_pipeline *pl)
+/* What the pipeline holds toward the clusters and the destination's log: connections, batches, producers. */
+static void drop_work(km_pipeline *pl)
 {
-	if (!pl)
-		return;
-	pl->closing = true;
 	km_cluster_free(pl->src);
 	km_cluster_free(pl->dst);
+	pl->src = pl->dst = NULL;
 	for (size_t i = 0; i < pl->ntopics; i++) {
 		mtopic *t = pl->topics[i];
 		for (int32_t j = 0; j < t->nparts; j++) {
@@ -682,28 +690,130 @@ void km_pipeline_free(km_pipeline *pl)
 				p->plan.head = b->next;
 				km_plan_batch_free(b);
 			}
-			/* The store is freed first (kmirrord.c): its maps are gone, no tail to clear. */
+			p->plan.tail = NULL;
 			km_pl_tx_free_all(p);
-			free(p);
 		}
+	}
+	for (size_t i = 0; i < pl->nlisted; i++)
+		free(pl->listed[i]);
+	free(pl->listed);
+	pl->listed = NULL;
+	pl->nlisted = 0;
+	if (pl->held)
+		km_plan_held_unref(pl->held);
+	pl->held = NULL;
+	free(pl->sio);
+	free(pl->dio);
+	pl->sio = pl->dio = NULL;
+	pl->nsio = pl->ndio = 0;
+	if (pl->src_tls)
+		SSL_CTX_free(pl->src_tls);
+	pl->src_tls = NULL;
+}
+
+void km_pipeline_free(km_pipeline *pl)
+{
+	if (!pl)
+		return;
+	pl->closing = true;
+	/* The store is freed first (kmirrord.c): its maps are gone, no tail to clear. */
+	drop_work(pl);
+	for (size_t i = 0; i < pl->ntopics; i++) {
+		mtopic *t = pl->topics[i];
+		for (int32_t j = 0; j < t->nparts; j++)
+			free(t->parts[j]);
 		free(t->parts);
 		free(t->name);
 		free(t);
 	}
 	free(pl->topics);
-	for (size_t i = 0; i < pl->nlisted; i++)
-		free(pl->listed[i]);
-	free(pl->listed);
-	if (pl->held)
-		km_plan_held_unref(pl->held);
-	free(pl->sio);
-	free(pl->dio);
-	if (pl->src_tls)
-		SSL_CTX_free(pl->src_tls);
 	if (pl->tick_ev)
 		event_free(pl->tick_ev);
 	free(pl->name);
 	free(pl);
+}
+
+void km_pipeline_retire(km_pipeline *pl)
+{
+	km_pipeline keep;
+
+	if (!pl || pl->closing)
+		return;
+	pl->closing = true; /* what the connections answer as they close is dropped */
+	event_del(pl->tick_ev);
+	for (size_t i = 0; i < pl->ntopics; i++)
+		for (int32_t j = 0; j < pl->topics[i]->nparts; j++)
+			if (pl->topics[i]->parts[j])
+				km_pl_set_tail(pl, pl->topics[i]->parts[j], false); /* read as a follower reads it now */
+	drop_work(pl);
+	/* Its partitions and the pipeline start over, as new ones would; names, series and counters stay. */
+	for (size_t i = 0; i < pl->ntopics; i++) {
+		mtopic *t = pl->topics[i];
+		for (int32_t j = 0; j < t->nparts; j++) {
+			mpart *p = t->parts[j];
+			if (p) {
+				__typeof__(p->stats) stats = p->stats;
+				memset(p, 0, sizeof(*p));
+				part_init(p, t, j);
+				p->stats = stats;
+				p->stats.lag = p->stats.lag_ms = 0; /* gauges: this kmirrord does not know them now */
+				p->stats.source_end = -1;
+			}
+		}
+		t->src_missing = t->dst_missing = false;
+		t->src_missing_rounds = 0;
+		t->peer = PEER_UNKNOWN;
+	}
+	keep = *pl;
+	memset(pl, 0, sizeof(*pl));
+	pl->mi = keep.mi;
+	pl->name = keep.name;
+	pl->topics = keep.topics;
+	pl->ntopics = keep.ntopics;
+	pl->tick_ev = keep.tick_ev;
+	pl->fetch_full = keep.fetch_full;
+	pl->fetch_incremental = keep.fetch_incremental;
+	pl->store_pending = keep.store_pending;
+	pl->life = keep.life + 1;
+	pl->retired_at = km_pl_now_ms();
+	pl->closing = true;
+	pl->pid = -1;
+	KM_INFO(COMP, 0, "mirror %s: its pipeline stops here (another kmirrord runs it now)", pl->name);
+}
+
+bool km_pipeline_resume(km_pipeline *pl)
+{
+	const km_state_mirror *m;
+	km_mirror_options mo;
+
+	if (!pl || !pl->closing || !pl->retired_at)
+		return pl != NULL;
+	if (!(m = km_state_mirror_find(km_mirror_store(pl->mi), pl->name)) || !(pl->held = calloc(1, sizeof(*pl->held))))
+		return false;
+	pl->held->refs = 1;
+	memset(&mo, 0, sizeof(mo));
+	if (km_state_mirror_options(m, &mo) != KM_OK)
+		return false;
+	take_options(pl, &mo);
+	pl->closing = false;
+	pl->retired_at = 0;
+	if (!setup_source(pl, m, &mo) || !setup_dest(pl)) {
+		pl->config_error = true;
+		KM_ERROR(COMP, 0, "mirror %s: cannot reach its source: %s", pl->name, pl->config_msg);
+	}
+	km_opt_free(km_state_mirror_option_table(), &mo);
+	pl->pid_want = true;
+	return true;
+}
+
+bool km_pipeline_busy(const km_pipeline *pl)
+{
+	return pl->store_pending > 0;
+}
+
+int64_t km_pipeline_retired_at(const km_pipeline *pl)
+{
+	return pl->retired_at;
 }
 
 const char *km_pipeline_name(const km_pipeline *pl)
@@ -727,7 +837,7 @@ void km_pipeline_partition(km_pipeline *pl, const char *topic, int32_t partition
 {
 	bool run = state == KM_MP_PREPARING || state == KM_MP_MIRRORING || state == KM_MP_PAUSING ||
 		   state == KM_MP_STOPPING;
-	mtopic *t = km_pl_topic_get(pl, topic, run);
+	mtopic *t = pl->closing ? NULL : km_pl_topic_get(pl, topic, run);
 	mpart *p = t ? km_pl_part_get(pl, t, partition, false) : NULL;
 
 	if (!p && run) {

@@ -218,7 +218,10 @@ struct km_pipeline {
 	int64_t rate, tokens, tokens_at;
 	mheld *held; /* fetched bytes held: no new fetch while above held_cap */
 	size_t held_cap;
-	bool closing;
+	bool closing;   /* freed or retired: answers that come now are dropped */
+	uint32_t life;  /* bumps at each retire: a store answer of an earlier life is dropped */
+	int store_pending; /* store writes not answered yet (a retired pipeline's count ends its handover) */
+	int64_t retired_at; /* when it was retired (0: running) */
 	bool config_error;
 	char config_msg[256];
 	/* The destination's transactional ids of this mirror, from ListTransactions on every broker. */
@@ -229,6 +232,12 @@ struct km_pipeline {
 	char **listed;
 	size_t nlisted;
 };
+
+/* A store write's answer is for this pipeline as it runs now (not freed, not retired since it was asked). */
+static inline bool km_pl_current(const km_pipeline *pl, uint32_t life)
+{
+	return !pl->closing && pl->life == life;
+}
 
 typedef struct req_ctx {
 	km_pipeline *pl;

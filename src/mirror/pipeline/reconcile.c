@@ -159,6 +159,7 @@ int64_t km_pl_start_timestamp(const km_pipeline *pl)
 
 typedef struct writer_ctx {
 	km_pipeline *pl;
+	uint32_t life;
 	mtopic *t;
 	int32_t part;
 	uint32_t gen;
@@ -168,8 +169,9 @@ static void on_writer(void *arg, const km_state_result *res)
 {
 	writer_ctx *x = arg;
 	km_pipeline *pl = x->pl;
-	mpart *p = pl->closing ? NULL : km_pl_part_get(pl, x->t, x->part, false);
+	mpart *p = km_pl_current(pl, x->life) ? km_pl_part_get(pl, x->t, x->part, false) : NULL;
 
+	pl->store_pending--;
 	if (p && p->recon.writer_gen == x->gen && p->recon.writer_pending) {
 		if (res->code != KM_OK) {
 			char tag[300];
@@ -201,7 +203,8 @@ static bool persist_writer(km_pipeline *pl, mpart *p, int64_t start)
 	if (!(x = calloc(1, sizeof(*x))))
 		return false;
 	p->recon.writer_pending = true;
-	*x = (writer_ctx){pl, p->t, p->id, p->recon.writer_gen};
+	*x = (writer_ctx){pl, pl->life, p->t, p->id, p->recon.writer_gen};
+	pl->store_pending++;
 	km_state_partition_writer(km_mirror_store(pl->mi), pl->name, p->t->name, p->id, p->plan.pid, p->plan.epoch,
 				  start, on_writer, x);
 	return true;
@@ -612,6 +615,7 @@ static void check_tail(km_pipeline *pl, mpart *p, int64_t end)
 
 typedef struct foreign_ctx {
 	km_pipeline *pl;
+	uint32_t life;
 	mtopic *t;
 	int32_t part;
 	char why[600];
@@ -621,8 +625,9 @@ static void on_foreign_run(void *arg, const km_state_result *res)
 {
 	foreign_ctx *x = arg;
 	km_pipeline *pl = x->pl;
-	mpart *p = pl->closing ? NULL : km_pl_part_get(pl, x->t, x->part, false);
+	mpart *p = km_pl_current(pl, x->life) ? km_pl_part_get(pl, x->t, x->part, false) : NULL;
 
+	pl->store_pending--;
 	if (p && p->phase == PH_RECON_TAIL) {
 		if (res->code != KM_OK) {
 			km_pl_set_phase(p, PH_RECONCILE, "the run hiding a foreign tail could not be persisted");
@@ -656,7 +661,7 @@ static void foreign_tail(km_pipeline *pl, mpart *p, int64_t from)
 		km_pl_backoff(p);
 		return;
 	}
-	*x = (foreign_ctx){pl, p->t, p->id, {0}};
+	*x = (foreign_ctx){pl, pl->life, p->t, p->id, {0}};
 	snprintf(x->why, sizeof(x->why),
 		 "records at destination offsets %lld-%lld were not written by the mirror (producer id %lld): something "
 		 "writes to the mirror topic directly on the destination. They are hidden from readers; stop that "
@@ -667,6 +672,7 @@ static void foreign_tail(km_pipeline *pl, mpart *p, int64_t from)
 		if (m->runs[i].logical > hide)
 			w[nw++] = (km_state_run){p->t->name, p->id, m->runs[i].logical, -1, -1, 0};
 	w[nw++] = (km_state_run){p->t->name, p->id, hide, end, hide, KM_OFFRUN_FENCE};
+	pl->store_pending++;
 	km_state_runs_write(km_mirror_store(pl->mi), pl->name, w, nw, on_foreign_run, x);
 	free(w);
 }

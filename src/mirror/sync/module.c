@@ -62,7 +62,6 @@ static void on_tick(evutil_socket_t fd, short what, void *arg)
 	if (s->freeing)
 		return;
 	if (st && km_state_ready(st)) {
-		km_lease_start(s->lease);
 		for (msync *m = s->head; m; m = m->next)
 			m->seen = false;
 		for (size_t i = 0; i < km_state_mirror_count(st); i++) {
@@ -80,7 +79,7 @@ static void on_tick(evutil_socket_t fd, short what, void *arg)
 				s->head = m;
 			}
 			m->seen = true;
-			if (m->owner != km_lease_owns(s->lease, m->mirror)) {
+			if (m->owner != km_mirror_owns(s->mi, m->mirror, false)) {
 				m->owner = !m->owner;
 				KM_INFO(COMP, 0, "%s: metadata sync %s", m->mirror,
 					m->owner ? "runs in this kmirrord now" : "moved to another kmirrord");
@@ -142,11 +141,7 @@ km_sync *km_sync_new(km_mirror *mi)
 			*f[i] = km_metrics_family(o->metrics, &d[i]);
 	}
 	s->tick = event_new(km_mirror_base(mi), -1, 0, on_tick, s);
-	s->lease = km_lease_new(mi);
-	if (!s->tick || !s->lease) {
-		if (s->tick)
-			event_free(s->tick);
-		km_lease_free(s->lease);
+	if (!s->tick) {
 		free(s);
 		return NULL;
 	}
@@ -165,7 +160,6 @@ void km_sync_free(km_sync *s)
 		msync_free(m);
 	}
 	event_free(s->tick);
-	km_lease_free(s->lease);
 	free(s);
 }
 

@@ -63,7 +63,6 @@ struct km_sync {
 	km_mirror *mi;
 	msync *head;
 	struct event *tick;
-	km_lease *lease;
 	km_metric_family *f_runs, *f_changes, *f_last, *f_skipped;
 	bool freeing;
 };

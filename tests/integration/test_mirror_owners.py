@@ -1,0 +1,152 @@
+"""One kmirrord runs each mirror's pipelines (mirror_pipelines = owned; docs/mirror.md, "One
+kmirrord per mirror"): two kmirrords share a state topic of their own and the destination's group
+__kmirror-sync. Four mirrors, one per state topic partition: each runs in exactly one of them (its
+Fetch requests to the source come from one instance only), both run some, and every record reads
+the same through both, at its source offset. When one stops (SIGTERM, it leaves the group) or dies
+(kill -9: the group expires it after its session timeout), the other runs every mirror and
+mirrors on, exactly; when it comes back, the mirrors are shared again, handed over with nothing
+lost or seen twice."""
+
+import signal
+import time
+import uuid
+
+from confluent_kafka.admin import AdminClient
+
+from mirror_cli import Cli, kmirror_bin  # noqa: F401
+from mirror_data import compare_topic, main_release_only, produce_records, wait_caught_up
+from proxy_fixtures import *  # noqa: F401,F403
+from proxy_fixtures import wait_until
+
+# Release-independent: on the pom's release only (mirror_data.ON_MAIN_RELEASE).
+pytestmark = main_release_only
+
+SLOTS = 4       # partitions of the state topic: the lease's unit
+PARTS = 2       # partitions of each mirrored topic
+N = 2000        # records per topic and round
+
+
+def slot(name):
+    """The state topic partition whose owner runs mirror `name` (FNV-1a 64, as kmirrord's lease)."""
+    h = 14695981039346656037
+    for b in name.encode():
+        h = ((h ^ b) * 1099511628211) & 0xFFFFFFFFFFFFFFFF
+    return h % SLOTS
+
+
+def mirror_names(tag):
+    """One mirror name per slot."""
+    names, i = {}, 0
+    while len(names) < SLOTS:
+        n = f"own-{tag}-{i}"
+        names.setdefault(slot(n), n)
+        i += 1
+    return [names[k] for k in range(SLOTS)]
+
+
+def fetches(proxy, mirror):
+    """Fetch requests this kmirrord's pipeline of mirror sent to the source so far."""
+    if not proxy.running():
+        return 0
+    m = proxy.metrics()
+    return sum(v for k, v in m.items()
+               if k.startswith("kmirror_mirror_fetch_requests_total{") and f'mirror="{mirror}"' in k)
+
+
+def runners(proxies, mirrors, window=2.0):
+    """{mirror: [names of the kmirrords whose pipeline fetched for it within the window]}."""
+    before = {(p.name, m): fetches(p, m) for p in proxies for m in mirrors}
+    time.sleep(window)
+    return {m: [p.name for p in proxies if fetches(p, m) > before[(p.name, m)]] for m in mirrors}
+
+
+def group_members(cluster, state_topic):
+    """Members of __kmirror-sync assigned partitions of state_topic, and whether each holds its target."""
+    a = AdminClient({"bootstrap.servers": cluster.bootstrap})
+    d = a.describe_consumer_groups(["__kmirror-sync"])["__kmirror-sync"].result(timeout=10)
+    out = []
+    for m in d.members:
+        mine = sorted(tp.partition for tp in (m.assignment.topic_partitions if m.assignment else [])
+                      if tp.topic == state_topic)
+        target = sorted(tp.partition for tp in (m.target_assignment.topic_partitions
+                                                 if m.target_assignment else []) if tp.topic == state_topic)
+        if mine or target:
+            out.append((mine, target))
+    return out
+
+
+def settled(cluster, state_topic, members):
+    try:
+        ms = group_members(cluster, state_topic)
+    except Exception as e:  # the group's coordinator moving or loading: asked again
+        print(f"describe __kmirror-sync: {e}")
+        return False
+    return len(ms) == members and all(a == t for a, t in ms) and sum(len(a) for a, _ in ms) == SLOTS
+
+
+def test_each_mirror_runs_in_one_kmirrord(kmirror_bin, dest_cluster, source_cluster, proxy_factory):
+    tag = uuid.uuid4().hex[:6]
+    state_topic = f"__mirror_state_own_{tag}"
+    opts = dict(mirror_state_topic=state_topic, mirror_state_partitions=SLOTS, mirror_pipelines="owned")
+    a = proxy_factory(dest_cluster, name="kmirrord-own-a", **opts)
+    b = proxy_factory(dest_cluster, name="kmirrord-own-b", **opts)
+    proxies = [a, b]
+    cli = Cli(kmirror_bin, a.bootstrap)
+    mirrors = mirror_names(tag)
+    topics = [f"owned-{tag}-{i}" for i in range(SLOTS)]
+    for m, t in zip(mirrors, topics):
+        source_cluster.create_topic(t, partitions=PARTS)
+        produce_records(source_cluster.bootstrap, t, N, tag="r0")
+        cli.run("create", "--mirror", m, "--source-bootstrap", source_cluster.bootstrap)
+        cli.run("start", "--mirror", m, "--topics", t)
+    wait_until(lambda: settled(dest_cluster, state_topic, 2), timeout=60,
+               what="a and b members of __kmirror-sync, each at its target assignment")
+    rounds = [0]
+
+    def exact(through, what):
+        """A round of records at the source; every topic caught up and exact through each of `through`."""
+        rounds[0] += 1
+        for t in topics:
+            produce_records(source_cluster.bootstrap, t, N, tag=f"r{rounds[0]}")
+        for p in through:
+            for t in topics:
+                wait_caught_up(p.bootstrap, source_cluster.bootstrap, t, PARTS, timeout=120, stall=60)
+                compare_topic(p.bootstrap, source_cluster.bootstrap, t, PARTS)
+        print(f"{what}: exact through {[p.name for p in through]}")
+
+    def owners_settle(live):
+        def ok():
+            r = runners(live, mirrors, window=1.5)
+            return r if all(len(v) == 1 for v in r.values()) else None
+        return wait_until(ok, timeout=60, interval=0, what=f"every mirror run by exactly one of {[p.name for p in live]}")
+
+    exact(proxies, "both running")
+    r = owners_settle(proxies)
+    print("runners:", r)
+    assert {n for v in r.values() for n in v} == {a.name, b.name}, f"one kmirrord runs every mirror: {r}"
+
+    # SIGTERM a: it leaves the group, b runs every mirror at once.
+    a.stop()
+    r = owners_settle([b])
+    assert all(v == [b.name] for v in r.values()), r
+    exact([b], "a stopped")
+
+    # a comes back: the mirrors are shared again, handed over from b.
+    a.start()
+    wait_until(lambda: settled(dest_cluster, state_topic, 2), timeout=60, what="a back in the group")
+    r = owners_settle(proxies)
+    assert {n for v in r.values() for n in v} == {a.name, b.name}, r
+    exact(proxies, "a back")
+    handed = sum(a.output().count(f"mirror {m}: its pipeline runs in this kmirrord now (group __kmirror-sync)") for m in mirrors)
+    print(f"mirrors handed back to a: {handed}")
+
+    # kill -9 of a: the group expires it (its session timeout), b takes its mirrors over.
+    a_owned = [m for m, v in r.items() if v == [a.name]]
+    a.signal(signal.SIGKILL)
+    a.daemon.proc.wait(timeout=30)
+    t0 = time.monotonic()
+    r = owners_settle([b])
+    print(f"b runs a's mirrors {a_owned} {time.monotonic() - t0:.1f} s after a's kill -9")
+    exact([b], "a killed")
+    for m in a_owned:
+        assert f"mirror {m}: its pipeline runs in this kmirrord now (group __kmirror-sync)" in b.output(), m

@@ -51,9 +51,11 @@ struct km_mirror {
 	struct km_mprep *preps; /* destination topics being created or grown (topics.c) */
 	km_sync *sync;          /* metadata sync (sync.c) */
 	km_lease *lease;        /* which mirrors this kmirrord runs (lease.c) */
+	struct event *rebalance_ev;
 };
 
 static void rebalance(void *arg);
+static void rebalance_cb(evutil_socket_t fd, short what, void *arg);
 static bool releasing(void *arg, int32_t slot);
 
 static void work_free(km_mirror_work *w)
@@ -283,11 +285,14 @@ km_mirror *km_mirror_new(const km_mirror_opts *opts)
 	if (opts->metrics)
 		make_families(mi, opts->metrics);
 	mi->run_ev = event_new(mi->base, -1, 0, run_cb, mi);
+	mi->rebalance_ev = event_new(mi->base, -1, 0, rebalance_cb, mi);
 	mi->sync = km_sync_new(mi);
 	mi->lease = km_lease_new(mi);
-	if (!mi->run_ev || !mi->sync || !mi->lease) {
+	if (!mi->run_ev || !mi->rebalance_ev || !mi->sync || !mi->lease) {
 		if (mi->run_ev)
 			event_free(mi->run_ev);
+		if (mi->rebalance_ev)
+			event_free(mi->rebalance_ev);
 		km_sync_free(mi->sync);
 		km_lease_free(mi->lease);
 		free(mi);
@@ -322,6 +327,7 @@ void km_mirror_free(km_mirror *mi)
 		work_free(w);
 	}
 	event_free(mi->run_ev);
+	event_free(mi->rebalance_ev);
 	if (mi->dns)
 		evdns_base_free(mi->dns, 1);
 	free(mi);
@@ -465,7 +471,10 @@ static void rebalance(void *arg)
 		return;
 	for (size_t i = 0; i < mi->npipes; i++)
 		if (!km_pipeline_retired_at(mi->pipes[i]) && !km_mirror_owns(mi, km_pipeline_name(mi->pipes[i]), true))
-			km_pipeline_retire(mi->pipes[i]);
+			km_pipeline_retire(mi->pipes[i], km_lease_stale(mi->lease)
+								 ? "no heartbeat of this kmirrord was answered lately: the "
+								   "group may have given the mirror to another one"
+								 : "another kmirrord runs it now");
 	for (size_t i = 0; i < km_state_mirror_count(mi->st); i++) {
 		const km_state_mirror *m = km_state_mirror_at(mi->st, i);
 		km_pipeline *pl = pipeline_find(mi, km_state_mirror_name(m));
@@ -475,6 +484,19 @@ static void rebalance(void *arg)
 			dispatch_mirror(mi, m);
 		}
 	}
+}
+
+static void rebalance_cb(evutil_socket_t fd, short what, void *arg)
+{
+	(void)fd;
+	(void)what;
+	rebalance(arg);
+}
+
+void km_mirror_rebalance_soon(km_mirror *mi)
+{
+	if (!mi->freeing)
+		event_active(mi->rebalance_ev, 0, 0);
 }
 
 /* Handover waits this long at most for a retired pipeline's store writes (then the next owner goes on anyway). */

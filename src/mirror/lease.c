@@ -55,6 +55,7 @@ struct km_lease {
 	bool *owned;      /* nparts entries */
 	bool *held;       /* revoked, still being let go of (reported as owned until released) */
 	int64_t last_ok;  /* the last heartbeat answered without error */
+	int32_t hb_ms;    /* the heartbeat interval the coordinator asks for */
 	bool owned_any;   /* for the log line when ownership changes */
 	void (*changed)(void *arg); /* the owned set moved (km_lease_on_change) */
 	bool (*busy)(void *arg, int32_t slot);
@@ -73,6 +74,17 @@ static void later(km_lease *l, int ms)
 	struct timeval tv = {ms / 1000, (ms % 1000) * 1000};
 	if (!l->freeing)
 		event_add(l->ev, &tv);
+}
+
+/*
+ * An owner whose last heartbeat was answered longer ago than one and a half intervals does not act
+ * on its mirrors until the next answer: the group may have given them to another kmirrord (a
+ * member is expired after its session timeout, which is longer than the interval), and a process
+ * paused past it (SIGSTOP, a stalled host) must not write on waking before it heard so.
+ */
+static bool stale(const km_lease *l, int64_t now)
+{
+	return l->ph == L_BEAT && l->last_ok && now - l->last_ok > (int64_t)l->hb_ms * 3 / 2;
 }
 
 static void notify(km_lease *l)
@@ -295,7 +307,14 @@ static void took_beat(km_lease *l, const km_consumer_group_heartbeat_response *r
 		disown(l, km_err_name(r->error_code));
 		return later(l, RETRY_MS);
 	}
-	l->last_ok = now_ms();
+	{
+		int64_t now = now_ms();
+		bool was_stale = stale(l, now) || !l->last_ok;
+		l->last_ok = now;
+		l->hb_ms = r->heartbeat_interval_ms > 0 ? r->heartbeat_interval_ms : 5000;
+		if (was_stale && l->owned_any)
+			notify(l); /* its mirrors are its own again (whatever the answer's assignment adds): they run again */
+	}
 	l->epoch = r->member_epoch;
 	if (r->assignment) {
 		bool any = false, moved = false;
@@ -384,6 +403,7 @@ km_lease *km_lease_new(km_mirror *mi)
 		return NULL;
 	l->mi = mi;
 	l->coord = -1;
+	l->hb_ms = 5000;
 	if (RAND_bytes(rnd, sizeof(rnd)) != 1) {
 		free(l);
 		return NULL;
@@ -457,6 +477,11 @@ void km_lease_on_change(km_lease *l, void (*changed)(void *arg), bool (*busy)(vo
 	l->changed_arg = arg;
 }
 
+bool km_lease_stale(const km_lease *l)
+{
+	return l && stale(l, now_ms());
+}
+
 int32_t km_lease_slot(const km_lease *l, const char *mirror)
 {
 	if (!l || l->nparts <= 0)
@@ -470,7 +495,7 @@ bool km_lease_owns(const km_lease *l, const char *mirror)
 
 	if (!l || l->ph == L_ALONE)
 		return true;
-	if (!l->owned || (k = km_lease_slot(l, mirror)) < 0)
+	if (!l->owned || (k = km_lease_slot(l, mirror)) < 0 || stale(l, now_ms()))
 		return false;
 	return l->owned[k];
 }

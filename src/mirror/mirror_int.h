@@ -85,6 +85,8 @@ bool km_lease_owns(const km_lease *l, const char *mirror);
  * busy(arg, slot) says its mirrors are still being let go of.
  */
 void km_lease_on_change(km_lease *l, void (*changed)(void *arg), bool (*busy)(void *arg, int32_t slot), void *arg);
+/* No heartbeat answered for one and a half intervals: it owns nothing until the next answer. */
+bool km_lease_stale(const km_lease *l);
 /* The state topic partition whose owner runs mirror (-1: not known yet). */
 int32_t km_lease_slot(const km_lease *l, const char *mirror);
 /*
@@ -93,6 +95,8 @@ int32_t km_lease_slot(const km_lease *l, const char *mirror);
  * none with mirror_pipelines = none (driver.c).
  */
 bool km_mirror_owns(km_mirror *mi, const char *mirror, bool pipelines);
+/* The driver looks at which mirrors it owns on the next loop iteration (a pipeline found it lost its own). */
+void km_mirror_rebalance_soon(km_mirror *mi);
 
 /* ---- transactional producers on the destination (txn.c) ---- */
 
@@ -147,7 +151,7 @@ void km_pipeline_free(km_pipeline *pl);
  * metric series, for km_pipeline_resume when the mirror comes back (docs/mirror.md, "One kmirrord
  * per mirror").
  */
-void km_pipeline_retire(km_pipeline *pl);
+void km_pipeline_retire(km_pipeline *pl, const char *why);
 /* A retired pipeline runs again (its partitions are handed to it again, each reconciles first); false: no memory. */
 bool km_pipeline_resume(km_pipeline *pl);
 /* Store writes of the pipeline not answered yet: a retired one's handover waits for them. */

@@ -5,7 +5,8 @@ Fetch requests to the source come from one instance only), both run some, and ev
 the same through both, at its source offset. When one stops (SIGTERM, it leaves the group) or dies
 (kill -9: the group expires it after its session timeout), the other runs every mirror and
 mirrors on, exactly; when it comes back, the mirrors are shared again, handed over with nothing
-lost or seen twice."""
+lost or seen twice. An owner paused (SIGSTOP) past its session: the other takes its mirrors over;
+resumed, it stops its pipelines before writing anything (its lease is stale)."""
 
 import signal
 import time
@@ -140,8 +141,38 @@ def test_each_mirror_runs_in_one_kmirrord(kmirror_bin, dest_cluster, source_clus
     handed = sum(a.output().count(f"mirror {m}: its pipeline runs in this kmirrord now (group __kmirror-sync)") for m in mirrors)
     print(f"mirrors handed back to a: {handed}")
 
-    # kill -9 of a: the group expires it (its session timeout), b takes its mirrors over.
+    # SIGSTOP of a past its session timeout (10 s on the test brokers): b takes its mirrors over and
+    # mirrors on; after SIGCONT a finds its lease stale and writes nothing more.
     a_owned = [m for m, v in r.items() if v == [a.name]]
+    assert a_owned, r
+
+    def batches(p):
+        m = p.metrics()
+        return sum(v for k, v in m.items() if k.startswith("kmirror_mirror_batches_total{")
+                   and any(f'mirror="{x}"' in k for x in a_owned))
+    mark = len(a.output())
+    a.signal(signal.SIGSTOP)
+    t0 = time.monotonic()
+    try:
+        r = owners_settle([b])
+        print(f"b runs a's mirrors {a_owned} {time.monotonic() - t0:.1f} s after a's SIGSTOP")
+        for t in topics:
+            produce_records(source_cluster.bootstrap, t, N, tag="paused")
+        time.sleep(2)
+    finally:
+        a.signal(signal.SIGCONT)
+    for m in a_owned:
+        a.wait_log(rf"mirror {m}: its pipeline stops here", timeout=15, start=mark)
+    before = batches(a)
+    time.sleep(3)
+    assert batches(a) == before, "a wrote batches of its former mirrors after SIGCONT"
+    wait_until(lambda: settled(dest_cluster, state_topic, 2), timeout=60, what="a back in the group after SIGCONT")
+    r = owners_settle(proxies)
+    print("runners after SIGCONT:", r)
+    exact(proxies, "a paused and resumed")
+
+    # kill -9 of a: the group expires it (its session timeout), b takes its mirrors over.
+    a_owned = [m for m, v in r.items() if v == [a.name]] or a_owned
     a.signal(signal.SIGKILL)
     a.daemon.proc.wait(timeout=30)
     t0 = time.monotonic()

@@ -532,6 +532,11 @@ static void tick(evutil_socket_t fd, short what, void *arg)
 	pl->tick_armed = false;
 	if (pl->closing || pl->config_error)
 		return;
+	if (!km_mirror_owns(pl->mi, pl->name, true)) {
+		/* The lease went stale (no heartbeat answered for a while, a pause): nothing moves until it is sorted out. */
+		km_mirror_rebalance_soon(pl->mi);
+		return;
+	}
 	reread_options(pl, now);
 	refill(pl, now);
 	for (size_t i = 0; i < pl->ntopics; i++)
@@ -733,7 +738,7 @@ void km_pipeline_free(km_pipeline *pl)
 	free(pl);
 }
 
-void km_pipeline_retire(km_pipeline *pl)
+void km_pipeline_retire(km_pipeline *pl, const char *why)
 {
 	km_pipeline keep;
 
@@ -778,7 +783,7 @@ void km_pipeline_retire(km_pipeline *pl)
 	pl->retired_at = km_pl_now_ms();
 	pl->closing = true;
 	pl->pid = -1;
-	KM_INFO(COMP, 0, "mirror %s: its pipeline stops here (another kmirrord runs it now)", pl->name);
+	KM_INFO(COMP, 0, "mirror %s: its pipeline stops here (%s)", pl->name, why);
 }
 
 bool km_pipeline_resume(km_pipeline *pl)

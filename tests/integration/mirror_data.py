@@ -435,7 +435,7 @@ def parse_batches(data):
         out.append({"base": base, "lod": lod, "count": count, "attrs": attrs,
                     "codec": attrs & 7, "control": bool(attrs & 0x20),
                     "txn": bool(attrs & 0x10), "log_append": bool(attrs & 0x08),
-                    "first_ts": first_ts, "max_ts": max_ts, "pid": pid, "seq": seq,
+                    "first_ts": first_ts, "max_ts": max_ts, "pid": pid, "pepoch": pepoch, "seq": seq,
                     "records": data[pos + 61:pos + 12 + length]})
         pos += 12 + length
     return out

@@ -30,7 +30,11 @@ def source_records(env, topic, end):
     return [(r.offset, r.key, r.value) for r in read_partition(env.sb, topic, 0, 0, end)]
 
 
-def test_foreign_write_on_destination_fails_the_partition(fenv):
+@pytest.mark.parametrize("txn", [False, True], ids=["plain", "transactional"])
+def test_foreign_write_on_destination_fails_the_partition(fenv, txn):
+    """The foreign record is a plain one, or a client's committed transaction (its batch and its
+    COMMIT marker): a transactional batch at the tail is trusted only when its producer is one
+    of the partition's carried transactions'."""
     env = fenv
     topic = unique("foreign")
     env.source_topic(topic, partitions=1)
@@ -42,9 +46,16 @@ def test_foreign_write_on_destination_fails_the_partition(fenv):
     env.proxy.signal(signal.SIGKILL)
     env.proxy.daemon.proc.wait(timeout=30)
     # A client writes to the mirror topic on the destination itself, past the mirror's last batch.
-    p = Producer({"bootstrap.servers": env.dest.bootstrap, "enable.idempotence": False})
-    p.produce(topic, key=b"foreign", value=b"written on the destination", partition=0)
-    assert p.flush(30) == 0
+    if txn:
+        p = Producer({"bootstrap.servers": env.dest.bootstrap, "transactional.id": f"foreign-{topic}"})
+        p.init_transactions(30)
+        p.begin_transaction()
+        p.produce(topic, key=b"foreign", value=b"written on the destination", partition=0)
+        p.commit_transaction(30)
+    else:
+        p = Producer({"bootstrap.servers": env.dest.bootstrap, "enable.idempotence": False})
+        p.produce(topic, key=b"foreign", value=b"written on the destination", partition=0)
+        assert p.flush(30) == 0
     produce_records(env.sb, topic, 10, start=20, tag="b")
     env.proxy.start()
 
@@ -65,8 +76,9 @@ def test_foreign_write_on_destination_fails_the_partition(fenv):
     part = env.partitions(topic)[0]
     assert part["state"] == "FAILED", part
     err = part["last_error"] or ""
-    assert "destination offsets 20-20" in err and "not written by the mirror" in err, err
-    assert "producer id -1" in err and "stop and start the topic" in err, err
+    # A transaction's batch and its COMMIT marker: two offsets, of a producer id the broker gave.
+    assert f"destination offsets 20-{21 if txn else 20}" in err and "not written by the mirror" in err, err
+    assert ("producer id -1" in err) != txn and "stop and start the topic" in err, err
     assert hw == 20, hw
 
     # Once the writer is gone, a stop and a start mirror on from there: nothing lost, nothing foreign.

@@ -5,7 +5,10 @@ Fetch requests to the source come from one instance only), both run some, and ev
 the same through both, at its source offset. When one stops (SIGTERM, it leaves the group) or dies
 (kill -9: the group expires it after its session timeout), the other runs every mirror and
 mirrors on, exactly; when it comes back, the mirrors are shared again, handed over with nothing
-lost or seen twice. An owner paused (SIGSTOP) past its session: the other takes its mirrors over;
+lost or seen twice. Whichever kmirrord writes a partition, it writes as the mirror's one writer
+(transactional id kmirror/<mirror>/writer), each reconcile at its next epoch: on the destination's
+segments every data batch has the same producer id, epochs never go back, so the broker refuses a
+former owner's older epoch once the new owner wrote. An owner paused (SIGSTOP) past its session: the other takes its mirrors over;
 resumed, it stops its pipelines before writing anything (its lease is stale)."""
 
 import signal
@@ -15,7 +18,7 @@ import uuid
 from confluent_kafka.admin import AdminClient
 
 from mirror_cli import Cli, kmirror_bin  # noqa: F401
-from mirror_data import compare_topic, main_release_only, produce_records, wait_caught_up
+from mirror_data import compare_topic, main_release_only, partition_batches, produce_records, wait_caught_up
 from proxy_fixtures import *  # noqa: F401,F403
 from proxy_fixtures import wait_until
 
@@ -181,3 +184,13 @@ def test_each_mirror_runs_in_one_kmirrord(kmirror_bin, dest_cluster, source_clus
     exact([b], "a killed")
     for m in a_owned:
         assert f"mirror {m}: its pipeline runs in this kmirrord now (group __kmirror-sync)" in b.output(), m
+
+    # On disk: one writer per mirror, whichever kmirrord wrote, its epochs never going back.
+    for t in topics:
+        for part in range(PARTS):
+            data = [x for x in partition_batches(dest_cluster, t, part) if not x["control"] and not x["txn"]]
+            pids = {x["pid"] for x in data}
+            epochs = [x["pepoch"] for x in data]
+            assert len(pids) == 1, f"{t}-{part}: data batches of producer ids {sorted(pids)}"
+            assert epochs == sorted(epochs), f"{t}-{part}: epochs go back: {epochs}"
+            print(f"{t}-{part}: {len(data)} batches, producer id {pids.pop()}, epochs {sorted(set(epochs))}")

@@ -553,8 +553,7 @@ static void tick(evutil_socket_t fd, short what, void *arg)
 	if ((need.dst_meta || pl->dst_meta_need) && !pl->dst_meta_inflight &&
 	    now - pl->dst_meta_at >= METADATA_MIN_INTERVAL_MS)
 		km_pl_send_metadata(pl, pl->dst);
-	if (pl->pid_want && !pl->pid_inflight)
-		km_pl_send_pid(pl);
+	km_pl_drive_writer(pl, now, &next);
 	/* Fetch from every source broker with nothing in flight (and tokens, when throttled). */
 	if (pl->rate > 0 && pl->tokens < 0) {
 		int64_t wait = -pl->tokens * 1000 / pl->rate + 1;
@@ -606,8 +605,15 @@ static bool setup_source(km_pipeline *pl, const km_state_mirror *m, const km_mir
 
 static bool setup_dest(km_pipeline *pl)
 {
+	char tid[600];
+
 	pl->dst = km_mirror_dest_cluster(pl->mi, pl->name, "produce", km_pl_on_cluster_change, pl);
-	return pl->dst != NULL;
+	if (!pl->dst)
+		return false;
+	/* The mirror's writer (meta.c, km_pl_drive_writer): without one, producer ids of its own. */
+	snprintf(tid, sizeof(tid), "kmirror/%s/writer", pl->name);
+	pl->writer = km_txp_new(pl->dst, tid, "", -1, km_pl_on_cluster_change, pl);
+	return true;
 }
 
 static void take_options(km_pipeline *pl, const km_mirror_options *mo)
@@ -681,6 +687,8 @@ fail:
 /* What the pipeline holds toward the clusters and the destination's log: connections, batches, producers. */
 static void drop_work(km_pipeline *pl)
 {
+	km_txp_free(pl->writer);
+	pl->writer = NULL;
 	km_cluster_free(pl->src);
 	km_cluster_free(pl->dst);
 	pl->src = pl->dst = NULL;

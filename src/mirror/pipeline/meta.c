@@ -168,6 +168,72 @@ void km_pl_send_metadata(km_pipeline *pl, km_cluster *cl)
 
 /* ---- the mirror's producer id on the destination ---- */
 
+/* Partitions waiting for a fresh id (a new producer, or the writer's next epoch) take this one: sequences from 0. */
+static void take_pid(km_pipeline *pl, int64_t pid, int16_t epoch)
+{
+	pl->pid = pid;
+	pl->epoch = epoch;
+	pl->pid_gen++;
+	KM_DEBUG(COMP, 0, "%s: writing as producer id %lld epoch %d", pl->name, (long long)pl->pid, pl->epoch);
+	for (size_t i = 0; i < pl->ntopics; i++)
+		for (int32_t j = 0; j < pl->topics[i]->nparts; j++) {
+			mpart *p = pl->topics[i]->parts[j];
+			if (p && p->recon.need_pid && !p->out.inflight) {
+				p->recon.need_pid = false;
+				p->plan.pid = pl->pid;
+				p->plan.epoch = pl->epoch;
+				p->plan.seq = 0;
+			}
+		}
+	km_pl_tick_soon(pl);
+}
+
+/*
+ * The mirror writes its data batches as one producer of the destination's transaction coordinator,
+ * transactional id kmirror/<mirror>/writer, whichever kmirrord runs it (it never opens a
+ * transaction with it). Every fresh producer id a reconcile asks for is that producer's next epoch
+ * (InitProducerId again), so once a partition took a batch of the new epoch the broker refuses
+ * the older one's (INVALID_PRODUCER_EPOCH): a kmirrord that ran the mirror before, paused or cut
+ * off, cannot write behind the one that runs it now. A writer that cannot be initialised (no
+ * WRITE on the transactional id) falls back to producer ids of its own, saying so.
+ */
+void km_pl_drive_writer(km_pipeline *pl, int64_t now, int64_t *next)
+{
+	int64_t at;
+
+	if (!pl->writer || pl->writer_plain) {
+		if (pl->pid_want && !pl->pid_inflight)
+			km_pl_send_pid(pl);
+		return;
+	}
+	if (pl->pid_want && !pl->pid_inflight) {
+		km_txp_fence(pl->writer); /* InitProducerId again: the next epoch */
+		pl->pid_want = false;
+		pl->pid_inflight = true;
+	}
+	at = km_txp_poll(pl->writer, now);
+	if (at < *next)
+		*next = at;
+	if (!pl->pid_inflight)
+		return;
+	switch (km_txp_state_of(pl->writer)) {
+	case KM_TXP_FREE:
+		pl->pid_inflight = false;
+		take_pid(pl, km_txp_pid(pl->writer), km_txp_epoch(pl->writer));
+		break;
+	case KM_TXP_FAILED:
+		KM_WARN(COMP, 0, "%s: its writer %s cannot be initialised (%s): it writes as producers of its own, which "
+			"do not fence a kmirrord that ran the mirror before (grant kmirrord WRITE on the transactional "
+			"ids with prefix kmirror/)", pl->name, km_txp_id(pl->writer), km_txp_error(pl->writer));
+		pl->writer_plain = true;
+		pl->pid_inflight = false;
+		pl->pid_want = true;
+		break;
+	default:
+		break;
+	}
+}
+
 static void on_pid(km_net_client *c, const km_rpc_response *res, void *arg)
 {
 	req_ctx *x = arg;
@@ -190,22 +256,7 @@ static void on_pid(km_net_client *c, const km_rpc_response *res, void *arg)
 		km_pl_schedule_in(pl, BACKOFF_MAX_MS / 4);
 		return;
 	}
-	pl->pid = r->producer_id;
-	pl->epoch = r->producer_epoch;
-	pl->pid_gen++;
-	KM_DEBUG(COMP, 0, "%s: writing as producer id %lld epoch %d", pl->name, (long long)pl->pid, pl->epoch);
-	/* Partitions waiting for a fresh id take this one. */
-	for (size_t i = 0; i < pl->ntopics; i++)
-		for (int32_t j = 0; j < pl->topics[i]->nparts; j++) {
-			mpart *p = pl->topics[i]->parts[j];
-			if (p && p->recon.need_pid && !p->out.inflight) {
-				p->recon.need_pid = false;
-				p->plan.pid = pl->pid;
-				p->plan.epoch = pl->epoch;
-				p->plan.seq = 0;
-			}
-		}
-	km_pl_tick_soon(pl);
+	take_pid(pl, r->producer_id, r->producer_epoch);
 }
 
 void km_pl_send_pid(km_pipeline *pl)

@@ -204,6 +204,8 @@ struct km_pipeline {
 	bool src_meta_inflight, dst_meta_inflight, src_meta_need, dst_meta_need;
 	int64_t src_meta_at, dst_meta_at;
 	bool pid_inflight, pid_want;
+	km_txp *writer;    /* transactional id kmirror/<mirror>/writer: each producer id is its next epoch */
+	bool writer_plain; /* the writer could not be initialised: producer ids without a transactional id */
 	int64_t pid;
 	int16_t epoch;
 	uint64_t pid_gen; /* bumps with every producer id obtained */
@@ -303,6 +305,8 @@ bool km_pl_send_part(km_pipeline *pl, km_cluster *cl, int32_t leader, km_net_cli
 void km_pl_send_metadata(km_pipeline *pl, km_cluster *cl);
 /* InitProducerId on the destination: partitions waiting for a fresh id take the answer's. */
 void km_pl_send_pid(km_pipeline *pl);
+/* A fresh producer id (epoch) when partitions want one: from the mirror's writer (meta.c). */
+void km_pl_drive_writer(km_pipeline *pl, int64_t now, int64_t *next);
 
 /* ---- carry.c: carried transactions ---- */
 

@@ -561,17 +561,27 @@ static bool aborted_probe(km_pipeline *pl, mpart *p)
 
 enum { TAIL_OWN, TAIL_TRUSTED, TAIL_FOREIGN };
 
+/* Whether producer id pid is one of the partition's carried transactions' (this life's, or an earlier life's listed and fenced). */
+static bool carried_pid(const mpart *p, int64_t pid)
+{
+	for (size_t i = 0; i < p->txn.n; i++)
+		if (km_txp_pid(p->txn.tx[i].txp) == pid)
+			return true;
+	return false;
+}
+
 /*
  * Batch b on the destination, against the writer (pid, epoch) that writes from start with
  * sequences from 0: its own where the sequences put it (every offset it took is one sequence
- * number, so B - start = base sequence), trusted (a carried transaction's batch or marker, or the
- * writer's batch elsewhere: what the probe logic handles), or foreign.
+ * number, so B - start = base sequence), trusted (a batch or marker of one of the partition's
+ * carried transactions, whose producers reconcile has fenced and so knows, or the writer's batch
+ * elsewhere: what the probe logic handles), or foreign (a client's transaction included).
  */
-static int tail_kind(const km_batch *b, int64_t pid, int16_t epoch, int64_t start)
+static int tail_kind(const mpart *p, const km_batch *b, int64_t pid, int16_t epoch, int64_t start)
 {
 	if (b->producer_id == pid && b->producer_epoch == epoch && !b->control && !b->transactional)
 		return ((b->base_offset - start) & 0x7fffffff) == b->base_sequence ? TAIL_OWN : TAIL_TRUSTED;
-	return b->control || b->transactional ? TAIL_TRUSTED : TAIL_FOREIGN;
+	return (b->control || b->transactional) && carried_pid(p, b->producer_id) ? TAIL_TRUSTED : TAIL_FOREIGN;
 }
 
 static bool writer_of(km_pipeline *pl, const mpart *p, int64_t *pid, int16_t *epoch, int64_t *start)
@@ -717,7 +727,7 @@ static void on_tail(km_net_client *c, const km_rpc_response *res, void *arg)
 		return;
 	}
 	if (p->recon.tail_bad < 0) {
-		if (!found || tail_kind(&b, pid, epoch, start) != TAIL_FOREIGN) {
+		if (!found || tail_kind(p, &b, pid, epoch, start) != TAIL_FOREIGN) {
 			/* Nothing there to look at (a log start past it), or ours. */
 			after_reconcile(pl, p, p->recon.end);
 			km_pl_tick_soon(pl);
@@ -725,7 +735,7 @@ static void on_tail(km_net_client *c, const km_rpc_response *res, void *arg)
 		}
 		p->recon.tail_bad = b.base_offset > start ? b.base_offset : start;
 		p->recon.tail_pid = b.producer_id;
-	} else if (found && tail_kind(&b, pid, epoch, start) == TAIL_OWN && b.base_offset >= p->recon.tail_good) {
+	} else if (found && tail_kind(p, &b, pid, epoch, start) == TAIL_OWN && b.base_offset >= p->recon.tail_good) {
 		p->recon.tail_good = b.base_offset + b.last_offset_delta + 1;
 	} else {
 		/* Anything else at or before at: the dense prefix ends before it. */

@@ -14,6 +14,8 @@
 #include "kmirror/hash.h"
 #include "kmirror/log.h"
 #include "kmirror/msg/api_keys.h"
+#include "kmirror/msg/consumer_group_describe_request.h"
+#include "kmirror/msg/consumer_group_describe_response.h"
 #include "kmirror/msg/consumer_group_heartbeat_request.h"
 #include "kmirror/msg/consumer_group_heartbeat_response.h"
 #include "kmirror/msg/find_coordinator_request.h"
@@ -38,8 +40,10 @@ enum {
 #define MAX_OWNED 100000
 /* How often a revoked partition still being let go of is looked at (its release goes out with the next heartbeat). */
 #define HELD_POLL_MS 100
+/* How soon a member with nothing assigned heartbeats again (the interval is 5 s: a start would wait that long). */
+#define JOIN_POLL_MS 500
 
-typedef enum { L_META, L_FIND, L_BEAT, L_ALONE } lphase;
+typedef enum { L_META, L_FIND, L_BEAT, L_ADOPT, L_ALONE } lphase;
 
 struct km_lease {
 	km_mirror *mi;
@@ -57,6 +61,7 @@ struct km_lease {
 	int64_t last_ok;  /* the last heartbeat answered without error */
 	int32_t hb_ms;    /* the heartbeat interval the coordinator asks for */
 	bool owned_any;   /* for the log line when ownership changes */
+	bool adopted;     /* an earlier life's membership was looked up (once per join) */
 	void (*changed)(void *arg); /* the owned set moved (km_lease_on_change) */
 	bool (*busy)(void *arg, int32_t slot);
 	void *changed_arg;
@@ -236,9 +241,45 @@ static void step(km_lease *l)
 		free(parts); /* the request was encoded in the call */
 		return;
 	}
+	case L_ADOPT: {
+		km_consumer_group_describe_request m;
+		km_str g = km_str_c(KM_SYNC_GROUP);
+		if (!(c = client(l, l->coord, KM_API_CONSUMER_GROUP_DESCRIBE, 0, 1, &ver)))
+			return;
+		if (ver < 0) {
+			l->ph = L_BEAT; /* cannot look: join anew once the earlier life expires */
+			return later(l, RETRY_MS);
+		}
+		km_consumer_group_describe_request_init(&m);
+		m.group_ids.items = &g;
+		m.group_ids.count = 1;
+		return send_req(l, c, KM_API_CONSUMER_GROUP_DESCRIBE, &m, ver);
+	}
 	case L_ALONE:
 		break;
 	}
+}
+
+/*
+ * A join of this member id was fenced: the group still holds it, with the epoch an earlier life
+ * of this kmirrord reached before it died (kill -9, a crash: it did not leave). The member id is
+ * this kmirrord's own (km_lease_new), so that life is over: heartbeating at its epoch takes its
+ * place and its assignment at once, instead of waiting for the group to expire it (the session
+ * timeout, 45 s by default) while its mirrors stand still.
+ */
+static void took_adopt(km_lease *l, const km_consumer_group_describe_response *r)
+{
+	const km_consumer_group_describe_response_described_group *g = r->groups.count == 1 ? &r->groups.items[0] : NULL;
+
+	l->ph = L_BEAT;
+	for (int32_t i = 0; g && !g->error_code && i < g->members.count; i++)
+		if (km_str_eq_c(g->members.items[i].member_id, l->member) && g->members.items[i].member_epoch > 0) {
+			l->epoch = g->members.items[i].member_epoch;
+			KM_INFO(COMP, 0, "mirrors: this kmirrord takes the place of its earlier life in group %s (member %s, "
+				"epoch %d)", KM_SYNC_GROUP, l->member, (int)l->epoch);
+			return later(l, 0);
+		}
+	later(l, RETRY_MS); /* not there (expired meanwhile): a join creates it anew */
 }
 
 static void took_meta(km_lease *l, const km_metadata_response *r)
@@ -285,8 +326,15 @@ static void took_beat(km_lease *l, const km_consumer_group_heartbeat_response *r
 	switch (r->error_code) {
 	case 0:
 		break;
-	case K_UNKNOWN_MEMBER_ID:
 	case K_FENCED_MEMBER_EPOCH:
+		if (l->epoch == 0 && !l->adopted) {
+			l->adopted = true;
+			l->ph = L_ADOPT;
+			return later(l, 0);
+		}
+		rejoin(l);
+		return later(l, RETRY_MS);
+	case K_UNKNOWN_MEMBER_ID:
 		rejoin(l);
 		return later(l, 0);
 	case K_NOT_COORDINATOR:
@@ -316,6 +364,7 @@ static void took_beat(km_lease *l, const km_consumer_group_heartbeat_response *r
 			notify(l); /* its mirrors are its own again (whatever the answer's assignment adds): they run again */
 	}
 	l->epoch = r->member_epoch;
+	l->adopted = false;
 	if (r->assignment) {
 		bool any = false, moved = false;
 		bool *now = calloc((size_t)(l->nparts > 0 ? l->nparts : 1), sizeof(*now));
@@ -347,6 +396,8 @@ static void took_beat(km_lease *l, const km_consumer_group_heartbeat_response *r
 	for (int32_t i = 0; i < l->nparts; i++)
 		if (l->held[i])
 			return later(l, HELD_POLL_MS); /* say it is released as soon as it is */
+	if (!l->owned_any && !r->assignment)
+		return later(l, JOIN_POLL_MS); /* joined, nothing assigned yet: the assignor is quick, ask again soon */
 	later(l, r->heartbeat_interval_ms > 0 ? r->heartbeat_interval_ms : 5000);
 }
 
@@ -374,6 +425,9 @@ static void on_response(km_net_client *c, const km_rpc_response *r, void *arg)
 		break;
 	case L_BEAT:
 		took_beat(l, r->msg);
+		break;
+	case L_ADOPT:
+		took_adopt(l, r->msg);
 		break;
 	case L_ALONE:
 		break;
@@ -417,10 +471,32 @@ km_lease *km_lease_new(km_mirror *mi)
 	return l;
 }
 
+/*
+ * The member id: this kmirrord's own across restarts (its instance name, its HTTP listener, which
+ * every process on a host has apart, and the state topic), so that a restart after a crash takes
+ * its earlier life's place in the group (took_adopt). Two kmirrords with the same instance name
+ * and HTTP listener in front of one destination would share it: give each its own instance name.
+ */
+static void member_id(km_lease *l)
+{
+	const km_mirror_opts *o = km_mirror_get_opts(l->mi);
+	char who[1024];
+	uint64_t a, b;
+
+	if (!o->cfg)
+		return; /* no configuration (a test's): the random id of km_lease_new */
+	snprintf(who, sizeof(who), "%s|%s:%u|%s", o->instance ? o->instance : "", o->cfg->http_listen.host,
+		 (unsigned)o->cfg->http_listen.port, km_state_topic_name_of_store(km_mirror_store(l->mi)));
+	a = km_fnv1a(KM_FNV1A_INIT, who, strlen(who));
+	b = km_fnv1a(a ^ 0x9e3779b97f4a7c15ull, who, strlen(who));
+	snprintf(l->member, sizeof(l->member), "%016llx%016llx", (unsigned long long)a, (unsigned long long)b);
+}
+
 void km_lease_start(km_lease *l)
 {
 	if (!l || l->dst || l->ph == L_ALONE)
 		return;
+	member_id(l);
 	if (!(l->dst = km_mirror_dest_cluster(l->mi, KM_SYNC_GROUP, "lease", on_cluster, l)))
 		return alone(l, "no client for the destination");
 	later(l, 0);

@@ -194,3 +194,34 @@ def test_each_mirror_runs_in_one_kmirrord(kmirror_bin, dest_cluster, source_clus
             assert len(pids) == 1, f"{t}-{part}: data batches of producer ids {sorted(pids)}"
             assert epochs == sorted(epochs), f"{t}-{part}: epochs go back: {epochs}"
             print(f"{t}-{part}: {len(data)} batches, producer id {pids.pop()}, epochs {sorted(set(epochs))}")
+
+
+def test_restart_takes_its_own_place(kmirror_bin, dest_cluster, source_cluster, proxy_factory):
+    """A kmirrord killed with -9 and started again with the same configuration is the same member of
+    __kmirror-sync (its member id comes from its instance name, HTTP listener and state topic): it
+    takes its earlier life's place and runs its mirrors again at once, not after the group has
+    expired the dead member (the session timeout: 10 s on the test brokers, 45 s by default). Kafka
+    4.4's coordinator takes the rejoin of a known member id at epoch 0; one that fences it is
+    answered by heartbeating at the epoch ConsumerGroupDescribe shows for it."""
+    tag = uuid.uuid4().hex[:6]
+    state_topic = f"__mirror_state_own_{tag}"
+    a = proxy_factory(dest_cluster, name="kmirrord-own-solo", mirror_state_topic=state_topic,
+                      mirror_state_partitions=SLOTS, mirror_pipelines="owned")
+    cli = Cli(kmirror_bin, a.bootstrap)
+    mirror, topic = f"solo-{tag}", f"solo-{tag}"
+    source_cluster.create_topic(topic, partitions=PARTS)
+    produce_records(source_cluster.bootstrap, topic, N, tag="s0")
+    cli.run("create", "--mirror", mirror, "--source-bootstrap", source_cluster.bootstrap)
+    cli.run("start", "--mirror", mirror, "--topics", topic)
+    wait_caught_up(a.bootstrap, source_cluster.bootstrap, topic, PARTS, timeout=120, stall=60)
+
+    a.signal(signal.SIGKILL)
+    a.daemon.proc.wait(timeout=30)
+    produce_records(source_cluster.bootstrap, topic, N, tag="s1")
+    t0 = time.monotonic()
+    a.start()
+    wait_caught_up(a.bootstrap, source_cluster.bootstrap, topic, PARTS, timeout=120, stall=60)
+    took = time.monotonic() - t0
+    print(f"restarted and caught up in {took:.1f} s")
+    assert took < 8, f"{took:.1f} s: the restart waited for the group to expire its earlier life"
+    compare_topic(a.bootstrap, source_cluster.bootstrap, topic, PARTS)

@@ -52,7 +52,10 @@ def fetches(proxy, mirror):
     """Fetch requests this kmirrord's pipeline of mirror sent to the source so far."""
     if not proxy.running():
         return 0
-    m = proxy.metrics()
+    try:
+        m = proxy.metrics()
+    except OSError:  # starting (a process sharing its ports answers for it already): nothing run yet
+        return 0
     return sum(v for k, v in m.items()
                if k.startswith("kmirror_mirror_fetch_requests_total{") and f'mirror="{mirror}"' in k)
 

@@ -52,9 +52,11 @@ struct km_mirror {
 	km_sync *sync;          /* metadata sync (sync.c) */
 	km_lease *lease;        /* which mirrors this kmirrord runs (lease.c) */
 	struct event *rebalance_ev;
+	km_metric_series *owned, *gained, *lost; /* kmirror_mirrors_owned, kmirror_mirror_handovers_total */
 };
 
 static void rebalance(void *arg);
+static void count_owned(km_mirror *mi);
 static void rebalance_cb(evutil_socket_t fd, short what, void *arg);
 static bool releasing(void *arg, int32_t slot);
 
@@ -249,12 +251,32 @@ static void make_families(km_mirror *mi, km_metrics *reg)
 		 .type = KM_METRIC_COUNTER, .labels = PART_LABELS, .max_series = PART_SERIES},
 		{.name = "kmirror_mirror_errors_total", .help = "Errors on the partition's fetches and writes (each one reconciles, retries or fails it).",
 		 .type = KM_METRIC_COUNTER, .labels = PART_LABELS, .max_series = PART_SERIES},
+		{.name = "kmirror_mirror_fenced_writes_total",
+		 .help = "Batches the destination refused because a newer epoch of the mirror's writer wrote the "
+			 "partition: another kmirrord runs (or ran) the mirror.",
+		 .type = KM_METRIC_COUNTER, .labels = {"mirror", NULL}, .max_series = 20000},
 		{.name = "kmirror_mirror_fetch_requests_total",
 		 .help = "Fetch requests sent to the source: full ones (every partition named) and incremental ones (a fetch session's changes only).",
 		 .type = KM_METRIC_COUNTER, .labels = {"mirror", "kind", NULL}, .max_series = 20000},
 	};
+	static const km_metric_desc own[] = {
+		{.name = "kmirror_mirrors_owned",
+		 .help = "Mirrors whose pipelines run in this kmirrord (mirror_pipelines = owned: those the group "
+			 "__kmirror-sync gives it; all: every mirror with a partition to run).",
+		 .type = KM_METRIC_GAUGE},
+		{.name = "kmirror_mirror_handovers_total",
+		 .help = "Mirrors this kmirrord took over (gained) or let go of (lost) as the group __kmirror-sync "
+			 "moved them.",
+		 .type = KM_METRIC_COUNTER, .labels = {"direction", NULL}},
+	};
 	km_metric_family **f[] = {&mi->fam.records, &mi->fam.bytes, &mi->fam.batches, &mi->fam.lag,
-				  &mi->fam.lag_ms, &mi->fam.skipped, &mi->fam.errors, &mi->fam.fetches};
+				  &mi->fam.lag_ms, &mi->fam.skipped, &mi->fam.errors, &mi->fam.fenced, &mi->fam.fetches};
+	km_metric_family *owned = km_metrics_family(reg, &own[0]), *moved = km_metrics_family(reg, &own[1]);
+	const char *gained[] = {"gained"}, *lost[] = {"lost"};
+
+	mi->owned = owned ? km_metric_series_get(owned, NULL) : NULL;
+	mi->gained = moved ? km_metric_series_get(moved, gained) : NULL;
+	mi->lost = moved ? km_metric_series_get(moved, lost) : NULL;
 	for (size_t i = 0; i < sizeof(d) / sizeof(d[0]); i++)
 		*f[i] = km_metrics_family(reg, &d[i]);
 }
@@ -412,6 +434,7 @@ static km_pipeline *pipeline_of(km_mirror *mi, const char *mirror)
 	}
 	mi->pipes = np;
 	mi->pipes[mi->npipes++] = pl;
+	count_owned(mi);
 	return pl;
 }
 
@@ -458,6 +481,17 @@ static void dispatch_mirror(km_mirror *mi, const km_state_mirror *m)
 	}
 }
 
+/* kmirror_mirrors_owned: the pipelines that run here now. */
+static void count_owned(km_mirror *mi)
+{
+	int64_t n = 0;
+	if (!mi->owned)
+		return;
+	for (size_t i = 0; i < mi->npipes; i++)
+		n += !km_pipeline_retired_at(mi->pipes[i]);
+	km_metric_set(mi->owned, n);
+}
+
 /*
  * The lease moved (mirror_pipelines = owned): pipelines of mirrors this kmirrord lost are retired
  * at once, so the lease can say they are released; mirrors it gained are handed to their pipeline,
@@ -470,11 +504,14 @@ static void rebalance(void *arg)
 	if (mi->freeing || !mi->st || mode(mi) != KM_PIPELINES_OWNED)
 		return;
 	for (size_t i = 0; i < mi->npipes; i++)
-		if (!km_pipeline_retired_at(mi->pipes[i]) && !km_mirror_owns(mi, km_pipeline_name(mi->pipes[i]), true))
+		if (!km_pipeline_retired_at(mi->pipes[i]) && !km_mirror_owns(mi, km_pipeline_name(mi->pipes[i]), true)) {
 			km_pipeline_retire(mi->pipes[i], km_lease_stale(mi->lease)
 								 ? "no heartbeat of this kmirrord was answered lately: the "
 								   "group may have given the mirror to another one"
 								 : "another kmirrord runs it now");
+			if (mi->lost)
+				km_metric_inc(mi->lost, 1);
+		}
 	for (size_t i = 0; i < km_state_mirror_count(mi->st); i++) {
 		const km_state_mirror *m = km_state_mirror_at(mi->st, i);
 		km_pipeline *pl = pipeline_find(mi, km_state_mirror_name(m));
@@ -482,8 +519,11 @@ static void rebalance(void *arg)
 			KM_INFO("mirror", 0, "mirror %s: its pipeline runs in this kmirrord now (group %s)",
 				km_state_mirror_name(m), KM_SYNC_GROUP);
 			dispatch_mirror(mi, m);
+			if (mi->gained)
+				km_metric_inc(mi->gained, 1);
 		}
 	}
+	count_owned(mi);
 }
 
 static void rebalance_cb(evutil_socket_t fd, short what, void *arg)

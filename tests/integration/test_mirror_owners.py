@@ -131,11 +131,16 @@ def test_each_mirror_runs_in_one_kmirrord(kmirror_bin, dest_cluster, source_clus
     r = owners_settle(proxies)
     print("runners:", r)
     assert {n for v in r.values() for n in v} == {a.name, b.name}, f"one kmirrord runs every mirror: {r}"
+    owned = {p.name: p.metric("kmirror_mirrors_owned") for p in proxies}
+    assert owned == {p.name: sum(v == [p.name] for v in r.values()) for p in proxies}, (owned, r)
 
     # SIGTERM a: it leaves the group, b runs every mirror at once.
+    gained = b.metric('kmirror_mirror_handovers_total{direction="gained"}')
     a.stop()
     r = owners_settle([b])
     assert all(v == [b.name] for v in r.values()), r
+    assert b.metric("kmirror_mirrors_owned") == SLOTS
+    assert b.metric('kmirror_mirror_handovers_total{direction="gained"}') == gained + owned[a.name]
     exact([b], "a stopped")
 
     # a comes back: the mirrors are shared again, handed over from b.

@@ -672,10 +672,11 @@ km_pipeline *km_pipeline_new(km_mirror *mi, const char *mirror)
 	pl->pid_want = true;
 	{
 		/* Pipelines live as long as the module (the series point into them). */
-		km_metric_family *f = km_mirror_metric_families(mi)->fetches;
-		const char *full[] = {pl->name, "full"}, *incr[] = {pl->name, "incremental"};
-		if (f && (!km_metric_series_ptr(f, full, &pl->fetch_full) ||
-			  !km_metric_series_ptr(f, incr, &pl->fetch_incremental)))
+		km_metric_family *f = km_mirror_metric_families(mi)->fetches, *g = km_mirror_metric_families(mi)->fenced;
+		const char *full[] = {pl->name, "full"}, *incr[] = {pl->name, "incremental"}, *name[] = {pl->name};
+		if ((f && (!km_metric_series_ptr(f, full, &pl->fetch_full) ||
+			   !km_metric_series_ptr(f, incr, &pl->fetch_incremental))) ||
+		    (g && !km_metric_series_ptr(g, name, &pl->fenced)))
 			KM_DEBUG(COMP, 0, "mirror %s: a metric series was not kept (the family is full)", mirror);
 	}
 	return pl;
@@ -786,6 +787,7 @@ void km_pipeline_retire(km_pipeline *pl, const char *why)
 	pl->tick_ev = keep.tick_ev;
 	pl->fetch_full = keep.fetch_full;
 	pl->fetch_incremental = keep.fetch_incremental;
+	pl->fenced = keep.fenced;
 	pl->store_pending = keep.store_pending;
 	pl->life = keep.life + 1;
 	pl->retired_at = km_pl_now_ms();

@@ -27,6 +27,8 @@
 #define METADATA_MIN_INTERVAL_MS 500
 /* A partition whose destination writes keep failing (retriable errors, reconciles) this long goes FAILED. */
 #define KM_MIRROR_FAIL_AFTER_MS 300000
+/* A partition fenced by a newer epoch of the writer waits this long before it reconciles (two heartbeats). */
+#define FENCED_WAIT_MS 10000
 /* How often a paused partition's source end is read (for its lag). */
 #define PAUSED_WATCH_MS 2000
 /* Metadata answers in a row without a topic that was mirrored before it counts as deleted at the source. */
@@ -213,6 +215,7 @@ struct km_pipeline {
 	int64_t fetch_max_bytes, part_max_bytes;
 	bool sessions;                      /* mirror.fetch.sessions */
 	uint64_t fetch_full, fetch_incremental; /* Fetch requests sent, by kind (kmirror_mirror_fetch_requests_total) */
+	uint64_t fenced; /* batches refused for an older epoch of the writer (kmirror_mirror_fenced_writes_total) */
 	char start_mode[32];
 	int64_t options_at;
 	int64_t meta_interval; /* mirror.metadata.refresh.interval.ms: leaders, partition counts */

@@ -91,6 +91,23 @@ static void produce_done(km_pipeline *pl, mpart *p, mbatch *b, int16_t code, int
 	 * and carries the source transaction again.
 	 */
 	bool txn_retry = b->kind == BK_TXN && (code == 48 || code == 49 || code == 90 || code == 120 || code == 51);
+	if (code == 47 && b->kind != BK_TXN) {
+		/*
+		 * INVALID_PRODUCER_EPOCH: a newer epoch of the mirror's writer wrote the partition, so another
+		 * kmirrord runs the mirror (or this one's lease is about to say it lost it). Reconcile would
+		 * take the next epoch and fence that one in turn: it waits long enough for the lease to
+		 * retire this pipeline first if the mirror is no longer its own.
+		 */
+		pl->fenced++;
+		KM_WARN(COMP, 0, "%s/%s: fenced: a newer epoch of the mirror's writer wrote the partition (another "
+			"kmirrord runs the mirror); this one writes nothing more there unless the mirror is still its own "
+			"in %d s", pl->name, km_pl_ptag(p, tag, sizeof(tag)), FENCED_WAIT_MS / 1000);
+		km_plan_batch_free(b);
+		km_pl_reconcile(pl, p, why);
+		p->retry.at = km_pl_now_ms() + FENCED_WAIT_MS;
+		km_mirror_rebalance_soon(pl->mi);
+		return;
+	}
 	km_plan_batch_free(b);
 	if (km_err_retriable((km_err)code) || code == 45 || code == 47 || txn_retry) {
 		if (code == 6 || code == 3 || code == 5)

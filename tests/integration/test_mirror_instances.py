@@ -4,7 +4,8 @@ and c on its own, all with mirror_pipelines = owned and one state topic (docs/op
 librdkafka producer (on a and b's shared ports), a Java producer (kafka-producer-perf-test, on c)
 and a consumer group (librdkafka, on c) reading the mirror topic. The instance that runs the
 mirror is killed with -9 at a random moment, KILLS times (5 by default), and started again each
-time: another takes the mirror over. Afterwards every record reads through every instance at its
+time: another takes the mirror over. Then a rolling restart of the three (SIGTERM, start again,
+one after the other) under the same load. Afterwards every record reads through every instance at its
 source offset, the destination's segment files equal the source's, the producers saw no failed
 delivery (only retriable errors, which they retry), and the consumer group read every offset of
 every partition, resuming at its committed offsets (never skipping one)."""
@@ -113,6 +114,14 @@ def test_kill9_of_the_owner(kmirror_bin, dest_cluster3, source_cluster, proxy_fa
             takeovers.append((owner.name, r[mirror][0], round(time.monotonic() - t0, 1)))
             print(f"round {k + 1}: {owner.name} killed, {r[mirror][0]} runs {mirror} after {takeovers[-1][2]} s")
             owner.start()
+        # A rolling restart of the three, under the same load: each drains (SIGTERM: its listeners
+        # close, its clients move over, it leaves the group) and comes back.
+        for p in instances:
+            t0 = time.monotonic()
+            p.stop()
+            p.start()
+            print(f"rolling restart: {p.name} back after {time.monotonic() - t0:.1f} s")
+            time.sleep(2)
         time.sleep(3)
     finally:
         sent = load.stop()

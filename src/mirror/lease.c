@@ -475,7 +475,7 @@ km_lease *km_lease_new(km_mirror *mi)
  * The member id: this kmirrord's own across restarts (its instance name, its HTTP listener, which
  * every process on a host has apart, and the state topic), so that a restart after a crash takes
  * its earlier life's place in the group (took_adopt). Two kmirrords with the same instance name
- * and HTTP listener in front of one destination would share it: give each its own instance name.
+ * (the host name) and HTTP listener in front of one destination would share it.
  */
 static void member_id(km_lease *l)
 {

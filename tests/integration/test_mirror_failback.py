@@ -8,7 +8,7 @@ are B's records after the failover, counted by kmirrord's metrics."""
 import uuid
 
 import pytest
-from confluent_kafka import Producer
+from confluent_kafka import KafkaException, Producer
 
 from mirror_cli import Cli, described, kmirror_bin, wait_states  # noqa: F401
 from mirror_data import (count_anomalies, create_dest_topic, diff_records, produce_records, progress,
@@ -75,7 +75,14 @@ def mirror_into_b(cli_b, b, mirror, source_cluster, dest_cluster, topic):
     create_dest_topic(dest_cluster, source_cluster.bootstrap, topic)
     cli_b.run("start", "--mirror", mirror, "--topics", topic)
     marks_a = watermarks(source_cluster.bootstrap, topic, PARTS)
-    wait_until(lambda: watermarks(b.bootstrap, topic, PARTS) == marks_a, 120, what="A mirrored into B")
+
+    def caught_up():
+        try:
+            return watermarks(b.bootstrap, topic, PARTS) == marks_a
+        except KafkaException as e:  # a topic just made: its leader not known everywhere yet (retriable)
+            print(f"watermarks through B: {e}")
+            return False
+    wait_until(caught_up, 120, what="A mirrored into B")
     return marks_a
 
 

@@ -143,5 +143,11 @@ typedef struct km_sync_status {
  * *owner (may be NULL) says whether this kmirrord syncs the mirror.
  */
 bool km_mirror_sync_status(km_mirror *mi, const char *mirror, km_sync_kind kind, km_sync_status *out, bool *owner);
+/*
+ * Who runs mirror's pipelines, as <host>@<HTTP listener>: this kmirrord (mirror_pipelines = all),
+ * the owner the group __kmirror-sync gives it to (owned; NULL until the group was described), or
+ * NULL (none: this kmirrord does not take part). The string lives until the next lease change.
+ */
+const char *km_mirror_owner(km_mirror *mi, const char *mirror);
 
 #endif

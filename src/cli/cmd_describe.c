@@ -103,6 +103,11 @@ static void json_describe(FILE *out, const km_describe_mirrors_response *resp)
 		km_cli_json_strn(&j, dm->mirror_name.p, dm->mirror_name.len);
 		km_cli_json_key(&j, "error");
 		km_cmd_json_error(&j, dm->error_code, dm->error_message);
+		km_cli_json_key(&j, "owner");
+		if (dm->owner.len < 0)
+			km_cli_json_null(&j);
+		else
+			km_cli_json_strn(&j, dm->owner.p, dm->owner.len);
 		km_cli_json_key(&j, "configs");
 		km_cli_json_arr(&j);
 		for (int32_t c = 0; c < dm->configs.count; c++) {
@@ -254,6 +259,10 @@ static void table_describe(FILE *out, const km_describe_mirrors_response *resp)
 			fprintf(out, "Error: %s: %s\n", km_err_name(dm->error_code), m);
 			continue;
 		}
+		if (dm->owner.len >= 0)
+			fprintf(out, "Run by: %.*s\n", (int)dm->owner.len, dm->owner.p);
+		else
+			fprintf(out, "Run by: not known to this kmirrord\n");
 		if (!km_cli_table_init(&ct, sizeof(chdr) / sizeof(chdr[0]), chdr))
 			return;
 		for (int32_t c = 0; c < dm->configs.count; c++) {

@@ -52,6 +52,7 @@ struct km_mirror {
 	km_sync *sync;          /* metadata sync (sync.c) */
 	km_lease *lease;        /* which mirrors this kmirrord runs (lease.c) */
 	struct event *rebalance_ev;
+	char self[600];         /* km_mirror_self */
 	km_metric_series *owned, *gained, *lost; /* kmirror_mirrors_owned, kmirror_mirror_handovers_total */
 };
 
@@ -299,6 +300,12 @@ km_mirror *km_mirror_new(const km_mirror_opts *opts)
 	else if (gethostname(mi->instance, sizeof(mi->instance) - 1) != 0 || !mi->instance[0])
 		snprintf(mi->instance, sizeof(mi->instance), "kmirrord");
 	mi->opts.instance = mi->instance;
+	if (opts->cfg && opts->cfg->http_listen.port)
+		snprintf(mi->self, sizeof(mi->self), "%s@%s%s%s:%u", mi->instance,
+			 strchr(opts->cfg->http_listen.host, ':') ? "[" : "", opts->cfg->http_listen.host,
+			 strchr(opts->cfg->http_listen.host, ':') ? "]" : "", (unsigned)opts->cfg->http_listen.port);
+	else
+		snprintf(mi->self, sizeof(mi->self), "%s", mi->instance);
 	/* Sources are named by the operator: an unresolvable or slow name must not stall the proxy. */
 	mi->dns = evdns_base_new(mi->base, EVDNS_BASE_INITIALIZE_NAMESERVERS | EVDNS_BASE_DISABLE_WHEN_INACTIVE);
 	if (!mi->dns)
@@ -404,6 +411,23 @@ bool km_mirror_owns(km_mirror *mi, const char *mirror, bool pipelines)
 	if (pipelines && mode(mi) == KM_PIPELINES_ALL)
 		return true;
 	return km_lease_owns(mi->lease, mirror);
+}
+
+const char *km_mirror_self(km_mirror *mi)
+{
+	return mi->self;
+}
+
+const char *km_mirror_owner(km_mirror *mi, const char *mirror)
+{
+	switch (mode(mi)) {
+	case KM_PIPELINES_ALL:
+		return mi->self;
+	case KM_PIPELINES_OWNED:
+		return km_lease_owns(mi->lease, mirror) ? mi->self : km_lease_owner(mi->lease, mirror);
+	default:
+		return NULL;
+	}
 }
 
 static km_pipeline *pipeline_find(km_mirror *mi, const char *mirror)

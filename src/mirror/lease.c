@@ -42,8 +42,10 @@ enum {
 #define HELD_POLL_MS 100
 /* How soon a member with nothing assigned heartbeats again (the interval is 5 s: a start would wait that long). */
 #define JOIN_POLL_MS 500
+/* How often the group is described (who owns which state partition: describe's Owner). */
+#define DESCRIBE_MS 10000
 
-typedef enum { L_META, L_FIND, L_BEAT, L_ADOPT, L_ALONE } lphase;
+typedef enum { L_META, L_FIND, L_BEAT, L_DESCRIBE, L_ALONE } lphase;
 
 struct km_lease {
 	km_mirror *mi;
@@ -62,6 +64,10 @@ struct km_lease {
 	int32_t hb_ms;    /* the heartbeat interval the coordinator asks for */
 	bool owned_any;   /* for the log line when ownership changes */
 	bool adopted;     /* an earlier life's membership was looked up (once per join) */
+	bool adopting;    /* the group is being described to take that membership's epoch */
+	char **owner_of;  /* nparts entries: who owns each state partition (<host>@<HTTP listener>), NULL: not known */
+	int64_t described_at; /* the group's last ConsumerGroupDescribe answer */
+	int beat_in;      /* when the next heartbeat is due after a describe (ms) */
 	void (*changed)(void *arg); /* the owned set moved (km_lease_on_change) */
 	bool (*busy)(void *arg, int32_t slot);
 	void *changed_arg;
@@ -241,7 +247,7 @@ static void step(km_lease *l)
 		free(parts); /* the request was encoded in the call */
 		return;
 	}
-	case L_ADOPT: {
+	case L_DESCRIBE: {
 		km_consumer_group_describe_request m;
 		km_str g = km_str_c(KM_SYNC_GROUP);
 		if (!(c = client(l, l->coord, KM_API_CONSUMER_GROUP_DESCRIBE, 0, 1, &ver)))
@@ -260,26 +266,65 @@ static void step(km_lease *l)
 	}
 }
 
+static void owners_free(km_lease *l)
+{
+	for (int32_t i = 0; l->owner_of && i < l->nparts; i++) {
+		free(l->owner_of[i]);
+		l->owner_of[i] = NULL;
+	}
+}
+
+/* A member's name for describe: what its lease put after the group's name in its client id (km_mirror_self). */
+static char *member_name(km_str client_id)
+{
+	static const char mark[] = "/" KM_SYNC_GROUP "/";
+	char id[512];
+	const char *at;
+	snprintf(id, sizeof(id), "%.*s", client_id.len > 0 ? (int)client_id.len : 0, client_id.p ? client_id.p : "");
+	at = strstr(id, mark);
+	return strdup(at ? at + strlen(mark) : id);
+}
+
 /*
- * A join of this member id was fenced: the group still holds it, with the epoch an earlier life
- * of this kmirrord reached before it died (kill -9, a crash: it did not leave). The member id is
- * this kmirrord's own (km_lease_new), so that life is over: heartbeating at its epoch takes its
- * place and its assignment at once, instead of waiting for the group to expire it (the session
- * timeout, 45 s by default) while its mirrors stand still.
+ * The group described: who owns each state partition (describe's Owner), and, after a join of
+ * this member id was fenced, that member's epoch. The group still holds the member at the epoch
+ * an earlier life of this kmirrord reached before it died (kill -9, a crash: it did not leave).
+ * The member id is this kmirrord's own (member_id), so that life is over: heartbeating at its
+ * epoch takes its place and its assignment at once, instead of waiting for the group to expire it
+ * (the session timeout, 45 s by default) while its mirrors stand still.
  */
-static void took_adopt(km_lease *l, const km_consumer_group_describe_response *r)
+static void took_describe(km_lease *l, const km_consumer_group_describe_response *r)
 {
 	const km_consumer_group_describe_response_described_group *g = r->groups.count == 1 ? &r->groups.items[0] : NULL;
+	bool adopting = l->adopting;
 
 	l->ph = L_BEAT;
-	for (int32_t i = 0; g && !g->error_code && i < g->members.count; i++)
+	l->adopting = false;
+	l->described_at = now_ms();
+	if (g && !g->error_code && l->owner_of) {
+		owners_free(l);
+		for (int32_t i = 0; i < g->members.count; i++) {
+			const km_consumer_group_describe_response_member *m = &g->members.items[i];
+			for (int32_t t = 0; m->assignment.topic_partitions.count > 0 && t < m->assignment.topic_partitions.count; t++) {
+				const km_consumer_group_describe_response_topic_partitions *tp = &m->assignment.topic_partitions.items[t];
+				if (memcmp(tp->topic_id.b, l->topic_id.b, sizeof(l->topic_id.b)))
+					continue;
+				for (int32_t k = 0; k < tp->partitions.count; k++) {
+					int32_t p = tp->partitions.items[k];
+					if (p >= 0 && p < l->nparts && !l->owner_of[p])
+						l->owner_of[p] = member_name(m->client_id);
+				}
+			}
+		}
+	}
+	for (int32_t i = 0; adopting && g && !g->error_code && i < g->members.count; i++)
 		if (km_str_eq_c(g->members.items[i].member_id, l->member) && g->members.items[i].member_epoch > 0) {
 			l->epoch = g->members.items[i].member_epoch;
 			KM_INFO(COMP, 0, "mirrors: this kmirrord takes the place of its earlier life in group %s (member %s, "
 				"epoch %d)", KM_SYNC_GROUP, l->member, (int)l->epoch);
 			return later(l, 0);
 		}
-	later(l, RETRY_MS); /* not there (expired meanwhile): a join creates it anew */
+	later(l, adopting ? RETRY_MS : l->beat_in); /* adopting and not there (expired meanwhile): a join creates it anew */
 }
 
 static void took_meta(km_lease *l, const km_metadata_response *r)
@@ -298,6 +343,12 @@ static void took_meta(km_lease *l, const km_metadata_response *r)
 	    !(owned = calloc((size_t)t->partitions.count * 2, sizeof(*owned))))
 		return later(l, RETRY_MS);
 	disown(l, "the state topic is looked up again");
+	owners_free(l);
+	free(l->owner_of);
+	if (!(l->owner_of = calloc((size_t)t->partitions.count, sizeof(*l->owner_of)))) {
+		free(owned);
+		return later(l, RETRY_MS);
+	}
 	free(l->owned);
 	l->owned = owned;
 	l->held = owned + t->partitions.count;
@@ -329,7 +380,8 @@ static void took_beat(km_lease *l, const km_consumer_group_heartbeat_response *r
 	case K_FENCED_MEMBER_EPOCH:
 		if (l->epoch == 0 && !l->adopted) {
 			l->adopted = true;
-			l->ph = L_ADOPT;
+			l->adopting = true;
+			l->ph = L_DESCRIBE;
 			return later(l, 0);
 		}
 		rejoin(l);
@@ -393,12 +445,17 @@ static void took_beat(km_lease *l, const km_consumer_group_heartbeat_response *r
 		if (moved)
 			notify(l); /* the owner lets go of what it lost before a heartbeat says so */
 	}
+	l->beat_in = r->heartbeat_interval_ms > 0 ? r->heartbeat_interval_ms : 5000;
 	for (int32_t i = 0; i < l->nparts; i++)
 		if (l->held[i])
-			return later(l, HELD_POLL_MS); /* say it is released as soon as it is */
-	if (!l->owned_any && !r->assignment)
-		return later(l, JOIN_POLL_MS); /* joined, nothing assigned yet: the assignor is quick, ask again soon */
-	later(l, r->heartbeat_interval_ms > 0 ? r->heartbeat_interval_ms : 5000);
+			l->beat_in = HELD_POLL_MS; /* say it is released as soon as it is */
+	if (l->beat_in > HELD_POLL_MS && !l->owned_any && !r->assignment)
+		l->beat_in = JOIN_POLL_MS; /* joined, nothing assigned yet: the assignor is quick, ask again soon */
+	if (r->assignment || now_ms() - l->described_at >= DESCRIBE_MS) {
+		l->ph = L_DESCRIBE; /* who owns what now (describe's Owner); the heartbeat follows */
+		return later(l, 0);
+	}
+	later(l, l->beat_in);
 }
 
 static void on_response(km_net_client *c, const km_rpc_response *r, void *arg)
@@ -426,8 +483,8 @@ static void on_response(km_net_client *c, const km_rpc_response *r, void *arg)
 	case L_BEAT:
 		took_beat(l, r->msg);
 		break;
-	case L_ADOPT:
-		took_adopt(l, r->msg);
+	case L_DESCRIBE:
+		took_describe(l, r->msg);
 		break;
 	case L_ALONE:
 		break;
@@ -497,7 +554,8 @@ void km_lease_start(km_lease *l)
 	if (!l || l->dst || l->ph == L_ALONE)
 		return;
 	member_id(l);
-	if (!(l->dst = km_mirror_dest_cluster(l->mi, KM_SYNC_GROUP, "lease", on_cluster, l)))
+	/* The client id ends with this kmirrord's name: the others' describe shows it as the owner. */
+	if (!(l->dst = km_mirror_dest_cluster(l->mi, KM_SYNC_GROUP, km_mirror_self(l->mi), on_cluster, l)))
 		return alone(l, "no client for the destination");
 	later(l, 0);
 }
@@ -542,6 +600,8 @@ void km_lease_free(km_lease *l)
 	km_cluster_free(l->dst);
 	if (l->ev)
 		event_free(l->ev);
+	owners_free(l);
+	free(l->owner_of);
 	free(l->owned);
 	free(l);
 }
@@ -551,6 +611,12 @@ void km_lease_on_change(km_lease *l, void (*changed)(void *arg), bool (*busy)(vo
 	l->changed = changed;
 	l->busy = busy;
 	l->changed_arg = arg;
+}
+
+const char *km_lease_owner(const km_lease *l, const char *mirror)
+{
+	int32_t k = km_lease_slot(l, mirror);
+	return k >= 0 && l->ph != L_ALONE && l->owner_of ? l->owner_of[k] : NULL;
 }
 
 bool km_lease_stale(const km_lease *l)

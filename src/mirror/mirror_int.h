@@ -96,6 +96,10 @@ int32_t km_lease_slot(const km_lease *l, const char *mirror);
  * none with mirror_pipelines = none (driver.c).
  */
 bool km_mirror_owns(km_mirror *mi, const char *mirror, bool pipelines);
+/* This kmirrord's name among the others: <host>@<HTTP listener> (<host> without one). */
+const char *km_mirror_self(km_mirror *mi);
+/* Who owns the state partition of mirror, as the group's last description says (NULL: not known). */
+const char *km_lease_owner(const km_lease *l, const char *mirror);
 /* The driver looks at which mirrors it owns on the next loop iteration (a pipeline found it lost its own). */
 void km_mirror_rebalance_soon(km_mirror *mi);
 

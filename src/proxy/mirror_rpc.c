@@ -988,8 +988,11 @@ static void describe_one(km_mop *op, const km_state_mirror *m, km_describe_mirro
 			dp->last_error_time_ms = p.last_error ? p.last_error_ms : -1;
 		}
 	}
-	if (op->mi)
+	if (op->mi) {
+		const char *owner = km_mirror_owner(op->mi, km_state_mirror_name(m));
+		d->owner = owner ? km_str_c(km_mop_strdup(op, km_str_c(owner))) : KM_STR_NULL;
 		describe_sync(op, m, d);
+	}
 }
 
 static void answer_describe(km_mop *op)

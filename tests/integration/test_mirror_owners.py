@@ -12,6 +12,7 @@ former owner's older epoch once the new owner wrote. An owner paused (SIGSTOP) p
 resumed, it stops its pipelines before writing anything (its lease is stale)."""
 
 import signal
+import socket
 import time
 import uuid
 
@@ -20,7 +21,7 @@ from confluent_kafka.admin import AdminClient
 from mirror_cli import Cli, kmirror_bin  # noqa: F401
 from mirror_data import compare_topic, main_release_only, partition_batches, produce_records, wait_caught_up
 from proxy_fixtures import *  # noqa: F401,F403
-from proxy_fixtures import wait_until
+from proxy_fixtures import PROXY_HOST, wait_until
 
 # Release-independent: on the pom's release only (mirror_data.ON_MAIN_RELEASE).
 pytestmark = main_release_only
@@ -133,6 +134,17 @@ def test_each_mirror_runs_in_one_kmirrord(kmirror_bin, dest_cluster, source_clus
     assert {n for v in r.values() for n in v} == {a.name, b.name}, f"one kmirrord runs every mirror: {r}"
     owned = {p.name: p.metric("kmirror_mirrors_owned") for p in proxies}
     assert owned == {p.name: sum(v == [p.name] for v in r.values()) for p in proxies}, (owned, r)
+    # describe through either names the runner of each mirror (<host>@<HTTP listener>).
+    names = {p.name: f"{socket.gethostname()}@{PROXY_HOST}:{p.http_port}" for p in proxies}
+    want = {m: names[v[0]] for m, v in r.items()}
+
+    def described_owners(p):
+        doc, _ = Cli(kmirror_bin, p.bootstrap).json("describe")
+        return {m["name"]: m["owner"] for m in doc["mirrors"] if m["name"] in want}
+    wait_until(lambda: all(described_owners(p) == want for p in proxies), 30, 0.5,
+               what=f"describe through a and b naming the runners {want}")
+    out = cli.run("describe", "--mirror", mirrors[0]).stdout
+    assert f"Run by: {want[mirrors[0]]}" in out, out
 
     # SIGTERM a: it leaves the group, b runs every mirror at once.
     gained = b.metric('kmirror_mirror_handovers_total{direction="gained"}')

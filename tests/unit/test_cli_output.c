@@ -184,6 +184,7 @@ static void describe_fixture_init(describe_fixture *f)
 	f->r.mirrors.count = 4;
 
 	east->mirror_name = km_str_c("east");
+	east->owner = km_str_c("host-a@127.0.0.1:8080");
 	km_describe_mirrors_response_described_config_init(&f->c[0]);
 	f->c[0].name = km_str_c("bootstrap.servers");
 	f->c[0].value = km_str_c("src:9092");
@@ -253,6 +254,7 @@ static void test_describe_table(void **state)
 	 * its time; a kmirrord that does not report the sync shows none. */
 	assert_string_equal(s,
 			    "Mirror: east\n"
+			    "Run by: host-a@127.0.0.1:8080\n"
 			    "CONFIG             VALUE\n"
 			    "bootstrap.servers  src:9092\n"
 			    "sasl.password      (secret)\n"
@@ -273,6 +275,7 @@ static void test_describe_table(void **state)
 			    "orders  0          MIRRORING  2026-01-02T02:50:45Z  10          7         3    0        -\n"
 			    "\n"
 			    "Mirror: west\n"
+			    "Run by: not known to this kmirrord\n"
 			    "CONFIG  VALUE\n"
 			    "\n"
 			    "Metadata sync (not run by this kmirrord: another kmirrord runs it, or no topic is synced yet):\n"
@@ -286,6 +289,7 @@ static void test_describe_table(void **state)
 			    "fresh  -          PREPARING  -      -           -         -    -        -\n"
 			    "\n"
 			    "Mirror: old\n"
+			    "Run by: not known to this kmirrord\n"
 			    "CONFIG  VALUE\n"
 			    "\n"
 			    "No topics.\n"
@@ -312,7 +316,7 @@ static void test_describe_json(void **state)
 	assert_string_equal(
 		s,
 		"{\"mirrors\":["
-		"{\"name\":\"east\",\"error\":null,"
+		"{\"name\":\"east\",\"error\":null,\"owner\":\"host-a@127.0.0.1:8080\","
 		"\"configs\":[{\"name\":\"bootstrap.servers\",\"value\":\"src:9092\",\"sensitive\":false},"
 		"{\"name\":\"sasl.password\",\"value\":null,\"sensitive\":true}],"
 		"\"topics\":[{\"name\":\"orders\",\"topic_id\":null,\"state\":\"MIRRORING\",\"partitions\":["
@@ -332,7 +336,7 @@ static void test_describe_json(void **state)
 		"{\"kind\":\"acls\",\"is_owner\":true,\"scope\":\"off\",\"last_sync_time_ms\":1767322200000,\"compared\":0,"
 		"\"changes_last_cycle\":0,\"changes_total\":0,\"skipped\":0,\"errors_total\":7,"
 		"\"last_error\":\"SECURITY_DISABLED: no authorizer\",\"last_error_time_ms\":1767322247000}]},"
-		"{\"name\":\"west\",\"error\":null,\"configs\":[],"
+		"{\"name\":\"west\",\"error\":null,\"owner\":null,\"configs\":[],"
 		"\"topics\":[{\"name\":\"fresh\",\"topic_id\":null,\"state\":\"PREPARING\",\"partitions\":[]}],"
 		"\"metadata_sync\":["
 		"{\"kind\":\"configs\",\"is_owner\":false,\"scope\":null,\"last_sync_time_ms\":-1,\"compared\":0,"
@@ -355,10 +359,10 @@ static void test_describe_json(void **state)
 	f.r.mirrors.count = 2;
 	km_cli_describe_print(m.f, &f.r, true);
 	s = mb_close(&m);
-	assert_string_equal(s, "{\"mirrors\":[{\"name\":\"old\",\"error\":null,\"configs\":[],\"topics\":[],"
+	assert_string_equal(s, "{\"mirrors\":[{\"name\":\"old\",\"error\":null,\"owner\":null,\"configs\":[],\"topics\":[],"
 			       "\"metadata_sync\":[]},"
 			       "{\"name\":\"ghost\",\"error\":{\"code\":32002,\"name\":\"UNKNOWN_CLUSTER_MIRROR\","
-			       "\"message\":\"mirror ghost does not exist\"},\"configs\":[],\"topics\":[],"
+			       "\"message\":\"mirror ghost does not exist\"},\"owner\":null,\"configs\":[],\"topics\":[],"
 			       "\"metadata_sync\":[]}]}\n");
 	free(s);
 }

@@ -111,6 +111,8 @@ typedef struct km_describe_mirrors_response_described_mirror {
 		int32_t count; /* -1 = null */
 		km_describe_mirrors_response_described_topic *items;
 	} topics;
+	/* v0+ nullable tag 1: The kmirrord that runs the mirror's pipelines, as <host>@<HTTP listener>: the one the d... */
+	km_str owner;
 	/* v0+ tag 0: The metadata sync's status as this kmirrord sees it (in memory only): one entry per ste... */
 	struct {
 		int32_t count; /* -1 = null */

@@ -465,6 +465,7 @@ void km_describe_mirrors_response_described_mirror_init(km_describe_mirrors_resp
 {
 	memset(m, 0, sizeof(*m));
 	m->error_message = KM_STR_NULL;
+	m->owner = KM_STR_NULL;
 }
 
 static bool km_describe_mirrors_response_described_mirror_dec_tag_metadata_sync(km_rd *r, int16_t v, km_describe_mirrors_response_described_mirror *m, km_arena *a)
@@ -488,6 +489,15 @@ static bool km_describe_mirrors_response_described_mirror_dec_tag_metadata_sync(
 			}
 		}
 	}
+	return true;
+}
+
+static bool km_describe_mirrors_response_described_mirror_dec_tag_owner(km_rd *r, int16_t v, km_describe_mirrors_response_described_mirror *m, km_arena *a)
+{
+	(void)v;
+	(void)a;
+	if (!km_rd_string(r, "DescribedMirror.Owner", true, true, &m->owner))
+		return false;
 	return true;
 }
 
@@ -553,6 +563,12 @@ static bool km_describe_mirrors_response_described_mirror_dec(km_rd *r, int16_t 
 						return km_codec_rd_join(r, &sub);
 				}
 				break;
+				case 1:
+				{
+					if (!km_describe_mirrors_response_described_mirror_dec_tag_owner(&sub, v, m, a))
+						return km_codec_rd_join(r, &sub);
+				}
+				break;
 				default:
 					known = false;
 					break;
@@ -591,6 +607,8 @@ static void km_describe_mirrors_response_described_mirror_enc(km_wr *w, int16_t 
 		uint32_t ntags = (uint32_t)(m->unknown_tags.count > 0 ? m->unknown_tags.count : 0);
 		const bool has_metadata_sync = true && m->metadata_sync.count != 0;
 		ntags += has_metadata_sync;
+		const bool has_owner = true && m->owner.len >= 0;
+		ntags += has_owner;
 		km_wr_uvarint(w, ntags);
 		km_codec_wr_tags(w, &m->unknown_tags, 0, 1, false);
 		if (has_metadata_sync) {
@@ -607,7 +625,15 @@ static void km_describe_mirrors_response_described_mirror_enc(km_wr *w, int16_t 
 				km_describe_mirrors_response_metadata_sync_status_enc(w, v, &m->metadata_sync.items[i]);
 			}
 		}
-		km_codec_wr_tags(w, &m->unknown_tags, 1, UINT64_MAX, false);
+		km_codec_wr_tags(w, &m->unknown_tags, 1, 2, false);
+		if (has_owner) {
+			size_t n = 0;
+			n += km_sz_string(true, m->owner);
+			km_wr_uvarint(w, 1);
+			km_wr_uvarint(w, (uint32_t)n);
+			km_wr_string(w, true, m->owner);
+		}
+		km_codec_wr_tags(w, &m->unknown_tags, 2, UINT64_MAX, false);
 	}
 }
 
@@ -635,6 +661,12 @@ static size_t km_describe_mirrors_response_described_mirror_sz(int16_t v, const 
 			for (int32_t i = 0; i < m->metadata_sync.count; i++)
 				fn += km_describe_mirrors_response_metadata_sync_status_sz(v, &m->metadata_sync.items[i]);
 			n += km_sz_uvarint(0) + km_sz_uvarint((uint32_t)fn) + fn;
+			ntags++;
+		}
+		if (true && m->owner.len >= 0) {
+			size_t fn = 0;
+			fn += km_sz_string(true, m->owner);
+			n += km_sz_uvarint(1) + km_sz_uvarint((uint32_t)fn) + fn;
 			ntags++;
 		}
 		n += km_sz_uvarint(ntags);

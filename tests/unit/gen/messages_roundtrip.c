@@ -8364,6 +8364,7 @@ static void fill_km_describe_mirrors_response_described_mirror(km_describe_mirro
 		km_describe_mirrors_response_described_topic_init(&m->topics.items[i]);
 		fill_km_describe_mirrors_response_described_topic(&m->topics.items[i], v, mode, a, seq);
 	}
+	m->owner = (mode == 1 && true) ? KM_STR_NULL : t_str(a, seq);
 	m->metadata_sync.count = 2;
 	m->metadata_sync.items = km_arena_alloc(a, 2 * sizeof(*m->metadata_sync.items));
 	assert_non_null(m->metadata_sync.items);
@@ -8372,7 +8373,7 @@ static void fill_km_describe_mirrors_response_described_mirror(km_describe_mirro
 		fill_km_describe_mirrors_response_metadata_sync_status(&m->metadata_sync.items[i], v, mode, a, seq);
 	}
 	if (true && mode == 0)
-		t_unknown_tags(&m->unknown_tags, a, 1, 1000, seq);
+		t_unknown_tags(&m->unknown_tags, a, 2, 1001, seq);
 }
 
 static bool eq_km_describe_mirrors_response_described_mirror(const km_describe_mirrors_response_described_mirror *x, const km_describe_mirrors_response_described_mirror *y)
@@ -8395,6 +8396,8 @@ static bool eq_km_describe_mirrors_response_described_mirror(const km_describe_m
 		if (!eq_km_describe_mirrors_response_described_topic(&x->topics.items[i], &y->topics.items[i]))
 			return t_diff("DescribedMirror.Topics");
 	}
+	if (!km_str_eq(x->owner, y->owner))
+		return t_diff("DescribedMirror.Owner");
 	if (x->metadata_sync.count != y->metadata_sync.count)
 		return t_diff("DescribedMirror.MetadataSync");
 	for (int32_t i = 0; i < x->metadata_sync.count; i++) {

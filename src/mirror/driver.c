@@ -540,9 +540,12 @@ static void rebalance(void *arg)
 		const km_state_mirror *m = km_state_mirror_at(mi->st, i);
 		km_pipeline *pl = pipeline_find(mi, km_state_mirror_name(m));
 		if ((!pl || km_pipeline_retired_at(pl)) && km_mirror_owns(mi, km_state_mirror_name(m), true)) {
+			dispatch_mirror(mi, m);
+			/* A mirror with nothing to run (every topic stopped or paused) starts no pipeline. */
+			if (!(pl = pipeline_find(mi, km_state_mirror_name(m))) || km_pipeline_retired_at(pl))
+				continue;
 			KM_INFO("mirror", 0, "mirror %s: its pipeline runs in this kmirrord now (group %s)",
 				km_state_mirror_name(m), KM_SYNC_GROUP);
-			dispatch_mirror(mi, m);
 			if (mi->gained)
 				km_metric_inc(mi->gained, 1);
 		}

@@ -253,7 +253,10 @@ static void step(km_lease *l)
 		if (!(c = client(l, l->coord, KM_API_CONSUMER_GROUP_DESCRIBE, 0, 1, &ver)))
 			return;
 		if (ver < 0) {
-			l->ph = L_BEAT; /* cannot look: join anew once the earlier life expires */
+			/* Cannot look: no owners to show, and a fenced rejoin waits for the earlier life to expire. */
+			l->ph = L_BEAT;
+			l->adopting = false;
+			l->described_at = now_ms();
 			return later(l, RETRY_MS);
 		}
 		km_consumer_group_describe_request_init(&m);
@@ -465,6 +468,15 @@ static void on_response(km_net_client *c, const km_rpc_response *r, void *arg)
 	if (l->freeing)
 		return;
 	l->inflight = false;
+	if (l->ph == L_DESCRIBE && (km_rpc_undecoded(r) || r->err != KM_OK)) {
+		/* The description is a help (owners, an earlier life's epoch): the heartbeats go on without it. */
+		if (r->err != KM_OK && !km_rpc_undecoded(r))
+			km_cluster_drop(l->dst, c);
+		l->ph = L_BEAT;
+		l->adopting = false;
+		l->described_at = now_ms();
+		return later(l, RETRY_MS);
+	}
 	if (km_rpc_undecoded(r))
 		return later(l, RETRY_MS); /* the connection is sound: ask again */
 	if (r->err != KM_OK) {

@@ -146,7 +146,7 @@ def test_kill9_of_the_owner(kmirror_bin, dest_cluster3, source_cluster, proxy_fa
     reader.stop()
     # Known gap (docs/operations.md, "Several instances"): a consumer at the head while a new owner
     # hides what the killed one left (reconcile's hidden range) can get MSG_SIZE_TOO_LARGE events
-    # ("might be too large to fetch") from the proxy's presentation of hidden batches; librdkafka
+    # ("might be too large to fetch"), most likely from the proxy's presentation of hidden batches; librdkafka
     # fetches on and reads every record (checked below). Every other error fails the test.
     size = [e for e in reader.errors if e.code() == KafkaError.MSG_SIZE_TOO_LARGE]
     other = [e for e in reader.errors if e.code() != KafkaError.MSG_SIZE_TOO_LARGE]

@@ -1,7 +1,6 @@
 /* The mirror driver: hands partitions to their mirror's pipeline and persists the transitions the pipelines complete (kmirror/mirror.h). */
 #include <stdlib.h>
 #include <string.h>
-#include <sys/time.h>
 #include <unistd.h>
 
 #include <event2/dns.h>
@@ -566,25 +565,14 @@ void km_mirror_rebalance_soon(km_mirror *mi)
 		event_active(mi->rebalance_ev, 0, 0);
 }
 
-/* Handover waits this long at most for a retired pipeline's store writes (then the next owner goes on anyway). */
-#define RELEASE_WAIT_MS 10000
-
-/* Whether a mirror of state topic partition slot is still being let go of: its retired pipeline's store writes. */
+/* Whether a mirror of state topic partition slot is still being let go of (km_pipeline_releasing). */
 static bool releasing(void *arg, int32_t slot)
 {
 	km_mirror *mi = arg;
-	struct timeval tv;
-	int64_t now;
 
-	gettimeofday(&tv, NULL);
-	now = (int64_t)tv.tv_sec * 1000 + tv.tv_usec / 1000;
-	for (size_t i = 0; i < mi->npipes; i++) {
-		km_pipeline *pl = mi->pipes[i];
-		int64_t at = km_pipeline_retired_at(pl);
-		if (at && now - at < RELEASE_WAIT_MS && km_pipeline_busy(pl) &&
-		    km_lease_slot(mi->lease, km_pipeline_name(pl)) == slot)
+	for (size_t i = 0; i < mi->npipes; i++)
+		if (km_pipeline_releasing(mi->pipes[i]) && km_lease_slot(mi->lease, km_pipeline_name(mi->pipes[i])) == slot)
 			return true;
-	}
 	return false;
 }
 

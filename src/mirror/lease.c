@@ -308,7 +308,7 @@ static void took_describe(km_lease *l, const km_consumer_group_describe_response
 		owners_free(l);
 		for (int32_t i = 0; i < g->members.count; i++) {
 			const km_consumer_group_describe_response_member *m = &g->members.items[i];
-			for (int32_t t = 0; m->assignment.topic_partitions.count > 0 && t < m->assignment.topic_partitions.count; t++) {
+			for (int32_t t = 0; t < m->assignment.topic_partitions.count; t++) {
 				const km_consumer_group_describe_response_topic_partitions *tp = &m->assignment.topic_partitions.items[t];
 				if (memcmp(tp->topic_id.b, l->topic_id.b, sizeof(l->topic_id.b)))
 					continue;

@@ -159,8 +159,11 @@ void km_pipeline_free(km_pipeline *pl);
 void km_pipeline_retire(km_pipeline *pl, const char *why);
 /* A retired pipeline runs again (its partitions are handed to it again, each reconciles first); false: no memory. */
 bool km_pipeline_resume(km_pipeline *pl);
-/* Store writes of the pipeline not answered yet: a retired one's handover waits for them. */
-bool km_pipeline_busy(const km_pipeline *pl);
+/*
+ * A retired pipeline whose store writes are not all answered yet, for at most
+ * KM_MIRROR_RELEASE_WAIT_MS after its retire: its mirror's handover waits for them.
+ */
+bool km_pipeline_releasing(const km_pipeline *pl);
 /* When it was retired (ms); 0: it runs. */
 int64_t km_pipeline_retired_at(const km_pipeline *pl);
 const char *km_pipeline_name(const km_pipeline *pl);

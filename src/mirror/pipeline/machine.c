@@ -821,9 +821,9 @@ bool km_pipeline_resume(km_pipeline *pl)
 	return true;
 }
 
-bool km_pipeline_busy(const km_pipeline *pl)
+bool km_pipeline_releasing(const km_pipeline *pl)
 {
-	return pl->store_pending > 0;
+	return pl->retired_at && pl->store_pending > 0 && km_pl_now_ms() - pl->retired_at < KM_MIRROR_RELEASE_WAIT_MS;
 }
 
 int64_t km_pipeline_retired_at(const km_pipeline *pl)

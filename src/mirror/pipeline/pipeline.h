@@ -27,6 +27,8 @@
 #define METADATA_MIN_INTERVAL_MS 500
 /* A partition whose destination writes keep failing (retriable errors, reconciles) this long goes FAILED. */
 #define KM_MIRROR_FAIL_AFTER_MS 300000
+/* A retired pipeline's handover waits this long at most for its store writes (then the next owner goes on). */
+#define KM_MIRROR_RELEASE_WAIT_MS 10000
 /* A partition fenced by a newer epoch of the writer waits this long before it reconciles (two heartbeats). */
 #define FENCED_WAIT_MS 10000
 /* How often a paused partition's source end is read (for its lag). */

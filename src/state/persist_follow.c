@@ -18,7 +18,7 @@
 
 static void follow_round(km_state_persist *io);
 
-static int64_t now_ms(void)
+int64_t km_ps_now_ms(void)
 {
 	struct timeval tv;
 	gettimeofday(&tv, NULL);
@@ -162,7 +162,7 @@ static void follow_end(km_state_persist *io)
 			km_ps_follow_kick(io, km_ps_next_backoff(io));
 			return;
 		}
-		km_state_followed(io->st, &m, io->foldest_ms > 0 ? (double)(now_ms() - io->foldest_ms) / 1000.0 : -1);
+		km_state_followed(io->st, &m, io->foldest_ms > 0 ? (double)(km_ps_now_ms() - io->foldest_ms) / 1000.0 : -1);
 		io->fdirty = false;
 		io->foldest_ms = -1;
 	}

@@ -19,6 +19,8 @@
 #define SCRATCH_BYTES (64 << 20)  /* a compressed state batch decompressed */
 #define WRITE_ATTEMPTS 6
 #define META_ATTEMPTS 20
+#define META_UNKNOWN_WAIT_MS 5000 /* a topic just created: how long it may stay unknown to the broker asked */
+#define META_UNKNOWN_RETRY_MS 200
 #define BACKOFF_MIN_MS 200
 #define BACKOFF_MAX_MS 10000
 
@@ -124,6 +126,7 @@ struct km_state_persist {
 	char **mnames;
 	size_t mn;
 	km_state_meta_cb mcb;
+	int64_t munknown_until_ms; /* an unknown topic is asked again until then (a broker learns a new topic late) */
 };
 
 typedef struct req_ctx {
@@ -151,6 +154,7 @@ bool km_ps_client_wait(km_state_persist *io, km_net_client *c, int32_t id, void 
 int16_t km_ps_version_for(km_net_client *c, int16_t key, char *why, size_t len);
 /* A client to any broker (a bootstrap address until the metadata names brokers). */
 km_net_client *km_ps_any(km_state_persist *io);
+int64_t km_ps_now_ms(void);
 /* The client of broker id (from the state topic's metadata). */
 km_net_client *km_ps_node(km_state_persist *io, int32_t id);
 /* Forget c after a failure on it: the next ask reconnects (the next bootstrap address for one). */

@@ -599,6 +599,7 @@ static void on_topics_metadata(km_net_client *c, const km_rpc_response *rr, void
 		meta_end(io, KM_MIRROR_STATE_UNAVAILABLE, "undecodable Metadata response", NULL);
 		return;
 	}
+	bool unknown = false;
 	for (size_t i = 0; i < io->mn; i++) {
 		metas[i].error = K_ERR_UNKNOWN_TOPIC;
 		for (int32_t j = 0; j < r->topics.count; j++) {
@@ -609,6 +610,15 @@ static void on_topics_metadata(km_net_client *c, const km_rpc_response *rr, void
 			metas[i].id = t->topic_id;
 			metas[i].partitions = t->partitions.count > 0 ? t->partitions.count : 0;
 		}
+		unknown = unknown || metas[i].error == K_ERR_UNKNOWN_TOPIC || metas[i].partitions == 0;
+	}
+	/* A topic the mirror module has just created may not have reached the broker asked yet (each broker
+	 * learns it from the controller on its own): ask again, another broker perhaps, for a short while. */
+	if (unknown && km_ps_now_ms() < io->munknown_until_ms) {
+		free(metas);
+		io->gen++;
+		km_ps_after(io, META_UNKNOWN_RETRY_MS, meta_send);
+		return;
 	}
 	meta_end(io, KM_OK, NULL, metas);
 	free(metas);
@@ -644,6 +654,7 @@ void km_state_persist_topics(km_state_persist *io, char *const *names, size_t n,
 	io->ph = PH_META;
 	io->wait_c = NULL;
 	io->mcb = cb;
+	io->munknown_until_ms = km_ps_now_ms() + META_UNKNOWN_WAIT_MS;
 	io->attempts = 0;
 	io->backoff_ms = 0;
 	io->gen++;

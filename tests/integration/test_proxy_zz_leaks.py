@@ -90,14 +90,15 @@ def test_no_upstream_address_reaches_clients(proxy_capture, proxy3_session, dest
     assert flows and total > 0
     # The capture is complete: for the session proxy it holds what the proxy counted as sent
     # to clients, less what was queued to clients that had already hung up (a consumer closed
-    # with a fetch in flight: about 0.1 % in a run). A wrong interface, filter or a dead tcpdump
-    # would miss far more; lost packets and holes are caught above.
+    # with a fetch answer in flight: about 0.1 % in most runs, 3 % once, one 5-KB answer of a
+    # session that moved 160 KB). A wrong interface, filter or a dead tcpdump would miss nearly
+    # everything; lost packets and holes are caught above.
     for p in proxy3_session.all:
         ports = {p.port} | {p.broker_port(n) for n in range(8)}
         captured = sum(len(v) for k, v in flows.items() if k[1] in ports)
         if hasattr(p, "final_bytes_out"):
             assert p.final_bytes_out > 0
-            assert captured >= p.final_bytes_out * 0.99, (captured, p.final_bytes_out)
+            assert captured >= p.final_bytes_out * 0.9, (captured, p.final_bytes_out)
     hits = scan_flows(flows, leak_patterns(upstream_ports([dest_cluster3])))
     assert not hits, (f"{len(hits)} upstream addresses in {total} bytes sent to clients:\n"
                       + describe_hits(hits))

@@ -622,6 +622,91 @@ static km_err diverging_epoch(const km_fetch_walk *w, struct evbuffer *in, size_
 	return patch64(in, first, at + r.pos + 4, next_to_logical(m, (int64_t)km_be64(buf + r.pos + 4)));
 }
 
+/* Writes v as an unsigned varint of exactly width bytes (non-minimal when v needs fewer); false if it needs more. */
+static bool uvarint_fixed(uint8_t *out, uint32_t v, size_t width)
+{
+	for (size_t i = 0; i < width; i++) {
+		out[i] = (uint8_t)(v & 0x7f) | (i + 1 < width ? 0x80 : 0);
+		v >>= 7;
+	}
+	return v == 0;
+}
+
+static size_t uvarint_width(uint32_t v)
+{
+	size_t n = 1;
+	while (v >= 0x80) {
+		v >>= 7;
+		n++;
+	}
+	return n;
+}
+
+/*
+ * A partition whose records all lie at or past the pipeline's tail (written, not mapped yet) is
+ * answered with no records. Every client skips such batches once they are put below its position
+ * (fetch_batch), but librdkafka takes an answer that yields no record for a fetch size too small:
+ * it doubles the size, and once at 1 GiB it reports MSG_SIZE_TOO_LARGE for the partition ("might
+ * be too large to fetch"), a consumer at the head that fetched while a batch was unmapped a dozen
+ * times. The frame's length went out already, so the partition keeps its length: the records
+ * field becomes empty and its bytes, with the partition's (empty) tagged fields, the value of one
+ * tagged field no client knows (KM_FETCH_FILLER_TAG; every reader skips unknown tags). Only the
+ * head of that span is written: the walk goes on over the old layout, which is still there after
+ * it. v12+ only (v4-11 partitions have no tagged fields to hold the bytes: left as they were), and
+ * only when the tagged fields are empty, as the broker sends them with records.
+ */
+#define KM_FETCH_FILLER_TAG 10000u
+
+static km_err blank_unmapped(const km_fetch_walk *w, struct evbuffer *in, size_t first, const km_offmap *m,
+			     bool *blanked)
+{
+	const km_fetch_part *p = &w->part;
+	size_t k, end = p->records_off + p->records_len, span, room, tw = uvarint_width(KM_FETCH_FILLER_TAG), sw;
+	uint8_t b[8], head[16];
+	uint32_t len1;
+	km_rd r;
+	km_err rc;
+
+	*blanked = false;
+	if (w->version < 12 || p->records_len < 12 || m->tail_physical < 0 || p->records_len >= UINT32_MAX - 1)
+		return KM_OK;
+	if ((rc = peek(w, in, first, p->records_off, b, 8)) != KM_OK)
+		return rc;
+	if ((int64_t)km_be64(b) < m->tail_physical)
+		return KM_OK; /* a mapped batch first: the batches are presented one by one */
+	/* The records' length prefix (COMPACT_RECORDS: length + 1), as the broker wrote it. */
+	k = uvarint_width((uint32_t)p->records_len + 1);
+	if (p->records_off < first + k)
+		return KM_OK;
+	if ((rc = peek(w, in, first, p->records_off - k, b, k)) != KM_OK)
+		return rc;
+	km_rd_init(&r, b, k);
+	if (!km_rd_uvarint(&r, "records length", &len1) || len1 != p->records_len + 1 || r.pos != k)
+		return KM_OK;
+	/* The partition's tagged fields: only their count byte, 0, follows the records. */
+	if ((rc = peek(w, in, first, end, b, 1)) != KM_OK)
+		return rc;
+	if (b[0] != 0)
+		return KM_OK;
+	/* records (empty: 0x01), one tagged field (count 0x01), its tag, its size, its value to the span's end. */
+	span = k + p->records_len + 1;
+	room = span - 2 - tw;
+	for (sw = 1; sw <= 5 && uvarint_width((uint32_t)(room - sw)) > sw; sw++)
+		;
+	if (sw > 5 || room <= sw)
+		return KM_OK;
+	head[0] = 0x01;
+	head[1] = 0x01;
+	uvarint_fixed(head + 2, KM_FETCH_FILLER_TAG, tw);
+	/* Minimal unless no width fits exactly (room = 129, say): then one byte wider, which readers take. */
+	if (!uvarint_fixed(head + 2 + tw, (uint32_t)(room - sw), sw))
+		return KM_OK;
+	if (!km_evbuf_patch(in, p->records_off - k - first, head, 2 + tw + sw))
+		return KM_ERR_DECODE;
+	*blanked = true;
+	return KM_OK;
+}
+
 static km_err fetch_partition(km_fetch_walk *w, struct evbuffer *in, size_t first, void *ctx)
 {
 	km_off_req *c = ctx;
@@ -631,6 +716,7 @@ static km_err fetch_partition(km_fetch_walk *w, struct evbuffer *in, size_t firs
 	km_str name = KM_STR_NULL;
 	const km_uuid *id = w->version >= 13 ? &p->topic_id : NULL;
 	uint8_t f[24];
+	bool blanked = false;
 	km_err rc;
 
 	if (!c)
@@ -651,6 +737,9 @@ static km_err fetch_partition(km_fetch_walk *w, struct evbuffer *in, size_t firs
 		return KM_OK;
 	/* DivergingEpoch first: it may ask for the event again, and nothing must be patched twice. */
 	if (w->version >= 12 && p->records_len == 0 && (rc = diverging_epoch(w, in, first, m)) != KM_OK)
+		return rc;
+	/* Before anything is patched too: it may wait for the rest of the partition's bytes. */
+	if ((rc = blank_unmapped(w, in, first, m, &blanked)) != KM_OK)
 		return rc;
 	/* HighWatermark, LastStableOffset, LogStartOffset (v5+): "next" offsets. */
 	if ((rc = peek(w, in, first, p->high_watermark_off, f, w->version >= 5 ? 24 : 16)) != KM_OK)
@@ -686,7 +775,7 @@ static km_err fetch_partition(km_fetch_walk *w, struct evbuffer *in, size_t firs
 	e = km_off_req_find(c, name, id, p->partition);
 	c->ref = e ? e->value : -1;
 	c->seen_visible = false;
-	if (p->records_len > 0)
+	if (p->records_len > 0 && !blanked)
 		w->descend = true;
 	return KM_OK;
 }

@@ -7,7 +7,7 @@ import signal
 import time
 
 import pytest
-from confluent_kafka import Producer
+from confluent_kafka import Consumer, Producer, TopicPartition
 
 from mirror_cli import kmirror_bin, wait_states  # noqa: F401
 from mirror_data import create_dest_topic, main_release_only, produce_records, read_partition, watermarks
@@ -28,6 +28,26 @@ def fenv(kmirrord_bin, kmirror_bin, dest_cluster, source_cluster, tmp_path_facto
 
 def source_records(env, topic, end):
     return [(r.offset, r.key, r.value) for r in read_partition(env.sb, topic, 0, 0, end)]
+
+
+def head_stays_quiet(env, topic, head, seconds=3.0):
+    """A librdkafka consumer at the head, for seconds: it reads nothing and gets no error event."""
+    c = Consumer(env.proxy.conf(**{"group.id": unique("head"), "enable.auto.commit": False,
+                                   "isolation.level": "read_uncommitted"}))
+    got, errors = [], []
+    try:
+        c.assign([TopicPartition(topic, 0, head)])
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            m = c.poll(0.2)
+            if m is not None:
+                (errors if m.error() else got).append(m.error() or (m.offset(), m.value()))
+        fetches = env.proxy.metric('kmirror_requests_total{api_key="1"}')
+    finally:
+        c.close()
+    print(f"at the head for {seconds} s: {len(got)} records, errors {errors[:3]}, Fetch requests so far {fetches}")
+    assert not got, got
+    assert not errors, errors[:3]
 
 
 @pytest.mark.parametrize("txn", [False, True], ids=["plain", "transactional"])
@@ -89,6 +109,31 @@ def test_foreign_write_on_destination_fails_the_partition(fenv, txn):
     env.caught_up(topic, 1)
     seen = [(r.offset, r.key, r.value) for r in read_partition(env.pb, topic, 0, 0, 30)]
     assert seen == source_records(env, topic, 30)
+
+
+def test_foreign_write_while_paused_stays_hidden(fenv):
+    """A record written straight into a paused mirror topic on the destination lies past the
+    mirror's tail, which a pause keeps. A librdkafka consumer at the head through kmirrord gets
+    answers that hold only that hidden batch: librdkafka doubles its fetch size on each answer that
+    yields no record and, once at 1 GiB (ten answers), reports MSG_SIZE_TOO_LARGE ("might be too
+    large to fetch"). kmirrord answers such a partition with no records (docs/proxy.md, "A
+    partition with nothing visible"): the consumer reads nothing and gets no error. On resume the
+    partition fails, as for any foreign write."""
+    env = fenv
+    topic = unique("paused")
+    env.source_topic(topic, partitions=1)
+    produce_records(env.sb, topic, 20, tag="a")
+    env.start(topic)
+    env.caught_up(topic, 1)
+    env.cli.run("pause", "--mirror", env.mirror, "--topics", topic)
+    wait_states(env.cli, env.mirror, {topic: "PAUSED"}, timeout=60)
+    p = Producer({"bootstrap.servers": env.dest.bootstrap, "enable.idempotence": False})
+    p.produce(topic, key=b"foreign", value=b"written on the destination", partition=0)
+    assert p.flush(30) == 0
+    head_stays_quiet(env, topic, 20)
+    assert watermarks(env.pb, topic, 1)[0][1] == 20
+    env.cli.run("resume", "--mirror", env.mirror, "--topics", topic)
+    wait_states(env.cli, env.mirror, {topic: "FAILED"}, timeout=60)
 
 
 def test_transaction_open_at_start_is_waited_for(fenv):

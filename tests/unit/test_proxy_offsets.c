@@ -604,6 +604,127 @@ static void test_fetch_response_incremental(void **state)
 	km_wr_free(&fr);
 }
 
+/*
+ * m/0 answered with one batch of len bytes at physical 300, the tail (written, not mapped yet), and
+ * plain/0 with a batch after it. v12+: the partition goes out with no records and its bytes as one
+ * unknown tagged field, the frame's length the same; before v12 the batch is put below the fetch
+ * position as before.
+ */
+static void build_unmapped_response(km_wr *w, int16_t v, uint8_t *recs, size_t len)
+{
+	km_fetch_response rs;
+	km_fetch_response_fetchable_topic_response t[2];
+	km_fetch_response_partition_data p[2];
+	km_wr body;
+
+	memset(recs, 0xd1, len);
+	km_put_be64(recs, 300);
+	km_put_be32(recs + 8, (uint32_t)(len - 12));
+	recs[16] = 2;
+	km_put_be32(recs + 23, 4);
+	km_batch_update_crc(recs, len);
+	km_fetch_response_init(&rs);
+	for (int i = 0; i < 2; i++) {
+		km_fetch_response_partition_data_init(&p[i]);
+		km_fetch_response_fetchable_topic_response_init(&t[i]);
+		p[i].high_watermark = 305;
+		p[i].last_stable_offset = 305;
+		p[i].log_start_offset = 100;
+	}
+	p[0].records = (km_bytes){recs, (int32_t)len};
+	p[1].records = (km_bytes){RECS_PLAIN, (int32_t)sizeof(RECS_PLAIN)};
+	put_batch(RECS_PLAIN, 130, 9, 0xc1);
+	t[0].topic = km_str_c("m");
+	t[0].topic_id = M_ID;
+	t[0].partitions.count = 1;
+	t[0].partitions.items = &p[0];
+	t[1].topic = km_str_c("plain");
+	t[1].topic_id = P_ID;
+	t[1].partitions.count = 1;
+	t[1].partitions.items = &p[1];
+	rs.responses.count = 2;
+	rs.responses.items = t;
+	km_wr_init(&body);
+	km_fetch_response_encode(&body, v, &rs);
+	assert_true(km_wr_ok(&body));
+	km_wr_i32(w, (int32_t)(body.len + 4 + (v >= 12)));
+	km_wr_i32(w, 99);
+	if (v >= 12)
+		km_wr_uvarint(w, 0);
+	km_wr_raw(w, body.buf, body.len);
+	assert_true(km_wr_ok(w));
+	km_wr_free(&body);
+}
+
+static void check_unmapped(int16_t v, size_t len, bool every_cut)
+{
+	uint8_t *recs = malloc(len);
+	km_wr fr;
+	struct evbuffer *whole = evbuffer_new();
+	km_fetch_response got;
+	const km_fetch_response_partition_data *p;
+	km_off_req *c;
+	km_arena a;
+	km_rd r;
+	size_t hl = 8 + (v >= 12);
+	const uint8_t *out;
+	int agains = 0;
+
+	assert_non_null(recs);
+	km_wr_init(&fr);
+	build_unmapped_response(&fr, v, recs, len);
+	c = fetch_ctx(v);
+	stream(fr.buf, fr.len, v, NULL, 0, c, whole, &agains);
+	km_off_req_free(c);
+	out = evbuffer_pullup(whole, -1);
+	km_arena_init(&a, 0);
+	km_fetch_response_init(&got);
+	km_rd_init(&r, out + hl, fr.len - hl);
+	assert_int_equal(km_fetch_response_decode(&r, v, &got, &a), KM_OK);
+	assert_int_equal(r.pos, fr.len - hl);
+	p = got.responses.items[0].partitions.items;
+	assert_int_equal(p[0].high_watermark, 160); /* the tail */
+	if (v >= 12) {
+		assert_int_equal(p[0].records.len, 0);
+		assert_int_equal(p[0].unknown_tags.count, 1);
+		assert_int_equal(p[0].unknown_tags.items[0].tag, 10000);
+	} else {
+		assert_int_equal(p[0].records.len, (int32_t)len);
+		assert_true((int64_t)km_be64(p[0].records.p) < 30); /* below the fetch position */
+	}
+	/* The next topic as it came. */
+	p = got.responses.items[1].partitions.items;
+	assert_int_equal(p[0].records.len, (int32_t)sizeof(RECS_PLAIN));
+	assert_memory_equal(p[0].records.p, RECS_PLAIN, sizeof(RECS_PLAIN));
+	km_arena_free(&a);
+	/* Cut anywhere: the same bytes out (the partition waits for its last byte when it must). */
+	for (size_t cut = 1; every_cut && cut < fr.len; cut++) {
+		struct evbuffer *o = evbuffer_new();
+		c = fetch_ctx(v);
+		stream(fr.buf, fr.len, v, &cut, 1, c, o, &agains);
+		km_off_req_free(c);
+		assert_memory_equal(evbuffer_pullup(o, -1), out, fr.len);
+		evbuffer_free(o);
+	}
+	evbuffer_free(whole);
+	km_wr_free(&fr);
+	free(recs);
+}
+
+static void test_fetch_response_unmapped_tail(void **state)
+{
+	int16_t vs[] = {5, 11, 12, 13, KM_FETCH_RESPONSE_MAX_VERSION};
+	(void)state;
+	for (size_t k = 0; k < sizeof(vs) / sizeof(vs[0]); k++) {
+		check_unmapped(vs[k], 80, true);
+		/* Every length where the size of the filler's value changes width (128, 16384: minimal or not). */
+		for (size_t len = 61; len < 400; len++)
+			check_unmapped(vs[k], len, false);
+		for (size_t len = 16300; len < 16500; len++)
+			check_unmapped(vs[k], len, false);
+	}
+}
+
 /* ---- whole responses ---- */
 
 static km_off_req *ctx_for(int16_t key, int16_t v)
@@ -1045,6 +1166,7 @@ int main(void)
 		cmocka_unit_test(test_fetch_response_highest),
 		cmocka_unit_test(test_fetch_response_untouched),
 		cmocka_unit_test(test_fetch_response_incremental),
+		cmocka_unit_test(test_fetch_response_unmapped_tail),
 		cmocka_unit_test(test_list_offsets),
 		cmocka_unit_test(test_offset_for_leader_epoch),
 		cmocka_unit_test(test_delete_records),

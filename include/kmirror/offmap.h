@@ -45,10 +45,15 @@ enum {
 typedef struct km_offmap {
 	km_offrun *runs; /* sorted by logical (and then by physical: both increase) */
 	size_t n, cap;
-	/* The pipeline's tail, in memory only; -1 when no pipeline runs the partition. */
+	/*
+	 * The tail, in memory only: the local pipeline's while it runs the partition (tail_held), else
+	 * the persisted progress of whoever runs it (the store sets it: docs/state.md, "What a reader
+	 * is shown"); -1 when neither is known (nothing mirrored yet, or the topic is STOPPED).
+	 */
 	int64_t tail_physical, tail_logical;
 	/* Where the earliest destination transaction the pipeline holds open starts (logical); -1: none. */
 	int64_t open_txn_logical;
+	bool tail_held; /* the local pipeline holds the tail: the store leaves it alone */
 } km_offmap;
 
 void km_offmap_init(km_offmap *m);

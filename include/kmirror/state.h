@@ -284,6 +284,26 @@ typedef struct km_state_run {
 void km_state_runs_write(km_state *st, const char *mirror, const km_state_run *runs, size_t n, km_state_done_cb done,
 			 void *arg);
 /*
+ * The pipeline's progress: for each partition, the logical offset after the last batch the
+ * destination acknowledged (the tail). Written as the partition's record with only its last
+ * mirrored offset changed; partitions not in the mirror, not present, or STOPPING / STOPPED are
+ * skipped (a stop persists its own). An instance that does not run the partition shows nothing past
+ * it (docs/state.md, "What a reader is shown").
+ */
+typedef struct km_state_progress {
+	const char *topic;
+	int32_t partition;
+	int64_t logical;
+} km_state_progress;
+void km_state_progress_write(km_state *st, const char *mirror, const km_state_progress *items, size_t n,
+			     km_state_done_cb done, void *arg);
+/*
+ * The local pipeline stops holding the partition's tail (it retires, or the partition stops running
+ * here): the tail becomes the persisted progress, as on an instance that never ran it.
+ */
+void km_state_offmap_release(km_state *st, const char *topic, int32_t partition);
+
+/*
  * The offset map of a partition of a mirror topic, NULL when it has none yet (never mirrored).
  * The mutable form is for the mirror module only: it sets the tail (in memory, never persisted);
  * NULL for a topic the store does not hold. The object stays the same while the partition is in

@@ -614,6 +614,33 @@ size_t km_state_model_mirror_runs(const km_state_mirror *mi)
 	return n;
 }
 
+void km_state_part_bound(km_state_part *p)
+{
+	km_offmap *m = p->map;
+	int64_t phys;
+
+	if (!m || m->tail_held)
+		return;
+	m->tail_physical = m->tail_logical = -1;
+	if (!p->present || p->state == KM_MP_STOPPED || p->last_mirrored_offset < 0 || !m->n)
+		return;
+	/* Runs are persisted before the batches that start them, progress after they landed: the runs know it. */
+	if ((phys = km_offmap_to_physical(m, p->last_mirrored_offset)) < 0)
+		return;
+	m->tail_physical = phys;
+	m->tail_logical = p->last_mirrored_offset;
+}
+
+void km_state_model_bound(km_state_model *m)
+{
+	for (size_t i = 0; i < m->nmirrors; i++)
+		for (size_t k = 0; k < m->mirrors[i]->ntopics; k++) {
+			km_state_topic *t = m->mirrors[i]->topics[k];
+			for (size_t j = 0; j < t->nparts; j++)
+				km_state_part_bound(&t->parts[j]);
+		}
+}
+
 void km_state_model_carry(km_state_model *to, km_state_model *from)
 {
 	for (size_t i = 0; i < from->nmirrors; i++) {

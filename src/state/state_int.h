@@ -144,6 +144,14 @@ km_state_part *km_state_model_part(km_state_topic *t, int32_t partition);
  * skipped_records. to must be indexed. Maps of partitions the new model lacks stay in from.
  */
 void km_state_model_carry(km_state_model *to, km_state_model *from);
+/*
+ * The tail of a partition no local pipeline holds: the persisted progress (last mirrored offset)
+ * through its runs, so that nothing past what the pipeline reported is shown; none (-1) while the
+ * partition is STOPPED (local writes after a stop continue its offsets) or has no progress or run.
+ */
+void km_state_part_bound(km_state_part *p);
+/* The same for every partition of the model. */
+void km_state_model_bound(km_state_model *m);
 /* Runs of a mirror's partitions held in memory (what its delete must tombstone). */
 size_t km_state_model_mirror_runs(const km_state_mirror *mi);
 

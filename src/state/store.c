@@ -13,7 +13,7 @@
 
 #define COMP "state"
 
-typedef enum { MUT_CREATE, MUT_ALTER, MUT_DELETE, MUT_TOPICS, MUT_PSET, MUT_RUNS, MUT_GROW, MUT_WRITER } mut_kind;
+typedef enum { MUT_CREATE, MUT_ALTER, MUT_DELETE, MUT_TOPICS, MUT_PSET, MUT_RUNS, MUT_GROW, MUT_WRITER, MUT_PROGRESS } mut_kind;
 
 /* A mirror's delete, in writes that each land whole before the next: runs, then partitions, then the mirror. */
 enum { DEL_RUNS = 0, DEL_PARTITIONS, DEL_MIRROR };
@@ -32,7 +32,7 @@ struct km_state_mut {
 	size_t nparts;
 	km_mp_state to;
 	char *error;
-	km_state_run *runs;    /* runs writes: the records asked for (topic names owned) */
+	km_state_run *runs;    /* runs writes: the records asked for (topic names owned); progress: logical only */
 	size_t nruns;
 	int64_t writer_pid, writer_start; /* a writer write: the partition is parts[0] of topics[0] */
 	int16_t writer_epoch;
@@ -897,6 +897,29 @@ static void prepare_runs(km_state *st, km_state_mut *mu)
 	}
 }
 
+/* Each partition's record with its last mirrored offset moved; what is gone or stopping is skipped. */
+static void prepare_progress(km_state *st, km_state_mut *mu)
+{
+	km_state_mirror *m = km_state_model_mirror(&st->model, mu->mirror);
+
+	for (size_t i = 0; m && i < mu->nruns; i++) {
+		const km_state_run *r = &mu->runs[i];
+		km_state_topic *t = km_state_model_topic(&st->model, r->topic, strlen(r->topic));
+		km_state_part p;
+		if (!t || t->mirror != m || r->partition < 0 || (size_t)r->partition >= t->nparts ||
+		    !t->parts[r->partition].present || r->logical < 0)
+			continue;
+		p = t->parts[r->partition];
+		if (p.state == KM_MP_STOPPING || p.state == KM_MP_STOPPED || p.last_mirrored_offset == r->logical)
+			continue;
+		p.last_mirrored_offset = r->logical;
+		if (add_partition_rec(mu, t, r->partition, &p) != KM_OK) {
+			set_msg(mu, KM_MIRROR_STATE_UNAVAILABLE, "out of memory");
+			return;
+		}
+	}
+}
+
 /* ---- the write and the commit ---- */
 
 static void log_mirror_change(const km_state_mut *mu)
@@ -981,6 +1004,7 @@ static void on_written(km_state *st, km_err err, const char *message)
 	}
 	if (km_state_model_index(&st->model) != KM_OK)
 		KM_ERROR(COMP, 0, "out of memory indexing topics");
+	km_state_model_bound(&st->model);
 	count_read_only(st);
 	for (size_t i = 0; i < nchg; i++) {
 		if (st->on_partition)
@@ -1053,6 +1077,9 @@ static void run_head(km_state *st)
 		break;
 	case MUT_WRITER:
 		prepare_writer(st, mu);
+		break;
+	case MUT_PROGRESS:
+		prepare_progress(st, mu);
 		break;
 	}
 	run_write(st, mu);
@@ -1297,6 +1324,37 @@ void km_state_runs_write(km_state *st, const char *mirror, const km_state_run *r
 	submit(st, mu);
 }
 
+void km_state_progress_write(km_state *st, const char *mirror, const km_state_progress *items, size_t n,
+			     km_state_done_cb done, void *arg)
+{
+	km_state_mut *mu = mut_new(MUT_PROGRESS, mirror, done, arg);
+	if (!mu)
+		return nomem(done, arg);
+	if (n && !(mu->runs = calloc(n, sizeof(*mu->runs)))) {
+		mut_free(mu);
+		return nomem(done, arg);
+	}
+	for (size_t i = 0; i < n; i++) {
+		mu->runs[i] = (km_state_run){.topic = strdup(items[i].topic ? items[i].topic : ""),
+					     .partition = items[i].partition, .logical = items[i].logical};
+		if (!mu->runs[i].topic) {
+			mut_free(mu);
+			return nomem(done, arg);
+		}
+		mu->nruns++;
+	}
+	submit(st, mu);
+}
+
+void km_state_offmap_release(km_state *st, const char *topic, int32_t partition)
+{
+	km_state_topic *t = km_state_model_topic(&st->model, topic, strlen(topic));
+	if (!t || partition < 0 || (size_t)partition >= t->nparts || !t->parts[partition].map)
+		return;
+	t->parts[partition].map->tail_held = false;
+	km_state_part_bound(&t->parts[partition]);
+}
+
 /* ---- life ---- */
 
 /*
@@ -1333,11 +1391,13 @@ static void take_model(km_state *st, km_state_model *model, const char *how)
 	if (!st->ready_fired) {
 		st->ready_fired = true;
 		km_state_model_free(&old);
+		km_state_model_bound(&st->model);
 		if (st->on_ready)
 			st->on_ready(st->arg);
 		return;
 	}
 	km_state_model_carry(&st->model, &old);
+	km_state_model_bound(&st->model);
 	notify_reload(st, &old, how);
 	km_state_model_free(&old);
 }

@@ -78,7 +78,7 @@ void km_state_topic_partition(const km_state_topic *t, size_t i, km_state_partit
 		out->last_mirrored_epoch = p->last_mirrored_epoch;
 		out->source_log_end = p->source_log_end;
 		out->skipped_records = p->skipped_records;
-		out->open_txn_offset = p->map && p->map->tail_logical >= 0 ? p->map->open_txn_logical : -1;
+		out->open_txn_offset = p->map && p->map->tail_held && p->map->tail_logical >= 0 ? p->map->open_txn_logical : -1;
 		/* While a pipeline runs the partition its tail is ahead of what was last persisted. */
 		if (p->map && p->map->tail_logical >= 0 && p->map->tail_physical >= 0)
 			out->last_mirrored_offset = p->map->tail_logical;

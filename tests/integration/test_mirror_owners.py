@@ -256,3 +256,68 @@ def test_restart_takes_its_own_place(kmirror_bin, dest_cluster, source_cluster, 
     print(f"restarted and caught up in {took:.1f} s")
     assert took < 8, f"{took:.1f} s: the restart waited for the group to expire its earlier life"
     compare_topic(a.bootstrap, source_cluster.bootstrap, topic, PARTS)
+
+
+def at_head(inst, topic, offset, seconds=2.0):
+    """(records, error events) a librdkafka consumer through inst gets from offset on within seconds."""
+    from confluent_kafka import Consumer, TopicPartition
+    c = Consumer(inst.conf(**{"group.id": f"head-{uuid.uuid4().hex[:6]}", "enable.auto.commit": False,
+                              "isolation.level": "read_uncommitted"}))
+    got, errors = [], []
+    try:
+        c.assign([TopicPartition(topic, 0, offset)])
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            m = c.poll(0.2)
+            if m is not None:
+                (errors if m.error() else got).append(m.error() or (m.offset(), m.value()))
+    finally:
+        c.close()
+    return got, errors
+
+
+def test_follower_shows_only_the_owners_progress(kmirror_bin, dest_cluster, source_cluster, proxy_factory):
+    """An instance that does not run a mirror shows its partitions up to the progress the owner
+    persisted, never past it (docs/state.md, "What a reader is shown"). First the follower keeps up
+    as the owner mirrors on (the progress reaches it). Then a record written straight into the
+    paused mirror topic on the destination lies past the mirror's tail: the owner hides it (its
+    pipeline holds the tail); the follower used to extend the open run over it and show it at the
+    next source offset, with the high watermark one past it."""
+    from confluent_kafka import Producer
+    from mirror_cli import wait_states
+    from mirror_data import read_partition, watermarks
+    tag = uuid.uuid4().hex[:6]
+    state_topic = f"__mirror_state_own_{tag}"
+    opts = dict(mirror_state_topic=state_topic, mirror_state_partitions=1, mirror_pipelines="owned")
+    a = proxy_factory(dest_cluster, name="kmirrord-prog-a", **opts)
+    cli = Cli(kmirror_bin, a.bootstrap)
+    mirror, topic = f"prog-{tag}", f"prog-{tag}"
+    source_cluster.create_topic(topic, partitions=1)
+    produce_records(source_cluster.bootstrap, topic, 20, tag="p0")
+    cli.run("create", "--mirror", mirror, "--source-bootstrap", source_cluster.bootstrap)
+    cli.run("start", "--mirror", mirror, "--topics", topic)
+    wait_caught_up(a.bootstrap, source_cluster.bootstrap, topic, 1, timeout=120, stall=60)
+    b = proxy_factory(dest_cluster, name="kmirrord-prog-b", **opts)
+    wait_until(lambda: len(runners([a, b], [mirror], window=1.5)[mirror]) == 1 and
+               a.metric("kmirror_mirrors_owned") + b.metric("kmirror_mirrors_owned") == 1, 60,
+               what="one of a and b running the mirror")
+    r = runners([a, b], [mirror], window=1.5)
+    owner, follower = (a, b) if r[mirror] == [a.name] else (b, a)
+    produce_records(source_cluster.bootstrap, topic, 20, start=20, tag="p1")
+    for inst in (owner, follower):
+        wait_caught_up(inst.bootstrap, source_cluster.bootstrap, topic, 1, timeout=60, stall=30)
+        compare_topic(inst.bootstrap, source_cluster.bootstrap, topic, 1)
+    cli.run("pause", "--mirror", mirror, "--topics", topic)
+    wait_states(cli, mirror, {topic: "PAUSED"}, timeout=60)
+    p = Producer({"bootstrap.servers": dest_cluster.bootstrap, "enable.idempotence": False})
+    p.produce(topic, key=b"foreign", value=b"written on the destination", partition=0)
+    assert p.flush(30) == 0
+    time.sleep(1.0)  # the follower's follow rounds and metadata have seen whatever they will
+    src = [(x.offset, x.value) for x in read_partition(source_cluster.bootstrap, topic, 0, 0, 40)]
+    for inst in (follower, owner):
+        hw = watermarks(inst.bootstrap, topic, 1)[0][1]
+        seen = [(x.offset, x.value) for x in read_partition(inst.bootstrap, topic, 0, 0, 40)]
+        past = at_head(inst, topic, 40)
+        print(f"{inst.name} ({'owner' if inst is owner else 'follower'}): high watermark {hw}, "
+              f"{len(seen)} records, past them {past}")
+        assert hw == 40 and seen == src and past == ([], []), (inst.name, hw, seen[-2:], past)

@@ -1131,6 +1131,7 @@ static void test_offmap_handles(void **state)
 	assert_int_equal(info.last_mirrored_offset, -1);
 	assert_int_equal(info.skipped_records, 0);
 	assert_int_equal(info.source_log_end, -1);
+	map->tail_held = true; /* as the pipeline sets it */
 	map->tail_physical = 12;
 	map->tail_logical = 112;
 	km_state_partition_progress(st, "t", 0, 500, 7);
@@ -1160,6 +1161,80 @@ static void test_offmap_handles(void **state)
 	map->tail_physical = map->tail_logical = -1;
 	km_state_topic_partition(t, 0, &info);
 	assert_int_equal(info.last_mirrored_offset, -1);
+	km_state_free(st);
+	event_base_loop(base, EVLOOP_NONBLOCK);
+	event_base_free(base);
+}
+
+/* Partition 0 of t in state s with a persisted last mirrored offset, and runs (100 -> 0, 105 -> 3 closing at 103). */
+static void model_progress(km_state_model *m, km_mp_state s, int64_t last)
+{
+	km_state_cfg_entry cfg[1] = {{.name = "bootstrap.servers", .value = "s:9092"}};
+	km_state_mirror mi = {.name = "m1", .cfg = cfg, .ncfg = 1};
+	km_state_topic tt = {.name = "t", .mirror = &mi};
+	km_state_key pk = {.type = KM_STATE_REC_PARTITION, .mirror = km_str_c("m1"), .topic = km_str_c("t")};
+	km_state_part p = {.state = s, .last_mirrored_offset = last, .last_mirrored_epoch = -1};
+	km_state_change chg;
+	km_wr w;
+
+	model_with(m, s, KM_MP_UNKNOWN);
+	km_wr_init(&w);
+	assert_int_equal(km_state_partition_value_encode(&w, &tt, &p), KM_OK);
+	rec(m, &pk, &w, &chg);
+	km_wr_free(&w);
+	run_rec(m, "t", 0, 100, 0, -1);
+	run_rec(m, "t", 0, 105, 3, 103);
+	assert_int_equal(km_state_model_index(m), KM_OK);
+}
+
+/*
+ * What a reader is shown where no local pipeline holds the tail: the open run ends at the persisted
+ * progress (a batch past it, the pipeline's next or anyone's, stays hidden); a STOPPED partition has
+ * no bound (local writes continue it); a tail the pipeline holds is left alone, and once released
+ * the progress bounds it again.
+ */
+static void test_progress_bounds_readers(void **state)
+{
+	struct event_base *base = event_base_new();
+	km_state *st = store_unreachable(base);
+	km_state_model m;
+	const km_offmap *map;
+	km_offmap *mut;
+	(void)state;
+
+	model_progress(&m, KM_MP_MIRRORING, 107);
+	km_state_loaded(st, &m);
+	map = km_state_topic_offmap(km_state_topic_find(st, "t", 1), 0);
+	assert_non_null(map);
+	assert_int_equal(map->tail_logical, 107);
+	assert_int_equal(map->tail_physical, 5);
+	assert_int_equal(km_offmap_to_logical(map, 4), 106);   /* mirrored: shown */
+	assert_int_equal(km_offmap_next_to_logical(map, 9), 107); /* a high watermark past it: the progress */
+	assert_int_equal(km_offmap_to_logical(map, 5), 107);   /* past it: hidden */
+	assert_int_equal(km_offmap_to_physical(map, 200), 5);  /* a reader ahead waits at it */
+
+	/* The pipeline here holds its own tail: a reread leaves it. */
+	mut = km_state_offmap_mut(st, "t", 0);
+	mut->tail_held = true;
+	mut->tail_physical = 8;
+	mut->tail_logical = 110;
+	model_progress(&m, KM_MP_MIRRORING, 107);
+	km_state_loaded(st, &m);
+	assert_int_equal(map->tail_logical, 110);
+	/* Released: the progress again. */
+	km_state_offmap_release(st, "t", 0);
+	assert_false(map->tail_held);
+	assert_int_equal(map->tail_logical, 107);
+
+	/* STOPPED: no bound, the destination's writes after the stop continue the offsets. */
+	model_progress(&m, KM_MP_STOPPED, 107);
+	km_state_loaded(st, &m);
+	assert_int_equal(map->tail_logical, -1);
+	assert_int_equal(km_offmap_to_logical(map, 9), 111);
+	/* No progress persisted (a state written before progress was): no bound either. */
+	model_progress(&m, KM_MP_MIRRORING, -1);
+	km_state_loaded(st, &m);
+	assert_int_equal(map->tail_logical, -1);
 	km_state_free(st);
 	event_base_loop(base, EVLOOP_NONBLOCK);
 	event_base_free(base);
@@ -1249,6 +1324,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_transitions), cmocka_unit_test(test_settle_transitions), cmocka_unit_test(test_config),
 		cmocka_unit_test(test_mirror_option_table), cmocka_unit_test(test_secrets),
+		cmocka_unit_test(test_progress_bounds_readers),
 		cmocka_unit_test(test_secrets_format0),
 		cmocka_unit_test(test_key_file), cmocka_unit_test(test_keys),
 		cmocka_unit_test(test_values_and_model), cmocka_unit_test(test_mirror_value_refused),

@@ -74,6 +74,18 @@ void km_pl_set_phase(mpart *p, mphase to, const char *why)
 		KM_DEBUG(COMP, 0, "%s/%s: %s -> %s (%s)", p->t->pl->name, km_pl_ptag(p, tag, sizeof(tag)),
 			 km_pl_phase_names[p->phase], km_pl_phase_names[to], why);
 	p->phase = to;
+	/*
+	 * Reconcile reads the map as the pipeline always has (the open run unbounded), not bounded by
+	 * the persisted progress readers elsewhere get: from here the pipeline holds the tail, unset
+	 * until reconcile knows where it stands.
+	 */
+	if (to == PH_RECONCILE && !p->out.tail) {
+		km_offmap *m = km_state_offmap_mut(km_mirror_store(p->t->pl->mi), p->t->name, p->id);
+		if (m) {
+			m->tail_held = true;
+			m->tail_physical = m->tail_logical = -1;
+		}
+	}
 }
 
 bool km_pl_reconciling(const mpart *p)
@@ -162,6 +174,7 @@ static void part_init(mpart *p, mtopic *t, int32_t id)
 	p->fb.peer_offset = -1;
 	p->stats.source_end = -1;
 	p->fetch.sess_node = -1;
+	p->out.progress = -1;
 }
 
 mpart *km_pl_part_get(km_pipeline *pl, mtopic *t, int32_t id, bool create)
@@ -192,13 +205,21 @@ mpart *km_pl_part_get(km_pipeline *pl, mtopic *t, int32_t id, bool create)
 
 void km_pl_set_tail(km_pipeline *pl, mpart *p, bool set)
 {
-	km_offmap *m = km_state_offmap_mut(km_mirror_store(pl->mi), p->t->name, p->id);
-	if (!m)
+	km_state *st = km_mirror_store(pl->mi);
+	km_offmap *m;
+
+	p->out.tail = set;
+	if (!set) {
+		/* Readers here now see what the progress persisted says, as on any other instance. */
+		km_state_offmap_release(st, p->t->name, p->id);
 		return;
-	m->tail_physical = set ? p->out.acked_phys : -1;
-	m->tail_logical = set ? p->out.acked_logical : -1;
-	if (set)
-		km_pl_update_lag(p, km_pl_now_ms());
+	}
+	if (!(m = km_state_offmap_mut(st, p->t->name, p->id)))
+		return;
+	m->tail_held = true;
+	m->tail_physical = p->out.acked_phys;
+	m->tail_logical = p->out.acked_logical;
+	km_pl_update_lag(p, km_pl_now_ms());
 }
 
 void km_pl_backoff(mpart *p)
@@ -554,6 +575,7 @@ static void tick(evutil_socket_t fd, short what, void *arg)
 	    now - pl->dst_meta_at >= METADATA_MIN_INTERVAL_MS)
 		km_pl_send_metadata(pl, pl->dst);
 	km_pl_drive_writer(pl, now, &next);
+	km_pl_progress(pl, now, &next);
 	/* Fetch from every source broker with nothing in flight (and tokens, when throttled). */
 	if (pl->rate > 0 && pl->tokens < 0) {
 		int64_t wait = -pl->tokens * 1000 / pl->rate + 1;

@@ -31,6 +31,12 @@
 #define KM_MIRROR_RELEASE_WAIT_MS 10000
 /* A partition fenced by a newer epoch of the writer waits this long before it reconciles (two heartbeats). */
 #define FENCED_WAIT_MS 10000
+/*
+ * How often the tails that moved are persisted as progress (one store write for the pipeline's
+ * partitions): what the instances that do not run the mirror show is that old at most, plus their
+ * follow round (docs/state.md, "What a reader is shown").
+ */
+#define KM_MIRROR_PROGRESS_MS 200
 /* How often a paused partition's source end is read (for its lag). */
 #define PAUSED_WATCH_MS 2000
 /* Metadata answers in a row without a topic that was mirrored before it counts as deleted at the source. */
@@ -99,6 +105,8 @@ typedef struct mpart {
 		bool probe;             /* the first write after reconcile goes alone and checks where it landed */
 		int64_t newest_ts;      /* max timestamp of the last batch written */
 		int64_t failing_since;  /* the first of a run of destination errors with nothing written since (0: none) */
+		bool tail;              /* the tail is this pipeline's (km_pl_set_tail): readers here see up to it */
+		int64_t progress;       /* the tail last persisted as progress (-1: none in this life) */
 	} out;
 	struct {                /* reconcile.c, carry.c */
 		bool need_pid;          /* waits for a fresh producer id */
@@ -228,6 +236,8 @@ struct km_pipeline {
 	bool closing;   /* freed or retired: answers that come now are dropped */
 	uint32_t life;  /* bumps at each retire: a store answer of an earlier life is dropped */
 	int store_pending; /* store writes not answered yet (a retired pipeline's count ends its handover) */
+	bool progress_inflight; /* a progress write is out (km_pl_progress) */
+	int64_t progress_at;    /* when the last one was sent */
 	int64_t retired_at; /* when it was retired (0: running) */
 	bool config_error;
 	char config_msg[256];
@@ -348,6 +358,8 @@ void km_pl_follow_log_start(km_pipeline *pl, mpart *p);
 
 /* b, taken off the head, is in the destination's log where it was planned: the tail moves after it. */
 void km_pl_landed(km_pipeline *pl, mpart *p, mbatch *b);
+/* Every KM_MIRROR_PROGRESS_MS: the tails that moved since, persisted in one store write (the tick calls it). */
+void km_pl_progress(km_pipeline *pl, int64_t now, int64_t *next);
 /*
  * The next unsent batch of p, or NULL. A probe goes alone: nothing else of p until it is answered.
  * A transaction's batch waits until its destination transaction is open; a marker is not produced

@@ -33,6 +33,87 @@ void km_pl_landed(km_pipeline *pl, mpart *p, mbatch *b)
 		km_pl_set_phase(p, PH_READY, "its batches are all in");
 }
 
+/* ---- progress: the tails persisted for the instances that do not run the mirror ---- */
+
+typedef struct progress_ctx {
+	km_pipeline *pl;
+	uint32_t life;
+	size_t n;
+	mpart **parts;
+	int64_t *sent;
+} progress_ctx;
+
+static void on_progress(void *arg, const km_state_result *res)
+{
+	progress_ctx *x = arg;
+	km_pipeline *pl = x->pl;
+
+	pl->store_pending--;
+	if (km_pl_current(pl, x->life)) {
+		pl->progress_inflight = false;
+		if (res->code == KM_OK)
+			for (size_t i = 0; i < x->n; i++)
+				x->parts[i]->out.progress = x->sent[i];
+		else
+			KM_DEBUG(COMP, 0, "%s: progress not persisted (asked again): %s", pl->name,
+				 res->message ? res->message : km_err_name(res->code));
+	}
+	free(x->parts);
+	free(x->sent);
+	free(x);
+}
+
+static bool progress_moved(const mpart *p)
+{
+	return p && p->out.tail && p->out.acked_logical >= 0 && p->out.acked_logical != p->out.progress;
+}
+
+void km_pl_progress(km_pipeline *pl, int64_t now, int64_t *next)
+{
+	km_state_progress *items;
+	progress_ctx *x;
+	size_t n = 0;
+
+	if (pl->progress_inflight)
+		return;
+	if (now - pl->progress_at < KM_MIRROR_PROGRESS_MS) {
+		if (pl->progress_at + KM_MIRROR_PROGRESS_MS < *next)
+			*next = pl->progress_at + KM_MIRROR_PROGRESS_MS;
+		return;
+	}
+	pl->progress_at = now;
+	for (size_t i = 0; i < pl->ntopics; i++)
+		for (int32_t j = 0; j < pl->topics[i]->nparts; j++)
+			n += progress_moved(pl->topics[i]->parts[j]);
+	if (!n)
+		return;
+	items = calloc(n, sizeof(*items));
+	x = calloc(1, sizeof(*x));
+	if (!items || !x || !(x->parts = calloc(n, sizeof(*x->parts))) || !(x->sent = calloc(n, sizeof(*x->sent)))) {
+		free(items);
+		if (x) {
+			free(x->parts);
+			free(x);
+		}
+		return; /* out of memory: the next round tries again */
+	}
+	for (size_t i = 0; i < pl->ntopics; i++)
+		for (int32_t j = 0; j < pl->topics[i]->nparts; j++) {
+			mpart *p = pl->topics[i]->parts[j];
+			if (!progress_moved(p))
+				continue;
+			items[x->n] = (km_state_progress){p->t->name, p->id, p->out.acked_logical};
+			x->parts[x->n] = p;
+			x->sent[x->n++] = p->out.acked_logical;
+		}
+	x->pl = pl;
+	x->life = pl->life;
+	pl->progress_inflight = true;
+	pl->store_pending++;
+	km_state_progress_write(km_mirror_store(pl->mi), pl->name, items, x->n, on_progress, x);
+	free(items); /* the store took its copy */
+}
+
 static void produce_done(km_pipeline *pl, mpart *p, mbatch *b, int16_t code, int64_t base, const char *msg)
 {
 	char tag[300], why[400];

@@ -73,6 +73,7 @@ typedef struct km_req {
 	 */
 	struct evbuffer *rewritten;
 	const char *close_reason; /* set with KM_ERR_* to close the connection (a request the proxy refuses to pass) */
+	bool wait_at_tail;        /* a Fetch hook: hold the request KM_FETCH_TAIL_WAIT_MS first (km_session_fetch_may_wait) */
 	/*
 	 * on_request: the client's input, the whole frame's size prefix at its start and the frame
 	 * (frame_len bytes) at in_off, possibly across many chains: read it with km_evrd, reference

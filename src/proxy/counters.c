@@ -112,6 +112,10 @@ static const struct {
 	 "Fetch partitions the upstream answered OFFSET_OUT_OF_RANGE, passed on as OFFSET_NOT_AVAILABLE after an "
 	 "upstream swap (swap_fetch_hold_ms).",
 	 KM_METRIC_COUNTER, C(fetch_oor_held_total)},
+	{"kmirror_fetch_tail_waits_total",
+	 "Fetch requests held 50 ms before they went upstream: the previous answer showed nothing, only records "
+	 "past a mirror partition's tail, and the request asks for nothing before the tails.",
+	 KM_METRIC_COUNTER, C(fetch_tail_waits_total)},
 	{"kmirror_upstream_brokers", "Upstream brokers known from metadata.", KM_METRIC_GAUGE, C(brokers_known)},
 	{"kmirror_draining", "1 while client connections are being drained for shutdown.", KM_METRIC_GAUGE,
 	 C(draining)},

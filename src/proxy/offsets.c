@@ -249,6 +249,8 @@ static km_err fetch_request(km_off_req *c, const uint8_t *body, size_t len, bool
 				continue;
 			if ((rc = add_entry(c, t->topic, by_id ? &t->topic_id : NULL, p->partition, p->fetch_offset)) != KM_OK)
 				return rc;
+			if (m->tail_logical < 0 || p->fetch_offset < m->tail_logical)
+				c->before_tail = true;
 			p->fetch_offset = to_physical(m, p->fetch_offset);
 			if (v >= 5)
 				p->log_start_offset = to_physical(m, p->log_start_offset);
@@ -775,6 +777,7 @@ static km_err fetch_partition(km_fetch_walk *w, struct evbuffer *in, size_t firs
 	e = km_off_req_find(c, name, id, p->partition);
 	c->ref = e ? e->value : -1;
 	c->seen_visible = false;
+	c->blanked = blanked;
 	if (p->records_len > 0 && !blanked)
 		w->descend = true;
 	return KM_OK;
@@ -851,14 +854,23 @@ static km_err fetch_batch(km_fetch_walk *w, struct evbuffer *in, size_t first, v
 	return KM_OK;
 }
 
+/* What the answer shows, for the session's next request (km_session_fetch_may_wait). */
 km_err km_off_fetch_partition(const km_stream_ev *e)
 {
-	return fetch_partition(e->w, e->in, e->first, e->ctx);
+	km_off_req *c = e->ctx;
+	km_err rc = fetch_partition(e->w, e->in, e->first, c);
+	if (rc == KM_OK && c && c->cur && c->blanked && e->s)
+		km_session_fetch_note(e->s, false);
+	return rc;
 }
 
 km_err km_off_fetch_batch(const km_stream_ev *e)
 {
-	return fetch_batch(e->w, e->in, e->first, e->ctx);
+	km_off_req *c = e->ctx;
+	km_err rc = fetch_batch(e->w, e->in, e->first, c);
+	if (rc == KM_OK && c && c->cur && c->seen_visible && e->s)
+		km_session_fetch_note(e->s, true);
+	return rc;
 }
 
 /* ---- the rows ---- */
@@ -926,6 +938,8 @@ static km_err fetch_request_hook(km_req *rq)
 		rq->ctx = c;
 		rq->ctx_free = km_off_req_free;
 		rq->resp = KM_RESP_STREAM; /* every version, while a mapped partition may be in the answer */
+		/* Nothing asked before a tail, and the last answer showed nothing: the broker would answer at once again. */
+		rq->wait_at_tail = !c->before_tail && km_session_fetch_may_wait(rq->s);
 	}
 	return KM_OK;
 }
@@ -1293,7 +1307,8 @@ static const km_proxy_stage stages[] = {
 	 .note = "mirror topics after a stop: BaseOffset and LogStartOffset physical -> logical"},
 	{.key = KM_API_FETCH, .classify = km_off_hold_classify, .on_request = fetch_request_hook, .stream = &fetch_hooks,
 	 .note = "mirror topics: fetch offsets logical -> physical, responses (every version) patched in place: batch "
-		 "base offsets, watermarks, aborted transactions, diverging epoch"},
+		 "base offsets, watermarks, aborted transactions, diverging epoch; a partition wholly past the tail answered "
+		 "with no records (v12+); at the tail after such an answer, held 50 ms"},
 	{.key = KM_API_LIST_OFFSETS, .classify = km_off_hold_classify, .on_request = small_request_hook,
 	 .note = "mirror topics: offsets physical -> logical (by timestamp: a record's; earliest, latest, earliest local: "
 		 "next); a timestamp asked of a LogAppendTime run: answered later (probe + batch lookup)"},

@@ -109,6 +109,8 @@ typedef struct km_off_req {
 	uint64_t cur_epoch;    /* the lookup's epoch when cur_topic and cur were found */
 	int64_t ref;           /* the logical offset hidden batches are put below; -1: not known yet */
 	bool seen_visible;     /* a batch of the current partition was in a run */
+	bool blanked;          /* the current partition went out with no records: all past the tail */
+	bool before_tail;      /* Fetch: the request asks for a mapped partition before its tail */
 } km_off_req;
 
 km_off_req *km_off_req_new(int16_t key, int16_t version, const km_off_lookup *lk);

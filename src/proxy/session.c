@@ -71,6 +71,10 @@ struct km_session {
 	uint64_t last_activity_ms;
 	uint64_t partial_since_ms; /* last progress of an incomplete request frame; 0: none */
 	uint64_t state_wait_ms;    /* a request that reads the mirror state waits for the store to load since then; 0: none */
+	bool fetch_blank;          /* the last Fetch answer hid records past a tail and showed none */
+	bool fetch_waiting;        /* the next request waits (tail_ev), unread */
+	bool fetch_waited;         /* it waited: it goes now */
+	struct event *tail_ev;
 	struct {
 		rq_state state;
 		size_t left;   /* RQ_MOVE: bytes of the frame still to forward */
@@ -160,6 +164,8 @@ static void session_free(km_session *s)
 	km_ring_free(&s->fifo);
 	if (s->held)
 		evbuffer_free(s->held);
+	if (s->tail_ev)
+		event_free(s->tail_ev);
 	free(s);
 }
 
@@ -245,7 +251,8 @@ static void update_cli_reading(km_session *s)
 	/* A request half forwarded must be finished whatever the FIFO or a drain say: the broker waits
 	 * for its end before it answers anything. Buffer limits still apply (the upstream drains). */
 	bool pause = s->close_when_written || (s->rq.state == RQ_HEAD &&
-		      (s->draining || s->state_wait_ms || inflights_count(&s->fifo) >= (size_t)cfg->max_inflight_requests)) ||
+		      (s->draining || s->state_wait_ms || s->fetch_waiting ||
+		       inflights_count(&s->fifo) >= (size_t)cfg->max_inflight_requests)) ||
 		     (s->up && evbuffer_get_length(bufferevent_get_output(s->up)) > (size_t)cfg->connection_buffer_bytes) ||
 		     evbuffer_get_length(s->held) > (size_t)cfg->connection_buffer_bytes;
 	if (!s->cli || pause == s->cli_paused)
@@ -834,6 +841,43 @@ static head_result frame_head(km_session *s, km_frame_status st, int32_t size, s
  * A held or local request: looked at whole by the row's on_request (which may answer it now or
  * later, or rewrite it). HEAD_DONE with rq decided, else wait (rq discarded) or closed.
  */
+/* ---- a Fetch at the mirror's tail waits a moment ---- */
+
+void km_session_fetch_note(km_session *s, bool shown)
+{
+	s->fetch_blank = !shown;
+}
+
+bool km_session_fetch_may_wait(const km_session *s)
+{
+	return s->fetch_blank && !s->fetch_waited;
+}
+
+static void tail_wait_over(evutil_socket_t fd, short what, void *arg)
+{
+	km_session *s = arg;
+	(void)fd;
+	(void)what;
+	if (s->closed)
+		return;
+	s->fetch_waiting = false;
+	s->fetch_waited = true;
+	update_cli_reading(s); /* reads on: the request waiting in the buffer goes now */
+}
+
+static bool fetch_wait(km_session *s)
+{
+	struct timeval tv = {0, KM_FETCH_TAIL_WAIT_MS * 1000};
+	if (!s->tail_ev && !(s->tail_ev = evtimer_new(s->host->base, tail_wait_over, s)))
+		return false; /* out of memory: it goes at once */
+	if (event_add(s->tail_ev, &tv) != 0)
+		return false;
+	s->fetch_waiting = true;
+	s->host->metrics->fetch_tail_waits_total++;
+	update_cli_reading(s);
+	return true;
+}
+
 static head_result request_held(km_session *s, struct evbuffer *in, bool whole, km_req_header *h, km_req *rq)
 {
 	const km_proxy_api *api = rq->api;
@@ -869,6 +913,10 @@ static head_result request_held(km_session *s, struct evbuffer *in, bool whole, 
 	}
 	if (rq->answer || rq->pending)
 		rq->resp = KM_RESP_LOCAL;
+	if (rq->wait_at_tail && fetch_wait(s)) {
+		req_discard(rq); /* read and classified again when the wait is over */
+		return HEAD_WAIT;
+	}
 	return HEAD_DONE;
 }
 
@@ -955,6 +1003,7 @@ static head_result request_head(km_session *s, struct evbuffer *in)
 		return r;
 	s->partial_since_ms = 0;
 	s->first_frame = false;
+	s->fetch_waited = false;
 	s->next_seq++;
 	KM_TRACE("proxy", s->id, "request %s v%d corr %d size %d: %s", km_proxy_api_name(api), h.api_version,
 		 h.correlation_id, size, km_req_action_names[rq.action]);

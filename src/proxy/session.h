@@ -78,6 +78,17 @@ size_t km_session_set_count_of(const km_session_set *set, const km_session_host 
 size_t km_session_set_drain_of(km_session_set *set, const km_session_host *host, size_t n);
 void km_session_set_close_of(km_session_set *set, const km_session_host *host, const char *why);
 
+/*
+ * A Fetch at the mirror's tail (docs/proxy.md, "A partition with nothing visible"): the broker
+ * answers at once whatever lies past the tail, which the proxy hides, and the client asks again at
+ * once. The streamed answer notes what it showed; a next request that asks for nothing before the
+ * tails, after an answer that showed nothing but hid something, waits this long before it goes
+ * upstream (once: then it goes whatever the tails say).
+ */
+#define KM_FETCH_TAIL_WAIT_MS 50
+void km_session_fetch_note(km_session *s, bool shown);
+bool km_session_fetch_may_wait(const km_session *s);
+
 uint64_t km_session_id(const km_session *s);
 /* What the session sees of the proxy (hooks reach the state store and the session set through it). */
 const km_session_host *km_session_host_of(const km_session *s);

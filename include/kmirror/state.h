@@ -284,6 +284,15 @@ typedef struct km_state_run {
 void km_state_runs_write(km_state *st, const char *mirror, const km_state_run *runs, size_t n, km_state_done_cb done,
 			 void *arg);
 /*
+ * Writes of a mirror's pipeline (runs, its writer, progress, partition transitions) are made only
+ * while may_write says this kmirrord runs the mirror, checked when the write is about to be sent:
+ * one queued before a pause (SIGSTOP, a stalled host) is dropped, answered
+ * MIRROR_STATE_UNAVAILABLE, once the mirror has moved on, instead of landing after the new owner's
+ * (docs/state.md, "Writes of a former owner"). NULL: every write is made.
+ */
+void km_state_owner_check(km_state *st, bool (*may_write)(void *arg, const char *mirror), void *arg);
+
+/*
  * The pipeline's progress: for each partition, the logical offset after the last batch the
  * destination acknowledged (the tail). Written as the partition's record with only its last
  * mirrored offset changed; partitions not in the mirror, not present, or STOPPING / STOPPED are

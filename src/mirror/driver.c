@@ -330,9 +330,16 @@ km_mirror *km_mirror_new(const km_mirror_opts *opts)
 	return mi;
 }
 
+static bool may_write(void *arg, const char *mirror)
+{
+	return km_mirror_owns(arg, mirror, true);
+}
+
 void km_mirror_attach(km_mirror *mi, km_state *st)
 {
 	mi->st = st;
+	if (st)
+		km_state_owner_check(st, may_write, mi);
 	schedule(mi);
 }
 

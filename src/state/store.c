@@ -1039,6 +1039,12 @@ static void run_write(km_state *st, km_state_mut *mu)
 	km_state_persist_write(st->io, mu->recs, mu->nrecs, on_written);
 }
 
+/* A write of the mirror's pipeline: made only while this kmirrord runs the mirror. */
+static bool owners_write(const km_state_mut *mu)
+{
+	return mu->kind == MUT_RUNS || mu->kind == MUT_WRITER || mu->kind == MUT_PROGRESS || mu->kind == MUT_PSET;
+}
+
 static void run_head(km_state *st)
 {
 	km_state_mut *mu = st->head;
@@ -1046,6 +1052,13 @@ static void run_head(km_state *st)
 	st->running = true;
 	if (st->fatal[0]) {
 		set_msg(mu, KM_MIRROR_STATE_UNAVAILABLE, "%s", st->fatal);
+		finish_head(st);
+		return;
+	}
+	if (owners_write(mu) && st->may_write && !st->may_write(st->may_write_arg, mu->mirror)) {
+		set_msg(mu, KM_MIRROR_STATE_UNAVAILABLE,
+			"this kmirrord no longer runs mirror '%s': its pipeline's write is dropped", mu->mirror);
+		KM_INFO(COMP, 0, "%s", mu->message);
 		finish_head(st);
 		return;
 	}
@@ -1344,6 +1357,12 @@ void km_state_progress_write(km_state *st, const char *mirror, const km_state_pr
 		mu->nruns++;
 	}
 	submit(st, mu);
+}
+
+void km_state_owner_check(km_state *st, bool (*may_write)(void *arg, const char *mirror), void *arg)
+{
+	st->may_write = may_write;
+	st->may_write_arg = arg;
 }
 
 void km_state_offmap_release(km_state *st, const char *topic, int32_t partition)

@@ -276,6 +276,49 @@ def at_head(inst, topic, offset, seconds=2.0):
     return got, errors
 
 
+def steady_delays(source_cluster, topic, start, owner, follower, rate=100, seconds=6.0):
+    """Records produced at rate for seconds, read at the head through owner and follower; prints the
+    follower's delay behind the owner per record (p50, p99, max) and returns how many were produced."""
+    import threading
+    from confluent_kafka import Consumer, Producer, TopicPartition
+    seen = {owner.name: {}, follower.name: {}}
+    stop = threading.Event()
+
+    def read(inst):
+        c = Consumer(inst.conf(**{"group.id": f"lag-{uuid.uuid4().hex[:6]}", "enable.auto.commit": False,
+                                  "fetch.wait.max.ms": 100}))
+        c.assign([TopicPartition(topic, 0, start)])
+        try:
+            while not stop.is_set():
+                m = c.poll(0.05)
+                if m is not None and not m.error():
+                    seen[inst.name].setdefault(m.offset(), time.monotonic())
+        finally:
+            c.close()
+    threads = [threading.Thread(target=read, args=(i,)) for i in (owner, follower)]
+    for t in threads:
+        t.start()
+    time.sleep(2.0)  # both consumers assigned and at the head
+    p = Producer({"bootstrap.servers": source_cluster.bootstrap, "linger.ms": 0})
+    n, t0 = 0, time.monotonic()
+    while time.monotonic() - t0 < seconds:
+        p.produce(topic, f"lag-{n}".encode(), partition=0)
+        p.poll(0)
+        n += 1
+        time.sleep(max(0.0, t0 + n / rate - time.monotonic()))
+    p.flush(30)
+    wait_until(lambda: all(len(v) >= n for v in seen.values()), 60, 0.2, "both to read every record")
+    stop.set()
+    for t in threads:
+        t.join(30)
+    d = sorted(seen[follower.name][o] - seen[owner.name][o] for o in range(start, start + n))
+    q = lambda f: d[min(len(d) - 1, int(f * len(d)))] * 1000
+    print(f"follower behind owner over {n} records at {rate}/s: p50 {q(0.5):.0f} ms, p99 {q(0.99):.0f} ms, "
+          f"max {d[-1] * 1000:.0f} ms")
+    assert q(0.99) < 2000, d[-10:]
+    return n
+
+
 def test_follower_shows_only_the_owners_progress(kmirror_bin, dest_cluster, source_cluster, proxy_factory):
     """An instance that does not run a mirror shows its partitions up to the progress the owner
     persisted, never past it (docs/state.md, "What a reader is shown"). First the follower keeps up
@@ -307,17 +350,22 @@ def test_follower_shows_only_the_owners_progress(kmirror_bin, dest_cluster, sour
     for inst in (owner, follower):
         wait_caught_up(inst.bootstrap, source_cluster.bootstrap, topic, 1, timeout=60, stall=30)
         compare_topic(inst.bootstrap, source_cluster.bootstrap, topic, 1)
+    # How far behind the owner the follower shows records: a steady 100 records a second for 6 s,
+    # read at the head through both; the delay is the progress interval (200 ms) plus a follow round.
+    end = 40 + steady_delays(source_cluster, topic, 40, owner, follower)
+    for inst in (owner, follower):
+        wait_caught_up(inst.bootstrap, source_cluster.bootstrap, topic, 1, timeout=60, stall=30)
     cli.run("pause", "--mirror", mirror, "--topics", topic)
     wait_states(cli, mirror, {topic: "PAUSED"}, timeout=60)
     p = Producer({"bootstrap.servers": dest_cluster.bootstrap, "enable.idempotence": False})
     p.produce(topic, key=b"foreign", value=b"written on the destination", partition=0)
     assert p.flush(30) == 0
     time.sleep(1.0)  # the follower's follow rounds and metadata have seen whatever they will
-    src = [(x.offset, x.value) for x in read_partition(source_cluster.bootstrap, topic, 0, 0, 40)]
+    src = [(x.offset, x.value) for x in read_partition(source_cluster.bootstrap, topic, 0, 0, end)]
     for inst in (follower, owner):
         hw = watermarks(inst.bootstrap, topic, 1)[0][1]
-        seen = [(x.offset, x.value) for x in read_partition(inst.bootstrap, topic, 0, 0, 40)]
-        past = at_head(inst, topic, 40)
+        seen = [(x.offset, x.value) for x in read_partition(inst.bootstrap, topic, 0, 0, end)]
+        past = at_head(inst, topic, end)
         print(f"{inst.name} ({'owner' if inst is owner else 'follower'}): high watermark {hw}, "
               f"{len(seen)} records, past them {past}")
-        assert hw == 40 and seen == src and past == ([], []), (inst.name, hw, seen[-2:], past)
+        assert hw == end and seen == src and past == ([], []), (inst.name, hw, seen[-2:], past)

@@ -1240,6 +1240,53 @@ static void test_progress_bounds_readers(void **state)
 	event_base_free(base);
 }
 
+static bool owns_none(void *arg, const char *mirror)
+{
+	(*(int *)arg)++;
+	return strcmp(mirror, "m1") != 0;
+}
+
+/*
+ * A pipeline's writes (runs, progress, transitions) are made only while this kmirrord runs the
+ * mirror: asked when the write is about to go, refused with a message (a stale owner's queued
+ * write), nothing sent. Other writes (a start, a create) are not asked about.
+ */
+static void test_owner_check(void **state)
+{
+	struct event_base *base = event_base_new();
+	km_state *st = store_unreachable(base);
+	km_state_model m;
+	runs_probe p;
+	km_state_run r = {.topic = "t", .partition = 0, .logical = 10, .physical = 0, .prev_logical_end = -1};
+	km_state_progress g = {"t", 0, 12};
+	int asked = 0;
+	(void)state;
+
+	model_with(&m, KM_MP_MIRRORING, KM_MP_UNKNOWN);
+	km_state_loaded(st, &m);
+	km_state_owner_check(st, owns_none, &asked);
+	assert_int_equal(runs_ask(base, st, "m1", &r, 1, &p), KM_MIRROR_STATE_UNAVAILABLE);
+	assert_non_null(strstr(p.message, "no longer runs mirror 'm1'"));
+	memset(&p, 0, sizeof(p));
+	km_state_progress_write(st, "m1", &g, 1, runs_done, &p);
+	for (int i = 0; i < 100 && !p.answered; i++)
+		event_base_loop(base, EVLOOP_NONBLOCK);
+	assert_int_equal(p.code, KM_MIRROR_STATE_UNAVAILABLE);
+	memset(&p, 0, sizeof(p));
+	km_state_partition_set(st, "m1", "t", 0, KM_MP_FAILED, "x", runs_done, &p);
+	for (int i = 0; i < 100 && !p.answered; i++)
+		event_base_loop(base, EVLOOP_NONBLOCK);
+	assert_int_equal(p.code, KM_MIRROR_STATE_UNAVAILABLE);
+	assert_int_equal(asked, 3);
+	assert_int_equal(km_state_topic_state(km_state_topic_find(st, "t", 1)), KM_MP_MIRRORING);
+	/* Another mirror's write is asked about too, and goes on (to the unreachable destination here). */
+	assert_int_equal(runs_ask(base, st, "m2", &r, 1, &p), KM_MIRROR_UNKNOWN_CLUSTER_MIRROR);
+	assert_int_equal(asked, 4);
+	km_state_free(st);
+	event_base_loop(base, EVLOOP_NONBLOCK);
+	event_base_free(base);
+}
+
 /* The store's metrics as /metrics shows them: gauges counted from a model, writes and their latency. */
 static void test_metrics(void **state)
 {
@@ -1325,6 +1372,7 @@ int main(void)
 		cmocka_unit_test(test_transitions), cmocka_unit_test(test_settle_transitions), cmocka_unit_test(test_config),
 		cmocka_unit_test(test_mirror_option_table), cmocka_unit_test(test_secrets),
 		cmocka_unit_test(test_progress_bounds_readers),
+		cmocka_unit_test(test_owner_check),
 		cmocka_unit_test(test_secrets_format0),
 		cmocka_unit_test(test_key_file), cmocka_unit_test(test_keys),
 		cmocka_unit_test(test_values_and_model), cmocka_unit_test(test_mirror_value_refused),

@@ -149,5 +149,7 @@ bool km_mirror_sync_status(km_mirror *mi, const char *mirror, km_sync_kind kind,
  * NULL (none: this kmirrord does not take part). The string lives until the next lease change.
  */
 const char *km_mirror_owner(km_mirror *mi, const char *mirror);
+/* This kmirrord's name among the others: <host>@<HTTP listener> (its instance record's id). */
+const char *km_mirror_self(km_mirror *mi);
 
 #endif

@@ -284,6 +284,28 @@ typedef struct km_state_run {
 void km_state_runs_write(km_state *st, const char *mirror, const km_state_run *runs, size_t n, km_state_done_cb done,
 			 void *arg);
 /*
+ * A kmirrord as it last reported itself in __mirror_state (record type 3, written by itself every
+ * KM_STATE_INSTANCE_REPORT_MS: docs/state.md, "Instances").
+ */
+#define KM_STATE_INSTANCE_REPORT_MS 10000
+typedef struct km_state_instance {
+	char *id;             /* <host>@<HTTP listener> */
+	int64_t report_ms;    /* when it wrote the record (its clock) */
+	int64_t start_ms;
+	int64_t state_delay_ms; /* how far behind the state topic its last followed change was applied; -1: none yet */
+	char *pipelines;      /* all, owned, none */
+	char *version;
+	char **owned;         /* mirrors whose pipelines it runs */
+	size_t nowned;
+} km_state_instance;
+/* Write this kmirrord's record (strings copied); done may be NULL. */
+void km_state_instance_write(km_state *st, const km_state_instance *in, km_state_done_cb done, void *arg);
+/* The instances the store holds (valid until the next change of the model), and how many. */
+const km_state_instance *km_state_instances(const km_state *st, size_t *n);
+/* How far behind the state topic the last followed change was applied (ms); -1 when none was. */
+int64_t km_state_follow_delay_ms(const km_state *st);
+
+/*
  * Writes of a mirror's pipeline (runs, its writer, progress, partition transitions) are made only
  * while may_write says this kmirrord runs the mirror, checked when the write is about to be sent:
  * one queued before a pause (SIGSTOP, a stalled host) is dropped, answered

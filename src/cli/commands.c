@@ -290,6 +290,73 @@ static int cmd_delete(ctx *x)
 
 /* ---- list ---- */
 
+static void json_instances(km_cli_json *j, const km_list_mirrors_response *resp)
+{
+	km_cli_json_key(j, "instances");
+	km_cli_json_arr(j);
+	for (int32_t i = 0; i < resp->instances.count; i++) {
+		const km_list_mirrors_response_listed_instance *in = &resp->instances.items[i];
+		km_cli_json_obj(j);
+		km_cli_json_key(j, "id");
+		km_cli_json_strn(j, in->instance_id.p, in->instance_id.len);
+		km_cli_json_key(j, "report_age_ms");
+		km_cli_json_int(j, in->report_age_ms);
+		km_cli_json_key(j, "start_time_ms");
+		km_cli_json_int(j, in->start_time_ms);
+		km_cli_json_key(j, "state_delay_ms");
+		km_cli_json_int(j, in->state_delay_ms);
+		km_cli_json_key(j, "pipelines");
+		km_cli_json_strn(j, in->pipelines.p, in->pipelines.len);
+		km_cli_json_key(j, "version");
+		km_cli_json_strn(j, in->software_version.p, in->software_version.len);
+		km_cli_json_key(j, "owned_mirrors");
+		km_cli_json_arr(j);
+		for (int32_t k = 0; k < in->owned_mirrors.count; k++)
+			km_cli_json_strn(j, in->owned_mirrors.items[k].p, in->owned_mirrors.items[k].len);
+		km_cli_json_arr_end(j);
+		km_cli_json_key(j, "is_self");
+		km_cli_json_bool(j, in->is_self);
+		km_cli_json_obj_end(j);
+	}
+	km_cli_json_arr_end(j);
+}
+
+/* The kmirrords in front of the destination, as each last reported itself (every 10 s). */
+static bool print_instances(ctx *x, const km_list_mirrors_response *resp)
+{
+	static const char *const hdr[] = {"INSTANCE", "LAST REPORT", "STATE DELAY", "PIPELINES", "VERSION", "RUNS"};
+	km_cli_table t;
+	if (!resp->instances.count)
+		return true;
+	if (!km_cli_table_init(&t, sizeof(hdr) / sizeof(hdr[0]), hdr))
+		return false;
+	for (int32_t i = 0; i < resp->instances.count; i++) {
+		const km_list_mirrors_response_listed_instance *in = &resp->instances.items[i];
+		char id[640], age[32], delay[32], pipes[16], ver[64], runs[1024];
+		const char *row[] = {id, age, delay, pipes, ver, runs};
+		size_t at = 0;
+		snprintf(id, sizeof(id), "%.*s%s", (int)in->instance_id.len, in->instance_id.p, in->is_self ? " (this one)" : "");
+		snprintf(age, sizeof(age), "%.1f s ago", (double)in->report_age_ms / 1000.0);
+		if (in->state_delay_ms < 0)
+			snprintf(delay, sizeof(delay), "-");
+		else
+			snprintf(delay, sizeof(delay), "%lld ms", (long long)in->state_delay_ms);
+		snprintf(pipes, sizeof(pipes), "%.*s", (int)in->pipelines.len, in->pipelines.p);
+		snprintf(ver, sizeof(ver), "%.*s", (int)in->software_version.len, in->software_version.p);
+		runs[0] = 0;
+		for (int32_t k = 0; k < in->owned_mirrors.count && at < sizeof(runs) - 1; k++)
+			at += (size_t)snprintf(runs + at, sizeof(runs) - at, "%s%.*s", k ? "," : "",
+					       (int)in->owned_mirrors.items[k].len, in->owned_mirrors.items[k].p);
+		if (!in->owned_mirrors.count)
+			snprintf(runs, sizeof(runs), "-");
+		km_cli_table_row(&t, row);
+	}
+	fprintf(x->out, "\n");
+	km_cli_table_print(&t, x->out);
+	km_cli_table_free(&t);
+	return true;
+}
+
 static int cmd_list(ctx *x)
 {
 	int16_t v = km_cmd_version_of(x, KM_API_LIST_MIRRORS);
@@ -321,6 +388,7 @@ static int cmd_list(ctx *x)
 			km_cli_json_obj_end(&j);
 		}
 		km_cli_json_arr_end(&j);
+		json_instances(&j, &resp);
 		km_cli_json_obj_end(&j);
 	} else {
 		static const char *const hdr[] = {"MIRROR", "SOURCE", "TOPICS"};
@@ -339,6 +407,8 @@ static int cmd_list(ctx *x)
 		}
 		km_cli_table_print(&t, x->out);
 		km_cli_table_free(&t);
+		if (!print_instances(x, &resp))
+			return KM_CLI_EXIT_ERROR;
 	}
 	return KM_CLI_EXIT_OK;
 }

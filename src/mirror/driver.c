@@ -52,6 +52,7 @@ struct km_mirror {
 	km_lease *lease;        /* which mirrors this kmirrord runs (lease.c) */
 	struct event *rebalance_ev;
 	char self[600];         /* km_mirror_self */
+	km_report *report;      /* its record in __mirror_state (report.c) */
 	km_metric_series *owned, *gained, *lost; /* kmirror_mirrors_owned, kmirror_mirror_handovers_total */
 };
 
@@ -327,6 +328,8 @@ km_mirror *km_mirror_new(const km_mirror_opts *opts)
 		return NULL;
 	}
 	km_lease_on_change(mi->lease, rebalance, releasing, mi);
+	if (!(mi->report = km_report_new(mi)))
+		KM_WARN("mirror", 0, "out of memory: this kmirrord does not report itself in the state topic");
 	return mi;
 }
 
@@ -353,6 +356,8 @@ void km_mirror_free(km_mirror *mi)
 	mi->sync = NULL;
 	km_lease_free(mi->lease); /* leaves the group: the others take this one's mirrors over at once */
 	mi->lease = NULL;
+	km_report_free(mi->report);
+	mi->report = NULL;
 	for (size_t i = 0; i < mi->npipes; i++)
 		km_pipeline_free(mi->pipes[i]);
 	free(mi->pipes);
@@ -408,6 +413,18 @@ void km_mirror_settle(km_mirror *mi, const char *mirror, const char *topic, int3
 static km_pipelines_mode mode(const km_mirror *mi)
 {
 	return mi->opts.cfg ? (km_pipelines_mode)mi->opts.cfg->mirror_pipelines : KM_PIPELINES_ALL;
+}
+
+const char *km_mirror_pipelines_name(km_mirror *mi)
+{
+	switch (mode(mi)) {
+	case KM_PIPELINES_OWNED:
+		return "owned";
+	case KM_PIPELINES_NONE:
+		return "none";
+	default:
+		return "all";
+	}
 }
 
 bool km_mirror_owns(km_mirror *mi, const char *mirror, bool pipelines)

@@ -96,12 +96,19 @@ int32_t km_lease_slot(const km_lease *l, const char *mirror);
  * none with mirror_pipelines = none (driver.c).
  */
 bool km_mirror_owns(km_mirror *mi, const char *mirror, bool pipelines);
-/* This kmirrord's name among the others: <host>@<HTTP listener> (<host> without one). */
-const char *km_mirror_self(km_mirror *mi);
 /* Who owns the state partition of mirror, as the group's last description says (NULL: not known). */
 const char *km_lease_owner(const km_lease *l, const char *mirror);
 /* The driver looks at which mirrors it owns on the next loop iteration (a pipeline found it lost its own). */
 void km_mirror_rebalance_soon(km_mirror *mi);
+/* mirror_pipelines as configured: "all", "owned" or "none". */
+const char *km_mirror_pipelines_name(km_mirror *mi);
+
+/* ---- this kmirrord's own record in __mirror_state (report.c) ---- */
+
+typedef struct km_report km_report;
+/* Writes the record every KM_STATE_INSTANCE_REPORT_MS while the store is ready (the first about a second after the load). */
+km_report *km_report_new(km_mirror *mi);
+void km_report_free(km_report *r);
 
 /* ---- transactional producers on the destination (txn.c) ---- */
 

@@ -861,6 +861,40 @@ static int64_t lag_of(const km_state_partition_info *p)
 	return p->source_log_end > p->last_mirrored_offset ? p->source_log_end - p->last_mirrored_offset : 0;
 }
 
+/* The kmirrords as each last reported itself in the state (docs/state.md, "Instances"). */
+static void list_instances(km_mop *op, km_list_mirrors_response *r)
+{
+	size_t n;
+	const km_state_instance *in = km_state_instances(op->st, &n);
+	const char *self = op->mi ? km_mirror_self(op->mi) : NULL;
+	struct timeval now;
+	int64_t now_ms;
+
+	gettimeofday(&now, NULL);
+	now_ms = (int64_t)now.tv_sec * 1000 + now.tv_usec / 1000;
+	if (!n || !(r->instances.items = km_arena_calloc(&op->a, sizeof(*r->instances.items) * n)))
+		return;
+	for (size_t i = 0; i < n; i++) {
+		km_list_mirrors_response_listed_instance *x = &r->instances.items[r->instances.count];
+		km_str *owned = in[i].nowned ? km_arena_calloc(&op->a, sizeof(*owned) * in[i].nowned) : NULL;
+		if (in[i].nowned && !owned)
+			break;
+		km_list_mirrors_response_listed_instance_init(x);
+		x->instance_id = km_str_c(in[i].id);
+		x->report_age_ms = now_ms - in[i].report_ms;
+		x->start_time_ms = in[i].start_ms;
+		x->state_delay_ms = in[i].state_delay_ms;
+		x->pipelines = km_str_c(in[i].pipelines);
+		x->software_version = km_str_c(in[i].version);
+		for (size_t k = 0; k < in[i].nowned; k++)
+			owned[k] = km_str_c(in[i].owned[k]);
+		x->owned_mirrors.items = owned;
+		x->owned_mirrors.count = (int32_t)in[i].nowned;
+		x->is_self = self && !strcmp(self, in[i].id);
+		r->instances.count++;
+	}
+}
+
 static void answer_list(km_mop *op)
 {
 	km_list_mirrors_response r;
@@ -875,6 +909,7 @@ static void answer_list(km_mop *op)
 		r.mirrors.items[i].source_bootstrap_servers = cstr(km_state_mirror_source(m));
 		r.mirrors.items[i].topic_count = (int32_t)km_state_mirror_topic_count(m);
 	}
+	list_instances(op, &r);
 	km_mop_answer(op, &r);
 }
 

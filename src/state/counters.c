@@ -29,6 +29,7 @@ void km_state_counters_follow(km_state_counters *c, double delay_s)
 	c->follows++;
 	if (delay_s < 0)
 		return;
+	c->follow_last_ms = (int64_t)(delay_s * 1000);
 	b = km_metrics_bucket(km_state_write_bounds, KM_STATE_WRITE_BUCKETS, delay_s);
 	if (b < KM_STATE_WRITE_BUCKETS)
 		c->follow_bucket[b]++;

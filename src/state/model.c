@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "kmirror/arena.h"
+#include "kmirror/msg/mirror_state_instance_key.h"
 #include "kmirror/msg/mirror_state_mirror_key.h"
 #include "kmirror/msg/mirror_state_mirror_value.h"
 #include "kmirror/msg/mirror_state_partition_key.h"
@@ -29,6 +30,11 @@ void km_state_key_encode(km_wr *w, const km_state_key *k)
 		rk.partition_index = k->partition;
 		rk.logical_start = k->logical;
 		km_mirror_state_run_key_encode(w, 0, &rk);
+	} else if (k->type == KM_STATE_REC_INSTANCE) {
+		km_mirror_state_instance_key ik;
+		km_mirror_state_instance_key_init(&ik);
+		ik.instance_id = k->instance;
+		km_mirror_state_instance_key_encode(w, 0, &ik);
 	} else {
 		km_mirror_state_partition_key pk;
 		km_mirror_state_partition_key_init(&pk);
@@ -85,6 +91,14 @@ km_err km_state_key_decode(const uint8_t *p, size_t len, km_state_key *k)
 			k->topic = rk.topic_name;
 			k->partition = rk.partition_index;
 			k->logical = rk.logical_start;
+			rc = KM_OK;
+		}
+	} else if (k->type == KM_STATE_REC_INSTANCE) {
+		km_mirror_state_instance_key ik;
+		km_mirror_state_instance_key_init(&ik);
+		if (km_mirror_state_instance_key_decode(&r, 0, &ik, &a) == KM_OK && km_rd_left(&r) == 0 &&
+		    ik.instance_id.len > 0 && ik.instance_id.len <= 1024 && !memchr(ik.instance_id.p, 0, (size_t)ik.instance_id.len)) {
+			k->instance = ik.instance_id;
 			rc = KM_OK;
 		}
 	}
@@ -189,7 +203,7 @@ km_err km_state_run_value_encode(km_wr *w, int64_t physical, int64_t prev_logica
 
 /* ---- the model ---- */
 
-static char *dup_str(km_str s)
+char *km_state_dup_str(km_str s)
 {
 	char *p;
 	if (s.len < 0)
@@ -254,6 +268,7 @@ void km_state_model_free(km_state_model *m)
 	free(m->mirrors);
 	free(m->by_name);
 	free(m->by_id);
+	km_state_instances_free(m);
 	memset(m, 0, sizeof(*m));
 }
 
@@ -417,8 +432,8 @@ static km_err apply_mirror(km_state_model *m, const km_state_key *k, const uint8
 			rc = KM_ERR_DECODE;
 			break;
 		}
-		cfg[i].name = dup_str(c->name);
-		cfg[i].value = dup_str(c->value);
+		cfg[i].name = km_state_dup_str(c->name);
+		cfg[i].value = km_state_dup_str(c->value);
 		if (c->sealed.len >= 0 && (cfg[i].sealed = malloc((size_t)c->sealed.len + 1)))
 			memcpy(cfg[i].sealed, c->sealed.p, (size_t)c->sealed.len);
 		cfg[i].sealed_len = c->sealed.len >= 0 ? (size_t)c->sealed.len : 0;
@@ -426,7 +441,7 @@ static km_err apply_mirror(km_state_model *m, const km_state_key *k, const uint8
 			rc = KM_ERR_NOMEM;
 	}
 	if (rc == KM_OK && !mi) {
-		if (!(mi = calloc(1, sizeof(*mi))) || !(mi->name = dup_str(k->mirror)) ||
+		if (!(mi = calloc(1, sizeof(*mi))) || !(mi->name = km_state_dup_str(k->mirror)) ||
 		    !insert_at((void ***)&m->mirrors, &m->nmirrors, at, mi)) {
 			if (mi)
 				free(mi->name);
@@ -495,7 +510,7 @@ static km_err apply_partition(km_state_model *m, const km_state_key *k, const ui
 	if (rc == KM_OK && (v.state < 0 || v.state >= KM_MP__COUNT))
 		rc = KM_ERR_DECODE;
 	if (rc == KM_OK && !t) {
-		if (!(t = calloc(1, sizeof(*t))) || !(t->name = dup_str(k->topic)) ||
+		if (!(t = calloc(1, sizeof(*t))) || !(t->name = km_state_dup_str(k->topic)) ||
 		    !insert_at((void ***)&mi->topics, &mi->ntopics, at, t)) {
 			if (t)
 				free(t->name);
@@ -509,7 +524,7 @@ static km_err apply_partition(km_state_model *m, const km_state_key *k, const ui
 	if (rc == KM_OK && !km_state_model_part(t, k->partition))
 		rc = KM_ERR_NOMEM;
 	if (rc == KM_OK) {
-		char *err = dup_str(v.last_error);
+		char *err = km_state_dup_str(v.last_error);
 		p = &t->parts[k->partition];
 		if (v.last_error.len >= 0 && !err) {
 			rc = KM_ERR_NOMEM;
@@ -691,6 +706,8 @@ km_err km_state_model_apply(km_state_model *m, const uint8_t *key, size_t klen, 
 		return apply_mirror(m, &k, val, vlen, tombstone);
 	if (k.type == KM_STATE_REC_RUN)
 		return apply_run(m, &k, val, vlen, tombstone);
+	if (k.type == KM_STATE_REC_INSTANCE)
+		return km_state_instance_apply(m, k.instance, val, vlen, tombstone);
 	rc = apply_partition(m, &k, val, vlen, tombstone, chg);
 	if (chg->changed) {
 		/* The names outlive a tombstone's topic: copy them into static-lifetime scratch of the change. */

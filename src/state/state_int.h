@@ -16,6 +16,7 @@ enum {
 	KM_STATE_REC_MIRROR = 0,    /* key: MirrorStateMirrorKey v0 */
 	KM_STATE_REC_PARTITION = 1, /* key: MirrorStatePartitionKey v0 */
 	KM_STATE_REC_RUN = 2,       /* key: MirrorStateRunKey v0 (an offset map run) */
+	KM_STATE_REC_INSTANCE = 3,  /* key: MirrorStateInstanceKey v0 (a kmirrord's own report) */
 };
 
 #define KM_STATE_MAX_NAME 249         /* a Kafka topic name's limit; mirror names share it */
@@ -33,6 +34,7 @@ typedef struct km_state_key {
 	km_str topic;       /* partition and run records */
 	int32_t partition;  /* partition and run records */
 	int64_t logical;    /* run records: the run's logical start */
+	km_str instance;    /* instance records: the kmirrord's id */
 } km_state_key;
 
 /* Encode a key (type + the v0 key struct) into w. */
@@ -105,6 +107,8 @@ struct km_state_mirror {
 typedef struct km_state_model {
 	km_state_mirror **mirrors; /* sorted by name */
 	size_t nmirrors;
+	km_state_instance *instances; /* as each kmirrord last reported itself, in record order */
+	size_t ninstances;
 	km_state_topic **by_name, **by_id;
 	size_t nbuckets;
 } km_state_model;
@@ -154,6 +158,13 @@ void km_state_part_bound(km_state_part *p);
 void km_state_model_bound(km_state_model *m);
 /* Runs of a mirror's partitions held in memory (what its delete must tombstone). */
 size_t km_state_model_mirror_runs(const km_state_mirror *mi);
+
+/* A NUL-terminated copy of s (NULL for a null string or no memory). */
+char *km_state_dup_str(km_str s);
+/* Instance records (instances.c): apply one, encode one's value, free the model's. */
+km_err km_state_instance_apply(km_state_model *m, km_str id, const uint8_t *val, size_t vlen, bool tomb);
+km_err km_state_instance_value_encode(km_wr *w, const km_state_instance *in);
+void km_state_instances_free(km_state_model *m);
 
 /* Values: int16 version (0) + the value struct. */
 km_err km_state_mirror_value_encode(km_wr *w, const km_state_mirror *mi);
@@ -233,6 +244,7 @@ typedef struct km_state_counters {
 	uint64_t loads, records_loaded, load_ms, ready;
 	uint64_t follows, follow_bucket[KM_STATE_WRITE_BUCKETS], follow_count;
 	double follow_sum;
+	int64_t follow_last_ms; /* the last followed change's delay (-1: none yet) */
 	uint64_t mirrors, topics, partitions[KM_MP__COUNT]; /* gauges, recounted on every change */
 } km_state_counters;
 

@@ -13,7 +13,7 @@
 
 #define COMP "state"
 
-typedef enum { MUT_CREATE, MUT_ALTER, MUT_DELETE, MUT_TOPICS, MUT_PSET, MUT_RUNS, MUT_GROW, MUT_WRITER, MUT_PROGRESS } mut_kind;
+typedef enum { MUT_CREATE, MUT_ALTER, MUT_DELETE, MUT_TOPICS, MUT_PSET, MUT_RUNS, MUT_GROW, MUT_WRITER, MUT_PROGRESS, MUT_INSTANCE } mut_kind;
 
 /* A mirror's delete, in writes that each land whole before the next: runs, then partitions, then the mirror. */
 enum { DEL_RUNS = 0, DEL_PARTITIONS, DEL_MIRROR };
@@ -36,6 +36,7 @@ struct km_state_mut {
 	size_t nruns;
 	int64_t writer_pid, writer_start; /* a writer write: the partition is parts[0] of topics[0] */
 	int16_t writer_epoch;
+	km_wr instance;        /* an instance write (its id in mirror): its value, encoded when asked */
 	km_state_done_cb done;
 	void *arg;
 	/* the outcome */
@@ -90,6 +91,7 @@ static void mut_free(km_state_mut *mu)
 		free(mu->recs[i].val);
 	}
 	free(mu->recs);
+	km_wr_free(&mu->instance);
 	free(mu);
 }
 
@@ -1094,6 +1096,12 @@ static void run_head(km_state *st)
 	case MUT_PROGRESS:
 		prepare_progress(st, mu);
 		break;
+	case MUT_INSTANCE: {
+		km_state_key k = {.type = KM_STATE_REC_INSTANCE, .instance = km_str_c(mu->mirror)};
+		if (add_rec(mu, &k, &mu->instance) != KM_OK)
+			set_msg(mu, KM_MIRROR_STATE_UNAVAILABLE, "out of memory");
+		break;
+	}
 	}
 	run_write(st, mu);
 }
@@ -1357,6 +1365,30 @@ void km_state_progress_write(km_state *st, const char *mirror, const km_state_pr
 		mu->nruns++;
 	}
 	submit(st, mu);
+}
+
+void km_state_instance_write(km_state *st, const km_state_instance *in, km_state_done_cb done, void *arg)
+{
+	km_state_mut *mu = mut_new(MUT_INSTANCE, in->id, done, arg);
+	if (!mu)
+		return nomem(done, arg);
+	km_wr_init(&mu->instance);
+	if (km_state_instance_value_encode(&mu->instance, in) != KM_OK) {
+		mut_free(mu);
+		return nomem(done, arg);
+	}
+	submit(st, mu);
+}
+
+const km_state_instance *km_state_instances(const km_state *st, size_t *n)
+{
+	*n = st->model.ninstances;
+	return st->model.instances;
+}
+
+int64_t km_state_follow_delay_ms(const km_state *st)
+{
+	return st->ctr.follows ? st->ctr.follow_last_ms : -1;
 }
 
 void km_state_owner_check(km_state *st, bool (*may_write)(void *arg, const char *mirror), void *arg)

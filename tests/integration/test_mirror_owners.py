@@ -156,6 +156,21 @@ def test_each_mirror_runs_in_one_kmirrord(kmirror_bin, dest_cluster, source_clus
                what=f"describe through a and b naming the runners {want}")
     out = cli.run("describe", "--mirror", mirrors[0]).stdout
     assert f"Run by: {want[mirrors[0]]}" in out, out
+    # list through either shows both instances as each reported itself (every 10 s): what it runs.
+    runs = {names[p.name]: sorted(m for m, v in r.items() if v == [p.name]) for p in proxies}
+
+    def listed(p):
+        doc, _ = Cli(kmirror_bin, p.bootstrap).json("list")
+        return {i["id"]: (sorted(set(i["owned_mirrors"]) & set(mirrors)), i["is_self"], i["pipelines"])
+                for i in doc["instances"] if i["id"] in runs}
+    wait_until(lambda: all(listed(p) == {n: (runs[n], n == names[p.name], "owned") for n in runs} for p in proxies),
+               30, 1.0, what=f"list through a and b showing both instances running {runs}")
+    doc, _ = Cli(kmirror_bin, b.bootstrap).json("list")
+    mine = [i for i in doc["instances"] if i["id"] in runs]
+    print("instances:", mine)
+    assert all(0 <= i["report_age_ms"] < 15000 and i["state_delay_ms"] >= -1 for i in mine), mine
+    out = cli.run("list").stdout
+    assert all(n in out for n in runs) and "(this one)" in out, out
 
     # SIGTERM a: it leaves the group, b runs every mirror at once.
     gained = b.metric('kmirror_mirror_handovers_total{direction="gained"}')

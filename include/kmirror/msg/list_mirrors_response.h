@@ -25,6 +25,30 @@ typedef struct km_list_mirrors_response_listed_mirror {
 	km_tagged_list unknown_tags; /* tagged fields this codec does not know, kept as they came */
 } km_list_mirrors_response_listed_mirror;
 
+/* ListedInstance */
+typedef struct km_list_mirrors_response_listed_instance {
+	/* v0+: The kmirrord's id: <host>@<HTTP listener>. */
+	km_str instance_id;
+	/* v0+: How long ago it last reported itself, by the answering kmirrord's clock. */
+	int64_t report_age_ms;
+	/* v0+: When it started. */
+	int64_t start_time_ms;
+	/* v0+: How far behind __mirror_state its last followed change was applied, in milliseconds; -1... */
+	int64_t state_delay_ms;
+	/* v0+: Its mirror_pipelines: all, owned or none. */
+	km_str pipelines;
+	/* v0+: Its version. */
+	km_str software_version;
+	/* v0+: The mirrors whose pipelines it runs. */
+	struct {
+		int32_t count; /* -1 = null */
+		km_str *items;
+	} owned_mirrors;
+	/* v0+: The answering kmirrord itself. */
+	bool is_self;
+	km_tagged_list unknown_tags; /* tagged fields this codec does not know, kept as they came */
+} km_list_mirrors_response_listed_instance;
+
 /* ListMirrorsResponse v0-0 */
 typedef struct km_list_mirrors_response {
 	/* v0+: Always 0: kmirrord does not throttle mirror RPCs. */
@@ -38,10 +62,16 @@ typedef struct km_list_mirrors_response {
 		int32_t count; /* -1 = null */
 		km_list_mirrors_response_listed_mirror *items;
 	} mirrors;
+	/* v0+ tag 0: The kmirrords in front of the destination, as each last reported itself in __mirror_sta... */
+	struct {
+		int32_t count; /* -1 = null */
+		km_list_mirrors_response_listed_instance *items;
+	} instances;
 	km_tagged_list unknown_tags; /* tagged fields this codec does not know, kept as they came */
 } km_list_mirrors_response;
 
 void km_list_mirrors_response_listed_mirror_init(km_list_mirrors_response_listed_mirror *m);
+void km_list_mirrors_response_listed_instance_init(km_list_mirrors_response_listed_instance *m);
 /* Sets every field to its default. */
 void km_list_mirrors_response_init(km_list_mirrors_response *m);
 /* Decodes version v (after init); arrays come from the arena, strings and bytes borrow r's buffer. */

@@ -7,6 +7,9 @@
 static bool km_list_mirrors_response_listed_mirror_dec(km_rd *r, int16_t v, km_list_mirrors_response_listed_mirror *m, km_arena *a);
 static void km_list_mirrors_response_listed_mirror_enc(km_wr *w, int16_t v, const km_list_mirrors_response_listed_mirror *m);
 static size_t km_list_mirrors_response_listed_mirror_sz(int16_t v, const km_list_mirrors_response_listed_mirror *m);
+static bool km_list_mirrors_response_listed_instance_dec(km_rd *r, int16_t v, km_list_mirrors_response_listed_instance *m, km_arena *a);
+static void km_list_mirrors_response_listed_instance_enc(km_wr *w, int16_t v, const km_list_mirrors_response_listed_instance *m);
+static size_t km_list_mirrors_response_listed_instance_sz(int16_t v, const km_list_mirrors_response_listed_instance *m);
 static bool km_list_mirrors_response_dec(km_rd *r, int16_t v, km_list_mirrors_response *m, km_arena *a);
 static void km_list_mirrors_response_enc(km_wr *w, int16_t v, const km_list_mirrors_response *m);
 static size_t km_list_mirrors_response_sz(int16_t v, const km_list_mirrors_response *m);
@@ -69,10 +72,137 @@ static size_t km_list_mirrors_response_listed_mirror_sz(int16_t v, const km_list
 	return n;
 }
 
+void km_list_mirrors_response_listed_instance_init(km_list_mirrors_response_listed_instance *m)
+{
+	memset(m, 0, sizeof(*m));
+}
+
+static bool km_list_mirrors_response_listed_instance_dec(km_rd *r, int16_t v, km_list_mirrors_response_listed_instance *m, km_arena *a)
+{
+	const bool flex = true;
+	(void)flex;
+	(void)a;
+	(void)v;
+	if (!km_rd_string(r, "ListedInstance.InstanceId", flex, false, &m->instance_id))
+		return false;
+	if (!km_rd_i64(r, "ListedInstance.ReportAgeMs", &m->report_age_ms))
+		return false;
+	if (!km_rd_i64(r, "ListedInstance.StartTimeMs", &m->start_time_ms))
+		return false;
+	if (!km_rd_i64(r, "ListedInstance.StateDelayMs", &m->state_delay_ms))
+		return false;
+	if (!km_rd_string(r, "ListedInstance.Pipelines", flex, false, &m->pipelines))
+		return false;
+	if (!km_rd_string(r, "ListedInstance.SoftwareVersion", flex, false, &m->software_version))
+		return false;
+	{
+		int32_t cnt;
+		if (!km_rd_array_len(r, "ListedInstance.OwnedMirrors", flex, false, 1, &cnt))
+			return false;
+		m->owned_mirrors.count = cnt;
+		m->owned_mirrors.items = NULL;
+		if (cnt > 0) {
+			m->owned_mirrors.items = km_arena_alloc(a, (size_t)cnt * sizeof(*m->owned_mirrors.items));
+			if (!m->owned_mirrors.items)
+				return km_codec_arena_fail(r, a, "ListedInstance.OwnedMirrors");
+			for (int32_t i = 0; i < cnt; i++) {
+				if (!km_rd_string(r, "ListedInstance.OwnedMirrors", flex, false, &m->owned_mirrors.items[i]))
+					return false;
+			}
+		}
+	}
+	if (!km_rd_bool(r, "ListedInstance.IsSelf", &m->is_self))
+		return false;
+	if (flex) {
+		if (!km_codec_rd_tags(r, "ListedInstance.TaggedFields", &m->unknown_tags, a))
+			return false;
+	}
+	return true;
+}
+
+static void km_list_mirrors_response_listed_instance_enc(km_wr *w, int16_t v, const km_list_mirrors_response_listed_instance *m)
+{
+	const bool flex = true;
+	(void)flex;
+	(void)v;
+	if (m->instance_id.len < 0)
+		km_codec_wr_fail(w, KM_ERR_ENCODE);
+	km_wr_string(w, flex, m->instance_id);
+	km_wr_i64(w, m->report_age_ms);
+	km_wr_i64(w, m->start_time_ms);
+	km_wr_i64(w, m->state_delay_ms);
+	if (m->pipelines.len < 0)
+		km_codec_wr_fail(w, KM_ERR_ENCODE);
+	km_wr_string(w, flex, m->pipelines);
+	if (m->software_version.len < 0)
+		km_codec_wr_fail(w, KM_ERR_ENCODE);
+	km_wr_string(w, flex, m->software_version);
+	if (m->owned_mirrors.count < 0)
+		km_codec_wr_fail(w, KM_ERR_ENCODE);
+	km_wr_array_len(w, flex, m->owned_mirrors.count);
+	for (int32_t i = 0; i < m->owned_mirrors.count; i++) {
+		if (m->owned_mirrors.items[i].len < 0)
+			km_codec_wr_fail(w, KM_ERR_ENCODE);
+		km_wr_string(w, flex, m->owned_mirrors.items[i]);
+	}
+	km_wr_bool(w, m->is_self);
+	if (flex) {
+		km_codec_wr_tags(w, &m->unknown_tags, 0, UINT64_MAX, true);
+	}
+}
+
+static size_t km_list_mirrors_response_listed_instance_sz(int16_t v, const km_list_mirrors_response_listed_instance *m)
+{
+	const bool flex = true;
+	size_t n = 0;
+	(void)flex;
+	(void)v;
+	n += km_sz_string(flex, m->instance_id);
+	n += 8;
+	n += 8;
+	n += 8;
+	n += km_sz_string(flex, m->pipelines);
+	n += km_sz_string(flex, m->software_version);
+	n += km_sz_array_len(flex, m->owned_mirrors.count);
+	for (int32_t i = 0; i < m->owned_mirrors.count; i++)
+		n += km_sz_string(flex, m->owned_mirrors.items[i]);
+	n += 1;
+	if (flex) {
+		uint32_t ntags = (uint32_t)(m->unknown_tags.count > 0 ? m->unknown_tags.count : 0);
+		n += km_codec_sz_tags(&m->unknown_tags);
+		n += km_sz_uvarint(ntags);
+	}
+	return n;
+}
+
 void km_list_mirrors_response_init(km_list_mirrors_response *m)
 {
 	memset(m, 0, sizeof(*m));
 	m->error_message = KM_STR_NULL;
+}
+
+static bool km_list_mirrors_response_dec_tag_instances(km_rd *r, int16_t v, km_list_mirrors_response *m, km_arena *a)
+{
+	(void)v;
+	(void)a;
+	{
+		int32_t cnt;
+		if (!km_rd_array_len(r, "Instances", true, false, 30, &cnt))
+			return false;
+		m->instances.count = cnt;
+		m->instances.items = NULL;
+		if (cnt > 0) {
+			m->instances.items = km_arena_alloc(a, (size_t)cnt * sizeof(*m->instances.items));
+			if (!m->instances.items)
+				return km_codec_arena_fail(r, a, "Instances");
+			for (int32_t i = 0; i < cnt; i++) {
+				km_list_mirrors_response_listed_instance_init(&m->instances.items[i]);
+				if (!km_list_mirrors_response_listed_instance_dec(r, v, &m->instances.items[i], a))
+					return false;
+			}
+		}
+	}
+	return true;
 }
 
 static bool km_list_mirrors_response_dec(km_rd *r, int16_t v, km_list_mirrors_response *m, km_arena *a)
@@ -107,6 +237,27 @@ static bool km_list_mirrors_response_dec(km_rd *r, int16_t v, km_list_mirrors_re
 	if (flex) {
 		if (!km_codec_rd_tags(r, "ListMirrorsResponse.TaggedFields", &m->unknown_tags, a))
 			return false;
+		int32_t keep = 0;
+		for (int32_t i = 0; i < m->unknown_tags.count; i++) {
+			const km_tagged t = m->unknown_tags.items[i];
+			km_rd sub;
+			bool known = true;
+			km_codec_rd_slice(r, t.data, &sub);
+			switch (t.tag) {
+				case 0:
+				{
+					if (!km_list_mirrors_response_dec_tag_instances(&sub, v, m, a))
+						return km_codec_rd_join(r, &sub);
+				}
+				break;
+				default:
+					known = false;
+					break;
+			}
+			if (!known)
+				m->unknown_tags.items[keep++] = t;
+		}
+		m->unknown_tags.count = keep;
 	}
 	return true;
 }
@@ -126,7 +277,26 @@ static void km_list_mirrors_response_enc(km_wr *w, int16_t v, const km_list_mirr
 		km_list_mirrors_response_listed_mirror_enc(w, v, &m->mirrors.items[i]);
 	}
 	if (flex) {
-		km_codec_wr_tags(w, &m->unknown_tags, 0, UINT64_MAX, true);
+		uint32_t ntags = (uint32_t)(m->unknown_tags.count > 0 ? m->unknown_tags.count : 0);
+		const bool has_instances = true && m->instances.count != 0;
+		ntags += has_instances;
+		km_wr_uvarint(w, ntags);
+		km_codec_wr_tags(w, &m->unknown_tags, 0, 1, false);
+		if (has_instances) {
+			size_t n = 0;
+			n += km_sz_array_len(true, m->instances.count);
+			for (int32_t i = 0; i < m->instances.count; i++)
+				n += km_list_mirrors_response_listed_instance_sz(v, &m->instances.items[i]);
+			km_wr_uvarint(w, 0);
+			km_wr_uvarint(w, (uint32_t)n);
+			if (m->instances.count < 0)
+				km_codec_wr_fail(w, KM_ERR_ENCODE);
+			km_wr_array_len(w, true, m->instances.count);
+			for (int32_t i = 0; i < m->instances.count; i++) {
+				km_list_mirrors_response_listed_instance_enc(w, v, &m->instances.items[i]);
+			}
+		}
+		km_codec_wr_tags(w, &m->unknown_tags, 1, UINT64_MAX, false);
 	}
 }
 
@@ -145,6 +315,14 @@ static size_t km_list_mirrors_response_sz(int16_t v, const km_list_mirrors_respo
 	if (flex) {
 		uint32_t ntags = (uint32_t)(m->unknown_tags.count > 0 ? m->unknown_tags.count : 0);
 		n += km_codec_sz_tags(&m->unknown_tags);
+		if (true && m->instances.count != 0) {
+			size_t fn = 0;
+			fn += km_sz_array_len(true, m->instances.count);
+			for (int32_t i = 0; i < m->instances.count; i++)
+				fn += km_list_mirrors_response_listed_instance_sz(v, &m->instances.items[i]);
+			n += km_sz_uvarint(0) + km_sz_uvarint((uint32_t)fn) + fn;
+			ntags++;
+		}
 		n += km_sz_uvarint(ntags);
 	}
 	return n;

@@ -153,6 +153,8 @@
 #include "kmirror/msg/list_transactions_response.h"
 #include "kmirror/msg/metadata_request.h"
 #include "kmirror/msg/metadata_response.h"
+#include "kmirror/msg/mirror_state_instance_key.h"
+#include "kmirror/msg/mirror_state_instance_value.h"
 #include "kmirror/msg/mirror_state_mirror_key.h"
 #include "kmirror/msg/mirror_state_mirror_value.h"
 #include "kmirror/msg/mirror_state_partition_key.h"
@@ -13655,6 +13657,8 @@ static size_t km_list_mirrors_request_size_v(int16_t v, const void *m) { return 
 
 static void fill_km_list_mirrors_response_listed_mirror(km_list_mirrors_response_listed_mirror *m, int16_t v, int mode, km_arena *a, uint32_t *seq);
 static bool eq_km_list_mirrors_response_listed_mirror(const km_list_mirrors_response_listed_mirror *x, const km_list_mirrors_response_listed_mirror *y);
+static void fill_km_list_mirrors_response_listed_instance(km_list_mirrors_response_listed_instance *m, int16_t v, int mode, km_arena *a, uint32_t *seq);
+static bool eq_km_list_mirrors_response_listed_instance(const km_list_mirrors_response_listed_instance *x, const km_list_mirrors_response_listed_instance *y);
 static void fill_km_list_mirrors_response(km_list_mirrors_response *m, int16_t v, int mode, km_arena *a, uint32_t *seq);
 static bool eq_km_list_mirrors_response(const km_list_mirrors_response *x, const km_list_mirrors_response *y);
 
@@ -13684,6 +13688,56 @@ static bool eq_km_list_mirrors_response_listed_mirror(const km_list_mirrors_resp
 	return true;
 }
 
+static void fill_km_list_mirrors_response_listed_instance(km_list_mirrors_response_listed_instance *m, int16_t v, int mode, km_arena *a, uint32_t *seq)
+{
+	(void)v;
+	(void)mode;
+	(void)a;
+	(void)seq;
+	m->instance_id = t_str(a, seq);
+	m->report_age_ms = (int64_t)(t_int(seq, 1000000000, INT64_C(0)) + ((int64_t)1 << 33));
+	m->start_time_ms = (int64_t)(t_int(seq, 1000000000, INT64_C(0)) + ((int64_t)1 << 33));
+	m->state_delay_ms = (int64_t)(t_int(seq, 1000000000, INT64_C(0)) + ((int64_t)1 << 33));
+	m->pipelines = t_str(a, seq);
+	m->software_version = t_str(a, seq);
+	m->owned_mirrors.count = 2;
+	m->owned_mirrors.items = km_arena_alloc(a, 2 * sizeof(*m->owned_mirrors.items));
+	assert_non_null(m->owned_mirrors.items);
+	for (int i = 0; i < 2; i++) {
+		m->owned_mirrors.items[i] = t_str(a, seq);
+	}
+	m->is_self = true;
+	if (true && mode == 0)
+		t_unknown_tags(&m->unknown_tags, a, 0, 1000, seq);
+}
+
+static bool eq_km_list_mirrors_response_listed_instance(const km_list_mirrors_response_listed_instance *x, const km_list_mirrors_response_listed_instance *y)
+{
+	if (!km_str_eq(x->instance_id, y->instance_id))
+		return t_diff("ListedInstance.InstanceId");
+	if (!(x->report_age_ms == y->report_age_ms))
+		return t_diff("ListedInstance.ReportAgeMs");
+	if (!(x->start_time_ms == y->start_time_ms))
+		return t_diff("ListedInstance.StartTimeMs");
+	if (!(x->state_delay_ms == y->state_delay_ms))
+		return t_diff("ListedInstance.StateDelayMs");
+	if (!km_str_eq(x->pipelines, y->pipelines))
+		return t_diff("ListedInstance.Pipelines");
+	if (!km_str_eq(x->software_version, y->software_version))
+		return t_diff("ListedInstance.SoftwareVersion");
+	if (x->owned_mirrors.count != y->owned_mirrors.count)
+		return t_diff("ListedInstance.OwnedMirrors");
+	for (int32_t i = 0; i < x->owned_mirrors.count; i++) {
+		if (!km_str_eq(x->owned_mirrors.items[i], y->owned_mirrors.items[i]))
+			return t_diff("ListedInstance.OwnedMirrors");
+	}
+	if (!(x->is_self == y->is_self))
+		return t_diff("ListedInstance.IsSelf");
+	if (!t_tags_eq(&x->unknown_tags, &y->unknown_tags))
+		return t_diff("ListedInstance unknown tags");
+	return true;
+}
+
 static void fill_km_list_mirrors_response(km_list_mirrors_response *m, int16_t v, int mode, km_arena *a, uint32_t *seq)
 {
 	(void)v;
@@ -13700,8 +13754,15 @@ static void fill_km_list_mirrors_response(km_list_mirrors_response *m, int16_t v
 		km_list_mirrors_response_listed_mirror_init(&m->mirrors.items[i]);
 		fill_km_list_mirrors_response_listed_mirror(&m->mirrors.items[i], v, mode, a, seq);
 	}
+	m->instances.count = 2;
+	m->instances.items = km_arena_alloc(a, 2 * sizeof(*m->instances.items));
+	assert_non_null(m->instances.items);
+	for (int i = 0; i < 2; i++) {
+		km_list_mirrors_response_listed_instance_init(&m->instances.items[i]);
+		fill_km_list_mirrors_response_listed_instance(&m->instances.items[i], v, mode, a, seq);
+	}
 	if (true && mode == 0)
-		t_unknown_tags(&m->unknown_tags, a, 0, 1000, seq);
+		t_unknown_tags(&m->unknown_tags, a, 1, 1000, seq);
 }
 
 static bool eq_km_list_mirrors_response(const km_list_mirrors_response *x, const km_list_mirrors_response *y)
@@ -13717,6 +13778,12 @@ static bool eq_km_list_mirrors_response(const km_list_mirrors_response *x, const
 	for (int32_t i = 0; i < x->mirrors.count; i++) {
 		if (!eq_km_list_mirrors_response_listed_mirror(&x->mirrors.items[i], &y->mirrors.items[i]))
 			return t_diff("Mirrors");
+	}
+	if (x->instances.count != y->instances.count)
+		return t_diff("Instances");
+	for (int32_t i = 0; i < x->instances.count; i++) {
+		if (!eq_km_list_mirrors_response_listed_instance(&x->instances.items[i], &y->instances.items[i]))
+			return t_diff("Instances");
 	}
 	if (!t_tags_eq(&x->unknown_tags, &y->unknown_tags))
 		return t_diff("ListMirrorsResponse unknown tags");
@@ -14664,6 +14731,90 @@ static void km_metadata_response_init_v(void *m) { km_metadata_response_init(m);
 static km_err km_metadata_response_decode_v(km_rd *r, int16_t v, void *m, km_arena *a) { return km_metadata_response_decode(r, v, m, a); }
 static void km_metadata_response_encode_v(km_wr *w, int16_t v, const void *m) { km_metadata_response_encode(w, v, m); }
 static size_t km_metadata_response_size_v(int16_t v, const void *m) { return km_metadata_response_size(v, m); }
+
+
+static void fill_km_mirror_state_instance_key(km_mirror_state_instance_key *m, int16_t v, int mode, km_arena *a, uint32_t *seq);
+static bool eq_km_mirror_state_instance_key(const km_mirror_state_instance_key *x, const km_mirror_state_instance_key *y);
+
+static void fill_km_mirror_state_instance_key(km_mirror_state_instance_key *m, int16_t v, int mode, km_arena *a, uint32_t *seq)
+{
+	(void)v;
+	(void)mode;
+	(void)a;
+	(void)seq;
+	m->instance_id = t_str(a, seq);
+}
+
+static bool eq_km_mirror_state_instance_key(const km_mirror_state_instance_key *x, const km_mirror_state_instance_key *y)
+{
+	if (!km_str_eq(x->instance_id, y->instance_id))
+		return t_diff("InstanceId");
+	if (!t_tags_eq(&x->unknown_tags, &y->unknown_tags))
+		return t_diff("MirrorStateInstanceKey unknown tags");
+	return true;
+}
+
+static void km_mirror_state_instance_key_fill_v(void *m, int16_t v, int mode, km_arena *a, uint32_t *seq) { fill_km_mirror_state_instance_key(m, v, mode, a, seq); }
+static bool km_mirror_state_instance_key_eq_v(const void *x, const void *y) { return eq_km_mirror_state_instance_key(x, y); }
+static void km_mirror_state_instance_key_init_v(void *m) { km_mirror_state_instance_key_init(m); }
+static km_err km_mirror_state_instance_key_decode_v(km_rd *r, int16_t v, void *m, km_arena *a) { return km_mirror_state_instance_key_decode(r, v, m, a); }
+static void km_mirror_state_instance_key_encode_v(km_wr *w, int16_t v, const void *m) { km_mirror_state_instance_key_encode(w, v, m); }
+static size_t km_mirror_state_instance_key_size_v(int16_t v, const void *m) { return km_mirror_state_instance_key_size(v, m); }
+
+
+static void fill_km_mirror_state_instance_value(km_mirror_state_instance_value *m, int16_t v, int mode, km_arena *a, uint32_t *seq);
+static bool eq_km_mirror_state_instance_value(const km_mirror_state_instance_value *x, const km_mirror_state_instance_value *y);
+
+static void fill_km_mirror_state_instance_value(km_mirror_state_instance_value *m, int16_t v, int mode, km_arena *a, uint32_t *seq)
+{
+	(void)v;
+	(void)mode;
+	(void)a;
+	(void)seq;
+	m->report_time_ms = (int64_t)(t_int(seq, 1000000000, INT64_C(0)) + ((int64_t)1 << 33));
+	m->start_time_ms = (int64_t)(t_int(seq, 1000000000, INT64_C(0)) + ((int64_t)1 << 33));
+	m->state_delay_ms = (int64_t)(t_int(seq, 1000000000, INT64_C(-1)) + ((int64_t)1 << 33));
+	m->pipelines = t_str(a, seq);
+	m->software_version = t_str(a, seq);
+	m->owned_mirrors.count = 2;
+	m->owned_mirrors.items = km_arena_alloc(a, 2 * sizeof(*m->owned_mirrors.items));
+	assert_non_null(m->owned_mirrors.items);
+	for (int i = 0; i < 2; i++) {
+		m->owned_mirrors.items[i] = t_str(a, seq);
+	}
+	if (true && mode == 0)
+		t_unknown_tags(&m->unknown_tags, a, 0, 1000, seq);
+}
+
+static bool eq_km_mirror_state_instance_value(const km_mirror_state_instance_value *x, const km_mirror_state_instance_value *y)
+{
+	if (!(x->report_time_ms == y->report_time_ms))
+		return t_diff("ReportTimeMs");
+	if (!(x->start_time_ms == y->start_time_ms))
+		return t_diff("StartTimeMs");
+	if (!(x->state_delay_ms == y->state_delay_ms))
+		return t_diff("StateDelayMs");
+	if (!km_str_eq(x->pipelines, y->pipelines))
+		return t_diff("Pipelines");
+	if (!km_str_eq(x->software_version, y->software_version))
+		return t_diff("SoftwareVersion");
+	if (x->owned_mirrors.count != y->owned_mirrors.count)
+		return t_diff("OwnedMirrors");
+	for (int32_t i = 0; i < x->owned_mirrors.count; i++) {
+		if (!km_str_eq(x->owned_mirrors.items[i], y->owned_mirrors.items[i]))
+			return t_diff("OwnedMirrors");
+	}
+	if (!t_tags_eq(&x->unknown_tags, &y->unknown_tags))
+		return t_diff("MirrorStateInstanceValue unknown tags");
+	return true;
+}
+
+static void km_mirror_state_instance_value_fill_v(void *m, int16_t v, int mode, km_arena *a, uint32_t *seq) { fill_km_mirror_state_instance_value(m, v, mode, a, seq); }
+static bool km_mirror_state_instance_value_eq_v(const void *x, const void *y) { return eq_km_mirror_state_instance_value(x, y); }
+static void km_mirror_state_instance_value_init_v(void *m) { km_mirror_state_instance_value_init(m); }
+static km_err km_mirror_state_instance_value_decode_v(km_rd *r, int16_t v, void *m, km_arena *a) { return km_mirror_state_instance_value_decode(r, v, m, a); }
+static void km_mirror_state_instance_value_encode_v(km_wr *w, int16_t v, const void *m) { km_mirror_state_instance_value_encode(w, v, m); }
+static size_t km_mirror_state_instance_value_size_v(int16_t v, const void *m) { return km_mirror_state_instance_value_size(v, m); }
 
 
 static void fill_km_mirror_state_mirror_key(km_mirror_state_mirror_key *m, int16_t v, int mode, km_arena *a, uint32_t *seq);
@@ -23163,6 +23314,8 @@ const km_test_msg km_test_msgs[] = {
 	{"ListTransactionsResponse", 66, 0, 2, 0, sizeof(km_list_transactions_response), km_list_transactions_response_init_v, km_list_transactions_response_decode_v, km_list_transactions_response_encode_v, km_list_transactions_response_size_v, km_list_transactions_response_fill_v, km_list_transactions_response_eq_v},
 	{"MetadataRequest", 3, 0, 13, 9, sizeof(km_metadata_request), km_metadata_request_init_v, km_metadata_request_decode_v, km_metadata_request_encode_v, km_metadata_request_size_v, km_metadata_request_fill_v, km_metadata_request_eq_v},
 	{"MetadataResponse", 3, 0, 13, 9, sizeof(km_metadata_response), km_metadata_response_init_v, km_metadata_response_decode_v, km_metadata_response_encode_v, km_metadata_response_size_v, km_metadata_response_fill_v, km_metadata_response_eq_v},
+	{"MirrorStateInstanceKey", -1, 0, 0, -1, sizeof(km_mirror_state_instance_key), km_mirror_state_instance_key_init_v, km_mirror_state_instance_key_decode_v, km_mirror_state_instance_key_encode_v, km_mirror_state_instance_key_size_v, km_mirror_state_instance_key_fill_v, km_mirror_state_instance_key_eq_v},
+	{"MirrorStateInstanceValue", -1, 0, 0, 0, sizeof(km_mirror_state_instance_value), km_mirror_state_instance_value_init_v, km_mirror_state_instance_value_decode_v, km_mirror_state_instance_value_encode_v, km_mirror_state_instance_value_size_v, km_mirror_state_instance_value_fill_v, km_mirror_state_instance_value_eq_v},
 	{"MirrorStateMirrorKey", -1, 0, 0, -1, sizeof(km_mirror_state_mirror_key), km_mirror_state_mirror_key_init_v, km_mirror_state_mirror_key_decode_v, km_mirror_state_mirror_key_encode_v, km_mirror_state_mirror_key_size_v, km_mirror_state_mirror_key_fill_v, km_mirror_state_mirror_key_eq_v},
 	{"MirrorStateMirrorValue", -1, 0, 0, 0, sizeof(km_mirror_state_mirror_value), km_mirror_state_mirror_value_init_v, km_mirror_state_mirror_value_decode_v, km_mirror_state_mirror_value_encode_v, km_mirror_state_mirror_value_size_v, km_mirror_state_mirror_value_fill_v, km_mirror_state_mirror_value_eq_v},
 	{"MirrorStatePartitionKey", -1, 0, 0, -1, sizeof(km_mirror_state_partition_key), km_mirror_state_partition_key_init_v, km_mirror_state_partition_key_decode_v, km_mirror_state_partition_key_encode_v, km_mirror_state_partition_key_size_v, km_mirror_state_partition_key_fill_v, km_mirror_state_partition_key_eq_v},

@@ -1,0 +1,120 @@
+/* Instance records of __mirror_state: each kmirrord's own report (docs/state.md, "Instances"). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "kmirror/arena.h"
+#include "kmirror/msg/mirror_state_instance_value.h"
+#include "state/state_int.h"
+
+static void instance_clear(km_state_instance *in)
+{
+	free(in->id);
+	free(in->pipelines);
+	free(in->version);
+	for (size_t i = 0; i < in->nowned; i++)
+		free(in->owned[i]);
+	free(in->owned);
+	memset(in, 0, sizeof(*in));
+}
+
+void km_state_instances_free(km_state_model *m)
+{
+	for (size_t i = 0; i < m->ninstances; i++)
+		instance_clear(&m->instances[i]);
+	free(m->instances);
+	m->instances = NULL;
+	m->ninstances = 0;
+}
+
+static size_t instance_find(const km_state_model *m, km_str id)
+{
+	for (size_t i = 0; i < m->ninstances; i++)
+		if (strlen(m->instances[i].id) == (size_t)id.len && !memcmp(m->instances[i].id, id.p, (size_t)id.len))
+			return i;
+	return m->ninstances;
+}
+
+km_err km_state_instance_apply(km_state_model *m, km_str id, const uint8_t *val, size_t vlen, bool tomb)
+{
+	size_t at = instance_find(m, id);
+	km_mirror_state_instance_value v;
+	km_state_instance in;
+	km_arena a;
+	km_rd r;
+	int16_t ver;
+	km_err rc;
+
+	if (tomb) {
+		if (at < m->ninstances) {
+			instance_clear(&m->instances[at]);
+			memmove(&m->instances[at], &m->instances[at + 1], (m->ninstances - at - 1) * sizeof(in));
+			m->ninstances--;
+		}
+		return KM_OK;
+	}
+	km_rd_init(&r, val, vlen);
+	if (!km_rd_i16(&r, "Version", &ver) || ver != 0)
+		return KM_ERR_DECODE;
+	km_arena_init(&a, 4096);
+	km_mirror_state_instance_value_init(&v);
+	rc = km_mirror_state_instance_value_decode(&r, 0, &v, &a);
+	memset(&in, 0, sizeof(in));
+	if (rc == KM_OK && (v.owned_mirrors.count < 0 || v.owned_mirrors.count > 100000))
+		rc = KM_ERR_DECODE;
+	if (rc == KM_OK) {
+		in.id = km_state_dup_str(id);
+		in.report_ms = v.report_time_ms;
+		in.start_ms = v.start_time_ms;
+		in.state_delay_ms = v.state_delay_ms;
+		in.pipelines = km_state_dup_str(v.pipelines);
+		in.version = km_state_dup_str(v.software_version);
+		if (v.owned_mirrors.count && !(in.owned = calloc((size_t)v.owned_mirrors.count, sizeof(*in.owned))))
+			rc = KM_ERR_NOMEM;
+		for (int32_t i = 0; rc == KM_OK && i < v.owned_mirrors.count; i++)
+			if (!(in.owned[in.nowned++] = km_state_dup_str(v.owned_mirrors.items[i])))
+				rc = KM_ERR_NOMEM;
+		if (rc == KM_OK && (!in.id || !in.pipelines || !in.version))
+			rc = KM_ERR_NOMEM;
+	}
+	km_arena_free(&a);
+	if (rc != KM_OK) {
+		instance_clear(&in);
+		return rc;
+	}
+	if (at == m->ninstances) {
+		km_state_instance *n = realloc(m->instances, (m->ninstances + 1) * sizeof(*n));
+		if (!n) {
+			instance_clear(&in);
+			return KM_ERR_NOMEM;
+		}
+		m->instances = n;
+		m->ninstances++;
+	} else {
+		instance_clear(&m->instances[at]);
+	}
+	m->instances[at] = in;
+	return KM_OK;
+}
+
+km_err km_state_instance_value_encode(km_wr *w, const km_state_instance *in)
+{
+	km_mirror_state_instance_value v;
+	km_str *owned = in->nowned ? calloc(in->nowned, sizeof(*owned)) : NULL;
+
+	if (in->nowned && !owned)
+		return KM_ERR_NOMEM;
+	km_mirror_state_instance_value_init(&v);
+	v.report_time_ms = in->report_ms;
+	v.start_time_ms = in->start_ms;
+	v.state_delay_ms = in->state_delay_ms;
+	v.pipelines = km_str_c(in->pipelines ? in->pipelines : "");
+	v.software_version = km_str_c(in->version ? in->version : "");
+	for (size_t i = 0; i < in->nowned; i++)
+		owned[i] = km_str_c(in->owned[i]);
+	v.owned_mirrors.count = (int32_t)in->nowned;
+	v.owned_mirrors.items = owned;
+	km_wr_i16(w, 0);
+	km_mirror_state_instance_value_encode(w, 0, &v);
+	free(owned);
+	return km_wr_ok(w) ? KM_OK : KM_ERR_NOMEM;
+}

@@ -628,6 +628,7 @@ typedef struct foreign_ctx {
 	uint32_t life;
 	mtopic *t;
 	int32_t part;
+	int64_t from, hide; /* where the foreign records start, and the logical offset they hide from */
 	char why[600];
 } foreign_ctx;
 
@@ -643,6 +644,14 @@ static void on_foreign_run(void *arg, const km_state_result *res)
 			km_pl_set_phase(p, PH_RECONCILE, "the run hiding a foreign tail could not be persisted");
 			km_pl_backoff(p);
 		} else {
+			/*
+			 * The mirror's own records end where the foreign ones start: that is the tail the FAILED
+			 * record keeps, which every reader here and elsewhere is then shown up to (a progress
+			 * written before a crash may be behind it).
+			 */
+			p->out.acked_phys = x->from;
+			p->out.acked_logical = x->hide;
+			km_pl_set_tail(pl, p, true);
 			km_pl_fail_part(pl, p, x->why);
 		}
 		km_pl_tick_soon(pl);
@@ -671,7 +680,7 @@ static void foreign_tail(km_pipeline *pl, mpart *p, int64_t from)
 		km_pl_backoff(p);
 		return;
 	}
-	*x = (foreign_ctx){pl, pl->life, p->t, p->id, {0}};
+	*x = (foreign_ctx){pl, pl->life, p->t, p->id, from, hide, {0}};
 	snprintf(x->why, sizeof(x->why),
 		 "records at destination offsets %lld-%lld were not written by the mirror (producer id %lld): something "
 		 "writes to the mirror topic directly on the destination. They are hidden from readers; stop that "

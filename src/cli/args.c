@@ -45,7 +45,7 @@ static const cmd_info cmds[] = {
 	 "file (--config wins). Give secrets (sasl.password, sasl.jaas.config, *.password) in the file: on\n"
 	 "the command line every user of the host sees them. --validate-only checks everything and creates\n"
 	 "nothing."},
-	{KM_CLI_CMD_LIST, "list", 0, "list", "List every mirror: its name, source bootstrap servers and topic count."},
+	{KM_CLI_CMD_LIST, "list", 0, "list", "List every mirror (name, source bootstrap servers, topic count), then every kmirrord as it last reported itself (state delay, what it runs)."},
 	{KM_CLI_CMD_DESCRIBE, "describe", O_MIRROR | O_TOPICS, "describe [--mirror NAME] [--topics A,B]",
 	 "Describe a mirror (or all): its configuration, secrets shown as (secret), its metadata sync per\n"
 	 "step (last sync, compared, changes, skipped groups, errors), and every partition of its topics:\n"

@@ -11,6 +11,7 @@ segments every data batch has the same producer id, epochs never go back, so the
 former owner's older epoch once the new owner wrote. An owner paused (SIGSTOP) past its session: the other takes its mirrors over;
 resumed, it stops its pipelines before writing anything (its lease is stale)."""
 
+import os
 import signal
 import socket
 import time
@@ -384,3 +385,58 @@ def test_follower_shows_only_the_owners_progress(kmirror_bin, dest_cluster, sour
         print(f"{inst.name} ({'owner' if inst is owner else 'follower'}): high watermark {hw}, "
               f"{len(seen)} records, past them {past}")
         assert hw == end and seen == src and past == ([], []), (inst.name, hw, seen[-2:], past)
+
+
+def test_paused_owners_queued_state_writes_are_dropped(kmirror_bin, dest_cluster, source_cluster, proxy_factory):
+    """An owner paused with state writes queued (its progress, every 200 ms per mirror, waiting
+    behind one the destination has not answered yet) wakes after the other kmirrord took its mirrors
+    over and mirrored on. Its queued writes must not land after the new owner's (docs/state.md,
+    "Writes of a former owner"): a progress behind the new owner's would move the mirror's last
+    mirrored offset back, and every instance that does not run the mirror would show the mirror
+    topic up to that older offset (a high watermark going back) until the next record moves it."""
+    from mirror_data import BackgroundProducer, watermarks
+    tag = uuid.uuid4().hex[:6]
+    state_topic = f"__mirror_state_own_{tag}"
+    opts = dict(mirror_state_topic=state_topic, mirror_state_partitions=1, mirror_pipelines="owned")
+    a = proxy_factory(dest_cluster, name="kmirrord-stale-a", **opts)
+    cli = Cli(kmirror_bin, a.bootstrap)
+    mirrors = [f"stale-{tag}-{i}" for i in range(3)]
+    for m in mirrors:
+        source_cluster.create_topic(m, partitions=1)
+        cli.run("create", "--mirror", m, "--source-bootstrap", source_cluster.bootstrap)
+        cli.run("start", "--mirror", m, "--topics", m)
+    bg = [BackgroundProducer(source_cluster.bootstrap, m, tag="s", rate=300).start() for m in mirrors]
+    try:
+        wait_until(lambda: all(watermarks(a.bootstrap, m, 1)[0][1] > 300 for m in mirrors), 60,
+                   what="a mirroring the three topics")
+        b = proxy_factory(dest_cluster, name="kmirrord-stale-b", **opts)
+        wait_until(lambda: all(v == [a.name] for v in runners([a, b], mirrors, window=1.0).values()), 60,
+                   what="a running the three mirrors, b beside it")
+        broker = dest_cluster.nodes[dest_cluster.broker_ids[0]].pid
+        # The destination stops answering: a's progress writes queue behind the one in flight.
+        os.kill(broker, signal.SIGSTOP)
+        try:
+            time.sleep(1.5)
+            a.signal(signal.SIGSTOP)
+        finally:
+            os.kill(broker, signal.SIGCONT)
+        mark = len(a.output())
+        try:
+            wait_until(lambda: all(v == [b.name] for v in runners([b], mirrors, window=1.0).values()), 90,
+                       what="b running a's mirrors")
+            time.sleep(2.0)
+        finally:
+            for p in bg:
+                p.stop()
+        for m in mirrors:
+            wait_caught_up(b.bootstrap, source_cluster.bootstrap, m, 1, timeout=120, stall=60)
+        time.sleep(1.0)  # b's last progress written
+        ends = {m: watermarks(b.bootstrap, m, 1)[0][1] for m in mirrors}
+    finally:
+        a.signal(signal.SIGCONT)
+    time.sleep(3.0)  # a wakes, retires, its queued writes come up, it follows b's state
+    dropped = [ln for ln in a.output()[mark:] if "its pipeline's write is dropped" in ln]
+    seen = {m: watermarks(a.bootstrap, m, 1)[0][1] for m in mirrors}
+    print(f"after a's wake: b's ends {ends}, through a {seen}; dropped by a: {len(dropped)}")
+    assert seen == ends, f"through the former owner the mirrors end at {seen}, not at the new owner's {ends}"
+    assert seen == {m: watermarks(b.bootstrap, m, 1)[0][1] for m in mirrors}

@@ -393,7 +393,10 @@ def test_paused_owners_queued_state_writes_are_dropped(kmirror_bin, dest_cluster
     over and mirrored on. Its queued writes must not land after the new owner's (docs/state.md,
     "Writes of a former owner"): a progress behind the new owner's would move the mirror's last
     mirrored offset back, and every instance that does not run the mirror would show the mirror
-    topic up to that older offset (a high watermark going back) until the next record moves it."""
+    topic up to that older offset (a high watermark going back) until the next record moves it.
+    Whether writes are queued at the pause depends on timing (a's log says how many it dropped); a
+    kmirrord without the check failed here with two of the three mirrors at 2,400 through a against
+    8,000 through b."""
     from mirror_data import BackgroundProducer, watermarks
     tag = uuid.uuid4().hex[:6]
     state_topic = f"__mirror_state_own_{tag}"
@@ -435,7 +438,7 @@ def test_paused_owners_queued_state_writes_are_dropped(kmirror_bin, dest_cluster
     finally:
         a.signal(signal.SIGCONT)
     time.sleep(3.0)  # a wakes, retires, its queued writes come up, it follows b's state
-    dropped = [ln for ln in a.output()[mark:] if "its pipeline's write is dropped" in ln]
+    dropped = [ln for ln in a.output()[mark:].splitlines() if "its pipeline's write is dropped" in ln]
     seen = {m: watermarks(a.bootstrap, m, 1)[0][1] for m in mirrors}
     print(f"after a's wake: b's ends {ends}, through a {seen}; dropped by a: {len(dropped)}")
     assert seen == ends, f"through the former owner the mirrors end at {seen}, not at the new owner's {ends}"

@@ -886,10 +886,11 @@ static void list_instances(km_mop *op, km_list_mirrors_response *r)
 		x->state_delay_ms = in[i].state_delay_ms;
 		x->pipelines = km_str_c(in[i].pipelines);
 		x->software_version = km_str_c(in[i].version);
+		/* A mirror deleted since the instance's last report is not shown as run. */
 		for (size_t k = 0; k < in[i].nowned; k++)
-			owned[k] = km_str_c(in[i].owned[k]);
+			if (km_state_mirror_find(op->st, in[i].owned[k]))
+				owned[x->owned_mirrors.count++] = km_str_c(in[i].owned[k]);
 		x->owned_mirrors.items = owned;
-		x->owned_mirrors.count = (int32_t)in[i].nowned;
 		x->is_self = self && !strcmp(self, in[i].id);
 		r->instances.count++;
 	}

@@ -161,6 +161,14 @@ static void alone(km_lease *l, const char *why)
 	}
 }
 
+/* A description ended (answered, refused or not possible): back to heartbeats, no adoption pending. */
+static void describe_over(km_lease *l)
+{
+	l->ph = L_BEAT;
+	l->adopting = false;
+	l->described_at = now_ms();
+}
+
 static void step(km_lease *l)
 {
 	km_net_client *c;
@@ -254,9 +262,7 @@ static void step(km_lease *l)
 			return;
 		if (ver < 0) {
 			/* Cannot look: no owners to show, and a fenced rejoin waits for the earlier life to expire. */
-			l->ph = L_BEAT;
-			l->adopting = false;
-			l->described_at = now_ms();
+			describe_over(l);
 			return later(l, RETRY_MS);
 		}
 		km_consumer_group_describe_request_init(&m);
@@ -301,9 +307,7 @@ static void took_describe(km_lease *l, const km_consumer_group_describe_response
 	const km_consumer_group_describe_response_described_group *g = r->groups.count == 1 ? &r->groups.items[0] : NULL;
 	bool adopting = l->adopting;
 
-	l->ph = L_BEAT;
-	l->adopting = false;
-	l->described_at = now_ms();
+	describe_over(l);
 	if (g && !g->error_code && l->owner_of) {
 		owners_free(l);
 		for (int32_t i = 0; i < g->members.count; i++) {
@@ -472,9 +476,7 @@ static void on_response(km_net_client *c, const km_rpc_response *r, void *arg)
 		/* The description is a help (owners, an earlier life's epoch): the heartbeats go on without it. */
 		if (r->err != KM_OK && !km_rpc_undecoded(r))
 			km_cluster_drop(l->dst, c);
-		l->ph = L_BEAT;
-		l->adopting = false;
-		l->described_at = now_ms();
+		describe_over(l);
 		return later(l, RETRY_MS);
 	}
 	if (km_rpc_undecoded(r))

@@ -45,9 +45,15 @@ void km_state_key_encode(km_wr *w, const km_state_key *k)
 	}
 }
 
+/* A key's string: not empty, at most max bytes, no NUL. */
+static bool text_ok(km_str s, int32_t max)
+{
+	return s.len > 0 && s.len <= max && !memchr(s.p, 0, (size_t)s.len);
+}
+
 static bool name_ok(km_str s)
 {
-	return s.len > 0 && s.len <= KM_STATE_MAX_NAME && !memchr(s.p, 0, (size_t)s.len);
+	return text_ok(s, KM_STATE_MAX_NAME);
 }
 
 km_err km_state_key_decode(const uint8_t *p, size_t len, km_state_key *k)
@@ -97,7 +103,7 @@ km_err km_state_key_decode(const uint8_t *p, size_t len, km_state_key *k)
 		km_mirror_state_instance_key ik;
 		km_mirror_state_instance_key_init(&ik);
 		if (km_mirror_state_instance_key_decode(&r, 0, &ik, &a) == KM_OK && km_rd_left(&r) == 0 &&
-		    ik.instance_id.len > 0 && ik.instance_id.len <= 1024 && !memchr(ik.instance_id.p, 0, (size_t)ik.instance_id.len)) {
+		    text_ok(ik.instance_id, 1024)) {
 			k->instance = ik.instance_id;
 			rc = KM_OK;
 		}
@@ -646,14 +652,17 @@ void km_state_part_bound(km_state_part *p)
 	m->tail_logical = p->last_mirrored_offset;
 }
 
+void km_state_mirror_bound(km_state_mirror *mi)
+{
+	for (size_t k = 0; k < mi->ntopics; k++)
+		for (size_t j = 0; j < mi->topics[k]->nparts; j++)
+			km_state_part_bound(&mi->topics[k]->parts[j]);
+}
+
 void km_state_model_bound(km_state_model *m)
 {
 	for (size_t i = 0; i < m->nmirrors; i++)
-		for (size_t k = 0; k < m->mirrors[i]->ntopics; k++) {
-			km_state_topic *t = m->mirrors[i]->topics[k];
-			for (size_t j = 0; j < t->nparts; j++)
-				km_state_part_bound(&t->parts[j]);
-		}
+		km_state_mirror_bound(m->mirrors[i]);
 }
 
 void km_state_model_carry(km_state_model *to, km_state_model *from)

@@ -154,7 +154,8 @@ void km_state_model_carry(km_state_model *to, km_state_model *from);
  * partition is STOPPED (local writes after a stop continue its offsets) or has no progress or run.
  */
 void km_state_part_bound(km_state_part *p);
-/* The same for every partition of the model. */
+/* The same for every partition of a mirror, of the model. */
+void km_state_mirror_bound(km_state_mirror *mi);
 void km_state_model_bound(km_state_model *m);
 /* Runs of a mirror's partitions held in memory (what its delete must tombstone). */
 size_t km_state_model_mirror_runs(const km_state_mirror *mi);

@@ -1006,7 +1006,12 @@ static void on_written(km_state *st, km_err err, const char *message)
 	}
 	if (km_state_model_index(&st->model) != KM_OK)
 		KM_ERROR(COMP, 0, "out of memory indexing topics");
-	km_state_model_bound(&st->model);
+	/* Every write is one mirror's (an instance's record names none): only its partitions' bounds can move. */
+	{
+		km_state_mirror *bm = km_state_model_mirror(&st->model, mu->mirror);
+		if (bm)
+			km_state_mirror_bound(bm);
+	}
 	count_read_only(st);
 	for (size_t i = 0; i < nchg; i++) {
 		if (st->on_partition)
@@ -1439,16 +1444,16 @@ static void take_model(km_state *st, km_state_model *model, const char *how)
 	km_state_model_init(model);
 	count_read_only(st);
 	schedule(st);
+	if (st->ready_fired)
+		km_state_model_carry(&st->model, &old);
+	km_state_model_bound(&st->model);
 	if (!st->ready_fired) {
 		st->ready_fired = true;
 		km_state_model_free(&old);
-		km_state_model_bound(&st->model);
 		if (st->on_ready)
 			st->on_ready(st->arg);
 		return;
 	}
-	km_state_model_carry(&st->model, &old);
-	km_state_model_bound(&st->model);
 	notify_reload(st, &old, how);
 	km_state_model_free(&old);
 }

@@ -16,8 +16,12 @@
 #include "kmirror/msg/create_topics_response.h"
 #include "kmirror/msg/describe_configs_request.h"
 #include "kmirror/msg/describe_configs_response.h"
+#include "kmirror/msg/describe_transactions_request.h"
+#include "kmirror/msg/describe_transactions_response.h"
 #include "kmirror/msg/fetch_request.h"
 #include "kmirror/msg/fetch_response.h"
+#include "kmirror/msg/list_transactions_request.h"
+#include "kmirror/msg/list_transactions_response.h"
 #include "kmirror/msg/metadata_request.h"
 #include "kmirror/msg/metadata_response.h"
 #include "kmirror/rpc.h"
@@ -32,6 +36,7 @@ enum {
 	K_TOPIC_ALREADY_EXISTS = 36,
 	K_INVALID_PARTITIONS = 37,
 	K_INVALID_CONFIG = 40,
+	K_CONCURRENT_TRANSACTIONS = 51,
 };
 
 /* DescribeConfigs' ConfigSource for a value set on the topic itself. */
@@ -57,11 +62,17 @@ enum {
 #define MAX_TOPICS 10000
 
 /* Versions: Metadata v1+ (topic errors per name), DescribeConfigs v1+ (config_source), CreateTopics v4+ (-1 replication factor), Fetch v4-12 (topics by name). */
-enum { META_LO = 1, META_HI = 12, DC_LO = 1, DC_HI = 4, CT_LO = 4, CT_HI = 7, CP_LO = 0, CP_HI = 3, FETCH_LO = 4, FETCH_HI = 12 };
+enum { META_LO = 1, META_HI = 12, DC_LO = 1, DC_HI = 4, CT_LO = 4, CT_HI = 7, CP_LO = 0, CP_HI = 3, FETCH_LO = 4, FETCH_HI = 12,
+       LT_LO = 0, LT_HI = 2, DT_LO = 0, DT_HI = 0 };
 /* A question of a batch lookup not answered yet (no wire code or km_err is this). */
 #define LQ_PENDING INT32_MIN
 /* A batch lookup answers within this (the proxy holds a client's ListOffsets meanwhile). */
 #define LOOKUP_TIMEOUT_MS 5000
+/* A destination broker that cannot be reached this long is left out of the open-transactions check (logged). */
+#define TXN_PATIENCE_MS 5000
+/* Brokers asked for their open transactions; transactional ids described in one request. */
+#define TXN_NODES_MAX 256
+#define TXN_DESCRIBE_MAX 1000
 
 /* ---- which source configs a created destination topic gets ---- */
 
@@ -114,6 +125,7 @@ bool km_mirror_config_copied(const char *name, int8_t source, const char **value
 typedef enum {
 	P_DST_META, P_SRC_META, P_SRC_CFG, P_CREATE, P_LEADERS, P_GROW_PARTS, P_GROW_STATE,
 	P_LOOKUP_META, P_LOOKUP_FETCH, /* km_mirror_batches_at */
+	P_TXN_LIST, P_TXN_DESC,        /* open transactions on the topics a start makes read-only */
 	P_DONE
 } phase;
 
@@ -128,6 +140,7 @@ typedef struct ptopic {
 	bool missing;      /* not on the destination: ours to create */
 	bool settled;      /* its answer is known */
 	bool asked;        /* in the CreateTopics in flight */
+	bool txn_check;    /* on the destination and writable: no client transaction may hold it open */
 	int32_t partitions;
 	pcfg *cfg;
 	size_t ncfg;
@@ -147,6 +160,12 @@ struct km_mprep {
 	km_mirror_batch_q *lq;
 	size_t nlq, lq_next;
 	km_mirror_batches_cb lcb;
+	/* the open-transactions check: the destination's brokers, the one asked, the ids it listed */
+	int32_t nodes[TXN_NODES_MAX];
+	size_t nnodes, node_next;
+	char **tids;
+	size_t ntids;
+	int64_t node_since;
 	km_cluster *src, *dst;
 	SSL_CTX *src_tls;
 	char src_boot[256];
@@ -202,6 +221,9 @@ static void prep_free(struct km_mprep *p)
 		free(p->t[i].msg);
 	}
 	free(p->t);
+	for (size_t i = 0; i < p->ntids; i++)
+		free(p->tids[i]);
+	free(p->tids);
 	if (p->ev)
 		event_free(p->ev);
 	free(p->mirror);
@@ -393,6 +415,8 @@ static size_t to_create(const struct km_mprep *p)
 	return n;
 }
 
+static bool writable_here(const struct km_mprep *p, const char *topic);
+
 static void took_dst_meta(struct km_mprep *p, const km_metadata_response *r)
 {
 	if (p->grow) {
@@ -412,13 +436,177 @@ static void took_dst_meta(struct km_mprep *p, const km_metadata_response *r)
 		ptopic *t = topic_of(p, r->topics.items[i].name);
 		if (t && r->topics.items[i].error_code == KM_KAFKA_UNKNOWN_TOPIC_OR_PARTITION)
 			t->missing = true;
-		/* Any other outcome (there, or an error of its own): the store's own check answers it. */
+		else if (t && !r->topics.items[i].error_code && !t->settled && writable_here(p, t->name))
+			t->txn_check = true;
+		/* Any other outcome (an error of its own): the store's own check answers it. */
 	}
-	if (!to_create(p)) {
-		p->ph = P_DONE;
-		return;
+	for (size_t i = 0; i < p->n; i++)
+		if (p->t[i].txn_check) {
+			if (km_cluster_brokers(p->dst, r) == KM_OK)
+				p->nnodes = km_cluster_node_ids(p->dst, p->nodes, TXN_NODES_MAX);
+			p->node_next = 0;
+			p->node_since = now_ms();
+			p->ph = P_TXN_LIST;
+			return;
+		}
+	p->ph = to_create(p) ? P_SRC_META : P_DONE;
+}
+
+/* ---- open transactions on a topic the start makes read-only (docs/mirror.md, "A transaction that is not the mirror's") ---- */
+
+/* Whether topic is writable through kmirrord now (in no mirror, or this mirror's and STOPPED): a client may hold it in a transaction. */
+static bool writable_here(const struct km_mprep *p, const char *topic)
+{
+	const km_state_topic *t = km_mirror_store(p->mi) ? km_state_topic_find(km_mirror_store(p->mi), topic, strlen(topic)) : NULL;
+	if (!t)
+		return true;
+	if (strcmp(km_state_mirror_name(km_state_topic_mirror(t)), p->mirror))
+		return false; /* another mirror's: the store refuses it */
+	for (size_t i = 0; i < km_state_topic_partition_count(t); i++)
+		if (!km_state_topic_read_only(t, (int32_t)i))
+			return true;
+	return false;
+}
+
+static void txn_next_node(struct km_mprep *p)
+{
+	for (size_t i = 0; i < p->ntids; i++)
+		free(p->tids[i]);
+	free(p->tids);
+	p->tids = NULL;
+	p->ntids = 0;
+	p->node_next++;
+	p->node_since = now_ms();
+	p->ph = P_TXN_LIST;
+}
+
+/* The checked topics' transactions are known: on to creating the missing ones (or the answer). */
+static void txn_checked(struct km_mprep *p)
+{
+	p->ph = to_create(p) ? P_SRC_META : P_DONE;
+}
+
+/*
+ * ListTransactions on each destination broker in turn: the transactions its coordinator holds that
+ * are not ended. A broker that stays unreachable for TXN_PATIENCE_MS is left out (logged): the
+ * pipeline's own check of the partition's last stable offset still holds a start whose
+ * transaction has written records there.
+ */
+static void send_txn_list(struct km_mprep *p)
+{
+	static const char *const open_states[] = {"Ongoing", "PrepareCommit", "PrepareAbort", "PrepareEpochFence"};
+	km_str states[sizeof(open_states) / sizeof(*open_states)];
+	km_list_transactions_request m;
+	km_net_client *c;
+	int16_t ver;
+
+	if (p->node_next >= p->nnodes) {
+		txn_checked(p);
+		return later(p, 0);
 	}
-	p->ph = P_SRC_META;
+	c = km_cluster_node(p->dst, p->nodes[p->node_next]);
+	if (!km_cluster_usable(p->dst, c)) {
+		if (now_ms() - p->node_since < TXN_PATIENCE_MS)
+			return later(p, RETRY_MS);
+		KM_WARN(COMP, 0, "%s: destination broker %d cannot be reached (%s): its open transactions are not checked "
+			"before the start", p->mirror, (int)p->nodes[p->node_next], km_cluster_last_error(p->dst));
+		txn_next_node(p);
+		return later(p, 0);
+	}
+	if ((ver = km_net_version_pick(c, KM_API_LIST_TRANSACTIONS, LT_LO, LT_HI)) < 0) {
+		KM_INFO(COMP, 0, "%s: the destination cannot list transactions (before Kafka 3.0): open transactions are "
+			"not checked before the start", p->mirror);
+		txn_checked(p);
+		return later(p, 0);
+	}
+	km_list_transactions_request_init(&m);
+	for (size_t i = 0; i < sizeof(open_states) / sizeof(*open_states); i++)
+		states[i] = km_str_c(open_states[i]);
+	m.state_filters.items = states;
+	m.state_filters.count = (int32_t)(sizeof(open_states) / sizeof(*open_states));
+	send_req(p, p->dst, c, KM_API_LIST_TRANSACTIONS, ver, &m);
+}
+
+/*
+ * The ids the broker listed that are not kmirrord's own (kmirror/...): described next, on the same
+ * broker (their coordinator). False on the broker's error.
+ */
+static bool took_txn_list(struct km_mprep *p, const km_list_transactions_response *r)
+{
+	if (r->error_code) {
+		snprintf(p->why, sizeof(p->why), "ListTransactions on destination broker %d failed: %s",
+			 (int)p->nodes[p->node_next], km_err_name(r->error_code));
+		return false;
+	}
+	for (int32_t i = 0; i < r->transaction_states.count && p->ntids < TXN_DESCRIBE_MAX; i++) {
+		km_str id = r->transaction_states.items[i].transactional_id;
+		char **nt;
+		if (id.len <= 0 || (id.len >= 8 && !memcmp(id.p, "kmirror/", 8)))
+			continue;
+		if (!(nt = realloc(p->tids, (p->ntids + 1) * sizeof(*nt))))
+			break;
+		p->tids = nt;
+		if ((nt[p->ntids] = strndup(id.p, (size_t)id.len)))
+			p->ntids++;
+	}
+	if (p->ntids)
+		p->ph = P_TXN_DESC;
+	else
+		txn_next_node(p);
+	return true;
+}
+
+static void send_txn_describe(struct km_mprep *p)
+{
+	km_net_client *c = km_cluster_node(p->dst, p->nodes[p->node_next]);
+	km_describe_transactions_request m;
+	km_str *ids;
+	int16_t ver;
+
+	if (!km_cluster_usable(p->dst, c))
+		return later(p, RETRY_MS);
+	if ((ver = km_net_version_pick(c, KM_API_DESCRIBE_TRANSACTIONS, DT_LO, DT_HI)) < 0 ||
+	    !(ids = calloc(p->ntids, sizeof(*ids)))) {
+		txn_next_node(p);
+		return later(p, 0);
+	}
+	for (size_t i = 0; i < p->ntids; i++)
+		ids[i] = km_str_c(p->tids[i]);
+	km_describe_transactions_request_init(&m);
+	m.transactional_ids.items = ids;
+	m.transactional_ids.count = (int32_t)p->ntids;
+	send_req(p, p->dst, c, KM_API_DESCRIBE_TRANSACTIONS, ver, &m);
+	free(ids); /* encoded in the call */
+}
+
+/* A transaction that holds a partition of a checked topic refuses that topic's start (its marker would land in the mirror topic). */
+static void took_txn_describe(struct km_mprep *p, const km_describe_transactions_response *r)
+{
+	int64_t now = now_ms();
+	for (int32_t i = 0; i < r->transaction_states.count; i++) {
+		const km_describe_transactions_response_transaction_state *ts = &r->transaction_states.items[i];
+		if (ts->error_code || km_str_eq_c(ts->transaction_state, "Empty") ||
+		    km_str_eq_c(ts->transaction_state, "CompleteCommit") || km_str_eq_c(ts->transaction_state, "CompleteAbort"))
+			continue; /* ended since the listing, or its coordinator moved (NOT_COORDINATOR) */
+		for (int32_t k = 0; k < ts->topics.count; k++) {
+			const km_describe_transactions_response_topic_data *td = &ts->topics.items[k];
+			ptopic *t = topic_of(p, td->topic);
+			int64_t age = ts->transaction_start_time_ms > 0 ? (now - ts->transaction_start_time_ms) / 1000 : -1;
+			int64_t left = ts->transaction_timeout_ms > 0 && age >= 0 ? ts->transaction_timeout_ms / 1000 - age : -1;
+			if (!t || !t->txn_check || t->settled || td->partitions.count <= 0)
+				continue;
+			set_code(t, K_CONCURRENT_TRANSACTIONS,
+				 "Topic %s is not started: transactional id '%.*s' (producer id %lld, %.*s for %lld s) holds "
+				 "partition %s-%d in a transaction on the destination; whenever it ends, its marker is "
+				 "written into the partition, which would then be a read-only mirror topic. Let its "
+				 "producer commit or abort it (or wait for its timeout, %lld s from now at most), then "
+				 "start the topic again",
+				 t->name, (int)ts->transactional_id.len, ts->transactional_id.p, (long long)ts->producer_id,
+				 (int)ts->transaction_state.len, ts->transaction_state.p, (long long)(age > 0 ? age : 0),
+				 t->name, (int)td->partitions.items[0], (long long)(left > 0 ? left : 0));
+		}
+	}
+	txn_next_node(p);
 }
 
 static void took_src_meta(struct km_mprep *p, const km_metadata_response *r)
@@ -768,6 +956,15 @@ static void took_answer(struct km_mprep *p, phase ph, const km_rpc_response *r)
 	case P_GROW_PARTS:
 		took_grow(p, r->msg);
 		break;
+	case P_TXN_LIST:
+		if (!took_txn_list(p, r->msg)) {
+			later(p, RETRY_MS); /* the broker's error: asked again, within the deadline */
+			return;
+		}
+		break;
+	case P_TXN_DESC:
+		took_txn_describe(p, r->msg);
+		break;
 	default:
 		break;
 	}
@@ -949,9 +1146,12 @@ static void timed_out(struct km_mprep *p)
 					     "reading the source topic's configs", "creating the destination topic",
 					     "waiting for the new topic's leaders", "adding partitions on the destination",
 					     "adding the partitions to the state store",
-					     "reading the destination's metadata", "reading a batch header", ""};
+					     "reading the destination's metadata", "reading a batch header",
+					     "listing the destination's open transactions", "describing the destination's open transactions",
+					     ""};
 	for (size_t i = 0; i < p->n; i++)
-		if (!p->t[i].settled && (p->ph != P_DST_META ? p->t[i].partitions > 0 || p->t[i].missing : true))
+		if (!p->t[i].settled &&
+		    (p->ph != P_DST_META ? p->t[i].partitions > 0 || p->t[i].missing || p->t[i].txn_check : true))
 			set_code(&p->t[i], K_REQUEST_TIMED_OUT, "Preparing topic %s timed out after %d ms while %s%s%s",
 				 p->t[i].name, p->lq ? LOOKUP_TIMEOUT_MS : PREP_TIMEOUT_MS, doing[p->ph], p->why[0] ? ": " : "",
 				 p->why);
@@ -1021,6 +1221,12 @@ static void advance(struct km_mprep *p)
 		return;
 	case P_LOOKUP_FETCH:
 		send_lookup_fetch(p);
+		return;
+	case P_TXN_LIST:
+		send_txn_list(p);
+		return;
+	case P_TXN_DESC:
+		send_txn_describe(p);
 		return;
 	case P_GROW_STATE:
 		/* The store answers once the records are in; it holds p until then (p->inflight). */

@@ -76,6 +76,11 @@ ssize_t km_offmap_find_logical(const km_offmap *m, int64_t logical);
 
 /* The length of run i: -1 for the open (last) run. */
 int64_t km_offmap_run_length(const km_offmap *m, size_t i);
+/*
+ * Destination records the map hides between its runs (a drill's local tail, a foreign writer's,
+ * what reconcile left behind): the physical offsets after a run's end and before the next run.
+ */
+int64_t km_offmap_hidden(const km_offmap *m);
 
 /*
  * Logical fetch offset -> the physical offset to fetch from: in a run, the same distance into it;

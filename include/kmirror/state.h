@@ -388,7 +388,14 @@ typedef struct km_state_partition_info {
 	int64_t writer_pid;            /* the pipeline's writer (km_state_partition_writer), -1: none */
 	int16_t writer_epoch;
 	int64_t writer_start;          /* where its first batch goes, -1: no writer */
+	int64_t records_hidden;        /* destination records the offset map hides (km_offmap_hidden) */
 } km_state_partition_info;
+
+/*
+ * The partition's persisted record: its state and last mirrored offset as written (not the
+ * running pipeline's tail). False when the topic has no such partition.
+ */
+bool km_state_partition_record(const km_state_topic *t, int32_t partition, km_mp_state *state, int64_t *last_mirrored);
 
 /* Partition i (i < km_state_topic_partition_count), in partition order. */
 void km_state_topic_partition(const km_state_topic *t, size_t i, km_state_partition_info *out);

@@ -62,9 +62,11 @@ static const cmd_info cmds[] = {
 	 "Start mirroring topics (not mirrored, STOPPED or FAILED). --topics-regex matches whole names\n"
 	 "of the destination cluster's topics (POSIX extended regex). A start from the kmirrord a topic\n"
 	 "was mirrored into is a failback: it keeps what is here below where that mirror stopped, hides\n"
-	 "the rest and mirrors only the delta. --dry-run starts nothing: it asks the mirror's source\n"
-	 "(with --command-config's settings) and prints, per partition, whether the start is a failback,\n"
-	 "where the source stopped, the end here and the records it would hide."},
+	 "the rest and mirrors only the delta. A start of a topic STOPPED here goes back to where the\n"
+	 "stop left it and hides what was written here since (a drill). --dry-run starts nothing: it\n"
+	 "prints, per partition, how the start goes (after the stop, failback, from scratch; the source\n"
+	 "is asked with --command-config's settings), where it stopped, the end here and the records\n"
+	 "it would hide."},
 	{KM_CLI_CMD_STOP, "stop", O_MIRROR | O_TOPICS | O_TOPICS_REGEX | O_DRY_RUN,
 	 "stop --mirror NAME (--topics A,B | --topics-regex RE) [--dry-run]",
 	 "Stop mirroring topics (PREPARING, MIRRORING, PAUSED or FAILED); they become writable.\n"

@@ -162,6 +162,8 @@ static void json_describe(FILE *out, const km_describe_mirrors_response *resp)
 				km_cli_json_int(&j, dp->lag);
 				km_cli_json_key(&j, "skipped_records");
 				km_cli_json_int(&j, dp->skipped_records);
+				km_cli_json_key(&j, "records_hidden");
+				km_cli_json_int(&j, dp->records_hidden);
 				km_cli_json_key(&j, "last_error");
 				km_cli_json_strn(&j, dp->last_error.p, dp->last_error.len);
 				km_cli_json_key(&j, "last_error_time_ms");
@@ -247,7 +249,7 @@ static void table_describe(FILE *out, const km_describe_mirrors_response *resp)
 		const km_describe_mirrors_response_described_mirror *dm = &resp->mirrors.items[i];
 		static const char *const chdr[] = {"CONFIG", "VALUE"};
 		static const char *const phdr[] = {"TOPIC", "PARTITION", "STATE", "SINCE", "SOURCE-END", "MIRRORED", "LAG",
-						   "SKIPPED", "LAST-ERROR"};
+						   "SKIPPED", "HIDDEN", "LAST-ERROR"};
 		km_cli_table ct, pt;
 
 		if (i > 0)
@@ -290,14 +292,14 @@ static void table_describe(FILE *out, const km_describe_mirrors_response *resp)
 			snprintf(topic, sizeof(topic), "%.*s", (int)dt->name.len, dt->name.p);
 			if (dt->partitions.count <= 0) {
 				char st[64];
-				const char *row[] = {topic, "-", st, "-", "-", "-", "-", "-", "-"};
+				const char *row[] = {topic, "-", st, "-", "-", "-", "-", "-", "-", "-"};
 				snprintf(st, sizeof(st), "%.*s", (int)dt->state.len, dt->state.p);
 				km_cli_table_row(&pt, row);
 			}
 			for (int32_t p = 0; p < dt->partitions.count; p++) {
 				const km_describe_mirrors_response_described_partition *dp = &dt->partitions.items[p];
-				char part[16], st[64], since[32], end[24], mir[24], lag[24], skip[24], le[1024];
-				const char *row[] = {topic, part, st, since, end, mir, lag, skip, le};
+				char part[16], st[64], since[32], end[24], mir[24], lag[24], skip[24], hid[24], le[1024];
+				const char *row[] = {topic, part, st, since, end, mir, lag, skip, hid, le};
 				snprintf(part, sizeof(part), "%d", dp->partition_index);
 				snprintf(st, sizeof(st), "%.*s", (int)dp->state.len, dp->state.p);
 				km_cli_format_time(dp->state_change_time_ms, since, sizeof(since));
@@ -305,6 +307,7 @@ static void table_describe(FILE *out, const km_describe_mirrors_response *resp)
 				km_cmd_num_or_dash(dp->mirrored_offset, mir, sizeof(mir));
 				km_cmd_num_or_dash(dp->lag, lag, sizeof(lag));
 				snprintf(skip, sizeof(skip), "%lld", (long long)dp->skipped_records);
+				snprintf(hid, sizeof(hid), "%lld", (long long)dp->records_hidden);
 				if (dp->last_error.len < 0)
 					snprintf(le, sizeof(le), "-");
 				else {

@@ -573,7 +573,7 @@ static int64_t end_here_of(const km_list_offsets_response *lo, const char *topic
 }
 
 /* One partition of start --dry-run's report (JSON or a table row); the records it would hide are added to *total. */
-static void start_report_partition(ctx *x, km_cli_json *j, km_cli_table *tb, const char *topic,
+static void start_report_partition(ctx *x, km_cli_json *j, km_cli_table *tb, const char *topic, bool drill,
 				   const km_last_mirrored_offsets_response_partition_result *pr, int64_t end,
 				   int64_t *total)
 {
@@ -601,7 +601,11 @@ static void start_report_partition(ctx *x, km_cli_json *j, km_cli_table *tb, con
 		char part[16], at[24], e[24], h[24], st[64];
 		const char *row[] = {topic, part, st, at, e, h};
 		snprintf(part, sizeof(part), "%d", pr->partition_index);
-		snprintf(st, sizeof(st), stopped ? "failback" : "refused (%.*s there)", (int)pr->state.len, pr->state.p);
+		if (drill)
+			snprintf(st, sizeof(st), "after the stop");
+		else
+			snprintf(st, sizeof(st), stopped ? "failback" : "refused (%.*s there)", (int)pr->state.len,
+				 pr->state.p);
 		km_cmd_num_or_dash(pr->last_mirrored_offset, at, sizeof(at));
 		km_cmd_num_or_dash(end, e, sizeof(e));
 		km_cmd_num_or_dash(hidden, h, sizeof(h));
@@ -609,11 +613,14 @@ static void start_report_partition(ctx *x, km_cli_json *j, km_cli_table *tb, con
 	}
 }
 
-/* start --dry-run's report, per topic and partition: a failback (what is hidden) or from scratch. */
-static bool start_report(ctx *x, char *const *topics, size_t ntopics, const km_last_mirrored_offsets_response *lr,
-			 const km_list_offsets_response *lo)
+/*
+ * start --dry-run's report, per topic and partition: after a stop here (drill[i]: lr holds where
+ * the stop left it), a failback (lr: where the source's kmirrord stopped), or from scratch.
+ */
+static bool start_report(ctx *x, char *const *topics, size_t ntopics, const bool *drill,
+			 const km_last_mirrored_offsets_response *lr, const km_list_offsets_response *lo)
 {
-	static const char *const hdr[] = {"TOPIC", "PARTITION", "START", "SOURCE-STOPPED-AT", "END-HERE", "HIDDEN"};
+	static const char *const hdr[] = {"TOPIC", "PARTITION", "START", "STOPPED-AT", "END-HERE", "HIDDEN"};
 	const km_cli_args *a = x->a;
 	km_cli_table tb;
 	km_cli_json j;
@@ -643,7 +650,9 @@ static bool start_report(ctx *x, char *const *topics, size_t ntopics, const km_l
 			km_cli_json_key(&j, "name");
 			km_cli_json_str(&j, topics[i]);
 			km_cli_json_key(&j, "failback");
-			km_cli_json_bool(&j, tr != NULL);
+			km_cli_json_bool(&j, tr != NULL && !drill[i]);
+			km_cli_json_key(&j, "after_stop");
+			km_cli_json_bool(&j, drill[i]);
 			km_cli_json_key(&j, "partitions");
 			km_cli_json_arr(&j);
 		} else if (!tr) {
@@ -651,7 +660,7 @@ static bool start_report(ctx *x, char *const *topics, size_t ntopics, const km_l
 			km_cli_table_row(&tb, row);
 		}
 		for (int32_t k = 0; tr && k < tr->partitions.count; k++)
-			start_report_partition(x, &j, &tb, topics[i], &tr->partitions.items[k],
+			start_report_partition(x, &j, &tb, topics[i], drill[i], &tr->partitions.items[k],
 					       end_here_of(lo, topics[i], tr->partitions.items[k].partition_index), &total);
 		if (a->json) {
 			km_cli_json_arr_end(&j);
@@ -667,19 +676,119 @@ static bool start_report(ctx *x, char *const *topics, size_t ntopics, const km_l
 		km_cli_table_print(&tb, x->out);
 		km_cli_table_free(&tb);
 		fprintf(x->out, "\nTotal: %lld records here would be hidden (the divergent tail). Dry run: nothing "
-			"was started.\nA failback keeps what is here below where the source's kmirrord stopped and "
-			"mirrors from there; from scratch hides everything here. The start compares the record "
-			"before the stop point on both sides, and refuses a topic not mirrored from here.\n",
+			"was started.\nAfter a stop here, the start hides what was written here since the stop and "
+			"mirrors on from where the stop left the topic (read that tail through kmirrord before, from "
+			"STOPPED-AT on, to keep it). A failback keeps what is here below where the source's kmirrord "
+			"stopped and mirrors from there; it compares the record before the stop point on both sides, "
+			"and refuses a topic not mirrored from here. From scratch hides everything here.\n",
 			(long long)total);
 	}
 	return true;
 }
 
+/* Whether topic is in mirror dm with every partition STOPPED: a start resumes it from where the stop left it. */
+static bool stopped_here(const km_describe_mirrors_response_described_mirror *dm, const char *topic)
+{
+	for (int32_t t = 0; t < dm->topics.count; t++) {
+		const km_describe_mirrors_response_described_topic *dt = &dm->topics.items[t];
+		bool all = dt->partitions.count > 0;
+		if (!km_str_eq_c(dt->name, topic))
+			continue;
+		for (int32_t k = 0; k < dt->partitions.count && all; k++)
+			all = km_str_eq_c(dt->partitions.items[k].state, "STOPPED") && dt->partitions.items[k].mirrored_offset >= 0;
+		return all;
+	}
+	return false;
+}
+
 /*
- * start --dry-run: what a start would do with each partition. The mirror's source is asked
- * LastMirroredOffsets (reached with --command-config's settings); where it is a kmirrord that
- * mirrored the topic from here and stopped at M, the start keeps what is here below M and hides
- * the rest (ListOffsets here gives the end); elsewhere it mirrors from scratch.
+ * LastMirroredOffsets of the topics not stopped here, from the mirror's source (reached with
+ * --command-config's settings). A plain Kafka source (no mirror RPCs) leaves lr empty: those
+ * topics are mirrored from scratch. lr points into *resp, which the caller frees after its last use.
+ */
+static int source_last_mirrored(ctx *x, const char *source, char *const *topics, size_t ntopics, const bool *drill,
+				km_last_mirrored_offsets_response *lr, void **resp)
+{
+	char **asked = km_arena_calloc(&x->arena, (ntopics + 1) * sizeof(*asked)), *msg = NULL;
+	size_t n = 0, msglen = 0;
+	FILE *errs = open_memstream(&msg, &msglen);
+	ctx y = *x;
+	int rc = KM_CLI_EXIT_ERROR;
+	bool ok = false;
+
+	if (!asked || !errs) {
+		if (errs)
+			fclose(errs);
+		free(msg);
+		return KM_CLI_EXIT_ERROR;
+	}
+	for (size_t i = 0; i < ntopics; i++)
+		if (!drill[i])
+			asked[n++] = topics[i];
+	y.resp = NULL;
+	y.resp_len = 0;
+	y.cc = km_cmd_open_conn(x->a, source, errs, &rc);
+	fclose(errs);
+	if (y.cc) {
+		ok = ask_last_mirrored(x, &y, asked, n, lr);
+		rc = ok ? KM_CLI_EXIT_OK : KM_CLI_EXIT_ERROR;
+		*resp = y.resp;
+		km_cli_conn_free(y.cc);
+	} else if (msg && strstr(msg, "does not answer mirror RPCs")) {
+		rc = KM_CLI_EXIT_OK; /* a plain Kafka cluster: from scratch */
+	} else if (msg) {
+		fputs(msg, x->err);
+	}
+	free(msg);
+	return rc;
+}
+
+/* The topics stopped here join lr, each partition at the offset the stop left it at (the describe's mirrored offset). */
+static bool add_stop_points(ctx *x, const km_describe_mirrors_response_described_mirror *dm, char *const *topics,
+			    size_t ntopics, const bool *drill, km_last_mirrored_offsets_response *lr)
+{
+	size_t nd = 0, k = 0;
+	km_last_mirrored_offsets_response_topic_result *all;
+
+	for (size_t i = 0; i < ntopics; i++)
+		nd += drill[i];
+	if (!nd)
+		return true;
+	if (!(all = km_arena_calloc(&x->arena, ((size_t)lr->topics.count + nd) * sizeof(*all))))
+		return false;
+	for (int32_t t = 0; t < lr->topics.count; t++)
+		all[k++] = lr->topics.items[t];
+	for (size_t i = 0; i < ntopics; i++)
+		for (int32_t t = 0; drill[i] && t < dm->topics.count; t++) {
+			const km_describe_mirrors_response_described_topic *dt = &dm->topics.items[t];
+			km_last_mirrored_offsets_response_partition_result *pr;
+			if (!km_str_eq_c(dt->name, topics[i]))
+				continue;
+			if (!(pr = km_arena_calloc(&x->arena, (size_t)dt->partitions.count * sizeof(*pr))))
+				return false;
+			km_last_mirrored_offsets_response_topic_result_init(&all[k]);
+			all[k].name = km_str_c(topics[i]);
+			for (int32_t q = 0; q < dt->partitions.count; q++) {
+				km_last_mirrored_offsets_response_partition_result_init(&pr[q]);
+				pr[q].partition_index = dt->partitions.items[q].partition_index;
+				pr[q].state = km_str_c("STOPPED");
+				pr[q].last_mirrored_offset = dt->partitions.items[q].mirrored_offset;
+				pr[q].last_mirrored_epoch = -1;
+			}
+			all[k].partitions.items = pr;
+			all[k++].partitions.count = dt->partitions.count;
+		}
+	lr->topics.items = all;
+	lr->topics.count = (int32_t)k;
+	return true;
+}
+
+/*
+ * start --dry-run: what a start would do with each partition. A topic of the mirror STOPPED here
+ * resumes where the stop left it, M: what was written here since (up to the end ListOffsets gives
+ * here) is hidden. For the others the mirror's source is asked LastMirroredOffsets; where it is a
+ * kmirrord that mirrored the topic from here and stopped at M, the start keeps what is here below
+ * M and hides the rest; elsewhere it mirrors from scratch.
  */
 static int cmd_start_dry_run(ctx *x, char *const *topics, size_t ntopics)
 {
@@ -688,30 +797,38 @@ static int cmd_start_dry_run(ctx *x, char *const *topics, size_t ntopics)
 	const km_describe_mirrors_response_described_mirror *dm;
 	km_last_mirrored_offsets_response lr;
 	km_list_offsets_response lo;
-	ctx y = *x;
 	char source[1024] = "";
 	int rc = km_cmd_describe_one(x, NULL, 0, &resp, &dm);
-	bool ok;
+	bool *drill = km_arena_calloc(&x->arena, (ntopics + 1) * sizeof(*drill));
+	size_t nsrc = 0;
+	void *src_resp = NULL; /* the source's answer, which lr points into */
 
 	if (rc != KM_CLI_EXIT_OK)
 		return rc;
+	if (!drill)
+		return KM_CLI_EXIT_ERROR;
 	for (int32_t i = 0; i < dm->configs.count; i++)
 		if (km_str_eq_c(dm->configs.items[i].name, "bootstrap.servers") && dm->configs.items[i].value.len > 0)
 			snprintf(source, sizeof(source), "%.*s", (int)dm->configs.items[i].value.len,
 				 dm->configs.items[i].value.p);
-	if (!*source) {
+	for (size_t i = 0; i < ntopics; i++)
+		if (!(drill[i] = stopped_here(dm, topics[i])))
+			nsrc++;
+	km_last_mirrored_offsets_response_init(&lr);
+	lr.topics.count = 0;
+	if (nsrc && !*source) {
 		km_cmd_say_err(x, "mirror %s has no bootstrap.servers", a->mirror);
 		return KM_CLI_EXIT_ERROR;
 	}
-	y.resp = NULL;
-	y.resp_len = 0;
-	if (!(y.cc = km_cmd_open_conn(a, source, x->err, &rc)))
-		return rc;
-	ok = ask_last_mirrored(x, &y, topics, ntopics, &lr) && ends_here(x, &lr, &lo) &&
-	     start_report(x, topics, ntopics, &lr, &lo);
-	free(y.resp);
-	km_cli_conn_free(y.cc);
-	return ok ? KM_CLI_EXIT_OK : KM_CLI_EXIT_ERROR;
+	if (nsrc)
+		rc = source_last_mirrored(x, source, topics, ntopics, drill, &lr, &src_resp);
+	if (rc == KM_CLI_EXIT_OK)
+		rc = add_stop_points(x, dm, topics, ntopics, drill, &lr) && ends_here(x, &lr, &lo) &&
+				     start_report(x, topics, ntopics, drill, &lr, &lo)
+			     ? KM_CLI_EXIT_OK
+			     : KM_CLI_EXIT_ERROR;
+	free(src_resp);
+	return rc;
 }
 
 /* The topics --topics-regex selects: among the destination's for start, the mirror's otherwise. */

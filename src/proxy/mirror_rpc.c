@@ -1020,6 +1020,7 @@ static void describe_one(km_mop *op, const km_state_mirror *m, km_describe_mirro
 			dp->lag = lag_of(&p);
 			dp->skipped_records = p.skipped_records;
 			dp->open_transaction_offset = p.open_txn_offset;
+			dp->records_hidden = p.records_hidden;
 			dp->last_error = cstr(p.last_error);
 			dp->last_error_time_ms = p.last_error ? p.last_error_ms : -1;
 		}

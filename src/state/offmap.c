@@ -143,6 +143,17 @@ int64_t km_offmap_run_length(const km_offmap *m, size_t i)
 	return covered(m, i);
 }
 
+int64_t km_offmap_hidden(const km_offmap *m)
+{
+	int64_t n = 0;
+	for (size_t i = 1; m && i < m->n; i++) {
+		int64_t gap = m->runs[i].physical - (m->runs[i - 1].physical + covered(m, i - 1));
+		if (gap > 0)
+			n += gap;
+	}
+	return n;
+}
+
 int64_t km_offmap_to_physical(const km_offmap *m, int64_t logical)
 {
 	size_t at;

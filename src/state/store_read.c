@@ -87,6 +87,7 @@ void km_state_topic_partition(const km_state_topic *t, size_t i, km_state_partit
 		out->writer_pid = p->has_writer ? p->writer_pid : -1;
 		out->writer_epoch = p->has_writer ? p->writer_epoch : -1;
 		out->writer_start = p->has_writer ? p->writer_start : -1;
+		out->records_hidden = p->map ? km_offmap_hidden(p->map) : 0;
 		return;
 	}
 }
@@ -103,6 +104,15 @@ bool km_state_partition_writer_get(const km_state_topic *t, int32_t partition, i
 	*pid = p->writer_pid;
 	*epoch = p->writer_epoch;
 	*start = p->writer_start;
+	return true;
+}
+
+bool km_state_partition_record(const km_state_topic *t, int32_t partition, km_mp_state *state, int64_t *last_mirrored)
+{
+	if (!t || partition < 0 || (size_t)partition >= t->nparts || !t->parts[partition].present)
+		return false;
+	*state = t->parts[partition].state;
+	*last_mirrored = t->parts[partition].last_mirrored_offset;
 	return true;
 }
 

@@ -137,7 +137,7 @@ def test_mirror_lifecycle(kmirror_bin, cluster, source_cluster, proxy_factory, s
     assert lines[0] == f"Mirror: {mirror}"
     rows = table(r.stdout)
     assert ["CONFIG", "VALUE"] in rows and ["bootstrap.servers", source_cluster.bootstrap] in rows
-    hdr = ["TOPIC", "PARTITION", "STATE", "SINCE", "SOURCE-END", "MIRRORED", "LAG", "SKIPPED", "LAST-ERROR"]
+    hdr = ["TOPIC", "PARTITION", "STATE", "SINCE", "SOURCE-END", "MIRRORED", "LAG", "SKIPPED", "HIDDEN", "LAST-ERROR"]
     assert hdr in rows
     prow = rows[rows.index(hdr) + 1:]
     assert sorted((p[0], p[1], p[2]) for p in prow) == sorted(
@@ -147,7 +147,7 @@ def test_mirror_lifecycle(kmirror_bin, cluster, source_cluster, proxy_factory, s
     t1d = next(t for t in m["topics"] if t["name"] == t1)
     assert [p["partition"] for p in t1d["partitions"]] == [0, 1, 2]
     assert set(t1d["partitions"][0]) == {"partition", "state", "state_change_time_ms", "source_log_end_offset",
-                                         "mirrored_offset", "lag", "skipped_records", "last_error",
+                                         "mirrored_offset", "lag", "skipped_records", "records_hidden", "last_error",
                                          "last_error_time_ms"}
     assert t1d["partitions"][0]["state_change_time_ms"] > 0
     # --topics narrows describe

@@ -43,6 +43,8 @@ typedef struct km_describe_mirrors_response_described_partition {
 	int64_t skipped_records;
 	/* v0+ tag 1: The offset the earliest destination transaction still open on the partition starts at (... */
 	int64_t open_transaction_offset;
+	/* v0+ tag 2: Destination records the offset map hides from readers: written here while the topic was... */
+	int64_t records_hidden;
 	/* v0+ nullable: The last error of this partition's mirroring, or null. */
 	km_str last_error;
 	/* v0+: When LastError happened (ms since the epoch), or -1. */

@@ -109,6 +109,15 @@ static bool km_describe_mirrors_response_described_partition_dec_tag_open_transa
 	return true;
 }
 
+static bool km_describe_mirrors_response_described_partition_dec_tag_records_hidden(km_rd *r, int16_t v, km_describe_mirrors_response_described_partition *m, km_arena *a)
+{
+	(void)v;
+	(void)a;
+	if (!km_rd_i64(r, "DescribedPartition.RecordsHidden", &m->records_hidden))
+		return false;
+	return true;
+}
+
 static bool km_describe_mirrors_response_described_partition_dec(km_rd *r, int16_t v, km_describe_mirrors_response_described_partition *m, km_arena *a)
 {
 	const bool flex = true;
@@ -153,6 +162,12 @@ static bool km_describe_mirrors_response_described_partition_dec(km_rd *r, int16
 						return km_codec_rd_join(r, &sub);
 				}
 				break;
+				case 2:
+				{
+					if (!km_describe_mirrors_response_described_partition_dec_tag_records_hidden(&sub, v, m, a))
+						return km_codec_rd_join(r, &sub);
+				}
+				break;
 				default:
 					known = false;
 					break;
@@ -186,6 +201,8 @@ static void km_describe_mirrors_response_described_partition_enc(km_wr *w, int16
 		ntags += has_skipped_records;
 		const bool has_open_transaction_offset = true && m->open_transaction_offset != INT64_C(-1);
 		ntags += has_open_transaction_offset;
+		const bool has_records_hidden = true && m->records_hidden != INT64_C(0);
+		ntags += has_records_hidden;
 		km_wr_uvarint(w, ntags);
 		km_codec_wr_tags(w, &m->unknown_tags, 0, 1, false);
 		if (has_skipped_records) {
@@ -203,7 +220,15 @@ static void km_describe_mirrors_response_described_partition_enc(km_wr *w, int16
 			km_wr_uvarint(w, (uint32_t)n);
 			km_wr_i64(w, m->open_transaction_offset);
 		}
-		km_codec_wr_tags(w, &m->unknown_tags, 2, UINT64_MAX, false);
+		km_codec_wr_tags(w, &m->unknown_tags, 2, 3, false);
+		if (has_records_hidden) {
+			size_t n = 0;
+			n += 8;
+			km_wr_uvarint(w, 2);
+			km_wr_uvarint(w, (uint32_t)n);
+			km_wr_i64(w, m->records_hidden);
+		}
+		km_codec_wr_tags(w, &m->unknown_tags, 3, UINT64_MAX, false);
 	}
 }
 
@@ -234,6 +259,12 @@ static size_t km_describe_mirrors_response_described_partition_sz(int16_t v, con
 			size_t fn = 0;
 			fn += 8;
 			n += km_sz_uvarint(1) + km_sz_uvarint((uint32_t)fn) + fn;
+			ntags++;
+		}
+		if (true && m->records_hidden != INT64_C(0)) {
+			size_t fn = 0;
+			fn += 8;
+			n += km_sz_uvarint(2) + km_sz_uvarint((uint32_t)fn) + fn;
 			ntags++;
 		}
 		n += km_sz_uvarint(ntags);

@@ -166,6 +166,7 @@ static void part_init(mpart *p, mtopic *t, int32_t id)
 	p->lead.src_epoch = -1;
 	p->plan.fetch_logical = p->plan.cont_logical = -1;
 	p->recon.hide_logical = -1;
+	p->recon.drill = false;
 	p->plan.first_logical = -1;
 	p->plan.topic = t->name;
 	p->plan.partition = id;
@@ -297,6 +298,7 @@ static void on_run_then(void *arg, const km_state_result *res)
 		} else {
 			km_pl_set_phase(p, x->then, "its run is persisted");
 			p->recon.hide_logical = -1;
+			p->recon.drill = false;
 		}
 		if (p->phase == PH_IDLE && (p->state == KM_MP_STOPPING || p->state == KM_MP_PAUSING)) {
 			p->settling = true;

@@ -253,10 +253,18 @@ static void after_reconcile(km_pipeline *pl, mpart *p, int64_t end)
 				km_pl_ptag(p, tag, sizeof(tag)), nw, (long long)end,
 				hide >= 0 ? "or past a misplaced batch" : "never landed");
 	}
-	if (hide >= 0) {
-		/* Resume at hide, physically after everything now hidden. */
+	if (hide >= 0 && p->recon.drill) {
+		int64_t from = km_offmap_to_physical(m, hide);
+		KM_WARN(COMP, 0, "%s/%s: %lld record(s) written here while the topic was stopped (destination offsets "
+			"%lld to %lld) are hidden; mirroring on from source offset %lld", pl->name,
+			km_pl_ptag(p, tag, sizeof(tag)), (long long)(end - from), (long long)from, (long long)end - 1,
+			(long long)hide);
+	} else if (hide >= 0) {
 		KM_WARN(COMP, 0, "%s/%s: destination offsets from the misplaced batch to %lld hidden; resuming at %lld",
 			pl->name, km_pl_ptag(p, tag, sizeof(tag)), (long long)end, (long long)hide);
+	}
+	if (hide >= 0) {
+		/* Resume at hide, physically after everything now hidden. */
 		w[nw++] = (km_state_run){p->t->name, p->id, hide, end, hide, 0};
 		p->plan.cont_logical = p->plan.fetch_logical = p->out.acked_logical = hide;
 		p->plan.cont_lat = false;
@@ -278,6 +286,7 @@ static void after_reconcile(km_pipeline *pl, mpart *p, int64_t end)
 		km_pl_run_then(pl, p, w, nw, keep > 0 || hide >= 0 ? PH_READY : PH_START); /* hide_logical stays until it is in */
 	} else {
 		p->recon.hide_logical = -1;
+		p->recon.drill = false;
 		km_pl_set_phase(p, keep > 0 ? PH_READY : PH_START, "reconciled");
 	}
 	free(w);
@@ -598,6 +607,27 @@ static bool tail_fetch(km_pipeline *pl, mpart *p, int64_t at)
 }
 
 /*
+ * A start after a stop (docs/mirror.md, "A start after a stop"): the partition is PREPARING, no
+ * writer of this start has written yet, and the destination's end lies past the last mirrored
+ * offset L the stop persisted: what is past L was written here while the topic was STOPPED (a
+ * failover drill). The proposal truncates the topic to L; here it is hidden, and the mirror goes
+ * on from L. -1 when that is not the case.
+ */
+static int64_t drill_point(km_pipeline *pl, const mpart *p, const km_offmap *m, int64_t end)
+{
+	const km_state_topic *t = km_state_topic_find(km_mirror_store(pl->mi), p->t->name, strlen(p->t->name));
+	km_mp_state state;
+	int64_t last, pid, start;
+	int16_t epoch;
+
+	if (!m || !m->n || !km_state_partition_record(t, p->id, &state, &last) || state != KM_MP_PREPARING || last < 0)
+		return -1;
+	if (km_state_partition_writer_get(t, p->id, &pid, &epoch, &start) && start < end)
+		return -1; /* this start's writer has written: what is past L is the mirror's own */
+	return resume_logical(m, end) > last ? last : -1;
+}
+
+/*
  * Reconcile resumes at the end of the open run (no hide point, no fence run): everything from the
  * writer's start to end counts as the mirror's. The batch holding end - 1 is looked at first.
  */
@@ -605,9 +635,13 @@ static void check_tail(km_pipeline *pl, mpart *p, int64_t end)
 {
 	const km_offrun *fence;
 	const km_offmap *m = km_pl_map_of(pl, p, &fence);
-	int64_t pid, start;
+	int64_t pid, start, drill = drill_point(pl, p, m, end);
 	int16_t epoch;
 
+	if (drill >= 0 && (p->recon.hide_logical < 0 || drill < p->recon.hide_logical)) {
+		p->recon.hide_logical = drill;
+		p->recon.drill = true;
+	}
 	if (p->recon.hide_logical >= 0 || fence || !m || !m->n || !writer_of(pl, p, &pid, &epoch, &start) ||
 	    start >= end) {
 		after_reconcile(pl, p, end);

@@ -1,0 +1,75 @@
+"""Failover drills (issue 29, item 1): a mirror topic is stopped (the failover), written locally
+through kmirrord while the source goes on, then started again (back to mirroring). The proposal's
+rule: a start of a STOPPED topic truncates it to its last mirrored offset. kmirrord cannot truncate
+a stock broker's log, so it hides the local tail in the offset map, as a failback does, and mirrors
+on from the last mirrored offset: every reader then sees the source's records at their source
+offsets, and nothing of the drill."""
+import re
+
+import pytest
+
+from mirror_cli import kmirror_bin, wait_states  # noqa: F401
+from mirror_data import compare_topic, produce_records, read_partition, watermarks
+from proxy_fixtures import *  # noqa: F401,F403
+from test_mirror_data import _mirror_env, _teardown, unique
+
+
+@pytest.fixture(scope="module")
+def denv(kmirrord_bin, kmirror_bin, dest_cluster, source_cluster, tmp_path_factory):
+    env = _mirror_env(kmirrord_bin, kmirror_bin, dest_cluster, source_cluster,
+                      str(tmp_path_factory.mktemp("drill")), "kmirrord-drill")
+    yield env
+    _teardown(env)
+
+
+def drill(env, topic, parts, local):
+    """Mirror topic (20 source records a partition), stop it, write `local` records per partition
+    through kmirrord; returns the source's ends at the stop."""
+    env.source_topic(topic, partitions=parts)
+    produce_records(env.sb, topic, 20 * parts, tag="a", partitions=parts)
+    env.start(topic)
+    env.caught_up(topic, parts)
+    env.cli.run("stop", "--mirror", env.mirror, "--topics", topic)
+    wait_states(env.cli, env.mirror, {topic: "STOPPED"}, timeout=60)
+    ends = [hi for _, hi in watermarks(env.sb, topic, parts)]
+    produce_records(env.pb, topic, local * parts, start=1000, tag="local", partitions=parts)
+    here = [hi for _, hi in watermarks(env.pb, topic, parts)]
+    assert here == [e + local for e in ends], (here, ends)
+    return ends
+
+
+def test_start_after_a_drill_hides_the_local_tail(denv):
+    env = denv
+    topic = unique("drill")
+    ends = drill(env, topic, 2, 5)
+    # The source goes on meanwhile: its next records take the offsets the local ones show at.
+    produce_records(env.sb, topic, 20, start=100, tag="b", partitions=2)
+    local = read_partition(env.pb, topic, 0, ends[0], ends[0] + 5)
+    assert [r.value for r in local] and all(b"local" in r.value for r in local), local
+
+    dry = env.cli.json("start", "--dry-run", "--mirror", env.mirror, "--topics", topic)[0]
+    print(dry)
+    (t,) = dry["topics"]
+    assert [(p["partition"], p["records_hidden"]) for p in t["partitions"]] == [(0, 5), (1, 5)], t
+    assert dry["total_records_hidden"] == 10
+    text = env.cli.run("start", "--dry-run", "--mirror", env.mirror, "--topics", topic).stdout
+    assert re.search(r"Total: 10 records here would be hidden", text), text
+    assert watermarks(env.pb, topic, 2) == [(0, e + 5) for e in ends], "the dry run changed something"
+
+    mark = len(env.proxy.output())
+    env.cli.run("start", "--mirror", env.mirror, "--topics", topic)
+    wait_states(env.cli, env.mirror, {topic: "MIRRORING"}, timeout=60)
+    env.caught_up(topic, 2, timeout=120)
+    total, _ = compare_topic(env.pb, env.sb, topic, 2)
+    assert total == 60
+    for p, e in enumerate(ends):
+        env.proxy.wait_log(rf"{topic}-{p}: 5 record\(s\) written here while the topic was stopped \(destination "
+                           rf"offsets \d+ to \d+\) are hidden; mirroring on from source offset {e}", timeout=10,
+                           start=mark)
+    parts = env.partitions(topic)
+    assert [p["state"] for p in parts] == ["MIRRORING"] * 2, parts
+    assert [p.get("records_hidden") for p in parts] == [5, 5], parts
+    # The source's next records follow, exact.
+    produce_records(env.sb, topic, 10, start=200, tag="c", partitions=2)
+    env.caught_up(topic, 2, timeout=120)
+    assert compare_topic(env.pb, env.sb, topic, 2)[0] == 70

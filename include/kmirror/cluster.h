@@ -23,10 +23,11 @@ km_cluster *km_cluster_new(struct event_base *base, const char *side, const km_n
 void km_cluster_free(km_cluster *cl);
 /*
  * A client to any broker: a connected, healthy broker the metadata named, else the bootstrap
- * client (connecting to the next bootstrap address in turn after a failure). NULL: cannot connect.
+ * client (connecting to the next bootstrap address in turn after a failure). NULL: cannot connect,
+ * or the reconnect backoff runs (on_change is called when it ends: docs/net.md, "Reconnects").
  */
 km_net_client *km_cluster_any(km_cluster *cl);
-/* The client of broker id (connecting on first use); NULL when no metadata names it. */
+/* The client of broker id (connecting on first use); NULL when no metadata names it, or while its reconnect backoff runs. */
 km_net_client *km_cluster_node(km_cluster *cl, int32_t id);
 /* Whether c failed (the next km_cluster_any / _node gives a fresh client); true for a client not ours. */
 bool km_cluster_failed(km_cluster *cl, const km_net_client *c);
@@ -50,5 +51,7 @@ size_t km_cluster_node_ids(const km_cluster *cl, int32_t *out, size_t cap);
 const char *km_cluster_side(const km_cluster *cl);
 /* Why the cluster's last connection failed (km_net_client_reason of it); "" when none has. */
 const char *km_cluster_last_error(const km_cluster *cl);
+/* Connections the cluster has opened (each reconnect is one; a down broker is retried with backoff). */
+uint64_t km_cluster_attempts(const km_cluster *cl);
 
 #endif

@@ -195,6 +195,7 @@ typedef struct km_net_client_opts {
 	const char *sasl_username;
 	const char *sasl_password;
 	bool skip_api_versions;      /* peers that do not answer ApiVersions: km_net_client_version says -1 */
+	bool quiet_failures;         /* a connection that fails before it is ready logs at debug (km_cluster says it once) */
 	int64_t connect_timeout_ms;  /* 0: 10 s; covers TCP, TLS, ApiVersions and SASL */
 	int64_t request_timeout_ms;  /* 0: 30 s */
 	int64_t max_frame_bytes;     /* 0: 100 MiB */

@@ -930,6 +930,16 @@ static void record_close(km_net_client *c, struct bufferevent *bev, short what, 
 	set_reason(c, "closed by the peer%s%s", during ? " during " : "", during ? during : "");
 }
 
+/* Whether the socket's two ends are the same address and port (a TCP self-connect). */
+static bool connected_to_itself(int fd)
+{
+	struct sockaddr_storage a, b;
+	socklen_t la = sizeof(a), lb = sizeof(b);
+	if (getsockname(fd, (struct sockaddr *)&a, &la) || getpeername(fd, (struct sockaddr *)&b, &lb) || la != lb)
+		return false;
+	return !memcmp(&a, &b, la);
+}
+
 static void event_cb(struct bufferevent *bev, short what, void *arg)
 {
 	km_net_client *c = arg;
@@ -937,6 +947,19 @@ static void event_cb(struct bufferevent *bev, short what, void *arg)
 	if (what & BEV_EVENT_CONNECTED) {
 		int fd = bufferevent_getfd(bev);
 		int one = 1;
+		if (fd >= 0 && connected_to_itself(fd)) {
+			/*
+			 * Nothing listens on a local port inside the ephemeral range: the kernel may pick that
+			 * very port as the source, and TCP's simultaneous open connects the socket to itself
+			 * (our own ApiVersions would come back as the answer), and holds the port a restarted
+			 * broker wants to bind.
+			 */
+			KM_LOG(c->opts.quiet_failures ? KM_LOG_DEBUG : KM_LOG_INFO, "net", c->id,
+			       "connection to %s failed: connected to itself (nothing listens there)", c->host);
+			set_reason(c, "nothing listens at %s (the connection reached itself)", c->host);
+			client_close(c, KM_ERR_IO);
+			return;
+		}
 		if (fd >= 0)
 			setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
 		/* Reads and writes now time out only through the request timer. */
@@ -956,9 +979,10 @@ static void event_cb(struct bufferevent *bev, short what, void *arg)
 		km_err kind = KM_ERR_IO;
 		if (what & BEV_EVENT_ERROR)
 			kind = km_net_bev_error(bev, tls, sizeof(tls));
-		KM_INFO("net", c->id, "connection to %s %s%s%s", c->host,
-			(what & BEV_EVENT_TIMEOUT) ? "timed out" : (what & BEV_EVENT_EOF) ? "closed by peer" : "failed",
-			tls[0] ? ": " : "", tls);
+		KM_LOG((c->opts.quiet_failures && c->state != C_READY) ? KM_LOG_DEBUG : KM_LOG_INFO, "net", c->id,
+		       "connection to %s %s%s%s", c->host,
+		       (what & BEV_EVENT_TIMEOUT) ? "timed out" : (what & BEV_EVENT_EOF) ? "closed by peer" : "failed",
+		       tls[0] ? ": " : "", tls);
 		record_close(c, bev, what, kind, tls);
 		client_close(c, err);
 	}

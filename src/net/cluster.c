@@ -2,6 +2,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <event2/event.h>
 #include <openssl/crypto.h>
@@ -10,6 +11,25 @@
 #include "kmirror/log.h"
 
 #define MAX_NODES 10000
+/*
+ * Reconnects back off per broker, exponentially from BACKOFF_MS to BACKOFF_MAX_MS with ±20 %
+ * jitter (Kafka's reconnect.backoff.ms and reconnect.backoff.max.ms defaults): a cluster that is
+ * down costs about one attempt a second per broker, not one per loop turn (docs/net.md,
+ * "Reconnects").
+ */
+#define BACKOFF_MS 50
+#define BACKOFF_MAX_MS 1000
+/* A broker that stays unreachable is logged again this often, with the count of attempts since. */
+#define FAIL_LOG_MS 60000
+
+/* One address's reconnect state. */
+typedef struct retry {
+	uint32_t fails;     /* attempts failed in a row (0: connected, or not tried) */
+	int64_t next_at;    /* no new connection before this */
+	int64_t logged_at;  /* the last warning about it */
+	uint64_t unlogged;  /* attempts failed since that warning */
+	bool ready;         /* the current connection became ready */
+} retry;
 
 typedef struct cnode {
 	int32_t id;
@@ -17,6 +37,7 @@ typedef struct cnode {
 	uint16_t port;
 	km_net_client *c;
 	bool failed;
+	retry r;
 } cnode;
 
 struct km_cluster {
@@ -28,6 +49,10 @@ struct km_cluster {
 	size_t nboot, boot_i;
 	km_net_client *bootc;
 	bool boot_failed;
+	retry boot_r;        /* the bootstrap addresses' (taken in turn) */
+	struct event *timer; /* on_change when a backoff ends */
+	int64_t timer_at;
+	uint64_t attempts;   /* connections opened (km_cluster_attempts) */
 	cnode *nodes;
 	size_t nnodes;
 	/* Clients dropped from inside their own callbacks, freed on the next loop iteration. */
@@ -56,6 +81,81 @@ static void kick(km_cluster *cl)
 	event_active(cl->ev, 0, 0);
 }
 
+static int64_t mono_ms(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* The wait before attempt fails + 1: 50 ms doubling to 1 s, ±20 %. */
+static int64_t backoff_ms(uint32_t fails)
+{
+	int64_t ms = BACKOFF_MS;
+	for (uint32_t i = 1; i < fails && ms < BACKOFF_MAX_MS; i++)
+		ms *= 2;
+	if (ms > BACKOFF_MAX_MS)
+		ms = BACKOFF_MAX_MS;
+	return ms * 8 / 10 + (int64_t)((uint64_t)random() % (uint64_t)(ms * 4 / 10 + 1));
+}
+
+/* The retry state of c's address, and a name for it; NULL when c is none of ours (dropped). */
+static retry *retry_of(km_cluster *cl, const km_net_client *c, char *name, size_t cap)
+{
+	if (c == cl->bootc) {
+		const km_hostport *hp = &cl->boot[(cl->boot_i + cl->nboot - 1) % cl->nboot];
+		snprintf(name, cap, "bootstrap server %s:%u", hp->host, (unsigned)hp->port);
+		return &cl->boot_r;
+	}
+	for (size_t i = 0; i < cl->nnodes; i++)
+		if (cl->nodes[i].c == c) {
+			snprintf(name, cap, "broker %d (%s:%u)", (int)cl->nodes[i].id, cl->nodes[i].host,
+				 (unsigned)cl->nodes[i].port);
+			return &cl->nodes[i].r;
+		}
+	return NULL;
+}
+
+/*
+ * A connection of ours became ready or failed. A failure before it was ready counts towards the
+ * backoff; one that was ready (the broker went away) starts over from the first step. The first
+ * failure in a row is a warning, then one a minute with the count; the recovery says how many
+ * attempts it took.
+ */
+static void note_outcome(km_cluster *cl, km_net_client *c, km_err err)
+{
+	char name[300];
+	retry *r = retry_of(cl, c, name, sizeof(name));
+	int64_t now = mono_ms();
+
+	if (!r)
+		return;
+	if (err == KM_OK) {
+		if (r->fails > 1)
+			KM_INFO("net", 0, "%s: %s reachable again after %u failed attempt(s)", cl->side, name, r->fails);
+		*r = (retry){.ready = true};
+		return;
+	}
+	if (r->ready)
+		r->fails = 0;
+	r->ready = false;
+	r->fails++;
+	r->next_at = now + backoff_ms(r->fails);
+	if (r->fails == 2) {
+		KM_WARN("net", 0, "%s: cannot connect to %s: %s (%u attempts in a row; retrying with backoff, once a "
+			"second at most)", cl->side, name, cl->last_error, r->fails);
+		r->logged_at = now;
+		r->unlogged = 0;
+	} else if (r->fails > 2 && now - r->logged_at >= FAIL_LOG_MS) {
+		KM_WARN("net", 0, "%s: still cannot connect to %s: %s (%u attempts in a row, %llu since the last warning)",
+			cl->side, name, cl->last_error, r->fails, (unsigned long long)r->unlogged + 1);
+		r->logged_at = now;
+		r->unlogged = 0;
+	} else {
+		r->unlogged++;
+	}
+}
+
 static void on_state(km_net_client *c, km_err err, void *arg)
 {
 	km_cluster *cl = arg;
@@ -70,7 +170,33 @@ static void on_state(km_net_client *c, km_err err, void *arg)
 			if (cl->nodes[i].c == c)
 				cl->nodes[i].failed = true;
 	}
+	note_outcome(cl, c, err);
 	kick(cl);
+}
+
+static void on_timer(evutil_socket_t fd, short what, void *arg)
+{
+	km_cluster *cl = arg;
+	(void)fd;
+	(void)what;
+	if (cl->on_change)
+		cl->on_change(cl->arg);
+}
+
+/* Whether r's backoff still runs (then on_change is called when it ends). */
+static bool backing_off(km_cluster *cl, const retry *r)
+{
+	int64_t left = r->next_at - mono_ms();
+	struct timeval tv;
+	if (left <= 0)
+		return false;
+	if (!event_pending(cl->timer, EV_TIMEOUT, NULL) || cl->timer_at > r->next_at) {
+		tv.tv_sec = (time_t)(left / 1000);
+		tv.tv_usec = (suseconds_t)(left % 1000) * 1000;
+		event_add(cl->timer, &tv);
+		cl->timer_at = r->next_at;
+	}
+	return true;
 }
 
 static char *dup_or_null(const char *s)
@@ -88,6 +214,7 @@ km_cluster *km_cluster_new(struct event_base *base, const char *side, const km_n
 	cl->base = base;
 	snprintf(cl->side, sizeof(cl->side), "%s", side);
 	cl->o = *tmpl;
+	cl->o.quiet_failures = true; /* note_outcome says it once */
 	cl->client_id = dup_or_null(tmpl->client_id);
 	cl->mech = dup_or_null(tmpl->sasl_mechanism);
 	cl->user = dup_or_null(tmpl->sasl_username);
@@ -100,7 +227,8 @@ km_cluster *km_cluster_new(struct event_base *base, const char *side, const km_n
 	cl->o.arg = cl;
 	cl->boot = malloc(nboot * sizeof(*cl->boot));
 	cl->ev = event_new(base, -1, 0, on_ev, cl);
-	if (!cl->boot || !cl->ev)
+	cl->timer = event_new(base, -1, 0, on_timer, cl);
+	if (!cl->boot || !cl->ev || !cl->timer)
 		goto fail;
 	memcpy(cl->boot, boot, nboot * sizeof(*boot));
 	cl->nboot = nboot;
@@ -128,6 +256,8 @@ void km_cluster_free(km_cluster *cl)
 	free(cl->boot);
 	if (cl->ev)
 		event_free(cl->ev);
+	if (cl->timer)
+		event_free(cl->timer);
 	if (cl->pass)
 		OPENSSL_cleanse(cl->pass, strlen(cl->pass));
 	free(cl->client_id);
@@ -135,6 +265,11 @@ void km_cluster_free(km_cluster *cl)
 	free(cl->user);
 	free(cl->pass);
 	free(cl);
+}
+
+uint64_t km_cluster_attempts(const km_cluster *cl)
+{
+	return cl->attempts;
 }
 
 const char *km_cluster_last_error(const km_cluster *cl)
@@ -151,6 +286,7 @@ static km_net_client *connect_to(km_cluster *cl, const char *host, uint16_t port
 {
 	km_net_client *c = km_net_client_new(cl->base, &cl->o);
 
+	cl->attempts++;
 	if (c && km_net_client_connect(c, host, port) != KM_OK) {
 		km_net_client_free(c);
 		c = NULL;
@@ -185,7 +321,11 @@ km_net_client *km_cluster_any(km_cluster *cl)
 	if (cl->bootc && cl->boot_failed)
 		km_cluster_drop(cl, cl->bootc);
 	if (!cl->bootc) {
-		const km_hostport *hp = &cl->boot[cl->boot_i++ % cl->nboot];
+		const km_hostport *hp = &cl->boot[cl->boot_i % cl->nboot];
+		/* The next bootstrap address at once, until each has failed in this round. */
+		if (cl->boot_r.fails % cl->nboot == 0 && backing_off(cl, &cl->boot_r))
+			return NULL;
+		cl->boot_i++;
 		cl->bootc = connect_to(cl, hp->host, hp->port);
 		cl->boot_failed = false;
 	}
@@ -209,6 +349,8 @@ km_net_client *km_cluster_node(km_cluster *cl, int32_t id)
 	if (n->c && n->failed)
 		km_cluster_drop(cl, n->c);
 	if (!n->c) {
+		if (backing_off(cl, &n->r))
+			return NULL;
 		n->c = connect_to(cl, n->host, n->port);
 		n->failed = false;
 	}
@@ -275,9 +417,10 @@ km_err km_cluster_brokers(km_cluster *cl, const km_metadata_response *r)
 		nn[i].id = b->node_id;
 		snprintf(nn[i].host, sizeof(nn[i].host), "%.*s", b->host.len > 0 ? (int)b->host.len : 0, b->host.p);
 		nn[i].port = (uint16_t)b->port;
-		if (old && old->c && !strcmp(old->host, nn[i].host) && old->port == nn[i].port) {
+		if (old && !strcmp(old->host, nn[i].host) && old->port == nn[i].port) {
 			nn[i].c = old->c;
 			nn[i].failed = old->failed;
+			nn[i].r = old->r;
 			old->c = NULL;
 		}
 	}
@@ -309,6 +452,7 @@ km_err km_cluster_learn(km_cluster *cl, int32_t id, const char *host, size_t hos
 			return KM_OK;
 		if (n->c)
 			km_cluster_drop(cl, n->c);
+		n->r = (retry){0}; /* a new address: no backoff carried over */
 		*moved = true;
 	} else {
 		if (cl->nnodes >= MAX_NODES)

@@ -381,6 +381,7 @@ typedef struct km_state_partition_info {
 	int64_t last_mirrored_offset;  /* -1: none */
 	int32_t last_mirrored_epoch;   /* -1: none */
 	int64_t source_log_end;        /* -1: not known (kept in memory only) */
+	int64_t source_log_end_ms;     /* when this kmirrord learned it (wall clock ms), -1: not known */
 	int64_t skipped_records;       /* lost to the source's retention (kept in memory only) */
 	int64_t open_txn_offset;       /* where the earliest open destination transaction starts, -1: none (memory only) */
 	const char *last_error;        /* NULL: none */

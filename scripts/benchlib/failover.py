@@ -1,7 +1,9 @@
 """Section failover: `kmirror stop` of 1,000 mirrored partitions while the source is written to, the
 source frozen (SIGSTOP of its broker's JVM) as in a disaster: the time until every partition accepts
 a write through the proxy, and `kmirror stop --dry-run`'s records at risk against the truth read
-from the source once it is thawed."""
+from the source once it is thawed. Before the disaster, a planned one: the mirror paused with a
+backlog, the producers stopped, the source reachable: the dry run asks the source and must equal
+the truth on every partition."""
 
 import json
 import os
@@ -122,6 +124,52 @@ def _probe_run(pr, tps, t0, deadline_s):
     return done, refused[0]
 
 
+def _wait_lag(ctx, pb, mirror, n, rate, states=("MIRRORING",)):
+    """Until every partition is in states with its lag known and the total lag is under half a
+    second of the load, twice in a row; returns the seconds it took."""
+    t0, ok, lags = time.monotonic(), 0, []
+    while ok < 2:
+        if time.monotonic() - t0 > 600:
+            raise RuntimeError(f"failover: the mirror did not catch up in 600 s (lags {lags[-3:]})")
+        m = _describe(ctx, pb, mirror)
+        parts = [p for t in m["topics"] for p in t["partitions"]]
+        lag = sum(p["lag"] for p in parts if p["lag"] >= 0)
+        lags.append(lag)
+        good = (len(parts) == n and all(p["state"] in states and p["lag"] >= 0 for p in parts)
+                and lag * 1024 < rate / 2)
+        ok = ok + 1 if good else 0
+        time.sleep(1)
+    return time.monotonic() - t0
+
+
+def _planned(ctx, res, src, pb, mirror, names, P, tps, producer):
+    """The planned failover's dry run: pause every topic (a backlog builds at the source while the
+    load goes on 3 s), stop the producer (the source frozen and reachable), dry run, and the truth
+    read from the source at once: source end - the proxy's end per partition."""
+    _kmirror(ctx, pb, "pause every topic (the planned failover's backlog)", "pause", "--mirror", mirror,
+             "--topics-regex", "fo-.*")
+    common.bm.wait_until(lambda: all(p["state"] == "PAUSED" for t in _describe(ctx, pb, mirror)["topics"]
+                                     for p in t["partitions"]), 120, "every partition PAUSED")
+    time.sleep(3)
+    producer.kill()
+    producer.wait(30)
+    time.sleep(1.0)  # the producer's last acknowledged records are in
+    mirrored = _ends(pb, names, P)
+    res["planned_dry_run_s"], dry, _ = _kmirror(ctx, pb, "the records at risk, source reachable", "stop",
+                                                "--mirror", mirror, "--topics-regex", "fo-.*", "--dry-run")
+    source = _ends(src.bootstrap, names, P)
+    truth = {tp: source[tp] - mirrored[tp] for tp in tps}
+    risk = {(t["name"], p["partition"]): p["records_at_risk"] for t in dry["topics"] for p in t["partitions"]}
+    last = {(t["name"], p["partition"]): max(p["last_fetched_source_end_offset"] - mirrored[(t["name"], p["partition"])], 0)
+            for t in dry["topics"] for p in t["partitions"]}
+    res["planned_source_asked"] = dry.get("source_asked")
+    res["planned_dry_total"] = dry["total_records_at_risk"]
+    res["planned_last_fetched_total"] = sum(last.values())
+    res["planned_truth_total"] = sum(truth.values())
+    res["planned_agree"] = sum(risk.get(tp) == truth[tp] for tp in tps)
+    _kmirror(ctx, pb, "resume every topic", "resume", "--mirror", mirror, "--topics-regex", "fo-.*")
+
+
 def run(ctx):
     sz = _sizes(ctx)
     names = [f"fo-{i:03d}" for i in range(sz["topics"])]
@@ -149,19 +197,11 @@ def run(ctx):
         res["start_s"] = t_start
         # 1. caught up and running under the load: every partition MIRRORING with its lag known, and
         # the total lag under half a second of the load, twice in a row.
-        t0, ok, lags = time.monotonic(), 0, []
-        while ok < 2:
-            if time.monotonic() - t0 > 600:
-                raise RuntimeError(f"failover: the mirror did not catch up in 600 s (lags {lags[-3:]})")
-            m = _describe(ctx, pb, mirror)
-            parts = [p for t in m["topics"] for p in t["partitions"]]
-            lag = sum(p["lag"] for p in parts if p["lag"] >= 0)
-            lags.append(lag)
-            good = (len(parts) == len(tps) and all(p["state"] == "MIRRORING" and p["lag"] >= 0 for p in parts)
-                    and lag * 1024 < sz["rate"] / 2)
-            ok = ok + 1 if good else 0
-            time.sleep(1)
-        res["catch_up_s"] = time.monotonic() - t0
+        res["catch_up_s"] = _wait_lag(ctx, pb, mirror, len(tps), sz["rate"])
+        # 1b. the planned failover's dry run (source reachable), then the load again and caught up
+        _planned(ctx, res, src, pb, mirror, names, P, tps, producer)
+        producer = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        _wait_lag(ctx, pb, mirror, len(tps), sz["rate"])
         ctx.log("failover", f"caught up after {res['catch_up_s']:.0f} s; {sz['steady_s']} s under the load")
         time.sleep(sz["steady_s"])
         m = _describe(ctx, pb, mirror)
@@ -184,6 +224,10 @@ def run(ctx):
         dry_mirrored = {(t["name"], p["partition"]): p["mirrored_offset"] for t in dry["topics"]
                         for p in t["partitions"]}
         res["dry_total"] = dry["total_records_at_risk"]
+        res["dry_source_asked"] = dry.get("source_asked")
+        res["dry_source_error"] = dry.get("source_error")
+        ages = [p["last_fetched_age_ms"] for t in dry["topics"] for p in t["partitions"] if p["last_fetched_age_ms"] >= 0]
+        res["dry_age_max_ms"] = max(ages) if ages else None
         res["dry_unknown"] = dry["partitions_unknown"]
         res["dry_mirrored_vs_proxy"] = sum(dry_mirrored.get(tp) != end_b[tp] for tp in tps)
         # 4. the stop, timed from the command's start, and the probe writes through the proxy
@@ -253,7 +297,11 @@ def report(res, ctx):
         f"`kmirror stop --dry-run` of every topic, and `kmirror stop`; from the stop command's start, one record "
         f"(acks=all) to every partition through the proxy, each refused one sent again 20 ms later, until all "
         f"accepted one. The truth: the source thawed (SIGCONT), its end offsets minus the mirrored ends (the "
-        f"proxy's high watermarks before the probe writes).", ""]
+        f"proxy's high watermarks before the probe writes).", "",
+        "Before the disaster, a planned failover's dry run: every topic paused while the load goes on 3 s (a "
+        "backlog at the source), the producer stopped (the source frozen and reachable), `kmirror stop --dry-run`, "
+        "and the truth read from the source at once (its end offsets minus the proxy's); then resumed, the load "
+        "again, caught up.", ""]
     rows = [
         ["partitions", n],
         ["`stop --dry-run` (s)", f"{res['dry_run_s']:.2f}"],
@@ -263,6 +311,14 @@ def report(res, ctx):
         ["first write accepted (s)", f"{res['writable_times'][0]:.2f}" if res["writable_times"] else "-"],
         ["writes refused before they were accepted", res["probe_refusals"]],
         ["partitions whose first write is not at the mirrored end", res["offset_mismatch"]],
+        ["planned (source reachable): source asked", res.get("planned_source_asked")],
+        ["planned: records at risk, dry run (total)", res.get("planned_dry_total")],
+        ["planned: records at risk, truth (total)", res.get("planned_truth_total")],
+        ["planned: kmirrord's last fetched figure would have said (total)", res.get("planned_last_fetched_total")],
+        ["planned: partitions where dry run = truth", f"{res.get('planned_agree')} of {n}"],
+        ["disaster (source frozen by SIGSTOP): source asked", res.get("dry_source_asked")],
+        ["disaster: the dry run's note", res.get("dry_source_error") or "-"],
+        ["disaster: age of kmirrord's last figure, at most (ms)", res.get("dry_age_max_ms")],
         ["records at risk, dry run (total)", res["dry_total"]],
         ["records at risk, truth (total)", res["truth_total"]],
         ["partitions where dry run = truth", f"{res['agree']} of {n}"],
@@ -277,9 +333,10 @@ def report(res, ctx):
         "The figure is the dry run against the truth measured in the same run: "
         + (f"{ratio:.3f} of the records truly at risk were reported. " if ratio is not None else
            "nothing was at risk. ")
-        + "The dry run counts up to the source end of kmirrord's last Fetch answer per partition; what the source "
-        "acknowledged after that answer (at most one fetch round: the records between the last answer and the "
-        "freeze) is not counted, which is where dry run and truth part.")
+        + "With the source frozen by SIGSTOP the dry run cannot ask it (its connection times out), says so, and "
+        "counts up to kmirrord's last figure per partition, with its age; what the source acknowledged after "
+        "kmirrord's last Fetch answer (at most one fetch round) is not counted, which is where dry run and truth "
+        "part. With the source reachable (the planned row) the dry run asks its leaders and equals the truth.")
     goal = 2.0
     if allw is not None and allw <= goal:
         lines.append(f"All {n} partitions were writable {allw:.2f} s after the stop started: within the "

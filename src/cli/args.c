@@ -72,10 +72,11 @@ static const cmd_info cmds[] = {
 	 "Stop mirroring topics (PREPARING, MIRRORING, PAUSED or FAILED); they become writable.\n"
 	 "--topics-regex matches whole names of the mirror's topics.\n"
 	 "--dry-run stops nothing: it prints, per partition, the state, the mirrored offset, the source's\n"
-	 "end offset as kmirrord last fetched it, the records in open transactions (mirrored inside\n"
-	 "transactions the source has not decided as far as mirrored: a stop aborts them) and the\n"
-	 "records at risk (source end - mirrored + in open transactions; ? when unknown), and their\n"
-	 "total. Records written to the source after kmirrord's last fetch are not counted."},
+	 "end offset, the records in open transactions (mirrored inside transactions the source has not\n"
+	 "decided as far as mirrored: a stop aborts them) and the records at risk (source end - mirrored\n"
+	 "+ in open transactions; ? when unknown), and their total. The source's partition leaders are\n"
+	 "asked their end offsets (with --command-config's settings, 5 s at most); when the source cannot\n"
+	 "be reached the dry run says so and uses kmirrord's last fetched figure, with its age."},
 	{KM_CLI_CMD_PROMOTE, "promote", O_MIRROR | O_TOPICS | O_TOPICS_REGEX | O_DRY_RUN | O_WAIT,
 	 "promote --mirror NAME (--topics A,B | --topics-regex RE) [--wait-ms N] [--dry-run]",
 	 "A planned failover: stop the topics once nothing is left to mirror, every partition's lag\n"

@@ -177,11 +177,11 @@ typedef struct km_cli_conn km_cli_conn;
 
 /*
  * Connect to the first address of bootstrap (host:port[,host:port...], [v6]:port) that answers,
- * with ApiVersions, TLS and SASL done, and check that it advertises the mirror RPCs. NULL with a
- * one-line reason in err.
+ * with ApiVersions, TLS and SASL done, and (kmirrord) check that it advertises the mirror RPCs.
+ * NULL with a one-line reason in err.
  */
-km_cli_conn *km_cli_connect(const char *bootstrap, const km_cli_client *cl, int64_t timeout_ms, char *err,
-			    size_t errlen);
+km_cli_conn *km_cli_connect(const char *bootstrap, const km_cli_client *cl, int64_t timeout_ms, bool kmirrord,
+			    char *err, size_t errlen);
 /* The negotiated version of api_key (-1: not offered). */
 int16_t km_cli_conn_version(const km_cli_conn *cc, int16_t api_key);
 /*

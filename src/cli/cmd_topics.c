@@ -183,29 +183,64 @@ static int64_t in_txn_of(const km_describe_mirrors_response_described_partition 
 	return dp->mirrored_offset < 0 ? -1 : dp->mirrored_offset - stop_point_of(dp);
 }
 
-/* The records at risk of one partition if it stopped now: -1 when either end is unknown. */
-static int64_t at_risk_of(const km_describe_mirrors_response_described_partition *dp)
+/* The records at risk of one partition if it stopped now, against the source's end: -1 when either end is unknown. */
+static int64_t at_risk_at(const km_describe_mirrors_response_described_partition *dp, int64_t source_end)
 {
 	int64_t at = stop_point_of(dp);
-	if (dp->source_log_end_offset < 0 || at < 0)
+	if (source_end < 0 || at < 0)
 		return -1;
-	return dp->source_log_end_offset > at ? dp->source_log_end_offset - at : 0;
+	return source_end > at ? source_end - at : 0;
 }
 
+/* The same against the source's end as kmirrord last fetched it. */
+static int64_t at_risk_of(const km_describe_mirrors_response_described_partition *dp)
+{
+	return at_risk_at(dp, dp->source_log_end_offset);
+}
+
+static const char dry_run_note_asked[] =
+	"SOURCE-END was asked of the source's partition leaders by this command: the records at risk are "
+	"exact as of now (a source still written to moves on).";
 static const char dry_run_note_end[] =
-	"SOURCE-END is the source's end offset as kmirrord last fetched it: records written to the source "
-	"after that fetch are not counted.";
+	"SOURCE-END is the source's end offset as kmirrord last fetched it (its age in brackets): records "
+	"written to the source after that fetch are not counted.";
 static const char dry_run_note_txn[] =
 	"IN-TXN records are mirrored inside transactions the source has not decided as far as mirrored: a "
 	"stop aborts them, and they count as at risk.";
 
-/* What stop --dry-run found: the mirror's topics a stop would touch (sel), the names asked (seen), the totals. */
+/*
+ * What stop --dry-run found: the mirror's topics a stop would touch (sel), the names asked (seen),
+ * the source's ends asked now (src, from src_at[t] on for topic t; src_ok when every one answered,
+ * else src_why), the totals.
+ */
 typedef struct stop_view {
 	const km_describe_mirrors_response_described_mirror *dm;
 	bool *sel, *seen;
+	km_cmd_src_part *src;
+	size_t *src_at, nsrc;
+	bool src_ok;
+	char src_why[600];
+	int64_t now_ms;
 	size_t nparts, unknown;
 	int64_t total;
 } stop_view;
+
+/* Partition p (its index in topic t's list) as asked of the source, or NULL when it was not. */
+static const km_cmd_src_part *src_of(const stop_view *v, int32_t t, int32_t p)
+{
+	const km_cmd_src_part *sp;
+	if (!v->src || !v->sel[t])
+		return NULL;
+	sp = &v->src[v->src_at[t] + (size_t)p];
+	return sp->end >= 0 ? sp : NULL;
+}
+
+/* The source end a partition's figures use: asked now, else kmirrord's last fetched. */
+static int64_t source_end_of(const stop_view *v, int32_t t, int32_t p)
+{
+	const km_cmd_src_part *sp = src_of(v, t, p);
+	return sp ? sp->end : v->dm->topics.items[t].partitions.items[p].source_log_end_offset;
+}
 
 /* The topics selected by --topics or --topics-regex, and the records at risk in their partitions. */
 static int stop_select(ctx *x, stop_view *v)
@@ -238,11 +273,21 @@ static int stop_select(ctx *x, stop_view *v)
 		for (size_t i = 0; a->topics && i < a->ntopics; i++)
 			if (km_str_eq_c(dt->name, a->topics[i]))
 				v->seen[i] = true;
-		if (!v->sel[t])
-			continue;
-		for (int32_t p = 0; p < dt->partitions.count; p++) {
-			int64_t r = at_risk_of(&dt->partitions.items[p]);
-			/* A STOPPED partition is writable already: a stop would not touch it. */
+	}
+	if (a->topics_regex && !nmatched) {
+		km_cmd_say_err(x, "no mirror topic matches --topics-regex '%s'", a->topics_regex);
+		return KM_CLI_EXIT_ERROR;
+	}
+	return KM_CLI_EXIT_OK;
+}
+
+/* The partitions a stop would touch and their records at risk (a STOPPED one is writable already). */
+static void stop_totals(stop_view *v)
+{
+	for (int32_t t = 0; t < v->dm->topics.count; t++) {
+		const km_describe_mirrors_response_described_topic *dt = &v->dm->topics.items[t];
+		for (int32_t p = 0; v->sel[t] && p < dt->partitions.count; p++) {
+			int64_t r = at_risk_at(&dt->partitions.items[p], source_end_of(v, t, p));
 			if (km_str_eq_c(dt->partitions.items[p].state, "STOPPED"))
 				continue;
 			v->nparts++;
@@ -252,15 +297,65 @@ static int stop_select(ctx *x, stop_view *v)
 				v->total += r;
 		}
 	}
-	if (a->topics_regex && !nmatched) {
-		km_cmd_say_err(x, "no mirror topic matches --topics-regex '%s'", a->topics_regex);
-		return KM_CLI_EXIT_ERROR;
-	}
-	return KM_CLI_EXIT_OK;
 }
 
-static void stop_json_partition(km_cli_json *j, const km_describe_mirrors_response_described_partition *dp)
+/*
+ * The source's ends of every selected partition, asked now (bootstrap.servers of the mirror, with
+ * --command-config's settings). A source that cannot be reached leaves kmirrord's last fetched
+ * figures in use, and why in src_why.
+ */
+static bool ask_source(ctx *x, stop_view *v)
 {
+	const km_describe_mirrors_response_described_mirror *dm = v->dm;
+	char source[1024] = "";
+	size_t n = 0;
+
+	for (int32_t i = 0; i < dm->configs.count; i++)
+		if (km_str_eq_c(dm->configs.items[i].name, "bootstrap.servers") && dm->configs.items[i].value.len > 0)
+			snprintf(source, sizeof(source), "%.*s", (int)dm->configs.items[i].value.len,
+				 dm->configs.items[i].value.p);
+	if (!(v->src_at = km_arena_calloc(&x->arena, (dm->topics.count > 0 ? (size_t)dm->topics.count : 1) * sizeof(size_t))))
+		return false;
+	for (int32_t t = 0; t < dm->topics.count; t++) {
+		v->src_at[t] = n;
+		if (v->sel[t])
+			n += dm->topics.items[t].partitions.count > 0 ? (size_t)dm->topics.items[t].partitions.count : 0;
+	}
+	if (!n)
+		return true;
+	if (!(v->src = km_arena_calloc(&x->arena, n * sizeof(*v->src))))
+		return false;
+	for (int32_t t = 0; t < dm->topics.count; t++) {
+		const km_describe_mirrors_response_described_topic *dt = &dm->topics.items[t];
+		char *name;
+		if (!v->sel[t])
+			continue;
+		if (!(name = km_arena_calloc(&x->arena, (size_t)(dt->name.len > 0 ? dt->name.len : 0) + 1)))
+			return false;
+		memcpy(name, dt->name.p, dt->name.len > 0 ? (size_t)dt->name.len : 0);
+		for (int32_t p = 0; p < dt->partitions.count; p++)
+			v->src[v->src_at[t] + (size_t)p] = (km_cmd_src_part){name, dt->partitions.items[p].partition_index, -1, -1, -1};
+	}
+	v->nsrc = n;
+	if (!*source)
+		snprintf(v->src_why, sizeof(v->src_why), "the mirror has no bootstrap.servers");
+	else
+		v->src_ok = km_cmd_source_ends(x, source, v->src, n, v->src_why, sizeof(v->src_why));
+	return true;
+}
+
+/* How old kmirrord's last fetched source end of dp is (ms), -1 when not known. */
+static int64_t end_age_of(const stop_view *v, const km_describe_mirrors_response_described_partition *dp)
+{
+	if (dp->source_log_end_offset < 0 || dp->source_log_end_time_ms <= 0)
+		return -1;
+	return v->now_ms > dp->source_log_end_time_ms ? v->now_ms - dp->source_log_end_time_ms : 0;
+}
+
+static void stop_json_partition(km_cli_json *j, const stop_view *v, int32_t t, int32_t p)
+{
+	const km_describe_mirrors_response_described_partition *dp = &v->dm->topics.items[t].partitions.items[p];
+	const km_cmd_src_part *sp = src_of(v, t, p);
 	bool stopped = km_str_eq_c(dp->state, "STOPPED");
 	km_cli_json_obj(j);
 	km_cli_json_key(j, "partition");
@@ -270,11 +365,19 @@ static void stop_json_partition(km_cli_json *j, const km_describe_mirrors_respon
 	km_cli_json_key(j, "mirrored_offset");
 	km_cli_json_int(j, dp->mirrored_offset);
 	km_cli_json_key(j, "source_end_offset");
+	km_cli_json_int(j, source_end_of(v, t, p));
+	km_cli_json_key(j, "source_end_asked");
+	km_cli_json_bool(j, sp != NULL);
+	km_cli_json_key(j, "source_last_stable_offset");
+	km_cli_json_int(j, sp ? sp->lso : -1);
+	km_cli_json_key(j, "last_fetched_source_end_offset");
 	km_cli_json_int(j, dp->source_log_end_offset);
+	km_cli_json_key(j, "last_fetched_age_ms");
+	km_cli_json_int(j, end_age_of(v, dp));
 	km_cli_json_key(j, "records_in_open_transactions");
 	km_cli_json_int(j, stopped ? -1 : in_txn_of(dp));
 	km_cli_json_key(j, "records_at_risk");
-	km_cli_json_int(j, stopped ? -1 : at_risk_of(dp));
+	km_cli_json_int(j, stopped ? -1 : at_risk_at(dp, source_end_of(v, t, p)));
 	km_cli_json_obj_end(j);
 }
 
@@ -306,7 +409,7 @@ static void stop_json(ctx *x, const stop_view *v)
 		km_cli_json_key(&j, "partitions");
 		km_cli_json_arr(&j);
 		for (int32_t p = 0; p < dt->partitions.count; p++)
-			stop_json_partition(&j, &dt->partitions.items[p]);
+			stop_json_partition(&j, v, t, p);
 		km_cli_json_arr_end(&j);
 		km_cli_json_obj_end(&j);
 	}
@@ -335,9 +438,16 @@ static void stop_json(ctx *x, const stop_view *v)
 	km_cli_json_int(&j, (int64_t)v->unknown);
 	km_cli_json_key(&j, "total_records_at_risk");
 	km_cli_json_int(&j, v->total);
+	km_cli_json_key(&j, "source_asked");
+	km_cli_json_bool(&j, v->src_ok);
+	km_cli_json_key(&j, "source_error");
+	if (v->src_ok || !v->src_why[0])
+		km_cli_json_null(&j);
+	else
+		km_cli_json_str(&j, v->src_why);
 	km_cli_json_key(&j, "notes");
 	km_cli_json_arr(&j);
-	km_cli_json_str(&j, dry_run_note_end);
+	km_cli_json_str(&j, v->src_ok ? dry_run_note_asked : dry_run_note_end);
 	km_cli_json_str(&j, dry_run_note_txn);
 	km_cli_json_arr_end(&j);
 	km_cli_json_obj_end(&j);
@@ -357,13 +467,15 @@ static int stop_table(ctx *x, const stop_view *v)
 		snprintf(topic, sizeof(topic), "%.*s", (int)dt->name.len, dt->name.p);
 		for (int32_t p = 0; p < dt->partitions.count; p++) {
 			const km_describe_mirrors_response_described_partition *dp = &dt->partitions.items[p];
-			char part[16], st[64], mir[24], end[24], txn[24], risk[24];
+			char part[16], st[64], mir[24], end[48], txn[24], risk[24];
 			const char *row[] = {topic, part, st, mir, end, txn, risk};
-			int64_t r = at_risk_of(dp);
+			int64_t r = at_risk_at(dp, source_end_of(v, t, p)), age = end_age_of(v, dp);
 			snprintf(part, sizeof(part), "%d", dp->partition_index);
 			snprintf(st, sizeof(st), "%.*s", (int)dp->state.len, dp->state.p);
 			km_cmd_num_or_dash(dp->mirrored_offset, mir, sizeof(mir));
-			km_cmd_num_or_dash(dp->source_log_end_offset, end, sizeof(end));
+			km_cmd_num_or_dash(source_end_of(v, t, p), end, sizeof(end));
+			if (!src_of(v, t, p) && dp->source_log_end_offset >= 0 && age >= 0)
+				snprintf(end + strlen(end), sizeof(end) - strlen(end), " (%llds ago)", (long long)(age / 1000));
 			km_cmd_num_or_dash(km_str_eq_c(dp->state, "STOPPED") ? -1 : in_txn_of(dp), txn, sizeof(txn));
 			if (km_str_eq_c(dp->state, "STOPPED"))
 				snprintf(risk, sizeof(risk), "-");
@@ -379,14 +491,18 @@ static int stop_table(ctx *x, const stop_view *v)
 	fprintf(x->out, "\nTotal: %lld records at risk in %zu partitions", (long long)v->total, v->nparts);
 	if (v->unknown)
 		fprintf(x->out, " (%zu more unknown: ?)", v->unknown);
-	fprintf(x->out, ". Dry run: nothing was stopped.\n%s\n%s\n", dry_run_note_end, dry_run_note_txn);
+	fprintf(x->out, ". Dry run: nothing was stopped.\n");
+	if (!v->src_ok && v->src_why[0])
+		fprintf(x->out, "The source was not asked: %s.\n", v->src_why);
+	fprintf(x->out, "%s\n%s\n", v->src_ok ? dry_run_note_asked : dry_run_note_end, dry_run_note_txn);
 	return KM_CLI_EXIT_OK;
 }
 
 /*
- * stop --dry-run: what a stop now would leave behind, from one DescribeMirrors and nothing else (no
- * state changes). The source end is the pipeline's last fetched high watermark; kmirror does not ask
- * the source itself (it may be the cluster that is gone).
+ * stop --dry-run: what a stop now would leave behind, from one DescribeMirrors (no state changes)
+ * and the source's end offsets asked of its partition leaders now. A source that cannot be reached
+ * (it may be the cluster that is gone) is said, and the pipeline's last fetched ends are used with
+ * their age.
  */
 static int cmd_stop_dry_run(ctx *x)
 {
@@ -395,9 +511,15 @@ static int cmd_stop_dry_run(ctx *x)
 	stop_view v = {0};
 	size_t missing = 0;
 	int rc = km_cmd_describe_one(x, a->topics, a->ntopics, &resp, &v.dm);
+	struct timespec now;
 
 	if (rc != KM_CLI_EXIT_OK || (rc = stop_select(x, &v)) != KM_CLI_EXIT_OK)
 		return rc;
+	clock_gettime(CLOCK_REALTIME, &now);
+	v.now_ms = (int64_t)now.tv_sec * 1000 + now.tv_nsec / 1000000;
+	if (!ask_source(x, &v))
+		return KM_CLI_EXIT_ERROR;
+	stop_totals(&v);
 	/* A topic stop would refuse is named, as stop names it; the others are still reported. */
 	for (size_t i = 0; a->topics && i < a->ntopics; i++)
 		if (!v.seen[i] && missing++ == 0) {
@@ -709,37 +831,26 @@ static bool stopped_here(const km_describe_mirrors_response_described_mirror *dm
 static int source_last_mirrored(ctx *x, const char *source, char *const *topics, size_t ntopics, const bool *drill,
 				km_last_mirrored_offsets_response *lr, void **resp)
 {
-	char **asked = km_arena_calloc(&x->arena, (ntopics + 1) * sizeof(*asked)), *msg = NULL;
-	size_t n = 0, msglen = 0;
-	FILE *errs = open_memstream(&msg, &msglen);
+	char **asked = km_arena_calloc(&x->arena, (ntopics + 1) * sizeof(*asked)), err[1024] = "";
+	size_t n = 0;
 	ctx y = *x;
 	int rc = KM_CLI_EXIT_ERROR;
-	bool ok = false;
 
-	if (!asked || !errs) {
-		if (errs)
-			fclose(errs);
-		free(msg);
+	if (!asked)
 		return KM_CLI_EXIT_ERROR;
-	}
 	for (size_t i = 0; i < ntopics; i++)
 		if (!drill[i])
 			asked[n++] = topics[i];
 	y.resp = NULL;
 	y.resp_len = 0;
-	y.cc = km_cmd_open_conn(x->a, source, errs, &rc);
-	fclose(errs);
-	if (y.cc) {
-		ok = ask_last_mirrored(x, &y, asked, n, lr);
-		rc = ok ? KM_CLI_EXIT_OK : KM_CLI_EXIT_ERROR;
-		*resp = y.resp;
-		km_cli_conn_free(y.cc);
-	} else if (msg && strstr(msg, "does not answer mirror RPCs")) {
-		rc = KM_CLI_EXIT_OK; /* a plain Kafka cluster: from scratch */
-	} else if (msg) {
-		fputs(msg, x->err);
+	if (!(y.cc = km_cmd_connect(x->a, source, false, x->a->timeout_ms, x->err, err, sizeof(err), &rc))) {
+		if (err[0])
+			km_cmd_say_err(x, "the mirror's source: %s", err);
+		return rc;
 	}
-	free(msg);
+	rc = ask_last_mirrored(x, &y, asked, n, lr) ? KM_CLI_EXIT_OK : KM_CLI_EXIT_ERROR;
+	*resp = y.resp;
+	km_cli_conn_free(y.cc);
 	return rc;
 }
 

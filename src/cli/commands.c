@@ -442,20 +442,30 @@ static bool tls_files_readable(const km_cli_client *cl, const char *props, FILE 
 /* A connection to bootstrap with --command-config's settings; NULL with *rc the exit code (said on errf). */
 km_cli_conn *km_cmd_open_conn(const km_cli_args *a, const char *bootstrap, FILE *errf, int *rc)
 {
+	char err[1024] = "";
+	km_cli_conn *cc = km_cmd_connect(a, bootstrap, true, a->timeout_ms, errf, err, sizeof(err), rc);
+	if (!cc && err[0])
+		fprintf(errf, "kmirror: %s\n", err); /* the reason names the address */
+	return cc;
+}
+
+km_cli_conn *km_cmd_connect(const km_cli_args *a, const char *bootstrap, bool kmirrord, int64_t timeout_ms, FILE *errf,
+			    char *err, size_t errlen, int *rc)
+{
 	km_cli_client cl = {0};
 	km_cli_kvs props = {0};
 	km_cli_conn *cc;
-	char err[1024], warn[512];
+	char why[1024], warn[512];
 
 	*rc = KM_CLI_EXIT_USAGE;
 	if (a->command_config) {
-		if (km_cli_props_load(a->command_config, &props, err, sizeof(err)) != KM_OK) {
-			fprintf(errf, "kmirror: --command-config: %s\n", err);
+		if (km_cli_props_load(a->command_config, &props, why, sizeof(why)) != KM_OK) {
+			fprintf(errf, "kmirror: --command-config: %s\n", why);
 			return NULL;
 		}
 	}
-	if (km_cli_client_from_props(&props, &cl, err, sizeof(err), warn, sizeof(warn)) != KM_OK) {
-		fprintf(errf, "kmirror: --command-config %s: %s\n", a->command_config ? a->command_config : "", err);
+	if (km_cli_client_from_props(&props, &cl, why, sizeof(why), warn, sizeof(warn)) != KM_OK) {
+		fprintf(errf, "kmirror: --command-config %s: %s\n", a->command_config ? a->command_config : "", why);
 		km_cli_kvs_free(&props);
 		return NULL;
 	}
@@ -466,12 +476,10 @@ km_cli_conn *km_cmd_open_conn(const km_cli_args *a, const char *bootstrap, FILE 
 	}
 	if (warn[0])
 		fprintf(errf, "kmirror: --command-config: ignoring properties kmirror does not use: %s\n", warn);
-	cc = km_cli_connect(bootstrap, &cl, a->timeout_ms, err, sizeof(err));
+	cc = km_cli_connect(bootstrap, &cl, timeout_ms, kmirrord, err, errlen);
 	km_cli_client_free(&cl);
-	if (!cc) {
-		fprintf(errf, "kmirror: %s\n", err); /* the reason names the address */
+	if (!cc)
 		*rc = KM_CLI_EXIT_ERROR;
-	}
 	return cc;
 }
 

@@ -50,6 +50,29 @@ bool km_cmd_decoded(ctx *x, km_err rc, int16_t api_key, int16_t version, const k
 int16_t km_cmd_version_of(ctx *x, int16_t api_key);
 /* A connection to bootstrap with the command's properties; NULL: said why, *rc the exit code. */
 km_cli_conn *km_cmd_open_conn(const km_cli_args *a, const char *bootstrap, FILE *errf, int *rc);
+/*
+ * The same to any Kafka cluster (kmirrord false: no mirror RPCs asked for) within timeout_ms: a
+ * failure to connect is left in err for the caller to word (*rc KM_CLI_EXIT_ERROR); a bad
+ * --command-config is said on errf (*rc KM_CLI_EXIT_USAGE).
+ */
+km_cli_conn *km_cmd_connect(const km_cli_args *a, const char *bootstrap, bool kmirrord, int64_t timeout_ms, FILE *errf,
+			    char *err, size_t errlen, int *rc);
+
+/* ---- source.c: the mirror's source, asked by the dry runs ---- */
+
+typedef struct km_cmd_src_part {
+	const char *topic;
+	int32_t partition;
+	int32_t leader;      /* filled: the source's leader, -1 none */
+	int64_t end, lso;    /* filled: the end offset and the last stable offset now, -1 not known */
+} km_cmd_src_part;
+
+/*
+ * The end offsets and last stable offsets of parts, asked of their leaders on the source
+ * (bootstrap source, --command-config's settings, 5 s at most). True when every part has its end;
+ * false with why (the source unreachable, a partition without a leader) and what was learned.
+ */
+bool km_cmd_source_ends(ctx *x, const char *source, km_cmd_src_part *parts, size_t n, char *why, size_t whylen);
 
 /* ---- cmd_describe.c ---- */
 

@@ -149,8 +149,8 @@ static km_err try_connect(km_cli_conn *cc, const char *host, uint16_t port, cons
 	return KM_OK;
 }
 
-km_cli_conn *km_cli_connect(const char *bootstrap, const km_cli_client *cl, int64_t timeout_ms, char *err,
-			    size_t errlen)
+km_cli_conn *km_cli_connect(const char *bootstrap, const km_cli_client *cl, int64_t timeout_ms, bool kmirrord,
+			    char *err, size_t errlen)
 {
 	km_cli_conn *cc = calloc(1, sizeof(*cc));
 	const char *p = bootstrap;
@@ -198,8 +198,8 @@ km_cli_conn *km_cli_connect(const char *bootstrap, const km_cli_client *cl, int6
 		return NULL;
 	}
 	/* A broker answers ApiVersions too, but without kmirror's keys. */
-	if (km_net_client_version(cc->client, KM_API_LIST_MIRRORS) < 0 ||
-	    km_net_client_version(cc->client, KM_API_DESCRIBE_MIRRORS) < 0) {
+	if (kmirrord && (km_net_client_version(cc->client, KM_API_LIST_MIRRORS) < 0 ||
+			 km_net_client_version(cc->client, KM_API_DESCRIBE_MIRRORS) < 0)) {
 		snprintf(err, errlen,
 			 "%s does not answer mirror RPCs: point --bootstrap-server at kmirrord, not at a Kafka broker",
 			 cc->addr);

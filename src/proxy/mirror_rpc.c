@@ -1021,6 +1021,7 @@ static void describe_one(km_mop *op, const km_state_mirror *m, km_describe_mirro
 			dp->skipped_records = p.skipped_records;
 			dp->open_transaction_offset = p.open_txn_offset;
 			dp->records_hidden = p.records_hidden;
+			dp->source_log_end_time_ms = p.source_log_end_ms;
 			dp->last_error = cstr(p.last_error);
 			dp->last_error_time_ms = p.last_error ? p.last_error_ms : -1;
 		}

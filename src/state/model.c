@@ -681,6 +681,7 @@ void km_state_model_carry(km_state_model *to, km_state_model *from)
 				if (!(np = km_state_model_part(nt, (int32_t)j)))
 					continue; /* out of memory: the new model's own figures stand */
 				np->source_log_end = op->source_log_end;
+				np->source_log_end_ms = op->source_log_end_ms;
 				np->skipped_records = op->skipped_records;
 				if (!op->map)
 					continue;

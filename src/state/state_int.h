@@ -68,6 +68,7 @@ typedef struct km_state_part {
 	int64_t last_mirrored_offset;
 	int32_t last_mirrored_epoch;
 	int64_t source_log_end;
+	int64_t source_log_end_ms; /* when source_log_end was learned (wall clock), 0: never */
 	char *last_error;
 	int64_t last_error_ms;
 	bool present;       /* a record exists for this index */
@@ -319,5 +320,8 @@ void km_state_fatal(km_state *st, const char *message);
 bool km_state_policy_compacted(const char *policy);
 /* The fatal message for the state topic with that policy: what is wrong, why, and the command that fixes it. */
 void km_state_policy_message(const char *topic, const char *policy, char *buf, size_t len);
+
+/* Wall-clock milliseconds since the epoch (state times: state changes, errors, what was learned when). */
+int64_t km_state_now_ms(void);
 
 #endif

@@ -77,6 +77,7 @@ void km_state_topic_partition(const km_state_topic *t, size_t i, km_state_partit
 		out->last_mirrored_offset = p->last_mirrored_offset;
 		out->last_mirrored_epoch = p->last_mirrored_epoch;
 		out->source_log_end = p->source_log_end;
+		out->source_log_end_ms = p->source_log_end >= 0 ? p->source_log_end_ms : -1;
 		out->skipped_records = p->skipped_records;
 		out->open_txn_offset = p->map && p->map->tail_held && p->map->tail_logical >= 0 ? p->map->open_txn_logical : -1;
 		/* While a pipeline runs the partition its tail is ahead of what was last persisted. */
@@ -146,8 +147,10 @@ void km_state_partition_progress(km_state *st, const char *topic, int32_t partit
 
 	if (!p)
 		return;
-	if (source_log_end != -1)
+	if (source_log_end != -1) {
 		p->source_log_end = source_log_end;
+		p->source_log_end_ms = km_state_now_ms();
+	}
 	if (skipped_records != -1)
 		p->skipped_records = skipped_records;
 }

@@ -463,7 +463,9 @@ def test_stop_dry_run(kmirror_bin, dest_cluster, source_cluster, proxy_factory):
     assert sum(p["records_at_risk"] for p in ps) == doc["total_records_at_risk"]
     assert doc["total_records_at_risk"] > parts * per // 4, "the mirror was meant to lag"
     assert doc["partitions"] == parts and doc["partitions_unknown"] == 0
-    assert any("last fetched" in n for n in doc["notes"]) and any("IN-TXN" in n for n in doc["notes"])
+    assert doc["source_asked"] is True and doc["source_error"] is None, doc
+    assert all(p["source_end_asked"] for p in ps), ps
+    assert any("asked of the source" in n for n in doc["notes"]) and any("IN-TXN" in n for n in doc["notes"])
 
     # Nothing was stopped: still MIRRORING, still read-only, still moving.
     assert topic_states(cli, mirror)[topic] == ["MIRRORING"] * parts
@@ -494,9 +496,20 @@ def test_stop_dry_run(kmirror_bin, dest_cluster, source_cluster, proxy_factory):
                                   str(src[i] - proxy_end[i])] for i in range(parts)]
     assert (f"Total: {doc['total_records_at_risk']} records at risk in {parts} partitions. "
             "Dry run: nothing was stopped.") in r.stdout
-    assert "last fetched" in r.stdout
+    assert "asked of the source" in r.stdout
     assert topic_states(cli, mirror)[topic] == ["PAUSED"] * parts
     assert _high_marks(proxy.bootstrap, topic, parts) == proxy_end
+
+    # Records the source took after kmirrord's last look at it (a paused partition's end is watched
+    # every 2 s): the source is asked, so they count (issue 29, item 3; before, the dry run counted
+    # up to kmirrord's last figure only).
+    assert _produce_kb(source_cluster.bootstrap, topic, parts, 25) == parts * 25
+    doc, _ = cli.json("stop", "--mirror", mirror, "--topics", topic, "--dry-run")
+    ps = _dry_run_parts(doc, topic)
+    print("after 25 more a partition:", [(p["last_fetched_source_end_offset"], p["source_end_offset"],
+                                          p["last_fetched_age_ms"]) for p in ps])
+    assert [p["source_end_offset"] for p in ps] == [s + 25 for s in src], ps
+    assert doc["total_records_at_risk"] == sum(src) + parts * 25 - sum(proxy_end), doc
 
     # A name not in the mirror is refused as stop refuses it; --dry-run is stop's alone.
     err, _, _ = cli.refused("TOPIC_NOT_IN_CLUSTER_MIRROR", "stop", "--mirror", mirror, "--topics",

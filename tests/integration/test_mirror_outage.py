@@ -43,7 +43,22 @@ def test_a_source_that_is_down_is_not_hammered(outage):
 
     mark = len(env.proxy.output())
     src.stop_broker(node)
-    time.sleep(DOWN_S)
+    time.sleep(DOWN_S / 2)
+    # stop --dry-run with the source gone (issue 29, item 3): says so, and gives kmirrord's last
+    # figures with their age, quickly.
+    t0 = time.monotonic()
+    doc, _ = env.cli.json("stop", "--mirror", env.mirror, "--topics", topic, "--dry-run")
+    took = time.monotonic() - t0
+    print(f"dry run with the source down: {took:.1f} s, {doc['source_error']}")
+    assert doc["source_asked"] is False and addr.split(":")[-1] in doc["source_error"], doc
+    (t,) = doc["topics"]
+    assert [(p["source_end_offset"], p["source_end_asked"], p["records_at_risk"]) for p in t["partitions"]] == \
+        [(50, False, 0)] * 2, t
+    assert all(p["last_fetched_age_ms"] >= 1000 * DOWN_S / 2 - 2000 for p in t["partitions"]), t
+    assert took < 15, took
+    text = env.cli.run("stop", "--mirror", env.mirror, "--topics", topic, "--dry-run").stdout
+    assert "The source was not asked" in text and "s ago)" in text, text
+    time.sleep(DOWN_S / 2)
     out = env.proxy.output()[mark:]
     lines = out.splitlines()
     attempts = len(re.findall(rf"client to {re.escape(addr)}: idle -> connecting", out))

@@ -5,6 +5,7 @@ StartMirrorTopics and by mirror.name. Each test sends what a client could send t
 and checks, on the destination itself, that nothing changed."""
 
 import struct
+import time
 import uuid
 
 import pytest
@@ -152,6 +153,31 @@ def watermarks(cluster, topic):
         c.close()
 
 
+def forged_since(cluster, topic, before):
+    """The records of topic past the marks `before` whose value is b"forged" (kmirrord's own records
+    land there too: its instance record every 10 s, docs/state.md, "Instances")."""
+    from confluent_kafka import Consumer, TopicPartition
+    after = watermarks(cluster, topic)
+    c = Consumer({"bootstrap.servers": cluster.bootstrap, "group.id": unique("forged"),
+                  "enable.auto.commit": False})
+    found, want = [], sum(hi - b for (_, b), (_, hi) in zip(before, after))
+    try:
+        c.assign([TopicPartition(topic, i, b) for i, (_, b) in enumerate(before) if after[i][1] > b])
+        deadline = time.monotonic() + 30
+        got = 0
+        while got < want and time.monotonic() < deadline:
+            m = c.poll(0.5)
+            if m is None or m.error():
+                continue
+            got += 1
+            if m.value() == b"forged":
+                found.append((m.partition(), m.offset(), m.key()))
+        assert got >= want, f"read {got} of the {want} records written since"
+        return found
+    finally:
+        c.close()
+
+
 def partition_count(cluster, topic):
     a = AdminClient({"bootstrap.servers": cluster.bootstrap})
     md = a.list_topics(topic, timeout=30).topics[topic]
@@ -171,7 +197,7 @@ def test_state_topic_produce_refused_by_name(guarded, dest_cluster):
     pr.flush(30)
     print("delivery:", errors)
     assert errors and errors[0] is not None and errors[0].code() == TOPIC_AUTHORIZATION_FAILED, errors
-    assert watermarks(dest_cluster, state_topic) == before
+    assert not forged_since(dest_cluster, state_topic, before)
 
 
 def test_state_topic_produce_refused_by_id(guarded, dest_cluster):
@@ -182,7 +208,7 @@ def test_state_topic_produce_refused_by_id(guarded, dest_cluster):
                "--producer-property", "delivery.timeout.ms=15000", "--producer-property", "request.timeout.ms=10000",
                input=f"mirror/{mirror}\tforged\n", check=False, timeout=120)
     print(r.stdout[-2000:], r.stderr[-2000:])
-    assert watermarks(dest_cluster, state_topic) == before
+    assert not forged_since(dest_cluster, state_topic, before)
     p.wait_log(r"refused Produce v13 .* on topic id ")  # the Java client's log is quiet here; kmirrord's says it
 
 
@@ -209,7 +235,8 @@ def test_state_topic_admin_refused(guarded, dest_cluster):
             call()
         print(what, e.value)
         assert e.value.args[0].code() == TOPIC_AUTHORIZATION_FAILED, (what, e.value)
-    assert watermarks(dest_cluster, state_topic) == before
+    # Nothing deleted (kmirrord's own records may have moved the high watermarks meanwhile).
+    assert [lo for lo, _ in watermarks(dest_cluster, state_topic)] == [lo for lo, _ in before]
     assert partition_count(dest_cluster, state_topic) == nparts
 
 

@@ -45,6 +45,8 @@ typedef struct km_describe_mirrors_response_described_partition {
 	int64_t open_transaction_offset;
 	/* v0+ tag 2: Destination records the offset map hides from readers: written here while the topic was... */
 	int64_t records_hidden;
+	/* v0+ tag 3: When this kmirrord learned SourceLogEndOffset from the source (ms since the epoch), or... */
+	int64_t source_log_end_time_ms;
 	/* v0+ nullable: The last error of this partition's mirroring, or null. */
 	km_str last_error;
 	/* v0+: When LastError happened (ms since the epoch), or -1. */

@@ -87,6 +87,7 @@ void km_describe_mirrors_response_described_partition_init(km_describe_mirrors_r
 	m->mirrored_offset = INT64_C(-1);
 	m->lag = INT64_C(-1);
 	m->open_transaction_offset = INT64_C(-1);
+	m->source_log_end_time_ms = INT64_C(-1);
 	m->last_error = KM_STR_NULL;
 	m->last_error_time_ms = INT64_C(-1);
 }
@@ -114,6 +115,15 @@ static bool km_describe_mirrors_response_described_partition_dec_tag_records_hid
 	(void)v;
 	(void)a;
 	if (!km_rd_i64(r, "DescribedPartition.RecordsHidden", &m->records_hidden))
+		return false;
+	return true;
+}
+
+static bool km_describe_mirrors_response_described_partition_dec_tag_source_log_end_time_ms(km_rd *r, int16_t v, km_describe_mirrors_response_described_partition *m, km_arena *a)
+{
+	(void)v;
+	(void)a;
+	if (!km_rd_i64(r, "DescribedPartition.SourceLogEndTimeMs", &m->source_log_end_time_ms))
 		return false;
 	return true;
 }
@@ -168,6 +178,12 @@ static bool km_describe_mirrors_response_described_partition_dec(km_rd *r, int16
 						return km_codec_rd_join(r, &sub);
 				}
 				break;
+				case 3:
+				{
+					if (!km_describe_mirrors_response_described_partition_dec_tag_source_log_end_time_ms(&sub, v, m, a))
+						return km_codec_rd_join(r, &sub);
+				}
+				break;
 				default:
 					known = false;
 					break;
@@ -203,6 +219,8 @@ static void km_describe_mirrors_response_described_partition_enc(km_wr *w, int16
 		ntags += has_open_transaction_offset;
 		const bool has_records_hidden = true && m->records_hidden != INT64_C(0);
 		ntags += has_records_hidden;
+		const bool has_source_log_end_time_ms = true && m->source_log_end_time_ms != INT64_C(-1);
+		ntags += has_source_log_end_time_ms;
 		km_wr_uvarint(w, ntags);
 		km_codec_wr_tags(w, &m->unknown_tags, 0, 1, false);
 		if (has_skipped_records) {
@@ -228,7 +246,15 @@ static void km_describe_mirrors_response_described_partition_enc(km_wr *w, int16
 			km_wr_uvarint(w, (uint32_t)n);
 			km_wr_i64(w, m->records_hidden);
 		}
-		km_codec_wr_tags(w, &m->unknown_tags, 3, UINT64_MAX, false);
+		km_codec_wr_tags(w, &m->unknown_tags, 3, 4, false);
+		if (has_source_log_end_time_ms) {
+			size_t n = 0;
+			n += 8;
+			km_wr_uvarint(w, 3);
+			km_wr_uvarint(w, (uint32_t)n);
+			km_wr_i64(w, m->source_log_end_time_ms);
+		}
+		km_codec_wr_tags(w, &m->unknown_tags, 4, UINT64_MAX, false);
 	}
 }
 
@@ -265,6 +291,12 @@ static size_t km_describe_mirrors_response_described_partition_sz(int16_t v, con
 			size_t fn = 0;
 			fn += 8;
 			n += km_sz_uvarint(2) + km_sz_uvarint((uint32_t)fn) + fn;
+			ntags++;
+		}
+		if (true && m->source_log_end_time_ms != INT64_C(-1)) {
+			size_t fn = 0;
+			fn += 8;
+			n += km_sz_uvarint(3) + km_sz_uvarint((uint32_t)fn) + fn;
 			ntags++;
 		}
 		n += km_sz_uvarint(ntags);

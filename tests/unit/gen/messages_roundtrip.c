@@ -8222,10 +8222,11 @@ static void fill_km_describe_mirrors_response_described_partition(km_describe_mi
 	m->skipped_records = (int64_t)(t_int(seq, 1000000000, INT64_C(0)) + ((int64_t)1 << 33));
 	m->open_transaction_offset = (int64_t)(t_int(seq, 1000000000, INT64_C(-1)) + ((int64_t)1 << 33));
 	m->records_hidden = (int64_t)(t_int(seq, 1000000000, INT64_C(0)) + ((int64_t)1 << 33));
+	m->source_log_end_time_ms = (int64_t)(t_int(seq, 1000000000, INT64_C(-1)) + ((int64_t)1 << 33));
 	m->last_error = (mode == 1 && true) ? KM_STR_NULL : t_str(a, seq);
 	m->last_error_time_ms = (int64_t)(t_int(seq, 1000000000, INT64_C(-1)) + ((int64_t)1 << 33));
 	if (true && mode == 0)
-		t_unknown_tags(&m->unknown_tags, a, 3, 1002, seq);
+		t_unknown_tags(&m->unknown_tags, a, 4, 1003, seq);
 }
 
 static bool eq_km_describe_mirrors_response_described_partition(const km_describe_mirrors_response_described_partition *x, const km_describe_mirrors_response_described_partition *y)
@@ -8248,6 +8249,8 @@ static bool eq_km_describe_mirrors_response_described_partition(const km_describ
 		return t_diff("DescribedPartition.OpenTransactionOffset");
 	if (!(x->records_hidden == y->records_hidden))
 		return t_diff("DescribedPartition.RecordsHidden");
+	if (!(x->source_log_end_time_ms == y->source_log_end_time_ms))
+		return t_diff("DescribedPartition.SourceLogEndTimeMs");
 	if (!km_str_eq(x->last_error, y->last_error))
 		return t_diff("DescribedPartition.LastError");
 	if (!(x->last_error_time_ms == y->last_error_time_ms))

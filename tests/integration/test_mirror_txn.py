@@ -388,6 +388,63 @@ def test_failover_with_open_transactions(env):
     tr.a.abort_transaction(30)
 
 
+@BROKERS
+def test_failover_keeps_committed_data_behind_an_open_transaction(env):
+    """Issue 29, item 2: a transaction left open at the source (A), and after it began, another
+    producer's committed transaction (B) and plain records, all mirrored. A stop aborts A on the
+    destination without hiding what follows its start: read_committed through kmirrord then sees
+    every committed record at its source offset and none of A's, read_uncommitted sees what the
+    source shows, and the topic continues at the mirrored end. (Before: the stop hid everything
+    from A's first record on, B's committed records included.)"""
+    topic = unique("keep")
+    env.source.create_topic(topic, partitions=PARTS)
+    plain = Producer({"bootstrap.servers": env.sb, "enable.idempotence": True})
+
+    def plain_n(n, tag):
+        for i in range(n):
+            plain.produce(topic, key=f"{tag}-{i}".encode(), value=b"plain", partition=0)
+        assert plain.flush(30) == 0
+
+    plain_n(10, "before")
+    a = Producer({"bootstrap.servers": env.sb, "transactional.id": unique("open-a"), "transaction.timeout.ms": 300000})
+    a.init_transactions(30)
+    a.begin_transaction()
+    for i in range(5):
+        a.produce(topic, key=f"a-{i}".encode(), value=b"left open", partition=0)
+    assert a.flush(30) == 0
+    b = Producer({"bootstrap.servers": env.sb, "transactional.id": unique("committed-b")})
+    b.init_transactions(30)
+    b.begin_transaction()
+    for i in range(5):
+        b.produce(topic, key=f"b-{i}".encode(), value=b"committed", partition=0)
+    b.commit_transaction(30)
+    plain_n(5, "after")
+    env.start(topic)
+    hw, lso = wait_mirrored(env, topic)
+    assert hw[0][1] == 26 and lso[0][1] == 10, (hw, lso)
+
+    env.cli.run("stop", "--mirror", env.mirror, "--topics", topic)
+    wait_states(env.cli, env.mirror, {topic: "STOPPED"}, timeout=60)
+    hanging = [r for r in list_transactions(env) if r[0].startswith("kmirror/") and r[1] == "Ongoing"]
+    assert not hanging, hanging
+    after_hw, after_lso = ends(env.pb, topic, UNCOMMITTED), ends(env.pb, topic, COMMITTED)
+    print("after the stop: hw", after_hw, "lso", after_lso)
+    assert after_hw[0] == (0, 26) and after_lso[0] == (0, 26), (after_hw, after_lso)
+    src = [(r.offset, r.key, r.value) for r in read_partition(env.sb, topic, 0, 0, 26)]
+    committed = [(r.offset, r.key, r.value) for r in
+                 read_partition(env.pb, topic, 0, 0, 26, **{"isolation.level": COMMITTED})]
+    assert committed == [x for x in src if not x[1].startswith(b"a-")], committed
+    uncommitted = [(r.offset, r.key, r.value) for r in read_partition(env.pb, topic, 0, 0, 26)]
+    assert uncommitted == src, uncommitted
+    # The topic continues at the mirrored end.
+    got = []
+    p = Producer({"bootstrap.servers": env.pb, "enable.idempotence": True})
+    p.produce(topic, value=b"after-failover", partition=0, on_delivery=lambda e, m: got.append((e, m.offset())))
+    p.flush(30)
+    assert got == [(None, 26)], got
+    a.abort_transaction(30)
+
+
 def test_promote_waits_for_open_transactions(env):
     """promote refuses while a source transaction is open (naming the partitions behind) and
     stops nothing; once the source decides it, promote stops at zero lag: every source record is

@@ -205,8 +205,9 @@ static const char dry_run_note_end[] =
 	"SOURCE-END is the source's end offset as kmirrord last fetched it (its age in brackets): records "
 	"written to the source after that fetch are not counted.";
 static const char dry_run_note_txn[] =
-	"IN-TXN records are mirrored inside transactions the source has not decided as far as mirrored: a "
-	"stop aborts them, and they count as at risk.";
+	"IN-TXN records were mirrored since the earliest transaction the source has not decided as far as "
+	"mirrored began: a stop aborts the open ones (what other producers committed stays), and IN-TXN "
+	"counts as at risk (an upper bound).";
 
 /*
  * What stop --dry-run found: the mirror's topics a stop would touch (sel), the names asked (seen),

@@ -331,8 +331,9 @@ def list_transactions(env):
 @BROKERS
 def test_failover_with_open_transactions(env):
     """A stop while source transactions are open: nothing hangs, read_committed never blocks nor
-    sees undecided data, the records are the source's committed ones up to the mirrored point, and
-    new idempotent and transactional producers continue the offsets."""
+    sees undecided data (the open transaction is aborted: its records stay, aborted), the records
+    are the source's up to the mirrored end, and new idempotent and transactional producers
+    continue the offsets there."""
     topic = unique("txnfo")
     env.source.create_topic(topic, partitions=PARTS)
     tr = Traffic(env.sb, topic, seed=3)
@@ -357,10 +358,11 @@ def test_failover_with_open_transactions(env):
     after_hw = ends(env.pb, topic, UNCOMMITTED)
     after_lso = ends(env.pb, topic, COMMITTED)
     assert after_lso == after_hw, (after_lso, after_hw)
-    # The destination stops at the source's LSO: the open transaction's records are gone from it.
-    assert [h for _, h in after_hw] == [l for _, l in lso], (after_hw, lso)
+    # The open transaction's records are there, aborted: its ABORT marker follows the mirrored end.
+    marked = [h + (1 if l < h else 0) for (_, h), (_, l) in zip(hw, lso)]
+    assert [h for _, h in after_hw] == marked, (after_hw, hw, lso)
     compare(env, topic, COMMITTED, lso)
-    compare(env, topic, UNCOMMITTED, lso)
+    compare(env, topic, UNCOMMITTED, hw)
 
     # New producers through the proxy write at the next offsets, without errors.
     idem = Producer({"bootstrap.servers": env.pb, "enable.idempotence": True})
@@ -372,7 +374,7 @@ def test_failover_with_open_transactions(env):
     for p in range(PARTS):
         idem.produce(topic, value=b"idempotent-after-failover", partition=p, on_delivery=cb)
     idem.flush(30)
-    assert all(got[p] == (None, lso[p][1]) for p in range(PARTS)), (got, lso)
+    assert all(got[p] == (None, marked[p]) for p in range(PARTS)), (got, marked)
     txp = Producer({"bootstrap.servers": env.pb, "transactional.id": unique("after-fo")})
     txp.init_transactions(30)
     txp.begin_transaction()
@@ -380,11 +382,11 @@ def test_failover_with_open_transactions(env):
     for p in range(PARTS):
         txp.produce(topic, value=b"transactional-after-failover", partition=p, on_delivery=cb)
     txp.commit_transaction(30)
-    assert all(got[p] == (None, lso[p][1] + 1) for p in range(PARTS)), (got, lso)
+    assert all(got[p] == (None, marked[p] + 1) for p in range(PARTS)), (got, marked)
     for p in range(PARTS):
-        recs = read_partition(env.pb, topic, p, lso[p][1], lso[p][1] + 2, **{"isolation.level": COMMITTED})
+        recs = read_partition(env.pb, topic, p, marked[p], marked[p] + 2, **{"isolation.level": COMMITTED})
         assert [(r.offset, r.value) for r in recs] == [
-            (lso[p][1], b"idempotent-after-failover"), (lso[p][1] + 1, b"transactional-after-failover")], recs
+            (marked[p], b"idempotent-after-failover"), (marked[p] + 1, b"transactional-after-failover")], recs
     tr.a.abort_transaction(30)
 
 
@@ -392,10 +394,11 @@ def test_failover_with_open_transactions(env):
 def test_failover_keeps_committed_data_behind_an_open_transaction(env):
     """Issue 29, item 2: a transaction left open at the source (A), and after it began, another
     producer's committed transaction (B) and plain records, all mirrored. A stop aborts A on the
-    destination without hiding what follows its start: read_committed through kmirrord then sees
-    every committed record at its source offset and none of A's, read_uncommitted sees what the
-    source shows, and the topic continues at the mirrored end. (Before: the stop hid everything
-    from A's first record on, B's committed records included.)"""
+    destination without hiding what follows its start (the coordinator appends A's ABORT marker):
+    read_committed through kmirrord then sees every committed record at its source offset and none
+    of A's, read_uncommitted sees what the source shows, the topic continues after the marker, and
+    the stop point (describe's mirrored offset, what a later start goes back to) is where A began.
+    (Before: the stop hid everything from A's first record on, B's committed records included.)"""
     topic = unique("keep")
     env.source.create_topic(topic, partitions=PARTS)
     plain = Producer({"bootstrap.servers": env.sb, "enable.idempotence": True})
@@ -428,21 +431,34 @@ def test_failover_keeps_committed_data_behind_an_open_transaction(env):
     hanging = [r for r in list_transactions(env) if r[0].startswith("kmirror/") and r[1] == "Ongoing"]
     assert not hanging, hanging
     after_hw, after_lso = ends(env.pb, topic, UNCOMMITTED), ends(env.pb, topic, COMMITTED)
-    print("after the stop: hw", after_hw, "lso", after_lso)
-    assert after_hw[0] == (0, 26) and after_lso[0] == (0, 26), (after_hw, after_lso)
-    src = [(r.offset, r.key, r.value) for r in read_partition(env.sb, topic, 0, 0, 26)]
+    print("after the stop: hw", after_hw, "lso", after_lso, "describe", env.partitions(topic)[0])
+    assert after_hw[0] == (0, 27) and after_lso[0] == (0, 27), (after_hw, after_lso)  # A's marker at 26
+    assert env.partitions(topic)[0]["mirrored_offset"] == 10
+    src = [(r.offset, r.key, r.value) for r in
+           read_partition(env.sb, topic, 0, 0, 26, **{"isolation.level": UNCOMMITTED})]
     committed = [(r.offset, r.key, r.value) for r in
                  read_partition(env.pb, topic, 0, 0, 26, **{"isolation.level": COMMITTED})]
     assert committed == [x for x in src if not x[1].startswith(b"a-")], committed
-    uncommitted = [(r.offset, r.key, r.value) for r in read_partition(env.pb, topic, 0, 0, 26)]
+    uncommitted = [(r.offset, r.key, r.value) for r in
+                   read_partition(env.pb, topic, 0, 0, 26, **{"isolation.level": UNCOMMITTED})]
     assert uncommitted == src, uncommitted
     # The topic continues at the mirrored end.
     got = []
     p = Producer({"bootstrap.servers": env.pb, "enable.idempotence": True})
     p.produce(topic, value=b"after-failover", partition=0, on_delivery=lambda e, m: got.append((e, m.offset())))
     p.flush(30)
-    assert got == [(None, 26)], got
+    assert got == [(None, 27)], got
+    # Back to mirroring (a drill's end): the start goes back to the stop point, where A began, and
+    # mirrors the source's log from there, A as the source decided it.
     a.abort_transaction(30)
+    env.cli.run("start", "--mirror", env.mirror, "--topics", topic)
+    wait_states(env.cli, env.mirror, {topic: "MIRRORING"}, timeout=60)
+    hw, lso = wait_mirrored(env, topic)
+    assert hw[0][1] == 27, hw
+    for iso in (COMMITTED, UNCOMMITTED):
+        src = [(r.offset, r.key, r.value) for r in read_partition(env.sb, topic, 0, 0, 27, **{"isolation.level": iso})]
+        dst = [(r.offset, r.key, r.value) for r in read_partition(env.pb, topic, 0, 0, 27, **{"isolation.level": iso})]
+        assert dst == src, (iso, dst, src)
 
 
 def test_promote_waits_for_open_transactions(env):
@@ -467,3 +483,4 @@ def test_promote_waits_for_open_transactions(env):
     wait_states(env.cli, env.mirror, {topic: "STOPPED"}, timeout=60)
     assert ends(env.pb, topic, UNCOMMITTED) == hw
     assert compare(env, topic, COMMITTED, hw) == tr.committed + tr.plain_n + 20
+

@@ -167,6 +167,7 @@ static void part_init(mpart *p, mtopic *t, int32_t id)
 	p->plan.fetch_logical = p->plan.cont_logical = -1;
 	p->recon.hide_logical = -1;
 	p->recon.drill = false;
+	p->recon.stop_at = -1;
 	p->plan.first_logical = -1;
 	p->plan.topic = t->name;
 	p->plan.partition = id;
@@ -366,7 +367,9 @@ static void settle_drained(km_pipeline *pl, mpart *p)
 	if (km_pl_tx_open(p)) {
 		/*
 		 * Destination transactions the source has not decided (as far as mirrored): reconcile
-		 * aborts them and hides what they hold, so none hangs and the stop's offset is their start.
+		 * aborts them, so none hangs. A pause hides what they hold (mirrored again on resume);
+		 * a stop keeps it, aborted, with what other producers committed after it began, and the
+		 * topic continues at the mirrored end.
 		 */
 		char tag[300];
 		KM_INFO(COMP, 0, "%s/%s: %s with transactions open: they are aborted", pl->name, km_pl_ptag(p, tag, sizeof(tag)),
@@ -387,6 +390,16 @@ static void settle_drained(km_pipeline *pl, mpart *p)
 		return;
 	}
 	km_pl_set_phase(p, PH_IDLE, "drained");
+	if (to == KM_MP_STOPPED && p->recon.stop_at >= 0 && p->recon.stop_at < p->out.acked_logical) {
+		/* The STOPPED record keeps the stop point (stop_aborts): readers here are bounded there until it is in. */
+		km_offmap *m = km_state_offmap_mut(km_mirror_store(pl->mi), p->t->name, p->id);
+		if (m) {
+			int64_t ph = km_offmap_to_physical(m, p->recon.stop_at);
+			m->tail_logical = p->recon.stop_at;
+			m->tail_physical = ph;
+		}
+	}
+	p->recon.stop_at = -1;
 	p->settling = true;
 	km_mirror_settle(pl->mi, pl->name, p->t->name, p->id, p->state, to, NULL);
 }

@@ -112,6 +112,7 @@ typedef struct mpart {
 		bool need_pid;          /* waits for a fresh producer id */
 		int64_t hide_logical;   /* a batch landed where it was not planned: hide from its logical start (-1: none) */
 		bool drill;             /* hide_logical is where a stop left the partition: what is past it was written here since */
+		int64_t stop_at;        /* a stop's point: where the earliest transaction it aborted began (-1: none) */
 		int64_t end;            /* the destination's log end, while its last stable offset is asked */
 		int64_t hide;           /* the physical offset the hidden range starts at, being settled */
 		bool tx_fenced;         /* its transactional ids of earlier lives were initialised again */

@@ -355,6 +355,33 @@ static void foreign_txn(km_pipeline *pl, mpart *p, int64_t lso)
 	km_pl_reconcile(pl, p, why);
 }
 
+/*
+ * A stop with destination transactions open (docs/mirror.md, "A stop with transactions open"):
+ * nothing mirrored is hidden. Fencing the partition's transactional ids aborts what is open, and
+ * the coordinator appends an ABORT marker per open transaction, which the open run covers: a
+ * read_committed reader skips the aborted records at their markers, and every record other
+ * producers committed after them stays at its source offset. The stop point, which the STOPPED
+ * record keeps as the last mirrored offset (where a later start goes back to, what a failback
+ * trusts), is where the earliest open transaction began: past it the destination is no longer the
+ * source's copy (the source may still commit what was aborted here).
+ */
+static void stop_aborts(km_pipeline *pl, mpart *p, const km_offmap *m, int64_t lso)
+{
+	int64_t at = resume_logical(m, lso);
+	char tag[300];
+
+	for (size_t i = 0; i < p->txn.n; i++)
+		if (p->txn.tx[i].src_pid >= 0 && p->txn.tx[i].first_logical >= 0 &&
+		    (at < 0 || p->txn.tx[i].first_logical < at))
+			at = p->txn.tx[i].first_logical;
+	if (at >= 0 && (p->recon.stop_at < 0 || at < p->recon.stop_at))
+		p->recon.stop_at = at;
+	KM_INFO(COMP, 0, "%s/%s: stopping: the open destination transactions are aborted (their markers follow the "
+		"mirrored records, nothing is hidden); the stop point is offset %lld", pl->name,
+		km_pl_ptag(p, tag, sizeof(tag)), (long long)p->recon.stop_at);
+	km_pl_set_phase(p, PH_FENCE, "stop: the open transactions are aborted, nothing hidden");
+}
+
 static void after_lso(km_pipeline *pl, mpart *p, int64_t end, int64_t lso)
 {
 	const km_offrun *fence;
@@ -379,9 +406,14 @@ static void after_lso(km_pipeline *pl, mpart *p, int64_t end, int64_t lso)
 		/*
 		 * The hidden range starts at the LSO, or earlier: at a batch that landed where it was not
 		 * planned (hide_logical), or at the first batch of a transaction this life holds open
-		 * (one the destination aborted on its own, by its timeout, is past the LSO already).
+		 * (one the destination aborted on its own, by its timeout, is past the LSO already). A
+		 * stop hides nothing (stop_aborts), unless a batch landed where it was not planned.
 		 */
 		int64_t from = lso;
+		if (p->state == KM_MP_STOPPING && p->recon.hide_logical < 0 && !fence) {
+			stop_aborts(pl, p, m, lso);
+			return;
+		}
 		for (size_t i = 0; m && m->n && i < p->txn.n; i++)
 			if (p->txn.tx[i].src_pid >= 0 && p->txn.tx[i].first_logical >= 0) {
 				int64_t ph = km_offmap_to_physical(m, p->txn.tx[i].first_logical);

@@ -69,6 +69,35 @@ static int64_t next_to_logical(const km_offmap *m, int64_t p)
 	return p < 0 ? p : km_offmap_next_to_logical(m, p);
 }
 
+static int64_t to_physical(const km_offmap *m, int64_t l);
+
+/*
+ * Where the mirrored log starts (logical): the first run, or where mirroring began when a hole
+ * (compaction at the source) separates it from the run's first record; -1 without runs.
+ */
+static int64_t mirrored_start(const km_offmap *m)
+{
+	const km_offrun *r = m->n ? &m->runs[0] : NULL;
+	if (!r)
+		return -1;
+	return r->prev_logical_end >= 0 && r->prev_logical_end < r->logical ? r->prev_logical_end : r->logical;
+}
+
+/*
+ * A fetch offset below the mirrored log start: the source answers OFFSET_OUT_OF_RANGE there (its
+ * log starts at or after it, or the mirror began later, and then those records are not here), so
+ * the broker is asked at -1, which it answers OFFSET_OUT_OF_RANGE; mapped to the first run's start
+ * it would be served from there when mirroring began at a batch boundary (docs/proxy.md, "Reads
+ * below the log start").
+ */
+static int64_t fetch_to_physical(const km_offmap *m, int64_t l)
+{
+	int64_t start = mirrored_start(m);
+	if (l >= 0 && start >= 0 && l < start)
+		return -1;
+	return to_physical(m, l);
+}
+
 static int64_t to_physical(const km_offmap *m, int64_t l)
 {
 	int64_t p;
@@ -251,7 +280,7 @@ static km_err fetch_request(km_off_req *c, const uint8_t *body, size_t len, bool
 				return rc;
 			if (m->tail_logical < 0 || p->fetch_offset < m->tail_logical)
 				c->before_tail = true;
-			p->fetch_offset = to_physical(m, p->fetch_offset);
+			p->fetch_offset = fetch_to_physical(m, p->fetch_offset);
 			if (v >= 5)
 				p->log_start_offset = to_physical(m, p->log_start_offset);
 			*rewrote = true;

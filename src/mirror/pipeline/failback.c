@@ -40,8 +40,8 @@ static void on_peer(km_net_client *c, const km_rpc_response *res, void *arg)
 			snprintf(p->fb.peer_state, sizeof(p->fb.peer_state), "%.*s", pr->state.len > 0 ? (int)pr->state.len : 0,
 				 pr->state.p);
 		}
-		KM_INFO(COMP, 0, "%s/%s: the source's kmirrord mirrored this topic from here: a failback", pl->name,
-			t->name);
+		KM_INFO(COMP, 0, "%s/%s: the source's kmirrord holds this topic in a mirror of its own: a failback when it "
+			"was mirrored from here", pl->name, t->name);
 	}
 	km_pl_tick_soon(pl);
 }
@@ -185,6 +185,16 @@ bool km_pl_failback_start(km_pipeline *pl, mpart *p)
 
 	if (p->fb.peer_offset < 0)
 		return false;
+	if (strcmp(p->fb.peer_state, "STOPPED") && end <= 0) {
+		/*
+		 * Still mirrored there, and nothing here it could have come from: a hop of a chain (A -> B
+		 * -> here) or a second destination, not a cycle. Mirrored from the start as from any source.
+		 */
+		KM_INFO(COMP, 0, "%s/%s: the source's kmirrord mirrors this topic too (%s there) and this partition is "
+			"empty: a chain's next hop, mirrored from the start", pl->name, km_pl_ptag(p, tag, sizeof(tag)),
+			p->fb.peer_state);
+		return false;
+	}
 	if (strcmp(p->fb.peer_state, "STOPPED")) {
 		char why[300];
 		snprintf(why, sizeof(why), "the source's kmirrord mirrors this partition from here (%s there): stop that "

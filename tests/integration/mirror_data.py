@@ -201,9 +201,10 @@ def _consumer(bootstrap, **extra):
     return Consumer(c)
 
 
-def watermarks(bootstrap, topic, partitions, timeout=15):
-    """[(low, high)] per partition, asked of the brokers (not cached)."""
-    c = _consumer(bootstrap)
+def watermarks(bootstrap, topic, partitions, timeout=15, **extra):
+    """[(low, high)] per partition, asked of the brokers (not cached). The high mark is the last
+    stable offset under librdkafka's default isolation (read_committed); extra may say otherwise."""
+    c = _consumer(bootstrap, **extra)
     try:
         return [c.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout, cached=False)
                 for p in range(partitions)]

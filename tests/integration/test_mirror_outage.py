@@ -9,10 +9,13 @@ import time
 
 import pytest
 
+from confluent_kafka import Producer
+
 from harness import KafkaCluster
-from mirror_cli import kmirror_bin  # noqa: F401
-from mirror_data import compare_topic, produce_records
+from mirror_cli import Cli, kmirror_bin, wait_states  # noqa: F401
+from mirror_data import compare_topic, produce_records, read_partition, watermarks
 from proxy_fixtures import *  # noqa: F401,F403
+from proxy_fixtures import Proxy, wait_until
 from test_mirror_data import _mirror_env, _teardown, unique
 
 DOWN_S = 20
@@ -77,3 +80,75 @@ def test_a_source_that_is_down_is_not_hammered(outage):
     env.caught_up(topic, 2, timeout=120)
     total, _ = compare_topic(env.pb, env.sb, topic, 2)
     assert total == 150
+
+
+def test_failover_with_the_source_gone_then_failback(outage, kmirrord_bin, kmirror_bin, tmp_path_factory):
+    """Issue 29, item 4: the source's broker stopped (the disaster) while a source transaction is
+    open and mirrored. `stop` completes within its timeout, every partition STOPPED and writable,
+    no transaction of the mirror hanging on the destination, the dry run says the source could not
+    be asked. When the source is back, a kmirrord in front of it fails back from the destination's
+    kmirrord: only the delta crosses (the records written after the failover) and the old source
+    then reads exactly as the destination."""
+    env, src = outage
+    topic = unique("gone")
+    env.source_topic(topic, partitions=2)
+    produce_records(env.sb, topic, 40, tag="a", partitions=2)
+    tx = Producer({"bootstrap.servers": env.sb, "transactional.id": unique("gone-tx"),
+                   "transaction.timeout.ms": 600000})
+    tx.init_transactions(30)
+    tx.begin_transaction()
+    for i in range(6):
+        tx.produce(topic, key=f"open-{i}".encode(), value=b"never decided", partition=0)
+    assert tx.flush(30) == 0
+    env.start(topic)
+    wait_until(lambda: [h for _, h in watermarks(env.pb, topic, 2, **{"isolation.level": "read_uncommitted"})]
+               == [26, 20], 60, what="the mirror to hold the open transaction's records")
+    (node,) = [n.node_id for n in src.broker_nodes]
+    src.stop_broker(node)
+    try:
+        doc, _ = env.cli.json("stop", "--mirror", env.mirror, "--topics", topic, "--dry-run")
+        assert doc["source_asked"] is False, doc
+        t0 = time.monotonic()
+        env.cli.run("stop", "--mirror", env.mirror, "--topics", topic)
+        wait_states(env.cli, env.mirror, {topic: "STOPPED"}, timeout=30)
+        took = time.monotonic() - t0
+        print(f"stop with the source gone: STOPPED after {took:.1f} s")
+        hanging = [ln for ln in env.proxy.tool("transactions", "list").stdout.splitlines()
+                   if ln.startswith("kmirror/") and "Ongoing" in ln]
+        assert not hanging, hanging
+        # Writable: the failover's new records (the delta a failback will move).
+        produce_records(env.pb, topic, 30, start=500, tag="after", partitions=2)
+        after = watermarks(env.pb, topic, 2)
+        print("through the destination's kmirrord after the failover:", after)
+    finally:
+        src.start_broker(node)
+    tx.abort_transaction(30)
+
+    # The failback: a kmirrord in front of the old source mirrors the topic from the destination's.
+    a = Proxy(kmirrord_bin, src, str(tmp_path_factory.mktemp("outage-a")), name="kmirrord-outage-a",
+              log_level="debug", mirror_state_topic="__mirror_state_outage_a").start()
+    try:
+        cli_a = Cli(kmirror_bin, a.bootstrap)
+        back = unique("back")
+        cli_a.run("create", "--mirror", back, "--source-bootstrap", env.pb)
+        cli_a.run("start", "--mirror", back, "--topics", topic)
+        wait_states(cli_a, back, {topic: "MIRRORING"}, timeout=60)
+        wait_until(lambda: watermarks(a.bootstrap, topic, 2) == after, 120, what="the failback to catch up")
+        for p, (lo, hi) in enumerate(after):
+            for iso in ("read_uncommitted", "read_committed"):
+                want = [(r.offset, r.key, r.value) for r in
+                        read_partition(env.pb, topic, p, lo, hi, **{"isolation.level": iso})]
+                got = [(r.offset, r.key, r.value) for r in
+                       read_partition(a.bootstrap, topic, p, lo, hi, **{"isolation.level": iso})]
+                assert got == want, (p, iso)
+        moved = sum(v for name, v in a.metrics().items()
+                    if name.startswith("kmirror_mirror_records_total{") and f'mirror="{back}"' in name)
+        print(f"failback moved {moved} records")
+        # The delta: the 30 written after the failover, and the open transaction's ABORT marker
+        # the destination appended in partition 0, the stop point being where it began (offset 20).
+        assert moved <= 30 + 6 + 1, moved
+        assert moved >= 30, moved
+        cli_a.run("stop", "--mirror", back, "--topics", topic)
+        wait_states(cli_a, back, {topic: "STOPPED"}, timeout=60)
+    finally:
+        a.stop()

@@ -33,6 +33,7 @@ struct fetch_ctx {
 	struct evbuffer_ptr cursor;
 	size_t cur_off;
 	bool cur_valid;
+	int64_t sent_at;
 	runs_acc ra;         /* the runs the answer's batches start */
 	mpart **later;       /* partitions that wait for them to be persisted */
 	size_t nlater;
@@ -267,6 +268,24 @@ static void fetch_ctx_free(fetch_ctx *fc)
 	free(fc);
 }
 
+/*
+ * An answer that came at once and gave none of the partitions it was sent for anything: the broker
+ * did not wait (max_wait) because of data for a partition the request holds at size 0 in the
+ * session (one still writing its batches, as while the destination is down). Fetching again at
+ * once would spin; the next Fetch to that broker waits QUIET_MS unless more partitions are ready.
+ */
+static void quiet_after(fetch_ctx *fc, mnode_io *io, bool failed)
+{
+	int64_t now = km_pl_now_ms();
+	for (size_t i = 0; i < fc->n; i++)
+		if (fc->parts[i]->fetch.taken)
+			return;
+	if (!io || failed || !fc->n || now - fc->sent_at >= FETCH_MAX_WAIT_MS / 2)
+		return;
+	io->quiet_until = now + QUIET_MS;
+	io->quiet_ready = fc->n;
+}
+
 /* The answer is in (or failed): partitions with new runs persist them, the others it left are ready again. */
 static void end_answer(fetch_ctx *fc, bool failed)
 {
@@ -275,6 +294,7 @@ static void end_answer(fetch_ctx *fc, bool failed)
 
 	if (io)
 		io->fetching = false;
+	quiet_after(fc, io, failed);
 	if (!failed && !fc->dropped && (fc->bad || !fc->ended))
 		KM_WARN(COMP, 0, "%s: undecodable Fetch response from source broker %d", pl->name, (int)fc->node);
 	/* The batches taken are whole and stay good when the rest of the answer is lost. */
@@ -560,7 +580,7 @@ static bool fetch_req_send(km_pipeline *pl, km_net_client *c, fetch_req *r, fetc
  * is dropped: the partition does not take data then). The answer is taken only by the partitions
  * that were ready when it was sent, and each of those was sent, or left, at its fetch offset.
  */
-void km_pl_send_fetch(km_pipeline *pl, int32_t node, int64_t now)
+void km_pl_send_fetch(km_pipeline *pl, int32_t node, int64_t now, int64_t *next)
 {
 	km_net_client *c = km_cluster_node(pl->src, node);
 	mnode_io *io = km_pl_node_io(&pl->sio, &pl->nsio, node);
@@ -598,6 +618,11 @@ void km_pl_send_fetch(km_pipeline *pl, int32_t node, int64_t now)
 		}
 	if (!nready)
 		return; /* nothing to read: the session waits as it is */
+	if (now < io->quiet_until && nready <= io->quiet_ready) {
+		if (io->quiet_until < *next)
+			*next = io->quiet_until;
+		return;
+	}
 	fc = calloc(1, sizeof(*fc));
 	r.ft = calloc(pl->ntopics, sizeof(*r.ft));
 	r.fp = calloc(total, sizeof(*r.fp));
@@ -622,6 +647,7 @@ void km_pl_send_fetch(km_pipeline *pl, int32_t node, int64_t now)
 	r.m.session_epoch = !r.sessions ? -1 : r.full ? 0 : io->sess_epoch;
 	fetch_req_fill(pl, &r, fc, now);
 	fc->node = node;
+	fc->sent_at = now;
 	fc->seq = ++pl->fetch_seq;
 	fc->full = r.full;
 	fc->sessions = r.sessions;

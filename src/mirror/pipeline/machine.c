@@ -531,7 +531,7 @@ static void refill(km_pipeline *pl, int64_t now)
  * A Fetch to each source broker leading a partition ready to fetch (src), or Produce requests to
  * each destination broker leading one with a batch to send.
  */
-static void each_leader(km_pipeline *pl, bool src, int64_t now)
+static void each_leader(km_pipeline *pl, bool src, int64_t now, int64_t *next)
 {
 	int32_t seen[64];
 	size_t ns = 0;
@@ -550,7 +550,7 @@ static void each_leader(km_pipeline *pl, bool src, int64_t now)
 			if (ns < 64)
 				seen[ns++] = leader;
 			if (src)
-				km_pl_send_fetch(pl, leader, now);
+				km_pl_send_fetch(pl, leader, now, next);
 			else
 				while (km_pl_send_produce(pl, leader))
 					;
@@ -597,10 +597,10 @@ static void tick(evutil_socket_t fd, short what, void *arg)
 		if (now + wait < next)
 			next = now + wait;
 	} else {
-		each_leader(pl, true, now);
+		each_leader(pl, true, now, &next);
 	}
 	/* Produce to every destination broker while there is something to send and room. */
-	each_leader(pl, false, now);
+	each_leader(pl, false, now, &next);
 	/* Periodic metadata refresh (partition moves, leader changes without errors). */
 	if (now - pl->src_meta_at > pl->meta_interval)
 		pl->src_meta_need = true;

@@ -22,6 +22,8 @@
 /* Bytes of batches one Produce request carries at most (its partitions' batches add up to this). */
 #define PRODUCE_REQUEST_BYTES (8 << 20)
 #define FETCH_MAX_WAIT_MS 500
+/* After an answer that came at once with nothing for any partition it asked for (fetch.c, quiet_after). */
+#define QUIET_MS 100
 #define BACKOFF_MIN_MS 100
 #define BACKOFF_MAX_MS 10000
 #define METADATA_MIN_INTERVAL_MS 500
@@ -202,6 +204,8 @@ typedef struct mnode_io {
 	bool fetching;
 	int produce_inflight;
 	int32_t sess_id, sess_epoch; /* the source broker's fetch session (KIP-227); id 0: none */
+	int64_t quiet_until;  /* no Fetch before this unless more partitions are ready than quiet_ready (fetch.c) */
+	size_t quiet_ready;
 } mnode_io;
 
 struct km_pipeline {
@@ -392,7 +396,7 @@ static inline bool km_pl_fetchable(const mpart *p, int64_t now)
 	return p->phase == PH_READY && p->state == KM_MP_MIRRORING && !p->settling && p->retry.at <= now &&
 	       p->lead.src >= 0 && p->plan.pid >= 0 && !p->plan.head && !p->out.inflight && !p->recon.writer_pending;
 }
-void km_pl_send_fetch(km_pipeline *pl, int32_t node, int64_t now);
+void km_pl_send_fetch(km_pipeline *pl, int32_t node, int64_t now, int64_t *next);
 
 /* ---- machine.c ---- */
 

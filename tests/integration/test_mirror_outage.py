@@ -13,10 +13,12 @@ from confluent_kafka import Producer
 
 from harness import KafkaCluster
 from mirror_cli import Cli, kmirror_bin, wait_states  # noqa: F401
-from mirror_data import compare_topic, produce_records, read_partition, watermarks
+from mirror_data import compare_topic, main_release_only, produce_records, read_partition, watermarks
 from proxy_fixtures import *  # noqa: F401,F403
 from proxy_fixtures import Proxy, wait_until
 from test_mirror_data import _mirror_env, _teardown, unique
+
+pytestmark = main_release_only  # the net layer and the pipeline, the same on every release
 
 DOWN_S = 20
 

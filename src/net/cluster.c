@@ -118,9 +118,9 @@ static retry *retry_of(km_cluster *cl, const km_net_client *c, char *name, size_
 
 /*
  * A connection of ours became ready or failed. A failure before it was ready counts towards the
- * backoff; one that was ready (the broker went away) starts over from the first step. The first
- * failure in a row is a warning, then one a minute with the count; the recovery says how many
- * attempts it took.
+ * backoff; one that was ready (the broker went away) starts over from the first step. The second
+ * failure in a row is a warning (the first may be a broker restarting), then one a minute with the
+ * count; the recovery says how many attempts it took.
  */
 static void note_outcome(km_cluster *cl, km_net_client *c, km_err err)
 {

@@ -192,6 +192,78 @@ static void test_fetch_request_past_tail(void **state)
 	assert_int_equal(km_offmap_to_physical(&MAP, 149), 299);
 }
 
+/*
+ * Below the mirrored log start (docs/proxy.md, "Reads below the log start"): a map whose first run
+ * starts at logical 50 (mirroring began there at a batch boundary) sends a fetch at 10 as -1, which
+ * the broker answers OFFSET_OUT_OF_RANGE, as the source does; with the run remembering that
+ * mirroring began at 45 (a compaction hole at the source), 47 is served from the run's start and 44
+ * is below. Before, both went to the run's start.
+ */
+static km_offrun LATE_RUNS[] = {{50, 0, -1, 0}};
+static km_offmap LATE = {LATE_RUNS, 1, 1, -1, -1};
+
+static const km_offmap *late_map(void *arg, const void *topic, int32_t partition)
+{
+	(void)arg;
+	(void)partition;
+	return topic == TOPIC_M ? &LATE : NULL;
+}
+
+static int64_t fetched_at(int64_t logical)
+{
+	static const km_off_lookup lk = {fake_active, fake_topic, late_map, NULL};
+	km_fetch_request rq, got;
+	km_fetch_request_fetch_topic t;
+	km_fetch_request_fetch_partition p;
+	km_wr in, out;
+	km_off_req *c = NULL;
+	bool rewrote = false;
+	km_arena a;
+	km_rd r;
+	int64_t at;
+
+	km_fetch_request_init(&rq);
+	km_fetch_request_fetch_topic_init(&t);
+	km_fetch_request_fetch_partition_init(&p);
+	p.fetch_offset = logical;
+	p.partition_max_bytes = 1 << 20;
+	t.topic = km_str_c("m");
+	t.partitions.items = &p;
+	t.partitions.count = 1;
+	rq.replica_id = -1;
+	rq.session_epoch = -1;
+	rq.topics.items = &t;
+	rq.topics.count = 1;
+	km_wr_init(&in);
+	km_wr_init(&out);
+	km_fetch_request_encode(&in, 12, &rq);
+	assert_int_equal(km_off_request(KM_API_FETCH, 12, in.buf, in.len, &lk, &c, &rewrote, &out), KM_OK);
+	assert_true(rewrote);
+	km_arena_init(&a, 0);
+	km_fetch_request_init(&got);
+	km_rd_init(&r, out.buf, out.len);
+	assert_int_equal(km_fetch_request_decode(&r, 12, &got, &a), KM_OK);
+	at = got.topics.items[0].partitions.items[0].fetch_offset;
+	km_arena_free(&a);
+	km_off_req_free(c);
+	km_wr_free(&in);
+	km_wr_free(&out);
+	return at;
+}
+
+static void test_fetch_request_below_log_start(void **state)
+{
+	(void)state;
+	assert_int_equal(fetched_at(10), -1);
+	assert_int_equal(fetched_at(49), -1);
+	assert_int_equal(fetched_at(50), 0);
+	assert_int_equal(fetched_at(57), 7);
+	LATE_RUNS[0].prev_logical_end = 45;
+	assert_int_equal(fetched_at(47), 0);
+	assert_int_equal(fetched_at(44), -1);
+	LATE_RUNS[0].prev_logical_end = -1;
+}
+
 /* No map among the partitions of a full fetch: no context, nothing rewritten; no mirror at all: nothing looked at. */
 static void test_fetch_request_plain(void **state)
 {
@@ -1160,6 +1232,7 @@ int main(void)
 		cmocka_unit_test(test_fetch_request_lowest),
 		cmocka_unit_test(test_fetch_request_highest),
 		cmocka_unit_test(test_fetch_request_past_tail),
+		cmocka_unit_test(test_fetch_request_below_log_start),
 		cmocka_unit_test(test_fetch_request_plain),
 		cmocka_unit_test(test_fetch_request_incremental),
 		cmocka_unit_test(test_fetch_response_lowest),

@@ -351,6 +351,9 @@ void km_mirror_free(km_mirror *mi)
 	if (!mi)
 		return;
 	mi->freeing = true;
+	/* The store outlives the module (its writes are answered while it is freed): it asks no more. */
+	if (mi->st)
+		km_state_owner_check(mi->st, NULL, NULL);
 	km_mirror_topics_shutdown(mi);
 	km_sync_free(mi->sync);
 	mi->sync = NULL;

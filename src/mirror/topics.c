@@ -1133,6 +1133,10 @@ static void send_grow(struct km_mprep *p)
 static void grow_done(void *arg, const km_state_result *res)
 {
 	struct km_mprep *p = arg;
+	if (p->finished) {
+		prep_free(p); /* shut down while the store held it (km_mirror_topics_shutdown) */
+		return;
+	}
 	p->inflight = false;
 	if (res->code)
 		set_code(&p->t[0], res->code, "%s", res->message ? res->message : km_err_message(res->code));
@@ -1324,6 +1328,15 @@ void km_mirror_topics_shutdown(km_mirror *mi)
 		struct km_mprep *p = *head;
 		for (size_t i = 0; i < p->n; i++)
 			set_code(&p->t[i], KM_MIRROR_STATE_UNAVAILABLE, "kmirrord is shutting down");
+		if (p->ph == P_GROW_STATE && p->inflight) {
+			/*
+			 * The store holds p until it answers, which it does even while it is freed: grow_done
+			 * frees p then. Freed here, that answer would land on freed memory.
+			 */
+			unlink_prep(p);
+			p->finished = true;
+			continue;
+		}
 		answer(p); /* unlinks p */
 	}
 }

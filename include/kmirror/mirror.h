@@ -32,7 +32,10 @@ typedef struct km_mirror_opts {
 
 /* opts and what it points to must outlive the module. */
 km_mirror *km_mirror_new(const km_mirror_opts *opts);
-/* The store whose partitions this module drives (set once, right after km_state_new). */
+/*
+ * The store whose partitions this module drives (set once, right after km_state_new). NULL
+ * detaches the module from a store that outlives it (the store's owner check is unregistered).
+ */
 void km_mirror_attach(km_mirror *mi, km_state *st);
 /* After the store is freed (the store may still call back while it is freed). */
 void km_mirror_free(km_mirror *mi);

@@ -340,6 +340,9 @@ static bool may_write(void *arg, const char *mirror)
 
 void km_mirror_attach(km_mirror *mi, km_state *st)
 {
+	/* A store the module leaves (NULL: one that outlives the module) asks it no more. */
+	if (mi->st && mi->st != st)
+		km_state_owner_check(mi->st, NULL, NULL);
 	mi->st = st;
 	if (st)
 		km_state_owner_check(st, may_write, mi);
@@ -351,9 +354,6 @@ void km_mirror_free(km_mirror *mi)
 	if (!mi)
 		return;
 	mi->freeing = true;
-	/* The store outlives the module (its writes are answered while it is freed): it asks no more. */
-	if (mi->st)
-		km_state_owner_check(mi->st, NULL, NULL);
 	km_mirror_topics_shutdown(mi);
 	km_sync_free(mi->sync);
 	mi->sync = NULL;

@@ -648,6 +648,7 @@ static void test_grow_live(void **state)
 			event_base_loopexit(base, &tv);
 			event_base_dispatch(base);
 		}
+		km_mirror_attach(mi, NULL); /* the store outlives the module here (kmirrord frees the store first) */
 		km_mirror_free(mi);
 		km_config_free(&cfg);
 	}

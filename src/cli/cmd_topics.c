@@ -300,6 +300,15 @@ static void stop_totals(stop_view *v)
 	}
 }
 
+/* The mirror's bootstrap.servers (its source) into buf; "" when it has none. */
+static void source_of(const km_describe_mirrors_response_described_mirror *dm, char *buf, size_t len)
+{
+	buf[0] = '\0';
+	for (int32_t i = 0; i < dm->configs.count; i++)
+		if (km_str_eq_c(dm->configs.items[i].name, "bootstrap.servers") && dm->configs.items[i].value.len > 0)
+			snprintf(buf, len, "%.*s", (int)dm->configs.items[i].value.len, dm->configs.items[i].value.p);
+}
+
 /*
  * The source's ends of every selected partition, asked now (bootstrap.servers of the mirror, with
  * --command-config's settings). A source that cannot be reached leaves kmirrord's last fetched
@@ -311,10 +320,7 @@ static bool ask_source(ctx *x, stop_view *v)
 	char source[1024] = "";
 	size_t n = 0;
 
-	for (int32_t i = 0; i < dm->configs.count; i++)
-		if (km_str_eq_c(dm->configs.items[i].name, "bootstrap.servers") && dm->configs.items[i].value.len > 0)
-			snprintf(source, sizeof(source), "%.*s", (int)dm->configs.items[i].value.len,
-				 dm->configs.items[i].value.p);
+	source_of(dm, source, sizeof(source));
 	if (!(v->src_at = km_arena_calloc(&x->arena, (dm->topics.count > 0 ? (size_t)dm->topics.count : 1) * sizeof(size_t))))
 		return false;
 	for (int32_t t = 0; t < dm->topics.count; t++) {
@@ -919,10 +925,7 @@ static int cmd_start_dry_run(ctx *x, char *const *topics, size_t ntopics)
 		return rc;
 	if (!drill)
 		return KM_CLI_EXIT_ERROR;
-	for (int32_t i = 0; i < dm->configs.count; i++)
-		if (km_str_eq_c(dm->configs.items[i].name, "bootstrap.servers") && dm->configs.items[i].value.len > 0)
-			snprintf(source, sizeof(source), "%.*s", (int)dm->configs.items[i].value.len,
-				 dm->configs.items[i].value.p);
+	source_of(dm, source, sizeof(source));
 	for (size_t i = 0; i < ntopics; i++)
 		if (!(drill[i] = stopped_here(dm, topics[i])))
 			nsrc++;

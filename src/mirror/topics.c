@@ -203,6 +203,16 @@ static void set_code(ptopic *t, km_err code, const char *fmt, ...)
 	}
 }
 
+/* The transactional ids the broker being asked listed (the open-transactions check). */
+static void free_tids(struct km_mprep *p)
+{
+	for (size_t i = 0; i < p->ntids; i++)
+		free(p->tids[i]);
+	free(p->tids);
+	p->tids = NULL;
+	p->ntids = 0;
+}
+
 static void prep_free(struct km_mprep *p)
 {
 	/* The clusters first: their pending requests fail now, while p is still there to see it finished. */
@@ -221,9 +231,7 @@ static void prep_free(struct km_mprep *p)
 		free(p->t[i].msg);
 	}
 	free(p->t);
-	for (size_t i = 0; i < p->ntids; i++)
-		free(p->tids[i]);
-	free(p->tids);
+	free_tids(p);
 	if (p->ev)
 		event_free(p->ev);
 	free(p->mirror);
@@ -470,11 +478,7 @@ static bool writable_here(const struct km_mprep *p, const char *topic)
 
 static void txn_next_node(struct km_mprep *p)
 {
-	for (size_t i = 0; i < p->ntids; i++)
-		free(p->tids[i]);
-	free(p->tids);
-	p->tids = NULL;
-	p->ntids = 0;
+	free_tids(p);
 	p->node_next++;
 	p->node_since = now_ms();
 	p->ph = P_TXN_LIST;

@@ -39,6 +39,18 @@ def outage(kmirrord_bin, kmirror_bin, tmp_path_factory):
         dst.stop()
 
 
+def outage_counts(side, out, addr):
+    """What kmirrord's log (at debug) holds of an outage of side at addr: the connections it opened
+    there, and its lines at info or above (printed)."""
+    attempts = len(re.findall(rf"client to {re.escape(addr)}: idle -> connecting", out))
+    loud = [ln for ln in out.splitlines() if re.search(r" level=(info|warn|error) ", ln)]
+    print(f"{side} down {DOWN_S} s: {attempts} connection attempts to {addr}, {len(loud)} lines at info or "
+          f"above ({len(out)} bytes at debug)")
+    for ln in loud[:30]:
+        print("  ", ln[:220])
+    return attempts, loud
+
+
 def test_a_source_that_is_down_is_not_hammered(outage):
     env, src = outage
     topic = unique("down")
@@ -68,13 +80,7 @@ def test_a_source_that_is_down_is_not_hammered(outage):
     assert "The source was not asked" in text and "s ago)" in text, text
     time.sleep(DOWN_S / 2)
     out = env.proxy.output()[mark:]
-    lines = out.splitlines()
-    attempts = len(re.findall(rf"client to {re.escape(addr)}: idle -> connecting", out))
-    loud = [ln for ln in lines if re.search(r" level=(info|warn|error) ", ln)]
-    print(f"source down {DOWN_S} s: {attempts} connection attempts to {addr}, {len(lines)} log lines "
-          f"({len(out)} bytes, debug level), {len(loud)} at info or above")
-    for ln in loud[:30]:
-        print("  ", ln[:220])
+    attempts, loud = outage_counts("source", out, addr)
     # About one attempt a second per client of the source (pipeline, metadata sync, lease), at most.
     assert attempts <= DOWN_S * 8, attempts
     assert len(loud) <= 60, len(loud)
@@ -180,12 +186,7 @@ def test_a_destination_that_is_down_is_not_hammered(outage):
         out = env.proxy.output()[mark:]
     finally:
         dst.start_broker(node)
-    attempts = len(re.findall(rf"client to {re.escape(addr)}: idle -> connecting", out))
-    loud = [ln for ln in out.splitlines() if re.search(r" level=(info|warn|error) ", ln)]
-    print(f"destination down {DOWN_S} s: {attempts} connection attempts to {addr}, {len(loud)} lines at info "
-          f"or above ({len(out)} bytes at debug)")
-    for ln in loud[:20]:
-        print("  ", ln[:220])
+    attempts, loud = outage_counts("destination", out, addr)
     assert attempts <= DOWN_S * 12, attempts
     assert len(loud) <= 80, len(loud)
     # Nor the source: partitions that cannot write stay in the fetch session at size 0, and the

@@ -64,36 +64,54 @@ typedef void (*km_mirror_prepare_cb)(void *arg, km_err code, const char *message
  * for the partition count, DescribeConfigs for the configs set on the topic) and create it on the
  * destination (the source's partitions, the destination's default replication factor, the configs
  * km_mirror_config_copied keeps, compression.type=producer), then wait for its leaders. A topic on
- * the destination already is left as it is. UNKNOWN_TOPIC_OR_PARTITION when neither side has it;
+ * the destination already is left as it is, unless it holds records and is in no mirror here: then
+ * (not a failback, which the source's kmirrord tells: LastMirroredOffsets) it is refused with
+ * TOPIC_ALREADY_EXISTS unless adopt (the start hides those records). A writable topic a client's
+ * transaction holds is refused with CONCURRENT_TRANSACTIONS. UNKNOWN_TOPIC_OR_PARTITION when neither side has it;
  * the CreateTopics error otherwise; REQUEST_TIMED_OUT (saying which cluster could not be reached)
  * after 15 s. cb is called once, never from inside this call; at km_mirror_free with
  * MIRROR_STATE_UNAVAILABLE. A mirror that does not exist answers OK: the store refuses it.
  */
-void km_mirror_prepare_start(km_mirror *mi, const char *mirror, const char *const *topics, size_t n,
+void km_mirror_prepare_start(km_mirror *mi, const char *mirror, const char *const *topics, size_t n, bool adopt,
 			     km_mirror_prepare_cb cb, void *arg);
 
 /*
- * One question of km_mirror_batches_at: which batch of a destination partition holds offset. The
- * answer fills code (KM_OK, else a wire code: UNKNOWN_TOPIC_OR_PARTITION, NOT_LEADER_OR_FOLLOWER,
- * OFFSET_OUT_OF_RANGE when nothing is there, REQUEST_TIMED_OUT), base_offset and max_timestamp (of
- * that batch) and log_start_offset (the partition's, -1 when the broker does not say). leader is
- * the module's own.
+ * One question of km_mirror_batches_at: in a destination partition, from offset (the broker's own
+ * answer to a ListOffsets by timestamp) on, the first record of a data batch whose timestamp
+ * reaches timestamp, below the high watermark (the last stable offset when committed). Control
+ * batches are passed over: in a mirror topic they are the mirror's own transaction markers, stamped
+ * with the destination's clock. With lat (offset is in a LogAppendTime run) every record of a batch
+ * has its MaxTimestamp: the batch's first record (or the log start, when that is inside it)
+ * answers. The answer fills code (KM_OK, else a wire code: UNKNOWN_TOPIC_OR_PARTITION,
+ * NOT_LEADER_OR_FOLLOWER, OFFSET_OUT_OF_RANGE, REQUEST_TIMED_OUT when the record is further than the
+ * search reads), found_offset and found_timestamp (-1 and -1 when no record reaches it), and marker:
+ * the first control batch passed over (-1: none). A marker's own time on the source is the source's
+ * to tell: then the mirror's source is asked the same question (ListOffsets by timestamp, with the
+ * mirror's settings, 1.5 s at most) and source_known, source_offset and source_timestamp hold its
+ * answer (a source offset). leader, next and reads are the module's own.
  */
 typedef struct km_mirror_batch_q {
 	const char *topic;
 	int32_t partition;
 	int64_t offset;
+	int64_t timestamp;
+	bool lat, committed;
 	km_err code;
-	int64_t base_offset, max_timestamp, log_start_offset;
+	int64_t found_offset, found_timestamp, marker;
+	bool source_known;
+	int64_t source_offset, source_timestamp;
 	int32_t leader;
+	int64_t next;
+	int reads;
 } km_mirror_batch_q;
 
 typedef void (*km_mirror_batches_cb)(void *arg, km_mirror_batch_q *q, size_t n);
 /*
- * Read the header of the destination batch holding each question's offset with kmirrord's own
- * client (client.id kmirrord/<instance>/proxy/lookup; Metadata, then a Fetch of one batch per question): the proxy answers ListOffsets by
- * timestamp on LogAppendTime runs with it (docs/mirror.md). q stays the caller's and must live until
- * cb, which is called once, never from inside this call, within 5 s; at km_mirror_free with
+ * Search each question's destination partition with kmirrord's own client (client.id
+ * kmirrord/<instance>/proxy/lookup; Metadata, then Fetches of up to 1 MiB from the offset on,
+ * 16 at most per question): the proxy answers ListOffsets by timestamp on mirror topics with it
+ * (docs/mirror.md, "ListOffsets by timestamp"). q stays the caller's and must live until cb, which
+ * is called once, never from inside this call, within 5 s; at km_mirror_free with
  * MIRROR_STATE_UNAVAILABLE.
  */
 void km_mirror_batches_at(km_mirror *mi, km_mirror_batch_q *q, size_t n, km_mirror_batches_cb cb, void *arg);

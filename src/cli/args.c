@@ -26,6 +26,7 @@ enum {
 	O_WAIT = 1 << 9,
 	O_PEER = 1 << 10,
 	O_SWAP = 1 << 11,
+	O_ADOPT = 1 << 12,
 };
 
 typedef struct cmd_info {
@@ -57,8 +58,8 @@ static const cmd_info cmds[] = {
 	 "sasl.jaas.config, *.password) in the file: on the command line every user of the host sees them."},
 	{KM_CLI_CMD_DELETE, "delete", O_MIRROR, "delete --mirror NAME",
 	 "Delete a mirror. Refused while any of its topics is not STOPPED."},
-	{KM_CLI_CMD_START, "start", O_MIRROR | O_TOPICS | O_TOPICS_REGEX | O_DRY_RUN,
-	 "start --mirror NAME (--topics A,B | --topics-regex RE) [--dry-run]",
+	{KM_CLI_CMD_START, "start", O_MIRROR | O_TOPICS | O_TOPICS_REGEX | O_DRY_RUN | O_ADOPT,
+	 "start --mirror NAME (--topics A,B | --topics-regex RE) [--adopt-existing] [--dry-run]",
 	 "Start mirroring topics (not mirrored, STOPPED or FAILED). --topics-regex matches whole names\n"
 	 "of the destination cluster's topics (POSIX extended regex). A start from the kmirrord a topic\n"
 	 "was mirrored into is a failback: it keeps what is here below where that mirror stopped, hides\n"
@@ -66,7 +67,8 @@ static const cmd_info cmds[] = {
 	 "stop left it and hides what was written here since (a drill). --dry-run starts nothing: it\n"
 	 "prints, per partition, how the start goes (after the stop, failback, from scratch; the source\n"
 	 "is asked with --command-config's settings), where it stopped, the end here and the records\n"
-	 "it would hide."},
+	 "it would hide. A topic here that holds records no mirror here wrote, and is no failback, is\n"
+	 "refused (TOPIC_ALREADY_EXISTS): --adopt-existing starts it all the same and hides them."},
 	{KM_CLI_CMD_STOP, "stop", O_MIRROR | O_TOPICS | O_TOPICS_REGEX | O_DRY_RUN,
 	 "stop --mirror NAME (--topics A,B | --topics-regex RE) [--dry-run]",
 	 "Stop mirroring topics (PREPARING, MIRRORING, PAUSED or FAILED); they become writable.\n"
@@ -304,7 +306,7 @@ static const opt_def opt_defs[] = {
 	{"--dry-run", O_DRY_RUN, false},  {"--wait-ms", O_WAIT, true},
 	{"--peer-bootstrap", O_PEER, true}, {"--peer-mirror", O_PEER, true},
 	{"--admin", O_SWAP, true},        {"--token-file", O_SWAP, true}, {"--to", O_SWAP, true},
-	{"--admin-ca", O_SWAP, true},
+	{"--admin-ca", O_SWAP, true},     {"--adopt-existing", O_ADOPT, false},
 };
 
 static const opt_def *opt_lookup(const char *name, size_t n)
@@ -398,6 +400,10 @@ static int apply_opt(km_cli_args *a, const opt_def *o, const char *v, km_cli_kvs
 	}
 	if (!strcmp(n, "--dry-run")) {
 		a->dry_run = true;
+		return KM_CLI_EXIT_OK;
+	}
+	if (!strcmp(n, "--adopt-existing")) {
+		a->adopt_existing = true;
 		return KM_CLI_EXIT_OK;
 	}
 	if (!strcmp(n, "--delete-config")) {

@@ -72,6 +72,7 @@ typedef struct km_cli_args {
 	size_t ntopics;
 	const char *topics_regex;   /* --topics-regex */
 	bool dry_run;               /* --dry-run (stop, promote): report the records at risk, stop nothing */
+	bool adopt_existing;        /* --adopt-existing (start): a topic here holding records no mirror wrote is started, they are hidden */
 	int64_t wait_ms;            /* --wait-ms (promote, reverse): how long lag may take to reach zero, default 60000 */
 	const char *peer_bootstrap; /* --peer-bootstrap (reverse): the kmirrord in front of the mirror's source */
 	const char *peer_mirror;    /* --peer-mirror (reverse): the mirror there that mirrors back */

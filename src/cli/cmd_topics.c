@@ -31,7 +31,7 @@ typedef struct topic_result {
 } topic_result;
 
 /* Build the request of one of the four topic RPCs (the same layout, four generated types). */
-#define BUILD_TOPICS_REQUEST(prefix, w, v, mirror, names, n)                                           \
+#define BUILD_TOPICS_REQUEST(prefix, w, v, mirror, names, n, ...)                                      \
 	do {                                                                                           \
 		prefix##_request m_;                                                                   \
 		prefix##_request_topic_data *td_ = km_arena_calloc(&x->arena, ((n) ? (n) : 1) * sizeof(*td_)); \
@@ -45,6 +45,7 @@ typedef struct topic_result {
 		}                                                                                      \
 		m_.topics.items = td_;                                                                 \
 		m_.topics.count = (int32_t)(n);                                                        \
+		__VA_ARGS__;                                                                           \
 		prefix##_request_encode(w, v, &m_);                                                    \
 	} while (0)
 
@@ -646,8 +647,30 @@ static bool ask_last_mirrored(ctx *x, ctx *y, char *const *topics, size_t ntopic
 			      KM_API_LAST_MIRRORED_OFFSETS, v, &r);
 }
 
-/* The ends here (ListOffsets latest) of every partition the source's kmirrord reported. */
-static bool ends_here(ctx *x, const km_last_mirrored_offsets_response *lr, km_list_offsets_response *lo)
+/* The topics' metadata here (through kmirrord): their partitions, or UNKNOWN_TOPIC_OR_PARTITION when they are not here yet. */
+static bool metadata_here(ctx *x, char *const *topics, size_t ntopics, km_metadata_response *md)
+{
+	int16_t v = km_cli_conn_version(x->cc, KM_API_METADATA);
+	km_metadata_request m;
+	km_metadata_request_topic *ts = km_arena_calloc(&x->arena, (ntopics + 1) * sizeof(*ts));
+
+	km_metadata_response_init(md);
+	md->topics.count = 0;
+	if (v < 1 || !ts)
+		return v < 1; /* no partitions to report: the table says "-" */
+	km_metadata_request_init(&m);
+	for (size_t i = 0; i < ntopics; i++) {
+		km_metadata_request_topic_init(&ts[i]);
+		ts[i].name = km_str_c(topics[i]);
+	}
+	m.topics.items = ts;
+	m.topics.count = (int32_t)ntopics;
+	m.allow_auto_topic_creation = false;
+	return km_cmd_rpc(x, KM_API_METADATA, v, &m, md);
+}
+
+/* ListOffsets here at ts (-1: the ends, -2: the log starts) of every partition md names. */
+static bool offsets_here(ctx *x, const km_metadata_response *md, int64_t ts, km_list_offsets_response *lo)
 {
 	km_list_offsets_request m;
 	km_list_offsets_request_list_offsets_topic *lt;
@@ -656,29 +679,29 @@ static bool ends_here(ctx *x, const km_last_mirrored_offsets_response *lr, km_li
 
 	km_list_offsets_response_init(lo);
 	lo->topics.count = 0;
-	if ((lv = km_cli_conn_version(x->cc, KM_API_LIST_OFFSETS)) < 1 || lr->topics.count <= 0)
+	if ((lv = km_cli_conn_version(x->cc, KM_API_LIST_OFFSETS)) < 1 || md->topics.count <= 0)
 		return true;
-	if (!(lt = km_arena_calloc(&x->arena, (size_t)lr->topics.count * sizeof(*lt))))
+	if (!(lt = km_arena_calloc(&x->arena, (size_t)md->topics.count * sizeof(*lt))))
 		return false;
 	km_list_offsets_request_init(&m);
 	m.replica_id = -1;
-	for (int32_t t = 0; t < lr->topics.count; t++) {
-		const km_last_mirrored_offsets_response_topic_result *tr = &lr->topics.items[t];
+	for (int32_t t = 0; t < md->topics.count; t++) {
+		const km_metadata_response_topic *mt = &md->topics.items[t];
 		km_list_offsets_request_list_offsets_partition *lp;
-		if (tr->error_code || tr->partitions.count <= 0)
+		if (mt->error_code || mt->partitions.count <= 0)
 			continue;
-		if (!(lp = km_arena_calloc(&x->arena, (size_t)tr->partitions.count * sizeof(*lp))))
+		if (!(lp = km_arena_calloc(&x->arena, (size_t)mt->partitions.count * sizeof(*lp))))
 			return false;
 		km_list_offsets_request_list_offsets_topic_init(&lt[nt]);
-		lt[nt].name = tr->name;
-		for (int32_t k = 0; k < tr->partitions.count; k++) {
+		lt[nt].name = mt->name;
+		for (int32_t k = 0; k < mt->partitions.count; k++) {
 			km_list_offsets_request_list_offsets_partition_init(&lp[k]);
-			lp[k].partition_index = tr->partitions.items[k].partition_index;
+			lp[k].partition_index = mt->partitions.items[k].partition_index;
 			lp[k].current_leader_epoch = -1;
-			lp[k].timestamp = -1;
+			lp[k].timestamp = ts;
 		}
 		lt[nt].partitions.items = lp;
-		lt[nt].partitions.count = tr->partitions.count;
+		lt[nt].partitions.count = mt->partitions.count;
 		nt++;
 	}
 	m.topics.items = lt;
@@ -701,17 +724,29 @@ static int64_t end_here_of(const km_list_offsets_response *lo, const char *topic
 	return end;
 }
 
-/* One partition of start --dry-run's report (JSON or a table row); the records it would hide are added to *total. */
-static void start_report_partition(ctx *x, km_cli_json *j, km_cli_table *tb, const char *topic, bool drill,
-				   const km_last_mirrored_offsets_response_partition_result *pr, int64_t end,
-				   int64_t *total)
+/* What start --dry-run learned, per topic: here (through kmirrord) and from the mirror's source. */
+typedef struct start_view {
+	char *const *topics;
+	size_t ntopics;
+	bool *drill; /* the mirror's and STOPPED here: resumes where the stop left it */
+	const km_describe_mirrors_response_described_mirror *dm;
+	km_last_mirrored_offsets_response lr; /* the source's kmirrord's answer, and the stop points here */
+	km_metadata_response md;              /* the topics here */
+	km_list_offsets_response starts, ends;
+	int64_t total; /* offsets the start would hide */
+} start_view;
+
+/* One partition of a failback or a start after a stop (JSON or a table row). */
+static void start_report_partition(ctx *x, km_cli_json *j, km_cli_table *tb, start_view *v, size_t i,
+				   const km_last_mirrored_offsets_response_partition_result *pr)
 {
+	int64_t end = end_here_of(&v->ends, v->topics[i], pr->partition_index);
 	int64_t keep = pr->last_mirrored_offset < end ? pr->last_mirrored_offset : end, hidden = -1;
 	bool stopped = km_str_eq_c(pr->state, "STOPPED") && pr->last_mirrored_offset >= 0;
 
 	if (stopped && end >= 0) {
 		hidden = end - keep;
-		*total += hidden;
+		v->total += hidden;
 	}
 	if (x->a->json) {
 		km_cli_json_obj(j);
@@ -728,9 +763,9 @@ static void start_report_partition(ctx *x, km_cli_json *j, km_cli_table *tb, con
 		km_cli_json_obj_end(j);
 	} else {
 		char part[16], at[24], e[24], h[24], st[64];
-		const char *row[] = {topic, part, st, at, e, h};
+		const char *row[] = {v->topics[i], part, st, at, e, h};
 		snprintf(part, sizeof(part), "%d", pr->partition_index);
-		if (drill)
+		if (v->drill[i])
 			snprintf(st, sizeof(st), "after the stop");
 		else
 			snprintf(st, sizeof(st), stopped ? "failback" : "refused (%.*s there)", (int)pr->state.len,
@@ -742,18 +777,83 @@ static void start_report_partition(ctx *x, km_cli_json *j, km_cli_table *tb, con
 	}
 }
 
+/* Whether the mirror described holds topic (in any state). */
+static bool in_mirror(const km_describe_mirrors_response_described_mirror *dm, const char *topic)
+{
+	for (int32_t t = 0; t < dm->topics.count; t++)
+		if (km_str_eq_c(dm->topics.items[t].name, topic))
+			return true;
+	return false;
+}
+
 /*
- * start --dry-run's report, per topic and partition: after a stop here (drill[i]: lr holds where
- * the stop left it), a failback (lr: where the source's kmirrord stopped), or from scratch.
+ * A topic started from scratch: every record here is hidden. One that holds records and is in no
+ * mirror here is refused without --adopt-existing (as kmirrord refuses it: TOPIC_ALREADY_EXISTS).
  */
-static bool start_report(ctx *x, char *const *topics, size_t ntopics, const bool *drill,
-			 const km_last_mirrored_offsets_response *lr, const km_list_offsets_response *lo)
+static void start_report_scratch(ctx *x, km_cli_json *j, km_cli_table *tb, start_view *v, size_t i)
+{
+	const km_metadata_response_topic *mt = NULL;
+	int64_t held = 0;
+	bool refuse;
+
+	for (int32_t t = 0; t < v->md.topics.count && !mt; t++)
+		if (km_str_eq_c(v->md.topics.items[t].name, v->topics[i]) && !v->md.topics.items[t].error_code)
+			mt = &v->md.topics.items[t];
+	for (int32_t k = 0; mt && k < mt->partitions.count; k++) {
+		int32_t id = mt->partitions.items[k].partition_index;
+		int64_t lo = end_here_of(&v->starts, v->topics[i], id), hi = end_here_of(&v->ends, v->topics[i], id);
+		held += lo >= 0 && hi > lo ? hi - lo : 0;
+	}
+	refuse = held > 0 && !x->a->adopt_existing && !in_mirror(v->dm, v->topics[i]);
+	if (!refuse)
+		v->total += held;
+	if (x->a->json) {
+		km_cli_json_key(j, "refused");
+		km_cli_json_bool(j, refuse);
+		km_cli_json_key(j, "partitions");
+		km_cli_json_arr(j);
+	} else if (!mt) {
+		const char *row[] = {v->topics[i], "*", "from scratch (created)", "-", "-", "0"};
+		km_cli_table_row(tb, row);
+	}
+	for (int32_t k = 0; mt && k < mt->partitions.count; k++) {
+		int32_t id = mt->partitions.items[k].partition_index;
+		int64_t lo = end_here_of(&v->starts, v->topics[i], id), hi = end_here_of(&v->ends, v->topics[i], id);
+		int64_t hidden = lo >= 0 && hi >= lo ? hi - lo : -1;
+		if (x->a->json) {
+			km_cli_json_obj(j);
+			km_cli_json_key(j, "partition");
+			km_cli_json_int(j, id);
+			km_cli_json_key(j, "log_start_here");
+			km_cli_json_int(j, lo);
+			km_cli_json_key(j, "end_here");
+			km_cli_json_int(j, hi);
+			km_cli_json_key(j, "records_hidden");
+			km_cli_json_int(j, hidden);
+			km_cli_json_obj_end(j);
+		} else {
+			char part[16], e[24], h[24];
+			const char *row[] = {v->topics[i], part, refuse ? "refused (records here)" : "from scratch", "-", e, h};
+			snprintf(part, sizeof(part), "%d", id);
+			km_cmd_num_or_dash(hi, e, sizeof(e));
+			km_cmd_num_or_dash(hidden, h, sizeof(h));
+			km_cli_table_row(tb, row);
+		}
+	}
+	if (x->a->json)
+		km_cli_json_arr_end(j);
+}
+
+/*
+ * start --dry-run's report, per topic and partition: after a stop here (drill: lr holds where the
+ * stop left it), a failback (lr: where the source's kmirrord stopped), or from scratch.
+ */
+static bool start_report(ctx *x, start_view *v)
 {
 	static const char *const hdr[] = {"TOPIC", "PARTITION", "START", "STOPPED-AT", "END-HERE", "HIDDEN"};
 	const km_cli_args *a = x->a;
 	km_cli_table tb;
 	km_cli_json j;
-	int64_t total = 0;
 
 	if (a->json) {
 		km_cli_json_init(&j, x->out);
@@ -769,48 +869,51 @@ static bool start_report(ctx *x, char *const *topics, size_t ntopics, const bool
 	} else if (!km_cli_table_init(&tb, sizeof(hdr) / sizeof(hdr[0]), hdr)) {
 		return false;
 	}
-	for (size_t i = 0; i < ntopics; i++) {
+	for (size_t i = 0; i < v->ntopics; i++) {
 		const km_last_mirrored_offsets_response_topic_result *tr = NULL;
-		for (int32_t t = 0; t < lr->topics.count && !tr; t++)
-			if (km_str_eq_c(lr->topics.items[t].name, topics[i]) && !lr->topics.items[t].error_code)
-				tr = &lr->topics.items[t];
+		for (int32_t t = 0; t < v->lr.topics.count && !tr; t++)
+			if (km_str_eq_c(v->lr.topics.items[t].name, v->topics[i]) && !v->lr.topics.items[t].error_code)
+				tr = &v->lr.topics.items[t];
 		if (a->json) {
 			km_cli_json_obj(&j);
 			km_cli_json_key(&j, "name");
-			km_cli_json_str(&j, topics[i]);
+			km_cli_json_str(&j, v->topics[i]);
 			km_cli_json_key(&j, "failback");
-			km_cli_json_bool(&j, tr != NULL && !drill[i]);
+			km_cli_json_bool(&j, tr != NULL && !v->drill[i]);
 			km_cli_json_key(&j, "after_stop");
-			km_cli_json_bool(&j, drill[i]);
-			km_cli_json_key(&j, "partitions");
-			km_cli_json_arr(&j);
-		} else if (!tr) {
-			const char *row[] = {topics[i], "*", "from scratch", "-", "-", "all"};
-			km_cli_table_row(&tb, row);
+			km_cli_json_bool(&j, v->drill[i]);
 		}
-		for (int32_t k = 0; tr && k < tr->partitions.count; k++)
-			start_report_partition(x, &j, &tb, topics[i], drill[i], &tr->partitions.items[k],
-					       end_here_of(lo, topics[i], tr->partitions.items[k].partition_index), &total);
-		if (a->json) {
-			km_cli_json_arr_end(&j);
+		if (!tr) {
+			start_report_scratch(x, &j, &tb, v, i);
+		} else {
+			if (a->json) {
+				km_cli_json_key(&j, "partitions");
+				km_cli_json_arr(&j);
+			}
+			for (int32_t k = 0; k < tr->partitions.count; k++)
+				start_report_partition(x, &j, &tb, v, i, &tr->partitions.items[k]);
+			if (a->json)
+				km_cli_json_arr_end(&j);
+		}
+		if (a->json)
 			km_cli_json_obj_end(&j);
-		}
 	}
 	if (a->json) {
 		km_cli_json_arr_end(&j);
 		km_cli_json_key(&j, "total_records_hidden");
-		km_cli_json_int(&j, total);
+		km_cli_json_int(&j, v->total);
 		km_cli_json_obj_end(&j);
 	} else {
 		km_cli_table_print(&tb, x->out);
 		km_cli_table_free(&tb);
-		fprintf(x->out, "\nTotal: %lld records here would be hidden (the divergent tail). Dry run: nothing "
-			"was started.\nAfter a stop here, the start hides what was written here since the stop and "
-			"mirrors on from where the stop left the topic (read that tail through kmirrord before, from "
-			"STOPPED-AT on, to keep it). A failback keeps what is here below where the source's kmirrord "
-			"stopped and mirrors from there; it compares the record before the stop point on both sides, "
-			"and refuses a topic not mirrored from here. From scratch hides everything here.\n",
-			(long long)total);
+		fprintf(x->out, "\nTotal: %lld records here would be hidden. Dry run: nothing was started.\n"
+			"After a stop here, the start hides what was written here since the stop and mirrors on from "
+			"where the stop left the topic (read that tail through kmirrord before, from STOPPED-AT on, to "
+			"keep it). A failback keeps what is here below where the source's kmirrord stopped and mirrors "
+			"from there; it compares the record before the stop point on both sides, and refuses a topic "
+			"not mirrored from here. From scratch hides everything here; a topic that holds records no "
+			"mirror here wrote is refused unless started with --adopt-existing.\n",
+			(long long)v->total);
 	}
 	return true;
 }
@@ -912,37 +1015,45 @@ static int cmd_start_dry_run(ctx *x, char *const *topics, size_t ntopics)
 {
 	const km_cli_args *a = x->a;
 	km_describe_mirrors_response resp;
-	const km_describe_mirrors_response_described_mirror *dm;
-	km_last_mirrored_offsets_response lr;
-	km_list_offsets_response lo;
+	start_view v = {.topics = topics, .ntopics = ntopics};
 	char source[1024] = "";
-	int rc = km_cmd_describe_one(x, NULL, 0, &resp, &dm);
-	bool *drill = km_arena_calloc(&x->arena, (ntopics + 1) * sizeof(*drill));
+	int rc = km_cmd_describe_one(x, NULL, 0, &resp, &v.dm);
 	size_t nsrc = 0;
-	void *src_resp = NULL; /* the source's answer, which lr points into */
+	/* The answers the report reads (each decoded in place): the next call would free them. */
+	void *kept[5] = {x->resp, NULL, NULL, NULL, NULL};
 
+	x->resp = NULL;
 	if (rc != KM_CLI_EXIT_OK)
-		return rc;
-	if (!drill)
-		return KM_CLI_EXIT_ERROR;
-	source_of(dm, source, sizeof(source));
+		goto out;
+	rc = KM_CLI_EXIT_ERROR;
+	if (!(v.drill = km_arena_calloc(&x->arena, (ntopics + 1) * sizeof(*v.drill))))
+		goto out;
+	source_of(v.dm, source, sizeof(source));
 	for (size_t i = 0; i < ntopics; i++)
-		if (!(drill[i] = stopped_here(dm, topics[i])))
+		if (!(v.drill[i] = stopped_here(v.dm, topics[i])))
 			nsrc++;
-	km_last_mirrored_offsets_response_init(&lr);
-	lr.topics.count = 0;
+	km_last_mirrored_offsets_response_init(&v.lr);
+	v.lr.topics.count = 0;
 	if (nsrc && !*source) {
 		km_cmd_say_err(x, "mirror %s has no bootstrap.servers", a->mirror);
-		return KM_CLI_EXIT_ERROR;
+		goto out;
 	}
-	if (nsrc)
-		rc = source_last_mirrored(x, source, topics, ntopics, drill, &lr, &src_resp);
-	if (rc == KM_CLI_EXIT_OK)
-		rc = add_stop_points(x, dm, topics, ntopics, drill, &lr) && ends_here(x, &lr, &lo) &&
-				     start_report(x, topics, ntopics, drill, &lr, &lo)
-			     ? KM_CLI_EXIT_OK
-			     : KM_CLI_EXIT_ERROR;
-	free(src_resp);
+	if (nsrc && (rc = source_last_mirrored(x, source, topics, ntopics, v.drill, &v.lr, &kept[1])) != KM_CLI_EXIT_OK)
+		goto out;
+	rc = KM_CLI_EXIT_ERROR;
+	if (!add_stop_points(x, v.dm, topics, ntopics, v.drill, &v.lr) || !metadata_here(x, topics, ntopics, &v.md))
+		goto out;
+	kept[2] = x->resp;
+	x->resp = NULL;
+	if (!offsets_here(x, &v.md, -2, &v.starts))
+		goto out;
+	kept[3] = x->resp;
+	x->resp = NULL;
+	if (offsets_here(x, &v.md, -1, &v.ends) && start_report(x, &v))
+		rc = KM_CLI_EXIT_OK;
+out:
+	for (size_t i = 0; i < sizeof(kept) / sizeof(*kept); i++)
+		free(kept[i]);
 	return rc;
 }
 
@@ -1053,11 +1164,13 @@ int km_cmd_topics(ctx *x)
 		return cmd_start_dry_run(x, topics, ntopics);
 	km_wr_init(&w);
 	switch (a->cmd) {
-	case KM_CLI_CMD_START: BUILD_TOPICS_REQUEST(km_start_mirror_topics, &w, v, a->mirror, topics, ntopics); break;
+	case KM_CLI_CMD_START: BUILD_TOPICS_REQUEST(km_start_mirror_topics, &w, v, a->mirror, topics, ntopics,
+									   m_.adopt_existing = a->adopt_existing);
+		break;
 	case KM_CLI_CMD_STOP:
-	case KM_CLI_CMD_PROMOTE: BUILD_TOPICS_REQUEST(km_stop_mirror_topics, &w, v, a->mirror, topics, ntopics); break;
-	case KM_CLI_CMD_PAUSE: BUILD_TOPICS_REQUEST(km_pause_mirror_topics, &w, v, a->mirror, topics, ntopics); break;
-	default: BUILD_TOPICS_REQUEST(km_resume_mirror_topics, &w, v, a->mirror, topics, ntopics); break;
+	case KM_CLI_CMD_PROMOTE: BUILD_TOPICS_REQUEST(km_stop_mirror_topics, &w, v, a->mirror, topics, ntopics, (void)0); break;
+	case KM_CLI_CMD_PAUSE: BUILD_TOPICS_REQUEST(km_pause_mirror_topics, &w, v, a->mirror, topics, ntopics, (void)0); break;
+	default: BUILD_TOPICS_REQUEST(km_resume_mirror_topics, &w, v, a->mirror, topics, ntopics, (void)0); break;
 	}
 	if (!km_cmd_call(x, key, &w, v, &r))
 		return KM_CLI_EXIT_ERROR;

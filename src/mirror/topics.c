@@ -20,7 +20,11 @@
 #include "kmirror/msg/describe_transactions_response.h"
 #include "kmirror/msg/fetch_request.h"
 #include "kmirror/msg/fetch_response.h"
+#include "kmirror/msg/last_mirrored_offsets_request.h"
+#include "kmirror/msg/last_mirrored_offsets_response.h"
 #include "kmirror/msg/list_transactions_request.h"
+#include "kmirror/msg/list_offsets_request.h"
+#include "kmirror/msg/list_offsets_response.h"
 #include "kmirror/msg/list_transactions_response.h"
 #include "kmirror/msg/metadata_request.h"
 #include "kmirror/msg/metadata_response.h"
@@ -63,11 +67,17 @@ enum {
 
 /* Versions: Metadata v1+ (topic errors per name), DescribeConfigs v1+ (config_source), CreateTopics v4+ (-1 replication factor), Fetch v4-12 (topics by name). */
 enum { META_LO = 1, META_HI = 12, DC_LO = 1, DC_HI = 4, CT_LO = 4, CT_HI = 7, CP_LO = 0, CP_HI = 3, FETCH_LO = 4, FETCH_HI = 12,
-       LT_LO = 0, LT_HI = 2, DT_LO = 0, DT_HI = 0 };
+       LT_LO = 0, LT_HI = 2, DT_LO = 0, DT_HI = 0, LO_LO = 1, LO_HI = 10 };
 /* A question of a batch lookup not answered yet (no wire code or km_err is this). */
 #define LQ_PENDING INT32_MIN
 /* A batch lookup answers within this (the proxy holds a client's ListOffsets meanwhile). */
 #define LOOKUP_TIMEOUT_MS 5000
+/* A search by timestamp reads this much per Fetch, this many Fetches at most; a compressed batch decompresses into at most this. */
+#define SEARCH_FETCH_BYTES (1 << 20)
+#define SEARCH_READS_MAX 16
+#define SEARCH_BATCH_MAX (64 << 20)
+/* A search's source that cannot be reached this long is not asked (the destination's answer stands). */
+#define SEARCH_SOURCE_PATIENCE_MS 1500
 /* A destination broker that cannot be reached this long is left out of the open-transactions check (logged). */
 #define TXN_PATIENCE_MS 5000
 /* Brokers asked for their open transactions; transactional ids described in one request. */
@@ -125,7 +135,10 @@ bool km_mirror_config_copied(const char *name, int8_t source, const char **value
 typedef enum {
 	P_DST_META, P_SRC_META, P_SRC_CFG, P_CREATE, P_LEADERS, P_GROW_PARTS, P_GROW_STATE,
 	P_LOOKUP_META, P_LOOKUP_FETCH, /* km_mirror_batches_at */
+	P_LOOKUP_SRC_META, P_LOOKUP_SRC_LO, /* and the source's answer where a marker was passed over */
 	P_TXN_LIST, P_TXN_DESC,        /* open transactions on the topics a start makes read-only */
+	P_DATA_META, P_DATA_ENDS,      /* records on a destination topic in no mirror here */
+	P_SRC_PEER,                    /* and whether the start is a failback (the source's kmirrord) */
 	P_DONE
 } phase;
 
@@ -141,6 +154,11 @@ typedef struct ptopic {
 	bool settled;      /* its answer is known */
 	bool asked;        /* in the CreateTopics in flight */
 	bool txn_check;    /* on the destination and writable: no client transaction may hold it open */
+	bool data_check;   /* on the destination and in no mirror here: the records it holds are counted */
+	bool peer_check;   /* it holds records: a start is a failback, or refused unless adopted */
+	int32_t nparts;    /* data_check: its partitions' leaders, log starts and ends (-1: not known yet) */
+	int32_t *leader;
+	int64_t *lo, *hi;
 	int32_t partitions;
 	pcfg *cfg;
 	size_t ncfg;
@@ -156,10 +174,16 @@ struct km_mprep {
 	size_t n;
 	km_mirror_prepare_cb cb;
 	void *arg;
+	bool adopt;        /* StartMirrorTopics' AdoptExisting: a topic that holds records is started all the same */
+	bool ends_latest;  /* the ListOffsets in flight asks the ends (else the log starts) */
 	/* km_mirror_batches_at: the questions (their topics are t[]), the next one to fetch */
 	km_mirror_batch_q *lq;
 	size_t nlq, lq_next;
 	km_mirror_batches_cb lcb;
+	size_t lq_src;     /* the question the source is asked next */
+	int32_t src_leader;  /* its partition's leader on the source (-1: Metadata first) */
+	int64_t src_since;   /* when the source was first needed */
+	char *src_mirror;    /* the mirror src is the source of */
 	/* the open-transactions check: the destination's brokers, the one asked, the ids it listed */
 	int32_t nodes[TXN_NODES_MAX];
 	size_t nnodes, node_next;
@@ -227,10 +251,14 @@ static void prep_free(struct km_mprep *p)
 			free(p->t[i].cfg[j].value);
 		}
 		free(p->t[i].cfg);
+		free(p->t[i].leader);
+		free(p->t[i].lo);
+		free(p->t[i].hi);
 		free(p->t[i].name);
 		free(p->t[i].msg);
 	}
 	free(p->t);
+	free(p->src_mirror);
 	free_tids(p);
 	if (p->ev)
 		event_free(p->ev);
@@ -424,6 +452,7 @@ static size_t to_create(const struct km_mprep *p)
 }
 
 static bool writable_here(const struct km_mprep *p, const char *topic);
+static bool take_leaders(ptopic *t, const km_metadata_response_topic *mt);
 
 static void took_dst_meta(struct km_mprep *p, const km_metadata_response *r)
 {
@@ -440,23 +469,28 @@ static void took_dst_meta(struct km_mprep *p, const km_metadata_response *r)
 		p->ph = p->dst_partitions < p->t[0].partitions ? P_GROW_PARTS : P_GROW_STATE;
 		return;
 	}
+	bool any = false;
 	for (int32_t i = 0; i < r->topics.count; i++) {
 		ptopic *t = topic_of(p, r->topics.items[i].name);
-		if (t && r->topics.items[i].error_code == KM_KAFKA_UNKNOWN_TOPIC_OR_PARTITION)
+		const km_state *st = km_mirror_store(p->mi);
+		if (t && r->topics.items[i].error_code == KM_KAFKA_UNKNOWN_TOPIC_OR_PARTITION) {
 			t->missing = true;
-		else if (t && !r->topics.items[i].error_code && !t->settled && writable_here(p, t->name))
-			t->txn_check = true;
+		} else if (t && !r->topics.items[i].error_code && !t->settled && writable_here(p, t->name)) {
+			t->txn_check = any = true;
+			/* In no mirror here: whatever it holds, no mirror of this kmirrord wrote it. */
+			if (st && !km_state_topic_find(st, t->name, strlen(t->name)) && take_leaders(t, &r->topics.items[i]))
+				t->data_check = true;
+		}
 		/* Any other outcome (an error of its own): the store's own check answers it. */
 	}
-	for (size_t i = 0; i < p->n; i++)
-		if (p->t[i].txn_check) {
-			if (km_cluster_brokers(p->dst, r) == KM_OK)
-				p->nnodes = km_cluster_node_ids(p->dst, p->nodes, TXN_NODES_MAX);
-			p->node_next = 0;
-			p->node_since = now_ms();
-			p->ph = P_TXN_LIST;
-			return;
-		}
+	if (any) {
+		if (km_cluster_brokers(p->dst, r) == KM_OK)
+			p->nnodes = km_cluster_node_ids(p->dst, p->nodes, TXN_NODES_MAX);
+		p->node_next = 0;
+		p->node_since = now_ms();
+		p->ph = P_TXN_LIST;
+		return;
+	}
 	p->ph = to_create(p) ? P_SRC_META : P_DONE;
 }
 
@@ -484,10 +518,10 @@ static void txn_next_node(struct km_mprep *p)
 	p->ph = P_TXN_LIST;
 }
 
-/* The checked topics' transactions are known: on to creating the missing ones (or the answer). */
+/* The checked topics' transactions are known: on to the records they hold. */
 static void txn_checked(struct km_mprep *p)
 {
-	p->ph = to_create(p) ? P_SRC_META : P_DONE;
+	p->ph = P_DATA_ENDS;
 }
 
 /*
@@ -611,6 +645,307 @@ static void took_txn_describe(struct km_mprep *p, const km_describe_transactions
 		}
 	}
 	txn_next_node(p);
+}
+
+/* ---- a destination topic that already holds records (docs/mirror.md, "A destination topic that holds records") ---- */
+
+/* t's partitions and their leaders from the destination's Metadata; false when out of memory (the check is left out). */
+static bool take_leaders(ptopic *t, const km_metadata_response_topic *mt)
+{
+	int32_t n = mt->partitions.count > 0 ? mt->partitions.count : 0;
+
+	free(t->leader);
+	free(t->lo);
+	free(t->hi);
+	t->leader = calloc((size_t)n + 1, sizeof(*t->leader));
+	t->lo = malloc(((size_t)n + 1) * sizeof(*t->lo));
+	t->hi = malloc(((size_t)n + 1) * sizeof(*t->hi));
+	t->nparts = 0;
+	if (!t->leader || !t->lo || !t->hi)
+		return false;
+	for (int32_t i = 0; i < n; i++) {
+		int32_t k = mt->partitions.items[i].partition_index;
+		if (k < 0 || k >= n)
+			continue;
+		t->leader[k] = mt->partitions.items[i].error_code ? -1 : mt->partitions.items[i].leader_id;
+		t->lo[k] = t->hi[k] = -1;
+	}
+	t->nparts = n;
+	return true;
+}
+
+/* Leaders moved (or were not elected): Metadata again, then the offsets not known yet. */
+static void took_data_meta(struct km_mprep *p, const km_metadata_response *r)
+{
+	if (km_cluster_brokers(p->dst, r) != KM_OK)
+		snprintf(p->why, sizeof(p->why), "the destination's brokers could not be taken from its Metadata");
+	for (int32_t i = 0; i < r->topics.count; i++) {
+		const km_metadata_response_topic *mt = &r->topics.items[i];
+		ptopic *t = topic_of(p, mt->name);
+		if (!t || !t->data_check || t->settled || mt->error_code)
+			continue;
+		for (int32_t k = 0; k < mt->partitions.count; k++) {
+			int32_t id = mt->partitions.items[k].partition_index;
+			if (id >= 0 && id < t->nparts)
+				t->leader[id] = mt->partitions.items[k].error_code ? -1 : mt->partitions.items[k].leader_id;
+		}
+	}
+	p->ph = P_DATA_ENDS;
+}
+
+/* Whether a topic counted holds records, and what the refusal says of them. */
+static int64_t held_records(const ptopic *t, char *where, size_t len)
+{
+	int64_t held = 0;
+	int32_t first = -1, more = 0;
+
+	for (int32_t k = 0; k < t->nparts; k++) {
+		if (t->hi[k] <= t->lo[k])
+			continue;
+		held += t->hi[k] - t->lo[k];
+		if (first < 0)
+			first = k;
+		else
+			more++;
+	}
+	if (first >= 0 && more)
+		snprintf(where, len, "partition %d: offsets %lld to %lld, and %d partition(s) more", (int)first,
+			 (long long)t->lo[first], (long long)t->hi[first] - 1, (int)more);
+	else if (first >= 0)
+		snprintf(where, len, "partition %d: offsets %lld to %lld", (int)first, (long long)t->lo[first],
+			 (long long)t->hi[first] - 1);
+	return held;
+}
+
+/* Every checked topic's records are counted: those that hold some are a failback, or refused unless adopted. */
+static void data_counted(struct km_mprep *p)
+{
+	bool ask = false;
+	for (size_t i = 0; i < p->n; i++) {
+		ptopic *t = &p->t[i];
+		char where[160] = "";
+		int64_t held;
+		if (!t->data_check || t->settled || !(held = held_records(t, where, sizeof(where))))
+			continue;
+		if (p->adopt)
+			KM_INFO(COMP, 0, "%s: topic %s holds records on the destination at %lld offset(s) (%s) that no "
+				"mirror here wrote: adopted (AdoptExisting), the start hides them", p->mirror, t->name, (long long)held,
+				where);
+		else
+			t->peer_check = ask = true;
+	}
+	p->ph = ask ? P_SRC_PEER : to_create(p) ? P_SRC_META : P_DONE;
+}
+
+/*
+ * ListOffsets of the log starts, then of the ends, one leader at a time: every partition of the
+ * checked topics that the leader of the first one not known yet leads.
+ */
+static void send_data_ends(struct km_mprep *p)
+{
+	km_list_offsets_request m;
+	km_list_offsets_request_list_offsets_topic *lt;
+	km_list_offsets_request_list_offsets_partition *lp;
+	int32_t node = -2, nt = 0, np = 0, total = 0;
+	km_net_client *c;
+	int16_t ver;
+	bool latest = false;
+
+	for (size_t i = 0; i < p->n && node == -2; i++)
+		for (int32_t k = 0; p->t[i].data_check && !p->t[i].settled && k < p->t[i].nparts && node == -2; k++)
+			if (p->t[i].lo[k] < 0 || p->t[i].hi[k] < 0) {
+				node = p->t[i].leader[k];
+				latest = p->t[i].lo[k] >= 0;
+				if (node < 0)
+					snprintf(p->why, sizeof(p->why), "partition %s-%d has no leader on the destination",
+						 p->t[i].name, (int)k);
+			}
+	if (node == -2) {
+		data_counted(p);
+		return later(p, 0);
+	}
+	c = node >= 0 ? km_cluster_node(p->dst, node) : NULL;
+	if (!c) {
+		p->ph = P_DATA_META;
+		return later(p, RETRY_MS);
+	}
+	if (!km_cluster_usable(p->dst, c)) {
+		snprintf(p->why, sizeof(p->why), "destination broker %d cannot be reached: %s", (int)node,
+			 km_cluster_last_error(p->dst));
+		return later(p, RETRY_MS);
+	}
+	if ((ver = km_net_version_pick(c, KM_API_LIST_OFFSETS, LO_LO, LO_HI)) < 0) {
+		for (size_t i = 0; i < p->n; i++)
+			if (p->t[i].data_check)
+				set_code(&p->t[i], KM_KAFKA_UNSUPPORTED_VERSION,
+					 "the destination does not support ListOffsets v%d+", LO_LO);
+		p->ph = P_DONE;
+		return later(p, 0);
+	}
+	for (size_t i = 0; i < p->n; i++)
+		total += p->t[i].data_check ? p->t[i].nparts : 0;
+	lt = calloc(p->n, sizeof(*lt));
+	lp = calloc((size_t)total + 1, sizeof(*lp));
+	if (!lt || !lp) {
+		free(lt);
+		free(lp);
+		return later(p, RETRY_MS);
+	}
+	km_list_offsets_request_init(&m);
+	m.replica_id = -1;
+	m.isolation_level = 0;
+	for (size_t i = 0; i < p->n; i++) {
+		ptopic *t = &p->t[i];
+		int32_t first = np;
+		for (int32_t k = 0; t->data_check && !t->settled && k < t->nparts; k++) {
+			if (t->leader[k] != node || (latest ? t->hi[k] : t->lo[k]) >= 0)
+				continue;
+			km_list_offsets_request_list_offsets_partition_init(&lp[np]);
+			lp[np].partition_index = k;
+			lp[np].current_leader_epoch = -1;
+			lp[np++].timestamp = latest ? -1 : -2;
+		}
+		if (np == first)
+			continue;
+		km_list_offsets_request_list_offsets_topic_init(&lt[nt]);
+		lt[nt].name = km_str_c(t->name);
+		lt[nt].partitions.items = &lp[first];
+		lt[nt++].partitions.count = np - first;
+	}
+	m.topics.items = lt;
+	m.topics.count = nt;
+	p->ends_latest = latest;
+	send_req(p, p->dst, c, KM_API_LIST_OFFSETS, ver, &m);
+	free(lt); /* encoded in the call */
+	free(lp);
+}
+
+static void took_data_ends(struct km_mprep *p, const km_list_offsets_response *r)
+{
+	for (int32_t i = 0; i < r->topics.count; i++) {
+		ptopic *t = topic_of(p, r->topics.items[i].name);
+		for (int32_t k = 0; t && t->data_check && k < r->topics.items[i].partitions.count; k++) {
+			const km_list_offsets_response_list_offsets_partition_response *pr = &r->topics.items[i].partitions.items[k];
+			int32_t id = pr->partition_index;
+			if (id < 0 || id >= t->nparts)
+				continue;
+			if (pr->error_code || pr->offset < 0) {
+				/* A leader that moved (NOT_LEADER_OR_FOLLOWER and the like): Metadata again. */
+				snprintf(p->why, sizeof(p->why), "ListOffsets of %s-%d on the destination: %s", t->name, (int)id,
+					 km_err_name(pr->error_code));
+				p->ph = P_DATA_META;
+				continue;
+			}
+			if (p->ends_latest)
+				t->hi[id] = pr->offset;
+			else
+				t->lo[id] = pr->offset;
+		}
+	}
+}
+
+/* The topics that hold records and are no failback: refused (the message says what to do). */
+static void refuse_held(struct km_mprep *p)
+{
+	for (size_t i = 0; i < p->n; i++) {
+		ptopic *t = &p->t[i];
+		char where[160] = "";
+		int64_t held;
+		if (!t->peer_check || t->settled)
+			continue;
+		held = held_records(t, where, sizeof(where));
+		set_code(t, K_TOPIC_ALREADY_EXISTS,
+			 "Topic %s already holds records (or transaction markers) on the destination at %lld offset(s) "
+			 "(%s) that no mirror here wrote, and "
+			 "the source does not know it as mirrored from here (no failback). A start would hide them from "
+			 "readers through kmirrord (they stay in the destination's log) and give their offsets to the "
+			 "source's records. Read or copy them first, or mirror into a topic that does not exist yet; to "
+			 "hide them and mirror, start again with --adopt-existing",
+			 t->name, (long long)held, where);
+	}
+	p->ph = to_create(p) ? P_SRC_META : P_DONE;
+}
+
+/* The source cluster's connections (made once, for the peer question and a creation's reads); false when the mirror's source is unusable (the topics named settled). */
+static bool src_cluster(struct km_mprep *p, bool (*which)(const ptopic *))
+{
+	const km_state_mirror *m;
+	char why[300] = "";
+
+	if (p->src)
+		return true;
+	m = km_state_mirror_find(km_mirror_store(p->mi), p->mirror);
+	if (m)
+		p->src = km_mirror_source_cluster(p->mi, m, "topics", 16 << 20, &p->src_tls, on_cluster, p, why, sizeof(why));
+	if (p->src)
+		return true;
+	for (size_t i = 0; i < p->n; i++)
+		if (which(&p->t[i]))
+			set_code(&p->t[i], m ? KM_MIRROR_INVALID_CLUSTER_MIRROR_CONFIG : KM_MIRROR_UNKNOWN_CLUSTER_MIRROR,
+				 m ? "The source of mirror '%s' is unusable: %s" : "Cluster mirror '%s' does not exist%s",
+				 p->mirror, why);
+	p->ph = P_DONE;
+	later(p, 0);
+	return false;
+}
+
+static bool missing_one(const ptopic *t)
+{
+	return t->missing;
+}
+
+static bool peer_checked(const ptopic *t)
+{
+	return t->peer_check;
+}
+
+/*
+ * Whether the source is a kmirrord that holds the topics in a mirror of its own (LastMirroredOffsets,
+ * any mirror): a failback (docs/mirror.md, "Failback"), whose start keeps what is here below where
+ * that mirror stopped. A plain Kafka source, or a topic it does not mirror: refused.
+ */
+static void send_src_peer(struct km_mprep *p)
+{
+	km_last_mirrored_offsets_request m;
+	km_last_mirrored_offsets_request_topic_data *td;
+	km_net_client *c;
+	int16_t ver;
+	int32_t k = 0;
+
+	if (!src_cluster(p, peer_checked) || !(c = ready_client(p, p->src)))
+		return;
+	if ((ver = km_net_version_pick(c, KM_API_LAST_MIRRORED_OFFSETS, 0, 0)) < 0) {
+		refuse_held(p);
+		return later(p, 0);
+	}
+	if (!(td = calloc(p->n, sizeof(*td))))
+		return later(p, RETRY_MS);
+	km_last_mirrored_offsets_request_init(&m);
+	m.mirror_name = km_str_c("");
+	for (size_t i = 0; i < p->n; i++) {
+		if (!p->t[i].peer_check || p->t[i].settled)
+			continue;
+		km_last_mirrored_offsets_request_topic_data_init(&td[k]);
+		td[k].name = km_str_c(p->t[i].name);
+		td[k++].partitions.count = -1;
+	}
+	m.topics.items = td;
+	m.topics.count = k;
+	send_req(p, p->src, c, KM_API_LAST_MIRRORED_OFFSETS, ver, &m);
+	free(td); /* encoded in the call */
+}
+
+static void took_src_peer(struct km_mprep *p, const km_last_mirrored_offsets_response *r)
+{
+	for (int32_t i = 0; !r->error_code && i < r->topics.count; i++) {
+		ptopic *t = topic_of(p, r->topics.items[i].name);
+		if (t && t->peer_check && !r->topics.items[i].error_code) {
+			t->peer_check = false; /* a failback: the pipeline compares the records before it trusts it */
+			KM_INFO(COMP, 0, "%s: topic %s holds records on the destination and the source's kmirrord holds it "
+				"in a mirror: a failback", p->mirror, t->name);
+		}
+	}
+	refuse_held(p);
 }
 
 static void took_src_meta(struct km_mprep *p, const km_metadata_response *r)
@@ -814,11 +1149,58 @@ static void took_lookup_meta(struct km_mprep *p, const km_metadata_response *r)
 	p->ph = P_LOOKUP_FETCH;
 }
 
-/* The first batch of the answer: the one holding the offset asked (a fetch starts at the batch that holds it). */
+/*
+ * The first record at or after q->offset, in a data batch, whose timestamp reaches q->timestamp,
+ * among the batches of records; q->next moves past each batch read. True when found.
+ */
+static bool search_batches(km_mirror_batch_q *q, const km_bytes *records, int64_t log_start, int64_t end)
+{
+	km_batch_iter it;
+	km_batch b;
+	bool found = false;
+
+	km_batch_iter_init(&it, records->p, records->len > 0 ? (size_t)records->len : 0);
+	while (!found && km_batch_next(&it, &b)) {
+		int64_t last = b.base_offset + b.last_offset_delta;
+		uint8_t *scratch = NULL;
+		km_record_iter ri;
+		km_record rec;
+
+		if (b.base_offset >= end)
+			break;
+		if (last >= q->next)
+			q->next = last + 1;
+		/* A control batch is the mirror's own marker, with the destination's clock: the source tells its own. */
+		if (b.control && last >= q->offset && q->marker < 0)
+			q->marker = b.base_offset;
+		if (last < q->offset || b.control || b.max_timestamp < q->timestamp)
+			continue;
+		if (q->lat) {
+			q->found_offset = b.base_offset > log_start ? b.base_offset : log_start;
+			q->found_timestamp = b.max_timestamp;
+			return true;
+		}
+		if (b.codec != KM_CODEC_NONE && !(scratch = malloc(SEARCH_BATCH_MAX)))
+			continue;
+		if (km_batch_records(&b, scratch, scratch ? SEARCH_BATCH_MAX : 0, &ri) == KM_OK)
+			while (!found && km_record_next(&ri, &rec))
+				if (rec.timestamp >= q->timestamp && rec.offset >= log_start && rec.offset >= q->offset &&
+				    rec.offset < end) {
+					q->found_offset = rec.offset;
+					q->found_timestamp = rec.timestamp;
+					found = true;
+				}
+		free(scratch);
+	}
+	return found;
+}
+
+/* One Fetch's worth of the search: found, nothing up to the high watermark, or on with the next Fetch. */
 static void took_lookup_fetch(struct km_mprep *p, const km_fetch_response *r)
 {
 	km_mirror_batch_q *q = &p->lq[p->lq_next];
 	const km_fetch_response_partition_data *d = NULL;
+	int64_t before = q->next, end;
 
 	if (r->responses.count > 0 && r->responses.items[0].partitions.count > 0)
 		d = &r->responses.items[0].partitions.items[0];
@@ -828,19 +1210,21 @@ static void took_lookup_fetch(struct km_mprep *p, const km_fetch_response *r)
 		q->code = KM_KAFKA_UNKNOWN_SERVER_ERROR;
 	else if (d->error_code)
 		q->code = d->error_code;
-	else if (d->records.len < KM_BATCH_HEADER_SIZE)
-		q->code = KM_KAFKA_OFFSET_OUT_OF_RANGE; /* nothing there (any more) */
-	else {
-		const uint8_t *b = (const uint8_t *)d->records.p;
-		q->base_offset = (int64_t)km_be64(b + KM_BATCH_OFF_BASE_OFFSET);
-		q->max_timestamp = (int64_t)km_be64(b + KM_BATCH_OFF_MAX_TIMESTAMP);
-		q->log_start_offset = d->log_start_offset;
+	else if (search_batches(q, &d->records, d->log_start_offset,
+				end = q->committed && d->last_stable_offset >= 0 ? d->last_stable_offset : d->high_watermark))
 		q->code = KM_OK;
+	else if (q->next <= before || q->next >= end) {
+		q->found_offset = q->found_timestamp = -1; /* no record up to the end reaches it */
+		q->code = KM_OK;
+	} else if (++q->reads >= SEARCH_READS_MAX) {
+		q->code = K_REQUEST_TIMED_OUT; /* further than the search reads: the broker's answer stays */
+	} else {
+		return; /* the next Fetch, from q->next */
 	}
 	p->lq_next++;
 }
 
-/* One Fetch of one batch (max bytes 1: the broker still gives the first batch whole) to the next question's leader. */
+/* One Fetch of up to 1 MiB from where the next question's search is, to its leader. */
 static void send_lookup_fetch(struct km_mprep *p)
 {
 	km_fetch_request m;
@@ -853,7 +1237,9 @@ static void send_lookup_fetch(struct km_mprep *p)
 	while (p->lq_next < p->nlq && p->lq[p->lq_next].code != LQ_PENDING)
 		p->lq_next++;
 	if (p->lq_next >= p->nlq) {
-		p->ph = P_DONE;
+		p->ph = P_LOOKUP_SRC_META;
+		p->src_leader = -1;
+		p->src_since = now_ms();
 		later(p, 0);
 		return;
 	}
@@ -875,20 +1261,158 @@ static void send_lookup_fetch(struct km_mprep *p)
 	m.replica_id = -1;
 	m.max_wait_ms = 0;
 	m.min_bytes = 0;
-	m.max_bytes = 1;
+	m.max_bytes = SEARCH_FETCH_BYTES;
+	m.isolation_level = 0; /* up to the high watermark: a marker is passed over, an open transaction's records are records */
 	m.session_id = 0;
 	m.session_epoch = -1;
 	fp.partition = q->partition;
 	fp.current_leader_epoch = -1;
-	fp.fetch_offset = q->offset;
+	fp.fetch_offset = q->next;
 	fp.log_start_offset = -1;
-	fp.partition_max_bytes = 1;
+	fp.partition_max_bytes = SEARCH_FETCH_BYTES;
 	t.topic = km_str_c(q->topic);
 	t.partitions.items = &fp;
 	t.partitions.count = 1;
 	m.topics.items = &t;
 	m.topics.count = 1;
 	send_req(p, p->dst, c, KM_API_FETCH, ver, &m);
+}
+
+/* ---- a search that passed over a marker: the source's own answer ---- */
+
+/* The next question whose search passed over a marker, from p->lq_src on; NULL when none is left. */
+static km_mirror_batch_q *src_question(struct km_mprep *p)
+{
+	for (; p->lq_src < p->nlq; p->lq_src++)
+		if (p->lq[p->lq_src].code == KM_OK && p->lq[p->lq_src].marker >= 0)
+			return &p->lq[p->lq_src];
+	return NULL;
+}
+
+/* The source cluster of the mirror that holds topic (the one it was made for, or a new one); false when none can be had. */
+static bool lookup_source(struct km_mprep *p, const char *topic)
+{
+	const km_state *st = km_mirror_store(p->mi);
+	const km_state_topic *t = st ? km_state_topic_find(st, topic, strlen(topic)) : NULL;
+	const km_state_mirror *m = t ? km_state_topic_mirror(t) : NULL;
+	char why[300] = "";
+
+	if (!m)
+		return false;
+	if (p->src && p->src_mirror && !strcmp(p->src_mirror, km_state_mirror_name(m)))
+		return true;
+	km_cluster_free(p->src);
+	p->src = NULL;
+	if (p->src_tls)
+		SSL_CTX_free(p->src_tls);
+	p->src_tls = NULL;
+	free(p->src_mirror);
+	if (!(p->src_mirror = strdup(km_state_mirror_name(m))))
+		return false;
+	snprintf(p->src_boot, sizeof(p->src_boot), "%s", km_state_mirror_source(m));
+	p->src = km_mirror_source_cluster(p->mi, m, "lookup", 16 << 20, &p->src_tls, on_cluster, p, why, sizeof(why));
+	return p->src != NULL;
+}
+
+/* Metadata of the question's topic on the source (its leader), then ListOffsets by timestamp there. */
+static void send_lookup_src(struct km_mprep *p)
+{
+	km_mirror_batch_q *q = src_question(p);
+	km_net_client *c;
+	int16_t ver;
+
+	if (!q) {
+		p->ph = P_DONE;
+		return later(p, 0);
+	}
+	if (!lookup_source(p, q->topic)) {
+		p->lq_src++;
+		p->src_leader = -1;
+		return later(p, 0);
+	}
+	c = p->src_leader >= 0 ? km_cluster_node(p->src, p->src_leader) : km_cluster_any(p->src);
+	if (!km_cluster_usable(p->src, c)) {
+		if (now_ms() - p->src_since < SEARCH_SOURCE_PATIENCE_MS)
+			return later(p, RETRY_MS / 4);
+		KM_INFO(COMP, 0, "ListOffsets by timestamp on %s-%d: the source (%s) cannot be reached (%s): answered from "
+			"the destination (a transaction marker's own time is the source's to tell)", q->topic,
+			(int)q->partition, p->src_boot, km_cluster_last_error(p->src));
+		p->ph = P_DONE;
+		return later(p, 0);
+	}
+	if (p->src_leader < 0) {
+		km_metadata_request m;
+		km_metadata_request_topic mt;
+		if ((ver = km_net_version_pick(c, KM_API_METADATA, META_LO, META_HI)) < 0) {
+			p->lq_src++;
+			return later(p, 0);
+		}
+		km_metadata_request_init(&m);
+		km_metadata_request_topic_init(&mt);
+		mt.name = km_str_c(q->topic);
+		m.topics.items = &mt;
+		m.topics.count = 1;
+		m.allow_auto_topic_creation = false;
+		p->ph = P_LOOKUP_SRC_META;
+		send_req(p, p->src, c, KM_API_METADATA, ver, &m);
+		return;
+	}
+	if ((ver = km_net_version_pick(c, KM_API_LIST_OFFSETS, LO_LO, LO_HI)) < 0) {
+		p->lq_src++;
+		p->src_leader = -1;
+		return later(p, 0);
+	} else {
+		km_list_offsets_request m;
+		km_list_offsets_request_list_offsets_topic lt;
+		km_list_offsets_request_list_offsets_partition lp;
+		km_list_offsets_request_init(&m);
+		km_list_offsets_request_list_offsets_topic_init(&lt);
+		km_list_offsets_request_list_offsets_partition_init(&lp);
+		m.replica_id = -1;
+		m.isolation_level = q->committed ? 1 : 0;
+		lp.partition_index = q->partition;
+		lp.current_leader_epoch = -1;
+		lp.timestamp = q->timestamp;
+		lt.name = km_str_c(q->topic);
+		lt.partitions.items = &lp;
+		lt.partitions.count = 1;
+		m.topics.items = &lt;
+		m.topics.count = 1;
+		p->ph = P_LOOKUP_SRC_LO;
+		send_req(p, p->src, c, KM_API_LIST_OFFSETS, ver, &m);
+	}
+}
+
+static void took_lookup_src_meta(struct km_mprep *p, const km_metadata_response *r)
+{
+	km_mirror_batch_q *q = src_question(p);
+	const km_metadata_response_topic *mt = r->topics.count == 1 ? &r->topics.items[0] : NULL;
+
+	if (!q)
+		return;
+	if (km_cluster_brokers(p->src, r) != KM_OK)
+		return; /* asked again */
+	for (int32_t k = 0; mt && !mt->error_code && k < mt->partitions.count; k++)
+		if (mt->partitions.items[k].partition_index == q->partition && !mt->partitions.items[k].error_code)
+			p->src_leader = mt->partitions.items[k].leader_id;
+	if (p->src_leader < 0)
+		p->lq_src++; /* no leader there now: the destination's answer stands */
+}
+
+static void took_lookup_src_lo(struct km_mprep *p, const km_list_offsets_response *r)
+{
+	km_mirror_batch_q *q = src_question(p);
+	const km_list_offsets_response_list_offsets_partition_response *pr = NULL;
+
+	if (r->topics.count == 1 && r->topics.items[0].partitions.count == 1)
+		pr = &r->topics.items[0].partitions.items[0];
+	if (q && pr && !pr->error_code) {
+		q->source_known = true;
+		q->source_offset = pr->offset;
+		q->source_timestamp = pr->timestamp;
+	}
+	p->lq_src++;
+	p->src_leader = -1;
 }
 
 void km_mirror_batches_at(km_mirror *mi, km_mirror_batch_q *q, size_t n, km_mirror_batches_cb cb, void *arg)
@@ -907,6 +1431,11 @@ void km_mirror_batches_at(km_mirror *mi, km_mirror_batch_q *q, size_t n, km_mirr
 	p->deadline = now_ms() + LOOKUP_TIMEOUT_MS;
 	for (size_t i = 0; i < n; i++) {
 		q[i].code = LQ_PENDING;
+		q[i].next = q[i].offset;
+		q[i].reads = 0;
+		q[i].found_offset = q[i].found_timestamp = q[i].marker = -1;
+		q[i].source_known = false;
+		q[i].source_offset = q[i].source_timestamp = -1;
 		if (!topic_of(p, km_str_c(q[i].topic))) {
 			if (!(p->t[p->n].name = strdup(q[i].topic)))
 				goto nomem;
@@ -957,6 +1486,12 @@ static void took_answer(struct km_mprep *p, phase ph, const km_rpc_response *r)
 	case P_LOOKUP_FETCH:
 		took_lookup_fetch(p, r->msg);
 		break;
+	case P_LOOKUP_SRC_META:
+		took_lookup_src_meta(p, r->msg);
+		break;
+	case P_LOOKUP_SRC_LO:
+		took_lookup_src_lo(p, r->msg);
+		break;
 	case P_GROW_PARTS:
 		took_grow(p, r->msg);
 		break;
@@ -968,6 +1503,15 @@ static void took_answer(struct km_mprep *p, phase ph, const km_rpc_response *r)
 		break;
 	case P_TXN_DESC:
 		took_txn_describe(p, r->msg);
+		break;
+	case P_DATA_META:
+		took_data_meta(p, r->msg);
+		break;
+	case P_DATA_ENDS:
+		took_data_ends(p, r->msg);
+		break;
+	case P_SRC_PEER:
+		took_src_peer(p, r->msg);
 		break;
 	default:
 		break;
@@ -1150,13 +1694,25 @@ static void grow_done(void *arg, const km_state_result *res)
 
 static void timed_out(struct km_mprep *p)
 {
-	static const char *const doing[] = {"reading the destination's metadata", "reading the source's metadata",
-					     "reading the source topic's configs", "creating the destination topic",
-					     "waiting for the new topic's leaders", "adding partitions on the destination",
-					     "adding the partitions to the state store",
-					     "reading the destination's metadata", "reading a batch header",
-					     "listing the destination's open transactions", "describing the destination's open transactions",
-					     ""};
+	static const char *const doing[P_DONE + 1] = {
+		[P_DST_META] = "reading the destination's metadata",
+		[P_SRC_META] = "reading the source's metadata",
+		[P_SRC_CFG] = "reading the source topic's configs",
+		[P_CREATE] = "creating the destination topic",
+		[P_LEADERS] = "waiting for the new topic's leaders",
+		[P_GROW_PARTS] = "adding partitions on the destination",
+		[P_GROW_STATE] = "adding the partitions to the state store",
+		[P_LOOKUP_META] = "reading the destination's metadata",
+		[P_LOOKUP_FETCH] = "searching the destination partition",
+		[P_LOOKUP_SRC_META] = "reading the source's metadata",
+		[P_LOOKUP_SRC_LO] = "asking the source",
+		[P_TXN_LIST] = "listing the destination's open transactions",
+		[P_TXN_DESC] = "describing the destination's open transactions",
+		[P_DATA_META] = "reading the destination's metadata",
+		[P_DATA_ENDS] = "reading the destination topic's offsets",
+		[P_SRC_PEER] = "asking the source's kmirrord whether the start is a failback",
+		[P_DONE] = "",
+	};
 	for (size_t i = 0; i < p->n; i++)
 		if (!p->t[i].settled &&
 		    (p->ph != P_DST_META ? p->t[i].partitions > 0 || p->t[i].missing || p->t[i].txn_check : true))
@@ -1182,26 +1738,8 @@ static void advance(struct km_mprep *p)
 		send_metadata(p, p->dst, false);
 		return;
 	case P_SRC_META:
-		if (!p->src) {
-			const km_state_mirror *m = km_state_mirror_find(km_mirror_store(p->mi), p->mirror);
-			char why[300] = "";
-			if (m)
-				p->src = km_mirror_source_cluster(p->mi, m, "topics", 16 << 20, &p->src_tls, on_cluster, p,
-								  why, sizeof(why));
-			if (!p->src) {
-				for (size_t i = 0; i < p->n; i++)
-					if (p->t[i].missing)
-						set_code(&p->t[i], m ? KM_MIRROR_INVALID_CLUSTER_MIRROR_CONFIG :
-								       KM_MIRROR_UNKNOWN_CLUSTER_MIRROR,
-							 m ? "The source of mirror '%s' is unusable: %s" :
-							     "Cluster mirror '%s' does not exist%s",
-							 p->mirror, why);
-				p->ph = P_DONE;
-				later(p, 0);
-				return;
-			}
-		}
-		send_metadata(p, p->src, true);
+		if (src_cluster(p, missing_one))
+			send_metadata(p, p->src, true);
 		return;
 	case P_SRC_CFG:
 		send_describe(p);
@@ -1230,11 +1768,24 @@ static void advance(struct km_mprep *p)
 	case P_LOOKUP_FETCH:
 		send_lookup_fetch(p);
 		return;
+	case P_LOOKUP_SRC_META:
+	case P_LOOKUP_SRC_LO:
+		send_lookup_src(p);
+		return;
 	case P_TXN_LIST:
 		send_txn_list(p);
 		return;
 	case P_TXN_DESC:
 		send_txn_describe(p);
+		return;
+	case P_DATA_META:
+		send_metadata(p, p->dst, false);
+		return;
+	case P_DATA_ENDS:
+		send_data_ends(p);
+		return;
+	case P_SRC_PEER:
+		send_src_peer(p);
 		return;
 	case P_GROW_STATE:
 		/* The store answers once the records are in; it holds p until then (p->inflight). */
@@ -1248,7 +1799,7 @@ static void advance(struct km_mprep *p)
 	}
 }
 
-void km_mirror_prepare_start(km_mirror *mi, const char *mirror, const char *const *topics, size_t n,
+void km_mirror_prepare_start(km_mirror *mi, const char *mirror, const char *const *topics, size_t n, bool adopt,
 			     km_mirror_prepare_cb cb, void *arg)
 {
 	struct km_mprep *p = calloc(1, sizeof(*p));
@@ -1259,6 +1810,7 @@ void km_mirror_prepare_start(km_mirror *mi, const char *mirror, const char *cons
 	p->mi = mi;
 	p->cb = cb;
 	p->arg = arg;
+	p->adopt = adopt;
 	p->deadline = now_ms() + PREP_TIMEOUT_MS;
 	for (size_t i = 0; i < n; i++) {
 		if (!(p->t[i].name = strdup(topics[i])))

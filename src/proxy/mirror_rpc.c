@@ -1180,7 +1180,7 @@ static void apply_topics(km_mop *op)
 	}
 	/* A start first has the destination topics there (created from the source when missing). */
 	if (op->op == KM_TOPIC_START && op->mi) {
-		km_mirror_prepare_start(op->mi, op->mirror, allowed, n, prepare_done, op);
+		km_mirror_prepare_start(op->mi, op->mirror, allowed, n, op->m.start.adopt_existing, prepare_done, op);
 		return;
 	}
 	km_state_topics(op->st, op->op, op->mirror, allowed, n, topics_done, op);

@@ -308,6 +308,7 @@ static km_err list_offsets_request(km_off_req *c, const uint8_t *body, size_t le
 	km_rd_init(&r, body, len);
 	if ((rc = km_list_offsets_request_decode(&r, c->version, &rq, &c->arena)) != KM_OK)
 		return rc;
+	c->committed = rq.isolation_level == 1;
 	for (int32_t i = 0; i < rq.topics.count; i++) {
 		km_list_offsets_request_list_offsets_topic *t = &rq.topics.items[i];
 		const void *topic = find_topic(c->lk, t->name, NULL);
@@ -988,16 +989,20 @@ static km_err wrap_response(km_req *rq, km_off_req *c, km_resp_hook row_hook, bo
 	return KM_OK;
 }
 
-/* ---- ListOffsets by timestamp on LogAppendTime runs ---- */
+/* ---- ListOffsets by timestamp on mirror topics ---- */
 
 /*
- * The destination's lookup lands in the right batch (its MaxTimestamp is the source's append time)
- * but on the first record whose own, producer-given, timestamp reaches the one asked, where the
- * source (every record of the batch at the append time) answers with the batch's first record
- * and the append time. So the request is asked of the broker as a probe (as the client: the broker
- * authorizes it), and for each answer in a LogAppendTime run the batch that holds it is read with
- * kmirrord's own client (km_mirror_batches_at): its base offset (or the log start, when that is
- * inside it) and MaxTimestamp are the answer. docs/mirror.md, "LogAppendTime sources".
+ * The destination's own lookup goes wrong on a mirror topic in two ways (docs/mirror.md,
+ * "ListOffsets by timestamp"). The mirror's transaction markers carry the destination's clock,
+ * later than the source records around them: the broker's time index lands on the first such
+ * marker whose time reaches the one asked, far before the record the source answers. And in a
+ * LogAppendTime run the right batch is found (its MaxTimestamp is the source's append time) but on
+ * the first record whose own, producer-given, timestamp reaches the one asked, where the source
+ * (every record of the batch at the append time) answers with the batch's first record. So the
+ * request is asked of the broker as a probe (as the client: the broker authorizes it), and from
+ * each of its answers on a mirror topic the destination partition is searched with kmirrord's own
+ * client (km_mirror_batches_at): the first record of a data batch whose timestamp reaches the one
+ * asked is the answer.
  */
 typedef struct lat_op {
 	struct lat_op *prev, *next; /* every live one (km_off_detach) */
@@ -1046,21 +1051,23 @@ static bool lat_run_at(const km_offmap *m, int64_t o)
 	return i >= 0 && (m->runs[i].flags & KM_OFFRUN_LOG_APPEND_TIME);
 }
 
-static bool has_lat_run(const km_offmap *m)
+/* Where a search from physical offset o starts: o itself in a run; in a hidden range, the next run's start. */
+static int64_t search_from(const km_offmap *m, int64_t o)
 {
-	for (size_t i = 0; m && i < m->n; i++)
-		if (m->runs[i].flags & KM_OFFRUN_LOG_APPEND_TIME)
-			return true;
-	return false;
+	int64_t l, p;
+	if (km_off_batch_run(m, o, &l) >= 0 || l < 0 || (p = km_offmap_to_physical(m, l)) < o)
+		return o;
+	return p;
 }
 
-/* Whether the request asks a timestamp (>= 0) of a partition that has a LogAppendTime run. */
-static bool wants_lat_lookup(km_off_req *c)
+/* Whether the request asks a timestamp (>= 0) of a mirror topic's partition that has mirrored records. */
+static bool wants_time_search(km_off_req *c)
 {
 	for (size_t i = 0; i < c->n; i++) {
 		const km_off_entry *e = &c->entries[i];
 		const void *t = e->value >= 0 ? find_topic(c->lk, e->topic, NULL) : NULL;
-		if (t && has_lat_run(map_of(c, t, e->partition)))
+		const km_offmap *m = t ? map_of(c, t, e->partition) : NULL;
+		if (m && m->n)
 			return true;
 	}
 	return false;
@@ -1096,6 +1103,24 @@ static void lat_answer(lat_op *op)
 	lat_free(op);
 }
 
+/*
+ * Whether the source's answer stands for a search that passed over a marker: the mirror's marker
+ * carries the destination's clock, the source's its own, so the first offset whose time reaches
+ * the one asked lies from that marker (logical) up to the record found (found, logical; -1: none
+ * found, then below the logical tail). Outside that range the source's log is not the one
+ * mirrored (retention, a source changed since): the destination's answer stays.
+ */
+static bool source_answers(const km_offmap *m, const km_mirror_batch_q *q, int64_t found)
+{
+	int64_t from = q->marker >= 0 ? to_logical(m, q->marker) : -1, s = q->source_offset;
+
+	if (!q->source_known || from < 0 || s < from)
+		return false;
+	if (found >= 0)
+		return s <= found;
+	return m->tail_logical >= 0 && s < m->tail_logical;
+}
+
 static void lat_looked_up(void *arg, km_mirror_batch_q *q, size_t n)
 {
 	lat_op *op = arg;
@@ -1108,19 +1133,21 @@ static void lat_looked_up(void *arg, km_mirror_batch_q *q, size_t n)
 		km_list_offsets_response_list_offsets_partition_response *p = op->qp[i];
 		const void *t = find_topic(op->c->lk, km_str_c(q[i].topic), NULL);
 		const km_offmap *m = t ? map_of(op->c, t, q[i].partition) : NULL;
-		int64_t first;
 		if (q[i].code != KM_OK || !m) {
-			/* The plain translation stays: a record of the right batch, with its own timestamp. */
+			/* The plain translation stays: the record the destination found. */
 			char tn[KM_LOG_ESCAPED_SIZE(256)];
 			km_log_escape(tn, sizeof(tn), q[i].topic, q[i].topic ? (int32_t)strnlen(q[i].topic, 256) : 0);
-			KM_WARN("proxy", op->sid, "ListOffsets by timestamp on %s-%d: the batch at destination offset %lld "
-				"could not be read (%s): answered with the record the destination found", tn,
-				(int)q[i].partition, (long long)q[i].offset, km_err_name(q[i].code));
+			KM_WARN("proxy", op->sid, "ListOffsets by timestamp on %s-%d: the search from destination offset "
+				"%lld failed (%s): answered with the record the destination found", tn, (int)q[i].partition,
+				(long long)q[i].offset, km_err_name(q[i].code));
 			continue;
 		}
-		first = q[i].base_offset > q[i].log_start_offset ? q[i].base_offset : q[i].log_start_offset;
-		p->offset = to_logical(m, first > q[i].offset ? q[i].offset : first);
-		p->timestamp = q[i].max_timestamp;
+		p->offset = q[i].found_offset >= 0 ? to_logical(m, q[i].found_offset) : -1;
+		p->timestamp = q[i].found_timestamp;
+		if (source_answers(m, &q[i], p->offset)) {
+			p->offset = q[i].source_offset;
+			p->timestamp = q[i].source_timestamp;
+		}
 	}
 	lat_answer(op);
 }
@@ -1166,7 +1193,8 @@ static void lat_probed(void *arg, km_err err, const uint8_t *body, size_t len)
 			km_list_offsets_response_list_offsets_partition_response *p = &t->partitions.items[j];
 			const km_off_entry *e = km_off_req_find(c, t->name, NULL, p->partition_index);
 			const km_offmap *m = map_of(c, topic, p->partition_index);
-			if (!e || e->value < 0 || p->error_code || !m || !lat_run_at(m, p->offset))
+			int64_t from;
+			if (!e || e->value < 0 || p->error_code || !m || !m->n || p->offset < 0)
 				continue;
 			if (!name && (name = km_arena_alloc(&op->a, (size_t)t->name.len + 1))) {
 				memcpy(name, t->name.p, (size_t)t->name.len);
@@ -1174,7 +1202,10 @@ static void lat_probed(void *arg, km_err err, const uint8_t *body, size_t len)
 			}
 			if (!name)
 				break;
-			op->q[op->nq] = (km_mirror_batch_q){.topic = name, .partition = p->partition_index, .offset = p->offset};
+			from = search_from(m, p->offset);
+			op->q[op->nq] = (km_mirror_batch_q){.topic = name, .partition = p->partition_index, .offset = from,
+							     .timestamp = e->value, .lat = lat_run_at(m, from),
+							     .committed = c->committed};
 			op->qp[op->nq++] = p;
 		}
 	}
@@ -1235,7 +1266,7 @@ static km_err small_request_hook(km_req *rq)
 		return rc;
 	}
 	/* Timestamps asked of LogAppendTime runs: the answer needs the batches that hold the broker's. */
-	if (c && rq->h->api_key == KM_API_LIST_OFFSETS && km_session_host_of(rq->s)->mirror && wants_lat_lookup(c)) {
+	if (c && rq->h->api_key == KM_API_LIST_OFFSETS && km_session_host_of(rq->s)->mirror && wants_time_search(c)) {
 		if ((rc = lat_start(rq, c, off)) == KM_OK)
 			return KM_OK;
 		km_off_req_free(c);

@@ -111,6 +111,7 @@ typedef struct km_off_req {
 	bool seen_visible;     /* a batch of the current partition was in a run */
 	bool blanked;          /* the current partition went out with no records: all past the tail */
 	bool before_tail;      /* Fetch: the request asks for a mapped partition before its tail */
+	bool committed;        /* ListOffsets: isolation read_committed (an answer stays below the LSO) */
 } km_off_req;
 
 km_off_req *km_off_req_new(int16_t key, int16_t version, const km_off_lookup *lk);

@@ -212,10 +212,10 @@ def watermarks(bootstrap, topic, partitions, timeout=15, **extra):
         c.close()
 
 
-def offsets_for_times(bootstrap, topic, partitions, stamps, timeout=15):
+def offsets_for_times(bootstrap, topic, partitions, stamps, timeout=15, **extra):
     """{timestamp: [offset per partition]}: ListOffsets by timestamp (offsets_for_times), one
     request per timestamp for all partitions; -1 where no record is that late."""
-    c = _consumer(bootstrap)
+    c = _consumer(bootstrap, **extra)
     try:
         return {ts: [tp.offset for tp in c.offsets_for_times(
             [TopicPartition(topic, p, ts) for p in range(partitions)], timeout=timeout)]

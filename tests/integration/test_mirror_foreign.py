@@ -2,7 +2,8 @@
 "Reconcile"). A record written straight into the mirror topic on the destination while kmirrord is
 down must neither show at a source offset nor push a source record out: the partition goes FAILED
 with an error that says what happened and what to do. A client's transaction left open on the
-topic when it becomes a mirror is waited for: its marker must not land between mirrored batches."""
+topic when it becomes a mirror is waited for: its marker must not land between mirrored batches.
+A destination topic that holds records no mirror wrote is started only when the operator says so."""
 import signal
 import time
 
@@ -167,7 +168,8 @@ def test_transaction_open_at_start_refuses_it(fenv):
     line = refused_start(env, topic, tid)
     assert "commit or abort" in line, line
     p.commit_transaction(30)  # EndTxn through kmirrord: the COMMIT marker lands at offset 3
-    env.cli.run("start", "--mirror", env.mirror, "--topics", topic)
+    # The records and the marker are no mirror's (test_destination_topic_holding_records_is_adopted_only_when_asked).
+    env.cli.run("start", "--mirror", env.mirror, "--topics", topic, "--adopt-existing")
     wait_states(env.cli, env.mirror, {topic: "MIRRORING"}, timeout=60)
     produce_records(env.sb, topic, 10, start=20, tag="b")
     env.caught_up(topic, 1, timeout=90)
@@ -209,8 +211,59 @@ def test_partition_added_to_a_transaction_without_records_refuses_the_start(fenv
     refused_start(env, topic, tid)
     p.abort_transaction(30)  # the ABORT marker lands at offset 0, the topic still writable
     wait_until(lambda: watermarks(env.dest.bootstrap, topic, 1)[0][1] == 1, 30, what="the abort marker")
-    env.cli.run("start", "--mirror", env.mirror, "--topics", topic)
+    env.cli.run("start", "--mirror", env.mirror, "--topics", topic, "--adopt-existing")  # the marker is no mirror's
     wait_states(env.cli, env.mirror, {topic: "MIRRORING"}, timeout=60)
     env.caught_up(topic, 1, timeout=90)
     seen = [(r.offset, r.key, r.value) for r in read_partition(env.pb, topic, 0, 0, 20)]
     assert seen == source_records(env, topic, 20)
+
+
+def test_destination_topic_holding_records_is_adopted_only_when_asked(fenv):
+    """Issue 29, item 7: a start of a destination topic that already holds records no mirror here
+    wrote (and that is no failback) would hide them from every reader through kmirrord and give
+    their offsets to the source's records. It is refused, naming what is there and what to do, and
+    loses nothing: the records stay readable through kmirrord and the topic writable. With
+    --adopt-existing the start goes through: the source's records take offsets 0 on, exactly, and
+    the local records stay in the destination's log (hidden from readers through kmirrord)."""
+    env = fenv
+    topic = unique("held")
+    env.source_topic(topic, partitions=2)
+    produce_records(env.sb, topic, 20, tag="src")
+    create_dest_topic(env.dest, env.sb, topic)
+    p = Producer({"bootstrap.servers": env.pb})
+    for i in range(5):
+        p.produce(topic, key=f"local-{i}".encode(), value=b"written here before any mirror", partition=1)
+    assert p.flush(30) == 0
+
+    dry = env.cli.run("start", "--mirror", env.mirror, "--topics", topic, "--dry-run").stdout
+    print(dry)
+    rows = [line.split() for line in dry.splitlines() if line.startswith(topic)]
+    assert [r[1] for r in rows] == ["0", "1"] and rows[1][-2:] == ["5", "5"], rows
+    assert all("refused (records here)" in line for line in dry.splitlines() if line.startswith(topic)), dry
+    r = env.cli.run("start", "--mirror", env.mirror, "--topics", topic, expect=1)
+    err = r.stderr.strip()
+    print(err)
+    assert "TOPIC_ALREADY_EXISTS" in err and "5 offset(s)" in err and "partition 1: offsets 0 to 4" in err, err
+    assert "--adopt-existing" in err, err
+    assert not env.describe(topic), env.describe(topic)
+    local = [(m.offset, m.key) for m in read_partition(env.pb, topic, 1, 0, 5)]
+    assert local == [(i, f"local-{i}".encode()) for i in range(5)], local
+    p.produce(topic, key=b"local-5", value=b"still writable", partition=1)
+    assert p.flush(30) == 0
+
+    dry = env.cli.run("start", "--mirror", env.mirror, "--topics", topic, "--dry-run", "--adopt-existing").stdout
+    print(dry)
+    assert "refused (records here)" not in dry and "Total: 6 records here would be hidden" in dry, dry
+    env.cli.run("start", "--mirror", env.mirror, "--topics", topic, "--adopt-existing")
+    wait_states(env.cli, env.mirror, {topic: "MIRRORING"}, timeout=60)
+    env.caught_up(topic, 2, timeout=90)
+    total = 0
+    for part in range(2):
+        end = watermarks(env.sb, topic, 2)[part][1]
+        seen, src = read_partition(env.pb, topic, part, 0, end), read_partition(env.sb, topic, part, 0, end)
+        assert seen == src, (part, seen[:3], src[:3])
+        total += len(src)
+    assert total == 20
+    # The local records are still on the destination, under the mirrored ones' offsets.
+    kept = [m.key for m in read_partition(env.dest.bootstrap, topic, 1, 0, 6)]
+    assert kept == [f"local-{i}".encode() for i in range(6)], kept

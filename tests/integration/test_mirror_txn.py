@@ -17,7 +17,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 
 from mirror_cli import Cli, described, kmirror_bin, wait_states  # noqa: F401
 from mirror_data import (count_anomalies, create_dest_topic, diff_records, env_int, long_run,
-                         main_release_only, partition_batches, progress, read_partition,
+                         main_release_only, offsets_for_times, partition_batches, progress, read_partition,
                          record, skip_3brokers_off_main_release)
 from proxy_fixtures import *  # noqa: F401,F403
 from proxy_fixtures import Proxy, wait_until
@@ -484,3 +484,40 @@ def test_promote_waits_for_open_transactions(env):
     assert ends(env.pb, topic, UNCOMMITTED) == hw
     assert compare(env, topic, COMMITTED, hw) == tr.committed + tr.plain_n + 20
 
+
+
+@main_release_only
+def test_list_offsets_by_timestamp_with_transactions(env):
+    """Issue 29, item 10: ListOffsets by timestamp through kmirrord answers what the source answers,
+    for every timestamp that matters, on a topic with committed and aborted transactions. The
+    mirror's own transaction markers carry the destination's clock (the moment the mirror ended
+    each transaction, after the records around it were written at the source), and the broker's
+    time index lands on the first such marker whose time reaches the one asked: before, a record at
+    source offset 700 was answered 102. Half the traffic is mirrored as a catch-up (markers stamped
+    well after their records), half live. Asked at each record's own timestamp, one ms before and
+    one after (which falls between a transaction's last record and its marker, where the source
+    answers with the marker), at both isolation levels."""
+    topic = unique("txts")
+    env.source.create_topic(topic, partitions=PARTS)
+    tr = Traffic(env.sb, topic, seed=11)
+    for _ in range(6):
+        tr.round()
+    time.sleep(1.0)  # the catch-up's markers are stamped at least this much after their records
+    env.start(topic)
+    for _ in range(6):
+        tr.round()
+    tr.close()
+    hw, _ = wait_mirrored(env, topic)
+    stamps = set()
+    for p, (lo, hi) in enumerate(hw):
+        for r in read_partition(env.sb, topic, p, lo, hi, **{"isolation.level": UNCOMMITTED}):
+            stamps |= {r.timestamp[1] - 1, r.timestamp[1], r.timestamp[1] + 1}
+    stamps = sorted(random.Random(topic).sample(sorted(stamps), min(len(stamps), 150)))
+    for isolation in (COMMITTED, UNCOMMITTED):
+        src = offsets_for_times(env.sb, topic, PARTS, stamps, **{"isolation.level": isolation})
+        got = offsets_for_times(env.pb, topic, PARTS, stamps, **{"isolation.level": isolation})
+        wrong = {ts: (src[ts], got[ts]) for ts in stamps if src[ts] != got[ts]}
+        progress(f"{topic} {isolation}: {len(stamps)} timestamps x {PARTS} partitions, {len(wrong)} answered "
+                 f"differently")
+        assert not wrong, f"{len(wrong)} of {len(stamps)} (source, kmirrord): {sorted(wrong.items())[:5]}"
+        assert any(o > 0 for offs in src.values() for o in offs)

@@ -133,7 +133,8 @@ def test_topic_started_through_one_is_refused_through_another(trio, kmirror_bin,
     assert produce_refused(b.bootstrap, topics[0]) == 0
     delays = []
     for t in topics:
-        cli_a.run("start", "--mirror", mirror, "--topics", t)
+        # The first topic holds the probe's record: no mirror's, adopted (a start refuses it otherwise).
+        cli_a.run("start", "--mirror", mirror, "--topics", t, "--adopt-existing")
         started = time.monotonic()
         while True:
             code = produce_refused(b.bootstrap, t)

@@ -30,6 +30,8 @@ typedef struct km_start_mirror_topics_request {
 		int32_t count; /* -1 = null */
 		km_start_mirror_topics_request_topic_data *items;
 	} topics;
+	/* v0+ tag 0: Start a destination topic that holds records no mirror here wrote (not a failback): the... */
+	bool adopt_existing;
 	km_tagged_list unknown_tags; /* tagged fields this codec does not know, kept as they came */
 } km_start_mirror_topics_request;
 

@@ -64,6 +64,15 @@ void km_start_mirror_topics_request_init(km_start_mirror_topics_request *m)
 	memset(m, 0, sizeof(*m));
 }
 
+static bool km_start_mirror_topics_request_dec_tag_adopt_existing(km_rd *r, int16_t v, km_start_mirror_topics_request *m, km_arena *a)
+{
+	(void)v;
+	(void)a;
+	if (!km_rd_bool(r, "AdoptExisting", &m->adopt_existing))
+		return false;
+	return true;
+}
+
 static bool km_start_mirror_topics_request_dec(km_rd *r, int16_t v, km_start_mirror_topics_request *m, km_arena *a)
 {
 	const bool flex = true;
@@ -92,6 +101,27 @@ static bool km_start_mirror_topics_request_dec(km_rd *r, int16_t v, km_start_mir
 	if (flex) {
 		if (!km_codec_rd_tags(r, "StartMirrorTopicsRequest.TaggedFields", &m->unknown_tags, a))
 			return false;
+		int32_t keep = 0;
+		for (int32_t i = 0; i < m->unknown_tags.count; i++) {
+			const km_tagged t = m->unknown_tags.items[i];
+			km_rd sub;
+			bool known = true;
+			km_codec_rd_slice(r, t.data, &sub);
+			switch (t.tag) {
+				case 0:
+				{
+					if (!km_start_mirror_topics_request_dec_tag_adopt_existing(&sub, v, m, a))
+						return km_codec_rd_join(r, &sub);
+				}
+				break;
+				default:
+					known = false;
+					break;
+			}
+			if (!known)
+				m->unknown_tags.items[keep++] = t;
+		}
+		m->unknown_tags.count = keep;
 	}
 	return true;
 }
@@ -111,7 +141,19 @@ static void km_start_mirror_topics_request_enc(km_wr *w, int16_t v, const km_sta
 		km_start_mirror_topics_request_topic_data_enc(w, v, &m->topics.items[i]);
 	}
 	if (flex) {
-		km_codec_wr_tags(w, &m->unknown_tags, 0, UINT64_MAX, true);
+		uint32_t ntags = (uint32_t)(m->unknown_tags.count > 0 ? m->unknown_tags.count : 0);
+		const bool has_adopt_existing = true && m->adopt_existing != false;
+		ntags += has_adopt_existing;
+		km_wr_uvarint(w, ntags);
+		km_codec_wr_tags(w, &m->unknown_tags, 0, 1, false);
+		if (has_adopt_existing) {
+			size_t n = 0;
+			n += 1;
+			km_wr_uvarint(w, 0);
+			km_wr_uvarint(w, (uint32_t)n);
+			km_wr_bool(w, m->adopt_existing);
+		}
+		km_codec_wr_tags(w, &m->unknown_tags, 1, UINT64_MAX, false);
 	}
 }
 
@@ -128,6 +170,12 @@ static size_t km_start_mirror_topics_request_sz(int16_t v, const km_start_mirror
 	if (flex) {
 		uint32_t ntags = (uint32_t)(m->unknown_tags.count > 0 ? m->unknown_tags.count : 0);
 		n += km_codec_sz_tags(&m->unknown_tags);
+		if (true && m->adopt_existing != false) {
+			size_t fn = 0;
+			fn += 1;
+			n += km_sz_uvarint(0) + km_sz_uvarint((uint32_t)fn) + fn;
+			ntags++;
+		}
 		n += km_sz_uvarint(ntags);
 	}
 	return n;

@@ -89,7 +89,11 @@ void km_pl_follow_log_start(km_pipeline *pl, mpart *p)
 		return;
 	t = km_state_topic_find(km_mirror_store(pl->mi), p->t->name, strlen(p->t->name));
 	m = t ? km_state_topic_offmap(t, p->id) : NULL;
-	if (!m || !m->n || (phys = km_offmap_to_physical(m, target)) < 0)
+	/*
+	 * At or below where mirroring began nothing mirrored goes: what lies below the first run is
+	 * not the mirror's (records a start adopted, an earlier life's), and stays hidden, not deleted.
+	 */
+	if (!m || !m->n || target <= m->runs[0].logical || (phys = km_offmap_to_physical(m, target)) < 0)
 		return;
 	c = km_cluster_node(pl->dst, p->lead.dst);
 	if (!km_cluster_usable(pl->dst, c) || (ver = km_net_version_pick(c, KM_API_DELETE_RECORDS, 0, 2)) < 0)

@@ -19206,8 +19206,9 @@ static void fill_km_start_mirror_topics_request(km_start_mirror_topics_request *
 		km_start_mirror_topics_request_topic_data_init(&m->topics.items[i]);
 		fill_km_start_mirror_topics_request_topic_data(&m->topics.items[i], v, mode, a, seq);
 	}
+	m->adopt_existing = true;
 	if (true && mode == 0)
-		t_unknown_tags(&m->unknown_tags, a, 0, 1000, seq);
+		t_unknown_tags(&m->unknown_tags, a, 1, 1000, seq);
 }
 
 static bool eq_km_start_mirror_topics_request(const km_start_mirror_topics_request *x, const km_start_mirror_topics_request *y)
@@ -19220,6 +19221,8 @@ static bool eq_km_start_mirror_topics_request(const km_start_mirror_topics_reque
 		if (!eq_km_start_mirror_topics_request_topic_data(&x->topics.items[i], &y->topics.items[i]))
 			return t_diff("Topics");
 	}
+	if (!(x->adopt_existing == y->adopt_existing))
+		return t_diff("AdoptExisting");
 	if (!t_tags_eq(&x->unknown_tags, &y->unknown_tags))
 		return t_diff("StartMirrorTopicsRequest unknown tags");
 	return true;

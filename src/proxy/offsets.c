@@ -1004,8 +1004,8 @@ static km_err wrap_response(km_req *rq, km_off_req *c, km_resp_hook row_hook, bo
  * client (km_mirror_batches_at): the first record of a data batch whose timestamp reaches the one
  * asked is the answer.
  */
-typedef struct lat_op {
-	struct lat_op *prev, *next; /* every live one (km_off_detach) */
+typedef struct time_op {
+	struct time_op *prev, *next; /* every live one (km_off_detach) */
 	km_session_set *set;        /* NULL: the proxy is gone, drop the answer */
 	uint64_t sid, seq;
 	km_off_req *c;
@@ -1016,23 +1016,23 @@ typedef struct lat_op {
 	km_mirror_batch_q *q;
 	km_list_offsets_response_list_offsets_partition_response **qp; /* the answer each question fixes */
 	size_t nq;
-} lat_op;
+} time_op;
 
-static lat_op *lat_ops;
+static time_op *time_ops;
 
 void km_off_detach(km_session_set *set)
 {
-	for (lat_op *op = lat_ops; op; op = op->next)
+	for (time_op *op = time_ops; op; op = op->next)
 		if (op->set == set)
 			op->set = NULL;
 }
 
-static void lat_free(lat_op *op)
+static void time_free(time_op *op)
 {
 	if (op->prev)
 		op->prev->next = op->next;
-	else if (lat_ops == op)
-		lat_ops = op->next;
+	else if (time_ops == op)
+		time_ops = op->next;
 	if (op->next)
 		op->next->prev = op->prev;
 	km_off_req_free(op->c);
@@ -1073,14 +1073,14 @@ static bool wants_time_search(km_off_req *c)
 	return false;
 }
 
-static void lat_answer(lat_op *op)
+static void time_answer(time_op *op)
 {
 	struct evbuffer *b;
 	km_wr w;
 	km_err rc;
 
 	if (!op->set) {
-		lat_free(op);
+		time_free(op);
 		return;
 	}
 	km_wr_init(&w);
@@ -1093,14 +1093,14 @@ static void lat_answer(lat_op *op)
 			evbuffer_free(b);
 		km_wr_free(&w);
 		km_session_fail(op->set, op->sid, "out of memory");
-		lat_free(op);
+		time_free(op);
 		return;
 	}
 	km_wr_free(&w);
 	if ((rc = km_session_answer(op->set, op->sid, op->seq, b)) != KM_OK)
 		KM_DEBUG("proxy", op->sid, "answer to ListOffsets dropped: %s", km_err_name(rc));
 	evbuffer_free(b);
-	lat_free(op);
+	time_free(op);
 }
 
 /*
@@ -1121,12 +1121,12 @@ static bool source_answers(const km_offmap *m, const km_mirror_batch_q *q, int64
 	return m->tail_logical >= 0 && s < m->tail_logical;
 }
 
-static void lat_looked_up(void *arg, km_mirror_batch_q *q, size_t n)
+static void time_looked_up(void *arg, km_mirror_batch_q *q, size_t n)
 {
-	lat_op *op = arg;
+	time_op *op = arg;
 
 	if (!op->set) {
-		lat_free(op); /* shutting down: the store may be gone already */
+		time_free(op); /* shutting down: the store may be gone already */
 		return;
 	}
 	for (size_t i = 0; i < n; i++) {
@@ -1149,25 +1149,25 @@ static void lat_looked_up(void *arg, km_mirror_batch_q *q, size_t n)
 			p->timestamp = q[i].source_timestamp;
 		}
 	}
-	lat_answer(op);
+	time_answer(op);
 }
 
-static void lat_probed(void *arg, km_err err, const uint8_t *body, size_t len)
+static void time_probed(void *arg, km_err err, const uint8_t *body, size_t len)
 {
-	lat_op *op = arg;
+	time_op *op = arg;
 	km_off_req *c = op->c;
 	bool changed = false;
 	size_t cap = 0;
 	km_rd r;
 
 	if (err != KM_OK) {
-		lat_free(op); /* the session is gone (it is not to be touched) */
+		time_free(op); /* the session is gone (it is not to be touched) */
 		return;
 	}
 	if (!(op->body = malloc(len ? len : 1))) {
 		if (op->set)
 			km_session_fail(op->set, op->sid, "out of memory");
-		lat_free(op);
+		time_free(op);
 		return;
 	}
 	memcpy(op->body, body, len);
@@ -1177,7 +1177,7 @@ static void lat_probed(void *arg, km_err err, const uint8_t *body, size_t len)
 		KM_WARN("proxy", op->sid, "cannot decode the broker's answer to ListOffsets");
 		if (op->set)
 			km_session_fail(op->set, op->sid, "unreadable response");
-		lat_free(op);
+		time_free(op);
 		return;
 	}
 	/* The questions: timestamp answers in LogAppendTime runs, before the offsets are translated. */
@@ -1211,17 +1211,17 @@ static void lat_probed(void *arg, km_err err, const uint8_t *body, size_t len)
 	}
 	list_offsets_response(c, &op->rs, &changed);
 	if (!op->nq || !op->set) {
-		lat_answer(op);
+		time_answer(op);
 		return;
 	}
-	km_mirror_batches_at(op->mi, op->q, op->nq, lat_looked_up, op);
+	km_mirror_batches_at(op->mi, op->q, op->nq, time_looked_up, op);
 }
 
 /* Take a ListOffsets that needs batch lookups: asked of the broker as a probe, answered later. */
-static km_err lat_start(km_req *rq, km_off_req *c, size_t off)
+static km_err time_start(km_req *rq, km_off_req *c, size_t off)
 {
 	const km_session_host *host = km_session_host_of(rq->s);
-	lat_op *op;
+	time_op *op;
 	km_err rc;
 
 	if (!(op = calloc(1, sizeof(*op))))
@@ -1233,16 +1233,16 @@ static km_err lat_start(km_req *rq, km_off_req *c, size_t off)
 	op->mi = host->mirror;
 	km_arena_init(&op->a, KM_OFF_ARENA_CAP);
 	if ((rc = km_session_probe(rq->s, rq->h->api_key, rq->h->api_version, rq->body + off, rq->frame_len - off,
-				   lat_probed, op)) != KM_OK) {
+				   time_probed, op)) != KM_OK) {
 		op->c = NULL; /* the caller frees it */
 		km_arena_free(&op->a);
 		free(op);
 		return rc;
 	}
-	op->next = lat_ops;
-	if (lat_ops)
-		lat_ops->prev = op;
-	lat_ops = op;
+	op->next = time_ops;
+	if (time_ops)
+		time_ops->prev = op;
+	time_ops = op;
 	rq->pending = true;
 	return KM_OK;
 }
@@ -1267,7 +1267,7 @@ static km_err small_request_hook(km_req *rq)
 	}
 	/* Timestamps asked of LogAppendTime runs: the answer needs the batches that hold the broker's. */
 	if (c && rq->h->api_key == KM_API_LIST_OFFSETS && km_session_host_of(rq->s)->mirror && wants_time_search(c)) {
-		if ((rc = lat_start(rq, c, off)) == KM_OK)
+		if ((rc = time_start(rq, c, off)) == KM_OK)
 			return KM_OK;
 		km_off_req_free(c);
 		return rc;

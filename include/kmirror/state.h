@@ -257,6 +257,20 @@ void km_state_topic_add_partitions(km_state *st, const char *mirror, const char 
  */
 void km_state_partition_writer(km_state *st, const char *mirror, const char *topic, int32_t partition, int64_t pid,
 				int16_t epoch, int64_t start, km_state_done_cb done, void *arg);
+/*
+ * The source topic's id, first seen by the mirror's pipeline: persisted in every partition's record
+ * of the topic (one write; a partition that holds it already is not written again). A source topic
+ * with another id later is one deleted and created again (the pipeline fails the partitions).
+ */
+void km_state_topic_source_id_set(km_state *st, const char *mirror, const char *topic, const km_uuid *id,
+				   km_state_done_cb done, void *arg);
+/* The source topic's id the topic's partitions hold: the first non-zero one (zero: none seen yet). */
+km_uuid km_state_topic_source_id(const km_state_topic *t);
+/* Whether a present partition of t holds a source topic id other than id (zero ones aside). */
+bool km_state_topic_source_id_differs(const km_state_topic *t, const km_uuid *id);
+/* Whether a present partition of t holds no source topic id yet. */
+bool km_state_topic_source_id_missing(const km_state_topic *t);
+
 /* The persisted writer of partition of t: false when its record names none. */
 bool km_state_partition_writer_get(const km_state_topic *t, int32_t partition, int64_t *pid, int16_t *epoch,
 				   int64_t *start);
@@ -271,6 +285,7 @@ typedef struct km_state_run {
 	int64_t physical;         /* its first physical offset; -1 removes the run */
 	int64_t prev_logical_end; /* closes the run before it; -1 for the first run */
 	uint8_t flags;            /* KM_OFFRUN_* */
+	int32_t epoch;            /* (progress writes only) the source leader epoch at the tail, -1: not known */
 } km_state_run;
 
 /*
@@ -316,8 +331,8 @@ void km_state_owner_check(km_state *st, bool (*may_write)(void *arg, const char 
 
 /*
  * The pipeline's progress: for each partition, the logical offset after the last batch the
- * destination acknowledged (the tail). Written as the partition's record with only its last
- * mirrored offset changed; partitions not in the mirror, not present, or STOPPING / STOPPED are
+ * destination acknowledged (the tail), and that batch's source leader epoch. Written as the
+ * partition's record with only its last mirrored offset and epoch changed; partitions not in the mirror, not present, or STOPPING / STOPPED are
  * skipped (a stop persists its own). An instance that does not run the partition shows nothing past
  * it (docs/state.md, "What a reader is shown").
  */
@@ -325,6 +340,7 @@ typedef struct km_state_progress {
 	const char *topic;
 	int32_t partition;
 	int64_t logical;
+	int32_t epoch; /* the source leader epoch of the batch before it (LastMirroredEpoch), -1: not known */
 } km_state_progress;
 void km_state_progress_write(km_state *st, const char *mirror, const km_state_progress *items, size_t n,
 			     km_state_done_cb done, void *arg);
@@ -393,10 +409,11 @@ typedef struct km_state_partition_info {
 } km_state_partition_info;
 
 /*
- * The partition's persisted record: its state and last mirrored offset as written (not the
- * running pipeline's tail). False when the topic has no such partition.
+ * The partition's persisted record: its state, last mirrored offset and epoch as written (not the
+ * running pipeline's tail). False when the topic has no such partition. epoch may be NULL.
  */
-bool km_state_partition_record(const km_state_topic *t, int32_t partition, km_mp_state *state, int64_t *last_mirrored);
+bool km_state_partition_record(const km_state_topic *t, int32_t partition, km_mp_state *state, int64_t *last_mirrored,
+			       int32_t *epoch);
 
 /* Partition i (i < km_state_topic_partition_count), in partition order. */
 void km_state_topic_partition(const km_state_topic *t, size_t i, km_state_partition_info *out);

@@ -33,6 +33,8 @@ bool km_str_eq_c(km_str a, const char *s);
 bool km_uuid_eq(const km_uuid *a, const km_uuid *b);
 /* The all-zero id Kafka uses for "no topic id". */
 bool km_uuid_is_zero(const km_uuid *u);
+/* An id as Kafka's tools print it: URL-safe base64 of its 16 bytes, no padding (22 characters). */
+void km_uuid_str(const km_uuid *u, char out[23]);
 
 /*
  * Reader. Every read checks bounds; the first failure is sticky: it records the field name and the

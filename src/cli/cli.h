@@ -8,6 +8,7 @@
 #include <stdio.h>
 
 #include "kmirror/error.h"
+#include "kmirror/wire.h"
 
 /* Exit codes (docs/kmirror.1). */
 enum {
@@ -153,6 +154,8 @@ void km_cli_json_str(km_cli_json *j, const char *s); /* NULL: null */
 void km_cli_json_int(km_cli_json *j, int64_t v);
 void km_cli_json_bool(km_cli_json *j, bool v);
 void km_cli_json_null(km_cli_json *j);
+/* A topic id as Kafka's tools print it; null when zero (not known). */
+void km_cli_json_uuid(km_cli_json *j, const km_uuid *u);
 /* Write s as a JSON string literal (quotes included). */
 void km_cli_json_escape(FILE *f, const char *p, size_t len);
 

@@ -36,23 +36,6 @@ bool km_cmd_describe_call(ctx *x, const char *mirror, char *const *topics, size_
 }
 
 /* Kafka shows topic ids as URL-safe base64 without padding (22 characters). */
-static void uuid_b64(const km_uuid *u, char out[23])
-{
-	static const char tab[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
-	size_t o = 0;
-	for (size_t i = 0; i < 16; i += 3) {
-		uint32_t n = (uint32_t)u->b[i] << 16 | (i + 1 < 16 ? (uint32_t)u->b[i + 1] << 8 : 0) |
-			     (i + 2 < 16 ? u->b[i + 2] : 0);
-		out[o++] = tab[n >> 18 & 63];
-		out[o++] = tab[n >> 12 & 63];
-		if (i + 1 < 16)
-			out[o++] = tab[n >> 6 & 63];
-		if (i + 2 < 16)
-			out[o++] = tab[n & 63];
-	}
-	out[o] = 0;
-}
-
 /* A mirror's metadata sync in describe's JSON: "metadata_sync":[{...}, one per step]. */
 static void json_sync(km_cli_json *j, const km_describe_mirrors_response_described_mirror *dm)
 {
@@ -130,17 +113,13 @@ static void json_describe(FILE *out, const km_describe_mirrors_response *resp)
 		km_cli_json_arr(&j);
 		for (int32_t t = 0; t < dm->topics.count; t++) {
 			const km_describe_mirrors_response_described_topic *dt = &dm->topics.items[t];
-			char id[23];
 			km_cli_json_obj(&j);
 			km_cli_json_key(&j, "name");
 			km_cli_json_strn(&j, dt->name.p, dt->name.len);
 			km_cli_json_key(&j, "topic_id");
-			if (km_uuid_is_zero(&dt->topic_id))
-				km_cli_json_null(&j);
-			else {
-				uuid_b64(&dt->topic_id, id);
-				km_cli_json_str(&j, id);
-			}
+			km_cli_json_uuid(&j, &dt->topic_id);
+			km_cli_json_key(&j, "source_topic_id");
+			km_cli_json_uuid(&j, &dt->source_topic_id);
 			km_cli_json_key(&j, "state");
 			km_cli_json_strn(&j, dt->state.p, dt->state.len);
 			km_cli_json_key(&j, "partitions");

@@ -63,6 +63,8 @@ int km_cmd_last_offsets(ctx *x)
 			km_cli_json_strn(&j, t->name.p, t->name.len);
 			km_cli_json_key(&j, "error");
 			km_cmd_json_error(&j, t->error_code, t->error_message);
+			km_cli_json_key(&j, "source_topic_id");
+			km_cli_json_uuid(&j, &t->source_topic_id);
 			km_cli_json_key(&j, "partitions");
 			km_cli_json_arr(&j);
 			for (int32_t p = 0; p < t->partitions.count; p++) {

@@ -156,6 +156,17 @@ void km_cli_json_null(km_cli_json *j)
 	fputs("null", j->f);
 }
 
+void km_cli_json_uuid(km_cli_json *j, const km_uuid *u)
+{
+	char id[23];
+	if (km_uuid_is_zero(u)) {
+		km_cli_json_null(j);
+		return;
+	}
+	km_uuid_str(u, id);
+	km_cli_json_str(j, id);
+}
+
 /* ---- tables ---- */
 
 bool km_cli_table_init(km_cli_table *t, size_t ncols, const char *const *headers)

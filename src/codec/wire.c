@@ -33,6 +33,24 @@ bool km_uuid_is_zero(const km_uuid *u)
 	return km_uuid_eq(u, &zero);
 }
 
+void km_uuid_str(const km_uuid *u, char out[23])
+{
+	static const char a[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+	size_t o = 0;
+
+	for (size_t i = 0; i < 16; i += 3) {
+		uint32_t v = (uint32_t)u->b[i] << 16 | (i + 1 < 16 ? (uint32_t)u->b[i + 1] << 8 : 0) |
+			     (i + 2 < 16 ? u->b[i + 2] : 0);
+		out[o++] = a[v >> 18 & 63];
+		out[o++] = a[v >> 12 & 63];
+		if (i + 1 < 16)
+			out[o++] = a[v >> 6 & 63];
+		if (i + 2 < 16)
+			out[o++] = a[v & 63];
+	}
+	out[o] = 0;
+}
+
 /* ---- reader ---- */
 
 void km_rd_init(km_rd *r, const void *buf, size_t len)

@@ -1004,6 +1004,7 @@ static void describe_one(km_mop *op, const km_state_mirror *m, km_describe_mirro
 		dt->name = km_str_c(km_state_topic_name(t));
 		if (id)
 			dt->topic_id = *id;
+		dt->source_topic_id = km_state_topic_source_id(t);
 		dt->state = km_str_c(km_mp_state_name(km_state_topic_state(t)));
 		dt->partitions.items = km_arena_calloc(&op->a, sizeof(*dt->partitions.items) * (np + 1));
 		dt->partitions.count = dt->partitions.items ? (int32_t)np : 0;
@@ -1104,6 +1105,7 @@ static void answer_lmo(km_mop *op)
 			t = km_state_mirror_topic_at(m, (size_t)i);
 			tr->name = km_str_c(km_state_topic_name(t));
 		}
+		tr->source_topic_id = km_state_topic_source_id(t);
 		np = km_state_topic_partition_count(t);
 		want = qt && qt->partitions.count >= 0 ? (size_t)qt->partitions.count : np;
 		tr->partitions.items = km_arena_calloc(&op->a, sizeof(*tr->partitions.items) * (want + 1));

@@ -10,6 +10,7 @@ void km_offmap_init(km_offmap *m)
 	memset(m, 0, sizeof(*m));
 	m->tail_physical = -1;
 	m->tail_logical = -1;
+	m->tail_epoch = -1;
 	m->open_txn_logical = -1;
 }
 

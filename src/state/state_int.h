@@ -83,6 +83,7 @@ typedef struct km_state_part {
 	bool has_writer;
 	int16_t writer_epoch;
 	int64_t writer_pid, writer_start;
+	km_uuid source_id; /* the source topic's id as the mirror first saw it (zero: not yet) */
 } km_state_part;
 
 struct km_state_topic {

@@ -13,7 +13,8 @@
 
 #define COMP "state"
 
-typedef enum { MUT_CREATE, MUT_ALTER, MUT_DELETE, MUT_TOPICS, MUT_PSET, MUT_RUNS, MUT_GROW, MUT_WRITER, MUT_PROGRESS, MUT_INSTANCE } mut_kind;
+typedef enum { MUT_CREATE, MUT_ALTER, MUT_DELETE, MUT_TOPICS, MUT_PSET, MUT_RUNS, MUT_GROW, MUT_WRITER, MUT_PROGRESS, MUT_INSTANCE,
+	       MUT_SOURCE_ID } mut_kind;
 
 /* A mirror's delete, in writes that each land whole before the next: runs, then partitions, then the mirror. */
 enum { DEL_RUNS = 0, DEL_PARTITIONS, DEL_MIRROR };
@@ -36,6 +37,7 @@ struct km_state_mut {
 	size_t nruns;
 	int64_t writer_pid, writer_start; /* a writer write: the partition is parts[0] of topics[0] */
 	int16_t writer_epoch;
+	km_uuid source_id;     /* a source id write: every partition of topics[0] */
 	km_wr instance;        /* an instance write (its id in mirror): its value, encoded when asked */
 	km_state_done_cb done;
 	void *arg;
@@ -769,8 +771,10 @@ static void prepare_pset(km_state *st, km_state_mut *mu)
 			p.state_change_ms = now;
 		p.state = mu->to;
 		/* Where the pipeline stands is what the partition's record keeps (describe, LastMirroredOffsets, a failover). */
-		if (p.map && p.map->tail_logical >= 0)
+		if (p.map && p.map->tail_logical >= 0) {
 			p.last_mirrored_offset = p.map->tail_logical;
+			p.last_mirrored_epoch = p.map->tail_epoch;
+		}
 		if (mu->error) {
 			p.last_error = mu->error;
 			p.last_error_ms = now;
@@ -808,6 +812,29 @@ static void prepare_writer(km_state *st, km_state_mut *mu)
 	p.writer_start = mu->writer_start;
 	if (add_partition_rec(mu, t, pi, &p) != KM_OK)
 		set_msg(mu, KM_MIRROR_STATE_UNAVAILABLE, "out of memory");
+}
+
+/* The source topic's id: every partition's record of the topic with it (those that hold it already skipped). */
+static void prepare_source_id(km_state *st, km_state_mut *mu)
+{
+	km_state_mirror *m = km_state_model_mirror(&st->model, mu->mirror);
+	km_state_topic *t = m ? km_state_model_topic(&st->model, mu->topics[0], strlen(mu->topics[0])) : NULL;
+
+	if (!t || t->mirror != m) {
+		set_msg(mu, KM_KAFKA_UNKNOWN_TOPIC_OR_PARTITION, "Topic %s is not in cluster mirror '%s'", mu->topics[0],
+			mu->mirror);
+		return;
+	}
+	for (size_t i = 0; i < t->nparts; i++) {
+		km_state_part p = t->parts[i];
+		if (!p.present || km_uuid_eq(&p.source_id, &mu->source_id))
+			continue;
+		p.source_id = mu->source_id;
+		if (add_partition_rec(mu, t, (int32_t)i, &p) != KM_OK) {
+			set_msg(mu, KM_MIRROR_STATE_UNAVAILABLE, "out of memory");
+			return;
+		}
+	}
 }
 
 /* The source grew: partitions [known, nparts) of the topic join in PREPARING (already there: nothing to write). */
@@ -912,9 +939,11 @@ static void prepare_progress(km_state *st, km_state_mut *mu)
 		    !t->parts[r->partition].present || r->logical < 0)
 			continue;
 		p = t->parts[r->partition];
-		if (p.state == KM_MP_STOPPING || p.state == KM_MP_STOPPED || p.last_mirrored_offset == r->logical)
+		if (p.state == KM_MP_STOPPING || p.state == KM_MP_STOPPED ||
+		    (p.last_mirrored_offset == r->logical && p.last_mirrored_epoch == r->epoch))
 			continue;
 		p.last_mirrored_offset = r->logical;
+		p.last_mirrored_epoch = r->epoch;
 		if (add_partition_rec(mu, t, r->partition, &p) != KM_OK) {
 			set_msg(mu, KM_MIRROR_STATE_UNAVAILABLE, "out of memory");
 			return;
@@ -1049,7 +1078,8 @@ static void run_write(km_state *st, km_state_mut *mu)
 /* A write of the mirror's pipeline: made only while this kmirrord runs the mirror. */
 static bool owners_write(const km_state_mut *mu)
 {
-	return mu->kind == MUT_RUNS || mu->kind == MUT_WRITER || mu->kind == MUT_PROGRESS || mu->kind == MUT_PSET;
+	return mu->kind == MUT_RUNS || mu->kind == MUT_WRITER || mu->kind == MUT_PROGRESS || mu->kind == MUT_PSET ||
+	       mu->kind == MUT_SOURCE_ID;
 }
 
 static void run_head(km_state *st)
@@ -1100,6 +1130,9 @@ static void run_head(km_state *st)
 		break;
 	case MUT_PROGRESS:
 		prepare_progress(st, mu);
+		break;
+	case MUT_SOURCE_ID:
+		prepare_source_id(st, mu);
 		break;
 	case MUT_INSTANCE: {
 		km_state_key k = {.type = KM_STATE_REC_INSTANCE, .instance = km_str_c(mu->mirror)};
@@ -1312,6 +1345,22 @@ void km_state_partition_writer(km_state *st, const char *mirror, const char *top
 	submit(st, mu);
 }
 
+void km_state_topic_source_id_set(km_state *st, const char *mirror, const char *topic, const km_uuid *id,
+				   km_state_done_cb done, void *arg)
+{
+	km_state_mut *mu = mut_new(MUT_SOURCE_ID, mirror, done, arg);
+	const char *one[1] = {topic};
+	if (!mu)
+		return nomem(done, arg);
+	if (!set_topics(mu, one, 1)) {
+		mut_free(mu);
+		return nomem(done, arg);
+	}
+	mu->ntopics = 1;
+	mu->source_id = *id;
+	submit(st, mu);
+}
+
 void km_state_topic_add_partitions(km_state *st, const char *mirror, const char *topic, int32_t new_count,
 				   km_state_done_cb done, void *arg)
 {
@@ -1362,7 +1411,8 @@ void km_state_progress_write(km_state *st, const char *mirror, const km_state_pr
 	}
 	for (size_t i = 0; i < n; i++) {
 		mu->runs[i] = (km_state_run){.topic = strdup(items[i].topic ? items[i].topic : ""),
-					     .partition = items[i].partition, .logical = items[i].logical};
+					     .partition = items[i].partition, .logical = items[i].logical,
+					     .epoch = items[i].epoch};
 		if (!mu->runs[i].topic) {
 			mut_free(mu);
 			return nomem(done, arg);

@@ -81,8 +81,10 @@ void km_state_topic_partition(const km_state_topic *t, size_t i, km_state_partit
 		out->skipped_records = p->skipped_records;
 		out->open_txn_offset = p->map && p->map->tail_held && p->map->tail_logical >= 0 ? p->map->open_txn_logical : -1;
 		/* While a pipeline runs the partition its tail is ahead of what was last persisted. */
-		if (p->map && p->map->tail_logical >= 0 && p->map->tail_physical >= 0)
+		if (p->map && p->map->tail_logical >= 0 && p->map->tail_physical >= 0) {
 			out->last_mirrored_offset = p->map->tail_logical;
+			out->last_mirrored_epoch = p->map->tail_epoch;
+		}
 		out->last_error = p->last_error;
 		out->last_error_ms = p->last_error_ms;
 		out->writer_pid = p->has_writer ? p->writer_pid : -1;
@@ -108,12 +110,40 @@ bool km_state_partition_writer_get(const km_state_topic *t, int32_t partition, i
 	return true;
 }
 
-bool km_state_partition_record(const km_state_topic *t, int32_t partition, km_mp_state *state, int64_t *last_mirrored)
+km_uuid km_state_topic_source_id(const km_state_topic *t)
+{
+	km_uuid zero = {{0}};
+	for (size_t i = 0; t && i < t->nparts; i++)
+		if (t->parts[i].present && !km_uuid_is_zero(&t->parts[i].source_id))
+			return t->parts[i].source_id;
+	return zero;
+}
+
+bool km_state_topic_source_id_differs(const km_state_topic *t, const km_uuid *id)
+{
+	for (size_t i = 0; t && i < t->nparts; i++)
+		if (t->parts[i].present && !km_uuid_is_zero(&t->parts[i].source_id) && !km_uuid_eq(&t->parts[i].source_id, id))
+			return true;
+	return false;
+}
+
+bool km_state_topic_source_id_missing(const km_state_topic *t)
+{
+	for (size_t i = 0; t && i < t->nparts; i++)
+		if (t->parts[i].present && km_uuid_is_zero(&t->parts[i].source_id))
+			return true;
+	return false;
+}
+
+bool km_state_partition_record(const km_state_topic *t, int32_t partition, km_mp_state *state, int64_t *last_mirrored,
+			       int32_t *epoch)
 {
 	if (!t || partition < 0 || (size_t)partition >= t->nparts || !t->parts[partition].present)
 		return false;
 	*state = t->parts[partition].state;
 	*last_mirrored = t->parts[partition].last_mirrored_offset;
+	if (epoch)
+		*epoch = t->parts[partition].last_mirrored_epoch;
 	return true;
 }
 

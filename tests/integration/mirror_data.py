@@ -433,7 +433,7 @@ def parse_batches(data):
         (epoch, magic, crc, attrs, lod, first_ts, max_ts, pid, pepoch, seq,
          count) = struct.unpack_from(">ibIhiqqqhii", data, pos + 12)
         assert magic == 2, f"batch at file position {pos}: magic {magic}"
-        out.append({"base": base, "lod": lod, "count": count, "attrs": attrs,
+        out.append({"base": base, "epoch": epoch, "lod": lod, "count": count, "attrs": attrs,
                     "codec": attrs & 7, "control": bool(attrs & 0x20),
                     "txn": bool(attrs & 0x10), "log_append": bool(attrs & 0x08),
                     "first_ts": first_ts, "max_ts": max_ts, "pid": pid, "pepoch": pepoch, "seq": seq,

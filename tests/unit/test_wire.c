@@ -116,6 +116,15 @@ static void test_uuids(void **state)
 	b.b[0] = 9;
 	assert_false(km_uuid_eq(&a, &b));
 	assert_false(km_uuid_eq(&a, &z));
+	/* Printed as Kafka's tools print them: URL-safe base64, no padding ("-" and "_", not "+" and "/"). */
+	{
+		km_uuid u = {{0xfb, 0xff, 0xbf, 0x40, 0x41, 0x42, 0x43, 0x44, 0x45, 0x46, 0x47, 0x48, 0x49, 0x4a, 0x4b, 0x4c}};
+		char out[23];
+		km_uuid_str(&u, out);
+		assert_string_equal(out, "-_-_QEFCQ0RFRkdISUpLTA");
+		km_uuid_str(&z, out);
+		assert_string_equal(out, "AAAAAAAAAAAAAAAAAAAAAA");
+	}
 }
 
 static void test_strings(void **state)

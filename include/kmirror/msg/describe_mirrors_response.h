@@ -60,6 +60,8 @@ typedef struct km_describe_mirrors_response_described_topic {
 	km_str name;
 	/* v0+: The destination topic's id, or zero if unknown. */
 	km_uuid topic_id;
+	/* v0+ tag 0: The source topic's id the mirror follows (zero until it has seen it, or when the source... */
+	km_uuid source_topic_id;
 	/* v0+: The topic's state: its partitions' common state, or the least advanced one. */
 	km_str state;
 	/* v0+: Every partition of the topic. */

@@ -35,6 +35,8 @@ typedef struct km_last_mirrored_offsets_response_topic_result {
 	int16_t error_code;
 	/* v0+ nullable: The error message for this topic, or null. */
 	km_str error_message;
+	/* v0+ tag 0: The id of the topic the mirror copied (on its source), zero if unknown: a failback comp... */
+	km_uuid source_topic_id;
 	/* v0+: One entry per partition. */
 	struct {
 		int32_t count; /* -1 = null */

@@ -36,6 +36,8 @@ typedef struct km_mirror_state_partition_value {
 	int16_t writer_producer_epoch;
 	/* v0+ tag 2: The destination offset that producer's first batch (base sequence 0) goes to, or -1: no... */
 	int64_t writer_start_offset;
+	/* v0+ tag 3: The source topic's id as the mirror first saw it (zero until then, or when the source h... */
+	km_uuid source_topic_id;
 	km_tagged_list unknown_tags; /* tagged fields this codec does not know, kept as they came */
 } km_mirror_state_partition_value;
 

@@ -82,6 +82,15 @@ void km_last_mirrored_offsets_response_topic_result_init(km_last_mirrored_offset
 	m->error_message = KM_STR_NULL;
 }
 
+static bool km_last_mirrored_offsets_response_topic_result_dec_tag_source_topic_id(km_rd *r, int16_t v, km_last_mirrored_offsets_response_topic_result *m, km_arena *a)
+{
+	(void)v;
+	(void)a;
+	if (!km_rd_uuid(r, "TopicResult.SourceTopicId", &m->source_topic_id))
+		return false;
+	return true;
+}
+
 static bool km_last_mirrored_offsets_response_topic_result_dec(km_rd *r, int16_t v, km_last_mirrored_offsets_response_topic_result *m, km_arena *a)
 {
 	const bool flex = true;
@@ -114,6 +123,27 @@ static bool km_last_mirrored_offsets_response_topic_result_dec(km_rd *r, int16_t
 	if (flex) {
 		if (!km_codec_rd_tags(r, "TopicResult.TaggedFields", &m->unknown_tags, a))
 			return false;
+		int32_t keep = 0;
+		for (int32_t i = 0; i < m->unknown_tags.count; i++) {
+			const km_tagged t = m->unknown_tags.items[i];
+			km_rd sub;
+			bool known = true;
+			km_codec_rd_slice(r, t.data, &sub);
+			switch (t.tag) {
+				case 0:
+				{
+					if (!km_last_mirrored_offsets_response_topic_result_dec_tag_source_topic_id(&sub, v, m, a))
+						return km_codec_rd_join(r, &sub);
+				}
+				break;
+				default:
+					known = false;
+					break;
+			}
+			if (!known)
+				m->unknown_tags.items[keep++] = t;
+		}
+		m->unknown_tags.count = keep;
 	}
 	return true;
 }
@@ -135,7 +165,19 @@ static void km_last_mirrored_offsets_response_topic_result_enc(km_wr *w, int16_t
 		km_last_mirrored_offsets_response_partition_result_enc(w, v, &m->partitions.items[i]);
 	}
 	if (flex) {
-		km_codec_wr_tags(w, &m->unknown_tags, 0, UINT64_MAX, true);
+		uint32_t ntags = (uint32_t)(m->unknown_tags.count > 0 ? m->unknown_tags.count : 0);
+		const bool has_source_topic_id = true && !km_codec_uuid_is_zero(&m->source_topic_id);
+		ntags += has_source_topic_id;
+		km_wr_uvarint(w, ntags);
+		km_codec_wr_tags(w, &m->unknown_tags, 0, 1, false);
+		if (has_source_topic_id) {
+			size_t n = 0;
+			n += 16;
+			km_wr_uvarint(w, 0);
+			km_wr_uvarint(w, (uint32_t)n);
+			km_wr_uuid(w, &m->source_topic_id);
+		}
+		km_codec_wr_tags(w, &m->unknown_tags, 1, UINT64_MAX, false);
 	}
 }
 
@@ -154,6 +196,12 @@ static size_t km_last_mirrored_offsets_response_topic_result_sz(int16_t v, const
 	if (flex) {
 		uint32_t ntags = (uint32_t)(m->unknown_tags.count > 0 ? m->unknown_tags.count : 0);
 		n += km_codec_sz_tags(&m->unknown_tags);
+		if (true && !km_codec_uuid_is_zero(&m->source_topic_id)) {
+			size_t fn = 0;
+			fn += 16;
+			n += km_sz_uvarint(0) + km_sz_uvarint((uint32_t)fn) + fn;
+			ntags++;
+		}
 		n += km_sz_uvarint(ntags);
 	}
 	return n;

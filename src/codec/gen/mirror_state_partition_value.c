@@ -47,6 +47,15 @@ static bool km_mirror_state_partition_value_dec_tag_writer_start_offset(km_rd *r
 	return true;
 }
 
+static bool km_mirror_state_partition_value_dec_tag_source_topic_id(km_rd *r, int16_t v, km_mirror_state_partition_value *m, km_arena *a)
+{
+	(void)v;
+	(void)a;
+	if (!km_rd_uuid(r, "SourceTopicId", &m->source_topic_id))
+		return false;
+	return true;
+}
+
 static bool km_mirror_state_partition_value_dec(km_rd *r, int16_t v, km_mirror_state_partition_value *m, km_arena *a)
 {
 	const bool flex = true;
@@ -95,6 +104,12 @@ static bool km_mirror_state_partition_value_dec(km_rd *r, int16_t v, km_mirror_s
 						return km_codec_rd_join(r, &sub);
 				}
 				break;
+				case 3:
+				{
+					if (!km_mirror_state_partition_value_dec_tag_source_topic_id(&sub, v, m, a))
+						return km_codec_rd_join(r, &sub);
+				}
+				break;
 				default:
 					known = false;
 					break;
@@ -127,6 +142,8 @@ static void km_mirror_state_partition_value_enc(km_wr *w, int16_t v, const km_mi
 		ntags += has_writer_producer_epoch;
 		const bool has_writer_start_offset = true && m->writer_start_offset != INT64_C(-1);
 		ntags += has_writer_start_offset;
+		const bool has_source_topic_id = true && !km_codec_uuid_is_zero(&m->source_topic_id);
+		ntags += has_source_topic_id;
 		km_wr_uvarint(w, ntags);
 		km_codec_wr_tags(w, &m->unknown_tags, 0, 1, false);
 		if (has_writer_producer_id) {
@@ -152,7 +169,15 @@ static void km_mirror_state_partition_value_enc(km_wr *w, int16_t v, const km_mi
 			km_wr_uvarint(w, (uint32_t)n);
 			km_wr_i64(w, m->writer_start_offset);
 		}
-		km_codec_wr_tags(w, &m->unknown_tags, 3, UINT64_MAX, false);
+		km_codec_wr_tags(w, &m->unknown_tags, 3, 4, false);
+		if (has_source_topic_id) {
+			size_t n = 0;
+			n += 16;
+			km_wr_uvarint(w, 3);
+			km_wr_uvarint(w, (uint32_t)n);
+			km_wr_uuid(w, &m->source_topic_id);
+		}
+		km_codec_wr_tags(w, &m->unknown_tags, 4, UINT64_MAX, false);
 	}
 }
 
@@ -188,6 +213,12 @@ static size_t km_mirror_state_partition_value_sz(int16_t v, const km_mirror_stat
 			size_t fn = 0;
 			fn += 8;
 			n += km_sz_uvarint(2) + km_sz_uvarint((uint32_t)fn) + fn;
+			ntags++;
+		}
+		if (true && !km_codec_uuid_is_zero(&m->source_topic_id)) {
+			size_t fn = 0;
+			fn += 16;
+			n += km_sz_uvarint(3) + km_sz_uvarint((uint32_t)fn) + fn;
 			ntags++;
 		}
 		n += km_sz_uvarint(ntags);

@@ -31,12 +31,14 @@ static void on_peer(km_net_client *c, const km_rpc_response *res, void *arg)
 	t->peer = PEER_NONE;
 	if (r && !r->error_code && r->topics.count == 1 && !r->topics.items[0].error_code) {
 		t->peer = PEER_KNOWN;
+		t->peer_source_id = r->topics.items[0].source_topic_id;
 		for (int32_t i = 0; i < r->topics.items[0].partitions.count; i++) {
 			const km_last_mirrored_offsets_response_partition_result *pr = &r->topics.items[0].partitions.items[i];
 			mpart *p = km_pl_part_get(pl, t, pr->partition_index, false);
 			if (!p)
 				continue;
 			p->fb.peer_offset = pr->last_mirrored_offset;
+			p->fb.peer_epoch = pr->last_mirrored_epoch;
 			snprintf(p->fb.peer_state, sizeof(p->fb.peer_state), "%.*s", pr->state.len > 0 ? (int)pr->state.len : 0,
 				 pr->state.p);
 		}
@@ -80,6 +82,19 @@ static uint64_t record_hash(const km_bytes *records, int64_t offset)
 	return h;
 }
 
+/* The partition leader epoch of the batch holding offset, -1 when none of the batches holds it. */
+static int32_t batch_epoch(const km_bytes *records, int64_t offset)
+{
+	km_batch_iter it;
+	km_batch b;
+
+	km_batch_iter_init(&it, records->p, records->len > 0 ? (size_t)records->len : 0);
+	while (km_batch_next(&it, &b))
+		if (offset >= b.base_offset && offset <= b.base_offset + b.last_offset_delta)
+			return b.partition_leader_epoch;
+	return -1;
+}
+
 static void on_record_probe(km_net_client *c, const km_rpc_response *res, void *arg)
 {
 	req_ctx *x = arg;
@@ -107,8 +122,10 @@ static void on_record_probe(km_net_client *c, const km_rpc_response *res, void *
 		if (r && r->responses.count == 1 && r->responses.items[0].partitions.count == 1) {
 			const km_fetch_response_partition_data *pd = &r->responses.items[0].partitions.items[0];
 			ok = pd->error_code == 0 || pd->error_code == 1; /* out of range: not there (retention) */
-			if (!pd->error_code)
+			if (!pd->error_code) {
 				p->fb.hash[dest ? 0 : 1] = record_hash(&pd->records, offset);
+				*(dest ? &p->fb.here_epoch : &p->fb.src_epoch) = batch_epoch(&pd->records, offset);
+			}
 		}
 	} else {
 		km_cluster_drop(dest ? pl->dst : pl->src, c);
@@ -202,10 +219,23 @@ bool km_pl_failback_start(km_pipeline *pl, mpart *p)
 		km_pl_fail_part(pl, p, why);
 		return true;
 	}
+	if (!km_uuid_is_zero(&p->t->peer_source_id) && !km_uuid_is_zero(&p->t->dst_id) &&
+	    !km_uuid_eq(&p->t->peer_source_id, &p->t->dst_id)) {
+		char why[600], a[23], b[23];
+		km_uuid_str(&p->t->peer_source_id, a);
+		km_uuid_str(&p->t->dst_id, b);
+		snprintf(why, sizeof(why), "the source's kmirrord holds this topic up to offset %lld, copied from topic id %s, "
+			 "but this cluster's topic of that name is %s (deleted and created again since): that topic was not "
+			 "mirrored from this cluster, so no failback; to mirror it from scratch here, recreate the topic "
+			 "empty and start again", (long long)p->fb.peer_offset, a, b);
+		km_pl_fail_part(pl, p, why);
+		return true;
+	}
 	k = p->fb.peer_offset < end ? p->fb.peer_offset : end;
 	if (k > 0 && p->fb.check == FB_UNCHECKED) {
 		/* First: was it mirrored from here? The record before k must be the same on both sides. */
 		p->fb.hash[0] = p->fb.hash[1] = 0;
+		p->fb.here_epoch = p->fb.src_epoch = -1;
 		p->fb.pending = 0;
 		p->fb.check = FB_PROBING;
 		km_pl_set_phase(p, PH_START_WAIT, "failback: the record before the failback point probed on both sides");
@@ -227,6 +257,17 @@ bool km_pl_failback_start(km_pipeline *pl, mpart *p)
 		km_pl_fail_part(pl, p, why);
 		return true;
 	}
+	if (k > 0 && k == p->fb.peer_offset && p->fb.peer_epoch >= 0 && p->fb.here_epoch >= 0 &&
+	    p->fb.peer_epoch != p->fb.here_epoch) {
+		char why[600];
+		snprintf(why, sizeof(why), "the source's kmirrord mirrored offset %lld from this cluster in leader epoch %d, but "
+			 "the batch holding it here is of leader epoch %d: this partition's log was rewritten since (an "
+			 "unclean leader election here), so what is here below the failback point is not known to be what "
+			 "was sent; no failback: to mirror it from scratch here, recreate the topic empty and start again",
+			 (long long)(k - 1), (int)p->fb.peer_epoch, (int)p->fb.here_epoch);
+		km_pl_fail_part(pl, p, why);
+		return true;
+	}
 	if (k > 0)
 		r[n++] = (km_state_run){p->t->name, p->id, 0, 0, -1, 0};
 	if (end > k)
@@ -235,6 +276,7 @@ bool km_pl_failback_start(km_pipeline *pl, mpart *p)
 		"it are hidden, mirroring from %lld (destination offset %lld)", pl->name, km_pl_ptag(p, tag, sizeof(tag)),
 		(long long)p->fb.peer_offset, (long long)(end - k), (long long)k, (long long)end);
 	p->plan.fetch_logical = p->out.acked_logical = p->plan.first_logical = k;
+	p->out.acked_epoch = p->fb.src_epoch; /* the source's own epoch of its batch before k, read by the compare */
 	p->plan.cont_logical = n ? k : -1;
 	p->plan.cont_lat = false;
 	km_pl_set_tail(pl, p, true);

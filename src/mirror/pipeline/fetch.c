@@ -184,7 +184,17 @@ static void take_pending(fetch_ctx *fc)
 	}
 	env = (mplan_env){km_pl_txn_slot, fc->cur, pl->txl == TXL_UNSUPPORTED};
 	rc = km_plan_take(&fc->cur->plan, &env, fc->resp, &fc->cursor, fc->pend_size, h, &fc->ra, &fail);
-	if (rc != KM_OK) {
+	if (rc == KM_ERR_INVAL && !fc->cur->fetch.overlap_seen) {
+		/*
+		 * The source's log is not the one mirrored: a source topic deleted and created again says
+		 * so by its topic id, which the next Metadata checks (meta.c) before the partition fails
+		 * here, once more, for what this is otherwise.
+		 */
+		fc->cur->fetch.overlap_seen = true;
+		pl->src_meta_need = true;
+		km_pl_backoff(fc->cur);
+		fc->cur = NULL;
+	} else if (rc != KM_OK) {
 		km_pl_fail_part(pl, fc->cur, fail ? fail : km_err_name(rc));
 		fc->cur = NULL;
 	}

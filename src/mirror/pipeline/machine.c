@@ -174,9 +174,11 @@ static void part_init(mpart *p, mtopic *t, int32_t id)
 	p->ls.src = p->ls.dst = -1;
 	p->plan.pid = -1;
 	p->fb.peer_offset = -1;
+	p->fb.peer_epoch = p->fb.here_epoch = p->fb.src_epoch = -1;
 	p->stats.source_end = -1;
 	p->fetch.sess_node = -1;
 	p->out.progress = -1;
+	p->out.acked_epoch = p->out.progress_epoch = -1;
 }
 
 mpart *km_pl_part_get(km_pipeline *pl, mtopic *t, int32_t id, bool create)
@@ -221,6 +223,7 @@ void km_pl_set_tail(km_pipeline *pl, mpart *p, bool set)
 	m->tail_held = true;
 	m->tail_physical = p->out.acked_phys;
 	m->tail_logical = p->out.acked_logical;
+	m->tail_epoch = p->out.acked_epoch;
 	km_pl_update_lag(p, km_pl_now_ms());
 }
 
@@ -397,6 +400,7 @@ static void settle_drained(km_pipeline *pl, mpart *p)
 			int64_t ph = km_offmap_to_physical(m, p->recon.stop_at);
 			m->tail_logical = p->recon.stop_at;
 			m->tail_physical = ph;
+			m->tail_epoch = -1; /* the batch before the stop point is not the last one acknowledged */
 		}
 	}
 	p->recon.stop_at = -1;

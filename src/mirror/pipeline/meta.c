@@ -32,6 +32,78 @@ km_err km_pl_call(km_net_client *c, int16_t key, int16_t ver, const void *req, k
 	return rc;
 }
 
+/* ---- the source topic's identity (docs/mirror.md, "Epochs and identity") ---- */
+
+typedef struct sid_ctx {
+	km_pipeline *pl;
+	uint32_t life;
+	mtopic *t;
+} sid_ctx;
+
+static void on_source_id(void *arg, const km_state_result *res)
+{
+	sid_ctx *x = arg;
+
+	x->pl->store_pending--;
+	if (km_pl_current(x->pl, x->life)) {
+		x->t->sid_pending = false;
+		if (res->code != KM_OK)
+			KM_DEBUG(COMP, 0, "%s/%s: the source topic's id not persisted (asked again): %s", x->pl->name,
+				 x->t->name, res->message ? res->message : km_err_name(res->code));
+	}
+	free(x);
+}
+
+/* Whether a partition of st has mirrored anything (a run). */
+static bool has_runs(const km_state_topic *st)
+{
+	for (size_t i = 0; i < km_state_topic_partition_count(st); i++) {
+		const km_offmap *m = km_state_topic_offmap(st, (int32_t)i);
+		if (m && m->n)
+			return true;
+	}
+	return false;
+}
+
+/*
+ * The source topic's id (Metadata v10+) is persisted the first time the mirror sees it. Another id
+ * once records were mirrored is a topic deleted and created again at the source: its offsets start
+ * over where the mirror holds the old topic's records, so its partitions go FAILED rather than take
+ * them. Before anything was mirrored (a fresh start) the id is the new one's.
+ */
+static void check_source_id(km_pipeline *pl, mtopic *t, const km_uuid *id)
+{
+	const km_state_topic *st = km_state_topic_find(km_mirror_store(pl->mi), t->name, strlen(t->name));
+	sid_ctx *x;
+
+	if (!st || km_uuid_is_zero(id))
+		return;
+	if (km_state_topic_source_id_differs(st, id) && has_runs(st)) {
+		km_uuid was = km_state_topic_source_id(st);
+		char a[23], b[23], why[500];
+		km_uuid_str(&was, a);
+		km_uuid_str(id, b);
+		snprintf(why, sizeof(why), "the source topic was deleted and created again since it was mirrored (topic id "
+			 "%s then, %s now): its offsets start over where this topic holds the old one's records. Stop the "
+			 "topic (what was mirrored stays readable); the new source topic cannot be mirrored into it", a, b);
+		for (int32_t j = 0; j < t->nparts; j++) {
+			mpart *p = t->parts[j];
+			if (p && p->phase != PH_IDLE && !p->settling &&
+			    (p->state == KM_MP_MIRRORING || p->state == KM_MP_PREPARING))
+				km_pl_fail_part(pl, p, why);
+		}
+		return;
+	}
+	if (t->sid_pending || (!km_state_topic_source_id_missing(st) && !km_state_topic_source_id_differs(st, id)))
+		return;
+	if (!(x = calloc(1, sizeof(*x))))
+		return;
+	*x = (sid_ctx){pl, pl->life, t};
+	t->sid_pending = true;
+	pl->store_pending++;
+	km_state_topic_source_id_set(km_mirror_store(pl->mi), pl->name, t->name, id, on_source_id, x);
+}
+
 static void take_metadata(km_pipeline *pl, km_cluster *cl, const km_metadata_response *r)
 {
 	bool src = cl == pl->src;
@@ -50,12 +122,16 @@ static void take_metadata(km_pipeline *pl, km_cluster *cl, const km_metadata_res
 			t->src_missing = mt->error_code == 3;
 			t->src_missing_rounds = t->src_missing ? t->src_missing_rounds + 1 : 0;
 			if (!mt->error_code) {
+				check_source_id(pl, t, &mt->topic_id);
 				t->src_partitions = mt->partitions.count;
 				/* The source grew: the destination and the store follow (a no-op when they have as many). */
 				km_mirror_grow(pl->mi, pl->name, name, mt->partitions.count);
 			}
-		} else
+		} else {
 			t->dst_missing = mt->error_code == 3;
+			if (!mt->error_code)
+				t->dst_id = mt->topic_id;
+		}
 		if (mt->error_code)
 			continue;
 		for (int32_t j = 0; j < mt->partitions.count; j++) {

@@ -103,12 +103,14 @@ typedef struct mpart {
 	struct {                /* produce.c: what the destination acknowledged */
 		int64_t acked_phys;     /* the physical tail: after the last acknowledged batch */
 		int64_t acked_logical;  /* the logical tail matching acked_phys (holes after it included once planned) */
+		int32_t acked_epoch;    /* the source leader epoch of the last batch acknowledged (-1: not known) */
 		size_t inflight;        /* batches sent, not answered */
 		bool probe;             /* the first write after reconcile goes alone and checks where it landed */
 		int64_t newest_ts;      /* max timestamp of the last batch written */
 		int64_t failing_since;  /* the first of a run of destination errors with nothing written since (0: none) */
 		bool tail;              /* the tail is this pipeline's (km_pl_set_tail): readers here see up to it */
 		int64_t progress;       /* the tail last persisted as progress (-1: none in this life) */
+		int32_t progress_epoch; /* and its epoch */
 	} out;
 	struct {                /* reconcile.c, carry.c */
 		bool need_pid;          /* waits for a fresh producer id */
@@ -144,6 +146,7 @@ typedef struct mpart {
 		int32_t sess_node;      /* the source broker whose fetch session holds it, -1: none */
 		int64_t sess_offset;    /* what that session holds for it: fetch offset, size, leader epoch */
 		int32_t sess_max, sess_lepoch;
+		bool overlap_seen;      /* a source batch overlapped what was mirrored: the topic's id is checked first */
 	} fetch;
 	struct {                /* carry.c: its transactional producers (docs/mirror.md, "Transactions") */
 		mtx *tx;
@@ -151,6 +154,9 @@ typedef struct mpart {
 	} txn;
 	struct {                /* failback.c */
 		int64_t peer_offset;    /* the source's kmirrord mirrored it from here up to this (-1: no) */
+		int32_t peer_epoch;     /* this cluster's leader epoch of the batch before it, as that kmirrord recorded it (-1: not known) */
+		int32_t here_epoch;     /* that batch's leader epoch in this cluster's log (the compare reads it; -1: not read) */
+		int32_t src_epoch;      /* the source's own leader epoch of its copy (-1: not read) */
 		char peer_state[16];    /* and its state there */
 		int check;              /* FB_* */
 		int pending;            /* its probes not answered yet */
@@ -190,6 +196,9 @@ struct mtopic {
 	int32_t src_partitions;  /* the source's partition count, as last read */
 	/* Failback: what the source's kmirrord says it mirrored of the topic (LastMirroredOffsets). */
 	int peer;                /* PEER_* */
+	km_uuid peer_source_id;  /* the topic id its mirror copied (zero: not said) */
+	km_uuid dst_id;          /* the destination topic's id (Metadata v10+; zero: not known) */
+	bool sid_pending;        /* the source topic's id being persisted */
 };
 
 enum {

@@ -221,6 +221,7 @@ static km_err split_batch(mplan *q, const mplan_env *env, mresp *resp, const str
 		nb->count = pb.last_offset_delta + 1;
 		nb->size = pb.size;
 		nb->max_ts = pb.max_timestamp;
+		nb->epoch = pb.partition_leader_epoch;
 		if (!plan(q, env, nb, ra)) {
 			km_plan_batch_free(nb);
 			km_wr_free(&out);
@@ -261,6 +262,7 @@ static km_err take_marker(mplan *q, const mplan_env *env, mresp *resp, const str
 	if (!(b = calloc(1, sizeof(*b))))
 		return KM_ERR_NOMEM;
 	b->kind = BK_MARKER;
+	b->epoch = pb.partition_leader_epoch;
 	b->commit = ctl.type == KM_CONTROL_COMMIT;
 	b->txi = txi;
 	b->logical = last;
@@ -324,6 +326,7 @@ km_err km_plan_take(mplan *q, const mplan_env *env, mresp *resp, const struct ev
 	b->logical = base;
 	b->count = count;
 	b->max_ts = (int64_t)km_be64(h + KM_BATCH_OFF_MAX_TIMESTAMP);
+	b->epoch = (int32_t)km_be32(h + KM_BATCH_OFF_LEADER_EPOCH);
 	if ((attr & KM_BATCH_ATTR_LOG_APPEND_TIME) && (rc = append_time_ref(resp, at, b)) != KM_OK) {
 		*fail = "a LogAppendTime source batch could not be read";
 		km_plan_batch_free(b);

@@ -49,6 +49,7 @@ typedef struct mbatch {
 	int32_t count;    /* lastOffsetDelta + 1 */
 	int64_t physical; /* where it must land */
 	int64_t max_ts;
+	int32_t epoch;    /* the source batch's partition leader epoch (LastMirroredEpoch once it landed) */
 	bool lat;         /* LogAppendTime at the source: hdr made CreateTime (its run says so) */
 	bool sent;
 	uint8_t kind;     /* BK_* */

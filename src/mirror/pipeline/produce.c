@@ -24,6 +24,7 @@ void km_pl_landed(km_pipeline *pl, mpart *p, mbatch *b)
 {
 	p->out.acked_phys = b->physical + b->count;
 	p->out.acked_logical = b->logical + b->count;
+	p->out.acked_epoch = b->epoch;
 	if (!p->plan.head && p->plan.fetch_logical > p->out.acked_logical)
 		p->out.acked_logical = p->plan.fetch_logical;
 	p->out.failing_since = 0;
@@ -41,6 +42,7 @@ typedef struct progress_ctx {
 	size_t n;
 	mpart **parts;
 	int64_t *sent;
+	int32_t *epochs;
 } progress_ctx;
 
 static void on_progress(void *arg, const km_state_result *res)
@@ -52,20 +54,24 @@ static void on_progress(void *arg, const km_state_result *res)
 	if (km_pl_current(pl, x->life)) {
 		pl->progress_inflight = false;
 		if (res->code == KM_OK)
-			for (size_t i = 0; i < x->n; i++)
+			for (size_t i = 0; i < x->n; i++) {
 				x->parts[i]->out.progress = x->sent[i];
+				x->parts[i]->out.progress_epoch = x->epochs[i];
+			}
 		else
 			KM_DEBUG(COMP, 0, "%s: progress not persisted (asked again): %s", pl->name,
 				 res->message ? res->message : km_err_name(res->code));
 	}
 	free(x->parts);
 	free(x->sent);
+	free(x->epochs);
 	free(x);
 }
 
 static bool progress_moved(const mpart *p)
 {
-	return p && p->out.tail && p->out.acked_logical >= 0 && p->out.acked_logical != p->out.progress;
+	return p && p->out.tail && p->out.acked_logical >= 0 &&
+	       (p->out.acked_logical != p->out.progress || p->out.acked_epoch != p->out.progress_epoch);
 }
 
 void km_pl_progress(km_pipeline *pl, int64_t now, int64_t *next)
@@ -89,10 +95,12 @@ void km_pl_progress(km_pipeline *pl, int64_t now, int64_t *next)
 		return;
 	items = calloc(n, sizeof(*items));
 	x = calloc(1, sizeof(*x));
-	if (!items || !x || !(x->parts = calloc(n, sizeof(*x->parts))) || !(x->sent = calloc(n, sizeof(*x->sent)))) {
+	if (!items || !x || !(x->parts = calloc(n, sizeof(*x->parts))) || !(x->sent = calloc(n, sizeof(*x->sent))) ||
+	    !(x->epochs = calloc(n, sizeof(*x->epochs)))) {
 		free(items);
 		if (x) {
 			free(x->parts);
+			free(x->sent);
 			free(x);
 		}
 		return; /* out of memory: the next round tries again */
@@ -102,8 +110,9 @@ void km_pl_progress(km_pipeline *pl, int64_t now, int64_t *next)
 			mpart *p = pl->topics[i]->parts[j];
 			if (!progress_moved(p))
 				continue;
-			items[x->n] = (km_state_progress){p->t->name, p->id, p->out.acked_logical};
+			items[x->n] = (km_state_progress){p->t->name, p->id, p->out.acked_logical, p->out.acked_epoch};
 			x->parts[x->n] = p;
+			x->epochs[x->n] = p->out.acked_epoch;
 			x->sent[x->n++] = p->out.acked_logical;
 		}
 	x->pl = pl;

@@ -155,6 +155,19 @@ int64_t km_pl_start_timestamp(const km_pipeline *pl)
 	return strtoll(pl->start_mode, NULL, 10);
 }
 
+/* The source leader epoch before logical, as persisted: known when the partition's record was written at that tail. */
+static int32_t persisted_epoch_at(km_pipeline *pl, const mpart *p, int64_t logical)
+{
+	const km_state_topic *t = km_state_topic_find(km_mirror_store(pl->mi), p->t->name, strlen(p->t->name));
+	km_mp_state state;
+	int64_t last;
+	int32_t epoch;
+
+	if (!km_state_partition_record(t, p->id, &state, &last, &epoch) || last != logical)
+		return -1;
+	return epoch;
+}
+
 /* ---- the writer: who writes the partition from where, persisted before it writes ---- */
 
 typedef struct writer_ctx {
@@ -267,12 +280,14 @@ static void after_reconcile(km_pipeline *pl, mpart *p, int64_t end)
 		/* Resume at hide, physically after everything now hidden. */
 		w[nw++] = (km_state_run){p->t->name, p->id, hide, end, hide, 0};
 		p->plan.cont_logical = p->plan.fetch_logical = p->out.acked_logical = hide;
+		p->out.acked_epoch = persisted_epoch_at(pl, p, hide);
 		p->plan.cont_lat = false;
 	} else if (keep > 0) {
 		const km_offrun *r = &m->runs[keep - 1];
 		p->plan.cont_logical = r->logical + (end - r->physical);
 		p->plan.cont_lat = (r->flags & KM_OFFRUN_LOG_APPEND_TIME) != 0;
 		p->plan.fetch_logical = p->out.acked_logical = p->plan.cont_logical;
+		p->out.acked_epoch = persisted_epoch_at(pl, p, p->out.acked_logical);
 	} else {
 		/* Nothing mirrored yet: the start position comes from the source; what the destination holds is hidden. */
 		p->plan.cont_logical = -1;
@@ -652,7 +667,7 @@ static int64_t drill_point(km_pipeline *pl, const mpart *p, const km_offmap *m, 
 	int64_t last, pid, start;
 	int16_t epoch;
 
-	if (!m || !m->n || !km_state_partition_record(t, p->id, &state, &last) || state != KM_MP_PREPARING || last < 0)
+	if (!m || !m->n || !km_state_partition_record(t, p->id, &state, &last, NULL) || state != KM_MP_PREPARING || last < 0)
 		return -1;
 	if (km_state_partition_writer_get(t, p->id, &pid, &epoch, &start) && start < end)
 		return -1; /* this start's writer has written: what is past L is the mirror's own */
@@ -717,6 +732,7 @@ static void on_foreign_run(void *arg, const km_state_result *res)
 			 */
 			p->out.acked_phys = x->from;
 			p->out.acked_logical = x->hide;
+			p->out.acked_epoch = -1;
 			km_pl_set_tail(pl, p, true);
 			km_pl_fail_part(pl, p, x->why);
 		}
@@ -854,6 +870,7 @@ static void after_start(km_pipeline *pl, mpart *p, int64_t off, bool jump)
 	}
 	p->plan.fetch_logical = off;
 	p->out.acked_logical = off;
+	p->out.acked_epoch = -1;
 	p->plan.first_logical = off;
 	KM_INFO(COMP, 0, "%s/%s: starts at source offset %lld (destination offset %lld)", pl->name,
 		km_pl_ptag(p, tag, sizeof(tag)), (long long)off, (long long)p->out.acked_phys);

@@ -8268,6 +8268,7 @@ static void fill_km_describe_mirrors_response_described_topic(km_describe_mirror
 	(void)seq;
 	m->name = t_str(a, seq);
 	t_uuid(&m->topic_id, seq);
+	t_uuid(&m->source_topic_id, seq);
 	m->state = t_str(a, seq);
 	m->partitions.count = 2;
 	m->partitions.items = km_arena_alloc(a, 2 * sizeof(*m->partitions.items));
@@ -8277,7 +8278,7 @@ static void fill_km_describe_mirrors_response_described_topic(km_describe_mirror
 		fill_km_describe_mirrors_response_described_partition(&m->partitions.items[i], v, mode, a, seq);
 	}
 	if (true && mode == 0)
-		t_unknown_tags(&m->unknown_tags, a, 0, 1000, seq);
+		t_unknown_tags(&m->unknown_tags, a, 1, 1000, seq);
 }
 
 static bool eq_km_describe_mirrors_response_described_topic(const km_describe_mirrors_response_described_topic *x, const km_describe_mirrors_response_described_topic *y)
@@ -8286,6 +8287,8 @@ static bool eq_km_describe_mirrors_response_described_topic(const km_describe_mi
 		return t_diff("DescribedTopic.Name");
 	if (!(memcmp(x->topic_id.b, y->topic_id.b, 16) == 0))
 		return t_diff("DescribedTopic.TopicId");
+	if (!(memcmp(x->source_topic_id.b, y->source_topic_id.b, 16) == 0))
+		return t_diff("DescribedTopic.SourceTopicId");
 	if (!km_str_eq(x->state, y->state))
 		return t_diff("DescribedTopic.State");
 	if (x->partitions.count != y->partitions.count)
@@ -13043,6 +13046,7 @@ static void fill_km_last_mirrored_offsets_response_topic_result(km_last_mirrored
 	m->name = t_str(a, seq);
 	m->error_code = (int16_t)(t_int(seq, 30000, INT64_C(0)));
 	m->error_message = (mode == 1 && true) ? KM_STR_NULL : t_str(a, seq);
+	t_uuid(&m->source_topic_id, seq);
 	m->partitions.count = 2;
 	m->partitions.items = km_arena_alloc(a, 2 * sizeof(*m->partitions.items));
 	assert_non_null(m->partitions.items);
@@ -13051,7 +13055,7 @@ static void fill_km_last_mirrored_offsets_response_topic_result(km_last_mirrored
 		fill_km_last_mirrored_offsets_response_partition_result(&m->partitions.items[i], v, mode, a, seq);
 	}
 	if (true && mode == 0)
-		t_unknown_tags(&m->unknown_tags, a, 0, 1000, seq);
+		t_unknown_tags(&m->unknown_tags, a, 1, 1000, seq);
 }
 
 static bool eq_km_last_mirrored_offsets_response_topic_result(const km_last_mirrored_offsets_response_topic_result *x, const km_last_mirrored_offsets_response_topic_result *y)
@@ -13062,6 +13066,8 @@ static bool eq_km_last_mirrored_offsets_response_topic_result(const km_last_mirr
 		return t_diff("TopicResult.ErrorCode");
 	if (!km_str_eq(x->error_message, y->error_message))
 		return t_diff("TopicResult.ErrorMessage");
+	if (!(memcmp(x->source_topic_id.b, y->source_topic_id.b, 16) == 0))
+		return t_diff("TopicResult.SourceTopicId");
 	if (x->partitions.count != y->partitions.count)
 		return t_diff("TopicResult.Partitions");
 	for (int32_t i = 0; i < x->partitions.count; i++) {
@@ -14984,8 +14990,9 @@ static void fill_km_mirror_state_partition_value(km_mirror_state_partition_value
 	m->writer_producer_id = (int64_t)(t_int(seq, 1000000000, INT64_C(-1)) + ((int64_t)1 << 33));
 	m->writer_producer_epoch = (int16_t)(t_int(seq, 30000, INT64_C(-1)));
 	m->writer_start_offset = (int64_t)(t_int(seq, 1000000000, INT64_C(-1)) + ((int64_t)1 << 33));
+	t_uuid(&m->source_topic_id, seq);
 	if (true && mode == 0)
-		t_unknown_tags(&m->unknown_tags, a, 3, 1002, seq);
+		t_unknown_tags(&m->unknown_tags, a, 4, 1003, seq);
 }
 
 static bool eq_km_mirror_state_partition_value(const km_mirror_state_partition_value *x, const km_mirror_state_partition_value *y)
@@ -15010,6 +15017,8 @@ static bool eq_km_mirror_state_partition_value(const km_mirror_state_partition_v
 		return t_diff("WriterProducerEpoch");
 	if (!(x->writer_start_offset == y->writer_start_offset))
 		return t_diff("WriterStartOffset");
+	if (!(memcmp(x->source_topic_id.b, y->source_topic_id.b, 16) == 0))
+		return t_diff("SourceTopicId");
 	if (!t_tags_eq(&x->unknown_tags, &y->unknown_tags))
 		return t_diff("MirrorStatePartitionValue unknown tags");
 	return true;

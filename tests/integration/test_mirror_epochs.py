@@ -1,0 +1,130 @@
+"""Epochs and identity (issue 29, item 6): what the mirror records of where its records came from.
+The source leader epoch of the last batch mirrored is kept with each partition's progress and its
+stop (LastMirroredOffsets answers it; before, always -1), and the source topic's id is kept in the
+state (describe shows it): a source topic deleted and created again under the mirror fails the
+partitions instead of mixing the new topic's records into the old one's offsets. A source of three
+brokers of the module's own: the tests move its leaders."""
+import os
+
+import pytest
+from confluent_kafka.admin import AdminClient
+
+from harness import KafkaCluster
+from mirror_cli import described, kmirror_bin, wait_states  # noqa: F401
+from confluent_kafka import TopicCollection
+
+from mirror_data import (compare_topic, log_dir_batches, main_release_only, produce_records, read_partition,
+                         watermarks)
+from proxy_fixtures import *  # noqa: F401,F403
+from proxy_fixtures import wait_until
+from test_mirror_data import _mirror_env, _teardown, unique
+
+pytestmark = main_release_only  # the pipeline's bookkeeping, the same on every release
+
+
+@pytest.fixture(scope="module")
+def eenv(kmirrord_bin, kmirror_bin, dest_cluster, tmp_path_factory):
+    src = KafkaCluster("epochs", brokers=3)
+    src.start()
+    env = _mirror_env(kmirrord_bin, kmirror_bin, dest_cluster, src, str(tmp_path_factory.mktemp("epochs")),
+                      "kmirrord-epochs")
+    yield env
+    try:
+        _teardown(env)
+    finally:
+        src.stop()
+
+
+def last_mirrored(env, topic):
+    doc, _ = env.cli.json("last-mirrored-offsets", "--mirror", env.mirror, "--topics", topic)
+    (t,) = doc["topics"]
+    return t, {p["partition"]: p for p in t["partitions"]}
+
+
+def source_leader(env, topic, partition=0):
+    admin = AdminClient({"bootstrap.servers": env.sb})
+    md = admin.list_topics(topic, timeout=15)
+    return md.topics[topic].partitions[partition].leader
+
+
+def source_topic_id(env, topic):
+    """As Kafka's tools print it (URL-safe base64; the Python client's str() is standard base64)."""
+    admin = AdminClient({"bootstrap.servers": env.sb})
+    u = str(admin.describe_topics(TopicCollection([topic]))[topic].result(30).topic_id)
+    return u.replace("/", "_").replace("+", "-")
+
+
+def last_data_epoch(env, topic, partition=0):
+    """The partition leader epoch of the source's last data batch, from its leader's segment files."""
+    path = os.path.join(env.source.nodes[source_leader(env, topic, partition)].data_dir, f"{topic}-{partition}")
+    batches = [b for b in log_dir_batches(path) if not b["control"]]
+    return batches[-1]["epoch"]
+
+
+def test_last_mirrored_epoch_follows_the_source_leader(eenv):
+    env = eenv
+    topic = unique("epoch")
+    env.source.create_topic(topic, partitions=1, replication_factor=3)
+    produce_records(env.sb, topic, 50, tag="a", partitions=1)
+    env.start(topic)
+    env.caught_up(topic, 1)
+    t, parts = last_mirrored(env, topic)
+    first = last_data_epoch(env, topic)
+    assert parts[0]["last_mirrored_offset"] == 50 and parts[0]["last_mirrored_epoch"] == first, parts
+    assert t["source_topic_id"] == source_topic_id(env, topic), t
+    (dt,) = [x for x in described(env.cli, env.mirror)["topics"] if x["name"] == topic]
+    assert dt["source_topic_id"] == t["source_topic_id"] and dt["topic_id"] != dt["source_topic_id"], dt
+
+    # The leader goes: its successor writes in a later epoch, and the mirror follows it there.
+    leader = source_leader(env, topic)
+    env.source.stop_broker(leader)
+    try:
+        wait_until(lambda: source_leader(env, topic) not in (leader, -1), 60, what="a new source leader")
+        produce_records(env.sb, topic, 50, start=50, tag="b", partitions=1)
+        env.caught_up(topic, 1)
+        later = last_data_epoch(env, topic)
+        assert later > first, (first, later)
+        wait_until(lambda: last_mirrored(env, topic)[1][0]["last_mirrored_epoch"] == later, 30,
+                   what=f"LastMirroredEpoch {later}")
+        compare_topic(env.pb, env.sb, topic, 1)
+        # The stop keeps it: the STOPPED record says where, and in which epoch, the mirror stopped.
+        env.cli.run("stop", "--mirror", env.mirror, "--topics", topic)
+        wait_states(env.cli, env.mirror, {topic: "STOPPED"}, timeout=60)
+        _, parts = last_mirrored(env, topic)
+        assert parts[0]["state"] == "STOPPED" and parts[0]["last_mirrored_offset"] == 100, parts
+        assert parts[0]["last_mirrored_epoch"] == later, parts
+    finally:
+        env.source.start_broker(leader)
+
+
+@pytest.mark.parametrize("again", [100, 4], ids=["more", "fewer"])
+def test_source_topic_created_again_fails_the_mirror(eenv, again):
+    """The source topic is deleted and created again under a running mirror: its offsets start over
+    at 0 where the mirror topic holds the old topic's records. Each partition goes FAILED naming
+    both topic ids, and nothing of the new topic is shown at the old one's offsets: whether the new
+    topic's records reach past what was mirrored (before: "a source batch overlaps") or not (its log
+    ends below the mirror's fetch offset)."""
+    env = eenv
+    topic = unique("again")
+    env.source.create_topic(topic, partitions=2, replication_factor=3)
+    produce_records(env.sb, topic, 40, tag="first", partitions=2)
+    env.start(topic)
+    marks = env.caught_up(topic, 2)
+    before = [(m.offset, m.value) for p in range(2) for m in read_partition(
+        env.pb, topic, p, 0, marks[p][1])]
+    old_id = source_topic_id(env, topic)
+    admin = AdminClient({"bootstrap.servers": env.sb})
+    admin.delete_topics([topic])[topic].result(30)
+    wait_until(lambda: topic not in admin.list_topics(timeout=10).topics, 60, what="the source topic deleted")
+    env.source.create_topic(topic, partitions=2, replication_factor=3)
+    produce_records(env.sb, topic, again, tag="second", partitions=2)
+    new_id = source_topic_id(env, topic)
+    assert new_id != old_id
+    wait_states(env.cli, env.mirror, {topic: "FAILED"}, timeout=60)
+    errs = {p["last_error"] for p in env.partitions(topic)}
+    print(errs)
+    assert all(e and "deleted and created again" in e and old_id in e and new_id in e for e in errs), errs
+    after = [(m.offset, m.value) for p in range(2) for m in read_partition(
+        env.pb, topic, p, 0, marks[p][1])]
+    assert after == before
+    assert watermarks(env.pb, topic, 2) == marks, "records of the new topic shown through kmirrord"

@@ -155,6 +155,7 @@ typedef struct km_mirror_options {
 	int64_t throttle_bytes_per_sec;       /* mirror.replication.throttled.rate, 0: unlimited */
 	char *start_offset;                   /* mirror.start.offset: earliest, latest or a timestamp (ms) */
 	char *topics_include;                 /* mirror.topics.include (regex), NULL: none */
+	bool unclean_hide;                    /* mirror.support.unclean.leader.election */
 } km_mirror_options;
 
 /* The mirror.* options as a table for the option engine (kmirror/options.h); docs/configuration.md shows it. */

@@ -47,6 +47,12 @@ static const km_option mirror_options[] = {
 	 .reloadable = true,
 	 .doc = "Where a partition started with nothing mirrored yet begins: `earliest`, `latest`, or a timestamp "
 		"(ms since the epoch: the first record at or after it)."},
+	{.name = "mirror.support.unclean.leader.election", .type = KM_OPT_BOOL, .offset = OFF(unclean_hide),
+	 .def = "false", .reloadable = true,
+	 .doc = "When the source's log diverges from what was mirrored (an unclean leader election there, or a "
+		"truncation below the mirrored offset): false, the partition goes FAILED naming the divergent records; "
+		"true, those records are hidden and the partition mirrors on from the source's new log (docs/mirror.md, "
+		"\"A diverged source\")."},
 	{.name = "mirror.topics.include", .type = KM_OPT_STRING, .offset = OFF(topics_include), .def = "",
 	 .reloadable = true,
 	 .doc = "Source topics started automatically when they appear (POSIX extended regex, whole name); empty: none."},

@@ -1,20 +1,25 @@
-"""Epochs and identity (issue 29, item 6): what the mirror records of where its records came from.
+"""Epochs and identity (issue 29, items 5 and 6): what the mirror records of where its records came from.
 The source leader epoch of the last batch mirrored is kept with each partition's progress and its
 stop (LastMirroredOffsets answers it; before, always -1), and the source topic's id is kept in the
 state (describe shows it): a source topic deleted and created again under the mirror fails the
-partitions instead of mixing the new topic's records into the old one's offsets. A source of three
-brokers of the module's own: the tests move its leaders."""
+partitions instead of mixing the new topic's records into the old one's offsets. A source whose log
+diverges from what was mirrored (an unclean leader election) is detected as a follower detects it
+(OffsetForLeaderEpoch with the last mirrored epoch): FAILED naming the divergent records, or with
+mirror.support.unclean.leader.election those records hidden and the source's new log mirrored on.
+A source of three brokers and a dedicated controller, of the module's own: the tests move its
+leaders and stop its brokers."""
 import os
 
 import pytest
+from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient
 
 from harness import KafkaCluster
 from mirror_cli import described, kmirror_bin, wait_states  # noqa: F401
 from confluent_kafka import TopicCollection
 
-from mirror_data import (compare_topic, log_dir_batches, main_release_only, produce_records, read_partition,
-                         watermarks)
+from mirror_data import (compare_topic, create_dest_topic, log_dir_batches, main_release_only, produce_records,
+                         read_partition, watermarks)
 from proxy_fixtures import *  # noqa: F401,F403
 from proxy_fixtures import wait_until
 from test_mirror_data import _mirror_env, _teardown, unique
@@ -128,3 +133,83 @@ def test_source_topic_created_again_fails_the_mirror(eenv, again):
         env.pb, topic, p, 0, marks[p][1])]
     assert after == before
     assert watermarks(env.pb, topic, 2) == marks, "records of the new topic shown through kmirrord"
+
+
+def produce_one_partition(bootstrap, topics, n, tag, acks):
+    p = Producer({"bootstrap.servers": bootstrap, "acks": acks, "enable.idempotence": False, "linger.ms": 5})
+    for t in topics:
+        for i in range(n):
+            p.produce(t, key=f"{tag}-{i}".encode(), value=f"{tag} record {i} of {t}".encode(), partition=0)
+    assert p.flush(60) == 0
+
+
+def test_diverged_source_fails_or_hides(eenv):
+    """Two topics, each one partition on brokers [L, F] with unclean.leader.election.enable: 20
+    records on both replicas, mirrored; F stops, L takes 30 more (offsets 20 to 49), mirrored; L
+    stops, F comes back and is elected uncleanly (its log ends at 20), and takes 10 new records
+    (20 to 29). The mirror's 30 records at 20 to 49 are in no source log now. In the default
+    mirror the partition goes FAILED naming them; in a mirror with
+    mirror.support.unclean.leader.election=true they are hidden (describe's records_hidden) and
+    clients through kmirrord read exactly F's log. Before: the fetch at 50 got OFFSET_OUT_OF_RANGE
+    and was retried for ever (once F's log passed 50, F's records would have been mirrored there,
+    after L's divergent ones)."""
+    env = eenv
+    src = env.source
+    admin = AdminClient({"bootstrap.servers": env.sb})
+    lead, follow = src.broker_ids[0], src.broker_ids[1]
+    t_fail, t_hide = unique("div"), unique("divh")
+    cfg = {"unclean.leader.election.enable": "true", "min.insync.replicas": "1"}
+    for t in (t_fail, t_hide):
+        args = ["--create", "--topic", t, "--replica-assignment", f"{lead}:{follow}"]
+        for k, v in cfg.items():
+            args += ["--config", f"{k}={v}"]
+        src.tool("topics", *args)
+        src.wait_topic(t, 1)
+    produce_one_partition(env.sb, (t_fail, t_hide), 20, "both", "all")
+    hide = unique("hide")
+    env.cli.run("create", "--mirror", hide, "--source-bootstrap", env.sb, "--config",
+                "mirror.support.unclean.leader.election=true")
+    env.start(t_fail)
+    create_dest_topic(env.dest, env.sb, t_hide)
+    env.cli.run("start", "--mirror", hide, "--topics", t_hide)
+    wait_states(env.cli, hide, {t_hide: "MIRRORING"}, timeout=60)
+    for t in (t_fail, t_hide):
+        env.caught_up(t, 1)
+
+    stopped = []
+    try:
+        src.stop_broker(follow)
+        stopped.append(follow)
+        produce_one_partition(env.sb, (t_fail, t_hide), 30, "only-on-L", "1")
+        for t in (t_fail, t_hide):
+            assert watermarks(env.sb, t, 1)[0][1] == 50
+            env.caught_up(t, 1)
+        src.stop_broker(lead)
+        stopped.append(lead)
+        src.start_broker(follow)
+        stopped.remove(follow)
+        for t in (t_fail, t_hide):
+            src.tool("leader-election", "--election-type", "unclean", "--topic", t, "--partition", "0", check=False)
+            wait_until(lambda t=t: source_leader(env, t) == follow, 60, what=f"{follow} elected for {t}")
+        assert watermarks(env.sb, t_fail, 1)[0][1] == 20
+        produce_one_partition(env.sb, (t_fail, t_hide), 10, "new-life", "1")
+
+        wait_states(env.cli, env.mirror, {t_fail: "FAILED"}, timeout=60)
+        (part,) = env.partitions(t_fail)
+        print(part["last_error"])
+        assert "30 record(s) mirrored at source offsets 20 to 49" in part["last_error"], part
+        assert "mirror.support.unclean.leader.election" in part["last_error"], part
+
+        def hidden_mirrored():
+            return watermarks(env.pb, t_hide, 1)[0][1] == 30 and described(env.cli, hide)["topics"][0][
+                "partitions"][0]["records_hidden"] == 30
+        wait_until(hidden_mirrored, 60, what=f"{t_hide}: the divergent tail hidden, the new log mirrored")
+        seen = read_partition(env.pb, t_hide, 0, 0, 30)
+        truth = read_partition(env.sb, t_hide, 0, 0, 30)
+        assert seen == truth and len(truth) == 30, ([r.key for r in seen][18:24], [r.key for r in truth][18:24])
+        assert [r.key for r in seen[20:]] == [f"new-life-{i}".encode() for i in range(10)]
+        (hp,) = described(env.cli, hide)["topics"][0]["partitions"]
+        assert hp["state"] == "MIRRORING", hp
+    finally:
+        for b in stopped:
+            src.start_broker(b)

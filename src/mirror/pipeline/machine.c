@@ -179,6 +179,7 @@ static void part_init(mpart *p, mtopic *t, int32_t id)
 	p->fetch.sess_node = -1;
 	p->out.progress = -1;
 	p->out.acked_epoch = p->out.progress_epoch = -1;
+	p->div.checked = -1;
 }
 
 mpart *km_pl_part_get(km_pipeline *pl, mtopic *t, int32_t id, bool create)
@@ -303,6 +304,7 @@ static void on_run_then(void *arg, const km_state_result *res)
 			km_pl_set_phase(p, x->then, "its run is persisted");
 			p->recon.hide_logical = -1;
 			p->recon.drill = false;
+			p->div.diverged = false;
 		}
 		if (p->phase == PH_IDLE && (p->state == KM_MP_STOPPING || p->state == KM_MP_PAUSING)) {
 			p->settling = true;
@@ -482,6 +484,7 @@ static void step_part(km_pipeline *pl, mpart *p, int64_t now, int64_t *next, tic
 	}
 	if (p->state == KM_MP_MIRRORING && p->phase >= PH_READY)
 		km_pl_follow_log_start(pl, p);
+	km_pl_check_divergence(pl, p, now);
 	if (p->state == KM_MP_PREPARING && !p->settling &&
 	    (p->phase == PH_READY || (p->phase == PH_START && p->t->src_missing))) {
 		/*
@@ -667,6 +670,7 @@ static void take_options(km_pipeline *pl, const km_mirror_options *mo)
 	pl->rate = mo->throttle_bytes_per_sec;
 	pl->meta_interval = mo->metadata_refresh_interval_ms;
 	snprintf(pl->start_mode, sizeof(pl->start_mode), "%s", mo->start_offset ? mo->start_offset : "earliest");
+	pl->unclean_hide = mo->unclean_hide;
 }
 
 /* The options may change at run time (kmirror alter): read again now and then. */

@@ -111,6 +111,8 @@ static void take_metadata(km_pipeline *pl, km_cluster *cl, const km_metadata_res
 
 	if (km_cluster_brokers(cl, r) != KM_OK)
 		return;
+	if (src)
+		pl->src_meta_answers++;
 	for (int32_t i = 0; i < r->topics.count; i++) {
 		const km_metadata_response_topic *mt = &r->topics.items[i];
 		char name[256];

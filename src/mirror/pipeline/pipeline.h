@@ -148,6 +148,13 @@ typedef struct mpart {
 		int32_t sess_max, sess_lepoch;
 		bool overlap_seen;      /* a source batch overlapped what was mirrored: the topic's id is checked first */
 	} fetch;
+	struct {                /* diverge.c: is the source's log still the one mirrored? */
+		bool need;              /* asked before the next Fetch (a leader change, a restart, past the source's end) */
+		bool inflight;          /* OffsetForLeaderEpoch sent */
+		bool diverged;          /* reconcile hides recon.hide_logical on: the source's log diverged there */
+		int32_t checked;        /* the source leader epoch whose log was found to be the one mirrored (-1: none) */
+		uint64_t meta_at;       /* the source Metadata answers when it was asked: sent after the next one (its topic id checked first) */
+	} div;
 	struct {                /* carry.c: its transactional producers (docs/mirror.md, "Transactions") */
 		mtx *tx;
 		size_t n;
@@ -242,6 +249,8 @@ struct km_pipeline {
 	uint64_t fetch_full, fetch_incremental; /* Fetch requests sent, by kind (kmirror_mirror_fetch_requests_total) */
 	uint64_t fenced; /* batches refused for an older epoch of the writer (kmirror_mirror_fenced_writes_total) */
 	char start_mode[32];
+	bool unclean_hide;  /* mirror.support.unclean.leader.election: a diverged source's tail is hidden, not FAILED */
+	uint64_t src_meta_answers; /* source Metadata answers taken (diverge.c waits for one after its trigger) */
 	int64_t options_at;
 	int64_t meta_interval; /* mirror.metadata.refresh.interval.ms: leaders, partition counts */
 	/* mirror.replication.throttled.rate: a token bucket over fetched bytes (0: no limit). */
@@ -403,9 +412,22 @@ bool km_pl_send_produce(km_pipeline *pl, int32_t node);
 static inline bool km_pl_fetchable(const mpart *p, int64_t now)
 {
 	return p->phase == PH_READY && p->state == KM_MP_MIRRORING && !p->settling && p->retry.at <= now &&
-	       p->lead.src >= 0 && p->plan.pid >= 0 && !p->plan.head && !p->out.inflight && !p->recon.writer_pending;
+	       p->lead.src >= 0 && p->plan.pid >= 0 && !p->plan.head && !p->out.inflight && !p->recon.writer_pending &&
+	       !p->div.need;
 }
 void km_pl_send_fetch(km_pipeline *pl, int32_t node, int64_t now, int64_t *next);
+
+/* ---- diverge.c: a diverged source (docs/mirror.md, "A diverged source") ---- */
+
+/*
+ * A partition whose div.need is set and that is otherwise ready to fetch: OffsetForLeaderEpoch on
+ * the source leader with the epoch of the last batch mirrored. The answer clears div.need (the log
+ * is the one mirrored), or hides the divergent tail (mirror.support.unclean.leader.election) or
+ * fails the partition.
+ */
+void km_pl_check_divergence(km_pipeline *pl, mpart *p, int64_t now);
+/* Ask for that check (after the next source Metadata, whose topic id check comes first). */
+void km_pl_want_divergence_check(km_pipeline *pl, mpart *p);
 
 /* ---- machine.c ---- */
 

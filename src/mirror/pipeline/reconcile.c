@@ -272,7 +272,7 @@ static void after_reconcile(km_pipeline *pl, mpart *p, int64_t end)
 			"%lld to %lld) are hidden; mirroring on from source offset %lld", pl->name,
 			km_pl_ptag(p, tag, sizeof(tag)), (long long)(end - from), (long long)from, (long long)end - 1,
 			(long long)hide);
-	} else if (hide >= 0) {
+	} else if (hide >= 0 && !p->div.diverged) {
 		KM_WARN(COMP, 0, "%s/%s: destination offsets from the misplaced batch to %lld hidden; resuming at %lld",
 			pl->name, km_pl_ptag(p, tag, sizeof(tag)), (long long)end, (long long)hide);
 	}
@@ -302,6 +302,7 @@ static void after_reconcile(km_pipeline *pl, mpart *p, int64_t end)
 	} else {
 		p->recon.hide_logical = -1;
 		p->recon.drill = false;
+		p->div.diverged = false;
 		km_pl_set_phase(p, keep > 0 ? PH_READY : PH_START, "reconciled");
 	}
 	free(w);
@@ -852,9 +853,11 @@ static void after_start(km_pipeline *pl, mpart *p, int64_t off, bool jump)
 		p->start.oor = false;
 		/* The source's retention passed the mirror: a hole, counted. */
 		if (off <= p->plan.fetch_logical) {
-			/* Past the source's end: its log was truncated below what was mirrored (unclean election?). */
-			KM_WARN(COMP, 0, "%s/%s: offset %lld is past the source's log end; retrying", pl->name,
-				km_pl_ptag(p, tag, sizeof(tag)), (long long)p->plan.fetch_logical);
+			/* Past the source's end: its log was truncated below what was mirrored (an unclean election?). */
+			KM_WARN(COMP, 0, "%s/%s: offset %lld is past the source's log end: is the source's log the one "
+				"mirrored? (asked before the next fetch)", pl->name, km_pl_ptag(p, tag, sizeof(tag)),
+				(long long)p->plan.fetch_logical);
+			km_pl_want_divergence_check(pl, p);
 			km_pl_backoff(p);
 		} else {
 			uint64_t n = (uint64_t)(off - p->plan.fetch_logical);

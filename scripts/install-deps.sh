@@ -9,7 +9,7 @@ DEBIAN_PACKAGES=(
 	clang llvm libclang-rt-14-dev
 	openjdk-17-jdk-headless maven
 	python3 python3-pip python3-venv
-	kcat openssl procps iproute2 valgrind curl tcpdump
+	kcat openssl procps iproute2 valgrind curl tcpdump groff-base
 )
 PYTHON_PACKAGES=(pytest confluent-kafka)
 

@@ -61,7 +61,8 @@ static const cmd_info cmds[] = {
 	{KM_CLI_CMD_START, "start", O_MIRROR | O_TOPICS | O_TOPICS_REGEX | O_DRY_RUN | O_ADOPT,
 	 "start --mirror NAME (--topics A,B | --topics-regex RE) [--adopt-existing] [--dry-run]",
 	 "Start mirroring topics (not mirrored, STOPPED or FAILED). --topics-regex matches whole names\n"
-	 "of the destination cluster's topics (POSIX extended regex). A start from the kmirrord a topic\n"
+	 "of the source's topics (a start creates them here; the source is asked with --command-config's\n"
+	 "settings) and of the destination's (POSIX extended regex). A start from the kmirrord a topic\n"
 	 "was mirrored into is a failback: it keeps what is here below where that mirror stopped, hides\n"
 	 "the rest and mirrors only the delta. A start of a topic STOPPED here goes back to where the\n"
 	 "stop left it and hides what was written here since (a drill). --dry-run starts nothing: it\n"
@@ -104,8 +105,8 @@ static const cmd_info cmds[] = {
 	 "Make kmirrord front another cluster (docs/proxy.md, \"Upstream swap\"), through its HTTP admin\n"
 	 "endpoint (--admin: its admin_listen, or its http_listen when that is unset; --admin-ca: the CA\n"
 	 "bundle that verifies the certificate of an admin_listen speaking HTTPS, which then is used;\n"
-	 "--token-file: a file holding the token of its admin_token_file; --bootstrap-server is not\n"
-	 "used). kmirrord reads the new cluster's mirror state,\n"
+	 "--token-file: a file holding the token of its admin_token_file). kmirrord reads the new\n"
+	 "cluster's mirror state,\n"
 	 "writes the new upstream to its upstream_file, then serves new connections from the new cluster\n"
 	 "and moves the open ones over gradually. Prints the progress until the open connections moved\n"
 	 "(at most --wait-ms, default 60000; the swap goes on after that); exit 1 when it is refused or\n"
@@ -139,12 +140,13 @@ const char *km_cli_cmd_name(km_cli_cmd cmd)
 static const char global_usage[] =
 	"usage: kmirror --bootstrap-server HOST:PORT [--command-config FILE] [--output table|json]\n"
 	"               [--timeout-ms N] COMMAND [OPTIONS]\n"
-	"       kmirror --version | --help | COMMAND --help\n"
+	"       kmirror --version | --help | help [COMMAND] | COMMAND --help\n"
 	"\n"
 	"Create, describe and control mirrors through kmirrord (point --bootstrap-server at kmirrord).\n"
 	"\n"
 	"Global options:\n"
-	"  --bootstrap-server HOST:PORT  kmirrord's client listener (a comma list: the first that answers)\n"
+	"  --bootstrap-server HOST:PORT  kmirrord's client listener (a comma list: the first that answers);\n"
+	"                                KMIRROR_BOOTSTRAP_SERVER when not given\n"
 	"  --command-config FILE         client properties as Kafka's tools take them: security.protocol,\n"
 	"                                sasl.mechanism, sasl.jaas.config, sasl.username, sasl.password,\n"
 	"                                ssl.ca.location, ssl.certificate.location, ssl.key.location,\n"
@@ -167,8 +169,11 @@ void km_cli_usage(FILE *out, km_cli_cmd cmd)
 		fputs("\nSee kmirror COMMAND --help, and man kmirror.\n", out);
 		return;
 	}
-	fprintf(out, "usage: kmirror --bootstrap-server HOST:PORT [global options] %s\n\n%s\n", ci->synopsis,
-		ci->about);
+	/* swap-upstream talks to kmirrord's admin listener (--admin), not to its client listener. */
+	fprintf(out, "usage: kmirror %s%s\n\n%s\n",
+		ci->cmd == KM_CLI_CMD_SWAP_UPSTREAM ? "[--output table|json] [--timeout-ms N] " :
+						      "--bootstrap-server HOST:PORT [global options] ",
+		ci->synopsis, ci->about);
 }
 
 /* ---- km_cli_kvs ---- */
@@ -302,7 +307,7 @@ static const opt_def opt_defs[] = {
 	{"--timeout-ms", 0, true},        {"--mirror", O_MIRROR, true},  {"--source-bootstrap", O_SOURCE, true},
 	{"--config", O_CONFIG, true},     {"--config-file", O_CONFIG_FILE, true},
 	{"--validate-only", O_VALIDATE, false}, {"--delete-config", O_DELETE_CONFIG, true},
-	{"--topics", O_TOPICS, true},     {"--topics-regex", O_TOPICS_REGEX, true},
+	{"--topics", O_TOPICS, true},     {"--topic", O_TOPICS, true}, {"--topics-regex", O_TOPICS_REGEX, true},
 	{"--dry-run", O_DRY_RUN, false},  {"--wait-ms", O_WAIT, true},
 	{"--peer-bootstrap", O_PEER, true}, {"--peer-mirror", O_PEER, true},
 	{"--admin", O_SWAP, true},        {"--token-file", O_SWAP, true}, {"--to", O_SWAP, true},
@@ -315,6 +320,52 @@ static const opt_def *opt_lookup(const char *name, size_t n)
 		if (strlen(opt_defs[i].name) == n && !strncmp(opt_defs[i].name, name, n))
 			return &opt_defs[i];
 	return NULL;
+}
+
+/* Edit distance (insertions, deletions, substitutions) between a and b[0..n), stopping at cap. */
+static size_t distance(const char *a, const char *b, size_t n, size_t cap)
+{
+	size_t la = strlen(a), row[64], prev;
+
+	if (la >= sizeof(row) / sizeof(row[0]) || n >= 64)
+		return cap;
+	for (size_t j = 0; j <= n; j++)
+		row[j] = j;
+	for (size_t i = 1; i <= la; i++) {
+		size_t best;
+		prev = row[0];
+		row[0] = i;
+		best = row[0];
+		for (size_t j = 1; j <= n; j++) {
+			size_t cur = row[j], v = prev + (a[i - 1] != b[j - 1]);
+			if (row[j] + 1 < v)
+				v = row[j] + 1;
+			if (row[j - 1] + 1 < v)
+				v = row[j - 1] + 1;
+			row[j] = v;
+			prev = cur;
+			if (v < best)
+				best = v;
+		}
+		if (best >= cap)
+			return cap;
+	}
+	return row[n];
+}
+
+/* The option nearest to name[0..n) (at most 3 edits away), for "did you mean", or NULL. */
+static const char *nearest_opt(const char *name, size_t n)
+{
+	const char *best = NULL;
+	size_t bd = 4;
+	for (size_t i = 0; i < sizeof(opt_defs) / sizeof(opt_defs[0]); i++) {
+		size_t d = distance(opt_defs[i].name, name, n, bd);
+		if (d < bd) {
+			bd = d;
+			best = opt_defs[i].name;
+		}
+	}
+	return best;
 }
 
 static int set_once(const char **slot, const char *value, const char *name, char *err, size_t errlen)
@@ -411,7 +462,7 @@ static int apply_opt(km_cli_args *a, const opt_def *o, const char *v, km_cli_kvs
 			return fail(err, errlen, "--delete-config: empty key");
 		return km_cli_kvs_set(deletes, v, NULL) ? KM_CLI_EXIT_OK : fail(err, errlen, "out of memory");
 	}
-	if (!strcmp(n, "--topics"))
+	if (!strcmp(n, "--topics") || !strcmp(n, "--topic")) /* --topic: Kafka's tools' name */
 		return parse_topics(v, a, err, errlen);
 	if (!strcmp(n, "--topics-regex")) {
 		if (!*v)
@@ -432,8 +483,10 @@ static int finish(km_cli_args *a, km_cli_kvs *cli_configs, km_cli_kvs *deletes, 
 			return fail(err, errlen, "swap-upstream: --admin, --token-file and --to are required");
 		return KM_CLI_EXIT_OK;
 	}
+	if (!a->bootstrap && (a->bootstrap = getenv("KMIRROR_BOOTSTRAP_SERVER")) && !*a->bootstrap)
+		a->bootstrap = NULL;
 	if (!a->bootstrap)
-		return fail(err, errlen, "--bootstrap-server is required (kmirrord's address)");
+		return fail(err, errlen, "--bootstrap-server is required (kmirrord's address; or set KMIRROR_BOOTSTRAP_SERVER)");
 	switch (a->cmd) {
 	case KM_CLI_CMD_CREATE:
 	case KM_CLI_CMD_ALTER:
@@ -515,6 +568,18 @@ int km_cli_parse(int argc, char **argv, km_cli_args *a, char *err, size_t errlen
 			goto out;
 		}
 		if (strncmp(arg, "--", 2) != 0) {
+			if (!ci && !strcmp(arg, "help")) {
+				/* kmirror help [COMMAND]: COMMAND's usage, or the whole list. */
+				a->help = true;
+				for (size_t k = 0; i + 1 < argc && k < sizeof(cmds) / sizeof(cmds[0]); k++)
+					if (!strcmp(cmds[k].name, argv[i + 1]))
+						a->cmd = cmds[k].cmd;
+				if (i + 1 < argc && a->cmd == KM_CLI_CMD_NONE) {
+					rc = fail(err, errlen, "help: unknown command '%s' (kmirror help lists them)", argv[i + 1]);
+					a->help = false;
+				}
+				goto out;
+			}
 			if (ci) {
 				rc = fail(err, errlen, "%s: unexpected argument '%s'", ci->name, arg);
 				break;
@@ -532,8 +597,12 @@ int km_cli_parse(int argc, char **argv, km_cli_args *a, char *err, size_t errlen
 		eq = strchr(arg, '=');
 		o = opt_lookup(arg, eq ? (size_t)(eq - arg) : strlen(arg));
 		if (!o) {
-			rc = fail(err, errlen, "unknown option '%.*s' (try --help)", (int)(eq ? eq - arg : (int)strlen(arg)),
-				  arg);
+			size_t n = eq ? (size_t)(eq - arg) : strlen(arg);
+			const char *near = nearest_opt(arg, n);
+			if (near)
+				rc = fail(err, errlen, "unknown option '%.*s' (did you mean %s? try --help)", (int)n, arg, near);
+			else
+				rc = fail(err, errlen, "unknown option '%.*s' (try --help)", (int)n, arg);
 			break;
 		}
 		if (o->bit && (!ci || !(ci->opts & o->bit))) {

@@ -1057,7 +1057,44 @@ out:
 	return rc;
 }
 
-/* The topics --topics-regex selects: among the destination's for start, the mirror's otherwise. */
+/*
+ * What start's --topics-regex chooses from: the source's topics (a start creates them here; on a
+ * fresh destination none exists yet) and the destination's. A source that cannot be reached from
+ * here leaves the destination's, with a warning.
+ */
+static int start_candidates(ctx *x, km_str **names, size_t *n)
+{
+	km_describe_mirrors_response resp;
+	const km_describe_mirrors_response_described_mirror *dm;
+	km_str *src = NULL, *dst = NULL, *all;
+	size_t nsrc = 0, ndst = 0;
+	char source[1024] = "", why[1024] = "";
+	int rc = km_cmd_describe_one(x, NULL, 0, &resp, &dm);
+
+	if (rc != KM_CLI_EXIT_OK)
+		return rc;
+	source_of(dm, source, sizeof(source)); /* copied: the next call frees the describe's answer */
+	if (*source && !km_cmd_source_topics(x, source, &src, &nsrc, why, sizeof(why)))
+		fprintf(x->err, "kmirror: start: the mirror's source (%s) cannot be reached from here (%s): "
+			"--topics-regex matches the destination's topics only\n", source, why);
+	if (!destination_topics(x, &dst, &ndst))
+		return KM_CLI_EXIT_ERROR;
+	if (!(all = km_arena_calloc(&x->arena, (nsrc + ndst + 1) * sizeof(*all))))
+		return KM_CLI_EXIT_ERROR;
+	for (size_t i = 0; i < nsrc; i++)
+		all[(*n)++] = src[i];
+	for (size_t i = 0; i < ndst; i++) {
+		bool seen = false;
+		for (size_t j = 0; j < nsrc && !seen; j++)
+			seen = km_str_eq(src[j], dst[i]);
+		if (!seen)
+			all[(*n)++] = dst[i];
+	}
+	*names = all;
+	return KM_CLI_EXIT_OK;
+}
+
+/* The topics --topics-regex selects: among the source's and the destination's for start, the mirror's otherwise. */
 static int topics_by_regex(ctx *x, char *const **topics, size_t *ntopics)
 {
 	const km_cli_args *a = x->a;
@@ -1065,8 +1102,9 @@ static int topics_by_regex(ctx *x, char *const **topics, size_t *ntopics)
 	size_t n = 0;
 	char **sel;
 	if (a->cmd == KM_CLI_CMD_START) {
-		if (!destination_topics(x, &names, &n))
-			return KM_CLI_EXIT_ERROR;
+		int rc = start_candidates(x, &names, &n);
+		if (rc != KM_CLI_EXIT_OK)
+			return rc;
 	} else {
 		int rc = km_cmd_mirror_topics(x, &names, &n);
 		if (rc != KM_CLI_EXIT_OK)
@@ -1076,7 +1114,7 @@ static int topics_by_regex(ctx *x, char *const **topics, size_t *ntopics)
 		return KM_CLI_EXIT_ERROR;
 	if (*ntopics == 0) {
 		km_cmd_say_err(x, "no %s topic matches --topics-regex '%s'",
-			       a->cmd == KM_CLI_CMD_START ? "destination" : "mirror", a->topics_regex);
+			       a->cmd == KM_CLI_CMD_START ? "source or destination" : "mirror", a->topics_regex);
 		return KM_CLI_EXIT_ERROR;
 	}
 	*topics = sel;

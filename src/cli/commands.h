@@ -73,6 +73,11 @@ typedef struct km_cmd_src_part {
  * false with why (the source unreachable, a partition without a leader) and what was learned.
  */
 bool km_cmd_source_ends(ctx *x, const char *source, km_cmd_src_part *parts, size_t n, char *why, size_t whylen);
+/*
+ * The source's topics (Metadata of all, internal ones left out), copied into the command's arena:
+ * *names, *n. False with why when the source cannot be reached (--command-config's settings, 5 s).
+ */
+bool km_cmd_source_topics(ctx *x, const char *source, km_str **names, size_t *n, char *why, size_t whylen);
 
 /* ---- cmd_describe.c ---- */
 

@@ -167,3 +167,25 @@ def test_start_source_unreachable(kmirror_bin, dest_cluster, proxy_factory):
     print(f"answered after {took:.1f} s: {err}")
     assert "cannot be reached" in err and dead in err, err
     assert took < 19, took
+
+
+def test_start_topics_regex_matches_the_source(kmirror_bin, dest_cluster, source_cluster, proxy_factory):
+    """The README's example, `start --topics-regex 'orders-.*'`, on a destination that has none of
+    them yet: the pattern is matched against the source's topics (a start creates them here), not
+    only the destination's. Before: "no destination topic matches". A topic of the source that does
+    not match stays out; --topic names one topic as Kafka's tools do."""
+    proxy = proxy_factory(dest_cluster)
+    cli = Cli(kmirror_bin, proxy.bootstrap)
+    mirror, tag = unique("rx"), uuid.uuid4().hex[:8]
+    names = [f"orders-{tag}-a", f"orders-{tag}-b", f"other-{tag}"]
+    for n in names:
+        source_cluster.create_topic(n, partitions=2)
+    cli.run("create", "--mirror", mirror, "--source-bootstrap", source_cluster.bootstrap)
+    r = cli.run("start", "--mirror", mirror, "--topics-regex", f"orders-{tag}-.*")
+    print(r.stdout)
+    wait_states(cli, mirror, {names[0]: "MIRRORING", names[1]: "MIRRORING"}, timeout=60)
+    assert partition_count(dest_cluster, names[0]) == 2
+    a = AdminClient({"bootstrap.servers": dest_cluster.bootstrap})
+    assert names[2] not in a.list_topics(timeout=30).topics
+    cli.run("stop", "--mirror", mirror, "--topic", names[0])
+    wait_states(cli, mirror, {names[0]: "STOPPED", names[1]: "MIRRORING"}, timeout=60)

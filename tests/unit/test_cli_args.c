@@ -4,6 +4,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <cmocka.h>
 
@@ -321,6 +322,57 @@ static void test_usage_text(void **state)
 	free(buf);
 }
 
+/* Kafka habits: --topic, kmirror help [COMMAND], a suggestion for a mistyped option, the bootstrap from the environment. */
+static void test_kafka_habits(void **state)
+{
+	km_cli_args a;
+	char err[512];
+	char *buf = NULL;
+	size_t len = 0;
+	FILE *f;
+	(void)state;
+
+	assert_int_equal(parse(&a, err, "--bootstrap-server", "k:9092", "stop", "--mirror", "m", "--topic", "orders", NULL),
+			 KM_CLI_EXIT_OK);
+	assert_int_equal(a.ntopics, 1);
+	assert_string_equal(a.topics[0], "orders");
+	km_cli_args_free(&a);
+
+	assert_int_equal(parse(&a, err, "help", "start", NULL), KM_CLI_EXIT_OK);
+	assert_true(a.help);
+	assert_int_equal(a.cmd, KM_CLI_CMD_START);
+	km_cli_args_free(&a);
+	assert_int_equal(parse(&a, err, "help", NULL), KM_CLI_EXIT_OK);
+	assert_true(a.help);
+	assert_int_equal(a.cmd, KM_CLI_CMD_NONE);
+	km_cli_args_free(&a);
+	ASSERT_USAGE("help: unknown command 'strat'", "help", "strat");
+
+	ASSERT_USAGE("unknown option '--topcs' (did you mean --topics?", "--bootstrap-server", "k:9092", "start", "--mirror",
+		     "m", "--topcs", "a");
+	ASSERT_USAGE("unknown option '--miror' (did you mean --mirror?", "--bootstrap-server", "k:9092", "start",
+		     "--miror=m");
+	ASSERT_USAGE("unknown option '--frobnicate' (try --help)", "--frobnicate");
+
+	setenv("KMIRROR_BOOTSTRAP_SERVER", "env-host:9092", 1);
+	assert_int_equal(parse(&a, err, "list", NULL), KM_CLI_EXIT_OK);
+	assert_string_equal(a.bootstrap, "env-host:9092");
+	km_cli_args_free(&a);
+	assert_int_equal(parse(&a, err, "--bootstrap-server", "flag:9092", "list", NULL), KM_CLI_EXIT_OK);
+	assert_string_equal(a.bootstrap, "flag:9092"); /* the flag wins */
+	km_cli_args_free(&a);
+	unsetenv("KMIRROR_BOOTSTRAP_SERVER");
+	ASSERT_USAGE("or set KMIRROR_BOOTSTRAP_SERVER", "list");
+
+	/* swap-upstream goes to the admin listener: its usage names no --bootstrap-server. */
+	f = open_memstream(&buf, &len);
+	km_cli_usage(f, KM_CLI_CMD_SWAP_UPSTREAM);
+	fclose(f);
+	assert_null(strstr(buf, "--bootstrap-server"));
+	assert_non_null(strstr(buf, "usage: kmirror [--output table|json] [--timeout-ms N] swap-upstream --admin"));
+	free(buf);
+}
+
 static void test_hostport(void **state)
 {
 	char host[64];
@@ -347,7 +399,7 @@ int main(void)
 		cmocka_unit_test(test_create),         cmocka_unit_test(test_config_file), cmocka_unit_test(test_inline_secret),
 		cmocka_unit_test(test_topic_commands), cmocka_unit_test(test_other_commands),
 		cmocka_unit_test(test_global_errors),  cmocka_unit_test(test_usage_text),
-		cmocka_unit_test(test_hostport),
+		cmocka_unit_test(test_hostport),      cmocka_unit_test(test_kafka_habits),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -114,6 +114,10 @@ void km_pl_want_divergence_check(km_pipeline *pl, mpart *p)
 	p->div.need = true;
 	p->div.meta_at = pl->src_meta_answers;
 	pl->src_meta_need = true;
+	if (p->lead.src >= 0) {
+		pl->src_meta_to_node = true; /* the leader knows its topic's id first */
+		pl->src_meta_node = p->lead.src;
+	}
 }
 
 void km_pl_check_divergence(km_pipeline *pl, mpart *p, int64_t now)

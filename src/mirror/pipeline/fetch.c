@@ -191,7 +191,10 @@ static void take_pending(fetch_ctx *fc)
 		 * here, once more, for what this is otherwise.
 		 */
 		fc->cur->fetch.overlap_seen = true;
+		fc->cur->fetch.overlap_at = pl->src_meta_answers;
 		pl->src_meta_need = true;
+		pl->src_meta_to_node = true; /* the broker that served the batch knows the topic it is from */
+		pl->src_meta_node = fc->cur->lead.src;
 		km_pl_backoff(fc->cur);
 		fc->cur = NULL;
 	} else if (rc != KM_OK) {

@@ -203,13 +203,21 @@ static void on_metadata(km_net_client *c, const km_rpc_response *res, void *arg)
 
 void km_pl_send_metadata(km_pipeline *pl, km_cluster *cl)
 {
-	km_net_client *c = km_cluster_any(cl);
+	km_net_client *c = NULL;
 	km_metadata_request m;
 	km_metadata_request_topic *ts;
 	km_err rc;
 	int16_t ver;
 	bool *inflight = cl == pl->src ? &pl->src_meta_inflight : &pl->dst_meta_inflight;
 
+	if (cl == pl->src && pl->src_meta_to_node) {
+		c = km_cluster_node(cl, pl->src_meta_node);
+		if (!km_cluster_usable(cl, c))
+			c = NULL;
+		pl->src_meta_to_node = false;
+	}
+	if (!c)
+		c = km_cluster_any(cl);
 	if (!km_cluster_usable(cl, c))
 		return; /* the cluster's on_change ticks again once it is ready */
 	if ((ver = km_net_version_pick(c, KM_API_METADATA, META_LO, META_HI)) < 0) {

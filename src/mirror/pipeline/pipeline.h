@@ -147,6 +147,7 @@ typedef struct mpart {
 		int64_t sess_offset;    /* what that session holds for it: fetch offset, size, leader epoch */
 		int32_t sess_max, sess_lepoch;
 		bool overlap_seen;      /* a source batch overlapped what was mirrored: the topic's id is checked first */
+		uint64_t overlap_at;    /* src_meta_answers then: fetched again after the next answer */
 	} fetch;
 	struct {                /* diverge.c: is the source's log still the one mirrored? */
 		bool need;              /* asked before the next Fetch (a leader change, a restart, past the source's end) */
@@ -250,7 +251,9 @@ struct km_pipeline {
 	uint64_t fenced; /* batches refused for an older epoch of the writer (kmirror_mirror_fenced_writes_total) */
 	char start_mode[32];
 	bool unclean_hide;  /* mirror.support.unclean.leader.election: a diverged source's tail is hidden, not FAILED */
-	uint64_t src_meta_answers; /* source Metadata answers taken (diverge.c waits for one after its trigger) */
+	uint64_t src_meta_answers; /* source Metadata answers taken (diverge.c and an overlap wait for one after their trigger) */
+	bool src_meta_to_node;     /* the next source Metadata goes to src_meta_node (the broker that served what is checked) */
+	int32_t src_meta_node;
 	int64_t options_at;
 	int64_t meta_interval; /* mirror.metadata.refresh.interval.ms: leaders, partition counts */
 	/* mirror.replication.throttled.rate: a token bucket over fetched bytes (0: no limit). */
@@ -413,7 +416,7 @@ static inline bool km_pl_fetchable(const mpart *p, int64_t now)
 {
 	return p->phase == PH_READY && p->state == KM_MP_MIRRORING && !p->settling && p->retry.at <= now &&
 	       p->lead.src >= 0 && p->plan.pid >= 0 && !p->plan.head && !p->out.inflight && !p->recon.writer_pending &&
-	       !p->div.need;
+	       !p->div.need && !(p->fetch.overlap_seen && p->t->pl->src_meta_answers <= p->fetch.overlap_at);
 }
 void km_pl_send_fetch(km_pipeline *pl, int32_t node, int64_t now, int64_t *next);
 

@@ -905,8 +905,15 @@ static void record_close(km_net_client *c, struct bufferevent *bev, short what, 
 			     : c->state == C_NEGOTIATING ? "ApiVersions"
 			     : c->state == C_SASL	 ? "SASL authentication"
 							 : NULL;
+	int dns = (what & BEV_EVENT_ERROR) && c->state == C_CONNECTING ? bufferevent_socket_get_dns_error(bev) : 0;
+
 	if (what & BEV_EVENT_TIMEOUT) {
 		set_reason(c, "timed out%s%s", during ? " during " : "", during ? during : "");
+		return;
+	}
+	if (dns) {
+		/* The name did not resolve: no connection was tried (before, "closed by the peer during connecting"). */
+		set_reason(c, "the host name does not resolve (DNS: %s)", evutil_gai_strerror(dns));
 		return;
 	}
 	if (kind == KM_ERR_TLS) {

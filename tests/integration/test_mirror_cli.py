@@ -86,6 +86,17 @@ def test_man_page_examples_render_verbatim():
     assert not missing, missing
 
 
+def test_cli_names_a_dns_failure(kmirror_bin):
+    """A host name that does not resolve (.invalid never does, RFC 2606) is said to be one, exit 1.
+    Before: "closed by the peer during connecting", as if something had answered."""
+    r = subprocess.run([kmirror_bin, "--bootstrap-server", "no-such-host.invalid:9092", "--timeout-ms", "10000",
+                        "list"], capture_output=True, text=True, timeout=60)
+    print(r.stderr)
+    assert r.returncode == 1, r
+    assert "no-such-host.invalid:9092: the host name does not resolve (DNS: " in r.stderr, r.stderr
+    assert "closed by the peer" not in r.stderr, r.stderr
+
+
 def test_cli_usage_and_broker(kmirror_bin, dest_cluster):
     cli = Cli(kmirror_bin, dest_cluster.bootstrap)
     r = subprocess.run([kmirror_bin, "--version"], stdout=subprocess.PIPE, text=True)

@@ -428,7 +428,8 @@ def test_no_authorizer_allows_every_rpc(kmirrord_bin, noauth_cluster, source_clu
         assert per[topic] == (0, None), per
         code, msg, per = c.topics(STOP, "na", [topic])
         assert per[topic] == (0, None), per
-        assert c.delete("na") == (0, None)
+        # The stop answers once STOPPING is persisted; the delete waits for STOPPED (its refusal says so).
+        wait_until(lambda: c.delete("na") == (0, None), 30, 0.2, "the mirror deleted once its topic is STOPPED")
         errs = {k: v for k, v in p.metrics().items() if k.startswith("kmirror_mirror_rpc_errors_total")}
         assert not any("AUTHORIZATION" in k for k in errs), errs
         c.close()

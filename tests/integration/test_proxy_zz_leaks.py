@@ -51,7 +51,10 @@ def test_negative_control_direct_traffic_leaks(dest_cluster3, tmp_path):
         assert r.returncode == 0 and "brokers" in r.stdout
     finally:
         relay.close()
-    wait_until(lambda: cap.files and read_pcap_flows(cap.files)[0], 10, what="captured flows")
+    # The capture is written as it goes: read until the broker's answer is in (a loaded machine), then stop.
+    wait_until(lambda: cap.files and read_pcap_flows(cap.files)[0] and
+               scan_flows(read_pcap_flows(cap.files)[0], leak_patterns(upstream_ports([dest_cluster3]))), 20,
+               what="the broker's answer captured")
     cap.stop()
     flows, problems = read_pcap_flows(cap.files)
     assert not problems, problems

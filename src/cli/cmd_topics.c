@@ -104,31 +104,13 @@ bool km_cmd_regex_select(ctx *x, const char *re, km_str *names, size_t n, char *
 /* The destination's topics (a Metadata request that kmirrord forwards), for start --topics-regex. */
 static bool destination_topics(ctx *x, km_str **names, size_t *n)
 {
-	int16_t v = km_cli_conn_version(x->cc, KM_API_METADATA);
-	km_metadata_request m;
-	km_metadata_response resp;
+	char why[256] = "";
 
-	if (v < 1) {
-		km_cmd_say_err(x, "kmirrord does not offer Metadata v1 or later");
-		return false;
-	}
-	km_metadata_request_init(&m);
-	m.topics.count = -1; /* all topics */
-	m.allow_auto_topic_creation = false;
-	if (!km_cmd_rpc(x, KM_API_METADATA, v, &m, &resp))
-		return false;
-	*names = km_arena_calloc(&x->arena, (resp.topics.count > 0 ? (size_t)resp.topics.count : 1) * sizeof(km_str));
-	*n = 0;
-	if (!*names)
-		return false;
-	for (int32_t i = 0; i < resp.topics.count; i++) {
-		const km_metadata_response_topic *t = &resp.topics.items[i];
-		/* Internal topics and kmirror's own state are never mirror targets. */
-		if (t->error_code || t->is_internal || t->name.len < 0 || km_str_eq_c(t->name, MIRROR_STATE_TOPIC))
-			continue;
-		(*names)[(*n)++] = t->name;
-	}
-	return true;
+	if (km_cmd_topic_names(x, names, n, why, sizeof(why)))
+		return true;
+	if (why[0])
+		km_cmd_say_err(x, "kmirrord %s", why);
+	return false;
 }
 
 /* The mirror's topics (DescribeMirrors), for stop/pause/resume --topics-regex. */

@@ -18,6 +18,8 @@
 #include "kmirror/msg/delete_mirror_response.h"
 #include "kmirror/msg/list_mirrors_request.h"
 #include "kmirror/msg/list_mirrors_response.h"
+#include "kmirror/msg/metadata_request.h"
+#include "kmirror/msg/metadata_response.h"
 
 
 void km_cmd_say_err(ctx *x, const char *fmt, ...)
@@ -160,6 +162,39 @@ bool km_cmd_rpc(ctx *x, int16_t api_key, int16_t version, const void *req, void 
 		return false;
 	api->response.init(resp);
 	return km_cmd_decoded(x, api->response.decode(&r, version, resp, &x->arena), api_key, version, &r);
+}
+
+bool km_cmd_topic_names(ctx *x, km_str **names, size_t *n, char *why, size_t whylen)
+{
+	int16_t v = km_cli_conn_version(x->cc, KM_API_METADATA);
+	km_metadata_request m;
+	km_metadata_response mr;
+
+	*names = NULL;
+	*n = 0;
+	if (v < 1) {
+		snprintf(why, whylen, "does not answer Metadata v1 or later");
+		return false;
+	}
+	km_metadata_request_init(&m);
+	m.topics.count = -1; /* all topics */
+	m.allow_auto_topic_creation = false;
+	if (!km_cmd_rpc(x, KM_API_METADATA, v > 12 ? 12 : v, &m, &mr))
+		return false;
+	if (!(*names = km_arena_calloc(&x->arena, ((size_t)(mr.topics.count > 0 ? mr.topics.count : 0) + 1) *
+							sizeof(km_str))))
+		return false;
+	for (int32_t i = 0; i < mr.topics.count; i++) {
+		const km_metadata_response_topic *t = &mr.topics.items[i];
+		char *copy;
+		if (t->error_code || t->is_internal || t->name.len <= 0 || km_str_eq_c(t->name, MIRROR_STATE_TOPIC) ||
+		    !(copy = km_arena_alloc(&x->arena, (size_t)t->name.len + 1)))
+			continue;
+		memcpy(copy, t->name.p, (size_t)t->name.len);
+		copy[t->name.len] = 0;
+		(*names)[(*n)++] = km_str_c(copy);
+	}
+	return true;
 }
 
 /* The version of a mirror RPC kmirrord offers (every one is v0 today), or -1 with an error said. */

@@ -46,6 +46,13 @@ bool km_cmd_call(ctx *x, int16_t api_key, km_wr *w, int16_t version, km_rd *r);
 bool km_cmd_rpc(ctx *x, int16_t api_key, int16_t version, const void *req, void *resp);
 /* Whether a response decoded (rc); false: said where it failed. */
 bool km_cmd_decoded(ctx *x, km_err rc, int16_t api_key, int16_t version, const km_rd *r);
+/*
+ * Every topic of the cluster at the other end of x's connection (Metadata of all), internal topics
+ * and kmirror's state topic left out (never mirror targets), the names copied into the command's
+ * arena (they outlive the answer). False with why when the cluster does not answer Metadata v1+
+ * (why stays empty when the call failed: that is said already).
+ */
+bool km_cmd_topic_names(ctx *x, km_str **names, size_t *n, char *why, size_t whylen);
 /* The version of api_key kmirrord serves; -1: said it does not. */
 int16_t km_cmd_version_of(ctx *x, int16_t api_key);
 /* A connection to bootstrap with the command's properties; NULL: said why, *rc the exit code. */

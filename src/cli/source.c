@@ -169,13 +169,10 @@ bool km_cmd_source_ends(ctx *x, const char *source, km_cmd_src_part *parts, size
 
 bool km_cmd_source_topics(ctx *x, const char *source, km_str **names, size_t *n, char *why, size_t whylen)
 {
-	km_metadata_request m;
-	km_metadata_response mr;
 	ctx y = *x;
 	char err[1024] = "";
 	int rc;
-	int16_t v;
-	bool ok = false;
+	bool ok;
 
 	*names = NULL;
 	*n = 0;
@@ -185,28 +182,9 @@ bool km_cmd_source_topics(ctx *x, const char *source, km_str **names, size_t *n,
 		snprintf(why, whylen, "%s", err[0] ? err : "its connection settings (--command-config) are not usable");
 		return false;
 	}
-	km_metadata_request_init(&m);
-	m.topics.count = -1; /* all topics */
-	m.allow_auto_topic_creation = false;
-	if ((v = km_cli_conn_version(y.cc, KM_API_METADATA)) < 1) {
-		snprintf(why, whylen, "the source does not answer Metadata v1+");
-	} else if (!km_cmd_rpc(&y, KM_API_METADATA, v > 12 ? 12 : v, &m, &mr)) {
+	why[0] = '\0';
+	if (!(ok = km_cmd_topic_names(&y, names, n, why, whylen)) && !why[0])
 		snprintf(why, whylen, "Metadata on the source failed");
-	} else if ((*names = km_arena_calloc(&y.arena, ((size_t)(mr.topics.count > 0 ? mr.topics.count : 0) + 1) *
-								sizeof(km_str)))) {
-		/* Copied: the answer's buffer goes with the connection. */
-		for (int32_t i = 0; i < mr.topics.count; i++) {
-			const km_metadata_response_topic *t = &mr.topics.items[i];
-			char *copy;
-			if (t->error_code || t->is_internal || t->name.len <= 0 ||
-			    !(copy = km_arena_alloc(&y.arena, (size_t)t->name.len + 1)))
-				continue;
-			memcpy(copy, t->name.p, (size_t)t->name.len);
-			copy[t->name.len] = 0;
-			(*names)[(*n)++] = km_str_c(copy);
-		}
-		ok = true;
-	}
 	x->arena = y.arena;
 	free(y.resp);
 	km_cli_conn_free(y.cc);

@@ -174,6 +174,16 @@ static void took_txn_describe(struct km_mprep *p, const km_describe_transactions
 /* ---- a destination topic that already holds records (docs/mirror.md, "A destination topic that holds records") ---- */
 
 /* t's partitions and their leaders from the destination's Metadata; false when out of memory (the check is left out). */
+/* The leaders Metadata names for t's partitions (-1: none elected). */
+static void set_leaders(ptopic *t, const km_metadata_response_topic *mt)
+{
+	for (int32_t i = 0; i < mt->partitions.count; i++) {
+		int32_t k = mt->partitions.items[i].partition_index;
+		if (k >= 0 && k < t->nparts)
+			t->leader[k] = mt->partitions.items[i].error_code ? -1 : mt->partitions.items[i].leader_id;
+	}
+}
+
 static bool take_leaders(ptopic *t, const km_metadata_response_topic *mt)
 {
 	int32_t n = mt->partitions.count > 0 ? mt->partitions.count : 0;
@@ -181,20 +191,17 @@ static bool take_leaders(ptopic *t, const km_metadata_response_topic *mt)
 	free(t->leader);
 	free(t->lo);
 	free(t->hi);
-	t->leader = calloc((size_t)n + 1, sizeof(*t->leader));
+	t->leader = malloc(((size_t)n + 1) * sizeof(*t->leader));
 	t->lo = malloc(((size_t)n + 1) * sizeof(*t->lo));
 	t->hi = malloc(((size_t)n + 1) * sizeof(*t->hi));
 	t->nparts = 0;
 	if (!t->leader || !t->lo || !t->hi)
 		return false;
-	for (int32_t i = 0; i < n; i++) {
-		int32_t k = mt->partitions.items[i].partition_index;
-		if (k < 0 || k >= n)
-			continue;
-		t->leader[k] = mt->partitions.items[i].error_code ? -1 : mt->partitions.items[i].leader_id;
-		t->lo[k] = t->hi[k] = -1;
-	}
+	/* A partition Metadata did not list has no leader yet: asked again (P_DATA_META). */
+	for (int32_t k = 0; k < n; k++)
+		t->leader[k] = t->lo[k] = t->hi[k] = -1;
 	t->nparts = n;
+	set_leaders(t, mt);
 	return true;
 }
 
@@ -206,13 +213,8 @@ static void took_data_meta(struct km_mprep *p, const km_metadata_response *r)
 	for (int32_t i = 0; i < r->topics.count; i++) {
 		const km_metadata_response_topic *mt = &r->topics.items[i];
 		ptopic *t = km_prep_topic_of(p, mt->name);
-		if (!t || !t->data_check || t->settled || mt->error_code)
-			continue;
-		for (int32_t k = 0; k < mt->partitions.count; k++) {
-			int32_t id = mt->partitions.items[k].partition_index;
-			if (id >= 0 && id < t->nparts)
-				t->leader[id] = mt->partitions.items[k].error_code ? -1 : mt->partitions.items[k].leader_id;
-		}
+		if (t && t->data_check && !t->settled && !mt->error_code)
+			set_leaders(t, mt);
 	}
 	p->ph = P_DATA_ENDS;
 }

@@ -87,9 +87,7 @@ static void on_epoch_end(km_net_client *c, const km_rpc_response *res, void *arg
 		pr = &r->topics.items[0].partitions.items[0];
 	if (!pr || pr->error_code) {
 		int16_t code = pr ? pr->error_code : KM_KAFKA_UNKNOWN_SERVER_ERROR;
-		if (code == KM_KAFKA_NOT_LEADER_OR_FOLLOWER || code == 74 /* FENCED_LEADER_EPOCH */ ||
-		    code == 75 /* UNKNOWN_LEADER_EPOCH */ || code == KM_KAFKA_UNKNOWN_TOPIC_OR_PARTITION ||
-		    code == 5 /* LEADER_NOT_AVAILABLE */) {
+		if (km_pl_source_meta_stale(code)) {
 			pl->src_meta_need = true; /* asked again of the leader the metadata names */
 		} else {
 			/* Refused (authorization, a broker that cannot say): the fetch goes on as before. */

@@ -71,29 +71,20 @@ static void handle_fetch_error(km_pipeline *pl, mpart *p, int16_t code)
 {
 	char tag[300];
 	p->stats.errors++;
-	switch (code) {
-	case 1: /* OFFSET_OUT_OF_RANGE: behind the source's log start (retention, DeleteRecords), or past its end */
+	if (code == 1) { /* OFFSET_OUT_OF_RANGE: behind the source's log start (retention, DeleteRecords), or past its end */
 		p->start.oor = true;
 		/* ListOffsets(earliest); after_start counts the hole */
 		km_pl_set_phase(p, PH_START, "the source answered OFFSET_OUT_OF_RANGE");
 		p->retry.at = 0;
-		break;
-	case 3:   /* UNKNOWN_TOPIC_OR_PARTITION */
-	case 5:   /* LEADER_NOT_AVAILABLE */
-	case 6:   /* NOT_LEADER_OR_FOLLOWER */
-	case 74:  /* FENCED_LEADER_EPOCH: our metadata is old */
-	case 75:  /* UNKNOWN_LEADER_EPOCH: the broker is behind */
-	case 100: /* UNKNOWN_TOPIC_ID */
+	} else if (km_pl_source_meta_stale(code)) {
 		pl->src_meta_need = true;
 		km_pl_set_phase(p, PH_READY, "a source Fetch error: the metadata is asked again");
 		km_pl_backoff(p);
-		break;
-	default:
+	} else {
 		KM_WARN(COMP, 0, "%s/%s: source Fetch error %s", pl->name, km_pl_ptag(p, tag, sizeof(tag)),
 			km_err_name((km_err)code));
 		km_pl_set_phase(p, PH_READY, "a source Fetch error");
 		km_pl_backoff(p);
-		break;
 	}
 }
 

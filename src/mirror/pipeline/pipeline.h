@@ -412,6 +412,17 @@ bool km_pl_send_produce(km_pipeline *pl, int32_t node);
 /* ---- fetch.c ---- */
 
 /* Whether p can be fetched now. Inline: the tick and every Fetch ask it of every partition. */
+/*
+ * A source partition's error that says our metadata is old (the leader moved, is not elected, or
+ * the broker is behind): asked again of the leader the next Metadata names.
+ */
+static inline bool km_pl_source_meta_stale(int16_t code)
+{
+	return code == 3 /* UNKNOWN_TOPIC_OR_PARTITION */ || code == 5 /* LEADER_NOT_AVAILABLE */ ||
+	       code == 6 /* NOT_LEADER_OR_FOLLOWER */ || code == 74 /* FENCED_LEADER_EPOCH */ ||
+	       code == 75 /* UNKNOWN_LEADER_EPOCH */ || code == 100 /* UNKNOWN_TOPIC_ID */;
+}
+
 static inline bool km_pl_fetchable(const mpart *p, int64_t now)
 {
 	return p->phase == PH_READY && p->state == KM_MP_MIRRORING && !p->settling && p->retry.at <= now &&

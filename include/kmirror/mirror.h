@@ -136,14 +136,15 @@ void km_mirror_grow(km_mirror *mi, const char *mirror, const char *topic, int32_
 /* ---- metadata sync (docs/mirror.md, "Metadata sync") ---- */
 
 typedef enum {
-	KM_SYNC_CONFIGS = 0,
+	KM_SYNC_TOPICS = 0, /* the source's new topics matching mirror.topics.include, started */
+	KM_SYNC_CONFIGS,
 	KM_SYNC_PARTITIONS,
 	KM_SYNC_GROUPS,
 	KM_SYNC_ACLS,
 	KM_SYNC__COUNT,
 } km_sync_kind;
 
-/* "configs", "partitions", "groups", "acls". */
+/* "topics", "configs", "partitions", "groups", "acls". */
 const char *km_sync_kind_name(km_sync_kind k);
 
 /* One step's status for one mirror, as this kmirrord saw it (in memory only). */

@@ -52,6 +52,7 @@ typedef struct km_offmap {
 	 */
 	int64_t tail_physical, tail_logical;
 	int32_t tail_epoch; /* the source leader epoch of the batch before the tail; -1: not known */
+	int64_t tail_ts;    /* the newest record timestamp mirrored (ms), local pipeline only; 0: not known */
 	/* Where the earliest destination transaction the pipeline holds open starts (logical); -1: none. */
 	int64_t open_txn_logical;
 	bool tail_held; /* the local pipeline holds the tail: the store leaves it alone */

@@ -154,7 +154,8 @@ typedef struct km_mirror_options {
 	bool fetch_sessions;                  /* mirror.fetch.sessions */
 	int64_t throttle_bytes_per_sec;       /* mirror.replication.throttled.rate, 0: unlimited */
 	char *start_offset;                   /* mirror.start.offset: earliest, latest or a timestamp (ms) */
-	char *topics_include;                 /* mirror.topics.include (regex), NULL: none */
+	char *topics_include;                 /* mirror.topics.include (regex list), NULL: none */
+	char *topics_exclude;                 /* mirror.topics.exclude (regex list), NULL: none */
 	bool unclean_hide;                    /* mirror.support.unclean.leader.election */
 } km_mirror_options;
 
@@ -224,10 +225,13 @@ void km_state_delete_mirror(km_state *st, const char *name, km_state_done_cb don
  */
 void km_state_topics(km_state *st, km_topic_op op, const char *mirror, const char *const *topics, size_t n,
 		     km_state_done_cb done, void *arg);
+/* A start of topics by the mirror's topic patterns (the metadata sync): as KM_TOPIC_START, marked so. */
+void km_state_topics_follow(km_state *st, const char *mirror, const char *const *topics, size_t n,
+			    km_state_done_cb done, void *arg);
 
 /*
  * Move one partition's state, as the data plane does (PREPARING -> MIRRORING, PAUSING -> PAUSED,
- * STOPPING -> STOPPED, anything -> FAILED with error text). Persisted first, like every change.
+ * MIRRORING -> STOPPING, STOPPING -> STOPPED, anything -> FAILED with error text). Persisted first, like every change.
  */
 void km_state_partition_set(km_state *st, const char *mirror, const char *topic, int32_t partition, km_mp_state to,
 			    const char *error, km_state_done_cb done, void *arg);
@@ -269,6 +273,8 @@ void km_state_topic_source_id_set(km_state *st, const char *mirror, const char *
 km_uuid km_state_topic_source_id(const km_state_topic *t);
 /* Whether a present partition of t holds a source topic id other than id (zero ones aside). */
 bool km_state_topic_source_id_differs(const km_state_topic *t, const km_uuid *id);
+/* Whether the mirror's topic patterns started t (its partition records' StartedBy), not an operator. */
+bool km_state_topic_by_pattern(const km_state_topic *t);
 /* Whether a present partition of t holds no source topic id yet. */
 bool km_state_topic_source_id_missing(const km_state_topic *t);
 
@@ -407,6 +413,7 @@ typedef struct km_state_partition_info {
 	int16_t writer_epoch;
 	int64_t writer_start;          /* where its first batch goes, -1: no writer */
 	int64_t records_hidden;        /* destination records the offset map hides (km_offmap_hidden) */
+	int64_t newest_mirrored_ts;    /* the newest record timestamp mirrored (ms), while this kmirrord runs it; 0: not known */
 } km_state_partition_info;
 
 /*

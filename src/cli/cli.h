@@ -152,6 +152,7 @@ void km_cli_json_key(km_cli_json *j, const char *key);
 void km_cli_json_strn(km_cli_json *j, const char *p, int32_t len);
 void km_cli_json_str(km_cli_json *j, const char *s); /* NULL: null */
 void km_cli_json_int(km_cli_json *j, int64_t v);
+void km_cli_json_double(km_cli_json *j, double v); /* finite values only, 3 decimals */
 void km_cli_json_bool(km_cli_json *j, bool v);
 void km_cli_json_null(km_cli_json *j);
 /* A topic id as Kafka's tools print it; null when zero (not known). */

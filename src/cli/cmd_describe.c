@@ -1,4 +1,6 @@
 /* kmirror describe: the mirrors, their topics, partitions and metadata sync, as a table or JSON. */
+#include <string.h>
+
 #include "cli/commands.h"
 #include "kmirror/msg/api_keys.h"
 #include "kmirror/msg/describe_mirrors_request.h"
@@ -36,6 +38,114 @@ bool km_cmd_describe_call(ctx *x, const char *mirror, char *const *topics, size_
 }
 
 /* Kafka shows topic ids as URL-safe base64 without padding (22 characters). */
+
+/* A mirror at a glance: its partitions by state, its lag, the newest error (describe's first lines). */
+typedef struct summary {
+	int64_t parts, by_state[16], lag, lag_ms, topics, by_pattern;
+	char states[16][24];
+	size_t nstates;
+	bool lag_time_unknown;
+	const km_describe_mirrors_response_described_topic *err_topic;
+	const km_describe_mirrors_response_described_partition *err; /* the newest partition error */
+} summary;
+
+static void summarize(const km_describe_mirrors_response_described_mirror *dm, summary *s)
+{
+	memset(s, 0, sizeof(*s));
+	for (int32_t t = 0; t < dm->topics.count; t++) {
+		const km_describe_mirrors_response_described_topic *dt = &dm->topics.items[t];
+		s->topics++;
+		s->by_pattern += dt->started_by_pattern;
+		for (int32_t p = 0; p < dt->partitions.count; p++) {
+			const km_describe_mirrors_response_described_partition *dp = &dt->partitions.items[p];
+			size_t k = 0;
+			char st[24];
+			snprintf(st, sizeof(st), "%.*s", (int)dp->state.len, dp->state.p);
+			while (k < s->nstates && strcmp(s->states[k], st))
+				k++;
+			if (k == s->nstates && k < sizeof(s->states) / sizeof(s->states[0]))
+				snprintf(s->states[s->nstates++], sizeof(s->states[0]), "%s", st);
+			if (k < s->nstates)
+				s->by_state[k]++;
+			s->parts++;
+			if (dp->lag > 0)
+				s->lag += dp->lag;
+			if (dp->lag > 0 && dp->lag_time_ms < 0)
+				s->lag_time_unknown = true;
+			if (dp->lag_time_ms > s->lag_ms)
+				s->lag_ms = dp->lag_time_ms;
+			if (dp->last_error.len >= 0 && (!s->err || dp->last_error_time_ms > s->err->last_error_time_ms)) {
+				s->err = dp;
+				s->err_topic = dt;
+			}
+		}
+	}
+}
+
+static void json_summary(km_cli_json *j, const summary *s)
+{
+	km_cli_json_key(j, "summary");
+	km_cli_json_obj(j);
+	km_cli_json_key(j, "topics");
+	km_cli_json_int(j, s->topics);
+	km_cli_json_key(j, "topics_started_by_pattern");
+	km_cli_json_int(j, s->by_pattern);
+	km_cli_json_key(j, "partitions");
+	km_cli_json_int(j, s->parts);
+	km_cli_json_key(j, "partitions_by_state");
+	km_cli_json_obj(j);
+	for (size_t k = 0; k < s->nstates; k++) {
+		km_cli_json_key(j, s->states[k]);
+		km_cli_json_int(j, s->by_state[k]);
+	}
+	km_cli_json_obj_end(j);
+	km_cli_json_key(j, "lag_records");
+	km_cli_json_int(j, s->lag);
+	km_cli_json_key(j, "lag_seconds");
+	if (s->lag_time_unknown)
+		km_cli_json_null(j);
+	else
+		km_cli_json_double(j, (double)s->lag_ms / 1000.0);
+	km_cli_json_key(j, "last_error");
+	if (s->err) {
+		km_cli_json_obj(j);
+		km_cli_json_key(j, "topic");
+		km_cli_json_strn(j, s->err_topic->name.p, s->err_topic->name.len);
+		km_cli_json_key(j, "partition");
+		km_cli_json_int(j, s->err->partition_index);
+		km_cli_json_key(j, "message");
+		km_cli_json_strn(j, s->err->last_error.p, s->err->last_error.len);
+		km_cli_json_key(j, "time_ms");
+		km_cli_json_int(j, s->err->last_error_time_ms);
+		km_cli_json_obj_end(j);
+	} else
+		km_cli_json_null(j);
+	km_cli_json_obj_end(j);
+}
+
+static void table_summary(FILE *out, const summary *s)
+{
+	fprintf(out, "Topics: %lld", (long long)s->topics);
+	if (s->by_pattern)
+		fprintf(out, " (%lld started by mirror.topics.include)", (long long)s->by_pattern);
+	fprintf(out, "\nPartitions: %lld", (long long)s->parts);
+	for (size_t k = 0; k < s->nstates; k++)
+		fprintf(out, "%s%lld %s", k ? ", " : " (", (long long)s->by_state[k], s->states[k]);
+	fprintf(out, "%s\nLag: %lld records", s->nstates ? ")" : "", (long long)s->lag);
+	if (s->lag_time_unknown)
+		fprintf(out, ", time not known here (another kmirrord runs the mirror)\n");
+	else
+		fprintf(out, ", %.1f s\n", (double)s->lag_ms / 1000.0);
+	if (s->err) {
+		char at[32];
+		km_cli_format_time(s->err->last_error_time_ms, at, sizeof(at));
+		fprintf(out, "Last error: %.*s-%d: %.*s (%s)\n", (int)s->err_topic->name.len, s->err_topic->name.p,
+			(int)s->err->partition_index, (int)s->err->last_error.len, s->err->last_error.p, at);
+	} else {
+		fprintf(out, "Last error: none\n");
+	}
+}
+
 /* A mirror's metadata sync in describe's JSON: "metadata_sync":[{...}, one per step]. */
 static void json_sync(km_cli_json *j, const km_describe_mirrors_response_described_mirror *dm)
 {
@@ -82,10 +192,17 @@ static void json_describe(FILE *out, const km_describe_mirrors_response *resp)
 	for (int32_t i = 0; i < resp->mirrors.count; i++) {
 		const km_describe_mirrors_response_described_mirror *dm = &resp->mirrors.items[i];
 		km_cli_json_obj(&j);
+		summary s;
+		summarize(dm, &s);
 		km_cli_json_key(&j, "name");
 		km_cli_json_strn(&j, dm->mirror_name.p, dm->mirror_name.len);
 		km_cli_json_key(&j, "error");
 		km_cmd_json_error(&j, dm->error_code, dm->error_message);
+		if (dm->error_code) {
+			km_cli_json_key(&j, "summary");
+			km_cli_json_null(&j);
+		} else
+			json_summary(&j, &s);
 		km_cli_json_key(&j, "owner");
 		if (dm->owner.len < 0)
 			km_cli_json_null(&j);
@@ -120,6 +237,8 @@ static void json_describe(FILE *out, const km_describe_mirrors_response *resp)
 			km_cli_json_uuid(&j, &dt->topic_id);
 			km_cli_json_key(&j, "source_topic_id");
 			km_cli_json_uuid(&j, &dt->source_topic_id);
+			km_cli_json_key(&j, "started_by");
+			km_cli_json_str(&j, dt->started_by_pattern ? "pattern" : "operator");
 			km_cli_json_key(&j, "state");
 			km_cli_json_strn(&j, dt->state.p, dt->state.len);
 			km_cli_json_key(&j, "partitions");
@@ -139,6 +258,8 @@ static void json_describe(FILE *out, const km_describe_mirrors_response *resp)
 				km_cli_json_int(&j, dp->mirrored_offset);
 				km_cli_json_key(&j, "lag");
 				km_cli_json_int(&j, dp->lag);
+				km_cli_json_key(&j, "lag_time_ms");
+				km_cli_json_int(&j, dp->lag_time_ms);
 				km_cli_json_key(&j, "skipped_records");
 				km_cli_json_int(&j, dp->skipped_records);
 				km_cli_json_key(&j, "records_hidden");
@@ -230,6 +351,7 @@ static void table_describe(FILE *out, const km_describe_mirrors_response *resp)
 		static const char *const phdr[] = {"TOPIC", "PARTITION", "STATE", "SINCE", "SOURCE-END", "MIRRORED", "LAG",
 						   "SKIPPED", "HIDDEN", "LAST-ERROR"};
 		km_cli_table ct, pt;
+		summary s;
 
 		if (i > 0)
 			fputc('\n', out);
@@ -244,6 +366,9 @@ static void table_describe(FILE *out, const km_describe_mirrors_response *resp)
 			fprintf(out, "Run by: %.*s\n", (int)dm->owner.len, dm->owner.p);
 		else
 			fprintf(out, "Run by: not known to this kmirrord\n");
+		summarize(dm, &s);
+		table_summary(out, &s);
+		fputc('\n', out);
 		if (!km_cli_table_init(&ct, sizeof(chdr) / sizeof(chdr[0]), chdr))
 			return;
 		for (int32_t c = 0; c < dm->configs.count; c++) {

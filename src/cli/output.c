@@ -144,6 +144,12 @@ void km_cli_json_int(km_cli_json *j, int64_t v)
 	fprintf(j->f, "%lld", (long long)v);
 }
 
+void km_cli_json_double(km_cli_json *j, double v)
+{
+	before_value(j);
+	fprintf(j->f, "%.3f", v);
+}
+
 void km_cli_json_bool(km_cli_json *j, bool v)
 {
 	before_value(j);

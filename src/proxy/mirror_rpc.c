@@ -861,6 +861,21 @@ static int64_t lag_of(const km_state_partition_info *p)
 	return p->source_log_end > p->last_mirrored_offset ? p->source_log_end - p->last_mirrored_offset : 0;
 }
 
+/* In time: 0 caught up, else since the newest record mirrored was stamped; -1 unknown (the pipeline runs elsewhere). */
+static int64_t lag_time_of(const km_state_partition_info *p, int64_t lag)
+{
+	struct timeval now;
+	int64_t now_ms;
+
+	if (lag == 0)
+		return 0;
+	if (lag < 0 || p->newest_mirrored_ts <= 0)
+		return -1;
+	gettimeofday(&now, NULL);
+	now_ms = (int64_t)now.tv_sec * 1000 + now.tv_usec / 1000;
+	return now_ms > p->newest_mirrored_ts ? now_ms - p->newest_mirrored_ts : 0;
+}
+
 /* The kmirrords as each last reported itself in the state (docs/state.md, "Instances"). */
 static void list_instances(km_mop *op, km_list_mirrors_response *r)
 {
@@ -934,6 +949,10 @@ static km_str sync_scope(km_mop *op, const km_mirror_options *o, km_sync_kind ki
 		snprintf(text, sizeof(text), "include %s%s%s", o->groups_include,
 			 o->groups_exclude && *o->groups_exclude ? "; exclude " : "",
 			 o->groups_exclude && *o->groups_exclude ? o->groups_exclude : "");
+	else if (kind == KM_SYNC_TOPICS && o->topics_include && *o->topics_include)
+		snprintf(text, sizeof(text), "include %s%s%s", o->topics_include,
+			 o->topics_exclude && *o->topics_exclude ? "; exclude " : "",
+			 o->topics_exclude && *o->topics_exclude ? o->topics_exclude : "");
 	else
 		snprintf(text, sizeof(text), "off");
 	return km_str_c(km_mop_strdup(op, km_str_c(text)));
@@ -1005,6 +1024,7 @@ static void describe_one(km_mop *op, const km_state_mirror *m, km_describe_mirro
 		if (id)
 			dt->topic_id = *id;
 		dt->source_topic_id = km_state_topic_source_id(t);
+		dt->started_by_pattern = km_state_topic_by_pattern(t);
 		dt->state = km_str_c(km_mp_state_name(km_state_topic_state(t)));
 		dt->partitions.items = km_arena_calloc(&op->a, sizeof(*dt->partitions.items) * (np + 1));
 		dt->partitions.count = dt->partitions.items ? (int32_t)np : 0;
@@ -1019,6 +1039,7 @@ static void describe_one(km_mop *op, const km_state_mirror *m, km_describe_mirro
 			dp->source_log_end_offset = p.source_log_end;
 			dp->mirrored_offset = p.last_mirrored_offset;
 			dp->lag = lag_of(&p);
+			dp->lag_time_ms = lag_time_of(&p, dp->lag);
 			dp->skipped_records = p.skipped_records;
 			dp->open_transaction_offset = p.open_txn_offset;
 			dp->records_hidden = p.records_hidden;

@@ -55,7 +55,13 @@ static const km_option mirror_options[] = {
 		"\"A diverged source\")."},
 	{.name = "mirror.topics.include", .type = KM_OPT_STRING, .offset = OFF(topics_include), .def = "",
 	 .reloadable = true,
-	 .doc = "Source topics started automatically when they appear (POSIX extended regex, whole name); empty: none."},
+	 .doc = "Source topics the mirror starts by itself when they appear, checked every "
+		"mirror.metadata.refresh.interval.ms (comma-separated POSIX extended regexes, each matching the whole "
+		"name; names starting with __ never); empty: none (docs/mirror.md, \"Metadata sync\")."},
+	{.name = "mirror.topics.exclude", .type = KM_OPT_STRING, .offset = OFF(topics_exclude), .def = "",
+	 .reloadable = true,
+	 .doc = "Source topics never started by mirror.topics.include (comma-separated POSIX extended regexes, whole "
+		"name); exclude wins over include."},
 };
 
 static const km_opt_table mirror_table = {mirror_options, sizeof(mirror_options) / sizeof(mirror_options[0]),
@@ -134,26 +140,8 @@ static bool check_bootstrap(const char *v, char *why, size_t len)
 	return true;
 }
 
-static bool check_regex(const char *v, char *why, size_t len)
-{
-	regex_t re;
-	int rc;
-
-	if (!v || !*v)
-		return true;
-	rc = regcomp(&re, v, REG_EXTENDED | REG_NOSUB);
-	if (rc != 0) {
-		char msg[128];
-		regerror(rc, &re, msg, sizeof(msg));
-		snprintf(why, len, "not a valid regular expression (%s)", msg);
-		return false;
-	}
-	regfree(&re);
-	return true;
-}
-
 /* One side of the groups filter, the other side as the default (an AlterMirror may change just one). */
-static bool check_groups(bool include, const char *v, char *why, size_t len)
+static bool check_names(bool include, const char *v, char *why, size_t len)
 {
 	km_name_filter *f = include ? km_name_filter_parse(v, NULL, why, len) : km_name_filter_parse(".*", v, why, len);
 	bool ok = f != NULL;
@@ -207,10 +195,11 @@ static bool check_one(const km_state_kv *kv, bool create, km_mirror_options *mo,
 		}
 		if (km_opt_set_row(o, mo, kv->value, why, len) != KM_OK)
 			return false;
-		if (o->offset == OFF(topics_include) && !check_regex(kv->value, why, len))
-			return false;
 		if ((o->offset == OFF(groups_include) || o->offset == OFF(groups_exclude)) &&
-		    !check_groups(o->offset == OFF(groups_include), kv->value, why, len))
+		    !check_names(o->offset == OFF(groups_include), kv->value, why, len))
+			return false;
+		if ((o->offset == OFF(topics_include) || o->offset == OFF(topics_exclude)) &&
+		    !check_names(o->offset == OFF(topics_include), kv->value, why, len))
 			return false;
 		if (o->offset == OFF(acl_include) && !check_acl_scope(kv->value, why, len))
 			return false;

@@ -72,6 +72,8 @@ bool km_state_settle_allowed(km_mp_state from, km_mp_state to)
 	case KM_MP_MIRRORING: return from == KM_MP_PREPARING;
 	case KM_MP_PAUSED: return from == KM_MP_PAUSING;
 	case KM_MP_STOPPED: return from == KM_MP_STOPPING;
+	/* The source topic was deleted: the mirror stops (the proposal's STOPPING "on topic deletion"). */
+	case KM_MP_STOPPING: return from == KM_MP_MIRRORING;
 	/* A stopped topic is the operator's again (writable): nothing fails it back into read-only. */
 	case KM_MP_FAILED: return from != KM_MP_STOPPED && from != KM_MP_UNKNOWN;
 	default: return false;

@@ -184,6 +184,7 @@ km_err km_state_partition_value_encode(km_wr *w, const km_state_topic *t, const 
 	v.last_error = p->last_error ? km_str_c(p->last_error) : KM_STR_NULL;
 	v.last_error_time_ms = p->last_error_ms;
 	v.source_topic_id = p->source_id;
+	v.started_by = p->by_pattern ? 1 : 0;
 	if (p->has_writer) {
 		v.writer_producer_id = p->writer_pid;
 		v.writer_producer_epoch = p->writer_epoch;
@@ -554,6 +555,7 @@ static km_err apply_partition(km_state_model *m, const km_state_key *k, const ui
 			p->writer_epoch = v.writer_producer_epoch;
 			p->writer_start = v.writer_start_offset;
 			p->source_id = v.source_topic_id;
+			p->by_pattern = v.started_by == 1;
 			t->id = v.topic_id;
 		}
 	}
@@ -646,6 +648,7 @@ void km_state_part_bound(km_state_part *p)
 		return;
 	m->tail_physical = m->tail_logical = -1;
 	m->tail_epoch = -1;
+	m->tail_ts = 0;
 	if (!p->present || p->state == KM_MP_STOPPED || p->last_mirrored_offset < 0 || !m->n)
 		return;
 	/* Runs are persisted before the batches that start them, progress after they landed: the runs know it. */

@@ -47,8 +47,8 @@ uint32_t km_state_murmur2(const uint8_t *p, size_t len);
 
 /*
  * Whether the data plane may move a partition from -> to (km_state_partitions_set): PREPARING ->
- * MIRRORING, PAUSING -> PAUSED, STOPPING -> STOPPED, anything mirrored but STOPPED -> FAILED, or
- * the same state again. Checked against the committed state when the write runs, not when it was
+ * MIRRORING, PAUSING -> PAUSED, MIRRORING -> STOPPING (the source topic deleted), STOPPING ->
+ * STOPPED, anything mirrored but STOPPED -> FAILED, or the same state again. Checked against the committed state when the write runs, not when it was
  * asked: an operator's stop queued ahead of a driver's PREPARING -> MIRRORING must win.
  */
 bool km_state_settle_allowed(km_mp_state from, km_mp_state to);
@@ -84,6 +84,7 @@ typedef struct km_state_part {
 	int16_t writer_epoch;
 	int64_t writer_pid, writer_start;
 	km_uuid source_id; /* the source topic's id as the mirror first saw it (zero: not yet) */
+	bool by_pattern;   /* started by the mirror's topic patterns, not an operator */
 } km_state_part;
 
 struct km_state_topic {

@@ -27,6 +27,7 @@ struct km_state_mut {
 	size_t nkv;
 	bool validate_only;
 	km_topic_op op;
+	bool by_pattern;       /* a start by the mirror's topic patterns */
 	char **topics;
 	size_t ntopics;
 	int32_t *parts;        /* partition sets: the partitions to move */
@@ -666,7 +667,7 @@ static void on_topics_meta(km_state *st, km_err err, const char *message, const 
 		for (int32_t j = 0; j < md->partitions; j++) {
 			km_state_topic *old = km_state_model_topic(&st->model, mu->topics[i], strlen(mu->topics[i]));
 			km_state_part p = {.state = KM_MP_PREPARING, .state_change_ms = now, .last_mirrored_offset = -1,
-					   .last_mirrored_epoch = -1, .last_error_ms = -1};
+					   .last_mirrored_epoch = -1, .last_error_ms = -1, .by_pattern = mu->by_pattern};
 			/* A restart keeps what was mirrored (the pipeline resumes from there) when the topic is the same. */
 			if (old && (size_t)j < old->nparts && old->parts[j].present && km_uuid_eq(&old->id, &md->id)) {
 				p.last_mirrored_offset = old->parts[j].last_mirrored_offset;
@@ -872,7 +873,7 @@ static void prepare_grow(km_state *st, km_state_mut *mu)
 	}
 	for (size_t j = 0; j < mu->nparts && mu->code == KM_OK; j++) {
 		km_state_part p = {.state = KM_MP_PREPARING, .state_change_ms = now, .last_mirrored_offset = -1,
-				   .last_mirrored_epoch = -1, .last_error_ms = -1};
+				   .last_mirrored_epoch = -1, .last_error_ms = -1, .by_pattern = km_state_topic_by_pattern(t)};
 		if (j < t->nparts && t->parts[j].present)
 			continue;
 		if (add_partition_rec(mu, t, (int32_t)j, &p) != KM_OK)
@@ -1283,18 +1284,31 @@ static bool set_topics(km_state_mut *mu, const char *const *topics, size_t n)
 	return true;
 }
 
-void km_state_topics(km_state *st, km_topic_op op, const char *mirror, const char *const *topics, size_t n,
-		     km_state_done_cb done, void *arg)
+static void topics_op(km_state *st, km_topic_op op, bool by_pattern, const char *mirror, const char *const *topics,
+		      size_t n, km_state_done_cb done, void *arg)
 {
 	km_state_mut *mu = mut_new(MUT_TOPICS, mirror, done, arg);
 	if (!mu)
 		return nomem(done, arg);
 	mu->op = op;
+	mu->by_pattern = by_pattern;
 	if ((unsigned)op >= KM_TOPIC__COUNT || !set_topics(mu, topics, n)) {
 		mut_free(mu);
 		return nomem(done, arg);
 	}
 	submit(st, mu);
+}
+
+void km_state_topics(km_state *st, km_topic_op op, const char *mirror, const char *const *topics, size_t n,
+		     km_state_done_cb done, void *arg)
+{
+	topics_op(st, op, false, mirror, topics, n, done, arg);
+}
+
+void km_state_topics_follow(km_state *st, const char *mirror, const char *const *topics, size_t n,
+			    km_state_done_cb done, void *arg)
+{
+	topics_op(st, KM_TOPIC_START, true, mirror, topics, n, done, arg);
 }
 
 void km_state_partitions_set(km_state *st, const char *mirror, const char *topic, const int32_t *partitions,

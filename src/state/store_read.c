@@ -84,6 +84,7 @@ void km_state_topic_partition(const km_state_topic *t, size_t i, km_state_partit
 		if (p->map && p->map->tail_logical >= 0 && p->map->tail_physical >= 0) {
 			out->last_mirrored_offset = p->map->tail_logical;
 			out->last_mirrored_epoch = p->map->tail_epoch;
+			out->newest_mirrored_ts = p->map->tail_held ? p->map->tail_ts : 0;
 		}
 		out->last_error = p->last_error;
 		out->last_error_ms = p->last_error_ms;
@@ -124,6 +125,14 @@ bool km_state_topic_source_id_differs(const km_state_topic *t, const km_uuid *id
 	for (size_t i = 0; t && i < t->nparts; i++)
 		if (t->parts[i].present && !km_uuid_is_zero(&t->parts[i].source_id) && !km_uuid_eq(&t->parts[i].source_id, id))
 			return true;
+	return false;
+}
+
+bool km_state_topic_by_pattern(const km_state_topic *t)
+{
+	for (size_t i = 0; i < t->nparts; i++)
+		if (t->parts[i].present)
+			return t->parts[i].by_pattern;
 	return false;
 }
 

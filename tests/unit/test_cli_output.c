@@ -204,6 +204,8 @@ static void describe_fixture_init(describe_fixture *f)
 	f->p.source_log_end_offset = 10;
 	f->p.mirrored_offset = 7;
 	f->p.lag = 3;
+	f->p.lag_time_ms = 2500;
+	f->t.started_by_pattern = true;
 	f->t.partitions.items = &f->p;
 	f->t.partitions.count = 1;
 	east->topics.items = &f->t;
@@ -255,6 +257,11 @@ static void test_describe_table(void **state)
 	assert_string_equal(s,
 			    "Mirror: east\n"
 			    "Run by: host-a@127.0.0.1:8080\n"
+			    "Topics: 1 (1 started by mirror.topics.include)\n"
+			    "Partitions: 1 (1 MIRRORING)\n"
+			    "Lag: 3 records, 2.5 s\n"
+			    "Last error: none\n"
+			    "\n"
 			    "CONFIG             VALUE\n"
 			    "bootstrap.servers  src:9092\n"
 			    "sasl.password      (secret)\n"
@@ -276,6 +283,11 @@ static void test_describe_table(void **state)
 			    "\n"
 			    "Mirror: west\n"
 			    "Run by: not known to this kmirrord\n"
+			    "Topics: 1\n"
+			    "Partitions: 0\n"
+			    "Lag: 0 records, 0.0 s\n"
+			    "Last error: none\n"
+			    "\n"
 			    "CONFIG  VALUE\n"
 			    "\n"
 			    "Metadata sync (not run by this kmirrord: another kmirrord runs it, or no topic is synced yet):\n"
@@ -290,6 +302,11 @@ static void test_describe_table(void **state)
 			    "\n"
 			    "Mirror: old\n"
 			    "Run by: not known to this kmirrord\n"
+			    "Topics: 0\n"
+			    "Partitions: 0\n"
+			    "Lag: 0 records, 0.0 s\n"
+			    "Last error: none\n"
+			    "\n"
 			    "CONFIG  VALUE\n"
 			    "\n"
 			    "No topics.\n"
@@ -316,12 +333,15 @@ static void test_describe_json(void **state)
 	assert_string_equal(
 		s,
 		"{\"mirrors\":["
-		"{\"name\":\"east\",\"error\":null,\"owner\":\"host-a@127.0.0.1:8080\","
+		"{\"name\":\"east\",\"error\":null,"
+		"\"summary\":{\"topics\":1,\"topics_started_by_pattern\":1,\"partitions\":1,\"partitions_by_state\":{\"MIRRORING\":1},"
+		"\"lag_records\":3,\"lag_seconds\":2.500,\"last_error\":null},\"owner\":\"host-a@127.0.0.1:8080\","
 		"\"configs\":[{\"name\":\"bootstrap.servers\",\"value\":\"src:9092\",\"sensitive\":false},"
 		"{\"name\":\"sasl.password\",\"value\":null,\"sensitive\":true}],"
-		"\"topics\":[{\"name\":\"orders\",\"topic_id\":null,\"source_topic_id\":null,\"state\":\"MIRRORING\",\"partitions\":["
+		"\"topics\":[{\"name\":\"orders\",\"topic_id\":null,\"source_topic_id\":null,\"started_by\":\"pattern\","
+		"\"state\":\"MIRRORING\",\"partitions\":["
 		"{\"partition\":0,\"state\":\"MIRRORING\",\"state_change_time_ms\":1767322245123,"
-		"\"source_log_end_offset\":10,\"mirrored_offset\":7,\"lag\":3,\"skipped_records\":0,"
+		"\"source_log_end_offset\":10,\"mirrored_offset\":7,\"lag\":3,\"lag_time_ms\":2500,\"skipped_records\":0,"
 		"\"records_hidden\":0,\"last_error\":null,\"last_error_time_ms\":-1}]}],"
 		"\"metadata_sync\":["
 		"{\"kind\":\"configs\",\"is_owner\":true,\"scope\":\"the mirror's topics\",\"last_sync_time_ms\":1767322245123,\"compared\":3,"
@@ -336,8 +356,10 @@ static void test_describe_json(void **state)
 		"{\"kind\":\"acls\",\"is_owner\":true,\"scope\":\"off\",\"last_sync_time_ms\":1767322200000,\"compared\":0,"
 		"\"changes_last_cycle\":0,\"changes_total\":0,\"skipped\":0,\"errors_total\":7,"
 		"\"last_error\":\"SECURITY_DISABLED: no authorizer\",\"last_error_time_ms\":1767322247000}]},"
-		"{\"name\":\"west\",\"error\":null,\"owner\":null,\"configs\":[],"
-		"\"topics\":[{\"name\":\"fresh\",\"topic_id\":null,\"source_topic_id\":null,\"state\":\"PREPARING\",\"partitions\":[]}],"
+		"{\"name\":\"west\",\"error\":null,"
+		"\"summary\":{\"topics\":1,\"topics_started_by_pattern\":0,\"partitions\":0,\"partitions_by_state\":{},"
+		"\"lag_records\":0,\"lag_seconds\":0.000,\"last_error\":null},\"owner\":null,\"configs\":[],"
+		"\"topics\":[{\"name\":\"fresh\",\"topic_id\":null,\"source_topic_id\":null,\"started_by\":\"operator\",\"state\":\"PREPARING\",\"partitions\":[]}],"
 		"\"metadata_sync\":["
 		"{\"kind\":\"configs\",\"is_owner\":false,\"scope\":null,\"last_sync_time_ms\":-1,\"compared\":0,"
 		"\"changes_last_cycle\":0,\"changes_total\":0,\"skipped\":0,\"errors_total\":0,\"last_error\":null,"
@@ -359,10 +381,13 @@ static void test_describe_json(void **state)
 	f.r.mirrors.count = 2;
 	km_cli_describe_print(m.f, &f.r, true);
 	s = mb_close(&m);
-	assert_string_equal(s, "{\"mirrors\":[{\"name\":\"old\",\"error\":null,\"owner\":null,\"configs\":[],\"topics\":[],"
+	assert_string_equal(s, "{\"mirrors\":[{\"name\":\"old\",\"error\":null,"
+			       "\"summary\":{\"topics\":0,\"topics_started_by_pattern\":0,\"partitions\":0,"
+			       "\"partitions_by_state\":{},\"lag_records\":0,\"lag_seconds\":0.000,\"last_error\":null},"
+			       "\"owner\":null,\"configs\":[],\"topics\":[],"
 			       "\"metadata_sync\":[]},"
 			       "{\"name\":\"ghost\",\"error\":{\"code\":32002,\"name\":\"UNKNOWN_CLUSTER_MIRROR\","
-			       "\"message\":\"mirror ghost does not exist\"},\"owner\":null,\"configs\":[],\"topics\":[],"
+			       "\"message\":\"mirror ghost does not exist\"},\"summary\":null,\"owner\":null,\"configs\":[],\"topics\":[],"
 			       "\"metadata_sync\":[]}]}\n");
 	free(s);
 }

@@ -76,6 +76,8 @@ static void test_settle_transitions(void **state)
 	assert_true(km_state_settle_allowed(KM_MP_PREPARING, KM_MP_MIRRORING));
 	assert_true(km_state_settle_allowed(KM_MP_PAUSING, KM_MP_PAUSED));
 	assert_true(km_state_settle_allowed(KM_MP_STOPPING, KM_MP_STOPPED));
+	assert_true(km_state_settle_allowed(KM_MP_MIRRORING, KM_MP_STOPPING)); /* the source topic deleted */
+	assert_false(km_state_settle_allowed(KM_MP_PAUSED, KM_MP_STOPPING));
 	assert_true(km_state_settle_allowed(KM_MP_MIRRORING, KM_MP_FAILED));
 	assert_true(km_state_settle_allowed(KM_MP_PREPARING, KM_MP_FAILED));
 	assert_true(km_state_settle_allowed(KM_MP_MIRRORING, KM_MP_MIRRORING));
@@ -107,6 +109,8 @@ static void test_config(void **state)
 	assert_int_equal(check1("sasl.mechanism", "SCRAM-SHA-512", true, err, sizeof(err)), KM_OK);
 	assert_int_equal(check1("mirror.fetch.max.bytes", "1048576", true, err, sizeof(err)), KM_OK);
 	assert_int_equal(check1("mirror.topics.include", "orders-.*", true, err, sizeof(err)), KM_OK);
+	assert_int_equal(check1("mirror.topics.include", "orders-.*, payments", true, err, sizeof(err)), KM_OK);
+	assert_int_equal(check1("mirror.topics.exclude", ".*-internal", true, err, sizeof(err)), KM_OK);
 	assert_int_equal(check1("ssl.endpoint.identification.algorithm", "", true, err, sizeof(err)), KM_OK);
 	assert_int_equal(check1("sasl.password", "hunter2", true, err, sizeof(err)), KM_OK);
 
@@ -134,6 +138,8 @@ static void test_config(void **state)
 			 KM_OK);
 	expect_bad("mirror.groups.exclude", "(", "exclude pattern 1 \"(\": not a valid regular expression");
 	expect_bad("mirror.groups.exclude", "a,,b", "exclude pattern 2 is empty");
+	expect_bad("mirror.topics.include", "orders-(", "include pattern 1 \"orders-(\": not a valid regular expression");
+	expect_bad("mirror.topics.exclude", "x,,y", "exclude pattern 2 is empty");
 	expect_bad("mirror.acl.include", "*,TOPIC;x;REED", "rule 2 \"TOPIC;x;REED\": unknown operation \"REED\"");
 	expect_bad("mirror.acl.include", "TOPIC;(", "resource name \"(\" is not a valid regular expression");
 	expect_bad("mirror.acl.include", "*;*;*;*;*;*", "6 fields");

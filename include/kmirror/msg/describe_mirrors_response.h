@@ -47,6 +47,8 @@ typedef struct km_describe_mirrors_response_described_partition {
 	int64_t records_hidden;
 	/* v0+ tag 3: When this kmirrord learned SourceLogEndOffset from the source (ms since the epoch), or... */
 	int64_t source_log_end_time_ms;
+	/* v0+ tag 4: How far behind the mirror is in time: 0 when it has every record of SourceLogEndOffset,... */
+	int64_t lag_time_ms;
 	/* v0+ nullable: The last error of this partition's mirroring, or null. */
 	km_str last_error;
 	/* v0+: When LastError happened (ms since the epoch), or -1. */
@@ -62,6 +64,8 @@ typedef struct km_describe_mirrors_response_described_topic {
 	km_uuid topic_id;
 	/* v0+ tag 0: The source topic's id the mirror follows (zero until it has seen it, or when the source... */
 	km_uuid source_topic_id;
+	/* v0+ tag 1: True when the mirror's topic patterns (mirror.topics.include) started the topic, false... */
+	bool started_by_pattern;
 	/* v0+: The topic's state: its partitions' common state, or the least advanced one. */
 	km_str state;
 	/* v0+: Every partition of the topic. */

@@ -38,6 +38,8 @@ typedef struct km_mirror_state_partition_value {
 	int64_t writer_start_offset;
 	/* v0+ tag 3: The source topic's id as the mirror first saw it (zero until then, or when the source h... */
 	km_uuid source_topic_id;
+	/* v0+ tag 4: Who started the topic: 0 an operator (StartMirrorTopics), 1 the mirror's topic patterns... */
+	int8_t started_by;
 	km_tagged_list unknown_tags; /* tagged fields this codec does not know, kept as they came */
 } km_mirror_state_partition_value;
 

@@ -88,6 +88,7 @@ void km_describe_mirrors_response_described_partition_init(km_describe_mirrors_r
 	m->lag = INT64_C(-1);
 	m->open_transaction_offset = INT64_C(-1);
 	m->source_log_end_time_ms = INT64_C(-1);
+	m->lag_time_ms = INT64_C(-1);
 	m->last_error = KM_STR_NULL;
 	m->last_error_time_ms = INT64_C(-1);
 }
@@ -124,6 +125,15 @@ static bool km_describe_mirrors_response_described_partition_dec_tag_source_log_
 	(void)v;
 	(void)a;
 	if (!km_rd_i64(r, "DescribedPartition.SourceLogEndTimeMs", &m->source_log_end_time_ms))
+		return false;
+	return true;
+}
+
+static bool km_describe_mirrors_response_described_partition_dec_tag_lag_time_ms(km_rd *r, int16_t v, km_describe_mirrors_response_described_partition *m, km_arena *a)
+{
+	(void)v;
+	(void)a;
+	if (!km_rd_i64(r, "DescribedPartition.LagTimeMs", &m->lag_time_ms))
 		return false;
 	return true;
 }
@@ -184,6 +194,12 @@ static bool km_describe_mirrors_response_described_partition_dec(km_rd *r, int16
 						return km_codec_rd_join(r, &sub);
 				}
 				break;
+				case 4:
+				{
+					if (!km_describe_mirrors_response_described_partition_dec_tag_lag_time_ms(&sub, v, m, a))
+						return km_codec_rd_join(r, &sub);
+				}
+				break;
 				default:
 					known = false;
 					break;
@@ -221,6 +237,8 @@ static void km_describe_mirrors_response_described_partition_enc(km_wr *w, int16
 		ntags += has_records_hidden;
 		const bool has_source_log_end_time_ms = true && m->source_log_end_time_ms != INT64_C(-1);
 		ntags += has_source_log_end_time_ms;
+		const bool has_lag_time_ms = true && m->lag_time_ms != INT64_C(-1);
+		ntags += has_lag_time_ms;
 		km_wr_uvarint(w, ntags);
 		km_codec_wr_tags(w, &m->unknown_tags, 0, 1, false);
 		if (has_skipped_records) {
@@ -254,7 +272,15 @@ static void km_describe_mirrors_response_described_partition_enc(km_wr *w, int16
 			km_wr_uvarint(w, (uint32_t)n);
 			km_wr_i64(w, m->source_log_end_time_ms);
 		}
-		km_codec_wr_tags(w, &m->unknown_tags, 4, UINT64_MAX, false);
+		km_codec_wr_tags(w, &m->unknown_tags, 4, 5, false);
+		if (has_lag_time_ms) {
+			size_t n = 0;
+			n += 8;
+			km_wr_uvarint(w, 4);
+			km_wr_uvarint(w, (uint32_t)n);
+			km_wr_i64(w, m->lag_time_ms);
+		}
+		km_codec_wr_tags(w, &m->unknown_tags, 5, UINT64_MAX, false);
 	}
 }
 
@@ -299,6 +325,12 @@ static size_t km_describe_mirrors_response_described_partition_sz(int16_t v, con
 			n += km_sz_uvarint(3) + km_sz_uvarint((uint32_t)fn) + fn;
 			ntags++;
 		}
+		if (true && m->lag_time_ms != INT64_C(-1)) {
+			size_t fn = 0;
+			fn += 8;
+			n += km_sz_uvarint(4) + km_sz_uvarint((uint32_t)fn) + fn;
+			ntags++;
+		}
 		n += km_sz_uvarint(ntags);
 	}
 	return n;
@@ -314,6 +346,15 @@ static bool km_describe_mirrors_response_described_topic_dec_tag_source_topic_id
 	(void)v;
 	(void)a;
 	if (!km_rd_uuid(r, "DescribedTopic.SourceTopicId", &m->source_topic_id))
+		return false;
+	return true;
+}
+
+static bool km_describe_mirrors_response_described_topic_dec_tag_started_by_pattern(km_rd *r, int16_t v, km_describe_mirrors_response_described_topic *m, km_arena *a)
+{
+	(void)v;
+	(void)a;
+	if (!km_rd_bool(r, "DescribedTopic.StartedByPattern", &m->started_by_pattern))
 		return false;
 	return true;
 }
@@ -363,6 +404,12 @@ static bool km_describe_mirrors_response_described_topic_dec(km_rd *r, int16_t v
 						return km_codec_rd_join(r, &sub);
 				}
 				break;
+				case 1:
+				{
+					if (!km_describe_mirrors_response_described_topic_dec_tag_started_by_pattern(&sub, v, m, a))
+						return km_codec_rd_join(r, &sub);
+				}
+				break;
 				default:
 					known = false;
 					break;
@@ -397,6 +444,8 @@ static void km_describe_mirrors_response_described_topic_enc(km_wr *w, int16_t v
 		uint32_t ntags = (uint32_t)(m->unknown_tags.count > 0 ? m->unknown_tags.count : 0);
 		const bool has_source_topic_id = true && !km_codec_uuid_is_zero(&m->source_topic_id);
 		ntags += has_source_topic_id;
+		const bool has_started_by_pattern = true && m->started_by_pattern != false;
+		ntags += has_started_by_pattern;
 		km_wr_uvarint(w, ntags);
 		km_codec_wr_tags(w, &m->unknown_tags, 0, 1, false);
 		if (has_source_topic_id) {
@@ -406,7 +455,15 @@ static void km_describe_mirrors_response_described_topic_enc(km_wr *w, int16_t v
 			km_wr_uvarint(w, (uint32_t)n);
 			km_wr_uuid(w, &m->source_topic_id);
 		}
-		km_codec_wr_tags(w, &m->unknown_tags, 1, UINT64_MAX, false);
+		km_codec_wr_tags(w, &m->unknown_tags, 1, 2, false);
+		if (has_started_by_pattern) {
+			size_t n = 0;
+			n += 1;
+			km_wr_uvarint(w, 1);
+			km_wr_uvarint(w, (uint32_t)n);
+			km_wr_bool(w, m->started_by_pattern);
+		}
+		km_codec_wr_tags(w, &m->unknown_tags, 2, UINT64_MAX, false);
 	}
 }
 
@@ -429,6 +486,12 @@ static size_t km_describe_mirrors_response_described_topic_sz(int16_t v, const k
 			size_t fn = 0;
 			fn += 16;
 			n += km_sz_uvarint(0) + km_sz_uvarint((uint32_t)fn) + fn;
+			ntags++;
+		}
+		if (true && m->started_by_pattern != false) {
+			size_t fn = 0;
+			fn += 1;
+			n += km_sz_uvarint(1) + km_sz_uvarint((uint32_t)fn) + fn;
 			ntags++;
 		}
 		n += km_sz_uvarint(ntags);

@@ -56,6 +56,15 @@ static bool km_mirror_state_partition_value_dec_tag_source_topic_id(km_rd *r, in
 	return true;
 }
 
+static bool km_mirror_state_partition_value_dec_tag_started_by(km_rd *r, int16_t v, km_mirror_state_partition_value *m, km_arena *a)
+{
+	(void)v;
+	(void)a;
+	if (!km_rd_i8(r, "StartedBy", &m->started_by))
+		return false;
+	return true;
+}
+
 static bool km_mirror_state_partition_value_dec(km_rd *r, int16_t v, km_mirror_state_partition_value *m, km_arena *a)
 {
 	const bool flex = true;
@@ -110,6 +119,12 @@ static bool km_mirror_state_partition_value_dec(km_rd *r, int16_t v, km_mirror_s
 						return km_codec_rd_join(r, &sub);
 				}
 				break;
+				case 4:
+				{
+					if (!km_mirror_state_partition_value_dec_tag_started_by(&sub, v, m, a))
+						return km_codec_rd_join(r, &sub);
+				}
+				break;
 				default:
 					known = false;
 					break;
@@ -144,6 +159,8 @@ static void km_mirror_state_partition_value_enc(km_wr *w, int16_t v, const km_mi
 		ntags += has_writer_start_offset;
 		const bool has_source_topic_id = true && !km_codec_uuid_is_zero(&m->source_topic_id);
 		ntags += has_source_topic_id;
+		const bool has_started_by = true && m->started_by != 0;
+		ntags += has_started_by;
 		km_wr_uvarint(w, ntags);
 		km_codec_wr_tags(w, &m->unknown_tags, 0, 1, false);
 		if (has_writer_producer_id) {
@@ -177,7 +194,15 @@ static void km_mirror_state_partition_value_enc(km_wr *w, int16_t v, const km_mi
 			km_wr_uvarint(w, (uint32_t)n);
 			km_wr_uuid(w, &m->source_topic_id);
 		}
-		km_codec_wr_tags(w, &m->unknown_tags, 4, UINT64_MAX, false);
+		km_codec_wr_tags(w, &m->unknown_tags, 4, 5, false);
+		if (has_started_by) {
+			size_t n = 0;
+			n += 1;
+			km_wr_uvarint(w, 4);
+			km_wr_uvarint(w, (uint32_t)n);
+			km_wr_i8(w, m->started_by);
+		}
+		km_codec_wr_tags(w, &m->unknown_tags, 5, UINT64_MAX, false);
 	}
 }
 
@@ -219,6 +244,12 @@ static size_t km_mirror_state_partition_value_sz(int16_t v, const km_mirror_stat
 			size_t fn = 0;
 			fn += 16;
 			n += km_sz_uvarint(3) + km_sz_uvarint((uint32_t)fn) + fn;
+			ntags++;
+		}
+		if (true && m->started_by != 0) {
+			size_t fn = 0;
+			fn += 1;
+			n += km_sz_uvarint(4) + km_sz_uvarint((uint32_t)fn) + fn;
 			ntags++;
 		}
 		n += km_sz_uvarint(ntags);

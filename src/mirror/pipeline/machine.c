@@ -225,6 +225,7 @@ void km_pl_set_tail(km_pipeline *pl, mpart *p, bool set)
 	m->tail_physical = p->out.acked_phys;
 	m->tail_logical = p->out.acked_logical;
 	m->tail_epoch = p->out.acked_epoch;
+	m->tail_ts = p->out.newest_ts;
 	km_pl_update_lag(p, km_pl_now_ms());
 }
 

@@ -44,6 +44,8 @@ static void took_metadata(sync_cycle *cy, sreq *rq, const km_metadata_response *
 	}
 	if (!src)
 		return;
+	if (cy->topics)
+		km_sy_follow_take(cy, r);
 	for (int32_t i = 0; i < r->topics.count; i++) {
 		stopic *t = topic_of(cy, r->topics.items[i].name, NULL);
 		if (t && !r->topics.items[i].error_code)

@@ -199,10 +199,15 @@ static void on_response(km_net_client *c, const km_rpc_response *r, void *arg)
 	later(cy, 0);
 }
 
-/* Send every request of the phase that can go now; true when all are answered. */
+void km_sy_follow_done(sync_cycle *cy)
+{
+	later(cy, 0);
+}
+
+/* Send every request of the phase that can go now; true when all are answered (and a start of step 0 has answered). */
 static bool pump(sync_cycle *cy)
 {
-	bool all = true;
+	bool all = !cy->follow;
 
 	for (size_t i = 0; i < cy->nrq; i++) {
 		sreq *rq = &cy->rq[i];
@@ -433,6 +438,20 @@ static void next_phase(sync_cycle *cy)
 	cy->rq = NULL;
 	switch (cy->ph) {
 	case PH_META:
+		cy->ph = PH_FOLLOW;
+		if (km_sy_follow_start(cy))
+			return;
+		__attribute__((fallthrough)); /* nothing to start */
+	case PH_FOLLOW:
+		if (cy->topics)
+			step_end(cy, KM_SYNC_CONFIGS);
+		else
+			cy->step = KM_SYNC_CONFIGS; /* the step is off: no status of its own */
+		if (!cy->nt) {
+			/* Only following: no topic of the mirror is synced yet, the other steps have nothing to do. */
+			cy->ph = PH_END;
+			return;
+		}
 		cy->ph = PH_CFG;
 		add_req(cy, cy->src, -1, KM_API_DESCRIBE_CONFIGS, DC_LO, DC_HI, 0);
 		add_req(cy, cy->dst, -1, KM_API_DESCRIBE_CONFIGS, DC_LO, DC_HI, 0);
@@ -528,12 +547,14 @@ static void advance(sync_cycle *cy)
 void km_sy_cycle_free(sync_cycle *cy)
 {
 	cy->finished = true;
+	km_sy_follow_detach(cy);
 	/* The clusters first: their pending requests fail now, while cy is there to see it finished. */
 	km_cluster_free(cy->src);
 	km_cluster_free(cy->dst);
 	if (cy->src_tls)
 		SSL_CTX_free(cy->src_tls);
 	km_name_filter_free(cy->groups);
+	km_name_filter_free(cy->topics);
 	km_acl_scope_free(cy->acls);
 	if (cy->ev)
 		event_free(cy->ev);
@@ -547,7 +568,7 @@ static bool synced_state(km_mp_state s)
 	return s == KM_MP_PREPARING || s == KM_MP_MIRRORING || s == KM_MP_FAILED;
 }
 
-/* Start a cycle of m; false when there is nothing to sync (no synced topic) or it cannot start. */
+/* Start a cycle of m; false when there is nothing to sync (no synced topic, no topic pattern) or it cannot start. */
 bool km_sy_cycle_start(msync *m, const km_state_mirror *sm, const km_mirror_options *mo)
 {
 	km_mirror *mi = m->s->mi;
@@ -559,7 +580,7 @@ bool km_sy_cycle_start(msync *m, const km_state_mirror *sm, const km_mirror_opti
 		return false;
 	cy->m = m;
 	km_arena_init(&cy->a, 0);
-	cy->step = KM_SYNC_CONFIGS;
+	cy->step = KM_SYNC_TOPICS;
 	cy->deadline = km_sy_now_ms() + STEP_TIMEOUT_MS;
 	cy->t = km_arena_calloc(&cy->a, (km_state_mirror_topic_count(sm) + 1) * sizeof(*cy->t));
 	for (size_t i = 0; cy->t && i < km_state_mirror_topic_count(sm); i++) {
@@ -570,7 +591,7 @@ bool km_sy_cycle_start(msync *m, const km_state_mirror *sm, const km_mirror_opti
 				       .store_parts = (int32_t)km_state_topic_partition_count(t), .src_parts = -1};
 	}
 	cy->nt = nt;
-	if (!cy->t || !nt) {
+	if (!cy->t || (!nt && !(mo->topics_include && *mo->topics_include))) {
 		km_arena_free(&cy->a);
 		free(cy);
 		return false;
@@ -581,7 +602,11 @@ bool km_sy_cycle_start(msync *m, const km_state_mirror *sm, const km_mirror_opti
 	snprintf(cy->src_boot, sizeof(cy->src_boot), "%s", km_state_mirror_source(sm));
 	cy->ev = event_new(km_mirror_base(mi), -1, 0, on_ev, cy);
 	/* A value stored before its check existed can still be bad: the cycle says so, each time. */
-	if (!(cy->groups = km_name_filter_parse(mo->groups_include, mo->groups_exclude, err, sizeof(err))))
+	if (mo->topics_include && *mo->topics_include &&
+	    !(cy->topics = km_name_filter_parse(mo->topics_include, mo->topics_exclude, err, sizeof(err))))
+		snprintf(cy->why, sizeof(cy->why), "mirror.topics.include / mirror.topics.exclude: %s (kmirror alter fixes it)",
+			 err);
+	else if (!(cy->groups = km_name_filter_parse(mo->groups_include, mo->groups_exclude, err, sizeof(err))))
 		snprintf(cy->why, sizeof(cy->why), "mirror.groups.include / mirror.groups.exclude: %s (kmirror alter fixes it)", err);
 	else if (!(cy->acls = km_acl_scope_parse(mo->acl_include, err, sizeof(err))))
 		snprintf(cy->why, sizeof(cy->why), "mirror.acl.include: %s (kmirror alter fixes it)", err);

@@ -17,7 +17,8 @@
 #include "kmirror/msg/offset_fetch_request.h"
 #include "mirror/sync/sync.h"
 
-static const void *req_metadata(sync_cycle *cy)
+/* The synced topics; from the source, every topic when the mirror follows its topics (step 0). */
+static const void *req_metadata(sync_cycle *cy, const sreq *rq)
 {
 	km_metadata_request *m = km_arena_alloc(&cy->a, sizeof(*m));
 	km_metadata_request_topic *ts = km_arena_calloc(&cy->a, (cy->nt ? cy->nt : 1) * sizeof(*ts));
@@ -25,6 +26,11 @@ static const void *req_metadata(sync_cycle *cy)
 	if (!m || !ts)
 		return NULL;
 	km_metadata_request_init(m);
+	if (rq->cl == cy->src && cy->topics) {
+		m->topics.count = -1;
+		m->allow_auto_topic_creation = false;
+		return m;
+	}
 	for (size_t i = 0; i < cy->nt; i++) {
 		km_metadata_request_topic_init(&ts[i]);
 		ts[i].name = km_str_c(cy->t[i].name);
@@ -375,7 +381,7 @@ const void *km_sy_request(sync_cycle *cy, sreq *rq)
 {
 	switch (rq->key) {
 	case KM_API_METADATA:
-		return req_metadata(cy);
+		return req_metadata(cy, rq);
 	case KM_API_DESCRIBE_CONFIGS:
 		return req_describe_configs(cy);
 	case KM_API_INCREMENTAL_ALTER_CONFIGS:

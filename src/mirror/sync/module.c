@@ -7,7 +7,7 @@
 
 const char *km_sync_kind_name(km_sync_kind k)
 {
-	static const char *const names[KM_SYNC__COUNT] = {"configs", "partitions", "groups", "acls"};
+	static const char *const names[KM_SYNC__COUNT] = {"topics", "configs", "partitions", "groups", "acls"};
 	return (unsigned)k < KM_SYNC__COUNT ? names[k] : "?";
 }
 

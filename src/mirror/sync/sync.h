@@ -8,6 +8,7 @@
 
 #include "kmirror/arena.h"
 #include "kmirror/msg/incremental_alter_configs_request.h"
+#include "kmirror/msg/metadata_response.h"
 #include "kmirror/wire.h"
 #include "mirror/mirror_int.h"
 
@@ -106,7 +107,7 @@ typedef struct sacl {
 } sacl;
 
 typedef enum {
-	PH_META, PH_CFG, PH_ALTER, PH_GROUPS, PH_COORD, PH_OFFSETS, PH_COMMIT, PH_ACLS, PH_ACLS_CHANGE, PH_END
+	PH_META, PH_FOLLOW, PH_CFG, PH_ALTER, PH_GROUPS, PH_COORD, PH_OFFSETS, PH_COMMIT, PH_ACLS, PH_ACLS_CHANGE, PH_END
 } sphase;
 
 /* A request of the phase: to a broker of a cluster (node -1: any), for item arg. */
@@ -127,6 +128,10 @@ struct sync_cycle {
 	char src_boot[256];
 	km_name_filter *groups;
 	km_acl_scope *acls;
+	km_name_filter *topics;       /* mirror.topics.include / exclude; NULL: the mirror does not follow */
+	const char **cand;            /* source topics to start (step 0), in the arena */
+	size_t ncand, capcand;
+	struct sy_follow *follow;     /* their start, while it runs */
 	sphase ph;
 	km_sync_kind step;     /* the step the phase belongs to */
 	bool step_failed;
@@ -168,6 +173,18 @@ const char *km_sy_side(const sync_cycle *cy, const km_cluster *cl);
 /* Start a cycle of m; false when there is nothing to sync (no synced topic) or it cannot start. */
 bool km_sy_cycle_start(msync *m, const km_state_mirror *sm, const km_mirror_options *mo);
 void km_sy_cycle_free(sync_cycle *cy);
+
+/* The step's start has answered: the cycle goes on. */
+void km_sy_follow_done(sync_cycle *cy);
+
+/* ---- follow.c ---- */
+
+/* The source's Metadata of every topic: those to start (matching, not internal, in no mirror). */
+void km_sy_follow_take(sync_cycle *cy, const km_metadata_response *r);
+/* Start the topics found; true when a start runs (the cycle waits for km_sy_follow_done). */
+bool km_sy_follow_start(sync_cycle *cy);
+/* The cycle ends: a start in flight no longer reports to it. */
+void km_sy_follow_detach(sync_cycle *cy);
 
 /* ---- encode.c ---- */
 

@@ -8223,10 +8223,11 @@ static void fill_km_describe_mirrors_response_described_partition(km_describe_mi
 	m->open_transaction_offset = (int64_t)(t_int(seq, 1000000000, INT64_C(-1)) + ((int64_t)1 << 33));
 	m->records_hidden = (int64_t)(t_int(seq, 1000000000, INT64_C(0)) + ((int64_t)1 << 33));
 	m->source_log_end_time_ms = (int64_t)(t_int(seq, 1000000000, INT64_C(-1)) + ((int64_t)1 << 33));
+	m->lag_time_ms = (int64_t)(t_int(seq, 1000000000, INT64_C(-1)) + ((int64_t)1 << 33));
 	m->last_error = (mode == 1 && true) ? KM_STR_NULL : t_str(a, seq);
 	m->last_error_time_ms = (int64_t)(t_int(seq, 1000000000, INT64_C(-1)) + ((int64_t)1 << 33));
 	if (true && mode == 0)
-		t_unknown_tags(&m->unknown_tags, a, 4, 1003, seq);
+		t_unknown_tags(&m->unknown_tags, a, 5, 1004, seq);
 }
 
 static bool eq_km_describe_mirrors_response_described_partition(const km_describe_mirrors_response_described_partition *x, const km_describe_mirrors_response_described_partition *y)
@@ -8251,6 +8252,8 @@ static bool eq_km_describe_mirrors_response_described_partition(const km_describ
 		return t_diff("DescribedPartition.RecordsHidden");
 	if (!(x->source_log_end_time_ms == y->source_log_end_time_ms))
 		return t_diff("DescribedPartition.SourceLogEndTimeMs");
+	if (!(x->lag_time_ms == y->lag_time_ms))
+		return t_diff("DescribedPartition.LagTimeMs");
 	if (!km_str_eq(x->last_error, y->last_error))
 		return t_diff("DescribedPartition.LastError");
 	if (!(x->last_error_time_ms == y->last_error_time_ms))
@@ -8269,6 +8272,7 @@ static void fill_km_describe_mirrors_response_described_topic(km_describe_mirror
 	m->name = t_str(a, seq);
 	t_uuid(&m->topic_id, seq);
 	t_uuid(&m->source_topic_id, seq);
+	m->started_by_pattern = true;
 	m->state = t_str(a, seq);
 	m->partitions.count = 2;
 	m->partitions.items = km_arena_alloc(a, 2 * sizeof(*m->partitions.items));
@@ -8278,7 +8282,7 @@ static void fill_km_describe_mirrors_response_described_topic(km_describe_mirror
 		fill_km_describe_mirrors_response_described_partition(&m->partitions.items[i], v, mode, a, seq);
 	}
 	if (true && mode == 0)
-		t_unknown_tags(&m->unknown_tags, a, 1, 1000, seq);
+		t_unknown_tags(&m->unknown_tags, a, 2, 1001, seq);
 }
 
 static bool eq_km_describe_mirrors_response_described_topic(const km_describe_mirrors_response_described_topic *x, const km_describe_mirrors_response_described_topic *y)
@@ -8289,6 +8293,8 @@ static bool eq_km_describe_mirrors_response_described_topic(const km_describe_mi
 		return t_diff("DescribedTopic.TopicId");
 	if (!(memcmp(x->source_topic_id.b, y->source_topic_id.b, 16) == 0))
 		return t_diff("DescribedTopic.SourceTopicId");
+	if (!(x->started_by_pattern == y->started_by_pattern))
+		return t_diff("DescribedTopic.StartedByPattern");
 	if (!km_str_eq(x->state, y->state))
 		return t_diff("DescribedTopic.State");
 	if (x->partitions.count != y->partitions.count)
@@ -14991,8 +14997,9 @@ static void fill_km_mirror_state_partition_value(km_mirror_state_partition_value
 	m->writer_producer_epoch = (int16_t)(t_int(seq, 30000, INT64_C(-1)));
 	m->writer_start_offset = (int64_t)(t_int(seq, 1000000000, INT64_C(-1)) + ((int64_t)1 << 33));
 	t_uuid(&m->source_topic_id, seq);
+	m->started_by = (int8_t)(t_int(seq, 100, INT64_C(0)));
 	if (true && mode == 0)
-		t_unknown_tags(&m->unknown_tags, a, 4, 1003, seq);
+		t_unknown_tags(&m->unknown_tags, a, 5, 1004, seq);
 }
 
 static bool eq_km_mirror_state_partition_value(const km_mirror_state_partition_value *x, const km_mirror_state_partition_value *y)
@@ -15019,6 +15026,8 @@ static bool eq_km_mirror_state_partition_value(const km_mirror_state_partition_v
 		return t_diff("WriterStartOffset");
 	if (!(memcmp(x->source_topic_id.b, y->source_topic_id.b, 16) == 0))
 		return t_diff("SourceTopicId");
+	if (!(x->started_by == y->started_by))
+		return t_diff("StartedBy");
 	if (!t_tags_eq(&x->unknown_tags, &y->unknown_tags))
 		return t_diff("MirrorStatePartitionValue unknown tags");
 	return true;

@@ -85,8 +85,9 @@ static const cmd_info cmds[] = {
 	 "A planned failover: stop the topics once nothing is left to mirror, every partition's lag\n"
 	 "zero and no transaction open in it, as kmirrord last fetched the source. Waits up to --wait-ms\n"
 	 "(default 60000), printing what is still behind; then stops them as stop does. If they are still\n"
-	 "behind then, nothing is stopped and the partitions behind are named (exit 1); stop fails over\n"
-	 "at once. Quiesce the source's producers first. --dry-run prints what stop --dry-run prints."},
+	 "behind then, nothing is stopped and the partitions behind are named (exit 3; a refusal exits 1);\n"
+	 "stop fails over at once. Quiesce the source's producers first. --dry-run prints what stop\n"
+	 "--dry-run prints."},
 	{KM_CLI_CMD_REVERSE, "reverse", O_MIRROR | O_TOPICS | O_TOPICS_REGEX | O_WAIT | O_PEER,
 	 "reverse --mirror NAME (--topics A,B | --topics-regex RE) --peer-bootstrap HOST:PORT\n"
 	 "        --peer-mirror NAME2 [--wait-ms N]",

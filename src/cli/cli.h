@@ -15,6 +15,7 @@ enum {
 	KM_CLI_EXIT_OK = 0,
 	KM_CLI_EXIT_ERROR = 1, /* the server refused, or kmirrord could not be reached */
 	KM_CLI_EXIT_USAGE = 2, /* bad arguments or properties */
+	KM_CLI_EXIT_TIMEOUT = 3, /* a wait ran out (promote --wait-ms): nothing was done */
 };
 
 typedef enum {

@@ -582,10 +582,10 @@ static int wait_zero_lag(ctx *x, char *const *topics, size_t ntopics)
 		clock_gettime(CLOCK_MONOTONIC, &now);
 		waited = (int64_t)(now.tv_sec - t0.tv_sec) * 1000 + (now.tv_nsec - t0.tv_nsec) / 1000000;
 		if (waited >= a->wait_ms) {
-			km_cmd_say_err(x, "promote refused: %zu partition(s) still behind after %lld ms (%lld records): %s; nothing "
-				"was stopped (stop fails over at once, promote --wait-ms waits longer)", nbehind,
+			km_cmd_say_err(x, "promote timed out: %zu partition(s) still behind after %lld ms (%lld records): %s; "
+				"nothing was stopped (stop fails over at once, promote --wait-ms waits longer)", nbehind,
 				(long long)waited, (long long)records, behind);
-			return KM_CLI_EXIT_ERROR;
+			return KM_CLI_EXIT_TIMEOUT;
 		}
 		if (said < 0 || waited - said >= 5000) {
 			said = waited;

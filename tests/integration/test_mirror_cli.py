@@ -183,7 +183,7 @@ def test_mirror_lifecycle(kmirror_bin, cluster, source_cluster, proxy_factory, s
     t1d = next(t for t in m["topics"] if t["name"] == t1)
     assert [p["partition"] for p in t1d["partitions"]] == [0, 1, 2]
     assert set(t1d["partitions"][0]) == {"partition", "state", "state_change_time_ms", "source_log_end_offset",
-                                         "mirrored_offset", "lag", "skipped_records", "records_hidden", "last_error",
+                                         "mirrored_offset", "lag", "lag_time_ms", "skipped_records", "records_hidden", "last_error",
                                          "last_error_time_ms"}
     assert t1d["partitions"][0]["state_change_time_ms"] > 0
     # --topics narrows describe

@@ -58,6 +58,7 @@ def test_new_source_topics_follow_the_pattern(kmirror_bin, dest_cluster, source_
         assert started_by(cli, mirror) == {first: "pattern"}
     sync = {s["kind"]: s for s in described(cli_a, mirror)["metadata_sync"]}
     assert sync["topics"]["scope"] == f"include fol-{tag}-.*; exclude fol-{tag}-skip.*", sync["topics"]
+    assert sync["topics"]["changes_total"] == 1 and sync["topics"]["errors_total"] == 0, sync["topics"]
     text = cli_a.run("describe", "--mirror", mirror).stdout
     assert "Topics: 1 (1 started by mirror.topics.include)" in text, text
     # One kmirrord ran the start (the one running the mirror's sync).

@@ -63,7 +63,7 @@ def test_one_kmirrord_syncs_a_mirror(kmirror_bin, dest_cluster, source_cluster, 
 
     def owners():
         fa, fb = owner_flags(cli_a, mirror), owner_flags(cli_b, mirror)
-        if len(fa) != 4 or len(fb) != 4:
+        if len(fa) != 5 or len(fb) != 5:  # topics, configs, partitions, groups, acls
             return None
         assert len(set(fa.values())) == 1 and len(set(fb.values())) == 1, (fa, fb)
         return fa["configs"], fb["configs"]

@@ -1,4 +1,5 @@
 /* TLS contexts for client-facing listeners and upstream connections, and plain/TLS bufferevents behind one call. */
+#include <ctype.h>
 #include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -309,6 +310,43 @@ static int pem_password(char *buf, int size, int rwflag, void *u)
 	return (int)n;
 }
 
+/*
+ * Inline PEM as Kafka takes it, where a properties value joined by line continuations has each block on
+ * one line: every block's base64 on lines of its own, for OpenSSL. NULL: no memory. Free with
+ * OPENSSL_clear_free(out, strlen(in) * 2 + 1): it may hold a key.
+ */
+static char *pem_reflow(const char *in)
+{
+	size_t n = strlen(in);
+	char *out = malloc(n * 2 + 1), *o = out;
+	const char *p = in, *head, *body, *foot;
+
+	while (out && (head = strstr(p, "-----BEGIN ")) && (body = strstr(head + 11, "-----")) &&
+	       (foot = strstr(body + 5, "-----END ")) && (p = strstr(foot + 9, "-----"))) {
+		int col = 0;
+		body += 5;
+		p += 5;
+		memcpy(o, head, (size_t)(body - head));
+		o += body - head;
+		*o++ = '\n';
+		for (const char *q = body; q < foot; q++) {
+			if (isspace((unsigned char)*q))
+				continue;
+			*o++ = *q;
+			if (++col % 64 == 0)
+				*o++ = '\n';
+		}
+		if (col % 64)
+			*o++ = '\n';
+		memcpy(o, foot, (size_t)(p - foot));
+		o += p - foot;
+		*o++ = '\n';
+	}
+	if (out)
+		*o = 0;
+	return out;
+}
+
 /* A PEM store: a file, or inline certificates (and key); keystore: its key and first certificate apart. */
 static km_err load_pem(const km_net_tls_store *s, const char *what, bool keystore, store_content *c, char *err,
 		       size_t errlen)
@@ -316,6 +354,7 @@ static km_err load_pem(const km_net_tls_store *s, const char *what, bool keystor
 	unsigned char *buf = NULL;
 	size_t len = 0;
 	const char *certs = s->certificates, *key = s->key;
+	char *inline_certs = NULL, *inline_key = NULL;
 	km_err rc = KM_OK;
 
 	if (s->location) {
@@ -325,22 +364,30 @@ static km_err load_pem(const km_net_tls_store *s, const char *what, bool keystor
 	} else if (!certs || (keystore && !key)) {
 		return store_fail(err, errlen, "a PEM %s needs a file or its inline certificates%s", what,
 				  keystore ? " and key" : "");
+	} else if (!(inline_certs = pem_reflow(certs)) || (keystore && !(inline_key = pem_reflow(key)))) {
+		rc = store_fail(err, errlen, "out of memory");
+	} else {
+		certs = inline_certs;
+		key = inline_key;
 	}
-	if (!(c->certs = pem_certs(certs, strlen(certs))) || !sk_X509_num(c->certs))
+	if (rc == KM_OK && (!(c->certs = pem_certs(certs, strlen(certs))) || !sk_X509_num(c->certs)))
 		rc = store_fail(err, errlen, "the PEM %s %s holds no certificate", what, s->location ? s->location : "(inline)");
 	if (rc == KM_OK && keystore) {
 		BIO *b = BIO_new_mem_buf(key, -1);
 		c->cert = sk_X509_shift(c->certs);
 		if (!b || !(c->key = PEM_read_bio_PrivateKey(b, NULL, pem_password, (void *)s->key_password))) {
 			char why[256];
-			snprintf(err, errlen, "cannot read the private key of the PEM keystore %s (%s the key password?): %s",
-				 s->location ? s->location : "(inline)", s->key_password ? "wrong" : "no",
+			snprintf(err, errlen, "cannot read the private key of the PEM keystore %s (%s): %s",
+				 s->location ? s->location : "(inline)",
+				 s->key_password ? "wrong key password?" : "no key, or no key password given",
 				 km_net_tls_error(why, sizeof(why)));
 			rc = KM_ERR_CONFIG;
 		}
 		BIO_free(b);
 	}
 	OPENSSL_clear_free(buf, buf ? len + 1 : 0);
+	OPENSSL_clear_free(inline_certs, inline_certs ? strlen(s->certificates) * 2 + 1 : 0);
+	OPENSSL_clear_free(inline_key, inline_key ? strlen(s->key) * 2 + 1 : 0);
 	return rc;
 }
 

@@ -106,8 +106,8 @@ SSL_CTX *km_net_tls_client_ctx(const char *ca_file, const char *cert_file, const
 /* A Java client's trust or key store (Kafka's ssl.truststore.* and ssl.keystore.*): a file, or inline PEM. */
 typedef struct km_net_tls_store {
 	const char *location;     /* the store's file; NULL: the inline PEM below */
-	const char *type;         /* PKCS12 (also JKS, as Java 9+ reads a PKCS12 file of that type) or PEM; NULL: PKCS12 */
-	const char *password;     /* the store's password; NULL: none (a truststore then reads its plain certificates) */
+	const char *type;         /* PKCS12 (also JKS: Java 9+ reads PKCS12 files of that type) or PEM; NULL: PKCS12 */
+	const char *password;     /* NULL: none (a truststore then reads only its unencrypted certificates) */
 	const char *certificates; /* inline PEM: the trusted certificates, or the keystore's certificate chain */
 	const char *key;          /* inline PEM: the keystore's private key */
 	const char *key_password; /* the private key's; a PKCS12 store has one password, so it must match password */

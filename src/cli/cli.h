@@ -104,7 +104,7 @@ km_err km_cli_props_parse(const char *text, size_t len, km_cli_kvs *kv, char *er
 /* The same for a file; the error names the file. */
 km_err km_cli_props_load(const char *path, km_cli_kvs *kv, char *err, size_t errlen);
 
-/* A Java client's store as the properties give it (ssl.truststore.* or ssl.keystore.*, ssl.key.password); NULL: not given. */
+/* A Java client's store as the properties give it (ssl.truststore.*, or ssl.keystore.* and ssl.key.password). */
 typedef struct km_cli_store {
 	char *location, *type, *password;
 	char *certificates; /* inline PEM: ssl.truststore.certificates, ssl.keystore.certificate.chain */

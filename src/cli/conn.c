@@ -157,9 +157,10 @@ static bool use_stores(SSL_CTX *ctx, const km_cli_client *cl, char *why, size_t 
 	for (int i = 0; i < 2; i++) {
 		km_net_tls_store s = {st[i]->location, st[i]->type, st[i]->password, st[i]->certificates, st[i]->key,
 				      st[i]->key_password};
-		if (km_cli_store_given(st[i]) &&
-		    (i ? km_net_tls_use_keystore(ctx, &s, why, whylen) : km_net_tls_use_truststore(ctx, &s, why, whylen)) !=
-			    KM_OK)
+		if (!km_cli_store_given(st[i]))
+			continue;
+		if ((i ? km_net_tls_use_keystore(ctx, &s, why, whylen) : km_net_tls_use_truststore(ctx, &s, why, whylen)) !=
+		    KM_OK)
 			return false;
 	}
 	return true;

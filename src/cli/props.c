@@ -469,13 +469,15 @@ static km_err take_prop(km_cli_client *c, sasl_props *sp, const char **proto, co
 static km_err check_stores(const km_cli_client *c, char *err, size_t errlen)
 {
 	if (c->ca_file && km_cli_store_given(&c->truststore))
-		return cfg_fail(err, errlen, "ssl.ca.location and ssl.truststore.* both say which CAs to trust: keep one");
+		return cfg_fail(err, errlen,
+				"ssl.ca.location and ssl.truststore.* both say which CAs to trust: keep one");
 	if (c->cert_file && km_cli_store_given(&c->keystore))
-		return cfg_fail(err, errlen, "ssl.certificate.location and ssl.keystore.* are both a client certificate: "
-					     "keep one");
+		return cfg_fail(err, errlen,
+				"ssl.certificate.location and ssl.keystore.* are both a client certificate: keep one");
 	if (c->keystore.key_password && !km_cli_store_given(&c->keystore))
-		return cfg_fail(err, errlen, "ssl.key.password is the password of ssl.keystore.*'s key: with "
-					     "ssl.key.location use an unencrypted PEM key (openssl pkey -in KEY -out KEY.pem)");
+		return cfg_fail(err, errlen,
+				"ssl.key.password is the password of ssl.keystore.*'s key: with ssl.key.location use an "
+				"unencrypted PEM key (openssl pkey -in KEY -out KEY.pem)");
 	return KM_OK;
 }
 

@@ -164,7 +164,7 @@ static km_err store_fail(char *err, size_t errlen, const char *fmt, ...)
 	return KM_ERR_CONFIG;
 }
 
-/* What a store holds: a keystore's key and its certificate, and the other certificates (a chain, or the trusted ones). */
+/* What a store holds: a keystore's key and certificate, and the other certificates (a chain, or the trusted ones). */
 typedef struct store_content {
 	EVP_PKEY *key;
 	X509 *cert;
@@ -371,7 +371,8 @@ static km_err load_pem(const km_net_tls_store *s, const char *what, bool keystor
 		key = inline_key;
 	}
 	if (rc == KM_OK && (!(c->certs = pem_certs(certs, strlen(certs))) || !sk_X509_num(c->certs)))
-		rc = store_fail(err, errlen, "the PEM %s %s holds no certificate", what, s->location ? s->location : "(inline)");
+		rc = store_fail(err, errlen, "the PEM %s %s holds no certificate", what,
+				s->location ? s->location : "(inline)");
 	if (rc == KM_OK && keystore) {
 		BIO *b = BIO_new_mem_buf(key, -1);
 		c->cert = sk_X509_shift(c->certs);
@@ -420,7 +421,8 @@ static km_err load_pkcs12(const km_net_tls_store *s, const char *what, bool keys
 			 pass ? "" : " without a password", km_net_tls_error(why, sizeof(why)));
 		rc = KM_ERR_CONFIG;
 	} else if (!c->key || !c->cert) {
-		rc = store_fail(err, errlen, "the PKCS12 keystore %s holds no private key with its certificate", s->location);
+		rc = store_fail(err, errlen, "the PKCS12 keystore %s holds no private key with its certificate",
+				s->location);
 	}
 	PKCS12_free(p12);
 	return rc;

@@ -245,7 +245,8 @@ static void store_of(const km_net_tls_store *s, bool keystore, const char *err_w
 	km_err rc;
 
 	assert_non_null(ctx);
-	rc = keystore ? km_net_tls_use_keystore(ctx, s, err, sizeof(err)) : km_net_tls_use_truststore(ctx, s, err, sizeof(err));
+	rc = keystore ? km_net_tls_use_keystore(ctx, s, err, sizeof(err))
+		      : km_net_tls_use_truststore(ctx, s, err, sizeof(err));
 	SSL_CTX_free(ctx);
 	if (!err_want) {
 		if (rc != KM_OK)
@@ -272,7 +273,8 @@ static char *slurp(const char *path)
 static void test_tls_stores(void **state)
 {
 	char dir[] = "/tmp/km-stores-XXXXXX", cmd[1024], path[256], jks_hint[512];
-	char *jks = write_tmp("\xfe\xed\xfe\xed"), *junk = write_tmp("not a store"), *pem, *key, *one_line;
+	char *jks = write_tmp("\xfe\xed\xfe\xed"), *junk = write_tmp("not a store"), *pem, *key;
+	const char *one_line;
 	(void)state;
 
 	if (!km_test_make_cert(dir))
@@ -317,8 +319,8 @@ static void test_tls_stores(void **state)
 	store_of(&(km_net_tls_store){.type = "PEM", .certificates = one_line}, false, NULL);
 	store_of(&(km_net_tls_store){.type = "PEM", .certificates = one_line, .key = key}, true, NULL);
 	store_of(&(km_net_tls_store){.type = "PEM", .certificates = one_line}, true, "needs a file or its inline");
-	store_of(&(km_net_tls_store){.type = "PEM", .certificates = "-----BEGIN CERTIFICATE----- AAAA -----END CERTIFICATE-----"},
-		 false, "holds no certificate");
+	one_line = "-----BEGIN CERTIFICATE----- AAAA -----END CERTIFICATE-----";
+	store_of(&(km_net_tls_store){.type = "PEM", .certificates = one_line}, false, "holds no certificate");
 #undef IN
 	free(pem);
 	free(key);

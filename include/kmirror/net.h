@@ -102,6 +102,25 @@ SSL_CTX *km_net_tls_server_ctx(const char *cert_file, const char *key_file, cons
 /* Client context for upstream connections. ca_file NULL: system store. cert/key NULL: no client cert. */
 SSL_CTX *km_net_tls_client_ctx(const char *ca_file, const char *cert_file, const char *key_file, bool verify,
 			       char *err, size_t errlen);
+
+/* A Java client's trust or key store (Kafka's ssl.truststore.* and ssl.keystore.*): a file, or inline PEM. */
+typedef struct km_net_tls_store {
+	const char *location;     /* the store's file; NULL: the inline PEM below */
+	const char *type;         /* PKCS12 (also JKS: Java 9+ reads PKCS12 files of that type) or PEM; NULL: PKCS12 */
+	const char *password;     /* NULL: none (a truststore then reads only its unencrypted certificates) */
+	const char *certificates; /* inline PEM: the trusted certificates, or the keystore's certificate chain */
+	const char *key;          /* inline PEM: the keystore's private key */
+	const char *key_password; /* the private key's; a PKCS12 store has one password, so it must match password */
+} km_net_tls_store;
+
+/*
+ * The certificates of truststore s become ctx's CA store (in place of the system's or a CA file's).
+ * KM_ERR_CONFIG with one line in err naming the file: unreadable, a JKS or JCEKS store (and the
+ * keytool command that converts it), a wrong password, no certificates.
+ */
+km_err km_net_tls_use_truststore(SSL_CTX *ctx, const km_net_tls_store *s, char *err, size_t errlen);
+/* The private key, its certificate and their chain in keystore s become ctx's identity; errors as above. */
+km_err km_net_tls_use_keystore(SSL_CTX *ctx, const km_net_tls_store *s, char *err, size_t errlen);
 /*
  * Why a bufferevent failed, as one line for logs (its OpenSSL errors, or the socket error), and the
  * kind: KM_ERR_CLOSED (the peer closed, also a TLS peer without close_notify), KM_ERR_TLS, KM_ERR_IO.

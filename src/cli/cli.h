@@ -105,6 +105,13 @@ km_err km_cli_props_parse(const char *text, size_t len, km_cli_kvs *kv, char *er
 /* The same for a file; the error names the file. */
 km_err km_cli_props_load(const char *path, km_cli_kvs *kv, char *err, size_t errlen);
 
+/* A Java client's store as the properties give it (ssl.truststore.*, or ssl.keystore.* and ssl.key.password). */
+typedef struct km_cli_store {
+	char *location, *type, *password;
+	char *certificates; /* inline PEM: ssl.truststore.certificates, ssl.keystore.certificate.chain */
+	char *key, *key_password; /* ssl.keystore.key, ssl.key.password */
+} km_cli_store;
+
 /* How the CLI connects to kmirrord, from --command-config. Strings owned. */
 typedef struct km_cli_client {
 	bool tls;
@@ -114,6 +121,7 @@ typedef struct km_cli_client {
 	char *username;
 	char *password;
 	char *ca_file, *cert_file, *key_file;
+	km_cli_store truststore, keystore; /* used when a location or inline PEM is given */
 	char *client_id;
 } km_cli_client;
 
@@ -131,6 +139,8 @@ km_err km_cli_jaas_parse(const char *jaas, char **username, char **password, con
 km_err km_cli_client_from_props(const km_cli_kvs *kv, km_cli_client *c, char *err, size_t errlen, char *warn,
 				size_t warnlen);
 void km_cli_client_free(km_cli_client *c);
+/* The store has a file or inline PEM (a password or type alone is not a store). */
+bool km_cli_store_given(const km_cli_store *s);
 
 /* ---- output ---- */
 

@@ -450,7 +450,7 @@ static int cmd_list(ctx *x)
 
 /* ---- run ---- */
 
-/* A missing or unreadable PEM file is a mistake in the properties: say which property, before connecting. */
+/* A missing or unreadable TLS file is a mistake in the properties: say which property, before connecting. */
 static bool tls_files_readable(const km_cli_client *cl, const char *props, FILE *errf)
 {
 	const struct {
@@ -459,6 +459,8 @@ static bool tls_files_readable(const km_cli_client *cl, const char *props, FILE 
 		{"ssl.ca.location", cl->ca_file},
 		{"ssl.certificate.location", cl->cert_file},
 		{"ssl.key.location", cl->key_file},
+		{"ssl.truststore.location", cl->truststore.location},
+		{"ssl.keystore.location", cl->keystore.location},
 	};
 	for (size_t i = 0; i < sizeof(files) / sizeof(files[0]); i++) {
 		FILE *f;

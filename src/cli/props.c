@@ -1,6 +1,7 @@
 /* kmirror CLI properties: Java .properties files, sasl.jaas.config, and Kafka tool client properties to connection settings. */
 #include <ctype.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -345,10 +346,6 @@ static const struct {
 	const char *prefix;
 	const char *instead;
 } java_only[] = {
-	{"ssl.truststore.", "ssl.ca.location=FILE.pem (export the CA with keytool -exportcert -rfc)"},
-	{"ssl.keystore.", "ssl.certificate.location=FILE.pem and ssl.key.location=FILE.pem "
-			  "(convert the keystore with openssl pkcs12)"},
-	{"ssl.key.password", "an unencrypted PEM key in ssl.key.location (openssl pkey -in KEY -out KEY.pem)"},
 	{"sasl.login.callback.handler.class", "sasl.jaas.config with username and password"},
 	{"sasl.client.callback.handler.class", "sasl.jaas.config with username and password"},
 	{"sasl.kerberos.", "SASL PLAIN or SCRAM (GSSAPI is not supported)"},
@@ -358,8 +355,52 @@ static const struct {
 /* Properties Kafka's tools commonly carry that have no meaning for kmirror; silently ignored. */
 static const char *const harmless[] = {
 	"request.timeout.ms", "default.api.timeout.ms", "retries", "retry.backoff.ms", "client.dns.lookup",
-	"ssl.protocol", "ssl.enabled.protocols", "ssl.cipher.suites", "metadata.max.age.ms", NULL,
+	"ssl.protocol", "ssl.enabled.protocols", "ssl.cipher.suites", "metadata.max.age.ms",
+	"ssl.keymanager.algorithm", "ssl.trustmanager.algorithm", NULL,
 };
+
+/* Kafka's Java store properties, each a field of the client's truststore or keystore. */
+static const struct {
+	const char *name;
+	bool keystore;
+	size_t field;
+} store_props[] = {
+	{"ssl.truststore.location", false, offsetof(km_cli_store, location)},
+	{"ssl.truststore.type", false, offsetof(km_cli_store, type)},
+	{"ssl.truststore.password", false, offsetof(km_cli_store, password)},
+	{"ssl.truststore.certificates", false, offsetof(km_cli_store, certificates)},
+	{"ssl.keystore.location", true, offsetof(km_cli_store, location)},
+	{"ssl.keystore.type", true, offsetof(km_cli_store, type)},
+	{"ssl.keystore.password", true, offsetof(km_cli_store, password)},
+	{"ssl.keystore.certificate.chain", true, offsetof(km_cli_store, certificates)},
+	{"ssl.keystore.key", true, offsetof(km_cli_store, key)},
+	{"ssl.key.password", true, offsetof(km_cli_store, key_password)},
+};
+
+/* The field of c that store property k sets; NULL: not one. */
+static char **store_field(km_cli_client *c, const char *k)
+{
+	for (size_t i = 0; i < sizeof(store_props) / sizeof(store_props[0]); i++)
+		if (!strcmp(k, store_props[i].name))
+			return (char **)((char *)(store_props[i].keystore ? &c->keystore : &c->truststore) +
+					 store_props[i].field);
+	return NULL;
+}
+
+bool km_cli_store_given(const km_cli_store *s)
+{
+	return s->location || s->certificates || s->key;
+}
+
+static void store_free(km_cli_store *s)
+{
+	free(s->location);
+	free(s->type);
+	free_secret(s->password);
+	free(s->certificates);
+	free_secret(s->key);
+	free_secret(s->key_password);
+}
 
 static char *dup_or_null(const char *s)
 {
@@ -378,6 +419,8 @@ typedef struct sasl_props {
 static km_err take_prop(km_cli_client *c, sasl_props *sp, const char **proto, const char *k, const char *v,
 			bool *known, char *err, size_t errlen)
 {
+	char **field = store_field(c, k);
+
 	*known = true;
 	for (size_t j = 0; j < sizeof(java_only) / sizeof(java_only[0]); j++)
 		if (!strncmp(k, java_only[j].prefix, strlen(java_only[j].prefix)))
@@ -393,7 +436,11 @@ static km_err take_prop(km_cli_client *c, sasl_props *sp, const char **proto, co
 		sp->user = v;
 	else if (!strcmp(k, "sasl.password"))
 		sp->pass = v;
-	else if (!strcmp(k, "ssl.ca.location"))
+	else if (field) {
+		free_secret(*field);
+		if (!(*field = strdup(v)))
+			return cfg_fail(err, errlen, "out of memory");
+	} else if (!strcmp(k, "ssl.ca.location"))
 		c->ca_file = strdup(v);
 	else if (!strcmp(k, "ssl.certificate.location"))
 		c->cert_file = strdup(v);
@@ -415,6 +462,22 @@ static km_err take_prop(km_cli_client *c, sasl_props *sp, const char **proto, co
 			if (!strcmp(k, harmless[j]))
 				*known = true;
 	}
+	return KM_OK;
+}
+
+/* The Java stores do not mix with the PEM files of the same role. */
+static km_err check_stores(const km_cli_client *c, char *err, size_t errlen)
+{
+	if (c->ca_file && km_cli_store_given(&c->truststore))
+		return cfg_fail(err, errlen,
+				"ssl.ca.location and ssl.truststore.* both say which CAs to trust: keep one");
+	if (c->cert_file && km_cli_store_given(&c->keystore))
+		return cfg_fail(err, errlen,
+				"ssl.certificate.location and ssl.keystore.* are both a client certificate: keep one");
+	if (c->keystore.key_password && !km_cli_store_given(&c->keystore))
+		return cfg_fail(err, errlen,
+				"ssl.key.password is the password of ssl.keystore.*'s key: with ssl.key.location use an "
+				"unencrypted PEM key (openssl pkey -in KEY -out KEY.pem)");
 	return KM_OK;
 }
 
@@ -493,6 +556,8 @@ km_err km_cli_client_from_props(const km_cli_kvs *kv, km_cli_client *c, char *er
 		rc = take_protocol(c, proto, err, errlen);
 	if (rc == KM_OK && (c->cert_file != NULL) != (c->key_file != NULL))
 		rc = cfg_fail(err, errlen, "ssl.certificate.location and ssl.key.location go together");
+	if (rc == KM_OK)
+		rc = check_stores(c, err, errlen);
 	if (rc == KM_OK && !c->sasl && (sp.mech || sp.jaas || sp.user || sp.pass))
 		rc = cfg_fail(err, errlen, "sasl.* properties need security.protocol SASL_PLAINTEXT or SASL_SSL (it is %s)",
 			      proto);
@@ -511,6 +576,8 @@ void km_cli_client_free(km_cli_client *c)
 	free(c->ca_file);
 	free(c->cert_file);
 	free(c->key_file);
+	store_free(&c->truststore);
+	store_free(&c->keystore);
 	free(c->client_id);
 	memset(c, 0, sizeof(*c));
 }

@@ -2,11 +2,14 @@
 PLAIN, Kafka tool properties with a JAAS line) through kmirrord to the destination's SASL listener,
 where the destination's ACLs decide each mirror RPC as the CLI's principal; wrong passwords; and
 kmirrord's client-facing TLS (security.protocol=SSL and SASL_SSL with ssl.ca.location, hostname
-verification, the Java-only properties refused with what to use instead)."""
+verification, properties kmirror does not take refused with what to use instead); and Java's PKCS12
+trust and key stores made with keytool (ssl.truststore.*, ssl.keystore.*), JKS refused with the
+command that converts it."""
 
 import contextlib
 import os
 import shutil
+import socket
 import subprocess
 import time
 import uuid
@@ -371,17 +374,18 @@ def test_tls_command_config(kmirror_bin, proxy_factory, dest_cluster, source_clu
     one_line_error(r, f"cannot connect to {q.bootstrap}", "TLS handshake", "not a TLS listener?")
     assert time.monotonic() - t0 < 10
 
-    # Java-only properties: refused before connecting, naming what to use instead.
-    for lines, instead in (
-            (["security.protocol=SSL", "ssl.truststore.location=/etc/kafka/truststore.jks",
-              "ssl.truststore.password=changeit"], "ssl.ca.location"),
+    # Properties kmirror does not take, or not together: refused before connecting, naming what to use instead.
+    for lines, needles in (
+            (["security.protocol=SSL", "sasl.kerberos.service.name=kafka"],
+             ("Java client property", "GSSAPI is not supported")),
             (["security.protocol=SSL", f"ssl.ca.location={certs['ca']}",
-              "ssl.keystore.location=/etc/kafka/client.jks"], "ssl.certificate.location"),
-            (["security.protocol=SSL", "ssl.key.password=secret-key-pw"], "unencrypted PEM key")):
+              "ssl.truststore.location=/etc/kafka/truststore.p12", "ssl.truststore.password=changeit"],
+             ("ssl.ca.location and ssl.truststore.*", "keep one")),
+            (["security.protocol=SSL", "ssl.key.password=secret-key-pw"], ("unencrypted PEM key",))):
         cli = SecureCli(kmirror_bin, p.bootstrap, write_props(tmp_path, lines))
         r = cli.run("list", expect=2)
         err = r.stderr.strip().splitlines()
-        assert len(err) == 1 and instead in err[0] and "Java client property" in err[0], r.stderr
+        assert len(err) == 1 and all(n in err[0] for n in needles), r.stderr
         assert "changeit" not in r.stderr and "secret-key-pw" not in r.stderr
 
 
@@ -398,6 +402,81 @@ def test_tls_hostname_verification(kmirror_bin, proxy_factory, dest_cluster, cer
                                              "ssl.endpoint.identification.algorithm="]))
     doc, _ = loose.json("list")
     assert "mirrors" in doc
+
+
+# ---- Java key and trust stores, made with keytool ----------------------------------------------
+
+def _keytool(*args, cwd):
+    subprocess.run(["keytool", *args], cwd=cwd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+
+@pytest.fixture(scope="module")
+def stores(certs):
+    """keytool's stores around the test CA: a PKCS12 truststore by -importcert (a certificate bag
+    with Java's trusted-key-usage attribute and no key), the same as JKS, one whose certificates
+    are neither encrypted nor MACed (read without a password), and a PKCS12 client keystore whose
+    key's certificate the CA signed."""
+    if not shutil.which("keytool"):
+        pytest.skip("no keytool")
+    d = os.path.dirname(certs["ca"])
+    pw = ("-storepass", "changeit")
+    plain = ("-J-Dkeystore.pkcs12.certProtectionAlgorithm=NONE", "-J-Dkeystore.pkcs12.macAlgorithm=NONE")
+    for name, kind, extra in (("trust.p12", "PKCS12", ()), ("trust.jks", "JKS", ()),
+                              ("trust-plain.p12", "PKCS12", plain)):
+        _keytool("-importcert", "-noprompt", "-alias", "ca", "-file", certs["ca"], "-keystore", name,
+                 "-storetype", kind, *pw, *extra, cwd=d)
+    ks = ("-keystore", "client.p12", "-storetype", "PKCS12", *pw)
+    _keytool("-genkeypair", "-alias", "client", "-keyalg", "RSA", "-keysize", "2048", "-dname", "CN=kmirror-cli",
+             "-validity", "2", *ks, cwd=d)
+    _keytool("-certreq", "-alias", "client", "-file", "client.csr", *ks, cwd=d)
+    _openssl("x509", "-req", "-in", "client.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
+             "-out", "client.pem", "-days", "2", cwd=d)
+    _keytool("-importcert", "-noprompt", "-alias", "ca", "-file", "ca.pem", *ks, cwd=d)
+    _keytool("-importcert", "-alias", "client", "-file", "client.pem", *ks, cwd=d)
+    return {k: os.path.join(d, k) for k in ("trust.p12", "trust.jks", "trust-plain.p12", "client.p12")}
+
+
+def test_java_stores(kmirror_bin, proxy_factory, dest_cluster, certs, stores, tmp_path):
+    """A Kafka client.properties with keytool's PKCS12 stores: the truststore's CA (no
+    ssl.ca.location; the system store does not know it) verifies kmirrord, the keystore's key and
+    certificate pass its tls_client_auth=required. A JKS store is refused with the keytool command
+    that converts it, before any connection; a wrong password is refused naming the file."""
+    p = tls_proxy(proxy_factory, dest_cluster, certs, tls_ca_file=certs["ca"], tls_client_auth="required")
+    trust = ["security.protocol=SSL", f"ssl.truststore.location={stores['trust.p12']}", "ssl.truststore.type=PKCS12",
+             "ssl.truststore.password=changeit"]
+    keys = [f"ssl.keystore.location={stores['client.p12']}", "ssl.keystore.type=PKCS12",
+            "ssl.keystore.password=changeit", "ssl.key.password=changeit"]
+
+    def cli(lines, bootstrap=p.bootstrap):
+        return SecureCli(kmirror_bin, bootstrap, write_props(tmp_path, lines))
+
+    doc, _ = cli(trust + keys).json("list")
+    assert "mirrors" in doc
+    # A truststore given without its password: its certificates are read when they are not encrypted.
+    doc, _ = cli(["security.protocol=SSL", f"ssl.truststore.location={stores['trust-plain.p12']}", *keys]).json("list")
+    assert "mirrors" in doc
+    # kmirrord asks for a certificate: without the keystore the same connection fails.
+    one_line_error(cli(trust).run("list", expect=None), f"cannot connect to {p.bootstrap}")
+
+    # Refused while the TLS context is set up, so the same with an address where nothing listens.
+    with socket.socket() as s:
+        s.bind((PROXY_HOST, 0))
+        nowhere = f"{PROXY_HOST}:{s.getsockname()[1]}"
+    jks = stores["trust.jks"]
+    for bootstrap in (p.bootstrap, nowhere):
+        line = one_line_error(cli(["security.protocol=SSL", f"ssl.truststore.location={jks}",
+                                   "ssl.truststore.password=changeit", *keys], bootstrap).run("list", expect=None),
+                              f"the truststore {jks} is a JKS keystore",
+                              f"keytool -importkeystore -srckeystore {jks} -destkeystore {jks[:-4]}.p12 "
+                              "-deststoretype PKCS12")
+        assert "cannot connect" not in line and "changeit" not in line
+    for lines, store in ((["security.protocol=SSL", f"ssl.truststore.location={stores['trust.p12']}",
+                           "ssl.truststore.password=wrong-pw", *keys], f"PKCS12 truststore {stores['trust.p12']}"),
+                         ([*trust, f"ssl.keystore.location={stores['client.p12']}", "ssl.keystore.password=wrong-pw"],
+                          f"PKCS12 keystore {stores['client.p12']}")):
+        line = one_line_error(cli(lines).run("list", expect=None), f"cannot open the {store}: wrong password? "
+                              "(mac verify failure)")
+        assert "wrong-pw" not in line
 
 
 @pytest.fixture

@@ -9,6 +9,9 @@
 #include <cmocka.h>
 
 #include "cli/cli.h"
+#include "kmirror/net.h"
+#include "tls_cert.h"
+#include "unit_tmpfile.h"
 
 static km_cli_kvs parse_ok(const char *text)
 {
@@ -189,8 +192,28 @@ static void test_client_props(void **state)
 	assert_string_equal(c.password, "p");
 	km_cli_client_free(&c);
 
-	client_of("security.protocol=SSL\nssl.truststore.location=/x.jks\n", &c, "use ssl.ca.location=FILE.pem");
-	client_of("security.protocol=SSL\nssl.keystore.location=/x.jks\n", &c, "ssl.certificate.location=FILE.pem");
+	/* Java's stores: each property into its store; they do not mix with the PEM files of the same role. */
+	client_of("security.protocol=SSL\nssl.truststore.location=/t.p12\nssl.truststore.type=PKCS12\n"
+		  "ssl.truststore.password=tp\nssl.keystore.location=/k.p12\nssl.keystore.password=kp\n"
+		  "ssl.key.password=kp\nssl.keymanager.algorithm=PKIX\n",
+		  &c, NULL);
+	assert_string_equal(c.truststore.location, "/t.p12");
+	assert_string_equal(c.truststore.type, "PKCS12");
+	assert_string_equal(c.truststore.password, "tp");
+	assert_string_equal(c.keystore.location, "/k.p12");
+	assert_string_equal(c.keystore.password, "kp");
+	assert_string_equal(c.keystore.key_password, "kp");
+	assert_null(c.keystore.type);
+	assert_null(c.ca_file);
+	km_cli_client_free(&c);
+	client_of("security.protocol=SSL\nssl.truststore.type=PEM\nssl.truststore.certificates=-----BEGIN\n", &c, NULL);
+	assert_true(km_cli_store_given(&c.truststore));
+	assert_false(km_cli_store_given(&c.keystore));
+	km_cli_client_free(&c);
+	client_of("security.protocol=SSL\nssl.truststore.location=/x.p12\nssl.ca.location=/ca.pem\n", &c, "keep one");
+	client_of("security.protocol=SSL\nssl.keystore.location=/x.p12\nssl.certificate.location=/c.pem\n"
+		  "ssl.key.location=/k.pem\n",
+		  &c, "keep one");
 	client_of("security.protocol=SSL\nssl.key.password=x\n", &c, "unencrypted PEM key");
 	client_of("security.protocol=SSL\nssl.certificate.location=/c.pem\n", &c, "go together");
 	client_of("security.protocol=SASL_PLAINTEXT\nsasl.mechanism=GSSAPI\nsasl.username=u\nsasl.password=p\n", &c,
@@ -214,6 +237,100 @@ static void test_client_props(void **state)
 	km_cli_kvs_free(&kv);
 }
 
+/* A store of s into a fresh client context: KM_OK, or the error containing err_want. */
+static void store_of(const km_net_tls_store *s, bool keystore, const char *err_want)
+{
+	SSL_CTX *ctx = km_net_tls_client_ctx(NULL, NULL, NULL, true, NULL, 0);
+	char err[512] = "";
+	km_err rc;
+
+	assert_non_null(ctx);
+	rc = keystore ? km_net_tls_use_keystore(ctx, s, err, sizeof(err))
+		      : km_net_tls_use_truststore(ctx, s, err, sizeof(err));
+	SSL_CTX_free(ctx);
+	if (!err_want) {
+		if (rc != KM_OK)
+			fail_msg("unexpected error: %s", err);
+		return;
+	}
+	assert_int_equal(rc, KM_ERR_CONFIG);
+	if (!strstr(err, err_want))
+		fail_msg("error '%s' does not contain '%s'", err, err_want);
+}
+
+static char *slurp(const char *path)
+{
+	FILE *f = fopen(path, "r");
+	char *buf = calloc(1, 65536);
+	assert_non_null(f);
+	assert_non_null(buf);
+	assert_true(fread(buf, 1, 65535, f) > 0);
+	fclose(f);
+	return buf;
+}
+
+/* The store formats the net layer tells apart, and what it says of each mistake. */
+static void test_tls_stores(void **state)
+{
+	char dir[] = "/tmp/km-stores-XXXXXX", cmd[1024], path[256], jks_hint[512];
+	char *jks = write_tmp("\xfe\xed\xfe\xed"), *junk = write_tmp("not a store"), *pem, *key;
+	const char *one_line;
+	(void)state;
+
+	if (!km_test_make_cert(dir))
+		skip();
+	/* A PKCS12 store as openssl pkcs12 -export makes it, and a key with its certificate in one PEM file. */
+	snprintf(cmd, sizeof(cmd),
+		 "cd %s && openssl pkcs12 -export -in cert.pem -inkey key.pem -passout pass:changeit -out ks.p12 && "
+		 "cat key.pem cert.pem >ks.pem && openssl pkey -in key.pem -aes256 -passout pass:kpw -out enc.pem && "
+		 "cat enc.pem cert.pem >ks-enc.pem",
+		 dir);
+	assert_int_equal(system(cmd), 0);
+#define IN(name) (snprintf(path, sizeof(path), "%s/%s", dir, name), path)
+	store_of(&(km_net_tls_store){.location = IN("ks.p12"), .password = "changeit"}, true, NULL);
+	store_of(&(km_net_tls_store){.location = IN("ks.p12"), .type = "pkcs12", .password = "changeit"}, false, NULL);
+	store_of(&(km_net_tls_store){.location = IN("ks.p12"), .password = "nope"}, false,
+		 "cannot open the PKCS12 truststore");
+	store_of(&(km_net_tls_store){.location = IN("ks.p12"), .password = "nope"}, true,
+		 "wrong password? (mac verify failure)");
+	store_of(&(km_net_tls_store){.location = IN("ks.p12"), .password = "changeit", .key_password = "other"}, true,
+		 "a PKCS12 store has one password");
+	store_of(&(km_net_tls_store){.location = IN("cert.pem"), .password = "x"}, false, "set its type to PEM");
+	store_of(&(km_net_tls_store){.location = IN("cert.pem"), .type = "PEM"}, false, NULL);
+	store_of(&(km_net_tls_store){.location = IN("cert.pem"), .type = "PEM"}, true, "private key of the PEM keystore");
+	store_of(&(km_net_tls_store){.location = IN("ks.pem"), .type = "PEM"}, true, NULL);
+	store_of(&(km_net_tls_store){.location = IN("ks-enc.pem"), .type = "PEM", .key_password = "kpw"}, true, NULL);
+	store_of(&(km_net_tls_store){.location = IN("ks-enc.pem"), .type = "PEM", .key_password = "bad"}, true,
+		 "(wrong key password?)");
+	store_of(&(km_net_tls_store){.location = IN("nope.p12")}, false, "cannot read the truststore");
+	store_of(&(km_net_tls_store){.location = IN("ks.p12"), .type = "BCFKS"}, false, "type 'BCFKS' is not supported");
+	snprintf(jks_hint, sizeof(jks_hint), "-srckeystore %s -destkeystore %s.p12 -deststoretype PKCS12", jks, jks);
+	store_of(&(km_net_tls_store){.location = jks, .type = "JKS", .password = "changeit"}, false, "is a JKS keystore");
+	store_of(&(km_net_tls_store){.location = jks}, true, jks_hint);
+	store_of(&(km_net_tls_store){.location = junk}, false, "is not a PKCS12 file");
+
+	/* Inline PEM as a properties value joined by continuations has it: a block on one line. */
+	pem = slurp(IN("cert.pem"));
+	key = slurp(IN("key.pem"));
+	for (char *p = pem; *p; p++)
+		if (*p == '\n')
+			*p = ' ';
+	one_line = pem;
+	store_of(&(km_net_tls_store){.type = "PEM", .certificates = one_line}, false, NULL);
+	store_of(&(km_net_tls_store){.type = "PEM", .certificates = one_line, .key = key}, true, NULL);
+	store_of(&(km_net_tls_store){.type = "PEM", .certificates = one_line}, true, "needs a file or its inline");
+	one_line = "-----BEGIN CERTIFICATE----- AAAA -----END CERTIFICATE-----";
+	store_of(&(km_net_tls_store){.type = "PEM", .certificates = one_line}, false, "holds no certificate");
+#undef IN
+	free(pem);
+	free(key);
+	unlink(jks);
+	unlink(junk);
+	free(jks);
+	free(junk);
+	km_test_remove_cert(dir);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -221,6 +338,7 @@ int main(void)
 		cmocka_unit_test(test_properties_errors),
 		cmocka_unit_test(test_jaas),
 		cmocka_unit_test(test_client_props),
+		cmocka_unit_test(test_tls_stores),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

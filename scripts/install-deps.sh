@@ -10,6 +10,9 @@ DEBIAN_PACKAGES=(
 	openjdk-17-jdk-headless maven
 	python3 python3-pip python3-venv
 	kcat openssl procps iproute2 valgrind curl tcpdump groff-base
+	# tests/integration/test_packaging.py: systemd-analyze (verify and security --offline, no
+	# systemd as PID 1 needed), man for the man pages' warnings, PyYAML for docker-compose.yml.
+	systemd man-db python3-yaml
 )
 PYTHON_PACKAGES=(pytest confluent-kafka)
 

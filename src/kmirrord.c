@@ -67,7 +67,8 @@ static void usage(FILE *out)
 		"  --http-listen HOST:PORT   /metrics, /readyz, /healthz, /admin/upstream (http_listen)\n"
 		"  --admin-listen HOST:PORT  /admin/upstream there only, not on http_listen (admin_listen)\n"
 		"  --log-level LEVEL         error, warn, info, debug, trace (log_level)\n"
-		"  --check-config            validate the configuration and exit (0 when valid)\n"
+		"  --check-config            validate the configuration and the files it names, and exit (0 when\n"
+		"                            valid; a warning for what is likely wrong)\n"
 		"  --print-config            print the effective configuration as a config file and exit\n"
 		"  --config-doc              print the option table (Markdown) and exit\n"
 		"  --version                 print the version and exit\n"
@@ -140,6 +141,25 @@ static void warn_secret_flags(const daemon_ctx *d)
 			KM_WARN("main", 0, "%s given on the command line is visible to every user of this host in the "
 				"process list: set it in the config file instead", o->name);
 	}
+}
+
+/* --check-config, after the configuration itself was valid: the files it names, then what is likely wrong. */
+static int check_config(km_config *cfg)
+{
+	char out[8192];
+	int rc = 0;
+
+	if (km_config_check_files(cfg, out, sizeof(out)) > 0) {
+		fprintf(stderr, "kmirrord: invalid configuration: cannot use these files (run --check-config as the "
+				"user kmirrord runs as):\n%s\n", out);
+		rc = 2;
+	} else {
+		if (km_config_loopback_warning(cfg, out, sizeof(out)))
+			fprintf(stderr, "kmirrord: warning: %s\n", out);
+		printf("configuration ok\n");
+	}
+	km_config_free(cfg);
+	return rc;
 }
 
 static void drained(void *arg)
@@ -453,16 +473,17 @@ int main(int argc, char **argv)
 		fprintf(stderr, "kmirrord: invalid configuration: %s\n", err);
 		return 2;
 	}
-	if (cl.check_only || cl.print_only) {
-		if (cl.print_only)
-			km_opt_write_values(km_config_table(), &d.cfg, stdout);
-		else
-			printf("configuration ok\n");
+	if (cl.print_only) {
+		km_opt_write_values(km_config_table(), &d.cfg, stdout);
 		km_config_free(&d.cfg);
 		return 0;
 	}
+	if (cl.check_only)
+		return check_config(&d.cfg);
 	km_log_set_level((km_log_level)d.cfg.log_level);
 	warn_secret_flags(&d);
+	if (km_config_loopback_warning(&d.cfg, err, sizeof(err)))
+		KM_WARN("main", 0, "%s", err);
 	signal(SIGPIPE, SIG_IGN);
 	d.base = event_base_new();
 	if (!d.base || !make_metrics(&d)) {

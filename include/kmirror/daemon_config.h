@@ -128,6 +128,19 @@ km_err km_config_check_reload(const km_config *cur, const km_config *next, char 
 	__attribute__((warn_unused_result));
 
 /*
+ * For --check-config: opens every file and directory the options name (TLS certificates, keys and
+ * CA bundles, the admin token, secret files, mirror_file_dir; upstream_file's directory must be
+ * writable, the file itself may be absent). Returns how many cannot be used; out holds one line
+ * each, "option path: why" (the system's error text).
+ */
+int km_config_check_files(const km_config *cfg, char *out, size_t outlen);
+/*
+ * Whether advertised_host is a loopback address (localhost, 127.x, ::1) while listen is not: then
+ * clients on other hosts are sent to themselves. true with the warning in buf.
+ */
+bool km_config_loopback_warning(const km_config *cfg, char *buf, size_t len);
+
+/*
  * The upstream swap's persistence (docs/proxy.md, "Upstream swap"). The file holds one line,
  * "upstream = HOST:PORT,...". apply: when cfg->upstream_file names a file that exists, its upstream
  * replaces cfg's (a missing file is no error: no swap yet). write: the list replaces the file's

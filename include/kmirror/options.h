@@ -19,7 +19,7 @@ typedef enum {
 	KM_OPT_STRING,        /* char *, owned, NULL when empty */
 	KM_OPT_INT,           /* int64_t, within [min, max] */
 	KM_OPT_BOOL,          /* bool: true/false, yes/no, on/off, 1/0 */
-	KM_OPT_HOSTPORT,      /* km_hostport; empty text: all zero */
+	KM_OPT_HOSTPORT,      /* km_hostport, a listener's; empty text: all zero; ":PORT": 0.0.0.0:PORT */
 	KM_OPT_HOSTPORT_LIST, /* km_hostport[max], with an int count at count_offset */
 	KM_OPT_ENUM,          /* int64_t index into choices->names */
 } km_opt_type;

@@ -1,11 +1,15 @@
 /* kmirrord configuration: the option table of km_config, and the cross-option rules the engine cannot know. */
+#include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
 #include <libgen.h>
+#include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "kmirror/daemon_config.h"
@@ -399,6 +403,105 @@ km_err km_config_check_reload(const km_config *cur, const km_config *next, char 
 	if (rc != KM_OK)
 		return rc;
 	return km_opt_check_reload(&table, cur, next, err, errlen);
+}
+
+/* ---- --check-config: the files the options name, and what is valid but likely wrong ---- */
+
+/* How kmirrord uses a path: reads the file, reads the directory, or writes a file there (and reads it back). */
+typedef enum { PATH_FILE, PATH_DIR, PATH_WRITTEN } path_use;
+
+static const struct {
+	const char *option;
+	path_use use;
+} path_options[] = {
+	{"admin_tls_cert_file", PATH_FILE},    {"admin_tls_key_file", PATH_FILE},
+	{"admin_token_file", PATH_FILE},       {"upstream_file", PATH_WRITTEN},
+	{"tls_cert_file", PATH_FILE},          {"tls_key_file", PATH_FILE},
+	{"tls_ca_file", PATH_FILE},            {"upstream_tls_ca_file", PATH_FILE},
+	{"upstream_tls_cert_file", PATH_FILE}, {"upstream_tls_key_file", PATH_FILE},
+	{"upstream_sasl_password_file", PATH_FILE}, {"mirror_secret_key_file", PATH_FILE},
+	{"mirror_file_dir", PATH_DIR},
+};
+
+/* Why path cannot be used as use says, into why; false when it can. */
+static bool path_problem(const char *path, path_use use, char *why, size_t len)
+{
+	struct stat st;
+	char dir[4096];
+	int fd;
+
+	if (use == PATH_WRITTEN) {
+		/* Written by a swap (a temporary file beside it, then a rename); absent until the first one. */
+		snprintf(dir, sizeof(dir), "%s", path);
+		if (access(dirname(dir), W_OK | X_OK) != 0) {
+			snprintf(why, len, "its directory %s: %s (a swap writes the file there)", dir, strerror(errno));
+			return true;
+		}
+		if (access(path, F_OK) != 0 && errno == ENOENT)
+			return false;
+	}
+	fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK | (use == PATH_DIR ? O_DIRECTORY : 0));
+	if (fd < 0) {
+		snprintf(why, len, "%s", strerror(errno));
+		return true;
+	}
+	if (use != PATH_DIR && fstat(fd, &st) == 0 && S_ISDIR(st.st_mode)) {
+		snprintf(why, len, "is a directory, not a file");
+		close(fd);
+		return true;
+	}
+	close(fd);
+	return false;
+}
+
+int km_config_check_files(const km_config *cfg, char *out, size_t outlen)
+{
+	size_t n = 0;
+	int problems = 0;
+
+	if (outlen)
+		out[0] = '\0';
+	for (size_t i = 0; i < sizeof(path_options) / sizeof(path_options[0]); i++) {
+		const km_option *o = km_opt_find(&table, path_options[i].option);
+		const char *path = *(char *const *)((const char *)cfg + o->offset);
+		char why[4200];
+		if (!path || !path_problem(path, path_options[i].use, why, sizeof(why)))
+			continue;
+		problems++;
+		if (n < outlen)
+			n += (size_t)snprintf(out + n, outlen - n, "%s%s %s: %s", n ? "\n" : "", o->name, path, why);
+	}
+	return problems;
+}
+
+/* localhost, 127.0.0.0/8, ::1 (and ::ffff:127.x): the host itself, whoever resolves it. */
+static bool loopback_host(const char *host)
+{
+	struct in_addr a4;
+	struct in6_addr a6;
+	size_t len = strlen(host);
+
+	if (!strcasecmp(host, "localhost") || (len > 10 && !strcasecmp(host + len - 10, ".localhost")))
+		return true;
+	if (inet_pton(AF_INET, host, &a4) == 1)
+		return (ntohl(a4.s_addr) >> 24) == 127;
+	if (inet_pton(AF_INET6, host, &a6) == 1)
+		return IN6_IS_ADDR_LOOPBACK(&a6) || (IN6_IS_ADDR_V4MAPPED(&a6) && a6.s6_addr[12] == 127);
+	return false;
+}
+
+bool km_config_loopback_warning(const km_config *cfg, char *buf, size_t len)
+{
+	char listen[300];
+
+	if (!cfg->advertised_host || !loopback_host(cfg->advertised_host) || loopback_host(cfg->listen.host))
+		return false;
+	km_hostport_format(&cfg->listen, listen, sizeof(listen));
+	snprintf(buf, len, "advertised_host %s is a loopback address but listen %s takes connections from other hosts: "
+		 "clients elsewhere would be sent to themselves for every broker; set advertised_host to a name they "
+		 "reach this host at (loopback is right only when every client runs on this host, or reaches it through "
+		 "ports published there, as from a container)", cfg->advertised_host, listen);
+	return true;
 }
 
 /* ---- the upstream swap's file ---- */

@@ -188,11 +188,18 @@ static km_err set_bool(const km_option *o, void *obj, const char *value, char *e
 static km_err set_hostport(const km_option *o, void *obj, const char *value, char *err, size_t errlen)
 {
 	km_hostport hp;
+	char any[16];
+	const char *text = value;
 	if (!*value) {
 		memset(FIELD(obj, o->offset, km_hostport), 0, sizeof(km_hostport));
 		return KM_OK;
 	}
-	if (!km_hostport_parse(value, &hp)) {
+	/* A listener's ":PORT" (no host) is every IPv4 address: 0.0.0.0:PORT. */
+	if (value[0] == ':' && value[1] && strlen(value) <= 6 && strspn(value + 1, "0123456789") == strlen(value + 1)) {
+		snprintf(any, sizeof(any), "0.0.0.0%s", value);
+		text = any;
+	}
+	if (!km_hostport_parse(text, &hp)) {
 		errf(err, errlen, "%s: '%s' is not host:port (%s)", o->name, value, KM_HOSTPORT_SYNTAX);
 		return KM_ERR_CONFIG;
 	}

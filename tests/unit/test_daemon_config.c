@@ -482,6 +482,136 @@ static void test_password_file(void **state)
 	free(empty);
 }
 
+/* A listener's ":PORT" is every IPv4 address; an upstream needs its host. */
+static void test_listen_any_host(void **state)
+{
+	static const char *const listeners[] = {"listen", "http_listen", "admin_listen"};
+	km_config cfg;
+	char err[512];
+
+	km_config_init(&cfg);
+	for (size_t i = 0; i < sizeof(listeners) / sizeof(listeners[0]); i++) {
+		const km_option *o = km_opt_find(km_config_table(), listeners[i]);
+		char v[64];
+		assert_int_equal(km_config_set(&cfg, listeners[i], ":9644", err, sizeof(err)), KM_OK);
+		km_opt_format(o, &cfg, v, sizeof(v));
+		assert_string_equal(v, "0.0.0.0:9644");
+		assert_int_equal(km_config_set(&cfg, listeners[i], ":", err, sizeof(err)), KM_ERR_CONFIG);
+		assert_int_equal(km_config_set(&cfg, listeners[i], ":99999", err, sizeof(err)), KM_ERR_CONFIG);
+		assert_non_null(strstr(err, "':99999' is not host:port"));
+		assert_int_equal(km_config_set(&cfg, listeners[i], ":96x", err, sizeof(err)), KM_ERR_CONFIG);
+	}
+	assert_int_equal(km_config_set(&cfg, "upstream", ":9092", err, sizeof(err)), KM_ERR_CONFIG);
+	km_config_free(&cfg);
+}
+
+/* --check-config's file check: every option naming a file or a directory, by name, path and errno text. */
+static void test_check_files(void **state)
+{
+	const km_opt_table *t = km_config_table();
+	char dir[] = "/tmp/km-unit-files-XXXXXX", out[8192], err[512], path[512], want[700];
+	km_config cfg;
+	size_t named = 0;
+	char *file = write_tmp("x\n");
+
+	/* Every option whose name ends in _file or _dir is checked: a missing path is reported for each. */
+	km_config_init(&cfg);
+	assert_int_equal(km_config_check_files(&cfg, out, sizeof(out)), 0);
+	assert_string_equal(out, "");
+	for (size_t i = 0; i < t->count; i++) {
+		const char *name = t->rows[i].name;
+		size_t len = strlen(name);
+		if (len < 5 || (strcmp(name + len - 5, "_file") && strcmp(name + len - 4, "_dir")))
+			continue;
+		snprintf(path, sizeof(path), "/nonexistent-km/%s", name);
+		assert_int_equal(km_config_set(&cfg, name, path, err, sizeof(err)), KM_OK);
+		named++;
+	}
+	assert_int_equal(named, 13);
+	assert_int_equal(km_config_check_files(&cfg, out, sizeof(out)), (int)named);
+	for (size_t i = 0; i < t->count; i++) {
+		const char *name = t->rows[i].name;
+		size_t len = strlen(name);
+		if (len < 5 || (strcmp(name + len - 5, "_file") && strcmp(name + len - 4, "_dir")))
+			continue;
+		if (!strcmp(name, "upstream_file"))
+			snprintf(want, sizeof(want), "upstream_file /nonexistent-km/upstream_file: its directory "
+				 "/nonexistent-km: No such file or directory");
+		else
+			snprintf(want, sizeof(want), "%s /nonexistent-km/%s: No such file or directory", name, name);
+		if (!strstr(out, want))
+			fail_msg("no '%s' in:\n%s", want, out);
+	}
+	km_config_free(&cfg);
+
+	/* Files that are there pass; upstream_file may be absent when its directory is writable. */
+	assert_non_null(mkdtemp(dir));
+	snprintf(path, sizeof(path), "%s/upstream", dir);
+	km_config_init(&cfg);
+	assert_int_equal(km_config_set(&cfg, "tls_cert_file", file, err, sizeof(err)), KM_OK);
+	assert_int_equal(km_config_set(&cfg, "admin_token_file", file, err, sizeof(err)), KM_OK);
+	assert_int_equal(km_config_set(&cfg, "mirror_file_dir", dir, err, sizeof(err)), KM_OK);
+	assert_int_equal(km_config_set(&cfg, "upstream_file", path, err, sizeof(err)), KM_OK);
+	assert_int_equal(km_config_check_files(&cfg, out, sizeof(out)), 0);
+
+	/* A directory for a file, a file for a directory. */
+	assert_int_equal(km_config_set(&cfg, "tls_key_file", dir, err, sizeof(err)), KM_OK);
+	assert_int_equal(km_config_set(&cfg, "mirror_file_dir", file, err, sizeof(err)), KM_OK);
+	assert_int_equal(km_config_check_files(&cfg, out, sizeof(out)), 2);
+	snprintf(want, sizeof(want), "tls_key_file %s: is a directory, not a file", dir);
+	assert_non_null(strstr(out, want));
+	snprintf(want, sizeof(want), "mirror_file_dir %s: Not a directory", file);
+	assert_non_null(strstr(out, want));
+
+	/* Unreadable (root reads anything: then only the mode is set). */
+	assert_int_equal(chmod(file, 0), 0);
+	assert_int_equal(km_config_set(&cfg, "tls_key_file", file, err, sizeof(err)), KM_OK);
+	assert_int_equal(km_config_set(&cfg, "mirror_file_dir", dir, err, sizeof(err)), KM_OK);
+	if (geteuid() != 0) {
+		assert_int_equal(km_config_check_files(&cfg, out, sizeof(out)), 3);
+		snprintf(want, sizeof(want), "admin_token_file %s: Permission denied", file);
+		assert_non_null(strstr(out, want));
+	}
+	km_config_free(&cfg);
+	unlink(file);
+	free(file);
+	rmdir(dir);
+}
+
+/* A loopback advertised_host is a warning only when listen takes connections from elsewhere. */
+static void test_loopback_warning(void **state)
+{
+	static const struct {
+		const char *listen, *advertised;
+		bool warn;
+	} cases[] = {
+		{"0.0.0.0:9092", "localhost", true},     {":9092", "127.0.0.1", true},
+		{"10.1.2.3:9092", "127.9.9.9", true},    {"[::]:9092", "::1", true},
+		{"0.0.0.0:9092", "LocalHost", true},     {"0.0.0.0:9092", "ip.localhost", true},
+		{"0.0.0.0:9092", "::ffff:127.0.0.1", true},
+		{"127.0.0.1:9092", "localhost", false},  {"127.0.3.2:9092", "127.0.3.2", false},
+		{"[::1]:9092", "localhost", false},      {"localhost:9092", "127.0.0.1", false},
+		{"0.0.0.0:9092", "proxy.example.com", false}, {"0.0.0.0:9092", "10.0.0.1", false},
+		{"0.0.0.0:9092", "128.0.0.1", false},    {"0.0.0.0:9092", "notlocalhost", false},
+	};
+	char err[512], msg[1024];
+
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		km_config cfg;
+		km_config_init(&cfg);
+		assert_int_equal(km_config_set(&cfg, "listen", cases[i].listen, err, sizeof(err)), KM_OK);
+		assert_int_equal(km_config_set(&cfg, "advertised_host", cases[i].advertised, err, sizeof(err)), KM_OK);
+		if (km_config_loopback_warning(&cfg, msg, sizeof(msg)) != cases[i].warn)
+			fail_msg("listen %s, advertised_host %s: warning %s expected", cases[i].listen,
+				 cases[i].advertised, cases[i].warn ? "" : "not");
+		if (cases[i].warn) {
+			assert_non_null(strstr(msg, cases[i].advertised));
+			assert_non_null(strstr(msg, "loopback"));
+		}
+		km_config_free(&cfg);
+	}
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -491,7 +621,8 @@ int main(void)
 		cmocka_unit_test(test_print_config_long_values),
 		cmocka_unit_test(test_reload_rules),        cmocka_unit_test(test_sasl_mechanisms),
 		cmocka_unit_test(test_docs_match_table),    cmocka_unit_test(test_upstream_file),
-		cmocka_unit_test(test_password_file),
+		cmocka_unit_test(test_password_file),       cmocka_unit_test(test_listen_any_host),
+		cmocka_unit_test(test_check_files),         cmocka_unit_test(test_loopback_warning),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -109,7 +109,9 @@ static void test_types_and_bounds(void **state)
 	assert_string_equal(o.bind.host, "::1");
 	assert_string_equal(fmt(&o, "bind"), "[::1]:99");
 	assert_int_equal(km_opt_set(&table, &o, "bind", "host:", err, sizeof(err)), KM_ERR_CONFIG);
-	assert_int_equal(km_opt_set(&table, &o, "bind", ":1", err, sizeof(err)), KM_ERR_CONFIG);
+	/* A listener's ":PORT" is every IPv4 address. */
+	assert_int_equal(km_opt_set(&table, &o, "bind", ":1", err, sizeof(err)), KM_OK);
+	assert_string_equal(fmt(&o, "bind"), "0.0.0.0:1");
 	assert_int_equal(km_opt_set(&table, &o, "bind", "", err, sizeof(err)), KM_OK);
 	assert_int_equal(o.bind.port, 0);
 	/* two lists: each writes its own array and count */

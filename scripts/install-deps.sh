@@ -10,6 +10,7 @@ DEBIAN_PACKAGES=(
 	openjdk-17-jdk-headless maven
 	python3 python3-pip python3-venv
 	kcat openssl procps iproute2 valgrind curl tcpdump groff-base
+	prometheus
 )
 PYTHON_PACKAGES=(pytest confluent-kafka)
 

@@ -112,7 +112,8 @@ def test_sigterm_drains_and_exits_zero(proxy_factory, dest_cluster3):
                what="/readyz to say draining")
     assert p.metric("kmirror_draining") == 1
     # kmirrord itself still works while it drains: the liveness check does not fail.
-    assert p.http_get("/healthz")[0] == 200
+    status, body = p.http_get("/healthz")
+    assert status == 200, body
     # No new connections are accepted.
     with pytest.raises(OSError):
         socket.create_connection((PROXY_HOST, p.port), timeout=2).recv(1)
@@ -177,7 +178,9 @@ def test_healthz_upstream_unreachable(proxy_factory, dest_cluster3):
     p = proxy_factory(dest_cluster3, upstream=f"127.0.0.1:{dead}", metadata_refresh_ms=500,
                       upstream_connect_timeout_ms=1000)
     wait_until(lambda: p.http_get("/healthz")[0] == 503, 20, what="503 upstream unreachable")
-    assert p.http_get("/healthz")[1].startswith("upstream unreachable\nupstream: unreachable")
+    body = p.http_get("/healthz")[1]
+    assert body.startswith("upstream unreachable\nstate: loading") and \
+        "\nupstream: unreachable, 0 brokers known: Connection refused\n" in body, body
     assert p.http_get("/readyz") == (503, "upstream unreachable\n")
     # A client connecting meanwhile is closed (not hung), and the proxy stays up.
     s = socket.create_connection((PROXY_HOST, p.port), timeout=10)

@@ -619,6 +619,8 @@ static void tick(evutil_socket_t fd, short what, void *arg)
 		km_mirror_rebalance_soon(pl->mi);
 		return;
 	}
+	if (pl->src && km_cluster_unreachable(pl->src))
+		km_pl_source_contact(pl, KM_ERR_IO, false); /* its requests wait for a connection: none fails */
 	reread_options(pl, now);
 	refill(pl, now);
 	for (size_t i = 0; i < pl->ntopics; i++)

@@ -92,6 +92,7 @@ def test_sigterm_drains_and_exits_zero(proxy_factory, dest_cluster3):
         assert len(s.recv(size, socket.MSG_WAITALL)) == size
         conns.append(s)
     wait_until(lambda: p.metric("kmirror_client_connections") == 10, 10, what="10 connections")
+    wait_until(lambda: p.http_get("/readyz")[0] == 200, 30, 0.1, "kmirrord ready (its mirror state loaded)")
     closed_at = {}
 
     def watch(i, s):

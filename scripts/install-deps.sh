@@ -13,6 +13,7 @@ DEBIAN_PACKAGES=(
 	# tests/integration/test_packaging.py: systemd-analyze (verify and security --offline, no
 	# systemd as PID 1 needed), man for the man pages' warnings, PyYAML for docker-compose.yml.
 	systemd man-db python3-yaml
+	prometheus
 )
 PYTHON_PACKAGES=(pytest confluent-kafka)
 
@@ -43,6 +44,8 @@ python3 -c 'import confluent_kafka' 2>/dev/null || pymissing+=(confluent-kafka)
 python3 -c 'import kafka' 2>/dev/null || pymissing+=(kafka-python)
 # The integration suite runs on every core with it (worker_sched.py is written against its 3.x API).
 python3 -c 'import xdist' 2>/dev/null || pymissing+=("pytest-xdist>=3.5,<4")
+# test_observability.py reads the alert rules (docs/prometheus/*.yml) with it.
+python3 -c 'import yaml' 2>/dev/null || pymissing+=(pyyaml)
 # scripts/bench draws its plots with it.
 python3 -c 'import matplotlib' 2>/dev/null || pymissing+=(matplotlib)
 if [ "${#pymissing[@]}" -gt 0 ]; then

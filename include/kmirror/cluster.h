@@ -49,6 +49,8 @@ bool km_cluster_addr(const km_cluster *cl, int32_t id, const char **host, uint16
 /* The broker ids known: up to cap of them in out; returns how many there are. */
 size_t km_cluster_node_ids(const km_cluster *cl, int32_t *out, size_t cap);
 const char *km_cluster_side(const km_cluster *cl);
+/* No connection to any of its brokers is up, and the last attempt failed (refused, DNS, timeout, TLS, SASL). */
+bool km_cluster_unreachable(const km_cluster *cl);
 /* Why the cluster's last connection failed (km_net_client_reason of it); "" when none has. */
 const char *km_cluster_last_error(const km_cluster *cl);
 /* Connections the cluster has opened (each reconnect is one; a down broker is retried with backoff). */

@@ -34,6 +34,11 @@ typedef struct km_metric_desc {
 	const double *bounds;  /* histograms: bucket upper bounds, ascending (+Inf is implicit) */
 	size_t nbounds;
 	bool hide_empty;       /* leave out series at 0 (histograms: with no observation) */
+	/*
+	 * Counters and gauges: the value rendered is the kept integer times scale (0: 1), so an owner
+	 * keeps milliseconds or clock ticks and the exposition says seconds, as Prometheus names want.
+	 */
+	double scale;
 } km_metric_desc;
 
 /* A registry; it always holds KM_METRICS_DROPPED_NAME, the label sets folded into overflow series. */
@@ -69,6 +74,9 @@ km_metric_series *km_metric_series_ptr(km_metric_family *f, const char *const *v
 km_metric_series *km_metric_histogram_ptr(km_metric_family *f, const char *const *values, const uint64_t *buckets,
 					  const uint64_t *count, const double *sum);
 
+/* Leave a series out of the exposition (shown false) or put it back: a value this process does not know now. */
+void km_metric_series_show(km_metric_series *s, bool shown);
+
 /* Registry-owned series: counters go up, gauges are set, histograms observe. */
 void km_metric_inc(km_metric_series *s, uint64_t n);
 void km_metric_set(km_metric_series *s, int64_t v);
@@ -78,6 +86,12 @@ uint64_t km_metric_value(const km_metric_series *s);
 
 /* The bucket v falls in: the first bound >= v, or nbounds when above all (for histograms by pointer). */
 size_t km_metrics_bucket(const double *bounds, size_t nbounds, double v);
+
+/*
+ * The standard process families (process_resident_memory_bytes, process_cpu_seconds_total, ...),
+ * read from /proc/self when rendered; Linux only (elsewhere they are not added).
+ */
+km_err km_metrics_add_process(km_metrics *m) __attribute__((warn_unused_result));
 
 /* The Prometheus text exposition (version 0.0.4) of every family, in the order they were added. */
 km_err km_metrics_render(const km_metrics *m, FILE *out);

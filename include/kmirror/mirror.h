@@ -174,4 +174,18 @@ const char *km_mirror_owner(km_mirror *mi, const char *mirror);
 /* This kmirrord's name among the others: <host>@<HTTP listener> (its instance record's id). */
 const char *km_mirror_self(km_mirror *mi);
 
+/* A mirror's source as the pipeline this kmirrord runs for it last saw it (/healthz). */
+typedef struct km_mirror_source {
+	const char *mirror;
+	bool reachable;        /* the last contact succeeded */
+	int64_t since_ms;      /* since when it is reachable, or not (ms since the epoch) */
+	int64_t fetched_ms;    /* the source's last Fetch answer (ms since the epoch); 0: none yet */
+	const char *error;     /* why the last contact failed ("": it did not) */
+} km_mirror_source;
+/*
+ * The source of the next mirror from *cursor (0 to start) whose pipeline runs here and has
+ * contacted its source; false after the last. The strings live until the pipelines change.
+ */
+bool km_mirror_source_next(km_mirror *mi, size_t *cursor, km_mirror_source *out);
+
 #endif

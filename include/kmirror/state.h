@@ -327,6 +327,16 @@ const km_state_instance *km_state_instances(const km_state *st, size_t *n);
 /* How far behind the state topic the last followed change was applied (ms); -1 when none was. */
 int64_t km_state_follow_delay_ms(const km_state *st);
 
+/* The store as /healthz reports it (docs/operations.md, "Health"). */
+typedef struct km_state_health {
+	bool loaded;            /* __mirror_state was read back */
+	const char *fatal;      /* why the store stopped for good; NULL while it runs */
+	uint64_t writes, write_failures; /* since the start */
+	uint64_t follows;       /* changes of other kmirrords applied by following the topic */
+	int64_t follow_delay_ms; /* how far behind the last one was applied; -1: none yet */
+} km_state_health;
+void km_state_health_get(const km_state *st, km_state_health *out);
+
 /*
  * Writes of a mirror's pipeline (runs, its writer, progress, partition transitions) are made only
  * while may_write says this kmirrord runs the mirror, checked when the write is about to be sent:

@@ -1,6 +1,10 @@
 /* The metrics registry: families of labelled series, a cap on series per family, Prometheus text rendering. */
+#include <dirent.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <unistd.h>
 
 #include "kmirror/log.h"
 #include "kmirror/hash.h"
@@ -9,6 +13,7 @@
 struct km_metric_series {
 	char *values[KM_METRICS_MAX_LABELS];
 	km_metric_family *family;
+	bool hidden; /* km_metric_series_show */
 	/* What is rendered: the registry's own storage below, or the owner's. */
 	const uint64_t *value;
 	const uint64_t *buckets;
@@ -30,6 +35,7 @@ struct km_metric_family {
 	double *bounds;
 	size_t nbounds;
 	bool hide_empty;
+	double scale; /* 0: the integer as it is */
 	km_metric_series **series; /* in the order they were made */
 	size_t nseries, capseries;
 	/*
@@ -43,6 +49,11 @@ struct km_metric_family {
 	bool warned;
 };
 
+/* What km_metrics_add_process's families read, refreshed at each render. */
+typedef struct km_process {
+	uint64_t rss, vsize, fds, max_fds, cpu_us, start_us; /* the last two rendered in seconds */
+} km_process;
+
 struct km_metrics {
 	km_metric_family **families;
 	size_t nfamilies, capfamilies;
@@ -50,6 +61,7 @@ struct km_metrics {
 	km_metrics *parent;    /* a child registry (km_metrics_new_child) */
 	km_metrics **children; /* rendered after the families, newest first */
 	size_t nchildren, capchildren;
+	km_process *proc; /* km_metrics_add_process; NULL: none */
 };
 
 static bool name_ok(const char *s, bool colon)
@@ -118,6 +130,7 @@ km_metric_family *km_metrics_family(km_metrics *m, const km_metric_desc *d)
 	f->type = d->type;
 	f->max_series = d->max_series ? d->max_series : KM_METRICS_DEFAULT_MAX_SERIES;
 	f->hide_empty = d->hide_empty;
+	f->scale = d->scale == 1 ? 0 : d->scale;
 	if (!(f->name = strdup(d->name)) || !(f->help = strdup(d->help)))
 		goto fail;
 	for (; f->nlabels < KM_METRICS_MAX_LABELS && d->labels[f->nlabels]; f->nlabels++)
@@ -214,6 +227,7 @@ void km_metrics_free(km_metrics *m)
 	for (size_t i = 0; i < m->nfamilies; i++)
 		family_free(m->families[i]);
 	free(m->families);
+	free(m->proc);
 	free(m);
 }
 
@@ -370,6 +384,11 @@ km_metric_series *km_metric_histogram_ptr(km_metric_family *f, const char *const
 	return s;
 }
 
+void km_metric_series_show(km_metric_series *s, bool shown)
+{
+	s->hidden = !shown;
+}
+
 void km_metric_inc(km_metric_series *s, uint64_t n)
 {
 	s->own_value += n;
@@ -443,6 +462,8 @@ static void render_series(FILE *out, const km_metric_series *s)
 	uint64_t cum = 0;
 	char le[32];
 
+	if (s->hidden)
+		return;
 	switch (f->type) {
 	case KM_METRIC_COUNTER:
 	case KM_METRIC_GAUGE:
@@ -450,7 +471,10 @@ static void render_series(FILE *out, const km_metric_series *s)
 			return;
 		fputs(f->name, out);
 		put_labels(out, s, NULL);
-		if (f->type == KM_METRIC_GAUGE)
+		if (f->scale) {
+			double v = f->type == KM_METRIC_GAUGE ? (double)(int64_t)*s->value : (double)*s->value;
+			fprintf(out, " %.15g\n", v * f->scale);
+		} else if (f->type == KM_METRIC_GAUGE)
 			fprintf(out, " %lld\n", (long long)(int64_t)*s->value);
 		else
 			fprintf(out, " %llu\n", (unsigned long long)*s->value);
@@ -507,8 +531,113 @@ static void render_families(const km_metrics *m, const km_metrics *root, size_t 
 	}
 }
 
+/* ---- process metrics ---- */
+
+/* The process's start time after boot in clock ticks (field 22 of /proc/self/stat); false when unreadable. */
+static bool proc_start(uint64_t *start)
+{
+	char buf[1024], *p;
+	size_t n;
+	FILE *f = fopen("/proc/self/stat", "r");
+
+	if (!f)
+		return false;
+	n = fread(buf, 1, sizeof(buf) - 1, f);
+	fclose(f);
+	buf[n] = '\0';
+	/* The command name (field 2) is in parentheses and may hold spaces: count from its end. */
+	if (!(p = strrchr(buf, ')')))
+		return false;
+	return sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %*u %*u %*d %*d %*d %*d %*d %*d %llu",
+		      (unsigned long long *)start) == 1;
+}
+
+/* The boot time, seconds since the epoch (btime in /proc/stat); 0 when unknown. */
+static uint64_t boot_time(void)
+{
+	char line[256];
+	unsigned long long bt = 0;
+	FILE *f = fopen("/proc/stat", "r");
+
+	if (!f)
+		return 0;
+	while (fgets(line, sizeof(line), f))
+		if (sscanf(line, "btime %llu", &bt) == 1)
+			break;
+	fclose(f);
+	return bt;
+}
+
+static void process_read(km_process *p)
+{
+	unsigned long long size = 0, resident = 0;
+	long page = sysconf(_SC_PAGESIZE);
+	struct rusage ru;
+	struct rlimit rl;
+	FILE *f = fopen("/proc/self/statm", "r");
+	DIR *d;
+
+	if (f) {
+		if (fscanf(f, "%llu %llu", &size, &resident) == 2) {
+			p->vsize = size * (uint64_t)page;
+			p->rss = resident * (uint64_t)page;
+		}
+		fclose(f);
+	}
+	if ((d = opendir("/proc/self/fd"))) {
+		uint64_t n = 0;
+		for (struct dirent *e; (e = readdir(d));)
+			n += e->d_name[0] != '.';
+		closedir(d);
+		p->fds = n - 1; /* less the one opendir holds */
+	}
+	if (getrlimit(RLIMIT_NOFILE, &rl) == 0)
+		p->max_fds = rl.rlim_cur == RLIM_INFINITY ? UINT64_MAX : (uint64_t)rl.rlim_cur;
+	if (getrusage(RUSAGE_SELF, &ru) == 0)
+		p->cpu_us = (uint64_t)(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) * 1000000 +
+			    (uint64_t)(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec);
+}
+
+km_err km_metrics_add_process(km_metrics *m)
+{
+	static const struct {
+		const char *name, *help;
+		km_metric_type type;
+		size_t offset;
+		double scale;
+	} fams[] = {
+#define P(f) offsetof(km_process, f)
+		{"process_resident_memory_bytes", "Resident memory size in bytes.", KM_METRIC_GAUGE, P(rss), 0},
+		{"process_virtual_memory_bytes", "Virtual memory size in bytes.", KM_METRIC_GAUGE, P(vsize), 0},
+		{"process_open_fds", "Number of open file descriptors.", KM_METRIC_GAUGE, P(fds), 0},
+		{"process_max_fds", "Maximum number of open file descriptors.", KM_METRIC_GAUGE, P(max_fds), 0},
+		{"process_cpu_seconds_total", "Total user and system CPU time spent in seconds.", KM_METRIC_COUNTER,
+		 P(cpu_us), 1e-6},
+		{"process_start_time_seconds", "Start time of the process since unix epoch in seconds.", KM_METRIC_GAUGE,
+		 P(start_us), 1e-6},
+#undef P
+	};
+	long tck = sysconf(_SC_CLK_TCK);
+	uint64_t start;
+
+	if (m->proc || tck <= 0 || !proc_start(&start))
+		return KM_OK; /* not Linux: no /proc to read them from */
+	if (!(m->proc = calloc(1, sizeof(*m->proc))))
+		return KM_ERR_NOMEM;
+	m->proc->start_us = boot_time() * 1000000 + start * 1000000 / (uint64_t)tck;
+	for (size_t i = 0; i < sizeof(fams) / sizeof(fams[0]); i++) {
+		km_metric_desc d = {.name = fams[i].name, .help = fams[i].help, .type = fams[i].type, .scale = fams[i].scale};
+		km_metric_family *f = km_metrics_family(m, &d);
+		if (!f || !km_metric_series_ptr(f, NULL, (const uint64_t *)((const char *)m->proc + fams[i].offset)))
+			return KM_ERR_NOMEM;
+	}
+	return KM_OK;
+}
+
 km_err km_metrics_render(const km_metrics *m, FILE *out)
 {
+	if (m->proc)
+		process_read(m->proc);
 	render_families(m, m, 0, out);
 	for (size_t c = m->nchildren; c-- > 0;)
 		render_families(m->children[c], m, c, out);

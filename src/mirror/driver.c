@@ -244,9 +244,9 @@ static void make_families(km_mirror *mi, km_metrics *reg)
 		 .type = KM_METRIC_COUNTER, .labels = PART_LABELS, .max_series = PART_SERIES},
 		{.name = "kmirror_mirror_lag_records", .help = "The source's high watermark minus the mirrored offset.",
 		 .type = KM_METRIC_GAUGE, .labels = PART_LABELS, .max_series = PART_SERIES},
-		{.name = "kmirror_mirror_lag_ms",
+		{.name = "kmirror_mirror_lag_seconds",
 		 .help = "How far behind the source the mirror is in time: now minus the newest mirrored record's timestamp, 0 when caught up.",
-		 .type = KM_METRIC_GAUGE, .labels = PART_LABELS, .max_series = PART_SERIES},
+		 .type = KM_METRIC_GAUGE, .labels = PART_LABELS, .max_series = PART_SERIES, .scale = 0.001},
 		{.name = "kmirror_mirror_skipped_records_total",
 		 .help = "Records the source's retention removed before the mirror read them (holes in the offset map).",
 		 .type = KM_METRIC_COUNTER, .labels = PART_LABELS, .max_series = PART_SERIES},
@@ -259,6 +259,14 @@ static void make_families(km_mirror *mi, km_metrics *reg)
 		{.name = "kmirror_mirror_fetch_requests_total",
 		 .help = "Fetch requests sent to the source: full ones (every partition named) and incremental ones (a fetch session's changes only).",
 		 .type = KM_METRIC_COUNTER, .labels = {"mirror", "kind", NULL}, .max_series = 20000},
+		{.name = "kmirror_mirror_source_reachable",
+		 .help = "1 when the pipeline's last contact with the mirror's source cluster succeeded, 0 when it could "
+			 "not reach it (refused, DNS, timeout, authentication); only where the pipeline runs.",
+		 .type = KM_METRIC_GAUGE, .labels = {"mirror", NULL}, .max_series = 20000},
+		{.name = "kmirror_mirror_last_fetch_timestamp_seconds",
+		 .help = "When the source last answered a Fetch of the mirror (seconds since the epoch): the lag "
+			 "stands still while the source is away, this does not advance.",
+		 .type = KM_METRIC_GAUGE, .labels = {"mirror", NULL}, .max_series = 20000, .scale = 0.001},
 	};
 	static const km_metric_desc own[] = {
 		{.name = "kmirror_mirrors_owned",
@@ -270,8 +278,9 @@ static void make_families(km_mirror *mi, km_metrics *reg)
 			 "moved them.",
 		 .type = KM_METRIC_COUNTER, .labels = {"direction", NULL}},
 	};
-	km_metric_family **f[] = {&mi->fam.records, &mi->fam.bytes, &mi->fam.batches, &mi->fam.lag,
-				  &mi->fam.lag_ms, &mi->fam.skipped, &mi->fam.errors, &mi->fam.fenced, &mi->fam.fetches};
+	km_metric_family **f[] = {&mi->fam.records, &mi->fam.bytes,   &mi->fam.batches, &mi->fam.lag,
+				  &mi->fam.lag_ms,  &mi->fam.skipped, &mi->fam.errors,  &mi->fam.fenced,
+				  &mi->fam.fetches, &mi->fam.reachable, &mi->fam.fetched_at};
 	km_metric_family *owned = km_metrics_family(reg, &own[0]), *moved = km_metrics_family(reg, &own[1]);
 	const char *gained[] = {"gained"}, *lost[] = {"lost"};
 
@@ -285,6 +294,14 @@ static void make_families(km_mirror *mi, km_metrics *reg)
 const km_mirror_families *km_mirror_metric_families(km_mirror *mi)
 {
 	return &mi->fam;
+}
+
+bool km_mirror_source_next(km_mirror *mi, size_t *cursor, km_mirror_source *out)
+{
+	while (*cursor < mi->npipes)
+		if (km_pipeline_source(mi->pipes[(*cursor)++], out))
+			return true;
+	return false;
 }
 
 km_mirror *km_mirror_new(const km_mirror_opts *opts)

@@ -56,6 +56,7 @@ typedef struct km_mirror_families {
 	km_metric_family *records, *bytes, *batches, *lag, *lag_ms, *skipped, *errors;
 	km_metric_family *fetches; /* per mirror: {mirror, kind} */
 	km_metric_family *fenced;  /* per mirror: batches refused for an older epoch of its writer */
+	km_metric_family *reachable, *fetched_at; /* per mirror: its source as the pipeline last saw it */
 } km_mirror_families;
 const km_mirror_families *km_mirror_metric_families(km_mirror *mi);
 
@@ -178,5 +179,7 @@ const char *km_pipeline_name(const km_pipeline *pl);
 void km_pipeline_partition(km_pipeline *pl, const char *topic, int32_t partition, km_mp_state state);
 /* Partitions the pipeline holds (running, or draining for a pause or a stop). */
 size_t km_pipeline_count(const km_pipeline *pl);
+/* Its source as the pipeline last saw it: false when it is retired or has not contacted the source yet. */
+bool km_pipeline_source(const km_pipeline *pl, km_mirror_source *out);
 
 #endif

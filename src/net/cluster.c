@@ -272,6 +272,21 @@ uint64_t km_cluster_attempts(const km_cluster *cl)
 	return cl->attempts;
 }
 
+bool km_cluster_unreachable(const km_cluster *cl)
+{
+	bool failing = cl->boot_r.fails > 0;
+
+	if (cl->bootc && !cl->boot_failed && cl->boot_r.ready)
+		return false;
+	for (size_t i = 0; i < cl->nnodes; i++) {
+		const cnode *n = &cl->nodes[i];
+		if (n->c && !n->failed && n->r.ready)
+			return false;
+		failing |= n->r.fails > 0;
+	}
+	return failing;
+}
+
 const char *km_cluster_last_error(const km_cluster *cl)
 {
 	return cl->last_error;

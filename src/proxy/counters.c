@@ -1,7 +1,11 @@
 /* The proxy's counters: plain fields on the hot path, registered by pointer in the metrics registry. */
 #include <stdio.h>
 
+#include <event2/event.h>
+#include <openssl/crypto.h>
+
 #include "kmirror/api.h"
+#include "kmirror/version.h"
 #include "kmirror/msg/api_keys.h"
 #include "proxy/proxy_int.h"
 
@@ -142,17 +146,17 @@ km_err km_proxy_counters_register(km_proxy_counters *c, km_metrics *reg)
 	};
 	static const km_metric_desc requests = {
 		.name = "kmirror_requests_total",
-		.help = "Client requests by API key.",
+		.help = "Client requests by API (\"other\": keys kmirrord does not know).",
 		.type = KM_METRIC_COUNTER,
-		.labels = {"api_key"},
+		.labels = {"api"},
 		.max_series = KM_PROXY_API_SLOTS + 1,
 		.hide_empty = true,
 	};
 	static const km_metric_desc latency = {
 		.name = "kmirror_request_latency_seconds",
-		.help = "Time from a request's arrival to the start of its response, by API key.",
+		.help = "Time from a request's arrival to the start of its response, by API.",
 		.type = KM_METRIC_HISTOGRAM,
-		.labels = {"api_key"},
+		.labels = {"api"},
 		.max_series = KM_PROXY_API_SLOTS,
 		.bounds = km_proxy_latency_bounds,
 		.nbounds = KM_PROXY_LATENCY_BUCKETS,
@@ -165,8 +169,20 @@ km_err km_proxy_counters_register(km_proxy_counters *c, km_metrics *reg)
 		.labels = {"api", "error"},
 		.max_series = 200,
 	};
+	static const km_metric_desc build = {
+		.name = "kmirror_build_info",
+		.help = "Always 1: the kmirrord version and the OpenSSL and libevent it runs with, as labels.",
+		.type = KM_METRIC_GAUGE,
+		.labels = {"version", "openssl", "libevent"},
+	};
+	const char *build_v[] = {KM_VERSION, OpenSSL_version(OPENSSL_VERSION), event_get_version()};
 	km_metric_family *f, *lat;
+	km_metric_series *s;
 
+	if (!(f = km_metrics_family(reg, &build)) || !(s = km_metric_series_get(f, build_v)) ||
+	    km_metrics_add_process(reg) != KM_OK)
+		return KM_ERR_NOMEM;
+	km_metric_set(s, 1);
 	for (size_t i = 0; i < sizeof(plain) / sizeof(plain[0]); i++) {
 		km_metric_desc d = {.name = plain[i].name, .help = plain[i].help, .type = plain[i].type};
 		f = km_metrics_family(reg, &d);
@@ -190,8 +206,9 @@ km_err km_proxy_counters_register(km_proxy_counters *c, km_metrics *reg)
 	if (!(f = km_metrics_family(reg, &requests)) || !(lat = km_metrics_family(reg, &latency)))
 		return KM_ERR_NOMEM;
 	for (int k = 0; k < KM_PROXY_API_SLOTS; k++) {
-		char key[8];
-		const char *v[] = {key};
+		const km_api_info *api = km_api_lookup(km_proxy_slot_api(k));
+		char key[16];
+		const char *v[] = {api ? api->name : key}; /* a key with no name here: its number */
 		snprintf(key, sizeof(key), "%d", km_proxy_slot_api(k));
 		if (!km_metric_series_ptr(f, v, &c->requests[k]) ||
 		    !km_metric_histogram_ptr(lat, v, c->latency_bucket[k], &c->latency_count[k], &c->latency_sum[k]))

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -22,6 +23,8 @@
 #include <uthash.h>
 
 #include "kmirror/log.h"
+#include "kmirror/mirror.h"
+#include "kmirror/state.h"
 #include "proxy/proxy_int.h"
 
 /* What a listener serves. */
@@ -374,27 +377,159 @@ static void admin_upstream(km_http *h, struct evhttp_request *req, struct evbuff
 
 /* ---- the public routes ---- */
 
-/*
- * Why kmirrord should get no traffic now, or NULL: serving, the upstream answered a metadata
- * request within three refresh periods, and the mirror state loaded (until then requests that
- * read it wait).
- */
-static const char *not_ready(km_proxy *px)
+/* The upstream answered a metadata request within three refresh periods. */
+static bool upstream_fresh(km_proxy *px)
 {
 	uint64_t now = km_proxy_now_ms(px);
-	bool fresh = px->meta_last_ok_ms && now - px->meta_last_ok_ms <= 3 * (uint64_t)px->cfg.metadata_refresh_ms;
+	return px->meta_last_ok_ms && now - px->meta_last_ok_ms <= 3 * (uint64_t)px->cfg.metadata_refresh_ms;
+}
+
+/*
+ * Why kmirrord itself does not work, or NULL: the mirror state stopped for good or has not loaded
+ * yet (requests that read it wait), or the upstream does not answer. A mirror's source that is away
+ * is not one: restarting kmirrord would not bring it back.
+ */
+static const char *unhealthy(km_proxy *px)
+{
 	const char *fatal = px->host.state ? km_state_fatal_message(px->host.state) : NULL;
 
-	/* First: it says why the daemon is draining and will exit. */
 	if (fatal)
 		return fatal;
-	if (px->draining)
-		return "draining";
-	if (!fresh)
+	if (!upstream_fresh(px))
 		return "upstream unreachable";
 	if (px->host.state && !km_state_ready(px->host.state))
 		return "mirror state not loaded yet (requests on topics wait for it)";
 	return NULL;
+}
+
+/* Why kmirrord should get no traffic now, or NULL: unhealthy, or draining. */
+static const char *not_ready(km_proxy *px)
+{
+	/* A store stopped for good says why the daemon is draining and will exit: it comes first. */
+	if (px->draining && !(px->host.state && km_state_fatal_message(px->host.state)))
+		return "draining";
+	return unhealthy(px);
+}
+
+/* ---- /healthz ---- */
+
+/* ms since the epoch as 2006-01-02T15:04:05Z. */
+static void iso_time(int64_t ms, char *buf, size_t len)
+{
+	time_t t = (time_t)(ms / 1000);
+	struct tm tm;
+	if (!gmtime_r(&t, &tm) || !strftime(buf, len, "%Y-%m-%dT%H:%M:%SZ", &tm))
+		snprintf(buf, len, "?");
+}
+
+/* Why the last upstream connection failed; "" when none did. */
+static const char *upstream_error(km_proxy *px)
+{
+	return px->upstream ? km_cluster_last_error(px->upstream) : "";
+}
+
+/* Whether the caller asked for JSON: ?format=json, or Accept: application/json. */
+static bool wants_json(struct evhttp_request *req, const char *uri)
+{
+	const char *q = strchr(uri, '?');
+	const char *accept = evhttp_find_header(evhttp_request_get_input_headers(req), "Accept");
+	return (q && strstr(q, "format=json")) || (accept && strstr(accept, "application/json"));
+}
+
+static void health_text(km_proxy *px, const char *why, const km_state_health *st, struct evbuffer *out)
+{
+	uint64_t now = km_proxy_now_ms(px);
+	km_mirror_source src;
+	size_t cursor = 0;
+	char at[32];
+
+	evbuffer_add_printf(out, "%s\n", why ? why : "ok");
+	if (px->host.state) {
+		evbuffer_add_printf(out, "state: %s, %llu writes, %llu write failures, %llu followed changes",
+				    st->fatal ? "stopped" : st->loaded ? "loaded" : "loading",
+				    (unsigned long long)st->writes, (unsigned long long)st->write_failures,
+				    (unsigned long long)st->follows);
+		if (st->follow_delay_ms >= 0)
+			evbuffer_add_printf(out, " (the last applied %lld ms after it was written)",
+					    (long long)st->follow_delay_ms);
+		evbuffer_add_printf(out, "\n");
+	}
+	evbuffer_add_printf(out, "upstream: %s, %llu brokers known", upstream_fresh(px) ? "reachable" : "unreachable",
+			    (unsigned long long)px->metrics.brokers_known);
+	if (px->meta_last_ok_ms)
+		evbuffer_add_printf(out, ", metadata answered %llu ms ago",
+				    (unsigned long long)(now - px->meta_last_ok_ms));
+	if (!upstream_fresh(px) && *upstream_error(px))
+		evbuffer_add_printf(out, ": %s", upstream_error(px));
+	evbuffer_add_printf(out, "\n");
+	while (px->host.mirror && km_mirror_source_next(px->host.mirror, &cursor, &src)) {
+		iso_time(src.since_ms, at, sizeof(at));
+		evbuffer_add_printf(out, "mirror %s: source %s since %s", src.mirror,
+				    src.reachable ? "reachable" : "UNREACHABLE", at);
+		if (src.fetched_ms)
+			evbuffer_add_printf(out, ", last fetch %lld ms ago", (long long)((int64_t)now - src.fetched_ms));
+		if (!src.reachable)
+			evbuffer_add_printf(out, ": %s", src.error);
+		evbuffer_add_printf(out, "\n");
+	}
+}
+
+static void health_json(km_proxy *px, const char *why, const km_state_health *st, struct evbuffer *out)
+{
+	km_mirror_source src;
+	size_t cursor = 0;
+	const char *sep = "";
+
+	evbuffer_add_printf(out, "{\"status\": ");
+	km_proxy_json_str(out, why ? why : "ok");
+	if (px->host.state) {
+		evbuffer_add_printf(out, ", \"state\": {\"loaded\": %s, \"stopped\": ", st->loaded ? "true" : "false");
+		if (st->fatal)
+			km_proxy_json_str(out, st->fatal);
+		else
+			evbuffer_add_printf(out, "null");
+		evbuffer_add_printf(out, ", \"writes\": %llu, \"write_failures\": %llu, \"follows\": %llu, "
+				    "\"follow_delay_ms\": %lld}", (unsigned long long)st->writes,
+				    (unsigned long long)st->write_failures, (unsigned long long)st->follows,
+				    (long long)st->follow_delay_ms);
+	}
+	evbuffer_add_printf(out, ", \"upstream\": {\"reachable\": %s, \"brokers\": %llu, \"last_metadata_ms\": %llu, "
+			    "\"last_error\": ", upstream_fresh(px) ? "true" : "false",
+			    (unsigned long long)px->metrics.brokers_known, (unsigned long long)px->meta_last_ok_ms);
+	km_proxy_json_str(out, upstream_error(px));
+	evbuffer_add_printf(out, "}, \"mirrors\": [");
+	while (px->host.mirror && km_mirror_source_next(px->host.mirror, &cursor, &src)) {
+		evbuffer_add_printf(out, "%s{\"mirror\": ", sep);
+		sep = ", ";
+		km_proxy_json_str(out, src.mirror);
+		evbuffer_add_printf(out, ", \"source_reachable\": %s, \"since_ms\": %lld, \"last_fetch_ms\": %lld, "
+				    "\"error\": ", src.reachable ? "true" : "false", (long long)src.since_ms,
+				    (long long)src.fetched_ms);
+		km_proxy_json_str(out, src.error);
+		evbuffer_add_printf(out, "}");
+	}
+	evbuffer_add_printf(out, "]}\n");
+}
+
+/*
+ * /healthz: whether kmirrord itself works (200) or not (503), and what it sees: the mirror state,
+ * the upstream and the source of each mirror whose pipeline runs here (docs/operations.md, "Health").
+ */
+static void health_page(km_proxy *px, struct evhttp_request *req, const char *uri, struct evbuffer *out)
+{
+	const char *why = unhealthy(px);
+	bool json = wants_json(req, uri);
+	km_state_health st = {0};
+
+	if (px->host.state)
+		km_state_health_get(px->host.state, &st);
+	if (json)
+		health_json(px, why, &st, out);
+	else
+		health_text(px, why, &st, out);
+	evhttp_add_header(evhttp_request_get_output_headers(req), "Content-Type",
+			  json ? "application/json" : "text/plain");
+	evhttp_send_reply(req, why ? 503 : 200, why ? "Service Unavailable" : "OK", out);
 }
 
 static void metrics_page(km_proxy *px, struct evhttp_request *req, struct evbuffer *out)
@@ -459,7 +594,9 @@ static void http_cb(struct evhttp_request *req, void *arg)
 	}
 	if ((h->routes & ROUTES_PUBLIC) && is_path(uri, "/metrics")) {
 		metrics_page(px, req, out);
-	} else if ((h->routes & ROUTES_PUBLIC) && (is_path(uri, "/healthz") || is_path(uri, "/readyz"))) {
+	} else if ((h->routes & ROUTES_PUBLIC) && is_path(uri, "/healthz")) {
+		health_page(px, req, uri, out);
+	} else if ((h->routes & ROUTES_PUBLIC) && is_path(uri, "/readyz")) {
 		const char *why = not_ready(px);
 		reply_text(req, out, why ? 503 : 200, why ? "Service Unavailable" : "OK", why ? why : "ok");
 	} else if ((h->routes & ROUTES_ADMIN) && is_path(uri, "/admin/upstream")) {

@@ -72,6 +72,8 @@ struct km_proxy {
 };
 
 uint64_t km_proxy_now_ms(const km_proxy *px);
+/* s as a JSON string, quoted and escaped (NULL: ""). */
+void km_proxy_json_str(struct evbuffer *out, const char *s);
 /* proxy.c for swap.c: the rewriting context (learn: where learned brokers go, NULL: nowhere), a metadata refresh now. */
 void km_proxy_fill_rewrite_ctx(km_proxy *px, km_rewrite_ctx *ctx,
 			       void (*learn)(void *arg, int32_t node_id, km_str host, int32_t port, km_str rack), void *arg);

@@ -337,7 +337,7 @@ bool km_proxy_swap_ready(km_proxy *px, void *handle, km_state *st, km_mirror *mi
 	return true;
 }
 
-static void json_str(struct evbuffer *out, const char *s)
+void km_proxy_json_str(struct evbuffer *out, const char *s)
 {
 	evbuffer_add(out, "\"", 1);
 	for (; s && *s; s++) {
@@ -358,12 +358,12 @@ void km_proxy_swap_status(km_proxy *px, struct evbuffer *out)
 
 	upstream_text(&px->cfg, up, sizeof(up));
 	evbuffer_add_printf(out, "{\"upstream\": ");
-	json_str(out, up);
+	km_proxy_json_str(out, up);
 	evbuffer_add_printf(out, ", \"connections\": %zu, \"swapping_to\": ", km_session_set_count_of(px->sessions,
 											     &px->host));
 	if (px->swap) {
 		upstream_text(&px->swap->cfg, up, sizeof(up));
-		json_str(out, up);
+		km_proxy_json_str(out, up);
 		evbuffer_add_printf(out, ", \"swap_elapsed_ms\": %llu",
 				    (unsigned long long)(km_proxy_now_ms(px) - px->swap->started_ms));
 	} else {
@@ -373,13 +373,13 @@ void km_proxy_swap_status(km_proxy *px, struct evbuffer *out)
 	for (km_prev_upstream *pu = px->prev; pu; pu = pu->next) {
 		upstream_text(&pu->cfg, up, sizeof(up));
 		evbuffer_add_printf(out, "%s{\"upstream\": ", first ? "" : ", ");
-		json_str(out, up);
+		km_proxy_json_str(out, up);
 		evbuffer_add_printf(out, ", \"connections\": %zu}", km_session_set_count_of(px->sessions, &pu->host));
 		first = false;
 	}
 	evbuffer_add_printf(out, "], \"last_swap\": ");
 	if (px->swap_last[0])
-		json_str(out, px->swap_last);
+		km_proxy_json_str(out, px->swap_last);
 	else
 		evbuffer_add_printf(out, "null");
 	evbuffer_add_printf(out, "}\n");

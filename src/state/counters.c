@@ -53,11 +53,24 @@ void km_state_counters_count(km_state_counters *c, const km_state_model *m)
 	}
 }
 
+void km_state_health_get(const km_state *st, km_state_health *out)
+{
+	*out = (km_state_health){
+		.loaded = km_state_ready(st),
+		.fatal = km_state_fatal_message(st),
+		.writes = st->ctr.writes,
+		.write_failures = st->ctr.write_failures,
+		.follows = st->ctr.follows,
+		.follow_delay_ms = km_state_follow_delay_ms(st),
+	};
+}
+
 /* The unlabelled families: one field each. */
 static const struct {
 	const char *name, *help;
 	km_metric_type type;
 	size_t offset;
+	double scale; /* what the field's unit is in seconds (0: not a time) */
 } plain[] = {
 #define C(f) offsetof(km_state_counters, f)
 	{"kmirror_state_writes_total", "Changes written to __mirror_state and acknowledged.", KM_METRIC_COUNTER, C(writes)},
@@ -67,8 +80,8 @@ static const struct {
 	 KM_METRIC_COUNTER, C(loads)},
 	{"kmirror_state_records_loaded_total", "Records read from __mirror_state by loads.", KM_METRIC_COUNTER,
 	 C(records_loaded)},
-	{"kmirror_state_load_duration_ms", "How long the last load of __mirror_state took.", KM_METRIC_GAUGE,
-	 C(load_ms)},
+	{"kmirror_state_load_duration_seconds", "How long the last load of __mirror_state took.", KM_METRIC_GAUGE,
+	 C(load_ms), 0.001},
 	{"kmirror_state_ready", "1 once __mirror_state has been read back (mirror RPCs are answered).",
 	 KM_METRIC_GAUGE, C(ready)},
 	{"kmirror_state_follows_total", "Changes another kmirrord wrote to __mirror_state, applied here by following it.",
@@ -104,7 +117,8 @@ km_err km_state_counters_register(km_state_counters *c, km_metrics *reg)
 	km_metric_family *f;
 
 	for (size_t i = 0; i < sizeof(plain) / sizeof(plain[0]); i++) {
-		km_metric_desc d = {.name = plain[i].name, .help = plain[i].help, .type = plain[i].type};
+		km_metric_desc d = {
+			.name = plain[i].name, .help = plain[i].help, .type = plain[i].type, .scale = plain[i].scale};
 		f = km_metrics_family(reg, &d);
 		if (!f || !km_metric_series_ptr(f, NULL, (const uint64_t *)((const char *)c + plain[i].offset)))
 			return KM_ERR_NOMEM;

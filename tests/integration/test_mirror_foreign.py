@@ -36,7 +36,7 @@ def head_stays_quiet(env, topic, head, seconds=3.0):
     c = Consumer(env.proxy.conf(**{"group.id": unique("head"), "enable.auto.commit": False,
                                    "isolation.level": "read_uncommitted"}))
     got, errors = [], []
-    fetch = 'kmirror_requests_total{api_key="1"}'
+    fetch = 'kmirror_requests_total{api="Fetch"}'
     before = env.proxy.metric(fetch)
     waits = env.proxy.metric("kmirror_fetch_tail_waits_total")
     try:

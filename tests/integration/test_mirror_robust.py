@@ -119,11 +119,11 @@ def test_mirror_rpcs_have_their_own_metrics(robust):
     finally:
         c.close()
     after = p.metrics()
-    assert m('kmirror_requests_total{api_key="32000"}', after) == m('kmirror_requests_total{api_key="32000"}', before) + 1
-    assert m('kmirror_requests_total{api_key="32001"}', after) == m('kmirror_requests_total{api_key="32001"}', before) + 2
-    assert m('kmirror_requests_total{api_key="32006"}', after) >= m('kmirror_requests_total{api_key="32006"}', before) + 1
+    assert m('kmirror_requests_total{api="CreateMirror"}', after) == m('kmirror_requests_total{api="CreateMirror"}', before) + 1
+    assert m('kmirror_requests_total{api="DeleteMirror"}', after) == m('kmirror_requests_total{api="DeleteMirror"}', before) + 2
+    assert m('kmirror_requests_total{api="StopMirrorTopics"}', after) >= m('kmirror_requests_total{api="StopMirrorTopics"}', before) + 1
     # answered locally, so their latency is kmirrord's own
-    assert m('kmirror_request_latency_seconds_count{api_key="32000"}', after) >= 1
+    assert m('kmirror_request_latency_seconds_count{api="CreateMirror"}', after) >= 1
     stop_err = [k for k, v in after.items() if k.startswith('kmirror_mirror_rpc_errors_total{api="StopMirrorTopics"')]
     assert stop_err and sum(after[k] for k in stop_err) >= 1, stop_err
     del_err = {k: v for k, v in after.items() if k.startswith('kmirror_mirror_rpc_errors_total{api="DeleteMirror"')}
@@ -139,7 +139,7 @@ def test_client_gone_while_rpc_waits(robust):
     p, mirror, topics = robust["proxy"], robust["mirror"], robust["topics"]
     failures = []
     mark = len(p.output())
-    sent_before = p.metric('kmirror_requests_total{api_key="32005"}')
+    sent_before = p.metric('kmirror_requests_total{api="StartMirrorTopics"}')
 
     def one(rnd, i):
         kinds = [
@@ -180,7 +180,7 @@ def test_client_gone_while_rpc_waits(robust):
         t.join(120)
     assert not failures, failures[:5]
     # kmirrord read them (not just the kernel), and some answers found their session gone
-    wait_until(lambda: p.metric('kmirror_requests_total{api_key="32005"}') >= sent_before + 20, 30, 0.2,
+    wait_until(lambda: p.metric('kmirror_requests_total{api="StartMirrorTopics"}') >= sent_before + 20, 30, 0.2,
                "kmirrord to read the StartMirrorTopics requests")
     p.wait_log(r"answer to api key 320\d\d dropped: KM_ERR_CLOSED", timeout=30, start=mark)
     # Every session is gone again (probes and store results have found them closed).

@@ -1,6 +1,6 @@
 """Operating kmirrord: SIGHUP reload (a valid change applies, an invalid file keeps the running
 configuration), SIGTERM drains connections gradually and exits 0, /metrics carries every metric
-docs/proxy.md documents, /healthz reports serving, draining and an unreachable upstream."""
+docs/proxy.md documents, /healthz and /readyz report serving, draining and an unreachable upstream."""
 
 import os
 import re
@@ -92,6 +92,7 @@ def test_sigterm_drains_and_exits_zero(proxy_factory, dest_cluster3):
         assert len(s.recv(size, socket.MSG_WAITALL)) == size
         conns.append(s)
     wait_until(lambda: p.metric("kmirror_client_connections") == 10, 10, what="10 connections")
+    wait_until(lambda: p.http_get("/readyz")[0] == 200, 30, 0.1, "kmirrord ready (its mirror state loaded)")
     closed_at = {}
 
     def watch(i, s):
@@ -108,9 +109,12 @@ def test_sigterm_drains_and_exits_zero(proxy_factory, dest_cluster3):
     p.signal(signal.SIGTERM)
     # While draining, health says so (the HTTP endpoint stays up during the drain; the signal
     # is handled by the event loop, so the very next request may still be served before it).
-    wait_until(lambda: p.http_get("/healthz") == (503, "draining\n"), 3, 0.02,
-               what="/healthz to say draining")
+    wait_until(lambda: p.http_get("/readyz") == (503, "draining\n"), 3, 0.02,
+               what="/readyz to say draining")
     assert p.metric("kmirror_draining") == 1
+    # kmirrord itself still works while it drains: the liveness check does not fail.
+    status, body = p.http_get("/healthz")
+    assert status == 200, body
     # No new connections are accepted.
     with pytest.raises(OSError):
         socket.create_connection((PROXY_HOST, p.port), timeout=2).recv(1)
@@ -155,16 +159,18 @@ def test_metrics_and_healthz(proxy3, topic_name):
     assert m["kmirror_client_connections_total"] > 0
     assert m["kmirror_client_bytes_out_total"] > 100 * 10
     assert m["kmirror_responses_rewritten_total"] > 0
-    assert m['kmirror_requests_total{api_key="0"}'] > 0   # Produce
-    assert m['kmirror_requests_total{api_key="1"}'] > 0   # Fetch
-    assert m['kmirror_requests_total{api_key="3"}'] > 0   # Metadata
-    assert m['kmirror_request_latency_seconds_count{api_key="3"}'] > 0
+    assert m['kmirror_requests_total{api="Produce"}'] > 0   # Produce
+    assert m['kmirror_requests_total{api="Fetch"}'] > 0   # Fetch
+    assert m['kmirror_requests_total{api="Metadata"}'] > 0   # Metadata
+    assert m['kmirror_request_latency_seconds_count{api="Metadata"}'] > 0
     buckets = [(k, v) for k, v in m.items()
-               if k.startswith('kmirror_request_latency_seconds_bucket{api_key="3"')]
+               if k.startswith('kmirror_request_latency_seconds_bucket{api="Metadata"')]
     assert buckets and buckets[-1][0].endswith('le="+Inf"}')
-    assert buckets[-1][1] == m['kmirror_request_latency_seconds_count{api_key="3"}']
+    assert buckets[-1][1] == m['kmirror_request_latency_seconds_count{api="Metadata"}']
     assert [v for _, v in buckets] == sorted(v for _, v in buckets)
-    assert proxy3.http_get("/healthz") == (200, "ok\n")
+    status, body = proxy3.http_get("/healthz")
+    assert status == 200 and body.startswith("ok\nstate: loaded"), body
+    assert "\nupstream: reachable, 3 brokers known" in body, body
     assert proxy3.http_get("/nothing-here")[0] == 404
 
 
@@ -172,8 +178,11 @@ def test_healthz_upstream_unreachable(proxy_factory, dest_cluster3):
     dead = free_port()  # nothing listens there
     p = proxy_factory(dest_cluster3, upstream=f"127.0.0.1:{dead}", metadata_refresh_ms=500,
                       upstream_connect_timeout_ms=1000)
-    wait_until(lambda: p.http_get("/healthz") == (503, "upstream unreachable\n"), 20,
-               what="503 upstream unreachable")
+    wait_until(lambda: p.http_get("/healthz")[0] == 503, 20, what="503 upstream unreachable")
+    body = p.http_get("/healthz")[1]
+    assert body.startswith("upstream unreachable\nstate: loading") and \
+        "\nupstream: unreachable, 0 brokers known: Connection refused\n" in body, body
+    assert p.http_get("/readyz") == (503, "upstream unreachable\n")
     # A client connecting meanwhile is closed (not hung), and the proxy stays up.
     s = socket.create_connection((PROXY_HOST, p.port), timeout=10)
     body = struct.pack(">hhih", 3, 1, 1, 1) + b"x" + struct.pack(">i", 0)

@@ -315,6 +315,57 @@ static void test_many_series(void **state)
 	km_metrics_free(m);
 }
 
+/* A family with a scale renders its integers in the unit of its name: milliseconds kept, seconds shown. */
+static void test_scale_and_hidden(void **state)
+{
+	static const km_metric_desc lag = {.name = "kmirror_mirror_lag_seconds",
+					   .help = "Behind in time.",
+					   .type = KM_METRIC_GAUGE,
+					   .labels = {"mirror"},
+					   .scale = 0.001};
+	static const km_metric_desc at = {.name = "kmirror_last_seconds",
+					  .help = "When.",
+					  .type = KM_METRIC_GAUGE,
+					  .scale = 0.001};
+	static const km_metric_desc one = {.name = "kmirror_plain", .help = "Scale 1 is none.", .type = KM_METRIC_COUNTER,
+					   .scale = 1};
+	km_metrics *m = km_metrics_new();
+	uint64_t ms = 1500, when = 1733400000123ULL;
+	km_metric_family *f = km_metrics_family(m, &lag);
+	km_metric_series *s, *neg, *t, *p;
+	char *text;
+
+	(void)state;
+	assert_non_null(f);
+	s = km_metric_series_ptr(f, (const char *[]){"m1"}, &ms);
+	neg = km_metric_series_get(f, (const char *[]){"m2"});
+	assert_non_null(s);
+	assert_non_null(neg);
+	km_metric_set(neg, -250);
+	assert_non_null(t = km_metric_series_ptr(km_metrics_family(m, &at), NULL, &when));
+	assert_non_null(p = km_metric_series_get(km_metrics_family(m, &one), NULL));
+	km_metric_inc(p, 12345678901ULL);
+	text = render(m);
+	assert_non_null(strstr(text, "kmirror_mirror_lag_seconds{mirror=\"m1\"} 1.5\n"));
+	assert_non_null(strstr(text, "kmirror_mirror_lag_seconds{mirror=\"m2\"} -0.25\n"));
+	assert_non_null(strstr(text, "\nkmirror_last_seconds 1733400000.123\n"));
+	assert_non_null(strstr(text, "\nkmirror_plain 12345678901\n"));
+	free(text);
+
+	/* A hidden series is left out until shown again; the family's header stays. */
+	km_metric_series_show(s, false);
+	ms = 0;
+	text = render(m);
+	assert_null(strstr(text, "mirror=\"m1\""));
+	assert_non_null(strstr(text, "# TYPE kmirror_mirror_lag_seconds gauge\n"));
+	free(text);
+	km_metric_series_show(s, true);
+	text = render(m);
+	assert_non_null(strstr(text, "kmirror_mirror_lag_seconds{mirror=\"m1\"} 0\n"));
+	free(text);
+	km_metrics_free(m);
+}
+
 /* Child registries (an upstream swap's modules): rendered after the parent, the newest child winning a name. */
 static void test_children(void **state)
 {
@@ -353,6 +404,7 @@ int main(void)
 		cmocka_unit_test(test_escaping),         cmocka_unit_test(test_cardinality_cap),
 		cmocka_unit_test(test_histogram),        cmocka_unit_test(test_by_pointer),
 		cmocka_unit_test(test_many_series),      cmocka_unit_test(test_children),
+		cmocka_unit_test(test_scale_and_hidden),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

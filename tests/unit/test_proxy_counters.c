@@ -9,6 +9,7 @@
 #include <string.h>
 #include <cmocka.h>
 
+#include "kmirror/version.h"
 #include "proxy/proxy_int.h"
 
 static void test_rendered_names(void **state)
@@ -53,17 +54,21 @@ static void test_rendered_names(void **state)
 	assert_non_null(strstr(text, "kmirror_http_rejected_total{reason=\"too_many_headers\"} 0\n"));
 	assert_non_null(strstr(text, "kmirror_http_rejected_total{reason=\"unauthorized\"} 5\n"));
 	assert_non_null(strstr(text, "# TYPE kmirror_http_connections gauge\nkmirror_http_connections 2\n"));
-	assert_non_null(strstr(text, "# TYPE kmirror_requests_total counter\nkmirror_requests_total{api_key=\"3\"} 2\n"
-				     "kmirror_requests_total{api_key=\"other\"} 2\n"));
-	assert_null(strstr(text, "kmirror_requests_total{api_key=\"0\"}"));
-	assert_non_null(strstr(text, "kmirror_request_latency_seconds_bucket{api_key=\"3\",le=\"0.0005\"} 0\n"
-				     "kmirror_request_latency_seconds_bucket{api_key=\"3\",le=\"0.001\"} 1\n"));
-	assert_non_null(strstr(text, "kmirror_request_latency_seconds_bucket{api_key=\"3\",le=\"0.25\"} 2\n"));
-	assert_non_null(strstr(text, "kmirror_request_latency_seconds_bucket{api_key=\"3\",le=\"5\"} 2\n"
-				     "kmirror_request_latency_seconds_bucket{api_key=\"3\",le=\"+Inf\"} 3\n"
-				     "kmirror_request_latency_seconds_sum{api_key=\"3\"} 9.200700\n"
-				     "kmirror_request_latency_seconds_count{api_key=\"3\"} 3\n"));
-	assert_null(strstr(text, "api_key=\"500\""));
+	assert_non_null(strstr(text, "# TYPE kmirror_requests_total counter\nkmirror_requests_total{api=\"Metadata\"} 2\n"
+				     "kmirror_requests_total{api=\"other\"} 2\n"));
+	assert_null(strstr(text, "kmirror_requests_total{api=\"Produce\"}"));
+	assert_non_null(strstr(text, "kmirror_request_latency_seconds_bucket{api=\"Metadata\",le=\"0.0005\"} 0\n"
+				     "kmirror_request_latency_seconds_bucket{api=\"Metadata\",le=\"0.001\"} 1\n"));
+	assert_non_null(strstr(text, "kmirror_request_latency_seconds_bucket{api=\"Metadata\",le=\"0.25\"} 2\n"));
+	assert_non_null(strstr(text, "kmirror_request_latency_seconds_bucket{api=\"Metadata\",le=\"5\"} 2\n"
+				     "kmirror_request_latency_seconds_bucket{api=\"Metadata\",le=\"+Inf\"} 3\n"
+				     "kmirror_request_latency_seconds_sum{api=\"Metadata\"} 9.200700\n"
+				     "kmirror_request_latency_seconds_count{api=\"Metadata\"} 3\n"));
+	assert_null(strstr(text, "api=\"500\""));
+	assert_null(strstr(text, "api_key="));
+	assert_non_null(strstr(text, "# TYPE kmirror_build_info gauge\nkmirror_build_info{version=\"" KM_VERSION "\",openssl=\"OpenSSL "));
+	assert_non_null(strstr(text, "# TYPE process_cpu_seconds_total counter\nprocess_cpu_seconds_total "));
+	assert_non_null(strstr(text, "\nprocess_open_fds "));
 	free(text);
 	km_metrics_free(m);
 }
@@ -98,7 +103,7 @@ static void test_api_slots(void **state)
 	assert_int_equal(km_proxy_slot_api(KM_PROXY_API_SLOTS), -1);
 }
 
-/* The mirror RPCs show under their own api_key, and their errors under kmirror_mirror_rpc_errors_total. */
+/* The mirror RPCs show under their own api name, and their errors under kmirror_mirror_rpc_errors_total. */
 static void test_mirror_rpc_series(void **state)
 {
 	km_proxy_counters c;
@@ -126,14 +131,14 @@ static void test_mirror_rpc_series(void **state)
 	f = open_memstream(&text, &len);
 	assert_int_equal(km_metrics_render(m, f), KM_OK);
 	fclose(f);
-	assert_non_null(strstr(text, "kmirror_requests_total{api_key=\"32000\"} 1\n"));
-	assert_non_null(strstr(text, "kmirror_requests_total{api_key=\"32005\"} 2\n"));
-	assert_non_null(strstr(text, "kmirror_requests_total{api_key=\"32009\"} 1\n"));
-	assert_non_null(strstr(text, "kmirror_requests_total{api_key=\"other\"} 1\n"));
-	assert_null(strstr(text, "api_key=\"32010\""));
-	assert_null(strstr(text, "kmirror_requests_total{api_key=\"32001\"}"));
-	assert_non_null(strstr(text, "kmirror_request_latency_seconds_bucket{api_key=\"32005\",le=\"0.005\"} 1\n"));
-	assert_non_null(strstr(text, "kmirror_request_latency_seconds_count{api_key=\"32005\"} 1\n"));
+	assert_non_null(strstr(text, "kmirror_requests_total{api=\"CreateMirror\"} 1\n"));
+	assert_non_null(strstr(text, "kmirror_requests_total{api=\"StartMirrorTopics\"} 2\n"));
+	assert_non_null(strstr(text, "kmirror_requests_total{api=\"LastMirroredOffsets\"} 1\n"));
+	assert_non_null(strstr(text, "kmirror_requests_total{api=\"other\"} 1\n"));
+	assert_null(strstr(text, "api=\"32010\""));
+	assert_null(strstr(text, "kmirror_requests_total{api=\"DeleteMirror\"}"));
+	assert_non_null(strstr(text, "kmirror_request_latency_seconds_bucket{api=\"StartMirrorTopics\",le=\"0.005\"} 1\n"));
+	assert_non_null(strstr(text, "kmirror_request_latency_seconds_count{api=\"StartMirrorTopics\"} 1\n"));
 	assert_non_null(strstr(text, "kmirror_mirror_rpc_errors_total{api=\"StartMirrorTopics\","
 				     "error=\"TOPIC_NOT_IN_CLUSTER_MIRROR\"} 2\n"));
 	assert_non_null(strstr(text, "kmirror_mirror_rpc_errors_total{api=\"CreateMirror\","

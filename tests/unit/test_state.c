@@ -1343,7 +1343,7 @@ static void test_metrics(void **state)
 	assert_non_null(strstr(text, "# TYPE kmirror_state_writes_total counter\nkmirror_state_writes_total 2\n"));
 	assert_non_null(strstr(text, "kmirror_state_write_failures_total 1\n"));
 	assert_non_null(strstr(text, "kmirror_state_records_loaded_total 7\n"));
-	assert_non_null(strstr(text, "# TYPE kmirror_state_load_duration_ms gauge\nkmirror_state_load_duration_ms 80\n"));
+	assert_non_null(strstr(text, "# TYPE kmirror_state_load_duration_seconds gauge\nkmirror_state_load_duration_seconds 0.08\n"));
 	assert_non_null(strstr(text, "kmirror_state_ready 1\n"));
 	assert_non_null(strstr(text, "kmirror_state_mirrors 1\n"));
 	assert_non_null(strstr(text, "kmirror_state_mirror_topics 2\n"));

@@ -366,6 +366,7 @@ static void on_fetch_stream(km_net_client *c, km_err err, struct evbuffer *chunk
 	}
 	if (err != KM_OK || !chunk) {
 		KM_WARN(COMP, 0, "%s: Fetch from source broker %d failed: %s", pl->name, (int)fc->node, km_err_name(err));
+		km_pl_source_contact(pl, err != KM_OK ? err : KM_ERR_IO, false);
 		km_cluster_drop(pl->src, c);
 		pl->src_meta_need = true;
 		session_reset(pl, fc->node);
@@ -418,6 +419,7 @@ static void on_fetch_stream(km_net_client *c, km_err err, struct evbuffer *chunk
 	if (fc->resp && !fc->dropped && (!fc->sessions || fc->session_done))
 		walk_answer(fc);
 	if (last) {
+		km_pl_source_contact(pl, KM_OK, true);
 		free(x);
 		end_answer(fc, false);
 	}

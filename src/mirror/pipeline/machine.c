@@ -157,6 +157,45 @@ void km_pl_update_lag(mpart *p, int64_t now)
 		p->stats.lag && p->out.newest_ts > 0 && now > p->out.newest_ts ? (uint64_t)(now - p->out.newest_ts) : 0;
 }
 
+/* Its source gauges leave the exposition: no contact yet, or the pipeline does not run here now. */
+static void source_series_hide(km_pipeline *pl)
+{
+	if (pl->source.s_reachable)
+		km_metric_series_show(pl->source.s_reachable, false);
+	if (pl->source.s_fetched)
+		km_metric_series_show(pl->source.s_fetched, false);
+}
+
+void km_pl_source_contact(km_pipeline *pl, km_err err, bool fetch)
+{
+	int64_t now = km_pl_now_ms();
+	uint64_t ok = err == KM_OK;
+
+	if (!pl->source.since_ms || pl->source.reachable != ok)
+		pl->source.since_ms = now;
+	pl->source.reachable = ok;
+	if (ok && fetch)
+		pl->source.fetched_ms = (uint64_t)now;
+	if (ok)
+		pl->source.error[0] = '\0';
+	else
+		snprintf(pl->source.error, sizeof(pl->source.error), "%s",
+			 pl->src && *km_cluster_last_error(pl->src) ? km_cluster_last_error(pl->src) : km_err_name(err));
+	if (pl->source.s_reachable)
+		km_metric_series_show(pl->source.s_reachable, true);
+	if (pl->source.s_fetched)
+		km_metric_series_show(pl->source.s_fetched, pl->source.fetched_ms != 0);
+}
+
+bool km_pipeline_source(const km_pipeline *pl, km_mirror_source *out)
+{
+	if (pl->retired_at || !pl->source.since_ms)
+		return false;
+	*out = (km_mirror_source){pl->name, pl->source.reachable, pl->source.since_ms,
+				  (int64_t)pl->source.fetched_ms, pl->source.error};
+	return true;
+}
+
 /* A partition as it starts: nothing known of its leaders, its plan or its tail (stats are kept by the caller). */
 static void part_init(mpart *p, mtopic *t, int32_t id)
 {
@@ -581,6 +620,8 @@ static void tick(evutil_socket_t fd, short what, void *arg)
 		km_mirror_rebalance_soon(pl->mi);
 		return;
 	}
+	if (pl->src && km_cluster_unreachable(pl->src))
+		km_pl_source_contact(pl, KM_ERR_IO, false); /* its requests wait for a connection: none fails */
 	reread_options(pl, now);
 	refill(pl, now);
 	for (size_t i = 0; i < pl->ntopics; i++)
@@ -720,10 +761,15 @@ km_pipeline *km_pipeline_new(km_mirror *mi, const char *mirror)
 		/* Pipelines live as long as the module (the series point into them). */
 		km_metric_family *f = km_mirror_metric_families(mi)->fetches, *g = km_mirror_metric_families(mi)->fenced;
 		const char *full[] = {pl->name, "full"}, *incr[] = {pl->name, "incremental"}, *name[] = {pl->name};
+		km_metric_family *r = km_mirror_metric_families(mi)->reachable,
+				 *t = km_mirror_metric_families(mi)->fetched_at;
 		if ((f && (!km_metric_series_ptr(f, full, &pl->fetch_full) ||
 			   !km_metric_series_ptr(f, incr, &pl->fetch_incremental))) ||
-		    (g && !km_metric_series_ptr(g, name, &pl->fenced)))
+		    (g && !km_metric_series_ptr(g, name, &pl->fenced)) ||
+		    (r && !(pl->source.s_reachable = km_metric_series_ptr(r, name, &pl->source.reachable))) ||
+		    (t && !(pl->source.s_fetched = km_metric_series_ptr(t, name, &pl->source.fetched_ms))))
 			KM_DEBUG(COMP, 0, "mirror %s: a metric series was not kept (the family is full)", mirror);
+		source_series_hide(pl); /* until the source is contacted */
 	}
 	return pl;
 fail:
@@ -834,6 +880,9 @@ void km_pipeline_retire(km_pipeline *pl, const char *why)
 	pl->fetch_full = keep.fetch_full;
 	pl->fetch_incremental = keep.fetch_incremental;
 	pl->fenced = keep.fenced;
+	pl->source.s_reachable = keep.source.s_reachable;
+	pl->source.s_fetched = keep.source.s_fetched;
+	source_series_hide(pl); /* gauges: another kmirrord reports them now */
 	pl->store_pending = keep.store_pending;
 	pl->life = keep.life + 1;
 	pl->retired_at = km_pl_now_ms();

@@ -186,10 +186,12 @@ static void on_metadata(km_net_client *c, const km_rpc_response *res, void *arg)
 	free(x);
 	if (pl->closing)
 		return;
-	if (cl == pl->src)
+	if (cl == pl->src) {
 		pl->src_meta_inflight = false;
-	else
+		km_pl_source_contact(pl, err, false);
+	} else {
 		pl->dst_meta_inflight = false;
+	}
 	if (err != KM_OK) {
 		KM_WARN(COMP, 0, "%s: %s Metadata failed: %s", pl->name, km_cluster_side(cl), km_err_name(err));
 		km_cluster_drop(cl, c);

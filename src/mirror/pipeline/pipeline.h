@@ -275,6 +275,13 @@ struct km_pipeline {
 	int64_t txl_at, txl_since; /* the last round; the first (0: none yet) */
 	char **listed;
 	size_t nlisted;
+	struct {           /* the source as last contacted (kmirror_mirror_source_reachable, /healthz) */
+		uint64_t reachable;  /* 1: the last contact succeeded */
+		uint64_t fetched_ms; /* the last Fetch answer (ms since the epoch); 0: none yet */
+		int64_t since_ms;    /* when reachable last changed; 0: no contact yet */
+		char error[256];     /* why the last contact failed ("": it did not) */
+		km_metric_series *s_reachable, *s_fetched;
+	} source;
 };
 
 /* A store write's answer is for this pipeline as it runs now (not freed, not retired since it was asked). */
@@ -455,6 +462,8 @@ mnode_io *km_pl_node_io(mnode_io **arr, size_t *n, int32_t id);
 mtopic *km_pl_topic_get(km_pipeline *pl, const char *name, bool create);
 mpart *km_pl_part_get(km_pipeline *pl, mtopic *t, int32_t id, bool create);
 void km_pl_update_lag(mpart *p, int64_t now);
+/* A source answer (fetch: a Fetch one) came (err KM_OK), or the source could not be reached (err). */
+void km_pl_source_contact(km_pipeline *pl, km_err err, bool fetch);
 /* The offset map's tail (what describe shows): the acknowledged tail, or none. */
 void km_pl_set_tail(km_pipeline *pl, mpart *p, bool set);
 void km_pl_backoff(mpart *p);

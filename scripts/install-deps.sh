@@ -13,6 +13,7 @@ DEBIAN_PACKAGES=(
 	# tests/integration/test_packaging.py: systemd-analyze (verify and security --offline, no
 	# systemd as PID 1 needed), man for the man pages' warnings, PyYAML for docker-compose.yml.
 	systemd man-db python3-yaml
+	# tests/integration/test_observability.py: a real Prometheus and promtool.
 	prometheus
 )
 PYTHON_PACKAGES=(pytest confluent-kafka)

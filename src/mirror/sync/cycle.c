@@ -122,6 +122,8 @@ static void step_end(sync_cycle *cy, km_sync_kind next)
 		st->compared = cy->compared;
 		m_inc(st->m_runs_ok, 1);
 		m_set(st->m_last, st->last_sync_ms / 1000);
+		if (st->m_last)
+			km_metric_series_show(st->m_last, true);
 	}
 	cy->step = next;
 	cy->step_failed = false;

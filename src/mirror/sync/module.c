@@ -22,6 +22,9 @@ static void stat_series(km_sync *s, msync *m)
 			m->st[k].m_runs_err = km_metric_series_get(s->f_runs, bad);
 			m->st[k].m_changes = km_metric_series_get(s->f_changes, two);
 			m->st[k].m_last = km_metric_series_get(s->f_last, two);
+			/* The topics step runs only for a mirror that follows: no "last success" of 0 until it has one. */
+			if (k == KM_SYNC_TOPICS && m->st[k].m_last)
+				km_metric_series_show(m->st[k].m_last, false);
 		}
 	}
 	if (s->f_skipped) {

@@ -143,6 +143,15 @@ static void warn_secret_flags(const daemon_ctx *d)
 	}
 }
 
+/* The secret files as the start reads them (mode, contents); false with why. */
+static bool secrets_usable(km_config *cfg, char *why, size_t len)
+{
+	if (km_config_read_secrets(cfg, why, len) != KM_OK)
+		return false;
+	return !cfg->mirror_secret_key_file ||
+	       km_state_key_check(cfg->mirror_secret_key_file, cfg->secret_file_mode_check, why, len) == KM_OK;
+}
+
 /* --check-config, after the configuration itself was valid: the files it names, then what is likely wrong. */
 static int check_config(km_config *cfg)
 {
@@ -152,6 +161,10 @@ static int check_config(km_config *cfg)
 	if (km_config_check_files(cfg, out, sizeof(out)) > 0) {
 		fprintf(stderr, "kmirrord: invalid configuration: cannot use these files (run --check-config as the "
 				"user kmirrord runs as):\n%s\n", out);
+		rc = 2;
+	} else if (!secrets_usable(cfg, out, sizeof(out))) {
+		/* Read as the start reads them: their mode and their contents, not only that they open. */
+		fprintf(stderr, "kmirrord: invalid configuration: %s\n", out);
 		rc = 2;
 	} else {
 		if (km_config_loopback_warning(cfg, out, sizeof(out)))

@@ -100,6 +100,8 @@ typedef struct km_state_opts {
  */
 km_state *km_state_new(const km_state_opts *opts, char *err, size_t errlen);
 void km_state_free(km_state *st);
+/* mirror_secret_key_file as km_state_new reads it (its mode unless !mode_check, a key in it): KM_ERR_CONFIG with err. */
+km_err km_state_key_check(const char *path, bool mode_check, char *err, size_t errlen);
 bool km_state_ready(const km_state *st);
 /* Why the store stopped for good (the message on_fatal got), or NULL while it runs. */
 const char *km_state_fatal_message(const km_state *st);
@@ -366,6 +368,15 @@ void km_state_progress_write(km_state *st, const char *mirror, const km_state_pr
  * here): the tail becomes the persisted progress, as on an instance that never ran it.
  */
 void km_state_offmap_release(km_state *st, const char *topic, int32_t partition);
+/*
+ * The local pipeline moved map's tail (km_state_offmap_mut): cb, if one is set, hears it at once.
+ * The proxy's Fetch waiting at that tail goes upstream then rather than after its wait
+ * (docs/proxy.md, "A Fetch at the tail"). One listener; NULL removes it. map is only compared, never
+ * read, by the listener.
+ */
+typedef void (*km_state_tail_cb)(void *arg, const km_offmap *map);
+void km_state_on_tail(km_state *st, km_state_tail_cb cb, void *arg);
+void km_state_tail_moved(km_state *st, const km_offmap *map);
 
 /*
  * The offset map of a partition of a mirror topic, NULL when it has none yet (never mirrored).

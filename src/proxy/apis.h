@@ -43,6 +43,9 @@ typedef struct km_proxy_api km_proxy_api;
 #define KM_REQ_MARK_OOR_HOLD (1u << 0) /* swap.c: OFFSET_OUT_OF_RANGE answered as OFFSET_NOT_AVAILABLE */
 
 /* One request, as its classify and on_request hooks see it and decide about it. */
+/* The maps a Fetch waiting at the tail names (more: it wakes on any tail). */
+#define KM_TAIL_MAPS 8
+
 typedef struct km_req {
 	km_session *s;
 	const km_proxy_api *api;  /* the request's row (its stages run in the row's order) */
@@ -74,6 +77,10 @@ typedef struct km_req {
 	struct evbuffer *rewritten;
 	const char *close_reason; /* set with KM_ERR_* to close the connection (a request the proxy refuses to pass) */
 	bool wait_at_tail;        /* a Fetch hook: hold the request KM_FETCH_TAIL_WAIT_MS first (km_session_fetch_may_wait) */
+	/* What that wait ends on as well: one of these maps' tail moving (km_session_set_tail_moved); any: every map. */
+	const void *tail_maps[KM_TAIL_MAPS];
+	size_t ntail_maps;
+	bool tail_any;
 	/*
 	 * on_request: the client's input, the whole frame's size prefix at its start and the frame
 	 * (frame_len bytes) at in_off, possibly across many chains: read it with km_evrd, reference

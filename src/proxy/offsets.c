@@ -940,6 +940,24 @@ km_err km_off_hold_classify(km_req *rq)
 	return KM_OK;
 }
 
+/* The maps of the partitions a Fetch asks: the wait at their tail also ends when one of them moves. */
+static void tail_maps_of(const km_off_req *c, km_req *rq)
+{
+	const km_off_lookup *lk = c->lk;
+	rq->ntail_maps = 0;
+	rq->tail_any = false;
+	for (size_t i = 0; i < c->n && !rq->tail_any; i++) {
+		const void *t = lk->topic(lk->arg, c->entries[i].topic, &c->entries[i].id);
+		const km_offmap *m = t ? lk->map(lk->arg, t, c->entries[i].partition) : NULL;
+		if (!m)
+			continue;
+		if (rq->ntail_maps == KM_TAIL_MAPS)
+			rq->tail_any = true; /* too many to name: any tail ends it */
+		else
+			rq->tail_maps[rq->ntail_maps++] = m;
+	}
+}
+
 static km_err fetch_request_hook(km_req *rq)
 {
 	km_off_req *c = NULL;
@@ -970,6 +988,8 @@ static km_err fetch_request_hook(km_req *rq)
 		rq->resp = KM_RESP_STREAM; /* every version, while a mapped partition may be in the answer */
 		/* Nothing asked before a tail, and the last answer showed nothing: the broker would answer at once again. */
 		rq->wait_at_tail = !c->before_tail && km_session_fetch_may_wait(rq->s);
+		if (rq->wait_at_tail)
+			tail_maps_of(c, rq);
 	}
 	return KM_OK;
 }

@@ -22,9 +22,18 @@ uint64_t km_proxy_now_ms(const km_proxy *px)
 	return (uint64_t)tv.tv_sec * 1000 + (uint64_t)tv.tv_usec / 1000;
 }
 
+/* A tail moved in the store: the Fetch requests waiting at it go now. */
+static void tail_moved(void *arg, const km_offmap *map)
+{
+	km_proxy *px = arg;
+	km_session_set_tail_moved(px->sessions, map);
+}
+
 void km_proxy_set_state(km_proxy *px, km_state *st)
 {
 	px->host.state = st;
+	if (st)
+		km_state_on_tail(st, tail_moved, px);
 	km_ro_lookup_from_state(st, &px->features.read_only);
 	px->features.read_only.read_only_code = km_ro_code_of(px->cfg.read_only_error);
 	km_off_lookup_from_state(st, &px->features.offsets);
@@ -570,6 +579,8 @@ void km_proxy_free(km_proxy *px)
 {
 	if (!px)
 		return;
+	if (px->host.state)
+		km_state_on_tail(px->host.state, NULL, NULL);
 	/* Mirror operations waiting for the store must not look for the sessions after this. */
 	if (px->sessions) {
 		km_mirror_rpc_detach(px->sessions);

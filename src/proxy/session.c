@@ -75,6 +75,12 @@ struct km_session {
 	bool fetch_waiting;        /* the next request waits (tail_ev), unread */
 	bool fetch_waited;         /* it waited: it goes now */
 	struct event *tail_ev;
+	/* While it waits: the maps whose tail ends the wait early (km_session_set_tail_moved), in set->waiting. */
+	const void *tail_maps[KM_TAIL_MAPS];
+	size_t ntail_maps;
+	bool tail_any;
+	bool wait_listed;          /* in set->waiting */
+	km_session *wait_prev, *wait_next;
 	struct {
 		rq_state state;
 		size_t left;   /* RQ_MOVE: bytes of the frame still to forward */
@@ -95,6 +101,7 @@ struct km_session_set {
 	km_session *sessions; /* doubly linked, newest first */
 	size_t count;
 	km_session *dead;     /* closed sessions, freed at the end of the loop iteration */
+	km_session *waiting;  /* sessions whose Fetch waits at a tail (fetch_waiting), doubly linked */
 	struct event *reap_ev;
 	uint64_t next_id;
 	km_peers peers;       /* open sessions per source address */
@@ -195,6 +202,21 @@ static void up_drop(km_session *s)
 		m->upstream_connections--;
 }
 
+/* Out of set->waiting (a Fetch no longer waits at a tail). */
+static void waiting_unlink(km_session *s)
+{
+	if (!s->wait_listed)
+		return;
+	if (s->wait_prev)
+		s->wait_prev->wait_next = s->wait_next;
+	else
+		s->set->waiting = s->wait_next;
+	if (s->wait_next)
+		s->wait_next->wait_prev = s->wait_prev;
+	s->wait_prev = s->wait_next = NULL;
+	s->wait_listed = false;
+}
+
 static void session_close(km_session *s, const char *why)
 {
 	km_session_set *set = s->set;
@@ -217,6 +239,7 @@ static void session_close(km_session *s, const char *why)
 	up_drop(s);
 	km_peers_release(&set->peers, s->peer);
 	s->peer = NULL;
+	waiting_unlink(s);
 	if (s->prev)
 		s->prev->next = s->next;
 	else
@@ -853,6 +876,7 @@ bool km_session_fetch_may_wait(const km_session *s)
 	return s->fetch_blank && !s->fetch_waited;
 }
 
+
 static void tail_wait_over(evutil_socket_t fd, short what, void *arg)
 {
 	km_session *s = arg;
@@ -860,12 +884,13 @@ static void tail_wait_over(evutil_socket_t fd, short what, void *arg)
 	(void)what;
 	if (s->closed)
 		return;
+	waiting_unlink(s);
 	s->fetch_waiting = false;
 	s->fetch_waited = true;
 	update_cli_reading(s); /* reads on: the request waiting in the buffer goes now */
 }
 
-static bool fetch_wait(km_session *s)
+static bool fetch_wait(km_session *s, const km_req *rq)
 {
 	struct timeval tv = {0, KM_FETCH_TAIL_WAIT_MS * 1000};
 	if (!s->tail_ev && !(s->tail_ev = evtimer_new(s->host->base, tail_wait_over, s)))
@@ -873,6 +898,15 @@ static bool fetch_wait(km_session *s)
 	if (event_add(s->tail_ev, &tv) != 0)
 		return false;
 	s->fetch_waiting = true;
+	memcpy(s->tail_maps, rq->tail_maps, sizeof(s->tail_maps));
+	s->ntail_maps = rq->ntail_maps;
+	s->tail_any = rq->tail_any;
+	s->wait_prev = NULL;
+	s->wait_next = s->set->waiting;
+	if (s->wait_next)
+		s->wait_next->wait_prev = s;
+	s->set->waiting = s;
+	s->wait_listed = true;
 	s->host->metrics->fetch_tail_waits_total++;
 	update_cli_reading(s);
 	return true;
@@ -913,7 +947,7 @@ static head_result request_held(km_session *s, struct evbuffer *in, bool whole, 
 	}
 	if (rq->answer || rq->pending)
 		rq->resp = KM_RESP_LOCAL;
-	if (rq->wait_at_tail && fetch_wait(s)) {
+	if (rq->wait_at_tail && fetch_wait(s, rq)) {
 		req_discard(rq); /* read and classified again when the wait is over */
 		return HEAD_WAIT;
 	}
@@ -1340,6 +1374,24 @@ void km_session_set_state_ready(km_session_set *set, const km_state *st)
 			s->state_wait_ms = 0;
 			update_cli_reading(s);
 		}
+}
+
+void km_session_set_tail_moved(km_session_set *set, const void *map)
+{
+	km_session *s = set ? set->waiting : NULL;
+	while (s) {
+		km_session *next = s->wait_next;
+		bool mine = s->tail_any;
+		for (size_t i = 0; !mine && i < s->ntail_maps; i++)
+			mine = s->tail_maps[i] == map;
+		if (mine) {
+			/* Out of the list now; its wait ends in its own event, not inside the pipeline's call. */
+			waiting_unlink(s);
+			event_del(s->tail_ev);
+			event_active(s->tail_ev, EV_TIMEOUT, 1);
+		}
+		s = next;
+	}
 }
 
 void km_session_set_tick(km_session_set *set, uint64_t now_ms_)

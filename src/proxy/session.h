@@ -62,6 +62,8 @@ void km_session_set_accept(km_session_set *set, int fd, const struct sockaddr *s
 size_t km_session_set_count(const km_session_set *set);
 /* The store st has loaded: sessions whose next request waited for it read on. */
 void km_session_set_state_ready(km_session_set *set, const km_state *st);
+/* A map's tail moved: the sessions whose Fetch waits at it read on now (docs/proxy.md, "A Fetch at the tail"). */
+void km_session_set_tail_moved(km_session_set *set, const void *map);
 /* Periodic checks of every session: idle, stalled frames, overdue responses. */
 void km_session_set_tick(km_session_set *set, uint64_t now_ms);
 /* Ask up to n sessions that are not draining yet to close at their next request boundary; returns how many. */

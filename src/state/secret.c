@@ -57,6 +57,16 @@ km_err km_state_key_load(const char *path, bool mode_check, uint8_t key[KM_STATE
 	return KM_ERR_CONFIG;
 }
 
+km_err km_state_key_check(const char *path, bool mode_check, char *err, size_t errlen)
+{
+	uint8_t key[KM_STATE_KEY_BYTES];
+	bool loose = false;
+	km_err rc = km_state_key_load(path, mode_check, key, &loose, err, errlen);
+
+	OPENSSL_cleanse(key, sizeof(key));
+	return rc;
+}
+
 /*
  * The associated data of a value of format 1: the version byte, then the mirror's name and the
  * key's name, each after its length (two bytes, big-endian), so that no two pairs of names give the

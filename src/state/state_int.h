@@ -277,6 +277,8 @@ struct km_state {
 			     km_mp_state to);
 	void (*on_fatal)(void *arg, const char *message);
 	void *arg;
+	km_state_tail_cb on_tail;            /* km_state_on_tail */
+	void *tail_arg;
 	char fatal[1024];                    /* why the store stopped for good (km_state_fatal); "" while it runs */
 	bool fatal_told;                     /* on_fatal has been called */
 	bool have_key;

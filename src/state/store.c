@@ -1466,6 +1466,18 @@ void km_state_owner_check(km_state *st, bool (*may_write)(void *arg, const char 
 	st->may_write_arg = arg;
 }
 
+void km_state_on_tail(km_state *st, km_state_tail_cb cb, void *arg)
+{
+	st->on_tail = cb;
+	st->tail_arg = arg;
+}
+
+void km_state_tail_moved(km_state *st, const km_offmap *map)
+{
+	if (st->on_tail)
+		st->on_tail(st->tail_arg, map);
+}
+
 void km_state_offmap_release(km_state *st, const char *topic, int32_t partition)
 {
 	km_state_topic *t = km_state_model_topic(&st->model, topic, strlen(topic));

@@ -191,6 +191,31 @@ def test_check_config_names_missing_files_and_warns_on_loopback(kmirrord_bin, tm
     assert "http_listen = 0.0.0.0:9644\n" in r.stdout
 
 
+def test_check_config_reads_secret_files_as_the_start_does(kmirrord_bin, tmp_path):
+    """A secret file that opens but that the start would refuse (its mode, its contents) fails the
+    check too: under the systemd unit a check that passed and a start that fails is a restart loop."""
+    key = tmp_path / "mirror.key"
+    key.write_text("short\n")
+    key.chmod(0o644)
+    base = [kmirrord_bin, "--upstream", "k:9092", "--listen", "127.0.0.1:9092", "--check-config"]
+    r = run(base + ["--mirror-secret-key-file", key])
+    assert r.returncode == 2 and "(mode 0644): run chmod 600" in r.stderr, r.stderr
+    key.chmod(0o600)
+    r = run(base + ["--mirror-secret-key-file", key])
+    assert r.returncode == 2 and "not a key (32 raw bytes or 64 hex digits expected)" in r.stderr, r.stderr
+    key.write_text("ab" * 32 + "\n")
+    pw = tmp_path / "password"
+    pw.write_text("\n")
+    pw.chmod(0o600)
+    r = run(base + ["--mirror-secret-key-file", key, "--upstream-sasl-mechanism", "PLAIN",
+                    "--upstream-sasl-username", "u", "--upstream-sasl-password-file", pw])
+    assert r.returncode == 2 and f"upstream_sasl_password_file {pw}: is empty" in r.stderr, r.stderr
+    pw.write_text("secret\n")
+    r = run(base + ["--mirror-secret-key-file", key, "--upstream-sasl-mechanism", "PLAIN",
+                    "--upstream-sasl-username", "u", "--upstream-sasl-password-file", pw])
+    assert (r.returncode, r.stdout) == (0, "configuration ok\n"), r.stderr
+
+
 # ---- the container ------------------------------------------------------------------------------
 
 def compose_config():

@@ -266,6 +266,7 @@ void km_pl_set_tail(km_pipeline *pl, mpart *p, bool set)
 	m->tail_epoch = p->out.acked_epoch;
 	m->tail_ts = p->out.newest_ts;
 	km_pl_update_lag(p, km_pl_now_ms());
+	km_state_tail_moved(st, m); /* a reader's Fetch waiting at this tail goes now */
 }
 
 void km_pl_backoff(mpart *p)

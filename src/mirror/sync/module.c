@@ -22,15 +22,24 @@ static void stat_series(km_sync *s, msync *m)
 			m->st[k].m_runs_err = km_metric_series_get(s->f_runs, bad);
 			m->st[k].m_changes = km_metric_series_get(s->f_changes, two);
 			m->st[k].m_last = km_metric_series_get(s->f_last, two);
-			/* The topics step runs only for a mirror that follows: no "last success" of 0 until it has one. */
-			if (k == KM_SYNC_TOPICS && m->st[k].m_last)
-				km_metric_series_show(m->st[k].m_last, false);
 		}
 	}
 	if (s->f_skipped) {
 		const char *one[] = {m->mirror};
 		m->m_skipped = km_metric_series_get(s->f_skipped, one);
 	}
+}
+
+/*
+ * The steps' "last success" gauges are shown while this kmirrord runs the mirror's sync and once a
+ * step succeeded here (step_end shows it): no 0 from an instance that does not run it, or from a
+ * mirror with nothing to sync (its topics all stopped), for an alert to take as a sync failing.
+ */
+static void last_hide(msync *m)
+{
+	for (int k = 0; k < KM_SYNC__COUNT; k++)
+		if (m->st[k].m_last)
+			km_metric_series_show(m->st[k].m_last, false);
 }
 
 static msync *find(km_sync *s, const char *mirror)
@@ -78,6 +87,7 @@ static void on_tick(evutil_socket_t fd, short what, void *arg)
 				}
 				m->s = s;
 				stat_series(s, m);
+				last_hide(m);
 				m->next = s->head;
 				s->head = m;
 			}
@@ -90,6 +100,8 @@ static void on_tick(evutil_socket_t fd, short what, void *arg)
 					km_sy_cycle_free(m->cy);
 					m->cy = NULL;
 				}
+				if (!m->owner)
+					last_hide(m);
 				m->next_ms = 0;
 			}
 			if (m->cy || now < m->next_ms || !m->owner)
@@ -98,6 +110,8 @@ static void on_tick(evutil_socket_t fd, short what, void *arg)
 				continue;
 			if (km_sy_cycle_start(m, sm, &mo))
 				m->next_ms = now + mo.metadata_refresh_interval_ms;
+			else
+				last_hide(m); /* nothing to sync */
 			km_opt_free(km_state_mirror_option_table(), &mo);
 		}
 		/* Mirrors deleted: their sync goes (a cycle in progress ends). */
@@ -126,7 +140,7 @@ km_sync *km_sync_new(km_mirror *mi)
 	if (o->metrics) {
 		const km_metric_desc d[] = {
 			{.name = "kmirror_mirror_sync_runs_total",
-			 .help = "Metadata sync steps run, per mirror and kind (configs, partitions, groups, acls), by result.",
+			 .help = "Metadata sync steps run, per mirror and kind (topics, configs, partitions, groups, acls), by result.",
 			 .type = KM_METRIC_COUNTER, .labels = {"mirror", "kind", "result", NULL}},
 			{.name = "kmirror_mirror_sync_changes_total",
 			 .help = "Changes the metadata sync made on the destination: configs set or removed, partitions "

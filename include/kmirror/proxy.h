@@ -66,6 +66,7 @@ typedef struct km_proxy_counters {
 	uint64_t responses_rewritten_total;
 	uint64_t fetch_oor_held_total;        /* OFFSET_OUT_OF_RANGE answered OFFSET_NOT_AVAILABLE after a swap */
 	uint64_t fetch_tail_waits_total;      /* Fetch requests held a moment at the mirror's tail */
+	uint64_t fetch_tail_waits_woken_total; /* of those, the ones a tail move ended before the 50 ms */
 	uint64_t brokers_known;               /* gauge */
 	uint64_t requests[KM_PROXY_API_SLOTS]; /* by km_proxy_api_slot */
 	uint64_t requests_unknown;            /* api key with no slot */

@@ -117,9 +117,13 @@ static const struct {
 	 "upstream swap (swap_fetch_hold_ms).",
 	 KM_METRIC_COUNTER, C(fetch_oor_held_total)},
 	{"kmirror_fetch_tail_waits_total",
-	 "Fetch requests held 50 ms before they went upstream: the previous answer showed nothing, only records "
-	 "past a mirror partition's tail, and the request asks for nothing before the tails.",
+	 "Fetch requests held (50 ms at most) before they went upstream: the previous answer showed nothing, only "
+	 "records past a mirror partition's tail, and the request asks for nothing before the tails.",
 	 KM_METRIC_COUNTER, C(fetch_tail_waits_total)},
+	{"kmirror_fetch_tail_waits_woken_total",
+	 "Of those, the ones that went before the 50 ms because this kmirrord's pipeline moved the tail of a "
+	 "partition they ask.",
+	 KM_METRIC_COUNTER, C(fetch_tail_waits_woken_total)},
 	{"kmirror_upstream_brokers", "Upstream brokers known from metadata.", KM_METRIC_GAUGE, C(brokers_known)},
 	{"kmirror_draining", "1 while client connections are being drained for shutdown.", KM_METRIC_GAUGE,
 	 C(draining)},

@@ -889,8 +889,10 @@ km_err km_off_fetch_partition(const km_stream_ev *e)
 {
 	km_off_req *c = e->ctx;
 	km_err rc = fetch_partition(e->w, e->in, e->first, c);
-	if (rc == KM_OK && c && c->cur && c->blanked && e->s)
+	if (rc == KM_OK && c && c->cur && c->blanked && e->s) {
 		km_session_fetch_note(e->s, false);
+		km_session_fetch_blank_at(e->s, c->cur, c->cur->tail_logical, c->cur_epoch);
+	}
 	return rc;
 }
 
@@ -940,6 +942,22 @@ km_err km_off_hold_classify(km_req *rq)
 	return KM_OK;
 }
 
+/* Whether a tail the session's last answer blanked at has moved since (or may have: the lookup changed). */
+static bool blank_tails_moved(const km_off_lookup *lk, const km_session *s)
+{
+	const void *const *maps;
+	const int64_t *tails;
+	uint64_t epoch;
+	size_t n = km_session_fetch_blanks(s, &maps, &tails, &epoch);
+
+	if (n && epoch != lookup_epoch(lk))
+		return true;
+	for (size_t i = 0; i < n; i++)
+		if (((const km_offmap *)maps[i])->tail_logical != tails[i])
+			return true;
+	return false;
+}
+
 /* The maps of the partitions a Fetch asks: the wait at their tail also ends when one of them moves. */
 static void tail_maps_of(const km_off_req *c, km_req *rq)
 {
@@ -956,6 +974,8 @@ static void tail_maps_of(const km_off_req *c, km_req *rq)
 		else
 			rq->tail_maps[rq->ntail_maps++] = m;
 	}
+	if (!rq->ntail_maps)
+		rq->tail_any = true; /* an incremental Fetch naming no partition: its session's are not known here */
 }
 
 static km_err fetch_request_hook(km_req *rq)
@@ -986,8 +1006,13 @@ static km_err fetch_request_hook(km_req *rq)
 		rq->ctx = c;
 		rq->ctx_free = km_off_req_free;
 		rq->resp = KM_RESP_STREAM; /* every version, while a mapped partition may be in the answer */
-		/* Nothing asked before a tail, and the last answer showed nothing: the broker would answer at once again. */
-		rq->wait_at_tail = !c->before_tail && km_session_fetch_may_wait(rq->s);
+		/*
+		 * Nothing asked before a tail, and the last answer showed nothing: the broker would answer
+		 * at once again. Unless a tail it blanked at has moved since (the pipeline's Produce was
+		 * answered after the broker's Fetch answer: the usual order at low rates).
+		 */
+		rq->wait_at_tail = !c->before_tail && km_session_fetch_may_wait(rq->s) && !blank_tails_moved(c->lk, rq->s);
+		km_session_fetch_blanks_clear(rq->s);
 		if (rq->wait_at_tail)
 			tail_maps_of(c, rq);
 	}

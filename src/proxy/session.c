@@ -80,6 +80,11 @@ struct km_session {
 	size_t ntail_maps;
 	bool tail_any;
 	bool wait_listed;          /* in set->waiting */
+	/* The partitions the last answer blanked and their tails then (km_session_fetch_blank_at). */
+	const void *blank_maps[KM_TAIL_MAPS];
+	int64_t blank_tails[KM_TAIL_MAPS];
+	size_t nblank;
+	uint64_t blank_epoch;
 	km_session *wait_prev, *wait_next;
 	struct {
 		rq_state state;
@@ -869,6 +874,37 @@ static head_result frame_head(km_session *s, km_frame_status st, int32_t size, s
 void km_session_fetch_note(km_session *s, bool shown)
 {
 	s->fetch_blank = !shown;
+	if (shown)
+		s->nblank = 0;
+}
+
+void km_session_fetch_blank_at(km_session *s, const void *map, int64_t tail, uint64_t epoch)
+{
+	if (s->nblank && s->blank_epoch != epoch)
+		s->nblank = 0; /* the older ones may be gone */
+	s->blank_epoch = epoch;
+	for (size_t i = 0; i < s->nblank; i++)
+		if (s->blank_maps[i] == map) {
+			s->blank_tails[i] = tail;
+			return;
+		}
+	if (s->nblank < KM_TAIL_MAPS) {
+		s->blank_maps[s->nblank] = map;
+		s->blank_tails[s->nblank++] = tail;
+	}
+}
+
+size_t km_session_fetch_blanks(const km_session *s, const void *const **maps, const int64_t **tails, uint64_t *epoch)
+{
+	*maps = s->blank_maps;
+	*tails = s->blank_tails;
+	*epoch = s->blank_epoch;
+	return s->nblank;
+}
+
+void km_session_fetch_blanks_clear(km_session *s)
+{
+	s->nblank = 0;
 }
 
 bool km_session_fetch_may_wait(const km_session *s)
@@ -1387,6 +1423,7 @@ void km_session_set_tail_moved(km_session_set *set, const void *map)
 		if (mine) {
 			/* Out of the list now; its wait ends in its own event, not inside the pipeline's call. */
 			waiting_unlink(s);
+			s->host->metrics->fetch_tail_waits_woken_total++;
 			event_del(s->tail_ev);
 			event_active(s->tail_ev, EV_TIMEOUT, 1);
 		}

@@ -90,6 +90,14 @@ void km_session_set_close_of(km_session_set *set, const km_session_host *host, c
 #define KM_FETCH_TAIL_WAIT_MS 50
 void km_session_fetch_note(km_session *s, bool shown);
 bool km_session_fetch_may_wait(const km_session *s);
+/*
+ * A partition the answer blanked, at map's tail (its tail_logical then, the lookup's epoch then):
+ * the next Fetch need not wait when that tail has moved since (km_session_fetch_blanks). The first
+ * KM_TAIL_MAPS are kept; km_session_fetch_note(s, true) and km_session_fetch_blanks_clear forget them.
+ */
+void km_session_fetch_blank_at(km_session *s, const void *map, int64_t tail, uint64_t epoch);
+size_t km_session_fetch_blanks(const km_session *s, const void *const **maps, const int64_t **tails, uint64_t *epoch);
+void km_session_fetch_blanks_clear(km_session *s);
 
 uint64_t km_session_id(const km_session *s);
 /* What the session sees of the proxy (hooks reach the state store and the session set through it). */

@@ -155,7 +155,8 @@ static const char global_usage[] =
 	"  --output table|json           human tables (default) or one JSON document on stdout\n"
 	"  --timeout-ms N                connect and request timeout (default 30000)\n"
 	"\n"
-	"Exit status: 0 success, 1 an error from kmirrord (or it could not be reached), 2 bad usage.\n"
+	"Exit status: 0 success, 1 an error from kmirrord (or it could not be reached), 2 bad usage,\n"
+	"3 promote's wait ran out (nothing was stopped; a refusal is 1).\n"
 	"\n"
 	"Commands:\n";
 

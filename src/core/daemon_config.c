@@ -65,7 +65,7 @@ static const km_option options[] = {
 		"/admin/upstream; empty disables it."},
 	{.name = "admin_listen", .type = KM_OPT_HOSTPORT, .offset = OFF(admin_listen), .def = "",
 	 .doc = "Address of an HTTP listener of its own for the admin routes (/admin/upstream), for example "
-		"127.0.0.1:9643; http_listen then answers 404 there and serves only /metrics, /readyz and /healthz. "
+		"127.0.0.1:9645; http_listen then answers 404 there and serves only /metrics, /readyz and /healthz. "
 		"Empty: the admin routes are served on http_listen."},
 	{.name = "admin_tls_cert_file", .type = KM_OPT_STRING, .offset = OFF(admin_tls_cert_file), .def = "",
 	 .doc = "PEM certificate (chain) with which admin_listen speaks HTTPS; set with admin_tls_key_file. "
@@ -196,9 +196,10 @@ static const km_option options[] = {
 	 .doc = "Check that the upstream broker certificate matches the host name connected to."},
 	{.name = "upstream_sasl_mechanism", .type = KM_OPT_STRING, .offset = OFF(upstream_sasl_mechanism), .def = "",
 	 .choices = &sasl_mechanisms, .reloadable = true,
-	 .doc = "SASL mechanism for the proxy's own upstream connections (metadata refresh): empty (none), PLAIN, "
-		 "SCRAM-SHA-256 or SCRAM-SHA-512. Client connections authenticate themselves (SASL is passed "
-		 "through)."},
+	 .doc = "SASL mechanism of kmirrord's own connections to the destination (metadata refresh, the state "
+		 "store, the mirror pipelines and metadata sync): empty (none), PLAIN, SCRAM-SHA-256 or "
+		 "SCRAM-SHA-512. Its principal is kmirrord's on the destination: it writes the mirror topics and "
+		 "mirror_state_topic. Client connections authenticate themselves (SASL is passed through)."},
 	{.name = "upstream_sasl_username", .type = KM_OPT_STRING, .offset = OFF(upstream_sasl_username), .def = "",
 	 .reloadable = true,
 	 .doc = "User name for upstream_sasl_mechanism."},

@@ -319,6 +319,8 @@ static void test_usage_text(void **state)
 	for (int c = KM_CLI_CMD_CREATE; c <= KM_CLI_CMD_LAST_OFFSETS; c++)
 		assert_non_null(strstr(buf, km_cli_cmd_name((km_cli_cmd)c)));
 	assert_non_null(strstr(buf, "usage: kmirror --bootstrap-server HOST:PORT [global options] last-mirrored-offsets"));
+	/* Every exit status is named, promote's 3 too. */
+	assert_non_null(strstr(buf, "2 bad usage,\n3 promote's wait ran out"));
 	free(buf);
 }
 

@@ -13,6 +13,7 @@ import subprocess
 import time
 import urllib.parse
 import urllib.request
+import uuid
 
 import pytest
 import yaml
@@ -98,7 +99,10 @@ def obs(kmirrord_bin, kmirror_bin, dest_cluster, tmp_path_factory):  # noqa: F81
     src = KafkaCluster("obs", brokers=1)
     src.start()
     tmp = str(tmp_path_factory.mktemp("obs"))
-    env = _mirror_env(kmirrord_bin, kmirror_bin, dest_cluster, src, tmp, "kmirrord-obs")
+    # A state topic of its own: the suite's other mirrors (sources stopped, syncs run elsewhere) are not
+    # this kmirrord's to alert on.
+    env = _mirror_env(kmirrord_bin, kmirror_bin, dest_cluster, src, tmp, "kmirrord-obs",
+                      mirror_state_topic=f"__mirror_state_obs_{uuid.uuid4().hex[:8]}")
     topic = unique("obs")
     env.source_topic(topic, partitions=2)
     produce_records(env.sb, topic, 200, partitions=2)

@@ -133,7 +133,7 @@ static void table_summary(FILE *out, const summary *s)
 		fprintf(out, "%s%lld %s", k ? ", " : " (", (long long)s->by_state[k], s->states[k]);
 	fprintf(out, "%s\nLag: %lld records", s->nstates ? ")" : "", (long long)s->lag);
 	if (s->lag_time_unknown)
-		fprintf(out, ", time not known here (another kmirrord runs the mirror)\n");
+		fprintf(out, ", time not known (another kmirrord runs the mirror, or nothing is mirrored yet)\n");
 	else
 		fprintf(out, ", %.1f s\n", (double)s->lag_ms / 1000.0);
 	if (s->err) {

@@ -445,10 +445,8 @@ static void next_phase(sync_cycle *cy)
 			return;
 		__attribute__((fallthrough)); /* nothing to start */
 	case PH_FOLLOW:
-		if (cy->topics)
+		if (cy->step == KM_SYNC_TOPICS)
 			step_end(cy, KM_SYNC_CONFIGS);
-		else
-			cy->step = KM_SYNC_CONFIGS; /* the step is off: no status of its own */
 		if (!cy->nt) {
 			/* Only following: no topic of the mirror is synced yet, the other steps have nothing to do. */
 			cy->ph = PH_END;
@@ -582,7 +580,8 @@ bool km_sy_cycle_start(msync *m, const km_state_mirror *sm, const km_mirror_opti
 		return false;
 	cy->m = m;
 	km_arena_init(&cy->a, 0);
-	cy->step = KM_SYNC_TOPICS;
+	/* The topics step only for a mirror that follows its source's topics: else the cycle starts at configs. */
+	cy->step = mo->topics_include && *mo->topics_include ? KM_SYNC_TOPICS : KM_SYNC_CONFIGS;
 	cy->deadline = km_sy_now_ms() + STEP_TIMEOUT_MS;
 	cy->t = km_arena_calloc(&cy->a, (km_state_mirror_topic_count(sm) + 1) * sizeof(*cy->t));
 	for (size_t i = 0; cy->t && i < km_state_mirror_topic_count(sm); i++) {

@@ -59,6 +59,25 @@ public class LatencyProbe {
 		return sorted[i];
 	}
 
+	/*
+	 * The ten slowest records, each with when it was sent (seconds into the measured window), where
+	 * it landed and its own ack time: a tail spread over the run is another thing than a stall.
+	 */
+	static void slowest(long measured, double perSec, long[] ack) {
+		Integer[] idx = new Integer[(int) measured];
+		int k = 0;
+		for (int i = 0; i < measured; i++)
+			if (lat[i] != 0)
+				idx[k++] = i;
+		Integer[] some = Arrays.copyOf(idx, k);
+		Arrays.sort(some, (x, y) -> Long.compare(lat[y], lat[x]));
+		for (int i = 0; i < Math.min(10, some.length); i++) {
+			int q = some[i];
+			out(String.format("SLOW seq=%d at_s=%.3f partition=%d offset=%d ms=%.1f ack_ms=%.1f", q, q / perSec,
+					  where[q] >>> 48, where[q] & 0xffffffffffffL, (lat[q] - 1) / 1e6, ack[q] / 1e6));
+		}
+	}
+
 	public static void main(String[] argv) throws Exception {
 		Map<String, String> a = new TreeMap<>();
 		for (String s : argv) {
@@ -225,6 +244,7 @@ public class LatencyProbe {
 			if (lat[i] != 0)
 				got[n++] = lat[i] - 1;
 		Arrays.sort(got, 0, n);
+		slowest(measured, perSec, ack);
 		int na = 0;
 		long[] acks = new long[(int) measured];
 		for (int i = 0; i < measured; i++)

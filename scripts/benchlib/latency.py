@@ -80,7 +80,7 @@ def run_probe(ctx, cluster, classes, label, produce, consume, topic, rate, sz, p
     errpath = os.path.join(cluster.base_dir, f"probe-{label}-{rate}.err")
     with open("/proc/loadavg") as f:
         load = f.read().split()[0]  # the machine is shared: its load next to each run's figures
-    res, cfg, cpu0, t0, dup_examples = None, {}, None, None, []
+    res, cfg, cpu0, t0, dup_examples, slowest = None, {}, None, None, [], []
     with open(errpath, "w") as err:
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True)
         killer = threading.Timer(sz["warmup_s"] + sz["measure_s"] + sz.get("drain_s", 60) + 180, proc.kill)
@@ -97,6 +97,8 @@ def run_probe(ctx, cluster, classes, label, produce, consume, topic, rate, sz, p
                     cpu1, t1 = common.bp.proc_cpu_seconds(pid), time.monotonic()
                 elif line.startswith("DUP "):
                     dup_examples.append(line[4:])
+                elif line.startswith("SLOW "):
+                    slowest.append(_kv(line))
                 elif line.startswith("RESULT "):
                     res = _kv(line)
             proc.wait(60)
@@ -111,7 +113,7 @@ def run_probe(ctx, cluster, classes, label, produce, consume, topic, rate, sz, p
         raise RuntimeError(f"latency: the probe ({label}, {rate} MB/s) exited {proc.returncode} "
                            f"without a result:\n{tail}")
     res.update({"system": label, "target_mb_s": rate, "cpu_s": cpu1 - cpu0, "window_s": t1 - t0,
-                "loadavg": load, "dup_examples": dup_examples})
+                "loadavg": load, "dup_examples": dup_examples, "slowest": slowest})
     return res, cfg
 
 

@@ -276,17 +276,25 @@ static void fetch_ctx_free(fetch_ctx *fc)
  * An answer that came at once and gave none of the partitions it was sent for anything: the broker
  * did not wait (max_wait) because of data for a partition the request holds at size 0 in the
  * session (one still writing its batches, as while the destination is down). Fetching again at
- * once would spin; the next Fetch to that broker waits QUIET_MS unless more partitions are ready.
+ * once would spin; the next Fetch to that broker waits unless more partitions are ready: 5 ms
+ * after one such answer (a write a moment from its end, the usual case), doubling while they keep
+ * coming, to 100 ms (writes that do not end). The records of the other partitions wait as long.
  */
 static void quiet_after(fetch_ctx *fc, mnode_io *io, bool failed)
 {
 	int64_t now = km_pl_now_ms();
-	for (size_t i = 0; i < fc->n; i++)
-		if (fc->parts[i]->fetch.taken)
-			return;
-	if (!io || failed || !fc->n || now - fc->sent_at >= FETCH_MAX_WAIT_MS / 2)
+	bool taken = false;
+
+	for (size_t i = 0; i < fc->n && !taken; i++)
+		taken = fc->parts[i]->fetch.taken;
+	if (!io || failed)
 		return;
-	io->quiet_until = now + QUIET_MS;
+	if (taken || !fc->n || now - fc->sent_at >= FETCH_MAX_WAIT_MS / 2) {
+		io->quiet_ms = 0;
+		return;
+	}
+	io->quiet_ms = io->quiet_ms ? (io->quiet_ms * 2 > QUIET_MS ? QUIET_MS : io->quiet_ms * 2) : QUIET_MIN_MS;
+	io->quiet_until = now + io->quiet_ms;
 	io->quiet_ready = fc->n;
 }
 

@@ -22,7 +22,11 @@
 /* Bytes of batches one Produce request carries at most (its partitions' batches add up to this). */
 #define PRODUCE_REQUEST_BYTES (8 << 20)
 #define FETCH_MAX_WAIT_MS 500
-/* After an answer that came at once with nothing for any partition it asked for (fetch.c, quiet_after). */
+/*
+ * After an answer that came at once with nothing for any partition it asked for (fetch.c,
+ * quiet_after): QUIET_MIN_MS, doubled while the answers keep coming so, to QUIET_MS.
+ */
+#define QUIET_MIN_MS 5
 #define QUIET_MS 100
 #define BACKOFF_MIN_MS 100
 #define BACKOFF_MAX_MS 10000
@@ -223,6 +227,7 @@ typedef struct mnode_io {
 	int32_t sess_id, sess_epoch; /* the source broker's fetch session (KIP-227); id 0: none */
 	int64_t quiet_until;  /* no Fetch before this unless more partitions are ready than quiet_ready (fetch.c) */
 	size_t quiet_ready;
+	int64_t quiet_ms;     /* the last quiet period; 0 after an answer that was not empty at once */
 } mnode_io;
 
 struct km_pipeline {

@@ -861,18 +861,21 @@ static int64_t lag_of(const km_state_partition_info *p)
 	return p->source_log_end > p->last_mirrored_offset ? p->source_log_end - p->last_mirrored_offset : 0;
 }
 
-/* In time: 0 caught up, else since the newest record mirrored was stamped; -1 unknown (the pipeline runs elsewhere). */
-static int64_t lag_time_of(const km_state_partition_info *p, int64_t lag)
+/* The wall clock in ms since the epoch (the times the state and the records carry). */
+static int64_t wall_ms(void)
 {
 	struct timeval now;
-	int64_t now_ms;
+	gettimeofday(&now, NULL);
+	return (int64_t)now.tv_sec * 1000 + now.tv_usec / 1000;
+}
 
+/* In time: 0 caught up, else since the newest record mirrored was stamped; -1 unknown (the pipeline runs elsewhere). */
+static int64_t lag_time_of(const km_state_partition_info *p, int64_t lag, int64_t now_ms)
+{
 	if (lag == 0)
 		return 0;
 	if (lag < 0 || p->newest_mirrored_ts <= 0)
 		return -1;
-	gettimeofday(&now, NULL);
-	now_ms = (int64_t)now.tv_sec * 1000 + now.tv_usec / 1000;
 	return now_ms > p->newest_mirrored_ts ? now_ms - p->newest_mirrored_ts : 0;
 }
 
@@ -882,11 +885,8 @@ static void list_instances(km_mop *op, km_list_mirrors_response *r)
 	size_t n;
 	const km_state_instance *in = km_state_instances(op->st, &n);
 	const char *self = op->mi ? km_mirror_self(op->mi) : NULL;
-	struct timeval now;
-	int64_t now_ms;
+	int64_t now_ms = wall_ms();
 
-	gettimeofday(&now, NULL);
-	now_ms = (int64_t)now.tv_sec * 1000 + now.tv_usec / 1000;
 	if (!n || !(r->instances.items = km_arena_calloc(&op->a, sizeof(*r->instances.items) * n)))
 		return;
 	for (size_t i = 0; i < n; i++) {
@@ -995,6 +995,7 @@ static void describe_one(km_mop *op, const km_state_mirror *m, km_describe_mirro
 {
 	const km_describe_mirrors_request *q = &op->m.describe;
 	size_t nc = km_state_mirror_config_count(m), nt = km_state_mirror_topic_count(m);
+	int64_t now_ms = wall_ms(); /* one clock for every partition's lag time */
 
 	d->mirror_name = km_str_c(km_state_mirror_name(m));
 	d->configs.items = km_arena_calloc(&op->a, sizeof(*d->configs.items) * (nc + 1));
@@ -1039,7 +1040,7 @@ static void describe_one(km_mop *op, const km_state_mirror *m, km_describe_mirro
 			dp->source_log_end_offset = p.source_log_end;
 			dp->mirrored_offset = p.last_mirrored_offset;
 			dp->lag = lag_of(&p);
-			dp->lag_time_ms = lag_time_of(&p, dp->lag);
+			dp->lag_time_ms = lag_time_of(&p, dp->lag, now_ms);
 			dp->skipped_records = p.skipped_records;
 			dp->open_transaction_offset = p.open_txn_offset;
 			dp->records_hidden = p.records_hidden;

@@ -889,10 +889,8 @@ km_err km_off_fetch_partition(const km_stream_ev *e)
 {
 	km_off_req *c = e->ctx;
 	km_err rc = fetch_partition(e->w, e->in, e->first, c);
-	if (rc == KM_OK && c && c->cur && c->blanked && e->s) {
-		km_session_fetch_note(e->s, false);
+	if (rc == KM_OK && c && c->cur && c->blanked && e->s)
 		km_session_fetch_blank_at(e->s, c->cur, c->cur->tail_logical, c->cur_epoch);
-	}
 	return rc;
 }
 
@@ -901,7 +899,7 @@ km_err km_off_fetch_batch(const km_stream_ev *e)
 	km_off_req *c = e->ctx;
 	km_err rc = fetch_batch(e->w, e->in, e->first, c);
 	if (rc == KM_OK && c && c->cur && c->seen_visible && e->s)
-		km_session_fetch_note(e->s, true);
+		km_session_fetch_shown(e->s);
 	return rc;
 }
 

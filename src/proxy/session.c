@@ -871,15 +871,15 @@ static head_result frame_head(km_session *s, km_frame_status st, int32_t size, s
  */
 /* ---- a Fetch at the mirror's tail waits a moment ---- */
 
-void km_session_fetch_note(km_session *s, bool shown)
+void km_session_fetch_shown(km_session *s)
 {
-	s->fetch_blank = !shown;
-	if (shown)
-		s->nblank = 0;
+	s->fetch_blank = false;
+	s->nblank = 0;
 }
 
 void km_session_fetch_blank_at(km_session *s, const void *map, int64_t tail, uint64_t epoch)
 {
+	s->fetch_blank = true;
 	if (s->nblank && s->blank_epoch != epoch)
 		s->nblank = 0; /* the older ones may be gone */
 	s->blank_epoch = epoch;

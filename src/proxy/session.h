@@ -88,12 +88,13 @@ void km_session_set_close_of(km_session_set *set, const km_session_host *host, c
  * upstream (once: then it goes whatever the tails say).
  */
 #define KM_FETCH_TAIL_WAIT_MS 50
-void km_session_fetch_note(km_session *s, bool shown);
+/* The answer showed a batch of a mapped partition: the next Fetch does not wait. */
+void km_session_fetch_shown(km_session *s);
 bool km_session_fetch_may_wait(const km_session *s);
 /*
- * A partition the answer blanked, at map's tail (its tail_logical then, the lookup's epoch then):
- * the next Fetch need not wait when that tail has moved since (km_session_fetch_blanks). The first
- * KM_TAIL_MAPS are kept; km_session_fetch_note(s, true) and km_session_fetch_blanks_clear forget them.
+ * The answer blanked a partition at map's tail (its tail_logical then, the lookup's epoch then):
+ * the next Fetch may wait, unless that tail has moved since (km_session_fetch_blanks). The first
+ * KM_TAIL_MAPS are kept; km_session_fetch_shown and km_session_fetch_blanks_clear forget them.
  */
 void km_session_fetch_blank_at(km_session *s, const void *map, int64_t tail, uint64_t epoch);
 size_t km_session_fetch_blanks(const km_session *s, const void *const **maps, const int64_t **tails, uint64_t *epoch);

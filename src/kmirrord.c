@@ -1,4 +1,5 @@
 /* kmirrord: the daemon's entry point; it only wires the modules together (config, state store, mirror, proxy, signals). */
+#include <malloc.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -50,6 +51,24 @@ struct daemon_ctx {
 	int signals_seen;
 	int exit_code;       /* 0, or 1 once the store stopped for good (state_fatal) */
 };
+
+/*
+ * Keep freed memory for the next reads. kmirrord allocates and frees buffers of up to a few MiB
+ * all the time (socket reads, fetched answers, produce requests); glibc's defaults hand blocks
+ * above 128 KiB back to the kernel and shrink the heap whenever 128 KiB are free at its top, so the
+ * same memory was faulted in and zeroed again for every read: about a third of kmirrord's CPU
+ * while a mirror catches up (docs/BENCHMARKS.md, issue 31). Blocks under 32 MiB now come from the
+ * heap, which keeps up to 64 MiB free before it shrinks; the peak is what the fetch and buffer
+ * sizes bound, as before (docs/mirror.md, "The memory bound").
+ */
+static void keep_freed_memory(void)
+{
+#if defined(M_MMAP_THRESHOLD) && defined(M_TRIM_THRESHOLD) && defined(M_TOP_PAD)
+	mallopt(M_MMAP_THRESHOLD, 32 << 20);
+	mallopt(M_TRIM_THRESHOLD, 64 << 20);
+	mallopt(M_TOP_PAD, 16 << 20);
+#endif
+}
 
 static void usage(FILE *out)
 {
@@ -498,6 +517,7 @@ int main(int argc, char **argv)
 	if (km_config_loopback_warning(&d.cfg, err, sizeof(err)))
 		KM_WARN("main", 0, "%s", err);
 	signal(SIGPIPE, SIG_IGN);
+	keep_freed_memory();
 	d.base = event_base_new();
 	if (!d.base || !make_metrics(&d)) {
 		fprintf(stderr, "kmirrord: cannot create the event loop or the metrics registry\n");

@@ -86,6 +86,12 @@ def run(ctx):
                     r["mb_s"] = mib / r["seconds"]
                     r["mb_per_cpu_s"] = mib / r["cpu_s"] if r["cpu_s"] else None
                     r["cpu_s_per_gib"] = r["cpu_s"] / (mib / 1024)
+                    st = r.get("steady")
+                    if st:
+                        smib = st["records"] * bm.RECORD / bm.MIB
+                        st["mb_s"] = smib / st["seconds"]
+                        st["cpu_s_per_gib"] = st["cpu_s"] / (smib / 1024)
+                        st["mb_per_cpu_s"] = smib / st["cpu_s"] if st["cpu_s"] > 0 else None
                 ctx.log("catchup", f"P={partitions} {codec}: kmirror {row['kmirror']['mb_s']:.0f} MB/s, "
                         f"MM2 {row['mm2']['mb_s']:.0f} MB/s, ingest {row['ingest']['mb_s']:.0f} MB/s")
                 res["rows"].append(row)
@@ -191,6 +197,7 @@ def report(res, ctx):
                    f"source's batches as they are, so it can pass the ceiling measured with a producer, "
                    f"which compresses and batches on the way.")
         out.append("")
+    out += _steady(rows)
     ins = res.get("instructions")
     if ins:
         out += [f"Instructions (callgrind; repeatable where seconds on a shared machine are not): kmirrord "
@@ -204,6 +211,38 @@ def report(res, ctx):
             "and the codec change per row):", "", "```properties", res.get("mm2_properties", "").rstrip(),
             "```", ""]
     return "\n".join(out)
+
+
+def _steady(rows):
+    """The same runs without start-up: from the first poll that saw a mirrored record to the last."""
+    rows = [r for r in rows if r["kmirror"].get("steady") and r["mm2"].get("steady")]
+    if not rows:
+        return []
+    out = ["**Steady state** (the same runs, start-up left out): from the first poll (every 100 ms) that "
+           "saw a mirrored record on the destination to every record there; MB = the records mirrored in "
+           "that window, CPU = the process's user+system seconds over it. Start-up = the share of the "
+           "whole run before that first record (MirrorMaker's JVM launch and task assignment; kmirror's "
+           "start and the topic's creation).", ""]
+    head = ["P", "codec", ":kmirror s", ":MM2 s", ":kmirror MB/s", ":MM2 MB/s", ":kmirror / MM2 MB/s",
+            ":kmirror CPU s/GB", ":MM2 CPU s/GB", ":kmirror / MM2 MB per CPU s", ":start-up kmirror",
+            ":start-up MM2"]
+    table, effs = [], []
+    for r in rows:
+        k, m = r["kmirror"]["steady"], r["mm2"]["steady"]
+        eff = k["mb_per_cpu_s"] / m["mb_per_cpu_s"] if k["mb_per_cpu_s"] and m["mb_per_cpu_s"] else None
+        if eff:
+            effs.append((eff, r))
+        table.append([r["partitions"], r["codec"], _f(k["seconds"]), _f(m["seconds"]), _f(k["mb_s"]),
+                      _f(m["mb_s"]), f"**{_f(k['mb_s'] / m['mb_s'], 2)}**", _f(k["cpu_s_per_gib"], 2),
+                      _f(m["cpu_s_per_gib"], 2), f"**{_f(eff, 1)}**", f"{k['startup_share'] * 100:.0f} %",
+                      f"{m['startup_share'] * 100:.0f} %"])
+    out += [common.md_table(head, table), ""]
+    if effs:
+        low = [f"P={r['partitions']} {r['codec']} ({e:.1f}×)" for e, r in effs if e < 10]
+        lo, hi = min(e for e, _ in effs), max(e for e, _ in effs)
+        out += [f"Goal, steady state: ≥ 10× MirrorMaker 2 in MB per CPU second on every row — here {lo:.1f}× "
+                f"to {hi:.1f}× ({'met' if not low else 'missed: ' + ', '.join(low)}).", ""]
+    return out
 
 
 def _plot(rows, ctx):

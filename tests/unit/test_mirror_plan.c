@@ -270,6 +270,34 @@ static void test_data_batches_restamped_in_one_run(void **state)
 	}
 }
 
+/*
+ * The re-stamped CRC is the source's, patched for the header: a source batch whose records do not
+ * match its CRC goes out with a CRC they do not match either (the destination refuses it as
+ * CORRUPT_MESSAGE), never with one computed over the corrupted bytes.
+ */
+static void test_source_crc_carried_not_recomputed(void **state)
+{
+	run r;
+	uint8_t out[4096];
+	size_t n;
+	(void)state;
+	run_init(&r, -1, 0, 100);
+	add_batch(&r.w, 0, five, 5, KM_CODEC_NONE, false, false);
+	add_batch(&r.w, 5, five, 5, KM_CODEC_NONE, false, false);
+	r.w.buf[r.w.len - 1] ^= 0x40; /* the second batch's last record byte, after its CRC was made */
+	assert_int_equal(run_take(&r, 37), KM_OK);
+	assert_non_null(r.q.head);
+	assert_non_null(r.q.head->next);
+	n = wire_of(r.q.head, out);
+	assert_int_equal(km_batch_verify_crc(out, n), KM_OK);
+	n = wire_of(r.q.head->next, out);
+	assert_int_not_equal(km_batch_verify_crc(out, n), KM_OK);
+	out[n - 1] ^= 0x40; /* with the source's byte back, the patched CRC is right for the new header */
+	assert_int_equal(km_batch_verify_crc(out, n), KM_OK);
+	assert_int_equal(km_be64(out + KM_BATCH_OFF_PRODUCER_ID), 9000);
+	run_free(&r);
+}
+
 /* A gap between batches (whole batches compacted away) starts a run that closes the one before it. */
 static void test_gap_between_batches_starts_a_run(void **state)
 {
@@ -475,6 +503,7 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_data_batches_restamped_in_one_run),
+		cmocka_unit_test(test_source_crc_carried_not_recomputed),
 		cmocka_unit_test(test_gap_between_batches_starts_a_run),
 		cmocka_unit_test(test_compacted_batch_split),
 		cmocka_unit_test(test_refusals),

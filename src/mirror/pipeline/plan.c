@@ -84,12 +84,27 @@ static bool plan(mplan *q, const mplan_env *env, mbatch *b, runs_acc *ra)
 	return true;
 }
 
-/* The CRC32C of b's header (from its attributes on) continued over its record bytes in the response (b->vec). */
+/*
+ * The CRC32C of b's re-stamped header (from its attributes on) and its record bytes. A batch taken
+ * whole from the source gets the source's CRC patched for the header bytes that changed, without
+ * reading its records: as fast for a 1 MiB batch as for a 100-byte one, and a batch the source
+ * sent with a CRC its records do not match is still refused by the destination (CORRUPT_MESSAGE),
+ * as it would have been at the source, instead of going on under a CRC made here. Other batches
+ * (split, re-encoded) are summed over their bytes (b->vec).
+ */
 static km_err crc_refs(mbatch *b)
 {
+	const size_t hn = KM_BATCH_HEADER_SIZE - KM_BATCH_OFF_ATTRIBUTES;
 	size_t left = b->size - KM_BATCH_HEADER_SIZE;
-	uint32_t crc = km_crc32c(0, b->hdr + KM_BATCH_OFF_ATTRIBUTES, KM_BATCH_HEADER_SIZE - KM_BATCH_OFF_ATTRIBUTES);
+	uint32_t crc;
 
+	if (b->src_known) {
+		crc = km_crc32c_patch(b->src_crc, b->size - KM_BATCH_OFF_ATTRIBUTES, 0, b->src_hdr,
+				      b->hdr + KM_BATCH_OFF_ATTRIBUTES, hn);
+		km_put_be32(b->hdr + KM_BATCH_OFF_CRC, crc);
+		return KM_OK;
+	}
+	crc = km_crc32c(0, b->hdr + KM_BATCH_OFF_ATTRIBUTES, hn);
 	for (int i = 0; i < b->nvec && left; i++) {
 		crc = km_crc32c(crc, b->vec[i].iov_base, b->vec[i].iov_len);
 		left -= b->vec[i].iov_len;
@@ -320,6 +335,9 @@ km_err km_plan_take(mplan *q, const mplan_env *env, mresp *resp, const struct ev
 	if (!b)
 		return KM_ERR_NOMEM;
 	memcpy(b->hdr, h, KM_BATCH_HEADER_SIZE);
+	memcpy(b->src_hdr, h + KM_BATCH_OFF_ATTRIBUTES, sizeof(b->src_hdr));
+	b->src_crc = km_be32(h + KM_BATCH_OFF_CRC);
+	b->src_known = true;
 	b->resp = resp;
 	resp->refs++;
 	b->size = size;

@@ -45,6 +45,10 @@ typedef struct mbatch {
 	struct evbuffer_iovec *vec; /* the record bytes (from 61 on) in resp->buf's chains, found once */
 	int nvec;
 	uint8_t hdr[KM_BATCH_HEADER_SIZE]; /* re-stamped header */
+	/* As the source sent it: the CRC and the header bytes it covers, for crc_refs to patch (src_known). */
+	uint8_t src_hdr[KM_BATCH_HEADER_SIZE - KM_BATCH_OFF_ATTRIBUTES];
+	uint32_t src_crc;
+	bool src_known;
 	int64_t logical;  /* first logical offset */
 	int32_t count;    /* lastOffsetDelta + 1 */
 	int64_t physical; /* where it must land */

@@ -29,10 +29,18 @@ BROKER_OVERRIDES = {
 }
 
 
+# MirrorMaker 2 at the same scale, after kmirror: connect-mirror as in the other sections, into a
+# destination of its own, with these tasks (a worker's threads: more than the 2 cores would not help).
+MM2_VERSION = "4.3.1"
+MM2_TASKS = 4
+
+
 def sizes(quick):
     if quick:
-        return {"topics": 100, "partitions": 10, "records": 20, "idle_s": 10, "load_s": 10, "load_mb_s": 5}
-    return {"topics": 1000, "partitions": 10, "records": 20, "idle_s": 30, "load_s": 30, "load_mb_s": 5}
+        return {"topics": 100, "partitions": 10, "records": 20, "idle_s": 10, "load_s": 10, "load_mb_s": 5,
+                "mm2": True}
+    return {"topics": 1000, "partitions": 10, "records": 20, "idle_s": 30, "load_s": 30, "load_mb_s": 5,
+            "mm2": True}
 
 
 # -- bulk end offsets ------------------------------------------------------------------------------
@@ -146,6 +154,89 @@ def produce_steady(bootstrap, tps, mb_s, seconds, values):
                            f"({errs[:1]})")
     return {"records": n, "bytes": n * KIB, "produce_s": t_prod, "flushed_s": t_flush,
             "mb_s": n * KIB / MIB / t_prod}
+
+
+def mm2_phase(ctx, src, tps, sz, values):
+    """MirrorMaker 2 mirroring the same source topics into a destination of its own: its catch-up of
+    everything the source holds (its JVM's start and the topics' creation included), then the same
+    steady load and the lag after it, its JVM's CPU and the source broker's over those windows."""
+    import types
+    from harness.kafka_cluster import java_bin
+    dst = common.bm.Side("scale-mm2-dst")
+    dst.cluster.jvm_opts = list(BROKER_JVM)
+    dst.cluster.overrides.update(BROKER_OVERRIDES)
+    proc = log = None
+    out = {"tasks": MM2_TASKS, "version": MM2_VERSION}
+    try:
+        dst.start()
+        libs = common.mm2.mm2_libs(MM2_VERSION)
+        a = types.SimpleNamespace(partitions=MM2_TASKS, codec="none", batch_size=65536, linger_ms=5)
+        props = common.mm2.mm2_properties(src.bootstrap, dst.bootstrap, f"{PREFIX}.*", a)
+        out["properties"] = props
+        cfg = os.path.join(dst.cluster.base_dir, "mm2-scale.properties")
+        with open(cfg, "w") as fh:
+            fh.write(props)
+        src_off, dst_off = EndOffsets(src.bootstrap), EndOffsets(dst.bootstrap)
+        want = src_off.latest(tps)
+        cmd = [java_bin(), "-Xms512m", "-Xmx2g", "-cp", os.path.join(libs, "*"),
+               "org.apache.kafka.connect.mirror.MirrorMaker", cfg]
+        ctx.command("scale", "MirrorMaker 2 (configuration below)", cmd)
+        log = open(os.path.join(ctx.out, "mm2-bench-scale.log"), "w")
+        t0 = time.monotonic()
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+        pids = {"mm2": proc.pid, "src": src.cluster.nodes[1].pid, "dst": dst.cluster.nodes[1].pid}
+
+        def cpu():
+            return {k: common.bp.proc_cpu_seconds(p) for k, p in pids.items()}
+
+        def wait_for(target, limit, what):
+            first = None
+            while True:
+                if proc.poll() is not None:
+                    raise RuntimeError(f"scale: MirrorMaker 2 exited {proc.returncode} (log {log.name})")
+                hw = dst_off.latest(tps)
+                done = sum(1 for k in tps if hw[k] == target[k])
+                if first is None and any(v > 0 for v in hw.values()):
+                    first = time.monotonic()
+                if done == len(tps):
+                    return first
+                if time.monotonic() - t0 > limit:
+                    raise RuntimeError(f"scale: MirrorMaker 2 {what}: {done} of {len(tps)} partitions in {limit} s")
+                time.sleep(0.5)
+        c0 = cpu()
+        first = wait_for(want, 1800, "catch-up")
+        t1, c1 = time.monotonic(), cpu()
+        out["catchup"] = {"seconds": t1 - t0, "first_record_s": first - t0 if first else None,
+                          "records": sum(want.values()), "mm2_cpu_s": c1["mm2"] - c0["mm2"]}
+        ctx.log("scale", f"MirrorMaker 2 caught up in {t1 - t0:.1f} s")
+        time.sleep(sz["idle_s"])
+        c2, t2 = cpu(), time.monotonic()
+        load = produce_steady(src.bootstrap, tps, sz["load_mb_s"], sz["load_s"], values)
+        t3 = time.monotonic()
+        want2 = src_off.latest(tps)
+        wait_for(want2, (t3 - t0) + 600, "after the steady load")
+        t4, c4 = time.monotonic(), cpu()
+        load["lag_s"] = t4 - t3
+        load["seconds"] = t4 - t2
+        for k in pids:
+            load[f"{k}_cpu_s"] = c4[k] - c2[k]
+        load["mm2_rss_kib"] = common.bp.proc_rss_kib(proc.pid)
+        out["load"] = load
+        ctx.log("scale", f"MirrorMaker 2: steady load {load['mb_s']:.1f} MiB/s, lag at the end {load['lag_s']:.1f} s")
+        return out
+    finally:
+        src_off = dst_off = None
+        gc.collect()
+        if proc is not None:
+            proc.terminate()
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        if log:
+            log.close()
+        dst.stop()
 
 
 # -- sampling --------------------------------------------------------------------------------------
@@ -415,6 +506,13 @@ def run(ctx):
         res["log_counts"] = log_counts(proxy.log_path)
         ctx.log("scale", f"steady load {load['mb_s']:.1f} MiB/s, lag at the end {load['lag_s']:.1f} s; "
                 f"kmirrord's log: {res['log_counts']}")
+        if sz.get("mm2"):
+            # The peer at the same scale, alone: kmirrord stopped, the same source and load.
+            src_off = dst_off = None
+            gc.collect()
+            proxy.stop(timeout=60)
+            proxy = None
+            res["mm2"] = mm2_phase(ctx, src, tps, sz, values)
         derive(res)
         return res
     finally:
@@ -509,6 +607,37 @@ def plot(res, ctx):
     plt.close(fig)
 
 
+def _mm2_lines(res):
+    """kmirror against MirrorMaker 2 at the same scale, when the run measured it."""
+    m = res.get("mm2")
+    if not m:
+        return []
+    ld, ml, fg = res["load"], m["load"], res["fig"]
+    k_load_s = res["marks"]["drain_end"] - res["marks"]["load_start"]
+    gb_k, gb_m = ld["bytes"] / GIB, ml["bytes"] / GIB
+    rows = [
+        ["catch-up of every partition (s)", _f(res["catchup"]["seconds"], 1), _f(m["catchup"]["seconds"], 1)],
+        ["records the catch-up copied", f"{res['initial']['records']:,}", f"{m['catchup']['records']:,}"],
+        ["steady load achieved (MiB/s)", _f(ld["mb_s"], 2), _f(ml["mb_s"], 2)],
+        ["the load producer's time to have it all acknowledged (s)", _f(ld["flushed_s"], 1), _f(ml["flushed_s"], 1)],
+        ["**lag at the end of the load** (last record visible, s)", f"**{_f(ld['lag_s'], 2)}**",
+         f"**{_f(ml['lag_s'], 2)}**"],
+        ["mirror's CPU s per GiB under load (load + drain)", _f(fg["load_kmirrord_cpu_per_gb"], 1),
+         _f(ml["mm2_cpu_s"] / gb_m, 1) if gb_m else "?"],
+        ["source broker CPU s/s under load (load + drain)", _f(fg["load_src_cpu_per_s"], 3),
+         _f(ml["src_cpu_s"] / ml["seconds"], 3) if ml.get("seconds") else "?"],
+    ]
+    return ["", f"**MirrorMaker 2 at the same scale**, in the same run: after kmirror's phases kmirrord is "
+            f"stopped and MirrorMaker 2 {m['version']} (dedicated mode, tasks.max={m['tasks']}, topics "
+            f"`{PREFIX}.*`, the configuration below) mirrors the same source topics into a one-broker "
+            f"destination of its own (the same broker settings): first everything the source holds by then "
+            f"(its JVM's start and its creation of the topics included), then {res['sizes']['idle_s']} s idle "
+            f"and the same steady load, timed the same way (kmirror's lag through kmirrord; MirrorMaker's on "
+            f"its destination directly).", "",
+            common.md_table(["figure", ":kmirror", ":MirrorMaker 2"], rows), "",
+            "MirrorMaker 2's configuration:", "", "```properties", m.get("properties", "").rstrip(), "```"]
+
+
 def report(res, ctx):
     derive(res)  # the figures again from the raw samples: a re-render gets the current ones
     sz, fg, ld, cu = res["sizes"], res["fig"], res["load"], res["catchup"]
@@ -595,6 +724,7 @@ def report(res, ctx):
               + (f"; {lc['source Fetch failed']} Fetch(es) to it waited over kmirrord's 31 s request timeout, "
                  f"and each such failure ends the fetch session: 31 s without fetching, then a full Fetch of every "
                  f"partition." if lc and lc.get("source Fetch failed") else ".")]
+    lines += _mm2_lines(res)
     notes = res.get("notes")
     if notes:
         lines += ["", notes]

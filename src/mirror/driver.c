@@ -1,6 +1,7 @@
 /* The mirror driver: hands partitions to their mirror's pipeline and persists the transitions the pipelines complete (kmirror/mirror.h). */
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <event2/dns.h>
@@ -15,6 +16,13 @@
  * one Produce round, not one per partition (docs/state.md, "Write path").
  */
 #define KM_MIRROR_DRIVER_BATCH 1024
+/*
+ * A transition the store refused for now (busy with a full queue, loading, a timeout) goes back
+ * into the queue: the queue waits RETRY_MIN_MS, doubled while refusals go on, to RETRY_MAX_MS. Its
+ * partition's pipeline waits for it (it is settling until the store says it moved).
+ */
+#define KM_MIRROR_DRIVER_RETRY_MIN_MS 100
+#define KM_MIRROR_DRIVER_RETRY_MAX_MS 5000
 
 /* One store write: partitions of one topic moving from one state to the next. */
 typedef struct km_mirror_batch {
@@ -46,6 +54,8 @@ struct km_mirror {
 	struct event *run_ev;
 	km_mirror_work *head, *tail;
 	size_t inflight;
+	int retry_ms;       /* the wait after the last refusal (0: none since the last success) */
+	int64_t hold_until; /* no transition is sent before this (monotonic ms) */
 	bool freeing;
 	struct km_mprep *preps; /* destination topics being created or grown (topics.c) */
 	km_sync *sync;          /* metadata sync (sync.c) */
@@ -69,10 +79,26 @@ static void work_free(km_mirror_work *w)
 	free(w);
 }
 
+static int64_t mono_ms(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
 static void schedule(km_mirror *mi)
 {
-	if (mi->head && mi->inflight < KM_MIRROR_DRIVER_INFLIGHT && !mi->freeing)
+	int64_t wait;
+
+	if (!mi->head || mi->inflight >= KM_MIRROR_DRIVER_INFLIGHT || mi->freeing)
+		return;
+	wait = mi->hold_until - mono_ms();
+	if (wait > 0) {
+		struct timeval tv = {(time_t)(wait / 1000), (suseconds_t)((wait % 1000) * 1000)};
+		event_add(mi->run_ev, &tv);
+	} else {
 		event_active(mi->run_ev, 0, 0);
+	}
 }
 
 static void queue(km_mirror *mi, const char *mirror, const char *topic, int32_t partition, km_mp_state from,
@@ -130,17 +156,43 @@ static void batch_free(km_mirror_batch *b)
 	free(b);
 }
 
+/*
+ * After a store answer: a refusal for now holds the queue back (KM_MIRROR_DRIVER_RETRY_*) and says
+ * true, so that the caller queues its partitions again; a success ends the hold.
+ */
+static bool refused_for_now(km_mirror *mi, const km_state_result *res)
+{
+	if (res->code == KM_OK) {
+		mi->retry_ms = 0;
+		return false;
+	}
+	if (!km_err_retriable(res->code) || mi->freeing)
+		return false;
+	mi->retry_ms = mi->retry_ms ? mi->retry_ms * 2 : KM_MIRROR_DRIVER_RETRY_MIN_MS;
+	if (mi->retry_ms > KM_MIRROR_DRIVER_RETRY_MAX_MS)
+		mi->retry_ms = KM_MIRROR_DRIVER_RETRY_MAX_MS;
+	mi->hold_until = mono_ms() + mi->retry_ms;
+	return true;
+}
+
 static void transition_done(void *arg, const km_state_result *res)
 {
 	km_mirror_batch *b = arg;
 	km_mirror *mi = b->mi;
 
 	mi->inflight--;
-	if (res->code != KM_OK)
+	if (refused_for_now(mi, res)) {
+		KM_INFO("mirror", 0, "%s/%s: %zu partition(s) (first %d) %s -> %s not persisted yet: %s: %s; again in %d ms",
+			b->mirror, b->topic, b->n, (int)b->parts[0], km_mp_state_name(b->from), km_mp_state_name(b->to),
+			km_err_name(res->code), res->message ? res->message : "", mi->retry_ms);
+		for (size_t i = 0; i < b->n; i++)
+			queue(mi, b->mirror, b->topic, b->parts[i], b->from, b->to, NULL);
+	} else if (res->code != KM_OK) {
 		/* The store keeps the partitions where they were; the next start-up picks them up again. */
 		KM_WARN("mirror", 0, "%s/%s: could not move %zu partition(s) (first %d) %s -> %s: %s: %s", b->mirror,
 			b->topic, b->n, (int)b->parts[0], km_mp_state_name(b->from), km_mp_state_name(b->to),
 			km_err_name(res->code), res->message ? res->message : "");
+	}
 	batch_free(b);
 	schedule(mi);
 }
@@ -161,10 +213,16 @@ static void single_done(void *arg, const km_state_result *res)
 	km_mirror *mi = w->mi;
 
 	mi->inflight--;
-	if (res->code != KM_OK)
+	if (refused_for_now(mi, res)) {
+		KM_INFO("mirror", 0, "%s/%s-%d: %s -> %s not persisted yet: %s: %s; again in %d ms", w->mirror, w->topic,
+			(int)w->partition, km_mp_state_name(w->from), km_mp_state_name(w->to), km_err_name(res->code),
+			res->message ? res->message : "", mi->retry_ms);
+		queue(mi, w->mirror, w->topic, w->partition, w->from, w->to, w->error);
+	} else if (res->code != KM_OK) {
 		KM_WARN("mirror", 0, "%s/%s-%d: could not move %s -> %s: %s: %s", w->mirror, w->topic,
 			(int)w->partition, km_mp_state_name(w->from), km_mp_state_name(w->to), km_err_name(res->code),
 			res->message ? res->message : "");
+	}
 	work_free(w);
 	schedule(mi);
 }
@@ -175,6 +233,10 @@ static void run_cb(evutil_socket_t fd, short what, void *arg)
 
 	(void)fd;
 	(void)what;
+	if (mi->hold_until > mono_ms()) {
+		schedule(mi); /* woken early (a new transition queued): the hold runs on */
+		return;
+	}
 	while (mi->head && mi->inflight < KM_MIRROR_DRIVER_INFLIGHT) {
 		km_mirror_work *w = mi->head, **pp;
 		km_mirror_batch *b;

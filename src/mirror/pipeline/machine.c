@@ -473,7 +473,31 @@ mstep km_pl_step(const mpart *p, const mstep_view *v, int64_t now)
 /* What the tick's partitions need of the pipeline: metadata of either side, a producer id. */
 typedef struct tick_needs {
 	bool src_meta, dst_meta, pid;
+	int recon_room; /* partitions that may still begin reconciling in this tick (recon_room) */
 } tick_needs;
+
+/*
+ * How many more partitions may begin reconciling now. Each one's reconcile is a few requests and
+ * one or two store writes (its writer, its runs); begun all at once on 10,000 partitions they
+ * overflowed the store's queue, and the refused ones started over, again and again. So reconciles
+ * run RECONCILE_WINDOW at a time, and none begins while the pipeline has STORE_WINDOW store writes
+ * unanswered; the others wait their turn in PH_RECONCILE (docs/mirror.md, "Reconcile").
+ */
+static int recon_room(const km_pipeline *pl)
+{
+	int busy = 0, room;
+
+	for (size_t i = 0; i < pl->ntopics; i++)
+		for (int32_t j = 0; j < pl->topics[i]->nparts; j++) {
+			const mpart *p = pl->topics[i]->parts[j];
+			if (p && ((p->phase > PH_RECONCILE && p->phase <= PH_START_WAIT) || p->phase == PH_RUNS))
+				busy++;
+		}
+	room = RECONCILE_WINDOW - busy;
+	if (STORE_WINDOW - pl->store_pending < room)
+		room = STORE_WINDOW - pl->store_pending;
+	return room;
+}
 
 /* Paused: the source's end is still read now and then, so the lag shows. */
 static void watch_paused(km_pipeline *pl, mpart *p, int64_t now, tick_needs *need)
@@ -551,8 +575,12 @@ static void step_part(km_pipeline *pl, mpart *p, int64_t now, int64_t *next, tic
 		break;
 	case STEP_RECONCILE:
 		km_plan_drop_unsent(&p->plan);
-		if (!p->plan.head && km_pl_send_list_offsets(pl, p, true, -1))
+		if (need->recon_room <= 0)
+			break; /* its turn comes as others finish (their answers tick the pipeline) */
+		if (!p->plan.head && km_pl_send_list_offsets(pl, p, true, -1)) {
 			km_pl_set_phase(p, PH_RECON_WAIT, "the destination's log end asked");
+			need->recon_room--;
+		}
 		break;
 	case STEP_START:
 		start_part(pl, p);
@@ -609,7 +637,7 @@ static void tick(evutil_socket_t fd, short what, void *arg)
 {
 	km_pipeline *pl = arg;
 	int64_t now = km_pl_now_ms(), next = now + 1000;
-	tick_needs need = {false, false, false};
+	tick_needs need = {false, false, false, 0};
 
 	(void)fd;
 	(void)what;
@@ -625,6 +653,7 @@ static void tick(evutil_socket_t fd, short what, void *arg)
 		km_pl_source_contact(pl, KM_ERR_IO, false); /* its requests wait for a connection: none fails */
 	reread_options(pl, now);
 	refill(pl, now);
+	need.recon_room = recon_room(pl);
 	for (size_t i = 0; i < pl->ntopics; i++)
 		for (int32_t j = 0; j < pl->topics[i]->nparts; j++)
 			if (pl->topics[i]->parts[j])

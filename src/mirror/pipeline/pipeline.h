@@ -43,6 +43,9 @@
  * follow round (docs/state.md, "What a reader is shown").
  */
 #define KM_MIRROR_PROGRESS_MS 200
+/* Partitions reconciling at once, and the pipeline's store writes unanswered before no more begin (machine.c, recon_room). */
+#define RECONCILE_WINDOW 500
+#define STORE_WINDOW 400
 /* How often a paused partition's source end is read (for its lag). */
 #define PAUSED_WATCH_MS 2000
 /* Metadata answers in a row without a topic that was mirrored before it counts as deleted at the source. */

@@ -600,7 +600,7 @@ void km_pl_send_fetch(km_pipeline *pl, int32_t node, int64_t now, int64_t *next)
 	mnode_io *io = km_pl_node_io(&pl->sio, &pl->nsio, node);
 	fetch_req r = {.node = node};
 	fetch_ctx *fc = NULL;
-	size_t nready = 0, total = 0;
+	size_t nready = 0, total = 0, led = 0;
 	int16_t ver;
 
 	if (!io || io->fetching || pl->held->bytes >= pl->held_cap)
@@ -616,10 +616,6 @@ void km_pl_send_fetch(km_pipeline *pl, int32_t node, int64_t now, int64_t *next)
 			 FETCH_HI);
 		return;
 	}
-	r.sessions = ver >= 7 && pl->sessions;
-	r.full = !r.sessions || io->sess_id == 0;
-	if (r.full)
-		session_reset(pl, node);
 	for (size_t i = 0; i < pl->ntopics; i++)
 		for (int32_t j = 0; j < pl->topics[i]->nparts; j++) {
 			mpart *p = pl->topics[i]->parts[j];
@@ -627,11 +623,17 @@ void km_pl_send_fetch(km_pipeline *pl, int32_t node, int64_t now, int64_t *next)
 				continue;
 			if (km_pl_fetchable(p, now) && p->lead.src == node)
 				nready++;
+			if (p->lead.src == node)
+				led++;
 			if (p->lead.src == node || p->fetch.sess_node == node)
 				total++;
 		}
 	if (!nready)
 		return; /* nothing to read: the session waits as it is */
+	r.sessions = ver >= 7 && pl->sessions && led <= FETCH_SESSION_MAX;
+	r.full = !r.sessions || io->sess_id == 0;
+	if (r.full)
+		session_reset(pl, node);
 	if (now < io->quiet_until && nready <= io->quiet_ready) {
 		if (io->quiet_until < *next)
 			*next = io->quiet_until;

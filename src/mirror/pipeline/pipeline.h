@@ -28,6 +28,11 @@
  */
 #define QUIET_MIN_MS 5
 #define QUIET_MS 100
+/*
+ * A source broker that leads more of the pipeline's partitions than this is fetched without a
+ * session (docs/mirror.md, "Fetch sessions"): full Fetches of the partitions ready, none held.
+ */
+#define FETCH_SESSION_MAX 1000
 #define BACKOFF_MIN_MS 100
 #define BACKOFF_MAX_MS 10000
 #define METADATA_MIN_INTERVAL_MS 500

@@ -148,7 +148,8 @@ static const km_option options[] = {
 	 .max = INT32_MAX, .reloadable = true,
 	 .doc = "Client connections open at once, all Kafka listeners together; one more is closed as soon as it "
 		"is accepted (kmirror_connections_rejected_total{reason=\"max_connections\"}). Each client connection "
-		"may hold an upstream connection too: keep twice this below the open file limit. 0: no cap."},
+		"may hold an upstream connection too, and a pipe (two descriptors) once it spliced a Fetch answer: "
+		"keep four times this below the open file limit. 0: no cap."},
 	{.name = "max_connections_per_ip", .type = KM_OPT_INT, .offset = OFF(max_connections_per_ip), .def = "1000",
 	 .min = 0, .max = INT32_MAX, .reloadable = true,
 	 .doc = "Client connections open at once from one source address; one more is closed as soon as it is "

@@ -517,7 +517,8 @@ static size_t up_read_size(km_session *s)
 
 	switch (s->rs.state) {
 	case RS_HEAD:
-		if (f && f->key == KM_API_FETCH && f->resp != KM_RESP_LOCAL)
+		/* Nothing asked yet: the next request may well be a Fetch (a consumer sends one as soon as an answer is in). */
+		if (!f || (f->key == KM_API_FETCH && f->resp != KM_RESP_LOCAL))
 			want = have + KM_READ_PEEK;
 		break;
 	case RS_MOVE:
@@ -536,6 +537,13 @@ static size_t up_read_size(km_session *s)
 		break;
 	}
 	return want < KM_READ_FILL ? want : KM_READ_FILL;
+}
+
+/* Sets how far the upstream's next read goes (a plain bufferevent only records it). */
+static void up_read_plan(km_session *s)
+{
+	if (may_splice(s) && !s->splicing)
+		km_net_bev_fill(s->up, up_read_size(s));
 }
 
 /* Send on the bytes of a streamed response that the walk has settled. */
@@ -758,8 +766,7 @@ static void pump_responses_loop(km_session *s)
 out:
 	if (s->closed)
 		return;
-	if (may_splice(s) && !s->splicing)
-		km_net_bev_fill(s->up, up_read_size(s)); /* plain: only sets how far the next read goes */
+	up_read_plan(s);
 	update_up_reading(s);
 	update_cli_reading(s);
 	maybe_finish_drain(s);
@@ -795,6 +802,7 @@ static void up_event_cb(struct bufferevent *bev, short what, void *arg)
 		bufferevent_setwatermark(bev, EV_WRITE, (size_t)s->host->cfg->connection_buffer_bytes / 2, 0);
 		if (evbuffer_get_length(s->held))
 			evbuffer_add_buffer(bufferevent_get_output(bev), s->held);
+		up_read_plan(s);
 		update_cli_reading(s);
 		return;
 	}

@@ -64,6 +64,8 @@ typedef struct km_net_fast {
 #define READ_DEFAULT (256 * 1024)
 /* A range's pipe: as large as one read of ours (the default pipe is 64 KiB). */
 #define PIPE_BYTES (256 * 1024)
+/* What one readiness takes into the pipe at most: a fast range does not hold the loop from the others. */
+#define SPLICE_ROUND_BYTES (1024 * 1024)
 
 static void tramp_read(struct bufferevent *bev, void *arg);
 
@@ -184,7 +186,8 @@ static void sp_call(km_net_fast *s, km_net_fast *d, km_net_fast *who, short what
  * Moves what can be moved of s's range now: d's output that went before it, the pipe into d's
  * socket, s's socket into the pipe; until nothing moves. Then waits: for d's socket to take more
  * (d->wr) when it is full, for s's socket to bring more (s->rd) only when the pipe is empty, so a
- * full pipe (splice says EAGAIN for it as for an empty socket) never spins the loop.
+ * full pipe (splice says EAGAIN for it as for an empty socket) never spins the loop. One call takes
+ * at most SPLICE_ROUND_BYTES from s's socket; the rest comes at its next readiness.
  */
 static void sp_run(km_net_fast *s)
 {
@@ -192,6 +195,7 @@ static void sp_run(km_net_fast *s)
 	evutil_socket_t sfd = bufferevent_getfd(s->bev), dfd = bufferevent_getfd(d->bev);
 	struct evbuffer *out = bufferevent_get_output(d->bev);
 	bool blocked = false;
+	size_t taken = 0;
 	ssize_t n;
 
 	for (;;) {
@@ -225,13 +229,14 @@ static void sp_run(km_net_fast *s)
 				goto write_failed;
 			}
 		}
-		if (s->sp_left && s->sp_piped < s->pipe_cap) {
+		if (s->sp_left && s->sp_piped < s->pipe_cap && taken < SPLICE_ROUND_BYTES) {
 			size_t want = s->pipe_cap - s->sp_piped;
 			n = splice(sfd, NULL, s->pipe[1], NULL, want < s->sp_left ? want : s->sp_left,
 				   SPLICE_F_MOVE | SPLICE_F_NONBLOCK);
 			if (n > 0) {
 				s->sp_left -= (size_t)n;
 				s->sp_piped += (size_t)n;
+				taken += (size_t)n;
 				moved = true;
 			} else if (n < 0 && errno == EINTR) {
 				continue;

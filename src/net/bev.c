@@ -48,11 +48,11 @@ typedef struct km_net_fast {
 	int depth;        /* callbacks of the caller running from here */
 	/* A spliced range out of this socket (docs/net.md, "Spliced ranges"): its destination, NULL when none. */
 	struct km_net_fast *sp_dst;
-	size_t sp_left;   /* bytes of the range still in this socket */
-	size_t sp_piped;  /* bytes of the range in the pipe */
+	size_t sp_left;  /* bytes of the range still in this socket */
+	size_t sp_piped; /* bytes of the range in the pipe */
 	bufferevent_data_cb sp_done;
 	void *sp_arg;
-	int pipe[2];      /* opened at the first range, kept until freed; -1 when none */
+	int pipe[2]; /* opened at the first range, kept until freed; -1 when none */
 	size_t pipe_cap;
 	/* A range into this socket: its source, and the output's bytes that go before it. */
 	struct km_net_fast *sp_src;

@@ -517,7 +517,7 @@ static size_t up_read_size(km_session *s)
 
 	switch (s->rs.state) {
 	case RS_HEAD:
-		/* Nothing asked yet: the next request may well be a Fetch (a consumer sends one as soon as an answer is in). */
+		/* Nothing asked: the next request may well be a Fetch (a consumer asks as soon as an answer is in). */
 		if (!f || (f->key == KM_API_FETCH && f->resp != KM_RESP_LOCAL))
 			want = have + KM_READ_PEEK;
 		break;

@@ -83,14 +83,14 @@ typedef struct run {
 	size_t before, after;
 	size_t got, expect;
 	uint8_t *seen;
-	int started;   /* km_net_bev_splice's answer */
+	int started;              /* km_net_bev_splice's answer */
 	size_t buffered_at_start; /* range bytes the source's input held when the range started */
 	bool done, src_event, dst_event;
 	short src_what, dst_what;
 	/* the slow reader */
 	size_t read_chunk;
 	struct timeval read_every;
-	size_t pause_at;  /* after this many bytes read: the reader pauses pause_ms */
+	size_t pause_at; /* after this many bytes read: the reader pauses pause_ms */
 	int pause_ms;
 	bool paused_once;
 	bool dst_noread; /* the destination does not read: its peer's close is seen by a write */
@@ -357,8 +357,13 @@ static void test_splice_buffered(void **state)
  */
 static void test_splice_slow_reader(void **state)
 {
-	run r = {.total = 8u << 20, .skip = 0, .range = 8u << 20, .before = 100, .after = 10,
-		 .pause_at = 1u << 20, .pause_ms = 400};
+	run r = {.total = 8u << 20,
+		 .skip = 0,
+		 .range = 8u << 20,
+		 .before = 100,
+		 .after = 10,
+		 .pause_at = 1u << 20,
+		 .pause_ms = 400};
 	(void)state;
 	run_setup(&r);
 	run_small_buffers(&r);
@@ -378,8 +383,13 @@ static void test_splice_slow_reader(void **state)
 /* The destination's reader takes 16 KiB per 1 ms: many short writes, same bytes. */
 static void test_splice_trickle(void **state)
 {
-	run r = {.total = 1u << 20, .skip = 77, .range = (1u << 20) - 1000, .before = 10, .after = 10,
-		 .read_chunk = 16384, .read_every = {0, 1000}};
+	run r = {.total = 1u << 20,
+		 .skip = 77,
+		 .range = (1u << 20) - 1000,
+		 .before = 10,
+		 .after = 10,
+		 .read_chunk = 16384,
+		 .read_every = {0, 1000}};
 	(void)state;
 	run_setup(&r);
 	run_small_buffers(&r);
@@ -444,13 +454,10 @@ static void test_splice_refused(void **state)
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
-		cmocka_unit_test(test_splice_in_order),
-		cmocka_unit_test(test_splice_buffered),
-		cmocka_unit_test(test_splice_slow_reader),
-		cmocka_unit_test(test_splice_trickle),
-		cmocka_unit_test(test_splice_eof),
-		cmocka_unit_test(test_splice_dst_gone),
-		cmocka_unit_test(test_splice_refused),
+	    cmocka_unit_test(test_splice_in_order),    cmocka_unit_test(test_splice_buffered),
+	    cmocka_unit_test(test_splice_slow_reader), cmocka_unit_test(test_splice_trickle),
+	    cmocka_unit_test(test_splice_eof),         cmocka_unit_test(test_splice_dst_gone),
+	    cmocka_unit_test(test_splice_refused),
 	};
 	signal(SIGPIPE, SIG_IGN);
 	return cmocka_run_group_tests(tests, NULL, NULL);

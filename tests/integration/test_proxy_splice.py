@@ -91,7 +91,8 @@ def test_large_records_spliced(plain_proxy, dest_cluster):
     got = consume_all(p, topic, 40, **{"fetch.max.bytes": 8 * BIG, "max.partition.fetch.bytes": 8 * BIG})
     check_exact(got, acked, 40, BIG)
     moved = spliced(p) - before
-    print(f"spliced {moved / 1e6:.1f} MB of record sets (partial last batches fetched again included) for {40 * BIG / 1e6:.1f} MB of values")
+    # Record sets, with the partial last batch of each answer that is fetched again.
+    print(f"spliced {moved / 1e6:.1f} MB of record sets for {40 * BIG / 1e6:.1f} MB of values")
     assert moved >= 0.8 * 40 * BIG
     assert p.metric("kmirror_splices_total") >= 5
 
@@ -113,7 +114,8 @@ def test_small_records_spliced_java_and_librdkafka(plain_proxy, dest_cluster):
     summary = dest_cluster.consumer_perf_test(topic, n, bootstrap=p.bootstrap)
     assert int(summary["data.consumed.in.nMsg"]) == n
     by_java = spliced(p) - before
-    print(f"spliced: librdkafka {by_rdkafka / 1e6:.1f} MB, Java {by_java / 1e6:.1f} MB of {n * 512 / 1e6:.1f} MB")
+    print(f"spliced: librdkafka {by_rdkafka / 1e6:.1f} MB, Java {by_java / 1e6:.1f} MB "
+          f"for {n * 512 / 1e6:.1f} MB of values")
     assert by_java >= 0.5 * n * 512, by_java
 
 

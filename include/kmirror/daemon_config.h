@@ -67,6 +67,7 @@ typedef struct km_config {
 	int64_t metadata_refresh_ms;
 	int64_t max_inflight_requests;
 	int64_t connection_buffer_bytes;
+	int64_t splice_min_bytes;       /* 0: never splice */
 	int64_t max_connections;        /* client connections, all listeners; 0: no cap */
 	int64_t max_connections_per_ip; /* client connections from one address; 0: no cap */
 	int64_t drain_timeout_ms;

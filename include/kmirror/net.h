@@ -156,6 +156,27 @@ void km_net_bev_free(struct bufferevent *bev);
  */
 size_t km_net_bev_fill(struct bufferevent *bev, size_t upto);
 
+/*
+ * Spliced ranges (docs/net.md): the next n bytes of src's input stream go to dst's socket without
+ * passing through user space. Bytes of the range src's input already holds are moved to dst's
+ * output (chains, not copies); the rest go by splice(2) from src's socket through a pipe of src's
+ * to dst's socket, after everything dst's output held when the range began; bytes added to dst's
+ * output later wait until the range is done. During the range src reads nothing into its input
+ * and its read callback is not called; enabling or disabling its reading takes effect after it.
+ * Both must be plain bufferevents of km_net_bev_new, connected, and in no other range.
+ * Returns 1 when src's input held the whole range (moved now, no callback), 0 when the range has
+ * begun (from the loop, never inside this call): done(src, arg) runs once its last byte was
+ * written to dst's socket; or a negative km_err with nothing moved: KM_ERR_INVAL (TLS, not
+ * connected, a range already running), KM_ERR_IO (no pipe), KM_ERR_NOMEM. An end of stream or
+ * error on src's socket inside the range goes to src's event callback (BEV_EVENT_READING |
+ * BEV_EVENT_EOF or BEV_EVENT_ERROR), a write error on dst's to dst's (BEV_EVENT_WRITING |
+ * BEV_EVENT_ERROR); the range ends there and done is not called. Freeing either ends it too.
+ */
+int km_net_bev_splice(struct bufferevent *src, struct bufferevent *dst, size_t n, bufferevent_data_cb done, void *arg)
+	__attribute__((warn_unused_result));
+/* Whether bev could be either side of a range now (plain, of km_net_bev_new, connected, in none). */
+bool km_net_bev_can_splice(struct bufferevent *bev);
+
 /* ---- SASL client mechanisms (providers): PLAIN, SCRAM-SHA-256, SCRAM-SHA-512 ---- */
 
 typedef struct km_sasl km_sasl;

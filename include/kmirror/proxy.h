@@ -64,6 +64,8 @@ typedef struct km_proxy_counters {
 	uint64_t upstream_bytes_in, upstream_bytes_out;
 	uint64_t rejected[KM_REJECT__COUNT];
 	uint64_t responses_rewritten_total;
+	uint64_t spliced_bytes_total;         /* response bytes moved socket to socket with splice(2) */
+	uint64_t splices_total;               /* the ranges they moved in */
 	uint64_t fetch_oor_held_total;        /* OFFSET_OUT_OF_RANGE answered OFFSET_NOT_AVAILABLE after a swap */
 	uint64_t fetch_tail_waits_total;      /* Fetch requests held a moment at the mirror's tail */
 	uint64_t fetch_tail_waits_woken_total; /* of those, the ones a tail move ended before the 50 ms */

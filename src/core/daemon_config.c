@@ -139,11 +139,17 @@ static const km_option options[] = {
 	 .def = "4194304", .min = 4096, .max = I64MAX, .reloadable = true,
 	 .doc = "Bytes queued towards a peer above which the proxy stops reading from the other side "
 		 "(backpressure)."},
+	{.name = "splice_min_bytes", .type = KM_OPT_INT, .offset = OFF(splice_min_bytes), .def = "65536", .min = 0,
+	 .max = I64MAX, .reloadable = true,
+	 .doc = "A Fetch record set, or the rest of a response passed on untouched, with at least this many bytes "
+		"still to arrive goes from the broker's socket to the client's with splice(2), never through "
+		"kmirrord's memory, when both connections are plain TCP (kmirror_spliced_bytes_total). 0: never."},
 	{.name = "max_connections", .type = KM_OPT_INT, .offset = OFF(max_connections), .def = "10000", .min = 0,
 	 .max = INT32_MAX, .reloadable = true,
 	 .doc = "Client connections open at once, all Kafka listeners together; one more is closed as soon as it "
 		"is accepted (kmirror_connections_rejected_total{reason=\"max_connections\"}). Each client connection "
-		"may hold an upstream connection too: keep twice this below the open file limit. 0: no cap."},
+		"may hold an upstream connection too, and a pipe (two descriptors) once it spliced a Fetch answer: "
+		"keep four times this below the open file limit. 0: no cap."},
 	{.name = "max_connections_per_ip", .type = KM_OPT_INT, .offset = OFF(max_connections_per_ip), .def = "1000",
 	 .min = 0, .max = INT32_MAX, .reloadable = true,
 	 .doc = "Client connections open at once from one source address; one more is closed as soon as it is "

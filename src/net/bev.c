@@ -1,10 +1,13 @@
 /* Plain-socket bufferevents whose reads and writes are done here rather than by libevent's socket bufferevent. */
+#define _GNU_SOURCE /* splice, F_SETPIPE_SZ */
 #include <errno.h>
+#include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
+#include <unistd.h>
 
 #include <event2/buffer.h>
 #include <event2/bufferevent.h>
@@ -43,10 +46,26 @@ typedef struct km_net_fast {
 	bool flush_armed; /* the flush event is active */
 	bool dead;        /* freed by the caller inside one of its callbacks; released when that returns */
 	int depth;        /* callbacks of the caller running from here */
+	/* A spliced range out of this socket (docs/net.md, "Spliced ranges"): its destination, NULL when none. */
+	struct km_net_fast *sp_dst;
+	size_t sp_left;  /* bytes of the range still in this socket */
+	size_t sp_piped; /* bytes of the range in the pipe */
+	bufferevent_data_cb sp_done;
+	void *sp_arg;
+	int pipe[2]; /* opened at the first range, kept until freed; -1 when none */
+	size_t pipe_cap;
+	/* A range into this socket: its source, and the output's bytes that go before it. */
+	struct km_net_fast *sp_src;
+	size_t out_before;
+	struct event *wr; /* this socket's write readiness while a range goes into it */
 } km_net_fast;
 
 #define READ_MIN 4096
 #define READ_DEFAULT (256 * 1024)
+/* A range's pipe: as large as one read of ours (the default pipe is 64 KiB). */
+#define PIPE_BYTES (256 * 1024)
+/* What one readiness takes into the pipe at most: a fast range does not hold the loop from the others. */
+#define SPLICE_ROUND_BYTES (1024 * 1024)
 
 static void tramp_read(struct bufferevent *bev, void *arg);
 
@@ -58,12 +77,24 @@ static km_net_fast *fast_of(struct bufferevent *bev)
 	return rd == tramp_read ? arg : NULL;
 }
 
+static void pipe_close(km_net_fast *f)
+{
+	if (f->pipe[0] >= 0) {
+		close(f->pipe[0]);
+		close(f->pipe[1]);
+	}
+	f->pipe[0] = f->pipe[1] = -1;
+}
+
 static void release(km_net_fast *f)
 {
 	if (f->rd)
 		event_free(f->rd);
 	if (f->flush)
 		event_free(f->flush);
+	if (f->wr)
+		event_free(f->wr);
+	pipe_close(f);
 	free(f);
 }
 
@@ -113,6 +144,157 @@ static void out_changed(struct evbuffer *buf, const struct evbuffer_cb_info *inf
 		arm_flush(arg);
 }
 
+/* ---- spliced ranges: socket -> pipe -> socket, in order with the destination's output ---- */
+
+/* The range's state cleared on both sides; s reads again as its caller wants, d flushes what waited. */
+static void sp_end(km_net_fast *s)
+{
+	km_net_fast *d = s->sp_dst;
+
+	s->sp_dst = NULL;
+	s->sp_left = 0;
+	if (s->sp_piped)
+		pipe_close(s); /* bytes of a range that failed: the next range gets a new pipe */
+	s->sp_piped = 0;
+	if (s->want_read)
+		event_add(s->rd, NULL);
+	else
+		event_del(s->rd);
+	if (d) {
+		d->sp_src = NULL;
+		d->out_before = 0;
+		event_del(d->wr);
+		if (evbuffer_get_length(bufferevent_get_output(d->bev)))
+			arm_flush(d);
+	}
+}
+
+/* A callback of the caller's, with both sides held: freeing either inside it releases it afterwards. */
+static void sp_call(km_net_fast *s, km_net_fast *d, km_net_fast *who, short what)
+{
+	s->depth++;
+	d->depth++;
+	if (what)
+		call_event(who, what);
+	else if (s->sp_done)
+		s->sp_done(s->bev, s->sp_arg);
+	returned(s);
+	returned(d);
+}
+
+/*
+ * Moves what can be moved of s's range now: d's output that went before it, the pipe into d's
+ * socket, s's socket into the pipe; until nothing moves. Then waits: for d's socket to take more
+ * (d->wr) when it is full, for s's socket to bring more (s->rd) only when the pipe is empty, so a
+ * full pipe (splice says EAGAIN for it as for an empty socket) never spins the loop. One call takes
+ * at most SPLICE_ROUND_BYTES from s's socket; the rest comes at its next readiness.
+ */
+static void sp_run(km_net_fast *s)
+{
+	km_net_fast *d = s->sp_dst;
+	evutil_socket_t sfd = bufferevent_getfd(s->bev), dfd = bufferevent_getfd(d->bev);
+	struct evbuffer *out = bufferevent_get_output(d->bev);
+	bool blocked = false;
+	size_t taken = 0;
+	ssize_t n;
+
+	for (;;) {
+		bool moved = false;
+		blocked = false;
+		if (d->out_before) {
+			evbuffer_unfreeze(out, 1);
+			n = evbuffer_write_atmost(out, dfd, (ev_ssize_t)d->out_before);
+			evbuffer_freeze(out, 1);
+			if (n > 0) {
+				d->out_before -= (size_t)n;
+				moved = true;
+			} else if (n < 0 && errno == EINTR) {
+				continue;
+			} else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+				blocked = true;
+			} else {
+				goto write_failed;
+			}
+		}
+		if (!d->out_before && s->sp_piped) {
+			n = splice(s->pipe[0], NULL, dfd, NULL, s->sp_piped, SPLICE_F_MOVE | SPLICE_F_NONBLOCK);
+			if (n > 0) {
+				s->sp_piped -= (size_t)n;
+				moved = true;
+			} else if (n < 0 && errno == EINTR) {
+				continue;
+			} else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+				blocked = true;
+			} else {
+				goto write_failed;
+			}
+		}
+		if (s->sp_left && s->sp_piped < s->pipe_cap && taken < SPLICE_ROUND_BYTES) {
+			size_t want = s->pipe_cap - s->sp_piped;
+			n = splice(sfd, NULL, s->pipe[1], NULL, want < s->sp_left ? want : s->sp_left,
+				   SPLICE_F_MOVE | SPLICE_F_NONBLOCK);
+			if (n > 0) {
+				s->sp_left -= (size_t)n;
+				s->sp_piped += (size_t)n;
+				taken += (size_t)n;
+				moved = true;
+			} else if (n < 0 && errno == EINTR) {
+				continue;
+			} else if (n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK)) {
+				/* End of stream or an error inside the range: the caller hears of it as from a read. */
+				short what = (short)(BEV_EVENT_READING | (n == 0 ? BEV_EVENT_EOF : BEV_EVENT_ERROR));
+				s->want_read = false;
+				sp_end(s);
+				sp_call(s, d, s, what);
+				return;
+			}
+		}
+		if (!s->sp_left && !s->sp_piped && !d->out_before) {
+			sp_end(s);
+			sp_call(s, d, s, 0);
+			return;
+		}
+		if (!moved)
+			break;
+	}
+	if (blocked)
+		event_add(d->wr, NULL);
+	if (s->sp_left && !s->sp_piped)
+		event_add(s->rd, NULL);
+	else
+		event_del(s->rd);
+	return;
+write_failed:
+	/* As a failed flush: the destination's caller hears of it. */
+	event_del(d->rd);
+	d->want_read = false;
+	sp_end(s);
+	sp_call(s, d, d, BEV_EVENT_WRITING | BEV_EVENT_ERROR);
+}
+
+/* d's socket can take more of the range going into it. */
+static void sp_writable(evutil_socket_t fd, short what, void *arg)
+{
+	km_net_fast *d = arg;
+	(void)fd;
+	(void)what;
+	if (d->sp_src)
+		sp_run(d->sp_src);
+}
+
+static bool pipe_open(km_net_fast *f)
+{
+	int sz;
+	if (pipe2(f->pipe, O_NONBLOCK | O_CLOEXEC) != 0) {
+		f->pipe[0] = f->pipe[1] = -1;
+		return false;
+	}
+	(void)fcntl(f->pipe[1], F_SETPIPE_SZ, PIPE_BYTES); /* past pipe-max-size: the default size stays */
+	sz = fcntl(f->pipe[1], F_GETPIPE_SZ);
+	f->pipe_cap = sz > 0 ? (size_t)sz : 65536;
+	return true;
+}
+
 static void flush_cb(evutil_socket_t unused, short what, void *arg)
 {
 	km_net_fast *f = arg;
@@ -122,6 +304,10 @@ static void flush_cb(evutil_socket_t unused, short what, void *arg)
 	(void)unused;
 	(void)what;
 	f->flush_armed = false;
+	if (f->sp_src) {
+		sp_run(f->sp_src); /* a range goes into this socket: its output waits its turn */
+		return;
+	}
 	if (!f->fast || f->slow_write)
 		return;
 	/* A socket bufferevent keeps its output's start frozen except while it writes itself. */
@@ -218,6 +404,10 @@ static void read_ready(evutil_socket_t fd, short what, void *arg)
 	ssize_t rc;
 
 	(void)what;
+	if (f->sp_dst) {
+		sp_run(f); /* a range is moving out of this socket: nothing is read into the input */
+		return;
+	}
 	if (want < READ_MIN)
 		want = READ_MIN;
 	recv_size(fd, &want); /* nothing queued: the recvmsg tells EOF from an error */
@@ -290,6 +480,7 @@ struct bufferevent *km_net_bev_plain_new(struct event_base *base, int fd, int op
 	if (f) {
 		f->bev = bev;
 		f->read_max = READ_DEFAULT;
+		f->pipe[0] = f->pipe[1] = -1;
 		f->flush = event_new(base, -1, 0, flush_cb, f);
 		f->out_cb = evbuffer_add_cb(bufferevent_get_output(bev), out_changed, f);
 	}
@@ -337,8 +528,8 @@ void km_net_bev_enable(struct bufferevent *bev, short what)
 		f->want_read = true;
 	if (!f->fast)
 		bufferevent_enable(bev, what); /* connecting: the bufferevent's own events do the connect */
-	else if (what & EV_READ)
-		event_add(f->rd, NULL);
+	else if ((what & EV_READ) && !f->sp_dst)
+		event_add(f->rd, NULL); /* during a range, reading follows the range; want_read is for after it */
 }
 
 void km_net_bev_disable(struct bufferevent *bev, short what)
@@ -352,7 +543,7 @@ void km_net_bev_disable(struct bufferevent *bev, short what)
 		f->want_read = false;
 	if (!f->fast)
 		bufferevent_disable(bev, what);
-	else if (what & EV_READ)
+	else if ((what & EV_READ) && !f->sp_dst)
 		event_del(f->rd);
 }
 
@@ -360,10 +551,18 @@ void km_net_bev_free(struct bufferevent *bev)
 {
 	km_net_fast *f = fast_of(bev);
 	if (f) {
+		/* A range of either side ends with it; the other side goes on as if it had not started. */
+		if (f->sp_dst)
+			sp_end(f);
+		if (f->sp_src)
+			sp_end(f->sp_src);
 		evbuffer_remove_cb_entry(bufferevent_get_output(bev), f->out_cb);
 		if (f->rd)
 			event_del(f->rd);
 		event_del(f->flush);
+		if (f->wr)
+			event_del(f->wr);
+		pipe_close(f);
 		f->bev = NULL;
 		if (f->depth)
 			f->dead = true;
@@ -371,4 +570,47 @@ void km_net_bev_free(struct bufferevent *bev)
 			release(f);
 	}
 	bufferevent_free(bev);
+}
+
+bool km_net_bev_can_splice(struct bufferevent *bev)
+{
+	km_net_fast *f = fast_of(bev);
+	return f && f->fast && !f->sp_dst && !f->sp_src;
+}
+
+int km_net_bev_splice(struct bufferevent *src, struct bufferevent *dst, size_t n, bufferevent_data_cb done, void *arg)
+{
+	km_net_fast *s = fast_of(src), *d = fast_of(dst);
+	struct evbuffer *in, *out;
+	size_t have;
+
+	if (!s || !d || s == d || !s->fast || !d->fast || s->sp_dst || s->sp_src || d->sp_dst || d->sp_src)
+		return KM_ERR_INVAL;
+	in = bufferevent_get_input(src);
+	out = bufferevent_get_output(dst);
+	have = evbuffer_get_length(in);
+	if (have >= n) {
+		evbuffer_remove_buffer(in, out, n);
+		return 1;
+	}
+	if (s->pipe[0] < 0 && !pipe_open(s))
+		return KM_ERR_IO;
+	if (!d->wr && !(d->wr = event_new(bufferevent_get_base(dst), bufferevent_getfd(dst), EV_WRITE, sp_writable, d)))
+		return KM_ERR_NOMEM;
+	evbuffer_remove_buffer(in, out, have);
+	/* Everything the output holds now goes before the range; what is added later, after it. */
+	d->out_before = evbuffer_get_length(out);
+	if (d->slow_write) {
+		/* The bufferevent's own write would not stop at the range: ours finishes the output. */
+		bufferevent_disable(dst, EV_WRITE);
+		d->slow_write = false;
+	}
+	s->sp_dst = d;
+	d->sp_src = s;
+	s->sp_left = n - have;
+	s->sp_piped = 0;
+	s->sp_done = done;
+	s->sp_arg = arg;
+	event_active(s->rd, EV_READ, 1); /* the range starts from the loop, never inside the caller */
+	return 0;
 }

@@ -112,6 +112,12 @@ static const struct {
 	 C(upstream_bytes_out)},
 	{"kmirror_responses_rewritten_total", "Responses whose broker endpoints were rewritten.", KM_METRIC_COUNTER,
 	 C(responses_rewritten_total)},
+	{"kmirror_spliced_bytes_total",
+	 "Response bytes moved from a broker's socket to a client's with splice(2), never read into kmirrord "
+	 "(counted in kmirror_client_bytes_out_total too).",
+	 KM_METRIC_COUNTER, C(spliced_bytes_total)},
+	{"kmirror_splices_total", "Spliced ranges those bytes moved in (a record set, or the rest of a response).",
+	 KM_METRIC_COUNTER, C(splices_total)},
 	{"kmirror_fetch_out_of_range_held_total",
 	 "Fetch partitions the upstream answered OFFSET_OUT_OF_RANGE, passed on as OFFSET_NOT_AVAILABLE after an "
 	 "upstream swap (swap_fetch_hold_ms).",

@@ -96,7 +96,9 @@ struct km_session {
 		size_t frame;  /* RS_STREAM / RS_WHOLE: the frame's length, size prefix included */
 		size_t sent;   /* RS_STREAM: frame bytes already sent on */
 		km_fetch_walk walk;
+		bool small;    /* RS_STREAM: a record set too small to splice was seen: the partitions here are small */
 	} rs;
+	size_t splicing;   /* bytes of the response in a spliced range, upstream socket to client socket; 0: none */
 	km_session *prev, *next;
 	km_session *next_dead;
 };
@@ -121,6 +123,11 @@ struct km_session_set {
 #define KM_READ_FILL (256 * 1024)
 /* The head of a request read before it is forwarded: the header, and for Produce the fields up to acks. */
 #define KM_REQ_HEAD 512
+/*
+ * Where a spliced range may come next, reads stop this far past what the walk needs: a response
+ * header and a partition's fields fit, and few record bytes are read before the range is known.
+ */
+#define KM_READ_PEEK 4096
 
 static const char client_closed[] = "client closed the connection";
 
@@ -320,7 +327,7 @@ static void update_up_reading(km_session *s)
 /* A drained session closes once nothing is in flight and the client has everything. */
 static void maybe_finish_drain(km_session *s)
 {
-	if (s->draining && !s->closed && !inflights_count(&s->fifo) && s->rq.state == RQ_HEAD &&
+	if (s->draining && !s->closed && !s->splicing && !inflights_count(&s->fifo) && s->rq.state == RQ_HEAD &&
 	    (!s->cli || evbuffer_get_length(bufferevent_get_output(s->cli)) == 0))
 		session_close(s, "draining");
 }
@@ -458,6 +465,87 @@ static km_err respond_whole(km_session *s, const inflight *f, struct evbuffer *i
 	return rc;
 }
 
+/* ---- spliced ranges (docs/proxy.md, "Forwarding") ---- */
+
+static void pump_responses(km_session *s);
+
+/* Whether both connections are plain sockets and splicing is on: then reads stop where a range may start. */
+static bool may_splice(const km_session *s)
+{
+	return s->host->cfg->splice_min_bytes > 0 && !s->host->server_tls && !s->host->upstream_tls &&
+	       s->up_state == UP_READY && s->cli && s->up;
+}
+
+static void splice_done(struct bufferevent *bev, void *arg)
+{
+	km_session *s = arg;
+	(void)bev;
+	s->host->metrics->spliced_bytes_total += s->splicing;
+	s->host->metrics->splices_total++;
+	s->splicing = 0;
+	if (s->rs.state == RS_MOVE && !s->rs.left) {
+		response_done(s);
+		s->rs.state = RS_HEAD;
+	}
+	pump_responses(s);
+}
+
+/*
+ * The next n bytes of the response, none of them read yet, are settled (nothing looks at them):
+ * when enough, they go socket to socket; splice_done resumes the response after the last one.
+ */
+static bool splice_range(km_session *s, struct evbuffer *in, size_t n)
+{
+	if (!may_splice(s) || n < (size_t)s->host->cfg->splice_min_bytes || evbuffer_get_length(in))
+		return false;
+	if (km_net_bev_splice(s->up, s->cli, n, splice_done, s) != 0)
+		return false; /* not now (the other direction's range, no pipe): the bytes come through the buffers */
+	s->splicing = n;
+	s->host->metrics->client_bytes_out += n;
+	return true;
+}
+
+/*
+ * How far the next read of the upstream socket goes: to where a spliced range may start, plus a
+ * peek (the fields the walk needs next), so a large record set is not read into memory before the
+ * walk has found it; the usual large read where no range can come.
+ */
+static size_t up_read_size(km_session *s)
+{
+	size_t have = evbuffer_get_length(bufferevent_get_input(s->up)), want = KM_READ_FILL;
+	const inflight *f = inflights_front(&s->fifo);
+
+	switch (s->rs.state) {
+	case RS_HEAD:
+		/* Nothing asked: the next request may well be a Fetch (a consumer asks as soon as an answer is in). */
+		if (!f || (f->key == KM_API_FETCH && f->resp != KM_RESP_LOCAL))
+			want = have + KM_READ_PEEK;
+		break;
+	case RS_MOVE:
+		want = have + s->rs.left + KM_READ_PEEK; /* this response's rest, and the next one's head */
+		break;
+	case RS_STREAM: {
+		const km_fetch_walk *w = &s->rs.walk;
+		size_t have_end = s->rs.sent + have;
+		/* Small partitions, or the batches of one the hooks look at: no range is likely, read on. */
+		if (s->rs.small || (w->descend && w->pos < w->records_end))
+			break;
+		want = (w->pos > have_end ? w->pos - s->rs.sent : have) + KM_READ_PEEK;
+		break;
+	}
+	default:
+		break;
+	}
+	return want < KM_READ_FILL ? want : KM_READ_FILL;
+}
+
+/* Sets how far the upstream's next read goes (a plain bufferevent only records it). */
+static void up_read_plan(km_session *s)
+{
+	if (may_splice(s) && !s->splicing)
+		km_net_bev_fill(s->up, up_read_size(s));
+}
+
 /* Send on the bytes of a streamed response that the walk has settled. */
 static void stream_send_settled(km_session *s, struct evbuffer *in)
 {
@@ -496,6 +584,9 @@ static int stream_step(km_session *s, const inflight *f, struct evbuffer *in, km
 			*err = KM_ERR_DECODE;
 			return -1;
 		}
+		if (ev == KM_FW_PARTITION && w->part.records_len &&
+		    w->part.records_len < (size_t)s->host->cfg->splice_min_bytes)
+			s->rs.small = true;
 		if (ev == KM_FW_PARTITION && h && h->on_partition)
 			*err = h->on_partition(&e);
 		else if (ev == KM_FW_BATCH && h && h->on_batch)
@@ -511,6 +602,9 @@ static int stream_step(km_session *s, const inflight *f, struct evbuffer *in, km
 			return -1;
 		if (ev == KM_FW_NEED_MORE) {
 			stream_send_settled(s, in);
+			/* Settled bytes that have not arrived (records skipped by length): socket to socket. */
+			if (w->pos > s->rs.sent && splice_range(s, in, w->pos - s->rs.sent))
+				s->rs.sent = w->pos;
 			return 0;
 		}
 		if (ev == KM_FW_END)
@@ -578,6 +672,7 @@ static bool response_head(km_session *s, struct evbuffer *in)
 	case KM_RESP_STREAM:
 		km_fetch_walk_init(&s->rs.walk, f->version, s->rs.frame);
 		s->rs.sent = 0;
+		s->rs.small = false;
 		s->rs.state = RS_STREAM;
 		break;
 	case KM_RESP_WHOLE:
@@ -613,6 +708,8 @@ static void pump_responses_loop(km_session *s)
 		km_err err = KM_OK;
 		int done;
 
+		if (s->splicing)
+			goto out; /* the response goes on when its range is done (splice_done) */
 		flush_local(s);
 		f = inflights_front(&s->fifo);
 		avail = in ? evbuffer_get_length(in) : 0;
@@ -627,10 +724,17 @@ static void pump_responses_loop(km_session *s)
 		switch (s->rs.state) {
 		case RS_MOVE: {
 			size_t n = avail < s->rs.left ? avail : s->rs.left;
+			if (n) {
+				to_client(s, in, n);
+				s->rs.left -= n;
+			}
+			/* The rest has not arrived: when large, socket to socket (splice_done ends the response). */
+			if (s->rs.left && splice_range(s, in, s->rs.left)) {
+				s->rs.left = 0;
+				goto out;
+			}
 			if (!n)
 				goto out;
-			to_client(s, in, n);
-			s->rs.left -= n;
 			done = s->rs.left == 0;
 			break;
 		}
@@ -662,6 +766,7 @@ static void pump_responses_loop(km_session *s)
 out:
 	if (s->closed)
 		return;
+	up_read_plan(s);
 	update_up_reading(s);
 	update_cli_reading(s);
 	maybe_finish_drain(s);
@@ -697,6 +802,7 @@ static void up_event_cb(struct bufferevent *bev, short what, void *arg)
 		bufferevent_setwatermark(bev, EV_WRITE, (size_t)s->host->cfg->connection_buffer_bytes / 2, 0);
 		if (evbuffer_get_length(s->held))
 			evbuffer_add_buffer(bufferevent_get_output(bev), s->held);
+		up_read_plan(s);
 		update_cli_reading(s);
 		return;
 	}

@@ -79,11 +79,15 @@ static void metadata_v9_body(km_wr *w, uint16_t port, bool second)
 /* Offset of the one partition's ErrorCode in fetch_v16_body's body. */
 #define FETCH_BODY_PART_ERROR_OFF (4 + 2 + 4 + 1 + 16 + 1 + 4)
 
+/* The record set's size in fetch_v16_body's answers (test_fetch_spliced makes it large). */
+static size_t fetch_records_len = 300;
+
 /* A Fetch v13-v16 body (the same bytes for each, but NodeEndpoints, a v16 tag). */
 static void fetch_v16_body(km_wr *w, bool node_endpoints, int16_t part_error)
 {
-	uint8_t recs[300];
-	memset(recs, 0xab, sizeof(recs));
+	uint8_t *recs = malloc(fetch_records_len);
+	for (size_t i = 0; i < fetch_records_len; i++)
+		recs[i] = fetch_records_len == 300 ? 0xab : (uint8_t)(i * 31 + i / 4096);
 	km_wr_i32(w, 0);
 	km_wr_i16(w, 0);
 	km_wr_i32(w, 0);
@@ -100,7 +104,8 @@ static void fetch_v16_body(km_wr *w, bool node_endpoints, int16_t part_error)
 	km_wr_i64(w, part_error ? -1 : 0);
 	km_wr_array_len(w, true, -1);
 	km_wr_i32(w, -1);
-	km_wr_bytes(w, true, (km_bytes){recs, part_error ? 0 : (int32_t)sizeof(recs)});
+	km_wr_bytes(w, true, (km_bytes){recs, part_error ? 0 : (int32_t)fetch_records_len});
+	free(recs);
 	km_wr_uvarint(w, 0);
 	km_wr_uvarint(w, 0);
 	if (node_endpoints) {
@@ -807,6 +812,59 @@ static void test_fetch_node_endpoints(void **state)
 }
 
 /*
+ * A 1 MiB record set goes from the broker's socket to the client's by splice: in a Fetch answer
+ * walked on the way (v16, NodeEndpoints rewritten at its end) and in one passed on untouched
+ * (v13); the client gets the broker's bytes; with splice_min_bytes 0 the same bytes, none spliced.
+ */
+static void test_fetch_spliced(void **state)
+{
+	fixture *f = *state;
+	km_proxy_counters *m = km_proxy_metrics(f->px);
+	static const int16_t versions[] = {16, 13, 16};
+	km_wr body;
+
+	km_wr_init(&body);
+	f->px->cfg.max_frame_bytes = 8 << 20;
+	f->up.node_endpoints = true;
+	fetch_records_len = 1 << 20;
+	for (int i = 0; i < 3; i++) {
+		tclient *c = tc_connect(f, f->listen_port);
+		uint64_t before = m->spliced_bytes_total;
+		uint8_t *r;
+		size_t len;
+		km_wr expect, sent;
+
+		if (i == 2)
+			f->px->cfg.splice_min_bytes = 0;
+		tc_request(c, KM_API_FETCH, versions[i], 70 + i, &body);
+		r = tc_response(f, c, &len);
+		assert_non_null(r);
+		assert_int_equal(km_be32(r), 70 + i);
+		km_wr_init(&expect);
+		km_wr_init(&sent);
+		fetch_v16_body(&expect, false, 0);
+		fetch_v16_body(&sent, versions[i] >= 16, 0);
+		assert_int_equal(len, 5 + sent.len);
+		/* the broker's bytes up to the top-level tags, the 1 MiB of records among them */
+		assert_memory_equal(r + 5, expect.buf, expect.len - 1);
+		if (versions[i] >= 16) {
+			assert_null(memmem(r, len, "kafka-0", 7));
+			assert_non_null(memmem(r + len - 64, 64, "proxy.test", 10));
+		}
+		if (i < 2)
+			assert_true(m->spliced_bytes_total - before >= (1u << 20) - 16384);
+		else
+			assert_int_equal(m->spliced_bytes_total, before);
+		km_wr_free(&expect);
+		km_wr_free(&sent);
+		free(r);
+		tc_free(c);
+	}
+	fetch_records_len = 300;
+	km_wr_free(&body);
+}
+
+/*
  * After an upstream swap (fetch_oor_hold_until_ms): OFFSET_OUT_OF_RANGE reaches the client as
  * OFFSET_NOT_AVAILABLE, in a streamed version (v16) and in one otherwise forwarded as it came (v13),
  * every other byte as the broker sent it; other errors, and every answer once the hold is over,
@@ -1174,6 +1232,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_wrong_correlation_disconnects, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_fetch_node_endpoints, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_fetch_oor_hold, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_fetch_spliced, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_drain_gradual, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_client_id_escaped_in_log, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_new_broker_gets_port, setup, teardown),

@@ -58,15 +58,15 @@ struct daemon_ctx {
  * above 128 KiB back to the kernel and shrink the heap whenever 128 KiB are free at its top, so the
  * same memory was faulted in and zeroed again for every read: about a third of kmirrord's CPU
  * while a mirror catches up (docs/BENCHMARKS.md, issue 31). Blocks under 32 MiB now come from the
- * heap, which keeps up to 64 MiB free before it shrinks; the peak is what the fetch and buffer
- * sizes bound, as before (docs/mirror.md, "The memory bound").
+ * heap, which keeps up to 16 MiB free at its top before it shrinks; the peak is what the fetch and
+ * buffer sizes bound, as before (docs/mirror.md, "The memory bound").
  */
 static void keep_freed_memory(void)
 {
 #if defined(M_MMAP_THRESHOLD) && defined(M_TRIM_THRESHOLD) && defined(M_TOP_PAD)
 	mallopt(M_MMAP_THRESHOLD, 32 << 20);
-	mallopt(M_TRIM_THRESHOLD, 64 << 20);
-	mallopt(M_TOP_PAD, 16 << 20);
+	mallopt(M_TRIM_THRESHOLD, 16 << 20);
+	mallopt(M_TOP_PAD, 1 << 20);
 #endif
 }
 

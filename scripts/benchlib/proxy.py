@@ -56,7 +56,9 @@ def run(ctx):
     try:
         src.start()
         dst.start()
-        proxy, proxy_bs = bp.start_proxy(ctx.kmirrord, dst.cluster, dst.cluster.base_dir, [], "proxy")
+        # 1,000 idle connections and the clients, all from 127.0.0.1: past the default per-address cap.
+        proxy, proxy_bs = bp.start_proxy(ctx.kmirrord, dst.cluster, dst.cluster.base_dir,
+                                         ["max-connections-per-ip=0"], "proxy")
         routes = {"direct": dst.bootstrap, "proxy": proxy_bs}
         # On the fresh process: after the throughput runs its heap has room for idle connections.
         res["rss_idle"] = bp.rss_per_connection(proxy.pid, "127.0.0.1", int(proxy_bs.rsplit(":", 1)[1]),

@@ -182,6 +182,22 @@ static void sp_call(km_net_fast *s, km_net_fast *d, km_net_fast *who, short what
 	returned(d);
 }
 
+/* What one write into the range's destination socket did (n: its return, errno as it left it). */
+typedef enum { SP_WROTE, SP_AGAIN, SP_FULL, SP_FAILED } sp_write;
+
+static sp_write sp_wrote(ssize_t n, size_t *left)
+{
+	if (n > 0) {
+		*left -= (size_t)n;
+		return SP_WROTE;
+	}
+	if (n < 0 && errno == EINTR)
+		return SP_AGAIN;
+	if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+		return SP_FULL;
+	return SP_FAILED;
+}
+
 /*
  * Moves what can be moved of s's range now: d's output that went before it, the pipe into d's
  * socket, s's socket into the pipe; until nothing moves. Then waits: for d's socket to take more
@@ -200,34 +216,28 @@ static void sp_run(km_net_fast *s)
 
 	for (;;) {
 		bool moved = false;
+		sp_write w;
+
 		blocked = false;
 		if (d->out_before) {
 			evbuffer_unfreeze(out, 1);
 			n = evbuffer_write_atmost(out, dfd, (ev_ssize_t)d->out_before);
 			evbuffer_freeze(out, 1);
-			if (n > 0) {
-				d->out_before -= (size_t)n;
-				moved = true;
-			} else if (n < 0 && errno == EINTR) {
+			if ((w = sp_wrote(n, &d->out_before)) == SP_AGAIN)
 				continue;
-			} else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-				blocked = true;
-			} else {
+			if (w == SP_FAILED)
 				goto write_failed;
-			}
+			moved |= w == SP_WROTE;
+			blocked |= w == SP_FULL;
 		}
 		if (!d->out_before && s->sp_piped) {
 			n = splice(s->pipe[0], NULL, dfd, NULL, s->sp_piped, SPLICE_F_MOVE | SPLICE_F_NONBLOCK);
-			if (n > 0) {
-				s->sp_piped -= (size_t)n;
-				moved = true;
-			} else if (n < 0 && errno == EINTR) {
+			if ((w = sp_wrote(n, &s->sp_piped)) == SP_AGAIN)
 				continue;
-			} else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-				blocked = true;
-			} else {
+			if (w == SP_FAILED)
 				goto write_failed;
-			}
+			moved |= w == SP_WROTE;
+			blocked |= w == SP_FULL;
 		}
 		if (s->sp_left && s->sp_piped < s->pipe_cap && taken < SPLICE_ROUND_BYTES) {
 			size_t want = s->pipe_cap - s->sp_piped;

@@ -54,6 +54,28 @@ def wait_until(pred, timeout=30.0, interval=0.1, what="condition"):
         time.sleep(interval)
 
 
+def server_certs(tmp_path_factory, name):
+    """A CA and a server certificate for PROXY_HOST (IP SAN) made with the openssl tool, in a fresh
+    directory: {"ca", "cert", "key"} file paths, for a TLS client listener. Skips without openssl."""
+    if not shutil.which("openssl"):
+        pytest.skip("no openssl tool")
+    d = str(tmp_path_factory.mktemp(f"{name}-tls"))
+
+    def run(*args):
+        subprocess.run(["openssl", *args], cwd=d, check=True, stdout=subprocess.DEVNULL,
+                       stderr=subprocess.PIPE)
+    run("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.pem", "-days",
+        "2", "-subj", f"/CN=kmirror {name} test CA")
+    run("req", "-newkey", "rsa:2048", "-nodes", "-keyout", "server.key", "-out", "server.csr", "-subj",
+        "/CN=server")
+    with open(os.path.join(d, "server.ext"), "w") as f:
+        f.write(f"subjectAltName=IP:{PROXY_HOST},DNS:localhost\nextendedKeyUsage=serverAuth\n")
+    run("x509", "-req", "-in", "server.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
+        "-out", "server.pem", "-days", "2", "-extfile", "server.ext")
+    return {k: os.path.join(d, f) for k, f in (("ca", "ca.pem"), ("cert", "server.pem"),
+                                                ("key", "server.key"))}
+
+
 def port_block(n, host=PROXY_HOST):
     """First port of n consecutive ports free on host (see free_port_block)."""
     return free_port_block(n, host)

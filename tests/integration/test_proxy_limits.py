@@ -7,7 +7,6 @@ a token file that others may read."""
 
 import os
 import re
-import shutil
 import signal
 import socket
 import ssl
@@ -20,7 +19,7 @@ import pytest
 from mirror_cli import kmirror_bin  # noqa: F401
 from mirror_data import main_release_only
 from proxy_fixtures import *  # noqa: F401,F403
-from proxy_fixtures import PROXY_HOST, consume, port_block, produce, wait_until
+from proxy_fixtures import PROXY_HOST, consume, port_block, produce, server_certs, wait_until
 
 pytestmark = [pytest.mark.proxy, main_release_only]  # connection and HTTP limits are kmirrord's own: once, on the suite's release
 
@@ -84,24 +83,7 @@ def close_all(socks):
 
 @pytest.fixture(scope="module")
 def certs(tmp_path_factory):
-    """A CA and a server certificate for PROXY_HOST (IP SAN), made with the openssl tool."""
-    if not shutil.which("openssl"):
-        pytest.skip("no openssl tool")
-    d = str(tmp_path_factory.mktemp("limits-tls"))
-
-    def run(*args):
-        subprocess.run(["openssl", *args], cwd=d, check=True, stdout=subprocess.DEVNULL,
-                       stderr=subprocess.PIPE)
-    run("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.pem", "-days",
-        "2", "-subj", "/CN=kmirror limits test CA")
-    run("req", "-newkey", "rsa:2048", "-nodes", "-keyout", "server.key", "-out", "server.csr", "-subj",
-        "/CN=server")
-    with open(os.path.join(d, "server.ext"), "w") as f:
-        f.write(f"subjectAltName=IP:{PROXY_HOST},DNS:localhost\nextendedKeyUsage=serverAuth\n")
-    run("x509", "-req", "-in", "server.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
-        "-out", "server.pem", "-days", "2", "-extfile", "server.ext")
-    return {k: os.path.join(d, f) for k, f in (("ca", "ca.pem"), ("cert", "server.pem"),
-                                                ("key", "server.key"))}
+    return server_certs(tmp_path_factory, "limits")
 
 
 # ---- Kafka listeners: no broker connection before a request; the connection caps ----------------

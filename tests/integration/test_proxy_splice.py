@@ -7,10 +7,8 @@ and leaking no descriptor."""
 
 import hashlib
 import os
-import shutil
 import socket
 import struct
-import subprocess
 import time
 
 import pytest
@@ -19,7 +17,7 @@ from confluent_kafka import Consumer, TopicPartition
 from mirror_cli import kmirror_bin  # noqa: F401
 from mirror_data import compare_topic, main_release_only
 from proxy_fixtures import *  # noqa: F401,F403
-from proxy_fixtures import PROXY_HOST, produce, wait_until
+from proxy_fixtures import PROXY_HOST, produce, server_certs, wait_until
 from test_mirror_data import _mirror_env, _teardown, unique
 
 pytestmark = pytest.mark.proxy
@@ -132,23 +130,7 @@ def test_splice_off_still_exact(proxy_factory, dest_cluster):
 
 @pytest.fixture(scope="module")
 def certs(tmp_path_factory):
-    if not shutil.which("openssl"):
-        pytest.skip("no openssl tool")
-    d = str(tmp_path_factory.mktemp("splice-tls"))
-
-    def run(*args):
-        subprocess.run(["openssl", *args], cwd=d, check=True, stdout=subprocess.DEVNULL,
-                       stderr=subprocess.PIPE)
-    run("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.pem", "-days",
-        "2", "-subj", "/CN=kmirror splice test CA")
-    run("req", "-newkey", "rsa:2048", "-nodes", "-keyout", "server.key", "-out", "server.csr", "-subj",
-        "/CN=server")
-    with open(os.path.join(d, "server.ext"), "w") as f:
-        f.write(f"subjectAltName=IP:{PROXY_HOST},DNS:localhost\nextendedKeyUsage=serverAuth\n")
-    run("x509", "-req", "-in", "server.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
-        "-out", "server.pem", "-days", "2", "-extfile", "server.ext")
-    return {k: os.path.join(d, f) for k, f in (("ca", "ca.pem"), ("cert", "server.pem"),
-                                                ("key", "server.key"))}
+    return server_certs(tmp_path_factory, "splice")
 
 
 def test_tls_listener_not_spliced(proxy_factory, dest_cluster, certs):

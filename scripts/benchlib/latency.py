@@ -22,7 +22,6 @@ PROBE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "LatencyProbe.j
 # The probe measures latency: G1 (short pauses) and a heap fixed up front, so neither the JVM's
 # collector choice nor heap growth lands in one system's tail and not the other's.
 PROBE_JVM = ["-Xms768m", "-Xmx768m", "-XX:+UseG1GC", "-XX:-UsePerfData", "-Djava.awt.headless=true"]
-MM2_JVM = ["-Xms512m", "-Xmx2g"]  # as scripts/bench-mm2 runs it
 
 
 def _sizes(quick):
@@ -145,15 +144,13 @@ def _caught_up(bootstrap, src, topic, timeout, what, alive=lambda: True):
 
 def _start_mm2(ctx, res, libs, src, dst, topic):
     """MirrorMaker 2 in dedicated mode, as scripts/bench-mm2 runs it: (process, its log file)."""
-    from harness.kafka_cluster import java_bin
     a = types.SimpleNamespace(partitions=PARTITIONS, codec=CODEC, batch_size=BATCH_SIZE, linger_ms=LINGER_MS)
     props = common.mm2.mm2_properties(src.bootstrap, dst.bootstrap, topic, a)
     res["mm2_properties"] = props
     cfg_path = os.path.join(dst.cluster.base_dir, "mm2-latency.properties")
     with open(cfg_path, "w") as f:
         f.write(props)
-    cmd = [java_bin(), *MM2_JVM, "-cp", os.path.join(libs, "*"),
-           "org.apache.kafka.connect.mirror.MirrorMaker", cfg_path]
+    cmd = common.mm2.mm2_command(libs, cfg_path)
     ctx.command(SECTION, "MirrorMaker 2", cmd)
     log = open(os.path.join(dst.cluster.base_dir, "mm2-latency.log"), "w")
     return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT), log
@@ -225,12 +222,7 @@ def run(ctx):
     finally:
         common.bm._admins.clear()  # librdkafka clients closed before the brokers go
         if mm2 is not None:
-            mm2.terminate()
-            try:
-                mm2.wait(60)
-            except subprocess.TimeoutExpired:
-                mm2.kill()
-                mm2.wait()
+            common.mm2.mm2_stop(mm2)
         if mm2_log:
             mm2_log.close()
         if proxy is not None:

@@ -161,7 +161,6 @@ def mm2_phase(ctx, src, tps, sz, values):
     everything the source holds (its JVM's start and the topics' creation included), then the same
     steady load and the lag after it, its JVM's CPU and the source broker's over those windows."""
     import types
-    from harness.kafka_cluster import java_bin
     dst = common.bm.Side("scale-mm2-dst")
     dst.cluster.jvm_opts = list(BROKER_JVM)
     dst.cluster.overrides.update(BROKER_OVERRIDES)
@@ -178,8 +177,7 @@ def mm2_phase(ctx, src, tps, sz, values):
             fh.write(props)
         src_off, dst_off = EndOffsets(src.bootstrap), EndOffsets(dst.bootstrap)
         want = src_off.latest(tps)
-        cmd = [java_bin(), "-Xms512m", "-Xmx2g", "-cp", os.path.join(libs, "*"),
-               "org.apache.kafka.connect.mirror.MirrorMaker", cfg]
+        cmd = common.mm2.mm2_command(libs, cfg)
         ctx.command("scale", "MirrorMaker 2 (configuration below)", cmd)
         log = open(os.path.join(ctx.out, "mm2-bench-scale.log"), "w")
         t0 = time.monotonic()
@@ -228,12 +226,7 @@ def mm2_phase(ctx, src, tps, sz, values):
         src_off = dst_off = None
         gc.collect()
         if proc is not None:
-            proc.terminate()
-            try:
-                proc.wait(60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            common.mm2.mm2_stop(proc)
         if log:
             log.close()
         dst.stop()

@@ -29,6 +29,14 @@ void km_cluster_free(km_cluster *cl);
 km_net_client *km_cluster_any(km_cluster *cl);
 /* The client of broker id (connecting on first use); NULL when no metadata names it, or while its reconnect backoff runs. */
 km_net_client *km_cluster_node(km_cluster *cl, int32_t id);
+/*
+ * Connections a cluster keeps to one broker at most: lanes, each a client of its own, so that a
+ * slow request on one does not hold the requests of another (a broker answers each connection's
+ * requests one at a time, in order: docs/net.md, "Lanes").
+ */
+#define KM_CLUSTER_LANES 4
+/* km_cluster_node of one lane (0 .. KM_CLUSTER_LANES - 1; lane 0 is km_cluster_node's client). */
+km_net_client *km_cluster_lane(km_cluster *cl, int32_t id, unsigned lane);
 /* Whether c failed (the next km_cluster_any / _node gives a fresh client); true for a client not ours. */
 bool km_cluster_failed(km_cluster *cl, const km_net_client *c);
 /* Whether c is connected and negotiated; a failed one is dropped (the next use reconnects). NULL: false. */

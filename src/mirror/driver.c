@@ -321,6 +321,10 @@ static void make_families(km_mirror *mi, km_metrics *reg)
 		{.name = "kmirror_mirror_fetch_requests_total",
 		 .help = "Fetch requests sent to the source: full ones (every partition named) and incremental ones (a fetch session's changes only).",
 		 .type = KM_METRIC_COUNTER, .labels = {"mirror", "kind", NULL}, .max_series = 20000},
+		{.name = "kmirror_mirror_produce_requests_total",
+		 .help = "Produce requests sent to the destination, per write lane (one of the connections to each "
+			 "destination broker the mirror's partitions are spread over).",
+		 .type = KM_METRIC_COUNTER, .labels = {"mirror", "lane", NULL}, .max_series = 20000},
 		{.name = "kmirror_mirror_source_reachable",
 		 .help = "1 when the pipeline's last contact with the mirror's source cluster succeeded, 0 when it could "
 			 "not reach it (refused, DNS, timeout, authentication); only where the pipeline runs.",
@@ -342,7 +346,7 @@ static void make_families(km_mirror *mi, km_metrics *reg)
 	};
 	km_metric_family **f[] = {&mi->fam.records, &mi->fam.bytes,   &mi->fam.batches, &mi->fam.lag,
 				  &mi->fam.lag_ms,  &mi->fam.skipped, &mi->fam.errors,  &mi->fam.fenced,
-				  &mi->fam.fetches, &mi->fam.reachable, &mi->fam.fetched_at};
+				  &mi->fam.fetches, &mi->fam.produces, &mi->fam.reachable, &mi->fam.fetched_at};
 	km_metric_family *owned = km_metrics_family(reg, &own[0]), *moved = km_metrics_family(reg, &own[1]);
 	const char *gained[] = {"gained"}, *lost[] = {"lost"};
 

@@ -1,4 +1,4 @@
-/* A cluster as a client sees it: bootstrap addresses, then one client per broker the metadata names. */
+/* A cluster as a client sees it: bootstrap addresses, then clients (lanes) per broker the metadata names. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -31,12 +31,13 @@ typedef struct retry {
 	bool ready;         /* the current connection became ready */
 } retry;
 
+/* A broker: its lanes' clients (NULL: not connected) share its address and its reconnect state. */
 typedef struct cnode {
 	int32_t id;
 	char host[256];
 	uint16_t port;
-	km_net_client *c;
-	bool failed;
+	km_net_client *c[KM_CLUSTER_LANES];
+	bool failed[KM_CLUSTER_LANES];
 	retry r;
 } cnode;
 
@@ -99,21 +100,32 @@ static int64_t backoff_ms(uint32_t fails)
 	return ms * 8 / 10 + (int64_t)((uint64_t)random() % (uint64_t)(ms * 4 / 10 + 1));
 }
 
+/* The broker and lane whose client c is; NULL when c is no broker's (the bootstrap client, or dropped). */
+static cnode *lane_of(km_cluster *cl, const km_net_client *c, unsigned *lane)
+{
+	for (size_t i = 0; c && i < cl->nnodes; i++)
+		for (unsigned l = 0; l < KM_CLUSTER_LANES; l++)
+			if (cl->nodes[i].c[l] == c) {
+				*lane = l;
+				return &cl->nodes[i];
+			}
+	return NULL;
+}
+
 /* The retry state of c's address, and a name for it; NULL when c is none of ours (dropped). */
 static retry *retry_of(km_cluster *cl, const km_net_client *c, char *name, size_t cap)
 {
+	unsigned lane;
 	if (c == cl->bootc) {
 		const km_hostport *hp = &cl->boot[(cl->boot_i + cl->nboot - 1) % cl->nboot];
 		snprintf(name, cap, "bootstrap server %s:%u", hp->host, (unsigned)hp->port);
 		return &cl->boot_r;
 	}
-	for (size_t i = 0; i < cl->nnodes; i++)
-		if (cl->nodes[i].c == c) {
-			snprintf(name, cap, "broker %d (%s:%u)", (int)cl->nodes[i].id, cl->nodes[i].host,
-				 (unsigned)cl->nodes[i].port);
-			return &cl->nodes[i].r;
-		}
-	return NULL;
+	cnode *n = lane_of(cl, c, &lane);
+	if (!n)
+		return NULL;
+	snprintf(name, cap, "broker %d (%s:%u)", (int)n->id, n->host, (unsigned)n->port);
+	return &n->r;
 }
 
 /*
@@ -159,16 +171,17 @@ static void note_outcome(km_cluster *cl, km_net_client *c, km_err err)
 static void on_state(km_net_client *c, km_err err, void *arg)
 {
 	km_cluster *cl = arg;
+	unsigned lane;
 
 	if (err != KM_OK) {
 		KM_DEBUG("net", 0, "%s connection failed: %s", cl->side, km_net_client_reason(c));
 		snprintf(cl->last_error, sizeof(cl->last_error), "%s", *km_net_client_reason(c) ? km_net_client_reason(c) :
 									km_err_name(err));
+		cnode *n = lane_of(cl, c, &lane);
 		if (c == cl->bootc)
 			cl->boot_failed = true;
-		for (size_t i = 0; i < cl->nnodes; i++)
-			if (cl->nodes[i].c == c)
-				cl->nodes[i].failed = true;
+		if (n)
+			n->failed[lane] = true;
 	}
 	note_outcome(cl, c, err);
 	kick(cl);
@@ -247,8 +260,9 @@ void km_cluster_free(km_cluster *cl)
 	if (cl->bootc)
 		km_net_client_free(cl->bootc);
 	for (size_t i = 0; i < cl->nnodes; i++)
-		if (cl->nodes[i].c)
-			km_net_client_free(cl->nodes[i].c);
+		for (unsigned l = 0; l < KM_CLUSTER_LANES; l++)
+			if (cl->nodes[i].c[l])
+				km_net_client_free(cl->nodes[i].c[l]);
 	for (size_t i = 0; i < cl->ndead; i++)
 		km_net_client_free(cl->dead[i]);
 	free(cl->dead);
@@ -280,8 +294,9 @@ bool km_cluster_unreachable(const km_cluster *cl)
 		return false;
 	for (size_t i = 0; i < cl->nnodes; i++) {
 		const cnode *n = &cl->nodes[i];
-		if (n->c && !n->failed && n->r.ready)
-			return false;
+		for (unsigned l = 0; l < KM_CLUSTER_LANES; l++)
+			if (n->c[l] && !n->failed[l] && n->r.ready)
+				return false;
 		failing |= n->r.fails > 0;
 	}
 	return failing;
@@ -331,8 +346,8 @@ km_net_client *km_cluster_any(km_cluster *cl)
 {
 	/* A broker the metadata named, connected and healthy, is the cheapest. */
 	for (size_t i = 0; i < cl->nnodes; i++)
-		if (cl->nodes[i].c && !cl->nodes[i].failed && km_net_client_ready(cl->nodes[i].c))
-			return cl->nodes[i].c;
+		if (cl->nodes[i].c[0] && !cl->nodes[i].failed[0] && km_net_client_ready(cl->nodes[i].c[0]))
+			return cl->nodes[i].c[0];
 	if (cl->bootc && cl->boot_failed)
 		km_cluster_drop(cl, cl->bootc);
 	if (!cl->bootc) {
@@ -355,33 +370,39 @@ static cnode *node_of(km_cluster *cl, int32_t id)
 	return NULL;
 }
 
-km_net_client *km_cluster_node(km_cluster *cl, int32_t id)
+km_net_client *km_cluster_lane(km_cluster *cl, int32_t id, unsigned lane)
 {
 	cnode *n = node_of(cl, id);
 
-	if (!n)
+	if (!n || lane >= KM_CLUSTER_LANES)
 		return NULL;
-	if (n->c && n->failed)
-		km_cluster_drop(cl, n->c);
-	if (!n->c) {
+	if (n->c[lane] && n->failed[lane])
+		km_cluster_drop(cl, n->c[lane]);
+	if (!n->c[lane]) {
 		if (backing_off(cl, &n->r))
 			return NULL;
-		n->c = connect_to(cl, n->host, n->port);
-		n->failed = false;
+		n->c[lane] = connect_to(cl, n->host, n->port);
+		n->failed[lane] = false;
 	}
-	return n->c;
+	return n->c[lane];
+}
+
+km_net_client *km_cluster_node(km_cluster *cl, int32_t id)
+{
+	return km_cluster_lane(cl, id, 0);
 }
 
 bool km_cluster_failed(km_cluster *cl, const km_net_client *c)
 {
+	unsigned lane;
+	cnode *n;
+
 	if (!c)
 		return true;
 	if (c == cl->bootc)
 		return cl->boot_failed;
-	for (size_t i = 0; i < cl->nnodes; i++)
-		if (cl->nodes[i].c == c)
-			return cl->nodes[i].failed;
-	return true;
+	n = lane_of(cl, c, &lane);
+	return n ? n->failed[lane] : true;
 }
 
 bool km_cluster_usable(km_cluster *cl, km_net_client *c)
@@ -397,6 +418,9 @@ bool km_cluster_usable(km_cluster *cl, km_net_client *c)
 
 void km_cluster_drop(km_cluster *cl, km_net_client *c)
 {
+	unsigned lane;
+	cnode *n;
+
 	if (!c)
 		return;
 	if (c == cl->bootc) {
@@ -405,13 +429,11 @@ void km_cluster_drop(km_cluster *cl, km_net_client *c)
 		bury(cl, c);
 		return;
 	}
-	for (size_t i = 0; i < cl->nnodes; i++)
-		if (cl->nodes[i].c == c) {
-			cl->nodes[i].c = NULL;
-			cl->nodes[i].failed = false;
-			bury(cl, c);
-			return;
-		}
+	if ((n = lane_of(cl, c, &lane))) {
+		n->c[lane] = NULL;
+		n->failed[lane] = false;
+		bury(cl, c);
+	}
 }
 
 km_err km_cluster_brokers(km_cluster *cl, const km_metadata_response *r)
@@ -433,15 +455,16 @@ km_err km_cluster_brokers(km_cluster *cl, const km_metadata_response *r)
 		snprintf(nn[i].host, sizeof(nn[i].host), "%.*s", b->host.len > 0 ? (int)b->host.len : 0, b->host.p);
 		nn[i].port = (uint16_t)b->port;
 		if (old && !strcmp(old->host, nn[i].host) && old->port == nn[i].port) {
-			nn[i].c = old->c;
-			nn[i].failed = old->failed;
+			memcpy(nn[i].c, old->c, sizeof(old->c));
+			memcpy(nn[i].failed, old->failed, sizeof(old->failed));
 			nn[i].r = old->r;
-			old->c = NULL;
+			memset(old->c, 0, sizeof(old->c));
 		}
 	}
 	for (size_t i = 0; i < cl->nnodes; i++)
-		if (cl->nodes[i].c)
-			bury(cl, cl->nodes[i].c);
+		for (unsigned l = 0; l < KM_CLUSTER_LANES; l++)
+			if (cl->nodes[i].c[l])
+				bury(cl, cl->nodes[i].c[l]);
 	free(cl->nodes);
 	cl->nodes = nn;
 	cl->nnodes = n;
@@ -465,8 +488,9 @@ km_err km_cluster_learn(km_cluster *cl, int32_t id, const char *host, size_t hos
 	if (n) {
 		if (hostlen == strlen(n->host) && !memcmp(n->host, host, hostlen) && n->port == port)
 			return KM_OK;
-		if (n->c)
-			km_cluster_drop(cl, n->c);
+		for (unsigned l = 0; l < KM_CLUSTER_LANES; l++)
+			if (n->c[l])
+				km_cluster_drop(cl, n->c[l]);
 		n->r = (retry){0}; /* a new address: no backoff carried over */
 		*moved = true;
 	} else {

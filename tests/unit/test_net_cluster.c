@@ -1,4 +1,4 @@
-/* Unit tests for src/net/cluster.c: the broker table (metadata, learning, moves), and bootstrap rotation after a failed connection. */
+/* Unit tests for src/net/cluster.c: the broker table (metadata, learning, moves), bootstrap rotation after a failed connection, a broker's lanes. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -169,11 +169,106 @@ static void test_bootstrap_rotation(void **state)
 	event_base_free(base);
 }
 
+/* Accepted connections, kept open until the test ends. */
+typedef struct accepted {
+	evutil_socket_t fd[16];
+	int n;
+} accepted;
+
+static void on_accept_keep(struct evconnlistener *l, evutil_socket_t fd, struct sockaddr *sa, int len, void *arg)
+{
+	accepted *a = arg;
+	(void)l;
+	(void)sa;
+	(void)len;
+	if (a->n < 16)
+		a->fd[a->n++] = fd;
+	else
+		evutil_closesocket(fd);
+}
+
+/*
+ * A broker's lanes are connections of their own: each opened when first asked, lane 0 the one
+ * km_cluster_node gives; dropping one leaves the others; a metadata answer with the same address
+ * keeps them all, a move drops them all.
+ */
+static void test_lanes(void **state)
+{
+	struct event_base *base = event_base_new();
+	struct sockaddr_in sin;
+	socklen_t sl = sizeof(sin);
+	accepted acc = {.n = 0};
+	struct evconnlistener *l;
+	km_hostport boot = {"127.0.0.1", 1};
+	watch w = {base, 0};
+	km_net_client *c[KM_CLUSTER_LANES], *again;
+	km_metadata_response_broker b[2];
+	km_metadata_response r = two_brokers(b);
+	km_cluster *cl;
+	bool moved;
+	(void)state;
+
+	memset(&sin, 0, sizeof(sin));
+	sin.sin_family = AF_INET;
+	sin.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	l = evconnlistener_new_bind(base, on_accept_keep, &acc, LEV_OPT_CLOSE_ON_FREE | LEV_OPT_REUSEABLE, -1,
+				    (struct sockaddr *)&sin, sizeof(sin));
+	assert_non_null(l);
+	getsockname(evconnlistener_get_fd(l), (struct sockaddr *)&sin, &sl);
+	cl = new_cluster(base, &boot, 1, on_change, &w);
+	assert_non_null(cl);
+	assert_int_equal(km_cluster_learn(cl, 1, "127.0.0.1", 9, ntohs(sin.sin_port), &moved), KM_OK);
+	for (unsigned i = 0; i < KM_CLUSTER_LANES; i++) {
+		c[i] = km_cluster_lane(cl, 1, i);
+		assert_non_null(c[i]);
+		for (unsigned k = 0; k < i; k++)
+			assert_ptr_not_equal(c[i], c[k]);
+	}
+	assert_ptr_equal(km_cluster_node(cl, 1), c[0]);
+	assert_null(km_cluster_lane(cl, 1, KM_CLUSTER_LANES));
+	assert_null(km_cluster_lane(cl, 5, 1)); /* no such broker */
+	while (acc.n < KM_CLUSTER_LANES)
+		wait_change(&w);
+	for (unsigned i = 0; i < KM_CLUSTER_LANES; i++) {
+		while (!km_net_client_ready(c[i]) && !km_cluster_failed(cl, c[i]))
+			wait_change(&w);
+		assert_true(km_cluster_usable(cl, c[i]));
+	}
+	assert_int_equal(acc.n, KM_CLUSTER_LANES); /* one connection each, asked again or not */
+	assert_ptr_equal(km_cluster_lane(cl, 1, 2), c[2]);
+	/* One lane dropped: a new client for it, the others kept. */
+	km_cluster_drop(cl, c[2]);
+	assert_true(km_cluster_failed(cl, c[2]));
+	again = km_cluster_lane(cl, 1, 2);
+	assert_non_null(again);
+	assert_ptr_equal(km_cluster_lane(cl, 1, 1), c[1]);
+	assert_ptr_equal(km_cluster_lane(cl, 1, 3), c[3]);
+	c[2] = again;
+	/* Metadata naming broker 1 at the same address keeps its lanes. */
+	b[0].host = km_str_c("127.0.0.1");
+	b[0].port = ntohs(sin.sin_port);
+	assert_int_equal(km_cluster_brokers(cl, &r), KM_OK);
+	for (unsigned i = 0; i < KM_CLUSTER_LANES; i++)
+		assert_false(km_cluster_failed(cl, c[i]));
+	/* A move drops every lane. */
+	assert_int_equal(km_cluster_learn(cl, 1, "127.0.0.2", 9, ntohs(sin.sin_port), &moved), KM_OK);
+	assert_true(moved);
+	for (unsigned i = 0; i < KM_CLUSTER_LANES; i++)
+		assert_true(km_cluster_failed(cl, c[i]));
+	km_cluster_free(cl);
+	event_base_loop(base, EVLOOP_NONBLOCK);
+	for (int i = 0; i < acc.n; i++)
+		evutil_closesocket(acc.fd[i]);
+	evconnlistener_free(l);
+	event_base_free(base);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_broker_table),
 		cmocka_unit_test(test_bootstrap_rotation),
+		cmocka_unit_test(test_lanes),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

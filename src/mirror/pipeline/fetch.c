@@ -97,7 +97,7 @@ static void handle_fetch_error(km_pipeline *pl, mpart *p, int16_t code)
  */
 static bool take_session(km_pipeline *pl, const fetch_ctx *fc, const uint8_t h[10])
 {
-	mnode_io *io = km_pl_node_io(&pl->sio, &pl->nsio, fc->node);
+	mnode_io *io = km_pl_node_io(&pl->sio, &pl->nsio, fc->node, 0);
 	int16_t code = (int16_t)km_be16(h + 4);
 	int32_t id = (int32_t)km_be32(h + 6);
 
@@ -302,7 +302,7 @@ static void quiet_after(fetch_ctx *fc, mnode_io *io, bool failed)
 static void end_answer(fetch_ctx *fc, bool failed)
 {
 	km_pipeline *pl = fc->pl;
-	mnode_io *io = km_pl_node_io(&pl->sio, &pl->nsio, fc->node);
+	mnode_io *io = km_pl_node_io(&pl->sio, &pl->nsio, fc->node, 0);
 
 	if (io)
 		io->fetching = false;
@@ -446,7 +446,7 @@ static bool session_member(const mpart *p, int32_t node)
 /* Forget node's fetch session: the next Fetch to it is a full one (a new session). */
 static void session_reset(km_pipeline *pl, int32_t node)
 {
-	mnode_io *io = km_pl_node_io(&pl->sio, &pl->nsio, node);
+	mnode_io *io = km_pl_node_io(&pl->sio, &pl->nsio, node, 0);
 	if (io) {
 		io->sess_id = 0;
 		io->sess_epoch = 0;
@@ -597,7 +597,7 @@ static bool fetch_req_send(km_pipeline *pl, km_net_client *c, fetch_req *r, fetc
 void km_pl_send_fetch(km_pipeline *pl, int32_t node, int64_t now, int64_t *next)
 {
 	km_net_client *c = km_cluster_node(pl->src, node);
-	mnode_io *io = km_pl_node_io(&pl->sio, &pl->nsio, node);
+	mnode_io *io = km_pl_node_io(&pl->sio, &pl->nsio, node, 0);
 	fetch_req r = {.node = node};
 	fetch_ctx *fc = NULL;
 	size_t nready = 0, total = 0, led = 0;

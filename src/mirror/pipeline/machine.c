@@ -93,17 +93,17 @@ bool km_pl_reconciling(const mpart *p)
 	return p->phase >= PH_RECONCILE && p->phase <= PH_FENCE;
 }
 
-mnode_io *km_pl_node_io(mnode_io **arr, size_t *n, int32_t id)
+mnode_io *km_pl_node_io(mnode_io **arr, size_t *n, int32_t id, unsigned lane)
 {
 	mnode_io *a;
 	for (size_t i = 0; i < *n; i++)
-		if ((*arr)[i].id == id)
+		if ((*arr)[i].id == id && (*arr)[i].lane == lane)
 			return &(*arr)[i];
 	a = realloc(*arr, (*n + 1) * sizeof(*a));
 	if (!a)
 		return NULL;
 	*arr = a;
-	a[*n] = (mnode_io){.id = id};
+	a[*n] = (mnode_io){.id = id, .lane = lane};
 	return &a[(*n)++];
 }
 
@@ -242,6 +242,7 @@ mpart *km_pl_part_get(km_pipeline *pl, mtopic *t, int32_t id, bool create)
 	if (!p)
 		return NULL;
 	part_init(p, t, id);
+	p->out.lane = pl->lane_next++ % KM_CLUSTER_LANES;
 	t->parts[id] = p;
 	register_series(pl, p);
 	return p;
@@ -605,30 +606,34 @@ static void refill(km_pipeline *pl, int64_t now)
 
 /*
  * A Fetch to each source broker leading a partition ready to fetch (src), or Produce requests to
- * each destination broker leading one with a batch to send.
+ * each destination broker's lane that has a partition with a batch to send.
  */
 static void each_leader(km_pipeline *pl, bool src, int64_t now, int64_t *next)
 {
-	int32_t seen[64];
+	struct seen_lane {
+		int32_t leader;
+		unsigned lane;
+	} seen[64];
 	size_t ns = 0;
 	for (size_t i = 0; i < pl->ntopics; i++)
 		for (int32_t j = 0; j < pl->topics[i]->nparts; j++) {
 			mpart *p = pl->topics[i]->parts[j];
 			int32_t leader;
+			unsigned lane = src ? 0 : p ? p->out.lane : 0;
 			bool dup = false;
 			if (!p || (src ? !km_pl_fetchable(p, now) : p->lead.dst < 0 || !km_pl_next_unsent(p)))
 				continue;
 			leader = src ? p->lead.src : p->lead.dst;
 			for (size_t k = 0; k < ns; k++)
-				dup |= seen[k] == leader;
+				dup |= seen[k].leader == leader && seen[k].lane == lane;
 			if (dup)
 				continue;
 			if (ns < 64)
-				seen[ns++] = leader;
+				seen[ns++] = (struct seen_lane){leader, lane};
 			if (src)
 				km_pl_send_fetch(pl, leader, now, next);
 			else
-				while (km_pl_send_produce(pl, leader))
+				while (km_pl_send_produce(pl, leader, lane))
 					;
 		}
 }
@@ -799,6 +804,14 @@ km_pipeline *km_pipeline_new(km_mirror *mi, const char *mirror)
 		    (r && !(pl->source.s_reachable = km_metric_series_ptr(r, name, &pl->source.reachable))) ||
 		    (t && !(pl->source.s_fetched = km_metric_series_ptr(t, name, &pl->source.fetched_ms))))
 			KM_DEBUG(COMP, 0, "mirror %s: a metric series was not kept (the family is full)", mirror);
+		for (unsigned l = 0; l < KM_CLUSTER_LANES; l++) {
+			char lane[8];
+			const char *labels[] = {pl->name, lane};
+			km_metric_family *p = km_mirror_metric_families(mi)->produces;
+			snprintf(lane, sizeof(lane), "%u", l);
+			if (p && !km_metric_series_ptr(p, labels, &pl->produces[l]))
+				KM_DEBUG(COMP, 0, "mirror %s: a metric series was not kept (the family is full)", mirror);
+		}
 		source_series_hide(pl); /* until the source is contacted */
 	}
 	return pl;
@@ -909,6 +922,7 @@ void km_pipeline_retire(km_pipeline *pl, const char *why)
 	pl->tick_ev = keep.tick_ev;
 	pl->fetch_full = keep.fetch_full;
 	pl->fetch_incremental = keep.fetch_incremental;
+	memcpy(pl->produces, keep.produces, sizeof(pl->produces));
 	pl->fenced = keep.fenced;
 	pl->source.s_reachable = keep.source.s_reachable;
 	pl->source.s_fetched = keep.source.s_fetched;

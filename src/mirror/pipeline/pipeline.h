@@ -17,7 +17,10 @@
 
 #define COMP KM_MIRROR_COMP
 
-/* Produce requests in flight per destination broker: in order on one connection (idempotence keeps 5). */
+/*
+ * Produce requests in flight per destination lane (one of a broker's KM_CLUSTER_LANES connections;
+ * a partition keeps its lane, so its batches stay in order: idempotence keeps 5).
+ */
 #define KM_MIRROR_PRODUCE_INFLIGHT 5
 /* Bytes of batches one Produce request carries at most (its partitions' batches add up to this). */
 #define PRODUCE_REQUEST_BYTES (8 << 20)
@@ -117,6 +120,7 @@ typedef struct mpart {
 		int64_t acked_logical;  /* the logical tail matching acked_phys (holes after it included once planned) */
 		int32_t acked_epoch;    /* the source leader epoch of the last batch acknowledged (-1: not known) */
 		size_t inflight;        /* batches sent, not answered */
+		unsigned lane;          /* the destination connection (km_cluster_lane) its Produce requests take */
 		bool probe;             /* the first write after reconcile goes alone and checks where it landed */
 		int64_t newest_ts;      /* max timestamp of the last batch written */
 		int64_t failing_since;  /* the first of a run of destination errors with nothing written since (0: none) */
@@ -230,6 +234,7 @@ enum {
 
 typedef struct mnode_io {
 	int32_t id;
+	unsigned lane; /* destination: the lane (km_cluster_lane); source: 0 */
 	bool fetching;
 	int produce_inflight;
 	int32_t sess_id, sess_epoch; /* the source broker's fetch session (KIP-227); id 0: none */
@@ -258,9 +263,11 @@ struct km_pipeline {
 	int16_t epoch;
 	uint64_t pid_gen; /* bumps with every producer id obtained */
 	uint64_t fetch_seq;
+	unsigned lane_next; /* the lane of the next partition made (they take the lanes in turn) */
 	int64_t fetch_max_bytes, part_max_bytes;
 	bool sessions;                      /* mirror.fetch.sessions */
 	uint64_t fetch_full, fetch_incremental; /* Fetch requests sent, by kind (kmirror_mirror_fetch_requests_total) */
+	uint64_t produces[KM_CLUSTER_LANES];    /* Produce requests sent, by lane (kmirror_mirror_produce_requests_total) */
 	uint64_t fenced; /* batches refused for an older epoch of the writer (kmirror_mirror_fenced_writes_total) */
 	char start_mode[32];
 	bool unclean_hide;  /* mirror.support.unclean.leader.election: a diverged source's tail is hidden, not FAILED */
@@ -426,8 +433,8 @@ static inline mbatch *km_pl_next_unsent(mpart *p)
 		}
 	return NULL;
 }
-/* One Produce request to node; false when there was nothing to send or no room. */
-bool km_pl_send_produce(km_pipeline *pl, int32_t node);
+/* One Produce request to node on lane; false when there was nothing to send or no room. */
+bool km_pl_send_produce(km_pipeline *pl, int32_t node, unsigned lane);
 
 /* ---- fetch.c ---- */
 
@@ -471,7 +478,7 @@ void km_pl_schedule_in(km_pipeline *pl, int64_t ms);
 void km_pl_on_cluster_change(void *arg);
 /* "topic-partition", for messages. */
 const char *km_pl_ptag(const mpart *p, char *buf, size_t len);
-mnode_io *km_pl_node_io(mnode_io **arr, size_t *n, int32_t id);
+mnode_io *km_pl_node_io(mnode_io **arr, size_t *n, int32_t id, unsigned lane);
 mtopic *km_pl_topic_get(km_pipeline *pl, const char *name, bool create);
 mpart *km_pl_part_get(km_pipeline *pl, mtopic *t, int32_t id, bool create);
 void km_pl_update_lag(mpart *p, int64_t now);

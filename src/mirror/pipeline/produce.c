@@ -10,6 +10,7 @@
 
 typedef struct produce_ctx {
 	int32_t node;
+	unsigned lane;
 	mpart **parts;
 	mbatch **batches;
 	size_t n;
@@ -227,7 +228,7 @@ static void on_produce(km_net_client *c, km_err err, const uint8_t *body, size_t
 		free(pc);
 		return;
 	}
-	if ((io = km_pl_node_io(&pl->dio, &pl->ndio, pc->node)))
+	if ((io = km_pl_node_io(&pl->dio, &pl->ndio, pc->node, pc->lane)))
 		io->produce_inflight--;
 	km_arena_init(&a, 0);
 	if (err == KM_OK) {
@@ -277,14 +278,20 @@ static void encode_str(km_wr *w, bool flex, const char *s)
 	km_wr_string(w, flex, km_str_c(s));
 }
 
-/* Pieces a request to node may need: two framing pieces and the record pieces of each partition's next batch. */
-static size_t piece_cap(km_pipeline *pl, int32_t node, size_t cap)
+/* p's next unsent batch when p writes to node's lane, else NULL. */
+static mbatch *next_on(mpart *p, int32_t node, unsigned lane)
+{
+	return p && p->lead.dst == node && p->out.lane == lane ? km_pl_next_unsent(p) : NULL;
+}
+
+/* Pieces a request to node's lane may need: two framing pieces and the record pieces of each partition's next batch. */
+static size_t piece_cap(km_pipeline *pl, int32_t node, unsigned lane, size_t cap)
 {
 	size_t n = cap * 3;
 	for (size_t i = 0; i < pl->ntopics; i++)
 		for (int32_t j = 0; j < pl->topics[i]->nparts; j++) {
 			mpart *p = pl->topics[i]->parts[j];
-			mbatch *b = p && p->lead.dst == node ? km_pl_next_unsent(p) : NULL;
+			mbatch *b = next_on(p, node, lane);
 			if (b)
 				n += (size_t)b->nvec;
 		}
@@ -315,11 +322,11 @@ typedef struct produce_req {
 } produce_req;
 
 /*
- * Choose: one batch per partition led by node, grouped by topic, within the byte cap. A
+ * Choose: one batch per partition led by node on the lane, grouped by topic, within the byte cap. A
  * transaction's batch goes alone (its producer is the partition's own: one transactional producer
  * per request, a broker rule); the first partition ready decides which kind this request is.
  */
-static void produce_choose(km_pipeline *pl, int32_t node, produce_req *r)
+static void produce_choose(km_pipeline *pl, int32_t node, unsigned lane, produce_req *r)
 {
 	produce_ctx *pc = r->pc;
 	for (size_t i = 0; i < pl->ntopics && r->bytes < PRODUCE_REQUEST_BYTES && !r->txp; i++) {
@@ -327,7 +334,7 @@ static void produce_choose(km_pipeline *pl, int32_t node, produce_req *r)
 		size_t first = r->n;
 		for (int32_t j = 0; j < t->nparts; j++) {
 			mpart *p = t->parts[j];
-			mbatch *b = p && p->lead.dst == node ? km_pl_next_unsent(p) : NULL;
+			mbatch *b = next_on(p, node, lane);
 			if (!b || (r->n && b->kind == BK_TXN))
 				continue;
 			if (r->n && r->bytes + b->size > PRODUCE_REQUEST_BYTES)
@@ -446,14 +453,14 @@ static void produce_req_free(produce_req *r, bool sent)
 }
 
 /*
- * One Produce request to node: one batch per partition (a broker rule), as many partitions led
- * by node as have one ready, up to PRODUCE_REQUEST_BYTES. The batch headers are the re-stamped
+ * One Produce request to node on lane: one batch per partition (a broker rule), as many partitions
+ * led by node and writing on the lane as have one ready, up to PRODUCE_REQUEST_BYTES. The batch headers are the re-stamped
  * copies; the record bytes are referenced in the fetched response, never copied here.
  */
-bool km_pl_send_produce(km_pipeline *pl, int32_t node)
+bool km_pl_send_produce(km_pipeline *pl, int32_t node, unsigned lane)
 {
-	km_net_client *c = km_cluster_node(pl->dst, node);
-	mnode_io *io = km_pl_node_io(&pl->dio, &pl->ndio, node);
+	km_net_client *c = km_cluster_lane(pl->dst, node, lane);
+	mnode_io *io = km_pl_node_io(&pl->dio, &pl->ndio, node, lane);
 	produce_req r = {0};
 	size_t cap = 0;
 	km_net_request rq;
@@ -473,8 +480,7 @@ bool km_pl_send_produce(km_pipeline *pl, int32_t node)
 	r.flex = r.ver >= 9;
 	for (size_t i = 0; i < pl->ntopics; i++)
 		for (int32_t j = 0; j < pl->topics[i]->nparts; j++) {
-			mpart *p = pl->topics[i]->parts[j];
-			if (p && p->lead.dst == node && km_pl_next_unsent(p))
+			if (next_on(pl->topics[i]->parts[j], node, lane))
 				cap++;
 		}
 	if (!cap)
@@ -482,11 +488,12 @@ bool km_pl_send_produce(km_pipeline *pl, int32_t node)
 	r.pc = calloc(1, sizeof(*r.pc));
 	if (!r.pc || !(r.pc->parts = calloc(cap, sizeof(*r.pc->parts))) ||
 	    !(r.pc->batches = calloc(cap, sizeof(*r.pc->batches))) || !(r.gstart = calloc(cap + 1, sizeof(*r.gstart))) ||
-	    !(r.pieces = calloc(piece_cap(pl, node, cap) + pl->ntopics * 2 + 2, sizeof(*r.pieces))) ||
+	    !(r.pieces = calloc(piece_cap(pl, node, lane, cap) + pl->ntopics * 2 + 2, sizeof(*r.pieces))) ||
 	    !(r.enc = calloc(cap * 2 + pl->ntopics * 2 + 2, sizeof(*r.enc))))
 		goto out;
 	r.pc->node = node;
-	produce_choose(pl, node, &r);
+	r.pc->lane = lane;
+	produce_choose(pl, node, lane, &r);
 	if (!produce_encode(&r) || !(x = km_pl_ctx_new(pl, pl->dst, node, r.ver)))
 		goto out;
 	x->extra = r.pc;
@@ -509,6 +516,7 @@ bool km_pl_send_produce(km_pipeline *pl, int32_t node)
 	if (r.txp)
 		km_txp_advance(r.txp, r.pc->batches[0]->count);
 	io->produce_inflight++;
+	pl->produces[lane]++;
 	ok = true;
 out:
 	produce_req_free(&r, ok);

@@ -243,6 +243,12 @@ typedef struct km_net_client_opts {
 	size_t max_inflight_bytes;   /* their framed bytes; 0: no cap (one request alone always fits) */
 	size_t max_unreleased_bytes; /* streamed bytes delivered and not released; 0: 4 MiB */
 	size_t read_fill_bytes;      /* how far one read event tops up the socket input; 0: 1 MiB */
+	/*
+	 * SO_SNDBUF of the connection; 0: the kernel's autotuning. Set only where net.core.wmem_max
+	 * allows it whole (a smaller, fixed buffer would cap a long link's throughput below what
+	 * autotuning reaches): docs/net.md, "Send buffers".
+	 */
+	int sndbuf_bytes;
 	struct evdns_base *dns;      /* async name resolution; NULL resolves synchronously */
 	km_net_state_cb on_state;
 	km_net_writable_cb on_writable;

@@ -211,6 +211,12 @@ km_cluster *km_mirror_dest_cluster(km_mirror *mi, const char *mirror, const char
 	o.connect_timeout_ms = cfg->upstream_connect_timeout_ms;
 	o.request_timeout_ms = 40000; /* above the Produce timeout (30 s) */
 	o.max_frame_bytes = 16 << 20;
+	/*
+	 * Produce requests of fetched batches are megabytes: a large send buffer takes most of one in
+	 * a write, and the socket wakes the loop for more once per half of it, where autotuning's
+	 * smaller buffer woke it every 75 KiB (docs/BENCHMARKS.md, "Catch-up CPU").
+	 */
+	o.sndbuf_bytes = 4 << 20;
 	o.dns = km_mirror_dns(mi);
 	return km_cluster_new(km_mirror_base(mi), "destination", &o, cfg->upstream, (size_t)cfg->upstream_count,
 			       on_change, arg);

@@ -947,6 +947,29 @@ static bool connected_to_itself(int fd)
 	return !memcmp(&a, &b, la);
 }
 
+/* net.core.wmem_max, read once (0: not readable). */
+static long wmem_max(void)
+{
+	static long max = -1;
+	if (max < 0) {
+		FILE *f = fopen("/proc/sys/net/core/wmem_max", "r");
+		max = 0;
+		if (f) {
+			if (fscanf(f, "%ld", &max) != 1)
+				max = 0;
+			fclose(f);
+		}
+	}
+	return max;
+}
+
+/* SO_SNDBUF bytes, where the kernel would take it whole; else its autotuning stays. */
+static void set_sndbuf(int fd, int bytes)
+{
+	if (bytes > 0 && wmem_max() >= bytes)
+		(void)setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &bytes, sizeof(bytes));
+}
+
 static void event_cb(struct bufferevent *bev, short what, void *arg)
 {
 	km_net_client *c = arg;
@@ -967,8 +990,10 @@ static void event_cb(struct bufferevent *bev, short what, void *arg)
 			client_close(c, KM_ERR_IO);
 			return;
 		}
-		if (fd >= 0)
+		if (fd >= 0) {
 			setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+			set_sndbuf(fd, c->opts.sndbuf_bytes);
+		}
 		/* Reads and writes now time out only through the request timer. */
 		bufferevent_set_timeouts(bev, NULL, NULL);
 		if (c->opts.skip_api_versions) {

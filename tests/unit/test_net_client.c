@@ -268,6 +268,78 @@ static void test_pipelined_in_order(void **state)
 	event_base_free(base);
 }
 
+/* SO_SNDBUF of this process's socket connected to port (-1: none found). */
+static int sndbuf_of_socket_to(uint16_t port)
+{
+	for (int fd = 3; fd < 1024; fd++) {
+		struct sockaddr_in peer;
+		socklen_t len = sizeof(peer);
+		int v = 0;
+		socklen_t vl = sizeof(v);
+		if (getpeername(fd, (struct sockaddr *)&peer, &len) == 0 && peer.sin_family == AF_INET &&
+		    ntohs(peer.sin_port) == port && getsockopt(fd, SOL_SOCKET, SO_SNDBUF, &v, &vl) == 0)
+			return v;
+	}
+	return -1;
+}
+
+static long read_wmem_max(void)
+{
+	long v = 0;
+	FILE *f = fopen("/proc/sys/net/core/wmem_max", "r");
+	if (f) {
+		if (fscanf(f, "%ld", &v) != 1)
+			v = 0;
+		fclose(f);
+	}
+	return v;
+}
+
+/*
+ * sndbuf_bytes: the connection's send buffer is set (the kernel doubles what it is given) where
+ * net.core.wmem_max allows it whole; above wmem_max it stays the kernel's own.
+ */
+static void test_sndbuf(void **state)
+{
+	int sizes[] = {1 << 20, 0};
+	long max = read_wmem_max();
+	(void)state;
+
+	sizes[1] = max > 0 && max < (1L << 30) ? (int)max + 4096 : 0;
+	for (int i = 0; i < 2; i++) {
+		struct event_base *base = event_base_new();
+		fake f;
+		result r = {0};
+		km_net_client_opts o;
+		km_net_client *c;
+		int got;
+
+		if (!sizes[i])
+			continue;
+		fake_start(&f, base, MODE_ECHO);
+		memset(&o, 0, sizeof(o));
+		o.client_id = "test-client";
+		o.connect_timeout_ms = 2000;
+		o.sndbuf_bytes = sizes[i];
+		o.on_state = on_state;
+		o.arg = &r;
+		c = km_net_client_new(base, &o);
+		assert_int_equal(km_net_client_connect(c, "127.0.0.1", f.port), KM_OK);
+		assert_int_equal(km_net_client_send(c, 3, 1, 1, 0, (const uint8_t *)"x", 1, on_response, &r), KM_OK);
+		run_until(base, &r.calls, 1);
+		assert_int_equal(r.calls, 1);
+		got = sndbuf_of_socket_to(f.port);
+		if (sizes[i] <= max)
+			assert_int_equal(got, 2 * sizes[i]);
+		else
+			assert_true(got > 0 && got < sizes[i]); /* autotuning's, from tcp_wmem's default */
+		km_net_client_free(c);
+		fake_stop(&f);
+		event_base_loop(base, EVLOOP_NONBLOCK);
+		event_base_free(base);
+	}
+}
+
 static void test_bad_correlation_closes(void **state)
 {
 	struct event_base *base = event_base_new();
@@ -823,7 +895,8 @@ static void test_caps_and_writable(void **state)
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
-		cmocka_unit_test(test_pipelined_in_order), cmocka_unit_test(test_bad_correlation_closes),
+		cmocka_unit_test(test_pipelined_in_order),
+		cmocka_unit_test(test_sndbuf), cmocka_unit_test(test_bad_correlation_closes),
 		cmocka_unit_test(test_timeout),            cmocka_unit_test(test_sasl_plain),
 		cmocka_unit_test(test_connect_refused),
 		cmocka_unit_test_setup_teardown(test_negotiation, env_setup, env_teardown),

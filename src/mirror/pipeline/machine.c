@@ -613,7 +613,7 @@ static void each_leader(km_pipeline *pl, bool src, int64_t now, int64_t *next)
 	struct seen_lane {
 		int32_t leader;
 		unsigned lane;
-	} seen[64];
+	} seen[256]; /* (leader, lane) pairs served this tick */
 	size_t ns = 0;
 	for (size_t i = 0; i < pl->ntopics; i++)
 		for (int32_t j = 0; j < pl->topics[i]->nparts; j++) {
@@ -628,7 +628,7 @@ static void each_leader(km_pipeline *pl, bool src, int64_t now, int64_t *next)
 				dup |= seen[k].leader == leader && seen[k].lane == lane;
 			if (dup)
 				continue;
-			if (ns < 64)
+			if (ns < sizeof(seen) / sizeof(seen[0]))
 				seen[ns++] = (struct seen_lane){leader, lane};
 			if (src)
 				km_pl_send_fetch(pl, leader, now, next);

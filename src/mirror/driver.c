@@ -1,6 +1,7 @@
 /* The mirror driver: hands partitions to their mirror's pipeline and persists the transitions the pipelines complete (kmirror/mirror.h). */
 #include <stdlib.h>
 #include <string.h>
+#include <sys/time.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -79,11 +80,18 @@ static void work_free(km_mirror_work *w)
 	free(w);
 }
 
-static int64_t mono_ms(void)
+int64_t km_mirror_mono_ms(void)
 {
 	struct timespec ts;
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+int64_t km_mirror_wall_ms(void)
+{
+	struct timeval tv;
+	gettimeofday(&tv, NULL);
+	return (int64_t)tv.tv_sec * 1000 + tv.tv_usec / 1000;
 }
 
 static void schedule(km_mirror *mi)
@@ -92,7 +100,7 @@ static void schedule(km_mirror *mi)
 
 	if (!mi->head || mi->inflight >= KM_MIRROR_DRIVER_INFLIGHT || mi->freeing)
 		return;
-	wait = mi->hold_until - mono_ms();
+	wait = mi->hold_until - km_mirror_mono_ms();
 	if (wait > 0) {
 		struct timeval tv = {(time_t)(wait / 1000), (suseconds_t)((wait % 1000) * 1000)};
 		event_add(mi->run_ev, &tv);
@@ -171,7 +179,7 @@ static bool refused_for_now(km_mirror *mi, const km_state_result *res)
 	mi->retry_ms = mi->retry_ms ? mi->retry_ms * 2 : KM_MIRROR_DRIVER_RETRY_MIN_MS;
 	if (mi->retry_ms > KM_MIRROR_DRIVER_RETRY_MAX_MS)
 		mi->retry_ms = KM_MIRROR_DRIVER_RETRY_MAX_MS;
-	mi->hold_until = mono_ms() + mi->retry_ms;
+	mi->hold_until = km_mirror_mono_ms() + mi->retry_ms;
 	return true;
 }
 
@@ -233,7 +241,7 @@ static void run_cb(evutil_socket_t fd, short what, void *arg)
 
 	(void)fd;
 	(void)what;
-	if (mi->hold_until > mono_ms()) {
+	if (mi->hold_until > km_mirror_mono_ms()) {
 		schedule(mi); /* woken early (a new transition queued): the hold runs on */
 		return;
 	}

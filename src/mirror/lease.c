@@ -73,13 +73,6 @@ struct km_lease {
 	void *changed_arg;
 };
 
-static int64_t now_ms(void)
-{
-	struct timeval tv;
-	gettimeofday(&tv, NULL);
-	return (int64_t)tv.tv_sec * 1000 + tv.tv_usec / 1000;
-}
-
 static void later(km_lease *l, int ms)
 {
 	struct timeval tv = {ms / 1000, (ms % 1000) * 1000};
@@ -166,7 +159,7 @@ static void describe_over(km_lease *l)
 {
 	l->ph = L_BEAT;
 	l->adopting = false;
-	l->described_at = now_ms();
+	l->described_at = km_mirror_wall_ms();
 }
 
 static void step(km_lease *l)
@@ -178,7 +171,7 @@ static void step(km_lease *l)
 	if (l->freeing || l->inflight || l->ph == L_ALONE || !l->dst)
 		return;
 	/* Whatever it is doing (looking for the coordinator again too): no heartbeat for that long, no mirror. */
-	if (l->last_ok && now_ms() - l->last_ok > SESSION_MS) {
+	if (l->last_ok && km_mirror_wall_ms() - l->last_ok > SESSION_MS) {
 		disown(l, "no heartbeat answered for the session timeout");
 		l->epoch = 0;
 		l->last_ok = 0;
@@ -415,7 +408,7 @@ static void took_beat(km_lease *l, const km_consumer_group_heartbeat_response *r
 		return later(l, RETRY_MS);
 	}
 	{
-		int64_t now = now_ms();
+		int64_t now = km_mirror_wall_ms();
 		bool was_stale = stale(l, now) || !l->last_ok;
 		l->last_ok = now;
 		l->hb_ms = r->heartbeat_interval_ms > 0 ? r->heartbeat_interval_ms : 5000;
@@ -458,7 +451,7 @@ static void took_beat(km_lease *l, const km_consumer_group_heartbeat_response *r
 			l->beat_in = HELD_POLL_MS; /* say it is released as soon as it is */
 	if (l->beat_in > HELD_POLL_MS && !l->owned_any && !r->assignment)
 		l->beat_in = JOIN_POLL_MS; /* joined, nothing assigned yet: the assignor is quick, ask again soon */
-	if (r->assignment || now_ms() - l->described_at >= DESCRIBE_MS) {
+	if (r->assignment || km_mirror_wall_ms() - l->described_at >= DESCRIBE_MS) {
 		l->ph = L_DESCRIBE; /* who owns what now (describe's Owner); the heartbeat follows */
 		return later(l, 0);
 	}
@@ -635,7 +628,7 @@ const char *km_lease_owner(const km_lease *l, const char *mirror)
 
 bool km_lease_stale(const km_lease *l)
 {
-	return l && stale(l, now_ms());
+	return l && stale(l, km_mirror_wall_ms());
 }
 
 int32_t km_lease_slot(const km_lease *l, const char *mirror)
@@ -651,7 +644,7 @@ bool km_lease_owns(const km_lease *l, const char *mirror)
 
 	if (!l || l->ph == L_ALONE)
 		return true;
-	if (!l->owned || (k = km_lease_slot(l, mirror)) < 0 || stale(l, now_ms()))
+	if (!l->owned || (k = km_lease_slot(l, mirror)) < 0 || stale(l, km_mirror_wall_ms()))
 		return false;
 	return l->owned[k];
 }

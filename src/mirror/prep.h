@@ -151,7 +151,6 @@ typedef struct rctx {
 
 /* ---- topics.c: the machinery every preparation runs on ---- */
 
-int64_t km_prep_now_ms(void);
 /* The topic's answer (the first one set stays), with a message when code is not OK. */
 void km_prep_set_code(ptopic *t, km_err code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 void km_prep_free_tids(struct km_mprep *p);

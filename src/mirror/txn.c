@@ -6,7 +6,6 @@
  */
 #include <stdlib.h>
 #include <string.h>
-#include <sys/time.h>
 
 #include "kmirror/api.h"
 #include "kmirror/batch.h"
@@ -56,13 +55,6 @@ struct km_txp {
 	int backoff_ms;
 	char err[300];
 };
-
-static int64_t now_ms(void)
-{
-	struct timeval tv;
-	gettimeofday(&tv, NULL);
-	return (int64_t)tv.tv_sec * 1000 + tv.tv_usec / 1000;
-}
 
 const char *km_txp_state_name(km_txp_state s)
 {
@@ -158,7 +150,7 @@ static void retry(km_txp *t, int ms)
 			ms = RETRY_MAX_MS;
 		t->backoff_ms = ms;
 	}
-	t->retry_at = now_ms() + ms;
+	t->retry_at = km_mirror_wall_ms() + ms;
 }
 
 static void failed(km_txp *t, const char *what, int16_t code)

@@ -217,7 +217,7 @@ static void on_list_txns(km_net_client *c, const km_rpc_response *res, void *arg
 	}
 	if (!ok) {
 		pl->txl = TXL_UNASKED; /* asked again, from the start */
-		pl->txl_at = km_pl_now_ms();
+		pl->txl_at = km_mirror_wall_ms();
 	} else if (--pl->txl_pending == 0) {
 		pl->txl = TXL_KNOWN;
 		KM_DEBUG(COMP, 0, "%s: %zu transactional id(s) of the mirror on the destination", pl->name, pl->nlisted);
@@ -331,7 +331,7 @@ void km_pl_marker_answer(km_pipeline *pl, mpart *p, bool ok, int64_t end, int64_
 		pl->dst_meta_need = true; /* the leader may have moved */
 	if (!ok || end == b->physical) {
 		/* Not in yet (the coordinator writes it after EndTxn's answer): looked at again shortly. */
-		b->mk_at = km_pl_now_ms() + (ok ? MARKER_POLL_MS : BACKOFF_MIN_MS);
+		b->mk_at = km_mirror_wall_ms() + (ok ? MARKER_POLL_MS : BACKOFF_MIN_MS);
 		return;
 	}
 	if (end != b->physical + 1) {

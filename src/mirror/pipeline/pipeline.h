@@ -472,7 +472,6 @@ void km_pl_want_divergence_check(km_pipeline *pl, mpart *p);
 
 /* ---- machine.c ---- */
 
-int64_t km_pl_now_ms(void);
 void km_pl_tick_soon(km_pipeline *pl);
 void km_pl_schedule_in(km_pipeline *pl, int64_t ms);
 void km_pl_on_cluster_change(void *arg);

@@ -195,7 +195,7 @@ static void produce_done(km_pipeline *pl, mpart *p, mbatch *b, int16_t code, int
 			"in %d s", pl->name, km_pl_ptag(p, tag, sizeof(tag)), FENCED_WAIT_MS / 1000);
 		km_plan_batch_free(b);
 		km_pl_reconcile(pl, p, why);
-		p->retry.at = km_pl_now_ms() + FENCED_WAIT_MS;
+		p->retry.at = km_mirror_wall_ms() + FENCED_WAIT_MS;
 		km_mirror_rebalance_soon(pl->mi);
 		return;
 	}

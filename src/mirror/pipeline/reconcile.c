@@ -63,7 +63,7 @@ static void on_list_offsets(km_net_client *c, const km_rpc_response *res, void *
 		if (err == KM_OK && perr == 0 && off >= 0) {
 			p->stats.source_end = off;
 			km_state_partition_progress(km_mirror_store(pl->mi), p->t->name, p->id, off, -1);
-			km_pl_update_lag(p, km_pl_now_ms());
+			km_pl_update_lag(p, km_mirror_wall_ms());
 		} else {
 			pl->src_meta_need = true;
 		}

@@ -327,7 +327,8 @@ static void make_families(km_mirror *mi, km_metrics *reg)
 			 "partition: another kmirrord runs (or ran) the mirror.",
 		 .type = KM_METRIC_COUNTER, .labels = {"mirror", NULL}, .max_series = 20000},
 		{.name = "kmirror_mirror_fetch_requests_total",
-		 .help = "Fetch requests sent to the source: full ones (every partition named) and incremental ones (a fetch session's changes only).",
+		 .help = "Fetch requests sent to the source: full ones (every partition named), incremental ones (a fetch session's "
+			 "changes only) and side ones (partitions that became ready while the broker's main Fetch waited, on a second connection).",
 		 .type = KM_METRIC_COUNTER, .labels = {"mirror", "kind", NULL}, .max_series = 20000},
 		{.name = "kmirror_mirror_produce_requests_total",
 		 .help = "Produce requests sent to the destination, per write lane (one of the connections to each "

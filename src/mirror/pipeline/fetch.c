@@ -17,6 +17,7 @@ typedef struct fetch_ctx fetch_ctx;
 struct fetch_ctx {
 	km_pipeline *pl;
 	int32_t node;
+	unsigned lane; /* the fetch lane it went on (0: the one with the session) */
 	mpart **parts; /* the partitions it was sent for (ready then) */
 	size_t n;
 	uint64_t seq; /* stamped on its partitions: an answer for a partition it did not ask for is ignored */
@@ -302,7 +303,7 @@ static void quiet_after(fetch_ctx *fc, mnode_io *io, bool failed)
 static void end_answer(fetch_ctx *fc, bool failed)
 {
 	km_pipeline *pl = fc->pl;
-	mnode_io *io = km_pl_node_io(&pl->sio, &pl->nsio, fc->node, 0);
+	mnode_io *io = km_pl_node_io(&pl->sio, &pl->nsio, fc->node, fc->lane);
 
 	if (io)
 		io->fetching = false;
@@ -377,7 +378,8 @@ static void on_fetch_stream(km_net_client *c, km_err err, struct evbuffer *chunk
 		km_pl_source_contact(pl, err != KM_OK ? err : KM_ERR_IO, false);
 		km_cluster_drop(pl->src, c);
 		pl->src_meta_need = true;
-		session_reset(pl, fc->node);
+		if (fc->sessions)
+			session_reset(pl, fc->node);
 		free(x);
 		end_answer(fc, true);
 		return;
@@ -489,7 +491,7 @@ static void fetch_req_part(km_pipeline *pl, fetch_req *r, fetch_ctx *fc, mpart *
 	int32_t max;
 
 	if (!ready && !member) {
-		if (p->fetch.sess_node == r->node) {
+		if (r->sessions && p->fetch.sess_node == r->node) {
 			r->fgp[r->nfp++] = p->id; /* it left the session */
 			p->fetch.sess_node = -1;
 		}
@@ -596,15 +598,20 @@ static bool fetch_req_send(km_pipeline *pl, km_net_client *c, fetch_req *r, fetc
  */
 void km_pl_send_fetch(km_pipeline *pl, int32_t node, int64_t now, int64_t *next)
 {
-	km_net_client *c = km_cluster_node(pl->src, node);
+	unsigned lane = 0;
 	mnode_io *io = km_pl_node_io(&pl->sio, &pl->nsio, node, 0);
+	km_net_client *c;
 	fetch_req r = {.node = node};
 	fetch_ctx *fc = NULL;
 	size_t nready = 0, total = 0, led = 0;
 	int16_t ver;
 
+	/* The session's lane when it is free, else the next free one: a side Fetch, without a session. */
+	while (io && io->fetching && ++lane < FETCH_LANES)
+		io = km_pl_node_io(&pl->sio, &pl->nsio, node, lane);
 	if (!io || io->fetching || pl->held->bytes >= pl->held_cap)
 		return; /* memory is bounded by the fetch sizes, not by the lag */
+	c = km_cluster_lane(pl->src, node, lane);
 	if (!c) {
 		pl->src_meta_need = true;
 		return;
@@ -630,9 +637,9 @@ void km_pl_send_fetch(km_pipeline *pl, int32_t node, int64_t now, int64_t *next)
 		}
 	if (!nready)
 		return; /* nothing to read: the session waits as it is */
-	r.sessions = ver >= 7 && pl->sessions && led <= FETCH_SESSION_MAX;
+	r.sessions = lane == 0 && ver >= 7 && pl->sessions && led <= FETCH_SESSION_MAX;
 	r.full = !r.sessions || io->sess_id == 0;
-	if (r.full)
+	if (r.full && lane == 0)
 		session_reset(pl, node);
 	if (now < io->quiet_until && nready <= io->quiet_ready) {
 		if (io->quiet_until < *next)
@@ -663,20 +670,24 @@ void km_pl_send_fetch(km_pipeline *pl, int32_t node, int64_t now, int64_t *next)
 	r.m.session_epoch = !r.sessions ? -1 : r.full ? 0 : io->sess_epoch;
 	fetch_req_fill(pl, &r, fc, now);
 	fc->node = node;
+	fc->lane = lane;
 	fc->sent_at = now;
 	fc->seq = ++pl->fetch_seq;
 	fc->full = r.full;
 	fc->sessions = r.sessions;
 	if (fetch_req_send(pl, c, &r, fc, ver)) {
 		io->fetching = true;
-		if (r.full)
+		if (lane > 0)
+			pl->fetch_side++;
+		else if (r.full)
 			pl->fetch_full++;
 		else
 			pl->fetch_incremental++;
 	} else {
 		for (size_t i = 0; i < fc->n; i++)
 			km_pl_set_phase(fc->parts[i], PH_READY, "the Fetch could not be sent");
-		session_reset(pl, node); /* what the broker holds is not known now */
+		if (r.sessions)
+			session_reset(pl, node); /* what the broker holds is not known now */
 		fetch_ctx_free(fc);
 	}
 	fetch_req_free(&r);

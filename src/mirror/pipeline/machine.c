@@ -788,11 +788,13 @@ km_pipeline *km_pipeline_new(km_mirror *mi, const char *mirror)
 	{
 		/* Pipelines live as long as the module (the series point into them). */
 		km_metric_family *f = km_mirror_metric_families(mi)->fetches, *g = km_mirror_metric_families(mi)->fenced;
-		const char *full[] = {pl->name, "full"}, *incr[] = {pl->name, "incremental"}, *name[] = {pl->name};
+		const char *full[] = {pl->name, "full"}, *incr[] = {pl->name, "incremental"}, *side[] = {pl->name, "side"},
+			   *name[] = {pl->name};
 		km_metric_family *r = km_mirror_metric_families(mi)->reachable,
 				 *t = km_mirror_metric_families(mi)->fetched_at;
 		if ((f && (!km_metric_series_ptr(f, full, &pl->fetch_full) ||
-			   !km_metric_series_ptr(f, incr, &pl->fetch_incremental))) ||
+			   !km_metric_series_ptr(f, incr, &pl->fetch_incremental) ||
+			   !km_metric_series_ptr(f, side, &pl->fetch_side))) ||
 		    (g && !km_metric_series_ptr(g, name, &pl->fenced)) ||
 		    (r && !(pl->source.s_reachable = km_metric_series_ptr(r, name, &pl->source.reachable))) ||
 		    (t && !(pl->source.s_fetched = km_metric_series_ptr(t, name, &pl->source.fetched_ms))))
@@ -915,6 +917,7 @@ void km_pipeline_retire(km_pipeline *pl, const char *why)
 	pl->tick_ev = keep.tick_ev;
 	pl->fetch_full = keep.fetch_full;
 	pl->fetch_incremental = keep.fetch_incremental;
+	pl->fetch_side = keep.fetch_side;
 	memcpy(pl->produces, keep.produces, sizeof(pl->produces));
 	pl->fenced = keep.fenced;
 	pl->source.s_reachable = keep.source.s_reachable;

@@ -26,6 +26,12 @@
 #define PRODUCE_REQUEST_BYTES (8 << 20)
 #define FETCH_MAX_WAIT_MS 500
 /*
+ * Fetches in flight per source broker, each on a connection of its own (km_cluster_lane): lane 0
+ * carries the fetch session; partitions that become ready while it long-polls go at once in a
+ * Fetch without a session on the next idle lane (docs/mirror.md, "Side Fetches").
+ */
+#define FETCH_LANES 2
+/*
  * After an answer that came at once with nothing for any partition it asked for (fetch.c,
  * quiet_after): QUIET_MIN_MS, doubled while the answers keep coming so, to QUIET_MS.
  */
@@ -234,7 +240,7 @@ enum {
 
 typedef struct mnode_io {
 	int32_t id;
-	unsigned lane; /* destination: the lane (km_cluster_lane); source: 0 */
+	unsigned lane; /* the connection (km_cluster_lane): a destination's write lane, a source's fetch lane */
 	bool fetching;
 	int produce_inflight;
 	int32_t sess_id, sess_epoch; /* the source broker's fetch session (KIP-227); id 0: none */
@@ -266,7 +272,7 @@ struct km_pipeline {
 	unsigned lane_next; /* the lane of the next partition made (they take the lanes in turn) */
 	int64_t fetch_max_bytes, part_max_bytes;
 	bool sessions;                      /* mirror.fetch.sessions */
-	uint64_t fetch_full, fetch_incremental; /* Fetch requests sent, by kind (kmirror_mirror_fetch_requests_total) */
+	uint64_t fetch_full, fetch_incremental, fetch_side; /* Fetch requests sent, by kind (kmirror_mirror_fetch_requests_total) */
 	uint64_t produces[KM_CLUSTER_LANES];    /* Produce requests sent, by lane (kmirror_mirror_produce_requests_total) */
 	uint64_t fenced; /* batches refused for an older epoch of the writer (kmirror_mirror_fenced_writes_total) */
 	char start_mode[32];

@@ -177,6 +177,13 @@ int km_net_bev_splice(struct bufferevent *src, struct bufferevent *dst, size_t n
 /* Whether bev could be either side of a range now (plain, of km_net_bev_new, connected, in none). */
 bool km_net_bev_can_splice(struct bufferevent *bev);
 
+/*
+ * The next n bytes of src appended to dst, as evbuffer_remove_buffer does, but without copying the
+ * part of a chain that src keeps the rest of: that part is referenced (the chain's memory stays
+ * until dst has released it; src's chains then take no more bytes). Small parts are copied.
+ */
+void km_net_move(struct evbuffer *src, struct evbuffer *dst, size_t n);
+
 /* ---- SASL client mechanisms (providers): PLAIN, SCRAM-SHA-256, SCRAM-SHA-512 ---- */
 
 typedef struct km_sasl km_sasl;

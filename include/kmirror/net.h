@@ -72,8 +72,11 @@ int km_net_response_header(struct evbuffer *in, int32_t size, int hdr_version, i
 
 typedef struct km_evrd {
 	struct evbuffer *buf;
-	struct evbuffer_ptr ptr;
-	size_t pos, end; /* offsets from the start of buf */
+	struct evbuffer_ptr ptr; /* at seg_pos */
+	size_t pos, end;         /* offsets from the start of buf */
+	/* The bytes [seg_pos, seg_end) are contiguous at seg (the rest of ptr's chain): read in place. */
+	const uint8_t *seg;
+	size_t seg_pos, seg_end;
 	km_err err;
 } km_evrd;
 

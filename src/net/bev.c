@@ -440,8 +440,14 @@ static void read_ready(evutil_socket_t fd, short what, void *arg)
 		want = READ_MIN;
 	rc = recv_into(in, fd, want, f->guess);
 	if (rc > 0) {
-		/* Up at once with a larger read, down by half a read: a burst's size is remembered for a few reads. */
-		f->guess = (size_t)rc > f->guess / 2 ? (size_t)rc : f->guess / 2;
+		/*
+		 * Up at once with a larger read; down by half only when the socket had less than asked
+		 * (a read cut at want, such as the proxy's 4 KiB peeks, says nothing of what waits).
+		 */
+		if ((size_t)rc >= want)
+			f->guess = (size_t)rc > f->guess ? (size_t)rc : f->guess;
+		else
+			f->guess = (size_t)rc > f->guess / 2 ? (size_t)rc : f->guess / 2;
 		if (f->guess < READ_GUESS_MIN)
 			f->guess = READ_GUESS_MIN;
 		call_data(f, f->readcb);

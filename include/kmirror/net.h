@@ -72,8 +72,11 @@ int km_net_response_header(struct evbuffer *in, int32_t size, int hdr_version, i
 
 typedef struct km_evrd {
 	struct evbuffer *buf;
-	struct evbuffer_ptr ptr;
-	size_t pos, end; /* offsets from the start of buf */
+	struct evbuffer_ptr ptr; /* at seg_pos */
+	size_t pos, end;         /* offsets from the start of buf */
+	/* The bytes [seg_pos, seg_end) are contiguous at seg (the rest of ptr's chain): read in place. */
+	const uint8_t *seg;
+	size_t seg_pos, seg_end;
 	km_err err;
 } km_evrd;
 
@@ -176,6 +179,13 @@ int km_net_bev_splice(struct bufferevent *src, struct bufferevent *dst, size_t n
 	__attribute__((warn_unused_result));
 /* Whether bev could be either side of a range now (plain, of km_net_bev_new, connected, in none). */
 bool km_net_bev_can_splice(struct bufferevent *bev);
+
+/*
+ * The next n bytes of src appended to dst, as evbuffer_remove_buffer does, but without copying the
+ * part of a chain that src keeps the rest of: that part is referenced (the chain's memory stays
+ * until dst has released it; src's chains then take no more bytes). Small parts are copied.
+ */
+void km_net_move(struct evbuffer *src, struct evbuffer *dst, size_t n);
 
 /* ---- SASL client mechanisms (providers): PLAIN, SCRAM-SHA-256, SCRAM-SHA-512 ---- */
 

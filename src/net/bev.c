@@ -2,9 +2,9 @@
 #define _GNU_SOURCE /* splice, F_SETPIPE_SZ */
 #include <errno.h>
 #include <fcntl.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -21,8 +21,8 @@
  * (docs/net.md). Its read takes 4 KiB after a FIONREAD, then our fill read the rest; its deferred
  * callback costs a loop round; and each write arms the write event (epoll_ctl), waits a round for
  * it, writes, and disarms it (epoll_ctl). Here, once connected:
- * - the socket's read readiness is our own event: one FIONREAD and one recvmsg per readiness,
- *   then the user's read callback, straight away;
+ * - the socket's read readiness is our own event: one recvmsg per readiness, into space sized
+ *   by the previous read (recv_into), then the user's read callback, straight away;
  * - bytes added to the output activate a flush event of ours, which runs in the same loop round,
  *   after the callback that added them, and writes them with writev. Only when the socket is full
  *   is the bufferevent's own write event enabled; it finishes the output, and the write callback
@@ -40,6 +40,7 @@ typedef struct km_net_fast {
 	bufferevent_event_cb eventcb;
 	void *arg;
 	size_t read_max;  /* the input is read up to this size per readiness event */
+	size_t guess;     /* what a read reserves in the input: from the sizes of the last ones (read_ready) */
 	bool fast;        /* connected: reads and writes are ours */
 	bool want_read;   /* the caller has reading enabled */
 	bool slow_write;  /* the socket was full: the bufferevent's write event finishes the output */
@@ -62,6 +63,10 @@ typedef struct km_net_fast {
 
 #define READ_MIN 4096
 #define READ_DEFAULT (256 * 1024)
+/* The least a read reserves: with its header, libevent's smallest chain (1 KiB). */
+#define READ_GUESS_MIN 512
+/* A read's bytes past its reservation, copied into the input after it. */
+#define SPILL_BYTES (256 * 1024)
 /* A range's pipe: as large as one read of ours (the default pipe is 64 KiB). */
 #define PIPE_BYTES (256 * 1024)
 /* What one readiness takes into the pipe at most: a fast range does not hold the loop from the others. */
@@ -349,38 +354,45 @@ static void flush_cb(evutil_socket_t unused, short what, void *arg)
 }
 
 /*
- * How much to read from fd: want cut to what the socket holds (a consumer that moves chains out
- * takes their free space too, so reserve no more than that).
+ * Bytes of a read past its reservation land here and are copied into the input: one per thread
+ * (one event base per thread), touched only by reads that outgrow their reservation.
  */
-static void recv_size(int fd, size_t *want)
-{
-	int queued = 0;
-	if (ioctl(fd, FIONREAD, &queued) == 0 && queued > 0 && (size_t)queued < *want)
-		*want = (size_t)queued;
-}
+static _Thread_local uint8_t spill[SPILL_BYTES];
 
-/* One recvmsg of up to want bytes into reserved space at in's end: the bytes read, 0 at EOF, -1 (errno) on error. */
-static ssize_t recv_into(struct evbuffer *in, int fd, size_t want)
+/*
+ * One recvmsg of up to want bytes into in: into space reserved at in's end for about guess bytes
+ * (what libevent offers for it, a chain rounded up to a power of two), the rest into spill and
+ * copied after it. So a read reserves what the previous one brought, not what it may bring: a
+ * consumer that moves chains out takes their free space too, and a slow peer's trickle must not
+ * leave a 256 KiB chain per read behind it; and no FIONREAD is needed to know what the socket
+ * holds. Returns the bytes read, 0 at EOF, -1 (errno) on error.
+ */
+static ssize_t recv_into(struct evbuffer *in, int fd, size_t want, size_t guess)
 {
-	struct evbuffer_iovec v[4];
+	struct evbuffer_iovec v[5];
 	struct msghdr mh;
-	size_t left = want, got;
-	int nv;
+	size_t left = want, got, over = 0;
+	int nv, nr;
 	ssize_t rc;
 
 	/* A socket bufferevent keeps its input's end frozen except while it reads itself. */
 	evbuffer_unfreeze(in, 0);
-	nv = evbuffer_reserve_space(in, (ev_ssize_t)want, v, 4);
-	if (nv <= 0) {
+	nr = evbuffer_reserve_space(in, (ev_ssize_t)(guess < want ? guess : want), v, 4);
+	if (nr <= 0) {
 		evbuffer_freeze(in, 0);
 		errno = ENOMEM;
 		return -1;
 	}
-	/* reserve_space may offer more than asked for: read no more than want */
-	for (int i = 0; i < nv; i++) {
+	for (int i = 0; i < nr; i++) {
 		if (v[i].iov_len > left)
 			v[i].iov_len = left;
 		left -= v[i].iov_len;
+	}
+	nv = nr;
+	if (left) {
+		v[nv].iov_base = spill;
+		v[nv].iov_len = left < sizeof(spill) ? left : sizeof(spill);
+		nv++;
 	}
 	memset(&mh, 0, sizeof(mh));
 	mh.msg_iov = (struct iovec *)v;
@@ -394,14 +406,20 @@ static ssize_t recv_into(struct evbuffer *in, int fd, size_t want)
 		return rc;
 	}
 	got = (size_t)rc;
-	for (int i = 0; i < nv; i++) {
+	for (int i = 0; i < nr; i++) {
 		if (v[i].iov_len > got)
 			v[i].iov_len = got;
 		got -= v[i].iov_len;
 	}
-	while (nv > 0 && v[nv - 1].iov_len == 0)
-		nv--;
-	evbuffer_commit_space(in, v, nv);
+	over = got; /* what went past the reservation, into spill */
+	while (nr > 0 && v[nr - 1].iov_len == 0)
+		nr--;
+	evbuffer_commit_space(in, v, nr);
+	if (over && evbuffer_add(in, spill, over) != 0) {
+		evbuffer_freeze(in, 0);
+		errno = ENOMEM;
+		return -1;
+	}
 	evbuffer_freeze(in, 0);
 	return rc;
 }
@@ -420,9 +438,18 @@ static void read_ready(evutil_socket_t fd, short what, void *arg)
 	}
 	if (want < READ_MIN)
 		want = READ_MIN;
-	recv_size(fd, &want); /* nothing queued: the recvmsg tells EOF from an error */
-	rc = recv_into(in, fd, want);
+	rc = recv_into(in, fd, want, f->guess);
 	if (rc > 0) {
+		/*
+		 * Up at once with a larger read; down by half only when the socket had less than asked
+		 * (a read cut at want, such as the proxy's 4 KiB peeks, says nothing of what waits).
+		 */
+		if ((size_t)rc >= want)
+			f->guess = (size_t)rc > f->guess ? (size_t)rc : f->guess;
+		else
+			f->guess = (size_t)rc > f->guess / 2 ? (size_t)rc : f->guess / 2;
+		if (f->guess < READ_GUESS_MIN)
+			f->guess = READ_GUESS_MIN;
 		call_data(f, f->readcb);
 		return;
 	}
@@ -490,6 +517,7 @@ struct bufferevent *km_net_bev_plain_new(struct event_base *base, int fd, int op
 	if (f) {
 		f->bev = bev;
 		f->read_max = READ_DEFAULT;
+		f->guess = READ_MIN;
 		f->pipe[0] = f->pipe[1] = -1;
 		f->flush = event_new(base, -1, 0, flush_cb, f);
 		f->out_cb = evbuffer_add_cb(bufferevent_get_output(bev), out_changed, f);
@@ -623,4 +651,58 @@ int km_net_bev_splice(struct bufferevent *src, struct bufferevent *dst, size_t n
 	s->sp_arg = arg;
 	event_active(s->rd, EV_READ, 1); /* the range starts from the loop, never inside the caller */
 	return 0;
+}
+
+/* ---- moving bytes between buffers without copying them ---- */
+
+/* A chain shared by what moves and what stays is referenced from this many bytes on (less is copied). */
+#define MOVE_REF_MIN 2048
+/* Nor when the source holds more chains than this: each would get a reference chain of its own. */
+#define MOVE_REF_CHAINS 4
+
+static void unpin(const void *data, size_t len, void *arg)
+{
+	(void)data;
+	(void)len;
+	evbuffer_free(arg);
+}
+
+/*
+ * libevent's evbuffer_remove_buffer moves whole chains but copies the part of a chain it takes
+ * only partly, which is most of a request whose read also brought the start of the next one. Here
+ * that part is referenced instead: a buffer of ours takes a reference to src's chains (libevent
+ * keeps a referenced chain's memory and makes it immutable until the last reference goes), and
+ * dst gets the part as a reference whose release frees that buffer.
+ */
+void km_net_move(struct evbuffer *src, struct evbuffer *dst, size_t n)
+{
+	struct evbuffer_iovec v[MOVE_REF_CHAINS];
+	struct evbuffer *pin;
+	size_t sum = 0, part;
+	int nv = evbuffer_peek(src, (ev_ssize_t)n, NULL, v, MOVE_REF_CHAINS);
+
+	/* (peek with a length counts every chain up to it; with -1 it would stop at the array's end) */
+	if (nv <= 0 || nv > MOVE_REF_CHAINS ||
+	    evbuffer_peek(src, (ev_ssize_t)evbuffer_get_length(src), NULL, NULL, 0) > MOVE_REF_CHAINS)
+		goto copy;
+	for (int i = 0; i < nv; i++)
+		sum += v[i].iov_len;
+	if (sum <= n)
+		goto copy; /* n ends with a chain: nothing is copied */
+	part = v[nv - 1].iov_len - (sum - n);
+	if (part < MOVE_REF_MIN)
+		goto copy;
+	if (!(pin = evbuffer_new()))
+		goto copy;
+	evbuffer_remove_buffer(src, dst, n - part); /* the whole chains before it */
+	if (evbuffer_add_buffer_reference(pin, src) != 0 || evbuffer_get_length(pin) != evbuffer_get_length(src) ||
+	    evbuffer_add_reference(dst, v[nv - 1].iov_base, part, unpin, pin) != 0) {
+		evbuffer_free(pin);
+		n = part;
+		goto copy;
+	}
+	evbuffer_drain(src, part);
+	return;
+copy:
+	evbuffer_remove_buffer(src, dst, n);
 }

@@ -104,6 +104,24 @@ int km_net_response_header(struct evbuffer *in, int32_t size, int hdr_version, i
 
 /* ---- evbuffer cursor ---- */
 
+/*
+ * Fields inside the chain the cursor is in are read from it in place; libevent's pointer moves
+ * (and copyout gathers) only when a read or skip leaves that chain. Each evbuffer_copyout_from
+ * and evbuffer_ptr_set costs about a hundred instructions: per field, that was most of a Produce
+ * answer's walk.
+ */
+static void evrd_load(km_evrd *r)
+{
+	struct evbuffer_iovec v;
+
+	r->seg = NULL;
+	r->seg_pos = r->seg_end = r->pos;
+	if (r->err || r->pos >= r->end || evbuffer_peek(r->buf, 1, &r->ptr, &v, 1) < 1)
+		return;
+	r->seg = v.iov_base;
+	r->seg_end = r->pos + (v.iov_len < r->end - r->pos ? v.iov_len : r->end - r->pos);
+}
+
 void km_evrd_init(km_evrd *r, struct evbuffer *buf, size_t start, size_t end)
 {
 	memset(r, 0, sizeof(*r));
@@ -113,6 +131,7 @@ void km_evrd_init(km_evrd *r, struct evbuffer *buf, size_t start, size_t end)
 	if (end > evbuffer_get_length(buf) || start > end ||
 	    evbuffer_ptr_set(buf, &r->ptr, start, EVBUFFER_PTR_SET) != 0)
 		r->err = KM_ERR_DECODE;
+	evrd_load(r);
 }
 
 void km_evrd_init_at(km_evrd *r, struct evbuffer *buf, const struct evbuffer_ptr *ptr, size_t at, size_t start,
@@ -126,23 +145,32 @@ void km_evrd_init_at(km_evrd *r, struct evbuffer *buf, const struct evbuffer_ptr
 	if (end > evbuffer_get_length(buf) || start > end || start < at ||
 	    (start > at && evbuffer_ptr_set(buf, &r->ptr, start - at, EVBUFFER_PTR_ADD) != 0))
 		r->err = KM_ERR_DECODE;
+	evrd_load(r);
 }
 
 bool km_evrd_skip(km_evrd *r, size_t n)
 {
+	size_t to;
+
 	if (r->err)
 		return false;
 	if (r->end - r->pos < n) {
 		r->err = KM_ERR_DECODE;
 		return false;
 	}
-	r->pos += n;
-	/* An evbuffer_ptr may not point past the end; at the very end, leave it unused. */
-	if (n && r->pos < evbuffer_get_length(r->buf) &&
-	    evbuffer_ptr_set(r->buf, &r->ptr, n, EVBUFFER_PTR_ADD) != 0) {
+	to = r->pos + n;
+	if (to < r->seg_end) {
+		r->pos = to;
+		return true;
+	}
+	/* Out of the chain: the pointer catches up. It may not point past the end; at the very end, leave it unused. */
+	if (to > r->seg_pos && to < evbuffer_get_length(r->buf) &&
+	    evbuffer_ptr_set(r->buf, &r->ptr, to - r->seg_pos, EVBUFFER_PTR_ADD) != 0) {
 		r->err = KM_ERR_DECODE;
 		return false;
 	}
+	r->pos = to;
+	evrd_load(r);
 	return true;
 }
 
@@ -154,7 +182,19 @@ bool km_evrd_raw(km_evrd *r, void *out, size_t n)
 		r->err = KM_ERR_DECODE;
 		return false;
 	}
-	if (n && evbuffer_copyout_from(r->buf, &r->ptr, out, n) != (ev_ssize_t)n) {
+	if (r->pos + n <= r->seg_end) {
+		if (n)
+			memcpy(out, r->seg + (r->pos - r->seg_pos), n);
+		return km_evrd_skip(r, n);
+	}
+	/* Across chains: the pointer to pos first, then libevent gathers the bytes. */
+	if (r->pos > r->seg_pos && evbuffer_ptr_set(r->buf, &r->ptr, r->pos - r->seg_pos, EVBUFFER_PTR_ADD) != 0) {
+		r->err = KM_ERR_DECODE;
+		return false;
+	}
+	r->seg = NULL;
+	r->seg_pos = r->seg_end = r->pos;
+	if (evbuffer_copyout_from(r->buf, &r->ptr, out, n) != (ev_ssize_t)n) {
 		r->err = KM_ERR_DECODE;
 		return false;
 	}

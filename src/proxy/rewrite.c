@@ -582,67 +582,112 @@ km_err km_rewrite_share_acknowledge(const uint8_t *body, size_t len, int16_t ver
 
 /* ---- Produce / Fetch: find the top-level tagged fields without touching record data ---- */
 
-static bool skip_n(km_evrd *r, size_t n)
-{
-	return km_evrd_skip(r, n);
-}
+/*
+ * A Produce answer is walked where it lies, pulled up into one piece: answers are small, and both
+ * callers pull the frame up next anyway. Walking it through km_evrd cost a few thousand
+ * instructions an answer, a tenth of the produce path's own work.
+ */
+typedef struct {
+	const uint8_t *p;
+	size_t pos, end;
+} flat_rd;
 
-static bool array_len(km_evrd *r, uint32_t *n)
+static inline bool fl_skip(flat_rd *r, size_t n)
 {
-	uint32_t v;
-	if (!km_evrd_uvarint(r, &v))
+	if (r->end - r->pos < n)
 		return false;
-	*n = v ? v - 1 : 0; /* null (0) counts as empty */
-	/* Each element takes at least one byte: a count beyond the bytes left is corrupt. */
-	if (*n > r->end - r->pos) {
-		r->err = KM_ERR_DECODE;
-		return false;
-	}
+	r->pos += n;
 	return true;
 }
 
-static bool walk_produce(km_evrd *r, int16_t version)
+static bool fl_uvarint(flat_rd *r, uint32_t *v)
+{
+	uint32_t x = 0;
+	for (int shift = 0; shift < 35 && r->pos < r->end; shift += 7) {
+		uint8_t b = r->p[r->pos++];
+		if (shift == 28 && (b & 0xf0))
+			return false;
+		x |= (uint32_t)(b & 0x7f) << shift;
+		if (!(b & 0x80)) {
+			*v = x;
+			return true;
+		}
+	}
+	return false;
+}
+
+static bool fl_skip_compact(flat_rd *r)
+{
+	uint32_t n;
+	return fl_uvarint(r, &n) && (n == 0 || fl_skip(r, n - 1));
+}
+
+static bool fl_skip_tags(flat_rd *r)
+{
+	uint32_t n, tag, sz;
+	if (!fl_uvarint(r, &n))
+		return false;
+	for (uint32_t i = 0; i < n; i++)
+		if (!fl_uvarint(r, &tag) || !fl_uvarint(r, &sz) || !fl_skip(r, sz))
+			return false;
+	return true;
+}
+
+static bool fl_array_len(flat_rd *r, uint32_t *n)
+{
+	uint32_t v;
+	if (!fl_uvarint(r, &v))
+		return false;
+	*n = v ? v - 1 : 0; /* null (0) counts as empty */
+	/* Each element takes at least one byte: a count beyond the bytes left is corrupt. */
+	return *n <= r->end - r->pos;
+}
+
+static bool walk_produce(flat_rd *r, int16_t version)
 {
 	uint32_t topics, parts, errs;
-	if (!array_len(r, &topics))
+	if (!fl_array_len(r, &topics))
 		return false;
 	for (uint32_t t = 0; t < topics; t++) {
 		/* v13+: topic id instead of the name */
-		if (!(version >= 13 ? skip_n(r, 16) : km_evrd_skip_compact(r)) || !array_len(r, &parts))
+		if (!(version >= 13 ? fl_skip(r, 16) : fl_skip_compact(r)) || !fl_array_len(r, &parts))
 			return false;
 		for (uint32_t p = 0; p < parts; p++) {
 			/* index, error, base offset, log append time, log start offset */
-			if (!skip_n(r, 4 + 2 + 8 + 8 + 8) || !array_len(r, &errs))
+			if (!fl_skip(r, 4 + 2 + 8 + 8 + 8) || !fl_array_len(r, &errs))
 				return false;
 			for (uint32_t e = 0; e < errs; e++)
-				if (!skip_n(r, 4) || !km_evrd_skip_compact(r) || !km_evrd_skip_tags(r))
+				if (!fl_skip(r, 4) || !fl_skip_compact(r) || !fl_skip_tags(r))
 					return false;
-			if (!km_evrd_skip_compact(r) || !km_evrd_skip_tags(r))
+			if (!fl_skip_compact(r) || !fl_skip_tags(r))
 				return false;
 		}
-		if (!km_evrd_skip_tags(r))
+		if (!fl_skip_tags(r))
 			return false;
 	}
-	return skip_n(r, 4); /* throttle_time_ms */
+	return fl_skip(r, 4); /* throttle_time_ms */
 }
 
 km_err km_rewrite_produce_top_tags(struct evbuffer *buf, size_t frame_start, size_t frame_end, int16_t version,
 				   size_t *tags_off)
 {
-	km_evrd r;
-	bool ok;
+	flat_rd r;
 
-	km_evrd_init(&r, buf, frame_start + 4 + 4, frame_end); /* past size and correlation id */
-	if (!km_evrd_skip_tags(&r))                           /* response header v1 */
+	if (frame_end > evbuffer_get_length(buf) || frame_start + 8 > frame_end)
+		return KM_ERR_DECODE;
+	if (!(r.p = evbuffer_pullup(buf, (ev_ssize_t)frame_end)))
+		return KM_ERR_NOMEM;
+	r.pos = frame_start + 4 + 4; /* past size and correlation id */
+	r.end = frame_end;
+	if (!fl_skip_tags(&r)) /* response header v1 */
 		return KM_ERR_DECODE;
 	if (version < 9)
 		return KM_ERR_UNSUPPORTED; /* no tagged fields before v9 */
-	ok = walk_produce(&r, version);
-	if (!ok)
+	if (!walk_produce(&r, version))
 		return KM_ERR_DECODE;
 	*tags_off = r.pos;
 	/* The tagged fields must end exactly at the frame end, or the walk went wrong somewhere. */
-	if (!km_evrd_skip_tags(&r) || r.pos != frame_end)
+	if (!fl_skip_tags(&r) || r.pos != frame_end)
 		return KM_ERR_DECODE;
 	return KM_OK;
 }

@@ -74,8 +74,9 @@ extern const size_t km_feature_needs_count;
 void km_api_versions_unsupported_body(km_wr *out);
 
 /*
- * Produce responses (v9+): walk the frame in buf (frame_start: its size prefix) without copying,
- * and return the offset of the top-level tagged-field section. (Fetch has its walker: kmirror/fetch.h.)
+ * Produce responses (v9+): walk the frame in buf (frame_start: its size prefix), pulled up to its
+ * end (answers are small), and return the offset of the top-level tagged-field section. (Fetch has
+ * its walker, which never pulls up: kmirror/fetch.h.)
  */
 km_err km_rewrite_produce_top_tags(struct evbuffer *buf, size_t frame_start, size_t frame_end, int16_t version,
 				   size_t *tags_off);

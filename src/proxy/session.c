@@ -337,7 +337,7 @@ static void maybe_finish_drain(km_session *s)
 static void to_client(km_session *s, struct evbuffer *src, size_t n)
 {
 	s->host->metrics->client_bytes_out += n;
-	evbuffer_remove_buffer(src, bufferevent_get_output(s->cli), n);
+	km_net_move(src, bufferevent_get_output(s->cli), n);
 }
 
 static void to_client_bytes(km_session *s, const void *p, size_t n)
@@ -394,9 +394,9 @@ static void up_send(km_session *s, struct evbuffer *src, size_t n)
 {
 	s->host->metrics->upstream_bytes_out += n;
 	if (s->up_state == UP_READY)
-		evbuffer_remove_buffer(src, bufferevent_get_output(s->up), n);
+		km_net_move(src, bufferevent_get_output(s->up), n);
 	else
-		evbuffer_remove_buffer(src, s->held, n);
+		km_net_move(src, s->held, n);
 }
 
 /* RS_WHOLE: the whole frame is buffered; the row's rewriter or hook makes what the client gets. */

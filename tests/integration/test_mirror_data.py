@@ -745,6 +745,7 @@ def test_mirror_fetch_sessions(mirror_env):
     assert_segments_exact(env.source, env.dest, topic, parts)
 
 
+@main_release_only
 def test_mirror_side_fetches(mirror_env):
     """Partitions that become ready while the pipeline's main Fetch to their broker long-polls go
     at once in a side Fetch on a second connection (docs/mirror.md, "Side Fetches"): under a live
@@ -779,6 +780,7 @@ def produce_requests(env):
     return out
 
 
+@main_release_only
 def test_mirror_write_lanes(mirror_env):
     """A topic's partitions are written on several connections to the destination broker (lanes,
     docs/mirror.md): with 8 partitions on one broker every one of the 4 lanes carries Produce

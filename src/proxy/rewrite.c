@@ -36,18 +36,24 @@ static void cp_str(km_rd *r, km_wr *w, bool compact, bool nullable, const char *
 		km_wr_string(w, compact, s);
 }
 
-static void cp_tags(km_rd *r, km_wr *w)
+/* A tagged-field section, skipped. */
+static bool skip_tags(km_rd *r)
 {
-	size_t start = r->pos;
 	uint32_t n, tag, sz;
 	if (!km_rd_uvarint(r, "tags", &n))
-		return;
+		return false;
 	for (uint32_t i = 0; i < n && km_rd_ok(r); i++) {
 		km_rd_uvarint(r, "tag", &tag);
 		km_rd_uvarint(r, "tag_size", &sz);
 		km_rd_skip(r, "tag_data", sz);
 	}
-	if (km_rd_ok(r))
+	return km_rd_ok(r);
+}
+
+static void cp_tags(km_rd *r, km_wr *w)
+{
+	size_t start = r->pos;
+	if (skip_tags(r))
 		km_wr_raw(w, r->buf + start, r->pos - start);
 }
 
@@ -583,103 +589,68 @@ km_err km_rewrite_share_acknowledge(const uint8_t *body, size_t len, int16_t ver
 /* ---- Produce / Fetch: find the top-level tagged fields without touching record data ---- */
 
 /*
- * A Produce answer is walked where it lies, pulled up into one piece: answers are small, and both
- * callers pull the frame up next anyway. Walking it through km_evrd cost a few thousand
- * instructions an answer, a tenth of the produce path's own work.
+ * A Produce answer is walked where it lies, pulled up into one piece, with the codec's reader:
+ * answers are small, and both callers pull the frame up next anyway. Walking it through km_evrd
+ * cost a few thousand instructions an answer, a tenth of the produce path's own work.
  */
-typedef struct {
-	const uint8_t *p;
-	size_t pos, end;
-} flat_rd;
 
-static inline bool fl_skip(flat_rd *r, size_t n)
+/* A compact (nullable) string, skipped. */
+static bool skip_compact(km_rd *r, const char *field)
 {
-	if (r->end - r->pos < n)
+	km_str s;
+	return km_rd_string(r, field, true, true, &s);
+}
+
+/* A compact array's length: null counts as empty; a count beyond the bytes left is corrupt (each element takes one at least). */
+static bool array_len(km_rd *r, const char *field, uint32_t *n)
+{
+	int32_t v;
+	if (!km_rd_array_len(r, field, true, true, 1, &v))
 		return false;
-	r->pos += n;
+	*n = v > 0 ? (uint32_t)v : 0;
 	return true;
 }
 
-static bool fl_uvarint(flat_rd *r, uint32_t *v)
-{
-	uint32_t x = 0;
-	for (int shift = 0; shift < 35 && r->pos < r->end; shift += 7) {
-		uint8_t b = r->p[r->pos++];
-		if (shift == 28 && (b & 0xf0))
-			return false;
-		x |= (uint32_t)(b & 0x7f) << shift;
-		if (!(b & 0x80)) {
-			*v = x;
-			return true;
-		}
-	}
-	return false;
-}
-
-static bool fl_skip_compact(flat_rd *r)
-{
-	uint32_t n;
-	return fl_uvarint(r, &n) && (n == 0 || fl_skip(r, n - 1));
-}
-
-static bool fl_skip_tags(flat_rd *r)
-{
-	uint32_t n, tag, sz;
-	if (!fl_uvarint(r, &n))
-		return false;
-	for (uint32_t i = 0; i < n; i++)
-		if (!fl_uvarint(r, &tag) || !fl_uvarint(r, &sz) || !fl_skip(r, sz))
-			return false;
-	return true;
-}
-
-static bool fl_array_len(flat_rd *r, uint32_t *n)
-{
-	uint32_t v;
-	if (!fl_uvarint(r, &v))
-		return false;
-	*n = v ? v - 1 : 0; /* null (0) counts as empty */
-	/* Each element takes at least one byte: a count beyond the bytes left is corrupt. */
-	return *n <= r->end - r->pos;
-}
-
-static bool walk_produce(flat_rd *r, int16_t version)
+static bool walk_produce(km_rd *r, int16_t version)
 {
 	uint32_t topics, parts, errs;
-	if (!fl_array_len(r, &topics))
+	if (!array_len(r, "topics", &topics))
 		return false;
 	for (uint32_t t = 0; t < topics; t++) {
 		/* v13+: topic id instead of the name */
-		if (!(version >= 13 ? fl_skip(r, 16) : fl_skip_compact(r)) || !fl_array_len(r, &parts))
+		if (!(version >= 13 ? km_rd_skip(r, "topic_id", 16) : skip_compact(r, "name")) ||
+		    !array_len(r, "partitions", &parts))
 			return false;
 		for (uint32_t p = 0; p < parts; p++) {
 			/* index, error, base offset, log append time, log start offset */
-			if (!fl_skip(r, 4 + 2 + 8 + 8 + 8) || !fl_array_len(r, &errs))
+			if (!km_rd_skip(r, "partition", 4 + 2 + 8 + 8 + 8) || !array_len(r, "record_errors", &errs))
 				return false;
 			for (uint32_t e = 0; e < errs; e++)
-				if (!fl_skip(r, 4) || !fl_skip_compact(r) || !fl_skip_tags(r))
+				if (!km_rd_skip(r, "batch_index", 4) || !skip_compact(r, "batch_index_error_message") ||
+				    !skip_tags(r))
 					return false;
-			if (!fl_skip_compact(r) || !fl_skip_tags(r))
+			if (!skip_compact(r, "error_message") || !skip_tags(r))
 				return false;
 		}
-		if (!fl_skip_tags(r))
+		if (!skip_tags(r))
 			return false;
 	}
-	return fl_skip(r, 4); /* throttle_time_ms */
+	return km_rd_skip(r, "throttle_time_ms", 4);
 }
 
 km_err km_rewrite_produce_top_tags(struct evbuffer *buf, size_t frame_start, size_t frame_end, int16_t version,
 				   size_t *tags_off)
 {
-	flat_rd r;
+	const uint8_t *p;
+	km_rd r;
 
 	if (frame_end > evbuffer_get_length(buf) || frame_start + 8 > frame_end)
 		return KM_ERR_DECODE;
-	if (!(r.p = evbuffer_pullup(buf, (ev_ssize_t)frame_end)))
+	if (!(p = evbuffer_pullup(buf, (ev_ssize_t)frame_end)))
 		return KM_ERR_NOMEM;
+	km_rd_init(&r, p, frame_end);
 	r.pos = frame_start + 4 + 4; /* past size and correlation id */
-	r.end = frame_end;
-	if (!fl_skip_tags(&r)) /* response header v1 */
+	if (!skip_tags(&r)) /* response header v1 */
 		return KM_ERR_DECODE;
 	if (version < 9)
 		return KM_ERR_UNSUPPORTED; /* no tagged fields before v9 */
@@ -687,7 +658,7 @@ km_err km_rewrite_produce_top_tags(struct evbuffer *buf, size_t frame_start, siz
 		return KM_ERR_DECODE;
 	*tags_off = r.pos;
 	/* The tagged fields must end exactly at the frame end, or the walk went wrong somewhere. */
-	if (!fl_skip_tags(&r) || r.pos != frame_end)
+	if (!skip_tags(&r) || r.pos != frame_end)
 		return KM_ERR_DECODE;
 	return KM_OK;
 }

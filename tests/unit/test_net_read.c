@@ -17,6 +17,7 @@
 #include <event2/event.h>
 
 #include "kmirror/net.h"
+#include "unit_tcp.h"
 
 /* ---- libevent's allocations, counted: what its buffers hold, capacity and not bytes ---- */
 
@@ -56,26 +57,6 @@ static void *mm_realloc(void *p, size_t n)
 	live_bytes = live_bytes - old + n;
 	g->n = n;
 	return g + 1;
-}
-
-/* A connected loopback TCP pair: fds[0] the connecting side, fds[1] the accepted one; both non-blocking. */
-static void tcp_pair(int fds[2])
-{
-	struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-	socklen_t sl = sizeof(sa);
-	int l = socket(AF_INET, SOCK_STREAM, 0);
-
-	assert_true(l >= 0);
-	assert_int_equal(bind(l, (struct sockaddr *)&sa, sizeof(sa)), 0);
-	assert_int_equal(listen(l, 1), 0);
-	assert_int_equal(getsockname(l, (struct sockaddr *)&sa, &sl), 0);
-	fds[0] = socket(AF_INET, SOCK_STREAM, 0);
-	assert_int_equal(connect(fds[0], (struct sockaddr *)&sa, sizeof(sa)), 0);
-	fds[1] = accept(l, NULL, NULL);
-	assert_true(fds[1] >= 0);
-	close(l);
-	for (int i = 0; i < 2; i++)
-		assert_int_equal(fcntl(fds[i], F_SETFL, fcntl(fds[i], F_GETFL) | O_NONBLOCK), 0);
 }
 
 /* The byte at position i of the stream the peer writes. */

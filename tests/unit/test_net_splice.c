@@ -21,26 +21,7 @@
 #include <event2/event.h>
 
 #include "kmirror/net.h"
-
-/* A connected loopback TCP pair: fds[0] the connecting side, fds[1] the accepted one; both non-blocking. */
-static void tcp_pair(int fds[2])
-{
-	struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-	socklen_t sl = sizeof(sa);
-	int l = socket(AF_INET, SOCK_STREAM, 0);
-
-	assert_true(l >= 0);
-	assert_int_equal(bind(l, (struct sockaddr *)&sa, sizeof(sa)), 0);
-	assert_int_equal(listen(l, 1), 0);
-	assert_int_equal(getsockname(l, (struct sockaddr *)&sa, &sl), 0);
-	fds[0] = socket(AF_INET, SOCK_STREAM, 0);
-	assert_int_equal(connect(fds[0], (struct sockaddr *)&sa, sizeof(sa)), 0);
-	fds[1] = accept(l, NULL, NULL);
-	assert_true(fds[1] >= 0);
-	close(l);
-	for (int i = 0; i < 2; i++)
-		assert_int_equal(fcntl(fds[i], F_SETFL, fcntl(fds[i], F_GETFL) | O_NONBLOCK), 0);
-}
+#include "unit_tcp.h"
 
 static int open_fds(void)
 {

@@ -105,5 +105,16 @@ int64_t km_offmap_to_logical(const km_offmap *m, int64_t physical);
  * first run's prev_logical_end, when set); otherwise as km_offmap_to_logical.
  */
 int64_t km_offmap_next_to_logical(const km_offmap *m, int64_t physical);
+/*
+ * Physical end offset of a leader epoch (OffsetForLeaderEpoch's EndOffset, a Fetch's
+ * DivergingEpoch.EndOffset) -> logical: a bound a client compares its position with, taking a
+ * position past it for a truncated log. At or before the physical tail (or with no tail), as
+ * km_offmap_next_to_logical. Past the tail the records are there all the same, and a client may
+ * have read them (through the kmirrord that runs the partition, whose tail is ahead of the
+ * persisted progress here, or through this one before a restart): translated by a run that
+ * starts at or past the tail (persisted ahead of its batch), else as the mirror's next records
+ * from the logical tail on; never below the logical tail. Negative input: -1.
+ */
+int64_t km_offmap_end_to_logical(const km_offmap *m, int64_t physical);
 
 #endif

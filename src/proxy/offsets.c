@@ -69,6 +69,12 @@ static int64_t next_to_logical(const km_offmap *m, int64_t p)
 	return p < 0 ? p : km_offmap_next_to_logical(m, p);
 }
 
+/* An epoch's end offset, a bound the client checks its position against: never below what it may have read. */
+static int64_t end_to_logical(const km_offmap *m, int64_t p)
+{
+	return p < 0 ? p : km_offmap_end_to_logical(m, p);
+}
+
 static int64_t to_physical(const km_offmap *m, int64_t l);
 
 /*
@@ -434,7 +440,7 @@ static void leader_epoch_response(km_off_req *c, km_offset_for_leader_epoch_resp
 			const km_offmap *m = map_of(c, topic, p->partition);
 			if (!m)
 				continue;
-			p->end_offset = next_to_logical(m, p->end_offset);
+			p->end_offset = end_to_logical(m, p->end_offset);
 			*changed = true;
 		}
 	}
@@ -651,7 +657,7 @@ static km_err diverging_epoch(const km_fetch_walk *w, struct evbuffer *in, size_
 		return KM_ERR_DECODE;
 	if (r.pos + 12 > n)
 		return out;
-	return patch64(in, first, at + r.pos + 4, next_to_logical(m, (int64_t)km_be64(buf + r.pos + 4)));
+	return patch64(in, first, at + r.pos + 4, end_to_logical(m, (int64_t)km_be64(buf + r.pos + 4)));
 }
 
 /* Writes v as an unsigned varint of exactly width bytes (non-minimal when v needs fewer); false if it needs more. */

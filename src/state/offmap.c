@@ -203,3 +203,28 @@ int64_t km_offmap_next_to_logical(const km_offmap *m, int64_t physical)
 		return m->runs[0].prev_logical_end;
 	return km_offmap_to_logical(m, physical);
 }
+
+int64_t km_offmap_end_to_logical(const km_offmap *m, int64_t physical)
+{
+	km_offmap open;
+	size_t at;
+	int64_t l;
+
+	if (physical < 0)
+		return -1;
+	if (!tail_set(m) || physical <= m->tail_physical)
+		return km_offmap_next_to_logical(m, physical);
+	at = upper_physical(m, physical);
+	if (at > 0 && m->runs[at - 1].physical >= m->tail_physical) {
+		/* A run persisted ahead of its batch says where its records are: the runs, not ended at the tail. */
+		open = *m;
+		open.tail_physical = open.tail_logical = -1;
+		l = km_offmap_to_logical(&open, physical);
+	} else {
+		/* The next records land at the physical tail with the logical tail's offset, and on from there. */
+		l = physical - m->tail_physical > INT64_MAX - m->tail_logical
+			    ? INT64_MAX
+			    : m->tail_logical + (physical - m->tail_physical);
+	}
+	return l > m->tail_logical ? l : m->tail_logical;
+}

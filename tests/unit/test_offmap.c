@@ -184,6 +184,50 @@ static void test_tail(void **state)
 	km_offmap_free(&m);
 }
 
+/*
+ * The end of a leader epoch past the tail (a follower's tail is the persisted progress, behind what
+ * the kmirrord running the partition served): the records there are translated, never the tail's
+ * offset, so that a client that read past the tail elsewhere is not told its log was truncated.
+ */
+static void test_epoch_end(void **state)
+{
+	km_offmap m;
+	(void)state;
+	km_offmap_init(&m);
+	add(&m, 0, 100, -1);
+	m.tail_physical = 150;
+	m.tail_logical = 50;
+	assert_int_equal(km_offmap_end_to_logical(&m, 120), 20); /* before the tail: as next_to_logical */
+	assert_int_equal(km_offmap_end_to_logical(&m, 150), 50);
+	assert_int_equal(km_offmap_next_to_logical(&m, 180), 50); /* the high watermark stops at the tail */
+	assert_int_equal(km_offmap_end_to_logical(&m, 180), 80);  /* the epoch's end does not */
+	assert_int_equal(km_offmap_end_to_logical(&m, -1), -1);
+	assert_int_equal(km_offmap_end_to_logical(&m, 50), 0); /* before every run: where mirroring began */
+	/* The partition ends in a hole (logical [50, 55) a commit marker): the next records from 55 on. */
+	m.tail_logical = 55;
+	assert_int_equal(km_offmap_end_to_logical(&m, 180), 85);
+	/* A run persisted ahead of its batch at the tail (after a hole up to 70): it says where its records are. */
+	add(&m, 70, 150, 50);
+	assert_int_equal(km_offmap_end_to_logical(&m, 180), 100);
+	/* And one past the tail, after hidden records at physical [190, 200). */
+	add(&m, 200, 200, 110);
+	assert_int_equal(km_offmap_end_to_logical(&m, 195), 200);
+	assert_int_equal(km_offmap_end_to_logical(&m, 230), 230);
+	/* No tail (the pipeline reconciling, a stopped topic): the runs as always. */
+	m.tail_physical = m.tail_logical = -1;
+	assert_int_equal(km_offmap_end_to_logical(&m, 230), km_offmap_next_to_logical(&m, 230));
+	km_offmap_free(&m);
+	/* Nothing mirrored yet, a pipeline at the tail: past it, from the logical tail on. */
+	km_offmap_init(&m);
+	m.tail_physical = 10;
+	m.tail_logical = 40;
+	assert_int_equal(km_offmap_end_to_logical(&m, 10), 40);
+	assert_int_equal(km_offmap_end_to_logical(&m, 12), 42);
+	m.tail_logical = INT64_MAX - 1;
+	assert_int_equal(km_offmap_end_to_logical(&m, 20), INT64_MAX);
+	km_offmap_free(&m);
+}
+
 static void test_replace_remove(void **state)
 {
 	km_offmap m;
@@ -374,7 +418,7 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_one_open_run), cmocka_unit_test(test_holes),
-		cmocka_unit_test(test_hidden),       cmocka_unit_test(test_tail),
+		cmocka_unit_test(test_hidden),       cmocka_unit_test(test_tail), cmocka_unit_test(test_epoch_end),
 		cmocka_unit_test(test_replace_remove), cmocka_unit_test(test_random_order),
 		cmocka_unit_test(test_many_runs),    cmocka_unit_test(test_negative),
 		cmocka_unit_test(test_leading_hole),   cmocka_unit_test(test_top_of_range),

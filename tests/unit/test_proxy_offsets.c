@@ -909,14 +909,14 @@ static void test_offset_for_leader_epoch(void **state)
 		int16_t v = vs[k];
 		km_offset_for_leader_epoch_response rs, got;
 		km_offset_for_leader_epoch_response_offset_for_leader_topic_result t[2];
-		km_offset_for_leader_epoch_response_epoch_end_offset p[3];
+		km_offset_for_leader_epoch_response_epoch_end_offset p[4];
 		km_off_req *c = ctx_for(KM_API_OFFSET_FOR_LEADER_EPOCH, v);
 		km_wr w, out;
 		bool changed;
 		km_arena a;
 		km_rd r;
 		km_offset_for_leader_epoch_response_init(&rs);
-		for (int i = 0; i < 3; i++) {
+		for (int i = 0; i < 4; i++) {
 			km_offset_for_leader_epoch_response_epoch_end_offset_init(&p[i]);
 			p[i].leader_epoch = 3;
 		}
@@ -925,15 +925,17 @@ static void test_offset_for_leader_epoch(void **state)
 		p[1].partition = 2;
 		p[1].end_offset = 140; /* the end of the first run: hidden, the next run's start */
 		p[2].partition = 0;
-		p[2].end_offset = 140;
+		p[2].end_offset = 320; /* past the tail: what is there (a follower's tail is behind), not the tail */
+		p[3].partition = 0;
+		p[3].end_offset = 140;
 		for (int i = 0; i < 2; i++)
 			km_offset_for_leader_epoch_response_offset_for_leader_topic_result_init(&t[i]);
 		t[0].topic = km_str_c("m");
-		t[0].partitions.count = 2;
+		t[0].partitions.count = 3;
 		t[0].partitions.items = p;
 		t[1].topic = km_str_c("plain");
 		t[1].partitions.count = 1;
-		t[1].partitions.items = &p[2];
+		t[1].partitions.items = &p[3];
 		rs.topics.count = 2;
 		rs.topics.items = t;
 		km_wr_init(&w);
@@ -947,6 +949,7 @@ static void test_offset_for_leader_epoch(void **state)
 		assert_int_equal(km_offset_for_leader_epoch_response_decode(&r, v, &got, &a), KM_OK);
 		assert_int_equal(got.topics.items[0].partitions.items[0].end_offset, 160);
 		assert_int_equal(got.topics.items[0].partitions.items[1].end_offset, 50);
+		assert_int_equal(got.topics.items[0].partitions.items[2].end_offset, 180);
 		assert_int_equal(got.topics.items[1].partitions.items[0].end_offset, 140);
 		km_arena_free(&a);
 		/* Only plain: not changed, nothing written. */

@@ -441,8 +441,11 @@ static void after_lso(km_pipeline *pl, mpart *p, int64_t end, int64_t lso)
 			if (ph >= 0 && ph < from)
 				from = ph;
 		}
-		if (from < end && from > 0) {
-			/* Where the hidden range starts is settled first (aborted_probe). */
+		if (from <= end && from > 0) {
+			/*
+			 * Where the hidden range starts is settled first (aborted_probe), even at the log's
+			 * end: an ABORT marker there may stand for no source offset.
+			 */
 			p->recon.hide = from;
 			km_pl_set_phase(p, PH_RECON_ABORTED, "the hidden range is settled first");
 			if (!aborted_probe(pl, p)) {
@@ -533,21 +536,36 @@ static void on_aborted(km_net_client *c, const km_rpc_response *res, void *arg)
 			at = p->recon.hide;
 		} else if (one && !r->responses.items[0].partitions.items[0].error_code) {
 			const km_fetch_response_partition_data *pd = &r->responses.items[0].partitions.items[0];
-			int64_t ended = -1; /* the producer whose abort marker is the batch at H - 1 */
+			int64_t ended = -1; /* the producer whose marker is the batch at H - 1 */
+			bool abort = false, listed = false;
 			km_batch_iter it;
 			km_batch b;
+			km_control ctl;
 			km_batch_iter_init(&it, pd->records.p, pd->records.len > 0 ? (size_t)pd->records.len : 0);
 			while (km_batch_next(&it, &b))
 				if (b.base_offset <= p->recon.hide - 1 && p->recon.hide - 1 <= b.base_offset + b.last_offset_delta &&
-				    b.control)
+				    b.control) {
 					ended = b.producer_id;
+					abort = km_batch_control(&b, NULL, 0, &ctl) == KM_OK && ctl.type == KM_CONTROL_ABORT;
+				}
 			ok = true;
 			at = p->recon.hide;
 			for (int32_t i = 0; i < pd->aborted_transactions.count; i++) {
 				const km_fetch_response_aborted_transaction *ab = &pd->aborted_transactions.items[i];
+				listed |= ab->producer_id == ended;
 				if (ab->first_offset >= 0 && ab->first_offset < at && ab->producer_id != ended)
 					at = ab->first_offset;
 			}
+			/*
+			 * An ABORT marker at H - 1 that no aborted transaction names ended a transaction that
+			 * wrote nothing here (the broker indexes only those with records): one of the mirror's,
+			 * fenced or timed out after it added the partition and before its first batch landed.
+			 * The mirror planned no marker there (it plans one only after its transaction's
+			 * records), so it stands for no source offset: hidden with what follows, or the resume
+			 * point would be one past the logical tail.
+			 */
+			if (abort && !listed && p->recon.hide - 1 < at)
+				at = p->recon.hide - 1;
 		}
 	} else {
 		km_cluster_drop(pl->dst, c);

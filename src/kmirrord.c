@@ -279,6 +279,17 @@ static void state_ready(void *arg)
 }
 
 /*
+ * The store read __mirror_state back again after a failed write: the proxy's requests that came
+ * in meanwhile waited for it (unread) and go on now. The mirror learnt what changed from
+ * on_partition.
+ */
+static void state_reread(void *arg)
+{
+	upstream_gen *g = arg;
+	km_proxy_state_ready(g->d->proxy, g->state);
+}
+
+/*
  * The store cannot use the state topic (not compacted) and has stopped. A swap's store fails the
  * swap: the daemon keeps fronting the upstream it has. The served upstream's store stops the
  * daemon, after a drain: the proxy would otherwise go on without mirror state (every mirror RPC
@@ -366,6 +377,7 @@ static upstream_gen *gen_new(daemon_ctx *d, const km_config *cfg, bool swap, cha
 	o.tls = g->tls;
 	o.metrics = g->metrics;
 	o.on_ready = state_ready;
+	o.on_reread = state_reread;
 	o.on_partition = state_partition;
 	o.on_fatal = state_fatal;
 	o.arg = g;

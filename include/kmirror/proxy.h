@@ -111,8 +111,9 @@ void km_proxy_free(km_proxy *px);
  */
 void km_proxy_set_state(km_proxy *px, km_state *st);
 /*
- * The store st has loaded (its on_ready): requests that read the mirror state (Produce, Fetch,
- * ListOffsets, ...) have waited for it, unread, and go on now; /readyz and /healthz say ready.
+ * The store st has loaded (its on_ready), or read the state back again after a failed write (its
+ * on_reread): requests that read the mirror state (Produce, Fetch, ListOffsets, ...) have waited
+ * for it, unread, and go on now; /readyz and /healthz say ready.
  */
 void km_proxy_state_ready(km_proxy *px, const km_state *st);
 /*

@@ -79,6 +79,13 @@ typedef struct km_state_opts {
 	/* Called once when the state has been read back fully (err KM_OK), or could not be (retrying). */
 	void (*on_ready)(void *arg);
 	/*
+	 * Called each time a reread (after a failed write) has read the state back: the store is
+	 * ready again (km_state_ready went false for the reread). on_partition has been told what the
+	 * reread changed by then. Whatever waits for the store to be ready must go on here: on_ready
+	 * is not called again.
+	 */
+	void (*on_reread)(void *arg);
+	/*
 	 * Called once when the state topic cannot be used at all, with a message for the operator (it
 	 * exists but is not compacted: docs/state.md, "The state topic's policy"). The store has stopped
 	 * for good then: it is not ready, reads nothing more, and refuses every mutation with that

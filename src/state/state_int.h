@@ -271,6 +271,7 @@ struct km_state {
 	uint64_t model_epoch;                /* km_state_model_epoch */
 	struct timeval write_start;          /* of the head mutation's write */
 	void (*on_ready)(void *arg);
+	void (*on_reread)(void *arg);
 	bool (*may_write)(void *arg, const char *mirror); /* km_state_owner_check */
 	void *may_write_arg;
 	void (*on_partition)(void *arg, const char *mirror, const char *topic, int32_t partition, km_mp_state from,

@@ -1537,6 +1537,7 @@ static void take_model(km_state *st, km_state_model *model, const char *how)
 void km_state_loaded(km_state *st, km_state_model *model)
 {
 	size_t topics = 0;
+	bool again;
 
 	if (st->fatal[0]) {
 		/* Stopped for good: what was read is not served. */
@@ -1548,9 +1549,13 @@ void km_state_loaded(km_state *st, km_state_model *model)
 		topics += model->mirrors[i]->ntopics;
 	KM_INFO(COMP, 0, "state loaded from %s: %zu mirrors, %zu topics", st->cfg.mirror_state_topic, model->nmirrors,
 		topics);
+	again = st->ready_fired;
 	st->ready = true;
 	st->ctr.ready = 1;
 	take_model(st, model, "read back");
+	/* Not ready since the failed write: what waited for the store goes on (on_ready fired at start). */
+	if (again && st->on_reread)
+		st->on_reread(st->arg);
 }
 
 void km_state_followed(km_state *st, km_state_model *model, double delay_s)
@@ -1588,6 +1593,7 @@ km_state *km_state_new(const km_state_opts *opts, char *err, size_t errlen)
 	st->tls = opts->tls;
 	st->metrics = opts->metrics;
 	st->on_ready = opts->on_ready;
+	st->on_reread = opts->on_reread;
 	st->on_partition = opts->on_partition;
 	st->on_fatal = opts->on_fatal;
 	st->arg = opts->arg;

@@ -5,15 +5,17 @@ exactly when the source comes back. Before: about 50,000 connection attempts a s
 line each (83.5 MB of log in 15 s), and sockets connected to themselves on the broker's port,
 which kept the restarted broker from binding it."""
 import re
+import threading
 import time
 
 import pytest
 
-from confluent_kafka import Producer
+from confluent_kafka import Consumer, Producer, TopicPartition
 
 from harness import KafkaCluster
 from mirror_cli import Cli, kmirror_bin, wait_states  # noqa: F401
-from mirror_data import compare_topic, main_release_only, produce_records, read_partition, watermarks
+from mirror_data import (BackgroundProducer, compare_topic, main_release_only, produce_records, read_partition,
+                         watermarks)
 from proxy_fixtures import *  # noqa: F401,F403
 from proxy_fixtures import Proxy, wait_until
 from test_mirror_data import _mirror_env, _teardown, unique
@@ -198,3 +200,95 @@ def test_a_destination_that_is_down_is_not_hammered(outage):
     assert fetches <= DOWN_S * 60, fetches
     env.caught_up(topic, 2, timeout=180)
     assert compare_topic(env.pb, env.sb, topic, 2)[0] == 150
+
+
+class LiveReader:
+    """A consumer reading topic from its start for as long as the test runs, as an application
+    would (librdkafka, read_committed, no commits): the offsets it read per partition, and when it
+    last read one."""
+
+    def __init__(self, bootstrap, topic, partitions):
+        self.topic = topic
+        self.c = Consumer({"bootstrap.servers": bootstrap, "group.id": unique("live"),
+                           "enable.auto.commit": False, "auto.offset.reset": "earliest",
+                           "isolation.level": "read_committed", "fetch.wait.max.ms": 200,
+                           "reconnect.backoff.max.ms": 1000})
+        self.c.assign([TopicPartition(topic, p, -2) for p in range(partitions)])
+        self.read = {p: set() for p in range(partitions)}
+        self.last_read = time.monotonic()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self):
+        while not self._stop.is_set():
+            for m in self.c.consume(num_messages=1000, timeout=0.2):
+                if m.error() is None:
+                    self.read[m.partition()].add(m.offset())
+                    self.last_read = time.monotonic()
+
+    def has_read(self, ends):
+        """Whether it read every offset below ends[p] of every partition."""
+        return all(self.read[p] >= set(range(end)) for p, end in enumerate(ends))
+
+    def where(self):
+        return {p: (len(o), max(o, default=-1)) for p, o in self.read.items()}
+
+    def stop(self):
+        self._stop.set()
+        self._thread.join(30)
+        self.c.close()
+
+
+def test_consumers_read_on_after_the_destination_restarts(outage):
+    """Finding 3 of docs/reliability.md: the destination's only broker killed (SIGKILL) under a live
+    load at the source fails the state store's progress write in flight, so the store reads
+    __mirror_state back once the broker is there again. A consumer's request that came in during
+    that reread waited for the store (correctly: nothing can be translated before it) but was
+    never let go when the reread ended: consumers through kmirrord stalled until the next
+    disturbance, with no error, on a mirror topic and a plain one alike. They must read on and
+    read everything, as a consumer straight on the destination does."""
+    env, src = outage
+    dst = env.dest
+    topic, plain = unique("live"), unique("plain")
+    env.source_topic(topic, partitions=2)
+    env.start(topic)
+    dst.create_topic(plain, partitions=1)
+    produce_records(dst.bootstrap, plain, 20, tag="before")
+    load = BackgroundProducer(env.sb, topic, rate=300).start()
+    readers = [LiveReader(env.pb, topic, 2), LiveReader(env.pb, plain, 1)]
+    try:
+        wait_until(lambda: all(sum(len(o) for o in r.read.values()) > 0 for r in readers), 60,
+                   what="both readers to read through kmirrord")
+        time.sleep(2)  # the mirror moving: a progress write every 200 ms
+        (node,) = [n.node_id for n in dst.broker_nodes]
+        mark = len(env.proxy.output())
+        dst.stop_broker(node, kill=True)
+        try:
+            # The progress write in flight gives up after its retries: the store reads the topic back.
+            env.proxy.wait_log(r"Writing __mirror_state\S* failed", timeout=60, start=mark)
+        finally:
+            dst.start_broker(node)
+        back = time.monotonic()
+        produce_records(dst.bootstrap, plain, 20, start=20, tag="after")
+        time.sleep(3)  # records mirrored after the restart too
+        load.stop()
+        ends = [hi for _, hi in env.caught_up(topic, 2, timeout=120)]
+        want = {topic: ends, plain: [40]}
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and not all(r.has_read(want[r.topic]) for r in readers):
+            time.sleep(0.2)
+        out = env.proxy.output()[mark:]
+        waited = len(re.findall(r"waits for the mirror state to load", out))
+        print(f"after the restart: {waited} request(s) waited for the mirror state; the mirror caught up "
+              f"{time.monotonic() - back:.1f} s after the broker was back")
+        stalled = [f"the reader of {r.topic} read {r.where()} (count, last offset) of {want[r.topic]}, "
+                   f"nothing for {time.monotonic() - r.last_read:.0f} s" for r in readers
+                   if not r.has_read(want[r.topic])]
+        assert not stalled, (f"readers through kmirrord stalled after the restart ({waited} request(s) "
+                             f"waited for the mirror state to load): " + "; ".join(stalled))
+    finally:
+        for r in readers:
+            r.stop()
+        if not load._stop.is_set():
+            load.stop()

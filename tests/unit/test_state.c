@@ -633,7 +633,8 @@ static void model_with(km_state_model *m, km_mp_state s0, km_mp_state s1)
 }
 
 typedef struct reload_probe {
-	int ready, changes;
+	int ready, rereads, changes;
+	int changes_at_reread; /* changes told before the last on_reread */
 	int32_t partition[4];
 	km_mp_state from[4], to[4];
 } reload_probe;
@@ -641,6 +642,13 @@ typedef struct reload_probe {
 static void reload_ready(void *arg)
 {
 	((reload_probe *)arg)->ready++;
+}
+
+static void reload_reread(void *arg)
+{
+	reload_probe *p = arg;
+	p->rereads++;
+	p->changes_at_reread = p->changes;
 }
 
 static void reload_partition(void *arg, const char *mirror, const char *topic, int32_t partition, km_mp_state from,
@@ -659,7 +667,9 @@ static void reload_partition(void *arg, const char *mirror, const char *topic, i
 
 /*
  * A reread after a failed write (part of which may have landed) tells on_partition what changed,
- * so the driver settles a partition the landed part left PREPARING; on_ready fires only once.
+ * so the driver settles a partition the landed part left PREPARING; on_ready fires only once, and
+ * on_reread after each reread (the proxy's requests that waited for the store go on from there),
+ * once the changes are told.
  */
 static void test_reload_tells_changes(void **state)
 {
@@ -679,6 +689,7 @@ static void test_reload_tells_changes(void **state)
 	o.base = base;
 	o.cfg = &cfg;
 	o.on_ready = reload_ready;
+	o.on_reread = reload_reread;
 	o.on_partition = reload_partition;
 	o.arg = &p;
 	st = km_state_new(&o, err, sizeof(err));
@@ -689,6 +700,7 @@ static void test_reload_tells_changes(void **state)
 	model_with(&m, KM_MP_MIRRORING, KM_MP_UNKNOWN);
 	km_state_loaded(st, &m);
 	assert_int_equal(p.ready, 1);
+	assert_int_equal(p.rereads, 0);
 	assert_int_equal(p.changes, 0);
 	assert_int_equal(km_state_read_only_topics(st), 1);
 
@@ -696,7 +708,9 @@ static void test_reload_tells_changes(void **state)
 	model_with(&m, KM_MP_STOPPING, KM_MP_PREPARING);
 	km_state_loaded(st, &m);
 	assert_int_equal(p.ready, 1);
+	assert_int_equal(p.rereads, 1);
 	assert_int_equal(p.changes, 2);
+	assert_int_equal(p.changes_at_reread, 2);
 	assert_int_equal(p.partition[0], 0);
 	assert_int_equal(p.from[0], KM_MP_MIRRORING);
 	assert_int_equal(p.to[0], KM_MP_STOPPING);
@@ -713,6 +727,8 @@ static void test_reload_tells_changes(void **state)
 	km_state_model_init(&m);
 	km_state_loaded(st, &m);
 	assert_int_equal(p.changes, 4);
+	assert_int_equal(p.rereads, 3);
+	assert_int_equal(p.ready, 1);
 	km_state_free(st);
 	event_base_loop(base, EVLOOP_NONBLOCK); /* the store's clients are freed at the end of a loop iteration */
 	event_base_free(base);

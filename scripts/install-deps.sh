@@ -15,6 +15,8 @@ DEBIAN_PACKAGES=(
 	systemd man-db python3-yaml
 	# tests/integration/test_observability.py: a real Prometheus and promtool.
 	prometheus
+	# scripts/soak: network cuts between kmirrord and a cluster (packet filters on loopback ports).
+	nftables
 )
 PYTHON_PACKAGES=(pytest confluent-kafka)
 

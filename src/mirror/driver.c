@@ -330,6 +330,10 @@ static void make_families(km_mirror *mi, km_metrics *reg)
 		 .help = "Fetch requests sent to the source: full ones (every partition named), incremental ones (a fetch session's "
 			 "changes only) and side ones (partitions that became ready while the broker's main Fetch waited, on a second connection).",
 		 .type = KM_METRIC_COUNTER, .labels = {"mirror", "kind", NULL}, .max_series = 20000},
+		{.name = "kmirror_mirror_fetches_ahead_total",
+		 .help = "Partitions put in a Fetch while their last fetched batches were still being written (all sent, "
+			 "not all acknowledged): fetching and writing a partition overlap.",
+		 .type = KM_METRIC_COUNTER, .labels = {"mirror", NULL}, .max_series = 20000},
 		{.name = "kmirror_mirror_produce_requests_total",
 		 .help = "Produce requests sent to the destination, per write lane (one of the connections to each "
 			 "destination broker the mirror's partitions are spread over).",
@@ -355,7 +359,8 @@ static void make_families(km_mirror *mi, km_metrics *reg)
 	};
 	km_metric_family **f[] = {&mi->fam.records, &mi->fam.bytes,   &mi->fam.batches, &mi->fam.lag,
 				  &mi->fam.lag_ms,  &mi->fam.skipped, &mi->fam.errors,  &mi->fam.fenced,
-				  &mi->fam.fetches, &mi->fam.produces, &mi->fam.reachable, &mi->fam.fetched_at};
+				  &mi->fam.fetches, &mi->fam.ahead,   &mi->fam.produces, &mi->fam.reachable,
+				  &mi->fam.fetched_at};
 	km_metric_family *owned = km_metrics_family(reg, &own[0]), *moved = km_metrics_family(reg, &own[1]);
 	const char *gained[] = {"gained"}, *lost[] = {"lost"};
 

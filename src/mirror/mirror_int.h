@@ -60,6 +60,7 @@ void km_mirror_topics_shutdown(km_mirror *mi);
 typedef struct km_mirror_families {
 	km_metric_family *records, *bytes, *batches, *lag, *lag_ms, *skipped, *errors;
 	km_metric_family *fetches; /* per mirror: {mirror, kind} */
+	km_metric_family *ahead;   /* per mirror: partitions fetched while writing */
 	km_metric_family *produces; /* per mirror: {mirror, lane} */
 	km_metric_family *fenced;  /* per mirror: batches refused for an older epoch of its writer */
 	km_metric_family *reachable, *fetched_at; /* per mirror: its source as the pipeline last saw it */

@@ -48,6 +48,9 @@ static void test_paths_are_edges(void **state)
 		/* failback: probes out and in, the divergent tail hidden by a run */
 		{PH_START, PH_START_WAIT, PH_START, PH_RUNS, PH_READY, PH_FETCHING, PH_READY, PH_FETCHING, PH_START,
 		 PH_START_WAIT, PH_READY, PH_RUNS},
+		/* fetched ahead: its writes end while the Fetch is out; then its answer starts a run */
+		{PH_READY, PH_FETCHING, PH_WRITING, PH_FETCHING, PH_WRITING, PH_RUNS, PH_WRITING, PH_READY, PH_FETCHING,
+		 PH_RUNS, PH_READY, PH_FETCHING},
 	};
 	(void)state;
 	for (size_t i = 0; i < sizeof(paths) / sizeof(paths[0]); i++)
@@ -66,12 +69,47 @@ static void test_non_edges(void **state)
 {
 	static const mphase bad[][2] = {
 		{PH_IDLE, PH_FETCHING},  {PH_IDLE, PH_READY},        {PH_READY, PH_WRITING},
-		{PH_WRITING, PH_FETCHING}, {PH_FETCHING, PH_RECON_LSO}, {PH_RECON_WAIT, PH_READY},
+		{PH_WRITING, PH_START},  {PH_FETCHING, PH_RECON_LSO}, {PH_RECON_WAIT, PH_READY},
 		{PH_START, PH_FETCHING}, {PH_FENCE, PH_READY},       {PH_RECONCILE, PH_READY},
 	};
 	(void)state;
 	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
 		assert_false(km_pl_phase_edge(bad[i][0], bad[i][1]));
+}
+
+/*
+ * Fetching ahead: a partition writing its last batches, all sent, may be fetched (its phase stays
+ * WRITING); one with a batch unsent, a probe out or already in a Fetch may not; while its part of
+ * that answer is taken nothing it plans is sent; leaving WRITING drops the Fetch sent ahead.
+ */
+static void test_fetch_ahead(void **state)
+{
+	fixture f;
+	mbatch a = {.sent = true, .kind = BK_DATA}, b = {.kind = BK_DATA};
+	(void)state;
+	fixture_init(&f, KM_MP_MIRRORING, PH_WRITING);
+	f.p.plan.head = f.p.plan.tail = &a;
+	f.p.out.inflight = 1;
+	assert_true(km_pl_fetchable(&f.p, 0));
+	f.p.out.probe = true;
+	assert_false(km_pl_fetchable(&f.p, 0));
+	f.p.out.probe = false;
+	a.next = &b;
+	f.p.plan.tail = &b;
+	assert_false(km_pl_fetchable(&f.p, 0)); /* b is not sent */
+	assert_ptr_equal(km_pl_next_unsent(&f.p), &b);
+	f.p.fetch.ahead = true; /* in a Fetch sent ahead, its part being taken: b waits */
+	f.p.fetch.taken = true;
+	assert_null(km_pl_next_unsent(&f.p));
+	f.p.fetch.taken = false;
+	assert_ptr_equal(km_pl_next_unsent(&f.p), &b);
+	b.sent = true;
+	assert_false(km_pl_fetchable(&f.p, 0)); /* already in a Fetch */
+	km_pl_set_phase(&f.p, PH_RUNS, "its batches start runs");
+	assert_false(f.p.fetch.ahead);
+	f.p.settling = true;
+	km_pl_set_phase(&f.p, PH_WRITING, "its runs are persisted");
+	assert_false(km_pl_fetchable(&f.p, 0)); /* settling */
 }
 
 static void test_set_phase_writes(void **state)
@@ -161,6 +199,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_paths_are_edges),
 		cmocka_unit_test(test_non_edges),
+		cmocka_unit_test(test_fetch_ahead),
 		cmocka_unit_test(test_set_phase_writes),
 		cmocka_unit_test(test_step_running),
 		cmocka_unit_test(test_step_draining),

@@ -68,10 +68,25 @@ static void on_runs(void *arg, const km_state_result *res)
 		km_pl_tick_soon(pl);
 }
 
+/* p is in the Fetch seq: FETCHING, or WRITING with the Fetch sent ahead (km_pl_fetch_ahead). */
+static bool in_fetch(const mpart *p, uint64_t seq)
+{
+	return p->fetch.seq == seq && (p->phase == PH_FETCHING || (p->phase == PH_WRITING && p->fetch.ahead));
+}
+
 static void handle_fetch_error(km_pipeline *pl, mpart *p, int16_t code)
 {
 	char tag[300];
 	p->stats.errors++;
+	if (p->fetch.ahead) {
+		/* Sent ahead: fetched again once its batches are in, where the error, if it holds, is handled. */
+		p->fetch.ahead = false;
+		if (km_pl_source_meta_stale(code))
+			pl->src_meta_need = true;
+		if (code != 1)
+			km_pl_backoff(p);
+		return;
+	}
 	if (code == 1) { /* OFFSET_OUT_OF_RANGE: behind the source's log start (retention, DeleteRecords), or past its end */
 		p->start.oor = true;
 		/* ListOffsets(earliest); after_start counts the hole */
@@ -129,14 +144,17 @@ static void finish_part(fetch_ctx *fc, mpart *p, size_t runs_before)
 {
 	km_pipeline *pl = fc->pl;
 
-	if (!p || p->phase != PH_FETCHING)
+	if (!p || !in_fetch(p, fc->seq))
 		return; /* failed or moved meanwhile */
 	if (fc->ra.n > runs_before) {
 		km_pl_set_phase(p, PH_RUNS, "its batches start runs");
 		fc->later[fc->nlater++] = p;
 		return;
 	}
-	km_pl_set_phase(p, p->plan.head ? PH_WRITING : PH_READY, "its part of the answer is in");
+	if (p->fetch.ahead)
+		p->fetch.ahead = false; /* WRITING still: what it took goes after what is in flight */
+	else
+		km_pl_set_phase(p, p->plan.head ? PH_WRITING : PH_READY, "its part of the answer is in");
 	if (!p->plan.head && !p->out.inflight && p->plan.fetch_logical > p->out.acked_logical) {
 		/* Only holes came (markers, emptied batches): the tail moves past them. */
 		p->out.acked_logical = p->plan.fetch_logical;
@@ -158,7 +176,7 @@ static void take_pending(fetch_ctx *fc)
 	km_err rc;
 
 	fc->pend = false;
-	if (fc->cur && fc->cur->phase != PH_FETCHING)
+	if (fc->cur && !in_fetch(fc->cur, fc->seq))
 		fc->cur = NULL; /* reconciled or failed between two parts of the answer: the rest is not taken */
 	if (!fc->cur)
 		return;
@@ -228,9 +246,12 @@ static void walk_answer(fetch_ctx *fc)
 			mpart *p = t ? km_pl_part_get(pl, t, fp->partition, false) : NULL;
 			finish_part(fc, fc->cur, fc->cur_runs);
 			fc->cur = NULL;
-			if (!p || p->phase != PH_FETCHING || p->fetch.seq != fc->seq || p->fetch.taken)
+			if (!p || !in_fetch(p, fc->seq) || p->fetch.taken)
 				continue; /* not asked for here, listed twice, or failed meanwhile: dropped */
-			/* It stays FETCHING while its batches arrive: nothing else moves it meanwhile. */
+			/*
+			 * It stays FETCHING while its batches arrive: nothing else moves it meanwhile (fetched
+			 * ahead, it stays WRITING, and what it plans waits: km_pl_taking_ahead).
+			 */
 			p->fetch.taken = true;
 			if (fp->error_code) {
 				handle_fetch_error(pl, p, fp->error_code);
@@ -314,9 +335,12 @@ static void end_answer(fetch_ctx *fc, bool failed)
 	if (!fc->ended)
 		finish_part(fc, fc->cur, fc->cur_runs);
 	for (size_t i = 0; i < fc->n; i++) {
-		fc->parts[i]->fetch.taken = false;
-		if (fc->parts[i]->phase == PH_FETCHING && fc->parts[i]->fetch.seq == fc->seq)
-			km_pl_set_phase(fc->parts[i], PH_READY, "nothing for it in the answer"); /* nothing for it in this answer */
+		mpart *p = fc->parts[i];
+		p->fetch.taken = false;
+		if (p->phase == PH_FETCHING && p->fetch.seq == fc->seq)
+			km_pl_set_phase(p, PH_READY, "nothing for it in the answer");
+		else if (p->fetch.ahead && p->fetch.seq == fc->seq)
+			p->fetch.ahead = false; /* nothing for it in the answer: fetched again from where it asked */
 	}
 	if (fc->nlater) {
 		runs_ctx *rc = calloc(1, sizeof(*rc));
@@ -500,7 +524,11 @@ static void fetch_req_part(km_pipeline *pl, fetch_req *r, fetch_ctx *fc, mpart *
 	if (ready) {
 		fc->parts[fc->n++] = p;
 		p->fetch.seq = pl->fetch_seq + 1;
-		km_pl_set_phase(p, PH_FETCHING, "in a Fetch");
+		if (p->phase == PH_WRITING) {
+			p->fetch.ahead = true; /* its phase stays WRITING */
+		} else {
+			km_pl_set_phase(p, PH_FETCHING, "in a Fetch");
+		}
 		p->plan.stop_answer = false;
 	}
 	off = ready || p->fetch.sess_node != r->node ? p->plan.fetch_logical : p->fetch.sess_offset;
@@ -677,6 +705,8 @@ void km_pl_send_fetch(km_pipeline *pl, int32_t node, int64_t now, int64_t *next)
 	fc->sessions = r.sessions;
 	if (fetch_req_send(pl, c, &r, fc, ver)) {
 		io->fetching = true;
+		for (size_t i = 0; i < fc->n; i++)
+			pl->fetch_ahead += fc->parts[i]->fetch.ahead;
 		if (lane > 0)
 			pl->fetch_side++;
 		else if (r.full)
@@ -684,8 +714,12 @@ void km_pl_send_fetch(km_pipeline *pl, int32_t node, int64_t now, int64_t *next)
 		else
 			pl->fetch_incremental++;
 	} else {
-		for (size_t i = 0; i < fc->n; i++)
-			km_pl_set_phase(fc->parts[i], PH_READY, "the Fetch could not be sent");
+		for (size_t i = 0; i < fc->n; i++) {
+			if (fc->parts[i]->fetch.ahead)
+				fc->parts[i]->fetch.ahead = false;
+			else
+				km_pl_set_phase(fc->parts[i], PH_READY, "the Fetch could not be sent");
+		}
 		if (r.sessions)
 			session_reset(pl, node); /* what the broker holds is not known now */
 		fetch_ctx_free(fc);

@@ -46,7 +46,7 @@ static const unsigned km_pl_edges[PH_WRITING + 1] = {
 	[PH_READY] = B(PH_FETCHING) | B(PH_RUNS),
 	[PH_FETCHING] = B(PH_READY) | B(PH_RUNS) | B(PH_WRITING) | B(PH_START),
 	[PH_RUNS] = B(PH_READY) | B(PH_WRITING) | B(PH_START) | B(PH_FENCE),
-	[PH_WRITING] = B(PH_READY) | B(PH_RUNS),
+	[PH_WRITING] = B(PH_READY) | B(PH_RUNS) | B(PH_FETCHING),
 };
 
 bool km_pl_phase_edge(mphase from, mphase to)
@@ -67,6 +67,8 @@ void km_pl_set_phase(mpart *p, mphase to, const char *why)
 		KM_DEBUG(COMP, 0, "%s/%s: %s -> %s (%s)", p->t->pl->name, km_pl_ptag(p, tag, sizeof(tag)),
 			 km_pl_phase_names[p->phase], km_pl_phase_names[to], why);
 	p->phase = to;
+	if (to != PH_WRITING)
+		p->fetch.ahead = false; /* its part of the Fetch sent ahead, if one comes, is dropped */
 	/*
 	 * Reconcile reads the map as the pipeline always has (the open run unbounded), not bounded by
 	 * the persisted progress readers elsewhere get: from here the pipeline holds the tail, unset
@@ -397,7 +399,9 @@ static void settle_drained(km_pipeline *pl, mpart *p)
 	 */
 	if (p->phase == PH_FETCHING && !p->fetch.taken)
 		km_pl_set_phase(p, PH_READY, "draining: the Fetch in flight is not waited for");
-	if (p->settling || p->out.inflight || p->phase == PH_FETCHING || p->phase == PH_RUNS)
+	if (p->fetch.ahead && !p->fetch.taken)
+		p->fetch.ahead = false; /* the same for a Fetch sent ahead */
+	if (p->settling || p->out.inflight || p->phase == PH_FETCHING || p->phase == PH_RUNS || p->fetch.ahead)
 		return;
 	if (p->plan.head && p->plan.head->kind == BK_MARKER)
 		return; /* everything before it is in: the source decided, drive_marker ends the transaction */
@@ -528,7 +532,8 @@ static void step_part(km_pipeline *pl, mpart *p, int64_t now, int64_t *next, tic
 	mstep step;
 
 	km_pl_drive_txps(pl, p, now, next);
-	if (p->plan.head && p->plan.head->kind == BK_MARKER && !p->out.inflight && p->phase == PH_WRITING)
+	if (p->plan.head && p->plan.head->kind == BK_MARKER && !p->out.inflight && p->phase == PH_WRITING &&
+	    !km_pl_taking_ahead(p))
 		km_pl_drive_marker(pl, p, now, next);
 	if ((p->state == KM_MP_PAUSING || p->state == KM_MP_STOPPING) && p->phase == PH_RECONCILE && !p->out.inflight)
 		v.settle_needs_reconcile = reconcile_before_settle(pl, p);
@@ -668,7 +673,12 @@ static void tick(evutil_socket_t fd, short what, void *arg)
 		km_pl_send_metadata(pl, pl->dst);
 	km_pl_drive_writer(pl, now, &next);
 	km_pl_progress(pl, now, &next);
-	/* Fetch from every source broker with nothing in flight (and tokens, when throttled). */
+	/*
+	 * Produce to every destination broker while there is something to send and room; then Fetch from
+	 * every source broker with a lane free (and tokens, when throttled), which takes the partitions
+	 * whose last batches just went out (fetched ahead).
+	 */
+	each_leader(pl, false, now, &next);
 	if (pl->rate > 0 && pl->tokens < 0) {
 		int64_t wait = -pl->tokens * 1000 / pl->rate + 1;
 		if (now + wait < next)
@@ -676,8 +686,6 @@ static void tick(evutil_socket_t fd, short what, void *arg)
 	} else {
 		each_leader(pl, true, now, &next);
 	}
-	/* Produce to every destination broker while there is something to send and room. */
-	each_leader(pl, false, now, &next);
 	/* Periodic metadata refresh (partition moves, leader changes without errors). */
 	if (now - pl->src_meta_at > pl->meta_interval)
 		pl->src_meta_need = true;
@@ -787,7 +795,8 @@ km_pipeline *km_pipeline_new(km_mirror *mi, const char *mirror)
 	pl->pid_want = true;
 	{
 		/* Pipelines live as long as the module (the series point into them). */
-		km_metric_family *f = km_mirror_metric_families(mi)->fetches, *g = km_mirror_metric_families(mi)->fenced;
+		km_metric_family *f = km_mirror_metric_families(mi)->fetches, *g = km_mirror_metric_families(mi)->fenced,
+				 *a = km_mirror_metric_families(mi)->ahead;
 		const char *full[] = {pl->name, "full"}, *incr[] = {pl->name, "incremental"}, *side[] = {pl->name, "side"},
 			   *name[] = {pl->name};
 		km_metric_family *r = km_mirror_metric_families(mi)->reachable,
@@ -796,6 +805,7 @@ km_pipeline *km_pipeline_new(km_mirror *mi, const char *mirror)
 			   !km_metric_series_ptr(f, incr, &pl->fetch_incremental) ||
 			   !km_metric_series_ptr(f, side, &pl->fetch_side))) ||
 		    (g && !km_metric_series_ptr(g, name, &pl->fenced)) ||
+		    (a && !km_metric_series_ptr(a, name, &pl->fetch_ahead)) ||
 		    (r && !(pl->source.s_reachable = km_metric_series_ptr(r, name, &pl->source.reachable))) ||
 		    (t && !(pl->source.s_fetched = km_metric_series_ptr(t, name, &pl->source.fetched_ms))))
 			KM_DEBUG(COMP, 0, "mirror %s: a metric series was not kept (the family is full)", mirror);
@@ -918,6 +928,7 @@ void km_pipeline_retire(km_pipeline *pl, const char *why)
 	pl->fetch_full = keep.fetch_full;
 	pl->fetch_incremental = keep.fetch_incremental;
 	pl->fetch_side = keep.fetch_side;
+	pl->fetch_ahead = keep.fetch_ahead;
 	memcpy(pl->produces, keep.produces, sizeof(pl->produces));
 	pl->fenced = keep.fenced;
 	pl->source.s_reachable = keep.source.s_reachable;

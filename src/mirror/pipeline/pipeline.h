@@ -165,6 +165,7 @@ typedef struct mpart {
 	struct {                /* fetch.c */
 		uint64_t seq;           /* the Fetch it is in (fetch_ctx.seq) */
 		bool taken;             /* its data in the current answer was taken (a partition listed twice is not) */
+		bool ahead;             /* in a Fetch while its last batches are written: the phase stays WRITING (km_pl_fetch_ahead) */
 		int32_t sess_node;      /* the source broker whose fetch session holds it, -1: none */
 		int64_t sess_offset;    /* what that session holds for it: fetch offset, size, leader epoch */
 		int32_t sess_max, sess_lepoch;
@@ -273,6 +274,7 @@ struct km_pipeline {
 	int64_t fetch_max_bytes, part_max_bytes;
 	bool sessions;                      /* mirror.fetch.sessions */
 	uint64_t fetch_full, fetch_incremental, fetch_side; /* Fetch requests sent, by kind (kmirror_mirror_fetch_requests_total) */
+	uint64_t fetch_ahead; /* partitions fetched while writing (kmirror_mirror_fetches_ahead_total) */
 	uint64_t produces[KM_CLUSTER_LANES];    /* Produce requests sent, by lane (kmirror_mirror_produce_requests_total) */
 	uint64_t fenced; /* batches refused for an older epoch of the writer (kmirror_mirror_fenced_writes_total) */
 	char start_mode[32];
@@ -421,6 +423,14 @@ void km_pl_landed(km_pipeline *pl, mpart *p, mbatch *b);
 /* Every KM_MIRROR_PROGRESS_MS: the tails that moved since, persisted in one store write (the tick calls it). */
 void km_pl_progress(km_pipeline *pl, int64_t now, int64_t *next);
 /*
+ * p's part of a Fetch sent ahead (km_pl_fetch_ahead) is being taken: what it plans waits for the
+ * part's end, as a FETCHING partition's does (the runs its batches start are persisted first).
+ */
+static inline bool km_pl_taking_ahead(const mpart *p)
+{
+	return p->fetch.ahead && p->fetch.taken;
+}
+/*
  * The next unsent batch of p, or NULL. A probe goes alone: nothing else of p until it is answered.
  * A transaction's batch waits until its destination transaction is open; a marker is not produced
  * (drive_marker ends the transaction once everything before it is in). Inline: the tick asks it of
@@ -428,7 +438,7 @@ void km_pl_progress(km_pipeline *pl, int64_t now, int64_t *next);
  */
 static inline mbatch *km_pl_next_unsent(mpart *p)
 {
-	if (p->phase != PH_WRITING || (p->out.probe && p->out.inflight))
+	if (p->phase != PH_WRITING || (p->out.probe && p->out.inflight) || km_pl_taking_ahead(p))
 		return NULL;
 	for (mbatch *b = p->plan.head; b; b = b->next)
 		if (!b->sent) {
@@ -456,11 +466,22 @@ static inline bool km_pl_source_meta_stale(int16_t code)
 	       code == 75 /* UNKNOWN_LEADER_EPOCH */ || code == 100 /* UNKNOWN_TOPIC_ID */;
 }
 
+/*
+ * p writes its last fetched batches, all of them sent, none of a probe, and is in no Fetch: its next
+ * Fetch may go now, at the logical offset after them, while they are written (docs/mirror.md,
+ * "Fetching ahead"). Its phase stays WRITING.
+ */
+static inline bool km_pl_fetch_ahead(const mpart *p)
+{
+	return p->phase == PH_WRITING && !p->fetch.ahead && !p->out.probe && p->plan.tail && p->plan.tail->sent;
+}
+
 static inline bool km_pl_fetchable(const mpart *p, int64_t now)
 {
-	return p->phase == PH_READY && p->state == KM_MP_MIRRORING && !p->settling && p->retry.at <= now &&
-	       p->lead.src >= 0 && p->plan.pid >= 0 && !p->plan.head && !p->out.inflight && !p->recon.writer_pending &&
-	       !p->div.need && !(p->fetch.overlap_seen && p->t->pl->src_meta_answers <= p->fetch.overlap_at);
+	return ((p->phase == PH_READY && !p->plan.head && !p->out.inflight) || km_pl_fetch_ahead(p)) &&
+	       p->state == KM_MP_MIRRORING && !p->settling && p->retry.at <= now && p->lead.src >= 0 &&
+	       p->plan.pid >= 0 && !p->recon.writer_pending && !p->div.need &&
+	       !(p->fetch.overlap_seen && p->t->pl->src_meta_answers <= p->fetch.overlap_at);
 }
 void km_pl_send_fetch(km_pipeline *pl, int32_t node, int64_t now, int64_t *next);
 

@@ -31,7 +31,9 @@ void km_pl_landed(km_pipeline *pl, mpart *p, mbatch *b)
 	p->out.failing_since = 0;
 	km_pl_set_tail(pl, p, true);
 	km_plan_batch_free(b);
-	if (!p->plan.head && p->phase == PH_WRITING)
+	if (!p->plan.head && p->phase == PH_WRITING && p->fetch.ahead)
+		km_pl_set_phase(p, PH_FETCHING, "its batches are all in, its next Fetch is out");
+	else if (!p->plan.head && p->phase == PH_WRITING)
 		km_pl_set_phase(p, PH_READY, "its batches are all in");
 }
 

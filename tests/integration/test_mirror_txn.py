@@ -8,6 +8,7 @@ topic writable by new idempotent and transactional producers at the next offsets
 import os
 import random
 import signal
+import struct
 import threading
 import time
 import uuid
@@ -21,6 +22,7 @@ from mirror_data import (count_anomalies, create_dest_topic, diff_records, env_i
                          record, skip_3brokers_off_main_release)
 from proxy_fixtures import *  # noqa: F401,F403
 from proxy_fixtures import Proxy, wait_until
+from harness import kafka_request
 
 pytestmark = pytest.mark.proxy
 
@@ -500,6 +502,140 @@ def test_empty_aborted_transaction_at_the_tail_takes_no_offset(env):
     wait_until(lambda: ends(env.dest.bootstrap, topic, UNCOMMITTED)[0][1] == 7, 30,
                what="the empty transaction's ABORT marker at destination offset 6")
     one("b", 5)  # source: records 6-10, right after the commit marker
+    env.proxy.start()
+
+    def settled():
+        states = [p["state"] for p in env.partitions(topic)]
+        assert "FAILED" not in states, f"{topic}: {env.partitions(topic)}"
+        return ends(env.pb, topic, UNCOMMITTED) == ends(env.sb, topic, UNCOMMITTED)
+    wait_until(settled, 90, what=f"{topic} mirrored again after the restart")
+    (hw, lso) = wait_mirrored(env, topic)
+    assert compare(env, topic, UNCOMMITTED, hw) == 10
+    assert compare(env, topic, COMMITTED, lso) == 10
+    assert _kinds(env, topic) == ["MIRRORING"]
+
+
+def _kstr(s):
+    b = s.encode()
+    return struct.pack(">h", len(b)) + b
+
+
+def _retrying(what, call, timeout=60):
+    """call() -> (error code, value): retried while the coordinator is loading, moving or still
+    completing the transactional id's last transaction."""
+    deadline = time.monotonic() + timeout
+    while True:
+        err, value = call()
+        if err == 0:
+            return value
+        if err not in (14, 15, 16, 51) or time.monotonic() > deadline:
+            raise AssertionError(f"{what}: error code {err}")
+        time.sleep(0.5)
+
+
+def commit_nothing(bootstrap, tid, topic, partition):
+    """Transaction version 1 by hand: FindCoordinator v1 (a transaction's), InitProducerId v1,
+    AddPartitionsToTxn v1 of topic-partition, EndTxn v1 committing. The coordinator writes a
+    COMMIT marker on the partition with no record of that transaction before it: a marker that
+    stands for nothing the mirror wrote."""
+    host, port = bootstrap.split(",")[0].rsplit(":", 1)
+
+    def find():
+        d = kafka_request(host, int(port), 10, 1, _kstr(tid) + struct.pack(">b", 1), timeout=15)
+        _, err, mlen = struct.unpack_from(">ihh", d, 0)
+        pos = 8 + max(mlen, 0)
+        _, hlen = struct.unpack_from(">ih", d, pos)
+        pos += 6
+        return err, (d[pos:pos + hlen].decode(), struct.unpack_from(">i", d, pos + hlen)[0])
+    chost, cport = _retrying("FindCoordinator", find)
+
+    def init():
+        d = kafka_request(chost, cport, 22, 1, _kstr(tid) + struct.pack(">i", 60000), timeout=15)
+        _, err, pid, epoch = struct.unpack_from(">ihqh", d, 0)
+        return err, (pid, epoch)
+    pid, epoch = _retrying("InitProducerId", init)
+
+    def add():
+        body = (_kstr(tid) + struct.pack(">qhi", pid, epoch, 1) + _kstr(topic) + struct.pack(">ii", 1, partition))
+        d = kafka_request(chost, cport, 24, 1, body, timeout=15)
+        pos, errs = 4, []
+        (nt,) = struct.unpack_from(">i", d, pos)
+        pos += 4
+        for _ in range(nt):
+            (nlen,) = struct.unpack_from(">h", d, pos)
+            pos += 2 + nlen
+            (np_,) = struct.unpack_from(">i", d, pos)
+            pos += 4
+            for _ in range(np_):
+                errs.append(struct.unpack_from(">ih", d, pos)[1])
+                pos += 6
+        return (next((e for e in errs if e), 0) if errs else -1), None
+    _retrying("AddPartitionsToTxn", add)
+
+    def end():
+        d = kafka_request(chost, cport, 26, 1, _kstr(tid) + struct.pack(">qhb", pid, epoch, 1), timeout=15)
+        return struct.unpack_from(">ih", d, 0)[1], None
+    _retrying("EndTxn", end)
+    return pid, epoch
+
+
+def _varint(data, pos):
+    shift = value = 0
+    while True:
+        b = data[pos]
+        pos += 1
+        value |= (b & 0x7F) << shift
+        if not b & 0x80:
+            return (value >> 1) ^ -(value & 1), pos
+        shift += 7
+
+
+def marker_type(batch):
+    """The control record's type of a control batch of partition_batches: 0 ABORT, 1 COMMIT."""
+    rec = batch["records"]
+    pos = _varint(rec, 0)[1] + 1  # length, attributes
+    pos = _varint(rec, pos)[1]  # timestamp delta
+    pos = _varint(rec, pos)[1]  # offset delta
+    pos = _varint(rec, pos)[1]  # key length
+    return struct.unpack_from(">hh", rec, pos)[1]
+
+
+@main_release_only
+def test_commit_marker_that_stands_for_no_source_offset_takes_none(env):
+    """A COMMIT marker at the destination log's end that ends nothing the mirror wrote: after a
+    failover of the destination's transaction coordinator, the new coordinator wrote the markers of
+    a transaction the mirror had committed again (a second COMMIT marker of the same producer right
+    after the mirror's, docs/reliability.md, finding 5). The next life's reconcile counted it as a
+    source offset through the open run and resumed one offset too far: the source's next batch
+    then "overlapped" what was mirrored and the partition went FAILED. Here the marker is written
+    while kmirrord is down by a transaction under the mirror's own transactional id that adds the
+    partition and commits with no record, right after the mirror's commit marker: the same tail
+    (the producer's epoch one higher, from InitProducerId), which only the source tells from the
+    mirror's own marker: it has a record, not a marker, at the offset the marker would take."""
+    topic = unique("txndup")
+    env.source.create_topic(topic, partitions=PARTS)  # partition 0 only is written
+    src = txn_producer(env.sb, "txd")
+
+    def one(tag, base):
+        src.begin_transaction()
+        for i in range(base, base + 5):
+            k, v, h, _ = record(i, tag)
+            src.produce(topic, value=v, key=k, headers=h, partition=0)
+        src.commit_transaction(30)
+
+    one("a", 0)  # source: records 0-4, its commit marker at 5
+    env.start(topic)
+    wait_mirrored(env, topic)
+    tids = [t for t, _ in list_transactions(env) if f"/{env.mirror}/{topic}/0/" in t]
+    assert tids, f"no transactional id of the mirror for {topic}-0: {list_transactions(env)}"
+    env.proxy.signal(signal.SIGKILL)
+    env.proxy.daemon.proc.wait(timeout=30)
+    commit_nothing(env.dest.bootstrap, tids[0], topic, 0)
+    wait_until(lambda: ends(env.dest.bootstrap, topic, UNCOMMITTED)[0][1] == 7, 30,
+               what="the second COMMIT marker at destination offset 6")
+    tail = [(b["base"], b["control"] and marker_type(b)) for b in partition_batches(env.dest, topic, 0)][-2:]
+    assert tail == [(5, 1), (6, 1)], f"not two COMMIT markers at 5 and 6: {tail}"
+    one("b", 6)  # source: records 6-10, right after the commit marker
     env.proxy.start()
 
     def settled():

@@ -45,6 +45,12 @@ static void test_paths_are_edges(void **state)
 		/* reconcile with transactions left open: the hidden range settled, fenced, a second pass */
 		{PH_RECONCILE, PH_RECON_WAIT, PH_RECON_LSO, PH_RECON_ABORTED, PH_RUNS, PH_FENCE, PH_RECONCILE,
 		 PH_RECON_WAIT, PH_RECON_LSO, PH_READY, PH_FETCHING, PH_WRITING},
+		/*
+		 * a COMMIT marker at the hide point, then at the tail: the source asked what its offset
+		 * holds, the hidden range settled again earlier, fenced; a later reconcile's tail
+		 */
+		{PH_RECON_LSO, PH_RECON_ABORTED, PH_RECON_MARKER, PH_RECON_ABORTED, PH_RECON_MARKER, PH_RUNS, PH_FENCE,
+		 PH_RECONCILE, PH_RECON_WAIT, PH_RECON_LSO, PH_RECON_TAIL, PH_RECON_MARKER},
 		/* failback: probes out and in, the divergent tail hidden by a run */
 		{PH_START, PH_START_WAIT, PH_START, PH_RUNS, PH_READY, PH_FETCHING, PH_READY, PH_FETCHING, PH_START,
 		 PH_START_WAIT, PH_READY, PH_RUNS},
@@ -71,6 +77,7 @@ static void test_non_edges(void **state)
 		{PH_IDLE, PH_FETCHING},  {PH_IDLE, PH_READY},        {PH_READY, PH_WRITING},
 		{PH_WRITING, PH_START},  {PH_FETCHING, PH_RECON_LSO}, {PH_RECON_WAIT, PH_READY},
 		{PH_START, PH_FETCHING}, {PH_FENCE, PH_READY},       {PH_RECONCILE, PH_READY},
+		{PH_RECON_MARKER, PH_FETCHING}, {PH_RECON_MARKER, PH_RECON_TAIL},
 	};
 	(void)state;
 	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)

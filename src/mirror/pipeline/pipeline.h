@@ -83,6 +83,7 @@ typedef enum {
 	PH_RECON_LSO,  /* then ListOffsets READ_COMMITTED: the last stable offset */
 	PH_RECON_ABORTED, /* a READ_COMMITTED Fetch at the hide point: aborted transactions spanning it */
 	PH_RECON_TAIL, /* one-batch Fetches on the destination: is the tail past the writer's start the mirror's? */
+	PH_RECON_MARKER, /* the source asked what is at the offset a marker at the hide point or the tail stands for */
 	PH_FENCE,      /* its transactional ids being initialised again (what they held open is aborted) */
 	PH_START,      /* no run yet: ListOffsets on the source for the start position */
 	PH_START_WAIT,
@@ -148,6 +149,8 @@ typedef struct mpart {
 		int64_t tail_good;      /* RECON_TAIL: [writer start, tail_good) is the writer's, dense */
 		int64_t tail_bad;       /* RECON_TAIL: a foreign batch starts here (-1: none seen yet) */
 		int64_t tail_pid;       /* the producer id of the foreign batch seen */
+		int64_t marker_logical; /* RECON_MARKER: the source offset asked (the marker at hide - 1, end - 1) */
+		bool marker_tail;       /* RECON_MARKER: asked for the tail's check, not the hide point's */
 	} recon;
 	struct {                /* reconcile.c: how PH_START asks the source */
 		bool oor;               /* the source answered OFFSET_OUT_OF_RANGE: look up its log start */

@@ -17,6 +17,8 @@ static bool aborted_probe(km_pipeline *pl, mpart *p);
 static void after_start(km_pipeline *pl, mpart *p, int64_t off, bool jump);
 static void check_tail(km_pipeline *pl, mpart *p, int64_t end);
 static int64_t resume_logical(const km_offmap *m, int64_t x);
+static bool marker_ask(km_pipeline *pl, mpart *p, int64_t x, bool tail);
+static void hidden_from(km_pipeline *pl, mpart *p, int64_t at);
 
 /* ---- ListOffsets: the destination's end (reconcile) and the source's start ---- */
 
@@ -537,7 +539,7 @@ static void on_aborted(km_net_client *c, const km_rpc_response *res, void *arg)
 		} else if (one && !r->responses.items[0].partitions.items[0].error_code) {
 			const km_fetch_response_partition_data *pd = &r->responses.items[0].partitions.items[0];
 			int64_t ended = -1; /* the producer whose marker is the batch at H - 1 */
-			bool abort = false, listed = false;
+			bool abort = false, commit = false, listed = false;
 			km_batch_iter it;
 			km_batch b;
 			km_control ctl;
@@ -545,8 +547,10 @@ static void on_aborted(km_net_client *c, const km_rpc_response *res, void *arg)
 			while (km_batch_next(&it, &b))
 				if (b.base_offset <= p->recon.hide - 1 && p->recon.hide - 1 <= b.base_offset + b.last_offset_delta &&
 				    b.control) {
+					bool known = km_batch_control(&b, NULL, 0, &ctl) == KM_OK;
 					ended = b.producer_id;
-					abort = km_batch_control(&b, NULL, 0, &ctl) == KM_OK && ctl.type == KM_CONTROL_ABORT;
+					abort = known && ctl.type == KM_CONTROL_ABORT;
+					commit = known && ctl.type == KM_CONTROL_COMMIT;
 				}
 			ok = true;
 			at = p->recon.hide;
@@ -566,6 +570,16 @@ static void on_aborted(km_net_client *c, const km_rpc_response *res, void *arg)
 			 */
 			if (abort && !listed && p->recon.hide - 1 < at)
 				at = p->recon.hide - 1;
+			/*
+			 * A COMMIT marker at H - 1 is the mirror's own when the source has a marker at the
+			 * offset the runs give it; one that stands for no source offset (a coordinator that
+			 * wrote a transaction's markers again after a failover) is hidden with what follows.
+			 * Only the source can tell (marker_ask): an ABORT marker the index above decides.
+			 */
+			if (commit && at >= p->recon.hide && marker_ask(pl, p, p->recon.hide - 1, false)) {
+				km_pl_tick_soon(pl);
+				return;
+			}
 		}
 	} else {
 		km_cluster_drop(pl->dst, c);
@@ -574,8 +588,21 @@ static void on_aborted(km_net_client *c, const km_rpc_response *res, void *arg)
 		pl->dst_meta_need = true;
 		km_pl_set_phase(p, PH_RECONCILE, "the aborted-transactions probe failed");
 		km_pl_backoff(p);
-	} else if (at < p->recon.hide && at > 0) {
+	} else {
+		hidden_from(pl, p, at);
+	}
+	km_pl_tick_soon(pl);
+}
+
+/*
+ * The hidden range may start at physical at: earlier than the hide point being settled, it is
+ * settled again there (aborted_probe); otherwise it starts there, and the fence follows.
+ */
+static void hidden_from(km_pipeline *pl, mpart *p, int64_t at)
+{
+	if (at < p->recon.hide && at > 0) {
 		p->recon.hide = at;
+		km_pl_set_phase(p, PH_RECON_ABORTED, "the hidden range is settled again, earlier");
 		if (!aborted_probe(pl, p)) {
 			km_pl_set_phase(p, PH_RECONCILE, "the aborted-transactions probe could not be sent");
 			km_pl_backoff(p);
@@ -583,6 +610,134 @@ static void on_aborted(km_net_client *c, const km_rpc_response *res, void *arg)
 	} else {
 		fence_from(pl, p, p->recon.end, at);
 	}
+}
+
+/*
+ * The logical offset the runs give physical offset x when x is in a run (the open one without an
+ * end), -1 when x is hidden between runs or before the first.
+ */
+static int64_t mapped_logical(const km_offmap *m, int64_t x)
+{
+	size_t i = m ? m->n : 0;
+	int64_t len;
+	while (i > 0 && m->runs[i - 1].physical > x)
+		i--;
+	if (!i)
+		return -1;
+	len = km_offmap_run_length(m, i - 1);
+	if (len >= 0 && x - m->runs[i - 1].physical >= len)
+		return -1;
+	return m->runs[i - 1].logical + (x - m->runs[i - 1].physical);
+}
+
+static void on_marker(km_net_client *c, const km_rpc_response *res, void *arg);
+static void marker_unknown(km_pipeline *pl, mpart *p, const char *why);
+
+/*
+ * A transaction marker at physical x (the batch at the hide point less one, or at the log's end
+ * less one) that the runs count as a source offset, L. The mirror writes a marker only where the
+ * source has one (docs/mirror.md, "Markers where the source has them"), so one where the source
+ * has a record, or nothing yet, stands for no source offset: a coordinator wrote it on its own (a
+ * transaction's markers written again by the coordinator that took over after a failover). The
+ * batch holding L is fetched from the source (phase RECON_MARKER, answered in on_marker). False
+ * when there is nothing to ask (x is hidden anyway: between runs, or under a fence run) or the
+ * partition stops (a failover does not wait for a source that may be gone: the marker counts, as
+ * it did before the source was asked), and the caller goes on; true when asked, or when the
+ * request could not be sent (marker_unknown).
+ */
+static bool marker_ask(km_pipeline *pl, mpart *p, int64_t x, bool tail)
+{
+	const km_offrun *fence;
+	const km_offmap *m = km_pl_map_of(pl, p, &fence);
+	int64_t l = mapped_logical(m, x);
+
+	if (l < 0 || (fence && fence->physical <= x) || p->state == KM_MP_STOPPING)
+		return false;
+	p->recon.marker_logical = l;
+	p->recon.marker_tail = tail;
+	km_pl_set_phase(p, PH_RECON_MARKER, "the source is asked what the marker's offset holds");
+	if (!km_pl_one_fetch(pl, p, false, l, 0, on_marker))
+		marker_unknown(pl, p, "the source could not be asked what a marker's offset holds");
+	return true;
+}
+
+/* The source's answer is in: the marker at physical x stands for source offset L (own), or for none. */
+static void marker_decided(km_pipeline *pl, mpart *p, bool own)
+{
+	int64_t x = p->recon.marker_tail ? p->recon.end - 1 : p->recon.hide - 1;
+	char tag[300];
+
+	if (!own)
+		KM_WARN(COMP, 0, "%s/%s: the transaction marker at destination offset %lld stands for no source offset "
+			"(source offset %lld holds a record, or nothing yet): hidden, with what follows", pl->name,
+			km_pl_ptag(p, tag, sizeof(tag)), (long long)x, (long long)p->recon.marker_logical);
+	if (p->recon.marker_tail) {
+		/* The tail's check (no transaction left open, no fence run): resume at L, after what is hidden. */
+		if (!own)
+			p->recon.hide_logical = p->recon.marker_logical;
+		after_reconcile(pl, p, p->recon.end);
+	} else {
+		hidden_from(pl, p, own ? p->recon.hide : x);
+	}
+}
+
+/*
+ * The source could not say what L holds. A partition that pauses goes on without it (the marker
+ * counts as a source offset, as it did before the source was asked): a pause does not wait for a
+ * source that is down. Any other one reconciles again after a backoff: it cannot mirror without
+ * the source anyway.
+ */
+static void marker_unknown(km_pipeline *pl, mpart *p, const char *why)
+{
+	if (p->state == KM_MP_PAUSING || p->state == KM_MP_STOPPING) {
+		marker_decided(pl, p, true);
+		return;
+	}
+	pl->src_meta_need = true;
+	km_pl_set_phase(p, PH_RECONCILE, why);
+	km_pl_backoff(p);
+}
+
+static void on_marker(km_net_client *c, const km_rpc_response *res, void *arg)
+{
+	req_ctx *x = arg;
+	km_pipeline *pl = x->pl;
+	lo_ctx *lc = x->extra;
+	const km_fetch_response *r = res->msg;
+	int64_t at = lc->tag;
+	int verdict = -1; /* -1: not known; 1: the mirror's own marker (or past telling); 0: no source offset */
+	mpart *p;
+
+	free(x);
+	p = pl->closing ? NULL : km_pl_part_get(pl, lc->t, lc->part, false);
+	free(lc);
+	if (!p || p->phase != PH_RECON_MARKER || at != p->recon.marker_logical)
+		return;
+	if (km_rpc_transport_err(res) != KM_OK) {
+		km_cluster_drop(pl->src, c);
+	} else if (r && r->responses.count == 1 && r->responses.items[0].partitions.count == 1) {
+		const km_fetch_response_partition_data *pd = &r->responses.items[0].partitions.items[0];
+		km_batch_iter it;
+		km_batch b;
+		bool found = false;
+		if (pd->error_code == 1) {
+			/* OFFSET_OUT_OF_RANGE: below the source's log start, or past its end: no telling. */
+			verdict = 1;
+		} else if (!pd->error_code) {
+			km_batch_iter_init(&it, pd->records.p, pd->records.len > 0 ? (size_t)pd->records.len : 0);
+			while (!found && km_batch_next(&it, &b))
+				found = b.base_offset + b.last_offset_delta >= at;
+			/* A batch past L: L was compacted away, no telling; a control batch at L: the marker's. */
+			if (found)
+				verdict = (b.base_offset > at || b.control) ? 1 : 0;
+			else if (pd->high_watermark >= 0 && pd->high_watermark <= at)
+				verdict = 0; /* the source's log ends at or before L */
+		}
+	}
+	if (verdict < 0)
+		marker_unknown(pl, p, "the source did not say what a marker's offset holds");
+	else
+		marker_decided(pl, p, verdict == 1);
 	km_pl_tick_soon(pl);
 }
 
@@ -838,8 +993,15 @@ static void on_tail(km_net_client *c, const km_rpc_response *res, void *arg)
 	}
 	if (p->recon.tail_bad < 0) {
 		if (!found || tail_kind(p, &b, pid, epoch, start) != TAIL_FOREIGN) {
-			/* Nothing there to look at (a log start past it), or ours. */
-			after_reconcile(pl, p, p->recon.end);
+			/*
+			 * Nothing there to look at (a log start past it), or ours: a marker of the partition's
+			 * carried transactions is the mirror's only where the source has one (marker_ask).
+			 */
+			km_control ctl;
+			if (!found || !b.control || km_batch_control(&b, NULL, 0, &ctl) != KM_OK ||
+			    (ctl.type != KM_CONTROL_COMMIT && ctl.type != KM_CONTROL_ABORT) ||
+			    !marker_ask(pl, p, p->recon.end - 1, true))
+				after_reconcile(pl, p, p->recon.end);
 			km_pl_tick_soon(pl);
 			return;
 		}

@@ -463,19 +463,13 @@ def test_failover_keeps_committed_data_behind_an_open_transaction(env):
         assert dst == src, (iso, dst, src)
 
 
-@main_release_only
-def test_empty_aborted_transaction_at_the_tail_takes_no_offset(env):
-    """A destination transaction of the mirror's that held the partition with nothing written to
-    it yet (AddPartitionsToTxn, then the Produce lost: a destination restart, kmirrord killed) and
-    that was aborted before a reconcile's fence run recorded it (by another life's fence, or the
-    destination's timeout) leaves an ABORT marker at the log's end that stands for no source
-    offset. The next life's reconcile resumed one source offset too far, past it (docs/reliability.md,
-    finding 1): the source's next batch then "overlapped" what was mirrored and the partition went
-    FAILED. Here the empty transaction is opened and aborted under the mirror's own transactional
-    id while kmirrord is down, right after a commit marker, as the soak found it."""
-    topic = unique("txnempty")
+def _mirrored_then_killed(env, prefix, txid):
+    """A topic whose partition 0 has one source transaction of records 0-4 (its commit marker at 5),
+    mirrored; then kmirrord killed -9. Returns the topic, one(tag, base) (the next transaction of 5
+    records at the source) and the mirror's transactional ids of partition 0."""
+    topic = unique(prefix)
     env.source.create_topic(topic, partitions=PARTS)  # partition 0 only is written
-    src = txn_producer(env.sb, "txe")
+    src = txn_producer(env.sb, txid)
 
     def one(tag, base):
         src.begin_transaction()
@@ -491,17 +485,11 @@ def test_empty_aborted_transaction_at_the_tail_takes_no_offset(env):
     assert tids, f"no transactional id of the mirror for {topic}-0: {list_transactions(env)}"
     env.proxy.signal(signal.SIGKILL)
     env.proxy.daemon.proc.wait(timeout=30)
-    # The mirror's transactional id adds the partition, writes nothing (linger.ms), aborts.
-    held = Producer({"bootstrap.servers": env.dest.bootstrap, "transactional.id": tids[0],
-                     "transaction.timeout.ms": 120000, "linger.ms": 60000})
-    held.init_transactions(30)
-    held.begin_transaction()
-    held.produce(topic, key=b"held", value=b"queued, never sent", partition=0)
-    time.sleep(2.0)  # AddPartitionsToTxn goes at once, the Produce waits for linger.ms
-    held.abort_transaction(30)
-    wait_until(lambda: ends(env.dest.bootstrap, topic, UNCOMMITTED)[0][1] == 7, 30,
-               what="the empty transaction's ABORT marker at destination offset 6")
-    one("b", 5)  # source: records 6-10, right after the commit marker
+    return topic, one, tids
+
+
+def _restarted_exact(env, topic):
+    """kmirrord started again: the partition never FAILED, and its 10 records exact through it at both isolation levels."""
     env.proxy.start()
 
     def settled():
@@ -513,6 +501,31 @@ def test_empty_aborted_transaction_at_the_tail_takes_no_offset(env):
     assert compare(env, topic, UNCOMMITTED, hw) == 10
     assert compare(env, topic, COMMITTED, lso) == 10
     assert _kinds(env, topic) == ["MIRRORING"]
+
+
+@main_release_only
+def test_empty_aborted_transaction_at_the_tail_takes_no_offset(env):
+    """A destination transaction of the mirror's that held the partition with nothing written to
+    it yet (AddPartitionsToTxn, then the Produce lost: a destination restart, kmirrord killed) and
+    that was aborted before a reconcile's fence run recorded it (by another life's fence, or the
+    destination's timeout) leaves an ABORT marker at the log's end that stands for no source
+    offset. The next life's reconcile resumed one source offset too far, past it (docs/reliability.md,
+    finding 1): the source's next batch then "overlapped" what was mirrored and the partition went
+    FAILED. Here the empty transaction is opened and aborted under the mirror's own transactional
+    id while kmirrord is down, right after a commit marker, as the soak found it."""
+    topic, one, tids = _mirrored_then_killed(env, "txnempty", "txe")
+    # The mirror's transactional id adds the partition, writes nothing (linger.ms), aborts.
+    held = Producer({"bootstrap.servers": env.dest.bootstrap, "transactional.id": tids[0],
+                     "transaction.timeout.ms": 120000, "linger.ms": 60000})
+    held.init_transactions(30)
+    held.begin_transaction()
+    held.produce(topic, key=b"held", value=b"queued, never sent", partition=0)
+    time.sleep(2.0)  # AddPartitionsToTxn goes at once, the Produce waits for linger.ms
+    held.abort_transaction(30)
+    wait_until(lambda: ends(env.dest.bootstrap, topic, UNCOMMITTED)[0][1] == 7, 30,
+               what="the empty transaction's ABORT marker at destination offset 6")
+    one("b", 5)  # source: records 6-10, right after the commit marker
+    _restarted_exact(env, topic)
 
 
 def _kstr(s):
@@ -612,41 +625,14 @@ def test_commit_marker_that_stands_for_no_source_offset_takes_none(env):
     partition and commits with no record, right after the mirror's commit marker: the same tail
     (the producer's epoch one higher, from InitProducerId), which only the source tells from the
     mirror's own marker: it has a record, not a marker, at the offset the marker would take."""
-    topic = unique("txndup")
-    env.source.create_topic(topic, partitions=PARTS)  # partition 0 only is written
-    src = txn_producer(env.sb, "txd")
-
-    def one(tag, base):
-        src.begin_transaction()
-        for i in range(base, base + 5):
-            k, v, h, _ = record(i, tag)
-            src.produce(topic, value=v, key=k, headers=h, partition=0)
-        src.commit_transaction(30)
-
-    one("a", 0)  # source: records 0-4, its commit marker at 5
-    env.start(topic)
-    wait_mirrored(env, topic)
-    tids = [t for t, _ in list_transactions(env) if f"/{env.mirror}/{topic}/0/" in t]
-    assert tids, f"no transactional id of the mirror for {topic}-0: {list_transactions(env)}"
-    env.proxy.signal(signal.SIGKILL)
-    env.proxy.daemon.proc.wait(timeout=30)
+    topic, one, tids = _mirrored_then_killed(env, "txndup", "txd")
     commit_nothing(env.dest.bootstrap, tids[0], topic, 0)
     wait_until(lambda: ends(env.dest.bootstrap, topic, UNCOMMITTED)[0][1] == 7, 30,
                what="the second COMMIT marker at destination offset 6")
     tail = [(b["base"], b["control"] and marker_type(b)) for b in partition_batches(env.dest, topic, 0)][-2:]
     assert tail == [(5, 1), (6, 1)], f"not two COMMIT markers at 5 and 6: {tail}"
     one("b", 6)  # source: records 6-10, right after the commit marker
-    env.proxy.start()
-
-    def settled():
-        states = [p["state"] for p in env.partitions(topic)]
-        assert "FAILED" not in states, f"{topic}: {env.partitions(topic)}"
-        return ends(env.pb, topic, UNCOMMITTED) == ends(env.sb, topic, UNCOMMITTED)
-    wait_until(settled, 90, what=f"{topic} mirrored again after the restart")
-    (hw, lso) = wait_mirrored(env, topic)
-    assert compare(env, topic, UNCOMMITTED, hw) == 10
-    assert compare(env, topic, COMMITTED, lso) == 10
-    assert _kinds(env, topic) == ["MIRRORING"]
+    _restarted_exact(env, topic)
 
 
 def test_promote_waits_for_open_transactions(env):

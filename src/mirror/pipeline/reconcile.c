@@ -324,12 +324,19 @@ static void after_reconcile(km_pipeline *pl, mpart *p, int64_t end)
  * before x, as far into it as x is (its end, then the next run's start, when it is closed before
  * x). -1 without such a run.
  */
-static int64_t resume_logical(const km_offmap *m, int64_t x)
+/* How many of m's runs start at or before physical offset x: the last of them is the one x is in or after. */
+static size_t runs_from(const km_offmap *m, int64_t x)
 {
 	size_t i = m ? m->n : 0;
-	int64_t len;
 	while (i > 0 && m->runs[i - 1].physical > x)
 		i--;
+	return i;
+}
+
+static int64_t resume_logical(const km_offmap *m, int64_t x)
+{
+	size_t i = runs_from(m, x);
+	int64_t len;
 	if (!i)
 		return -1;
 	len = km_offmap_run_length(m, i - 1);
@@ -618,10 +625,8 @@ static void hidden_from(km_pipeline *pl, mpart *p, int64_t at)
  */
 static int64_t mapped_logical(const km_offmap *m, int64_t x)
 {
-	size_t i = m ? m->n : 0;
+	size_t i = runs_from(m, x);
 	int64_t len;
-	while (i > 0 && m->runs[i - 1].physical > x)
-		i--;
 	if (!i)
 		return -1;
 	len = km_offmap_run_length(m, i - 1);

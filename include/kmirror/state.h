@@ -302,6 +302,7 @@ typedef struct km_state_run {
 	int64_t prev_logical_end; /* closes the run before it; -1 for the first run */
 	uint8_t flags;            /* KM_OFFRUN_* */
 	int32_t epoch;            /* (progress writes only) the source leader epoch at the tail, -1: not known */
+	int64_t open_txn;         /* (progress writes only) km_state_progress.open_txn */
 } km_state_run;
 
 /*
@@ -367,6 +368,11 @@ typedef struct km_state_progress {
 	int32_t partition;
 	int64_t logical;
 	int32_t epoch; /* the source leader epoch of the batch before it (LastMirroredEpoch), -1: not known */
+	/*
+	 * Where the earliest destination transaction the pipeline holds open starts (logical), -1: none.
+	 * Other instances show nothing past it (OpenTransactionOffset: a fence may still abort it).
+	 */
+	int64_t open_txn;
 } km_state_progress;
 void km_state_progress_write(km_state *st, const char *mirror, const km_state_progress *items, size_t n,
 			     km_state_done_cb done, void *arg);

@@ -181,6 +181,7 @@ km_err km_state_partition_value_encode(km_wr *w, const km_state_topic *t, const 
 	v.state_change_time_ms = p->state_change_ms;
 	v.last_mirrored_offset = p->last_mirrored_offset;
 	v.last_mirrored_epoch = p->last_mirrored_epoch;
+	v.open_transaction_offset = p->has_open_txn ? p->open_txn_offset : -1;
 	v.last_error = p->last_error ? km_str_c(p->last_error) : KM_STR_NULL;
 	v.last_error_time_ms = p->last_error_ms;
 	v.source_topic_id = p->source_id;
@@ -547,6 +548,8 @@ static km_err apply_partition(km_state_model *m, const km_state_key *k, const ui
 			p->state_change_ms = v.state_change_time_ms;
 			p->last_mirrored_offset = v.last_mirrored_offset;
 			p->last_mirrored_epoch = v.last_mirrored_epoch;
+			p->has_open_txn = v.open_transaction_offset >= 0;
+			p->open_txn_offset = v.open_transaction_offset;
 			free(p->last_error);
 			p->last_error = err;
 			p->last_error_ms = v.last_error_time_ms;
@@ -642,7 +645,7 @@ size_t km_state_model_mirror_runs(const km_state_mirror *mi)
 void km_state_part_bound(km_state_part *p)
 {
 	km_offmap *m = p->map;
-	int64_t phys;
+	int64_t phys, logical;
 
 	if (!m || m->tail_held)
 		return;
@@ -651,12 +654,27 @@ void km_state_part_bound(km_state_part *p)
 	m->tail_ts = 0;
 	if (!p->present || p->state == KM_MP_STOPPED || p->last_mirrored_offset < 0 || !m->n)
 		return;
+	/*
+	 * What may still be taken back is not shown (docs/state.md, "What a reader is shown"): the tail
+	 * stops where the runner's earliest open destination transaction starts (a fence may abort it,
+	 * and it is mirrored again), and where a fence run hides what follows (written before the abort:
+	 * the progress persisted earlier may lie past it, and mapped through it, past the log's end).
+	 */
+	logical = p->last_mirrored_offset;
+	if (p->has_open_txn && p->open_txn_offset >= 0 && p->open_txn_offset < logical)
+		logical = p->open_txn_offset;
+	for (size_t i = 0; i < m->n; i++)
+		if ((m->runs[i].flags & KM_OFFRUN_FENCE) && m->runs[i].logical < logical) {
+			logical = m->runs[i].logical;
+			break;
+		}
 	/* Runs are persisted before the batches that start them, progress after they landed: the runs know it. */
-	if ((phys = km_offmap_to_physical(m, p->last_mirrored_offset)) < 0)
+	if ((phys = km_offmap_to_physical(m, logical)) < 0)
 		return;
 	m->tail_physical = phys;
-	m->tail_logical = p->last_mirrored_offset;
-	m->tail_epoch = p->last_mirrored_epoch;
+	m->tail_logical = logical;
+	/* The source leader epoch of the batch before the tail is known only at the progress itself. */
+	m->tail_epoch = logical == p->last_mirrored_offset ? p->last_mirrored_epoch : -1;
 }
 
 void km_state_mirror_bound(km_state_mirror *mi)

@@ -67,6 +67,9 @@ typedef struct km_state_part {
 	int64_t state_change_ms;
 	int64_t last_mirrored_offset;
 	int32_t last_mirrored_epoch;
+	/* With the progress: where its earliest open destination transaction starts (has_open_txn). */
+	bool has_open_txn;
+	int64_t open_txn_offset;
 	int64_t source_log_end;
 	int64_t source_log_end_ms; /* when source_log_end was learned (wall clock), 0: never */
 	char *last_error;

@@ -775,6 +775,10 @@ static void prepare_pset(km_state *st, km_state_mut *mu)
 		if (p.map && p.map->tail_logical >= 0) {
 			p.last_mirrored_offset = p.map->tail_logical;
 			p.last_mirrored_epoch = p.map->tail_epoch;
+			if (p.map->tail_held) {
+				p.has_open_txn = p.map->open_txn_logical >= 0;
+				p.open_txn_offset = p.map->open_txn_logical;
+			}
 		}
 		if (mu->error) {
 			p.last_error = mu->error;
@@ -941,10 +945,13 @@ static void prepare_progress(km_state *st, km_state_mut *mu)
 			continue;
 		p = t->parts[r->partition];
 		if (p.state == KM_MP_STOPPING || p.state == KM_MP_STOPPED ||
-		    (p.last_mirrored_offset == r->logical && p.last_mirrored_epoch == r->epoch))
+		    (p.last_mirrored_offset == r->logical && p.last_mirrored_epoch == r->epoch &&
+		     (p.has_open_txn ? p.open_txn_offset : -1) == (r->open_txn >= 0 ? r->open_txn : -1)))
 			continue;
 		p.last_mirrored_offset = r->logical;
 		p.last_mirrored_epoch = r->epoch;
+		p.has_open_txn = r->open_txn >= 0;
+		p.open_txn_offset = r->open_txn;
 		if (add_partition_rec(mu, t, r->partition, &p) != KM_OK) {
 			set_msg(mu, KM_MIRROR_STATE_UNAVAILABLE, "out of memory");
 			return;
@@ -1426,7 +1433,7 @@ void km_state_progress_write(km_state *st, const char *mirror, const km_state_pr
 	for (size_t i = 0; i < n; i++) {
 		mu->runs[i] = (km_state_run){.topic = strdup(items[i].topic ? items[i].topic : ""),
 					     .partition = items[i].partition, .logical = items[i].logical,
-					     .epoch = items[i].epoch};
+					     .epoch = items[i].epoch, .open_txn = items[i].open_txn};
 		if (!mu->runs[i].topic) {
 			mut_free(mu);
 			return nomem(done, arg);

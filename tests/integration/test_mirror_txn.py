@@ -708,3 +708,72 @@ def test_list_offsets_by_timestamp_with_transactions(env, proxy_factory):
 
 def watermarks_through(bootstrap, topic):
     return [h for _, h in ends(bootstrap, topic, UNCOMMITTED)]
+
+
+@main_release_only
+def test_follower_shows_nothing_of_an_open_transaction(env, kmirrord_bin, tmp_path):
+    """Another kmirrord in front of the same destination (one that runs no pipeline) shows what the
+    runner persisted as progress. Progress used to cover the records of a destination transaction
+    still open: the other instance showed them (high watermark), and once an abort marker moved the
+    destination's last stable offset (a fence, after the runner died: the records are mirrored
+    again) read_committed readers there were shown past them too. Then the offsets went back: the
+    soak's readers through the other instance got OFFSET_OUT_OF_RANGE and read the partition again
+    from its start (docs/reliability.md, finding 6). The runner now persists where its earliest open
+    transaction starts, and other instances show nothing past it."""
+    topic = unique("txnfollow")
+    env.source.create_topic(topic, partitions=PARTS)
+    follower = Proxy(kmirrord_bin, env.dest, str(tmp_path), name="kmirrord-txn-follower",
+                     mirror_state_topic="__mirror_state_txn", mirror_pipelines="none").start()
+    try:
+        tr = Traffic(env.sb, topic, seed=6)
+        for _ in range(3):
+            tr.round()
+        env.start(topic)
+        wait_mirrored(env, topic)
+        tr.open_one(40)
+        src_hw, src_lso = ends(env.sb, topic, UNCOMMITTED), ends(env.sb, topic, COMMITTED)
+        assert src_hw != src_lso, "the open transaction's records at the source"
+        # The runner shows them (read_uncommitted), as the source does; its progress is persisted
+        # every 200 ms and followed by the other instance within a second.
+        wait_until(lambda: ends(env.pb, topic, UNCOMMITTED) == src_hw, 60,
+                   what="the open transaction mirrored through the runner")
+        time.sleep(2.0)
+        seen = [(ends(follower.bootstrap, topic, UNCOMMITTED), ends(follower.bootstrap, topic, COMMITTED))
+                for _ in range(3)]
+        for hw, lso in seen:
+            assert hw == src_lso and lso == src_lso, (
+                f"the other instance shows (hw, lso) {hw}, {lso}; the open transaction starts at {src_lso}, "
+                f"the source's high watermark is {src_hw}")
+        # A reader there at the end, then the runner killed and started again: it fences and hides
+        # its open transaction, and mirrors it again. The source commits it; the reader gets every
+        # record from where it stood, and no offset goes back.
+        c = _consumer(follower.bootstrap, COMMITTED)
+        c.assign([TopicPartition(topic, p, src_lso[p][1]) for p in range(PARTS)])
+        got = {p: [] for p in range(PARTS)}
+
+        def take(until):
+            while time.monotonic() < until:
+                for m in c.consume(num_messages=1000, timeout=0.2):
+                    assert m.error() is None, f"reader through the other instance: {m.error()}"
+                    got[m.partition()].append(m.offset())
+        take(time.monotonic() + 2)
+        env.proxy.signal(signal.SIGKILL)
+        env.proxy.daemon.proc.wait(timeout=30)
+        env.proxy.start()
+        take(time.monotonic() + 5)
+        tr.a.commit_transaction(30)
+        tr.close()
+        hw, lso = wait_mirrored(env, topic)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and any(
+                (got[p][-1] + 1 if got[p] else src_lso[p][1]) < lso[p][1] - 1 for p in range(PARTS)):
+            take(time.monotonic() + 1)
+        c.close()
+        for p in range(PARTS):
+            src = [r.offset for r in read_partition(env.sb, topic, p, src_lso[p][1], lso[p][1],
+                                                    **{"isolation.level": COMMITTED})]
+            assert got[p] == src, f"partition {p}: read through the other instance {got[p]}, source {src}"
+        assert compare(env, topic, COMMITTED, lso) > 0
+        assert _kinds(env, topic) == ["MIRRORING"]
+    finally:
+        follower.stop()

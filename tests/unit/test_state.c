@@ -898,8 +898,8 @@ static void test_fatal(void **state)
 }
 
 /* A run record into m: physical -1 writes its tombstone. */
-static void run_rec(km_state_model *m, const char *topic, int32_t partition, int64_t logical, int64_t physical,
-		    int64_t prev)
+static void run_rec_flags(km_state_model *m, const char *topic, int32_t partition, int64_t logical, int64_t physical,
+			  int64_t prev, uint8_t flags)
 {
 	km_state_key rk = {.type = KM_STATE_REC_RUN, .mirror = km_str_c("m1"), .topic = km_str_c(topic),
 			   .partition = partition, .logical = logical};
@@ -908,10 +908,16 @@ static void run_rec(km_state_model *m, const char *topic, int32_t partition, int
 
 	km_wr_init(&w);
 	if (physical >= 0)
-		assert_int_equal(km_state_run_value_encode(&w, physical, prev, 0), KM_OK);
+		assert_int_equal(km_state_run_value_encode(&w, physical, prev, flags), KM_OK);
 	rec(m, &rk, physical >= 0 ? &w : NULL, &chg);
 	assert_false(chg.changed); /* runs are no state change */
 	km_wr_free(&w);
+}
+
+static void run_rec(km_state_model *m, const char *topic, int32_t partition, int64_t logical, int64_t physical,
+		    int64_t prev)
+{
+	run_rec_flags(m, topic, partition, logical, physical, prev, 0);
 }
 
 /* Record type 2: the key's bytes, the value, and the model's maps from records in any order. */
@@ -1188,14 +1194,18 @@ static void test_offmap_handles(void **state)
 	event_base_free(base);
 }
 
-/* Partition 0 of t in state s with a persisted last mirrored offset, and runs (100 -> 0, 105 -> 3 closing at 103). */
-static void model_progress(km_state_model *m, km_mp_state s, int64_t last)
+/*
+ * Partition 0 of t in state s with a persisted last mirrored offset (epoch 4), the start of the
+ * transaction then open (-1: none), and runs (100 -> 0, 105 -> 3 closing at 103).
+ */
+static void model_progress_open(km_state_model *m, km_mp_state s, int64_t last, int64_t open)
 {
 	km_state_cfg_entry cfg[1] = {{.name = "bootstrap.servers", .value = "s:9092"}};
 	km_state_mirror mi = {.name = "m1", .cfg = cfg, .ncfg = 1};
 	km_state_topic tt = {.name = "t", .mirror = &mi};
 	km_state_key pk = {.type = KM_STATE_REC_PARTITION, .mirror = km_str_c("m1"), .topic = km_str_c("t")};
-	km_state_part p = {.state = s, .last_mirrored_offset = last, .last_mirrored_epoch = -1};
+	km_state_part p = {.state = s, .last_mirrored_offset = last, .last_mirrored_epoch = 4,
+			   .has_open_txn = open >= 0, .open_txn_offset = open};
 	km_state_change chg;
 	km_wr w;
 
@@ -1207,6 +1217,11 @@ static void model_progress(km_state_model *m, km_mp_state s, int64_t last)
 	run_rec(m, "t", 0, 100, 0, -1);
 	run_rec(m, "t", 0, 105, 3, 103);
 	assert_int_equal(km_state_model_index(m), KM_OK);
+}
+
+static void model_progress(km_state_model *m, km_mp_state s, int64_t last)
+{
+	model_progress_open(m, s, last, -1);
 }
 
 /*
@@ -1262,6 +1277,57 @@ static void test_progress_bounds_readers(void **state)
 	event_base_free(base);
 }
 
+/*
+ * What another instance shows stops where something may still be taken back (docs/state.md, "What
+ * a reader is shown"). The runner's earliest open destination transaction, persisted with its
+ * progress: a fence may abort it and mirror it again, so a reader shown past it (an abort marker
+ * moving the last stable offset) would find those offsets gone and ask out of range. A fence run,
+ * written before the abort: the progress persisted earlier lies past it, and mapped through the
+ * fence run's physical start (a lower bound: the log's end then) it would point past the log.
+ */
+static void test_open_transaction_bounds_readers(void **state)
+{
+	struct event_base *base = event_base_new();
+	km_state *st = store_unreachable(base);
+	km_state_model m;
+	const km_offmap *map;
+	(void)state;
+
+	/* Progress 110 (physical 8), a transaction open from 107 (physical 5), through the record: shown up to 107. */
+	model_progress_open(&m, KM_MP_MIRRORING, 110, 107);
+	km_state_loaded(st, &m);
+	map = km_state_topic_offmap(km_state_topic_find(st, "t", 1), 0);
+	assert_non_null(map);
+	assert_int_equal(map->tail_logical, 107);
+	assert_int_equal(map->tail_physical, 5);
+	assert_int_equal(map->tail_epoch, -1); /* the batch before 107 is not the one progress names */
+	assert_int_equal(km_offmap_next_to_logical(map, 9), 107); /* the abort marker's LSO: still 107 */
+	assert_int_equal(km_offmap_to_logical(map, 6), 107);      /* the open transaction's records: hidden */
+	assert_int_equal(km_offmap_to_physical(map, 109), 5);     /* a reader asks at the transaction's start */
+	/* A transaction that starts past the progress bounds nothing: the progress does, with its epoch. */
+	model_progress_open(&m, KM_MP_MIRRORING, 110, 112);
+	km_state_loaded(st, &m);
+	assert_int_equal(map->tail_logical, 110);
+	assert_int_equal(map->tail_physical, 8);
+	assert_int_equal(map->tail_epoch, 4);
+
+	/*
+	 * A fence run at 107 (physical 12, the log's end when it was written): progress 110 would map to
+	 * physical 15, past that end. The tail is the fence run's start.
+	 */
+	model_progress_open(&m, KM_MP_MIRRORING, 110, -1);
+	run_rec_flags(&m, "t", 0, 107, 12, 107, KM_OFFRUN_FENCE);
+	assert_int_equal(km_state_model_index(&m), KM_OK);
+	km_state_loaded(st, &m);
+	assert_int_equal(map->tail_logical, 107);
+	assert_int_equal(map->tail_physical, 12);
+	assert_int_equal(km_offmap_to_physical(map, 109), 12); /* a reader past it waits at the log's end */
+	assert_int_equal(km_offmap_next_to_logical(map, 14), 107);
+	km_state_free(st);
+	event_base_loop(base, EVLOOP_NONBLOCK);
+	event_base_free(base);
+}
+
 static bool owns_none(void *arg, const char *mirror)
 {
 	(*(int *)arg)++;
@@ -1280,7 +1346,7 @@ static void test_owner_check(void **state)
 	km_state_model m;
 	runs_probe p;
 	km_state_run r = {.topic = "t", .partition = 0, .logical = 10, .physical = 0, .prev_logical_end = -1};
-	km_state_progress g = {"t", 0, 12};
+	km_state_progress g = {"t", 0, 12, -1, -1};
 	int asked = 0;
 	(void)state;
 
@@ -1394,6 +1460,7 @@ int main(void)
 		cmocka_unit_test(test_transitions), cmocka_unit_test(test_settle_transitions), cmocka_unit_test(test_config),
 		cmocka_unit_test(test_mirror_option_table), cmocka_unit_test(test_secrets),
 		cmocka_unit_test(test_progress_bounds_readers),
+		cmocka_unit_test(test_open_transaction_bounds_readers),
 		cmocka_unit_test(test_owner_check),
 		cmocka_unit_test(test_secrets_format0),
 		cmocka_unit_test(test_key_file), cmocka_unit_test(test_keys),

@@ -40,6 +40,8 @@ typedef struct km_mirror_state_partition_value {
 	km_uuid source_topic_id;
 	/* v0+ tag 4: Who started the topic: 0 an operator (StartMirrorTopics), 1 the mirror's topic patterns... */
 	int8_t started_by;
+	/* v0+ tag 5: With LastMirroredOffset: where the earliest destination transaction the pipeline held o... */
+	int64_t open_transaction_offset;
 	km_tagged_list unknown_tags; /* tagged fields this codec does not know, kept as they came */
 } km_mirror_state_partition_value;
 

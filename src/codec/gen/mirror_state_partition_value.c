@@ -18,6 +18,7 @@ void km_mirror_state_partition_value_init(km_mirror_state_partition_value *m)
 	m->writer_producer_id = INT64_C(-1);
 	m->writer_producer_epoch = -1;
 	m->writer_start_offset = INT64_C(-1);
+	m->open_transaction_offset = INT64_C(-1);
 }
 
 static bool km_mirror_state_partition_value_dec_tag_writer_producer_id(km_rd *r, int16_t v, km_mirror_state_partition_value *m, km_arena *a)
@@ -61,6 +62,15 @@ static bool km_mirror_state_partition_value_dec_tag_started_by(km_rd *r, int16_t
 	(void)v;
 	(void)a;
 	if (!km_rd_i8(r, "StartedBy", &m->started_by))
+		return false;
+	return true;
+}
+
+static bool km_mirror_state_partition_value_dec_tag_open_transaction_offset(km_rd *r, int16_t v, km_mirror_state_partition_value *m, km_arena *a)
+{
+	(void)v;
+	(void)a;
+	if (!km_rd_i64(r, "OpenTransactionOffset", &m->open_transaction_offset))
 		return false;
 	return true;
 }
@@ -125,6 +135,12 @@ static bool km_mirror_state_partition_value_dec(km_rd *r, int16_t v, km_mirror_s
 						return km_codec_rd_join(r, &sub);
 				}
 				break;
+				case 5:
+				{
+					if (!km_mirror_state_partition_value_dec_tag_open_transaction_offset(&sub, v, m, a))
+						return km_codec_rd_join(r, &sub);
+				}
+				break;
 				default:
 					known = false;
 					break;
@@ -161,6 +177,8 @@ static void km_mirror_state_partition_value_enc(km_wr *w, int16_t v, const km_mi
 		ntags += has_source_topic_id;
 		const bool has_started_by = true && m->started_by != 0;
 		ntags += has_started_by;
+		const bool has_open_transaction_offset = true && m->open_transaction_offset != INT64_C(-1);
+		ntags += has_open_transaction_offset;
 		km_wr_uvarint(w, ntags);
 		km_codec_wr_tags(w, &m->unknown_tags, 0, 1, false);
 		if (has_writer_producer_id) {
@@ -202,7 +220,15 @@ static void km_mirror_state_partition_value_enc(km_wr *w, int16_t v, const km_mi
 			km_wr_uvarint(w, (uint32_t)n);
 			km_wr_i8(w, m->started_by);
 		}
-		km_codec_wr_tags(w, &m->unknown_tags, 5, UINT64_MAX, false);
+		km_codec_wr_tags(w, &m->unknown_tags, 5, 6, false);
+		if (has_open_transaction_offset) {
+			size_t n = 0;
+			n += 8;
+			km_wr_uvarint(w, 5);
+			km_wr_uvarint(w, (uint32_t)n);
+			km_wr_i64(w, m->open_transaction_offset);
+		}
+		km_codec_wr_tags(w, &m->unknown_tags, 6, UINT64_MAX, false);
 	}
 }
 
@@ -250,6 +276,12 @@ static size_t km_mirror_state_partition_value_sz(int16_t v, const km_mirror_stat
 			size_t fn = 0;
 			fn += 1;
 			n += km_sz_uvarint(4) + km_sz_uvarint((uint32_t)fn) + fn;
+			ntags++;
+		}
+		if (true && m->open_transaction_offset != INT64_C(-1)) {
+			size_t fn = 0;
+			fn += 8;
+			n += km_sz_uvarint(5) + km_sz_uvarint((uint32_t)fn) + fn;
 			ntags++;
 		}
 		n += km_sz_uvarint(ntags);

@@ -100,17 +100,22 @@ bool km_pl_tx_open(const mpart *p)
 	return false;
 }
 
-/* Describe's figure: where the earliest open destination transaction of p starts (offmap.open_txn_logical). */
-static void publish_open(km_pipeline *pl, mpart *p)
+int64_t km_pl_open_txn_logical(const mpart *p)
 {
-	km_offmap *m = km_state_offmap_mut(km_mirror_store(pl->mi), p->t->name, p->id);
 	int64_t first = -1;
 	for (size_t i = 0; i < p->txn.n; i++)
 		if (p->txn.tx[i].src_pid >= 0 && p->txn.tx[i].first_logical >= 0 &&
 		    (first < 0 || p->txn.tx[i].first_logical < first))
 			first = p->txn.tx[i].first_logical;
+	return first;
+}
+
+/* Describe's figure: where the earliest open destination transaction of p starts (offmap.open_txn_logical). */
+static void publish_open(km_pipeline *pl, mpart *p)
+{
+	km_offmap *m = km_state_offmap_mut(km_mirror_store(pl->mi), p->t->name, p->id);
 	if (m)
-		m->open_txn_logical = first;
+		m->open_txn_logical = km_pl_open_txn_logical(p);
 }
 
 /* The source transaction p->txn.tx[i] carried is decided (or aborted by a fence): the producer is free. */

@@ -214,6 +214,7 @@ static void part_init(mpart *p, mtopic *t, int32_t id)
 	p->fetch.sess_node = -1;
 	p->out.progress = -1;
 	p->out.acked_epoch = p->out.progress_epoch = -1;
+	p->out.progress_open = -1;
 	p->div.checked = -1;
 }
 

@@ -134,6 +134,7 @@ typedef struct mpart {
 		bool tail;              /* the tail is this pipeline's (km_pl_set_tail): readers here see up to it */
 		int64_t progress;       /* the tail last persisted as progress (-1: none in this life) */
 		int32_t progress_epoch; /* and its epoch */
+		int64_t progress_open;  /* and the open transaction's start persisted with it (km_pl_open_txn_logical) */
 	} out;
 	struct {                /* reconcile.c, carry.c */
 		bool need_pid;          /* waits for a fresh producer id */
@@ -396,6 +397,8 @@ int km_pl_txn_slot(void *arg, int64_t src_pid, int64_t logical, bool create);
 bool km_pl_tid_is_of(const km_pipeline *pl, const mpart *p, const char *tid);
 /* Whether p carries an open source transaction. */
 bool km_pl_tx_open(const mpart *p);
+/* Where the earliest destination transaction p holds open starts (logical), -1: none. */
+int64_t km_pl_open_txn_logical(const mpart *p);
 void km_pl_tx_free_all(mpart *p);
 /* Fence p's transactional ids (its own and an earlier life's): true once all are free again. */
 bool km_pl_fence_done(km_pipeline *pl, mpart *p);

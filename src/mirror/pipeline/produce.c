@@ -46,6 +46,7 @@ typedef struct progress_ctx {
 	mpart **parts;
 	int64_t *sent;
 	int32_t *epochs;
+	int64_t *open;
 } progress_ctx;
 
 static void on_progress(void *arg, const km_state_result *res)
@@ -60,6 +61,7 @@ static void on_progress(void *arg, const km_state_result *res)
 			for (size_t i = 0; i < x->n; i++) {
 				x->parts[i]->out.progress = x->sent[i];
 				x->parts[i]->out.progress_epoch = x->epochs[i];
+				x->parts[i]->out.progress_open = x->open[i];
 			}
 		else
 			KM_DEBUG(COMP, 0, "%s: progress not persisted (asked again): %s", pl->name,
@@ -68,13 +70,15 @@ static void on_progress(void *arg, const km_state_result *res)
 	free(x->parts);
 	free(x->sent);
 	free(x->epochs);
+	free(x->open);
 	free(x);
 }
 
 static bool progress_moved(const mpart *p)
 {
 	return p && p->out.tail && p->out.acked_logical >= 0 &&
-	       (p->out.acked_logical != p->out.progress || p->out.acked_epoch != p->out.progress_epoch);
+	       (p->out.acked_logical != p->out.progress || p->out.acked_epoch != p->out.progress_epoch ||
+		km_pl_open_txn_logical(p) != p->out.progress_open);
 }
 
 void km_pl_progress(km_pipeline *pl, int64_t now, int64_t *next)
@@ -99,11 +103,12 @@ void km_pl_progress(km_pipeline *pl, int64_t now, int64_t *next)
 	items = calloc(n, sizeof(*items));
 	x = calloc(1, sizeof(*x));
 	if (!items || !x || !(x->parts = calloc(n, sizeof(*x->parts))) || !(x->sent = calloc(n, sizeof(*x->sent))) ||
-	    !(x->epochs = calloc(n, sizeof(*x->epochs)))) {
+	    !(x->epochs = calloc(n, sizeof(*x->epochs))) || !(x->open = calloc(n, sizeof(*x->open)))) {
 		free(items);
 		if (x) {
 			free(x->parts);
 			free(x->sent);
+			free(x->epochs);
 			free(x);
 		}
 		return; /* out of memory: the next round tries again */
@@ -113,7 +118,9 @@ void km_pl_progress(km_pipeline *pl, int64_t now, int64_t *next)
 			mpart *p = pl->topics[i]->parts[j];
 			if (!progress_moved(p))
 				continue;
-			items[x->n] = (km_state_progress){p->t->name, p->id, p->out.acked_logical, p->out.acked_epoch};
+			x->open[x->n] = km_pl_open_txn_logical(p);
+			items[x->n] = (km_state_progress){p->t->name, p->id, p->out.acked_logical, p->out.acked_epoch,
+							  x->open[x->n]};
 			x->parts[x->n] = p;
 			x->epochs[x->n] = p->out.acked_epoch;
 			x->sent[x->n++] = p->out.acked_logical;

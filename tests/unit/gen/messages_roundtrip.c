@@ -14998,8 +14998,9 @@ static void fill_km_mirror_state_partition_value(km_mirror_state_partition_value
 	m->writer_start_offset = (int64_t)(t_int(seq, 1000000000, INT64_C(-1)) + ((int64_t)1 << 33));
 	t_uuid(&m->source_topic_id, seq);
 	m->started_by = (int8_t)(t_int(seq, 100, INT64_C(0)));
+	m->open_transaction_offset = (int64_t)(t_int(seq, 1000000000, INT64_C(-1)) + ((int64_t)1 << 33));
 	if (true && mode == 0)
-		t_unknown_tags(&m->unknown_tags, a, 5, 1004, seq);
+		t_unknown_tags(&m->unknown_tags, a, 6, 1005, seq);
 }
 
 static bool eq_km_mirror_state_partition_value(const km_mirror_state_partition_value *x, const km_mirror_state_partition_value *y)
@@ -15028,6 +15029,8 @@ static bool eq_km_mirror_state_partition_value(const km_mirror_state_partition_v
 		return t_diff("SourceTopicId");
 	if (!(x->started_by == y->started_by))
 		return t_diff("StartedBy");
+	if (!(x->open_transaction_offset == y->open_transaction_offset))
+		return t_diff("OpenTransactionOffset");
 	if (!t_tags_eq(&x->unknown_tags, &y->unknown_tags))
 		return t_diff("MirrorStatePartitionValue unknown tags");
 	return true;

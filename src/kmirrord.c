@@ -138,6 +138,13 @@ static km_err build_config(daemon_ctx *d, km_config *cfg, bool secrets, char *er
 		goto fail;
 	if (secrets && (rc = km_config_read_secrets(cfg, err, errlen)) != KM_OK)
 		goto fail;
+	if (secrets && cfg->upstream_sasl_kerberos_keytab) {
+		/* A keytab without the principal's key would fail every connection later, less clearly. */
+		km_sasl_krb5 k = {cfg->upstream_sasl_kerberos_service_name, cfg->upstream_sasl_kerberos_keytab,
+				  cfg->upstream_sasl_kerberos_principal, "upstream_sasl_kerberos_keytab"};
+		if ((rc = km_sasl_krb5_check(&k, err, errlen)) != KM_OK)
+			goto fail;
+	}
 	return KM_OK;
 fail:
 	km_config_free(cfg);

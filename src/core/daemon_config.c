@@ -258,12 +258,13 @@ static const km_option options[] = {
 		"(sasl.password, ...) in mirror_state_topic. Empty: mirrors with a secret are refused. Checked "
 		"like every secret file (secret_file_mode_check)."},
 	{.name = "mirror_file_dir", .type = KM_OPT_STRING, .offset = OFF(mirror_file_dir), .def = "", .reloadable = false,
-	 .doc = "The directory a mirror's ssl.ca.location, ssl.certificate.location and ssl.key.location must be in "
-		 "(symlinks and .. resolved). Empty: a mirror may name no file. Whoever may create or alter a mirror "
+	 .doc = "The directory a mirror's ssl.ca.location, ssl.certificate.location, ssl.key.location and the keyTab "
+		 "of its Krb5LoginModule sasl.jaas.config must be in (symlinks and .. resolved). Empty: a mirror may name no file. Whoever may create or alter a mirror "
 		 "chooses these paths and kmirrord reads them with its own rights."},
 	{.name = "secret_file_mode_check", .type = KM_OPT_BOOL, .offset = OFF(secret_file_mode_check), .def = "true",
 	 .reloadable = true,
-	 .doc = "A secret file (mirror_secret_key_file, upstream_sasl_password_file) that group or others may "
+	 .doc = "A secret file (mirror_secret_key_file, upstream_sasl_password_file, upstream_sasl_kerberos_keytab) "
+		"that group or others may "
 		"read or write (mode & 077) is refused, naming the chmod 600 to run. false: it is used, with a "
 		"warning."},
 };

@@ -230,6 +230,8 @@ km_err km_sasl_krb5_check(const km_sasl_krb5 *k, char *err, size_t errlen) __att
  */
 km_err km_sasl_krb5_jaas(const char *jaas, char **keytab, char **principal, char **service, char *err,
 			 size_t errlen) __attribute__((warn_unused_result));
+/* The name of k's memory credentials cache in this process ("MEMORY:..."; for tests and diagnostics). */
+void km_sasl_krb5_ccache(const km_sasl_krb5 *k, char *out, size_t len);
 /* Why the last step failed, one line ("" when it did not, or the mechanism says nothing more). */
 const char *km_sasl_reason(const km_sasl *s);
 /*

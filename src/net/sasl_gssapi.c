@@ -118,7 +118,7 @@ out:
 }
 
 /* One memory cache per keytab and principal in this process: connections share its tickets. */
-static void ccache_name(const km_sasl_krb5 *k, char *out, size_t len)
+void km_sasl_krb5_ccache(const km_sasl_krb5 *k, char *out, size_t len)
 {
 	uint64_t h = 1469598103934665603ull; /* FNV-1a */
 	for (const char *p = k->keytab; *p; p++)
@@ -162,7 +162,7 @@ km_sasl_gss *km_sasl_gss_new(const char *host, const km_sasl_krb5 *k, char *err,
 		gss_key_value_element_desc el[2];
 		gss_key_value_set_desc store = {2, el};
 
-		ccache_name(k, cc, sizeof(cc));
+		km_sasl_krb5_ccache(k, cc, sizeof(cc));
 		el[0].key = "client_keytab";
 		el[0].value = k->keytab;
 		el[1].key = "ccache";

@@ -74,7 +74,8 @@ static void exchange(char *who, size_t wholen)
 		}
 		km_wr_free(&out);
 		assert_true(ob.length <= sizeof(server));
-		memcpy(server, ob.value, ob.length);
+		if (ob.length)
+			memcpy(server, ob.value, ob.length);
 		slen = ob.length;
 		gss_release_buffer(&min, &ob);
 	}

@@ -717,8 +717,12 @@ static void start_sasl(km_net_client *c)
 	if (!strcmp(c->opts.sasl_mechanism, "GSSAPI")) {
 		km_sasl_krb5 k = {c->opts.sasl_kerberos_service_name, c->opts.sasl_kerberos_keytab,
 				  c->opts.sasl_kerberos_principal, c->opts.sasl_kerberos_setting};
-		char why[400];
-		if (!(c->sasl = km_sasl_new_gssapi(c->host, &k, why, sizeof(why)))) {
+		char why[400], host[300], *colon;
+		/* The broker's name as connected to, without the port c->host carries: its service principal's host. */
+		snprintf(host, sizeof(host), "%s", c->host);
+		if ((colon = strrchr(host, ':')))
+			*colon = 0;
+		if (!(c->sasl = km_sasl_new_gssapi(host, &k, why, sizeof(why)))) {
 			KM_WARN("net", c->id, "SASL GSSAPI with %s: %s", c->host, why);
 			set_reason(c, "SASL GSSAPI failed: %s", why);
 			client_close(c, KM_ERR_SASL);

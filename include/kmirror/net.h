@@ -289,6 +289,7 @@ typedef struct km_net_client_opts {
 	const char *sasl_kerberos_keytab;
 	const char *sasl_kerberos_principal;
 	const char *sasl_kerberos_setting;
+	const char *sasl_kerberos_host; /* the brokers' service principal's host; NULL: the host connected to */
 	bool skip_api_versions;      /* peers that do not answer ApiVersions: km_net_client_version says -1 */
 	bool quiet_failures;         /* a connection that fails before it is ready logs at debug (km_cluster says it once) */
 	int64_t connect_timeout_ms;  /* 0: 10 s; covers TCP, TLS, ApiVersions and SASL */

@@ -233,6 +233,13 @@ static const km_option options[] = {
 	 .offset = OFF(upstream_sasl_kerberos_principal), .def = "", .reloadable = true,
 	 .doc = "GSSAPI: kmirrord's own principal (kmirrord/host.example.com@EXAMPLE.COM), with "
 		"upstream_sasl_kerberos_keytab."},
+	{.name = "upstream_sasl_kerberos_host", .type = KM_OPT_STRING, .offset = OFF(upstream_sasl_kerberos_host),
+	 .def = "", .reloadable = true,
+	 .doc = "GSSAPI: the host part of the brokers' service principal when it is not the host kmirrord connects "
+		"to. A Kerberos client through kmirrord asks for a ticket to SERVICE/advertised_host, which kmirrord "
+		"passes on: the brokers' listener that kmirrord fronts must then be that principal, and kmirrord's "
+		"own connections to it need this set to advertised_host (docs/security.md, \"Kerberos\"). Empty: the "
+		"host connected to."},
 	{.name = "mirror_state_topic", .type = KM_OPT_STRING, .offset = OFF(mirror_state_topic), .def = "__mirror_state",
 	 .reloadable = false,
 	 .doc = "The compacted topic on the destination holding the mirror definitions and every mirrored partition's "

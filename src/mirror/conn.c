@@ -282,6 +282,7 @@ km_cluster *km_mirror_dest_cluster(km_mirror *mi, const char *mirror, const char
 	o.sasl_kerberos_keytab = cfg->upstream_sasl_kerberos_keytab;
 	o.sasl_kerberos_principal = cfg->upstream_sasl_kerberos_principal;
 	o.sasl_kerberos_setting = "upstream_sasl_kerberos_keytab";
+	o.sasl_kerberos_host = cfg->upstream_sasl_kerberos_host;
 	o.connect_timeout_ms = cfg->upstream_connect_timeout_ms;
 	o.request_timeout_ms = 40000; /* above the Produce timeout (30 s) */
 	o.max_frame_bytes = 16 << 20;

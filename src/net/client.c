@@ -722,6 +722,8 @@ static void start_sasl(km_net_client *c)
 		snprintf(host, sizeof(host), "%s", c->host);
 		if ((colon = strrchr(host, ':')))
 			*colon = 0;
+		if (c->opts.sasl_kerberos_host && *c->opts.sasl_kerberos_host)
+			snprintf(host, sizeof(host), "%s", c->opts.sasl_kerberos_host);
 		if (!(c->sasl = km_sasl_new_gssapi(host, &k, why, sizeof(why)))) {
 			KM_WARN("net", c->id, "SASL GSSAPI with %s: %s", c->host, why);
 			set_reason(c, "SASL GSSAPI failed: %s", why);

@@ -97,6 +97,9 @@ def krb_proxy(kmirrord_bin, krb_clusters, kdc, tmp_path_factory):
               upstream_sasl_mechanism="GSSAPI",
               upstream_sasl_kerberos_keytab=kdc.keytab("kmirrord"),
               upstream_sasl_kerberos_principal=kdc.principal("kmirrord"),
+              # As docs/security.md has it: the brokers' principal names the host clients reach
+              # through kmirrord, and kmirrord's own connections ask for that one too.
+              upstream_sasl_kerberos_host=KrbProxy.HOST,
               mirror_secret_key_file=str(key), mirror_file_dir=str(files))
     p.env = kdc.env(ccache=f"FILE:{d}/ccache-unused")
     p.files = str(files)
@@ -334,3 +337,21 @@ def test_kmirrord_keytab_checks(kmirrord_bin, kdc, tmp_path):
     assert r.returncode == 2 and "upstream_sasl_kerberos_keytab" in r.stderr and "chmod 600" in r.stderr, r.stderr
     r = run("--upstream-sasl-kerberos-keytab", good, "--check-config")
     assert r.returncode == 2 and "must be set together" in r.stderr, r.stderr
+
+
+def test_upstream_kerberos_host(kmirrord_bin, krb_clusters, kdc, tmp_path):
+    """upstream_sasl_kerberos_host is the host of the principal kmirrord asks a ticket for: one the
+    KDC does not know fails kmirrord's login with the KDC's words, in kmirrord's log."""
+    _, dst = krb_clusters
+    p = KrbProxy(kmirrord_bin, dst, str(tmp_path), name="kmirrord-krbhost", upstream=dst.sasl_bootstrap,
+                 upstream_sasl_mechanism="GSSAPI", upstream_sasl_kerberos_keytab=kdc.keytab("kmirrord"),
+                 upstream_sasl_kerberos_principal=kdc.principal("kmirrord"),
+                 upstream_sasl_kerberos_host="nohost.invalid")
+    p.env = kdc.env(ccache=f"FILE:{tmp_path}/ccache-unused")
+    p.start()
+    try:
+        p.wait_log(r"SASL GSSAPI failed: Kerberos ticket for kafka@nohost\.invalid: .*not found in Kerberos "
+                   r"database", 30)
+        assert p.metric("kmirror_upstream_brokers") == 0
+    finally:
+        p.stop()

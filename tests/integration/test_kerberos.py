@@ -292,7 +292,7 @@ def test_kerberos_client_through_kmirrord_as_itself(krb_proxy, krb_clusters, kdc
 def test_gssapi_exchange_and_ticket_renewal(kdc):
     """src/net's GSSAPI against this KDC and an MIT acceptor (tests/unit/test_net_sasl_live): the
     RFC 4752 exchange as a broker runs it, the acceptor sees the keytab's principal; then, with
-    tickets of 8 seconds, an exchange after they expired works, on tickets got again from the
+    tickets of 5 seconds, an exchange after they expired works, on tickets got again from the
     keytab into the process's memory cache (a cache that is not refreshed fails: Ticket expired)."""
     kmirrord = os.environ.get("KMIRRORD")
     if not kmirrord:
@@ -301,10 +301,10 @@ def test_gssapi_exchange_and_ticket_renewal(kdc):
     live = os.path.join(os.path.dirname(kmirrord or "."), "tests", "unit", "test_net_sasl_live")
     assert os.access(live, os.X_OK), f"{live} not built (make check builds it)"
     keytab = kdc.keytab("renewal-check")
-    kdc.set_max_life("renewal-check", "8 seconds")
+    kdc.set_max_life("renewal-check", "5 seconds")
     env = dict(os.environ, **kdc.env(), KRB5_KTNAME=kdc.keytab("kafka/127.0.0.1"),
                KM_TEST_KRB5_KEYTAB=keytab, KM_TEST_KRB5_PRINCIPAL=kdc.principal("renewal-check"),
-               KM_TEST_KRB5_LIFE_S="8")
+               KM_TEST_KRB5_LIFE_S="5")
     r = subprocess.run([live], env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and "[       OK ] test_exchange_and_renewal" in r.stdout, r.stdout + r.stderr
 

@@ -66,21 +66,23 @@ km_err km_sasl_krb5_check(const km_sasl_krb5 *k, char *err, size_t errlen)
 
 	if (!k->keytab || !*k->keytab) {
 		if (k->principal && *k->principal) {
-			fail(err, errlen, "%s: principal %s without a keytab: name the keytab that holds its key", setting_of(k),
-			     k->principal);
+			fail(err, errlen, "%s: principal %s without a keytab: name the keytab that holds its key",
+			     setting_of(k), k->principal);
 			return KM_ERR_CONFIG;
 		}
 		return KM_OK; /* the default credentials: kinit's, found when connecting */
 	}
 	if (!k->principal || !*k->principal) {
-		fail(err, errlen, "%s: keytab %s without a principal: name the principal whose key it holds", setting_of(k),
-		     k->keytab);
+		fail(err, errlen, "%s: keytab %s without a principal: name the principal whose key it holds",
+		     setting_of(k), k->keytab);
 		return KM_ERR_CONFIG;
 	}
 	/* Checked here first: krb5 says "Key table file not found" without the name. */
 	if (access(k->keytab, R_OK) != 0) {
-		fail(err, errlen, "%s: keytab %s: %s: give a keytab file this process can read (ktutil or kadmin ktadd "
-		     "make one)", setting_of(k), k->keytab, strerror(errno));
+		fail(err, errlen,
+		     "%s: keytab %s: %s: give a keytab file this process can read (ktutil or kadmin ktadd "
+		     "make one)",
+		     setting_of(k), k->keytab, strerror(errno));
 		return KM_ERR_CONFIG;
 	}
 	if ((kr = krb5_init_context(&kc)) != 0) {
@@ -90,8 +92,8 @@ km_err km_sasl_krb5_check(const km_sasl_krb5 *k, char *err, size_t errlen)
 	snprintf(name, sizeof(name), "FILE:%s", k->keytab);
 	if ((kr = krb5_kt_resolve(kc, name, &kt)) != 0 || (kr = krb5_parse_name(kc, k->principal, &pr)) != 0) {
 		const char *m = krb5_get_error_message(kc, kr);
-		fail(err, errlen, "%s: %s %s: %s", setting_of(k), kt ? "principal" : "keytab", kt ? k->principal : k->keytab,
-		     m);
+		fail(err, errlen, "%s: %s %s: %s", setting_of(k), kt ? "principal" : "keytab",
+		     kt ? k->principal : k->keytab, m);
 		krb5_free_error_message(kc, m);
 		goto out;
 	}
@@ -104,8 +106,8 @@ km_err km_sasl_krb5_check(const km_sasl_krb5 *k, char *err, size_t errlen)
 		     setting_of(k), k->keytab, k->principal, k->keytab);
 	} else {
 		const char *m = krb5_get_error_message(kc, kr);
-		fail(err, errlen, "%s: keytab %s: %s: give a keytab file (ktutil or kadmin ktadd make one)", setting_of(k),
-		     k->keytab, m);
+		fail(err, errlen, "%s: keytab %s: %s: give a keytab file (ktutil or kadmin ktadd make one)",
+		     setting_of(k), k->keytab, m);
 		krb5_free_error_message(kc, m);
 	}
 out:
@@ -171,16 +173,16 @@ km_sasl_gss *km_sasl_gss_new(const char *host, const km_sasl_krb5 *k, char *err,
 		nb.length = strlen(k->principal);
 		major = gss_import_name(&minor, &nb, GSS_KRB5_NT_PRINCIPAL_NAME, &me);
 		if (!GSS_ERROR(major))
-			major = gss_acquire_cred_from(&minor, me, GSS_C_INDEFINITE, &mechs, GSS_C_INITIATE, &store, &g->cred,
-						      NULL, NULL);
+			major = gss_acquire_cred_from(&minor, me, GSS_C_INDEFINITE, &mechs, GSS_C_INITIATE, &store,
+						      &g->cred, NULL, NULL);
 		if (me != GSS_C_NO_NAME) {
 			OM_uint32 min2;
 			gss_release_name(&min2, &me);
 		}
 		if (GSS_ERROR(major)) {
 			gss_why(major, minor, why, sizeof(why));
-			fail(err, errlen, "%s: credentials of %s from keytab %s: %s", setting_of(k), k->principal, k->keytab,
-			     why);
+			fail(err, errlen, "%s: credentials of %s from keytab %s: %s", setting_of(k), k->principal,
+			     k->keytab, why);
 			goto fail;
 		}
 	}
@@ -309,7 +311,8 @@ km_err km_sasl_krb5_jaas(const char *jaas, char **keytab, char **principal, char
 		p++;
 	n = (size_t)(p - start);
 	if (n < 15 || strncmp(p - 15, "Krb5LoginModule", 15) != 0 || (n > 15 && p[-16] != '.')) {
-		fail(err, errlen, "sasl.jaas.config: GSSAPI takes com.sun.security.auth.module.Krb5LoginModule, not '%.*s'",
+		fail(err, errlen,
+		     "sasl.jaas.config: GSSAPI takes com.sun.security.auth.module.Krb5LoginModule, not '%.*s'",
 		     (int)(n > 100 ? 100 : n), start);
 		return KM_ERR_CONFIG;
 	}
@@ -332,7 +335,8 @@ km_err km_sasl_krb5_jaas(const char *jaas, char **keytab, char **principal, char
 		p = skip_ws(p);
 		if (*p == ';' || !*p)
 			break;
-		while (*p && (isalnum((unsigned char)*p) || *p == '_' || *p == '.' || *p == '-') && kl + 1 < sizeof(key))
+		while (*p && (isalnum((unsigned char)*p) || *p == '_' || *p == '.' || *p == '-') &&
+		       kl + 1 < sizeof(key))
 			key[kl++] = *p++;
 		key[kl] = 0;
 		p = skip_ws(p);
@@ -369,12 +373,12 @@ km_err km_sasl_krb5_jaas(const char *jaas, char **keytab, char **principal, char
 		}
 		val[vl] = 0;
 		{
-			char **slot = !strcmp(key, "keyTab")	     ? keytab
-				      : !strcmp(key, "principal")    ? principal
-				      : !strcmp(key, "serviceName")  ? service
-				      : !strcmp(key, "useKeyTab")     ? &use_keytab
+			char **slot = !strcmp(key, "keyTab")           ? keytab
+				      : !strcmp(key, "principal")      ? principal
+				      : !strcmp(key, "serviceName")    ? service
+				      : !strcmp(key, "useKeyTab")      ? &use_keytab
 				      : !strcmp(key, "useTicketCache") ? &use_cache
-								      : NULL;
+								       : NULL;
 			if (slot) {
 				free(*slot);
 				*slot = val;
@@ -396,12 +400,14 @@ km_err km_sasl_krb5_jaas(const char *jaas, char **keytab, char **principal, char
 		goto out;
 	}
 	if (is_true(use_keytab) && (!*principal || !**principal)) {
-		fail(err, errlen, "sasl.jaas.config: useKeyTab=true needs principal=\"name@REALM\" (the key's principal in "
+		fail(err, errlen,
+		     "sasl.jaas.config: useKeyTab=true needs principal=\"name@REALM\" (the key's principal in "
 		     "the keytab)");
 		goto out;
 	}
 	if (!is_true(use_keytab) && !is_true(use_cache)) {
-		fail(err, errlen, "sasl.jaas.config: Krb5LoginModule needs useKeyTab=true with keyTab and principal, or "
+		fail(err, errlen,
+		     "sasl.jaas.config: Krb5LoginModule needs useKeyTab=true with keyTab and principal, or "
 		     "useTicketCache=true (kinit's credentials)");
 		goto out;
 	}

@@ -50,8 +50,8 @@ static void exchange(char *who, size_t wholen)
 		ib.length = out.len;
 		ib.value = out.buf;
 		if (stage == 0) {
-			maj = gss_accept_sec_context(&min, &actx, GSS_C_NO_CREDENTIAL, &ib, GSS_C_NO_CHANNEL_BINDINGS, &client,
-						     NULL, &ob, NULL, NULL, NULL);
+			maj = gss_accept_sec_context(&min, &actx, GSS_C_NO_CREDENTIAL, &ib, GSS_C_NO_CHANNEL_BINDINGS,
+						     &client, NULL, &ob, NULL, NULL, NULL);
 			assert_false(GSS_ERROR(maj));
 			if (maj == GSS_S_COMPLETE)
 				stage = 1;
@@ -108,7 +108,8 @@ static krb5_timestamp tgt_end(void)
 	assert_int_equal(krb5_cc_resolve(kc, name, &cc), 0);
 	if (krb5_cc_start_seq_get(kc, cc, &cur) == 0) {
 		while (krb5_cc_next_cred(kc, cc, &cur, &cr) == 0) {
-			if (cr.server->length == 2 && !strncmp(cr.server->data[0].data, "krbtgt", 6) && cr.times.endtime > end)
+			if (cr.server->length == 2 && !strncmp(cr.server->data[0].data, "krbtgt", 6) &&
+			    cr.times.endtime > end)
 				end = cr.times.endtime;
 			krb5_free_cred_contents(kc, &cr);
 		}
@@ -147,7 +148,7 @@ static void test_exchange_and_renewal(void **state)
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
-		cmocka_unit_test(test_exchange_and_renewal),
+	    cmocka_unit_test(test_exchange_and_renewal),
 	};
 	keytab = getenv("KM_TEST_KRB5_KEYTAB");
 	principal = getenv("KM_TEST_KRB5_PRINCIPAL");

@@ -192,6 +192,11 @@ def test_mirror_from_gssapi_source_into_gssapi_destination(krb_proxy, krb_cluste
     # The CLI sees the mirror as its own principal sees it.
     r = cli(kdc, p, operator, "describe", "--mirror", mirror)
     assert topic in r.stdout and "MIRRORING" in r.stdout, r.stdout
+    # A dry run asks the source itself, with the CLI's own Kerberos identity.
+    r = cli(kdc, p, operator, "stop", "--mirror", mirror, "--topics", topic, "--dry-run")
+    assert topic in r.stdout, r.stdout
+    wait_until(lambda: authenticated(src, kdc.principal("operator")), 15, 0.5,
+               "the source's log of the CLI's GSSAPI login (the dry run)")
     assert "SASL GSSAPI" not in p.output(), p.output()[-3000:]
     # Each connection was its own principal: kmirrord's and the operator's (through kmirrord) on
     # the destination, the mirror's on the source.

@@ -6,7 +6,7 @@
 FROM debian:12-slim AS build
 RUN apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
 	build-essential autoconf automake libtool pkg-config \
-	libevent-dev libssl-dev libsasl2-dev libzstd-dev liblz4-dev zlib1g-dev libsnappy-dev uthash-dev \
+	libevent-dev libssl-dev libsasl2-dev libkrb5-dev libzstd-dev liblz4-dev zlib1g-dev libsnappy-dev uthash-dev \
 	libcmocka-dev \
 	&& rm -rf /var/lib/apt/lists/*
 WORKDIR /src
@@ -17,7 +17,7 @@ FROM debian:12-slim
 # The runtime libraries only, and curl for the health check.
 RUN apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
 	libevent-2.1-7 libevent-openssl-2.1-7 libevent-pthreads-2.1-7 libssl3 libzstd1 liblz4-1 zlib1g \
-	libsnappy1v5 ca-certificates curl \
+	libsnappy1v5 libgssapi-krb5-2 libkrb5-3 ca-certificates curl \
 	&& rm -rf /var/lib/apt/lists/* \
 	&& useradd --system --user-group --home-dir /var/lib/kmirror --create-home --shell /usr/sbin/nologin kmirror
 COPY --from=build /staging/ /

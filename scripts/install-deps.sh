@@ -17,6 +17,9 @@ DEBIAN_PACKAGES=(
 	prometheus
 	# scripts/soak: network cuts between kmirrord and a cluster (packet filters on loopback ports).
 	nftables
+	# SASL GSSAPI: the GSS-API headers kmirror builds against; the tests' own MIT KDC (krb5kdc,
+	# kdb5_util, kadmin.local), kinit/klist, and cyrus-sasl's GSSAPI plugin for kcat's librdkafka.
+	libkrb5-dev krb5-kdc krb5-admin-server krb5-user libsasl2-modules-gssapi-mit
 )
 PYTHON_PACKAGES=(pytest confluent-kafka)
 

@@ -114,10 +114,22 @@ static void usage(FILE *out)
 		     "configuration.\n");
 }
 
+/* A keytab without the principal's key would fail every connection later, and less clearly. */
+static km_err keytab_usable(const km_config *cfg, char *err, size_t errlen)
+{
+	km_sasl_krb5 k = {cfg->upstream_sasl_kerberos_service_name, cfg->upstream_sasl_kerberos_keytab,
+			  cfg->upstream_sasl_kerberos_principal, "upstream_sasl_kerberos_keytab"};
+
+	if (!cfg->upstream_sasl_kerberos_keytab)
+		return KM_OK;
+	return km_sasl_krb5_check(&k, err, errlen);
+}
+
 /*
  * Build a configuration: defaults, then the file, then the command-line overrides; then the secrets
  * kept in files (not for --print-config, which shows the file's name and no password).
  */
+
 static km_err build_config(daemon_ctx *d, km_config *cfg, bool secrets, char *err, size_t errlen)
 {
 	km_err rc;
@@ -137,6 +149,8 @@ static km_err build_config(daemon_ctx *d, km_config *cfg, bool secrets, char *er
 	if ((rc = km_config_validate(cfg, err, errlen)) != KM_OK)
 		goto fail;
 	if (secrets && (rc = km_config_read_secrets(cfg, err, errlen)) != KM_OK)
+		goto fail;
+	if (secrets && (rc = keytab_usable(cfg, err, errlen)) != KM_OK)
 		goto fail;
 	return KM_OK;
 fail:
@@ -165,7 +179,7 @@ static void warn_secret_flags(const daemon_ctx *d)
 /* The secret files as the start reads them (mode, contents); false with why. */
 static bool secrets_usable(km_config *cfg, char *why, size_t len)
 {
-	if (km_config_read_secrets(cfg, why, len) != KM_OK)
+	if (km_config_read_secrets(cfg, why, len) != KM_OK || keytab_usable(cfg, why, len) != KM_OK)
 		return false;
 	return !cfg->mirror_secret_key_file ||
 	       km_state_key_check(cfg->mirror_secret_key_file, cfg->secret_file_mode_check, why, len) == KM_OK;

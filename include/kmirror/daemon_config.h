@@ -87,6 +87,10 @@ typedef struct km_config {
 	char *upstream_sasl_username;
 	char *upstream_sasl_password;
 	char *upstream_sasl_password_file;
+	char *upstream_sasl_kerberos_service_name;
+	char *upstream_sasl_kerberos_keytab;
+	char *upstream_sasl_kerberos_principal;
+	char *upstream_sasl_kerberos_host;
 	/* Not an option: upstream_sasl_password was read from upstream_sasl_password_file (km_config_read_secrets). */
 	bool upstream_sasl_password_from_file;
 	char *mirror_state_topic;

@@ -187,13 +187,53 @@ bool km_net_bev_can_splice(struct bufferevent *bev);
  */
 void km_net_move(struct evbuffer *src, struct evbuffer *dst, size_t n);
 
-/* ---- SASL client mechanisms (providers): PLAIN, SCRAM-SHA-256, SCRAM-SHA-512 ---- */
+/* ---- SASL client mechanisms (providers): PLAIN, SCRAM-SHA-256, SCRAM-SHA-512, GSSAPI ---- */
 
 typedef struct km_sasl km_sasl;
 
 bool km_sasl_mechanism_supported(const char *mechanism);
-/* NULL when the mechanism is not supported (or no memory). */
+/* NULL when the mechanism is not supported (or no memory); GSSAPI is made by km_sasl_new_gssapi. */
 km_sasl *km_sasl_new(const char *mechanism, const char *user, const char *password);
+
+/*
+ * A Kerberos identity for SASL GSSAPI (docs/security.md, "Kerberos"). keytab NULL: the default
+ * credentials (KRB5CCNAME, kinit); otherwise principal's keys in that keytab, whose tickets go to a
+ * memory credentials cache of this process shared by every connection with the same keytab and
+ * principal, and are got again from the keytab once half their lifetime has passed.
+ */
+typedef struct km_sasl_krb5 {
+	const char *service_name; /* the brokers' sasl.kerberos.service.name; NULL or "": "kafka" */
+	const char *keytab;
+	const char *principal;
+	const char *setting;      /* where keytab and principal were set, for the errors ("sasl.jaas.config") */
+} km_sasl_krb5;
+
+/*
+ * A GSSAPI exchange (RFC 4752, no security layer) with the broker host (its service principal is
+ * service_name/host). NULL with a one-line reason in err when the keytab cannot be read, holds no
+ * key for the principal, or the credentials cannot be had.
+ */
+km_sasl *km_sasl_new_gssapi(const char *host, const km_sasl_krb5 *k, char *err, size_t errlen);
+/*
+ * Whether k can be used before connecting: the keytab is readable and holds a key of principal (a
+ * keytab without a principal, or a principal without a keytab, is refused). KM_ERR_CONFIG with a
+ * one-line reason naming k->setting and what to do.
+ */
+km_err km_sasl_krb5_check(const km_sasl_krb5 *k, char *err, size_t errlen) __attribute__((warn_unused_result));
+/*
+ * Kafka's JAAS line for GSSAPI: com.sun.security.auth.module.Krb5LoginModule required, with
+ * useKeyTab=true keyTab="..." principal="..." (or useTicketCache=true: the default credentials),
+ * and serviceName. keytab, principal and service (each NULL when not given) are owned by the
+ * caller (free). Other Krb5LoginModule options (storeKey, debug, ...) are accepted and ignored.
+ * KM_ERR_CONFIG with a reason for another module, a missing ';', useKeyTab=true without keyTab
+ * or principal.
+ */
+km_err km_sasl_krb5_jaas(const char *jaas, char **keytab, char **principal, char **service, char *err,
+			 size_t errlen) __attribute__((warn_unused_result));
+/* The name of k's memory credentials cache in this process ("MEMORY:..."; for tests and diagnostics). */
+void km_sasl_krb5_ccache(const km_sasl_krb5 *k, char *out, size_t len);
+/* Why the last step failed, one line ("" when it did not, or the mechanism says nothing more). */
+const char *km_sasl_reason(const km_sasl *s);
 /*
  * One exchange: the first call has in NULL and yields the first client message in out; each later
  * call takes the server's message (SaslAuthenticate auth_bytes) and yields the next one, or sets
@@ -241,9 +281,15 @@ typedef struct km_net_client_opts {
 	const char *client_id;       /* default "kmirror" */
 	SSL_CTX *tls;                /* NULL: plaintext */
 	bool tls_verify_host;
-	const char *sasl_mechanism;  /* NULL: none; "PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512" */
+	const char *sasl_mechanism;  /* NULL: none; "PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "GSSAPI" */
 	const char *sasl_username;
 	const char *sasl_password;
+	/* GSSAPI: the broker's service name and the client's keytab and principal (km_sasl_krb5). */
+	const char *sasl_kerberos_service_name;
+	const char *sasl_kerberos_keytab;
+	const char *sasl_kerberos_principal;
+	const char *sasl_kerberos_setting;
+	const char *sasl_kerberos_host; /* the brokers' service principal's host; NULL: the host connected to */
 	bool skip_api_versions;      /* peers that do not answer ApiVersions: km_net_client_version says -1 */
 	bool quiet_failures;         /* a connection that fails before it is ready logs at debug (km_cluster says it once) */
 	int64_t connect_timeout_ms;  /* 0: 10 s; covers TCP, TLS, ApiVersions and SASL */

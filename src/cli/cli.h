@@ -117,9 +117,11 @@ typedef struct km_cli_client {
 	bool tls;
 	bool sasl;
 	bool verify_host;   /* ssl.endpoint.identification.algorithm=https (the default) */
-	char *sasl_mechanism; /* PLAIN, SCRAM-SHA-256, SCRAM-SHA-512 */
+	char *sasl_mechanism; /* PLAIN, SCRAM-SHA-256, SCRAM-SHA-512, GSSAPI */
 	char *username;
 	char *password;
+	/* GSSAPI: keytab and principal (both NULL: the default credentials cache), the brokers' service name. */
+	char *krb5_keytab, *krb5_principal, *krb5_service;
 	char *ca_file, *cert_file, *key_file;
 	km_cli_store truststore, keystore; /* used when a location or inline PEM is given */
 	char *client_id;

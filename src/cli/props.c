@@ -8,6 +8,7 @@
 #include <openssl/crypto.h>
 
 #include "cli/cli.h"
+#include "kmirror/net.h"
 
 #define MAX_PROPS_FILE (1024 * 1024) /* a properties file is small; refuse anything bigger */
 
@@ -348,7 +349,6 @@ static const struct {
 } java_only[] = {
 	{"sasl.login.callback.handler.class", "sasl.jaas.config with username and password"},
 	{"sasl.client.callback.handler.class", "sasl.jaas.config with username and password"},
-	{"sasl.kerberos.", "SASL PLAIN or SCRAM (GSSAPI is not supported)"},
 	{"sasl.oauthbearer.", "SASL PLAIN or SCRAM (OAUTHBEARER is not supported)"},
 };
 
@@ -356,7 +356,10 @@ static const struct {
 static const char *const harmless[] = {
 	"request.timeout.ms", "default.api.timeout.ms", "retries", "retry.backoff.ms", "client.dns.lookup",
 	"ssl.protocol", "ssl.enabled.protocols", "ssl.cipher.suites", "metadata.max.age.ms",
-	"ssl.keymanager.algorithm", "ssl.trustmanager.algorithm", NULL,
+	"ssl.keymanager.algorithm", "ssl.trustmanager.algorithm",
+	/* The Java login thread's and librdkafka's kinit tuning: the GSS-API library refreshes tickets itself. */
+	"sasl.kerberos.kinit.cmd", "sasl.kerberos.min.time.before.relogin", "sasl.kerberos.ticket.renew.jitter",
+	"sasl.kerberos.ticket.renew.window.factor", NULL,
 };
 
 /* Kafka's Java store properties, each a field of the client's truststore or keystore. */
@@ -410,6 +413,7 @@ static char *dup_or_null(const char *s)
 /* The SASL properties as read (the JAAS line's user and password are parsed from jaas later). */
 typedef struct sasl_props {
 	const char *mech, *jaas, *user, *pass;
+	const char *krb5_service, *krb5_keytab, *krb5_principal; /* sasl.kerberos.* (the last two librdkafka's) */
 } sasl_props;
 
 /*
@@ -436,6 +440,12 @@ static km_err take_prop(km_cli_client *c, sasl_props *sp, const char **proto, co
 		sp->user = v;
 	else if (!strcmp(k, "sasl.password"))
 		sp->pass = v;
+	else if (!strcmp(k, "sasl.kerberos.service.name"))
+		sp->krb5_service = v;
+	else if (!strcmp(k, "sasl.kerberos.keytab"))
+		sp->krb5_keytab = v;
+	else if (!strcmp(k, "sasl.kerberos.principal"))
+		sp->krb5_principal = v;
 	else if (field) {
 		free_secret(*field);
 		if (!(*field = strdup(v)))
@@ -498,6 +508,43 @@ static km_err take_protocol(km_cli_client *c, const char *proto, char *err, size
 	return KM_OK;
 }
 
+/*
+ * GSSAPI: keytab and principal from the Krb5LoginModule line (or librdkafka's sasl.kerberos.keytab
+ * and sasl.kerberos.principal), the service name from sasl.kerberos.service.name (or the line's
+ * serviceName); checked against the keytab before any connection.
+ */
+static km_err take_kerberos(km_cli_client *c, const sasl_props *sp, char *err, size_t errlen)
+{
+	char *kt = NULL, *pr = NULL, *svc = NULL;
+	km_sasl_krb5 k;
+	km_err rc;
+
+	if (sp->jaas && (sp->krb5_keytab || sp->krb5_principal))
+		return cfg_fail(err, errlen, "sasl.jaas.config and sasl.kerberos.keytab/principal both name the Kerberos "
+					     "identity: keep one");
+	if (sp->user || sp->pass)
+		return cfg_fail(err, errlen, "sasl.mechanism GSSAPI takes no sasl.username or sasl.password: a keytab "
+					     "and principal in sasl.jaas.config");
+	if (sp->jaas) {
+		if ((rc = km_sasl_krb5_jaas(sp->jaas, &kt, &pr, &svc, err, errlen)) != KM_OK)
+			return rc;
+	} else {
+		kt = dup_or_null(sp->krb5_keytab);
+		pr = dup_or_null(sp->krb5_principal);
+	}
+	if (sp->krb5_service) {
+		free(svc);
+		svc = strdup(sp->krb5_service);
+	}
+	c->krb5_keytab = kt;
+	c->krb5_principal = pr;
+	c->krb5_service = svc;
+	if (!(c->sasl_mechanism = strdup("GSSAPI")))
+		return cfg_fail(err, errlen, "out of memory");
+	k = (km_sasl_krb5){svc, kt, pr, sp->jaas ? "sasl.jaas.config" : "sasl.kerberos.keytab"};
+	return km_sasl_krb5_check(&k, err, errlen);
+}
+
 /* The SASL mechanism and credentials into c, from the sasl.* properties or the JAAS line. */
 static km_err take_sasl(km_cli_client *c, sasl_props sp, char *err, size_t errlen)
 {
@@ -505,6 +552,13 @@ static km_err take_sasl(km_cli_client *c, sasl_props sp, char *err, size_t errle
 	char *juser = NULL, *jpass = NULL;
 	km_err rc = KM_OK;
 
+	if (sp.mech && !strcmp(sp.mech, "GSSAPI"))
+		return take_kerberos(c, &sp, err, errlen);
+	if (!sp.mech && sp.jaas && strstr(sp.jaas, "Krb5LoginModule"))
+		return cfg_fail(err, errlen, "sasl.jaas.config's Krb5LoginModule is for sasl.mechanism=GSSAPI: set it");
+	if (sp.krb5_keytab || sp.krb5_principal || sp.krb5_service)
+		return cfg_fail(err, errlen, "sasl.kerberos.* properties are for sasl.mechanism=GSSAPI (it is %s)",
+				sp.mech ? sp.mech : "not set");
 	if (sp.jaas) {
 		if ((rc = km_cli_jaas_parse(sp.jaas, &juser, &jpass, &jaas_family, err, errlen)) != KM_OK)
 			return rc;
@@ -515,10 +569,10 @@ static km_err take_sasl(km_cli_client *c, sasl_props sp, char *err, size_t errle
 	if (!sp.mech && jaas_family && !strcmp(jaas_family, "PLAIN"))
 		sp.mech = "PLAIN";
 	if (!sp.mech)
-		rc = cfg_fail(err, errlen, "sasl.mechanism is required: PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512");
+		rc = cfg_fail(err, errlen, "sasl.mechanism is required: PLAIN, SCRAM-SHA-256, SCRAM-SHA-512 or GSSAPI");
 	else if (strcmp(sp.mech, "PLAIN") && strcmp(sp.mech, "SCRAM-SHA-256") && strcmp(sp.mech, "SCRAM-SHA-512"))
-		rc = cfg_fail(err, errlen, "sasl.mechanism '%s' is not supported: use PLAIN, SCRAM-SHA-256 or "
-					   "SCRAM-SHA-512", sp.mech);
+		rc = cfg_fail(err, errlen, "sasl.mechanism '%s' is not supported: use PLAIN, SCRAM-SHA-256, "
+					   "SCRAM-SHA-512 or GSSAPI", sp.mech);
 	else if (jaas_family && strncmp(sp.mech, jaas_family, strlen(jaas_family)) != 0)
 		rc = cfg_fail(err, errlen, "sasl.mechanism %s does not match the %s login module of sasl.jaas.config",
 			      sp.mech, jaas_family);
@@ -537,7 +591,7 @@ km_err km_cli_client_from_props(const km_cli_kvs *kv, km_cli_client *c, char *er
 				size_t warnlen)
 {
 	const char *proto = "PLAINTEXT";
-	sasl_props sp = {NULL, NULL, NULL, NULL};
+	sasl_props sp = {NULL, NULL, NULL, NULL, NULL, NULL, NULL};
 	size_t wl = 0;
 	km_err rc = KM_OK;
 
@@ -558,7 +612,8 @@ km_err km_cli_client_from_props(const km_cli_kvs *kv, km_cli_client *c, char *er
 		rc = cfg_fail(err, errlen, "ssl.certificate.location and ssl.key.location go together");
 	if (rc == KM_OK)
 		rc = check_stores(c, err, errlen);
-	if (rc == KM_OK && !c->sasl && (sp.mech || sp.jaas || sp.user || sp.pass))
+	if (rc == KM_OK && !c->sasl &&
+	    (sp.mech || sp.jaas || sp.user || sp.pass || sp.krb5_keytab || sp.krb5_principal || sp.krb5_service))
 		rc = cfg_fail(err, errlen, "sasl.* properties need security.protocol SASL_PLAINTEXT or SASL_SSL (it is %s)",
 			      proto);
 	if (rc == KM_OK && c->sasl)
@@ -573,6 +628,9 @@ void km_cli_client_free(km_cli_client *c)
 	free(c->sasl_mechanism);
 	free(c->username);
 	free_secret(c->password); /* it should not linger in freed memory */
+	free(c->krb5_keytab);
+	free(c->krb5_principal);
+	free(c->krb5_service);
 	free(c->ca_file);
 	free(c->cert_file);
 	free(c->key_file);

@@ -25,8 +25,8 @@ static const char *const client_auth_names[] = {"none", "requested", "required"}
 static const km_opt_enum client_auth = {NULL, client_auth_names, 3, false};
 
 /* The mechanisms src/net provides (a unit test keeps the two in step); names are case-sensitive. */
-static const char *const sasl_names[] = {"PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"};
-static const km_opt_enum sasl_mechanisms = {NULL, sasl_names, 3, true};
+static const char *const sasl_names[] = {"PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "GSSAPI"};
+static const km_opt_enum sasl_mechanisms = {NULL, sasl_names, 4, true};
 
 /* The code a refused write to a read-only mirror topic gets (km_read_only_error). */
 static const char *const read_only_error_names[] = {"policy_violation", "topic_authorization_failed", "kmirror"};
@@ -203,8 +203,8 @@ static const km_option options[] = {
 	{.name = "upstream_sasl_mechanism", .type = KM_OPT_STRING, .offset = OFF(upstream_sasl_mechanism), .def = "",
 	 .choices = &sasl_mechanisms, .reloadable = true,
 	 .doc = "SASL mechanism of kmirrord's own connections to the destination (metadata refresh, the state "
-		 "store, the mirror pipelines and metadata sync): empty (none), PLAIN, SCRAM-SHA-256 or "
-		 "SCRAM-SHA-512. Its principal is kmirrord's on the destination: it writes the mirror topics and "
+		 "store, the mirror pipelines and metadata sync): empty (none), PLAIN, SCRAM-SHA-256, "
+		 "SCRAM-SHA-512 or GSSAPI (Kerberos: upstream_sasl_kerberos_*). Its principal is kmirrord's on the destination: it writes the mirror topics and "
 		 "mirror_state_topic. Client connections authenticate themselves (SASL is passed through)."},
 	{.name = "upstream_sasl_username", .type = KM_OPT_STRING, .offset = OFF(upstream_sasl_username), .def = "",
 	 .reloadable = true,
@@ -218,6 +218,28 @@ static const km_option options[] = {
 	 .doc = "File holding the password for upstream_sasl_mechanism (one trailing newline is ignored), read "
 		"at start and on every reload; instead of upstream_sasl_password. Checked like every secret file "
 		"(secret_file_mode_check)."},
+	{.name = "upstream_sasl_kerberos_service_name", .type = KM_OPT_STRING,
+	 .offset = OFF(upstream_sasl_kerberos_service_name), .def = "kafka", .reloadable = true,
+	 .doc = "GSSAPI: the Kerberos service name of the destination's brokers (their "
+		"sasl.kerberos.service.name); kmirrord asks for tickets to SERVICE/BROKER-HOST, the broker's host as "
+		"kmirrord connects to it."},
+	{.name = "upstream_sasl_kerberos_keytab", .type = KM_OPT_STRING, .offset = OFF(upstream_sasl_kerberos_keytab),
+	 .def = "", .reloadable = true,
+	 .doc = "GSSAPI: the keytab holding upstream_sasl_kerberos_principal's key. kmirrord gets its tickets from "
+		"it into a credentials cache in its own memory (no file, nothing shared with other processes) and "
+		"gets them again before they expire. Empty: the default credentials cache (KRB5CCNAME, kept "
+		"fresh by kinit or k5start). Checked like every secret file (secret_file_mode_check)."},
+	{.name = "upstream_sasl_kerberos_principal", .type = KM_OPT_STRING,
+	 .offset = OFF(upstream_sasl_kerberos_principal), .def = "", .reloadable = true,
+	 .doc = "GSSAPI: kmirrord's own principal (kmirrord/host.example.com@EXAMPLE.COM), with "
+		"upstream_sasl_kerberos_keytab."},
+	{.name = "upstream_sasl_kerberos_host", .type = KM_OPT_STRING, .offset = OFF(upstream_sasl_kerberos_host),
+	 .def = "", .reloadable = true,
+	 .doc = "GSSAPI: the host part of the brokers' service principal when it is not the host kmirrord connects "
+		"to. A Kerberos client through kmirrord asks for a ticket to SERVICE/advertised_host, which kmirrord "
+		"passes on: the brokers' listener that kmirrord fronts must then be that principal, and kmirrord's "
+		"own connections to it need this set to advertised_host (docs/security.md, \"Kerberos\"). Empty: the "
+		"host connected to."},
 	{.name = "mirror_state_topic", .type = KM_OPT_STRING, .offset = OFF(mirror_state_topic), .def = "__mirror_state",
 	 .reloadable = false,
 	 .doc = "The compacted topic on the destination holding the mirror definitions and every mirrored partition's "
@@ -243,12 +265,13 @@ static const km_option options[] = {
 		"(sasl.password, ...) in mirror_state_topic. Empty: mirrors with a secret are refused. Checked "
 		"like every secret file (secret_file_mode_check)."},
 	{.name = "mirror_file_dir", .type = KM_OPT_STRING, .offset = OFF(mirror_file_dir), .def = "", .reloadable = false,
-	 .doc = "The directory a mirror's ssl.ca.location, ssl.certificate.location and ssl.key.location must be in "
-		 "(symlinks and .. resolved). Empty: a mirror may name no file. Whoever may create or alter a mirror "
+	 .doc = "The directory a mirror's ssl.ca.location, ssl.certificate.location, ssl.key.location and the keyTab "
+		 "of its Krb5LoginModule sasl.jaas.config must be in (symlinks and .. resolved). Empty: a mirror may name no file. Whoever may create or alter a mirror "
 		 "chooses these paths and kmirrord reads them with its own rights."},
 	{.name = "secret_file_mode_check", .type = KM_OPT_BOOL, .offset = OFF(secret_file_mode_check), .def = "true",
 	 .reloadable = true,
-	 .doc = "A secret file (mirror_secret_key_file, upstream_sasl_password_file) that group or others may "
+	 .doc = "A secret file (mirror_secret_key_file, upstream_sasl_password_file, upstream_sasl_kerberos_keytab) "
+		"that group or others may "
 		"read or write (mode & 077) is refused, naming the chmod 600 to run. false: it is used, with a "
 		"warning."},
 };
@@ -353,8 +376,25 @@ km_err km_config_validate(const km_config *cfg, char *err, size_t errlen)
 		snprintf(err, errlen, "upstream_sasl_password and upstream_sasl_password_file: set one of them, not both");
 		return KM_ERR_CONFIG;
 	}
-	if (cfg->upstream_sasl_mechanism && !cfg->upstream_sasl_username) {
+	if (cfg->upstream_sasl_mechanism && strcmp(cfg->upstream_sasl_mechanism, "GSSAPI") != 0 &&
+	    !cfg->upstream_sasl_username) {
 		snprintf(err, errlen, "upstream_sasl_mechanism needs upstream_sasl_username");
+		return KM_ERR_CONFIG;
+	}
+	if ((cfg->upstream_sasl_kerberos_keytab != NULL) != (cfg->upstream_sasl_kerberos_principal != NULL)) {
+		snprintf(err, errlen, "upstream_sasl_kerberos_keytab and upstream_sasl_kerberos_principal must be set "
+			 "together (or neither: the default credentials cache)");
+		return KM_ERR_CONFIG;
+	}
+	if (cfg->upstream_sasl_kerberos_keytab &&
+	    (!cfg->upstream_sasl_mechanism || strcmp(cfg->upstream_sasl_mechanism, "GSSAPI") != 0)) {
+		snprintf(err, errlen, "upstream_sasl_kerberos_keytab is for upstream_sasl_mechanism GSSAPI");
+		return KM_ERR_CONFIG;
+	}
+	if (cfg->upstream_sasl_mechanism && !strcmp(cfg->upstream_sasl_mechanism, "GSSAPI") &&
+	    (cfg->upstream_sasl_password || cfg->upstream_sasl_password_file)) {
+		snprintf(err, errlen, "upstream_sasl_mechanism GSSAPI takes no password: set upstream_sasl_kerberos_keytab "
+			 "and upstream_sasl_kerberos_principal");
 		return KM_ERR_CONFIG;
 	}
 	if (!cfg->upstream_tls && (cfg->upstream_tls_ca_file || cfg->upstream_tls_cert_file)) {
@@ -365,6 +405,7 @@ km_err km_config_validate(const km_config *cfg, char *err, size_t errlen)
 }
 
 #define PASSWORD_FILE_MAX 4096
+#define KEYTAB_FILE_MAX (1024 * 1024)
 
 km_err km_config_read_secrets(km_config *cfg, char *err, size_t errlen)
 {
@@ -373,6 +414,23 @@ km_err km_config_read_secrets(km_config *cfg, char *err, size_t errlen)
 	bool loose;
 	char *pw;
 
+	if (cfg->upstream_sasl_kerberos_keytab) {
+		/* Its keys log in as kmirrord as well as a password does: the same mode rule. Read only to check. */
+		uint8_t *kt = malloc(KEYTAB_FILE_MAX);
+		km_err rc;
+		if (!kt) {
+			snprintf(err, errlen, "out of memory");
+			return KM_ERR_NOMEM;
+		}
+		rc = km_secret_file_read("upstream_sasl_kerberos_keytab", cfg->upstream_sasl_kerberos_keytab,
+					 cfg->secret_file_mode_check, kt, KEYTAB_FILE_MAX, &len, &loose, err, errlen);
+		explicit_bzero(kt, KEYTAB_FILE_MAX);
+		free(kt);
+		if (rc != KM_OK)
+			return KM_ERR_CONFIG;
+		if (loose)
+			KM_WARN("config", 0, "%s", err);
+	}
 	if (!cfg->upstream_sasl_password_file || cfg->upstream_sasl_password_from_file)
 		return KM_OK;
 	if (km_secret_file_read("upstream_sasl_password_file", cfg->upstream_sasl_password_file,
@@ -427,6 +485,7 @@ static const struct {
 	{"tls_ca_file", PATH_FILE},            {"upstream_tls_ca_file", PATH_FILE},
 	{"upstream_tls_cert_file", PATH_FILE}, {"upstream_tls_key_file", PATH_FILE},
 	{"upstream_sasl_password_file", PATH_FILE}, {"mirror_secret_key_file", PATH_FILE},
+	{"upstream_sasl_kerberos_keytab", PATH_FILE},
 	{"mirror_file_dir", PATH_DIR},
 };
 

@@ -98,6 +98,62 @@ static bool source_credentials(km_state *st, const km_state_mirror *m, const cha
 	return ok;
 }
 
+/*
+ * GSSAPI from the mirror's sasl.jaas.config (Krb5LoginModule with useKeyTab, the keytab inside
+ * mirror_file_dir) and sasl.kerberos.service.name into o; the strings into kt, pr, svc (the
+ * caller frees them). false with why. The default credentials cache is kmirrord's own: a mirror
+ * may not borrow it.
+ */
+static bool source_kerberos(km_mirror *mi, const km_state_mirror *m, km_net_client_opts *o, char **kt, char **pr,
+			    char **svc, char *why, size_t whylen)
+{
+	km_state *st = km_mirror_store(mi);
+	const char *svc_cfg = cfg_get(m, "sasl.kerberos.service.name");
+	char jaas[2048] = "", err[400];
+	km_err rc = km_state_mirror_secret(st, m, "sasl.jaas.config", jaas, sizeof(jaas));
+	km_sasl_krb5 k;
+	bool ok = false;
+
+	*kt = *pr = *svc = NULL;
+	if (rc == KM_ERR_INVAL) {
+		snprintf(why, whylen, "sasl.mechanism GSSAPI needs sasl.jaas.config: "
+			 "com.sun.security.auth.module.Krb5LoginModule required useKeyTab=true keyTab=\"FILE\" "
+			 "principal=\"NAME@REALM\";");
+		return false;
+	}
+	if (rc != KM_OK) {
+		secret_why(rc, "sasl.jaas.config", sizeof(jaas), why, whylen);
+		return false;
+	}
+	if (km_sasl_krb5_jaas(jaas, kt, pr, svc, err, sizeof(err)) != KM_OK) {
+		snprintf(why, whylen, "%s", err);
+		goto out;
+	}
+	if (!*kt) {
+		snprintf(why, whylen, "sasl.jaas.config: a mirror's Kerberos identity is a keytab (useKeyTab=true "
+			 "keyTab=\"FILE\" principal=\"NAME@REALM\"), never kmirrord's own ticket cache");
+		goto out;
+	}
+	if (!km_mirror_file_allowed(km_mirror_get_opts(mi)->cfg->mirror_file_dir, "sasl.jaas.config keyTab", *kt, why,
+				    whylen))
+		goto out;
+	if (svc_cfg && *svc_cfg) {
+		free(*svc);
+		*svc = strdup(svc_cfg);
+	}
+	k = (km_sasl_krb5){*svc, *kt, *pr, "the mirror's sasl.jaas.config"};
+	if (km_sasl_krb5_check(&k, why, whylen) != KM_OK)
+		goto out;
+	o->sasl_kerberos_service_name = *svc;
+	o->sasl_kerberos_keytab = *kt;
+	o->sasl_kerberos_principal = *pr;
+	o->sasl_kerberos_setting = "the mirror's sasl.jaas.config";
+	ok = true;
+out:
+	OPENSSL_cleanse(jaas, sizeof(jaas));
+	return ok;
+}
+
 km_cluster *km_mirror_source_cluster(km_mirror *mi, const km_state_mirror *m, const char *purpose,
 				     int64_t max_frame, SSL_CTX **tls_out, void (*on_change)(void *arg), void *arg,
 				     char *why, size_t whylen)
@@ -107,7 +163,7 @@ km_cluster *km_mirror_source_cluster(km_mirror *mi, const km_state_mirror *m, co
 	const char *boot = km_state_mirror_source(m), *proto = cfg_get(m, "security.protocol");
 	const char *mech = cfg_get(m, "sasl.mechanism"), *user = cfg_get(m, "sasl.username");
 	const char *algo = cfg_get(m, "ssl.endpoint.identification.algorithm");
-	char pass[1024] = "", ubuf[512] = "", client_id[512], err[200];
+	char pass[1024] = "", ubuf[512] = "", client_id[512], err[200], *kt = NULL, *pr = NULL, *svc = NULL;
 	km_hostport hps[64];
 	size_t nhp = 0;
 	km_net_client_opts o;
@@ -152,7 +208,18 @@ km_cluster *km_mirror_source_cluster(km_mirror *mi, const km_state_mirror *m, co
 		}
 	}
 	memset(&o, 0, sizeof(o));
-	if (sasl) {
+	if (sasl && mech && !strcmp(mech, "GSSAPI")) {
+		if (!source_kerberos(mi, m, &o, &kt, &pr, &svc, why, whylen)) {
+			free(kt);
+			free(pr);
+			free(svc);
+			if (*tls_out)
+				SSL_CTX_free(*tls_out);
+			*tls_out = NULL;
+			return NULL;
+		}
+		o.sasl_mechanism = mech;
+	} else if (sasl) {
 		if (!mech)
 			mech = "PLAIN";
 		if (!source_credentials(st, m, &user, ubuf, sizeof(ubuf), pass, sizeof(pass), why, whylen)) {
@@ -183,6 +250,9 @@ km_cluster *km_mirror_source_cluster(km_mirror *mi, const km_state_mirror *m, co
 	o.max_frame_bytes = max_frame;
 	cl = km_cluster_new(km_mirror_base(mi), "source", &o, hps, nhp, on_change, arg);
 	OPENSSL_cleanse(pass, sizeof(pass)); /* the cluster keeps its own copy */
+	free(kt);
+	free(pr);
+	free(svc);
 	if (!cl) {
 		snprintf(why, whylen, "out of memory");
 		if (*tls_out)
@@ -208,6 +278,11 @@ km_cluster *km_mirror_dest_cluster(km_mirror *mi, const char *mirror, const char
 	o.sasl_mechanism = cfg->upstream_sasl_mechanism;
 	o.sasl_username = cfg->upstream_sasl_username;
 	o.sasl_password = cfg->upstream_sasl_password;
+	o.sasl_kerberos_service_name = cfg->upstream_sasl_kerberos_service_name;
+	o.sasl_kerberos_keytab = cfg->upstream_sasl_kerberos_keytab;
+	o.sasl_kerberos_principal = cfg->upstream_sasl_kerberos_principal;
+	o.sasl_kerberos_setting = "upstream_sasl_kerberos_keytab";
+	o.sasl_kerberos_host = cfg->upstream_sasl_kerberos_host;
 	o.connect_timeout_ms = cfg->upstream_connect_timeout_ms;
 	o.request_timeout_ms = 40000; /* above the Produce timeout (30 s) */
 	o.max_frame_bytes = 16 << 20;

@@ -629,6 +629,15 @@ static void sasl_send(km_net_client *c, const uint8_t *in, size_t inlen)
 
 	km_wr_init(&tok);
 	rc = km_sasl_step(c->sasl, in, inlen, &tok, &done);
+	if (rc != KM_OK && *km_sasl_reason(c->sasl)) {
+		/* The mechanism knows why (GSSAPI: the KDC's or the library's words). */
+		KM_WARN("net", c->id, "SASL %s with %s failed: %s", c->opts.sasl_mechanism, c->host,
+			km_sasl_reason(c->sasl));
+		set_reason(c, "SASL %s failed: %s", c->opts.sasl_mechanism, km_sasl_reason(c->sasl));
+		wr_wipe_free(&tok);
+		client_close(c, KM_ERR_SASL);
+		return;
+	}
 	if (rc != KM_OK) {
 		KM_WARN("net", c->id, "SASL %s with %s failed: the server's answer did not verify", c->opts.sasl_mechanism,
 			c->host);
@@ -705,7 +714,25 @@ static void start_sasl(km_net_client *c)
 {
 	km_wr w;
 	set_state(c, C_SASL);
-	c->sasl = km_sasl_new(c->opts.sasl_mechanism, c->opts.sasl_username, c->opts.sasl_password);
+	if (!strcmp(c->opts.sasl_mechanism, "GSSAPI")) {
+		km_sasl_krb5 k = {c->opts.sasl_kerberos_service_name, c->opts.sasl_kerberos_keytab,
+				  c->opts.sasl_kerberos_principal, c->opts.sasl_kerberos_setting};
+		char why[400], host[300], *colon;
+		/* The broker's name as connected to, without the port c->host carries: its service principal's host. */
+		snprintf(host, sizeof(host), "%s", c->host);
+		if ((colon = strrchr(host, ':')))
+			*colon = 0;
+		if (c->opts.sasl_kerberos_host && *c->opts.sasl_kerberos_host)
+			snprintf(host, sizeof(host), "%s", c->opts.sasl_kerberos_host);
+		if (!(c->sasl = km_sasl_new_gssapi(host, &k, why, sizeof(why)))) {
+			KM_WARN("net", c->id, "SASL GSSAPI with %s: %s", c->host, why);
+			set_reason(c, "SASL GSSAPI failed: %s", why);
+			client_close(c, KM_ERR_SASL);
+			return;
+		}
+	} else {
+		c->sasl = km_sasl_new(c->opts.sasl_mechanism, c->opts.sasl_username, c->opts.sasl_password);
+	}
 	if (!c->sasl) {
 		KM_WARN("net", c->id, "SASL mechanism %s is not supported", c->opts.sasl_mechanism);
 		set_reason(c, "SASL mechanism %s is not supported", c->opts.sasl_mechanism);

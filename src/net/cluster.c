@@ -46,6 +46,7 @@ struct km_cluster {
 	char side[16];
 	km_net_client_opts o;
 	char *client_id, *mech, *user, *pass;
+	char *krb5_service, *krb5_keytab, *krb5_principal, *krb5_setting, *krb5_host;
 	km_hostport *boot;
 	size_t nboot, boot_i;
 	km_net_client *bootc;
@@ -236,6 +237,16 @@ km_cluster *km_cluster_new(struct event_base *base, const char *side, const km_n
 	cl->o.sasl_mechanism = cl->mech;
 	cl->o.sasl_username = cl->user;
 	cl->o.sasl_password = cl->pass;
+	cl->krb5_service = dup_or_null(tmpl->sasl_kerberos_service_name);
+	cl->krb5_keytab = dup_or_null(tmpl->sasl_kerberos_keytab);
+	cl->krb5_principal = dup_or_null(tmpl->sasl_kerberos_principal);
+	cl->krb5_setting = dup_or_null(tmpl->sasl_kerberos_setting);
+	cl->krb5_host = dup_or_null(tmpl->sasl_kerberos_host);
+	cl->o.sasl_kerberos_host = cl->krb5_host;
+	cl->o.sasl_kerberos_service_name = cl->krb5_service;
+	cl->o.sasl_kerberos_keytab = cl->krb5_keytab;
+	cl->o.sasl_kerberos_principal = cl->krb5_principal;
+	cl->o.sasl_kerberos_setting = cl->krb5_setting;
 	cl->o.on_state = on_state;
 	cl->o.arg = cl;
 	cl->boot = malloc(nboot * sizeof(*cl->boot));
@@ -278,6 +289,11 @@ void km_cluster_free(km_cluster *cl)
 	free(cl->mech);
 	free(cl->user);
 	free(cl->pass);
+	free(cl->krb5_service);
+	free(cl->krb5_keytab);
+	free(cl->krb5_principal);
+	free(cl->krb5_setting);
+	free(cl->krb5_host);
 	free(cl);
 }
 

@@ -1,4 +1,4 @@
-/* SASL client mechanisms as providers: PLAIN (RFC 4616) and SCRAM-SHA-256/512 (RFC 5802, 7677) over OpenSSL. */
+/* SASL client mechanisms as providers: PLAIN (RFC 4616), SCRAM-SHA-256/512 (RFC 5802, 7677) over OpenSSL, GSSAPI (sasl_gssapi.c). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -8,6 +8,7 @@
 #include <openssl/rand.h>
 
 #include "kmirror/net.h"
+#include "net/sasl_int.h"
 
 typedef struct sasl_provider {
 	const char *name;
@@ -24,6 +25,8 @@ struct km_sasl {
 	char *client_first_bare;
 	uint8_t server_signature[EVP_MAX_MD_SIZE];
 	unsigned sig_len;
+	km_sasl_gss *gss;
+	char reason[300];
 };
 
 /* ---- PLAIN ---- */
@@ -202,8 +205,16 @@ static km_err scram_step(km_sasl *s, const uint8_t *in, size_t inlen, km_wr *out
 	return KM_ERR_SASL;
 }
 
+/* ---- GSSAPI ---- */
+
+static km_err gssapi_step(km_sasl *s, const uint8_t *in, size_t inlen, km_wr *out, bool *done)
+{
+	return km_sasl_gss_step(s->gss, in, inlen, out, done, s->reason, sizeof(s->reason));
+}
+
 static const sasl_provider providers[] = {
 	{"PLAIN", NULL, plain_step},
+	{"GSSAPI", NULL, gssapi_step},
 	{"SCRAM-SHA-256", EVP_sha256, scram_step},
 	{"SCRAM-SHA-512", EVP_sha512, scram_step},
 };
@@ -223,7 +234,7 @@ km_sasl *km_sasl_new(const char *mechanism, const char *user, const char *passwo
 	for (size_t i = 0; i < sizeof(providers) / sizeof(providers[0]); i++)
 		if (strcmp(providers[i].name, mechanism) == 0)
 			p = &providers[i];
-	if (!p || !(s = calloc(1, sizeof(*s))))
+	if (!p || p->step == gssapi_step || !(s = calloc(1, sizeof(*s))))
 		return NULL;
 	s->p = p;
 	s->user = strdup(user ? user : "");
@@ -233,6 +244,29 @@ km_sasl *km_sasl_new(const char *mechanism, const char *user, const char *passwo
 		return NULL;
 	}
 	return s;
+}
+
+km_sasl *km_sasl_new_gssapi(const char *host, const km_sasl_krb5 *k, char *err, size_t errlen)
+{
+	km_sasl *s = calloc(1, sizeof(*s));
+
+	if (!s) {
+		snprintf(err, errlen, "out of memory");
+		return NULL;
+	}
+	for (size_t i = 0; i < sizeof(providers) / sizeof(providers[0]); i++)
+		if (providers[i].step == gssapi_step)
+			s->p = &providers[i];
+	if (!(s->gss = km_sasl_gss_new(host, k, err, errlen))) {
+		free(s);
+		return NULL;
+	}
+	return s;
+}
+
+const char *km_sasl_reason(const km_sasl *s)
+{
+	return s->reason;
 }
 
 void km_sasl_set_nonce(km_sasl *s, const char *nonce)
@@ -255,5 +289,6 @@ void km_sasl_free(km_sasl *s)
 	}
 	free(s->user);
 	free(s->client_first_bare);
+	km_sasl_gss_free(s->gss);
 	free(s);
 }

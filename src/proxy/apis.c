@@ -131,6 +131,7 @@ static km_err add_stage(km_proxy_apis *t, const km_proxy_stage *st, const km_pro
 		r->min_version = st->min_version;
 	if (st->versions && st->max_version >= 0 && (r->max_version < 0 || st->max_version < r->max_version))
 		r->max_version = st->max_version;
+	r->shows_lower = r->shows_lower || st->shows_lower;
 	if (st->req > r->req)
 		r->req = st->req;
 	r->in_place = r->in_place || st->in_place;

@@ -152,6 +152,7 @@ typedef struct km_proxy_stage {
 	int16_t key;
 	bool versions;            /* min_version and max_version below apply (-1 in either: no bound) */
 	int16_t min_version, max_version;
+	bool shows_lower;         /* ApiVersions still shows the broker's versions below min_version (refused all the same) */
 	km_req_action req;        /* the row takes the strongest its stages ask (forward < hold < local) */
 	bool in_place;            /* held requests are read in place (every on_request of the row must then) */
 	km_frame_cap frame_cap;   /* the row takes the first a stage asks */
@@ -183,6 +184,7 @@ struct km_proxy_api {
 	const char *name;         /* for logs and docs; NULL: the codec's name */
 	int16_t min_version;      /* lowest version served; -1: the codec's */
 	int16_t max_version;      /* highest version the hooks were written for; -1: the codec's */
+	bool shows_lower;         /* ApiVersions shows the broker's versions below min_version (a stage asked) */
 	km_req_action req;
 	km_req_hook classify;     /* optional, at the header: may change action, resp, expect_response, or ask for more bytes */
 	km_req_hook on_request;   /* HOLD and LOCAL */

@@ -140,8 +140,11 @@ static const km_proxy_stage stages[] = {
 	{.key = KM_API_API_VERSIONS, .classify = api_versions_classify, .on_request = api_versions_too_new,
 	 .frame_cap = KM_FRAME_CAP_AUTH, .resp = KM_RESP_WHOLE, .rewrite = km_rewrite_api_versions,
 	 .note = "too new: answered here; versions narrowed to this table, features to what they need"},
-	{.key = KM_API_SASL_HANDSHAKE, .versions = true, .min_version = 1, .max_version = -1,
-	 .frame_cap = KM_FRAME_CAP_AUTH, .note = "v0 is refused: its tokens travel outside Kafka framing"},
+	/* Shown from v0 all the same: librdkafka 2.0 (Debian 12's, kcat's) finds SaslHandshake v1 only in
+	 * a range that starts at v0, and without it sends SaslAuthenticate unannounced (the broker closes). */
+	{.key = KM_API_SASL_HANDSHAKE, .versions = true, .min_version = 1, .max_version = -1, .shows_lower = true,
+	 .frame_cap = KM_FRAME_CAP_AUTH,
+	 .note = "v0 is refused: its tokens travel outside Kafka framing (ApiVersions shows it: older librdkafka looks for it)"},
 	{.key = KM_API_SASL_AUTHENTICATE, .frame_cap = KM_FRAME_CAP_AUTH,
 	 .note = "frames over max_auth_frame_bytes closed, as before authentication on a broker"},
 	/* v10 only swaps topic names for ids: a group's offsets asked by a previous upstream's id after

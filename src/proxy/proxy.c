@@ -285,6 +285,11 @@ km_err km_proxy_upstream_new(km_proxy *px, const km_cluster *carry)
 	o.sasl_mechanism = px->cfg.upstream_sasl_mechanism;
 	o.sasl_username = px->cfg.upstream_sasl_username;
 	o.sasl_password = px->cfg.upstream_sasl_password;
+	o.sasl_kerberos_service_name = px->cfg.upstream_sasl_kerberos_service_name;
+	o.sasl_kerberos_keytab = px->cfg.upstream_sasl_kerberos_keytab;
+	o.sasl_kerberos_principal = px->cfg.upstream_sasl_kerberos_principal;
+	o.sasl_kerberos_setting = "upstream_sasl_kerberos_keytab";
+	o.sasl_kerberos_host = px->cfg.upstream_sasl_kerberos_host;
 	o.connect_timeout_ms = px->cfg.upstream_connect_timeout_ms;
 	o.request_timeout_ms = 30000;
 	o.max_frame_bytes = px->cfg.max_frame_bytes;

@@ -281,7 +281,7 @@ km_err km_rewrite_api_versions(const uint8_t *body, size_t len, int16_t version,
 		const km_proxy_api *row = km_proxy_apis_find(ctx->apis, k.api_key);
 		if (!row || row->req == KM_REQ_LOCAL)
 			continue; /* a key the proxy cannot parse is never advertised; a local one is the proxy's */
-		if (km_proxy_api_min(row) > k.min_version)
+		if (km_proxy_api_min(row) > k.min_version && !row->shows_lower)
 			k.min_version = km_proxy_api_min(row);
 		if (km_proxy_api_max(row) < k.max_version)
 			k.max_version = km_proxy_api_max(row);

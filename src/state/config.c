@@ -79,7 +79,7 @@ bool km_state_config_is_secret(const char *name)
 }
 
 static const char *const protocols[] = {"PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"};
-static const char *const mechanisms[] = {"PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"};
+static const char *const mechanisms[] = {"PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "GSSAPI"};
 static const char *const ident_algos[] = {"https", ""};
 
 typedef enum { V_ANY, V_BOOTSTRAP, V_CHOICE } value_kind;
@@ -93,7 +93,8 @@ static const struct {
 } conn_keys[] = {
 	{"bootstrap.servers", V_BOOTSTRAP, NULL, 0},
 	{"security.protocol", V_CHOICE, protocols, 4},
-	{"sasl.mechanism", V_CHOICE, mechanisms, 3},
+	{"sasl.mechanism", V_CHOICE, mechanisms, 4},
+	{"sasl.kerberos.service.name", V_ANY, NULL, 0},
 	{"sasl.username", V_ANY, NULL, 0},
 	{"sasl.password", V_ANY, NULL, 0},
 	{"sasl.jaas.config", V_ANY, NULL, 0},

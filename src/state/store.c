@@ -8,6 +8,7 @@
 
 #include <openssl/crypto.h>
 
+#include "kmirror/net.h"
 #include "kmirror/secret.h"
 #include "state/state_int.h"
 
@@ -399,16 +400,43 @@ static void free_cfg(km_state_cfg_entry *c, size_t n)
 	free(c);
 }
 
-/* The files a mirror names (ssl.*.location) must be in mirror_file_dir. */
+/*
+ * A Krb5LoginModule line's keyTab, which kmirrord reads like an ssl.*.location file; false with
+ * why. A mirror names its own keytab: kmirrord's ticket cache (useTicketCache) is not its to lend.
+ */
+static bool check_keytab(km_state *st, const char *jaas, char *why, size_t len)
+{
+	char *kt, *pr, *svc;
+	bool ok;
+
+	if (!strstr(jaas, "Krb5LoginModule"))
+		return true;
+	if (km_sasl_krb5_jaas(jaas, &kt, &pr, &svc, why, len) != KM_OK)
+		return false;
+	if (!kt)
+		snprintf(why, len, "sasl.jaas.config: a mirror's Kerberos identity is a keytab (useKeyTab=true keyTab=\"FILE\" "
+			 "principal=\"NAME@REALM\"), never kmirrord's own ticket cache");
+	ok = kt && km_mirror_file_allowed(st->cfg.mirror_file_dir, "sasl.jaas.config keyTab", kt, why, len);
+	free(kt);
+	free(pr);
+	free(svc);
+	return ok;
+}
+
+/* The files a mirror names (ssl.*.location, a Krb5LoginModule's keyTab) must be in mirror_file_dir. */
 static bool check_files(km_state *st, km_state_mut *mu)
 {
 	char why[512];
-	for (size_t i = 0; i < mu->nkv; i++)
-		if (mu->kv[i].value && !strncmp(mu->kv[i].name, "ssl.", 4) && strstr(mu->kv[i].name, ".location") &&
-		    !km_mirror_file_allowed(st->cfg.mirror_file_dir, mu->kv[i].name, mu->kv[i].value, why, sizeof(why))) {
+	for (size_t i = 0; i < mu->nkv; i++) {
+		if (!mu->kv[i].value)
+			continue;
+		if ((!strncmp(mu->kv[i].name, "ssl.", 4) && strstr(mu->kv[i].name, ".location") &&
+		     !km_mirror_file_allowed(st->cfg.mirror_file_dir, mu->kv[i].name, mu->kv[i].value, why, sizeof(why))) ||
+		    (!strcmp(mu->kv[i].name, "sasl.jaas.config") && !check_keytab(st, mu->kv[i].value, why, sizeof(why)))) {
 			set_msg(mu, KM_MIRROR_INVALID_CLUSTER_MIRROR_CONFIG, "%s", why);
 			return false;
 		}
+	}
 	return true;
 }
 

@@ -705,14 +705,19 @@ class KafkaCluster:
     CONTROLLER_ID = 1000
 
     def __init__(self, name="kafka", brokers=1, base_dir=None, overrides=None, advertise=None,
-                 jvm_opts=None, attached=True, keep_dir=None, release=None, extra_listeners=None):
+                 jvm_opts=None, attached=True, keep_dir=None, release=None, extra_listeners=None,
+                 kerberos=None):
         self.name = name
+        # A harness.kdc.Kdc: the SASL listener offers GSSAPI too, as kafka/127.0.0.1@REALM.
+        self.kerberos = kerberos
         self.extra_listeners = dict(extra_listeners or {})
         self.n_brokers = brokers
         self.overrides = dict(overrides or {})
         self.advertise = dict(advertise or {})
         self.jvm_opts = list(jvm_opts or BROKER_JVM_OPTS + (
             TEST_PROFILE_JVM_OPTS if in_test_profile() else []))
+        if kerberos is not None:
+            self.jvm_opts = self.jvm_opts + kerberos.java_opts
         self.attached = attached
         self.keep_dir = (os.environ.get("KM_KEEP_KAFKA_DIRS") == "1") if keep_dir is None else keep_dir
         self._own_dir = base_dir is None
@@ -936,9 +941,41 @@ class KafkaCluster:
         p["listener.security.protocol.map"] = ("CLIENT:PLAINTEXT,SASL:SASL_PLAINTEXT,"
                                                "INTERNAL:SASL_PLAINTEXT,CONTROLLER:SASL_PLAINTEXT" +
                                                "".join(f",{n}:PLAINTEXT" for n in self.extra_listeners))
+        if node.is_broker and self.kerberos is not None:
+            p.update(self._gssapi_properties())
         if node.is_broker:
             p.update(self.overrides)
         return p
+
+    KERBEROS_SERVICE = "kafka"
+
+    @property
+    def kerberos_principal(self):
+        """The brokers' service principal: the host clients reach them at, never canonicalised."""
+        return self.kerberos.principal(f"{self.KERBEROS_SERVICE}/127.0.0.1")
+
+    def _gssapi_properties(self):
+        keytab = self.kerberos.keytab(self.kerberos_principal)
+        return {
+            "listener.name.sasl.sasl.enabled.mechanisms": "PLAIN,SCRAM-SHA-256,SCRAM-SHA-512,GSSAPI",
+            "listener.name.sasl.gssapi.sasl.jaas.config":
+                "com.sun.security.auth.module.Krb5LoginModule required useKeyTab=true "
+                f'storeKey=true keyTab="{keytab}" principal="{self.kerberos_principal}";',
+            "sasl.kerberos.service.name": self.KERBEROS_SERVICE,
+        }
+
+    def gssapi_command_config(self, name, path=None):
+        """A Java client properties file that logs in as Kerberos principal name (keytab made by
+        the KDC) over the SASL listener."""
+        keytab = self.kerberos.keytab(name)
+        path = path or os.path.join(self.base_dir, f"client-{name.replace('/', '_')}-gssapi.properties")
+        with open(path, "w") as f:
+            f.write("security.protocol=SASL_PLAINTEXT\nsasl.mechanism=GSSAPI\n"
+                    f"sasl.kerberos.service.name={self.KERBEROS_SERVICE}\n"
+                    "sasl.jaas.config=com.sun.security.auth.module.Krb5LoginModule required "
+                    f'useKeyTab=true storeKey=true keyTab="{keytab}" '
+                    f'principal="{self.kerberos.principal(name)}";\n')
+        return path
 
     def _write_log4j(self, node):
         # Quiet: INFO to the node's file (readiness and post-mortems), nothing on the console.

@@ -381,12 +381,12 @@ def _short(v, n=80):
 
 
 def compare_partition(proxy_bootstrap, source_bootstrap, topic, partition, start, end,
-                      check=True):
+                      check=True, proxy_conf=None):
     """Reads [start, end) of a partition through the proxy and from the source and compares them;
     returns (records compared, anomaly counts). With check, fails naming the first differing
-    record, how many differ, and the counts."""
+    record, how many differ, and the counts. proxy_conf: client settings for the proxy (SASL)."""
     src = read_partition(source_bootstrap, topic, partition, start, end)
-    dst = read_partition(proxy_bootstrap, topic, partition, start, end)
+    dst = read_partition(proxy_bootstrap, topic, partition, start, end, **(proxy_conf or {}))
     counts = count_anomalies(src, dst)
     ndiff, first = diff_records(src, dst)
     counts["differ"] = ndiff
@@ -397,7 +397,8 @@ def compare_partition(proxy_bootstrap, source_bootstrap, topic, partition, start
     return len(src), counts
 
 
-def compare_topic(proxy_bootstrap, source_bootstrap, topic, partitions, marks=None, check=True):
+def compare_topic(proxy_bootstrap, source_bootstrap, topic, partitions, marks=None, check=True,
+                  proxy_conf=None):
     """compare_partition over every partition, from the source's low to high watermark (or the
     given marks); returns (total records, summed counts). Every partition is compared before
     failing, so the message covers them all."""
@@ -408,7 +409,7 @@ def compare_topic(proxy_bootstrap, source_bootstrap, topic, partitions, marks=No
     for p, (lo, hi) in enumerate(marks):
         try:
             n, counts = compare_partition(proxy_bootstrap, source_bootstrap, topic, p, lo, hi,
-                                          check=check)
+                                          check=check, proxy_conf=proxy_conf)
         except AssertionError as e:
             failures.append(str(e))
             continue

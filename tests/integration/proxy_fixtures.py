@@ -109,6 +109,7 @@ class Proxy:
         self.config_path = os.path.join(log_dir, f"{name}.conf")
         self.write_config()
         self.daemon = None
+        self.env = None  # extra environment (KRB5_CONFIG for a Kerberos realm)
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -122,7 +123,8 @@ class Proxy:
                     f.write(f"{k} = {v}\n")
 
     def start(self, timeout=30.0):
-        self.daemon = Daemon([self.binary, "--config", self.config_path], self.name, self.log_dir)
+        self.daemon = Daemon([self.binary, "--config", self.config_path], self.name, self.log_dir,
+                             env=self.env)
         self.daemon.start(port=self.port, host=PROXY_HOST, timeout=timeout)
         return self
 

@@ -93,14 +93,15 @@ BROKERS_ONLY = {27, 83, 84, 85, 86, 87}
 
 
 def expected_offer(broker_apis, codec):
-    """What the proxy should offer: per API both sides know, the overlap of the two ranges (the
-    proxy refuses SaslHandshake v0, the unframed SASL of old clients), under PROXY_MAX, but for
-    the APIs only brokers send."""
+    """What the proxy should offer: per API both sides know, the overlap of the two ranges, under
+    PROXY_MAX, but for the APIs only brokers send. SaslHandshake is shown from v0 although the
+    proxy refuses a v0 request (the unframed SASL of old clients): librdkafka 2.0 looks for v1
+    support only in a range that starts at v0."""
     out = {}
     for key, (blo, bhi) in broker_apis.items():
         if key not in codec or key in BROKERS_ONLY:
             continue
-        lo = max(blo, codec[key][1], 1 if key == 17 else 0)
+        lo = max(blo, codec[key][1])
         hi = min(bhi, codec[key][2], PROXY_MAX.get(key, 32767))
         if lo <= hi:
             out[key] = (lo, hi)

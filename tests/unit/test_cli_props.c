@@ -12,6 +12,7 @@
 #include "kmirror/net.h"
 #include "tls_cert.h"
 #include "unit_tmpfile.h"
+#include "unit_keytab.h"
 
 static km_cli_kvs parse_ok(const char *text)
 {
@@ -223,7 +224,9 @@ static void test_client_props(void **state)
 	client_of("security.protocol=SSL\nssl.key.password=x\n", &c, "unencrypted PEM key");
 	client_of("security.protocol=SSL\nssl.certificate.location=/c.pem\n", &c, "go together");
 	client_of("security.protocol=SASL_PLAINTEXT\nsasl.mechanism=GSSAPI\nsasl.username=u\nsasl.password=p\n", &c,
-		  "sasl.mechanism 'GSSAPI' is not supported");
+		  "GSSAPI takes no sasl.username or sasl.password");
+	client_of("security.protocol=SASL_PLAINTEXT\nsasl.mechanism=OAUTHBEARER\n", &c,
+		  "sasl.mechanism 'OAUTHBEARER' is not supported");
 	client_of("security.protocol=SASL_PLAINTEXT\nsasl.jaas.config=org.apache.kafka.common.security.scram."
 		  "ScramLoginModule required username=\"u\" password=\"p\";\n",
 		  &c, "sasl.mechanism is required");
@@ -241,6 +244,71 @@ static void test_client_props(void **state)
 	assert_string_equal(warn, "foo.bar, baz");
 	km_cli_client_free(&c);
 	km_cli_kvs_free(&kv);
+}
+
+/* GSSAPI: Kafka's Krb5LoginModule line or librdkafka's sasl.kerberos.*, checked against the keytab before connecting. */
+static void test_client_kerberos(void **state)
+{
+	char *kt = make_keytab("kmirror-cli@KMIRROR.TEST"), text[1024];
+	km_cli_client c;
+	(void)state;
+
+	snprintf(text, sizeof(text),
+		 "security.protocol=SASL_PLAINTEXT\nsasl.mechanism=GSSAPI\nsasl.kerberos.service.name=kafka\n"
+		 "sasl.jaas.config=com.sun.security.auth.module.Krb5LoginModule required useKeyTab=true "
+		 "storeKey=true keyTab=\"%s\" principal=\"kmirror-cli@KMIRROR.TEST\";\n"
+		 "sasl.kerberos.min.time.before.relogin=60000\n",
+		 kt);
+	client_of(text, &c, NULL);
+	assert_true(c.sasl);
+	assert_string_equal(c.sasl_mechanism, "GSSAPI");
+	assert_string_equal(c.krb5_keytab, kt);
+	assert_string_equal(c.krb5_principal, "kmirror-cli@KMIRROR.TEST");
+	assert_string_equal(c.krb5_service, "kafka");
+	assert_null(c.username);
+	km_cli_client_free(&c);
+
+	/* librdkafka's names; the service name defaults (NULL: kafka). */
+	snprintf(text, sizeof(text),
+		 "security.protocol=SASL_SSL\nsasl.mechanism=GSSAPI\nsasl.kerberos.keytab=%s\n"
+		 "sasl.kerberos.principal=kmirror-cli@KMIRROR.TEST\n",
+		 kt);
+	client_of(text, &c, NULL);
+	assert_string_equal(c.krb5_principal, "kmirror-cli@KMIRROR.TEST");
+	assert_null(c.krb5_service);
+	km_cli_client_free(&c);
+
+	/* kinit's ticket cache. */
+	client_of("security.protocol=SASL_PLAINTEXT\nsasl.mechanism=GSSAPI\nsasl.jaas.config=com.sun.security.auth.module."
+		  "Krb5LoginModule required useTicketCache=true;\n",
+		  &c, NULL);
+	assert_null(c.krb5_keytab);
+	km_cli_client_free(&c);
+
+	/* Each mistake is one line saying what to do. */
+	client_of("security.protocol=SASL_PLAINTEXT\nsasl.mechanism=GSSAPI\nsasl.jaas.config=com.sun.security.auth.module."
+		  "Krb5LoginModule required useKeyTab=true keyTab=\"/nonexistent/k.keytab\" principal=\"u@R\";\n",
+		  &c, "sasl.jaas.config: keytab /nonexistent/k.keytab: No such file or directory: give a keytab file");
+	snprintf(text, sizeof(text),
+		 "security.protocol=SASL_PLAINTEXT\nsasl.mechanism=GSSAPI\nsasl.jaas.config=com.sun.security.auth."
+		 "module.Krb5LoginModule required useKeyTab=true keyTab=\"%s\" principal=\"someone@KMIRROR.TEST\";\n",
+		 kt);
+	client_of(text, &c, "holds no key for someone@KMIRROR.TEST: name the principal it holds (klist -k");
+	client_of("security.protocol=SASL_PLAINTEXT\nsasl.mechanism=GSSAPI\nsasl.jaas.config=com.sun.security.auth.module."
+		  "Krb5LoginModule required useKeyTab=true principal=\"u@R\";\n",
+		  &c, "useKeyTab=true needs keyTab=");
+	client_of("security.protocol=SASL_PLAINTEXT\nsasl.mechanism=GSSAPI\nsasl.jaas.config=org.apache.kafka.common."
+		  "security.plain.PlainLoginModule required username=\"u\" password=\"p\";\n",
+		  &c, "GSSAPI takes com.sun.security.auth.module.Krb5LoginModule");
+	client_of("security.protocol=SASL_PLAINTEXT\nsasl.jaas.config=com.sun.security.auth.module.Krb5LoginModule "
+		  "required useTicketCache=true;\n",
+		  &c, "is for sasl.mechanism=GSSAPI");
+	client_of("security.protocol=SASL_PLAINTEXT\nsasl.mechanism=PLAIN\nsasl.kerberos.service.name=kafka\n"
+		  "sasl.username=u\nsasl.password=p\n",
+		  &c, "sasl.kerberos.* properties are for sasl.mechanism=GSSAPI");
+	client_of("sasl.kerberos.keytab=/k\n", &c, "need security.protocol SASL_PLAINTEXT or SASL_SSL");
+	unlink(kt);
+	free(kt);
 }
 
 /* A store of s into a fresh client context: KM_OK, or the error containing err_want. */
@@ -337,6 +405,7 @@ int main(void)
 		cmocka_unit_test(test_properties_errors),
 		cmocka_unit_test(test_jaas),
 		cmocka_unit_test(test_client_props),
+		cmocka_unit_test(test_client_kerberos),
 		cmocka_unit_test(test_tls_stores),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);

@@ -353,10 +353,10 @@ static void test_sasl_mechanisms(void **state)
 	assert_non_null(o->choices);
 	for (size_t i = 0; i < o->choices->count; i++)
 		assert_true(km_sasl_mechanism_supported(o->choices->names[i]));
-	assert_false(km_sasl_mechanism_supported("GSSAPI"));
+	assert_false(km_sasl_mechanism_supported("OAUTHBEARER"));
 	km_config_init(&cfg);
-	assert_int_equal(km_config_set(&cfg, "upstream_sasl_mechanism", "GSSAPI", err, sizeof(err)), KM_ERR_CONFIG);
-	assert_non_null(strstr(err, "is not one of PLAIN, SCRAM-SHA-256, SCRAM-SHA-512"));
+	assert_int_equal(km_config_set(&cfg, "upstream_sasl_mechanism", "OAUTHBEARER", err, sizeof(err)), KM_ERR_CONFIG);
+	assert_non_null(strstr(err, "is not one of PLAIN, SCRAM-SHA-256, SCRAM-SHA-512, GSSAPI"));
 	assert_int_equal(km_config_set(&cfg, "upstream_sasl_mechanism", "plain", err, sizeof(err)), KM_ERR_CONFIG);
 	assert_int_equal(km_config_set(&cfg, "upstream_sasl_mechanism", "SCRAM-SHA-512", err, sizeof(err)), KM_OK);
 	assert_string_equal(cfg.upstream_sasl_mechanism, "SCRAM-SHA-512");
@@ -365,6 +365,27 @@ static void test_sasl_mechanisms(void **state)
 	assert_int_equal(km_config_validate(&cfg, err, sizeof(err)), KM_ERR_CONFIG);
 	assert_int_equal(km_config_set(&cfg, "upstream_sasl_username", "u", err, sizeof(err)), KM_OK);
 	assert_int_equal(km_config_validate(&cfg, err, sizeof(err)), KM_OK);
+	/* Kerberos settings are GSSAPI's, and a keytab goes with a principal. */
+	assert_int_equal(km_config_set(&cfg, "upstream_sasl_kerberos_keytab", "/k.keytab", err, sizeof(err)), KM_OK);
+	assert_int_equal(km_config_validate(&cfg, err, sizeof(err)), KM_ERR_CONFIG);
+	assert_non_null(strstr(err, "must be set together"));
+	assert_int_equal(km_config_set(&cfg, "upstream_sasl_kerberos_principal", "km@R", err, sizeof(err)), KM_OK);
+	assert_int_equal(km_config_validate(&cfg, err, sizeof(err)), KM_ERR_CONFIG);
+	assert_non_null(strstr(err, "is for upstream_sasl_mechanism GSSAPI"));
+	km_config_free(&cfg);
+
+	/* GSSAPI: no user name or password; the service name defaults to kafka. */
+	km_config_init(&cfg);
+	assert_int_equal(km_config_set(&cfg, "upstream", "k:9092", err, sizeof(err)), KM_OK);
+	assert_int_equal(km_config_set(&cfg, "upstream_sasl_mechanism", "GSSAPI", err, sizeof(err)), KM_OK);
+	assert_int_equal(km_config_validate(&cfg, err, sizeof(err)), KM_OK);
+	assert_string_equal(cfg.upstream_sasl_kerberos_service_name, "kafka");
+	assert_int_equal(km_config_set(&cfg, "upstream_sasl_kerberos_keytab", "/k.keytab", err, sizeof(err)), KM_OK);
+	assert_int_equal(km_config_set(&cfg, "upstream_sasl_kerberos_principal", "km@R", err, sizeof(err)), KM_OK);
+	assert_int_equal(km_config_validate(&cfg, err, sizeof(err)), KM_OK);
+	assert_int_equal(km_config_set(&cfg, "upstream_sasl_password", "pw", err, sizeof(err)), KM_OK);
+	assert_int_equal(km_config_validate(&cfg, err, sizeof(err)), KM_ERR_CONFIG);
+	assert_non_null(strstr(err, "GSSAPI takes no password"));
 	km_config_free(&cfg);
 }
 

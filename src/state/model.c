@@ -663,11 +663,9 @@ void km_state_part_bound(km_state_part *p)
 	logical = p->last_mirrored_offset;
 	if (p->has_open_txn && p->open_txn_offset >= 0 && p->open_txn_offset < logical)
 		logical = p->open_txn_offset;
-	for (size_t i = 0; i < m->n; i++)
-		if ((m->runs[i].flags & KM_OFFRUN_FENCE) && m->runs[i].logical < logical) {
-			logical = m->runs[i].logical;
-			break;
-		}
+	/* Only the last run: a fence run with runs after it is closed by them (its hidden range ended). */
+	if ((m->runs[m->n - 1].flags & KM_OFFRUN_FENCE) && m->runs[m->n - 1].logical < logical)
+		logical = m->runs[m->n - 1].logical;
 	/* Runs are persisted before the batches that start them, progress after they landed: the runs know it. */
 	if ((phys = km_offmap_to_physical(m, logical)) < 0)
 		return;

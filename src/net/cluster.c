@@ -218,6 +218,13 @@ static char *dup_or_null(const char *s)
 	return s ? strdup(s) : NULL;
 }
 
+/* The cluster's own copy of a string option of the template: kept in *keep, the options pointed at it. */
+static void own(char **keep, const char **field)
+{
+	*keep = dup_or_null(*field);
+	*field = *keep;
+}
+
 km_cluster *km_cluster_new(struct event_base *base, const char *side, const km_net_client_opts *tmpl,
 			     const km_hostport *boot, size_t nboot, void (*on_change)(void *arg), void *arg)
 {
@@ -229,24 +236,15 @@ km_cluster *km_cluster_new(struct event_base *base, const char *side, const km_n
 	snprintf(cl->side, sizeof(cl->side), "%s", side);
 	cl->o = *tmpl;
 	cl->o.quiet_failures = true; /* note_outcome says it once */
-	cl->client_id = dup_or_null(tmpl->client_id);
-	cl->mech = dup_or_null(tmpl->sasl_mechanism);
-	cl->user = dup_or_null(tmpl->sasl_username);
-	cl->pass = dup_or_null(tmpl->sasl_password);
-	cl->o.client_id = cl->client_id;
-	cl->o.sasl_mechanism = cl->mech;
-	cl->o.sasl_username = cl->user;
-	cl->o.sasl_password = cl->pass;
-	cl->krb5_service = dup_or_null(tmpl->sasl_kerberos_service_name);
-	cl->krb5_keytab = dup_or_null(tmpl->sasl_kerberos_keytab);
-	cl->krb5_principal = dup_or_null(tmpl->sasl_kerberos_principal);
-	cl->krb5_setting = dup_or_null(tmpl->sasl_kerberos_setting);
-	cl->krb5_host = dup_or_null(tmpl->sasl_kerberos_host);
-	cl->o.sasl_kerberos_host = cl->krb5_host;
-	cl->o.sasl_kerberos_service_name = cl->krb5_service;
-	cl->o.sasl_kerberos_keytab = cl->krb5_keytab;
-	cl->o.sasl_kerberos_principal = cl->krb5_principal;
-	cl->o.sasl_kerberos_setting = cl->krb5_setting;
+	own(&cl->client_id, &cl->o.client_id);
+	own(&cl->mech, &cl->o.sasl_mechanism);
+	own(&cl->user, &cl->o.sasl_username);
+	own(&cl->pass, &cl->o.sasl_password);
+	own(&cl->krb5_service, &cl->o.sasl_kerberos_service_name);
+	own(&cl->krb5_keytab, &cl->o.sasl_kerberos_keytab);
+	own(&cl->krb5_principal, &cl->o.sasl_kerberos_principal);
+	own(&cl->krb5_setting, &cl->o.sasl_kerberos_setting);
+	own(&cl->krb5_host, &cl->o.sasl_kerberos_host);
 	cl->o.on_state = on_state;
 	cl->o.arg = cl;
 	cl->boot = malloc(nboot * sizeof(*cl->boot));

@@ -62,6 +62,16 @@ static void write_fail_or_retry(km_state_persist *io, bool retry, const char *pr
 	char msg[sizeof(io->wmsg)];
 	snprintf(msg, sizeof(msg), "%s%s", prefix, what);
 	memcpy(io->wmsg, msg, sizeof(msg));
+	/*
+	 * A former owner's write is not retried: the mirror may run elsewhere by now, and this write,
+	 * made when the link comes back, would land after the new owner's and undo them (docs/state.md,
+	 * "Writes of a former owner"). The reload that follows a failure reads what did land.
+	 */
+	if (retry && km_state_write_owner_gone(io->st, msg, sizeof(msg))) {
+		KM_INFO(COMP, 0, "writing %s: %s (%s)", io->st->cfg.mirror_state_topic, msg, io->wmsg);
+		memcpy(io->wmsg, msg, sizeof(msg));
+		retry = false;
+	}
 	if (retry && ++io->attempts < WRITE_ATTEMPTS) {
 		int ms = km_ps_next_backoff(io);
 		KM_INFO(COMP, 0, "writing %s: %s; retrying in %d ms", io->st->cfg.mirror_state_topic, io->wmsg, ms);

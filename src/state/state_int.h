@@ -313,6 +313,11 @@ void km_state_persist_write(km_state_persist *io, const km_state_rec *recs, size
 typedef void (*km_state_meta_cb)(km_state *st, km_err err, const char *message, const km_state_topic_meta *metas);
 void km_state_persist_topics(km_state_persist *io, char *const *names, size_t n, km_state_meta_cb cb);
 
+/*
+ * store.c: the write in progress is a pipeline's, and this kmirrord no longer runs its mirror: a
+ * retry must not make it (it would land after the new owner's writes); why says so.
+ */
+bool km_state_write_owner_gone(km_state *st, char *why, size_t len);
 /* store.c: the load finished; model is taken over (moved). */
 void km_state_loaded(km_state *st, km_state_model *model);
 /* A model built from the followed topic (persist_follow.c); delay_s: the oldest new record's age, -1 unknown. */

@@ -1118,6 +1118,21 @@ static bool owners_write(const km_state_mut *mu)
 	       mu->kind == MUT_SOURCE_ID;
 }
 
+/* A pipeline's write whose mirror this kmirrord no longer runs (docs/state.md, "Writes of a former owner"). */
+static bool owner_gone(km_state *st, const km_state_mut *mu)
+{
+	return owners_write(mu) && st->may_write && !st->may_write(st->may_write_arg, mu->mirror);
+}
+
+bool km_state_write_owner_gone(km_state *st, char *why, size_t len)
+{
+	const km_state_mut *mu = st->head;
+	if (!mu || !st->running || !owner_gone(st, mu))
+		return false;
+	snprintf(why, len, "this kmirrord no longer runs mirror '%s': its pipeline's write is not retried", mu->mirror);
+	return true;
+}
+
 static void run_head(km_state *st)
 {
 	km_state_mut *mu = st->head;
@@ -1128,7 +1143,7 @@ static void run_head(km_state *st)
 		finish_head(st);
 		return;
 	}
-	if (owners_write(mu) && st->may_write && !st->may_write(st->may_write_arg, mu->mirror)) {
+	if (owner_gone(st, mu)) {
 		set_msg(mu, KM_MIRROR_STATE_UNAVAILABLE,
 			"this kmirrord no longer runs mirror '%s': its pipeline's write is dropped", mu->mirror);
 		KM_INFO(COMP, 0, "%s", mu->message);

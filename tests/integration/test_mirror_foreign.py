@@ -267,3 +267,52 @@ def test_destination_topic_holding_records_is_adopted_only_when_asked(fenv):
     # The local records are still on the destination, under the mirrored ones' offsets.
     kept = [m.key for m in read_partition(env.dest.bootstrap, topic, 1, 0, 6)]
     assert kept == [f"local-{i}".encode() for i in range(6)], kept
+
+
+def test_restart_shows_no_more_than_before_reconcile(fenv):
+    """A kmirrord started again holds each partition's tail while reconcile works out where the
+    mirror stands. It used to unset it meanwhile, so its readers were shown whatever the open run
+    mapped on the destination: here a client's transaction left open on the mirror topic (which
+    reconcile waits for, then hides), shown as mirrored offsets 20 to 24 until reconcile had decided.
+    In the soak the same window showed a COMMIT marker that reconcile then hid, and a reader there was
+    sent back to offset 0 (docs/reliability.md, finding 7). Now it shows the persisted progress
+    until reconcile has decided."""
+    env = fenv
+    topic = unique("foreignopen")
+    env.source_topic(topic, partitions=1)
+    produce_records(env.sb, topic, 20, tag="a")
+    env.start(topic)
+    env.caught_up(topic, 1)
+    time.sleep(1.0)  # the progress persisted (every 200 ms)
+    env.proxy.signal(signal.SIGKILL)
+    env.proxy.daemon.proc.wait(timeout=30)
+    p = Producer({"bootstrap.servers": env.dest.bootstrap, "transactional.id": f"open-{topic}"})
+    p.init_transactions(30)
+    p.begin_transaction()
+    for i in range(5):
+        p.produce(topic, key=b"foreign", value=b"open on the destination %d" % i, partition=0)
+    assert p.flush(30) == 0
+    unc = {"isolation.level": "read_uncommitted"}
+    assert watermarks(env.dest.bootstrap, topic, 1, **unc)[0][1] == 25
+    env.proxy.start()
+    try:
+        shown = set()
+        deadline = time.monotonic() + 6
+        while time.monotonic() < deadline:
+            try:
+                shown.add(watermarks(env.pb, topic, 1, **unc)[0][1])
+            except Exception:  # noqa: BLE001 - kmirrord still loading its state
+                pass
+            time.sleep(0.1)
+        assert shown == {20}, f"high watermarks shown while reconcile waits for the open transaction: {shown}"
+    finally:
+        p.abort_transaction(30)
+    produce_records(env.sb, topic, 5, start=20, tag="b")
+
+    def settled():
+        part = env.partitions(topic)[0]
+        return part["state"] == "FAILED" or watermarks(env.pb, topic, 1)[0][1] >= 25
+    wait_until(settled, 60, 0.2, "the partition to fail or to catch up")
+    hw = watermarks(env.pb, topic, 1)[0][1]
+    seen = [(r.offset, r.key, r.value) for r in read_partition(env.pb, topic, 0, 0, hw)]
+    assert seen == source_records(env, topic, 25)[:hw]

@@ -17,7 +17,10 @@ import socket
 import time
 import uuid
 
+import pytest
 from confluent_kafka.admin import AdminClient
+from harness import KafkaCluster
+from harness.netfaults import NetFaults
 
 from mirror_cli import Cli, kmirror_bin  # noqa: F401
 from mirror_data import compare_topic, main_release_only, partition_batches, produce_records, wait_caught_up
@@ -443,3 +446,70 @@ def test_paused_owners_queued_state_writes_are_dropped(kmirror_bin, dest_cluster
     print(f"after a's wake: b's ends {ends}, through a {seen}; dropped by a: {len(dropped)}")
     assert seen == ends, f"through the former owner the mirrors end at {seen}, not at the new owner's {ends}"
     assert seen == {m: watermarks(b.bootstrap, m, 1)[0][1] for m in mirrors}
+
+
+@pytest.mark.skipif(not NetFaults.available(),
+                    reason="network cuts need nft and root (scripts/install-deps.sh installs nftables)")
+def test_former_owners_write_after_a_cut_does_not_undo_the_new_owners(kmirror_bin, source_cluster, proxy_factory):
+    """The owner of a mirror is cut from the destination (its packets dropped) with a progress
+    write in flight. The other kmirrord takes the mirror over and mirrors to the source's end; then
+    the link comes back. The former owner's write reaches the broker after the new owner's last
+    progress (the kernel retransmits the request, or the store retries it: the soak's finding 14,
+    docs/reliability.md). Nothing may leave that older progress standing: every instance that does
+    not run the mirror shows what the record says, and a mirror that moves no more writes no more.
+    Before the fix, the former owner showed the mirror topic ending where it was cut, for good."""
+    from mirror_data import BackgroundProducer, watermarks
+    tag = uuid.uuid4().hex[:6]
+    dst = KafkaCluster(f"owners-cut-{tag}", brokers=1, extra_listeners={"UP_A": {}})
+    dst.extra_listeners["UP_A"] = {n.node_id: f"127.0.0.1:{n.extra_ports['UP_A']}" for n in dst.broker_nodes}
+    net = NetFaults(tag)
+    dst.start()
+    try:
+        net.setup()
+        opts = dict(mirror_state_topic=f"__mirror_state_cut_{tag}", mirror_state_partitions=1,
+                    mirror_pipelines="owned")
+        a_ports = [n.extra_ports["UP_A"] for n in dst.broker_nodes]
+        a = proxy_factory(dst, name="kmirrord-cut-a", upstream=",".join(f"127.0.0.1:{p}" for p in a_ports), **opts)
+        m = f"cut-{tag}"
+        source_cluster.create_topic(m, partitions=1)
+        cli = Cli(kmirror_bin, a.bootstrap)
+        cli.run("create", "--mirror", m, "--source-bootstrap", source_cluster.bootstrap)
+        cli.run("start", "--mirror", m, "--topics", m)
+        bg = BackgroundProducer(source_cluster.bootstrap, m, tag="c", rate=300).start()
+        try:
+            wait_until(lambda: watermarks(a.bootstrap, m, 1)[0][1] > 300, 60, what="a mirroring the topic")
+            b = proxy_factory(dst, name="kmirrord-cut-b", **opts)
+            wait_until(lambda: runners([a, b], [m], window=1.0)[m] == [a.name], 60, what="a running the mirror")
+            net.cut(a_ports, reset=False)
+            t0 = time.monotonic()
+            wait_until(lambda: runners([b], [m], window=1.0)[m] == [b.name], 60, what="b running the mirror")
+            print(f"b runs the mirror {time.monotonic() - t0:.1f} s into the cut")
+        finally:
+            bg.stop()
+        wait_caught_up(b.bootstrap, source_cluster.bootstrap, m, 1, timeout=60, stall=30)
+        end = watermarks(source_cluster.bootstrap, m, 1)[0][1]
+        time.sleep(1.5)  # b's last progress written
+        mark = len(a.output())
+        # Long enough for a's request to time out while cut, as in the soak (kmirrord's 30 s).
+        time.sleep(max(0.0, 32.0 - (time.monotonic() - t0)))
+        net.heal()
+        print(f"healed {time.monotonic() - t0:.1f} s after the cut; the source ends at {end}")
+        # a's requests come through (retransmitted, or retried), it follows b's state.
+        time.sleep(8.0)
+        seen = []
+        deadline = time.monotonic() + 20.0
+        while time.monotonic() < deadline:
+            seen.append(watermarks(a.bootstrap, m, 1)[0][1])
+            if seen[-1] == end and len(seen) > 3 and seen[-3:] == [end] * 3:
+                break
+            time.sleep(1.0)
+        print(f"through the former owner after the heal: {seen}")
+        print("\n".join(ln for ln in a.output()[mark:].splitlines() if "__mirror_state_cut" in ln)[-2000:])
+        assert seen[-1] == end, (f"through the former owner the mirror ends at {seen[-1]}, not at the new "
+                                 f"owner's {end}")
+        assert watermarks(b.bootstrap, m, 1)[0][1] == end
+    finally:
+        try:
+            net.teardown()
+        finally:
+            dst.stop()

@@ -71,16 +71,16 @@ void km_pl_set_phase(mpart *p, mphase to, const char *why)
 	if (to != PH_WRITING)
 		p->fetch.ahead = false; /* its part of the Fetch sent ahead, if one comes, is dropped */
 	/*
-	 * Reconcile reads the map as the pipeline always has (the open run unbounded), not bounded by
-	 * the persisted progress readers elsewhere get: from here the pipeline holds the tail, unset
-	 * until reconcile knows where it stands.
+	 * From here the pipeline holds the tail. Until reconcile knows where it stands, readers here are
+	 * shown what they were shown before, the persisted progress (docs/state.md, "What a reader is
+	 * shown"): the open run unbounded, they would be shown what reconcile may hide (a transaction
+	 * left open, a marker that stands for no source offset) and find the offsets gone after it
+	 * (docs/reliability.md, finding 7). Reconcile itself reads the map unbounded (km_pl_map_of).
 	 */
 	if (to == PH_RECONCILE && !p->out.tail) {
 		km_offmap *m = km_state_offmap_mut(km_mirror_store(p->t->pl->mi), p->t->name, p->id);
-		if (m) {
+		if (m)
 			m->tail_held = true;
-			m->tail_physical = m->tail_logical = -1;
-		}
 	}
 }
 

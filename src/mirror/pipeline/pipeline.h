@@ -135,6 +135,7 @@ typedef struct mpart {
 		int64_t progress;       /* the tail last persisted as progress (-1: none in this life) */
 		int32_t progress_epoch; /* and its epoch */
 		int64_t progress_open;  /* and the open transaction's start persisted with it (km_pl_open_txn_logical) */
+		bool progress_due;      /* km_pl_progress: in the write it is building */
 	} out;
 	struct {                /* reconcile.c, carry.c */
 		bool need_pid;          /* waits for a fresh producer id */
@@ -152,6 +153,7 @@ typedef struct mpart {
 		int64_t tail_pid;       /* the producer id of the foreign batch seen */
 		int64_t marker_logical; /* RECON_MARKER: the source offset asked (the marker at hide - 1, end - 1) */
 		bool marker_tail;       /* RECON_MARKER: asked for the tail's check, not the hide point's */
+		km_offmap view;         /* km_pl_map_of: the map as reconcile reads it (the open run unbounded) */
 	} recon;
 	struct {                /* reconcile.c: how PH_START asks the source */
 		bool oor;               /* the source answered OFFSET_OUT_OF_RANGE: look up its log start */

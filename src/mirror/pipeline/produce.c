@@ -74,15 +74,31 @@ static void on_progress(void *arg, const km_state_result *res)
 	free(x);
 }
 
-static bool progress_moved(const mpart *p)
+/*
+ * The partition's progress is to be written: its tail moved since the last write, or the record
+ * persisted is no longer the one this pipeline wrote. Another writer's record there (a former
+ * owner's write that landed late: a request held in a cut link, or retried) would otherwise stand
+ * until the tail moves, and every instance that does not run the mirror would show it
+ * (docs/state.md, "Writes of a former owner"). t: the partition's topic in the store.
+ */
+static bool progress_moved(const mpart *p, const km_state_topic *t)
 {
-	return p && p->out.tail && p->out.acked_logical >= 0 &&
-	       (p->out.acked_logical != p->out.progress || p->out.acked_epoch != p->out.progress_epoch ||
-		km_pl_open_txn_logical(p) != p->out.progress_open);
+	km_mp_state state;
+	int64_t persisted;
+	int32_t epoch;
+
+	if (!p || !p->out.tail || p->out.acked_logical < 0)
+		return false;
+	if (p->out.acked_logical != p->out.progress || p->out.acked_epoch != p->out.progress_epoch ||
+	    km_pl_open_txn_logical(p) != p->out.progress_open)
+		return true;
+	return p->out.progress >= 0 && km_state_partition_record(t, p->id, &state, &persisted, &epoch) &&
+	       (persisted != p->out.progress || epoch != p->out.progress_epoch);
 }
 
 void km_pl_progress(km_pipeline *pl, int64_t now, int64_t *next)
 {
+	km_state *st = km_mirror_store(pl->mi);
 	km_state_progress *items;
 	progress_ctx *x;
 	size_t n = 0;
@@ -95,9 +111,14 @@ void km_pl_progress(km_pipeline *pl, int64_t now, int64_t *next)
 		return;
 	}
 	pl->progress_at = now;
-	for (size_t i = 0; i < pl->ntopics; i++)
+	for (size_t i = 0; i < pl->ntopics; i++) {
+		const km_state_topic *t = km_state_topic_find(st, pl->topics[i]->name, strlen(pl->topics[i]->name));
 		for (int32_t j = 0; j < pl->topics[i]->nparts; j++)
-			n += progress_moved(pl->topics[i]->parts[j]);
+			if (progress_moved(pl->topics[i]->parts[j], t)) {
+				pl->topics[i]->parts[j]->out.progress_due = true;
+				n++;
+			}
+	}
 	if (!n)
 		return;
 	items = calloc(n, sizeof(*items));
@@ -116,8 +137,9 @@ void km_pl_progress(km_pipeline *pl, int64_t now, int64_t *next)
 	for (size_t i = 0; i < pl->ntopics; i++)
 		for (int32_t j = 0; j < pl->topics[i]->nparts; j++) {
 			mpart *p = pl->topics[i]->parts[j];
-			if (!progress_moved(p))
+			if (!p || !p->out.progress_due)
 				continue;
+			p->out.progress_due = false;
 			x->open[x->n] = km_pl_open_txn_logical(p);
 			items[x->n] = (km_state_progress){p->t->name, p->id, p->out.acked_logical, p->out.acked_epoch,
 							  x->open[x->n]};

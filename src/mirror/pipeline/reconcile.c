@@ -235,9 +235,8 @@ static bool persist_writer(km_pipeline *pl, mpart *p, int64_t start)
  */
 static void after_reconcile(km_pipeline *pl, mpart *p, int64_t end)
 {
-	km_state *st = km_mirror_store(pl->mi);
-	const km_state_topic *t = km_state_topic_find(st, p->t->name, strlen(p->t->name));
-	const km_offmap *m = t ? km_state_topic_offmap(t, p->id) : NULL;
+	const km_offrun *fence;
+	const km_offmap *m = km_pl_map_of(pl, p, &fence);
 	size_t keep = m ? m->n : 0, nw = 0;
 	int64_t hide = p->recon.hide_logical;
 	km_state_run *w = NULL;
@@ -345,16 +344,27 @@ static int64_t resume_logical(const km_offmap *m, int64_t x)
 	return m->runs[i - 1].logical + (x - m->runs[i - 1].physical);
 }
 
-/* The partition's map, and its fence run if one is persisted (the runs after it were written before the fence). */
+/*
+ * The partition's map as reconcile reads it, and its fence run if one is persisted (the runs after
+ * it were written before the fence). Reconcile reads the open run unbounded, as the pipeline always
+ * has, whatever tail the map shows readers meanwhile (the persisted progress it had when the
+ * pipeline took the partition, km_pl_set_phase): a view with the tail unset, sharing the runs,
+ * valid until the map changes.
+ */
 const km_offmap *km_pl_map_of(km_pipeline *pl, const mpart *p, const km_offrun **fence)
 {
 	const km_state_topic *t = km_state_topic_find(km_mirror_store(pl->mi), p->t->name, strlen(p->t->name));
 	const km_offmap *m = t ? km_state_topic_offmap(t, p->id) : NULL;
+	km_offmap *view = (km_offmap *)&p->recon.view;
 	*fence = NULL;
 	for (size_t i = 0; m && i < m->n && !*fence; i++)
 		if (m->runs[i].flags & KM_OFFRUN_FENCE)
 			*fence = &m->runs[i];
-	return m;
+	if (!m)
+		return NULL;
+	*view = *m;
+	view->tail_physical = view->tail_logical = -1;
+	return view;
 }
 
 /*

@@ -489,6 +489,13 @@ bool km_state_is_store_topic_id(const km_state *st, const km_uuid *id);
 /* The state topic's name (cfg mirror_state_topic): clients never write, delete or reconfigure it through the proxy. */
 const char *km_state_topic_name_of_store(const km_state *st);
 /*
+ * A ticket for the first follow round that starts from now on (docs/state.md, "Following"), and
+ * whether such a round has ended with every state partition read to its high watermark: the view
+ * then holds every write acknowledged before the ticket was taken, whoever made it.
+ */
+uint64_t km_state_follow_ticket(const km_state *st);
+bool km_state_follow_reached(const km_state *st, uint64_t ticket);
+/*
  * Bumped each time the store replaces its model (a load, a reread, a followed change): a topic or
  * mirror handle kept across events is stale once this moved (offset maps stay: they are carried).
  */

@@ -62,6 +62,12 @@ struct km_mirror {
 	km_sync *sync;          /* metadata sync (sync.c) */
 	km_lease *lease;        /* which mirrors this kmirrord runs (lease.c) */
 	struct event *rebalance_ev;
+	/*
+	 * Mirrors gained wait for a follow round of the store that started after the gain
+	 * (km_state_follow_ticket; 0: none waited for), since when.
+	 */
+	uint64_t fresh_ticket;
+	int64_t fresh_since;
 	char self[600];         /* km_mirror_self */
 	km_report *report;      /* its record in __mirror_state (report.c) */
 	km_metric_series *owned, *gained, *lost; /* kmirror_mirrors_owned, kmirror_mirror_handovers_total */
@@ -599,6 +605,8 @@ static void dispatch(km_mirror *mi, const char *mirror, const char *topic, int32
 	case KM_MP_STOPPING:
 		if (!km_mirror_owns(mi, mirror, true))
 			return; /* another kmirrord runs it (mirror_pipelines) */
+		if (mi->fresh_ticket && (!(pl = pipeline_find(mi, mirror)) || km_pipeline_retired_at(pl)))
+			return; /* gained: rebalance starts it once the state read is fresh */
 		break;
 	default:
 		/* PAUSED, STOPPED, FAILED: a pipeline that holds it lets it go. */
@@ -639,10 +647,50 @@ static void count_owned(km_mirror *mi)
 	km_metric_set(mi->owned, n);
 }
 
+/* Whether this kmirrord owns a mirror whose pipeline does not run here: one gained. */
+static bool gained_any(km_mirror *mi)
+{
+	for (size_t i = 0; i < km_state_mirror_count(mi->st); i++) {
+		const char *name = km_state_mirror_name(km_state_mirror_at(mi->st, i));
+		km_pipeline *pl = pipeline_find(mi, name);
+		if ((!pl || km_pipeline_retired_at(pl)) && km_mirror_owns(mi, name, true))
+			return true;
+	}
+	return false;
+}
+
+/*
+ * Mirrors gained start from a view of the state that holds every write their former owner made: a
+ * follow round that started after the gain, ended caught up (the former owner's writes were
+ * answered before the group gave the mirror on). Reconcile on an older view took the former
+ * owner's writer for a foreign one (docs/reliability.md, finding 13). False: asked again shortly.
+ */
+static bool fresh_for_gain(km_mirror *mi)
+{
+	struct timeval tv = {0, 20 * 1000};
+
+	if (!mi->fresh_ticket) {
+		mi->fresh_ticket = km_state_follow_ticket(mi->st);
+		mi->fresh_since = km_mirror_mono_ms();
+	}
+	if (km_state_follow_reached(mi->st, mi->fresh_ticket)) {
+		mi->fresh_ticket = 0;
+		return true;
+	}
+	if (km_mirror_mono_ms() - mi->fresh_since > 5000 && mi->fresh_since > 0) {
+		KM_WARN("mirror", 0, "mirrors gained wait for this kmirrord to read the state topic (%s): it has not "
+			"read it to its end for 5 s; they start once it has", km_state_topic_name_of_store(mi->st));
+		mi->fresh_since = -1; /* said once per gain */
+	}
+	event_add(mi->rebalance_ev, &tv);
+	return false;
+}
+
 /*
  * The lease moved (mirror_pipelines = owned): pipelines of mirrors this kmirrord lost are retired
- * at once, so the lease can say they are released; mirrors it gained are handed to their pipeline,
- * each partition reconciling from the persisted state before it fetches.
+ * at once, so the lease can say they are released; mirrors it gained are handed to their pipeline
+ * once the state read here is fresh, each partition reconciling from the persisted state before it
+ * fetches.
  */
 static void rebalance(void *arg)
 {
@@ -659,6 +707,15 @@ static void rebalance(void *arg)
 			if (mi->lost)
 				km_metric_inc(mi->lost, 1);
 		}
+	if (!gained_any(mi)) {
+		mi->fresh_ticket = 0;
+		count_owned(mi);
+		return;
+	}
+	if (!fresh_for_gain(mi)) {
+		count_owned(mi);
+		return;
+	}
 	for (size_t i = 0; i < km_state_mirror_count(mi->st); i++) {
 		const km_state_mirror *m = km_state_mirror_at(mi->st, i);
 		km_pipeline *pl = pipeline_find(mi, km_state_mirror_name(m));

@@ -8,6 +8,8 @@
 #include "kmirror/msg/mirror_state_mirror_value.h"
 #include "kmirror/msg/mirror_state_partition_key.h"
 #include "kmirror/msg/mirror_state_partition_value.h"
+#include "kmirror/msg/mirror_state_progress_key.h"
+#include "kmirror/msg/mirror_state_progress_value.h"
 #include "kmirror/msg/mirror_state_run_key.h"
 #include "kmirror/msg/mirror_state_run_value.h"
 #include "state/state_int.h"
@@ -35,6 +37,13 @@ void km_state_key_encode(km_wr *w, const km_state_key *k)
 		km_mirror_state_instance_key_init(&ik);
 		ik.instance_id = k->instance;
 		km_mirror_state_instance_key_encode(w, 0, &ik);
+	} else if (k->type == KM_STATE_REC_PROGRESS) {
+		km_mirror_state_progress_key gk;
+		km_mirror_state_progress_key_init(&gk);
+		gk.mirror_name = k->mirror;
+		gk.topic_name = k->topic;
+		gk.partition_index = k->partition;
+		km_mirror_state_progress_key_encode(w, 0, &gk);
 	} else {
 		km_mirror_state_partition_key pk;
 		km_mirror_state_partition_key_init(&pk);
@@ -97,6 +106,17 @@ km_err km_state_key_decode(const uint8_t *p, size_t len, km_state_key *k)
 			k->topic = rk.topic_name;
 			k->partition = rk.partition_index;
 			k->logical = rk.logical_start;
+			rc = KM_OK;
+		}
+	} else if (k->type == KM_STATE_REC_PROGRESS) {
+		km_mirror_state_progress_key gk;
+		km_mirror_state_progress_key_init(&gk);
+		if (km_mirror_state_progress_key_decode(&r, 0, &gk, &a) == KM_OK && km_rd_left(&r) == 0 &&
+		    name_ok(gk.mirror_name) && name_ok(gk.topic_name) && gk.partition_index >= 0 &&
+		    gk.partition_index < KM_STATE_MAX_PARTITIONS) {
+			k->mirror = gk.mirror_name;
+			k->topic = gk.topic_name;
+			k->partition = gk.partition_index;
 			rc = KM_OK;
 		}
 	} else if (k->type == KM_STATE_REC_INSTANCE) {
@@ -186,6 +206,7 @@ km_err km_state_partition_value_encode(km_wr *w, const km_state_topic *t, const 
 	v.last_error_time_ms = p->last_error_ms;
 	v.source_topic_id = p->source_id;
 	v.started_by = p->by_pattern ? 1 : 0;
+	v.progress_apart = true; /* this kmirrord writes the pipeline's progress in its own record */
 	if (p->has_writer) {
 		v.writer_producer_id = p->writer_pid;
 		v.writer_producer_epoch = p->writer_epoch;
@@ -193,6 +214,22 @@ km_err km_state_partition_value_encode(km_wr *w, const km_state_topic *t, const 
 	}
 	km_wr_i16(w, 0);
 	km_mirror_state_partition_value_encode(w, 0, &v);
+	return w->err;
+}
+
+km_err km_state_progress_value_encode(km_wr *w, const km_state_topic *t, const km_state_part *p, int64_t offset,
+				      int32_t epoch, int64_t open_txn)
+{
+	km_mirror_state_progress_value v;
+
+	km_mirror_state_progress_value_init(&v);
+	v.topic_id = t->id;
+	v.state_change_time_ms = p->state_change_ms;
+	v.last_mirrored_offset = offset;
+	v.last_mirrored_epoch = epoch;
+	v.open_transaction_offset = open_txn >= 0 ? open_txn : -1;
+	km_wr_i16(w, 0);
+	km_mirror_state_progress_value_encode(w, 0, &v);
 	return w->err;
 }
 
@@ -472,6 +509,17 @@ static km_err apply_mirror(km_state_model *m, const km_state_key *k, const uint8
 	return KM_OK;
 }
 
+/* The progress figures that stand: the progress record's while it matches, else the partition record's. */
+static void part_resolve(const km_state_topic *t, km_state_part *p)
+{
+	bool prog = p->progress_apart && p->prog.has && p->prog.state_change_ms == p->state_change_ms &&
+		    km_uuid_eq(&p->prog.topic_id, &t->id);
+	p->last_mirrored_offset = prog ? p->prog.offset : p->rec.offset;
+	p->last_mirrored_epoch = prog ? p->prog.epoch : p->rec.epoch;
+	p->open_txn_offset = prog ? p->prog.open_txn : p->rec.open_txn;
+	p->has_open_txn = p->open_txn_offset >= 0;
+}
+
 static km_err apply_partition(km_state_model *m, const km_state_key *k, const uint8_t *val, size_t vlen, bool tomb,
 			      km_state_change *chg)
 {
@@ -546,10 +594,10 @@ static km_err apply_partition(km_state_model *m, const km_state_key *k, const ui
 			p->present = true;
 			p->state = (km_mp_state)v.state;
 			p->state_change_ms = v.state_change_time_ms;
-			p->last_mirrored_offset = v.last_mirrored_offset;
-			p->last_mirrored_epoch = v.last_mirrored_epoch;
-			p->has_open_txn = v.open_transaction_offset >= 0;
-			p->open_txn_offset = v.open_transaction_offset;
+			p->rec.offset = v.last_mirrored_offset;
+			p->rec.epoch = v.last_mirrored_epoch;
+			p->rec.open_txn = v.open_transaction_offset;
+			p->progress_apart = v.progress_apart;
 			free(p->last_error);
 			p->last_error = err;
 			p->last_error_ms = v.last_error_time_ms;
@@ -560,7 +608,60 @@ static km_err apply_partition(km_state_model *m, const km_state_key *k, const ui
 			p->source_id = v.source_topic_id;
 			p->by_pattern = v.started_by == 1;
 			t->id = v.topic_id;
+			part_resolve(t, p);
 		}
+	}
+	km_arena_free(&a);
+	return rc;
+}
+
+/*
+ * A pipeline's progress record: it stands for the partition record's figures while that record
+ * says progress is kept apart and is the one the pipeline ran under (the same topic id and state
+ * change time). One written on an older view (a stop through another kmirrord, a start again)
+ * changes nothing until its writer writes again under the new record. The partition record and the
+ * progress record sit in different partitions of the state topic, so either may be read first.
+ */
+static km_err apply_progress(km_state_model *m, const km_state_key *k, const uint8_t *val, size_t vlen, bool tomb)
+{
+	km_state_mirror *mi = mirror_lookup(m, k->mirror, NULL);
+	km_state_topic *t = NULL;
+	km_mirror_state_progress_value v;
+	km_state_part *p;
+	bool found;
+	size_t at;
+	km_arena a;
+	km_rd r;
+	int16_t ver;
+	km_err rc;
+
+	if (!mi)
+		return KM_OK;
+	at = find_sorted((void *const *)mi->topics, mi->ntopics, k->topic, &found);
+	if (found)
+		t = mi->topics[at];
+	if (!t || (size_t)k->partition >= t->nparts || !t->parts[k->partition].present)
+		return KM_OK; /* no partition record (yet, or any more): nothing it could stand for */
+	p = &t->parts[k->partition];
+	if (tomb) {
+		p->prog.has = false;
+		part_resolve(t, p);
+		return KM_OK;
+	}
+	km_rd_init(&r, val, vlen);
+	if (!km_rd_i16(&r, "Version", &ver) || ver != 0)
+		return KM_ERR_DECODE;
+	km_arena_init(&a, 4096);
+	km_mirror_state_progress_value_init(&v);
+	rc = km_mirror_state_progress_value_decode(&r, 0, &v, &a);
+	if (rc == KM_OK) {
+		p->prog.has = true;
+		p->prog.topic_id = v.topic_id;
+		p->prog.state_change_ms = v.state_change_time_ms;
+		p->prog.offset = v.last_mirrored_offset;
+		p->prog.epoch = v.last_mirrored_epoch;
+		p->prog.open_txn = v.open_transaction_offset;
+		part_resolve(t, p);
 	}
 	km_arena_free(&a);
 	return rc;
@@ -741,6 +842,8 @@ km_err km_state_model_apply(km_state_model *m, const uint8_t *key, size_t klen, 
 		return apply_run(m, &k, val, vlen, tombstone);
 	if (k.type == KM_STATE_REC_INSTANCE)
 		return km_state_instance_apply(m, k.instance, val, vlen, tombstone);
+	if (k.type == KM_STATE_REC_PROGRESS)
+		return apply_progress(m, &k, val, vlen, tombstone);
 	rc = apply_partition(m, &k, val, vlen, tombstone, chg);
 	if (chg->changed) {
 		/* The names outlive a tombstone's topic: copy them into static-lifetime scratch of the change. */

@@ -144,8 +144,8 @@ void km_ps_drop(km_state_persist *io, km_net_client *c)
 	km_cluster_drop(io->cl, c);
 }
 
-km_err km_ps_send_req(km_state_persist *io, km_net_client *c, int16_t key, int16_t ver, const void *req,
-		      km_rpc_cb cb, int32_t node_id, int32_t partition)
+static km_err send_req(km_state_persist *io, km_net_client *c, int16_t key, int16_t ver, const void *req, km_rpc_cb cb,
+		       int32_t node_id, int32_t partition, bool follow)
 {
 	req_ctx *x;
 	km_err rc;
@@ -155,7 +155,7 @@ km_err km_ps_send_req(km_state_persist *io, km_net_client *c, int16_t key, int16
 		return KM_ERR_CLOSED;
 	if (!(x = malloc(sizeof(*x))))
 		return KM_ERR_NOMEM;
-	*x = (req_ctx){io, io->gen, node_id, partition};
+	*x = (req_ctx){io, follow ? io->fgen : io->gen, follow, node_id, partition};
 	for (size_t i = 0; i < sizeof(versions) / sizeof(versions[0]); i++)
 		if (versions[i].key == key)
 			io->used[i] = ver;
@@ -165,6 +165,18 @@ km_err km_ps_send_req(km_state_persist *io, km_net_client *c, int16_t key, int16
 	return rc;
 }
 
+km_err km_ps_send_req(km_state_persist *io, km_net_client *c, int16_t key, int16_t ver, const void *req,
+		      km_rpc_cb cb, int32_t node_id, int32_t partition)
+{
+	return send_req(io, c, key, ver, req, cb, node_id, partition, false);
+}
+
+km_err km_ps_send_follow_req(km_state_persist *io, km_net_client *c, int16_t key, int16_t ver, const void *req,
+			     km_rpc_cb cb, int32_t node_id)
+{
+	return send_req(io, c, key, ver, req, cb, node_id, -1, true);
+}
+
 /* The context of an answer, or NULL when it belongs to an operation since restarted (or to shutdown). */
 km_state_persist *km_ps_ctx_take(void *arg, req_ctx *out)
 {
@@ -172,7 +184,7 @@ km_state_persist *km_ps_ctx_take(void *arg, req_ctx *out)
 	km_state_persist *io = x->io;
 	*out = *x;
 	free(x);
-	if (io->closing || out->gen != io->gen)
+	if (io->closing || out->gen != (out->follow ? io->fgen : io->gen))
 		return NULL;
 	return io;
 }

@@ -18,6 +18,14 @@
 
 static void follow_round(km_state_persist *io);
 
+/* A round's own backoff: rounds run beside writes, whose retries have theirs (io->backoff_ms). */
+static int round_backoff(km_state_persist *io)
+{
+	int ms = io->fbackoff_ms ? io->fbackoff_ms : 200;
+	io->fbackoff_ms = ms * 2 > 10000 ? 10000 : ms * 2;
+	return ms;
+}
+
 int64_t km_ps_now_ms(void)
 {
 	struct timeval tv;
@@ -50,6 +58,7 @@ void km_ps_follow_free(km_state_persist *io)
 		event_free(io->fev);
 	free(io->fpos);
 	free(io->fhw);
+	free(io->wend);
 }
 
 /*
@@ -116,7 +125,7 @@ static void fdrop(km_state_persist *io, km_net_client *c)
 
 bool km_ps_follow_positions(km_state_persist *io)
 {
-	int64_t *np, *nh;
+	int64_t *np, *nh, *nw;
 
 	if (io->fparts == io->nparts && io->fpos)
 		return true;
@@ -126,10 +135,38 @@ bool km_ps_follow_positions(km_state_persist *io)
 	if (!(nh = realloc(io->fhw, (size_t)io->nparts * sizeof(*nh))))
 		return false;
 	io->fhw = nh;
+	if (!(nw = realloc(io->wend, (size_t)io->nparts * sizeof(*nw))))
+		return false;
+	io->wend = nw;
 	for (int32_t p = io->fparts; p < io->nparts; p++)
-		io->fpos[p] = io->fhw[p] = 0;
+		io->fpos[p] = io->fhw[p] = io->wend[p] = 0;
 	io->fparts = io->nparts;
 	return true;
+}
+
+void km_ps_follow_acked(km_state_persist *io, int32_t partition, int64_t end)
+{
+	if (end < 0 || !io->wend || partition < 0 || partition >= io->fparts)
+		io->wblind_at = io->fstarted; /* where it landed is not known: a round started after this one */
+	else if (end > io->wend[partition])
+		io->wend[partition] = end;
+}
+
+void km_ps_follow_drop(km_state_persist *io)
+{
+	io->fgen++;
+	io->fround = false;
+	io->fout = 0;
+}
+
+uint64_t km_state_persist_follow_ticket(const km_state_persist *io)
+{
+	return io->fstarted + 1;
+}
+
+bool km_state_persist_follow_reached(const km_state_persist *io, uint64_t ticket)
+{
+	return io->fapplied >= ticket;
 }
 
 /* The round is over: apply what it completed, and go on (at once: the long poll paces it). */
@@ -139,27 +176,34 @@ static void follow_end(km_state_persist *io)
 	size_t bad;
 	bool caught_up = true;
 
-	io->ph = PH_IDLE;
+	io->fround = false;
+	io->fgen++; /* answers of this round still out (none: fout is 0) are dropped */
 	free(io->scratch);
 	io->scratch = NULL;
 	if (io->ffail) {
-		km_ps_follow_kick(io, km_ps_next_backoff(io));
+		km_ps_follow_kick(io, round_backoff(io));
 		return;
 	}
-	io->backoff_ms = 0;
-	for (int32_t p = 0; p < io->fparts; p++)
-		if (io->fpos[p] < io->fhw[p])
-			caught_up = false;
+	io->fbackoff_ms = 0;
 	/*
 	 * Only at every partition's high watermark: what one change wrote to several partitions is
 	 * then all in (kmirrord writes acks=all, so a change acknowledged before this round began is
-	 * below them). kmirrord's own records are in the model already, applied when acknowledged.
+	 * below them). And only past every write of this kmirrord acknowledged so far: the model is
+	 * rebuilt from what was read, and one acknowledged while the round was out (applied to the
+	 * model then) must be in what was read, else the next round applies.
 	 */
+	for (int32_t p = 0; p < io->fparts; p++)
+		if (io->fpos[p] < io->fhw[p] || io->fpos[p] < io->wend[p])
+			caught_up = false;
+	if (io->fstarted <= io->wblind_at)
+		caught_up = false;
+	if (caught_up)
+		io->fapplied = io->fstarted;
 	if (caught_up && io->fdirty) {
 		if (km_ps_build_model(io, &m, &bad) != KM_OK) {
 			KM_WARN(COMP, 0, "following %s: out of memory building the state; retrying",
 				io->st->cfg.mirror_state_topic);
-			km_ps_follow_kick(io, km_ps_next_backoff(io));
+			km_ps_follow_kick(io, round_backoff(io));
 			return;
 		}
 		km_state_followed(io->st, &m, io->foldest_ms > 0 ? (double)(km_ps_now_ms() - io->foldest_ms) / 1000.0 : -1);
@@ -199,11 +243,10 @@ static void on_follow_fetch(km_net_client *c, const km_rpc_response *rr, void *a
 					 km_err_name(pd->error_code));
 				io->ffail = true;
 				if (pd->error_code == K_ERR_OFFSET_OUT_OF_RANGE) {
+					/* Read again when no write runs (follow_round): the load rebuilds the map. */
 					KM_WARN(COMP, 0, "following %s-%d: offset %lld is out of range; reading the topic again",
 						io->st->cfg.mirror_state_topic, (int)p, (long long)io->fpos[p]);
-					io->ph = PH_IDLE;
-					km_state_persist_load(io);
-					return;
+					io->freload = true;
 				}
 				continue;
 			}
@@ -262,7 +305,7 @@ static km_err follow_fetch(km_state_persist *io, int32_t id, km_net_client *c)
 	t.partitions.items = ps;
 	m.topics.items = &t;
 	m.topics.count = 1;
-	rc = km_ps_send_req(io, c, KM_API_FETCH, ver, &m, on_follow_fetch, id, -1);
+	rc = km_ps_send_follow_req(io, c, KM_API_FETCH, ver, &m, on_follow_fetch, id);
 	free(ps);
 	return rc;
 }
@@ -334,24 +377,38 @@ static void follow_meta(km_state_persist *io)
 	}
 }
 
+/*
+ * A round: one Fetch to each state partition leader, from where this kmirrord read. It runs beside
+ * a write (they have connections of their own, and a write's records reach the model when it is
+ * acknowledged), not beside a load or the follow's own metadata steps, which run as the persister's
+ * one operation (io->ph) when nothing else does.
+ */
 static void follow_round(km_state_persist *io)
 {
-	if (io->closing || io->ph != PH_IDLE || io->st->fatal[0] || !io->st->ready)
-		return; /* the running operation's end starts the next round */
-	if (!io->exists || io->ffail || !io->fchecked || !io->leaders) {
+	if (io->closing || io->fround || io->st->fatal[0] || !io->st->ready || (io->ph != PH_IDLE && io->ph != PH_WRITE))
+		return; /* the running round's or operation's end starts the next round */
+	if (io->freload || !io->exists || io->ffail || !io->fchecked || !io->leaders) {
+		if (io->ph != PH_IDLE)
+			return; /* the write's end starts it */
+		if (io->freload) {
+			io->freload = false;
+			km_state_persist_load(io);
+			return;
+		}
 		follow_meta(io);
 		return;
 	}
 	if (!km_ps_follow_positions(io)) {
-		km_ps_follow_kick(io, km_ps_next_backoff(io));
+		km_ps_follow_kick(io, round_backoff(io));
 		return;
 	}
 	/* Every leader's client first (a client's change resumes the round), then one Fetch each. */
 	for (int32_t p = 0; p < io->fparts; p++)
 		if (!fready(io, fnode(io, io->leaders[p])))
 			return;
-	io->ph = PH_FOLLOW;
-	io->gen++;
+	io->fround = true;
+	io->fgen++;
+	io->fstarted++;
 	io->fout = 0;
 	io->ffail = false;
 	for (int32_t p = 0; p < io->fparts; p++) {

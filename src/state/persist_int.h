@@ -118,6 +118,19 @@ struct km_state_persist {
 	int64_t *fhw;              /* per state partition: its high watermark in the round's answer */
 	int32_t fparts;            /* entries of fpos and fhw */
 	int fout;                  /* the round's Fetch requests not answered yet */
+	/*
+	 * A round runs beside a write (docs/state.md, "Following"): its answers carry fgen, which a
+	 * load (or the round's end) moves on, not gen. It applies what it read only when it read past
+	 * every write of this kmirrord acknowledged meanwhile (wend), else the next round does.
+	 */
+	uint64_t fgen;
+	bool fround;               /* a round's Fetch requests are out */
+	uint64_t fstarted;         /* rounds started */
+	uint64_t fapplied;         /* the number of the last round that ended caught up (km_state_follow_ticket) */
+	int64_t *wend;             /* per state partition: the offset after this kmirrord's last write acknowledged there */
+	uint64_t wblind_at;        /* fstarted when a write was acknowledged at offsets not known: a later round only */
+	bool freload;              /* a round was answered OFFSET_OUT_OF_RANGE: load again once no write runs */
+	int fbackoff_ms;           /* a round's backoff (a write's retries have backoff_ms) */
 	bool ffail;                /* the round failed: metadata again, after a backoff */
 	bool fdirty;               /* the map holds records another producer wrote, not in the model yet */
 	bool fchecked;             /* the topic's policy was checked (by the load, or when following found it) */
@@ -131,7 +144,8 @@ struct km_state_persist {
 
 typedef struct req_ctx {
 	km_state_persist *io;
-	uint64_t gen;
+	uint64_t gen;       /* io->gen, or io->fgen for a follow round's request (follow) */
+	bool follow;
 	int32_t node_id;
 	int32_t partition;
 } req_ctx;
@@ -162,6 +176,9 @@ void km_ps_drop(km_state_persist *io, km_net_client *c);
 /* Call key with req (a km_<name>_request) on c, answered to cb with a req_ctx naming the node and partition. */
 km_err km_ps_send_req(km_state_persist *io, km_net_client *c, int16_t key, int16_t ver, const void *req,
 		      km_rpc_cb cb, int32_t node_id, int32_t partition);
+/* The same for a follow round's request: its context carries io->fgen. */
+km_err km_ps_send_follow_req(km_state_persist *io, km_net_client *c, int16_t key, int16_t ver, const void *req,
+			     km_rpc_cb cb, int32_t node_id);
 /* The persister of an answer's context (freed); NULL when the operation restarted since, or shuts down. */
 km_state_persist *km_ps_ctx_take(void *arg, req_ctx *out);
 /* Metadata for the topics names (no auto-creation) on c, answered to cb. */
@@ -202,5 +219,9 @@ bool km_ps_follow_positions(km_state_persist *io);
 /* The next follow round in ms (it starts only while no other operation runs; each one's end kicks it). */
 void km_ps_follow_kick(km_state_persist *io, int ms);
 void km_ps_follow_free(km_state_persist *io);
+/* A write of this kmirrord was acknowledged on state partition p up to end (the offset after it; -1: not known). */
+void km_ps_follow_acked(km_state_persist *io, int32_t p, int64_t end);
+/* The round out (if any) is dropped: a load rebuilds the map and the positions. */
+void km_ps_follow_drop(km_state_persist *io);
 
 #endif

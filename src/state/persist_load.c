@@ -92,7 +92,7 @@ static void load_retry(km_state_persist *io, const char *why)
 }
 
 /*
- * The model of every key's latest value in the map: mirrors first, then partitions, then runs (a
+ * The model of every key's latest value in the map: mirrors first, then partitions, then runs and progress (a
  * partition record names a mirror, and a run a topic, whose records may sit in other partitions of
  * the state topic, read in any order). *bad counts records that do not apply.
  */
@@ -105,7 +105,9 @@ km_err km_ps_build_model(km_state_persist *io, km_state_model *m, size_t *bad)
 			for (load_entry *e = io->map[i]; e; e = e->next) {
 				km_state_change chg;
 				int16_t type = e->klen >= 2 ? (int16_t)km_be16(e->key) : -1;
-				int want = type == KM_STATE_REC_MIRROR ? 0 : type == KM_STATE_REC_RUN ? 2 : 1;
+				int want = type == KM_STATE_REC_MIRROR                                  ? 0
+					   : type == KM_STATE_REC_RUN || type == KM_STATE_REC_PROGRESS ? 2
+												       : 1;
 				if (want != pass)
 					continue;
 				if (km_state_model_apply(m, e->key, e->klen, e->val, e->vlen, e->tomb, &chg) != KM_OK)
@@ -452,6 +454,7 @@ static void start_load(km_state_persist *io)
 	}
 	io->ph = PH_LOAD;
 	io->gen++;
+	km_ps_follow_drop(io);
 	io->wait_c = NULL;
 	io->nrecords = 0;
 	km_ps_map_clear(io);

@@ -17,6 +17,7 @@ enum {
 	KM_STATE_REC_PARTITION = 1, /* key: MirrorStatePartitionKey v0 */
 	KM_STATE_REC_RUN = 2,       /* key: MirrorStateRunKey v0 (an offset map run) */
 	KM_STATE_REC_INSTANCE = 3,  /* key: MirrorStateInstanceKey v0 (a kmirrord's own report) */
+	KM_STATE_REC_PROGRESS = 4,  /* key: MirrorStateProgressKey v0 (a pipeline's progress on a partition) */
 };
 
 #define KM_STATE_MAX_NAME 249         /* a Kafka topic name's limit; mirror names share it */
@@ -88,6 +89,23 @@ typedef struct km_state_part {
 	int64_t writer_pid, writer_start;
 	km_uuid source_id; /* the source topic's id as the mirror first saw it (zero: not yet) */
 	bool by_pattern;   /* started by the mirror's topic patterns, not an operator */
+	/*
+	 * Progress apart (docs/state.md, "The pipeline's progress, apart"): last_mirrored_* and the open
+	 * transaction above are the figures that stand, the progress record's while it matches the
+	 * partition record (progress_apart, the same topic id and state change time), else the
+	 * partition record's own (rec).
+	 */
+	bool progress_apart;
+	struct {
+		int64_t offset, open_txn;
+		int32_t epoch;
+	} rec;
+	struct {
+		bool has;
+		km_uuid topic_id;
+		int64_t state_change_ms, offset, open_txn;
+		int32_t epoch;
+	} prog;
 } km_state_part;
 
 struct km_state_topic {
@@ -177,6 +195,9 @@ void km_state_instances_free(km_state_model *m);
 km_err km_state_mirror_value_encode(km_wr *w, const km_state_mirror *mi);
 km_err km_state_partition_value_encode(km_wr *w, const km_state_topic *t, const km_state_part *p);
 km_err km_state_run_value_encode(km_wr *w, int64_t physical, int64_t prev_logical_end, uint8_t flags);
+/* A pipeline's progress on partition p of t, under p's record as it stands (its topic id and state change time). */
+km_err km_state_progress_value_encode(km_wr *w, const km_state_topic *t, const km_state_part *p, int64_t offset,
+				      int32_t epoch, int64_t open_txn);
 
 /*
  * ---- secrets: AES-256-GCM, 12-byte nonce, 16-byte tag (docs/state.md, "Secrets") ----
@@ -309,6 +330,9 @@ void km_state_persist_load(km_state_persist *io);
 /* Write recs (one Produce, all acknowledged or failure); cb with KM_OK or a message. On failure a reload follows. */
 typedef void (*km_state_write_cb)(km_state *st, km_err err, const char *message);
 void km_state_persist_write(km_state_persist *io, const km_state_rec *recs, size_t n, km_state_write_cb cb);
+/* persist_follow.c: a ticket for the first follow round that starts from now on; reached once such a round ended caught up. */
+uint64_t km_state_persist_follow_ticket(const km_state_persist *io);
+bool km_state_persist_follow_reached(const km_state_persist *io, uint64_t ticket);
 /* Metadata of destination topics: metas[i] for names[i], or err set (destination unreachable) with message. */
 typedef void (*km_state_meta_cb)(km_state *st, km_err err, const char *message, const km_state_topic_meta *metas);
 void km_state_persist_topics(km_state_persist *io, char *const *names, size_t n, km_state_meta_cb cb);

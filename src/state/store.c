@@ -225,6 +225,28 @@ static km_err add_partition_rec(km_state_mut *mu, const km_state_topic *t, int32
 	return rc;
 }
 
+/*
+ * A pipeline's progress on partition index of t, under p's record (docs/state.md, "The pipeline's
+ * progress, apart"); p NULL: its tombstone.
+ */
+static km_err add_progress_rec(km_state_mut *mu, const km_state_topic *t, int32_t index, const km_state_part *p,
+			       int64_t offset, int32_t epoch, int64_t open_txn)
+{
+	km_state_key k = {.type = KM_STATE_REC_PROGRESS, .mirror = km_str_c(t->mirror->name),
+			  .topic = km_str_c(t->name), .partition = index};
+	km_wr w;
+	km_err rc;
+
+	km_wr_init(&w);
+	if (p && (rc = km_state_progress_value_encode(&w, t, p, offset, epoch, open_txn)) != KM_OK) {
+		km_wr_free(&w);
+		return rc;
+	}
+	rc = add_rec(mu, &k, p ? &w : NULL);
+	km_wr_free(&w);
+	return rc;
+}
+
 /* ---- mirrors ---- */
 
 static int cfg_cmp(const void *a, const void *b)
@@ -508,12 +530,22 @@ static void delete_records(km_state_mut *mu, km_state_mirror *m)
 		mu->del_phase = DEL_PARTITIONS;
 	}
 	if (mu->del_phase == DEL_PARTITIONS) {
+		/* Each partition's progress record before its own (the progress applies to a partition there). */
+		size_t bytes = 0;
 		for (size_t i = 0; i < m->ntopics; i++)
-			for (size_t j = 0; j < m->topics[i]->nparts; j++)
-				if (m->topics[i]->parts[j].present && add_partition_rec(mu, m->topics[i], (int32_t)j, NULL) != KM_OK) {
+			for (size_t j = 0; j < m->topics[i]->nparts && mu->nrecs < KM_STATE_DELETE_CHUNK &&
+					   bytes < KM_STATE_DELETE_BYTES;
+			     j++) {
+				const km_state_part *p = &m->topics[i]->parts[j];
+				if (!p->present)
+					continue;
+				if ((p->prog.has && add_progress_rec(mu, m->topics[i], (int32_t)j, NULL, -1, -1, -1) != KM_OK) ||
+				    add_partition_rec(mu, m->topics[i], (int32_t)j, NULL) != KM_OK) {
 					set_msg(mu, KM_MIRROR_STATE_UNAVAILABLE, "out of memory");
 					return;
 				}
+				bytes += mu->recs[mu->nrecs - 1].klen * 2;
+			}
 		if (mu->nrecs > 0)
 			return;
 		mu->del_phase = DEL_MIRROR;
@@ -976,11 +1008,14 @@ static void prepare_progress(km_state *st, km_state_mut *mu)
 		    (p.last_mirrored_offset == r->logical && p.last_mirrored_epoch == r->epoch &&
 		     (p.has_open_txn ? p.open_txn_offset : -1) == (r->open_txn >= 0 ? r->open_txn : -1)))
 			continue;
-		p.last_mirrored_offset = r->logical;
-		p.last_mirrored_epoch = r->epoch;
-		p.has_open_txn = r->open_txn >= 0;
-		p.open_txn_offset = r->open_txn;
-		if (add_partition_rec(mu, t, r->partition, &p) != KM_OK) {
+		/*
+		 * The progress alone, in its own record: the partition's record (its state above all) is
+		 * the control plane's, and a view that has not seen a stop through another kmirrord yet
+		 * would otherwise write it back (docs/reliability.md, finding 11). A partition record an
+		 * older kmirrord wrote is written again first, saying that the progress is kept apart.
+		 */
+		if ((!p.progress_apart && add_partition_rec(mu, t, r->partition, &p) != KM_OK) ||
+		    add_progress_rec(mu, t, r->partition, &p, r->logical, r->epoch, r->open_txn) != KM_OK) {
 			set_msg(mu, KM_MIRROR_STATE_UNAVAILABLE, "out of memory");
 			return;
 		}
@@ -1016,6 +1051,16 @@ static void count_read_only(km_state *st)
 		}
 	st->read_only_topics = n;
 	km_state_counters_count(&st->ctr, &st->model);
+}
+
+uint64_t km_state_follow_ticket(const km_state *st)
+{
+	return st->io ? km_state_persist_follow_ticket(st->io) : 0;
+}
+
+bool km_state_follow_reached(const km_state *st, uint64_t ticket)
+{
+	return !st->io || km_state_persist_follow_reached(st->io, ticket);
 }
 
 bool km_state_is_store_topic_id(const km_state *st, const km_uuid *id)
@@ -1087,8 +1132,6 @@ static void on_written(km_state *st, km_err err, const char *message)
 	free(chgs);
 	if (mu->kind == MUT_DELETE && mu->del_phase != DEL_MIRROR) {
 		km_state_mirror *m = km_state_model_mirror(&st->model, mu->mirror);
-		if (mu->del_phase == DEL_PARTITIONS)
-			mu->del_phase = DEL_MIRROR;
 		recs_clear(mu);
 		if (m)
 			delete_records(mu, m);

@@ -513,3 +513,54 @@ def test_former_owners_write_after_a_cut_does_not_undo_the_new_owners(kmirror_bi
             net.teardown()
         finally:
             dst.stop()
+
+
+def test_stop_through_the_other_kmirrord_is_not_undone(kmirror_bin, dest_cluster3, source_cluster, proxy_factory):
+    """A stop sent to the kmirrord that does not run the mirror, while the mirror moves (its owner
+    writes its progress every 200 ms): the stop is acknowledged, so it must happen. Before the fix,
+    the owner's progress write rewrote the partition's whole record from a view that had not seen
+    the stop yet, and the partition went back to MIRRORING (the soak's finding 11,
+    docs/reliability.md): the stop lost, the next start refused. Rounds of stop and start through
+    the other kmirrord; each stop must reach STOPPED on both, and stay there."""
+    from mirror_cli import topic_states
+    from mirror_data import BackgroundProducer
+    tag = uuid.uuid4().hex[:6]
+    opts = dict(mirror_state_topic=f"__mirror_state_stop_{tag}", mirror_state_partitions=SLOTS,
+                mirror_pipelines="owned")
+    a = proxy_factory(dest_cluster3, name="kmirrord-stop-a", **opts)
+    m = f"stop-{tag}"
+    source_cluster.create_topic(m, partitions=4)
+    cli_a = Cli(kmirror_bin, a.bootstrap)
+    cli_a.run("create", "--mirror", m, "--source-bootstrap", source_cluster.bootstrap)
+    cli_a.run("start", "--mirror", m, "--topics", m)
+    bg = BackgroundProducer(source_cluster.bootstrap, m, tag="s", rate=2000).start()
+    lost = []
+    try:
+        wait_until(lambda: runners([a], [m], window=1.0)[m] == [a.name], 60, what="a running the mirror")
+        b = proxy_factory(dest_cluster3, name="kmirrord-stop-b", **opts)
+        cli_b = Cli(kmirror_bin, b.bootstrap)
+        wait_until(lambda: runners([a, b], [m], window=1.0)[m] == [a.name], 60, what="a running the mirror, b beside it")
+        for rnd in range(8):
+            wait_until(lambda: set(topic_states(cli_b, m)[m]) == {"MIRRORING"}, 60, what=f"round {rnd}: mirroring")
+            time.sleep(0.5 + 0.3 * rnd)  # the owner's progress moving, written at various phases
+            cli_b.run("stop", "--mirror", m, "--topics", m)
+            t0 = time.monotonic()
+            seen = []
+            while time.monotonic() - t0 < 30:
+                st = [tuple(topic_states(c, m)[m]) for c in (cli_a, cli_b)]
+                seen.append(st)
+                if all(set(s) == {"STOPPED"} for s in st):
+                    break
+                if any("MIRRORING" in s for s in st) and time.monotonic() - t0 > 0.5:
+                    lost.append((rnd, st))
+                    break
+                time.sleep(0.1)
+            print(f"round {rnd}: {time.monotonic() - t0:.1f} s, last seen {seen[-1]}")
+            assert not lost, f"round {rnd}: the stop was acknowledged and then undone (states through a and b): {st}"
+            wait_until(lambda: all(set(topic_states(c, m)[m]) == {"STOPPED"} for c in (cli_a, cli_b)), 60,
+                       what=f"round {rnd}: stopped")
+            time.sleep(1.0)
+            assert all(set(topic_states(c, m)[m]) == {"STOPPED"} for c in (cli_a, cli_b))
+            cli_b.run("start", "--mirror", m, "--topics", m)
+    finally:
+        bg.stop()

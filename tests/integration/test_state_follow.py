@@ -184,3 +184,47 @@ def test_follow_across_three_brokers(proxy_factory, dest_cluster3, kmirror_bin, 
     Cli(kmirror_bin, c.bootstrap).run("delete", "--mirror", mirrors[0])
     wait_until(lambda: described(Cli(kmirror_bin, b.bootstrap), mirrors[0]) is None, 10, 0.05,
                "the deletion through c followed by b")
+
+
+def test_an_owner_busy_writing_follows_the_others(proxy_factory, dest_cluster3, kmirror_bin, source_cluster):
+    """The kmirrord that runs moving mirrors writes their progress all the time (each mirror every
+    200 ms). It must still follow what the other instances write, within a follow round or two:
+    their stops, their starts, the writer of a mirror it takes back. Before the fix a write of its
+    own superseded the follow round under way, so under a steady stream of its own writes a round
+    seldom ended, and it saw another instance's change seconds late (the soak's findings 10 and 13,
+    docs/reliability.md). Ten configuration changes through an instance that runs nothing, each
+    timed until the busy one describes it."""
+    from mirror_data import BackgroundProducer
+    state_topic = f"__mirror_state_{uuid.uuid4().hex[:8]}"
+    a = proxy_factory(dest_cluster3, name="kmirrord-busy", mirror_state_topic=state_topic, mirror_pipelines="all")
+    b = proxy_factory(dest_cluster3, name="kmirrord-idle", mirror_state_topic=state_topic, mirror_pipelines="none")
+    cli_a, cli_b = Cli(kmirror_bin, a.bootstrap), Cli(kmirror_bin, b.bootstrap)
+    mirrors = [unique("busy") for _ in range(6)]
+    bg = []
+    try:
+        for m in mirrors:
+            source_cluster.create_topic(m, partitions=2)
+            cli_a.run("create", "--mirror", m, "--source-bootstrap", source_cluster.bootstrap)
+            cli_a.run("start", "--mirror", m, "--topics", m)
+            bg.append(BackgroundProducer(source_cluster.bootstrap, m, tag="b", rate=400).start())
+        wait_until(lambda: all((described(cli_a, m) or {}).get("summary", {}).get("partitions_by_state")
+                               == {"MIRRORING": 2} for m in mirrors), 60, 0.2, "the mirrors mirroring")
+        time.sleep(2.0)
+        delays = []
+        for i in range(10):
+            value = str(5000 + i)
+            cli_b.run("alter", "--mirror", mirrors[0], "--config", f"mirror.metadata.refresh.interval.ms={value}")
+            t0 = time.monotonic()
+
+            def seen():
+                cfg = {c["name"]: c["value"] for c in (described(cli_a, mirrors[0]) or {}).get("configs", [])}
+                return cfg.get("mirror.metadata.refresh.interval.ms") == value
+            wait_until(seen, 30, 0.02, f"change {i} seen by the busy kmirrord")
+            delays.append(time.monotonic() - t0)
+            time.sleep(0.3)
+    finally:
+        for p in bg:
+            p.stop()
+    print(f"the busy kmirrord saw the idle one's changes after {[round(d, 2) for d in delays]} s; "
+          f"its follow delays: {follow_delays(a)}")
+    assert max(delays) < 1.5, f"the busy kmirrord saw a change {max(delays):.1f} s late: {delays}"

@@ -15,6 +15,7 @@
 #include <openssl/rand.h>
 
 #include "kmirror/msg/mirror_state_partition_key.h"
+#include "kmirror/msg/mirror_state_partition_value.h"
 #include "kmirror/daemon_config.h"
 #include "state/state_int.h"
 #include "unit_doc.h"
@@ -1328,6 +1329,134 @@ static void test_open_transaction_bounds_readers(void **state)
 	event_base_free(base);
 }
 
+/* Partition 0 of t in m: its record (progress figures last, open), written as this kmirrord writes it. */
+static void part_rec_at(km_state_model *m, km_mp_state s, int64_t changed_ms, int64_t last, bool apart)
+{
+	km_state_cfg_entry cfg[1] = {{.name = "bootstrap.servers", .value = "s:9092"}};
+	km_state_mirror mi = {.name = "m1", .cfg = cfg, .ncfg = 1};
+	km_state_topic tt = {.name = "t", .mirror = &mi, .id = {{7}}};
+	km_state_key pk = {.type = KM_STATE_REC_PARTITION, .mirror = km_str_c("m1"), .topic = km_str_c("t")};
+	km_state_part p = {.state = s, .state_change_ms = changed_ms, .last_mirrored_offset = last,
+			   .last_mirrored_epoch = 4, .open_txn_offset = -1};
+	km_mirror_state_partition_value v;
+	km_state_change chg;
+	km_arena a;
+	km_wr w;
+	km_rd r;
+	int16_t ver;
+
+	km_wr_init(&w);
+	assert_int_equal(km_state_partition_value_encode(&w, &tt, &p), KM_OK);
+	if (!apart) {
+		/* As an older kmirrord writes it: without ProgressApart. */
+		km_arena_init(&a, 4096);
+		km_rd_init(&r, w.buf, w.len);
+		assert_true(km_rd_i16(&r, "Version", &ver));
+		km_mirror_state_partition_value_init(&v);
+		assert_int_equal(km_mirror_state_partition_value_decode(&r, 0, &v, &a), KM_OK);
+		assert_true(v.progress_apart);
+		v.progress_apart = false;
+		w.len = 0;
+		km_wr_i16(&w, 0);
+		km_mirror_state_partition_value_encode(&w, 0, &v);
+		km_arena_free(&a);
+	}
+	rec(m, &pk, &w, &chg);
+	km_wr_free(&w);
+}
+
+/* Partition 0 of t in m: a pipeline's progress record, under a partition record changed at changed_ms. */
+static void progress_rec_at(km_state_model *m, int64_t changed_ms, int64_t last, int64_t open)
+{
+	km_state_cfg_entry cfg[1] = {{.name = "bootstrap.servers", .value = "s:9092"}};
+	km_state_mirror mi = {.name = "m1", .cfg = cfg, .ncfg = 1};
+	km_state_topic tt = {.name = "t", .mirror = &mi, .id = {{7}}};
+	km_state_key gk = {.type = KM_STATE_REC_PROGRESS, .mirror = km_str_c("m1"), .topic = km_str_c("t")};
+	km_state_part p = {.state_change_ms = changed_ms};
+	km_state_change chg;
+	km_wr w;
+
+	km_wr_init(&w);
+	assert_int_equal(km_state_progress_value_encode(&w, &tt, &p, last, 5, open), KM_OK);
+	rec(m, &gk, &w, &chg);
+	assert_false(chg.changed); /* progress is no state change */
+	km_wr_free(&w);
+}
+
+static const km_state_part *part0(km_state_model *m)
+{
+	km_state_topic *t = km_state_model_topic(m, "t", 1);
+	assert_non_null(t);
+	return &t->parts[0];
+}
+
+/*
+ * The pipeline's progress in a record of its own (finding 11): it stands for the partition record's
+ * figures while it was written under that record (the same state change time, the same topic id),
+ * whichever of the two is read first; a progress written on a view that had not seen a stop does not
+ * undo the stop, and stands for nothing under it; a partition record of an older kmirrord (no
+ * ProgressApart) keeps its own figures.
+ */
+static void test_progress_apart(void **state)
+{
+	km_state_key gk = {.type = KM_STATE_REC_PROGRESS, .mirror = km_str_c("m1"), .topic = km_str_c("t"),
+			   .partition = 3};
+	km_state_key back;
+	km_state_model m;
+	km_wr w;
+	uint8_t *kb;
+	size_t kl;
+	(void)state;
+
+	/* The key: type 4, and back. */
+	km_wr_init(&w);
+	km_state_key_encode(&w, &gk);
+	kb = km_wr_take(&w, &kl);
+	assert_int_equal(km_state_key_decode(kb, kl, &back), KM_OK);
+	assert_int_equal(back.type, KM_STATE_REC_PROGRESS);
+	assert_int_equal(back.partition, 3);
+	assert_int_equal(back.topic.len, 1);
+	free(kb);
+
+	/* MIRRORING since 1000, progress 50 in the record; the pipeline's progress 80 under it stands. */
+	model_with(&m, KM_MP_MIRRORING, KM_MP_UNKNOWN);
+	part_rec_at(&m, KM_MP_MIRRORING, 1000, 50, true);
+	progress_rec_at(&m, 1000, 80, 70);
+	assert_int_equal(part0(&m)->last_mirrored_offset, 80);
+	assert_int_equal(part0(&m)->last_mirrored_epoch, 5);
+	assert_true(part0(&m)->has_open_txn);
+	assert_int_equal(part0(&m)->open_txn_offset, 70);
+	/* A stop through another kmirrord (changed at 2000, its view at 60): the owner's next progress, on its old view, changes nothing. */
+	part_rec_at(&m, KM_MP_STOPPING, 2000, 60, true);
+	assert_int_equal(part0(&m)->state, KM_MP_STOPPING);
+	assert_int_equal(part0(&m)->last_mirrored_offset, 60);
+	assert_false(part0(&m)->has_open_txn);
+	progress_rec_at(&m, 1000, 90, -1);
+	assert_int_equal(part0(&m)->state, KM_MP_STOPPING);
+	assert_int_equal(part0(&m)->last_mirrored_offset, 60);
+	/* Once the owner has seen the stop, its progress stands again. */
+	progress_rec_at(&m, 2000, 95, -1);
+	assert_int_equal(part0(&m)->last_mirrored_offset, 95);
+	km_state_model_free(&m);
+
+	/* Read the other way round (a rebuild: the two sit in different state partitions): the same. */
+	model_with(&m, KM_MP_MIRRORING, KM_MP_UNKNOWN);
+	part_rec_at(&m, KM_MP_STOPPING, 2000, 60, true);
+	progress_rec_at(&m, 1000, 90, -1);
+	assert_int_equal(part0(&m)->last_mirrored_offset, 60);
+	km_state_model_free(&m);
+
+	/* A record an older kmirrord wrote (no ProgressApart): its own figures stand. */
+	model_with(&m, KM_MP_MIRRORING, KM_MP_UNKNOWN);
+	part_rec_at(&m, KM_MP_MIRRORING, 1000, 50, false);
+	progress_rec_at(&m, 1000, 80, -1);
+	assert_int_equal(part0(&m)->last_mirrored_offset, 50);
+	/* Written again by this kmirrord: the progress stands. */
+	part_rec_at(&m, KM_MP_MIRRORING, 1000, 50, true);
+	assert_int_equal(part0(&m)->last_mirrored_offset, 80);
+	km_state_model_free(&m);
+}
+
 static bool owns_none(void *arg, const char *mirror)
 {
 	(*(int *)arg)++;
@@ -1461,6 +1590,7 @@ int main(void)
 		cmocka_unit_test(test_mirror_option_table), cmocka_unit_test(test_secrets),
 		cmocka_unit_test(test_progress_bounds_readers),
 		cmocka_unit_test(test_open_transaction_bounds_readers),
+		cmocka_unit_test(test_progress_apart),
 		cmocka_unit_test(test_owner_check),
 		cmocka_unit_test(test_secrets_format0),
 		cmocka_unit_test(test_key_file), cmocka_unit_test(test_keys),

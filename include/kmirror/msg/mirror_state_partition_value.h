@@ -42,6 +42,8 @@ typedef struct km_mirror_state_partition_value {
 	int8_t started_by;
 	/* v0+ tag 5: With LastMirroredOffset: where the earliest destination transaction the pipeline held o... */
 	int64_t open_transaction_offset;
+	/* v0+ tag 6: Written by a kmirrord that keeps the pipeline's progress in the partition's MirrorState... */
+	bool progress_apart;
 	km_tagged_list unknown_tags; /* tagged fields this codec does not know, kept as they came */
 } km_mirror_state_partition_value;
 

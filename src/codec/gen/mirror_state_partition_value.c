@@ -75,6 +75,15 @@ static bool km_mirror_state_partition_value_dec_tag_open_transaction_offset(km_r
 	return true;
 }
 
+static bool km_mirror_state_partition_value_dec_tag_progress_apart(km_rd *r, int16_t v, km_mirror_state_partition_value *m, km_arena *a)
+{
+	(void)v;
+	(void)a;
+	if (!km_rd_bool(r, "ProgressApart", &m->progress_apart))
+		return false;
+	return true;
+}
+
 static bool km_mirror_state_partition_value_dec(km_rd *r, int16_t v, km_mirror_state_partition_value *m, km_arena *a)
 {
 	const bool flex = true;
@@ -141,6 +150,12 @@ static bool km_mirror_state_partition_value_dec(km_rd *r, int16_t v, km_mirror_s
 						return km_codec_rd_join(r, &sub);
 				}
 				break;
+				case 6:
+				{
+					if (!km_mirror_state_partition_value_dec_tag_progress_apart(&sub, v, m, a))
+						return km_codec_rd_join(r, &sub);
+				}
+				break;
 				default:
 					known = false;
 					break;
@@ -179,6 +194,8 @@ static void km_mirror_state_partition_value_enc(km_wr *w, int16_t v, const km_mi
 		ntags += has_started_by;
 		const bool has_open_transaction_offset = true && m->open_transaction_offset != INT64_C(-1);
 		ntags += has_open_transaction_offset;
+		const bool has_progress_apart = true && m->progress_apart != false;
+		ntags += has_progress_apart;
 		km_wr_uvarint(w, ntags);
 		km_codec_wr_tags(w, &m->unknown_tags, 0, 1, false);
 		if (has_writer_producer_id) {
@@ -228,7 +245,15 @@ static void km_mirror_state_partition_value_enc(km_wr *w, int16_t v, const km_mi
 			km_wr_uvarint(w, (uint32_t)n);
 			km_wr_i64(w, m->open_transaction_offset);
 		}
-		km_codec_wr_tags(w, &m->unknown_tags, 6, UINT64_MAX, false);
+		km_codec_wr_tags(w, &m->unknown_tags, 6, 7, false);
+		if (has_progress_apart) {
+			size_t n = 0;
+			n += 1;
+			km_wr_uvarint(w, 6);
+			km_wr_uvarint(w, (uint32_t)n);
+			km_wr_bool(w, m->progress_apart);
+		}
+		km_codec_wr_tags(w, &m->unknown_tags, 7, UINT64_MAX, false);
 	}
 }
 
@@ -282,6 +307,12 @@ static size_t km_mirror_state_partition_value_sz(int16_t v, const km_mirror_stat
 			size_t fn = 0;
 			fn += 8;
 			n += km_sz_uvarint(5) + km_sz_uvarint((uint32_t)fn) + fn;
+			ntags++;
+		}
+		if (true && m->progress_apart != false) {
+			size_t fn = 0;
+			fn += 1;
+			n += km_sz_uvarint(6) + km_sz_uvarint((uint32_t)fn) + fn;
 			ntags++;
 		}
 		n += km_sz_uvarint(ntags);

@@ -159,6 +159,8 @@
 #include "kmirror/msg/mirror_state_mirror_value.h"
 #include "kmirror/msg/mirror_state_partition_key.h"
 #include "kmirror/msg/mirror_state_partition_value.h"
+#include "kmirror/msg/mirror_state_progress_key.h"
+#include "kmirror/msg/mirror_state_progress_value.h"
 #include "kmirror/msg/mirror_state_run_key.h"
 #include "kmirror/msg/mirror_state_run_value.h"
 #include "kmirror/msg/offset_commit_request.h"
@@ -14999,8 +15001,9 @@ static void fill_km_mirror_state_partition_value(km_mirror_state_partition_value
 	t_uuid(&m->source_topic_id, seq);
 	m->started_by = (int8_t)(t_int(seq, 100, INT64_C(0)));
 	m->open_transaction_offset = (int64_t)(t_int(seq, 1000000000, INT64_C(-1)) + ((int64_t)1 << 33));
+	m->progress_apart = true;
 	if (true && mode == 0)
-		t_unknown_tags(&m->unknown_tags, a, 6, 1005, seq);
+		t_unknown_tags(&m->unknown_tags, a, 7, 1006, seq);
 }
 
 static bool eq_km_mirror_state_partition_value(const km_mirror_state_partition_value *x, const km_mirror_state_partition_value *y)
@@ -15031,6 +15034,8 @@ static bool eq_km_mirror_state_partition_value(const km_mirror_state_partition_v
 		return t_diff("StartedBy");
 	if (!(x->open_transaction_offset == y->open_transaction_offset))
 		return t_diff("OpenTransactionOffset");
+	if (!(x->progress_apart == y->progress_apart))
+		return t_diff("ProgressApart");
 	if (!t_tags_eq(&x->unknown_tags, &y->unknown_tags))
 		return t_diff("MirrorStatePartitionValue unknown tags");
 	return true;
@@ -15042,6 +15047,84 @@ static void km_mirror_state_partition_value_init_v(void *m) { km_mirror_state_pa
 static km_err km_mirror_state_partition_value_decode_v(km_rd *r, int16_t v, void *m, km_arena *a) { return km_mirror_state_partition_value_decode(r, v, m, a); }
 static void km_mirror_state_partition_value_encode_v(km_wr *w, int16_t v, const void *m) { km_mirror_state_partition_value_encode(w, v, m); }
 static size_t km_mirror_state_partition_value_size_v(int16_t v, const void *m) { return km_mirror_state_partition_value_size(v, m); }
+
+
+static void fill_km_mirror_state_progress_key(km_mirror_state_progress_key *m, int16_t v, int mode, km_arena *a, uint32_t *seq);
+static bool eq_km_mirror_state_progress_key(const km_mirror_state_progress_key *x, const km_mirror_state_progress_key *y);
+
+static void fill_km_mirror_state_progress_key(km_mirror_state_progress_key *m, int16_t v, int mode, km_arena *a, uint32_t *seq)
+{
+	(void)v;
+	(void)mode;
+	(void)a;
+	(void)seq;
+	m->mirror_name = t_str(a, seq);
+	m->topic_name = t_str(a, seq);
+	m->partition_index = (int32_t)(t_int(seq, 1000000000, INT64_C(0)));
+}
+
+static bool eq_km_mirror_state_progress_key(const km_mirror_state_progress_key *x, const km_mirror_state_progress_key *y)
+{
+	if (!km_str_eq(x->mirror_name, y->mirror_name))
+		return t_diff("MirrorName");
+	if (!km_str_eq(x->topic_name, y->topic_name))
+		return t_diff("TopicName");
+	if (!(x->partition_index == y->partition_index))
+		return t_diff("PartitionIndex");
+	if (!t_tags_eq(&x->unknown_tags, &y->unknown_tags))
+		return t_diff("MirrorStateProgressKey unknown tags");
+	return true;
+}
+
+static void km_mirror_state_progress_key_fill_v(void *m, int16_t v, int mode, km_arena *a, uint32_t *seq) { fill_km_mirror_state_progress_key(m, v, mode, a, seq); }
+static bool km_mirror_state_progress_key_eq_v(const void *x, const void *y) { return eq_km_mirror_state_progress_key(x, y); }
+static void km_mirror_state_progress_key_init_v(void *m) { km_mirror_state_progress_key_init(m); }
+static km_err km_mirror_state_progress_key_decode_v(km_rd *r, int16_t v, void *m, km_arena *a) { return km_mirror_state_progress_key_decode(r, v, m, a); }
+static void km_mirror_state_progress_key_encode_v(km_wr *w, int16_t v, const void *m) { km_mirror_state_progress_key_encode(w, v, m); }
+static size_t km_mirror_state_progress_key_size_v(int16_t v, const void *m) { return km_mirror_state_progress_key_size(v, m); }
+
+
+static void fill_km_mirror_state_progress_value(km_mirror_state_progress_value *m, int16_t v, int mode, km_arena *a, uint32_t *seq);
+static bool eq_km_mirror_state_progress_value(const km_mirror_state_progress_value *x, const km_mirror_state_progress_value *y);
+
+static void fill_km_mirror_state_progress_value(km_mirror_state_progress_value *m, int16_t v, int mode, km_arena *a, uint32_t *seq)
+{
+	(void)v;
+	(void)mode;
+	(void)a;
+	(void)seq;
+	t_uuid(&m->topic_id, seq);
+	m->state_change_time_ms = (int64_t)(t_int(seq, 1000000000, INT64_C(0)) + ((int64_t)1 << 33));
+	m->last_mirrored_offset = (int64_t)(t_int(seq, 1000000000, INT64_C(0)) + ((int64_t)1 << 33));
+	m->last_mirrored_epoch = (int32_t)(t_int(seq, 1000000000, INT64_C(0)));
+	m->open_transaction_offset = (int64_t)(t_int(seq, 1000000000, INT64_C(-1)) + ((int64_t)1 << 33));
+	if (true && mode == 0)
+		t_unknown_tags(&m->unknown_tags, a, 0, 1000, seq);
+}
+
+static bool eq_km_mirror_state_progress_value(const km_mirror_state_progress_value *x, const km_mirror_state_progress_value *y)
+{
+	if (!(memcmp(x->topic_id.b, y->topic_id.b, 16) == 0))
+		return t_diff("TopicId");
+	if (!(x->state_change_time_ms == y->state_change_time_ms))
+		return t_diff("StateChangeTimeMs");
+	if (!(x->last_mirrored_offset == y->last_mirrored_offset))
+		return t_diff("LastMirroredOffset");
+	if (!(x->last_mirrored_epoch == y->last_mirrored_epoch))
+		return t_diff("LastMirroredEpoch");
+	if (!(x->open_transaction_offset == y->open_transaction_offset))
+		return t_diff("OpenTransactionOffset");
+	if (!t_tags_eq(&x->unknown_tags, &y->unknown_tags))
+		return t_diff("MirrorStateProgressValue unknown tags");
+	return true;
+}
+
+static void km_mirror_state_progress_value_fill_v(void *m, int16_t v, int mode, km_arena *a, uint32_t *seq) { fill_km_mirror_state_progress_value(m, v, mode, a, seq); }
+static bool km_mirror_state_progress_value_eq_v(const void *x, const void *y) { return eq_km_mirror_state_progress_value(x, y); }
+static void km_mirror_state_progress_value_init_v(void *m) { km_mirror_state_progress_value_init(m); }
+static km_err km_mirror_state_progress_value_decode_v(km_rd *r, int16_t v, void *m, km_arena *a) { return km_mirror_state_progress_value_decode(r, v, m, a); }
+static void km_mirror_state_progress_value_encode_v(km_wr *w, int16_t v, const void *m) { km_mirror_state_progress_value_encode(w, v, m); }
+static size_t km_mirror_state_progress_value_size_v(int16_t v, const void *m) { return km_mirror_state_progress_value_size(v, m); }
 
 
 static void fill_km_mirror_state_run_key(km_mirror_state_run_key *m, int16_t v, int mode, km_arena *a, uint32_t *seq);
@@ -23350,6 +23433,8 @@ const km_test_msg km_test_msgs[] = {
 	{"MirrorStateMirrorValue", -1, 0, 0, 0, sizeof(km_mirror_state_mirror_value), km_mirror_state_mirror_value_init_v, km_mirror_state_mirror_value_decode_v, km_mirror_state_mirror_value_encode_v, km_mirror_state_mirror_value_size_v, km_mirror_state_mirror_value_fill_v, km_mirror_state_mirror_value_eq_v},
 	{"MirrorStatePartitionKey", -1, 0, 0, -1, sizeof(km_mirror_state_partition_key), km_mirror_state_partition_key_init_v, km_mirror_state_partition_key_decode_v, km_mirror_state_partition_key_encode_v, km_mirror_state_partition_key_size_v, km_mirror_state_partition_key_fill_v, km_mirror_state_partition_key_eq_v},
 	{"MirrorStatePartitionValue", -1, 0, 0, 0, sizeof(km_mirror_state_partition_value), km_mirror_state_partition_value_init_v, km_mirror_state_partition_value_decode_v, km_mirror_state_partition_value_encode_v, km_mirror_state_partition_value_size_v, km_mirror_state_partition_value_fill_v, km_mirror_state_partition_value_eq_v},
+	{"MirrorStateProgressKey", -1, 0, 0, -1, sizeof(km_mirror_state_progress_key), km_mirror_state_progress_key_init_v, km_mirror_state_progress_key_decode_v, km_mirror_state_progress_key_encode_v, km_mirror_state_progress_key_size_v, km_mirror_state_progress_key_fill_v, km_mirror_state_progress_key_eq_v},
+	{"MirrorStateProgressValue", -1, 0, 0, 0, sizeof(km_mirror_state_progress_value), km_mirror_state_progress_value_init_v, km_mirror_state_progress_value_decode_v, km_mirror_state_progress_value_encode_v, km_mirror_state_progress_value_size_v, km_mirror_state_progress_value_fill_v, km_mirror_state_progress_value_eq_v},
 	{"MirrorStateRunKey", -1, 0, 0, -1, sizeof(km_mirror_state_run_key), km_mirror_state_run_key_init_v, km_mirror_state_run_key_decode_v, km_mirror_state_run_key_encode_v, km_mirror_state_run_key_size_v, km_mirror_state_run_key_fill_v, km_mirror_state_run_key_eq_v},
 	{"MirrorStateRunValue", -1, 0, 0, 0, sizeof(km_mirror_state_run_value), km_mirror_state_run_value_init_v, km_mirror_state_run_value_decode_v, km_mirror_state_run_value_encode_v, km_mirror_state_run_value_size_v, km_mirror_state_run_value_fill_v, km_mirror_state_run_value_eq_v},
 	{"OffsetCommitRequest", 8, 2, 10, 8, sizeof(km_offset_commit_request), km_offset_commit_request_init_v, km_offset_commit_request_decode_v, km_offset_commit_request_encode_v, km_offset_commit_request_size_v, km_offset_commit_request_fill_v, km_offset_commit_request_eq_v},

@@ -157,6 +157,10 @@ void km_ps_follow_drop(km_state_persist *io)
 	io->fgen++;
 	io->fround = false;
 	io->fout = 0;
+	/* The load reads every partition to its end: what was acknowledged before is in it (and the topic may be new). */
+	for (int32_t p = 0; io->wend && p < io->fparts; p++)
+		io->wend[p] = 0;
+	io->wblind_at = 0;
 }
 
 uint64_t km_state_persist_follow_ticket(const km_state_persist *io)

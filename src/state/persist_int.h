@@ -221,7 +221,7 @@ void km_ps_follow_kick(km_state_persist *io, int ms);
 void km_ps_follow_free(km_state_persist *io);
 /* A write of this kmirrord was acknowledged on state partition p up to end (the offset after it; -1: not known). */
 void km_ps_follow_acked(km_state_persist *io, int32_t p, int64_t end);
-/* The round out (if any) is dropped: a load rebuilds the map and the positions. */
+/* The round out (if any) is dropped, and the writes acknowledged forgotten: a load rebuilds the map and the positions. */
 void km_ps_follow_drop(km_state_persist *io);
 
 #endif

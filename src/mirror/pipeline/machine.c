@@ -267,6 +267,25 @@ void km_pl_set_tail(km_pipeline *pl, mpart *p, bool set)
 	km_state_tail_moved(st, m); /* a reader's Fetch waiting at this tail goes now */
 }
 
+void km_pl_tail_cap(km_pipeline *pl, mpart *p, int64_t logical, int64_t physical)
+{
+	km_offmap *m = km_state_offmap_mut(km_mirror_store(pl->mi), p->t->name, p->id);
+
+	if (!m || !m->tail_held || (m->tail_logical >= 0 && m->tail_logical <= logical))
+		return;
+	if (p->out.tail) {
+		/* Where the mirror stands now: what lies past it is hidden and mirrored again. */
+		p->out.acked_logical = logical;
+		p->out.acked_phys = physical;
+		p->out.acked_epoch = -1;
+		km_pl_set_tail(pl, p, true);
+		return;
+	}
+	m->tail_logical = logical;
+	m->tail_physical = physical;
+	m->tail_epoch = -1;
+}
+
 void km_pl_backoff(mpart *p)
 {
 	int ms = p->retry.backoff_ms ? p->retry.backoff_ms : BACKOFF_MIN_MS;

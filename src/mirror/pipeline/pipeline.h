@@ -520,6 +520,12 @@ void km_pl_update_lag(mpart *p, int64_t now);
 void km_pl_source_contact(km_pipeline *pl, km_err err, bool fetch);
 /* The offset map's tail (what describe shows): the acknowledged tail, or none. */
 void km_pl_set_tail(km_pipeline *pl, mpart *p, bool set);
+/*
+ * Readers here are shown nothing from logical on (stored from physical on): the tail the pipeline
+ * holds comes down to it when it is past it (reconcile's fence run hides from there:
+ * docs/reliability.md, finding 12). A tail at or below it stays.
+ */
+void km_pl_tail_cap(km_pipeline *pl, mpart *p, int64_t logical, int64_t physical);
 void km_pl_backoff(mpart *p);
 /* Start over for p: once nothing of it is in flight, reconcile with a fresh producer id. */
 void km_pl_reconcile(km_pipeline *pl, mpart *p, const char *why);

@@ -233,6 +233,20 @@ static bool persist_writer(km_pipeline *pl, mpart *p, int64_t start)
  * end is hidden: the runs from hide_logical on go, and a run at (hide_logical, end) closes the run
  * before it at hide_logical, so the mirror resumes at hide_logical, written after what is hidden.
  */
+/*
+ * Run i starts at the log's end and hides what lies before it: the run before it ends (logically,
+ * where run i says) below that physical offset. It was written by a reconcile that hid a range
+ * and resumed there, and no batch landed after it yet (a pause, then a resume): it is no run of a
+ * batch that never landed, and without it the range it hides would be shown again (docs/mirror.md,
+ * "Reconcile"; docs/reliability.md, finding 15).
+ */
+static bool resume_run(const km_offmap *m, size_t i, int64_t end)
+{
+	const km_offrun *r = &m->runs[i], *prev = i > 0 ? &m->runs[i - 1] : NULL;
+	return r->physical == end && prev && r->prev_logical_end >= prev->logical &&
+	       prev->physical + (r->prev_logical_end - prev->logical) < r->physical;
+}
+
 static void after_reconcile(km_pipeline *pl, mpart *p, int64_t end)
 {
 	const km_offrun *fence;
@@ -242,7 +256,8 @@ static void after_reconcile(km_pipeline *pl, mpart *p, int64_t end)
 	km_state_run *w = NULL;
 	char tag[300];
 
-	while (keep > 0 && (m->runs[keep - 1].physical >= end || (hide >= 0 && m->runs[keep - 1].logical >= hide)))
+	while (keep > 0 && ((m->runs[keep - 1].physical >= end && !resume_run(m, keep - 1, end)) ||
+			    (hide >= 0 && m->runs[keep - 1].logical >= hide)))
 		keep--;
 	p->out.acked_phys = p->plan.phys = end;
 	p->out.probe = true;
@@ -515,6 +530,13 @@ static void fence_from(km_pipeline *pl, mpart *p, int64_t end, int64_t from)
 		KM_INFO(COMP, 0, "%s/%s: destination offsets %lld to %lld are in transactions left open: hidden from "
 			"offset %lld on, which is mirrored again", pl->name, km_pl_ptag(p, tag, sizeof(tag)), (long long)from,
 			(long long)end, (long long)hide);
+	/*
+	 * Readers here stop at hide from now on: the fence run maps what follows to the log's end, and
+	 * a reader shown more (the tail it held covered the open transactions) would ask past that end
+	 * and be sent back to the start (docs/reliability.md, finding 12). They wait at hide until it
+	 * is mirrored again.
+	 */
+	km_pl_tail_cap(pl, p, hide, end);
 	if (!fence || fence->logical != hide) {
 		km_state_run r = {p->t->name, p->id, hide, end, hide, KM_OFFRUN_FENCE};
 		km_pl_run_then(pl, p, &r, 1, PH_FENCE);

@@ -652,17 +652,34 @@ static bool metadata_here(ctx *x, char *const *topics, size_t ntopics, km_metada
 }
 
 /* ListOffsets here at ts (-1: the ends, -2: the log starts) of every partition md names. */
-static bool offsets_here(ctx *x, const km_metadata_response *md, int64_t ts, km_list_offsets_response *lo)
+/*
+ * ListOffsets of md's partitions led by broker leader, at ts, on a connection of its own to that
+ * broker's address in md (through kmirrord: its listener for the broker); each answer's offset and
+ * error go to the matching partition of lo. False: out of memory or a malformed answer (said); a
+ * broker that cannot be reached leaves its partitions as they were (not known).
+ */
+static bool offsets_of_leader(ctx *x, const km_metadata_response *md, int32_t leader, int64_t ts, int16_t lv,
+			      km_list_offsets_response *lo)
 {
 	km_list_offsets_request m;
 	km_list_offsets_request_list_offsets_topic *lt;
+	km_list_offsets_response one;
+	const km_metadata_response_broker *b = NULL;
+	char addr[300], err[1024] = "";
 	int32_t nt = 0;
-	int16_t lv;
+	ctx y = *x;
+	int rc;
+	km_wr w;
+	km_rd r;
+	bool ok;
 
-	km_list_offsets_response_init(lo);
-	lo->topics.count = 0;
-	if ((lv = km_cli_conn_version(x->cc, KM_API_LIST_OFFSETS)) < 1 || md->topics.count <= 0)
+	for (int32_t i = 0; i < md->brokers.count && !b; i++)
+		if (md->brokers.items[i].node_id == leader)
+			b = &md->brokers.items[i];
+	if (!b || b->host.len <= 0 || b->host.len > 255)
 		return true;
+	snprintf(addr, sizeof(addr), memchr(b->host.p, ':', (size_t)b->host.len) ? "[%.*s]:%d" : "%.*s:%d",
+		 (int)b->host.len, b->host.p, (int)b->port);
 	if (!(lt = km_arena_calloc(&x->arena, (size_t)md->topics.count * sizeof(*lt))))
 		return false;
 	km_list_offsets_request_init(&m);
@@ -670,27 +687,106 @@ static bool offsets_here(ctx *x, const km_metadata_response *md, int64_t ts, km_
 	for (int32_t t = 0; t < md->topics.count; t++) {
 		const km_metadata_response_topic *mt = &md->topics.items[t];
 		km_list_offsets_request_list_offsets_partition *lp;
+		int32_t n = 0;
 		if (mt->error_code || mt->partitions.count <= 0)
 			continue;
 		if (!(lp = km_arena_calloc(&x->arena, (size_t)mt->partitions.count * sizeof(*lp))))
 			return false;
+		for (int32_t k = 0; k < mt->partitions.count; k++) {
+			if (mt->partitions.items[k].leader_id != leader)
+				continue;
+			km_list_offsets_request_list_offsets_partition_init(&lp[n]);
+			lp[n].partition_index = mt->partitions.items[k].partition_index;
+			lp[n].current_leader_epoch = -1;
+			lp[n++].timestamp = ts;
+		}
+		if (!n)
+			continue;
 		km_list_offsets_request_list_offsets_topic_init(&lt[nt]);
 		lt[nt].name = mt->name;
-		for (int32_t k = 0; k < mt->partitions.count; k++) {
-			km_list_offsets_request_list_offsets_partition_init(&lp[k]);
-			lp[k].partition_index = mt->partitions.items[k].partition_index;
-			lp[k].current_leader_epoch = -1;
-			lp[k].timestamp = ts;
-		}
 		lt[nt].partitions.items = lp;
-		lt[nt].partitions.count = mt->partitions.count;
-		nt++;
+		lt[nt++].partitions.count = n;
 	}
-	m.topics.items = lt;
-	m.topics.count = nt;
 	if (!nt)
 		return true;
-	return km_cmd_rpc(x, KM_API_LIST_OFFSETS, lv, &m, lo);
+	m.topics.items = lt;
+	m.topics.count = nt;
+	y.resp = NULL;
+	y.resp_len = 0;
+	if (!(y.cc = km_cmd_connect(x->a, addr, false, x->a->timeout_ms, x->err, err, sizeof(err), &rc)))
+		return true; /* not known: the report says so */
+	km_wr_init(&w);
+	km_list_offsets_request_encode(&w, lv, &m);
+	ok = km_cmd_call(&y, KM_API_LIST_OFFSETS, &w, lv, &r) &&
+	     km_cmd_decoded(&y, km_list_offsets_response_decode(&r, lv, &one, &x->arena), KM_API_LIST_OFFSETS, lv, &r);
+	for (int32_t t = 0; ok && t < one.topics.count; t++)
+		for (int32_t q = 0; q < one.topics.items[t].partitions.count; q++) {
+			const km_list_offsets_response_list_offsets_partition_response *a =
+				&one.topics.items[t].partitions.items[q];
+			for (int32_t u = 0; u < lo->topics.count; u++)
+				for (int32_t k = 0; k < lo->topics.items[u].partitions.count; k++) {
+					km_list_offsets_response_list_offsets_partition_response *to =
+						&lo->topics.items[u].partitions.items[k];
+					if (km_str_eq(lo->topics.items[u].name, one.topics.items[t].name) &&
+					    to->partition_index == a->partition_index) {
+						to->error_code = a->error_code;
+						to->offset = a->offset;
+					}
+				}
+		}
+	free(y.resp);
+	km_cli_conn_free(y.cc);
+	return ok;
+}
+
+/*
+ * ListOffsets at ts (-1 the end, -2 the start) of every partition of md, here: each asked of its
+ * leader (one broker answers only for the partitions it leads), into lo (names borrowed from md).
+ * A partition whose leader could not be asked keeps LEADER_NOT_AVAILABLE: its offset is not known.
+ */
+static bool offsets_here(ctx *x, const km_metadata_response *md, int64_t ts, km_list_offsets_response *lo)
+{
+	km_list_offsets_response_list_offsets_topic_response *tr;
+	int32_t *leaders;
+	int32_t nl = 0, np = 0;
+	int16_t lv;
+
+	km_list_offsets_response_init(lo);
+	lo->topics.count = 0;
+	if ((lv = km_cli_conn_version(x->cc, KM_API_LIST_OFFSETS)) < 1 || md->topics.count <= 0)
+		return true;
+	for (int32_t t = 0; t < md->topics.count; t++)
+		np += md->topics.items[t].partitions.count > 0 ? md->topics.items[t].partitions.count : 0;
+	if (!(tr = km_arena_calloc(&x->arena, (size_t)md->topics.count * sizeof(*tr))) ||
+	    !(leaders = km_arena_calloc(&x->arena, ((size_t)np + 1) * sizeof(*leaders))))
+		return false;
+	for (int32_t t = 0; t < md->topics.count; t++) {
+		const km_metadata_response_topic *mt = &md->topics.items[t];
+		km_list_offsets_response_list_offsets_partition_response *pr;
+		if (mt->error_code || mt->partitions.count <= 0)
+			continue;
+		if (!(pr = km_arena_calloc(&x->arena, (size_t)mt->partitions.count * sizeof(*pr))))
+			return false;
+		for (int32_t k = 0; k < mt->partitions.count; k++) {
+			int32_t id = mt->partitions.items[k].leader_id;
+			bool seen = false;
+			pr[k].partition_index = mt->partitions.items[k].partition_index;
+			pr[k].error_code = 5; /* LEADER_NOT_AVAILABLE until its leader answers */
+			pr[k].offset = -1;
+			for (int32_t i = 0; i < nl && !seen; i++)
+				seen = leaders[i] == id;
+			if (!seen && id >= 0)
+				leaders[nl++] = id;
+		}
+		tr[lo->topics.count].name = mt->name;
+		tr[lo->topics.count].partitions.items = pr;
+		tr[lo->topics.count++].partitions.count = mt->partitions.count;
+	}
+	lo->topics.items = tr;
+	for (int32_t i = 0; i < nl; i++)
+		if (!offsets_of_leader(x, md, leaders[i], ts, lv, lo))
+			return false;
+	return true;
 }
 
 /* The end here of topic/partition, -1 when not known. */
@@ -1002,7 +1098,7 @@ static int cmd_start_dry_run(ctx *x, char *const *topics, size_t ntopics)
 	int rc = km_cmd_describe_one(x, NULL, 0, &resp, &v.dm);
 	size_t nsrc = 0;
 	/* The answers the report reads (each decoded in place): the next call would free them. */
-	void *kept[5] = {x->resp, NULL, NULL, NULL, NULL};
+	void *kept[3] = {x->resp, NULL, NULL};
 
 	x->resp = NULL;
 	if (rc != KM_CLI_EXIT_OK)
@@ -1027,11 +1123,7 @@ static int cmd_start_dry_run(ctx *x, char *const *topics, size_t ntopics)
 		goto out;
 	kept[2] = x->resp;
 	x->resp = NULL;
-	if (!offsets_here(x, &v.md, -2, &v.starts))
-		goto out;
-	kept[3] = x->resp;
-	x->resp = NULL;
-	if (offsets_here(x, &v.md, -1, &v.ends) && start_report(x, &v))
+	if (offsets_here(x, &v.md, -2, &v.starts) && offsets_here(x, &v.md, -1, &v.ends) && start_report(x, &v))
 		rc = KM_CLI_EXIT_OK;
 out:
 	for (size_t i = 0; i < sizeof(kept) / sizeof(*kept); i++)

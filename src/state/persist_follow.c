@@ -17,6 +17,7 @@
 #define FOLLOW_META_MS 1000 /* how often the topic's metadata is asked while it does not exist */
 
 static void follow_round(km_state_persist *io);
+static void own_clear(km_state_persist *io);
 
 /* A round's own backoff: rounds run beside writes, whose retries have theirs (io->backoff_ms). */
 static int round_backoff(km_state_persist *io)
@@ -58,7 +59,8 @@ void km_ps_follow_free(km_state_persist *io)
 		event_free(io->fev);
 	free(io->fpos);
 	free(io->fhw);
-	free(io->wend);
+	own_clear(io);
+	free(io->own);
 }
 
 /*
@@ -125,7 +127,7 @@ static void fdrop(km_state_persist *io, km_net_client *c)
 
 bool km_ps_follow_positions(km_state_persist *io)
 {
-	int64_t *np, *nh, *nw;
+	int64_t *np, *nh;
 
 	if (io->fparts == io->nparts && io->fpos)
 		return true;
@@ -135,21 +137,86 @@ bool km_ps_follow_positions(km_state_persist *io)
 	if (!(nh = realloc(io->fhw, (size_t)io->nparts * sizeof(*nh))))
 		return false;
 	io->fhw = nh;
-	if (!(nw = realloc(io->wend, (size_t)io->nparts * sizeof(*nw))))
-		return false;
-	io->wend = nw;
 	for (int32_t p = io->fparts; p < io->nparts; p++)
-		io->fpos[p] = io->fhw[p] = io->wend[p] = 0;
+		io->fpos[p] = io->fhw[p] = 0;
 	io->fparts = io->nparts;
 	return true;
 }
 
-void km_ps_follow_acked(km_state_persist *io, int32_t partition, int64_t end)
+/* One record of this kmirrord's, acknowledged at offset of state partition part. */
+struct km_ps_own {
+	int32_t part;
+	int64_t offset;
+	uint8_t *key, *val; /* val NULL: a tombstone */
+	size_t klen, vlen;
+};
+
+static void own_free(struct km_ps_own *o)
 {
-	if (end < 0 || !io->wend || partition < 0 || partition >= io->fparts)
-		io->wblind_at = io->fstarted; /* where it landed is not known: a round started after this one */
-	else if (end > io->wend[partition])
-		io->wend[partition] = end;
+	free(o->key);
+	free(o->val);
+}
+
+/* Keeps the acknowledged records following has not read yet; drops those it has. */
+static void own_prune(km_state_persist *io)
+{
+	size_t k = 0;
+	for (size_t i = 0; i < io->nown; i++) {
+		struct km_ps_own *o = &io->own[i];
+		if (o->part < io->fparts && io->fpos && o->offset < io->fpos[o->part])
+			own_free(o);
+		else
+			io->own[k++] = *o;
+	}
+	io->nown = k;
+}
+
+static void own_clear(km_state_persist *io)
+{
+	for (size_t i = 0; i < io->nown; i++)
+		own_free(&io->own[i]);
+	io->nown = 0;
+}
+
+void km_ps_follow_acked(km_state_persist *io, int32_t partition, int64_t base)
+{
+	int64_t at = base;
+
+	if (base < 0) {
+		io->wblind_at = io->fstarted; /* where they landed is not known: only a round started after this one */
+		return;
+	}
+	for (size_t i = 0; i < io->nrecs; i++) {
+		struct km_ps_own *o;
+		if (io->rpart[i] != partition)
+			continue;
+		if (io->nown == io->capown) {
+			size_t nc = io->capown ? io->capown * 2 : 16;
+			struct km_ps_own *no = realloc(io->own, nc * sizeof(*no));
+			if (!no) {
+				io->wblind_at = io->fstarted;
+				return;
+			}
+			io->own = no;
+			io->capown = nc;
+		}
+		o = &io->own[io->nown];
+		o->part = partition;
+		o->offset = at++;
+		o->klen = io->recs[i].klen;
+		o->vlen = io->recs[i].vlen;
+		o->key = malloc(o->klen ? o->klen : 1);
+		o->val = io->recs[i].val ? malloc(o->vlen ? o->vlen : 1) : NULL;
+		if (!o->key || (io->recs[i].val && !o->val)) {
+			own_free(o);
+			io->wblind_at = io->fstarted;
+			return;
+		}
+		memcpy(o->key, io->recs[i].key, o->klen);
+		if (o->val)
+			memcpy(o->val, io->recs[i].val, o->vlen);
+		io->nown++;
+	}
 }
 
 void km_ps_follow_drop(km_state_persist *io)
@@ -157,9 +224,9 @@ void km_ps_follow_drop(km_state_persist *io)
 	io->fgen++;
 	io->fround = false;
 	io->fout = 0;
+	io->freload = false;
 	/* The load reads every partition to its end: what was acknowledged before is in it (and the topic may be new). */
-	for (int32_t p = 0; io->wend && p < io->fparts; p++)
-		io->wend[p] = 0;
+	own_clear(io);
 	io->wblind_at = 0;
 }
 
@@ -192,19 +259,32 @@ static void follow_end(km_state_persist *io)
 	/*
 	 * Only at every partition's high watermark: what one change wrote to several partitions is
 	 * then all in (kmirrord writes acks=all, so a change acknowledged before this round began is
-	 * below them). And only past every write of this kmirrord acknowledged so far: the model is
-	 * rebuilt from what was read, and one acknowledged while the round was out (applied to the
-	 * model then) must be in what was read, else the next round applies.
+	 * below them). The model is rebuilt from what was read, and this kmirrord's own records
+	 * acknowledged meanwhile (in the model since) that the round did not read yet are applied to it
+	 * again, after what was read of their partitions (a key lives in one partition, so each key's
+	 * order holds).
 	 */
+	own_prune(io);
 	for (int32_t p = 0; p < io->fparts; p++)
-		if (io->fpos[p] < io->fhw[p] || io->fpos[p] < io->wend[p])
+		if (io->fpos[p] < io->fhw[p])
 			caught_up = false;
 	if (io->fstarted <= io->wblind_at)
 		caught_up = false;
 	if (caught_up)
 		io->fapplied = io->fstarted;
 	if (caught_up && io->fdirty) {
-		if (km_ps_build_model(io, &m, &bad) != KM_OK) {
+		bool ok = km_ps_build_model(io, &m, &bad) == KM_OK;
+		for (size_t i = 0; ok && i < io->nown; i++) {
+			km_state_change chg;
+			const struct km_ps_own *o = &io->own[i];
+			if (km_state_model_apply(&m, o->key, o->klen, o->val, o->vlen, o->val == NULL, &chg) != KM_OK)
+				bad++; /* as a load counts a record that does not apply */
+		}
+		if (ok && io->nown && km_state_model_index(&m) != KM_OK) {
+			km_state_model_free(&m);
+			ok = false;
+		}
+		if (!ok) {
 			KM_WARN(COMP, 0, "following %s: out of memory building the state; retrying",
 				io->st->cfg.mirror_state_topic);
 			km_ps_follow_kick(io, round_backoff(io));
@@ -352,6 +432,7 @@ static void on_follow_meta(km_net_client *c, const km_rpc_response *rr, void *ar
 		return;
 	}
 	io->ffail = false;
+	io->backoff_ms = 0;
 	if (!io->fchecked) {
 		/* Made by another kmirrord (or by hand) since the load: checked before a record is used. */
 		io->ph = PH_FOLLOW;

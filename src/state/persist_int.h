@@ -127,7 +127,13 @@ struct km_state_persist {
 	bool fround;               /* a round's Fetch requests are out */
 	uint64_t fstarted;         /* rounds started */
 	uint64_t fapplied;         /* the number of the last round that ended caught up (km_state_follow_ticket) */
-	int64_t *wend;             /* per state partition: the offset after this kmirrord's last write acknowledged there */
+	/*
+	 * This kmirrord's records acknowledged but maybe not read by following yet (docs/state.md,
+	 * "Rounds run beside writes"): a model rebuilt from what was read gets them again, those at or
+	 * past where following read their partition; dropped once it read past them.
+	 */
+	struct km_ps_own *own;
+	size_t nown, capown;
 	uint64_t wblind_at;        /* fstarted when a write was acknowledged at offsets not known: a later round only */
 	bool freload;              /* a round was answered OFFSET_OUT_OF_RANGE: load again once no write runs */
 	int fbackoff_ms;           /* a round's backoff (a write's retries have backoff_ms) */
@@ -219,8 +225,8 @@ bool km_ps_follow_positions(km_state_persist *io);
 /* The next follow round in ms (it starts only while no other operation runs; each one's end kicks it). */
 void km_ps_follow_kick(km_state_persist *io, int ms);
 void km_ps_follow_free(km_state_persist *io);
-/* A write of this kmirrord was acknowledged on state partition p up to end (the offset after it; -1: not known). */
-void km_ps_follow_acked(km_state_persist *io, int32_t p, int64_t end);
+/* The records of the write under way on state partition p were acknowledged from offset base on (-1: not known). */
+void km_ps_follow_acked(km_state_persist *io, int32_t p, int64_t base);
 /* The round out (if any) is dropped, and the writes acknowledged forgotten: a load rebuilds the map and the positions. */
 void km_ps_follow_drop(km_state_persist *io);
 

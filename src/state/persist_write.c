@@ -96,10 +96,8 @@ static void produce_take(km_state_persist *io, const km_produce_response *r)
 			if (p->error_code == 0 || p->error_code == K_ERR_DUPLICATE_SEQ) {
 				io->pdone[p->index] = true;
 				io->seq[p->index] += io->pcount[p->index];
-				/* Following rebuilds the model only from a read that has these records. */
-				km_ps_follow_acked(io, p->index,
-						   p->error_code == 0 && p->base_offset >= 0 ? p->base_offset + io->pcount[p->index]
-											     : -1);
+				/* Following keeps them for a model it rebuilds before it read them. */
+				km_ps_follow_acked(io, p->index, p->error_code == 0 ? p->base_offset : -1);
 				continue;
 			}
 			if (retriable(p->error_code))

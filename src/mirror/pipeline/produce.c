@@ -92,7 +92,10 @@ static bool progress_moved(const mpart *p, const km_state_topic *t)
 	if (p->out.acked_logical != p->out.progress || p->out.acked_epoch != p->out.progress_epoch ||
 	    km_pl_open_txn_logical(p) != p->out.progress_open)
 		return true;
-	return p->out.progress >= 0 && km_state_partition_record(t, p->id, &state, &persisted, &epoch) &&
+	/* Only where a progress is written (not while stopping: the stop's own record says where it stood). */
+	return p->out.progress >= 0 &&
+	       (p->state == KM_MP_PREPARING || p->state == KM_MP_MIRRORING || p->state == KM_MP_PAUSING) &&
+	       km_state_partition_record(t, p->id, &state, &persisted, &epoch) &&
 	       (persisted != p->out.progress || epoch != p->out.progress_epoch);
 }
 

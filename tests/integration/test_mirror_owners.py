@@ -561,6 +561,55 @@ def test_stop_through_the_other_kmirrord_is_not_undone(kmirror_bin, dest_cluster
                        what=f"round {rnd}: stopped")
             time.sleep(1.0)
             assert all(set(topic_states(c, m)[m]) == {"STOPPED"} for c in (cli_a, cli_b))
+            # Where the stop left each partition (a drill's start hides what was written after it) is
+            # the destination's end: every record mirrored before the stop counts.
+            from mirror_cli import described
+            from mirror_data import watermarks
+            ends = [hi for _, hi in watermarks(dest_cluster3.bootstrap, m, 4)]
+            for c in (cli_a, cli_b):
+                (t,) = [t for t in described(c, m)["topics"] if t["name"] == m]
+                stopped = [p["mirrored_offset"] for p in sorted(t["partitions"], key=lambda p: p["partition"])]
+                assert stopped == ends, f"round {rnd}: stopped at {stopped}, the destination ends at {ends}"
             cli_b.run("start", "--mirror", m, "--topics", m)
     finally:
         bg.stop()
+
+
+def test_stop_settled_by_the_new_owner_keeps_the_destinations_end(kmirror_bin, dest_cluster, source_cluster,
+                                                                  proxy_factory):
+    """The owner of a moving mirror is killed -9; a stop comes through the other kmirrord before it
+    takes the mirror over, so the new owner finds the partitions STOPPING and settles them. It used
+    to settle them at the persisted progress, which lags the killed owner's last writes (up to a
+    progress interval): the stop point, the mirrored offset of a STOPPED partition, was below the
+    destination's end, and a start after it (a drill's) hid records that were mirrored (the soak's
+    finding 17, docs/reliability.md). It asks the destination's end first now."""
+    from mirror_cli import described, topic_states
+    from mirror_data import BackgroundProducer, watermarks
+    tag = uuid.uuid4().hex[:6]
+    opts = dict(mirror_state_topic=f"__mirror_state_stopk_{tag}", mirror_state_partitions=1,
+                mirror_pipelines="owned")
+    a = proxy_factory(dest_cluster, name="kmirrord-stopk-a", **opts)
+    m = f"stopk-{tag}"
+    source_cluster.create_topic(m, partitions=2)
+    cli_a = Cli(kmirror_bin, a.bootstrap)
+    cli_a.run("create", "--mirror", m, "--source-bootstrap", source_cluster.bootstrap)
+    cli_a.run("start", "--mirror", m, "--topics", m)
+    bg = BackgroundProducer(source_cluster.bootstrap, m, tag="k", rate=3000).start()
+    try:
+        wait_until(lambda: runners([a], [m], window=1.0)[m] == [a.name], 60, what="a running the mirror")
+        b = proxy_factory(dest_cluster, name="kmirrord-stopk-b", **opts)
+        cli_b = Cli(kmirror_bin, b.bootstrap)
+        wait_until(lambda: runners([a, b], [m], window=1.0)[m] == [a.name], 60, what="a running it, b beside it")
+        time.sleep(2.0)
+        a.signal(signal.SIGKILL)
+        a.daemon.proc.wait(timeout=30)
+        cli_b.run("stop", "--mirror", m, "--topics", m)
+    finally:
+        bg.stop()
+    wait_until(lambda: set(topic_states(cli_b, m)[m]) == {"STOPPED"}, 90, 0.2, what="the stop settled by b")
+    ends = [hi for _, hi in watermarks(dest_cluster.bootstrap, m, 2)]
+    (t,) = [t for t in described(cli_b, m)["topics"] if t["name"] == m]
+    stopped = [p["mirrored_offset"] for p in sorted(t["partitions"], key=lambda p: p["partition"])]
+    print(f"stopped at {stopped}; the destination ends at {ends}")
+    assert stopped == ends, f"the stop point {stopped} is not the destination's end {ends}"
+    assert [hi for _, hi in watermarks(b.bootstrap, m, 2)] == ends

@@ -398,12 +398,20 @@ void km_pl_run_then(km_pipeline *pl, mpart *p, const km_state_run *r, size_t n, 
 static bool reconcile_before_settle(km_pipeline *pl, mpart *p)
 {
 	const km_offrun *fence;
+	const km_offmap *m;
 	bool listed = false;
 
 	if (km_pl_tx_open(p) || pl->txl < TXL_KNOWN)
 		return true;
-	km_pl_map_of(pl, p, &fence);
+	m = km_pl_map_of(pl, p, &fence);
 	if (fence)
+		return true;
+	/*
+	 * Found pausing or stopping (a takeover, a restart) with something mirrored: the tail here is the
+	 * persisted progress, which lags the former owner's last writes. The record settled keeps where
+	 * the mirror stands, so the destination's end is asked first (docs/reliability.md, finding 17).
+	 */
+	if (!p->out.tail && m && m->n > 0)
 		return true;
 	for (size_t i = 0; i < pl->nlisted && !p->recon.tx_fenced && !listed; i++)
 		listed = km_pl_tid_is_of(pl, p, pl->listed[i]);

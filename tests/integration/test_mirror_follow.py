@@ -58,7 +58,14 @@ def test_new_source_topics_follow_the_pattern(kmirror_bin, dest_cluster, source_
     compare_topic(b.bootstrap, source_cluster.bootstrap, first, 3, marks)
     for cli in (cli_a, cli_b):
         assert started_by(cli, mirror) == {first: "pattern"}
-    sync = {s["kind"]: s for s in described(cli_a, mirror)["metadata_sync"]}
+    # The sync's status is its runner's: the instance whose lease holds the mirror's slot.
+    def runner_sync():
+        for cli in (cli_a, cli_b):
+            s = {x["kind"]: x for x in described(cli, mirror)["metadata_sync"]}
+            if s["topics"]["is_owner"] and s["topics"]["changes_total"] >= 1:
+                return s
+        return None
+    sync = wait_until(runner_sync, 30, 0.5, what="the instance that runs the mirror's sync")
     assert sync["topics"]["scope"] == f"include fol-{tag}-.*; exclude fol-{tag}-skip.*", sync["topics"]
     assert sync["topics"]["changes_total"] == 1 and sync["topics"]["errors_total"] == 0, sync["topics"]
     text = cli_a.run("describe", "--mirror", mirror).stdout

@@ -488,8 +488,9 @@ def _mirrored_then_killed(env, prefix, txid):
     return topic, one, tids
 
 
-def _restarted_exact(env, topic):
-    """kmirrord started again: the partition never FAILED, and its 10 records exact through it at both isolation levels."""
+def _restarted_exact(env, topic, records=10):
+    """kmirrord started again: the partition never FAILED, and its records (10 unless said) exact
+    through it at both isolation levels."""
     env.proxy.start()
 
     def settled():
@@ -498,8 +499,8 @@ def _restarted_exact(env, topic):
         return ends(env.pb, topic, UNCOMMITTED) == ends(env.sb, topic, UNCOMMITTED)
     wait_until(settled, 90, what=f"{topic} mirrored again after the restart")
     (hw, lso) = wait_mirrored(env, topic)
-    assert compare(env, topic, UNCOMMITTED, hw) == 10
-    assert compare(env, topic, COMMITTED, lso) == 10
+    assert compare(env, topic, UNCOMMITTED, hw) == records
+    assert compare(env, topic, COMMITTED, lso) == records
     assert _kinds(env, topic) == ["MIRRORING"]
 
 
@@ -633,6 +634,33 @@ def test_commit_marker_that_stands_for_no_source_offset_takes_none(env):
     assert tail == [(5, 1), (6, 1)], f"not two COMMIT markers at 5 and 6: {tail}"
     one("b", 6)  # source: records 6-10, right after the commit marker
     _restarted_exact(env, topic)
+
+
+@main_release_only
+def test_two_commit_markers_that_stand_for_nothing_take_no_offset(env):
+    """Two COMMIT markers in a row at the destination log's end that end nothing the mirror wrote
+    (docs/reliability.md, finding 18): the transaction coordinator's broker was killed while it
+    completed the mirror's commit and came back as the coordinator, wrote the transaction's markers
+    again from its log, and lost the coordinator to another broker, which wrote them a third time.
+    The source's next transaction was one record (offset 6) and its marker (7): reconcile asked the
+    source about the last marker only, found a marker at 7 and counted both as source offsets, so
+    the record at 6 was never mirrored (readers jumped from 5 to 8, committed data lost). Here the
+    two markers are written while kmirrord is down by transactions under the mirror's own
+    transactional id that add the partition and commit nothing."""
+    topic, one, tids = _mirrored_then_killed(env, "txndup2", "txd2")
+    commit_nothing(env.dest.bootstrap, tids[0], topic, 0)
+    commit_nothing(env.dest.bootstrap, tids[0], topic, 0)
+    wait_until(lambda: ends(env.dest.bootstrap, topic, UNCOMMITTED)[0][1] == 8, 30,
+               what="the second and third COMMIT markers at destination offsets 6 and 7")
+    tail = [(b["base"], b["control"] and marker_type(b)) for b in partition_batches(env.dest, topic, 0)][-3:]
+    assert tail == [(5, 1), (6, 1), (7, 1)], f"not three COMMIT markers at 5, 6 and 7: {tail}"
+    src = txn_producer(env.sb, "txd2b")
+    src.begin_transaction()
+    k, v, h, _ = record(99, "single")
+    src.produce(topic, value=v, key=k, headers=h, partition=0)
+    src.commit_transaction(30)  # source: record 6, its commit marker at 7
+    one("b", 5)  # source: records 8-12, their marker at 13
+    _restarted_exact(env, topic, records=11)
 
 
 def test_promote_waits_for_open_transactions(env):

@@ -153,6 +153,8 @@ typedef struct mpart {
 		int64_t tail_pid;       /* the producer id of the foreign batch seen */
 		int64_t marker_logical; /* RECON_MARKER: the source offset asked (the marker at hide - 1, end - 1) */
 		bool marker_tail;       /* RECON_MARKER: asked for the tail's check, not the hide point's */
+		bool marker_source;     /* RECON_MARKER: the source is asked (else the destination's batches before the marker) */
+		int64_t marker_from;    /* RECON_MARKER: where the destination's batches before the marker are read from */
 		km_offmap view;         /* km_pl_map_of: the map as reconcile reads it (the open run unbounded) */
 	} recon;
 	struct {                /* reconcile.c: how PH_START asks the source */
@@ -544,5 +546,8 @@ int64_t km_pl_start_timestamp(const km_pipeline *pl);
 const km_offmap *km_pl_map_of(km_pipeline *pl, const mpart *p, const km_offrun **fence);
 /* A Fetch of the one batch holding offset (isolation 1: READ_COMMITTED), answered to cb. */
 bool km_pl_one_fetch(km_pipeline *pl, mpart *p, bool dest, int64_t offset, int8_t isolation, km_rpc_cb cb);
+/* The same, up to max_bytes of batches from offset on (the first batch comes whole anyway). */
+bool km_pl_fetch_from(km_pipeline *pl, mpart *p, bool dest, int64_t offset, int8_t isolation, int32_t max_bytes,
+		      km_rpc_cb cb);
 
 #endif

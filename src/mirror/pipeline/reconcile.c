@@ -668,15 +668,23 @@ static int64_t mapped_logical(const km_offmap *m, int64_t x)
 }
 
 static void on_marker(km_net_client *c, const km_rpc_response *res, void *arg);
+static void on_marker_window(km_net_client *c, const km_rpc_response *res, void *arg);
 static void marker_unknown(km_pipeline *pl, mpart *p, const char *why);
+
+/* How far before a marker the destination's batches are read to tell whether it ended anything. */
+#define MARKER_WINDOW 1000
+#define MARKER_WINDOW_BYTES (1 << 20)
 
 /*
  * A transaction marker at physical x (the batch at the hide point less one, or at the log's end
  * less one) that the runs count as a source offset, L. The mirror writes a marker only where the
- * source has one (docs/mirror.md, "Markers where the source has them"), so one where the source
- * has a record, or nothing yet, stands for no source offset: a coordinator wrote it on its own (a
- * transaction's markers written again by the coordinator that took over after a failover). The
- * batch holding L is fetched from the source (phase RECON_MARKER, answered in on_marker). False
+ * source has one (docs/mirror.md, "Markers where the source has them"), and only after a batch of
+ * its transaction: one that ends nothing written here (a transaction's markers written again by a
+ * coordinator that took over after a failover, once or more) stands for no source offset. First
+ * the destination's batches before x are read (on_marker_window): a marker of a producer whose
+ * batch before it is a marker too ended nothing, and the hidden range starts at the earliest such
+ * one of the markers that end the log. Otherwise the batch holding L is fetched from the source
+ * (on_marker): a record there, or nothing yet, and the marker stands for no source offset. False
  * when there is nothing to ask (x is hidden anyway: between runs, or under a fence run) or the
  * partition stops (a failover does not wait for a source that may be gone: the marker counts, as
  * it did before the source was asked), and the caller goes on; true when asked, or when the
@@ -692,30 +700,125 @@ static bool marker_ask(km_pipeline *pl, mpart *p, int64_t x, bool tail)
 		return false;
 	p->recon.marker_logical = l;
 	p->recon.marker_tail = tail;
-	km_pl_set_phase(p, PH_RECON_MARKER, "the source is asked what the marker's offset holds");
-	if (!km_pl_one_fetch(pl, p, false, l, 0, on_marker))
-		marker_unknown(pl, p, "the source could not be asked what a marker's offset holds");
+	p->recon.marker_source = false;
+	p->recon.marker_from = x > MARKER_WINDOW ? x - MARKER_WINDOW : 0;
+	if (p->recon.marker_from < m->runs[0].physical)
+		p->recon.marker_from = m->runs[0].physical;
+	km_pl_set_phase(p, PH_RECON_MARKER, "the destination's batches before a marker are read");
+	if (!km_pl_fetch_from(pl, p, true, p->recon.marker_from, 0, MARKER_WINDOW_BYTES, on_marker_window))
+		marker_unknown(pl, p, "the destination could not be asked what lies before a marker");
 	return true;
 }
 
-/* The source's answer is in: the marker at physical x stands for source offset L (own), or for none. */
-static void marker_decided(km_pipeline *pl, mpart *p, bool own)
+/* The marker's destination offset: the batch at the hide point less one, or at the log's end less one. */
+static int64_t marker_at(const mpart *p)
 {
-	int64_t x = p->recon.marker_tail ? p->recon.end - 1 : p->recon.hide - 1;
+	return p->recon.marker_tail ? p->recon.end - 1 : p->recon.hide - 1;
+}
+
+/* The destination's batches could not tell: the source is asked what L holds. */
+static void marker_ask_source(km_pipeline *pl, mpart *p)
+{
+	p->recon.marker_source = true;
+	km_pl_set_phase(p, PH_RECON_MARKER, "the source is asked what the marker's offset holds");
+	if (!km_pl_one_fetch(pl, p, false, p->recon.marker_logical, 0, on_marker))
+		marker_unknown(pl, p, "the source could not be asked what a marker's offset holds");
+}
+
+/*
+ * The marker at physical x stands for source offset L (own), or for none: then the hidden range
+ * starts at physical from (x, or an earlier marker that ended nothing either).
+ */
+static void marker_decided(km_pipeline *pl, mpart *p, bool own, int64_t from)
+{
+	int64_t x = marker_at(p);
 	char tag[300];
 
 	if (!own)
 		KM_WARN(COMP, 0, "%s/%s: the transaction marker at destination offset %lld stands for no source offset "
-			"(source offset %lld holds a record, or nothing yet): hidden, with what follows", pl->name,
-			km_pl_ptag(p, tag, sizeof(tag)), (long long)x, (long long)p->recon.marker_logical);
+			"(it ends nothing the mirror wrote, or source offset %lld holds a record, or nothing yet): hidden "
+			"from destination offset %lld, with what follows", pl->name, km_pl_ptag(p, tag, sizeof(tag)),
+			(long long)x, (long long)p->recon.marker_logical, (long long)from);
 	if (p->recon.marker_tail) {
 		/* The tail's check (no transaction left open, no fence run): resume at L, after what is hidden. */
-		if (!own)
-			p->recon.hide_logical = p->recon.marker_logical;
+		if (!own) {
+			const km_offrun *fence;
+			int64_t l = resume_logical(km_pl_map_of(pl, p, &fence), from);
+			p->recon.hide_logical = l >= 0 && l < p->recon.marker_logical ? l : p->recon.marker_logical;
+		}
 		after_reconcile(pl, p, p->recon.end);
 	} else {
-		hidden_from(pl, p, own ? p->recon.hide : x);
+		hidden_from(pl, p, own ? p->recon.hide : from);
 	}
+}
+
+/* A producer's last batch seen before a marker: a marker too, or a record batch. */
+typedef struct {
+	int64_t pid;
+	bool marker;
+} last_of_pid;
+
+/*
+ * The destination's batches from marker_from to the marker at x. Of the markers that end the log
+ * there (no record batch after them up to x), the earliest whose producer's batch before it is a
+ * marker too ended nothing the mirror wrote: the hidden range starts there. None such, or the
+ * batches did not reach x (or named too many producers to follow): the source is asked.
+ */
+static void on_marker_window(km_net_client *c, const km_rpc_response *res, void *arg)
+{
+	req_ctx *rx = arg;
+	km_pipeline *pl = rx->pl;
+	lo_ctx *lc = rx->extra;
+	const km_fetch_response *r = res->msg;
+	int64_t at = lc->tag, x, empty = -1;
+	bool reached = false;
+	last_of_pid last[64];
+	size_t nlast = 0;
+	mpart *p;
+
+	free(rx);
+	p = pl->closing ? NULL : km_pl_part_get(pl, lc->t, lc->part, false);
+	free(lc);
+	if (!p || p->phase != PH_RECON_MARKER || p->recon.marker_source || at != p->recon.marker_from)
+		return;
+	x = marker_at(p);
+	if (km_rpc_transport_err(res) != KM_OK) {
+		km_cluster_drop(pl->dst, c);
+	} else if (r && r->responses.count == 1 && r->responses.items[0].partitions.count == 1 &&
+		   !r->responses.items[0].partitions.items[0].error_code) {
+		const km_fetch_response_partition_data *pd = &r->responses.items[0].partitions.items[0];
+		km_batch_iter it;
+		km_batch b;
+		km_batch_iter_init(&it, pd->records.p, pd->records.len > 0 ? (size_t)pd->records.len : 0);
+		while (!reached && km_batch_next(&it, &b)) {
+			km_control ctl;
+			bool marker = b.control && km_batch_control(&b, NULL, 0, &ctl) == KM_OK &&
+				      (ctl.type == KM_CONTROL_COMMIT || ctl.type == KM_CONTROL_ABORT);
+			size_t i = 0;
+			if (b.base_offset > x)
+				break;
+			reached = b.base_offset + b.last_offset_delta >= x;
+			while (i < nlast && last[i].pid != b.producer_id)
+				i++;
+			if (!marker)
+				empty = -1; /* a record batch: the markers that end the log come after it */
+			else if (i < nlast && last[i].marker && empty < 0)
+				empty = b.base_offset;
+			if (i == nlast) {
+				if (nlast == sizeof(last) / sizeof(last[0])) {
+					reached = false; /* too many producers to follow: the source decides */
+					break;
+				}
+				last[nlast++].pid = b.producer_id;
+			}
+			last[i].marker = marker;
+		}
+	}
+	if (reached && empty >= 0)
+		marker_decided(pl, p, false, empty);
+	else
+		marker_ask_source(pl, p);
+	km_pl_tick_soon(pl);
 }
 
 /*
@@ -727,7 +830,7 @@ static void marker_decided(km_pipeline *pl, mpart *p, bool own)
 static void marker_unknown(km_pipeline *pl, mpart *p, const char *why)
 {
 	if (p->state == KM_MP_PAUSING || p->state == KM_MP_STOPPING) {
-		marker_decided(pl, p, true);
+		marker_decided(pl, p, true, -1);
 		return;
 	}
 	pl->src_meta_need = true;
@@ -748,7 +851,7 @@ static void on_marker(km_net_client *c, const km_rpc_response *res, void *arg)
 	free(x);
 	p = pl->closing ? NULL : km_pl_part_get(pl, lc->t, lc->part, false);
 	free(lc);
-	if (!p || p->phase != PH_RECON_MARKER || at != p->recon.marker_logical)
+	if (!p || p->phase != PH_RECON_MARKER || !p->recon.marker_source || at != p->recon.marker_logical)
 		return;
 	if (km_rpc_transport_err(res) != KM_OK) {
 		km_cluster_drop(pl->src, c);
@@ -774,7 +877,7 @@ static void on_marker(km_net_client *c, const km_rpc_response *res, void *arg)
 	if (verdict < 0)
 		marker_unknown(pl, p, "the source did not say what a marker's offset holds");
 	else
-		marker_decided(pl, p, verdict == 1);
+		marker_decided(pl, p, verdict == 1, marker_at(p));
 	km_pl_tick_soon(pl);
 }
 
@@ -783,6 +886,12 @@ static void on_marker(km_net_client *c, const km_rpc_response *res, void *arg)
  * source), with isolation (1: READ_COMMITTED, its aborted transactions named), answered to cb.
  */
 bool km_pl_one_fetch(km_pipeline *pl, mpart *p, bool dest, int64_t offset, int8_t isolation, km_rpc_cb cb)
+{
+	return km_pl_fetch_from(pl, p, dest, offset, isolation, 1, cb);
+}
+
+bool km_pl_fetch_from(km_pipeline *pl, mpart *p, bool dest, int64_t offset, int8_t isolation, int32_t max_bytes,
+		      km_rpc_cb cb)
 {
 	km_cluster *cl = dest ? pl->dst : pl->src;
 	int32_t leader = dest ? p->lead.dst : p->lead.src;
@@ -800,7 +909,7 @@ bool km_pl_one_fetch(km_pipeline *pl, mpart *p, bool dest, int64_t offset, int8_
 	m.replica_id = -1;
 	m.max_wait_ms = 0;
 	m.min_bytes = 0;
-	m.max_bytes = 1; /* the first batch comes whole anyway */
+	m.max_bytes = max_bytes; /* the first batch comes whole anyway */
 	m.isolation_level = isolation;
 	m.session_id = 0;
 	m.session_epoch = -1;
@@ -809,7 +918,7 @@ bool km_pl_one_fetch(km_pipeline *pl, mpart *p, bool dest, int64_t offset, int8_
 	fp.fetch_offset = offset;
 	fp.log_start_offset = -1;
 	fp.last_fetched_epoch = -1;
-	fp.partition_max_bytes = 1;
+	fp.partition_max_bytes = max_bytes;
 	ft.topic = km_str_c(p->t->name);
 	ft.partitions.items = &fp;
 	ft.partitions.count = 1;

@@ -47,10 +47,10 @@ void km_ps_after(km_state_persist *io, int ms, void (*fn)(km_state_persist *))
 	event_add(io->timer, &tv);
 }
 
-int km_ps_next_backoff(km_state_persist *io)
+int km_ps_next_backoff(int *backoff_ms)
 {
-	int ms = io->backoff_ms ? io->backoff_ms : BACKOFF_MIN_MS;
-	io->backoff_ms = ms * 2 > BACKOFF_MAX_MS ? BACKOFF_MAX_MS : ms * 2;
+	int ms = *backoff_ms ? *backoff_ms : BACKOFF_MIN_MS;
+	*backoff_ms = ms * 2 > BACKOFF_MAX_MS ? BACKOFF_MAX_MS : ms * 2;
 	return ms;
 }
 

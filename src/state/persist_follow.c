@@ -19,14 +19,6 @@
 static void follow_round(km_state_persist *io);
 static void own_clear(km_state_persist *io);
 
-/* A round's own backoff: rounds run beside writes, whose retries have theirs (io->backoff_ms). */
-static int round_backoff(km_state_persist *io)
-{
-	int ms = io->fbackoff_ms ? io->fbackoff_ms : 200;
-	io->fbackoff_ms = ms * 2 > 10000 ? 10000 : ms * 2;
-	return ms;
-}
-
 int64_t km_ps_now_ms(void)
 {
 	struct timeval tv;
@@ -78,7 +70,7 @@ static void on_follow_change(void *arg)
 		/* It could not connect: the next round after a backoff, not a new connection at once. */
 		io->fwait = NULL;
 		io->ffail = true;
-		km_ps_follow_kick(io, km_ps_next_backoff(io));
+		km_ps_follow_kick(io, km_ps_next_backoff(&io->backoff_ms));
 	} else if (km_net_client_ready(c)) {
 		io->fwait = NULL;
 		km_ps_follow_kick(io, 0);
@@ -248,11 +240,10 @@ static void follow_end(km_state_persist *io)
 	bool caught_up = true;
 
 	io->fround = false;
-	io->fgen++; /* answers of this round still out (none: fout is 0) are dropped */
 	free(io->scratch);
 	io->scratch = NULL;
 	if (io->ffail) {
-		km_ps_follow_kick(io, round_backoff(io));
+		km_ps_follow_kick(io, km_ps_next_backoff(&io->fbackoff_ms));
 		return;
 	}
 	io->fbackoff_ms = 0;
@@ -287,7 +278,7 @@ static void follow_end(km_state_persist *io)
 		if (!ok) {
 			KM_WARN(COMP, 0, "following %s: out of memory building the state; retrying",
 				io->st->cfg.mirror_state_topic);
-			km_ps_follow_kick(io, round_backoff(io));
+			km_ps_follow_kick(io, km_ps_next_backoff(&io->fbackoff_ms));
 			return;
 		}
 		km_state_followed(io->st, &m, io->foldest_ms > 0 ? (double)(km_ps_now_ms() - io->foldest_ms) / 1000.0 : -1);
@@ -406,7 +397,7 @@ static void follow_check_failed(km_state_persist *io, const char *why)
 	KM_WARN(COMP, 0, "following %s: its cleanup.policy could not be checked (%s); retrying",
 		io->st->cfg.mirror_state_topic, why);
 	io->ph = PH_IDLE;
-	km_ps_follow_kick(io, km_ps_next_backoff(io));
+	km_ps_follow_kick(io, km_ps_next_backoff(&io->backoff_ms));
 }
 
 static void on_follow_meta(km_net_client *c, const km_rpc_response *rr, void *arg)
@@ -424,7 +415,7 @@ static void on_follow_meta(km_net_client *c, const km_rpc_response *rr, void *ar
 		rc = km_ps_take_metadata(io, rr->msg, &terr);
 	io->ph = PH_IDLE;
 	if (rc != KM_OK || (!io->exists && terr != K_ERR_UNKNOWN_TOPIC)) {
-		km_ps_follow_kick(io, km_ps_next_backoff(io));
+		km_ps_follow_kick(io, km_ps_next_backoff(&io->backoff_ms));
 		return;
 	}
 	if (!io->exists) {
@@ -458,7 +449,7 @@ static void follow_meta(km_state_persist *io)
 	    km_ps_send_metadata(io, c, ver, &name, 1, on_follow_meta) != KM_OK) {
 		fdrop(io, c);
 		io->ph = PH_IDLE;
-		km_ps_follow_kick(io, km_ps_next_backoff(io));
+		km_ps_follow_kick(io, km_ps_next_backoff(&io->backoff_ms));
 	}
 }
 
@@ -484,7 +475,7 @@ static void follow_round(km_state_persist *io)
 		return;
 	}
 	if (!km_ps_follow_positions(io)) {
-		km_ps_follow_kick(io, round_backoff(io));
+		km_ps_follow_kick(io, km_ps_next_backoff(&io->fbackoff_ms));
 		return;
 	}
 	/* Every leader's client first (a client's change resumes the round), then one Fetch each. */

@@ -166,8 +166,8 @@ km_cluster *km_ps_cluster_new(km_state_persist *io, void (*on_change)(void *arg)
 
 /* fn(io) in ms (one timer per persister). */
 void km_ps_after(km_state_persist *io, int ms, void (*fn)(km_state_persist *));
-/* The next backoff (doubling, capped, jittered). */
-int km_ps_next_backoff(km_state_persist *io);
+/* The next backoff of the retries that keep theirs in *backoff_ms (doubling from 200 ms, capped at 10 s; 0 starts again). */
+int km_ps_next_backoff(int *backoff_ms);
 /* Whether c (the client of broker id, or KM_PS_ANY) is ready; else resume(io) runs when it is (or fails). */
 bool km_ps_client_wait(km_state_persist *io, km_net_client *c, int32_t id, void (*resume)(km_state_persist *io));
 /* The version of key to use on c; -1 with why when c cannot serve it. */

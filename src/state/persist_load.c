@@ -84,7 +84,7 @@ static km_err map_put(km_state_persist *io, km_bytes key, km_bytes val)
 
 static void load_retry(km_state_persist *io, const char *why)
 {
-	int ms = km_ps_next_backoff(io);
+	int ms = km_ps_next_backoff(&io->backoff_ms);
 	KM_WARN(COMP, 0, "reading %s from the destination failed (%s); retrying in %d ms", io->st->cfg.mirror_state_topic,
 		why, ms);
 	io->gen++;

@@ -73,7 +73,7 @@ static void write_fail_or_retry(km_state_persist *io, bool retry, const char *pr
 		retry = false;
 	}
 	if (retry && ++io->attempts < WRITE_ATTEMPTS) {
-		int ms = km_ps_next_backoff(io);
+		int ms = km_ps_next_backoff(&io->backoff_ms);
 		KM_INFO(COMP, 0, "writing %s: %s; retrying in %d ms", io->st->cfg.mirror_state_topic, io->wmsg, ms);
 		io->gen++;
 		/* Leaders may have moved: metadata again, then the same batches with the same sequence numbers. */
@@ -598,7 +598,7 @@ static void on_topics_metadata(km_net_client *c, const km_rpc_response *rr, void
 		km_ps_drop(io, c);
 		if (++io->attempts < WRITE_ATTEMPTS) {
 			io->gen++;
-			km_ps_after(io, km_ps_next_backoff(io), meta_send);
+			km_ps_after(io, km_ps_next_backoff(&io->backoff_ms), meta_send);
 			return;
 		}
 		snprintf(why, sizeof(why), "the destination's metadata could not be read: %s", km_err_name(rr->err));
@@ -654,7 +654,7 @@ static void meta_send(km_state_persist *io)
 		km_ps_drop(io, c);
 		if (++io->attempts < WRITE_ATTEMPTS) {
 			io->gen++;
-			km_ps_after(io, km_ps_next_backoff(io), meta_send);
+			km_ps_after(io, km_ps_next_backoff(&io->backoff_ms), meta_send);
 			return;
 		}
 		meta_end(io, KM_MIRROR_STATE_UNAVAILABLE, "the destination's metadata could not be asked", NULL);

@@ -520,15 +520,30 @@ static void part_resolve(const km_state_topic *t, km_state_part *p)
 	p->has_open_txn = p->open_txn_offset >= 0;
 }
 
+/*
+ * The topic a partition or progress key names, NULL when its mirror or the topic is not in the
+ * model; *mi its mirror (NULL: none), *at where the topic is or would go in the mirror's list. By
+ * the mirror's sorted list, not the model's name index: that is built after a rebuild's passes.
+ */
+static km_state_topic *key_topic(km_state_model *m, const km_state_key *k, km_state_mirror **mi, size_t *at)
+{
+	bool found;
+	*mi = mirror_lookup(m, k->mirror, NULL);
+	*at = 0;
+	if (!*mi)
+		return NULL;
+	*at = find_sorted((void *const *)(*mi)->topics, (*mi)->ntopics, k->topic, &found);
+	return found ? (*mi)->topics[*at] : NULL;
+}
+
 static km_err apply_partition(km_state_model *m, const km_state_key *k, const uint8_t *val, size_t vlen, bool tomb,
 			      km_state_change *chg)
 {
-	km_state_mirror *mi = mirror_lookup(m, k->mirror, NULL);
-	km_state_topic *t = NULL;
+	km_state_mirror *mi;
+	size_t at;
+	km_state_topic *t = key_topic(m, k, &mi, &at);
 	km_mirror_state_partition_value v;
 	km_state_part *p;
-	bool found;
-	size_t at;
 	km_arena a;
 	km_rd r;
 	int16_t ver;
@@ -536,9 +551,6 @@ static km_err apply_partition(km_state_model *m, const km_state_key *k, const ui
 
 	if (!mi)
 		return KM_OK; /* a partition left over from a deleted mirror (the tombstones may be in another partition) */
-	at = find_sorted((void *const *)mi->topics, mi->ntopics, k->topic, &found);
-	if (found)
-		t = mi->topics[at];
 	if (tomb) {
 		if (!t || (size_t)k->partition >= t->nparts || !t->parts[k->partition].present)
 			return KM_OK;
@@ -624,22 +636,16 @@ static km_err apply_partition(km_state_model *m, const km_state_key *k, const ui
  */
 static km_err apply_progress(km_state_model *m, const km_state_key *k, const uint8_t *val, size_t vlen, bool tomb)
 {
-	km_state_mirror *mi = mirror_lookup(m, k->mirror, NULL);
-	km_state_topic *t = NULL;
+	km_state_mirror *mi;
+	size_t at;
+	km_state_topic *t = key_topic(m, k, &mi, &at);
 	km_mirror_state_progress_value v;
 	km_state_part *p;
-	bool found;
-	size_t at;
 	km_arena a;
 	km_rd r;
 	int16_t ver;
 	km_err rc;
 
-	if (!mi)
-		return KM_OK;
-	at = find_sorted((void *const *)mi->topics, mi->ntopics, k->topic, &found);
-	if (found)
-		t = mi->topics[at];
 	if (!t || (size_t)k->partition >= t->nparts || !t->parts[k->partition].present)
 		return KM_OK; /* no partition record (yet, or any more): nothing it could stand for */
 	p = &t->parts[k->partition];

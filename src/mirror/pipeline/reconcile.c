@@ -546,6 +546,21 @@ static void fence_from(km_pipeline *pl, mpart *p, int64_t end, int64_t from)
 }
 
 /*
+ * The partition a one-partition answer is about (NULL: the pipeline closes, or the partition is
+ * gone), its pipeline in *pl and its request's context in *lc; the request's allocations freed.
+ */
+static mpart *answer_part(void *arg, km_pipeline **pl, lo_ctx *lc)
+{
+	req_ctx *x = arg;
+	lo_ctx *ctx = x->extra;
+	*pl = x->pl;
+	*lc = *ctx;
+	free(x);
+	free(ctx);
+	return (*pl)->closing ? NULL : km_pl_part_get(*pl, lc->t, lc->part, false);
+}
+
+/*
  * A transaction the mirror ended (its marker in place) may have begun before the hide point H and
  * ended after it: hiding its marker would leave its aborted records without the marker that
  * closes them for a read_committed reader. A READ_COMMITTED Fetch at H - 1 (one at H, the LSO,
@@ -555,18 +570,14 @@ static void fence_from(km_pipeline *pl, mpart *p, int64_t end, int64_t from)
  */
 static void on_aborted(km_net_client *c, const km_rpc_response *res, void *arg)
 {
-	req_ctx *x = arg;
-	km_pipeline *pl = x->pl;
-	lo_ctx *lc = x->extra;
+	km_pipeline *pl;
+	lo_ctx lc;
+	mpart *p = answer_part(arg, &pl, &lc);
 	const km_fetch_response *r = res->msg;
 	km_err err = km_rpc_transport_err(res);
-	mpart *p;
 	int64_t at = -1;
 	bool ok = false;
 
-	free(x);
-	p = pl->closing ? NULL : km_pl_part_get(pl, lc->t, lc->part, false);
-	free(lc);
 	if (!p || p->phase != PH_RECON_ABORTED)
 		return;
 	if (err == KM_OK) {
@@ -766,20 +777,16 @@ typedef struct {
  */
 static void on_marker_window(km_net_client *c, const km_rpc_response *res, void *arg)
 {
-	req_ctx *rx = arg;
-	km_pipeline *pl = rx->pl;
-	lo_ctx *lc = rx->extra;
+	km_pipeline *pl;
+	lo_ctx lc;
+	mpart *p = answer_part(arg, &pl, &lc);
 	const km_fetch_response *r = res->msg;
-	int64_t at = lc->tag, x, empty = -1;
+	int64_t x, empty = -1;
 	bool reached = false;
 	last_of_pid last[64];
 	size_t nlast = 0;
-	mpart *p;
 
-	free(rx);
-	p = pl->closing ? NULL : km_pl_part_get(pl, lc->t, lc->part, false);
-	free(lc);
-	if (!p || p->phase != PH_RECON_MARKER || p->recon.marker_source || at != p->recon.marker_from)
+	if (!p || p->phase != PH_RECON_MARKER || p->recon.marker_source || lc.tag != p->recon.marker_from)
 		return;
 	x = marker_at(p);
 	if (km_rpc_transport_err(res) != KM_OK) {
@@ -840,17 +847,13 @@ static void marker_unknown(km_pipeline *pl, mpart *p, const char *why)
 
 static void on_marker(km_net_client *c, const km_rpc_response *res, void *arg)
 {
-	req_ctx *x = arg;
-	km_pipeline *pl = x->pl;
-	lo_ctx *lc = x->extra;
+	km_pipeline *pl;
+	lo_ctx lc;
+	mpart *p = answer_part(arg, &pl, &lc);
 	const km_fetch_response *r = res->msg;
-	int64_t at = lc->tag;
+	int64_t at = lc.tag;
 	int verdict = -1; /* -1: not known; 1: the mirror's own marker (or past telling); 0: no source offset */
-	mpart *p;
 
-	free(x);
-	p = pl->closing ? NULL : km_pl_part_get(pl, lc->t, lc->part, false);
-	free(lc);
 	if (!p || p->phase != PH_RECON_MARKER || !p->recon.marker_source || at != p->recon.marker_logical)
 		return;
 	if (km_rpc_transport_err(res) != KM_OK) {
@@ -1105,19 +1108,15 @@ static void foreign_tail(km_pipeline *pl, mpart *p, int64_t from)
  */
 static void on_tail(km_net_client *c, const km_rpc_response *res, void *arg)
 {
-	req_ctx *x = arg;
-	km_pipeline *pl = x->pl;
-	lo_ctx *lc = x->extra;
+	km_pipeline *pl;
+	lo_ctx lc;
+	mpart *p = answer_part(arg, &pl, &lc);
 	const km_fetch_response *r = res->msg;
-	int64_t at = lc->tag, pid, start;
+	int64_t at = lc.tag, pid, start;
 	int16_t epoch;
-	mpart *p;
 	km_batch b;
 	bool found = false, ok = false;
 
-	free(x);
-	p = pl->closing ? NULL : km_pl_part_get(pl, lc->t, lc->part, false);
-	free(lc);
 	if (!p || p->phase != PH_RECON_TAIL)
 		return;
 	if (km_rpc_transport_err(res) != KM_OK) {

@@ -448,6 +448,32 @@ def test_paused_owners_queued_state_writes_are_dropped(kmirror_bin, dest_cluster
     assert seen == {m: watermarks(b.bootstrap, m, 1)[0][1] for m in mirrors}
 
 
+def _owner_then_other(kmirror_bin, dst, source_cluster, proxy_factory, kind, partitions, rate, state_partitions,
+                      a_opts=None):
+    """A mirror of one topic (partitions partitions) started through kmirrord-<kind>-a under a load
+    of rate records a second at the source; kmirrord-<kind>-b started beside it once a runs the
+    mirror. Returns (a, b, cli_a, cli_b, mirror, load): the caller stops the load."""
+    from mirror_data import BackgroundProducer
+    tag = uuid.uuid4().hex[:6]
+    opts = dict(mirror_state_topic=f"__mirror_state_{kind}_{tag}", mirror_state_partitions=state_partitions,
+                mirror_pipelines="owned")
+    a = proxy_factory(dst, name=f"kmirrord-{kind}-a", **opts, **(a_opts or {}))
+    m = f"{kind}-{tag}"
+    source_cluster.create_topic(m, partitions=partitions)
+    cli_a = Cli(kmirror_bin, a.bootstrap)
+    cli_a.run("create", "--mirror", m, "--source-bootstrap", source_cluster.bootstrap)
+    cli_a.run("start", "--mirror", m, "--topics", m)
+    bg = BackgroundProducer(source_cluster.bootstrap, m, tag=kind[0], rate=rate).start()
+    try:
+        wait_until(lambda: runners([a], [m], window=1.0)[m] == [a.name], 60, what="a running the mirror")
+        b = proxy_factory(dst, name=f"kmirrord-{kind}-b", **opts)
+        wait_until(lambda: runners([a, b], [m], window=1.0)[m] == [a.name], 60, what="a running it, b beside it")
+    except BaseException:
+        bg.stop()
+        raise
+    return a, b, cli_a, Cli(kmirror_bin, b.bootstrap), m, bg
+
+
 @pytest.mark.skipif(not NetFaults.available(),
                     reason="network cuts need nft and root (scripts/install-deps.sh installs nftables)")
 def test_former_owners_write_after_a_cut_does_not_undo_the_new_owners(kmirror_bin, source_cluster, proxy_factory):
@@ -458,7 +484,7 @@ def test_former_owners_write_after_a_cut_does_not_undo_the_new_owners(kmirror_bi
     docs/reliability.md). Nothing may leave that older progress standing: every instance that does
     not run the mirror shows what the record says, and a mirror that moves no more writes no more.
     Before the fix, the former owner showed the mirror topic ending where it was cut, for good."""
-    from mirror_data import BackgroundProducer, watermarks
+    from mirror_data import watermarks
     tag = uuid.uuid4().hex[:6]
     dst = KafkaCluster(f"owners-cut-{tag}", brokers=1, extra_listeners={"UP_A": {}})
     dst.extra_listeners["UP_A"] = {n.node_id: f"127.0.0.1:{n.extra_ports['UP_A']}" for n in dst.broker_nodes}
@@ -466,20 +492,11 @@ def test_former_owners_write_after_a_cut_does_not_undo_the_new_owners(kmirror_bi
     dst.start()
     try:
         net.setup()
-        opts = dict(mirror_state_topic=f"__mirror_state_cut_{tag}", mirror_state_partitions=1,
-                    mirror_pipelines="owned")
         a_ports = [n.extra_ports["UP_A"] for n in dst.broker_nodes]
-        a = proxy_factory(dst, name="kmirrord-cut-a", upstream=",".join(f"127.0.0.1:{p}" for p in a_ports), **opts)
-        m = f"cut-{tag}"
-        source_cluster.create_topic(m, partitions=1)
-        cli = Cli(kmirror_bin, a.bootstrap)
-        cli.run("create", "--mirror", m, "--source-bootstrap", source_cluster.bootstrap)
-        cli.run("start", "--mirror", m, "--topics", m)
-        bg = BackgroundProducer(source_cluster.bootstrap, m, tag="c", rate=300).start()
+        a, b, _, _, m, bg = _owner_then_other(kmirror_bin, dst, source_cluster, proxy_factory, "cut", 1, 300, 1,
+                                              a_opts={"upstream": ",".join(f"127.0.0.1:{p}" for p in a_ports)})
         try:
             wait_until(lambda: watermarks(a.bootstrap, m, 1)[0][1] > 300, 60, what="a mirroring the topic")
-            b = proxy_factory(dst, name="kmirrord-cut-b", **opts)
-            wait_until(lambda: runners([a, b], [m], window=1.0)[m] == [a.name], 60, what="a running the mirror")
             net.cut(a_ports, reset=False)
             t0 = time.monotonic()
             wait_until(lambda: runners([b], [m], window=1.0)[m] == [b.name], 60, what="b running the mirror")
@@ -523,23 +540,10 @@ def test_stop_through_the_other_kmirrord_is_not_undone(kmirror_bin, dest_cluster
     docs/reliability.md): the stop lost, the next start refused. Rounds of stop and start through
     the other kmirrord; each stop must reach STOPPED on both, and stay there."""
     from mirror_cli import topic_states
-    from mirror_data import BackgroundProducer
-    tag = uuid.uuid4().hex[:6]
-    opts = dict(mirror_state_topic=f"__mirror_state_stop_{tag}", mirror_state_partitions=SLOTS,
-                mirror_pipelines="owned")
-    a = proxy_factory(dest_cluster3, name="kmirrord-stop-a", **opts)
-    m = f"stop-{tag}"
-    source_cluster.create_topic(m, partitions=4)
-    cli_a = Cli(kmirror_bin, a.bootstrap)
-    cli_a.run("create", "--mirror", m, "--source-bootstrap", source_cluster.bootstrap)
-    cli_a.run("start", "--mirror", m, "--topics", m)
-    bg = BackgroundProducer(source_cluster.bootstrap, m, tag="s", rate=2000).start()
+    a, b, cli_a, cli_b, m, bg = _owner_then_other(kmirror_bin, dest_cluster3, source_cluster, proxy_factory, "stop",
+                                                  4, 2000, SLOTS)
     lost = []
     try:
-        wait_until(lambda: runners([a], [m], window=1.0)[m] == [a.name], 60, what="a running the mirror")
-        b = proxy_factory(dest_cluster3, name="kmirrord-stop-b", **opts)
-        cli_b = Cli(kmirror_bin, b.bootstrap)
-        wait_until(lambda: runners([a, b], [m], window=1.0)[m] == [a.name], 60, what="a running the mirror, b beside it")
         for rnd in range(8):
             wait_until(lambda: set(topic_states(cli_b, m)[m]) == {"MIRRORING"}, 60, what=f"round {rnd}: mirroring")
             time.sleep(0.5 + 0.3 * rnd)  # the owner's progress moving, written at various phases
@@ -584,22 +588,10 @@ def test_stop_settled_by_the_new_owner_keeps_the_destinations_end(kmirror_bin, d
     destination's end, and a start after it (a drill's) hid records that were mirrored (the soak's
     finding 17, docs/reliability.md). It asks the destination's end first now."""
     from mirror_cli import described, topic_states
-    from mirror_data import BackgroundProducer, watermarks
-    tag = uuid.uuid4().hex[:6]
-    opts = dict(mirror_state_topic=f"__mirror_state_stopk_{tag}", mirror_state_partitions=1,
-                mirror_pipelines="owned")
-    a = proxy_factory(dest_cluster, name="kmirrord-stopk-a", **opts)
-    m = f"stopk-{tag}"
-    source_cluster.create_topic(m, partitions=2)
-    cli_a = Cli(kmirror_bin, a.bootstrap)
-    cli_a.run("create", "--mirror", m, "--source-bootstrap", source_cluster.bootstrap)
-    cli_a.run("start", "--mirror", m, "--topics", m)
-    bg = BackgroundProducer(source_cluster.bootstrap, m, tag="k", rate=3000).start()
+    from mirror_data import watermarks
+    a, b, cli_a, cli_b, m, bg = _owner_then_other(kmirror_bin, dest_cluster, source_cluster, proxy_factory, "stopk",
+                                                  2, 3000, 1)
     try:
-        wait_until(lambda: runners([a], [m], window=1.0)[m] == [a.name], 60, what="a running the mirror")
-        b = proxy_factory(dest_cluster, name="kmirrord-stopk-b", **opts)
-        cli_b = Cli(kmirror_bin, b.bootstrap)
-        wait_until(lambda: runners([a, b], [m], window=1.0)[m] == [a.name], 60, what="a running it, b beside it")
         time.sleep(2.0)
         a.signal(signal.SIGKILL)
         a.daemon.proc.wait(timeout=30)

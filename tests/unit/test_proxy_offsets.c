@@ -682,19 +682,31 @@ static void test_fetch_response_incremental(void **state)
  * unknown tagged field, the frame's length the same; before v12 the batch is put below the fetch
  * position as before.
  */
-static void build_unmapped_response(km_wr *w, int16_t v, uint8_t *recs, size_t len)
+/* One batch of len bytes at physical offset base in recs. */
+static void put_unmapped_batch(uint8_t *recs, size_t len, int64_t base)
+{
+	memset(recs, 0xd1, len);
+	km_put_be64(recs, base);
+	km_put_be32(recs + 8, (uint32_t)(len - 12));
+	recs[16] = 2;
+	km_put_be32(recs + 23, 4);
+	km_batch_update_crc(recs, len);
+}
+
+/* m/0's records: one batch at base over len bytes, or (base2 >= 0) two of half each, at base and base2. */
+static void build_unmapped_response(km_wr *w, int16_t v, uint8_t *recs, size_t len, int64_t base, int64_t base2)
 {
 	km_fetch_response rs;
 	km_fetch_response_fetchable_topic_response t[2];
 	km_fetch_response_partition_data p[2];
 	km_wr body;
 
-	memset(recs, 0xd1, len);
-	km_put_be64(recs, 300);
-	km_put_be32(recs + 8, (uint32_t)(len - 12));
-	recs[16] = 2;
-	km_put_be32(recs + 23, 4);
-	km_batch_update_crc(recs, len);
+	if (base2 < 0) {
+		put_unmapped_batch(recs, len, base);
+	} else {
+		put_unmapped_batch(recs, len / 2, base);
+		put_unmapped_batch(recs + len / 2, len - len / 2, base2);
+	}
 	km_fetch_response_init(&rs);
 	for (int i = 0; i < 2; i++) {
 		km_fetch_response_partition_data_init(&p[i]);
@@ -728,8 +740,14 @@ static void build_unmapped_response(km_wr *w, int16_t v, uint8_t *recs, size_t l
 	km_wr_free(&body);
 }
 
-static void check_unmapped(int16_t v, size_t len, bool every_cut)
+/*
+ * m/0's records, every batch hidden (at or past the tail at 300, or at 160 between the runs):
+ * presented as empty records from v12 on, below the fetch position before. With base2 in the
+ * second run (200 to 299), a mapped batch follows: presented one by one.
+ */
+static void check_unmapped(int16_t v, size_t len, bool every_cut, int64_t base, int64_t base2)
 {
+	bool blank = base2 < 200 || base2 >= 300; /* nothing mapped: 200 to 299 is the second run's */
 	uint8_t *recs = malloc(len);
 	km_wr fr;
 	struct evbuffer *whole = evbuffer_new();
@@ -744,7 +762,7 @@ static void check_unmapped(int16_t v, size_t len, bool every_cut)
 
 	assert_non_null(recs);
 	km_wr_init(&fr);
-	build_unmapped_response(&fr, v, recs, len);
+	build_unmapped_response(&fr, v, recs, len, base, base2);
 	c = fetch_ctx(v);
 	stream(fr.buf, fr.len, v, NULL, 0, c, whole, &agains);
 	km_off_req_free(c);
@@ -756,7 +774,11 @@ static void check_unmapped(int16_t v, size_t len, bool every_cut)
 	assert_int_equal(r.pos, fr.len - hl);
 	p = got.responses.items[0].partitions.items;
 	assert_int_equal(p[0].high_watermark, 160); /* the tail */
-	if (v >= 12) {
+	if (!blank) {
+		assert_int_equal(p[0].records.len, (int32_t)len);
+		assert_true((int64_t)km_be64(p[0].records.p) < 30); /* the hidden one below the fetch position */
+		assert_int_equal((int64_t)km_be64(p[0].records.p + len / 2), 50); /* the mapped one */
+	} else if (v >= 12) {
 		assert_int_equal(p[0].records.len, 0);
 		assert_int_equal(p[0].unknown_tags.count, 1);
 		assert_int_equal(p[0].unknown_tags.items[0].tag, 10000);
@@ -788,12 +810,16 @@ static void test_fetch_response_unmapped_tail(void **state)
 	int16_t vs[] = {5, 11, 12, 13, KM_FETCH_RESPONSE_MAX_VERSION};
 	(void)state;
 	for (size_t k = 0; k < sizeof(vs) / sizeof(vs[0]); k++) {
-		check_unmapped(vs[k], 80, true);
+		check_unmapped(vs[k], 80, true, 300, -1);
 		/* Every length where the size of the filler's value changes width (128, 16384: minimal or not). */
 		for (size_t len = 61; len < 400; len++)
-			check_unmapped(vs[k], len, false);
+			check_unmapped(vs[k], len, false, 300, -1);
 		for (size_t len = 16300; len < 16500; len++)
-			check_unmapped(vs[k], len, false);
+			check_unmapped(vs[k], len, false, 300, -1);
+		/* Hidden between the runs, below the tail (finding 16): alone, two of them, then before a mapped one. */
+		check_unmapped(vs[k], 80, true, 160, -1);
+		check_unmapped(vs[k], 160, true, 160, 170);
+		check_unmapped(vs[k], 160, true, 160, 200);
 	}
 }
 

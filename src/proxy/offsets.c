@@ -743,8 +743,7 @@ static km_err blank_unmapped(const km_fetch_walk *w, struct evbuffer *in, size_t
 	 * late, before reconcile hides them past a fence run) would take such an answer for a fetch
 	 * size too small, as at the tail (docs/reliability.md, finding 16).
 	 */
-	if ((int64_t)km_be64(b) < m->tail_physical && (km_off_batch_run(m, (int64_t)km_be64(b), &(int64_t){0}) >= 0 ||
-							 !none_mapped(w, in, first, m, &rc)))
+	if ((int64_t)km_be64(b) < m->tail_physical && !none_mapped(w, in, first, m, &rc))
 		return rc;
 	/* The records' length prefix (COMPACT_RECORDS: length + 1), as the broker wrote it. */
 	k = uvarint_width((uint32_t)p->records_len + 1);

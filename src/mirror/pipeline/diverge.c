@@ -61,19 +61,16 @@ static void decide(km_pipeline *pl, mpart *p, int32_t asked, int64_t at, int32_t
 
 static void on_epoch_end(km_net_client *c, const km_rpc_response *res, void *arg)
 {
-	req_ctx *x = arg;
-	km_pipeline *pl = x->pl;
-	lo_ctx *lc = x->extra;
+	km_pipeline *pl;
+	lo_ctx lc;
+	mpart *p = km_pl_answer_part(arg, &pl, &lc);
 	const km_offset_for_leader_epoch_response *r = res->msg;
 	const km_offset_for_leader_epoch_response_epoch_end_offset *pr = NULL;
 	km_err err = km_rpc_transport_err(res);
-	mpart *p = pl->closing ? NULL : km_pl_part_get(pl, lc->t, lc->part, false);
-	int32_t asked = (int32_t)lc->ts;
-	int64_t at = lc->tag;
+	int32_t asked = (int32_t)lc.ts;
+	int64_t at = lc.tag;
 	char tag[300];
 
-	free(x);
-	free(lc);
 	if (!p)
 		return;
 	p->div.inflight = false;

@@ -97,18 +97,15 @@ static int32_t batch_epoch(const km_bytes *records, int64_t offset)
 
 static void on_record_probe(km_net_client *c, const km_rpc_response *res, void *arg)
 {
-	req_ctx *x = arg;
-	km_pipeline *pl = x->pl;
-	lo_ctx *lc = x->extra;
+	km_pipeline *pl;
+	lo_ctx lc;
+	mpart *p = km_pl_answer_part(arg, &pl, &lc);
 	const km_fetch_response *r = res->msg;
 	km_err err = km_rpc_transport_err(res);
-	bool dest = lc->dest;
-	mpart *p = pl->closing ? NULL : km_pl_part_get(pl, lc->t, lc->part, false);
-	int64_t offset = lc->tag;
+	bool dest = lc.dest;
+	int64_t offset = lc.tag;
 	bool ok = false;
 
-	free(x);
-	free(lc);
 	if (!p)
 		return;
 	p->fb.pending--;

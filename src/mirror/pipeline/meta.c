@@ -370,6 +370,22 @@ void km_pl_send_pid(km_pipeline *pl)
 	}
 }
 
+/*
+ * The partition a km_pl_send_part answer is about (NULL: the pipeline closes, or the partition is
+ * gone), its pipeline in *pl and the request's context in *lc; the request's allocations freed.
+ */
+mpart *km_pl_answer_part(void *arg, km_pipeline **pl, lo_ctx *lc)
+{
+	req_ctx *x = arg;
+	lo_ctx *ctx = x->extra;
+
+	*pl = x->pl;
+	*lc = *ctx;
+	free(x);
+	free(ctx);
+	return (*pl)->closing ? NULL : km_pl_part_get(*pl, lc->t, lc->part, false);
+}
+
 /* Send a request about one partition to cl's broker leader, answered to cb with an lo_ctx (*lc copied). */
 bool km_pl_send_part(km_pipeline *pl, km_cluster *cl, int32_t leader, km_net_client *c, int16_t key,
 		      int16_t ver, const void *req, km_rpc_cb cb, const lo_ctx *lc)

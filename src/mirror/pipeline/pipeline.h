@@ -387,6 +387,12 @@ km_err km_pl_call(km_net_client *c, int16_t key, int16_t ver, const void *req, k
 /* A request about one partition to cl's broker leader, answered to cb with an lo_ctx (*lc copied). */
 bool km_pl_send_part(km_pipeline *pl, km_cluster *cl, int32_t leader, km_net_client *c, int16_t key, int16_t ver,
 		     const void *req, km_rpc_cb cb, const lo_ctx *lc);
+/*
+ * In a km_pl_send_part answer's callback: the partition it is about (NULL: the pipeline closes,
+ * or the partition is gone), its pipeline in *pl and the request's lo_ctx in *lc; the request's
+ * allocations freed.
+ */
+mpart *km_pl_answer_part(void *arg, km_pipeline **pl, lo_ctx *lc);
 void km_pl_send_metadata(km_pipeline *pl, km_cluster *cl);
 /* InitProducerId on the destination: partitions waiting for a fresh id take the answer's. */
 void km_pl_send_pid(km_pipeline *pl);

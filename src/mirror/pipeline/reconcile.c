@@ -24,22 +24,17 @@ static void hidden_from(km_pipeline *pl, mpart *p, int64_t at);
 
 static void on_list_offsets(km_net_client *c, const km_rpc_response *res, void *arg)
 {
-	req_ctx *x = arg;
-	km_pipeline *pl = x->pl;
-	lo_ctx *lc = x->extra;
+	km_pipeline *pl;
+	lo_ctx lc;
+	mpart *p = km_pl_answer_part(arg, &pl, &lc);
 	const km_list_offsets_response *r = res->msg;
 	km_err err = km_rpc_transport_err(res);
-	mpart *p;
 	int16_t perr = -1;
 	int64_t off = -1;
 
-	free(x);
-	if (pl->closing) {
-		free(lc);
+	if (pl->closing)
 		return;
-	}
-	p = km_pl_part_get(pl, lc->t, lc->part, false);
-	if (p && lc->kind == LO_WATCH)
+	if (p && lc.kind == LO_WATCH)
 		p->watch.inflight = false;
 	if (err == KM_OK) {
 		if (r && r->topics.count == 1 && r->topics.items[0].partitions.count == 1) {
@@ -47,11 +42,11 @@ static void on_list_offsets(km_net_client *c, const km_rpc_response *res, void *
 			off = r->topics.items[0].partitions.items[0].offset;
 		}
 	} else {
-		km_cluster_drop(lc->dest ? pl->dst : pl->src, c);
+		km_cluster_drop(lc.dest ? pl->dst : pl->src, c);
 	}
-	if (p && lc->kind == LO_MARKER) {
-		km_pl_marker_answer(pl, p, err == KM_OK && perr == 0 && off >= 0, off, lc->tag);
-	} else if (p && lc->kind == LO_LSO) {
+	if (p && lc.kind == LO_MARKER) {
+		km_pl_marker_answer(pl, p, err == KM_OK && perr == 0 && off >= 0, off, lc.tag);
+	} else if (p && lc.kind == LO_LSO) {
 		if (p->phase == PH_RECON_LSO) {
 			if (err != KM_OK || perr != 0 || off < 0) {
 				pl->dst_meta_need = true;
@@ -61,7 +56,7 @@ static void on_list_offsets(km_net_client *c, const km_rpc_response *res, void *
 				after_lso(pl, p, p->recon.end, off);
 			}
 		}
-	} else if (p && lc->kind == LO_WATCH) {
+	} else if (p && lc.kind == LO_WATCH) {
 		if (err == KM_OK && perr == 0 && off >= 0) {
 			p->stats.source_end = off;
 			km_state_partition_progress(km_mirror_store(pl->mi), p->t->name, p->id, off, -1);
@@ -69,7 +64,7 @@ static void on_list_offsets(km_net_client *c, const km_rpc_response *res, void *
 		} else {
 			pl->src_meta_need = true;
 		}
-	} else if (p && p->phase == PH_START_WAIT && err == KM_OK && perr == 0 && off < 0 && lc->ts >= 0) {
+	} else if (p && p->phase == PH_START_WAIT && err == KM_OK && perr == 0 && off < 0 && lc.ts >= 0) {
 		/* No record at or after the start timestamp yet: start at the source's end. */
 		p->start.latest = true;
 		km_pl_set_phase(p, PH_START, "no record at or after the start timestamp");
@@ -78,10 +73,10 @@ static void on_list_offsets(km_net_client *c, const km_rpc_response *res, void *
 		if (err != KM_OK || perr != 0 || off < 0) {
 			char tag[300];
 			KM_WARN(COMP, 0, "%s/%s: ListOffsets on the %s failed: %s", pl->name, km_pl_ptag(p, tag, sizeof(tag)),
-				lc->dest ? "destination" : "source",
+				lc.dest ? "destination" : "source",
 				err != KM_OK ? km_err_name(err) : km_err_name((km_err)perr));
 			km_pl_set_phase(p, recon ? PH_RECONCILE : PH_START, "ListOffsets failed");
-			if (lc->dest)
+			if (lc.dest)
 				pl->dst_meta_need = true;
 			else
 				pl->src_meta_need = true;
@@ -98,7 +93,6 @@ static void on_list_offsets(km_net_client *c, const km_rpc_response *res, void *
 			after_start(pl, p, off, p->start.oor);
 		}
 	}
-	free(lc);
 	km_pl_tick_soon(pl);
 }
 
@@ -546,21 +540,6 @@ static void fence_from(km_pipeline *pl, mpart *p, int64_t end, int64_t from)
 }
 
 /*
- * The partition a one-partition answer is about (NULL: the pipeline closes, or the partition is
- * gone), its pipeline in *pl and its request's context in *lc; the request's allocations freed.
- */
-static mpart *answer_part(void *arg, km_pipeline **pl, lo_ctx *lc)
-{
-	req_ctx *x = arg;
-	lo_ctx *ctx = x->extra;
-	*pl = x->pl;
-	*lc = *ctx;
-	free(x);
-	free(ctx);
-	return (*pl)->closing ? NULL : km_pl_part_get(*pl, lc->t, lc->part, false);
-}
-
-/*
  * A transaction the mirror ended (its marker in place) may have begun before the hide point H and
  * ended after it: hiding its marker would leave its aborted records without the marker that
  * closes them for a read_committed reader. A READ_COMMITTED Fetch at H - 1 (one at H, the LSO,
@@ -572,7 +551,7 @@ static void on_aborted(km_net_client *c, const km_rpc_response *res, void *arg)
 {
 	km_pipeline *pl;
 	lo_ctx lc;
-	mpart *p = answer_part(arg, &pl, &lc);
+	mpart *p = km_pl_answer_part(arg, &pl, &lc);
 	const km_fetch_response *r = res->msg;
 	km_err err = km_rpc_transport_err(res);
 	int64_t at = -1;
@@ -779,7 +758,7 @@ static void on_marker_window(km_net_client *c, const km_rpc_response *res, void 
 {
 	km_pipeline *pl;
 	lo_ctx lc;
-	mpart *p = answer_part(arg, &pl, &lc);
+	mpart *p = km_pl_answer_part(arg, &pl, &lc);
 	const km_fetch_response *r = res->msg;
 	int64_t x, empty = -1;
 	bool reached = false;
@@ -849,7 +828,7 @@ static void on_marker(km_net_client *c, const km_rpc_response *res, void *arg)
 {
 	km_pipeline *pl;
 	lo_ctx lc;
-	mpart *p = answer_part(arg, &pl, &lc);
+	mpart *p = km_pl_answer_part(arg, &pl, &lc);
 	const km_fetch_response *r = res->msg;
 	int64_t at = lc.tag;
 	int verdict = -1; /* -1: not known; 1: the mirror's own marker (or past telling); 0: no source offset */
@@ -1110,7 +1089,7 @@ static void on_tail(km_net_client *c, const km_rpc_response *res, void *arg)
 {
 	km_pipeline *pl;
 	lo_ctx lc;
-	mpart *p = answer_part(arg, &pl, &lc);
+	mpart *p = km_pl_answer_part(arg, &pl, &lc);
 	const km_fetch_response *r = res->msg;
 	int64_t at = lc.tag, pid, start;
 	int16_t epoch;

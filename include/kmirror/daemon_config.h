@@ -57,6 +57,7 @@ typedef struct km_config {
 	char *upstream_file;      /* where a swap of the upstream is persisted; NULL: swaps refused */
 	char *admin_token_file;   /* the HTTP admin endpoint's bearer token; NULL: endpoint refuses */
 	int64_t log_level;        /* km_log_level */
+	char *log_fetch_topics;   /* mirror topics whose Fetch answers are logged (comma-separated); "": none */
 	int64_t max_frame_bytes;
 	int64_t max_auth_frame_bytes;
 	int64_t max_local_frame_bytes;

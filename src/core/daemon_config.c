@@ -101,6 +101,13 @@ static const km_option options[] = {
 	{.name = "log_level", .type = KM_OPT_ENUM, .offset = OFF(log_level), .def = "info", .choices = &log_levels,
 	 .reloadable = true,
 	 .doc = "error, warn, info, debug or trace."},
+	{.name = "log_fetch_topics", .type = KM_OPT_STRING, .offset = OFF(log_fetch_topics), .def = "",
+	 .reloadable = true,
+	 .doc = "Mirror topics (comma-separated) whose Fetch answers through the proxy are logged, one line per "
+		"partition (component fetch-trace): the offset asked, the tail, each batch's destination offset, "
+		"producer id and kind and the offset shown (or hidden), the aborted transactions as sent and as shown. "
+		"For finding why a consumer skipped or read again records of a mirror topic; a line per answer. "
+		"Empty: none."},
 	{.name = "max_frame_bytes", .type = KM_OPT_INT, .offset = OFF(max_frame_bytes), .def = "104857600", .min = 64,
 	 .max = INT32_MAX, .reloadable = true,
 	 .doc = "Largest request or response frame accepted (like the broker's socket.request.max.bytes); "

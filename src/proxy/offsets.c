@@ -136,6 +136,7 @@ void km_off_req_free(void *ctx)
 		return;
 	if (c->inner_ctx && c->inner_free)
 		c->inner_free(c->inner_ctx);
+	km_off_trace_free(c);
 	km_arena_free(&c->arena);
 	free(c->entries);
 	free(c->index);
@@ -606,7 +607,7 @@ out:
 /* ---- the streamed Fetch response ---- */
 
 /* Read n bytes at frame offset off: KM_STREAM_AGAIN when they are in the frame but not here yet. */
-static km_err peek(const km_fetch_walk *w, struct evbuffer *in, size_t first, size_t off, void *out, size_t n)
+km_err km_off_peek(const km_fetch_walk *w, struct evbuffer *in, size_t first, size_t off, void *out, size_t n)
 {
 	struct evbuffer_ptr p;
 	if (off < first || off + n > w->end)
@@ -642,7 +643,7 @@ static km_err diverging_epoch(const km_fetch_walk *w, struct evbuffer *in, size_
 	uint32_t count = 0, tag = 0, sz = 0;
 	km_rd r;
 
-	if (n && (rc = peek(w, in, first, at, buf, n)) != KM_OK)
+	if (n && (rc = km_off_peek(w, in, first, at, buf, n)) != KM_OK)
 		return rc;
 	km_rd_init(&r, buf, n);
 	if (!km_rd_uvarint(&r, "tags", &count))
@@ -710,7 +711,7 @@ static bool none_mapped(const km_fetch_walk *w, struct evbuffer *in, size_t firs
 	*rc = KM_OK;
 	while (off + sizeof(h) <= end) {
 		uint32_t len;
-		if ((*rc = peek(w, in, first, off, h, sizeof(h))) != KM_OK)
+		if ((*rc = km_off_peek(w, in, first, off, h, sizeof(h))) != KM_OK)
 			return false;
 		if (km_off_batch_run(m, (int64_t)km_be64(h), &logical) >= 0)
 			return false;
@@ -735,7 +736,7 @@ static km_err blank_unmapped(const km_fetch_walk *w, struct evbuffer *in, size_t
 	*blanked = false;
 	if (w->version < 12 || p->records_len < 12 || m->tail_physical < 0 || p->records_len >= UINT32_MAX - 1)
 		return KM_OK;
-	if ((rc = peek(w, in, first, p->records_off, b, 8)) != KM_OK)
+	if ((rc = km_off_peek(w, in, first, p->records_off, b, 8)) != KM_OK)
 		return rc;
 	/*
 	 * Before the tail, the batches are presented one by one, unless none of them is mapped: a
@@ -749,13 +750,13 @@ static km_err blank_unmapped(const km_fetch_walk *w, struct evbuffer *in, size_t
 	k = uvarint_width((uint32_t)p->records_len + 1);
 	if (p->records_off < first + k)
 		return KM_OK;
-	if ((rc = peek(w, in, first, p->records_off - k, b, k)) != KM_OK)
+	if ((rc = km_off_peek(w, in, first, p->records_off - k, b, k)) != KM_OK)
 		return rc;
 	km_rd_init(&r, b, k);
 	if (!km_rd_uvarint(&r, "records length", &len1) || len1 != p->records_len + 1 || r.pos != k)
 		return KM_OK;
 	/* The partition's tagged fields: only their count byte, 0, follows the records. */
-	if ((rc = peek(w, in, first, end, b, 1)) != KM_OK)
+	if ((rc = km_off_peek(w, in, first, end, b, 1)) != KM_OK)
 		return rc;
 	if (b[0] != 0)
 		return KM_OK;
@@ -813,7 +814,7 @@ static km_err fetch_partition(km_fetch_walk *w, struct evbuffer *in, size_t firs
 	if ((rc = blank_unmapped(w, in, first, m, &blanked)) != KM_OK)
 		return rc;
 	/* HighWatermark, LastStableOffset, LogStartOffset (v5+): "next" offsets. */
-	if ((rc = peek(w, in, first, p->high_watermark_off, f, w->version >= 5 ? 24 : 16)) != KM_OK)
+	if ((rc = km_off_peek(w, in, first, p->high_watermark_off, f, w->version >= 5 ? 24 : 16)) != KM_OK)
 		return rc;
 	for (int k = 0; k < (w->version >= 5 ? 3 : 2); k++) {
 		int64_t v = (int64_t)km_be64(f + 8 * k);
@@ -878,7 +879,7 @@ static km_err fetch_batch(km_fetch_walk *w, struct evbuffer *in, size_t first, v
 		/* Header bytes cut off by the fetch's size: a partial batch, which clients drop anyway. */
 		if ((c->cur->runs[run].flags & KM_OFFRUN_LOG_APPEND_TIME) && b->off + KM_BATCH_OFF_LAST_OFFSET_DELTA <= w->records_end) {
 			uint8_t h[KM_BATCH_OFF_LAST_OFFSET_DELTA];
-			if ((rc = peek(w, in, first, b->off, h, sizeof(h))) != KM_OK)
+			if ((rc = km_off_peek(w, in, first, b->off, h, sizeof(h))) != KM_OK)
 				return rc; /* nothing patched yet: the event may come again */
 			if (km_off_set_append_time(h) &&
 			    !km_evbuf_patch(in, b->off - first + KM_BATCH_OFF_CRC, h + KM_BATCH_OFF_CRC,
@@ -895,7 +896,7 @@ static km_err fetch_batch(km_fetch_walk *w, struct evbuffer *in, size_t first, v
 	 * records reach; a partial batch cut before it gets the widest bound.
 	 */
 	if (b->off + 27 <= w->records_end) {
-		if ((rc = peek(w, in, first, b->off + 23, d, 4)) != KM_OK)
+		if ((rc = km_off_peek(w, in, first, b->off + 23, d, 4)) != KM_OK)
 			return rc;
 		delta = (int32_t)km_be32(d);
 		if (delta < 0)
@@ -927,18 +928,31 @@ static km_err fetch_batch(km_fetch_walk *w, struct evbuffer *in, size_t first, v
 km_err km_off_fetch_partition(const km_stream_ev *e)
 {
 	km_off_req *c = e->ctx;
-	km_err rc = fetch_partition(e->w, e->in, e->first, c);
+	km_err rc;
+
+	km_off_trace_part_before(c, e->w, e->in, e->first);
+	rc = fetch_partition(e->w, e->in, e->first, c);
 	if (rc == KM_OK && c && c->cur && c->blanked && e->s)
 		km_session_fetch_blank_at(e->s, c->cur, c->cur->tail_logical, c->cur_epoch);
+	if (rc == KM_OK)
+		km_off_trace_part(c, e->w, e->in, e->first);
 	return rc;
 }
 
 km_err km_off_fetch_batch(const km_stream_ev *e)
 {
 	km_off_req *c = e->ctx;
-	km_err rc = fetch_batch(e->w, e->in, e->first, c);
+	km_off_trace_rec tb;
+	bool trace = km_off_trace_active(c);
+	km_err rc;
+
+	if (trace)
+		km_off_trace_batch_before(c, e->w, e->in, e->first, &tb);
+	rc = fetch_batch(e->w, e->in, e->first, c);
 	if (rc == KM_OK && c && c->cur && c->seen_visible && e->s)
 		km_session_fetch_shown(e->s);
+	if (rc == KM_OK && trace)
+		km_off_trace_batch(c, e->w, e->in, e->first, &tb);
 	return rc;
 }
 
@@ -1493,11 +1507,18 @@ static uint64_t state_epoch(void *arg)
 	return km_state_model_epoch(arg);
 }
 
+static const char *state_name(void *arg, const void *topic)
+{
+	(void)arg;
+	return km_state_topic_name(topic);
+}
+
 void km_off_lookup_from_state(km_state *st, km_off_lookup *out)
 {
 	out->active = st ? state_active : NULL;
 	out->topic = st ? state_topic : NULL;
 	out->map = st ? state_map : NULL;
 	out->epoch = st ? state_epoch : NULL;
+	out->name = st ? state_name : NULL;
 	out->arg = st;
 }

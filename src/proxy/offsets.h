@@ -33,7 +33,11 @@ typedef struct km_off_lookup {
 	 * followed): a handle or map kept across events is looked up again. NULL: never.
 	 */
 	uint64_t (*epoch)(void *arg);
+	/* The topic's name (log_fetch_topics). */
+	const char *(*name)(void *arg, const void *topic);
 	void *arg;
+	/* log_fetch_topics: comma-separated mirror topics whose Fetch answers are logged; NULL or "": none. */
+	const char *trace_topics;
 } km_off_lookup;
 
 /* For the rows' hooks (offsets.c, share_offsets.c): the session's lookup; where the body starts after
@@ -83,6 +87,8 @@ typedef struct km_off_entry {
 	int64_t value;     /* Fetch: the client's logical fetch offset; ListOffsets: the timestamp asked */
 } km_off_entry;
 
+typedef struct km_off_trace km_off_trace;
+
 typedef struct km_off_req {
 	int16_t key, version;
 	const km_off_lookup *lk;
@@ -112,6 +118,7 @@ typedef struct km_off_req {
 	bool blanked;          /* the current partition went out with no records: all past the tail */
 	bool before_tail;      /* Fetch: the request asks for a mapped partition before its tail */
 	bool committed;        /* ListOffsets: isolation read_committed (an answer stays below the LSO) */
+	km_off_trace *trace;   /* log_fetch_topics: the current partition's line (fetch_trace.c); NULL: none yet */
 } km_off_req;
 
 km_off_req *km_off_req_new(int16_t key, int16_t version, const km_off_lookup *lk);
@@ -143,6 +150,30 @@ km_err km_off_response(km_off_req *c, const uint8_t *body, size_t len, bool *cha
  * bytes past the event that have not arrived returns KM_STREAM_AGAIN.
  */
 km_err km_off_fetch_partition(const km_stream_ev *e);
+/* n bytes at frame offset off of a streamed answer (KM_STREAM_AGAIN: not here yet). */
+km_err km_off_peek(const km_fetch_walk *w, struct evbuffer *in, size_t first, size_t off, void *out, size_t n);
+
+/* ---- fetch_trace.c: log_fetch_topics ---- */
+
+/* A batch as the broker sent it. */
+typedef struct km_off_trace_rec {
+	int64_t physical, pid;
+	int16_t attrs, control; /* control: the control record's type (0 ABORT, 1 COMMIT), -1: none */
+	int32_t last_delta, count;
+} km_off_trace_rec;
+
+/* Before fetch_partition: the previous partition's line out, the aborted transactions as they came. */
+void km_off_trace_part_before(km_off_req *c, const km_fetch_walk *w, struct evbuffer *in, size_t first);
+/* After it: the partition's line begun when its topic is listed. */
+void km_off_trace_part(km_off_req *c, const km_fetch_walk *w, struct evbuffer *in, size_t first);
+/* Whether the current partition's batches go on its line. */
+bool km_off_trace_active(const km_off_req *c);
+void km_off_trace_batch_before(km_off_req *c, const km_fetch_walk *w, struct evbuffer *in, size_t first,
+			       km_off_trace_rec *out);
+void km_off_trace_batch(km_off_req *c, const km_fetch_walk *w, struct evbuffer *in, size_t first,
+			const km_off_trace_rec *tb);
+/* The last line out, the trace's memory freed. */
+void km_off_trace_free(km_off_req *c);
 km_err km_off_fetch_batch(const km_stream_ev *e);
 
 /* The stages (km_off_feature, apis.h): Fetch, ListOffsets, OffsetForLeaderEpoch, DeleteRecords, Produce, DescribeProducers. */

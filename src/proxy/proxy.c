@@ -37,6 +37,7 @@ void km_proxy_set_state(km_proxy *px, km_state *st)
 	km_ro_lookup_from_state(st, &px->features.read_only);
 	px->features.read_only.read_only_code = km_ro_code_of(px->cfg.read_only_error);
 	km_off_lookup_from_state(st, &px->features.offsets);
+	px->features.offsets.trace_topics = px->cfg.log_fetch_topics;
 }
 
 void km_proxy_state_ready(km_proxy *px, const km_state *st)
@@ -506,6 +507,7 @@ km_err km_proxy_reload(km_proxy *px, const km_config *next, char *err, size_t er
 	px->admin_tls = tls.admin;
 	km_config_free(&px->cfg);
 	px->cfg = copy;
+	px->features.offsets.trace_topics = px->cfg.log_fetch_topics;
 	km_proxy_http_reload(px);
 	/* The upstream's clients take the new settings; the brokers' addresses stay. */
 	px->upstream = NULL;

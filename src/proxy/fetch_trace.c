@@ -139,19 +139,26 @@ void km_off_trace_part(km_off_req *c, const km_fetch_walk *w, struct evbuffer *i
 	add(t, "], records %zu bytes%s, batches:", p->records_len, c->blanked ? " (blanked)" : "");
 }
 
-/* A batch, read before it is patched: its destination offset, producer and kind. */
-void km_off_trace_batch_before(km_off_req *c, const km_fetch_walk *w, struct evbuffer *in, size_t first,
-			       km_off_trace_rec *out)
+/*
+ * A batch, read before it is patched: its destination offset, producer and kind. KM_STREAM_AGAIN
+ * while its header (and a control record's key) has not come yet: the event comes again.
+ */
+km_err km_off_trace_batch_before(km_off_req *c, const km_fetch_walk *w, struct evbuffer *in, size_t first,
+				 km_off_trace_rec *out)
 {
 	const km_fetch_batch *b = &w->batch;
 	uint8_t h[61];
+
+	km_err rc;
 
 	memset(out, 0, sizeof(*out));
 	out->physical = b->base_offset;
 	out->pid = -2;
 	out->control = -1;
-	if (b->off + 61 > w->records_end || km_off_peek(w, in, first, b->off, h, 61) != KM_OK)
-		return;
+	if (b->off + 61 > w->records_end)
+		return KM_OK; /* cut by the fetch's size */
+	if ((rc = km_off_peek(w, in, first, b->off, h, 61)) != KM_OK)
+		return rc;
 	out->attrs = (int16_t)km_be16(h + 21);
 	out->last_delta = (int32_t)km_be32(h + 23);
 	out->pid = (int64_t)km_be64(h + 43);
@@ -164,14 +171,15 @@ void km_off_trace_batch_before(km_off_req *c, const km_fetch_walk *w, struct evb
 		int64_t v;
 		int8_t attr;
 		int16_t ver, type;
-		if (km_off_peek(w, in, first, b->off + 61, r, n) != KM_OK)
-			return;
+		if ((rc = km_off_peek(w, in, first, b->off + 61, r, n)) != KM_OK)
+			return rc;
 		km_rd_init(&rd, r, n);
 		if (km_rd_varlong(&rd, "length", &v) && km_rd_i8(&rd, "attributes", &attr) &&
 		    km_rd_varlong(&rd, "ts", &v) && km_rd_varlong(&rd, "delta", &v) && km_rd_varlong(&rd, "key", &v) &&
 		    km_rd_i16(&rd, "version", &ver) && km_rd_i16(&rd, "type", &type))
 			out->control = type;
 	}
+	return KM_OK;
 }
 
 void km_off_trace_batch(km_off_req *c, const km_fetch_walk *w, struct evbuffer *in, size_t first,

@@ -168,8 +168,8 @@ void km_off_trace_part_before(km_off_req *c, const km_fetch_walk *w, struct evbu
 void km_off_trace_part(km_off_req *c, const km_fetch_walk *w, struct evbuffer *in, size_t first);
 /* Whether the current partition's batches go on its line. */
 bool km_off_trace_active(const km_off_req *c);
-void km_off_trace_batch_before(km_off_req *c, const km_fetch_walk *w, struct evbuffer *in, size_t first,
-			       km_off_trace_rec *out);
+km_err km_off_trace_batch_before(km_off_req *c, const km_fetch_walk *w, struct evbuffer *in, size_t first,
+				 km_off_trace_rec *out);
 void km_off_trace_batch(km_off_req *c, const km_fetch_walk *w, struct evbuffer *in, size_t first,
 			const km_off_trace_rec *tb);
 /* The last line out, the trace's memory freed. */

@@ -6,6 +6,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -19,6 +20,7 @@
 #include "kmirror/msg/offset_for_leader_epoch_response.h"
 #include "kmirror/msg/produce_response.h"
 #include "kmirror/batch.h"
+#include "kmirror/log.h"
 #include "proxy/offsets.h"
 
 /*
@@ -593,6 +595,90 @@ static void check_fetch_response(int16_t v)
 		assert_true(agains > 0);
 	evbuffer_free(whole);
 	km_wr_free(&fr);
+}
+
+static const char *fake_name(void *arg, const void *topic)
+{
+	(void)arg;
+	return topic == TOPIC_M ? TOPIC_M : NULL;
+}
+
+/*
+ * log_fetch_topics: the answer streamed whole, cut at every byte, and a byte at a time gives the
+ * same line for m/0 each time (nothing for m/2, which holds no record, nor for plain), and it
+ * says what the reader was shown; a list without m gives none.
+ */
+static void check_fetch_trace(int16_t v, const char *topics, bool traced)
+{
+	km_off_lookup lk = LK;
+	km_wr fr;
+	FILE *log = tmpfile();
+	char line[4096], first[4096] = "";
+	int saved, agains = 0, lines = 0, runs = 0;
+
+	assert_non_null(log);
+	lk.name = fake_name;
+	lk.trace_topics = topics;
+	km_wr_init(&fr);
+	build_fetch_response(&fr, v, false);
+	fflush(stderr);
+	saved = dup(2);
+	assert_true(dup2(fileno(log), 2) >= 0);
+	km_log_set_level(KM_LOG_INFO);
+	for (size_t cut = 0; cut <= fr.len; cut += cut < 200 || cut + 1 >= fr.len ? 1 : 7, runs++) {
+		struct evbuffer *out = evbuffer_new();
+		size_t *cuts = NULL, n = 0;
+		km_off_req *c = fetch_ctx(v);
+		c->lk = &lk;
+		if (cut == fr.len) { /* the last round: a byte at a time */
+			assert_non_null(cuts = malloc(fr.len * sizeof(*cuts)));
+			for (n = 0; n < fr.len; n++)
+				cuts[n] = n + 1;
+		}
+		stream(fr.buf, fr.len, v, cuts ? cuts : &cut, cuts ? n : cut > 0, c, out, &agains);
+		km_off_req_free(c);
+		evbuffer_free(out);
+		free(cuts);
+	}
+	km_log_set_level(getenv("KM_TEST_LOG") ? KM_LOG_DEBUG : KM_LOG_ERROR);
+	fflush(stderr);
+	dup2(saved, 2);
+	close(saved);
+	rewind(log);
+	while (fgets(line, sizeof(line), log)) {
+		char *msg = strstr(line, "comp=fetch-trace msg=");
+		if (!msg)
+			continue;
+		lines++;
+		if (!first[0])
+			snprintf(first, sizeof(first), "%s", msg);
+		assert_string_equal(msg, first);
+	}
+	fclose(log);
+	km_wr_free(&fr);
+	if (!traced) {
+		assert_int_equal(lines, 0);
+		return;
+	}
+	assert_int_equal(lines, runs);
+	assert_non_null(strstr(first, "\"m/0: asked 30 (destination 130), tail 160/300, runs 2, error 0"));
+	if (v >= 5)
+		assert_non_null(strstr(first, ", hw 160 (300), lso 100 (250), "));
+	assert_non_null(strstr(first, "aborted [7@210 as 7@60], records 320 bytes, batches: 130>30 pid "));
+	assert_non_null(strstr(first, ", 150 hidden>25 pid "));
+	assert_non_null(strstr(first, ", 200>50 pid "));
+	assert_non_null(strstr(first, ", 300 hidden>20 pid "));
+	assert_null(strstr(first, "plain"));
+}
+
+static void test_fetch_trace(void **state)
+{
+	int16_t vs[] = {5, 12, KM_FETCH_RESPONSE_MAX_VERSION};
+	(void)state;
+	for (size_t k = 0; k < sizeof(vs) / sizeof(vs[0]); k++) {
+		check_fetch_trace(vs[k], "x,m", true);
+		check_fetch_trace(vs[k], "mm,x", false);
+	}
 }
 
 static void test_fetch_response_lowest(void **state)
@@ -1269,6 +1355,7 @@ int main(void)
 		cmocka_unit_test(test_fetch_response_untouched),
 		cmocka_unit_test(test_fetch_response_incremental),
 		cmocka_unit_test(test_fetch_response_unmapped_tail),
+		cmocka_unit_test(test_fetch_trace),
 		cmocka_unit_test(test_list_offsets),
 		cmocka_unit_test(test_offset_for_leader_epoch),
 		cmocka_unit_test(test_delete_records),

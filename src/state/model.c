@@ -228,6 +228,16 @@ km_err km_state_progress_value_encode(km_wr *w, const km_state_topic *t, const k
 	v.last_mirrored_offset = offset;
 	v.last_mirrored_epoch = epoch;
 	v.open_transaction_offset = open_txn >= 0 ? open_txn : -1;
+	/* The run the progress needs a reader to have (docs/state.md, "The pipeline's progress, apart"). */
+	if (p->map) {
+		for (size_t i = p->map->n; i-- > 0;) {
+			if (p->map->runs[i].logical <= offset) {
+				v.last_run_logical = p->map->runs[i].logical;
+				v.last_run_prev_end = p->map->runs[i].prev_logical_end;
+				break;
+			}
+		}
+	}
 	km_wr_i16(w, 0);
 	km_mirror_state_progress_value_encode(w, 0, &v);
 	return w->err;
@@ -518,6 +528,7 @@ static void part_resolve(const km_state_topic *t, km_state_part *p)
 	p->last_mirrored_epoch = prog ? p->prog.epoch : p->rec.epoch;
 	p->open_txn_offset = prog ? p->prog.open_txn : p->rec.open_txn;
 	p->has_open_txn = p->open_txn_offset >= 0;
+	p->prog.stands = prog;
 }
 
 /*
@@ -667,6 +678,8 @@ static km_err apply_progress(km_state_model *m, const km_state_key *k, const uin
 		p->prog.offset = v.last_mirrored_offset;
 		p->prog.epoch = v.last_mirrored_epoch;
 		p->prog.open_txn = v.open_transaction_offset;
+		p->prog.run_logical = v.last_run_logical;
+		p->prog.run_prev_end = v.last_run_prev_end;
 		part_resolve(t, p);
 	}
 	km_arena_free(&a);
@@ -749,6 +762,20 @@ size_t km_state_model_mirror_runs(const km_state_mirror *mi)
 	return n;
 }
 
+/* Whether the map has a run starting at logical (the runs are sorted by it). */
+static bool has_run(const km_offmap *m, int64_t logical)
+{
+	size_t lo = 0, hi = m->n;
+	while (lo < hi) {
+		size_t mid = lo + (hi - lo) / 2;
+		if (m->runs[mid].logical < logical)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	return lo < m->n && m->runs[lo].logical == logical;
+}
+
 void km_state_part_bound(km_state_part *p)
 {
 	km_offmap *m = p->map;
@@ -773,7 +800,18 @@ void km_state_part_bound(km_state_part *p)
 	/* Only the last run: a fence run with runs after it is closed by them (its hidden range ended). */
 	if ((m->runs[m->n - 1].flags & KM_OFFRUN_FENCE) && m->runs[m->n - 1].logical < logical)
 		logical = m->runs[m->n - 1].logical;
-	/* Runs are persisted before the batches that start them, progress after they landed: the runs know it. */
+	/*
+	 * Runs are persisted before the batches that start them, progress after they landed. But a
+	 * progress and the run it needs sit in different partitions of the state topic, and a follow
+	 * round may read the progress first: without that run, the run before it would reach on past
+	 * its end and show the records after it at the wrong offsets (docs/reliability.md, finding 19).
+	 * Until the run is in, nothing past the end of the run before it is shown.
+	 */
+	if (p->prog.stands && p->prog.run_logical >= 0 && !has_run(m, p->prog.run_logical)) {
+		int64_t end = p->prog.run_prev_end >= 0 ? p->prog.run_prev_end : p->prog.run_logical;
+		if (end < logical)
+			logical = end;
+	}
 	if ((phys = km_offmap_to_physical(m, logical)) < 0)
 		return;
 	m->tail_physical = phys;

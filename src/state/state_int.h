@@ -105,6 +105,9 @@ typedef struct km_state_part {
 		km_uuid topic_id;
 		int64_t state_change_ms, offset, open_txn;
 		int32_t epoch;
+		/* The last run its writer had at or before offset (its logical start, its previous end), -1: none said. */
+		int64_t run_logical, run_prev_end;
+		bool stands; /* part_resolve took the figures above */
 	} prog;
 } km_state_part;
 

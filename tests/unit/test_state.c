@@ -1457,6 +1457,65 @@ static void test_progress_apart(void **state)
 	km_state_model_free(&m);
 }
 
+/*
+ * Another kmirrord's progress read before the run it needs (finding 19): the runner's map had a run
+ * at logical 60 (physical 59: the source's 59, a marker the mirror does not carry, is a hole) when
+ * it wrote progress 80, and the run sits in another partition of the state topic. A reader here,
+ * without that run, would be shown physical 59 on as logical 59 on: each record one offset early.
+ * Nothing past 59 is shown until the run is in; then the progress.
+ */
+static void test_progress_waits_for_its_run(void **state)
+{
+	struct event_base *base = event_base_new();
+	km_state *st = store_unreachable(base);
+	km_state_cfg_entry cfg[1] = {{.name = "bootstrap.servers", .value = "s:9092"}};
+	km_state_mirror mi = {.name = "m1", .cfg = cfg, .ncfg = 1};
+	km_state_topic tt = {.name = "t", .mirror = &mi, .id = {{7}}};
+	km_state_key gk = {.type = KM_STATE_REC_PROGRESS, .mirror = km_str_c("m1"), .topic = km_str_c("t")};
+	km_offrun runs[2] = {{0, 0, -1, 0}, {60, 59, 59, 0}};
+	km_offmap runner = {runs, 2, 2, -1, -1};
+	km_state_part rp = {.state_change_ms = 1000, .map = &runner};
+	const km_offmap *map;
+	km_state_model m;
+	km_state_change chg;
+	km_wr w;
+	(void)state;
+
+	model_with(&m, KM_MP_MIRRORING, KM_MP_UNKNOWN);
+	part_rec_at(&m, KM_MP_MIRRORING, 1000, 50, true);
+	run_rec(&m, "t", 0, 0, 0, -1);
+	km_wr_init(&w);
+	assert_int_equal(km_state_progress_value_encode(&w, &tt, &rp, 80, 5, -1), KM_OK);
+	rec(&m, &gk, &w, &chg);
+	km_wr_free(&w);
+	assert_int_equal(km_state_model_index(&m), KM_OK);
+	km_state_loaded(st, &m);
+	map = km_state_topic_offmap(km_state_topic_find(st, "t", 1), 0);
+	assert_non_null(map);
+	assert_int_equal(map->tail_logical, 59);
+	assert_int_equal(map->tail_physical, 59);
+	assert_int_equal(km_offmap_to_logical(map, 58), 58); /* before the missing run: shown */
+	assert_int_equal(km_offmap_to_logical(map, 59), 59); /* the source's 60: hidden, at the tail */
+
+	/* The run comes in: the progress stands whole, each record at its offset. */
+	model_with(&m, KM_MP_MIRRORING, KM_MP_UNKNOWN);
+	part_rec_at(&m, KM_MP_MIRRORING, 1000, 50, true);
+	run_rec(&m, "t", 0, 0, 0, -1);
+	run_rec(&m, "t", 0, 60, 59, 59);
+	km_wr_init(&w);
+	assert_int_equal(km_state_progress_value_encode(&w, &tt, &rp, 80, 5, -1), KM_OK);
+	rec(&m, &gk, &w, &chg);
+	km_wr_free(&w);
+	assert_int_equal(km_state_model_index(&m), KM_OK);
+	km_state_loaded(st, &m);
+	assert_int_equal(map->tail_logical, 80);
+	assert_int_equal(map->tail_physical, 79);
+	assert_int_equal(km_offmap_to_logical(map, 59), 60);
+	km_state_free(st);
+	event_base_loop(base, EVLOOP_NONBLOCK);
+	event_base_free(base);
+}
+
 static bool owns_none(void *arg, const char *mirror)
 {
 	(*(int *)arg)++;
@@ -1591,6 +1650,7 @@ int main(void)
 		cmocka_unit_test(test_progress_bounds_readers),
 		cmocka_unit_test(test_open_transaction_bounds_readers),
 		cmocka_unit_test(test_progress_apart),
+		cmocka_unit_test(test_progress_waits_for_its_run),
 		cmocka_unit_test(test_owner_check),
 		cmocka_unit_test(test_secrets_format0),
 		cmocka_unit_test(test_key_file), cmocka_unit_test(test_keys),

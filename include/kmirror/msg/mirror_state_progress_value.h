@@ -26,6 +26,10 @@ typedef struct km_mirror_state_progress_value {
 	int32_t last_mirrored_epoch;
 	/* v0+: Where the earliest destination transaction the pipeline holds open starts (logical), or... */
 	int64_t open_transaction_offset;
+	/* v0+ tag 0: The logical start of the last run of the partition's offset map at or before LastMirror... */
+	int64_t last_run_logical;
+	/* v0+ tag 1: That run's PreviousLogicalEnd (where the run before it ends), or -1. */
+	int64_t last_run_prev_end;
 	km_tagged_list unknown_tags; /* tagged fields this codec does not know, kept as they came */
 } km_mirror_state_progress_value;
 

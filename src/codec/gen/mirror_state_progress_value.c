@@ -12,6 +12,26 @@ void km_mirror_state_progress_value_init(km_mirror_state_progress_value *m)
 {
 	memset(m, 0, sizeof(*m));
 	m->open_transaction_offset = INT64_C(-1);
+	m->last_run_logical = INT64_C(-1);
+	m->last_run_prev_end = INT64_C(-1);
+}
+
+static bool km_mirror_state_progress_value_dec_tag_last_run_logical(km_rd *r, int16_t v, km_mirror_state_progress_value *m, km_arena *a)
+{
+	(void)v;
+	(void)a;
+	if (!km_rd_i64(r, "LastRunLogical", &m->last_run_logical))
+		return false;
+	return true;
+}
+
+static bool km_mirror_state_progress_value_dec_tag_last_run_prev_end(km_rd *r, int16_t v, km_mirror_state_progress_value *m, km_arena *a)
+{
+	(void)v;
+	(void)a;
+	if (!km_rd_i64(r, "LastRunPrevEnd", &m->last_run_prev_end))
+		return false;
+	return true;
 }
 
 static bool km_mirror_state_progress_value_dec(km_rd *r, int16_t v, km_mirror_state_progress_value *m, km_arena *a)
@@ -33,6 +53,33 @@ static bool km_mirror_state_progress_value_dec(km_rd *r, int16_t v, km_mirror_st
 	if (flex) {
 		if (!km_codec_rd_tags(r, "MirrorStateProgressValue.TaggedFields", &m->unknown_tags, a))
 			return false;
+		int32_t keep = 0;
+		for (int32_t i = 0; i < m->unknown_tags.count; i++) {
+			const km_tagged t = m->unknown_tags.items[i];
+			km_rd sub;
+			bool known = true;
+			km_codec_rd_slice(r, t.data, &sub);
+			switch (t.tag) {
+				case 0:
+				{
+					if (!km_mirror_state_progress_value_dec_tag_last_run_logical(&sub, v, m, a))
+						return km_codec_rd_join(r, &sub);
+				}
+				break;
+				case 1:
+				{
+					if (!km_mirror_state_progress_value_dec_tag_last_run_prev_end(&sub, v, m, a))
+						return km_codec_rd_join(r, &sub);
+				}
+				break;
+				default:
+					known = false;
+					break;
+			}
+			if (!known)
+				m->unknown_tags.items[keep++] = t;
+		}
+		m->unknown_tags.count = keep;
 	}
 	return true;
 }
@@ -48,7 +95,29 @@ static void km_mirror_state_progress_value_enc(km_wr *w, int16_t v, const km_mir
 	km_wr_i32(w, m->last_mirrored_epoch);
 	km_wr_i64(w, m->open_transaction_offset);
 	if (flex) {
-		km_codec_wr_tags(w, &m->unknown_tags, 0, UINT64_MAX, true);
+		uint32_t ntags = (uint32_t)(m->unknown_tags.count > 0 ? m->unknown_tags.count : 0);
+		const bool has_last_run_logical = true && m->last_run_logical != INT64_C(-1);
+		ntags += has_last_run_logical;
+		const bool has_last_run_prev_end = true && m->last_run_prev_end != INT64_C(-1);
+		ntags += has_last_run_prev_end;
+		km_wr_uvarint(w, ntags);
+		km_codec_wr_tags(w, &m->unknown_tags, 0, 1, false);
+		if (has_last_run_logical) {
+			size_t n = 0;
+			n += 8;
+			km_wr_uvarint(w, 0);
+			km_wr_uvarint(w, (uint32_t)n);
+			km_wr_i64(w, m->last_run_logical);
+		}
+		km_codec_wr_tags(w, &m->unknown_tags, 1, 2, false);
+		if (has_last_run_prev_end) {
+			size_t n = 0;
+			n += 8;
+			km_wr_uvarint(w, 1);
+			km_wr_uvarint(w, (uint32_t)n);
+			km_wr_i64(w, m->last_run_prev_end);
+		}
+		km_codec_wr_tags(w, &m->unknown_tags, 2, UINT64_MAX, false);
 	}
 }
 
@@ -66,6 +135,18 @@ static size_t km_mirror_state_progress_value_sz(int16_t v, const km_mirror_state
 	if (flex) {
 		uint32_t ntags = (uint32_t)(m->unknown_tags.count > 0 ? m->unknown_tags.count : 0);
 		n += km_codec_sz_tags(&m->unknown_tags);
+		if (true && m->last_run_logical != INT64_C(-1)) {
+			size_t fn = 0;
+			fn += 8;
+			n += km_sz_uvarint(0) + km_sz_uvarint((uint32_t)fn) + fn;
+			ntags++;
+		}
+		if (true && m->last_run_prev_end != INT64_C(-1)) {
+			size_t fn = 0;
+			fn += 8;
+			n += km_sz_uvarint(1) + km_sz_uvarint((uint32_t)fn) + fn;
+			ntags++;
+		}
 		n += km_sz_uvarint(ntags);
 	}
 	return n;

@@ -15098,8 +15098,10 @@ static void fill_km_mirror_state_progress_value(km_mirror_state_progress_value *
 	m->last_mirrored_offset = (int64_t)(t_int(seq, 1000000000, INT64_C(0)) + ((int64_t)1 << 33));
 	m->last_mirrored_epoch = (int32_t)(t_int(seq, 1000000000, INT64_C(0)));
 	m->open_transaction_offset = (int64_t)(t_int(seq, 1000000000, INT64_C(-1)) + ((int64_t)1 << 33));
+	m->last_run_logical = (int64_t)(t_int(seq, 1000000000, INT64_C(-1)) + ((int64_t)1 << 33));
+	m->last_run_prev_end = (int64_t)(t_int(seq, 1000000000, INT64_C(-1)) + ((int64_t)1 << 33));
 	if (true && mode == 0)
-		t_unknown_tags(&m->unknown_tags, a, 0, 1000, seq);
+		t_unknown_tags(&m->unknown_tags, a, 2, 1001, seq);
 }
 
 static bool eq_km_mirror_state_progress_value(const km_mirror_state_progress_value *x, const km_mirror_state_progress_value *y)
@@ -15114,6 +15116,10 @@ static bool eq_km_mirror_state_progress_value(const km_mirror_state_progress_val
 		return t_diff("LastMirroredEpoch");
 	if (!(x->open_transaction_offset == y->open_transaction_offset))
 		return t_diff("OpenTransactionOffset");
+	if (!(x->last_run_logical == y->last_run_logical))
+		return t_diff("LastRunLogical");
+	if (!(x->last_run_prev_end == y->last_run_prev_end))
+		return t_diff("LastRunPrevEnd");
 	if (!t_tags_eq(&x->unknown_tags, &y->unknown_tags))
 		return t_diff("MirrorStateProgressValue unknown tags");
 	return true;

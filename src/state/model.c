@@ -191,6 +191,19 @@ km_err km_state_mirror_value_encode(km_wr *w, const km_state_mirror *mi)
 	return w->err;
 }
 
+/* The last run of p's map at or before offset: its logical start and previous end (-1, -1: none). */
+static void last_run_at(const km_state_part *p, int64_t offset, int64_t *logical, int64_t *prev_end)
+{
+	*logical = *prev_end = -1;
+	for (size_t i = p->map ? p->map->n : 0; i-- > 0;) {
+		if (p->map->runs[i].logical <= offset) {
+			*logical = p->map->runs[i].logical;
+			*prev_end = p->map->runs[i].prev_logical_end;
+			return;
+		}
+	}
+}
+
 km_err km_state_partition_value_encode(km_wr *w, const km_state_topic *t, const km_state_part *p)
 {
 	km_mirror_state_partition_value v;
@@ -207,6 +220,7 @@ km_err km_state_partition_value_encode(km_wr *w, const km_state_topic *t, const 
 	v.source_topic_id = p->source_id;
 	v.started_by = p->by_pattern ? 1 : 0;
 	v.progress_apart = true; /* this kmirrord writes the pipeline's progress in its own record */
+	last_run_at(p, p->last_mirrored_offset, &v.last_run_logical, &v.last_run_prev_end);
 	if (p->has_writer) {
 		v.writer_producer_id = p->writer_pid;
 		v.writer_producer_epoch = p->writer_epoch;
@@ -228,16 +242,8 @@ km_err km_state_progress_value_encode(km_wr *w, const km_state_topic *t, const k
 	v.last_mirrored_offset = offset;
 	v.last_mirrored_epoch = epoch;
 	v.open_transaction_offset = open_txn >= 0 ? open_txn : -1;
-	/* The run the progress needs a reader to have (docs/state.md, "The pipeline's progress, apart"). */
-	if (p->map) {
-		for (size_t i = p->map->n; i-- > 0;) {
-			if (p->map->runs[i].logical <= offset) {
-				v.last_run_logical = p->map->runs[i].logical;
-				v.last_run_prev_end = p->map->runs[i].prev_logical_end;
-				break;
-			}
-		}
-	}
+	/* The run a reader needs to have to show the progress (docs/state.md, "What a reader is shown"). */
+	last_run_at(p, offset, &v.last_run_logical, &v.last_run_prev_end);
 	km_wr_i16(w, 0);
 	km_mirror_state_progress_value_encode(w, 0, &v);
 	return w->err;
@@ -528,7 +534,9 @@ static void part_resolve(const km_state_topic *t, km_state_part *p)
 	p->last_mirrored_epoch = prog ? p->prog.epoch : p->rec.epoch;
 	p->open_txn_offset = prog ? p->prog.open_txn : p->rec.open_txn;
 	p->has_open_txn = p->open_txn_offset >= 0;
-	p->prog.stands = prog;
+	p->need_run_logical = prog ? p->prog.run_logical : p->rec.run_logical;
+	p->need_run_prev_end = prog ? p->prog.run_prev_end : p->rec.run_prev_end;
+	p->need_run = p->need_run_logical >= 0;
 }
 
 /*
@@ -620,6 +628,8 @@ static km_err apply_partition(km_state_model *m, const km_state_key *k, const ui
 			p->rec.offset = v.last_mirrored_offset;
 			p->rec.epoch = v.last_mirrored_epoch;
 			p->rec.open_txn = v.open_transaction_offset;
+			p->rec.run_logical = v.last_run_logical;
+			p->rec.run_prev_end = v.last_run_prev_end;
 			p->progress_apart = v.progress_apart;
 			free(p->last_error);
 			p->last_error = err;
@@ -807,8 +817,8 @@ void km_state_part_bound(km_state_part *p)
 	 * its end and show the records after it at the wrong offsets (docs/reliability.md, finding 19).
 	 * Until the run is in, nothing past the end of the run before it is shown.
 	 */
-	if (p->prog.stands && p->prog.run_logical >= 0 && !has_run(m, p->prog.run_logical)) {
-		int64_t end = p->prog.run_prev_end >= 0 ? p->prog.run_prev_end : p->prog.run_logical;
+	if (p->need_run && !has_run(m, p->need_run_logical)) {
+		int64_t end = p->need_run_prev_end >= 0 ? p->need_run_prev_end : p->need_run_logical;
 		if (end < logical)
 			logical = end;
 	}

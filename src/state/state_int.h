@@ -99,6 +99,7 @@ typedef struct km_state_part {
 	struct {
 		int64_t offset, open_txn;
 		int32_t epoch;
+		int64_t run_logical, run_prev_end; /* as prog's below */
 	} rec;
 	struct {
 		bool has;
@@ -107,8 +108,10 @@ typedef struct km_state_part {
 		int32_t epoch;
 		/* The last run its writer had at or before offset (its logical start, its previous end), -1: none said. */
 		int64_t run_logical, run_prev_end;
-		bool stands; /* part_resolve took the figures above */
 	} prog;
+	/* The run the figures that stand need (part_resolve: prog's or rec's); need_run false: none said. */
+	bool need_run;
+	int64_t need_run_logical, need_run_prev_end;
 } km_state_part;
 
 struct km_state_topic {

@@ -1511,6 +1511,27 @@ static void test_progress_waits_for_its_run(void **state)
 	assert_int_equal(map->tail_logical, 80);
 	assert_int_equal(map->tail_physical, 79);
 	assert_int_equal(km_offmap_to_logical(map, 59), 60);
+
+	/* The same through a transition the runner wrote (PAUSED at 80: the partition record's figures stand). */
+	{
+		km_state_key pk = {.type = KM_STATE_REC_PARTITION, .mirror = km_str_c("m1"), .topic = km_str_c("t")};
+		km_state_part pp = {.state = KM_MP_PAUSED, .state_change_ms = 3000, .last_mirrored_offset = 80,
+				    .last_mirrored_epoch = 4, .open_txn_offset = -1, .map = &runner};
+		for (int with_run = 0; with_run < 2; with_run++) {
+			model_with(&m, KM_MP_PAUSED, KM_MP_UNKNOWN);
+			run_rec(&m, "t", 0, 0, 0, -1);
+			if (with_run)
+				run_rec(&m, "t", 0, 60, 59, 59);
+			km_wr_init(&w);
+			assert_int_equal(km_state_partition_value_encode(&w, &tt, &pp), KM_OK);
+			rec(&m, &pk, &w, &chg);
+			km_wr_free(&w);
+			assert_int_equal(km_state_model_index(&m), KM_OK);
+			km_state_loaded(st, &m);
+			assert_int_equal(map->tail_logical, with_run ? 80 : 59);
+			assert_int_equal(map->tail_physical, with_run ? 79 : 59);
+		}
+	}
 	km_state_free(st);
 	event_base_loop(base, EVLOOP_NONBLOCK);
 	event_base_free(base);

@@ -44,6 +44,10 @@ typedef struct km_mirror_state_partition_value {
 	int64_t open_transaction_offset;
 	/* v0+ tag 6: Written by a kmirrord that keeps the pipeline's progress in the partition's MirrorState... */
 	bool progress_apart;
+	/* v0+ tag 7: As MirrorStateProgressValue's: the logical start of the last run of the partition's off... */
+	int64_t last_run_logical;
+	/* v0+ tag 8: That run's PreviousLogicalEnd, or -1. */
+	int64_t last_run_prev_end;
 	km_tagged_list unknown_tags; /* tagged fields this codec does not know, kept as they came */
 } km_mirror_state_partition_value;
 

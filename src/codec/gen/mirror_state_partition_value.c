@@ -19,6 +19,8 @@ void km_mirror_state_partition_value_init(km_mirror_state_partition_value *m)
 	m->writer_producer_epoch = -1;
 	m->writer_start_offset = INT64_C(-1);
 	m->open_transaction_offset = INT64_C(-1);
+	m->last_run_logical = INT64_C(-1);
+	m->last_run_prev_end = INT64_C(-1);
 }
 
 static bool km_mirror_state_partition_value_dec_tag_writer_producer_id(km_rd *r, int16_t v, km_mirror_state_partition_value *m, km_arena *a)
@@ -80,6 +82,24 @@ static bool km_mirror_state_partition_value_dec_tag_progress_apart(km_rd *r, int
 	(void)v;
 	(void)a;
 	if (!km_rd_bool(r, "ProgressApart", &m->progress_apart))
+		return false;
+	return true;
+}
+
+static bool km_mirror_state_partition_value_dec_tag_last_run_logical(km_rd *r, int16_t v, km_mirror_state_partition_value *m, km_arena *a)
+{
+	(void)v;
+	(void)a;
+	if (!km_rd_i64(r, "LastRunLogical", &m->last_run_logical))
+		return false;
+	return true;
+}
+
+static bool km_mirror_state_partition_value_dec_tag_last_run_prev_end(km_rd *r, int16_t v, km_mirror_state_partition_value *m, km_arena *a)
+{
+	(void)v;
+	(void)a;
+	if (!km_rd_i64(r, "LastRunPrevEnd", &m->last_run_prev_end))
 		return false;
 	return true;
 }
@@ -156,6 +176,18 @@ static bool km_mirror_state_partition_value_dec(km_rd *r, int16_t v, km_mirror_s
 						return km_codec_rd_join(r, &sub);
 				}
 				break;
+				case 7:
+				{
+					if (!km_mirror_state_partition_value_dec_tag_last_run_logical(&sub, v, m, a))
+						return km_codec_rd_join(r, &sub);
+				}
+				break;
+				case 8:
+				{
+					if (!km_mirror_state_partition_value_dec_tag_last_run_prev_end(&sub, v, m, a))
+						return km_codec_rd_join(r, &sub);
+				}
+				break;
 				default:
 					known = false;
 					break;
@@ -196,6 +228,10 @@ static void km_mirror_state_partition_value_enc(km_wr *w, int16_t v, const km_mi
 		ntags += has_open_transaction_offset;
 		const bool has_progress_apart = true && m->progress_apart != false;
 		ntags += has_progress_apart;
+		const bool has_last_run_logical = true && m->last_run_logical != INT64_C(-1);
+		ntags += has_last_run_logical;
+		const bool has_last_run_prev_end = true && m->last_run_prev_end != INT64_C(-1);
+		ntags += has_last_run_prev_end;
 		km_wr_uvarint(w, ntags);
 		km_codec_wr_tags(w, &m->unknown_tags, 0, 1, false);
 		if (has_writer_producer_id) {
@@ -253,7 +289,23 @@ static void km_mirror_state_partition_value_enc(km_wr *w, int16_t v, const km_mi
 			km_wr_uvarint(w, (uint32_t)n);
 			km_wr_bool(w, m->progress_apart);
 		}
-		km_codec_wr_tags(w, &m->unknown_tags, 7, UINT64_MAX, false);
+		km_codec_wr_tags(w, &m->unknown_tags, 7, 8, false);
+		if (has_last_run_logical) {
+			size_t n = 0;
+			n += 8;
+			km_wr_uvarint(w, 7);
+			km_wr_uvarint(w, (uint32_t)n);
+			km_wr_i64(w, m->last_run_logical);
+		}
+		km_codec_wr_tags(w, &m->unknown_tags, 8, 9, false);
+		if (has_last_run_prev_end) {
+			size_t n = 0;
+			n += 8;
+			km_wr_uvarint(w, 8);
+			km_wr_uvarint(w, (uint32_t)n);
+			km_wr_i64(w, m->last_run_prev_end);
+		}
+		km_codec_wr_tags(w, &m->unknown_tags, 9, UINT64_MAX, false);
 	}
 }
 
@@ -313,6 +365,18 @@ static size_t km_mirror_state_partition_value_sz(int16_t v, const km_mirror_stat
 			size_t fn = 0;
 			fn += 1;
 			n += km_sz_uvarint(6) + km_sz_uvarint((uint32_t)fn) + fn;
+			ntags++;
+		}
+		if (true && m->last_run_logical != INT64_C(-1)) {
+			size_t fn = 0;
+			fn += 8;
+			n += km_sz_uvarint(7) + km_sz_uvarint((uint32_t)fn) + fn;
+			ntags++;
+		}
+		if (true && m->last_run_prev_end != INT64_C(-1)) {
+			size_t fn = 0;
+			fn += 8;
+			n += km_sz_uvarint(8) + km_sz_uvarint((uint32_t)fn) + fn;
 			ntags++;
 		}
 		n += km_sz_uvarint(ntags);

@@ -15002,8 +15002,10 @@ static void fill_km_mirror_state_partition_value(km_mirror_state_partition_value
 	m->started_by = (int8_t)(t_int(seq, 100, INT64_C(0)));
 	m->open_transaction_offset = (int64_t)(t_int(seq, 1000000000, INT64_C(-1)) + ((int64_t)1 << 33));
 	m->progress_apart = true;
+	m->last_run_logical = (int64_t)(t_int(seq, 1000000000, INT64_C(-1)) + ((int64_t)1 << 33));
+	m->last_run_prev_end = (int64_t)(t_int(seq, 1000000000, INT64_C(-1)) + ((int64_t)1 << 33));
 	if (true && mode == 0)
-		t_unknown_tags(&m->unknown_tags, a, 7, 1006, seq);
+		t_unknown_tags(&m->unknown_tags, a, 9, 1008, seq);
 }
 
 static bool eq_km_mirror_state_partition_value(const km_mirror_state_partition_value *x, const km_mirror_state_partition_value *y)
@@ -15036,6 +15038,10 @@ static bool eq_km_mirror_state_partition_value(const km_mirror_state_partition_v
 		return t_diff("OpenTransactionOffset");
 	if (!(x->progress_apart == y->progress_apart))
 		return t_diff("ProgressApart");
+	if (!(x->last_run_logical == y->last_run_logical))
+		return t_diff("LastRunLogical");
+	if (!(x->last_run_prev_end == y->last_run_prev_end))
+		return t_diff("LastRunPrevEnd");
 	if (!t_tags_eq(&x->unknown_tags, &y->unknown_tags))
 		return t_diff("MirrorStatePartitionValue unknown tags");
 	return true;

@@ -772,24 +772,11 @@ size_t km_state_model_mirror_runs(const km_state_mirror *mi)
 	return n;
 }
 
-/* Whether the map has a run starting at logical (the runs are sorted by it). */
-static bool has_run(const km_offmap *m, int64_t logical)
-{
-	size_t lo = 0, hi = m->n;
-	while (lo < hi) {
-		size_t mid = lo + (hi - lo) / 2;
-		if (m->runs[mid].logical < logical)
-			lo = mid + 1;
-		else
-			hi = mid;
-	}
-	return lo < m->n && m->runs[lo].logical == logical;
-}
-
 void km_state_part_bound(km_state_part *p)
 {
 	km_offmap *m = p->map;
 	int64_t phys, logical;
+	ssize_t run;
 
 	if (!m || m->tail_held)
 		return;
@@ -817,7 +804,8 @@ void km_state_part_bound(km_state_part *p)
 	 * its end and show the records after it at the wrong offsets (docs/reliability.md, finding 19).
 	 * Until the run is in, nothing past the end of the run before it is shown.
 	 */
-	if (p->need_run && !has_run(m, p->need_run_logical)) {
+	if (p->need_run && ((run = km_offmap_find_logical(m, p->need_run_logical)) < 0 ||
+			    m->runs[run].logical != p->need_run_logical)) {
 		int64_t end = p->need_run_prev_end >= 0 ? p->need_run_prev_end : p->need_run_logical;
 		if (end < logical)
 			logical = end;

@@ -697,34 +697,40 @@ static size_t uvarint_width(uint32_t v)
 #define KM_FETCH_FILLER_TAG 10000u
 
 /*
- * Whether no batch of the partition's records is mapped (every one hidden: between runs, or at or
- * past the tail), its headers read from first_base's batch on; KM_STREAM_AGAIN in *rc while the
- * partition's bytes are not all here.
+ * Whether no batch of the partition's records shows a record at or past the reader's position
+ * ref: every one hidden (between runs, or at or past the tail), or mapped wholly below ref (the
+ * request went to the broker translated with a tail that moved before the answer came: a reader
+ * ahead of the tail is sent to the physical tail, and once the batches written there are mapped
+ * they stand below its position). ref < 0 (not known): whether none is mapped. Headers read from
+ * the first batch on; KM_STREAM_AGAIN in *rc while the partition's bytes are not all here.
  */
-static bool none_mapped(const km_fetch_walk *w, struct evbuffer *in, size_t first, const km_offmap *m, km_err *rc)
+static bool nothing_reaches(const km_fetch_walk *w, struct evbuffer *in, size_t first, const km_offmap *m,
+			    int64_t ref, km_err *rc)
 {
 	const km_fetch_part *p = &w->part;
 	size_t off = p->records_off, end = p->records_off + p->records_len;
-	uint8_t h[12];
+	uint8_t h[27]; /* baseOffset, batchLength, ..., lastOffsetDelta */
 	int64_t logical;
 
 	*rc = KM_OK;
-	while (off + sizeof(h) <= end) {
+	while (off + 12 <= end) {
 		uint32_t len;
-		if ((*rc = km_off_peek(w, in, first, off, h, sizeof(h))) != KM_OK)
+		size_t n = end - off < sizeof(h) ? end - off : sizeof(h);
+		if ((*rc = km_off_peek(w, in, first, off, h, n)) != KM_OK)
 			return false;
-		if (km_off_batch_run(m, (int64_t)km_be64(h), &logical) >= 0)
+		if (km_off_batch_run(m, (int64_t)km_be64(h), &logical) >= 0 &&
+		    (ref < 0 || n < sizeof(h) || logical + (int32_t)km_be32(h + 23) >= ref))
 			return false;
 		len = km_be32(h + 8);
-		if (len > end - off - sizeof(h))
+		if (len > end - off - 12)
 			break; /* the last batch, cut by the fetch's size */
-		off += sizeof(h) + len;
+		off += 12 + len;
 	}
 	return true;
 }
 
 static km_err blank_unmapped(const km_fetch_walk *w, struct evbuffer *in, size_t first, const km_offmap *m,
-			     bool *blanked)
+			     int64_t ref, bool *blanked)
 {
 	const km_fetch_part *p = &w->part;
 	size_t k, end = p->records_off + p->records_len, span, room, tw = uvarint_width(KM_FETCH_FILLER_TAG), sw;
@@ -739,12 +745,14 @@ static km_err blank_unmapped(const km_fetch_walk *w, struct evbuffer *in, size_t
 	if ((rc = km_off_peek(w, in, first, p->records_off, b, 8)) != KM_OK)
 		return rc;
 	/*
-	 * Before the tail, the batches are presented one by one, unless none of them is mapped: a
-	 * reader whose position the map sends into a hidden range (a former owner's writes that landed
-	 * late, before reconcile hides them past a fence run) would take such an answer for a fetch
-	 * size too small, as at the tail (docs/reliability.md, finding 16).
+	 * Before the tail, the batches are presented one by one, unless none of them shows a record at
+	 * or past the reader's position: a reader whose position the map sends into a hidden range (a
+	 * former owner's writes that landed late, before reconcile hides them past a fence run), or a
+	 * reader ahead of the tail whose answer holds the batches that moved the tail (mapped below
+	 * its position), would take such an answer for a fetch size too small, as at the tail
+	 * (docs/reliability.md, finding 16).
 	 */
-	if ((int64_t)km_be64(b) < m->tail_physical && !none_mapped(w, in, first, m, &rc))
+	if ((int64_t)km_be64(b) < m->tail_physical && !nothing_reaches(w, in, first, m, ref, &rc))
 		return rc;
 	/* The records' length prefix (COMPACT_RECORDS: length + 1), as the broker wrote it. */
 	k = uvarint_width((uint32_t)p->records_len + 1);
@@ -811,7 +819,8 @@ static km_err fetch_partition(km_fetch_walk *w, struct evbuffer *in, size_t firs
 	if (w->version >= 12 && p->records_len == 0 && (rc = diverging_epoch(w, in, first, m)) != KM_OK)
 		return rc;
 	/* Before anything is patched too: it may wait for the rest of the partition's bytes. */
-	if ((rc = blank_unmapped(w, in, first, m, &blanked)) != KM_OK)
+	e = km_off_req_find(c, name, id, p->partition);
+	if ((rc = blank_unmapped(w, in, first, m, e ? e->value : -1, &blanked)) != KM_OK)
 		return rc;
 	/* HighWatermark, LastStableOffset, LogStartOffset (v5+): "next" offsets. */
 	if ((rc = km_off_peek(w, in, first, p->high_watermark_off, f, w->version >= 5 ? 24 : 16)) != KM_OK)
@@ -844,7 +853,6 @@ static km_err fetch_partition(km_fetch_walk *w, struct evbuffer *in, size_t firs
 		}
 	}
 	c->cur = m;
-	e = km_off_req_find(c, name, id, p->partition);
 	c->ref = e ? e->value : -1;
 	c->seen_visible = false;
 	c->blanked = blanked;

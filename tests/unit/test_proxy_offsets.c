@@ -891,6 +891,55 @@ static void check_unmapped(int16_t v, size_t len, bool every_cut, int64_t base, 
 	free(recs);
 }
 
+/*
+ * A reader at logical 30 whose answer holds only a batch mapped wholly below 30 (10 to 14: a reader
+ * ahead of the tail, sent to the physical tail, answered with the batches that moved the tail):
+ * v12+, empty records, as at the tail; a batch that reaches 30 (26 to 30) goes out as it is. Before,
+ * librdkafka took such an answer for a fetch size too small (finding 16, the second hour run).
+ */
+static void check_below_position(int16_t v, int64_t base, bool blank)
+{
+	uint8_t recs[80];
+	km_wr fr;
+	struct evbuffer *whole = evbuffer_new();
+	km_fetch_response got;
+	const km_fetch_response_partition_data *p;
+	km_off_req *c;
+	km_arena a;
+	km_rd r;
+	int agains = 0;
+
+	km_wr_init(&fr);
+	build_unmapped_response(&fr, v, recs, sizeof(recs), base, -1);
+	c = fetch_ctx(v);
+	stream(fr.buf, fr.len, v, NULL, 0, c, whole, &agains);
+	km_off_req_free(c);
+	km_arena_init(&a, 0);
+	km_fetch_response_init(&got);
+	km_rd_init(&r, evbuffer_pullup(whole, -1) + 8 + (v >= 12), fr.len - 8 - (v >= 12));
+	assert_int_equal(km_fetch_response_decode(&r, v, &got, &a), KM_OK);
+	p = got.responses.items[0].partitions.items;
+	if (blank) {
+		assert_int_equal(p[0].records.len, 0);
+	} else {
+		assert_int_equal(p[0].records.len, (int32_t)sizeof(recs));
+		assert_int_equal((int64_t)km_be64(p[0].records.p), base - 100);
+	}
+	km_arena_free(&a);
+	evbuffer_free(whole);
+	km_wr_free(&fr);
+}
+
+static void test_fetch_response_below_position(void **state)
+{
+	int16_t vs[] = {12, 13, KM_FETCH_RESPONSE_MAX_VERSION};
+	(void)state;
+	for (size_t k = 0; k < sizeof(vs) / sizeof(vs[0]); k++) {
+		check_below_position(vs[k], 110, true);
+		check_below_position(vs[k], 126, false);
+	}
+}
+
 static void test_fetch_response_unmapped_tail(void **state)
 {
 	int16_t vs[] = {5, 11, 12, 13, KM_FETCH_RESPONSE_MAX_VERSION};
@@ -1355,6 +1404,7 @@ int main(void)
 		cmocka_unit_test(test_fetch_response_untouched),
 		cmocka_unit_test(test_fetch_response_incremental),
 		cmocka_unit_test(test_fetch_response_unmapped_tail),
+		cmocka_unit_test(test_fetch_response_below_position),
 		cmocka_unit_test(test_fetch_trace),
 		cmocka_unit_test(test_list_offsets),
 		cmocka_unit_test(test_offset_for_leader_epoch),

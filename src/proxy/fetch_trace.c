@@ -57,7 +57,7 @@ void km_off_trace_free(km_off_req *c)
 	c->trace = NULL;
 }
 
-/* Whether the partition's topic is listed (then c->trace is there). */
+/* Whether the current partition's topic is in log_fetch_topics (names separated by commas, spaces around them ignored). */
 static bool traced(km_off_req *c)
 {
 	const char *list = c->lk->trace_topics, *name, *p;
@@ -67,13 +67,18 @@ static bool traced(km_off_req *c)
 		return false;
 	n = strlen(name);
 	for (p = list; *p;) {
-		const char *end = strchr(p, ',');
-		size_t len = end ? (size_t)(end - p) : strlen(p);
-		if (len == n && memcmp(p, name, n) == 0)
+		const char *end = strchr(p, ','), *stop = end ? end : p + strlen(p);
+		while (p < stop && *p == ' ')
+			p++;
+		while (stop > p && stop[-1] == ' ')
+			stop--;
+		if ((size_t)(stop - p) == n && memcmp(p, name, n) == 0)
+			return true;
+		if (!end)
 			break;
-		p += len + (end ? 1 : 0);
+		p = end + 1;
 	}
-	return *p != 0;
+	return false;
 }
 
 void km_off_trace_part_before(km_off_req *c, const km_fetch_walk *w, struct evbuffer *in, size_t first)

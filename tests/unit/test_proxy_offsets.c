@@ -676,7 +676,7 @@ static void test_fetch_trace(void **state)
 	int16_t vs[] = {5, 12, KM_FETCH_RESPONSE_MAX_VERSION};
 	(void)state;
 	for (size_t k = 0; k < sizeof(vs) / sizeof(vs[0]); k++) {
-		check_fetch_trace(vs[k], "x,m", true);
+		check_fetch_trace(vs[k], "x, m ", true);
 		check_fetch_trace(vs[k], "mm,x", false);
 	}
 }

@@ -124,9 +124,8 @@ void km_off_trace_part(km_off_req *c, const km_fetch_walk *w, struct evbuffer *i
 	t->nbatches = 0;
 	add(t, "%s/%" PRId32 ": asked %" PRId64 " (destination %" PRId64 "), tail %" PRId64 "/%" PRId64
 	       ", runs %zu, error %d",
-	    c->lk->name(c->lk->arg, c->cur_topic), p->partition, c->ref,
-	    c->ref >= 0 ? km_offmap_to_physical(m, c->ref) : -1, m->tail_logical, m->tail_physical, m->n,
-	    (int)p->error_code);
+	    c->lk->name(c->lk->arg, c->cur_topic), p->partition, c->ref, c->ref_sent, m->tail_logical,
+	    m->tail_physical, m->n, (int)p->error_code);
 	if (km_off_peek(w, in, first, p->high_watermark_off, f, w->version >= 5 ? 24 : 16) == KM_OK)
 		add(t, ", hw %" PRId64 " (%" PRId64 "), lso %" PRId64 " (%" PRId64 ")", (int64_t)km_be64(f),
 		    p->high_watermark, (int64_t)km_be64(f + 8), p->last_stable_offset);

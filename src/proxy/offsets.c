@@ -124,7 +124,7 @@ km_off_req *km_off_req_new(int16_t key, int16_t version, const km_off_lookup *lk
 	c->key = key;
 	c->version = version;
 	c->lk = lk;
-	c->ref = -1;
+	c->ref = c->ref_sent = -1;
 	km_arena_init(&c->arena, KM_OFF_ARENA_CAP);
 	return c;
 }
@@ -158,6 +158,7 @@ static km_err add_entry(km_off_req *c, km_str name, const km_uuid *id, int32_t p
 	memset(e, 0, sizeof(*e));
 	e->partition = partition;
 	e->value = value;
+	e->sent = -1;
 	if (id)
 		e->id = *id;
 	e->topic = (km_str){"", 0};
@@ -288,6 +289,7 @@ static km_err fetch_request(km_off_req *c, const uint8_t *body, size_t len, bool
 			if (m->tail_logical < 0 || p->fetch_offset < m->tail_logical)
 				c->before_tail = true;
 			p->fetch_offset = fetch_to_physical(m, p->fetch_offset);
+			c->entries[c->n - 1].sent = p->fetch_offset;
 			if (v >= 5)
 				p->log_start_offset = to_physical(m, p->log_start_offset);
 			*rewrote = true;
@@ -854,6 +856,7 @@ static km_err fetch_partition(km_fetch_walk *w, struct evbuffer *in, size_t firs
 	}
 	c->cur = m;
 	c->ref = e ? e->value : -1;
+	c->ref_sent = e ? e->sent : -1;
 	c->seen_visible = false;
 	c->blanked = blanked;
 	if (p->records_len > 0 && !blanked)

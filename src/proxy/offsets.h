@@ -85,6 +85,7 @@ typedef struct km_off_entry {
 	km_uuid id;        /* Fetch v13+ */
 	int32_t partition;
 	int64_t value;     /* Fetch: the client's logical fetch offset; ListOffsets: the timestamp asked */
+	int64_t sent;      /* Fetch: the physical fetch offset the request carried */
 } km_off_entry;
 
 typedef struct km_off_trace km_off_trace;
@@ -114,6 +115,7 @@ typedef struct km_off_req {
 	const km_offmap *cur;  /* NULL: the current partition passes untouched */
 	uint64_t cur_epoch;    /* the lookup's epoch when cur_topic and cur were found */
 	int64_t ref;           /* the logical offset hidden batches are put below; -1: not known yet */
+	int64_t ref_sent;      /* the physical offset the request carried for the current partition; -1: not known */
 	bool seen_visible;     /* a batch of the current partition was in a run */
 	bool blanked;          /* the current partition went out with no records: all past the tail */
 	bool before_tail;      /* Fetch: the request asks for a mapped partition before its tail */

@@ -479,6 +479,7 @@ static km_off_req *fetch_ctx(int16_t v)
 	assert_non_null(c);
 	/* The client asked m/0 from logical 30 (the request's first entry is m/0). */
 	c->entries[0].value = 30;
+	c->entries[0].sent = 130;
 	km_wr_free(&in);
 	km_wr_free(&out);
 	return c;

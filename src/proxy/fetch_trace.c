@@ -9,7 +9,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kmirror/batch.h"
 #include "kmirror/log.h"
+#include "kmirror/net.h"
 #include "kmirror/wire.h"
 #include "proxy/offsets.h"
 
@@ -81,26 +83,32 @@ static bool traced(km_off_req *c)
 	return false;
 }
 
-void km_off_trace_part_before(km_off_req *c, const km_fetch_walk *w, struct evbuffer *in, size_t first)
+/* The partition's aborted transactions (ProducerId, FirstOffset) as they stand in the answer now: how many read. */
+static int32_t read_aborted(const km_fetch_walk *w, struct evbuffer *in, size_t first, int64_t out[][2])
 {
 	const km_fetch_part *p = &w->part;
-	size_t at = p->aborted_off;
+	km_evrd r;
+	int32_t n = 0;
 
+	km_evrd_init(&r, in, p->aborted_off - first, p->records_off - first);
+	for (; n < p->aborted_count && n < TRACE_ABORTED; n++) {
+		uint8_t b[16];
+		if (!km_evrd_raw(&r, b, sizeof(b)) || (w->version >= 12 && !km_evrd_skip_tags(&r)))
+			break;
+		out[n][0] = (int64_t)km_be64(b);
+		out[n][1] = (int64_t)km_be64(b + 8);
+	}
+	return n;
+}
+
+void km_off_trace_part_before(km_off_req *c, const km_fetch_walk *w, struct evbuffer *in, size_t first)
+{
 	if (!c || !c->lk->trace_topics || !*c->lk->trace_topics)
 		return;
 	flush(c);
 	if (!c->trace && !(c->trace = calloc(1, sizeof(*c->trace))))
 		return;
-	c->trace->naborted = 0;
-	for (int32_t a = 0; a < p->aborted_count && a < TRACE_ABORTED; a++) {
-		uint8_t b[16];
-		if (km_off_peek(w, in, first, at, b, 16) != KM_OK)
-			return;
-		c->trace->aborted[a][0] = (int64_t)km_be64(b);
-		c->trace->aborted[a][1] = (int64_t)km_be64(b + 8);
-		c->trace->naborted = a + 1;
-		at += 16 + (w->version >= 12 ? 1 : 0); /* the broker's entries carry no tagged field */
-	}
+	c->trace->naborted = read_aborted(w, in, first, c->trace->aborted);
 }
 
 bool km_off_trace_active(const km_off_req *c)
@@ -114,7 +122,8 @@ void km_off_trace_part(km_off_req *c, const km_fetch_walk *w, struct evbuffer *i
 	const km_offmap *m;
 	km_off_trace *t;
 	uint8_t f[24];
-	size_t at = p->aborted_off;
+	int64_t shown[TRACE_ABORTED][2];
+	int32_t nshown;
 
 	/* An answer with nothing in it (a long poll's end) says nothing: left out. */
 	if (!c || !(t = c->trace) || !(m = c->cur) || (!p->records_len && !p->error_code && p->aborted_count <= 0) ||
@@ -130,14 +139,10 @@ void km_off_trace_part(km_off_req *c, const km_fetch_walk *w, struct evbuffer *i
 		add(t, ", hw %" PRId64 " (%" PRId64 "), lso %" PRId64 " (%" PRId64 ")", (int64_t)km_be64(f),
 		    p->high_watermark, (int64_t)km_be64(f + 8), p->last_stable_offset);
 	add(t, ", aborted [");
-	for (int32_t a = 0; a < t->naborted; a++) {
-		uint8_t b[16];
-		if (km_off_peek(w, in, first, at, b, 16) != KM_OK)
-			break;
+	nshown = read_aborted(w, in, first, shown);
+	for (int32_t a = 0; a < t->naborted && a < nshown; a++)
 		add(t, "%s%" PRId64 "@%" PRId64 " as %" PRId64 "@%" PRId64, a ? ", " : "", t->aborted[a][0],
-		    t->aborted[a][1], (int64_t)km_be64(b), (int64_t)km_be64(b + 8));
-		at += 16 + (w->version >= 12 ? 1 : 0);
-	}
+		    t->aborted[a][1], shown[a][0], shown[a][1]);
 	if (p->aborted_count > t->naborted)
 		add(t, ", %" PRId32 " more", p->aborted_count - t->naborted);
 	add(t, "], records %zu bytes%s, batches:", p->records_len, c->blanked ? " (blanked)" : "");
@@ -145,44 +150,36 @@ void km_off_trace_part(km_off_req *c, const km_fetch_walk *w, struct evbuffer *i
 
 /*
  * A batch, read before it is patched: its destination offset, producer and kind. KM_STREAM_AGAIN
- * while its header (and a control record's key) has not come yet: the event comes again.
+ * while its header (and a control batch whole) has not come yet: the event comes again.
  */
-km_err km_off_trace_batch_before(km_off_req *c, const km_fetch_walk *w, struct evbuffer *in, size_t first,
-				 km_off_trace_rec *out)
+km_err km_off_trace_batch_before(const km_fetch_walk *w, struct evbuffer *in, size_t first, km_off_trace_rec *out)
 {
 	const km_fetch_batch *b = &w->batch;
-	uint8_t h[61];
-
+	uint8_t h[KM_BATCH_HEADER_SIZE], whole[256], scratch[256];
+	size_t size;
+	km_batch kb;
+	km_control ctl;
 	km_err rc;
 
 	memset(out, 0, sizeof(*out));
 	out->physical = b->base_offset;
 	out->pid = -2;
-	out->control = -1;
-	if (b->off + 61 > w->records_end)
+	out->control = KM_CONTROL_UNKNOWN;
+	if (b->off + sizeof(h) > w->records_end)
 		return KM_OK; /* cut by the fetch's size */
-	if ((rc = km_off_peek(w, in, first, b->off, h, 61)) != KM_OK)
+	if ((rc = km_off_peek(w, in, first, b->off, h, sizeof(h))) != KM_OK)
 		return rc;
-	out->attrs = (int16_t)km_be16(h + 21);
-	out->last_delta = (int32_t)km_be32(h + 23);
-	out->pid = (int64_t)km_be64(h + 43);
-	out->count = (int32_t)km_be32(h + 57);
-	if (out->attrs & 0x20) {
-		/* A control record: length, attributes, timestamp delta, offset delta, key length, key (version, type). */
-		uint8_t r[24];
-		size_t n = w->records_end - (b->off + 61) < sizeof(r) ? w->records_end - (b->off + 61) : sizeof(r);
-		km_rd rd;
-		int64_t v;
-		int8_t attr;
-		int16_t ver, type;
-		if ((rc = km_off_peek(w, in, first, b->off + 61, r, n)) != KM_OK)
-			return rc;
-		km_rd_init(&rd, r, n);
-		if (km_rd_varlong(&rd, "length", &v) && km_rd_i8(&rd, "attributes", &attr) &&
-		    km_rd_varlong(&rd, "ts", &v) && km_rd_varlong(&rd, "delta", &v) && km_rd_varlong(&rd, "key", &v) &&
-		    km_rd_i16(&rd, "version", &ver) && km_rd_i16(&rd, "type", &type))
-			out->control = type;
-	}
+	out->attrs = (int16_t)km_be16(h + KM_BATCH_OFF_ATTRIBUTES);
+	out->pid = (int64_t)km_be64(h + KM_BATCH_OFF_PRODUCER_ID);
+	out->count = (int32_t)km_be32(h + KM_BATCH_OFF_RECORDS_COUNT);
+	size = KM_BATCH_LOG_OVERHEAD + km_be32(h + KM_BATCH_OFF_LENGTH);
+	if (!(out->attrs & KM_BATCH_ATTR_CONTROL) || size > sizeof(whole) || b->off + size > w->records_end)
+		return KM_OK;
+	/* A control batch (a few dozen bytes): its record's type, as the batch module reads it. */
+	if ((rc = km_off_peek(w, in, first, b->off, whole, size)) != KM_OK)
+		return rc;
+	if (km_batch_parse(whole, size, &kb) == KM_OK && km_batch_control(&kb, scratch, sizeof(scratch), &ctl) == KM_OK)
+		out->control = ctl.type;
 	return KM_OK;
 }
 
@@ -195,8 +192,8 @@ void km_off_trace_batch(km_off_req *c, const km_fetch_walk *w, struct evbuffer *
 	if (km_off_peek(w, in, first, w->batch.off, b, 8) == KM_OK)
 		shown = (int64_t)km_be64(b);
 	add(c->trace, "%s %" PRId64 "%s%" PRId64 " pid %" PRId64 " %s n %" PRId32 "%s", c->trace->nbatches++ ? "," : "",
-	    tb->physical,
-	    km_off_batch_run(c->cur, tb->physical, &(int64_t){0}) >= 0 ? ">" : " hidden>", shown, tb->pid,
-	    tb->control == 0 ? "ABORT" : tb->control == 1 ? "COMMIT" : (tb->attrs & 0x20) ? "ctl" : (tb->attrs & 0x10) ? "txn" : "data",
+	    tb->physical, km_off_batch_run(c->cur, tb->physical, &(int64_t){0}) >= 0 ? ">" : " hidden>", shown, tb->pid,
+	    (tb->attrs & KM_BATCH_ATTR_CONTROL) ? km_control_type_name((km_control_type)tb->control)
+	    : (tb->attrs & KM_BATCH_ATTR_TRANSACTIONAL) ? "txn" : "data",
 	    tb->count, w->batch.partial ? " partial" : "");
 }

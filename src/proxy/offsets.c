@@ -957,7 +957,7 @@ km_err km_off_fetch_batch(const km_stream_ev *e)
 	bool trace = km_off_trace_active(c);
 	km_err rc;
 
-	if (trace && (rc = km_off_trace_batch_before(c, e->w, e->in, e->first, &tb)) != KM_OK)
+	if (trace && (rc = km_off_trace_batch_before(e->w, e->in, e->first, &tb)) != KM_OK)
 		return rc;
 	rc = fetch_batch(e->w, e->in, e->first, c);
 	if (rc == KM_OK && c && c->cur && c->seen_visible && e->s)

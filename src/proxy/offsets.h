@@ -160,8 +160,8 @@ km_err km_off_peek(const km_fetch_walk *w, struct evbuffer *in, size_t first, si
 /* A batch as the broker sent it. */
 typedef struct km_off_trace_rec {
 	int64_t physical, pid;
-	int16_t attrs, control; /* control: the control record's type (0 ABORT, 1 COMMIT), -1: none */
-	int32_t last_delta, count;
+	int16_t attrs, control; /* control: a control batch's km_control_type (KM_CONTROL_UNKNOWN: not read) */
+	int32_t count;
 } km_off_trace_rec;
 
 /* Before fetch_partition: the previous partition's line out, the aborted transactions as they came. */
@@ -170,8 +170,7 @@ void km_off_trace_part_before(km_off_req *c, const km_fetch_walk *w, struct evbu
 void km_off_trace_part(km_off_req *c, const km_fetch_walk *w, struct evbuffer *in, size_t first);
 /* Whether the current partition's batches go on its line. */
 bool km_off_trace_active(const km_off_req *c);
-km_err km_off_trace_batch_before(km_off_req *c, const km_fetch_walk *w, struct evbuffer *in, size_t first,
-				 km_off_trace_rec *out);
+km_err km_off_trace_batch_before(const km_fetch_walk *w, struct evbuffer *in, size_t first, km_off_trace_rec *out);
 void km_off_trace_batch(km_off_req *c, const km_fetch_walk *w, struct evbuffer *in, size_t first,
 			const km_off_trace_rec *tb);
 /* The last line out, the trace's memory freed. */

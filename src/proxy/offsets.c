@@ -711,22 +711,22 @@ static bool nothing_reaches(const km_fetch_walk *w, struct evbuffer *in, size_t 
 {
 	const km_fetch_part *p = &w->part;
 	size_t off = p->records_off, end = p->records_off + p->records_len;
-	uint8_t h[27]; /* baseOffset, batchLength, ..., lastOffsetDelta */
+	uint8_t h[KM_BATCH_OFF_LAST_OFFSET_DELTA + 4]; /* baseOffset, batchLength, ..., lastOffsetDelta */
 	int64_t logical;
 
 	*rc = KM_OK;
-	while (off + 12 <= end) {
+	while (off + KM_BATCH_LOG_OVERHEAD <= end) {
 		uint32_t len;
 		size_t n = end - off < sizeof(h) ? end - off : sizeof(h);
 		if ((*rc = km_off_peek(w, in, first, off, h, n)) != KM_OK)
 			return false;
 		if (km_off_batch_run(m, (int64_t)km_be64(h), &logical) >= 0 &&
-		    (ref < 0 || n < sizeof(h) || logical + (int32_t)km_be32(h + 23) >= ref))
+		    (ref < 0 || n < sizeof(h) || logical + (int32_t)km_be32(h + KM_BATCH_OFF_LAST_OFFSET_DELTA) >= ref))
 			return false;
-		len = km_be32(h + 8);
-		if (len > end - off - 12)
+		len = km_be32(h + KM_BATCH_OFF_LENGTH);
+		if (len > end - off - KM_BATCH_LOG_OVERHEAD)
 			break; /* the last batch, cut by the fetch's size */
-		off += 12 + len;
+		off += KM_BATCH_LOG_OVERHEAD + len;
 	}
 	return true;
 }

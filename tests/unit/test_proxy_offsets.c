@@ -828,6 +828,32 @@ static void build_unmapped_response(km_wr *w, int16_t v, uint8_t *recs, size_t l
 }
 
 /*
+ * m/0's answer (build_unmapped_response) to the fetch at logical 30, streamed whole into whole: its
+ * frame in *fr, decoded into *got (allocations in *a), m/0's partition returned.
+ */
+static const km_fetch_response_partition_data *unmapped_answer(int16_t v, uint8_t *recs, size_t len, int64_t base,
+							       int64_t base2, km_wr *fr, struct evbuffer *whole,
+							       km_fetch_response *got, km_arena *a)
+{
+	size_t hl = 8 + (v >= 12);
+	km_off_req *c;
+	int agains = 0;
+	km_rd r;
+
+	km_wr_init(fr);
+	build_unmapped_response(fr, v, recs, len, base, base2);
+	c = fetch_ctx(v);
+	stream(fr->buf, fr->len, v, NULL, 0, c, whole, &agains);
+	km_off_req_free(c);
+	km_arena_init(a, 0);
+	km_fetch_response_init(got);
+	km_rd_init(&r, evbuffer_pullup(whole, -1) + hl, fr->len - hl);
+	assert_int_equal(km_fetch_response_decode(&r, v, got, a), KM_OK);
+	assert_int_equal(r.pos, fr->len - hl);
+	return got->responses.items[0].partitions.items;
+}
+
+/*
  * m/0's records, every batch hidden (at or past the tail at 300, or at 160 between the runs):
  * presented as empty records from v12 on, below the fetch position before. With base2 in the
  * second run (200 to 299), a mapped batch follows: presented one by one.
@@ -842,24 +868,12 @@ static void check_unmapped(int16_t v, size_t len, bool every_cut, int64_t base, 
 	const km_fetch_response_partition_data *p;
 	km_off_req *c;
 	km_arena a;
-	km_rd r;
-	size_t hl = 8 + (v >= 12);
 	const uint8_t *out;
 	int agains = 0;
 
 	assert_non_null(recs);
-	km_wr_init(&fr);
-	build_unmapped_response(&fr, v, recs, len, base, base2);
-	c = fetch_ctx(v);
-	stream(fr.buf, fr.len, v, NULL, 0, c, whole, &agains);
-	km_off_req_free(c);
+	p = unmapped_answer(v, recs, len, base, base2, &fr, whole, &got, &a);
 	out = evbuffer_pullup(whole, -1);
-	km_arena_init(&a, 0);
-	km_fetch_response_init(&got);
-	km_rd_init(&r, out + hl, fr.len - hl);
-	assert_int_equal(km_fetch_response_decode(&r, v, &got, &a), KM_OK);
-	assert_int_equal(r.pos, fr.len - hl);
-	p = got.responses.items[0].partitions.items;
 	assert_int_equal(p[0].high_watermark, 160); /* the tail */
 	if (!blank) {
 		assert_int_equal(p[0].records.len, (int32_t)len);
@@ -905,21 +919,9 @@ static void check_below_position(int16_t v, int64_t base, bool blank)
 	struct evbuffer *whole = evbuffer_new();
 	km_fetch_response got;
 	const km_fetch_response_partition_data *p;
-	km_off_req *c;
 	km_arena a;
-	km_rd r;
-	int agains = 0;
 
-	km_wr_init(&fr);
-	build_unmapped_response(&fr, v, recs, sizeof(recs), base, -1);
-	c = fetch_ctx(v);
-	stream(fr.buf, fr.len, v, NULL, 0, c, whole, &agains);
-	km_off_req_free(c);
-	km_arena_init(&a, 0);
-	km_fetch_response_init(&got);
-	km_rd_init(&r, evbuffer_pullup(whole, -1) + 8 + (v >= 12), fr.len - 8 - (v >= 12));
-	assert_int_equal(km_fetch_response_decode(&r, v, &got, &a), KM_OK);
-	p = got.responses.items[0].partitions.items;
+	p = unmapped_answer(v, recs, sizeof(recs), base, -1, &fr, whole, &got, &a);
 	if (blank) {
 		assert_int_equal(p[0].records.len, 0);
 	} else {

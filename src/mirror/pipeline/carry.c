@@ -43,7 +43,7 @@ static bool tx_add(km_pipeline *pl, mpart *p, const char *tid)
 	p->txn.tx = n;
 	if (!(t = km_txp_new(pl->dst, tid, p->t->name, p->id, km_pl_on_cluster_change, pl)))
 		return false;
-	p->txn.tx[p->txn.n++] = (mtx){t, -1, false, -1};
+	p->txn.tx[p->txn.n++] = (mtx){t, -1, false, -1, false};
 	return true;
 }
 
@@ -61,6 +61,7 @@ static int lease_for(km_pipeline *pl, mpart *p, int64_t src_pid, bool create)
 			p->txn.tx[i].src_pid = src_pid;
 			p->txn.tx[i].begun = false;
 			p->txn.tx[i].first_logical = -1;
+			p->txn.tx[i].ending = false;
 			return (int)i;
 		}
 	for (size_t k = p->txn.n;; k++) {
@@ -124,7 +125,49 @@ static void tx_release(km_pipeline *pl, mpart *p, size_t i)
 	p->txn.tx[i].src_pid = -1;
 	p->txn.tx[i].begun = false;
 	p->txn.tx[i].first_logical = -1;
+	p->txn.tx[i].ending = false;
 	publish_open(pl, p);
+}
+
+/*
+ * Transactions this life ended (EndTxn sent, the source's marker mirrored) are decided by the
+ * coordinator, whatever the partition's leader did meanwhile: once EndTxn is answered their marker
+ * lands, or has landed, at the log's end, and what they hold is committed (or aborted) as the
+ * source's. Reconcile does not count them open, so nothing committed is hidden and written again
+ * (docs/reliability.md, finding 20). It waits for EndTxn's answer (a fence would drop it) and for
+ * the marker (the last stable offset past the transaction's first batch), at most
+ * ENDED_WAIT_MS; then the fence decides, as for any transaction left open. True while it waits.
+ */
+bool km_pl_tx_wait_ended(km_pipeline *pl, mpart *p, const km_offmap *m, int64_t lso)
+{
+	int64_t now = km_mirror_wall_ms();
+	bool wait = false;
+	char tag[300];
+
+	for (size_t i = 0; i < p->txn.n; i++) {
+		mtx *x = &p->txn.tx[i];
+		km_txp_state st = km_txp_state_of(x->txp);
+		int64_t first = m && x->first_logical >= 0 ? km_offmap_to_physical(m, x->first_logical) : -1;
+		if (x->src_pid < 0 || !x->ending || (st != KM_TXP_ENDING && st != KM_TXP_FREE))
+			continue;
+		if (st == KM_TXP_FREE && (first < 0 || lso > first))
+			tx_release(pl, p, i); /* answered, its marker in */
+		else
+			wait = true;
+	}
+	if (!wait) {
+		p->recon.ended_wait = 0;
+		return false;
+	}
+	if (!p->recon.ended_wait)
+		p->recon.ended_wait = now;
+	if (now - p->recon.ended_wait < ENDED_WAIT_MS)
+		return true;
+	p->recon.ended_wait = 0;
+	KM_WARN(COMP, 0, "%s/%s: a transaction this kmirrord ended has no answer or no marker after %d s: the fence "
+		"decides it, and what it holds is mirrored again", pl->name, km_pl_ptag(p, tag, sizeof(tag)),
+		ENDED_WAIT_MS / 1000);
+	return false;
 }
 
 void km_pl_tx_free_all(mpart *p)
@@ -313,6 +356,7 @@ void km_pl_drive_marker(km_pipeline *pl, mpart *p, int64_t now, int64_t *next)
 	}
 	if (b->mk == MK_WAITING && st == KM_TXP_OPEN) {
 		km_txp_end(t, b->commit);
+		p->txn.tx[b->txi].ending = true;
 		b->mk = MK_ENDING;
 	} else if (b->mk == MK_ENDING && st == KM_TXP_FREE) {
 		if (b->mk_at > now) {

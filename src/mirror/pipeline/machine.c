@@ -316,6 +316,7 @@ void km_pl_reconcile(km_pipeline *pl, mpart *p, const char *why)
 	p->stats.errors++;
 	km_plan_drop_unsent(&p->plan);
 	km_pl_set_phase(p, PH_RECONCILE, why);
+	p->recon.ended_wait = 0;
 	p->recon.need_pid = true;
 	pl->pid_want = true;
 	km_pl_backoff(p);

@@ -72,6 +72,9 @@ enum { FETCH_LO = 4, FETCH_HI = 12, PRODUCE_LO = 3, PRODUCE_HI = 12, META_LO = 1
 #define PRODUCE_TXN_HI 11
 /* How soon a marker's landing is looked at again while the coordinator has not written it yet. */
 #define MARKER_POLL_MS 5
+/* How long reconcile waits for the answer and the marker of a transaction this life ended (carry.c). */
+#define ENDED_WAIT_MS 30000
+#define MARKER_WAIT_POLL_MS 20
 /* How long partitions wait for ListTransactions to reach every destination broker before going on without it. */
 #define TXL_PATIENCE_MS 10000
 
@@ -99,6 +102,7 @@ typedef struct mtx {
 	int64_t src_pid; /* -1: free */
 	bool begun;      /* km_txp_begin called for the current source transaction */
 	int64_t first_logical; /* where that transaction's first batch is (-1: none planned yet) */
+	bool ending;     /* EndTxn sent for it: the coordinator decides it, whatever the partition does */
 } mtx;
 
 typedef struct mtopic mtopic;
@@ -145,6 +149,7 @@ typedef struct mpart {
 		int64_t end;            /* the destination's log end, while its last stable offset is asked */
 		int64_t hide;           /* the physical offset the hidden range starts at, being settled */
 		bool tx_fenced;         /* its transactional ids of earlier lives were initialised again */
+		int64_t ended_wait;     /* since when reconcile waits for transactions this life ended (0: not) */
 		bool fence_started;
 		bool writer_pending;    /* its writer (producer id, where it starts) not persisted yet: no fetch */
 		uint32_t writer_gen;    /* drops the answer of a writer write an later reconcile replaced */
@@ -407,6 +412,7 @@ int km_pl_txn_slot(void *arg, int64_t src_pid, int64_t logical, bool create);
 bool km_pl_tid_is_of(const km_pipeline *pl, const mpart *p, const char *tid);
 /* Whether p carries an open source transaction. */
 bool km_pl_tx_open(const mpart *p);
+bool km_pl_tx_wait_ended(km_pipeline *pl, mpart *p, const km_offmap *m, int64_t lso);
 /* Where the earliest destination transaction p holds open starts (logical), -1: none. */
 int64_t km_pl_open_txn_logical(const mpart *p);
 void km_pl_tx_free_all(mpart *p);

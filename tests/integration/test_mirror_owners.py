@@ -605,3 +605,40 @@ def test_stop_settled_by_the_new_owner_keeps_the_destinations_end(kmirror_bin, d
     print(f"stopped at {stopped}; the destination ends at {ends}")
     assert stopped == ends, f"the stop point {stopped} is not the destination's end {ends}"
     assert [hi for _, hi in watermarks(b.bootstrap, m, 2)] == ends
+
+
+def test_stop_settled_by_a_former_owner_that_gets_the_mirror_back_keeps_the_destinations_end(
+        kmirror_bin, dest_cluster, source_cluster, proxy_factory):
+    """kmirrord a ran a mirror, was paused (SIGSTOP) past its session, so b took the mirror over and
+    mirrored on; resumed, a stopped its pipeline (retired: it stays, its partitions reset). Then b
+    was killed -9 under load and a stop came through a before a had the mirror back. Gaining it, a
+    handed the STOPPING partitions to its retired pipeline, whose partitions, known to it from its
+    earlier life, were idle: they settled at once at the persisted progress, which lags b's last
+    writes, a stop point below the destination's end (the soak's finding 21, docs/reliability.md).
+    A partition a pipeline takes on in a new life reconciles before it settles, as on a restart."""
+    from mirror_cli import described, topic_states
+    from mirror_data import watermarks
+    a, b, cli_a, cli_b, m, bg = _owner_then_other(kmirror_bin, dest_cluster, source_cluster, proxy_factory, "stopr",
+                                                  2, 3000, 1)
+    try:
+        mark = len(a.output())
+        a.signal(signal.SIGSTOP)
+        try:
+            wait_until(lambda: runners([b], [m], window=1.0)[m] == [b.name], 60, what="b running the mirror")
+            time.sleep(2.0)
+        finally:
+            a.signal(signal.SIGCONT)
+        a.wait_log(rf"mirror {m}: its pipeline stops here", timeout=15, start=mark)
+        time.sleep(1.0)
+        b.signal(signal.SIGKILL)
+        b.daemon.proc.wait(timeout=30)
+        cli_a.run("stop", "--mirror", m, "--topics", m)
+    finally:
+        bg.stop()
+    wait_until(lambda: set(topic_states(cli_a, m)[m]) == {"STOPPED"}, 90, 0.2, what="the stop settled by a")
+    ends = [hi for _, hi in watermarks(dest_cluster.bootstrap, m, 2)]
+    (t,) = [t for t in described(cli_a, m)["topics"] if t["name"] == m]
+    stopped = [p["mirrored_offset"] for p in sorted(t["partitions"], key=lambda p: p["partition"])]
+    print(f"stopped at {stopped}; the destination ends at {ends}")
+    assert stopped == ends, f"the stop point {stopped} is not the destination's end {ends}"
+    assert [hi for _, hi in watermarks(a.bootstrap, m, 2)] == ends

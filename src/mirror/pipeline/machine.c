@@ -1031,13 +1031,17 @@ void km_pipeline_partition(km_pipeline *pl, const char *topic, int32_t partition
 	mtopic *t = pl->closing ? NULL : km_pl_topic_get(pl, topic, run);
 	mpart *p = t ? km_pl_part_get(pl, t, partition, false) : NULL;
 
-	if (!p && run) {
+	if ((!p || !p->taken) && run) {
 		/*
-		 * New here. A restart that finds it pausing or stopping reconciles it before it settles:
-		 * an earlier life may have left destination transactions open on it.
+		 * New here, or new to this life of the pipeline (one retired and resumed keeps its
+		 * partitions, reset). A restart or a takeover that finds it pausing or stopping reconciles
+		 * it before it settles: an earlier life may have left destination transactions open on
+		 * it, and the tail known here is the persisted progress, which lags the last writes
+		 * (docs/reliability.md, findings 17 and 21).
 		 */
-		if (!(p = km_pl_part_get(pl, t, partition, true)))
+		if (!p && !(p = km_pl_part_get(pl, t, partition, true)))
 			return;
+		p->taken = true;
 		if (state == KM_MP_PAUSING || state == KM_MP_STOPPING) {
 			km_pl_set_phase(p, PH_RECONCILE, "a restart finds it pausing or stopping");
 			p->recon.need_pid = true;

@@ -118,6 +118,7 @@ typedef struct mpart {
 	km_mp_state state;      /* committed */
 	mphase phase;           /* km_pl_set_phase */
 	bool settling;          /* a transition asked of the driver, not yet committed */
+	bool taken;             /* handed a running state in this life (km_pipeline_partition) */
 	struct {
 		int64_t at;             /* not before (a backoff) */
 		int backoff_ms;

@@ -349,6 +349,18 @@ def _recv_exact(sock, n):
     return buf
 
 
+def uvarint(n):
+    """n as an unsigned varint (the flexible versions' lengths and counts)."""
+    out = b""
+    while True:
+        b = n & 0x7F
+        n >>= 7
+        if n:
+            out += bytes([b | 0x80])
+        else:
+            return out + bytes([b])
+
+
 def kafka_request(host, port, api_key, version, body, flexible=False, timeout=5.0,
                   correlation_id=7, client_id=b"kmirror-harness"):
     """Sends one request (header v1, or v2 when flexible) and returns the response after its

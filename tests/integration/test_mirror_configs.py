@@ -8,7 +8,7 @@ import struct
 import pytest
 from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource
 
-from harness import USERS
+from harness import USERS, uvarint
 from mirror_cli import Cli, kmirror_bin, wait_states  # noqa: F401
 from mirror_data import main_release_only
 from proxy_fixtures import *  # noqa: F401,F403
@@ -22,15 +22,6 @@ TOPIC_AUTHORIZATION_FAILED, CLUSTER_AUTHORIZATION_FAILED = 29, 31
 
 # ---- a minimal Kafka protocol client (flexible versions only, as the mirror RPCs are) ----------
 
-def uvarint(n):
-    out = b""
-    while True:
-        b = n & 0x7F
-        n >>= 7
-        if n:
-            out += bytes([b | 0x80])
-        else:
-            return out + bytes([b])
 
 
 def cstr(s):

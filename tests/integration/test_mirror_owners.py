@@ -579,6 +579,27 @@ def test_stop_through_the_other_kmirrord_is_not_undone(kmirror_bin, dest_cluster
         bg.stop()
 
 
+def _killed_then_stopped(victim, cli, m):
+    """The kmirrord running mirror m killed -9, then topic m stopped through another one (cli)."""
+    victim.signal(signal.SIGKILL)
+    victim.daemon.proc.wait(timeout=30)
+    cli.run("stop", "--mirror", m, "--topics", m)
+
+
+def _stopped_at_the_destinations_end(dest_cluster, proxy, cli, m, partitions=2):
+    """Mirror m's topic m settles STOPPED (through proxy) at the destination's end: its stop point,
+    the mirrored offset of each partition, and what readers through proxy see end there."""
+    from mirror_cli import described, topic_states
+    from mirror_data import watermarks
+    wait_until(lambda: set(topic_states(cli, m)[m]) == {"STOPPED"}, 90, 0.2, what=f"the stop settled by {proxy.name}")
+    ends = [hi for _, hi in watermarks(dest_cluster.bootstrap, m, partitions)]
+    (t,) = [t for t in described(cli, m)["topics"] if t["name"] == m]
+    stopped = [p["mirrored_offset"] for p in sorted(t["partitions"], key=lambda p: p["partition"])]
+    print(f"stopped at {stopped}; the destination ends at {ends}")
+    assert stopped == ends, f"the stop point {stopped} is not the destination's end {ends}"
+    assert [hi for _, hi in watermarks(proxy.bootstrap, m, partitions)] == ends
+
+
 def test_stop_settled_by_the_new_owner_keeps_the_destinations_end(kmirror_bin, dest_cluster, source_cluster,
                                                                   proxy_factory):
     """The owner of a moving mirror is killed -9; a stop comes through the other kmirrord before it
@@ -587,24 +608,14 @@ def test_stop_settled_by_the_new_owner_keeps_the_destinations_end(kmirror_bin, d
     progress interval): the stop point, the mirrored offset of a STOPPED partition, was below the
     destination's end, and a start after it (a drill's) hid records that were mirrored (the soak's
     finding 17, docs/reliability.md). It asks the destination's end first now."""
-    from mirror_cli import described, topic_states
-    from mirror_data import watermarks
     a, b, cli_a, cli_b, m, bg = _owner_then_other(kmirror_bin, dest_cluster, source_cluster, proxy_factory, "stopk",
                                                   2, 3000, 1)
     try:
         time.sleep(2.0)
-        a.signal(signal.SIGKILL)
-        a.daemon.proc.wait(timeout=30)
-        cli_b.run("stop", "--mirror", m, "--topics", m)
+        _killed_then_stopped(a, cli_b, m)
     finally:
         bg.stop()
-    wait_until(lambda: set(topic_states(cli_b, m)[m]) == {"STOPPED"}, 90, 0.2, what="the stop settled by b")
-    ends = [hi for _, hi in watermarks(dest_cluster.bootstrap, m, 2)]
-    (t,) = [t for t in described(cli_b, m)["topics"] if t["name"] == m]
-    stopped = [p["mirrored_offset"] for p in sorted(t["partitions"], key=lambda p: p["partition"])]
-    print(f"stopped at {stopped}; the destination ends at {ends}")
-    assert stopped == ends, f"the stop point {stopped} is not the destination's end {ends}"
-    assert [hi for _, hi in watermarks(b.bootstrap, m, 2)] == ends
+    _stopped_at_the_destinations_end(dest_cluster, b, cli_b, m)
 
 
 def test_stop_settled_by_a_former_owner_that_gets_the_mirror_back_keeps_the_destinations_end(
@@ -616,8 +627,6 @@ def test_stop_settled_by_a_former_owner_that_gets_the_mirror_back_keeps_the_dest
     earlier life, were idle: they settled at once at the persisted progress, which lags b's last
     writes, a stop point below the destination's end (the soak's finding 21, docs/reliability.md).
     A partition a pipeline takes on in a new life reconciles before it settles, as on a restart."""
-    from mirror_cli import described, topic_states
-    from mirror_data import watermarks
     a, b, cli_a, cli_b, m, bg = _owner_then_other(kmirror_bin, dest_cluster, source_cluster, proxy_factory, "stopr",
                                                   2, 3000, 1)
     try:
@@ -630,15 +639,7 @@ def test_stop_settled_by_a_former_owner_that_gets_the_mirror_back_keeps_the_dest
             a.signal(signal.SIGCONT)
         a.wait_log(rf"mirror {m}: its pipeline stops here", timeout=15, start=mark)
         time.sleep(1.0)
-        b.signal(signal.SIGKILL)
-        b.daemon.proc.wait(timeout=30)
-        cli_a.run("stop", "--mirror", m, "--topics", m)
+        _killed_then_stopped(b, cli_a, m)
     finally:
         bg.stop()
-    wait_until(lambda: set(topic_states(cli_a, m)[m]) == {"STOPPED"}, 90, 0.2, what="the stop settled by a")
-    ends = [hi for _, hi in watermarks(dest_cluster.bootstrap, m, 2)]
-    (t,) = [t for t in described(cli_a, m)["topics"] if t["name"] == m]
-    stopped = [p["mirrored_offset"] for p in sorted(t["partitions"], key=lambda p: p["partition"])]
-    print(f"stopped at {stopped}; the destination ends at {ends}")
-    assert stopped == ends, f"the stop point {stopped} is not the destination's end {ends}"
-    assert [hi for _, hi in watermarks(a.bootstrap, m, 2)] == ends
+    _stopped_at_the_destinations_end(dest_cluster, a, cli_a, m)

@@ -22,7 +22,7 @@ from mirror_data import (count_anomalies, create_dest_topic, diff_records, env_i
                          record, skip_3brokers_off_main_release)
 from proxy_fixtures import *  # noqa: F401,F403
 from proxy_fixtures import Proxy, wait_until
-from harness import kafka_request
+from harness import kafka_request, uvarint
 
 pytestmark = pytest.mark.proxy
 
@@ -872,23 +872,12 @@ def test_pause_with_an_open_transaction_then_resume_is_exact(env):
 MOVES = env_int("KM_MIRROR_TXN_MOVES", 8)
 
 
-def _uvarint(n):
-    out = b""
-    while True:
-        b = n & 0x7F
-        n >>= 7
-        if n:
-            out += bytes([b | 0x80])
-        else:
-            return out + bytes([b])
-
-
 def _move_leader(dest, topic, partition, replicas):
     """The partition's replicas put in this order (AlterPartitionReassignments v0: the same set, so
     it completes at once), then a preferred election: the first becomes the leader."""
     name = topic.encode()
-    body = (struct.pack(">i", 30000) + _uvarint(2) + _uvarint(len(name) + 1) + name + _uvarint(2)
-            + struct.pack(">i", partition) + _uvarint(len(replicas) + 1)
+    body = (struct.pack(">i", 30000) + uvarint(2) + uvarint(len(name) + 1) + name + uvarint(2)
+            + struct.pack(">i", partition) + uvarint(len(replicas) + 1)
             + b"".join(struct.pack(">i", r) for r in replicas) + b"\0\0\0")
     host, port = dest.bootstrap.split(",")[0].rsplit(":", 1)
     kafka_request(host, int(port), 45, 0, body, flexible=True, timeout=30)

@@ -213,3 +213,44 @@ def test_diverged_source_fails_or_hides(eenv):
     finally:
         for b in stopped:
             src.start_broker(b)
+
+
+def test_a_hole_in_a_new_epoch_then_a_leader_change_is_no_divergence(eenv):
+    """The source's last batch is one the mirror does not write: a COMMIT marker of a transaction
+    with no record on the partition (a hole), written in a later leader epoch than the last batch
+    mirrored. The source leader then changes again, and the mirror checks the source's log with
+    the epoch of its last batch. It took the last mirrored data batch's epoch, which the source
+    says ends where the hole begins: the partition went FAILED for "1 record(s) mirrored at source
+    offsets 20 to 20 are not in its log any more" (the second hour run of the soak, a restart of
+    every source broker: docs/reliability.md, finding 23). The hole's epoch counts now."""
+    from test_mirror_txn import commit_nothing
+    env = eenv
+    topic = unique("epochhole")
+    env.source.create_topic(topic, partitions=1, replication_factor=3)
+    produce_records(env.sb, topic, 20, tag="a", partitions=1)
+    env.start(topic)
+    env.caught_up(topic, 1)
+    first = source_leader(env, topic)
+    env.source.stop_broker(first)
+    stopped = [first]
+    try:
+        wait_until(lambda: source_leader(env, topic) not in (first, -1), 60, what="a new source leader")
+        commit_nothing(env.sb, unique("hole-txn"), topic, 0)  # source offset 20: a marker, in the new epoch
+        wait_until(lambda: watermarks(env.sb, topic, 1)[0][1] == 21, 30, what="the marker at source offset 20")
+        wait_until(lambda: last_mirrored(env, topic)[1][0]["last_mirrored_offset"] == 21, 60,
+                   what="the mirror past the marker")
+        env.source.start_broker(first)
+        stopped.remove(first)
+        second = source_leader(env, topic)
+        env.source.stop_broker(second)  # a third epoch: the mirror checks the source's log again
+        stopped.append(second)
+        wait_until(lambda: source_leader(env, topic) not in (second, -1), 60, what="another source leader")
+        produce_records(env.sb, topic, 10, start=20, tag="b", partitions=1)
+        wait_until(lambda: watermarks(env.pb, topic, 1)[0][1] == 31 or
+                   env.partitions(topic)[0]["state"] != "MIRRORING", 60, what="the mirror at 31, or not MIRRORING")
+        (part,) = env.partitions(topic)
+        assert part["state"] == "MIRRORING", part
+        compare_topic(env.pb, env.sb, topic, 1)
+    finally:
+        for b in stopped:
+            env.source.start_broker(b)

@@ -156,8 +156,8 @@ static void finish_part(fetch_ctx *fc, mpart *p, size_t runs_before)
 	else
 		km_pl_set_phase(p, p->plan.head ? PH_WRITING : PH_READY, "its part of the answer is in");
 	if (!p->plan.head && !p->out.inflight && p->plan.fetch_logical > p->out.acked_logical) {
-		/* Only holes came (markers, emptied batches): the tail moves past them. */
-		p->out.acked_logical = p->plan.fetch_logical;
+		/* Only holes came (markers, emptied batches): the tail moves past them, in their epoch. */
+		km_pl_past_holes(p);
 		km_pl_set_tail(pl, p, true);
 	}
 	if (p->plan.head)

@@ -200,6 +200,7 @@ static void part_init(mpart *p, mtopic *t, int32_t id)
 	p->lead.src = p->lead.dst = -1;
 	p->lead.src_epoch = -1;
 	p->plan.fetch_logical = p->plan.cont_logical = -1;
+	p->plan.fetch_epoch = -1;
 	p->recon.hide_logical = -1;
 	p->recon.drill = false;
 	p->recon.stop_at = -1;

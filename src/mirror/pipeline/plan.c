@@ -313,6 +313,7 @@ km_err km_plan_take(mplan *q, const mplan_env *env, mresp *resp, const struct ev
 	}
 	if (last < q->fetch_logical || q->stop_answer)
 		return KM_OK; /* the first batch of a fetch may end before the fetch offset; after a marker, the next fetch */
+	q->fetch_epoch = (int32_t)km_be32(h + KM_BATCH_OFF_LEADER_EPOCH); /* the divergence check's, holes too */
 	if (attr & KM_BATCH_ATTR_CONTROL)
 		return take_marker(q, env, resp, at, size, h, ra);
 	if ((attr & KM_BATCH_ATTR_TRANSACTIONAL) && env->no_txn) {

@@ -89,6 +89,7 @@ typedef struct mplan {
 	const char *topic;      /* named by its runs (the pipeline's own string: runs are matched by pointer) */
 	int32_t partition;
 	int64_t fetch_logical;  /* the logical tail: the next offset to fetch */
+	int32_t fetch_epoch;    /* the source leader epoch of the last batch taken, a hole too (-1: none) */
 	int64_t cont_logical;   /* the logical offset that continues the open run at phys; -1: a run must start */
 	bool cont_lat;          /* the open run is a LogAppendTime one (a batch of the other kind starts a run) */
 	int64_t phys;           /* where the next planned batch lands */

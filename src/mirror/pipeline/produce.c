@@ -17,6 +17,21 @@ typedef struct produce_ctx {
 } produce_ctx;
 
 /*
+ * Nothing planned is left, and the plan took holes after the last batch that landed (markers that
+ * stand for nothing mirrored, batches the cleaner emptied): the tail moves past them, and its epoch
+ * is theirs. The divergence check asks the source where that epoch ends, and the source has it up
+ * to the tail; with the last landed batch's epoch, a source leader change after such a hole read
+ * the source's next epoch starting at the hole as the mirrored records' loss (docs/reliability.md,
+ * finding 23).
+ */
+void km_pl_past_holes(mpart *p)
+{
+	p->out.acked_logical = p->plan.fetch_logical;
+	if (p->plan.fetch_epoch >= 0)
+		p->out.acked_epoch = p->plan.fetch_epoch;
+}
+
+/*
  * b, taken off the head, is in the destination's log where it was planned (a batch acknowledged,
  * a marker landed): the tail moves after it, with the holes right after it once they are planned
  * (markers, compaction).
@@ -27,7 +42,7 @@ void km_pl_landed(km_pipeline *pl, mpart *p, mbatch *b)
 	p->out.acked_logical = b->logical + b->count;
 	p->out.acked_epoch = b->epoch;
 	if (!p->plan.head && p->plan.fetch_logical > p->out.acked_logical)
-		p->out.acked_logical = p->plan.fetch_logical;
+		km_pl_past_holes(p);
 	p->out.failing_since = 0;
 	km_pl_set_tail(pl, p, true);
 	km_plan_batch_free(b);

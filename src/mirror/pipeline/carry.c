@@ -43,7 +43,7 @@ static bool tx_add(km_pipeline *pl, mpart *p, const char *tid)
 	p->txn.tx = n;
 	if (!(t = km_txp_new(pl->dst, tid, p->t->name, p->id, km_pl_on_cluster_change, pl)))
 		return false;
-	p->txn.tx[p->txn.n++] = (mtx){t, -1, false, -1, false};
+	p->txn.tx[p->txn.n++] = (mtx){t, -1, false, -1, false, -1};
 	return true;
 }
 
@@ -135,10 +135,11 @@ static void tx_release(km_pipeline *pl, mpart *p, size_t i)
  * lands, or has landed, at the log's end, and what they hold is committed (or aborted) as the
  * source's. Reconcile does not count them open, so nothing committed is hidden and written again
  * (docs/reliability.md, finding 20). It waits for EndTxn's answer (a fence would drop it) and for
- * the marker (the last stable offset past the transaction's first batch), at most
- * ENDED_WAIT_MS; then the fence decides, as for any transaction left open. True while it waits.
+ * the marker (the destination's log past where it was planned; the last stable offset may stay
+ * below it for another transaction still open), at most ENDED_WAIT_MS; then the fence decides, as
+ * for any transaction left open. True while it waits.
  */
-bool km_pl_tx_wait_ended(km_pipeline *pl, mpart *p, const km_offmap *m, int64_t lso)
+bool km_pl_tx_wait_ended(km_pipeline *pl, mpart *p, int64_t end)
 {
 	int64_t now = km_mirror_wall_ms();
 	bool wait = false;
@@ -147,10 +148,9 @@ bool km_pl_tx_wait_ended(km_pipeline *pl, mpart *p, const km_offmap *m, int64_t 
 	for (size_t i = 0; i < p->txn.n; i++) {
 		mtx *x = &p->txn.tx[i];
 		km_txp_state st = km_txp_state_of(x->txp);
-		int64_t first = m && x->first_logical >= 0 ? km_offmap_to_physical(m, x->first_logical) : -1;
 		if (x->src_pid < 0 || !x->ending || (st != KM_TXP_ENDING && st != KM_TXP_FREE))
 			continue;
-		if (st == KM_TXP_FREE && (first < 0 || lso > first))
+		if (st == KM_TXP_FREE && end > x->marker_phys)
 			tx_release(pl, p, i); /* answered, its marker in */
 		else
 			wait = true;
@@ -357,6 +357,7 @@ void km_pl_drive_marker(km_pipeline *pl, mpart *p, int64_t now, int64_t *next)
 	if (b->mk == MK_WAITING && st == KM_TXP_OPEN) {
 		km_txp_end(t, b->commit);
 		p->txn.tx[b->txi].ending = true;
+		p->txn.tx[b->txi].marker_phys = b->physical;
 		b->mk = MK_ENDING;
 	} else if (b->mk == MK_ENDING && st == KM_TXP_FREE) {
 		if (b->mk_at > now) {

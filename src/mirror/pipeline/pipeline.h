@@ -103,6 +103,7 @@ typedef struct mtx {
 	bool begun;      /* km_txp_begin called for the current source transaction */
 	int64_t first_logical; /* where that transaction's first batch is (-1: none planned yet) */
 	bool ending;     /* EndTxn sent for it: the coordinator decides it, whatever the partition does */
+	int64_t marker_phys; /* with ending: where its marker was planned (physical) */
 } mtx;
 
 typedef struct mtopic mtopic;
@@ -413,7 +414,7 @@ int km_pl_txn_slot(void *arg, int64_t src_pid, int64_t logical, bool create);
 bool km_pl_tid_is_of(const km_pipeline *pl, const mpart *p, const char *tid);
 /* Whether p carries an open source transaction. */
 bool km_pl_tx_open(const mpart *p);
-bool km_pl_tx_wait_ended(km_pipeline *pl, mpart *p, const km_offmap *m, int64_t lso);
+bool km_pl_tx_wait_ended(km_pipeline *pl, mpart *p, int64_t end);
 /* Where the earliest destination transaction p holds open starts (logical), -1: none. */
 int64_t km_pl_open_txn_logical(const mpart *p);
 void km_pl_tx_free_all(mpart *p);

@@ -434,7 +434,7 @@ static void after_lso(km_pipeline *pl, mpart *p, int64_t end, int64_t lso)
 	/* An earlier life's write that landed between the two answers: the LSO is never past the end. */
 	if (lso > end)
 		lso = end;
-	if (km_pl_tx_wait_ended(pl, p, m, lso)) {
+	if (km_pl_tx_wait_ended(pl, p, end)) {
 		/* Asked again shortly: EndTxn's answer, or the marker, is on its way. */
 		km_pl_set_phase(p, PH_RECONCILE, "a transaction this kmirrord ended: its answer and marker awaited");
 		p->retry.at = km_mirror_wall_ms() + MARKER_WAIT_POLL_MS;

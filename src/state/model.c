@@ -220,7 +220,6 @@ km_err km_state_partition_value_encode(km_wr *w, const km_state_topic *t, const 
 	v.source_topic_id = p->source_id;
 	v.started_by = p->by_pattern ? 1 : 0;
 	v.progress_apart = true; /* this kmirrord writes the pipeline's progress in its own record */
-	v.view_state_change_time_ms = p->view_change_ms > 0 ? p->view_change_ms : -1;
 	last_run_at(p, p->last_mirrored_offset, &v.last_run_logical, &v.last_run_prev_end);
 	if (p->has_writer) {
 		v.writer_producer_id = p->writer_pid;
@@ -617,25 +616,6 @@ static km_err apply_partition(km_state_model *m, const km_state_key *k, const ui
 		p = &t->parts[k->partition];
 		if (v.last_error.len >= 0 && !err) {
 			rc = KM_ERR_NOMEM;
-		} else if (p->present && v.view_state_change_time_ms >= 0 &&
-			   v.view_state_change_time_ms != p->state_change_ms) {
-			/*
-			 * The runner wrote this from a view older than the partition's last state change (a
-			 * stop through another kmirrord landed between its read and its write): it does not
-			 * undo that change. A transition is dropped (the runner follows the change and acts on
-			 * it); a rewrite (its writer, the source topic's id) gives those alone (docs/state.md,
-			 * "Writes of the runner"; docs/reliability.md, finding 24).
-			 */
-			chg->from = chg->to = p->state;
-			chg->changed = false;
-			free(err);
-			if (v.state_change_time_ms == v.view_state_change_time_ms) {
-				p->has_writer = v.writer_start_offset >= 0;
-				p->writer_pid = v.writer_producer_id;
-				p->writer_epoch = v.writer_producer_epoch;
-				p->writer_start = v.writer_start_offset;
-				p->source_id = v.source_topic_id;
-			}
 		} else {
 			chg->from = p->present ? p->state : KM_MP_UNKNOWN;
 			chg->to = (km_mp_state)v.state;

@@ -90,11 +90,6 @@ typedef struct km_state_part {
 	km_uuid source_id; /* the source topic's id as the mirror first saw it (zero: not yet) */
 	bool by_pattern;   /* started by the mirror's topic patterns, not an operator */
 	/*
-	 * Set only on a copy about to be written by the partition's runner (0: none): the state change
-	 * time it was written from (ViewStateChangeTimeMs; docs/state.md, "Writes of the runner").
-	 */
-	int64_t view_change_ms;
-	/*
 	 * Progress apart (docs/state.md, "The pipeline's progress, apart"): last_mirrored_* and the open
 	 * transaction above are the figures that stand, the progress record's while it matches the
 	 * partition record (progress_apart, the same topic id and state change time), else the

@@ -822,7 +822,6 @@ static void prepare_pset(km_state *st, km_state_mut *mu)
 		km_state_part p;
 		if ((size_t)pi < t->nparts && t->parts[pi].present) {
 			p = t->parts[pi];
-			p.view_change_ms = p.state_change_ms;
 		} else {
 			memset(&p, 0, sizeof(p));
 			p.last_mirrored_offset = -1;
@@ -872,7 +871,6 @@ static void prepare_writer(km_state *st, km_state_mut *mu)
 		return;
 	}
 	p = t->parts[pi];
-	p.view_change_ms = p.state_change_ms;
 	p.has_writer = true;
 	p.writer_pid = mu->writer_pid;
 	p.writer_epoch = mu->writer_epoch;
@@ -897,7 +895,6 @@ static void prepare_source_id(km_state *st, km_state_mut *mu)
 		if (!p.present || km_uuid_eq(&p.source_id, &mu->source_id))
 			continue;
 		p.source_id = mu->source_id;
-		p.view_change_ms = p.state_change_ms;
 		if (add_partition_rec(mu, t, (int32_t)i, &p) != KM_OK) {
 			set_msg(mu, KM_MIRROR_STATE_UNAVAILABLE, "out of memory");
 			return;
@@ -1017,7 +1014,6 @@ static void prepare_progress(km_state *st, km_state_mut *mu)
 		 * would otherwise write it back (docs/reliability.md, finding 11). A partition record an
 		 * older kmirrord wrote is written again first, saying that the progress is kept apart.
 		 */
-		p.view_change_ms = p.state_change_ms;
 		if ((!p.progress_apart && add_partition_rec(mu, t, r->partition, &p) != KM_OK) ||
 		    add_progress_rec(mu, t, r->partition, &p, r->logical, r->epoch, r->open_txn) != KM_OK) {
 			set_msg(mu, KM_MIRROR_STATE_UNAVAILABLE, "out of memory");

@@ -1390,72 +1390,6 @@ static const km_state_part *part0(km_state_model *m)
 	return &t->parts[0];
 }
 
-/* Partition 0 of t in m: a record the partition's runner wrote from its view of the record changed at view_ms. */
-static km_state_change runner_rec(km_state_model *m, km_mp_state s, int64_t changed_ms, int64_t view_ms, int64_t writer_pid)
-{
-	km_state_cfg_entry cfg[1] = {{.name = "bootstrap.servers", .value = "s:9092"}};
-	km_state_mirror mi = {.name = "m1", .cfg = cfg, .ncfg = 1};
-	km_state_topic tt = {.name = "t", .mirror = &mi, .id = {{7}}};
-	km_state_key pk = {.type = KM_STATE_REC_PARTITION, .mirror = km_str_c("m1"), .topic = km_str_c("t")};
-	km_state_part p = {.state = s, .state_change_ms = changed_ms, .last_mirrored_offset = 70,
-			   .last_mirrored_epoch = 4, .open_txn_offset = -1, .has_writer = writer_pid >= 0,
-			   .writer_pid = writer_pid, .writer_epoch = 2, .writer_start = 70, .view_change_ms = view_ms};
-	km_state_change chg;
-	km_wr w;
-
-	km_wr_init(&w);
-	assert_int_equal(km_state_partition_value_encode(&w, &tt, &p), KM_OK);
-	rec(m, &pk, &w, &chg);
-	km_wr_free(&w);
-	return chg;
-}
-
-/*
- * The soak's finding 24: the runner persisted its writer (a rewrite of the partition record from
- * its view, MIRRORING since 1000) while a stop through another kmirrord landed first (STOPPING at
- * 2000): applied after it, the rewrite put the partition back to MIRRORING, and the stop, answered,
- * was lost. A record the runner wrote from an older view gives its writer alone; a transition it
- * settled from an older view is dropped; from the current view, both apply as always.
- */
-static void test_runner_writes_do_not_undo_a_stop(void **state)
-{
-	km_state_change chg;
-	km_state_model m;
-	(void)state;
-
-	model_with(&m, KM_MP_MIRRORING, KM_MP_UNKNOWN);
-	part_rec_at(&m, KM_MP_MIRRORING, 1000, 50, true);
-	part_rec_at(&m, KM_MP_STOPPING, 2000, 60, true); /* the stop, through another kmirrord */
-	chg = runner_rec(&m, KM_MP_MIRRORING, 1000, 1000, 42); /* the writer, from the view before it */
-	assert_false(chg.changed);
-	assert_int_equal(part0(&m)->state, KM_MP_STOPPING);
-	assert_int_equal(part0(&m)->state_change_ms, 2000);
-	assert_int_equal(part0(&m)->last_mirrored_offset, 60);
-	assert_true(part0(&m)->has_writer);
-	assert_int_equal(part0(&m)->writer_pid, 42);
-	/* A transition settled from the old view (PREPARING -> MIRRORING, say): dropped whole. */
-	chg = runner_rec(&m, KM_MP_MIRRORING, 2500, 1000, 43);
-	assert_false(chg.changed);
-	assert_int_equal(part0(&m)->state, KM_MP_STOPPING);
-	assert_int_equal(part0(&m)->writer_pid, 42);
-	/* The runner, having followed the stop, settles it: applied. */
-	chg = runner_rec(&m, KM_MP_STOPPED, 3000, 2000, 43);
-	assert_true(chg.changed);
-	assert_int_equal(chg.from, KM_MP_STOPPING);
-	assert_int_equal(part0(&m)->state, KM_MP_STOPPED);
-	assert_int_equal(part0(&m)->last_mirrored_offset, 70);
-	assert_int_equal(part0(&m)->writer_pid, 43);
-	km_state_model_free(&m);
-
-	/* Rebuilt from the topic in the same order: the same (every instance applies the same). */
-	model_with(&m, KM_MP_MIRRORING, KM_MP_UNKNOWN);
-	part_rec_at(&m, KM_MP_MIRRORING, 1000, 50, true);
-	part_rec_at(&m, KM_MP_STOPPING, 2000, 60, true);
-	runner_rec(&m, KM_MP_MIRRORING, 1000, 1000, 42);
-	assert_int_equal(part0(&m)->state, KM_MP_STOPPING);
-	km_state_model_free(&m);
-}
-
 /*
  * The pipeline's progress in a record of its own (finding 11): it stands for the partition record's
  * figures while it was written under that record (the same state change time, the same topic id),
@@ -1737,7 +1671,6 @@ int main(void)
 		cmocka_unit_test(test_progress_bounds_readers),
 		cmocka_unit_test(test_open_transaction_bounds_readers),
 		cmocka_unit_test(test_progress_apart),
-		cmocka_unit_test(test_runner_writes_do_not_undo_a_stop),
 		cmocka_unit_test(test_progress_waits_for_its_run),
 		cmocka_unit_test(test_owner_check),
 		cmocka_unit_test(test_secrets_format0),

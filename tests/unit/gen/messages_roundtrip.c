@@ -15004,9 +15004,8 @@ static void fill_km_mirror_state_partition_value(km_mirror_state_partition_value
 	m->progress_apart = true;
 	m->last_run_logical = (int64_t)(t_int(seq, 1000000000, INT64_C(-1)) + ((int64_t)1 << 33));
 	m->last_run_prev_end = (int64_t)(t_int(seq, 1000000000, INT64_C(-1)) + ((int64_t)1 << 33));
-	m->view_state_change_time_ms = (int64_t)(t_int(seq, 1000000000, INT64_C(-1)) + ((int64_t)1 << 33));
 	if (true && mode == 0)
-		t_unknown_tags(&m->unknown_tags, a, 10, 1009, seq);
+		t_unknown_tags(&m->unknown_tags, a, 9, 1008, seq);
 }
 
 static bool eq_km_mirror_state_partition_value(const km_mirror_state_partition_value *x, const km_mirror_state_partition_value *y)
@@ -15043,8 +15042,6 @@ static bool eq_km_mirror_state_partition_value(const km_mirror_state_partition_v
 		return t_diff("LastRunLogical");
 	if (!(x->last_run_prev_end == y->last_run_prev_end))
 		return t_diff("LastRunPrevEnd");
-	if (!(x->view_state_change_time_ms == y->view_state_change_time_ms))
-		return t_diff("ViewStateChangeTimeMs");
 	if (!t_tags_eq(&x->unknown_tags, &y->unknown_tags))
 		return t_diff("MirrorStatePartitionValue unknown tags");
 	return true;

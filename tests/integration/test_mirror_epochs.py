@@ -66,13 +66,19 @@ def last_data_epoch(env, topic, partition=0):
     return batches[-1]["epoch"]
 
 
-def test_last_mirrored_epoch_follows_the_source_leader(eenv):
-    env = eenv
-    topic = unique("epoch")
+def mirrored_one_partition(env, prefix, n):
+    """A topic of one partition on all three source brokers, n records in it, mirrored to its end."""
+    topic = unique(prefix)
     env.source.create_topic(topic, partitions=1, replication_factor=3)
-    produce_records(env.sb, topic, 50, tag="a", partitions=1)
+    produce_records(env.sb, topic, n, tag="a", partitions=1)
     env.start(topic)
     env.caught_up(topic, 1)
+    return topic
+
+
+def test_last_mirrored_epoch_follows_the_source_leader(eenv):
+    env = eenv
+    topic = mirrored_one_partition(env, "epoch", 50)
     t, parts = last_mirrored(env, topic)
     first = last_data_epoch(env, topic)
     assert parts[0]["last_mirrored_offset"] == 50 and parts[0]["last_mirrored_epoch"] == first, parts
@@ -221,21 +227,18 @@ def test_a_hole_in_a_new_epoch_then_a_leader_change_is_no_divergence(eenv):
     mirrored. The source leader then changes again, and the mirror checks the source's log with
     the epoch of its last batch. It took the last mirrored data batch's epoch, which the source
     says ends where the hole begins: the partition went FAILED for "1 record(s) mirrored at source
-    offsets 20 to 20 are not in its log any more" (the second hour run of the soak, a restart of
+    offsets 20 to 20 are not in its log any more" (the third hour run of the soak, a restart of
     every source broker: docs/reliability.md, finding 23). The hole's epoch counts now."""
     from test_mirror_txn import commit_nothing
     env = eenv
-    topic = unique("epochhole")
-    env.source.create_topic(topic, partitions=1, replication_factor=3)
-    produce_records(env.sb, topic, 20, tag="a", partitions=1)
-    env.start(topic)
-    env.caught_up(topic, 1)
+    topic = mirrored_one_partition(env, "epochhole", 20)
     first = source_leader(env, topic)
     env.source.stop_broker(first)
     stopped = [first]
     try:
         wait_until(lambda: source_leader(env, topic) not in (first, -1), 60, what="a new source leader")
-        commit_nothing(env.sb, unique("hole-txn"), topic, 0)  # source offset 20: a marker, in the new epoch
+        up = ",".join(n.address for n in env.source.broker_nodes if n.node_id != first)  # its first address may be down
+        commit_nothing(up, unique("hole-txn"), topic, 0)  # source offset 20: a marker, in the new epoch
         wait_until(lambda: watermarks(env.sb, topic, 1)[0][1] == 21, 30, what="the marker at source offset 20")
         wait_until(lambda: last_mirrored(env, topic)[1][0]["last_mirrored_offset"] == 21, 60,
                    what="the mirror past the marker")

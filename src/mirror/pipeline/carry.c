@@ -43,7 +43,7 @@ static bool tx_add(km_pipeline *pl, mpart *p, const char *tid)
 	p->txn.tx = n;
 	if (!(t = km_txp_new(pl->dst, tid, p->t->name, p->id, km_pl_on_cluster_change, pl)))
 		return false;
-	p->txn.tx[p->txn.n++] = (mtx){t, -1, false, -1, false, -1};
+	p->txn.tx[p->txn.n++] = (mtx){t, -1, false, -1, -1};
 	return true;
 }
 
@@ -61,7 +61,7 @@ static int lease_for(km_pipeline *pl, mpart *p, int64_t src_pid, bool create)
 			p->txn.tx[i].src_pid = src_pid;
 			p->txn.tx[i].begun = false;
 			p->txn.tx[i].first_logical = -1;
-			p->txn.tx[i].ending = false;
+			p->txn.tx[i].marker_phys = -1;
 			return (int)i;
 		}
 	for (size_t k = p->txn.n;; k++) {
@@ -125,7 +125,7 @@ static void tx_release(km_pipeline *pl, mpart *p, size_t i)
 	p->txn.tx[i].src_pid = -1;
 	p->txn.tx[i].begun = false;
 	p->txn.tx[i].first_logical = -1;
-	p->txn.tx[i].ending = false;
+	p->txn.tx[i].marker_phys = -1;
 	publish_open(pl, p);
 }
 
@@ -148,7 +148,7 @@ bool km_pl_tx_wait_ended(km_pipeline *pl, mpart *p, int64_t end)
 	for (size_t i = 0; i < p->txn.n; i++) {
 		mtx *x = &p->txn.tx[i];
 		km_txp_state st = km_txp_state_of(x->txp);
-		if (x->src_pid < 0 || !x->ending || (st != KM_TXP_ENDING && st != KM_TXP_FREE))
+		if (x->src_pid < 0 || x->marker_phys < 0 || (st != KM_TXP_ENDING && st != KM_TXP_FREE))
 			continue;
 		if (st == KM_TXP_FREE && end > x->marker_phys)
 			tx_release(pl, p, i); /* answered, its marker in */
@@ -356,7 +356,6 @@ void km_pl_drive_marker(km_pipeline *pl, mpart *p, int64_t now, int64_t *next)
 	}
 	if (b->mk == MK_WAITING && st == KM_TXP_OPEN) {
 		km_txp_end(t, b->commit);
-		p->txn.tx[b->txi].ending = true;
 		p->txn.tx[b->txi].marker_phys = b->physical;
 		b->mk = MK_ENDING;
 	} else if (b->mk == MK_ENDING && st == KM_TXP_FREE) {

@@ -102,8 +102,8 @@ typedef struct mtx {
 	int64_t src_pid; /* -1: free */
 	bool begun;      /* km_txp_begin called for the current source transaction */
 	int64_t first_logical; /* where that transaction's first batch is (-1: none planned yet) */
-	bool ending;     /* EndTxn sent for it: the coordinator decides it, whatever the partition does */
-	int64_t marker_phys; /* with ending: where its marker was planned (physical) */
+	/* EndTxn sent for it (the coordinator decides it, whatever the partition does): where its marker was planned; -1: not */
+	int64_t marker_phys;
 } mtx;
 
 typedef struct mtopic mtopic;

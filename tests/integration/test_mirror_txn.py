@@ -179,13 +179,13 @@ def _consumer(bootstrap, isolation):
                      "isolation.level": isolation, "enable.auto.commit": False})
 
 
-def ends(bootstrap, topic, isolation):
+def ends(bootstrap, topic, isolation, parts=PARTS):
     """Per partition (low, end): the end is the high watermark for read_uncommitted and the last
     stable offset for read_committed (librdkafka asks ListOffsets with the consumer's isolation)."""
     c = _consumer(bootstrap, isolation)
     try:
         return [c.get_watermark_offsets(TopicPartition(topic, p), timeout=15, cached=False)
-                for p in range(PARTS)]
+                for p in range(parts)]
     finally:
         c.close()
 
@@ -891,14 +891,6 @@ def _move_leader(dest, topic, partition, replicas):
             raise
 
 
-def _lso0(bootstrap, topic):
-    c = _consumer(bootstrap, COMMITTED)
-    try:
-        return c.get_watermark_offsets(TopicPartition(topic, 0), timeout=15, cached=False)[1]
-    finally:
-        c.close()
-
-
 @main_release_only
 def test_leader_moves_right_after_commits_hide_nothing_committed(request):
     """The destination partition's leader moved while the mirror's transaction was being ended (its
@@ -964,15 +956,15 @@ def test_leader_moves_right_after_commits_hide_nothing_committed(request):
         stop.set()
         stop_at[0] = time.monotonic()
         threads[0].join(60)
-    src_end = _lso0(env.sb, topic)
-    wait_until(lambda: _lso0(env.pb, topic) == src_end, 180, what="the mirror caught up")
+    src_end = ends(env.sb, topic, COMMITTED, parts=1)[0][1]
+    wait_until(lambda: ends(env.pb, topic, COMMITTED, parts=1)[0][1] == src_end, 180, what="the mirror caught up")
     threads[1].join(150)
     dupes = sorted({o for o in seen if seen.count(o) > 1})
     backs = [(a, b) for a, b in zip(seen, seen[1:]) if b <= a]
     assert not errors, f"the reader through kmirrord: {errors[:5]}"
     assert not backs, f"the reader through kmirrord was served offsets again: {backs[:10]}, {len(dupes)} offsets twice"
     src = read_partition(env.sb, topic, 0, 0, src_end, **{"isolation.level": COMMITTED})
-    dest_end = _lso0(env.dest.bootstrap, topic)
+    dest_end = ends(env.dest.bootstrap, topic, COMMITTED, parts=1)[0][1]
     direct = read_partition(env.dest.bootstrap, topic, 0, 0, dest_end, **{"isolation.level": COMMITTED})
     hidden = [ln for ln in env.proxy.daemon.output().splitlines()
               if topic in ln and "transactions left open" in ln]

@@ -238,12 +238,23 @@ km_err km_state_progress_value_encode(km_wr *w, const km_state_topic *t, const k
 
 	km_mirror_state_progress_value_init(&v);
 	v.topic_id = t->id;
-	v.state_change_time_ms = p->state_change_ms;
+	v.state_change_time_ms = p->rec.state_change_ms; /* the partition record it is written under */
 	v.last_mirrored_offset = offset;
 	v.last_mirrored_epoch = epoch;
 	v.open_transaction_offset = open_txn >= 0 ? open_txn : -1;
 	/* The run a reader needs to have to show the progress (docs/state.md, "What a reader is shown"). */
 	last_run_at(p, offset, &v.last_run_logical, &v.last_run_prev_end);
+	if (p->has_writer) {
+		v.writer_producer_id = p->writer_pid;
+		v.writer_producer_epoch = p->writer_epoch;
+		v.writer_start_offset = p->writer_start;
+	}
+	/* The state as the runner has it under that record: the record's own, or what it settled. */
+	v.state = (int8_t)p->state;
+	v.settled_time_ms = p->state_change_ms;
+	v.last_error = p->last_error ? km_str_c(p->last_error) : KM_STR_NULL;
+	v.last_error_time_ms = p->last_error ? p->last_error_ms : -1;
+	v.source_topic_id = p->source_id;
 	km_wr_i16(w, 0);
 	km_mirror_state_progress_value_encode(w, 0, &v);
 	return w->err;
@@ -300,7 +311,8 @@ static void map_free(km_offmap *map)
 static void topic_free(km_state_topic *t)
 {
 	for (size_t i = 0; i < t->nparts; i++) {
-		free(t->parts[i].last_error);
+		free(t->parts[i].rec.error);
+		free(t->parts[i].prog.error);
 		map_free(t->parts[i].map);
 	}
 	free(t->parts);
@@ -525,11 +537,22 @@ static km_err apply_mirror(km_state_model *m, const km_state_key *k, const uint8
 	return KM_OK;
 }
 
-/* The progress figures that stand: the progress record's while it matches, else the partition record's. */
+/*
+ * What stands of a partition, from its two records (docs/state.md, "The runner's record"): the
+ * partition record is the control plane's, the progress record the runner's. The runner's figures
+ * and what it settled (its state, its error) stand while they were written under the partition
+ * record that stands (the same topic id and state change time): an operator's change through any
+ * kmirrord writes a new partition record, which a runner's write on an older view cannot undo. Its
+ * writer and the source topic's id stand whatever the partition record (a start writes a progress
+ * record without them). A pure function of the last record of each key, so a compacted state topic
+ * read after the cleaner ran gives what every instance that applied each record got.
+ */
 static void part_resolve(const km_state_topic *t, km_state_part *p)
 {
-	bool prog = p->progress_apart && p->prog.has && p->prog.state_change_ms == p->state_change_ms &&
-		    km_uuid_eq(&p->prog.topic_id, &t->id);
+	bool ours = p->prog.has && km_uuid_eq(&p->prog.topic_id, &t->id);
+	bool prog = p->progress_apart && ours && p->prog.state_change_ms == p->rec.state_change_ms;
+	bool settled = prog && p->prog.state != KM_MP_UNKNOWN;
+
 	p->last_mirrored_offset = prog ? p->prog.offset : p->rec.offset;
 	p->last_mirrored_epoch = prog ? p->prog.epoch : p->rec.epoch;
 	p->open_txn_offset = prog ? p->prog.open_txn : p->rec.open_txn;
@@ -537,6 +560,22 @@ static void part_resolve(const km_state_topic *t, km_state_part *p)
 	p->need_run_logical = prog ? p->prog.run_logical : p->rec.run_logical;
 	p->need_run_prev_end = prog ? p->prog.run_prev_end : p->rec.run_prev_end;
 	p->need_run = p->need_run_logical >= 0;
+	p->state = settled ? p->prog.state : p->rec.state;
+	p->state_change_ms = settled ? p->prog.settled_ms : p->rec.state_change_ms;
+	p->last_error = settled ? p->prog.error : p->rec.error;
+	p->last_error_ms = settled ? p->prog.error_ms : p->rec.error_ms;
+	p->source_id = ours && !km_uuid_is_zero(&p->prog.source_id) ? p->prog.source_id : p->rec.source_id;
+	if (ours && p->prog.writer_start >= 0) {
+		p->has_writer = true;
+		p->writer_pid = p->prog.writer_pid;
+		p->writer_epoch = p->prog.writer_epoch;
+		p->writer_start = p->prog.writer_start;
+	} else {
+		p->has_writer = p->rec.writer_start >= 0;
+		p->writer_pid = p->rec.writer_pid;
+		p->writer_epoch = p->rec.writer_epoch;
+		p->writer_start = p->rec.writer_start;
+	}
 }
 
 /*
@@ -577,7 +616,8 @@ static km_err apply_partition(km_state_model *m, const km_state_key *k, const ui
 		chg->from = p->state;
 		chg->to = KM_MP_UNKNOWN;
 		chg->changed = true;
-		free(p->last_error);
+		free(p->rec.error);
+		free(p->prog.error);
 		map_free(p->map);
 		memset(p, 0, sizeof(*p));
 		bool any = false;
@@ -618,30 +658,29 @@ static km_err apply_partition(km_state_model *m, const km_state_key *k, const ui
 			rc = KM_ERR_NOMEM;
 		} else {
 			chg->from = p->present ? p->state : KM_MP_UNKNOWN;
-			chg->to = (km_mp_state)v.state;
-			chg->changed = chg->from != chg->to;
 			if (!p->present)
 				p->source_log_end = -1;
 			p->present = true;
-			p->state = (km_mp_state)v.state;
-			p->state_change_ms = v.state_change_time_ms;
+			p->rec.state = (km_mp_state)v.state;
+			p->rec.state_change_ms = v.state_change_time_ms;
 			p->rec.offset = v.last_mirrored_offset;
 			p->rec.epoch = v.last_mirrored_epoch;
 			p->rec.open_txn = v.open_transaction_offset;
 			p->rec.run_logical = v.last_run_logical;
 			p->rec.run_prev_end = v.last_run_prev_end;
 			p->progress_apart = v.progress_apart;
-			free(p->last_error);
-			p->last_error = err;
-			p->last_error_ms = v.last_error_time_ms;
-			p->has_writer = v.writer_start_offset >= 0;
-			p->writer_pid = v.writer_producer_id;
-			p->writer_epoch = v.writer_producer_epoch;
-			p->writer_start = v.writer_start_offset;
-			p->source_id = v.source_topic_id;
+			free(p->rec.error);
+			p->rec.error = err;
+			p->rec.error_ms = v.last_error_time_ms;
+			p->rec.writer_pid = v.writer_producer_id;
+			p->rec.writer_epoch = v.writer_producer_epoch;
+			p->rec.writer_start = v.writer_start_offset;
+			p->rec.source_id = v.source_topic_id;
 			p->by_pattern = v.started_by == 1;
 			t->id = v.topic_id;
 			part_resolve(t, p);
+			chg->to = p->state;
+			chg->changed = chg->from != chg->to;
 		}
 	}
 	km_arena_free(&a);
@@ -649,13 +688,12 @@ static km_err apply_partition(km_state_model *m, const km_state_key *k, const ui
 }
 
 /*
- * A pipeline's progress record: it stands for the partition record's figures while that record
- * says progress is kept apart and is the one the pipeline ran under (the same topic id and state
- * change time). One written on an older view (a stop through another kmirrord, a start again)
- * changes nothing until its writer writes again under the new record. The partition record and the
- * progress record sit in different partitions of the state topic, so either may be read first.
+ * The runner's record of a partition (type 4, "progress"): what stands of it is part_resolve's. A
+ * settle in it is a state change like a partition record's. The partition record and the progress
+ * record sit in different partitions of the state topic, so either may be read first.
  */
-static km_err apply_progress(km_state_model *m, const km_state_key *k, const uint8_t *val, size_t vlen, bool tomb)
+static km_err apply_progress(km_state_model *m, const km_state_key *k, const uint8_t *val, size_t vlen, bool tomb,
+			     km_state_change *chg)
 {
 	km_state_mirror *mi;
 	size_t at;
@@ -670,9 +708,14 @@ static km_err apply_progress(km_state_model *m, const km_state_key *k, const uin
 	if (!t || (size_t)k->partition >= t->nparts || !t->parts[k->partition].present)
 		return KM_OK; /* no partition record (yet, or any more): nothing it could stand for */
 	p = &t->parts[k->partition];
+	chg->from = p->state;
 	if (tomb) {
 		p->prog.has = false;
+		free(p->prog.error);
+		p->prog.error = NULL;
 		part_resolve(t, p);
+		chg->to = p->state;
+		chg->changed = chg->from != chg->to;
 		return KM_OK;
 	}
 	km_rd_init(&r, val, vlen);
@@ -681,7 +724,20 @@ static km_err apply_progress(km_state_model *m, const km_state_key *k, const uin
 	km_arena_init(&a, 4096);
 	km_mirror_state_progress_value_init(&v);
 	rc = km_mirror_state_progress_value_decode(&r, 0, &v, &a);
+	if (rc == KM_OK && (v.state < 0 || v.state >= KM_MP__COUNT))
+		rc = KM_ERR_DECODE;
 	if (rc == KM_OK) {
+		char *err = km_state_dup_str(v.last_error);
+		if (v.last_error.len >= 0 && !err) {
+			km_arena_free(&a);
+			return KM_ERR_NOMEM;
+		}
+		free(p->prog.error);
+		p->prog.error = err;
+		p->prog.error_ms = v.last_error_time_ms;
+		p->prog.state = (km_mp_state)v.state;
+		p->prog.settled_ms = v.settled_time_ms;
+		p->prog.source_id = v.source_topic_id;
 		p->prog.has = true;
 		p->prog.topic_id = v.topic_id;
 		p->prog.state_change_ms = v.state_change_time_ms;
@@ -690,7 +746,12 @@ static km_err apply_progress(km_state_model *m, const km_state_key *k, const uin
 		p->prog.open_txn = v.open_transaction_offset;
 		p->prog.run_logical = v.last_run_logical;
 		p->prog.run_prev_end = v.last_run_prev_end;
+		p->prog.writer_pid = v.writer_producer_id;
+		p->prog.writer_epoch = v.writer_producer_epoch;
+		p->prog.writer_start = v.writer_start_offset;
 		part_resolve(t, p);
+		chg->to = p->state;
+		chg->changed = chg->from != chg->to;
 	}
 	km_arena_free(&a);
 	return rc;
@@ -885,8 +946,9 @@ km_err km_state_model_apply(km_state_model *m, const uint8_t *key, size_t klen, 
 	if (k.type == KM_STATE_REC_INSTANCE)
 		return km_state_instance_apply(m, k.instance, val, vlen, tombstone);
 	if (k.type == KM_STATE_REC_PROGRESS)
-		return apply_progress(m, &k, val, vlen, tombstone);
-	rc = apply_partition(m, &k, val, vlen, tombstone, chg);
+		rc = apply_progress(m, &k, val, vlen, tombstone, chg);
+	else
+		rc = apply_partition(m, &k, val, vlen, tombstone, chg);
 	if (chg->changed) {
 		/* The names outlive a tombstone's topic: copy them into static-lifetime scratch of the change. */
 		static char mname[KM_STATE_MAX_NAME + 1], tname[KM_STATE_MAX_NAME + 1];

@@ -73,7 +73,7 @@ typedef struct km_state_part {
 	int64_t open_txn_offset;
 	int64_t source_log_end;
 	int64_t source_log_end_ms; /* when source_log_end was learned (wall clock), 0: never */
-	char *last_error;
+	const char *last_error; /* rec's or prog's error below (part_resolve), not owned */
 	int64_t last_error_ms;
 	bool present;       /* a record exists for this index */
 	/*
@@ -90,16 +90,30 @@ typedef struct km_state_part {
 	km_uuid source_id; /* the source topic's id as the mirror first saw it (zero: not yet) */
 	bool by_pattern;   /* started by the mirror's topic patterns, not an operator */
 	/*
-	 * Progress apart (docs/state.md, "The pipeline's progress, apart"): last_mirrored_* and the open
+	 * Progress apart (docs/state.md, "The runner's record"): last_mirrored_* and the open
 	 * transaction above are the figures that stand, the progress record's while it matches the
 	 * partition record (progress_apart, the same topic id and state change time), else the
 	 * partition record's own (rec).
 	 */
 	bool progress_apart;
+	/*
+	 * The runner's record (prog) also holds what the runner settles (the state it moves the
+	 * partition to under the partition record, its error), its writer and the source topic's id:
+	 * state, state_change_ms, last_error, has_writer and source_id above are resolved from both
+	 * records (part_resolve), so that no write of the runner rewrites the operator's record
+	 * (docs/state.md, "The runner's record").
+	 */
 	struct {
+		km_mp_state state;
+		int64_t state_change_ms;
+		char *error; /* owned */
+		int64_t error_ms;
+		km_uuid source_id;
 		int64_t offset, open_txn;
 		int32_t epoch;
 		int64_t run_logical, run_prev_end; /* as prog's below */
+		int64_t writer_pid, writer_start; /* the record's writer (writer_start -1: none) */
+		int16_t writer_epoch;
 	} rec;
 	struct {
 		bool has;
@@ -108,6 +122,15 @@ typedef struct km_state_part {
 		int32_t epoch;
 		/* The last run its writer had at or before offset (its logical start, its previous end), -1: none said. */
 		int64_t run_logical, run_prev_end;
+		/* The pipeline's writer (writer_start -1: none in the record): it stands whatever the state. */
+		int64_t writer_pid, writer_start;
+		int16_t writer_epoch;
+		/* What the runner settled under the partition record of state_change_ms (UNKNOWN: nothing). */
+		km_mp_state state;
+		int64_t settled_ms;
+		char *error; /* owned */
+		int64_t error_ms;
+		km_uuid source_id; /* zero: not said */
 	} prog;
 	/* The run the figures that stand need (part_resolve: prog's or rec's); need_run false: none said. */
 	bool need_run;

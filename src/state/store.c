@@ -226,8 +226,8 @@ static km_err add_partition_rec(km_state_mut *mu, const km_state_topic *t, int32
 }
 
 /*
- * A pipeline's progress on partition index of t, under p's record (docs/state.md, "The pipeline's
- * progress, apart"); p NULL: its tombstone.
+ * The runner's record of partition index of t, under p's partition record (docs/state.md, "The
+ * runner's record"); p NULL: its tombstone.
  */
 static km_err add_progress_rec(km_state_mut *mu, const km_state_topic *t, int32_t index, const km_state_part *p,
 			       int64_t offset, int32_t epoch, int64_t open_txn)
@@ -245,6 +245,30 @@ static km_err add_progress_rec(km_state_mut *mu, const km_state_topic *t, int32_
 	rc = add_rec(mu, &k, p ? &w : NULL);
 	km_wr_free(&w);
 	return rc;
+}
+
+/* A partition's first record (a start, a partition added): s since now, nothing mirrored, no writer. */
+static km_state_part fresh_part(km_mp_state s, int64_t now, bool by_pattern)
+{
+	km_state_part p = {.state = s, .state_change_ms = now, .last_mirrored_offset = -1, .last_mirrored_epoch = -1,
+			   .last_error_ms = -1, .by_pattern = by_pattern, .progress_apart = true};
+	p.rec.state = s;
+	p.rec.state_change_ms = now; /* a progress record written with it is written under it */
+	return p;
+}
+
+/*
+ * The runner's record of partition index of t from p, its view with the runner's change made
+ * (progress, writer, source topic id): the progress record, never the partition record, which is
+ * the control plane's (docs/state.md, "The runner's record"). A partition record an older kmirrord
+ * wrote is written again first, saying that the progress is kept apart.
+ */
+static km_err add_runner_rec(km_state_mut *mu, const km_state_topic *t, int32_t index, const km_state_part *p)
+{
+	km_err rc = p->progress_apart ? KM_OK : add_partition_rec(mu, t, index, p);
+	return rc != KM_OK ? rc
+			   : add_progress_rec(mu, t, index, p, p->last_mirrored_offset, p->last_mirrored_epoch,
+					      p->has_open_txn ? p->open_txn_offset : -1);
 }
 
 /* ---- mirrors ---- */
@@ -726,14 +750,19 @@ static void on_topics_meta(km_state *st, km_err err, const char *message, const 
 		tmp.id = md->id;
 		for (int32_t j = 0; j < md->partitions; j++) {
 			km_state_topic *old = km_state_model_topic(&st->model, mu->topics[i], strlen(mu->topics[i]));
-			km_state_part p = {.state = KM_MP_PREPARING, .state_change_ms = now, .last_mirrored_offset = -1,
-					   .last_mirrored_epoch = -1, .last_error_ms = -1, .by_pattern = mu->by_pattern};
+			km_state_part p = fresh_part(KM_MP_PREPARING, now, mu->by_pattern);
 			/* A restart keeps what was mirrored (the pipeline resumes from there) when the topic is the same. */
 			if (old && (size_t)j < old->nparts && old->parts[j].present && km_uuid_eq(&old->id, &md->id)) {
 				p.last_mirrored_offset = old->parts[j].last_mirrored_offset;
 				p.last_mirrored_epoch = old->parts[j].last_mirrored_epoch;
 			}
-			if (add_partition_rec(mu, &tmp, j, &p) != KM_OK)
+			/*
+			 * A start begins a new record, without a writer: its progress record too, since the
+			 * writer the pipeline wrote there before the stop would stand over the start's
+			 * (docs/state.md, "The runner's record").
+			 */
+			if (add_partition_rec(mu, &tmp, j, &p) != KM_OK ||
+			    add_progress_rec(mu, &tmp, j, &p, p.last_mirrored_offset, p.last_mirrored_epoch, -1) != KM_OK)
 				topic_msg(mu, i, KM_MIRROR_STATE_UNAVAILABLE, "out of memory");
 		}
 	}
@@ -816,22 +845,26 @@ static void prepare_pset(km_state *st, km_state_mut *mu)
 			return;
 		}
 	}
-	/* All or nothing: one write holds every partition's record. */
+	/*
+	 * All or nothing: one write holds every partition's record. The runner's record, which an
+	 * operator's change through another kmirrord (a new partition record) outdates, instead of a
+	 * rewrite of the partition record, which undid it (docs/reliability.md, finding 24); the
+	 * partition record too for a partition that has none yet or one of an older kmirrord.
+	 */
 	for (size_t i = 0; i < mu->nparts && mu->code == KM_OK; i++) {
 		int32_t pi = mu->parts[i];
-		km_state_part p;
-		if ((size_t)pi < t->nparts && t->parts[pi].present) {
-			p = t->parts[pi];
-		} else {
-			memset(&p, 0, sizeof(p));
-			p.last_mirrored_offset = -1;
-			p.last_mirrored_epoch = -1;
-			p.last_error_ms = -1;
-		}
+		bool known = (size_t)pi < t->nparts && t->parts[pi].present;
+		bool rec = !known || !t->parts[pi].progress_apart;
+		km_state_part p = known ? t->parts[pi] : fresh_part(mu->to, now, false);
 		if (p.state != mu->to)
 			p.state_change_ms = now;
 		p.state = mu->to;
-		/* Where the pipeline stands is what the partition's record keeps (describe, LastMirroredOffsets, a failover). */
+		if (rec) {
+			/* The settle is the partition record's own state change. */
+			p.rec.state = p.state;
+			p.rec.state_change_ms = p.state_change_ms;
+		}
+		/* Where the pipeline stands is what the settle keeps (describe, LastMirroredOffsets, a failover). */
 		if (p.map && p.map->tail_logical >= 0) {
 			p.last_mirrored_offset = p.map->tail_logical;
 			p.last_mirrored_epoch = p.map->tail_epoch;
@@ -844,12 +877,12 @@ static void prepare_pset(km_state *st, km_state_mut *mu)
 			p.last_error = mu->error;
 			p.last_error_ms = now;
 		}
-		if (add_partition_rec(mu, t, pi, &p) != KM_OK)
+		if ((!known && add_partition_rec(mu, t, pi, &p) != KM_OK) || add_runner_rec(mu, t, pi, &p) != KM_OK)
 			set_msg(mu, KM_MIRROR_STATE_UNAVAILABLE, "out of memory");
 	}
 }
 
-/* A partition's writer: its record again, the state as it is, the writer fields set. */
+/* A partition's writer, in the runner's record with the figures that stand. */
 static void prepare_writer(km_state *st, km_state_mut *mu)
 {
 	km_state_mirror *m = km_state_model_mirror(&st->model, mu->mirror);
@@ -875,11 +908,11 @@ static void prepare_writer(km_state *st, km_state_mut *mu)
 	p.writer_pid = mu->writer_pid;
 	p.writer_epoch = mu->writer_epoch;
 	p.writer_start = mu->writer_start;
-	if (add_partition_rec(mu, t, pi, &p) != KM_OK)
+	if (add_runner_rec(mu, t, pi, &p) != KM_OK)
 		set_msg(mu, KM_MIRROR_STATE_UNAVAILABLE, "out of memory");
 }
 
-/* The source topic's id: every partition's record of the topic with it (those that hold it already skipped). */
+/* The source topic's id: in the runner's record of every partition of the topic (those that hold it already skipped). */
 static void prepare_source_id(km_state *st, km_state_mut *mu)
 {
 	km_state_mirror *m = km_state_model_mirror(&st->model, mu->mirror);
@@ -895,7 +928,7 @@ static void prepare_source_id(km_state *st, km_state_mut *mu)
 		if (!p.present || km_uuid_eq(&p.source_id, &mu->source_id))
 			continue;
 		p.source_id = mu->source_id;
-		if (add_partition_rec(mu, t, (int32_t)i, &p) != KM_OK) {
+		if (add_runner_rec(mu, t, (int32_t)i, &p) != KM_OK) {
 			set_msg(mu, KM_MIRROR_STATE_UNAVAILABLE, "out of memory");
 			return;
 		}
@@ -936,8 +969,7 @@ static void prepare_grow(km_state *st, km_state_mut *mu)
 		return;
 	}
 	for (size_t j = 0; j < mu->nparts && mu->code == KM_OK; j++) {
-		km_state_part p = {.state = KM_MP_PREPARING, .state_change_ms = now, .last_mirrored_offset = -1,
-				   .last_mirrored_epoch = -1, .last_error_ms = -1, .by_pattern = km_state_topic_by_pattern(t)};
+		km_state_part p = fresh_part(KM_MP_PREPARING, now, km_state_topic_by_pattern(t));
 		if (j < t->nparts && t->parts[j].present)
 			continue;
 		if (add_partition_rec(mu, t, (int32_t)j, &p) != KM_OK)
@@ -1011,11 +1043,13 @@ static void prepare_progress(km_state *st, km_state_mut *mu)
 		/*
 		 * The progress alone, in its own record: the partition's record (its state above all) is
 		 * the control plane's, and a view that has not seen a stop through another kmirrord yet
-		 * would otherwise write it back (docs/reliability.md, finding 11). A partition record an
-		 * older kmirrord wrote is written again first, saying that the progress is kept apart.
+		 * would otherwise write it back (docs/reliability.md, finding 11).
 		 */
-		if ((!p.progress_apart && add_partition_rec(mu, t, r->partition, &p) != KM_OK) ||
-		    add_progress_rec(mu, t, r->partition, &p, r->logical, r->epoch, r->open_txn) != KM_OK) {
+		p.last_mirrored_offset = r->logical;
+		p.last_mirrored_epoch = r->epoch;
+		p.has_open_txn = r->open_txn >= 0;
+		p.open_txn_offset = r->open_txn;
+		if (add_runner_rec(mu, t, r->partition, &p) != KM_OK) {
 			set_msg(mu, KM_MIRROR_STATE_UNAVAILABLE, "out of memory");
 			return;
 		}

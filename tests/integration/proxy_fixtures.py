@@ -43,14 +43,15 @@ __all__ = ["worker_index", "PROXY_HOST", "UPSTREAM_HOST", "Proxy", "Capture", "p
 
 
 def wait_until(pred, timeout=30.0, interval=0.1, what="condition"):
-    """Polls pred() until it returns a true value (returned) or the timeout passes (fails)."""
+    """Polls pred() until it returns a true value (returned) or the timeout passes (fails). what:
+    what is waited for, or a function saying so (called on the timeout: what was seen)."""
     deadline = time.monotonic() + timeout
     while True:
         v = pred()
         if v:
             return v
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what() if callable(what) else what}")
         time.sleep(interval)
 
 

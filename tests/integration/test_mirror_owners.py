@@ -542,29 +542,12 @@ def test_stop_through_the_other_kmirrord_is_not_undone(kmirror_bin, dest_cluster
     from mirror_cli import topic_states
     a, b, cli_a, cli_b, m, bg = _owner_then_other(kmirror_bin, dest_cluster3, source_cluster, proxy_factory, "stop",
                                                   4, 2000, SLOTS)
-    lost = []
     try:
         for rnd in range(8):
             wait_until(lambda: set(topic_states(cli_b, m)[m]) == {"MIRRORING"}, 60, what=f"round {rnd}: mirroring")
             time.sleep(0.5 + 0.3 * rnd)  # the owner's progress moving, written at various phases
             cli_b.run("stop", "--mirror", m, "--topics", m)
-            t0 = time.monotonic()
-            seen = []
-            while time.monotonic() - t0 < 30:
-                st = [tuple(topic_states(c, m)[m]) for c in (cli_a, cli_b)]
-                seen.append(st)
-                if all(set(s) == {"STOPPED"} for s in st):
-                    break
-                if any("MIRRORING" in s for s in st) and time.monotonic() - t0 > 0.5:
-                    lost.append((rnd, st))
-                    break
-                time.sleep(0.1)
-            print(f"round {rnd}: {time.monotonic() - t0:.1f} s, last seen {seen[-1]}")
-            assert not lost, f"round {rnd}: the stop was acknowledged and then undone (states through a and b): {st}"
-            wait_until(lambda: all(set(topic_states(c, m)[m]) == {"STOPPED"} for c in (cli_a, cli_b)), 60,
-                       what=f"round {rnd}: stopped")
-            time.sleep(1.0)
-            assert all(set(topic_states(c, m)[m]) == {"STOPPED"} for c in (cli_a, cli_b))
+            _stop_stands(cli_a, cli_b, m, rnd)
             # Where the stop left each partition (a drill's start hides what was written after it) is
             # the destination's end: every record mirrored before the stop counts.
             from mirror_cli import described
@@ -575,6 +558,56 @@ def test_stop_through_the_other_kmirrord_is_not_undone(kmirror_bin, dest_cluster
                 stopped = [p["mirrored_offset"] for p in sorted(t["partitions"], key=lambda p: p["partition"])]
                 assert stopped == ends, f"round {rnd}: stopped at {stopped}, the destination ends at {ends}"
             cli_b.run("start", "--mirror", m, "--topics", m)
+    finally:
+        bg.stop()
+
+
+def _stop_stands(cli_a, cli_b, m, rnd):
+    """A stop of topic m just acknowledged: it settles STOPPED through both kmirrords and stays
+    there; a partition seen PREPARING or MIRRORING again past a follower's lag means it was undone."""
+    from mirror_cli import topic_states
+    t0 = time.monotonic()
+    seen = []
+    while time.monotonic() - t0 < 30:
+        st = [tuple(topic_states(c, m)[m]) for c in (cli_a, cli_b)]
+        seen.append(st)
+        if all(set(s) == {"STOPPED"} for s in st):
+            break
+        undone = any("MIRRORING" in s or "PREPARING" in s for s in st)
+        assert not (undone and time.monotonic() - t0 > 0.5), \
+            f"round {rnd}: the stop was acknowledged and then undone (states through a and b): {st}"
+        time.sleep(0.1)
+    print(f"round {rnd}: {time.monotonic() - t0:.1f} s, last seen {seen[-1]}")
+    if not all(set(s) == {"STOPPED"} for s in seen[-1]):
+        from mirror_cli import described
+        (t,) = [t for t in described(cli_b, m)["topics"] if t["name"] == m]
+        print([(p["partition"], p["state"], p.get("last_error")) for p in t["partitions"] if p["state"] != "STOPPED"])
+    wait_until(lambda: all(set(topic_states(c, m)[m]) == {"STOPPED"} for c in (cli_a, cli_b)), 60,
+               what=f"round {rnd}: stopped")
+    time.sleep(1.0)
+    assert all(set(topic_states(c, m)[m]) == {"STOPPED"} for c in (cli_a, cli_b)), f"round {rnd}: undone later"
+
+
+def test_stop_right_after_a_start_through_the_other_kmirrord_is_not_undone(kmirror_bin, dest_cluster3,
+                                                                            source_cluster, proxy_factory):
+    """A start through the kmirrord that does not run the mirror, then a stop through it a moment
+    later, while the owner reconciles the partitions the start gave it: the owner persisted each
+    partition's writer by rewriting the partition's record from its view, which had not seen the
+    stop yet, and the partition went back to PREPARING, then MIRRORING: the stop, acknowledged, was
+    lost, and the next start refused (the soak's finding 24, docs/reliability.md). Rounds with the
+    stop at various delays after the start; each stop must settle STOPPED on both and stay."""
+    from mirror_cli import topic_states
+    a, b, cli_a, cli_b, m, bg = _owner_then_other(kmirror_bin, dest_cluster3, source_cluster, proxy_factory, "rstop",
+                                                  8, 2000, SLOTS)
+    try:
+        wait_until(lambda: set(topic_states(cli_b, m)[m]) == {"MIRRORING"}, 60, what="mirroring")
+        cli_b.run("stop", "--mirror", m, "--topics", m)
+        _stop_stands(cli_a, cli_b, m, "first")
+        for rnd in range(12):
+            cli_b.run("start", "--mirror", m, "--topics", m)
+            time.sleep(0.04 * rnd)  # the stop lands at various phases of the owner's reconciles
+            cli_b.run("stop", "--mirror", m, "--topics", m)
+            _stop_stands(cli_a, cli_b, m, rnd)
     finally:
         bg.stop()
 
@@ -643,3 +676,99 @@ def test_stop_settled_by_a_former_owner_that_gets_the_mirror_back_keeps_the_dest
     finally:
         bg.stop()
     _stopped_at_the_destinations_end(dest_cluster, a, cli_a, m)
+
+
+def test_a_record_right_after_a_hole_shows_at_its_offset_through_the_other_kmirrord(kmirror_bin, dest_cluster,
+                                                                                    source_cluster, proxy_factory):
+    """The source's last batch is a hole for the mirror (a COMMIT marker with no record of its
+    transaction, source offset 8): the runner's tail moved past it, to logical 9 at destination
+    offset 8, and its progress said 9. The run that says so (logical 9 at 8) was written only with
+    the next batch, so the other kmirrord mapped the progress with the runs it had (logical 0 at 0):
+    offset 9 at destination offset 9, past the destination's end, and the next record, at 8, one
+    early until the run reached it (the soak's finding 25, docs/reliability.md). A reader through the
+    other kmirrord waits at offset 9 (its end) while the next record is written: it must get it
+    there, with no error before."""
+    from confluent_kafka import Consumer, TopicPartition
+    from mirror_data import record, watermarks
+    from test_mirror_txn import commit_nothing
+    tag = uuid.uuid4().hex[:6]
+    opts = dict(mirror_state_topic=f"__mirror_state_hole_{tag}", mirror_state_partitions=SLOTS,
+                mirror_pipelines="owned")
+    m = f"hole-{tag}"
+    source_cluster.create_topic(m, partitions=1)
+    produce_records(source_cluster.bootstrap, m, 8, partitions=1)
+    a = proxy_factory(dest_cluster, name="kmirrord-hole-a", **opts)
+    cli_a = Cli(kmirror_bin, a.bootstrap)
+    cli_a.run("create", "--mirror", m, "--source-bootstrap", source_cluster.bootstrap)
+    cli_a.run("start", "--mirror", m, "--topics", m)
+    wait_until(lambda: runners([a], [m], window=1.0)[m] == [a.name], 60, what="a running the mirror")
+    b = proxy_factory(dest_cluster, name="kmirrord-hole-b", **opts)
+    wait_until(lambda: watermarks(b.bootstrap, m, 1)[0][1] == 8, 60, what="8 records through b")
+    commit_nothing(source_cluster.bootstrap, f"hole-txn-{tag}", m, 0)  # source offset 8: a hole
+    wait_until(lambda: watermarks(b.bootstrap, m, 1)[0][1] == 9, 60,
+               what=lambda: f"the hole through b (a: {watermarks(a.bootstrap, m, 1)}, b: {watermarks(b.bootstrap, m, 1)})")
+    time.sleep(1.0)  # every progress past the hole written
+    runs, progress = _runs_and_progress(dest_cluster, opts["mirror_state_topic"], m)
+    print(f"runs (logical, physical): {runs}; progress: {progress}")
+    assert progress != 9 or (9, 8) in runs, (f"the progress past the hole (9) is persisted, the run that maps it "
+                                            f"(9 at 8) is not: {runs}")
+    c = Consumer({"bootstrap.servers": b.bootstrap, "group.id": f"hole-{tag}", "enable.auto.commit": False,
+                  "auto.offset.reset": "error", "fetch.wait.max.ms": 10, "isolation.level": "read_committed"})
+    got, errors = [], []
+    try:
+        c.assign([TopicPartition(m, 0, 9)])
+        for x in c.consume(num_messages=100, timeout=2.0):  # the fetcher at 9, the end through b, waiting
+            (errors if x.error() else got).append(x.error() or (x.offset(), x.value()))
+        produce_records(source_cluster.bootstrap, m, 1, start=9, partitions=1)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and not got and not errors:
+            for x in c.consume(num_messages=100, timeout=0.05):
+                (errors if x.error() else got).append(x.error() or (x.offset(), x.value()))
+    finally:
+        c.close()
+    assert not errors, f"reading at the end through the other kmirrord after the hole: {errors[:3]}"
+    assert got and got[0] == (9, record(9, "r")[1]), (f"the first record through the other kmirrord after the "
+                                                     f"hole: {got[:1]}, not source offset 9 at 9")
+
+
+def _runs_and_progress(cluster, state_topic, m):
+    """Partition 0 of mirror m's topic m in the state topic, read raw: its runs (logical start,
+    physical start) and its last progress (LastMirroredOffset of its last progress record)."""
+    import struct
+    from confluent_kafka import Consumer, TopicPartition
+
+    def text(b, pos):
+        (n,) = struct.unpack_from(">h", b, pos)
+        return b[pos + 2:pos + 2 + n].decode(), pos + 2 + n
+
+    c = Consumer({"bootstrap.servers": cluster.bootstrap, "group.id": f"st-{uuid.uuid4().hex[:6]}",
+                  "enable.auto.commit": False, "enable.partition.eof": True})
+    runs, progress = set(), None
+    try:
+        parts = c.list_topics(state_topic, timeout=15).topics[state_topic].partitions
+        c.assign([TopicPartition(state_topic, p, 0) for p in parts])
+        left, deadline = set(parts), time.monotonic() + 60
+        while left and time.monotonic() < deadline:
+            x = c.poll(1.0)
+            if x is None:
+                continue
+            if x.error():
+                left.discard(x.partition())
+                continue
+            k, v = x.key(), x.value()
+            (kind,) = struct.unpack_from(">h", k, 0)
+            if kind not in (2, 4) or v is None:
+                continue
+            mirror, pos = text(k, 2)
+            topic, pos = text(k, pos)
+            (part,) = struct.unpack_from(">i", k, pos)
+            if (mirror, topic, part) != (m, m, 0):
+                continue
+            if kind == 2:  # a run: key's LogicalStart; value: version, PhysicalStart
+                runs.add((struct.unpack_from(">q", k, pos + 4)[0], struct.unpack_from(">q", v, 2)[0]))
+            else:  # a progress: value: version, TopicId, StateChangeTimeMs, LastMirroredOffset
+                progress = struct.unpack_from(">q", v, 2 + 16 + 8)[0]
+        assert not left, f"{state_topic} not read to its end: {left}"
+    finally:
+        c.close()
+    return sorted(runs), progress

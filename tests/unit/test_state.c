@@ -1372,7 +1372,7 @@ static void progress_rec_at(km_state_model *m, int64_t changed_ms, int64_t last,
 	km_state_mirror mi = {.name = "m1", .cfg = cfg, .ncfg = 1};
 	km_state_topic tt = {.name = "t", .mirror = &mi, .id = {{7}}};
 	km_state_key gk = {.type = KM_STATE_REC_PROGRESS, .mirror = km_str_c("m1"), .topic = km_str_c("t")};
-	km_state_part p = {.state_change_ms = changed_ms};
+	km_state_part p = {.rec.state_change_ms = changed_ms};
 	km_state_change chg;
 	km_wr w;
 
@@ -1388,6 +1388,122 @@ static const km_state_part *part0(km_state_model *m)
 	km_state_topic *t = km_state_model_topic(m, "t", 1);
 	assert_non_null(t);
 	return &t->parts[0];
+}
+
+/* Partition 0 of t in m: the runner's writer record (a progress record with a writer) under a partition record changed at changed_ms. */
+static void writer_rec_at(km_state_model *m, int64_t changed_ms, int64_t pid, int64_t start)
+{
+	km_state_cfg_entry cfg[1] = {{.name = "bootstrap.servers", .value = "s:9092"}};
+	km_state_mirror mi = {.name = "m1", .cfg = cfg, .ncfg = 1};
+	km_state_topic tt = {.name = "t", .mirror = &mi, .id = {{7}}};
+	km_state_key gk = {.type = KM_STATE_REC_PROGRESS, .mirror = km_str_c("m1"), .topic = km_str_c("t")};
+	km_state_part p = {.rec.state_change_ms = changed_ms, .has_writer = true, .writer_pid = pid, .writer_epoch = 3,
+			   .writer_start = start};
+	km_state_change chg;
+	km_wr w;
+
+	km_wr_init(&w);
+	assert_int_equal(km_state_progress_value_encode(&w, &tt, &p, 60, 4, -1), KM_OK);
+	rec(m, &gk, &w, &chg);
+	assert_false(chg.changed);
+	km_wr_free(&w);
+}
+
+/* Partition 0 of t in m: the runner's settle to s at settled_ms (a progress record) under a partition record changed at changed_ms. */
+static void settle_rec_at(km_state_model *m, int64_t changed_ms, km_mp_state s, int64_t settled_ms)
+{
+	km_state_cfg_entry cfg[1] = {{.name = "bootstrap.servers", .value = "s:9092"}};
+	km_state_mirror mi = {.name = "m1", .cfg = cfg, .ncfg = 1};
+	km_state_topic tt = {.name = "t", .mirror = &mi, .id = {{7}}};
+	km_state_key gk = {.type = KM_STATE_REC_PROGRESS, .mirror = km_str_c("m1"), .topic = km_str_c("t")};
+	km_state_part p = {.rec.state_change_ms = changed_ms, .state = s, .state_change_ms = settled_ms};
+	km_state_change chg;
+	km_wr w;
+
+	km_wr_init(&w);
+	assert_int_equal(km_state_progress_value_encode(&w, &tt, &p, 60, 4, -1), KM_OK);
+	rec(m, &gk, &w, &chg);
+	km_wr_free(&w);
+}
+
+/*
+ * The same race with the runner's settle (PREPARING -> MIRRORING) and a stop through another
+ * kmirrord that landed first: the settle goes in the runner's record, under the partition record it
+ * was made from, so the stop stands in either order; the runner's settle under the stop's record
+ * (STOPPED) stands over it.
+ */
+static void test_runner_settle_keeps_a_stop(void **state)
+{
+	km_state_model m;
+	(void)state;
+
+	for (int order = 0; order < 2; order++) {
+		model_with(&m, KM_MP_PREPARING, KM_MP_UNKNOWN);
+		part_rec_at(&m, KM_MP_PREPARING, 1000, 50, true);
+		if (order == 0) {
+			part_rec_at(&m, KM_MP_STOPPING, 2000, 60, true);
+			settle_rec_at(&m, 1000, KM_MP_MIRRORING, 1500);
+		} else {
+			settle_rec_at(&m, 1000, KM_MP_MIRRORING, 1500);
+			assert_int_equal(part0(&m)->state, KM_MP_MIRRORING);
+			assert_int_equal(part0(&m)->state_change_ms, 1500);
+			part_rec_at(&m, KM_MP_STOPPING, 2000, 60, true);
+		}
+		assert_int_equal(part0(&m)->state, KM_MP_STOPPING);
+		assert_int_equal(part0(&m)->state_change_ms, 2000);
+		settle_rec_at(&m, 2000, KM_MP_STOPPED, 2500);
+		assert_int_equal(part0(&m)->state, KM_MP_STOPPED);
+		assert_int_equal(part0(&m)->state_change_ms, 2500);
+		km_state_model_free(&m);
+	}
+}
+
+/*
+ * The soak's finding 24: the runner persisted its writer by rewriting the partition record from
+ * its view (MIRRORING) while a stop through another kmirrord landed first: applied after it, the
+ * rewrite put the partition back to MIRRORING, and the stop, answered, was lost. The writer now goes
+ * in the progress record, which only the runner writes: the stop stands, and so does the writer,
+ * in either order of the two records (they sit in different partitions of the state topic, and a
+ * compacted topic keeps only the last of each key).
+ */
+static void test_writer_apart_keeps_a_stop(void **state)
+{
+	km_state_model m;
+	(void)state;
+
+	for (int order = 0; order < 2; order++) {
+		model_with(&m, KM_MP_MIRRORING, KM_MP_UNKNOWN);
+		part_rec_at(&m, KM_MP_MIRRORING, 1000, 50, true);
+		if (order == 0) {
+			part_rec_at(&m, KM_MP_STOPPING, 2000, 60, true); /* the stop, through another kmirrord */
+			writer_rec_at(&m, 1000, 42, 70);                  /* the writer, from the view before it */
+		} else {
+			writer_rec_at(&m, 1000, 42, 70);
+			part_rec_at(&m, KM_MP_STOPPING, 2000, 60, true);
+		}
+		assert_int_equal(part0(&m)->state, KM_MP_STOPPING);
+		assert_int_equal(part0(&m)->last_mirrored_offset, 60);
+		assert_true(part0(&m)->has_writer);
+		assert_int_equal(part0(&m)->writer_pid, 42);
+		assert_int_equal(part0(&m)->writer_start, 70);
+		km_state_model_free(&m);
+	}
+	/* A start after the stop writes both records again, without a writer: the old one stands no more. */
+	model_with(&m, KM_MP_MIRRORING, KM_MP_UNKNOWN);
+	part_rec_at(&m, KM_MP_STOPPED, 2000, 60, true);
+	writer_rec_at(&m, 1000, 42, 70);
+	assert_true(part0(&m)->has_writer);
+	part_rec_at(&m, KM_MP_PREPARING, 3000, 60, true);
+	progress_rec_at(&m, 3000, 60, -1);
+	assert_int_equal(part0(&m)->state, KM_MP_PREPARING);
+	assert_false(part0(&m)->has_writer);
+	km_state_model_free(&m);
+	/* A partition record with its own writer and no writer in the progress (an older kmirrord): its own. */
+	model_with(&m, KM_MP_MIRRORING, KM_MP_UNKNOWN);
+	part_rec_at(&m, KM_MP_MIRRORING, 1000, 50, true);
+	progress_rec_at(&m, 1000, 80, -1);
+	assert_false(part0(&m)->has_writer);
+	km_state_model_free(&m);
 }
 
 /*
@@ -1474,7 +1590,7 @@ static void test_progress_waits_for_its_run(void **state)
 	km_state_key gk = {.type = KM_STATE_REC_PROGRESS, .mirror = km_str_c("m1"), .topic = km_str_c("t")};
 	km_offrun runs[2] = {{0, 0, -1, 0}, {60, 59, 59, 0}};
 	km_offmap runner = {runs, 2, 2, -1, -1};
-	km_state_part rp = {.state_change_ms = 1000, .map = &runner};
+	km_state_part rp = {.rec.state_change_ms = 1000, .map = &runner};
 	const km_offmap *map;
 	km_state_model m;
 	km_state_change chg;
@@ -1671,6 +1787,7 @@ int main(void)
 		cmocka_unit_test(test_progress_bounds_readers),
 		cmocka_unit_test(test_open_transaction_bounds_readers),
 		cmocka_unit_test(test_progress_apart),
+		cmocka_unit_test(test_writer_apart_keeps_a_stop), cmocka_unit_test(test_runner_settle_keeps_a_stop),
 		cmocka_unit_test(test_progress_waits_for_its_run),
 		cmocka_unit_test(test_owner_check),
 		cmocka_unit_test(test_secrets_format0),

@@ -160,6 +160,8 @@ static void finish_part(fetch_ctx *fc, mpart *p, size_t runs_before)
 		km_pl_past_holes(p);
 		km_pl_set_tail(pl, p, true);
 	}
+	if (p->phase == PH_READY)
+		km_pl_run_past_holes(pl, p, PH_READY);
 	if (p->plan.head)
 		km_pl_tick_soon(pl); /* written while the rest of the answer arrives */
 }

@@ -390,6 +390,28 @@ void km_pl_run_then(km_pipeline *pl, mpart *p, const km_state_run *r, size_t n, 
 	km_state_runs_write(km_mirror_store(pl->mi), pl->name, r, n, on_run_then, x);
 }
 
+/*
+ * The tail passed holes (markers of transactions with nothing mirrored, emptied batches) and
+ * nothing is planned after them: the run that maps it (its logical offset at its physical one) is
+ * written now, not with the next batch, and the partition waits in PH_RUNS until it is in, then
+ * goes to then. Its progress past the holes is persisted only once the run is (progress_moved):
+ * another instance reading that progress with the runs it had showed the next batch one offset
+ * early (docs/reliability.md, finding 25). False: no such run to write.
+ */
+bool km_pl_run_past_holes(km_pipeline *pl, mpart *p, mphase then)
+{
+	km_state_run r;
+
+	if (p->plan.head || p->out.inflight || p->out.acked_phys < 0 || p->plan.cont_logical < 0 ||
+	    p->out.acked_logical <= p->plan.cont_logical)
+		return false;
+	r = (km_state_run){p->t->name, p->id, p->out.acked_logical, p->out.acked_phys, p->plan.cont_logical,
+			   p->plan.cont_lat ? KM_OFFRUN_LOG_APPEND_TIME : 0};
+	p->plan.cont_logical = p->out.acked_logical;
+	km_pl_run_then(pl, p, &r, 1, then);
+	return true;
+}
+
 /* ---- the tick: what can move, moves ---- */
 
 /*
@@ -455,15 +477,9 @@ static void settle_drained(km_pipeline *pl, mpart *p)
 		p->retry.at = 0;
 		return;
 	}
-	if (to == KM_MP_STOPPED && p->out.acked_phys >= 0 && p->out.acked_logical > p->plan.cont_logical &&
-	    p->plan.cont_logical >= 0) {
-		/* The partition ends in a hole: a run at the tail, so writes after the stop continue after it. */
-		km_state_run r = {p->t->name, p->id, p->out.acked_logical, p->out.acked_phys, p->plan.cont_logical,
-				  p->plan.cont_lat ? KM_OFFRUN_LOG_APPEND_TIME : 0};
-		p->plan.cont_logical = p->out.acked_logical;
-		km_pl_run_then(pl, p, &r, 1, PH_IDLE);
+	/* The partition ends in a hole: its run first, so writes after the stop continue after it. */
+	if (to == KM_MP_STOPPED && km_pl_run_past_holes(pl, p, PH_IDLE))
 		return;
-	}
 	km_pl_set_phase(p, PH_IDLE, "drained");
 	if (to == KM_MP_STOPPED && p->recon.stop_at >= 0 && p->recon.stop_at < p->out.acked_logical) {
 		/* The STOPPED record keeps the stop point (stop_aborts): readers here are bounded there until it is in. */

@@ -446,6 +446,7 @@ void km_pl_follow_log_start(km_pipeline *pl, mpart *p);
 void km_pl_landed(km_pipeline *pl, mpart *p, mbatch *b);
 /* The tail past the holes planned after the last landed batch, in their source leader epoch. */
 void km_pl_past_holes(mpart *p);
+bool km_pl_run_past_holes(km_pipeline *pl, mpart *p, mphase then);
 /* Every KM_MIRROR_PROGRESS_MS: the tails that moved since, persisted in one store write (the tick calls it). */
 void km_pl_progress(km_pipeline *pl, int64_t now, int64_t *next);
 /*

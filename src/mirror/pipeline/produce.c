@@ -48,8 +48,10 @@ void km_pl_landed(km_pipeline *pl, mpart *p, mbatch *b)
 	km_plan_batch_free(b);
 	if (!p->plan.head && p->phase == PH_WRITING && p->fetch.ahead)
 		km_pl_set_phase(p, PH_FETCHING, "its batches are all in, its next Fetch is out");
-	else if (!p->plan.head && p->phase == PH_WRITING)
+	else if (!p->plan.head && p->phase == PH_WRITING) {
 		km_pl_set_phase(p, PH_READY, "its batches are all in");
+		km_pl_run_past_holes(pl, p, PH_READY);
+	}
 }
 
 /* ---- progress: the tails persisted for the instances that do not run the mirror ---- */
@@ -96,13 +98,19 @@ static void on_progress(void *arg, const km_state_result *res)
  * until the tail moves, and every instance that does not run the mirror would show it
  * (docs/state.md, "Writes of a former owner"). t: the partition's topic in the store.
  */
-static bool progress_moved(const mpart *p, const km_state_topic *t)
+static bool progress_moved(km_pipeline *pl, const mpart *p, const km_state_topic *t)
 {
+	const km_offrun *fence;
+	const km_offmap *m;
 	km_mp_state state;
 	int64_t persisted;
 	int32_t epoch;
 
 	if (!p || !p->out.tail || p->out.acked_logical < 0)
+		return false;
+	/* Not past holes until their run is in (km_pl_run_past_holes): it says where the tail is. */
+	m = km_pl_map_of(pl, p, &fence);
+	if (m && m->n && p->out.acked_phys >= 0 && km_offmap_to_logical(m, p->out.acked_phys) != p->out.acked_logical)
 		return false;
 	if (p->out.acked_logical != p->out.progress || p->out.acked_epoch != p->out.progress_epoch ||
 	    km_pl_open_txn_logical(p) != p->out.progress_open)
@@ -132,7 +140,7 @@ void km_pl_progress(km_pipeline *pl, int64_t now, int64_t *next)
 	for (size_t i = 0; i < pl->ntopics; i++) {
 		const km_state_topic *t = km_state_topic_find(st, pl->topics[i]->name, strlen(pl->topics[i]->name));
 		for (int32_t j = 0; j < pl->topics[i]->nparts; j++)
-			if (progress_moved(pl->topics[i]->parts[j], t)) {
+			if (progress_moved(pl, pl->topics[i]->parts[j], t)) {
 				pl->topics[i]->parts[j]->out.progress_due = true;
 				n++;
 			}

@@ -15106,8 +15106,16 @@ static void fill_km_mirror_state_progress_value(km_mirror_state_progress_value *
 	m->open_transaction_offset = (int64_t)(t_int(seq, 1000000000, INT64_C(-1)) + ((int64_t)1 << 33));
 	m->last_run_logical = (int64_t)(t_int(seq, 1000000000, INT64_C(-1)) + ((int64_t)1 << 33));
 	m->last_run_prev_end = (int64_t)(t_int(seq, 1000000000, INT64_C(-1)) + ((int64_t)1 << 33));
+	m->writer_producer_id = (int64_t)(t_int(seq, 1000000000, INT64_C(-1)) + ((int64_t)1 << 33));
+	m->writer_producer_epoch = (int16_t)(t_int(seq, 30000, INT64_C(-1)));
+	m->writer_start_offset = (int64_t)(t_int(seq, 1000000000, INT64_C(-1)) + ((int64_t)1 << 33));
+	m->state = (int8_t)(t_int(seq, 100, INT64_C(0)));
+	m->settled_time_ms = (int64_t)(t_int(seq, 1000000000, INT64_C(-1)) + ((int64_t)1 << 33));
+	m->last_error = (mode == 1 && true) ? KM_STR_NULL : t_str(a, seq);
+	m->last_error_time_ms = (int64_t)(t_int(seq, 1000000000, INT64_C(-1)) + ((int64_t)1 << 33));
+	t_uuid(&m->source_topic_id, seq);
 	if (true && mode == 0)
-		t_unknown_tags(&m->unknown_tags, a, 2, 1001, seq);
+		t_unknown_tags(&m->unknown_tags, a, 10, 1009, seq);
 }
 
 static bool eq_km_mirror_state_progress_value(const km_mirror_state_progress_value *x, const km_mirror_state_progress_value *y)
@@ -15126,6 +15134,22 @@ static bool eq_km_mirror_state_progress_value(const km_mirror_state_progress_val
 		return t_diff("LastRunLogical");
 	if (!(x->last_run_prev_end == y->last_run_prev_end))
 		return t_diff("LastRunPrevEnd");
+	if (!(x->writer_producer_id == y->writer_producer_id))
+		return t_diff("WriterProducerId");
+	if (!(x->writer_producer_epoch == y->writer_producer_epoch))
+		return t_diff("WriterProducerEpoch");
+	if (!(x->writer_start_offset == y->writer_start_offset))
+		return t_diff("WriterStartOffset");
+	if (!(x->state == y->state))
+		return t_diff("State");
+	if (!(x->settled_time_ms == y->settled_time_ms))
+		return t_diff("SettledTimeMs");
+	if (!km_str_eq(x->last_error, y->last_error))
+		return t_diff("LastError");
+	if (!(x->last_error_time_ms == y->last_error_time_ms))
+		return t_diff("LastErrorTimeMs");
+	if (!(memcmp(x->source_topic_id.b, y->source_topic_id.b, 16) == 0))
+		return t_diff("SourceTopicId");
 	if (!t_tags_eq(&x->unknown_tags, &y->unknown_tags))
 		return t_diff("MirrorStateProgressValue unknown tags");
 	return true;

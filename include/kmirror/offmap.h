@@ -100,6 +100,14 @@ int64_t km_offmap_to_physical(const km_offmap *m, int64_t logical);
  */
 int64_t km_offmap_to_logical(const km_offmap *m, int64_t physical);
 /*
+ * Whether the runs put a tail (the physical offset after the last batch landed, the logical one
+ * the mirror goes on from) where it is: a run starts there at that logical offset, or the run below
+ * it reaches it (a run that starts there at another offset is one persisted ahead of its batch).
+ * False when the tail passed holes whose run is not in the map: every other instance would map a
+ * progress there elsewhere. With no run below it: true.
+ */
+bool km_offmap_maps_tail(const km_offmap *m, int64_t physical, int64_t logical);
+/*
  * Physical "next offset" (high watermark, last stable offset, log start offset) -> logical: the
  * physical tail gives the logical tail; at or before the first run, where mirroring began (the
  * first run's prev_logical_end, when set); otherwise as km_offmap_to_logical.

@@ -194,6 +194,17 @@ int64_t km_offmap_to_logical(const km_offmap *m, int64_t physical)
 	return at + 1 < m->n ? m->runs[at + 1].logical : m->tail_logical;
 }
 
+bool km_offmap_maps_tail(const km_offmap *m, int64_t physical, int64_t logical)
+{
+	size_t at = upper_physical(m, physical);
+
+	if (at > 0 && m->runs[at - 1].physical == physical && m->runs[at - 1].logical == logical)
+		return true;
+	while (at > 0 && m->runs[at - 1].physical >= physical)
+		at--;
+	return at == 0 || m->runs[at - 1].logical + (physical - m->runs[at - 1].physical) == logical;
+}
+
 int64_t km_offmap_next_to_logical(const km_offmap *m, int64_t physical)
 {
 	if (tail_set(m) && physical == m->tail_physical)

@@ -189,6 +189,34 @@ static void test_tail(void **state)
  * the kmirrord running the partition served): the records there are translated, never the tail's
  * offset, so that a client that read past the tail elsewhere is not told its log was truncated.
  */
+/*
+ * A tail the runs put where it is (km_offmap_maps_tail): after the last batch of a run; past holes
+ * once their run is in; with a run persisted ahead of its batch at the tail. Past holes whose run
+ * is not in: no (the soak's finding 25).
+ */
+static void test_maps_tail(void **state)
+{
+	km_offmap m;
+	(void)state;
+	km_offmap_init(&m);
+	assert_true(km_offmap_maps_tail(&m, 0, 0)); /* no run: nothing to say */
+	add(&m, 0, 0, -1);
+	assert_true(km_offmap_maps_tail(&m, 8, 8));
+	assert_false(km_offmap_maps_tail(&m, 8, 9)); /* a hole at source offset 8 passed, its run not in */
+	add(&m, 9, 8, 8);
+	assert_true(km_offmap_maps_tail(&m, 8, 9));
+	assert_true(km_offmap_maps_tail(&m, 8, 8)); /* as for a run persisted ahead of its batch, below */
+	assert_true(km_offmap_maps_tail(&m, 12, 13));
+	add(&m, 20, 12, 13); /* the next batch's run, persisted before it lands: the tail is still 13 at 12 */
+	assert_true(km_offmap_maps_tail(&m, 12, 13));
+	assert_true(km_offmap_maps_tail(&m, 12, 20));
+	assert_true(km_offmap_maps_tail(&m, 15, 23));
+	assert_false(km_offmap_maps_tail(&m, 15, 24));
+	add(&m, 21, 12, 20); /* a second hole with no batch between: two runs at one physical offset */
+	assert_true(km_offmap_maps_tail(&m, 12, 21));
+	km_offmap_free(&m);
+}
+
 static void test_epoch_end(void **state)
 {
 	km_offmap m;
@@ -419,6 +447,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_one_open_run), cmocka_unit_test(test_holes),
 		cmocka_unit_test(test_hidden),       cmocka_unit_test(test_tail), cmocka_unit_test(test_epoch_end),
+		cmocka_unit_test(test_maps_tail),
 		cmocka_unit_test(test_replace_remove), cmocka_unit_test(test_random_order),
 		cmocka_unit_test(test_many_runs),    cmocka_unit_test(test_negative),
 		cmocka_unit_test(test_leading_hole),   cmocka_unit_test(test_top_of_range),

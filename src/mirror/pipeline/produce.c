@@ -110,7 +110,7 @@ static bool progress_moved(km_pipeline *pl, const mpart *p, const km_state_topic
 		return false;
 	/* Not past holes until their run is in (km_pl_run_past_holes): it says where the tail is. */
 	m = km_pl_map_of(pl, p, &fence);
-	if (m && m->n && p->out.acked_phys >= 0 && km_offmap_to_logical(m, p->out.acked_phys) != p->out.acked_logical)
+	if (m && p->out.acked_phys >= 0 && !km_offmap_maps_tail(m, p->out.acked_phys, p->out.acked_logical))
 		return false;
 	if (p->out.acked_logical != p->out.progress || p->out.acked_epoch != p->out.progress_epoch ||
 	    km_pl_open_txn_logical(p) != p->out.progress_open)

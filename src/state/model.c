@@ -10,6 +10,7 @@
 #include "kmirror/msg/mirror_state_partition_value.h"
 #include "kmirror/msg/mirror_state_progress_key.h"
 #include "kmirror/msg/mirror_state_progress_value.h"
+#include "kmirror/msg/mirror_state_writer_value.h"
 #include "kmirror/msg/mirror_state_run_key.h"
 #include "kmirror/msg/mirror_state_run_value.h"
 #include "state/state_int.h"
@@ -37,7 +38,7 @@ void km_state_key_encode(km_wr *w, const km_state_key *k)
 		km_mirror_state_instance_key_init(&ik);
 		ik.instance_id = k->instance;
 		km_mirror_state_instance_key_encode(w, 0, &ik);
-	} else if (k->type == KM_STATE_REC_PROGRESS) {
+	} else if (k->type == KM_STATE_REC_PROGRESS || k->type == KM_STATE_REC_WRITER) {
 		km_mirror_state_progress_key gk;
 		km_mirror_state_progress_key_init(&gk);
 		gk.mirror_name = k->mirror;
@@ -108,7 +109,7 @@ km_err km_state_key_decode(const uint8_t *p, size_t len, km_state_key *k)
 			k->logical = rk.logical_start;
 			rc = KM_OK;
 		}
-	} else if (k->type == KM_STATE_REC_PROGRESS) {
+	} else if (k->type == KM_STATE_REC_PROGRESS || k->type == KM_STATE_REC_WRITER) {
 		km_mirror_state_progress_key gk;
 		km_mirror_state_progress_key_init(&gk);
 		if (km_mirror_state_progress_key_decode(&r, 0, &gk, &a) == KM_OK && km_rd_left(&r) == 0 &&
@@ -244,11 +245,6 @@ km_err km_state_progress_value_encode(km_wr *w, const km_state_topic *t, const k
 	v.open_transaction_offset = open_txn >= 0 ? open_txn : -1;
 	/* The run a reader needs to have to show the progress (docs/state.md, "What a reader is shown"). */
 	last_run_at(p, offset, &v.last_run_logical, &v.last_run_prev_end);
-	if (p->has_writer) {
-		v.writer_producer_id = p->writer_pid;
-		v.writer_producer_epoch = p->writer_epoch;
-		v.writer_start_offset = p->writer_start;
-	}
 	/* The state as the runner has it under that record: the record's own, or what it settled. */
 	v.state = (int8_t)p->state;
 	v.settled_time_ms = p->state_change_ms;
@@ -565,11 +561,11 @@ static void part_resolve(const km_state_topic *t, km_state_part *p)
 	p->last_error = settled ? p->prog.error : p->rec.error;
 	p->last_error_ms = settled ? p->prog.error_ms : p->rec.error_ms;
 	p->source_id = ours && !km_uuid_is_zero(&p->prog.source_id) ? p->prog.source_id : p->rec.source_id;
-	if (ours && p->prog.writer_start >= 0) {
+	if (p->wrec.has && km_uuid_eq(&p->wrec.topic_id, &t->id)) {
 		p->has_writer = true;
-		p->writer_pid = p->prog.writer_pid;
-		p->writer_epoch = p->prog.writer_epoch;
-		p->writer_start = p->prog.writer_start;
+		p->writer_pid = p->wrec.pid;
+		p->writer_epoch = p->wrec.epoch;
+		p->writer_start = p->wrec.start;
 	} else {
 		p->has_writer = p->rec.writer_start >= 0;
 		p->writer_pid = p->rec.writer_pid;
@@ -746,15 +742,67 @@ static km_err apply_progress(km_state_model *m, const km_state_key *k, const uin
 		p->prog.open_txn = v.open_transaction_offset;
 		p->prog.run_logical = v.last_run_logical;
 		p->prog.run_prev_end = v.last_run_prev_end;
-		p->prog.writer_pid = v.writer_producer_id;
-		p->prog.writer_epoch = v.writer_producer_epoch;
-		p->prog.writer_start = v.writer_start_offset;
 		part_resolve(t, p);
 		chg->to = p->state;
 		chg->changed = chg->from != chg->to;
 	}
 	km_arena_free(&a);
 	return rc;
+}
+
+/* A partition's writer record: part_resolve's writer while it names the topic's id. */
+static km_err apply_writer(km_state_model *m, const km_state_key *k, const uint8_t *val, size_t vlen, bool tomb)
+{
+	km_state_mirror *mi;
+	size_t at;
+	km_state_topic *t = key_topic(m, k, &mi, &at);
+	km_mirror_state_writer_value v;
+	km_state_part *p;
+	km_arena a;
+	km_rd r;
+	int16_t ver;
+	km_err rc;
+
+	if (!t || (size_t)k->partition >= t->nparts || !t->parts[k->partition].present)
+		return KM_OK; /* no partition record (yet, or any more): nothing it could stand for */
+	p = &t->parts[k->partition];
+	if (tomb) {
+		p->wrec.has = false;
+		part_resolve(t, p);
+		return KM_OK;
+	}
+	km_rd_init(&r, val, vlen);
+	if (!km_rd_i16(&r, "Version", &ver) || ver != 0)
+		return KM_ERR_DECODE;
+	km_arena_init(&a, 1024);
+	km_mirror_state_writer_value_init(&v);
+	rc = km_mirror_state_writer_value_decode(&r, 0, &v, &a);
+	if (rc == KM_OK && (v.producer_id < 0 || v.start_offset < 0))
+		rc = KM_ERR_DECODE;
+	if (rc == KM_OK) {
+		p->wrec.has = true;
+		p->wrec.topic_id = v.topic_id;
+		p->wrec.pid = v.producer_id;
+		p->wrec.epoch = v.producer_epoch;
+		p->wrec.start = v.start_offset;
+		part_resolve(t, p);
+	}
+	km_arena_free(&a);
+	return rc;
+}
+
+km_err km_state_writer_value_encode(km_wr *w, const km_state_topic *t, int64_t pid, int16_t epoch, int64_t start)
+{
+	km_mirror_state_writer_value v;
+
+	km_mirror_state_writer_value_init(&v);
+	v.topic_id = t->id;
+	v.producer_id = pid;
+	v.producer_epoch = epoch;
+	v.start_offset = start;
+	km_wr_i16(w, 0);
+	km_mirror_state_writer_value_encode(w, 0, &v);
+	return w->err;
 }
 
 km_state_part *km_state_model_part(km_state_topic *t, int32_t partition)
@@ -945,6 +993,8 @@ km_err km_state_model_apply(km_state_model *m, const uint8_t *key, size_t klen, 
 		return apply_run(m, &k, val, vlen, tombstone);
 	if (k.type == KM_STATE_REC_INSTANCE)
 		return km_state_instance_apply(m, k.instance, val, vlen, tombstone);
+	if (k.type == KM_STATE_REC_WRITER)
+		return apply_writer(m, &k, val, vlen, tombstone);
 	if (k.type == KM_STATE_REC_PROGRESS)
 		rc = apply_progress(m, &k, val, vlen, tombstone, chg);
 	else

@@ -92,7 +92,7 @@ static void load_retry(km_state_persist *io, const char *why)
 }
 
 /*
- * The model of every key's latest value in the map: mirrors first, then partitions, then runs and progress (a
+ * The model of every key's latest value in the map: mirrors first, then partitions, then runs, progress and writers (a
  * partition record names a mirror, and a run a topic, whose records may sit in other partitions of
  * the state topic, read in any order). *bad counts records that do not apply.
  */
@@ -106,7 +106,9 @@ km_err km_ps_build_model(km_state_persist *io, km_state_model *m, size_t *bad)
 				km_state_change chg;
 				int16_t type = e->klen >= 2 ? (int16_t)km_be16(e->key) : -1;
 				int want = type == KM_STATE_REC_MIRROR                                  ? 0
-					   : type == KM_STATE_REC_RUN || type == KM_STATE_REC_PROGRESS ? 2
+					   : type == KM_STATE_REC_RUN || type == KM_STATE_REC_PROGRESS ||
+							   type == KM_STATE_REC_WRITER
+						   ? 2
 												       : 1;
 				if (want != pass)
 					continue;

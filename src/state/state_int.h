@@ -18,6 +18,7 @@ enum {
 	KM_STATE_REC_RUN = 2,       /* key: MirrorStateRunKey v0 (an offset map run) */
 	KM_STATE_REC_INSTANCE = 3,  /* key: MirrorStateInstanceKey v0 (a kmirrord's own report) */
 	KM_STATE_REC_PROGRESS = 4,  /* key: MirrorStateProgressKey v0 (a pipeline's progress on a partition) */
+	KM_STATE_REC_WRITER = 5,    /* key: as MirrorStateProgressKey v0 (a partition's writer) */
 };
 
 #define KM_STATE_MAX_NAME 249         /* a Kafka topic name's limit; mirror names share it */
@@ -98,10 +99,10 @@ typedef struct km_state_part {
 	bool progress_apart;
 	/*
 	 * The runner's record (prog) also holds what the runner settles (the state it moves the
-	 * partition to under the partition record, its error), its writer and the source topic's id:
-	 * state, state_change_ms, last_error, has_writer and source_id above are resolved from both
-	 * records (part_resolve), so that no write of the runner rewrites the operator's record
-	 * (docs/state.md, "The runner's record").
+	 * partition to under the partition record, its error) and the source topic's id, and the writer
+	 * record (wrec) its writer: state, state_change_ms, last_error, has_writer and source_id above
+	 * are resolved from the three (part_resolve), so that no write of the runner rewrites the
+	 * operator's record (docs/state.md, "The runner's record").
 	 */
 	struct {
 		km_mp_state state;
@@ -122,9 +123,6 @@ typedef struct km_state_part {
 		int32_t epoch;
 		/* The last run its writer had at or before offset (its logical start, its previous end), -1: none said. */
 		int64_t run_logical, run_prev_end;
-		/* The pipeline's writer (writer_start -1: none in the record): it stands whatever the state. */
-		int64_t writer_pid, writer_start;
-		int16_t writer_epoch;
 		/* What the runner settled under the partition record of state_change_ms (UNKNOWN: nothing). */
 		km_mp_state state;
 		int64_t settled_ms;
@@ -132,6 +130,13 @@ typedef struct km_state_part {
 		int64_t error_ms;
 		km_uuid source_id; /* zero: not said */
 	} prog;
+	/* The writer record (type 5): it stands whatever the partition record says, while of the topic. */
+	struct {
+		bool has;
+		km_uuid topic_id;
+		int64_t pid, start;
+		int16_t epoch;
+	} wrec;
 	/* The run the figures that stand need (part_resolve: prog's or rec's); need_run false: none said. */
 	bool need_run;
 	int64_t need_run_logical, need_run_prev_end;
@@ -227,6 +232,8 @@ km_err km_state_run_value_encode(km_wr *w, int64_t physical, int64_t prev_logica
 /* A pipeline's progress on partition p of t, under p's record as it stands (its topic id and state change time). */
 km_err km_state_progress_value_encode(km_wr *w, const km_state_topic *t, const km_state_part *p, int64_t offset,
 				      int32_t epoch, int64_t open_txn);
+/* A partition's writer record (type 5) for topic t. */
+km_err km_state_writer_value_encode(km_wr *w, const km_state_topic *t, int64_t pid, int16_t epoch, int64_t start);
 
 /*
  * ---- secrets: AES-256-GCM, 12-byte nonce, 16-byte tag (docs/state.md, "Secrets") ----

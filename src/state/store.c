@@ -247,6 +247,25 @@ static km_err add_progress_rec(km_state_mut *mu, const km_state_topic *t, int32_
 	return rc;
 }
 
+/* A partition's writer record (type 5): pid NULL: its tombstone. */
+static km_err add_writer_rec(km_state_mut *mu, const km_state_topic *t, int32_t index, const int64_t *pid,
+			     int16_t epoch, int64_t start)
+{
+	km_state_key k = {.type = KM_STATE_REC_WRITER, .mirror = km_str_c(t->mirror->name),
+			  .topic = km_str_c(t->name), .partition = index};
+	km_wr w;
+	km_err rc;
+
+	km_wr_init(&w);
+	if (pid && (rc = km_state_writer_value_encode(&w, t, *pid, epoch, start)) != KM_OK) {
+		km_wr_free(&w);
+		return rc;
+	}
+	rc = add_rec(mu, &k, pid ? &w : NULL);
+	km_wr_free(&w);
+	return rc;
+}
+
 /* A partition's first record (a start, a partition added): s since now, nothing mirrored, no writer. */
 static km_state_part fresh_part(km_mp_state s, int64_t now, bool by_pattern)
 {
@@ -554,7 +573,7 @@ static void delete_records(km_state_mut *mu, km_state_mirror *m)
 		mu->del_phase = DEL_PARTITIONS;
 	}
 	if (mu->del_phase == DEL_PARTITIONS) {
-		/* Each partition's progress record before its own (the progress applies to a partition there). */
+		/* Each partition's progress and writer records before its own (they apply to a partition there). */
 		size_t bytes = 0;
 		for (size_t i = 0; i < m->ntopics; i++)
 			for (size_t j = 0; j < m->topics[i]->nparts && mu->nrecs < KM_STATE_DELETE_CHUNK &&
@@ -564,11 +583,12 @@ static void delete_records(km_state_mut *mu, km_state_mirror *m)
 				if (!p->present)
 					continue;
 				if ((p->prog.has && add_progress_rec(mu, m->topics[i], (int32_t)j, NULL, -1, -1, -1) != KM_OK) ||
+				    (p->wrec.has && add_writer_rec(mu, m->topics[i], (int32_t)j, NULL, -1, -1) != KM_OK) ||
 				    add_partition_rec(mu, m->topics[i], (int32_t)j, NULL) != KM_OK) {
 					set_msg(mu, KM_MIRROR_STATE_UNAVAILABLE, "out of memory");
 					return;
 				}
-				bytes += mu->recs[mu->nrecs - 1].klen * 2;
+				bytes += mu->recs[mu->nrecs - 1].klen * 3;
 			}
 		if (mu->nrecs > 0)
 			return;
@@ -757,12 +777,13 @@ static void on_topics_meta(km_state *st, km_err err, const char *message, const 
 				p.last_mirrored_epoch = old->parts[j].last_mirrored_epoch;
 			}
 			/*
-			 * A start begins a new record, without a writer: its progress record too, since the
-			 * writer the pipeline wrote there before the stop would stand over the start's
-			 * (docs/state.md, "The runner's record").
+			 * A start begins a new record, and a new writer: the runner's record and the writer
+			 * record of the life before the stop go (docs/state.md, "The runner's record").
 			 */
 			if (add_partition_rec(mu, &tmp, j, &p) != KM_OK ||
-			    add_progress_rec(mu, &tmp, j, &p, p.last_mirrored_offset, p.last_mirrored_epoch, -1) != KM_OK)
+			    add_progress_rec(mu, &tmp, j, &p, p.last_mirrored_offset, p.last_mirrored_epoch, -1) != KM_OK ||
+			    (old && (size_t)j < old->nparts && old->parts[j].wrec.has &&
+			     add_writer_rec(mu, &tmp, j, NULL, -1, -1) != KM_OK))
 				topic_msg(mu, i, KM_MIRROR_STATE_UNAVAILABLE, "out of memory");
 		}
 	}
@@ -882,13 +903,17 @@ static void prepare_pset(km_state *st, km_state_mut *mu)
 	}
 }
 
-/* A partition's writer, in the runner's record with the figures that stand. */
+/*
+ * A partition's writer, in its own record (type 5), which nothing else writes: not the partition
+ * record, an operator's (a rewrite of it from this view undid a stop through another kmirrord),
+ * nor the runner's progress, written from views every 200 ms (one that landed late, a former
+ * owner's, put an older writer back: docs/reliability.md, finding 24).
+ */
 static void prepare_writer(km_state *st, km_state_mut *mu)
 {
 	km_state_mirror *m = km_state_model_mirror(&st->model, mu->mirror);
 	km_state_topic *t = m ? km_state_model_topic(&st->model, mu->topics[0], strlen(mu->topics[0])) : NULL;
 	int32_t pi = mu->parts[0];
-	km_state_part p;
 
 	if (!m) {
 		set_msg(mu, KM_MIRROR_UNKNOWN_CLUSTER_MIRROR, "Cluster mirror '%s' does not exist", mu->mirror);
@@ -903,12 +928,7 @@ static void prepare_writer(km_state *st, km_state_mut *mu)
 		set_msg(mu, KM_KAFKA_INVALID_REQUEST, "invalid writer for %s-%d", t->name, (int)pi);
 		return;
 	}
-	p = t->parts[pi];
-	p.has_writer = true;
-	p.writer_pid = mu->writer_pid;
-	p.writer_epoch = mu->writer_epoch;
-	p.writer_start = mu->writer_start;
-	if (add_runner_rec(mu, t, pi, &p) != KM_OK)
+	if (add_writer_rec(mu, t, pi, &mu->writer_pid, mu->writer_epoch, mu->writer_start) != KM_OK)
 		set_msg(mu, KM_MIRROR_STATE_UNAVAILABLE, "out of memory");
 }
 

@@ -1390,21 +1390,20 @@ static const km_state_part *part0(km_state_model *m)
 	return &t->parts[0];
 }
 
-/* Partition 0 of t in m: the runner's writer record (a progress record with a writer) under a partition record changed at changed_ms. */
-static void writer_rec_at(km_state_model *m, int64_t changed_ms, int64_t pid, int64_t start)
+/* Partition 0 of t in m: its writer record (type 5); pid -1: its tombstone. */
+static void writer_rec(km_state_model *m, int64_t pid, int64_t start)
 {
 	km_state_cfg_entry cfg[1] = {{.name = "bootstrap.servers", .value = "s:9092"}};
 	km_state_mirror mi = {.name = "m1", .cfg = cfg, .ncfg = 1};
 	km_state_topic tt = {.name = "t", .mirror = &mi, .id = {{7}}};
-	km_state_key gk = {.type = KM_STATE_REC_PROGRESS, .mirror = km_str_c("m1"), .topic = km_str_c("t")};
-	km_state_part p = {.rec.state_change_ms = changed_ms, .has_writer = true, .writer_pid = pid, .writer_epoch = 3,
-			   .writer_start = start};
+	km_state_key gk = {.type = KM_STATE_REC_WRITER, .mirror = km_str_c("m1"), .topic = km_str_c("t")};
 	km_state_change chg;
 	km_wr w;
 
 	km_wr_init(&w);
-	assert_int_equal(km_state_progress_value_encode(&w, &tt, &p, 60, 4, -1), KM_OK);
-	rec(m, &gk, &w, &chg);
+	if (pid >= 0)
+		assert_int_equal(km_state_writer_value_encode(&w, &tt, pid, 3, start), KM_OK);
+	rec(m, &gk, pid >= 0 ? &w : NULL, &chg);
 	assert_false(chg.changed);
 	km_wr_free(&w);
 }
@@ -1476,9 +1475,9 @@ static void test_writer_apart_keeps_a_stop(void **state)
 		part_rec_at(&m, KM_MP_MIRRORING, 1000, 50, true);
 		if (order == 0) {
 			part_rec_at(&m, KM_MP_STOPPING, 2000, 60, true); /* the stop, through another kmirrord */
-			writer_rec_at(&m, 1000, 42, 70);                  /* the writer, from the view before it */
+			writer_rec(&m, 42, 70);                  /* the writer, from the view before it */
 		} else {
-			writer_rec_at(&m, 1000, 42, 70);
+			writer_rec(&m, 42, 70);
 			part_rec_at(&m, KM_MP_STOPPING, 2000, 60, true);
 		}
 		assert_int_equal(part0(&m)->state, KM_MP_STOPPING);
@@ -1491,12 +1490,25 @@ static void test_writer_apart_keeps_a_stop(void **state)
 	/* A start after the stop writes both records again, without a writer: the old one stands no more. */
 	model_with(&m, KM_MP_MIRRORING, KM_MP_UNKNOWN);
 	part_rec_at(&m, KM_MP_STOPPED, 2000, 60, true);
-	writer_rec_at(&m, 1000, 42, 70);
+	writer_rec(&m, 42, 70);
 	assert_true(part0(&m)->has_writer);
 	part_rec_at(&m, KM_MP_PREPARING, 3000, 60, true);
 	progress_rec_at(&m, 3000, 60, -1);
+	writer_rec(&m, -1, -1);
 	assert_int_equal(part0(&m)->state, KM_MP_PREPARING);
 	assert_false(part0(&m)->has_writer);
+	km_state_model_free(&m);
+	/*
+	 * The hour run's case: a progress written on a view with an older writer (a former owner's,
+	 * landed late) after the new writer's record: the progress record holds no writer, so the new
+	 * one stands.
+	 */
+	model_with(&m, KM_MP_MIRRORING, KM_MP_UNKNOWN);
+	part_rec_at(&m, KM_MP_MIRRORING, 1000, 50, true);
+	writer_rec(&m, 42, 9156);
+	progress_rec_at(&m, 1000, 9384, -1);
+	assert_true(part0(&m)->has_writer);
+	assert_int_equal(part0(&m)->writer_start, 9156);
 	km_state_model_free(&m);
 	/* A partition record with its own writer and no writer in the progress (an older kmirrord): its own. */
 	model_with(&m, KM_MP_MIRRORING, KM_MP_UNKNOWN);

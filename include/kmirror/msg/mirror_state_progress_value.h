@@ -30,21 +30,15 @@ typedef struct km_mirror_state_progress_value {
 	int64_t last_run_logical;
 	/* v0+ tag 1: That run's PreviousLogicalEnd (where the run before it ends), or -1. */
 	int64_t last_run_prev_end;
-	/* v0+ tag 2: The pipeline's writer, as the partition record's fields of the same names: the producer... */
-	int64_t writer_producer_id;
-	/* v0+ tag 3: The writer's producer epoch. */
-	int16_t writer_producer_epoch;
-	/* v0+ tag 4: The destination offset the writer writes from, or -1: no writer in this record. */
-	int64_t writer_start_offset;
-	/* v0+ tag 5: The state the pipeline settled the partition in under the partition record of StateChan... */
+	/* v0+ tag 2: The state the pipeline settled the partition in under the partition record of StateChan... */
 	int8_t state;
-	/* v0+ tag 6: When the partition entered State, or -1. */
+	/* v0+ tag 3: When the partition entered State, or -1. */
 	int64_t settled_time_ms;
-	/* v0+ nullable tag 7: With State: the last error, or null. */
+	/* v0+ nullable tag 4: With State: the last error, or null. */
 	km_str last_error;
-	/* v0+ tag 8: When LastError happened, or -1. */
+	/* v0+ tag 5: When LastError happened, or -1. */
 	int64_t last_error_time_ms;
-	/* v0+ tag 9: The source topic's id as the pipeline first saw it (zero: not said here, the partition... */
+	/* v0+ tag 6: The source topic's id as the pipeline first saw it (zero: not said here, the partition... */
 	km_uuid source_topic_id;
 	km_tagged_list unknown_tags; /* tagged fields this codec does not know, kept as they came */
 } km_mirror_state_progress_value;

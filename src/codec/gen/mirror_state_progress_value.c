@@ -14,9 +14,6 @@ void km_mirror_state_progress_value_init(km_mirror_state_progress_value *m)
 	m->open_transaction_offset = INT64_C(-1);
 	m->last_run_logical = INT64_C(-1);
 	m->last_run_prev_end = INT64_C(-1);
-	m->writer_producer_id = INT64_C(-1);
-	m->writer_producer_epoch = -1;
-	m->writer_start_offset = INT64_C(-1);
 	m->settled_time_ms = INT64_C(-1);
 	m->last_error = KM_STR_NULL;
 	m->last_error_time_ms = INT64_C(-1);
@@ -36,33 +33,6 @@ static bool km_mirror_state_progress_value_dec_tag_last_run_prev_end(km_rd *r, i
 	(void)v;
 	(void)a;
 	if (!km_rd_i64(r, "LastRunPrevEnd", &m->last_run_prev_end))
-		return false;
-	return true;
-}
-
-static bool km_mirror_state_progress_value_dec_tag_writer_producer_id(km_rd *r, int16_t v, km_mirror_state_progress_value *m, km_arena *a)
-{
-	(void)v;
-	(void)a;
-	if (!km_rd_i64(r, "WriterProducerId", &m->writer_producer_id))
-		return false;
-	return true;
-}
-
-static bool km_mirror_state_progress_value_dec_tag_writer_producer_epoch(km_rd *r, int16_t v, km_mirror_state_progress_value *m, km_arena *a)
-{
-	(void)v;
-	(void)a;
-	if (!km_rd_i16(r, "WriterProducerEpoch", &m->writer_producer_epoch))
-		return false;
-	return true;
-}
-
-static bool km_mirror_state_progress_value_dec_tag_writer_start_offset(km_rd *r, int16_t v, km_mirror_state_progress_value *m, km_arena *a)
-{
-	(void)v;
-	(void)a;
-	if (!km_rd_i64(r, "WriterStartOffset", &m->writer_start_offset))
 		return false;
 	return true;
 }
@@ -152,47 +122,29 @@ static bool km_mirror_state_progress_value_dec(km_rd *r, int16_t v, km_mirror_st
 				break;
 				case 2:
 				{
-					if (!km_mirror_state_progress_value_dec_tag_writer_producer_id(&sub, v, m, a))
+					if (!km_mirror_state_progress_value_dec_tag_state(&sub, v, m, a))
 						return km_codec_rd_join(r, &sub);
 				}
 				break;
 				case 3:
 				{
-					if (!km_mirror_state_progress_value_dec_tag_writer_producer_epoch(&sub, v, m, a))
+					if (!km_mirror_state_progress_value_dec_tag_settled_time_ms(&sub, v, m, a))
 						return km_codec_rd_join(r, &sub);
 				}
 				break;
 				case 4:
 				{
-					if (!km_mirror_state_progress_value_dec_tag_writer_start_offset(&sub, v, m, a))
+					if (!km_mirror_state_progress_value_dec_tag_last_error(&sub, v, m, a))
 						return km_codec_rd_join(r, &sub);
 				}
 				break;
 				case 5:
 				{
-					if (!km_mirror_state_progress_value_dec_tag_state(&sub, v, m, a))
-						return km_codec_rd_join(r, &sub);
-				}
-				break;
-				case 6:
-				{
-					if (!km_mirror_state_progress_value_dec_tag_settled_time_ms(&sub, v, m, a))
-						return km_codec_rd_join(r, &sub);
-				}
-				break;
-				case 7:
-				{
-					if (!km_mirror_state_progress_value_dec_tag_last_error(&sub, v, m, a))
-						return km_codec_rd_join(r, &sub);
-				}
-				break;
-				case 8:
-				{
 					if (!km_mirror_state_progress_value_dec_tag_last_error_time_ms(&sub, v, m, a))
 						return km_codec_rd_join(r, &sub);
 				}
 				break;
-				case 9:
+				case 6:
 				{
 					if (!km_mirror_state_progress_value_dec_tag_source_topic_id(&sub, v, m, a))
 						return km_codec_rd_join(r, &sub);
@@ -226,12 +178,6 @@ static void km_mirror_state_progress_value_enc(km_wr *w, int16_t v, const km_mir
 		ntags += has_last_run_logical;
 		const bool has_last_run_prev_end = true && m->last_run_prev_end != INT64_C(-1);
 		ntags += has_last_run_prev_end;
-		const bool has_writer_producer_id = true && m->writer_producer_id != INT64_C(-1);
-		ntags += has_writer_producer_id;
-		const bool has_writer_producer_epoch = true && m->writer_producer_epoch != -1;
-		ntags += has_writer_producer_epoch;
-		const bool has_writer_start_offset = true && m->writer_start_offset != INT64_C(-1);
-		ntags += has_writer_start_offset;
 		const bool has_state = true && m->state != 0;
 		ntags += has_state;
 		const bool has_settled_time_ms = true && m->settled_time_ms != INT64_C(-1);
@@ -260,70 +206,46 @@ static void km_mirror_state_progress_value_enc(km_wr *w, int16_t v, const km_mir
 			km_wr_i64(w, m->last_run_prev_end);
 		}
 		km_codec_wr_tags(w, &m->unknown_tags, 2, 3, false);
-		if (has_writer_producer_id) {
-			size_t n = 0;
-			n += 8;
-			km_wr_uvarint(w, 2);
-			km_wr_uvarint(w, (uint32_t)n);
-			km_wr_i64(w, m->writer_producer_id);
-		}
-		km_codec_wr_tags(w, &m->unknown_tags, 3, 4, false);
-		if (has_writer_producer_epoch) {
-			size_t n = 0;
-			n += 2;
-			km_wr_uvarint(w, 3);
-			km_wr_uvarint(w, (uint32_t)n);
-			km_wr_i16(w, m->writer_producer_epoch);
-		}
-		km_codec_wr_tags(w, &m->unknown_tags, 4, 5, false);
-		if (has_writer_start_offset) {
-			size_t n = 0;
-			n += 8;
-			km_wr_uvarint(w, 4);
-			km_wr_uvarint(w, (uint32_t)n);
-			km_wr_i64(w, m->writer_start_offset);
-		}
-		km_codec_wr_tags(w, &m->unknown_tags, 5, 6, false);
 		if (has_state) {
 			size_t n = 0;
 			n += 1;
-			km_wr_uvarint(w, 5);
+			km_wr_uvarint(w, 2);
 			km_wr_uvarint(w, (uint32_t)n);
 			km_wr_i8(w, m->state);
 		}
-		km_codec_wr_tags(w, &m->unknown_tags, 6, 7, false);
+		km_codec_wr_tags(w, &m->unknown_tags, 3, 4, false);
 		if (has_settled_time_ms) {
 			size_t n = 0;
 			n += 8;
-			km_wr_uvarint(w, 6);
+			km_wr_uvarint(w, 3);
 			km_wr_uvarint(w, (uint32_t)n);
 			km_wr_i64(w, m->settled_time_ms);
 		}
-		km_codec_wr_tags(w, &m->unknown_tags, 7, 8, false);
+		km_codec_wr_tags(w, &m->unknown_tags, 4, 5, false);
 		if (has_last_error) {
 			size_t n = 0;
 			n += km_sz_string(true, m->last_error);
-			km_wr_uvarint(w, 7);
+			km_wr_uvarint(w, 4);
 			km_wr_uvarint(w, (uint32_t)n);
 			km_wr_string(w, true, m->last_error);
 		}
-		km_codec_wr_tags(w, &m->unknown_tags, 8, 9, false);
+		km_codec_wr_tags(w, &m->unknown_tags, 5, 6, false);
 		if (has_last_error_time_ms) {
 			size_t n = 0;
 			n += 8;
-			km_wr_uvarint(w, 8);
+			km_wr_uvarint(w, 5);
 			km_wr_uvarint(w, (uint32_t)n);
 			km_wr_i64(w, m->last_error_time_ms);
 		}
-		km_codec_wr_tags(w, &m->unknown_tags, 9, 10, false);
+		km_codec_wr_tags(w, &m->unknown_tags, 6, 7, false);
 		if (has_source_topic_id) {
 			size_t n = 0;
 			n += 16;
-			km_wr_uvarint(w, 9);
+			km_wr_uvarint(w, 6);
 			km_wr_uvarint(w, (uint32_t)n);
 			km_wr_uuid(w, &m->source_topic_id);
 		}
-		km_codec_wr_tags(w, &m->unknown_tags, 10, UINT64_MAX, false);
+		km_codec_wr_tags(w, &m->unknown_tags, 7, UINT64_MAX, false);
 	}
 }
 
@@ -353,52 +275,34 @@ static size_t km_mirror_state_progress_value_sz(int16_t v, const km_mirror_state
 			n += km_sz_uvarint(1) + km_sz_uvarint((uint32_t)fn) + fn;
 			ntags++;
 		}
-		if (true && m->writer_producer_id != INT64_C(-1)) {
-			size_t fn = 0;
-			fn += 8;
-			n += km_sz_uvarint(2) + km_sz_uvarint((uint32_t)fn) + fn;
-			ntags++;
-		}
-		if (true && m->writer_producer_epoch != -1) {
-			size_t fn = 0;
-			fn += 2;
-			n += km_sz_uvarint(3) + km_sz_uvarint((uint32_t)fn) + fn;
-			ntags++;
-		}
-		if (true && m->writer_start_offset != INT64_C(-1)) {
-			size_t fn = 0;
-			fn += 8;
-			n += km_sz_uvarint(4) + km_sz_uvarint((uint32_t)fn) + fn;
-			ntags++;
-		}
 		if (true && m->state != 0) {
 			size_t fn = 0;
 			fn += 1;
-			n += km_sz_uvarint(5) + km_sz_uvarint((uint32_t)fn) + fn;
+			n += km_sz_uvarint(2) + km_sz_uvarint((uint32_t)fn) + fn;
 			ntags++;
 		}
 		if (true && m->settled_time_ms != INT64_C(-1)) {
 			size_t fn = 0;
 			fn += 8;
-			n += km_sz_uvarint(6) + km_sz_uvarint((uint32_t)fn) + fn;
+			n += km_sz_uvarint(3) + km_sz_uvarint((uint32_t)fn) + fn;
 			ntags++;
 		}
 		if (true && m->last_error.len >= 0) {
 			size_t fn = 0;
 			fn += km_sz_string(true, m->last_error);
-			n += km_sz_uvarint(7) + km_sz_uvarint((uint32_t)fn) + fn;
+			n += km_sz_uvarint(4) + km_sz_uvarint((uint32_t)fn) + fn;
 			ntags++;
 		}
 		if (true && m->last_error_time_ms != INT64_C(-1)) {
 			size_t fn = 0;
 			fn += 8;
-			n += km_sz_uvarint(8) + km_sz_uvarint((uint32_t)fn) + fn;
+			n += km_sz_uvarint(5) + km_sz_uvarint((uint32_t)fn) + fn;
 			ntags++;
 		}
 		if (true && !km_codec_uuid_is_zero(&m->source_topic_id)) {
 			size_t fn = 0;
 			fn += 16;
-			n += km_sz_uvarint(9) + km_sz_uvarint((uint32_t)fn) + fn;
+			n += km_sz_uvarint(6) + km_sz_uvarint((uint32_t)fn) + fn;
 			ntags++;
 		}
 		n += km_sz_uvarint(ntags);

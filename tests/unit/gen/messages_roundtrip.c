@@ -163,6 +163,7 @@
 #include "kmirror/msg/mirror_state_progress_value.h"
 #include "kmirror/msg/mirror_state_run_key.h"
 #include "kmirror/msg/mirror_state_run_value.h"
+#include "kmirror/msg/mirror_state_writer_value.h"
 #include "kmirror/msg/offset_commit_request.h"
 #include "kmirror/msg/offset_commit_response.h"
 #include "kmirror/msg/offset_delete_request.h"
@@ -15106,16 +15107,13 @@ static void fill_km_mirror_state_progress_value(km_mirror_state_progress_value *
 	m->open_transaction_offset = (int64_t)(t_int(seq, 1000000000, INT64_C(-1)) + ((int64_t)1 << 33));
 	m->last_run_logical = (int64_t)(t_int(seq, 1000000000, INT64_C(-1)) + ((int64_t)1 << 33));
 	m->last_run_prev_end = (int64_t)(t_int(seq, 1000000000, INT64_C(-1)) + ((int64_t)1 << 33));
-	m->writer_producer_id = (int64_t)(t_int(seq, 1000000000, INT64_C(-1)) + ((int64_t)1 << 33));
-	m->writer_producer_epoch = (int16_t)(t_int(seq, 30000, INT64_C(-1)));
-	m->writer_start_offset = (int64_t)(t_int(seq, 1000000000, INT64_C(-1)) + ((int64_t)1 << 33));
 	m->state = (int8_t)(t_int(seq, 100, INT64_C(0)));
 	m->settled_time_ms = (int64_t)(t_int(seq, 1000000000, INT64_C(-1)) + ((int64_t)1 << 33));
 	m->last_error = (mode == 1 && true) ? KM_STR_NULL : t_str(a, seq);
 	m->last_error_time_ms = (int64_t)(t_int(seq, 1000000000, INT64_C(-1)) + ((int64_t)1 << 33));
 	t_uuid(&m->source_topic_id, seq);
 	if (true && mode == 0)
-		t_unknown_tags(&m->unknown_tags, a, 10, 1009, seq);
+		t_unknown_tags(&m->unknown_tags, a, 7, 1006, seq);
 }
 
 static bool eq_km_mirror_state_progress_value(const km_mirror_state_progress_value *x, const km_mirror_state_progress_value *y)
@@ -15134,12 +15132,6 @@ static bool eq_km_mirror_state_progress_value(const km_mirror_state_progress_val
 		return t_diff("LastRunLogical");
 	if (!(x->last_run_prev_end == y->last_run_prev_end))
 		return t_diff("LastRunPrevEnd");
-	if (!(x->writer_producer_id == y->writer_producer_id))
-		return t_diff("WriterProducerId");
-	if (!(x->writer_producer_epoch == y->writer_producer_epoch))
-		return t_diff("WriterProducerEpoch");
-	if (!(x->writer_start_offset == y->writer_start_offset))
-		return t_diff("WriterStartOffset");
 	if (!(x->state == y->state))
 		return t_diff("State");
 	if (!(x->settled_time_ms == y->settled_time_ms))
@@ -15239,6 +15231,46 @@ static void km_mirror_state_run_value_init_v(void *m) { km_mirror_state_run_valu
 static km_err km_mirror_state_run_value_decode_v(km_rd *r, int16_t v, void *m, km_arena *a) { return km_mirror_state_run_value_decode(r, v, m, a); }
 static void km_mirror_state_run_value_encode_v(km_wr *w, int16_t v, const void *m) { km_mirror_state_run_value_encode(w, v, m); }
 static size_t km_mirror_state_run_value_size_v(int16_t v, const void *m) { return km_mirror_state_run_value_size(v, m); }
+
+
+static void fill_km_mirror_state_writer_value(km_mirror_state_writer_value *m, int16_t v, int mode, km_arena *a, uint32_t *seq);
+static bool eq_km_mirror_state_writer_value(const km_mirror_state_writer_value *x, const km_mirror_state_writer_value *y);
+
+static void fill_km_mirror_state_writer_value(km_mirror_state_writer_value *m, int16_t v, int mode, km_arena *a, uint32_t *seq)
+{
+	(void)v;
+	(void)mode;
+	(void)a;
+	(void)seq;
+	t_uuid(&m->topic_id, seq);
+	m->producer_id = (int64_t)(t_int(seq, 1000000000, INT64_C(0)) + ((int64_t)1 << 33));
+	m->producer_epoch = (int16_t)(t_int(seq, 30000, INT64_C(0)));
+	m->start_offset = (int64_t)(t_int(seq, 1000000000, INT64_C(0)) + ((int64_t)1 << 33));
+	if (true && mode == 0)
+		t_unknown_tags(&m->unknown_tags, a, 0, 1000, seq);
+}
+
+static bool eq_km_mirror_state_writer_value(const km_mirror_state_writer_value *x, const km_mirror_state_writer_value *y)
+{
+	if (!(memcmp(x->topic_id.b, y->topic_id.b, 16) == 0))
+		return t_diff("TopicId");
+	if (!(x->producer_id == y->producer_id))
+		return t_diff("ProducerId");
+	if (!(x->producer_epoch == y->producer_epoch))
+		return t_diff("ProducerEpoch");
+	if (!(x->start_offset == y->start_offset))
+		return t_diff("StartOffset");
+	if (!t_tags_eq(&x->unknown_tags, &y->unknown_tags))
+		return t_diff("MirrorStateWriterValue unknown tags");
+	return true;
+}
+
+static void km_mirror_state_writer_value_fill_v(void *m, int16_t v, int mode, km_arena *a, uint32_t *seq) { fill_km_mirror_state_writer_value(m, v, mode, a, seq); }
+static bool km_mirror_state_writer_value_eq_v(const void *x, const void *y) { return eq_km_mirror_state_writer_value(x, y); }
+static void km_mirror_state_writer_value_init_v(void *m) { km_mirror_state_writer_value_init(m); }
+static km_err km_mirror_state_writer_value_decode_v(km_rd *r, int16_t v, void *m, km_arena *a) { return km_mirror_state_writer_value_decode(r, v, m, a); }
+static void km_mirror_state_writer_value_encode_v(km_wr *w, int16_t v, const void *m) { km_mirror_state_writer_value_encode(w, v, m); }
+static size_t km_mirror_state_writer_value_size_v(int16_t v, const void *m) { return km_mirror_state_writer_value_size(v, m); }
 
 
 static void fill_km_offset_commit_request_partition(km_offset_commit_request_partition *m, int16_t v, int mode, km_arena *a, uint32_t *seq);
@@ -23473,6 +23505,7 @@ const km_test_msg km_test_msgs[] = {
 	{"MirrorStateProgressValue", -1, 0, 0, 0, sizeof(km_mirror_state_progress_value), km_mirror_state_progress_value_init_v, km_mirror_state_progress_value_decode_v, km_mirror_state_progress_value_encode_v, km_mirror_state_progress_value_size_v, km_mirror_state_progress_value_fill_v, km_mirror_state_progress_value_eq_v},
 	{"MirrorStateRunKey", -1, 0, 0, -1, sizeof(km_mirror_state_run_key), km_mirror_state_run_key_init_v, km_mirror_state_run_key_decode_v, km_mirror_state_run_key_encode_v, km_mirror_state_run_key_size_v, km_mirror_state_run_key_fill_v, km_mirror_state_run_key_eq_v},
 	{"MirrorStateRunValue", -1, 0, 0, 0, sizeof(km_mirror_state_run_value), km_mirror_state_run_value_init_v, km_mirror_state_run_value_decode_v, km_mirror_state_run_value_encode_v, km_mirror_state_run_value_size_v, km_mirror_state_run_value_fill_v, km_mirror_state_run_value_eq_v},
+	{"MirrorStateWriterValue", -1, 0, 0, 0, sizeof(km_mirror_state_writer_value), km_mirror_state_writer_value_init_v, km_mirror_state_writer_value_decode_v, km_mirror_state_writer_value_encode_v, km_mirror_state_writer_value_size_v, km_mirror_state_writer_value_fill_v, km_mirror_state_writer_value_eq_v},
 	{"OffsetCommitRequest", 8, 2, 10, 8, sizeof(km_offset_commit_request), km_offset_commit_request_init_v, km_offset_commit_request_decode_v, km_offset_commit_request_encode_v, km_offset_commit_request_size_v, km_offset_commit_request_fill_v, km_offset_commit_request_eq_v},
 	{"OffsetCommitResponse", 8, 2, 10, 8, sizeof(km_offset_commit_response), km_offset_commit_response_init_v, km_offset_commit_response_decode_v, km_offset_commit_response_encode_v, km_offset_commit_response_size_v, km_offset_commit_response_fill_v, km_offset_commit_response_eq_v},
 	{"OffsetDeleteRequest", 47, 0, 0, -1, sizeof(km_offset_delete_request), km_offset_delete_request_init_v, km_offset_delete_request_decode_v, km_offset_delete_request_encode_v, km_offset_delete_request_size_v, km_offset_delete_request_fill_v, km_offset_delete_request_eq_v},

@@ -181,11 +181,22 @@ def _consumer(bootstrap, isolation):
 
 def ends(bootstrap, topic, isolation, parts=PARTS):
     """Per partition (low, end): the end is the high watermark for read_uncommitted and the last
-    stable offset for read_committed (librdkafka asks ListOffsets with the consumer's isolation)."""
+    stable offset for read_committed (librdkafka asks ListOffsets with the consumer's isolation).
+    A retriable answer (OFFSET_NOT_AVAILABLE from a leader just elected, whose high watermark is
+    not caught up yet) is asked again, as a client would, for 30 s at most."""
+    from confluent_kafka import KafkaError, KafkaException
+    again = {KafkaError.OFFSET_NOT_AVAILABLE, KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE}
     c = _consumer(bootstrap, isolation)
+    deadline = time.monotonic() + 30
     try:
-        return [c.get_watermark_offsets(TopicPartition(topic, p), timeout=15, cached=False)
-                for p in range(parts)]
+        while True:
+            try:
+                return [c.get_watermark_offsets(TopicPartition(topic, p), timeout=15, cached=False)
+                        for p in range(parts)]
+            except KafkaException as e:
+                if e.args[0].code() not in again or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
     finally:
         c.close()
 

@@ -220,6 +220,7 @@ km_err km_state_partition_value_encode(km_wr *w, const km_state_topic *t, const 
 	v.last_error_time_ms = p->last_error_ms;
 	v.source_topic_id = p->source_id;
 	v.started_by = p->by_pattern ? 1 : 0;
+	v.started_time_ms = p->started_ms;
 	v.progress_apart = true; /* this kmirrord writes the pipeline's progress in its own record */
 	last_run_at(p, p->last_mirrored_offset, &v.last_run_logical, &v.last_run_prev_end);
 	if (p->has_writer) {
@@ -561,7 +562,7 @@ static void part_resolve(const km_state_topic *t, km_state_part *p)
 	p->last_error = settled ? p->prog.error : p->rec.error;
 	p->last_error_ms = settled ? p->prog.error_ms : p->rec.error_ms;
 	p->source_id = ours && !km_uuid_is_zero(&p->prog.source_id) ? p->prog.source_id : p->rec.source_id;
-	if (p->wrec.has && km_uuid_eq(&p->wrec.topic_id, &t->id)) {
+	if (p->wrec.has && km_uuid_eq(&p->wrec.topic_id, &t->id) && p->wrec.started_ms == p->started_ms) {
 		p->has_writer = true;
 		p->writer_pid = p->wrec.pid;
 		p->writer_epoch = p->wrec.epoch;
@@ -673,6 +674,7 @@ static km_err apply_partition(km_state_model *m, const km_state_key *k, const ui
 			p->rec.writer_start = v.writer_start_offset;
 			p->rec.source_id = v.source_topic_id;
 			p->by_pattern = v.started_by == 1;
+			p->started_ms = v.started_time_ms;
 			t->id = v.topic_id;
 			part_resolve(t, p);
 			chg->to = p->state;
@@ -782,6 +784,7 @@ static km_err apply_writer(km_state_model *m, const km_state_key *k, const uint8
 	if (rc == KM_OK) {
 		p->wrec.has = true;
 		p->wrec.topic_id = v.topic_id;
+		p->wrec.started_ms = v.started_time_ms;
 		p->wrec.pid = v.producer_id;
 		p->wrec.epoch = v.producer_epoch;
 		p->wrec.start = v.start_offset;
@@ -791,12 +794,14 @@ static km_err apply_writer(km_state_model *m, const km_state_key *k, const uint8
 	return rc;
 }
 
-km_err km_state_writer_value_encode(km_wr *w, const km_state_topic *t, int64_t pid, int16_t epoch, int64_t start)
+km_err km_state_writer_value_encode(km_wr *w, const km_state_topic *t, int64_t started_ms, int64_t pid, int16_t epoch,
+				    int64_t start)
 {
 	km_mirror_state_writer_value v;
 
 	km_mirror_state_writer_value_init(&v);
 	v.topic_id = t->id;
+	v.started_time_ms = started_ms;
 	v.producer_id = pid;
 	v.producer_epoch = epoch;
 	v.start_offset = start;

@@ -90,6 +90,7 @@ typedef struct km_state_part {
 	int64_t writer_pid, writer_start;
 	km_uuid source_id; /* the source topic's id as the mirror first saw it (zero: not yet) */
 	bool by_pattern;   /* started by the mirror's topic patterns, not an operator */
+	int64_t started_ms; /* when the partition was last started (-1: a record of an older kmirrord) */
 	/*
 	 * Progress apart (docs/state.md, "The runner's record"): last_mirrored_* and the open
 	 * transaction above are the figures that stand, the progress record's while it matches the
@@ -134,6 +135,7 @@ typedef struct km_state_part {
 	struct {
 		bool has;
 		km_uuid topic_id;
+		int64_t started_ms; /* the partition record's started_ms it was taken under */
 		int64_t pid, start;
 		int16_t epoch;
 	} wrec;
@@ -233,7 +235,8 @@ km_err km_state_run_value_encode(km_wr *w, int64_t physical, int64_t prev_logica
 km_err km_state_progress_value_encode(km_wr *w, const km_state_topic *t, const km_state_part *p, int64_t offset,
 				      int32_t epoch, int64_t open_txn);
 /* A partition's writer record (type 5) for topic t. */
-km_err km_state_writer_value_encode(km_wr *w, const km_state_topic *t, int64_t pid, int16_t epoch, int64_t start);
+km_err km_state_writer_value_encode(km_wr *w, const km_state_topic *t, int64_t started_ms, int64_t pid, int16_t epoch,
+				    int64_t start);
 
 /*
  * ---- secrets: AES-256-GCM, 12-byte nonce, 16-byte tag (docs/state.md, "Secrets") ----

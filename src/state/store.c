@@ -248,8 +248,8 @@ static km_err add_progress_rec(km_state_mut *mu, const km_state_topic *t, int32_
 }
 
 /* A partition's writer record (type 5): pid NULL: its tombstone. */
-static km_err add_writer_rec(km_state_mut *mu, const km_state_topic *t, int32_t index, const int64_t *pid,
-			     int16_t epoch, int64_t start)
+static km_err add_writer_rec(km_state_mut *mu, const km_state_topic *t, int32_t index, int64_t started_ms,
+			     const int64_t *pid, int16_t epoch, int64_t start)
 {
 	km_state_key k = {.type = KM_STATE_REC_WRITER, .mirror = km_str_c(t->mirror->name),
 			  .topic = km_str_c(t->name), .partition = index};
@@ -257,7 +257,7 @@ static km_err add_writer_rec(km_state_mut *mu, const km_state_topic *t, int32_t 
 	km_err rc;
 
 	km_wr_init(&w);
-	if (pid && (rc = km_state_writer_value_encode(&w, t, *pid, epoch, start)) != KM_OK) {
+	if (pid && (rc = km_state_writer_value_encode(&w, t, started_ms, *pid, epoch, start)) != KM_OK) {
 		km_wr_free(&w);
 		return rc;
 	}
@@ -270,7 +270,7 @@ static km_err add_writer_rec(km_state_mut *mu, const km_state_topic *t, int32_t 
 static km_state_part fresh_part(km_mp_state s, int64_t now, bool by_pattern)
 {
 	km_state_part p = {.state = s, .state_change_ms = now, .last_mirrored_offset = -1, .last_mirrored_epoch = -1,
-			   .last_error_ms = -1, .by_pattern = by_pattern, .progress_apart = true};
+			   .last_error_ms = -1, .by_pattern = by_pattern, .progress_apart = true, .started_ms = now};
 	p.rec.state = s;
 	p.rec.state_change_ms = now; /* a progress record written with it is written under it */
 	return p;
@@ -583,7 +583,7 @@ static void delete_records(km_state_mut *mu, km_state_mirror *m)
 				if (!p->present)
 					continue;
 				if ((p->prog.has && add_progress_rec(mu, m->topics[i], (int32_t)j, NULL, -1, -1, -1) != KM_OK) ||
-				    (p->wrec.has && add_writer_rec(mu, m->topics[i], (int32_t)j, NULL, -1, -1) != KM_OK) ||
+				    (p->wrec.has && add_writer_rec(mu, m->topics[i], (int32_t)j, -1, NULL, -1, -1) != KM_OK) ||
 				    add_partition_rec(mu, m->topics[i], (int32_t)j, NULL) != KM_OK) {
 					set_msg(mu, KM_MIRROR_STATE_UNAVAILABLE, "out of memory");
 					return;
@@ -783,7 +783,7 @@ static void on_topics_meta(km_state *st, km_err err, const char *message, const 
 			if (add_partition_rec(mu, &tmp, j, &p) != KM_OK ||
 			    add_progress_rec(mu, &tmp, j, &p, p.last_mirrored_offset, p.last_mirrored_epoch, -1) != KM_OK ||
 			    (old && (size_t)j < old->nparts && old->parts[j].wrec.has &&
-			     add_writer_rec(mu, &tmp, j, NULL, -1, -1) != KM_OK))
+			     add_writer_rec(mu, &tmp, j, -1, NULL, -1, -1) != KM_OK))
 				topic_msg(mu, i, KM_MIRROR_STATE_UNAVAILABLE, "out of memory");
 		}
 	}
@@ -928,7 +928,9 @@ static void prepare_writer(km_state *st, km_state_mut *mu)
 		set_msg(mu, KM_KAFKA_INVALID_REQUEST, "invalid writer for %s-%d", t->name, (int)pi);
 		return;
 	}
-	if (add_writer_rec(mu, t, pi, &mu->writer_pid, mu->writer_epoch, mu->writer_start) != KM_OK)
+	/* Under the start it belongs to: a writer of an earlier start stands for nothing (part_resolve). */
+	if (add_writer_rec(mu, t, pi, t->parts[pi].started_ms, &mu->writer_pid, mu->writer_epoch, mu->writer_start) !=
+	    KM_OK)
 		set_msg(mu, KM_MIRROR_STATE_UNAVAILABLE, "out of memory");
 }
 

@@ -1330,14 +1330,24 @@ static void test_open_transaction_bounds_readers(void **state)
 }
 
 /* Partition 0 of t in m: its record (progress figures last, open), written as this kmirrord writes it. */
+static void part_rec_started(km_state_model *m, km_mp_state s, int64_t changed_ms, int64_t last, bool apart,
+			     int64_t started);
+
 static void part_rec_at(km_state_model *m, km_mp_state s, int64_t changed_ms, int64_t last, bool apart)
+{
+	part_rec_started(m, s, changed_ms, last, apart, 0);
+}
+
+/* As part_rec_at, the partition last started at started (StartedTimeMs). */
+static void part_rec_started(km_state_model *m, km_mp_state s, int64_t changed_ms, int64_t last, bool apart,
+			     int64_t started)
 {
 	km_state_cfg_entry cfg[1] = {{.name = "bootstrap.servers", .value = "s:9092"}};
 	km_state_mirror mi = {.name = "m1", .cfg = cfg, .ncfg = 1};
 	km_state_topic tt = {.name = "t", .mirror = &mi, .id = {{7}}};
 	km_state_key pk = {.type = KM_STATE_REC_PARTITION, .mirror = km_str_c("m1"), .topic = km_str_c("t")};
 	km_state_part p = {.state = s, .state_change_ms = changed_ms, .last_mirrored_offset = last,
-			   .last_mirrored_epoch = 4, .open_txn_offset = -1};
+			   .last_mirrored_epoch = 4, .open_txn_offset = -1, .started_ms = started};
 	km_mirror_state_partition_value v;
 	km_state_change chg;
 	km_arena a;
@@ -1390,8 +1400,8 @@ static const km_state_part *part0(km_state_model *m)
 	return &t->parts[0];
 }
 
-/* Partition 0 of t in m: its writer record (type 5); pid -1: its tombstone. */
-static void writer_rec(km_state_model *m, int64_t pid, int64_t start)
+/* Partition 0 of t in m: its writer record (type 5) under the start of started; pid -1: its tombstone. */
+static void writer_rec_of(km_state_model *m, int64_t started, int64_t pid, int64_t start)
 {
 	km_state_cfg_entry cfg[1] = {{.name = "bootstrap.servers", .value = "s:9092"}};
 	km_state_mirror mi = {.name = "m1", .cfg = cfg, .ncfg = 1};
@@ -1402,10 +1412,16 @@ static void writer_rec(km_state_model *m, int64_t pid, int64_t start)
 
 	km_wr_init(&w);
 	if (pid >= 0)
-		assert_int_equal(km_state_writer_value_encode(&w, &tt, pid, 3, start), KM_OK);
+		assert_int_equal(km_state_writer_value_encode(&w, &tt, started, pid, 3, start), KM_OK);
 	rec(m, &gk, pid >= 0 ? &w : NULL, &chg);
 	assert_false(chg.changed);
 	km_wr_free(&w);
+}
+
+/* The same under the start of the partition record that stands. */
+static void writer_rec(km_state_model *m, int64_t pid, int64_t start)
+{
+	writer_rec_of(m, part0(m)->started_ms, pid, start);
 }
 
 /* Partition 0 of t in m: the runner's settle to s at settled_ms (a progress record) under a partition record changed at changed_ms. */
@@ -1492,11 +1508,18 @@ static void test_writer_apart_keeps_a_stop(void **state)
 	part_rec_at(&m, KM_MP_STOPPED, 2000, 60, true);
 	writer_rec(&m, 42, 70);
 	assert_true(part0(&m)->has_writer);
-	part_rec_at(&m, KM_MP_PREPARING, 3000, 60, true);
-	progress_rec_at(&m, 3000, 60, -1);
-	writer_rec(&m, -1, -1);
+	part_rec_started(&m, KM_MP_PREPARING, 3000, 60, true, 3000);
+	/* The start's partition record read before the writer record's tombstone (another state partition). */
 	assert_int_equal(part0(&m)->state, KM_MP_PREPARING);
 	assert_false(part0(&m)->has_writer);
+	progress_rec_at(&m, 3000, 60, -1);
+	writer_rec(&m, -1, -1);
+	assert_false(part0(&m)->has_writer);
+	writer_rec(&m, 43, 80); /* this start's writer */
+	assert_true(part0(&m)->has_writer);
+	assert_int_equal(part0(&m)->writer_pid, 43);
+	part_rec_started(&m, KM_MP_STOPPING, 4000, 90, true, 3000); /* a stop keeps it */
+	assert_int_equal(part0(&m)->writer_pid, 43);
 	km_state_model_free(&m);
 	/*
 	 * The hour run's case: a progress written on a view with an older writer (a former owner's,

@@ -48,6 +48,8 @@ typedef struct km_mirror_state_partition_value {
 	int64_t last_run_logical;
 	/* v0+ tag 8: That run's PreviousLogicalEnd, or -1. */
 	int64_t last_run_prev_end;
+	/* v0+ tag 9: When the partition was last started (StartMirrorTopics, a pattern's start, a partition... */
+	int64_t started_time_ms;
 	km_tagged_list unknown_tags; /* tagged fields this codec does not know, kept as they came */
 } km_mirror_state_partition_value;
 

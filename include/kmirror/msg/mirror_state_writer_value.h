@@ -18,6 +18,8 @@
 typedef struct km_mirror_state_writer_value {
 	/* v0+: The destination topic's id the writer writes: a writer of a topic of the same name dele... */
 	km_uuid topic_id;
+	/* v0+: The StartedTimeMs of the partition record the writer was taken under: the writer stands... */
+	int64_t started_time_ms;
 	/* v0+: The producer id. */
 	int64_t producer_id;
 	/* v0+: That producer's epoch. */

@@ -21,6 +21,7 @@ void km_mirror_state_partition_value_init(km_mirror_state_partition_value *m)
 	m->open_transaction_offset = INT64_C(-1);
 	m->last_run_logical = INT64_C(-1);
 	m->last_run_prev_end = INT64_C(-1);
+	m->started_time_ms = INT64_C(-1);
 }
 
 static bool km_mirror_state_partition_value_dec_tag_writer_producer_id(km_rd *r, int16_t v, km_mirror_state_partition_value *m, km_arena *a)
@@ -100,6 +101,15 @@ static bool km_mirror_state_partition_value_dec_tag_last_run_prev_end(km_rd *r, 
 	(void)v;
 	(void)a;
 	if (!km_rd_i64(r, "LastRunPrevEnd", &m->last_run_prev_end))
+		return false;
+	return true;
+}
+
+static bool km_mirror_state_partition_value_dec_tag_started_time_ms(km_rd *r, int16_t v, km_mirror_state_partition_value *m, km_arena *a)
+{
+	(void)v;
+	(void)a;
+	if (!km_rd_i64(r, "StartedTimeMs", &m->started_time_ms))
 		return false;
 	return true;
 }
@@ -188,6 +198,12 @@ static bool km_mirror_state_partition_value_dec(km_rd *r, int16_t v, km_mirror_s
 						return km_codec_rd_join(r, &sub);
 				}
 				break;
+				case 9:
+				{
+					if (!km_mirror_state_partition_value_dec_tag_started_time_ms(&sub, v, m, a))
+						return km_codec_rd_join(r, &sub);
+				}
+				break;
 				default:
 					known = false;
 					break;
@@ -232,6 +248,8 @@ static void km_mirror_state_partition_value_enc(km_wr *w, int16_t v, const km_mi
 		ntags += has_last_run_logical;
 		const bool has_last_run_prev_end = true && m->last_run_prev_end != INT64_C(-1);
 		ntags += has_last_run_prev_end;
+		const bool has_started_time_ms = true && m->started_time_ms != INT64_C(-1);
+		ntags += has_started_time_ms;
 		km_wr_uvarint(w, ntags);
 		km_codec_wr_tags(w, &m->unknown_tags, 0, 1, false);
 		if (has_writer_producer_id) {
@@ -305,7 +323,15 @@ static void km_mirror_state_partition_value_enc(km_wr *w, int16_t v, const km_mi
 			km_wr_uvarint(w, (uint32_t)n);
 			km_wr_i64(w, m->last_run_prev_end);
 		}
-		km_codec_wr_tags(w, &m->unknown_tags, 9, UINT64_MAX, false);
+		km_codec_wr_tags(w, &m->unknown_tags, 9, 10, false);
+		if (has_started_time_ms) {
+			size_t n = 0;
+			n += 8;
+			km_wr_uvarint(w, 9);
+			km_wr_uvarint(w, (uint32_t)n);
+			km_wr_i64(w, m->started_time_ms);
+		}
+		km_codec_wr_tags(w, &m->unknown_tags, 10, UINT64_MAX, false);
 	}
 }
 
@@ -377,6 +403,12 @@ static size_t km_mirror_state_partition_value_sz(int16_t v, const km_mirror_stat
 			size_t fn = 0;
 			fn += 8;
 			n += km_sz_uvarint(8) + km_sz_uvarint((uint32_t)fn) + fn;
+			ntags++;
+		}
+		if (true && m->started_time_ms != INT64_C(-1)) {
+			size_t fn = 0;
+			fn += 8;
+			n += km_sz_uvarint(9) + km_sz_uvarint((uint32_t)fn) + fn;
 			ntags++;
 		}
 		n += km_sz_uvarint(ntags);

@@ -21,6 +21,8 @@ static bool km_mirror_state_writer_value_dec(km_rd *r, int16_t v, km_mirror_stat
 	(void)v;
 	if (!km_rd_uuid(r, "TopicId", &m->topic_id))
 		return false;
+	if (!km_rd_i64(r, "StartedTimeMs", &m->started_time_ms))
+		return false;
 	if (!km_rd_i64(r, "ProducerId", &m->producer_id))
 		return false;
 	if (!km_rd_i16(r, "ProducerEpoch", &m->producer_epoch))
@@ -40,6 +42,7 @@ static void km_mirror_state_writer_value_enc(km_wr *w, int16_t v, const km_mirro
 	(void)flex;
 	(void)v;
 	km_wr_uuid(w, &m->topic_id);
+	km_wr_i64(w, m->started_time_ms);
 	km_wr_i64(w, m->producer_id);
 	km_wr_i16(w, m->producer_epoch);
 	km_wr_i64(w, m->start_offset);
@@ -55,6 +58,7 @@ static size_t km_mirror_state_writer_value_sz(int16_t v, const km_mirror_state_w
 	(void)flex;
 	(void)v;
 	n += 16;
+	n += 8;
 	n += 8;
 	n += 2;
 	n += 8;

@@ -15005,8 +15005,9 @@ static void fill_km_mirror_state_partition_value(km_mirror_state_partition_value
 	m->progress_apart = true;
 	m->last_run_logical = (int64_t)(t_int(seq, 1000000000, INT64_C(-1)) + ((int64_t)1 << 33));
 	m->last_run_prev_end = (int64_t)(t_int(seq, 1000000000, INT64_C(-1)) + ((int64_t)1 << 33));
+	m->started_time_ms = (int64_t)(t_int(seq, 1000000000, INT64_C(-1)) + ((int64_t)1 << 33));
 	if (true && mode == 0)
-		t_unknown_tags(&m->unknown_tags, a, 9, 1008, seq);
+		t_unknown_tags(&m->unknown_tags, a, 10, 1009, seq);
 }
 
 static bool eq_km_mirror_state_partition_value(const km_mirror_state_partition_value *x, const km_mirror_state_partition_value *y)
@@ -15043,6 +15044,8 @@ static bool eq_km_mirror_state_partition_value(const km_mirror_state_partition_v
 		return t_diff("LastRunLogical");
 	if (!(x->last_run_prev_end == y->last_run_prev_end))
 		return t_diff("LastRunPrevEnd");
+	if (!(x->started_time_ms == y->started_time_ms))
+		return t_diff("StartedTimeMs");
 	if (!t_tags_eq(&x->unknown_tags, &y->unknown_tags))
 		return t_diff("MirrorStatePartitionValue unknown tags");
 	return true;
@@ -15243,6 +15246,7 @@ static void fill_km_mirror_state_writer_value(km_mirror_state_writer_value *m, i
 	(void)a;
 	(void)seq;
 	t_uuid(&m->topic_id, seq);
+	m->started_time_ms = (int64_t)(t_int(seq, 1000000000, INT64_C(0)) + ((int64_t)1 << 33));
 	m->producer_id = (int64_t)(t_int(seq, 1000000000, INT64_C(0)) + ((int64_t)1 << 33));
 	m->producer_epoch = (int16_t)(t_int(seq, 30000, INT64_C(0)));
 	m->start_offset = (int64_t)(t_int(seq, 1000000000, INT64_C(0)) + ((int64_t)1 << 33));
@@ -15254,6 +15258,8 @@ static bool eq_km_mirror_state_writer_value(const km_mirror_state_writer_value *
 {
 	if (!(memcmp(x->topic_id.b, y->topic_id.b, 16) == 0))
 		return t_diff("TopicId");
+	if (!(x->started_time_ms == y->started_time_ms))
+		return t_diff("StartedTimeMs");
 	if (!(x->producer_id == y->producer_id))
 		return t_diff("ProducerId");
 	if (!(x->producer_epoch == y->producer_epoch))

@@ -686,6 +686,21 @@ static km_err apply_partition(km_state_model *m, const km_state_key *k, const ui
 }
 
 /*
+ * The partition a progress or writer record is about, *t its topic; NULL when it has no partition
+ * record (yet, or any more): the record then stands for nothing.
+ */
+static km_state_part *keyed_part(km_state_model *m, const km_state_key *k, km_state_topic **t)
+{
+	km_state_mirror *mi;
+	size_t at;
+
+	*t = key_topic(m, k, &mi, &at);
+	if (!*t || (size_t)k->partition >= (*t)->nparts || !(*t)->parts[k->partition].present)
+		return NULL;
+	return &(*t)->parts[k->partition];
+}
+
+/*
  * The runner's record of a partition (type 4, "progress"): what stands of it is part_resolve's. A
  * settle in it is a state change like a partition record's. The partition record and the progress
  * record sit in different partitions of the state topic, so either may be read first.
@@ -693,19 +708,16 @@ static km_err apply_partition(km_state_model *m, const km_state_key *k, const ui
 static km_err apply_progress(km_state_model *m, const km_state_key *k, const uint8_t *val, size_t vlen, bool tomb,
 			     km_state_change *chg)
 {
-	km_state_mirror *mi;
-	size_t at;
-	km_state_topic *t = key_topic(m, k, &mi, &at);
+	km_state_topic *t;
+	km_state_part *p = keyed_part(m, k, &t);
 	km_mirror_state_progress_value v;
-	km_state_part *p;
 	km_arena a;
 	km_rd r;
 	int16_t ver;
 	km_err rc;
 
-	if (!t || (size_t)k->partition >= t->nparts || !t->parts[k->partition].present)
-		return KM_OK; /* no partition record (yet, or any more): nothing it could stand for */
-	p = &t->parts[k->partition];
+	if (!p)
+		return KM_OK;
 	chg->from = p->state;
 	if (tomb) {
 		p->prog.has = false;
@@ -755,19 +767,16 @@ static km_err apply_progress(km_state_model *m, const km_state_key *k, const uin
 /* A partition's writer record: part_resolve's writer while it names the topic's id. */
 static km_err apply_writer(km_state_model *m, const km_state_key *k, const uint8_t *val, size_t vlen, bool tomb)
 {
-	km_state_mirror *mi;
-	size_t at;
-	km_state_topic *t = key_topic(m, k, &mi, &at);
+	km_state_topic *t;
+	km_state_part *p = keyed_part(m, k, &t);
 	km_mirror_state_writer_value v;
-	km_state_part *p;
 	km_arena a;
 	km_rd r;
 	int16_t ver;
 	km_err rc;
 
-	if (!t || (size_t)k->partition >= t->nparts || !t->parts[k->partition].present)
-		return KM_OK; /* no partition record (yet, or any more): nothing it could stand for */
-	p = &t->parts[k->partition];
+	if (!p)
+		return KM_OK;
 	if (tomb) {
 		p->wrec.has = false;
 		part_resolve(t, p);

@@ -229,8 +229,7 @@ static km_err add_partition_rec(km_state_mut *mu, const km_state_topic *t, int32
  * The runner's record of partition index of t, under p's partition record (docs/state.md, "The
  * runner's record"); p NULL: its tombstone.
  */
-static km_err add_progress_rec(km_state_mut *mu, const km_state_topic *t, int32_t index, const km_state_part *p,
-			       int64_t offset, int32_t epoch, int64_t open_txn)
+static km_err add_progress_rec(km_state_mut *mu, const km_state_topic *t, int32_t index, const km_state_part *p)
 {
 	km_state_key k = {.type = KM_STATE_REC_PROGRESS, .mirror = km_str_c(t->mirror->name),
 			  .topic = km_str_c(t->name), .partition = index};
@@ -238,7 +237,8 @@ static km_err add_progress_rec(km_state_mut *mu, const km_state_topic *t, int32_
 	km_err rc;
 
 	km_wr_init(&w);
-	if (p && (rc = km_state_progress_value_encode(&w, t, p, offset, epoch, open_txn)) != KM_OK) {
+	if (p && (rc = km_state_progress_value_encode(&w, t, p, p->last_mirrored_offset, p->last_mirrored_epoch,
+						       p->has_open_txn ? p->open_txn_offset : -1)) != KM_OK) {
 		km_wr_free(&w);
 		return rc;
 	}
@@ -285,9 +285,7 @@ static km_state_part fresh_part(km_mp_state s, int64_t now, bool by_pattern)
 static km_err add_runner_rec(km_state_mut *mu, const km_state_topic *t, int32_t index, const km_state_part *p)
 {
 	km_err rc = p->progress_apart ? KM_OK : add_partition_rec(mu, t, index, p);
-	return rc != KM_OK ? rc
-			   : add_progress_rec(mu, t, index, p, p->last_mirrored_offset, p->last_mirrored_epoch,
-					      p->has_open_txn ? p->open_txn_offset : -1);
+	return rc != KM_OK ? rc : add_progress_rec(mu, t, index, p);
 }
 
 /* ---- mirrors ---- */
@@ -582,7 +580,7 @@ static void delete_records(km_state_mut *mu, km_state_mirror *m)
 				const km_state_part *p = &m->topics[i]->parts[j];
 				if (!p->present)
 					continue;
-				if ((p->prog.has && add_progress_rec(mu, m->topics[i], (int32_t)j, NULL, -1, -1, -1) != KM_OK) ||
+				if ((p->prog.has && add_progress_rec(mu, m->topics[i], (int32_t)j, NULL) != KM_OK) ||
 				    (p->wrec.has && add_writer_rec(mu, m->topics[i], (int32_t)j, -1, NULL, -1, -1) != KM_OK) ||
 				    add_partition_rec(mu, m->topics[i], (int32_t)j, NULL) != KM_OK) {
 					set_msg(mu, KM_MIRROR_STATE_UNAVAILABLE, "out of memory");
@@ -781,7 +779,7 @@ static void on_topics_meta(km_state *st, km_err err, const char *message, const 
 			 * record of the life before the stop go (docs/state.md, "The runner's record").
 			 */
 			if (add_partition_rec(mu, &tmp, j, &p) != KM_OK ||
-			    add_progress_rec(mu, &tmp, j, &p, p.last_mirrored_offset, p.last_mirrored_epoch, -1) != KM_OK ||
+			    add_runner_rec(mu, &tmp, j, &p) != KM_OK ||
 			    (old && (size_t)j < old->nparts && old->parts[j].wrec.has &&
 			     add_writer_rec(mu, &tmp, j, -1, NULL, -1, -1) != KM_OK))
 				topic_msg(mu, i, KM_MIRROR_STATE_UNAVAILABLE, "out of memory");

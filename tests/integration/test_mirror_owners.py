@@ -532,6 +532,69 @@ def test_former_owners_write_after_a_cut_does_not_undo_the_new_owners(kmirror_bi
             dst.stop()
 
 
+@pytest.mark.skipif(not NetFaults.available(),
+                    reason="network cuts need nft and root (scripts/install-deps.sh installs nftables)")
+def test_former_owners_write_held_in_a_cut_lands_nowhere_after_a_stop(kmirror_bin, source_cluster, proxy_factory):
+    """The owner of a moving mirror is cut from the destination (its packets dropped) with Produce
+    requests of the mirror in its socket; the topic is stopped through the other kmirrord, which
+    takes the mirror over, finds the partition STOPPING and settles it. Then the link comes back and
+    the kernel delivers the former owner's requests. They must not land after the stop point: local
+    records written after the stop would follow them, and a start would hide more than was written
+    here (the soak's finding 27, docs/reliability.md). Before the fix they landed: the stop had
+    written nothing with the new epoch of the mirror's writer, so the broker took the older one."""
+    from mirror_cli import described, topic_states
+    from mirror_data import read_partition, watermarks
+    tag = uuid.uuid4().hex[:6]
+    dst = KafkaCluster(f"owners-seal-{tag}", brokers=1, extra_listeners={"UP_A": {}})
+    dst.extra_listeners["UP_A"] = {n.node_id: f"127.0.0.1:{n.extra_ports['UP_A']}" for n in dst.broker_nodes}
+    net = NetFaults(tag)
+    dst.start()
+    try:
+        net.setup()
+        a_ports = [n.extra_ports["UP_A"] for n in dst.broker_nodes]
+        a, b, _, cli_b, m, bg = _owner_then_other(kmirror_bin, dst, source_cluster, proxy_factory, "seal", 1, 500, 1,
+                                                  a_opts={"upstream": ",".join(f"127.0.0.1:{p}" for p in a_ports)})
+        try:
+            wait_until(lambda: watermarks(a.bootstrap, m, 1)[0][1] > 500, 60, what="a mirroring the topic")
+            net.cut(a_ports, reset=False)
+            t0 = time.monotonic()
+            cli_b.run("stop", "--mirror", m, "--topics", m)
+            time.sleep(2.0)  # a fetches on meanwhile: its Produce requests wait in the cut link
+        finally:
+            bg.stop()
+        # b settles it once a's session has expired and the mirror is b's.
+        wait_until(lambda: topic_states(cli_b, m)[m] == ["STOPPED"], 90, what="the stop settled by b")
+        (t,) = [t for t in described(cli_b, m)["topics"] if t["name"] == m]
+        (stopped,) = [p["mirrored_offset"] for p in t["partitions"]]
+        raw = watermarks(dst.bootstrap, m, 1)[0][1]
+        print(f"b settled the stop at {stopped} {time.monotonic() - t0:.1f} s into the cut; the destination "
+              f"ends at {raw}")
+        mark = len(a.output())
+        time.sleep(max(0.0, 20.0 - (time.monotonic() - t0)))
+        net.heal()
+        # The kernel's next retransmission of a's requests (its backoff doubles: 12.6 s, then 25.4 s).
+        time.sleep(max(0.0, 36.0 - (time.monotonic() - t0)))
+        late = watermarks(dst.bootstrap, m, 1)[0][1] - raw
+        print(f"healed; {late} offset(s) written on the destination since the stop settled")
+        print("\n".join(ln for ln in a.output()[mark:].splitlines() if m in ln)[-3000:])
+        assert watermarks(b.bootstrap, m, 1)[0][1] == stopped, "readers through b see past the stop point"
+        assert late == 0, f"{late} offset(s) of the former owner landed after the stop at {stopped}"
+        # The one destination offset past the stop point is the seal, which b's writer wrote.
+        (seal,) = read_partition(dst.bootstrap, m, 0, stopped, stopped + 1)
+        assert raw == stopped + 1 and seal.key.startswith(b"kmirror.seal/"), (raw, seal)
+        # What a drill writes here now follows the stop point, and a start would hide exactly that.
+        produce_records(b.bootstrap, m, 3, start=1000, tag="local", partitions=1)
+        assert watermarks(b.bootstrap, m, 1)[0][1] == stopped + 3
+        dry = Cli(kmirror_bin, b.bootstrap).json("start", "--dry-run", "--mirror", m, "--topics", m)[0]
+        (dt,) = dry["topics"]
+        assert [p["records_hidden"] for p in dt["partitions"]] == [3], dt
+    finally:
+        try:
+            net.teardown()
+        finally:
+            dst.stop()
+
+
 def test_stop_through_the_other_kmirrord_is_not_undone(kmirror_bin, dest_cluster3, source_cluster, proxy_factory):
     """A stop sent to the kmirrord that does not run the mirror, while the mirror moves (its owner
     writes its progress every 200 ms): the stop is acknowledged, so it must happen. Before the fix,
@@ -549,14 +612,21 @@ def test_stop_through_the_other_kmirrord_is_not_undone(kmirror_bin, dest_cluster
             cli_b.run("stop", "--mirror", m, "--topics", m)
             _stop_stands(cli_a, cli_b, m, rnd)
             # Where the stop left each partition (a drill's start hides what was written after it) is
-            # the destination's end: every record mirrored before the stop counts.
+            # the destination's end: every record mirrored before the stop counts. What the map hides
+            # is a stop's seal each (a stop settled before the writer's epoch wrote: the mirror may
+            # have moved from a to b with a round's start): the destination holds the records up to
+            # the stop point and those, nothing else.
             from mirror_cli import described
             from mirror_data import watermarks
             ends = [hi for _, hi in watermarks(dest_cluster3.bootstrap, m, 4)]
             for c in (cli_a, cli_b):
                 (t,) = [t for t in described(c, m)["topics"] if t["name"] == m]
-                stopped = [p["mirrored_offset"] for p in sorted(t["partitions"], key=lambda p: p["partition"])]
-                assert stopped == ends, f"round {rnd}: stopped at {stopped}, the destination ends at {ends}"
+                parts = sorted(t["partitions"], key=lambda p: p["partition"])
+                stopped = [p["mirrored_offset"] for p in parts]
+                held = [p["mirrored_offset"] + (p.get("records_hidden") or 0) for p in parts]
+                assert held == ends, (f"round {rnd}: stopped at {stopped}, {[p.get('records_hidden') for p in parts]} "
+                                      f"hidden, the destination ends at {ends}")
+                assert [hi for _, hi in watermarks(c.bootstrap, m, 4)] == stopped, f"round {rnd}"
             cli_b.run("start", "--mirror", m, "--topics", m)
     finally:
         bg.stop()
@@ -621,16 +691,22 @@ def _killed_then_stopped(victim, cli, m):
 
 def _stopped_at_the_destinations_end(dest_cluster, proxy, cli, m, partitions=2):
     """Mirror m's topic m settles STOPPED (through proxy) at the destination's end: its stop point,
-    the mirrored offset of each partition, and what readers through proxy see end there."""
+    the mirrored offset of each partition, is where the mirrored records end there, and readers
+    through proxy see the topic end at it. The one destination offset past it is the stop's seal
+    (the new owner settled the stop before any batch of its writer's epoch was in: docs/mirror.md,
+    "The stop's seal"), hidden from readers through kmirrord."""
     from mirror_cli import described, topic_states
-    from mirror_data import watermarks
+    from mirror_data import read_partition, watermarks
     wait_until(lambda: set(topic_states(cli, m)[m]) == {"STOPPED"}, 90, 0.2, what=f"the stop settled by {proxy.name}")
     ends = [hi for _, hi in watermarks(dest_cluster.bootstrap, m, partitions)]
     (t,) = [t for t in described(cli, m)["topics"] if t["name"] == m]
     stopped = [p["mirrored_offset"] for p in sorted(t["partitions"], key=lambda p: p["partition"])]
     print(f"stopped at {stopped}; the destination ends at {ends}")
-    assert stopped == ends, f"the stop point {stopped} is not the destination's end {ends}"
-    assert [hi for _, hi in watermarks(proxy.bootstrap, m, partitions)] == ends
+    assert stopped == [e - 1 for e in ends], f"the stop point {stopped} is not below the seal at the end {ends}"
+    for i, at in enumerate(stopped):
+        (seal,) = read_partition(dest_cluster.bootstrap, m, i, at, at + 1)
+        assert seal.offset == at and seal.key.startswith(b"kmirror.seal/"), seal
+    assert [hi for _, hi in watermarks(proxy.bootstrap, m, partitions)] == stopped
 
 
 def test_stop_settled_by_the_new_owner_keeps_the_destinations_end(kmirror_bin, dest_cluster, source_cluster,

@@ -458,6 +458,8 @@ static void settle_drained(km_pipeline *pl, mpart *p)
 		return;
 	if (p->plan.head && p->plan.head->kind == BK_MARKER)
 		return; /* everything before it is in: the source decided, drive_marker ends the transaction */
+	if (p->plan.head && p->plan.head->kind == BK_SEAL)
+		return; /* the stop's seal, sent once its run is in */
 	km_plan_drop_unsent(&p->plan);
 	if (p->plan.head)
 		return;
@@ -475,6 +477,15 @@ static void settle_drained(km_pipeline *pl, mpart *p)
 		p->recon.need_pid = true; /* the batches dropped left a gap in the idempotent sequence */
 		pl->pid_want = true;
 		p->retry.at = 0;
+		return;
+	}
+	if (to == KM_MP_STOPPED && km_pl_seal_due(pl, p)) {
+		/* Its seal first, with the writer this reconcile took (docs/mirror.md, "The stop's seal"). */
+		if (!p->recon.need_pid && !p->recon.writer_pending && p->plan.pid >= 0 && pl->store_pending < STORE_WINDOW &&
+		    !km_pl_seal(pl, p)) {
+			km_pl_set_phase(p, PH_RECONCILE, "out of memory");
+			km_pl_backoff(p);
+		}
 		return;
 	}
 	/* The partition ends in a hole: its run first, so writes after the stop continue after it. */

@@ -447,6 +447,14 @@ void km_pl_landed(km_pipeline *pl, mpart *p, mbatch *b);
 /* The tail past the holes planned after the last landed batch, in their source leader epoch. */
 void km_pl_past_holes(mpart *p);
 bool km_pl_run_past_holes(km_pipeline *pl, mpart *p, mphase then);
+/*
+ * A stop settles p with no batch of its writer's current epoch on the destination partition yet:
+ * a write of an earlier writer (a former owner's Produce held in a cut link) could still land
+ * after the stop point. Its seal goes first (km_pl_seal; docs/mirror.md, "The stop's seal").
+ */
+bool km_pl_seal_due(const km_pipeline *pl, mpart *p);
+/* Plan the seal: its run persisted first, then the record sent alone as a probe (false: no memory). */
+bool km_pl_seal(km_pipeline *pl, mpart *p);
 /* Every KM_MIRROR_PROGRESS_MS: the tails that moved since, persisted in one store write (the tick calls it). */
 void km_pl_progress(km_pipeline *pl, int64_t now, int64_t *next);
 /*

@@ -69,6 +69,7 @@ enum {
 	BK_DATA,   /* written by the mirror's idempotent producer */
 	BK_TXN,    /* a source transaction's data: written inside a destination transaction (mpart.txn) */
 	BK_MARKER, /* a source COMMIT/ABORT marker: the destination transaction ends, its marker lands here */
+	BK_SEAL,   /* a stop's seal: one record of the writer's epoch, hidden by its run (km_pl_seal) */
 };
 
 /* A marker's progress (BK_MARKER): its destination transaction ending, then its landing. */

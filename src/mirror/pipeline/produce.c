@@ -39,8 +39,10 @@ void km_pl_past_holes(mpart *p)
 void km_pl_landed(km_pipeline *pl, mpart *p, mbatch *b)
 {
 	p->out.acked_phys = b->physical + b->count;
-	p->out.acked_logical = b->logical + b->count;
-	p->out.acked_epoch = b->epoch;
+	if (b->kind != BK_SEAL) { /* a seal is hidden: the logical tail stays where its run resumes */
+		p->out.acked_logical = b->logical + b->count;
+		p->out.acked_epoch = b->epoch;
+	}
 	if (!p->plan.head && p->plan.fetch_logical > p->out.acked_logical)
 		km_pl_past_holes(p);
 	p->out.failing_since = 0;
@@ -52,6 +54,70 @@ void km_pl_landed(km_pipeline *pl, mpart *p, mbatch *b)
 		km_pl_set_phase(p, PH_READY, "its batches are all in");
 		km_pl_run_past_holes(pl, p, PH_READY);
 	}
+}
+
+bool km_pl_seal_due(const km_pipeline *pl, mpart *p)
+{
+	const km_offrun *fence;
+	const km_offmap *m;
+
+	if (!p->out.probe || pl->writer_plain || p->out.acked_phys < 0 || p->out.acked_logical < 0)
+		return false;
+	m = km_pl_map_of((km_pipeline *)pl, p, &fence);
+	return m && m->n > 0; /* nothing mirrored: no earlier writer wrote here (its runs go first) */
+}
+
+/*
+ * The seal: one record with a key no source record has and a value that says where the stop is, written
+ * by the writer at the tail (L at E) with its run (L, E + 1) persisted first, so that no reader
+ * through any kmirrord ever sees it. Once it is in, the broker refuses every write of an earlier
+ * epoch of the writer on the partition. Should an earlier writer's batch reach the log first, the
+ * seal lands past E: the probe logic hides everything from L on (produce_done), and the partition
+ * settles at L all the same.
+ */
+bool km_pl_seal(km_pipeline *pl, mpart *p)
+{
+	char key[64], value[64];
+	km_batch_params bp;
+	km_batch_record rec;
+	km_state_run r;
+	km_wr w;
+	mbatch *b;
+	int64_t L = p->out.acked_logical, E = p->out.acked_phys;
+	/* The run before ends where it reaches E: before holes passed after it, if any (km_pl_run_past_holes). */
+	int64_t prev_end = p->plan.cont_logical >= 0 ? p->plan.cont_logical : L;
+
+	/* Short: it must pass the smallest max.message.bytes a topic may have. */
+	snprintf(key, sizeof(key), "kmirror.seal/%lld.%d", (long long)p->plan.pid, p->plan.epoch);
+	snprintf(value, sizeof(value), "stopped at %lld", (long long)L);
+	km_batch_params_init(&bp);
+	bp.producer_id = p->plan.pid;
+	bp.producer_epoch = p->plan.epoch;
+	bp.base_sequence = p->plan.seq;
+	rec = (km_batch_record){.timestamp = km_mirror_wall_ms(),
+				.key = {(const uint8_t *)key, (int32_t)strlen(key)},
+				.value = {(const uint8_t *)value, (int32_t)strlen(value)}};
+	km_wr_init(&w);
+	if (km_batch_build(&bp, &rec, 1, &w) != KM_OK || !(b = calloc(1, sizeof(*b)))) {
+		km_wr_free(&w);
+		return false;
+	}
+	b->own = w.buf; /* the writer's buffer is the batch's own */
+	b->own_len = b->size = w.len;
+	memcpy(b->hdr, b->own, KM_BATCH_HEADER_SIZE);
+	b->kind = BK_SEAL;
+	b->logical = L;
+	b->count = 1;
+	b->physical = E;
+	b->epoch = p->out.acked_epoch;
+	p->plan.seq = km_batch_seq_add(p->plan.seq, 1);
+	p->plan.phys = E + 1;
+	p->plan.cont_logical = L;
+	p->plan.cont_lat = false;
+	p->plan.head = p->plan.tail = b;
+	r = (km_state_run){p->t->name, p->id, L, E + 1, prev_end, 0};
+	km_pl_run_then(pl, p, &r, 1, PH_WRITING);
+	return true;
 }
 
 /* ---- progress: the tails persisted for the instances that do not run the mirror ---- */
@@ -221,11 +287,13 @@ static void produce_done(km_pipeline *pl, mpart *p, mbatch *b, int16_t code, int
 	if (!p->plan.head)
 		p->plan.tail = NULL;
 	if (code == 0) {
-		p->stats.records += (uint64_t)b->count;
-		p->stats.bytes += b->size;
-		p->stats.batches++;
-		if (b->max_ts > p->out.newest_ts)
-			p->out.newest_ts = b->max_ts;
+		if (b->kind != BK_SEAL) {
+			p->stats.records += (uint64_t)b->count;
+			p->stats.bytes += b->size;
+			p->stats.batches++;
+			if (b->max_ts > p->out.newest_ts)
+				p->out.newest_ts = b->max_ts;
+		}
 		p->out.probe = false;
 		p->retry.backoff_ms = 0;
 		km_pl_landed(pl, p, b);

@@ -700,6 +700,28 @@ static km_state_part *keyed_part(km_state_model *m, const km_state_key *k, km_st
 	return &(*t)->parts[k->partition];
 }
 
+/* The topic id and change time at the head of a runner's record value. */
+static bool progress_head(const uint8_t *v, size_t len, km_uuid *id, int64_t *scm)
+{
+	km_rd r;
+	int16_t ver;
+
+	if (!v)
+		return false;
+	km_rd_init(&r, v, len);
+	return km_rd_i16(&r, "Version", &ver) && ver == 0 && km_rd_uuid(&r, "TopicId", id) &&
+	       km_rd_i64(&r, "StateChangeTimeMs", scm);
+}
+
+bool km_state_progress_stale(const uint8_t *cv, size_t clen, const uint8_t *nv, size_t nlen)
+{
+	km_uuid cid, nid;
+	int64_t cscm, nscm;
+
+	return progress_head(cv, clen, &cid, &cscm) && progress_head(nv, nlen, &nid, &nscm) && km_uuid_eq(&cid, &nid) &&
+	       nscm < cscm;
+}
+
 /*
  * The runner's record of a partition (type 4, "progress"): what stands of it is part_resolve's. A
  * settle in it is a state change like a partition record's. The partition record and the progress

@@ -92,6 +92,7 @@ struct km_state_persist {
 	size_t mapn, mapcount;
 	uint8_t *scratch;
 	size_t nrecords;
+	size_t stale_kept;         /* runner's records not taken: written under an earlier partition record */
 	struct timeval load_start;
 	/* write */
 	const km_state_rec *recs;

@@ -34,6 +34,23 @@ void km_ps_map_clear(km_state_persist *io)
 	io->mapn = io->mapcount = 0;
 }
 
+static load_entry *map_find(const km_state_persist *io, const uint8_t *key, size_t klen, uint32_t h)
+{
+	if (!io->mapn)
+		return NULL;
+	for (load_entry *e = io->map[h % io->mapn]; e; e = e->next)
+		if (e->hash == h && e->klen == klen && !memcmp(e->key, key, klen))
+			return e;
+	return NULL;
+}
+
+/* A runner's record that must not replace the one the map keeps for its key (km_state_progress_stale). */
+static bool stale_progress(km_bytes key, km_bytes val, const load_entry *cur)
+{
+	return cur && !cur->tomb && val.len >= 0 && key.len >= 2 && km_be16(key.p) == KM_STATE_REC_PROGRESS &&
+	       km_state_progress_stale(cur->val, cur->vlen, val.p, (size_t)val.len);
+}
+
 static km_err map_put(km_state_persist *io, km_bytes key, km_bytes val)
 {
 	uint32_t h = km_state_murmur2(key.p, (size_t)key.len);
@@ -54,9 +71,14 @@ static km_err map_put(km_state_persist *io, km_bytes key, km_bytes val)
 		io->map = nm;
 		io->mapn = nn;
 	}
-	for (e = io->map[h % io->mapn]; e; e = e->next)
-		if (e->hash == h && e->klen == (size_t)key.len && !memcmp(e->key, key.p, e->klen))
-			break;
+	e = map_find(io, key.p, (size_t)key.len, h);
+	if (stale_progress(key, val, e)) {
+		/* A former owner's late write: the current runner's record stays. */
+		io->stale_kept++;
+		KM_INFO(COMP, 0, "%s: a runner's record written under an earlier state change arrived late (a former "
+			"owner's write); the current one stays (%zu so far)", io->st->cfg.mirror_state_topic, io->stale_kept);
+		return KM_OK;
+	}
 	if (!e) {
 		if (!(e = calloc(1, sizeof(*e))) || !(e->key = malloc((size_t)key.len + 1))) {
 			free(e);

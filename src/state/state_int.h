@@ -190,6 +190,14 @@ typedef struct km_state_change {
 } km_state_change;
 km_err km_state_model_apply(km_state_model *m, const uint8_t *key, size_t klen, const uint8_t *val, size_t vlen,
 			    bool tombstone, km_state_change *chg) __attribute__((warn_unused_result));
+/*
+ * Whether a runner's record (type 4) read for a partition, nv, is not to replace the one kept for
+ * its key, cv: written under an earlier partition record than cv (its change time lower: every
+ * partition record's is later than the one it replaces), of the same topic. A former owner's write
+ * held in a cut link and delivered late is such a record; it would take the current runner's
+ * settle away (docs/state.md, "Writes of a former owner"). Values as stored (NULL: a tombstone).
+ */
+bool km_state_progress_stale(const uint8_t *cv, size_t clen, const uint8_t *nv, size_t nlen);
 const km_state_topic *km_state_model_topic_id(const km_state_model *m, const km_uuid *id);
 /*
  * Every partition whose state differs between old and now (UNKNOWN where a model holds no record

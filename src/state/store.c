@@ -266,6 +266,17 @@ static km_err add_writer_rec(km_state_mut *mu, const km_state_topic *t, int32_t 
 	return rc;
 }
 
+/*
+ * The change time of a new partition record replacing old's: now, or just past old's where that is
+ * not earlier (another kmirrord's clock ahead of this one's), so that every partition record's
+ * change time is later than the one it replaces: a runner's record written under an earlier one is
+ * known for a stale one, whatever order records are read in (km_state_progress_stale).
+ */
+static int64_t next_change_ms(const km_state_part *old, int64_t now)
+{
+	return old && old->present && old->rec.state_change_ms >= now ? old->rec.state_change_ms + 1 : now;
+}
+
 /* A partition's first record (a start, a partition added): s since now, nothing mirrored, no writer. */
 static km_state_part fresh_part(km_mp_state s, int64_t now, bool by_pattern)
 {
@@ -720,7 +731,7 @@ static void move_topic(km_state_mut *mu, km_state_topic *t, size_t i)
 			continue;
 		p = t->parts[j];
 		p.state = to;
-		p.state_change_ms = now;
+		p.state_change_ms = next_change_ms(&t->parts[j], now);
 		if (add_partition_rec(mu, t, (int32_t)j, &p) != KM_OK)
 			topic_msg(mu, i, KM_MIRROR_STATE_UNAVAILABLE, "out of memory");
 	}
@@ -768,7 +779,9 @@ static void on_topics_meta(km_state *st, km_err err, const char *message, const 
 		tmp.id = md->id;
 		for (int32_t j = 0; j < md->partitions; j++) {
 			km_state_topic *old = km_state_model_topic(&st->model, mu->topics[i], strlen(mu->topics[i]));
-			km_state_part p = fresh_part(KM_MP_PREPARING, now, mu->by_pattern);
+			km_state_part p = fresh_part(KM_MP_PREPARING,
+						     next_change_ms(old && (size_t)j < old->nparts ? &old->parts[j] : NULL, now),
+						     mu->by_pattern);
 			/* A restart keeps what was mirrored (the pipeline resumes from there) when the topic is the same. */
 			if (old && (size_t)j < old->nparts && old->parts[j].present && km_uuid_eq(&old->id, &md->id)) {
 				p.last_mirrored_offset = old->parts[j].last_mirrored_offset;
@@ -876,7 +889,7 @@ static void prepare_pset(km_state *st, km_state_mut *mu)
 		bool rec = !known || !t->parts[pi].progress_apart;
 		km_state_part p = known ? t->parts[pi] : fresh_part(mu->to, now, false);
 		if (p.state != mu->to)
-			p.state_change_ms = now;
+			p.state_change_ms = rec && known ? next_change_ms(&t->parts[pi], now) : now;
 		p.state = mu->to;
 		if (rec) {
 			/* The settle is the partition record's own state change. */

@@ -1473,6 +1473,47 @@ static void test_runner_settle_keeps_a_stop(void **state)
 	}
 }
 
+/* A runner's record value of t's partition 0 under the partition record of changed_ms, at offset last. */
+static void progress_value(km_wr *w, int64_t changed_ms, int64_t last, uint8_t topic)
+{
+	km_state_cfg_entry cfg[1] = {{.name = "bootstrap.servers", .value = "s:9092"}};
+	km_state_mirror mi = {.name = "m1", .cfg = cfg, .ncfg = 1};
+	km_state_topic tt = {.name = "t", .mirror = &mi, .id = {{topic}}};
+	km_state_part p = {.rec.state_change_ms = changed_ms, .state = KM_MP_STOPPED, .state_change_ms = changed_ms + 1};
+
+	km_wr_init(w);
+	assert_int_equal(km_state_progress_value_encode(w, &tt, &p, last, 4, -1), KM_OK);
+}
+
+/*
+ * Finding 29: the former owner's runner's record, written under the start (its view: MIRRORING,
+ * 3800) and held in a cut link, arrived after the new owner had settled the stop (STOPPED at 3900,
+ * under the stop's partition record). Last for its key, it replaced the new owner's record and the
+ * settle with it: the partition was STOPPING again at the partition record's figures, and the new
+ * owner settled it there, below where the mirror stood. A runner's record under an earlier
+ * partition record than the one kept (of the same topic) does not replace it.
+ */
+static void test_stale_runner_record_is_not_kept(void **state)
+{
+	km_wr cur, late, next, other;
+	(void)state;
+
+	progress_value(&cur, 2000, 3900, 7);   /* the new owner's, under the stop */
+	progress_value(&late, 1000, 3800, 7);  /* the former owner's, under the start */
+	progress_value(&next, 3000, 3900, 7);  /* a later change's */
+	progress_value(&other, 1000, 10, 8);   /* a topic of the same name created again */
+	assert_true(km_state_progress_stale(cur.buf, cur.len, late.buf, late.len));
+	assert_false(km_state_progress_stale(cur.buf, cur.len, next.buf, next.len));
+	assert_false(km_state_progress_stale(cur.buf, cur.len, cur.buf, cur.len));
+	assert_false(km_state_progress_stale(late.buf, late.len, cur.buf, cur.len));
+	assert_false(km_state_progress_stale(cur.buf, cur.len, other.buf, other.len));
+	assert_false(km_state_progress_stale(NULL, 0, late.buf, late.len));
+	km_wr_free(&cur);
+	km_wr_free(&late);
+	km_wr_free(&next);
+	km_wr_free(&other);
+}
+
 /*
  * The soak's finding 24: the runner persisted its writer by rewriting the partition record from
  * its view (MIRRORING) while a stop through another kmirrord landed first: applied after it, the
@@ -1823,6 +1864,7 @@ int main(void)
 		cmocka_unit_test(test_open_transaction_bounds_readers),
 		cmocka_unit_test(test_progress_apart),
 		cmocka_unit_test(test_writer_apart_keeps_a_stop), cmocka_unit_test(test_runner_settle_keeps_a_stop),
+		cmocka_unit_test(test_stale_runner_record_is_not_kept),
 		cmocka_unit_test(test_progress_waits_for_its_run),
 		cmocka_unit_test(test_owner_check),
 		cmocka_unit_test(test_secrets_format0),

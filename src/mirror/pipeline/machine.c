@@ -427,6 +427,9 @@ static bool reconcile_before_settle(km_pipeline *pl, mpart *p)
 
 	if (km_pl_tx_open(p) || pl->txl < TXL_KNOWN)
 		return true;
+	/* A batch landed where it was not planned, or a seal that may be in the log: the log decides. */
+	if (p->recon.hide_logical >= 0 || p->recon.seal_out)
+		return true;
 	m = km_pl_map_of(pl, p, &fence);
 	if (fence)
 		return true;
@@ -458,7 +461,7 @@ static void settle_drained(km_pipeline *pl, mpart *p)
 		return;
 	if (p->plan.head && p->plan.head->kind == BK_MARKER)
 		return; /* everything before it is in: the source decided, drive_marker ends the transaction */
-	if (p->plan.head && p->plan.head->kind == BK_SEAL)
+	if (p->plan.head && p->plan.head->kind == BK_SEAL && (p->phase == PH_RUNS || p->phase == PH_WRITING))
 		return; /* the stop's seal, sent once its run is in */
 	km_plan_drop_unsent(&p->plan);
 	if (p->plan.head)

@@ -153,6 +153,7 @@ typedef struct mpart {
 		bool tx_fenced;         /* its transactional ids of earlier lives were initialised again */
 		int64_t ended_wait;     /* since when reconcile waits for transactions this life ended (0: not) */
 		bool fence_started;
+		bool seal_out;          /* a stop's seal planned since the last reconcile, not known to have landed */
 		bool writer_pending;    /* its writer (producer id, where it starts) not persisted yet: no fetch */
 		uint32_t writer_gen;    /* drops the answer of a writer write an later reconcile replaced */
 		int64_t tail_good;      /* RECON_TAIL: [writer start, tail_good) is the writer's, dense */
@@ -452,7 +453,7 @@ bool km_pl_run_past_holes(km_pipeline *pl, mpart *p, mphase then);
  * a write of an earlier writer (a former owner's Produce held in a cut link) could still land
  * after the stop point. Its seal goes first (km_pl_seal; docs/mirror.md, "The stop's seal").
  */
-bool km_pl_seal_due(const km_pipeline *pl, mpart *p);
+bool km_pl_seal_due(km_pipeline *pl, mpart *p);
 /* Plan the seal: its run persisted first, then the record sent alone as a probe (false: no memory). */
 bool km_pl_seal(km_pipeline *pl, mpart *p);
 /* Every KM_MIRROR_PROGRESS_MS: the tails that moved since, persisted in one store write (the tick calls it). */

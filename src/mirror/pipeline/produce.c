@@ -56,14 +56,14 @@ void km_pl_landed(km_pipeline *pl, mpart *p, mbatch *b)
 	}
 }
 
-bool km_pl_seal_due(const km_pipeline *pl, mpart *p)
+bool km_pl_seal_due(km_pipeline *pl, mpart *p)
 {
 	const km_offrun *fence;
 	const km_offmap *m;
 
 	if (!p->out.probe || pl->writer_plain || p->out.acked_phys < 0 || p->out.acked_logical < 0)
 		return false;
-	m = km_pl_map_of((km_pipeline *)pl, p, &fence);
+	m = km_pl_map_of(pl, p, &fence);
 	return m && m->n > 0; /* nothing mirrored: no earlier writer wrote here (its runs go first) */
 }
 
@@ -73,7 +73,8 @@ bool km_pl_seal_due(const km_pipeline *pl, mpart *p)
  * through any kmirrord ever sees it. Once it is in, the broker refuses every write of an earlier
  * epoch of the writer on the partition. Should an earlier writer's batch reach the log first, the
  * seal lands past E: the probe logic hides everything from L on (produce_done), and the partition
- * settles at L all the same.
+ * settles at L all the same. Until it is known to have landed (seal_out), the partition does not
+ * settle without a reconcile: a seal whose answer was lost may be in the log.
  */
 bool km_pl_seal(km_pipeline *pl, mpart *p)
 {
@@ -115,6 +116,7 @@ bool km_pl_seal(km_pipeline *pl, mpart *p)
 	p->plan.cont_logical = L;
 	p->plan.cont_lat = false;
 	p->plan.head = p->plan.tail = b;
+	p->recon.seal_out = true;
 	r = (km_state_run){p->t->name, p->id, L, E + 1, prev_end, 0};
 	km_pl_run_then(pl, p, &r, 1, PH_WRITING);
 	return true;
@@ -295,6 +297,7 @@ static void produce_done(km_pipeline *pl, mpart *p, mbatch *b, int16_t code, int
 				p->out.newest_ts = b->max_ts;
 		}
 		p->out.probe = false;
+		p->recon.seal_out = false;
 		p->retry.backoff_ms = 0;
 		km_pl_landed(pl, p, b);
 		return;

@@ -255,6 +255,7 @@ static void after_reconcile(km_pipeline *pl, mpart *p, int64_t end)
 		keep--;
 	p->out.acked_phys = p->plan.phys = end;
 	p->out.probe = true;
+	p->recon.seal_out = false; /* the log said where the tail is: a seal of before is in it or not */
 	if (!persist_writer(pl, p, end)) {
 		km_pl_set_phase(p, PH_RECONCILE, "out of memory");
 		km_pl_backoff(p);

@@ -541,7 +541,10 @@ def test_former_owners_write_held_in_a_cut_lands_nowhere_after_a_stop(kmirror_bi
     the kernel delivers the former owner's requests. They must not land after the stop point: local
     records written after the stop would follow them, and a start would hide more than was written
     here (the soak's finding 27, docs/reliability.md). Before the fix they landed: the stop had
-    written nothing with the new epoch of the mirror's writer, so the broker took the older one."""
+    written nothing with the new epoch of the mirror's writer, so the broker took the older one.
+    When the cut also holds a progress write of the former owner, it lands late the same way; it
+    used to take the new owner's settle away and move the stop point back to that progress, and
+    the dry run then counted the mirrored records past it too (finding 29)."""
     from mirror_cli import described, topic_states
     from mirror_data import read_partition, watermarks
     tag = uuid.uuid4().hex[:6]

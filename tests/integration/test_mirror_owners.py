@@ -11,6 +11,7 @@ segments every data batch has the same producer id, epochs never go back, so the
 former owner's older epoch once the new owner wrote. An owner paused (SIGSTOP) past its session: the other takes its mirrors over;
 resumed, it stops its pipelines before writing anything (its lease is stale)."""
 
+import contextlib
 import os
 import signal
 import socket
@@ -474,6 +475,36 @@ def _owner_then_other(kmirror_bin, dst, source_cluster, proxy_factory, kind, par
     return a, b, cli_a, Cli(kmirror_bin, b.bootstrap), m, bg
 
 
+@contextlib.contextmanager
+def _cuttable_owner(kmirror_bin, source_cluster, proxy_factory, kind, rate):
+    """A 1-broker destination of its own with a listener for kmirrord a alone (UP_A), so that its
+    packets can be dropped (NetFaults); a runs a mirror of one 1-partition topic under rate records
+    a second at the source (_owner_then_other), b beside it. Yields (dst, net, a_ports, a, b, cli_b,
+    m, bg), a mirroring past rate records; the caller stops the load."""
+    from mirror_data import watermarks
+    tag = uuid.uuid4().hex[:6]
+    dst = KafkaCluster(f"owners-{kind}-{tag}", brokers=1, extra_listeners={"UP_A": {}})
+    dst.extra_listeners["UP_A"] = {n.node_id: f"127.0.0.1:{n.extra_ports['UP_A']}" for n in dst.broker_nodes}
+    net = NetFaults(tag)
+    dst.start()
+    try:
+        net.setup()
+        a_ports = [n.extra_ports["UP_A"] for n in dst.broker_nodes]
+        a, b, _, cli_b, m, bg = _owner_then_other(kmirror_bin, dst, source_cluster, proxy_factory, kind, 1, rate, 1,
+                                                  a_opts={"upstream": ",".join(f"127.0.0.1:{p}" for p in a_ports)})
+        try:
+            wait_until(lambda: watermarks(a.bootstrap, m, 1)[0][1] > rate, 60, what="a mirroring the topic")
+        except BaseException:
+            bg.stop()
+            raise
+        yield dst, net, a_ports, a, b, cli_b, m, bg
+    finally:
+        try:
+            net.teardown()
+        finally:
+            dst.stop()
+
+
 @pytest.mark.skipif(not NetFaults.available(),
                     reason="network cuts need nft and root (scripts/install-deps.sh installs nftables)")
 def test_former_owners_write_after_a_cut_does_not_undo_the_new_owners(kmirror_bin, source_cluster, proxy_factory):
@@ -485,18 +516,8 @@ def test_former_owners_write_after_a_cut_does_not_undo_the_new_owners(kmirror_bi
     not run the mirror shows what the record says, and a mirror that moves no more writes no more.
     Before the fix, the former owner showed the mirror topic ending where it was cut, for good."""
     from mirror_data import watermarks
-    tag = uuid.uuid4().hex[:6]
-    dst = KafkaCluster(f"owners-cut-{tag}", brokers=1, extra_listeners={"UP_A": {}})
-    dst.extra_listeners["UP_A"] = {n.node_id: f"127.0.0.1:{n.extra_ports['UP_A']}" for n in dst.broker_nodes}
-    net = NetFaults(tag)
-    dst.start()
-    try:
-        net.setup()
-        a_ports = [n.extra_ports["UP_A"] for n in dst.broker_nodes]
-        a, b, _, _, m, bg = _owner_then_other(kmirror_bin, dst, source_cluster, proxy_factory, "cut", 1, 300, 1,
-                                              a_opts={"upstream": ",".join(f"127.0.0.1:{p}" for p in a_ports)})
+    with _cuttable_owner(kmirror_bin, source_cluster, proxy_factory, "cut", 300) as (_, net, a_ports, a, b, _, m, bg):
         try:
-            wait_until(lambda: watermarks(a.bootstrap, m, 1)[0][1] > 300, 60, what="a mirroring the topic")
             net.cut(a_ports, reset=False)
             t0 = time.monotonic()
             wait_until(lambda: runners([b], [m], window=1.0)[m] == [b.name], 60, what="b running the mirror")
@@ -525,11 +546,6 @@ def test_former_owners_write_after_a_cut_does_not_undo_the_new_owners(kmirror_bi
         assert seen[-1] == end, (f"through the former owner the mirror ends at {seen[-1]}, not at the new "
                                  f"owner's {end}")
         assert watermarks(b.bootstrap, m, 1)[0][1] == end
-    finally:
-        try:
-            net.teardown()
-        finally:
-            dst.stop()
 
 
 @pytest.mark.skipif(not NetFaults.available(),
@@ -547,18 +563,9 @@ def test_former_owners_write_held_in_a_cut_lands_nowhere_after_a_stop(kmirror_bi
     the dry run then counted the mirrored records past it too (finding 29)."""
     from mirror_cli import described, topic_states
     from mirror_data import read_partition, watermarks
-    tag = uuid.uuid4().hex[:6]
-    dst = KafkaCluster(f"owners-seal-{tag}", brokers=1, extra_listeners={"UP_A": {}})
-    dst.extra_listeners["UP_A"] = {n.node_id: f"127.0.0.1:{n.extra_ports['UP_A']}" for n in dst.broker_nodes}
-    net = NetFaults(tag)
-    dst.start()
-    try:
-        net.setup()
-        a_ports = [n.extra_ports["UP_A"] for n in dst.broker_nodes]
-        a, b, _, cli_b, m, bg = _owner_then_other(kmirror_bin, dst, source_cluster, proxy_factory, "seal", 1, 500, 1,
-                                                  a_opts={"upstream": ",".join(f"127.0.0.1:{p}" for p in a_ports)})
+    with _cuttable_owner(kmirror_bin, source_cluster, proxy_factory, "seal", 500) as (dst, net, a_ports, a, b, cli_b,
+                                                                                     m, bg):
         try:
-            wait_until(lambda: watermarks(a.bootstrap, m, 1)[0][1] > 500, 60, what="a mirroring the topic")
             net.cut(a_ports, reset=False)
             t0 = time.monotonic()
             cli_b.run("stop", "--mirror", m, "--topics", m)
@@ -591,11 +598,6 @@ def test_former_owners_write_held_in_a_cut_lands_nowhere_after_a_stop(kmirror_bi
         dry = Cli(kmirror_bin, b.bootstrap).json("start", "--dry-run", "--mirror", m, "--topics", m)[0]
         (dt,) = dry["topics"]
         assert [p["records_hidden"] for p in dt["partitions"]] == [3], dt
-    finally:
-        try:
-            net.teardown()
-        finally:
-            dst.stop()
 
 
 def test_stop_through_the_other_kmirrord_is_not_undone(kmirror_bin, dest_cluster3, source_cluster, proxy_factory):

@@ -61,8 +61,9 @@ bool km_pl_seal_due(km_pipeline *pl, mpart *p)
 	const km_offrun *fence;
 	const km_offmap *m;
 
-	if (!p->out.probe || pl->writer_plain || p->out.acked_phys < 0 || p->out.acked_logical < 0)
-		return false;
+	if (!p->out.probe || pl->writer_plain || p->out.acked_phys < 0 || p->out.acked_logical < 0 ||
+	    p->plan.cont_logical < 0)
+		return false; /* no run open at the tail: nothing of this life is mapped there */
 	m = km_pl_map_of(pl, p, &fence);
 	return m && m->n > 0; /* nothing mirrored: no earlier writer wrote here (its runs go first) */
 }
@@ -86,7 +87,7 @@ bool km_pl_seal(km_pipeline *pl, mpart *p)
 	mbatch *b;
 	int64_t L = p->out.acked_logical, E = p->out.acked_phys;
 	/* The run before ends where it reaches E: before holes passed after it, if any (km_pl_run_past_holes). */
-	int64_t prev_end = p->plan.cont_logical >= 0 ? p->plan.cont_logical : L;
+	int64_t prev_end = p->plan.cont_logical;
 
 	/* Short: it must pass the smallest max.message.bytes a topic may have. */
 	snprintf(key, sizeof(key), "kmirror.seal/%lld.%d", (long long)p->plan.pid, p->plan.epoch);

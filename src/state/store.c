@@ -779,13 +779,12 @@ static void on_topics_meta(km_state *st, km_err err, const char *message, const 
 		tmp.id = md->id;
 		for (int32_t j = 0; j < md->partitions; j++) {
 			km_state_topic *old = km_state_model_topic(&st->model, mu->topics[i], strlen(mu->topics[i]));
-			km_state_part p = fresh_part(KM_MP_PREPARING,
-						     next_change_ms(old && (size_t)j < old->nparts ? &old->parts[j] : NULL, now),
-						     mu->by_pattern);
+			const km_state_part *was = old && (size_t)j < old->nparts && old->parts[j].present ? &old->parts[j] : NULL;
+			km_state_part p = fresh_part(KM_MP_PREPARING, next_change_ms(was, now), mu->by_pattern);
 			/* A restart keeps what was mirrored (the pipeline resumes from there) when the topic is the same. */
-			if (old && (size_t)j < old->nparts && old->parts[j].present && km_uuid_eq(&old->id, &md->id)) {
-				p.last_mirrored_offset = old->parts[j].last_mirrored_offset;
-				p.last_mirrored_epoch = old->parts[j].last_mirrored_epoch;
+			if (was && km_uuid_eq(&old->id, &md->id)) {
+				p.last_mirrored_offset = was->last_mirrored_offset;
+				p.last_mirrored_epoch = was->last_mirrored_epoch;
 			}
 			/*
 			 * A start begins a new record, and a new writer: the runner's record and the writer

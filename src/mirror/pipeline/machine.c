@@ -461,8 +461,8 @@ static void settle_drained(km_pipeline *pl, mpart *p)
 		return;
 	if (p->plan.head && p->plan.head->kind == BK_MARKER)
 		return; /* everything before it is in: the source decided, drive_marker ends the transaction */
-	if (p->plan.head && p->plan.head->kind == BK_SEAL && (p->phase == PH_RUNS || p->phase == PH_WRITING))
-		return; /* the stop's seal, sent once its run is in */
+	if (p->plan.head && p->plan.head->kind == BK_SEAL && p->phase == PH_WRITING)
+		return; /* the stop's seal, its run in: it is being sent */
 	km_plan_drop_unsent(&p->plan);
 	if (p->plan.head)
 		return;

@@ -111,7 +111,6 @@ bool km_pl_seal(km_pipeline *pl, mpart *p)
 	b->logical = L;
 	b->count = 1;
 	b->physical = E;
-	b->epoch = p->out.acked_epoch;
 	p->plan.seq = km_batch_seq_add(p->plan.seq, 1);
 	p->plan.phys = E + 1;
 	p->plan.cont_logical = L;

@@ -29,10 +29,11 @@ class Ctx:
     """One run of the suite: quick or full, where it writes, the binaries, and the commands each
     section ran (each number in the report names the command it came from)."""
 
-    def __init__(self, quick, out, kmirrord):
+    def __init__(self, quick, out, kmirrord, before=None):
         self.quick = quick
         self.out = out
         self.kmirrord = kmirrord
+        self.before = before  # an earlier kmirrord the sections that compare run too (--before)
         self.kmirror = os.path.join(os.path.dirname(kmirrord), "kmirror")
         self.commands = {}
         self.t0 = time.monotonic()

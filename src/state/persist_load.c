@@ -77,6 +77,7 @@ static km_err map_put(km_state_persist *io, km_bytes key, km_bytes val)
 		io->stale_kept++;
 		KM_INFO(COMP, 0, "%s: a runner's record written under an earlier state change arrived late (a former "
 			"owner's write); the current one stays (%zu so far)", io->st->cfg.mirror_state_topic, io->stale_kept);
+		km_state_rewrite_kept(io->st, e->key, e->klen, e->val, e->vlen);
 		return KM_OK;
 	}
 	if (!e) {

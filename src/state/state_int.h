@@ -198,6 +198,14 @@ km_err km_state_model_apply(km_state_model *m, const uint8_t *key, size_t klen, 
  * settle away (docs/state.md, "Writes of a former owner"). Values as stored (NULL: a tombstone).
  */
 bool km_state_progress_stale(const uint8_t *cv, size_t clen, const uint8_t *nv, size_t nlen);
+/*
+ * A stale runner's record of key arrived after the one kept (val), for a partition that is settled
+ * (STOPPED, PAUSED, FAILED: no runner writes its record again): the kmirrord that runs the key's
+ * mirror writes the kept record again, as it is, so that it is the last of its key in the log and
+ * the topic's compaction keeps it, not the stale one (docs/state.md, "Writes of a former owner").
+ * Nothing while the store is not ready (the load).
+ */
+void km_state_rewrite_kept(km_state *st, const uint8_t *key, size_t klen, const uint8_t *val, size_t vlen);
 const km_state_topic *km_state_model_topic_id(const km_state_model *m, const km_uuid *id);
 /*
  * Every partition whose state differs between old and now (UNKNOWN where a model holds no record

@@ -15,7 +15,7 @@
 #define COMP "state"
 
 typedef enum { MUT_CREATE, MUT_ALTER, MUT_DELETE, MUT_TOPICS, MUT_PSET, MUT_RUNS, MUT_GROW, MUT_WRITER, MUT_PROGRESS, MUT_INSTANCE,
-	       MUT_SOURCE_ID } mut_kind;
+	       MUT_SOURCE_ID, MUT_REWRITE } mut_kind;
 
 /* A mirror's delete, in writes that each land whole before the next: runs, then partitions, then the mirror. */
 enum { DEL_RUNS = 0, DEL_PARTITIONS, DEL_MIRROR };
@@ -1224,7 +1224,7 @@ static void run_write(km_state *st, km_state_mut *mu)
 static bool owners_write(const km_state_mut *mu)
 {
 	return mu->kind == MUT_RUNS || mu->kind == MUT_WRITER || mu->kind == MUT_PROGRESS || mu->kind == MUT_PSET ||
-	       mu->kind == MUT_SOURCE_ID;
+	       mu->kind == MUT_SOURCE_ID || mu->kind == MUT_REWRITE;
 }
 
 /* A pipeline's write whose mirror this kmirrord no longer runs (docs/state.md, "Writes of a former owner"). */
@@ -1300,6 +1300,8 @@ static void run_head(km_state *st)
 			set_msg(mu, KM_MIRROR_STATE_UNAVAILABLE, "out of memory");
 		break;
 	}
+	case MUT_REWRITE:
+		break; /* its record was taken when it was asked for */
 	}
 	run_write(st, mu);
 }
@@ -1592,6 +1594,53 @@ void km_state_progress_write(km_state *st, const char *mirror, const km_state_pr
 		}
 		mu->nruns++;
 	}
+	submit(st, mu);
+}
+
+void km_state_rewrite_kept(km_state *st, const uint8_t *key, size_t klen, const uint8_t *val, size_t vlen)
+{
+	km_state_key k;
+	km_state_mut *mu;
+	km_state_rec *r;
+	const km_state_topic *t;
+	const km_state_part *p;
+	char mirror[KM_STATE_MAX_NAME + 1];
+
+	if (!st->ready || !val || km_state_key_decode(key, klen, &k) != KM_OK || k.type != KM_STATE_REC_PROGRESS ||
+	    k.mirror.len <= 0 || k.mirror.len > KM_STATE_MAX_NAME)
+		return;
+	snprintf(mirror, sizeof(mirror), "%.*s", (int)k.mirror.len, k.mirror.p);
+	t = km_state_model_topic(&st->model, k.topic.p, (size_t)k.topic.len);
+	p = t && t->mirror && !strcmp(t->mirror->name, mirror) && k.partition >= 0 && (size_t)k.partition < t->nparts
+		    ? &t->parts[k.partition]
+		    : NULL;
+	/*
+	 * Settled partitions only: no runner writes their record any more. A partition being run gets
+	 * its runner's next progress write, and the record kept here may be behind what its runner
+	 * wrote last (read back later), which must not be written after it.
+	 */
+	if (!p || !p->present || (p->state != KM_MP_STOPPED && p->state != KM_MP_PAUSED && p->state != KM_MP_FAILED))
+		return;
+	if (st->may_write && !st->may_write(st->may_write_arg, mirror))
+		return; /* the kmirrord that runs the mirror writes it */
+	if (!(mu = mut_new(MUT_REWRITE, mirror, NULL, NULL)))
+		return;
+	if (!(mu->recs = calloc(1, sizeof(*mu->recs)))) {
+		mut_free(mu);
+		return;
+	}
+	mu->caprecs = 1;
+	r = &mu->recs[mu->nrecs++];
+	if (!(r->key = malloc(klen)) || !(r->val = malloc(vlen ? vlen : 1))) {
+		mut_free(mu);
+		return;
+	}
+	memcpy(r->key, key, klen);
+	r->klen = klen;
+	memcpy(r->val, val, vlen);
+	r->vlen = vlen;
+	KM_INFO(COMP, 0, "%s: mirror %s: the record kept is written again, so that it stays the last of its key",
+		st->cfg.mirror_state_topic, mirror);
 	submit(st, mu);
 }
 

@@ -228,3 +228,84 @@ def test_an_owner_busy_writing_follows_the_others(proxy_factory, dest_cluster3, 
     print(f"the busy kmirrord saw the idle one's changes after {[round(d, 2) for d in delays]} s; "
           f"its follow delays: {follow_delays(a)}")
     assert max(delays) < 1.5, f"the busy kmirrord saw a change {max(delays):.1f} s late: {delays}"
+
+
+def state_records(bootstrap, state_topic):
+    """Every record of the state topic, in each partition's order: (partition, offset, key, value)."""
+    from confluent_kafka import Consumer, TopicPartition
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": unique("dump"), "enable.auto.commit": False,
+                  "isolation.level": "read_uncommitted"})
+    try:
+        parts = list(c.list_topics(state_topic, timeout=10).topics[state_topic].partitions)
+        ends = {p: c.get_watermark_offsets(TopicPartition(state_topic, p), 10)[1] for p in parts}
+        c.assign([TopicPartition(state_topic, p, 0) for p in parts if ends[p] > 0])
+        out, left = [], {p for p in parts if ends[p] > 0}
+        deadline = time.monotonic() + 30
+        while left and time.monotonic() < deadline:
+            m = c.poll(0.5)
+            if m is None or m.error():
+                continue
+            out.append((m.partition(), m.offset(), m.key(), m.value()))
+            if m.offset() + 1 >= ends[m.partition()]:
+                left.discard(m.partition())
+        assert not left, f"the state topic's partitions {sorted(left)} were not read to their end"
+        return out
+    finally:
+        c.close()
+
+
+def test_a_late_runners_record_of_a_stopped_partition_is_written_over(proxy_factory, dest_cluster, kmirror_bin,
+                                                                      source_cluster):
+    """docs/reliability.md, finding 29: a former owner's runner's record of a partition, written
+    under its start and held in a cut link, lands after the new owner settled the stop. Every
+    kmirrord keeps the settle (the late record is older), but the topic's compaction keeps the last
+    record of each key, and a load after it would take the late one. The kmirrord that runs the
+    mirror writes the record it keeps again, so the last of the key is the settle. The late record
+    is made here by writing the partition's first runner's record again, as it was."""
+    state_topic = f"__mirror_state_late_{uuid.uuid4().hex[:8]}"
+    a, b = [proxy_factory(dest_cluster, name=f"kmirrord-{n}", mirror_state_topic=state_topic, mirror_state_partitions=2,
+                          mirror_pipelines="all" if n == "a" else "none") for n in "ab"]
+    for p in (a, b):
+        wait_until(lambda: p.http_get("/readyz")[0] == 200, 60, 0.2, f"{p.name} to be ready")
+    cli_a, cli_b = Cli(kmirror_bin, a.bootstrap), Cli(kmirror_bin, b.bootstrap)
+    mirror, topic = unique("late"), unique("lt")
+    source_cluster.create_topic(topic, partitions=1)
+    produce_records(source_cluster.bootstrap, topic, 200)
+    cli_a.run("create", "--mirror", mirror, "--source-bootstrap", source_cluster.bootstrap)
+    cli_a.run("start", "--mirror", mirror, "--topics", topic)
+    wait_caught_up(a.bootstrap, source_cluster.bootstrap, topic, 1, timeout=120)
+    cli_a.run("stop", "--mirror", mirror, "--topics", topic)
+
+    def stopped(cli):
+        m = described(cli, mirror)
+        ps = [p for t in (m or {}).get("topics", []) if t["name"] == topic for p in t["partitions"]]
+        return ps[0] if ps and ps[0]["state"] == "STOPPED" else None
+
+    wait_until(lambda: stopped(cli_a) and stopped(cli_b), 60, 0.2, "the stop settled on both kmirrords")
+    before = stopped(cli_b)
+
+    def runner_records():
+        recs = [r for r in state_records(dest_cluster.bootstrap, state_topic)
+                if r[2] and r[2][:2] == b"\x00\x04" and topic.encode() in r[2]]
+        assert recs, "no runner's record of the partition in the state topic"
+        return recs
+
+    recs = runner_records()
+    first, kept = recs[0], recs[-1]
+    assert first[3] != kept[3], "the partition has one runner's record only: nothing to make late"
+    pr = Producer({"bootstrap.servers": dest_cluster.bootstrap, "acks": "all", "enable.idempotence": False})
+    pr.produce(state_topic, key=first[2], value=first[3], partition=first[0])
+    pr.flush(10)
+    late = [r for r in runner_records() if r[3] == first[3]][-1]
+    assert late[1] > kept[1]
+
+    def last_is_kept():
+        last = runner_records()[-1]
+        return last[1] > late[1] and last[3] == kept[3]
+
+    wait_until(last_is_kept, 20, 0.5, "the record kept written again after the late one")
+    assert "arrived late" in a.output()
+    # Both keep the settle: the stop point stands.
+    for cli in (cli_a, cli_b):
+        now = stopped(cli)
+        assert now and now["mirrored_offset"] == before["mirrored_offset"] == 200, (now, before)

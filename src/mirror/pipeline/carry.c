@@ -43,35 +43,27 @@ static bool tx_add(km_pipeline *pl, mpart *p, const char *tid)
 	p->txn.tx = n;
 	if (!(t = km_txp_new(pl->dst, tid, p->t->name, p->id, km_pl_on_cluster_change, pl)))
 		return false;
-	p->txn.tx[p->txn.n++] = (mtx){.txp = t, .src_pid = -1, .first_logical = -1, .marker_phys = -1};
+	p->txn.tx[p->txn.n++] = (mtx){t, -1, false, -1, -1};
 	return true;
 }
 
-/*
- * The producer carrying source producer src_pid's open transaction on p (one whose marker is
- * planned is not: that transaction is over); a free one (or a new one) when create. Of the free
- * ones, the one whose last transaction ended first. The coordinator refuses a new transaction of
- * a producer until it has completed the last one (CONCURRENT_TRANSACTIONS, for some tens of ms
- * after the marker landed): while the pool is small, a new producer rather than one just freed.
- */
+/* The producer carrying source producer src_pid's open transaction on p; a free one (or a new one) when create. */
 static int lease_for(km_pipeline *pl, mpart *p, int64_t src_pid, bool create)
 {
 	char tid[700];
-	int pick = -1;
 	for (size_t i = 0; i < p->txn.n; i++)
-		if (p->txn.tx[i].src_pid == src_pid && !p->txn.tx[i].marked)
+		if (p->txn.tx[i].src_pid == src_pid)
 			return (int)i;
 	if (!create)
 		return -1;
 	for (size_t i = 0; i < p->txn.n; i++)
-		if (p->txn.tx[i].src_pid < 0 && km_txp_state_of(p->txn.tx[i].txp) <= KM_TXP_FREE &&
-		    (pick < 0 || p->txn.tx[i].released < p->txn.tx[pick].released))
-			pick = (int)i;
-	if (pick >= 0 && (p->txn.n >= TXN_POOL_WARM ||
-			  km_mirror_wall_ms() - p->txn.tx[pick].released >= TXN_COMPLETE_MS)) {
-		p->txn.tx[pick].src_pid = src_pid;
-		return pick;
-	}
+		if (p->txn.tx[i].src_pid < 0 && km_txp_state_of(p->txn.tx[i].txp) <= KM_TXP_FREE) {
+			p->txn.tx[i].src_pid = src_pid;
+			p->txn.tx[i].begun = false;
+			p->txn.tx[i].first_logical = -1;
+			p->txn.tx[i].marker_phys = -1;
+			return (int)i;
+		}
 	for (size_t k = p->txn.n;; k++) {
 		bool taken = false;
 		tid_of(pl, p, k, tid, sizeof(tid));
@@ -89,14 +81,12 @@ static int lease_for(km_pipeline *pl, mpart *p, int64_t src_pid, bool create)
 static void publish_open(km_pipeline *pl, mpart *p);
 
 /* The batch plan's transactions (mplan_env.txn): arg is the partition. */
-int km_pl_txn_slot(void *arg, int64_t src_pid, int64_t logical, mtx_use use)
+int km_pl_txn_slot(void *arg, int64_t src_pid, int64_t logical, bool create)
 {
 	mpart *p = arg;
 	km_pipeline *pl = p->t->pl;
-	int i = lease_for(pl, p, src_pid, use == MTX_BATCH);
-	if (i >= 0 && use == MTX_MARKER)
-		p->txn.tx[i].marked = true;
-	if (i >= 0 && use == MTX_BATCH && p->txn.tx[i].first_logical < 0) {
+	int i = lease_for(pl, p, src_pid, create);
+	if (i >= 0 && create && p->txn.tx[i].first_logical < 0) {
 		p->txn.tx[i].first_logical = logical;
 		publish_open(pl, p);
 	}
@@ -134,10 +124,8 @@ static void tx_release(km_pipeline *pl, mpart *p, size_t i)
 {
 	p->txn.tx[i].src_pid = -1;
 	p->txn.tx[i].begun = false;
-	p->txn.tx[i].marked = false;
 	p->txn.tx[i].first_logical = -1;
 	p->txn.tx[i].marker_phys = -1;
-	p->txn.tx[i].released = km_mirror_wall_ms();
 	publish_open(pl, p);
 }
 

@@ -689,7 +689,7 @@ static km_err apply_partition(km_state_model *m, const km_state_key *k, const ui
  * The partition a progress or writer record is about, *t its topic; NULL when it has no partition
  * record (yet, or any more): the record then stands for nothing.
  */
-static km_state_part *keyed_part(km_state_model *m, const km_state_key *k, km_state_topic **t)
+km_state_part *km_state_model_keyed_part(km_state_model *m, const km_state_key *k, km_state_topic **t)
 {
 	km_state_mirror *mi;
 	size_t at;
@@ -731,7 +731,7 @@ static km_err apply_progress(km_state_model *m, const km_state_key *k, const uin
 			     km_state_change *chg)
 {
 	km_state_topic *t;
-	km_state_part *p = keyed_part(m, k, &t);
+	km_state_part *p = km_state_model_keyed_part(m, k, &t);
 	km_mirror_state_progress_value v;
 	km_arena a;
 	km_rd r;
@@ -790,7 +790,7 @@ static km_err apply_progress(km_state_model *m, const km_state_key *k, const uin
 static km_err apply_writer(km_state_model *m, const km_state_key *k, const uint8_t *val, size_t vlen, bool tomb)
 {
 	km_state_topic *t;
-	km_state_part *p = keyed_part(m, k, &t);
+	km_state_part *p = km_state_model_keyed_part(m, k, &t);
 	km_mirror_state_writer_value v;
 	km_arena a;
 	km_rd r;

@@ -206,6 +206,8 @@ bool km_state_progress_stale(const uint8_t *cv, size_t clen, const uint8_t *nv, 
  * Nothing while the store is not ready (the load).
  */
 void km_state_rewrite_kept(km_state *st, const uint8_t *key, size_t klen, const uint8_t *val, size_t vlen);
+/* The present partition k names (its mirror's topic, in range), its topic in *t; NULL: none. */
+km_state_part *km_state_model_keyed_part(km_state_model *m, const km_state_key *k, km_state_topic **t);
 const km_state_topic *km_state_model_topic_id(const km_state_model *m, const km_uuid *id);
 /*
  * Every partition whose state differs between old and now (UNKNOWN where a model holds no record

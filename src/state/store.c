@@ -1601,46 +1601,35 @@ void km_state_rewrite_kept(km_state *st, const uint8_t *key, size_t klen, const 
 {
 	km_state_key k;
 	km_state_mut *mu;
-	km_state_rec *r;
-	const km_state_topic *t;
+	km_state_topic *t;
 	const km_state_part *p;
-	char mirror[KM_STATE_MAX_NAME + 1];
+	km_wr w;
+	km_err rc;
 
-	if (!st->ready || !val || km_state_key_decode(key, klen, &k) != KM_OK || k.type != KM_STATE_REC_PROGRESS ||
-	    k.mirror.len <= 0 || k.mirror.len > KM_STATE_MAX_NAME)
+	if (!st->ready || !val || km_state_key_decode(key, klen, &k) != KM_OK || k.type != KM_STATE_REC_PROGRESS)
 		return;
-	snprintf(mirror, sizeof(mirror), "%.*s", (int)k.mirror.len, k.mirror.p);
-	t = km_state_model_topic(&st->model, k.topic.p, (size_t)k.topic.len);
-	p = t && t->mirror && !strcmp(t->mirror->name, mirror) && k.partition >= 0 && (size_t)k.partition < t->nparts
-		    ? &t->parts[k.partition]
-		    : NULL;
+	p = km_state_model_keyed_part(&st->model, &k, &t);
 	/*
 	 * Settled partitions only: no runner writes their record any more. A partition being run gets
 	 * its runner's next progress write, and the record kept here may be behind what its runner
 	 * wrote last (read back later), which must not be written after it.
 	 */
-	if (!p || !p->present || (p->state != KM_MP_STOPPED && p->state != KM_MP_PAUSED && p->state != KM_MP_FAILED))
+	if (!p || (p->state != KM_MP_STOPPED && p->state != KM_MP_PAUSED && p->state != KM_MP_FAILED))
 		return;
-	if (st->may_write && !st->may_write(st->may_write_arg, mirror))
+	if (st->may_write && !st->may_write(st->may_write_arg, t->mirror->name))
 		return; /* the kmirrord that runs the mirror writes it */
-	if (!(mu = mut_new(MUT_REWRITE, mirror, NULL, NULL)))
+	if (!(mu = mut_new(MUT_REWRITE, t->mirror->name, NULL, NULL)))
 		return;
-	if (!(mu->recs = calloc(1, sizeof(*mu->recs)))) {
+	km_wr_init(&w);
+	km_wr_raw(&w, val, vlen);
+	rc = add_rec(mu, &k, &w); /* the key as kmirrord writes it: the kept record's own */
+	km_wr_free(&w);
+	if (rc != KM_OK) {
 		mut_free(mu);
 		return;
 	}
-	mu->caprecs = 1;
-	r = &mu->recs[mu->nrecs++];
-	if (!(r->key = malloc(klen)) || !(r->val = malloc(vlen ? vlen : 1))) {
-		mut_free(mu);
-		return;
-	}
-	memcpy(r->key, key, klen);
-	r->klen = klen;
-	memcpy(r->val, val, vlen);
-	r->vlen = vlen;
 	KM_INFO(COMP, 0, "%s: mirror %s: the record kept is written again, so that it stays the last of its key",
-		st->cfg.mirror_state_topic, mirror);
+		st->cfg.mirror_state_topic, t->mirror->name);
 	submit(st, mu);
 }
 

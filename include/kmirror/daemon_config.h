@@ -98,6 +98,8 @@ typedef struct km_config {
 	int64_t mirror_pipelines; /* km_pipelines_mode */
 	int64_t mirror_state_partitions;
 	int64_t mirror_state_replication_factor; /* -1: min(3, brokers) */
+	char *mirror_sync_group;              /* the base of the group the lease joins */
+	int64_t mirror_sync_group_move_after_s; /* 0: never move on its own */
 	char *mirror_secret_key_file;
 	char *mirror_file_dir;
 	bool secret_file_mode_check; /* refuse secret files group or others may read */

@@ -334,6 +334,24 @@ typedef struct km_state_instance {
 void km_state_instance_write(km_state *st, const km_state_instance *in, km_state_done_cb done, void *arg);
 /* The instances the store holds (valid until the next change of the model), and how many. */
 const km_state_instance *km_state_instances(const km_state *st, size_t *n);
+/*
+ * The destination consumer group the kmirrords of this state topic share their mirrors through
+ * (record type 6, keyed by the configured group: docs/mirror.md, "The sync group moves"). With no
+ * record the configured group itself is joined; a kmirrord that could not join it for long writes
+ * its next generation here, and every kmirrord follows.
+ */
+typedef struct km_state_sync_group {
+	char *base;         /* the configured group (mirror_sync_group) */
+	int32_t generation; /* 0: base itself; N: base.N */
+	char *group;        /* the group to join */
+	int64_t moved_ms;   /* when it moved there (the writer's clock) */
+	char *moved_by;     /* the kmirrord that moved it */
+	char *reason;       /* the earlier group's error, for the operator */
+} km_state_sync_group;
+/* Write a sync group record (strings copied); done may be NULL. */
+void km_state_sync_group_write(km_state *st, const km_state_sync_group *g, km_state_done_cb done, void *arg);
+/* The record of configured group base, or NULL when none was written (valid until the model's next change). */
+const km_state_sync_group *km_state_sync_group_of(const km_state *st, const char *base);
 /* How far behind the state topic the last followed change was applied (ms); -1 when none was. */
 int64_t km_state_follow_delay_ms(const km_state *st);
 

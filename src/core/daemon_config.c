@@ -266,6 +266,18 @@ static const km_option options[] = {
 		"takes over those of one that leaves or dies; the destination needs the consumer group protocol, "
 		"Kafka 4.0+), or none (it follows the state, refuses writes to mirror topics, translates offsets "
 		"and answers mirror RPCs; the mirrors run elsewhere). docs/operations.md, \"Several instances\"."},
+	{.name = "mirror_sync_group", .type = KM_OPT_STRING, .offset = OFF(mirror_sync_group), .def = "__kmirror-sync",
+	 .reloadable = false,
+	 .doc = "The destination's consumer group through which kmirrords with mirror_pipelines = owned share the "
+		"mirrors (set alike on every kmirrord of one state topic). One that cannot join it for "
+		"mirror_sync_group_move_after_s moves them all to its next generation, <group>.1, <group>.2, ..., "
+		"recorded in mirror_state_topic (docs/mirror.md, \"The sync group moves\"): ACLs on it are "
+		"prefixed ones."},
+	{.name = "mirror_sync_group_move_after_s", .type = KM_OPT_INT, .offset = OFF(mirror_sync_group_move_after_s),
+	 .def = "120", .min = 0, .max = 86400, .reloadable = false,
+	 .doc = "How long a kmirrord whose sync group's coordinator keeps answering with an error (the group "
+		"cannot be loaded or is held by a group of another kind) waits before it moves every kmirrord to "
+		"the group's next generation; 0: never (it warns every minute and runs no mirror meanwhile)."},
 	{.name = "mirror_secret_key_file", .type = KM_OPT_STRING, .offset = OFF(mirror_secret_key_file), .def = "",
 	 .reloadable = false,
 	 .doc = "File holding the AES-256 key (32 raw bytes, or 64 hex characters) that encrypts mirror secrets "

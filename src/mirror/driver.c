@@ -356,10 +356,10 @@ static void make_families(km_mirror *mi, km_metrics *reg)
 	static const km_metric_desc own[] = {
 		{.name = "kmirror_mirrors_owned",
 		 .help = "Mirrors whose pipelines run in this kmirrord (mirror_pipelines = owned: those the group "
-			 "__kmirror-sync gives it; all: every mirror with a partition to run).",
+			 "mirror_sync_group gives it; all: every mirror with a partition to run).",
 		 .type = KM_METRIC_GAUGE},
 		{.name = "kmirror_mirror_handovers_total",
-		 .help = "Mirrors this kmirrord took over (gained) or let go of (lost) as the group __kmirror-sync "
+		 .help = "Mirrors this kmirrord took over (gained) or let go of (lost) as the group mirror_sync_group "
 			 "moved them.",
 		 .type = KM_METRIC_COUNTER, .labels = {"direction", NULL}},
 	};
@@ -725,7 +725,7 @@ static void rebalance(void *arg)
 			if (!(pl = pipeline_find(mi, km_state_mirror_name(m))) || km_pipeline_retired_at(pl))
 				continue;
 			KM_INFO("mirror", 0, "mirror %s: its pipeline runs in this kmirrord now (group %s)",
-				km_state_mirror_name(m), KM_SYNC_GROUP);
+				km_state_mirror_name(m), km_lease_group(mi->lease));
 			if (mi->gained)
 				km_metric_inc(mi->gained, 1);
 		}

@@ -1,8 +1,9 @@
 /*
  * Which kmirrord runs which mirror (its metadata sync, and its pipelines with mirror_pipelines =
- * owned): members of the destination's consumer group __kmirror-sync (KIP-848), subscribed to the
+ * owned): members of the destination's consumer group mirror_sync_group (KIP-848), subscribed to the
  * state topic; a mirror belongs to the owner of its partition (docs/mirror.md, "One kmirrord per
- * mirror").
+ * mirror"). A group that cannot be joined for long is left for its next generation, recorded in
+ * the state topic for every kmirrord to follow ("The sync group moves").
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -30,7 +31,7 @@
 /* Kafka's codes the lease reacts to. */
 enum {
 	K_COORDINATOR_LOAD_IN_PROGRESS = 14, K_COORDINATOR_NOT_AVAILABLE = 15, K_NOT_COORDINATOR = 16,
-	K_UNKNOWN_MEMBER_ID = 25, K_UNSUPPORTED_VERSION = 35, K_FENCED_MEMBER_EPOCH = 110,
+	K_UNKNOWN_MEMBER_ID = 25, K_UNSUPPORTED_VERSION = 35, K_GROUP_ID_NOT_FOUND = 69, K_FENCED_MEMBER_EPOCH = 110,
 	K_UNSUPPORTED_ASSIGNOR = 112,
 };
 /* Ownership is given up when no heartbeat succeeded for this long (the broker's default session timeout). */
@@ -44,13 +45,33 @@ enum {
 #define JOIN_POLL_MS 500
 /* How often the group is described (who owns which state partition: describe's Owner). */
 #define DESCRIBE_MS 10000
+/* A group not joined for this long is reported (a warning, then one a minute while it lasts). */
+#define FAIL_WARN_MS 15000
+#define FAIL_REPEAT_MS 60000
+/* How often the state is looked at for the group to join (another kmirrord may have moved it). */
+#define WATCH_MS 500
+/* The group's __consumer_offsets partition is looked up this often (a move picks another one). */
+#define OFFSETS_TOPIC "__consumer_offsets"
 
 typedef enum { L_META, L_FIND, L_BEAT, L_DESCRIBE, L_ALONE } lphase;
 
 struct km_lease {
 	km_mirror *mi;
 	km_cluster *dst;
-	struct event *ev;
+	struct event *ev, *watch_ev;
+	const char *base;   /* mirror_sync_group */
+	char group[1100];   /* the group joined: base or its generation (the state's sync group record) */
+	int32_t gen;
+	uint32_t group_seq; /* bumped when the group changes: answers about the earlier one are dropped */
+	uint32_t req_seq;   /* group_seq when the request in flight was sent */
+	int64_t move_after_ms; /* 0: never moves on its own */
+	int64_t fail_since; /* the first failure since the last heartbeat answered without error; 0: none */
+	int64_t err_at;     /* the last answer with an error about the group (the coordinator is there) */
+	int16_t fail_code;  /* that error */
+	int64_t warned_at;
+	bool moving;        /* the move's record is being written */
+	int32_t offsets_parts; /* partitions of __consumer_offsets; 0: not known */
+	km_metric_series *m_joined, *m_gen, *m_moves;
 	lphase ph;
 	bool inflight, freeing;
 	char member[40];
@@ -113,8 +134,188 @@ static void disown(km_lease *l, const char *why)
 
 static void rejoin(km_lease *l)
 {
+	char why[1200];
 	l->epoch = 0;
-	disown(l, "fenced from the group __kmirror-sync");
+	snprintf(why, sizeof(why), "fenced from the group %s", l->group);
+	disown(l, why);
+}
+
+static bool joined(const km_lease *l, int64_t now)
+{
+	return (l->ph == L_BEAT || l->ph == L_DESCRIBE) && l->last_ok && !l->fail_since && !stale(l, now);
+}
+
+static void report(km_lease *l)
+{
+	if (l->m_joined)
+		km_metric_set(l->m_joined, joined(l, km_mirror_wall_ms()) ? 1 : 0);
+	if (l->m_gen)
+		km_metric_set(l->m_gen, l->gen);
+}
+
+/* A request about the group failed: code is the broker's error, 0 when nothing was answered (a connection lost). */
+static void failing(km_lease *l, int16_t code)
+{
+	int64_t now = km_mirror_wall_ms();
+	if (!l->fail_since)
+		l->fail_since = now;
+	if (code) {
+		l->fail_code = code;
+		l->err_at = now;
+	}
+	report(l);
+}
+
+static void recovered(km_lease *l)
+{
+	if (l->fail_since && l->warned_at)
+		KM_INFO(COMP, 0, "mirrors: this kmirrord is a member of its sync group %s again, after %lld s",
+			l->group, (long long)((km_mirror_wall_ms() - l->fail_since) / 1000));
+	l->fail_since = 0;
+	l->warned_at = 0;
+	report(l);
+}
+
+/* Kafka's partition of __consumer_offsets for a group (abs(String.hashCode) mod partitions); -1: not known. */
+static int32_t offsets_partition(const km_lease *l, const char *group)
+{
+	int32_t h = 0;
+	if (l->offsets_parts <= 0)
+		return -1;
+	for (const unsigned char *p = (const unsigned char *)group; *p; p++) {
+		if (*p >= 0x80)
+			return -1; /* String.hashCode runs over UTF-16 units: only ASCII names are hashed here */
+		h = (int32_t)((uint32_t)h * 31u + *p);
+	}
+	return (h == INT32_MIN ? 0 : (h < 0 ? -h : h)) % l->offsets_parts;
+}
+
+static void group_name(const km_lease *l, int32_t gen, char *out, size_t len)
+{
+	if (gen == 0)
+		snprintf(out, len, "%s", l->base);
+	else
+		snprintf(out, len, "%s.%d", l->base, (int)gen);
+}
+
+bool km_sync_group_name(const char *base, const char *name)
+{
+	size_t n = strlen(base);
+	if (strncmp(name, base, n))
+		return false;
+	if (!name[n])
+		return true;
+	if (name[n] != '.' || !name[n + 1])
+		return false;
+	for (const char *p = name + n + 1; *p; p++)
+		if (*p < '0' || *p > '9')
+			return false;
+	return true;
+}
+
+static void leave(km_lease *l);
+
+/*
+ * The group to join, as the state says (no record: mirror_sync_group itself). When it changed
+ * (another kmirrord moved every one off a group it could not join), this one leaves the earlier
+ * group, gives up its mirrors and joins the new one from scratch.
+ */
+static void follow_group(km_lease *l)
+{
+	km_state *st = km_mirror_store(l->mi);
+	const km_state_sync_group *g = st ? km_state_sync_group_of(st, l->base) : NULL;
+	const char *want = g ? g->group : l->base;
+	char why[1400];
+
+	if (!strcmp(want, l->group))
+		return;
+	if (l->group[0]) {
+		KM_WARN(COMP, 0, "mirrors: the sync group moves from %s to %s (generation %d, moved by %s: %s); "
+			"this kmirrord follows", l->group, want, g ? (int)g->generation : 0, g ? g->moved_by : "an operator",
+			g ? g->reason : "the record was removed");
+		leave(l);
+		snprintf(why, sizeof(why), "the sync group moves to %s", want);
+		disown(l, why);
+		l->epoch = 0;
+		l->adopted = l->adopting = false;
+		l->last_ok = 0;
+		l->coord = -1;
+		if (l->ph == L_BEAT || l->ph == L_DESCRIBE)
+			l->ph = L_FIND;
+		l->fail_since = 0;
+		l->warned_at = 0;
+		later(l, 0); /* or, with a request in flight, once its answer about the earlier group is dropped */
+	}
+	snprintf(l->group, sizeof(l->group), "%s", want);
+	l->gen = g ? g->generation : 0;
+	l->group_seq++;
+	report(l);
+}
+
+static void moved(void *arg, const km_state_result *res)
+{
+	km_lease *l = arg;
+
+	l->moving = false;
+	if (res->code != 0) {
+		KM_WARN(COMP, 0, "mirrors: the move off the sync group %s could not be recorded in the state topic (%s); "
+			"tried again in a second", l->group, res->message[0] ? res->message : km_err_name(res->code));
+		return;
+	}
+	if (l->m_moves)
+		km_metric_inc(l->m_moves, 1);
+	follow_group(l);
+}
+
+/*
+ * The group's coordinator has answered with errors for mirror_sync_group_move_after_s: its next
+ * generation (on another partition of __consumer_offsets when that is known) is written to the
+ * state topic, which every kmirrord follows. A group merely out of reach (no answers) is not left:
+ * every group would be.
+ */
+static void maybe_move(km_lease *l, int64_t now)
+{
+	km_state *st = km_mirror_store(l->mi);
+	km_state_sync_group g;
+	char next[1100], reason[1400];
+	int32_t gen = l->gen + 1, here = offsets_partition(l, l->group);
+
+	if (!l->move_after_ms || !l->fail_since || l->moving || !st || !km_state_ready(st) ||
+	    now - l->fail_since < l->move_after_ms || !l->err_at || now - l->err_at > 10000)
+		return;
+	for (group_name(l, gen, next, sizeof(next)); here >= 0 && offsets_partition(l, next) == here && gen < l->gen + 100;)
+		group_name(l, ++gen, next, sizeof(next));
+	snprintf(reason, sizeof(reason), "%s could not be joined for %lld s: its coordinator answered %s", l->group,
+		 (long long)((now - l->fail_since) / 1000), km_err_name(l->fail_code));
+	KM_WARN(COMP, 0, "mirrors: %s; every kmirrord moves to the group %s (mirror_sync_group_move_after_s)", reason, next);
+	memset(&g, 0, sizeof(g));
+	g.base = (char *)l->base;
+	g.generation = gen;
+	g.group = next;
+	g.moved_ms = now;
+	g.moved_by = (char *)km_mirror_self(l->mi);
+	g.reason = reason;
+	l->moving = true;
+	km_state_sync_group_write(st, &g, moved, l);
+}
+
+static void warn_failing(km_lease *l, int64_t now)
+{
+	if (!l->fail_since || now - l->fail_since < FAIL_WARN_MS || (l->warned_at && now - l->warned_at < FAIL_REPEAT_MS))
+		return;
+	l->warned_at = now;
+	if (l->move_after_ms)
+		KM_WARN(COMP, 0, "mirrors: this kmirrord has not been a member of its sync group %s for %lld s (%s%s): it "
+			"runs no mirror meanwhile; after %lld s of answers with an error every kmirrord moves to the "
+			"group's next generation (mirror_sync_group_move_after_s)", l->group,
+			(long long)((now - l->fail_since) / 1000), l->err_at ? "its coordinator answers " : "no answer",
+			l->err_at ? km_err_name(l->fail_code) : "", (long long)(l->move_after_ms / 1000));
+	else
+		KM_WARN(COMP, 0, "mirrors: this kmirrord has not been a member of its sync group %s for %lld s (%s%s): it "
+			"runs no mirror meanwhile; set mirror_sync_group to another group on every kmirrord of this "
+			"state topic, or mirror_sync_group_move_after_s to move on its own", l->group,
+			(long long)((now - l->fail_since) / 1000), l->err_at ? "its coordinator answers " : "no answer",
+			l->err_at ? km_err_name(l->fail_code) : "");
 }
 
 static void on_response(km_net_client *c, const km_rpc_response *r, void *arg);
@@ -124,6 +325,7 @@ static void send_req(km_lease *l, km_net_client *c, int16_t key, const void *req
 {
 	if (km_rpc_call(c, key, ver, req, NULL, on_response, l) == KM_OK) {
 		l->inflight = true;
+		l->req_seq = l->group_seq;
 		return;
 	}
 	km_cluster_drop(l->dst, c);
@@ -170,31 +372,37 @@ static void step(km_lease *l)
 
 	if (l->freeing || l->inflight || l->ph == L_ALONE || !l->dst)
 		return;
+	follow_group(l);
 	/* Whatever it is doing (looking for the coordinator again too): no heartbeat for that long, no mirror. */
 	if (l->last_ok && km_mirror_wall_ms() - l->last_ok > SESSION_MS) {
 		disown(l, "no heartbeat answered for the session timeout");
 		l->epoch = 0;
 		l->last_ok = 0;
 	}
+	warn_failing(l, km_mirror_wall_ms());
+	maybe_move(l, km_mirror_wall_ms());
+	report(l);
 	switch (l->ph) {
 	case L_META: {
 		km_metadata_request m;
-		km_metadata_request_topic t;
+		km_metadata_request_topic t[2];
 		if (!(c = client(l, -1, KM_API_METADATA, 10, 12, &ver)))
 			return;
 		if (ver < 0)
 			return alone(l, "the destination does not give topic ids in Metadata (before Kafka 2.8)");
 		km_metadata_request_init(&m);
-		km_metadata_request_topic_init(&t);
-		t.name = km_str_c(topic);
-		m.topics.items = &t;
-		m.topics.count = 1;
+		km_metadata_request_topic_init(&t[0]);
+		km_metadata_request_topic_init(&t[1]);
+		t[0].name = km_str_c(topic);
+		t[1].name = km_str_c(OFFSETS_TOPIC); /* its partition count: a move picks a group on another one */
+		m.topics.items = t;
+		m.topics.count = 2;
 		m.allow_auto_topic_creation = false;
 		return send_req(l, c, KM_API_METADATA, &m, ver);
 	}
 	case L_FIND: {
 		km_find_coordinator_request m;
-		km_str key = km_str_c(KM_SYNC_GROUP);
+		km_str key = km_str_c(l->group);
 		if (!(c = client(l, -1, KM_API_FIND_COORDINATOR, 4, 6, &ver)))
 			return;
 		if (ver < 0 || km_net_client_version(c, KM_API_CONSUMER_GROUP_HEARTBEAT) < 1)
@@ -228,7 +436,7 @@ static void step(km_lease *l)
 		}
 		km_consumer_group_heartbeat_request_init(&m);
 		km_consumer_group_heartbeat_request_topic_partitions_init(&tp);
-		m.group_id = km_str_c(KM_SYNC_GROUP);
+		m.group_id = km_str_c(l->group);
 		m.member_id = km_str_c(l->member);
 		m.member_epoch = l->epoch;
 		m.instance_id = KM_STR_NULL;
@@ -250,7 +458,7 @@ static void step(km_lease *l)
 	}
 	case L_DESCRIBE: {
 		km_consumer_group_describe_request m;
-		km_str g = km_str_c(KM_SYNC_GROUP);
+		km_str g = km_str_c(l->group);
 		if (!(c = client(l, l->coord, KM_API_CONSUMER_GROUP_DESCRIBE, 0, 1, &ver)))
 			return;
 		if (ver < 0) {
@@ -321,7 +529,7 @@ static void took_describe(km_lease *l, const km_consumer_group_describe_response
 		if (km_str_eq_c(g->members.items[i].member_id, l->member) && g->members.items[i].member_epoch > 0) {
 			l->epoch = g->members.items[i].member_epoch;
 			KM_INFO(COMP, 0, "mirrors: this kmirrord takes the place of its earlier life in group %s (member %s, "
-				"epoch %d)", KM_SYNC_GROUP, l->member, (int)l->epoch);
+				"epoch %d)", l->group, l->member, (int)l->epoch);
 			return later(l, 0);
 		}
 	later(l, adopting ? RETRY_MS : l->beat_in); /* adopting and not there (expired meanwhile): a join creates it anew */
@@ -329,9 +537,17 @@ static void took_describe(km_lease *l, const km_consumer_group_describe_response
 
 static void took_meta(km_lease *l, const km_metadata_response *r)
 {
-	const km_metadata_response_topic *t = r->topics.count == 1 ? &r->topics.items[0] : NULL;
+	const char *topic = km_state_topic_name_of_store(km_mirror_store(l->mi));
+	const km_metadata_response_topic *t = NULL;
 	bool *owned;
 
+	for (int32_t i = 0; i < r->topics.count; i++) {
+		const km_metadata_response_topic *x = &r->topics.items[i];
+		if (km_str_eq_c(x->name, topic))
+			t = x;
+		else if (km_str_eq_c(x->name, OFFSETS_TOPIC) && !x->error_code && x->partitions.count > 0)
+			l->offsets_parts = x->partitions.count;
+	}
 	if (km_cluster_brokers(l->dst, r) != KM_OK || !t)
 		return later(l, RETRY_MS);
 	if (t->error_code) {
@@ -363,8 +579,8 @@ static void took_find(km_lease *l, const km_find_coordinator_response *r)
 	const km_find_coordinator_response_coordinator *c = r->coordinators.count == 1 ? &r->coordinators.items[0] : NULL;
 
 	if (!c || c->error_code) {
-		KM_DEBUG(COMP, 0, "mirrors: FindCoordinator of group %s: %s", KM_SYNC_GROUP,
-			 km_err_name(c ? c->error_code : -1));
+		KM_DEBUG(COMP, 0, "mirrors: FindCoordinator of group %s: %s", l->group, km_err_name(c ? c->error_code : -1));
+		failing(l, c ? c->error_code : -1);
 		return later(l, RETRY_MS);
 	}
 	l->coord = c->node_id;
@@ -392,13 +608,17 @@ static void took_beat(km_lease *l, const km_consumer_group_heartbeat_response *r
 	case K_NOT_COORDINATOR:
 	case K_COORDINATOR_NOT_AVAILABLE:
 	case K_COORDINATOR_LOAD_IN_PROGRESS:
+	case K_GROUP_ID_NOT_FOUND: /* a group its coordinator lost, or one of another kind under the name */
+		KM_DEBUG(COMP, 0, "mirrors: heartbeat in group %s: %s", l->group, km_err_name(r->error_code));
+		failing(l, r->error_code);
 		l->ph = L_FIND;
 		return later(l, RETRY_MS);
 	case K_UNSUPPORTED_VERSION:
 	case K_UNSUPPORTED_ASSIGNOR:
 		return alone(l, "the destination refuses the consumer group protocol (group.coordinator.rebalance.protocols)");
 	default:
-		KM_WARN(COMP, 0, "mirrors: heartbeat in group %s: %s%s%.*s", KM_SYNC_GROUP, km_err_name(r->error_code),
+		failing(l, r->error_code);
+		KM_WARN(COMP, 0, "mirrors: heartbeat in group %s: %s%s%.*s", l->group, km_err_name(r->error_code),
 			r->error_message.len > 0 ? ": " : "", r->error_message.len > 0 ? (int)r->error_message.len : 0,
 			r->error_message.p);
 		/* A state topic recreated, a changed partition count: start over. */
@@ -412,6 +632,7 @@ static void took_beat(km_lease *l, const km_consumer_group_heartbeat_response *r
 		bool was_stale = stale(l, now) || !l->last_ok;
 		l->last_ok = now;
 		l->hb_ms = r->heartbeat_interval_ms > 0 ? r->heartbeat_interval_ms : 5000;
+		recovered(l);
 		if (was_stale && l->owned_any)
 			notify(l); /* its mirrors are its own again (whatever the answer's assignment adds): they run again */
 	}
@@ -439,7 +660,7 @@ static void took_beat(km_lease *l, const km_consumer_group_heartbeat_response *r
 		free(now);
 		if (any != l->owned_any)
 			KM_INFO(COMP, 0, "mirrors: this kmirrord %s (group %s, epoch %d)",
-				any ? "runs the mirrors of its state topic partitions" : "owns no mirror now", KM_SYNC_GROUP,
+				any ? "runs the mirrors of its state topic partitions" : "owns no mirror now", l->group,
 				(int)l->epoch);
 		l->owned_any = any;
 		if (moved)
@@ -465,6 +686,8 @@ static void on_response(km_net_client *c, const km_rpc_response *r, void *arg)
 	if (l->freeing)
 		return;
 	l->inflight = false;
+	if (l->req_seq != l->group_seq)
+		return later(l, 0); /* about the group left: the new one is looked up from scratch */
 	if (l->ph == L_DESCRIBE && (km_rpc_undecoded(r) || r->err != KM_OK)) {
 		/* The description is a help (owners, an earlier life's epoch): the heartbeats go on without it. */
 		if (r->err != KM_OK && !km_rpc_undecoded(r))
@@ -478,6 +701,8 @@ static void on_response(km_net_client *c, const km_rpc_response *r, void *arg)
 		km_cluster_drop(l->dst, c);
 		if (l->ph == L_BEAT)
 			l->ph = L_FIND;
+		if (l->ph == L_FIND)
+			failing(l, 0);
 		return later(l, RETRY_MS);
 	}
 	switch (l->ph) {
@@ -505,6 +730,17 @@ static void on_ev(evutil_socket_t fd, short what, void *arg)
 	step(arg);
 }
 
+static void on_watch(evutil_socket_t fd, short what, void *arg)
+{
+	km_lease *l = arg;
+	struct timeval tv = {0, WATCH_MS * 1000};
+	(void)fd;
+	(void)what;
+	follow_group(l);
+	report(l);
+	event_add(l->watch_ev, &tv);
+}
+
 static void on_cluster(void *arg)
 {
 	km_lease *l = arg;
@@ -528,9 +764,40 @@ km_lease *km_lease_new(km_mirror *mi)
 	}
 	for (size_t i = 0; i < sizeof(rnd); i++)
 		snprintf(l->member + 2 * i, 3, "%02x", rnd[i]);
-	if (!(l->ev = event_new(km_mirror_base(mi), -1, 0, on_ev, l))) {
+	if (!(l->ev = event_new(km_mirror_base(mi), -1, 0, on_ev, l)) ||
+	    !(l->watch_ev = event_new(km_mirror_base(mi), -1, 0, on_watch, l))) {
+		if (l->ev)
+			event_free(l->ev);
 		free(l);
 		return NULL;
+	}
+	l->base = km_mirror_get_opts(mi)->cfg && km_mirror_get_opts(mi)->cfg->mirror_sync_group &&
+				  *km_mirror_get_opts(mi)->cfg->mirror_sync_group
+			  ? km_mirror_get_opts(mi)->cfg->mirror_sync_group
+			  : KM_SYNC_GROUP;
+	l->move_after_ms = km_mirror_get_opts(mi)->cfg ? km_mirror_get_opts(mi)->cfg->mirror_sync_group_move_after_s * 1000
+						       : 120000;
+	snprintf(l->group, sizeof(l->group), "%s", l->base);
+	if (km_mirror_get_opts(mi)->metrics) {
+		static const km_metric_desc d[] = {
+			{.name = "kmirror_mirror_sync_group_joined",
+			 .help = "1 while this kmirrord's heartbeats in its sync group are answered (it runs the mirrors "
+				 "the group gives it), 0 while it is not a member (it runs none).",
+			 .type = KM_METRIC_GAUGE},
+			{.name = "kmirror_mirror_sync_group_generation",
+			 .help = "The generation of mirror_sync_group joined: 0 is the group itself, N its N-th move "
+				 "(<group>.N) off a group that could not be joined.",
+			 .type = KM_METRIC_GAUGE},
+			{.name = "kmirror_mirror_sync_group_moves_total",
+			 .help = "Moves of every kmirrord to the sync group's next generation that this kmirrord recorded.",
+			 .type = KM_METRIC_COUNTER},
+		};
+		km_metric_family *f[3];
+		for (int i = 0; i < 3; i++)
+			f[i] = km_metrics_family(km_mirror_get_opts(mi)->metrics, &d[i]);
+		l->m_joined = f[0] ? km_metric_series_get(f[0], NULL) : NULL;
+		l->m_gen = f[1] ? km_metric_series_get(f[1], NULL) : NULL;
+		l->m_moves = f[2] ? km_metric_series_get(f[2], NULL) : NULL;
 	}
 	return l;
 }
@@ -564,6 +831,9 @@ void km_lease_start(km_lease *l)
 	/* The client id ends with this kmirrord's name: the others' describe shows it as the owner. */
 	if (!(l->dst = km_mirror_dest_cluster(l->mi, KM_SYNC_GROUP, km_mirror_self(l->mi), on_cluster, l)))
 		return alone(l, "no client for the destination");
+	l->group[0] = 0;
+	follow_group(l); /* the group the state names, if it moved */
+	on_watch(-1, 0, l);
 	later(l, 0);
 }
 
@@ -582,7 +852,7 @@ static void leave(km_lease *l)
 	    km_net_client_version(c, KM_API_CONSUMER_GROUP_HEARTBEAT) < 1)
 		return;
 	km_consumer_group_heartbeat_request_init(&m);
-	m.group_id = km_str_c(KM_SYNC_GROUP);
+	m.group_id = km_str_c(l->group);
 	m.member_id = km_str_c(l->member);
 	m.member_epoch = -1;
 	m.instance_id = KM_STR_NULL;
@@ -594,7 +864,7 @@ static void leave(km_lease *l)
 	m.topic_partitions.count = -1;
 	if (km_rpc_call(c, KM_API_CONSUMER_GROUP_HEARTBEAT, 1, &m, NULL, ignore_answer, NULL) != KM_OK)
 		return;
-	KM_INFO(COMP, 0, "mirrors: left the group %s", KM_SYNC_GROUP);
+	KM_INFO(COMP, 0, "mirrors: left the group %s", l->group);
 }
 
 void km_lease_free(km_lease *l)
@@ -607,6 +877,8 @@ void km_lease_free(km_lease *l)
 	km_cluster_free(l->dst);
 	if (l->ev)
 		event_free(l->ev);
+	if (l->watch_ev)
+		event_free(l->watch_ev);
 	owners_free(l);
 	free(l->owner_of);
 	free(l->owned);
@@ -649,3 +921,15 @@ bool km_lease_owns(const km_lease *l, const char *mirror)
 	return l->owned[k];
 }
 
+
+const char *km_lease_group(const km_lease *l)
+{
+	return l ? l->group : KM_SYNC_GROUP;
+}
+
+bool km_mirror_is_sync_group(km_mirror *mi, const char *name)
+{
+	const km_config *cfg = km_mirror_get_opts(mi)->cfg;
+	return km_sync_group_name(KM_SYNC_GROUP, name) ||
+	       (cfg && cfg->mirror_sync_group && *cfg->mirror_sync_group && km_sync_group_name(cfg->mirror_sync_group, name));
+}

@@ -78,9 +78,19 @@ km_sync *km_mirror_sync(km_mirror *mi);
 
 /* ---- which kmirrord syncs which mirror (lease.c) ---- */
 
-/* The destination's consumer group whose members are the kmirrords in front of it (never synced itself). */
+/*
+ * The destination's consumer group whose members are the kmirrords in front of it, by default
+ * (mirror_sync_group), and the tag of the lease's client id. Neither it nor its generations are
+ * ever synced.
+ */
 #define KM_SYNC_GROUP "__kmirror-sync"
 typedef struct km_lease km_lease;
+/* The group the lease joins now: mirror_sync_group or the generation __mirror_state names. */
+const char *km_lease_group(const km_lease *l);
+/* Whether name is base or one of its generations (base.N). */
+bool km_sync_group_name(const char *base, const char *name);
+/* Whether name is a sync group of kmirrords (the default's or mirror_sync_group's, or a generation): never synced. */
+bool km_mirror_is_sync_group(km_mirror *mi, const char *name);
 km_lease *km_lease_new(km_mirror *mi);
 /* Join the group (once the state is loaded: the state topic's name and partitions are known). */
 void km_lease_start(km_lease *l);

@@ -1,9 +1,13 @@
-/* Instance records of __mirror_state: each kmirrord's own report (docs/state.md, "Instances"). */
+/*
+ * The kmirrords' own records of __mirror_state: each one's report (docs/state.md, "Instances") and
+ * the group they share their mirrors through (docs/state.md, "The sync group").
+ */
 #include <stdlib.h>
 #include <string.h>
 
 #include "kmirror/arena.h"
 #include "kmirror/msg/mirror_state_instance_value.h"
+#include "kmirror/msg/mirror_state_sync_group_value.h"
 #include "state/state_int.h"
 
 static void instance_clear(km_state_instance *in)
@@ -17,6 +21,15 @@ static void instance_clear(km_state_instance *in)
 	memset(in, 0, sizeof(*in));
 }
 
+static void sync_group_clear(km_state_sync_group *g)
+{
+	free(g->base);
+	free(g->group);
+	free(g->moved_by);
+	free(g->reason);
+	memset(g, 0, sizeof(*g));
+}
+
 void km_state_instances_free(km_state_model *m)
 {
 	for (size_t i = 0; i < m->ninstances; i++)
@@ -24,6 +37,11 @@ void km_state_instances_free(km_state_model *m)
 	free(m->instances);
 	m->instances = NULL;
 	m->ninstances = 0;
+	for (size_t i = 0; i < m->nsync_groups; i++)
+		sync_group_clear(&m->sync_groups[i]);
+	free(m->sync_groups);
+	m->sync_groups = NULL;
+	m->nsync_groups = 0;
 }
 
 static size_t instance_find(const km_state_model *m, km_str id)
@@ -117,4 +135,90 @@ km_err km_state_instance_value_encode(km_wr *w, const km_state_instance *in)
 	km_mirror_state_instance_value_encode(w, 0, &v);
 	free(owned);
 	return km_wr_ok(w) ? KM_OK : KM_ERR_NOMEM;
+}
+
+static size_t sync_group_find(const km_state_model *m, km_str base)
+{
+	for (size_t i = 0; i < m->nsync_groups; i++)
+		if (strlen(m->sync_groups[i].base) == (size_t)base.len && !memcmp(m->sync_groups[i].base, base.p, (size_t)base.len))
+			return i;
+	return m->nsync_groups;
+}
+
+km_err km_state_sync_group_apply(km_state_model *m, km_str base, const uint8_t *val, size_t vlen, bool tomb)
+{
+	size_t at = sync_group_find(m, base);
+	km_mirror_state_sync_group_value v;
+	km_state_sync_group g;
+	km_arena a;
+	km_rd r;
+	int16_t ver;
+	km_err rc;
+
+	if (tomb) {
+		if (at < m->nsync_groups) {
+			sync_group_clear(&m->sync_groups[at]);
+			memmove(&m->sync_groups[at], &m->sync_groups[at + 1], (m->nsync_groups - at - 1) * sizeof(g));
+			m->nsync_groups--;
+		}
+		return KM_OK;
+	}
+	km_rd_init(&r, val, vlen);
+	if (!km_rd_i16(&r, "Version", &ver) || ver != 0)
+		return KM_ERR_DECODE;
+	km_arena_init(&a, 1024);
+	km_mirror_state_sync_group_value_init(&v);
+	rc = km_mirror_state_sync_group_value_decode(&r, 0, &v, &a);
+	memset(&g, 0, sizeof(g));
+	if (rc == KM_OK && (v.generation < 0 || v.group_id.len <= 0 || v.group_id.len > 1024))
+		rc = KM_ERR_DECODE;
+	if (rc == KM_OK) {
+		g.base = km_state_dup_str(base);
+		g.generation = v.generation;
+		g.group = km_state_dup_str(v.group_id);
+		g.moved_ms = v.moved_time_ms;
+		g.moved_by = km_state_dup_str(v.moved_by);
+		g.reason = km_state_dup_str(v.reason);
+		if (!g.base || !g.group || !g.moved_by || !g.reason)
+			rc = KM_ERR_NOMEM;
+	}
+	km_arena_free(&a);
+	if (rc != KM_OK) {
+		sync_group_clear(&g);
+		return rc;
+	}
+	if (at == m->nsync_groups) {
+		km_state_sync_group *n = realloc(m->sync_groups, (m->nsync_groups + 1) * sizeof(*n));
+		if (!n) {
+			sync_group_clear(&g);
+			return KM_ERR_NOMEM;
+		}
+		m->sync_groups = n;
+		m->nsync_groups++;
+	} else {
+		sync_group_clear(&m->sync_groups[at]);
+	}
+	m->sync_groups[at] = g;
+	return KM_OK;
+}
+
+km_err km_state_sync_group_value_encode(km_wr *w, const km_state_sync_group *g)
+{
+	km_mirror_state_sync_group_value v;
+
+	km_mirror_state_sync_group_value_init(&v);
+	v.generation = g->generation;
+	v.group_id = km_str_c(g->group ? g->group : "");
+	v.moved_time_ms = g->moved_ms;
+	v.moved_by = km_str_c(g->moved_by ? g->moved_by : "");
+	v.reason = km_str_c(g->reason ? g->reason : "");
+	km_wr_i16(w, 0);
+	km_mirror_state_sync_group_value_encode(w, 0, &v);
+	return km_wr_ok(w) ? KM_OK : KM_ERR_NOMEM;
+}
+
+const km_state_sync_group *km_state_model_sync_group(const km_state_model *m, const char *base)
+{
+	size_t at = sync_group_find(m, km_str_c(base));
+	return at < m->nsync_groups ? &m->sync_groups[at] : NULL;
 }

@@ -4,6 +4,7 @@
 
 #include "kmirror/arena.h"
 #include "kmirror/msg/mirror_state_instance_key.h"
+#include "kmirror/msg/mirror_state_sync_group_key.h"
 #include "kmirror/msg/mirror_state_mirror_key.h"
 #include "kmirror/msg/mirror_state_mirror_value.h"
 #include "kmirror/msg/mirror_state_partition_key.h"
@@ -38,6 +39,11 @@ void km_state_key_encode(km_wr *w, const km_state_key *k)
 		km_mirror_state_instance_key_init(&ik);
 		ik.instance_id = k->instance;
 		km_mirror_state_instance_key_encode(w, 0, &ik);
+	} else if (k->type == KM_STATE_REC_SYNC_GROUP) {
+		km_mirror_state_sync_group_key sk;
+		km_mirror_state_sync_group_key_init(&sk);
+		sk.group_base = k->group;
+		km_mirror_state_sync_group_key_encode(w, 0, &sk);
 	} else if (k->type == KM_STATE_REC_PROGRESS || k->type == KM_STATE_REC_WRITER) {
 		km_mirror_state_progress_key gk;
 		km_mirror_state_progress_key_init(&gk);
@@ -126,6 +132,14 @@ km_err km_state_key_decode(const uint8_t *p, size_t len, km_state_key *k)
 		if (km_mirror_state_instance_key_decode(&r, 0, &ik, &a) == KM_OK && km_rd_left(&r) == 0 &&
 		    text_ok(ik.instance_id, 1024)) {
 			k->instance = ik.instance_id;
+			rc = KM_OK;
+		}
+	} else if (k->type == KM_STATE_REC_SYNC_GROUP) {
+		km_mirror_state_sync_group_key sk;
+		km_mirror_state_sync_group_key_init(&sk);
+		if (km_mirror_state_sync_group_key_decode(&r, 0, &sk, &a) == KM_OK && km_rd_left(&r) == 0 &&
+		    text_ok(sk.group_base, 1024)) {
+			k->group = sk.group_base;
 			rc = KM_OK;
 		}
 	}
@@ -1029,6 +1043,8 @@ km_err km_state_model_apply(km_state_model *m, const uint8_t *key, size_t klen, 
 		return apply_run(m, &k, val, vlen, tombstone);
 	if (k.type == KM_STATE_REC_INSTANCE)
 		return km_state_instance_apply(m, k.instance, val, vlen, tombstone);
+	if (k.type == KM_STATE_REC_SYNC_GROUP)
+		return km_state_sync_group_apply(m, k.group, val, vlen, tombstone);
 	if (k.type == KM_STATE_REC_WRITER)
 		return apply_writer(m, &k, val, vlen, tombstone);
 	if (k.type == KM_STATE_REC_PROGRESS)

@@ -19,6 +19,7 @@ enum {
 	KM_STATE_REC_INSTANCE = 3,  /* key: MirrorStateInstanceKey v0 (a kmirrord's own report) */
 	KM_STATE_REC_PROGRESS = 4,  /* key: MirrorStateProgressKey v0 (a pipeline's progress on a partition) */
 	KM_STATE_REC_WRITER = 5,    /* key: as MirrorStateProgressKey v0 (a partition's writer) */
+	KM_STATE_REC_SYNC_GROUP = 6, /* key: MirrorStateSyncGroupKey v0 (the group the kmirrords share mirrors through) */
 };
 
 #define KM_STATE_MAX_NAME 249         /* a Kafka topic name's limit; mirror names share it */
@@ -37,6 +38,7 @@ typedef struct km_state_key {
 	int32_t partition;  /* partition and run records */
 	int64_t logical;    /* run records: the run's logical start */
 	km_str instance;    /* instance records: the kmirrord's id */
+	km_str group;       /* sync group records: the configured group (mirror_sync_group) */
 } km_state_key;
 
 /* Encode a key (type + the v0 key struct) into w. */
@@ -169,6 +171,8 @@ typedef struct km_state_model {
 	size_t nmirrors;
 	km_state_instance *instances; /* as each kmirrord last reported itself, in record order */
 	size_t ninstances;
+	km_state_sync_group *sync_groups; /* one per configured group that moved, in record order */
+	size_t nsync_groups;
 	km_state_topic **by_name, **by_id;
 	size_t nbuckets;
 } km_state_model;
@@ -244,6 +248,10 @@ char *km_state_dup_str(km_str s);
 km_err km_state_instance_apply(km_state_model *m, km_str id, const uint8_t *val, size_t vlen, bool tomb);
 km_err km_state_instance_value_encode(km_wr *w, const km_state_instance *in);
 void km_state_instances_free(km_state_model *m);
+/* Sync group records (instances.c): apply one, encode one's value. km_state_instances_free frees them too. */
+km_err km_state_sync_group_apply(km_state_model *m, km_str base, const uint8_t *val, size_t vlen, bool tomb);
+km_err km_state_sync_group_value_encode(km_wr *w, const km_state_sync_group *g);
+const km_state_sync_group *km_state_model_sync_group(const km_state_model *m, const char *base);
 
 /* Values: int16 version (0) + the value struct. */
 km_err km_state_mirror_value_encode(km_wr *w, const km_state_mirror *mi);

@@ -15,7 +15,7 @@
 #define COMP "state"
 
 typedef enum { MUT_CREATE, MUT_ALTER, MUT_DELETE, MUT_TOPICS, MUT_PSET, MUT_RUNS, MUT_GROW, MUT_WRITER, MUT_PROGRESS, MUT_INSTANCE,
-	       MUT_SOURCE_ID, MUT_REWRITE } mut_kind;
+	       MUT_SYNC_GROUP, MUT_SOURCE_ID, MUT_REWRITE } mut_kind;
 
 /* A mirror's delete, in writes that each land whole before the next: runs, then partitions, then the mirror. */
 enum { DEL_RUNS = 0, DEL_PARTITIONS, DEL_MIRROR };
@@ -40,7 +40,7 @@ struct km_state_mut {
 	int64_t writer_pid, writer_start; /* a writer write: the partition is parts[0] of topics[0] */
 	int16_t writer_epoch;
 	km_uuid source_id;     /* a source id write: every partition of topics[0] */
-	km_wr instance;        /* an instance write (its id in mirror): its value, encoded when asked */
+	km_wr value;           /* an instance or sync group write (its key's string in mirror): its value, encoded when asked */
 	km_state_done_cb done;
 	void *arg;
 	/* the outcome */
@@ -95,7 +95,7 @@ static void mut_free(km_state_mut *mu)
 		free(mu->recs[i].val);
 	}
 	free(mu->recs);
-	km_wr_free(&mu->instance);
+	km_wr_free(&mu->value);
 	free(mu);
 }
 
@@ -1294,9 +1294,11 @@ static void run_head(km_state *st)
 	case MUT_SOURCE_ID:
 		prepare_source_id(st, mu);
 		break;
-	case MUT_INSTANCE: {
-		km_state_key k = {.type = KM_STATE_REC_INSTANCE, .instance = km_str_c(mu->mirror)};
-		if (add_rec(mu, &k, &mu->instance) != KM_OK)
+	case MUT_INSTANCE:
+	case MUT_SYNC_GROUP: {
+		km_state_key k = {.type = mu->kind == MUT_INSTANCE ? KM_STATE_REC_INSTANCE : KM_STATE_REC_SYNC_GROUP,
+				  .instance = km_str_c(mu->mirror), .group = km_str_c(mu->mirror)};
+		if (add_rec(mu, &k, &mu->value) != KM_OK)
 			set_msg(mu, KM_MIRROR_STATE_UNAVAILABLE, "out of memory");
 		break;
 	}
@@ -1638,12 +1640,30 @@ void km_state_instance_write(km_state *st, const km_state_instance *in, km_state
 	km_state_mut *mu = mut_new(MUT_INSTANCE, in->id, done, arg);
 	if (!mu)
 		return nomem(done, arg);
-	km_wr_init(&mu->instance);
-	if (km_state_instance_value_encode(&mu->instance, in) != KM_OK) {
+	km_wr_init(&mu->value);
+	if (km_state_instance_value_encode(&mu->value, in) != KM_OK) {
 		mut_free(mu);
 		return nomem(done, arg);
 	}
 	submit(st, mu);
+}
+
+void km_state_sync_group_write(km_state *st, const km_state_sync_group *g, km_state_done_cb done, void *arg)
+{
+	km_state_mut *mu = mut_new(MUT_SYNC_GROUP, g->base, done, arg);
+	if (!mu)
+		return nomem(done, arg);
+	km_wr_init(&mu->value);
+	if (km_state_sync_group_value_encode(&mu->value, g) != KM_OK) {
+		mut_free(mu);
+		return nomem(done, arg);
+	}
+	submit(st, mu);
+}
+
+const km_state_sync_group *km_state_sync_group_of(const km_state *st, const char *base)
+{
+	return km_state_model_sync_group(&st->model, base);
 }
 
 const km_state_instance *km_state_instances(const km_state *st, size_t *n)

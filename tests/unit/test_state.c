@@ -1493,6 +1493,66 @@ static void progress_value(km_wr *w, int64_t changed_ms, int64_t last, uint8_t t
  * owner settled it there, below where the mirror stood. A runner's record under an earlier
  * partition record than the one kept (of the same topic) does not replace it.
  */
+/* Sync group records (type 6): one per configured group, the last one kept, a tombstone back to the group itself. */
+static void test_sync_group_records(void **state)
+{
+	km_state_sync_group g = {.base = "__kmirror-sync", .generation = 1, .group = "__kmirror-sync.1",
+				 .moved_ms = 1234, .moved_by = "h@127.0.0.1:8080", .reason = "GROUP_ID_NOT_FOUND"};
+	km_state_key k = {.type = KM_STATE_REC_SYNC_GROUP, .group = km_str_c("__kmirror-sync")};
+	km_state_key other = {.type = KM_STATE_REC_SYNC_GROUP, .group = km_str_c("other")};
+	const km_state_sync_group *got;
+	km_state_change chg;
+	km_state_model m;
+	km_state_key dk;
+	km_wr w, kw;
+
+	(void)state;
+	km_state_model_init(&m);
+	assert_null(km_state_model_sync_group(&m, "__kmirror-sync"));
+	km_wr_init(&w);
+	assert_int_equal(km_state_sync_group_value_encode(&w, &g), KM_OK);
+	rec(&m, &k, &w, &chg);
+	assert_false(chg.changed);
+	km_wr_free(&w);
+	got = km_state_model_sync_group(&m, "__kmirror-sync");
+	assert_non_null(got);
+	assert_int_equal(got->generation, 1);
+	assert_string_equal(got->group, "__kmirror-sync.1");
+	assert_int_equal(got->moved_ms, 1234);
+	assert_string_equal(got->moved_by, "h@127.0.0.1:8080");
+	assert_string_equal(got->reason, "GROUP_ID_NOT_FOUND");
+	assert_null(km_state_model_sync_group(&m, "other"));
+	/* A later move replaces it; another configured group's record stands apart. */
+	g.generation = 3;
+	g.group = "__kmirror-sync.3";
+	km_wr_init(&w);
+	assert_int_equal(km_state_sync_group_value_encode(&w, &g), KM_OK);
+	rec(&m, &k, &w, &chg);
+	rec(&m, &other, &w, &chg);
+	km_wr_free(&w);
+	assert_int_equal(m.nsync_groups, 2);
+	assert_string_equal(km_state_model_sync_group(&m, "__kmirror-sync")->group, "__kmirror-sync.3");
+	/* The key round-trips; an empty group name is refused. */
+	km_wr_init(&kw);
+	km_state_key_encode(&kw, &k);
+	assert_int_equal(km_state_key_decode(kw.buf, kw.len, &dk), KM_OK);
+	assert_int_equal(dk.type, KM_STATE_REC_SYNC_GROUP);
+	assert_true(km_str_eq_c(dk.group, "__kmirror-sync"));
+	km_wr_free(&kw);
+	g.group = "";
+	km_wr_init(&w);
+	assert_int_equal(km_state_sync_group_value_encode(&w, &g), KM_OK);
+	km_wr_init(&kw);
+	km_state_key_encode(&kw, &k);
+	assert_int_equal(km_state_model_apply(&m, kw.buf, kw.len, w.buf, w.len, false, &chg), KM_ERR_DECODE);
+	km_wr_free(&kw);
+	km_wr_free(&w);
+	rec(&m, &k, NULL, &chg);
+	assert_null(km_state_model_sync_group(&m, "__kmirror-sync"));
+	assert_non_null(km_state_model_sync_group(&m, "other"));
+	km_state_model_free(&m);
+}
+
 static void test_stale_runner_record_is_not_kept(void **state)
 {
 	km_wr cur, late, next, other;
@@ -1865,6 +1925,7 @@ int main(void)
 		cmocka_unit_test(test_progress_apart),
 		cmocka_unit_test(test_writer_apart_keeps_a_stop), cmocka_unit_test(test_runner_settle_keeps_a_stop),
 		cmocka_unit_test(test_stale_runner_record_is_not_kept),
+		cmocka_unit_test(test_sync_group_records),
 		cmocka_unit_test(test_progress_waits_for_its_run),
 		cmocka_unit_test(test_owner_check),
 		cmocka_unit_test(test_secrets_format0),

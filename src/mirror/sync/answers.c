@@ -149,7 +149,7 @@ static void took_groups(sync_cycle *cy, sreq *rq, const km_list_groups_response 
 								!km_str_eq_c(lg->group_type, "consumer")
 						      : lg->protocol_type.len > 0 && !km_str_eq_c(lg->protocol_type, "consumer")))
 			continue;
-		if (!strcmp(name, KM_SYNC_GROUP) || group_of(cy, lg->group_id) || !km_name_filter_match(cy->groups, name))
+		if (km_mirror_is_sync_group(cy->m->s->mi, name) || group_of(cy, lg->group_id) || !km_name_filter_match(cy->groups, name))
 			continue;
 		if (!(cy->g = km_sy_agrow(&cy->a, cy->g, cy->ng, &cy->capg, sizeof(*cy->g))))
 			return km_sy_step_error(cy, "out of memory");

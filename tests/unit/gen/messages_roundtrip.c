@@ -163,6 +163,8 @@
 #include "kmirror/msg/mirror_state_progress_value.h"
 #include "kmirror/msg/mirror_state_run_key.h"
 #include "kmirror/msg/mirror_state_run_value.h"
+#include "kmirror/msg/mirror_state_sync_group_key.h"
+#include "kmirror/msg/mirror_state_sync_group_value.h"
 #include "kmirror/msg/mirror_state_writer_value.h"
 #include "kmirror/msg/offset_commit_request.h"
 #include "kmirror/msg/offset_commit_response.h"
@@ -15236,6 +15238,78 @@ static void km_mirror_state_run_value_encode_v(km_wr *w, int16_t v, const void *
 static size_t km_mirror_state_run_value_size_v(int16_t v, const void *m) { return km_mirror_state_run_value_size(v, m); }
 
 
+static void fill_km_mirror_state_sync_group_key(km_mirror_state_sync_group_key *m, int16_t v, int mode, km_arena *a, uint32_t *seq);
+static bool eq_km_mirror_state_sync_group_key(const km_mirror_state_sync_group_key *x, const km_mirror_state_sync_group_key *y);
+
+static void fill_km_mirror_state_sync_group_key(km_mirror_state_sync_group_key *m, int16_t v, int mode, km_arena *a, uint32_t *seq)
+{
+	(void)v;
+	(void)mode;
+	(void)a;
+	(void)seq;
+	m->group_base = t_str(a, seq);
+}
+
+static bool eq_km_mirror_state_sync_group_key(const km_mirror_state_sync_group_key *x, const km_mirror_state_sync_group_key *y)
+{
+	if (!km_str_eq(x->group_base, y->group_base))
+		return t_diff("GroupBase");
+	if (!t_tags_eq(&x->unknown_tags, &y->unknown_tags))
+		return t_diff("MirrorStateSyncGroupKey unknown tags");
+	return true;
+}
+
+static void km_mirror_state_sync_group_key_fill_v(void *m, int16_t v, int mode, km_arena *a, uint32_t *seq) { fill_km_mirror_state_sync_group_key(m, v, mode, a, seq); }
+static bool km_mirror_state_sync_group_key_eq_v(const void *x, const void *y) { return eq_km_mirror_state_sync_group_key(x, y); }
+static void km_mirror_state_sync_group_key_init_v(void *m) { km_mirror_state_sync_group_key_init(m); }
+static km_err km_mirror_state_sync_group_key_decode_v(km_rd *r, int16_t v, void *m, km_arena *a) { return km_mirror_state_sync_group_key_decode(r, v, m, a); }
+static void km_mirror_state_sync_group_key_encode_v(km_wr *w, int16_t v, const void *m) { km_mirror_state_sync_group_key_encode(w, v, m); }
+static size_t km_mirror_state_sync_group_key_size_v(int16_t v, const void *m) { return km_mirror_state_sync_group_key_size(v, m); }
+
+
+static void fill_km_mirror_state_sync_group_value(km_mirror_state_sync_group_value *m, int16_t v, int mode, km_arena *a, uint32_t *seq);
+static bool eq_km_mirror_state_sync_group_value(const km_mirror_state_sync_group_value *x, const km_mirror_state_sync_group_value *y);
+
+static void fill_km_mirror_state_sync_group_value(km_mirror_state_sync_group_value *m, int16_t v, int mode, km_arena *a, uint32_t *seq)
+{
+	(void)v;
+	(void)mode;
+	(void)a;
+	(void)seq;
+	m->generation = (int32_t)(t_int(seq, 1000000000, INT64_C(0)));
+	m->group_id = t_str(a, seq);
+	m->moved_time_ms = (int64_t)(t_int(seq, 1000000000, INT64_C(0)) + ((int64_t)1 << 33));
+	m->moved_by = t_str(a, seq);
+	m->reason = t_str(a, seq);
+	if (true && mode == 0)
+		t_unknown_tags(&m->unknown_tags, a, 0, 1000, seq);
+}
+
+static bool eq_km_mirror_state_sync_group_value(const km_mirror_state_sync_group_value *x, const km_mirror_state_sync_group_value *y)
+{
+	if (!(x->generation == y->generation))
+		return t_diff("Generation");
+	if (!km_str_eq(x->group_id, y->group_id))
+		return t_diff("GroupId");
+	if (!(x->moved_time_ms == y->moved_time_ms))
+		return t_diff("MovedTimeMs");
+	if (!km_str_eq(x->moved_by, y->moved_by))
+		return t_diff("MovedBy");
+	if (!km_str_eq(x->reason, y->reason))
+		return t_diff("Reason");
+	if (!t_tags_eq(&x->unknown_tags, &y->unknown_tags))
+		return t_diff("MirrorStateSyncGroupValue unknown tags");
+	return true;
+}
+
+static void km_mirror_state_sync_group_value_fill_v(void *m, int16_t v, int mode, km_arena *a, uint32_t *seq) { fill_km_mirror_state_sync_group_value(m, v, mode, a, seq); }
+static bool km_mirror_state_sync_group_value_eq_v(const void *x, const void *y) { return eq_km_mirror_state_sync_group_value(x, y); }
+static void km_mirror_state_sync_group_value_init_v(void *m) { km_mirror_state_sync_group_value_init(m); }
+static km_err km_mirror_state_sync_group_value_decode_v(km_rd *r, int16_t v, void *m, km_arena *a) { return km_mirror_state_sync_group_value_decode(r, v, m, a); }
+static void km_mirror_state_sync_group_value_encode_v(km_wr *w, int16_t v, const void *m) { km_mirror_state_sync_group_value_encode(w, v, m); }
+static size_t km_mirror_state_sync_group_value_size_v(int16_t v, const void *m) { return km_mirror_state_sync_group_value_size(v, m); }
+
+
 static void fill_km_mirror_state_writer_value(km_mirror_state_writer_value *m, int16_t v, int mode, km_arena *a, uint32_t *seq);
 static bool eq_km_mirror_state_writer_value(const km_mirror_state_writer_value *x, const km_mirror_state_writer_value *y);
 
@@ -23511,6 +23585,8 @@ const km_test_msg km_test_msgs[] = {
 	{"MirrorStateProgressValue", -1, 0, 0, 0, sizeof(km_mirror_state_progress_value), km_mirror_state_progress_value_init_v, km_mirror_state_progress_value_decode_v, km_mirror_state_progress_value_encode_v, km_mirror_state_progress_value_size_v, km_mirror_state_progress_value_fill_v, km_mirror_state_progress_value_eq_v},
 	{"MirrorStateRunKey", -1, 0, 0, -1, sizeof(km_mirror_state_run_key), km_mirror_state_run_key_init_v, km_mirror_state_run_key_decode_v, km_mirror_state_run_key_encode_v, km_mirror_state_run_key_size_v, km_mirror_state_run_key_fill_v, km_mirror_state_run_key_eq_v},
 	{"MirrorStateRunValue", -1, 0, 0, 0, sizeof(km_mirror_state_run_value), km_mirror_state_run_value_init_v, km_mirror_state_run_value_decode_v, km_mirror_state_run_value_encode_v, km_mirror_state_run_value_size_v, km_mirror_state_run_value_fill_v, km_mirror_state_run_value_eq_v},
+	{"MirrorStateSyncGroupKey", -1, 0, 0, -1, sizeof(km_mirror_state_sync_group_key), km_mirror_state_sync_group_key_init_v, km_mirror_state_sync_group_key_decode_v, km_mirror_state_sync_group_key_encode_v, km_mirror_state_sync_group_key_size_v, km_mirror_state_sync_group_key_fill_v, km_mirror_state_sync_group_key_eq_v},
+	{"MirrorStateSyncGroupValue", -1, 0, 0, 0, sizeof(km_mirror_state_sync_group_value), km_mirror_state_sync_group_value_init_v, km_mirror_state_sync_group_value_decode_v, km_mirror_state_sync_group_value_encode_v, km_mirror_state_sync_group_value_size_v, km_mirror_state_sync_group_value_fill_v, km_mirror_state_sync_group_value_eq_v},
 	{"MirrorStateWriterValue", -1, 0, 0, 0, sizeof(km_mirror_state_writer_value), km_mirror_state_writer_value_init_v, km_mirror_state_writer_value_decode_v, km_mirror_state_writer_value_encode_v, km_mirror_state_writer_value_size_v, km_mirror_state_writer_value_fill_v, km_mirror_state_writer_value_eq_v},
 	{"OffsetCommitRequest", 8, 2, 10, 8, sizeof(km_offset_commit_request), km_offset_commit_request_init_v, km_offset_commit_request_decode_v, km_offset_commit_request_encode_v, km_offset_commit_request_size_v, km_offset_commit_request_fill_v, km_offset_commit_request_eq_v},
 	{"OffsetCommitResponse", 8, 2, 10, 8, sizeof(km_offset_commit_response), km_offset_commit_response_init_v, km_offset_commit_response_decode_v, km_offset_commit_response_encode_v, km_offset_commit_response_size_v, km_offset_commit_response_fill_v, km_offset_commit_response_eq_v},

@@ -50,7 +50,7 @@ enum {
 #define FAIL_REPEAT_MS 60000
 /* How often the state is looked at for the group to join (another kmirrord may have moved it). */
 #define WATCH_MS 500
-/* The group's __consumer_offsets partition is looked up this often (a move picks another one). */
+/* Its partition count is read with the state topic's metadata: a move picks a group on another partition. */
 #define OFFSETS_TOPIC "__consumer_offsets"
 
 typedef enum { L_META, L_FIND, L_BEAT, L_DESCRIBE, L_ALONE } lphase;
@@ -140,9 +140,11 @@ static void rejoin(km_lease *l)
 	disown(l, why);
 }
 
+/* A member whose heartbeats are answered (or alone: a destination without the protocol, every mirror run here). */
 static bool joined(const km_lease *l, int64_t now)
 {
-	return (l->ph == L_BEAT || l->ph == L_DESCRIBE) && l->last_ok && !l->fail_since && !stale(l, now);
+	return l->ph == L_ALONE ||
+	       ((l->ph == L_BEAT || l->ph == L_DESCRIBE) && l->last_ok && !l->fail_since && !stale(l, now));
 }
 
 static void report(km_lease *l)
@@ -778,11 +780,14 @@ km_lease *km_lease_new(km_mirror *mi)
 	l->move_after_ms = km_mirror_get_opts(mi)->cfg ? km_mirror_get_opts(mi)->cfg->mirror_sync_group_move_after_s * 1000
 						       : 120000;
 	snprintf(l->group, sizeof(l->group), "%s", l->base);
-	if (km_mirror_get_opts(mi)->metrics) {
+	/* mirror_pipelines = none joins no group: nothing to show. */
+	if (km_mirror_get_opts(mi)->metrics &&
+	    !(km_mirror_get_opts(mi)->cfg && km_mirror_get_opts(mi)->cfg->mirror_pipelines == KM_PIPELINES_NONE)) {
 		static const km_metric_desc d[] = {
 			{.name = "kmirror_mirror_sync_group_joined",
 			 .help = "1 while this kmirrord's heartbeats in its sync group are answered (it runs the mirrors "
-				 "the group gives it), 0 while it is not a member (it runs none).",
+				 "the group gives it; or alone, before Kafka 4.0, running every mirror), 0 while it is not "
+				 "a member (it runs none).",
 			 .type = KM_METRIC_GAUGE},
 			{.name = "kmirror_mirror_sync_group_generation",
 			 .help = "The generation of mirror_sync_group joined: 0 is the group itself, N its N-th move "

@@ -359,6 +359,10 @@ km_err km_config_validate(const km_config *cfg, char *err, size_t errlen)
 			 cfg->listen.port, cfg->broker_port_base, cfg->broker_port_base + cfg->broker_port_count - 1);
 		return KM_ERR_CONFIG;
 	}
+	if (!cfg->mirror_sync_group || !*cfg->mirror_sync_group || strlen(cfg->mirror_sync_group) > 200) {
+		snprintf(err, errlen, "mirror_sync_group: a group name of 1 to 200 characters is required");
+		return KM_ERR_CONFIG;
+	}
 	if (cfg->http_listen.port && cfg->http_listen.port == cfg->listen.port &&
 	    strcmp(cfg->http_listen.host, cfg->listen.host) == 0) {
 		snprintf(err, errlen, "http_listen: same address as listen");

@@ -66,10 +66,11 @@ struct km_lease {
 	uint32_t req_seq;   /* group_seq when the request in flight was sent */
 	int64_t move_after_ms; /* 0: never moves on its own */
 	int64_t fail_since; /* the first failure since the last heartbeat answered without error; 0: none */
-	int64_t err_at;     /* the last answer with an error about the group (the coordinator is there) */
+	int64_t err_since;  /* the first answer since then saying the group cannot be had (the coordinator's) */
+	int64_t err_at;     /* the last such answer */
 	int16_t fail_code;  /* that error */
 	int64_t warned_at;
-	bool moving;        /* the move's record is being written */
+	struct move_token *moving; /* the move's record is being written (its answer's handle) */
 	int32_t offsets_parts; /* partitions of __consumer_offsets; 0: not known */
 	km_metric_series *m_joined, *m_gen, *m_moves;
 	lphase ph;
@@ -155,14 +156,23 @@ static void report(km_lease *l)
 		km_metric_set(l->m_gen, l->gen);
 }
 
-/* A request about the group failed: code is the broker's error, 0 when nothing was answered (a connection lost). */
+/*
+ * A request about the group failed: code is the broker's error, 0 when nothing was answered (a
+ * connection lost, a timeout). Only the coordinator's answers that the group cannot be had count
+ * toward a move: not being able to reach the destination, or an authorization error, would be
+ * the same in every group.
+ */
 static void failing(km_lease *l, int16_t code)
 {
 	int64_t now = km_mirror_wall_ms();
 	if (!l->fail_since)
 		l->fail_since = now;
-	if (code) {
+	if (code)
 		l->fail_code = code;
+	if (code == K_COORDINATOR_LOAD_IN_PROGRESS || code == K_COORDINATOR_NOT_AVAILABLE || code == K_NOT_COORDINATOR ||
+	    code == K_GROUP_ID_NOT_FOUND) {
+		if (!l->err_since)
+			l->err_since = now;
 		l->err_at = now;
 	}
 	report(l);
@@ -174,6 +184,8 @@ static void recovered(km_lease *l)
 		KM_INFO(COMP, 0, "mirrors: this kmirrord is a member of its sync group %s again, after %lld s",
 			l->group, (long long)((km_mirror_wall_ms() - l->fail_since) / 1000));
 	l->fail_since = 0;
+	l->err_since = 0;
+	l->fail_code = 0;
 	l->warned_at = 0;
 	report(l);
 }
@@ -216,6 +228,7 @@ bool km_sync_group_name(const char *base, const char *name)
 }
 
 static void leave(km_lease *l);
+static void owners_free(km_lease *l);
 
 /*
  * The group to join, as the state says (no record: mirror_sync_group itself). When it changed
@@ -226,9 +239,9 @@ static void follow_group(km_lease *l)
 {
 	km_state *st = km_mirror_store(l->mi);
 	const km_state_sync_group *g = st ? km_state_sync_group_of(st, l->base) : NULL;
-	const char *want = g ? g->group : l->base;
-	char why[1400];
+	char want[sizeof(l->group)], why[1400];
 
+	snprintf(want, sizeof(want), "%s", g ? g->group : l->base);
 	if (!strcmp(want, l->group))
 		return;
 	if (l->group[0]) {
@@ -238,6 +251,7 @@ static void follow_group(km_lease *l)
 		leave(l);
 		snprintf(why, sizeof(why), "the sync group moves to %s", want);
 		disown(l, why);
+		owners_free(l); /* the earlier group's owners: the new one is described anew */
 		l->epoch = 0;
 		l->adopted = l->adopting = false;
 		l->last_ok = 0;
@@ -245,6 +259,8 @@ static void follow_group(km_lease *l)
 		if (l->ph == L_BEAT || l->ph == L_DESCRIBE)
 			l->ph = L_FIND;
 		l->fail_since = 0;
+		l->err_since = 0;
+		l->fail_code = 0;
 		l->warned_at = 0;
 		later(l, 0); /* or, with a request in flight, once its answer about the earlier group is dropped */
 	}
@@ -254,14 +270,23 @@ static void follow_group(km_lease *l)
 	report(l);
 }
 
+/* The handle of a move's write: the lease may be freed before the store answers. */
+struct move_token {
+	km_lease *l;
+};
+
 static void moved(void *arg, const km_state_result *res)
 {
-	km_lease *l = arg;
+	struct move_token *tok = arg;
+	km_lease *l = tok->l;
 
-	l->moving = false;
+	free(tok);
+	if (!l)
+		return;
+	l->moving = NULL;
 	if (res->code != 0) {
 		KM_WARN(COMP, 0, "mirrors: the move off the sync group %s could not be recorded in the state topic (%s); "
-			"tried again in a second", l->group, res->message[0] ? res->message : km_err_name(res->code));
+			"tried again in a second", l->group, res->message && res->message[0] ? res->message : km_err_name(res->code));
 		return;
 	}
 	if (l->m_moves)
@@ -282,13 +307,13 @@ static void maybe_move(km_lease *l, int64_t now)
 	char next[1100], reason[1400];
 	int32_t gen = l->gen + 1, here = offsets_partition(l, l->group);
 
-	if (!l->move_after_ms || !l->fail_since || l->moving || !st || !km_state_ready(st) ||
-	    now - l->fail_since < l->move_after_ms || !l->err_at || now - l->err_at > 10000)
+	if (!l->move_after_ms || !l->err_since || l->moving || !st || !km_state_ready(st) ||
+	    now - l->err_since < l->move_after_ms || now - l->err_at > 10000 || l->gen >= 1000000)
 		return;
 	for (group_name(l, gen, next, sizeof(next)); here >= 0 && offsets_partition(l, next) == here && gen < l->gen + 100;)
 		group_name(l, ++gen, next, sizeof(next));
 	snprintf(reason, sizeof(reason), "%s could not be joined for %lld s: its coordinator answered %s", l->group,
-		 (long long)((now - l->fail_since) / 1000), km_err_name(l->fail_code));
+		 (long long)((now - l->err_since) / 1000), km_err_name(l->fail_code));
 	KM_WARN(COMP, 0, "mirrors: %s; every kmirrord moves to the group %s (mirror_sync_group_move_after_s)", reason, next);
 	memset(&g, 0, sizeof(g));
 	g.base = (char *)l->base;
@@ -297,8 +322,10 @@ static void maybe_move(km_lease *l, int64_t now)
 	g.moved_ms = now;
 	g.moved_by = (char *)km_mirror_self(l->mi);
 	g.reason = reason;
-	l->moving = true;
-	km_state_sync_group_write(st, &g, moved, l);
+	if (!(l->moving = calloc(1, sizeof(*l->moving))))
+		return;
+	l->moving->l = l;
+	km_state_sync_group_write(st, &g, moved, l->moving);
 }
 
 static void warn_failing(km_lease *l, int64_t now)
@@ -310,14 +337,14 @@ static void warn_failing(km_lease *l, int64_t now)
 		KM_WARN(COMP, 0, "mirrors: this kmirrord has not been a member of its sync group %s for %lld s (%s%s): it "
 			"runs no mirror meanwhile; after %lld s of answers with an error every kmirrord moves to the "
 			"group's next generation (mirror_sync_group_move_after_s)", l->group,
-			(long long)((now - l->fail_since) / 1000), l->err_at ? "its coordinator answers " : "no answer",
-			l->err_at ? km_err_name(l->fail_code) : "", (long long)(l->move_after_ms / 1000));
+			(long long)((now - l->fail_since) / 1000), l->fail_code ? "its coordinator answers " : "no answer",
+			l->fail_code ? km_err_name(l->fail_code) : "", (long long)(l->move_after_ms / 1000));
 	else
 		KM_WARN(COMP, 0, "mirrors: this kmirrord has not been a member of its sync group %s for %lld s (%s%s): it "
 			"runs no mirror meanwhile; set mirror_sync_group to another group on every kmirrord of this "
 			"state topic, or mirror_sync_group_move_after_s to move on its own", l->group,
-			(long long)((now - l->fail_since) / 1000), l->err_at ? "its coordinator answers " : "no answer",
-			l->err_at ? km_err_name(l->fail_code) : "");
+			(long long)((now - l->fail_since) / 1000), l->fail_code ? "its coordinator answers " : "no answer",
+			l->fail_code ? km_err_name(l->fail_code) : "");
 }
 
 static void on_response(km_net_client *c, const km_rpc_response *r, void *arg);
@@ -853,7 +880,7 @@ static void leave(km_lease *l)
 	km_net_client *c = l->coord >= 0 ? km_cluster_node(l->dst, l->coord) : NULL;
 	km_consumer_group_heartbeat_request m;
 
-	if (l->ph != L_BEAT || l->epoch <= 0 || !km_cluster_usable(l->dst, c) ||
+	if ((l->ph != L_BEAT && l->ph != L_DESCRIBE) || l->epoch <= 0 || !km_cluster_usable(l->dst, c) ||
 	    km_net_client_version(c, KM_API_CONSUMER_GROUP_HEARTBEAT) < 1)
 		return;
 	km_consumer_group_heartbeat_request_init(&m);
@@ -877,6 +904,8 @@ void km_lease_free(km_lease *l)
 	if (!l)
 		return;
 	l->freeing = true;
+	if (l->moving)
+		l->moving->l = NULL; /* its answer finds the lease gone */
 	if (l->dst)
 		leave(l);
 	km_cluster_free(l->dst);

@@ -145,6 +145,18 @@ static size_t sync_group_find(const km_state_model *m, km_str base)
 	return m->nsync_groups;
 }
 
+/* The group a record names is its base's generation: base itself for 0, base.N for N (up to a million moves). */
+static bool generation_ok(km_str base, int32_t gen, km_str group)
+{
+	char want[1100];
+	int n;
+	if (gen < 0 || gen > 1000000 || base.len <= 0 || base.len > 1024 || memchr(group.p, 0, (size_t)(group.len > 0 ? group.len : 0)))
+		return false;
+	n = gen ? snprintf(want, sizeof(want), "%.*s.%d", (int)base.len, base.p, (int)gen)
+		: snprintf(want, sizeof(want), "%.*s", (int)base.len, base.p);
+	return n > 0 && (size_t)n < sizeof(want) && group.len == n && !memcmp(group.p, want, (size_t)n);
+}
+
 km_err km_state_sync_group_apply(km_state_model *m, km_str base, const uint8_t *val, size_t vlen, bool tomb)
 {
 	size_t at = sync_group_find(m, base);
@@ -170,7 +182,7 @@ km_err km_state_sync_group_apply(km_state_model *m, km_str base, const uint8_t *
 	km_mirror_state_sync_group_value_init(&v);
 	rc = km_mirror_state_sync_group_value_decode(&r, 0, &v, &a);
 	memset(&g, 0, sizeof(g));
-	if (rc == KM_OK && (v.generation < 0 || v.group_id.len <= 0 || v.group_id.len > 1024))
+	if (rc == KM_OK && !generation_ok(base, v.generation, v.group_id))
 		rc = KM_ERR_DECODE;
 	if (rc == KM_OK) {
 		g.base = km_state_dup_str(base);

@@ -1528,6 +1528,10 @@ static void test_sync_group_records(void **state)
 	km_wr_init(&w);
 	assert_int_equal(km_state_sync_group_value_encode(&w, &g), KM_OK);
 	rec(&m, &k, &w, &chg);
+	km_wr_free(&w);
+	g.group = "other.3";
+	km_wr_init(&w);
+	assert_int_equal(km_state_sync_group_value_encode(&w, &g), KM_OK);
 	rec(&m, &other, &w, &chg);
 	km_wr_free(&w);
 	assert_int_equal(m.nsync_groups, 2);
@@ -1539,14 +1543,21 @@ static void test_sync_group_records(void **state)
 	assert_int_equal(dk.type, KM_STATE_REC_SYNC_GROUP);
 	assert_true(km_str_eq_c(dk.group, "__kmirror-sync"));
 	km_wr_free(&kw);
-	g.group = "";
-	km_wr_init(&w);
-	assert_int_equal(km_state_sync_group_value_encode(&w, &g), KM_OK);
-	km_wr_init(&kw);
-	km_state_key_encode(&kw, &k);
-	assert_int_equal(km_state_model_apply(&m, kw.buf, kw.len, w.buf, w.len, false, &chg), KM_ERR_DECODE);
-	km_wr_free(&kw);
-	km_wr_free(&w);
+	/* A group that is not the base's generation is refused: empty, another base's, another generation's. */
+	{
+		const char *bad[] = {"", "other.3", "__kmirror-sync.2", "__kmirror-sync", "__kmirror-sync.3x"};
+		for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+			g.group = (char *)bad[i];
+			km_wr_init(&w);
+			assert_int_equal(km_state_sync_group_value_encode(&w, &g), KM_OK);
+			km_wr_init(&kw);
+			km_state_key_encode(&kw, &k);
+			assert_int_equal(km_state_model_apply(&m, kw.buf, kw.len, w.buf, w.len, false, &chg), KM_ERR_DECODE);
+			km_wr_free(&kw);
+			km_wr_free(&w);
+		}
+	}
+	assert_string_equal(km_state_model_sync_group(&m, "__kmirror-sync")->group, "__kmirror-sync.3");
 	rec(&m, &k, NULL, &chg);
 	assert_null(km_state_model_sync_group(&m, "__kmirror-sync"));
 	assert_non_null(km_state_model_sync_group(&m, "other"));

@@ -427,11 +427,41 @@ def leak_patterns(ports, upstream_host=UPSTREAM_HOST, proxy_host=PROXY_HOST):
     hb = upstream_host.encode()
     enc = re.escape(struct.pack(">h", len(hb))) + b"|" + re.escape(bytes([len(hb) + 1]))
     alts.append(b"(?:" + enc + b")" + re.escape(hb) + b"\x00\x00[\x00-\xff]{2}")
-    return re.compile(b"|".join(alts))
+    return LeakPattern(re.compile(b"|".join(alts)), {upstream_host, proxy_host, "localhost"})
+
+
+class LeakPattern:
+    """leak_patterns' regex, searched only where one of its host strings occurs: every form starts
+    with the host or at most 2 bytes (a length) before it. Python's regex engine tries every
+    alternative at every byte (about 10 MB/s here); bytes.find runs at memory speed, and a worker's
+    capture is hundreds of MB."""
+
+    LEAD = 2
+
+    def __init__(self, regex, hosts):
+        self.regex = regex
+        self.hosts = [h.encode() for h in hosts]
+
+    def finditer(self, data):
+        starts = set()
+        for h in self.hosts:
+            i = data.find(h)
+            while i >= 0:
+                starts.update(range(max(0, i - self.LEAD), i + 1))
+                i = data.find(h, i + 1)
+        end = 0
+        for at in sorted(starts):
+            if at < end:
+                continue  # inside the last match: leftmost, non-overlapping, as re.finditer
+            m = self.regex.match(data, at)
+            if m:
+                end = m.end()
+                yield m
 
 
 def scan_flows(flows, pattern, context=24):
-    """Every match of pattern in the flows: a list of (flow, offset, matched bytes, context)."""
+    """Every match of pattern (leak_patterns') in the flows: a list of (flow, offset, matched bytes,
+    context)."""
     hits = []
     for key, data in flows.items():
         for m in pattern.finditer(data):

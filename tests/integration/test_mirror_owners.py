@@ -33,7 +33,7 @@ pytestmark = main_release_only
 
 SLOTS = 4       # partitions of the state topic: the lease's unit
 PARTS = 2       # partitions of each mirrored topic
-N = 2000        # records per topic and round
+N = 1000        # records per topic and round
 
 
 def slot(name):

@@ -3,7 +3,7 @@ and c on its own, all with mirror_pipelines = owned and one state topic (docs/op
 "Several instances"). A mirror of 16 partitions under a steady source load; through them, a
 librdkafka producer (on a and b's shared ports), a Java producer (kafka-producer-perf-test, on c)
 and a consumer group (librdkafka, on c) reading the mirror topic. The instance that runs the
-mirror is killed with -9 at a random moment, KILLS times (5 by default), and started again each
+mirror is killed with -9 at a random moment, KILLS times (3 by default, 8 with the long run), and started again each
 time: another takes the mirror over. Then a rolling restart of the three (SIGTERM, start again,
 one after the other) under the same load. Afterwards every record reads through every instance at its
 source offset, the destination's segment files equal the source's, the producers saw no failed
@@ -30,7 +30,7 @@ from test_mirror_owners import runners
 pytestmark = main_release_only
 
 PARTS = 16
-KILLS = env_int("KM_INSTANCE_KILLS", 5)
+KILLS = env_int("KM_INSTANCE_KILLS", 8 if long_run() else 3)
 RATE = env_int("KM_INSTANCE_RATE", 4000 if long_run() else 1500)
 
 

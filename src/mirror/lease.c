@@ -59,7 +59,7 @@ struct km_lease {
 	km_mirror *mi;
 	km_cluster *dst;
 	struct event *ev, *watch_ev;
-	const char *base;   /* mirror_sync_group */
+	char base[256];     /* mirror_sync_group (copied: a reload frees the configuration's strings) */
 	char group[1100];   /* the group joined: base or its generation (the state's sync group record) */
 	int32_t gen;
 	uint32_t group_seq; /* bumped when the group changes: answers about the earlier one are dropped */
@@ -316,7 +316,7 @@ static void maybe_move(km_lease *l, int64_t now)
 		 (long long)((now - l->err_since) / 1000), km_err_name(l->fail_code));
 	KM_WARN(COMP, 0, "mirrors: %s; every kmirrord moves to the group %s (mirror_sync_group_move_after_s)", reason, next);
 	memset(&g, 0, sizeof(g));
-	g.base = (char *)l->base;
+	g.base = l->base;
 	g.generation = gen;
 	g.group = next;
 	g.moved_ms = now;
@@ -800,10 +800,11 @@ km_lease *km_lease_new(km_mirror *mi)
 		free(l);
 		return NULL;
 	}
-	l->base = km_mirror_get_opts(mi)->cfg && km_mirror_get_opts(mi)->cfg->mirror_sync_group &&
-				  *km_mirror_get_opts(mi)->cfg->mirror_sync_group
-			  ? km_mirror_get_opts(mi)->cfg->mirror_sync_group
-			  : KM_SYNC_GROUP;
+	snprintf(l->base, sizeof(l->base), "%s",
+		 km_mirror_get_opts(mi)->cfg && km_mirror_get_opts(mi)->cfg->mirror_sync_group &&
+				 *km_mirror_get_opts(mi)->cfg->mirror_sync_group
+			 ? km_mirror_get_opts(mi)->cfg->mirror_sync_group
+			 : KM_SYNC_GROUP);
 	l->move_after_ms = km_mirror_get_opts(mi)->cfg ? km_mirror_get_opts(mi)->cfg->mirror_sync_group_move_after_s * 1000
 						       : 120000;
 	snprintf(l->group, sizeof(l->group), "%s", l->base);

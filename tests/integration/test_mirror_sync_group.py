@@ -8,6 +8,7 @@ it gives the same lasting GROUP_ID_NOT_FOUND to a KIP-848 heartbeat when a class
 protocol type holds the name ("Group ... is not a consumer group"), which is what the occupant
 below does, over the Kafka protocol, on the real destination."""
 
+import signal
 import socket
 import struct
 import threading
@@ -19,8 +20,9 @@ from confluent_kafka.admin import AdminClient
 from mirror_cli import Cli, kmirror_bin  # noqa: F401
 from mirror_data import compare_topic, main_release_only, produce_records, wait_caught_up
 from proxy_fixtures import *  # noqa: F401,F403
-from proxy_fixtures import wait_until
+from proxy_fixtures import Proxy, wait_until
 from test_mirror_owners import runners
+from test_mirror_robust import asan_kmirrord
 
 # Release-independent: on the pom's release only (mirror_data.ON_MAIN_RELEASE).
 pytestmark = main_release_only
@@ -151,16 +153,18 @@ def metric(proxy, name):
     return proxy.metrics().get(name)
 
 
-def test_a_sync_group_that_cannot_be_joined_is_left_for_its_next_generation(kmirror_bin, dest_cluster,
-                                                                             source_cluster, proxy_factory):
+def test_a_sync_group_that_cannot_be_joined_is_left_for_its_next_generation(kmirror_bin, kmirrord_bin, dest_cluster,
+                                                                             source_cluster, proxy_factory, tmp_path):
     tag = uuid.uuid4().hex[:6]
     base = f"__kmirror-sync-t{tag}"
     occupant = ClassicOccupant(dest_cluster.bootstrap, base).start()
+    a = None
     try:
         opts = dict(mirror_state_topic=f"__mirror_state_sg_{tag}", mirror_state_partitions=2,
                     mirror_pipelines="owned", mirror_sync_group=base,
                     mirror_sync_group_move_after_s=MOVE_AFTER_S)
-        a = proxy_factory(dest_cluster, name="kmirrord-sg-a", **opts)
+        # a under the sanitizers when built (a reload below frees the configuration it started with).
+        a = Proxy(asan_kmirrord(kmirrord_bin), dest_cluster, str(tmp_path), name="kmirrord-sg-a", **opts).start()
         b = proxy_factory(dest_cluster, name="kmirrord-sg-b", **opts)
         cli = Cli(kmirror_bin, a.bootstrap)
         mirror, topic = f"sg-{tag}", f"sg-{tag}"
@@ -204,6 +208,17 @@ def test_a_sync_group_that_cannot_be_joined_is_left_for_its_next_generation(kmir
         d = admin.describe_consumer_groups([moved])[moved].result(timeout=10)
         assert len(d.members) == 2, d
 
+        # A reload (SIGHUP) frees the configuration's strings: a stays in the moved group.
+        mark = len(a.output())
+        a.signal(signal.SIGHUP)
+        a.wait_log("configuration reloaded", timeout=15, start=mark)
+        time.sleep(3)
+        assert metric(a, "kmirror_mirror_sync_group_joined") == 1
+        assert metric(a, "kmirror_mirror_sync_group_generation") == gen
+        assert "the sync group moves" not in a.output()[mark:], a.output()[mark:]
+        d = admin.describe_consumer_groups([moved])[moved].result(timeout=10)
+        assert len(d.members) == 2, d
+
         # A kmirrord started now reads the move in the state and joins the moved group at once.
         c = proxy_factory(dest_cluster, name="kmirrord-sg-c", **opts)
         started = time.monotonic()
@@ -217,3 +232,7 @@ def test_a_sync_group_that_cannot_be_joined_is_left_for_its_next_generation(kmir
             compare_topic(p.bootstrap, source_cluster.bootstrap, topic, 2)
     finally:
         occupant.stop()
+        if a:
+            a.stop()
+            reports = a.sanitizer_reports()
+            assert not reports, "sanitizer reports:\n" + "\n".join(reports[:50])

@@ -9,13 +9,13 @@ protocol type holds the name ("Group ... is not a consumer group"), which is wha
 below does, over the Kafka protocol, on the real destination."""
 
 import signal
-import socket
 import struct
 import threading
 import time
 import uuid
 
 from confluent_kafka.admin import AdminClient
+from harness import kafka_request
 
 from mirror_cli import Cli, kmirror_bin  # noqa: F401
 from mirror_data import compare_topic, main_release_only, produce_records, wait_caught_up
@@ -59,57 +59,40 @@ class _Reader:
 
 class ClassicOccupant:
     """A member of a classic group of protocol type `kmirror-test-occupant`, kept alive by heartbeats:
-    JoinGroup v5, SyncGroup v3, Heartbeat v3 and LeaveGroup v3 on the group's coordinator."""
+    JoinGroup v5, SyncGroup v3, Heartbeat v3 and LeaveGroup v3 sent to the group's coordinator
+    (harness.kafka_request, a connection per request: a classic member is its member id)."""
 
     def __init__(self, bootstrap, group):
         self.bootstrap, self.group = bootstrap, group
-        self.corr, self.stopping, self.beats = 0, threading.Event(), 0
+        self.stopping, self.beats = threading.Event(), 0
         self.member, self.generation = "", -1
         self.thread = None
+        self.coordinator = None
 
-    def _call(self, sock, key, version, body):
-        self.corr += 1
-        req = struct.pack(">hhi", key, version, self.corr) + _str("kmirror-test-occupant") + body
-        sock.sendall(struct.pack(">i", len(req)) + req)
-        size = struct.unpack(">i", self._recv(sock, 4))[0]
-        data = self._recv(sock, size)
-        assert struct.unpack_from(">i", data)[0] == self.corr
-        return _Reader(data[4:])
-
-    @staticmethod
-    def _recv(sock, n):
-        out = b""
-        while len(out) < n:
-            chunk = sock.recv(n - len(out))
-            if not chunk:
-                raise ConnectionError("the broker closed the connection")
-            out += chunk
-        return out
-
-    def _connect(self, hostport):
+    def _call(self, hostport, key, version, body):
         host, port = hostport.rsplit(":", 1)
-        return socket.create_connection((host, int(port)), timeout=15)
+        return _Reader(kafka_request(host, int(port), key, version, body, timeout=15,
+                                     client_id=b"kmirror-test-occupant"))
 
     def start(self):
-        s = self._connect(self.bootstrap.split(",")[0])
         deadline = time.monotonic() + 60
         while True:  # FindCoordinator v2: key, key type 0 (a group)
-            r = self._call(s, 10, 2, _str(self.group) + struct.pack(">b", 0))
+            r = self._call(self.bootstrap.split(",")[0], 10, 2, _str(self.group) + struct.pack(">b", 0))
             r.take(">i")
             err = r.take(">h")
             r.string()
-            node, host, port = r.take(">i"), r.string(), r.take(">i")
+            r.take(">i")
+            host, port = r.string(), r.take(">i")
             if err == 0:
                 break
             assert time.monotonic() < deadline, f"FindCoordinator {self.group}: error {err}"
             time.sleep(0.5)
-        s.close()
-        self.sock = self._connect(f"{host}:{port}")
+        self.coordinator = f"{host}:{port}"
         for _ in range(2):  # the first join answers MEMBER_ID_REQUIRED (79) with the member id
             body = (_str(self.group) + struct.pack(">ii", 10000, 10000) + _str(self.member) + _nullable(None)
                     + _str("kmirror-test-occupant") + struct.pack(">i", 1) + _str("occupy")
                     + struct.pack(">i", 0))
-            r = self._call(self.sock, 11, 5, body)
+            r = self._call(self.coordinator, 11, 5, body)
             r.take(">i")
             err, gen = r.take(">h"), r.take(">i")
             r.string()
@@ -122,7 +105,7 @@ class ClassicOccupant:
         assert self.generation >= 0
         body = (_str(self.group) + struct.pack(">i", self.generation) + _str(self.member) + _nullable(None)
                 + struct.pack(">i", 1) + _str(self.member) + struct.pack(">i", 0))
-        r = self._call(self.sock, 14, 3, body)
+        r = self._call(self.coordinator, 14, 3, body)
         r.take(">i")
         assert r.take(">h") == 0, "SyncGroup"
         self.thread = threading.Thread(target=self._beat, daemon=True)
@@ -131,7 +114,7 @@ class ClassicOccupant:
 
     def _beat(self):
         while not self.stopping.wait(1.0):
-            r = self._call(self.sock, 12, 3, _str(self.group) + struct.pack(">i", self.generation)
+            r = self._call(self.coordinator, 12, 3, _str(self.group) + struct.pack(">i", self.generation)
                            + _str(self.member) + _nullable(None))
             r.take(">i")
             err = r.take(">h")
@@ -142,11 +125,9 @@ class ClassicOccupant:
         self.stopping.set()
         if self.thread:
             self.thread.join(timeout=10)
-        body = _str(self.group) + struct.pack(">i", 1) + _str(self.member) + _nullable(None)
-        try:
-            self._call(self.sock, 13, 3, body)
-        finally:
-            self.sock.close()
+        if self.coordinator:
+            self._call(self.coordinator, 13, 3,
+                       _str(self.group) + struct.pack(">i", 1) + _str(self.member) + _nullable(None))
 
 
 def metric(proxy, name):

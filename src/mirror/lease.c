@@ -779,6 +779,7 @@ static void on_cluster(void *arg)
 
 km_lease *km_lease_new(km_mirror *mi)
 {
+	const km_config *cfg = km_mirror_get_opts(mi)->cfg; /* read here only: a reload frees its strings */
 	km_lease *l = calloc(1, sizeof(*l));
 	uint8_t rnd[16];
 
@@ -801,16 +802,11 @@ km_lease *km_lease_new(km_mirror *mi)
 		return NULL;
 	}
 	snprintf(l->base, sizeof(l->base), "%s",
-		 km_mirror_get_opts(mi)->cfg && km_mirror_get_opts(mi)->cfg->mirror_sync_group &&
-				 *km_mirror_get_opts(mi)->cfg->mirror_sync_group
-			 ? km_mirror_get_opts(mi)->cfg->mirror_sync_group
-			 : KM_SYNC_GROUP);
-	l->move_after_ms = km_mirror_get_opts(mi)->cfg ? km_mirror_get_opts(mi)->cfg->mirror_sync_group_move_after_s * 1000
-						       : 120000;
+		 cfg && cfg->mirror_sync_group && *cfg->mirror_sync_group ? cfg->mirror_sync_group : KM_SYNC_GROUP);
+	l->move_after_ms = cfg ? cfg->mirror_sync_group_move_after_s * 1000 : 120000;
 	snprintf(l->group, sizeof(l->group), "%s", l->base);
 	/* mirror_pipelines = none joins no group: nothing to show. */
-	if (km_mirror_get_opts(mi)->metrics &&
-	    !(km_mirror_get_opts(mi)->cfg && km_mirror_get_opts(mi)->cfg->mirror_pipelines == KM_PIPELINES_NONE)) {
+	if (km_mirror_get_opts(mi)->metrics && !(cfg && cfg->mirror_pipelines == KM_PIPELINES_NONE)) {
 		static const km_metric_desc d[] = {
 			{.name = "kmirror_mirror_sync_group_joined",
 			 .help = "1 while this kmirrord's heartbeats in its sync group are answered (it runs the mirrors "

@@ -348,6 +348,13 @@ typedef struct km_state_sync_group {
 	char *moved_by;     /* the kmirrord that moved it */
 	char *reason;       /* the earlier group's error, for the operator */
 } km_state_sync_group;
+/*
+ * The name of generation gen of sync group base into out: base itself for 0, base.N for N. Its
+ * length, or -1 when it does not fit in len.
+ */
+int km_state_sync_group_name(km_str base, int32_t gen, char *out, size_t len);
+/* Whether name is base or one of its generations (base.N). */
+bool km_state_is_sync_group(const char *base, const char *name);
 /* Write a sync group record (strings copied); done may be NULL. */
 void km_state_sync_group_write(km_state *st, const km_state_sync_group *g, km_state_done_cb done, void *arg);
 /* The record of configured group base, or NULL when none was written (valid until the model's next change). */

@@ -204,29 +204,6 @@ static int32_t offsets_partition(const km_lease *l, const char *group)
 	return (h == INT32_MIN ? 0 : (h < 0 ? -h : h)) % l->offsets_parts;
 }
 
-static void group_name(const km_lease *l, int32_t gen, char *out, size_t len)
-{
-	if (gen == 0)
-		snprintf(out, len, "%s", l->base);
-	else
-		snprintf(out, len, "%s.%d", l->base, (int)gen);
-}
-
-bool km_sync_group_name(const char *base, const char *name)
-{
-	size_t n = strlen(base);
-	if (strncmp(name, base, n))
-		return false;
-	if (!name[n])
-		return true;
-	if (name[n] != '.' || !name[n + 1])
-		return false;
-	for (const char *p = name + n + 1; *p; p++)
-		if (*p < '0' || *p > '9')
-			return false;
-	return true;
-}
-
 static void leave(km_lease *l);
 static void owners_free(km_lease *l);
 
@@ -310,8 +287,9 @@ static void maybe_move(km_lease *l, int64_t now)
 	if (!l->move_after_ms || !l->err_since || l->moving || !st || !km_state_ready(st) ||
 	    now - l->err_since < l->move_after_ms || now - l->err_at > 10000 || l->gen >= 1000000)
 		return;
-	for (group_name(l, gen, next, sizeof(next)); here >= 0 && offsets_partition(l, next) == here && gen < l->gen + 100;)
-		group_name(l, ++gen, next, sizeof(next));
+	for (km_state_sync_group_name(km_str_c(l->base), gen, next, sizeof(next));
+	     here >= 0 && offsets_partition(l, next) == here && gen < l->gen + 100;)
+		km_state_sync_group_name(km_str_c(l->base), ++gen, next, sizeof(next));
 	snprintf(reason, sizeof(reason), "%s could not be joined for %lld s: its coordinator answered %s", l->group,
 		 (long long)((now - l->err_since) / 1000), km_err_name(l->fail_code));
 	KM_WARN(COMP, 0, "mirrors: %s; every kmirrord moves to the group %s (mirror_sync_group_move_after_s)", reason, next);
@@ -961,6 +939,6 @@ const char *km_lease_group(const km_lease *l)
 bool km_mirror_is_sync_group(km_mirror *mi, const char *name)
 {
 	const km_config *cfg = km_mirror_get_opts(mi)->cfg;
-	return km_sync_group_name(KM_SYNC_GROUP, name) ||
-	       (cfg && cfg->mirror_sync_group && *cfg->mirror_sync_group && km_sync_group_name(cfg->mirror_sync_group, name));
+	return km_state_is_sync_group(KM_SYNC_GROUP, name) ||
+	       (cfg && cfg->mirror_sync_group && *cfg->mirror_sync_group && km_state_is_sync_group(cfg->mirror_sync_group, name));
 }

@@ -87,8 +87,6 @@ km_sync *km_mirror_sync(km_mirror *mi);
 typedef struct km_lease km_lease;
 /* The group the lease joins now: mirror_sync_group or the generation __mirror_state names. */
 const char *km_lease_group(const km_lease *l);
-/* Whether name is base or one of its generations (base.N). */
-bool km_sync_group_name(const char *base, const char *name);
 /* Whether name is a sync group of kmirrords (the default's or mirror_sync_group's, or a generation): never synced. */
 bool km_mirror_is_sync_group(km_mirror *mi, const char *name);
 km_lease *km_lease_new(km_mirror *mi);

@@ -145,16 +145,38 @@ static size_t sync_group_find(const km_state_model *m, km_str base)
 	return m->nsync_groups;
 }
 
-/* The group a record names is its base's generation: base itself for 0, base.N for N (up to a million moves). */
+int km_state_sync_group_name(km_str base, int32_t gen, char *out, size_t len)
+{
+	int n = gen ? snprintf(out, len, "%.*s.%d", (int)base.len, base.p, (int)gen)
+		    : snprintf(out, len, "%.*s", (int)base.len, base.p);
+	return n >= 0 && (size_t)n < len ? n : -1;
+}
+
+bool km_state_is_sync_group(const char *base, const char *name)
+{
+	size_t n = strlen(base);
+	if (strncmp(name, base, n))
+		return false;
+	if (!name[n])
+		return true;
+	if (name[n] != '.' || !name[n + 1])
+		return false;
+	for (const char *p = name + n + 1; *p; p++)
+		if (*p < '0' || *p > '9')
+			return false;
+	return true;
+}
+
+/* The group a record names is its base's generation (up to a million moves). */
 static bool generation_ok(km_str base, int32_t gen, km_str group)
 {
 	char want[1100];
 	int n;
-	if (gen < 0 || gen > 1000000 || base.len <= 0 || base.len > 1024 || memchr(group.p, 0, (size_t)(group.len > 0 ? group.len : 0)))
+	if (gen < 0 || gen > 1000000 || base.len <= 0 || base.len > 1024 ||
+	    memchr(group.p, 0, (size_t)(group.len > 0 ? group.len : 0)))
 		return false;
-	n = gen ? snprintf(want, sizeof(want), "%.*s.%d", (int)base.len, base.p, (int)gen)
-		: snprintf(want, sizeof(want), "%.*s", (int)base.len, base.p);
-	return n > 0 && (size_t)n < sizeof(want) && group.len == n && !memcmp(group.p, want, (size_t)n);
+	n = km_state_sync_group_name(base, gen, want, sizeof(want));
+	return n > 0 && group.len == n && !memcmp(group.p, want, (size_t)n);
 }
 
 km_err km_state_sync_group_apply(km_state_model *m, km_str base, const uint8_t *val, size_t vlen, bool tomb)

@@ -1558,6 +1558,21 @@ static void test_sync_group_records(void **state)
 		}
 	}
 	assert_string_equal(km_state_model_sync_group(&m, "__kmirror-sync")->group, "__kmirror-sync.3");
+	/* The names of a base's generations, and which names are one of them (never synced). */
+	{
+		char name[64];
+		assert_int_equal(km_state_sync_group_name(km_str_c("g"), 0, name, sizeof(name)), 1);
+		assert_string_equal(name, "g");
+		assert_int_equal(km_state_sync_group_name(km_str_c("g"), 12, name, sizeof(name)), 4);
+		assert_string_equal(name, "g.12");
+		assert_int_equal(km_state_sync_group_name(km_str_c("g"), 12, name, 4), -1);
+		assert_true(km_state_is_sync_group("__kmirror-sync", "__kmirror-sync"));
+		assert_true(km_state_is_sync_group("__kmirror-sync", "__kmirror-sync.3"));
+		assert_false(km_state_is_sync_group("__kmirror-sync", "__kmirror-sync."));
+		assert_false(km_state_is_sync_group("__kmirror-sync", "__kmirror-sync.3x"));
+		assert_false(km_state_is_sync_group("__kmirror-sync", "__kmirror-syncx"));
+		assert_false(km_state_is_sync_group("__kmirror-sync", "__kmirror-syn"));
+	}
 	rec(&m, &k, NULL, &chg);
 	assert_null(km_state_model_sync_group(&m, "__kmirror-sync"));
 	assert_non_null(km_state_model_sync_group(&m, "other"));

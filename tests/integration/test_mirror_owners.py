@@ -450,10 +450,11 @@ def test_paused_owners_queued_state_writes_are_dropped(kmirror_bin, dest_cluster
 
 
 def _owner_then_other(kmirror_bin, dst, source_cluster, proxy_factory, kind, partitions, rate, state_partitions,
-                      a_opts=None):
+                      a_opts=None, source_bootstrap=None):
     """A mirror of one topic (partitions partitions) started through kmirrord-<kind>-a under a load
-    of rate records a second at the source; kmirrord-<kind>-b started beside it once a runs the
-    mirror. Returns (a, b, cli_a, cli_b, mirror, load): the caller stops the load."""
+    of rate records a second at the source (the mirror reads it at source_bootstrap, by default the
+    cluster's own); kmirrord-<kind>-b started beside it once a runs the mirror. Returns (a, b,
+    cli_a, cli_b, mirror, load): the caller stops the load."""
     from mirror_data import BackgroundProducer
     tag = uuid.uuid4().hex[:6]
     opts = dict(mirror_state_topic=f"__mirror_state_{kind}_{tag}", mirror_state_partitions=state_partitions,
@@ -462,7 +463,7 @@ def _owner_then_other(kmirror_bin, dst, source_cluster, proxy_factory, kind, par
     m = f"{kind}-{tag}"
     source_cluster.create_topic(m, partitions=partitions)
     cli_a = Cli(kmirror_bin, a.bootstrap)
-    cli_a.run("create", "--mirror", m, "--source-bootstrap", source_cluster.bootstrap)
+    cli_a.run("create", "--mirror", m, "--source-bootstrap", source_bootstrap or source_cluster.bootstrap)
     cli_a.run("start", "--mirror", m, "--topics", m)
     bg = BackgroundProducer(source_cluster.bootstrap, m, tag=kind[0], rate=rate).start()
     try:
@@ -475,8 +476,15 @@ def _owner_then_other(kmirror_bin, dst, source_cluster, proxy_factory, kind, par
     return a, b, cli_a, Cli(kmirror_bin, b.bootstrap), m, bg
 
 
+def _own_listener(cluster, name):
+    """cluster's brokers' extra listener name (a KafkaCluster made with extra_listeners={name: {}}),
+    advertised at its own ports; returns those ports."""
+    cluster.extra_listeners[name] = {n.node_id: f"127.0.0.1:{n.extra_ports[name]}" for n in cluster.broker_nodes}
+    return [n.extra_ports[name] for n in cluster.broker_nodes]
+
+
 @contextlib.contextmanager
-def _cuttable_owner(kmirror_bin, source_cluster, proxy_factory, kind, rate):
+def _cuttable_owner(kmirror_bin, source_cluster, proxy_factory, kind, rate, source_bootstrap=None):
     """A 1-broker destination of its own with a listener for kmirrord a alone (UP_A), so that its
     packets can be dropped (NetFaults); a runs a mirror of one 1-partition topic under rate records
     a second at the source (_owner_then_other), b beside it. Yields (dst, net, a_ports, a, b, cli_b,
@@ -484,14 +492,14 @@ def _cuttable_owner(kmirror_bin, source_cluster, proxy_factory, kind, rate):
     from mirror_data import watermarks
     tag = uuid.uuid4().hex[:6]
     dst = KafkaCluster(f"owners-{kind}-{tag}", brokers=1, extra_listeners={"UP_A": {}})
-    dst.extra_listeners["UP_A"] = {n.node_id: f"127.0.0.1:{n.extra_ports['UP_A']}" for n in dst.broker_nodes}
+    a_ports = _own_listener(dst, "UP_A")
     net = NetFaults(tag)
     dst.start()
     try:
         net.setup()
-        a_ports = [n.extra_ports["UP_A"] for n in dst.broker_nodes]
         a, b, _, cli_b, m, bg = _owner_then_other(kmirror_bin, dst, source_cluster, proxy_factory, kind, 1, rate, 1,
-                                                  a_opts={"upstream": ",".join(f"127.0.0.1:{p}" for p in a_ports)})
+                                                  a_opts={"upstream": ",".join(f"127.0.0.1:{p}" for p in a_ports)},
+                                                  source_bootstrap=source_bootstrap)
         try:
             wait_until(lambda: watermarks(a.bootstrap, m, 1)[0][1] > rate, 60, what="a mirroring the topic")
         except BaseException:
@@ -546,6 +554,70 @@ def test_former_owners_write_after_a_cut_does_not_undo_the_new_owners(kmirror_bi
         assert seen[-1] == end, (f"through the former owner the mirror ends at {seen[-1]}, not at the new "
                                  f"owner's {end}")
         assert watermarks(b.bootstrap, m, 1)[0][1] == end
+
+
+@pytest.mark.skipif(not NetFaults.available(),
+                    reason="network cuts need nft and root (scripts/install-deps.sh installs nftables)")
+def test_former_owners_late_write_is_hidden_when_it_gets_the_mirror_back(kmirror_bin, proxy_factory):
+    """The soak's finding 32 (docs/reliability.md). The owner a is cut from the destination with
+    Produce requests of the mirror in its socket, and the source from both kmirrords (the mirror
+    reads it on a listener of its own). b takes the mirror over and reconciles: its writer, the
+    mirror's producer at the next epoch, is persisted to start at the destination's end, but b has
+    nothing to write. The link comes back and the kernel delivers a's requests: the broker appends
+    them after b's start (b wrote nothing with the new epoch that would fence them). Then b stops
+    and a gets the mirror back. Those batches are the mirror's own producer's at an older epoch:
+    an earlier writer's, not a client's. Before the fix, a's reconcile took them for a foreign
+    write and FAILED the partition; now they are hidden and mirrored again, and every record reads
+    the same through a as at the source."""
+    from mirror_cli import topic_states
+    from mirror_data import watermarks
+    tag = uuid.uuid4().hex[:6]
+    src = KafkaCluster(f"owners-late-src-{tag}", brokers=1, extra_listeners={"MIRROR": {}})
+    src_ports = _own_listener(src, "MIRROR")
+    src_net = NetFaults(f"s{tag}")
+    src.start()
+    try:
+        src_net.setup()
+        with _cuttable_owner(kmirror_bin, src, proxy_factory, "late", 500,
+                             source_bootstrap=f"127.0.0.1:{src_ports[0]}") as (dst, net, a_ports, a, b, cli_b, m, bg):
+            try:
+                net.cut(a_ports, reset=False)
+                t0 = time.monotonic()
+                time.sleep(0.3)  # a fetches on meanwhile: its Produce requests wait in the cut link
+            finally:
+                bg.stop()
+            src_net.cut(src_ports, reset=False)
+            mark_b = len(b.output())
+            wait_until(lambda: "resumes at offset" in b.output()[mark_b:], 60, what="b reconciled the mirror")
+            held = watermarks(dst.bootstrap, m, 1)[0][1]
+            print(f"b reconciled {time.monotonic() - t0:.1f} s into the cut; the destination ends at {held}")
+            time.sleep(max(0.0, 20.0 - (time.monotonic() - t0)))
+            net.heal()
+            # The kernel's next retransmission of a's requests (its backoff doubles: 12.6 s, then 25.4 s).
+            time.sleep(max(0.0, 36.0 - (time.monotonic() - t0)))
+            late = watermarks(dst.bootstrap, m, 1)[0][1] - held
+            print(f"healed; {late} offset(s) of a's landed after b's start at {held}")
+            assert late > 0, "a's held requests did not land: the test did not set up the race"
+            mark_a = len(a.output())
+            b.stop()
+            wait_until(lambda: "its pipeline runs in this kmirrord now" in a.output()[mark_a:], 60,
+                       what="a running the mirror again")
+            wait_until(lambda: any(w in a.output()[mark_a:] for w in ("resumes at offset", "not written by the mirror")),
+                       30, what="a's reconcile")
+            time.sleep(1.0)  # a FAILED partition is persisted
+            print("\n".join(ln for ln in a.output()[mark_a:].splitlines() if m in ln)[-3000:])
+            cli_a = Cli(kmirror_bin, a.bootstrap)
+            assert topic_states(cli_a, m)[m] == ["MIRRORING"], "a took its own late batches for a foreign write"
+            src_net.heal()
+            wait_caught_up(a.bootstrap, src.bootstrap, m, 1, timeout=60, stall=30)
+            end = watermarks(src.bootstrap, m, 1)[0][1]
+            total, _ = compare_topic(a.bootstrap, src.bootstrap, m, 1, marks=[(0, end)])
+            assert total == end
+    finally:
+        try:
+            src_net.teardown()
+        finally:
+            src.stop()
 
 
 @pytest.mark.skipif(not NetFaults.available(),

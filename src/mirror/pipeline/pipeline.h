@@ -158,7 +158,8 @@ typedef struct mpart {
 		uint32_t writer_gen;    /* drops the answer of a writer write an later reconcile replaced */
 		int64_t tail_good;      /* RECON_TAIL: [writer start, tail_good) is the writer's, dense */
 		int64_t tail_bad;       /* RECON_TAIL: a foreign batch starts here (-1: none seen yet) */
-		int64_t tail_pid;       /* the producer id of the foreign batch seen */
+		int64_t tail_pid;       /* the producer id of the first batch seen that is not the writer's */
+		bool tail_foreign;      /* RECON_TAIL: a batch seen is foreign (not an earlier writer's) */
 		int64_t marker_logical; /* RECON_MARKER: the source offset asked (the marker at hide - 1, end - 1) */
 		bool marker_tail;       /* RECON_MARKER: asked for the tail's check, not the hide point's */
 		bool marker_source;     /* RECON_MARKER: the source is asked (else the destination's batches before the marker) */

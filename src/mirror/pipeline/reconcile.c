@@ -924,7 +924,7 @@ static bool aborted_probe(km_pipeline *pl, mpart *p)
 
 /* ---- the tail: the mirror's own, or a foreign writer's (docs/mirror.md, "Reconcile") ---- */
 
-enum { TAIL_OWN, TAIL_TRUSTED, TAIL_FOREIGN };
+enum { TAIL_OWN, TAIL_TRUSTED, TAIL_EARLIER, TAIL_FOREIGN };
 
 /* Whether producer id pid is one of the partition's carried transactions' (this life's, or an earlier life's listed and fenced). */
 static bool carried_pid(const mpart *p, int64_t pid)
@@ -940,13 +940,43 @@ static bool carried_pid(const mpart *p, int64_t pid)
  * sequences from 0: its own where the sequences put it (every offset it took is one sequence
  * number, so B - start = base sequence), trusted (a batch or marker of one of the partition's
  * carried transactions, whose producers reconcile has fenced and so knows, or the writer's batch
- * elsewhere: what the probe logic handles), or foreign (a client's transaction included).
+ * elsewhere: what the probe logic handles), an earlier writer's (the mirror's producer id at an
+ * older epoch: a write of a former owner that the broker appended after this writer's start was
+ * persisted, docs/reliability.md, finding 32; no other producer can hold the mirror's producer
+ * id), or foreign (a client's transaction included).
  */
 static int tail_kind(const mpart *p, const km_batch *b, int64_t pid, int16_t epoch, int64_t start)
 {
 	if (b->producer_id == pid && b->producer_epoch == epoch && !b->control && !b->transactional)
 		return ((b->base_offset - start) & 0x7fffffff) == b->base_sequence ? TAIL_OWN : TAIL_TRUSTED;
+	if (b->producer_id == pid && b->producer_epoch < epoch && !b->control && !b->transactional)
+		return TAIL_EARLIER;
 	return (b->control || b->transactional) && carried_pid(p, b->producer_id) ? TAIL_TRUSTED : TAIL_FOREIGN;
+}
+
+/*
+ * [from, end) holds an earlier writer's late batches: the mirror's records, but placed by a run
+ * this writer's reconcile may have removed. Hidden like a misplaced batch: the mirror resumes at
+ * from's logical offset, written after them.
+ */
+static void earlier_tail(km_pipeline *pl, mpart *p, int64_t from)
+{
+	const km_offrun *fence;
+	const km_offmap *m = km_pl_map_of(pl, p, &fence);
+	int64_t hide = resume_logical(m, from);
+	char tag[300];
+
+	if (hide < 0) {
+		km_pl_set_phase(p, PH_RECONCILE, "an earlier writer's batches before every run");
+		km_pl_backoff(p);
+		return;
+	}
+	KM_WARN(COMP, 0, "%s/%s: destination offsets %lld to %lld hold late batches of an earlier writer of the mirror "
+		"(producer id %lld at an older epoch, appended after this writer's start): hidden, and mirrored again",
+		pl->name, km_pl_ptag(p, tag, sizeof(tag)), (long long)from, (long long)p->recon.end - 1,
+		(long long)p->recon.tail_pid);
+	p->recon.hide_logical = hide;
+	after_reconcile(pl, p, p->recon.end);
 }
 
 static bool writer_of(km_pipeline *pl, const mpart *p, int64_t *pid, int16_t *epoch, int64_t *start)
@@ -1006,6 +1036,7 @@ static void check_tail(km_pipeline *pl, mpart *p, int64_t end)
 	p->recon.end = end;
 	p->recon.tail_good = start;
 	p->recon.tail_bad = -1;
+	p->recon.tail_foreign = false;
 	km_pl_set_phase(p, PH_RECON_TAIL, "the tail past the writer's start is looked at");
 	if (!tail_fetch(pl, p, end - 1)) {
 		km_pl_set_phase(p, PH_RECONCILE, "the tail's Fetch could not be sent");
@@ -1102,6 +1133,7 @@ static void on_tail(km_net_client *c, const km_rpc_response *res, void *arg)
 	int16_t epoch;
 	km_batch b;
 	bool found = false, ok = false;
+	int kind;
 
 	if (!p || p->phase != PH_RECON_TAIL)
 		return;
@@ -1122,8 +1154,10 @@ static void on_tail(km_net_client *c, const km_rpc_response *res, void *arg)
 		km_pl_tick_soon(pl);
 		return;
 	}
+	kind = found ? tail_kind(p, &b, pid, epoch, start) : TAIL_TRUSTED;
+	p->recon.tail_foreign |= kind == TAIL_FOREIGN;
 	if (p->recon.tail_bad < 0) {
-		if (!found || tail_kind(p, &b, pid, epoch, start) != TAIL_FOREIGN) {
+		if (kind != TAIL_FOREIGN && kind != TAIL_EARLIER) {
 			/*
 			 * Nothing there to look at (a log start past it), or ours: a marker of the partition's
 			 * carried transactions is the mirror's only where the source has one (marker_ask).
@@ -1138,7 +1172,7 @@ static void on_tail(km_net_client *c, const km_rpc_response *res, void *arg)
 		}
 		p->recon.tail_bad = b.base_offset > start ? b.base_offset : start;
 		p->recon.tail_pid = b.producer_id;
-	} else if (found && tail_kind(p, &b, pid, epoch, start) == TAIL_OWN && b.base_offset >= p->recon.tail_good) {
+	} else if (kind == TAIL_OWN && b.base_offset >= p->recon.tail_good) {
 		p->recon.tail_good = b.base_offset + b.last_offset_delta + 1;
 	} else {
 		/* Anything else at or before at: the dense prefix ends before it. */
@@ -1151,8 +1185,10 @@ static void on_tail(km_net_client *c, const km_rpc_response *res, void *arg)
 			km_pl_set_phase(p, PH_RECONCILE, "the tail's Fetch could not be sent");
 			km_pl_backoff(p);
 		}
-	} else {
+	} else if (p->recon.tail_foreign) {
 		foreign_tail(pl, p, p->recon.tail_bad);
+	} else {
+		earlier_tail(pl, p, p->recon.tail_bad);
 	}
 	km_pl_tick_soon(pl);
 }

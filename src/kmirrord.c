@@ -388,8 +388,7 @@ static upstream_gen *gen_new(daemon_ctx *d, const km_config *cfg, bool swap, cha
 	}
 	/* The destination as the proxy reaches it: the same TLS settings. */
 	if (g->cfg.upstream_tls) {
-		g->tls = km_net_tls_client_ctx(g->cfg.upstream_tls_ca_file, g->cfg.upstream_tls_cert_file,
-					       g->cfg.upstream_tls_key_file, true, err, errlen);
+		g->tls = km_state_upstream_tls(&g->cfg, true, err, errlen);
 		if (!g->tls)
 			goto fail;
 	}

@@ -78,11 +78,19 @@ typedef struct km_config {
 	char *tls_cert_file;
 	char *tls_key_file;
 	char *tls_ca_file;
+	char *tls_keystore_file;
+	char *tls_keystore_password;
+	char *tls_truststore_file;
+	char *tls_truststore_password;
 	int64_t tls_client_auth; /* km_tls_client_auth */
 	bool upstream_tls;
 	char *upstream_tls_ca_file;
 	char *upstream_tls_cert_file;
 	char *upstream_tls_key_file;
+	char *upstream_tls_keystore_file;
+	char *upstream_tls_keystore_password;
+	char *upstream_tls_truststore_file;
+	char *upstream_tls_truststore_password;
 	bool upstream_tls_verify_hostname;
 	char *upstream_sasl_mechanism;
 	char *upstream_sasl_username;

@@ -99,13 +99,6 @@ bool km_evrd_skip_tags(km_evrd *r);
 
 /* ---- TLS ---- */
 
-/* Server context for client-facing listeners. client_auth: 0 none, 1 requested, 2 required. */
-SSL_CTX *km_net_tls_server_ctx(const char *cert_file, const char *key_file, const char *ca_file, int client_auth,
-			       char *err, size_t errlen);
-/* Client context for upstream connections. ca_file NULL: system store. cert/key NULL: no client cert. */
-SSL_CTX *km_net_tls_client_ctx(const char *ca_file, const char *cert_file, const char *key_file, bool verify,
-			       char *err, size_t errlen);
-
 /* A Java client's trust or key store (Kafka's ssl.truststore.* and ssl.keystore.*): a file, or inline PEM. */
 typedef struct km_net_tls_store {
 	const char *location;     /* the store's file; NULL: the inline PEM below */
@@ -116,14 +109,28 @@ typedef struct km_net_tls_store {
 	const char *key_password; /* the private key's; a PKCS12 store has one password, so it must match password */
 } km_net_tls_store;
 
+/* Whether s names a store at all (a file or inline PEM). */
+bool km_net_tls_store_given(const km_net_tls_store *s);
+
 /*
- * The certificates of truststore s become ctx's CA store (in place of the system's or a CA file's).
- * KM_ERR_CONFIG with one line in err naming the file: unreadable, a JKS or JCEKS store (and the
- * keytool command that converts it), a wrong password, no certificates.
+ * Where a TLS context's trust and identity come from: PEM files, or Java stores in their place (a
+ * store given is used instead of ca_file, or of cert_file and key_file; callers refuse both at once).
  */
-km_err km_net_tls_use_truststore(SSL_CTX *ctx, const km_net_tls_store *s, char *err, size_t errlen);
-/* The private key, its certificate and their chain in keystore s become ctx's identity; errors as above. */
-km_err km_net_tls_use_keystore(SSL_CTX *ctx, const km_net_tls_store *s, char *err, size_t errlen);
+typedef struct km_net_tls_files {
+	const char *ca_file;              /* PEM CA bundle; NULL (and no truststore): the system store */
+	const char *cert_file, *key_file; /* PEM certificate (chain) and its key; NULL: none */
+	km_net_tls_store truststore;      /* the CAs, from a store */
+	km_net_tls_store keystore;        /* the key and certificate chain, from a store */
+} km_net_tls_files;
+
+/*
+ * Server context for client-facing listeners (f must give a certificate and key, as files or a
+ * keystore). client_auth: 0 none, 1 requested, 2 required (verified against f's CAs).
+ */
+SSL_CTX *km_net_tls_server_ctx(const km_net_tls_files *f, int client_auth, char *err, size_t errlen);
+/* Client context for upstream connections: f's CAs (none given: the system store), its identity when given. */
+SSL_CTX *km_net_tls_client_ctx(const km_net_tls_files *f, bool verify, char *err, size_t errlen);
+
 /*
  * Why a bufferevent failed, as one line for logs (its OpenSSL errors, or the socket error), and the
  * kind: KM_ERR_CLOSED (the peer closed, also a TLS peer without close_notify), KM_ERR_TLS, KM_ERR_IO.

@@ -62,6 +62,15 @@ bool km_topic_op_allowed(km_topic_op op, km_mp_state from, km_err *code);
 /* The state an allowed op moves a partition to: start PREPARING, stop STOPPING, pause PAUSING, resume MIRRORING. */
 km_mp_state km_topic_op_target(km_topic_op op);
 
+/*
+ * A TLS client context for the destination as the upstream_tls_* options say: its CAs (a CA file, a
+ * PKCS12 truststore, or the system store) and, with identity, kmirrord's own certificate (a PEM
+ * pair or a PKCS12 keystore). Client sessions get the context without identity: a client through
+ * kmirrord must never present kmirrord's certificate (docs/proxy.md, "TLS and SASL"). NULL with
+ * the reason in err.
+ */
+SSL_CTX *km_state_upstream_tls(const km_config *cfg, bool identity, char *err, size_t errlen);
+
 typedef struct km_state km_state;
 typedef struct km_state_mirror km_state_mirror;
 typedef struct km_state_topic km_state_topic;
@@ -145,6 +154,13 @@ typedef struct km_state_kv {
  * rest, never described, never logged.
  */
 bool km_state_config_is_secret(const char *name);
+/*
+ * A mirror's TLS trust and identity each come from PEM files or from a store, not both: false with
+ * why when ssl.ca.location and ssl.truststore.location, or ssl.certificate.location and
+ * ssl.keystore.location, are both set (any may be NULL).
+ */
+bool km_state_config_tls_sources_ok(const char *ca, const char *cert, const char *truststore, const char *keystore,
+				    char *why, size_t len);
 /*
  * Check a whole mirror configuration (create: the full set; alter: the changes): known keys only
  * (source connection properties and mirror.* options), values of the right type, bootstrap.servers

@@ -153,21 +153,10 @@ static km_err try_connect(km_cli_conn *cc, const char *host, uint16_t port, cons
 	return KM_OK;
 }
 
-/* ssl.truststore.* and ssl.keystore.* into ctx, when given; false with the reason in why. */
-static bool use_stores(SSL_CTX *ctx, const km_cli_client *cl, char *why, size_t whylen)
+/* A Kafka client's store as the net layer reads it. */
+static km_net_tls_store net_store(const km_cli_store *s)
 {
-	const km_cli_store *st[2] = {&cl->truststore, &cl->keystore};
-
-	for (int i = 0; i < 2; i++) {
-		km_net_tls_store s = {st[i]->location, st[i]->type, st[i]->password, st[i]->certificates, st[i]->key,
-				      st[i]->key_password};
-		if (!km_cli_store_given(st[i]))
-			continue;
-		if ((i ? km_net_tls_use_keystore(ctx, &s, why, whylen) : km_net_tls_use_truststore(ctx, &s, why, whylen)) !=
-		    KM_OK)
-			return false;
-	}
-	return true;
+	return (km_net_tls_store){s->location, s->type, s->password, s->certificates, s->key, s->key_password};
 }
 
 km_cli_conn *km_cli_connect(const char *bootstrap, const km_cli_client *cl, int64_t timeout_ms, bool kmirrord,
@@ -183,11 +172,9 @@ km_cli_conn *km_cli_connect(const char *bootstrap, const km_cli_client *cl, int6
 		return NULL;
 	}
 	if (cl->tls) {
-		cc->tls = km_net_tls_client_ctx(cl->ca_file, cl->cert_file, cl->key_file, true, why, sizeof(why));
-		if (cc->tls && !use_stores(cc->tls, cl, why, sizeof(why))) {
-			SSL_CTX_free(cc->tls);
-			cc->tls = NULL;
-		}
+		km_net_tls_files f = {cl->ca_file, cl->cert_file, cl->key_file, net_store(&cl->truststore),
+				      net_store(&cl->keystore)};
+		cc->tls = km_net_tls_client_ctx(&f, true, why, sizeof(why));
 		if (!cc->tls) {
 			snprintf(err, errlen, "TLS setup: %s", why);
 			km_cli_conn_free(cc);

@@ -45,7 +45,7 @@ static bool admin_tls(admin_conn *c, const char *ca, const char *host, char *err
 {
 	char why[512];
 
-	if (!(c->ctx = km_net_tls_client_ctx(ca, NULL, NULL, true, why, sizeof(why)))) {
+	if (!(c->ctx = km_net_tls_client_ctx(&(km_net_tls_files){.ca_file = ca}, true, why, sizeof(why)))) {
 		snprintf(err, errlen, "--admin-ca: %s", why);
 		return false;
 	}

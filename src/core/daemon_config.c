@@ -190,6 +190,21 @@ static const km_option options[] = {
 	 .doc = "PEM private key for client-facing TLS."},
 	{.name = "tls_ca_file", .type = KM_OPT_STRING, .offset = OFF(tls_ca_file), .def = "", .reloadable = true,
 	 .doc = "PEM CA bundle used to verify client certificates (with tls_client_auth)."},
+	{.name = "tls_keystore_file", .type = KM_OPT_STRING, .offset = OFF(tls_keystore_file), .def = "",
+	 .reloadable = true,
+	 .doc = "PKCS12 keystore (Kafka's ssl.keystore.type=PKCS12) holding the listener's private key and "
+		 "certificate chain, instead of tls_cert_file and tls_key_file; a JKS store is refused with the "
+		 "keytool command that converts it. Read again on every reload."},
+	{.name = "tls_keystore_password", .type = KM_OPT_STRING, .offset = OFF(tls_keystore_password), .def = "",
+	 .reloadable = true, .secret = true,
+	 .doc = "Password of tls_keystore_file (a PKCS12 store has one password, for the store and its key)."},
+	{.name = "tls_truststore_file", .type = KM_OPT_STRING, .offset = OFF(tls_truststore_file), .def = "",
+	 .reloadable = true,
+	 .doc = "PKCS12 truststore of the CAs client certificates are verified against (with tls_client_auth), "
+		 "instead of tls_ca_file."},
+	{.name = "tls_truststore_password", .type = KM_OPT_STRING, .offset = OFF(tls_truststore_password), .def = "",
+	 .reloadable = true, .secret = true,
+	 .doc = "Password of tls_truststore_file; empty reads only the certificates the store keeps unencrypted."},
 	{.name = "tls_client_auth", .type = KM_OPT_ENUM, .offset = OFF(tls_client_auth), .def = "none",
 	 .choices = &client_auth, .reloadable = true,
 	 .doc = "Client certificates: none, requested (verified when sent) or required."},
@@ -204,6 +219,20 @@ static const km_option options[] = {
 	{.name = "upstream_tls_key_file", .type = KM_OPT_STRING, .offset = OFF(upstream_tls_key_file), .def = "",
 	 .reloadable = true,
 	 .doc = "PEM private key for upstream_tls_cert_file."},
+	{.name = "upstream_tls_keystore_file", .type = KM_OPT_STRING, .offset = OFF(upstream_tls_keystore_file),
+	 .def = "", .reloadable = true,
+	 .doc = "PKCS12 keystore with the client certificate kmirrord presents to the upstream brokers (mutual "
+		 "TLS), instead of upstream_tls_cert_file and upstream_tls_key_file."},
+	{.name = "upstream_tls_keystore_password", .type = KM_OPT_STRING, .offset = OFF(upstream_tls_keystore_password),
+	 .def = "", .reloadable = true, .secret = true,
+	 .doc = "Password of upstream_tls_keystore_file."},
+	{.name = "upstream_tls_truststore_file", .type = KM_OPT_STRING, .offset = OFF(upstream_tls_truststore_file),
+	 .def = "", .reloadable = true,
+	 .doc = "PKCS12 truststore of the CAs that verify the upstream brokers, instead of upstream_tls_ca_file."},
+	{.name = "upstream_tls_truststore_password", .type = KM_OPT_STRING,
+	 .offset = OFF(upstream_tls_truststore_password), .def = "", .reloadable = true, .secret = true,
+	 .doc = "Password of upstream_tls_truststore_file; empty reads only the certificates the store keeps "
+		 "unencrypted."},
 	{.name = "upstream_tls_verify_hostname", .type = KM_OPT_BOOL, .offset = OFF(upstream_tls_verify_hostname),
 	 .def = "true", .reloadable = true,
 	 .doc = "Check that the upstream broker certificate matches the host name connected to."},
@@ -284,9 +313,10 @@ static const km_option options[] = {
 		"(sasl.password, ...) in mirror_state_topic. Empty: mirrors with a secret are refused. Checked "
 		"like every secret file (secret_file_mode_check)."},
 	{.name = "mirror_file_dir", .type = KM_OPT_STRING, .offset = OFF(mirror_file_dir), .def = "", .reloadable = false,
-	 .doc = "The directory a mirror's ssl.ca.location, ssl.certificate.location, ssl.key.location and the keyTab "
-		 "of its Krb5LoginModule sasl.jaas.config must be in (symlinks and .. resolved). Empty: a mirror may name no file. Whoever may create or alter a mirror "
-		 "chooses these paths and kmirrord reads them with its own rights."},
+	 .doc = "The directory a mirror's ssl.*.location files (CA, certificate, key, truststore, keystore) and the "
+		 "keyTab of its Krb5LoginModule sasl.jaas.config must be in (symlinks and .. resolved). Empty: a "
+		 "mirror may name no file. Whoever may create or alter a mirror chooses these paths and kmirrord "
+		 "reads them with its own rights."},
 	{.name = "secret_file_mode_check", .type = KM_OPT_BOOL, .offset = OFF(secret_file_mode_check), .def = "true",
 	 .reloadable = true,
 	 .doc = "A secret file (mirror_secret_key_file, upstream_sasl_password_file, upstream_sasl_kerberos_keytab) "
@@ -332,6 +362,42 @@ km_err km_config_load_file(km_config *cfg, const char *path, char *err, size_t e
 static bool both_or_neither(const char *a, const char *b)
 {
 	return (a == NULL) == (b == NULL);
+}
+
+/*
+ * Each TLS side takes its CAs, and its certificate, from PEM files or from a PKCS12 store, not both;
+ * a store's password only with its store.
+ */
+static km_err tls_sources_valid(const km_config *cfg, char *err, size_t errlen)
+{
+	const struct {
+		const char *pem_name, *pem, *store_name, *store, *pass_name, *pass;
+	} sides[] = {
+		{"tls_cert_file", cfg->tls_cert_file, "tls_keystore_file", cfg->tls_keystore_file,
+		 "tls_keystore_password", cfg->tls_keystore_password},
+		{"tls_ca_file", cfg->tls_ca_file, "tls_truststore_file", cfg->tls_truststore_file,
+		 "tls_truststore_password", cfg->tls_truststore_password},
+		{"upstream_tls_cert_file", cfg->upstream_tls_cert_file, "upstream_tls_keystore_file",
+		 cfg->upstream_tls_keystore_file, "upstream_tls_keystore_password",
+		 cfg->upstream_tls_keystore_password},
+		{"upstream_tls_ca_file", cfg->upstream_tls_ca_file, "upstream_tls_truststore_file",
+		 cfg->upstream_tls_truststore_file, "upstream_tls_truststore_password",
+		 cfg->upstream_tls_truststore_password},
+	};
+
+	for (size_t i = 0; i < sizeof(sides) / sizeof(sides[0]); i++) {
+		if (sides[i].pem && sides[i].store) {
+			snprintf(err, errlen, "%s and %s say the same thing (a PEM file, a PKCS12 store): keep one",
+				 sides[i].pem_name, sides[i].store_name);
+			return KM_ERR_CONFIG;
+		}
+		if (sides[i].pass && !sides[i].store) {
+			snprintf(err, errlen, "%s is the password of %s, which is not set", sides[i].pass_name,
+				 sides[i].store_name);
+			return KM_ERR_CONFIG;
+		}
+	}
+	return KM_OK;
 }
 
 km_err km_config_validate(const km_config *cfg, char *err, size_t errlen)
@@ -387,8 +453,13 @@ km_err km_config_validate(const km_config *cfg, char *err, size_t errlen)
 		snprintf(err, errlen, "tls_cert_file and tls_key_file must be set together");
 		return KM_ERR_CONFIG;
 	}
-	if (cfg->tls_client_auth != KM_TLS_CLIENT_AUTH_NONE && (!cfg->tls_cert_file || !cfg->tls_ca_file)) {
-		snprintf(err, errlen, "tls_client_auth needs tls_cert_file, tls_key_file and tls_ca_file");
+	if (tls_sources_valid(cfg, err, errlen) != KM_OK)
+		return KM_ERR_CONFIG;
+	if (cfg->tls_client_auth != KM_TLS_CLIENT_AUTH_NONE && (!(cfg->tls_cert_file || cfg->tls_keystore_file) ||
+								!(cfg->tls_ca_file || cfg->tls_truststore_file))) {
+		snprintf(err, errlen, "tls_client_auth needs the listener's certificate (tls_cert_file and "
+			 "tls_key_file, or tls_keystore_file) and the CAs that verify clients (tls_ca_file or "
+			 "tls_truststore_file)");
 		return KM_ERR_CONFIG;
 	}
 	if (!both_or_neither(cfg->upstream_tls_cert_file, cfg->upstream_tls_key_file)) {
@@ -420,7 +491,8 @@ km_err km_config_validate(const km_config *cfg, char *err, size_t errlen)
 			 "and upstream_sasl_kerberos_principal");
 		return KM_ERR_CONFIG;
 	}
-	if (!cfg->upstream_tls && (cfg->upstream_tls_ca_file || cfg->upstream_tls_cert_file)) {
+	if (!cfg->upstream_tls && (cfg->upstream_tls_ca_file || cfg->upstream_tls_cert_file ||
+				   cfg->upstream_tls_keystore_file || cfg->upstream_tls_truststore_file)) {
 		snprintf(err, errlen, "upstream_tls_* files are set but upstream_tls is false");
 		return KM_ERR_CONFIG;
 	}
@@ -508,7 +580,9 @@ static const struct {
 	{"tls_ca_file", PATH_FILE},            {"upstream_tls_ca_file", PATH_FILE},
 	{"upstream_tls_cert_file", PATH_FILE}, {"upstream_tls_key_file", PATH_FILE},
 	{"upstream_sasl_password_file", PATH_FILE}, {"mirror_secret_key_file", PATH_FILE},
-	{"upstream_sasl_kerberos_keytab", PATH_FILE},
+	{"upstream_sasl_kerberos_keytab", PATH_FILE}, {"tls_keystore_file", PATH_FILE},
+	{"tls_truststore_file", PATH_FILE},    {"upstream_tls_keystore_file", PATH_FILE},
+	{"upstream_tls_truststore_file", PATH_FILE},
 	{"mirror_file_dir", PATH_DIR},
 };
 

@@ -154,6 +154,57 @@ out:
 	return ok;
 }
 
+/*
+ * The source's TLS context from the mirror's ssl.* keys: PEM files (ssl.ca.location,
+ * ssl.certificate.location, ssl.key.location) or Kafka's stores (ssl.truststore.*,
+ * ssl.keystore.*), their passwords opened here only. NULL with why.
+ */
+static SSL_CTX *source_tls(km_mirror *mi, const km_state_mirror *m, char *why, size_t whylen)
+{
+	static const char *const files[] = {"ssl.ca.location", "ssl.certificate.location", "ssl.key.location",
+					    "ssl.truststore.location", "ssl.keystore.location"};
+	static const char *const secrets[] = {"ssl.truststore.password", "ssl.keystore.password", "ssl.key.password"};
+	char pw[3][1024], err[512];
+	bool given[3] = {false, false, false};
+	SSL_CTX *ctx = NULL;
+	km_net_tls_files f;
+
+	/* Checked again where they are read: a value stored before the check, or a link changed since. */
+	for (size_t i = 0; i < sizeof(files) / sizeof(files[0]); i++)
+		if (cfg_get(m, files[i]) &&
+		    !km_mirror_file_allowed(km_mirror_get_opts(mi)->cfg->mirror_file_dir, files[i], cfg_get(m, files[i]),
+					    why, whylen))
+			return NULL;
+	for (size_t i = 0; i < 3; i++) {
+		km_err rc = km_state_mirror_secret(km_mirror_store(mi), m, secrets[i], pw[i], sizeof(pw[i]));
+		given[i] = rc == KM_OK;
+		if (rc != KM_OK && rc != KM_ERR_INVAL) {
+			secret_why(rc, secrets[i], sizeof(pw[i]), why, whylen);
+			goto out;
+		}
+	}
+	f = (km_net_tls_files){
+		.ca_file = cfg_get(m, "ssl.ca.location"),
+		.cert_file = cfg_get(m, "ssl.certificate.location"),
+		.key_file = cfg_get(m, "ssl.key.location"),
+		.truststore = {.location = cfg_get(m, "ssl.truststore.location"),
+			       .type = cfg_get(m, "ssl.truststore.type"),
+			       .password = given[0] ? pw[0] : NULL},
+		.keystore = {.location = cfg_get(m, "ssl.keystore.location"),
+			     .type = cfg_get(m, "ssl.keystore.type"),
+			     .password = given[1] ? pw[1] : NULL,
+			     .key_password = given[2] ? pw[2] : NULL},
+	};
+	if (!km_state_config_tls_sources_ok(f.ca_file, f.cert_file, f.truststore.location, f.keystore.location, why,
+					    whylen))
+		goto out;
+	if (!(ctx = km_net_tls_client_ctx(&f, true, err, sizeof(err))))
+		snprintf(why, whylen, "source TLS: %s", err);
+out:
+	OPENSSL_cleanse(pw, sizeof(pw));
+	return ctx;
+}
+
 km_cluster *km_mirror_source_cluster(km_mirror *mi, const km_state_mirror *m, const char *purpose,
 				     int64_t max_frame, SSL_CTX **tls_out, void (*on_change)(void *arg), void *arg,
 				     char *why, size_t whylen)
@@ -163,7 +214,7 @@ km_cluster *km_mirror_source_cluster(km_mirror *mi, const km_state_mirror *m, co
 	const char *boot = km_state_mirror_source(m), *proto = cfg_get(m, "security.protocol");
 	const char *mech = cfg_get(m, "sasl.mechanism"), *user = cfg_get(m, "sasl.username");
 	const char *algo = cfg_get(m, "ssl.endpoint.identification.algorithm");
-	char pass[1024] = "", ubuf[512] = "", client_id[512], err[200], *kt = NULL, *pr = NULL, *svc = NULL;
+	char pass[1024] = "", ubuf[512] = "", client_id[512], *kt = NULL, *pr = NULL, *svc = NULL;
 	km_hostport hps[64];
 	size_t nhp = 0;
 	km_net_client_opts o;
@@ -192,21 +243,8 @@ km_cluster *km_mirror_source_cluster(km_mirror *mi, const km_state_mirror *m, co
 		snprintf(why, whylen, "bootstrap.servers names no host:port");
 		return NULL;
 	}
-	if (tls) {
-		/* Checked again where they are read: a value stored before the check, or a link changed since. */
-		static const char *const files[] = {"ssl.ca.location", "ssl.certificate.location", "ssl.key.location"};
-		for (size_t i = 0; i < sizeof(files) / sizeof(files[0]); i++)
-			if (cfg_get(m, files[i]) &&
-			    !km_mirror_file_allowed(km_mirror_get_opts(mi)->cfg->mirror_file_dir, files[i], cfg_get(m, files[i]), why,
-						    whylen))
-				return NULL;
-		*tls_out = km_net_tls_client_ctx(cfg_get(m, "ssl.ca.location"), cfg_get(m, "ssl.certificate.location"),
-						 cfg_get(m, "ssl.key.location"), true, err, sizeof(err));
-		if (!*tls_out) {
-			snprintf(why, whylen, "source TLS: %s", err);
-			return NULL;
-		}
-	}
+	if (tls && !(*tls_out = source_tls(mi, m, why, whylen)))
+		return NULL;
 	memset(&o, 0, sizeof(o));
 	if (sasl && mech && !strcmp(mech, "GSSAPI")) {
 		if (!source_kerberos(mi, m, &o, &kt, &pr, &svc, why, whylen)) {

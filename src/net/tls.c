@@ -69,6 +69,8 @@ km_err km_net_bev_error(struct bufferevent *bev, char *buf, size_t len)
 	return kind;
 }
 
+static km_err store_fail(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
 static void set_err(char *err, size_t errlen, const char *what, const char *file)
 {
 	char tls[512];
@@ -77,8 +79,51 @@ static void set_err(char *err, size_t errlen, const char *what, const char *file
 			 km_net_tls_error(tls, sizeof(tls)));
 }
 
-SSL_CTX *km_net_tls_server_ctx(const char *cert_file, const char *key_file, const char *ca_file, int client_auth,
-			       char *err, size_t errlen)
+static km_err use_store(SSL_CTX *ctx, const km_net_tls_store *s, bool keystore, char *err, size_t errlen);
+
+/*
+ * f's CAs into ctx (a server verifies client certificates against them): a truststore, a CA file,
+ * or, with fallback, the system store.
+ */
+static bool load_trust(SSL_CTX *ctx, const km_net_tls_files *f, bool fallback, char *err, size_t errlen)
+{
+	if (km_net_tls_store_given(&f->truststore))
+		return use_store(ctx, &f->truststore, false, err, errlen) == KM_OK;
+	if (f->ca_file) {
+		if (SSL_CTX_load_verify_locations(ctx, f->ca_file, NULL) != 1) {
+			set_err(err, errlen, "cannot load CA file", f->ca_file);
+			return false;
+		}
+	} else if (fallback && SSL_CTX_set_default_verify_paths(ctx) != 1) {
+		set_err(err, errlen, "cannot load the system CA store", NULL);
+		return false;
+	}
+	return true;
+}
+
+/* f's key and certificate (chain) into ctx, when it gives them: a keystore, or the PEM files. */
+static bool load_identity(SSL_CTX *ctx, const km_net_tls_files *f, char *err, size_t errlen)
+{
+	if (km_net_tls_store_given(&f->keystore))
+		return use_store(ctx, &f->keystore, true, err, errlen) == KM_OK;
+	if (!f->cert_file)
+		return true;
+	if (SSL_CTX_use_certificate_chain_file(ctx, f->cert_file) != 1) {
+		set_err(err, errlen, "cannot load certificate", f->cert_file);
+		return false;
+	}
+	if (SSL_CTX_use_PrivateKey_file(ctx, f->key_file, SSL_FILETYPE_PEM) != 1) {
+		set_err(err, errlen, "cannot load private key", f->key_file);
+		return false;
+	}
+	if (SSL_CTX_check_private_key(ctx) != 1) {
+		set_err(err, errlen, "private key does not match certificate", f->key_file);
+		return false;
+	}
+	return true;
+}
+
+SSL_CTX *km_net_tls_server_ctx(const km_net_tls_files *f, int client_auth, char *err, size_t errlen)
 {
 	SSL_CTX *ctx = SSL_CTX_new(TLS_server_method());
 	if (!ctx) {
@@ -87,22 +132,12 @@ SSL_CTX *km_net_tls_server_ctx(const char *cert_file, const char *key_file, cons
 	}
 	SSL_CTX_set_min_proto_version(ctx, TLS1_2_VERSION);
 	SSL_CTX_set_options(ctx, SSL_OP_NO_RENEGOTIATION);
-	if (SSL_CTX_use_certificate_chain_file(ctx, cert_file) != 1) {
-		set_err(err, errlen, "cannot load certificate", cert_file);
+	if (!f->cert_file && !km_net_tls_store_given(&f->keystore)) {
+		store_fail(err, errlen, "a TLS listener needs a certificate and its key (a keystore, or PEM files)");
 		goto fail;
 	}
-	if (SSL_CTX_use_PrivateKey_file(ctx, key_file, SSL_FILETYPE_PEM) != 1) {
-		set_err(err, errlen, "cannot load private key", key_file);
+	if (!load_identity(ctx, f, err, errlen) || !load_trust(ctx, f, false, err, errlen))
 		goto fail;
-	}
-	if (SSL_CTX_check_private_key(ctx) != 1) {
-		set_err(err, errlen, "private key does not match certificate", key_file);
-		goto fail;
-	}
-	if (ca_file && SSL_CTX_load_verify_locations(ctx, ca_file, NULL) != 1) {
-		set_err(err, errlen, "cannot load CA file", ca_file);
-		goto fail;
-	}
 	if (client_auth == 1)
 		SSL_CTX_set_verify(ctx, SSL_VERIFY_PEER, NULL);
 	else if (client_auth == 2)
@@ -113,8 +148,7 @@ fail:
 	return NULL;
 }
 
-SSL_CTX *km_net_tls_client_ctx(const char *ca_file, const char *cert_file, const char *key_file, bool verify,
-			       char *err, size_t errlen)
+SSL_CTX *km_net_tls_client_ctx(const km_net_tls_files *f, bool verify, char *err, size_t errlen)
 {
 	SSL_CTX *ctx = SSL_CTX_new(TLS_client_method());
 	if (!ctx) {
@@ -122,38 +156,18 @@ SSL_CTX *km_net_tls_client_ctx(const char *ca_file, const char *cert_file, const
 		return NULL;
 	}
 	SSL_CTX_set_min_proto_version(ctx, TLS1_2_VERSION);
-	if (ca_file) {
-		if (SSL_CTX_load_verify_locations(ctx, ca_file, NULL) != 1) {
-			set_err(err, errlen, "cannot load CA file", ca_file);
-			goto fail;
-		}
-	} else if (SSL_CTX_set_default_verify_paths(ctx) != 1) {
-		set_err(err, errlen, "cannot load the system CA store", NULL);
-		goto fail;
-	}
-	if (cert_file) {
-		if (SSL_CTX_use_certificate_chain_file(ctx, cert_file) != 1) {
-			set_err(err, errlen, "cannot load certificate", cert_file);
-			goto fail;
-		}
-		if (SSL_CTX_use_PrivateKey_file(ctx, key_file, SSL_FILETYPE_PEM) != 1 ||
-		    SSL_CTX_check_private_key(ctx) != 1) {
-			set_err(err, errlen, "cannot load private key", key_file);
-			goto fail;
-		}
+	if (!load_trust(ctx, f, true, err, errlen) || !load_identity(ctx, f, err, errlen)) {
+		SSL_CTX_free(ctx);
+		return NULL;
 	}
 	SSL_CTX_set_verify(ctx, verify ? SSL_VERIFY_PEER : SSL_VERIFY_NONE, NULL);
 	return ctx;
-fail:
-	SSL_CTX_free(ctx);
-	return NULL;
 }
 
 /* ---- Java-style trust and key stores ---- */
 
 #define MAX_STORE_FILE (16 * 1024 * 1024) /* a store is small; refuse anything bigger */
 
-static km_err store_fail(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 static km_err store_fail(char *err, size_t errlen, const char *fmt, ...)
 {
 	va_list ap;
@@ -441,35 +455,43 @@ static km_err load_store(const km_net_tls_store *s, const char *what, bool keyst
 			  what, s->type);
 }
 
-km_err km_net_tls_use_truststore(SSL_CTX *ctx, const km_net_tls_store *s, char *err, size_t errlen)
+bool km_net_tls_store_given(const km_net_tls_store *s)
+{
+	return s->location || s->certificates || s->key;
+}
+
+/*
+ * A truststore's certificates become ctx's CA store (in place of the system's or a CA file's); a
+ * keystore's key, its certificate and their chain become ctx's identity. KM_ERR_CONFIG with one
+ * line in err naming the file: unreadable, a JKS or JCEKS store (and the keytool command that
+ * converts it), a wrong password, no certificates, no key.
+ */
+static km_err use_store(SSL_CTX *ctx, const km_net_tls_store *s, bool keystore, char *err, size_t errlen)
 {
 	store_content c;
 	X509_STORE *st = NULL;
-	km_err rc = load_store(s, "truststore", false, &c, err, errlen);
+	km_err rc = load_store(s, keystore ? "keystore" : "truststore", keystore, &c, err, errlen);
 
-	if (rc == KM_OK && !(st = X509_STORE_new()))
-		rc = store_fail(err, errlen, "out of memory");
-	for (int i = 0; rc == KM_OK && i < sk_X509_num(c.certs); i++)
-		if (X509_STORE_add_cert(st, sk_X509_value(c.certs, i)) != 1) {
-			set_err(err, errlen, "cannot use a certificate of the truststore", s->location);
-			X509_STORE_free(st);
+	if (rc != KM_OK)
+		return rc;
+	if (keystore) {
+		if (SSL_CTX_use_certificate(ctx, c.cert) != 1 || SSL_CTX_use_PrivateKey(ctx, c.key) != 1 ||
+		    SSL_CTX_check_private_key(ctx) != 1 || SSL_CTX_set1_chain(ctx, c.certs) != 1) {
+			set_err(err, errlen, "cannot use the key and certificate of the keystore", s->location);
 			rc = KM_ERR_CONFIG;
 		}
-	if (rc == KM_OK)
-		SSL_CTX_set_cert_store(ctx, st); /* the context owns it now */
-	store_content_free(&c);
-	return rc;
-}
-
-km_err km_net_tls_use_keystore(SSL_CTX *ctx, const km_net_tls_store *s, char *err, size_t errlen)
-{
-	store_content c;
-	km_err rc = load_store(s, "keystore", true, &c, err, errlen);
-
-	if (rc == KM_OK && (SSL_CTX_use_certificate(ctx, c.cert) != 1 || SSL_CTX_use_PrivateKey(ctx, c.key) != 1 ||
-			    SSL_CTX_check_private_key(ctx) != 1 || SSL_CTX_set1_chain(ctx, c.certs) != 1)) {
-		set_err(err, errlen, "cannot use the key and certificate of the keystore", s->location);
-		rc = KM_ERR_CONFIG;
+	} else if (!(st = X509_STORE_new())) {
+		rc = store_fail(err, errlen, "out of memory");
+	} else {
+		for (int i = 0; rc == KM_OK && i < sk_X509_num(c.certs); i++)
+			if (X509_STORE_add_cert(st, sk_X509_value(c.certs, i)) != 1) {
+				set_err(err, errlen, "cannot use a certificate of the truststore", s->location);
+				rc = KM_ERR_CONFIG;
+			}
+		if (rc == KM_OK)
+			SSL_CTX_set_cert_store(ctx, st); /* the context owns it now */
+		else
+			X509_STORE_free(st);
 	}
 	store_content_free(&c);
 	return rc;

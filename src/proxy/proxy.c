@@ -380,22 +380,28 @@ static void tls_ctxs_free(tls_ctxs *t)
 static km_err make_tls(const km_config *cfg, tls_ctxs *t, char *err, size_t errlen)
 {
 	memset(t, 0, sizeof(*t));
-	if (cfg->tls_cert_file &&
-	    !(t->server = km_net_tls_server_ctx(cfg->tls_cert_file, cfg->tls_key_file, cfg->tls_ca_file,
-						(int)cfg->tls_client_auth, err, errlen)))
+	if (cfg->tls_cert_file || cfg->tls_keystore_file) {
+		km_net_tls_files f = {
+			.ca_file = cfg->tls_ca_file,
+			.cert_file = cfg->tls_cert_file,
+			.key_file = cfg->tls_key_file,
+			.truststore = {.location = cfg->tls_truststore_file, .password = cfg->tls_truststore_password},
+			.keystore = {.location = cfg->tls_keystore_file, .password = cfg->tls_keystore_password},
+		};
+		if (!(t->server = km_net_tls_server_ctx(&f, (int)cfg->tls_client_auth, err, errlen)))
+			goto fail;
+	}
+	if (cfg->upstream_tls && !(t->sessions = km_state_upstream_tls(cfg, false, err, errlen)))
 		goto fail;
-	if (cfg->upstream_tls &&
-	    !(t->sessions = km_net_tls_client_ctx(cfg->upstream_tls_ca_file, NULL, NULL, true, err, errlen)))
-		goto fail;
-	if (cfg->upstream_tls && !cfg->upstream_tls_cert_file && SSL_CTX_up_ref(t->sessions) == 1)
+	if (cfg->upstream_tls && !cfg->upstream_tls_cert_file && !cfg->upstream_tls_keystore_file &&
+	    SSL_CTX_up_ref(t->sessions) == 1)
 		t->own = t->sessions;
-	else if (cfg->upstream_tls &&
-		 !(t->own = km_net_tls_client_ctx(cfg->upstream_tls_ca_file, cfg->upstream_tls_cert_file,
-						   cfg->upstream_tls_key_file, true, err, errlen)))
+	else if (cfg->upstream_tls && !(t->own = km_state_upstream_tls(cfg, true, err, errlen)))
 		goto fail;
 	if (cfg->admin_tls_cert_file &&
-	    !(t->admin = km_net_tls_server_ctx(cfg->admin_tls_cert_file, cfg->admin_tls_key_file, NULL, 0, err,
-					       errlen)))
+	    !(t->admin = km_net_tls_server_ctx(
+		      &(km_net_tls_files){.cert_file = cfg->admin_tls_cert_file, .key_file = cfg->admin_tls_key_file}, 0,
+		      err, errlen)))
 		goto fail;
 	return KM_OK;
 fail:

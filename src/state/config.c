@@ -81,6 +81,7 @@ bool km_state_config_is_secret(const char *name)
 static const char *const protocols[] = {"PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"};
 static const char *const mechanisms[] = {"PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "GSSAPI"};
 static const char *const ident_algos[] = {"https", ""};
+static const char *const store_types[] = {"PKCS12", "PEM", "JKS"};
 
 typedef enum { V_ANY, V_BOOTSTRAP, V_CHOICE } value_kind;
 
@@ -102,6 +103,12 @@ static const struct {
 	{"ssl.certificate.location", V_ANY, NULL, 0},
 	{"ssl.key.location", V_ANY, NULL, 0},
 	{"ssl.key.password", V_ANY, NULL, 0},
+	{"ssl.truststore.location", V_ANY, NULL, 0},
+	{"ssl.truststore.type", V_CHOICE, store_types, 3},
+	{"ssl.truststore.password", V_ANY, NULL, 0},
+	{"ssl.keystore.location", V_ANY, NULL, 0},
+	{"ssl.keystore.type", V_CHOICE, store_types, 3},
+	{"ssl.keystore.password", V_ANY, NULL, 0},
 	{"ssl.endpoint.identification.algorithm", V_CHOICE, ident_algos, 2},
 	{"client.id", V_ANY, NULL, 0},
 };
@@ -246,6 +253,30 @@ static bool check_one(const km_state_kv *kv, bool create, km_mirror_options *mo,
 	return false;
 }
 
+bool km_state_config_tls_sources_ok(const char *ca, const char *cert, const char *truststore, const char *keystore,
+				    char *why, size_t len)
+{
+	if (ca && truststore) {
+		snprintf(why, len, "ssl.ca.location and ssl.truststore.location both say which CAs to trust: keep one");
+		return false;
+	}
+	if (cert && keystore) {
+		snprintf(why, len, "ssl.certificate.location and ssl.keystore.location are both the client's "
+			 "certificate: keep one");
+		return false;
+	}
+	return true;
+}
+
+/* The value kv gives name (NULL: not given, or removed). */
+static const char *kv_value(const km_state_kv *kv, size_t n, const char *name)
+{
+	for (size_t i = 0; i < n; i++)
+		if (kv[i].name && !strcmp(kv[i].name, name))
+			return kv[i].value;
+	return NULL;
+}
+
 km_err km_state_config_check(const km_state_kv *kv, size_t n, bool create, char *err, size_t errlen)
 {
 	km_mirror_options mo;
@@ -277,6 +308,13 @@ km_err km_state_config_check(const km_state_kv *kv, size_t n, bool create, char 
 		}
 		if (kv[i].name && !strcmp(kv[i].name, "bootstrap.servers"))
 			have_bootstrap = true;
+	}
+	if (rc == KM_OK && !km_state_config_tls_sources_ok(kv_value(kv, n, "ssl.ca.location"),
+							  kv_value(kv, n, "ssl.certificate.location"),
+							  kv_value(kv, n, "ssl.truststore.location"),
+							  kv_value(kv, n, "ssl.keystore.location"), why, sizeof(why))) {
+		snprintf(err, errlen, "invalid configuration: %s", why);
+		rc = KM_MIRROR_INVALID_CLUSTER_MIRROR_CONFIG;
 	}
 	if (rc == KM_OK && create && !have_bootstrap) {
 		snprintf(err, errlen, "invalid configuration: bootstrap.servers (the source cluster) is required");

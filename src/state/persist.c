@@ -273,6 +273,23 @@ km_err km_ps_take_metadata(km_state_persist *io, const km_metadata_response *r, 
 
 /* ---- life ---- */
 
+SSL_CTX *km_state_upstream_tls(const km_config *cfg, bool identity, char *err, size_t errlen)
+{
+	km_net_tls_files f = {
+		.ca_file = cfg->upstream_tls_ca_file,
+		.truststore = {.location = cfg->upstream_tls_truststore_file,
+			       .password = cfg->upstream_tls_truststore_password},
+	};
+
+	if (identity) {
+		f.cert_file = cfg->upstream_tls_cert_file;
+		f.key_file = cfg->upstream_tls_key_file;
+		f.keystore = (km_net_tls_store){.location = cfg->upstream_tls_keystore_file,
+						.password = cfg->upstream_tls_keystore_password};
+	}
+	return km_net_tls_client_ctx(&f, true, err, errlen);
+}
+
 /* The destination as kmirrord itself (upstream, upstream_tls*, upstream_sasl_*); on_change(io) as the cluster's. */
 km_cluster *km_ps_cluster_new(km_state_persist *io, void (*changed)(void *arg))
 {

@@ -514,6 +514,63 @@ static bool check_files(km_state *st, km_state_mut *mu)
 	return true;
 }
 
+/* name's value once mu is applied to m (NULL: not set, or removed by mu); a secret opened into buf. */
+static const char *merged_value(const km_state *st, const km_state_mut *mu, const km_state_mirror *m, const char *name,
+				char *buf, size_t len)
+{
+	for (size_t i = 0; i < mu->nkv; i++)
+		if (!strcmp(mu->kv[i].name, name))
+			return mu->kv[i].value;
+	if (!m)
+		return NULL;
+	if (km_state_config_is_secret(name))
+		return km_state_mirror_secret(st, m, name, buf, len) == KM_OK ? buf : NULL;
+	for (size_t i = 0; i < m->ncfg; i++)
+		if (!strcmp(m->cfg[i].name, name))
+			return m->cfg[i].value;
+	return NULL;
+}
+
+/*
+ * When mu changes a mirror's ssl.* keys: its PEM files and stores do not both say the same thing,
+ * and its stores open with their passwords (a wrong password, a JKS file or a keystore without a
+ * key is refused now, not at the pipeline's first connection to the source).
+ */
+static bool check_stores(km_state *st, km_state_mut *mu, const km_state_mirror *m)
+{
+	char pw[3][1024], why[512];
+	bool touched = false, ok = true;
+	km_net_tls_files f;
+	SSL_CTX *ctx;
+
+	for (size_t i = 0; i < mu->nkv; i++)
+		touched |= !strncmp(mu->kv[i].name, "ssl.", 4);
+	if (!touched)
+		return true;
+	f = (km_net_tls_files){
+		.truststore = {.location = merged_value(st, mu, m, "ssl.truststore.location", NULL, 0),
+			       .type = merged_value(st, mu, m, "ssl.truststore.type", NULL, 0),
+			       .password = merged_value(st, mu, m, "ssl.truststore.password", pw[0], sizeof(pw[0]))},
+		.keystore = {.location = merged_value(st, mu, m, "ssl.keystore.location", NULL, 0),
+			     .type = merged_value(st, mu, m, "ssl.keystore.type", NULL, 0),
+			     .password = merged_value(st, mu, m, "ssl.keystore.password", pw[1], sizeof(pw[1])),
+			     .key_password = merged_value(st, mu, m, "ssl.key.password", pw[2], sizeof(pw[2]))},
+	};
+	if (!km_state_config_tls_sources_ok(merged_value(st, mu, m, "ssl.ca.location", NULL, 0),
+					    merged_value(st, mu, m, "ssl.certificate.location", NULL, 0),
+					    f.truststore.location, f.keystore.location, why, sizeof(why))) {
+		ok = false;
+	} else if (f.truststore.location || f.keystore.location) {
+		if (!(ctx = km_net_tls_client_ctx(&f, true, why, sizeof(why))))
+			ok = false;
+		SSL_CTX_free(ctx);
+	}
+	if (!ok)
+		set_msg(mu, KM_MIRROR_INVALID_CLUSTER_MIRROR_CONFIG, "%s", why);
+	OPENSSL_cleanse(pw, sizeof(pw));
+	return ok;
+}
+
 static bool check_secrets(km_state *st, km_state_mut *mu)
 {
 	for (size_t i = 0; i < mu->nkv; i++)
@@ -648,7 +705,8 @@ static void prepare_mirror(km_state *st, km_state_mut *mu)
 		set_msg(mu, KM_MIRROR_INVALID_CLUSTER_MIRROR_CONFIG, "%s", why);
 		return;
 	}
-	if (!check_files(st, mu) || !check_secrets(st, mu) || mu->validate_only)
+	if (!check_files(st, mu) || !check_secrets(st, mu) || !check_stores(st, mu, mu->kind == MUT_ALTER ? m : NULL) ||
+	    mu->validate_only)
 		return;
 	cfg = merge_cfg(st, mu, mu->kind == MUT_ALTER ? m : NULL, &n);
 	if (!cfg)

@@ -42,6 +42,17 @@ __all__ = ["worker_index", "PROXY_HOST", "UPSTREAM_HOST", "Proxy", "Capture", "p
            "proxy_factory", "upstream_ports", "read_pcap_flows", "TcpRelay"]
 
 
+def secret_key_and_file_dir(d):
+    """In directory d (a pathlib.Path): a mirror_secret_key_file (32 random bytes in hex, mode 0600)
+    and an empty mirror_file_dir; returns both paths as pathlib.Paths."""
+    key = d / "mirror.key"
+    key.write_text(os.urandom(32).hex() + "\n")
+    os.chmod(key, 0o600)
+    files = d / "mirror-files"
+    files.mkdir()
+    return key, files
+
+
 def wait_until(pred, timeout=30.0, interval=0.1, what="condition"):
     """Polls pred() until it returns a true value (returned) or the timeout passes (fails). what:
     what is waited for, or a function saying so (called on the timeout: what was seen)."""

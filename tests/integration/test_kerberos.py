@@ -20,7 +20,7 @@ from harness import kdc as kdc_mod
 from mirror_cli import find_kmirror
 from mirror_data import compare_topic, main_release_only, produce_records, watermarks
 from proxy_fixtures import *  # noqa: F401,F403
-from proxy_fixtures import Proxy, wait_until
+from proxy_fixtures import Proxy, secret_key_and_file_dir, wait_until
 
 pytestmark = [pytest.mark.proxy, main_release_only]
 
@@ -88,11 +88,7 @@ def krb_proxy(kmirrord_bin, krb_clusters, kdc, tmp_path_factory):
     """kmirrord in front of the destination's GSSAPI listener, logging in with its own keytab."""
     _, dst = krb_clusters
     d = tmp_path_factory.mktemp("krb-proxy")
-    key = d / "mirror.key"
-    key.write_text(os.urandom(32).hex() + "\n")
-    os.chmod(key, 0o600)
-    files = d / "mirror-files"
-    files.mkdir()
+    key, files = secret_key_and_file_dir(d)
     p = KrbProxy(kmirrord_bin, dst, str(d), name="kmirrord-krb", upstream=dst.sasl_bootstrap,
               upstream_sasl_mechanism="GSSAPI",
               upstream_sasl_kerberos_keytab=kdc.keytab("kmirrord"),

@@ -389,6 +389,48 @@ static void test_sasl_mechanisms(void **state)
 	km_config_free(&cfg);
 }
 
+/* The value validate gives cfg with name = value set first (KM_OK, or the error containing want). */
+static void validate_with(km_config *cfg, const char *name, const char *value, const char *want)
+{
+	char err[512] = "";
+
+	assert_int_equal(km_config_set(cfg, name, value, err, sizeof(err)), KM_OK);
+	if (!want) {
+		if (km_config_validate(cfg, err, sizeof(err)) != KM_OK)
+			fail_msg("unexpected error: %s", err);
+		return;
+	}
+	assert_int_equal(km_config_validate(cfg, err, sizeof(err)), KM_ERR_CONFIG);
+	if (!strstr(err, want))
+		fail_msg("error '%s' does not contain '%s'", err, want);
+}
+
+/* PKCS12 stores instead of PEM files: each side takes one or the other, a password only with its store. */
+static void test_tls_stores(void **state)
+{
+	km_config cfg;
+	char err[256];
+	(void)state;
+
+	km_config_init(&cfg);
+	assert_int_equal(km_config_set(&cfg, "upstream", "k:9092", err, sizeof(err)), KM_OK);
+	validate_with(&cfg, "tls_keystore_password", "pw", "tls_keystore_password is the password of tls_keystore_file");
+	validate_with(&cfg, "tls_keystore_file", "/l.p12", NULL);
+	validate_with(&cfg, "tls_client_auth", "required", "tls_client_auth needs the listener's certificate");
+	validate_with(&cfg, "tls_truststore_file", "/ca.p12", NULL);
+	validate_with(&cfg, "tls_ca_file", "/ca.pem", "tls_ca_file and tls_truststore_file say the same thing");
+	km_config_free(&cfg);
+
+	km_config_init(&cfg);
+	assert_int_equal(km_config_set(&cfg, "upstream", "k:9092", err, sizeof(err)), KM_OK);
+	validate_with(&cfg, "upstream_tls_keystore_file", "/km.p12", "upstream_tls_* files are set but upstream_tls is false");
+	validate_with(&cfg, "upstream_tls", "true", NULL);
+	validate_with(&cfg, "upstream_tls_truststore_password", "pw", "upstream_tls_truststore_file, which is not set");
+	validate_with(&cfg, "upstream_tls_truststore_file", "/ca.p12", NULL);
+	validate_with(&cfg, "upstream_tls_cert_file", "/km.pem", "upstream_tls_cert_file and upstream_tls_keystore_file");
+	km_config_free(&cfg);
+}
+
 /* docs/configuration.md embeds the generated table verbatim between markers. */
 static void test_docs_match_table(void **state)
 {
@@ -548,7 +590,7 @@ static void test_check_files(void **state)
 		assert_int_equal(km_config_set(&cfg, name, path, err, sizeof(err)), KM_OK);
 		named++;
 	}
-	assert_int_equal(named, 13);
+	assert_int_equal(named, 17);
 	assert_int_equal(km_config_check_files(&cfg, out, sizeof(out)), (int)named);
 	for (size_t i = 0; i < t->count; i++) {
 		const char *name = t->rows[i].name;
@@ -641,7 +683,7 @@ int main(void)
 		cmocka_unit_test(test_validate_admin_listen), cmocka_unit_test(test_hostport_options),
 		cmocka_unit_test(test_print_config_long_values),
 		cmocka_unit_test(test_reload_rules),        cmocka_unit_test(test_sasl_mechanisms),
-		cmocka_unit_test(test_docs_match_table),    cmocka_unit_test(test_upstream_file),
+		cmocka_unit_test(test_tls_stores),          cmocka_unit_test(test_docs_match_table),    cmocka_unit_test(test_upstream_file),
 		cmocka_unit_test(test_password_file),       cmocka_unit_test(test_listen_any_host),
 		cmocka_unit_test(test_check_files),         cmocka_unit_test(test_loopback_warning),
 	};

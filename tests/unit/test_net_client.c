@@ -714,8 +714,8 @@ static void test_streaming_tls(void **state)
 		skip();
 	snprintf(cert, sizeof(cert), "%s/cert.pem", dir);
 	snprintf(key, sizeof(key), "%s/key.pem", dir);
-	server = km_net_tls_server_ctx(cert, key, NULL, 0, err, sizeof(err));
-	e->o.tls = km_net_tls_client_ctx(cert, NULL, NULL, true, err, sizeof(err));
+	server = km_net_tls_server_ctx(&(km_net_tls_files){.cert_file = cert, .key_file = key}, 0, err, sizeof(err));
+	e->o.tls = km_net_tls_client_ctx(&(km_net_tls_files){.ca_file = cert}, true, err, sizeof(err));
 	assert_non_null(server);
 	assert_non_null(e->o.tls);
 	streaming_case(e, server);

@@ -423,8 +423,8 @@ static size_t run_tls_fill(const char *dir, size_t total, size_t upto)
 
 	snprintf(cert, sizeof(cert), "%s/cert.pem", dir);
 	snprintf(key, sizeof(key), "%s/key.pem", dir);
-	sctx = km_net_tls_server_ctx(cert, key, NULL, 0, err, sizeof(err));
-	cctx = km_net_tls_client_ctx(cert, NULL, NULL, false, err, sizeof(err));
+	sctx = km_net_tls_server_ctx(&(km_net_tls_files){.cert_file = cert, .key_file = key}, 0, err, sizeof(err));
+	cctx = km_net_tls_client_ctx(&(km_net_tls_files){.ca_file = cert}, false, err, sizeof(err));
 	assert_non_null(sctx);
 	assert_non_null(cctx);
 	for (size_t i = 0; i < total; i++)

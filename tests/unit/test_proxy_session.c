@@ -388,7 +388,7 @@ static tclient *tc_connect_tls(fixture *f, uint16_t port, SSL_CTX **ctx_out)
 	SSL_CTX *ctx;
 
 	snprintf(ca, sizeof(ca), "%s/cert.pem", tls_dir);
-	ctx = km_net_tls_client_ctx(ca, NULL, NULL, true, err, sizeof(err));
+	ctx = km_net_tls_client_ctx(&(km_net_tls_files){.ca_file = ca}, true, err, sizeof(err));
 	assert_non_null(ctx);
 	memset(&sin, 0, sizeof(sin));
 	sin.sin_family = AF_INET;

@@ -159,6 +159,21 @@ static void test_config(void **state)
 		assert_int_equal(km_state_config_check(ok, 2, false, err, sizeof(err)), KM_OK);
 	}
 	expect_bad("bootstrap.servers", "x", "given twice");
+	/* Kafka's stores: PKCS12, PEM or JKS (a PKCS12 file); in place of the PEM files, not beside them */
+	expect_bad("ssl.truststore.type", "JCEKS", "'JCEKS' is not one of PKCS12, PEM, JKS");
+	assert_int_equal(check1("ssl.keystore.type", "PKCS12", true, err, sizeof(err)), KM_OK);
+	assert_int_equal(check1("ssl.truststore.password", "changeit", true, err, sizeof(err)), KM_OK);
+	assert_true(km_state_config_is_secret("ssl.truststore.password"));
+	assert_true(km_state_config_is_secret("ssl.keystore.password"));
+	{
+		km_state_kv two[3] = {{"bootstrap.servers", "s:1"}, {"ssl.ca.location", "/d/ca.pem"},
+				      {"ssl.truststore.location", "/d/ca.p12"}};
+		km_state_kv keys[2] = {{"ssl.certificate.location", "/d/c.pem"}, {"ssl.keystore.location", "/d/c.p12"}};
+		assert_int_equal(km_state_config_check(two, 3, true, err, sizeof(err)), KM_MIRROR_INVALID_CLUSTER_MIRROR_CONFIG);
+		assert_non_null(strstr(err, "ssl.ca.location and ssl.truststore.location both say which CAs to trust"));
+		assert_int_equal(km_state_config_check(keys, 2, false, err, sizeof(err)), KM_MIRROR_INVALID_CLUSTER_MIRROR_CONFIG);
+		assert_non_null(strstr(err, "keep one"));
+	}
 
 	/* bootstrap.servers is required on create, must be host:port entries */
 	assert_int_equal(km_state_config_check(none, 1, true, err, sizeof(err)), KM_MIRROR_INVALID_CLUSTER_MIRROR_CONFIG);

@@ -10,10 +10,13 @@
 
 #define FIRST_MS 1000 /* after the load: the first record, and the retry while the store is not ready */
 
+#define ALONE_WARN_MS (10 * 60 * 1000) /* how often a kmirrord running every mirror beside another says so */
+
 struct km_report {
 	km_mirror *mi;
 	struct event *ev;
 	int64_t start_ms;
+	int64_t warned_ms; /* when check_alone last warned; 0: not yet */
 	bool *inflight; /* shared with the write's answer, which may come after the report is freed */
 };
 
@@ -41,6 +44,35 @@ static void written(void *arg, const km_state_result *res)
 		return;
 	}
 	free(inflight); /* the report is gone */
+}
+
+/*
+ * mirror_pipelines = all is for a kmirrord alone in front of the destination. Another instance that
+ * reported in the last three report intervals and runs pipelines (all, or owned) writes the same
+ * mirrors: two writers of one partition fence each other, hide each other's batches, and a reader
+ * through either may be shown a view the other then changes. Said at once and every 10 minutes
+ * while it lasts (docs/mirror.md, "One kmirrord per mirror").
+ */
+static void check_alone(km_report *r, km_state *st, int64_t now)
+{
+	const km_state_instance *in;
+	size_t n;
+
+	if (strcmp(km_mirror_pipelines_name(r->mi), "all") != 0 || (r->warned_ms && now - r->warned_ms < ALONE_WARN_MS))
+		return;
+	in = km_state_instances(st, &n);
+	for (size_t i = 0; i < n; i++) {
+		if (!in[i].id || !strcmp(in[i].id, km_mirror_self(r->mi)) || !in[i].pipelines ||
+		    !strcmp(in[i].pipelines, "none") || now - in[i].report_ms > 3 * KM_STATE_INSTANCE_REPORT_MS)
+			continue;
+		KM_WARN("mirror", 0, "this kmirrord runs every mirror (mirror_pipelines = all) while kmirrord %s "
+			"(mirror_pipelines = %s, reported %.0f s ago) runs mirrors too, in front of the same state topic: "
+			"both write the same partitions and hide each other's batches. With several kmirrords set "
+			"mirror_pipelines = owned on every one (docs/mirror.md, \"One kmirrord per mirror\")",
+			in[i].id, in[i].pipelines, (double)(now - in[i].report_ms) / 1000.0);
+		r->warned_ms = now;
+		return;
+	}
 }
 
 static void report(evutil_socket_t fd, short what, void *arg)
@@ -76,6 +108,7 @@ static void report(evutil_socket_t fd, short what, void *arg)
 	r->inflight[0] = true;
 	km_state_instance_write(st, &in, written, r->inflight);
 	free(in.owned); /* the store encoded it */
+	check_alone(r, st, in.report_ms);
 }
 
 km_report *km_report_new(km_mirror *mi)

@@ -3,6 +3,7 @@ kmirrords in front of one destination agree through the destination's consumer g
 __kmirror-sync; describe through each says which one syncs, exactly one does, and when it stops the
 other takes over and the sync goes on."""
 
+import re
 import time
 import uuid
 
@@ -112,3 +113,29 @@ def test_one_kmirrord_syncs_a_mirror(kmirror_bin, dest_cluster, source_cluster, 
     set_source_config(source_cluster, topic, "retention.ms", "1800000")
     wait_until(lambda: dest_config(dest_cluster, topic, "retention.ms") == "1800000", timeout=20,
                what="retention.ms synced by the new owner")
+
+
+def test_two_kmirrords_running_every_mirror_say_so(proxy_factory, dest_cluster, source_cluster, kmirror_bin):
+    """mirror_pipelines = all (the default) is for a kmirrord alone: two of them in front of one
+    state topic both write every mirror. Each says so within a report interval once the state topic
+    exists (a mirror is created), naming the other and what to set; with mirror_pipelines = owned
+    on both, neither does."""
+    state = f"__mirror_state_alone_{uuid.uuid4().hex[:6]}"
+    a = proxy_factory(dest_cluster, name="kmirrord-all-a", mirror_state_topic=state)
+    b = proxy_factory(dest_cluster, name="kmirrord-all-b", mirror_state_topic=state)
+    Cli(kmirror_bin, a.bootstrap).run("create", "--mirror", f"alone-{uuid.uuid4().hex[:6]}", "--source-bootstrap",
+                                      source_cluster.bootstrap)
+    warn = "runs every mirror (mirror_pipelines = all) while kmirrord "
+    for p, other in ((a, b), (b, a)):
+        line = p.wait_log(re.escape(warn) + r"\S+@\S+:" + str(other.http_port) + r" \(mirror_pipelines = all",
+                          timeout=40)
+        assert "set mirror_pipelines = owned on every one" in p.output(), line
+    state = f"__mirror_state_owned_{uuid.uuid4().hex[:6]}"
+    c = proxy_factory(dest_cluster, name="kmirrord-owned-c", mirror_state_topic=state, mirror_pipelines="owned")
+    d = proxy_factory(dest_cluster, name="kmirrord-owned-d", mirror_state_topic=state, mirror_pipelines="owned")
+    Cli(kmirror_bin, c.bootstrap).run("create", "--mirror", f"owned-{uuid.uuid4().hex[:6]}", "--source-bootstrap",
+                                      source_cluster.bootstrap)
+    # Each checks after each of its reports (1 s after its load, then every 10 s): by then the
+    # other's first report is in its view.
+    time.sleep(13)
+    assert not any(warn in p.output() for p in (c, d))

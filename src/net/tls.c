@@ -472,8 +472,10 @@ static km_err use_store(SSL_CTX *ctx, const km_net_tls_store *s, bool keystore, 
 	X509_STORE *st = NULL;
 	km_err rc = load_store(s, keystore ? "keystore" : "truststore", keystore, &c, err, errlen);
 
-	if (rc != KM_OK)
+	if (rc != KM_OK) {
+		store_content_free(&c); /* what a failed load had read */
 		return rc;
+	}
 	if (keystore) {
 		if (SSL_CTX_use_certificate(ctx, c.cert) != 1 || SSL_CTX_use_PrivateKey(ctx, c.key) != 1 ||
 		    SSL_CTX_check_private_key(ctx) != 1 || SSL_CTX_set1_chain(ctx, c.certs) != 1) {

@@ -86,8 +86,13 @@ bool km_pl_seal(km_pipeline *pl, mpart *p)
 	km_wr w;
 	mbatch *b;
 	int64_t L = p->out.acked_logical, E = p->out.acked_phys;
-	/* The run before ends where it reaches E: before holes passed after it, if any (km_pl_run_past_holes). */
-	int64_t prev_end = p->plan.cont_logical;
+	/*
+	 * The run before ends where it reaches E: before holes passed after it, if any
+	 * (km_pl_run_past_holes), never past L. Batches planned past L and dropped by the stop left
+	 * cont_logical there; a run naming that end is refused, and the partition was then left to a
+	 * reconcile that resumed past the seals of earlier stops (docs/reliability.md, finding 34).
+	 */
+	int64_t prev_end = p->plan.cont_logical < L ? p->plan.cont_logical : L;
 
 	/* Short: it must pass the smallest max.message.bytes a topic may have. */
 	snprintf(key, sizeof(key), "kmirror.seal/%lld.%d", (long long)p->plan.pid, p->plan.epoch);

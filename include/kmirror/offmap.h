@@ -83,6 +83,13 @@ int64_t km_offmap_run_length(const km_offmap *m, size_t i);
  * what reconcile left behind): the physical offsets after a run's end and before the next run.
  */
 int64_t km_offmap_hidden(const km_offmap *m);
+/*
+ * Run i (i >= 1) starts past physical end, a run of batches that never landed, and by its
+ * prev_logical_end the run before it ends below end: the range between is hidden by run i alone,
+ * so removing run i would show it (a stop's seal written over the run that hid earlier seals,
+ * then lost: docs/reliability.md, finding 34).
+ */
+bool km_offmap_hides_before(const km_offmap *m, size_t i, int64_t end);
 
 /*
  * Logical fetch offset -> the physical offset to fetch from: in a run, the same distance into it;

@@ -155,6 +155,18 @@ int64_t km_offmap_hidden(const km_offmap *m)
 	return n;
 }
 
+bool km_offmap_hides_before(const km_offmap *m, size_t i, int64_t end)
+{
+	const km_offrun *r, *prev;
+
+	if (!m || i == 0 || i >= m->n)
+		return false;
+	r = &m->runs[i];
+	prev = &m->runs[i - 1];
+	return r->physical > end && r->prev_logical_end >= prev->logical &&
+	       prev->physical + (r->prev_logical_end - prev->logical) < end;
+}
+
 int64_t km_offmap_to_physical(const km_offmap *m, int64_t logical)
 {
 	size_t at;

@@ -117,6 +117,34 @@ static void test_hidden(void **state)
 }
 
 /*
+ * Finding 34's map: seals at physical 1641-1643 were hidden by the run (1641 -> 1644), which a
+ * fourth stop's seal run (1641 -> 1645) replaced; the seal never landed and the log ends at 1644.
+ * That run alone hides 1641-1643. A plain run that never landed after dense records hides nothing.
+ */
+static void test_hides_before(void **state)
+{
+	km_offmap m;
+	(void)state;
+	km_offmap_init(&m);
+	add(&m, 0, 0, -1);
+	add(&m, 1641, 1645, 1641);
+	assert_true(km_offmap_hides_before(&m, 1, 1644));
+	assert_false(km_offmap_hides_before(&m, 1, 1645)); /* it landed: the log ends past it */
+	assert_false(km_offmap_hides_before(&m, 0, 1644));
+	assert_false(km_offmap_hides_before(&m, 2, 1644));
+	assert_false(km_offmap_hides_before(NULL, 1, 1644));
+	km_offmap_free(&m);
+	km_offmap_init(&m);
+	add(&m, 0, 0, -1);
+	add(&m, 1641, 1641, 1641); /* the next batch's run, after dense records, never landed */
+	assert_false(km_offmap_hides_before(&m, 1, 1641));
+	add(&m, 1700, 1705, 1700); /* past a hole: the run before ends at 1700 logically, 1700 physically */
+	assert_false(km_offmap_hides_before(&m, 2, 1700));
+	assert_true(km_offmap_hides_before(&m, 2, 1703)); /* 1700-1702 were the seal's and others' */
+	km_offmap_free(&m);
+}
+
+/*
  * The tail: logical 0-9 at physical 0-9, then the source ended in a hole (a commit marker):
  * the logical tail 15 runs ahead of the open run's end 10.
  */
@@ -446,7 +474,7 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_one_open_run), cmocka_unit_test(test_holes),
-		cmocka_unit_test(test_hidden),       cmocka_unit_test(test_tail), cmocka_unit_test(test_epoch_end),
+		cmocka_unit_test(test_hidden), cmocka_unit_test(test_hides_before),       cmocka_unit_test(test_tail), cmocka_unit_test(test_epoch_end),
 		cmocka_unit_test(test_maps_tail),
 		cmocka_unit_test(test_replace_remove), cmocka_unit_test(test_random_order),
 		cmocka_unit_test(test_many_runs),    cmocka_unit_test(test_negative),

@@ -253,6 +253,17 @@ static void after_reconcile(km_pipeline *pl, mpart *p, int64_t end)
 	while (keep > 0 && ((m->runs[keep - 1].physical >= end && !resume_run(m, keep - 1, end)) ||
 			    (hide >= 0 && m->runs[keep - 1].logical >= hide)))
 		keep--;
+	if (hide < 0 && keep > 0 && km_offmap_hides_before(m, keep, end)) {
+		/*
+		 * The first run that never landed also hid what lies between the run before it and the
+		 * log's end (a stop's seal written over the run that hid earlier seals, then lost):
+		 * mapping the end through the run before would show that range and resume past it. It
+		 * stays hidden, and the mirror resumes at that run's logical offset (finding 34).
+		 */
+		hide = p->recon.hide_logical = m->runs[keep].logical;
+		while (keep > 0 && m->runs[keep - 1].logical >= hide)
+			keep--;
+	}
 	p->out.acked_phys = p->plan.phys = end;
 	p->out.probe = true;
 	p->recon.seal_out = false; /* the log said where the tail is: a seal of before is in it or not */

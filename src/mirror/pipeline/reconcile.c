@@ -260,9 +260,7 @@ static void after_reconcile(km_pipeline *pl, mpart *p, int64_t end)
 		 * mapping the end through the run before would show that range and resume past it. It
 		 * stays hidden, and the mirror resumes at that run's logical offset (finding 34).
 		 */
-		hide = p->recon.hide_logical = m->runs[keep].logical;
-		while (keep > 0 && m->runs[keep - 1].logical >= hide)
-			keep--;
+		hide = p->recon.hide_logical = m->runs[keep].logical; /* the runs before it start below it */
 	}
 	p->out.acked_phys = p->plan.phys = end;
 	p->out.probe = true;

@@ -110,8 +110,10 @@ def test_acls(proxy3, topic_name):
     flt = AclBindingFilter(ResourceType.TOPIC, topic_name, ResourcePatternType.LITERAL,
                            None, None, AclOperation.ANY, AclPermissionType.ANY)
     try:
-        out = proxy3.tool("acls", "--list", "--topic", topic_name).stdout
-        assert "principal=User:alice" in out and "operation=READ" in out
+        # The broker that answers may not have it from the metadata log yet (seen under load): asked again.
+        wait_until(lambda: all(w in proxy3.tool("acls", "--list", "--topic", topic_name).stdout
+                               for w in ("principal=User:alice", "operation=READ")),
+                   30, 0.5, "the Java tool listing alice's ACL")
 
         # The admin client adds and describes one more.
         binding = AclBinding(ResourceType.TOPIC, topic_name, ResourcePatternType.LITERAL,

@@ -60,18 +60,21 @@ typedef struct fake_txn {
 	int slot;           /* what txn() answers for a transaction it knows (-1: none) */
 	int64_t first;      /* the logical offset of the first batch leased */
 	int calls_create;
+	int marked;         /* markers planned: each moves the slot on (the next transaction is another's) */
 } fake_txn;
 
-static int txn_of(void *arg, int64_t src_pid, int64_t logical, bool create)
+static int txn_of(void *arg, int64_t src_pid, int64_t logical, mtx_use use)
 {
 	fake_txn *f = arg;
 	(void)src_pid;
-	if (create) {
+	if (f->slot < 0)
+		return -1;
+	if (use == MTX_BATCH) {
 		f->calls_create++;
 		if (f->first < 0)
 			f->first = logical;
 	}
-	return f->slot;
+	return use == MTX_MARKER ? f->slot + f->marked++ : f->slot + f->marked;
 }
 
 static void plan_init(mplan *q, int64_t fetch_logical, int64_t phys)
@@ -385,29 +388,33 @@ static void test_refusals(void **state)
 }
 
 /*
- * A carried transaction: its data batches keep the source's producer until stamped for their
- * destination transaction; its COMMIT is planned as a marker, and the rest of the answer waits.
+ * Carried transactions: their data batches keep the source's producer until stamped for their
+ * destination transaction; a COMMIT is planned as a marker, and what follows it is planned too
+ * (the next transaction in a slot of its own) up to the second marker, where the answer stops.
  */
 static void test_transaction_and_marker(void **state)
 {
 	uint8_t out[4096];
 	km_batch pb;
-	mbatch *d, *m;
+	mbatch *d, *m, *d2, *m2;
 	run r;
 	(void)state;
 	run_init(&r, 2, 0, 50);
 	add_batch(&r.w, 0, five, 5, KM_CODEC_NONE, true, false);
 	add_marker(&r.w, 5, true);
-	add_batch(&r.w, 6, five, 5, KM_CODEC_NONE, false, false);
+	add_batch(&r.w, 6, five, 5, KM_CODEC_NONE, true, false);
+	add_marker(&r.w, 11, false);
+	add_batch(&r.w, 12, five, 5, KM_CODEC_NONE, false, false);
 	assert_int_equal(run_take(&r, 64), KM_OK);
 	d = r.q.head;
 	assert_non_null(d);
-	m = d->next;
-	assert_non_null(m);
-	assert_null(m->next); /* the batch after the marker waits for the next fetch */
+	assert_non_null(m = d->next);
+	assert_non_null(d2 = m->next);
+	assert_non_null(m2 = d2->next);
+	assert_null(m2->next); /* the batch after the second marker waits for the next fetch */
 	assert_true(r.q.stop_answer);
-	assert_int_equal(r.q.fetch_logical, 6);
-	assert_int_equal(r.f.calls_create, 1);
+	assert_int_equal(r.q.fetch_logical, 12);
+	assert_int_equal(r.f.calls_create, 2);
 	assert_int_equal(r.f.first, 0);
 	assert_int_equal(d->kind, BK_TXN);
 	assert_int_equal(d->txi, 2);
@@ -416,7 +423,14 @@ static void test_transaction_and_marker(void **state)
 	assert_int_equal(m->txi, 2);
 	assert_int_equal(m->logical, 5);
 	assert_int_equal(m->physical, 55);
-	assert_int_equal(r.q.phys, 56);
+	assert_int_equal(d2->kind, BK_TXN);
+	assert_int_equal(d2->txi, 3); /* the transaction after the marker: another slot */
+	assert_int_equal(d2->physical, 56);
+	assert_int_equal(m2->kind, BK_MARKER);
+	assert_false(m2->commit);
+	assert_int_equal(m2->txi, 3);
+	assert_int_equal(m2->physical, 61);
+	assert_int_equal(r.q.phys, 62);
 	assert_int_equal(r.q.seq, 0); /* the idempotent producer's sequence does not move */
 
 	assert_int_equal(km_plan_stamp_txn(d, 31337, 6, 40), KM_OK);
@@ -426,6 +440,27 @@ static void test_transaction_and_marker(void **state)
 	assert_int_equal(pb.producer_epoch, 6);
 	assert_int_equal(pb.base_sequence, 40);
 	assert_int_equal(pb.base_offset, 0);
+	run_free(&r);
+}
+
+/* One marker does not stop the answer: what follows it is planned behind it. */
+static void test_one_marker_plans_on(void **state)
+{
+	mbatch *m;
+	run r;
+	(void)state;
+	run_init(&r, 0, 0, 0);
+	add_batch(&r.w, 0, five, 5, KM_CODEC_NONE, true, false);
+	add_marker(&r.w, 5, true);
+	add_batch(&r.w, 6, five, 5, KM_CODEC_NONE, false, false);
+	assert_int_equal(run_take(&r, 64), KM_OK);
+	assert_non_null(m = r.q.head->next);
+	assert_int_equal(m->kind, BK_MARKER);
+	assert_non_null(m->next);
+	assert_int_equal(m->next->kind, BK_DATA);
+	assert_int_equal(m->next->physical, 6);
+	assert_false(r.q.stop_answer);
+	assert_int_equal(r.q.fetch_logical, 11);
 	run_free(&r);
 }
 
@@ -508,6 +543,7 @@ int main(void)
 		cmocka_unit_test(test_compacted_batch_split),
 		cmocka_unit_test(test_refusals),
 		cmocka_unit_test(test_transaction_and_marker),
+		cmocka_unit_test(test_one_marker_plans_on),
 		cmocka_unit_test(test_marker_hole_and_no_txn),
 		cmocka_unit_test(test_log_append_time_runs),
 		cmocka_unit_test(test_drop_unsent),

@@ -43,27 +43,35 @@ static bool tx_add(km_pipeline *pl, mpart *p, const char *tid)
 	p->txn.tx = n;
 	if (!(t = km_txp_new(pl->dst, tid, p->t->name, p->id, km_pl_on_cluster_change, pl)))
 		return false;
-	p->txn.tx[p->txn.n++] = (mtx){t, -1, false, -1, -1};
+	p->txn.tx[p->txn.n++] = (mtx){.txp = t, .src_pid = -1, .first_logical = -1, .marker_phys = -1};
 	return true;
 }
 
-/* The producer carrying source producer src_pid's open transaction on p; a free one (or a new one) when create. */
+/*
+ * The producer carrying source producer src_pid's open transaction on p (one whose marker is
+ * planned is not: that transaction is over); a free one (or a new one) when create. Of the free
+ * ones, the one whose last transaction ended first. The coordinator refuses a new transaction of
+ * a producer until it has completed the last one (CONCURRENT_TRANSACTIONS, for some tens of ms
+ * after the marker landed): while the pool is small, a new producer rather than one just freed.
+ */
 static int lease_for(km_pipeline *pl, mpart *p, int64_t src_pid, bool create)
 {
 	char tid[700];
+	int pick = -1;
 	for (size_t i = 0; i < p->txn.n; i++)
-		if (p->txn.tx[i].src_pid == src_pid)
+		if (p->txn.tx[i].src_pid == src_pid && !p->txn.tx[i].marked)
 			return (int)i;
 	if (!create)
 		return -1;
 	for (size_t i = 0; i < p->txn.n; i++)
-		if (p->txn.tx[i].src_pid < 0 && km_txp_state_of(p->txn.tx[i].txp) <= KM_TXP_FREE) {
-			p->txn.tx[i].src_pid = src_pid;
-			p->txn.tx[i].begun = false;
-			p->txn.tx[i].first_logical = -1;
-			p->txn.tx[i].marker_phys = -1;
-			return (int)i;
-		}
+		if (p->txn.tx[i].src_pid < 0 && km_txp_state_of(p->txn.tx[i].txp) <= KM_TXP_FREE &&
+		    (pick < 0 || p->txn.tx[i].released < p->txn.tx[pick].released))
+			pick = (int)i;
+	if (pick >= 0 && (p->txn.n >= TXN_POOL_WARM ||
+			  km_mirror_wall_ms() - p->txn.tx[pick].released >= TXN_COMPLETE_MS)) {
+		p->txn.tx[pick].src_pid = src_pid;
+		return pick;
+	}
 	for (size_t k = p->txn.n;; k++) {
 		bool taken = false;
 		tid_of(pl, p, k, tid, sizeof(tid));
@@ -81,12 +89,23 @@ static int lease_for(km_pipeline *pl, mpart *p, int64_t src_pid, bool create)
 static void publish_open(km_pipeline *pl, mpart *p);
 
 /* The batch plan's transactions (mplan_env.txn): arg is the partition. */
-int km_pl_txn_slot(void *arg, int64_t src_pid, int64_t logical, bool create)
+int km_pl_txn_slot(void *arg, int64_t src_pid, int64_t logical, mtx_use use)
 {
 	mpart *p = arg;
 	km_pipeline *pl = p->t->pl;
-	int i = lease_for(pl, p, src_pid, create);
-	if (i >= 0 && create && p->txn.tx[i].first_logical < 0) {
+	int i = lease_for(pl, p, src_pid, use == MTX_BATCH);
+	if (i >= 0 && use == MTX_MARKER) {
+		/*
+		 * A source producer has one transaction open at a time: another of its producers still
+		 * open here would never see its marker, and hold the partition's LSO back for good.
+		 * Reconcile fences it and mirrors its records again (km_pl_drive_orphan).
+		 */
+		for (size_t j = 0; j < p->txn.n; j++)
+			if ((int)j != i && p->txn.tx[j].src_pid == src_pid && !p->txn.tx[j].marked)
+				p->txn.orphan = true;
+		p->txn.tx[i].marked = true;
+	}
+	if (i >= 0 && use == MTX_BATCH && p->txn.tx[i].first_logical < 0) {
 		p->txn.tx[i].first_logical = logical;
 		publish_open(pl, p);
 	}
@@ -124,8 +143,10 @@ static void tx_release(km_pipeline *pl, mpart *p, size_t i)
 {
 	p->txn.tx[i].src_pid = -1;
 	p->txn.tx[i].begun = false;
+	p->txn.tx[i].marked = false;
 	p->txn.tx[i].first_logical = -1;
 	p->txn.tx[i].marker_phys = -1;
+	p->txn.tx[i].released = km_mirror_wall_ms();
 	publish_open(pl, p);
 }
 
@@ -341,6 +362,37 @@ void km_pl_list_txns(km_pipeline *pl, int64_t now)
 /* ---- a transaction's marker: the destination transaction ends, its marker lands where the source's is ---- */
 
 /*
+ * p's head marker has stood MARKER_STUCK_MS: its producer never became open, or its EndTxn was
+ * never answered, or its marker never landed. Nothing else would move the partition on, and its
+ * destination transaction would hold readers at the LSO: what p's producers and plan hold is
+ * logged, and p reconciles (which fences the producers and mirrors the open transactions again).
+ */
+static void stuck_marker(km_pipeline *pl, mpart *p, const mbatch *b, km_txp_state st)
+{
+	static const char *mk[] = {"waiting for everything before it", "EndTxn sent", "its landing asked"};
+	char tag[300], why[400];
+	int n = 0;
+
+	for (const mbatch *x = p->plan.head; x; x = x->next)
+		n++;
+	KM_WARN(COMP, 0, "%s/%s: the %s marker at offset %lld (destination offset %lld) has stood %d s, %s, its "
+		"producer %s %s; %d batch(es) planned, %zu in flight, fetch ahead %d/%d", pl->name,
+		km_pl_ptag(p, tag, sizeof(tag)), b->commit ? "commit" : "abort", (long long)b->logical,
+		(long long)b->physical, MARKER_STUCK_MS / 1000, b->mk <= MK_ASKED ? mk[b->mk] : "?",
+		km_txp_id(p->txn.tx[b->txi].txp), km_txp_state_name(st), n, p->out.inflight, p->fetch.ahead,
+		p->fetch.taken);
+	for (size_t i = 0; i < p->txn.n; i++) {
+		const mtx *x = &p->txn.tx[i];
+		KM_WARN(COMP, 0, "%s/%s: producer %zu %s: %s, source producer %lld, begun %d, marked %d, first offset %lld, "
+			"marker at destination offset %lld", pl->name, tag, i, km_txp_id(x->txp),
+			km_txp_state_name(km_txp_state_of(x->txp)), (long long)x->src_pid, x->begun, x->marked,
+			(long long)x->first_logical, (long long)x->marker_phys);
+	}
+	snprintf(why, sizeof(why), "a transaction marker stood %d s without landing", MARKER_STUCK_MS / 1000);
+	km_pl_reconcile(pl, p, why);
+}
+
+/*
  * p's head is a marker and everything before it is in: end the destination transaction as the
  * source's marker says, then ask the destination's log end until the coordinator's marker is in.
  */
@@ -354,11 +406,18 @@ void km_pl_drive_marker(km_pipeline *pl, mpart *p, int64_t now, int64_t *next)
 		km_pl_reconcile(pl, p, km_txp_error(t));
 		return;
 	}
+	if (!b->mk_since)
+		b->mk_since = now;
+	if (now - b->mk_since > MARKER_STUCK_MS) {
+		stuck_marker(pl, p, b, st);
+		return;
+	}
 	if (b->mk == MK_WAITING && st == KM_TXP_OPEN) {
 		int64_t at;
 		km_txp_end(t, b->commit);
 		p->txn.tx[b->txi].marker_phys = b->physical;
 		b->mk = MK_ENDING;
+		b->mk_since = now;
 		/* EndTxn goes now: the producers were polled before this step (km_pl_drive_txps). */
 		if ((at = km_txp_poll(t, now)) < *next)
 			*next = at;

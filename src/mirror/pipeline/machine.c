@@ -593,6 +593,12 @@ static void step_part(km_pipeline *pl, mpart *p, int64_t now, int64_t *next, tic
 	mstep step;
 
 	km_pl_drive_txps(pl, p, now, next);
+	if (p->txn.orphan && p->phase == PH_WRITING && !p->out.inflight) {
+		/* Reconcile fences it and mirrors again from where it began (km_pl_txn_slot). */
+		p->txn.orphan = false;
+		km_pl_reconcile(pl, p, "a destination transaction of a source producer was left open while the next one began");
+		return;
+	}
 	if (p->plan.head && p->plan.head->kind == BK_MARKER && !p->out.inflight && p->phase == PH_WRITING &&
 	    !km_pl_taking_ahead(p))
 		km_pl_drive_marker(pl, p, now, next);

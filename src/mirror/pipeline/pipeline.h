@@ -70,8 +70,20 @@ enum { FETCH_LO = 4, FETCH_HI = 12, PRODUCE_LO = 3, PRODUCE_HI = 12, META_LO = 1
        LO_HI = 10, PID_LO = 0, PID_HI = 5, LT_LO = 0, LT_HI = 1 };
 /* A transactional batch goes with Produce v11 at most: transaction version 1 (txn.c). */
 #define PRODUCE_TXN_HI 11
+/*
+ * A partition's transactional producers: a free one is leased again once its last transaction
+ * has had this long to complete at the coordinator, or when the pool has this many (carry.c).
+ */
+#define TXN_COMPLETE_MS 100
+#define TXN_POOL_WARM (PLAN_MARKERS_AHEAD + 2)
 /* How soon a marker's landing is looked at again while the coordinator has not written it yet. */
 #define MARKER_POLL_MS 5
+/*
+ * How long a partition's head marker may stand without its transaction ending (EndTxn not sent:
+ * its producer never open) or, once EndTxn is sent, without landing: then its state is logged and
+ * the partition reconciles (carry.c, km_pl_drive_marker).
+ */
+#define MARKER_STUCK_MS 30000
 /* How long reconcile waits for the answer and the marker of a transaction this life ended (carry.c). */
 #define ENDED_WAIT_MS 30000
 #define MARKER_WAIT_POLL_MS 20
@@ -101,9 +113,11 @@ typedef struct mtx {
 	km_txp *txp;
 	int64_t src_pid; /* -1: free */
 	bool begun;      /* km_txp_begin called for the current source transaction */
+	bool marked;     /* its marker is planned: the source transaction is over (a later batch of src_pid is another's) */
 	int64_t first_logical; /* where that transaction's first batch is (-1: none planned yet) */
 	/* EndTxn sent for it (the coordinator decides it, whatever the partition does): where its marker was planned; -1: not */
 	int64_t marker_phys;
+	int64_t released; /* when its last source transaction was released (ms; 0: never leased) */
 } mtx;
 
 typedef struct mtopic mtopic;
@@ -199,6 +213,7 @@ typedef struct mpart {
 	struct {                /* carry.c: its transactional producers (docs/mirror.md, "Transactions") */
 		mtx *tx;
 		size_t n;
+		bool orphan;    /* a source producer's transaction left open in one producer while another carries its next (km_pl_txn_slot) */
 	} txn;
 	struct {                /* failback.c */
 		int64_t peer_offset;    /* the source's kmirrord mirrored it from here up to this (-1: no) */
@@ -411,7 +426,7 @@ void km_pl_drive_writer(km_pipeline *pl, int64_t now, int64_t *next);
 /* ---- carry.c: carried transactions ---- */
 
 /* The batch plan's transactions (mplan_env.txn): arg is the partition. */
-int km_pl_txn_slot(void *arg, int64_t src_pid, int64_t logical, bool create);
+int km_pl_txn_slot(void *arg, int64_t src_pid, int64_t logical, mtx_use use);
 /* Whether tid is one of p's transactional ids, of any kmirrord instance. */
 bool km_pl_tid_is_of(const km_pipeline *pl, const mpart *p, const char *tid);
 /* Whether p carries an open source transaction. */
@@ -504,13 +519,15 @@ static inline bool km_pl_source_meta_stale(int16_t code)
 }
 
 /*
- * p writes its last fetched batches, all of them sent, none of a probe, and is in no Fetch: its next
- * Fetch may go now, at the logical offset after them, while they are written (docs/mirror.md,
- * "Fetching ahead"). Its phase stays WRITING.
+ * p writes its last fetched batches, all of them sent (or its plan ends in a marker, with room for
+ * another), none of a probe, and is in no Fetch: its next Fetch may go now, at the logical offset
+ * after them, while they are written (docs/mirror.md, "Fetching ahead"). Its phase stays WRITING.
  */
 static inline bool km_pl_fetch_ahead(const mpart *p)
 {
-	return p->phase == PH_WRITING && !p->fetch.ahead && !p->out.probe && p->plan.tail && p->plan.tail->sent;
+	const mbatch *t = p->plan.tail;
+	return p->phase == PH_WRITING && !p->fetch.ahead && !p->out.probe && t &&
+	       (t->sent || (t->kind == BK_MARKER && km_plan_markers(&p->plan) < PLAN_MARKERS_AHEAD));
 }
 
 static inline bool km_pl_fetchable(const mpart *p, int64_t now)

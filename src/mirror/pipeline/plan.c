@@ -51,7 +51,7 @@ static bool plan(mplan *q, const mplan_env *env, mbatch *b, runs_acc *ra)
 	uint8_t *h = b->hdr;
 	if (b->kind != BK_MARKER && (km_be16(h + KM_BATCH_OFF_ATTRIBUTES) & KM_BATCH_ATTR_TRANSACTIONAL)) {
 		b->kind = BK_TXN;
-		if ((b->txi = env->txn(env->arg, (int64_t)km_be64(h + KM_BATCH_OFF_PRODUCER_ID), b->logical, true)) < 0)
+		if ((b->txi = env->txn(env->arg, (int64_t)km_be64(h + KM_BATCH_OFF_PRODUCER_ID), b->logical, MTX_BATCH)) < 0)
 			return false;
 	}
 	if (b->logical != q->cont_logical || b->lat != q->cont_lat) {
@@ -253,26 +253,29 @@ static km_err split_batch(mplan *q, const mplan_env *env, mresp *resp, const str
 
 /*
  * A control batch. A COMMIT or ABORT of a source transaction whose data the partition carries in
- * a destination transaction is planned as a marker at its logical offset: the partition holds
- * there (the rest of this answer is not taken) until the destination transaction has ended and
- * its marker landed at the physical offset planned (drive_marker). Any other control batch, and
- * a marker of a transaction whose data came before the mirror, is a hole.
+ * a destination transaction is planned as a marker at its logical offset: nothing after it is
+ * written until the destination transaction has ended and its marker landed at the physical
+ * offset planned (drive_marker). What follows it is planned meanwhile, so the next transaction's
+ * destination transaction begins while this one ends, up to PLAN_MARKERS_AHEAD markers (the rest
+ * of the answer is then not taken). Any other control batch, and a marker of a transaction whose
+ * data came before the mirror, is a hole.
  */
 static km_err take_marker(mplan *q, const mplan_env *env, mresp *resp, const struct evbuffer_ptr *at, size_t size,
 			  const uint8_t *h, runs_acc *ra)
 {
 	int64_t base = (int64_t)km_be64(h + KM_BATCH_OFF_BASE_OFFSET);
 	int64_t last = base + (int32_t)km_be32(h + KM_BATCH_OFF_LAST_OFFSET_DELTA);
-	int txi = env->txn(env->arg, (int64_t)km_be64(h + KM_BATCH_OFF_PRODUCER_ID), last, false);
 	uint8_t small[256];
 	km_control ctl = {.type = KM_CONTROL_NONE};
 	km_batch pb;
 	mbatch *b;
+	int txi;
 
 	q->fetch_logical = last + 1;
-	if (txi < 0 || size > sizeof(small) || evbuffer_copyout_from(resp->buf, at, small, size) != (ev_ssize_t)size ||
+	if (size > sizeof(small) || evbuffer_copyout_from(resp->buf, at, small, size) != (ev_ssize_t)size ||
 	    km_batch_parse(small, size, &pb) != KM_OK || km_batch_control(&pb, NULL, 0, &ctl) != KM_OK ||
-	    (ctl.type != KM_CONTROL_COMMIT && ctl.type != KM_CONTROL_ABORT))
+	    (ctl.type != KM_CONTROL_COMMIT && ctl.type != KM_CONTROL_ABORT) ||
+	    (txi = env->txn(env->arg, (int64_t)km_be64(h + KM_BATCH_OFF_PRODUCER_ID), last, MTX_MARKER)) < 0)
 		return KM_OK; /* a hole */
 	if (!(b = calloc(1, sizeof(*b))))
 		return KM_ERR_NOMEM;
@@ -287,7 +290,7 @@ static km_err take_marker(mplan *q, const mplan_env *env, mresp *resp, const str
 		km_plan_batch_free(b);
 		return KM_ERR_NOMEM;
 	}
-	q->stop_answer = true;
+	q->stop_answer = km_plan_markers(q) >= PLAN_MARKERS_AHEAD;
 	return KM_OK;
 }
 
@@ -312,7 +315,7 @@ km_err km_plan_take(mplan *q, const mplan_env *env, mresp *resp, const struct ev
 		return KM_ERR_DECODE;
 	}
 	if (last < q->fetch_logical || q->stop_answer)
-		return KM_OK; /* the first batch of a fetch may end before the fetch offset; after a marker, the next fetch */
+		return KM_OK; /* the first batch of a fetch may end before the fetch offset; past the markers held, the next fetch */
 	q->fetch_epoch = (int32_t)km_be32(h + KM_BATCH_OFF_LEADER_EPOCH); /* the divergence check's, holes too */
 	if (attr & KM_BATCH_ATTR_CONTROL)
 		return take_marker(q, env, resp, at, size, h, ra);

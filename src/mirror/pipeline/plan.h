@@ -61,6 +61,7 @@ typedef struct mbatch {
 	int txi;          /* BK_TXN, BK_MARKER: the partition's transactional producer (mpart.tx) */
 	uint8_t mk;       /* BK_MARKER: MK_* */
 	int64_t mk_at;    /* BK_MARKER: when the landing is asked again */
+	int64_t mk_since; /* BK_MARKER: when it was first driven at the head, or its EndTxn sent (0: not yet) */
 } mbatch;
 
 
@@ -98,20 +99,42 @@ typedef struct mplan {
 	int64_t pid;            /* the mirror's idempotent producer: data batches are stamped with it */
 	int16_t epoch;
 	int32_t seq;
-	bool stop_answer;       /* a marker it holds at: the rest of this answer is not taken */
+	bool stop_answer;       /* it holds PLAN_MARKERS_AHEAD markers: the rest of this answer is not taken */
 	mbatch *head, *tail;    /* planned, unsent or in flight, in order */
 } mplan;
+
+/*
+ * Markers a partition's plan holds at most: the transactions behind a marker are planned (their
+ * destination transactions begin) while it ends, up to the second marker.
+ */
+#define PLAN_MARKERS_AHEAD 2
+
+/* What a transaction's slot is asked for (mplan_env.txn). */
+typedef enum mtx_use {
+	MTX_BATCH,  /* a data batch: the slot of the producer's open transaction, a new lease when none */
+	MTX_MARKER, /* its marker: the slot of that transaction, which is over (a later batch is another's) */
+} mtx_use;
 
 /* What the plan asks of its owner. */
 typedef struct mplan_env {
 	/*
 	 * The slot of the destination transactional producer carrying source producer src_pid's open
-	 * transaction (a new lease when create, its first batch at logical); -1: none (or no memory).
+	 * transaction (for MTX_BATCH a new lease when none is open, its first batch at logical); -1:
+	 * none (or no memory).
 	 */
-	int (*txn)(void *arg, int64_t src_pid, int64_t logical, bool create);
+	int (*txn)(void *arg, int64_t src_pid, int64_t logical, mtx_use use);
 	void *arg;
 	bool no_txn; /* the destination cannot carry transactions (it has no ListTransactions) */
 } mplan_env;
+
+/* The markers q holds (at most PLAN_MARKERS_AHEAD). */
+static inline int km_plan_markers(const mplan *q)
+{
+	int n = 0;
+	for (const mbatch *b = q->head; b; b = b->next)
+		n += b->kind == BK_MARKER;
+	return n;
+}
 
 void km_plan_held_unref(mheld *h);
 /* A release of a piece referencing a response (arg: the mresp). */

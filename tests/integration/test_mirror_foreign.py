@@ -8,7 +8,7 @@ import signal
 import time
 
 import pytest
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 
 from mirror_cli import kmirror_bin, wait_states  # noqa: F401
 from mirror_data import create_dest_topic, main_release_only, produce_records, read_partition, watermarks
@@ -316,3 +316,41 @@ def test_restart_shows_no_more_than_before_reconcile(fenv):
     hw = watermarks(env.pb, topic, 1)[0][1]
     seen = [(r.offset, r.key, r.value) for r in read_partition(env.pb, topic, 0, 0, hw)]
     assert seen == source_records(env, topic, 25)[:hw]
+
+
+def test_late_transaction_of_another_kmirrord_is_fenced_not_waited_for(fenv):
+    """A transaction of one of the mirror's transactional ids of another kmirrord, begun on the
+    destination partition after this kmirrord listed the mirror's ids (a former owner's late
+    write: its AddPartitionsToTxn and Produce held in a cut link or a paused process) and left
+    open. It holds the partition's LSO; it is not a client's, so reconcile must not wait for it
+    as for one (up to the transaction's timeout, here 120 s): the ids are listed again, it is
+    fenced (aborted) and hidden, and the mirror goes on, every record at its source offset."""
+    env = fenv
+    topic = unique("late-tid")
+    env.source_topic(topic, partitions=1)
+    produce_records(env.sb, topic, 20, tag="a")
+    env.start(topic)
+    env.caught_up(topic, 1)
+    # The partition has reconciled and listed the mirror's transactional ids long before this one exists.
+    tid = f"kmirror/kmirrord-gone/{env.mirror}/{topic}/0/0"
+    p = Producer({"bootstrap.servers": env.dest.bootstrap, "transactional.id": tid,
+                  "transaction.timeout.ms": 120000})
+    p.init_transactions(30)
+    p.begin_transaction()
+    p.produce(topic, key=b"late", value=b"a former owner's late write", partition=0)
+    p.flush(30)
+    # The mirror's next batch lands after it, where it was not planned: reconcile.
+    produce_records(env.sb, topic, 10, start=20, tag="b")
+    t0 = time.monotonic()
+    try:
+        env.caught_up(topic, 1, timeout=60)
+    finally:
+        err = env.partitions(topic)[0].get("last_error") or ""
+        print(f"{time.monotonic() - t0:.1f} s; last error: {err}")
+    assert "not the mirror's" not in err, err
+    seen = [(r.offset, r.key, r.value) for r in read_partition(env.pb, topic, 0, 0, 30)]
+    assert seen == source_records(env, topic, 30)
+    assert env.proxy.wait_log(rf"{topic}-0: fencing \d+ transactional id\(s\)", timeout=5)
+    # The late transaction was aborted by the fence: its producer can no longer commit it.
+    with pytest.raises(KafkaException):
+        p.commit_transaction(30)

@@ -294,6 +294,16 @@ static void on_list_txns(km_net_client *c, const km_rpc_response *res, void *arg
 	km_pl_tick_soon(pl);
 }
 
+void km_pl_relist_txns(km_pipeline *pl)
+{
+	if (pl->txl != TXL_KNOWN)
+		return; /* being asked (or the destination has no transactions) */
+	pl->txl = TXL_UNASKED;
+	pl->txl_at = 0;
+	pl->txl_since = 0;
+	km_pl_tick_soon(pl);
+}
+
 void km_pl_list_txns(km_pipeline *pl, int64_t now)
 {
 	int32_t nodes[256];

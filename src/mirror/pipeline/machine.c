@@ -521,7 +521,8 @@ mstep km_pl_step(const mpart *p, const mstep_view *v, int64_t now)
 	if (p->retry.at > now)
 		return STEP_WAIT;
 	if (p->phase == PH_FENCE)
-		return STEP_FENCE;
+		/* Its fence takes the listed ids of earlier lives: not while they are listed again. */
+		return p->recon.fence_started || v->txl_known ? STEP_FENCE : STEP_NONE;
 	if (p->phase == PH_RECONCILE && !p->out.inflight && !p->recon.need_pid && p->lead.dst >= 0 && v->txl_known)
 		return STEP_RECONCILE;
 	if (p->phase == PH_START && p->lead.src >= 0)

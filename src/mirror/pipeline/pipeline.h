@@ -165,6 +165,7 @@ typedef struct mpart {
 		int64_t end;            /* the destination's log end, while its last stable offset is asked */
 		int64_t hide;           /* the physical offset the hidden range starts at, being settled */
 		bool tx_fenced;         /* its transactional ids of earlier lives were initialised again */
+		bool relisted;          /* an open transaction none of its own: the mirror's ids were listed again for it */
 		int64_t ended_wait;     /* since when reconcile waits for transactions this life ended (0: not) */
 		bool fence_started;
 		bool seal_out;          /* a stop's seal planned since the last reconcile, not known to have landed */
@@ -439,6 +440,8 @@ void km_pl_tx_free_all(mpart *p);
 bool km_pl_fence_done(km_pipeline *pl, mpart *p);
 /* ListTransactions on every destination broker: the ids earlier lives of the mirror left. */
 void km_pl_list_txns(km_pipeline *pl, int64_t now);
+/* The mirror's transactional ids on the destination are listed again (km_pl_list_txns, on the next tick). */
+void km_pl_relist_txns(km_pipeline *pl);
 /* p's head is a marker with everything before it in: end the destination transaction, then wait for its marker. */
 void km_pl_drive_marker(km_pipeline *pl, mpart *p, int64_t now, int64_t *next);
 /* The destination's log end, asked about the marker planned at physical offset at. */

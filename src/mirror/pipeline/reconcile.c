@@ -250,6 +250,7 @@ static void after_reconcile(km_pipeline *pl, mpart *p, int64_t end)
 	km_state_run *w = NULL;
 	char tag[300];
 
+	p->recon.relisted = false; /* reconciled: a later open transaction has the ids listed again */
 	while (keep > 0 && ((m->runs[keep - 1].physical >= end && !resume_run(m, keep - 1, end)) ||
 			    (hide >= 0 && m->runs[keep - 1].logical >= hide)))
 		keep--;
@@ -459,6 +460,21 @@ static void after_lso(km_pipeline *pl, mpart *p, int64_t end, int64_t lso)
 			p->recon.tx_fenced = true;
 	}
 	if (p->recon.tx_fenced && !km_pl_tx_open(p) && lso < end && !fence) {
+		if (!p->recon.relisted) {
+			/*
+			 * The ids were listed when the pipeline began, and an id of the mirror's may have
+			 * begun a transaction since: another kmirrord's that ran the mirror before, whose
+			 * InitProducerId, AddPartitionsToTxn and Produce were held in a cut link or a paused
+			 * process. Listed again, such an id is fenced (its transaction aborted) and what it
+			 * holds hidden, as for any earlier life's; a client's is waited for (foreign_txn).
+			 */
+			p->recon.relisted = true;
+			p->recon.tx_fenced = false;
+			km_pl_relist_txns(pl);
+			km_pl_set_phase(p, PH_RECONCILE, "an open transaction not of this life: the mirror's ids are listed again");
+			p->retry.at = 0;
+			return;
+		}
 		foreign_txn(pl, p, lso);
 		return;
 	}

@@ -100,6 +100,7 @@ typedef struct km_config {
 	char *upstream_sasl_kerberos_keytab;
 	char *upstream_sasl_kerberos_principal;
 	char *upstream_sasl_kerberos_host;
+	char *upstream_sasl_oauthbearer_token_endpoint_url;
 	/* Not an option: upstream_sasl_password was read from upstream_sasl_password_file (km_config_read_secrets). */
 	bool upstream_sasl_password_from_file;
 	char *mirror_state_topic;

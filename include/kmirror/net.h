@@ -194,13 +194,52 @@ bool km_net_bev_can_splice(struct bufferevent *bev);
  */
 void km_net_move(struct evbuffer *src, struct evbuffer *dst, size_t n);
 
-/* ---- SASL client mechanisms (providers): PLAIN, SCRAM-SHA-256, SCRAM-SHA-512, GSSAPI ---- */
+/* ---- SASL client mechanisms (providers): PLAIN, SCRAM-SHA-256, SCRAM-SHA-512, GSSAPI, OAUTHBEARER ---- */
 
 typedef struct km_sasl km_sasl;
 
 bool km_sasl_mechanism_supported(const char *mechanism);
-/* NULL when the mechanism is not supported (or no memory); GSSAPI is made by km_sasl_new_gssapi. */
+/*
+ * NULL when the mechanism is not supported (or no memory); GSSAPI is made by km_sasl_new_gssapi.
+ * OAUTHBEARER (RFC 7628): password is the bearer token (km_sasl_oauth_token), user unused.
+ */
 km_sasl *km_sasl_new(const char *mechanism, const char *user, const char *password);
+
+/*
+ * Where OAUTHBEARER tokens come from (docs/security.md, "OAUTHBEARER"), Kafka's KIP-768 name:
+ * token_endpoint_url file:///path/to/token, a file holding a JWT that something else keeps fresh.
+ */
+typedef struct km_sasl_oauth {
+	const char *token_endpoint_url; /* sasl.oauthbearer.token.endpoint.url */
+	const char *setting;            /* where it was set, for the errors ("sasl.oauthbearer.token.endpoint.url") */
+} km_sasl_oauth;
+
+/*
+ * A live token for o (owned: wipe and free). Tokens are kept in this process per file: the file is
+ * read again when it changed (stat) or once 80% of the token's life (from its iat, else from the
+ * read) has passed, so every new connection gets the file's current token. KM_ERR_CONFIG with a
+ * one-line reason naming o->setting and what to do: the URL is not file:///..., the file cannot
+ * be read, holds no JWT with an exp claim, or its token has expired.
+ */
+km_err km_sasl_oauth_token(const km_sasl_oauth *o, char **token, char *err, size_t errlen)
+	__attribute__((warn_unused_result));
+/* Whether o gives a live token now (km_sasl_oauth_token's checks), before any connection. */
+km_err km_sasl_oauth_check(const km_sasl_oauth *o, char *err, size_t errlen) __attribute__((warn_unused_result));
+/*
+ * A JWT's exp and iat claims (seconds since the epoch; *iat 0 when absent) from its payload, read
+ * without checking the signature (the broker does). KM_ERR_INVAL with why: not three base64url
+ * parts, the payload not a JSON object, no numeric exp.
+ */
+km_err km_sasl_oauth_jwt(const char *token, size_t len, int64_t *exp, int64_t *iat, char *why, size_t whylen)
+	__attribute__((warn_unused_result));
+/*
+ * Kafka's JAAS line for OAUTHBEARER: org.apache.kafka.common.security.oauthbearer.OAuthBearerLoginModule
+ * required, with the client-credentials options clientId, clientSecret and scope (each owned, NULL
+ * when absent). KM_ERR_CONFIG with a reason for another module, a missing ';', or the options of
+ * Kafka's unsecured test login (unsecuredLogin*), which kmirror does not make tokens for.
+ */
+km_err km_sasl_oauth_jaas(const char *jaas, char **client_id, char **client_secret, char **scope, char *err,
+			  size_t errlen) __attribute__((warn_unused_result));
 
 /*
  * A Kerberos identity for SASL GSSAPI (docs/security.md, "Kerberos"). keytab NULL: the default
@@ -288,7 +327,7 @@ typedef struct km_net_client_opts {
 	const char *client_id;       /* default "kmirror" */
 	SSL_CTX *tls;                /* NULL: plaintext */
 	bool tls_verify_host;
-	const char *sasl_mechanism;  /* NULL: none; "PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "GSSAPI" */
+	const char *sasl_mechanism;  /* NULL: none; "PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "GSSAPI", "OAUTHBEARER" */
 	const char *sasl_username;
 	const char *sasl_password;
 	/* GSSAPI: the broker's service name and the client's keytab and principal (km_sasl_krb5). */
@@ -297,6 +336,9 @@ typedef struct km_net_client_opts {
 	const char *sasl_kerberos_principal;
 	const char *sasl_kerberos_setting;
 	const char *sasl_kerberos_host; /* the brokers' service principal's host; NULL: the host connected to */
+	/* OAUTHBEARER: where the token comes from, and where that was set (km_sasl_oauth). */
+	const char *sasl_oauthbearer_token_endpoint_url;
+	const char *sasl_oauthbearer_setting;
 	bool skip_api_versions;      /* peers that do not answer ApiVersions: km_net_client_version says -1 */
 	bool quiet_failures;         /* a connection that fails before it is ready logs at debug (km_cluster says it once) */
 	int64_t connect_timeout_ms;  /* 0: 10 s; covers TCP, TLS, ApiVersions and SASL */

@@ -117,11 +117,12 @@ typedef struct km_cli_client {
 	bool tls;
 	bool sasl;
 	bool verify_host;   /* ssl.endpoint.identification.algorithm=https (the default) */
-	char *sasl_mechanism; /* PLAIN, SCRAM-SHA-256, SCRAM-SHA-512, GSSAPI */
+	char *sasl_mechanism; /* PLAIN, SCRAM-SHA-256, SCRAM-SHA-512, GSSAPI, OAUTHBEARER */
 	char *username;
 	char *password;
 	/* GSSAPI: keytab and principal (both NULL: the default credentials cache), the brokers' service name. */
 	char *krb5_keytab, *krb5_principal, *krb5_service;
+	char *oauth_url; /* OAUTHBEARER: sasl.oauthbearer.token.endpoint.url, file:///PATH */
 	char *ca_file, *cert_file, *key_file;
 	km_cli_store truststore, keystore; /* used when a location or inline PEM is given */
 	char *client_id;

@@ -116,6 +116,8 @@ static km_err try_connect(km_cli_conn *cc, const char *host, uint16_t port, cons
 		.sasl_kerberos_keytab = cl->krb5_keytab,
 		.sasl_kerberos_principal = cl->krb5_principal,
 		.sasl_kerberos_setting = "--command-config",
+		.sasl_oauthbearer_token_endpoint_url = cl->oauth_url,
+		.sasl_oauthbearer_setting = "--command-config's sasl.oauthbearer.token.endpoint.url",
 		.connect_timeout_ms = tmo,
 		.request_timeout_ms = tmo,
 		.max_frame_bytes = 256 * 1024 * 1024,

@@ -25,8 +25,8 @@ static const char *const client_auth_names[] = {"none", "requested", "required"}
 static const km_opt_enum client_auth = {NULL, client_auth_names, 3, false};
 
 /* The mechanisms src/net provides (a unit test keeps the two in step); names are case-sensitive. */
-static const char *const sasl_names[] = {"PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "GSSAPI"};
-static const km_opt_enum sasl_mechanisms = {NULL, sasl_names, 4, true};
+static const char *const sasl_names[] = {"PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "GSSAPI", "OAUTHBEARER"};
+static const km_opt_enum sasl_mechanisms = {NULL, sasl_names, 5, true};
 
 /* The code a refused write to a read-only mirror topic gets (km_read_only_error). */
 static const char *const read_only_error_names[] = {"policy_violation", "topic_authorization_failed", "kmirror"};
@@ -240,7 +240,8 @@ static const km_option options[] = {
 	 .choices = &sasl_mechanisms, .reloadable = true,
 	 .doc = "SASL mechanism of kmirrord's own connections to the destination (metadata refresh, the state "
 		 "store, the mirror pipelines and metadata sync): empty (none), PLAIN, SCRAM-SHA-256, "
-		 "SCRAM-SHA-512 or GSSAPI (Kerberos: upstream_sasl_kerberos_*). Its principal is kmirrord's on the destination: it writes the mirror topics and "
+		 "SCRAM-SHA-512, GSSAPI (Kerberos: upstream_sasl_kerberos_*) or OAUTHBEARER "
+		 "(upstream_sasl_oauthbearer_*). Its principal is kmirrord's on the destination: it writes the mirror topics and "
 		 "mirror_state_topic. Client connections authenticate themselves (SASL is passed through)."},
 	{.name = "upstream_sasl_username", .type = KM_OPT_STRING, .offset = OFF(upstream_sasl_username), .def = "",
 	 .reloadable = true,
@@ -276,6 +277,13 @@ static const km_option options[] = {
 		"passes on: the brokers' listener that kmirrord fronts must then be that principal, and kmirrord's "
 		"own connections to it need this set to advertised_host (docs/security.md, \"Kerberos\"). Empty: the "
 		"host connected to."},
+	{.name = "upstream_sasl_oauthbearer_token_endpoint_url", .type = KM_OPT_STRING,
+	 .offset = OFF(upstream_sasl_oauthbearer_token_endpoint_url), .def = "", .reloadable = true,
+	 .doc = "OAUTHBEARER: where kmirrord's token comes from (Kafka's sasl.oauthbearer.token.endpoint.url): "
+		"file:///PATH, a file holding the token (a JWT) that something else keeps fresh. kmirrord reads it "
+		"at start and on every reload (an unreadable or expired token is refused then), again whenever it "
+		"changes and once 80% of the token's life has passed; every new connection gets the file's current "
+		"token. Checked like every secret file (secret_file_mode_check)."},
 	{.name = "mirror_state_topic", .type = KM_OPT_STRING, .offset = OFF(mirror_state_topic), .def = "__mirror_state",
 	 .reloadable = false,
 	 .doc = "The compacted topic on the destination holding the mirror definitions and every mirrored partition's "
@@ -319,7 +327,8 @@ static const km_option options[] = {
 		 "reads them with its own rights."},
 	{.name = "secret_file_mode_check", .type = KM_OPT_BOOL, .offset = OFF(secret_file_mode_check), .def = "true",
 	 .reloadable = true,
-	 .doc = "A secret file (mirror_secret_key_file, upstream_sasl_password_file, upstream_sasl_kerberos_keytab) "
+	 .doc = "A secret file (mirror_secret_key_file, upstream_sasl_password_file, upstream_sasl_kerberos_keytab, "
+		"the file of upstream_sasl_oauthbearer_token_endpoint_url) "
 		"that group or others may "
 		"read or write (mode & 077) is refused, naming the chmod 600 to run. false: it is used, with a "
 		"warning."},
@@ -400,6 +409,11 @@ static km_err tls_sources_valid(const km_config *cfg, char *err, size_t errlen)
 	return KM_OK;
 }
 
+static bool mechanism_is(const km_config *cfg, const char *mech)
+{
+	return cfg->upstream_sasl_mechanism && !strcmp(cfg->upstream_sasl_mechanism, mech);
+}
+
 km_err km_config_validate(const km_config *cfg, char *err, size_t errlen)
 {
 	if (cfg->upstream_count == 0) {
@@ -470,7 +484,24 @@ km_err km_config_validate(const km_config *cfg, char *err, size_t errlen)
 		snprintf(err, errlen, "upstream_sasl_password and upstream_sasl_password_file: set one of them, not both");
 		return KM_ERR_CONFIG;
 	}
-	if (cfg->upstream_sasl_mechanism && strcmp(cfg->upstream_sasl_mechanism, "GSSAPI") != 0 &&
+	if (cfg->upstream_sasl_oauthbearer_token_endpoint_url && !mechanism_is(cfg, "OAUTHBEARER")) {
+		snprintf(err, errlen, "upstream_sasl_oauthbearer_token_endpoint_url is for upstream_sasl_mechanism "
+			 "OAUTHBEARER");
+		return KM_ERR_CONFIG;
+	}
+	if (mechanism_is(cfg, "OAUTHBEARER") &&
+	    (cfg->upstream_sasl_username || cfg->upstream_sasl_password || cfg->upstream_sasl_password_file)) {
+		snprintf(err, errlen, "upstream_sasl_mechanism OAUTHBEARER takes no user name or password: set "
+			 "upstream_sasl_oauthbearer_token_endpoint_url");
+		return KM_ERR_CONFIG;
+	}
+	if (mechanism_is(cfg, "OAUTHBEARER") &&
+	    !km_secret_url_file(cfg->upstream_sasl_oauthbearer_token_endpoint_url)) {
+		snprintf(err, errlen, "upstream_sasl_mechanism OAUTHBEARER needs upstream_sasl_oauthbearer_token_endpoint_url "
+			 "file:///PATH/TO/TOKEN (a file holding the token)");
+		return KM_ERR_CONFIG;
+	}
+	if (cfg->upstream_sasl_mechanism && !mechanism_is(cfg, "GSSAPI") && !mechanism_is(cfg, "OAUTHBEARER") &&
 	    !cfg->upstream_sasl_username) {
 		snprintf(err, errlen, "upstream_sasl_mechanism needs upstream_sasl_username");
 		return KM_ERR_CONFIG;
@@ -502,6 +533,30 @@ km_err km_config_validate(const km_config *cfg, char *err, size_t errlen)
 #define PASSWORD_FILE_MAX 4096
 #define KEYTAB_FILE_MAX (1024 * 1024)
 
+/* A secret file kmirrord's libraries read themselves (a keytab, a token): read here only to check it. */
+static km_err check_secret_file(const char *option, const char *path, const km_config *cfg, char *err,
+				size_t errlen)
+{
+	uint8_t *buf = malloc(KEYTAB_FILE_MAX);
+	size_t len;
+	bool loose;
+	km_err rc;
+
+	if (!buf) {
+		snprintf(err, errlen, "out of memory");
+		return KM_ERR_NOMEM;
+	}
+	rc = km_secret_file_read(option, path, cfg->secret_file_mode_check, buf, KEYTAB_FILE_MAX, &len, &loose, err,
+				 errlen);
+	explicit_bzero(buf, KEYTAB_FILE_MAX);
+	free(buf);
+	if (rc != KM_OK)
+		return KM_ERR_CONFIG;
+	if (loose)
+		KM_WARN("config", 0, "%s", err);
+	return KM_OK;
+}
+
 km_err km_config_read_secrets(km_config *cfg, char *err, size_t errlen)
 {
 	uint8_t buf[PASSWORD_FILE_MAX];
@@ -509,23 +564,16 @@ km_err km_config_read_secrets(km_config *cfg, char *err, size_t errlen)
 	bool loose;
 	char *pw;
 
-	if (cfg->upstream_sasl_kerberos_keytab) {
-		/* Its keys log in as kmirrord as well as a password does: the same mode rule. Read only to check. */
-		uint8_t *kt = malloc(KEYTAB_FILE_MAX);
-		km_err rc;
-		if (!kt) {
-			snprintf(err, errlen, "out of memory");
-			return KM_ERR_NOMEM;
-		}
-		rc = km_secret_file_read("upstream_sasl_kerberos_keytab", cfg->upstream_sasl_kerberos_keytab,
-					 cfg->secret_file_mode_check, kt, KEYTAB_FILE_MAX, &len, &loose, err, errlen);
-		explicit_bzero(kt, KEYTAB_FILE_MAX);
-		free(kt);
-		if (rc != KM_OK)
-			return KM_ERR_CONFIG;
-		if (loose)
-			KM_WARN("config", 0, "%s", err);
-	}
+	/* A keytab's keys and a bearer token log in as kmirrord as well as a password does: the same mode rule. */
+	if (cfg->upstream_sasl_kerberos_keytab &&
+	    check_secret_file("upstream_sasl_kerberos_keytab", cfg->upstream_sasl_kerberos_keytab, cfg, err, errlen) !=
+		    KM_OK)
+		return KM_ERR_CONFIG;
+	if (mechanism_is(cfg, "OAUTHBEARER") &&
+	    check_secret_file("upstream_sasl_oauthbearer_token_endpoint_url",
+			      km_secret_url_file(cfg->upstream_sasl_oauthbearer_token_endpoint_url), cfg, err,
+			      errlen) != KM_OK)
+		return KM_ERR_CONFIG;
 	if (!cfg->upstream_sasl_password_file || cfg->upstream_sasl_password_from_file)
 		return KM_OK;
 	if (km_secret_file_read("upstream_sasl_password_file", cfg->upstream_sasl_password_file,

@@ -205,6 +205,46 @@ out:
 	return ctx;
 }
 
+/*
+ * OAUTHBEARER from the mirror's sasl.oauthbearer.token.endpoint.url (file:///PATH inside
+ * mirror_file_dir) into o; false with why (no URL, a file outside the directory, no live token in
+ * it, a sasl.jaas.config of another login module).
+ */
+static bool source_oauth(km_mirror *mi, const km_state_mirror *m, km_net_client_opts *o, char *why, size_t whylen)
+{
+	const char *url = cfg_get(m, "sasl.oauthbearer.token.endpoint.url"), *path = km_secret_url_file(url);
+	km_sasl_oauth so = {url, "the mirror's sasl.oauthbearer.token.endpoint.url"};
+	char jaas[2048] = "", *id = NULL, *secret = NULL, *scope = NULL;
+	km_err rc;
+	bool ok;
+
+	if (!path) {
+		snprintf(why, whylen, "sasl.mechanism OAUTHBEARER needs sasl.oauthbearer.token.endpoint.url=file:///PATH "
+			 "(a file in mirror_file_dir holding the token)");
+		return false;
+	}
+	if (!km_mirror_file_allowed(km_mirror_get_opts(mi)->cfg->mirror_file_dir, "sasl.oauthbearer.token.endpoint.url",
+				    path, why, whylen))
+		return false;
+	rc = km_state_mirror_secret(km_mirror_store(mi), m, "sasl.jaas.config", jaas, sizeof(jaas));
+	if (rc != KM_OK && rc != KM_ERR_INVAL) {
+		secret_why(rc, "sasl.jaas.config", sizeof(jaas), why, whylen);
+		return false;
+	}
+	ok = rc == KM_ERR_INVAL || km_sasl_oauth_jaas(jaas, &id, &secret, &scope, why, whylen) == KM_OK;
+	OPENSSL_cleanse(jaas, sizeof(jaas));
+	if (secret)
+		OPENSSL_cleanse(secret, strlen(secret));
+	free(id);
+	free(secret);
+	free(scope);
+	if (!ok || km_sasl_oauth_check(&so, why, whylen) != KM_OK)
+		return false;
+	o->sasl_oauthbearer_token_endpoint_url = url;
+	o->sasl_oauthbearer_setting = so.setting;
+	return true;
+}
+
 km_cluster *km_mirror_source_cluster(km_mirror *mi, const km_state_mirror *m, const char *purpose,
 				     int64_t max_frame, SSL_CTX **tls_out, void (*on_change)(void *arg), void *arg,
 				     char *why, size_t whylen)
@@ -251,6 +291,14 @@ km_cluster *km_mirror_source_cluster(km_mirror *mi, const km_state_mirror *m, co
 			free(kt);
 			free(pr);
 			free(svc);
+			if (*tls_out)
+				SSL_CTX_free(*tls_out);
+			*tls_out = NULL;
+			return NULL;
+		}
+		o.sasl_mechanism = mech;
+	} else if (sasl && mech && !strcmp(mech, "OAUTHBEARER")) {
+		if (!source_oauth(mi, m, &o, why, whylen)) {
 			if (*tls_out)
 				SSL_CTX_free(*tls_out);
 			*tls_out = NULL;
@@ -321,6 +369,8 @@ km_cluster *km_mirror_dest_cluster(km_mirror *mi, const char *mirror, const char
 	o.sasl_kerberos_principal = cfg->upstream_sasl_kerberos_principal;
 	o.sasl_kerberos_setting = "upstream_sasl_kerberos_keytab";
 	o.sasl_kerberos_host = cfg->upstream_sasl_kerberos_host;
+	o.sasl_oauthbearer_token_endpoint_url = cfg->upstream_sasl_oauthbearer_token_endpoint_url;
+	o.sasl_oauthbearer_setting = "upstream_sasl_oauthbearer_token_endpoint_url";
 	o.connect_timeout_ms = cfg->upstream_connect_timeout_ms;
 	o.request_timeout_ms = 40000; /* above the Produce timeout (30 s) */
 	o.max_frame_bytes = 16 << 20;

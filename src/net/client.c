@@ -676,14 +676,16 @@ static void sasl_auth_done(km_net_client *c, km_err err, const uint8_t *body, si
 	km_rd_string(&r, "error_message", false, true, &msg);
 	km_rd_bytes(&r, "auth_bytes", false, false, &auth);
 	if (!km_rd_ok(&r) || ec != 0) {
-		KM_WARN("net", c->id, "SASL authentication to %s failed: %s %.*s", c->host, km_err_name(ec),
-			msg.len > 0 ? msg.len : 0, msg.p ? msg.p : "");
+		/* What the mechanism learnt on the way (OAUTHBEARER: the server's status and scope). */
+		const char *more = c->sasl ? km_sasl_reason(c->sasl) : "";
+		KM_WARN("net", c->id, "SASL authentication to %s failed: %s %.*s%s%s", c->host, km_err_name(ec),
+			msg.len > 0 ? msg.len : 0, msg.p ? msg.p : "", *more ? "; " : "", more);
 		if (!km_rd_ok(&r))
 			set_reason(c, "SASL %s failed: malformed SaslAuthenticate response", c->opts.sasl_mechanism);
 		else
-			set_reason(c, "SASL %s failed: %s%s%.*s", c->opts.sasl_mechanism, km_err_name(ec),
+			set_reason(c, "SASL %s failed: %s%s%.*s%s%s", c->opts.sasl_mechanism, km_err_name(ec),
 				   msg.len > 0 ? ": " : "", msg.len > 0 ? (int)(msg.len > 200 ? 200 : msg.len) : 0,
-				   msg.p ? msg.p : "");
+				   msg.p ? msg.p : "", *more ? "; " : "", more);
 		client_close(c, KM_ERR_SASL);
 		return;
 	}
@@ -730,6 +732,19 @@ static void start_sasl(km_net_client *c)
 			client_close(c, KM_ERR_SASL);
 			return;
 		}
+	} else if (!strcmp(c->opts.sasl_mechanism, "OAUTHBEARER")) {
+		km_sasl_oauth o = {c->opts.sasl_oauthbearer_token_endpoint_url, c->opts.sasl_oauthbearer_setting};
+		char why[400], *token;
+		/* Asked at every connection: the token is the file's current one, not the first connection's. */
+		if (km_sasl_oauth_token(&o, &token, why, sizeof(why)) != KM_OK) {
+			KM_WARN("net", c->id, "SASL OAUTHBEARER with %s: %s", c->host, why);
+			set_reason(c, "SASL OAUTHBEARER failed: %s", why);
+			client_close(c, KM_ERR_SASL);
+			return;
+		}
+		c->sasl = km_sasl_new("OAUTHBEARER", NULL, token);
+		OPENSSL_cleanse(token, strlen(token));
+		free(token);
 	} else {
 		c->sasl = km_sasl_new(c->opts.sasl_mechanism, c->opts.sasl_username, c->opts.sasl_password);
 	}

@@ -47,6 +47,7 @@ struct km_cluster {
 	km_net_client_opts o;
 	char *client_id, *mech, *user, *pass;
 	char *krb5_service, *krb5_keytab, *krb5_principal, *krb5_setting, *krb5_host;
+	char *oauth_url, *oauth_setting;
 	km_hostport *boot;
 	size_t nboot, boot_i;
 	km_net_client *bootc;
@@ -245,6 +246,8 @@ km_cluster *km_cluster_new(struct event_base *base, const char *side, const km_n
 	own(&cl->krb5_principal, &cl->o.sasl_kerberos_principal);
 	own(&cl->krb5_setting, &cl->o.sasl_kerberos_setting);
 	own(&cl->krb5_host, &cl->o.sasl_kerberos_host);
+	own(&cl->oauth_url, &cl->o.sasl_oauthbearer_token_endpoint_url);
+	own(&cl->oauth_setting, &cl->o.sasl_oauthbearer_setting);
 	cl->o.on_state = on_state;
 	cl->o.arg = cl;
 	cl->boot = malloc(nboot * sizeof(*cl->boot));
@@ -292,6 +295,8 @@ void km_cluster_free(km_cluster *cl)
 	free(cl->krb5_principal);
 	free(cl->krb5_setting);
 	free(cl->krb5_host);
+	free(cl->oauth_url);
+	free(cl->oauth_setting);
 	free(cl);
 }
 

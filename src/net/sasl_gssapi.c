@@ -286,13 +286,6 @@ void km_sasl_gss_free(km_sasl_gss *g)
 
 /* ---- Kafka's JAAS line for GSSAPI ---- */
 
-static const char *skip_ws(const char *p)
-{
-	while (*p && isspace((unsigned char)*p))
-		p++;
-	return p;
-}
-
 static bool is_true(const char *v)
 {
 	return v && !strcasecmp(v, "true");
@@ -300,97 +293,20 @@ static bool is_true(const char *v)
 
 km_err km_sasl_krb5_jaas(const char *jaas, char **keytab, char **principal, char **service, char *err, size_t errlen)
 {
-	const char *p = skip_ws(jaas), *start;
-	char *use_keytab = NULL, *use_cache = NULL;
-	size_t n;
+	static const char *const keys[] = {"keyTab", "principal", "serviceName", "useKeyTab", "useTicketCache"};
+	char *v[5];
+	char *use_keytab, *use_cache;
 	km_err rc = KM_ERR_CONFIG;
 
 	*keytab = *principal = *service = NULL;
-	start = p;
-	while (*p && !isspace((unsigned char)*p) && *p != ';')
-		p++;
-	n = (size_t)(p - start);
-	if (n < 15 || strncmp(p - 15, "Krb5LoginModule", 15) != 0 || (n > 15 && p[-16] != '.')) {
-		fail(err, errlen,
-		     "sasl.jaas.config: GSSAPI takes com.sun.security.auth.module.Krb5LoginModule, not '%.*s'",
-		     (int)(n > 100 ? 100 : n), start);
+	if (km_sasl_jaas_options(jaas, "com.sun.security.auth.module.Krb5LoginModule", "GSSAPI", keys, v, 5, err,
+				 errlen) != KM_OK)
 		return KM_ERR_CONFIG;
-	}
-	p = skip_ws(p);
-	start = p;
-	while (*p && isalpha((unsigned char)*p))
-		p++;
-	n = (size_t)(p - start);
-	if (!((n == 8 && !strncmp(start, "required", 8)) || (n == 9 && !strncmp(start, "requisite", 9)) ||
-	      (n == 10 && !strncmp(start, "sufficient", 10)) || (n == 8 && !strncmp(start, "optional", 8)))) {
-		fail(err, errlen, "sasl.jaas.config: expected 'required' after the login module");
-		return KM_ERR_CONFIG;
-	}
-	for (;;) {
-		char key[64], *val;
-		size_t kl = 0, vl = 0, cap;
-		const char *v;
-		bool quoted = false;
-
-		p = skip_ws(p);
-		if (*p == ';' || !*p)
-			break;
-		while (*p && (isalnum((unsigned char)*p) || *p == '_' || *p == '.' || *p == '-') &&
-		       kl + 1 < sizeof(key))
-			key[kl++] = *p++;
-		key[kl] = 0;
-		p = skip_ws(p);
-		if (!kl || *p != '=') {
-			fail(err, errlen, "sasl.jaas.config: expected key=\"value\" near '%.20s'", p);
-			goto out;
-		}
-		p = skip_ws(p + 1);
-		v = p;
-		if (*p == '"') {
-			quoted = true;
-			v = ++p;
-			while (*p && *p != '"')
-				p += (*p == '\\' && p[1]) ? 2 : 1;
-			if (*p != '"') {
-				fail(err, errlen, "sasl.jaas.config: unterminated quoted value");
-				goto out;
-			}
-			cap = (size_t)(p - v);
-			p++;
-		} else {
-			while (*p && !isspace((unsigned char)*p) && *p != ';')
-				p++;
-			cap = (size_t)(p - v);
-		}
-		if (!(val = malloc(cap + 1))) {
-			fail(err, errlen, "out of memory");
-			goto out;
-		}
-		for (size_t i = 0; i < cap; i++) {
-			if (quoted && v[i] == '\\' && i + 1 < cap)
-				i++;
-			val[vl++] = v[i];
-		}
-		val[vl] = 0;
-		{
-			char **slot = !strcmp(key, "keyTab")           ? keytab
-				      : !strcmp(key, "principal")      ? principal
-				      : !strcmp(key, "serviceName")    ? service
-				      : !strcmp(key, "useKeyTab")      ? &use_keytab
-				      : !strcmp(key, "useTicketCache") ? &use_cache
-								       : NULL;
-			if (slot) {
-				free(*slot);
-				*slot = val;
-			} else {
-				free(val); /* storeKey, debug, doNotPrompt, ...: the Java login's business */
-			}
-		}
-	}
-	if (*p != ';') {
-		fail(err, errlen, "sasl.jaas.config: missing ';' at the end");
-		goto out;
-	}
+	*keytab = v[0];
+	*principal = v[1];
+	*service = v[2];
+	use_keytab = v[3];
+	use_cache = v[4];
 	if (is_true(use_keytab) && (!*keytab || !**keytab)) {
 		fail(err, errlen, "sasl.jaas.config: useKeyTab=true needs keyTab=\"/path/to/file.keytab\"");
 		goto out;

@@ -353,10 +353,10 @@ static void test_sasl_mechanisms(void **state)
 	assert_non_null(o->choices);
 	for (size_t i = 0; i < o->choices->count; i++)
 		assert_true(km_sasl_mechanism_supported(o->choices->names[i]));
-	assert_false(km_sasl_mechanism_supported("OAUTHBEARER"));
+	assert_false(km_sasl_mechanism_supported("XOAUTH2"));
 	km_config_init(&cfg);
-	assert_int_equal(km_config_set(&cfg, "upstream_sasl_mechanism", "OAUTHBEARER", err, sizeof(err)), KM_ERR_CONFIG);
-	assert_non_null(strstr(err, "is not one of PLAIN, SCRAM-SHA-256, SCRAM-SHA-512, GSSAPI"));
+	assert_int_equal(km_config_set(&cfg, "upstream_sasl_mechanism", "XOAUTH2", err, sizeof(err)), KM_ERR_CONFIG);
+	assert_non_null(strstr(err, "is not one of PLAIN, SCRAM-SHA-256, SCRAM-SHA-512, GSSAPI, OAUTHBEARER"));
 	assert_int_equal(km_config_set(&cfg, "upstream_sasl_mechanism", "plain", err, sizeof(err)), KM_ERR_CONFIG);
 	assert_int_equal(km_config_set(&cfg, "upstream_sasl_mechanism", "SCRAM-SHA-512", err, sizeof(err)), KM_OK);
 	assert_string_equal(cfg.upstream_sasl_mechanism, "SCRAM-SHA-512");
@@ -386,6 +386,29 @@ static void test_sasl_mechanisms(void **state)
 	assert_int_equal(km_config_set(&cfg, "upstream_sasl_password", "pw", err, sizeof(err)), KM_OK);
 	assert_int_equal(km_config_validate(&cfg, err, sizeof(err)), KM_ERR_CONFIG);
 	assert_non_null(strstr(err, "GSSAPI takes no password"));
+	km_config_free(&cfg);
+
+	/* OAUTHBEARER: a file:// token endpoint, no user name or password; the URL is OAUTHBEARER's only. */
+	km_config_init(&cfg);
+	assert_int_equal(km_config_set(&cfg, "upstream", "k:9092", err, sizeof(err)), KM_OK);
+	assert_int_equal(km_config_set(&cfg, "upstream_sasl_mechanism", "OAUTHBEARER", err, sizeof(err)), KM_OK);
+	assert_int_equal(km_config_validate(&cfg, err, sizeof(err)), KM_ERR_CONFIG);
+	assert_non_null(strstr(err, "needs upstream_sasl_oauthbearer_token_endpoint_url file:///"));
+	assert_int_equal(km_config_set(&cfg, "upstream_sasl_oauthbearer_token_endpoint_url", "https://idp/token", err,
+				       sizeof(err)),
+			 KM_OK);
+	assert_int_equal(km_config_validate(&cfg, err, sizeof(err)), KM_ERR_CONFIG);
+	assert_int_equal(km_config_set(&cfg, "upstream_sasl_oauthbearer_token_endpoint_url", "file:///run/km/token", err,
+				       sizeof(err)),
+			 KM_OK);
+	assert_int_equal(km_config_validate(&cfg, err, sizeof(err)), KM_OK);
+	assert_int_equal(km_config_set(&cfg, "upstream_sasl_username", "u", err, sizeof(err)), KM_OK);
+	assert_int_equal(km_config_validate(&cfg, err, sizeof(err)), KM_ERR_CONFIG);
+	assert_non_null(strstr(err, "OAUTHBEARER takes no user name or password"));
+	assert_int_equal(km_config_set(&cfg, "upstream_sasl_mechanism", "PLAIN", err, sizeof(err)), KM_OK);
+	assert_int_equal(km_config_validate(&cfg, err, sizeof(err)), KM_ERR_CONFIG);
+	assert_non_null(strstr(err, "upstream_sasl_oauthbearer_token_endpoint_url is for upstream_sasl_mechanism "
+				    "OAUTHBEARER"));
 	km_config_free(&cfg);
 }
 
@@ -484,6 +507,31 @@ static void test_upstream_file(void **state)
 	unlink(noline);
 	free(bad);
 	free(noline);
+}
+
+/* The token file of upstream_sasl_oauthbearer_token_endpoint_url is a secret file: its mode is checked. */
+static void test_token_file_mode(void **state)
+{
+	char *tok = write_tmp("a.b.c\n"), err[512], url[300];
+	km_config cfg;
+	(void)state;
+
+	snprintf(url, sizeof(url), "file://%s", tok);
+	assert_int_equal(chmod(tok, 0644), 0);
+	km_config_init(&cfg);
+	assert_int_equal(km_config_set(&cfg, "upstream", "k:9092", err, sizeof(err)), KM_OK);
+	assert_int_equal(km_config_set(&cfg, "upstream_sasl_mechanism", "OAUTHBEARER", err, sizeof(err)), KM_OK);
+	assert_int_equal(km_config_set(&cfg, "upstream_sasl_oauthbearer_token_endpoint_url", url, err, sizeof(err)),
+			 KM_OK);
+	assert_int_equal(km_config_validate(&cfg, err, sizeof(err)), KM_OK);
+	assert_int_equal(km_config_read_secrets(&cfg, err, sizeof(err)), KM_ERR_CONFIG);
+	assert_non_null(strstr(err, "upstream_sasl_oauthbearer_token_endpoint_url"));
+	assert_non_null(strstr(err, "chmod 600"));
+	assert_int_equal(chmod(tok, 0600), 0);
+	assert_int_equal(km_config_read_secrets(&cfg, err, sizeof(err)), KM_OK);
+	km_config_free(&cfg);
+	unlink(tok);
+	free(tok);
 }
 
 /* upstream_sasl_password_file: read after validation, newline trimmed, mode checked, exclusive with the inline form. */
@@ -684,7 +732,8 @@ int main(void)
 		cmocka_unit_test(test_print_config_long_values),
 		cmocka_unit_test(test_reload_rules),        cmocka_unit_test(test_sasl_mechanisms),
 		cmocka_unit_test(test_tls_stores),          cmocka_unit_test(test_docs_match_table),    cmocka_unit_test(test_upstream_file),
-		cmocka_unit_test(test_password_file),       cmocka_unit_test(test_listen_any_host),
+		cmocka_unit_test(test_password_file),
+		cmocka_unit_test(test_token_file_mode),       cmocka_unit_test(test_listen_any_host),
 		cmocka_unit_test(test_check_files),         cmocka_unit_test(test_loopback_warning),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);

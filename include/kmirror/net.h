@@ -201,29 +201,54 @@ typedef struct km_sasl km_sasl;
 bool km_sasl_mechanism_supported(const char *mechanism);
 /*
  * NULL when the mechanism is not supported (or no memory); GSSAPI is made by km_sasl_new_gssapi.
- * OAUTHBEARER (RFC 7628): password is the bearer token (km_sasl_oauth_token), user unused.
+ * OAUTHBEARER (RFC 7628): password is the bearer token (km_sasl_oauth_get), user unused.
  */
 km_sasl *km_sasl_new(const char *mechanism, const char *user, const char *password);
 
 /*
- * Where OAUTHBEARER tokens come from (docs/security.md, "OAUTHBEARER"), Kafka's KIP-768 name:
- * token_endpoint_url file:///path/to/token, a file holding a JWT that something else keeps fresh.
+ * Where OAUTHBEARER tokens come from (docs/security.md, "OAUTHBEARER"), Kafka's KIP-768 names:
+ * token_endpoint_url file:///path/to/token, a file holding a JWT that something else keeps fresh;
+ * or an http:// or https:// token endpoint asked for tokens with the client-credentials grant
+ * (client_id and client_secret as HTTP Basic authentication, scope when given). https verifies the
+ * endpoint's certificate and host name against the system's CAs.
  */
 typedef struct km_sasl_oauth {
 	const char *token_endpoint_url; /* sasl.oauthbearer.token.endpoint.url */
+	const char *client_id, *client_secret, *scope; /* the endpoint's; NULL for a file */
 	const char *setting;            /* where it was set, for the errors ("sasl.oauthbearer.token.endpoint.url") */
 } km_sasl_oauth;
 
 /*
- * A live token for o (owned: wipe and free). Tokens are kept in this process per file: the file is
- * read again when it changed (stat) or once 80% of the token's life (from its iat, else from the
- * read) has passed, so every new connection gets the file's current token. KM_ERR_CONFIG with a
- * one-line reason naming o->setting and what to do: the URL is not file:///..., the file cannot
- * be read, holds no JWT with an exp claim, or its token has expired.
+ * A connection waiting for a token endpoint's answer (embedded in its owner; zeroed when idle).
+ * cb runs once, from the event loop: KM_OK (ask km_sasl_oauth_get again: the token is there) or
+ * an error with a one-line why.
  */
-km_err km_sasl_oauth_token(const km_sasl_oauth *o, char **token, char *err, size_t errlen)
-	__attribute__((warn_unused_result));
-/* Whether o gives a live token now (km_sasl_oauth_token's checks), before any connection. */
+typedef struct km_sasl_oauth_wait {
+	struct km_sasl_oauth_wait *next, **pprev;
+	void (*cb)(void *arg, km_err rc, const char *why);
+	void *arg;
+} km_sasl_oauth_wait;
+
+/*
+ * A live token for o (owned: wipe and free). Tokens are kept in this process per file or per
+ * endpoint, client and scope. A file is read again when it changed (stat) or once 80% of the
+ * token's life (from its iat, else from the read) has passed, so every new connection gets the
+ * file's current token. An endpoint is asked again once 80% of the token's life (its expires_in,
+ * else the JWT's exp) has passed; until the new token is there the old one is used while it lives.
+ * KM_OK with *token NULL: none is live and a request to the endpoint is under way (on base, names
+ * resolved with dns): w is armed and its callback says when to ask again. KM_ERR_CONFIG with a
+ * one-line reason naming o->setting and what to do: the URL is not file:///... or http(s)://...,
+ * the file cannot be read, holds no JWT with an exp claim, or its token has expired; an endpoint
+ * without a client id and secret. A file's token never waits (base, dns and w may be NULL).
+ */
+km_err km_sasl_oauth_get(const km_sasl_oauth *o, struct event_base *base, struct evdns_base *dns,
+			 km_sasl_oauth_wait *w, char **token, char *err, size_t errlen) __attribute__((warn_unused_result));
+/* w stops waiting (its callback will not run); nothing when it is not waiting. */
+void km_sasl_oauth_cancel(km_sasl_oauth_wait *w);
+/*
+ * Whether o can be used, before any connection: a file's live token (km_sasl_oauth_get's checks);
+ * an endpoint's URL, client id and secret (its token is asked for at the first connection).
+ */
 km_err km_sasl_oauth_check(const km_sasl_oauth *o, char *err, size_t errlen) __attribute__((warn_unused_result));
 /*
  * A JWT's exp and iat claims (seconds since the epoch; *iat 0 when absent) from its payload, read
@@ -338,6 +363,7 @@ typedef struct km_net_client_opts {
 	const char *sasl_kerberos_host; /* the brokers' service principal's host; NULL: the host connected to */
 	/* OAUTHBEARER: where the token comes from, and where that was set (km_sasl_oauth). */
 	const char *sasl_oauthbearer_token_endpoint_url;
+	const char *sasl_oauthbearer_client_id, *sasl_oauthbearer_client_secret, *sasl_oauthbearer_scope;
 	const char *sasl_oauthbearer_setting;
 	bool skip_api_versions;      /* peers that do not answer ApiVersions: km_net_client_version says -1 */
 	bool quiet_failures;         /* a connection that fails before it is ready logs at debug (km_cluster says it once) */

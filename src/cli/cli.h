@@ -122,7 +122,8 @@ typedef struct km_cli_client {
 	char *password;
 	/* GSSAPI: keytab and principal (both NULL: the default credentials cache), the brokers' service name. */
 	char *krb5_keytab, *krb5_principal, *krb5_service;
-	char *oauth_url; /* OAUTHBEARER: sasl.oauthbearer.token.endpoint.url, file:///PATH */
+	/* OAUTHBEARER: sasl.oauthbearer.token.endpoint.url (file:///PATH or http(s)), the JAAS line's client credentials. */
+	char *oauth_url, *oauth_client_id, *oauth_client_secret, *oauth_scope;
 	char *ca_file, *cert_file, *key_file;
 	km_cli_store truststore, keystore; /* used when a location or inline PEM is given */
 	char *client_id;

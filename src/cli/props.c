@@ -349,7 +349,8 @@ static const struct {
 } java_only[] = {
 	{"sasl.login.callback.handler.class", "sasl.jaas.config with username and password"},
 	{"sasl.client.callback.handler.class", "sasl.jaas.config with username and password"},
-	{"sasl.oauthbearer.", "sasl.oauthbearer.token.endpoint.url=file:///PATH (a file holding the token)"},
+	{"sasl.oauthbearer.", "sasl.oauthbearer.token.endpoint.url (file:///PATH, or an http(s) token endpoint with "
+			      "sasl.jaas.config's clientId, clientSecret and scope)"},
 };
 
 /* Properties Kafka's tools commonly carry that have no meaning for kmirror; silently ignored. */
@@ -557,27 +558,28 @@ static km_err take_kerberos(km_cli_client *c, const sasl_props *sp, char *err, s
 }
 
 /*
- * OAUTHBEARER: the token from sasl.oauthbearer.token.endpoint.url (file:///PATH); a sasl.jaas.config,
- * when given, must be OAuthBearerLoginModule's. The token is checked before any connection.
+ * OAUTHBEARER: the token from sasl.oauthbearer.token.endpoint.url, a file:///PATH or an http(s)
+ * token endpoint with the JAAS line's clientId, clientSecret and scope (the line, when given, must
+ * be OAuthBearerLoginModule's). A file's token is checked before any connection.
  */
 static km_err take_oauth(km_cli_client *c, const sasl_props *sp, char *err, size_t errlen)
 {
-	km_sasl_oauth o = {sp->oauth_url, "sasl.oauthbearer.token.endpoint.url"};
-	char *id = NULL, *secret = NULL, *scope = NULL;
+	km_sasl_oauth o;
 
 	if (sp->user || sp->pass)
 		return cfg_fail(err, errlen, "sasl.mechanism OAUTHBEARER takes no sasl.username or sasl.password: "
-					     "sasl.oauthbearer.token.endpoint.url=file:///PATH (a file holding the token)");
+					     "sasl.oauthbearer.token.endpoint.url=file:///PATH (a file holding the token) or "
+					     "an http(s) token endpoint with sasl.jaas.config's clientId and clientSecret");
 	if (!sp->oauth_url)
 		return cfg_fail(err, errlen, "sasl.mechanism OAUTHBEARER needs sasl.oauthbearer.token.endpoint.url="
-					     "file:///PATH (a file holding the token)");
-	if (sp->jaas && km_sasl_oauth_jaas(sp->jaas, &id, &secret, &scope, err, errlen) != KM_OK)
+					     "file:///PATH (a file holding the token) or an http(s) token endpoint");
+	if (sp->jaas && km_sasl_oauth_jaas(sp->jaas, &c->oauth_client_id, &c->oauth_client_secret, &c->oauth_scope,
+					   err, errlen) != KM_OK)
 		return KM_ERR_CONFIG;
-	free(id);
-	free_secret(secret);
-	free(scope);
 	if (!(c->sasl_mechanism = strdup("OAUTHBEARER")) || !(c->oauth_url = strdup(sp->oauth_url)))
 		return cfg_fail(err, errlen, "out of memory");
+	o = (km_sasl_oauth){c->oauth_url, c->oauth_client_id, c->oauth_client_secret, c->oauth_scope,
+			    "sasl.oauthbearer.token.endpoint.url"};
 	return km_sasl_oauth_check(&o, err, errlen);
 }
 
@@ -678,6 +680,9 @@ void km_cli_client_free(km_cli_client *c)
 	free(c->krb5_principal);
 	free(c->krb5_service);
 	free(c->oauth_url);
+	free(c->oauth_client_id);
+	free_secret(c->oauth_client_secret);
+	free(c->oauth_scope);
 	free(c->ca_file);
 	free(c->cert_file);
 	free(c->key_file);

@@ -47,7 +47,7 @@ struct km_cluster {
 	km_net_client_opts o;
 	char *client_id, *mech, *user, *pass;
 	char *krb5_service, *krb5_keytab, *krb5_principal, *krb5_setting, *krb5_host;
-	char *oauth_url, *oauth_setting;
+	char *oauth_url, *oauth_setting, *oauth_id, *oauth_secret, *oauth_scope;
 	km_hostport *boot;
 	size_t nboot, boot_i;
 	km_net_client *bootc;
@@ -248,6 +248,9 @@ km_cluster *km_cluster_new(struct event_base *base, const char *side, const km_n
 	own(&cl->krb5_host, &cl->o.sasl_kerberos_host);
 	own(&cl->oauth_url, &cl->o.sasl_oauthbearer_token_endpoint_url);
 	own(&cl->oauth_setting, &cl->o.sasl_oauthbearer_setting);
+	own(&cl->oauth_id, &cl->o.sasl_oauthbearer_client_id);
+	own(&cl->oauth_secret, &cl->o.sasl_oauthbearer_client_secret);
+	own(&cl->oauth_scope, &cl->o.sasl_oauthbearer_scope);
 	cl->o.on_state = on_state;
 	cl->o.arg = cl;
 	cl->boot = malloc(nboot * sizeof(*cl->boot));
@@ -289,6 +292,8 @@ void km_cluster_free(km_cluster *cl)
 	free(cl->client_id);
 	free(cl->mech);
 	free(cl->user);
+	if (cl->pass)
+		OPENSSL_cleanse(cl->pass, strlen(cl->pass));
 	free(cl->pass);
 	free(cl->krb5_service);
 	free(cl->krb5_keytab);
@@ -297,6 +302,11 @@ void km_cluster_free(km_cluster *cl)
 	free(cl->krb5_host);
 	free(cl->oauth_url);
 	free(cl->oauth_setting);
+	free(cl->oauth_id);
+	if (cl->oauth_secret)
+		OPENSSL_cleanse(cl->oauth_secret, strlen(cl->oauth_secret));
+	free(cl->oauth_secret);
+	free(cl->oauth_scope);
 	free(cl);
 }
 

@@ -7,9 +7,10 @@ validate them.
     signed.write_token(path, "kmirrord", lifetime=60)
     signed.stop()
 
-A signed issuer serves its RSA key's JWKS (GET /jwks) and a client-credentials token endpoint
-(POST /token, KIP-768: grant_type=client_credentials with HTTP Basic client id and secret, the
-registered clients in `clients`) from one HTTP server thread; brokers validate its tokens with
+A started issuer serves a client-credentials token endpoint (POST /token, KIP-768:
+grant_type=client_credentials with HTTP Basic client id and secret, the registered clients in
+`clients`) and, when signed, its RSA key's JWKS (GET /jwks) from one HTTP server thread; brokers
+validate signed tokens with
 Kafka's OAuthBearerValidatorCallbackHandler, fetching the JWKS (the URL allowed by the JVM
 property org.apache.kafka.sasl.oauthbearer.allowed.urls, in `java_opts`).
 """
@@ -104,7 +105,7 @@ class Issuer:
         return f"{self.base_url}/token"
 
     def start(self):
-        if not self.signed or self._server:
+        if self._server:
             return self
         issuer = self
 
@@ -121,7 +122,7 @@ class Issuer:
                 self.wfile.write(body)
 
             def do_GET(self):
-                if self.path == "/jwks":
+                if self.path == "/jwks" and issuer.signed:
                     self._answer(200, issuer.jwks())
                 else:
                     self._answer(404, {"error": "not_found"})

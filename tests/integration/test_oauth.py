@@ -38,9 +38,10 @@ def unique(prefix):
 
 @pytest.fixture(scope="module")
 def issuers():
-    unsigned, signed = Issuer(), Issuer(signed=True).start()
+    unsigned, signed = Issuer().start(), Issuer(signed=True).start()
     yield unsigned, signed
     signed.stop()
+    unsigned.stop()
 
 
 @pytest.fixture(scope="module")
@@ -61,12 +62,12 @@ def oauth_clusters(issuers):
         c.stop()
 
 
-def oauth_proxy(kmirrord_bin, dst, d, token_file, name):
+def oauth_proxy(kmirrord_bin, dst, d, token_file, name, **options):
     key, files = secret_key_and_file_dir(d)
     p = Proxy(kmirrord_bin, dst, str(d), name=name, upstream=dst.sasl_bootstrap,
               upstream_sasl_mechanism="OAUTHBEARER",
               upstream_sasl_oauthbearer_token_endpoint_url=f"file://{token_file}",
-              mirror_secret_key_file=str(key), mirror_file_dir=str(files))
+              mirror_secret_key_file=str(key), mirror_file_dir=str(files), **options)
     p.files = str(files)
     return p
 
@@ -88,9 +89,11 @@ def proxy(kmirrord_bin, oauth_clusters, issuers, tmp_path_factory):
 
 
 def token_props(path, token_file, extra=""):
+    """CLI properties for a token file, or (an http URL) a token endpoint."""
+    url = token_file if str(token_file).startswith("http") else f"file://{token_file}"
     with open(path, "w") as f:
         f.write("security.protocol=SASL_PLAINTEXT\nsasl.mechanism=OAUTHBEARER\n"
-                f"sasl.oauthbearer.token.endpoint.url=file://{token_file}\n"
+                f"sasl.oauthbearer.token.endpoint.url={url}\n"
                 f"sasl.jaas.config={LOGIN_MODULE} required{extra};\n")
     return str(path)
 
@@ -210,7 +213,7 @@ def test_cli_token_errors(proxy, issuers, tmp_path):
     # A mirror's token file must be inside mirror_file_dir, and be a file URL.
     ok = token_props(tmp_path / "ok.properties", signed.write_token(tmp_path / "ok.token", "operator"))
     for name, url, want in (("outside", f"file://{expired}", "mirror_file_dir"),
-                            ("https", "https://idp.invalid/token", "is not file:///PATH")):
+                            ("ldap", "ldap://idp.invalid/token", "is not file:///PATH")):
         props = tmp_path / f"mirror-{name}.properties"
         props.write_text("security.protocol=SASL_PLAINTEXT\nsasl.mechanism=OAUTHBEARER\n"
                          f"sasl.oauthbearer.token.endpoint.url={url}\n")
@@ -228,7 +231,9 @@ def test_token_file_rewritten_before_expiry(kmirrord_bin, oauth_clusters, issuer
     token = tmp_path / "kmirrord.token"
     signed.write_token(token, "kmirrord", lifetime=12)
     born = time.time()
-    p = oauth_proxy(kmirrord_bin, dst, tmp_path, token, "kmirrord-oauth-refresh")
+    # A state topic of its own: the module's kmirrord does not run this one's mirrors.
+    p = oauth_proxy(kmirrord_bin, dst, tmp_path, token, "kmirrord-oauth-refresh",
+                    mirror_state_topic="__mirror_state_refresh", mirror_sync_group="__kmirror-sync-refresh")
     p.options["metadata_refresh_ms"] = 1000
     p.write_config()
     p.start()
@@ -277,7 +282,8 @@ def test_kmirrord_token_checks(kmirrord_bin, issuers, tmp_path):
     for url, needles in ((f"file://{expired}", ["upstream_sasl_oauthbearer_token_endpoint_url", "expired at",
                                                 "write a fresh token there"]),
                          (None, ["needs upstream_sasl_oauthbearer_token_endpoint_url file:///"]),
-                         ("https://idp.invalid/token", ["needs upstream_sasl_oauthbearer_token_endpoint_url"])):
+                         ("ldap://idp.invalid/token", ["needs upstream_sasl_oauthbearer_token_endpoint_url"]),
+                         ("https://idp.invalid/token", ["goes with upstream_sasl_oauthbearer_client_id"])):
         for extra in (("--check-config",), ()):
             r = run(url, *extra)
             lines = r.stderr.strip().splitlines()
@@ -285,3 +291,95 @@ def test_kmirrord_token_checks(kmirrord_bin, issuers, tmp_path):
     os.chmod(good, 0o644)
     r = run(f"file://{good}", "--check-config")
     assert r.returncode == 2 and "chmod 600" in r.stderr, r.stderr
+
+
+def requests_of(issuer, client):
+    return [scope for cid, scope in issuer.token_requests if cid == client]
+
+
+def cc_proxy(kmirrord_bin, dst, issuer, d, name, client):
+    """kmirrord logging in to the destination with tokens from issuer's endpoint for client."""
+    secret = d / f"{client}.secret"
+    secret.write_text(issuer.clients[client][0] + "\n")
+    os.chmod(secret, 0o600)
+    key, files = secret_key_and_file_dir(d)
+    p = Proxy(kmirrord_bin, dst, str(d), name=name, upstream=dst.sasl_bootstrap,
+              upstream_sasl_mechanism="OAUTHBEARER", upstream_sasl_oauthbearer_token_endpoint_url=issuer.token_url,
+              upstream_sasl_oauthbearer_client_id=client, upstream_sasl_oauthbearer_client_secret_file=str(secret),
+              upstream_sasl_oauthbearer_scope="kafka mirror",
+              # A state topic of its own: the module's kmirrord does not run these mirrors.
+              mirror_state_topic="__mirror_state_cc", mirror_sync_group="__kmirror-sync-cc",
+              mirror_secret_key_file=str(key), mirror_file_dir=str(files)).start()
+    wait_until(lambda: p.metric("kmirror_upstream_brokers") == 1, 30,
+               what=lambda: f"kmirrord's login with a token from the endpoint\n{p.output()[-3000:]}")
+    return p
+
+
+def test_client_credentials(kmirrord_bin, oauth_clusters, issuers, tmp_path):
+    """KIP-768's client-credentials grant against the harness's token endpoints: kmirrord's own
+    connections (a client secret file, a scope), a mirror's source (the client of its sealed
+    sasl.jaas.config) and the CLI (its JAAS line); a wrong secret is one line with the endpoint's
+    answer. Then a kmirrord whose tokens live 8 s asks for new ones as they end, while the broker
+    closes the connections that used the old ones, and still reads its state."""
+    src, dst = oauth_clusters
+    unsigned, signed = issuers
+    signed.clients.update({"kmirrord-cc": ("kmirrord-secret", "kmirrord", 300),
+                           "kmirrord-short": ("short-secret", "kmirrord", 8),
+                           "operator-cc": ("operator-secret", "operator", 300)})
+    unsigned.clients["mirror-cc"] = ("mirror-secret", "mirror-cc", 300)
+    p = cc_proxy(kmirrord_bin, dst, signed, tmp_path, "kmirrord-oauth-cc", "kmirrord-cc")
+    try:
+        assert requests_of(signed, "kmirrord-cc")[0] == "kafka mirror"
+        operator = token_props(tmp_path / "operator.properties", signed.token_url,
+                               ' clientId="operator-cc" clientSecret="operator-secret"')
+        # A mirror whose source logs in with its own client (unsigned tokens: the source's validator).
+        topic, mirror = unique("oauth-cc"), unique("oauth-cc-mirror")
+        admin = AdminClient({"bootstrap.servers": src.bootstrap})
+        admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(timeout=60)
+        src.wait_topic(topic, 1)
+        assert produce_records(src.bootstrap, topic, 500) == 500
+        for op in ("Read", "Describe", "DescribeConfigs"):
+            src.tool("acls", "--add", "--allow-principal", "User:mirror-cc", "--operation", op, "--topic", topic,
+                     admin=True)
+        mprops = tmp_path / "mirror.properties"
+        mprops.write_text("security.protocol=SASL_PLAINTEXT\nsasl.mechanism=OAUTHBEARER\n"
+                          f"sasl.oauthbearer.token.endpoint.url={unsigned.token_url}\n"
+                          f'sasl.jaas.config={LOGIN_MODULE} required clientId="mirror-cc" '
+                          'clientSecret="mirror-secret";\n')
+        cli(p, operator, "create", "--mirror", mirror, "--source-bootstrap", src.sasl_bootstrap,
+            "--config-file", mprops)
+        cli(p, operator, "start", "--mirror", mirror, "--topics", topic)
+
+        def caught_up():
+            s = watermarks(src.bootstrap, topic, 1)
+            return s if s == watermarks(p.bootstrap, topic, 1, **ADMIN) else None
+        marks = wait_until(caught_up, 90, 1.0, lambda: f"the mirror of {topic}\n{p.output()[-3000:]}")
+        total, _ = compare_topic(p.bootstrap, src.bootstrap, topic, 1, marks=marks, proxy_conf=ADMIN)
+        assert total == 500
+        assert requests_of(unsigned, "mirror-cc") and requests_of(signed, "operator-cc")
+        assert "mirror-secret" not in cli(p, operator, "describe", "--mirror", mirror, "--output", "json").stdout
+        cli(p, operator, "stop", "--mirror", mirror, "--topics", topic)
+        # A wrong secret: the endpoint's answer, in one line.
+        bad = token_props(tmp_path / "bad.properties", signed.token_url, ' clientId="operator-cc" clientSecret="nope"')
+        r = cli(p, bad, "list", expect=1)
+        lines = r.stderr.strip().splitlines()
+        assert len(lines) == 1 and "answered HTTP 401: invalid_client: bad client id or secret" in lines[0], r.stderr
+        assert "SASL OAUTHBEARER failed" not in p.output(), p.output()[-3000:]
+    finally:
+        p.stop()
+    assert not p.sanitizer_reports()
+
+    d = tmp_path / "short"
+    d.mkdir()
+    p = cc_proxy(kmirrord_bin, dst, signed, d, "kmirrord-oauth-short", "kmirrord-short")
+    try:
+        wait_until(lambda: len(requests_of(signed, "kmirrord-short")) >= 3, 40, 0.5,
+                   lambda: f"kmirrord's later token requests\n{p.output()[-3000:]}")
+        p.wait_log(r"comp=net conn=\d+ msg=\"connection to [0-9.:]+ closed by peer\"", 10)
+        r = cli(p, operator, "describe", "--mirror", mirror)
+        assert "STOPPED" in r.stdout, r.stdout
+        assert p.metric("kmirror_upstream_brokers") == 1
+        assert "SASL OAUTHBEARER failed" not in p.output(), p.output()[-3000:]
+    finally:
+        p.stop()
+    assert not p.sanitizer_reports()

@@ -430,7 +430,21 @@ static void test_client_oauth(void **state)
 		  &c, "OAUTHBEARER takes no sasl.username");
 	client_of("security.protocol=SASL_PLAINTEXT\nsasl.mechanism=OAUTHBEARER\n"
 		  "sasl.oauthbearer.token.endpoint.url=https://idp.example/token\n",
-		  &c, "is not a file URL: use file:///");
+		  &c, "needs a client id and secret (sasl.jaas.config's clientId and clientSecret)");
+	client_of("security.protocol=SASL_PLAINTEXT\nsasl.mechanism=OAUTHBEARER\n"
+		  "sasl.oauthbearer.token.endpoint.url=ldap://idp.example/token\n",
+		  &c, "is not a token endpoint: use file:///PATH/TO/TOKEN");
+	/* A token endpoint: the JAAS line's client credentials, asked at the first connection. */
+	client_of("security.protocol=SASL_PLAINTEXT\nsasl.mechanism=OAUTHBEARER\n"
+		  "sasl.oauthbearer.token.endpoint.url=https://idp.example/oauth2/token\n"
+		  "sasl.jaas.config=org.apache.kafka.common.security.oauthbearer.OAuthBearerLoginModule required "
+		  "clientId=\"op\" clientSecret=\"op-secret\" scope=\"kafka\";\n",
+		  &c, NULL);
+	assert_string_equal(c.oauth_url, "https://idp.example/oauth2/token");
+	assert_string_equal(c.oauth_client_id, "op");
+	assert_string_equal(c.oauth_client_secret, "op-secret");
+	assert_string_equal(c.oauth_scope, "kafka");
+	km_cli_client_free(&c);
 	client_of("security.protocol=SASL_PLAINTEXT\nsasl.mechanism=OAUTHBEARER\n"
 		  "sasl.oauthbearer.token.endpoint.url=file:///nonexistent/km/token\n",
 		  &c, "sasl.oauthbearer.token.endpoint.url: cannot read /nonexistent/km/token");
@@ -445,7 +459,7 @@ static void test_client_oauth(void **state)
 		  &c, "OAUTHBEARER takes org.apache.kafka.common.security.oauthbearer.OAuthBearerLoginModule");
 	client_of("security.protocol=SASL_PLAINTEXT\nsasl.mechanism=OAUTHBEARER\n"
 		  "sasl.oauthbearer.jwks.endpoint.url=https://idp/jwks\n",
-		  &c, "use sasl.oauthbearer.token.endpoint.url=file:///PATH");
+		  &c, "use sasl.oauthbearer.token.endpoint.url (file:///PATH, or an http(s) token endpoint");
 	client_of("sasl.oauthbearer.token.endpoint.url=file:///t\n", &c, "need security.protocol SASL_PLAINTEXT");
 	/* {"exp":1000}: long expired */
 	snprintf(expired, sizeof(expired), "eyJhbGciOiJub25lIn0.eyJleHAiOjEwMDB9.\n");

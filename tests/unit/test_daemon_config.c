@@ -394,13 +394,37 @@ static void test_sasl_mechanisms(void **state)
 	assert_int_equal(km_config_set(&cfg, "upstream_sasl_mechanism", "OAUTHBEARER", err, sizeof(err)), KM_OK);
 	assert_int_equal(km_config_validate(&cfg, err, sizeof(err)), KM_ERR_CONFIG);
 	assert_non_null(strstr(err, "needs upstream_sasl_oauthbearer_token_endpoint_url file:///"));
+	assert_int_equal(km_config_set(&cfg, "upstream_sasl_oauthbearer_token_endpoint_url", "ldap://idp/token", err,
+				       sizeof(err)),
+			 KM_OK);
+	assert_int_equal(km_config_validate(&cfg, err, sizeof(err)), KM_ERR_CONFIG);
+	assert_non_null(strstr(err, "or http(s)://HOST/PATH"));
+	/* A token endpoint: a client id and a secret (inline or in a file), a scope only with it. */
 	assert_int_equal(km_config_set(&cfg, "upstream_sasl_oauthbearer_token_endpoint_url", "https://idp/token", err,
 				       sizeof(err)),
 			 KM_OK);
 	assert_int_equal(km_config_validate(&cfg, err, sizeof(err)), KM_ERR_CONFIG);
+	assert_non_null(strstr(err, "goes with upstream_sasl_oauthbearer_client_id and _client_secret"));
+	assert_int_equal(km_config_set(&cfg, "upstream_sasl_oauthbearer_client_id", "kmirrord", err, sizeof(err)), KM_OK);
+	assert_int_equal(km_config_validate(&cfg, err, sizeof(err)), KM_ERR_CONFIG);
+	assert_int_equal(km_config_set(&cfg, "upstream_sasl_oauthbearer_client_secret_file", "/s", err, sizeof(err)),
+			 KM_OK);
+	assert_int_equal(km_config_set(&cfg, "upstream_sasl_oauthbearer_scope", "kafka", err, sizeof(err)), KM_OK);
+	assert_int_equal(km_config_validate(&cfg, err, sizeof(err)), KM_OK);
+	assert_int_equal(km_config_set(&cfg, "upstream_sasl_oauthbearer_client_secret", "s", err, sizeof(err)), KM_OK);
+	assert_int_equal(km_config_validate(&cfg, err, sizeof(err)), KM_ERR_CONFIG);
+	assert_non_null(strstr(err, "set one of them, not both"));
+	assert_int_equal(km_config_set(&cfg, "upstream_sasl_oauthbearer_client_secret_file", "", err, sizeof(err)), KM_OK);
+	assert_int_equal(km_config_validate(&cfg, err, sizeof(err)), KM_OK);
+	/* A file: no client, no scope. */
 	assert_int_equal(km_config_set(&cfg, "upstream_sasl_oauthbearer_token_endpoint_url", "file:///run/km/token", err,
 				       sizeof(err)),
 			 KM_OK);
+	assert_int_equal(km_config_validate(&cfg, err, sizeof(err)), KM_ERR_CONFIG);
+	assert_int_equal(km_config_set(&cfg, "upstream_sasl_oauthbearer_client_id", "", err, sizeof(err)), KM_OK);
+	assert_int_equal(km_config_set(&cfg, "upstream_sasl_oauthbearer_client_secret", "", err, sizeof(err)), KM_OK);
+	assert_int_equal(km_config_validate(&cfg, err, sizeof(err)), KM_ERR_CONFIG);
+	assert_int_equal(km_config_set(&cfg, "upstream_sasl_oauthbearer_scope", "", err, sizeof(err)), KM_OK);
 	assert_int_equal(km_config_validate(&cfg, err, sizeof(err)), KM_OK);
 	assert_int_equal(km_config_set(&cfg, "upstream_sasl_username", "u", err, sizeof(err)), KM_OK);
 	assert_int_equal(km_config_validate(&cfg, err, sizeof(err)), KM_ERR_CONFIG);
@@ -638,7 +662,7 @@ static void test_check_files(void **state)
 		assert_int_equal(km_config_set(&cfg, name, path, err, sizeof(err)), KM_OK);
 		named++;
 	}
-	assert_int_equal(named, 17);
+	assert_int_equal(named, 18);
 	assert_int_equal(km_config_check_files(&cfg, out, sizeof(out)), (int)named);
 	for (size_t i = 0; i < t->count; i++) {
 		const char *name = t->rows[i].name;

@@ -8,6 +8,7 @@
 #include <time.h>
 #include <cmocka.h>
 
+#include <event2/event.h>
 #include <openssl/evp.h>
 
 #include "kmirror/net.h"
@@ -384,9 +385,9 @@ static void test_oauth_jaas(void **state)
 /* A token file's token for url: KM_OK and the token, or the error containing want. */
 static void token_is(const char *url, const char *tok_want, const char *want)
 {
-	km_sasl_oauth o = {url, "test.url"};
+	km_sasl_oauth o = {url, NULL, NULL, NULL, "test.url"};
 	char *tok = NULL, err[400] = "";
-	km_err rc = km_sasl_oauth_token(&o, &tok, err, sizeof(err));
+	km_err rc = km_sasl_oauth_get(&o, NULL, NULL, NULL, &tok, err, sizeof(err));
 
 	if (want) {
 		assert_int_equal(rc, KM_ERR_CONFIG);
@@ -441,13 +442,56 @@ static void test_oauth_token_file(void **state)
 	token_is(url, b, NULL);
 	unlink(path);
 	token_is(url, NULL, "cannot read");
-	token_is("https://idp.example/token", NULL, "is not a file URL: use file:///");
-	token_is("file://relative/path", NULL, "is not a file URL");
-	token_is(NULL, NULL, "is not a file URL");
+	token_is("https://idp.example/token", NULL, "the token endpoint https://idp.example/token needs a client id "
+						    "and secret");
+	token_is("ftp://idp.example/token", NULL, "is not a token endpoint: use file:///PATH/TO/TOKEN");
+	token_is("file://relative/path", NULL, "is not a token endpoint");
+	token_is(NULL, NULL, "is not a token endpoint");
 	free(a);
 	free(b);
 	free(old);
 	free(path);
+}
+
+static void endpoint_answer(void *arg, km_err rc, const char *why)
+{
+	char *out = arg;
+	snprintf(out, 400, "%d %s", (int)rc, why);
+}
+
+/*
+ * A token endpoint is asked on the event loop: the connection waits (no token yet, its wait
+ * armed), and hears the outcome from the loop: here an endpoint that refuses the connection. A
+ * cancelled wait hears nothing.
+ */
+static void test_oauth_endpoint_waits(void **state)
+{
+	struct event_base *base = event_base_new();
+	km_sasl_oauth o = {"http://127.0.0.1:9/oauth2/token", "kmirror", "s3cret", "kafka", "test.url"};
+	km_sasl_oauth_wait w1, w2;
+	char *tok = (char *)1, err[400] = "", said1[400] = "", said2[400] = "";
+
+	memset(&w1, 0, sizeof(w1));
+	memset(&w2, 0, sizeof(w2));
+	w1.cb = w2.cb = endpoint_answer;
+	w1.arg = said1;
+	w2.arg = said2;
+	assert_int_equal(km_sasl_oauth_get(&o, base, NULL, &w1, &tok, err, sizeof(err)), KM_OK);
+	assert_null(tok);
+	assert_int_equal(km_sasl_oauth_get(&o, base, NULL, &w2, &tok, err, sizeof(err)), KM_OK);
+	assert_null(tok);
+	km_sasl_oauth_cancel(&w2);
+	assert_true(event_base_dispatch(base) >= 0); /* 1: it ran until nothing was left */
+	if (!strstr(said1, "test.url: the token endpoint http://127.0.0.1:9/oauth2/token did not answer"))
+		fail_msg("%s", said1);
+	assert_string_equal(said2, "");
+	assert_null(w1.pprev);
+	/* The check needs no answer: the URL and the client are enough. */
+	assert_int_equal(km_sasl_oauth_check(&o, err, sizeof(err)), KM_OK);
+	o.client_secret = "";
+	assert_int_equal(km_sasl_oauth_check(&o, err, sizeof(err)), KM_ERR_CONFIG);
+	assert_non_null(strstr(err, "needs a client id and secret"));
+	event_base_free(base);
 }
 
 int main(void)
@@ -462,6 +506,7 @@ int main(void)
 		cmocka_unit_test(test_oauth_jwt),
 		cmocka_unit_test(test_oauth_jaas),
 		cmocka_unit_test(test_oauth_token_file),
+		cmocka_unit_test(test_oauth_endpoint_waits),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

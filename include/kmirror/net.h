@@ -292,6 +292,18 @@ km_sasl *km_sasl_new_gssapi(const char *host, const km_sasl_krb5 *k, char *err, 
  */
 km_err km_sasl_krb5_check(const km_sasl_krb5 *k, char *err, size_t errlen) __attribute__((warn_unused_result));
 /*
+ * Kafka's sasl.jaas.config line of the login module module
+ * ("com.sun.security.auth.module.Krb5LoginModule"; the package may be left out) for mechanism
+ * (named in the errors): the values of keys[0..n) into
+ * vals (owned, NULL when absent; free with km_sasl_jaas_free), other options ignored (the Java
+ * login's own). KM_ERR_CONFIG with a one-line reason, vals all NULL.
+ */
+km_err km_sasl_jaas_options(const char *jaas, const char *module, const char *mechanism, const char *const *keys,
+			    char **vals, size_t n, char *err, size_t errlen);
+/* Wipes (a value may be a secret) and frees vals[0..n), setting them NULL. */
+void km_sasl_jaas_free(char **vals, size_t n);
+
+/*
  * Kafka's JAAS line for GSSAPI: com.sun.security.auth.module.Krb5LoginModule required, with
  * useKeyTab=true keyTab="..." principal="..." (or useTicketCache=true: the default credentials),
  * and serviceName. keytab, principal and service (each NULL when not given) are owned by the

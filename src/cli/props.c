@@ -236,18 +236,12 @@ static const char *skip_ws(const char *p)
 	return p;
 }
 
-/* Forget what a failed parse found so far. */
-static void jaas_clear(char **username, char **password)
-{
-	free(*username);
-	free_secret(*password);
-	*username = *password = NULL;
-}
-
 km_err km_cli_jaas_parse(const char *jaas, char **username, char **password, const char **module_mechanism,
 			 char *err, size_t errlen)
 {
-	const char *p = skip_ws(jaas), *start;
+	static const char *const keys[] = {"username", "password"};
+	const char *p = skip_ws(jaas), *start, *module = NULL;
+	char *v[2];
 	size_t n;
 
 	*username = *password = NULL;
@@ -257,86 +251,28 @@ km_err km_cli_jaas_parse(const char *jaas, char **username, char **password, con
 		p++;
 	n = (size_t)(p - start);
 	/* The login module: the class's last component decides the mechanism family. */
-	if (n >= 16 && !strncmp(p - 16, "PlainLoginModule", 16))
+	if (n >= 16 && !strncmp(p - 16, "PlainLoginModule", 16)) {
 		*module_mechanism = "PLAIN";
-	else if (n >= 16 && !strncmp(p - 16, "ScramLoginModule", 16))
+		module = "org.apache.kafka.common.security.plain.PlainLoginModule";
+	} else if (n >= 16 && !strncmp(p - 16, "ScramLoginModule", 16)) {
 		*module_mechanism = "SCRAM";
-	if (!*module_mechanism)
+		module = "org.apache.kafka.common.security.scram.ScramLoginModule";
+	}
+	if (!module)
 		return cfg_fail(err, errlen,
 				"sasl.jaas.config: login module '%.*s' is not supported: use "
 				"org.apache.kafka.common.security.plain.PlainLoginModule or "
 				"org.apache.kafka.common.security.scram.ScramLoginModule",
 				(int)(n > 100 ? 100 : n), start);
-	p = skip_ws(p);
-	/* The control flag. */
-	start = p;
-	while (*p && isalpha((unsigned char)*p))
-		p++;
-	n = (size_t)(p - start);
-	if (!((n == 8 && !strncmp(start, "required", 8)) || (n == 9 && !strncmp(start, "requisite", 9)) ||
-	      (n == 10 && !strncmp(start, "sufficient", 10)) || (n == 8 && !strncmp(start, "optional", 8))))
-		return cfg_fail(err, errlen, "sasl.jaas.config: expected 'required' after the login module");
-	/* key=value options up to ';'; values quoted ("..." with \" and \\) or bare. */
-	for (;;) {
-		sbuf key = {0}, val = {0};
-		bool ok = true;
-		p = skip_ws(p);
-		if (*p == ';' || !*p)
-			break;
-		while (*p && (isalnum((unsigned char)*p) || *p == '_' || *p == '.' || *p == '-'))
-			ok = ok && sb_add(&key, *p++);
-		p = skip_ws(p);
-		if (!key.len || *p != '=') {
-			sb_free(&key);
-			jaas_clear(username, password);
-			return cfg_fail(err, errlen, "sasl.jaas.config: expected key=\"value\" near '%.20s'", p);
-		}
-		p = skip_ws(p + 1);
-		if (*p == '"') {
-			p++;
-			while (*p && *p != '"') {
-				if (*p == '\\' && p[1])
-					p++;
-				ok = ok && sb_add(&val, *p++);
-			}
-			if (*p != '"') {
-				sb_free(&key);
-				sb_free(&val);
-				jaas_clear(username, password);
-				return cfg_fail(err, errlen, "sasl.jaas.config: unterminated quoted value");
-			}
-			p++;
-		} else {
-			while (*p && !isspace((unsigned char)*p) && *p != ';')
-				ok = ok && sb_add(&val, *p++);
-		}
-		ok = ok && sb_ensure(&val);
-		if (!ok) {
-			sb_free(&key);
-			sb_free(&val);
-			jaas_clear(username, password);
-			return cfg_fail(err, errlen, "out of memory");
-		}
-		if (!strcmp(key.p, "username")) {
-			free(*username);
-			*username = val.p;
-		} else if (!strcmp(key.p, "password")) {
-			free_secret(*password);
-			*password = val.p;
-		} else {
-			sb_free(&val);
-		}
-		sb_free(&key);
-	}
-	if (*p != ';') {
-		jaas_clear(username, password);
-		return cfg_fail(err, errlen, "sasl.jaas.config: missing ';' at the end");
-	}
-	if (!*username || !*password) {
-		bool nouser = !*username;
-		jaas_clear(username, password);
+	if (km_sasl_jaas_options(jaas, module, *module_mechanism, keys, v, 2, err, errlen) != KM_OK)
+		return KM_ERR_CONFIG;
+	if (!v[0] || !v[1]) {
+		bool nouser = !v[0];
+		km_sasl_jaas_free(v, 2);
 		return cfg_fail(err, errlen, "sasl.jaas.config: no %s= option", nouser ? "username" : "password");
 	}
+	*username = v[0];
+	*password = v[1];
 	return KM_OK;
 }
 

@@ -271,7 +271,7 @@ km_cluster *km_mirror_source_cluster(km_mirror *mi, const km_state_mirror *m, co
 	km_hostport hps[64];
 	size_t nhp = 0;
 	km_net_client_opts o;
-	km_cluster *cl;
+	km_cluster *cl = NULL;
 	bool tls = proto && (!strcmp(proto, "SSL") || !strcmp(proto, "SASL_SSL"));
 	bool sasl = proto && !strncmp(proto, "SASL_", 5);
 
@@ -300,41 +300,20 @@ km_cluster *km_mirror_source_cluster(km_mirror *mi, const km_state_mirror *m, co
 		return NULL;
 	memset(&o, 0, sizeof(o));
 	if (sasl && mech && !strcmp(mech, "GSSAPI")) {
-		if (!source_kerberos(mi, m, &o, &kt, &pr, &svc, why, whylen)) {
-			free(kt);
-			free(pr);
-			free(svc);
-			if (*tls_out)
-				SSL_CTX_free(*tls_out);
-			*tls_out = NULL;
-			return NULL;
-		}
-		o.sasl_mechanism = mech;
+		if (!source_kerberos(mi, m, &o, &kt, &pr, &svc, why, whylen))
+			goto out;
 	} else if (sasl && mech && !strcmp(mech, "OAUTHBEARER")) {
-		if (!source_oauth(mi, m, &o, &oid, &osecret, &oscope, why, whylen)) {
-			free(oid);
-			free_secret(osecret);
-			free(oscope);
-			if (*tls_out)
-				SSL_CTX_free(*tls_out);
-			*tls_out = NULL;
-			return NULL;
-		}
-		o.sasl_mechanism = mech;
+		if (!source_oauth(mi, m, &o, &oid, &osecret, &oscope, why, whylen))
+			goto out;
 	} else if (sasl) {
 		if (!mech)
 			mech = "PLAIN";
-		if (!source_credentials(st, m, &user, ubuf, sizeof(ubuf), pass, sizeof(pass), why, whylen)) {
-			OPENSSL_cleanse(pass, sizeof(pass));
-			if (*tls_out)
-				SSL_CTX_free(*tls_out);
-			*tls_out = NULL;
-			return NULL;
-		}
-		o.sasl_mechanism = mech;
+		if (!source_credentials(st, m, &user, ubuf, sizeof(ubuf), pass, sizeof(pass), why, whylen))
+			goto out;
 		o.sasl_username = user ? user : "";
 		o.sasl_password = pass;
 	}
+	o.sasl_mechanism = sasl ? mech : NULL;
 	{
 		const char *cid = cfg_get(m, "client.id");
 		/* The mirror's name and the pipeline in the client id: the source's operator can set quotas on it. */
@@ -350,18 +329,19 @@ km_cluster *km_mirror_source_cluster(km_mirror *mi, const km_state_mirror *m, co
 	o.request_timeout_ms = 31000; /* above a fetch's MaxWait */
 	o.dns = km_mirror_dns(mi);
 	o.max_frame_bytes = max_frame;
-	cl = km_cluster_new(km_mirror_base(mi), "source", &o, hps, nhp, on_change, arg);
-	OPENSSL_cleanse(pass, sizeof(pass)); /* the cluster keeps its own copy */
+	if (!(cl = km_cluster_new(km_mirror_base(mi), "source", &o, hps, nhp, on_change, arg)))
+		snprintf(why, whylen, "out of memory");
+out:
+	/* The cluster keeps its own copies of the credentials. */
+	OPENSSL_cleanse(pass, sizeof(pass));
 	free(kt);
 	free(pr);
 	free(svc);
 	free(oid);
-	free_secret(osecret); /* the cluster keeps its own copy */
+	free_secret(osecret);
 	free(oscope);
-	if (!cl) {
-		snprintf(why, whylen, "out of memory");
-		if (*tls_out)
-			SSL_CTX_free(*tls_out);
+	if (!cl && *tls_out) {
+		SSL_CTX_free(*tls_out);
 		*tls_out = NULL;
 	}
 	return cl;

@@ -289,11 +289,11 @@ void km_cluster_free(km_cluster *cl)
 		event_free(cl->timer);
 	if (cl->pass)
 		OPENSSL_cleanse(cl->pass, strlen(cl->pass));
+	if (cl->oauth_secret)
+		OPENSSL_cleanse(cl->oauth_secret, strlen(cl->oauth_secret));
 	free(cl->client_id);
 	free(cl->mech);
 	free(cl->user);
-	if (cl->pass)
-		OPENSSL_cleanse(cl->pass, strlen(cl->pass));
 	free(cl->pass);
 	free(cl->krb5_service);
 	free(cl->krb5_keytab);
@@ -303,8 +303,6 @@ void km_cluster_free(km_cluster *cl)
 	free(cl->oauth_url);
 	free(cl->oauth_setting);
 	free(cl->oauth_id);
-	if (cl->oauth_secret)
-		OPENSSL_cleanse(cl->oauth_secret, strlen(cl->oauth_secret));
 	free(cl->oauth_secret);
 	free(cl->oauth_scope);
 	free(cl);

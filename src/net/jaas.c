@@ -15,8 +15,7 @@ static const char *skip_ws(const char *p)
 	return p;
 }
 
-static km_err fail(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static km_err fail(char *err, size_t errlen, const char *fmt, ...)
+km_err km_sasl_fail(char *err, size_t errlen, const char *fmt, ...)
 {
 	va_list ap;
 	va_start(ap, fmt);
@@ -39,7 +38,7 @@ static char *jaas_value(const char **pp, char *err, size_t errlen)
 		while (*p && *p != '"')
 			p += (*p == '\\' && p[1]) ? 2 : 1;
 		if (*p != '"') {
-			fail(err, errlen, "sasl.jaas.config: unterminated quoted value");
+			km_sasl_fail(err, errlen, "sasl.jaas.config: unterminated quoted value");
 			return NULL;
 		}
 		cap = (size_t)(p - v);
@@ -50,7 +49,7 @@ static char *jaas_value(const char **pp, char *err, size_t errlen)
 		cap = (size_t)(p - v);
 	}
 	if (!(val = malloc(cap + 1))) {
-		fail(err, errlen, "out of memory");
+		km_sasl_fail(err, errlen, "out of memory");
 		return NULL;
 	}
 	for (size_t i = 0; i < cap; i++) {
@@ -89,7 +88,7 @@ km_err km_sasl_jaas_options(const char *jaas, const char *module, const char *me
 		p++;
 	len = (size_t)(p - start);
 	if (len < ml || strncmp(p - ml, shortname, ml) != 0 || (len > ml && p[-(ptrdiff_t)ml - 1] != '.'))
-		return fail(err, errlen, "sasl.jaas.config: %s takes %s, not '%.*s'", mechanism, module,
+		return km_sasl_fail(err, errlen, "sasl.jaas.config: %s takes %s, not '%.*s'", mechanism, module,
 			    (int)(len > 100 ? 100 : len), start);
 	p = skip_ws(p);
 	start = p;
@@ -98,7 +97,7 @@ km_err km_sasl_jaas_options(const char *jaas, const char *module, const char *me
 	len = (size_t)(p - start);
 	if (!((len == 8 && !strncmp(start, "required", 8)) || (len == 9 && !strncmp(start, "requisite", 9)) ||
 	      (len == 10 && !strncmp(start, "sufficient", 10)) || (len == 8 && !strncmp(start, "optional", 8))))
-		return fail(err, errlen, "sasl.jaas.config: expected 'required' after the login module");
+		return km_sasl_fail(err, errlen, "sasl.jaas.config: expected 'required' after the login module");
 	for (;;) {
 		char key[64], *val;
 		size_t kl = 0;
@@ -112,7 +111,7 @@ km_err km_sasl_jaas_options(const char *jaas, const char *module, const char *me
 		key[kl] = 0;
 		p = skip_ws(p);
 		if (!kl || *p != '=') {
-			fail(err, errlen, "sasl.jaas.config: expected key=\"value\" near '%.20s'", p);
+			km_sasl_fail(err, errlen, "sasl.jaas.config: expected key=\"value\" near '%.20s'", p);
 			goto bad;
 		}
 		p = skip_ws(p + 1);
@@ -129,7 +128,7 @@ km_err km_sasl_jaas_options(const char *jaas, const char *module, const char *me
 			km_sasl_jaas_free(&val, 1); /* the Java login's own options (debug, ...) */
 	}
 	if (*p != ';') {
-		fail(err, errlen, "sasl.jaas.config: missing ';' at the end");
+		km_sasl_fail(err, errlen, "sasl.jaas.config: missing ';' at the end");
 		goto bad;
 	}
 	return KM_OK;

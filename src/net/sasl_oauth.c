@@ -22,16 +22,6 @@
 
 #define TOKEN_FILE_MAX (64 * 1024) /* a JWT is a few KiB at most */
 
-static km_err fail(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static km_err fail(char *err, size_t errlen, const char *fmt, ...)
-{
-	va_list ap;
-	va_start(ap, fmt);
-	vsnprintf(err, errlen, fmt, ap);
-	va_end(ap);
-	return KM_ERR_CONFIG;
-}
-
 /* ---- a top-level field of a small JSON object (a JWT payload, an error, a token response) ---- */
 
 static const char *json_ws(const char *p, const char *end)
@@ -267,7 +257,7 @@ km_err km_sasl_oauth_jaas(const char *jaas, char **client_id, char **client_secr
 		return KM_ERR_CONFIG;
 	if (v[3]) {
 		km_sasl_jaas_free(v, 4);
-		return fail(err, errlen, "sasl.jaas.config: kmirror makes no unsecured tokens (unsecuredLogin*): write "
+		return km_sasl_fail(err, errlen, "sasl.jaas.config: kmirror makes no unsecured tokens (unsecuredLogin*): write "
 					 "a token to a file and set sasl.oauthbearer.token.endpoint.url=file:///PATH");
 	}
 	*client_id = v[0];
@@ -363,16 +353,16 @@ static km_err read_token(const km_sasl_oauth *o, const char *path, char **token,
 	size_t len = 0, start = 0;
 
 	if (fd < 0)
-		return fail(err, errlen, "%s: cannot read %s: %s (write the token there, readable by kmirror's user)",
+		return km_sasl_fail(err, errlen, "%s: cannot read %s: %s (write the token there, readable by kmirror's user)",
 			    setting_of(o), path, strerror(errno));
 	if (fstat(fd, st) != 0 || !S_ISREG(st->st_mode) || st->st_size > TOKEN_FILE_MAX) {
 		close(fd);
-		return fail(err, errlen, "%s: %s is not a regular file of at most %d bytes holding one token",
+		return km_sasl_fail(err, errlen, "%s: %s is not a regular file of at most %d bytes holding one token",
 			    setting_of(o), path, TOKEN_FILE_MAX);
 	}
 	if (!(buf = malloc(TOKEN_FILE_MAX + 1))) {
 		close(fd);
-		return fail(err, errlen, "out of memory");
+		return km_sasl_fail(err, errlen, "out of memory");
 	}
 	while (len < TOKEN_FILE_MAX && (n = read(fd, buf + len, TOKEN_FILE_MAX - len)) != 0) {
 		if (n < 0 && errno == EINTR)
@@ -382,7 +372,7 @@ static km_err read_token(const km_sasl_oauth *o, const char *path, char **token,
 			close(fd);
 			OPENSSL_cleanse(buf, TOKEN_FILE_MAX + 1);
 			free(buf);
-			return fail(err, errlen, "%s: cannot read %s: %s", setting_of(o), path, strerror(e));
+			return km_sasl_fail(err, errlen, "%s: cannot read %s: %s", setting_of(o), path, strerror(e));
 		}
 		len += (size_t)n;
 	}
@@ -394,7 +384,7 @@ static km_err read_token(const km_sasl_oauth *o, const char *path, char **token,
 	buf[len] = 0;
 	if (start == len) {
 		free(buf);
-		return fail(err, errlen, "%s: %s is empty: write the token (a JWT) there", setting_of(o), path);
+		return km_sasl_fail(err, errlen, "%s: %s is empty: write the token (a JWT) there", setting_of(o), path);
 	}
 	memmove(buf, buf + start, len - start + 1);
 	*token = buf;
@@ -415,18 +405,18 @@ static km_err file_token(const km_sasl_oauth *o, const char *path, char **token,
 		return KM_ERR_CONFIG;
 	if (km_sasl_oauth_jwt(tok, strlen(tok), &exp, &iat, why, sizeof(why)) != KM_OK) {
 		wipe_free(tok);
-		return fail(err, errlen, "%s: %s holds %s: write the token endpoint's access token there", setting_of(o),
+		return km_sasl_fail(err, errlen, "%s: %s holds %s: write the token endpoint's access token there", setting_of(o),
 			    path, why);
 	}
 	if (exp <= now) {
 		wipe_free(tok);
 		utc(exp, when, sizeof(when));
-		return fail(err, errlen, "%s: the token in %s expired at %s (%lld s ago): write a fresh token there",
+		return km_sasl_fail(err, errlen, "%s: the token in %s expired at %s (%lld s ago): write a fresh token there",
 			    setting_of(o), path, when, (long long)(now - exp));
 	}
 	if (!f && !(f = src_add(path))) {
 		wipe_free(tok);
-		return fail(err, errlen, "out of memory");
+		return km_sasl_fail(err, errlen, "out of memory");
 	}
 	src_set(f, tok, exp, iat > 0 && iat <= now ? iat : now);
 	f->st = st;
@@ -439,7 +429,7 @@ static km_err file_token(const km_sasl_oauth *o, const char *path, char **token,
 	}
 have:
 	if (!(*token = strdup(f->token)))
-		return fail(err, errlen, "out of memory");
+		return km_sasl_fail(err, errlen, "out of memory");
 	return KM_OK;
 }
 
@@ -560,7 +550,7 @@ static km_err fetch_start(token_src *t, const km_sasl_oauth *o, struct event_bas
 	km_err rc = KM_ERR_CONFIG;
 
 	if (!host || !*host) {
-		fail(err, errlen, "%s '%.200s' is not a URL (http(s)://HOST[:PORT]/PATH)", setting_of(o),
+		km_sasl_fail(err, errlen, "%s '%.200s' is not a URL (http(s)://HOST[:PORT]/PATH)", setting_of(o),
 		     o->token_endpoint_url);
 		goto out;
 	}
@@ -572,14 +562,14 @@ static km_err fetch_start(token_src *t, const km_sasl_oauth *o, struct event_bas
 	if (tls) {
 		SSL_CTX *ctx = endpoint_tls(tlserr, sizeof(tlserr));
 		if (!ctx || !(bev = km_net_bev_new(base, -1, ctx, false, host, true))) {
-			fail(err, errlen, "%s: TLS for %s: %s", setting_of(o), host, ctx ? "out of memory" : tlserr);
+			km_sasl_fail(err, errlen, "%s: TLS for %s: %s", setting_of(o), host, ctx ? "out of memory" : tlserr);
 			goto out;
 		}
 	}
 	if (!(t->evcon = evhttp_connection_base_bufferevent_new(base, dns, bev, host, (unsigned short)port))) {
 		if (bev)
 			bufferevent_free(bev);
-		fail(err, errlen, "out of memory");
+		km_sasl_fail(err, errlen, "out of memory");
 		goto out;
 	}
 	evhttp_connection_set_timeout(t->evcon, ENDPOINT_TIMEOUT_S);
@@ -591,7 +581,7 @@ static km_err fetch_start(token_src *t, const km_sasl_oauth *o, struct event_bas
 	if (!(req = evhttp_request_new(fetch_done, t)) || !cred || !basic || (o->scope && *o->scope && !scope)) {
 		evhttp_connection_free(t->evcon);
 		t->evcon = NULL;
-		fail(err, errlen, "out of memory");
+		km_sasl_fail(err, errlen, "out of memory");
 		goto out;
 	}
 	snprintf(cred, cl, "%s:%s", o->client_id, o->client_secret);
@@ -611,7 +601,7 @@ static km_err fetch_start(token_src *t, const km_sasl_oauth *o, struct event_bas
 			evhttp_connection_free(t->evcon);
 			t->evcon = NULL;
 		}
-		fail(err, errlen, "%s: cannot send a request to %s", setting_of(o), o->token_endpoint_url);
+		km_sasl_fail(err, errlen, "%s: cannot send a request to %s", setting_of(o), o->token_endpoint_url);
 		goto out;
 	}
 	rc = KM_OK;
@@ -634,27 +624,27 @@ static km_err endpoint_token(const km_sasl_oauth *o, struct event_base *base, st
 	token_src *t;
 
 	if (!key)
-		return fail(err, errlen, "out of memory");
+		return km_sasl_fail(err, errlen, "out of memory");
 	snprintf(key, kl, "%s\x01%s\x01%s\x01%s", o->token_endpoint_url, o->client_id, o->scope ? o->scope : "",
 		 o->client_secret);
 	t = src_find(key);
 	if (!t && (t = src_add(key)) &&
 	    (!(t->url = strdup(o->token_endpoint_url)) || !(t->setting = strdup(setting_of(o))))) {
 		wipe_free(key);
-		return fail(err, errlen, "out of memory");
+		return km_sasl_fail(err, errlen, "out of memory");
 	}
 	wipe_free(key);
 	if (!t)
-		return fail(err, errlen, "out of memory");
+		return km_sasl_fail(err, errlen, "out of memory");
 	if (t->token && now < t->refresh_at)
 		goto have;
 	/* Due (or none yet): ask once, for every connection that needs it. */
 	if (!t->evcon && (!base || fetch_start(t, o, base, dns, err, errlen) != KM_OK))
-		return base ? KM_ERR_CONFIG : fail(err, errlen, "%s: no event loop to ask %s", setting_of(o), t->url);
+		return base ? KM_ERR_CONFIG : km_sasl_fail(err, errlen, "%s: no event loop to ask %s", setting_of(o), t->url);
 	if (t->token && now < t->exp)
 		goto have; /* the old one lives until the new one is there */
 	if (!w)
-		return fail(err, errlen, "%s: no token from %s yet", setting_of(o), t->url);
+		return km_sasl_fail(err, errlen, "%s: no token from %s yet", setting_of(o), t->url);
 	km_sasl_oauth_cancel(w);
 	w->next = t->waiters;
 	if (w->next)
@@ -665,7 +655,7 @@ static km_err endpoint_token(const km_sasl_oauth *o, struct event_base *base, st
 	return KM_OK;
 have:
 	if (!(*token = strdup(t->token)))
-		return fail(err, errlen, "out of memory");
+		return km_sasl_fail(err, errlen, "out of memory");
 	return KM_OK;
 }
 
@@ -686,11 +676,11 @@ static km_err check_source(const km_sasl_oauth *o, char *err, size_t errlen)
 	if (km_secret_url_file(o->token_endpoint_url))
 		return KM_OK;
 	if (!endpoint_url(o->token_endpoint_url))
-		return fail(err, errlen, "%s '%.200s' is not a token endpoint: use file:///PATH/TO/TOKEN (a file holding "
+		return km_sasl_fail(err, errlen, "%s '%.200s' is not a token endpoint: use file:///PATH/TO/TOKEN (a file holding "
 					 "the token) or http(s)://HOST/PATH (the client-credentials grant)",
 			    setting_of(o), o->token_endpoint_url ? o->token_endpoint_url : "");
 	if (!o->client_id || !*o->client_id || !o->client_secret || !*o->client_secret)
-		return fail(err, errlen, "%s: the token endpoint %s needs a client id and secret (sasl.jaas.config's "
+		return km_sasl_fail(err, errlen, "%s: the token endpoint %s needs a client id and secret (sasl.jaas.config's "
 					 "clientId and clientSecret)",
 			    setting_of(o), o->token_endpoint_url);
 	return KM_OK;

@@ -639,11 +639,11 @@ static km_err endpoint_token(const km_sasl_oauth *o, struct event_base *base, st
 	if (t->token && now < t->refresh_at)
 		goto have;
 	/* Due (or none yet): ask once, for every connection that needs it. */
-	if (!t->evcon && (!base || fetch_start(t, o, base, dns, err, errlen) != KM_OK))
-		return base ? KM_ERR_CONFIG : km_sasl_fail(err, errlen, "%s: no event loop to ask %s", setting_of(o), t->url);
+	if (!t->evcon && base && fetch_start(t, o, base, dns, err, errlen) != KM_OK && !(t->token && now < t->exp))
+		return KM_ERR_CONFIG;
 	if (t->token && now < t->exp)
 		goto have; /* the old one lives until the new one is there */
-	if (!w)
+	if (!t->evcon || !w)
 		return km_sasl_fail(err, errlen, "%s: no token from %s yet", setting_of(o), t->url);
 	km_sasl_oauth_cancel(w);
 	w->next = t->waiters;

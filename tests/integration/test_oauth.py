@@ -262,6 +262,7 @@ def test_token_file_rewritten_before_expiry(kmirrord_bin, oauth_clusters, issuer
         assert p.running()
     finally:
         p.stop()
+    assert not p.sanitizer_reports()
 
 
 def test_kmirrord_token_checks(kmirrord_bin, issuers, tmp_path):

@@ -52,6 +52,8 @@ python3 -c 'import kafka' 2>/dev/null || pymissing+=(kafka-python)
 python3 -c 'import xdist' 2>/dev/null || pymissing+=("pytest-xdist>=3.5,<4")
 # test_observability.py reads the alert rules (docs/prometheus/*.yml) with it.
 python3 -c 'import yaml' 2>/dev/null || pymissing+=(pyyaml)
+# tests/harness/oauth.py signs the OAUTHBEARER tests' RS256 tokens and serves their key's JWKS with it.
+python3 -c 'import cryptography' 2>/dev/null || pymissing+=(cryptography)
 # scripts/bench draws its plots with it.
 python3 -c 'import matplotlib' 2>/dev/null || pymissing+=(matplotlib)
 if [ "${#pymissing[@]}" -gt 0 ]; then

@@ -143,6 +143,18 @@ static km_err keytab_usable(const km_config *cfg, char *err, size_t errlen)
 	return km_sasl_krb5_check(&k, err, errlen);
 }
 
+/* Nor would a token file that is unreadable or holds an expired token, or a token endpoint without a client. */
+static km_err token_usable(const km_config *cfg, char *err, size_t errlen)
+{
+	km_sasl_oauth o = {cfg->upstream_sasl_oauthbearer_token_endpoint_url, cfg->upstream_sasl_oauthbearer_client_id,
+			   cfg->upstream_sasl_oauthbearer_client_secret, cfg->upstream_sasl_oauthbearer_scope,
+			   "upstream_sasl_oauthbearer_token_endpoint_url"};
+
+	if (!cfg->upstream_sasl_oauthbearer_token_endpoint_url)
+		return KM_OK;
+	return km_sasl_oauth_check(&o, err, errlen);
+}
+
 /*
  * Build a configuration: defaults, then the file, then the command-line overrides; then the secrets
  * kept in files (not for --print-config, which shows the file's name and no password).
@@ -169,6 +181,8 @@ static km_err build_config(daemon_ctx *d, km_config *cfg, bool secrets, char *er
 	if (secrets && (rc = km_config_read_secrets(cfg, err, errlen)) != KM_OK)
 		goto fail;
 	if (secrets && (rc = keytab_usable(cfg, err, errlen)) != KM_OK)
+		goto fail;
+	if (secrets && (rc = token_usable(cfg, err, errlen)) != KM_OK)
 		goto fail;
 	return KM_OK;
 fail:

@@ -100,8 +100,15 @@ typedef struct km_config {
 	char *upstream_sasl_kerberos_keytab;
 	char *upstream_sasl_kerberos_principal;
 	char *upstream_sasl_kerberos_host;
+	char *upstream_sasl_oauthbearer_token_endpoint_url;
+	char *upstream_sasl_oauthbearer_client_id;
+	char *upstream_sasl_oauthbearer_client_secret;
+	char *upstream_sasl_oauthbearer_client_secret_file;
+	char *upstream_sasl_oauthbearer_scope;
 	/* Not an option: upstream_sasl_password was read from upstream_sasl_password_file (km_config_read_secrets). */
 	bool upstream_sasl_password_from_file;
+	/* Not an option: upstream_sasl_oauthbearer_client_secret was read from its _file. */
+	bool upstream_sasl_oauthbearer_client_secret_from_file;
 	char *mirror_state_topic;
 	int64_t mirror_pipelines; /* km_pipelines_mode */
 	int64_t mirror_state_partitions;
@@ -131,7 +138,8 @@ km_err km_config_load_file(km_config *cfg, const char *path, char *err, size_t e
 km_err km_config_validate(const km_config *cfg, char *err, size_t errlen) __attribute__((warn_unused_result));
 /*
  * The secrets kept in files, read into cfg after km_config_validate: upstream_sasl_password from
- * upstream_sasl_password_file (one trailing newline trimmed). A file group or others may read is
+ * upstream_sasl_password_file and upstream_sasl_oauthbearer_client_secret from its _file (one
+ * trailing newline trimmed); the keytab and the token file are only checked. A file group or others may read is
  * refused unless secret_file_mode_check is false (then a warning is logged). mirror_secret_key_file
  * is the state store's to read (km_state_new).
  */

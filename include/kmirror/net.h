@@ -194,13 +194,77 @@ bool km_net_bev_can_splice(struct bufferevent *bev);
  */
 void km_net_move(struct evbuffer *src, struct evbuffer *dst, size_t n);
 
-/* ---- SASL client mechanisms (providers): PLAIN, SCRAM-SHA-256, SCRAM-SHA-512, GSSAPI ---- */
+/* ---- SASL client mechanisms (providers): PLAIN, SCRAM-SHA-256, SCRAM-SHA-512, GSSAPI, OAUTHBEARER ---- */
 
 typedef struct km_sasl km_sasl;
 
 bool km_sasl_mechanism_supported(const char *mechanism);
-/* NULL when the mechanism is not supported (or no memory); GSSAPI is made by km_sasl_new_gssapi. */
+/*
+ * NULL when the mechanism is not supported (or no memory); GSSAPI is made by km_sasl_new_gssapi.
+ * OAUTHBEARER (RFC 7628): password is the bearer token (km_sasl_oauth_get), user unused.
+ */
 km_sasl *km_sasl_new(const char *mechanism, const char *user, const char *password);
+
+/*
+ * Where OAUTHBEARER tokens come from (docs/security.md, "OAUTHBEARER"), Kafka's KIP-768 names:
+ * token_endpoint_url file:///path/to/token, a file holding a JWT that something else keeps fresh;
+ * or an http:// or https:// token endpoint asked for tokens with the client-credentials grant
+ * (client_id and client_secret as HTTP Basic authentication, scope when given). https verifies the
+ * endpoint's certificate and host name against the system's CAs.
+ */
+typedef struct km_sasl_oauth {
+	const char *token_endpoint_url; /* sasl.oauthbearer.token.endpoint.url */
+	const char *client_id, *client_secret, *scope; /* the endpoint's; NULL for a file */
+	const char *setting;            /* where it was set, for the errors ("sasl.oauthbearer.token.endpoint.url") */
+} km_sasl_oauth;
+
+/*
+ * A connection waiting for a token endpoint's answer (embedded in its owner; zeroed when idle).
+ * cb runs once, from the event loop: KM_OK (ask km_sasl_oauth_get again: the token is there) or
+ * an error with a one-line why.
+ */
+typedef struct km_sasl_oauth_wait {
+	struct km_sasl_oauth_wait *next, **pprev;
+	void (*cb)(void *arg, km_err rc, const char *why);
+	void *arg;
+} km_sasl_oauth_wait;
+
+/*
+ * A live token for o (owned: wipe and free). Tokens are kept in this process per file or per
+ * endpoint, client and scope. A file is read again when it changed (stat) or once 80% of the
+ * token's life (from its iat, else from the read) has passed, so every new connection gets the
+ * file's current token. An endpoint is asked again once 80% of the token's life (its expires_in,
+ * else the JWT's exp) has passed; until the new token is there the old one is used while it lives.
+ * KM_OK with *token NULL: none is live and a request to the endpoint is under way (on base, names
+ * resolved with dns): w is armed and its callback says when to ask again. KM_ERR_CONFIG with a
+ * one-line reason naming o->setting and what to do: the URL is not file:///... or http(s)://...,
+ * the file cannot be read, holds no JWT with an exp claim, or its token has expired; an endpoint
+ * without a client id and secret. A file's token never waits (base, dns and w may be NULL).
+ */
+km_err km_sasl_oauth_get(const km_sasl_oauth *o, struct event_base *base, struct evdns_base *dns,
+			 km_sasl_oauth_wait *w, char **token, char *err, size_t errlen) __attribute__((warn_unused_result));
+/* w stops waiting (its callback will not run); nothing when it is not waiting. */
+void km_sasl_oauth_cancel(km_sasl_oauth_wait *w);
+/*
+ * Whether o can be used, before any connection: a file's live token (km_sasl_oauth_get's checks);
+ * an endpoint's URL, client id and secret (its token is asked for at the first connection).
+ */
+km_err km_sasl_oauth_check(const km_sasl_oauth *o, char *err, size_t errlen) __attribute__((warn_unused_result));
+/*
+ * A JWT's exp and iat claims (seconds since the epoch; *iat 0 when absent) from its payload, read
+ * without checking the signature (the broker does). KM_ERR_INVAL with why: not three base64url
+ * parts, the payload not a JSON object, no numeric exp.
+ */
+km_err km_sasl_oauth_jwt(const char *token, size_t len, int64_t *exp, int64_t *iat, char *why, size_t whylen)
+	__attribute__((warn_unused_result));
+/*
+ * Kafka's JAAS line for OAUTHBEARER: org.apache.kafka.common.security.oauthbearer.OAuthBearerLoginModule
+ * required, with the client-credentials options clientId, clientSecret and scope (each owned, NULL
+ * when absent). KM_ERR_CONFIG with a reason for another module, a missing ';', or the options of
+ * Kafka's unsecured test login (unsecuredLogin*), which kmirror does not make tokens for.
+ */
+km_err km_sasl_oauth_jaas(const char *jaas, char **client_id, char **client_secret, char **scope, char *err,
+			  size_t errlen) __attribute__((warn_unused_result));
 
 /*
  * A Kerberos identity for SASL GSSAPI (docs/security.md, "Kerberos"). keytab NULL: the default
@@ -227,6 +291,18 @@ km_sasl *km_sasl_new_gssapi(const char *host, const km_sasl_krb5 *k, char *err, 
  * one-line reason naming k->setting and what to do.
  */
 km_err km_sasl_krb5_check(const km_sasl_krb5 *k, char *err, size_t errlen) __attribute__((warn_unused_result));
+/*
+ * Kafka's sasl.jaas.config line of the login module module
+ * ("com.sun.security.auth.module.Krb5LoginModule"; the package may be left out) for mechanism
+ * (named in the errors): the values of keys[0..n) into
+ * vals (owned, NULL when absent; free with km_sasl_jaas_free), other options ignored (the Java
+ * login's own). KM_ERR_CONFIG with a one-line reason, vals all NULL.
+ */
+km_err km_sasl_jaas_options(const char *jaas, const char *module, const char *mechanism, const char *const *keys,
+			    char **vals, size_t n, char *err, size_t errlen);
+/* Wipes (a value may be a secret) and frees vals[0..n), setting them NULL. */
+void km_sasl_jaas_free(char **vals, size_t n);
+
 /*
  * Kafka's JAAS line for GSSAPI: com.sun.security.auth.module.Krb5LoginModule required, with
  * useKeyTab=true keyTab="..." principal="..." (or useTicketCache=true: the default credentials),
@@ -288,7 +364,7 @@ typedef struct km_net_client_opts {
 	const char *client_id;       /* default "kmirror" */
 	SSL_CTX *tls;                /* NULL: plaintext */
 	bool tls_verify_host;
-	const char *sasl_mechanism;  /* NULL: none; "PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "GSSAPI" */
+	const char *sasl_mechanism;  /* NULL: none; "PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "GSSAPI", "OAUTHBEARER" */
 	const char *sasl_username;
 	const char *sasl_password;
 	/* GSSAPI: the broker's service name and the client's keytab and principal (km_sasl_krb5). */
@@ -297,6 +373,10 @@ typedef struct km_net_client_opts {
 	const char *sasl_kerberos_principal;
 	const char *sasl_kerberos_setting;
 	const char *sasl_kerberos_host; /* the brokers' service principal's host; NULL: the host connected to */
+	/* OAUTHBEARER: where the token comes from, and where that was set (km_sasl_oauth). */
+	const char *sasl_oauthbearer_token_endpoint_url;
+	const char *sasl_oauthbearer_client_id, *sasl_oauthbearer_client_secret, *sasl_oauthbearer_scope;
+	const char *sasl_oauthbearer_setting;
 	bool skip_api_versions;      /* peers that do not answer ApiVersions: km_net_client_version says -1 */
 	bool quiet_failures;         /* a connection that fails before it is ready logs at debug (km_cluster says it once) */
 	int64_t connect_timeout_ms;  /* 0: 10 s; covers TCP, TLS, ApiVersions and SASL */

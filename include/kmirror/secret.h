@@ -33,6 +33,12 @@ km_err km_secret_file_read(const char *option, const char *path, bool mode_check
  */
 bool km_mirror_file_allowed(const char *dir, const char *key, const char *path, char *err, size_t errlen);
 
+/*
+ * The file a file:// URL names (a pointer into url, an absolute path: file:///PATH); NULL for
+ * another scheme or a malformed URL. A token endpoint given as a file holds a bearer token.
+ */
+const char *km_secret_url_file(const char *url);
+
 /* The option that turns the mode check off, as messages name it. */
 #define KM_SECRET_MODE_OPTION "secret_file_mode_check"
 

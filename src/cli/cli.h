@@ -117,11 +117,13 @@ typedef struct km_cli_client {
 	bool tls;
 	bool sasl;
 	bool verify_host;   /* ssl.endpoint.identification.algorithm=https (the default) */
-	char *sasl_mechanism; /* PLAIN, SCRAM-SHA-256, SCRAM-SHA-512, GSSAPI */
+	char *sasl_mechanism; /* PLAIN, SCRAM-SHA-256, SCRAM-SHA-512, GSSAPI, OAUTHBEARER */
 	char *username;
 	char *password;
 	/* GSSAPI: keytab and principal (both NULL: the default credentials cache), the brokers' service name. */
 	char *krb5_keytab, *krb5_principal, *krb5_service;
+	/* OAUTHBEARER: sasl.oauthbearer.token.endpoint.url (file:///PATH or http(s)), the JAAS line's client credentials. */
+	char *oauth_url, *oauth_client_id, *oauth_client_secret, *oauth_scope;
 	char *ca_file, *cert_file, *key_file;
 	km_cli_store truststore, keystore; /* used when a location or inline PEM is given */
 	char *client_id;

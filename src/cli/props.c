@@ -236,18 +236,12 @@ static const char *skip_ws(const char *p)
 	return p;
 }
 
-/* Forget what a failed parse found so far. */
-static void jaas_clear(char **username, char **password)
-{
-	free(*username);
-	free_secret(*password);
-	*username = *password = NULL;
-}
-
 km_err km_cli_jaas_parse(const char *jaas, char **username, char **password, const char **module_mechanism,
 			 char *err, size_t errlen)
 {
-	const char *p = skip_ws(jaas), *start;
+	static const char *const keys[] = {"username", "password"};
+	const char *p = skip_ws(jaas), *start, *module = NULL;
+	char *v[2];
 	size_t n;
 
 	*username = *password = NULL;
@@ -257,86 +251,28 @@ km_err km_cli_jaas_parse(const char *jaas, char **username, char **password, con
 		p++;
 	n = (size_t)(p - start);
 	/* The login module: the class's last component decides the mechanism family. */
-	if (n >= 16 && !strncmp(p - 16, "PlainLoginModule", 16))
+	if (n >= 16 && !strncmp(p - 16, "PlainLoginModule", 16)) {
 		*module_mechanism = "PLAIN";
-	else if (n >= 16 && !strncmp(p - 16, "ScramLoginModule", 16))
+		module = "org.apache.kafka.common.security.plain.PlainLoginModule";
+	} else if (n >= 16 && !strncmp(p - 16, "ScramLoginModule", 16)) {
 		*module_mechanism = "SCRAM";
-	if (!*module_mechanism)
+		module = "org.apache.kafka.common.security.scram.ScramLoginModule";
+	}
+	if (!module)
 		return cfg_fail(err, errlen,
 				"sasl.jaas.config: login module '%.*s' is not supported: use "
 				"org.apache.kafka.common.security.plain.PlainLoginModule or "
 				"org.apache.kafka.common.security.scram.ScramLoginModule",
 				(int)(n > 100 ? 100 : n), start);
-	p = skip_ws(p);
-	/* The control flag. */
-	start = p;
-	while (*p && isalpha((unsigned char)*p))
-		p++;
-	n = (size_t)(p - start);
-	if (!((n == 8 && !strncmp(start, "required", 8)) || (n == 9 && !strncmp(start, "requisite", 9)) ||
-	      (n == 10 && !strncmp(start, "sufficient", 10)) || (n == 8 && !strncmp(start, "optional", 8))))
-		return cfg_fail(err, errlen, "sasl.jaas.config: expected 'required' after the login module");
-	/* key=value options up to ';'; values quoted ("..." with \" and \\) or bare. */
-	for (;;) {
-		sbuf key = {0}, val = {0};
-		bool ok = true;
-		p = skip_ws(p);
-		if (*p == ';' || !*p)
-			break;
-		while (*p && (isalnum((unsigned char)*p) || *p == '_' || *p == '.' || *p == '-'))
-			ok = ok && sb_add(&key, *p++);
-		p = skip_ws(p);
-		if (!key.len || *p != '=') {
-			sb_free(&key);
-			jaas_clear(username, password);
-			return cfg_fail(err, errlen, "sasl.jaas.config: expected key=\"value\" near '%.20s'", p);
-		}
-		p = skip_ws(p + 1);
-		if (*p == '"') {
-			p++;
-			while (*p && *p != '"') {
-				if (*p == '\\' && p[1])
-					p++;
-				ok = ok && sb_add(&val, *p++);
-			}
-			if (*p != '"') {
-				sb_free(&key);
-				sb_free(&val);
-				jaas_clear(username, password);
-				return cfg_fail(err, errlen, "sasl.jaas.config: unterminated quoted value");
-			}
-			p++;
-		} else {
-			while (*p && !isspace((unsigned char)*p) && *p != ';')
-				ok = ok && sb_add(&val, *p++);
-		}
-		ok = ok && sb_ensure(&val);
-		if (!ok) {
-			sb_free(&key);
-			sb_free(&val);
-			jaas_clear(username, password);
-			return cfg_fail(err, errlen, "out of memory");
-		}
-		if (!strcmp(key.p, "username")) {
-			free(*username);
-			*username = val.p;
-		} else if (!strcmp(key.p, "password")) {
-			free_secret(*password);
-			*password = val.p;
-		} else {
-			sb_free(&val);
-		}
-		sb_free(&key);
-	}
-	if (*p != ';') {
-		jaas_clear(username, password);
-		return cfg_fail(err, errlen, "sasl.jaas.config: missing ';' at the end");
-	}
-	if (!*username || !*password) {
-		bool nouser = !*username;
-		jaas_clear(username, password);
+	if (km_sasl_jaas_options(jaas, module, *module_mechanism, keys, v, 2, err, errlen) != KM_OK)
+		return KM_ERR_CONFIG;
+	if (!v[0] || !v[1]) {
+		bool nouser = !v[0];
+		km_sasl_jaas_free(v, 2);
 		return cfg_fail(err, errlen, "sasl.jaas.config: no %s= option", nouser ? "username" : "password");
 	}
+	*username = v[0];
+	*password = v[1];
 	return KM_OK;
 }
 
@@ -349,7 +285,8 @@ static const struct {
 } java_only[] = {
 	{"sasl.login.callback.handler.class", "sasl.jaas.config with username and password"},
 	{"sasl.client.callback.handler.class", "sasl.jaas.config with username and password"},
-	{"sasl.oauthbearer.", "SASL PLAIN or SCRAM (OAUTHBEARER is not supported)"},
+	{"sasl.oauthbearer.", "sasl.oauthbearer.token.endpoint.url (file:///PATH, or an http(s) token endpoint with "
+			      "sasl.jaas.config's clientId, clientSecret and scope)"},
 };
 
 /* Properties Kafka's tools commonly carry that have no meaning for kmirror; silently ignored. */
@@ -359,7 +296,10 @@ static const char *const harmless[] = {
 	"ssl.keymanager.algorithm", "ssl.trustmanager.algorithm",
 	/* The Java login thread's and librdkafka's kinit tuning: the GSS-API library refreshes tickets itself. */
 	"sasl.kerberos.kinit.cmd", "sasl.kerberos.min.time.before.relogin", "sasl.kerberos.ticket.renew.jitter",
-	"sasl.kerberos.ticket.renew.window.factor", NULL,
+	"sasl.kerberos.ticket.renew.window.factor",
+	/* The Java login's token refresh tuning: kmirror reads the token file again itself. */
+	"sasl.login.refresh.window.factor", "sasl.login.refresh.window.jitter", "sasl.login.refresh.min.period.seconds",
+	"sasl.login.refresh.buffer.seconds", NULL,
 };
 
 /* Kafka's Java store properties, each a field of the client's truststore or keystore. */
@@ -414,6 +354,7 @@ static char *dup_or_null(const char *s)
 typedef struct sasl_props {
 	const char *mech, *jaas, *user, *pass;
 	const char *krb5_service, *krb5_keytab, *krb5_principal; /* sasl.kerberos.* (the last two librdkafka's) */
+	const char *oauth_url; /* sasl.oauthbearer.token.endpoint.url */
 } sasl_props;
 
 /*
@@ -426,6 +367,13 @@ static km_err take_prop(km_cli_client *c, sasl_props *sp, const char **proto, co
 	char **field = store_field(c, k);
 
 	*known = true;
+	if (!strcmp(k, "sasl.oauthbearer.token.endpoint.url")) {
+		sp->oauth_url = v;
+		return KM_OK;
+	}
+	/* What Java clients need for KIP-768's token endpoint; kmirror reads it without a handler. */
+	if (!strcmp(k, "sasl.login.callback.handler.class") && strstr(v, "OAuthBearerLoginCallbackHandler"))
+		return KM_OK;
 	for (size_t j = 0; j < sizeof(java_only) / sizeof(java_only[0]); j++)
 		if (!strncmp(k, java_only[j].prefix, strlen(java_only[j].prefix)))
 			return cfg_fail(err, errlen, "%s is a Java client property kmirror does not read: use %s", k,
@@ -545,6 +493,32 @@ static km_err take_kerberos(km_cli_client *c, const sasl_props *sp, char *err, s
 	return km_sasl_krb5_check(&k, err, errlen);
 }
 
+/*
+ * OAUTHBEARER: the token from sasl.oauthbearer.token.endpoint.url, a file:///PATH or an http(s)
+ * token endpoint with the JAAS line's clientId, clientSecret and scope (the line, when given, must
+ * be OAuthBearerLoginModule's). A file's token is checked before any connection.
+ */
+static km_err take_oauth(km_cli_client *c, const sasl_props *sp, char *err, size_t errlen)
+{
+	km_sasl_oauth o;
+
+	if (sp->user || sp->pass)
+		return cfg_fail(err, errlen, "sasl.mechanism OAUTHBEARER takes no sasl.username or sasl.password: "
+					     "sasl.oauthbearer.token.endpoint.url=file:///PATH (a file holding the token) or "
+					     "an http(s) token endpoint with sasl.jaas.config's clientId and clientSecret");
+	if (!sp->oauth_url)
+		return cfg_fail(err, errlen, "sasl.mechanism OAUTHBEARER needs sasl.oauthbearer.token.endpoint.url="
+					     "file:///PATH (a file holding the token) or an http(s) token endpoint");
+	if (sp->jaas && km_sasl_oauth_jaas(sp->jaas, &c->oauth_client_id, &c->oauth_client_secret, &c->oauth_scope,
+					   err, errlen) != KM_OK)
+		return KM_ERR_CONFIG;
+	if (!(c->sasl_mechanism = strdup("OAUTHBEARER")) || !(c->oauth_url = strdup(sp->oauth_url)))
+		return cfg_fail(err, errlen, "out of memory");
+	o = (km_sasl_oauth){c->oauth_url, c->oauth_client_id, c->oauth_client_secret, c->oauth_scope,
+			    "sasl.oauthbearer.token.endpoint.url"};
+	return km_sasl_oauth_check(&o, err, errlen);
+}
+
 /* The SASL mechanism and credentials into c, from the sasl.* properties or the JAAS line. */
 static km_err take_sasl(km_cli_client *c, sasl_props sp, char *err, size_t errlen)
 {
@@ -554,6 +528,14 @@ static km_err take_sasl(km_cli_client *c, sasl_props sp, char *err, size_t errle
 
 	if (sp.mech && !strcmp(sp.mech, "GSSAPI"))
 		return take_kerberos(c, &sp, err, errlen);
+	if (sp.mech && !strcmp(sp.mech, "OAUTHBEARER"))
+		return take_oauth(c, &sp, err, errlen);
+	if (!sp.mech && sp.jaas && strstr(sp.jaas, "OAuthBearerLoginModule"))
+		return cfg_fail(err, errlen, "sasl.jaas.config's OAuthBearerLoginModule is for sasl.mechanism=OAUTHBEARER: "
+					     "set it");
+	if (sp.oauth_url)
+		return cfg_fail(err, errlen, "sasl.oauthbearer.token.endpoint.url is for sasl.mechanism=OAUTHBEARER (it is "
+					     "%s)", sp.mech ? sp.mech : "not set");
 	if (!sp.mech && sp.jaas && strstr(sp.jaas, "Krb5LoginModule"))
 		return cfg_fail(err, errlen, "sasl.jaas.config's Krb5LoginModule is for sasl.mechanism=GSSAPI: set it");
 	if (sp.krb5_keytab || sp.krb5_principal || sp.krb5_service)
@@ -569,10 +551,11 @@ static km_err take_sasl(km_cli_client *c, sasl_props sp, char *err, size_t errle
 	if (!sp.mech && jaas_family && !strcmp(jaas_family, "PLAIN"))
 		sp.mech = "PLAIN";
 	if (!sp.mech)
-		rc = cfg_fail(err, errlen, "sasl.mechanism is required: PLAIN, SCRAM-SHA-256, SCRAM-SHA-512 or GSSAPI");
+		rc = cfg_fail(err, errlen, "sasl.mechanism is required: PLAIN, SCRAM-SHA-256, SCRAM-SHA-512, GSSAPI or "
+					   "OAUTHBEARER");
 	else if (strcmp(sp.mech, "PLAIN") && strcmp(sp.mech, "SCRAM-SHA-256") && strcmp(sp.mech, "SCRAM-SHA-512"))
 		rc = cfg_fail(err, errlen, "sasl.mechanism '%s' is not supported: use PLAIN, SCRAM-SHA-256, "
-					   "SCRAM-SHA-512 or GSSAPI", sp.mech);
+					   "SCRAM-SHA-512, GSSAPI or OAUTHBEARER", sp.mech);
 	else if (jaas_family && strncmp(sp.mech, jaas_family, strlen(jaas_family)) != 0)
 		rc = cfg_fail(err, errlen, "sasl.mechanism %s does not match the %s login module of sasl.jaas.config",
 			      sp.mech, jaas_family);
@@ -591,7 +574,7 @@ km_err km_cli_client_from_props(const km_cli_kvs *kv, km_cli_client *c, char *er
 				size_t warnlen)
 {
 	const char *proto = "PLAINTEXT";
-	sasl_props sp = {NULL, NULL, NULL, NULL, NULL, NULL, NULL};
+	sasl_props sp = {NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
 	size_t wl = 0;
 	km_err rc = KM_OK;
 
@@ -613,7 +596,8 @@ km_err km_cli_client_from_props(const km_cli_kvs *kv, km_cli_client *c, char *er
 	if (rc == KM_OK)
 		rc = check_stores(c, err, errlen);
 	if (rc == KM_OK && !c->sasl &&
-	    (sp.mech || sp.jaas || sp.user || sp.pass || sp.krb5_keytab || sp.krb5_principal || sp.krb5_service))
+	    (sp.mech || sp.jaas || sp.user || sp.pass || sp.krb5_keytab || sp.krb5_principal || sp.krb5_service ||
+	     sp.oauth_url))
 		rc = cfg_fail(err, errlen, "sasl.* properties need security.protocol SASL_PLAINTEXT or SASL_SSL (it is %s)",
 			      proto);
 	if (rc == KM_OK && c->sasl)
@@ -631,6 +615,10 @@ void km_cli_client_free(km_cli_client *c)
 	free(c->krb5_keytab);
 	free(c->krb5_principal);
 	free(c->krb5_service);
+	free(c->oauth_url);
+	free(c->oauth_client_id);
+	free_secret(c->oauth_client_secret);
+	free(c->oauth_scope);
 	free(c->ca_file);
 	free(c->cert_file);
 	free(c->key_file);

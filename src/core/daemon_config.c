@@ -25,8 +25,8 @@ static const char *const client_auth_names[] = {"none", "requested", "required"}
 static const km_opt_enum client_auth = {NULL, client_auth_names, 3, false};
 
 /* The mechanisms src/net provides (a unit test keeps the two in step); names are case-sensitive. */
-static const char *const sasl_names[] = {"PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "GSSAPI"};
-static const km_opt_enum sasl_mechanisms = {NULL, sasl_names, 4, true};
+static const char *const sasl_names[] = {"PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "GSSAPI", "OAUTHBEARER"};
+static const km_opt_enum sasl_mechanisms = {NULL, sasl_names, 5, true};
 
 /* The code a refused write to a read-only mirror topic gets (km_read_only_error). */
 static const char *const read_only_error_names[] = {"policy_violation", "topic_authorization_failed", "kmirror"};
@@ -240,7 +240,8 @@ static const km_option options[] = {
 	 .choices = &sasl_mechanisms, .reloadable = true,
 	 .doc = "SASL mechanism of kmirrord's own connections to the destination (metadata refresh, the state "
 		 "store, the mirror pipelines and metadata sync): empty (none), PLAIN, SCRAM-SHA-256, "
-		 "SCRAM-SHA-512 or GSSAPI (Kerberos: upstream_sasl_kerberos_*). Its principal is kmirrord's on the destination: it writes the mirror topics and "
+		 "SCRAM-SHA-512, GSSAPI (Kerberos: upstream_sasl_kerberos_*) or OAUTHBEARER "
+		 "(upstream_sasl_oauthbearer_*). Its principal is kmirrord's on the destination: it writes the mirror topics and "
 		 "mirror_state_topic. Client connections authenticate themselves (SASL is passed through)."},
 	{.name = "upstream_sasl_username", .type = KM_OPT_STRING, .offset = OFF(upstream_sasl_username), .def = "",
 	 .reloadable = true,
@@ -276,6 +277,31 @@ static const km_option options[] = {
 		"passes on: the brokers' listener that kmirrord fronts must then be that principal, and kmirrord's "
 		"own connections to it need this set to advertised_host (docs/security.md, \"Kerberos\"). Empty: the "
 		"host connected to."},
+	{.name = "upstream_sasl_oauthbearer_token_endpoint_url", .type = KM_OPT_STRING,
+	 .offset = OFF(upstream_sasl_oauthbearer_token_endpoint_url), .def = "", .reloadable = true,
+	 .doc = "OAUTHBEARER: where kmirrord's token comes from (Kafka's sasl.oauthbearer.token.endpoint.url): "
+		"file:///PATH, a file holding the token (a JWT) that something else keeps fresh. kmirrord reads it "
+		"at start and on every reload (an unreadable or expired token is refused then), again whenever it "
+		"changes and once 80% of the token's life has passed; every new connection gets the file's current "
+		"token. Checked like every secret file (secret_file_mode_check). Or http(s)://HOST/PATH, the identity "
+		"provider's token endpoint: kmirrord asks it for tokens with the client-credentials grant "
+		"(upstream_sasl_oauthbearer_client_id, _client_secret or _client_secret_file, _scope) without holding "
+		"its event loop, and again once 80% of a token's life has passed; https is verified against the "
+		"system's CAs."},
+	{.name = "upstream_sasl_oauthbearer_client_id", .type = KM_OPT_STRING,
+	 .offset = OFF(upstream_sasl_oauthbearer_client_id), .def = "", .reloadable = true,
+	 .doc = "OAUTHBEARER with a token endpoint: kmirrord's client id there (Kafka's clientId)."},
+	{.name = "upstream_sasl_oauthbearer_client_secret", .type = KM_OPT_STRING,
+	 .offset = OFF(upstream_sasl_oauthbearer_client_secret), .def = "", .reloadable = true, .secret = true,
+	 .doc = "OAUTHBEARER with a token endpoint: the client's secret (Kafka's clientSecret); prefer "
+		"upstream_sasl_oauthbearer_client_secret_file."},
+	{.name = "upstream_sasl_oauthbearer_client_secret_file", .type = KM_OPT_STRING,
+	 .offset = OFF(upstream_sasl_oauthbearer_client_secret_file), .def = "", .reloadable = true,
+	 .doc = "File holding upstream_sasl_oauthbearer_client_secret (one trailing newline is ignored), read at "
+		"start and on every reload. Checked like every secret file (secret_file_mode_check)."},
+	{.name = "upstream_sasl_oauthbearer_scope", .type = KM_OPT_STRING, .offset = OFF(upstream_sasl_oauthbearer_scope),
+	 .def = "", .reloadable = true,
+	 .doc = "OAUTHBEARER with a token endpoint: the scope asked for (Kafka's scope); empty: none."},
 	{.name = "mirror_state_topic", .type = KM_OPT_STRING, .offset = OFF(mirror_state_topic), .def = "__mirror_state",
 	 .reloadable = false,
 	 .doc = "The compacted topic on the destination holding the mirror definitions and every mirrored partition's "
@@ -319,7 +345,8 @@ static const km_option options[] = {
 		 "reads them with its own rights."},
 	{.name = "secret_file_mode_check", .type = KM_OPT_BOOL, .offset = OFF(secret_file_mode_check), .def = "true",
 	 .reloadable = true,
-	 .doc = "A secret file (mirror_secret_key_file, upstream_sasl_password_file, upstream_sasl_kerberos_keytab) "
+	 .doc = "A secret file (mirror_secret_key_file, upstream_sasl_password_file, upstream_sasl_kerberos_keytab, "
+		"the file of upstream_sasl_oauthbearer_token_endpoint_url) "
 		"that group or others may "
 		"read or write (mode & 077) is refused, naming the chmod 600 to run. false: it is used, with a "
 		"warning."},
@@ -400,6 +427,18 @@ static km_err tls_sources_valid(const km_config *cfg, char *err, size_t errlen)
 	return KM_OK;
 }
 
+static bool mechanism_is(const km_config *cfg, const char *mech)
+{
+	return cfg->upstream_sasl_mechanism && !strcmp(cfg->upstream_sasl_mechanism, mech);
+}
+
+/* OAUTHBEARER's tokens come from an http(s) token endpoint (not a file). */
+static bool token_endpoint(const km_config *cfg)
+{
+	const char *u = cfg->upstream_sasl_oauthbearer_token_endpoint_url;
+	return mechanism_is(cfg, "OAUTHBEARER") && u && (!strncmp(u, "http://", 7) || !strncmp(u, "https://", 8));
+}
+
 km_err km_config_validate(const km_config *cfg, char *err, size_t errlen)
 {
 	if (cfg->upstream_count == 0) {
@@ -470,7 +509,39 @@ km_err km_config_validate(const km_config *cfg, char *err, size_t errlen)
 		snprintf(err, errlen, "upstream_sasl_password and upstream_sasl_password_file: set one of them, not both");
 		return KM_ERR_CONFIG;
 	}
-	if (cfg->upstream_sasl_mechanism && strcmp(cfg->upstream_sasl_mechanism, "GSSAPI") != 0 &&
+	if (cfg->upstream_sasl_oauthbearer_token_endpoint_url && !mechanism_is(cfg, "OAUTHBEARER")) {
+		snprintf(err, errlen, "upstream_sasl_oauthbearer_token_endpoint_url is for upstream_sasl_mechanism "
+			 "OAUTHBEARER");
+		return KM_ERR_CONFIG;
+	}
+	if (mechanism_is(cfg, "OAUTHBEARER") &&
+	    (cfg->upstream_sasl_username || cfg->upstream_sasl_password || cfg->upstream_sasl_password_file)) {
+		snprintf(err, errlen, "upstream_sasl_mechanism OAUTHBEARER takes no user name or password: set "
+			 "upstream_sasl_oauthbearer_token_endpoint_url");
+		return KM_ERR_CONFIG;
+	}
+	if (mechanism_is(cfg, "OAUTHBEARER") &&
+	    !km_secret_url_file(cfg->upstream_sasl_oauthbearer_token_endpoint_url) && !token_endpoint(cfg)) {
+		snprintf(err, errlen, "upstream_sasl_mechanism OAUTHBEARER needs upstream_sasl_oauthbearer_token_endpoint_url "
+			 "file:///PATH/TO/TOKEN (a file holding the token) or http(s)://HOST/PATH (a token endpoint)");
+		return KM_ERR_CONFIG;
+	}
+	if (cfg->upstream_sasl_oauthbearer_client_secret && cfg->upstream_sasl_oauthbearer_client_secret_file &&
+	    !cfg->upstream_sasl_oauthbearer_client_secret_from_file) {
+		snprintf(err, errlen, "upstream_sasl_oauthbearer_client_secret and _client_secret_file: set one of them, "
+			 "not both");
+		return KM_ERR_CONFIG;
+	}
+	if (token_endpoint(cfg) != (cfg->upstream_sasl_oauthbearer_client_id != NULL) ||
+	    token_endpoint(cfg) != (cfg->upstream_sasl_oauthbearer_client_secret != NULL ||
+				    cfg->upstream_sasl_oauthbearer_client_secret_file != NULL) ||
+	    (!token_endpoint(cfg) && cfg->upstream_sasl_oauthbearer_scope)) {
+		snprintf(err, errlen, "upstream_sasl_oauthbearer_token_endpoint_url http(s)://... goes with "
+			 "upstream_sasl_oauthbearer_client_id and _client_secret (or _client_secret_file), and those and "
+			 "_scope with it only");
+		return KM_ERR_CONFIG;
+	}
+	if (cfg->upstream_sasl_mechanism && !mechanism_is(cfg, "GSSAPI") && !mechanism_is(cfg, "OAUTHBEARER") &&
 	    !cfg->upstream_sasl_username) {
 		snprintf(err, errlen, "upstream_sasl_mechanism needs upstream_sasl_username");
 		return KM_ERR_CONFIG;
@@ -502,34 +573,45 @@ km_err km_config_validate(const km_config *cfg, char *err, size_t errlen)
 #define PASSWORD_FILE_MAX 4096
 #define KEYTAB_FILE_MAX (1024 * 1024)
 
-km_err km_config_read_secrets(km_config *cfg, char *err, size_t errlen)
+/* A secret file kmirrord's libraries read themselves (a keytab, a token): read here only to check it. */
+static km_err check_secret_file(const char *option, const char *path, const km_config *cfg, char *err,
+				size_t errlen)
+{
+	uint8_t *buf = malloc(KEYTAB_FILE_MAX);
+	size_t len;
+	bool loose;
+	km_err rc;
+
+	if (!buf) {
+		snprintf(err, errlen, "out of memory");
+		return KM_ERR_NOMEM;
+	}
+	rc = km_secret_file_read(option, path, cfg->secret_file_mode_check, buf, KEYTAB_FILE_MAX, &len, &loose, err,
+				 errlen);
+	explicit_bzero(buf, KEYTAB_FILE_MAX);
+	free(buf);
+	if (rc != KM_OK)
+		return KM_ERR_CONFIG;
+	if (loose)
+		KM_WARN("config", 0, "%s", err);
+	return KM_OK;
+}
+
+/*
+ * A secret of one line from the file option file_opt names into *value (its earlier value wiped);
+ * *from_file set. Nothing when there is no file or it was read already.
+ */
+static km_err read_secret_line(const char *file_opt, const char *path, bool mode_check, char **value,
+			       bool *from_file, char *err, size_t errlen)
 {
 	uint8_t buf[PASSWORD_FILE_MAX];
 	size_t len;
 	bool loose;
-	char *pw;
+	char *v;
 
-	if (cfg->upstream_sasl_kerberos_keytab) {
-		/* Its keys log in as kmirrord as well as a password does: the same mode rule. Read only to check. */
-		uint8_t *kt = malloc(KEYTAB_FILE_MAX);
-		km_err rc;
-		if (!kt) {
-			snprintf(err, errlen, "out of memory");
-			return KM_ERR_NOMEM;
-		}
-		rc = km_secret_file_read("upstream_sasl_kerberos_keytab", cfg->upstream_sasl_kerberos_keytab,
-					 cfg->secret_file_mode_check, kt, KEYTAB_FILE_MAX, &len, &loose, err, errlen);
-		explicit_bzero(kt, KEYTAB_FILE_MAX);
-		free(kt);
-		if (rc != KM_OK)
-			return KM_ERR_CONFIG;
-		if (loose)
-			KM_WARN("config", 0, "%s", err);
-	}
-	if (!cfg->upstream_sasl_password_file || cfg->upstream_sasl_password_from_file)
+	if (!path || *from_file)
 		return KM_OK;
-	if (km_secret_file_read("upstream_sasl_password_file", cfg->upstream_sasl_password_file,
-				cfg->secret_file_mode_check, buf, sizeof(buf), &len, &loose, err, errlen) != KM_OK)
+	if (km_secret_file_read(file_opt, path, mode_check, buf, sizeof(buf), &len, &loose, err, errlen) != KM_OK)
 		return KM_ERR_CONFIG;
 	if (loose)
 		KM_WARN("config", 0, "%s", err);
@@ -538,23 +620,46 @@ km_err km_config_read_secrets(km_config *cfg, char *err, size_t errlen)
 	if (len > 0 && buf[len - 1] == '\r')
 		len--;
 	if (len == 0 || memchr(buf, 0, len)) {
-		snprintf(err, errlen, "upstream_sasl_password_file %s: %s", cfg->upstream_sasl_password_file,
-			 len ? "holds a NUL byte" : "is empty");
+		snprintf(err, errlen, "%s %s: %s", file_opt, path, len ? "holds a NUL byte" : "is empty");
 		explicit_bzero(buf, sizeof(buf));
 		return KM_ERR_CONFIG;
 	}
-	pw = strndup((const char *)buf, len);
+	v = strndup((const char *)buf, len);
 	explicit_bzero(buf, sizeof(buf)); /* not OPENSSL_cleanse: src/core does without OpenSSL */
-	if (!pw) {
+	if (!v) {
 		snprintf(err, errlen, "out of memory");
 		return KM_ERR_NOMEM;
 	}
-	if (cfg->upstream_sasl_password)
-		explicit_bzero(cfg->upstream_sasl_password, strlen(cfg->upstream_sasl_password));
-	free(cfg->upstream_sasl_password);
-	cfg->upstream_sasl_password = pw;
-	cfg->upstream_sasl_password_from_file = true;
+	if (*value)
+		explicit_bzero(*value, strlen(*value));
+	free(*value);
+	*value = v;
+	*from_file = true;
 	return KM_OK;
+}
+
+km_err km_config_read_secrets(km_config *cfg, char *err, size_t errlen)
+{
+	const char *token_file = km_secret_url_file(cfg->upstream_sasl_oauthbearer_token_endpoint_url);
+	km_err rc;
+
+	/* A keytab's keys and a bearer token log in as kmirrord as well as a password does: the same mode rule. */
+	if (cfg->upstream_sasl_kerberos_keytab &&
+	    check_secret_file("upstream_sasl_kerberos_keytab", cfg->upstream_sasl_kerberos_keytab, cfg, err, errlen) !=
+		    KM_OK)
+		return KM_ERR_CONFIG;
+	if (mechanism_is(cfg, "OAUTHBEARER") && token_file &&
+	    check_secret_file("upstream_sasl_oauthbearer_token_endpoint_url", token_file, cfg, err, errlen) != KM_OK)
+		return KM_ERR_CONFIG;
+	rc = read_secret_line("upstream_sasl_password_file", cfg->upstream_sasl_password_file,
+			      cfg->secret_file_mode_check, &cfg->upstream_sasl_password,
+			      &cfg->upstream_sasl_password_from_file, err, errlen);
+	if (rc != KM_OK)
+		return rc;
+	return read_secret_line("upstream_sasl_oauthbearer_client_secret_file",
+				cfg->upstream_sasl_oauthbearer_client_secret_file, cfg->secret_file_mode_check,
+				&cfg->upstream_sasl_oauthbearer_client_secret,
+				&cfg->upstream_sasl_oauthbearer_client_secret_from_file, err, errlen);
 }
 
 km_err km_config_check_reload(const km_config *cur, const km_config *next, char *err, size_t errlen)
@@ -581,6 +686,7 @@ static const struct {
 	{"upstream_tls_cert_file", PATH_FILE}, {"upstream_tls_key_file", PATH_FILE},
 	{"upstream_sasl_password_file", PATH_FILE}, {"mirror_secret_key_file", PATH_FILE},
 	{"upstream_sasl_kerberos_keytab", PATH_FILE}, {"tls_keystore_file", PATH_FILE},
+	{"upstream_sasl_oauthbearer_client_secret_file", PATH_FILE},
 	{"tls_truststore_file", PATH_FILE},    {"upstream_tls_keystore_file", PATH_FILE},
 	{"upstream_tls_truststore_file", PATH_FILE},
 	{"mirror_file_dir", PATH_DIR},

@@ -118,3 +118,10 @@ bool km_mirror_file_allowed(const char *dir, const char *key, const char *path, 
 	}
 	return true;
 }
+
+const char *km_secret_url_file(const char *url)
+{
+	if (!url || strncmp(url, "file://", 7) != 0 || url[7] != '/' || !url[8])
+		return NULL;
+	return url + 7;
+}

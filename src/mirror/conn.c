@@ -205,6 +205,58 @@ out:
 	return ctx;
 }
 
+/*
+ * OAUTHBEARER from the mirror's sasl.oauthbearer.token.endpoint.url into o: a file:///PATH inside
+ * mirror_file_dir, or an http(s) token endpoint with the client credentials of the mirror's
+ * sasl.jaas.config (OAuthBearerLoginModule's clientId, clientSecret, scope: into id, secret and
+ * scope, which the caller wipes and frees). false with why (no URL, a file outside the directory,
+ * no live token in it, an endpoint without a client, a JAAS line of another login module).
+ */
+static bool source_oauth(km_mirror *mi, const km_state_mirror *m, km_net_client_opts *o, char **id, char **secret,
+			 char **scope, char *why, size_t whylen)
+{
+	const char *url = cfg_get(m, "sasl.oauthbearer.token.endpoint.url"), *path = km_secret_url_file(url);
+	char jaas[2048] = "";
+	km_sasl_oauth so;
+	km_err rc;
+	bool ok;
+
+	*id = *secret = *scope = NULL;
+	if (!url) {
+		snprintf(why, whylen, "sasl.mechanism OAUTHBEARER needs sasl.oauthbearer.token.endpoint.url: file:///PATH "
+			 "(a file in mirror_file_dir holding the token) or an http(s) token endpoint");
+		return false;
+	}
+	if (path && !km_mirror_file_allowed(km_mirror_get_opts(mi)->cfg->mirror_file_dir,
+					    "sasl.oauthbearer.token.endpoint.url", path, why, whylen))
+		return false;
+	rc = km_state_mirror_secret(km_mirror_store(mi), m, "sasl.jaas.config", jaas, sizeof(jaas));
+	if (rc != KM_OK && rc != KM_ERR_INVAL) {
+		secret_why(rc, "sasl.jaas.config", sizeof(jaas), why, whylen);
+		return false;
+	}
+	ok = rc == KM_ERR_INVAL || km_sasl_oauth_jaas(jaas, id, secret, scope, why, whylen) == KM_OK;
+	OPENSSL_cleanse(jaas, sizeof(jaas));
+	so = (km_sasl_oauth){url, *id, *secret, *scope, "the mirror's sasl.oauthbearer.token.endpoint.url"};
+	if (!ok || km_sasl_oauth_check(&so, why, whylen) != KM_OK)
+		return false;
+	o->sasl_oauthbearer_token_endpoint_url = url;
+	o->sasl_oauthbearer_client_id = *id;
+	o->sasl_oauthbearer_client_secret = *secret;
+	o->sasl_oauthbearer_scope = *scope;
+	o->sasl_oauthbearer_setting = so.setting;
+	return true;
+}
+
+/* A secret string wiped and freed. */
+static void free_secret(char *s)
+{
+	if (s) {
+		OPENSSL_cleanse(s, strlen(s));
+		free(s);
+	}
+}
+
 km_cluster *km_mirror_source_cluster(km_mirror *mi, const km_state_mirror *m, const char *purpose,
 				     int64_t max_frame, SSL_CTX **tls_out, void (*on_change)(void *arg), void *arg,
 				     char *why, size_t whylen)
@@ -215,10 +267,11 @@ km_cluster *km_mirror_source_cluster(km_mirror *mi, const km_state_mirror *m, co
 	const char *mech = cfg_get(m, "sasl.mechanism"), *user = cfg_get(m, "sasl.username");
 	const char *algo = cfg_get(m, "ssl.endpoint.identification.algorithm");
 	char pass[1024] = "", ubuf[512] = "", client_id[512], *kt = NULL, *pr = NULL, *svc = NULL;
+	char *oid = NULL, *osecret = NULL, *oscope = NULL;
 	km_hostport hps[64];
 	size_t nhp = 0;
 	km_net_client_opts o;
-	km_cluster *cl;
+	km_cluster *cl = NULL;
 	bool tls = proto && (!strcmp(proto, "SSL") || !strcmp(proto, "SASL_SSL"));
 	bool sasl = proto && !strncmp(proto, "SASL_", 5);
 
@@ -247,30 +300,20 @@ km_cluster *km_mirror_source_cluster(km_mirror *mi, const km_state_mirror *m, co
 		return NULL;
 	memset(&o, 0, sizeof(o));
 	if (sasl && mech && !strcmp(mech, "GSSAPI")) {
-		if (!source_kerberos(mi, m, &o, &kt, &pr, &svc, why, whylen)) {
-			free(kt);
-			free(pr);
-			free(svc);
-			if (*tls_out)
-				SSL_CTX_free(*tls_out);
-			*tls_out = NULL;
-			return NULL;
-		}
-		o.sasl_mechanism = mech;
+		if (!source_kerberos(mi, m, &o, &kt, &pr, &svc, why, whylen))
+			goto out;
+	} else if (sasl && mech && !strcmp(mech, "OAUTHBEARER")) {
+		if (!source_oauth(mi, m, &o, &oid, &osecret, &oscope, why, whylen))
+			goto out;
 	} else if (sasl) {
 		if (!mech)
 			mech = "PLAIN";
-		if (!source_credentials(st, m, &user, ubuf, sizeof(ubuf), pass, sizeof(pass), why, whylen)) {
-			OPENSSL_cleanse(pass, sizeof(pass));
-			if (*tls_out)
-				SSL_CTX_free(*tls_out);
-			*tls_out = NULL;
-			return NULL;
-		}
-		o.sasl_mechanism = mech;
+		if (!source_credentials(st, m, &user, ubuf, sizeof(ubuf), pass, sizeof(pass), why, whylen))
+			goto out;
 		o.sasl_username = user ? user : "";
 		o.sasl_password = pass;
 	}
+	o.sasl_mechanism = sasl ? mech : NULL;
 	{
 		const char *cid = cfg_get(m, "client.id");
 		/* The mirror's name and the pipeline in the client id: the source's operator can set quotas on it. */
@@ -286,15 +329,19 @@ km_cluster *km_mirror_source_cluster(km_mirror *mi, const km_state_mirror *m, co
 	o.request_timeout_ms = 31000; /* above a fetch's MaxWait */
 	o.dns = km_mirror_dns(mi);
 	o.max_frame_bytes = max_frame;
-	cl = km_cluster_new(km_mirror_base(mi), "source", &o, hps, nhp, on_change, arg);
-	OPENSSL_cleanse(pass, sizeof(pass)); /* the cluster keeps its own copy */
+	if (!(cl = km_cluster_new(km_mirror_base(mi), "source", &o, hps, nhp, on_change, arg)))
+		snprintf(why, whylen, "out of memory");
+out:
+	/* The cluster keeps its own copies of the credentials. */
+	OPENSSL_cleanse(pass, sizeof(pass));
 	free(kt);
 	free(pr);
 	free(svc);
-	if (!cl) {
-		snprintf(why, whylen, "out of memory");
-		if (*tls_out)
-			SSL_CTX_free(*tls_out);
+	free(oid);
+	free_secret(osecret);
+	free(oscope);
+	if (!cl && *tls_out) {
+		SSL_CTX_free(*tls_out);
 		*tls_out = NULL;
 	}
 	return cl;
@@ -321,6 +368,11 @@ km_cluster *km_mirror_dest_cluster(km_mirror *mi, const char *mirror, const char
 	o.sasl_kerberos_principal = cfg->upstream_sasl_kerberos_principal;
 	o.sasl_kerberos_setting = "upstream_sasl_kerberos_keytab";
 	o.sasl_kerberos_host = cfg->upstream_sasl_kerberos_host;
+	o.sasl_oauthbearer_token_endpoint_url = cfg->upstream_sasl_oauthbearer_token_endpoint_url;
+	o.sasl_oauthbearer_setting = "upstream_sasl_oauthbearer_token_endpoint_url";
+	o.sasl_oauthbearer_client_id = cfg->upstream_sasl_oauthbearer_client_id;
+	o.sasl_oauthbearer_client_secret = cfg->upstream_sasl_oauthbearer_client_secret;
+	o.sasl_oauthbearer_scope = cfg->upstream_sasl_oauthbearer_scope;
 	o.connect_timeout_ms = cfg->upstream_connect_timeout_ms;
 	o.request_timeout_ms = 40000; /* above the Produce timeout (30 s) */
 	o.max_frame_bytes = 16 << 20;

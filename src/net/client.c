@@ -96,6 +96,7 @@ struct km_net_client {
 	size_t nfeatures;
 	uint64_t id;
 	km_sasl *sasl;
+	km_sasl_oauth_wait oauth_wait; /* OAUTHBEARER: waiting for a token endpoint's answer */
 	bool freed;
 	km_net_rpc *rpc_waiting; /* src/net/rpc.c: calls whose resend timer runs */
 	char reason[320]; /* why the connection last failed or closed (km_net_client_reason) */
@@ -212,6 +213,7 @@ static void fail_all(km_net_client *c, km_err err)
 static void client_close(km_net_client *c, km_err err)
 {
 	bool notify = c->state != C_CLOSED;
+	km_sasl_oauth_cancel(&c->oauth_wait);
 	if (notify)
 		set_state(c, C_CLOSED);
 	if (c->bev) {
@@ -676,14 +678,16 @@ static void sasl_auth_done(km_net_client *c, km_err err, const uint8_t *body, si
 	km_rd_string(&r, "error_message", false, true, &msg);
 	km_rd_bytes(&r, "auth_bytes", false, false, &auth);
 	if (!km_rd_ok(&r) || ec != 0) {
-		KM_WARN("net", c->id, "SASL authentication to %s failed: %s %.*s", c->host, km_err_name(ec),
-			msg.len > 0 ? msg.len : 0, msg.p ? msg.p : "");
+		/* What the mechanism learnt on the way (OAUTHBEARER: the server's status and scope). */
+		const char *more = c->sasl ? km_sasl_reason(c->sasl) : "";
+		KM_WARN("net", c->id, "SASL authentication to %s failed: %s %.*s%s%s", c->host, km_err_name(ec),
+			msg.len > 0 ? msg.len : 0, msg.p ? msg.p : "", *more ? "; " : "", more);
 		if (!km_rd_ok(&r))
 			set_reason(c, "SASL %s failed: malformed SaslAuthenticate response", c->opts.sasl_mechanism);
 		else
-			set_reason(c, "SASL %s failed: %s%s%.*s", c->opts.sasl_mechanism, km_err_name(ec),
+			set_reason(c, "SASL %s failed: %s%s%.*s%s%s", c->opts.sasl_mechanism, km_err_name(ec),
 				   msg.len > 0 ? ": " : "", msg.len > 0 ? (int)(msg.len > 200 ? 200 : msg.len) : 0,
-				   msg.p ? msg.p : "");
+				   msg.p ? msg.p : "", *more ? "; " : "", more);
 		client_close(c, KM_ERR_SASL);
 		return;
 	}
@@ -710,6 +714,21 @@ static void sasl_handshake_done(km_net_client *c, km_err err, const uint8_t *bod
 	sasl_send(c, NULL, 0);
 }
 
+/* The token endpoint answered for a connection waiting in start_sasl. */
+static void oauth_ready(void *arg, km_err rc, const char *why)
+{
+	km_net_client *c = arg;
+
+	if (c->state != C_SASL || c->sasl)
+		return;
+	if (rc != KM_OK) {
+		set_reason(c, "SASL OAUTHBEARER failed: %s", why);
+		client_close(c, KM_ERR_SASL);
+		return;
+	}
+	start_sasl(c);
+}
+
 static void start_sasl(km_net_client *c)
 {
 	km_wr w;
@@ -730,6 +749,25 @@ static void start_sasl(km_net_client *c)
 			client_close(c, KM_ERR_SASL);
 			return;
 		}
+	} else if (!strcmp(c->opts.sasl_mechanism, "OAUTHBEARER")) {
+		km_sasl_oauth o = {c->opts.sasl_oauthbearer_token_endpoint_url, c->opts.sasl_oauthbearer_client_id,
+				   c->opts.sasl_oauthbearer_client_secret, c->opts.sasl_oauthbearer_scope,
+				   c->opts.sasl_oauthbearer_setting};
+		char why[400], *token;
+		/* Asked at every connection: the token is the current one, not the first connection's. */
+		c->oauth_wait.cb = oauth_ready;
+		c->oauth_wait.arg = c;
+		if (km_sasl_oauth_get(&o, c->base, c->opts.dns, &c->oauth_wait, &token, why, sizeof(why)) != KM_OK) {
+			KM_WARN("net", c->id, "SASL OAUTHBEARER with %s: %s", c->host, why);
+			set_reason(c, "SASL OAUTHBEARER failed: %s", why);
+			client_close(c, KM_ERR_SASL);
+			return;
+		}
+		if (!token)
+			return; /* the token endpoint is being asked: oauth_ready goes on (the connect timeout runs) */
+		c->sasl = km_sasl_new("OAUTHBEARER", NULL, token);
+		OPENSSL_cleanse(token, strlen(token));
+		free(token);
 	} else {
 		c->sasl = km_sasl_new(c->opts.sasl_mechanism, c->opts.sasl_username, c->opts.sasl_password);
 	}
@@ -935,7 +973,9 @@ static void record_close(km_net_client *c, struct bufferevent *bev, short what, 
 	int dns = (what & BEV_EVENT_ERROR) && c->state == C_CONNECTING ? bufferevent_socket_get_dns_error(bev) : 0;
 
 	if (what & BEV_EVENT_TIMEOUT) {
-		set_reason(c, "timed out%s%s", during ? " during " : "", during ? during : "");
+		set_reason(c, "timed out%s%s%s%s", during ? " during " : "", during ? during : "",
+			   c->oauth_wait.pprev ? ", waiting for a token from " : "",
+			   c->oauth_wait.pprev ? c->opts.sasl_oauthbearer_token_endpoint_url : "");
 		return;
 	}
 	if (dns) {

@@ -47,6 +47,7 @@ struct km_cluster {
 	km_net_client_opts o;
 	char *client_id, *mech, *user, *pass;
 	char *krb5_service, *krb5_keytab, *krb5_principal, *krb5_setting, *krb5_host;
+	char *oauth_url, *oauth_setting, *oauth_id, *oauth_secret, *oauth_scope;
 	km_hostport *boot;
 	size_t nboot, boot_i;
 	km_net_client *bootc;
@@ -245,6 +246,11 @@ km_cluster *km_cluster_new(struct event_base *base, const char *side, const km_n
 	own(&cl->krb5_principal, &cl->o.sasl_kerberos_principal);
 	own(&cl->krb5_setting, &cl->o.sasl_kerberos_setting);
 	own(&cl->krb5_host, &cl->o.sasl_kerberos_host);
+	own(&cl->oauth_url, &cl->o.sasl_oauthbearer_token_endpoint_url);
+	own(&cl->oauth_setting, &cl->o.sasl_oauthbearer_setting);
+	own(&cl->oauth_id, &cl->o.sasl_oauthbearer_client_id);
+	own(&cl->oauth_secret, &cl->o.sasl_oauthbearer_client_secret);
+	own(&cl->oauth_scope, &cl->o.sasl_oauthbearer_scope);
 	cl->o.on_state = on_state;
 	cl->o.arg = cl;
 	cl->boot = malloc(nboot * sizeof(*cl->boot));
@@ -283,6 +289,8 @@ void km_cluster_free(km_cluster *cl)
 		event_free(cl->timer);
 	if (cl->pass)
 		OPENSSL_cleanse(cl->pass, strlen(cl->pass));
+	if (cl->oauth_secret)
+		OPENSSL_cleanse(cl->oauth_secret, strlen(cl->oauth_secret));
 	free(cl->client_id);
 	free(cl->mech);
 	free(cl->user);
@@ -292,6 +300,11 @@ void km_cluster_free(km_cluster *cl)
 	free(cl->krb5_principal);
 	free(cl->krb5_setting);
 	free(cl->krb5_host);
+	free(cl->oauth_url);
+	free(cl->oauth_setting);
+	free(cl->oauth_id);
+	free(cl->oauth_secret);
+	free(cl->oauth_scope);
 	free(cl);
 }
 

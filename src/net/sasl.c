@@ -1,4 +1,4 @@
-/* SASL client mechanisms as providers: PLAIN (RFC 4616), SCRAM-SHA-256/512 (RFC 5802, 7677) over OpenSSL, GSSAPI (sasl_gssapi.c). */
+/* SASL client mechanisms as providers: PLAIN (RFC 4616), SCRAM-SHA-256/512 (RFC 5802, 7677) over OpenSSL, GSSAPI (sasl_gssapi.c), OAUTHBEARER (RFC 7628). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -205,6 +205,38 @@ static km_err scram_step(km_sasl *s, const uint8_t *in, size_t inlen, km_wr *out
 	return KM_ERR_SASL;
 }
 
+/* ---- OAUTHBEARER ---- */
+
+/*
+ * The initial response carries the token (gs2 header without authzid, then auth=Bearer). An empty
+ * answer is success; a JSON error is answered with a lone 0x01 (RFC 7628 3.2.3), after which the
+ * server fails the exchange: its words go to the reason.
+ */
+static km_err oauthbearer_step(km_sasl *s, const uint8_t *in, size_t inlen, km_wr *out, bool *done)
+{
+	*done = false;
+	if (s->stage == 0) {
+		static const char head[] = "n,,\x01" "auth=Bearer ";
+		km_wr_raw(out, head, sizeof(head) - 1);
+		km_wr_raw(out, s->password, strlen(s->password));
+		km_wr_raw(out, "\x01\x01", 2);
+		s->stage = 1;
+		return km_wr_ok(out) ? KM_OK : KM_ERR_NOMEM;
+	}
+	if (s->stage == 1 && inlen == 0) {
+		s->stage = 2;
+		*done = true;
+		return KM_OK;
+	}
+	if (s->stage == 1) {
+		km_sasl_oauth_server_error(in, inlen, s->reason, sizeof(s->reason));
+		km_wr_i8(out, 1);
+		s->stage = 3;
+		return km_wr_ok(out) ? KM_OK : KM_ERR_NOMEM;
+	}
+	return KM_ERR_SASL;
+}
+
 /* ---- GSSAPI ---- */
 
 static km_err gssapi_step(km_sasl *s, const uint8_t *in, size_t inlen, km_wr *out, bool *done)
@@ -217,6 +249,7 @@ static const sasl_provider providers[] = {
 	{"GSSAPI", NULL, gssapi_step},
 	{"SCRAM-SHA-256", EVP_sha256, scram_step},
 	{"SCRAM-SHA-512", EVP_sha512, scram_step},
+	{"OAUTHBEARER", NULL, oauthbearer_step},
 };
 
 bool km_sasl_mechanism_supported(const char *mech)

@@ -23,15 +23,6 @@ struct km_sasl_gss {
 	char target_text[300];
 };
 
-static void fail(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static void fail(char *err, size_t errlen, const char *fmt, ...)
-{
-	va_list ap;
-	va_start(ap, fmt);
-	vsnprintf(err, errlen, fmt, ap);
-	va_end(ap);
-}
-
 /* GSS-API's own words for a failure: the mechanism's (minor) message when there is one, else the major's. */
 static void gss_why(OM_uint32 major, OM_uint32 minor, char *out, size_t len)
 {
@@ -66,33 +57,33 @@ km_err km_sasl_krb5_check(const km_sasl_krb5 *k, char *err, size_t errlen)
 
 	if (!k->keytab || !*k->keytab) {
 		if (k->principal && *k->principal) {
-			fail(err, errlen, "%s: principal %s without a keytab: name the keytab that holds its key",
+			km_sasl_fail(err, errlen, "%s: principal %s without a keytab: name the keytab that holds its key",
 			     setting_of(k), k->principal);
 			return KM_ERR_CONFIG;
 		}
 		return KM_OK; /* the default credentials: kinit's, found when connecting */
 	}
 	if (!k->principal || !*k->principal) {
-		fail(err, errlen, "%s: keytab %s without a principal: name the principal whose key it holds",
+		km_sasl_fail(err, errlen, "%s: keytab %s without a principal: name the principal whose key it holds",
 		     setting_of(k), k->keytab);
 		return KM_ERR_CONFIG;
 	}
 	/* Checked here first: krb5 says "Key table file not found" without the name. */
 	if (access(k->keytab, R_OK) != 0) {
-		fail(err, errlen,
+		km_sasl_fail(err, errlen,
 		     "%s: keytab %s: %s: give a keytab file this process can read (ktutil or kadmin ktadd "
 		     "make one)",
 		     setting_of(k), k->keytab, strerror(errno));
 		return KM_ERR_CONFIG;
 	}
 	if ((kr = krb5_init_context(&kc)) != 0) {
-		fail(err, errlen, "%s: Kerberos library: %s", setting_of(k), strerror(kr));
+		km_sasl_fail(err, errlen, "%s: Kerberos library: %s", setting_of(k), strerror(kr));
 		return KM_ERR_CONFIG;
 	}
 	snprintf(name, sizeof(name), "FILE:%s", k->keytab);
 	if ((kr = krb5_kt_resolve(kc, name, &kt)) != 0 || (kr = krb5_parse_name(kc, k->principal, &pr)) != 0) {
 		const char *m = krb5_get_error_message(kc, kr);
-		fail(err, errlen, "%s: %s %s: %s", setting_of(k), kt ? "principal" : "keytab",
+		km_sasl_fail(err, errlen, "%s: %s %s: %s", setting_of(k), kt ? "principal" : "keytab",
 		     kt ? k->principal : k->keytab, m);
 		krb5_free_error_message(kc, m);
 		goto out;
@@ -102,11 +93,11 @@ km_err km_sasl_krb5_check(const km_sasl_krb5 *k, char *err, size_t errlen)
 		krb5_free_keytab_entry_contents(kc, &ent);
 		rc = KM_OK;
 	} else if (kr == KRB5_KT_NOTFOUND || kr == ENOENT) {
-		fail(err, errlen, "%s: keytab %s holds no key for %s: name the principal it holds (klist -k %s)",
+		km_sasl_fail(err, errlen, "%s: keytab %s holds no key for %s: name the principal it holds (klist -k %s)",
 		     setting_of(k), k->keytab, k->principal, k->keytab);
 	} else {
 		const char *m = krb5_get_error_message(kc, kr);
-		fail(err, errlen, "%s: keytab %s: %s: give a keytab file (ktutil or kadmin ktadd make one)",
+		km_sasl_fail(err, errlen, "%s: keytab %s: %s: give a keytab file (ktutil or kadmin ktadd make one)",
 		     setting_of(k), k->keytab, m);
 		krb5_free_error_message(kc, m);
 	}
@@ -143,7 +134,7 @@ km_sasl_gss *km_sasl_gss_new(const char *host, const km_sasl_krb5 *k, char *err,
 	if (km_sasl_krb5_check(k, err, errlen) != KM_OK)
 		return NULL;
 	if (!(g = calloc(1, sizeof(*g)))) {
-		fail(err, errlen, "out of memory");
+		km_sasl_fail(err, errlen, "out of memory");
 		return NULL;
 	}
 	g->cred = GSS_C_NO_CREDENTIAL;
@@ -155,7 +146,7 @@ km_sasl_gss *km_sasl_gss_new(const char *host, const km_sasl_krb5 *k, char *err,
 	major = gss_import_name(&minor, &nb, GSS_C_NT_HOSTBASED_SERVICE, &g->target);
 	if (GSS_ERROR(major)) {
 		gss_why(major, minor, why, sizeof(why));
-		fail(err, errlen, "service name %s: %s", g->target_text, why);
+		km_sasl_fail(err, errlen, "service name %s: %s", g->target_text, why);
 		goto fail;
 	}
 	if (k->keytab && *k->keytab) {
@@ -181,7 +172,7 @@ km_sasl_gss *km_sasl_gss_new(const char *host, const km_sasl_krb5 *k, char *err,
 		}
 		if (GSS_ERROR(major)) {
 			gss_why(major, minor, why, sizeof(why));
-			fail(err, errlen, "%s: credentials of %s from keytab %s: %s", setting_of(k), k->principal,
+			km_sasl_fail(err, errlen, "%s: credentials of %s from keytab %s: %s", setting_of(k), k->principal,
 			     k->keytab, why);
 			goto fail;
 		}
@@ -204,7 +195,7 @@ static km_err gss_context_step(km_sasl_gss *g, const uint8_t *in, size_t inlen, 
 				     GSS_C_NO_CHANNEL_BINDINGS, in ? &ib : GSS_C_NO_BUFFER, NULL, &ob, &rflags, NULL);
 	if (GSS_ERROR(major)) {
 		gss_why(major, minor, why, sizeof(why));
-		fail(err, errlen, "Kerberos ticket for %s: %s", g->target_text, why);
+		km_sasl_fail(err, errlen, "Kerberos ticket for %s: %s", g->target_text, why);
 		gss_release_buffer(&minor, &ob);
 		return KM_ERR_SASL;
 	}
@@ -234,13 +225,13 @@ km_err km_sasl_gss_step(km_sasl_gss *g, const uint8_t *in, size_t inlen, km_wr *
 		if (GSS_ERROR(major) || ub.length != 4) {
 			if (GSS_ERROR(major))
 				gss_why(major, minor, why, sizeof(why));
-			fail(err, errlen, "the broker's security layer offer %s",
+			km_sasl_fail(err, errlen, "the broker's security layer offer %s",
 			     GSS_ERROR(major) ? why : "is not 4 bytes");
 			gss_release_buffer(&minor, &ub);
 			return KM_ERR_SASL;
 		}
 		if (!(((const uint8_t *)ub.value)[0] & 1)) {
-			fail(err, errlen, "the broker requires a SASL security layer (Kafka's do not): not supported");
+			km_sasl_fail(err, errlen, "the broker requires a SASL security layer (Kafka's do not): not supported");
 			gss_release_buffer(&minor, &ub);
 			return KM_ERR_SASL;
 		}
@@ -253,7 +244,7 @@ km_err km_sasl_gss_step(km_sasl_gss *g, const uint8_t *in, size_t inlen, km_wr *
 		major = gss_wrap(&minor, g->ctx, 0, GSS_C_QOP_DEFAULT, &ib, NULL, &wb);
 		if (GSS_ERROR(major)) {
 			gss_why(major, minor, why, sizeof(why));
-			fail(err, errlen, "wrapping the security layer answer: %s", why);
+			km_sasl_fail(err, errlen, "wrapping the security layer answer: %s", why);
 			return KM_ERR_SASL;
 		}
 		km_wr_raw(out, wb.value, wb.length);
@@ -286,13 +277,6 @@ void km_sasl_gss_free(km_sasl_gss *g)
 
 /* ---- Kafka's JAAS line for GSSAPI ---- */
 
-static const char *skip_ws(const char *p)
-{
-	while (*p && isspace((unsigned char)*p))
-		p++;
-	return p;
-}
-
 static bool is_true(const char *v)
 {
 	return v && !strcasecmp(v, "true");
@@ -300,113 +284,36 @@ static bool is_true(const char *v)
 
 km_err km_sasl_krb5_jaas(const char *jaas, char **keytab, char **principal, char **service, char *err, size_t errlen)
 {
-	const char *p = skip_ws(jaas), *start;
-	char *use_keytab = NULL, *use_cache = NULL;
-	size_t n;
+	static const char *const keys[] = {"keyTab", "principal", "serviceName", "useKeyTab", "useTicketCache"};
+	char *v[5];
+	char *use_keytab, *use_cache;
 	km_err rc = KM_ERR_CONFIG;
 
 	*keytab = *principal = *service = NULL;
-	start = p;
-	while (*p && !isspace((unsigned char)*p) && *p != ';')
-		p++;
-	n = (size_t)(p - start);
-	if (n < 15 || strncmp(p - 15, "Krb5LoginModule", 15) != 0 || (n > 15 && p[-16] != '.')) {
-		fail(err, errlen,
-		     "sasl.jaas.config: GSSAPI takes com.sun.security.auth.module.Krb5LoginModule, not '%.*s'",
-		     (int)(n > 100 ? 100 : n), start);
+	if (km_sasl_jaas_options(jaas, "com.sun.security.auth.module.Krb5LoginModule", "GSSAPI", keys, v, 5, err,
+				 errlen) != KM_OK)
 		return KM_ERR_CONFIG;
-	}
-	p = skip_ws(p);
-	start = p;
-	while (*p && isalpha((unsigned char)*p))
-		p++;
-	n = (size_t)(p - start);
-	if (!((n == 8 && !strncmp(start, "required", 8)) || (n == 9 && !strncmp(start, "requisite", 9)) ||
-	      (n == 10 && !strncmp(start, "sufficient", 10)) || (n == 8 && !strncmp(start, "optional", 8)))) {
-		fail(err, errlen, "sasl.jaas.config: expected 'required' after the login module");
-		return KM_ERR_CONFIG;
-	}
-	for (;;) {
-		char key[64], *val;
-		size_t kl = 0, vl = 0, cap;
-		const char *v;
-		bool quoted = false;
-
-		p = skip_ws(p);
-		if (*p == ';' || !*p)
-			break;
-		while (*p && (isalnum((unsigned char)*p) || *p == '_' || *p == '.' || *p == '-') &&
-		       kl + 1 < sizeof(key))
-			key[kl++] = *p++;
-		key[kl] = 0;
-		p = skip_ws(p);
-		if (!kl || *p != '=') {
-			fail(err, errlen, "sasl.jaas.config: expected key=\"value\" near '%.20s'", p);
-			goto out;
-		}
-		p = skip_ws(p + 1);
-		v = p;
-		if (*p == '"') {
-			quoted = true;
-			v = ++p;
-			while (*p && *p != '"')
-				p += (*p == '\\' && p[1]) ? 2 : 1;
-			if (*p != '"') {
-				fail(err, errlen, "sasl.jaas.config: unterminated quoted value");
-				goto out;
-			}
-			cap = (size_t)(p - v);
-			p++;
-		} else {
-			while (*p && !isspace((unsigned char)*p) && *p != ';')
-				p++;
-			cap = (size_t)(p - v);
-		}
-		if (!(val = malloc(cap + 1))) {
-			fail(err, errlen, "out of memory");
-			goto out;
-		}
-		for (size_t i = 0; i < cap; i++) {
-			if (quoted && v[i] == '\\' && i + 1 < cap)
-				i++;
-			val[vl++] = v[i];
-		}
-		val[vl] = 0;
-		{
-			char **slot = !strcmp(key, "keyTab")           ? keytab
-				      : !strcmp(key, "principal")      ? principal
-				      : !strcmp(key, "serviceName")    ? service
-				      : !strcmp(key, "useKeyTab")      ? &use_keytab
-				      : !strcmp(key, "useTicketCache") ? &use_cache
-								       : NULL;
-			if (slot) {
-				free(*slot);
-				*slot = val;
-			} else {
-				free(val); /* storeKey, debug, doNotPrompt, ...: the Java login's business */
-			}
-		}
-	}
-	if (*p != ';') {
-		fail(err, errlen, "sasl.jaas.config: missing ';' at the end");
-		goto out;
-	}
+	*keytab = v[0];
+	*principal = v[1];
+	*service = v[2];
+	use_keytab = v[3];
+	use_cache = v[4];
 	if (is_true(use_keytab) && (!*keytab || !**keytab)) {
-		fail(err, errlen, "sasl.jaas.config: useKeyTab=true needs keyTab=\"/path/to/file.keytab\"");
+		km_sasl_fail(err, errlen, "sasl.jaas.config: useKeyTab=true needs keyTab=\"/path/to/file.keytab\"");
 		goto out;
 	}
 	if (!is_true(use_keytab) && *keytab) {
-		fail(err, errlen, "sasl.jaas.config: keyTab is read only with useKeyTab=true");
+		km_sasl_fail(err, errlen, "sasl.jaas.config: keyTab is read only with useKeyTab=true");
 		goto out;
 	}
 	if (is_true(use_keytab) && (!*principal || !**principal)) {
-		fail(err, errlen,
+		km_sasl_fail(err, errlen,
 		     "sasl.jaas.config: useKeyTab=true needs principal=\"name@REALM\" (the key's principal in "
 		     "the keytab)");
 		goto out;
 	}
 	if (!is_true(use_keytab) && !is_true(use_cache)) {
-		fail(err, errlen,
+		km_sasl_fail(err, errlen,
 		     "sasl.jaas.config: Krb5LoginModule needs useKeyTab=true with keyTab and principal, or "
 		     "useTicketCache=true (kinit's credentials)");
 		goto out;

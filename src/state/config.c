@@ -79,11 +79,11 @@ bool km_state_config_is_secret(const char *name)
 }
 
 static const char *const protocols[] = {"PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"};
-static const char *const mechanisms[] = {"PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "GSSAPI"};
+static const char *const mechanisms[] = {"PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "GSSAPI", "OAUTHBEARER"};
 static const char *const ident_algos[] = {"https", ""};
 static const char *const store_types[] = {"PKCS12", "PEM", "JKS"};
 
-typedef enum { V_ANY, V_BOOTSTRAP, V_CHOICE } value_kind;
+typedef enum { V_ANY, V_BOOTSTRAP, V_CHOICE, V_TOKEN_URL } value_kind;
 
 /* The source connection properties kmirror accepts (the Kafka client names). */
 static const struct {
@@ -94,8 +94,9 @@ static const struct {
 } conn_keys[] = {
 	{"bootstrap.servers", V_BOOTSTRAP, NULL, 0},
 	{"security.protocol", V_CHOICE, protocols, 4},
-	{"sasl.mechanism", V_CHOICE, mechanisms, 4},
+	{"sasl.mechanism", V_CHOICE, mechanisms, 5},
 	{"sasl.kerberos.service.name", V_ANY, NULL, 0},
+	{"sasl.oauthbearer.token.endpoint.url", V_TOKEN_URL, NULL, 0},
 	{"sasl.username", V_ANY, NULL, 0},
 	{"sasl.password", V_ANY, NULL, 0},
 	{"sasl.jaas.config", V_ANY, NULL, 0},
@@ -246,6 +247,13 @@ static bool check_one(const km_state_kv *kv, bool create, km_mirror_options *mo,
 			return false;
 		case V_ANY:
 			return true;
+		case V_TOKEN_URL:
+			if (km_secret_url_file(kv->value) || !strncmp(kv->value, "http://", 7) ||
+			    !strncmp(kv->value, "https://", 8))
+				return true;
+			snprintf(why, len, "'%.200s' is not file:///PATH (a file in mirror_file_dir holding the token) or "
+				 "an http(s) token endpoint", kv->value);
+			return false;
 		}
 	}
 	snprintf(why, len, "unknown configuration key (accepted: bootstrap.servers, security.protocol, sasl.*, ssl.*, "

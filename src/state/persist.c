@@ -308,6 +308,11 @@ km_cluster *km_ps_cluster_new(km_state_persist *io, void (*changed)(void *arg))
 	o.sasl_kerberos_principal = cfg->upstream_sasl_kerberos_principal;
 	o.sasl_kerberos_setting = "upstream_sasl_kerberos_keytab";
 	o.sasl_kerberos_host = cfg->upstream_sasl_kerberos_host;
+	o.sasl_oauthbearer_token_endpoint_url = cfg->upstream_sasl_oauthbearer_token_endpoint_url;
+	o.sasl_oauthbearer_setting = "upstream_sasl_oauthbearer_token_endpoint_url";
+	o.sasl_oauthbearer_client_id = cfg->upstream_sasl_oauthbearer_client_id;
+	o.sasl_oauthbearer_client_secret = cfg->upstream_sasl_oauthbearer_client_secret;
+	o.sasl_oauthbearer_scope = cfg->upstream_sasl_oauthbearer_scope;
 	o.connect_timeout_ms = cfg->upstream_connect_timeout_ms;
 	o.request_timeout_ms = 40000; /* above the Produce timeout (30 s) */
 	o.max_frame_bytes = FETCH_BYTES + (1 << 20);

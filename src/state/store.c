@@ -497,7 +497,17 @@ static bool check_keytab(km_state *st, const char *jaas, char *why, size_t len)
 	return ok;
 }
 
-/* The files a mirror names (ssl.*.location, a Krb5LoginModule's keyTab) must be in mirror_file_dir. */
+/* A file:// token endpoint's file, read by kmirrord like an ssl.*.location file; false with why. */
+static bool check_token_file(km_state *st, const char *url, char *why, size_t len)
+{
+	const char *path = km_secret_url_file(url);
+
+	if (!path)
+		return true; /* a token endpoint (the value's form is checked with the other keys') */
+	return km_mirror_file_allowed(st->cfg.mirror_file_dir, "sasl.oauthbearer.token.endpoint.url", path, why, len);
+}
+
+/* The files a mirror names (ssl.*.location, a Krb5LoginModule's keyTab, a token file) must be in mirror_file_dir. */
 static bool check_files(km_state *st, km_state_mut *mu)
 {
 	char why[512];
@@ -506,7 +516,9 @@ static bool check_files(km_state *st, km_state_mut *mu)
 			continue;
 		if ((!strncmp(mu->kv[i].name, "ssl.", 4) && strstr(mu->kv[i].name, ".location") &&
 		     !km_mirror_file_allowed(st->cfg.mirror_file_dir, mu->kv[i].name, mu->kv[i].value, why, sizeof(why))) ||
-		    (!strcmp(mu->kv[i].name, "sasl.jaas.config") && !check_keytab(st, mu->kv[i].value, why, sizeof(why)))) {
+		    (!strcmp(mu->kv[i].name, "sasl.jaas.config") && !check_keytab(st, mu->kv[i].value, why, sizeof(why))) ||
+		    (!strcmp(mu->kv[i].name, "sasl.oauthbearer.token.endpoint.url") &&
+		     !check_token_file(st, mu->kv[i].value, why, sizeof(why)))) {
 			set_msg(mu, KM_MIRROR_INVALID_CLUSTER_MIRROR_CONFIG, "%s", why);
 			return false;
 		}

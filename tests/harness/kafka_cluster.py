@@ -718,10 +718,13 @@ class KafkaCluster:
 
     def __init__(self, name="kafka", brokers=1, base_dir=None, overrides=None, advertise=None,
                  jvm_opts=None, attached=True, keep_dir=None, release=None, extra_listeners=None,
-                 kerberos=None):
+                 kerberos=None, oauth=None):
         self.name = name
         # A harness.kdc.Kdc: the SASL listener offers GSSAPI too, as kafka/127.0.0.1@REALM.
         self.kerberos = kerberos
+        # A harness.oauth.Issuer: the SASL listener offers OAUTHBEARER too, validating its tokens
+        # (unsigned ones with Kafka's unsecured validator, signed ones against its JWKS).
+        self.oauth = oauth
         self.extra_listeners = dict(extra_listeners or {})
         self.n_brokers = brokers
         self.overrides = dict(overrides or {})
@@ -730,6 +733,8 @@ class KafkaCluster:
             TEST_PROFILE_JVM_OPTS if in_test_profile() else []))
         if kerberos is not None:
             self.jvm_opts = self.jvm_opts + kerberos.java_opts
+        if oauth is not None:
+            self.jvm_opts = self.jvm_opts + oauth.java_opts
         self.attached = attached
         self.keep_dir = (os.environ.get("KM_KEEP_KAFKA_DIRS") == "1") if keep_dir is None else keep_dir
         self._own_dir = base_dir is None
@@ -955,6 +960,9 @@ class KafkaCluster:
                                                "".join(f",{n}:PLAINTEXT" for n in self.extra_listeners))
         if node.is_broker and self.kerberos is not None:
             p.update(self._gssapi_properties())
+        if node.is_broker and self.oauth is not None:
+            p.update(self.oauth.broker_properties())
+            p["listener.name.sasl.sasl.enabled.mechanisms"] += ",OAUTHBEARER"
         if node.is_broker:
             p.update(self.overrides)
         return p

@@ -225,8 +225,8 @@ static void test_client_props(void **state)
 	client_of("security.protocol=SSL\nssl.certificate.location=/c.pem\n", &c, "go together");
 	client_of("security.protocol=SASL_PLAINTEXT\nsasl.mechanism=GSSAPI\nsasl.username=u\nsasl.password=p\n", &c,
 		  "GSSAPI takes no sasl.username or sasl.password");
-	client_of("security.protocol=SASL_PLAINTEXT\nsasl.mechanism=OAUTHBEARER\n", &c,
-		  "sasl.mechanism 'OAUTHBEARER' is not supported");
+	client_of("security.protocol=SASL_PLAINTEXT\nsasl.mechanism=XOAUTH2\n", &c,
+		  "sasl.mechanism 'XOAUTH2' is not supported: use PLAIN, SCRAM-SHA-256, SCRAM-SHA-512, GSSAPI or OAUTHBEARER");
 	client_of("security.protocol=SASL_PLAINTEXT\nsasl.jaas.config=org.apache.kafka.common.security.scram."
 		  "ScramLoginModule required username=\"u\" password=\"p\";\n",
 		  &c, "sasl.mechanism is required");
@@ -400,6 +400,80 @@ static void test_tls_stores(void **state)
 	km_test_remove_cert(dir);
 }
 
+/* OAUTHBEARER: Kafka's token endpoint property with a file URL, checked before connecting; the JAAS line's module. */
+static void test_client_oauth(void **state)
+{
+	char *tok = write_tmp("eyJhbGciOiJub25lIn0.eyJleHAiOjQxMDI0NDQ4MDAsInN1YiI6ImNsaSJ9.\n");
+	char text[1024], expired[1024];
+	km_cli_client c;
+	(void)state;
+
+	/* {"exp":4102444800,"sub":"cli"}: 2100-01-01 */
+	snprintf(text, sizeof(text),
+		 "security.protocol=SASL_SSL\nsasl.mechanism=OAUTHBEARER\nsasl.oauthbearer.token.endpoint.url=file://%s\n"
+		 "sasl.jaas.config=org.apache.kafka.common.security.oauthbearer.OAuthBearerLoginModule required ;\n"
+		 "sasl.login.callback.handler.class=org.apache.kafka.common.security.oauthbearer."
+		 "OAuthBearerLoginCallbackHandler\nsasl.login.refresh.buffer.seconds=300\n",
+		 tok);
+	client_of(text, &c, NULL);
+	assert_true(c.sasl);
+	assert_string_equal(c.sasl_mechanism, "OAUTHBEARER");
+	assert_non_null(strstr(c.oauth_url, tok));
+	assert_null(c.username);
+	assert_null(c.password);
+	km_cli_client_free(&c);
+	/* The JAAS line alone is not enough (the token comes from the endpoint). */
+	client_of("security.protocol=SASL_PLAINTEXT\nsasl.mechanism=OAUTHBEARER\n", &c,
+		  "needs sasl.oauthbearer.token.endpoint.url=file:///PATH");
+	client_of("security.protocol=SASL_PLAINTEXT\nsasl.mechanism=OAUTHBEARER\nsasl.username=u\n"
+		  "sasl.oauthbearer.token.endpoint.url=file:///t\n",
+		  &c, "OAUTHBEARER takes no sasl.username");
+	client_of("security.protocol=SASL_PLAINTEXT\nsasl.mechanism=OAUTHBEARER\n"
+		  "sasl.oauthbearer.token.endpoint.url=https://idp.example/token\n",
+		  &c, "needs a client id and secret (sasl.jaas.config's clientId and clientSecret)");
+	client_of("security.protocol=SASL_PLAINTEXT\nsasl.mechanism=OAUTHBEARER\n"
+		  "sasl.oauthbearer.token.endpoint.url=ldap://idp.example/token\n",
+		  &c, "is not a token endpoint: use file:///PATH/TO/TOKEN");
+	/* A token endpoint: the JAAS line's client credentials, asked at the first connection. */
+	client_of("security.protocol=SASL_PLAINTEXT\nsasl.mechanism=OAUTHBEARER\n"
+		  "sasl.oauthbearer.token.endpoint.url=https://idp.example/oauth2/token\n"
+		  "sasl.jaas.config=org.apache.kafka.common.security.oauthbearer.OAuthBearerLoginModule required "
+		  "clientId=\"op\" clientSecret=\"op-secret\" scope=\"kafka\";\n",
+		  &c, NULL);
+	assert_string_equal(c.oauth_url, "https://idp.example/oauth2/token");
+	assert_string_equal(c.oauth_client_id, "op");
+	assert_string_equal(c.oauth_client_secret, "op-secret");
+	assert_string_equal(c.oauth_scope, "kafka");
+	km_cli_client_free(&c);
+	client_of("security.protocol=SASL_PLAINTEXT\nsasl.mechanism=OAUTHBEARER\n"
+		  "sasl.oauthbearer.token.endpoint.url=file:///nonexistent/km/token\n",
+		  &c, "sasl.oauthbearer.token.endpoint.url: cannot read /nonexistent/km/token");
+	client_of("security.protocol=SASL_PLAINTEXT\nsasl.oauthbearer.token.endpoint.url=file:///t\n", &c,
+		  "is for sasl.mechanism=OAUTHBEARER (it is not set)");
+	client_of("security.protocol=SASL_PLAINTEXT\nsasl.jaas.config=org.apache.kafka.common.security.oauthbearer."
+		  "OAuthBearerLoginModule required;\n",
+		  &c, "OAuthBearerLoginModule is for sasl.mechanism=OAUTHBEARER");
+	client_of("security.protocol=SASL_PLAINTEXT\nsasl.mechanism=OAUTHBEARER\n"
+		  "sasl.oauthbearer.token.endpoint.url=file:///t\nsasl.jaas.config=org.apache.kafka.common.security."
+		  "plain.PlainLoginModule required username=\"u\" password=\"p\";\n",
+		  &c, "OAUTHBEARER takes org.apache.kafka.common.security.oauthbearer.OAuthBearerLoginModule");
+	client_of("security.protocol=SASL_PLAINTEXT\nsasl.mechanism=OAUTHBEARER\n"
+		  "sasl.oauthbearer.jwks.endpoint.url=https://idp/jwks\n",
+		  &c, "use sasl.oauthbearer.token.endpoint.url (file:///PATH, or an http(s) token endpoint");
+	client_of("sasl.oauthbearer.token.endpoint.url=file:///t\n", &c, "need security.protocol SASL_PLAINTEXT");
+	/* {"exp":1000}: long expired */
+	snprintf(expired, sizeof(expired), "eyJhbGciOiJub25lIn0.eyJleHAiOjEwMDB9.\n");
+	{
+		FILE *f = fopen(tok, "w");
+		assert_non_null(f);
+		fputs(expired, f);
+		fclose(f);
+	}
+	client_of(text, &c, "expired at 1970-01-01T00:16:40Z");
+	unlink(tok);
+	free(tok);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -408,6 +482,7 @@ int main(void)
 		cmocka_unit_test(test_jaas),
 		cmocka_unit_test(test_client_props),
 		cmocka_unit_test(test_client_kerberos),
+		cmocka_unit_test(test_client_oauth),
 		cmocka_unit_test(test_tls_stores),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);

@@ -353,10 +353,10 @@ static void test_sasl_mechanisms(void **state)
 	assert_non_null(o->choices);
 	for (size_t i = 0; i < o->choices->count; i++)
 		assert_true(km_sasl_mechanism_supported(o->choices->names[i]));
-	assert_false(km_sasl_mechanism_supported("OAUTHBEARER"));
+	assert_false(km_sasl_mechanism_supported("XOAUTH2"));
 	km_config_init(&cfg);
-	assert_int_equal(km_config_set(&cfg, "upstream_sasl_mechanism", "OAUTHBEARER", err, sizeof(err)), KM_ERR_CONFIG);
-	assert_non_null(strstr(err, "is not one of PLAIN, SCRAM-SHA-256, SCRAM-SHA-512, GSSAPI"));
+	assert_int_equal(km_config_set(&cfg, "upstream_sasl_mechanism", "XOAUTH2", err, sizeof(err)), KM_ERR_CONFIG);
+	assert_non_null(strstr(err, "is not one of PLAIN, SCRAM-SHA-256, SCRAM-SHA-512, GSSAPI, OAUTHBEARER"));
 	assert_int_equal(km_config_set(&cfg, "upstream_sasl_mechanism", "plain", err, sizeof(err)), KM_ERR_CONFIG);
 	assert_int_equal(km_config_set(&cfg, "upstream_sasl_mechanism", "SCRAM-SHA-512", err, sizeof(err)), KM_OK);
 	assert_string_equal(cfg.upstream_sasl_mechanism, "SCRAM-SHA-512");
@@ -386,6 +386,53 @@ static void test_sasl_mechanisms(void **state)
 	assert_int_equal(km_config_set(&cfg, "upstream_sasl_password", "pw", err, sizeof(err)), KM_OK);
 	assert_int_equal(km_config_validate(&cfg, err, sizeof(err)), KM_ERR_CONFIG);
 	assert_non_null(strstr(err, "GSSAPI takes no password"));
+	km_config_free(&cfg);
+
+	/* OAUTHBEARER: a file:// token endpoint, no user name or password; the URL is OAUTHBEARER's only. */
+	km_config_init(&cfg);
+	assert_int_equal(km_config_set(&cfg, "upstream", "k:9092", err, sizeof(err)), KM_OK);
+	assert_int_equal(km_config_set(&cfg, "upstream_sasl_mechanism", "OAUTHBEARER", err, sizeof(err)), KM_OK);
+	assert_int_equal(km_config_validate(&cfg, err, sizeof(err)), KM_ERR_CONFIG);
+	assert_non_null(strstr(err, "needs upstream_sasl_oauthbearer_token_endpoint_url file:///"));
+	assert_int_equal(km_config_set(&cfg, "upstream_sasl_oauthbearer_token_endpoint_url", "ldap://idp/token", err,
+				       sizeof(err)),
+			 KM_OK);
+	assert_int_equal(km_config_validate(&cfg, err, sizeof(err)), KM_ERR_CONFIG);
+	assert_non_null(strstr(err, "or http(s)://HOST/PATH"));
+	/* A token endpoint: a client id and a secret (inline or in a file), a scope only with it. */
+	assert_int_equal(km_config_set(&cfg, "upstream_sasl_oauthbearer_token_endpoint_url", "https://idp/token", err,
+				       sizeof(err)),
+			 KM_OK);
+	assert_int_equal(km_config_validate(&cfg, err, sizeof(err)), KM_ERR_CONFIG);
+	assert_non_null(strstr(err, "goes with upstream_sasl_oauthbearer_client_id and _client_secret"));
+	assert_int_equal(km_config_set(&cfg, "upstream_sasl_oauthbearer_client_id", "kmirrord", err, sizeof(err)), KM_OK);
+	assert_int_equal(km_config_validate(&cfg, err, sizeof(err)), KM_ERR_CONFIG);
+	assert_int_equal(km_config_set(&cfg, "upstream_sasl_oauthbearer_client_secret_file", "/s", err, sizeof(err)),
+			 KM_OK);
+	assert_int_equal(km_config_set(&cfg, "upstream_sasl_oauthbearer_scope", "kafka", err, sizeof(err)), KM_OK);
+	assert_int_equal(km_config_validate(&cfg, err, sizeof(err)), KM_OK);
+	assert_int_equal(km_config_set(&cfg, "upstream_sasl_oauthbearer_client_secret", "s", err, sizeof(err)), KM_OK);
+	assert_int_equal(km_config_validate(&cfg, err, sizeof(err)), KM_ERR_CONFIG);
+	assert_non_null(strstr(err, "set one of them, not both"));
+	assert_int_equal(km_config_set(&cfg, "upstream_sasl_oauthbearer_client_secret_file", "", err, sizeof(err)), KM_OK);
+	assert_int_equal(km_config_validate(&cfg, err, sizeof(err)), KM_OK);
+	/* A file: no client, no scope. */
+	assert_int_equal(km_config_set(&cfg, "upstream_sasl_oauthbearer_token_endpoint_url", "file:///run/km/token", err,
+				       sizeof(err)),
+			 KM_OK);
+	assert_int_equal(km_config_validate(&cfg, err, sizeof(err)), KM_ERR_CONFIG);
+	assert_int_equal(km_config_set(&cfg, "upstream_sasl_oauthbearer_client_id", "", err, sizeof(err)), KM_OK);
+	assert_int_equal(km_config_set(&cfg, "upstream_sasl_oauthbearer_client_secret", "", err, sizeof(err)), KM_OK);
+	assert_int_equal(km_config_validate(&cfg, err, sizeof(err)), KM_ERR_CONFIG);
+	assert_int_equal(km_config_set(&cfg, "upstream_sasl_oauthbearer_scope", "", err, sizeof(err)), KM_OK);
+	assert_int_equal(km_config_validate(&cfg, err, sizeof(err)), KM_OK);
+	assert_int_equal(km_config_set(&cfg, "upstream_sasl_username", "u", err, sizeof(err)), KM_OK);
+	assert_int_equal(km_config_validate(&cfg, err, sizeof(err)), KM_ERR_CONFIG);
+	assert_non_null(strstr(err, "OAUTHBEARER takes no user name or password"));
+	assert_int_equal(km_config_set(&cfg, "upstream_sasl_mechanism", "PLAIN", err, sizeof(err)), KM_OK);
+	assert_int_equal(km_config_validate(&cfg, err, sizeof(err)), KM_ERR_CONFIG);
+	assert_non_null(strstr(err, "upstream_sasl_oauthbearer_token_endpoint_url is for upstream_sasl_mechanism "
+				    "OAUTHBEARER"));
 	km_config_free(&cfg);
 }
 
@@ -484,6 +531,31 @@ static void test_upstream_file(void **state)
 	unlink(noline);
 	free(bad);
 	free(noline);
+}
+
+/* The token file of upstream_sasl_oauthbearer_token_endpoint_url is a secret file: its mode is checked. */
+static void test_token_file_mode(void **state)
+{
+	char *tok = write_tmp("a.b.c\n"), err[512], url[300];
+	km_config cfg;
+	(void)state;
+
+	snprintf(url, sizeof(url), "file://%s", tok);
+	assert_int_equal(chmod(tok, 0644), 0);
+	km_config_init(&cfg);
+	assert_int_equal(km_config_set(&cfg, "upstream", "k:9092", err, sizeof(err)), KM_OK);
+	assert_int_equal(km_config_set(&cfg, "upstream_sasl_mechanism", "OAUTHBEARER", err, sizeof(err)), KM_OK);
+	assert_int_equal(km_config_set(&cfg, "upstream_sasl_oauthbearer_token_endpoint_url", url, err, sizeof(err)),
+			 KM_OK);
+	assert_int_equal(km_config_validate(&cfg, err, sizeof(err)), KM_OK);
+	assert_int_equal(km_config_read_secrets(&cfg, err, sizeof(err)), KM_ERR_CONFIG);
+	assert_non_null(strstr(err, "upstream_sasl_oauthbearer_token_endpoint_url"));
+	assert_non_null(strstr(err, "chmod 600"));
+	assert_int_equal(chmod(tok, 0600), 0);
+	assert_int_equal(km_config_read_secrets(&cfg, err, sizeof(err)), KM_OK);
+	km_config_free(&cfg);
+	unlink(tok);
+	free(tok);
 }
 
 /* upstream_sasl_password_file: read after validation, newline trimmed, mode checked, exclusive with the inline form. */
@@ -590,7 +662,7 @@ static void test_check_files(void **state)
 		assert_int_equal(km_config_set(&cfg, name, path, err, sizeof(err)), KM_OK);
 		named++;
 	}
-	assert_int_equal(named, 17);
+	assert_int_equal(named, 18);
 	assert_int_equal(km_config_check_files(&cfg, out, sizeof(out)), (int)named);
 	for (size_t i = 0; i < t->count; i++) {
 		const char *name = t->rows[i].name;
@@ -684,7 +756,8 @@ int main(void)
 		cmocka_unit_test(test_print_config_long_values),
 		cmocka_unit_test(test_reload_rules),        cmocka_unit_test(test_sasl_mechanisms),
 		cmocka_unit_test(test_tls_stores),          cmocka_unit_test(test_docs_match_table),    cmocka_unit_test(test_upstream_file),
-		cmocka_unit_test(test_password_file),       cmocka_unit_test(test_listen_any_host),
+		cmocka_unit_test(test_password_file),
+		cmocka_unit_test(test_token_file_mode),       cmocka_unit_test(test_listen_any_host),
 		cmocka_unit_test(test_check_files),         cmocka_unit_test(test_loopback_warning),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);

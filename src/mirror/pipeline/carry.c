@@ -34,6 +34,14 @@ bool km_pl_tid_is_of(const km_pipeline *pl, const mpart *p, const char *tid)
 	return !*at;
 }
 
+bool km_pl_tid_held(const mpart *p, const char *tid)
+{
+	for (size_t k = 0; k < p->txn.n; k++)
+		if (!strcmp(km_txp_id(p->txn.tx[k].txp), tid))
+			return true;
+	return false;
+}
+
 static bool tx_add(km_pipeline *pl, mpart *p, const char *tid)
 {
 	mtx *n = realloc(p->txn.tx, (p->txn.n + 1) * sizeof(*n));
@@ -209,15 +217,10 @@ bool km_pl_fence_done(km_pipeline *pl, mpart *p)
 {
 	char tag[300];
 	if (!p->recon.fence_started) {
-		for (size_t i = 0; i < pl->nlisted && !p->recon.tx_fenced; i++) {
-			bool have = false;
-			if (!km_pl_tid_is_of(pl, p, pl->listed[i]))
-				continue;
-			for (size_t k = 0; k < p->txn.n; k++)
-				have |= !strcmp(km_txp_id(p->txn.tx[k].txp), pl->listed[i]);
-			if (!have && !tx_add(pl, p, pl->listed[i]))
+		for (size_t i = 0; i < pl->nlisted && !p->recon.tx_fenced; i++)
+			if (km_pl_tid_is_of(pl, p, pl->listed[i]) && !km_pl_tid_held(p, pl->listed[i]) &&
+			    !tx_add(pl, p, pl->listed[i]))
 				return false;
-		}
 		for (size_t i = 0; i < p->txn.n; i++) {
 			km_txp_fence(p->txn.tx[i].txp);
 			tx_release(pl, p, i);

@@ -428,6 +428,8 @@ void km_pl_drive_writer(km_pipeline *pl, int64_t now, int64_t *next);
 
 /* The batch plan's transactions (mplan_env.txn): arg is the partition. */
 int km_pl_txn_slot(void *arg, int64_t src_pid, int64_t logical, mtx_use use);
+/* Whether one of p's producers has transactional id tid. */
+bool km_pl_tid_held(const mpart *p, const char *tid);
 /* Whether tid is one of p's transactional ids, of any kmirrord instance. */
 bool km_pl_tid_is_of(const km_pipeline *pl, const mpart *p, const char *tid);
 /* Whether p carries an open source transaction. */

@@ -452,10 +452,15 @@ static void after_lso(km_pipeline *pl, mpart *p, int64_t end, int64_t lso)
 		return;
 	}
 	if (!p->recon.tx_fenced) {
-		/* Nothing of an earlier life listed for it and nothing of its own: nothing to fence. */
-		bool any = p->txn.n > 0;
+		/*
+		 * Nothing of an earlier life listed for it and nothing of its own: nothing to fence. Listed
+		 * again (relisted), only an id that none of its producers holds (its fence took every id
+		 * listed before) is new: a client's transaction is still waited for (foreign_txn).
+		 */
+		bool any = p->txn.n > 0 && !p->recon.relisted;
 		for (size_t i = 0; i < pl->nlisted && !any; i++)
-			any = km_pl_tid_is_of(pl, p, pl->listed[i]);
+			any = km_pl_tid_is_of(pl, p, pl->listed[i]) &&
+			      !(p->recon.relisted && km_pl_tid_held(p, pl->listed[i]));
 		if (!any)
 			p->recon.tx_fenced = true;
 	}

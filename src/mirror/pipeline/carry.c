@@ -81,11 +81,8 @@ static int lease_for(km_pipeline *pl, mpart *p, int64_t src_pid, bool create)
 		return pick;
 	}
 	for (size_t k = p->txn.n;; k++) {
-		bool taken = false;
 		tid_of(pl, p, k, tid, sizeof(tid));
-		for (size_t i = 0; i < p->txn.n; i++)
-			taken |= !strcmp(km_txp_id(p->txn.tx[i].txp), tid);
-		if (!taken)
+		if (!km_pl_tid_held(p, tid))
 			break;
 	}
 	if (!tx_add(pl, p, tid))
@@ -106,7 +103,7 @@ int km_pl_txn_slot(void *arg, int64_t src_pid, int64_t logical, mtx_use use)
 		/*
 		 * A source producer has one transaction open at a time: another of its producers still
 		 * open here would never see its marker, and hold the partition's LSO back for good.
-		 * Reconcile fences it and mirrors its records again (km_pl_drive_orphan).
+		 * Reconcile fences it and mirrors its records again (step_part, machine.c).
 		 */
 		for (size_t j = 0; j < p->txn.n; j++)
 			if ((int)j != i && p->txn.tx[j].src_pid == src_pid && !p->txn.tx[j].marked)

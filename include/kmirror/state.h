@@ -390,12 +390,23 @@ void km_state_health_get(const km_state *st, km_state_health *out);
 
 /*
  * Writes of a mirror's pipeline (runs, its writer, progress, partition transitions) are made only
- * while may_write says this kmirrord runs the mirror, checked when the write is about to be sent:
- * one queued before a pause (SIGSTOP, a stalled host) is dropped, answered
- * MIRROR_STATE_UNAVAILABLE, once the mirror has moved on, instead of landing after the new owner's
- * (docs/state.md, "Writes of a former owner"). NULL: every write is made.
+ * in the ownership term they were asked in. owner_term says it: 0 while this kmirrord does not run
+ * the mirror, otherwise a number that changes each time it loses the mirror and runs it again. It
+ * is taken when the write is asked for and checked when the write is about to be sent: one queued
+ * before a pause (SIGSTOP, a stalled host) or a loss is dropped, answered
+ * MIRROR_STATE_UNAVAILABLE, once the mirror has moved on, even back to this kmirrord, instead of
+ * landing after the new owner's, or a later life's, reads (docs/state.md, "Writes of a former
+ * owner"). NULL: every write is made.
  */
-void km_state_owner_check(km_state *st, bool (*may_write)(void *arg, const char *mirror), void *arg);
+void km_state_owner_check(km_state *st, uint64_t (*owner_term)(void *arg, const char *mirror), void *arg);
+
+/*
+ * A ticket for every write asked for so far; reached once each of them is answered (made,
+ * refused or dropped). A mirror gained again waits for it, so that no write of its former life
+ * lands after the new life has read the state.
+ */
+uint64_t km_state_write_ticket(const km_state *st);
+bool km_state_write_reached(const km_state *st, uint64_t ticket);
 
 /*
  * The pipeline's progress: for each partition, the logical offset after the last batch the

@@ -63,10 +63,13 @@ struct km_mirror {
 	km_lease *lease;        /* which mirrors this kmirrord runs (lease.c) */
 	struct event *rebalance_ev;
 	/*
-	 * Mirrors gained wait for a follow round of the store that started after the gain
-	 * (km_state_follow_ticket; 0: none waited for), since when.
+	 * Mirrors gained (gaining) wait for the store's writes asked for before the gain
+	 * (km_state_write_ticket), then for a follow round that started after those
+	 * (km_state_follow_ticket, once follow_asked), since fresh_since.
 	 */
-	uint64_t fresh_ticket;
+	bool gaining, follow_asked;
+	bool regaining;         /* rebalance hands gained mirrors to their pipelines (dispatch resumes a retired one) */
+	uint64_t write_ticket, fresh_ticket;
 	int64_t fresh_since;
 	char self[600];         /* km_mirror_self */
 	km_report *report;      /* its record in __mirror_state (report.c) */
@@ -436,9 +439,22 @@ km_mirror *km_mirror_new(const km_mirror_opts *opts)
 	return mi;
 }
 
-static bool may_write(void *arg, const char *mirror)
+static km_pipeline *pipeline_find(km_mirror *mi, const char *mirror);
+
+/*
+ * The ownership term of a mirror here (km_state_owner_check): 0 while this kmirrord does not run
+ * it; otherwise one past its pipeline's life, which a retirement moves on, so that a write of a
+ * life retired is never made in the next.
+ */
+static uint64_t owner_term(void *arg, const char *mirror)
 {
-	return km_mirror_owns(arg, mirror, true);
+	km_mirror *mi = arg;
+	km_pipeline *pl;
+
+	if (!km_mirror_owns(mi, mirror, true))
+		return 0;
+	pl = pipeline_find(mi, mirror);
+	return pl ? (uint64_t)km_pipeline_life(pl) + 1 : 1;
 }
 
 void km_mirror_attach(km_mirror *mi, km_state *st)
@@ -448,7 +464,7 @@ void km_mirror_attach(km_mirror *mi, km_state *st)
 		km_state_owner_check(mi->st, NULL, NULL);
 	mi->st = st;
 	if (st)
-		km_state_owner_check(st, may_write, mi);
+		km_state_owner_check(st, owner_term, mi);
 	schedule(mi);
 }
 
@@ -605,8 +621,18 @@ static void dispatch(km_mirror *mi, const char *mirror, const char *topic, int32
 	case KM_MP_STOPPING:
 		if (!km_mirror_owns(mi, mirror, true))
 			return; /* another kmirrord runs it (mirror_pipelines) */
-		if (mi->fresh_ticket && (!(pl = pipeline_find(mi, mirror)) || km_pipeline_retired_at(pl)))
+		pl = pipeline_find(mi, mirror);
+		if (mi->gaining && (!pl || km_pipeline_retired_at(pl)))
 			return; /* gained: rebalance starts it once the state read is fresh */
+		if (pl && km_pipeline_retired_at(pl) && !mi->regaining && mode(mi) == KM_PIPELINES_OWNED) {
+			/*
+			 * Lost, and owned again by what the lease says now (a heartbeat answered after it
+			 * went stale): it runs again only through rebalance, from a fresh view, never from a
+			 * transition read meanwhile (docs/reliability.md, finding 36).
+			 */
+			event_active(mi->rebalance_ev, EV_TIMEOUT, 0);
+			return;
+		}
 		break;
 	default:
 		/* PAUSED, STOPPED, FAILED: a pipeline that holds it lets it go. */
@@ -663,23 +689,34 @@ static bool gained_any(km_mirror *mi)
  * Mirrors gained start from a view of the state that holds every write their former owner made: a
  * follow round that started after the gain, ended caught up (the former owner's writes were
  * answered before the group gave the mirror on). Reconcile on an older view took the former
- * owner's writer for a foreign one (docs/reliability.md, finding 13). False: asked again shortly.
+ * owner's writer for a foreign one (docs/reliability.md, finding 13). The former owner may be this
+ * kmirrord, in an earlier life of the pipeline: its writes asked for before the gain are answered
+ * first (dropped, their term gone, or made), so that none lands after reconcile read the writer
+ * (finding 37). False: asked again shortly.
  */
 static bool fresh_for_gain(km_mirror *mi)
 {
 	struct timeval tv = {0, 20 * 1000};
 
-	if (!mi->fresh_ticket) {
-		mi->fresh_ticket = km_state_follow_ticket(mi->st);
+	if (!mi->gaining) {
+		mi->gaining = true;
+		mi->follow_asked = false;
+		mi->write_ticket = km_state_write_ticket(mi->st);
 		mi->fresh_since = km_mirror_mono_ms();
 	}
-	if (km_state_follow_reached(mi->st, mi->fresh_ticket)) {
-		mi->fresh_ticket = 0;
+	if (!mi->follow_asked && km_state_write_reached(mi->st, mi->write_ticket)) {
+		mi->follow_asked = true;
+		mi->fresh_ticket = km_state_follow_ticket(mi->st);
+	}
+	if (mi->follow_asked && km_state_follow_reached(mi->st, mi->fresh_ticket)) {
+		mi->gaining = false;
 		return true;
 	}
 	if (km_mirror_mono_ms() - mi->fresh_since > 5000 && mi->fresh_since > 0) {
-		KM_WARN("mirror", 0, "mirrors gained wait for this kmirrord to read the state topic (%s): it has not "
-			"read it to its end for 5 s; they start once it has", km_state_topic_name_of_store(mi->st));
+		KM_WARN("mirror", 0, "mirrors gained wait for this kmirrord's %s (%s): %s for 5 s; they start once it has",
+			mi->follow_asked ? "read of the state topic" : "earlier writes to the state topic",
+			km_state_topic_name_of_store(mi->st),
+			mi->follow_asked ? "it has not read it to its end" : "they have not been answered");
 		mi->fresh_since = -1; /* said once per gain */
 	}
 	event_add(mi->rebalance_ev, &tv);
@@ -708,7 +745,7 @@ static void rebalance(void *arg)
 				km_metric_inc(mi->lost, 1);
 		}
 	if (!gained_any(mi)) {
-		mi->fresh_ticket = 0;
+		mi->gaining = false;
 		count_owned(mi);
 		return;
 	}
@@ -720,7 +757,9 @@ static void rebalance(void *arg)
 		const km_state_mirror *m = km_state_mirror_at(mi->st, i);
 		km_pipeline *pl = pipeline_find(mi, km_state_mirror_name(m));
 		if ((!pl || km_pipeline_retired_at(pl)) && km_mirror_owns(mi, km_state_mirror_name(m), true)) {
+			mi->regaining = true;
 			dispatch_mirror(mi, m);
+			mi->regaining = false;
 			/* A mirror with nothing to run (every topic stopped or paused) starts no pipeline. */
 			if (!(pl = pipeline_find(mi, km_state_mirror_name(m))) || km_pipeline_retired_at(pl))
 				continue;

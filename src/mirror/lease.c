@@ -82,7 +82,8 @@ struct km_lease {
 	int32_t nparts;   /* the state topic's partitions; 0: not known (it may not exist yet) */
 	bool *owned;      /* nparts entries */
 	bool *held;       /* revoked, still being let go of (reported as owned until released) */
-	int64_t last_ok;  /* the last heartbeat answered without error */
+	int64_t last_ok;  /* when the last heartbeat answered without error was sent */
+	int64_t sent_at;  /* when the request in flight was sent */
 	int32_t hb_ms;    /* the heartbeat interval the coordinator asks for */
 	bool owned_any;   /* for the log line when ownership changes */
 	bool adopted;     /* an earlier life's membership was looked up (once per join) */
@@ -103,14 +104,19 @@ static void later(km_lease *l, int ms)
 }
 
 /*
- * An owner whose last heartbeat was answered longer ago than one and a half intervals does not act
- * on its mirrors until the next answer: the group may have given them to another kmirrord (a
- * member is expired after its session timeout, which is longer than the interval), and a process
- * paused past it (SIGSTOP, a stalled host) must not write on waking before it heard so.
+ * An owner whose last heartbeat answered was sent longer ago than one and a half intervals does
+ * not act on its mirrors until the next answer: the group may have given them to another kmirrord
+ * (a member is expired after its session timeout, which is longer than the interval), and a
+ * process paused past it (SIGSTOP, a stalled host) must not write on waking before it heard so.
  */
 static bool stale(const km_lease *l, int64_t now)
 {
-	return l->ph == L_BEAT && l->last_ok && now - l->last_ok > (int64_t)l->hb_ms * 3 / 2;
+	/*
+	 * In every phase: a heartbeat that failed outright (a coordinator restarting, a refused
+	 * connection) sends the lease to look for the coordinator, and the time since the last
+	 * answer runs on there too (docs/reliability.md, finding 36).
+	 */
+	return l->ph != L_ALONE && l->last_ok && now - l->last_ok > (int64_t)l->hb_ms * 3 / 2;
 }
 
 static void notify(km_lease *l)
@@ -333,6 +339,7 @@ static void send_req(km_lease *l, km_net_client *c, int16_t key, const void *req
 	if (km_rpc_call(c, key, ver, req, NULL, on_response, l) == KM_OK) {
 		l->inflight = true;
 		l->req_seq = l->group_seq;
+		l->sent_at = km_mirror_wall_ms();
 		return;
 	}
 	km_cluster_drop(l->dst, c);
@@ -637,10 +644,16 @@ static void took_beat(km_lease *l, const km_consumer_group_heartbeat_response *r
 	{
 		int64_t now = km_mirror_wall_ms();
 		bool was_stale = stale(l, now) || !l->last_ok;
-		l->last_ok = now;
+		/*
+		 * The coordinator held the membership when it read the request, which was sent at
+		 * sent_at: an answer that took long (a slow or cut link, a coordinator loading) says
+		 * nothing of later, when the group may have given the mirrors on. Counted from then
+		 * (docs/reliability.md, finding 36).
+		 */
+		l->last_ok = l->sent_at > 0 ? l->sent_at : now;
 		l->hb_ms = r->heartbeat_interval_ms > 0 ? r->heartbeat_interval_ms : 5000;
 		recovered(l);
-		if (was_stale && l->owned_any)
+		if (was_stale && !stale(l, now) && l->owned_any)
 			notify(l); /* its mirrors are its own again (whatever the answer's assignment adds): they run again */
 	}
 	l->epoch = r->member_epoch;

@@ -189,6 +189,8 @@ bool km_pipeline_resume(km_pipeline *pl);
 bool km_pipeline_releasing(const km_pipeline *pl);
 /* When it was retired (ms); 0: it runs. */
 int64_t km_pipeline_retired_at(const km_pipeline *pl);
+/* Its life: moved on by each retirement (the ownership term's, km_state_owner_check). */
+uint32_t km_pipeline_life(const km_pipeline *pl);
 const char *km_pipeline_name(const km_pipeline *pl);
 /* The committed state of one of the mirror's partitions changed (or is known after start-up). */
 void km_pipeline_partition(km_pipeline *pl, const char *topic, int32_t partition, km_mp_state state);

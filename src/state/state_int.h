@@ -361,8 +361,9 @@ struct km_state {
 	struct timeval write_start;          /* of the head mutation's write */
 	void (*on_ready)(void *arg);
 	void (*on_reread)(void *arg);
-	bool (*may_write)(void *arg, const char *mirror); /* km_state_owner_check */
-	void *may_write_arg;
+	uint64_t (*owner_term)(void *arg, const char *mirror); /* km_state_owner_check */
+	void *owner_term_arg;
+	uint64_t submitted, finished;        /* mutations queued and answered since the start (km_state_write_ticket) */
 	void (*on_partition)(void *arg, const char *mirror, const char *topic, int32_t partition, km_mp_state from,
 			     km_mp_state to);
 	void (*on_fatal)(void *arg, const char *message);

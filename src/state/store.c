@@ -37,6 +37,7 @@ struct km_state_mut {
 	char *error;
 	km_state_run *runs;    /* runs writes: the records asked for (topic names owned); progress: logical only */
 	size_t nruns;
+	uint64_t term;         /* a pipeline's write: the ownership term it was asked in (km_state_owner_check) */
 	int64_t writer_pid, writer_start; /* a writer write: the partition is parts[0] of topics[0] */
 	int16_t writer_epoch;
 	km_uuid source_id;     /* a source id write: every partition of topics[0] */
@@ -155,6 +156,7 @@ static void finish_head(km_state *st)
 	if (!st->head)
 		st->tail = NULL;
 	st->queued--;
+	st->finished++;
 	st->running = false;
 	answer(mu);
 	schedule(st);
@@ -1297,24 +1299,35 @@ static bool owners_write(const km_state_mut *mu)
 	       mu->kind == MUT_SOURCE_ID || mu->kind == MUT_REWRITE;
 }
 
-/* A pipeline's write whose mirror this kmirrord no longer runs (docs/state.md, "Writes of a former owner"). */
-static bool owner_gone(km_state *st, const km_state_mut *mu)
+/*
+ * A pipeline's write whose mirror this kmirrord no longer runs, or has lost and got back since it
+ * was asked for: a former life's write (docs/state.md, "Writes of a former owner").
+ */
+static bool owner_gone(km_state *st, const km_state_mut *mu, char *why, size_t len, const char *then)
 {
-	return owners_write(mu) && st->may_write && !st->may_write(st->may_write_arg, mu->mirror);
+	uint64_t now;
+
+	if (!owners_write(mu) || !st->owner_term)
+		return false;
+	now = st->owner_term(st->owner_term_arg, mu->mirror);
+	if (mu->term != 0 && now == mu->term)
+		return false;
+	snprintf(why, len, "this kmirrord %s mirror '%s'%s: its pipeline's write is %s",
+		 now ? "has lost and taken again" : "no longer runs", mu->mirror,
+		 now ? " since the write was asked for" : "", then);
+	return true;
 }
 
 bool km_state_write_owner_gone(km_state *st, char *why, size_t len)
 {
 	const km_state_mut *mu = st->head;
-	if (!mu || !st->running || !owner_gone(st, mu))
-		return false;
-	snprintf(why, len, "this kmirrord no longer runs mirror '%s': its pipeline's write is not retried", mu->mirror);
-	return true;
+	return mu && st->running && owner_gone(st, mu, why, len, "not retried");
 }
 
 static void run_head(km_state *st)
 {
 	km_state_mut *mu = st->head;
+	char why[400];
 
 	st->running = true;
 	if (st->fatal[0]) {
@@ -1322,9 +1335,8 @@ static void run_head(km_state *st)
 		finish_head(st);
 		return;
 	}
-	if (owner_gone(st, mu)) {
-		set_msg(mu, KM_MIRROR_STATE_UNAVAILABLE,
-			"this kmirrord no longer runs mirror '%s': its pipeline's write is dropped", mu->mirror);
+	if (owner_gone(st, mu, why, sizeof(why), "dropped")) {
+		set_msg(mu, KM_MIRROR_STATE_UNAVAILABLE, "%s", why);
 		KM_INFO(COMP, 0, "%s", mu->message);
 		finish_head(st);
 		return;
@@ -1425,6 +1437,9 @@ static void submit(km_state *st, km_state_mut *mu)
 			st->head = mu;
 		st->tail = mu;
 		st->queued++;
+		st->submitted++;
+		if (owners_write(mu) && st->owner_term)
+			mu->term = st->owner_term(st->owner_term_arg, mu->mirror);
 	}
 	schedule(st);
 }
@@ -1688,7 +1703,7 @@ void km_state_rewrite_kept(km_state *st, const uint8_t *key, size_t klen, const 
 	 */
 	if (!p || (p->state != KM_MP_STOPPED && p->state != KM_MP_PAUSED && p->state != KM_MP_FAILED))
 		return;
-	if (st->may_write && !st->may_write(st->may_write_arg, t->mirror->name))
+	if (st->owner_term && !st->owner_term(st->owner_term_arg, t->mirror->name))
 		return; /* the kmirrord that runs the mirror writes it */
 	if (!(mu = mut_new(MUT_REWRITE, t->mirror->name, NULL, NULL)))
 		return;
@@ -1747,10 +1762,20 @@ int64_t km_state_follow_delay_ms(const km_state *st)
 	return st->ctr.follows ? st->ctr.follow_last_ms : -1;
 }
 
-void km_state_owner_check(km_state *st, bool (*may_write)(void *arg, const char *mirror), void *arg)
+void km_state_owner_check(km_state *st, uint64_t (*owner_term)(void *arg, const char *mirror), void *arg)
 {
-	st->may_write = may_write;
-	st->may_write_arg = arg;
+	st->owner_term = owner_term;
+	st->owner_term_arg = arg;
+}
+
+uint64_t km_state_write_ticket(const km_state *st)
+{
+	return st->submitted;
+}
+
+bool km_state_write_reached(const km_state *st, uint64_t ticket)
+{
+	return st->finished >= ticket;
 }
 
 void km_state_on_tail(km_state *st, km_state_tail_cb cb, void *arg)

@@ -1045,6 +1045,11 @@ int64_t km_pipeline_retired_at(const km_pipeline *pl)
 	return pl->retired_at;
 }
 
+uint32_t km_pipeline_life(const km_pipeline *pl)
+{
+	return pl->life;
+}
+
 const char *km_pipeline_name(const km_pipeline *pl)
 {
 	return pl->name;

@@ -171,6 +171,8 @@ typedef struct mpart {
 		bool seal_out;          /* a stop's seal planned since the last reconcile, not known to have landed */
 		bool writer_pending;    /* its writer (producer id, where it starts) not persisted yet: no fetch */
 		uint32_t writer_gen;    /* drops the answer of a writer write an later reconcile replaced */
+		int64_t tail_wpid, tail_wstart; /* RECON_TAIL: the writer the tail is judged against, read once */
+		int16_t tail_wepoch;    /* (a writer record landing meanwhile changes nothing: finding 37) */
 		int64_t tail_good;      /* RECON_TAIL: [writer start, tail_good) is the writer's, dense */
 		int64_t tail_bad;       /* RECON_TAIL: a foreign batch starts here (-1: none seen yet) */
 		int64_t tail_pid;       /* the producer id of the first batch seen that is not the writer's */

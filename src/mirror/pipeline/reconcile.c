@@ -1064,6 +1064,9 @@ static void check_tail(km_pipeline *pl, mpart *p, int64_t end)
 		return;
 	}
 	p->recon.end = end;
+	p->recon.tail_wpid = pid;
+	p->recon.tail_wepoch = epoch;
+	p->recon.tail_wstart = start;
 	p->recon.tail_good = start;
 	p->recon.tail_bad = -1;
 	p->recon.tail_foreign = false;
@@ -1159,8 +1162,7 @@ static void on_tail(km_net_client *c, const km_rpc_response *res, void *arg)
 	lo_ctx lc;
 	mpart *p = km_pl_answer_part(arg, &pl, &lc);
 	const km_fetch_response *r = res->msg;
-	int64_t at = lc.tag, pid, start;
-	int16_t epoch;
+	int64_t at = lc.tag, start;
 	km_batch b;
 	bool found = false, ok = false;
 	int kind;
@@ -1177,14 +1179,15 @@ static void on_tail(km_net_client *c, const km_rpc_response *res, void *arg)
 		while (ok && !found && km_batch_next(&it, &b))
 			found = b.base_offset <= at && at <= b.base_offset + b.last_offset_delta;
 	}
-	if (!ok || !writer_of(pl, p, &pid, &epoch, &start)) {
+	if (!ok) {
 		pl->dst_meta_need = true;
 		km_pl_set_phase(p, PH_RECONCILE, "the tail's Fetch failed");
 		km_pl_backoff(p);
 		km_pl_tick_soon(pl);
 		return;
 	}
-	kind = found ? tail_kind(p, &b, pid, epoch, start) : TAIL_TRUSTED;
+	start = p->recon.tail_wstart;
+	kind = found ? tail_kind(p, &b, p->recon.tail_wpid, p->recon.tail_wepoch, start) : TAIL_TRUSTED;
 	p->recon.tail_foreign |= kind == TAIL_FOREIGN;
 	if (p->recon.tail_bad < 0) {
 		if (kind != TAIL_FOREIGN && kind != TAIL_EARLIER) {

@@ -97,6 +97,15 @@ struct km_net_client {
 	uint64_t id;
 	km_sasl *sasl;
 	km_sasl_oauth_wait oauth_wait; /* OAUTHBEARER: waiting for a token endpoint's answer */
+	/*
+	 * Re-authentication (KIP-368): the session lifetime the broker gave in the last
+	 * SaslAuthenticate answer (0: none, the session lasts); reauth_ev fires before it ends, and
+	 * while reauth the connection stays ready but holds new requests until the rounds are over.
+	 */
+	int64_t sasl_life_ms;
+	struct event *reauth_ev;
+	bool reauth;
+	uint64_t reauths;
 	bool freed;
 	km_net_rpc *rpc_waiting; /* src/net/rpc.c: calls whose resend timer runs */
 	char reason[320]; /* why the connection last failed or closed (km_net_client_reason) */
@@ -225,6 +234,8 @@ static void client_close(km_net_client *c, km_err err)
 		evbuffer_drain(c->held, evbuffer_get_length(c->held));
 	if (c->timer)
 		event_del(c->timer);
+	if (c->reauth_ev)
+		event_del(c->reauth_ev);
 	fail_all(c, err);
 	if (notify && !c->freed && c->opts.on_state)
 		c->opts.on_state(c, err, c->opts.arg);
@@ -356,7 +367,7 @@ static km_err enqueue(km_net_client *c, const km_net_request *rq, bool internal)
 	int hv = rq->hdr_version >= 0 ? rq->hdr_version : km_api_request_header_version(rq->api_key, rq->api_version);
 	int rv = rq->resp_hdr_version >= 0 ? rq->resp_hdr_version
 					   : km_api_response_header_version(rq->api_key, rq->api_version);
-	bool direct = c->state == C_READY || internal;
+	bool direct = (c->state == C_READY && !c->reauth) || internal;
 	struct evbuffer *out;
 	size_t body_len = 0, nref = 0;
 	ref_block *blk = NULL;
@@ -469,23 +480,28 @@ static km_err send_internal(km_net_client *c, int16_t key, int16_t ver, int hdr_
 	return send_flat(c, key, ver, hdr_version, resp_hdr_version, body, len, cb, NULL, true);
 }
 
-static void became_ready(km_net_client *c)
+/* The requests held while the connection was not ready (or re-authenticated) go out, in order. */
+static bool send_held(km_net_client *c)
 {
 	pending *f;
-	set_state(c, C_READY);
 	while ((f = pending_q_front(&c->queued))) {
 		if (!pending_q_push(&c->fifo, f)) {
 			client_close(c, KM_ERR_NOMEM);
-			return;
+			return false;
 		}
 		pending_q_pop(&c->queued);
 	}
 	if (evbuffer_get_length(c->held))
 		evbuffer_add_buffer(bufferevent_get_output(c->bev), c->held);
-	if (c->opts.on_state)
-		c->opts.on_state(c, KM_OK, c->opts.arg);
+	return true;
 }
 
+static void became_ready(km_net_client *c)
+{
+	set_state(c, C_READY);
+	if (send_held(c) && c->opts.on_state)
+		c->opts.on_state(c, KM_OK, c->opts.arg);
+}
 static void start_sasl(km_net_client *c);
 
 static void negotiated(km_net_client *c)
@@ -623,6 +639,38 @@ static void wr_wipe_free(km_wr *w)
 	km_wr_free(w);
 }
 
+/*
+ * A session with a lifetime is authenticated again at 85 to 95 % of it, on the same connection
+ * (KIP-368: the broker closes a connection whose session ended at its next request), as Kafka's
+ * own clients do.
+ */
+static void reauth_schedule(km_net_client *c)
+{
+	int64_t ms;
+	struct timeval tv;
+
+	if (c->sasl_life_ms <= 0 || !c->reauth_ev)
+		return;
+	ms = c->sasl_life_ms * (85 + (int64_t)(random() % 11)) / 100;
+	tv.tv_sec = (time_t)(ms / 1000);
+	tv.tv_usec = (suseconds_t)(ms % 1000) * 1000;
+	event_add(c->reauth_ev, &tv);
+}
+
+
+static void reauth_cb(evutil_socket_t fd, short what, void *arg)
+{
+	km_net_client *c = arg;
+	(void)fd;
+	(void)what;
+	if (c->state != C_READY || c->reauth || !c->opts.sasl_mechanism)
+		return;
+	KM_DEBUG("net", c->id, "re-authenticating to %s: the session ends in %lld ms at most", c->host,
+		 (long long)c->sasl_life_ms);
+	c->reauth = true;
+	start_sasl(c);
+}
+
 static void sasl_send(km_net_client *c, const uint8_t *in, size_t inlen)
 {
 	km_wr tok, w;
@@ -653,7 +701,15 @@ static void sasl_send(km_net_client *c, const uint8_t *in, size_t inlen)
 		wr_wipe_free(&tok);
 		km_sasl_free(c->sasl);
 		c->sasl = NULL;
-		became_ready(c);
+		reauth_schedule(c);
+		if (!c->reauth) {
+			became_ready(c);
+			return;
+		}
+		c->reauth = false;
+		c->reauths++;
+		KM_DEBUG("net", c->id, "re-authenticated to %s (%s)", c->host, c->opts.sasl_mechanism);
+		send_held(c);
 		return;
 	}
 	km_wr_init(&w);
@@ -677,6 +733,9 @@ static void sasl_auth_done(km_net_client *c, km_err err, const uint8_t *body, si
 	km_rd_i16(&r, "error_code", &ec);
 	km_rd_string(&r, "error_message", false, true, &msg);
 	km_rd_bytes(&r, "auth_bytes", false, false, &auth);
+	c->sasl_life_ms = 0;
+	if (km_rd_ok(&r) && km_rd_left(&r) >= 8) /* v1: the session's lifetime (KIP-368), 0 when it lasts */
+		km_rd_i64(&r, "session_lifetime_ms", &c->sasl_life_ms);
 	if (!km_rd_ok(&r) || ec != 0) {
 		/* What the mechanism learnt on the way (OAUTHBEARER: the server's status and scope). */
 		const char *more = c->sasl ? km_sasl_reason(c->sasl) : "";
@@ -719,7 +778,7 @@ static void oauth_ready(void *arg, km_err rc, const char *why)
 {
 	km_net_client *c = arg;
 
-	if (c->state != C_SASL || c->sasl)
+	if ((c->state != C_SASL && !c->reauth) || c->state == C_CLOSED || c->sasl)
 		return;
 	if (rc != KM_OK) {
 		set_reason(c, "SASL OAUTHBEARER failed: %s", why);
@@ -732,7 +791,8 @@ static void oauth_ready(void *arg, km_err rc, const char *why)
 static void start_sasl(km_net_client *c)
 {
 	km_wr w;
-	set_state(c, C_SASL);
+	if (!c->reauth)
+		set_state(c, C_SASL);
 	if (!strcmp(c->opts.sasl_mechanism, "GSSAPI")) {
 		km_sasl_krb5 k = {c->opts.sasl_kerberos_service_name, c->opts.sasl_kerberos_keytab,
 				  c->opts.sasl_kerberos_principal, c->opts.sasl_kerberos_setting};
@@ -1118,13 +1178,14 @@ km_net_client *km_net_client_new(struct event_base *base, const km_net_client_op
 	c->held = evbuffer_new();
 	c->chunk = evbuffer_new();
 	c->timer = evtimer_new(base, timer_cb, c);
+	c->reauth_ev = evtimer_new(base, reauth_cb, c);
 	c->resume = event_new(base, -1, 0, resume_cb, c);
 	c->id = next_client_id++;
 	pending_q_init(&c->fifo);
 	pending_q_init(&c->queued);
 	for (int i = 0; i < MAX_KEYS; i++)
 		c->versions[i] = -1;
-	if (!c->client_id || !c->held || !c->chunk || !c->timer || !c->resume) {
+	if (!c->client_id || !c->held || !c->chunk || !c->timer || !c->reauth_ev || !c->resume) {
 		km_net_client_free(c);
 		return NULL;
 	}
@@ -1210,6 +1271,10 @@ void km_net_client_free(km_net_client *c)
 	if (c->timer) {
 		event_free(c->timer);
 		c->timer = NULL;
+	}
+	if (c->reauth_ev) {
+		event_free(c->reauth_ev);
+		c->reauth_ev = NULL;
 	}
 	if (c->resume) {
 		event_free(c->resume);

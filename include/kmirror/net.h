@@ -286,6 +286,18 @@ typedef struct km_sasl_krb5 {
  */
 km_sasl *km_sasl_new_gssapi(const char *host, const km_sasl_krb5 *k, char *err, size_t errlen);
 /*
+ * km_sasl_new_gssapi and the mechanism's first token, which may wait for the KDC (a ticket-granting
+ * ticket from the keytab, a service ticket), on a thread of their own, off base's event loop. done
+ * runs on the loop: the mechanism (the caller's to free) and its first token, or s NULL and a
+ * one-line reason. NULL when the thread could not be started (why says so). After
+ * km_sasl_job_cancel, done never runs, and what the thread made is freed once it ends.
+ */
+typedef struct km_sasl_job km_sasl_job;
+typedef void (*km_sasl_job_done)(void *arg, km_sasl *s, const uint8_t *first, size_t len, const char *why);
+km_sasl_job *km_sasl_gssapi_start(struct event_base *base, const char *host, const km_sasl_krb5 *k,
+				  km_sasl_job_done done, void *arg, char *why, size_t whylen);
+void km_sasl_job_cancel(km_sasl_job *j);
+/*
  * Whether k can be used before connecting: the keytab is readable and holds a key of principal (a
  * keytab without a principal, or a principal without a keytab, is refused). KM_ERR_CONFIG with a
  * one-line reason naming k->setting and what to do.

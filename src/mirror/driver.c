@@ -463,6 +463,7 @@ void km_mirror_attach(km_mirror *mi, km_state *st)
 	if (mi->st && mi->st != st)
 		km_state_owner_check(mi->st, NULL, NULL);
 	mi->st = st;
+	mi->gaining = false; /* tickets of another store say nothing of this one */
 	if (st)
 		km_state_owner_check(st, owner_term, mi);
 	schedule(mi);
@@ -713,10 +714,12 @@ static bool fresh_for_gain(km_mirror *mi)
 		return true;
 	}
 	if (km_mirror_mono_ms() - mi->fresh_since > 5000 && mi->fresh_since > 0) {
-		KM_WARN("mirror", 0, "mirrors gained wait for this kmirrord's %s (%s): %s for 5 s; they start once it has",
-			mi->follow_asked ? "read of the state topic" : "earlier writes to the state topic",
-			km_state_topic_name_of_store(mi->st),
-			mi->follow_asked ? "it has not read it to its end" : "they have not been answered");
+		if (mi->follow_asked)
+			KM_WARN("mirror", 0, "mirrors gained wait for this kmirrord to read the state topic (%s): it has "
+				"not read it to its end for 5 s; they start once it has", km_state_topic_name_of_store(mi->st));
+		else
+			KM_WARN("mirror", 0, "mirrors gained wait for this kmirrord's earlier writes to the state topic "
+				"(%s): not answered for 5 s; they start once they are", km_state_topic_name_of_store(mi->st));
 		mi->fresh_since = -1; /* said once per gain */
 	}
 	event_add(mi->rebalance_ev, &tv);

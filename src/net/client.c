@@ -106,6 +106,10 @@ struct km_net_client {
 	struct event *reauth_ev;
 	bool reauth;
 	uint64_t reauths;
+	/* GSSAPI: its start runs on a thread (km_sasl_gssapi_start); its first token, sent after the handshake */
+	km_sasl_job *sasl_job;
+	km_wr sasl_first;
+	bool has_first;
 	bool freed;
 	km_net_rpc *rpc_waiting; /* src/net/rpc.c: calls whose resend timer runs */
 	char reason[320]; /* why the connection last failed or closed (km_net_client_reason) */
@@ -219,10 +223,21 @@ static void fail_all(km_net_client *c, km_err err)
 	}
 }
 
+static void first_token_drop(km_net_client *c)
+{
+	if (c->sasl_first.buf)
+		OPENSSL_cleanse(c->sasl_first.buf, c->sasl_first.cap);
+	km_wr_free(&c->sasl_first);
+	c->has_first = false;
+}
+
 static void client_close(km_net_client *c, km_err err)
 {
 	bool notify = c->state != C_CLOSED;
 	km_sasl_oauth_cancel(&c->oauth_wait);
+	km_sasl_job_cancel(c->sasl_job);
+	c->sasl_job = NULL;
+	first_token_drop(c);
 	if (notify)
 		set_state(c, C_CLOSED);
 	if (c->bev) {
@@ -671,9 +686,20 @@ static void reauth_cb(evutil_socket_t fd, short what, void *arg)
 	start_sasl(c);
 }
 
+/* One SaslAuthenticate with the mechanism's token. */
+static void sasl_send_token(km_net_client *c, const uint8_t *tok, size_t len)
+{
+	km_wr w;
+	km_wr_init(&w);
+	km_wr_bytes(&w, false, (km_bytes){tok, (int32_t)len});
+	if (!km_wr_ok(&w) || send_internal(c, KM_API_SASL_AUTHENTICATE, 1, 1, 0, w.buf, w.len, sasl_auth_done) != KM_OK)
+		client_close(c, KM_ERR_SASL);
+	wr_wipe_free(&w);
+}
+
 static void sasl_send(km_net_client *c, const uint8_t *in, size_t inlen)
 {
-	km_wr tok, w;
+	km_wr tok;
 	bool done = false;
 	km_err rc;
 
@@ -712,11 +738,7 @@ static void sasl_send(km_net_client *c, const uint8_t *in, size_t inlen)
 		send_held(c);
 		return;
 	}
-	km_wr_init(&w);
-	km_wr_bytes(&w, false, (km_bytes){tok.buf, (int32_t)tok.len});
-	if (!km_wr_ok(&w) || send_internal(c, KM_API_SASL_AUTHENTICATE, 1, 1, 0, w.buf, w.len, sasl_auth_done) != KM_OK)
-		client_close(c, KM_ERR_SASL);
-	wr_wipe_free(&w);
+	sasl_send_token(c, tok.buf, tok.len);
 	wr_wipe_free(&tok);
 }
 
@@ -770,6 +792,12 @@ static void sasl_handshake_done(km_net_client *c, km_err err, const uint8_t *bod
 		client_close(c, KM_ERR_SASL);
 		return;
 	}
+	if (c->has_first) {
+		/* GSSAPI: its first token was made off the loop (km_sasl_gssapi_start). */
+		sasl_send_token(c, c->sasl_first.buf, c->sasl_first.len);
+		first_token_drop(c);
+		return;
+	}
 	sasl_send(c, NULL, 0);
 }
 
@@ -788,9 +816,43 @@ static void oauth_ready(void *arg, km_err rc, const char *why)
 	start_sasl(c);
 }
 
-static void start_sasl(km_net_client *c)
+static void send_handshake(km_net_client *c)
 {
 	km_wr w;
+	km_wr_init(&w);
+	km_wr_string(&w, false, km_str_c(c->opts.sasl_mechanism));
+	if (!km_wr_ok(&w) ||
+	    send_internal(c, KM_API_SASL_HANDSHAKE, 1, 1, 0, w.buf, w.len, sasl_handshake_done) != KM_OK)
+		client_close(c, KM_ERR_SASL);
+	km_wr_free(&w);
+}
+
+/* GSSAPI's start is over (its thread): the handshake goes, then its first token. */
+static void gss_ready(void *arg, km_sasl *s, const uint8_t *first, size_t len, const char *why)
+{
+	km_net_client *c = arg;
+
+	c->sasl_job = NULL;
+	if (!s) {
+		KM_WARN("net", c->id, "SASL GSSAPI with %s: %s", c->host, why);
+		set_reason(c, "SASL GSSAPI failed: %s", why);
+		client_close(c, KM_ERR_SASL);
+		return;
+	}
+	c->sasl = s;
+	first_token_drop(c);
+	km_wr_init(&c->sasl_first);
+	km_wr_raw(&c->sasl_first, first, len);
+	if (!km_wr_ok(&c->sasl_first)) {
+		client_close(c, KM_ERR_NOMEM);
+		return;
+	}
+	c->has_first = true;
+	send_handshake(c);
+}
+
+static void start_sasl(km_net_client *c)
+{
 	if (!c->reauth)
 		set_state(c, C_SASL);
 	if (!strcmp(c->opts.sasl_mechanism, "GSSAPI")) {
@@ -803,12 +865,13 @@ static void start_sasl(km_net_client *c)
 			*colon = 0;
 		if (c->opts.sasl_kerberos_host && *c->opts.sasl_kerberos_host)
 			snprintf(host, sizeof(host), "%s", c->opts.sasl_kerberos_host);
-		if (!(c->sasl = km_sasl_new_gssapi(host, &k, why, sizeof(why)))) {
+		/* Its credentials and first token may wait for the KDC: off the loop (gss_ready goes on). */
+		if (!(c->sasl_job = km_sasl_gssapi_start(c->base, host, &k, gss_ready, c, why, sizeof(why)))) {
 			KM_WARN("net", c->id, "SASL GSSAPI with %s: %s", c->host, why);
 			set_reason(c, "SASL GSSAPI failed: %s", why);
 			client_close(c, KM_ERR_SASL);
-			return;
 		}
+		return;
 	} else if (!strcmp(c->opts.sasl_mechanism, "OAUTHBEARER")) {
 		km_sasl_oauth o = {c->opts.sasl_oauthbearer_token_endpoint_url, c->opts.sasl_oauthbearer_client_id,
 				   c->opts.sasl_oauthbearer_client_secret, c->opts.sasl_oauthbearer_scope,
@@ -837,12 +900,7 @@ static void start_sasl(km_net_client *c)
 		client_close(c, KM_ERR_SASL);
 		return;
 	}
-	km_wr_init(&w);
-	km_wr_string(&w, false, km_str_c(c->opts.sasl_mechanism));
-	if (!km_wr_ok(&w) ||
-	    send_internal(c, KM_API_SASL_HANDSHAKE, 1, 1, 0, w.buf, w.len, sasl_handshake_done) != KM_OK)
-		client_close(c, KM_ERR_SASL);
-	km_wr_free(&w);
+	send_handshake(c);
 }
 
 /* ---- I/O ---- */

@@ -356,3 +356,55 @@ def test_upstream_kerberos_host(kmirrord_bin, krb_clusters, kdc, tmp_path):
         assert p.metric("kmirror_upstream_brokers") == 0
     finally:
         p.stop()
+
+
+def test_kdc_that_does_not_answer_holds_nothing_else(krb_proxy, krb_clusters, kdc, tmp_path):
+    """A mirror started with a keytab of its own while the KDC does not answer (stopped: its port
+    takes the connection and says nothing). kmirrord's Kerberos login for the mirror's source waits
+    for the KDC's ticket off its event loop (docs/security.md, "Kerberos"): meanwhile it answers
+    everything else at once, its HTTP endpoint here. Once the KDC answers again, the login goes on
+    and the mirror is exact. Before the change the login's KDC request ran inside the loop, and
+    /metrics was not answered for as long as the Kerberos library waited."""
+    import signal
+    import threading
+    import time
+    src, _ = krb_clusters
+    p = krb_proxy
+    topic, mirror = unique("krb-stall"), unique("krb-stall-mirror")
+    admin = AdminClient({"bootstrap.servers": src.bootstrap})
+    admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(timeout=60)
+    src.wait_topic(topic, 1)
+    assert produce_records(src.bootstrap, topic, 500) == 500
+    keytab = kdc.keytab("mirror-stalled", path=os.path.join(p.files, "mirror-stalled.keytab"))
+    mprops = gssapi_props(tmp_path / "mirror.properties", keytab, kdc.principal("mirror-stalled"))
+    plain = tmp_path / "admin.properties"  # the CLI's own login needs no KDC
+    plain.write_text("security.protocol=SASL_PLAINTEXT\nsasl.mechanism=PLAIN\n"
+                     "sasl.jaas.config=org.apache.kafka.common.security.plain.PlainLoginModule required "
+                     f'username="admin" password="{USERS["admin"]}";\n')
+    p.metrics()
+    os.kill(kdc.proc.pid, signal.SIGSTOP)
+    waits, started = [], []
+    try:
+        cli(kdc, p, str(plain), "create", "--mirror", mirror, "--source-bootstrap", src.sasl_bootstrap,
+            "--config-file", mprops)
+        # The start asks the source (with the mirror's identity, whose ticket the KDC holds back).
+        t = threading.Thread(target=lambda: started.append(
+            cli(kdc, p, str(plain), "start", "--mirror", mirror, "--topics", topic, expect=None)), daemon=True)
+        t.start()
+        t_end = time.monotonic() + 8.0
+        while time.monotonic() < t_end:
+            t0 = time.monotonic()
+            p.metrics()
+            waits.append(time.monotonic() - t0)
+            time.sleep(0.2)
+    finally:
+        os.kill(kdc.proc.pid, signal.SIGCONT)
+    t.join(60)
+    print(f"/metrics answered in at most {max(waits) * 1000:.0f} ms ({len(waits)} asks) while the KDC was stopped")
+    assert max(waits) < 1.0, f"kmirrord's loop was held {max(waits):.1f} s while the KDC did not answer"
+    if started[0].returncode != 0:  # the start's checks waited past the CLI's time: asked again
+        cli(kdc, p, str(plain), "start", "--mirror", mirror, "--topics", topic)
+    marks = wait_until(lambda: (lambda s: s if s == watermarks(p.bootstrap, topic, 1, **ADMIN) else None)(
+        watermarks(src.bootstrap, topic, 1)), 90, 1.0, lambda: f"the mirror of {topic}\n{p.output()[-3000:]}")
+    total, _ = compare_topic(p.bootstrap, src.bootstrap, topic, 1, marks=marks, proxy_conf=ADMIN)
+    assert total == 500

@@ -275,6 +275,7 @@ typedef struct token_src {
 	int64_t exp, refresh_at; /* seconds since the epoch */
 	struct stat st;          /* a file as read */
 	bool warned;             /* past refresh_at with no newer token: said once */
+	int64_t used;            /* when a connection last asked for its token */
 	/* a token endpoint */
 	char *url, *setting;
 	struct event_base *base;
@@ -304,6 +305,29 @@ static token_src *src_find(const char *key)
 	for (t = token_srcs; t && strcmp(t->key, key); t = t->next)
 		;
 	return t;
+}
+
+/*
+ * Sources no connection asked for in an hour (a mirror deleted, a file or a client no longer
+ * named): forgotten, their token and the client secret in their key wiped from memory.
+ */
+#define SRC_IDLE_S 3600
+
+static void src_sweep(int64_t now)
+{
+	token_src **pp = &token_srcs, *t;
+	while ((t = *pp)) {
+		if (!t->evcon && !t->waiters && now - t->used > SRC_IDLE_S) {
+			*pp = t->next;
+			wipe_free(t->token);
+			wipe_free(t->key);
+			free(t->url);
+			free(t->setting);
+			free(t);
+			continue;
+		}
+		pp = &t->next;
+	}
 }
 
 static token_src *src_add(const char *key)
@@ -428,6 +452,7 @@ static km_err file_token(const km_sasl_oauth *o, const char *path, char **token,
 				  "connections will fail from then on", setting_of(o), path, when, (long long)(exp - now));
 	}
 have:
+	f->used = now;
 	if (!(*token = strdup(f->token)))
 		return km_sasl_fail(err, errlen, "out of memory");
 	return KM_OK;
@@ -636,6 +661,7 @@ static km_err endpoint_token(const km_sasl_oauth *o, struct event_base *base, st
 	wipe_free(key);
 	if (!t)
 		return km_sasl_fail(err, errlen, "out of memory");
+	t->used = now;
 	if (t->token && now < t->refresh_at)
 		goto have;
 	/* Due (or none yet): ask once, for every connection that needs it. */
@@ -694,6 +720,7 @@ km_err km_sasl_oauth_get(const km_sasl_oauth *o, struct event_base *base, struct
 	*token = NULL;
 	if (check_source(o, err, errlen) != KM_OK)
 		return KM_ERR_CONFIG;
+	src_sweep((int64_t)time(NULL));
 	return path ? file_token(o, path, token, err, errlen) : endpoint_token(o, base, dns, w, token, err, errlen);
 }
 

@@ -355,6 +355,8 @@ typedef struct sasl_props {
 	const char *mech, *jaas, *user, *pass;
 	const char *krb5_service, *krb5_keytab, *krb5_principal; /* sasl.kerberos.* (the last two librdkafka's) */
 	const char *oauth_url; /* sasl.oauthbearer.token.endpoint.url */
+	/* Kafka 4.1's sasl.oauthbearer.client.credentials.client.id, .client.secret, sasl.oauthbearer.scope */
+	const char *oauth_id, *oauth_secret, *oauth_scope;
 } sasl_props;
 
 /*
@@ -369,6 +371,18 @@ static km_err take_prop(km_cli_client *c, sasl_props *sp, const char **proto, co
 	*known = true;
 	if (!strcmp(k, "sasl.oauthbearer.token.endpoint.url")) {
 		sp->oauth_url = v;
+		return KM_OK;
+	}
+	if (!strcmp(k, "sasl.oauthbearer.client.credentials.client.id")) {
+		sp->oauth_id = v;
+		return KM_OK;
+	}
+	if (!strcmp(k, "sasl.oauthbearer.client.credentials.client.secret")) {
+		sp->oauth_secret = v;
+		return KM_OK;
+	}
+	if (!strcmp(k, "sasl.oauthbearer.scope")) {
+		sp->oauth_scope = v;
 		return KM_OK;
 	}
 	/* What Java clients need for KIP-768's token endpoint; kmirror reads it without a handler. */
@@ -493,10 +507,24 @@ static km_err take_kerberos(km_cli_client *c, const sasl_props *sp, char *err, s
 	return km_sasl_krb5_check(&k, err, errlen);
 }
 
+/* *field (wiped and freed) becomes a copy of v when v is given; false when out of memory. */
+static bool take_over(char **field, const char *v)
+{
+	if (!v)
+		return true;
+	if (*field) {
+		OPENSSL_cleanse(*field, strlen(*field));
+		free(*field);
+	}
+	return (*field = strdup(v)) != NULL;
+}
+
 /*
  * OAUTHBEARER: the token from sasl.oauthbearer.token.endpoint.url, a file:///PATH or an http(s)
  * token endpoint with the JAAS line's clientId, clientSecret and scope (the line, when given, must
- * be OAuthBearerLoginModule's). A file's token is checked before any connection.
+ * be OAuthBearerLoginModule's), or Kafka 4.1's sasl.oauthbearer.client.credentials.client.id,
+ * .client.secret and sasl.oauthbearer.scope, which win. A file's token is checked before any
+ * connection.
  */
 static km_err take_oauth(km_cli_client *c, const sasl_props *sp, char *err, size_t errlen)
 {
@@ -512,6 +540,10 @@ static km_err take_oauth(km_cli_client *c, const sasl_props *sp, char *err, size
 	if (sp->jaas && km_sasl_oauth_jaas(sp->jaas, &c->oauth_client_id, &c->oauth_client_secret, &c->oauth_scope,
 					   err, errlen) != KM_OK)
 		return KM_ERR_CONFIG;
+	/* Kafka 4.1's properties win over the JAAS line's options. */
+	if (!take_over(&c->oauth_client_id, sp->oauth_id) || !take_over(&c->oauth_client_secret, sp->oauth_secret) ||
+	    !take_over(&c->oauth_scope, sp->oauth_scope))
+		return cfg_fail(err, errlen, "out of memory");
 	if (!(c->sasl_mechanism = strdup("OAUTHBEARER")) || !(c->oauth_url = strdup(sp->oauth_url)))
 		return cfg_fail(err, errlen, "out of memory");
 	o = (km_sasl_oauth){c->oauth_url, c->oauth_client_id, c->oauth_client_secret, c->oauth_scope,
@@ -533,9 +565,13 @@ static km_err take_sasl(km_cli_client *c, sasl_props sp, char *err, size_t errle
 	if (!sp.mech && sp.jaas && strstr(sp.jaas, "OAuthBearerLoginModule"))
 		return cfg_fail(err, errlen, "sasl.jaas.config's OAuthBearerLoginModule is for sasl.mechanism=OAUTHBEARER: "
 					     "set it");
-	if (sp.oauth_url)
-		return cfg_fail(err, errlen, "sasl.oauthbearer.token.endpoint.url is for sasl.mechanism=OAUTHBEARER (it is "
-					     "%s)", sp.mech ? sp.mech : "not set");
+	if (sp.oauth_url || sp.oauth_id || sp.oauth_secret || sp.oauth_scope)
+		return cfg_fail(err, errlen, "%s is for sasl.mechanism=OAUTHBEARER (it is %s)",
+				sp.oauth_url ? "sasl.oauthbearer.token.endpoint.url"
+				: sp.oauth_id ? "sasl.oauthbearer.client.credentials.client.id"
+				: sp.oauth_secret ? "sasl.oauthbearer.client.credentials.client.secret"
+						  : "sasl.oauthbearer.scope",
+				sp.mech ? sp.mech : "not set");
 	if (!sp.mech && sp.jaas && strstr(sp.jaas, "Krb5LoginModule"))
 		return cfg_fail(err, errlen, "sasl.jaas.config's Krb5LoginModule is for sasl.mechanism=GSSAPI: set it");
 	if (sp.krb5_keytab || sp.krb5_principal || sp.krb5_service)

@@ -13,7 +13,8 @@
 bool km_secret_config_key(const char *name)
 {
 	static const char *const secrets[] = {"sasl.jaas.config", "sasl.password", "ssl.key.password",
-					      "ssl.keystore.password", "ssl.truststore.password"};
+					      "ssl.keystore.password", "ssl.truststore.password",
+					      "sasl.oauthbearer.client.credentials.client.secret"};
 	size_t n;
 
 	if (!name)

@@ -206,11 +206,48 @@ out:
 }
 
 /*
+ * Kafka 4.1's property for one of the client credentials (KIP-1139), which wins over the JAAS
+ * line's: into *field (the JAAS line's value wiped and freed). False with why when a sealed one
+ * cannot be read.
+ */
+static bool oauth_prop(km_mirror *mi, const km_state_mirror *m, const char *name, char **field, char *why,
+		       size_t whylen)
+{
+	char buf[1024];
+	const char *v = NULL;
+	km_err rc;
+
+	if (km_secret_config_key(name)) {
+		rc = km_state_mirror_secret(km_mirror_store(mi), m, name, buf, sizeof(buf));
+		if (rc == KM_ERR_INVAL)
+			return true; /* not set */
+		if (rc != KM_OK) {
+			secret_why(rc, name, sizeof(buf), why, whylen);
+			return false;
+		}
+		v = buf;
+	} else if (!(v = cfg_get(m, name))) {
+		return true;
+	}
+	if (*field) {
+		OPENSSL_cleanse(*field, strlen(*field));
+		free(*field);
+	}
+	*field = strdup(v);
+	OPENSSL_cleanse(buf, sizeof(buf));
+	if (!*field)
+		snprintf(why, whylen, "out of memory");
+	return *field != NULL;
+}
+
+/*
  * OAUTHBEARER from the mirror's sasl.oauthbearer.token.endpoint.url into o: a file:///PATH inside
  * mirror_file_dir, or an http(s) token endpoint with the client credentials of the mirror's
- * sasl.jaas.config (OAuthBearerLoginModule's clientId, clientSecret, scope: into id, secret and
- * scope, which the caller wipes and frees). false with why (no URL, a file outside the directory,
- * no live token in it, an endpoint without a client, a JAAS line of another login module).
+ * sasl.jaas.config (OAuthBearerLoginModule's clientId, clientSecret, scope) or of Kafka 4.1's
+ * sasl.oauthbearer.client.credentials.client.id, .client.secret and sasl.oauthbearer.scope, which
+ * win: into id, secret and scope, which the caller wipes and frees. false with why (no URL, a file
+ * outside the directory, no live token in it, an endpoint without a client, a JAAS line of another
+ * login module).
  */
 static bool source_oauth(km_mirror *mi, const km_state_mirror *m, km_net_client_opts *o, char **id, char **secret,
 			 char **scope, char *why, size_t whylen)
@@ -237,6 +274,9 @@ static bool source_oauth(km_mirror *mi, const km_state_mirror *m, km_net_client_
 	}
 	ok = rc == KM_ERR_INVAL || km_sasl_oauth_jaas(jaas, id, secret, scope, why, whylen) == KM_OK;
 	OPENSSL_cleanse(jaas, sizeof(jaas));
+	ok = ok && oauth_prop(mi, m, "sasl.oauthbearer.client.credentials.client.id", id, why, whylen) &&
+	     oauth_prop(mi, m, "sasl.oauthbearer.client.credentials.client.secret", secret, why, whylen) &&
+	     oauth_prop(mi, m, "sasl.oauthbearer.scope", scope, why, whylen);
 	so = (km_sasl_oauth){url, *id, *secret, *scope, "the mirror's sasl.oauthbearer.token.endpoint.url"};
 	if (!ok || km_sasl_oauth_check(&so, why, whylen) != KM_OK)
 		return false;

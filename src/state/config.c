@@ -97,6 +97,10 @@ static const struct {
 	{"sasl.mechanism", V_CHOICE, mechanisms, 5},
 	{"sasl.kerberos.service.name", V_ANY, NULL, 0},
 	{"sasl.oauthbearer.token.endpoint.url", V_TOKEN_URL, NULL, 0},
+	/* Kafka 4.1's names for the client credentials (KIP-1139): over the JAAS line's clientId, clientSecret, scope */
+	{"sasl.oauthbearer.client.credentials.client.id", V_ANY, NULL, 0},
+	{"sasl.oauthbearer.client.credentials.client.secret", V_ANY, NULL, 0},
+	{"sasl.oauthbearer.scope", V_ANY, NULL, 0},
 	{"sasl.username", V_ANY, NULL, 0},
 	{"sasl.password", V_ANY, NULL, 0},
 	{"sasl.jaas.config", V_ANY, NULL, 0},

@@ -322,7 +322,8 @@ def cc_proxy(kmirrord_bin, dst, issuer, d, name, client):
 def test_client_credentials(kmirrord_bin, oauth_clusters, issuers, tmp_path):
     """KIP-768's client-credentials grant against the harness's token endpoints: kmirrord's own
     connections (a client secret file, a scope), a mirror's source (the client of its sealed
-    sasl.jaas.config) and the CLI (its JAAS line); a wrong secret is one line with the endpoint's
+    sasl.jaas.config, its secret from Kafka 4.1's sasl.oauthbearer.client.credentials.client.secret,
+    which wins) and the CLI (its JAAS line); a wrong secret is one line with the endpoint's
     answer. Then a kmirrord whose tokens live 8 s asks for new ones as they end, and its connections
     authenticate again in place with them (KIP-368): none is closed, and it still reads its state."""
     src, dst = oauth_clusters
@@ -346,10 +347,12 @@ def test_client_credentials(kmirrord_bin, oauth_clusters, issuers, tmp_path):
             src.tool("acls", "--add", "--allow-principal", "User:mirror-cc", "--operation", op, "--topic", topic,
                      admin=True)
         mprops = tmp_path / "mirror.properties"
+        # Kafka 4.1's property for the secret (KIP-1139), over the JAAS line's stale one: it wins.
         mprops.write_text("security.protocol=SASL_PLAINTEXT\nsasl.mechanism=OAUTHBEARER\n"
                           f"sasl.oauthbearer.token.endpoint.url={unsigned.token_url}\n"
                           f'sasl.jaas.config={LOGIN_MODULE} required clientId="mirror-cc" '
-                          'clientSecret="mirror-secret";\n')
+                          'clientSecret="stale-secret";\n'
+                          "sasl.oauthbearer.client.credentials.client.secret=mirror-secret\n")
         cli(p, operator, "create", "--mirror", mirror, "--source-bootstrap", src.sasl_bootstrap,
             "--config-file", mprops)
         cli(p, operator, "start", "--mirror", mirror, "--topics", topic)

@@ -445,6 +445,28 @@ static void test_client_oauth(void **state)
 	assert_string_equal(c.oauth_client_secret, "op-secret");
 	assert_string_equal(c.oauth_scope, "kafka");
 	km_cli_client_free(&c);
+	/* Kafka 4.1's names (KIP-1139), alone or over the JAAS line's options. */
+	client_of("security.protocol=SASL_PLAINTEXT\nsasl.mechanism=OAUTHBEARER\n"
+		  "sasl.oauthbearer.token.endpoint.url=https://idp.example/oauth2/token\n"
+		  "sasl.oauthbearer.client.credentials.client.id=op41\n"
+		  "sasl.oauthbearer.client.credentials.client.secret=op41-secret\nsasl.oauthbearer.scope=kafka41\n",
+		  &c, NULL);
+	assert_string_equal(c.oauth_client_id, "op41");
+	assert_string_equal(c.oauth_client_secret, "op41-secret");
+	assert_string_equal(c.oauth_scope, "kafka41");
+	km_cli_client_free(&c);
+	client_of("security.protocol=SASL_PLAINTEXT\nsasl.mechanism=OAUTHBEARER\n"
+		  "sasl.oauthbearer.token.endpoint.url=https://idp.example/oauth2/token\n"
+		  "sasl.jaas.config=org.apache.kafka.common.security.oauthbearer.OAuthBearerLoginModule required "
+		  "clientId=\"op\" clientSecret=\"op-secret\" scope=\"kafka\";\n"
+		  "sasl.oauthbearer.client.credentials.client.secret=newer-secret\n",
+		  &c, NULL);
+	assert_string_equal(c.oauth_client_id, "op");
+	assert_string_equal(c.oauth_client_secret, "newer-secret");
+	assert_string_equal(c.oauth_scope, "kafka");
+	km_cli_client_free(&c);
+	client_of("security.protocol=SASL_PLAINTEXT\nsasl.oauthbearer.scope=kafka\n", &c,
+		  "sasl.oauthbearer.scope is for sasl.mechanism=OAUTHBEARER (it is not set)");
 	client_of("security.protocol=SASL_PLAINTEXT\nsasl.mechanism=OAUTHBEARER\n"
 		  "sasl.oauthbearer.token.endpoint.url=file:///nonexistent/km/token\n",
 		  &c, "sasl.oauthbearer.token.endpoint.url: cannot read /nonexistent/km/token");

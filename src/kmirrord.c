@@ -143,14 +143,16 @@ static km_err keytab_usable(const km_config *cfg, char *err, size_t errlen)
 	return km_sasl_krb5_check(&k, err, errlen);
 }
 
-/* Nor would a token file that is unreadable or holds an expired token, or a token endpoint without a client. */
+/* Nor would a token file that is unreadable or holds an expired token, a token endpoint without a client, or a token command that prints no live token. */
 static km_err token_usable(const km_config *cfg, char *err, size_t errlen)
 {
 	km_sasl_oauth o = {cfg->upstream_sasl_oauthbearer_token_endpoint_url, cfg->upstream_sasl_oauthbearer_client_id,
 			   cfg->upstream_sasl_oauthbearer_client_secret, cfg->upstream_sasl_oauthbearer_scope,
-			   "upstream_sasl_oauthbearer_token_endpoint_url"};
+			   cfg->upstream_sasl_oauthbearer_token_command ? "upstream_sasl_oauthbearer_token_command"
+									: "upstream_sasl_oauthbearer_token_endpoint_url",
+			   cfg->upstream_sasl_oauthbearer_token_command};
 
-	if (!cfg->upstream_sasl_oauthbearer_token_endpoint_url)
+	if (!cfg->upstream_sasl_oauthbearer_token_endpoint_url && !cfg->upstream_sasl_oauthbearer_token_command)
 		return KM_OK;
 	return km_sasl_oauth_check(&o, err, errlen);
 }

@@ -105,6 +105,7 @@ typedef struct km_config {
 	char *upstream_sasl_oauthbearer_client_secret;
 	char *upstream_sasl_oauthbearer_client_secret_file;
 	char *upstream_sasl_oauthbearer_scope;
+	char *upstream_sasl_oauthbearer_token_command;
 	/* Not an option: upstream_sasl_password was read from upstream_sasl_password_file (km_config_read_secrets). */
 	bool upstream_sasl_password_from_file;
 	/* Not an option: upstream_sasl_oauthbearer_client_secret was read from its _file. */

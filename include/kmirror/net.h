@@ -216,6 +216,11 @@ typedef struct km_sasl_oauth {
 	const char *token_endpoint_url; /* sasl.oauthbearer.token.endpoint.url */
 	const char *client_id, *client_secret, *scope; /* the endpoint's; NULL for a file */
 	const char *setting;            /* where it was set, for the errors ("sasl.oauthbearer.token.endpoint.url") */
+	/*
+	 * A command that prints a token (kmirrord's upstream_sasl_oauthbearer_token_command, run with
+	 * /bin/sh -c, at most 10 s, again at 80% of the token's life): used instead of the URL when set.
+	 */
+	const char *command;
 } km_sasl_oauth;
 
 /*
@@ -389,6 +394,7 @@ typedef struct km_net_client_opts {
 	const char *sasl_oauthbearer_token_endpoint_url;
 	const char *sasl_oauthbearer_client_id, *sasl_oauthbearer_client_secret, *sasl_oauthbearer_scope;
 	const char *sasl_oauthbearer_setting;
+	const char *sasl_oauthbearer_token_command; /* km_sasl_oauth's command */
 	bool skip_api_versions;      /* peers that do not answer ApiVersions: km_net_client_version says -1 */
 	bool quiet_failures;         /* a connection that fails before it is ready logs at debug (km_cluster says it once) */
 	int64_t connect_timeout_ms;  /* 0: 10 s; covers TCP, TLS, ApiVersions and SASL */

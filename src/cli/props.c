@@ -286,7 +286,8 @@ static const struct {
 	{"sasl.login.callback.handler.class", "sasl.jaas.config with username and password"},
 	{"sasl.client.callback.handler.class", "sasl.jaas.config with username and password"},
 	{"sasl.oauthbearer.", "sasl.oauthbearer.token.endpoint.url (file:///PATH, or an http(s) token endpoint with "
-			      "sasl.jaas.config's clientId, clientSecret and scope)"},
+			      "sasl.jaas.config's clientId, clientSecret and scope, or sasl.oauthbearer.client.credentials.client.id, "
+			      ".client.secret and sasl.oauthbearer.scope)"},
 };
 
 /* Properties Kafka's tools commonly carry that have no meaning for kmirror; silently ignored. */

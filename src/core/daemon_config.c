@@ -288,6 +288,14 @@ static const km_option options[] = {
 		"(upstream_sasl_oauthbearer_client_id, _client_secret or _client_secret_file, _scope) without holding "
 		"its event loop, and again once 80% of a token's life has passed; https is verified against the "
 		"system's CAs."},
+	{.name = "upstream_sasl_oauthbearer_token_command", .type = KM_OPT_STRING,
+	 .offset = OFF(upstream_sasl_oauthbearer_token_command), .def = "", .reloadable = true,
+	 .doc = "OAUTHBEARER: a command that prints kmirrord's token (a JWT) on its standard output and exits 0, "
+		"run with /bin/sh -c as kmirrord's user, instead of upstream_sasl_oauthbearer_token_endpoint_url "
+		"(an identity provider's CLI, a vault agent). Run at start and on every reload (a failure, no token "
+		"or an expired one is refused then), and again, off kmirrord's event loop, once 80% of a token's "
+		"life has passed; 10 s at most per run. Only kmirrord.conf can name a command: a mirror's "
+		"configuration, which clients of kmirrord write, cannot."},
 	{.name = "upstream_sasl_oauthbearer_client_id", .type = KM_OPT_STRING,
 	 .offset = OFF(upstream_sasl_oauthbearer_client_id), .def = "", .reloadable = true,
 	 .doc = "OAUTHBEARER with a token endpoint: kmirrord's client id there (Kafka's clientId)."},
@@ -509,9 +517,16 @@ km_err km_config_validate(const km_config *cfg, char *err, size_t errlen)
 		snprintf(err, errlen, "upstream_sasl_password and upstream_sasl_password_file: set one of them, not both");
 		return KM_ERR_CONFIG;
 	}
-	if (cfg->upstream_sasl_oauthbearer_token_endpoint_url && !mechanism_is(cfg, "OAUTHBEARER")) {
-		snprintf(err, errlen, "upstream_sasl_oauthbearer_token_endpoint_url is for upstream_sasl_mechanism "
-			 "OAUTHBEARER");
+	if ((cfg->upstream_sasl_oauthbearer_token_endpoint_url || cfg->upstream_sasl_oauthbearer_token_command) &&
+	    !mechanism_is(cfg, "OAUTHBEARER")) {
+		snprintf(err, errlen, "%s is for upstream_sasl_mechanism OAUTHBEARER",
+			 cfg->upstream_sasl_oauthbearer_token_command ? "upstream_sasl_oauthbearer_token_command"
+								      : "upstream_sasl_oauthbearer_token_endpoint_url");
+		return KM_ERR_CONFIG;
+	}
+	if (cfg->upstream_sasl_oauthbearer_token_endpoint_url && cfg->upstream_sasl_oauthbearer_token_command) {
+		snprintf(err, errlen, "upstream_sasl_oauthbearer_token_endpoint_url and upstream_sasl_oauthbearer_token_command: "
+			 "set one of them, not both");
 		return KM_ERR_CONFIG;
 	}
 	if (mechanism_is(cfg, "OAUTHBEARER") &&
@@ -520,10 +535,11 @@ km_err km_config_validate(const km_config *cfg, char *err, size_t errlen)
 			 "upstream_sasl_oauthbearer_token_endpoint_url");
 		return KM_ERR_CONFIG;
 	}
-	if (mechanism_is(cfg, "OAUTHBEARER") &&
+	if (mechanism_is(cfg, "OAUTHBEARER") && !cfg->upstream_sasl_oauthbearer_token_command &&
 	    !km_secret_url_file(cfg->upstream_sasl_oauthbearer_token_endpoint_url) && !token_endpoint(cfg)) {
 		snprintf(err, errlen, "upstream_sasl_mechanism OAUTHBEARER needs upstream_sasl_oauthbearer_token_endpoint_url "
-			 "file:///PATH/TO/TOKEN (a file holding the token) or http(s)://HOST/PATH (a token endpoint)");
+			 "file:///PATH/TO/TOKEN (a file holding the token) or http(s)://HOST/PATH (a token endpoint), or "
+			 "upstream_sasl_oauthbearer_token_command");
 		return KM_ERR_CONFIG;
 	}
 	if (cfg->upstream_sasl_oauthbearer_client_secret && cfg->upstream_sasl_oauthbearer_client_secret_file &&

@@ -875,7 +875,7 @@ static void start_sasl(km_net_client *c)
 	} else if (!strcmp(c->opts.sasl_mechanism, "OAUTHBEARER")) {
 		km_sasl_oauth o = {c->opts.sasl_oauthbearer_token_endpoint_url, c->opts.sasl_oauthbearer_client_id,
 				   c->opts.sasl_oauthbearer_client_secret, c->opts.sasl_oauthbearer_scope,
-				   c->opts.sasl_oauthbearer_setting};
+				   c->opts.sasl_oauthbearer_setting, c->opts.sasl_oauthbearer_token_command};
 		char why[400], *token;
 		/* Asked at every connection: the token is the current one, not the first connection's. */
 		c->oauth_wait.cb = oauth_ready;
@@ -1093,7 +1093,9 @@ static void record_close(km_net_client *c, struct bufferevent *bev, short what, 
 	if (what & BEV_EVENT_TIMEOUT) {
 		set_reason(c, "timed out%s%s%s%s", during ? " during " : "", during ? during : "",
 			   c->oauth_wait.pprev ? ", waiting for a token from " : "",
-			   c->oauth_wait.pprev ? c->opts.sasl_oauthbearer_token_endpoint_url : "");
+			   !c->oauth_wait.pprev			      ? ""
+			   : c->opts.sasl_oauthbearer_token_command ? "the token command"
+								      : c->opts.sasl_oauthbearer_token_endpoint_url);
 		return;
 	}
 	if (dns) {

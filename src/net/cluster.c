@@ -47,7 +47,7 @@ struct km_cluster {
 	km_net_client_opts o;
 	char *client_id, *mech, *user, *pass;
 	char *krb5_service, *krb5_keytab, *krb5_principal, *krb5_setting, *krb5_host;
-	char *oauth_url, *oauth_setting, *oauth_id, *oauth_secret, *oauth_scope;
+	char *oauth_url, *oauth_setting, *oauth_id, *oauth_secret, *oauth_scope, *oauth_command;
 	km_hostport *boot;
 	size_t nboot, boot_i;
 	km_net_client *bootc;
@@ -251,6 +251,7 @@ km_cluster *km_cluster_new(struct event_base *base, const char *side, const km_n
 	own(&cl->oauth_id, &cl->o.sasl_oauthbearer_client_id);
 	own(&cl->oauth_secret, &cl->o.sasl_oauthbearer_client_secret);
 	own(&cl->oauth_scope, &cl->o.sasl_oauthbearer_scope);
+	own(&cl->oauth_command, &cl->o.sasl_oauthbearer_token_command);
 	cl->o.on_state = on_state;
 	cl->o.arg = cl;
 	cl->boot = malloc(nboot * sizeof(*cl->boot));
@@ -305,6 +306,7 @@ void km_cluster_free(km_cluster *cl)
 	free(cl->oauth_id);
 	free(cl->oauth_secret);
 	free(cl->oauth_scope);
+	free(cl->oauth_command);
 	free(cl);
 }
 

@@ -5,7 +5,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <poll.h>
+#include <signal.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -281,6 +284,11 @@ typedef struct token_src {
 	struct event_base *base;
 	struct evhttp_connection *evcon; /* the request under way */
 	km_sasl_oauth_wait *waiters;
+	/* a token command: the run under way (pid > 0), its stdout read on the loop */
+	pid_t pid;
+	int fd;
+	struct event *ev, *timer;
+	struct evbuffer *out;
 } token_src;
 
 /* kmirrord and the CLI run one event loop thread: no lock. */
@@ -317,7 +325,7 @@ static void src_sweep(int64_t now)
 {
 	token_src **pp = &token_srcs, *t;
 	while ((t = *pp)) {
-		if (!t->evcon && !t->waiters && now - t->used > SRC_IDLE_S) {
+		if (!t->evcon && !t->pid && !t->waiters && now - t->used > SRC_IDLE_S) {
 			*pp = t->next;
 			wipe_free(t->token);
 			wipe_free(t->key);
@@ -639,6 +647,237 @@ out:
 	return rc;
 }
 
+/* ---- a token command: kmirrord's own (upstream_sasl_oauthbearer_token_command), never a mirror's ---- */
+
+#define COMMAND_TIMEOUT_S 10
+
+/* /bin/sh -c command with its stdout on *fd (its stdin /dev/null, its stderr kmirrord's). */
+static km_err cmd_spawn(const char *command, pid_t *pid, int *fd, char *err, size_t errlen)
+{
+	int p[2];
+
+	if (pipe(p) != 0 || fcntl(p[0], F_SETFD, FD_CLOEXEC) != 0)
+		return km_sasl_fail(err, errlen, "cannot run the token command: %s", strerror(errno));
+	if ((*pid = fork()) < 0) {
+		close(p[0]);
+		close(p[1]);
+		return km_sasl_fail(err, errlen, "cannot run the token command: %s", strerror(errno));
+	}
+	if (*pid == 0) {
+		int null = open("/dev/null", O_RDONLY);
+		if (null >= 0)
+			dup2(null, 0);
+		dup2(p[1], 1);
+		signal(SIGPIPE, SIG_DFL);
+		execl("/bin/sh", "sh", "-c", command, (char *)NULL);
+		_exit(127);
+	}
+	close(p[1]);
+	*fd = p[0];
+	return KM_OK;
+}
+
+/* The command's output and exit: a live JWT into *tok (owned), with its exp; or why not. */
+static km_err cmd_result(const char *setting, const char *command, const char *out, size_t len, int status, char **tok,
+			 int64_t *exp, int64_t *iat, char *err, size_t errlen)
+{
+	int64_t now = (int64_t)time(NULL);
+	char why[200];
+	size_t a = 0, b = len;
+
+	*tok = NULL;
+	if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+		return km_sasl_fail(err, errlen, "%s: the token command '%.200s' %s %d", setting, command,
+				    WIFEXITED(status) ? "exited with status" : "was ended by signal",
+				    WIFEXITED(status) ? WEXITSTATUS(status) : WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+	while (a < b && (out[a] == ' ' || out[a] == '\n' || out[a] == '\r' || out[a] == '\t'))
+		a++;
+	while (b > a && (out[b - 1] == ' ' || out[b - 1] == '\n' || out[b - 1] == '\r' || out[b - 1] == '\t'))
+		b--;
+	if (km_sasl_oauth_jwt(out + a, b - a, exp, iat, why, sizeof(why)) != KM_OK)
+		return km_sasl_fail(err, errlen, "%s: the token command '%.200s' printed %s: it must print the access "
+				    "token (a JWT) on its standard output", setting, command, why);
+	if (*exp <= now)
+		return km_sasl_fail(err, errlen, "%s: the token command '%.200s' printed a token that expired %lld s ago",
+				    setting, command, (long long)(now - *exp));
+	if (!(*tok = strndup(out + a, b - a)))
+		return km_sasl_fail(err, errlen, "out of memory");
+	return KM_OK;
+}
+
+static void cmd_end(token_src *t)
+{
+	if (t->ev)
+		event_free(t->ev);
+	if (t->timer)
+		event_free(t->timer);
+	if (t->fd >= 0)
+		close(t->fd);
+	if (t->out) {
+		size_t n = evbuffer_get_length(t->out);
+		unsigned char *p = n ? evbuffer_pullup(t->out, -1) : NULL;
+		if (p)
+			OPENSSL_cleanse(p, n);
+		evbuffer_free(t->out);
+	}
+	t->ev = t->timer = NULL;
+	t->out = NULL;
+	t->fd = -1;
+	t->pid = 0;
+}
+
+/* The run is over (its stdout closed, or its time up): its token, or why not, to every waiter. */
+static void cmd_over(token_src *t, bool timed_out)
+{
+	int status = 0;
+	int64_t exp = 0, iat = 0, now = (int64_t)time(NULL);
+	char *tok = NULL, why[400] = "";
+	size_t len = evbuffer_get_length(t->out);
+	const char *out = len ? (const char *)evbuffer_pullup(t->out, -1) : "";
+	km_err rc;
+
+	if (timed_out || waitpid(t->pid, &status, WNOHANG) == 0) {
+		kill(t->pid, SIGKILL); /* no answer in time, or its stdout closed and it still runs */
+		waitpid(t->pid, &status, 0);
+	}
+	if (timed_out)
+		rc = km_sasl_fail(why, sizeof(why), "%s: the token command '%.200s' printed no token in %d s", t->setting,
+				  t->url, COMMAND_TIMEOUT_S);
+	else
+		rc = cmd_result(t->setting, t->url, out, len, status, &tok, &exp, &iat, why, sizeof(why));
+	cmd_end(t);
+	if (rc == KM_OK) {
+		src_set(t, tok, exp, iat > 0 && iat <= now ? iat : now);
+		why[0] = 0;
+	} else {
+		KM_WARN("net", 0, "%s", why);
+		rc = KM_ERR_SASL;
+	}
+	wake(t, rc, why);
+}
+
+static void cmd_read(evutil_socket_t fd, short what, void *arg)
+{
+	token_src *t = arg;
+	int n;
+	(void)what;
+
+	n = evbuffer_read(t->out, fd, 4096);
+	if (n > 0 && evbuffer_get_length(t->out) <= TOKEN_FILE_MAX)
+		return;
+	cmd_over(t, n > 0); /* EOF or an error; or more than a token: cut short */
+}
+
+static void cmd_timeout(evutil_socket_t fd, short what, void *arg)
+{
+	(void)fd;
+	(void)what;
+	cmd_over(arg, true);
+}
+
+static km_err cmd_start(token_src *t, struct event_base *base, char *err, size_t errlen)
+{
+	struct timeval tv = {COMMAND_TIMEOUT_S, 0};
+
+	t->fd = -1;
+	if (cmd_spawn(t->url, &t->pid, &t->fd, err, errlen) != KM_OK)
+		return KM_ERR_CONFIG;
+	if (!(t->out = evbuffer_new()) || !(t->ev = event_new(base, t->fd, EV_READ | EV_PERSIST, cmd_read, t)) ||
+	    !(t->timer = evtimer_new(base, cmd_timeout, t)) || event_add(t->ev, NULL) != 0 || event_add(t->timer, &tv) != 0) {
+		kill(t->pid, SIGKILL);
+		waitpid(t->pid, NULL, 0);
+		cmd_end(t);
+		return km_sasl_fail(err, errlen, "out of memory");
+	}
+	return KM_OK;
+}
+
+/* Once, before any connection (base NULL: kmirrord's start and --check-config): run and wait. */
+static km_err cmd_once(const km_sasl_oauth *o, char **token, char *err, size_t errlen)
+{
+	char buf[TOKEN_FILE_MAX];
+	size_t len = 0;
+	int fd, status = 0;
+	pid_t pid;
+	int64_t exp, iat, deadline = (int64_t)time(NULL) + COMMAND_TIMEOUT_S;
+	struct pollfd pf;
+
+	if (cmd_spawn(o->command, &pid, &fd, err, errlen) != KM_OK)
+		return KM_ERR_CONFIG;
+	pf.fd = fd;
+	pf.events = POLLIN;
+	for (;;) {
+		int64_t left = deadline - (int64_t)time(NULL);
+		ssize_t n;
+		if (left <= 0 || poll(&pf, 1, (int)left * 1000) == 0) {
+			kill(pid, SIGKILL);
+			waitpid(pid, NULL, 0);
+			close(fd);
+			OPENSSL_cleanse(buf, sizeof(buf));
+			return km_sasl_fail(err, errlen, "%s: the token command '%.200s' printed no token in %d s",
+					    setting_of(o), o->command, COMMAND_TIMEOUT_S);
+		}
+		n = read(fd, buf + len, sizeof(buf) - len);
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n <= 0 || (len += (size_t)n) == sizeof(buf))
+			break;
+	}
+	close(fd);
+	if (waitpid(pid, &status, WNOHANG) == 0) {
+		kill(pid, SIGKILL);
+		waitpid(pid, &status, 0);
+	}
+	km_err rc = cmd_result(setting_of(o), o->command, buf, len, status, token, &exp, &iat, err, errlen);
+	OPENSSL_cleanse(buf, sizeof(buf));
+	return rc;
+}
+
+static km_err command_token(const km_sasl_oauth *o, struct event_base *base, km_sasl_oauth_wait *w, char **token,
+			    char *err, size_t errlen)
+{
+	int64_t now = (int64_t)time(NULL);
+	size_t kl = strlen(o->command) + 3;
+	char *key = malloc(kl);
+	token_src *t;
+
+	if (!key)
+		return km_sasl_fail(err, errlen, "out of memory");
+	snprintf(key, kl, "\x02%s\x02", o->command);
+	if (!(t = src_find(key)) && (t = src_add(key)) &&
+	    (!(t->url = strdup(o->command)) || !(t->setting = strdup(setting_of(o))))) {
+		free(key);
+		return km_sasl_fail(err, errlen, "out of memory");
+	}
+	free(key);
+	if (!t)
+		return km_sasl_fail(err, errlen, "out of memory");
+	if (!base)
+		return cmd_once(o, token, err, errlen);
+	t->used = now;
+	if (t->token && now < t->refresh_at)
+		goto have;
+	/* Due (or none yet): run it once, for every connection that needs it. */
+	if (!t->pid && cmd_start(t, base, err, errlen) != KM_OK && !(t->token && now < t->exp))
+		return KM_ERR_CONFIG;
+	if (t->token && now < t->exp)
+		goto have; /* the old one lives until the new one is there */
+	if (!t->pid || !w)
+		return km_sasl_fail(err, errlen, "%s: no token from the command yet", setting_of(o));
+	km_sasl_oauth_cancel(w);
+	w->next = t->waiters;
+	if (w->next)
+		w->next->pprev = &w->next;
+	w->pprev = &t->waiters;
+	t->waiters = w;
+	*token = NULL;
+	return KM_OK;
+have:
+	if (!(*token = strdup(t->token)))
+		return km_sasl_fail(err, errlen, "out of memory");
+	return KM_OK;
+}
+
 static km_err endpoint_token(const km_sasl_oauth *o, struct event_base *base, struct evdns_base *dns,
 			     km_sasl_oauth_wait *w, char **token, char *err, size_t errlen)
 {
@@ -718,9 +957,11 @@ km_err km_sasl_oauth_get(const km_sasl_oauth *o, struct event_base *base, struct
 	const char *path = km_secret_url_file(o->token_endpoint_url);
 
 	*token = NULL;
+	src_sweep((int64_t)time(NULL));
+	if (o->command && *o->command)
+		return command_token(o, base, w, token, err, errlen);
 	if (check_source(o, err, errlen) != KM_OK)
 		return KM_ERR_CONFIG;
-	src_sweep((int64_t)time(NULL));
 	return path ? file_token(o, path, token, err, errlen) : endpoint_token(o, base, dns, w, token, err, errlen);
 }
 
@@ -729,6 +970,11 @@ km_err km_sasl_oauth_check(const km_sasl_oauth *o, char *err, size_t errlen)
 	char *tok = NULL;
 	km_err rc;
 
+	if (o->command && *o->command) {
+		rc = km_sasl_oauth_get(o, NULL, NULL, NULL, &tok, err, errlen);
+		wipe_free(tok);
+		return rc;
+	}
 	if (check_source(o, err, errlen) != KM_OK)
 		return KM_ERR_CONFIG;
 	if (!km_secret_url_file(o->token_endpoint_url))

@@ -296,6 +296,7 @@ km_err km_proxy_upstream_new(km_proxy *px, const km_cluster *carry)
 	o.sasl_oauthbearer_client_id = px->cfg.upstream_sasl_oauthbearer_client_id;
 	o.sasl_oauthbearer_client_secret = px->cfg.upstream_sasl_oauthbearer_client_secret;
 	o.sasl_oauthbearer_scope = px->cfg.upstream_sasl_oauthbearer_scope;
+	o.sasl_oauthbearer_token_command = px->cfg.upstream_sasl_oauthbearer_token_command;
 	o.connect_timeout_ms = px->cfg.upstream_connect_timeout_ms;
 	o.request_timeout_ms = 30000;
 	o.max_frame_bytes = px->cfg.max_frame_bytes;

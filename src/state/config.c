@@ -260,6 +260,13 @@ static bool check_one(const km_state_kv *kv, bool create, km_mirror_options *mo,
 			return false;
 		}
 	}
+	if (!strcmp(kv->name, "sasl.oauthbearer.token.command")) {
+		/* kmirrord.conf's upstream_sasl_oauthbearer_token_command has no mirror counterpart, by design. */
+		snprintf(why, len, "a mirror's configuration cannot run a command on kmirrord's host (clients of kmirrord "
+				   "write it): have an agent write the token to a file inside mirror_file_dir and set "
+				   "sasl.oauthbearer.token.endpoint.url=file:///PATH, or use a token endpoint");
+		return false;
+	}
 	snprintf(why, len, "unknown configuration key (accepted: bootstrap.servers, security.protocol, sasl.*, ssl.*, "
 			   "client.id, mirror.*)");
 	return false;

@@ -313,6 +313,7 @@ km_cluster *km_ps_cluster_new(km_state_persist *io, void (*changed)(void *arg))
 	o.sasl_oauthbearer_client_id = cfg->upstream_sasl_oauthbearer_client_id;
 	o.sasl_oauthbearer_client_secret = cfg->upstream_sasl_oauthbearer_client_secret;
 	o.sasl_oauthbearer_scope = cfg->upstream_sasl_oauthbearer_scope;
+	o.sasl_oauthbearer_token_command = cfg->upstream_sasl_oauthbearer_token_command;
 	o.connect_timeout_ms = cfg->upstream_connect_timeout_ms;
 	o.request_timeout_ms = 40000; /* above the Produce timeout (30 s) */
 	o.max_frame_bytes = FETCH_BYTES + (1 << 20);

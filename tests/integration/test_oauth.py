@@ -297,6 +297,68 @@ def test_kmirrord_token_checks(kmirrord_bin, issuers, tmp_path):
     assert r.returncode == 2 and "chmod 600" in r.stderr, r.stderr
 
 
+def test_token_command(kmirrord_bin, oauth_clusters, issuers, tmp_path):
+    """kmirrord's token from a command (upstream_sasl_oauthbearer_token_command, here one that
+    prints what an agent keeps in a file): checked at start, run again off the loop as 80% of a
+    token's 12 s life passes, and its next token authenticates kmirrord's connections again in
+    place: none closed, no failed login. A command that fails or prints no token is refused at
+    start in one line; a mirror's configuration cannot name one."""
+    _, dst = oauth_clusters
+    _, signed = issuers
+    agent = tmp_path / "agent.token"
+    signed.write_token(agent, "kmirrord", lifetime=12)
+    born = time.time()
+    runs = tmp_path / "runs"
+    key, files = secret_key_and_file_dir(tmp_path)
+    p = Proxy(kmirrord_bin, dst, str(tmp_path), name="kmirrord-oauth-cmd", upstream=dst.sasl_bootstrap,
+              upstream_sasl_mechanism="OAUTHBEARER",
+              upstream_sasl_oauthbearer_token_command=f"echo run >> {runs}; cat {agent}",
+              mirror_secret_key_file=str(key), mirror_file_dir=str(files),
+              mirror_state_topic="__mirror_state_cmd", mirror_sync_group="__kmirror-sync-cmd")
+    p.start()
+    try:
+        wait_until(lambda: p.metric("kmirror_upstream_brokers") == 1, 30,
+                   what=lambda: f"kmirrord's login with the command's token\n{p.output()[-3000:]}")
+        mark = len(p.output())
+        time.sleep(max(0.0, born + 5 - time.time()))
+        signed.write_token(agent, "kmirrord", lifetime=600)
+        time.sleep(max(0.0, born + 16 - time.time()))
+        closed = [ln for ln in p.output()[mark:].splitlines() if "closed by peer" in ln]
+        assert not closed, "the broker closed connections whose session ended:\n" + "\n".join(closed[:5])
+        assert len(runs.read_text().splitlines()) >= 3, "the command was not run again for the next token"
+        plain = tmp_path / "admin.properties"
+        plain.write_text("security.protocol=SASL_PLAINTEXT\nsasl.mechanism=PLAIN\n"
+                         "sasl.jaas.config=org.apache.kafka.common.security.plain.PlainLoginModule required "
+                         f'username="admin" password="{USERS["admin"]}";\n')
+        src, _ = oauth_clusters
+        mprops = tmp_path / "mirror.properties"
+        mprops.write_text("security.protocol=SASL_PLAINTEXT\nsasl.mechanism=OAUTHBEARER\n"
+                          "sasl.oauthbearer.token.command=cat /etc/passwd\n")
+        r = cli(p, str(plain), "create", "--mirror", unique("cmd"), "--source-bootstrap", src.sasl_bootstrap,
+                "--config-file", mprops, expect=None)
+        assert r.returncode != 0 and "sasl.oauthbearer.token.command" in r.stderr, r.stderr
+        assert p.metric("kmirror_upstream_brokers") == 1
+        out = p.output()
+        assert "SASL OAUTHBEARER failed" not in out and "token command" not in out, out[-3000:]
+    finally:
+        p.stop()
+    assert not p.sanitizer_reports()
+
+    def check(command):
+        argv = [kmirrord_bin, "--upstream", "127.0.0.1:9", "--listen", "127.0.0.1:9", "--upstream-sasl-mechanism",
+                "OAUTHBEARER", "--upstream-sasl-oauthbearer-token-command", command, "--check-config"]
+        return subprocess.run(argv, capture_output=True, text=True, timeout=30)
+
+    for command, needle in (("exit 4", "'exit 4' exited with status 4"),
+                            ("echo hello", "it must print the access token (a JWT)"),
+                            ("sleep 30", "printed no token in 10 s")):
+        r = check(command)
+        lines = r.stderr.strip().splitlines()
+        assert r.returncode == 2 and lines and "upstream_sasl_oauthbearer_token_command" in lines[-1] \
+            and needle in lines[-1], r.stderr
+    assert check(f"cat {agent}").returncode == 0
+
+
 def requests_of(issuer, client):
     return [scope for cid, scope in issuer.token_requests if cid == client]
 

@@ -494,6 +494,53 @@ static void test_oauth_endpoint_waits(void **state)
 	event_base_free(base);
 }
 
+/*
+ * A token command (kmirrord's upstream_sasl_oauthbearer_token_command): checked by running it once
+ * (its exit status, a live JWT on its stdout); on the loop, a connection waits for the run and is
+ * told when the token is there, and the token is kept until 80% of its life has passed.
+ */
+static void test_oauth_token_command(void **state)
+{
+	struct event_base *base = event_base_new();
+	char payload[200], cmd[2600], *jwt, *tok = NULL, err[400] = "", said[400] = "";
+	long long now = (long long)time(NULL);
+	km_sasl_oauth o = {NULL, NULL, NULL, NULL, "test.command", cmd};
+	km_sasl_oauth_wait w;
+	(void)state;
+
+	snprintf(payload, sizeof(payload), "{\"sub\":\"kmirrord\",\"exp\":%lld,\"iat\":%lld}", now + 3600, now);
+	jwt = jwt_of(payload);
+	snprintf(cmd, sizeof(cmd), "printf '  %s\\n'", jwt);
+	assert_int_equal(km_sasl_oauth_check(&o, err, sizeof(err)), KM_OK);
+	/* On the loop: the first connection waits for the run, then gets the token; the next at once. */
+	memset(&w, 0, sizeof(w));
+	w.cb = endpoint_answer;
+	w.arg = said;
+	assert_int_equal(km_sasl_oauth_get(&o, base, NULL, &w, &tok, err, sizeof(err)), KM_OK);
+	assert_null(tok);
+	assert_true(event_base_dispatch(base) >= 0);
+	assert_string_equal(said, "0 ");
+	assert_int_equal(km_sasl_oauth_get(&o, base, NULL, &w, &tok, err, sizeof(err)), KM_OK);
+	assert_string_equal(tok, jwt);
+	free(tok);
+	/* What a failing command says. */
+	snprintf(cmd, sizeof(cmd), "echo no token; exit 3");
+	assert_int_equal(km_sasl_oauth_check(&o, err, sizeof(err)), KM_ERR_CONFIG);
+	if (!strstr(err, "test.command: the token command 'echo no token; exit 3' exited with status 3"))
+		fail_msg("%s", err);
+	snprintf(cmd, sizeof(cmd), "echo not-a-token");
+	assert_int_equal(km_sasl_oauth_check(&o, err, sizeof(err)), KM_ERR_CONFIG);
+	assert_non_null(strstr(err, "it must print the access token (a JWT) on its standard output"));
+	snprintf(payload, sizeof(payload), "{\"sub\":\"kmirrord\",\"exp\":%lld}", now - 60);
+	free(jwt);
+	jwt = jwt_of(payload);
+	snprintf(cmd, sizeof(cmd), "echo %s", jwt);
+	assert_int_equal(km_sasl_oauth_check(&o, err, sizeof(err)), KM_ERR_CONFIG);
+	assert_non_null(strstr(err, "printed a token that expired"));
+	free(jwt);
+	event_base_free(base);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -507,6 +554,7 @@ int main(void)
 		cmocka_unit_test(test_oauth_jaas),
 		cmocka_unit_test(test_oauth_token_file),
 		cmocka_unit_test(test_oauth_endpoint_waits),
+		cmocka_unit_test(test_oauth_token_command),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -665,6 +665,7 @@ static km_err cmd_spawn(const char *command, pid_t *pid, int *fd, char *err, siz
 	}
 	if (*pid == 0) {
 		int null = open("/dev/null", O_RDONLY);
+		setpgid(0, 0); /* its own group: what it starts is killed with it (cmd_kill) */
 		if (null >= 0)
 			dup2(null, 0);
 		dup2(p[1], 1);
@@ -672,9 +673,30 @@ static km_err cmd_spawn(const char *command, pid_t *pid, int *fd, char *err, siz
 		execl("/bin/sh", "sh", "-c", command, (char *)NULL);
 		_exit(127);
 	}
+	setpgid(*pid, *pid);
 	close(p[1]);
 	*fd = p[0];
 	return KM_OK;
+}
+
+/* The command and whatever it started (its process group), which could hold kmirrord's stderr. */
+static void cmd_kill(pid_t pid, int *status)
+{
+	kill(-pid, SIGKILL);
+	kill(pid, SIGKILL);
+	waitpid(pid, status, 0);
+}
+
+/* Its stdout closed: its exit status, given a second to exit (then it is killed: one that lingers). */
+static void cmd_reap(pid_t pid, int *status)
+{
+	struct timespec tick = {0, 10 * 1000 * 1000};
+	for (int i = 0; i < 100; i++) {
+		if (waitpid(pid, status, WNOHANG) == pid)
+			return;
+		nanosleep(&tick, NULL);
+	}
+	cmd_kill(pid, status);
 }
 
 /* The command's output and exit: a live JWT into *tok (owned), with its exp; or why not. */
@@ -736,10 +758,10 @@ static void cmd_over(token_src *t, bool timed_out)
 	const char *out = len ? (const char *)evbuffer_pullup(t->out, -1) : "";
 	km_err rc;
 
-	if (timed_out || waitpid(t->pid, &status, WNOHANG) == 0) {
-		kill(t->pid, SIGKILL); /* no answer in time, or its stdout closed and it still runs */
-		waitpid(t->pid, &status, 0);
-	}
+	if (timed_out)
+		cmd_kill(t->pid, &status);
+	else
+		cmd_reap(t->pid, &status);
 	if (timed_out)
 		rc = km_sasl_fail(why, sizeof(why), "%s: the token command '%.200s' printed no token in %d s", t->setting,
 				  t->url, COMMAND_TIMEOUT_S);
@@ -784,8 +806,7 @@ static km_err cmd_start(token_src *t, struct event_base *base, char *err, size_t
 		return KM_ERR_CONFIG;
 	if (!(t->out = evbuffer_new()) || !(t->ev = event_new(base, t->fd, EV_READ | EV_PERSIST, cmd_read, t)) ||
 	    !(t->timer = evtimer_new(base, cmd_timeout, t)) || event_add(t->ev, NULL) != 0 || event_add(t->timer, &tv) != 0) {
-		kill(t->pid, SIGKILL);
-		waitpid(t->pid, NULL, 0);
+		cmd_kill(t->pid, NULL);
 		cmd_end(t);
 		return km_sasl_fail(err, errlen, "out of memory");
 	}
@@ -810,8 +831,7 @@ static km_err cmd_once(const km_sasl_oauth *o, char **token, char *err, size_t e
 		int64_t left = deadline - (int64_t)time(NULL);
 		ssize_t n;
 		if (left <= 0 || poll(&pf, 1, (int)left * 1000) == 0) {
-			kill(pid, SIGKILL);
-			waitpid(pid, NULL, 0);
+			cmd_kill(pid, NULL);
 			close(fd);
 			OPENSSL_cleanse(buf, sizeof(buf));
 			return km_sasl_fail(err, errlen, "%s: the token command '%.200s' printed no token in %d s",
@@ -824,10 +844,7 @@ static km_err cmd_once(const km_sasl_oauth *o, char **token, char *err, size_t e
 			break;
 	}
 	close(fd);
-	if (waitpid(pid, &status, WNOHANG) == 0) {
-		kill(pid, SIGKILL);
-		waitpid(pid, &status, 0);
-	}
+	cmd_reap(pid, &status);
 	km_err rc = cmd_result(setting_of(o), o->command, buf, len, status, token, &exp, &iat, err, errlen);
 	OPENSSL_cleanse(buf, sizeof(buf));
 	return rc;

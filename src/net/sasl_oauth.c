@@ -647,6 +647,31 @@ out:
 	return rc;
 }
 
+/*
+ * t's token for a connection once a refresh was asked for if due: the token while it lives (the
+ * old one until the new one is there); else, with a refresh under way (busy), w waits for it
+ * (*token NULL, KM_OK); else none from `from` yet.
+ */
+static km_err src_serve(token_src *t, int64_t now, bool busy, km_sasl_oauth_wait *w, char **token, const char *from,
+			const char *setting, char *err, size_t errlen)
+{
+	if (t->token && now < t->exp) {
+		if (!(*token = strdup(t->token)))
+			return km_sasl_fail(err, errlen, "out of memory");
+		return KM_OK;
+	}
+	if (!busy || !w)
+		return km_sasl_fail(err, errlen, "%s: no token from %s yet", setting, from);
+	km_sasl_oauth_cancel(w);
+	w->next = t->waiters;
+	if (w->next)
+		w->next->pprev = &w->next;
+	w->pprev = &t->waiters;
+	t->waiters = w;
+	*token = NULL;
+	return KM_OK;
+}
+
 /* ---- a token command: kmirrord's own (upstream_sasl_oauthbearer_token_command), never a mirror's ---- */
 
 #define COMMAND_TIMEOUT_S 10
@@ -873,26 +898,11 @@ static km_err command_token(const km_sasl_oauth *o, struct event_base *base, km_
 		return cmd_once(o, token, err, errlen);
 	t->used = now;
 	if (t->token && now < t->refresh_at)
-		goto have;
+		return src_serve(t, now, false, NULL, token, NULL, NULL, err, errlen);
 	/* Due (or none yet): run it once, for every connection that needs it. */
 	if (!t->pid && cmd_start(t, base, err, errlen) != KM_OK && !(t->token && now < t->exp))
 		return KM_ERR_CONFIG;
-	if (t->token && now < t->exp)
-		goto have; /* the old one lives until the new one is there */
-	if (!t->pid || !w)
-		return km_sasl_fail(err, errlen, "%s: no token from the command yet", setting_of(o));
-	km_sasl_oauth_cancel(w);
-	w->next = t->waiters;
-	if (w->next)
-		w->next->pprev = &w->next;
-	w->pprev = &t->waiters;
-	t->waiters = w;
-	*token = NULL;
-	return KM_OK;
-have:
-	if (!(*token = strdup(t->token)))
-		return km_sasl_fail(err, errlen, "out of memory");
-	return KM_OK;
+	return src_serve(t, now, t->pid != 0, w, token, "the command", setting_of(o), err, errlen);
 }
 
 static km_err endpoint_token(const km_sasl_oauth *o, struct event_base *base, struct evdns_base *dns,
@@ -919,26 +929,11 @@ static km_err endpoint_token(const km_sasl_oauth *o, struct event_base *base, st
 		return km_sasl_fail(err, errlen, "out of memory");
 	t->used = now;
 	if (t->token && now < t->refresh_at)
-		goto have;
+		return src_serve(t, now, false, NULL, token, NULL, NULL, err, errlen);
 	/* Due (or none yet): ask once, for every connection that needs it. */
 	if (!t->evcon && base && fetch_start(t, o, base, dns, err, errlen) != KM_OK && !(t->token && now < t->exp))
 		return KM_ERR_CONFIG;
-	if (t->token && now < t->exp)
-		goto have; /* the old one lives until the new one is there */
-	if (!t->evcon || !w)
-		return km_sasl_fail(err, errlen, "%s: no token from %s yet", setting_of(o), t->url);
-	km_sasl_oauth_cancel(w);
-	w->next = t->waiters;
-	if (w->next)
-		w->next->pprev = &w->next;
-	w->pprev = &t->waiters;
-	t->waiters = w;
-	*token = NULL;
-	return KM_OK;
-have:
-	if (!(*token = strdup(t->token)))
-		return km_sasl_fail(err, errlen, "out of memory");
-	return KM_OK;
+	return src_serve(t, now, t->evcon != NULL, w, token, t->url, setting_of(o), err, errlen);
 }
 
 void km_sasl_oauth_cancel(km_sasl_oauth_wait *w)

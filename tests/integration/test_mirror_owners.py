@@ -21,6 +21,7 @@ import uuid
 import pytest
 from confluent_kafka.admin import AdminClient
 from harness import KafkaCluster
+from harness.kafka_shim import KafkaShim, not_coordinator_heartbeat
 from harness.netfaults import NetFaults
 
 from mirror_cli import Cli, kmirror_bin  # noqa: F401
@@ -670,6 +671,71 @@ def test_former_owners_write_held_in_a_cut_lands_nowhere_after_a_stop(kmirror_bi
         dry = Cli(kmirror_bin, b.bootstrap).json("start", "--dry-run", "--mirror", m, "--topics", m)[0]
         (dt,) = dry["topics"]
         assert [p["records_hidden"] for p in dt["partitions"]] == [3], dt
+
+
+def test_owner_whose_heartbeats_are_refused_claims_nothing_while_it_looks_for_the_coordinator(
+        kmirror_bin, source_cluster, proxy_factory):
+    """The soak's finding 36 (docs/reliability.md). The owner's heartbeats are answered
+    NOT_COORDINATOR (a shim in front of its own listener answers them: the destination's coordinator
+    answers the other kmirrord, which a broker does not do on demand for one member), so its lease
+    goes to look for the coordinator, again and again, and no heartbeat of its is answered. It lets go
+    of the mirror 1.5 heartbeat intervals after the last answer, and the group gives the mirror to
+    the other kmirrord at its session timeout. It must claim nothing back, neither its metadata sync
+    nor its pipeline (a stop's transition read meanwhile), until a heartbeat says the mirror is its
+    own. Before the fix the silence counted only in the heartbeat phase: each lookup made it an
+    owner again on its old assignment: its metadata sync ran on beside b's, and in the soak a stop
+    read then resumed its pipeline beside the new owner's, whose late batches broke the stop (a seal
+    inside the mirrored records)."""
+    from mirror_cli import described, topic_states
+    from mirror_data import watermarks
+    tag = uuid.uuid4().hex[:6]
+    dst = KafkaCluster(f"owners-shim-{tag}", brokers=1, extra_listeners={"UP_A": {}})
+    (node,) = dst.broker_nodes
+    shim = KafkaShim(node.extra_ports["UP_A"]).start()
+    dst.extra_listeners["UP_A"] = {node.node_id: f"127.0.0.1:{shim.port}"}  # a's connections all go through it
+    dst.start()
+    try:
+        a, b, _, cli_b, m, bg = _owner_then_other(kmirror_bin, dst, source_cluster, proxy_factory, "shim", 1, 300, 1,
+                                                  a_opts={"upstream": f"127.0.0.1:{shim.port}"})
+        try:
+            wait_until(lambda: watermarks(a.bootstrap, m, 1)[0][1] > 300, 60, what="a mirroring the topic")
+            mark = len(a.output())
+            shim.answer(68, not_coordinator_heartbeat)  # ConsumerGroupHeartbeat
+            t0 = time.monotonic()
+            wait_until(lambda: "its pipeline stops here" in a.output()[mark:], 20,
+                       what="a letting go of the mirror")
+            wait_until(lambda: runners([b], [m], window=1.0)[m] == [b.name], 60, what="b running the mirror")
+            print(f"b runs the mirror {time.monotonic() - t0:.1f} s after a's heartbeats were refused")
+        finally:
+            bg.stop()
+        # A transition a reads while it looks for the coordinator.
+        cli_b.run("stop", "--mirror", m, "--topics", m)
+        wait_until(lambda: topic_states(cli_b, m)[m] == ["STOPPED"], 60, what="the stop settled by b")
+        time.sleep(max(0.0, 25.0 - (time.monotonic() - t0)))
+        print("\n".join(ln for ln in a.output()[mark:].splitlines() if "comp=mirror" in ln)[-4000:])
+        after = a.output()[mark:].split("its pipeline stops here", 1)[1]
+        claims = [ln for ln in after.splitlines()
+                  if "metadata sync runs in this kmirrord now" in ln or "its pipeline runs in this kmirrord" in ln
+                  or "resumes at offset" in ln]
+        refused = shim.answered[68]
+        shim.answer(68, None)
+        assert refused >= 3, f"only {refused} heartbeat(s) of a were refused: the test did not set up the fault"
+        assert "metadata sync moved to another kmirrord" in a.output()[mark:], \
+            "a's metadata sync ran on, beside b's, with no heartbeat of a answered"
+        assert not claims, f"a, with no heartbeat answered, took the mirror back: {claims[:3]}"
+        # The stop point holds through both, and every record before it is the source's.
+        (t,) = [t for t in described(cli_b, m)["topics"] if t["name"] == m]
+        (stopped,) = [p["mirrored_offset"] for p in t["partitions"]]
+        for p in (a, b):
+            wait_until(lambda: watermarks(p.bootstrap, m, 1)[0][1] == stopped, 30,
+                       what=f"{p.name} showing the stop point {stopped}")
+        total, _ = compare_topic(b.bootstrap, source_cluster.bootstrap, m, 1, marks=[(0, stopped)])
+        assert total == stopped
+    finally:
+        try:
+            dst.stop()
+        finally:
+            shim.stop()
 
 
 def test_stop_through_the_other_kmirrord_is_not_undone(kmirror_bin, dest_cluster3, source_cluster, proxy_factory):

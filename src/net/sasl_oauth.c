@@ -691,9 +691,13 @@ static km_err cmd_spawn(const char *command, pid_t *pid, int *fd, char *err, siz
 	if (*pid == 0) {
 		int null = open("/dev/null", O_RDONLY);
 		setpgid(0, 0); /* its own group: what it starts is killed with it (cmd_kill) */
+		long max = sysconf(_SC_OPEN_MAX);
 		if (null >= 0)
 			dup2(null, 0);
 		dup2(p[1], 1);
+		/* Nothing of kmirrord's (its listeners, its connections) goes with it. */
+		for (int i = 3; i < (max > 0 && max < 65536 ? max : 65536); i++)
+			close(i);
 		signal(SIGPIPE, SIG_DFL);
 		execl("/bin/sh", "sh", "-c", command, (char *)NULL);
 		_exit(127);

@@ -90,6 +90,14 @@ int64_t km_offmap_hidden(const km_offmap *m);
  * then lost: docs/reliability.md, finding 34).
  */
 bool km_offmap_hides_before(const km_offmap *m, size_t i, int64_t end);
+/*
+ * The prev_logical_end for a run written at logical `at` over what m holds from there on: where the
+ * run before ends. A run of m starting at `at` already says it, which may be below `at` (a source
+ * offset passed as a hole just before it, a marker of a transaction with no record here): that
+ * is kept, or the run before would take the hole and show the next record one offset early
+ * (docs/reliability.md, finding 39). Otherwise `at` (the run before goes on to it).
+ */
+int64_t km_offmap_prev_end_at(const km_offmap *m, int64_t at);
 
 /*
  * Logical fetch offset -> the physical offset to fetch from: in a run, the same distance into it;

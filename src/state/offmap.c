@@ -155,6 +155,15 @@ int64_t km_offmap_hidden(const km_offmap *m)
 	return n;
 }
 
+int64_t km_offmap_prev_end_at(const km_offmap *m, int64_t at)
+{
+	for (size_t i = 0; m && i < m->n; i++)
+		if (m->runs[i].logical == at)
+			return m->runs[i].prev_logical_end >= 0 && m->runs[i].prev_logical_end < at ? m->runs[i].prev_logical_end
+												       : at;
+	return at;
+}
+
 bool km_offmap_hides_before(const km_offmap *m, size_t i, int64_t end)
 {
 	const km_offrun *r, *prev;

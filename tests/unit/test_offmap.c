@@ -145,6 +145,40 @@ static void test_hides_before(void **state)
 }
 
 /*
+ * A run written over one at the same logical offset keeps where the run before ends (finding 39):
+ * logical 0-7650 at physical 0-7650, source offset 7651 a hole (a marker of a transaction with no
+ * record on the partition), 7652 on at physical 7665 (the run says the one before ends at 7651).
+ * A takeover hides from 7652 and writes its fence run there at the log's end, 7670. With 7652 for
+ * the run before's end, that run would take logical 7651 and show the record at physical 7651,
+ * one offset early; with the run's own 7651 it stays a hole.
+ */
+static void test_prev_end_at(void **state)
+{
+	km_offmap m, w;
+	(void)state;
+	km_offmap_init(&m);
+	add(&m, 0, 0, -1);
+	add(&m, 7652, 7665, 7651);
+	assert_int_equal(km_offmap_prev_end_at(&m, 7652), 7651);
+	assert_int_equal(km_offmap_prev_end_at(&m, 7660), 7660); /* inside a run: it goes on to there */
+	assert_int_equal(km_offmap_prev_end_at(&m, 0), 0);       /* the first run: nothing before it */
+	assert_int_equal(km_offmap_prev_end_at(NULL, 5), 5);
+	km_offmap_init(&w);
+	add(&w, 0, 0, -1);
+	add(&w, 7652, 7670, km_offmap_prev_end_at(&m, 7652));
+	assert_int_equal(km_offmap_to_physical(&w, 7650), 7650);
+	assert_int_equal(km_offmap_to_physical(&w, 7652), 7670);
+	assert_int_not_equal(km_offmap_to_logical(&w, 7651), 7651);
+	km_offmap_free(&w);
+	km_offmap_init(&w); /* what was written before: the record at 7651 shown as source offset 7651 */
+	add(&w, 0, 0, -1);
+	add(&w, 7652, 7670, 7652);
+	assert_int_equal(km_offmap_to_logical(&w, 7651), 7651);
+	km_offmap_free(&w);
+	km_offmap_free(&m);
+}
+
+/*
  * The tail: logical 0-9 at physical 0-9, then the source ended in a hole (a commit marker):
  * the logical tail 15 runs ahead of the open run's end 10.
  */
@@ -474,7 +508,7 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_one_open_run), cmocka_unit_test(test_holes),
-		cmocka_unit_test(test_hidden), cmocka_unit_test(test_hides_before),       cmocka_unit_test(test_tail), cmocka_unit_test(test_epoch_end),
+		cmocka_unit_test(test_hidden), cmocka_unit_test(test_hides_before), cmocka_unit_test(test_prev_end_at),       cmocka_unit_test(test_tail), cmocka_unit_test(test_epoch_end),
 		cmocka_unit_test(test_maps_tail),
 		cmocka_unit_test(test_replace_remove), cmocka_unit_test(test_random_order),
 		cmocka_unit_test(test_many_runs),    cmocka_unit_test(test_negative),

@@ -299,7 +299,7 @@ static void after_reconcile(km_pipeline *pl, mpart *p, int64_t end)
 	}
 	if (hide >= 0) {
 		/* Resume at hide, physically after everything now hidden. */
-		w[nw++] = (km_state_run){p->t->name, p->id, hide, end, hide, 0};
+		w[nw++] = (km_state_run){p->t->name, p->id, hide, end, km_offmap_prev_end_at(m, hide), 0};
 		p->plan.cont_logical = p->plan.fetch_logical = p->out.acked_logical = hide;
 		p->out.acked_epoch = persisted_epoch_at(pl, p, hide);
 		p->plan.cont_lat = false;
@@ -569,7 +569,7 @@ static void fence_from(km_pipeline *pl, mpart *p, int64_t end, int64_t from)
 	 */
 	km_pl_tail_cap(pl, p, hide, end);
 	if (!fence || fence->logical != hide) {
-		km_state_run r = {p->t->name, p->id, hide, end, hide, KM_OFFRUN_FENCE};
+		km_state_run r = {p->t->name, p->id, hide, end, km_offmap_prev_end_at(m, hide), KM_OFFRUN_FENCE};
 		km_pl_run_then(pl, p, &r, 1, PH_FENCE);
 	} else {
 		km_pl_set_phase(p, PH_FENCE, "fence: its run is persisted already");
@@ -1145,7 +1145,7 @@ static void foreign_tail(km_pipeline *pl, mpart *p, int64_t from)
 	for (size_t i = 0; i < m->n; i++)
 		if (m->runs[i].logical > hide)
 			w[nw++] = (km_state_run){p->t->name, p->id, m->runs[i].logical, -1, -1, 0};
-	w[nw++] = (km_state_run){p->t->name, p->id, hide, end, hide, KM_OFFRUN_FENCE};
+	w[nw++] = (km_state_run){p->t->name, p->id, hide, end, km_offmap_prev_end_at(m, hide), KM_OFFRUN_FENCE};
 	pl->store_pending++;
 	km_state_runs_write(km_mirror_store(pl->mi), pl->name, w, nw, on_foreign_run, x);
 	free(w);

@@ -350,6 +350,15 @@ static token_src *src_add(const char *key)
 	return t;
 }
 
+/* The source of key, added with its URL (or command) and setting when new; NULL: out of memory. */
+static token_src *src_get(const char *key, const char *url, const char *setting)
+{
+	token_src *t = src_find(key);
+	if (!t && (t = src_add(key)) && (!(t->url = strdup(url)) || !(t->setting = strdup(setting))))
+		return NULL;
+	return t;
+}
+
 /* A new token for t (taken), living until exp; refreshed at 80% of its life from born. */
 static void src_set(token_src *t, char *tok, int64_t exp, int64_t born)
 {
@@ -890,11 +899,7 @@ static km_err command_token(const km_sasl_oauth *o, struct event_base *base, km_
 	if (!key)
 		return km_sasl_fail(err, errlen, "out of memory");
 	snprintf(key, kl, "\x02%s\x02", o->command);
-	if (!(t = src_find(key)) && (t = src_add(key)) &&
-	    (!(t->url = strdup(o->command)) || !(t->setting = strdup(setting_of(o))))) {
-		free(key);
-		return km_sasl_fail(err, errlen, "out of memory");
-	}
+	t = src_get(key, o->command, setting_of(o));
 	free(key);
 	if (!t)
 		return km_sasl_fail(err, errlen, "out of memory");
@@ -922,12 +927,7 @@ static km_err endpoint_token(const km_sasl_oauth *o, struct event_base *base, st
 		return km_sasl_fail(err, errlen, "out of memory");
 	snprintf(key, kl, "%s\x01%s\x01%s\x01%s", o->token_endpoint_url, o->client_id, o->scope ? o->scope : "",
 		 o->client_secret);
-	t = src_find(key);
-	if (!t && (t = src_add(key)) &&
-	    (!(t->url = strdup(o->token_endpoint_url)) || !(t->setting = strdup(setting_of(o))))) {
-		wipe_free(key);
-		return km_sasl_fail(err, errlen, "out of memory");
-	}
+	t = src_get(key, o->token_endpoint_url, setting_of(o));
 	wipe_free(key);
 	if (!t)
 		return km_sasl_fail(err, errlen, "out of memory");

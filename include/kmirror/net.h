@@ -416,6 +416,13 @@ typedef struct km_net_client_opts {
 	void *arg;
 } km_net_client_opts;
 
+struct km_config;
+/*
+ * kmirrord's own way to the destination into o: the upstream_tls_verify_hostname and
+ * upstream_sasl_* settings (the TLS context, the client id and the limits are the caller's).
+ */
+void km_net_client_opts_upstream(km_net_client_opts *o, const struct km_config *cfg);
+
 km_net_client *km_net_client_new(struct event_base *base, const km_net_client_opts *opts);
 /* Start connecting; requests sent before the connection is ready are queued (and count against the caps). */
 km_err km_net_client_connect(km_net_client *c, const char *host, uint16_t port) __attribute__((warn_unused_result));

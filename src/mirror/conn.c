@@ -399,21 +399,7 @@ km_cluster *km_mirror_dest_cluster(km_mirror *mi, const char *mirror, const char
 	snprintf(client_id, sizeof(client_id), "kmirrord/%s/%s/%s", mo->instance, mirror, purpose);
 	o.client_id = client_id;
 	o.tls = mo->tls;
-	o.tls_verify_host = cfg->upstream_tls_verify_hostname;
-	o.sasl_mechanism = cfg->upstream_sasl_mechanism;
-	o.sasl_username = cfg->upstream_sasl_username;
-	o.sasl_password = cfg->upstream_sasl_password;
-	o.sasl_kerberos_service_name = cfg->upstream_sasl_kerberos_service_name;
-	o.sasl_kerberos_keytab = cfg->upstream_sasl_kerberos_keytab;
-	o.sasl_kerberos_principal = cfg->upstream_sasl_kerberos_principal;
-	o.sasl_kerberos_setting = "upstream_sasl_kerberos_keytab";
-	o.sasl_kerberos_host = cfg->upstream_sasl_kerberos_host;
-	o.sasl_oauthbearer_token_endpoint_url = cfg->upstream_sasl_oauthbearer_token_endpoint_url;
-	o.sasl_oauthbearer_setting = "upstream_sasl_oauthbearer_token_endpoint_url";
-	o.sasl_oauthbearer_client_id = cfg->upstream_sasl_oauthbearer_client_id;
-	o.sasl_oauthbearer_client_secret = cfg->upstream_sasl_oauthbearer_client_secret;
-	o.sasl_oauthbearer_scope = cfg->upstream_sasl_oauthbearer_scope;
-	o.sasl_oauthbearer_token_command = cfg->upstream_sasl_oauthbearer_token_command;
+	km_net_client_opts_upstream(&o, cfg);
 	o.connect_timeout_ms = cfg->upstream_connect_timeout_ms;
 	o.request_timeout_ms = 40000; /* above the Produce timeout (30 s) */
 	o.max_frame_bytes = 16 << 20;

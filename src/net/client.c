@@ -14,6 +14,7 @@
 #include <openssl/x509.h>
 
 #include "kmirror/api.h"
+#include "kmirror/daemon_config.h"
 #include "kmirror/arena.h"
 #include "kmirror/log.h"
 #include "kmirror/msg/api_keys.h"
@@ -1352,3 +1353,22 @@ void km_net_client_free(km_net_client *c)
 struct event_base *km_net_client_base(const km_net_client *c) { return c->base; }
 
 km_net_rpc **km_net_client_rpc_waiting(km_net_client *c) { return &c->rpc_waiting; }
+
+void km_net_client_opts_upstream(km_net_client_opts *o, const struct km_config *cfg)
+{
+	o->tls_verify_host = cfg->upstream_tls_verify_hostname;
+	o->sasl_mechanism = cfg->upstream_sasl_mechanism;
+	o->sasl_username = cfg->upstream_sasl_username;
+	o->sasl_password = cfg->upstream_sasl_password;
+	o->sasl_kerberos_service_name = cfg->upstream_sasl_kerberos_service_name;
+	o->sasl_kerberos_keytab = cfg->upstream_sasl_kerberos_keytab;
+	o->sasl_kerberos_principal = cfg->upstream_sasl_kerberos_principal;
+	o->sasl_kerberos_setting = "upstream_sasl_kerberos_keytab";
+	o->sasl_kerberos_host = cfg->upstream_sasl_kerberos_host;
+	o->sasl_oauthbearer_token_endpoint_url = cfg->upstream_sasl_oauthbearer_token_endpoint_url;
+	o->sasl_oauthbearer_setting = "upstream_sasl_oauthbearer_token_endpoint_url";
+	o->sasl_oauthbearer_client_id = cfg->upstream_sasl_oauthbearer_client_id;
+	o->sasl_oauthbearer_client_secret = cfg->upstream_sasl_oauthbearer_client_secret;
+	o->sasl_oauthbearer_scope = cfg->upstream_sasl_oauthbearer_scope;
+	o->sasl_oauthbearer_token_command = cfg->upstream_sasl_oauthbearer_token_command;
+}

@@ -338,24 +338,28 @@ static void src_sweep(int64_t now)
 	}
 }
 
-static token_src *src_add(const char *key)
+/*
+ * The source of key, added whole when new, with its URL (or command) and setting (both NULL for a
+ * token file: its path is the key); NULL: out of memory.
+ */
+static token_src *src_get(const char *key, const char *url, const char *setting)
 {
-	token_src *t = calloc(1, sizeof(*t));
-	if (!t || !(t->key = strdup(key))) {
+	token_src *t = src_find(key);
+
+	if (t)
+		return t;
+	t = calloc(1, sizeof(*t));
+	if (!t || !(t->key = strdup(key)) || (url && !(t->url = strdup(url))) ||
+	    (setting && !(t->setting = strdup(setting)))) {
+		if (t) {
+			wipe_free(t->key);
+			free(t->url);
+		}
 		free(t);
 		return NULL;
 	}
 	t->next = token_srcs;
 	token_srcs = t;
-	return t;
-}
-
-/* The source of key, added with its URL (or command) and setting when new; NULL: out of memory. */
-static token_src *src_get(const char *key, const char *url, const char *setting)
-{
-	token_src *t = src_find(key);
-	if (!t && (t = src_add(key)) && (!(t->url = strdup(url)) || !(t->setting = strdup(setting))))
-		return NULL;
 	return t;
 }
 
@@ -455,7 +459,7 @@ static km_err file_token(const km_sasl_oauth *o, const char *path, char **token,
 		return km_sasl_fail(err, errlen, "%s: the token in %s expired at %s (%lld s ago): write a fresh token there",
 			    setting_of(o), path, when, (long long)(now - exp));
 	}
-	if (!f && !(f = src_add(path))) {
+	if (!f && !(f = src_get(path, NULL, NULL))) {
 		wipe_free(tok);
 		return km_sasl_fail(err, errlen, "out of memory");
 	}

@@ -299,21 +299,7 @@ km_cluster *km_ps_cluster_new(km_state_persist *io, void (*changed)(void *arg))
 	memset(&o, 0, sizeof(o));
 	o.client_id = "kmirror-state";
 	o.tls = io->st->tls;
-	o.tls_verify_host = cfg->upstream_tls_verify_hostname;
-	o.sasl_mechanism = cfg->upstream_sasl_mechanism;
-	o.sasl_username = cfg->upstream_sasl_username;
-	o.sasl_password = cfg->upstream_sasl_password;
-	o.sasl_kerberos_service_name = cfg->upstream_sasl_kerberos_service_name;
-	o.sasl_kerberos_keytab = cfg->upstream_sasl_kerberos_keytab;
-	o.sasl_kerberos_principal = cfg->upstream_sasl_kerberos_principal;
-	o.sasl_kerberos_setting = "upstream_sasl_kerberos_keytab";
-	o.sasl_kerberos_host = cfg->upstream_sasl_kerberos_host;
-	o.sasl_oauthbearer_token_endpoint_url = cfg->upstream_sasl_oauthbearer_token_endpoint_url;
-	o.sasl_oauthbearer_setting = "upstream_sasl_oauthbearer_token_endpoint_url";
-	o.sasl_oauthbearer_client_id = cfg->upstream_sasl_oauthbearer_client_id;
-	o.sasl_oauthbearer_client_secret = cfg->upstream_sasl_oauthbearer_client_secret;
-	o.sasl_oauthbearer_scope = cfg->upstream_sasl_oauthbearer_scope;
-	o.sasl_oauthbearer_token_command = cfg->upstream_sasl_oauthbearer_token_command;
+	km_net_client_opts_upstream(&o, cfg);
 	o.connect_timeout_ms = cfg->upstream_connect_timeout_ms;
 	o.request_timeout_ms = 40000; /* above the Produce timeout (30 s) */
 	o.max_frame_bytes = FETCH_BYTES + (1 << 20);

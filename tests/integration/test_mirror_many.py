@@ -23,6 +23,26 @@ TOPICS = 300
 PARTITIONS = 10
 
 
+def produce_each(p, topics, value):
+    """One record into every partition, each delivery seen: a failed one is produced again (at
+    most three times), so that every partition's end is one more after it."""
+    todo = [(t, part) for t in topics for part in range(PARTITIONS)]
+    for _ in range(3):
+        failed = []
+
+        def report(err, msg):
+            if err is not None:
+                failed.append(((msg.topic(), msg.partition()), err.name()))
+        for t, part in todo:
+            p.produce(t, value=value, partition=part, on_delivery=report)
+        assert p.flush(120) == 0
+        if not failed:
+            return
+        print(f"produce {value!r}: {len(failed)} deliveries failed ({sorted({e for _, e in failed})}), again")
+        todo = [tp for tp, _ in failed]
+    raise AssertionError(f"{len(todo)} deliveries of {value!r} failed three times: {failed[:5]}")
+
+
 def test_many_partitions_all_settle_and_mirror(kmirror_bin, dest_cluster, source_cluster, proxy_factory):
     proxy = proxy_factory(dest_cluster)
     cli = Cli(kmirror_bin, proxy.bootstrap)
@@ -35,12 +55,16 @@ def test_many_partitions_all_settle_and_mirror(kmirror_bin, dest_cluster, source
                                    operation_timeout=60, request_timeout=120)
         for f in futs.values():
             f.result()
+    # A created topic's partitions reach the source broker's metadata a while after the creation
+    # answers (the broker makes 3,000 logs first): produce and start only once all of them lead.
+    def led():
+        md = admin.list_topics(timeout=30)
+        return all(t in md.topics and len(md.topics[t].partitions) == PARTITIONS and
+                   all(pm.leader >= 0 for pm in md.topics[t].partitions.values()) for t in topics)
+    wait_until(led, 120, 1.0, what="every source partition led in the source's metadata")
     # One record in every partition before the start, one after it settles.
     p = Producer({"bootstrap.servers": source_cluster.bootstrap, "acks": "all", "linger.ms": 20})
-    for t in topics:
-        for part in range(PARTITIONS):
-            p.produce(t, value=b"before", partition=part)
-    assert p.flush(120) == 0
+    produce_each(p, topics, b"before")
     cli.run("create", "--mirror", mirror, "--source-bootstrap", source_cluster.bootstrap)
     t0 = time.monotonic()
     ask = list(topics)
@@ -56,7 +80,8 @@ def test_many_partitions_all_settle_and_mirror(kmirror_bin, dest_cluster, source
         other = [ln for ln in r.stdout.splitlines()
                  if ln.split() and ln.split()[0] in topics and ln.split()[0] not in ask and "_" in ln]
         if ask or other:
-            print(f"start: {len(ask)} topics asked again; other answers: {other[:10]}")
+            kinds = sorted({e for ln in r.stdout.splitlines() for e in ln.split() if e.isupper() and "_" in e})
+            print(f"start: {len(ask)} topics asked again ({kinds}); other answers: {other[:10]}")
         assert time.monotonic() - t0 < 300, r.stdout[-2000:]
 
     def settled():
@@ -65,10 +90,7 @@ def test_many_partitions_all_settle_and_mirror(kmirror_bin, dest_cluster, source
         return n == TOPICS * PARTITIONS and n
     wait_until(settled, 240, 1.0, what=f"all {TOPICS * PARTITIONS} partitions MIRRORING")
     took = time.monotonic() - t0
-    for t in topics:
-        for part in range(PARTITIONS):
-            p.produce(t, value=b"after", partition=part)
-    assert p.flush(120) == 0
+    produce_each(p, topics, b"after")
 
     # Every partition's two records through kmirrord (its high watermarks are the source's).
     c = AdminClient(proxy.conf())

@@ -176,6 +176,34 @@ static void test_prev_end_at(void **state)
 	assert_int_equal(km_offmap_to_logical(&w, 7651), 7651);
 	km_offmap_free(&w);
 	km_offmap_free(&m);
+
+	/*
+	 * Finding 40: one owner wrote a run at 20245 (destination 20284), then found 20245 stood for
+	 * no record and wrote one at 20246 at the same destination offset, saying the run at 20245 is
+	 * empty. The next owner's fence and resume runs at 20246 keep that word: destination 20284
+	 * (a record of the aborted write) is no record; written with the hide point as the run
+	 * before's end, it read as source offset 20245, and 20246 was shown twice.
+	 */
+	km_offmap_init(&m);
+	add(&m, 0, 0, -1);
+	add(&m, 20245, 20284, 20244);
+	add(&m, 20246, 20284, 20245);
+	assert_int_equal(km_offmap_prev_end_at(&m, 20246), 20245);
+	km_offmap_init(&w);
+	add(&w, 0, 0, -1);
+	add(&w, 20245, 20284, 20244);
+	add(&w, 20246, 20290, km_offmap_prev_end_at(&m, 20246));
+	assert_int_equal(km_offmap_to_physical(&w, 20246), 20290);
+	assert_int_equal(km_offmap_to_logical(&w, 20290), 20246);
+	assert_int_not_equal(km_offmap_to_logical(&w, 20284), 20245);
+	km_offmap_free(&w);
+	km_offmap_init(&w); /* what the fourteenth run wrote */
+	add(&w, 0, 0, -1);
+	add(&w, 20245, 20284, 20244);
+	add(&w, 20246, 20290, 20246);
+	assert_int_equal(km_offmap_to_logical(&w, 20284), 20245);
+	km_offmap_free(&w);
+	km_offmap_free(&m);
 }
 
 /*

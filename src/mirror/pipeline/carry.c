@@ -210,9 +210,51 @@ void km_pl_tx_free_all(mpart *p)
  * ListTransactions) is initialised again, which aborts what it held open and moves its epoch on.
  * True once all are free again.
  */
+/*
+ * The coordinator aborts a fenced transaction by writing its marker into each of its partitions
+ * through that partition's leader, and skips a partition that has none at that moment ("likely
+ * deleted already"): offline, its only replica's broker down. The transaction then stays open on
+ * that partition, holding its last stable offset, until the same producer's next marker there,
+ * which commits what it held (docs/reliability.md, finding 4). Each of the partition's ids begins
+ * a transaction on it (AddPartitionsToTxn) and aborts it with nothing written: the coordinator
+ * writes that abort's marker, which closes whatever the id's producer left open there. True once
+ * every id is free again.
+ */
+static bool close_hanging(km_pipeline *pl, mpart *p)
+{
+	bool done = true;
+
+	for (size_t i = 0; i < p->txn.n; i++) {
+		mtx *x = &p->txn.tx[i];
+		km_txp_state st = km_txp_state_of(x->txp);
+		if (st == KM_TXP_FAILED) {
+			km_pl_fail_part(pl, p, km_txp_error(x->txp));
+			p->recon.hang_closing = false;
+			return false;
+		}
+		if (x->hang == 0 && st == KM_TXP_FREE) {
+			km_txp_begin(x->txp);
+			x->hang = 1;
+		} else if (x->hang == 1 && st == KM_TXP_OPEN) {
+			km_txp_end(x->txp, false);
+			x->hang = 2;
+		}
+		done &= x->hang == 2 && st == KM_TXP_FREE;
+	}
+	if (!done)
+		return false;
+	for (size_t i = 0; i < p->txn.n; i++)
+		p->txn.tx[i].hang = 0;
+	p->recon.hang_closing = false;
+	p->recon.hang_closed = true;
+	return true;
+}
+
 bool km_pl_fence_done(km_pipeline *pl, mpart *p)
 {
 	char tag[300];
+	if (p->recon.hang_closing)
+		return close_hanging(pl, p);
 	if (!p->recon.fence_started) {
 		for (size_t i = 0; i < pl->nlisted && !p->recon.tx_fenced; i++)
 			if (km_pl_tid_is_of(pl, p, pl->listed[i]) && !km_pl_tid_held(p, pl->listed[i]) &&

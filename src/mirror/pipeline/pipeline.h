@@ -118,6 +118,7 @@ typedef struct mtx {
 	/* EndTxn sent for it (the coordinator decides it, whatever the partition does): where its marker was planned; -1: not */
 	int64_t marker_phys;
 	int64_t released; /* when its last source transaction was released (ms; 0: never leased) */
+	uint8_t hang;     /* closing a transaction left open on the partition (km_pl_fence_done): 1 begun, 2 ended */
 } mtx;
 
 typedef struct mtopic mtopic;
@@ -168,6 +169,8 @@ typedef struct mpart {
 		bool relisted;          /* an open transaction none of its own: the mirror's ids were listed again for it */
 		int64_t ended_wait;     /* since when reconcile waits for transactions this life ended (0: not) */
 		bool fence_started;
+		bool hang_closing;      /* fenced, and the log still holds a transaction open: each id aborts an empty one there */
+		bool hang_closed;       /* done in this reconcile (not again until it ends) */
 		bool seal_out;          /* a stop's seal planned since the last reconcile, not known to have landed */
 		bool writer_pending;    /* its writer (producer id, where it starts) not persisted yet: no fetch */
 		uint32_t writer_gen;    /* drops the answer of a writer write an later reconcile replaced */

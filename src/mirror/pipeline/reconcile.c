@@ -251,6 +251,7 @@ static void after_reconcile(km_pipeline *pl, mpart *p, int64_t end)
 	char tag[300];
 
 	p->recon.relisted = false; /* reconciled: a later open transaction has the ids listed again */
+	p->recon.hang_closed = false;
 	while (keep > 0 && ((m->runs[keep - 1].physical >= end && !resume_run(m, keep - 1, end)) ||
 			    (hide >= 0 && m->runs[keep - 1].logical >= hide)))
 		keep--;
@@ -441,6 +442,7 @@ static void after_lso(km_pipeline *pl, mpart *p, int64_t end, int64_t lso)
 {
 	const km_offrun *fence;
 	const km_offmap *m = km_pl_map_of(pl, p, &fence);
+	char tag[300];
 
 	/* An earlier life's write that landed between the two answers: the LSO is never past the end. */
 	if (lso > end)
@@ -463,6 +465,20 @@ static void after_lso(km_pipeline *pl, mpart *p, int64_t end, int64_t lso)
 			      !(p->recon.relisted && km_pl_tid_held(p, pl->listed[i]));
 		if (!any)
 			p->recon.tx_fenced = true;
+	}
+	if (p->recon.tx_fenced && !km_pl_tx_open(p) && lso < end && p->txn.n > 0 && !p->recon.hang_closed) {
+		/*
+		 * Fenced, none of its own transactions open, and the log still holds one open from
+		 * lso: a marker the coordinator skipped (close_hanging, carry.c), or a client's. Its ids
+		 * close theirs first; the log is read again after.
+		 */
+		KM_INFO(COMP, 0, "%s/%s: a transaction is still open from destination offset %lld after the fence "
+			"(its marker skipped while the partition had no leader?): each of the partition's %zu "
+			"transactional id(s) aborts an empty transaction there to close it", pl->name,
+			km_pl_ptag(p, tag, sizeof(tag)), (long long)lso, p->txn.n);
+		p->recon.hang_closing = true;
+		km_pl_set_phase(p, PH_FENCE, "a transaction still open after the fence: its ids close theirs");
+		return;
 	}
 	if (p->recon.tx_fenced && !km_pl_tx_open(p) && lso < end && !fence) {
 		if (!p->recon.relisted) {

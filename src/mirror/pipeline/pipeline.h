@@ -87,6 +87,8 @@ enum { FETCH_LO = 4, FETCH_HI = 12, PRODUCE_LO = 3, PRODUCE_HI = 12, META_LO = 1
 /* How long reconcile waits for the answer and the marker of a transaction this life ended (carry.c). */
 #define ENDED_WAIT_MS 30000
 #define MARKER_WAIT_POLL_MS 20
+/* A transaction still open after the fence: the log asked again once after this long before it is closed. */
+#define HANG_RECHECK_MS 500
 /* How long partitions wait for ListTransactions to reach every destination broker before going on without it. */
 #define TXL_PATIENCE_MS 10000
 
@@ -171,6 +173,8 @@ typedef struct mpart {
 		bool fence_started;
 		bool hang_closing;      /* fenced, and the log still holds a transaction open: each id aborts an empty one there */
 		bool hang_closed;       /* done in this reconcile (not again until it ends) */
+		bool hang_asked;        /* the log asked again once at hang_lso first (a marker not yet replicated holds the LSO too) */
+		int64_t hang_lso;
 		bool seal_out;          /* a stop's seal planned since the last reconcile, not known to have landed */
 		bool writer_pending;    /* its writer (producer id, where it starts) not persisted yet: no fetch */
 		uint32_t writer_gen;    /* drops the answer of a writer write an later reconcile replaced */

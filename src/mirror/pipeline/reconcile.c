@@ -252,6 +252,7 @@ static void after_reconcile(km_pipeline *pl, mpart *p, int64_t end)
 
 	p->recon.relisted = false; /* reconciled: a later open transaction has the ids listed again */
 	p->recon.hang_closed = false;
+	p->recon.hang_asked = false;
 	while (keep > 0 && ((m->runs[keep - 1].physical >= end && !resume_run(m, keep - 1, end)) ||
 			    (hide >= 0 && m->runs[keep - 1].logical >= hide)))
 		keep--;
@@ -470,8 +471,17 @@ static void after_lso(km_pipeline *pl, mpart *p, int64_t end, int64_t lso)
 		/*
 		 * Fenced, none of its own transactions open, and the log still holds one open from
 		 * lso: a marker the coordinator skipped (close_hanging, carry.c), or a client's. Its ids
-		 * close theirs first; the log is read again after.
+		 * close theirs first; the log is read again after. A marker the fence wrote that its
+		 * followers have not fetched yet holds the LSO too, for milliseconds: the log is asked
+		 * again once first.
 		 */
+		if (!p->recon.hang_asked || p->recon.hang_lso != lso) {
+			p->recon.hang_asked = true;
+			p->recon.hang_lso = lso;
+			km_pl_set_phase(p, PH_RECONCILE, "a transaction still open after the fence: the log asked again");
+			p->retry.at = km_mirror_wall_ms() + HANG_RECHECK_MS;
+			return;
+		}
 		KM_INFO(COMP, 0, "%s/%s: a transaction is still open from destination offset %lld after the fence "
 			"(its marker skipped while the partition had no leader?): each of the partition's %zu "
 			"transactional id(s) aborts an empty transaction there to close it", pl->name,

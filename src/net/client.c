@@ -14,8 +14,8 @@
 #include <openssl/x509.h>
 
 #include "kmirror/api.h"
-#include "kmirror/daemon_config.h"
 #include "kmirror/arena.h"
+#include "kmirror/daemon_config.h"
 #include "kmirror/log.h"
 #include "kmirror/msg/api_keys.h"
 #include "kmirror/msg/api_versions_request.h"

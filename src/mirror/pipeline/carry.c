@@ -206,11 +206,6 @@ void km_pl_tx_free_all(mpart *p)
 }
 
 /*
- * Fence p's transactional ids: every one of its own and every one an earlier life left (listed by
- * ListTransactions) is initialised again, which aborts what it held open and moves its epoch on.
- * True once all are free again.
- */
-/*
  * The coordinator aborts a fenced transaction by writing its marker into each of its partitions
  * through that partition's leader, and skips a partition that has none at that moment ("likely
  * deleted already"): offline, its only replica's broker down. The transaction then stays open on
@@ -250,6 +245,12 @@ static bool close_hanging(km_pipeline *pl, mpart *p)
 	return true;
 }
 
+/*
+ * Fence p's transactional ids: every one of its own and every one an earlier life left (listed by
+ * ListTransactions) is initialised again, which aborts what it held open and moves its epoch on.
+ * True once all are free again. When reconcile finds a transaction still open after the fence,
+ * the ids close it here first (close_hanging).
+ */
 bool km_pl_fence_done(km_pipeline *pl, mpart *p)
 {
 	char tag[300];

@@ -4,7 +4,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
+#include <event2/event.h>
 #include <openssl/crypto.h>
 
 #include "kmirror/api.h"
@@ -48,6 +50,13 @@ const char km_mop_loading_msg[] = "mirror state is loading";
 
 static km_mop *live_ops;
 
+static int64_t mono_ms(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
 void km_mirror_rpc_detach(km_session_set *set)
 {
 	for (km_mop *op = live_ops; op; op = op->next)
@@ -63,6 +72,8 @@ void km_mop_free(km_mop *op)
 		live_ops = op->next;
 	if (op->next)
 		op->next->prev = op->prev;
+	if (op->fresh_ev)
+		event_free(op->fresh_ev);
 	km_arena_free(&op->a);
 	if (op->req && (op->key == KM_API_CREATE_MIRROR || op->key == KM_API_ALTER_MIRROR))
 		OPENSSL_cleanse(op->req, op->req_len); /* it holds the configuration in clear, secrets included */
@@ -101,6 +112,11 @@ km_mop *km_mop_new(km_req *rq, km_err *rc)
 	op->sid = km_session_id(rq->s);
 	op->seq = rq->seq;
 	op->st = host->state;
+	op->base = host->base;
+	if (op->st) {
+		op->fresh_ticket = km_state_follow_ticket(op->st);
+		op->fresh_until = mono_ms() + KM_MOP_FRESH_WAIT_MS;
+	}
 	op->mi = host->mirror;
 	op->metrics = host->metrics;
 	op->key = rq->h->api_key;
@@ -1210,12 +1226,33 @@ static void apply_topics(km_mop *op)
 	km_state_topics(op->st, op->op, op->mirror, allowed, n, topics_done, op);
 }
 
-/* Authorized: carry the operation out once the store has been read back. */
+static void fresh_poll(evutil_socket_t fd, short what, void *arg)
+{
+	(void)fd;
+	(void)what;
+	proceed(arg);
+}
+
+/*
+ * Authorized: carry the operation out once the store has been read back. An operation on a mirror
+ * this kmirrord does not know waits first for a view that holds every change acknowledged before
+ * the request came, through whichever kmirrord: a mirror created through one and started through
+ * another a moment later is found (docs/state.md, "Following"). A view that cannot be had within
+ * KM_MOP_FRESH_WAIT_MS (the state topic unreachable) does, as it is.
+ */
 static void proceed(km_mop *op)
 {
 	if (!km_state_ready(op->st)) {
 		answer_error(op, KM_KAFKA_COORDINATOR_LOAD_IN_PROGRESS, km_mop_loading_msg);
 		return;
+	}
+	if (op->key != KM_API_CREATE_MIRROR && op->mirror && op->mirror[0] && !km_state_mirror_find(op->st, op->mirror) &&
+	    !km_state_follow_reached(op->st, op->fresh_ticket) && mono_ms() < op->fresh_until && op->base) {
+		struct timeval tv = {0, KM_MOP_FRESH_POLL_MS * 1000};
+		if (!op->fresh_ev)
+			op->fresh_ev = evtimer_new(op->base, fresh_poll, op);
+		if (op->fresh_ev && evtimer_add(op->fresh_ev, &tv) == 0)
+			return;
 	}
 	op->rpc->apply(op);
 }

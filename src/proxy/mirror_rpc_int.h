@@ -92,7 +92,20 @@ struct km_mop {
 	int32_t next_res;
 	bool validate_only;
 	km_req *now;             /* inside the request's hook: an answer goes to now->answer */
+	/*
+	 * Naming a mirror this kmirrord does not know, it waits for a view that holds every change
+	 * acknowledged before the request came, through whichever kmirrord: the store's first follow
+	 * round started after (fresh_ticket), until fresh_until at most (ms, monotonic), polled by fresh_ev.
+	 */
+	uint64_t fresh_ticket;
+	int64_t fresh_until;
+	struct event_base *base;
+	struct event *fresh_ev;
 };
+
+/* How long an operation waits at most for the view of the request's moment, and how often it looks. */
+#define KM_MOP_FRESH_WAIT_MS 2000
+#define KM_MOP_FRESH_POLL_MS 10
 
 /* The versions of the authorizing probes (Kafka 4.x brokers serve IncrementalAlterConfigs 0-1, DescribeConfigs 1-4). */
 #define KM_PROBE_IAC_VERSION 1

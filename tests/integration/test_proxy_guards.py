@@ -274,7 +274,12 @@ def test_requests_wait_for_the_state(proxy_factory, dest_cluster3, source_cluste
     p1 = proxy_factory(cluster, **opts)
     c = Client(p1.bootstrap)
     try:
-        code, msg = c.create(mirror, {"bootstrap.servers": source_cluster.bootstrap})
+        # Its store loads first (a new state topic on three brokers): COORDINATOR_LOAD_IN_PROGRESS
+        # until then, asked again as a client would.
+        out = []
+        wait_until(lambda: out.append(c.create(mirror, {"bootstrap.servers": source_cluster.bootstrap})) or
+                   out[-1][0] != 14, 60, 0.5, what=lambda: f"the create past the store's load: {out[-1:]}")
+        code, msg = out[-1]
         assert code == 0, msg
         wait_until(lambda: leader_of(cluster, state_topic) >= 0, 30, what="the state topic's leader")
         held = leader_of(cluster, state_topic)

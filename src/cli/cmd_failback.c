@@ -148,7 +148,7 @@ int km_cmd_reverse(ctx *x)
 	FILE *quiet;
 	int rc, st;
 	bool absent;
-	struct timespec t0, now;
+	int64_t t0;
 
 	if (a->topics_regex) {
 		km_str *names = NULL;
@@ -178,10 +178,9 @@ int km_cmd_reverse(ctx *x)
 				a->peer_bootstrap);
 			return rc;
 		}
-		clock_gettime(CLOCK_MONOTONIC, &t0);
+		t0 = km_mono_ms();
 		while ((st = all_stopped(x, topics, ntopics)) == 0) {
-			clock_gettime(CLOCK_MONOTONIC, &now);
-			if ((int64_t)(now.tv_sec - t0.tv_sec) * 1000 + (now.tv_nsec - t0.tv_nsec) / 1000000 > a->wait_ms) {
+			if (km_mono_ms() - t0 > a->wait_ms) {
 				km_cmd_say_err(x, "reverse: the topics are not all STOPPED here after %lld ms; nothing was done on "
 					"%s (run reverse again once describe shows them STOPPED)", (long long)a->wait_ms,
 					a->peer_bootstrap);

@@ -501,12 +501,10 @@ static int cmd_stop_dry_run(ctx *x)
 	stop_view v = {0};
 	size_t missing = 0;
 	int rc = km_cmd_describe_one(x, a->topics, a->ntopics, &resp, &v.dm);
-	struct timespec now;
 
 	if (rc != KM_CLI_EXIT_OK || (rc = stop_select(x, &v)) != KM_CLI_EXIT_OK)
 		return rc;
-	clock_gettime(CLOCK_REALTIME, &now);
-	v.now_ms = (int64_t)now.tv_sec * 1000 + now.tv_nsec / 1000000;
+	v.now_ms = km_wall_ms();
 	if (!ask_source(x, &v))
 		return KM_CLI_EXIT_ERROR;
 	stop_totals(&v);
@@ -532,10 +530,8 @@ static int cmd_stop_dry_run(ctx *x)
 static int wait_zero_lag(ctx *x, char *const *topics, size_t ntopics)
 {
 	const km_cli_args *a = x->a;
-	struct timespec t0, now;
-	int64_t waited = 0, said = -1;
+	int64_t t0 = km_mono_ms(), waited = 0, said = -1;
 
-	clock_gettime(CLOCK_MONOTONIC, &t0);
 	for (;;) {
 		km_describe_mirrors_response resp;
 		const km_describe_mirrors_response_described_mirror *dm;
@@ -579,8 +575,7 @@ static int wait_zero_lag(ctx *x, char *const *topics, size_t ntopics)
 		x->arena = keep;
 		if (!nbehind)
 			return KM_CLI_EXIT_OK;
-		clock_gettime(CLOCK_MONOTONIC, &now);
-		waited = (int64_t)(now.tv_sec - t0.tv_sec) * 1000 + (now.tv_nsec - t0.tv_nsec) / 1000000;
+		waited = km_mono_ms() - t0;
 		if (waited >= a->wait_ms) {
 			km_cmd_say_err(x, "promote timed out: %zu partition(s) still behind after %lld ms (%lld records): %s; "
 				"nothing was stopped (stop fails over at once, promote --wait-ms waits longer)", nbehind,

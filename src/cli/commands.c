@@ -87,13 +87,6 @@ static int16_t mirror_top_error(int16_t api_key, const uint8_t *body, size_t len
 	return (int16_t)((uint16_t)body[4] << 8 | body[5]);
 }
 
-static int64_t now_ms(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 /*
  * Send w (checked) as api_key at the negotiated version; on success r reads the response body.
  * While kmirrord is still reading __mirror_state back it answers COORDINATOR_LOAD_IN_PROGRESS,
@@ -109,7 +102,7 @@ static void wr_wipe_free(km_wr *w)
 
 bool km_cmd_call(ctx *x, int16_t api_key, km_wr *w, int16_t version, km_rd *r)
 {
-	int64_t deadline = now_ms() + x->a->timeout_ms;
+	int64_t deadline = km_mono_ms() + x->a->timeout_ms;
 	char why[512];
 	km_err rc;
 
@@ -123,7 +116,7 @@ bool km_cmd_call(ctx *x, int16_t api_key, km_wr *w, int16_t version, km_rd *r)
 		x->resp = NULL;
 		rc = km_cli_call(x->cc, api_key, version, w->buf, w->len, &x->resp, &x->resp_len, why, sizeof(why));
 		if (rc != KM_OK || mirror_top_error(api_key, x->resp, x->resp_len) != KM_KAFKA_COORDINATOR_LOAD_IN_PROGRESS ||
-		    now_ms() + RETRY_BACKOFF_MS > deadline)
+		    km_mono_ms() + RETRY_BACKOFF_MS > deadline)
 			break;
 		nanosleep(&(struct timespec){0, RETRY_BACKOFF_MS * 1000000L}, NULL);
 	}

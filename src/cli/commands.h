@@ -9,6 +9,7 @@
 
 #include "cli/cli.h"
 #include "kmirror/arena.h"
+#include "kmirror/clock.h"
 #include "kmirror/msg/describe_mirrors_response.h"
 #include "kmirror/wire.h"
 

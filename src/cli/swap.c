@@ -13,16 +13,10 @@
 #include <openssl/ssl.h>
 
 #include "cli/cli.h"
+#include "kmirror/clock.h"
 #include "kmirror/net.h"
 
 #define POLL_MS 500
-
-static int64_t mono_ms(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 /* The admin endpoint's connection: a socket, and TLS over it with --admin-ca. */
 typedef struct admin_conn {
@@ -236,7 +230,7 @@ int km_cli_swap_upstream(const km_cli_args *a, FILE *out, FILE *errf)
 	FILE *f = fopen(a->token_file, "r");
 	size_t n;
 	int code, rc = KM_CLI_EXIT_ERROR;
-	int64_t start = mono_ms(), said = -1;
+	int64_t start = km_mono_ms(), said = -1;
 
 	if (!f) {
 		fprintf(errf, "kmirror: swap-upstream: cannot read --token-file %s: %s\n", a->token_file, strerror(errno));
@@ -264,7 +258,7 @@ int km_cli_swap_upstream(const km_cli_args *a, FILE *out, FILE *errf)
 	}
 	free(resp);
 	for (;;) {
-		int64_t now = mono_ms();
+		int64_t now = km_mono_ms();
 		long moving;
 		struct timespec ts = {0, POLL_MS * 1000000L};
 

@@ -89,27 +89,13 @@ static void work_free(km_mirror_work *w)
 	free(w);
 }
 
-int64_t km_mirror_mono_ms(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-int64_t km_mirror_wall_ms(void)
-{
-	struct timeval tv;
-	gettimeofday(&tv, NULL);
-	return (int64_t)tv.tv_sec * 1000 + tv.tv_usec / 1000;
-}
-
 static void schedule(km_mirror *mi)
 {
 	int64_t wait;
 
 	if (!mi->head || mi->inflight >= KM_MIRROR_DRIVER_INFLIGHT || mi->freeing)
 		return;
-	wait = mi->hold_until - km_mirror_mono_ms();
+	wait = mi->hold_until - km_mono_ms();
 	if (wait > 0) {
 		struct timeval tv = {(time_t)(wait / 1000), (suseconds_t)((wait % 1000) * 1000)};
 		event_add(mi->run_ev, &tv);
@@ -188,7 +174,7 @@ static bool refused_for_now(km_mirror *mi, const km_state_result *res)
 	mi->retry_ms = mi->retry_ms ? mi->retry_ms * 2 : KM_MIRROR_DRIVER_RETRY_MIN_MS;
 	if (mi->retry_ms > KM_MIRROR_DRIVER_RETRY_MAX_MS)
 		mi->retry_ms = KM_MIRROR_DRIVER_RETRY_MAX_MS;
-	mi->hold_until = km_mirror_mono_ms() + mi->retry_ms;
+	mi->hold_until = km_mono_ms() + mi->retry_ms;
 	return true;
 }
 
@@ -250,7 +236,7 @@ static void run_cb(evutil_socket_t fd, short what, void *arg)
 
 	(void)fd;
 	(void)what;
-	if (mi->hold_until > km_mirror_mono_ms()) {
+	if (mi->hold_until > km_mono_ms()) {
 		schedule(mi); /* woken early (a new transition queued): the hold runs on */
 		return;
 	}
@@ -703,7 +689,7 @@ static bool fresh_for_gain(km_mirror *mi)
 		mi->gaining = true;
 		mi->follow_asked = false;
 		mi->write_ticket = km_state_write_ticket(mi->st);
-		mi->fresh_since = km_mirror_mono_ms();
+		mi->fresh_since = km_mono_ms();
 	}
 	if (!mi->follow_asked && km_state_write_reached(mi->st, mi->write_ticket)) {
 		mi->follow_asked = true;
@@ -713,7 +699,7 @@ static bool fresh_for_gain(km_mirror *mi)
 		mi->gaining = false;
 		return true;
 	}
-	if (km_mirror_mono_ms() - mi->fresh_since > 5000 && mi->fresh_since > 0) {
+	if (km_mono_ms() - mi->fresh_since > 5000 && mi->fresh_since > 0) {
 		if (mi->follow_asked)
 			KM_WARN("mirror", 0, "mirrors gained wait for this kmirrord to read the state topic (%s): it has "
 				"not read it to its end for 5 s; they start once it has", km_state_topic_name_of_store(mi->st));

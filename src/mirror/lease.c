@@ -157,7 +157,7 @@ static bool joined(const km_lease *l, int64_t now)
 static void report(km_lease *l)
 {
 	if (l->m_joined)
-		km_metric_set(l->m_joined, joined(l, km_mirror_wall_ms()) ? 1 : 0);
+		km_metric_set(l->m_joined, joined(l, km_wall_ms()) ? 1 : 0);
 	if (l->m_gen)
 		km_metric_set(l->m_gen, l->gen);
 }
@@ -170,7 +170,7 @@ static void report(km_lease *l)
  */
 static void failing(km_lease *l, int16_t code)
 {
-	int64_t now = km_mirror_wall_ms();
+	int64_t now = km_wall_ms();
 	if (!l->fail_since)
 		l->fail_since = now;
 	if (code)
@@ -188,7 +188,7 @@ static void recovered(km_lease *l)
 {
 	if (l->fail_since && l->warned_at)
 		KM_INFO(COMP, 0, "mirrors: this kmirrord is a member of its sync group %s again, after %lld s",
-			l->group, (long long)((km_mirror_wall_ms() - l->fail_since) / 1000));
+			l->group, (long long)((km_wall_ms() - l->fail_since) / 1000));
 	l->fail_since = 0;
 	l->err_since = 0;
 	l->fail_code = 0;
@@ -339,7 +339,7 @@ static void send_req(km_lease *l, km_net_client *c, int16_t key, const void *req
 	if (km_rpc_call(c, key, ver, req, NULL, on_response, l) == KM_OK) {
 		l->inflight = true;
 		l->req_seq = l->group_seq;
-		l->sent_at = km_mirror_wall_ms();
+		l->sent_at = km_wall_ms();
 		return;
 	}
 	km_cluster_drop(l->dst, c);
@@ -375,7 +375,7 @@ static void describe_over(km_lease *l)
 {
 	l->ph = L_BEAT;
 	l->adopting = false;
-	l->described_at = km_mirror_wall_ms();
+	l->described_at = km_wall_ms();
 }
 
 static void step(km_lease *l)
@@ -388,13 +388,13 @@ static void step(km_lease *l)
 		return;
 	follow_group(l);
 	/* Whatever it is doing (looking for the coordinator again too): no heartbeat for that long, no mirror. */
-	if (l->last_ok && km_mirror_wall_ms() - l->last_ok > SESSION_MS) {
+	if (l->last_ok && km_wall_ms() - l->last_ok > SESSION_MS) {
 		disown(l, "no heartbeat answered for the session timeout");
 		l->epoch = 0;
 		l->last_ok = 0;
 	}
-	warn_failing(l, km_mirror_wall_ms());
-	maybe_move(l, km_mirror_wall_ms());
+	warn_failing(l, km_wall_ms());
+	maybe_move(l, km_wall_ms());
 	report(l);
 	switch (l->ph) {
 	case L_META: {
@@ -642,7 +642,7 @@ static void took_beat(km_lease *l, const km_consumer_group_heartbeat_response *r
 		return later(l, RETRY_MS);
 	}
 	{
-		int64_t now = km_mirror_wall_ms();
+		int64_t now = km_wall_ms();
 		bool was_stale = stale(l, now) || !l->last_ok;
 		/*
 		 * The coordinator held the membership when it read the request, which was sent at
@@ -692,7 +692,7 @@ static void took_beat(km_lease *l, const km_consumer_group_heartbeat_response *r
 			l->beat_in = HELD_POLL_MS; /* say it is released as soon as it is */
 	if (l->beat_in > HELD_POLL_MS && !l->owned_any && !r->assignment)
 		l->beat_in = JOIN_POLL_MS; /* joined, nothing assigned yet: the assignor is quick, ask again soon */
-	if (r->assignment || km_mirror_wall_ms() - l->described_at >= DESCRIBE_MS) {
+	if (r->assignment || km_wall_ms() - l->described_at >= DESCRIBE_MS) {
 		l->ph = L_DESCRIBE; /* who owns what now (describe's Owner); the heartbeat follows */
 		return later(l, 0);
 	}
@@ -922,7 +922,7 @@ const char *km_lease_owner(const km_lease *l, const char *mirror)
 
 bool km_lease_stale(const km_lease *l)
 {
-	return l && stale(l, km_mirror_wall_ms());
+	return l && stale(l, km_wall_ms());
 }
 
 int32_t km_lease_slot(const km_lease *l, const char *mirror)
@@ -938,7 +938,7 @@ bool km_lease_owns(const km_lease *l, const char *mirror)
 
 	if (!l || l->ph == L_ALONE)
 		return true;
-	if (!l->owned || (k = km_lease_slot(l, mirror)) < 0 || stale(l, km_mirror_wall_ms()))
+	if (!l->owned || (k = km_lease_slot(l, mirror)) < 0 || stale(l, km_wall_ms()))
 		return false;
 	return l->owned[k];
 }

@@ -137,7 +137,7 @@ static void send_lookup_fetch(struct km_mprep *p)
 	if (p->lq_next >= p->nlq) {
 		p->ph = P_LOOKUP_SRC_META;
 		p->src_leader = -1;
-		p->src_since = km_mirror_wall_ms();
+		p->src_since = km_wall_ms();
 		km_prep_later(p, 0);
 		return;
 	}
@@ -230,7 +230,7 @@ static void send_lookup_src(struct km_mprep *p)
 	}
 	c = p->src_leader >= 0 ? km_cluster_node(p->src, p->src_leader) : km_cluster_any(p->src);
 	if (!km_cluster_usable(p->src, c)) {
-		if (km_mirror_wall_ms() - p->src_since < SEARCH_SOURCE_PATIENCE_MS)
+		if (km_wall_ms() - p->src_since < SEARCH_SOURCE_PATIENCE_MS)
 			return km_prep_later(p, RETRY_MS / 4);
 		KM_INFO(COMP, 0, "ListOffsets by timestamp on %s-%d: the source (%s) cannot be reached (%s): answered from "
 			"the destination (a transaction marker's own time is the source's to tell)", q->topic,
@@ -326,7 +326,7 @@ void km_mirror_batches_at(km_mirror *mi, km_mirror_batch_q *q, size_t n, km_mirr
 	p->nlq = n;
 	p->lcb = cb;
 	p->arg = arg;
-	p->deadline = km_mirror_wall_ms() + LOOKUP_TIMEOUT_MS;
+	p->deadline = km_wall_ms() + LOOKUP_TIMEOUT_MS;
 	for (size_t i = 0; i < n; i++) {
 		q[i].code = LQ_PENDING;
 		q[i].next = q[i].offset;

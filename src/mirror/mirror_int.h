@@ -5,6 +5,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "kmirror/clock.h"
 #include "kmirror/cluster.h"
 #include "kmirror/mirror.h"
 #include "kmirror/msg/metadata_response.h"
@@ -31,10 +32,6 @@ km_cluster *km_mirror_dest_cluster(km_mirror *mi, const char *mirror, const char
 
 /* ---- the driver's services for the pipelines ---- */
 
-/* Milliseconds since the epoch: times that are persisted, shown or compared with a record's timestamp. */
-int64_t km_mirror_wall_ms(void);
-/* Milliseconds of a monotonic clock: waits that must not jump with the wall clock. */
-int64_t km_mirror_mono_ms(void);
 
 struct event_base *km_mirror_base(km_mirror *mi);
 /* Asynchronous name resolution for the mirrors' clients (NULL: synchronous). */

@@ -20,13 +20,6 @@ struct km_report {
 	bool *inflight; /* shared with the write's answer, which may come after the report is freed */
 };
 
-static int64_t wall_ms(void)
-{
-	struct timeval tv;
-	gettimeofday(&tv, NULL);
-	return (int64_t)tv.tv_sec * 1000 + tv.tv_usec / 1000;
-}
-
 static void arm(km_report *r, int ms)
 {
 	struct timeval tv = {ms / 1000, (ms % 1000) * 1000};
@@ -93,7 +86,7 @@ static void report(evutil_socket_t fd, short what, void *arg)
 		return;
 	memset(&in, 0, sizeof(in));
 	in.id = (char *)km_mirror_self(r->mi);
-	in.report_ms = wall_ms();
+	in.report_ms = km_wall_ms();
 	in.start_ms = r->start_ms;
 	in.state_delay_ms = km_state_follow_delay_ms(st);
 	in.pipelines = (char *)km_mirror_pipelines_name(r->mi);
@@ -122,7 +115,7 @@ km_report *km_report_new(km_mirror *mi)
 		return NULL;
 	}
 	r->mi = mi;
-	r->start_ms = wall_ms();
+	r->start_ms = km_wall_ms();
 	arm(r, FIRST_MS);
 	return r;
 }

@@ -38,7 +38,7 @@ static void txn_next_node(struct km_mprep *p)
 {
 	km_prep_free_tids(p);
 	p->node_next++;
-	p->node_since = km_mirror_wall_ms();
+	p->node_since = km_wall_ms();
 	p->ph = P_TXN_LIST;
 }
 
@@ -68,7 +68,7 @@ static void send_txn_list(struct km_mprep *p)
 	}
 	c = km_cluster_node(p->dst, p->nodes[p->node_next]);
 	if (!km_cluster_usable(p->dst, c)) {
-		if (km_mirror_wall_ms() - p->node_since < TXN_PATIENCE_MS)
+		if (km_wall_ms() - p->node_since < TXN_PATIENCE_MS)
 			return km_prep_later(p, RETRY_MS);
 		KM_WARN(COMP, 0, "%s: destination broker %d cannot be reached (%s): its open transactions are not checked "
 			"before the start", p->mirror, (int)p->nodes[p->node_next], km_cluster_last_error(p->dst));
@@ -144,7 +144,7 @@ static void send_txn_describe(struct km_mprep *p)
 /* A transaction that holds a partition of a checked topic refuses that topic's start (its marker would land in the mirror topic). */
 static void took_txn_describe(struct km_mprep *p, const km_describe_transactions_response *r)
 {
-	int64_t now = km_mirror_wall_ms();
+	int64_t now = km_wall_ms();
 	for (int32_t i = 0; i < r->transaction_states.count; i++) {
 		const km_describe_transactions_response_transaction_state *ts = &r->transaction_states.items[i];
 		if (ts->error_code || km_str_eq_c(ts->transaction_state, "Empty") ||

@@ -331,7 +331,7 @@ static void took_dst_meta(struct km_mprep *p, const km_metadata_response *r)
 		if (km_cluster_brokers(p->dst, r) == KM_OK)
 			p->nnodes = km_cluster_node_ids(p->dst, p->nodes, TXN_NODES_MAX);
 		p->node_next = 0;
-		p->node_since = km_mirror_wall_ms();
+		p->node_since = km_wall_ms();
 		p->ph = P_TXN_LIST;
 		return;
 	}
@@ -655,7 +655,7 @@ static void send_create(struct km_mprep *p)
 	size_t ncs = 0;
 	int16_t ver;
 	int32_t k = 0;
-	int64_t left = p->deadline - km_mirror_wall_ms(), records = 0;
+	int64_t left = p->deadline - km_wall_ms(), records = 0;
 
 	if (!c)
 		return;
@@ -721,7 +721,7 @@ static void send_grow(struct km_mprep *p)
 	km_net_client *c = km_prep_ready_client(p, p->dst);
 	km_create_partitions_request m;
 	km_create_partitions_request_create_partitions_topic t;
-	int64_t left = p->deadline - km_mirror_wall_ms();
+	int64_t left = p->deadline - km_wall_ms();
 	int16_t ver;
 
 	if (!c)
@@ -789,7 +789,7 @@ static void advance(struct km_mprep *p)
 {
 	if (p->finished || (p->ph == P_GROW_STATE && p->inflight))
 		return; /* the store holds p until it answers (it answers even while it is freed) */
-	if (p->ph != P_DONE && km_mirror_wall_ms() >= p->deadline) {
+	if (p->ph != P_DONE && km_wall_ms() >= p->deadline) {
 		timed_out(p);
 		p->ph = P_DONE;
 	}
@@ -863,7 +863,7 @@ void km_mirror_prepare_start(km_mirror *mi, const char *mirror, const char *cons
 	p->cb = cb;
 	p->arg = arg;
 	p->adopt = adopt;
-	p->deadline = km_mirror_wall_ms() + PREP_TIMEOUT_MS;
+	p->deadline = km_wall_ms() + PREP_TIMEOUT_MS;
 	for (size_t i = 0; i < n; i++) {
 		if (!(p->t[i].name = strdup(topics[i])))
 			goto nomem;
@@ -921,7 +921,7 @@ void km_mirror_grow(km_mirror *mi, const char *mirror, const char *topic, int32_
 	p->grow = true;
 	p->t[0].partitions = source_partitions;
 	p->t[0].missing = true;
-	p->deadline = km_mirror_wall_ms() + PREP_TIMEOUT_MS;
+	p->deadline = km_wall_ms() + PREP_TIMEOUT_MS;
 	p->next = *km_mirror_prep_list(mi);
 	*km_mirror_prep_list(mi) = p;
 	KM_INFO(COMP, 0, "%s: the source topic %s has %d partitions, the mirror %zu: adding the new ones", mirror, topic,

@@ -150,7 +150,7 @@ static void retry(km_txp *t, int ms)
 			ms = RETRY_MAX_MS;
 		t->backoff_ms = ms;
 	}
-	t->retry_at = km_mirror_wall_ms() + ms;
+	t->retry_at = km_wall_ms() + ms;
 }
 
 static void failed(km_txp *t, const char *what, int16_t code)

@@ -7,6 +7,7 @@
 #include <event2/event.h>
 #include <openssl/crypto.h>
 
+#include "kmirror/clock.h"
 #include "kmirror/cluster.h"
 #include "kmirror/log.h"
 
@@ -84,13 +85,6 @@ static void kick(km_cluster *cl)
 	event_active(cl->ev, 0, 0);
 }
 
-static int64_t mono_ms(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 /* The wait before attempt fails + 1: 50 ms doubling to 1 s, ±20 %. */
 static int64_t backoff_ms(uint32_t fails)
 {
@@ -140,7 +134,7 @@ static void note_outcome(km_cluster *cl, km_net_client *c, km_err err)
 {
 	char name[300];
 	retry *r = retry_of(cl, c, name, sizeof(name));
-	int64_t now = mono_ms();
+	int64_t now = km_mono_ms();
 
 	if (!r)
 		return;
@@ -201,7 +195,7 @@ static void on_timer(evutil_socket_t fd, short what, void *arg)
 /* Whether r's backoff still runs (then on_change is called when it ends). */
 static bool backing_off(km_cluster *cl, const retry *r)
 {
-	int64_t left = r->next_at - mono_ms();
+	int64_t left = r->next_at - km_mono_ms();
 	struct timeval tv;
 	if (left <= 0)
 		return false;

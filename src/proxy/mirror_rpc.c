@@ -4,12 +4,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include <event2/event.h>
 #include <openssl/crypto.h>
 
 #include "kmirror/api.h"
+#include "kmirror/clock.h"
 #include "kmirror/log.h"
 #include "kmirror/mirror.h"
 #include "kmirror/net.h"
@@ -49,13 +49,6 @@ const char km_mop_loading_msg[] = "mirror state is loading";
 
 
 static km_mop *live_ops;
-
-static int64_t mono_ms(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 void km_mirror_rpc_detach(km_session_set *set)
 {
@@ -115,7 +108,7 @@ km_mop *km_mop_new(km_req *rq, km_err *rc)
 	op->base = host->base;
 	if (op->st) {
 		op->fresh_ticket = km_state_follow_ticket(op->st);
-		op->fresh_until = mono_ms() + KM_MOP_FRESH_WAIT_MS;
+		op->fresh_until = km_mono_ms() + KM_MOP_FRESH_WAIT_MS;
 	}
 	op->mi = host->mirror;
 	op->metrics = host->metrics;
@@ -877,14 +870,6 @@ static int64_t lag_of(const km_state_partition_info *p)
 	return p->source_log_end > p->last_mirrored_offset ? p->source_log_end - p->last_mirrored_offset : 0;
 }
 
-/* The wall clock in ms since the epoch (the times the state and the records carry). */
-static int64_t wall_ms(void)
-{
-	struct timeval now;
-	gettimeofday(&now, NULL);
-	return (int64_t)now.tv_sec * 1000 + now.tv_usec / 1000;
-}
-
 /* In time: 0 caught up, else since the newest record mirrored was stamped; -1 unknown (the pipeline runs elsewhere). */
 static int64_t lag_time_of(const km_state_partition_info *p, int64_t lag, int64_t now_ms)
 {
@@ -901,7 +886,7 @@ static void list_instances(km_mop *op, km_list_mirrors_response *r)
 	size_t n;
 	const km_state_instance *in = km_state_instances(op->st, &n);
 	const char *self = op->mi ? km_mirror_self(op->mi) : NULL;
-	int64_t now_ms = wall_ms();
+	int64_t now_ms = km_wall_ms();
 
 	if (!n || !(r->instances.items = km_arena_calloc(&op->a, sizeof(*r->instances.items) * n)))
 		return;
@@ -1011,7 +996,7 @@ static void describe_one(km_mop *op, const km_state_mirror *m, km_describe_mirro
 {
 	const km_describe_mirrors_request *q = &op->m.describe;
 	size_t nc = km_state_mirror_config_count(m), nt = km_state_mirror_topic_count(m);
-	int64_t now_ms = wall_ms(); /* one clock for every partition's lag time */
+	int64_t now_ms = km_wall_ms(); /* one clock for every partition's lag time */
 
 	d->mirror_name = km_str_c(km_state_mirror_name(m));
 	d->configs.items = km_arena_calloc(&op->a, sizeof(*d->configs.items) * (nc + 1));
@@ -1247,7 +1232,7 @@ static void proceed(km_mop *op)
 		return;
 	}
 	if (op->key != KM_API_CREATE_MIRROR && op->mirror && op->mirror[0] && !km_state_mirror_find(op->st, op->mirror) &&
-	    !km_state_follow_reached(op->st, op->fresh_ticket) && mono_ms() < op->fresh_until && op->base) {
+	    !km_state_follow_reached(op->st, op->fresh_ticket) && km_mono_ms() < op->fresh_until && op->base) {
 		struct timeval tv = {0, KM_MOP_FRESH_POLL_MS * 1000};
 		if (!op->fresh_ev)
 			op->fresh_ev = evtimer_new(op->base, fresh_poll, op);

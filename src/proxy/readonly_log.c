@@ -2,8 +2,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
+#include "kmirror/clock.h"
 #include "kmirror/hash.h"
 #include "kmirror/log.h"
 #include "proxy/readonly.h"
@@ -55,13 +55,6 @@ bool km_ro_log_allow(km_str topic, km_ro_op op, uint64_t now_ms, uint32_t *suppr
 	return true;
 }
 
-static uint64_t mono_ms(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
-}
-
 static const char *const ro_op_api[] = {"Produce", "DeleteRecords", "DeleteTopics", "CreatePartitions", "CreateTopics",
 					"AddPartitionsToTxn"};
 
@@ -80,7 +73,7 @@ void km_ro_log_refusal(const km_req *rq, km_ro_op op, km_str topic, const km_uui
 	uint32_t suppressed;
 	size_t n = 0;
 
-	if (KM_LOG_INFO > km_log_current || !km_ro_log_allow(topic.len >= 0 ? topic : km_str_c(""), op, mono_ms(), &suppressed))
+	if (KM_LOG_INFO > km_log_current || !km_ro_log_allow(topic.len >= 0 ? topic : km_str_c(""), op, (uint64_t)km_mono_ms(), &suppressed))
 		return;
 	/*
 	 * The session parsed the header's fixed part only: the client id is read here, on refusals

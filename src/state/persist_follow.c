@@ -19,13 +19,6 @@
 static void follow_round(km_state_persist *io);
 static void own_clear(km_state_persist *io);
 
-int64_t km_ps_now_ms(void)
-{
-	struct timeval tv;
-	gettimeofday(&tv, NULL);
-	return (int64_t)tv.tv_sec * 1000 + tv.tv_usec / 1000;
-}
-
 static void on_follow_ev(evutil_socket_t fd, short what, void *arg)
 {
 	(void)fd;
@@ -281,7 +274,7 @@ static void follow_end(km_state_persist *io)
 			km_ps_follow_kick(io, km_ps_next_backoff(&io->fbackoff_ms));
 			return;
 		}
-		km_state_followed(io->st, &m, io->foldest_ms > 0 ? (double)(km_ps_now_ms() - io->foldest_ms) / 1000.0 : -1);
+		km_state_followed(io->st, &m, io->foldest_ms > 0 ? (double)(km_wall_ms() - io->foldest_ms) / 1000.0 : -1);
 		io->fdirty = false;
 		io->foldest_ms = -1;
 	}

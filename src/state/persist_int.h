@@ -6,6 +6,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "kmirror/clock.h"
 #include "kmirror/cluster.h"
 #include "kmirror/msg/fetch_response.h"
 #include "kmirror/msg/metadata_response.h"
@@ -175,7 +176,6 @@ bool km_ps_client_wait(km_state_persist *io, km_net_client *c, int32_t id, void 
 int16_t km_ps_version_for(km_net_client *c, int16_t key, char *why, size_t len);
 /* A client to any broker (a bootstrap address until the metadata names brokers). */
 km_net_client *km_ps_any(km_state_persist *io);
-int64_t km_ps_now_ms(void);
 /* The client of broker id (from the state topic's metadata). */
 km_net_client *km_ps_node(km_state_persist *io, int32_t id);
 /* Forget c after a failure on it: the next ask reconnects (the next bootstrap address for one). */

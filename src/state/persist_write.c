@@ -2,7 +2,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/time.h>
 
 #include "kmirror/batch.h"
 #include "kmirror/msg/api_keys.h"
@@ -244,7 +243,6 @@ static bool produce_ready(km_state_persist *io)
 static void write_produce(km_state_persist *io)
 {
 	int64_t now = 0;
-	struct timeval tv;
 	bool sent_any = false, ok;
 	/* The brokers the metadata named, in its order: the leaders are among them. */
 	size_t nids = km_cluster_node_ids(io->cl, NULL, 0);
@@ -259,8 +257,7 @@ static void write_produce(km_state_persist *io)
 	b.br = calloc(io->nrecs ? io->nrecs : 1, sizeof(*b.br));
 	if ((ok = ids && b.pd && b.bw && b.br)) {
 		km_cluster_node_ids(io->cl, ids, nids);
-		gettimeofday(&tv, NULL);
-		now = (int64_t)tv.tv_sec * 1000 + tv.tv_usec / 1000;
+		now = km_wall_ms();
 		io->wretry = io->wfail = false;
 		io->wmsg[0] = 0;
 		io->outstanding = 0;
@@ -626,7 +623,7 @@ static void on_topics_metadata(km_net_client *c, const km_rpc_response *rr, void
 	}
 	/* A topic the mirror module has just created may not have reached the broker asked yet (each broker
 	 * learns it from the controller on its own): ask again, another broker perhaps, for a short while. */
-	if (unknown && km_ps_now_ms() < io->munknown_until_ms) {
+	if (unknown && km_wall_ms() < io->munknown_until_ms) {
 		free(metas);
 		io->gen++;
 		km_ps_after(io, META_UNKNOWN_RETRY_MS, meta_send);
@@ -666,7 +663,7 @@ void km_state_persist_topics(km_state_persist *io, char *const *names, size_t n,
 	io->ph = PH_META;
 	io->wait_c = NULL;
 	io->mcb = cb;
-	io->munknown_until_ms = km_ps_now_ms() + META_UNKNOWN_WAIT_MS;
+	io->munknown_until_ms = km_wall_ms() + META_UNKNOWN_WAIT_MS;
 	io->attempts = 0;
 	io->backoff_ms = 0;
 	io->gen++;

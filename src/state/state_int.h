@@ -8,6 +8,7 @@
 
 #include <sys/time.h>
 
+#include "kmirror/clock.h"
 #include "kmirror/state.h"
 
 /* ---- __mirror_state records (docs/state.md) ---- */
@@ -423,8 +424,5 @@ void km_state_fatal(km_state *st, const char *message);
 bool km_state_policy_compacted(const char *policy);
 /* The fatal message for the state topic with that policy: what is wrong, why, and the command that fixes it. */
 void km_state_policy_message(const char *topic, const char *policy, char *buf, size_t len);
-
-/* Wall-clock milliseconds since the epoch (state times: state changes, errors, what was learned when). */
-int64_t km_state_now_ms(void);
 
 #endif

@@ -4,7 +4,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/time.h>
-#include <time.h>
 
 #include <openssl/crypto.h>
 
@@ -56,13 +55,6 @@ struct km_state_mut {
 	size_t del_runs_left;  /* delete: runs left before the last run write (a write must shrink it) */
 	km_state_mut *next;
 };
-
-int64_t km_state_now_ms(void)
-{
-	struct timeval tv;
-	gettimeofday(&tv, NULL);
-	return (int64_t)tv.tv_sec * 1000 + tv.tv_usec / 1000;
-}
 
 static char *sdup(const char *s)
 {
@@ -330,7 +322,7 @@ static bool mirror_name_ok(const char *name, char *why, size_t len)
 static void write_mirror(km_state *st, km_state_mut *mu, const char *name, int64_t created,
 			 km_state_cfg_entry *cfg, size_t ncfg)
 {
-	km_state_mirror tmp = {.name = (char *)name, .created_ms = created, .modified_ms = km_state_now_ms(), .cfg = cfg,
+	km_state_mirror tmp = {.name = (char *)name, .created_ms = created, .modified_ms = km_wall_ms(), .cfg = cfg,
 			       .ncfg = ncfg};
 	km_state_key k = {.type = KM_STATE_REC_MIRROR, .mirror = km_str_c(name)};
 	km_wr w;
@@ -725,7 +717,7 @@ static void prepare_mirror(km_state *st, km_state_mut *mu)
 	cfg = merge_cfg(st, mu, mu->kind == MUT_ALTER ? m : NULL, &n);
 	if (!cfg)
 		return;
-	write_mirror(st, mu, mu->mirror, mu->kind == MUT_CREATE ? km_state_now_ms() : m->created_ms, cfg, n);
+	write_mirror(st, mu, mu->mirror, mu->kind == MUT_CREATE ? km_wall_ms() : m->created_ms, cfg, n);
 	free_cfg(cfg, n);
 }
 
@@ -796,7 +788,7 @@ static bool check_topic(km_state *st, km_state_mut *mu, km_state_mirror *m, size
 static void move_topic(km_state_mut *mu, km_state_topic *t, size_t i)
 {
 	km_mp_state to = km_topic_op_target(mu->op);
-	int64_t now = km_state_now_ms();
+	int64_t now = km_wall_ms();
 	for (size_t j = 0; j < t->nparts; j++) {
 		km_state_part p;
 		if (!t->parts[j].present)
@@ -815,7 +807,7 @@ static void on_topics_meta(km_state *st, km_err err, const char *message, const 
 {
 	km_state_mut *mu = st->head;
 	km_state_mirror *m = km_state_model_mirror(&st->model, mu->mirror);
-	int64_t now = km_state_now_ms();
+	int64_t now = km_wall_ms();
 	size_t k = 0;
 
 	if (err != KM_OK) {
@@ -912,7 +904,7 @@ static void prepare_pset(km_state *st, km_state_mut *mu)
 {
 	km_state_mirror *m = km_state_model_mirror(&st->model, mu->mirror);
 	km_state_topic *t = m ? km_state_model_topic(&st->model, mu->topics[0], strlen(mu->topics[0])) : NULL;
-	int64_t now = km_state_now_ms();
+	int64_t now = km_wall_ms();
 
 	if (!m) {
 		set_msg(mu, KM_MIRROR_UNKNOWN_CLUSTER_MIRROR, "Cluster mirror '%s' does not exist", mu->mirror);
@@ -1044,7 +1036,7 @@ static void prepare_grow(km_state *st, km_state_mut *mu)
 {
 	km_state_mirror *m = km_state_model_mirror(&st->model, mu->mirror);
 	km_state_topic *t = m ? km_state_model_topic(&st->model, mu->topics[0], strlen(mu->topics[0])) : NULL;
-	int64_t now = km_state_now_ms();
+	int64_t now = km_wall_ms();
 	km_mp_state ts;
 
 	if (!m) {

@@ -188,7 +188,7 @@ void km_state_partition_progress(km_state *st, const char *topic, int32_t partit
 		return;
 	if (source_log_end != -1) {
 		p->source_log_end = source_log_end;
-		p->source_log_end_ms = km_state_now_ms();
+		p->source_log_end_ms = km_wall_ms();
 	}
 	if (skipped_records != -1)
 		p->skipped_records = skipped_records;

@@ -76,7 +76,7 @@ static int lease_for(km_pipeline *pl, mpart *p, int64_t src_pid, bool create)
 		    (pick < 0 || p->txn.tx[i].released < p->txn.tx[pick].released))
 			pick = (int)i;
 	if (pick >= 0 && (p->txn.n >= TXN_POOL_WARM ||
-			  km_mirror_wall_ms() - p->txn.tx[pick].released >= TXN_COMPLETE_MS)) {
+			  km_wall_ms() - p->txn.tx[pick].released >= TXN_COMPLETE_MS)) {
 		p->txn.tx[pick].src_pid = src_pid;
 		return pick;
 	}
@@ -151,7 +151,7 @@ static void tx_release(km_pipeline *pl, mpart *p, size_t i)
 	p->txn.tx[i].marked = false;
 	p->txn.tx[i].first_logical = -1;
 	p->txn.tx[i].marker_phys = -1;
-	p->txn.tx[i].released = km_mirror_wall_ms();
+	p->txn.tx[i].released = km_wall_ms();
 	publish_open(pl, p);
 }
 
@@ -167,7 +167,7 @@ static void tx_release(km_pipeline *pl, mpart *p, size_t i)
  */
 bool km_pl_tx_wait_ended(km_pipeline *pl, mpart *p, int64_t end)
 {
-	int64_t now = km_mirror_wall_ms();
+	int64_t now = km_wall_ms();
 	bool wait = false;
 	char tag[300];
 
@@ -329,7 +329,7 @@ static void on_list_txns(km_net_client *c, const km_rpc_response *res, void *arg
 	}
 	if (!ok) {
 		pl->txl = TXL_UNASKED; /* asked again, from the start */
-		pl->txl_at = km_mirror_wall_ms();
+		pl->txl_at = km_wall_ms();
 	} else if (--pl->txl_pending == 0) {
 		pl->txl = TXL_KNOWN;
 		KM_DEBUG(COMP, 0, "%s: %zu transactional id(s) of the mirror on the destination", pl->name, pl->nlisted);
@@ -496,7 +496,7 @@ void km_pl_marker_answer(km_pipeline *pl, mpart *p, bool ok, int64_t end, int64_
 		pl->dst_meta_need = true; /* the leader may have moved */
 	if (!ok || end == b->physical) {
 		/* Not in yet (the coordinator writes it after EndTxn's answer): looked at again shortly. */
-		b->mk_at = km_mirror_wall_ms() + (ok ? MARKER_POLL_MS : BACKOFF_MIN_MS);
+		b->mk_at = km_wall_ms() + (ok ? MARKER_POLL_MS : BACKOFF_MIN_MS);
 		return;
 	}
 	if (end != b->physical + 1) {

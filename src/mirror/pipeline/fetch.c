@@ -263,7 +263,7 @@ static void walk_answer(fetch_ctx *fc)
 			p->stats.source_end = fp->high_watermark;
 			if (fp->log_start_offset >= 0)
 				p->ls.src = fp->log_start_offset;
-			km_pl_update_lag(p, km_mirror_wall_ms());
+			km_pl_update_lag(p, km_wall_ms());
 			p->retry.backoff_ms = 0;
 			fc->cur = p;
 			fc->cur_runs = fc->ra.n;
@@ -306,7 +306,7 @@ static void fetch_ctx_free(fetch_ctx *fc)
  */
 static void quiet_after(fetch_ctx *fc, mnode_io *io, bool failed)
 {
-	int64_t now = km_mirror_wall_ms();
+	int64_t now = km_wall_ms();
 	bool taken = false;
 
 	for (size_t i = 0; i < fc->n && !taken; i++)

@@ -164,7 +164,7 @@ static void source_series_hide(km_pipeline *pl)
 
 void km_pl_source_contact(km_pipeline *pl, km_err err, bool fetch)
 {
-	int64_t now = km_mirror_wall_ms();
+	int64_t now = km_wall_ms();
 	uint64_t ok = err == KM_OK;
 
 	if (!pl->source.since_ms || pl->source.reachable != ok)
@@ -264,7 +264,7 @@ void km_pl_set_tail(km_pipeline *pl, mpart *p, bool set)
 	m->tail_logical = p->out.acked_logical;
 	m->tail_epoch = p->out.acked_epoch;
 	m->tail_ts = p->out.newest_ts;
-	km_pl_update_lag(p, km_mirror_wall_ms());
+	km_pl_update_lag(p, km_wall_ms());
 	km_state_tail_moved(st, m); /* a reader's Fetch waiting at this tail goes now */
 }
 
@@ -293,7 +293,7 @@ void km_pl_backoff(mpart *p)
 	p->retry.backoff_ms = ms * 2 > BACKOFF_MAX_MS ? BACKOFF_MAX_MS : ms * 2;
 	/* Jitter: 75-125 % of the step, so partitions that failed together do not retry together. */
 	ms = ms * 3 / 4 + (int)(random() % (ms / 2 + 1));
-	p->retry.at = km_mirror_wall_ms() + ms;
+	p->retry.at = km_wall_ms() + ms;
 }
 
 void km_pl_reconcile(km_pipeline *pl, mpart *p, const char *why)
@@ -301,7 +301,7 @@ void km_pl_reconcile(km_pipeline *pl, mpart *p, const char *why)
 	char tag[300];
 	if (p->phase == PH_IDLE)
 		return;
-	int64_t now = km_mirror_wall_ms();
+	int64_t now = km_wall_ms();
 	if (!p->out.failing_since)
 		p->out.failing_since = now;
 	else if (now - p->out.failing_since > KM_MIRROR_FAIL_AFTER_MS) {
@@ -707,7 +707,7 @@ static void each_leader(km_pipeline *pl, bool src, int64_t now, int64_t *next)
 static void tick(evutil_socket_t fd, short what, void *arg)
 {
 	km_pipeline *pl = arg;
-	int64_t now = km_mirror_wall_ms(), next = now + 1000;
+	int64_t now = km_wall_ms(), next = now + 1000;
 	tick_needs need = {false, false, false, 0};
 
 	(void)fd;
@@ -1004,7 +1004,7 @@ void km_pipeline_retire(km_pipeline *pl, const char *why)
 	source_series_hide(pl); /* gauges: another kmirrord reports them now */
 	pl->store_pending = keep.store_pending;
 	pl->life = keep.life + 1;
-	pl->retired_at = km_mirror_wall_ms();
+	pl->retired_at = km_wall_ms();
 	pl->closing = true;
 	pl->pid = -1;
 	KM_INFO(COMP, 0, "mirror %s: its pipeline stops here (%s)", pl->name, why);
@@ -1037,7 +1037,7 @@ bool km_pipeline_resume(km_pipeline *pl)
 
 bool km_pipeline_releasing(const km_pipeline *pl)
 {
-	return pl->retired_at && pl->store_pending > 0 && km_mirror_wall_ms() - pl->retired_at < KM_MIRROR_RELEASE_WAIT_MS;
+	return pl->retired_at && pl->store_pending > 0 && km_wall_ms() - pl->retired_at < KM_MIRROR_RELEASE_WAIT_MS;
 }
 
 int64_t km_pipeline_retired_at(const km_pipeline *pl)

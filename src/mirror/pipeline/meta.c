@@ -244,10 +244,10 @@ void km_pl_send_metadata(km_pipeline *pl, km_cluster *cl)
 		*inflight = true;
 		if (cl == pl->src) {
 			pl->src_meta_need = false;
-			pl->src_meta_at = km_mirror_wall_ms();
+			pl->src_meta_at = km_wall_ms();
 		} else {
 			pl->dst_meta_need = false;
-			pl->dst_meta_at = km_mirror_wall_ms();
+			pl->dst_meta_at = km_wall_ms();
 		}
 	} else {
 		km_cluster_drop(cl, c);

@@ -101,7 +101,7 @@ bool km_pl_seal(km_pipeline *pl, mpart *p)
 	bp.producer_id = p->plan.pid;
 	bp.producer_epoch = p->plan.epoch;
 	bp.base_sequence = p->plan.seq;
-	rec = (km_batch_record){.timestamp = km_mirror_wall_ms(),
+	rec = (km_batch_record){.timestamp = km_wall_ms(),
 				.key = {(const uint8_t *)key, (int32_t)strlen(key)},
 				.value = {(const uint8_t *)value, (int32_t)strlen(value)}};
 	km_wr_init(&w);
@@ -328,7 +328,7 @@ static void produce_done(km_pipeline *pl, mpart *p, mbatch *b, int16_t code, int
 			"in %d s", pl->name, km_pl_ptag(p, tag, sizeof(tag)), FENCED_WAIT_MS / 1000);
 		km_plan_batch_free(b);
 		km_pl_reconcile(pl, p, why);
-		p->retry.at = km_mirror_wall_ms() + FENCED_WAIT_MS;
+		p->retry.at = km_wall_ms() + FENCED_WAIT_MS;
 		km_mirror_rebalance_soon(pl->mi);
 		return;
 	}

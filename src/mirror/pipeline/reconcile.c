@@ -60,7 +60,7 @@ static void on_list_offsets(km_net_client *c, const km_rpc_response *res, void *
 		if (err == KM_OK && perr == 0 && off >= 0) {
 			p->stats.source_end = off;
 			km_state_partition_progress(km_mirror_store(pl->mi), p->t->name, p->id, off, -1);
-			km_pl_update_lag(p, km_mirror_wall_ms());
+			km_pl_update_lag(p, km_wall_ms());
 		} else {
 			pl->src_meta_need = true;
 		}
@@ -451,7 +451,7 @@ static void after_lso(km_pipeline *pl, mpart *p, int64_t end, int64_t lso)
 	if (km_pl_tx_wait_ended(pl, p, end)) {
 		/* Asked again shortly: EndTxn's answer, or the marker, is on its way. */
 		km_pl_set_phase(p, PH_RECONCILE, "a transaction this kmirrord ended: its answer and marker awaited");
-		p->retry.at = km_mirror_wall_ms() + MARKER_WAIT_POLL_MS;
+		p->retry.at = km_wall_ms() + MARKER_WAIT_POLL_MS;
 		return;
 	}
 	if (!p->recon.tx_fenced) {
@@ -479,7 +479,7 @@ static void after_lso(km_pipeline *pl, mpart *p, int64_t end, int64_t lso)
 			p->recon.hang_asked = true;
 			p->recon.hang_lso = lso;
 			km_pl_set_phase(p, PH_RECONCILE, "a transaction still open after the fence: the log asked again");
-			p->retry.at = km_mirror_wall_ms() + HANG_RECHECK_MS;
+			p->retry.at = km_wall_ms() + HANG_RECHECK_MS;
 			return;
 		}
 		KM_INFO(COMP, 0, "%s/%s: a transaction is still open from destination offset %lld after the fence "

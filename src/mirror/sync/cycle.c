@@ -12,13 +12,6 @@
 
 static void advance(sync_cycle *cy);
 
-int64_t km_sy_now_ms(void)
-{
-	struct timeval tv;
-	gettimeofday(&tv, NULL);
-	return (int64_t)tv.tv_sec * 1000 + tv.tv_usec / 1000;
-}
-
 const char *km_sy_adup(km_arena *a, km_str s)
 {
 	char *p;
@@ -106,7 +99,7 @@ void km_sy_step_error(sync_cycle *cy, const char *fmt, ...)
 		KM_WARN(COMP, 0, "%s: metadata sync (%s): %s", cy->m->mirror, km_sync_kind_name(cy->step), buf);
 	free(st->last_error);
 	st->last_error = strdup(buf);
-	st->last_error_ms = km_sy_now_ms();
+	st->last_error_ms = km_wall_ms();
 }
 
 /* The step is over (ok or not): its figures, and the next step's start. */
@@ -118,7 +111,7 @@ static void step_end(sync_cycle *cy, km_sync_kind next)
 	st->changes_total += cy->changes;
 	m_inc(st->m_changes, (uint64_t)cy->changes);
 	if (!cy->step_failed) {
-		st->last_sync_ms = km_sy_now_ms();
+		st->last_sync_ms = km_wall_ms();
 		st->compared = cy->compared;
 		m_inc(st->m_runs_ok, 1);
 		m_set(st->m_last, st->last_sync_ms / 1000);
@@ -128,7 +121,7 @@ static void step_end(sync_cycle *cy, km_sync_kind next)
 	cy->step = next;
 	cy->step_failed = false;
 	cy->changes = cy->compared = 0;
-	cy->deadline = km_sy_now_ms() + STEP_TIMEOUT_MS;
+	cy->deadline = km_wall_ms() + STEP_TIMEOUT_MS;
 }
 
 static void on_ev(evutil_socket_t fd, short what, void *arg)
@@ -533,7 +526,7 @@ static void advance(sync_cycle *cy)
 			break;
 		next_phase(cy);
 	}
-	if (km_sy_now_ms() >= cy->deadline) {
+	if (km_wall_ms() >= cy->deadline) {
 		char why[480];
 		snprintf(why, sizeof(why), "gave up after %d s: %s", STEP_TIMEOUT_MS / 1000, cy->why[0] ? cy->why : "no answer");
 		fail_rest(cy, why);
@@ -582,7 +575,7 @@ bool km_sy_cycle_start(msync *m, const km_state_mirror *sm, const km_mirror_opti
 	km_arena_init(&cy->a, 0);
 	/* The topics step only for a mirror that follows its source's topics: else the cycle starts at configs. */
 	cy->step = mo->topics_include && *mo->topics_include ? KM_SYNC_TOPICS : KM_SYNC_CONFIGS;
-	cy->deadline = km_sy_now_ms() + STEP_TIMEOUT_MS;
+	cy->deadline = km_wall_ms() + STEP_TIMEOUT_MS;
 	cy->t = km_arena_calloc(&cy->a, (km_state_mirror_topic_count(sm) + 1) * sizeof(*cy->t));
 	for (size_t i = 0; cy->t && i < km_state_mirror_topic_count(sm); i++) {
 		const km_state_topic *t = km_state_mirror_topic_at(sm, i);

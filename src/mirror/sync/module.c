@@ -66,7 +66,7 @@ static void on_tick(evutil_socket_t fd, short what, void *arg)
 {
 	km_sync *s = arg;
 	km_state *st = km_mirror_store(s->mi);
-	int64_t now = km_sy_now_ms();
+	int64_t now = km_wall_ms();
 	struct timeval tv = {TICK_MS / 1000, (TICK_MS % 1000) * 1000};
 
 	(void)fd;

@@ -7,6 +7,7 @@
 #include <stdint.h>
 
 #include "kmirror/arena.h"
+#include "kmirror/clock.h"
 #include "kmirror/msg/incremental_alter_configs_request.h"
 #include "kmirror/msg/metadata_response.h"
 #include "kmirror/wire.h"
@@ -159,7 +160,6 @@ struct sync_cycle {
 
 /* ---- cycle.c ---- */
 
-int64_t km_sy_now_ms(void);
 /* A copy of s in the arena (NUL-terminated). */
 const char *km_sy_adup(km_arena *a, km_str s);
 /* arr (n items of size, *cap allocated) with room for one more, in the arena; NULL: no memory. */

@@ -1,11 +1,13 @@
-"""A relay in front of one broker listener that answers chosen requests itself: for a fault a real
-broker does not give on demand for one client only (its group coordinator refusing one member's
-heartbeats while another member's go through). Every other request is passed to the broker as it
+"""A relay in front of one broker listener that answers chosen requests itself, or holds the broker's
+answers to them: for a fault a real broker does not give on demand for one client only (its group
+coordinator refusing one member's heartbeats while another member's go through; one client's
+Fetch answers late while the others' are not). Every other request is passed to the broker as it
 is, and each connection's answers go back in request order, as a broker's do.
 
     shim = KafkaShim(target_port).start()       # listens on shim.port
     shim.answer(68, not_coordinator_heartbeat)  # ConsumerGroupHeartbeat answered here from now on
     shim.answer(68, None)                       # passed on again
+    shim.delay(1, 0.6)                          # the broker's Fetch answers held 0.6 s each
     shim.stop()
 """
 
@@ -31,7 +33,9 @@ class KafkaShim:
         self.host = host
         self.port = port or free_port()
         self.rules = {}          # api key -> fn(version, corr) -> a framed answer
+        self.delays = {}         # api key -> seconds the broker's answer is held
         self.answered = collections.Counter()
+        self.held = collections.Counter()  # api key -> the broker's answers held (delay)
         self._loop = None
         self._server = None
         self._thread = None
@@ -43,6 +47,14 @@ class KafkaShim:
             self.rules.pop(api_key, None)
         else:
             self.rules[api_key] = fn
+
+    def delay(self, api_key, seconds):
+        """From now on, the broker's answers to requests of api_key reach the client seconds after
+        they came (and the answers after them on that connection with them); 0: at once."""
+        if seconds:
+            self.delays[api_key] = seconds
+        else:
+            self.delays.pop(api_key, None)
 
     def start(self):
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -69,7 +81,7 @@ class KafkaShim:
         except OSError:
             cw.close()
             return
-        order = collections.deque()  # [answer or None, passed on?], in request order
+        order = collections.deque()  # [answer or None, passed on?, api key], in request order
 
         def flush():
             while order and order[0][0] is not None:
@@ -83,10 +95,10 @@ class KafkaShim:
                 fn = self.rules.get(key)
                 if fn:
                     self.answered[key] += 1
-                    order.append([fn(ver, corr), False])
+                    order.append([fn(ver, corr), False, key])
                     flush()
                 else:
-                    order.append([None, True])
+                    order.append([None, True, key])
                     sw.write(size + body)
                     await sw.drain()
 
@@ -96,9 +108,18 @@ class KafkaShim:
                 body = await sr.readexactly(struct.unpack(">i", size)[0])
                 for e in order:
                     if e[1] and e[0] is None:
-                        e[0] = size + body
+                        e[1] = False  # taken: the answer is in, or on its way
+                        held = self.delays.get(e[2])
+                        if held:
+                            self.held[e[2]] += 1
+                            asyncio.get_running_loop().call_later(held, fill, e, size + body)
+                        else:
+                            fill(e, size + body)
                         break
-                flush()
+
+        def fill(e, answer):
+            e[0] = answer
+            flush()
 
         tasks = [asyncio.ensure_future(up()), asyncio.ensure_future(down())]
         try:

@@ -562,21 +562,26 @@ def _retrying(what, call, timeout=60):
         time.sleep(0.5)
 
 
-def commit_nothing(bootstrap, tid, topic, partition):
-    """Transaction version 1 by hand: FindCoordinator v1 (a transaction's), InitProducerId v1,
-    AddPartitionsToTxn v1 of topic-partition, EndTxn v1 committing. The coordinator writes a
-    COMMIT marker on the partition with no record of that transaction before it: a marker that
-    stands for nothing the mirror wrote."""
+def txn_coordinator(bootstrap, tid):
+    """FindCoordinator v1 for transactional id tid: (node id, host, port) of its coordinator."""
     host, port = bootstrap.split(",")[0].rsplit(":", 1)
 
     def find():
         d = kafka_request(host, int(port), 10, 1, _kstr(tid) + struct.pack(">b", 1), timeout=15)
         _, err, mlen = struct.unpack_from(">ihh", d, 0)
         pos = 8 + max(mlen, 0)
-        _, hlen = struct.unpack_from(">ih", d, pos)
+        node, hlen = struct.unpack_from(">ih", d, pos)
         pos += 6
-        return err, (d[pos:pos + hlen].decode(), struct.unpack_from(">i", d, pos + hlen)[0])
-    chost, cport = _retrying("FindCoordinator", find)
+        return err, (node, d[pos:pos + hlen].decode(), struct.unpack_from(">i", d, pos + hlen)[0])
+    return _retrying("FindCoordinator", find)
+
+
+def commit_nothing(bootstrap, tid, topic, partition):
+    """Transaction version 1 by hand: FindCoordinator v1 (a transaction's), InitProducerId v1,
+    AddPartitionsToTxn v1 of topic-partition, EndTxn v1 committing. The coordinator writes a
+    COMMIT marker on the partition with no record of that transaction before it: a marker that
+    stands for nothing the mirror wrote."""
+    _, chost, cport = txn_coordinator(bootstrap, tid)
 
     def init():
         d = kafka_request(chost, cport, 22, 1, _kstr(tid) + struct.pack(">i", 60000), timeout=15)

@@ -10,17 +10,15 @@ transaction there after the fence, which closes it.
 
 A destination of three brokers of the module's own (a broker is stopped), the partition on one
 replica, led by a broker that is not the mirror's transaction coordinator."""
-import struct
-
 import pytest
 
-from harness import KafkaCluster, kafka_request
+from harness import KafkaCluster
 from mirror_data import main_release_only, read_partition, record
 from mirror_cli import kmirror_bin, wait_states  # noqa: F401
 from proxy_fixtures import *  # noqa: F401,F403
 from proxy_fixtures import wait_until
-from test_mirror_txn import (COMMITTED, UNCOMMITTED, _kstr, _move_leader, _retrying, _txn_env, compare, ends,
-                             list_transactions, txn_producer, unique)
+from test_mirror_txn import (COMMITTED, UNCOMMITTED, _move_leader, _txn_env, compare, ends,
+                             list_transactions, txn_coordinator, txn_producer, unique)
 
 pytestmark = main_release_only  # the coordinator's marker rule, the same on every release here
 
@@ -33,17 +31,6 @@ def oenv(kmirrord_bin, kmirror_bin, source_cluster, tmp_path_factory):
         yield from _txn_env(kmirrord_bin, kmirror_bin, dest, source_cluster, tmp_path_factory, "txnoff")
     finally:
         dest.stop()
-
-
-def coordinator_of(bootstrap, tid):
-    """The broker id of the transaction coordinator of tid (FindCoordinator v1)."""
-    host, port = bootstrap.split(",")[0].rsplit(":", 1)
-
-    def find():
-        d = kafka_request(host, int(port), 10, 1, _kstr(tid) + struct.pack(">b", 1), timeout=15)
-        _, err, mlen = struct.unpack_from(">ihh", d, 0)
-        return err, struct.unpack_from(">i", d, 8 + max(mlen, 0))[0]
-    return _retrying("FindCoordinator", find)
 
 
 def leader_of(cluster, topic):
@@ -88,7 +75,7 @@ def test_transaction_ended_while_its_partition_is_offline_leaves_no_committed_co
                what="the first transaction mirrored")
     tids = [t for t, _ in list_transactions(env) if f"/{env.mirror}/{topic}/0/" in t]
     assert tids, f"no transactional id of the mirror for {topic}-0: {list_transactions(env)}"
-    coords = {coordinator_of(env.dest.bootstrap, t) for t in tids}
+    coords = {txn_coordinator(env.dest.bootstrap, t)[0] for t in tids}
     leader = leader_of(env.dest, topic)
     if leader in coords:  # the partition moves to a broker that coordinates none of its ids
         to = next(b for b in sorted(env.dest.broker_ids) if b not in coords)

@@ -68,6 +68,28 @@ class EndOffsets:
         return out
 
 
+DRAIN_POLL_S = 0.2  # the pause between two polls of every end offset after the load
+
+
+def drain(dst_off, want, load_end, limit, what):
+    """Polls every destination end offset (through kmirrord, or MirrorMaker's destination directly)
+    until each equals want's, the same way for both: returns the lag (load_end to the end of the
+    poll that saw the last record) and the longest poll, which bounds how much of the lag is the
+    measuring itself. what(done, total) -> the error raised after limit seconds."""
+    longest = 0.0
+    while True:
+        t = time.monotonic()
+        hw = dst_off.latest(want)
+        now = time.monotonic()
+        longest = max(longest, now - t)
+        done = sum(1 for k in want if hw[k] == want[k])
+        if done == len(want):
+            return now - load_end, longest
+        if now - load_end > limit:
+            raise RuntimeError(what(done, len(want)))
+        time.sleep(DRAIN_POLL_S)
+
+
 def create_topics(bootstrap, names, partitions, batch=100):
     """CreateTopics in batches of batch topics (not one CLI JVM per topic)."""
     from confluent_kafka.admin import AdminClient, NewTopic
@@ -211,10 +233,10 @@ def mm2_phase(ctx, src, tps, sz, values):
         c2, t2 = cpu(), time.monotonic()
         load = produce_steady(src.bootstrap, tps, sz["load_mb_s"], sz["load_s"], values)
         t3 = time.monotonic()
-        want2 = src_off.latest(tps)
-        wait_for(want2, (t3 - t0) + 600, "after the steady load")
+        load["lag_s"], load["drain_poll_max_s"] = drain(
+            dst_off, src_off.latest(tps), t3, 600,
+            lambda done, total: f"scale: MirrorMaker 2 after the steady load: {done} of {total} partitions in 600 s")
         t4, c4 = time.monotonic(), cpu()
-        load["lag_s"] = t4 - t3
         load["seconds"] = t4 - t2
         for k in pids:
             load[f"{k}_cpu_s"] = c4[k] - c2[k]
@@ -474,16 +496,11 @@ def run(ctx):
                     f"{sz['load_s']} s"])
         m3 = scrape(metrics_url)
         sampler.phase = "drain"
-        want2 = src_off.latest(tps)
-        while True:
-            hw = dst_off.latest(tps)
-            if all(hw[k] == want2[k] for k in tps):
-                break
-            if now() - marks["load_end"] > 300:
-                raise RuntimeError("scale: the mirror did not catch up after the steady load")
-            time.sleep(0.2)
+        load["lag_s"], load["drain_poll_max_s"] = drain(
+            dst_off, src_off.latest(tps), t_base + marks["load_end"], 300,
+            lambda done, total: f"scale: the mirror did not catch up after the steady load: {done} of {total} "
+                                f"partitions in 300 s")
         marks["drain_end"] = now()
-        load["lag_s"] = marks["drain_end"] - marks["load_end"]
         load["kmirrord_hwm_kib"] = proc_status(proxy.pid, "VmHWM")
         m4 = scrape(metrics_url)
         sampler.phase = "end"
@@ -615,6 +632,8 @@ def _mm2_lines(res):
         ["the load producer's time to have it all acknowledged (s)", _f(ld["flushed_s"], 1), _f(ml["flushed_s"], 1)],
         ["**lag at the end of the load** (last record visible, s)", f"**{_f(ld['lag_s'], 2)}**",
          f"**{_f(ml['lag_s'], 2)}**"],
+        ["the longest poll of every end offset while it drained (s; part of the lag is the measuring)",
+         _f(ld.get("drain_poll_max_s"), 2), _f(ml.get("drain_poll_max_s"), 2)],
         ["mirror's CPU s per GiB under load (load + drain)", _f(fg["load_kmirrord_cpu_per_gb"], 1),
          _f(ml["mm2_cpu_s"] / gb_m, 1) if gb_m else "?"],
         ["source broker CPU s/s under load (load + drain)", _f(fg["load_src_cpu_per_s"], 3),

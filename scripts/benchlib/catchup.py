@@ -16,7 +16,7 @@ MM2_VERSION = "4.3.1"
 def _args(partitions, codec):
     """What the bench-mirror / bench-mm2 functions read from their command line."""
     return types.SimpleNamespace(partitions=partitions, codec=codec, batch_size=65536, linger_ms=10,
-                                 poll_ms=100, stall_s=180, timeout_s=3600, perf_record=None)
+                                 poll_ms=100, stall_s=180, timeout_s=3600, perf_record=None, mirror_config=[])
 
 
 def run(ctx):

@@ -16,7 +16,7 @@ import collections
 import struct
 import threading
 
-from .kafka_cluster import free_port
+from .kafka_cluster import KafkaCluster, free_port
 
 
 def not_coordinator_heartbeat(version, corr):
@@ -132,3 +132,14 @@ class KafkaShim:
                     w.close()
                 except Exception:
                     pass
+
+
+def shimmed_cluster(name, listener):
+    """A one-broker KafkaCluster (not started) with an extra listener whose clients all go through
+    a started KafkaShim: the listener is advertised at the shim's port. Returns (cluster, shim); a
+    client bootstrapped at 127.0.0.1:<shim.port> reaches the broker only through it."""
+    cluster = KafkaCluster(name, brokers=1, extra_listeners={listener: {}})
+    (node,) = cluster.broker_nodes
+    shim = KafkaShim(node.extra_ports[listener]).start()
+    cluster.extra_listeners[listener] = {node.node_id: f"127.0.0.1:{shim.port}"}
+    return cluster, shim

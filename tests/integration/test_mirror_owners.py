@@ -21,7 +21,7 @@ import uuid
 import pytest
 from confluent_kafka.admin import AdminClient
 from harness import KafkaCluster
-from harness.kafka_shim import KafkaShim, not_coordinator_heartbeat
+from harness.kafka_shim import not_coordinator_heartbeat, shimmed_cluster
 from harness.netfaults import NetFaults
 
 from mirror_cli import Cli, kmirror_bin  # noqa: F401
@@ -689,10 +689,7 @@ def test_owner_whose_heartbeats_are_refused_claims_nothing_while_it_looks_for_th
     from mirror_cli import described, topic_states
     from mirror_data import watermarks
     tag = uuid.uuid4().hex[:6]
-    dst = KafkaCluster(f"owners-shim-{tag}", brokers=1, extra_listeners={"UP_A": {}})
-    (node,) = dst.broker_nodes
-    shim = KafkaShim(node.extra_ports["UP_A"]).start()
-    dst.extra_listeners["UP_A"] = {node.node_id: f"127.0.0.1:{shim.port}"}  # a's connections all go through it
+    dst, shim = shimmed_cluster(f"owners-shim-{tag}", "UP_A")  # a's connections all go through the shim
     dst.start()
     try:
         a, b, _, cli_b, m, bg = _owner_then_other(kmirror_bin, dst, source_cluster, proxy_factory, "shim", 1, 300, 1,

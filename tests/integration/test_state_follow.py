@@ -14,8 +14,7 @@ import pytest
 from confluent_kafka import KafkaError, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from harness import KafkaCluster
-from harness.kafka_shim import KafkaShim
+from harness.kafka_shim import shimmed_cluster
 from mirror_cli import Cli, kmirror_bin  # noqa: F401
 from test_mirror_configs import Client
 from mirror_data import compare_topic, main_release_only, produce_records, wait_caught_up
@@ -126,10 +125,7 @@ def test_mirror_created_through_one_is_found_at_once_through_another(proxy_facto
     mirror a kmirrord does not know now waits for a view that holds every change acknowledged
     before it came (docs/state.md, "Following"), 2 s at most."""
     tag = uuid.uuid4().hex[:6]
-    dst = KafkaCluster(f"follow-late-{tag}", brokers=1, extra_listeners={"UP_B": {}})
-    (node,) = dst.broker_nodes
-    shim = KafkaShim(node.extra_ports["UP_B"]).start()
-    dst.extra_listeners["UP_B"] = {node.node_id: f"127.0.0.1:{shim.port}"}  # b's connections all go through it
+    dst, shim = shimmed_cluster(f"follow-late-{tag}", "UP_B")  # b's connections all go through the shim
     dst.start()
     try:
         opts = dict(mirror_state_topic=f"__mirror_state_{tag}", mirror_pipelines="none")

@@ -94,7 +94,7 @@ struct km_state_persist {
 	uint8_t *scratch;
 	size_t nrecords;
 	size_t stale_kept;         /* runner's records not taken: written under an earlier partition record */
-	struct timeval load_start;
+	int64_t load_start_ms;     /* km_mono_ms at the load's start */
 	/* write */
 	const km_state_rec *recs;
 	size_t nrecs;

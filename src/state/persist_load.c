@@ -2,7 +2,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/time.h>
 
 #include "kmirror/batch.h"
 #include "kmirror/msg/api_keys.h"
@@ -148,23 +147,21 @@ km_err km_ps_build_model(km_state_persist *io, km_state_model *m, size_t *bad)
 static void load_finish(km_state_persist *io)
 {
 	km_state_model m;
-	struct timeval now;
+	int64_t took;
 	size_t bad = 0;
 
 	if (km_ps_build_model(io, &m, &bad) != KM_OK) {
 		load_retry(io, "out of memory");
 		return;
 	}
-	gettimeofday(&now, NULL);
-	KM_INFO(COMP, 0, "read %s: %d partitions, %zu records, %zu keys, %zu unreadable, in %ld ms (Metadata v%d, "
+	took = km_mono_ms() - io->load_start_ms;
+	KM_INFO(COMP, 0, "read %s: %d partitions, %zu records, %zu keys, %zu unreadable, in %lld ms (Metadata v%d, "
 		"ListOffsets v%d, Fetch v%d)",
 		io->st->cfg.mirror_state_topic, io->exists ? io->nparts : 0, io->nrecords, io->mapcount, bad,
-		(long)((now.tv_sec - io->load_start.tv_sec) * 1000 + (now.tv_usec - io->load_start.tv_usec) / 1000),
-		io->used[0], io->used[4], io->used[5]);
+		(long long)took, io->used[0], io->used[4], io->used[5]);
 	io->st->ctr.loads++;
 	io->st->ctr.records_loaded += io->nrecords;
-	io->st->ctr.load_ms = (uint64_t)((now.tv_sec - io->load_start.tv_sec) * 1000 +
-					 (now.tv_usec - io->load_start.tv_usec) / 1000);
+	io->st->ctr.load_ms = (uint64_t)took;
 	/* The map stays: following goes on from it (persist_follow.c). */
 	free(io->scratch);
 	io->scratch = NULL;
@@ -483,7 +480,7 @@ static void start_load(km_state_persist *io)
 	io->wait_c = NULL;
 	io->nrecords = 0;
 	km_ps_map_clear(io);
-	gettimeofday(&io->load_start, NULL);
+	io->load_start_ms = km_mono_ms();
 	load_metadata(io);
 }
 

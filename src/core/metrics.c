@@ -1,5 +1,7 @@
 /* The metrics registry: families of labelled series, a cap on series per family, Prometheus text rendering. */
+#define _GNU_SOURCE /* fwrite_unlocked, fputs_unlocked, ferror_unlocked */
 #include <dirent.h>
+#include <stdio.h>
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
@@ -424,18 +426,61 @@ uint64_t km_metric_value(const km_metric_series *s)
 
 /* ---- rendering ---- */
 
+/*
+ * The page is written with the stream locked once (km_metrics_render) and the unlocked calls: a
+ * page of 10,000 partitions is about 70,000 series and 6 MB, rendered on the event loop, and a
+ * locked call per character and an fprintf per number made it three times as long.
+ */
+static void put(FILE *out, const char *s, size_t n)
+{
+	fwrite_unlocked(s, 1, n, out);
+}
+
+static void put_str(FILE *out, const char *s)
+{
+	fputs_unlocked(s, out);
+}
+
+static void put_u64(FILE *out, uint64_t v)
+{
+	char b[24];
+	size_t i = sizeof(b);
+	do
+		b[--i] = (char)('0' + v % 10);
+	while (v /= 10);
+	put(out, b + i, sizeof(b) - i);
+}
+
+static void put_i64(FILE *out, int64_t v)
+{
+	if (v < 0) {
+		putc_unlocked('-', out);
+		put_u64(out, 0 - (uint64_t)v);
+	} else
+		put_u64(out, (uint64_t)v);
+}
+
+/* A scaled value (%.15g), or a histogram's sum (%.6f: fixed). */
+static void put_double(FILE *out, double v, bool fixed)
+{
+	char b[64];
+	int n = fixed ? snprintf(b, sizeof(b), "%.6f", v) : snprintf(b, sizeof(b), "%.15g", v);
+	if (n > 0)
+		put(out, b, (size_t)n < sizeof(b) ? (size_t)n : sizeof(b) - 1);
+}
+
 /* HELP text escapes backslash and newline; label values also the double quote. */
 static void put_escaped(FILE *out, const char *s, bool quote)
 {
-	for (; *s; s++) {
-		if (*s == '\\')
-			fputs("\\\\", out);
-		else if (*s == '\n')
-			fputs("\\n", out);
-		else if (quote && *s == '"')
-			fputs("\\\"", out);
-		else
-			fputc(*s, out);
+	const char *special = quote ? "\\\n\"" : "\\\n";
+	for (;;) {
+		size_t n = strcspn(s, special);
+		put(out, s, n);
+		s += n;
+		if (!*s)
+			return;
+		put_str(out, *s == '\\' ? "\\\\" : *s == '\n' ? "\\n" : "\\\"");
+		s++;
 	}
 }
 
@@ -445,15 +490,30 @@ static void put_labels(FILE *out, const km_metric_series *s, const char *le)
 	const km_metric_family *f = s->family;
 	if (!f->nlabels && !le)
 		return;
-	fputc('{', out);
+	putc_unlocked('{', out);
 	for (size_t i = 0; i < f->nlabels; i++) {
-		fprintf(out, "%s%s=\"", i ? "," : "", f->labels[i]);
+		if (i)
+			putc_unlocked(',', out);
+		put_str(out, f->labels[i]);
+		put(out, "=\"", 2);
 		put_escaped(out, s->values[i], true);
-		fputc('"', out);
+		putc_unlocked('"', out);
 	}
-	if (le)
-		fprintf(out, "%sle=\"%s\"", f->nlabels ? "," : "", le);
-	fputc('}', out);
+	if (le) {
+		put_str(out, f->nlabels ? ",le=\"" : "le=\"");
+		put_str(out, le);
+		putc_unlocked('"', out);
+	}
+	putc_unlocked('}', out);
+}
+
+/* name, suffix, labels (le optional), a space: the head of a sample line. */
+static void put_head(FILE *out, const km_metric_series *s, const char *suffix, const char *le)
+{
+	put_str(out, s->family->name);
+	put_str(out, suffix);
+	put_labels(out, s, le);
+	putc_unlocked(' ', out);
 }
 
 static void render_series(FILE *out, const km_metric_series *s)
@@ -469,15 +529,15 @@ static void render_series(FILE *out, const km_metric_series *s)
 	case KM_METRIC_GAUGE:
 		if (f->hide_empty && !*s->value)
 			return;
-		fputs(f->name, out);
-		put_labels(out, s, NULL);
-		if (f->scale) {
+		put_head(out, s, "", NULL);
+		if (f->scale && *s->value) {
 			double v = f->type == KM_METRIC_GAUGE ? (double)(int64_t)*s->value : (double)*s->value;
-			fprintf(out, " %.15g\n", v * f->scale);
+			put_double(out, v * f->scale, false);
 		} else if (f->type == KM_METRIC_GAUGE)
-			fprintf(out, " %lld\n", (long long)(int64_t)*s->value);
+			put_i64(out, (int64_t)*s->value);
 		else
-			fprintf(out, " %llu\n", (unsigned long long)*s->value);
+			put_u64(out, *s->value);
+		putc_unlocked('\n', out);
 		return;
 	case KM_METRIC_HISTOGRAM:
 		if (f->hide_empty && !*s->count)
@@ -485,17 +545,19 @@ static void render_series(FILE *out, const km_metric_series *s)
 		for (size_t b = 0; b < f->nbounds; b++) {
 			cum += s->buckets[b];
 			snprintf(le, sizeof(le), "%g", f->bounds[b]);
-			fprintf(out, "%s_bucket", f->name);
-			put_labels(out, s, le);
-			fprintf(out, " %llu\n", (unsigned long long)cum);
+			put_head(out, s, "_bucket", le);
+			put_u64(out, cum);
+			putc_unlocked('\n', out);
 		}
-		fprintf(out, "%s_bucket", f->name);
-		put_labels(out, s, "+Inf");
-		fprintf(out, " %llu\n%s_sum", (unsigned long long)*s->count, f->name);
-		put_labels(out, s, NULL);
-		fprintf(out, " %.6f\n%s_count", *s->sum, f->name);
-		put_labels(out, s, NULL);
-		fprintf(out, " %llu\n", (unsigned long long)*s->count);
+		put_head(out, s, "_bucket", "+Inf");
+		put_u64(out, *s->count);
+		putc_unlocked('\n', out);
+		put_head(out, s, "_sum", NULL);
+		put_double(out, *s->sum, true);
+		putc_unlocked('\n', out);
+		put_head(out, s, "_count", NULL);
+		put_u64(out, *s->count);
+		putc_unlocked('\n', out);
 		return;
 	}
 }
@@ -521,9 +583,15 @@ static void render_families(const km_metrics *m, const km_metrics *root, size_t 
 		const km_metric_family *f = m->families[i];
 		if (m != root && rendered_before(root, child, f->name))
 			continue;
-		fprintf(out, "# HELP %s ", f->name);
+		put_str(out, "# HELP ");
+		put_str(out, f->name);
+		putc_unlocked(' ', out);
 		put_escaped(out, f->help, false);
-		fprintf(out, "\n# TYPE %s %s\n", f->name, type_names[f->type]);
+		put_str(out, "\n# TYPE ");
+		put_str(out, f->name);
+		putc_unlocked(' ', out);
+		put_str(out, type_names[f->type]);
+		putc_unlocked('\n', out);
 		for (size_t j = 0; j < f->nseries; j++)
 			render_series(out, f->series[j]);
 		if (f->overflow)
@@ -636,10 +704,15 @@ km_err km_metrics_add_process(km_metrics *m)
 
 km_err km_metrics_render(const km_metrics *m, FILE *out)
 {
+	km_err rc;
+
 	if (m->proc)
 		process_read(m->proc);
+	flockfile(out);
 	render_families(m, m, 0, out);
 	for (size_t c = m->nchildren; c-- > 0;)
 		render_families(m->children[c], m, c, out);
-	return ferror(out) ? KM_ERR_IO : KM_OK;
+	rc = ferror_unlocked(out) ? KM_ERR_IO : KM_OK;
+	funlockfile(out);
+	return rc;
 }

@@ -34,7 +34,7 @@ km_net_client *km_cluster_node(km_cluster *cl, int32_t id);
  * slow request on one does not hold the requests of another (a broker answers each connection's
  * requests one at a time, in order: docs/net.md, "Lanes").
  */
-#define KM_CLUSTER_LANES 4
+#define KM_CLUSTER_LANES 16
 /* km_cluster_node of one lane (0 .. KM_CLUSTER_LANES - 1; lane 0 is km_cluster_node's client). */
 km_net_client *km_cluster_lane(km_cluster *cl, int32_t id, unsigned lane);
 /* Whether c failed (the next km_cluster_any / _node gives a fresh client); true for a client not ours. */

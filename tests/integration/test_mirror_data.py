@@ -23,7 +23,8 @@ from confluent_kafka.admin import AdminClient
 from harness.kafka_cluster import java_bin
 from mirror_cli import Cli, described, kmirror_bin, wait_states  # noqa: F401
 from mirror_data import (Rec, BackgroundProducer, assert_segments_exact, compare_batches,
-                         compare_topic, count_anomalies, create_dest_topic, diff_records, env_int,
+                         compare_partition, compare_topic, count_anomalies, create_dest_topic,
+                         diff_records, env_int,
                          long_run, main_release_only, offsets_for_times, partition_batches,
                          produce_records, progress,
                          read_partition, record, shifted_copy, wait_caught_up, watermarks)
@@ -688,11 +689,11 @@ def test_mirror_log_append_time(mirror_env):
 # ---------------------------------------------------------------------------------------------
 # Fetch sessions (KIP-227)
 
-def fetch_requests(env):
-    """{kind: Fetch requests the mirror sent} from /metrics."""
+def fetch_requests(env, mirror=None):
+    """{kind: Fetch requests the mirror (the module's by default) sent} from /metrics."""
     out = {"full": 0.0, "incremental": 0.0, "side": 0.0}
     for k, v in env.proxy.metrics().items():
-        if k.startswith("kmirror_mirror_fetch_requests_total") and f'mirror="{env.mirror}"' in k:
+        if k.startswith("kmirror_mirror_fetch_requests_total") and f'mirror="{mirror or env.mirror}"' in k:
             out[k.split('kind="')[1].split('"')[0]] += v
     return out
 
@@ -743,6 +744,63 @@ def test_mirror_fetch_sessions(mirror_env):
     total, _ = compare_topic(env.pb, env.sb, topic, parts, marks)
     assert total == 10000
     assert_segments_exact(env.source, env.dest, topic, parts)
+
+
+@main_release_only
+def test_mirror_fetch_groups(mirror_env):
+    """A source broker that leads more than 1,000 of a pipeline's partitions is fetched in groups of
+    at most 1,000, each in a session of its own on a connection of its own (docs/mirror.md, "Fetch
+    groups"): 2,100 partitions on the one source broker make three sessions, the Fetches are
+    incremental after the first ones, and the mirror is exact through a catch-up and a live load.
+    (Before groups such a broker was fetched without a session: no incremental Fetch.)"""
+    env = mirror_env
+    topic, parts = unique("groups"), 2100
+    mirror = unique("groups")  # a pipeline of its own: the module's other topics stay below the bound
+    env.cli.run("create", "--mirror", mirror, "--source-bootstrap", env.sb)
+    env.source_topic(topic, partitions=parts)
+    produce_records(env.sb, topic, 2 * parts, "lz4", partitions=parts)
+    log_at = len(env.proxy.output())
+    try:
+        create_dest_topic(env.dest, env.sb, topic)
+        # A loaded destination may elect 2,100 leaders after start's 15 s bound: start again, as an
+        # operator would, on that refusal only.
+        for _ in range(6):
+            r = env.cli.run("start", "--mirror", mirror, "--topics", topic, expect=None)
+            if r.returncode == 0 or "REQUEST_TIMED_OUT" not in r.stdout:
+                break
+            progress(f"start of {topic} refused REQUEST_TIMED_OUT, again")
+        assert r.returncode == 0, r.stdout + r.stderr
+        wait_states(env.cli, mirror, {topic: "MIRRORING"}, timeout=180)
+        env.caught_up(topic, parts)
+        before = fetch_requests(env, mirror)
+        bg = BackgroundProducer(env.sb, topic, rate=2000).start()
+        time.sleep(8)
+        bg.stop()
+        assert not bg.errors, bg.errors[:5]
+        marks = env.caught_up(topic, parts)
+        after = fetch_requests(env, mirror)
+        lanes = set(re.findall(r"fetch session \d+ with source broker \d+ \(lane (\d+)\)",
+                               env.proxy.output()[log_at:]))
+        incr = after["incremental"] - before["incremental"]
+        progress(f"{topic}: {2 * parts + bg.acked} records, sessions on lanes {sorted(lanes)}, {incr:.0f} "
+                 f"incremental, {after['full'] - before['full']:.0f} full and "
+                 f"{after['side'] - before['side']:.0f} side Fetches under the load")
+        assert lanes == {"0", "1", "2"}, lanes
+        assert incr >= 10 and incr > after["full"] - before["full"], (before, after)
+        # Exact: the segments batch for batch, and whole partitions read both ways.
+        assert_segments_exact(env.source, env.dest, topic, parts)
+        for part in (0, 777, parts - 1):
+            n, _ = compare_partition(env.pb, env.sb, topic, part, 0, marks[part][1])
+            assert n == marks[part][1] - marks[part][0]
+    finally:
+        env.cli.run("stop", "--mirror", mirror, "--topics", topic, expect=None)
+        for c in (env.source, env.dest):
+            admin = AdminClient({"bootstrap.servers": c.bootstrap})
+            for f in admin.delete_topics([topic]).values():
+                try:
+                    f.result(60)
+                except Exception as e:  # noqa: BLE001 - cleanup only
+                    progress(f"delete {topic}: {e}")
 
 
 @main_release_only

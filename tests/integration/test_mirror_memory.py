@@ -26,7 +26,7 @@ pytestmark = [pytest.mark.proxy, main_release_only]
 PARTS = 8
 RECORD = 1024
 FETCH_MAX = 8 * 1024 * 1024
-FETCH_LANES = 2  # a source broker's fetch connections (src/mirror/pipeline/pipeline.h)
+FETCH_IN_FLIGHT = 2  # fetch.max.bytes in flight per source broker: the sessions share one, the side lane one (pipeline.h)
 PART_MAX = 1024 * 1024
 LAG_MB = env_int("KM_MIRROR_LAG_MB", 2048 if long_run() else 256)
 SMALL_MB = 64
@@ -148,7 +148,7 @@ def catch_up_peak(mem_env, source_cluster, dest_cluster, lag_mb):
     base = RssSampler(pid).start()
     time.sleep(1.0)
     baseline = base.stop()
-    bound = baseline + (2 + FETCH_LANES * source_brokers(source_cluster)) * FETCH_MAX + MARGIN
+    bound = baseline + (2 + FETCH_IN_FLIGHT * source_brokers(source_cluster)) * FETCH_MAX + MARGIN
     create_dest_topic(dest_cluster, source_cluster.bootstrap, topic)
     sampler = RssSampler(pid).start()
     t1 = time.monotonic()
@@ -166,7 +166,7 @@ def catch_up_peak(mem_env, source_cluster, dest_cluster, lag_mb):
     progress(f"{topic}: {lag_mb} MB caught up in {took:.1f}s ({lag_mb / took:.0f} MB/s); RSS "
              f"baseline {mb(baseline)}, peak {mb(peak)} ({peak - baseline} bytes over the baseline,"
              f" at {sampler.peak_at:.1f}s, {sampler.samples} samples), bound {mb(bound)} "
-             f"(baseline + (2 + {FETCH_LANES} x {source_brokers(source_cluster)}) x {mb(FETCH_MAX)} + margin "
+             f"(baseline + (2 + {FETCH_IN_FLIGHT} x {source_brokers(source_cluster)}) x {mb(FETCH_MAX)} + margin "
              f"{mb(MARGIN)})")
     assert sampler.samples >= took / SAMPLE_S / 4, "RSS sampled too rarely"
     # The samples saw the fetched data (the right process, while it worked): at least one

@@ -4,12 +4,13 @@
 
 #include "kmirror/api.h"
 #include "kmirror/fetch.h"
+#include "kmirror/hash.h"
 #include "kmirror/log.h"
 #include "kmirror/msg/fetch_request.h"
 #include "kmirror/rpc.h"
 #include "mirror/pipeline/pipeline.h"
 
-static void session_reset(km_pipeline *pl, int32_t node);
+static void session_reset(km_pipeline *pl, int32_t node, unsigned lane);
 
 /* One Fetch and its answer as it streams in (on_fetch_stream). */
 typedef struct fetch_ctx fetch_ctx;
@@ -17,7 +18,7 @@ typedef struct fetch_ctx fetch_ctx;
 struct fetch_ctx {
 	km_pipeline *pl;
 	int32_t node;
-	unsigned lane; /* the fetch lane it went on (0: the one with the session) */
+	unsigned lane; /* the fetch lane it went on (below the broker's groups: a session's) */
 	mpart **parts; /* the partitions it was sent for (ready then) */
 	size_t n;
 	uint64_t seq; /* stamped on its partitions: an answer for a partition it did not ask for is ignored */
@@ -113,7 +114,7 @@ static void handle_fetch_error(km_pipeline *pl, mpart *p, int16_t code)
  */
 static bool take_session(km_pipeline *pl, const fetch_ctx *fc, const uint8_t h[10])
 {
-	mnode_io *io = km_pl_node_io(&pl->sio, &pl->nsio, fc->node, 0);
+	mnode_io *io = km_pl_node_io(&pl->sio, &pl->nsio, fc->node, fc->lane);
 	int16_t code = (int16_t)km_be16(h + 4);
 	int32_t id = (int32_t)km_be32(h + 6);
 
@@ -122,14 +123,15 @@ static bool take_session(km_pipeline *pl, const fetch_ctx *fc, const uint8_t h[1
 	if (code) {
 		KM_INFO(COMP, 0, "%s: source broker %d answered the fetch session %d with %s: a new session follows",
 			pl->name, (int)fc->node, (int)io->sess_id, km_err_name((km_err)code));
-		session_reset(pl, fc->node);
+		session_reset(pl, fc->node, fc->lane);
 		return false;
 	}
 	if (fc->full) {
 		io->sess_id = id;
 		io->sess_epoch = 1;
 		if (id)
-			KM_DEBUG(COMP, 0, "%s: fetch session %d with source broker %d", pl->name, (int)id, (int)fc->node);
+			KM_DEBUG(COMP, 0, "%s: fetch session %d with source broker %d (lane %u)", pl->name, (int)id,
+				 (int)fc->node, fc->lane);
 	} else {
 		io->sess_epoch = io->sess_epoch == INT32_MAX ? 1 : io->sess_epoch + 1;
 	}
@@ -405,7 +407,7 @@ static void on_fetch_stream(km_net_client *c, km_err err, struct evbuffer *chunk
 		km_cluster_drop(pl->src, c);
 		pl->src_meta_need = true;
 		if (fc->sessions)
-			session_reset(pl, fc->node);
+			session_reset(pl, fc->node, fc->lane);
 		free(x);
 		end_answer(fc, true);
 		return;
@@ -471,18 +473,48 @@ static bool session_member(const mpart *p, int32_t node)
 	       p->plan.fetch_logical >= 0;
 }
 
-/* Forget node's fetch session: the next Fetch to it is a full one (a new session). */
-static void session_reset(km_pipeline *pl, int32_t node)
+/* Forget node's fetch session on lane: the next Fetch there is a full one (a new session). */
+static void session_reset(km_pipeline *pl, int32_t node, unsigned lane)
 {
-	mnode_io *io = km_pl_node_io(&pl->sio, &pl->nsio, node, 0);
+	mnode_io *io = NULL;
+	for (size_t i = 0; i < pl->nsio && !io; i++) /* not km_pl_node_io: a lane never used has none to forget */
+		if (pl->sio[i].id == node && pl->sio[i].lane == lane)
+			io = &pl->sio[i];
 	if (io) {
 		io->sess_id = 0;
 		io->sess_epoch = 0;
 	}
 	for (size_t i = 0; i < pl->ntopics; i++)
-		for (int32_t j = 0; j < pl->topics[i]->nparts; j++)
-			if (pl->topics[i]->parts[j] && pl->topics[i]->parts[j]->fetch.sess_node == node)
-				pl->topics[i]->parts[j]->fetch.sess_node = -1;
+		for (int32_t j = 0; j < pl->topics[i]->nparts; j++) {
+			mpart *p = pl->topics[i]->parts[j];
+			if (p && p->fetch.sess_node == node && p->fetch.sess_lane == lane)
+				p->fetch.sess_node = -1;
+		}
+}
+
+/* Whether p is in node's session on lane (the broker holds it there). */
+static bool session_holds(const mpart *p, int32_t node, unsigned lane)
+{
+	return p->fetch.sess_node == node && p->fetch.sess_lane == lane;
+}
+
+/*
+ * The fetch groups of a source broker that leads led of the pipeline's partitions: one, or with
+ * sessions one per FETCH_SESSION_MAX, at most FETCH_GROUPS_MAX. A partition's group is a hash of its
+ * topic's name and its id, so it stays while the count stays.
+ */
+static unsigned fetch_groups(const km_pipeline *pl, size_t led)
+{
+	size_t g = (led + FETCH_SESSION_MAX - 1) / FETCH_SESSION_MAX;
+	if (!pl->sessions || g <= 1)
+		return 1;
+	return g > FETCH_GROUPS_MAX ? FETCH_GROUPS_MAX : (unsigned)g;
+}
+
+static unsigned fetch_group_of(uint64_t topic_hash, int32_t partition, unsigned groups)
+{
+	uint32_t id = (uint32_t)partition;
+	return groups <= 1 ? 0 : (unsigned)(km_fnv1a(topic_hash, &id, sizeof(id)) % groups);
 }
 
 /* A Fetch request being built: its topics, partitions and forgotten partitions (sized for the broker's partitions). */
@@ -494,6 +526,7 @@ typedef struct fetch_req {
 	int32_t *fgp;
 	size_t nt, np, nf, nfp;
 	int32_t node;
+	unsigned lane, group; /* the lane it goes on, the group of partitions it fetches */
 	bool sessions, full;
 } fetch_req;
 
@@ -511,14 +544,16 @@ static void fetch_req_free(fetch_req *r)
  */
 static void fetch_req_part(km_pipeline *pl, fetch_req *r, fetch_ctx *fc, mpart *p, int64_t now)
 {
-	bool ready = km_pl_fetchable(p, now) && p->lead.src == r->node;
-	bool member = r->sessions && session_member(p, r->node);
+	bool mine = p->lead.src == r->node && p->fetch.group == r->group;
+	bool ready = mine && km_pl_fetchable(p, now);
+	bool member = mine && r->sessions && session_member(p, r->node);
+	bool held = session_holds(p, r->node, r->lane);
 	int64_t off;
 	int32_t max;
 
 	if (!ready && !member) {
-		if (r->sessions && p->fetch.sess_node == r->node) {
-			r->fgp[r->nfp++] = p->id; /* it left the session */
+		if (r->sessions && held) {
+			r->fgp[r->nfp++] = p->id; /* it left the session (or the group) */
 			p->fetch.sess_node = -1;
 		}
 		return;
@@ -533,11 +568,11 @@ static void fetch_req_part(km_pipeline *pl, fetch_req *r, fetch_ctx *fc, mpart *
 		}
 		p->plan.stop_answer = false;
 	}
-	off = ready || p->fetch.sess_node != r->node ? p->plan.fetch_logical : p->fetch.sess_offset;
+	off = ready || !held ? p->plan.fetch_logical : p->fetch.sess_offset;
 	max = ready ? (int32_t)pl->part_max_bytes : 0;
 	if (off < 0)
 		off = 0; /* a member not started yet: no data is taken before it is ready */
-	if (!r->full && p->fetch.sess_node == r->node && p->fetch.sess_offset == off && p->fetch.sess_max == max &&
+	if (!r->full && held && p->fetch.sess_offset == off && p->fetch.sess_max == max &&
 	    p->fetch.sess_lepoch == p->lead.src_epoch)
 		return; /* the broker holds it as it is */
 	km_fetch_request_fetch_partition_init(&r->fp[r->np]);
@@ -550,6 +585,7 @@ static void fetch_req_part(km_pipeline *pl, fetch_req *r, fetch_ctx *fc, mpart *
 	r->np++;
 	if (r->sessions) {
 		p->fetch.sess_node = r->node;
+		p->fetch.sess_lane = r->lane;
 		p->fetch.sess_offset = off;
 		p->fetch.sess_max = max;
 		p->fetch.sess_lepoch = p->lead.src_epoch;
@@ -618,29 +654,27 @@ static bool fetch_req_send(km_pipeline *pl, km_net_client *c, fetch_req *r, fetc
 }
 
 /*
- * One Fetch to source broker node. With a fetch session (KIP-227, Fetch v7+) the request names only
- * what changed since the last one: a partition new to the session, or whose fetch offset, size or
- * leader epoch differs from what the broker holds; partitions that left (paused, stopped, moved to
- * another leader) are forgotten. A partition still writing its last batches stays in the session
- * with a size of 0, so the broker keeps it without sending its data again (a batch it sends anyway
- * is dropped: the partition does not take data then). The answer is taken only by the partitions
- * that were ready when it was sent, and each of those was sent, or left, at its fetch offset.
+ * One Fetch to source broker node on lane, for the partitions of group (of groups): nready of them
+ * ready, total the most a request names. With a fetch session (KIP-227, Fetch v7+; the session
+ * lanes, below groups) the request names only what changed since the last one on the lane: a
+ * partition new to the session, or whose fetch offset, size or leader epoch differs from what the
+ * broker holds; partitions that left (paused, stopped, moved to another leader) are forgotten. A
+ * partition still writing its last batches stays in the session with a size of 0, so the broker
+ * keeps it without sending its data again (a batch it sends anyway is dropped: the partition does
+ * not take data then). The answer is taken only by the partitions that were ready when it was
+ * sent, and each of those was sent, or left, at its fetch offset.
  */
-void km_pl_send_fetch(km_pipeline *pl, int32_t node, int64_t now, int64_t *next)
+static void send_group(km_pipeline *pl, int32_t node, unsigned lane, unsigned group, unsigned groups, size_t nready,
+		       size_t total, int64_t now, int64_t *next)
 {
-	unsigned lane = 0;
-	mnode_io *io = km_pl_node_io(&pl->sio, &pl->nsio, node, 0);
+	mnode_io *io = km_pl_node_io(&pl->sio, &pl->nsio, node, lane);
 	km_net_client *c;
-	fetch_req r = {.node = node};
+	fetch_req r = {.node = node, .lane = lane, .group = group};
 	fetch_ctx *fc = NULL;
-	size_t nready = 0, total = 0, led = 0;
 	int16_t ver;
 
-	/* The session's lane when it is free, else the next free one: a side Fetch, without a session. */
-	while (io && io->fetching && ++lane < FETCH_LANES)
-		io = km_pl_node_io(&pl->sio, &pl->nsio, node, lane);
-	if (!io || io->fetching || pl->held->bytes >= pl->held_cap)
-		return; /* memory is bounded by the fetch sizes, not by the lag */
+	if (!io)
+		return;
 	c = km_cluster_lane(pl->src, node, lane);
 	if (!c) {
 		pl->src_meta_need = true;
@@ -653,24 +687,10 @@ void km_pl_send_fetch(km_pipeline *pl, int32_t node, int64_t now, int64_t *next)
 			 FETCH_HI);
 		return;
 	}
-	for (size_t i = 0; i < pl->ntopics; i++)
-		for (int32_t j = 0; j < pl->topics[i]->nparts; j++) {
-			mpart *p = pl->topics[i]->parts[j];
-			if (!p)
-				continue;
-			if (km_pl_fetchable(p, now) && p->lead.src == node)
-				nready++;
-			if (p->lead.src == node)
-				led++;
-			if (p->lead.src == node || p->fetch.sess_node == node)
-				total++;
-		}
-	if (!nready)
-		return; /* nothing to read: the session waits as it is */
-	r.sessions = lane == 0 && ver >= 7 && pl->sessions && led <= FETCH_SESSION_MAX;
+	r.sessions = lane < groups && ver >= 7 && pl->sessions;
 	r.full = !r.sessions || io->sess_id == 0;
-	if (r.full && lane == 0)
-		session_reset(pl, node);
+	if (r.full && lane < groups)
+		session_reset(pl, node, lane);
 	if (now < io->quiet_until && nready <= io->quiet_ready) {
 		if (io->quiet_until < *next)
 			*next = io->quiet_until;
@@ -693,7 +713,8 @@ void km_pl_send_fetch(km_pipeline *pl, int32_t node, int64_t now, int64_t *next)
 	r.m.replica_id = -1;
 	r.m.max_wait_ms = FETCH_MAX_WAIT_MS;
 	r.m.min_bytes = 1;
-	r.m.max_bytes = (int32_t)pl->fetch_max_bytes;
+	/* The sessions' Fetches share mirror.fetch.max.bytes: the memory bound counts one per lane kind. */
+	r.m.max_bytes = (int32_t)(lane < groups ? pl->fetch_max_bytes / groups : pl->fetch_max_bytes);
 	r.m.isolation_level = 0;
 	/* A full request opens a session (id 0, epoch 0) where sessions are used, else none (epoch -1). */
 	r.m.session_id = r.full ? 0 : io->sess_id;
@@ -706,10 +727,12 @@ void km_pl_send_fetch(km_pipeline *pl, int32_t node, int64_t now, int64_t *next)
 	fc->full = r.full;
 	fc->sessions = r.sessions;
 	if (fetch_req_send(pl, c, &r, fc, ver)) {
-		io->fetching = true;
+		/* io again: the sends above may have grown the array it points into */
+		if ((io = km_pl_node_io(&pl->sio, &pl->nsio, node, lane)))
+			io->fetching = true;
 		for (size_t i = 0; i < fc->n; i++)
 			pl->fetch_ahead += fc->parts[i]->fetch.ahead;
-		if (lane > 0)
+		if (lane >= groups)
 			pl->fetch_side++;
 		else if (r.full)
 			pl->fetch_full++;
@@ -723,8 +746,72 @@ void km_pl_send_fetch(km_pipeline *pl, int32_t node, int64_t now, int64_t *next)
 				km_pl_set_phase(fc->parts[i], PH_READY, "the Fetch could not be sent");
 		}
 		if (r.sessions)
-			session_reset(pl, node); /* what the broker holds is not known now */
+			session_reset(pl, node, lane); /* what the broker holds is not known now */
 		fetch_ctx_free(fc);
 	}
 	fetch_req_free(&r);
+}
+
+/*
+ * The Fetches to source broker node: one per group of its partitions with some ready, on the
+ * group's session lane, or, while that one's Fetch is out, on an idle side lane (docs/mirror.md,
+ * "Fetch sessions", "Side Fetches").
+ */
+void km_pl_send_fetch(km_pipeline *pl, int32_t node, int64_t now, int64_t *next)
+{
+	size_t led = 0, total = 0, nready[FETCH_GROUPS_MAX] = {0};
+	unsigned groups;
+	mnode_io *io;
+
+	if (pl->held->bytes >= pl->held_cap)
+		return; /* memory is bounded by the fetch sizes, not by the lag */
+	for (size_t i = 0; i < pl->ntopics; i++)
+		for (int32_t j = 0; j < pl->topics[i]->nparts; j++)
+			led += pl->topics[i]->parts[j] && pl->topics[i]->parts[j]->lead.src == node;
+	groups = fetch_groups(pl, led);
+	if (!(io = km_pl_node_io(&pl->sio, &pl->nsio, node, 0)))
+		return;
+	if (io->groups != groups) {
+		/* The partitions' groups change: every session with the broker starts over. */
+		io->groups = groups;
+		for (unsigned l = 0; l < FETCH_GROUPS_MAX; l++)
+			session_reset(pl, node, l);
+	}
+	for (size_t i = 0; i < pl->ntopics; i++) {
+		mtopic *t = pl->topics[i];
+		uint64_t h = km_fnv1a(KM_FNV1A_INIT, t->name, strlen(t->name));
+		for (int32_t j = 0; j < t->nparts; j++) {
+			mpart *p = t->parts[j];
+			if (!p)
+				continue;
+			if (p->lead.src == node) {
+				p->fetch.group = fetch_group_of(h, p->id, groups);
+				if (km_pl_fetchable(p, now))
+					nready[p->fetch.group]++;
+			}
+			if (p->lead.src == node || p->fetch.sess_node == node)
+				total++;
+		}
+	}
+	for (unsigned g = 0; g < groups; g++) {
+		unsigned lane = g;
+		if (!nready[g])
+			continue; /* nothing to read: the session waits as it is */
+		io = km_pl_node_io(&pl->sio, &pl->nsio, node, g);
+		if (io && io->fetching) { /* the session's Fetch is out: a side Fetch, on an idle side lane */
+			io = NULL;
+			for (unsigned l = groups; l < groups + FETCH_SIDE_LANES && !io; l++) {
+				mnode_io *side = km_pl_node_io(&pl->sio, &pl->nsio, node, l);
+				if (side && !side->fetching) {
+					io = side;
+					lane = l;
+				}
+			}
+		}
+		if (!io)
+			continue;
+		if (pl->held->bytes >= pl->held_cap)
+			return;
+		send_group(pl, node, lane, g, groups, nready[g], total, now, next);
+	}
 }

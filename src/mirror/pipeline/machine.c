@@ -240,7 +240,7 @@ mpart *km_pl_part_get(km_pipeline *pl, mtopic *t, int32_t id, bool create)
 	if (!p)
 		return NULL;
 	part_init(p, t, id);
-	p->out.lane = pl->lane_next++ % KM_CLUSTER_LANES;
+	p->out.lane = pl->lane_next++ % WRITE_LANES;
 	t->parts[id] = p;
 	register_series(pl, p);
 	return p;
@@ -877,7 +877,7 @@ km_pipeline *km_pipeline_new(km_mirror *mi, const char *mirror)
 		    (r && !(pl->source.s_reachable = km_metric_series_ptr(r, name, &pl->source.reachable))) ||
 		    (t && !(pl->source.s_fetched = km_metric_series_ptr(t, name, &pl->source.fetched_ms))))
 			KM_DEBUG(COMP, 0, "mirror %s: a metric series was not kept (the family is full)", mirror);
-		for (unsigned l = 0; l < KM_CLUSTER_LANES; l++) {
+		for (unsigned l = 0; l < WRITE_LANES; l++) {
 			char lane[8];
 			const char *labels[] = {pl->name, lane};
 			km_metric_family *p = km_mirror_metric_families(mi)->produces;

@@ -18,19 +18,24 @@
 #define COMP KM_MIRROR_COMP
 
 /*
- * Produce requests in flight per destination lane (one of a broker's KM_CLUSTER_LANES connections;
- * a partition keeps its lane, so its batches stay in order: idempotence keeps 5).
+ * A destination broker's write lanes: connections (km_cluster_lane 0 .. WRITE_LANES - 1) the
+ * partitions take in turn; Produce requests in flight per lane (a partition keeps its lane, so its
+ * batches stay in order: idempotence keeps 5).
  */
+#define WRITE_LANES 4
 #define KM_MIRROR_PRODUCE_INFLIGHT 5
 /* Bytes of batches one Produce request carries at most (its partitions' batches add up to this). */
 #define PRODUCE_REQUEST_BYTES (8 << 20)
 #define FETCH_MAX_WAIT_MS 500
 /*
- * Fetches in flight per source broker, each on a connection of its own (km_cluster_lane): lane 0
- * carries the fetch session; partitions that become ready while it long-polls go at once in a
- * Fetch without a session on the next idle lane (docs/mirror.md, "Side Fetches").
+ * Fetches in flight per source broker, each on a connection of its own (km_cluster_lane): lanes 0
+ * to groups - 1 carry the fetch sessions, one per group of the broker's partitions (a broker that
+ * leads at most FETCH_SESSION_MAX of them has one group); partitions of a group that become ready
+ * while its session's Fetch long-polls go at once in a Fetch without a session on the next idle
+ * lane after those, of FETCH_SIDE_LANES (docs/mirror.md, "Fetch sessions", "Side Fetches").
  */
-#define FETCH_LANES 2
+#define FETCH_SIDE_LANES 1
+#define FETCH_GROUPS_MAX 12
 /*
  * After an answer that came at once with nothing for any partition it asked for (fetch.c,
  * quiet_after): QUIET_MIN_MS, doubled while the answers keep coming so, to QUIET_MS.
@@ -38,8 +43,9 @@
 #define QUIET_MIN_MS 5
 #define QUIET_MS 100
 /*
- * A source broker that leads more of the pipeline's partitions than this is fetched without a
- * session (docs/mirror.md, "Fetch sessions"): full Fetches of the partitions ready, none held.
+ * A fetch session holds this many of the pipeline's partitions at most (docs/mirror.md, "Fetch
+ * sessions"): a source broker that leads more is fetched in groups, a session each, up to
+ * FETCH_GROUPS_MAX groups (past that, the groups grow).
  */
 #define FETCH_SESSION_MAX 1000
 #define BACKOFF_MIN_MS 100
@@ -208,6 +214,8 @@ typedef struct mpart {
 		bool taken;             /* its data in the current answer was taken (a partition listed twice is not) */
 		bool ahead;             /* in a Fetch while its last batches are written: the phase stays WRITING (km_pl_fetch_ahead) */
 		int32_t sess_node;      /* the source broker whose fetch session holds it, -1: none */
+		unsigned sess_lane;     /* the lane of that session (its group) */
+		unsigned group;         /* its fetch group at its leader, as of the last Fetch sent to it */
 		int64_t sess_offset;    /* what that session holds for it: fetch offset, size, leader epoch */
 		int32_t sess_max, sess_lepoch;
 		bool overlap_seen;      /* a source batch overlapped what was mirrored: the topic's id is checked first */
@@ -286,7 +294,8 @@ typedef struct mnode_io {
 	unsigned lane; /* the connection (km_cluster_lane): a destination's write lane, a source's fetch lane */
 	bool fetching;
 	int produce_inflight;
-	int32_t sess_id, sess_epoch; /* the source broker's fetch session (KIP-227); id 0: none */
+	int32_t sess_id, sess_epoch; /* the source broker's fetch session on this lane (KIP-227); id 0: none */
+	unsigned groups;      /* lane 0: the broker's fetch groups the sessions were opened for (0: none yet) */
 	int64_t quiet_until;  /* no Fetch before this unless more partitions are ready than quiet_ready (fetch.c) */
 	size_t quiet_ready;
 	int64_t quiet_ms;     /* the last quiet period; 0 after an answer that was not empty at once */
@@ -317,7 +326,7 @@ struct km_pipeline {
 	bool sessions;                      /* mirror.fetch.sessions */
 	uint64_t fetch_full, fetch_incremental, fetch_side; /* Fetch requests sent, by kind (kmirror_mirror_fetch_requests_total) */
 	uint64_t fetch_ahead; /* partitions fetched while writing (kmirror_mirror_fetches_ahead_total) */
-	uint64_t produces[KM_CLUSTER_LANES];    /* Produce requests sent, by lane (kmirror_mirror_produce_requests_total) */
+	uint64_t produces[WRITE_LANES];    /* Produce requests sent, by lane (kmirror_mirror_produce_requests_total) */
 	uint64_t fenced; /* batches refused for an older epoch of the writer (kmirror_mirror_fenced_writes_total) */
 	char start_mode[32];
 	bool unclean_hide;  /* mirror.support.unclean.leader.election: a diverged source's tail is hidden, not FAILED */

@@ -20,7 +20,7 @@ struct fetch_ctx {
 	int32_t node;
 	unsigned lane; /* the fetch lane it went on (below the broker's groups: a session's) */
 	mpart **parts; /* the partitions it was sent for (ready then) */
-	size_t n;
+	size_t n, cap; /* cap: the ready ones counted before the sends (one may make more ready: they wait) */
 	uint64_t seq; /* stamped on its partitions: an answer for a partition it did not ask for is ignored */
 	bool full, sessions; /* a full request (opening a session when sessions is set) */
 	/* the answer */
@@ -511,6 +511,17 @@ static unsigned fetch_groups(const km_pipeline *pl, size_t led)
 	return g > FETCH_GROUPS_MAX ? FETCH_GROUPS_MAX : (unsigned)g;
 }
 
+/*
+ * The lane of group g's session. With several groups, lane 0 (km_cluster_node's, which the
+ * pipeline's Metadata, ListOffsets and OffsetForLeaderEpoch take) carries none: those requests
+ * would wait behind a session's long poll, and a start of 10,000 partitions went at a quarter of
+ * its pace. The side lanes come after the sessions'.
+ */
+static unsigned group_lane(unsigned g, unsigned groups)
+{
+	return groups > 1 ? g + 1 : g;
+}
+
 static unsigned fetch_group_of(uint64_t topic_hash, int32_t partition, unsigned groups)
 {
 	uint32_t id = (uint32_t)partition;
@@ -545,7 +556,7 @@ static void fetch_req_free(fetch_req *r)
 static void fetch_req_part(km_pipeline *pl, fetch_req *r, fetch_ctx *fc, mpart *p, int64_t now)
 {
 	bool mine = p->lead.src == r->node && p->fetch.group == r->group;
-	bool ready = mine && km_pl_fetchable(p, now);
+	bool ready = mine && km_pl_fetchable(p, now) && fc->n < fc->cap;
 	bool member = mine && r->sessions && session_member(p, r->node);
 	bool held = session_holds(p, r->node, r->lane);
 	int64_t off;
@@ -667,6 +678,7 @@ static bool fetch_req_send(km_pipeline *pl, km_net_client *c, fetch_req *r, fetc
 static void send_group(km_pipeline *pl, int32_t node, unsigned lane, unsigned group, unsigned groups, size_t nready,
 		       size_t total, int64_t now, int64_t *next)
 {
+	bool session_lane = lane == group_lane(group, groups);
 	mnode_io *io = km_pl_node_io(&pl->sio, &pl->nsio, node, lane);
 	km_net_client *c;
 	fetch_req r = {.node = node, .lane = lane, .group = group};
@@ -687,9 +699,9 @@ static void send_group(km_pipeline *pl, int32_t node, unsigned lane, unsigned gr
 			 FETCH_HI);
 		return;
 	}
-	r.sessions = lane < groups && ver >= 7 && pl->sessions;
+	r.sessions = session_lane && ver >= 7 && pl->sessions;
 	r.full = !r.sessions || io->sess_id == 0;
-	if (r.full && lane < groups)
+	if (r.full && session_lane)
 		session_reset(pl, node, lane);
 	if (now < io->quiet_until && nready <= io->quiet_ready) {
 		if (io->quiet_until < *next)
@@ -709,12 +721,13 @@ static void send_group(km_pipeline *pl, int32_t node, unsigned lane, unsigned gr
 		return;
 	}
 	fc->pl = pl;
+	fc->cap = nready;
 	km_fetch_request_init(&r.m);
 	r.m.replica_id = -1;
 	r.m.max_wait_ms = FETCH_MAX_WAIT_MS;
 	r.m.min_bytes = 1;
 	/* The sessions' Fetches share mirror.fetch.max.bytes: the memory bound counts one per lane kind. */
-	r.m.max_bytes = (int32_t)(lane < groups ? pl->fetch_max_bytes / groups : pl->fetch_max_bytes);
+	r.m.max_bytes = (int32_t)(session_lane ? pl->fetch_max_bytes / groups : pl->fetch_max_bytes);
 	r.m.isolation_level = 0;
 	/* A full request opens a session (id 0, epoch 0) where sessions are used, else none (epoch -1). */
 	r.m.session_id = r.full ? 0 : io->sess_id;
@@ -732,7 +745,7 @@ static void send_group(km_pipeline *pl, int32_t node, unsigned lane, unsigned gr
 			io->fetching = true;
 		for (size_t i = 0; i < fc->n; i++)
 			pl->fetch_ahead += fc->parts[i]->fetch.ahead;
-		if (lane >= groups)
+		if (!session_lane)
 			pl->fetch_side++;
 		else if (r.full)
 			pl->fetch_full++;
@@ -774,7 +787,7 @@ void km_pl_send_fetch(km_pipeline *pl, int32_t node, int64_t now, int64_t *next)
 	if (io->groups != groups) {
 		/* The partitions' groups change: every session with the broker starts over. */
 		io->groups = groups;
-		for (unsigned l = 0; l < FETCH_GROUPS_MAX; l++)
+		for (unsigned l = 0; l <= FETCH_GROUPS_MAX; l++)
 			session_reset(pl, node, l);
 	}
 	for (size_t i = 0; i < pl->ntopics; i++) {
@@ -794,13 +807,13 @@ void km_pl_send_fetch(km_pipeline *pl, int32_t node, int64_t now, int64_t *next)
 		}
 	}
 	for (unsigned g = 0; g < groups; g++) {
-		unsigned lane = g;
+		unsigned lane = group_lane(g, groups), first_side = group_lane(groups, groups);
 		if (!nready[g])
 			continue; /* nothing to read: the session waits as it is */
-		io = km_pl_node_io(&pl->sio, &pl->nsio, node, g);
+		io = km_pl_node_io(&pl->sio, &pl->nsio, node, lane);
 		if (io && io->fetching) { /* the session's Fetch is out: a side Fetch, on an idle side lane */
 			io = NULL;
-			for (unsigned l = groups; l < groups + FETCH_SIDE_LANES && !io; l++) {
+			for (unsigned l = first_side; l < first_side + FETCH_SIDE_LANES && !io; l++) {
 				mnode_io *side = km_pl_node_io(&pl->sio, &pl->nsio, node, l);
 				if (side && !side->fetching) {
 					io = side;

@@ -28,14 +28,17 @@
 #define PRODUCE_REQUEST_BYTES (8 << 20)
 #define FETCH_MAX_WAIT_MS 500
 /*
- * Fetches in flight per source broker, each on a connection of its own (km_cluster_lane): lanes 0
- * to groups - 1 carry the fetch sessions, one per group of the broker's partitions (a broker that
- * leads at most FETCH_SESSION_MAX of them has one group); partitions of a group that become ready
- * while its session's Fetch long-polls go at once in a Fetch without a session on the next idle
- * lane after those, of FETCH_SIDE_LANES (docs/mirror.md, "Fetch sessions", "Side Fetches").
+ * Fetches in flight per source broker, each on a connection of its own (km_cluster_lane): one per
+ * group of the broker's partitions, with the group's fetch session (a broker that leads at most
+ * FETCH_SESSION_MAX of them has one group, on lane 0; several groups take lanes 1 to groups);
+ * partitions of a group that become ready while its session's Fetch long-polls go at once in a
+ * Fetch without a session on an idle lane after those, of FETCH_SIDE_LANES (docs/mirror.md,
+ * "Fetch sessions", "Fetch groups", "Side Fetches").
  */
 #define FETCH_SIDE_LANES 1
 #define FETCH_GROUPS_MAX 12
+_Static_assert(FETCH_GROUPS_MAX + 1 + FETCH_SIDE_LANES <= KM_CLUSTER_LANES && WRITE_LANES <= KM_CLUSTER_LANES,
+	       "a source broker's fetch lanes and a destination broker's write lanes are clients of km_cluster");
 /*
  * After an answer that came at once with nothing for any partition it asked for (fetch.c,
  * quiet_after): QUIET_MIN_MS, doubled while the answers keep coming so, to QUIET_MS.

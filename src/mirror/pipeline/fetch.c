@@ -473,13 +473,19 @@ static bool session_member(const mpart *p, int32_t node)
 	       p->plan.fetch_logical >= 0;
 }
 
+/* node's lane, NULL when never used (km_pl_node_io makes one). */
+static mnode_io *node_io_find(km_pipeline *pl, int32_t node, unsigned lane)
+{
+	for (size_t i = 0; i < pl->nsio; i++)
+		if (pl->sio[i].id == node && pl->sio[i].lane == lane)
+			return &pl->sio[i];
+	return NULL;
+}
+
 /* Forget node's fetch session on lane: the next Fetch there is a full one (a new session). */
 static void session_reset(km_pipeline *pl, int32_t node, unsigned lane)
 {
-	mnode_io *io = NULL;
-	for (size_t i = 0; i < pl->nsio && !io; i++) /* not km_pl_node_io: a lane never used has none to forget */
-		if (pl->sio[i].id == node && pl->sio[i].lane == lane)
-			io = &pl->sio[i];
+	mnode_io *io = node_io_find(pl, node, lane);
 	if (io) {
 		io->sess_id = 0;
 		io->sess_epoch = 0;
@@ -778,6 +784,17 @@ void km_pl_send_fetch(km_pipeline *pl, int32_t node, int64_t now, int64_t *next)
 
 	if (pl->held->bytes >= pl->held_cap)
 		return; /* memory is bounded by the fetch sizes, not by the lag */
+	if ((io = node_io_find(pl, node, 0)) && io->groups) {
+		/* Every lane of the groups as they were busy: nothing to send (the passes below are not free). */
+		unsigned gs = io->groups, first_side = group_lane(gs, gs);
+		bool idle = false;
+		for (unsigned l = 0; l < gs + FETCH_SIDE_LANES && !idle; l++) {
+			mnode_io *x = node_io_find(pl, node, l < gs ? group_lane(l, gs) : first_side + (l - gs));
+			idle = !x || !x->fetching;
+		}
+		if (!idle)
+			return;
+	}
 	for (size_t i = 0; i < pl->ntopics; i++)
 		for (int32_t j = 0; j < pl->topics[i]->nparts; j++)
 			led += pl->topics[i]->parts[j] && pl->topics[i]->parts[j]->lead.src == node;

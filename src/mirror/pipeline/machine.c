@@ -207,7 +207,7 @@ static void part_init(mpart *p, mtopic *t, int32_t id)
 	p->plan.first_logical = -1;
 	p->plan.topic = t->name;
 	p->plan.partition = id;
-	p->ls.src = p->ls.dst = -1;
+	p->ls.src = p->ls.dst = p->ls.idle_target = -1;
 	p->plan.pid = -1;
 	p->fb.peer_offset = -1;
 	p->fb.peer_epoch = p->fb.here_epoch = p->fb.src_epoch = -1;
@@ -615,7 +615,7 @@ static void step_part(km_pipeline *pl, mpart *p, int64_t now, int64_t *next, tic
 		return;
 	}
 	if (p->state == KM_MP_MIRRORING && p->phase >= PH_READY)
-		km_pl_follow_log_start(pl, p);
+		km_pl_follow_log_start(pl, p, now);
 	km_pl_check_divergence(pl, p, now);
 	if (p->state == KM_MP_PREPARING && !p->settling &&
 	    (p->phase == PH_READY || (p->phase == PH_START && p->t->src_missing))) {

@@ -51,6 +51,8 @@ _Static_assert(FETCH_GROUPS_MAX + 1 + FETCH_SIDE_LANES <= KM_CLUSTER_LANES && WR
  * FETCH_GROUPS_MAX groups (past that, the groups grow).
  */
 #define FETCH_SESSION_MAX 1000
+/* How long a partition's log start, found with nothing to follow, is not looked at again (logstart.c). */
+#define LOG_START_RECHECK_MS 10000
 #define BACKOFF_MIN_MS 100
 #define BACKOFF_MAX_MS 10000
 #define METADATA_MIN_INTERVAL_MS 500
@@ -206,6 +208,8 @@ typedef struct mpart {
 	struct {                /* logstart.c */
 		int64_t src;            /* the source's log start offset, as last fetched (-1: not known) */
 		int64_t dst;            /* the logical log start the destination was moved to (-1: never) */
+		int64_t idle_target;    /* nothing to move up to this target at or below the first run: */
+		int64_t idle_until;     /* not looked up again before then (LOG_START_RECHECK_MS) */
 		bool inflight, unsupported; /* a DeleteRecords in flight; the destination refuses them (compacted) */
 	} ls;
 	struct {                /* machine.c: paused, the source's end is read for the lag */
@@ -481,7 +485,7 @@ bool km_pl_failback_start(km_pipeline *pl, mpart *p);
 
 /* ---- logstart.c ---- */
 
-void km_pl_follow_log_start(km_pipeline *pl, mpart *p);
+void km_pl_follow_log_start(km_pipeline *pl, mpart *p, int64_t now);
 
 /* ---- produce.c ---- */
 

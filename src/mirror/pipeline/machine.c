@@ -713,6 +713,7 @@ static void tick(evutil_socket_t fd, short what, void *arg)
 	(void)fd;
 	(void)what;
 	pl->tick_armed = false;
+	pl->tick_ran_at = km_mono_ms();
 	if (pl->closing || pl->config_error)
 		return;
 	if (!km_mirror_owns(pl->mi, pl->name, true)) {
@@ -725,10 +726,13 @@ static void tick(evutil_socket_t fd, short what, void *arg)
 	reread_options(pl, now);
 	refill(pl, now);
 	need.recon_room = recon_room(pl);
+	pl->tick_parts = 0;
 	for (size_t i = 0; i < pl->ntopics; i++)
 		for (int32_t j = 0; j < pl->topics[i]->nparts; j++)
-			if (pl->topics[i]->parts[j])
+			if (pl->topics[i]->parts[j]) {
+				pl->tick_parts++;
 				step_part(pl, pl->topics[i]->parts[j], now, &next, &need);
+			}
 	if (need.pid)
 		pl->pid_want = true;
 	if (pl->txl == TXL_UNASKED)
@@ -765,8 +769,20 @@ static void tick(evutil_socket_t fd, short what, void *arg)
 void km_pl_schedule_in(km_pipeline *pl, int64_t ms)
 {
 	struct timeval tv = {(time_t)(ms / 1000), (suseconds_t)((ms % 1000) * 1000)};
+	int64_t gap = (int64_t)(pl->tick_parts / TICK_PARTS_PER_MS), wait;
+
 	if (pl->closing)
 		return;
+	if (ms == 0 && gap > 0 && (wait = pl->tick_ran_at + gap - km_mono_ms()) > 0) {
+		/* Soon, but not before the spacing after the last tick: at most that much later than asked. */
+		if (pl->tick_armed && !event_pending(pl->tick_ev, EV_TIMEOUT, NULL))
+			return; /* already active: it runs in this loop's turn */
+		tv = (struct timeval){0, (suseconds_t)(wait * 1000)};
+		event_del(pl->tick_ev);
+		event_add(pl->tick_ev, &tv);
+		pl->tick_armed = true;
+		return;
+	}
 	if (ms == 0) {
 		event_del(pl->tick_ev);
 		event_active(pl->tick_ev, 0, 0);

@@ -51,6 +51,13 @@ _Static_assert(FETCH_GROUPS_MAX + 1 + FETCH_SIDE_LANES <= KM_CLUSTER_LANES && WR
  * FETCH_GROUPS_MAX groups (past that, the groups grow).
  */
 #define FETCH_SESSION_MAX 1000
+/*
+ * A tick steps every partition: with many, the ticks an answer asks for "soon" are spaced by a
+ * millisecond per TICK_PARTS_PER_MS partitions after the last one began (none below that many),
+ * so that 10,000 partitions answered by a dozen Fetch lanes do not spend the loop on whole passes
+ * (machine.c, km_pl_schedule_in).
+ */
+#define TICK_PARTS_PER_MS 1000
 /* How long a partition's log start, found with nothing to follow, is not looked at again (logstart.c). */
 #define LOG_START_RECHECK_MS 10000
 #define BACKOFF_MIN_MS 100
@@ -319,6 +326,8 @@ struct km_pipeline {
 	size_t nsio, ndio;
 	struct event *tick_ev;
 	bool tick_armed;
+	int64_t tick_ran_at;  /* km_mono_ms when the last tick began */
+	size_t tick_parts;    /* the partitions that tick stepped: a tick soon waits tick_parts / TICK_PARTS_PER_MS ms after it */
 	bool src_meta_inflight, dst_meta_inflight, src_meta_need, dst_meta_need;
 	int64_t src_meta_at, dst_meta_at;
 	bool pid_inflight, pid_want;

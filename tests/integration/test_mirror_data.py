@@ -750,12 +750,12 @@ def test_mirror_fetch_sessions(mirror_env):
 def test_mirror_fetch_groups(mirror_env):
     """A source broker that leads more than 1,000 of a pipeline's partitions is fetched in groups of
     at most 1,000, each in a session of its own on a connection of its own (docs/mirror.md, "Fetch
-    groups"): 2,100 partitions on the one source broker make three sessions, on lanes 1 to 3, the
+    groups"): 1,100 partitions on the one source broker make two sessions, on lanes 1 and 2, the
     Fetches are incremental after the first ones, and the mirror is exact through a catch-up and a
     live load.
     (Before groups such a broker was fetched without a session: no incremental Fetch.)"""
     env = mirror_env
-    topic, parts = unique("groups"), 2100
+    topic, parts = unique("groups"), 1100
     mirror = unique("groups")  # a pipeline of its own: the module's other topics stay below the bound
     env.cli.run("create", "--mirror", mirror, "--source-bootstrap", env.sb)
     env.source_topic(topic, partitions=parts)
@@ -763,7 +763,7 @@ def test_mirror_fetch_groups(mirror_env):
     log_at = len(env.proxy.output())
     try:
         create_dest_topic(env.dest, env.sb, topic)
-        # A loaded destination may elect 2,100 leaders after start's 15 s bound: start again, as an
+        # A loaded destination may elect 1,100 leaders after start's 15 s bound: start again, as an
         # operator would, on that refusal only.
         for _ in range(6):
             r = env.cli.run("start", "--mirror", mirror, "--topics", topic, expect=None)
@@ -775,7 +775,7 @@ def test_mirror_fetch_groups(mirror_env):
         env.caught_up(topic, parts)
         before = fetch_requests(env, mirror)
         bg = BackgroundProducer(env.sb, topic, rate=2000).start()
-        time.sleep(8)
+        time.sleep(5)
         bg.stop()
         assert not bg.errors, bg.errors[:5]
         marks = env.caught_up(topic, parts)
@@ -786,11 +786,11 @@ def test_mirror_fetch_groups(mirror_env):
         progress(f"{topic}: {2 * parts + bg.acked} records, sessions on lanes {sorted(lanes)}, {incr:.0f} "
                  f"incremental, {after['full'] - before['full']:.0f} full and "
                  f"{after['side'] - before['side']:.0f} side Fetches under the load")
-        assert lanes == {"1", "2", "3"}, lanes  # lane 0 stays the pipeline's Metadata and ListOffsets
+        assert lanes == {"1", "2"}, lanes  # lane 0 stays the pipeline's Metadata and ListOffsets
         assert incr >= 10 and incr > after["full"] - before["full"], (before, after)
         # Exact: the segments batch for batch, and whole partitions read both ways.
         assert_segments_exact(env.source, env.dest, topic, parts)
-        for part in (0, 777, parts - 1):
+        for part in (0, 555, parts - 1):
             n, _ = compare_partition(env.pb, env.sb, topic, part, 0, marks[part][1])
             assert n == marks[part][1] - marks[part][0]
     finally:

@@ -39,7 +39,9 @@ static const km_option mirror_options[] = {
 	{.name = "mirror.fetch.sessions", .type = KM_OPT_BOOL, .offset = OFF(fetch_sessions), .def = "true",
 	 .reloadable = true,
 	 .doc = "Incremental fetch sessions (KIP-227) with each source broker from Kafka 1.1 on: a Fetch names only "
-		"the partitions that changed. false: every Fetch names every partition."},
+		"the partitions that changed; a broker that leads more than 1,000 of the mirror's partitions has a "
+		"session per group of 1,000, on a connection each. false: every Fetch names every partition (less "
+		"work for a source broker that leads many of them, a little more lag)."},
 	{.name = "mirror.replication.throttled.rate", .type = KM_OPT_INT, .offset = OFF(throttle_bytes_per_sec),
 	 .def = "0", .min = 0, .max = I64MAX, .reloadable = true,
 	 .doc = "Bytes per second the mirror fetches from the source at most, all its topics together; 0: unlimited."},

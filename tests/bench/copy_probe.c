@@ -8,7 +8,11 @@
  *   splice           splice() socket -> pipe -> socket, no copy to user space
  *   vmsplice         copy's reads, then each 64 KiB piece vmspliced into a pipe and spliced out
  *                    (the pages referenced, not copied, on the way out)
- * Usage: copy_probe copy HELD_KIB | splice | vmsplice   [GIB, default 2]
+ *   batch            as a mirror would splice record batches: per 64 KiB batch its 61-byte header
+ *                    read, its body spliced into a pipe and teed into a second one (kept for a
+ *                    retry), a 100-byte request head and the header sent, the body spliced out,
+ *                    the kept copy dropped once "acknowledged"
+ * Usage: copy_probe copy HELD_KIB | splice | vmsplice | batch   [GIB, default 2]
  * Not a test and not part of kmirror: a benchmark probe. */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
@@ -86,6 +90,61 @@ static void vmsplice_out(int pipefd[2], int out, char *p, size_t n)
 	}
 }
 
+/* n bytes from a pipe (or socket) to a socket, a pipe or /dev/null. */
+static void splice_all(int from, int to, size_t n, const char *what)
+{
+	while (n > 0) {
+		ssize_t m = splice(from, NULL, to, NULL, n, SPLICE_F_MOVE);
+		if (m <= 0) {
+			perror(what);
+			exit(1);
+		}
+		n -= (size_t)m;
+	}
+}
+
+/* batch mode: total bytes moved a 64 KiB batch at a time; returns the bytes moved. */
+static long long batch_move(int in, int out, int pipefd[2], long long total)
+{
+	enum { HEADER = 61, HEAD = 100 };
+	int keep[2], devnull = open("/dev/null", O_WRONLY);
+	char head[HEAD + HEADER];
+	long long got = 0;
+
+	if (devnull < 0 || pipe(keep)) {
+		perror("pipe");
+		exit(1);
+	}
+	(void)fcntl(keep[1], F_SETPIPE_SZ, PIPE_BYTES);
+	memset(head, 0, sizeof(head));
+	while (got < total) {
+		size_t body = PIECE_BYTES - HEADER, h = 0;
+		while (h < HEADER) {
+			ssize_t r = recv(in, head + HEAD + h, HEADER - h, 0);
+			if (r <= 0)
+				return got;
+			h += (size_t)r;
+		}
+		splice_all(in, pipefd[1], body, "splice in");
+		for (size_t left = body; left > 0;) {
+			ssize_t t = tee(pipefd[0], keep[1], left, 0);
+			if (t <= 0) {
+				perror("tee");
+				exit(1);
+			}
+			left -= (size_t)t;
+		}
+		if (send(out, head, sizeof(head), MSG_MORE) != (ssize_t)sizeof(head)) {
+			perror("send");
+			exit(1);
+		}
+		splice_all(pipefd[0], out, body, "splice out");
+		splice_all(keep[0], devnull, body, "drop");
+		got += PIECE_BYTES;
+	}
+	return got;
+}
+
 int main(int argc, char **argv)
 {
 	const char *mode = argc > 1 ? argv[1] : "";
@@ -98,8 +157,8 @@ int main(int argc, char **argv)
 	int ls, ld, in, out, pipefd[2];
 	char *buf;
 
-	if (strcmp(mode, "copy") && strcmp(mode, "splice") && strcmp(mode, "vmsplice")) {
-		fprintf(stderr, "usage: copy_probe copy HELD_KIB | splice | vmsplice [GIB]\n");
+	if (strcmp(mode, "copy") && strcmp(mode, "splice") && strcmp(mode, "vmsplice") && strcmp(mode, "batch")) {
+		fprintf(stderr, "usage: copy_probe copy HELD_KIB | splice | vmsplice | batch [GIB]\n");
 		return 2;
 	}
 	ls = listener(&src_a);
@@ -129,6 +188,8 @@ int main(int argc, char **argv)
 	buf = malloc(ring);
 	memset(buf, 0, ring);
 	getrusage(RUSAGE_SELF, &r0);
+	if (!strcmp(mode, "batch"))
+		got = batch_move(in, out, pipefd, total);
 	while (got < total) {
 		ssize_t n;
 		if (!strcmp(mode, "splice")) {

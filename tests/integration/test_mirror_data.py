@@ -747,61 +747,62 @@ def test_mirror_fetch_sessions(mirror_env):
 
 
 @main_release_only
-def test_mirror_fetch_groups(mirror_env):
+def test_mirror_fetch_groups(kmirrord_bin, kmirror_bin, tmp_path):
     """A source broker that leads more than 1,000 of a pipeline's partitions is fetched in groups of
     at most 1,000, each in a session of its own on a connection of its own (docs/mirror.md, "Fetch
     groups"): 1,100 partitions on the one source broker make two sessions, on lanes 1 and 2, the
     Fetches are incremental after the first ones, and the mirror is exact through a catch-up and a
-    live load.
-    (Before groups such a broker was fetched without a session: no incremental Fetch.)"""
-    env = mirror_env
-    topic, parts = unique("groups"), 1100
-    mirror = unique("groups")  # a pipeline of its own: the module's other topics stay below the bound
-    env.cli.run("create", "--mirror", mirror, "--source-bootstrap", env.sb)
+    live load. (Before groups such a broker was fetched without a session: no incremental Fetch.)
+    Clusters of its own: 2,200 partitions on the suite's brokers would weigh on every test after it."""
+    tag = uuid.uuid4().hex[:6]
+    src, dst = KafkaCluster(f"groups-src-{tag}", brokers=1), KafkaCluster(f"groups-dst-{tag}", brokers=1)
+    env = None
+    try:
+        src.start()
+        dst.start()
+        env = _mirror_env(kmirrord_bin, kmirror_bin, dst, src, str(tmp_path), "kmirrord-groups")
+        _fetch_groups(env)
+    finally:
+        if env is not None:
+            _teardown(env)
+        dst.stop()
+        src.stop()
+
+
+def _fetch_groups(env):
+    topic, parts, mirror = unique("groups"), 1100, env.mirror
     env.source_topic(topic, partitions=parts)
     produce_records(env.sb, topic, 2 * parts, "lz4", partitions=parts)
-    log_at = len(env.proxy.output())
-    try:
-        create_dest_topic(env.dest, env.sb, topic)
-        # A loaded destination may elect 1,100 leaders after start's 15 s bound: start again, as an
-        # operator would, on that refusal only.
-        for _ in range(6):
-            r = env.cli.run("start", "--mirror", mirror, "--topics", topic, expect=None)
-            if r.returncode == 0 or "REQUEST_TIMED_OUT" not in r.stdout:
-                break
-            progress(f"start of {topic} refused REQUEST_TIMED_OUT, again")
-        assert r.returncode == 0, r.stdout + r.stderr
-        wait_states(env.cli, mirror, {topic: "MIRRORING"}, timeout=180)
-        env.caught_up(topic, parts)
-        before = fetch_requests(env, mirror)
-        bg = BackgroundProducer(env.sb, topic, rate=2000).start()
-        time.sleep(5)
-        bg.stop()
-        assert not bg.errors, bg.errors[:5]
-        marks = env.caught_up(topic, parts)
-        after = fetch_requests(env, mirror)
-        lanes = set(re.findall(r"fetch session \d+ with source broker \d+ \(lane (\d+)\)",
-                               env.proxy.output()[log_at:]))
-        incr = after["incremental"] - before["incremental"]
-        progress(f"{topic}: {2 * parts + bg.acked} records, sessions on lanes {sorted(lanes)}, {incr:.0f} "
-                 f"incremental, {after['full'] - before['full']:.0f} full and "
-                 f"{after['side'] - before['side']:.0f} side Fetches under the load")
-        assert lanes == {"1", "2"}, lanes  # lane 0 stays the pipeline's Metadata and ListOffsets
-        assert incr >= 10 and incr > after["full"] - before["full"], (before, after)
-        # Exact: the segments batch for batch, and whole partitions read both ways.
-        assert_segments_exact(env.source, env.dest, topic, parts)
-        for part in (0, 555, parts - 1):
-            n, _ = compare_partition(env.pb, env.sb, topic, part, 0, marks[part][1])
-            assert n == marks[part][1] - marks[part][0]
-    finally:
-        env.cli.run("stop", "--mirror", mirror, "--topics", topic, expect=None)
-        for c in (env.source, env.dest):
-            admin = AdminClient({"bootstrap.servers": c.bootstrap})
-            for f in admin.delete_topics([topic]).values():
-                try:
-                    f.result(60)
-                except Exception as e:  # noqa: BLE001 - cleanup only
-                    progress(f"delete {topic}: {e}")
+    create_dest_topic(env.dest, env.sb, topic)
+    # A loaded destination may elect 1,100 leaders after start's 15 s bound: start again, as an
+    # operator would, on that refusal only.
+    for _ in range(6):
+        r = env.cli.run("start", "--mirror", mirror, "--topics", topic, expect=None)
+        if r.returncode == 0 or "REQUEST_TIMED_OUT" not in r.stdout:
+            break
+        progress(f"start of {topic} refused REQUEST_TIMED_OUT, again")
+    assert r.returncode == 0, r.stdout + r.stderr
+    wait_states(env.cli, mirror, {topic: "MIRRORING"}, timeout=180)
+    env.caught_up(topic, parts)
+    before = fetch_requests(env, mirror)
+    bg = BackgroundProducer(env.sb, topic, rate=2000).start()
+    time.sleep(5)
+    bg.stop()
+    assert not bg.errors, bg.errors[:5]
+    marks = env.caught_up(topic, parts)
+    after = fetch_requests(env, mirror)
+    lanes = set(re.findall(r"fetch session \d+ with source broker \d+ \(lane (\d+)\)", env.proxy.output()))
+    incr = after["incremental"] - before["incremental"]
+    progress(f"{topic}: {2 * parts + bg.acked} records, sessions on lanes {sorted(lanes)}, {incr:.0f} "
+             f"incremental, {after['full'] - before['full']:.0f} full and "
+             f"{after['side'] - before['side']:.0f} side Fetches under the load")
+    assert lanes == {"1", "2"}, lanes  # lane 0 stays the pipeline's Metadata and ListOffsets
+    assert incr >= 10 and incr > after["full"] - before["full"], (before, after)
+    # Exact: the segments batch for batch, and whole partitions read both ways.
+    assert_segments_exact(env.source, env.dest, topic, parts)
+    for part in (0, 555, parts - 1):
+        n, _ = compare_partition(env.pb, env.sb, topic, part, 0, marks[part][1])
+        assert n == marks[part][1] - marks[part][0]
 
 
 @main_release_only

@@ -18,7 +18,7 @@ typedef struct fetch_ctx fetch_ctx;
 struct fetch_ctx {
 	km_pipeline *pl;
 	int32_t node;
-	unsigned lane; /* the fetch lane it went on (below the broker's groups: a session's) */
+	unsigned lane; /* the fetch lane it went on (a group's session lane, or a side lane: fetch.c, group_lane) */
 	mpart **parts; /* the partitions it was sent for (ready then) */
 	size_t n, cap; /* cap: the ready ones counted before the sends (one may make more ready: they wait) */
 	uint64_t seq; /* stamped on its partitions: an answer for a partition it did not ask for is ignored */
@@ -473,19 +473,10 @@ static bool session_member(const mpart *p, int32_t node)
 	       p->plan.fetch_logical >= 0;
 }
 
-/* node's lane, NULL when never used (km_pl_node_io makes one). */
-static mnode_io *node_io_find(km_pipeline *pl, int32_t node, unsigned lane)
-{
-	for (size_t i = 0; i < pl->nsio; i++)
-		if (pl->sio[i].id == node && pl->sio[i].lane == lane)
-			return &pl->sio[i];
-	return NULL;
-}
-
 /* Forget node's fetch session on lane: the next Fetch there is a full one (a new session). */
 static void session_reset(km_pipeline *pl, int32_t node, unsigned lane)
 {
-	mnode_io *io = node_io_find(pl, node, lane);
+	mnode_io *io = km_pl_node_io_find(pl->sio, pl->nsio, node, lane);
 	if (io) {
 		io->sess_id = 0;
 		io->sess_epoch = 0;
@@ -678,14 +669,15 @@ static bool fetch_req_send(km_pipeline *pl, km_net_client *c, fetch_req *r, fetc
 
 /*
  * One Fetch to source broker node on lane, for the partitions of group (of groups): nready of them
- * ready, total the most a request names. With a fetch session (KIP-227, Fetch v7+; the session
- * lanes, below groups) the request names only what changed since the last one on the lane: a
+ * ready, total the most a request names. With a fetch session (KIP-227, Fetch v7+; on the group's
+ * session lane, group_lane) the request names only what changed since the last one on the lane: a
  * partition new to the session, or whose fetch offset, size or leader epoch differs from what the
  * broker holds; partitions that left (paused, stopped, moved to another leader) are forgotten. A
- * partition still writing its last batches stays in the session with a size of 0, so the broker
- * keeps it without sending its data again (a batch it sends anyway is dropped: the partition does
- * not take data then). The answer is taken only by the partitions that were ready when it was
- * sent, and each of those was sent, or left, at its fetch offset.
+ * partition still writing its last batches stays in the session with a size of 0 when the broker
+ * has one group, so the broker keeps it without sending its data again (a batch it sends anyway is
+ * dropped: the partition does not take data then); with several it leaves until it is ready
+ * (fetch_req_part). The answer is taken only by the partitions that were ready when it was sent,
+ * and each of those was sent, or left, at its fetch offset.
  */
 static void send_group(km_pipeline *pl, int32_t node, unsigned lane, unsigned group, unsigned groups, size_t nready,
 		       size_t total, int64_t now, int64_t *next)
@@ -790,12 +782,13 @@ void km_pl_send_fetch(km_pipeline *pl, int32_t node, int64_t now, int64_t *next)
 
 	if (pl->held->bytes >= pl->held_cap)
 		return; /* memory is bounded by the fetch sizes, not by the lag */
-	if ((io = node_io_find(pl, node, 0)) && io->groups) {
+	if ((io = km_pl_node_io_find(pl->sio, pl->nsio, node, 0)) && io->groups) {
 		/* Every lane of the groups as they were busy: nothing to send (the passes below are not free). */
 		unsigned gs = io->groups, first_side = group_lane(gs, gs);
 		bool idle = false;
 		for (unsigned l = 0; l < gs + FETCH_SIDE_LANES && !idle; l++) {
-			mnode_io *x = node_io_find(pl, node, l < gs ? group_lane(l, gs) : first_side + (l - gs));
+			mnode_io *x = km_pl_node_io_find(pl->sio, pl->nsio, node,
+							 l < gs ? group_lane(l, gs) : first_side + (l - gs));
 			idle = !x || !x->fetching;
 		}
 		if (!idle)

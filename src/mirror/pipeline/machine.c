@@ -89,12 +89,19 @@ bool km_pl_reconciling(const mpart *p)
 	return p->phase >= PH_RECONCILE && p->phase <= PH_FENCE;
 }
 
+mnode_io *km_pl_node_io_find(mnode_io *arr, size_t n, int32_t id, unsigned lane)
+{
+	for (size_t i = 0; i < n; i++)
+		if (arr[i].id == id && arr[i].lane == lane)
+			return &arr[i];
+	return NULL;
+}
+
 mnode_io *km_pl_node_io(mnode_io **arr, size_t *n, int32_t id, unsigned lane)
 {
-	mnode_io *a;
-	for (size_t i = 0; i < *n; i++)
-		if ((*arr)[i].id == id && (*arr)[i].lane == lane)
-			return &(*arr)[i];
+	mnode_io *a = km_pl_node_io_find(*arr, *n, id, lane);
+	if (a)
+		return a;
 	a = realloc(*arr, (*n + 1) * sizeof(*a));
 	if (!a)
 		return NULL;

@@ -598,6 +598,8 @@ void km_pl_on_cluster_change(void *arg);
 /* "topic-partition", for messages. */
 const char *km_pl_ptag(const mpart *p, char *buf, size_t len);
 mnode_io *km_pl_node_io(mnode_io **arr, size_t *n, int32_t id, unsigned lane);
+/* The same without making one: NULL for a lane never used. */
+mnode_io *km_pl_node_io_find(mnode_io *arr, size_t n, int32_t id, unsigned lane);
 mtopic *km_pl_topic_get(km_pipeline *pl, const char *name, bool create);
 mpart *km_pl_part_get(km_pipeline *pl, mtopic *t, int32_t id, bool create);
 void km_pl_update_lag(mpart *p, int64_t now);
